@@ -1,0 +1,485 @@
+"""The fleet config: typed, immutable, validated once at load.
+
+Every model forbids unknown keys (a typo is an error, not a silently ignored
+field) and is frozen, so what the stacks, the runtime and the CLIs receive is
+exactly what was validated. Field descriptions double as the config reference
+(`fleetcast config schema`, docs/config.md).
+
+Rules that span several fields or need the shipped data tables (precision per
+GPU, regional availability, cross-region PrivateLink pairs, AZ overlap) live in
+`fleetcast.config.rules`, so that each rule can name the YAML path it blames.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from enum import Enum
+from typing import Annotated, Literal
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StringConstraints,
+    field_validator,
+    model_validator,
+)
+
+# ---------------------------------------------------------------- scalar types
+
+AccountId = Annotated[
+    str,
+    StringConstraints(pattern=r"^\d{12}$"),
+    Field(description="12-digit AWS account id, quoted in YAML so leading zeros survive."),
+]
+RegionName = Annotated[
+    str,
+    StringConstraints(pattern=r"^[a-z]{2}(-gov)?-[a-z]+-\d$"),
+    Field(description="AWS region code, e.g. ap-northeast-2."),
+]
+AzName = Annotated[str, StringConstraints(pattern=r"^[a-z]{2}(-gov)?-[a-z]+-\d[a-z]$")]
+AzId = Annotated[
+    str,
+    StringConstraints(pattern=r"^[a-z]{2,5}\d?-az\d{1,2}$"),
+    Field(description="AZ ID such as apne2-az1: the same physical zone in every account."),
+]
+VpcId = Annotated[str, StringConstraints(pattern=r"^vpc-[0-9a-f]{8}([0-9a-f]{9})?$")]
+SubnetId = Annotated[str, StringConstraints(pattern=r"^subnet-[0-9a-f]{8}([0-9a-f]{9})?$")]
+AmiId = Annotated[str, StringConstraints(pattern=r"^ami-[0-9a-f]{8}([0-9a-f]{9})?$")]
+S3Uri = Annotated[str, StringConstraints(pattern=r"^s3://[a-z0-9][a-z0-9.\-]{1,61}[a-z0-9](/.*)?$")]
+Name = Annotated[
+    str,
+    StringConstraints(pattern=r"^[a-z][a-z0-9-]{0,30}[a-z0-9]$"),
+    Field(description="Lower-case letters, digits and dashes; used in stack and resource names."),
+]
+
+_CIDR = re.compile(r"^(\d{1,3})\.(\d{1,3})\.(\d{1,3})\.(\d{1,3})/(\d{1,2})$")
+
+
+def _check_cidr(value: str) -> str:
+    import ipaddress
+
+    if not _CIDR.match(value):
+        raise ValueError(f"{value!r} is not an IPv4 CIDR such as 10.40.0.0/16")
+    try:
+        net = ipaddress.IPv4Network(value, strict=True)
+    except ValueError as exc:
+        raise ValueError(f"{value!r} is not a valid IPv4 network: {exc}") from None
+    if net.prefixlen == 0:
+        raise ValueError("0.0.0.0/0 is not allowed: name the consumer networks")
+    return value
+
+
+class Frozen(BaseModel):
+    """Base for every config model: immutable, unknown keys rejected."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", use_enum_values=False)
+
+
+# ---------------------------------------------------------------- enums
+
+
+class Precision(str, Enum):
+    """Weight/activation precision of the served model."""
+
+    FP16 = "fp16"
+    BF16 = "bf16"
+    INT8_WEIGHT_ONLY = "int8_wo"  # W8A16, no calibration
+    INT8_SMOOTHQUANT = "int8_sq"  # W8A8, calibrated
+    FP8 = "fp8"  # sm89+, calibrated (engine flow) or pre-quantized (PyTorch backend)
+    INT4_WEIGHT_ONLY = "int4_wo"  # W4A16
+    NVFP4 = "nvfp4"  # Blackwell only, pre-quantized
+
+    @property
+    def calibrated(self) -> bool:
+        return self in (Precision.INT8_SMOOTHQUANT, Precision.FP8, Precision.NVFP4)
+
+
+class KvCacheDtype(str, Enum):
+    AUTO = "auto"  # same as the activations
+    INT8 = "int8"  # calibrated
+    FP8 = "fp8"  # calibrated, sm89+
+
+
+class Backend(str, Enum):
+    TENSORRT = "tensorrt"  # legacy engine flow: convert_checkpoint.py + trtllm-build
+    PYTORCH = "pytorch"  # trtllm-serve <hf dir>, no engine build
+
+
+class ModelFamily(str, Enum):
+    GPT2 = "gpt2"
+    LLAMA = "llama"
+    PHI3 = "phi3"
+    QWEN2 = "qwen2"
+
+
+class EgressMode(str, Enum):
+    NONE = "none"  # VPC endpoints only; nothing on the instance reaches the internet
+    NAT = "nat"  # one NAT gateway per AZ for instance egress
+
+
+# ---------------------------------------------------------------- model & engine
+
+
+class ModelSpec(Frozen):
+    """The model to serve and its length limits."""
+
+    id: str = Field(description="Short model id used in cache keys and the served model name, e.g. gpt2-xl.",
+                    pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+    family: ModelFamily = Field(description="Architecture family; decides which TensorRT-LLM flow can serve it.")
+    source: str = Field(
+        description="Where staging takes the weights from: a hub id (org/name) or an s3:// URI. Instances never "
+        "read it: they read the copy `fleetcast stage model` put in their region's bucket under "
+        "models/<id>/<revision>/.",
+    )
+    revision: str = Field(
+        description="Pinned revision (hub commit sha or tag) of the weights; part of the engine cache key.",
+        min_length=1,
+        max_length=64,
+    )
+    context_length: int = Field(description="The model's maximum positions (1024 for GPT-2 XL).", gt=0, le=1_048_576)
+    max_input_len: int = Field(description="Longest prompt in tokens accepted by the engine.", gt=0)
+    max_output_len: int = Field(description="Longest completion in tokens.", gt=0)
+    hub_token_secret: str | None = Field(
+        default=None,
+        description="Secrets Manager secret name holding a hub token for gated models (read by staging only).",
+    )
+
+    @field_validator("source")
+    @classmethod
+    def _source_shape(cls, value: str) -> str:
+        if value.startswith("s3://"):
+            if not re.match(r"^s3://[a-z0-9][a-z0-9.\-]{1,61}[a-z0-9](/.*)?$", value):
+                raise ValueError(f"{value!r} is not an S3 URI such as s3://bucket/models/gpt2-xl/")
+            return value
+        if not re.match(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$", value):
+            raise ValueError(f"{value!r} is neither an s3:// URI nor a hub id such as openai-community/gpt2-xl")
+        return value
+
+    @property
+    def staged(self) -> bool:
+        return self.source.startswith("s3://")
+
+
+class EngineSpec(Frozen):
+    """How TensorRT-LLM builds and serves the model: the fleet-wide default."""
+
+    tensorrt_llm_version: str = Field(
+        default="1.2.1", pattern=r"^\d+\.\d+\.\d+([a-z0-9.]*)?$",
+        description="TensorRT-LLM release; part of the engine cache key.",
+    )
+    image: str = Field(
+        default="nvcr.io/nvidia/tensorrt-llm/release:1.2.1",
+        description="Upstream serving image. With egress `none` instances pull the private ECR mirror of it.",
+    )
+    image_digest: str | None = Field(
+        default=None, pattern=r"^sha256:[0-9a-f]{64}$",
+        description="Digest pinned by `fleetcast stage image`; instances pull by digest once set.",
+    )
+    backend: Backend = Field(default=Backend.TENSORRT, description="tensorrt (engine flow) or pytorch.")
+    precision: Precision = Field(default=Precision.FP16, description="fp16, bf16, int8_wo, int8_sq, fp8, int4_wo, nvfp4.")
+    kv_cache_dtype: KvCacheDtype = Field(default=KvCacheDtype.AUTO, description="auto, int8 or fp8 (both calibrated).")
+    max_batch_size: int = Field(default=64, ge=1, le=2048, description="trtllm-build --max_batch_size.")
+    max_num_tokens: int = Field(default=8192, ge=64, le=1_048_576, description="trtllm-build --max_num_tokens.")
+    kv_cache_free_gpu_memory_fraction: float = Field(
+        default=0.9, gt=0.0, le=0.98, description="Share of free GPU memory given to the KV cache."
+    )
+    port: int = Field(default=8000, ge=1024, le=65535, description="Port the NLB listens on and the gateway serves.")
+
+    @model_validator(mode="after")
+    def _image_pins_version(self) -> "EngineSpec":
+        tag = self.image.rsplit(":", 1)[-1] if ":" in self.image.rsplit("/", 1)[-1] else ""
+        if tag and re.match(r"^\d+\.\d+\.\d+", tag) and not tag.startswith(self.tensorrt_llm_version):
+            raise ValueError(
+                f"image tag {tag!r} does not match tensorrt_llm_version {self.tensorrt_llm_version!r}: "
+                "engines are tied to the TensorRT-LLM version that built them"
+            )
+        return self
+
+
+class EngineOverride(Frozen):
+    """Per-pool changes to the fleet-wide engine (each GPU may call for another precision)."""
+
+    backend: Backend | None = None
+    precision: Precision | None = None
+    kv_cache_dtype: KvCacheDtype | None = None
+    max_batch_size: int | None = Field(default=None, ge=1, le=2048)
+    max_num_tokens: int | None = Field(default=None, ge=64, le=1_048_576)
+    kv_cache_free_gpu_memory_fraction: float | None = Field(default=None, gt=0.0, le=0.98)
+
+
+class CalibrationSpec(Frozen):
+    """Staged calibration data for calibrated precisions (SmoothQuant, INT8/FP8 KV cache, FP8)."""
+
+    dataset: S3Uri = Field(description="Staged calibration dataset (instances cannot download it).")
+    samples: int = Field(default=512, ge=16, le=65536, description="Calibration samples.")
+
+
+class Slo(Frozen):
+    """Service-level objectives used by alarms, scaling and the planner."""
+
+    ttft_p99_ms: float = Field(gt=0, le=120_000, description="P99 time to first token, milliseconds.")
+    itl_p99_ms: float = Field(gt=0, le=10_000, description="P99 inter-token latency, milliseconds.")
+    error_rate: float = Field(default=0.01, ge=0, lt=1, description="Highest tolerated share of failed requests.")
+
+
+# ---------------------------------------------------------------- regions & pools
+
+
+class Capacity(Frozen):
+    min: int = Field(ge=0, le=1000)
+    desired: int = Field(ge=0, le=1000)
+    max: int = Field(ge=1, le=1000)
+
+    @model_validator(mode="after")
+    def _ordered(self) -> "Capacity":
+        if not (self.min <= self.desired <= self.max):
+            raise ValueError(
+                f"capacity must satisfy min <= desired <= max, got min={self.min} desired={self.desired} max={self.max}"
+            )
+        return self
+
+
+class ScalingSpec(Frozen):
+    """Target tracking on a per-instance load metric published by the runtime."""
+
+    metric: Literal["active_requests", "kv_cache_utilization"] = Field(
+        default="active_requests", description="Per-instance metric to track."
+    )
+    target: float = Field(default=8.0, gt=0, description="Target value per instance (requests, or percent for KV cache).")
+    scale_in_cooldown_s: int = Field(default=600, ge=0, le=86400)
+    scale_out_cooldown_s: int = Field(default=120, ge=0, le=86400)
+
+
+class ScheduledCapacity(Frozen):
+    """One step of a daily capacity profile (UTC cron)."""
+
+    cron: str = Field(pattern=r"^(\S+\s+){4}\S+$", description="Five-field cron in UTC, e.g. '0 23 * * *'.")
+    min: int = Field(ge=0, le=1000)
+    max: int = Field(ge=1, le=1000)
+    desired: int | None = Field(default=None, ge=0, le=1000)
+
+
+class WarmPoolSpec(Frozen):
+    size: int = Field(default=0, ge=0, le=100, description="Stopped instances kept with the engine on disk (0: none).")
+    reuse_on_scale_in: bool = Field(default=True, description="Return scaled-in instances to the warm pool.")
+
+
+class RolloutSpec(Frozen):
+    min_healthy_percentage: int = Field(default=90, ge=0, le=100)
+    checkpoint_percentages: tuple[int, ...] = Field(default=(50, 100))
+    instance_warmup_s: int = Field(default=300, ge=0, le=7200)
+
+    @field_validator("checkpoint_percentages")
+    @classmethod
+    def _increasing(cls, value: tuple[int, ...]) -> tuple[int, ...]:
+        if not value or list(value) != sorted(set(value)) or value[-1] != 100 or value[0] <= 0:
+            raise ValueError("checkpoint_percentages must be strictly increasing, within 1..100, ending at 100")
+        return value
+
+
+class Pool(Frozen):
+    """One Auto Scaling group of one instance type (engines are per GPU architecture)."""
+
+    name: Name
+    instance_type: str = Field(pattern=r"^[a-z][a-z0-9]*\.[0-9a-z]+$", description="e.g. g6e.xlarge.")
+    capacity: Capacity
+    engine: EngineOverride = Field(default_factory=EngineOverride, description="Overrides of the fleet engine.")
+    scaling: ScalingSpec = Field(default_factory=ScalingSpec)
+    schedule: tuple[ScheduledCapacity, ...] = Field(default=(), description="Optional daily capacity profile.")
+    warm_pool: WarmPoolSpec = Field(default_factory=WarmPoolSpec)
+    rollout: RolloutSpec = Field(default_factory=RolloutSpec)
+    capacity_reservation_ids: tuple[Annotated[str, StringConstraints(pattern=r"^cr-[0-9a-f]{17}$")], ...] = ()
+    root_volume_gib: int = Field(default=200, ge=100, le=16384, description="Encrypted gp3 root volume size.")
+
+    @property
+    def family(self) -> str:
+        return self.instance_type.split(".", 1)[0]
+
+
+class AvailabilityZone(Frozen):
+    name: AzName
+    id: AzId
+
+
+class NewVpc(Frozen):
+    cidr: str = Field(description="CIDR of the VPC Fleetcast creates.")
+
+    @field_validator("cidr")
+    @classmethod
+    def _cidr(cls, value: str) -> str:
+        return _check_cidr(value)
+
+
+class ExistingVpc(Frozen):
+    vpc_id: VpcId
+    cidr: str = Field(description="The VPC's CIDR (opened to the NLB health checks).")
+    subnet_ids: tuple[SubnetId, ...] = Field(min_length=2, description="Private subnets, one per AZ, same order as availability_zones.")
+    route_table_ids: tuple[Annotated[str, StringConstraints(pattern=r"^rtb-[0-9a-f]{8,17}$")], ...] = Field(
+        min_length=1, description="Route tables of those subnets (for the S3 gateway endpoint)."
+    )
+
+    @field_validator("cidr")
+    @classmethod
+    def _cidr(cls, value: str) -> str:
+        return _check_cidr(value)
+
+
+class AmiSpec(Frozen):
+    """Pinned DLAMI id (default), or `latest` from the public SSM parameter (rolls the fleet when AWS updates it)."""
+
+    id: AmiId | Literal["latest"] = Field(description="ami-... pinned id, or 'latest'.")
+
+
+class Region(Frozen):
+    """One provider region: its network, its pools, and who may connect."""
+
+    region: RegionName
+    availability_zones: tuple[AvailabilityZone, ...] = Field(description="At least two; names and AZ IDs.")
+    vpc: NewVpc | ExistingVpc
+    ami: AmiSpec
+    allowed_principals: tuple[str, ...] = Field(description="IAM principal ARNs allowed to create endpoints.")
+    allowed_regions: tuple[RegionName, ...] = Field(
+        default=(), description="Consumer regions allowed to connect cross-region (SupportedRegions)."
+    )
+    pools: tuple[Pool, ...] = Field(min_length=1)
+
+    @field_validator("allowed_principals")
+    @classmethod
+    def _explicit_principals(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        if not value:
+            raise ValueError("allowed_principals is empty: name each consumer account's principal")
+        for arn in value:
+            if "*" in arn:
+                raise ValueError(f"{arn!r}: wildcard principals are not allowed; name each principal")
+            if not re.match(r"^arn:aws[a-z-]*:iam::\d{12}:(root|role/[\w+=,.@/-]+|user/[\w+=,.@/-]+)$", arn):
+                raise ValueError(
+                    f"{arn!r} is not an IAM principal ARN such as arn:aws:iam::111122223333:root or ...:role/name"
+                )
+        return value
+
+
+# ---------------------------------------------------------------- consumers
+
+
+class ConsumerSubnet(Frozen):
+    id: SubnetId
+    az_id: AzId
+
+
+class ConsumerLimits(Frozen):
+    """Enforced at the instance gateway (per instance)."""
+
+    max_concurrency: int = Field(default=32, ge=1, le=10_000)
+    requests_per_minute: int = Field(default=600, ge=1, le=10_000_000)
+
+
+class Consumer(Frozen):
+    """One consumer account's interface endpoint into a provider region's service."""
+
+    name: Name
+    account: AccountId
+    region: RegionName = Field(description="Region of the consumer's VPC.")
+    service_region: RegionName = Field(description="Provider region it reaches (cross-region when different).")
+    vpc_id: VpcId
+    subnets: tuple[ConsumerSubnet, ...] = Field(min_length=1)
+    cidrs: tuple[str, ...] = Field(min_length=1, description="Consumer CIDRs allowed to the endpoint and the NLB.")
+    endpoint_service_name: str | None = Field(
+        default=None,
+        pattern=r"^com\.amazonaws\.vpce\.[a-z0-9-]+\.vpce-svc-[0-9a-f]{17}$",
+        description="Published after the provider deploys; a consumer without it is skipped by synth.",
+    )
+    limits: ConsumerLimits = Field(default_factory=ConsumerLimits)
+    api_keys: bool = Field(default=False, description="Require per-caller API keys (Secrets Manager).")
+
+    @field_validator("cidrs")
+    @classmethod
+    def _cidrs(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        return tuple(_check_cidr(v) for v in value)
+
+    @property
+    def cross_region(self) -> bool:
+        return self.region != self.service_region
+
+
+# ---------------------------------------------------------------- top level
+
+
+class Provider(Frozen):
+    account: AccountId = Field(description="Account that owns the fleets and endpoint services.")
+
+
+class Network(Frozen):
+    egress: EgressMode = Field(default=EgressMode.NONE, description="none (VPC endpoints only) or nat.")
+    tls_certificate_arns: dict[RegionName, str] = Field(
+        default_factory=dict,
+        description="ACM certificate ARN per provider region for a TLS listener; without one the "
+        "listener is TCP and traffic stays on AWS's private network through PrivateLink.",
+    )
+
+    @field_validator("tls_certificate_arns")
+    @classmethod
+    def _acm(cls, value: dict[str, str]) -> dict[str, str]:
+        for region, arn in value.items():
+            if not re.match(rf"^arn:aws[a-z-]*:acm:{region}:\d{{12}}:certificate/[0-9a-f-]{{36}}$", arn):
+                raise ValueError(f"{arn!r} is not an ACM certificate ARN in {region}")
+        return value
+
+
+class Operations(Frozen):
+    log_retention_days: int = Field(default=30, description="CloudWatch Logs retention for instance logs.")
+    drain_timeout_s: int = Field(default=300, ge=10, le=3600, description="Longest in-flight request allowed to finish on scale-in.")
+    launch_hook_timeout_s: int = Field(default=3600, ge=30, le=7200, description="Heartbeat window of the launch hook.")
+    build_failure_limit: int = Field(default=3, ge=1, le=100, description="Failed builds per cache key before the circuit breaker trips.")
+    auto_approve_connections: bool = Field(default=False, description="Deploy the auto-approver Lambda for allowed accounts.")
+    alarm_email: str | None = Field(default=None, pattern=r"^[^@\s]+@[^@\s]+\.[^@\s]+$")
+
+    @field_validator("log_retention_days")
+    @classmethod
+    def _retention(cls, value: int) -> int:
+        allowed = (1, 3, 5, 7, 14, 30, 60, 90, 120, 150, 180, 365, 400, 545, 731, 1096, 1827, 2192, 2557, 2922, 3288, 3653)
+        if value not in allowed:
+            raise ValueError(f"log_retention_days must be one of CloudWatch's values: {allowed}")
+        return value
+
+
+class FleetConfig(Frozen):
+    """A private TensorRT-LLM fleet: one provider stack per region, one consumer stack per consumer."""
+
+    version: Literal[1] = Field(description="Config format version.")
+    name: Name = Field(description="Fleet name; prefixes stack names.")
+    provider: Provider
+    model: ModelSpec
+    engine: EngineSpec = Field(default_factory=EngineSpec)
+    calibration: CalibrationSpec | None = None
+    slo: Slo
+    network: Network = Field(default_factory=Network)
+    operations: Operations = Field(default_factory=Operations)
+    regions: tuple[Region, ...] = Field(min_length=1)
+    consumers: tuple[Consumer, ...] = ()
+    tags: dict[Annotated[str, StringConstraints(min_length=1, max_length=128)], Annotated[str, StringConstraints(max_length=256)]] = Field(
+        default_factory=dict
+    )
+
+    # -- derived views (no state of their own) --
+
+    def region(self, name: str) -> Region:
+        for region in self.regions:
+            if region.region == name:
+                return region
+        raise KeyError(f"no provider region {name!r} in the config")
+
+    def engine_for(self, pool: Pool) -> EngineSpec:
+        """The fleet engine with the pool's overrides applied: what that pool builds and serves."""
+        changes = {k: v for k, v in pool.engine.model_dump().items() if v is not None}
+        return self.engine.model_copy(update=changes) if changes else self.engine
+
+    def consumers_of(self, region_name: str) -> tuple[Consumer, ...]:
+        return tuple(c for c in self.consumers if c.service_region == region_name)
+
+    def digest(self) -> str:
+        """Stable digest of the validated config; changes whenever anything an instance uses changes."""
+        canonical = json.dumps(self.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(canonical.encode()).hexdigest()

@@ -1,0 +1,203 @@
+"""Rules that span fields or need the shipped tables; each names the path it blames.
+
+They run on a structurally valid `FleetConfig` and return every problem found,
+never stopping at the first.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+
+from . import catalog
+from .model import Backend, ExistingVpc, FleetConfig, KvCacheDtype, Precision
+
+Path = tuple[str | int, ...]
+
+
+@dataclass(frozen=True)
+class ConfigIssue:
+    path: Path
+    message: str
+
+    @property
+    def dotted(self) -> str:
+        out = ""
+        for part in self.path:
+            out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+        return out or "(top level)"
+
+
+def check(cfg: FleetConfig) -> list[ConfigIssue]:
+    issues: list[ConfigIssue] = []
+    issues += _model_limits(cfg)
+    issues += _regions(cfg)
+    issues += _pools(cfg)
+    issues += _consumers(cfg)
+    return issues
+
+
+def _model_limits(cfg: FleetConfig) -> list[ConfigIssue]:
+    m = cfg.model
+    out = []
+    if m.max_input_len + m.max_output_len > m.context_length:
+        out.append(ConfigIssue(("model", "max_output_len"),
+            f"max_input_len + max_output_len = {m.max_input_len + m.max_output_len} exceeds the model's "
+            f"context_length {m.context_length}; allowed: a sum <= {m.context_length}"))
+    return out
+
+
+def _regions(cfg: FleetConfig) -> list[ConfigIssue]:
+    out: list[ConfigIssue] = []
+    counts = Counter(r.region for r in cfg.regions)
+    for i, region in enumerate(cfg.regions):
+        here = ("regions", i)
+        if counts[region.region] > 1:
+            out.append(ConfigIssue(here + ("region",), f"region {region.region!r} appears {counts[region.region]} times; one entry per region"))
+        azs = region.availability_zones
+        if len(azs) < 2:
+            out.append(ConfigIssue(here + ("availability_zones",), f"{len(azs)} availability zone(s) given; at least 2 are required"))
+        for j, az in enumerate(azs):
+            if not az.name.startswith(region.region):
+                out.append(ConfigIssue(here + ("availability_zones", j, "name"), f"{az.name!r} is not an AZ of {region.region}"))
+            if not _az_id_in_region(az.id, region.region):
+                out.append(ConfigIssue(here + ("availability_zones", j, "id"),
+                    f"{az.id!r} is not an AZ ID of {region.region} (expected {az_id_prefix(region.region)}-azN)"))
+        for field in ("name", "id"):
+            dup = [v for v, n in Counter(getattr(a, field) for a in azs).items() if n > 1]
+            if dup:
+                out.append(ConfigIssue(here + ("availability_zones",), f"duplicate AZ {field}s: {', '.join(dup)}"))
+        if isinstance(region.vpc, ExistingVpc) and len(region.vpc.subnet_ids) != len(azs):
+            out.append(ConfigIssue(here + ("vpc", "subnet_ids"),
+                f"{len(region.vpc.subnet_ids)} subnets for {len(azs)} availability zones; give one private subnet per AZ, in the same order"))
+        for j, other in enumerate(region.allowed_regions):
+            if other == region.region:
+                out.append(ConfigIssue(here + ("allowed_regions", j), f"{other} is the service's own region; list only other regions"))
+            elif not catalog.cross_region_supported(other, region.region):
+                out.append(ConfigIssue(here + ("allowed_regions", j),
+                    f"cross-region PrivateLink between {other} and {region.region} is not in the supported table "
+                    f"(shipped data, overridable); supported regions: "
+                    f"{', '.join(sorted(catalog.privatelink_cross_region()))}"))
+        pool_names = Counter(p.name for p in region.pools)
+        for j, pool in enumerate(region.pools):
+            if pool_names[pool.name] > 1:
+                out.append(ConfigIssue(here + ("pools", j, "name"), f"pool name {pool.name!r} is used twice in {region.region}"))
+    for region_name in cfg.network.tls_certificate_arns:
+        if region_name not in counts:
+            out.append(ConfigIssue(("network", "tls_certificate_arns", region_name), f"{region_name} has no provider region entry"))
+    return out
+
+
+def _pools(cfg: FleetConfig) -> list[ConfigIssue]:
+    out: list[ConfigIssue] = []
+    instances = catalog.instance_catalog()
+    offered = catalog.availability()
+    allowed_backends = catalog.BACKENDS_BY_FAMILY[cfg.model.family]
+    for i, region in enumerate(cfg.regions):
+        for j, pool in enumerate(region.pools):
+            here: Path = ("regions", i, "pools", j)
+            engine = cfg.engine_for(pool)
+            # Blame the override when the pool set the value, the fleet default otherwise.
+            def where(field: str) -> Path:
+                return here + ("engine", field) if getattr(pool.engine, field) is not None else ("engine", field)
+
+            instance = instances.get(pool.instance_type)
+            if instance is None:
+                out.append(ConfigIssue(here + ("instance_type",),
+                    f"{pool.instance_type!r} is not a supported GPU instance type; allowed: {', '.join(sorted(instances))}"))
+                continue
+            if region.region not in offered.get(instance.family, frozenset()):
+                out.append(ConfigIssue(here + ("instance_type",),
+                    f"{instance.family} instances are not offered in {region.region} (availability table as of "
+                    f"{catalog.availability_as_of()}); offered in: {', '.join(sorted(offered.get(instance.family, [])))}"))
+            if engine.backend not in allowed_backends:
+                out.append(ConfigIssue(where("backend"),
+                    f"{cfg.model.family.value} models run on the {', '.join(b.value for b in allowed_backends)} backend only, not {engine.backend.value}"))
+            arch = instance.gpu.arch
+            precision_ok = catalog.precision_supported(arch, engine.precision)
+            if not precision_ok:
+                out.append(ConfigIssue(where("precision"),
+                    f"{engine.precision.value} is not supported on {pool.instance_type} ({instance.gpu.name}, {arch}); "
+                    f"allowed there: {', '.join(catalog.supported_precisions(arch))}"))
+            elif engine.precision not in catalog.PRECISIONS_BY_BACKEND[engine.backend]:
+                out.append(ConfigIssue(where("precision"),
+                    f"{engine.precision.value} is not available on the {engine.backend.value} backend "
+                    f"(model family {cfg.model.family.value}); allowed: "
+                    f"{', '.join(sorted(p.value for p in catalog.PRECISIONS_BY_BACKEND[engine.backend]))}"))
+            if engine.kv_cache_dtype not in catalog.KV_CACHE_BY_ARCH.get(arch, frozenset()):
+                out.append(ConfigIssue(where("kv_cache_dtype"),
+                    f"kv_cache_dtype {engine.kv_cache_dtype.value} is not supported on {instance.gpu.name} ({arch})"))
+            calibrated = (engine.backend == Backend.TENSORRT and engine.precision in (Precision.INT8_SMOOTHQUANT, Precision.FP8)) \
+                or engine.kv_cache_dtype != KvCacheDtype.AUTO
+            if calibrated and precision_ok and cfg.calibration is None:
+                out.append(ConfigIssue(where("precision") if engine.kv_cache_dtype == KvCacheDtype.AUTO else where("kv_cache_dtype"),
+                    f"{engine.precision.value} with kv_cache_dtype {engine.kv_cache_dtype.value} is calibrated: set "
+                    "calibration.dataset to a staged s3:// dataset (isolated subnets cannot download one)"))
+            if engine.max_num_tokens < cfg.model.max_input_len and engine.backend == Backend.TENSORRT:
+                out.append(ConfigIssue(where("max_num_tokens"),
+                    f"max_num_tokens {engine.max_num_tokens} is below model.max_input_len {cfg.model.max_input_len}: "
+                    "a full prompt could never be scheduled"))
+            if pool.warm_pool.size and pool.capacity_reservation_ids:
+                pass  # allowed: reservations cover running instances, warm ones are stopped
+            for k, step in enumerate(pool.schedule):
+                desired = step.desired if step.desired is not None else step.min
+                if not (step.min <= desired <= step.max):
+                    out.append(ConfigIssue(here + ("schedule", k), f"scheduled capacity must satisfy min <= desired <= max"))
+                if step.max > pool.capacity.max:
+                    out.append(ConfigIssue(here + ("schedule", k, "max"),
+                        f"scheduled max {step.max} exceeds the pool's capacity.max {pool.capacity.max}"))
+    return out
+
+
+def _consumers(cfg: FleetConfig) -> list[ConfigIssue]:
+    out: list[ConfigIssue] = []
+    names = Counter(c.name for c in cfg.consumers)
+    regions = {r.region: r for r in cfg.regions}
+    for i, consumer in enumerate(cfg.consumers):
+        here: Path = ("consumers", i)
+        if names[consumer.name] > 1:
+            out.append(ConfigIssue(here + ("name",), f"consumer name {consumer.name!r} is used twice"))
+        service = regions.get(consumer.service_region)
+        if service is None:
+            out.append(ConfigIssue(here + ("service_region",),
+                f"no provider region {consumer.service_region!r} in regions; allowed: {', '.join(regions) or 'none'}"))
+            continue
+        if consumer.cross_region:
+            if consumer.region not in service.allowed_regions:
+                out.append(ConfigIssue(here + ("region",),
+                    f"{consumer.region} reaches {consumer.service_region} cross-region, but that region's allowed_regions "
+                    f"does not list {consumer.region}"))
+            elif not catalog.cross_region_supported(consumer.region, consumer.service_region):
+                out.append(ConfigIssue(here + ("region",),
+                    f"cross-region PrivateLink between {consumer.region} and {consumer.service_region} is not supported"))
+        principals = {arn.split(":")[4] for arn in service.allowed_principals}
+        if consumer.account not in principals:
+            out.append(ConfigIssue(here + ("account",),
+                f"account {consumer.account} is not among regions[{consumer.service_region}].allowed_principals; "
+                "add its principal there or the endpoint connection can never be created"))
+        if not consumer.cross_region:
+            provider_azs = {az.id for az in service.availability_zones}
+            if not provider_azs & {s.az_id for s in consumer.subnets}:
+                out.append(ConfigIssue(here + ("subnets",),
+                    f"none of the consumer's AZ IDs ({', '.join(s.az_id for s in consumer.subnets)}) is served by "
+                    f"{consumer.service_region} ({', '.join(sorted(provider_azs))}): the endpoint could not be created"))
+        for j, subnet in enumerate(consumer.subnets):
+            if not _az_id_in_region(subnet.az_id, consumer.region):
+                out.append(ConfigIssue(here + ("subnets", j, "az_id"), f"{subnet.az_id!r} is not an AZ ID of {consumer.region}"))
+    return out
+
+
+# AZ IDs carry a short region code (apne2-az1 for ap-northeast-2, use1-az4 for us-east-1).
+_AREA = {"us": "us", "ap": "ap", "eu": "eu", "sa": "sa", "ca": "ca", "me": "me", "af": "af", "il": "il", "mx": "mx"}
+_DIRECTION = {"east": "e", "west": "w", "north": "n", "south": "s", "central": "c", "northeast": "ne",
+              "northwest": "nw", "southeast": "se", "southwest": "sw"}
+
+
+def az_id_prefix(region: str) -> str:
+    parts = region.split("-")
+    area, direction, number = parts[0], parts[-2], parts[-1]
+    return f"{_AREA.get(area, area)}{_DIRECTION.get(direction, direction[0])}{number}"
+
+
+def _az_id_in_region(az_id: str, region: str) -> bool:
+    return az_id.split("-az", 1)[0] == az_id_prefix(region)

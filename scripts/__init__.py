@@ -1,0 +1,1 @@
+"""Thin command-line entry points over the fleetcast library (`fleetcast ...`)."""

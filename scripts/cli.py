@@ -1,0 +1,70 @@
+"""`fleetcast`: one command, one subcommand per job.
+
+Each subcommand lives in its own module exposing `register(subparsers)`; the
+module is imported only when listed here, and its heavy imports stay inside
+its handler so `fleetcast --help` is instant.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from fleetcast import __version__
+
+# (module under scripts/, subcommand) in help order. A module missing from the
+# tree is skipped, so a partial checkout still runs what it has.
+SUBCOMMANDS = (
+    "config_cmd",
+    "synth_cmd",
+    "stage_cmd",
+    "deploy_cmd",
+    "smoke_cmd",
+    "connections_cmd",
+    "usage_cmd",
+    "bench_cmd",
+    "plan_cmd",
+    "runtime_cmd",
+)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="fleetcast",
+        description="Private TensorRT-LLM fleets on AWS from one config file.",
+    )
+    parser.add_argument("--version", action="version", version=f"fleetcast {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for name in SUBCOMMANDS:
+        try:
+            module = importlib.import_module(f"scripts.{name}")
+        except ModuleNotFoundError as exc:
+            if exc.name == f"scripts.{name}":
+                continue
+            raise
+        module.register(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    from fleetcast.config import ConfigError
+    from fleetcast.errors import UserError
+
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.handler(args) or 0)
+    except ConfigError as exc:
+        print(exc.render(), file=sys.stderr)
+        return 1
+    except UserError as exc:
+        print(f"fleetcast {args.command}: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())
