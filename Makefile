@@ -1,0 +1,41 @@
+# Two commands do everything on a fresh machine:
+#   make synth   venv + fleetcast CLI + pinned CDK CLI, then synthesize the default config offline
+#   make test    the same plus test tools and the reference backend (CPU torch), then every test and gate
+SHELL := /bin/bash
+VENV  ?= .venv
+PY    := $(VENV)/bin/python
+CONFIG ?= config/fleet.yaml
+export JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION := 1
+export CDK_DISABLE_CLI_TELEMETRY := true
+# Synthesis never needs AWS: no credentials, no metadata service, no lookups.
+OFFLINE := env -u AWS_ACCESS_KEY_ID -u AWS_SECRET_ACCESS_KEY -u AWS_SESSION_TOKEN -u AWS_PROFILE \
+           AWS_EC2_METADATA_DISABLED=true
+
+.PHONY: synth test demo bench-gateway bench-decode clean deploy
+
+$(VENV)/.synth-deps: pyproject.toml
+	test -x $(PY) || python3 -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e .
+	touch $@
+
+$(VENV)/.test-deps: $(VENV)/.synth-deps pyproject.toml
+	$(PY) -m pip install -q -e '.[dev,reference]'
+	touch $@
+
+node_modules/.package-lock.json: package.json package-lock.json
+	npm ci --no-audit --no-fund --loglevel=error
+
+synth: $(VENV)/.synth-deps node_modules/.package-lock.json
+	rm -rf cdk.out
+	$(OFFLINE) npx cdk synth --no-lookups --no-notices --quiet -c config=$(CONFIG)
+	$(VENV)/bin/fleetcast synth summary --config $(CONFIG) --out cdk.out
+
+test: $(VENV)/.test-deps node_modules/.package-lock.json
+	$(OFFLINE) $(PY) -m pytest -q -p no:cacheprovider
+
+demo: $(VENV)/.test-deps
+	$(PY) -m runtime.demo
+
+clean:
+	rm -rf cdk.out .pytest_cache
