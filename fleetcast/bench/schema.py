@@ -1,0 +1,169 @@
+"""The benchmark results file, `fleetcast.bench/v1`: the contract between
+`fleetcast bench` (writer) and `fleetcast plan` (reader).
+
+Compatibility rule: fields may be ADDED in v1, never renamed or removed; a
+reader ignores fields it does not know (extra="ignore"), so an older planner
+still reads a newer results file. Anything else needs "fleetcast.bench/v2".
+
+Latency values are milliseconds, throughputs per second of wall time, times in
+`start_s` are seconds since the run's first request was sent. A `Stat` with
+count 0 (e.g. every request failed) carries null for every value.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+SCHEMA_ID = "fleetcast.bench/v1"
+
+Backend = Literal["tensorrt", "pytorch", "reference", "unknown"]
+Api = Literal["completions", "chat"]
+LoadMode = Literal["concurrency", "rate", "trace", "mix"]
+Arrival = Literal["poisson", "constant"]
+
+
+class _Model(BaseModel):
+    # Unknown keys are ignored on read so fields can be added within v1.
+    model_config = ConfigDict(extra="ignore", populate_by_name=True)
+
+
+class Stat(_Model):
+    """Distribution summary of one metric over a run's samples."""
+
+    count: int = Field(description="number of samples behind the figures")
+    mean: float | None = None
+    p50: float | None = None
+    p90: float | None = None
+    p95: float | None = None
+    p99: float | None = None
+    min: float | None = None
+    max: float | None = None
+    p99_ci: tuple[float, float] | None = Field(
+        None, description="95% confidence interval of P99 (distribution-free, order statistics)"
+    )
+    tail_note: str | None = Field(None, description="set when the tail rests on too few samples")
+
+
+class Labels(_Model):
+    """What was measured: the planner groups and filters results by these."""
+
+    instance_type: str | None = None
+    gpu: str | None = None
+    precision: str | None = None
+    region: str | None = None
+    backend: Backend = "unknown"
+    model: str | None = None
+    notes: str | None = None
+
+
+class ClientInfo(_Model):
+    """The machine that ran the benchmark client."""
+
+    host: str
+    cpus: int
+    python: str
+    fleetcast_version: str
+
+
+class Load(_Model):
+    mode: LoadMode
+    concurrency: int | None = None
+    rate_rps: float | None = None
+    arrival: Arrival | None = None
+
+
+class Lengths(_Model):
+    input_mean: float
+    output_mean: float
+    spec: str = Field(description="the length spec as given, e.g. 'input=128 output=128'")
+
+
+class Summary(_Model):
+    requests: int
+    completed: int
+    errors: int
+    errors_by_type: dict[str, int] = Field(default_factory=dict)
+    duration_s: float
+    ttft_ms: Stat
+    itl_ms: Stat
+    e2e_ms: Stat
+    chunk_gap_ms: Stat
+    output_throughput_tps: float
+    total_throughput_tps: float
+    request_throughput_rps: float
+    goodput_rps: float | None = None
+    error_rate: float
+    mean_concurrency: float
+    saturated: bool
+    saturation_reason: str | None = None
+    schedule_lag_ms: Stat
+    event_loop_lag_ms: Stat
+    network_rtt_ms: float | None = None
+
+
+class Record(_Model):
+    """One request, raw: enough to recompute every summary figure."""
+
+    start_s: float
+    ttft_ms: float | None = None
+    e2e_ms: float | None = None
+    itl_ms: float | None = None
+    input_tokens: int
+    output_tokens: int
+    ok: bool
+    error: str | None = None
+    chunk_gaps_ms: list[float] = Field(default_factory=list)
+
+
+class Run(_Model):
+    load: Load
+    lengths: Lengths
+    summary: Summary
+    records: list[Record] = Field(default_factory=list)
+
+
+class Results(_Model):
+    schema_id: Literal["fleetcast.bench/v1"] = Field(SCHEMA_ID, alias="schema")
+    labels: Labels = Field(default_factory=Labels)
+    endpoint: str
+    api: Api
+    config_hash: str | None = None
+    client: ClientInfo
+    started_at: datetime
+    finished_at: datetime
+    seed: int
+    runs: list[Run] = Field(default_factory=list)
+
+    def to_json(self, indent: int | None = None) -> str:
+        return self.model_dump_json(by_alias=True, indent=indent)
+
+
+def dump_results(results: Results, path: str | Path) -> None:
+    Path(path).write_text(results.to_json() + "\n")
+
+
+def load_results(path: str | Path) -> Results:
+    """Read and validate a results file; bad files raise UserError naming the problem."""
+    from fleetcast.errors import UserError
+
+    p = Path(path)
+    try:
+        data = json.loads(p.read_text())
+    except FileNotFoundError:
+        raise UserError(f"results file {p} does not exist") from None
+    except json.JSONDecodeError as exc:
+        raise UserError(f"results file {p} is not JSON: {exc}") from None
+    if not isinstance(data, dict) or data.get("schema") != SCHEMA_ID:
+        found = data.get("schema") if isinstance(data, dict) else type(data).__name__
+        raise UserError(f"results file {p}: schema is {found!r}, expected {SCHEMA_ID!r}")
+    try:
+        return Results.model_validate(data)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        loc = ".".join(str(x) for x in first["loc"])
+        raise UserError(f"results file {p}: {loc}: {first['msg']} ({exc.error_count()} problem(s))") from None
