@@ -50,10 +50,12 @@ def _model_limits(cfg: FleetConfig) -> list[ConfigIssue]:
 def _regions(cfg: FleetConfig) -> list[ConfigIssue]:
     out: list[ConfigIssue] = []
     counts = Counter(r.region for r in cfg.regions)
+    seen_regions: set[str] = set()
     for i, region in enumerate(cfg.regions):
         here = ("regions", i)
-        if counts[region.region] > 1:
+        if region.region in seen_regions:
             out.append(ConfigIssue(here + ("region",), f"region {region.region!r} appears {counts[region.region]} times; one entry per region"))
+        seen_regions.add(region.region)
         azs = region.availability_zones
         if len(azs) < 2:
             out.append(ConfigIssue(here + ("availability_zones",), f"{len(azs)} availability zone(s) given; at least 2 are required"))
@@ -78,10 +80,11 @@ def _regions(cfg: FleetConfig) -> list[ConfigIssue]:
                     f"cross-region PrivateLink between {other} and {region.region} is not in the supported table "
                     f"(shipped data, overridable); supported regions: "
                     f"{', '.join(sorted(catalog.privatelink_cross_region()))}"))
-        pool_names = Counter(p.name for p in region.pools)
+        seen_pools: set[str] = set()
         for j, pool in enumerate(region.pools):
-            if pool_names[pool.name] > 1:
+            if pool.name in seen_pools:
                 out.append(ConfigIssue(here + ("pools", j, "name"), f"pool name {pool.name!r} is used twice in {region.region}"))
+            seen_pools.add(pool.name)
     for region_name in cfg.network.tls_certificate_arns:
         if region_name not in counts:
             out.append(ConfigIssue(("network", "tls_certificate_arns", region_name), f"{region_name} has no provider region entry"))
@@ -151,12 +154,13 @@ def _pools(cfg: FleetConfig) -> list[ConfigIssue]:
 
 def _consumers(cfg: FleetConfig) -> list[ConfigIssue]:
     out: list[ConfigIssue] = []
-    names = Counter(c.name for c in cfg.consumers)
+    seen_names: set[str] = set()
     regions = {r.region: r for r in cfg.regions}
     for i, consumer in enumerate(cfg.consumers):
         here: Path = ("consumers", i)
-        if names[consumer.name] > 1:
+        if consumer.name in seen_names:
             out.append(ConfigIssue(here + ("name",), f"consumer name {consumer.name!r} is used twice"))
+        seen_names.add(consumer.name)
         service = regions.get(consumer.service_region)
         if service is None:
             out.append(ConfigIssue(here + ("service_region",),
