@@ -1,0 +1,117 @@
+"""The launch template's user data: small, static, and free of the ASG's own name.
+
+User data only does what must happen on the host before the serving container
+exists: write the instance environment file, fetch the runtime bundle from the
+region bucket, install the shipped systemd unit(s) and start them. Everything
+else (config, GPU detection, engine cache, serving, drain) is `runtime.bootstrap`
+inside the container, started and restarted by systemd.
+
+The Auto Scaling group name is deliberately not an input: the instance reads it
+from its IMDSv2 instance tags (the launch template enables metadata tags), since
+interpolating the ASG name into its own launch template is a CloudFormation cycle.
+
+Pure Python, no CDK import: the stack calls `render_user_data` with plain strings
+or CDK token strings (`${Token[...]}`), which CloudFormation resolves later.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+
+from fleetcast.telemetry import INSTANCE_ENV_FILE
+
+# Keys the stack must pass; the runtime refuses to start without them.
+REQUIRED_KEYS = (
+    "FLEETCAST_FLEET",
+    "FLEETCAST_REGION",
+    "FLEETCAST_POOL",
+    "FLEETCAST_BUCKET",
+    "FLEETCAST_CONFIG_PARAM",
+    "FLEETCAST_CONFIG_DIGEST",
+    "FLEETCAST_IMAGE",
+    "FLEETCAST_RUNTIME_BUNDLE",
+    "FLEETCAST_LOG_GROUP",
+)
+INSTALL_DIR = "/opt/fleetcast"
+SYSTEMD_DIR = "/etc/systemd/system"
+
+_KEY = re.compile(r"^FLEETCAST_[A-Z0-9_]{1,64}$")
+# One env file is read by bash (`source`), by systemd (EnvironmentFile=) and by
+# `docker run --env-file` (which takes values literally, no quote processing).
+# The only format all three read the same way is KEY=value, unquoted, with no
+# shell-special characters, so values are restricted rather than escaped.
+_SAFE_VALUE = re.compile(r"^[A-Za-z0-9._:/@+=,%-]*$")
+_CDK_TOKEN = re.compile(r"\$\{Token\[[A-Za-z0-9._-]+\]\}")
+
+
+def _check_env(env: Mapping[str, str]) -> None:
+    missing = [key for key in REQUIRED_KEYS if not env.get(key)]
+    if missing:
+        raise ValueError(f"user data env is missing required key(s): {', '.join(missing)}")
+    for key, value in env.items():
+        if not _KEY.match(key):
+            raise ValueError(f"user data env key {key!r} must look like FLEETCAST_NAME (upper case, digits, _)")
+        if not isinstance(value, str):
+            raise ValueError(f"user data env {key} must be a string, got {type(value).__name__}")
+        if not _SAFE_VALUE.match(_CDK_TOKEN.sub("", value)):
+            raise ValueError(
+                f"user data env {key}={value!r} has characters outside [A-Za-z0-9._:/@+=,%-]; "
+                "the env file is read literally by docker --env-file, so values cannot be quoted"
+            )
+    if not _CDK_TOKEN.search(env["FLEETCAST_RUNTIME_BUNDLE"]) and not env["FLEETCAST_RUNTIME_BUNDLE"].startswith("s3://"):
+        raise ValueError("FLEETCAST_RUNTIME_BUNDLE must be an s3:// URI of the runtime bundle zip")
+
+
+def render_env_file(env: Mapping[str, str]) -> str:
+    """The /etc/fleetcast/env content: KEY=value lines, sorted for a stable template diff."""
+    _check_env(env)
+    return "".join(f"{key}={env[key]}\n" for key in sorted(env))
+
+
+def render_user_data(env: Mapping[str, str]) -> str:
+    """Bash user data for the launch template.
+
+    Bounded retries on the bundle download (the S3 gateway endpoint or IAM may
+    still be settling at first boot); failure exits non-zero, the instance never
+    completes its launch hook and the hook's ABANDON default replaces it.
+    """
+    env_file = render_env_file(env)
+    return f"""#!/bin/bash
+# Fleetcast instance bootstrap (host side). Serving runs in a container under systemd.
+set -euo pipefail
+umask 022
+mkdir -p "$(dirname {INSTANCE_ENV_FILE})" /var/lib/fleetcast
+cat > {INSTANCE_ENV_FILE} <<'FLEETCAST_ENV'
+{env_file}FLEETCAST_ENV
+chmod 0644 {INSTANCE_ENV_FILE}
+set -a; . {INSTANCE_ENV_FILE}; set +a
+
+bundle=/var/lib/fleetcast/runtime-bundle.zip
+for attempt in 1 2 3 4 5 6 7 8; do
+  if aws s3 cp --only-show-errors --region "$FLEETCAST_REGION" "$FLEETCAST_RUNTIME_BUNDLE" "$bundle"; then
+    break
+  fi
+  if [ "$attempt" -eq 8 ]; then
+    echo "fleetcast: cannot download $FLEETCAST_RUNTIME_BUNDLE after $attempt attempts" >&2
+    exit 1
+  fi
+  sleep $((attempt * 5))
+done
+
+rm -rf {INSTALL_DIR}.new
+mkdir -p {INSTALL_DIR}.new
+python3 -m zipfile -e "$bundle" {INSTALL_DIR}.new
+rm -rf {INSTALL_DIR}
+mv {INSTALL_DIR}.new {INSTALL_DIR}
+chmod -R a+rX {INSTALL_DIR}
+chmod 0755 {INSTALL_DIR}/runtime/host/*.sh
+
+units=""
+for unit in {INSTALL_DIR}/runtime/systemd/*.service; do
+  install -m 0644 "$unit" {SYSTEMD_DIR}/
+  units="$units $(basename "$unit")"
+done
+systemctl daemon-reload
+systemctl enable --now $units
+"""
