@@ -249,8 +249,16 @@ class ScalingSpec(Frozen):
         default="active_requests", description="Per-instance metric to track."
     )
     target: float = Field(default=8.0, gt=0, description="Target value per instance (requests, or percent for KV cache).")
-    scale_in_cooldown_s: int = Field(default=600, ge=0, le=86400)
-    scale_out_cooldown_s: int = Field(default=120, ge=0, le=86400)
+    scale_in_cooldown_s: int = Field(
+        default=600, ge=0, le=86400,
+        description="Least time between two scale-ins; each removes one instance, only while the remaining ones "
+        "stay under target.",
+    )
+    scale_out_cooldown_s: int = Field(
+        default=120, ge=0, le=86400,
+        description="Estimated instance warmup: how long a new InService instance counts as capacity before "
+        "its own metrics do.",
+    )
 
 
 class ScheduledCapacity(Frozen):
@@ -268,9 +276,33 @@ class WarmPoolSpec(Frozen):
 
 
 class RolloutSpec(Frozen):
-    min_healthy_percentage: int = Field(default=90, ge=0, le=100)
-    checkpoint_percentages: tuple[int, ...] = Field(default=(50, 100))
-    instance_warmup_s: int = Field(default=300, ge=0, le=7200)
+    """Instance refresh when the launch template changes (engine, precision, image, AMI, instance type)."""
+
+    min_healthy_percentage: int = Field(default=90, ge=0, le=100,
+                                        description="Share of desired capacity kept in service during a refresh.")
+    max_healthy_percentage: int = Field(
+        default=110, ge=100, le=200,
+        description="Share of desired capacity allowed in service or pending; above 100 launches replacements "
+        "before terminating (needs spare GPU capacity). At most min_healthy_percentage + 100.",
+    )
+    checkpoint_percentages: tuple[int, ...] = Field(default=(50, 100),
+                                                    description="Refresh pauses after replacing these shares.")
+    checkpoint_delay_s: int = Field(default=900, ge=0, le=172800,
+                                    description="Pause at each checkpoint while the rollback alarms watch the new instances.")
+    bake_time_s: int = Field(default=600, ge=0, le=172800,
+                             description="Alarm watch after the last replacement before the stack update succeeds.")
+    instance_warmup_s: int = Field(default=300, ge=0, le=7200,
+                                   description="Wait after a replacement is InService before the next one.")
+
+    @model_validator(mode="after")
+    def _never_all_at_once(self) -> "RolloutSpec":
+        if self.max_healthy_percentage - self.min_healthy_percentage > 100:
+            raise ValueError("max_healthy_percentage may exceed min_healthy_percentage by at most 100 (an EC2 Auto "
+                             f"Scaling rule), got {self.min_healthy_percentage}..{self.max_healthy_percentage}")
+        if self.min_healthy_percentage == 0 and self.max_healthy_percentage == 100:
+            raise ValueError("min_healthy_percentage 0 with max_healthy_percentage 100 replaces every instance at "
+                             "once: raise min_healthy_percentage or set max_healthy_percentage above 100")
+        return self
 
     @field_validator("checkpoint_percentages")
     @classmethod
@@ -393,6 +425,13 @@ class Consumer(Frozen):
     )
     limits: ConsumerLimits = Field(default_factory=ConsumerLimits)
     api_keys: bool = Field(default=False, description="Require per-caller API keys (Secrets Manager).")
+    api_key_secret: str | None = Field(
+        default=None,
+        pattern=r"^[A-Za-z0-9/_+=.@-]{1,512}$",
+        description="Secrets Manager secret holding this consumer's API keys (JSON {\"keys\": [...]}); "
+        "default <fleet>/consumers/<consumer>/api-keys. The gateway accepts the AWSCURRENT and AWSPREVIOUS "
+        "versions, so rotation needs no restart.",
+    )
 
     @field_validator("cidrs")
     @classmethod
@@ -478,6 +517,10 @@ class FleetConfig(Frozen):
 
     def consumers_of(self, region_name: str) -> tuple[Consumer, ...]:
         return tuple(c for c in self.consumers if c.service_region == region_name)
+
+    def api_key_secret_of(self, consumer: Consumer) -> str:
+        """Secrets Manager name of a consumer's API keys: read by the gateway, granted by the fleet stack."""
+        return consumer.api_key_secret or f"{self.name}/consumers/{consumer.name}/api-keys"
 
     def digest(self) -> str:
         """Stable digest of the validated config; changes whenever anything an instance uses changes."""
