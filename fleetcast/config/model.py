@@ -352,6 +352,11 @@ class ExistingVpc(Frozen):
     route_table_ids: tuple[Annotated[str, StringConstraints(pattern=r"^rtb-[0-9a-f]{8,17}$")], ...] = Field(
         min_length=1, description="Route tables of those subnets (for the S3 gateway endpoint)."
     )
+    create_endpoints: bool = Field(
+        default=True,
+        description="With egress `none`, create the S3 gateway and interface VPC endpoints the instances need. "
+        "Set false when the VPC already has them (a second set with private DNS would fail to deploy).",
+    )
 
     @field_validator("cidr")
     @classmethod
