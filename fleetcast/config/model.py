@@ -323,12 +323,26 @@ class Pool(Frozen):
     schedule: tuple[ScheduledCapacity, ...] = Field(default=(), description="Optional daily capacity profile.")
     warm_pool: WarmPoolSpec = Field(default_factory=WarmPoolSpec)
     rollout: RolloutSpec = Field(default_factory=RolloutSpec)
-    capacity_reservation_ids: tuple[Annotated[str, StringConstraints(pattern=r"^cr-[0-9a-f]{17}$")], ...] = ()
+    capacity_reservation_ids: tuple[Annotated[str, StringConstraints(pattern=r"^cr-[0-9a-f]{17}$")], ...] = Field(
+        default=(), description="On-Demand Capacity Reservations (cr-...) the pool's group launches into first.",
+    )
+    capacity_reservations_only: bool = Field(
+        default=False,
+        description="Launch only into capacity_reservation_ids (fail when they are full) instead of falling back "
+        "to On-Demand capacity.",
+    )
     root_volume_gib: int = Field(default=200, ge=100, le=16384, description="Encrypted gp3 root volume size.")
 
     @property
     def family(self) -> str:
         return self.instance_type.split(".", 1)[0]
+
+    @model_validator(mode="after")
+    def _reservations_only_needs_ids(self) -> "Pool":
+        if self.capacity_reservations_only and not self.capacity_reservation_ids:
+            raise ValueError("capacity_reservations_only is set but capacity_reservation_ids is empty: "
+                             "name the reservations (cr-...) or drop capacity_reservations_only")
+        return self
 
 
 class AvailabilityZone(Frozen):
