@@ -1,0 +1,1 @@
+"""Staging: model weights, calibration data and the serving image reach fleets with no internet."""

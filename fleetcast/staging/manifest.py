@@ -1,0 +1,113 @@
+"""Manifests of staged artifacts: what files a prefix must hold, their sizes and sha256.
+
+A manifest is written LAST, after every file it names is in the bucket, so a
+reader that finds a manifest finds a complete artifact; a reader verifies each
+file against it before use. The runtime uses the same module (no CDK, no AWS
+imports here).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+MANIFEST_NAME = "manifest.json"
+SCHEMA = "fleetcast.manifest/v1"
+_CHUNK = 8 * 1024 * 1024
+
+
+@dataclass(frozen=True)
+class ManifestFile:
+    path: str
+    size: int
+    sha256: str
+
+
+@dataclass(frozen=True)
+class Manifest:
+    kind: str  # "model", "calibration", "engine"
+    name: str
+    revision: str
+    files: tuple[ManifestFile, ...]
+    source: str = ""
+    extra: dict = field(default_factory=dict)
+    schema: str = SCHEMA
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(f.size for f in self.files)
+
+    def to_json(self) -> str:
+        data = asdict(self)
+        data["files"] = [asdict(f) for f in self.files]
+        return json.dumps(data, indent=2, sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str | bytes) -> "Manifest":
+        data = json.loads(text)
+        if data.get("schema") != SCHEMA:
+            raise ValueError(f"unsupported manifest schema {data.get('schema')!r}; expected {SCHEMA}")
+        files = tuple(ManifestFile(**f) for f in data.pop("files"))
+        for f in files:
+            if f.path.startswith("/") or ".." in Path(f.path).parts:
+                raise ValueError(f"manifest path {f.path!r} escapes its prefix")
+        return cls(files=files, **data)
+
+
+def sha256_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        while chunk := handle.read(_CHUNK):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def build_manifest(root: Path, *, kind: str, name: str, revision: str, source: str = "", extra: dict | None = None) -> Manifest:
+    """Hash every regular file under `root` (hidden files and the manifest itself excluded)."""
+    files = []
+    for path in sorted(root.rglob("*")):
+        rel = path.relative_to(root).as_posix()
+        if not path.is_file() or rel == MANIFEST_NAME or any(p.startswith(".") for p in Path(rel).parts):
+            continue
+        files.append(ManifestFile(path=rel, size=path.stat().st_size, sha256=sha256_file(path)))
+    if not files:
+        raise ValueError(f"{root} holds no files to stage")
+    return Manifest(kind=kind, name=name, revision=revision, files=tuple(files), source=source, extra=extra or {})
+
+
+def verify_tree(root: Path, manifest: Manifest) -> list[str]:
+    """Problems found comparing a local directory with its manifest (empty list: intact)."""
+    problems = []
+    for f in manifest.files:
+        path = root / f.path
+        if not path.is_file():
+            problems.append(f"{f.path}: missing")
+        elif path.stat().st_size != f.size:
+            problems.append(f"{f.path}: size {path.stat().st_size} != {f.size}")
+        elif sha256_file(path) != f.sha256:
+            problems.append(f"{f.path}: sha256 mismatch")
+    return problems
+
+
+def model_prefix(model_id: str, revision: str) -> str:
+    """Where a model's files live in a region bucket; the revision pins the content."""
+    return f"models/{model_id}/{revision}/"
+
+
+def calibration_prefix(name: str) -> str:
+    return f"calibration/{name}/"
+
+
+def human_bytes(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if n < 1024 or unit == "TiB":
+            return f"{n:.1f} {unit}" if unit != "B" else f"{int(n)} B"
+        n /= 1024
+    return f"{n:.1f} TiB"
+
+
+def cpu_count() -> int:
+    return max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1))

@@ -1,0 +1,117 @@
+"""`fleetcast stage model|calibration`: fetch once, upload to one region, copy server-side to the rest.
+
+Hub downloads happen on the operator's machine (which has internet); the
+fleet's instances only ever read their region's bucket. A gated model's token
+comes from the environment (HF_TOKEN) or Secrets Manager and is only passed in
+memory to the hub client: never written to disk, never logged.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from fleetcast.config import FleetConfig
+from fleetcast.errors import UserError
+
+from .manifest import Manifest, build_manifest, calibration_prefix, model_prefix
+from .transfer import DEFAULT_PART_SIZE, TransferReport, TreeUploader, copy_prefix, read_manifest, verify_prefix
+
+ClientFactory = Callable[[str, str], Any]  # (service, region) -> boto3 client
+
+
+@dataclass
+class StageResult:
+    prefix: str
+    manifest: Manifest
+    reports: dict[str, TransferReport] = field(default_factory=dict)  # region -> report
+
+    def lines(self) -> list[str]:
+        out = [f"{self.manifest.kind} {self.manifest.name}@{self.manifest.revision}: "
+               f"{len(self.manifest.files)} file(s), {self.manifest.total_bytes} bytes"]
+        for region, report in self.reports.items():
+            out.append(f"  {region}: {report.line()}")
+        return out
+
+
+def resolve_hub_token(cfg: FleetConfig, clients: ClientFactory) -> str | None:
+    token = os.environ.get("HF_TOKEN") or os.environ.get("HUGGING_FACE_HUB_TOKEN")
+    if token or not cfg.model.hub_token_secret:
+        return token
+    sm = clients("secretsmanager", cfg.regions[0].region)
+    try:
+        return sm.get_secret_value(SecretId=cfg.model.hub_token_secret)["SecretString"]
+    except sm.exceptions.ClientError as exc:
+        raise UserError(f"cannot read model.hub_token_secret {cfg.model.hub_token_secret!r}: "
+                        f"{exc.response.get('Error', {}).get('Code')}") from None
+
+
+def fetch_from_hub(repo_id: str, revision: str, dest: Path, token: str | None) -> str:
+    """Download a hub snapshot into `dest`; returns the commit sha it resolved to."""
+    try:
+        from huggingface_hub import HfApi, snapshot_download
+    except ImportError:  # pragma: no cover - it is a declared dependency
+        raise UserError("huggingface_hub is not installed; run `make synth` to set up the environment") from None
+    info = HfApi(token=token).model_info(repo_id, revision=revision)
+    snapshot_download(repo_id, revision=info.sha, local_dir=str(dest), token=token)
+    return info.sha
+
+
+def stage_tree(root: Path, manifest: Manifest, prefix: str, buckets: dict[str, str], clients: ClientFactory, *,
+               part_size: int = DEFAULT_PART_SIZE, progress: bool | None = None,
+               log: Callable[[str], None] = print) -> StageResult:
+    """Upload to the first region, server-side copy to the others, verify every region."""
+    if not buckets:
+        raise UserError("no region bucket to stage into")
+    result = StageResult(prefix=prefix, manifest=manifest)
+    regions = list(buckets)
+    first = regions[0]
+    s3_first = clients("s3", first)
+    result.reports[first] = TreeUploader(s3_first, buckets[first], part_size=part_size, progress=progress,
+                                         log=log).upload(root, prefix, manifest)
+    for region in regions[1:]:
+        result.reports[region] = copy_prefix(s3_first, buckets[first], clients("s3", region), buckets[region],
+                                             prefix, manifest, progress=progress)
+    for region in regions:
+        problems = verify_prefix(clients("s3", region), buckets[region], prefix, manifest)
+        stored = read_manifest(clients("s3", region), buckets[region], prefix)
+        if problems or stored is None or stored.files != manifest.files:
+            raise UserError(f"verification failed in {region}: " + "; ".join(problems or ["manifest differs"]))
+    return result
+
+
+def stage_model(cfg: FleetConfig, buckets: dict[str, str], clients: ClientFactory, *, local_dir: Path | None = None,
+                part_size: int = DEFAULT_PART_SIZE, progress: bool | None = None,
+                log: Callable[[str], None] = print) -> StageResult:
+    model = cfg.model
+    prefix = model_prefix(model.id, model.revision)
+    if local_dir is not None:
+        if not local_dir.is_dir():
+            raise UserError(f"--local-dir {local_dir} is not a directory")
+        manifest = build_manifest(local_dir, kind="model", name=model.id, revision=model.revision,
+                                  source=str(local_dir))
+        return stage_tree(local_dir, manifest, prefix, buckets, clients, part_size=part_size, progress=progress, log=log)
+    if model.staged:
+        raise UserError(f"model.source {model.source} is already in S3: copy it with --local-dir after "
+                        "downloading, or point source at the hub id")
+    token = resolve_hub_token(cfg, clients)
+    with tempfile.TemporaryDirectory(prefix="fleetcast-model-") as tmp:
+        sha = fetch_from_hub(model.source, model.revision, Path(tmp), token)
+        if sha != model.revision:
+            log(f"note: revision {model.revision!r} resolved to commit {sha}; pin it in model.revision")
+        manifest = build_manifest(Path(tmp), kind="model", name=model.id, revision=model.revision,
+                                  source=f"hub:{model.source}", extra={"commit": sha})
+        return stage_tree(Path(tmp), manifest, prefix, buckets, clients, part_size=part_size, progress=progress, log=log)
+
+
+def stage_calibration(name: str, directory: Path, buckets: dict[str, str], clients: ClientFactory, *,
+                      part_size: int = DEFAULT_PART_SIZE, progress: bool | None = None,
+                      log: Callable[[str], None] = print) -> StageResult:
+    if not directory.is_dir():
+        raise UserError(f"--dir {directory} is not a directory")
+    manifest = build_manifest(directory, kind="calibration", name=name, revision="1", source=str(directory))
+    return stage_tree(directory, manifest, calibration_prefix(name), buckets, clients,
+                      part_size=part_size, progress=progress, log=log)

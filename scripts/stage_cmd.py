@@ -1,0 +1,183 @@
+"""`fleetcast stage model|calibration|image|status`: put what fleets need where they can reach it."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    parser = sub.add_parser("stage", help="stage model weights, calibration data and the serving image for offline fleets")
+    actions = parser.add_subparsers(dest="action", metavar="ACTION", required=True)
+
+    def common(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--config", default="config/fleet.yaml", help="fleet config (default: %(default)s)")
+        p.add_argument("--region", action="append", help="provider region to stage into (repeatable; default: all)")
+        p.add_argument("--profile", help="AWS profile (standard credential resolution otherwise)")
+
+    def buckets(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--bucket", action="append", metavar="REGION=NAME",
+                       help="region bucket, instead of reading the provider stack's output (repeatable)")
+        p.add_argument("--part-size-mib", type=int, default=64, help="multipart part size (>= 5, default %(default)s)")
+        p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
+                       help="progress bar on stderr (default: when stderr is a terminal)")
+
+    model = actions.add_parser("model", help="fetch model.source at model.revision once, upload to every region bucket")
+    common(model)
+    buckets(model)
+    model.add_argument("--local-dir", type=Path, help="stage this directory instead of downloading from the hub")
+    model.set_defaults(handler=_model)
+
+    calib = actions.add_parser("calibration", help="stage a calibration dataset directory (SmoothQuant, INT8/FP8 KV, FP8)")
+    common(calib)
+    buckets(calib)
+    calib.add_argument("--dir", type=Path, required=True, help="directory holding the dataset files")
+    calib.add_argument("--name", required=True, help="dataset name; staged under calibration/NAME/")
+    calib.set_defaults(handler=_calibration)
+
+    image = actions.add_parser("image", help="mirror the pinned TensorRT-LLM image into each region's ECR and pin its digest")
+    common(image)
+    image.add_argument("--method", choices=("codebuild", "local"), default="codebuild",
+                       help="codebuild: the provider stack's mirror project (image stays in AWS); local: docker here")
+    image.add_argument("--derived", action="store_true", help=f"build the derived image with the runtime baked in (docker/Dockerfile)")
+    image.add_argument("--repository", action="append", metavar="REGION=URI", help="ECR repository URI override")
+    image.add_argument("--project", action="append", metavar="REGION=NAME", help="CodeBuild project override")
+    image.add_argument("--dry-run", action="store_true", help="print what would run, change nothing")
+    image.add_argument("--write-config", action=argparse.BooleanOptionalAction, default=True,
+                       help="pin engine.image_digest in the config file (default: on)")
+    image.set_defaults(handler=_image)
+
+    status = actions.add_parser("status", help="show what is staged in each region")
+    common(status)
+    status.add_argument("--bucket", action="append", metavar="REGION=NAME")
+    status.set_defaults(handler=_status)
+
+
+def _clients(args: argparse.Namespace):
+    import boto3
+    from botocore.config import Config
+
+    session = boto3.Session(profile_name=args.profile) if args.profile else boto3.Session()
+    retry = Config(retries={"mode": "standard", "max_attempts": 8})
+    cache: dict = {}
+
+    def client(service: str, region: str):
+        if (service, region) not in cache:
+            cache[(service, region)] = session.client(service, region_name=region, config=retry)
+        return cache[(service, region)]
+
+    return client
+
+
+def _regions(cfg, args) -> list[str]:
+    from fleetcast.errors import UserError
+
+    known = [r.region for r in cfg.regions]
+    chosen = args.region or known
+    for region in chosen:
+        if region not in known:
+            raise UserError(f"--region {region} is not a provider region in {args.config} ({', '.join(known)})", 2)
+    return chosen
+
+
+def _outputs(cfg, region, clients):
+    from fleetcast.staging.aws import provider_stack_name, stack_outputs
+
+    return stack_outputs(clients("cloudformation", region), provider_stack_name(cfg.name, region))
+
+
+def _buckets(cfg, args, clients) -> dict[str, str]:
+    from fleetcast.staging.aws import parse_region_map, pick_output, provider_stack_name
+
+    given = parse_region_map(args.bucket, "--bucket")
+    out = {}
+    for region in _regions(cfg, args):
+        out[region] = given.get(region) or pick_output(_outputs(cfg, region, clients), "bucket",
+                                                       stack=provider_stack_name(cfg.name, region))
+    return out
+
+
+def _part_size(args) -> int:
+    from fleetcast.errors import UserError
+
+    if args.part_size_mib < 5 or args.part_size_mib > 5120:
+        raise UserError(f"--part-size-mib must be between 5 and 5120, got {args.part_size_mib}", 2)
+    return args.part_size_mib * 1024 * 1024
+
+
+def _model(args: argparse.Namespace) -> int:
+    from fleetcast.config import load_config
+    from fleetcast.staging.model import stage_model
+
+    cfg = load_config(args.config)
+    clients = _clients(args)
+    result = stage_model(cfg, _buckets(cfg, args, clients), clients, local_dir=args.local_dir,
+                         part_size=_part_size(args), progress=args.progress)
+    print("\n".join(result.lines()))
+    return 0
+
+
+def _calibration(args: argparse.Namespace) -> int:
+    from fleetcast.config import load_config
+    from fleetcast.staging.model import stage_calibration
+
+    cfg = load_config(args.config)
+    clients = _clients(args)
+    result = stage_calibration(args.name, args.dir, _buckets(cfg, args, clients), clients,
+                               part_size=_part_size(args), progress=args.progress)
+    print("\n".join(result.lines()))
+    first = next(iter(result.reports))
+    print(f"set calibration.dataset in {args.config} to s3://<{first} bucket>/{result.prefix} "
+          f"(each region reads its own bucket)")
+    return 0
+
+
+def _image(args: argparse.Namespace) -> int:
+    from fleetcast.config import load_config
+    from fleetcast.config.edit import apply_edits
+    from fleetcast.staging.aws import parse_region_map, pick_output, provider_stack_name
+    from fleetcast.staging.image import ImageTarget, single_digest, stage_codebuild, stage_local
+
+    cfg = load_config(args.config)
+    clients = _clients(args)
+    repos = parse_region_map(args.repository, "--repository")
+    projects = parse_region_map(args.project, "--project")
+    targets = []
+    for region in _regions(cfg, args):
+        stack = provider_stack_name(cfg.name, region)
+        outputs = None if (region in repos and (region in projects or args.method == "local")) else _outputs(cfg, region, clients)
+        repo = repos.get(region) or pick_output(outputs, "repository", stack=stack)
+        project = projects.get(region) or (pick_output(outputs, "mirror", stack=stack) if args.method == "codebuild" else None)
+        targets.append(ImageTarget(region=region, repository_uri=repo, project=project))
+    stage = stage_codebuild if args.method == "codebuild" else stage_local
+    digests = stage(cfg, targets, clients, derived=args.derived, dry_run=args.dry_run)
+    digest = single_digest(digests)
+    if digest and args.write_config:
+        apply_edits(args.config, [(("engine", "image_digest"), digest)])
+        print(f"pinned engine.image_digest: {digest} in {args.config}")
+    elif digest:
+        print(f"digest: {digest} (not written: --no-write-config)")
+    return 0
+
+
+def _status(args: argparse.Namespace) -> int:
+    from fleetcast.config import load_config
+    from fleetcast.staging.manifest import human_bytes, model_prefix
+    from fleetcast.staging.transfer import read_manifest, verify_prefix
+
+    cfg = load_config(args.config)
+    clients = _clients(args)
+    missing = 0
+    for region, bucket in _buckets(cfg, args, clients).items():
+        prefix = model_prefix(cfg.model.id, cfg.model.revision)
+        manifest = read_manifest(clients("s3", region), bucket, prefix)
+        if manifest is None:
+            missing += 1
+            print(f"{region}: model MISSING: s3://{bucket}/{prefix}manifest.json (run `fleetcast stage model`)")
+            continue
+        problems = verify_prefix(clients("s3", region), bucket, prefix, manifest)
+        missing += bool(problems)
+        state = "ok" if not problems else f"{len(problems)} problem(s): {problems[0]}"
+        print(f"{region}: model {cfg.model.id}@{cfg.model.revision}: {len(manifest.files)} file(s), "
+              f"{human_bytes(manifest.total_bytes)}: {state}")
+    return 1 if missing else 0
