@@ -1,0 +1,399 @@
+"""Iteration-level batching scheduler over GPT2 + KVCache, with CUDA-graph decode steps.
+
+One background thread owns the model. Each iteration it admits waiting requests into free
+cache slots (one prefill each, which also yields their first token), then runs ONE decode step
+for every active sequence together, hands each sequence its token, and retires finished ones.
+Active sequences always occupy slots 0..n-1 (a finished sequence's slot is refilled by moving
+the last one into it), so a decode step is a fixed-shape batch over the first B rows and can
+be a CUDA graph replay: graphs are captured at start-up per (batch bucket, context bucket).
+
+Tokens reach the caller through `Sequence.emit(token_id, finish_reason)`, called from the
+engine thread; the server turns that into asyncio queue puts.
+"""
+
+from __future__ import annotations
+
+import collections
+import itertools
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+
+from .model import GPT2
+
+log = logging.getLogger("fleetcast.reference.engine")
+
+TOKENS_PER_BLOCK = 64  # KV accounting granularity reported in kvCacheStats (trtllm-serve's default block)
+
+
+@dataclass
+class SamplingParams:
+    """Per-request generation controls (validated by the server)."""
+
+    max_tokens: int = 16
+    min_tokens: int = 0
+    ignore_eos: bool = False
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    seed: int | None = None
+
+
+@dataclass
+class Sequence:
+    """One request's state inside the engine."""
+
+    prompt: list[int]
+    params: SamplingParams
+    emit: Callable[[int | None, str | None], None]
+    id: int = field(default_factory=lambda: next(_ids))
+    submitted: float = field(default_factory=time.monotonic)
+    length: int = 0  # positions whose KV is in the cache
+    last: int = -1  # last sampled token, fed to the next decode step
+    generated: int = 0
+    cancelled: bool = False
+    finish_reason: str | None = None
+    generator: torch.Generator | None = None
+
+
+_ids = itertools.count(1)
+
+
+def _buckets(limit: int, start: int) -> list[int]:
+    out, b = [], start
+    while b < limit:
+        out.append(b)
+        b *= 2
+    out.append(limit)
+    return out
+
+
+class Engine:
+    """Owns the model, the KV cache and the scheduler thread."""
+
+    def __init__(
+        self,
+        model: GPT2,
+        *,
+        max_batch_size: int,
+        max_seq_len: int,
+        vocab_size: int,
+        eos_id: int,
+        cuda_graphs: bool | None = None,
+        stats_keep: int = 1000,
+    ) -> None:
+        if max_batch_size < 1:
+            raise ValueError(f"max_batch_size: must be >= 1, got {max_batch_size}")
+        if not 2 <= max_seq_len <= model.shape.n_positions:
+            raise ValueError(f"max_seq_len: must be between 2 and {model.shape.n_positions}, got {max_seq_len}")
+        self.model = model
+        self.max_batch_size, self.max_seq_len = max_batch_size, max_seq_len
+        self.vocab_size, self.eos_id = vocab_size, eos_id
+        self.device = model.device
+        self.cache = model.new_cache(max_batch_size, max_seq_len)
+        self.cuda_graphs = (self.device.type == "cuda") if cuda_graphs is None else cuda_graphs
+        self.batch_buckets = _buckets(max_batch_size, 1)
+        self.seq_buckets = _buckets(max_seq_len, min(128, max_seq_len))
+        self._graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, torch.Tensor, torch.Tensor]] = {}
+        pin = self.device.type == "cuda"
+        self._tokens = torch.zeros(max_batch_size, dtype=torch.long, device=self.device)
+        self._pos = torch.zeros(max_batch_size, dtype=torch.long, device=self.device)
+        self._host_tokens = torch.zeros(max_batch_size, dtype=torch.long, pin_memory=pin)
+        self._host_pos = torch.zeros(max_batch_size, dtype=torch.long, pin_memory=pin)
+
+        self._lock = threading.Condition()
+        self._waiting: collections.deque[Sequence] = collections.deque()
+        self._active: list[Sequence] = []
+        self._stop = False
+        self._thread: threading.Thread | None = None
+        self._stats: collections.deque[dict] = collections.deque(maxlen=stats_keep)
+        self._iter = 0
+        self.failed: BaseException | None = None
+
+    # ---- public API (any thread) -------------------------------------------------------
+
+    def validate(self, prompt: list[int], params: SamplingParams) -> None:
+        """Raise ValueError (naming the field) if the request cannot be served."""
+        if not prompt:
+            raise ValueError("prompt: must contain at least one token")
+        bad = next((t for t in prompt if not 0 <= t < self.model.shape.vocab_size), None)
+        if bad is not None:
+            raise ValueError(f"prompt: token id {bad} is outside the vocabulary [0, {self.model.shape.vocab_size})")
+        if len(prompt) + params.max_tokens > self.max_seq_len:
+            raise ValueError(
+                f"max_tokens: prompt ({len(prompt)} tokens) + max_tokens ({params.max_tokens}) exceeds "
+                f"the max sequence length {self.max_seq_len}"
+            )
+
+    def submit(self, seq: Sequence) -> None:
+        self.validate(seq.prompt, seq.params)
+        with self._lock:
+            if self._stop:
+                raise RuntimeError("engine is stopped")
+            self._waiting.append(seq)
+            self._lock.notify()
+
+    def cancel(self, seq: Sequence) -> None:
+        """Stop generating for `seq` (its client went away); it is retired at the next iteration."""
+        seq.cancelled = True
+        with self._lock:
+            self._lock.notify()
+
+    def load(self) -> dict[str, int]:
+        with self._lock:
+            return {"active": len(self._active), "queued": len(self._waiting)}
+
+    def pop_stats(self) -> list[dict]:
+        """Iteration stats gathered since the last call (dequeued, like trtllm-serve's /metrics)."""
+        with self._lock:
+            out = list(self._stats)
+            self._stats.clear()
+        return out
+
+    def start(self) -> None:
+        if self.cuda_graphs:
+            self.capture_graphs()
+        self._thread = threading.Thread(target=self._run, name="reference-engine", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout: float = 10.0) -> None:
+        with self._lock:
+            self._stop = True
+            self._lock.notify()
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    # ---- decode step ---------------------------------------------------------------------
+
+    def _decode_eager(self, B: int, L: int) -> tuple[torch.Tensor, torch.Tensor]:
+        logits = self.model.decode(self.cache, self._tokens[:B], self._pos[:B], L)
+        # Top-2 over the tokenizer's ids: the second choice replaces EOS when EOS is suppressed.
+        top2 = torch.topk(logits[:, : self.vocab_size], 2, dim=-1).indices
+        return logits, top2
+
+    def capture_graphs(self) -> None:
+        """Capture one decode graph per (batch bucket, context bucket). Only at start-up: the
+        warm-up runs write KV rows, which must not belong to live sequences."""
+        torch.cuda.synchronize()
+        pool = torch.cuda.graph_pool_handle()
+        started = time.monotonic()
+        side = torch.cuda.Stream()
+        for B in self.batch_buckets:
+            for L in self.seq_buckets:
+                self._tokens.zero_()
+                self._pos.zero_()
+                side.wait_stream(torch.cuda.current_stream())
+                with torch.cuda.stream(side):
+                    for _ in range(2):
+                        self._decode_eager(B, L)
+                torch.cuda.current_stream().wait_stream(side)
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph, pool=pool):
+                    logits, top2 = self._decode_eager(B, L)
+                self._graphs[(B, L)] = (graph, logits, top2)
+        torch.cuda.synchronize()
+        self.cache.kv.zero_()
+        log.info("captured %d decode graphs in %.2fs", len(self._graphs), time.monotonic() - started)
+
+    def bucket(self, n: int, max_pos: int) -> tuple[int, int]:
+        B = next(b for b in self.batch_buckets if b >= n)
+        L = next(s for s in self.seq_buckets if s > max_pos)
+        return B, L
+
+    def decode_step(self, tokens: list[int], positions: list[int]) -> tuple[torch.Tensor, list[tuple[int, int]]]:
+        """Decode one token for slots 0..n-1; return (logits [>=n, V], [(top1, top2)] per row)."""
+        n = len(tokens)
+        if self.cuda_graphs:
+            B, L = self.bucket(n, max(positions))
+        else:
+            B, L = n, max(positions) + 1
+        self._host_tokens[:n] = torch.tensor(tokens, dtype=torch.long)
+        self._host_pos[:n] = torch.tensor(positions, dtype=torch.long)
+        self._host_tokens[n:B] = 0
+        self._host_pos[n:B] = 0  # padding rows write KV into free slots only
+        self._tokens[:B].copy_(self._host_tokens[:B], non_blocking=True)
+        self._pos[:B].copy_(self._host_pos[:B], non_blocking=True)
+        if self.cuda_graphs:
+            graph, logits, top2 = self._graphs[(B, L)]
+            graph.replay()
+        else:
+            logits, top2 = self._decode_eager(B, L)
+        pairs = top2[:n].tolist()
+        return logits, [(a, b) for a, b in pairs]
+
+    # ---- scheduler -----------------------------------------------------------------------
+
+    def _suppress_eos(self, seq: Sequence) -> bool:
+        return seq.params.ignore_eos or seq.generated < seq.params.min_tokens
+
+    def _choose(self, seq: Sequence, logits_row: torch.Tensor, top2: tuple[int, int]) -> int:
+        p = seq.params
+        if p.temperature <= 0:
+            first, second = top2
+            return second if first == self.eos_id and self._suppress_eos(seq) else first
+        scores = logits_row[: self.vocab_size].float() / p.temperature
+        if self._suppress_eos(seq):
+            scores[self.eos_id] = float("-inf")
+        if p.top_k > 0 and p.top_k < scores.numel():
+            kth = torch.topk(scores, p.top_k).values[-1]
+            scores = scores.masked_fill(scores < kth, float("-inf"))
+        probs = scores.softmax(-1)
+        if p.top_p < 1.0:
+            sorted_p, order = probs.sort(descending=True)
+            drop = sorted_p.cumsum(-1) - sorted_p > p.top_p
+            probs = probs.scatter(0, order, sorted_p.masked_fill(drop, 0.0))
+        if seq.generator is None:
+            seq.generator = torch.Generator(device=probs.device)
+            if p.seed is not None:
+                seq.generator.manual_seed(p.seed)
+            else:
+                seq.generator.seed()
+        return int(torch.multinomial(probs, 1, generator=seq.generator))
+
+    def _deliver(self, seq: Sequence, token: int) -> bool:
+        """Record `token` for `seq`, emit it; return True if the sequence is finished."""
+        seq.last = token
+        seq.generated += 1
+        reason = None
+        if token == self.eos_id and not self._suppress_eos(seq):
+            reason = "stop"
+        elif seq.generated >= seq.params.max_tokens:
+            reason = "length"
+        seq.finish_reason = reason
+        seq.emit(token, reason)
+        return reason is not None
+
+    def _retire(self, seq: Sequence, reason: str) -> None:
+        if seq.finish_reason is None:
+            seq.finish_reason = reason
+            seq.emit(None, reason)
+
+    def _admit(self, seq: Sequence) -> bool:
+        """Prefill `seq` into the next free slot; return True if it stays active."""
+        if seq.cancelled:
+            self._retire(seq, "cancelled")
+            return False
+        slot = len(self._active)
+        ids = torch.tensor(seq.prompt, dtype=torch.long, device=self.device)
+        logits = self.model.prefill(self.cache, slot, ids)
+        seq.length = len(seq.prompt)
+        top2 = torch.topk(logits[: self.vocab_size], 2).indices.tolist()
+        if self._deliver(seq, self._choose(seq, logits, (top2[0], top2[1]))):
+            return False
+        self._active.append(seq)
+        return True
+
+    def _remove(self, index: int) -> None:
+        """Retire active[index], moving the last active sequence into its slot."""
+        last = len(self._active) - 1
+        if index != last:
+            moved = self._active[last]
+            self.cache.move(last, index, moved.length)
+            self._active[index] = moved
+        self._active.pop()
+
+    def _run(self) -> None:
+        try:
+            with torch.inference_mode():
+                self._loop()
+        except BaseException as exc:  # the server turns this into 503s and a non-zero exit
+            log.exception("engine thread failed")
+            self.failed = exc
+            with self._lock:
+                pending = list(self._waiting) + self._active
+                self._waiting.clear()
+                self._active.clear()
+            for seq in pending:
+                self._retire(seq, "error")
+
+    def _loop(self) -> None:
+        while True:
+            with self._lock:
+                while not self._stop and not self._waiting and not self._active:
+                    self._lock.wait()
+                if self._stop:
+                    pending = list(self._waiting) + self._active
+                    self._waiting.clear()
+                    self._active.clear()
+                    break
+                free = self.max_batch_size - len(self._active)
+                admitted = [self._waiting.popleft() for _ in range(min(free, len(self._waiting)))]
+                queued = len(self._waiting)
+            started = time.monotonic()
+            queue_latency = sum(started - s.submitted for s in admitted) / len(admitted) if admitted else 0.0
+            completed = 0
+            ctx_tokens = sum(len(s.prompt) for s in admitted)
+            for seq in admitted:
+                if not self._admit(seq):
+                    completed += 1
+            # Cancelled sequences leave before the step, so they cost no compute.
+            for i in range(len(self._active) - 1, -1, -1):
+                if self._active[i].cancelled:
+                    self._retire(self._active[i], "cancelled")
+                    self._remove(i)
+                    completed += 1
+            n_gen = len(self._active)
+            if self._active:
+                tokens = [s.last for s in self._active]
+                positions = [s.length for s in self._active]
+                logits, tops = self.decode_step(tokens, positions)
+                finished = []
+                for i, seq in enumerate(self._active):
+                    seq.length += 1
+                    token = self._choose(seq, logits[i], tops[i])
+                    if self._deliver(seq, token):
+                        finished.append(i)
+                for i in reversed(finished):
+                    self._remove(i)
+                completed += len(finished)
+            self._record(started, admitted, queue_latency, completed, ctx_tokens, n_gen, queued)
+        for seq in pending:
+            self._retire(seq, "cancelled")
+
+    def _record(self, started, admitted, queue_latency, completed, ctx_tokens, n_gen, queued) -> None:
+        self._iter += 1
+        now = time.time()
+        max_blocks = self.max_batch_size * (self.max_seq_len // TOKENS_PER_BLOCK or 1)
+        used = sum(-(-s.length // TOKENS_PER_BLOCK) for s in self._active)
+        gpu_mem = torch.cuda.memory_allocated(self.device) if self.device.type == "cuda" else 0
+        stat = {
+            "timestamp": time.strftime("%m-%d-%Y %H:%M:%S", time.gmtime(now)),
+            "iter": self._iter,
+            "iterLatencyMS": (time.monotonic() - started) * 1000.0,
+            "newActiveRequestsQueueLatencyMS": queue_latency * 1000.0,
+            "numActiveRequests": len(self._active),
+            "numNewActiveRequests": len(admitted),
+            "numCompletedRequests": completed,
+            "numQueuedRequests": queued,
+            "maxNumActiveRequests": self.max_batch_size,
+            "maxBatchSizeStatic": self.max_batch_size,
+            "gpuMemUsage": gpu_mem,
+            "cpuMemUsage": 0,
+            "pinnedMemUsage": 0,
+            "kvCacheStats": {
+                "maxNumBlocks": max_blocks,
+                "freeNumBlocks": max_blocks - used,
+                "usedNumBlocks": used,
+                "tokensPerBlock": TOKENS_PER_BLOCK,
+                "allocTotalBlocks": used,
+                "allocNewBlocks": 0,
+                "reusedBlocks": 0,
+                "missedBlocks": 0,
+                "cacheHitRate": 0.0,
+            },
+            "inflightBatchingStats": {
+                "numScheduledRequests": len(admitted) + n_gen,
+                "numContextRequests": len(admitted),
+                "numGenRequests": n_gen,
+                "numPausedRequests": 0,
+                "numCtxTokens": ctx_tokens,
+                "microBatchId": 0,
+                "avgNumDecodedTokensPerIter": 1.0 if n_gen else 0.0,
+            },
+        }
+        with self._lock:
+            self._stats.append(stat)

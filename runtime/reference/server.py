@@ -1,0 +1,449 @@
+"""OpenAI-compatible HTTP server for the reference backend (the trtllm-serve surface).
+
+Endpoints, matching trtllm-serve where the runtime and the benchmarks depend on them:
+  POST /v1/completions       prompt as text or token ids; SSE with "stream": true; usage chunk when
+                             stream_options.include_usage; max_tokens, min_tokens, ignore_eos,
+                             temperature (0 = greedy), top_p, top_k, seed
+  POST /v1/chat/completions  400: GPT-2 has no chat template (as with trtllm-serve, use /v1/completions)
+  GET  /v1/models, /version
+  GET  /health               200 when serving; 503 while loading, draining or after an engine failure
+  GET  /metrics              JSON list of iteration stats since the last read (dequeued on read)
+
+SIGTERM/SIGINT drain: /health turns 503 at once, new generation requests get 503, requests in
+flight run to their full token counts (bounded by --drain-timeout, after which they are cut),
+then the process exits 0.
+
+Usage: python -m runtime.reference.server --artifact DIR [--host 127.0.0.1] [--port 8000]
+       [--max-batch-size N] [--max-seq-len N] [--device cpu|cuda] [--drain-timeout S]
+       [--served-model-name NAME] [--request-log FILE.jsonl]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import signal
+import sys
+import time
+import uuid
+from pathlib import Path
+
+from aiohttp import web
+
+log = logging.getLogger("fleetcast.reference.server")
+
+VERSION = "fleetcast-reference-0.1"
+
+
+def _error(status: int, message: str, param: str | None = None) -> web.Response:
+    kind = {400: "BadRequestError", 404: "NotFoundError", 503: "ServiceUnavailableError"}.get(status, "InternalServerError")
+    body = {"object": "error", "message": message, "type": kind, "param": param, "code": status}
+    return web.json_response(body, status=status)
+
+
+class RequestError(ValueError):
+    """A request field is invalid; `param` names it."""
+
+    def __init__(self, param: str, message: str) -> None:
+        super().__init__(f"{param}: {message}")
+        self.param = param
+
+
+def _int_field(body: dict, name: str, default: int, lo: int, hi: int | None = None) -> int:
+    value = body.get(name, default)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, int) or value < lo or (hi is not None and value > hi):
+        bound = f">= {lo}" if hi is None else f"between {lo} and {hi}"
+        raise RequestError(name, f"must be an integer {bound}, got {value!r}")
+    return value
+
+
+def _float_field(body: dict, name: str, default: float, lo: float, hi: float) -> float:
+    value = body.get(name, default)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not lo <= value <= hi:
+        raise RequestError(name, f"must be a number between {lo} and {hi}, got {value!r}")
+    return float(value)
+
+
+def parse_completion_request(body, tokenizer) -> tuple[list[int], dict]:
+    """Validate a /v1/completions body; return (prompt token ids, options). Raises RequestError."""
+    if not isinstance(body, dict):
+        raise RequestError("body", "must be a JSON object")
+    prompt = body.get("prompt")
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
+        prompt = prompt[0]  # a batch of one
+    if isinstance(prompt, str):
+        ids = tokenizer.encode(prompt)
+    elif isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+        ids = list(prompt)
+    elif isinstance(prompt, list) and len(prompt) > 1 and all(isinstance(p, (str, list)) for p in prompt):
+        raise RequestError("prompt", "the reference backend serves one prompt per request; send them separately")
+    else:
+        raise RequestError("prompt", "must be a non-empty string or a non-empty list of token ids")
+    if not ids:
+        raise RequestError("prompt", "must not be empty")
+    if _int_field(body, "n", 1, 1) != 1:
+        raise RequestError("n", "only n=1 is supported by the reference backend")
+    for unsupported in ("logprobs", "suffix"):
+        if body.get(unsupported) not in (None, 0, False):
+            raise RequestError(unsupported, "is not supported by the reference backend")
+    if body.get("echo"):
+        raise RequestError("echo", "is not supported by the reference backend")
+    if body.get("stop") not in (None, [], ""):
+        raise RequestError("stop", "stop strings are not supported by the reference backend")
+    stream = body.get("stream", False)
+    if not isinstance(stream, bool):
+        raise RequestError("stream", f"must be true or false, got {stream!r}")
+    stream_options = body.get("stream_options") or {}
+    if not isinstance(stream_options, dict):
+        raise RequestError("stream_options", "must be an object")
+    ignore_eos = body.get("ignore_eos", False)
+    if not isinstance(ignore_eos, bool):
+        raise RequestError("ignore_eos", f"must be true or false, got {ignore_eos!r}")
+    max_tokens = _int_field(body, "max_tokens", 16, 1)
+    seed = body.get("seed")
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
+        raise RequestError("seed", f"must be an integer, got {seed!r}")
+    options = {
+        "stream": stream,
+        "include_usage": bool(stream_options.get("include_usage", False)),
+        "max_tokens": max_tokens,
+        "min_tokens": _int_field(body, "min_tokens", 0, 0, max_tokens),
+        "ignore_eos": ignore_eos,
+        "temperature": _float_field(body, "temperature", 1.0, 0.0, 2.0),
+        "top_p": _float_field(body, "top_p", 1.0, 0.0, 1.0) or 1.0,
+        "top_k": _int_field(body, "top_k", 0, 0),
+        "seed": seed,
+    }
+    return ids, options
+
+
+class ReferenceServer:
+    """Loads the artifact, runs the engine and serves HTTP; owns readiness and drain state."""
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        from .build import read_config
+        from .tokenizer import load_tokenizer
+
+        self.args = args
+        self.config = read_config(args.artifact)
+        self.tokenizer = load_tokenizer(args.artifact)
+        meta = self.config["fleetcast_reference"]
+        self.model_name = args.served_model_name or f"fleetcast-reference/{meta['size']}"
+        self.state = "loading"  # loading -> ready -> draining; or failed
+        self.engine = None
+        self.inflight = 0
+        self.created = int(time.time())
+        self.stopped = asyncio.Event()
+        self.exit_code = 0
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self._request_log = open(args.request_log, "a", encoding="utf-8") if args.request_log else None
+
+    # ---- lifecycle ---------------------------------------------------------------------
+
+    def load(self) -> None:
+        """Blocking: load weights, build the engine, capture graphs. Runs in a worker thread."""
+        started = time.monotonic()
+        import torch
+
+        from .build import load_weights
+        from .configs import shape_for
+        from .engine import Engine
+        from .model import GPT2
+
+        device = self.args.device
+        if device == "cuda" and not torch.cuda.is_available():
+            raise RuntimeError("--device cuda: torch sees no CUDA device")
+        if self.args.threads:
+            torch.set_num_threads(self.args.threads)
+        dtype = getattr(torch, self.args.dtype or ("float16" if device == "cuda" else "float32"))
+        shape = shape_for(self.config["fleetcast_reference"]["size"])
+        weights = load_weights(self.args.artifact, device=device)
+        model = GPT2(shape, weights, device=device, dtype=dtype)
+        del weights
+        max_batch = self.args.max_batch_size or (64 if device == "cuda" else 8)
+        engine = Engine(
+            model,
+            max_batch_size=max_batch,
+            max_seq_len=self.args.max_seq_len or shape.n_positions,
+            vocab_size=self.tokenizer.vocab_size,
+            eos_id=self.tokenizer.eos_id,
+        )
+        engine.start()
+        self.engine = engine
+        log.info("model %s loaded on %s in %.2fs (max batch %d, graphs %s)", self.model_name, device,
+                 time.monotonic() - started, max_batch, engine.cuda_graphs)
+
+    async def serve(self) -> int:
+        app = self.make_app()
+        runner = web.AppRunner(app, access_log=None, handle_signals=False)
+        await runner.setup()
+        site = web.TCPSite(runner, self.args.host, self.args.port)
+        await site.start()
+        log.info("listening on http://%s:%d", self.args.host, self.args.port)
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, self.begin_drain)
+        try:
+            await loop.run_in_executor(None, self.load)
+            if self.state == "loading":
+                self.state = "ready"
+                print(f"READY http://{self.args.host}:{self.args.port}", flush=True)
+        except Exception as exc:
+            log.error("failed to load %s: %s", self.args.artifact, exc)
+            self.state = "failed"
+            self.exit_code = 1
+            self.stopped.set()
+        await self.stopped.wait()
+        await runner.cleanup()
+        if self.engine is not None:
+            self.engine.stop()
+        if self._request_log:
+            self._request_log.close()
+        return self.exit_code
+
+    def begin_drain(self) -> None:
+        if self.state == "draining":
+            return
+        was_loading = self.state != "ready"
+        self.state = "draining"
+        log.info("drain: health is 503, %d request(s) in flight", self.inflight)
+        if was_loading:
+            self.stopped.set()
+            return
+        asyncio.get_running_loop().create_task(self._drain())
+
+    async def _drain(self) -> None:
+        try:
+            await asyncio.wait_for(self._idle.wait(), timeout=self.args.drain_timeout)
+            log.info("drain: all in-flight requests finished")
+        except asyncio.TimeoutError:
+            log.warning("drain: %d request(s) still running after %.1fs; stopping", self.inflight, self.args.drain_timeout)
+            self.exit_code = 0
+        self.stopped.set()
+
+    # ---- HTTP ----------------------------------------------------------------------------
+
+    def make_app(self) -> web.Application:
+        app = web.Application(client_max_size=8 * 1024 * 1024)
+        app.router.add_get("/health", self.health)
+        app.router.add_get("/version", self.version)
+        app.router.add_get("/v1/models", self.models)
+        app.router.add_get("/metrics", self.metrics)
+        app.router.add_post("/v1/completions", self.completions)
+        app.router.add_post("/v1/chat/completions", self.chat)
+        return app
+
+    def _serving_error(self) -> web.Response | None:
+        if self.engine is not None and self.engine.failed is not None:
+            return _error(503, "the engine failed; this server is not serving")
+        if self.state != "ready":
+            return _error(503, f"server is {self.state}")
+        return None
+
+    async def health(self, request: web.Request) -> web.Response:
+        if self._serving_error() is not None:
+            return web.Response(status=503, text=self.state)
+        return web.Response(status=200)
+
+    async def version(self, request: web.Request) -> web.Response:
+        return web.json_response({"version": VERSION, "backend": "reference"})
+
+    async def models(self, request: web.Request) -> web.Response:
+        model = {"id": self.model_name, "object": "model", "created": self.created, "owned_by": "fleetcast"}
+        return web.json_response({"object": "list", "data": [model]})
+
+    async def metrics(self, request: web.Request) -> web.Response:
+        return web.json_response(self.engine.pop_stats() if self.engine is not None else [])
+
+    async def chat(self, request: web.Request) -> web.Response:
+        return _error(400, "chat completions need a chat template and this GPT-2 model has none; use /v1/completions",
+                      "messages")
+
+    async def completions(self, request: web.Request) -> web.StreamResponse:
+        refused = self._serving_error()
+        if refused is not None:
+            return refused
+        try:
+            body = await request.json()
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            return _error(400, "body: not valid JSON", "body")
+        try:
+            prompt, opts = parse_completion_request(body, self.tokenizer)
+        except RequestError as exc:
+            return _error(400, str(exc), exc.param)
+
+        from .engine import SamplingParams, Sequence
+
+        loop = asyncio.get_running_loop()
+        events: asyncio.Queue = asyncio.Queue()
+
+        def emit(token, reason):
+            try:
+                loop.call_soon_threadsafe(events.put_nowait, (token, reason, time.monotonic()))
+            except RuntimeError:  # loop closed during shutdown
+                pass
+
+        params = SamplingParams(
+            max_tokens=opts["max_tokens"], min_tokens=opts["min_tokens"], ignore_eos=opts["ignore_eos"],
+            temperature=opts["temperature"], top_p=opts["top_p"], top_k=opts["top_k"], seed=opts["seed"],
+        )
+        seq = Sequence(prompt=prompt, params=params, emit=emit)
+        try:
+            self.engine.submit(seq)
+        except ValueError as exc:
+            param = str(exc).split(":", 1)[0]
+            return _error(400, str(exc), param)
+        except RuntimeError as exc:
+            return _error(503, str(exc))
+
+        self.inflight += 1
+        self._idle.clear()
+        record = {"request_id": f"cmpl-{uuid.uuid4().hex}", "prompt_tokens": len(prompt), "completion_tokens": 0,
+                  "status": 200, "finish_reason": None, "stream": opts["stream"]}
+        arrived = time.monotonic()
+        token_times: list[float] = []
+        try:
+            if opts["stream"]:
+                return await self._stream(request, seq, events, opts, record, token_times)
+            return await self._collect(seq, events, record, token_times)
+        except (asyncio.CancelledError, ConnectionResetError):
+            self.engine.cancel(seq)
+            record["status"] = 499
+            raise
+        finally:
+            self.inflight -= 1
+            if self.inflight == 0:
+                self._idle.set()
+            self._log_request(record, arrived, token_times)
+
+    def _chunk(self, rid: str, text: str, finish: str | None, include_usage: bool) -> bytes:
+        chunk = {"id": rid, "object": "text_completion", "created": int(time.time()), "model": self.model_name,
+                 "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": finish, "stop_reason": None}]}
+        if include_usage:
+            chunk["usage"] = None
+        return b"data: " + json.dumps(chunk).encode() + b"\n\n"
+
+    async def _stream(self, request, seq, events, opts, record, token_times) -> web.StreamResponse:
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+        await resp.prepare(request)
+        decoder = self.tokenizer.stream_decoder()
+        rid = record["request_id"]
+        while True:
+            token, reason, at = await events.get()
+            text = ""
+            if token is not None:
+                token_times.append(at)
+                record["completion_tokens"] += 1
+                text = decoder.push(token)
+            if reason is not None:
+                text += decoder.flush()
+                record["finish_reason"] = reason
+            if token is not None or reason in ("cancelled", "error"):
+                if reason == "error":
+                    record["status"] = 500
+                    err = {"object": "error", "message": "the engine failed mid-generation", "code": 500}
+                    await resp.write(b"data: " + json.dumps({"error": err}).encode() + b"\n\n")
+                else:
+                    await resp.write(self._chunk(rid, text, reason, opts["include_usage"]))
+            if reason is not None:
+                break
+        if opts["include_usage"]:
+            usage = {"id": rid, "object": "text_completion", "created": int(time.time()), "model": self.model_name,
+                     "choices": [], "usage": self._usage(record)}
+            await resp.write(b"data: " + json.dumps(usage).encode() + b"\n\n")
+        await resp.write(b"data: [DONE]\n\n")
+        await resp.write_eof()
+        return resp
+
+    async def _collect(self, seq, events, record, token_times) -> web.Response:
+        tokens: list[int] = []
+        while True:
+            token, reason, at = await events.get()
+            if token is not None:
+                tokens.append(token)
+                token_times.append(at)
+            if reason is not None:
+                break
+        record["completion_tokens"] = len(tokens)
+        record["finish_reason"] = reason
+        if reason == "error":
+            record["status"] = 500
+            return _error(500, "the engine failed mid-generation")
+        body = {"id": record["request_id"], "object": "text_completion", "created": int(time.time()),
+                "model": self.model_name,
+                "choices": [{"index": 0, "text": self.tokenizer.decode(tokens), "logprobs": None,
+                             "finish_reason": reason, "stop_reason": None}],
+                "usage": self._usage(record)}
+        return web.json_response(body)
+
+    @staticmethod
+    def _usage(record: dict) -> dict:
+        return {"prompt_tokens": record["prompt_tokens"], "completion_tokens": record["completion_tokens"],
+                "total_tokens": record["prompt_tokens"] + record["completion_tokens"]}
+
+    def _log_request(self, record: dict, arrived: float, token_times: list[float]) -> None:
+        """One JSON line per request (server-side timings), for the runtime's per-request metrics."""
+        if token_times:
+            record["ttft_ms"] = round((token_times[0] - arrived) * 1000, 3)
+            record["e2e_ms"] = round((token_times[-1] - arrived) * 1000, 3)
+            if len(token_times) > 1:
+                record["itl_ms"] = round((token_times[-1] - token_times[0]) * 1000 / (len(token_times) - 1), 3)
+        record["ts"] = time.time()
+        if self._request_log:
+            self._request_log.write(json.dumps(record) + "\n")
+            self._request_log.flush()
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(prog="python -m runtime.reference.server", description=__doc__.splitlines()[0])
+    ap.add_argument("--artifact", required=True, help="directory written by runtime.reference.build")
+    ap.add_argument("--host", default="127.0.0.1")
+    ap.add_argument("--port", type=int, default=8000)
+    ap.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
+    ap.add_argument("--dtype", default=None, choices=("float32", "float16", "bfloat16"),
+                    help="compute dtype; default float16 on cuda, float32 on cpu")
+    ap.add_argument("--max-batch-size", type=int, default=None, help="default 64 on cuda, 8 on cpu")
+    ap.add_argument("--max-seq-len", type=int, default=None, help="prompt + output tokens; default n_positions")
+    ap.add_argument("--drain-timeout", type=float, default=30.0, help="seconds in-flight requests get after SIGTERM")
+    ap.add_argument("--served-model-name", default=None)
+    ap.add_argument("--request-log", default=None, help="append one JSON line per request to this file")
+    ap.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
+    args = ap.parse_args(argv)
+    if not 0 < args.port < 65536:
+        ap.error(f"--port: must be between 1 and 65535, got {args.port}")
+    if args.max_batch_size is not None and args.max_batch_size < 1:
+        ap.error(f"--max-batch-size: must be >= 1, got {args.max_batch_size}")
+    if args.drain_timeout < 0:
+        ap.error(f"--drain-timeout: must be >= 0, got {args.drain_timeout}")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        print("error: the reference server needs PyTorch: install the 'reference' extra "
+              "(pip install -e '.[reference]')", file=sys.stderr)
+        return 2
+    if not Path(args.artifact).is_dir():
+        print(f"error: --artifact: {args.artifact} is not a directory", file=sys.stderr)
+        return 2
+    try:
+        server = ReferenceServer(args)
+    except (FileNotFoundError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    return asyncio.run(server.serve())
+
+
+if __name__ == "__main__":
+    sys.exit(main())
