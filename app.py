@@ -1,0 +1,32 @@
+#!/usr/bin/env python3
+"""CDK entry point: `cdk synth -c config=FILE` builds every stack of the fleet described by FILE."""
+
+from __future__ import annotations
+
+import sys
+
+from aws_cdk import App
+
+from fleetcast.config import ConfigError, load_config
+from fleetcast.errors import UserError
+from stacks.app_builder import build_app
+
+
+def main() -> int:
+    app = App()
+    path = app.node.try_get_context("config") or "config/fleet.yaml"
+    try:
+        cfg = load_config(path)
+        build_app(cfg, app, report=lambda line: print(line, file=sys.stderr))
+    except ConfigError as exc:
+        print(exc.render(), file=sys.stderr)
+        return 1
+    except UserError as exc:
+        print(f"fleetcast synth: {exc}", file=sys.stderr)
+        return exc.exit_code
+    app.synth()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

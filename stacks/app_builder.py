@@ -1,0 +1,72 @@
+"""Turn a validated FleetConfig into the CDK app: one provider stack per region, one consumer stack per consumer."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from aws_cdk import App, Environment, Stack, Tags
+
+from fleetcast.config import Consumer, FleetConfig
+
+from . import nag
+from .consumer import ConsumerStack
+from .provider import ProviderStack
+
+
+def provider_stack_name(cfg: FleetConfig, region: str) -> str:
+    return f"{cfg.name}-provider-{region}"
+
+
+def consumer_stack_name(cfg: FleetConfig, consumer: Consumer) -> str:
+    return f"{cfg.name}-consumer-{consumer.name}"
+
+
+def skip_reason(consumer: Consumer) -> str | None:
+    """Why a consumer gets no stack, or None when it gets one."""
+    if consumer.endpoint_service_name is None:
+        return (
+            "no endpoint_service_name yet: deploy the provider stack for "
+            f"{consumer.service_region}, copy its ServiceName output into the config, synth again"
+        )
+    return None
+
+
+def build_app(cfg: FleetConfig, app: App, *, report: Callable[[str], None] = print) -> dict[str, Stack]:
+    """Add every stack of the fleet to `app` (with cdk-nag registered); returns stacks by name."""
+    stacks: dict[str, Stack] = {}
+    for region in cfg.regions:
+        name = provider_stack_name(cfg, region.region)
+        stacks[name] = ProviderStack(
+            app,
+            name,
+            cfg=cfg,
+            region=region,
+            env=Environment(account=cfg.provider.account, region=region.region),
+            description=f"Fleetcast {cfg.name}: GPU fleet and PrivateLink service in {region.region}",
+        )
+    for consumer in cfg.consumers:
+        reason = skip_reason(consumer)
+        if reason:
+            report(f"fleetcast: skipping consumer {consumer.name}: {reason}")
+            continue
+        name = consumer_stack_name(cfg, consumer)
+        stacks[name] = ConsumerStack(
+            app,
+            name,
+            cfg=cfg,
+            consumer=consumer,
+            env=Environment(account=consumer.account, region=consumer.region),
+            description=f"Fleetcast {cfg.name}: {consumer.name}'s endpoint to the {consumer.service_region} service",
+        )
+    for key, value in cfg.tags.items():
+        Tags.of(app).add(key, value)
+    nag.enable(app)
+    return stacks
+
+
+def cdk_json_context() -> dict:
+    """The feature flags and defaults from cdk.json, for apps built in-process (tests) to match `cdk synth`."""
+    import json
+    from pathlib import Path
+
+    return json.loads((Path(__file__).resolve().parent.parent / "cdk.json").read_text())["context"]

@@ -1,0 +1,56 @@
+"""What every instance of the region reads at boot: the validated config and the runtime bundle.
+
+The config travels as an SSM parameter (the JSON of the validated model, read
+and validated again on the instance) rather than inside user data, which stays
+small; the config digest in user data is what rolls the launch template.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from pathlib import Path
+
+from aws_cdk import aws_s3_assets as s3_assets
+from aws_cdk import aws_ssm as ssm
+from constructs import Construct
+
+from fleetcast.config import FleetConfig
+from fleetcast.errors import UserError
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+# Python packages the instance runs: the config model and the runtime.
+BUNDLED_PACKAGES = ("fleetcast", "runtime")
+_STANDARD_TIER_LIMIT = 4096
+_ADVANCED_TIER_LIMIT = 8192
+
+
+def _stage_bundle() -> Path:
+    """Copy the bundled packages into one directory (a CDK asset takes one path); the hash follows content."""
+    staging = Path(tempfile.mkdtemp(prefix="fleetcast-runtime-bundle-"))
+    ignore = shutil.ignore_patterns("__pycache__", "*.pyc", ".pytest_cache")
+    for package in BUNDLED_PACKAGES:
+        shutil.copytree(REPO_ROOT / package, staging / package, ignore=ignore)
+    return staging
+
+
+class InstanceBootstrap(Construct):
+    """The config parameter (`/<fleet>/config`) and the runtime bundle asset of one region."""
+
+    def __init__(self, scope: Construct, construct_id: str, *, cfg: FleetConfig) -> None:
+        super().__init__(scope, construct_id)
+        config_json = cfg.model_dump_json()
+        if len(config_json) > _ADVANCED_TIER_LIMIT:
+            raise UserError(
+                f"the validated config is {len(config_json)} bytes as JSON; an SSM parameter holds at most "
+                f"{_ADVANCED_TIER_LIMIT}: trim consumers or pools, or split the fleet"
+            )
+        self.config_parameter = ssm.StringParameter(
+            self,
+            "Config",
+            parameter_name=f"/{cfg.name}/config",
+            description=f"Validated Fleetcast config (digest {cfg.digest()[:12]}); instances validate it again",
+            string_value=config_json,
+            tier=ssm.ParameterTier.ADVANCED if len(config_json) > _STANDARD_TIER_LIMIT else ssm.ParameterTier.STANDARD,
+        )
+        self.runtime_bundle = s3_assets.Asset(self, "RuntimeBundle", path=str(_stage_bundle()))

@@ -1,0 +1,69 @@
+"""The consumer side: one interface endpoint into a provider region's service, in the consumer's VPC."""
+
+from __future__ import annotations
+
+from aws_cdk import CfnOutput, Fn, Stack
+from aws_cdk import aws_ec2 as ec2
+from constructs import Construct
+
+from fleetcast.config import Consumer, FleetConfig
+
+
+class ConsumerEndpoint(Construct):
+    """Interface VPC endpoint to the fleet's endpoint service, open only on the serving port from the consumer's CIDRs.
+
+    The consumer's VPC and subnets are imported by id (no lookup). Subnets are
+    chosen by AZ ID, the identity of a zone across accounts; the AZ ID stands in
+    for the AZ name CDK wants, which only serves to keep one subnet per zone.
+    """
+
+    def __init__(self, scope: Construct, construct_id: str, *, cfg: FleetConfig, consumer: Consumer) -> None:
+        super().__init__(scope, construct_id)
+        if consumer.endpoint_service_name is None:
+            raise ValueError(f"consumer {consumer.name} has no endpoint_service_name yet")
+        port = cfg.engine.port
+        az_ids = [s.az_id for s in consumer.subnets]
+        vpc = ec2.Vpc.from_vpc_attributes(
+            self, "Vpc", vpc_id=consumer.vpc_id, availability_zones=az_ids, vpc_cidr_block=consumer.cidrs[0]
+        )
+        subnets = [
+            ec2.Subnet.from_subnet_attributes(self, f"Subnet{i + 1}", subnet_id=s.id, availability_zone=s.az_id)
+            for i, s in enumerate(consumer.subnets)
+        ]
+        self.security_group = ec2.SecurityGroup(
+            self,
+            "SecurityGroup",
+            vpc=vpc,
+            description=f"{cfg.name} endpoint for {consumer.name}: port {port} from the consumer CIDRs only",
+            allow_all_outbound=False,
+        )
+        for cidr in consumer.cidrs:
+            self.security_group.add_ingress_rule(ec2.Peer.ipv4(cidr), ec2.Port.tcp(port), f"{consumer.name} clients")
+
+        self.endpoint = ec2.InterfaceVpcEndpoint(
+            self,
+            "Endpoint",
+            vpc=vpc,
+            service=ec2.InterfaceVpcEndpointService(consumer.endpoint_service_name, port),
+            subnets=ec2.SubnetSelection(subnets=subnets),
+            security_groups=[self.security_group],
+            open=False,
+            # The service publishes no private DNS name; clients use the endpoint's DNS names.
+            private_dns_enabled=False,
+            service_region=consumer.service_region if consumer.cross_region else None,
+        )
+        CfnOutput(self, "EndpointId", value=self.endpoint.vpc_endpoint_id)
+        CfnOutput(
+            self,
+            "EndpointDnsNames",
+            value=Fn.join(",", self.endpoint.vpc_endpoint_dns_entries),
+            description=f"hosted-zone-id:dns-name pairs; call http://<dns-name>:{port}/v1/completions",
+        )
+
+
+class ConsumerStack(Stack):
+    """One consumer account's endpoint stack (deployed by that account)."""
+
+    def __init__(self, scope: Construct, construct_id: str, *, cfg: FleetConfig, consumer: Consumer, **kwargs) -> None:
+        super().__init__(scope, construct_id, **kwargs)
+        self.endpoint = ConsumerEndpoint(self, "Endpoint", cfg=cfg, consumer=consumer)

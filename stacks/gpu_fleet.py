@@ -1,0 +1,250 @@
+"""One instance pool: its least-privilege role, launch template and Auto Scaling group.
+
+Scaling policies, warm pool, termination hook and rollout policy are added by
+the operations constructs (`stacks/fleet_operations.py`) on top of `.asg`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from aws_cdk import ArnFormat, Duration, Stack
+from aws_cdk import aws_autoscaling as autoscaling
+from aws_cdk import aws_ec2 as ec2
+from aws_cdk import aws_ecr as ecr
+from aws_cdk import aws_iam as iam
+from aws_cdk import aws_logs as logs
+from aws_cdk import aws_s3_assets as s3_assets
+from aws_cdk import aws_ssm as ssm
+from constructs import Construct
+
+from fleetcast.config import FleetConfig, Pool, Region
+from fleetcast.telemetry import LAUNCH_HOOK, NAMESPACE
+from runtime.userdata import render_user_data
+
+from . import nag
+from .storage import READ_ONLY_PREFIXES, READ_WRITE_PREFIXES, ModelStore
+
+# Public SSM parameter of the Deep Learning Base OSS NVIDIA driver AMI (AL2023),
+# used only when a region asks for `ami: {id: latest}`.
+DLAMI_SSM_PARAMETER = "/aws/service/deeplearning/ami/x86_64/base-oss-nvidia-driver-gpu-amazon-linux-2023/latest/ami-id"
+ROOT_DEVICE = "/dev/xvda"  # AL2023 DLAMI root device
+# The health-check grace period starts at InService, i.e. after the launch hook
+# completed on a healthy /health: it only needs to cover NLB registration.
+HEALTH_CHECK_GRACE = Duration.seconds(120)
+
+
+@dataclass(frozen=True)
+class InstanceInputs:
+    """Region-wide things every pool's instances are given."""
+
+    model_store: ModelStore
+    repository: ecr.IRepository
+    image_uri: str
+    config_parameter: ssm.IStringParameter
+    runtime_bundle: s3_assets.Asset
+    log_group: logs.ILogGroup
+
+
+def asg_name(cfg: FleetConfig, region: Region, pool: Pool) -> str:
+    """Explicit ASG name, so the role can be scoped to it without a reference cycle."""
+    return f"{cfg.name}-{region.region}-{pool.name}"
+
+
+class GpuFleet(Construct):
+    """Auto Scaling group of one GPU instance type behind the region's target group."""
+
+    def __init__(
+        self,
+        scope: Construct,
+        construct_id: str,
+        *,
+        cfg: FleetConfig,
+        region: Region,
+        pool: Pool,
+        vpc: ec2.IVpc,
+        subnets: ec2.SubnetSelection,
+        security_group: ec2.ISecurityGroup,
+        inputs: InstanceInputs,
+    ) -> None:
+        super().__init__(scope, construct_id)
+        self.pool = pool
+        self.asg_name = asg_name(cfg, region, pool)
+        self.role = self._role(cfg, inputs)
+
+        env = {
+            "FLEETCAST_FLEET": cfg.name,
+            "FLEETCAST_REGION": region.region,
+            "FLEETCAST_POOL": pool.name,
+            "FLEETCAST_BUCKET": inputs.model_store.bucket.bucket_name,
+            "FLEETCAST_CONFIG_PARAM": inputs.config_parameter.parameter_name,
+            # A config change changes this line, hence the launch template version.
+            "FLEETCAST_CONFIG_DIGEST": cfg.digest(),
+            "FLEETCAST_IMAGE": inputs.image_uri,
+            "FLEETCAST_RUNTIME_BUNDLE": inputs.runtime_bundle.s3_object_url,
+            "FLEETCAST_LOG_GROUP": inputs.log_group.log_group_name,
+        }
+        self.launch_template = ec2.LaunchTemplate(
+            self,
+            "LaunchTemplate",
+            instance_type=ec2.InstanceType(pool.instance_type),
+            machine_image=_machine_image(region),
+            role=self.role,
+            security_group=security_group,
+            user_data=ec2.UserData.custom(render_user_data(env)),
+            require_imdsv2=True,
+            # Containers on the host reach IMDS through one extra hop.
+            http_put_response_hop_limit=2,
+            instance_metadata_tags=True,
+            associate_public_ip_address=False,
+            block_devices=[
+                ec2.BlockDevice(
+                    device_name=ROOT_DEVICE,
+                    volume=ec2.BlockDeviceVolume.ebs(
+                        pool.root_volume_gib,
+                        volume_type=ec2.EbsDeviceVolumeType.GP3,
+                        encrypted=True,
+                        delete_on_termination=True,
+                    ),
+                )
+            ],
+        )
+
+        self.asg = autoscaling.AutoScalingGroup(
+            self,
+            "Group",
+            auto_scaling_group_name=self.asg_name,
+            vpc=vpc,
+            vpc_subnets=subnets,
+            launch_template=self.launch_template,
+            min_capacity=pool.capacity.min,
+            desired_capacity=pool.capacity.desired,
+            max_capacity=pool.capacity.max,
+            health_checks=autoscaling.HealthChecks.with_additional_checks(
+                additional_types=[autoscaling.AdditionalHealthCheckType.ELB],
+                grace_period=HEALTH_CHECK_GRACE,
+            ),
+        )
+        # Serving starts only after the engine is built or fetched and a real
+        # completion worked; a build that never reports in must not serve.
+        self.launch_hook = self.asg.add_lifecycle_hook(
+            "LaunchHook",
+            lifecycle_hook_name=LAUNCH_HOOK,
+            lifecycle_transition=autoscaling.LifecycleTransition.INSTANCE_LAUNCHING,
+            default_result=autoscaling.DefaultResult.ABANDON,
+            heartbeat_timeout=Duration.seconds(cfg.operations.launch_hook_timeout_s),
+        )
+        nag.acknowledge(
+            self.asg,
+            "AwsSolutions-AS3",
+            "Scaling and launch events reach the operations topic through EventBridge rules (fleet operations), "
+            "which can use the topic's customer-managed key; ASG notifications would need the Auto Scaling "
+            "service-linked role in that key policy.",
+        )
+
+    def _role(self, cfg: FleetConfig, inputs: InstanceInputs) -> iam.Role:
+        bucket = inputs.model_store.bucket
+        role = iam.Role(
+            self,
+            "InstanceRole",
+            assumed_by=iam.ServicePrincipal("ec2.amazonaws.com"),
+            description=f"{self.asg_name} instances: model bucket prefixes, own hook, metrics, logs, config",
+            managed_policies=[iam.ManagedPolicy.from_aws_managed_policy_name("AmazonSSMManagedInstanceCore")],
+        )
+        statements = [
+            iam.PolicyStatement(
+                sid="ReadStagedModelsAndCalibration",
+                actions=["s3:GetObject"],
+                resources=inputs.model_store.object_arns(READ_ONLY_PREFIXES),
+            ),
+            iam.PolicyStatement(
+                sid="EngineCacheLocksAndFailures",
+                actions=["s3:GetObject", "s3:PutObject", "s3:DeleteObject"],
+                resources=inputs.model_store.object_arns(READ_WRITE_PREFIXES),
+            ),
+            iam.PolicyStatement(
+                sid="ListOwnPrefixes",
+                actions=["s3:ListBucket"],
+                resources=[bucket.bucket_arn],
+                conditions={"StringLike": {"s3:prefix": [f"{p}*" for p in READ_ONLY_PREFIXES + READ_WRITE_PREFIXES]}},
+            ),
+            iam.PolicyStatement(
+                sid="RuntimeBundle",
+                actions=["s3:GetObject"],
+                resources=[inputs.runtime_bundle.bucket.arn_for_objects(inputs.runtime_bundle.s3_object_key)],
+            ),
+            iam.PolicyStatement(
+                sid="OwnLifecycleHook",
+                actions=["autoscaling:CompleteLifecycleAction", "autoscaling:RecordLifecycleActionHeartbeat"],
+                resources=[self._asg_arn()],
+            ),
+            iam.PolicyStatement(
+                sid="FleetcastMetricsOnly",
+                actions=["cloudwatch:PutMetricData"],
+                resources=["*"],
+                conditions={"StringEquals": {"cloudwatch:namespace": NAMESPACE}},
+            ),
+            iam.PolicyStatement(
+                sid="OwnLogGroup",
+                actions=["logs:CreateLogStream", "logs:PutLogEvents", "logs:DescribeLogStreams"],
+                resources=[inputs.log_group.log_group_arn],
+            ),
+            iam.PolicyStatement(
+                sid="ReadFleetConfig",
+                actions=["ssm:GetParameter"],
+                resources=[inputs.config_parameter.parameter_arn],
+            ),
+            iam.PolicyStatement(
+                sid="MapEndpointsToConsumers",
+                actions=["ec2:DescribeVpcEndpointConnections"],
+                resources=["*"],
+            ),
+        ]
+        for statement in statements:
+            role.add_to_policy(statement)
+        inputs.repository.grant_pull(role)
+
+        nag.acknowledge(
+            role,
+            "AwsSolutions-IAM4[Policy::arn:<AWS::Partition>:iam::aws:policy/AmazonSSMManagedInstanceCore]",
+            "Session Manager replaces SSH (no key pair, no open port); this AWS policy is its documented minimum.",
+        )
+        policy = role.node.find_child("DefaultPolicy")
+        acks = {
+            f"AwsSolutions-IAM5[Resource::{nag.arn_ref(bucket)}/{READ_ONLY_PREFIXES[0]}*]":
+                "Read-only on the staged-model prefix: every object under it is a model file the instance serves.",
+            f"AwsSolutions-IAM5[Resource::{nag.arn_ref(bucket)}/{READ_ONLY_PREFIXES[1]}*]":
+                "Read-only on the calibration prefix, needed by calibrated precisions' engine builds.",
+            **{
+                f"AwsSolutions-IAM5[Resource::{nag.arn_ref(bucket)}/{prefix}*]":
+                    f"Read/write confined to the {prefix} prefix: engine cache keys, build locks and failure "
+                    "records are named at run time."
+                for prefix in READ_WRITE_PREFIXES
+            },
+            "AwsSolutions-IAM5[Resource::*]":
+                "Only actions without resource-level permissions use '*': cloudwatch:PutMetricData (limited by "
+                "the cloudwatch:namespace condition), ec2:DescribeVpcEndpointConnections (read-only) and "
+                "ecr:GetAuthorizationToken.",
+            f"AwsSolutions-IAM5[Resource::{Stack.of(self).resolve(self._asg_arn())}]":
+                "The ASG ARN embeds a group id unknown before creation; the explicit group name pins it to this pool.",
+            f"AwsSolutions-IAM5[Resource::{nag.arn_ref(inputs.log_group)}]":
+                "The log group ARN ends in ':*' (its log streams), named by instance id at run time.",
+        }
+        for rule, reason in acks.items():
+            nag.acknowledge(policy, rule, reason)
+        return role
+
+    def _asg_arn(self) -> str:
+        return Stack.of(self).format_arn(
+            service="autoscaling",
+            resource="autoScalingGroup",
+            resource_name=f"*:autoScalingGroupName/{self.asg_name}",
+            arn_format=ArnFormat.COLON_RESOURCE_NAME,
+        )
+
+
+def _machine_image(region: Region) -> ec2.IMachineImage:
+    if region.ami.id == "latest":
+        return ec2.MachineImage.from_ssm_parameter(DLAMI_SSM_PARAMETER, os=ec2.OperatingSystemType.LINUX)
+    return ec2.MachineImage.generic_linux({region.region: region.ami.id})
+

@@ -1,0 +1,110 @@
+"""One region's provider stack: a thin composition of the constructs that make up the fleet."""
+
+from __future__ import annotations
+
+from aws_cdk import Stack
+from aws_cdk import aws_ec2 as ec2
+from constructs import Construct
+
+from fleetcast.config import EgressMode, FleetConfig, Region
+
+from .bootstrap import InstanceBootstrap
+from .endpoint_service import EndpointService
+from .fleet_logs import FleetLogs
+from .gpu_fleet import GpuFleet, InstanceInputs
+from .network import FleetNetwork
+from .notifications import NotificationTopic
+from .storage import ImageRepository, ModelStore
+
+
+class ProviderStack(Stack):
+    """Network, storage, notifications, one GpuFleet per pool and the PrivateLink service of one region.
+
+    Exposed for constructs layered on top (operations, connection approval):
+    `fleets` (pool name -> GpuFleet), `service`, `notifications`, `model_store`,
+    `image_repository`, `log_group`, `network`, `bootstrap`.
+    """
+
+    def __init__(self, scope: Construct, construct_id: str, *, cfg: FleetConfig, region: Region, **kwargs) -> None:
+        super().__init__(scope, construct_id, **kwargs)
+        self.cfg = cfg
+        self.region_cfg = region
+
+        self.logs = FleetLogs(self, "Logs", fleet=cfg.name, retention_days=cfg.operations.log_retention_days)
+        self.log_group = self.logs.instance_log_group
+        self.network = FleetNetwork(
+            self, "Network", region=region, egress=cfg.network.egress, flow_log_group=self.logs.flow_log_group
+        )
+        self.notifications = NotificationTopic(self, "Notifications", fleet=cfg.name)
+        self.model_store = ModelStore(self, "ModelStore")
+        self.image_repository = ImageRepository(self, "Image", fleet=cfg.name)
+        self.bootstrap = InstanceBootstrap(self, "Bootstrap", cfg=cfg)
+
+        self.instance_security_group = ec2.SecurityGroup(
+            self,
+            "InstanceSecurityGroup",
+            vpc=self.network.vpc,
+            description=f"{cfg.name} GPU instances: serving port from the NLB only, HTTPS out",
+            allow_all_outbound=False,
+        )
+        self._instance_egress(cfg)
+
+        inputs = InstanceInputs(
+            model_store=self.model_store,
+            repository=self.image_repository.repository,
+            image_uri=self._image_uri(cfg),
+            config_parameter=self.bootstrap.config_parameter,
+            runtime_bundle=self.bootstrap.runtime_bundle,
+            log_group=self.log_group,
+        )
+        self.fleets: dict[str, GpuFleet] = {
+            pool.name: GpuFleet(
+                self,
+                f"Pool-{pool.name}",
+                cfg=cfg,
+                region=region,
+                pool=pool,
+                vpc=self.network.vpc,
+                subnets=self.network.subnets,
+                security_group=self.instance_security_group,
+                inputs=inputs,
+            )
+            for pool in region.pools
+        }
+        self.service = EndpointService(
+            self,
+            "Service",
+            cfg=cfg,
+            region=region,
+            vpc=self.network.vpc,
+            subnets=self.network.subnets,
+            instance_security_group=self.instance_security_group,
+            topic=self.notifications.topic,
+            access_logs=self.model_store.access_logs,
+        )
+        for fleet in self.fleets.values():
+            fleet.asg.attach_to_network_target_group(self.service.target_group)
+
+    @property
+    def availability_zones(self) -> list[str]:
+        # Pinned from the config: an env-bound stack would otherwise look them up.
+        return [az.name for az in self.region_cfg.availability_zones]
+
+    def _image_uri(self, cfg: FleetConfig) -> str:
+        if cfg.network.egress == EgressMode.NONE:
+            tag = cfg.engine.image.rsplit(":", 1)[-1] if ":" in cfg.engine.image.rsplit("/", 1)[-1] else "latest"
+            return self.image_repository.image_uri(tag, cfg.engine.image_digest)
+        if cfg.engine.image_digest:
+            return f"{cfg.engine.image.rsplit(':', 1)[0]}@{cfg.engine.image_digest}"
+        return cfg.engine.image
+
+    def _instance_egress(self, cfg: FleetConfig) -> None:
+        """HTTPS out only. With `egress: none` the subnets have no route off the VPC, so HTTPS reaches
+        only the interface endpoints and S3 through its gateway (whose prefix-list id differs per region
+        and cannot be known without a lookup, hence no narrower destination)."""
+        reason = (
+            "HTTPS through NAT (egress: nat)"
+            if cfg.network.egress == EgressMode.NAT
+            else "HTTPS to VPC endpoints and the S3 gateway; no route leaves the VPC"
+        )
+        self.instance_security_group.add_egress_rule(ec2.Peer.any_ipv4(), ec2.Port.tcp(443), reason)

@@ -1,0 +1,88 @@
+"""Where the region's artifacts live: the model/engine bucket and the private serving-image repository."""
+
+from __future__ import annotations
+
+from aws_cdk import Duration, RemovalPolicy
+from aws_cdk import aws_ecr as ecr
+from aws_cdk import aws_s3 as s3
+from constructs import Construct
+
+from . import nag
+
+# Bucket layout shared with staging and the runtime.
+READ_ONLY_PREFIXES = ("models/", "calibration/")  # written by `fleetcast stage`, read by instances
+READ_WRITE_PREFIXES = ("engines/", "locks/", "failures/")  # engine cache, build locks, failure records
+
+
+class ModelStore(Construct):
+    """Versioned, TLS-only, private S3 bucket for staged weights, calibration data and built engines.
+
+    A second bucket receives the server access logs (of this bucket and of the
+    NLB); it is the log destination, so it does not log itself.
+    """
+
+    def __init__(self, scope: Construct, construct_id: str) -> None:
+        super().__init__(scope, construct_id)
+        self.access_logs = s3.Bucket(
+            self,
+            "AccessLogs",
+            # Server access log delivery supports SSE-S3 only.
+            encryption=s3.BucketEncryption.S3_MANAGED,
+            enforce_ssl=True,
+            block_public_access=s3.BlockPublicAccess.BLOCK_ALL,
+            object_ownership=s3.ObjectOwnership.BUCKET_OWNER_ENFORCED,
+            versioned=True,
+            lifecycle_rules=[s3.LifecycleRule(expiration=Duration.days(365), noncurrent_version_expiration=Duration.days(30))],
+            removal_policy=RemovalPolicy.RETAIN,
+        )
+        nag.acknowledge(
+            self.access_logs,
+            "AwsSolutions-S1",
+            "This bucket is the access-log destination for the model bucket and the NLB; logging it into "
+            "itself would loop.",
+        )
+        self.bucket = s3.Bucket(
+            self,
+            "Bucket",
+            encryption=s3.BucketEncryption.S3_MANAGED,
+            enforce_ssl=True,
+            block_public_access=s3.BlockPublicAccess.BLOCK_ALL,
+            object_ownership=s3.ObjectOwnership.BUCKET_OWNER_ENFORCED,
+            versioned=True,
+            server_access_logs_bucket=self.access_logs,
+            server_access_logs_prefix="model-bucket/",
+            # Engines and locks are rewritten often; old versions only cost money.
+            lifecycle_rules=[
+                s3.LifecycleRule(noncurrent_version_expiration=Duration.days(30)),
+                s3.LifecycleRule(prefix="locks/", expiration=Duration.days(7)),
+            ],
+            removal_policy=RemovalPolicy.RETAIN,
+        )
+
+    def object_arns(self, prefixes: tuple[str, ...]) -> list[str]:
+        return [self.bucket.arn_for_objects(f"{prefix}*") for prefix in prefixes]
+
+
+class ImageRepository(Construct):
+    """Private ECR repository holding the mirrored TensorRT-LLM serving image (`fleetcast stage image`).
+
+    nvcr.io cannot be an ECR pull-through-cache upstream, and a fleet without
+    internet egress can only pull from ECR through its VPC endpoints.
+    """
+
+    def __init__(self, scope: Construct, construct_id: str, *, fleet: str) -> None:
+        super().__init__(scope, construct_id)
+        self.repository = ecr.Repository(
+            self,
+            "Repository",
+            repository_name=f"{fleet}/tensorrt-llm",
+            image_scan_on_push=True,
+            image_tag_mutability=ecr.TagMutability.IMMUTABLE,
+            encryption=ecr.RepositoryEncryption.KMS,
+            removal_policy=RemovalPolicy.RETAIN,
+        )
+
+    def image_uri(self, tag: str, digest: str | None) -> str:
+        """Pull by digest once staging pinned one; by the (immutable) tag before that."""
+        uri = self.repository.repository_uri
+        return f"{uri}@{digest}" if digest else f"{uri}:{tag}"
