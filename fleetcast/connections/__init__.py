@@ -1,0 +1,20 @@
+"""Review, approve and reject PrivateLink endpoint connections to the fleet's services.
+
+`policy` says which accounts the config allows per region (shared with the
+auto-approver Lambda's deployment), `aws` makes the calls, `review` decides,
+`audit` records each decision. The CLI is scripts/connections_cmd.py.
+"""
+
+from .audit import AuditLog, AuditRecord
+from .aws import (
+    EXIT_AWS, EXIT_DENIED, EXIT_INPUT, EXIT_OK, EXIT_REFUSED, EXIT_USAGE, Access, AwsCallError, PermissionDenied,
+    iam_action,
+)
+from .policy import account_of, allowed_accounts
+from .review import FLEET_TAG, SERVICE_ID_OUTPUT, Connection, Reviewer, ServiceRef, provider_stack_name
+
+__all__ = [
+    "Access", "AuditLog", "AuditRecord", "AwsCallError", "Connection", "EXIT_AWS", "EXIT_DENIED", "EXIT_INPUT",
+    "EXIT_OK", "EXIT_REFUSED", "EXIT_USAGE", "FLEET_TAG", "PermissionDenied", "Reviewer", "SERVICE_ID_OUTPUT",
+    "ServiceRef", "account_of", "allowed_accounts", "iam_action", "provider_stack_name",
+]
