@@ -1,0 +1,199 @@
+"""On-call signals of one provider region, all delivered to the region's notification topic.
+
+Three constructs, one per source of truth:
+- PoolAlarms: what the runtime measures per request and per boot (P99 TTFT and
+  inter-token latency against the config's SLOs, error rate, engine build failures,
+  the build circuit breaker, unstaged model). A TCP NLB has no HTTP status metrics,
+  so errors and latency come from the runtime's per-request EMF records; the P99s are
+  CloudWatch percentiles over raw values, never averages of per-instance percentiles.
+- ServiceAlarms: what the NLB sees of the shared target group (unhealthy hosts, no
+  healthy host at all).
+- LaunchFailureEvents: unsuccessful launches and terminations (GPU capacity errors
+  such as InsufficientInstanceCapacity, quota errors, warm-pool starts) are events,
+  not metrics: an EventBridge rule forwards each with its cause to the topic.
+Alarm names are stable (`<fleet>-<region>-<pool>-<signal>`) so the runbook
+(docs/runbook.md) and the instance-refresh rollback can name them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from aws_cdk import Duration
+from aws_cdk import aws_autoscaling as autoscaling
+from aws_cdk import aws_cloudwatch as cloudwatch
+from aws_cdk import aws_cloudwatch_actions as cw_actions
+from aws_cdk import aws_elasticloadbalancingv2 as elbv2
+from aws_cdk import aws_events as events
+from aws_cdk import aws_events_targets as targets
+from aws_cdk import aws_sns as sns
+from constructs import Construct
+
+from fleetcast import telemetry
+from fleetcast.config import FleetConfig, Pool
+
+from .fleet_metrics import ONE_MINUTE, runtime_metric, target_group_metric
+
+# Latency and error alarms: 3 bad minutes out of 5, so one slow burst pages nobody
+# but a sustained breach pages within about five minutes.
+SLO_EVALUATION_PERIODS = 5
+SLO_DATAPOINTS_TO_ALARM = 3
+
+
+def _notify(alarm: cloudwatch.Alarm, topic: sns.ITopic) -> cloudwatch.Alarm:
+    action = cw_actions.SnsAction(topic)
+    alarm.add_alarm_action(action)
+    alarm.add_ok_action(action)
+    return alarm
+
+
+class PoolAlarms(Construct):
+    """SLO, error and bootstrap alarms of one pool, from the runtime's metrics."""
+
+    def __init__(self, scope: Construct, construct_id: str, *, cfg: FleetConfig, region: str, pool: Pool,
+                 topic: sns.ITopic) -> None:
+        super().__init__(scope, construct_id)
+        prefix = f"{cfg.name}-{region}-{pool.name}"
+
+        def metric(name: str, statistic: str, period: Duration = ONE_MINUTE) -> cloudwatch.Metric:
+            return runtime_metric(cfg.name, pool.name, name, statistic, period=period)
+
+        def slo_alarm(alarm_id: str, name: str, threshold: float, description: str,
+                      watched: cloudwatch.IMetric) -> cloudwatch.Alarm:
+            return _notify(cloudwatch.Alarm(
+                self, alarm_id,
+                alarm_name=f"{prefix}-{name}",
+                alarm_description=description,
+                metric=watched,
+                threshold=threshold,
+                comparison_operator=cloudwatch.ComparisonOperator.GREATER_THAN_THRESHOLD,
+                evaluation_periods=SLO_EVALUATION_PERIODS,
+                datapoints_to_alarm=SLO_DATAPOINTS_TO_ALARM,
+                # No requests is not a breach; zero healthy hosts has its own alarm.
+                treat_missing_data=cloudwatch.TreatMissingData.NOT_BREACHING,
+            ), topic)
+
+        self.ttft_p99 = slo_alarm(
+            "TtftP99", "ttft-p99", cfg.slo.ttft_p99_ms,
+            f"P99 time to first token of {pool.name} above the SLO (slo.ttft_p99_ms = {cfg.slo.ttft_p99_ms:g} ms).",
+            metric(telemetry.TTFT_MS, "p99"),
+        )
+        self.itl_p99 = slo_alarm(
+            "ItlP99", "itl-p99", cfg.slo.itl_p99_ms,
+            f"P99 inter-token latency of {pool.name} above the SLO (slo.itl_p99_ms = {cfg.slo.itl_p99_ms:g} ms).",
+            metric(telemetry.ITL_MS, "p99"),
+        )
+        self.error_rate = slo_alarm(
+            "ErrorRate", "error-rate", cfg.slo.error_rate,
+            f"Share of failed requests on {pool.name} above slo.error_rate = {cfg.slo.error_rate:g} "
+            "(5xx, upstream failures, streams cut short).",
+            cloudwatch.MathExpression(
+                # Errors may be absent in a minute with no failure; Requests absent means no traffic.
+                expression="FILL(errors, 0) / requests",
+                using_metrics={
+                    "errors": metric(telemetry.ERRORS, "Sum"),
+                    "requests": metric(telemetry.REQUESTS, "Sum"),
+                },
+                period=ONE_MINUTE,
+                label="error rate",
+            ),
+        )
+        self.build_failures = _notify(cloudwatch.Alarm(
+            self, "BuildFailures",
+            alarm_name=f"{prefix}-engine-build-failures",
+            alarm_description=f"An engine build failed on {pool.name}; after operations.build_failure_limit = "
+                              f"{cfg.operations.build_failure_limit} failures per cache key the circuit breaker opens.",
+            metric=metric(telemetry.ENGINE_BUILD_FAILURE, "Sum", Duration.minutes(5)),
+            threshold=1,
+            comparison_operator=cloudwatch.ComparisonOperator.GREATER_THAN_OR_EQUAL_TO_THRESHOLD,
+            evaluation_periods=1,
+            treat_missing_data=cloudwatch.TreatMissingData.NOT_BREACHING,
+        ), topic)
+        self.circuit_breaker = _notify(cloudwatch.Alarm(
+            self, "CircuitBreaker",
+            alarm_name=f"{prefix}-build-circuit-breaker",
+            alarm_description=f"Engine builds for {pool.name} stopped: the circuit breaker is open, new instances "
+                              "will not serve until the cause is fixed and the breaker is reset.",
+            metric=metric(telemetry.CIRCUIT_BREAKER_OPEN, "Maximum"),
+            threshold=1,
+            comparison_operator=cloudwatch.ComparisonOperator.GREATER_THAN_OR_EQUAL_TO_THRESHOLD,
+            evaluation_periods=1,
+            treat_missing_data=cloudwatch.TreatMissingData.NOT_BREACHING,
+        ), topic)
+        self.staging_missing = _notify(cloudwatch.Alarm(
+            self, "StagingMissing",
+            alarm_name=f"{prefix}-model-not-staged",
+            alarm_description=f"Instances of {pool.name} found no staged weights (or image) in the region's bucket: "
+                              "run `fleetcast stage model` for this region.",
+            metric=metric(telemetry.STAGING_MISSING, "Maximum", Duration.minutes(5)),
+            threshold=1,
+            comparison_operator=cloudwatch.ComparisonOperator.GREATER_THAN_OR_EQUAL_TO_THRESHOLD,
+            evaluation_periods=1,
+            treat_missing_data=cloudwatch.TreatMissingData.NOT_BREACHING,
+        ), topic)
+
+    @property
+    def rollback_alarms(self) -> list[cloudwatch.Alarm]:
+        """The alarms that fail (and so roll back) an instance refresh of this pool."""
+        return [self.ttft_p99, self.itl_p99, self.error_rate, self.build_failures, self.circuit_breaker]
+
+
+class ServiceAlarms(Construct):
+    """Target health of the region's service, as the NLB sees it."""
+
+    def __init__(self, scope: Construct, construct_id: str, *, cfg: FleetConfig, region: str,
+                 nlb: elbv2.INetworkLoadBalancer, target_group: elbv2.NetworkTargetGroup, topic: sns.ITopic) -> None:
+        super().__init__(scope, construct_id)
+        prefix = f"{cfg.name}-{region}"
+        self.unhealthy_hosts = _notify(cloudwatch.Alarm(
+            self, "UnhealthyHosts",
+            alarm_name=f"{prefix}-unhealthy-hosts",
+            alarm_description="At least one registered instance fails the NLB health check.",
+            metric=target_group_metric(nlb, target_group, "UnHealthyHostCount", "Maximum"),
+            threshold=0,
+            comparison_operator=cloudwatch.ComparisonOperator.GREATER_THAN_THRESHOLD,
+            evaluation_periods=3,
+            datapoints_to_alarm=2,
+            treat_missing_data=cloudwatch.TreatMissingData.NOT_BREACHING,
+        ), topic)
+        # Maximum, not Minimum: with one instance per pool and several AZs, some AZ
+        # always has zero healthy targets; "zero healthy" means none anywhere.
+        self.no_healthy_hosts = _notify(cloudwatch.Alarm(
+            self, "NoHealthyHosts",
+            alarm_name=f"{prefix}-no-healthy-hosts",
+            alarm_description="No instance passes the NLB health check: every consumer request fails.",
+            metric=target_group_metric(nlb, target_group, "HealthyHostCount", "Maximum"),
+            threshold=1,
+            comparison_operator=cloudwatch.ComparisonOperator.LESS_THAN_THRESHOLD,
+            evaluation_periods=2,
+            datapoints_to_alarm=2,
+            treat_missing_data=cloudwatch.TreatMissingData.BREACHING,
+        ), topic)
+
+
+class LaunchFailureEvents(Construct):
+    """EventBridge rule: unsuccessful launches/terminations of the region's groups, cause forwarded to the topic."""
+
+    DETAIL_TYPES = ("EC2 Instance Launch Unsuccessful", "EC2 Instance Terminate Unsuccessful")
+
+    def __init__(self, scope: Construct, construct_id: str, *, cfg: FleetConfig, region: str,
+                 groups: Sequence[autoscaling.IAutoScalingGroup], topic: sns.ITopic) -> None:
+        super().__init__(scope, construct_id)
+        field = events.EventField.from_path
+        message = (
+            f"[{cfg.name} {region}] {field('$.detail-type')} in group {field('$.detail.AutoScalingGroupName')} "
+            f"({field('$.detail.Origin')} -> {field('$.detail.Destination')}, "
+            f"AZ {field('$.detail.Details.Availability Zone')}): {field('$.detail.StatusMessage')} "
+            f"| cause: {field('$.detail.Cause')} | runbook: docs/runbook.md#launch-failures"
+        )
+        self.rule = events.Rule(
+            self, "Rule",
+            description=f"Unsuccessful instance launches/terminations of {cfg.name} in {region} "
+                        "(GPU capacity, quotas, warm-pool starts).",
+            event_pattern=events.EventPattern(
+                source=["aws.autoscaling"],
+                detail_type=list(self.DETAIL_TYPES),
+                detail={"AutoScalingGroupName": [g.auto_scaling_group_name for g in groups]},
+            ),
+            targets=[targets.SnsTopic(topic, message=events.RuleTargetInput.from_text(message))],
+        )

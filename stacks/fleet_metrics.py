@@ -1,0 +1,59 @@
+"""CloudWatch metric definitions the operations constructs share (scaling, alarms, dashboard).
+
+Names, namespace and dimensions come from fleetcast.telemetry, so the runtime that
+publishes and the stacks that read can never drift apart. Runtime metrics carry the
+[Fleet, Pool] dimension set; Auto Scaling and NLB metrics carry AWS's own.
+"""
+
+from __future__ import annotations
+
+from aws_cdk import Duration
+from aws_cdk import aws_autoscaling as autoscaling
+from aws_cdk import aws_cloudwatch as cloudwatch
+from aws_cdk import aws_elasticloadbalancingv2 as elbv2
+
+from fleetcast import telemetry
+
+ONE_MINUTE = Duration.minutes(1)
+
+
+def runtime_metric(fleet: str, pool: str, name: str, statistic: str, *, period: Duration = ONE_MINUTE,
+                   label: str | None = None) -> cloudwatch.Metric:
+    """A metric the instance runtime publishes (EMF) for one pool."""
+    return cloudwatch.Metric(
+        namespace=telemetry.NAMESPACE,
+        metric_name=name,
+        dimensions_map={telemetry.DIM_FLEET: fleet, telemetry.DIM_POOL: pool},
+        statistic=statistic,
+        period=period,
+        label=label,
+    )
+
+
+def asg_metric(asg: autoscaling.IAutoScalingGroup, name: str, statistic: str = "Average", *,
+               label: str | None = None) -> cloudwatch.Metric:
+    """An AWS/AutoScaling group metric (needs group metrics collection on the ASG)."""
+    return cloudwatch.Metric(
+        namespace="AWS/AutoScaling",
+        metric_name=name,
+        dimensions_map={"AutoScalingGroupName": asg.auto_scaling_group_name},
+        statistic=statistic,
+        period=ONE_MINUTE,
+        label=label,
+    )
+
+
+def target_group_metric(nlb: elbv2.INetworkLoadBalancer, target_group: elbv2.NetworkTargetGroup, name: str,
+                        statistic: str, *, label: str | None = None) -> cloudwatch.Metric:
+    """An AWS/NetworkELB metric of the service's target group behind its NLB."""
+    return cloudwatch.Metric(
+        namespace="AWS/NetworkELB",
+        metric_name=name,
+        dimensions_map={
+            "LoadBalancer": nlb.load_balancer_full_name,
+            "TargetGroup": target_group.target_group_full_name,
+        },
+        statistic=statistic,
+        period=ONE_MINUTE,
+        label=label,
+    )

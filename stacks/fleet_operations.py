@@ -1,0 +1,99 @@
+"""Fleet operations of one provider region: what makes the GPU pools operable, layered on the provider stack.
+
+Per pool: scaling on the runtime's load (stacks/fleet_scaling.py), termination hook,
+warm pool and capacity reservations (stacks/fleet_lifecycle.py), SLO/error/bootstrap
+alarms (stacks/fleet_alarms.py) and the instance-refresh rollout that those alarms
+roll back (stacks/fleet_rollout.py). Per region: target-health alarms, the
+EventBridge rule for failed launches, the dashboard (stacks/fleet_dashboard.py) and
+the optional email subscription of the operations topic.
+
+Inputs are the provider stack's pieces, typed by what is used (see the Protocols),
+so the constructs can be tested on a small fixture stack as well as on the real one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Protocol
+
+from aws_cdk import aws_autoscaling as autoscaling
+from aws_cdk import aws_elasticloadbalancingv2 as elbv2
+from aws_cdk import aws_sns as sns
+from aws_cdk import aws_sns_subscriptions as subscriptions
+from constructs import Construct
+
+from fleetcast.config import FleetConfig, Pool, Region
+
+from .fleet_alarms import LaunchFailureEvents, PoolAlarms, ServiceAlarms
+from .fleet_dashboard import FleetDashboard
+from .fleet_lifecycle import PoolLifecycle
+from .fleet_rollout import PoolRollout
+from .fleet_scaling import PoolScaling
+
+
+class FleetLike(Protocol):
+    """One pool's group (stacks.gpu_fleet.GpuFleet)."""
+
+    pool: Pool
+    asg: autoscaling.AutoScalingGroup
+
+
+class ServiceLike(Protocol):
+    """The region's NLB and shared target group (stacks.endpoint_service.EndpointService)."""
+
+    nlb: elbv2.INetworkLoadBalancer
+    target_group: elbv2.NetworkTargetGroup
+
+
+class NotificationsLike(Protocol):
+    """The region's operations topic, encrypted with a key CloudWatch and EventBridge may use."""
+
+    topic: sns.ITopic
+
+
+class PoolOperations(Construct):
+    """Everything operational about one pool."""
+
+    def __init__(self, scope: Construct, construct_id: str, *, cfg: FleetConfig, region: str, fleet: FleetLike,
+                 topic: sns.ITopic, service_alarms: ServiceAlarms) -> None:
+        super().__init__(scope, construct_id)
+        pool, asg = fleet.pool, fleet.asg
+        self.scaling = PoolScaling(self, "Scaling", cfg=cfg, region=region, pool=pool, asg=asg)
+        self.lifecycle = PoolLifecycle(self, "Lifecycle", cfg=cfg, pool=pool, asg=asg)
+        self.alarms = PoolAlarms(self, "Alarms", cfg=cfg, region=region, pool=pool, topic=topic)
+        self.rollout = PoolRollout(
+            self, "Rollout", pool=pool, asg=asg,
+            rollback_alarms=[*self.alarms.rollback_alarms, service_alarms.no_healthy_hosts],
+        )
+
+
+class FleetOperations(Construct):
+    """Scaling, lifecycle, rollouts, alarms, events and dashboard of every pool in one region."""
+
+    def __init__(self, scope: Construct, construct_id: str, *, cfg: FleetConfig, region: Region,
+                 fleets: Mapping[str, FleetLike], service: ServiceLike, notifications: NotificationsLike) -> None:
+        super().__init__(scope, construct_id)
+        name = region.region
+        topic = notifications.topic
+        if cfg.operations.alarm_email:
+            topic.add_subscription(subscriptions.EmailSubscription(cfg.operations.alarm_email))
+
+        self.service_alarms = ServiceAlarms(
+            self, "ServiceAlarms", cfg=cfg, region=name, nlb=service.nlb, target_group=service.target_group,
+            topic=topic,
+        )
+        self.pools = {
+            pool_name: PoolOperations(self, f"Pool-{pool_name}", cfg=cfg, region=name, fleet=fleet, topic=topic,
+                                      service_alarms=self.service_alarms)
+            for pool_name, fleet in fleets.items()
+        }
+        self.launch_failures = LaunchFailureEvents(
+            self, "LaunchFailures", cfg=cfg, region=name, groups=[f.asg for f in fleets.values()], topic=topic,
+        )
+        alarms = [self.service_alarms.no_healthy_hosts, self.service_alarms.unhealthy_hosts]
+        for ops in self.pools.values():
+            alarms += [*ops.alarms.rollback_alarms, ops.alarms.staging_missing]
+        self.dashboard = FleetDashboard(
+            self, "Dashboard", cfg=cfg, region=name, groups={n: f.asg for n, f in fleets.items()},
+            nlb=service.nlb, target_group=service.target_group, alarms=alarms,
+        )

@@ -1,0 +1,135 @@
+"""Scaling of one pool's Auto Scaling group on the load the runtime measures.
+
+GPU instances are slow to add (boot, image, engine) and each one is expensive, so
+scale-out and scale-in are two policies with different tempers:
+
+- Scale-out: target tracking on the pool's per-instance load (ActiveRequests or
+  KvCacheUtilizationPercent), the average over the instances that report it, with
+  scale-in switched off. `scaling.scale_out_cooldown_s` is the estimated instance
+  warmup: a new instance counts as capacity for that long before its own metrics do.
+- Scale-in: one instance at a time, at most once per `scaling.scale_in_cooldown_s`,
+  and only when the load spread over one instance fewer would still stay under the
+  target for 15 minutes (metric math over the group's InService count). EC2 target
+  tracking has no scale-in cooldown of its own, hence the separate simple policy.
+- Scheduled actions from the pool's daily profile (`schedule`, UTC cron).
+
+The per-instance load is the average of a gauge rather than SUM / InService: the
+average does not depend on how often each instance publishes, and instances that do
+not report (still booting, or broken and about to be replaced) do not dilute it.
+Metric scale-in never removes a pool's last instance; only a schedule may take a
+pool to zero.
+"""
+
+from __future__ import annotations
+
+import jsii
+from aws_cdk import aws_autoscaling as autoscaling
+from aws_cdk import aws_cloudwatch as cloudwatch
+from constructs import Construct
+
+from fleetcast import telemetry
+from fleetcast.config import FleetConfig, Pool
+
+from .fleet_metrics import ONE_MINUTE, asg_metric, runtime_metric
+
+_LOAD_METRICS = {
+    "active_requests": telemetry.ACTIVE_REQUESTS,
+    "kv_cache_utilization": telemetry.KV_CACHE_UTILIZATION,
+}
+# Same patience as EC2 target tracking's own scale-in alarm: 15 one-minute points.
+SCALE_IN_EVALUATION_MINUTES = 15
+
+
+def enable_group_metrics(asg: autoscaling.AutoScalingGroup) -> None:
+    """Turn on one-minute group metrics (InService, Pending, warm pool...), used by scaling and the dashboard."""
+    cfn_asg: autoscaling.CfnAutoScalingGroup = asg.node.default_child  # type: ignore[assignment]
+    cfn_asg.add_property_override("MetricsCollection", [{"Granularity": "1Minute"}])
+
+
+@jsii.implements(cloudwatch.IAlarmAction)
+class _ScalingPolicyAction:
+    """Alarm action that triggers an L1 scaling policy (the L2 actions only take L2 policies)."""
+
+    def __init__(self, policy_arn: str) -> None:
+        self._policy_arn = policy_arn
+
+    def bind(self, _scope: Construct, _alarm: cloudwatch.IAlarm) -> cloudwatch.AlarmActionConfig:
+        return cloudwatch.AlarmActionConfig(alarm_action_arn=self._policy_arn)
+
+
+class PoolScaling(Construct):
+    """Target-tracking scale-out, cautious scale-in and the daily schedule of one pool."""
+
+    def __init__(self, scope: Construct, construct_id: str, *, cfg: FleetConfig, region: str, pool: Pool,
+                 asg: autoscaling.AutoScalingGroup) -> None:
+        super().__init__(scope, construct_id)
+        spec = pool.scaling
+        load_name = _LOAD_METRICS[spec.metric]
+        enable_group_metrics(asg)
+
+        self.scale_out_policy = autoscaling.CfnScalingPolicy(
+            self, "TrackLoad",
+            auto_scaling_group_name=asg.auto_scaling_group_name,
+            policy_type="TargetTrackingScaling",
+            estimated_instance_warmup=spec.scale_out_cooldown_s,
+            target_tracking_configuration=autoscaling.CfnScalingPolicy.TargetTrackingConfigurationProperty(
+                target_value=spec.target,
+                disable_scale_in=True,
+                customized_metric_specification=autoscaling.CfnScalingPolicy.CustomizedMetricSpecificationProperty(
+                    namespace=telemetry.NAMESPACE,
+                    metric_name=load_name,
+                    dimensions=[
+                        autoscaling.CfnScalingPolicy.MetricDimensionProperty(name=telemetry.DIM_FLEET, value=cfg.name),
+                        autoscaling.CfnScalingPolicy.MetricDimensionProperty(name=telemetry.DIM_POOL, value=pool.name),
+                    ],
+                    statistic="Average",
+                ),
+            ),
+        )
+
+        self.scale_in_policy = autoscaling.CfnScalingPolicy(
+            self, "ScaleInOne",
+            auto_scaling_group_name=asg.auto_scaling_group_name,
+            policy_type="SimpleScaling",
+            adjustment_type="ChangeInCapacity",
+            scaling_adjustment=-1,
+            cooldown=str(spec.scale_in_cooldown_s),
+        )
+        # Load per instance if one instance left: below target means the rest can carry it.
+        after_scale_in = cloudwatch.MathExpression(
+            expression=f"IF(inservice > 1, load * inservice / (inservice - 1), {spec.target:g})",
+            using_metrics={
+                "load": runtime_metric(cfg.name, pool.name, load_name, "Average"),
+                "inservice": asg_metric(asg, "GroupInServiceInstances"),
+            },
+            period=ONE_MINUTE,
+            label=f"{load_name} per instance after removing one",
+        )
+        self.scale_in_alarm = cloudwatch.Alarm(
+            self, "ScaleInAlarm",
+            alarm_name=f"{cfg.name}-{region}-{pool.name}-scale-in",
+            alarm_description=(f"Scaling only (not paged): {pool.name} would stay under {spec.target:g} "
+                               f"{load_name} per instance with one instance fewer."),
+            metric=after_scale_in,
+            threshold=spec.target,
+            comparison_operator=cloudwatch.ComparisonOperator.LESS_THAN_THRESHOLD,
+            evaluation_periods=SCALE_IN_EVALUATION_MINUTES,
+            datapoints_to_alarm=SCALE_IN_EVALUATION_MINUTES,
+            treat_missing_data=cloudwatch.TreatMissingData.NOT_BREACHING,
+        )
+        self.scale_in_alarm.add_alarm_action(_ScalingPolicyAction(self.scale_in_policy.attr_arn))
+
+        self.scheduled_actions = [
+            asg.scale_on_schedule(
+                f"Schedule{k}",
+                schedule=autoscaling.Schedule.expression(step.cron),
+                min_capacity=step.min,
+                max_capacity=step.max,
+                desired_capacity=step.desired,
+                time_zone="Etc/UTC",
+            )
+            for k, step in enumerate(pool.schedule)
+        ]
+
+
+__all__ = ["PoolScaling", "enable_group_metrics", "SCALE_IN_EVALUATION_MINUTES"]
