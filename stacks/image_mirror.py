@@ -1,0 +1,126 @@
+"""In-AWS mirror of the serving image: a CodeBuild project that copies it into the region's ECR.
+
+nvcr.io cannot be an ECR pull-through-cache upstream, and the 40-60 GB
+TensorRT-LLM image should not cross an operator's laptop once per region.
+`fleetcast stage image` (default `--method codebuild`) starts this project;
+it pulls the pinned upstream image (or builds the derived image from
+docker/Dockerfile with the runtime baked in), pushes it under an immutable
+tag, and prints the digest that staging pins in the config.
+
+CodeBuild runs in its own AWS-managed network, so the fleet VPC keeps no
+internet egress.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from aws_cdk import CfnOutput, Duration, RemovalPolicy, Stack
+from aws_cdk import aws_codebuild as codebuild
+from aws_cdk import aws_ecr as ecr
+from aws_cdk import aws_iam as iam
+from aws_cdk import aws_kms as kms
+from aws_cdk import aws_logs as logs
+from aws_cdk import aws_s3_assets as s3_assets
+from constructs import Construct
+
+from . import nag
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+# The build context only needs the Dockerfile and the runtime sources.
+_CONTEXT_EXCLUDES = [
+    ".git", ".venv", "node_modules", "cdk.out", "tests", "bench", "docs", "config", "stacks", "scripts",
+    "**/__pycache__", "*.egg-info", ".pytest_cache", ".hypothesis",
+]
+
+_BUILDSPEC = {
+    "version": "0.2",
+    "env": {"shell": "bash"},
+    "phases": {
+        "pre_build": {"commands": [
+            "REGISTRY=${REPOSITORY_URI%%/*}",
+            "aws ecr get-login-password --region $AWS_REGION | docker login --username AWS --password-stdin $REGISTRY",
+        ]},
+        "build": {"commands": [
+            # Tags are immutable: a tag already mirrored is left alone (idempotent re-runs).
+            "if aws ecr describe-images --repository-name $REPOSITORY_NAME --image-ids imageTag=$IMAGE_TAG >/dev/null 2>&1; "
+            "then echo \"$IMAGE_TAG already mirrored\"; exit 0; fi",
+            "docker pull $UPSTREAM_IMAGE",
+            "if [ \"$DERIVED\" = 1 ]; then docker build --file docker/Dockerfile --build-arg BASE=$UPSTREAM_IMAGE "
+            "--tag $REPOSITORY_URI:$IMAGE_TAG .; else docker tag $UPSTREAM_IMAGE $REPOSITORY_URI:$IMAGE_TAG; fi",
+            "docker push $REPOSITORY_URI:$IMAGE_TAG",
+        ]},
+        "post_build": {"commands": [
+            "aws ecr describe-images --repository-name $REPOSITORY_NAME --image-ids imageTag=$IMAGE_TAG "
+            "--query 'imageDetails[0].imageDigest' --output text",
+        ]},
+    },
+}
+
+
+class ImageMirror(Construct):
+    """CodeBuild project (privileged Docker, KMS-encrypted, logs retained) that mirrors the serving image."""
+
+    def __init__(self, scope: Construct, construct_id: str, *, repository: ecr.IRepository, upstream_image: str,
+                 image_tag: str, log_retention: logs.RetentionDays) -> None:
+        super().__init__(scope, construct_id)
+        key = kms.Key(self, "Key", enable_key_rotation=True, removal_policy=RemovalPolicy.DESTROY,
+                      description="Encrypts the image-mirror build artifacts and logs")
+        log_group = logs.LogGroup(self, "Logs", retention=log_retention, encryption_key=key,
+                                  removal_policy=RemovalPolicy.DESTROY)
+        key.grant_encrypt_decrypt(iam.ServicePrincipal("logs.amazonaws.com"))
+        context = s3_assets.Asset(self, "BuildContext", path=str(REPO_ROOT), exclude=_CONTEXT_EXCLUDES)
+        self.project = codebuild.Project(
+            self,
+            "Project",
+            description="fleetcast stage image: mirror the TensorRT-LLM serving image into private ECR",
+            source=codebuild.Source.s3(bucket=context.bucket, path=context.s3_object_key),
+            build_spec=codebuild.BuildSpec.from_object(_BUILDSPEC),
+            environment=codebuild.BuildEnvironment(
+                build_image=codebuild.LinuxBuildImage.STANDARD_7_0,
+                # LARGE: 128 GB of disk for a 40-60 GB image plus its layers during push.
+                compute_type=codebuild.ComputeType.LARGE,
+                privileged=True,
+            ),
+            environment_variables={
+                "UPSTREAM_IMAGE": codebuild.BuildEnvironmentVariable(value=upstream_image),
+                "IMAGE_TAG": codebuild.BuildEnvironmentVariable(value=image_tag),
+                "DERIVED": codebuild.BuildEnvironmentVariable(value="0"),
+                "REPOSITORY_URI": codebuild.BuildEnvironmentVariable(value=repository.repository_uri),
+                "REPOSITORY_NAME": codebuild.BuildEnvironmentVariable(value=repository.repository_name),
+            },
+            encryption_key=key,
+            timeout=Duration.hours(2),
+            logging=codebuild.LoggingOptions(cloud_watch=codebuild.CloudWatchLoggingOptions(log_group=log_group)),
+        )
+        repository.grant_pull_push(self.project)
+        # describe-images for the idempotency check and the digest read-back.
+        self.project.add_to_role_policy(iam.PolicyStatement(actions=["ecr:DescribeImages"],
+                                                            resources=[repository.repository_arn]))
+        nag.acknowledge(
+            self.project,
+            "AwsSolutions-CB3",
+            "Privileged mode is required to run Docker inside the build: the project only pulls the pinned "
+            "upstream image and pushes it to this stack's repository.",
+        )
+        nag.acknowledge(
+            self.project,
+            "AwsSolutions-IAM5[Resource::*]",
+            "ecr:GetAuthorizationToken has no resource-level permissions.",
+        )
+        for action in ("s3:GetObject*", "s3:GetBucket*", "s3:List*"):
+            nag.acknowledge(self.project, f"AwsSolutions-IAM5[Action::{action}]",
+                            "CDK's read grant on the build-context asset: scoped to that one asset object and bucket.")
+        for action in ("kms:GenerateDataKey*", "kms:ReEncrypt*"):
+            nag.acknowledge(self.project, f"AwsSolutions-IAM5[Action::{action}]",
+                            "Encrypt/decrypt grant on this project's own customer-managed key only.")
+        project_ref = nag.arn_ref(self.project, "Ref")[:-len(".Ref>")] + ">"
+        stack = Stack.of(self)
+        for resource in (
+            f"arn:<AWS::Partition>:logs:{stack.region}:{stack.account}:log-group:/aws/codebuild/{project_ref}:*",
+            f"arn:<AWS::Partition>:codebuild:{stack.region}:{stack.account}:report-group/{project_ref}-*",
+        ):
+            nag.acknowledge(self.project, f"AwsSolutions-IAM5[Resource::{resource}]",
+                            "CodeBuild's default log-stream and report-group grants, limited to this project's name.")
+        CfnOutput(self, "ImageMirrorProject", value=self.project.project_name,
+                  description="CodeBuild project run by `fleetcast stage image`")

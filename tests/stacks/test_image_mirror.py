@@ -1,0 +1,56 @@
+"""The in-AWS image mirror: privileged Docker build, encrypted, pushing only to the region's repository."""
+
+import os
+
+import pytest
+from aws_cdk import App, Environment, Stack
+from aws_cdk import aws_ecr as ecr
+from aws_cdk import aws_logs as logs
+from aws_cdk.assertions import Match, Template
+
+from stacks import nag
+from stacks.image_mirror import ImageMirror
+
+os.environ.setdefault("JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION", "1")
+
+
+@pytest.fixture(scope="module")
+def template(tmp_path_factory):
+    app = App(outdir=str(tmp_path_factory.mktemp("mirror")))
+    nag.enable(app)
+    stack = Stack(app, "Mirror", env=Environment(account="111122223333", region="ap-northeast-2"))
+    repo = ecr.Repository(stack, "Repo", image_scan_on_push=True, encryption=ecr.RepositoryEncryption.KMS)
+    ImageMirror(stack, "ImageMirror", repository=repo, upstream_image="nvcr.io/nvidia/tensorrt-llm/release:1.2.1",
+                image_tag="1.2.1", log_retention=logs.RetentionDays.ONE_MONTH)
+    app.synth()  # cdk-nag findings would fail here
+    return Template.from_stack(stack)
+
+
+def test_builds_docker_in_a_privileged_large_encrypted_project(template):
+    template.has_resource_properties("AWS::CodeBuild::Project", {
+        "Environment": Match.object_like({"PrivilegedMode": True, "ComputeType": "BUILD_GENERAL1_LARGE",
+                                          "EnvironmentVariables": Match.array_with([
+                                              {"Name": "UPSTREAM_IMAGE", "Type": "PLAINTEXT",
+                                               "Value": "nvcr.io/nvidia/tensorrt-llm/release:1.2.1"}])}),
+        "EncryptionKey": Match.any_value(),
+        "VpcConfig": Match.absent(),  # its own network: the fleet VPC keeps no egress
+    })
+
+
+def test_pushes_only_to_the_regions_repository(template):
+    policies = template.find_resources("AWS::IAM::Policy")
+    statements = [s for p in policies.values() for s in p["Properties"]["PolicyDocument"]["Statement"]]
+    push = next(s for s in statements if "ecr:PutImage" in s["Action"])
+    logical_id, attribute = push["Resource"]["Fn::GetAtt"]
+    assert logical_id.startswith("Repo") and attribute == "Arn"
+
+
+def test_buildspec_is_idempotent_and_reports_the_digest(template):
+    project = next(iter(template.find_resources("AWS::CodeBuild::Project").values()))
+    spec = project["Properties"]["Source"]["BuildSpec"]
+    assert "already mirrored" in spec and "imageDigest" in spec and "docker/Dockerfile" in spec
+
+
+def test_output_names_the_project_for_stage_image(template):
+    outputs = template.to_json()["Outputs"]
+    assert any("ImageMirrorProject" in key for key in outputs)
