@@ -11,6 +11,7 @@ from fleetcast.config import EgressMode, FleetConfig, Region
 from .bootstrap import InstanceBootstrap
 from .endpoint_service import EndpointService
 from .fleet_logs import FleetLogs
+from .fleet_operations import FleetOperations
 from .gpu_fleet import GpuFleet, InstanceInputs
 from .network import FleetNetwork
 from .notifications import NotificationTopic
@@ -84,6 +85,11 @@ class ProviderStack(Stack):
         )
         for fleet in self.fleets.values():
             fleet.asg.attach_to_network_target_group(self.service.target_group)
+        # Scaling, lifecycle, rollouts, alarms, events and dashboard on top of the pools (issue 4).
+        self.operations = FleetOperations(
+            self, "Operations", cfg=cfg, region=region, fleets=self.fleets, service=self.service,
+            notifications=self.notifications,
+        )
 
     @property
     def availability_zones(self) -> list[str]:
