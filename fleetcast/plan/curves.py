@@ -1,0 +1,129 @@
+"""Measured (or estimated) behaviour of one instance x precision across load levels.
+
+A `Curve` is the list of load points of one candidate, sorted by per-instance
+concurrency, with linear interpolation between measured levels. Below the
+lowest measured level the lowest level's latencies are used (latency only falls
+with load, so this overstates the time a request holds an instance: the
+conservative side for sizing).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+# Below this many samples the P99 rests on fewer than 10 values above it.
+MIN_P99_SAMPLES = 1000
+
+
+@dataclass(frozen=True)
+class LoadPoint:
+    """One load level of one candidate (milliseconds, per second)."""
+
+    concurrency: float
+    ttft_p99: float
+    itl_p99: float
+    e2e_mean: float
+    error_rate: float = 0.0
+    ttft_mean: float | None = None
+    itl_mean: float | None = None
+    e2e_p99: float | None = None
+    ttft_p99_ci: tuple[float, float] | None = None
+    itl_p99_ci: tuple[float, float] | None = None
+    samples: int = 0
+    output_tps: float | None = None
+    request_rps: float | None = None
+    bench_rtt_ms: float | None = None
+    # Per-request (ttft_ms, itl_ms, ok) when the results file carried records: goodput is computed from them.
+    records: tuple[tuple[float | None, float | None, bool], ...] = ()
+    tail_note: str | None = None
+
+    @property
+    def throughput_rps(self) -> float:
+        """Little's law: in-flight requests / mean time in system."""
+        return self.concurrency / (self.e2e_mean / 1000.0)
+
+
+@dataclass(frozen=True)
+class Curve:
+    points: tuple[LoadPoint, ...]
+    notes: tuple[str, ...] = field(default=())
+
+    def __post_init__(self) -> None:
+        if not self.points:
+            raise ValueError("a curve needs at least one load point")
+        object.__setattr__(self, "points", tuple(sorted(self.points, key=lambda p: p.concurrency)))
+
+    @property
+    def levels(self) -> list[float]:
+        return [p.concurrency for p in self.points]
+
+    def at(self, level: float) -> LoadPoint:
+        """The point at `level`, interpolated linearly between measured neighbours."""
+        pts = self.points
+        if level <= pts[0].concurrency:
+            return replace(pts[0], concurrency=level) if level != pts[0].concurrency else pts[0]
+        for lo, hi in zip(pts, pts[1:]):
+            if level == hi.concurrency:
+                return hi
+            if lo.concurrency < level < hi.concurrency:
+                t = (level - lo.concurrency) / (hi.concurrency - lo.concurrency)
+                return _lerp(lo, hi, t, level)
+        raise ValueError(f"level {level} is above the highest measured level {pts[-1].concurrency}")
+
+    def peak_output_tps(self) -> tuple[float, float] | None:
+        best = max((p for p in self.points if p.output_tps is not None), key=lambda p: p.output_tps, default=None)
+        return (best.output_tps, best.concurrency) if best else None
+
+
+def _mix(a: float | None, b: float | None, t: float) -> float | None:
+    if a is None or b is None:
+        return None
+    return a + (b - a) * t
+
+
+def _mix_pair(a, b, t):
+    if a is None or b is None:
+        return None
+    return (a[0] + (b[0] - a[0]) * t, a[1] + (b[1] - a[1]) * t)
+
+
+def _lerp(lo: LoadPoint, hi: LoadPoint, t: float, level: float) -> LoadPoint:
+    return LoadPoint(
+        concurrency=level,
+        ttft_p99=_mix(lo.ttft_p99, hi.ttft_p99, t),
+        itl_p99=_mix(lo.itl_p99, hi.itl_p99, t),
+        e2e_mean=_mix(lo.e2e_mean, hi.e2e_mean, t),
+        error_rate=_mix(lo.error_rate, hi.error_rate, t),
+        ttft_mean=_mix(lo.ttft_mean, hi.ttft_mean, t),
+        itl_mean=_mix(lo.itl_mean, hi.itl_mean, t),
+        e2e_p99=_mix(lo.e2e_p99, hi.e2e_p99, t),
+        ttft_p99_ci=_mix_pair(lo.ttft_p99_ci, hi.ttft_p99_ci, t),
+        itl_p99_ci=_mix_pair(lo.itl_p99_ci, hi.itl_p99_ci, t),
+        samples=min(lo.samples, hi.samples),
+        output_tps=_mix(lo.output_tps, hi.output_tps, t),
+        request_rps=_mix(lo.request_rps, hi.request_rps, t),
+        bench_rtt_ms=_mix(lo.bench_rtt_ms, hi.bench_rtt_ms, t),
+    )
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One instance type x precision with its curve; `estimated` when no measurement backs it."""
+
+    instance_type: str
+    precision: str
+    curve: Curve
+    estimated: bool = False
+    backend: str = "unknown"
+    model: str | None = None
+    sources: tuple[str, ...] = ()
+    input_mean: float | None = None  # lengths the curve was measured at
+    output_mean: float | None = None
+
+    @property
+    def family(self) -> str:
+        return self.instance_type.split(".", 1)[0]
+
+    @property
+    def label(self) -> str:
+        return f"{self.instance_type} {self.precision}"

@@ -1,0 +1,431 @@
+"""The planning method: from candidates, traffic, SLOs, prices and the network to
+a ranked, explained choice per consumer region. Formulas in docs/plan.md.
+
+For each candidate (instance type x precision) and reachable service region:
+  1. add the network round trip to P99 TTFT (and E2E) at every measured load level;
+  2. c* = the highest measured concurrency such that every level up to it meets
+     every SLO at P99 (P99 TTFT incl. network, P99 ITL, error rate);
+  3. pick the per-instance concurrency target k <= c* that minimises the
+     instance-seconds each request costs, S(k) = sum_l w_l * W(min(l,k)) / min(l,k),
+     weighing the load levels l by the traffic histogram w (Little's law: an
+     instance holding c requests for W seconds serves c/W requests per second);
+  4. instances per UTC hour N_h = max(n_min, ceil(rate_h * S(k)));
+  5. cost = instances x price + the region's fixed costs; $ per 1M tokens, goodput,
+     traffic-weighted latency.
+Ranking: lowest mean cost per hour (to the cent), then lower traffic-weighted
+P99 TTFT, then fewer instance-hours.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from fleetcast.config import catalog
+from fleetcast.config.model import Backend, ModelFamily
+
+from .curves import MIN_P99_SAMPLES, Candidate, LoadPoint
+from .inputs import Availability, FixedCosts, Latency, Prices, QualityFile
+from .traffic import ConsumerTraffic, TrafficProfile
+
+
+@dataclass(frozen=True)
+class Slo:
+    ttft_p99_ms: float
+    itl_p99_ms: float
+    error_rate: float
+
+    def text(self) -> str:
+        return (f"P99 TTFT <= {self.ttft_p99_ms:g} ms (network included), P99 ITL <= {self.itl_p99_ms:g} ms, "
+                f"errors <= {self.error_rate:.1%}")
+
+
+@dataclass
+class PlanContext:
+    """Everything besides candidates and traffic that the method reads."""
+
+    slo: Slo
+    prices: Prices
+    availability: Availability
+    latency: Latency
+    fixed: FixedCosts
+    privatelink_regions: frozenset[str] = field(default_factory=catalog.privatelink_cross_region)
+    quality: QualityFile | None = None
+    quality_threshold: float | None = None
+    min_instances: dict[str, int] = field(default_factory=dict)  # per service region, from the config's pools
+    default_min_instances: int = 1
+    model_id: str | None = None
+    model_family: ModelFamily | None = None
+
+    def n_min(self, region: str) -> int:
+        return self.min_instances.get(region, self.default_min_instances)
+
+
+@dataclass(frozen=True)
+class Failure:
+    """The first SLO a candidate breaks, at the lowest load level where it breaks."""
+
+    level: float
+    metric: str
+    value: float
+    limit: float
+    network_ms: float = 0.0
+
+    def text(self) -> str:
+        if self.metric == "P99 TTFT":
+            extra = f" (incl. {self.network_ms:.0f} ms network)" if self.network_ms >= 0.5 else ""
+            return f"P99 TTFT {self.value:.0f} ms{extra} > {self.limit:g} ms at concurrency {self.level:g}"
+        if self.metric == "error rate":
+            return f"error rate {self.value:.2%} > {self.limit:.2%} at concurrency {self.level:g}"
+        return f"{self.metric} {self.value:.1f} ms > {self.limit:g} ms at concurrency {self.level:g}"
+
+
+@dataclass
+class Evaluation:
+    candidate: Candidate
+    consumer_region: str
+    service_region: str
+    rejected: str | None = None
+    rtt_ms: float = 0.0
+    max_load: float | None = None  # c*
+    first_failure: Failure | None = None
+    target: float | None = None  # k, the per-instance concurrency target
+    seconds_per_request: float = 0.0
+    instances_by_hour: list[int] = field(default_factory=list)
+    cost_by_hour: list[float] = field(default_factory=list)
+    price_per_hour: float = 0.0
+    fixed_per_hour: float = 0.0
+    cost_per_hour: float = 0.0
+    usd_per_m_output: float = 0.0
+    usd_per_m_input: float = 0.0
+    weighted_ttft_p99: float = 0.0
+    weighted_ttft_ci: tuple[float, float] | None = None
+    weighted_itl_p99: float = 0.0
+    weighted_e2e: float = 0.0
+    goodput_rps: float = 0.0  # per instance at the target load
+    goodput_exact: bool = False
+    share_above_target: float = 0.0  # share of requests whose traffic level exceeds k
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def feasible(self) -> bool:
+        return self.rejected is None
+
+    @property
+    def label(self) -> str:
+        return f"{self.candidate.label} @ {self.service_region}"
+
+    @property
+    def instance_hours(self) -> int:
+        return sum(self.instances_by_hour)
+
+    def rank_key(self) -> tuple:
+        return (round(self.cost_per_hour, 2), round(self.weighted_ttft_p99, 1), self.instance_hours,
+                self.candidate.estimated, self.label)
+
+
+# ---------------------------------------------------------------- one candidate
+
+
+def evaluate(candidate: Candidate, traffic: ConsumerTraffic, service_region: str, ctx: PlanContext) -> Evaluation:
+    """Apply the method to one candidate served from one region to one consumer region."""
+    ev = Evaluation(candidate, traffic.region, service_region)
+    reason = _structural_rejection(candidate, traffic.region, service_region, ctx)
+    if reason:
+        ev.rejected = reason
+        return ev
+    ev.rtt_ms = ctx.latency.between(traffic.region, service_region)
+    ev.price_per_hour = ctx.prices.price(candidate.instance_type, service_region)
+    slo = ctx.slo
+    curve = candidate.curve
+    out_adjust = 0.0
+    if candidate.output_mean and abs(traffic.output_mean - candidate.output_mean) >= 0.5:
+        out_adjust = traffic.output_mean - candidate.output_mean
+        ev.notes.append(f"measured at {candidate.output_mean:g} output tokens, traffic averages {traffic.output_mean:g}: "
+                        "E2E rescaled by the measured mean ITL")
+    if candidate.input_mean and abs(traffic.input_mean - candidate.input_mean) > 0.25 * candidate.input_mean:
+        ev.notes.append(f"measured at {candidate.input_mean:g} input tokens, traffic averages {traffic.input_mean:g}: "
+                        "TTFT may not transfer; benchmark at the traffic's lengths")
+
+    def network(p: LoadPoint) -> float:
+        bench = p.bench_rtt_ms if p.bench_rtt_ms is not None else ctx.latency.same_region_ms
+        return ev.rtt_ms - bench
+
+    def ttft(p: LoadPoint) -> float:
+        return p.ttft_p99 + network(p)
+
+    def e2e(p: LoadPoint) -> float:
+        # The network delays the client, not the GPU: instance occupancy is the in-region E2E.
+        itl = p.itl_mean if p.itl_mean is not None else p.itl_p99
+        return p.e2e_mean + out_adjust * itl
+
+    # 2. c*: the highest level with every level up to it inside every SLO.
+    for p in curve.points:
+        failure = None
+        if ttft(p) > slo.ttft_p99_ms:
+            failure = Failure(p.concurrency, "P99 TTFT", ttft(p), slo.ttft_p99_ms, ev.rtt_ms)
+        elif p.itl_p99 > slo.itl_p99_ms:
+            failure = Failure(p.concurrency, "P99 ITL", p.itl_p99, slo.itl_p99_ms)
+        elif p.error_rate > slo.error_rate:
+            failure = Failure(p.concurrency, "error rate", p.error_rate, slo.error_rate)
+        if failure:
+            ev.first_failure = failure
+            break
+        ev.max_load = p.concurrency
+    if ev.max_load is None:
+        ev.rejected = f"fails the SLO even at its lowest measured load: {ev.first_failure.text()}"
+        return ev
+
+    weights = traffic.level_weights()
+    lowest = curve.points[0].concurrency
+    if min(weights) < lowest:
+        ev.notes.append(f"traffic levels below {lowest:g} use the latencies measured at {lowest:g} (conservative)")
+
+    def seconds_per_request(k: float) -> float:
+        return sum(w * (e2e(curve.at(min(l, k))) / 1000.0) / min(l, k) for l, w in weights.items())
+
+    def weighted(k: float, fn) -> float:
+        return sum(w * fn(curve.at(min(l, k))) for l, w in weights.items())
+
+    # 3. the target k <= c* that makes each request cheapest (ties: lower weighted TTFT).
+    options = [p.concurrency for p in curve.points if p.concurrency <= ev.max_load]
+    k = min(options, key=lambda k: (round(seconds_per_request(k), 9), round(weighted(k, ttft), 6)))
+    ev.target = k
+    ev.seconds_per_request = seconds_per_request(k)
+    ev.share_above_target = sum(w for l, w in weights.items() if l > k)
+
+    # 4-5. instances, cost and tokens per hour.
+    n_min = ctx.n_min(service_region)
+    gb = ctx.fixed.gb_per_request(traffic.input_mean, traffic.output_mean)
+    _, default_row = ctx.fixed.row(service_region)
+    if default_row:
+        ev.notes.append(f"no fixed-cost row for {service_region}: the default row is used")
+    out_tokens = in_tokens = 0.0
+    for rps in traffic.hourly_rps():
+        n = max(n_min, math.ceil(rps * ev.seconds_per_request - 1e-9))
+        fixed = ctx.fixed.hourly(service_region, traffic.region, rps, gb)
+        ev.instances_by_hour.append(n)
+        ev.cost_by_hour.append(n * ev.price_per_hour + fixed)
+        ev.fixed_per_hour += fixed / 24
+        out_tokens += rps * 3600 * traffic.output_mean
+        in_tokens += rps * 3600 * traffic.input_mean
+    day = sum(ev.cost_by_hour)
+    ev.cost_per_hour = day / 24
+    ev.usd_per_m_output = day / out_tokens * 1e6 if out_tokens else math.inf
+    ev.usd_per_m_input = day / in_tokens * 1e6 if in_tokens else math.inf
+
+    ev.weighted_ttft_p99 = weighted(k, ttft)
+    ev.weighted_itl_p99 = weighted(k, lambda p: p.itl_p99)
+    ev.weighted_e2e = weighted(k, lambda p: e2e(p) + max(network(p), 0.0))
+    points = [curve.at(min(l, k)) for l in weights]
+    if all(p.ttft_p99_ci for p in points):
+        ev.weighted_ttft_ci = (
+            sum(w * (curve.at(min(l, k)).ttft_p99_ci[0] + network(curve.at(min(l, k)))) for l, w in weights.items()),
+            sum(w * (curve.at(min(l, k)).ttft_p99_ci[1] + network(curve.at(min(l, k)))) for l, w in weights.items()),
+        )
+    at_k = curve.at(k)
+    throughput = at_k.throughput_rps
+    if at_k.records:
+        good = sum(1 for t, i, ok in at_k.records if ok and t is not None and t + network(at_k) <= slo.ttft_p99_ms
+                   and (i is None or i <= slo.itl_p99_ms))
+        ev.goodput_rps, ev.goodput_exact = throughput * good / len(at_k.records), True
+    else:
+        # Each P99 within its SLO bounds that metric's violations to 1%.
+        ev.goodput_rps = throughput * max(0.0, 1 - at_k.error_rate - 0.02)
+    if candidate.estimated:
+        ev.notes.append("estimated by the roofline model, not measured: benchmark it before deploying")
+    return ev
+
+
+def _structural_rejection(candidate: Candidate, consumer: str, region: str, ctx: PlanContext) -> str | None:
+    """Constraints that do not depend on load: quality, support matrix, availability, reachability, price."""
+    if ctx.quality is not None:
+        ok, why = ctx.quality.verdict(candidate.instance_type, candidate.precision, ctx.quality_threshold)
+        if ok is False:
+            return f"quality check failed: {why}"
+    instance = catalog.instance_catalog().get(candidate.instance_type)
+    if instance is not None:
+        from fleetcast.config.model import Precision
+
+        if not catalog.precision_supported(instance.gpu.arch, Precision(candidate.precision)):
+            return (f"{candidate.precision} is not supported on {instance.gpu.name} ({instance.gpu.arch}); "
+                    f"the config validator would refuse it")
+    if ctx.model_id and candidate.model and candidate.model != ctx.model_id:
+        return f"measured model {candidate.model!r}, the config serves {ctx.model_id!r}"
+    if ctx.model_family is not None and candidate.backend in ("tensorrt", "pytorch"):
+        allowed = catalog.BACKENDS_BY_FAMILY[ctx.model_family]
+        if Backend(candidate.backend) not in allowed:
+            return (f"measured on the {candidate.backend} backend; {ctx.model_family.value} models are served by "
+                    f"{', '.join(b.value for b in allowed)} only")
+    if not ctx.availability.offered(candidate.instance_type, region):
+        live = " (live check)" if region in ctx.availability.live_types else f" (availability as of {ctx.availability.as_of})"
+        return f"{candidate.family} is not offered in {region}{live}"
+    if region != consumer and not (consumer in ctx.privatelink_regions and region in ctx.privatelink_regions):
+        return f"cross-region PrivateLink between {consumer} and {region} is not supported (shipped table)"
+    if ctx.latency.between(consumer, region) is None:
+        return f"no network latency figure between {consumer} and {region} (give --latency FILE)"
+    if ctx.prices.price(candidate.instance_type, region) is None:
+        return f"no price for {candidate.instance_type} in {region} (prices as of {ctx.prices.as_of}; give --prices FILE)"
+    return None
+
+
+# ---------------------------------------------------------------- one consumer region
+
+
+@dataclass
+class RegionPlan:
+    traffic: ConsumerTraffic
+    evaluations: list[Evaluation]
+    ranked: list[Evaluation]
+    winner: Evaluation | None
+    why_not: list[tuple[str, str]]  # (candidate label, reason), every candidate but the winner
+    peak_notes: list[str]
+    stats_notes: list[str]
+
+
+def service_regions(candidate: Candidate, consumer: str, ctx: PlanContext) -> list[str]:
+    """The consumer's own region, plus every other region that could serve it (offered, priced, reachable)."""
+    out = [consumer]
+    if consumer not in ctx.privatelink_regions:
+        return out
+    for region in sorted(ctx.availability.regions_for(candidate.instance_type)):
+        if region != consumer and region in ctx.privatelink_regions \
+                and ctx.prices.price(candidate.instance_type, region) is not None \
+                and ctx.latency.between(consumer, region) is not None:
+            out.append(region)
+    return out
+
+
+def plan_region(candidates: list[Candidate], traffic: ConsumerTraffic, ctx: PlanContext) -> RegionPlan:
+    evaluations = [evaluate(c, traffic, r, ctx) for c in candidates for r in service_regions(c, traffic.region, ctx)]
+    ranked = sorted((e for e in evaluations if e.feasible), key=Evaluation.rank_key)
+    winner = ranked[0] if ranked else None
+    return RegionPlan(traffic, evaluations, ranked, winner,
+                      _why_not(candidates, evaluations, ranked, winner, traffic, ctx),
+                      _peak_notes(candidates, evaluations, winner, traffic, ctx),
+                      _stats_notes(ranked, winner, ctx))
+
+
+def plan(candidates: list[Candidate], profile: TrafficProfile, ctx: PlanContext) -> list[RegionPlan]:
+    return [plan_region(candidates, consumer, ctx) for consumer in profile.consumers]
+
+
+# ---------------------------------------------------------------- explanations
+
+
+def _pct(a: float, b: float) -> str:
+    return f"{(a / b - 1) * 100:+.0f}%" if b else "n/a"
+
+
+def _loss_reason(ev: Evaluation, win: Evaluation, traffic: ConsumerTraffic) -> str:
+    if round(ev.cost_per_hour, 2) == round(win.cost_per_hour, 2):
+        head = (f"same cost (${ev.cost_per_hour:.2f}/h); traffic-weighted P99 TTFT {ev.weighted_ttft_p99:.0f} ms vs "
+                f"{win.weighted_ttft_p99:.0f} ms")
+        if round(ev.weighted_ttft_p99, 1) == round(win.weighted_ttft_p99, 1):
+            head += f"; {ev.instance_hours} vs {win.instance_hours} instance-hours/day"
+        if _overlap(ev.weighted_ttft_ci, win.weighted_ttft_ci):
+            head += " (within noise at P99: the confidence intervals overlap)"
+        return head
+    parts = [f"costs ${ev.cost_per_hour:.2f}/h vs ${win.cost_per_hour:.2f}/h ({_pct(ev.cost_per_hour, win.cost_per_hour)}, "
+             f"${ev.usd_per_m_output:.3f} vs ${win.usd_per_m_output:.3f} per 1M output tokens)"]
+    if ev.first_failure and ev.share_above_target > 0:
+        parts.append(f"{ev.first_failure.text()} caps its load at {ev.target:g} in-flight requests per instance, "
+                     f"below the level {ev.share_above_target:.0%} of {traffic.region}'s requests run at")
+    if ev.seconds_per_request > win.seconds_per_request * 1.005:
+        parts.append(f"each request holds an instance {ev.seconds_per_request * 1000:.0f} ms vs "
+                     f"{win.seconds_per_request * 1000:.0f} ms at the traffic's load levels")
+    if ev.price_per_hour > win.price_per_hour * 1.005:
+        parts.append(f"at ${ev.price_per_hour:.3f}/h per instance vs ${win.price_per_hour:.3f}")
+    if ev.service_region != ev.consumer_region:
+        parts.append(f"cross-region: +{ev.rtt_ms:.0f} ms to TTFT, +${ev.fixed_per_hour - win.fixed_per_hour:.2f}/h fixed and transfer"
+                     if ev.fixed_per_hour > win.fixed_per_hour else f"cross-region: +{ev.rtt_ms:.0f} ms to TTFT")
+    return "; ".join(parts)
+
+
+def _why_not(candidates, evaluations, ranked, winner, traffic, ctx) -> list[tuple[str, str]]:
+    out = []
+    for cand in candidates:
+        mine = [e for e in evaluations if e.candidate is cand]
+        feasible = [e for e in ranked if e.candidate is cand]
+        if winner is not None and cand is winner.candidate:
+            for e in feasible:
+                if e is not winner:
+                    out.append((e.label, _loss_reason(e, winner, traffic)))
+            continue
+        if feasible:
+            best = feasible[0]
+            out.append((cand.label, f"best in {best.service_region}: " + _loss_reason(best, winner, traffic)))
+            continue
+        home = next(e for e in mine if e.service_region == traffic.region)
+        text = f"ruled out: {home.rejected}"
+        others = [e for e in mine if e.service_region != traffic.region]
+        if others:
+            text += "; cross-region: " + "; ".join(f"{e.service_region}: {e.rejected}" for e in others)
+        elif traffic.region not in ctx.privatelink_regions and not home.rejected.startswith(("quality", "measured")):
+            text += (f"; cross-region is not an option: {traffic.region} is not in the cross-region PrivateLink table "
+                     f"(so no other region can serve it)")
+        out.append((cand.label, text))
+    return out
+
+
+def _peak_notes(candidates, evaluations, winner, traffic, ctx) -> list[str]:
+    """Why the benchmark's headline (peak throughput) is not the choice."""
+    notes = []
+    peaks = [(c.curve.peak_output_tps(), c) for c in candidates if c.curve.peak_output_tps()]
+    if not peaks or winner is None:
+        return notes
+    overall = max(peaks, key=lambda x: x[0][0])
+    offered = [x for x in peaks if ctx.availability.offered(x[1].instance_type, traffic.region)]
+    local = max(offered, key=lambda x: x[0][0]) if offered else None
+    weights = traffic.level_weights()
+    for (tps, level), cand in [overall] + ([local] if local and local[1] is not overall[1] else []):
+        if cand is winner.candidate:
+            notes.append(f"the peak-throughput candidate ({cand.label}, {tps:,.0f} output tok/s at concurrency {level:g}) "
+                         "is also the choice")
+            continue
+        share = sum(w for l, w in weights.items() if l >= level)
+        best = min((e for e in evaluations if e.candidate is cand), key=lambda e: (not e.feasible, e.rank_key() if e.feasible else ()))
+        why = (f"ruled out: {best.rejected}" if not best.feasible else
+               f"{_pct(best.cost_per_hour, winner.cost_per_hour)} cost for this traffic")
+        notes.append(f"peak-throughput choice {cand.label}: {tps:,.0f} output tok/s at concurrency {level:g}, a load "
+                     f"{share:.0%} of {traffic.region}'s requests run at; {why}")
+    return notes
+
+
+def _overlap(a, b) -> bool:
+    return bool(a and b and a[0] <= b[1] and b[0] <= a[1])
+
+
+def _stats_notes(ranked: list[Evaluation], winner: Evaluation | None, ctx: PlanContext) -> list[str]:
+    notes = []
+    if winner is None:
+        return notes
+    if len(ranked) > 1:
+        second = ranked[1]
+        if _overlap(winner.weighted_ttft_ci, second.weighted_ttft_ci):
+            notes.append(f"{winner.label} and {second.label} are within noise on traffic-weighted P99 TTFT "
+                         f"({winner.weighted_ttft_ci[0]:.0f}-{winner.weighted_ttft_ci[1]:.0f} vs "
+                         f"{second.weighted_ttft_ci[0]:.0f}-{second.weighted_ttft_ci[1]:.0f} ms, 95% CI)")
+        elif winner.weighted_ttft_ci and second.weighted_ttft_ci:
+            notes.append(f"{winner.label} vs {second.label}: traffic-weighted P99 TTFT differs beyond noise "
+                         f"({winner.weighted_ttft_p99:.0f} vs {second.weighted_ttft_p99:.0f} ms; CIs do not overlap)")
+    for ev in ranked[:2]:
+        net = ev.rtt_ms
+        at = ev.candidate.curve.at(ev.target)
+        ci = at.ttft_p99_ci
+        bench = at.bench_rtt_ms if at.bench_rtt_ms is not None else ctx.latency.same_region_ms
+        if ci and ci[0] + net - bench <= ctx.slo.ttft_p99_ms <= ci[1] + net - bench:
+            notes.append(f"{ev.label}: at its target load {ev.target:g} the P99 TTFT CI "
+                         f"({ci[0] + net - bench:.0f}-{ci[1] + net - bench:.0f} ms) contains the {ctx.slo.ttft_p99_ms:g} ms "
+                         "SLO: the pass is within noise; measure longer before relying on it")
+        for p in ev.candidate.curve.points:
+            if p.concurrency > ev.target:
+                break
+            if ev.candidate.estimated:
+                break
+            if p.samples < MIN_P99_SAMPLES:
+                notes.append(f"{ev.candidate.label}: P99 at concurrency {p.concurrency:g} rests on {p.samples} samples "
+                             f"(~{p.samples // 100} above it); {p.tail_note or 'treat that tail as rough'}")
+        if ev.candidate.estimated:
+            notes.append(f"{ev.label} is estimated, not measured: its tails are model output")
+    return notes

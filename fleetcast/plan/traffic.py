@@ -1,0 +1,214 @@
+"""The traffic profile, `fleetcast.traffic/v1`: what production asks of the fleet.
+
+One entry per consumer region: the request rate for each UTC hour of the day,
+the distribution of per-instance concurrency (batch) levels the requests are
+served at, and the input/output length distributions. The planner weighs the
+benchmark results across load levels by that distribution; see docs/plan.md.
+
+    schema: fleetcast.traffic/v1
+    name: seoul-voice
+    consumers:
+      - region: ap-northeast-2
+        rate_rps: {"0-9": 60, "9-13": 90, "13-22": 10, "22-24": 40}   # or 24 numbers
+        concurrency: {"1-16": 0.80, "32": 0.15, "64": 0.05}            # shares of requests
+        input_tokens: 256                                               # a mean, or {tokens: share}
+        output_tokens: 128
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from ruamel.yaml import YAML
+from ruamel.yaml.error import YAMLError
+
+from fleetcast.errors import UserError
+
+SCHEMA_ID = "fleetcast.traffic/v1"
+_RANGE = re.compile(r"^\s*(\d+)\s*(?:-\s*(\d+)\s*)?$")
+_SHARE_TOLERANCE = 1e-3
+
+
+def _parse_range(key: object, upper: int, lower: int = 1) -> tuple[int, int]:
+    match = _RANGE.match(str(key))
+    if not match:
+        raise ValueError(f"{key!r} is not a level or range such as 32 or 1-16")
+    lo = int(match.group(1))
+    hi = int(match.group(2)) if match.group(2) else lo
+    if not (lower <= lo <= hi <= upper):
+        raise ValueError(f"{key!r}: must satisfy {lower} <= low <= high <= {upper}")
+    return lo, hi
+
+
+def _check_shares(shares: dict, what: str) -> None:
+    total = sum(shares.values())
+    if any(v < 0 for v in shares.values()):
+        raise ValueError(f"{what} shares must be >= 0")
+    if abs(total - 1.0) > _SHARE_TOLERANCE:
+        raise ValueError(f"{what} shares must sum to 1, got {total:.4f}")
+
+
+class ConsumerTraffic(BaseModel):
+    """Traffic from one consumer region."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    region: str = Field(pattern=r"^[a-z]{2}(-gov)?-[a-z]+-\d$", description="Consumer region, e.g. ap-northeast-2.")
+    rate_rps: list[float] | dict[str, float] = Field(
+        description="Requests per second for each UTC hour: 24 numbers, or {'start-end': rps} half-open "
+        "hour ranges covering 0-24 exactly."
+    )
+    concurrency: dict[str, float] = Field(
+        description="Share of requests served at each per-instance concurrency (batch) level: keys are a level "
+        "('32') or an inclusive range ('1-16', spread evenly over its integer levels); shares sum to 1."
+    )
+    input_tokens: float | dict[str, float] = Field(description="Mean prompt tokens, or {tokens: share}.")
+    output_tokens: float | dict[str, float] = Field(description="Mean completion tokens, or {tokens: share}.")
+
+    @field_validator("concurrency", "input_tokens", "output_tokens", "rate_rps", mode="before")
+    @classmethod
+    def _string_keys(cls, value):
+        # YAML turns `32: 0.15` into an int key; keys are kept as strings.
+        if isinstance(value, dict):
+            return {str(k): v for k, v in value.items()}
+        return value
+
+    @field_validator("rate_rps")
+    @classmethod
+    def _rates(cls, value):
+        if isinstance(value, list):
+            if len(value) != 24:
+                raise ValueError(f"give 24 hourly values (UTC 0..23), got {len(value)}")
+            if any(v < 0 for v in value):
+                raise ValueError("rates must be >= 0")
+            return value
+        covered = [0] * 24
+        for key, rps in value.items():
+            lo, hi = _parse_range(key, 24, lower=0)
+            if lo == hi:
+                raise ValueError(f"{key!r}: hour ranges are half-open 'start-end' with start < end, e.g. '0-9'")
+            if rps < 0:
+                raise ValueError(f"{key!r}: rate must be >= 0")
+            for hour in range(lo, hi):
+                covered[hour] += 1
+        for hour, n in enumerate(covered):
+            if n != 1:
+                raise ValueError(f"UTC hour {hour} is covered {n} times; the ranges must cover 0-24 exactly once")
+        return value
+
+    @field_validator("concurrency")
+    @classmethod
+    def _levels(cls, value):
+        if not value:
+            raise ValueError("give at least one level")
+        for key in value:
+            _parse_range(key, 4096)
+        _check_shares(value, "concurrency")
+        return value
+
+    @field_validator("input_tokens", "output_tokens")
+    @classmethod
+    def _lengths(cls, value):
+        if isinstance(value, dict):
+            for key in value:
+                if not str(key).isdigit() or int(key) <= 0:
+                    raise ValueError(f"{key!r} is not a positive token count")
+            _check_shares(value, "length")
+        elif value <= 0:
+            raise ValueError("must be > 0")
+        return value
+
+    # -- derived views --
+
+    def hourly_rps(self) -> list[float]:
+        if isinstance(self.rate_rps, list):
+            return [float(v) for v in self.rate_rps]
+        hours = [0.0] * 24
+        for key, rps in self.rate_rps.items():
+            lo, hi = _parse_range(key, 24, lower=0)
+            for hour in range(lo, hi):
+                hours[hour] = float(rps)
+        return hours
+
+    def level_weights(self) -> dict[int, float]:
+        """Share of requests per integer concurrency level (ranges spread evenly)."""
+        out: dict[int, float] = {}
+        for key, share in self.concurrency.items():
+            lo, hi = _parse_range(key, 4096)
+            for level in range(lo, hi + 1):
+                out[level] = out.get(level, 0.0) + share / (hi - lo + 1)
+        return dict(sorted(out.items()))
+
+    @staticmethod
+    def _mean(value: float | dict[str, float]) -> float:
+        if isinstance(value, dict):
+            return sum(int(k) * v for k, v in value.items())
+        return float(value)
+
+    @property
+    def input_mean(self) -> float:
+        return self._mean(self.input_tokens)
+
+    @property
+    def output_mean(self) -> float:
+        return self._mean(self.output_tokens)
+
+    def scaled(self, factor: float) -> "ConsumerTraffic":
+        return self.model_copy(update={"rate_rps": [v * factor for v in self.hourly_rps()]})
+
+
+class TrafficProfile(BaseModel):
+    """Production traffic per consumer region."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+    schema_id: Literal["fleetcast.traffic/v1"] = Field(alias="schema", description="Always fleetcast.traffic/v1.")
+    name: str = Field(min_length=1, max_length=64, description="Profile name shown in reports.")
+    description: str | None = None
+    consumers: list[ConsumerTraffic] = Field(min_length=1)
+
+    @model_validator(mode="after")
+    def _unique_regions(self) -> "TrafficProfile":
+        regions = [c.region for c in self.consumers]
+        dup = sorted({r for r in regions if regions.count(r) > 1})
+        if dup:
+            raise ValueError(f"consumer region(s) listed twice: {', '.join(dup)}; one entry per region")
+        return self
+
+    def scaled(self, factor: float) -> "TrafficProfile":
+        return self.model_copy(update={"consumers": [c.scaled(factor) for c in self.consumers]})
+
+
+def load_traffic(path: str | Path) -> TrafficProfile:
+    """Read and validate a traffic profile; problems raise UserError naming the field."""
+    p = Path(path)
+    try:
+        data = YAML(typ="safe").load(p.read_text())
+    except FileNotFoundError:
+        raise UserError(f"--traffic: {p} does not exist") from None
+    except YAMLError as exc:
+        raise UserError(f"--traffic: {p} is not valid YAML: {exc}") from None
+    if not isinstance(data, dict):
+        raise UserError(f"--traffic: {p} must be a mapping with schema: {SCHEMA_ID}")
+    if data.get("schema") != SCHEMA_ID:
+        raise UserError(f"--traffic: {p}: schema is {data.get('schema')!r}, expected {SCHEMA_ID!r}")
+    try:
+        return TrafficProfile.model_validate(data)
+    except ValidationError as exc:
+        raise UserError(f"--traffic: {p}: {validation_summary(exc)}") from None
+
+
+def validation_summary(exc: ValidationError) -> str:
+    """One line per problem: dotted field path and pydantic's message."""
+    parts = []
+    for err in exc.errors(include_url=False):
+        loc = ".".join(str(x) for x in err["loc"] if not (isinstance(x, str) and ("[" in x or x in ("list", "dict", "float"))))
+        msg = err["msg"].removeprefix("Value error, ")
+        if err["type"] == "extra_forbidden":
+            msg = "unknown field (typo?)"
+        parts.append(f"{loc or '(top level)'}: {msg}")
+    # Unions (list | dict) report each branch; keep distinct lines.
+    return "; ".join(dict.fromkeys(parts))
