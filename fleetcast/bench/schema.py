@@ -78,6 +78,8 @@ class Load(_Model):
 
 
 class Lengths(_Model):
+    """Requested token lengths (the records hold what the server reported)."""
+
     input_mean: float
     output_mean: float
     spec: str = Field(description="the length spec as given, e.g. 'input=128 output=128'")
@@ -104,6 +106,8 @@ class Summary(_Model):
     schedule_lag_ms: Stat
     event_loop_lag_ms: Stat
     network_rtt_ms: float | None = None
+    # Added in v1 (readers must tolerate their absence):
+    client_cpu_util: float | None = Field(None, description="client process CPU time / wall time over the run")
 
 
 class Record(_Model):
@@ -118,6 +122,8 @@ class Record(_Model):
     ok: bool
     error: str | None = None
     chunk_gaps_ms: list[float] = Field(default_factory=list)
+    # Added in v1: the concurrency level the request ran at (closed-loop modes).
+    concurrency: int | None = None
 
 
 class Run(_Model):

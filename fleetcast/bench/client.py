@@ -1,0 +1,408 @@
+"""The measuring HTTP client: streamed completions over raw asyncio transports.
+
+Why not aiohttp for the measured requests: an `async for` over a response
+wakes a coroutine (futures, task steps) for every streamed chunk, and at 64
+concurrent streams that per-token overhead is what saturates a one-core client
+first. Here each connection is an `asyncio.Protocol`; `data_received` is a
+plain callback that does the minimum per network read: one clock read, one
+list append, and HTTP/1.1 framing arithmetic to notice the end of the response.
+Decoding (chunked encoding, SSE, JSON) happens after the run, from the stored
+bytes and their arrival times (`parse_stream`), so it never competes with
+timestamping. An SSE event's arrival time is the arrival time of the network
+read holding its last byte.
+
+One connection carries one request at a time and is kept alive for the next
+(HTTP/1.1 keep-alive), like an OpenAI client with a connection pool. TLS works
+through `ssl=` on the transport. Control-plane calls (model discovery, prompt
+calibration) use aiohttp: they are not timed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import bisect
+import json
+import socket
+import ssl as ssl_module
+import time
+from dataclasses import dataclass, field
+from urllib.parse import urlsplit
+
+from fleetcast.errors import UserError
+
+_clock = time.perf_counter
+
+
+@dataclass
+class Endpoint:
+    """Where requests go: parsed once from the --endpoint URL."""
+
+    url: str
+    host: str
+    port: int
+    tls: bool
+    base_path: str  # "" or "/prefix", without the trailing /v1
+
+    @classmethod
+    def parse(cls, url: str) -> "Endpoint":
+        parts = urlsplit(url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise UserError(f"--endpoint: {url!r} must be an http:// or https:// URL, e.g. http://127.0.0.1:8000")
+        path = parts.path.rstrip("/")
+        if path.endswith("/v1"):
+            path = path[: -len("/v1")]
+        port = parts.port or (443 if parts.scheme == "https" else 80)
+        return cls(url=url, host=parts.hostname, port=port, tls=parts.scheme == "https", base_path=path)
+
+    def path(self, api_path: str) -> str:
+        return f"{self.base_path}{api_path}"
+
+
+@dataclass
+class RawResponse:
+    """What the protocol captured for one request: bytes and when they arrived."""
+
+    t_send: float
+    reads: list[bytes] = field(default_factory=list)
+    times: list[float] = field(default_factory=list)
+    t_done: float | None = None
+    error: str | None = None  # transport-level error type, None when the response completed
+
+
+class _Connection(asyncio.Protocol):
+    """One keep-alive HTTP/1.1 connection; one request in flight at a time."""
+
+    def __init__(self) -> None:
+        self.transport: asyncio.Transport | None = None
+        self.closed = False
+        self._raw: RawResponse | None = None
+        self._done: asyncio.Future | None = None
+
+    # -- asyncio callbacks
+    def connection_made(self, transport) -> None:
+        self.transport = transport
+        sock = transport.get_extra_info("socket")
+        if sock is not None:
+            # Small SSE writes must not wait on Nagle's algorithm.
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+    def data_received(self, data: bytes) -> None:
+        t = _clock()
+        raw = self._raw
+        if raw is None:
+            return  # stray bytes between requests: ignore
+        raw.times.append(t)
+        raw.reads.append(data)
+        if self._frame(data):
+            raw.t_done = t
+            self._finish()
+
+    def connection_lost(self, exc) -> None:
+        self.closed = True
+        raw = self._raw
+        if raw is not None:
+            if self._mode == "close" and self._in_body:
+                raw.t_done = raw.times[-1] if raw.times else _clock()
+            else:
+                raw.error = "connection_closed" if exc is None else "connection_error"
+            self._finish()
+
+    # -- request
+    def start(self, request: bytes, raw: RawResponse, done: asyncio.Future) -> None:
+        self._raw = raw
+        self._done = done
+        self._in_body = False
+        self._hbuf = b""
+        self._mode = ""
+        self._need = 0
+        self._line = b""
+        self._final = False
+        self._keep_alive = True
+        raw.t_send = _clock()
+        self.transport.write(request)
+
+    def _finish(self) -> None:
+        done, self._raw, self._done = self._done, None, None
+        if done is not None and not done.done():
+            done.set_result(None)
+        if not self._keep_alive and self.transport is not None:
+            self.transport.close()
+            self.closed = True
+
+    # -- HTTP/1.1 framing: only enough to know where the response ends
+    def _frame(self, data: bytes) -> bool:
+        if not self._in_body:
+            self._hbuf += data
+            end = self._hbuf.find(b"\r\n\r\n")
+            if end < 0:
+                return False
+            head = self._hbuf[:end].decode("latin-1").lower()
+            data = self._hbuf[end + 4 :]
+            self._hbuf = b""
+            self._in_body = True
+            lines = head.split("\r\n")
+            headers = {}
+            for line in lines[1:]:
+                name, _, value = line.partition(":")
+                headers[name.strip()] = value.strip()
+            self._keep_alive = headers.get("connection", "") != "close" and lines[0].startswith("http/1.1")
+            if "chunked" in headers.get("transfer-encoding", ""):
+                self._mode = "chunked"
+            elif "content-length" in headers:
+                self._mode = "length"
+                self._need = int(headers["content-length"])
+            else:
+                self._mode = "close"
+                self._keep_alive = False
+        if self._mode == "length":
+            self._need -= len(data)
+            return self._need <= 0
+        if self._mode == "close":
+            return False
+        pos, n = 0, len(data)
+        while pos < n:
+            if self._need:
+                take = min(self._need, n - pos)
+                pos += take
+                self._need -= take
+                continue
+            j = data.find(b"\n", pos)
+            if j < 0:
+                self._line += data[pos:]
+                return False
+            line = self._line + data[pos:j]
+            self._line = b""
+            pos = j + 1
+            if self._final:
+                if not line.strip():
+                    return True
+                continue  # a trailer header
+            size = int(line.split(b";", 1)[0].strip() or b"0", 16)
+            if size == 0:
+                self._final = True
+            else:
+                self._need = size + 2
+        return False
+
+
+class ConnectionPool:
+    """Idle keep-alive connections to one endpoint, opened on demand."""
+
+    def __init__(self, endpoint: Endpoint, connect_timeout_s: float = 10.0) -> None:
+        self.endpoint = endpoint
+        self.connect_timeout_s = connect_timeout_s
+        self._idle: list[_Connection] = []
+        self._all: list[_Connection] = []
+        self._ssl = ssl_module.create_default_context() if endpoint.tls else None
+
+    async def acquire(self) -> _Connection:
+        while self._idle:
+            conn = self._idle.pop()
+            if not conn.closed:
+                return conn
+        loop = asyncio.get_running_loop()
+        _, conn = await asyncio.wait_for(
+            loop.create_connection(
+                _Connection, self.endpoint.host, self.endpoint.port, ssl=self._ssl,
+                server_hostname=self.endpoint.host if self._ssl else None,
+            ),
+            self.connect_timeout_s,
+        )
+        self._all.append(conn)
+        return conn
+
+    def release(self, conn: _Connection) -> None:
+        if not conn.closed:
+            self._idle.append(conn)
+
+    def close(self) -> None:
+        for conn in self._all:
+            if conn.transport is not None and not conn.closed:
+                conn.transport.close()
+        self._idle.clear()
+        self._all.clear()
+
+
+def build_http_request(endpoint: Endpoint, path: str, body: bytes, headers: dict[str, str]) -> bytes:
+    host = endpoint.host if endpoint.port in (80, 443) else f"{endpoint.host}:{endpoint.port}"
+    lines = [
+        f"POST {endpoint.path(path)} HTTP/1.1",
+        f"Host: {host}",
+        "Content-Type: application/json",
+        "Accept: text/event-stream",
+        f"Content-Length: {len(body)}",
+    ]
+    lines += [f"{k}: {v}" for k, v in headers.items()]
+    return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + body
+
+
+async def send_request(pool: ConnectionPool, request: bytes, timeout_s: float) -> RawResponse:
+    """Send one request on a pooled connection and wait for the whole streamed response."""
+    raw = RawResponse(t_send=_clock())
+    try:
+        conn = await pool.acquire()
+    except (OSError, asyncio.TimeoutError):
+        raw.error = "connect_error"
+        raw.t_done = _clock()
+        return raw
+    done = asyncio.get_running_loop().create_future()
+    conn.start(request, raw, done)
+    try:
+        await asyncio.wait_for(done, timeout_s)
+    except asyncio.TimeoutError:
+        raw.error = "timeout"
+        raw.t_done = _clock()
+        conn._raw = None
+        if conn.transport is not None:
+            conn.transport.close()
+        conn.closed = True
+        return raw
+    pool.release(conn)
+    return raw
+
+
+# ---------------------------------------------------------------- after the run
+
+
+@dataclass
+class ParsedResponse:
+    """A response decoded after the run: content-event times and token counts."""
+
+    status: int | None
+    content_times: list[float]
+    prompt_tokens: int | None
+    completion_tokens: int | None
+    error: str | None
+    text_chars: int = 0
+
+
+def _dechunk(body: bytes, base: int) -> tuple[bytes, list[tuple[int, int]]]:
+    """Decode chunked transfer encoding. Returns the payload and, per payload
+    segment, (payload_end, raw_end) offsets so payload positions map back to reads."""
+    out = []
+    spans = []
+    pos, total = 0, 0
+    n = len(body)
+    while pos < n:
+        j = body.find(b"\r\n", pos)
+        if j < 0:
+            break
+        size = int(body[pos:j].split(b";", 1)[0].strip() or b"0", 16)
+        if size == 0:
+            break
+        start = j + 2
+        out.append(body[start : start + size])
+        total += size
+        spans.append((total, base + start + size))
+        pos = start + size + 2
+    return b"".join(out), spans
+
+
+def parse_stream(raw: RawResponse, api: str) -> ParsedResponse:
+    """Decode one captured response: HTTP status, SSE events, content timing, usage."""
+    if not raw.reads:
+        return ParsedResponse(None, [], None, None, raw.error or "no_response")
+    data = b"".join(raw.reads)
+    ends = []
+    acc = 0
+    for chunk in raw.reads:
+        acc += len(chunk)
+        ends.append(acc)
+    head_end = data.find(b"\r\n\r\n")
+    if head_end < 0:
+        return ParsedResponse(None, [], None, None, raw.error or "bad_http_response")
+    head = data[:head_end].decode("latin-1")
+    status_line = head.split("\r\n", 1)[0].split()
+    try:
+        status = int(status_line[1])
+    except (IndexError, ValueError):
+        return ParsedResponse(None, [], None, None, "bad_http_response")
+    body_start = head_end + 4
+    if "chunked" in head.lower():
+        payload, spans = _dechunk(data[body_start:], body_start)
+    else:
+        payload = data[body_start:]
+        spans = [(len(payload), body_start + len(payload))]
+    if status != 200:
+        return ParsedResponse(status, [], None, None, f"http_{status}")
+
+    span_ends = [s[0] for s in spans]
+
+    def time_at(payload_end: int) -> float:
+        # Map a payload offset to the raw offset, then to the read that delivered it.
+        k = min(bisect.bisect_left(span_ends, payload_end), len(spans) - 1)
+        seg_payload_end, seg_raw_end = spans[k]
+        raw_pos = seg_raw_end - (seg_payload_end - payload_end)
+        r = bisect.bisect_left(ends, raw_pos)
+        return raw.times[min(r, len(raw.times) - 1)]
+
+    content_times: list[float] = []
+    prompt_tokens = completion_tokens = None
+    error = raw.error
+    chars = 0
+    saw_done = False
+    # SSE events end with a blank line; servers use either LF or CRLF line ends.
+    sep = b"\r\n\r\n" if b"\r\n\r\n" in payload else b"\n\n"
+    pos = 0
+    while True:
+        end = payload.find(sep, pos)
+        if end < 0:
+            break
+        event = payload[pos:end]
+        event_end = end + len(sep)
+        pos = event_end
+        data_lines = [ln[5:].lstrip() for ln in event.splitlines() if ln.startswith(b"data:")]
+        if not data_lines:
+            continue
+        body = b"\n".join(data_lines)
+        if body == b"[DONE]":
+            saw_done = True
+            continue
+        try:
+            obj = json.loads(body)
+        except ValueError:
+            error = error or "bad_sse_json"
+            continue
+        if not isinstance(obj, dict):
+            continue
+        if obj.get("error"):
+            error = error or "stream_error"
+            continue
+        usage = obj.get("usage")
+        if usage:
+            prompt_tokens = usage.get("prompt_tokens", prompt_tokens)
+            completion_tokens = usage.get("completion_tokens", completion_tokens)
+        for choice in obj.get("choices") or ():
+            if api == "chat":
+                content = (choice.get("delta") or {}).get("content")
+            else:
+                content = choice.get("text")
+            if content:
+                chars += len(content)
+                content_times.append(time_at(event_end))
+                break
+    if error is None and not saw_done and not content_times:
+        error = "empty_response"
+    elif error is None and not saw_done:
+        error = "incomplete_stream"
+    return ParsedResponse(status, content_times, prompt_tokens, completion_tokens, error, chars)
+
+
+async def tcp_rtt_ms(endpoint: Endpoint, samples: int = 5, timeout_s: float = 5.0) -> float | None:
+    """Median TCP connect time to the endpoint: one network round trip (SYN/SYN-ACK)."""
+    loop = asyncio.get_running_loop()
+    values = []
+    for _ in range(samples):
+        t0 = _clock()
+        try:
+            _, writer = await asyncio.wait_for(asyncio.open_connection(endpoint.host, endpoint.port), timeout_s)
+        except (OSError, asyncio.TimeoutError):
+            continue
+        values.append((_clock() - t0) * 1000.0)
+        writer.close()
+        await asyncio.sleep(0.01)
+    del loop
+    if not values:
+        return None
+    values.sort()
+    return values[len(values) // 2]

@@ -1,0 +1,155 @@
+"""From captured responses to per-request records and a run summary, following
+the pinned metric definitions (docs/bench.md, "Metric definitions"):
+
+- TTFT: request sent -> first non-empty content chunk.
+- E2E: request sent -> last content chunk.
+- ITL: per request, (E2E - TTFT) / (output_tokens - 1); chunk gaps are kept raw.
+- Output throughput: output tokens of completed requests / (last response - first request).
+- Goodput: completed requests meeting every SLO, per second; failures never count.
+- Mean concurrency: sum of request durations / run duration (Little's law).
+
+Saturation: the client marks a run saturated when its own delays could have
+moved the figures by more than the accuracy target: event-loop lag (timestamps
+are taken in the loop, so lag is timestamp error), schedule lag (requests sent
+later than planned), or a client process near 100% of a core.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from fleetcast.bench.client import ParsedResponse, RawResponse, parse_stream
+from fleetcast.bench.schema import Record, Summary
+from fleetcast.bench.stats import make_stat
+
+# Saturation thresholds. The loop-lag limit is the accuracy target's absolute
+# floor (1 ms): beyond it, a timestamp taken in the loop may be off by more.
+LOOP_LAG_P99_LIMIT_MS = 1.0
+SCHEDULE_LAG_P95_LIMIT_MS = 5.0
+CPU_BUSY_LIMIT = 0.85
+
+
+@dataclass
+class Sent:
+    """One request as the load generator issued it."""
+
+    raw: RawResponse
+    input_tokens: int  # requested
+    output_tokens: int  # requested
+    planned: float | None = None  # planned send time (rate/trace), None for closed-loop modes
+    ready: float | None = None  # when the request could have been sent (closed loop: previous response done)
+    concurrency: int | None = None
+
+
+@dataclass
+class Slo:
+    ttft_ms: float | None = None
+    itl_ms: float | None = None
+    e2e_ms: float | None = None
+
+    @property
+    def any(self) -> bool:
+        return any(v is not None for v in (self.ttft_ms, self.itl_ms, self.e2e_ms))
+
+    def met(self, r: Record) -> bool:
+        if not r.ok:
+            return False
+        if self.ttft_ms is not None and (r.ttft_ms is None or r.ttft_ms > self.ttft_ms):
+            return False
+        if self.itl_ms is not None and r.itl_ms is not None and r.itl_ms > self.itl_ms:
+            return False
+        if self.e2e_ms is not None and (r.e2e_ms is None or r.e2e_ms > self.e2e_ms):
+            return False
+        return True
+
+
+def to_record(sent: Sent, api: str, t0: float) -> Record:
+    raw = sent.raw
+    p: ParsedResponse = parse_stream(raw, api)
+    ok = p.error is None and p.status == 200 and bool(p.content_times)
+    out_tokens = p.completion_tokens if p.completion_tokens is not None else len(p.content_times)
+    in_tokens = p.prompt_tokens if p.prompt_tokens is not None else sent.input_tokens
+    ttft = e2e = itl = None
+    gaps: list[float] = []
+    if p.content_times:
+        ttft = (p.content_times[0] - raw.t_send) * 1000.0
+        e2e = (p.content_times[-1] - raw.t_send) * 1000.0
+        if out_tokens > 1:
+            itl = (e2e - ttft) / (out_tokens - 1)
+        ct = p.content_times
+        gaps = [(ct[i] - ct[i - 1]) * 1000.0 for i in range(1, len(ct))]
+    return Record(
+        start_s=raw.t_send - t0,
+        ttft_ms=ttft,
+        e2e_ms=e2e,
+        itl_ms=itl,
+        input_tokens=in_tokens or 0,
+        output_tokens=out_tokens if ok else len(p.content_times),
+        ok=ok,
+        error=None if ok else (p.error or "no_content"),
+        chunk_gaps_ms=gaps,
+        concurrency=sent.concurrency,
+    )
+
+
+def summarize(
+    sent: list[Sent],
+    records: list[Record],
+    slo: Slo,
+    loop_lags_ms: list[float],
+    cpu_util: float | None,
+    network_rtt_ms: float | None = None,
+) -> Summary:
+    n = len(records)
+    ok = [r for r in records if r.ok]
+    if sent:
+        first = min(s.raw.t_send for s in sent)
+        last = max((s.raw.t_done or s.raw.t_send) for s in sent)
+        duration = max(last - first, 1e-9)
+        busy = sum(((s.raw.t_done or s.raw.t_send) - s.raw.t_send) for s in sent)
+    else:
+        duration, busy = 1e-9, 0.0
+    errors_by_type: dict[str, int] = {}
+    for r in records:
+        if not r.ok:
+            errors_by_type[r.error or "unknown"] = errors_by_type.get(r.error or "unknown", 0) + 1
+    out_tok = sum(r.output_tokens for r in ok)
+    in_tok = sum(r.input_tokens for r in ok)
+    sched = []
+    for s in sent:
+        ref = s.planned if s.planned is not None else s.ready
+        if ref is not None:
+            sched.append(max(0.0, (s.raw.t_send - ref) * 1000.0))
+    sched_stat = make_stat(sched)
+    loop_stat = make_stat(loop_lags_ms)
+    reasons = []
+    if loop_stat.count and loop_stat.p99 > LOOP_LAG_P99_LIMIT_MS:
+        reasons.append(f"event-loop lag P99 {loop_stat.p99:.2f} ms > {LOOP_LAG_P99_LIMIT_MS} ms")
+    if sched_stat.count and sched_stat.p95 > SCHEDULE_LAG_P95_LIMIT_MS:
+        reasons.append(f"schedule lag P95 {sched_stat.p95:.2f} ms > {SCHEDULE_LAG_P95_LIMIT_MS} ms")
+    if cpu_util is not None and cpu_util > CPU_BUSY_LIMIT:
+        reasons.append(f"client CPU {cpu_util:.0%} of one core > {CPU_BUSY_LIMIT:.0%}")
+    gaps = [g for r in ok for g in r.chunk_gaps_ms]
+    return Summary(
+        requests=n,
+        completed=len(ok),
+        errors=n - len(ok),
+        errors_by_type=errors_by_type,
+        duration_s=duration,
+        ttft_ms=make_stat(r.ttft_ms for r in ok),
+        itl_ms=make_stat(r.itl_ms for r in ok),
+        e2e_ms=make_stat(r.e2e_ms for r in ok),
+        chunk_gap_ms=make_stat(gaps),
+        output_throughput_tps=out_tok / duration,
+        total_throughput_tps=(out_tok + in_tok) / duration,
+        request_throughput_rps=len(ok) / duration,
+        goodput_rps=(sum(1 for r in records if slo.met(r)) / duration) if slo.any else None,
+        error_rate=(n - len(ok)) / n if n else 0.0,
+        mean_concurrency=busy / duration,
+        saturated=bool(reasons),
+        saturation_reason="; ".join(reasons) or None,
+        schedule_lag_ms=sched_stat,
+        event_loop_lag_ms=loop_stat,
+        network_rtt_ms=network_rtt_ms,
+        client_cpu_util=cpu_util,
+    )

@@ -1,0 +1,467 @@
+"""Runs a benchmark: warm-up, then one run per load level, and assembles the
+results file.
+
+Load modes (docs/bench.md, "Load modes"):
+- concurrency: closed loop, N workers each keeping one request in flight;
+  one run per level of the sweep.
+- rate: open loop, arrivals at a fixed rate, Poisson or constant spacing;
+  one run per rate.
+- trace: open loop, arrivals and lengths replayed from a JSONL/CSV file.
+- mix: closed loop whose concurrency changes phase by phase according to a
+  weighted distribution ("1-16:0.8,32:0.15,64:0.05"); the share of requests
+  at each level follows the weights, and every record keeps its level.
+
+Everything the client does during a run stays light: prompts and request
+bytes are built between sends, responses are decoded after the run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import csv
+import json
+import os
+import platform
+import random
+import socket
+import sys
+import time
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Callable
+
+from fleetcast import __version__
+from fleetcast.bench.client import ConnectionPool, Endpoint, build_http_request, send_request, tcp_rtt_ms
+from fleetcast.bench.distributions import IntDistribution, parse_distribution
+from fleetcast.bench.metrics import Sent, Slo, summarize, to_record
+from fleetcast.bench.prompts import Calibration, PromptFactory, calibrate_from_usage
+from fleetcast.bench.schema import ClientInfo, Labels, Lengths, Load, Results, Run
+from fleetcast.errors import UserError
+
+_clock = time.perf_counter
+LOOP_PROBE_INTERVAL_S = 0.005
+
+
+class LoopLagProbe:
+    """Measures how long an external event waits before the event loop runs it.
+
+    A helper thread posts a timestamped callback into the loop at random
+    moments (`call_soon_threadsafe` wakes the loop exactly like a socket
+    becoming readable); the delay until the callback runs is the delay a
+    network read would see before `data_received` stamps it, i.e. the
+    client's timestamp error at that moment. A timer-based probe would
+    instead measure epoll's millisecond rounding.
+    """
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, interval_s: float = LOOP_PROBE_INTERVAL_S) -> None:
+        import threading
+
+        self.loop = loop
+        self.interval_s = interval_s
+        self.lags_ms: list[float] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._post, name="loop-lag-probe", daemon=True)
+
+    def _seen(self, t_posted: float) -> None:
+        self.lags_ms.append((_clock() - t_posted) * 1000.0)
+
+    def _post(self) -> None:
+        rng = random.Random(1)
+        while not self._stop.wait(self.interval_s * rng.uniform(0.5, 1.5)):
+            try:
+                self.loop.call_soon_threadsafe(self._seen, _clock())
+            except RuntimeError:
+                return  # loop closed
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> list[float]:
+        self._stop.set()
+        self._thread.join()
+        return self.lags_ms
+
+
+@dataclass
+class TraceRow:
+    at_s: float
+    input_tokens: int
+    output_tokens: int
+
+
+@dataclass
+class Level:
+    """One run's load: what the records and summary are labeled with."""
+
+    mode: str
+    concurrency: int | None = None
+    rate_rps: float | None = None
+    arrival: str | None = None
+    mix: IntDistribution | None = None
+    trace: list[TraceRow] | None = None
+
+
+@dataclass
+class BenchOptions:
+    endpoint: str
+    api: str = "completions"
+    model: str | None = None
+    input_tokens: IntDistribution = field(default_factory=lambda: parse_distribution("128", "--input-tokens"))
+    output_tokens: IntDistribution = field(default_factory=lambda: parse_distribution("128", "--output-tokens"))
+    levels: list[Level] = field(default_factory=list)
+    requests_per_level: int | None = 100
+    duration_s: float | None = None
+    warmup: int = 2
+    seed: int = 0
+    timeout_s: float = 600.0
+    slo: Slo = field(default_factory=Slo)
+    headers: dict[str, str] = field(default_factory=dict)
+    tokenizer_dir: str | None = None
+    force_output: bool = True
+    rtt_probe: bool = False
+    keep_records: bool = True
+    labels: Labels = field(default_factory=Labels)
+    config_hash: str | None = None
+    max_inflight: int = 4096
+    mix_phases: int = 8
+    progress: bool = False
+
+
+# ---------------------------------------------------------------- inputs
+
+
+def load_trace(path: str, speed: float = 1.0) -> list[TraceRow]:
+    """Trace rows from JSONL or CSV. Columns: timestamp (ms, as in Mooncake/AIPerf
+    traces; or `timestamp_s` in seconds), input_length|input_tokens,
+    output_length|output_tokens. Times are made relative to the first row."""
+    p = Path(path)
+    if not p.is_file():
+        raise UserError(f"--trace: {path} does not exist")
+    rows: list[dict] = []
+    if p.suffix.lower() == ".csv":
+        with p.open(newline="") as fh:
+            rows = list(csv.DictReader(fh))
+    else:
+        for i, line in enumerate(p.read_text().splitlines(), 1):
+            if line.strip():
+                try:
+                    rows.append(json.loads(line))
+                except ValueError:
+                    raise UserError(f"--trace: {path} line {i} is not JSON") from None
+    out = []
+    for i, row in enumerate(rows, 1):
+        try:
+            if "timestamp_s" in row:
+                at = float(row["timestamp_s"])
+            else:
+                at = float(row.get("timestamp", row.get("timestamp_ms"))) / 1000.0
+            inp = int(float(row.get("input_length", row.get("input_tokens"))))
+            outp = int(float(row.get("output_length", row.get("output_tokens"))))
+        except (TypeError, ValueError):
+            raise UserError(
+                f"--trace: {path} row {i} needs timestamp (ms) or timestamp_s, input_length and output_length"
+            ) from None
+        if inp < 1 or outp < 1:
+            raise UserError(f"--trace: {path} row {i}: lengths must be >= 1")
+        out.append(TraceRow(at, inp, outp))
+    if not out:
+        raise UserError(f"--trace: {path} has no rows")
+    out.sort(key=lambda r: r.at_s)
+    t0 = out[0].at_s
+    return [TraceRow((r.at_s - t0) / speed, r.input_tokens, r.output_tokens) for r in out]
+
+
+# ---------------------------------------------------------------- the benchmark
+
+
+class Bench:
+    """One benchmark session against one endpoint."""
+
+    def __init__(self, opts: BenchOptions, log: Callable[[str], None] | None = None) -> None:
+        self.opts = opts
+        self.ep = Endpoint.parse(opts.endpoint)
+        self.path = "/v1/chat/completions" if opts.api == "chat" else "/v1/completions"
+        self.rng = random.Random(opts.seed)
+        self.log = log or (lambda msg: None)
+        self.model = opts.model
+        self.prompts: PromptFactory | None = None
+        self._headers = dict(opts.headers)
+
+    # -- control plane (not timed)
+    async def _discover(self) -> None:
+        import aiohttp
+
+        timeout = aiohttp.ClientTimeout(total=30)
+        async with aiohttp.ClientSession(timeout=timeout, headers=self._headers) as session:
+            if self.model is None:
+                url = f"{self.ep.url.rstrip('/').removesuffix('/v1')}/v1/models"
+                try:
+                    async with session.get(url) as resp:
+                        body = await resp.json(content_type=None)
+                    self.model = body["data"][0]["id"]
+                except aiohttp.ClientConnectorError as exc:
+                    raise UserError(f"--endpoint {self.ep.url}: cannot connect ({exc.os_error or exc})") from None
+                except (aiohttp.ClientError, ValueError, KeyError, IndexError, TypeError, asyncio.TimeoutError):
+                    raise UserError(f"--endpoint {self.ep.url}: GET /v1/models gave no model id; pass --model") from None
+            if self.opts.tokenizer_dir:
+                self.prompts = PromptFactory(tokenizer_dir=self.opts.tokenizer_dir)
+                return
+            samples = []
+            probe = PromptFactory()
+            for words in (16, 128):
+                body = self._body(probe.prompt(words, random.Random(words)), 1)
+                url = f"{self.ep.url.rstrip('/').removesuffix('/v1')}{self.path}"
+                body.pop("stream_options", None)
+                body["stream"] = False
+                try:
+                    async with session.post(url, json=body) as resp:
+                        if resp.status != 200:
+                            text = (await resp.text())[:200]
+                            raise UserError(f"--endpoint {self.ep.url}: {self.path} answered {resp.status}: {text}")
+                        data = await resp.json(content_type=None)
+                    samples.append((words, (data.get("usage") or {}).get("prompt_tokens")))
+                except aiohttp.ClientConnectorError as exc:
+                    raise UserError(f"--endpoint {self.ep.url}: cannot connect ({exc.os_error or exc})") from None
+                except (aiohttp.ClientError, ValueError, asyncio.TimeoutError) as exc:
+                    self.log(f"prompt calibration request failed ({type(exc).__name__}); assuming 1 token/word")
+                    samples.append((words, None))
+            self.prompts = PromptFactory(calibration=calibrate_from_usage(samples) if samples else Calibration())
+
+    def _body(self, prompt: str, max_tokens: int) -> dict:
+        body: dict = {"model": self.model, "max_tokens": max_tokens, "stream": True,
+                      "stream_options": {"include_usage": True}}
+        if self.opts.api == "chat":
+            body["messages"] = [{"role": "user", "content": prompt}]
+        else:
+            body["prompt"] = prompt
+        if self.opts.force_output:
+            # TensorRT-LLM and vLLM extensions: generate exactly max_tokens.
+            body["ignore_eos"] = True
+            body["min_tokens"] = max_tokens
+        return body
+
+    def _request(self, n_in: int, n_out: int) -> bytes:
+        body = self._body(self.prompts.prompt(n_in, self.rng), n_out)
+        return build_http_request(self.ep, self.path, json.dumps(body, separators=(",", ":")).encode(), self._headers)
+
+    def _shape(self) -> tuple[int, int]:
+        return self.opts.input_tokens.sample(self.rng), self.opts.output_tokens.sample(self.rng)
+
+    # -- load generators
+    async def _closed_loop(self, pool: ConnectionPool, concurrency: int, count: int | None,
+                           deadline: float | None, sink: list[Sent], counter: list[int],
+                           shape: Callable[[], tuple[int, int]] | None = None) -> None:
+        shape = shape or self._shape
+
+        async def worker() -> None:
+            ready = None
+            while True:
+                if count is not None and counter[0] >= count:
+                    return
+                if deadline is not None and _clock() >= deadline:
+                    return
+                counter[0] += 1
+                n_in, n_out = shape()
+                request = self._request(n_in, n_out)
+                raw = await send_request(pool, request, self.opts.timeout_s)
+                sink.append(Sent(raw, n_in, n_out, ready=ready, concurrency=concurrency))
+                ready = raw.t_done
+
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+
+    async def _open_loop(self, pool: ConnectionPool, plan: list[tuple[float, int, int]], sink: list[Sent],
+                         deadline: float | None) -> None:
+        """plan: (offset_s, input_tokens, output_tokens), sorted by offset."""
+        gate = asyncio.Semaphore(self.opts.max_inflight)
+        tasks = []
+
+        async def one(planned: float, n_in: int, n_out: int, request: bytes) -> None:
+            async with gate:
+                raw = await send_request(pool, request, self.opts.timeout_s)
+            sink.append(Sent(raw, n_in, n_out, planned=planned))
+
+        t0 = _clock()
+        for offset, n_in, n_out in plan:
+            request = self._request(n_in, n_out)
+            planned = t0 + offset
+            if deadline is not None and planned >= deadline:
+                break
+            delay = planned - _clock()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            tasks.append(asyncio.create_task(one(planned, n_in, n_out, request)))
+        await asyncio.gather(*tasks)
+
+    def _rate_plan(self, level: Level, count: int) -> list[tuple[float, int, int]]:
+        t, plan = 0.0, []
+        for _ in range(count):
+            n_in, n_out = self._shape()
+            plan.append((t, n_in, n_out))
+            t += self.rng.expovariate(level.rate_rps) if level.arrival == "poisson" else 1.0 / level.rate_rps
+        return plan
+
+    def _mix_phases(self, level: Level, total: int) -> list[tuple[int, int]]:
+        """(concurrency, requests) phases whose request shares follow the mix weights."""
+        buckets = level.mix.buckets
+        wsum = sum(b.weight for b in buckets)
+        phases = []
+        for b in buckets:
+            share = round(total * b.weight / wsum)
+            if share <= 0:
+                continue
+            parts = 1 if b.lo == b.hi else max(1, min(self.opts.mix_phases, share // max(b.hi, 1)))
+            for k in range(parts):
+                n = share // parts + (1 if k < share % parts else 0)
+                if n:
+                    phases.append((b.lo if b.lo == b.hi else self.rng.randint(b.lo, b.hi), n))
+        self.rng.shuffle(phases)
+        return phases
+
+    async def _run_level(self, level: Level, progress: "_Progress | None") -> tuple[list[Sent], list[float], float]:
+        opts = self.opts
+        pool = ConnectionPool(self.ep)
+        sink: list[Sent] = []
+        lags: list[float] = []
+        probe = LoopLagProbe(asyncio.get_running_loop())
+        probe.start()
+        if progress:
+            progress.start(level, sink)
+        cpu0, wall0 = time.process_time(), _clock()
+        deadline = wall0 + opts.duration_s if opts.duration_s else None
+        try:
+            if level.mode == "concurrency":
+                await self._closed_loop(pool, level.concurrency, opts.requests_per_level, deadline, sink, [0])
+            elif level.mode == "mix":
+                total = opts.requests_per_level or 1000
+                for conc, n in self._mix_phases(level, total):
+                    await self._closed_loop(pool, conc, n, deadline, sink, [0])
+            elif level.mode == "rate":
+                count = opts.requests_per_level or int(level.rate_rps * opts.duration_s) + 1
+                await self._open_loop(pool, self._rate_plan(level, count), sink, deadline)
+            elif level.mode == "trace":
+                rows = level.trace if opts.requests_per_level is None else level.trace[: opts.requests_per_level]
+                await self._open_loop(pool, [(r.at_s, r.input_tokens, r.output_tokens) for r in rows], sink, deadline)
+        finally:
+            cpu = (time.process_time() - cpu0) / max(_clock() - wall0, 1e-9)
+            lags = probe.stop()
+            if progress:
+                progress.stop()
+            pool.close()
+        return sink, lags, cpu
+
+    async def _warmup(self) -> None:
+        if self.opts.warmup <= 0:
+            return
+        pool = ConnectionPool(self.ep)
+        first = self.opts.levels[0]
+        conc = max(1, min(self.opts.warmup, first.concurrency or 1))
+        sink: list[Sent] = []
+        try:
+            await self._closed_loop(pool, conc, self.opts.warmup, None, sink, [0])
+        finally:
+            pool.close()
+        failed = [s for s in sink if to_record(s, self.opts.api, 0.0).ok is False]
+        if len(failed) == len(sink):
+            rec = to_record(sink[0], self.opts.api, 0.0)
+            raise UserError(f"--endpoint {self.ep.url}: every warm-up request failed (first error: {rec.error})")
+
+    async def run_async(self) -> Results:
+        opts = self.opts
+        if not opts.levels:
+            raise UserError("nothing to run: give --concurrency, --rate, --trace or --mix")
+        started = datetime.now(UTC)
+        await self._discover()
+        rtt = await tcp_rtt_ms(self.ep) if opts.rtt_probe else None
+        await self._warmup()
+        progress = _Progress(opts.requests_per_level, opts.duration_s) if opts.progress else None
+        runs = []
+        for level in opts.levels:
+            sink, lags, cpu = await self._run_level(level, progress)
+            t0 = min((s.raw.t_send for s in sink), default=0.0)
+            sink.sort(key=lambda s: s.raw.t_send)
+            records = [to_record(s, opts.api, t0) for s in sink]
+            summary = summarize(sink, records, opts.slo, lags, cpu, rtt)
+            self.log(_level_line(level, summary))
+            runs.append(Run(
+                load=Load(mode=level.mode, concurrency=level.concurrency, rate_rps=level.rate_rps,
+                          arrival=level.arrival),
+                lengths=Lengths(
+                    input_mean=opts.input_tokens.expected(), output_mean=opts.output_tokens.expected(),
+                    spec=f"input={opts.input_tokens.spec} output={opts.output_tokens.spec} "
+                         f"prompts={self.prompts.describe()} force_output={opts.force_output}"
+                         + (f" mix={level.mix.spec}" if level.mix else ""),
+                ),
+                summary=summary,
+                records=records if opts.keep_records else [],
+            ))
+        labels = opts.labels
+        if labels.model is None and self.model:
+            labels = labels.model_copy(update={"model": self.model})
+        return Results(
+            labels=labels, endpoint=opts.endpoint, api=opts.api, config_hash=opts.config_hash,
+            client=client_info(), started_at=started, finished_at=datetime.now(UTC), seed=opts.seed, runs=runs,
+        )
+
+    def run(self) -> Results:
+        return asyncio.run(self.run_async())
+
+
+def client_info() -> ClientInfo:
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except AttributeError:
+        cpus = os.cpu_count() or 1
+    return ClientInfo(host=socket.gethostname(), cpus=cpus, python=platform.python_version(),
+                      fleetcast_version=__version__)
+
+
+def _level_name(level: Level) -> str:
+    if level.mode == "concurrency":
+        return f"concurrency {level.concurrency}"
+    if level.mode == "rate":
+        return f"rate {level.rate_rps:g} rps ({level.arrival})"
+    if level.mode == "mix":
+        return f"mix {level.mix.spec}"
+    return "trace"
+
+
+def _level_line(level: Level, s) -> str:
+    def f(stat, q):
+        v = getattr(stat, q)
+        return "-" if v is None else f"{v:.1f}"
+    sat = "  SATURATED: " + s.saturation_reason if s.saturated else ""
+    return (f"{_level_name(level)}: {s.completed}/{s.requests} ok, TTFT p50 {f(s.ttft_ms, 'p50')} "
+            f"p99 {f(s.ttft_ms, 'p99')} ms, ITL p50 {f(s.itl_ms, 'p50')} p99 {f(s.itl_ms, 'p99')} ms, "
+            f"{s.output_throughput_tps:.0f} tok/s{sat}")
+
+
+class _Progress:
+    """A one-line progress display on stderr, redrawn twice a second."""
+
+    def __init__(self, per_level: int | None, duration_s: float | None) -> None:
+        self.per_level = per_level
+        self.duration_s = duration_s
+        self._task: asyncio.Task | None = None
+
+    def start(self, level: Level, sink: list[Sent]) -> None:
+        t0 = _clock()
+        name = _level_name(level)
+
+        async def draw() -> None:
+            while True:
+                done = len(sink)
+                errors = sum(1 for s in sink if s.raw.error)
+                el = _clock() - t0
+                total = f"/{self.per_level}" if self.per_level else f" ({el:.0f}/{self.duration_s:.0f}s)"
+                sys.stderr.write(f"\r{name}: {done}{total} done, {errors} errors, {done / max(el, 1e-9):.1f} req/s   ")
+                sys.stderr.flush()
+                await asyncio.sleep(0.5)
+
+        self._task = asyncio.create_task(draw())
+
+    def stop(self) -> None:
+        if self._task:
+            self._task.cancel()
+            sys.stderr.write("\r\033[K")
+            sys.stderr.flush()

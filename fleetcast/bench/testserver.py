@@ -1,0 +1,266 @@
+"""A fake OpenAI-compatible streaming server with known timings, for proving
+benchmark accuracy (a development tool, not a serving backend).
+
+It streams `max_tokens` tokens per request with an injected time to first token
+(TTFT) and inter-token gap (ITL), each with optional uniform jitter and rare
+spikes, and logs when it actually wrote each token to the socket. That log is
+the ground truth a benchmark client's figures are compared with
+(`GET /_truth`, `POST /_truth/reset`). Truth TTFT runs from the moment the whole
+request had arrived to the write of the first content token; a client adds
+one loopback round trip (tens of microseconds) on top.
+
+Tokens are whitespace-separated words: prompt_tokens is the prompt's word count,
+and every streamed chunk carries exactly one token, so a client's token counts
+and the server's agree. It speaks HTTP/1.1 with keep-alive and chunked SSE on
+raw asyncio transports so that the server itself stays cheap per token.
+
+    python -m fleetcast.bench.testserver --port 8011 --ttft-ms 40 --itl-ms 8 --cpu 0
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import socket
+import sys
+import time
+from dataclasses import dataclass, field
+
+_clock = time.perf_counter
+MODEL_ID = "fleetcast-testserver"
+_WORDS = ("alpha", "bravo", "charlie", "delta", "echo", "foxtrot", "golf", "hotel")
+
+
+@dataclass
+class Timings:
+    ttft_ms: float = 40.0
+    ttft_jitter_ms: float = 0.0
+    itl_ms: float = 8.0
+    itl_jitter_ms: float = 0.0
+    spike_prob: float = 0.0
+    spike_ms: float = 0.0
+    seed: int = 0
+
+
+@dataclass
+class TruthRecord:
+    arrival: float
+    prompt_tokens: int
+    emits: list[float] = field(default_factory=list)
+
+    def summary(self) -> dict:
+        out = {"prompt_tokens": self.prompt_tokens, "output_tokens": len(self.emits), "arrival": self.arrival}
+        if self.emits:
+            ttft = (self.emits[0] - self.arrival) * 1000.0
+            e2e = (self.emits[-1] - self.arrival) * 1000.0
+            out.update(ttft_ms=ttft, e2e_ms=e2e)
+            out["itl_ms"] = (e2e - ttft) / (len(self.emits) - 1) if len(self.emits) > 1 else None
+            out["gaps_ms"] = [(b - a) * 1000.0 for a, b in zip(self.emits, self.emits[1:])]
+        return out
+
+
+class TestServerState:
+    def __init__(self, timings: Timings) -> None:
+        self.timings = timings
+        self.rng = random.Random(timings.seed)
+        self.truth: list[TruthRecord] = []
+        self.active = 0
+
+    def ttft_s(self) -> float:
+        t = self.timings
+        return max(0.0, t.ttft_ms + self.rng.uniform(0, t.ttft_jitter_ms)) / 1000.0
+
+    def gap_s(self) -> float:
+        t = self.timings
+        gap = t.itl_ms + self.rng.uniform(-t.itl_jitter_ms, t.itl_jitter_ms)
+        if t.spike_prob and self.rng.random() < t.spike_prob:
+            gap += t.spike_ms
+        return max(0.0, gap) / 1000.0
+
+
+def _chunk(payload: bytes) -> bytes:
+    return b"%x\r\n%s\r\n" % (len(payload), payload)
+
+
+def _sse(obj) -> bytes:
+    return b"data: " + json.dumps(obj, separators=(",", ":")).encode() + b"\n\n"
+
+
+class _Http(asyncio.Protocol):
+    """One client connection: parses requests (keep-alive), dispatches them."""
+
+    def __init__(self, state: TestServerState) -> None:
+        self.state = state
+        self.buf = b""
+        self.transport = None
+        self.busy = False
+
+    def connection_made(self, transport) -> None:
+        self.transport = transport
+        sock = transport.get_extra_info("socket")
+        if sock is not None:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+    def connection_lost(self, exc) -> None:
+        self.transport = None
+
+    def data_received(self, data: bytes) -> None:
+        arrival = _clock()
+        self.buf += data
+        if self.busy:
+            return
+        end = self.buf.find(b"\r\n\r\n")
+        if end < 0:
+            return
+        head = self.buf[:end].decode("latin-1")
+        lines = head.split("\r\n")
+        headers = {}
+        for line in lines[1:]:
+            k, _, v = line.partition(":")
+            headers[k.strip().lower()] = v.strip()
+        length = int(headers.get("content-length", "0") or 0)
+        if len(self.buf) < end + 4 + length:
+            return
+        body = self.buf[end + 4 : end + 4 + length]
+        self.buf = self.buf[end + 4 + length :]
+        try:
+            method, path, _ = lines[0].split(" ", 2)
+        except ValueError:
+            self._respond(400, {"error": {"message": "bad request line"}})
+            return
+        self.busy = True
+        asyncio.get_running_loop().create_task(self._handle(method, path.split("?")[0], body, arrival))
+
+    def _respond(self, status: int, obj) -> None:
+        payload = json.dumps(obj).encode()
+        reason = {200: "OK", 400: "Bad Request", 404: "Not Found"}.get(status, "Error")
+        if self.transport is not None:
+            self.transport.write(
+                b"HTTP/1.1 %d %s\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
+                % (status, reason.encode(), len(payload), payload)
+            )
+
+    async def _handle(self, method: str, path: str, body: bytes, arrival: float) -> None:
+        try:
+            if method == "GET" and path in ("/health", "/v1/health"):
+                self._respond(200, {"status": "ok"})
+            elif method == "GET" and path == "/v1/models":
+                self._respond(200, {"object": "list", "data": [{"id": MODEL_ID, "object": "model", "owned_by": "fleetcast"}]})
+            elif method == "GET" and path == "/_truth":
+                self._respond(200, [r.summary() for r in self.state.truth])
+            elif method == "POST" and path == "/_truth/reset":
+                self.state.truth.clear()
+                self._respond(200, {"reset": True})
+            elif method == "POST" and path in ("/v1/completions", "/v1/chat/completions"):
+                await self._generate(path.endswith("chat/completions"), body, arrival)
+            else:
+                self._respond(404, {"error": {"message": f"no route {method} {path}"}})
+        finally:
+            self.busy = False
+            if self.buf and self.transport is not None:
+                self.data_received(b"")
+
+    async def _generate(self, chat: bool, body: bytes, arrival: float) -> None:
+        try:
+            req = json.loads(body)
+            if chat:
+                prompt = " ".join(str(m.get("content", "")) for m in req["messages"])
+            else:
+                prompt = req["prompt"]
+                if isinstance(prompt, list):
+                    prompt = " ".join(str(p) for p in prompt)
+            n_out = int(req.get("max_tokens") or req.get("max_completion_tokens") or 16)
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+            self._respond(400, {"error": {"message": f"bad request body: {exc}"}})
+            return
+        state = self.state
+        record = TruthRecord(arrival=arrival, prompt_tokens=len(prompt.split()))
+        state.truth.append(record)
+        state.active += 1
+        try:
+            if req.get("stream"):
+                await self._stream(chat, req, n_out, record)
+            else:
+                await asyncio.sleep(state.ttft_s() + sum(state.gap_s() for _ in range(n_out - 1)))
+                record.emits = [_clock()] * n_out
+                text = "".join(" " + _WORDS[i % len(_WORDS)] for i in range(n_out))
+                choice = {"index": 0, "finish_reason": "length"}
+                choice.update({"message": {"role": "assistant", "content": text}} if chat else {"text": text})
+                self._respond(200, {
+                    "id": "cmpl-test", "object": "chat.completion" if chat else "text_completion", "model": MODEL_ID,
+                    "choices": [choice],
+                    "usage": {"prompt_tokens": record.prompt_tokens, "completion_tokens": n_out,
+                              "total_tokens": record.prompt_tokens + n_out},
+                })
+        finally:
+            state.active -= 1
+
+    async def _stream(self, chat: bool, req: dict, n_out: int, record: TruthRecord) -> None:
+        state = self.state
+        write = self.transport.write
+        write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nCache-Control: no-cache\r\n"
+              b"Transfer-Encoding: chunked\r\n\r\n")
+        kind = "chat.completion.chunk" if chat else "text_completion"
+        if chat:  # role first, empty content: clients must not count it as the first token
+            write(_chunk(_sse({"id": "c", "object": kind, "model": MODEL_ID,
+                               "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}]})))
+        delay = state.ttft_s()
+        for i in range(n_out):
+            await asyncio.sleep(delay)
+            if self.transport is None:
+                return  # client went away
+            word = " " + _WORDS[i % len(_WORDS)]
+            last = i == n_out - 1
+            choice = {"index": 0, "finish_reason": "length" if last else None}
+            choice.update({"delta": {"content": word}} if chat else {"text": word})
+            write(_chunk(_sse({"id": "c", "object": kind, "model": MODEL_ID, "choices": [choice]})))
+            record.emits.append(_clock())
+            delay = state.gap_s()
+        tail = b""
+        if (req.get("stream_options") or {}).get("include_usage"):
+            tail += _sse({"id": "c", "object": kind, "model": MODEL_ID, "choices": [],
+                          "usage": {"prompt_tokens": record.prompt_tokens, "completion_tokens": n_out,
+                                    "total_tokens": record.prompt_tokens + n_out}})
+        tail += b"data: [DONE]\n\n"
+        write(_chunk(tail) + b"0\r\n\r\n")
+
+
+async def serve(host: str, port: int, timings: Timings, ready: asyncio.Event | None = None) -> None:
+    state = TestServerState(timings)
+    loop = asyncio.get_running_loop()
+    server = await loop.create_server(lambda: _Http(state), host, port, backlog=1024, reuse_address=True)
+    if ready is not None:
+        ready.set()
+    async with server:
+        await server.serve_forever()
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m fleetcast.bench.testserver", description=__doc__.split("\n\n")[0])
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8011)
+    p.add_argument("--ttft-ms", type=float, default=40.0)
+    p.add_argument("--ttft-jitter-ms", type=float, default=0.0, help="uniform extra TTFT in [0, J]")
+    p.add_argument("--itl-ms", type=float, default=8.0)
+    p.add_argument("--itl-jitter-ms", type=float, default=0.0, help="uniform gap jitter in [-J, +J]")
+    p.add_argument("--spike-prob", type=float, default=0.0, help="probability a gap gets --spike-ms added")
+    p.add_argument("--spike-ms", type=float, default=0.0)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--cpu", type=int, default=None, help="pin the server to this CPU core")
+    a = p.parse_args(argv)
+    if a.cpu is not None:
+        os.sched_setaffinity(0, {a.cpu})
+    timings = Timings(a.ttft_ms, a.ttft_jitter_ms, a.itl_ms, a.itl_jitter_ms, a.spike_prob, a.spike_ms, a.seed)
+    print(f"testserver on http://{a.host}:{a.port} {timings}", file=sys.stderr, flush=True)
+    try:
+        asyncio.run(serve(a.host, a.port, timings))
+    except KeyboardInterrupt:
+        pass
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

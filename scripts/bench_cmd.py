@@ -1,0 +1,210 @@
+"""`fleetcast bench run|report|collect`: measure an OpenAI-compatible endpoint,
+render results, download results written by benchmark instances."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from fleetcast.errors import UserError
+
+_LABEL_KEYS = ("instance_type", "gpu", "precision", "region", "backend", "model", "notes")
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    parser = sub.add_parser("bench", help="benchmark an endpoint: TTFT, ITL, tails, throughput, goodput")
+    actions = parser.add_subparsers(dest="action", metavar="ACTION", required=True)
+
+    run = actions.add_parser("run", help="run a benchmark and write the results file (JSON + CSV)",
+                             formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    run.add_argument("--endpoint", required=True, help="base URL, e.g. http://127.0.0.1:8000")
+    run.add_argument("--api", choices=("completions", "chat"), default="completions")
+    run.add_argument("--model", help="model id to send (default: first id from GET /v1/models)")
+    load = run.add_argument_group("load (give exactly one)")
+    load.add_argument("--concurrency", help="closed-loop sweep, e.g. 1,2,4,8,16,32,64")
+    load.add_argument("--rate", help="open-loop request rates in req/s, e.g. 2,5,10")
+    load.add_argument("--arrival", choices=("poisson", "constant"), default="poisson", help="arrivals for --rate")
+    load.add_argument("--trace", help="replay a JSONL/CSV trace: timestamp (ms), input_length, output_length")
+    load.add_argument("--trace-speed", type=float, default=1.0, help="replay speed factor for --trace")
+    load.add_argument("--mix", help="traffic mix over concurrency levels, e.g. '1-16:0.8,32:0.15,64:0.05'")
+    stop = run.add_argument_group("stop")
+    stop.add_argument("--requests-per-level", type=int, default=None,
+                      help="requests per run (default 100 when --duration is not given)")
+    stop.add_argument("--duration", type=float, default=None, help="seconds per run (stop issuing after)")
+    stop.add_argument("--warmup", type=int, default=2, help="warm-up requests before the first run, not recorded")
+    shape = run.add_argument_group("request shape")
+    shape.add_argument("--input-tokens", default="128", help="N, normal:MEAN,STD or buckets like 64:0.5,512:0.5")
+    shape.add_argument("--output-tokens", default="128", help="same syntax as --input-tokens")
+    shape.add_argument("--tokenizer", help="local Hugging Face tokenizer dir for exact prompt lengths")
+    shape.add_argument("--no-force-output", action="store_true",
+                       help="do not send ignore_eos/min_tokens (for servers that reject them)")
+    shape.add_argument("--seed", type=int, default=0)
+    slo = run.add_argument_group("SLOs for goodput")
+    slo.add_argument("--slo-ttft-ms", type=float)
+    slo.add_argument("--slo-itl-ms", type=float)
+    slo.add_argument("--slo-e2e-ms", type=float)
+    out = run.add_argument_group("output")
+    out.add_argument("--out", required=True, help="results JSON path (CSV written next to it)")
+    out.add_argument("--label", action="append", default=[], metavar="KEY=VALUE",
+                     help=f"result labels, keys: {', '.join(_LABEL_KEYS)}")
+    out.add_argument("--config", help="fleet config file; its digest is stored as config_hash")
+    out.add_argument("--no-records", action="store_true", help="omit per-request records from the JSON")
+    out.add_argument("--report", metavar="DIR", help="also write plots and an HTML report to DIR")
+    out.add_argument("--progress", action="store_true", help="live progress on stderr even when not a tty")
+    misc = run.add_argument_group("client")
+    misc.add_argument("--header", action="append", default=[], metavar="NAME:VALUE", help="extra HTTP header")
+    misc.add_argument("--rtt-probe", action="store_true", help="measure TCP connect time to split network time")
+    misc.add_argument("--timeout", type=float, default=600.0, help="per-request timeout, seconds")
+    misc.add_argument("--max-inflight", type=int, default=4096, help="cap on open-loop requests in flight")
+    misc.add_argument("--cpu", type=int, help="pin the client to this CPU core")
+    misc.add_argument("--quiet", action="store_true")
+    run.set_defaults(handler=_run)
+
+    report = actions.add_parser("report", help="plots (PNG), CSV and a self-contained HTML report from results")
+    report.add_argument("results", nargs="+", help="results JSON files (several are compared)")
+    report.add_argument("--out", required=True, help="output directory")
+    report.set_defaults(handler=_report)
+
+    collect = actions.add_parser("collect", help="download results uploaded by benchmark instances from S3")
+    collect.add_argument("--bucket", required=True)
+    collect.add_argument("--prefix", default="bench/", help="key prefix")
+    collect.add_argument("--out", required=True, help="local directory")
+    collect.add_argument("--region", help="bucket region (default from the AWS environment)")
+    collect.add_argument("--endpoint-url", help="S3 endpoint override (tests, S3-compatible stores)")
+    collect.set_defaults(handler=_collect)
+
+
+def _labels(pairs: list[str]):
+    from pydantic import ValidationError
+
+    from fleetcast.bench.schema import Labels
+
+    values: dict[str, str] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or key not in _LABEL_KEYS:
+            raise UserError(f"--label {pair!r}: use KEY=VALUE with KEY one of {', '.join(_LABEL_KEYS)}")
+        values[key] = value
+    try:
+        return Labels(**values)
+    except ValidationError:
+        raise UserError(f"--label backend={values.get('backend')!r}: use tensorrt, pytorch, reference or unknown") from None
+
+
+def _levels(args):
+    from fleetcast.bench.distributions import parse_distribution, parse_int_list
+    from fleetcast.bench.runner import Level, load_trace
+
+    given = [n for n in ("concurrency", "rate", "trace", "mix") if getattr(args, n)]
+    if len(given) != 1:
+        raise UserError("give exactly one of --concurrency, --rate, --trace, --mix"
+                        + (f" (got {', '.join('--' + g for g in given)})" if given else ""))
+    if args.concurrency:
+        return [Level("concurrency", concurrency=c) for c in parse_int_list(args.concurrency, "--concurrency")]
+    if args.rate:
+        levels = []
+        for part in args.rate.split(","):
+            try:
+                rate = float(part)
+            except ValueError:
+                raise UserError(f"--rate: {part!r} is not a number (req/s)") from None
+            if rate <= 0:
+                raise UserError(f"--rate: {rate} must be > 0")
+            levels.append(Level("rate", rate_rps=rate, arrival=args.arrival))
+        return levels
+    if args.trace:
+        if args.trace_speed <= 0:
+            raise UserError("--trace-speed must be > 0")
+        return [Level("trace", trace=load_trace(args.trace, args.trace_speed))]
+    return [Level("mix", mix=parse_distribution(args.mix, "--mix"))]
+
+
+def _run(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from fleetcast.bench.distributions import parse_distribution
+    from fleetcast.bench.metrics import Slo
+    from fleetcast.bench.report import write_csv, write_report
+    from fleetcast.bench.runner import Bench, BenchOptions
+    from fleetcast.bench.schema import dump_results
+
+    if args.cpu is not None:
+        try:
+            os.sched_setaffinity(0, {args.cpu})
+        except (OSError, ValueError) as exc:
+            raise UserError(f"--cpu {args.cpu}: cannot pin ({exc})") from None
+    for name in ("requests_per_level", "warmup"):
+        value = getattr(args, name)
+        if value is not None and value < (0 if name == "warmup" else 1):
+            raise UserError(f"--{name.replace('_', '-')}: {value} is out of range")
+    if args.duration is not None and args.duration <= 0:
+        raise UserError("--duration must be > 0 seconds")
+    per_level = args.requests_per_level
+    if per_level is None and args.duration is None and not args.trace:
+        per_level = 100
+    headers = {}
+    for h in args.header:
+        name, sep, value = h.partition(":")
+        if not sep or not name.strip():
+            raise UserError(f"--header {h!r}: use NAME:VALUE")
+        headers[name.strip()] = value.strip()
+    if os.environ.get("FLEETCAST_BENCH_API_KEY") and "Authorization" not in headers:
+        headers["Authorization"] = f"Bearer {os.environ['FLEETCAST_BENCH_API_KEY']}"
+    config_hash = None
+    if args.config:
+        from fleetcast.config import load_config
+
+        config_hash = load_config(args.config).digest()
+    out = Path(args.out)
+    if not out.parent.is_dir():
+        raise UserError(f"--out: directory {out.parent} does not exist")
+    opts = BenchOptions(
+        endpoint=args.endpoint, api=args.api, model=args.model,
+        input_tokens=parse_distribution(args.input_tokens, "--input-tokens"),
+        output_tokens=parse_distribution(args.output_tokens, "--output-tokens"),
+        levels=_levels(args), requests_per_level=per_level, duration_s=args.duration, warmup=args.warmup,
+        seed=args.seed, timeout_s=args.timeout,
+        slo=Slo(args.slo_ttft_ms, args.slo_itl_ms, args.slo_e2e_ms), headers=headers,
+        tokenizer_dir=args.tokenizer, force_output=not args.no_force_output, rtt_probe=args.rtt_probe,
+        keep_records=not args.no_records, labels=_labels(args.label), config_hash=config_hash,
+        max_inflight=args.max_inflight,
+        progress=args.progress or (sys.stderr.isatty() and not args.quiet),
+    )
+    log = (lambda m: None) if args.quiet else (lambda m: print(m, file=sys.stderr, flush=True))
+    results = Bench(opts, log=log).run()
+    dump_results(results, out)
+    csv_path = out.with_suffix(".csv")
+    write_csv([results], csv_path)
+    log(f"wrote {out} and {csv_path}")
+    if args.report:
+        index = write_report([results], Path(args.report))
+        log(f"wrote {index}")
+    saturated = [r for r in results.runs if r.summary.saturated]
+    if saturated:
+        log(f"warning: {len(saturated)} run(s) marked saturated: the client, not the server, may have set those figures")
+    return 0
+
+
+def _report(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from fleetcast.bench.report import write_report
+    from fleetcast.bench.schema import load_results
+
+    results = [load_results(p) for p in args.results]
+    index = write_report(results, Path(args.out))
+    print(index)
+    return 0
+
+
+def _collect(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from fleetcast.bench.collect import collect
+
+    files = collect(args.bucket, args.prefix, Path(args.out), region=args.region, endpoint_url=args.endpoint_url)
+    for f in files:
+        print(f)
+    print(f"{len(files)} results file(s) in {args.out}", file=sys.stderr)
+    return 0
