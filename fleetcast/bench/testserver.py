@@ -49,10 +49,12 @@ class Timings:
 class TruthRecord:
     arrival: float
     prompt_tokens: int
+    stream: bool = True
     emits: list[float] = field(default_factory=list)
 
     def summary(self) -> dict:
-        out = {"prompt_tokens": self.prompt_tokens, "output_tokens": len(self.emits), "arrival": self.arrival}
+        out = {"prompt_tokens": self.prompt_tokens, "output_tokens": len(self.emits), "arrival": self.arrival,
+               "stream": self.stream}
         if self.emits:
             ttft = (self.emits[0] - self.arrival) * 1000.0
             e2e = (self.emits[-1] - self.arrival) * 1000.0
@@ -177,7 +179,7 @@ class _Http(asyncio.Protocol):
             self._respond(400, {"error": {"message": f"bad request body: {exc}"}})
             return
         state = self.state
-        record = TruthRecord(arrival=arrival, prompt_tokens=len(prompt.split()))
+        record = TruthRecord(arrival=arrival, prompt_tokens=len(prompt.split()), stream=bool(req.get("stream")))
         state.truth.append(record)
         state.active += 1
         try:
