@@ -1,0 +1,113 @@
+"""Which program builds and serves the engine: TensorRT-LLM on a fleet, the reference backend in dev/CI.
+
+Both present the same face to the bootstrap:
+    name, version            -> part of the engine cache key
+    needs_model/calibration  -> what to download before a build
+    check(cc, gpu_name)      -> refuse unsupported combinations before any download
+    build(model, calib, workdir) -> artifact directory (uploaded to the cache as is)
+    server_command(artifact, host, port) -> argv of the OpenAI-compatible server
+
+The reference backend (runtime.reference, PyTorch) exists because TensorRT-LLM
+cannot be installed on development and CI machines; it is picked only when
+FLEETCAST_SERVING_BACKEND=reference, never by default.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Protocol
+
+from fleetcast.config import FleetConfig
+from fleetcast.config.model import EngineSpec
+from fleetcast.errors import UserError
+
+from .trtllm import TrtllmBackend
+
+
+class ServingBackend(Protocol):
+    name: str
+    version: str
+
+    @property
+    def needs_model(self) -> bool: ...
+
+    @property
+    def needs_calibration(self) -> bool: ...
+
+    def check(self, compute_capability: str, gpu_name: str = "") -> None: ...
+
+    def build(self, model_dir: Path | None, calib_dir: Path | None, workdir: Path) -> Path: ...
+
+    def server_command(self, artifact: Path, host: str, port: int) -> list[str]: ...
+
+
+class ReferenceBackend:
+    """runtime.reference: random-weight GPT-2 shapes built by runtime.reference.build, served by its server."""
+
+    name = "reference"
+
+    def __init__(self, cfg: FleetConfig, engine: EngineSpec, size: str = "tiny", seed: int = 0,
+                 device: str = "cpu", drain_timeout_s: float | None = None):
+        from .reference.build import FORMAT
+        from .reference.configs import SIZES
+
+        if size not in SIZES:
+            raise UserError(f"FLEETCAST_REFERENCE_SIZE: {size!r} is not a reference model size; allowed: {', '.join(SIZES)}")
+        self.cfg, self.engine = cfg, engine
+        self.size, self.seed, self.device = size, seed, device
+        # The generated weights depend on all of these, so they belong in the cache key.
+        self.version = f"{FORMAT}:{size}:seed{seed}:{device}"
+        self.drain_timeout_s = drain_timeout_s if drain_timeout_s is not None else cfg.operations.drain_timeout_s
+
+    @property
+    def needs_model(self) -> bool:
+        return False  # the artifact is generated (deterministic random weights), not converted
+
+    @property
+    def needs_calibration(self) -> bool:
+        return False
+
+    def check(self, compute_capability: str, gpu_name: str = "") -> None:
+        from .reference.configs import shape_for
+
+        shape = shape_for(self.size)
+        m = self.cfg.model
+        if m.max_input_len + m.max_output_len > shape.n_positions:
+            raise UserError(
+                f"model.max_input_len + model.max_output_len = {m.max_input_len + m.max_output_len} exceeds the "
+                f"reference {self.size} model's {shape.n_positions} positions"
+            )
+
+    def build(self, model_dir: Path | None, calib_dir: Path | None, workdir: Path) -> Path:
+        artifact = workdir / "artifact"
+        dtype = "float16" if self.device == "cuda" else "float32"
+        # A subprocess, like trtllm-build: the runtime process never loads torch.
+        cmd = [sys.executable, "-m", "runtime.reference.build", "--out", str(artifact), "--size", self.size,
+               "--seed", str(self.seed), "--dtype", dtype, "--device", self.device]
+        proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
+        if proc.returncode != 0:
+            raise RuntimeError(f"reference build exited {proc.returncode}: {proc.stderr.strip()[-1500:]}")
+        return artifact
+
+    def server_command(self, artifact: Path, host: str, port: int) -> list[str]:
+        m = self.cfg.model
+        return [sys.executable, "-m", "runtime.reference.server", "--artifact", str(artifact), "--host", host,
+                "--port", str(port), "--device", self.device, "--served-model-name", m.id,
+                "--max-batch-size", str(self.engine.max_batch_size),
+                "--max-seq-len", str(m.max_input_len + m.max_output_len),
+                "--drain-timeout", str(self.drain_timeout_s)]
+
+
+def select_backend(cfg: FleetConfig, engine: EngineSpec, env: dict | None = None) -> ServingBackend:
+    env = dict(os.environ if env is None else env)
+    choice = env.get("FLEETCAST_SERVING_BACKEND", "tensorrt-llm")
+    if choice in ("tensorrt-llm", "trtllm"):
+        return TrtllmBackend(cfg, engine)
+    if choice == "reference":
+        return ReferenceBackend(cfg, engine, size=env.get("FLEETCAST_REFERENCE_SIZE", "tiny"),
+                                seed=int(env.get("FLEETCAST_REFERENCE_SEED", "0")),
+                                device=env.get("FLEETCAST_REFERENCE_DEVICE", "cpu"))
+    raise UserError(f"FLEETCAST_SERVING_BACKEND: {choice!r} is not a backend; allowed: tensorrt-llm, reference")

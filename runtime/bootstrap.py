@@ -1,0 +1,419 @@
+"""`python -m runtime.bootstrap`: the instance runtime, from launch to drain.
+
+Started by the systemd unit (runtime/systemd/fleetcast-runtime.service) inside the
+serving container. In order:
+
+ 1. read /etc/fleetcast/env (passed as the container's environment), IMDSv2 for the
+    instance id, the ASG name (instance tag) and the target lifecycle state;
+ 2. load the validated config from SSM and resolve this pool's engine;
+ 3. detect the GPU; refuse unsupported model/precision/GPU combinations before
+    anything is downloaded;
+ 4. obtain the engine: local disk (warm pool restart), the S3 cache, or build it
+    once under the cache lock, sending lifecycle heartbeats all along;
+ 5. warm pool (`Warmed:*`): complete the launch hook with CONTINUE and stop here;
+ 6. otherwise start the server and the gateway, wait for health plus one real
+    generation, complete the launch hook with CONTINUE;
+ 7. serve; publish gauges; on SIGTERM or the terminate hook, drain, then complete
+    the terminate hook.
+
+Any failure before serving completes the launch hook with ABANDON (the ASG
+replaces the instance) and exits 0, so systemd does not restart a process whose
+instance is being replaced; a crash loop while serving exits non-zero so systemd
+restarts the container.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import signal
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping
+
+from fleetcast import telemetry
+from fleetcast.config import ConfigError, FleetConfig, Pool, config_from_json
+from fleetcast.errors import UserError
+from fleetcast.staging.manifest import model_prefix
+
+from . import gpu as gpu_mod
+from .backends import ReferenceBackend, ServingBackend, select_backend
+from .engine_cache import (
+    BuildFailed,
+    CacheError,
+    CacheInputs,
+    CacheSettings,
+    CircuitOpen,
+    EngineCache,
+    RetryingS3,
+)
+from .lifecycle import ABANDON, CONTINUE, Heartbeat, HookClient, Imds, MetadataError, heartbeat_interval
+from .metrics import Emf
+from .serve import ServeError, ServeSettings, Serving
+from .staged import StagingMissing, calibration_key_prefix, fetch_staged
+from .supervisor import RestartPolicy
+
+log = logging.getLogger("fleetcast.bootstrap")
+
+REQUIRED = ("FLEETCAST_FLEET", "FLEETCAST_REGION", "FLEETCAST_POOL", "FLEETCAST_BUCKET")
+
+EXIT_OK = 0
+EXIT_ABANDONED = 0  # the ASG replaces the instance; a systemd restart would only rebuild in vain
+EXIT_SERVING_FAILED = 1  # systemd restarts the container (Restart=on-failure)
+
+
+@dataclass(frozen=True)
+class InstanceEnv:
+    """The instance's environment file, plus development knobs (all optional, product defaults)."""
+
+    fleet: str
+    region: str
+    pool: str
+    bucket: str
+    config_param: str | None
+    config_digest: str | None
+    config_file: str | None
+    local_root: Path
+    imds_endpoint: str
+    port: int | None
+    gateway: bool
+    proxy_protocol: bool
+    listen_host: str
+    cache: CacheSettings
+    staging_wait_s: float
+    ready_timeout_s: float | None
+    terminate_poll_s: float
+    gauges_s: float
+    restart: RestartPolicy
+
+    @classmethod
+    def from_environ(cls, env: Mapping[str, str]) -> "InstanceEnv":
+        missing = [k for k in REQUIRED if not env.get(k)]
+        if not env.get("FLEETCAST_CONFIG_PARAM") and not env.get("FLEETCAST_CONFIG_FILE"):
+            missing.append("FLEETCAST_CONFIG_PARAM")
+        if missing:
+            raise UserError(f"instance environment is missing {', '.join(missing)} (written by user data to "
+                            f"{telemetry.INSTANCE_ENV_FILE})")
+
+        def num(name: str, default: float) -> float:
+            raw = env.get(name)
+            if raw in (None, ""):
+                return default
+            try:
+                return float(raw)
+            except ValueError:
+                raise UserError(f"{name}: {raw!r} is not a number") from None
+
+        d = CacheSettings()
+        cache = CacheSettings(
+            failure_limit=d.failure_limit,  # replaced from the config later
+            lock_ttl_s=num("FLEETCAST_LOCK_TTL_S", d.lock_ttl_s),
+            lock_refresh_s=num("FLEETCAST_LOCK_REFRESH_S", d.lock_refresh_s),
+            wait_timeout_s=num("FLEETCAST_WAIT_TIMEOUT_S", d.wait_timeout_s),
+            poll_s=num("FLEETCAST_POLL_S", d.poll_s),
+            s3_retry_deadline_s=num("FLEETCAST_S3_RETRY_DEADLINE_S", d.s3_retry_deadline_s),
+            s3_backoff_base_s=num("FLEETCAST_S3_BACKOFF_S", d.s3_backoff_base_s),
+        )
+        port = env.get("FLEETCAST_PORT")
+        return cls(
+            fleet=env["FLEETCAST_FLEET"], region=env["FLEETCAST_REGION"], pool=env["FLEETCAST_POOL"],
+            bucket=env["FLEETCAST_BUCKET"], config_param=env.get("FLEETCAST_CONFIG_PARAM"),
+            config_digest=env.get("FLEETCAST_CONFIG_DIGEST"), config_file=env.get("FLEETCAST_CONFIG_FILE"),
+            local_root=Path(env.get("FLEETCAST_LOCAL_ROOT", "/var/lib/fleetcast")),
+            imds_endpoint=env.get("FLEETCAST_IMDS_ENDPOINT", "http://169.254.169.254"),
+            port=int(port) if port else None,
+            gateway=env.get("FLEETCAST_GATEWAY", "on") != "off",
+            proxy_protocol=env.get("FLEETCAST_GATEWAY_PROXY_PROTOCOL", "required") != "off",
+            listen_host=env.get("FLEETCAST_LISTEN_HOST", "0.0.0.0"),
+            cache=cache,
+            staging_wait_s=num("FLEETCAST_STAGING_WAIT_S", 1800.0),
+            ready_timeout_s=num("FLEETCAST_READY_TIMEOUT_S", 0) or None,
+            terminate_poll_s=num("FLEETCAST_TERMINATE_POLL_S", 5.0),
+            gauges_s=num("FLEETCAST_GAUGES_S", 30.0),
+            restart=RestartPolicy(max_restarts=int(num("FLEETCAST_MAX_RESTARTS", 5)),
+                                  backoff_base_s=num("FLEETCAST_RESTART_BACKOFF_S", 1.0)),
+        )
+
+
+class Bootstrap:
+    """One run of the instance runtime."""
+
+    def __init__(self, env: InstanceEnv, session: Any = None, imds: Imds | None = None, emf_stream: Any = None):
+        import boto3
+        from botocore.config import Config
+
+        self.env = env
+        self.session = session or boto3.Session(region_name=env.region)
+        bcfg = Config(retries={"mode": "standard", "max_attempts": 3}, connect_timeout=5, read_timeout=60)
+        self.s3 = self.session.client("s3", config=bcfg)
+        self.autoscaling = self.session.client("autoscaling", config=bcfg)
+        self.imds = imds or Imds(env.imds_endpoint)
+        self.emf_stream = emf_stream
+        self.started = time.monotonic()
+        self.hooks: HookClient | None = None
+        self.emf: Emf | None = None
+        self.instance_id = ""
+        self.stop_reason: str | None = None
+        self._stop = threading.Event()
+        self.summary: dict = {}
+
+    # ------------------------------------------------------------ pieces
+
+    def load_config(self) -> FleetConfig:
+        if self.env.config_file:
+            text = Path(self.env.config_file).read_text()
+        else:
+            ssm = self.session.client("ssm")
+            text = RetryingS3(ssm, "", self.env.cache).call(
+                "get_parameter", Name=self.env.config_param, WithDecryption=True)["Parameter"]["Value"]
+        cfg = config_from_json(text)
+        if self.env.config_digest and cfg.digest() != self.env.config_digest:
+            # The parameter moved on since this launch template was made (a rollout is
+            # under way): serve the current config, and say so.
+            log.warning("config digest %s differs from the launch template's %s; serving the parameter's config",
+                        cfg.digest()[:12], self.env.config_digest[:12])
+        return cfg
+
+    def resolve_pool(self, cfg: FleetConfig) -> Pool:
+        try:
+            region = cfg.region(self.env.region)
+        except KeyError:
+            raise UserError(f"FLEETCAST_REGION: {self.env.region} is not a provider region of fleet {cfg.name}") from None
+        for pool in region.pools:
+            if pool.name == self.env.pool:
+                return pool
+        raise UserError(f"FLEETCAST_POOL: {self.env.pool} is not a pool of {self.env.region}; "
+                        f"pools: {', '.join(p.name for p in region.pools)}")
+
+    def detect_gpu(self, backend: ServingBackend) -> gpu_mod.GpuInfo:
+        try:
+            return gpu_mod.detect_gpu()
+        except gpu_mod.GpuError:
+            if isinstance(backend, ReferenceBackend) and backend.device == "cpu":
+                return gpu_mod.GpuInfo(name="cpu", compute_capability="0.0", count=0, memory_mib=0)
+            raise
+
+    def complete(self, hook: str, result: str) -> None:
+        if self.hooks is None:
+            log.warning("not in an Auto Scaling group: no %s hook to complete with %s", hook, result)
+            return
+        self.hooks.complete(hook, result)
+        self.summary.setdefault("hooks", []).append([hook, result])
+
+    def heartbeat(self, hook: str, window_s: int):
+        if self.hooks is None:
+            return contextlib.nullcontext()
+        hooks = self.hooks
+        return Heartbeat(lambda: hooks.heartbeat(hook), heartbeat_interval(window_s))
+
+    def metric(self, name: str, value: float = 1.0, **props: object) -> None:
+        if self.emf is not None:
+            self.emf.emit({name: value}, props)
+
+    # ------------------------------------------------------------ the flow
+
+    def run(self) -> int:
+        try:
+            self.instance_id = self.imds.instance_id()
+            try:
+                group = self.imds.asg_name()
+                self.hooks = HookClient(self.autoscaling, group, self.instance_id)
+            except MetadataError as exc:
+                log.warning("%s; lifecycle hooks are skipped", exc)
+            target = self.imds.target_lifecycle_state()
+        except MetadataError as exc:
+            log.error("cannot read instance metadata: %s", exc)
+            return EXIT_SERVING_FAILED  # systemd retries; the launch hook's timeout is the backstop
+        self.emf = Emf(self.env.fleet, self.env.pool, self.instance_id, self.emf_stream)
+        try:
+            resolution, cfg, engine, backend = self.prepare(target)
+        except CircuitOpen as exc:
+            self.metric(telemetry.CIRCUIT_BREAKER_OPEN, 1, error=str(exc))
+            return self.abandon(exc)
+        except BuildFailed as exc:
+            self.metric(telemetry.ENGINE_BUILD_FAILURE, 1, error=str(exc))
+            return self.abandon(exc)
+        except StagingMissing as exc:
+            self.metric(telemetry.STAGING_MISSING, 1, error=str(exc))
+            return self.abandon(exc)
+        except (CacheError, UserError, ConfigError, gpu_mod.GpuError, OSError) as exc:
+            return self.abandon(exc)
+
+        if target and target.startswith("Warmed:"):
+            self.complete(telemetry.LAUNCH_HOOK, CONTINUE)
+            log.info("warm pool (%s): engine ready at %s; not serving", target, resolution.path)
+            self.summary.update(warm=target, served=False)
+            if target != "Warmed:Running":
+                return EXIT_OK  # the ASG stops the instance; the next start serves from local disk
+            while (state := self.imds.target_lifecycle_state()) != "InService":
+                if state == "Terminated" or self._stop.wait(self.env.terminate_poll_s):
+                    return EXIT_OK
+        return self.serve(resolution, cfg, engine, backend)
+
+    def prepare(self, target: str | None):
+        cfg = self.load_config()
+        pool = self.resolve_pool(cfg)
+        engine = cfg.engine_for(pool)
+        backend = select_backend(cfg, engine)
+        gpu = self.detect_gpu(backend)
+        backend.check(gpu.compute_capability, gpu.name)  # before anything is downloaded
+        calibration = ""
+        if backend.needs_calibration and cfg.calibration:
+            calibration = f"{cfg.calibration.dataset}#{cfg.calibration.samples}"
+        m = cfg.model
+        inputs = CacheInputs(
+            model_id=m.id, revision=m.revision, backend=engine.backend.value, precision=engine.precision.value,
+            kv_cache_dtype=engine.kv_cache_dtype.value, max_batch_size=engine.max_batch_size,
+            max_num_tokens=engine.max_num_tokens, max_input_len=m.max_input_len, max_output_len=m.max_output_len,
+            builder=backend.name, builder_version=backend.version, compute_capability=gpu.compute_capability,
+            calibration=calibration,
+        )
+        settings = CacheSettings(**{**self.env.cache.__dict__, "failure_limit": cfg.operations.build_failure_limit})
+        cache = EngineCache(self.s3, self.env.bucket, inputs, holder=self.instance_id, settings=settings)
+        log.info("engine cache key %s (%s on %s, %s)", cache.key, engine.precision.value, gpu.name,
+                 gpu.compute_capability)
+        self.summary.update(key=cache.key, gpu=gpu.name, backend=backend.name)
+
+        def build(workdir: Path) -> Path:
+            model_dir = calib_dir = None
+            if backend.needs_model:
+                manifest, waited = fetch_staged(cache.store, model_prefix(m.id, m.revision), workdir / "model",
+                                                self.env.staging_wait_s)
+                self.metric(telemetry.STAGING_WAIT_SECONDS, waited)
+                model_dir = workdir / "model"
+            if backend.needs_calibration:
+                if cfg.calibration is None:
+                    raise UserError("calibration: this precision needs a staged calibration set (calibration.dataset)")
+                fetch_staged(cache.store, calibration_key_prefix(cfg.calibration.dataset), workdir / "calibration",
+                             self.env.staging_wait_s)
+                calib_dir = workdir / "calibration"
+            return backend.build(model_dir, calib_dir, workdir)
+
+        # The launch hook must outlive builds and waits: heartbeat all through.
+        with self.heartbeat(telemetry.LAUNCH_HOOK, cfg.operations.launch_hook_timeout_s):
+            resolution = cache.obtain(self.env.local_root / "engines", build)
+        self.summary.update(outcome=resolution.outcome, build_s=round(resolution.build_seconds, 3),
+                            download_s=round(resolution.download_seconds, 3), events=resolution.events)
+        if resolution.outcome == "built":
+            self.metric(telemetry.ENGINE_CACHE_MISS, 1, key=cache.key)
+            self.metric(telemetry.ENGINE_BUILD_SECONDS, resolution.build_seconds, key=cache.key)
+        else:
+            self.metric(telemetry.ENGINE_CACHE_HIT, 1, key=cache.key, source=resolution.outcome,
+                        waited_s=round(resolution.waited_seconds, 3))
+        return resolution, cfg, engine, backend
+
+    def abandon(self, exc: Exception) -> int:
+        log.error("cannot serve on this instance: %s", exc)
+        self.summary.update(abandoned=str(exc))
+        try:
+            self.complete(telemetry.LAUNCH_HOOK, ABANDON)
+        except Exception as hook_exc:  # noqa: BLE001 - nothing else to do; the hook timeout defaults to ABANDON
+            log.error("could not complete the launch hook with ABANDON: %s", hook_exc)
+        return EXIT_ABANDONED
+
+    def serve(self, resolution, cfg: FleetConfig, engine, backend: ServingBackend) -> int:
+        port = self.env.port or engine.port
+        config_json = self.env.local_root / "config.json"
+        config_json.write_text(json.dumps(cfg.model_dump(mode="json")))
+        settings = ServeSettings(
+            port=port, model_name=cfg.model.id, region=self.env.region, pool=self.env.pool, config_json=config_json,
+            listen_host=self.env.listen_host, gateway=self.env.gateway, proxy_protocol=self.env.proxy_protocol,
+            ready_timeout_s=self.env.ready_timeout_s or float(cfg.operations.launch_hook_timeout_s),
+            drain_timeout_s=float(cfg.operations.drain_timeout_s), restart=self.env.restart,
+        )
+        serving = Serving(settings, backend.server_command(resolution.path, "127.0.0.1", settings.server_port))
+        self._install_signals()
+        try:
+            with self.heartbeat(telemetry.LAUNCH_HOOK, cfg.operations.launch_hook_timeout_s):
+                serving.start()
+                timings = serving.wait_ready()
+        except ServeError as exc:
+            serving.drain()
+            return self.abandon(exc)
+        start_to_healthy = time.monotonic() - self.started
+        self.complete(telemetry.LAUNCH_HOOK, CONTINUE)
+        self.metric(telemetry.START_TO_HEALTHY_SECONDS, start_to_healthy, outcome=resolution.outcome)
+        self.summary.update(served=True, start_to_healthy_s=round(start_to_healthy, 3),
+                            probe_text=timings.get("probe_text"), gateway_port=port)
+        print(json.dumps({"event": "fleetcast_serving", **self.summary}), flush=True)
+        return self.serve_until_stopped(serving, cfg)
+
+    def _install_signals(self) -> None:
+        if threading.current_thread() is not threading.main_thread():
+            return
+
+        def on_signal(signum: int, _frame: object) -> None:
+            self.stop_reason = self.stop_reason or signal.Signals(signum).name
+            self._stop.set()
+
+        signal.signal(signal.SIGTERM, on_signal)
+        signal.signal(signal.SIGINT, on_signal)
+
+    def serve_until_stopped(self, serving: Serving, cfg: FleetConfig) -> int:
+        next_poll = next_gauges = time.monotonic()
+        while not self._stop.wait(0.2):
+            now = time.monotonic()
+            if serving.supervisor.gave_up.is_set():
+                log.error("serving processes keep crashing; exiting so systemd restarts the container")
+                serving.drain()
+                return EXIT_SERVING_FAILED
+            if now >= next_poll:
+                next_poll = now + self.env.terminate_poll_s
+                try:
+                    if self.imds.target_lifecycle_state() == "Terminated":
+                        self.stop_reason = "terminate-hook"
+                        break
+                except MetadataError as exc:
+                    log.warning("lifecycle state poll failed: %s", exc)
+            if now >= next_gauges:
+                next_gauges = now + self.env.gauges_s
+                self.publish_gauges(serving)
+        log.info("draining (%s)", self.stop_reason)
+        terminating = self.stop_reason == "terminate-hook"
+        if not terminating:
+            with contextlib.suppress(MetadataError):
+                terminating = self.imds.target_lifecycle_state() == "Terminated"
+        with self.heartbeat(telemetry.TERMINATE_HOOK, max(30, cfg.operations.drain_timeout_s)) if terminating \
+                else contextlib.nullcontext():
+            report = serving.drain()
+        self.summary.update(drain=report, stop_reason=self.stop_reason)
+        if terminating:
+            self.complete(telemetry.TERMINATE_HOOK, CONTINUE)
+        print(json.dumps({"event": "fleetcast_drained", "stop_reason": self.stop_reason, **report}), flush=True)
+        return EXIT_OK
+
+    def publish_gauges(self, serving: Serving) -> None:
+        values: dict[str, float] = {}
+        stats = serving.server_stats()
+        if stats:
+            if "active" in stats:
+                values[telemetry.ACTIVE_REQUESTS] = stats["active"]
+            if "queued" in stats:
+                values[telemetry.QUEUED_REQUESTS] = stats["queued"]
+            if "kv_util" in stats:
+                values[telemetry.KV_CACHE_UTILIZATION] = stats["kv_util"]
+        util = gpu_mod.sample_utilization()
+        if util:
+            values[telemetry.GPU_UTILIZATION], values[telemetry.GPU_MEMORY_USED] = util
+        if values and self.emf is not None:
+            self.emf.emit(values, per_instance=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    logging.basicConfig(level=os.environ.get("FLEETCAST_LOG_LEVEL", "INFO"), stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        env = InstanceEnv.from_environ(os.environ)
+    except UserError as exc:
+        print(f"fleetcast runtime: {exc}", file=sys.stderr)
+        return 2
+    return Bootstrap(env).run()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

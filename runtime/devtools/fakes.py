@@ -1,0 +1,208 @@
+"""DEV TOOL, never used on an instance: loopback stand-ins for what moto does not emulate.
+
+- FakeImds: the EC2 instance metadata service, IMDSv2 only (PUT token first; GETs
+  without a valid token get 401), with instance id, region, instance tags
+  (aws:autoscaling:groupName) and autoscaling/target-lifecycle-state.
+- FakeAutoScaling: the two lifecycle-hook actions of the Auto Scaling Query API
+  (CompleteLifecycleAction, RecordLifecycleActionHeartbeat), answering the XML
+  boto3 expects, with the "No active Lifecycle Action found" error when the action
+  is not pending. Point boto3 at it with AWS_ENDPOINT_URL_AUTO_SCALING.
+
+Both bind 127.0.0.1 and record every call so demos and tests can assert on them.
+"""
+
+from __future__ import annotations
+
+import threading
+import urllib.parse
+import uuid
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+ASG_NS = "http://autoscaling.amazonaws.com/doc/2011-01-01/"
+
+
+class _Server:
+    def __init__(self, handler_cls: type[BaseHTTPRequestHandler]):
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), handler_cls)
+        self.httpd.daemon_threads = True
+        self.httpd.owner = self  # type: ignore[attr-defined]
+        self.thread = threading.Thread(target=self.httpd.serve_forever, name=type(self).__name__, daemon=True)
+
+    @property
+    def port(self) -> int:
+        return self.httpd.server_address[1]
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self) -> "_Server":
+        self.thread.start()
+        return self
+
+    def stop(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+class _Quiet(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, *args: object) -> None:  # keep test and demo output readable
+        pass
+
+    def _send(self, status: int, body: str, ctype: str = "text/plain") -> None:
+        data = body.encode()
+        self.send_response(status)
+        self.send_header("Content-Type", ctype)
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+
+class _ImdsHandler(_Quiet):
+    def do_PUT(self) -> None:  # noqa: N802
+        owner: FakeImds = self.server.owner  # type: ignore[attr-defined]
+        if self.path != "/latest/api/token" or "X-aws-ec2-metadata-token-ttl-seconds" not in self.headers:
+            self._send(400, "bad token request")
+            return
+        token = uuid.uuid4().hex
+        with owner.lock:
+            owner.tokens.add(token)
+            owner.token_requests += 1
+        self._send(200, token)
+
+    def do_GET(self) -> None:  # noqa: N802
+        owner: FakeImds = self.server.owner  # type: ignore[attr-defined]
+        if self.headers.get("X-aws-ec2-metadata-token") not in owner.tokens:
+            self._send(401, "")  # IMDSv1 is disabled: no token, no answer
+            return
+        value = owner.lookup(self.path)
+        if value is None:
+            self._send(404, "")
+        else:
+            self._send(200, value)
+
+
+class FakeImds(_Server):
+    """IMDSv2 for one instance; change `target_lifecycle_state` to drive warm pool / terminate flows."""
+
+    def __init__(self, instance_id: str = "i-0123456789abcdef0", region: str = "us-east-1",
+                 asg_name: str | None = "fleetcast-asg", target_lifecycle_state: str | None = "InService"):
+        super().__init__(_ImdsHandler)
+        self.lock = threading.Lock()
+        self.tokens: set[str] = set()
+        self.token_requests = 0
+        self.instance_id = instance_id
+        self.region = region
+        self.tags: dict[str, str] = {"aws:autoscaling:groupName": asg_name} if asg_name else {}
+        self.target_lifecycle_state = target_lifecycle_state
+
+    def lookup(self, path: str) -> str | None:
+        items = {
+            "/latest/meta-data/instance-id": self.instance_id,
+            "/latest/meta-data/placement/region": self.region,
+            "/latest/meta-data/autoscaling/target-lifecycle-state": self.target_lifecycle_state,
+        }
+        if path in items:
+            return items[path]
+        prefix = "/latest/meta-data/tags/instance/"
+        if path.startswith(prefix):
+            return self.tags.get(urllib.parse.unquote(path[len(prefix):]))
+        if path == prefix.rstrip("/"):
+            return "\n".join(self.tags)
+        return None
+
+
+@dataclass
+class HookCall:
+    action: str
+    group: str
+    hook: str
+    instance_id: str
+    result: str | None
+
+
+class _AsgHandler(_Quiet):
+    def do_POST(self) -> None:  # noqa: N802
+        owner: FakeAutoScaling = self.server.owner  # type: ignore[attr-defined]
+        length = int(self.headers.get("Content-Length", "0"))
+        params = {k: v[0] for k, v in urllib.parse.parse_qs(self.rfile.read(length).decode()).items()}
+        action = params.get("Action", "")
+        if action not in ("CompleteLifecycleAction", "RecordLifecycleActionHeartbeat"):
+            self._error(400, "InvalidAction", f"{action} is not emulated by this fake")
+            return
+        call = HookCall(action, params.get("AutoScalingGroupName", ""), params.get("LifecycleHookName", ""),
+                        params.get("InstanceId", ""), params.get("LifecycleActionResult"))
+        with owner.lock:
+            owner.calls.append(call)
+            key = (call.group, call.hook, call.instance_id)
+            if key not in owner.pending:
+                self._error(400, "ValidationError", f"No active Lifecycle Action found with instance ID {call.instance_id}")
+                return
+            if action == "CompleteLifecycleAction":
+                owner.pending.discard(key)
+                owner.completed.append(call)
+            else:
+                owner.heartbeats.append(call)
+        rid = uuid.uuid4()
+        self._send(200, f'<{action}Response xmlns="{ASG_NS}"><{action}Result/>'
+                        f"<ResponseMetadata><RequestId>{rid}</RequestId></ResponseMetadata></{action}Response>",
+                   "text/xml")
+
+    def _error(self, status: int, code: str, message: str) -> None:
+        self._send(status, f'<ErrorResponse xmlns="{ASG_NS}"><Error><Type>Sender</Type><Code>{code}</Code>'
+                           f"<Message>{message}</Message></Error><RequestId>{uuid.uuid4()}</RequestId></ErrorResponse>",
+                   "text/xml")
+
+
+class FakeAutoScaling(_Server):
+    """Lifecycle actions that are pending (`begin`) and what the instance did with them."""
+
+    def __init__(self) -> None:
+        super().__init__(_AsgHandler)
+        self.lock = threading.Lock()
+        self.pending: set[tuple[str, str, str]] = set()
+        self.calls: list[HookCall] = []
+        self.completed: list[HookCall] = []
+        self.heartbeats: list[HookCall] = []
+
+    def begin(self, group: str, hook: str, instance_id: str) -> None:
+        with self.lock:
+            self.pending.add((group, hook, instance_id))
+
+    def results(self, hook: str | None = None) -> list[str]:
+        with self.lock:
+            return [c.result or "" for c in self.completed if hook is None or c.hook == hook]
+
+
+class _Ec2Handler(_Quiet):
+    def do_POST(self) -> None:  # noqa: N802
+        owner: FakeEc2 = self.server.owner  # type: ignore[attr-defined]
+        length = int(self.headers.get("Content-Length", "0"))
+        params = {k: v[0] for k, v in urllib.parse.parse_qs(self.rfile.read(length).decode()).items()}
+        ns = "http://ec2.amazonaws.com/doc/2016-11-15/"
+        if params.get("Action") != "DescribeVpcEndpointConnections":
+            self._send(400, f'<Response><Errors><Error><Code>InvalidAction</Code><Message>{params.get("Action")} '
+                            f"is not emulated</Message></Error></Errors><RequestID>{uuid.uuid4()}</RequestID></Response>",
+                       "text/xml")
+            return
+        items = "".join(
+            f"<item><serviceId>{c['service_id']}</serviceId><vpcEndpointId>{c['vpce_id']}</vpcEndpointId>"
+            f"<vpcEndpointOwner>{c['account']}</vpcEndpointOwner><vpcEndpointState>available</vpcEndpointState>"
+            + (f"<vpcEndpointRegion>{c['region']}</vpcEndpointRegion>" if c.get("region") else "")
+            + "</item>"
+            for c in owner.connections
+        )
+        self._send(200, f'<DescribeVpcEndpointConnectionsResponse xmlns="{ns}"><requestId>{uuid.uuid4()}</requestId>'
+                        f"<vpcEndpointConnectionSet>{items}</vpcEndpointConnectionSet>"
+                        f"</DescribeVpcEndpointConnectionsResponse>", "text/xml")
+
+
+class FakeEc2(_Server):
+    """DescribeVpcEndpointConnections only (moto lacks it): which consumer endpoint belongs to which account."""
+
+    def __init__(self, connections: list[dict] | None = None) -> None:
+        super().__init__(_Ec2Handler)
+        self.connections: list[dict] = list(connections or [])

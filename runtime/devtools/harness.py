@@ -1,0 +1,236 @@
+"""DEV TOOL: a loopback "AWS" for running the instance runtime on a laptop or CI box.
+
+moto in server mode plays S3 and SSM; the fakes in runtime.devtools.fakes play
+the instance metadata service, the lifecycle-hook calls and the one EC2 call the
+gateway makes. `LocalAws.runtime_env()` gives the environment a
+`python -m runtime.bootstrap` process needs to run against them, exactly as on an
+instance but with endpoints on 127.0.0.1 (boto3's AWS_ENDPOINT_URL_<SERVICE>
+variables, so the product code carries no test hooks). Used by `make demo` and
+tests/runtime.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import socket
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from fleetcast import telemetry
+from fleetcast.config import FleetConfig, config_from_json, load_config
+
+from .fakes import FakeAutoScaling, FakeEc2, FakeImds
+
+REPO = Path(__file__).resolve().parents[2]
+DEMO_VPCE = "vpce-0a1b2c3d4e5f60718"
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def free_port_pair() -> int:
+    """A port p with p+1 also free (gateway on p, model server on p+1)."""
+    for _ in range(50):
+        p = free_port()
+        try:
+            with socket.socket() as a, socket.socket() as b:
+                a.bind(("127.0.0.1", p))
+                b.bind(("127.0.0.1", p + 1))
+            return p
+        except OSError:
+            continue
+    raise RuntimeError("no free pair of loopback ports")
+
+
+def tiny_config(region: str = "ap-northeast-2", **operations: Any) -> FleetConfig:
+    """The shipped config/fleet.yaml, shrunk for the tiny reference model (fp16, short prompts)."""
+    data = load_config(REPO / "config" / "fleet.yaml").model_dump(mode="json")
+    data["model"].update(id="gpt2-tiny", max_input_len=128, max_output_len=64)
+    data["engine"].update(precision="fp16", kv_cache_dtype="auto", max_batch_size=8)
+    data["operations"].update({"drain_timeout_s": 30, **operations})
+    for r in data["regions"]:
+        for pool in r["pools"]:
+            pool["engine"] = {}
+    cfg = config_from_json(json.dumps(data))
+    cfg.region(region)  # must be a provider region of the shipped config
+    return cfg
+
+
+@dataclass
+class RuntimeProcess:
+    """A `python -m runtime.bootstrap` child with its stdout parsed for the runtime's JSON events."""
+
+    proc: subprocess.Popen
+    started: float
+    lines: list[str] = field(default_factory=list)
+    events: "queue.Queue[dict]" = field(default_factory=queue.Queue)
+    seen: list[dict] = field(default_factory=list)
+
+    def _pump(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.lines.append(line)
+            if line.startswith("{"):
+                try:
+                    record = json.loads(line)
+                except ValueError:
+                    continue
+                if "event" in record:
+                    self.events.put(record)
+
+    def wait_event(self, name: str, timeout_s: float) -> dict | None:
+        """The first `event` named `name`, or None if the process exits or time runs out first."""
+        for record in self.seen:
+            if record.get("event") == name:
+                return record
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            try:
+                record = self.events.get(timeout=0.2)
+            except queue.Empty:
+                if self.proc.poll() is not None and self.events.empty():
+                    return None
+                continue
+            self.seen.append(record)
+            if record.get("event") == name:
+                return record
+        return None
+
+    def emf(self) -> list[dict]:
+        out = []
+        for line in self.lines:
+            if line.startswith('{"Fleet"') or '"_aws"' in line:
+                try:
+                    out.append(json.loads(line))
+                except ValueError:
+                    pass
+        return out
+
+    def metric_values(self, name: str) -> list[float]:
+        return [r[name] for r in self.emf() if name in r]
+
+
+class LocalAws:
+    """Loopback S3/SSM (moto), IMDSv2, Auto Scaling hooks and EC2 endpoint connections."""
+
+    def __init__(self, region: str = "ap-northeast-2", bucket: str = "fleetcast-dev-engines",
+                 param: str = "/fleetcast/dev/config"):
+        self.region, self.bucket, self.param = region, bucket, param
+        self.moto: Any = None
+        self.moto_url = ""
+        self.asg = FakeAutoScaling()
+        self.ec2 = FakeEc2()
+        self.imds: list[FakeImds] = []
+        self.group = "fleetcast-dev-asg"
+
+    # -- lifecycle
+
+    def __enter__(self) -> "LocalAws":
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def start(self) -> "LocalAws":
+        import logging
+
+        from moto.server import ThreadedMotoServer
+
+        logging.getLogger("werkzeug").setLevel(logging.ERROR)  # one access-log line per S3 call drowns the output
+        port = free_port()
+        self.moto = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+        self.moto.start()
+        self.moto_url = f"http://127.0.0.1:{port}"
+        self.asg.start()
+        self.ec2.start()
+        self.s3().create_bucket(Bucket=self.bucket, CreateBucketConfiguration={"LocationConstraint": self.region})
+        return self
+
+    def stop(self) -> None:
+        for imds in self.imds:
+            imds.stop()
+        self.asg.stop()
+        self.ec2.stop()
+        if self.moto is not None:
+            self.moto.stop()
+
+    # -- clients for the test/demo side
+
+    def client(self, service: str) -> Any:
+        import boto3
+
+        return boto3.client(service, region_name=self.region, endpoint_url=self.moto_url,
+                            aws_access_key_id="testing", aws_secret_access_key="testing")
+
+    def s3(self) -> Any:
+        return self.client("s3")
+
+    def put_config(self, cfg: FleetConfig) -> None:
+        self.client("ssm").put_parameter(Name=self.param, Value=json.dumps(cfg.model_dump(mode="json")),
+                                         Type="String", Overwrite=True, Tier="Advanced")
+        for consumer in cfg.consumers_of(self.region):
+            self.ec2.connections.append({"service_id": "vpce-svc-0a1b2c3d4e5f60718", "vpce_id": DEMO_VPCE,
+                                         "account": consumer.account, "region": consumer.region})
+            break
+
+    def instance(self, instance_id: str, state: str = "InService", launching: bool = True) -> FakeImds:
+        imds = FakeImds(instance_id=instance_id, region=self.region, asg_name=self.group,
+                        target_lifecycle_state=state).start()
+        self.imds.append(imds)
+        if launching:
+            self.asg.begin(self.group, telemetry.LAUNCH_HOOK, instance_id)
+        return imds
+
+    def keys(self, prefix: str = "") -> list[str]:
+        out, token = [], None
+        while True:
+            kwargs = {"Bucket": self.bucket, "Prefix": prefix, **({"ContinuationToken": token} if token else {})}
+            page = self.s3().list_objects_v2(**kwargs)
+            out += [o["Key"] for o in page.get("Contents", [])]
+            token = page.get("NextContinuationToken")
+            if not token:
+                return out
+
+    # -- the runtime side
+
+    def runtime_env(self, imds: FakeImds, cfg: FleetConfig, local_root: Path, port: int, pool: str | None = None,
+                    **extra: str) -> dict[str, str]:
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "FLEETCAST_"))}
+        pool_name = pool or cfg.region(self.region).pools[0].name
+        env.update({
+            "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": self.region,
+            "AWS_EC2_METADATA_DISABLED": "true",
+            "AWS_ENDPOINT_URL_S3": self.moto_url, "AWS_ENDPOINT_URL_SSM": self.moto_url,
+            "AWS_ENDPOINT_URL_SECRETS_MANAGER": self.moto_url,
+            "AWS_ENDPOINT_URL_AUTO_SCALING": self.asg.url, "AWS_ENDPOINT_URL_EC2": self.ec2.url,
+            "FLEETCAST_FLEET": cfg.name, "FLEETCAST_REGION": self.region, "FLEETCAST_POOL": pool_name,
+            "FLEETCAST_BUCKET": self.bucket, "FLEETCAST_CONFIG_PARAM": self.param,
+            "FLEETCAST_CONFIG_DIGEST": cfg.digest(), "FLEETCAST_IMAGE": "local/reference",
+            "FLEETCAST_LOG_GROUP": "/fleetcast/dev",
+            "FLEETCAST_IMDS_ENDPOINT": imds.url, "FLEETCAST_LOCAL_ROOT": str(local_root),
+            "FLEETCAST_PORT": str(port), "FLEETCAST_LISTEN_HOST": "127.0.0.1",
+            "FLEETCAST_SERVING_BACKEND": "reference", "FLEETCAST_REFERENCE_SIZE": "tiny",
+            "FLEETCAST_POLL_S": "0.5", "FLEETCAST_TERMINATE_POLL_S": "0.5",
+            "FLEETCAST_S3_RETRY_DEADLINE_S": "20", "FLEETCAST_READY_TIMEOUT_S": "120",
+            "PYTHONUNBUFFERED": "1",
+        })
+        env.update(extra)
+        return env
+
+    def start_runtime(self, env: dict[str, str], log_file: Path | None = None) -> RuntimeProcess:
+        stderr = open(log_file, "ab") if log_file else subprocess.DEVNULL  # noqa: SIM115 - owned by the child
+        proc = subprocess.Popen([sys.executable, "-m", "runtime.bootstrap"], env=env, cwd=str(REPO),
+                                stdout=subprocess.PIPE, stderr=stderr, text=True)
+        rp = RuntimeProcess(proc=proc, started=time.monotonic())
+        threading.Thread(target=rp._pump, daemon=True).start()
+        return rp

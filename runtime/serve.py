@@ -1,0 +1,208 @@
+"""Serving on the instance: start the model server and the gateway, prove they work, drain them.
+
+Ports: the gateway (runtime.gateway) listens on engine.port, the NLB's target and
+health-check port; the model server (trtllm-serve or the reference server) listens
+on 127.0.0.1:engine.port+1 and is reachable only through the gateway.
+
+Ready means: the server's /health is 200, one real generation through
+/v1/completions returns tokens (trtllm-serve's own /health_generate sends a chat
+request, which GPT-2 cannot serve), and the gateway's /health (what the NLB
+checks) is 200. Only then does the bootstrap complete the launch hook.
+
+Drain (SIGTERM or the terminate hook): the gateway goes first. It answers /health
+with 503 at once (the NLB stops sending), refuses new requests, lets in-flight
+streams finish (bounded by operations.drain_timeout_s) and exits, which closes its
+listener (new connections are refused). The server is stopped only after that, so
+no stream loses its tail.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import socket
+import sys
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .supervisor import Child, RestartPolicy, Supervisor
+
+log = logging.getLogger("fleetcast.serve")
+
+# PROXY protocol v2 LOCAL command (no addresses): what a health checker without a
+# client to speak for sends. The gateway requires a v2 header on every connection.
+PPV2_LOCAL = b"\r\n\r\n\x00\r\nQUIT\n" + bytes([0x20, 0x00, 0x00, 0x00])
+
+
+class ServeError(RuntimeError):
+    """The server never became ready (or kept crashing)."""
+
+
+@dataclass
+class ServeSettings:
+    port: int  # gateway, NLB target
+    model_name: str
+    region: str
+    pool: str
+    config_json: Path | None = None  # the validated config, for the gateway
+    listen_host: str = "0.0.0.0"
+    gateway: bool = True
+    proxy_protocol: bool = True
+    ready_timeout_s: float = 1800.0
+    drain_timeout_s: float = 300.0
+    server_stop_timeout_s: float = 60.0
+    probe_prompt: str = "The quick brown fox"
+    probe_tokens: int = 4
+    restart: RestartPolicy = field(default_factory=RestartPolicy)
+
+    @property
+    def server_port(self) -> int:
+        return self.port + 1
+
+
+def http_json(method: str, url: str, body: dict | None = None, timeout_s: float = 30.0) -> tuple[int, object]:
+    data = json.dumps(body).encode() if body is not None else None
+    req = urllib.request.Request(url, data=data, method=method, headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout_s) as resp:
+            raw = resp.read()
+            status = resp.status
+    except urllib.error.HTTPError as exc:
+        raw, status = exc.read(), exc.code
+    try:
+        return status, json.loads(raw) if raw else None
+    except ValueError:
+        return status, raw.decode(errors="replace")
+
+
+def raw_health(host: str, port: int, proxy_protocol: bool, timeout_s: float = 2.0) -> int | None:
+    """GET /health over a raw socket, with a PROXY v2 LOCAL header when the listener expects one."""
+    try:
+        with socket.create_connection((host, port), timeout=timeout_s) as sock:
+            request = f"GET /health HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n".encode()
+            sock.sendall((PPV2_LOCAL if proxy_protocol else b"") + request)
+            head = sock.recv(64).decode(errors="replace")
+    except OSError:
+        return None
+    parts = head.split(" ", 2)
+    return int(parts[1]) if len(parts) > 1 and parts[1].isdigit() else None
+
+
+class Serving:
+    """The model server and the gateway under one supervisor."""
+
+    def __init__(self, settings: ServeSettings, server_argv: list[str], supervisor: Supervisor | None = None):
+        self.s = settings
+        self.server_argv = server_argv
+        self.supervisor = supervisor or Supervisor()
+        self.base = f"http://127.0.0.1:{settings.server_port}"
+
+    def gateway_argv(self) -> list[str]:
+        s = self.s
+        argv = [sys.executable, "-m", "runtime.gateway", "--listen", f"{s.listen_host}:{s.port}",
+                "--upstream", f"127.0.0.1:{s.server_port}", "--region", s.region, "--pool", s.pool,
+                "--proxy-protocol", "required" if s.proxy_protocol else "off"]
+        if s.config_json is not None:
+            argv += ["--config-json", str(s.config_json)]
+        return argv
+
+    def start(self) -> None:
+        self.supervisor.start(Child("server", self.server_argv, policy=self.s.restart))
+        if self.s.gateway:
+            self.supervisor.start(Child("gateway", self.gateway_argv(), policy=self.s.restart))
+
+    def _check_alive(self) -> None:
+        if self.supervisor.gave_up.is_set():
+            child = self.supervisor.failed_child
+            raise ServeError(f"{child.name if child else 'a process'} kept crashing "
+                             f"(exit codes {child.exit_codes[-5:] if child else '?'})")
+
+    def wait_ready(self) -> dict:
+        """Block until health + one real generation succeed; ServeError on timeout or crash loop."""
+        deadline = time.monotonic() + self.s.ready_timeout_s
+        started = time.monotonic()
+        timings: dict = {}
+        while True:
+            self._check_alive()
+            try:
+                status, _ = http_json("GET", f"{self.base}/health", timeout_s=2.0)
+            except OSError:
+                status = None
+            if status == 200:
+                break
+            if time.monotonic() > deadline:
+                raise ServeError(f"server /health not 200 within {self.s.ready_timeout_s:.0f} s (last: {status})")
+            time.sleep(0.2)
+        timings["server_healthy_s"] = time.monotonic() - started
+        text, tokens = self.probe_generation()
+        timings["probe_tokens"] = tokens
+        timings["probe_text"] = text
+        if self.s.gateway:
+            while raw_health("127.0.0.1", self.s.port, self.s.proxy_protocol) != 200:
+                self._check_alive()
+                if time.monotonic() > deadline:
+                    raise ServeError(f"gateway /health on port {self.s.port} not 200 within {self.s.ready_timeout_s:.0f} s")
+                time.sleep(0.2)
+        timings["ready_s"] = time.monotonic() - started
+        return timings
+
+    def probe_generation(self) -> tuple[str, int]:
+        """One real completion: proves weights, tokenizer and the generation loop, not just the HTTP server."""
+        body = {"model": self.s.model_name, "prompt": self.s.probe_prompt, "max_tokens": self.s.probe_tokens,
+                "temperature": 0, "stream": False}
+        last = None
+        for _ in range(3):
+            try:
+                status, reply = http_json("POST", f"{self.base}/v1/completions", body, timeout_s=120.0)
+            except OSError as exc:
+                last = str(exc)
+                time.sleep(1)
+                continue
+            if status == 200 and isinstance(reply, dict):
+                choices = reply.get("choices") or [{}]
+                usage = reply.get("usage") or {}
+                tokens = int(usage.get("completion_tokens") or 0)
+                if tokens >= 1:
+                    return str(choices[0].get("text", "")), tokens
+                last = f"no tokens generated: {reply}"
+            else:
+                last = f"HTTP {status}: {str(reply)[:300]}"
+            time.sleep(1)
+        raise ServeError(f"probe generation through /v1/completions failed: {last}")
+
+    def drain(self) -> dict:
+        """Gateway first (health 503, finish in-flight, close), then the server."""
+        started = time.monotonic()
+        report: dict = {}
+        if self.s.gateway and "gateway" in self.supervisor.children:
+            # The gateway bounds in-flight requests by the same drain timeout; a small margin covers its exit.
+            report["gateway_exit"] = self.supervisor.stop("gateway", self.s.drain_timeout_s + 15.0)
+        else:
+            report["gateway_exit"] = None
+        report["server_exit"] = self.supervisor.stop(
+            "server", self.s.server_stop_timeout_s + (0 if self.s.gateway else self.s.drain_timeout_s))
+        self.supervisor.shutdown(timeout_s=10)
+        report["drain_s"] = time.monotonic() - started
+        return report
+
+    def server_stats(self) -> dict | None:
+        """Latest iteration stats from the server's /metrics (trtllm-serve format; dequeued on read)."""
+        try:
+            status, stats = http_json("GET", f"{self.base}/metrics", timeout_s=5.0)
+        except OSError:
+            return None
+        if status != 200 or not isinstance(stats, list) or not stats:
+            return None
+        last = stats[-1] if isinstance(stats[-1], dict) else {}
+        out = {}
+        if "numActiveRequests" in last:
+            out["active"] = float(last["numActiveRequests"])
+        if "numQueuedRequests" in last:
+            out["queued"] = float(last["numQueuedRequests"])
+        kv = last.get("kvCacheStats") or {}
+        if kv.get("maxNumBlocks"):
+            out["kv_util"] = 100.0 * float(kv.get("usedNumBlocks", 0)) / float(kv["maxNumBlocks"])
+        return out

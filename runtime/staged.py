@@ -1,0 +1,68 @@
+"""Read what `fleetcast stage` put in the region bucket: the model checkpoint and calibration set.
+
+Instances never reach the hub. They wait (bounded) for the staged manifest,
+download every file it lists and verify size and sha256 before a build uses it.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import time
+from pathlib import Path
+from typing import Callable
+
+from fleetcast.staging.manifest import MANIFEST_NAME, Manifest, verify_tree
+
+from .engine_cache import CacheError, RetryingS3
+
+log = logging.getLogger("fleetcast.staged")
+
+
+class StagingMissing(CacheError):
+    """The staged model or calibration set is not in the bucket (or is incomplete)."""
+
+
+def calibration_key_prefix(dataset_uri: str) -> str:
+    """The key prefix of the staged calibration set; read from this region's bucket (staging copies it there)."""
+    without_scheme = dataset_uri[len("s3://"):]
+    _, _, key = without_scheme.partition("/")
+    return key.rstrip("/") + "/"
+
+
+def fetch_staged(store: RetryingS3, prefix: str, dest: Path, wait_s: float, poll_s: float = 15.0,
+                 sleep: Callable[[float], None] = time.sleep) -> tuple[Manifest, float]:
+    """Download and verify s3://bucket/<prefix> into `dest`; returns (manifest, seconds waited for it)."""
+    started = time.monotonic()
+    while True:
+        got = store.get_bytes(prefix + MANIFEST_NAME)
+        if got is not None:
+            break
+        if time.monotonic() - started >= wait_s:
+            raise StagingMissing(
+                f"s3://{store.bucket}/{prefix}{MANIFEST_NAME} is missing after waiting {wait_s:.0f} s: "
+                "stage it with `fleetcast stage model` (or `fleetcast stage calibration`)"
+            )
+        log.warning("waiting for staged s3://%s/%s", store.bucket, prefix)
+        sleep(poll_s)
+    waited = time.monotonic() - started
+    try:
+        manifest = Manifest.from_json(got[0])
+    except (ValueError, TypeError, KeyError) as exc:
+        raise StagingMissing(f"s3://{store.bucket}/{prefix}{MANIFEST_NAME} is unreadable: {exc}") from None
+    shutil.rmtree(dest, ignore_errors=True)
+    dest.mkdir(parents=True)
+    for f in manifest.files:
+        target = dest / f.path
+        target.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            store.download_file(prefix + f.path, target)
+        except Exception as exc:  # noqa: BLE001 - StorageUnavailable passes through below
+            if isinstance(exc, CacheError):
+                raise
+            raise StagingMissing(f"s3://{store.bucket}/{prefix}{f.path} listed in the manifest cannot be read: {exc}") from None
+    problems = verify_tree(dest, manifest)
+    if problems:
+        raise StagingMissing(f"staged s3://{store.bucket}/{prefix} does not match its manifest: {'; '.join(problems[:5])}; "
+                             "stage it again")
+    return manifest, waited

@@ -1,0 +1,259 @@
+"""TensorRT-LLM command lines: checkpoint conversion, quantization, engine build, serving.
+
+Nothing here imports tensorrt_llm: the runtime runs the release's own scripts and
+CLIs inside the pinned serving image (nvcr.io/nvidia/tensorrt-llm/release:1.2.1),
+so this module only decides the exact argv. tests/runtime/trtllm_1_2_1_cli.py
+holds the option names and choices of those scripts as read from the release
+source, and the tests parse every command built here against them.
+
+Flows (TensorRT-LLM 1.2.x):
+- GPT-2 (engine flow, `--backend tensorrt`):
+    fp16/bf16, int8_wo, int4_wo, int8_sq (+ INT8 KV cache):
+        python3 examples/models/core/gpt/convert_checkpoint.py ... -> TRT-LLM checkpoint
+    fp8 (+ FP8 KV cache): python3 examples/quantization/quantize.py --qformat fp8 ...
+    then: trtllm-build --checkpoint_dir ... --output_dir ENGINE (config.json + rank0.engine)
+- Llama/Phi-3/Qwen2 (PyTorch backend): no engine. The staged checkpoint (pre-quantized
+  for fp8/nvfp4) is the artifact; trtllm-serve loads it directly.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from fleetcast.config import Backend, FleetConfig, KvCacheDtype, ModelFamily, Precision
+from fleetcast.config import catalog
+from fleetcast.config.model import EngineSpec
+from fleetcast.errors import UserError
+
+# Where the release image keeps its examples (the image ships the repo's examples/ at /app/tensorrt_llm).
+EXAMPLES_DIR = os.environ.get("FLEETCAST_TRTLLM_EXAMPLES", "/app/tensorrt_llm/examples")
+CONVERT_GPT = "models/core/gpt/convert_checkpoint.py"
+QUANTIZE = "quantization/quantize.py"
+SMOOTHQUANT_ALPHA = 0.5  # the release README's recommended first try
+
+# Files of a Hugging Face model directory that the server needs besides weights (tokenizer, generation).
+_WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".h5", ".msgpack", ".onnx", ".gguf")
+
+
+class UnsupportedCombination(UserError):
+    """The config asks for a model/precision/GPU combination this release cannot build or serve."""
+
+
+_DTYPE = {Precision.FP16: "float16", Precision.BF16: "bfloat16"}
+
+
+def check_supported(model_family: ModelFamily, engine: EngineSpec, compute_capability: str, gpu_name: str = "") -> None:
+    """Refuse, before anything is downloaded, what cannot run on this GPU with this release."""
+    arch = catalog.arch_for_compute_capability(compute_capability)
+    where = f"{gpu_name or 'this GPU'} (compute capability {compute_capability}, {arch})"
+    backends = catalog.BACKENDS_BY_FAMILY.get(model_family, frozenset())
+    if engine.backend not in backends:
+        raise UnsupportedCombination(
+            f"engine.backend: {model_family.value} models run on {', '.join(sorted(b.value for b in backends))} "
+            f"in TensorRT-LLM {engine.tensorrt_llm_version}, not {engine.backend.value}"
+        )
+    by_backend = catalog.PRECISIONS_BY_BACKEND[engine.backend]
+    if engine.precision not in by_backend:
+        raise UnsupportedCombination(
+            f"engine.precision: {engine.precision.value} is not available on the {engine.backend.value} backend; "
+            f"allowed: {', '.join(sorted(p.value for p in by_backend))}"
+        )
+    if arch not in catalog.PRECISIONS_BY_ARCH:
+        raise UnsupportedCombination(
+            f"GPU: {where} is not a supported architecture; supported: {', '.join(sorted(catalog.PRECISIONS_BY_ARCH))}"
+        )
+    if not catalog.precision_supported(arch, engine.precision):
+        raise UnsupportedCombination(
+            f"engine.precision: {engine.precision.value} does not run on {where}; "
+            f"allowed there: {', '.join(catalog.supported_precisions(arch))}"
+        )
+    kv_ok = catalog.KV_CACHE_BY_ARCH.get(arch, frozenset())
+    if engine.kv_cache_dtype not in kv_ok:
+        raise UnsupportedCombination(
+            f"engine.kv_cache_dtype: {engine.kv_cache_dtype.value} does not run on {where}; "
+            f"allowed there: {', '.join(sorted(k.value for k in kv_ok))}"
+        )
+    if engine.backend is Backend.TENSORRT:
+        if engine.precision is Precision.NVFP4:
+            raise UnsupportedCombination("engine.precision: nvfp4 needs the pytorch backend with a pre-quantized checkpoint")
+        if engine.kv_cache_dtype is KvCacheDtype.FP8 and engine.precision is not Precision.FP8:
+            raise UnsupportedCombination(
+                "engine.kv_cache_dtype: fp8 KV cache goes with precision fp8 (quantize.py); "
+                f"with {engine.precision.value} use auto or int8"
+            )
+        if engine.kv_cache_dtype is KvCacheDtype.INT8 and engine.precision is Precision.INT4_WEIGHT_ONLY:
+            raise UnsupportedCombination("engine.kv_cache_dtype: int8 KV cache is not offered with int4_wo here; use auto")
+    if engine.backend is Backend.PYTORCH and engine.kv_cache_dtype is KvCacheDtype.INT8:
+        raise UnsupportedCombination("engine.kv_cache_dtype: int8 is not available on the pytorch backend; use auto or fp8")
+
+
+def needs_calibration(engine: EngineSpec) -> bool:
+    """Calibrated builds read the staged calibration set (instances cannot reach the hub)."""
+    if engine.backend is not Backend.TENSORRT:
+        return False  # pytorch backend: fp8/nvfp4 come pre-quantized
+    return engine.precision.calibrated or engine.kv_cache_dtype is not KvCacheDtype.AUTO
+
+
+@dataclass(frozen=True)
+class BuildPaths:
+    model_dir: Path  # staged Hugging Face checkpoint
+    checkpoint_dir: Path  # TRT-LLM checkpoint (intermediate)
+    engine_dir: Path  # trtllm-build output
+    calib_dir: Path | None = None  # staged calibration dataset
+
+
+def convert_command(engine: EngineSpec, paths: BuildPaths, calib_samples: int = 512, python: str = "python3") -> list[str]:
+    """Hugging Face GPT-2 -> TensorRT-LLM checkpoint, with the quantization the config asks for."""
+    p = engine.precision
+    if p is Precision.FP8:
+        cmd = [python, f"{EXAMPLES_DIR}/{QUANTIZE}", "--model_dir", str(paths.model_dir), "--dtype", "float16",
+               "--qformat", "fp8", "--output_dir", str(paths.checkpoint_dir)]
+        if engine.kv_cache_dtype is not KvCacheDtype.AUTO:
+            cmd += ["--kv_cache_dtype", engine.kv_cache_dtype.value]
+        cmd += _calibration_args(paths, "--calib_dataset") + ["--calib_size", str(calib_samples)]
+        return cmd
+    dtype = _DTYPE.get(p, "float16")
+    cmd = [python, f"{EXAMPLES_DIR}/{CONVERT_GPT}", "--model_dir", str(paths.model_dir), "--dtype", dtype,
+           "--output_dir", str(paths.checkpoint_dir)]
+    if p is Precision.INT8_WEIGHT_ONLY:
+        cmd += ["--use_weight_only", "--weight_only_precision", "int8"]
+    elif p is Precision.INT4_WEIGHT_ONLY:
+        cmd += ["--use_weight_only", "--weight_only_precision", "int4"]
+    elif p is Precision.INT8_SMOOTHQUANT:
+        cmd += ["--smoothquant", str(SMOOTHQUANT_ALPHA), "--per_token", "--per_channel"]
+    if engine.kv_cache_dtype is KvCacheDtype.INT8:
+        cmd += ["--int8_kv_cache"]
+    if needs_calibration(engine):
+        cmd += _calibration_args(paths, "--calib_dataset")
+    return cmd
+
+
+def _calibration_args(paths: BuildPaths, flag: str) -> list[str]:
+    if paths.calib_dir is None:
+        raise UserError("calibration: this precision is calibrated; stage a calibration set and set calibration.dataset")
+    return [flag, str(paths.calib_dir)]
+
+
+def build_command(engine: EngineSpec, max_input_len: int, max_output_len: int, paths: BuildPaths) -> list[str]:
+    """trtllm-build of the converted checkpoint, sized by the config's limits."""
+    return [
+        "trtllm-build",
+        "--checkpoint_dir", str(paths.checkpoint_dir),
+        "--output_dir", str(paths.engine_dir),
+        "--gemm_plugin", "auto",
+        "--max_batch_size", str(engine.max_batch_size),
+        "--max_input_len", str(max_input_len),
+        "--max_seq_len", str(max_input_len + max_output_len),
+        "--max_num_tokens", str(engine.max_num_tokens),
+    ]
+
+
+def extra_llm_api_options(engine: EngineSpec) -> dict:
+    """LLM API options trtllm-serve has no flag for: iteration stats for /metrics, perf metrics."""
+    return {
+        "enable_iter_perf_stats": True,
+        "return_perf_metrics": True,
+        "kv_cache_config": {"free_gpu_memory_fraction": engine.kv_cache_free_gpu_memory_fraction},
+    }
+
+
+def serve_command(engine: EngineSpec, model_dir: Path, tokenizer_dir: Path | None, host: str, port: int,
+                  max_seq_len: int, options_file: Path) -> list[str]:
+    """trtllm-serve on loopback behind the gateway (`model_dir`: engine dir or HF checkpoint)."""
+    cmd = ["trtllm-serve", str(model_dir), "--backend", engine.backend.value, "--host", host, "--port", str(port)]
+    if tokenizer_dir is not None:
+        cmd += ["--tokenizer", str(tokenizer_dir)]
+    cmd += [
+        "--max_batch_size", str(engine.max_batch_size),
+        "--max_num_tokens", str(engine.max_num_tokens),
+        "--max_seq_len", str(max_seq_len),
+        "--kv_cache_free_gpu_memory_fraction", str(engine.kv_cache_free_gpu_memory_fraction),
+        "--extra_llm_api_options", str(options_file),
+        "--log_level", "info",
+    ]
+    return cmd
+
+
+# ---------------------------------------------------------------- running a build
+
+
+Runner = Callable[[list[str], Path], None]
+
+
+def run_logged(cmd: list[str], log_file: Path) -> None:
+    """Run one build step, its output appended to the build log (and echoed for CloudWatch)."""
+    with log_file.open("a") as out:
+        out.write(f"$ {' '.join(cmd)}\n")
+        out.flush()
+        started = time.monotonic()
+        proc = subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT, check=False)
+        out.write(f"# exit {proc.returncode} after {time.monotonic() - started:.1f} s\n")
+    if proc.returncode != 0:
+        tail = log_file.read_text(errors="replace")[-2000:]
+        raise RuntimeError(f"{os.path.basename(cmd[0]) if cmd[0] != 'python3' else cmd[1]} exited {proc.returncode}: {tail}")
+
+
+def copy_tokenizer(model_dir: Path, dest: Path) -> None:
+    """Everything in the HF directory but the weights: tokenizer, config, generation config."""
+    dest.mkdir(parents=True, exist_ok=True)
+    for path in model_dir.iterdir():
+        if path.is_file() and not path.name.endswith(_WEIGHT_SUFFIXES) and path.name != "manifest.json":
+            shutil.copy2(path, dest / path.name)
+
+
+class TrtllmBackend:
+    """Builds and serves with TensorRT-LLM (inside the release image)."""
+
+    name = "tensorrt-llm"
+
+    def __init__(self, cfg: FleetConfig, engine: EngineSpec, runner: Runner = run_logged):
+        self.cfg, self.engine, self.runner = cfg, engine, runner
+        self.version = engine.tensorrt_llm_version
+
+    @property
+    def needs_model(self) -> bool:
+        return True
+
+    @property
+    def needs_calibration(self) -> bool:
+        return needs_calibration(self.engine)
+
+    def check(self, compute_capability: str, gpu_name: str = "") -> None:
+        check_supported(self.cfg.model.family, self.engine, compute_capability, gpu_name)
+
+    def build(self, model_dir: Path | None, calib_dir: Path | None, workdir: Path) -> Path:
+        assert model_dir is not None
+        artifact = workdir / "artifact"
+        if self.engine.backend is Backend.PYTORCH:
+            # No engine: the verified staged checkpoint is the artifact.
+            shutil.copytree(model_dir, artifact, ignore=shutil.ignore_patterns("manifest.json"))
+            return artifact
+        paths = BuildPaths(model_dir=model_dir, checkpoint_dir=workdir / "checkpoint",
+                           engine_dir=artifact / "engine", calib_dir=calib_dir)
+        samples = self.cfg.calibration.samples if self.cfg.calibration else 512
+        log_file = workdir / "build.log"
+        m = self.cfg.model
+        self.runner(convert_command(self.engine, paths, samples), log_file)
+        self.runner(build_command(self.engine, m.max_input_len, m.max_output_len, paths), log_file)
+        if not (paths.engine_dir / "config.json").is_file() or not list(paths.engine_dir.glob("rank*.engine")):
+            raise RuntimeError(f"trtllm-build finished but {paths.engine_dir} has no config.json/rank*.engine")
+        copy_tokenizer(model_dir, artifact / "tokenizer")
+        shutil.rmtree(paths.checkpoint_dir, ignore_errors=True)
+        return artifact
+
+    def server_command(self, artifact: Path, host: str, port: int) -> list[str]:
+        options = artifact.parent / f"{artifact.name}.llm_api_options.yaml"
+        # JSON is YAML: no yaml dependency needed to write it.
+        options.write_text(json.dumps(extra_llm_api_options(self.engine), indent=1))
+        m = self.cfg.model
+        if self.engine.backend is Backend.PYTORCH:
+            return serve_command(self.engine, artifact, None, host, port, m.max_input_len + m.max_output_len, options)
+        return serve_command(self.engine, artifact / "engine", artifact / "tokenizer", host, port,
+                             m.max_input_len + m.max_output_len, options)

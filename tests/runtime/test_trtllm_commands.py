@@ -1,0 +1,160 @@
+"""Generated TensorRT-LLM command lines parse against the 1.2.x tools' own option definitions."""
+
+import argparse
+from pathlib import Path
+
+import pytest
+
+from fleetcast.config import Backend, KvCacheDtype, ModelFamily, Precision, load_config
+from runtime import trtllm
+from tests.runtime import trtllm_1_2_1_cli as spec
+
+REPO = Path(__file__).resolve().parents[2]
+TYPES = {"int": int, "float": float, "str": str}
+
+
+class _Refused(Exception):
+    pass
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):  # argparse would sys.exit; a test wants the reason
+        raise _Refused(message)
+
+
+def parser_from(options: dict, positionals: tuple[str, ...] = ()) -> argparse.ArgumentParser:
+    parser = _Parser(add_help=False, allow_abbrev=False)
+    for name in positionals:
+        parser.add_argument(name)
+    for name, o in options.items():
+        names = [name, *o.get("aliases", [])]
+        if o["kind"] == "flag":
+            parser.add_argument(*names, action="store_true")
+        else:
+            kwargs = {"type": TYPES[o["type"]]}
+            if "choices" in o:
+                kwargs["choices"] = o["choices"]
+            if o["kind"] == "optional":
+                kwargs.update(nargs="?", const=o["choices"][0])
+            parser.add_argument(*names, **kwargs)
+    return parser
+
+
+CONVERT = parser_from(spec.CONVERT_CHECKPOINT_GPT)
+QUANTIZE = parser_from(spec.QUANTIZE)
+BUILD = parser_from(spec.TRTLLM_BUILD)
+SERVE = parser_from(spec.TRTLLM_SERVE, tuple(spec.TRTLLM_SERVE_POSITIONAL))
+
+
+@pytest.fixture(scope="module")
+def cfg():
+    return load_config(REPO / "config" / "fleet.yaml")
+
+
+def engine(cfg, precision, kv=KvCacheDtype.AUTO):
+    return cfg.engine.model_copy(update={"precision": precision, "kv_cache_dtype": kv})
+
+
+PATHS = trtllm.BuildPaths(model_dir=Path("/work/model"), checkpoint_dir=Path("/work/ckpt"),
+                          engine_dir=Path("/work/artifact/engine"), calib_dir=Path("/work/calib"))
+
+CASES = {
+    "fp16": (Precision.FP16, KvCacheDtype.AUTO),
+    "int8 weight-only": (Precision.INT8_WEIGHT_ONLY, KvCacheDtype.AUTO),
+    "int8 smoothquant + int8 kv": (Precision.INT8_SMOOTHQUANT, KvCacheDtype.INT8),
+    "fp8 + fp8 kv": (Precision.FP8, KvCacheDtype.FP8),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_gpt2_xl_build_commands_parse_against_release_options(cfg, case):
+    precision, kv = CASES[case]
+    e = engine(cfg, precision, kv)
+    trtllm.check_supported(ModelFamily.GPT2, e, "8.9", "NVIDIA L40S")  # the seed's g6e GPU
+
+    convert = trtllm.convert_command(e, PATHS, calib_samples=512)
+    assert convert[0] == "python3"
+    if precision is Precision.FP8:
+        assert convert[1].endswith("examples/quantization/quantize.py")
+        args = QUANTIZE.parse_args(convert[2:])
+        assert (args.qformat, args.kv_cache_dtype, args.calib_dataset) == ("fp8", "fp8", "/work/calib")
+        assert args.output_dir == "/work/ckpt"
+    else:
+        assert convert[1].endswith("examples/models/core/gpt/convert_checkpoint.py")
+        args = CONVERT.parse_args(convert[2:])
+        assert args.model_dir == "/work/model" and args.output_dir == "/work/ckpt"
+        assert args.dtype == "float16"
+        if precision is Precision.INT8_WEIGHT_ONLY:
+            assert args.use_weight_only and args.weight_only_precision == "int8"
+            assert args.calib_dataset is None  # W8A16 needs no calibration
+        if precision is Precision.INT8_SMOOTHQUANT:
+            assert args.smoothquant == 0.5 and args.per_token and args.per_channel
+            assert args.int8_kv_cache and args.calib_dataset == "/work/calib"  # staged: no hub download
+        if precision is Precision.FP16:
+            assert not args.use_weight_only and args.smoothquant is None and not args.int8_kv_cache
+
+    build = trtllm.build_command(e, cfg.model.max_input_len, cfg.model.max_output_len, PATHS)
+    assert build[0] == "trtllm-build"
+    b = BUILD.parse_args(build[1:])
+    assert (b.checkpoint_dir, b.output_dir, b.gemm_plugin) == ("/work/ckpt", "/work/artifact/engine", "auto")
+    assert b.max_seq_len == cfg.model.max_input_len + cfg.model.max_output_len <= 1024  # GPT-2 XL n_positions
+    assert (b.max_batch_size, b.max_num_tokens) == (e.max_batch_size, e.max_num_tokens)
+
+
+def test_serve_command_parses_and_carries_config(cfg, tmp_path):
+    e = engine(cfg, Precision.INT8_WEIGHT_ONLY)
+    backend = trtllm.TrtllmBackend(cfg, e)
+    artifact = tmp_path / "key"
+    artifact.mkdir()
+    cmd = backend.server_command(artifact, "127.0.0.1", 8001)
+    assert cmd[0] == "trtllm-serve"
+    a = SERVE.parse_args(cmd[1:])
+    assert a.model == str(artifact / "engine") and a.tokenizer == str(artifact / "tokenizer")
+    assert (a.backend, a.host, a.port) == ("tensorrt", "127.0.0.1", 8001)
+    assert a.free_gpu_memory_fraction == e.kv_cache_free_gpu_memory_fraction
+    assert a.max_batch_size == e.max_batch_size and a.max_num_tokens == e.max_num_tokens
+    import json
+    options = json.loads(Path(a.config).read_text())  # JSON is YAML
+    assert options["enable_iter_perf_stats"] is True  # /metrics iteration stats
+
+
+def test_pytorch_backend_serves_the_checkpoint_without_engine(cfg, tmp_path):
+    model = cfg.model.model_copy(update={"family": ModelFamily.LLAMA})
+    c = cfg.model_copy(update={"model": model})
+    e = cfg.engine.model_copy(update={"backend": Backend.PYTORCH, "precision": Precision.BF16})
+    backend = trtllm.TrtllmBackend(c, e)
+    backend.check("9.0", "NVIDIA H100")
+    assert not backend.needs_calibration
+    cmd = backend.server_command(tmp_path / "key", "127.0.0.1", 8001)
+    a = SERVE.parse_args(cmd[1:])
+    assert a.backend == "pytorch" and a.model == str(tmp_path / "key") and a.tokenizer is None
+
+
+def test_spec_rejects_what_the_release_rejects():
+    """The rebuilt parsers are strict: an unknown option or a wrong choice fails (so the checks can fail)."""
+    with pytest.raises(_Refused):
+        BUILD.parse_args(["--checkpoint_dir", "x", "--gemm_plugin", "int8"])
+    with pytest.raises(_Refused):
+        CONVERT.parse_args(["--model_dir", "x", "--qformat", "fp8"])
+    with pytest.raises(_Refused):
+        QUANTIZE.parse_args(["--qformat", "int8"])
+
+
+UNSUPPORTED = [
+    # (family, backend, precision, kv, compute capability, words the message must contain)
+    (ModelFamily.GPT2, Backend.TENSORRT, Precision.FP8, KvCacheDtype.AUTO, "8.6", ["fp8", "8.6", "allowed there"]),
+    (ModelFamily.GPT2, Backend.PYTORCH, Precision.FP16, KvCacheDtype.AUTO, "8.9", ["engine.backend", "gpt2"]),
+    (ModelFamily.LLAMA, Backend.PYTORCH, Precision.INT8_SMOOTHQUANT, KvCacheDtype.AUTO, "8.9", ["int8_sq", "pytorch"]),
+    (ModelFamily.GPT2, Backend.TENSORRT, Precision.INT8_WEIGHT_ONLY, KvCacheDtype.AUTO, "12.0", ["int8_wo", "sm120"]),
+    (ModelFamily.GPT2, Backend.TENSORRT, Precision.FP16, KvCacheDtype.FP8, "8.9", ["kv_cache_dtype", "fp8"]),
+    (ModelFamily.GPT2, Backend.TENSORRT, Precision.FP16, KvCacheDtype.AUTO, "7.5", ["not a supported architecture"]),
+]
+
+
+@pytest.mark.parametrize("family,backend,precision,kv,cc,words", UNSUPPORTED)
+def test_unsupported_combinations_are_refused_with_a_clear_message(cfg, family, backend, precision, kv, cc, words):
+    e = cfg.engine.model_copy(update={"backend": backend, "precision": precision, "kv_cache_dtype": kv})
+    with pytest.raises(trtllm.UnsupportedCombination) as err:
+        trtllm.check_supported(family, e, cc, "GPU")
+    for word in words:
+        assert word in str(err.value)
