@@ -52,13 +52,14 @@ class ConsumerEndpoint(Construct):
             private_dns_enabled=False,
             service_region=consumer.service_region if consumer.cross_region else None,
         )
-        CfnOutput(self, "EndpointId", value=self.endpoint.vpc_endpoint_id)
+        # Stable output keys: smoke tests and consumer tooling read them by name.
+        CfnOutput(self, "EndpointId", value=self.endpoint.vpc_endpoint_id).override_logical_id("EndpointId")
         CfnOutput(
             self,
             "EndpointDnsNames",
             value=Fn.join(",", self.endpoint.vpc_endpoint_dns_entries),
             description=f"hosted-zone-id:dns-name pairs; call http://<dns-name>:{port}/v1/completions",
-        )
+        ).override_logical_id("EndpointDnsEntries")
 
 
 class ConsumerStack(Stack):

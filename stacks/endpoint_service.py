@@ -134,7 +134,10 @@ class EndpointService(Construct):
             connection_notification_arn=topic.topic_arn,
         )
 
+        # Stable output keys: deploy and connection tooling read them by name.
         CfnOutput(self, "ServiceName", value=self.endpoint_service.vpc_endpoint_service_name,
-                  description="endpoint_service_name for this region's consumers in the config")
+                  description="endpoint_service_name for this region's consumers in the config"
+                  ).override_logical_id("EndpointServiceName")
         CfnOutput(self, "ServiceId", value=self.endpoint_service.vpc_endpoint_service_id,
-                  description="Endpoint service id (fleetcast connections approve/reject)")
+                  description="Endpoint service id (fleetcast connections approve/reject)"
+                  ).override_logical_id("EndpointServiceId")

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from aws_cdk import Stack
+from aws_cdk import CfnOutput, Stack
 from aws_cdk import aws_ec2 as ec2
 from constructs import Construct
 
@@ -90,6 +90,19 @@ class ProviderStack(Stack):
             self, "Operations", cfg=cfg, region=region, fleets=self.fleets, service=self.service,
             notifications=self.notifications,
         )
+        self._outputs()
+
+    def _outputs(self) -> None:
+        """Stable output keys for staging (`fleetcast stage`) and operators."""
+        outputs = {
+            "ModelBucketName": self.model_store.bucket.bucket_name,
+            "ImageRepositoryUri": self.image_repository.repository.repository_uri,
+            "ConfigParameterName": self.bootstrap.config_parameter.parameter_name,
+            "NotificationTopicArn": self.notifications.topic.topic_arn,
+            "InstanceLogGroupName": self.log_group.log_group_name,
+        }
+        for key, value in outputs.items():
+            CfnOutput(self, key, value=value)
 
     @property
     def availability_zones(self) -> list[str]:

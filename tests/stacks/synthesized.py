@@ -1,0 +1,126 @@
+"""Synthesized fleets shared by the stack tests: each config variant is built and synthesized once per run.
+
+`synthesize(doc)` builds the real app (`stacks.app_builder.build_app`, cdk-nag
+registered, cdk.json feature flags) in-process and synthesizes it into a
+temporary cloud assembly; a cdk-nag finding makes it raise, exactly as
+`cdk synth` would fail.
+"""
+
+from __future__ import annotations
+
+import atexit
+import copy
+import json
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass, field
+from functools import lru_cache
+from pathlib import Path
+
+from aws_cdk import App
+from aws_cdk.assertions import Template
+from ruamel.yaml import YAML
+
+from fleetcast.config import FleetConfig, parse_config
+from stacks.app_builder import build_app, cdk_json_context
+
+os.environ.setdefault("JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION", "1")
+
+ROOT = Path(__file__).resolve().parents[2]
+DEFAULT_CONFIG = ROOT / "config" / "fleet.yaml"
+
+
+@dataclass
+class Synthesized:
+    cfg: FleetConfig
+    outdir: Path
+    stacks: dict  # stack name -> Stack
+    messages: list[str] = field(default_factory=list)
+
+    def template_json(self, stack_name: str) -> dict:
+        return json.loads((self.outdir / f"{stack_name}.template.json").read_text())
+
+    def template(self, stack_name: str) -> Template:
+        return Template.from_json(self.template_json(stack_name))
+
+    def template_files(self) -> list[Path]:
+        return sorted(self.outdir.glob("*.template.json"))
+
+    def resources(self, stack_name: str, type_: str) -> dict[str, dict]:
+        return {k: v for k, v in self.template_json(stack_name)["Resources"].items() if v["Type"] == type_}
+
+
+def default_doc() -> dict:
+    return YAML(typ="safe").load(DEFAULT_CONFIG.read_text())
+
+
+def synthesize(doc: dict, label: str) -> Synthesized:
+    cfg = parse_config(copy.deepcopy(doc), f"<{label}>")
+    outdir = Path(tempfile.mkdtemp(prefix=f"fleetcast-{label}-"))
+    atexit.register(shutil.rmtree, outdir, ignore_errors=True)
+    app = App(outdir=str(outdir), context=cdk_json_context())
+    messages: list[str] = []
+    stacks = build_app(cfg, app, report=messages.append)
+    app.synth()
+    return Synthesized(cfg=cfg, outdir=outdir, stacks=stacks, messages=messages)
+
+
+@lru_cache(maxsize=None)
+def default_fleet() -> Synthesized:
+    """config/fleet.yaml as shipped."""
+    return synthesize(default_doc(), "default")
+
+
+def variant_doc() -> dict:
+    """Every other branch at once: an imported VPC, a TLS listener, the `latest` DLAMI, two pools
+    of different GPUs in one region, a larger model change (new digest), and a consumer whose
+    endpoint service name is not published yet."""
+    doc = default_doc()
+    seoul = doc["regions"][0]
+    seoul["vpc"] = {
+        "vpc_id": "vpc-0123456789abcdef0",
+        "cidr": "10.50.0.0/16",
+        "subnet_ids": ["subnet-0123456789abcdef1", "subnet-0123456789abcdef2"],
+        "route_table_ids": ["rtb-0123456789abcdef1", "rtb-0123456789abcdef2"],
+    }
+    seoul["ami"] = {"id": "latest"}
+    seoul["pools"].append({
+        "name": "a10g",
+        "instance_type": "g5.2xlarge",
+        "capacity": {"min": 0, "desired": 1, "max": 3},
+        "engine": {"precision": "int8_wo", "max_batch_size": 32},
+        "root_volume_gib": 300,
+    })
+    doc["network"]["tls_certificate_arns"] = {
+        "ap-northeast-2": "arn:aws:acm:ap-northeast-2:111122223333:certificate/0a1b2c3d-4e5f-6789-abcd-ef0123456789"
+    }
+    doc["engine"]["max_batch_size"] = 32
+    doc["consumers"].append({
+        "name": "late-team",
+        "account": "444455556666",
+        "region": "ap-northeast-2",
+        "service_region": "ap-northeast-2",
+        "vpc_id": "vpc-0a1b2c3d4e5f60719",
+        "subnets": [{"id": "subnet-0a1b2c3d4e5f60713", "az_id": "apne2-az1"}],
+        "cidrs": ["10.61.0.0/16"],
+    })
+    return doc
+
+
+@lru_cache(maxsize=None)
+def variant_fleet() -> Synthesized:
+    return synthesize(variant_doc(), "variant")
+
+
+def nat_doc() -> dict:
+    doc = default_doc()
+    doc["network"]["egress"] = "nat"
+    doc["regions"] = doc["regions"][:1]
+    doc["consumers"] = [c for c in doc["consumers"] if c["service_region"] == doc["regions"][0]["region"]]
+    return doc
+
+
+@lru_cache(maxsize=None)
+def nat_fleet() -> Synthesized:
+    return synthesize(nat_doc(), "nat")
