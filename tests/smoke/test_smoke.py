@@ -1,0 +1,71 @@
+"""`fleetcast smoke` against the real reference backend on loopback."""
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def reference_server(tmp_path_factory):
+    pytest.importorskip("torch")
+    artifact = tmp_path_factory.mktemp("artifact")
+    subprocess.run([sys.executable, "-m", "runtime.reference.build", "--out", str(artifact), "--size", "tiny"],
+                   check=True, cwd=ROOT, capture_output=True, timeout=120)
+    port = _port()
+    proc = subprocess.Popen([sys.executable, "-m", "runtime.reference.server", "--artifact", str(artifact),
+                             "--host", "127.0.0.1", "--port", str(port), "--device", "cpu", "--threads", "1"],
+                            cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            if urllib.request.urlopen(f"{url}/health", timeout=1).status == 200:
+                break
+        except OSError:
+            time.sleep(0.2)
+    else:
+        proc.kill()
+        pytest.fail("reference server did not become healthy")
+    yield url
+    proc.terminate()
+    proc.wait(timeout=30)
+
+
+def cli(*args):
+    return subprocess.run([sys.executable, "-m", "scripts.cli", "smoke", *args], capture_output=True, text=True,
+                          cwd=ROOT, timeout=120)
+
+
+def test_smoke_prints_ttft_and_tokens(reference_server):
+    out = cli("--endpoint", reference_server, "--max-tokens", "8", "--json")
+    assert out.returncode == 0, out.stderr
+    result = json.loads(out.stdout)
+    assert result["completion_tokens"] == 8
+    assert 0 < result["ttft_ms"] <= result["e2e_ms"]
+    human = cli("--endpoint", reference_server + "/v1", "--max-tokens", "4")
+    assert "TTFT:" in human.stdout and "completion 4" in human.stdout
+
+
+def test_unreachable_endpoint_is_a_clear_error():
+    out = cli("--endpoint", f"http://127.0.0.1:{_port()}", "--timeout", "5")
+    assert out.returncode == 1 and "cannot reach" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_bad_arguments():
+    out = cli("--endpoint", "vpce-123.example:8000")
+    assert out.returncode == 2 and "must be an http:// or https:// URL" in out.stderr
