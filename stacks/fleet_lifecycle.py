@@ -6,7 +6,9 @@
   runtime drains whatever is left, flushes metrics and completes the hook. The
   heartbeat covers `operations.drain_timeout_s` plus a margin for that cleanup; the
   default result is CONTINUE, so a hung runtime can delay a termination but never
-  keep a bad instance alive.
+  keep a bad instance alive. With `warm_pool.reuse_on_scale_in`, an instance going
+  back to the warm pool pauses for this same hook in Warmed:Pending:Wait (its IMDS
+  target lifecycle state is then `Warmed:Stopped`, not `Terminated`).
 - Warm pool: `warm_pool.size` stopped instances that already ran the launch path
   (image pulled, engine built or fetched from the cache) so a scale-out only boots
   and serves. MinSize and MaxGroupPreparedCapacity are both the configured size,

@@ -17,6 +17,10 @@ the previous launch template version back and refreshes the replaced instances t
 it. The alarms watched are the pool's latency, error, build and circuit-breaker
 alarms and the service's zero-healthy alarm (at most 10, a CloudFormation limit).
 
+An alarm already in ALARM when the deploy starts fails the refresh at once, so a fix
+for an ongoing incident cannot roll out while it watches: `rollout.rollback_on_alarms:
+false` drops the alarm specification for that one deploy (docs/runbook.md).
+
 The `AutoScalingScheduledAction` policy keeps a deploy from resetting sizes that
 schedules or scaling set (only sizes changed in the template are applied).
 """
@@ -59,7 +63,7 @@ class PoolRollout(Construct):
             standby_instances="Wait",
             alarm_specification=CfnAutoScalingInstanceRefreshAlarmSpecification(
                 alarms=[alarm.alarm_name for alarm in rollback_alarms],
-            ),
+            ) if spec.rollback_on_alarms else None,
         )
         cfn_asg: autoscaling.CfnAutoScalingGroup = asg.node.default_child  # type: ignore[assignment]
         # Replaces any rolling-update policy: the two are mutually exclusive.

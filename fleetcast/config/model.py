@@ -293,6 +293,11 @@ class RolloutSpec(Frozen):
                              description="Alarm watch after the last replacement before the stack update succeeds.")
     instance_warmup_s: int = Field(default=300, ge=0, le=7200,
                                    description="Wait after a replacement is InService before the next one.")
+    rollback_on_alarms: bool = Field(
+        default=True,
+        description="Fail (and so roll back) a refresh when the pool's SLO, error or build alarms fire. Turn off "
+        "only to push a fix while those alarms are already firing (docs/runbook.md).",
+    )
 
     @model_validator(mode="after")
     def _never_all_at_once(self) -> "RolloutSpec":

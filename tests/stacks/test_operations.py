@@ -386,3 +386,11 @@ def test_no_reservation_targeting_without_ids(default):
 def test_reservations_only_without_ids_is_a_config_error(base_doc):
     with pytest.raises(ConfigError, match="capacity_reservation_ids is empty"):
         configure(base_doc, capacity_reservations_only=True)
+
+
+def test_alarm_watch_can_be_dropped_for_an_emergency_fix(base_doc):
+    template, _ = synth(configure(base_doc, rollout={"rollback_on_alarms": False}))
+    (group,) = template.find_resources("AWS::AutoScaling::AutoScalingGroup").values()
+    prefs = group["UpdatePolicy"]["AutoScalingInstanceRefresh"]["Preferences"]
+    assert "AlarmSpecification" not in prefs
+    assert prefs["MinHealthyPercentage"] == 90  # still never all at once
