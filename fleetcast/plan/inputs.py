@@ -163,7 +163,7 @@ class Prices:
 def shipped_prices() -> Prices:
     raw = _read_yaml(DATA_DIR / "instances.yaml", "instances.yaml")
     table = {name: dict(inst.price_per_hour) for name, inst in catalog.instance_catalog().items()}
-    return Prices(table, str(raw.get("as_of", "unknown")), "fleetcast/config/data/instances.yaml")
+    return Prices(table, str(raw.get("as_of", "unknown")), "shipped")
 
 
 def load_prices(path: str | Path | None) -> Prices:
@@ -298,7 +298,7 @@ def load_latency(path: str | Path | None) -> Latency:
             if not isinstance(ms, (int, float)) or ms < 0:
                 raise UserError(f"--latency: {p}: rtt_ms.{a}.{b} = {ms!r}; must be a number >= 0 (milliseconds)")
             rtt[frozenset((a, b))] = float(ms)
-    return Latency(float(same), rtt, str(raw.get("as_of", "undated")), str(p))
+    return Latency(float(same), rtt, str(raw.get("as_of", "undated")), str(path) if path else "shipped")
 
 
 # ---------------------------------------------------------------- availability

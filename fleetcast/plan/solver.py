@@ -119,6 +119,11 @@ class Evaluation:
     def instance_hours(self) -> int:
         return sum(self.instances_by_hour)
 
+    def capacity(self) -> tuple[int, int, int]:
+        """(min, desired, max) for the pool: the day's lowest, mean (rounded up) and highest instance counts."""
+        n = self.instances_by_hour
+        return min(n), min(max(n), math.ceil(sum(n) / len(n))), max(n)
+
     def rank_key(self) -> tuple:
         return (round(self.cost_per_hour, 2), round(self.weighted_ttft_p99, 1), self.instance_hours,
                 self.candidate.estimated, self.label)
@@ -330,7 +335,7 @@ def _loss_reason(ev: Evaluation, win: Evaluation, traffic: ConsumerTraffic) -> s
              f"${ev.usd_per_m_output:.3f} vs ${win.usd_per_m_output:.3f} per 1M output tokens)"]
     if ev.first_failure and ev.share_above_target > 0:
         parts.append(f"{ev.first_failure.text()} caps its load at {ev.target:g} in-flight requests per instance, "
-                     f"below the level {ev.share_above_target:.0%} of {traffic.region}'s requests run at")
+                     f"while {ev.share_above_target:.0%} of {traffic.region}'s requests run at higher levels")
     if ev.seconds_per_request > win.seconds_per_request * 1.005:
         parts.append(f"each request holds an instance {ev.seconds_per_request * 1000:.0f} ms vs "
                      f"{win.seconds_per_request * 1000:.0f} ms at the traffic's load levels")
@@ -344,13 +349,17 @@ def _loss_reason(ev: Evaluation, win: Evaluation, traffic: ConsumerTraffic) -> s
 
 def _why_not(candidates, evaluations, ranked, winner, traffic, ctx) -> list[tuple[str, str]]:
     out = []
+    order = {id(e.candidate): i for i, e in enumerate(ranked)}
+    candidates = sorted(candidates, key=lambda c: order.get(id(c), len(order)))
     for cand in candidates:
         mine = [e for e in evaluations if e.candidate is cand]
         feasible = [e for e in ranked if e.candidate is cand]
         if winner is not None and cand is winner.candidate:
-            for e in feasible:
-                if e is not winner:
-                    out.append((e.label, _loss_reason(e, winner, traffic)))
+            others = [e for e in feasible if e is not winner]
+            if others:
+                out.append((f"{cand.label} from other regions", "; ".join(
+                    f"{e.service_region} {_pct(e.cost_per_hour, winner.cost_per_hour)} cost, +{e.rtt_ms - winner.rtt_ms:.0f} ms RTT"
+                    for e in others)))
             continue
         if feasible:
             best = feasible[0]

@@ -1,0 +1,209 @@
+"""Roofline performance model for candidates nobody has benchmarked.
+
+Ideal times (seconds) for a decoder-only model of P parameters, L layers and
+KV width D (per layer, keys+values each D wide) on a GPU with memory bandwidth
+B (bytes/s) and dense math rate F (FLOP/s at the precision's math type), with
+prompt I and completion O tokens and c requests in flight:
+
+    weight bytes    Wb = P * bytes_per_weight(precision)
+    KV bytes/token  kv = 2 * L * D * 2                       (fp16 KV cache)
+    decode step     t_dec(c) = max((Wb + c*kv*(I + O/2)) / B,  2*P*c / F)
+    prefill         t_pre    = max(Wb / B,  2*P*I / F)
+    ITL(c)          = t_dec(c) + (c/O) * t_pre                 (c/O prefills ride along per step)
+    TTFT(c)         = t_pre + ITL(c)
+    E2E(c)          = TTFT(c) + (O - 1) * ITL(c)
+
+Calibration on every measured point: for each metric m (P99 TTFT, P99 ITL,
+mean E2E), fit log(measured/ideal) = a_m + b_m * log(c) by least squares, so
+estimate_m(c) = exp(a_m) * c**b_m * ideal_m(c) (b_m carries the queueing growth
+the roofline leaves out). The model's error is reported as the mean absolute
+percentage error in sample and leave-one-candidate-out (each measured candidate
+predicted from a fit on the others). Estimates are always labelled as such.
+
+A candidate whose GPU and precision were measured on another instance size
+(g6e.2xlarge vs g6e.xlarge: same L40S) reuses that curve instead.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from fleetcast.config import catalog
+from fleetcast.config.model import Backend, ModelFamily, Precision
+from fleetcast.errors import UserError
+
+from .curves import Candidate, Curve, LoadPoint
+
+BYTES_PER_WEIGHT = {"fp16": 2.0, "bf16": 2.0, "int8_wo": 1.0, "int8_sq": 1.0, "fp8": 1.0, "int4_wo": 0.5, "nvfp4": 0.5}
+EIGHT_BIT_MATH = {"int8_sq", "fp8", "nvfp4"}  # weight-only modes dequantize and do the math in fp16
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    params: float
+    layers: int
+    kv_width: int  # per layer, keys (values the same): n_kv_heads * head_dim
+
+
+# Public architecture figures (config.json of each checkpoint).
+MODEL_SHAPES = {
+    "gpt2": ModelShape(124e6, 12, 768),
+    "gpt2-medium": ModelShape(355e6, 24, 1024),
+    "gpt2-large": ModelShape(774e6, 36, 1280),
+    "gpt2-xl": ModelShape(1.558e9, 48, 1600),
+    "llama-3.2-1b": ModelShape(1.236e9, 16, 512),
+    "llama-3.2-3b": ModelShape(3.213e9, 28, 1024),
+    "phi-3-mini": ModelShape(3.821e9, 32, 3072),
+    "qwen2.5-1.5b": ModelShape(1.544e9, 28, 256),
+}
+
+METRICS = ("ttft_p99", "itl_p99", "e2e_mean")
+
+
+def ideal(gpu: catalog.Gpu, precision: str, shape: ModelShape, c: float, i: float, o: float) -> dict[str, float]:
+    """Ideal milliseconds for each metric (formulas in the module docstring)."""
+    bw = gpu.bandwidth_gbps * 1e9
+    flops = (gpu.int8_tops if precision in EIGHT_BIT_MATH else gpu.fp16_tflops) * 1e12
+    wb = shape.params * BYTES_PER_WEIGHT[precision]
+    kv = 2 * shape.layers * shape.kv_width * 2
+    t_dec = max((wb + c * kv * (i + o / 2)) / bw, 2 * shape.params * c / flops)
+    t_pre = max(wb / bw, 2 * shape.params * i / flops)
+    itl = t_dec + (c / o) * t_pre
+    ttft = t_pre + itl
+    return {"ttft_p99": ttft * 1e3, "itl_p99": itl * 1e3, "e2e_mean": (ttft + (o - 1) * itl) * 1e3}
+
+
+def _fit(rows: list[tuple[float, float]]) -> tuple[float, float]:
+    """Least squares y = a + b*x; rows are (x, y)."""
+    n = len(rows)
+    mx = sum(x for x, _ in rows) / n
+    my = sum(y for _, y in rows) / n
+    sxx = sum((x - mx) ** 2 for x, _ in rows)
+    b = sum((x - mx) * (y - my) for x, y in rows) / sxx if sxx > 0 else 0.0
+    return my - b * mx, b
+
+
+@dataclass
+class Estimator:
+    """The calibrated roofline: fit on measured candidates, report its own error."""
+
+    shape: ModelShape
+    measured: list[Candidate]
+    input_tokens: float
+    output_tokens: float
+    coef: dict[str, tuple[float, float]] = field(default_factory=dict)
+    error_in_sample: dict[str, float] = field(default_factory=dict)
+    error_leave_one_out: dict[str, float] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        usable = [c for c in self.measured if not c.estimated]
+        if not usable:
+            raise UserError("--estimate: the roofline model is calibrated on measured results; give at least one")
+        self.coef = self._calibrate(usable)
+        self.error_in_sample = self._error(usable, self.coef)
+        if len(usable) >= 2:
+            loo: dict[str, list[float]] = {m: [] for m in METRICS}
+            for held in usable:
+                coef = self._calibrate([c for c in usable if c is not held])
+                for m, errs in self._errors([held], coef).items():
+                    loo[m].extend(errs)
+            self.error_leave_one_out = {m: sum(v) / len(v) for m, v in loo.items() if v}
+
+    def _gpu(self, cand: Candidate) -> catalog.Gpu:
+        return catalog.instance_catalog()[cand.instance_type].gpu
+
+    def _lengths(self, cand: Candidate) -> tuple[float, float]:
+        return (cand.input_mean or self.input_tokens, cand.output_mean or self.output_tokens)
+
+    def _calibrate(self, cands: list[Candidate]) -> dict[str, tuple[float, float]]:
+        rows: dict[str, list[tuple[float, float]]] = {m: [] for m in METRICS}
+        for cand in cands:
+            i, o = self._lengths(cand)
+            for p in cand.curve.points:
+                base = ideal(self._gpu(cand), cand.precision, self.shape, p.concurrency, i, o)
+                for m in METRICS:
+                    rows[m].append((math.log(p.concurrency), math.log(getattr(p, m) / base[m])))
+        return {m: _fit(r) for m, r in rows.items()}
+
+    def _predict(self, gpu, precision, c, i, o, coef) -> dict[str, float]:
+        base = ideal(gpu, precision, self.shape, c, i, o)
+        return {m: base[m] * math.exp(coef[m][0] + coef[m][1] * math.log(c)) for m in METRICS}
+
+    def _errors(self, cands, coef) -> dict[str, list[float]]:
+        out: dict[str, list[float]] = {m: [] for m in METRICS}
+        for cand in cands:
+            i, o = self._lengths(cand)
+            for p in cand.curve.points:
+                pred = self._predict(self._gpu(cand), cand.precision, p.concurrency, i, o, coef)
+                for m in METRICS:
+                    out[m].append(abs(pred[m] - getattr(p, m)) / getattr(p, m))
+        return out
+
+    def _error(self, cands, coef) -> dict[str, float]:
+        return {m: sum(v) / len(v) for m, v in self._errors(cands, coef).items()}
+
+    def estimate(self, instance_type: str, precision: str, levels: list[float]) -> Candidate:
+        gpu = catalog.instance_catalog()[instance_type].gpu
+        # Same GPU, same precision, another instance size: the measured curve is the better estimate.
+        for cand in self.measured:
+            if not cand.estimated and cand.precision == precision and self._gpu(cand).name == gpu.name:
+                return Candidate(instance_type, precision, cand.curve, estimated=True, backend=cand.backend,
+                                 model=cand.model, sources=(f"same {gpu.name} GPU as measured {cand.label}",),
+                                 input_mean=cand.input_mean, output_mean=cand.output_mean)
+        i, o = self.input_tokens, self.output_tokens
+        points = []
+        for c in levels:
+            pred = self._predict(gpu, precision, c, i, o, self.coef)
+            points.append(LoadPoint(concurrency=c, ttft_p99=pred["ttft_p99"], itl_p99=pred["itl_p99"],
+                                    e2e_mean=pred["e2e_mean"], output_tps=c * o / (pred["e2e_mean"] / 1000)))
+        return Candidate(instance_type, precision, Curve(tuple(points), ("roofline estimate",)), estimated=True,
+                         sources=("roofline model",), input_mean=i, output_mean=o)
+
+    def describe(self) -> str:
+        def pct(d: dict) -> str:
+            return ", ".join(f"{m} {v:.0%}" for m, v in d.items())
+        text = f"roofline calibrated on {len([c for c in self.measured if not c.estimated])} measured candidate(s); " \
+               f"mean abs. error in sample: {pct(self.error_in_sample)}"
+        if self.error_leave_one_out:
+            text += f"; leave-one-candidate-out: {pct(self.error_leave_one_out)}"
+        return text
+
+
+def estimate_specs(specs: list[str], measured: list[Candidate], model_id: str, family: ModelFamily | None,
+                   input_tokens: float, output_tokens: float) -> tuple[list[Candidate], Estimator]:
+    """Estimated candidates for `--estimate` specs: INSTANCE[:PRECISION] or `all`."""
+    shape = MODEL_SHAPES.get(model_id)
+    if shape is None:
+        raise UserError(f"--estimate: no architecture figures for model {model_id!r}; known: {', '.join(sorted(MODEL_SHAPES))}")
+    est = Estimator(shape, measured, input_tokens, output_tokens)
+    instances = catalog.instance_catalog()
+    backends = catalog.BACKENDS_BY_FAMILY.get(family, frozenset(Backend)) if family else frozenset(Backend)
+    allowed_by_backend = set().union(*(catalog.PRECISIONS_BY_BACKEND[b] for b in backends))
+    wanted: list[tuple[str, str]] = []
+    for spec in specs:
+        if spec == "all":
+            for name, inst in sorted(instances.items()):
+                for p in sorted(catalog.PRECISIONS_BY_ARCH.get(inst.gpu.arch, frozenset()) & allowed_by_backend, key=lambda x: x.value):
+                    wanted.append((name, p.value))
+            continue
+        name, _, precision = spec.partition(":")
+        if name not in instances:
+            raise UserError(f"--estimate: {name!r} is not in the instance catalog; allowed: {', '.join(sorted(instances))}, or 'all'")
+        if precision:
+            if precision not in BYTES_PER_WEIGHT:
+                raise UserError(f"--estimate: precision {precision!r} is not one of {', '.join(p.value for p in Precision)}")
+            wanted.append((name, precision))
+        else:
+            arch = instances[name].gpu.arch
+            wanted += [(name, p.value) for p in sorted(catalog.PRECISIONS_BY_ARCH.get(arch, frozenset()) & allowed_by_backend,
+                                                         key=lambda x: x.value)]
+    have = {(c.instance_type, c.precision) for c in measured}
+    levels = sorted({p.concurrency for c in measured for p in c.curve.points})
+    out, seen = [], set()
+    for name, precision in wanted:
+        if (name, precision) in have or (name, precision) in seen:
+            continue
+        seen.add((name, precision))
+        out.append(est.estimate(name, precision, levels))
+    return out, est

@@ -1,0 +1,330 @@
+"""Plan output: the ranked terminal table, the Markdown and HTML reports with
+plots, and a machine-readable plan.json. Rendering only; no decisions here.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .solver import Evaluation, RegionPlan, Slo
+
+
+@dataclass
+class PlanResult:
+    traffic_name: str
+    model_id: str | None
+    slo: Slo
+    regions: list[RegionPlan]
+    data_notes: list[str]  # where prices, availability, latency, fixed costs came from (dated)
+    estimator: str | None = None
+    warnings: list[str] = field(default_factory=list)
+
+
+def _levels_text(plan: RegionPlan) -> str:
+    return ", ".join(f"{k}: {v:.0%}" for k, v in plan.traffic.concurrency.items())
+
+
+def _best_per_candidate(plan: RegionPlan) -> list[Evaluation]:
+    seen, out = set(), []
+    for ev in plan.ranked:
+        if id(ev.candidate) not in seen:
+            seen.add(id(ev.candidate))
+            out.append(ev)
+    return out
+
+
+def _rejected_candidates(plan: RegionPlan) -> list[tuple[str, str]]:
+    feasible = {id(e.candidate) for e in plan.ranked}
+    labels = {e.candidate.label for e in plan.evaluations if id(e.candidate) not in feasible}
+    return [(label, why) for label, why in plan.why_not if label in labels]
+
+
+def _tag(ev: Evaluation) -> str:
+    return " (estimated)" if ev.candidate.estimated else ""
+
+
+def _summary_line(plan: RegionPlan) -> str:
+    rps = plan.traffic.hourly_rps()
+    per_day = sum(rps) * 3600
+    return (f"Consumers in {plan.traffic.region}: {per_day / 1e6:.2f} M requests/day, peak {max(rps):g} req/s, "
+            f"input {plan.traffic.input_mean:g} / output {plan.traffic.output_mean:g} tokens; "
+            f"concurrency levels {_levels_text(plan)}")
+
+
+def recommendation(plan: RegionPlan) -> str:
+    w = plan.winner
+    if w is None:
+        return f"No candidate serves {plan.traffic.region} within the SLO: see the reasons above."
+    lo, desired, hi = w.capacity()
+    return (f"{w.candidate.label}{_tag(w)} in {w.service_region}: ${w.cost_per_hour:.2f}/h "
+            f"(${w.usd_per_m_output:.3f} per 1M output tokens, ${w.usd_per_m_input:.3f} per 1M input), "
+            f"{lo}-{hi} instances over the day (capacity min {lo}, desired {desired}, max {hi}), "
+            f"target {w.target:g} in-flight requests per instance (highest load within the SLO: {w.max_load:g})")
+
+
+# ---------------------------------------------------------------- terminal
+
+
+def render_terminal(result: PlanResult) -> str:
+    out = [f"fleetcast plan: traffic {result.traffic_name}" + (f", model {result.model_id}" if result.model_id else ""),
+           f"SLO: {result.slo.text()}"]
+    out += [f"Data: {'; '.join(result.data_notes)}"]
+    if result.estimator:
+        out.append(f"Estimates: {result.estimator}")
+    out += [f"warning: {w}" for w in result.warnings]
+    for plan in result.regions:
+        out += ["", _summary_line(plan)]
+        header = ("#", "candidate", "region", "c*", "target", "instances", "$/h", "$/1M out", "$/1M in",
+                  "wP99 TTFT", "wP99 ITL", "goodput/inst")
+        rows = [header]
+        for i, ev in enumerate(_best_per_candidate(plan), 1):
+            lo, _, hi = ev.capacity()
+            rows.append((str(i), ev.candidate.label + ("*" if ev.candidate.estimated else ""), ev.service_region,
+                         f"{ev.max_load:g}", f"{ev.target:g}", f"{lo}-{hi}", f"{ev.cost_per_hour:.2f}",
+                         f"{ev.usd_per_m_output:.3f}", f"{ev.usd_per_m_input:.3f}", f"{ev.weighted_ttft_p99:.0f} ms",
+                         f"{ev.weighted_itl_p99:.1f} ms", f"{'' if ev.goodput_exact else '>='}{ev.goodput_rps:.1f} rps"))
+        widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
+        for r in rows:
+            out.append("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip())
+        for label, why in _rejected_candidates(plan):
+            out.append(f"-  {label}: {why}")
+        if any(ev.candidate.estimated for ev in plan.ranked):
+            out.append("*  estimated by the roofline model, not measured")
+        out += ["", f"Recommendation: {recommendation(plan)}"]
+        rejected = {label for label, _ in _rejected_candidates(plan)}
+        losers = [(label, why) for label, why in plan.why_not if label not in rejected]
+        if losers:
+            out.append("Why not the others:")
+            out += [f"  - {label}: {why}" for label, why in losers]
+        if plan.peak_notes:
+            out.append("Peak throughput is not the decision metric:")
+            out += [f"  - {n}" for n in plan.peak_notes]
+        if plan.stats_notes:
+            out.append("Statistical notes:")
+            out += [f"  - {n}" for n in plan.stats_notes]
+        notes = plan.winner.notes if plan.winner else []
+        out += [f"  note: {n}" for n in notes]
+    return "\n".join(out)
+
+
+# ---------------------------------------------------------------- plots
+
+
+def _pareto(points: list[tuple[float, float]]) -> list[int]:
+    """Indexes of points no other point beats on both axes (lower is better)."""
+    front = []
+    for i, (x, y) in enumerate(points):
+        if not any((x2 <= x and y2 <= y) and (x2 < x or y2 < y) for j, (x2, y2) in enumerate(points) if j != i):
+            front.append(i)
+    return sorted(front, key=lambda i: points[i][0])
+
+
+def write_plots(plan: RegionPlan, directory: Path) -> list[Path]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    paths = []
+    evs = plan.ranked
+    if not evs:
+        return paths
+    region = plan.traffic.region
+    xs = [e.weighted_ttft_p99 for e in evs]
+
+    fig, ax = plt.subplots(figsize=(8, 5))
+    for e in evs:
+        marker = "*" if e is plan.winner else ("x" if e.candidate.estimated else "o")
+        ax.scatter(e.weighted_ttft_p99, e.usd_per_m_output, marker=marker, s=140 if e is plan.winner else 40)
+        ax.annotate(e.label + (" (est.)" if e.candidate.estimated else ""), (e.weighted_ttft_p99, e.usd_per_m_output),
+                    fontsize=7, xytext=(4, 3), textcoords="offset points")
+    ax.set_xlabel("traffic-weighted P99 TTFT incl. network (ms)")
+    ax.set_ylabel("$ per 1M output tokens")
+    ax.set_title(f"Cost per token vs P99 TTFT: consumers in {region}")
+    ax.grid(alpha=0.3)
+    path = directory / f"cost_vs_ttft-{region}.png"
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    paths.append(path)
+
+    pts = [(e.weighted_ttft_p99, e.cost_per_hour) for e in evs]
+    front = _pareto(pts)
+    fig, ax = plt.subplots(figsize=(8, 5))
+    ax.scatter(xs, [p[1] for p in pts], color="0.7", label="dominated")
+    ax.step([pts[i][0] for i in front], [pts[i][1] for i in front], where="post", color="C3", label="Pareto front")
+    ax.scatter([pts[i][0] for i in front], [pts[i][1] for i in front], color="C3")
+    for i in front:
+        ax.annotate(evs[i].label, pts[i], fontsize=7, xytext=(4, 3), textcoords="offset points")
+    ax.set_xlabel("traffic-weighted P99 TTFT incl. network (ms)")
+    ax.set_ylabel("total cost ($/hour, day average)")
+    ax.set_title(f"Pareto front (cost vs latency): consumers in {region}")
+    ax.legend()
+    ax.grid(alpha=0.3)
+    path = directory / f"pareto-{region}.png"
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    paths.append(path)
+
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    hours = list(range(25))
+    for e in _best_per_candidate(plan)[:4]:
+        ax.step(hours, e.instances_by_hour + e.instances_by_hour[-1:], where="post", label=e.label,
+                linewidth=2.5 if e is plan.winner else 1.2)
+    ax2 = ax.twinx()
+    rps = plan.traffic.hourly_rps()
+    ax2.fill_between(hours, rps + rps[-1:], step="post", alpha=0.12, color="k")
+    ax2.set_ylabel("requests/s (shaded)")
+    ax2.set_ylim(0, max(rps) * 1.15 or 1)
+    ax.set_ylim(0, max(max(e.instances_by_hour) for e in plan.ranked[:4]) * 1.15)
+    ax.set_xlabel("hour of day (UTC)")
+    ax.set_ylabel("instances")
+    ax.set_xlim(0, 24)
+    ax.set_title(f"Instances over the day: consumers in {region}")
+    ax.legend(fontsize=7, loc="upper right", framealpha=0.9)
+    path = directory / f"instances-{region}.png"
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    paths.append(path)
+    return paths
+
+
+# ---------------------------------------------------------------- markdown / html / json
+
+
+def _table_rows(plan: RegionPlan) -> tuple[list[str], list[list[str]]]:
+    header = ["#", "candidate", "service region", "RTT ms", "c*", "target", "instances/h", "$/h", "$/1M out",
+              "$/1M in", "wP99 TTFT ms", "wP99 ITL ms", "goodput/inst rps", "source"]
+    rows = []
+    for i, e in enumerate(plan.ranked, 1):
+        lo, _, hi = e.capacity()
+        rows.append([str(i), e.candidate.label, e.service_region, f"{e.rtt_ms:g}", f"{e.max_load:g}", f"{e.target:g}",
+                     f"{lo}-{hi}", f"{e.cost_per_hour:.2f}", f"{e.usd_per_m_output:.3f}", f"{e.usd_per_m_input:.3f}",
+                     f"{e.weighted_ttft_p99:.0f}", f"{e.weighted_itl_p99:.1f}",
+                     f"{'' if e.goodput_exact else '>='}{e.goodput_rps:.1f}",
+                     "estimated" if e.candidate.estimated else "measured"])
+    return header, rows
+
+
+def _md_table(header: list[str], rows: list[list[str]]) -> list[str]:
+    out = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    out += ["| " + " | ".join(r) + " |" for r in rows]
+    return out
+
+
+def render_markdown(result: PlanResult, plots: dict[str, list[Path]]) -> str:
+    out = [f"# Fleetcast plan: {result.traffic_name}", "",
+           f"- Model: {result.model_id or 'as labelled in the results'}",
+           f"- SLO: {result.slo.text()}"]
+    out += [f"- {n}" for n in result.data_notes]
+    if result.estimator:
+        out.append(f"- Performance model: {result.estimator}")
+    out += [f"- Warning: {w}" for w in result.warnings]
+    out += ["", "Method and formulas: docs/plan.md. Costs are day averages of hourly instance and fixed costs.", ""]
+    for plan in result.regions:
+        out += [f"## Consumers in {plan.traffic.region}", "", _summary_line(plan), "",
+                f"**Recommendation:** {recommendation(plan)}", ""]
+        out += ["### Feasible candidates", ""] + _md_table(*_table_rows(plan)) + [""]
+        rejected = _rejected_candidates(plan)
+        if rejected:
+            out += ["### Ruled out", ""] + [f"- **{label}**: {why}" for label, why in rejected] + [""]
+        rejected_labels = {label for label, _ in rejected}
+        losers = [(label, why) for label, why in plan.why_not if label not in rejected_labels]
+        if losers:
+            out += ["### Why not the others", ""] + [f"- **{label}**: {why}" for label, why in losers] + [""]
+        if plan.peak_notes:
+            out += ["### Peak throughput", ""] + [f"- {n}" for n in plan.peak_notes] + [""]
+        if plan.stats_notes:
+            out += ["### Statistical notes", ""] + [f"- {n}" for n in plan.stats_notes] + [""]
+        if plan.winner:
+            w = plan.winner
+            rps = plan.traffic.hourly_rps()
+            out += ["### The recommendation hour by hour (UTC)", "",
+                    "| hour | req/s | instances | $/h |", "|---|---|---|---|"]
+            out += [f"| {h:02d} | {rps[h]:g} | {w.instances_by_hour[h]} | {w.cost_by_hour[h]:.2f} |" for h in range(24)]
+            out += [""] + [f"- note: {n}" for n in w.notes] + [""]
+        for path in plots.get(plan.traffic.region, []):
+            out += [f"![{path.stem}]({path.name})", ""]
+    return "\n".join(out)
+
+
+def render_html(result: PlanResult, plots: dict[str, list[Path]]) -> str:
+    e = html.escape
+    parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>Fleetcast plan: {e(result.traffic_name)}</title>",
+             "<style>body{font-family:sans-serif;max-width:1200px;margin:2em auto}table{border-collapse:collapse;font-size:13px}"
+             "td,th{border:1px solid #ccc;padding:3px 6px;text-align:right}td:nth-child(2),td:nth-child(3){text-align:left}"
+             ".rec{background:#eef7ee;padding:.6em;border-left:4px solid #3a3}</style></head><body>",
+             f"<h1>Fleetcast plan: {e(result.traffic_name)}</h1><ul>",
+             f"<li>Model: {e(result.model_id or 'as labelled in the results')}</li><li>SLO: {e(result.slo.text())}</li>"]
+    parts += [f"<li>{e(n)}</li>" for n in result.data_notes]
+    if result.estimator:
+        parts.append(f"<li>Performance model: {e(result.estimator)}</li>")
+    parts += [f"<li><b>Warning:</b> {e(w)}</li>" for w in result.warnings]
+    parts.append("</ul><p>Method and formulas: docs/plan.md.</p>")
+    for plan in result.regions:
+        parts += [f"<h2>Consumers in {e(plan.traffic.region)}</h2><p>{e(_summary_line(plan))}</p>",
+                  f"<p class='rec'><b>Recommendation:</b> {e(recommendation(plan))}</p>"]
+        header, rows = _table_rows(plan)
+        parts.append("<table><tr>" + "".join(f"<th>{e(h)}</th>" for h in header) + "</tr>")
+        parts += ["<tr>" + "".join(f"<td>{e(c)}</td>" for c in r) + "</tr>" for r in rows]
+        parts.append("</table>")
+        for title, items in (("Ruled out", _rejected_candidates(plan)),
+                             ("Why not the others", [x for x in plan.why_not if x not in _rejected_candidates(plan)])):
+            if items:
+                parts.append(f"<h3>{title}</h3><ul>" + "".join(f"<li><b>{e(l)}</b>: {e(w)}</li>" for l, w in items) + "</ul>")
+        for title, items in (("Peak throughput", plan.peak_notes), ("Statistical notes", plan.stats_notes)):
+            if items:
+                parts.append(f"<h3>{title}</h3><ul>" + "".join(f"<li>{e(n)}</li>" for n in items) + "</ul>")
+        for path in plots.get(plan.traffic.region, []):
+            data = base64.b64encode(path.read_bytes()).decode()
+            parts.append(f"<p><img alt='{e(path.stem)}' src='data:image/png;base64,{data}'></p>")
+    parts.append("</body></html>")
+    return "\n".join(parts)
+
+
+def to_json(result: PlanResult) -> dict:
+    def ev_json(ev: Evaluation) -> dict:
+        d = {"candidate": ev.candidate.label, "instance_type": ev.candidate.instance_type,
+             "precision": ev.candidate.precision, "service_region": ev.service_region,
+             "estimated": ev.candidate.estimated, "rejected": ev.rejected}
+        if ev.feasible:
+            lo, desired, hi = ev.capacity()
+            d.update(rtt_ms=ev.rtt_ms, max_load=ev.max_load, target=ev.target,
+                     seconds_per_request=ev.seconds_per_request, instances_by_hour=ev.instances_by_hour,
+                     capacity={"min": lo, "desired": desired, "max": hi}, cost_per_hour=ev.cost_per_hour,
+                     fixed_per_hour=ev.fixed_per_hour, usd_per_m_output=ev.usd_per_m_output,
+                     usd_per_m_input=ev.usd_per_m_input, weighted_ttft_p99_ms=ev.weighted_ttft_p99,
+                     weighted_ttft_ci=ev.weighted_ttft_ci, weighted_itl_p99_ms=ev.weighted_itl_p99,
+                     goodput_rps_per_instance=ev.goodput_rps, goodput_exact=ev.goodput_exact, notes=ev.notes)
+        return d
+
+    return {
+        "schema": "fleetcast.plan/v1", "traffic": result.traffic_name, "model": result.model_id,
+        "slo": vars(result.slo), "data": result.data_notes, "estimator": result.estimator, "warnings": result.warnings,
+        "regions": [{
+            "consumer_region": p.traffic.region,
+            "winner": ev_json(p.winner) if p.winner else None,
+            "why_not": [{"candidate": l, "reason": w} for l, w in p.why_not],
+            "peak_notes": p.peak_notes, "stats_notes": p.stats_notes,
+            "evaluations": [ev_json(e) for e in p.ranked] + [ev_json(e) for e in p.evaluations if not e.feasible],
+        } for p in result.regions],
+    }
+
+
+def write_report(result: PlanResult, directory: str | Path) -> list[Path]:
+    d = Path(directory)
+    d.mkdir(parents=True, exist_ok=True)
+    plots = {p.traffic.region: write_plots(p, d) for p in result.regions}
+    md = d / "plan.md"
+    md.write_text(render_markdown(result, plots) + "\n")
+    page = d / "plan.html"
+    page.write_text(render_html(result, plots))
+    js = d / "plan.json"
+    js.write_text(json.dumps(to_json(result), indent=1) + "\n")
+    return [md, page, js] + [p for ps in plots.values() for p in ps]

@@ -1,0 +1,130 @@
+"""Assemble a plan from the command's options: read every input, run the method,
+return a PlanResult for the report. The CLI (scripts/plan_cmd.py) only parses
+arguments and prints; tests call `build_plan` directly.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from fleetcast.config import catalog
+from fleetcast.errors import UserError
+
+from .aws import live_availability, refresh_prices
+from .estimate import estimate_specs
+from .inputs import load_candidates, load_fixed_costs, load_latency, load_prices, load_quality, shipped_availability
+from .report import PlanResult
+from .solver import PlanContext, RegionPlan, Slo, plan
+from .traffic import load_traffic
+
+
+@dataclass
+class PlanOptions:
+    results: list[str]
+    traffic: str
+    config: str | None = "config/fleet.yaml"
+    ttft_p99_ms: float | None = None
+    itl_p99_ms: float | None = None
+    error_rate: float | None = None
+    prices: str | None = None
+    refresh_prices: bool = False
+    fixed_costs: str | None = None
+    latency: str | None = None
+    live_availability: bool = False
+    quality: str | None = None
+    quality_threshold: float | None = None
+    estimate: list[str] = field(default_factory=list)
+    min_instances: int | None = None
+    # Injected AWS clients (tests use botocore Stubber); None means boto3 defaults.
+    pricing_client: object | None = None
+    ec2_client_for: object | None = None
+
+
+def _expand(paths: list[str]) -> list[str]:
+    out = []
+    for raw in paths:
+        p = Path(raw)
+        if p.is_dir():
+            found = sorted(str(x) for x in p.glob("*.json"))
+            if not found:
+                raise UserError(f"--results: directory {p} holds no .json results files")
+            out += found
+        else:
+            out.append(raw)
+    return out
+
+
+def build_plan(opts: PlanOptions) -> tuple[PlanResult, list[RegionPlan], PlanContext]:
+    from fleetcast.config import load_config
+
+    cfg = None
+    if opts.config:
+        if Path(opts.config).exists():
+            cfg = load_config(opts.config)
+        elif opts.ttft_p99_ms is None or opts.itl_p99_ms is None:
+            raise UserError(f"--config: {opts.config} does not exist; give a fleet config (its slo is the default) "
+                            "or both --ttft-p99-ms and --itl-p99-ms")
+    slo = Slo(
+        ttft_p99_ms=opts.ttft_p99_ms if opts.ttft_p99_ms is not None else cfg.slo.ttft_p99_ms,
+        itl_p99_ms=opts.itl_p99_ms if opts.itl_p99_ms is not None else cfg.slo.itl_p99_ms,
+        error_rate=opts.error_rate if opts.error_rate is not None else (cfg.slo.error_rate if cfg else 0.01),
+    )
+    traffic = load_traffic(opts.traffic)
+    candidates = load_candidates(_expand(opts.results))
+    warnings: list[str] = []
+    for cand in candidates:
+        warnings += [f"{cand.label}: {n}" for n in cand.curve.notes]
+
+    prices = load_prices(opts.prices)
+    consumer_regions = [c.region for c in traffic.consumers]
+    instance_types = sorted({c.instance_type for c in candidates} | {s.split(":")[0] for s in opts.estimate if s != "all"})
+    if opts.estimate and "all" in opts.estimate:
+        instance_types = sorted(catalog.instance_catalog())
+    candidate_regions = sorted(set(consumer_regions) | catalog.privatelink_cross_region())
+    if opts.refresh_prices:
+        prices, notes = refresh_prices(prices, instance_types, candidate_regions, client=opts.pricing_client)
+        warnings += notes
+    availability = shipped_availability()
+    if opts.live_availability:
+        availability = live_availability(availability, instance_types, candidate_regions, client_for=opts.ec2_client_for)
+    latency = load_latency(opts.latency)
+    fixed = load_fixed_costs(opts.fixed_costs)
+    quality = load_quality(opts.quality)
+
+    min_instances: dict[str, int] = {}
+    if cfg is not None:
+        for region in cfg.regions:
+            min_instances[region.region] = max(p.capacity.min for p in region.pools)
+    if opts.min_instances is not None:
+        min_instances = {}
+    ctx = PlanContext(
+        slo=slo, prices=prices, availability=availability, latency=latency, fixed=fixed, quality=quality,
+        quality_threshold=opts.quality_threshold, min_instances=min_instances,
+        default_min_instances=opts.min_instances if opts.min_instances is not None else 1,
+        model_id=cfg.model.id if cfg else None, model_family=cfg.model.family if cfg else None,
+    )
+
+    estimator_text = None
+    if opts.estimate:
+        model_id = ctx.model_id or next((c.model for c in candidates if c.model), None)
+        first = traffic.consumers[0]
+        estimated, estimator = estimate_specs(opts.estimate, candidates, model_id or "unknown", ctx.model_family,
+                                              first.input_mean, first.output_mean)
+        candidates = candidates + estimated
+        estimator_text = estimator.describe()
+
+    plans = plan(candidates, traffic, ctx)
+    data_notes = [
+        f"prices as of {prices.as_of} ({prices.source})",
+        f"availability as of {availability.as_of}",
+        f"network latency as of {latency.as_of} ({latency.source})",
+        f"fixed costs as of {fixed.as_of}",
+        f"results: {len([c for c in candidates if not c.estimated])} measured candidate(s)",
+    ]
+    if quality is not None:
+        limit = opts.quality_threshold if opts.quality_threshold is not None else quality.threshold
+        data_notes.append(f"quality: {quality.metric} <= {limit:g}")
+    result = PlanResult(traffic.name, ctx.model_id or next((c.model for c in candidates if c.model), None), slo, plans,
+                        data_notes, estimator_text, warnings)
+    return result, plans, ctx

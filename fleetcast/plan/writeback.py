@@ -1,0 +1,152 @@
+"""`--write-config`: put the plan's choice into the fleet YAML, keeping its
+comments and layout (ruamel.yaml round-trip), and keep the file only if
+`fleetcast.config.load_config` still accepts it.
+
+What changes, per provider region the plan chose: the region's pool (the one
+with the chosen instance family, else the first) gets the instance type, the
+engine precision, capacity min/desired/max (the day's lowest, mean and highest
+instance counts) and the scaling target (the planned in-flight requests per
+instance); a cross-region consumer region is added to `allowed_regions`, and
+the consumers in that region point at the new service region.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import tempfile
+from pathlib import Path
+
+from ruamel.yaml import YAML
+from ruamel.yaml.comments import CommentedMap
+
+from fleetcast.errors import UserError
+
+from .solver import RegionPlan
+
+
+def _yaml() -> YAML:
+    yaml = YAML(typ="rt")
+    yaml.preserve_quotes = True
+    yaml.width = 4096
+    yaml.indent(mapping=2, sequence=4, offset=2)
+    return yaml
+
+
+def _set(node: CommentedMap, key: str, value) -> bool:
+    if node.get(key) == value:
+        return False
+    node[key] = value
+    return True
+
+
+def _flow(mapping: dict) -> CommentedMap:
+    m = CommentedMap(mapping)
+    m.fa.set_flow_style()
+    return m
+
+
+def apply_plan(path: str | Path, plans: list[RegionPlan], allow_estimated: bool = False) -> list[str]:
+    """Edit the config at `path` in place; returns what changed. Refuses (file untouched) on any problem."""
+    from fleetcast.config import ConfigError, load_config
+
+    path = Path(path)
+    yaml = _yaml()
+    try:
+        original = path.read_text()
+    except OSError as exc:
+        raise UserError(f"--write-config: cannot read {path}: {exc.strerror}") from None
+    doc = yaml.load(original)
+    if not isinstance(doc, CommentedMap) or not isinstance(doc.get("regions"), list):
+        raise UserError(f"--write-config: {path} is not a fleet config (no `regions` list)")
+
+    by_region: dict[str, list[RegionPlan]] = {}
+    for plan in plans:
+        if plan.winner is None:
+            raise UserError(f"--write-config: no candidate serves {plan.traffic.region}; nothing to write")
+        if plan.winner.candidate.estimated and not allow_estimated:
+            raise UserError(f"--write-config: the choice for {plan.traffic.region} ({plan.winner.candidate.label}) is "
+                            "estimated, not measured; benchmark it first (or pass --allow-estimated)")
+        by_region.setdefault(plan.winner.service_region, []).append(plan)
+
+    changes: list[str] = []
+    for region_name, group in by_region.items():
+        entry = next((r for r in doc["regions"] if r.get("region") == region_name), None)
+        if entry is None:
+            raise UserError(f"--write-config: the plan serves {', '.join(p.traffic.region for p in group)} from "
+                            f"{region_name}, which has no entry under regions in {path}; add it (availability zones, "
+                            "VPC, AMI, allowed principals) and rerun")
+        labels = {p.winner.candidate.label for p in group}
+        if len(labels) > 1:
+            raise UserError(f"--write-config: consumers in {', '.join(p.traffic.region for p in group)} are best served "
+                            f"from {region_name} by different candidates ({', '.join(sorted(labels))}); plan them one "
+                            "at a time with separate pools")
+        win = group[0].winner
+        hourly = [sum(p.winner.instances_by_hour[h] for p in group) for h in range(24)]
+        lo, hi = min(hourly), max(hourly)
+        desired = min(hi, -(-sum(hourly) // 24))
+        pools = entry.get("pools") or []
+        if not pools:
+            raise UserError(f"--write-config: regions[{region_name}] has no pools to update")
+        pool = next((p for p in pools if str(p.get("instance_type", "")).split(".")[0] == win.candidate.family), pools[0])
+        where = f"regions[{region_name}].pools[{pool.get('name')}]"
+        if _set(pool, "instance_type", win.candidate.instance_type):
+            changes.append(f"{where}.instance_type = {win.candidate.instance_type}")
+        engine = pool.get("engine")
+        if engine is None:
+            pool["engine"] = _flow({"precision": win.candidate.precision})
+            changes.append(f"{where}.engine.precision = {win.candidate.precision}")
+        elif _set(engine, "precision", win.candidate.precision):
+            changes.append(f"{where}.engine.precision = {win.candidate.precision}")
+        capacity = pool.get("capacity")
+        if capacity is None:
+            pool["capacity"] = _flow({"min": lo, "desired": desired, "max": hi})
+            changes.append(f"{where}.capacity = min {lo}, desired {desired}, max {hi}")
+        else:
+            # Order matters only for readability; validation sees the final values.
+            if any([_set(capacity, "min", lo), _set(capacity, "desired", desired), _set(capacity, "max", hi)]):
+                changes.append(f"{where}.capacity = min {lo}, desired {desired}, max {hi}")
+        scaling = pool.get("scaling")
+        target = int(win.target) if float(win.target).is_integer() else float(win.target)
+        if scaling is None:
+            pool["scaling"] = _flow({"metric": "active_requests", "target": target})
+            changes.append(f"{where}.scaling.target = {target} active requests")
+        elif scaling.get("metric", "active_requests") == "active_requests" and _set(scaling, "target", target):
+            changes.append(f"{where}.scaling.target = {target} active requests")
+        for plan in group:
+            consumer_region = plan.traffic.region
+            if consumer_region != region_name:
+                allowed = entry.get("allowed_regions")
+                if allowed is None:
+                    entry["allowed_regions"] = allowed = []
+                if consumer_region not in allowed:
+                    allowed.append(consumer_region)
+                    changes.append(f"regions[{region_name}].allowed_regions += {consumer_region}")
+            for consumer in doc.get("consumers") or []:
+                if consumer.get("region") == consumer_region and consumer.get("service_region") != region_name:
+                    consumer["service_region"] = region_name
+                    changes.append(f"consumers[{consumer.get('name')}].service_region = {region_name}")
+                    if "endpoint_service_name" in consumer:
+                        del consumer["endpoint_service_name"]
+                        changes.append(f"consumers[{consumer.get('name')}].endpoint_service_name removed "
+                                       f"(publish the {region_name} service's name after deploying)")
+    if not changes:
+        return []
+    buffer = io.StringIO()
+    yaml.dump(doc, buffer)
+    fd, tmp = tempfile.mkstemp(prefix=".plan-", suffix=path.suffix or ".yaml", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as handle:
+            handle.write(buffer.getvalue())
+        try:
+            load_config(tmp)
+        except ConfigError as exc:
+            details = exc.render().split("\n", 1)[-1]
+            raise UserError(f"--write-config: the updated config would be invalid, so {path} was left untouched:\n"
+                            f"{details}") from None
+        os.replace(tmp, path)
+        tmp = None
+    finally:
+        if tmp and os.path.exists(tmp):
+            os.unlink(tmp)
+    return changes

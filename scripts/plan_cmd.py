@@ -1,0 +1,99 @@
+"""`fleetcast plan`: pick instance type, precision and region by cost per token
+under the SLO for the real traffic mix, report why, and optionally write it
+into the fleet config. The method lives in fleetcast/plan/ (docs/plan.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+
+
+def _positive(flag: str):
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{flag} must be a number, got {text!r}") from None
+        if not value > 0 or math.isinf(value):
+            raise argparse.ArgumentTypeError(f"{flag} must be a positive number, got {text!r}")
+        return value
+    return parse
+
+
+def _fraction(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--error-rate must be a number in [0, 1), got {text!r}") from None
+    if not 0 <= value < 1:
+        raise argparse.ArgumentTypeError(f"--error-rate must be in [0, 1), got {text!r}")
+    return value
+
+
+def _count(text: str) -> int:
+    if not text.isdigit():
+        raise argparse.ArgumentTypeError(f"--min-instances must be a whole number >= 0, got {text!r}")
+    return int(text)
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "plan", help="choose instance, precision and region by cost per token under the SLO for the traffic mix",
+        description="Weigh benchmark results by the production traffic histogram, add network latency and "
+        "regional availability to the SLO check, rank candidates by total cost, explain every rejection.",
+    )
+    p.add_argument("--results", nargs="+", required=True, metavar="FILE",
+                   help="fleetcast bench results files (or directories of them), one or more per instance x precision")
+    p.add_argument("--traffic", required=True, metavar="FILE", help="traffic profile YAML (fleetcast.traffic/v1)")
+    p.add_argument("--config", default="config/fleet.yaml", metavar="FILE",
+                   help="fleet config: default SLOs, pool minimums, model (default: config/fleet.yaml)")
+    p.add_argument("--ttft-p99-ms", type=_positive("--ttft-p99-ms"), metavar="MS", help="override the config's slo.ttft_p99_ms")
+    p.add_argument("--itl-p99-ms", type=_positive("--itl-p99-ms"), metavar="MS", help="override the config's slo.itl_p99_ms")
+    p.add_argument("--error-rate", type=_fraction, metavar="FRACTION", help="override the config's slo.error_rate")
+    p.add_argument("--prices", metavar="FILE", help="on-demand prices overriding the shipped table")
+    p.add_argument("--refresh-prices", action="store_true", help="fetch on-demand prices from the AWS Pricing API")
+    p.add_argument("--fixed-costs", metavar="FILE", help="per-region fixed costs overriding the shipped table")
+    p.add_argument("--latency", metavar="FILE", help="inter-region RTT matrix overriding the shipped table")
+    p.add_argument("--live-availability", action="store_true",
+                   help="check instance offerings with ec2 describe-instance-type-offerings")
+    p.add_argument("--quality", metavar="FILE", help="quality results per precision (fleetcast.quality/v1)")
+    p.add_argument("--quality-threshold", type=float, metavar="X", help="override the quality file's threshold")
+    p.add_argument("--estimate", nargs="+", default=[], metavar="SPEC",
+                   help="add roofline-estimated candidates: INSTANCE[:PRECISION] or 'all' (always labelled estimated)")
+    p.add_argument("--min-instances", type=_count, metavar="N", help="floor per hour (default: the config pool's capacity.min)")
+    p.add_argument("--report", metavar="DIR", help="write plan.md, plan.html, plan.json and plots into DIR")
+    p.add_argument("--json", action="store_true", help="print plan.json instead of the table")
+    p.add_argument("--write-config", metavar="FILE",
+                   help="update pools and regions of this fleet config with the choice (re-validated; untouched if invalid)")
+    p.add_argument("--allow-estimated", action="store_true", help="let --write-config write an estimated choice")
+    p.set_defaults(handler=_plan)
+
+
+def _plan(args: argparse.Namespace) -> int:
+    from fleetcast.plan.report import render_terminal, to_json, write_report
+    from fleetcast.plan.run import PlanOptions, build_plan
+    from fleetcast.plan.writeback import apply_plan
+
+    opts = PlanOptions(
+        results=args.results, traffic=args.traffic, config=args.config, ttft_p99_ms=args.ttft_p99_ms,
+        itl_p99_ms=args.itl_p99_ms, error_rate=args.error_rate, prices=args.prices, refresh_prices=args.refresh_prices,
+        fixed_costs=args.fixed_costs, latency=args.latency, live_availability=args.live_availability,
+        quality=args.quality, quality_threshold=args.quality_threshold, estimate=args.estimate,
+        min_instances=args.min_instances,
+    )
+    result, plans, _ = build_plan(opts)
+    print(json.dumps(to_json(result), indent=1) if args.json else render_terminal(result))
+    if args.report:
+        paths = write_report(result, args.report)
+        print(f"\nreport: {', '.join(str(p) for p in paths[:3])} (+{len(paths) - 3} plots)")
+    if args.write_config:
+        changes = apply_plan(args.write_config, plans, allow_estimated=args.allow_estimated)
+        if changes:
+            print(f"\n{args.write_config}: updated and re-validated")
+            for change in changes:
+                print(f"  {change}")
+        else:
+            print(f"\n{args.write_config}: already matches the plan; unchanged")
+    return 0 if all(p.winner for p in plans) else 3
