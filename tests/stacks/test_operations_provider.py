@@ -4,6 +4,9 @@ wired to the provider's own target group, topic and key."""
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -11,7 +14,7 @@ from aws_cdk import App
 from aws_cdk.assertions import Match, Template
 
 from fleetcast import telemetry
-from fleetcast.config import load_config
+from fleetcast.config import config_from_json, load_config
 from stacks.app_builder import build_app, cdk_json_context, provider_stack_name
 from stacks.fleet_lifecycle import TERMINATE_HOOK_MARGIN_S
 
@@ -118,3 +121,28 @@ def test_new_endpoint_connection_requests_are_notified_to_the_topic(templates, r
         "ConnectionNotificationArn": {"Ref": topic_id},
     })
 
+
+
+def test_every_operations_option_passes_cdk_nag_and_cfn_lint(tmp_path):
+    """The default config leaves schedules, reservations, KV-cache scaling and email off: turn them on."""
+    doc = CFG.model_dump(mode="json")
+    doc["operations"]["alarm_email"] = "oncall@example.com"
+    seoul = doc["regions"][0]["pools"][0]
+    seoul.update(
+        scaling={"metric": "kv_cache_utilization", "target": 75},
+        schedule=[{"cron": "0 23 * * *", "min": 2, "max": 6, "desired": 3}, {"cron": "0 14 * * *", "min": 1, "max": 4}],
+        capacity_reservation_ids=["cr-0123456789abcdef0"],
+    )
+    doc["regions"][1]["pools"][0].update(warm_pool={"size": 0}, rollout={"rollback_on_alarms": False})
+    cfg = config_from_json(json.dumps(doc))
+    app = App(context=cdk_json_context(), outdir=str(tmp_path / "cdk.out"))
+    build_app(cfg, app, report=lambda _msg: None)
+    assembly = app.synth()  # raises on any cdk-nag finding
+    templates = [str(tmp_path / "cdk.out" / f"{provider_stack_name(cfg, r)}.template.json") for r in REGIONS]
+    lint = subprocess.run([str(Path(sys.executable).with_name("cfn-lint")), *templates], cwd=ROOT, capture_output=True, text=True,
+                          timeout=240)
+    assert lint.returncode == 0, lint.stdout + lint.stderr
+    seoul_template = json.loads(Path(templates[0]).read_text())
+    types = [r["Type"] for r in seoul_template["Resources"].values()]
+    assert types.count("AWS::AutoScaling::ScheduledAction") == 2 and "AWS::SNS::Subscription" in types
+    assert assembly.get_stack_by_name(provider_stack_name(cfg, REGIONS[1])) is not None
