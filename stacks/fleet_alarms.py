@@ -182,8 +182,9 @@ class LaunchFailureEvents(Construct):
         field = events.EventField.from_path
         message = (
             f"[{cfg.name} {region}] {field('$.detail-type')} in group {field('$.detail.AutoScalingGroupName')} "
-            f"({field('$.detail.Origin')} -> {field('$.detail.Destination')}, "
-            f"AZ {field('$.detail.Details.Availability Zone')}): {field('$.detail.StatusMessage')} "
+            # The AZ sits under a key with a space ("Availability Zone"), which is no safe input path;
+            # capacity errors name the AZ in their status message anyway.
+            f"({field('$.detail.Origin')} -> {field('$.detail.Destination')}): {field('$.detail.StatusMessage')} "
             f"| cause: {field('$.detail.Cause')} | runbook: docs/runbook.md#launch-failures"
         )
         self.rule = events.Rule(

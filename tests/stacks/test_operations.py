@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copy
 import json
+import re
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -217,6 +218,8 @@ def test_failed_launches_and_warm_pool_starts_reach_the_topic_with_their_cause(d
     assert transformer["InputPathsMap"]["detail-Cause"] == "$.detail.Cause"
     assert transformer["InputPathsMap"]["detail-StatusMessage"] == "$.detail.StatusMessage"
     assert "<detail-Cause>" in transformer["InputTemplate"]
+    # Plain dotted paths only: EventBridge rejects a rule whose input path it cannot parse.
+    assert all(re.fullmatch(r"\$(\.[A-Za-z0-9_-]+)+", path) for path in transformer["InputPathsMap"].values())
 
 
 # ---------------------------------------------------------------- 4. safe rollouts
