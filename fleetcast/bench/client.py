@@ -14,7 +14,7 @@ read holding its last byte.
 One connection carries one request at a time and is kept alive for the next
 (HTTP/1.1 keep-alive), like an OpenAI client with a connection pool. TLS works
 through `ssl=` on the transport. Control-plane calls (model discovery, prompt
-calibration) use aiohttp: they are not timed.
+calibration) use blocking urllib in a thread: they are not timed.
 """
 
 from __future__ import annotations
@@ -388,20 +388,49 @@ def parse_stream(raw: RawResponse, api: str) -> ParsedResponse:
     return ParsedResponse(status, content_times, prompt_tokens, completion_tokens, error, chars)
 
 
-async def tcp_rtt_ms(endpoint: Endpoint, samples: int = 5, timeout_s: float = 5.0) -> float | None:
-    """Median TCP connect time to the endpoint: one network round trip (SYN/SYN-ACK)."""
+def http_json(method: str, url: str, body: dict | None, headers: dict[str, str], timeout_s: float = 60.0):
+    """One blocking JSON request (control plane only). Returns (status, parsed body or text).
+    Raises OSError when the endpoint cannot be reached."""
+    import urllib.error
+    import urllib.request
+
+    data = None if body is None else json.dumps(body).encode()
+    req = urllib.request.Request(url, data=data, method=method,
+                                 headers={"Content-Type": "application/json", **headers})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout_s) as resp:
+            status, payload = resp.status, resp.read()
+    except urllib.error.HTTPError as exc:
+        status, payload = exc.code, exc.read()
+    except urllib.error.URLError as exc:
+        raise OSError(str(exc.reason)) from None
+    try:
+        return status, json.loads(payload)
+    except ValueError:
+        return status, payload.decode("utf-8", "replace")
+
+
+async def tcp_rtt_ms(endpoint: Endpoint, samples: int = 7, timeout_s: float = 5.0) -> float | None:
+    """Median TCP connect time to the endpoint: one network round trip (SYN, SYN-ACK)."""
     loop = asyncio.get_running_loop()
     values = []
+    try:
+        infos = await loop.getaddrinfo(endpoint.host, endpoint.port, type=socket.SOCK_STREAM)
+    except OSError:
+        return None
+    family, _, _, _, addr = infos[0]
     for _ in range(samples):
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        sock.setblocking(False)
         t0 = _clock()
         try:
-            _, writer = await asyncio.wait_for(asyncio.open_connection(endpoint.host, endpoint.port), timeout_s)
+            await asyncio.wait_for(loop.sock_connect(sock, addr), timeout_s)
+            values.append((_clock() - t0) * 1000.0)
         except (OSError, asyncio.TimeoutError):
-            continue
-        values.append((_clock() - t0) * 1000.0)
-        writer.close()
+            pass
+        finally:
+            sock.close()
         await asyncio.sleep(0.01)
-    del loop
     if not values:
         return None
     values.sort()

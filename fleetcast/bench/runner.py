@@ -32,10 +32,12 @@ from pathlib import Path
 from typing import Callable
 
 from fleetcast import __version__
-from fleetcast.bench.client import ConnectionPool, Endpoint, build_http_request, send_request, tcp_rtt_ms
+from fleetcast.bench.client import (
+    ConnectionPool, Endpoint, build_http_request, http_json, send_request, tcp_rtt_ms,
+)
 from fleetcast.bench.distributions import IntDistribution, parse_distribution
 from fleetcast.bench.metrics import Sent, Slo, summarize, to_record
-from fleetcast.bench.prompts import Calibration, PromptFactory, calibrate_from_usage
+from fleetcast.bench.prompts import PromptFactory, calibrate_from_usage
 from fleetcast.bench.schema import ClientInfo, Labels, Lengths, Load, Results, Run
 from fleetcast.errors import UserError
 
@@ -190,43 +192,36 @@ class Bench:
 
     # -- control plane (not timed)
     async def _discover(self) -> None:
-        import aiohttp
-
-        timeout = aiohttp.ClientTimeout(total=30)
-        async with aiohttp.ClientSession(timeout=timeout, headers=self._headers) as session:
-            if self.model is None:
-                url = f"{self.ep.url.rstrip('/').removesuffix('/v1')}/v1/models"
-                try:
-                    async with session.get(url) as resp:
-                        body = await resp.json(content_type=None)
-                    self.model = body["data"][0]["id"]
-                except aiohttp.ClientConnectorError as exc:
-                    raise UserError(f"--endpoint {self.ep.url}: cannot connect ({exc.os_error or exc})") from None
-                except (aiohttp.ClientError, ValueError, KeyError, IndexError, TypeError, asyncio.TimeoutError):
-                    raise UserError(f"--endpoint {self.ep.url}: GET /v1/models gave no model id; pass --model") from None
-            if self.opts.tokenizer_dir:
-                self.prompts = PromptFactory(tokenizer_dir=self.opts.tokenizer_dir)
-                return
-            samples = []
-            probe = PromptFactory()
-            for words in (16, 128):
-                body = self._body(probe.prompt(words, random.Random(words)), 1)
-                url = f"{self.ep.url.rstrip('/').removesuffix('/v1')}{self.path}"
-                body.pop("stream_options", None)
-                body["stream"] = False
-                try:
-                    async with session.post(url, json=body) as resp:
-                        if resp.status != 200:
-                            text = (await resp.text())[:200]
-                            raise UserError(f"--endpoint {self.ep.url}: {self.path} answered {resp.status}: {text}")
-                        data = await resp.json(content_type=None)
-                    samples.append((words, (data.get("usage") or {}).get("prompt_tokens")))
-                except aiohttp.ClientConnectorError as exc:
-                    raise UserError(f"--endpoint {self.ep.url}: cannot connect ({exc.os_error or exc})") from None
-                except (aiohttp.ClientError, ValueError, asyncio.TimeoutError) as exc:
-                    self.log(f"prompt calibration request failed ({type(exc).__name__}); assuming 1 token/word")
-                    samples.append((words, None))
-            self.prompts = PromptFactory(calibration=calibrate_from_usage(samples) if samples else Calibration())
+        """Model id and prompt calibration, through plain blocking HTTP in a thread:
+        untimed, and it keeps the client free of extra HTTP libraries."""
+        base = self.ep.url.rstrip("/").removesuffix("/v1")
+        if self.model is None:
+            try:
+                status, body = await asyncio.to_thread(http_json, "GET", f"{base}/v1/models", None, self._headers)
+                self.model = body["data"][0]["id"]
+            except OSError as exc:
+                raise UserError(f"--endpoint {self.ep.url}: cannot connect ({exc})") from None
+            except (ValueError, KeyError, IndexError, TypeError):
+                raise UserError(f"--endpoint {self.ep.url}: GET /v1/models gave no model id; pass --model") from None
+        if self.opts.tokenizer_dir:
+            self.prompts = PromptFactory(tokenizer_dir=self.opts.tokenizer_dir)
+            return
+        samples = []
+        probe = PromptFactory()
+        for words in (16, 128):
+            body = self._body(probe.prompt(words, random.Random(words)), 1)
+            body.pop("stream_options", None)
+            body["stream"] = False
+            try:
+                status, data = await asyncio.to_thread(http_json, "POST", f"{base}{self.path}", body, self._headers)
+            except OSError as exc:
+                raise UserError(f"--endpoint {self.ep.url}: cannot connect ({exc})") from None
+            except ValueError:
+                status, data = 200, {}
+            if status != 200:
+                raise UserError(f"--endpoint {self.ep.url}: {self.path} answered {status}: {str(data)[:200]}")
+            samples.append((words, (data.get("usage") or {}).get("prompt_tokens") if isinstance(data, dict) else None))
+        self.prompts = PromptFactory(calibration=calibrate_from_usage(samples))
 
     def _body(self, prompt: str, max_tokens: int) -> dict:
         body: dict = {"model": self.model, "max_tokens": max_tokens, "stream": True,

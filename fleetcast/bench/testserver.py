@@ -43,6 +43,7 @@ class Timings:
     spike_prob: float = 0.0
     spike_ms: float = 0.0
     seed: int = 0
+    fail_prob: float = 0.0  # share of generation requests answered 500, to exercise error accounting
 
 
 @dataclass
@@ -138,7 +139,7 @@ class _Http(asyncio.Protocol):
 
     def _respond(self, status: int, obj) -> None:
         payload = json.dumps(obj).encode()
-        reason = {200: "OK", 400: "Bad Request", 404: "Not Found"}.get(status, "Error")
+        reason = {200: "OK", 400: "Bad Request", 404: "Not Found", 500: "Internal Server Error"}.get(status, "Error")
         if self.transport is not None:
             self.transport.write(
                 b"HTTP/1.1 %d %s\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
@@ -179,6 +180,9 @@ class _Http(asyncio.Protocol):
             self._respond(400, {"error": {"message": f"bad request body: {exc}"}})
             return
         state = self.state
+        if req.get("stream") and state.timings.fail_prob and state.rng.random() < state.timings.fail_prob:
+            self._respond(500, {"error": {"message": "injected failure", "type": "InternalServerError"}})
+            return
         record = TruthRecord(arrival=arrival, prompt_tokens=len(prompt.split()), stream=bool(req.get("stream")))
         state.truth.append(record)
         state.active += 1
@@ -251,11 +255,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--spike-prob", type=float, default=0.0, help="probability a gap gets --spike-ms added")
     p.add_argument("--spike-ms", type=float, default=0.0)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--fail-prob", type=float, default=0.0, help="share of requests answered 500")
     p.add_argument("--cpu", type=int, default=None, help="pin the server to this CPU core")
     a = p.parse_args(argv)
     if a.cpu is not None:
         os.sched_setaffinity(0, {a.cpu})
-    timings = Timings(a.ttft_ms, a.ttft_jitter_ms, a.itl_ms, a.itl_jitter_ms, a.spike_prob, a.spike_ms, a.seed)
+    timings = Timings(a.ttft_ms, a.ttft_jitter_ms, a.itl_ms, a.itl_jitter_ms, a.spike_prob, a.spike_ms, a.seed, a.fail_prob)
     print(f"testserver on http://{a.host}:{a.port} {timings}", file=sys.stderr, flush=True)
     try:
         asyncio.run(serve(a.host, a.port, timings))
