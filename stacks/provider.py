@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
-from aws_cdk import CfnOutput, Stack
+from aws_cdk import CfnOutput, Stack, Tags
 from aws_cdk import aws_ec2 as ec2
 from constructs import Construct
 
 from fleetcast.config import EgressMode, FleetConfig, Region
+from fleetcast.connections.review import FLEET_TAG
 
 from .bootstrap import InstanceBootstrap
+from .connection_approver import ConnectionApprover
 from .endpoint_service import EndpointService
 from .fleet_logs import FleetLogs
 from .fleet_operations import FleetOperations
@@ -90,6 +92,14 @@ class ProviderStack(Stack):
             self, "Operations", cfg=cfg, region=region, fleets=self.fleets, service=self.service,
             notifications=self.notifications,
         )
+        # `fleetcast connections` finds the service by this tag when the stack output is unreadable.
+        Tags.of(self.service.endpoint_service).add(FLEET_TAG, cfg.name)
+        if cfg.operations.auto_approve_connections:
+            # Accepts connection requests from the accounts the config allows; reports the rest (issue 5).
+            self.connection_approver = ConnectionApprover(
+                self, "ConnectionApprover", cfg=cfg, region=region,
+                endpoint_service=self.service.endpoint_service, topic=self.notifications.topic,
+            )
         self._outputs()
 
     def _outputs(self) -> None:

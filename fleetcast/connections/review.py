@@ -38,7 +38,7 @@ SERVICE_ID = re.compile(r"^vpce-svc-[0-9a-f]{8}([0-9a-f]{9})?$")
 # Tag and output key through which the provider stack makes its endpoint
 # service findable (see stacks/provider_stack.py).
 FLEET_TAG = "fleetcast:fleet"
-SERVICE_ID_OUTPUT = "EndpointServiceId"
+SERVICE_ID_OUTPUT = "EndpointServiceId"  # stacks/endpoint_service.py
 
 PENDING = "pendingAcceptance"
 AVAILABLE = "available"
@@ -162,10 +162,15 @@ class Reviewer:
         stack_problem = ""
         try:
             described = self.access.call("cloudformation", region, "DescribeStacks", StackName=stack)
-            for out in (described.get("Stacks") or [{}])[0].get("Outputs", []):
-                if out.get("OutputKey") == SERVICE_ID_OUTPUT and SERVICE_ID.match(out.get("OutputValue", "")):
-                    return ServiceRef(region, out["OutputValue"], f"stack {stack} output {SERVICE_ID_OUTPUT}")
-            stack_problem = f"stack {stack} has no {SERVICE_ID_OUTPUT} output"
+            outputs = (described.get("Stacks") or [{}])[0].get("Outputs", [])
+            # The provider stack's output by its key; any single endpoint-service-id output
+            # as a fallback (stacks deployed by an older version, or a renamed output).
+            ids = [o for o in outputs if SERVICE_ID.match(o.get("OutputValue", ""))]
+            named = [o for o in ids if o.get("OutputKey") == SERVICE_ID_OUTPUT]
+            chosen = named if len(named) == 1 else ids
+            if len(chosen) == 1:
+                return ServiceRef(region, chosen[0]["OutputValue"], f"stack {stack} output {chosen[0]['OutputKey']}")
+            stack_problem = f"stack {stack} has no single endpoint service id output"
         except PermissionDenied as exc:
             stack_problem = f"cannot read stack {stack} ({exc.action} denied)"
         except AwsCallError as exc:

@@ -78,7 +78,11 @@ class StubbedAws:
         self.stub("cloudformation", region).add_response("describe_stacks", {"Stacks": [{
             "StackName": f"{fleet}-provider-{region}", "CreationTime": datetime(2026, 11, 1, tzinfo=timezone.utc),
             "StackStatus": "UPDATE_COMPLETE",
-            "Outputs": [{"OutputKey": "EndpointServiceId", "OutputValue": service_id or SVC[region]}],
+            "Outputs": [
+                {"OutputKey": "EndpointServiceName",
+                 "OutputValue": f"com.amazonaws.vpce.{region}.{service_id or SVC[region]}"},
+                {"OutputKey": "EndpointServiceId", "OutputValue": service_id or SVC[region]},
+            ],
         }]}, {"StackName": f"{fleet}-provider-{region}"})
 
     def no_stack(self, region: str, fleet: str = "fleetcast") -> None:

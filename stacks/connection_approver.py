@@ -1,0 +1,115 @@
+"""Optional auto-approver (operations.auto_approve_connections): accepts connection requests from allowed accounts.
+
+A Lambda function subscribed to the region's connection-notification topic.
+Which accounts it accepts is decided here, at synth, by the same rule the CLI
+uses (fleetcast.connections.policy.allowed_accounts): the function receives the
+list and cannot widen it. Requests from any other account stay pending and are
+reported on the topic (see stacks/lambdas/connection_approver/handler.py).
+
+Least privilege: accept on this one endpoint service only (the function never
+rejects, so it cannot), describe connections (an action without resource-level
+permissions), publish to this topic (with its KMS key), write to its own log
+group. The function runs outside the VPC: it only calls the regional EC2 and
+SNS APIs, and the fleet VPC keeps no route to them.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from aws_cdk import Duration, RemovalPolicy, Stack
+from aws_cdk import aws_ec2 as ec2
+from aws_cdk import aws_iam as iam
+from aws_cdk import aws_lambda as lambda_
+from aws_cdk import aws_logs as logs
+from aws_cdk import aws_sns as sns
+from aws_cdk import aws_sns_subscriptions as subscriptions
+from constructs import Construct
+
+from fleetcast.config import FleetConfig, Region
+from fleetcast.connections.policy import allowed_accounts
+
+from . import nag
+from .fleet_logs import _retention
+from .lambdas.connection_approver.handler import NOTICE_ATTRIBUTE
+
+HANDLER_DIR = Path(__file__).resolve().parent / "lambdas" / "connection_approver"
+RUNTIME = lambda_.Runtime.PYTHON_3_14
+
+
+class ConnectionApprover(Construct):
+    """Lambda + role + log group + filtered topic subscription for one region's endpoint service."""
+
+    def __init__(self, scope: Construct, construct_id: str, *, cfg: FleetConfig, region: Region | str,
+                 endpoint_service: ec2.IVpcEndpointService, topic: sns.ITopic) -> None:
+        super().__init__(scope, construct_id)
+        region_name = region if isinstance(region, str) else region.region
+        stack = Stack.of(self)
+        service_id = endpoint_service.vpc_endpoint_service_id
+        self.allowed_accounts = sorted(allowed_accounts(cfg, region_name))
+
+        self.log_group = logs.LogGroup(
+            self, "Logs", retention=_retention(cfg.operations.log_retention_days),
+            removal_policy=RemovalPolicy.RETAIN,  # the log group is the auto-approver's audit trail
+        )
+        self.role = iam.Role(
+            self, "Role", assumed_by=iam.ServicePrincipal("lambda.amazonaws.com"),
+            description=f"{cfg.name} connection auto-approver in {region_name}: accept allowed accounts only",
+        )
+        self.role.add_to_policy(iam.PolicyStatement(
+            sid="AcceptOnThisServiceOnly",
+            actions=["ec2:AcceptVpcEndpointConnections"],
+            resources=[stack.format_arn(service="ec2", resource="vpc-endpoint-service", resource_name=service_id)],
+        ))
+        self.role.add_to_policy(iam.PolicyStatement(
+            sid="ReadConnections", actions=["ec2:DescribeVpcEndpointConnections"], resources=["*"],
+        ))
+        self.role.add_to_policy(iam.PolicyStatement(
+            sid="WriteOwnLogs", actions=["logs:CreateLogStream", "logs:PutLogEvents"],
+            resources=[self.log_group.log_group_arn],
+        ))
+        # Publish to this topic only. Spelled out rather than topic.grant_publish(), whose KMS
+        # grant uses kms:GenerateDataKey*: SNS needs exactly these two actions on the topic key.
+        self.role.add_to_policy(iam.PolicyStatement(
+            sid="PublishNotices", actions=["sns:Publish"], resources=[topic.topic_arn],
+        ))
+        if topic.master_key is not None:
+            self.role.add_to_policy(iam.PolicyStatement(
+                sid="EncryptNoticesWithTopicKey", actions=["kms:GenerateDataKey", "kms:Decrypt"],
+                resources=[topic.master_key.key_arn],
+            ))
+
+        self.function = lambda_.Function(
+            self, "Function",
+            description=f"{cfg.name}: accept endpoint connections from allowed accounts in {region_name}",
+            runtime=RUNTIME,
+            architecture=lambda_.Architecture.ARM_64,
+            handler="handler.handler",
+            code=lambda_.Code.from_asset(str(HANDLER_DIR), exclude=["__pycache__", "*.pyc", "__init__.py"]),
+            role=self.role,
+            log_group=self.log_group,
+            timeout=Duration.seconds(60),
+            memory_size=256,
+            environment={
+                "SERVICE_ID": service_id,
+                "ALLOWED_ACCOUNTS": json.dumps(self.allowed_accounts),
+                "TOPIC_ARN": topic.topic_arn,
+                "FLEET": cfg.name,
+            },
+        )
+        # CDK makes the function depend on its role (so the role's policy exists before the first
+        # invocation) although Role= already orders them; cfn-lint flags the duplicate (W3005).
+        self.function.node.default_child.add_metadata("cfn-lint", {"config": {"ignore_checks": ["W3005"]}})
+        # The function's own notices carry NOTICE_ATTRIBUTE; dropping them here means a notice
+        # can never trigger the function again (no loop through the shared topic).
+        topic.add_subscription(subscriptions.LambdaSubscription(
+            self.function,
+            filter_policy={NOTICE_ATTRIBUTE: sns.SubscriptionFilter(conditions=[{"exists": False}])},
+        ))
+
+        nag.acknowledge(
+            self.role, "AwsSolutions-IAM5[Resource::*]",
+            "ec2:DescribeVpcEndpointConnections has no resource-level permissions in IAM; it is read-only and the "
+            "function filters by its own service id.",
+        )
