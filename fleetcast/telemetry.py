@@ -27,6 +27,7 @@ REQUESTS = "Requests"
 ERRORS = "Errors"  # 5xx, upstream failures, streams cut short
 THROTTLED = "Throttled"  # 429 from per-consumer limits
 UNKNOWN_ENDPOINT = "UnknownEndpointRequests"
+PROXY_PROTOCOL_ERRORS = "ProxyProtocolErrors"  # connections refused for a missing or malformed PROXY v2 header
 
 # Per instance gauges (every 10-60 s): dimension set [Fleet, Pool] (and [Fleet, Pool, InstanceId]).
 ACTIVE_REQUESTS = "ActiveRequests"

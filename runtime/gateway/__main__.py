@@ -1,0 +1,122 @@
+"""`python -m runtime.gateway`: start the gateway in front of the local model server.
+
+  python -m runtime.gateway --listen 0.0.0.0:8000 --upstream 127.0.0.1:8001 \\
+      --config-json /etc/fleetcast/config.json --region ap-northeast-2 --pool l40s \\
+      [--service-id vpce-svc-...] [--proxy-protocol required|off]
+
+The config comes from a file or, with FLEETCAST_CONFIG_PARAM set, from that SSM
+parameter. SIGTERM starts a drain: /health answers 503 at once, new requests
+get 503, in-flight streams finish (bounded by operations.drain_timeout_s),
+then the process exits 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import signal
+import sys
+
+from .identity import log
+
+
+def _hostport(value: str) -> tuple[str, int]:
+    host, sep, port = value.rpartition(":")
+    if not sep or not port.isdigit() or not 0 < int(port) < 65536:
+        raise argparse.ArgumentTypeError(f"{value!r} is not HOST:PORT (e.g. 127.0.0.1:8001)")
+    return host.strip("[]") or "0.0.0.0", int(port)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m runtime.gateway", description=__doc__.split("\n\n")[0])
+    p.add_argument("--listen", type=_hostport, required=True, help="HOST:PORT the NLB connects to")
+    p.add_argument("--upstream", type=_hostport, required=True, help="HOST:PORT of the local model server")
+    p.add_argument("--config-json", help="validated fleet config as JSON (else $FLEETCAST_CONFIG_PARAM in SSM)")
+    p.add_argument("--region", required=True, help="this provider region")
+    p.add_argument("--pool", required=True, help="this instance's pool (metric dimension)")
+    p.add_argument("--service-id", default=os.environ.get("FLEETCAST_ENDPOINT_SERVICE_ID"),
+                   help="VPC endpoint service id (vpce-svc-...) to filter connections by "
+                        "(default $FLEETCAST_ENDPOINT_SERVICE_ID; without it every connection in the account counts)")
+    p.add_argument("--proxy-protocol", choices=("required", "off"), default="required",
+                   help="required behind the NLB (default); off only for local tests without an NLB")
+    p.add_argument("--refresh-s", type=float, default=60.0, help="endpoint and API key refresh period")
+    return p
+
+
+def _load_config(args: argparse.Namespace):
+    from fleetcast.config import ConfigError, config_from_json
+
+    try:
+        if args.config_json:
+            with open(args.config_json) as handle:
+                text = handle.read()
+        elif os.environ.get("FLEETCAST_CONFIG_PARAM"):
+            import boto3
+
+            ssm = boto3.client("ssm", region_name=args.region)
+            text = ssm.get_parameter(Name=os.environ["FLEETCAST_CONFIG_PARAM"], WithDecryption=True)["Parameter"]["Value"]
+        else:
+            raise SystemExit("gateway: give --config-json FILE or set FLEETCAST_CONFIG_PARAM")
+        return config_from_json(text)
+    except OSError as exc:
+        raise SystemExit(f"gateway: cannot read --config-json {args.config_json}: {exc.strerror}") from None
+    except ConfigError as exc:
+        raise SystemExit(f"gateway: {exc.render()}") from None
+
+
+async def serve(args: argparse.Namespace) -> int:
+    import boto3
+
+    from .identity import ApiKeyStore, EndpointDirectory, Identity, secret_names
+    from .limits import ConsumerLimiter
+    from .metrics import MetricsSink
+    from .server import Gateway
+
+    cfg = _load_config(args)
+    try:
+        region = cfg.region(args.region)
+    except KeyError:
+        raise SystemExit(f"gateway: --region {args.region} is not a provider region of fleet {cfg.name}") from None
+    if args.pool not in {p.name for p in region.pools}:
+        raise SystemExit(f"gateway: --pool {args.pool} is not a pool of {args.region}; "
+                         f"pools: {', '.join(p.name for p in region.pools)}")
+    consumers = cfg.consumers_of(args.region)
+    endpoints = EndpointDirectory(boto3.client("ec2", region_name=args.region), args.service_id, args.refresh_s)
+    names = secret_names(consumers, cfg.api_key_secret_of)
+    keys = ApiKeyStore(boto3.client("secretsmanager", region_name=args.region), names, args.refresh_s) \
+        if names else None
+    metrics = MetricsSink(cfg.name, args.pool)
+    gateway = Gateway(upstream=args.upstream, identity=Identity(consumers, endpoints, keys),
+                      limiters={c.name: ConsumerLimiter(c.limits) for c in consumers}, metrics=metrics,
+                      proxy_protocol=args.proxy_protocol == "required",
+                      drain_timeout_s=cfg.operations.drain_timeout_s)
+    await endpoints.refresh()
+    if keys:
+        await keys.refresh()
+    background = [asyncio.ensure_future(endpoints.run())] + ([asyncio.ensure_future(keys.run())] if keys else [])
+    await gateway.start(*args.listen)
+    log("gateway_started", listen=f"{args.listen[0]}:{gateway.port}", upstream=f"{args.upstream[0]}:{args.upstream[1]}",
+        region=args.region, pool=args.pool, consumers=[c.name for c in consumers],
+        proxy_protocol=args.proxy_protocol, endpoints_loaded=endpoints.loaded)
+
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    await gateway.drain()
+    for task in background:
+        task.cancel()
+    await gateway.close()
+    metrics.close()
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return asyncio.run(serve(args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

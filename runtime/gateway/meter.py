@@ -1,0 +1,148 @@
+"""Token metering on the response path: usage and timing from SSE events as they pass.
+
+trtllm-serve reports token usage in a final SSE event (`choices: []`,
+`usage: {...}`) only when the request asked for it with
+`stream_options.include_usage`. The gateway always asks (see `prepare_body`)
+and, when the client had not asked, drops that event so the client sees
+exactly the stream it requested.
+
+Events are forwarded whole as soon as they are complete; the meter never
+holds back a complete event.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+INFERENCE_PATHS = frozenset({"/v1/completions", "/v1/chat/completions"})
+
+
+@dataclass
+class Prepared:
+    body: bytes
+    stream: bool
+    strip_usage: bool
+
+
+def prepare_body(body: bytes) -> Prepared:
+    """Make a streaming request report usage; returns the (possibly rewritten) body."""
+    if b'"stream"' not in body:  # fast path: not a streaming request
+        return Prepared(body, False, False)
+    try:
+        data = json.loads(body)
+    except (ValueError, UnicodeDecodeError):
+        return Prepared(body, False, False)  # the server answers the 400
+    if not isinstance(data, dict) or data.get("stream") is not True:
+        return Prepared(body, False, False)
+    options = data.get("stream_options")
+    if isinstance(options, dict) and options.get("include_usage") is True:
+        return Prepared(body, True, False)
+    options = dict(options) if isinstance(options, dict) else {}
+    options["include_usage"] = True
+    data["stream_options"] = options
+    return Prepared(json.dumps(data, separators=(",", ":")).encode(), True, True)
+
+
+def _has_content(choices: Any) -> bool:
+    if not isinstance(choices, list):
+        return False
+    for choice in choices:
+        if not isinstance(choice, dict):
+            continue
+        if choice.get("text"):
+            return True
+        delta = choice.get("delta")
+        if isinstance(delta, dict) and (delta.get("content") or delta.get("reasoning_content")
+                                        or delta.get("tool_calls")):
+            return True
+    return False
+
+
+class SseMeter:
+    """Splits an SSE byte stream into events; records timing and usage; may drop the usage-only event."""
+
+    def __init__(self, strip_usage: bool):
+        self.strip_usage = strip_usage
+        self._tail = b""
+        self.first_content_at: float | None = None
+        self.last_content_at: float | None = None
+        self.content_events = 0
+        self.usage: dict[str, Any] | None = None
+        self.done = False
+        self.error_event = False
+
+    def feed(self, data: bytes, now: float) -> bytes:
+        """Bytes to forward now: every event completed by `data`, minus a stripped usage event."""
+        buf = self._tail + data if self._tail else data
+        if b"\r" in buf:
+            buf = buf.replace(b"\r\n", b"\n")
+        if b"\n\n" not in buf:
+            self._tail = buf
+            return b""
+        parts = buf.split(b"\n\n")
+        self._tail = parts.pop()
+        if not self.strip_usage:
+            for event in parts:
+                self._observe(event, now)
+            return buf[: len(buf) - len(self._tail)]
+        kept = [event + b"\n\n" for event in parts if self._observe(event, now)]
+        return b"".join(kept)
+
+    def flush(self) -> bytes:
+        """Whatever is left when the stream ends (an unterminated last event)."""
+        tail, self._tail = self._tail, b""
+        return tail
+
+    def _observe(self, event: bytes, now: float) -> bool:
+        """Record what the event says; False if it must not reach the client."""
+        data = None
+        for line in event.split(b"\n"):
+            if line.startswith(b"data:"):
+                piece = line[5:].lstrip(b" ")
+                data = piece if data is None else data + b"\n" + piece
+        if data is None:
+            return True
+        if data == b"[DONE]":
+            self.done = True
+            return True
+        try:
+            obj = json.loads(data)
+        except (ValueError, UnicodeDecodeError):
+            return True
+        if not isinstance(obj, dict):
+            return True
+        if "error" in obj:
+            self.error_event = True
+        choices = obj.get("choices")
+        if _has_content(choices):
+            if self.first_content_at is None:
+                self.first_content_at = now
+            self.last_content_at = now
+            self.content_events += 1
+        usage = obj.get("usage")
+        if isinstance(usage, dict):
+            self.usage = usage
+            if self.strip_usage and not choices:
+                return False
+        return True
+
+
+def usage_from_body(body: bytes) -> dict[str, Any] | None:
+    """Usage of a non-streaming response."""
+    try:
+        obj = json.loads(body)
+    except (ValueError, UnicodeDecodeError):
+        return None
+    usage = obj.get("usage") if isinstance(obj, dict) else None
+    return usage if isinstance(usage, dict) else None
+
+
+def tokens(usage: dict[str, Any] | None) -> tuple[int, int]:
+    """(input, output) tokens from an OpenAI usage object."""
+    if not usage:
+        return 0, 0
+    def as_int(value: Any) -> int:
+        return value if isinstance(value, int) and value >= 0 else 0
+    return as_int(usage.get("prompt_tokens")), as_int(usage.get("completion_tokens"))

@@ -1,0 +1,93 @@
+"""Per-request CloudWatch embedded-metric-format (EMF) records, one JSON line each on stdout.
+
+The instance's log agent ships stdout to CloudWatch Logs, which extracts the
+metrics: raw per-request values, so fleet-wide P99s are computed by CloudWatch
+rather than averaged from per-instance percentiles. Names, namespace and
+dimensions come from fleetcast.telemetry, shared with the alarms and
+`fleetcast usage`.
+
+Writing happens on a separate thread: a slow log pipe must never stall the
+event loop that is streaming tokens.
+"""
+
+from __future__ import annotations
+
+import json
+import queue
+import sys
+import threading
+import time
+from typing import Any, Callable, TextIO
+
+from fleetcast import telemetry as t
+
+MS = "Milliseconds"
+COUNT = "Count"
+
+UNITS = {
+    t.TTFT_MS: MS, t.ITL_MS: MS, t.E2E_MS: MS,
+    t.INPUT_TOKENS: COUNT, t.OUTPUT_TOKENS: COUNT, t.REQUESTS: COUNT, t.ERRORS: COUNT,
+    t.THROTTLED: COUNT, t.UNKNOWN_ENDPOINT: COUNT, t.PROXY_PROTOCOL_ERRORS: COUNT,
+}
+
+
+def emf_record(fleet: str, pool: str, consumer: str | None, values: dict[str, float],
+               properties: dict[str, Any] | None = None, timestamp_ms: int | None = None) -> dict[str, Any]:
+    """One EMF record. Per-consumer dimensions only when the consumer is known."""
+    dims = [[t.DIM_FLEET, t.DIM_POOL]]
+    record: dict[str, Any] = {t.DIM_FLEET: fleet, t.DIM_POOL: pool}
+    if consumer:
+        dims.append([t.DIM_FLEET, t.DIM_POOL, t.DIM_CONSUMER])
+        record[t.DIM_CONSUMER] = consumer
+    record["_aws"] = {
+        "Timestamp": timestamp_ms if timestamp_ms is not None else int(time.time() * 1000),
+        "CloudWatchMetrics": [{
+            "Namespace": t.NAMESPACE,
+            "Dimensions": dims,
+            "Metrics": [{"Name": name, "Unit": UNITS.get(name, "None")} for name in values],
+        }],
+    }
+    record.update(values)
+    if properties:
+        record.update(properties)  # searchable in Logs Insights, not metrics
+    return record
+
+
+class MetricsSink:
+    """Queues records from the event loop; a daemon thread writes them as JSON lines."""
+
+    def __init__(self, fleet: str, pool: str, stream: TextIO | None = None,
+                 on_record: Callable[[dict[str, Any]], None] | None = None):
+        self.fleet, self.pool = fleet, pool
+        self._stream = stream if stream is not None else sys.stdout
+        self._on_record = on_record  # tests observe records directly
+        self._queue: queue.SimpleQueue[str | None] = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._write, name="emf-writer", daemon=True)
+        self._thread.start()
+
+    def emit(self, consumer: str | None, values: dict[str, float], properties: dict[str, Any] | None = None) -> None:
+        record = emf_record(self.fleet, self.pool, consumer, values, properties)
+        if self._on_record:
+            self._on_record(record)
+        self._queue.put(json.dumps(record, separators=(",", ":")))
+
+    def _write(self) -> None:
+        while True:
+            line = self._queue.get()
+            if line is None:
+                return
+            try:
+                self._stream.write(line + "\n")
+                if self._queue.empty():
+                    self._stream.flush()
+            except (OSError, ValueError):
+                pass  # a closed log pipe loses metrics, never requests
+
+    def close(self, timeout: float = 5.0) -> None:
+        """Flush what is queued (called on drain before exit)."""
+        self._queue.put(None)
+        self._thread.join(timeout)
+        try:
+            self._stream.flush()
+        except (OSError, ValueError):
+            pass

@@ -1,0 +1,413 @@
+"""Measure what the consumer gateway adds to TTFT and inter-token latency, on loopback.
+
+    python -m scripts.bench_gateway [--concurrency 1,2,4,8,16,32,64] [--tokens 24]
+        [--token-interval-ms 8] [--ttft-ms 15] [--requests 100] [--modes direct,gateway,aiohttp] [--json FILE]
+
+One run starts, as separate processes:
+  - a timed upstream: an OpenAI-shaped SSE server that emits `--tokens` tokens,
+    the first after `--ttft-ms`, then one every `--token-interval-ms`, each
+    event stamped with the server's CLOCK_MONOTONIC send time;
+  - the real gateway (`python -m runtime.gateway`, proxy protocol required,
+    identity from a loopback EC2 fake, metering on, EMF to a file);
+  - for comparison, a minimal aiohttp reverse proxy (no identity, no metering):
+    the floor a framework-based gateway could reach;
+and a client in this process that runs each concurrency level against each
+mode in turn (same upstream, same schedule), sending the PROXY v2 header with
+a VPC endpoint TLV to the gateway exactly as the NLB does.
+
+Figures (client side, per DESIGN.md): TTFT = request sent -> first content
+event; ITL = gaps between consecutive content events; delivery delay = event
+received - event sent by the server (isolates the proxy hop from the server's
+own timer jitter). "Added" = mode minus direct at the same percentile.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+REGION, POOL = "ap-northeast-2", "l40s"
+SERVICE_ID = "vpce-svc-0a1b2c3d4e5f60718"
+BENCH_VPCE, BENCH_ACCOUNT = "vpce-0aaaaaaaaaaaaaaa1", "444455556666"
+
+
+# ---------------------------------------------------------------- loopback doubles
+
+
+def _chunk(data: bytes) -> bytes:
+    return b"%x\r\n%b\r\n" % (len(data), data)
+
+
+async def timed_upstream(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, ttft_s: float,
+                         interval_s: float) -> None:
+    """A trtllm-serve-shaped SSE server on a fixed schedule (absolute deadlines: no drift)."""
+    loop = asyncio.get_running_loop()
+    try:
+        while True:
+            head = await reader.readuntil(b"\r\n\r\n")
+            lines = head.decode("latin-1").split("\r\n")
+            method, path = lines[0].split(" ")[:2]
+            length = next((int(l.split(":", 1)[1]) for l in lines if l.lower().startswith("content-length:")), 0)
+            body = await reader.readexactly(length) if length else b""
+            if path == "/health":
+                writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n")
+                continue
+            request = json.loads(body)
+            n = int(request.get("max_tokens", 16))
+            usage = bool((request.get("stream_options") or {}).get("include_usage"))
+            start = loop.time()
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n")
+            for i in range(n):
+                delay = start + ttft_s + i * interval_s - loop.time()
+                if delay > 0:
+                    await asyncio.sleep(delay)
+                event = {"id": "cmpl-b", "object": "text_completion", "model": "bench",
+                         "choices": [{"index": 0, "text": f" tok{i}", "finish_reason": None}],
+                         "t": time.monotonic_ns()}
+                writer.write(_chunk(b"data: " + json.dumps(event, separators=(",", ":")).encode() + b"\n\n"))
+            if usage:
+                u = {"id": "cmpl-b", "choices": [], "usage": {"prompt_tokens": 8, "completion_tokens": n,
+                                                             "total_tokens": 8 + n}}
+                writer.write(_chunk(b"data: " + json.dumps(u).encode() + b"\n\n"))
+            writer.write(_chunk(b"data: [DONE]\n\n") + b"0\r\n\r\n")
+            await writer.drain()
+    except (asyncio.IncompleteReadError, ConnectionError):
+        pass
+    finally:
+        writer.close()
+
+
+class FakeEc2Endpoints:
+    """Answers EC2 DescribeVpcEndpointConnections (query API, XML) on loopback for given (vpce, account) pairs."""
+
+    def __init__(self, connections: list[tuple[str, str]], service_id: str = SERVICE_ID):
+        self.connections = connections
+        self.service_id = service_id
+        self.calls = 0
+
+    def xml(self) -> bytes:
+        items = "".join(
+            f"<item><serviceId>{self.service_id}</serviceId><vpcEndpointId>{v}</vpcEndpointId>"
+            f"<vpcEndpointOwner>{a}</vpcEndpointOwner><vpcEndpointState>available</vpcEndpointState></item>"
+            for v, a in self.connections)
+        return (f'<?xml version="1.0" encoding="UTF-8"?><DescribeVpcEndpointConnectionsResponse '
+                f'xmlns="http://ec2.amazonaws.com/doc/2016-11-15/"><requestId>r-1</requestId>'
+                f"<vpcEndpointConnectionSet>{items}</vpcEndpointConnectionSet>"
+                f"</DescribeVpcEndpointConnectionsResponse>").encode()
+
+    async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            head = await reader.readuntil(b"\r\n\r\n")
+            length = next((int(l.split(b":", 1)[1]) for l in head.split(b"\r\n")
+                           if l.lower().startswith(b"content-length:")), 0)
+            body = await reader.readexactly(length)
+            self.calls += 1
+            if b"Action=DescribeVpcEndpointConnections" in body:
+                payload, status = self.xml(), b"200 OK"
+            else:
+                payload, status = b"<Response><Errors><Error><Code>InvalidAction</Code></Error></Errors></Response>", \
+                    b"400 Bad Request"
+            writer.write(b"HTTP/1.1 " + status + b"\r\nContent-Type: text/xml\r\nContent-Length: "
+                         + str(len(payload)).encode() + b"\r\nConnection: close\r\n\r\n" + payload)
+            await writer.drain()
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        finally:
+            writer.close()
+
+    async def start(self) -> int:
+        server = await asyncio.start_server(self.handle, "127.0.0.1", 0)
+        return server.sockets[0].getsockname()[1]
+
+
+async def aiohttp_proxy(port: int, upstream: int) -> None:
+    """The comparison candidate: a plain aiohttp streaming reverse proxy (no identity, no metering)."""
+    from aiohttp import ClientSession, TCPConnector, web
+
+    session = ClientSession(connector=TCPConnector(limit=0), auto_decompress=False)
+    skip = {"host", "content-length", "transfer-encoding", "connection"}
+
+    async def handler(request: web.Request) -> web.StreamResponse:
+        body = await request.read()
+        headers = {k: v for k, v in request.headers.items() if k.lower() not in skip}
+        async with session.request(request.method, f"http://127.0.0.1:{upstream}{request.rel_url}",
+                                   data=body, headers=headers) as up:
+            response = web.StreamResponse(status=up.status, headers={
+                k: v for k, v in up.headers.items() if k.lower() not in skip})
+            await response.prepare(request)
+            async for data in up.content.iter_any():
+                await response.write(data)
+            await response.write_eof()
+            return response
+
+    app = web.Application()
+    app.router.add_route("*", "/{tail:.*}", handler)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    await asyncio.Event().wait()
+
+
+# ---------------------------------------------------------------- client
+
+
+def _proxy_header() -> bytes:
+    sys.path.insert(0, str(ROOT))
+    from runtime.gateway import ppv2
+
+    return ppv2.build(("10.60.1.10", 40000), ("10.40.0.5", 8000), vpce_id=BENCH_VPCE)
+
+
+class Sample:
+    __slots__ = ("ttft_ms", "gaps_ms", "delays_ms", "tokens")
+
+    def __init__(self):
+        self.ttft_ms = None
+        self.gaps_ms: list[float] = []
+        self.delays_ms: list[float] = []
+        self.tokens = 0
+
+
+async def _worker(port: int, header: bytes | None, body: bytes, count: int, out: list[Sample]) -> None:
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    if header:
+        writer.write(header)
+    request = (b"POST /v1/completions HTTP/1.1\r\nHost: bench\r\nContent-Type: application/json\r\n"
+               b"Content-Length: %d\r\n\r\n%b" % (len(body), body))
+    try:
+        for _ in range(count):
+            sample = Sample()
+            sent = time.monotonic_ns()
+            writer.write(request)
+            head = await reader.readuntil(b"\r\n\r\n")
+            if not head.startswith(b"HTTP/1.1 200"):
+                raise RuntimeError(f"bench request failed: {head[:80]!r}")
+            buf, last = b"", None
+            while True:
+                data = await reader.read(65536)
+                if not data:
+                    raise RuntimeError("connection closed mid-stream")
+                now = time.monotonic_ns()
+                buf += data
+                # The chunked framing around each event is parsed lazily: events are "data: ...\n\n".
+                done = buf.endswith(b"0\r\n\r\n") and b"data: [DONE]" in buf
+                while True:
+                    start = buf.find(b"data: {")
+                    if start < 0:
+                        break
+                    end = buf.find(b"\n\n", start)
+                    if end < 0:
+                        break
+                    event = json.loads(buf[start + 6:end])
+                    buf = buf[end + 2:]
+                    if event.get("choices") and event["choices"][0].get("text"):
+                        sample.tokens += 1
+                        if sample.ttft_ms is None:
+                            sample.ttft_ms = (now - sent) / 1e6
+                        else:
+                            sample.gaps_ms.append((now - last) / 1e6)
+                        sample.delays_ms.append((now - event["t"]) / 1e6)
+                        last = now
+                if done:
+                    break
+            out.append(sample)
+    finally:
+        writer.close()
+
+
+def percentile(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    pos = (len(ordered) - 1) * q
+    lo = int(pos)
+    hi = min(lo + 1, len(ordered) - 1)
+    return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
+
+
+async def run_level(port: int, header: bytes | None, concurrency: int, requests: int, tokens: int) -> dict:
+    body = json.dumps({"model": "bench", "prompt": "measure me", "max_tokens": tokens, "stream": True}).encode()
+    per_worker = max(1, -(-requests // concurrency))
+    samples: list[Sample] = []
+    started = time.monotonic()
+    await asyncio.gather(*(_worker(port, header, body, per_worker, samples) for _ in range(concurrency)))
+    elapsed = time.monotonic() - started
+    ttft = [s.ttft_ms for s in samples]
+    gaps = [g for s in samples for g in s.gaps_ms]
+    delays = [d for s in samples for d in s.delays_ms]
+    assert all(s.tokens == tokens for s in samples), "a stream lost tokens"
+    return {
+        "requests": len(samples), "itl_samples": len(gaps), "seconds": round(elapsed, 2),
+        "ttft_p50": percentile(ttft, 0.5), "ttft_p99": percentile(ttft, 0.99),
+        "itl_p50": percentile(gaps, 0.5), "itl_p99": percentile(gaps, 0.99),
+        "delay_p50": percentile(delays, 0.5), "delay_p99": percentile(delays, 0.99),
+    }
+
+
+# ---------------------------------------------------------------- orchestration
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+async def _wait_port(port: int, header: bytes | None, timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            writer.write((header or b"") + b"GET /health HTTP/1.1\r\nHost: b\r\nConnection: close\r\n\r\n")
+            head = await reader.read(64)
+            writer.close()
+            if head.startswith(b"HTTP/1.1 200"):
+                return
+        except OSError:
+            pass
+        await asyncio.sleep(0.1)
+    raise RuntimeError(f"nothing healthy on port {port} after {timeout:g} s")
+
+
+def _bench_config(path: Path) -> None:
+    sys.path.insert(0, str(ROOT))
+    from fleetcast.config import load_config, parse_config
+
+    data = load_config(ROOT / "config" / "fleet.yaml").model_dump(mode="json")
+    data["consumers"] = [c for c in data["consumers"] if c["account"] == BENCH_ACCOUNT][:1]
+    data["consumers"][0]["limits"] = {"max_concurrency": 10000, "requests_per_minute": 10_000_000}
+    parse_config(data, "<bench config>")
+    path.write_text(json.dumps(data))
+
+
+def _spawn(args: list[str], env: dict | None = None, stdout=subprocess.DEVNULL) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, *args], cwd=str(ROOT), env={**os.environ, **(env or {})},
+                            stdout=stdout, stderr=subprocess.DEVNULL)
+
+
+async def main_async(args: argparse.Namespace) -> dict:
+    levels = [int(c) for c in args.concurrency.split(",")]
+    modes = args.modes.split(",")
+    tmp = Path(tempfile.mkdtemp(prefix="bench-gateway-"))
+    up_port, gw_port, aio_port = _free_port(), _free_port(), _free_port()
+    ec2 = FakeEc2Endpoints([(BENCH_VPCE, BENCH_ACCOUNT)])
+    ec2_port = await ec2.start()
+    config = tmp / "fleet.json"
+    _bench_config(config)
+    emf = open(tmp / "emf.log", "w")
+    procs = [_spawn(["-m", "scripts.bench_gateway", "_upstream", str(up_port), str(args.ttft_ms),
+                     str(args.token_interval_ms)])]
+    if "gateway" in modes:
+        procs.append(_spawn(["-m", "runtime.gateway", "--listen", f"127.0.0.1:{gw_port}", "--upstream",
+                             f"127.0.0.1:{up_port}", "--config-json", str(config), "--region", REGION, "--pool", POOL,
+                             "--service-id", SERVICE_ID],
+                            {"AWS_ENDPOINT_URL_EC2": f"http://127.0.0.1:{ec2_port}", "AWS_ACCESS_KEY_ID": "bench",
+                             "AWS_SECRET_ACCESS_KEY": "bench", "AWS_MAX_ATTEMPTS": "1"}, stdout=emf))
+    if "aiohttp" in modes:
+        procs.append(_spawn(["-m", "scripts.bench_gateway", "_aiohttp", str(aio_port), str(up_port)]))
+    header = _proxy_header()
+    targets = {"direct": (up_port, None), "gateway": (gw_port, header), "aiohttp": (aio_port, None)}
+    results: dict = {"config": vars(args), "cpus": os.cpu_count(), "levels": {}}
+    try:
+        for mode in modes:
+            await _wait_port(*targets[mode])
+        for mode in modes:  # warm-up: connections, imports, JIT-free but caches
+            await run_level(*targets[mode], 4, 8, args.tokens)
+        for c in levels:
+            requests = max(args.requests, 3 * c)
+            row = {}
+            for mode in modes:
+                row[mode] = await run_level(*targets[mode], c, requests, args.tokens)
+                print(f"  c={c:<3} {mode:<8} {row[mode]['requests']:>4} req  TTFT p50 {row[mode]['ttft_p50']:7.3f} "
+                      f"p99 {row[mode]['ttft_p99']:7.3f}  ITL p50 {row[mode]['itl_p50']:6.3f} "
+                      f"p99 {row[mode]['itl_p99']:6.3f} ms", file=sys.stderr, flush=True)
+            results["levels"][c] = row
+    finally:
+        for proc in procs:
+            proc.send_signal(signal.SIGTERM)
+        for proc in procs:
+            try:
+                proc.wait(15)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+        emf.close()
+    records = sum(1 for _ in open(tmp / "emf.log")) if "gateway" in modes else 0
+    results["gateway_emf_records"] = records
+    return results
+
+
+def render(results: dict) -> str:
+    modes = [m for m in ("gateway", "aiohttp") if m in next(iter(results["levels"].values()))]
+    lines = []
+    for mode in modes:
+        lines.append(f"\nadded by {mode} vs direct (ms; + = slower), {results['cpus']} CPUs, "
+                     f"{results['config']['tokens']} tokens @ {results['config']['token_interval_ms']} ms:")
+        lines.append("| conc | requests | ITL samples | TTFT P50 | TTFT P99 | ITL P50 | ITL P99 | delay P50 | delay P99 |")
+        lines.append("|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+        for c, row in results["levels"].items():
+            d, m = row["direct"], row[mode]
+            lines.append(
+                f"| {c} | {m['requests']} | {m['itl_samples']} | "
+                + " | ".join(f"{m[k] - d[k]:+.3f}" for k in
+                             ("ttft_p50", "ttft_p99", "itl_p50", "itl_p99", "delay_p50", "delay_p99")) + " |")
+    lines.append("\ndirect (no proxy) absolute figures (ms):")
+    lines.append("| conc | TTFT P50 | TTFT P99 | ITL P50 | ITL P99 | delay P50 | delay P99 |")
+    lines.append("|---:|---:|---:|---:|---:|---:|---:|")
+    for c, row in results["levels"].items():
+        d = row["direct"]
+        lines.append(f"| {c} | " + " | ".join(f"{d[k]:.3f}" for k in
+                                               ("ttft_p50", "ttft_p99", "itl_p50", "itl_p99", "delay_p50",
+                                                "delay_p99")) + " |")
+    if results.get("gateway_emf_records"):
+        lines.append(f"\ngateway wrote {results['gateway_emf_records']} EMF records (one per request).")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["_upstream"]:  # child process modes
+        port, ttft_ms, interval_ms = int(argv[1]), float(argv[2]), float(argv[3])
+
+        async def serve():
+            server = await asyncio.start_server(
+                lambda r, w: timed_upstream(r, w, ttft_ms / 1000, interval_ms / 1000), "127.0.0.1", port,
+                backlog=1024)
+            async with server:
+                await server.serve_forever()
+        signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+        asyncio.run(serve())
+        return 0
+    if argv[:1] == ["_aiohttp"]:
+        signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+        asyncio.run(aiohttp_proxy(int(argv[1]), int(argv[2])))
+        return 0
+    p = argparse.ArgumentParser(prog="python -m scripts.bench_gateway", description=__doc__.split("\n\n")[0])
+    p.add_argument("--concurrency", default="1,2,4,8,16,32,64")
+    p.add_argument("--tokens", type=int, default=24)
+    p.add_argument("--token-interval-ms", type=float, default=8.0)
+    p.add_argument("--ttft-ms", type=float, default=15.0)
+    p.add_argument("--requests", type=int, default=100, help="requests per level and mode (at least 3 x concurrency)")
+    p.add_argument("--modes", default="direct,gateway,aiohttp")
+    p.add_argument("--json", help="also write the raw results here")
+    args = p.parse_args(argv)
+    if "direct" not in args.modes.split(","):
+        p.error("--modes must include direct (the baseline)")
+    results = asyncio.run(main_async(args))
+    print(render(results))
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

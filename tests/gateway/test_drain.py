@@ -1,0 +1,129 @@
+"""Drain on SIGTERM: health 503 at once, new requests refused, in-flight streams finish, exit 0."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+from runtime.gateway import ppv2
+
+from .conftest import ROOT, VOICE_VPCE, fleet_config, run, start_harness, stop_harness
+from .fakes import Client, FakeModelServer, one_request
+
+
+def stream(n=4):
+    return {"model": "gpt2-xl", "prompt": "a", "max_tokens": n, "stream": True}
+
+
+def test_drain_lets_in_flight_streams_finish_and_refuses_new_work():
+    async def body():
+        h = await start_harness()
+        h.upstream.gate = asyncio.Event()
+        try:
+            inflight = await Client(h.port, VOICE_VPCE).connect()
+            await inflight.send("POST", "/v1/completions", stream(6))
+            status, headers = await inflight.read_head()
+            assert status == 200
+            idle = await Client(h.port, VOICE_VPCE).connect()
+            assert (await idle.request("GET", "/v1/models")).status == 200
+
+            drained = asyncio.ensure_future(h.gateway.drain())
+            await asyncio.sleep(0)
+            health = await one_request(h.port, "GET", "/health", header=ppv2.LOCAL_HEADER)
+            assert health.status == 503 and health.json()["status"] == "draining"
+            refused = await idle.request("POST", "/v1/completions", stream())
+            assert refused.status == 503 and refused.headers["connection"] == "close"
+            assert refused.json()["error"]["code"] == "draining"
+            assert not drained.done()  # still waiting for the stream
+
+            h.upstream.gate.set()
+            rest = await inflight.read_body(headers)
+            assert rest.count(b'"text"') == 6 and rest.endswith(b"data: [DONE]\n\n")
+            assert await asyncio.wait_for(drained, 5) is True
+            await inflight.close()
+            await idle.close()
+        finally:
+            await stop_harness(h)
+    run(body())
+
+
+def test_drain_gives_up_after_the_timeout():
+    async def body():
+        h = await start_harness(drain_timeout_s=0.3)
+        h.upstream.gate = asyncio.Event()
+        try:
+            stuck = await Client(h.port, VOICE_VPCE).connect()
+            await stuck.send("POST", "/v1/completions", stream())
+            await stuck.read_head()
+            started = time.monotonic()
+            assert await h.gateway.drain() is False
+            assert time.monotonic() - started < 3
+            await stuck.close()
+        finally:
+            await stop_harness(h)
+    run(body())
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_process_exits_zero_on_sigterm_after_its_stream(tmp_path):
+    """`python -m runtime.gateway` as the supervisor starts it, identity from a loopback EC2 fake."""
+    from scripts.bench_gateway import FakeEc2Endpoints
+
+    config = tmp_path / "fleet.json"
+    config.write_text(json.dumps(fleet_config().model_dump(mode="json")))
+    port = _free_port()
+
+    async def body():
+        upstream = await FakeModelServer(token_delay_s=0.05).start()
+        ec2 = FakeEc2Endpoints([(VOICE_VPCE, "444455556666")])
+        env = {**os.environ, "AWS_ENDPOINT_URL_EC2": f"http://127.0.0.1:{await ec2.start()}",
+               "AWS_MAX_ATTEMPTS": "1", "PYTHONPATH": str(ROOT)}
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "runtime.gateway", "--listen", f"127.0.0.1:{port}",
+            "--upstream", f"127.0.0.1:{upstream.port}", "--config-json", str(config),
+            "--region", "ap-northeast-2", "--pool", "l40s", "--service-id", "vpce-svc-0a1b2c3d4e5f60718",
+            cwd=str(ROOT), env=env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+        try:
+            for _ in range(200):
+                try:
+                    health = await one_request(port, "GET", "/health", header=ppv2.LOCAL_HEADER)
+                    break
+                except OSError:
+                    await asyncio.sleep(0.05)
+            assert health.status == 200
+            assert ec2.calls == 1  # the startup read of the endpoint connections
+
+            inflight = await Client(port, VOICE_VPCE).connect()
+            await inflight.send("POST", "/v1/completions", stream(10))  # ~0.5 s of tokens
+            status, headers = await inflight.read_head()
+            assert status == 200
+            proc.send_signal(signal.SIGTERM)
+            await asyncio.sleep(0.1)
+            draining = await one_request(port, "GET", "/health", header=ppv2.LOCAL_HEADER)
+            assert draining.status == 503
+            rest = await inflight.read_body(headers)
+            assert rest.count(b'"text"') == 10
+            await inflight.close()
+            assert await asyncio.wait_for(proc.wait(), 15) == 0
+            err = (await proc.stderr.read()).decode()
+            assert '"event": "drain_finished"' in err and '"all_finished": true' in err
+            records = [json.loads(line) for line in (await proc.stdout.read()).decode().splitlines()]
+            (record,) = [r for r in records if "Requests" in r]
+            assert record["Consumer"] == "voice-app" and record["OutputTokens"] == 10
+        finally:
+            if proc.returncode is None:
+                proc.kill()
+                await proc.wait()
+            await upstream.stop()
+    run(body(), timeout=60)
