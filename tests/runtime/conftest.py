@@ -1,0 +1,26 @@
+"""Loopback AWS for the runtime tests: moto (S3, SSM) plus the dev fakes (IMDSv2, hooks, EC2)."""
+
+import itertools
+import os
+
+import pytest
+
+from runtime.devtools.harness import LocalAws
+
+_buckets = itertools.count()
+
+
+@pytest.fixture(autouse=True)
+def _dummy_aws_credentials(monkeypatch):
+    # Never reach real AWS from a test, even by accident.
+    for key in ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_ENDPOINT_URL"):
+        monkeypatch.delenv(key, raising=False)
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+
+
+@pytest.fixture
+def aws():
+    with LocalAws(bucket=f"fleetcast-test-{os.getpid()}-{next(_buckets)}") as local:
+        yield local

@@ -1,0 +1,248 @@
+"""The instance runtime end to end: real `python -m runtime.bootstrap` processes on loopback AWS.
+
+Each instance is a process with its own IMDSv2 fake, its own local disk and its own
+ports; S3 and SSM are moto, the lifecycle-hook calls a loopback Auto Scaling fake.
+The model server is the reference backend (tiny GPT-2 on CPU) behind the real gateway.
+"""
+
+import json
+import os
+import re
+import signal
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from fleetcast import telemetry
+from runtime.devtools.harness import LocalAws, free_port, free_port_pair, tiny_config
+from runtime.serve import raw_health
+from tests.runtime.streaming import StreamResult, stream_completion
+
+pytestmark = pytest.mark.timeout(240)
+
+
+@pytest.fixture(scope="module")
+def fleet(tmp_path_factory):
+    """One loopback region shared by the scenario tests of this module (the cache persists between them)."""
+    with LocalAws(bucket=f"fleetcast-e2e-{os.getpid()}") as aws:
+        cfg = tiny_config()
+        aws.put_config(cfg)
+        yield aws, cfg, tmp_path_factory.mktemp("instances")
+
+
+def launch(aws, cfg, root: Path, instance_id: str, state="InService", **extra):
+    imds = aws.instance(instance_id, state)
+    port = free_port_pair()
+    env = aws.runtime_env(imds, cfg, root / instance_id, port, **extra)
+    (root / instance_id).mkdir(parents=True, exist_ok=True)
+    return aws.start_runtime(env, root / f"{instance_id}.log"), imds, port
+
+
+def log_of(root: Path, instance_id: str) -> str:
+    return (root / f"{instance_id}.log").read_text()
+
+
+def server_pid(root: Path, instance_id: str) -> int:
+    pids = re.findall(r"started server \(pid (\d+)\)", log_of(root, instance_id))
+    return int(pids[-1])
+
+
+def builds_in_cache(aws) -> set[str]:
+    return {k.split("/builds/")[1].split("/")[0] for k in aws.keys("engines/") if "/builds/" in k}
+
+
+def hook_results(aws, instance_id: str, hook: str) -> list[str]:
+    return [c.result for c in aws.asg.completed if c.instance_id == instance_id and c.hook == hook]
+
+
+def wait_until(predicate, timeout_s=60.0, step=0.05):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(step)
+    return None
+
+
+def test_cold_start_builds_serves_then_hit_and_warm_pool_skip_the_build(fleet):
+    aws, cfg, root = fleet
+
+    # 1. First instance, empty cache: build, upload, serve, launch hook CONTINUE.
+    miss, _, port = launch(aws, cfg, root, "i-00000000000000a01")
+    serving = miss.wait_event("fleetcast_serving", 150)
+    assert serving is not None, log_of(root, "i-00000000000000a01")[-3000:]
+    assert serving["outcome"] == "built"
+    assert hook_results(aws, "i-00000000000000a01", telemetry.LAUNCH_HOOK) == ["CONTINUE"]
+    assert raw_health("127.0.0.1", port, proxy_protocol=True) == 200  # what the NLB sees
+    reply = stream_completion(port, "Hello", 16)
+    assert reply.status == 200 and reply.usage["completion_tokens"] == 16 and reply.done
+    assert len(builds_in_cache(aws)) == 1
+    assert miss.metric_values(telemetry.ENGINE_CACHE_MISS) == [1.0]
+    assert miss.metric_values(telemetry.ENGINE_BUILD_SECONDS)[0] > 0
+    assert miss.metric_values(telemetry.START_TO_HEALTHY_SECONDS)[0] == pytest.approx(serving["start_to_healthy_s"], abs=0.01)
+    miss.proc.send_signal(signal.SIGTERM)
+    assert miss.proc.wait(60) == 0
+
+    # 2. Second instance: cache hit, no build.
+    hit, _, port = launch(aws, cfg, root, "i-00000000000000a02")
+    serving = hit.wait_event("fleetcast_serving", 120)
+    assert serving is not None and serving["outcome"] == "hit", log_of(root, "i-00000000000000a02")[-3000:]
+    assert serving["build_s"] == 0 and len(builds_in_cache(aws)) == 1
+    assert hit.metric_values(telemetry.ENGINE_CACHE_HIT) == [1.0]
+    assert stream_completion(port, "Hello", 8).usage["completion_tokens"] == 8
+    hit.proc.send_signal(signal.SIGTERM)
+    assert hit.proc.wait(60) == 0
+
+    # 3. Warm pool: the instance prepares the engine on its disk, completes the hook, never serves.
+    warm, _, port = launch(aws, cfg, root, "i-00000000000000a03", state="Warmed:Stopped")
+    assert warm.proc.wait(60) == 0
+    assert hook_results(aws, "i-00000000000000a03", telemetry.LAUNCH_HOOK) == ["CONTINUE"]
+    assert warm.wait_event("fleetcast_serving", 0.1) is None
+    assert "started server" not in log_of(root, "i-00000000000000a03")
+    assert raw_health("127.0.0.1", port, proxy_protocol=True) is None  # nothing listens
+    assert any((root / "i-00000000000000a03" / "engines").iterdir())
+
+    # 4. The same instance started into service later: serves from local disk (no download, no build).
+    again = aws.start_runtime(aws.runtime_env(aws.instance("i-00000000000000a03", "InService"), cfg,
+                                              root / "i-00000000000000a03", port),
+                              root / "i-00000000000000a03.log")
+    serving = again.wait_event("fleetcast_serving", 120)
+    assert serving is not None and serving["outcome"] == "local"
+    assert hook_results(aws, "i-00000000000000a03", telemetry.LAUNCH_HOOK) == ["CONTINUE", "CONTINUE"]
+    again.proc.send_signal(signal.SIGTERM)
+    assert again.proc.wait(60) == 0
+    assert len(builds_in_cache(aws)) == 1
+
+
+def test_crashed_server_is_restarted_and_drain_lets_inflight_streams_finish(fleet):
+    aws, cfg, root = fleet
+    rp, imds, port = launch(aws, cfg, root, "i-00000000000000b01")
+    assert rp.wait_event("fleetcast_serving", 150) is not None, log_of(root, "i-00000000000000b01")[-3000:]
+
+    # A crash of the model server: the supervisor brings it back, the instance stays healthy.
+    first = server_pid(root, "i-00000000000000b01")
+    os.kill(first, signal.SIGKILL)
+    assert wait_until(lambda: raw_health("127.0.0.1", port, True) == 503, 10)  # gateway mirrors the server
+    assert wait_until(lambda: server_pid(root, "i-00000000000000b01") != first, 30)
+    assert wait_until(lambda: raw_health("127.0.0.1", port, True) == 200, 60)
+    assert stream_completion(port, "again", 4).usage["completion_tokens"] == 4
+
+    # Requests in flight at scale-in. Freeze the server once every stream has its first token,
+    # so they are provably still running when the drain starts (no timing luck involved).
+    pid = server_pid(root, "i-00000000000000b01")
+    results = [StreamResult() for _ in range(4)]
+    started = threading.Barrier(5)
+
+    def arrive_once():
+        arrived = []
+        return lambda _text: arrived or (arrived.append(1), started.wait(30))
+
+    threads = [threading.Thread(target=stream_completion, args=(port, f"stream {i}", 48, results[i]),
+                                kwargs={"on_chunk": arrive_once()}) for i in range(4)]
+    for t in threads:
+        t.start()
+    started.wait(30)
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        aws.asg.begin(aws.group, telemetry.TERMINATE_HOOK, "i-00000000000000b01")
+        imds.target_lifecycle_state = "Terminated"  # the ASG chose this instance for scale-in
+
+        assert wait_until(lambda: raw_health("127.0.0.1", port, True) == 503, 10)  # NLB stops sending first
+        assert all(r.finished_at is None for r in results)  # ... while the streams are still open
+        late = stream_completion(port, "late", 4)
+        assert late.status == 503 and "draining" in (late.error or "")  # no new work accepted
+        assert hook_results(aws, "i-00000000000000b01", telemetry.TERMINATE_HOOK) == []  # not before they finish
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    for t in threads:
+        t.join(60)
+    for r in results:
+        assert r.status == 200 and r.done and r.error is None
+        assert r.usage["completion_tokens"] == 48  # every stream keeps its full token count
+    assert rp.proc.wait(60) == 0
+    drained = rp.wait_event("fleetcast_drained", 5)
+    assert drained["stop_reason"] == "terminate-hook" and drained["gateway_exit"] == 0
+    assert hook_results(aws, "i-00000000000000b01", telemetry.TERMINATE_HOOK) == ["CONTINUE"]
+    with pytest.raises(ConnectionRefusedError):  # the listener is gone: new connections are refused
+        import socket
+
+        socket.create_connection(("127.0.0.1", port), timeout=2).close()
+
+
+def _quick_instance(tmp_path, instance_id, cfg=None, **extra):
+    """A runtime that is expected to stop before serving (fresh loopback region)."""
+    aws = LocalAws(bucket=f"fleetcast-q-{os.getpid()}-{instance_id[-3:]}").start()
+    cfg = cfg or tiny_config()
+    aws.put_config(cfg)
+    imds = aws.instance(instance_id)
+    rp = aws.start_runtime(aws.runtime_env(imds, cfg, tmp_path / "disk", free_port_pair(), **extra),
+                           tmp_path / "log")
+    return aws, rp
+
+
+def test_unsupported_combination_is_refused_before_any_download(tmp_path):
+    data = tiny_config().model_dump(mode="json")
+    data["engine"]["precision"] = "fp8"  # valid for the pool's L40S, but this instance found an A10G (sm86): no FP8
+    data["calibration"] = {"dataset": "s3://fleetcast-staging/calibration/lambada/"}
+    from fleetcast.config import config_from_json
+
+    cfg = config_from_json(json.dumps(data))
+    aws, rp = _quick_instance(tmp_path, "i-00000000000000c01", cfg, FLEETCAST_SERVING_BACKEND="tensorrt-llm",
+                              FLEETCAST_FAKE_GPU="NVIDIA A10G, 8.6, 23028")
+    try:
+        assert rp.proc.wait(60) == 0
+        assert hook_results(aws, "i-00000000000000c01", telemetry.LAUNCH_HOOK) == ["ABANDON"]
+        log = (tmp_path / "log").read_text()
+        assert "engine.precision: fp8 does not run on NVIDIA A10G" in log
+        assert aws.keys() == []  # no lock, no marker, nothing read or written
+    finally:
+        aws.stop()
+
+
+def test_s3_outage_is_retried_then_the_launch_is_abandoned(tmp_path):
+    dead = f"http://127.0.0.1:{free_port()}"
+    aws, rp = _quick_instance(tmp_path, "i-00000000000000c02", AWS_ENDPOINT_URL_S3=dead,
+                              FLEETCAST_S3_RETRY_DEADLINE_S="2", FLEETCAST_S3_BACKOFF_S="0.1")
+    try:
+        assert rp.proc.wait(60) == 0
+        assert hook_results(aws, "i-00000000000000c02", telemetry.LAUNCH_HOOK) == ["ABANDON"]
+        log = (tmp_path / "log").read_text()
+        assert log.count("; retry ") >= 2 and "failed for 2 s" in log
+    finally:
+        aws.stop()
+
+
+def test_open_circuit_breaker_abandons_at_once_and_raises_a_metric(tmp_path):
+    cfg = tiny_config()
+    aws = LocalAws(bucket=f"fleetcast-q-{os.getpid()}-brk").start()
+    try:
+        aws.put_config(cfg)
+        # Three earlier instances failed to build this key (the key is what the runtime computes).
+        imds = aws.instance("i-00000000000000c03")
+        env = aws.runtime_env(imds, cfg, tmp_path / "disk", free_port_pair())
+        from runtime.backends import ReferenceBackend
+        from runtime.engine_cache import CacheInputs
+
+        engine = cfg.engine_for(cfg.region(aws.region).pools[0])
+        backend = ReferenceBackend(cfg, engine)
+        key = CacheInputs(model_id=cfg.model.id, revision=cfg.model.revision, backend=engine.backend.value,
+                          precision=engine.precision.value, kv_cache_dtype=engine.kv_cache_dtype.value,
+                          max_batch_size=engine.max_batch_size, max_num_tokens=engine.max_num_tokens,
+                          max_input_len=cfg.model.max_input_len, max_output_len=cfg.model.max_output_len,
+                          builder=backend.name, builder_version=backend.version, compute_capability="0.0").key
+        for n in range(1, cfg.operations.build_failure_limit + 1):
+            aws.s3().put_object(Bucket=aws.bucket, Key=f"failures/{key}/{n:04d}.json",
+                                Body=json.dumps({"error": "trtllm-build exited 1: out of memory"}).encode())
+        started = time.monotonic()
+        rp = aws.start_runtime(env, tmp_path / "log")
+        assert rp.proc.wait(60) == 0
+        assert time.monotonic() - started < 30
+        assert hook_results(aws, "i-00000000000000c03", telemetry.LAUNCH_HOOK) == ["ABANDON"]
+        assert rp.metric_values(telemetry.CIRCUIT_BREAKER_OPEN) == [1.0]
+        assert "out of memory" in (tmp_path / "log").read_text()
+        assert not [k for k in aws.keys() if k.startswith(("engines/", "locks/"))]  # no build attempted
+    finally:
+        aws.stop()

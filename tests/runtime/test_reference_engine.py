@@ -1,0 +1,161 @@
+"""runtime.reference model and engine: the cached, batched decode computes what a naive forward does."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from runtime.reference.build import random_weights  # noqa: E402
+from runtime.reference.configs import shape_for  # noqa: E402
+from runtime.reference.engine import Engine, SamplingParams, Sequence  # noqa: E402
+from runtime.reference.model import GPT2, naive_logits  # noqa: E402
+from runtime.reference.tokenizer import EOS_ID, VOCAB_SIZE  # noqa: E402
+
+SHAPE = shape_for("tiny")
+
+
+@pytest.fixture(scope="module")
+def weights():
+    return random_weights(SHAPE, seed=11)
+
+
+def naive_greedy(weights, prompt: list[int], n: int) -> list[int]:
+    ids, out = list(prompt), []
+    for _ in range(n):
+        out.append(int(naive_logits(SHAPE, weights, ids)[-1, :VOCAB_SIZE].argmax()))
+        ids.append(out[-1])
+    return out
+
+
+PROMPTS = [[1, 2, 3, 4, 5], [9, 8, 7], [100, 200, 50, 60, 70, 80, 90, 10, 11], [42]]
+
+
+@pytest.mark.parametrize("attention", ["sdpa", "bmm"])
+def test_batched_cached_decode_matches_naive_recompute(weights, attention):
+    model = GPT2(SHAPE, weights)
+    model.decode_attention = attention
+    cache = model.new_cache(len(PROMPTS), SHAPE.n_positions)
+    last, pos = [], []
+    for slot, prompt in enumerate(PROMPTS):
+        last.append(int(model.prefill(cache, slot, torch.tensor(prompt))[:VOCAB_SIZE].argmax()))
+        pos.append(len(prompt))
+    got = [[t] for t in last]
+    for _ in range(11):
+        logits = model.decode(cache, torch.tensor(last), torch.tensor(pos), max(pos) + 1)
+        last = [int(t) for t in logits[:, :VOCAB_SIZE].argmax(-1)]
+        pos = [p + 1 for p in pos]
+        for out, t in zip(got, last):
+            out.append(t)
+    want = [naive_greedy(weights, p, 12) for p in PROMPTS]
+    assert got == want
+    assert len({tuple(w) for w in want}) == len(want) and any(len(set(w)) > 3 for w in want)  # not a constant model
+
+
+def test_decode_logits_agree_with_naive_logits_numerically(weights):
+    model = GPT2(SHAPE, weights)
+    cache = model.new_cache(1, 64)
+    prompt = [5, 6, 7, 8]
+    model.prefill(cache, 0, torch.tensor(prompt))
+    step = model.decode(cache, torch.tensor([9]), torch.tensor([4]), 5)[0]
+    ref = naive_logits(SHAPE, weights, prompt + [9])[-1]
+    assert float((step - ref).norm() / ref.norm()) < 1e-5
+
+
+def run_engine(engine: Engine, requests: list[tuple[list[int], SamplingParams]]) -> list[tuple[list[int], str]]:
+    done = [threading.Event() for _ in requests]
+    results: list[tuple[list[int], str | None]] = [([], None) for _ in requests]
+
+    def emitter(i):
+        def emit(token, reason):
+            if token is not None:
+                results[i][0].append(token)
+            if reason is not None:
+                results[i] = (results[i][0], reason)
+                done[i].set()
+        return emit
+
+    for i, (prompt, params) in enumerate(requests):
+        engine.submit(Sequence(prompt=prompt, params=params, emit=emitter(i)))
+    for ev in done:
+        assert ev.wait(60), "a request did not finish"
+    return results
+
+
+def test_engine_batches_more_requests_than_slots_and_each_gets_its_naive_tokens(weights):
+    """Different lengths finish at different iterations, so slots are compacted mid-flight."""
+    engine = Engine(GPT2(SHAPE, weights), max_batch_size=3, max_seq_len=SHAPE.n_positions,
+                    vocab_size=VOCAB_SIZE, eos_id=EOS_ID)
+    engine.start()
+    try:
+        lengths = [3, 9, 1, 6, 12, 4, 7]
+        prompts = [PROMPTS[i % len(PROMPTS)] + [i] for i in range(len(lengths))]
+        requests = [(p, SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True)) for p, n in zip(prompts, lengths)]
+        results = run_engine(engine, requests)
+    finally:
+        engine.stop()
+    for (prompt, params), (tokens, reason) in zip(requests, results):
+        assert reason == "length"
+        assert tokens == naive_greedy(weights, prompt, params.max_tokens)
+    stats = engine.pop_stats()
+    assert max(s["numActiveRequests"] for s in stats) == 3
+    assert max(s["numQueuedRequests"] for s in stats) > 0
+    assert sum(s["numCompletedRequests"] for s in stats) == len(requests)
+    assert engine.pop_stats() == []
+
+
+def test_eos_is_suppressed_before_min_tokens_and_with_ignore_eos(weights):
+    engine = Engine(GPT2(SHAPE, weights), max_batch_size=1, max_seq_len=64, vocab_size=VOCAB_SIZE, eos_id=EOS_ID)
+    logits = torch.zeros(SHAPE.vocab_size)
+    top2 = (EOS_ID, 65)
+
+    def seq(**kw):
+        return Sequence(prompt=[1], params=SamplingParams(temperature=0.0, max_tokens=10, **kw), emit=lambda *a: None)
+
+    assert engine._choose(seq(), logits, top2) == EOS_ID
+    assert engine._choose(seq(ignore_eos=True), logits, top2) == 65
+    early = seq(min_tokens=3)
+    assert engine._choose(early, logits, top2) == 65
+    early.generated = 3
+    assert engine._choose(early, logits, top2) == EOS_ID
+    sampled = seq(ignore_eos=True)
+    sampled.params.temperature = 1.0
+    peaked = torch.full((SHAPE.vocab_size,), -30.0)
+    peaked[EOS_ID] = 30.0
+    peaked[70] = 0.0
+    assert engine._choose(sampled, peaked, (EOS_ID, 70)) == 70  # sampling never draws a suppressed EOS
+
+
+def test_eos_ends_a_sequence_with_finish_reason_stop(weights):
+    engine = Engine(GPT2(SHAPE, weights), max_batch_size=1, max_seq_len=64, vocab_size=VOCAB_SIZE, eos_id=EOS_ID)
+    events = []
+    s = Sequence(prompt=[1], params=SamplingParams(max_tokens=10), emit=lambda t, r: events.append((t, r)))
+    assert engine._deliver(s, 5) is False
+    assert engine._deliver(s, EOS_ID) is True
+    assert events == [(5, None), (EOS_ID, "stop")]
+
+
+def test_requests_that_cannot_fit_are_refused_naming_the_field(weights):
+    engine = Engine(GPT2(SHAPE, weights), max_batch_size=1, max_seq_len=32, vocab_size=VOCAB_SIZE, eos_id=EOS_ID)
+    with pytest.raises(ValueError, match="^max_tokens: .*exceeds the max sequence length 32"):
+        engine.validate([1] * 20, SamplingParams(max_tokens=13))
+    with pytest.raises(ValueError, match="^prompt: token id 512"):
+        engine.validate([1, 512], SamplingParams())
+    with pytest.raises(ValueError, match="^prompt:"):
+        engine.validate([], SamplingParams())
+    with pytest.raises(ValueError, match="^max_seq_len:"):
+        Engine(GPT2(SHAPE, weights), max_batch_size=1, max_seq_len=SHAPE.n_positions + 1,
+               vocab_size=VOCAB_SIZE, eos_id=EOS_ID)
+
+
+def test_seeded_sampling_is_reproducible(weights):
+    engine = Engine(GPT2(SHAPE, weights), max_batch_size=2, max_seq_len=64, vocab_size=VOCAB_SIZE, eos_id=EOS_ID)
+    engine.start()
+    try:
+        params = SamplingParams(max_tokens=12, temperature=1.0, top_p=0.9, top_k=50, seed=1234, ignore_eos=True)
+        a, b = run_engine(engine, [([3, 4], params), ([3, 4], params)])
+    finally:
+        engine.stop()
+    assert a[0] == b[0] and len(a[0]) == 12

@@ -1,0 +1,125 @@
+"""Crashed processes come back: the in-container supervisor restarts them; the systemd unit restarts the container."""
+
+import configparser
+import os
+import signal
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from fleetcast.config.model import Operations
+from fleetcast.telemetry import INSTANCE_ENV_FILE
+from runtime.devtools.harness import free_port
+from runtime.supervisor import Child, RestartPolicy, Supervisor
+
+REPO = Path(__file__).resolve().parents[2]
+UNIT = REPO / "runtime" / "systemd" / "fleetcast-runtime.service"
+
+
+def http_ok(port: int) -> bool:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=1) as resp:
+            return resp.status == 200
+    except OSError:
+        return False
+
+
+def wait_for(predicate, timeout_s: float = 20.0) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def test_supervisor_restarts_a_crashed_server(tmp_path):
+    port = free_port()
+    sup = Supervisor(poll_s=0.05)
+    child = sup.start(Child("server", [sys.executable, "-m", "http.server", str(port), "--bind", "127.0.0.1"],
+                            cwd=str(tmp_path), policy=RestartPolicy(backoff_base_s=0.1)))
+    try:
+        assert wait_for(lambda: http_ok(port))
+        first = child.pid
+        os.kill(first, signal.SIGKILL)  # a crash, not a stop
+        assert wait_for(lambda: child.pid != first and http_ok(port))
+        assert child.starts == 2 and child.exit_codes == [-signal.SIGKILL]
+        assert not sup.gave_up.is_set()
+    finally:
+        sup.shutdown(timeout_s=5)
+    assert not child.running()
+
+
+def test_supervisor_gives_up_on_a_crash_loop_so_systemd_can_restart_the_container():
+    sup = Supervisor(poll_s=0.05)
+    child = sup.start(Child("server", [sys.executable, "-c", "import sys; sys.exit(3)"],
+                            policy=RestartPolicy(max_restarts=3, window_s=60, backoff_base_s=0.05)))
+    try:
+        assert sup.gave_up.wait(20)
+        assert sup.failed_child is child
+        assert child.starts == 4 and child.exit_codes == [3, 3, 3, 3]  # first start + 3 restarts
+    finally:
+        sup.shutdown(timeout_s=5)
+
+
+def test_stop_sends_sigterm_then_waits(tmp_path):
+    marker = tmp_path / "got-term"
+    script = ("import signal, sys, time, pathlib\n"
+              f"signal.signal(signal.SIGTERM, lambda *a: (pathlib.Path({str(marker)!r}).write_text('x'), sys.exit(0)))\n"
+              "time.sleep(60)\n")
+    sup = Supervisor(poll_s=0.05)
+    sup.start(Child("server", [sys.executable, "-c", script]))
+    time.sleep(0.5)
+    assert sup.stop("server", timeout_s=10) == 0
+    assert marker.read_text() == "x"
+    sup.shutdown()
+
+
+def _unit() -> configparser.ConfigParser:
+    parser = configparser.ConfigParser(strict=False, interpolation=None)
+    parser.optionxform = str  # systemd keys are case-sensitive
+    parser.read(UNIT)
+    return parser
+
+
+def test_systemd_unit_restarts_the_container_on_failure_and_never_gives_up():
+    unit = _unit()
+    service = unit["Service"]
+    assert service["Restart"] == "on-failure"
+    assert 1 <= int(service["RestartSec"]) <= 60
+    assert unit["Unit"]["StartLimitIntervalSec"] == "0"  # no start-rate limit: systemd keeps retrying
+    assert service["EnvironmentFile"] == INSTANCE_ENV_FILE
+    assert "docker.service" in unit["Unit"]["Requires"]
+    assert unit["Install"]["WantedBy"] == "multi-user.target"
+
+
+def test_systemd_unit_gives_drain_enough_time():
+    service = _unit()["Service"]
+    longest_drain = Operations.model_fields["drain_timeout_s"].metadata
+    max_drain = max(getattr(m, "le", 0) or 0 for m in longest_drain)
+    stop_time = int(service["ExecStop"].split("--time")[1].split()[0])
+    assert stop_time > max_drain  # docker stop waits out the longest allowed drain
+    assert int(service["TimeoutStopSec"]) > stop_time
+
+
+def test_container_command_runs_the_bootstrap_on_the_gpu_with_host_networking():
+    service = _unit()["Service"]
+    script = REPO / service["ExecStart"].replace("/opt/fleetcast/", "")
+    pre = [line.split("=", 1)[1].lstrip("-") for line in UNIT.read_text().splitlines() if line.startswith("ExecStartPre=")]
+    assert "/opt/fleetcast/runtime/host/pull-image.sh" in pre  # ECR login + pull on the host, before the container
+    text = script.read_text()
+    assert os.access(script, os.X_OK)
+    for needle in ("--gpus all", "--network host", "--env-file /etc/fleetcast/env", "--log-driver awslogs",
+                   "awslogs-group=\"$FLEETCAST_LOG_GROUP\"", "python3 -m runtime.bootstrap", "exec "):
+        assert needle in text, needle
+    assert "X-aws-ec2-metadata-token" in text  # IMDSv2 only
+
+
+@pytest.mark.parametrize("script", ["pull-image.sh", "run-container.sh"])
+def test_host_scripts_are_valid_bash(script):
+    import subprocess
+
+    subprocess.run(["bash", "-n", str(REPO / "runtime" / "host" / script)], check=True)
