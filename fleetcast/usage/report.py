@@ -1,0 +1,258 @@
+"""Tokens, requests, errors and cost share per consumer over a time window.
+
+The gateway on every instance writes one embedded-metric record per request
+with the dimension set [Fleet, Pool, Consumer]; CloudWatch turns them into
+metrics. This module sums them with GetMetricData (Sum over the window) per
+provider region, pool and consumer, and splits each region's fleet cost over
+its consumers by their share of tokens (input + output).
+
+The fleet cost is an estimate, and labelled so: each pool's desired capacity
+times the on-demand price in the shipped, dated price table
+(fleetcast.config.catalog), times the window's hours. It ignores scaling,
+warm pools, savings plans and reservations; the token shares are exact.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import re
+from dataclasses import asdict, dataclass, field
+from datetime import datetime, timedelta, timezone
+from typing import Any, Callable
+
+from fleetcast import telemetry as t
+from fleetcast.config import FleetConfig
+from fleetcast.config.catalog import instance_catalog
+from fleetcast.errors import UserError
+
+SUMMED = {
+    "requests": t.REQUESTS,
+    "errors": t.ERRORS,
+    "throttled": t.THROTTLED,
+    "input_tokens": t.INPUT_TOKENS,
+    "output_tokens": t.OUTPUT_TOKENS,
+}
+MAX_QUERIES = 500  # GetMetricData limit per call
+
+_RELATIVE = re.compile(r"^(\d+)\s*([smhdw])$")
+_UNITS = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days", "w": "weeks"}
+
+
+def parse_time(value: str, now: datetime, flag: str) -> datetime:
+    """`now`, a relative age (`90m`, `24h`, `7d`, `2w`: that long before now) or ISO 8601 (UTC unless offset given)."""
+    text = value.strip()
+    if text.lower() == "now":
+        return now
+    match = _RELATIVE.match(text.lower())
+    if match:
+        return now - timedelta(**{_UNITS[match.group(2)]: int(match.group(1))})
+    try:
+        parsed = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        raise UserError(f"{flag} {value!r}: use an ISO 8601 time (2026-11-28 or 2026-11-28T09:00Z), "
+                        "a relative age such as 24h or 7d, or 'now'", exit_code=2) from None
+    return parsed if parsed.tzinfo else parsed.replace(tzinfo=timezone.utc)
+
+
+@dataclass
+class ConsumerUsage:
+    consumer: str
+    region: str
+    requests: int = 0
+    errors: int = 0
+    throttled: int = 0
+    input_tokens: int = 0
+    output_tokens: int = 0
+    token_share: float = 0.0  # of its region's tokens
+    cost_usd: float | None = None  # estimate
+
+    @property
+    def total_tokens(self) -> int:
+        return self.input_tokens + self.output_tokens
+
+
+@dataclass
+class RegionCost:
+    region: str
+    cost_usd: float | None
+    instance_hours: float
+    basis: str
+
+
+@dataclass
+class UsageReport:
+    fleet: str
+    since: datetime
+    until: datetime
+    rows: list[ConsumerUsage]
+    costs: list[RegionCost]
+    notes: list[str] = field(default_factory=list)
+
+
+def _period(since: datetime, now: datetime, window_s: float) -> int:
+    """A period CloudWatch still keeps at that age (1-min data 15 days, 5-min 63 days, then hourly),
+    coarse enough that each query returns at most ~100 datapoints: only their sum matters."""
+    age = now - since
+    base = 60 if age <= timedelta(days=15) else 300 if age <= timedelta(days=63) else 3600
+    return base * max(1, -(-int(window_s) // (100 * base)))
+
+
+def _region_cost(cfg: FleetConfig, region_name: str, hours: float) -> RegionCost:
+    region = cfg.region(region_name)
+    catalog = instance_catalog()
+    total, instance_hours, missing = 0.0, 0.0, []
+    for pool in region.pools:
+        price = catalog.get(pool.instance_type).price_per_hour.get(region_name) if pool.instance_type in catalog else None
+        pool_hours = pool.capacity.desired * hours
+        instance_hours += pool_hours
+        if price is None:
+            missing.append(f"{pool.instance_type} in {region_name}")
+        else:
+            total += price * pool_hours
+    if missing:
+        return RegionCost(region_name, None, instance_hours, f"no price for {', '.join(missing)} in the price table")
+    return RegionCost(region_name, total, instance_hours,
+                      "estimate: desired capacity x on-demand price (shipped price table) x window hours")
+
+
+def collect(cfg: FleetConfig, since: datetime, until: datetime, region: str | None = None,
+            client: Callable[[str], Any] | None = None, now: datetime | None = None) -> UsageReport:
+    """Sum the gateway's per-consumer metrics over [since, until) in each provider region."""
+    now = now or datetime.now(timezone.utc)
+    if since >= until:
+        raise UserError(f"--since ({since.isoformat()}) must be before --until ({until.isoformat()})", exit_code=2)
+    if now - since > timedelta(days=455):
+        raise UserError("--since is more than 455 days ago: CloudWatch keeps metrics for 455 days", exit_code=2)
+    names = [r.region for r in cfg.regions]
+    if region is not None and region not in names:
+        raise UserError(f"--region {region!r} is not a provider region of fleet {cfg.name}; "
+                        f"choose one of: {', '.join(names)}", exit_code=2)
+    if client is None:
+        import boto3
+
+        session = boto3.session.Session()  # fresh credential resolution, nothing cached from earlier calls
+
+        def client(name: str) -> Any:
+            return session.client("cloudwatch", region_name=name)
+
+    window_s = (until - since).total_seconds()
+    hours = window_s / 3600
+    period = _period(since, now, window_s)
+    rows: list[ConsumerUsage] = []
+    costs: list[RegionCost] = []
+    notes: list[str] = []
+    for region_name in ([region] if region else names):
+        consumers = cfg.consumers_of(region_name)
+        pools = [p.name for p in cfg.region(region_name).pools]
+        usage = {c.name: ConsumerUsage(c.name, region_name) for c in consumers}
+        queries, targets = [], {}
+        for ci, consumer in enumerate(consumers):
+            for pi, pool in enumerate(pools):
+                for field_name, metric in SUMMED.items():
+                    qid = f"q{ci}_{pi}_{field_name}"
+                    targets[qid] = (consumer.name, field_name)
+                    queries.append({"Id": qid, "ReturnData": True, "MetricStat": {
+                        "Metric": {"Namespace": t.NAMESPACE, "MetricName": metric, "Dimensions": [
+                            {"Name": t.DIM_FLEET, "Value": cfg.name}, {"Name": t.DIM_POOL, "Value": pool},
+                            {"Name": t.DIM_CONSUMER, "Value": consumer.name}]},
+                        "Period": period, "Stat": "Sum"}})
+        if queries:
+            cw = client(region_name)
+            for start in range(0, len(queries), MAX_QUERIES):
+                for result in _get_metric_data(cw, queries[start:start + MAX_QUERIES], since, until, region_name):
+                    name, field_name = targets[result["Id"]]
+                    setattr(usage[name], field_name, getattr(usage[name], field_name) + int(round(sum(result["Values"]))))
+                    if result.get("StatusCode") == "PartialData":
+                        notes.append(f"{region_name}: CloudWatch returned partial data for {name}")
+        cost = _region_cost(cfg, region_name, hours)
+        costs.append(cost)
+        total = sum(u.total_tokens for u in usage.values())
+        for u in usage.values():
+            u.token_share = u.total_tokens / total if total else 0.0
+            u.cost_usd = cost.cost_usd * u.token_share if cost.cost_usd is not None and total else None
+        if not total and consumers:
+            notes.append(f"{region_name}: no tokens in the window; its cost is not attributed to any consumer")
+        if not consumers:
+            notes.append(f"{region_name}: no consumers configured")
+        rows.extend(usage.values())
+    return UsageReport(cfg.name, since, until, rows, costs, sorted(set(notes)))
+
+
+def _get_metric_data(cw: Any, queries: list[dict], since: datetime, until: datetime, region: str) -> list[dict]:
+    from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError
+
+    merged: dict[str, dict] = {}
+    kwargs: dict[str, Any] = {"MetricDataQueries": queries, "StartTime": since, "EndTime": until,
+                              "ScanBy": "TimestampAscending"}
+    try:
+        while True:
+            page = cw.get_metric_data(**kwargs)
+            for result in page.get("MetricDataResults", []):
+                entry = merged.setdefault(result["Id"], {"Id": result["Id"], "Values": [], "StatusCode": "Complete"})
+                entry["Values"].extend(result.get("Values", []))
+                if result.get("StatusCode") == "PartialData":
+                    entry["StatusCode"] = "PartialData"
+            token = page.get("NextToken")
+            if not token:
+                return list(merged.values())
+            kwargs["NextToken"] = token
+    except NoCredentialsError:
+        raise UserError(f"no AWS credentials to read CloudWatch metrics in {region}") from None
+    except ClientError as exc:
+        error = exc.response.get("Error", {})
+        raise UserError(f"CloudWatch GetMetricData in {region} failed: {error.get('Code')}: "
+                        f"{error.get('Message')} (the caller needs cloudwatch:GetMetricData)") from None
+    except BotoCoreError as exc:
+        raise UserError(f"CloudWatch in {region} unreachable: {exc}") from None
+
+
+# ---------------------------------------------------------------- output
+
+COLUMNS = ("consumer", "region", "requests", "errors", "throttled", "input_tokens", "output_tokens",
+           "total_tokens", "token_share", "est_cost_usd")
+
+
+def _row(u: ConsumerUsage) -> dict[str, Any]:
+    return {"consumer": u.consumer, "region": u.region, "requests": u.requests, "errors": u.errors,
+            "throttled": u.throttled, "input_tokens": u.input_tokens, "output_tokens": u.output_tokens,
+            "total_tokens": u.total_tokens, "token_share": round(u.token_share, 6),
+            "est_cost_usd": None if u.cost_usd is None else round(u.cost_usd, 4)}
+
+
+def render(report: UsageReport, fmt: str) -> str:
+    rows = [_row(u) for u in report.rows]
+    if fmt == "json":
+        return json.dumps({
+            "fleet": report.fleet, "since": report.since.isoformat(), "until": report.until.isoformat(),
+            "consumers": rows,
+            "regions": [asdict(c) | {"cost_usd": None if c.cost_usd is None else round(c.cost_usd, 4)}
+                        for c in report.costs],
+            "cost_is_estimate": True, "notes": report.notes,
+        }, indent=2)
+    if fmt == "csv":
+        out = io.StringIO()
+        writer = csv.DictWriter(out, fieldnames=COLUMNS, lineterminator="\n")
+        writer.writeheader()
+        writer.writerows(rows)
+        return out.getvalue().rstrip("\n")
+    if fmt != "table":
+        raise UserError(f"--format {fmt!r}: choose table, csv or json", exit_code=2)
+    headers = ("CONSUMER", "REGION", "REQUESTS", "ERRORS", "THROTTLED", "INPUT TOK", "OUTPUT TOK", "TOKEN SHARE",
+               "EST. COST USD")
+    cells = [(r["consumer"], r["region"], f"{r['requests']:,}", f"{r['errors']:,}", f"{r['throttled']:,}",
+              f"{r['input_tokens']:,}", f"{r['output_tokens']:,}", f"{r['token_share'] * 100:.1f}%",
+              "n/a" if r["est_cost_usd"] is None else f"{r['est_cost_usd']:,.2f}") for r in rows]
+    widths = [max(len(h), *(len(c[i]) for c in cells)) if cells else len(h) for i, h in enumerate(headers)]
+    def line(values):
+        return "  ".join(v.ljust(w) if i < 2 else v.rjust(w) for i, (v, w) in enumerate(zip(values, widths)))
+    out = [f"fleet {report.fleet}: usage {report.since:%Y-%m-%d %H:%M} .. {report.until:%Y-%m-%d %H:%M} UTC",
+           line(headers), line(["-" * w for w in widths])] + [line(c) for c in cells]
+    out.append("")
+    for cost in report.costs:
+        figure = "n/a" if cost.cost_usd is None else f"${cost.cost_usd:,.2f}"
+        out.append(f"{cost.region}: fleet cost {figure} over {cost.instance_hours:,.1f} instance-hours ({cost.basis})")
+    out.append("Cost share = consumer tokens (input + output) / region tokens x region cost. Costs are estimates.")
+    out += [f"note: {n}" for n in report.notes]
+    return "\n".join(out)

@@ -1,0 +1,34 @@
+"""`fleetcast usage`: tokens, requests, errors and cost share per consumer from CloudWatch."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    parser = sub.add_parser(
+        "usage", help="per-consumer tokens, requests, errors and cost share over a time window",
+        description="Sum the gateway's per-consumer metrics (CloudWatch GetMetricData) over a window and split "
+                    "each region's estimated fleet cost by token share.")
+    parser.add_argument("--config", default="config/fleet.yaml", help="fleet config (default: config/fleet.yaml)")
+    parser.add_argument("--since", required=True, help="start: ISO 8601 (2026-11-01, 2026-11-01T09:00Z) or an age "
+                                                       "such as 24h, 7d")
+    parser.add_argument("--until", default="now", help="end: ISO 8601, an age, or now (default)")
+    parser.add_argument("--region", help="one provider region (default: all in the config)")
+    parser.add_argument("--format", choices=("table", "csv", "json"), default="table")
+    parser.add_argument("--json", action="store_const", const="json", dest="format", help="same as --format json")
+    parser.set_defaults(handler=_usage)
+
+
+def _usage(args: argparse.Namespace) -> int:
+    from datetime import datetime, timezone
+
+    from fleetcast.config import load_config
+    from fleetcast.usage import collect, parse_time, render
+
+    cfg = load_config(args.config)
+    now = datetime.now(timezone.utc)
+    since = parse_time(args.since, now, "--since")
+    until = parse_time(args.until, now, "--until")
+    print(render(collect(cfg, since, until, args.region, now=now), args.format))
+    return 0
