@@ -227,8 +227,6 @@ class GpuFleet(Construct):
                 "ecr:GetAuthorizationToken.",
             f"AwsSolutions-IAM5[Resource::{Stack.of(self).resolve(self._asg_arn())}]":
                 "The ASG ARN embeds a group id unknown before creation; the explicit group name pins it to this pool.",
-            f"AwsSolutions-IAM5[Resource::{nag.arn_ref(inputs.log_group)}]":
-                "The log group ARN ends in ':*' (its log streams), named by instance id at run time.",
         }
         for rule, reason in acks.items():
             nag.acknowledge(policy, rule, reason)

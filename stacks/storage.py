@@ -7,7 +7,6 @@ from aws_cdk import aws_ecr as ecr
 from aws_cdk import aws_s3 as s3
 from constructs import Construct
 
-from . import nag
 
 # Bucket layout shared with staging and the runtime.
 READ_ONLY_PREFIXES = ("models/", "calibration/")  # written by `fleetcast stage`, read by instances
@@ -18,7 +17,8 @@ class ModelStore(Construct):
     """Versioned, TLS-only, private S3 bucket for staged weights, calibration data and built engines.
 
     A second bucket receives the server access logs (of this bucket and of the
-    NLB); it is the log destination, so it does not log itself.
+    NLB); it is the log destination, so it does not log itself (cdk-nag's S1
+    recognizes a log destination).
     """
 
     def __init__(self, scope: Construct, construct_id: str) -> None:
@@ -34,12 +34,6 @@ class ModelStore(Construct):
             versioned=True,
             lifecycle_rules=[s3.LifecycleRule(expiration=Duration.days(365), noncurrent_version_expiration=Duration.days(30))],
             removal_policy=RemovalPolicy.RETAIN,
-        )
-        nag.acknowledge(
-            self.access_logs,
-            "AwsSolutions-S1",
-            "This bucket is the access-log destination for the model bucket and the NLB; logging it into "
-            "itself would loop.",
         )
         self.bucket = s3.Bucket(
             self,

@@ -13,6 +13,7 @@ import copy
 import json
 import os
 import shutil
+import subprocess
 import tempfile
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -25,7 +26,9 @@ from ruamel.yaml import YAML
 from fleetcast.config import FleetConfig, parse_config
 from stacks.app_builder import build_app, cdk_json_context
 
-os.environ.setdefault("JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION", "1")
+# jsii silences its end-of-life banner only for the listed Node major versions (not for "1").
+NODE_MAJOR = subprocess.run(["node", "--version"], capture_output=True, text=True).stdout.strip().lstrip("v").split(".")[0]
+os.environ["JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION"] = NODE_MAJOR
 
 ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_CONFIG = ROOT / "config" / "fleet.yaml"

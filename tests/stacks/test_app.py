@@ -1,0 +1,72 @@
+"""The CDK app as a whole: one stack per provider region and per consumer, each with an explicit env,
+and `app.py` turning an invalid config into one clear message (exit 1, no traceback)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from .synthesized import NODE_MAJOR, ROOT, default_fleet, nat_fleet
+
+
+PYTHON = str(ROOT / ".venv" / "bin" / "python") if (ROOT / ".venv" / "bin" / "python").exists() else sys.executable
+
+
+def test_one_stack_per_provider_region_and_per_consumer_with_explicit_env():
+    fleet = default_fleet()
+    cfg = fleet.cfg
+    expected = {f"fleetcast-provider-{r.region}": (cfg.provider.account, r.region) for r in cfg.regions}
+    expected |= {f"fleetcast-consumer-{c.name}": (c.account, c.region) for c in cfg.consumers}
+    assert {name: (s.account, s.region) for name, s in fleet.stacks.items()} == expected
+    manifest = json.loads((fleet.outdir / "manifest.json").read_text())
+    environments = {name: a["environment"] for name, a in manifest["artifacts"].items()
+                    if a["type"] == "aws:cloudformation:stack"}
+    assert environments == {name: f"aws://{acct}/{region}" for name, (acct, region) in expected.items()}
+
+
+def test_config_tags_reach_the_resources():
+    template = default_fleet().template_json("fleetcast-provider-ap-northeast-2")
+    (vpc,) = [r for r in template["Resources"].values() if r["Type"] == "AWS::EC2::VPC"]
+    assert {"Key": "owner", "Value": "platform-team"} in vpc["Properties"]["Tags"]
+
+
+def test_nat_egress_builds_public_subnets_and_nat_per_az_and_no_endpoints():
+    fleet = nat_fleet()
+    name = "fleetcast-provider-ap-northeast-2"
+    assert len(fleet.resources(name, "AWS::EC2::NatGateway")) == 2
+    assert len(fleet.resources(name, "AWS::EC2::InternetGateway")) == 1
+    assert not fleet.resources(name, "AWS::EC2::VPCEndpoint")
+    # Instances stay in private subnets: the launch template still assigns no public IP.
+    (lt,) = fleet.resources(name, "AWS::EC2::LaunchTemplate").values()
+    assert lt["Properties"]["LaunchTemplateData"]["NetworkInterfaces"][0]["AssociatePublicIpAddress"] is False
+    # With NAT the image comes straight from its upstream registry.
+    user_data = "".join(p for p in lt["Properties"]["LaunchTemplateData"]["UserData"]["Fn::Base64"]["Fn::Join"][1]
+                        if isinstance(p, str))
+    assert f"FLEETCAST_IMAGE={fleet.cfg.engine.image}\n" in user_data
+
+
+def _run_app(config_path, tmp_path) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
+    env |= {"CDK_CONTEXT_JSON": json.dumps({"config": str(config_path)}), "CDK_OUTDIR": str(tmp_path / "out"),
+            "JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION": NODE_MAJOR}
+    return subprocess.run([PYTHON, "app.py"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+
+
+@pytest.mark.parametrize("mutation, field", [
+    (lambda text: text.replace("instance_type: g6e.xlarge", "instance_type: g5.xlarge", 1)
+     .replace("engine: {precision: int8_wo}", "engine: {precision: fp8}", 1),
+     "regions[0].pools[0].engine.precision"),
+    (lambda text: text.replace("- arn:aws:iam::444455556666:root", "- '*'"), "regions[0].allowed_principals"),
+])
+def test_app_rejects_an_invalid_config_with_one_clear_message(tmp_path, mutation, field):
+    broken = tmp_path / "fleet.yaml"
+    broken.write_text(mutation((ROOT / "config" / "fleet.yaml").read_text()))
+    result = _run_app(broken, tmp_path)
+    assert result.returncode == 1
+    assert "Traceback" not in result.stderr
+    assert field in result.stderr, result.stderr
+    assert not (tmp_path / "out" / "manifest.json").exists()

@@ -1,0 +1,151 @@
+"""Quality gates on the synthesized fleet: the real `cdk synth` offline, cdk-nag, cfn-lint.
+
+cdk-nag 3 reports through CDK policy validation: a finding fails synthesis and
+lands in the cloud assembly's validation report (not in Annotations, where a
+check would pass vacuously). So the gate is "synthesis succeeded with the
+AwsSolutions pack registered", backed by a test that shows it does fail.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import time
+
+import pytest
+from aws_cdk import App, Environment, Stack
+from aws_cdk import aws_ec2 as ec2
+
+from stacks import nag
+
+from .synthesized import NODE_MAJOR, ROOT, default_doc, default_fleet, nat_fleet, synthesize, variant_fleet
+
+NPX = shutil.which("npx")
+
+
+def offline_env() -> dict[str, str]:
+    """No credentials, no profile, no metadata service: synthesis must not need AWS."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
+    env |= {
+        "AWS_EC2_METADATA_DISABLED": "true",
+        "AWS_CONFIG_FILE": os.devnull,
+        "AWS_SHARED_CREDENTIALS_FILE": os.devnull,
+        "CDK_DISABLE_CLI_TELEMETRY": "true",
+        "JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION": NODE_MAJOR,
+    }
+    return env
+
+
+@pytest.mark.skipif(NPX is None or not (ROOT / "node_modules" / "aws-cdk").exists(),
+                    reason="the pinned CDK CLI is installed by `make` (npm ci)")
+def test_cdk_cli_synthesizes_the_default_config_offline(tmp_path):
+    out = tmp_path / "cdk.out"
+    started = time.monotonic()
+    result = subprocess.run(
+        [NPX, "cdk", "synth", "--no-lookups", "--no-notices", "--quiet", "-c", "config=config/fleet.yaml",
+         "-o", str(out)],
+        cwd=ROOT, env=offline_env(), capture_output=True, text=True, timeout=300,
+    )
+    elapsed = time.monotonic() - started
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    cfg = default_fleet().cfg
+    expected = {f"fleetcast-provider-{r.region}" for r in cfg.regions} | {
+        f"fleetcast-consumer-{c.name}" for c in cfg.consumers if c.endpoint_service_name}
+    assert {p.name.removesuffix(".template.json") for p in out.glob("*.template.json")} == expected
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert not manifest.get("missing"), "synthesis asked for context lookups"
+    print(f"\ncdk synth (CLI, offline): {elapsed:.1f}s for {len(expected)} stacks")
+
+
+# ---------------------------------------------------------------- cdk-nag
+
+
+def test_cdk_nag_passes_with_zero_unacknowledged_findings():
+    for fleet in (default_fleet(), variant_fleet(), nat_fleet()):  # each synthesized with AwsSolutions registered
+        report_path = fleet.outdir / nag.REPORT_FILE
+        report = json.loads(report_path.read_text()) if report_path.exists() else {"pluginReports": []}
+        nag_reports = [r for r in report["pluginReports"] if r["pluginName"] == "AwsSolutions"]
+        assert all(r["conclusion"] == "success" and not r["violations"] for r in nag_reports)
+        other = [v for r in report["pluginReports"] for v in r["violations"]]
+        assert not other, f"template validation findings: {other}"
+
+
+def test_cdk_nag_gate_fails_synthesis_on_an_unacknowledged_finding(tmp_path):
+    app = App(outdir=str(tmp_path))
+    nag.enable(app)
+    stack = Stack(app, "Bad", env=Environment(account="111122223333", region="ap-northeast-2"))
+    vpc = ec2.Vpc.from_vpc_attributes(stack, "Vpc", vpc_id="vpc-0123456789abcdef0",
+                                      availability_zones=["ap-northeast-2a"], vpc_cidr_block="10.0.0.0/16")
+    open_to_world = ec2.SecurityGroup(stack, "OpenToTheWorld", vpc=vpc)
+    open_to_world.add_ingress_rule(ec2.Peer.any_ipv4(), ec2.Port.tcp(22))
+    with pytest.raises(Exception, match="Validation ?[Ff]ailed"):
+        app.synth()
+    report = json.loads((tmp_path / nag.REPORT_FILE).read_text())
+    violations = {v["ruleName"]: [c["constructPath"] for c in v["violatingConstructs"]]
+                  for r in report["pluginReports"] if r["pluginName"] == "AwsSolutions" for v in r["violations"]}
+    assert "Bad/OpenToTheWorld/Resource" in violations["AwsSolutions-EC23"]
+
+
+def _findings(report: dict) -> set[tuple[str, str]]:
+    found = set()
+    for plugin in report["pluginReports"]:
+        for violation in plugin["violations"]:
+            rule = violation["ruleName"]
+            if plugin["pluginName"] != "AwsSolutions":
+                rule = f"CloudFormation-Validate::{rule}"
+            for construct in violation["violatingConstructs"]:
+                found.add((construct["constructPath"], rule))
+    return found
+
+
+def test_every_acknowledgment_matches_a_real_finding_and_covers_it(monkeypatch):
+    """Synthesize with acknowledgments recorded but not applied: the findings must be exactly those
+    acknowledged, so no finding hides behind a broad acknowledgment and none is stale."""
+    monkeypatch.setattr(nag, "APPLY_ACKNOWLEDGMENTS", False)
+    monkeypatch.setattr(nag, "RECORDED", [])
+    with pytest.raises(Exception, match="Validation ?[Ff]ailed") as failure:
+        synthesize(default_doc(), "unacknowledged")
+    report_path = re.search(r"found in: (\S+)", str(failure.value)).group(1)
+    with open(report_path) as report:
+        findings = _findings(json.load(report))
+    acknowledged = set(nag.RECORDED)
+    assert acknowledged, "the fleet acknowledges some findings"
+    uncovered = {(path, rule) for path, rule in findings
+                 if not any(path == p or path.startswith(p + "/") for p, r in acknowledged if r == rule)}
+    stale = {(p, r) for p, r in acknowledged
+             if not any(rule == r and (path == p or path.startswith(p + "/")) for path, rule in findings)}
+    assert not uncovered, f"findings without an acknowledgment: {sorted(uncovered)}"
+    assert not stale, f"acknowledgments that match no finding: {sorted(stale)}"
+
+
+def test_acknowledgments_carry_reasons():
+    with pytest.raises(ValueError, match="real reason"):
+        nag.acknowledge(Stack(App(), "S"), "AwsSolutions-S1", "ok")
+
+
+# ---------------------------------------------------------------- cfn-lint
+
+
+CFN_LINT = ROOT / ".venv" / "bin" / "cfn-lint"
+
+
+@pytest.mark.skipif(not CFN_LINT.exists(), reason="cfn-lint is installed by `make test`")
+def test_cfn_lint_reports_nothing_on_any_template():
+    # Every default template, plus the provider templates whose shape the variants change.
+    templates = [str(p) for p in default_fleet().template_files()] + [
+        str(f.outdir / "fleetcast-provider-ap-northeast-2.template.json") for f in (variant_fleet(), nat_fleet())]
+    assert len(templates) == 6
+    # Run from the repo root so .cfnlintrc.yaml (and its documented ignores) applies.
+    result = subprocess.run([str(CFN_LINT), *templates], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0 and not result.stdout.strip(), result.stdout[-5000:]
+
+
+def test_cfn_lint_ignores_are_each_explained():
+    lines = (ROOT / ".cfnlintrc.yaml").read_text().splitlines()
+    rules = [i for i, line in enumerate(lines) if re.match(r"^\s*-\s*[EWI]\d{4}\b", line)]
+    assert rules, "the config lists its ignored rules"
+    for i in rules:
+        assert lines[i - 1].strip().startswith("#"), f"{lines[i].strip()} has no reason above it"
