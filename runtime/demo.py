@@ -1,0 +1,134 @@
+"""`make demo`: the whole instance runtime on this machine, against loopback AWS and the reference backend.
+
+What runs for real: `python -m runtime.bootstrap` processes (one per "instance"),
+the engine cache on a moto S3 server, the config from moto SSM, the reference
+model server (tiny GPT-2, CPU) behind the real gateway. Stand-ins (runtime.devtools):
+IMDSv2, the Auto Scaling lifecycle-hook calls, the gateway's EC2 endpoint lookup.
+
+  1. instance A, empty cache: miss -> lock -> build -> upload -> serve -> health ->
+     launch hook CONTINUE; one streamed completion through the gateway, printed.
+  2. instance B: cache hit, no build; serves.
+  3. scale-in of A (terminate hook): drain, hook CONTINUE.
+Timings (start to healthy, miss and hit) are printed at the end.
+"""
+
+from __future__ import annotations
+
+import signal
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from fleetcast import telemetry
+
+from .devtools.harness import LocalAws, RuntimeProcess, free_port_pair, tiny_config
+
+
+def _stream(port: int, prompt: str, max_tokens: int) -> dict:
+    """Stream one completion through the gateway (with the NLB's PROXY v2 header), printing tokens as they come."""
+    import http.client
+    import json
+    import socket
+
+    from .devtools.harness import DEMO_VPCE
+    from .gateway import ppv2
+
+    sock = socket.create_connection(("127.0.0.1", port), timeout=30)
+    sock.sendall(ppv2.build(vpce_id=DEMO_VPCE))
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    conn.sock = sock
+    body = {"model": "gpt2-tiny", "prompt": prompt, "max_tokens": max_tokens, "stream": True, "temperature": 0,
+            "ignore_eos": True, "stream_options": {"include_usage": True}}
+    sent = time.monotonic()
+    conn.request("POST", "/v1/completions", json.dumps(body), {"Content-Type": "application/json"})
+    resp = conn.getresponse()
+    out = {"status": resp.status, "chunks": 0, "usage": None, "ttft_ms": None}
+    print(f"    HTTP {resp.status}; streamed text (random weights, so noise): ", end="", flush=True)
+    while True:
+        line = resp.readline()
+        if not line:
+            break
+        line = line.strip()
+        if not line.startswith(b"data:") or line[5:].strip() == b"[DONE]":
+            continue
+        event = json.loads(line[5:])
+        if event.get("usage"):
+            out["usage"] = event["usage"]
+        for choice in event.get("choices") or []:
+            if choice.get("text"):
+                if out["ttft_ms"] is None:
+                    out["ttft_ms"] = (time.monotonic() - sent) * 1000
+                out["chunks"] += 1
+                print(repr(choice["text"])[1:-1], end="", flush=True)
+    print()
+    conn.close()
+    return out
+
+
+def _wait_serving(name: str, rp: RuntimeProcess, log: Path) -> dict:
+    event = rp.wait_event("fleetcast_serving", 240)
+    if event is None:
+        print(f"  {name} did not reach serving; last log lines:\n" + log.read_text()[-3000:], file=sys.stderr)
+        raise SystemExit(1)
+    event["wall_s"] = time.monotonic() - rp.started
+    return event
+
+
+def main() -> int:
+    print("fleetcast demo: instance runtime on loopback AWS (moto S3/SSM, IMDSv2 + hook fakes), reference backend\n")
+    work = Path(tempfile.mkdtemp(prefix="fleetcast-demo-"))
+    with LocalAws() as aws:
+        cfg = tiny_config()
+        aws.put_config(cfg)
+        print(f"  S3 bucket s3://{aws.bucket} at {aws.moto_url}; config in SSM {aws.param} "
+              f"(fleet {cfg.name}, region {aws.region}, model {cfg.model.id})")
+
+        # -- instance A: cold start on an empty cache
+        print("\n[1] instance A starts (empty engine cache)")
+        imds_a = aws.instance("i-0demo00000000000a")
+        port_a = free_port_pair()
+        rp_a = aws.start_runtime(aws.runtime_env(imds_a, cfg, work / "a", port_a), work / "a.log")
+        a = _wait_serving("instance A", rp_a, work / "a.log")
+        print(f"    cache {a['outcome'].upper()} (key {a['key']}): built in {a['build_s']:.2f} s, uploaded; "
+              f"events {a['events']}")
+        print(f"    healthy (server /health, one real generation, gateway /health) -> launch hook "
+              f"{[r for h, r in a['hooks'] if h == telemetry.LAUNCH_HOOK]}")
+        print(f"    engine entry in S3: {[k for k in aws.keys('engines/') if k.endswith('manifest.json')]}")
+        print(f"    one streamed completion through the gateway (port {port_a}, PROXY v2 from vpce):")
+        reply = _stream(port_a, "Fleetcast says hello:", 24)
+        print(f"    usage {reply['usage']}, TTFT {reply['ttft_ms']:.1f} ms")
+
+        # -- instance B: cache hit
+        print("\n[2] instance B starts (same key, cache filled by A)")
+        imds_b = aws.instance("i-0demo00000000000b")
+        rp_b = aws.start_runtime(aws.runtime_env(imds_b, cfg, work / "b", free_port_pair()), work / "b.log")
+        b = _wait_serving("instance B", rp_b, work / "b.log")
+        builds = {k.split("/builds/")[1].split("/")[0] for k in aws.keys("engines/") if "/builds/" in k}
+        print(f"    cache {b['outcome'].upper()}: downloaded and verified in {b['download_s']:.2f} s, "
+              f"no build (builds in cache: {len(builds)})")
+
+        # -- scale-in of A through its terminate hook; B stops with SIGTERM
+        print("\n[3] scale-in: the ASG picks instance A (terminate hook)")
+        aws.asg.begin(aws.group, telemetry.TERMINATE_HOOK, imds_a.instance_id)
+        imds_a.target_lifecycle_state = "Terminated"
+        rp_a.proc.wait(120)
+        drained = rp_a.wait_event("fleetcast_drained", 5) or {}
+        print(f"    drained in {drained.get('drain_s', float('nan')):.2f} s (gateway exit {drained.get('gateway_exit')}, "
+              f"server exit {drained.get('server_exit')}); terminate hook "
+              f"{[c.result for c in aws.asg.completed if c.hook == telemetry.TERMINATE_HOOK]}")
+        rp_b.proc.send_signal(signal.SIGTERM)
+        rp_b.proc.wait(120)
+
+        metrics = sorted({m["Name"] for r in rp_a.emf() + rp_b.emf()
+                          for d in r["_aws"]["CloudWatchMetrics"] for m in d["Metrics"]})
+        print(f"\n  EMF metrics written to stdout (shipped by the awslogs driver): {', '.join(metrics)}")
+        print("\n  start to healthy (bootstrap start -> launch hook CONTINUE; wall = from process spawn):")
+        print(f"    cache miss: {a['start_to_healthy_s']:6.2f} s   (wall {a['wall_s']:.2f} s, build {a['build_s']:.2f} s)")
+        print(f"    cache hit : {b['start_to_healthy_s']:6.2f} s   (wall {b['wall_s']:.2f} s, download {b['download_s']:.2f} s)")
+        print(f"\n  logs: {work}/a.log, {work}/b.log")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
