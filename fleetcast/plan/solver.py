@@ -358,7 +358,7 @@ def _why_not(candidates, evaluations, ranked, winner, traffic, ctx) -> list[tupl
             others = [e for e in feasible if e is not winner]
             if others:
                 out.append((f"{cand.label} from other regions", "; ".join(
-                    f"{e.service_region} {_pct(e.cost_per_hour, winner.cost_per_hour)} cost, +{e.rtt_ms - winner.rtt_ms:.0f} ms RTT"
+                    f"{e.service_region} {_pct(e.cost_per_hour, winner.cost_per_hour)} cost, RTT {e.rtt_ms:g} ms vs {winner.rtt_ms:g} ms"
                     for e in others)))
             continue
         if feasible:
