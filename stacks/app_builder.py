@@ -6,29 +6,12 @@ from collections.abc import Callable
 
 from aws_cdk import App, Environment, Stack, Tags
 
-from fleetcast.config import Consumer, FleetConfig
+from fleetcast.config import FleetConfig
 
 from . import nag
 from .consumer import ConsumerStack
+from .naming import consumer_stack_name, provider_stack_name, skip_reason
 from .provider import ProviderStack
-
-
-def provider_stack_name(cfg: FleetConfig, region: str) -> str:
-    return f"{cfg.name}-provider-{region}"
-
-
-def consumer_stack_name(cfg: FleetConfig, consumer: Consumer) -> str:
-    return f"{cfg.name}-consumer-{consumer.name}"
-
-
-def skip_reason(consumer: Consumer) -> str | None:
-    """Why a consumer gets no stack, or None when it gets one."""
-    if consumer.endpoint_service_name is None:
-        return (
-            "no endpoint_service_name yet: deploy the provider stack for "
-            f"{consumer.service_region}, copy its ServiceName output into the config, synth again"
-        )
-    return None
 
 
 def build_app(cfg: FleetConfig, app: App, *, report: Callable[[str], None] = print) -> dict[str, Stack]:

@@ -1,0 +1,112 @@
+"""`fleetcast synth summary`: what `cdk synth` produced for a config, checked against that config.
+
+Reads the cloud assembly's manifest and templates (no CDK import, instant) and
+prints the stacks, regions, pools (instance type, GPU, capacity, precision,
+backend) and consumers, including those that got no stack and why. An assembly
+that does not match the config (a stale cdk.out) is an error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from fleetcast.errors import UserError
+
+STACK_ARTIFACT = "aws:cloudformation:stack"
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    parser = sub.add_parser("synth", help="summarize a synthesized cloud assembly (after `make synth`)")
+    actions = parser.add_subparsers(dest="action", metavar="ACTION", required=True)
+    summary = actions.add_parser("summary", help="stacks, regions, pools, precision and consumers of a cdk.out")
+    summary.add_argument("--config", default="config/fleet.yaml", help="fleet config the assembly was built from")
+    summary.add_argument("--out", default="cdk.out", help="cloud assembly directory (default: cdk.out)")
+    summary.set_defaults(handler=_summary)
+
+
+def read_stacks(out: Path) -> dict[str, dict]:
+    """Stack artifacts of a cloud assembly: name -> environment and resource count."""
+    manifest_path = out / "manifest.json"
+    if not manifest_path.exists():
+        raise UserError(f"{manifest_path} not found: run `make synth` (or `npx cdk synth`) first")
+    manifest = json.loads(manifest_path.read_text())
+    stacks = {}
+    for name, artifact in manifest.get("artifacts", {}).items():
+        if artifact.get("type") != STACK_ARTIFACT:
+            continue
+        template_file = artifact.get("properties", {}).get("templateFile", f"{name}.template.json")
+        template = json.loads((out / template_file).read_text())
+        stacks[name] = {
+            "environment": artifact.get("environment", "?"),
+            "resources": len(template.get("Resources", {})),
+            "template": out / template_file,
+        }
+    return stacks
+
+
+def summarize(cfg, stacks: dict[str, dict], out: Path) -> tuple[list[str], list[str]]:
+    """Summary lines, and problems (stacks the config implies but the assembly lacks, or the reverse)."""
+    from fleetcast.config import catalog
+    from stacks.naming import consumer_stack_name, expected_stacks, provider_stack_name, skip_reason
+
+    lines = [f"Fleet {cfg.name}: config digest {cfg.digest()[:12]}, egress {cfg.network.egress.value}, "
+             f"model {cfg.model.id}@{cfg.model.revision}, TensorRT-LLM {cfg.engine.tensorrt_llm_version}"]
+    lines.append(f"Stacks in {out}:")
+    width = max((len(n) for n in stacks), default=10)
+    env_width = max((len(i["environment"]) for i in stacks.values()), default=10)
+    for name, info in stacks.items():
+        lines.append(f"  {name:<{width}}  {info['environment']:<{env_width}}  {info['resources']} resources")
+
+    instances = catalog.instance_catalog()
+    lines.append("Regions:")
+    for region in cfg.regions:
+        listener = "TLS" if region.region in cfg.network.tls_certificate_arns else "TCP"
+        vpc = getattr(region.vpc, "vpc_id", None) or f"new {region.vpc.cidr}"
+        azs = ", ".join(f"{az.name} ({az.id})" for az in region.availability_zones)
+        lines.append(f"  {region.region}  [{provider_stack_name(cfg, region.region)}]")
+        lines.append(f"    VPC {vpc}; AZs {azs}; listener {listener}:{cfg.engine.port}; AMI {region.ami.id}")
+        cross = ", ".join(region.allowed_regions) or "none"
+        lines.append(f"    principals {', '.join(region.allowed_principals)}; cross-region from {cross}")
+        for pool in region.pools:
+            engine = cfg.engine_for(pool)
+            gpu = instances[pool.instance_type].gpu.name if pool.instance_type in instances else "?"
+            c = pool.capacity
+            lines.append(
+                f"    pool {pool.name}: {pool.instance_type} ({gpu}), capacity {c.min}/{c.desired}/{c.max} "
+                f"(min/desired/max), precision {engine.precision.value}, backend {engine.backend.value}, "
+                f"batch {engine.max_batch_size}, warm pool {pool.warm_pool.size}"
+            )
+
+    lines.append("Consumers:")
+    if not cfg.consumers:
+        lines.append("  none")
+    for consumer in cfg.consumers:
+        route = f"{consumer.region} -> {consumer.service_region}" + (" (cross-region)" if consumer.cross_region else "")
+        reason = skip_reason(consumer)
+        where = f"skipped: {reason}" if reason else f"[{consumer_stack_name(cfg, consumer)}]"
+        lines.append(f"  {consumer.name} ({consumer.account}, {route}): {where}")
+
+    expected = expected_stacks(cfg)
+    problems = [f"stack {n} is missing from {out}" for n in expected if n not in stacks]
+    problems += [f"stack {n} in {out} is not built from this config" for n in stacks if n not in expected]
+    # Launch templates carry the config digest: a provider template without it came from another config.
+    digest_line = f"FLEETCAST_CONFIG_DIGEST={cfg.digest()}"
+    for region in cfg.regions:
+        info = stacks.get(provider_stack_name(cfg, region.region))
+        if info and digest_line not in info["template"].read_text():
+            problems.append(f"stack {provider_stack_name(cfg, region.region)} was synthesized from a different config")
+    return lines, problems
+
+
+def _summary(args: argparse.Namespace) -> int:
+    from fleetcast.config import load_config
+
+    cfg = load_config(args.config)
+    out = Path(args.out)
+    lines, problems = summarize(cfg, read_stacks(out), out)
+    print("\n".join(lines))
+    if problems:
+        raise UserError(f"{out} does not match {args.config}: " + "; ".join(problems) + " (run `make synth` again)")
+    return 0

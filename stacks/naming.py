@@ -1,0 +1,30 @@
+"""Stack names and consumer skip rules: pure Python (no CDK import), shared by the app and the CLIs."""
+
+from __future__ import annotations
+
+from fleetcast.config import Consumer, FleetConfig
+
+
+def provider_stack_name(cfg: FleetConfig, region: str) -> str:
+    return f"{cfg.name}-provider-{region}"
+
+
+def consumer_stack_name(cfg: FleetConfig, consumer: Consumer) -> str:
+    return f"{cfg.name}-consumer-{consumer.name}"
+
+
+def skip_reason(consumer: Consumer) -> str | None:
+    """Why a consumer gets no stack, or None when it gets one."""
+    if consumer.endpoint_service_name is None:
+        return (
+            "no endpoint_service_name yet: deploy the provider stack for "
+            f"{consumer.service_region}, copy its EndpointServiceName output into the config, synth again"
+        )
+    return None
+
+
+def expected_stacks(cfg: FleetConfig) -> list[str]:
+    """Every stack the app builds for `cfg`, providers first."""
+    names = [provider_stack_name(cfg, r.region) for r in cfg.regions]
+    names += [consumer_stack_name(cfg, c) for c in cfg.consumers if skip_reason(c) is None]
+    return names

@@ -1,0 +1,47 @@
+"""`fleetcast synth summary`: the summary `make synth` prints, and its refusal of a stale cloud assembly."""
+
+from __future__ import annotations
+
+from ruamel.yaml import YAML
+
+from scripts.cli import main
+
+from .synthesized import DEFAULT_CONFIG, default_fleet, variant_doc, variant_fleet
+
+
+def run(capsys, *argv) -> tuple[int, str, str]:
+    code = main(["synth", "summary", *argv])
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def test_summary_lists_stacks_regions_pools_and_consumers(capsys):
+    code, out, err = run(capsys, "--config", str(DEFAULT_CONFIG), "--out", str(default_fleet().outdir))
+    assert code == 0, err
+    for stack in ("fleetcast-provider-ap-northeast-2", "fleetcast-provider-us-east-1",
+                  "fleetcast-consumer-voice-app", "fleetcast-consumer-analytics"):
+        assert stack in out
+    assert "aws://111122223333/ap-northeast-2" in out
+    assert "pool l40s: g6e.xlarge (L40S), capacity 1/2/6 (min/desired/max), precision int8_wo, backend tensorrt" in out
+    assert "analytics (777788889999, us-west-2 -> us-east-1 (cross-region))" in out
+
+
+def test_summary_names_skipped_consumers_and_why(capsys, tmp_path):
+    config = tmp_path / "variant.yaml"
+    YAML().dump(variant_doc(), config)
+    code, out, err = run(capsys, "--config", str(config), "--out", str(variant_fleet().outdir))
+    assert code == 0, err
+    assert "late-team (444455556666, ap-northeast-2 -> ap-northeast-2): skipped: no endpoint_service_name yet" in out
+    assert "pool a10g: g5.2xlarge (A10G)" in out and "listener TLS:8000" in out
+
+
+def test_summary_refuses_an_assembly_built_from_another_config(capsys):
+    code, out, err = run(capsys, "--config", str(DEFAULT_CONFIG), "--out", str(variant_fleet().outdir))
+    assert code == 1
+    assert "was synthesized from a different config" in err and "run `make synth` again" in err
+
+
+def test_summary_without_an_assembly_says_what_to_run(capsys, tmp_path):
+    code, out, err = run(capsys, "--config", str(DEFAULT_CONFIG), "--out", str(tmp_path / "nothing"))
+    assert code == 1
+    assert "manifest.json not found: run `make synth`" in err
