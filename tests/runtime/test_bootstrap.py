@@ -83,6 +83,8 @@ def test_cold_start_builds_serves_then_hit_and_warm_pool_skip_the_build(fleet):
     assert miss.metric_values(telemetry.ENGINE_CACHE_MISS) == [1.0]
     assert miss.metric_values(telemetry.ENGINE_BUILD_SECONDS)[0] > 0
     assert miss.metric_values(telemetry.START_TO_HEALTHY_SECONDS)[0] == pytest.approx(serving["start_to_healthy_s"], abs=0.01)
+    gauges = wait_until(lambda: [r for r in miss.emf() if telemetry.KV_CACHE_UTILIZATION in r], 10)
+    assert gauges and gauges[0][telemetry.DIM_INSTANCE] == "i-00000000000000a01"  # per-instance dimension set
     miss.proc.send_signal(signal.SIGTERM)
     assert miss.proc.wait(60) == 0
 

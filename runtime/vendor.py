@@ -1,0 +1,42 @@
+"""Python packages the runtime needs that the TensorRT-LLM release image lacks.
+
+The 1.2.x image already carries pydantic (>= 2.9), aiohttp, PyYAML, urllib3 and
+python-dateutil (TensorRT-LLM's own requirements). It has no boto3 and no
+ruamel.yaml. With egress `none` the instance cannot pip install, so these travel
+with the runtime bundle under `site-packages/` (run-container.sh puts
+/opt/fleetcast/site-packages on PYTHONPATH). They are installed without their
+dependencies on purpose: anything the image already has must not be shadowed,
+because trtllm-serve and trtllm-build inherit the same PYTHONPATH.
+
+    python -m runtime.vendor DEST    # needs PyPI, run where the bundle is staged
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+# Wheels for the image's interpreter (CPython 3.12, x86_64 manylinux).
+VENDORED = ("boto3~=1.40", "botocore~=1.40", "s3transfer>=0.13,<0.15", "jmespath~=1.0",
+            "ruamel.yaml~=0.19.1", "ruamel.yaml.clib~=0.2.12")
+TARGET = ("--python-version", "3.12", "--implementation", "cp", "--platform", "manylinux2014_x86_64",
+          "--only-binary=:all:")
+
+
+def pip_command(dest: Path) -> list[str]:
+    return [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--target", str(dest), *TARGET, *VENDORED]
+
+
+def vendor(dest: Path) -> Path:
+    """Install the vendored wheels into `dest` (the bundle's site-packages directory)."""
+    dest.mkdir(parents=True, exist_ok=True)
+    subprocess.run(pip_command(dest), check=True)
+    return dest
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 2:
+        print("usage: python -m runtime.vendor DEST_DIR", file=sys.stderr)
+        sys.exit(2)
+    vendor(Path(sys.argv[1]))

@@ -1,0 +1,143 @@
+"""IMDSv2, lifecycle-hook calls and heartbeats, GPU detection, and the TRT-LLM build driver."""
+
+import json
+import time
+from pathlib import Path
+
+import boto3
+import pytest
+
+from fleetcast.config import KvCacheDtype, Precision, load_config
+from fleetcast.telemetry import LAUNCH_HOOK
+from runtime import gpu, trtllm
+from runtime.devtools.fakes import FakeAutoScaling, FakeImds
+from runtime.lifecycle import ABANDON, CONTINUE, Heartbeat, HookClient, Imds, MetadataError, heartbeat_interval
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture
+def imds():
+    fake = FakeImds(instance_id="i-0abc", region="ap-northeast-2", asg_name="fleetcast-asg",
+                    target_lifecycle_state="Warmed:Stopped").start()
+    yield fake
+    fake.stop()
+
+
+@pytest.fixture
+def asg():
+    fake = FakeAutoScaling().start()
+    yield fake
+    fake.stop()
+
+
+def test_imds_v2_token_then_metadata_and_asg_name_from_tags(imds):
+    client = Imds(imds.url)
+    assert client.instance_id() == "i-0abc"
+    assert client.asg_name() == "fleetcast-asg"
+    assert client.target_lifecycle_state() == "Warmed:Stopped"
+    assert imds.token_requests == 1  # one session token, reused
+
+
+def test_imds_without_metadata_tags_says_what_to_enable(imds):
+    imds.tags.clear()
+    with pytest.raises(MetadataError, match="InstanceMetadataTags"):
+        Imds(imds.url).asg_name()
+
+
+def test_imds_v1_style_requests_are_refused_by_the_fake():
+    """The fake enforces IMDSv2 like a hardened instance, so the client is proven to send tokens."""
+    import urllib.error
+    import urllib.request
+
+    fake = FakeImds().start()
+    try:
+        with pytest.raises(urllib.error.HTTPError) as err:
+            urllib.request.urlopen(f"{fake.url}/latest/meta-data/instance-id", timeout=2)
+        assert err.value.code == 401
+    finally:
+        fake.stop()
+
+
+def test_unreachable_imds_is_a_clear_error():
+    from runtime.devtools.harness import free_port
+
+    with pytest.raises(MetadataError, match="unreachable"):
+        Imds(f"http://127.0.0.1:{free_port()}", attempts=2, timeout_s=0.2).instance_id()
+
+
+def _client(asg):
+    return boto3.client("autoscaling", region_name="ap-northeast-2", endpoint_url=asg.url,
+                        aws_access_key_id="testing", aws_secret_access_key="testing")
+
+
+def test_hook_completion_and_heartbeats_reach_auto_scaling(asg):
+    asg.begin("fleetcast-asg", LAUNCH_HOOK, "i-0abc")
+    hooks = HookClient(_client(asg), "fleetcast-asg", "i-0abc")
+    with Heartbeat(lambda: hooks.heartbeat(LAUNCH_HOOK), interval_s=0.05) as beat:
+        time.sleep(0.4)  # a "long build"
+    assert beat.count >= 3 and len(asg.heartbeats) == beat.count
+    hooks.complete(LAUNCH_HOOK, CONTINUE)
+    assert asg.results(LAUNCH_HOOK) == ["CONTINUE"]
+    hooks.complete(LAUNCH_HOOK, ABANDON)  # already completed: logged, not raised
+    assert asg.results(LAUNCH_HOOK) == ["CONTINUE"]
+    with pytest.raises(ValueError):
+        hooks.complete(LAUNCH_HOOK, "MAYBE")
+
+
+def test_heartbeat_interval_stays_inside_the_hook_window():
+    for window in (30, 300, 3600, 7200):
+        assert 10 <= heartbeat_interval(window) <= window / 2 or window < 30
+        assert heartbeat_interval(window) <= 600
+
+
+def test_nvidia_smi_parsing():
+    info = gpu.parse_nvidia_smi("NVIDIA L40S, 8.9, 46068\n")
+    assert (info.name, info.compute_capability, info.arch, info.count) == ("NVIDIA L40S", "8.9", "sm89", 1)
+    assert gpu.parse_nvidia_smi("NVIDIA H200, 9.0, 143771\nNVIDIA H200, 9.0, 143771").count == 2
+    with pytest.raises(gpu.GpuError, match="mixed"):
+        gpu.parse_nvidia_smi("NVIDIA A10G, 8.6, 23028\nNVIDIA L4, 8.9, 23034")
+    with pytest.raises(gpu.GpuError, match="no GPU"):
+        gpu.parse_nvidia_smi("")
+    with pytest.raises(gpu.GpuError, match="unexpected"):
+        gpu.parse_nvidia_smi("NVIDIA-SMI has failed because it couldn't communicate with the driver")
+
+
+def test_trtllm_build_runs_convert_then_build_and_ships_the_tokenizer(tmp_path):
+    cfg = load_config(REPO / "config" / "fleet.yaml")
+    engine = cfg.engine.model_copy(update={"precision": Precision.INT8_SMOOTHQUANT, "kv_cache_dtype": KvCacheDtype.INT8})
+    model = tmp_path / "model"
+    model.mkdir()
+    for name in ("config.json", "tokenizer.json", "vocab.json", "merges.txt", "model.safetensors"):
+        (model / name).write_text(name)
+    calls = []
+
+    def runner(cmd, log):
+        calls.append(cmd)
+        if cmd[0] == "trtllm-build":
+            out = Path(cmd[cmd.index("--output_dir") + 1])
+            out.mkdir(parents=True)
+            (out / "config.json").write_text("{}")
+            (out / "rank0.engine").write_bytes(b"engine")
+
+    artifact = trtllm.TrtllmBackend(cfg, engine, runner=runner).build(model, tmp_path / "calib", tmp_path / "work")
+    assert [c[0] for c in calls] == ["python3", "trtllm-build"]
+    assert "--smoothquant" in calls[0] and "--int8_kv_cache" in calls[0]
+    assert sorted(p.name for p in (artifact / "tokenizer").iterdir()) == ["config.json", "merges.txt", "tokenizer.json", "vocab.json"]
+    assert (artifact / "engine" / "rank0.engine").read_bytes() == b"engine"
+    assert not (tmp_path / "work" / "checkpoint").exists()  # the intermediate checkpoint is not cached
+
+
+def test_trtllm_build_without_an_engine_fails_instead_of_caching_nothing(tmp_path):
+    cfg = load_config(REPO / "config" / "fleet.yaml")
+    (tmp_path / "model").mkdir()
+    backend = trtllm.TrtllmBackend(cfg, cfg.engine, runner=lambda cmd, log: None)
+    with pytest.raises(RuntimeError, match="no config.json/rank"):
+        backend.build(tmp_path / "model", None, tmp_path / "work")
+
+
+def test_a_failing_build_step_reports_its_output(tmp_path):
+    log = tmp_path / "build.log"
+    with pytest.raises(RuntimeError, match="bash exited 2: .*out of memory"):
+        trtllm.run_logged(["bash", "-c", "echo 'CUDA error: out of memory'; exit 2"], log)
+    assert "$ bash -c" in log.read_text() and "# exit 2" in log.read_text()
