@@ -71,6 +71,7 @@ class GpuFleet(Construct):
         self.pool = pool
         self.asg_name = asg_name(cfg, region, pool)
         self.role = self._role(cfg, inputs)
+        self._grant_consumer_api_keys(cfg, region)
 
         env = {
             "FLEETCAST_FLEET": cfg.name,
@@ -231,6 +232,20 @@ class GpuFleet(Construct):
         for rule, reason in acks.items():
             nag.acknowledge(policy, rule, reason)
         return role
+
+    def _grant_consumer_api_keys(self, cfg: FleetConfig, region: Region) -> None:
+        """The gateway reads the API keys of this region's consumers that use them, and nothing else."""
+        names = [cfg.api_key_secret_of(c) for c in cfg.consumers_of(region.region) if c.api_keys]
+        if not names:
+            return
+        # Secrets Manager appends "-" and six random characters to a secret's ARN.
+        self.role.add_to_policy(iam.PolicyStatement(
+            sid="ReadConsumerApiKeys",
+            actions=["secretsmanager:GetSecretValue"],
+            resources=[Stack.of(self).format_arn(service="secretsmanager", resource="secret",
+                                                 resource_name=f"{name}-??????",
+                                                 arn_format=ArnFormat.COLON_RESOURCE_NAME) for name in names],
+        ))
 
     def _asg_arn(self) -> str:
         return Stack.of(self).format_arn(
