@@ -39,6 +39,8 @@ def within(measured: float | None, truth: float | None, rel: float = TOLERANCE_R
 class TestServerProcess:
     """The test server in a child process, optionally pinned to one CPU."""
 
+    __test__ = False  # not a pytest test class, despite the name
+
     def __init__(self, port: int, timings: Timings, cpu: int | None = None) -> None:
         self.port = port
         self.url = f"http://127.0.0.1:{port}"

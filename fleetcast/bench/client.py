@@ -1,5 +1,10 @@
 """The measuring HTTP client: streamed completions over raw asyncio transports.
 
+Timestamps: on plain TCP each read carries the kernel's receive time
+(SO_TIMESTAMPNS, fleetcast.bench.kstamp), so a client that is busy or
+descheduled when bytes arrive still reports when they arrived; over TLS reads
+are stamped with the clock on arrival in `data_received`.
+
 Why not aiohttp for the measured requests: an `async for` over a response
 wakes a coroutine (futures, task steps) for every streamed chunk, and at 64
 concurrent streams that per-token overhead is what saturates a one-core client
@@ -28,6 +33,7 @@ import time
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
+from fleetcast.bench import kstamp
 from fleetcast.errors import UserError
 
 _clock = time.perf_counter
@@ -72,6 +78,8 @@ class RawResponse:
 class _Connection(asyncio.Protocol):
     """One keep-alive HTTP/1.1 connection; one request in flight at a time."""
 
+    rx_time: float | None = None  # kernel receive time of the current read, when the transport has it
+
     def __init__(self) -> None:
         self.transport: asyncio.Transport | None = None
         self.closed = False
@@ -87,7 +95,7 @@ class _Connection(asyncio.Protocol):
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
     def data_received(self, data: bytes) -> None:
-        t = _clock()
+        t = self.rx_time if self.rx_time is not None else _clock()
         raw = self._raw
         if raw is None:
             return  # stray bytes between requests: ignore
@@ -194,6 +202,8 @@ class ConnectionPool:
         self._idle: list[_Connection] = []
         self._all: list[_Connection] = []
         self._ssl = ssl_module.create_default_context() if endpoint.tls else None
+        # Plain TCP reads carry kernel receive times; TLS reads are stamped by the clock.
+        self.kernel_stamps = self._ssl is None and kstamp.supported()
 
     async def acquire(self) -> _Connection:
         while self._idle:
@@ -201,6 +211,12 @@ class ConnectionPool:
             if not conn.closed:
                 return conn
         loop = asyncio.get_running_loop()
+        if self.kernel_stamps:
+            transport, conn = await asyncio.wait_for(
+                kstamp.connect(loop, self.endpoint.host, self.endpoint.port, _Connection), self.connect_timeout_s)
+            self.kernel_stamps = transport.stamped
+            self._all.append(conn)
+            return conn
         _, conn = await asyncio.wait_for(
             loop.create_connection(
                 _Connection, self.endpoint.host, self.endpoint.port, ssl=self._ssl,

@@ -52,8 +52,10 @@ class LoopLagProbe:
     moments (`call_soon_threadsafe` wakes the loop exactly like a socket
     becoming readable); the delay until the callback runs is the delay a
     network read would see before `data_received` stamps it, i.e. the
-    client's timestamp error at that moment. A timer-based probe would
-    instead measure epoll's millisecond rounding.
+    client's timestamp error at that moment. Lag is counted from the moment
+    the thread planned to post, so time the OS kept the whole process off the
+    CPU is counted too. A timer in the loop would instead measure epoll's
+    millisecond rounding.
     """
 
     def __init__(self, loop: asyncio.AbstractEventLoop, interval_s: float = LOOP_PROBE_INTERVAL_S) -> None:
@@ -70,11 +72,19 @@ class LoopLagProbe:
 
     def _post(self) -> None:
         rng = random.Random(1)
-        while not self._stop.wait(self.interval_s * rng.uniform(0.5, 1.5)):
+        planned = _clock()
+        while not self._stop.is_set():
+            planned += self.interval_s * rng.uniform(0.5, 1.5)
+            delay = planned - _clock()
+            if delay > 0 and self._stop.wait(delay):
+                return
             try:
-                self.loop.call_soon_threadsafe(self._seen, _clock())
+                # Stamped with the PLANNED time: if the OS deschedules the whole
+                # process, this thread wakes late too, and that delay counts.
+                self.loop.call_soon_threadsafe(self._seen, planned)
             except RuntimeError:
                 return  # loop closed
+            planned = max(planned, _clock() - self.interval_s)
 
     def start(self) -> None:
         self._thread.start()
@@ -313,7 +323,7 @@ class Bench:
         self.rng.shuffle(phases)
         return phases
 
-    async def _run_level(self, level: Level, progress: "_Progress | None") -> tuple[list[Sent], list[float], float]:
+    async def _run_level(self, level: Level, progress: "_Progress | None") -> tuple[list[Sent], list[float], float, bool]:
         opts = self.opts
         pool = ConnectionPool(self.ep)
         sink: list[Sent] = []
@@ -343,7 +353,7 @@ class Bench:
             if progress:
                 progress.stop()
             pool.close()
-        return sink, lags, cpu
+        return sink, lags, cpu, pool.kernel_stamps
 
     async def _warmup(self) -> None:
         if self.opts.warmup <= 0:
@@ -372,11 +382,11 @@ class Bench:
         progress = _Progress(opts.requests_per_level, opts.duration_s) if opts.progress else None
         runs = []
         for level in opts.levels:
-            sink, lags, cpu = await self._run_level(level, progress)
+            sink, lags, cpu, kernel_stamps = await self._run_level(level, progress)
             t0 = min((s.raw.t_send for s in sink), default=0.0)
             sink.sort(key=lambda s: s.raw.t_send)
             records = [to_record(s, opts.api, t0) for s in sink]
-            summary = summarize(sink, records, opts.slo, lags, cpu, rtt)
+            summary = summarize(sink, records, opts.slo, lags, cpu, rtt, kernel_stamps)
             self.log(_level_line(level, summary))
             runs.append(Run(
                 load=Load(mode=level.mode, concurrency=level.concurrency, rate_rps=level.rate_rps,

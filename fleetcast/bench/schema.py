@@ -108,6 +108,9 @@ class Summary(_Model):
     network_rtt_ms: float | None = None
     # Added in v1 (readers must tolerate their absence):
     client_cpu_util: float | None = Field(None, description="client process CPU time / wall time over the run")
+    rx_timestamps: Literal["kernel", "clock"] | None = Field(
+        None, description="kernel: reads stamped with the kernel receive time (SO_TIMESTAMPNS); clock: on arrival in the loop"
+    )
 
 
 class Record(_Model):

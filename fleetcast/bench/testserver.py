@@ -5,9 +5,10 @@ It streams `max_tokens` tokens per request with an injected time to first token
 (TTFT) and inter-token gap (ITL), each with optional uniform jitter and rare
 spikes, and logs when it actually wrote each token to the socket. That log is
 the ground truth a benchmark client's figures are compared with
-(`GET /_truth`, `POST /_truth/reset`). Truth TTFT runs from the moment the whole
-request had arrived to the write of the first content token; a client adds
-one loopback round trip (tens of microseconds) on top.
+(`GET /_truth`, `POST /_truth/reset`). Truth TTFT runs from the kernel's receive time
+of the request (SO_TIMESTAMPNS, so a server slow to wake does not shorten it)
+to the return of the write of the first content token; a client adds one
+loopback hop (tens of microseconds) on top.
 
 Tokens are whitespace-separated words: prompt_tokens is the prompt's word count,
 and every streamed chunk carries exactly one token, so a client's token counts
@@ -28,6 +29,8 @@ import socket
 import sys
 import time
 from dataclasses import dataclass, field
+
+from fleetcast.bench import kstamp
 
 _clock = time.perf_counter
 MODEL_ID = "fleetcast-testserver"
@@ -95,6 +98,8 @@ def _sse(obj) -> bytes:
 class _Http(asyncio.Protocol):
     """One client connection: parses requests (keep-alive), dispatches them."""
 
+    rx_time: float | None = None  # kernel receive time of the latest read (kstamp)
+
     def __init__(self, state: TestServerState) -> None:
         self.state = state
         self.buf = b""
@@ -111,7 +116,8 @@ class _Http(asyncio.Protocol):
         self.transport = None
 
     def data_received(self, data: bytes) -> None:
-        arrival = _clock()
+        # The kernel's receive time: the request's arrival even if this process was slow to wake.
+        arrival = self.rx_time if self.rx_time is not None else _clock()
         self.buf += data
         if self.busy:
             return
@@ -237,11 +243,14 @@ class _Http(asyncio.Protocol):
 async def serve(host: str, port: int, timings: Timings, ready: asyncio.Event | None = None) -> None:
     state = TestServerState(timings)
     loop = asyncio.get_running_loop()
-    server = await loop.create_server(lambda: _Http(state), host, port, backlog=1024, reuse_address=True)
+    lsock = await kstamp.serve(loop, host, port, lambda: _Http(state))
     if ready is not None:
         ready.set()
-    async with server:
-        await server.serve_forever()
+    try:
+        await asyncio.Event().wait()
+    finally:
+        loop.remove_reader(lsock.fileno())
+        lsock.close()
 
 
 def main(argv: list[str] | None = None) -> int:
