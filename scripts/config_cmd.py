@@ -1,4 +1,4 @@
-"""`fleetcast config validate|schema|show`."""
+"""`fleetcast config validate|schema|docs|show`."""
 
 from __future__ import annotations
 
@@ -16,6 +16,9 @@ def register(sub: argparse._SubParsersAction) -> None:
 
     schema = actions.add_parser("schema", help="print the config's JSON Schema")
     schema.set_defaults(handler=_schema)
+
+    docs = actions.add_parser("docs", help="print the config reference (docs/config.md) generated from the schema")
+    docs.set_defaults(handler=_docs)
 
     show = actions.add_parser("show", help="print the validated config with defaults filled in, as JSON")
     show.add_argument("file")
@@ -36,6 +39,13 @@ def _schema(args: argparse.Namespace) -> int:
     from fleetcast.config import json_schema
 
     print(json.dumps(json_schema(), indent=2))
+    return 0
+
+
+def _docs(args: argparse.Namespace) -> int:
+    from fleetcast.config.reference import render
+
+    print(render(), end="")
     return 0
 
 

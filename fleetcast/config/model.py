@@ -523,7 +523,7 @@ class FleetConfig(Frozen):
     regions: tuple[Region, ...] = Field(min_length=1)
     consumers: tuple[Consumer, ...] = ()
     tags: dict[Annotated[str, StringConstraints(min_length=1, max_length=128)], Annotated[str, StringConstraints(max_length=256)]] = Field(
-        default_factory=dict
+        default_factory=dict, description="Tags applied to every resource of every stack."
     )
 
     # -- derived views (no state of their own) --
