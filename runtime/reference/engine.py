@@ -155,6 +155,7 @@ class Engine:
         return out
 
     def start(self) -> None:
+        self.warm_up()
         if self.cuda_graphs:
             self.capture_graphs()
         self._thread = threading.Thread(target=self._run, name="reference-engine", daemon=True)
@@ -174,6 +175,15 @@ class Engine:
         # Top-2 over the tokenizer's ids: the second choice replaces EOS when EOS is suppressed.
         top2 = torch.topk(logits[:, : self.vocab_size], 2, dim=-1).indices
         return logits, top2
+
+    def warm_up(self) -> None:
+        """Run a few prefills before serving, so library autotuning and lazy initialisation are
+        not paid by the first client (seen: 90 ms first-request TTFT on the H200 without it)."""
+        with torch.inference_mode():
+            for n in (1, 16, 128):
+                n = min(n, self.max_seq_len - 1)
+                self.model.prefill(self.cache, 0, torch.zeros(n, dtype=torch.long, device=self.device))
+        self.cache.kv.zero_()
 
     def capture_graphs(self) -> None:
         """Capture one decode graph per (batch bucket, context bucket). Only at start-up: the

@@ -182,7 +182,7 @@ class ReferenceServer:
 
     async def serve(self) -> int:
         app = self.make_app()
-        runner = web.AppRunner(app, access_log=None, handle_signals=False)
+        runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=5.0)
         await runner.setup()
         site = web.TCPSite(runner, self.args.host, self.args.port)
         await site.start()
@@ -201,9 +201,11 @@ class ReferenceServer:
             self.exit_code = 1
             self.stopped.set()
         await self.stopped.wait()
-        await runner.cleanup()
         if self.engine is not None:
-            self.engine.stop()
+            # Stopping the engine first ends any stream the drain bound cut short with
+            # finish_reason "cancelled" (and its usage chunk), instead of a dropped connection.
+            await loop.run_in_executor(None, self.engine.stop)
+        await runner.cleanup()
         if self._request_log:
             self._request_log.close()
         return self.exit_code

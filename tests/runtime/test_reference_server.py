@@ -1,0 +1,236 @@
+"""runtime.reference.server as a real process on loopback: the trtllm-serve surface and drain."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+import time
+import urllib.request
+
+import pytest
+
+pytest.importorskip("torch")
+aiohttp = pytest.importorskip("aiohttp")
+
+from runtime.reference.build import build_artifact, load_weights  # noqa: E402
+from runtime.reference.client import stream_completion  # noqa: E402
+from runtime.reference.configs import shape_for  # noqa: E402
+from runtime.reference.model import naive_logits  # noqa: E402
+from runtime.reference.tokenizer import VOCAB_SIZE, ByteTokenizer  # noqa: E402
+
+from .reference_helpers import ServerProcess, http_status  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def artifact(tmp_path_factory):
+    out = tmp_path_factory.mktemp("ref") / "artifact"
+    build_artifact(out, size="tiny", seed=5)
+    return out
+
+
+@pytest.fixture(scope="module")
+def server(artifact, tmp_path_factory):
+    srv = ServerProcess(artifact, "--max-batch-size", "4", "--served-model-name", "gpt2-test",
+                        log_path=tmp_path_factory.mktemp("log") / "server.log")
+    try:
+        srv.wait_healthy()
+        yield srv
+    finally:
+        srv.stop()
+
+
+def post(base: str, path: str, body) -> tuple[int, dict]:
+    data = body if isinstance(body, bytes) else json.dumps(body).encode()
+    req = urllib.request.Request(base + path, data=data, headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=30) as resp:
+            return resp.status, json.loads(resp.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read())
+
+
+def get_json(base: str, path: str):
+    with urllib.request.urlopen(base + path, timeout=10) as resp:
+        return json.loads(resp.read())
+
+
+def streams(base: str, requests: list[tuple], **kw):
+    async def go():
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=120)) as session:
+            return await asyncio.gather(*[stream_completion(session, base, p, n, **kw) for p, n in requests])
+    return asyncio.run(go())
+
+
+def test_info_endpoints(server):
+    assert http_status(server.base + "/health") == 200
+    assert get_json(server.base, "/v1/models")["data"][0]["id"] == "gpt2-test"
+    assert get_json(server.base, "/version")["backend"] == "reference"
+
+
+def test_greedy_completion_is_the_models_greedy_continuation(server, artifact):
+    status, body = post(server.base, "/v1/completions", {"prompt": "Hello", "max_tokens": 6, "temperature": 0,
+                                                        "ignore_eos": True})
+    assert status == 200
+    ids = ByteTokenizer().encode("Hello")
+    weights, shape = load_weights(artifact), shape_for("tiny")
+    want = []
+    for _ in range(6):
+        want.append(int(naive_logits(shape, weights, ids + want)[-1, :VOCAB_SIZE].argmax()))
+    assert body["choices"][0]["text"] == ByteTokenizer().decode(want)
+    assert body["choices"][0]["finish_reason"] == "length"
+    assert body["usage"] == {"prompt_tokens": 5, "completion_tokens": 6, "total_tokens": 11}
+    assert body["model"] == "gpt2-test" and body["object"] == "text_completion"
+
+
+def test_prompt_as_token_ids_gives_the_same_completion_as_text(server):
+    as_text = post(server.base, "/v1/completions", {"prompt": "abc", "max_tokens": 5, "temperature": 0})[1]
+    as_ids = post(server.base, "/v1/completions", {"prompt": [97, 98, 99], "max_tokens": 5, "temperature": 0})[1]
+    assert as_ids["choices"][0]["text"] == as_text["choices"][0]["text"]
+    assert as_ids["usage"]["prompt_tokens"] == 3
+
+
+def test_stream_sends_one_chunk_per_token_then_usage_then_done(server):
+    (r,) = streams(server.base, [("Hi there", 9)], temperature=0, ignore_eos=True)
+    assert r.status == 200 and r.done and r.error is None
+    assert r.chunks == 9 and r.finish_reason == "length"
+    assert r.usage == {"prompt_tokens": 8, "completion_tokens": 9, "total_tokens": 17}
+    assert r.ttft_s is not None and r.ttft_s <= r.e2e_s
+
+
+def test_stream_without_include_usage_has_no_usage_chunk(server):
+    req = urllib.request.Request(server.base + "/v1/completions", headers={"Content-Type": "application/json"},
+                                 data=json.dumps({"prompt": "x", "max_tokens": 3, "stream": True}).encode())
+    with urllib.request.urlopen(req, timeout=30) as resp:
+        assert resp.headers["Content-Type"].startswith("text/event-stream")
+        events = [e for e in resp.read().decode().split("\n\n") if e]
+    assert events[-1] == "data: [DONE]"
+    chunks = [json.loads(e[len("data: "):]) for e in events[:-1]]
+    assert len(chunks) == 3 and all("usage" not in c for c in chunks)
+
+
+def test_min_tokens_and_ignore_eos_give_the_exact_count(server):
+    (a, b) = streams(server.base, [("q", 40), ("r", 40)], temperature=1.0, seed=3, ignore_eos=True)
+    assert a.usage["completion_tokens"] == 40 and b.usage["completion_tokens"] == 40
+    status, body = post(server.base, "/v1/completions", {"prompt": "q", "max_tokens": 30, "min_tokens": 30,
+                                                        "temperature": 1.0})
+    assert status == 200 and body["usage"]["completion_tokens"] == 30
+
+
+def test_concurrent_streams_beyond_the_batch_size_all_complete_with_their_counts(server):
+    wanted = [5, 17, 33, 2, 64, 9, 21, 40, 12, 7]
+    results = streams(server.base, [(f"request {i}", n) for i, n in enumerate(wanted)], temperature=0, ignore_eos=True)
+    assert [r.usage["completion_tokens"] for r in results] == wanted
+    assert [r.chunks for r in results] == wanted
+    assert all(r.done and r.finish_reason == "length" for r in results)
+
+
+@pytest.mark.parametrize(
+    "body, param",
+    [
+        ({"prompt": "x", "max_tokens": 0}, "max_tokens"),
+        ({"prompt": "", "max_tokens": 3}, "prompt"),
+        ({"prompt": 5}, "prompt"),
+        ({"prompt": ["a", "b"]}, "prompt"),
+        ({"prompt": "x", "temperature": -1}, "temperature"),
+        ({"prompt": "x", "n": 2}, "n"),
+        ({"prompt": "x", "stream": "yes"}, "stream"),
+        ({"prompt": "x", "max_tokens": 300}, "max_tokens"),
+        ({"prompt": [1, 99999]}, "prompt"),
+        ({"prompt": "x", "min_tokens": 20, "max_tokens": 5}, "min_tokens"),
+    ],
+)
+def test_bad_requests_get_400_naming_the_field(server, body, param):
+    status, err = post(server.base, "/v1/completions", body)
+    assert status == 400
+    assert err["object"] == "error" and err["param"] == param and err["message"].startswith(param)
+
+
+def test_invalid_json_and_chat_are_400(server):
+    assert post(server.base, "/v1/completions", b"{not json")[0] == 400
+    status, err = post(server.base, "/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}]})
+    assert status == 400 and "chat template" in err["message"]
+
+
+def test_metrics_returns_iteration_stats_once(server):
+    get_json(server.base, "/metrics")  # drop what earlier tests left
+    post(server.base, "/v1/completions", {"prompt": "m", "max_tokens": 4, "temperature": 0, "ignore_eos": True})
+    stats = get_json(server.base, "/metrics")
+    assert len(stats) == 3  # prefill (token 1) + decode (token 2) in one iteration, then two decode iterations
+    assert stats[0]["inflightBatchingStats"]["numContextRequests"] == 1
+    assert stats[-1]["numCompletedRequests"] == 1
+    assert {"iter", "iterLatencyMS", "kvCacheStats", "numActiveRequests", "numQueuedRequests"} <= stats[0].keys()
+    assert get_json(server.base, "/metrics") == []
+
+
+def test_sigterm_drains_health_first_refuses_new_work_and_finishes_every_accepted_stream(artifact, tmp_path):
+    srv = ServerProcess(artifact, "--max-batch-size", "2", "--drain-timeout", "60", log_path=tmp_path / "s.log")
+    try:
+        srv.wait_healthy()
+
+        async def scenario():
+            async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=120)) as session:
+                first = [asyncio.Event() for _ in range(6)]
+                # 6 requests on 2 slots: most wait in the queue, so the drain takes many iterations.
+                tasks = [asyncio.ensure_future(stream_completion(session, srv.base, "x", 250, first_chunk=ev,
+                                                                 temperature=0, ignore_eos=True)) for ev in first]
+                await first[0].wait()
+                await asyncio.sleep(0.05)
+                srv.proc.send_signal(signal.SIGTERM)
+                health = None
+                for _ in range(100):
+                    async with session.get(srv.base + "/health") as resp:
+                        health = resp.status
+                    if health == 503:
+                        break
+                    await asyncio.sleep(0.01)
+                refused = await stream_completion(session, srv.base, "late", 5)
+                return health, refused, await asyncio.gather(*tasks)
+
+        health, refused, results = asyncio.run(scenario())
+        assert health == 503
+        assert refused.status == 503
+        assert [r.usage["completion_tokens"] for r in results] == [250] * 6
+        assert all(r.done for r in results)
+        assert srv.proc.wait(timeout=30) == 0
+    finally:
+        srv.stop()
+
+
+def test_drain_is_bounded_by_the_drain_timeout(artifact, tmp_path):
+    srv = ServerProcess(artifact, "--max-batch-size", "1", "--drain-timeout", "0.5", log_path=tmp_path / "s.log")
+    try:
+        srv.wait_healthy()
+
+        async def scenario():
+            async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60)) as session:
+                first = asyncio.Event()
+                tasks = [asyncio.ensure_future(stream_completion(session, srv.base, "x", 250, first_chunk=first,
+                                                                 ignore_eos=True)) for _ in range(40)]
+                await first.wait()
+                srv.proc.send_signal(signal.SIGTERM)
+                t = time.monotonic()
+                results = await asyncio.gather(*tasks, return_exceptions=True)
+                await asyncio.to_thread(srv.proc.wait, 30)
+                return time.monotonic() - t, results
+
+        elapsed, results = asyncio.run(scenario())
+        assert srv.proc.returncode == 0
+        cut = [r for r in results if not isinstance(r, BaseException) and r.finish_reason == "cancelled"]
+        assert cut and all(r.done and r.usage["completion_tokens"] < 250 for r in cut)
+        assert elapsed < 15  # 0.5 s bound plus shutdown; 40 x 250 tokens on one slot would take far longer
+        assert "still running after 0.5s" in srv.log()
+    finally:
+        srv.stop()
+
+
+def test_missing_artifact_is_a_one_line_error(tmp_path):
+    import subprocess
+    import sys
+
+    from .reference_helpers import ROOT
+
+    proc = subprocess.run([sys.executable, "-m", "runtime.reference.server", "--artifact", str(tmp_path / "nope")],
+                          cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2
+    assert proc.stderr.strip().startswith("error: --artifact:") and "Traceback" not in proc.stderr
