@@ -21,7 +21,8 @@ percentage error in sample and leave-one-candidate-out (each measured candidate
 predicted from a fit on the others). Estimates are always labelled as such.
 
 A candidate whose GPU and precision were measured on another instance size
-(g6e.2xlarge vs g6e.xlarge: same L40S) reuses that curve instead.
+(g6e.2xlarge vs g6e.xlarge: same L40S), or at a precision of the same width
+(bf16 for fp16), reuses that curve instead.
 """
 
 from __future__ import annotations
@@ -59,6 +60,8 @@ MODEL_SHAPES = {
 }
 
 METRICS = ("ttft_p99", "itl_p99", "e2e_mean")
+# Precisions that run the same kernels at the same width (bf16 and fp16 tensor cores).
+_SAME_SPEED = {"bf16": "fp16"}
 
 
 def ideal(gpu: catalog.Gpu, precision: str, shape: ModelShape, c: float, i: float, o: float) -> dict[str, float]:
@@ -147,9 +150,10 @@ class Estimator:
         gpu = catalog.instance_catalog()[instance_type].gpu
         # Same GPU, same precision, another instance size: the measured curve is the better estimate.
         for cand in self.measured:
-            if not cand.estimated and cand.precision == precision and self._gpu(cand).name == gpu.name:
+            if not cand.estimated and _SAME_SPEED.get(cand.precision, cand.precision) == _SAME_SPEED.get(precision, precision) \
+                    and self._gpu(cand).name == gpu.name:
                 return Candidate(instance_type, precision, cand.curve, estimated=True, backend=cand.backend,
-                                 model=cand.model, sources=(f"same {gpu.name} GPU as measured {cand.label}",),
+                                 model=cand.model, sources=(f"same {gpu.name} GPU and math width as measured {cand.label}",),
                                  input_mean=cand.input_mean, output_mean=cand.output_mean)
         i, o = self.input_tokens, self.output_tokens
         points = []

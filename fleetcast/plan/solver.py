@@ -304,7 +304,8 @@ def service_regions(candidate: Candidate, consumer: str, ctx: PlanContext) -> li
 def plan_region(candidates: list[Candidate], traffic: ConsumerTraffic, ctx: PlanContext) -> RegionPlan:
     evaluations = [evaluate(c, traffic, r, ctx) for c in candidates for r in service_regions(c, traffic.region, ctx)]
     ranked = sorted((e for e in evaluations if e.feasible), key=Evaluation.rank_key)
-    winner = ranked[0] if ranked else None
+    # A measured candidate is chosen over any estimate; an estimate wins only when nothing measured fits.
+    winner = next((e for e in ranked if not e.candidate.estimated), ranked[0] if ranked else None)
     return RegionPlan(traffic, evaluations, ranked, winner,
                       _why_not(candidates, evaluations, ranked, winner, traffic, ctx),
                       _peak_notes(candidates, evaluations, winner, traffic, ctx),
@@ -363,6 +364,11 @@ def _why_not(candidates, evaluations, ranked, winner, traffic, ctx) -> list[tupl
             continue
         if feasible:
             best = feasible[0]
+            if cand.estimated and best.rank_key() < winner.rank_key():
+                out.append((cand.label, f"estimated only: would cost ${best.cost_per_hour:.2f}/h in {best.service_region} "
+                            f"({_pct(best.cost_per_hour, winner.cost_per_hour)}) by the roofline model; benchmark it "
+                            "before choosing it"))
+                continue
             out.append((cand.label, f"best in {best.service_region}: " + _loss_reason(best, winner, traffic)))
             continue
         home = next(e for e in mine if e.service_region == traffic.region)
@@ -409,8 +415,14 @@ def _stats_notes(ranked: list[Evaluation], winner: Evaluation | None, ctx: PlanC
     notes = []
     if winner is None:
         return notes
-    if len(ranked) > 1:
-        second = ranked[1]
+    better_estimates = [e for e in ranked if e.candidate.estimated and e.rank_key() < winner.rank_key()]
+    if better_estimates and not winner.candidate.estimated:
+        notes.append(f"{len(better_estimates)} estimated candidate(s) rank above the measured choice (best: "
+                     f"{better_estimates[0].label} at ${better_estimates[0].cost_per_hour:.2f}/h); the roofline model "
+                     "is not a measurement: benchmark them before choosing them")
+    measured = [e for e in ranked if not e.candidate.estimated]
+    if len(measured) > 1 and measured[0] is winner:
+        second = measured[1]
         if _overlap(winner.weighted_ttft_ci, second.weighted_ttft_ci):
             notes.append(f"{winner.label} and {second.label} are within noise on traffic-weighted P99 TTFT "
                          f"({winner.weighted_ttft_ci[0]:.0f}-{winner.weighted_ttft_ci[1]:.0f} vs "
@@ -418,7 +430,7 @@ def _stats_notes(ranked: list[Evaluation], winner: Evaluation | None, ctx: PlanC
         elif winner.weighted_ttft_ci and second.weighted_ttft_ci:
             notes.append(f"{winner.label} vs {second.label}: traffic-weighted P99 TTFT differs beyond noise "
                          f"({winner.weighted_ttft_p99:.0f} vs {second.weighted_ttft_p99:.0f} ms; CIs do not overlap)")
-    for ev in ranked[:2]:
+    for ev in ([winner] + [e for e in ranked if e is not winner])[:2]:
         net = ev.rtt_ms
         at = ev.candidate.curve.at(ev.target)
         ci = at.ttft_p99_ci

@@ -1,0 +1,211 @@
+"""`fleetcast plan` from the command line: the report, and clear errors naming the argument or field."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from scripts.cli import main
+
+from .conftest import ROOT, SEED
+
+RESULTS = str(SEED / "results")
+SEOUL = str(SEED / "traffic-seoul.yaml")
+SLO = ["--ttft-p99-ms", "300", "--itl-p99-ms", "40"]
+
+
+def plan(capsys, *args: str) -> tuple[int, str, str]:
+    code = main(["plan", *args])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_seed_report_in_the_terminal(capsys):
+    code, out, err = plan(capsys, "--results", RESULTS, "--traffic", SEOUL, "--config", "none.yaml", *SLO)
+    assert code == 0, err
+    lines = out.splitlines()
+    first_row = next(l for l in lines if l.startswith("1  "))
+    assert "g6e.xlarge int8_wo" in first_row and "ap-northeast-2" in first_row and "19.52" in first_row
+    assert any(l.startswith("-  g7e.2xlarge fp8: ruled out: g7e is not offered in ap-northeast-2") for l in lines)
+    assert "Recommendation: g6e.xlarge int8_wo in ap-northeast-2" in out
+
+
+def test_report_files_and_json(capsys, tmp_path):
+    code, out, _ = plan(capsys, "--results", RESULTS, "--traffic", SEOUL, "--config", "none.yaml", *SLO,
+                        "--report", str(tmp_path / "rep"))
+    assert code == 0
+    rep = tmp_path / "rep"
+    names = sorted(p.name for p in rep.iterdir())
+    assert names == ["cost_vs_ttft-ap-northeast-2.png", "instances-ap-northeast-2.png", "pareto-ap-northeast-2.png",
+                     "plan.html", "plan.json", "plan.md"]
+    md = (rep / "plan.md").read_text()
+    assert "**Recommendation:** g6e.xlarge int8_wo in ap-northeast-2" in md
+    assert "### Ruled out" in md and "![pareto-ap-northeast-2](pareto-ap-northeast-2.png)" in md
+    assert "| 09 | 180 | 17 |" in md   # evening peak hour: 17 instances
+    page = (rep / "plan.html").read_text()
+    assert page.count("data:image/png;base64,") == 3
+    data = json.loads((rep / "plan.json").read_text())
+    win = data["regions"][0]["winner"]
+    assert (win["instance_type"], win["precision"], win["capacity"]) == ("g6e.xlarge", "int8_wo",
+                                                                          {"min": 2, "desired": 9, "max": 17})
+    for png in rep.glob("*.png"):
+        assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_slo_defaults_come_from_the_config(capsys):
+    code, out, _ = plan(capsys, "--results", RESULTS, "--traffic", SEOUL, "--config", str(ROOT / "config/fleet.yaml"))
+    assert code == 0
+    from fleetcast.config import load_config
+
+    slo = load_config(ROOT / "config/fleet.yaml").slo
+    assert f"SLO: P99 TTFT <= {slo.ttft_p99_ms:g} ms" in out and f"P99 ITL <= {slo.itl_p99_ms:g} ms" in out
+
+
+@pytest.mark.parametrize("args, expected", [
+    (["--traffic", SEOUL], "--results"),
+    (["--results", RESULTS], "--traffic"),
+    (["--results", RESULTS, "--traffic", SEOUL, "--ttft-p99-ms", "-5"], "--ttft-p99-ms must be a positive number"),
+    (["--results", RESULTS, "--traffic", SEOUL, "--itl-p99-ms", "fast"], "--itl-p99-ms must be a number"),
+    (["--results", RESULTS, "--traffic", SEOUL, "--error-rate", "1.5"], "--error-rate must be in [0, 1)"),
+    (["--results", RESULTS, "--traffic", SEOUL, "--min-instances", "two"], "--min-instances must be a whole number"),
+])
+def test_bad_arguments_name_the_flag(capsys, args, expected):
+    with pytest.raises(SystemExit) as exc:
+        main(["plan", *args])
+    assert exc.value.code == 2
+    assert expected in capsys.readouterr().err
+
+
+def _traffic(tmp_path: Path, **changes) -> str:
+    doc = {"schema": "fleetcast.traffic/v1", "name": "t", "consumers": [{
+        "region": "ap-northeast-2", "rate_rps": {"0-24": 10}, "concurrency": {"1-16": 1.0},
+        "input_tokens": 256, "output_tokens": 128}]}
+    doc["consumers"][0].update(changes)
+    path = tmp_path / "traffic.yaml"
+    path.write_text(json.dumps(doc))
+    return str(path)
+
+
+@pytest.mark.parametrize("changes, expected", [
+    ({"concurrency": {"1-16": 0.5, "32": 0.2}}, "consumers.0.concurrency: concurrency shares must sum to 1, got 0.7000"),
+    ({"concurrency": {"16-1": 1.0}}, "consumers.0.concurrency: '16-1': must satisfy 1 <= low <= high <= 4096"),
+    ({"rate_rps": {"0-9": 10, "8-24": 5}}, "consumers.0.rate_rps: UTC hour 8 is covered 2 times"),
+    ({"rate_rps": [1, 2, 3]}, "consumers.0.rate_rps: give 24 hourly values (UTC 0..23), got 3"),
+    ({"output_tokens": 0}, "consumers.0.output_tokens: must be > 0"),
+    ({"regoin": "x"}, "consumers.0.regoin: unknown field (typo?)"),
+])
+def test_bad_traffic_names_the_field(capsys, tmp_path, changes, expected):
+    code, _, err = plan(capsys, "--results", RESULTS, "--traffic", _traffic(tmp_path, **changes), "--config", "none.yaml", *SLO)
+    assert code == 1
+    assert err.startswith("fleetcast plan: --traffic: ") and expected in err
+    assert "Traceback" not in err
+
+
+def _results(tmp_path: Path, **labels) -> str:
+    doc = json.loads((SEED / "results" / "g6e.xlarge-int8_wo.json").read_text())
+    doc["labels"].update(labels)
+    path = tmp_path / "r.json"
+    path.write_text(json.dumps(doc))
+    return str(path)
+
+
+@pytest.mark.parametrize("labels, expected", [
+    ({"backend": "reference"}, "labels.backend is 'reference' (the development stand-in server); refused as an AWS candidate"),
+    ({"instance_type": None}, "labels.instance_type is missing"),
+    ({"instance_type": "p5.48xlarge"}, "labels.instance_type 'p5.48xlarge' is not in the instance catalog"),
+    ({"precision": "int3"}, "labels.precision 'int3' is not one of"),
+])
+def test_bad_results_are_refused_with_the_field(capsys, tmp_path, labels, expected):
+    code, _, err = plan(capsys, "--results", _results(tmp_path, **labels), "--traffic", SEOUL, "--config", "none.yaml", *SLO)
+    assert code == 1 and expected in err and "Traceback" not in err
+
+
+def test_results_of_the_wrong_schema(capsys, tmp_path):
+    bad = tmp_path / "x.json"
+    bad.write_text('{"schema": "aiperf/1"}')
+    code, _, err = plan(capsys, "--results", str(bad), "--traffic", SEOUL, "--config", "none.yaml", *SLO)
+    assert code == 1 and "schema is 'aiperf/1', expected 'fleetcast.bench/v1'" in err
+
+
+@pytest.mark.parametrize("flag, text, expected", [
+    ("--prices", "prices: {g6e.xlarge: {ap-northeast-2: -1}}", "--prices: {p}: prices.g6e.xlarge.ap-northeast-2 = -1; must be a positive number"),
+    ("--prices", "as_of: x", "--prices: {p} must have a `prices:"),
+    ("--quality", "schema: fleetcast.quality/v1\nmetric: ppl\nresults: []", "--quality: {p}: threshold: Field required"),
+    ("--latency", "rtt_ms: {us-east-1: {us-east-2: fast}}", "--latency: {p}: rtt_ms.us-east-1.us-east-2 = 'fast'"),
+    ("--fixed-costs", "as_of: x\nassumptions: {}\nregions: {}", "--fixed-costs: {p}: assumptions.bytes_per_input_token: Field required"),
+])
+def test_bad_tables_name_the_flag_and_field(capsys, tmp_path, flag, text, expected):
+    path = tmp_path / "table.yaml"
+    path.write_text(text)
+    code, _, err = plan(capsys, "--results", RESULTS, "--traffic", SEOUL, "--config", "none.yaml", *SLO, flag, str(path))
+    assert code == 1 and expected.format(p=path) in err, err
+
+
+def test_missing_config_without_slo_flags(capsys):
+    code, _, err = plan(capsys, "--results", RESULTS, "--traffic", SEOUL, "--config", "nope.yaml")
+    assert code == 1 and "--config: nope.yaml does not exist" in err and "--ttft-p99-ms" in err
+
+
+def test_no_candidate_within_the_slo_exits_3(capsys):
+    code, out, _ = plan(capsys, "--results", RESULTS, "--traffic", SEOUL, "--config", "none.yaml",
+                        "--ttft-p99-ms", "10", "--itl-p99-ms", "40")
+    assert code == 3
+    assert "No candidate serves ap-northeast-2 within the SLO" in out
+    assert "fails the SLO even at its lowest measured load: P99 TTFT 30 ms" in out   # g6e int8_wo at c=1
+
+
+# ---------------------------------------------------------------- --write-config
+
+
+@pytest.fixture
+def fleet(tmp_path) -> Path:
+    path = tmp_path / "fleet.yaml"
+    shutil.copy(ROOT / "config" / "fleet.yaml", path)
+    return path
+
+
+def test_write_config_updates_the_pool_and_keeps_comments(capsys, fleet):
+    before = fleet.read_text()
+    code, out, err = plan(capsys, "--results", RESULTS, "--traffic", SEOUL, "--config", str(fleet), *SLO,
+                          "--min-instances", "1", "--write-config", str(fleet))
+    assert code == 0, err
+    after = fleet.read_text()
+    from fleetcast.config import load_config
+
+    cfg = load_config(fleet)
+    pool = cfg.region("ap-northeast-2").pools[0]
+    assert pool.instance_type == "g6e.xlarge" and cfg.engine_for(pool).precision.value == "int8_wo"
+    assert (pool.capacity.min, pool.capacity.desired, pool.capacity.max) == (2, 9, 17)
+    assert pool.scaling.target == 48
+    # Every comment line survives, and nothing outside the Seoul pool changed.
+    comments = [l for l in before.splitlines() if l.strip().startswith("#")]
+    assert comments and all(c in after.splitlines() for c in comments)
+    changed = [(a, b) for a, b in zip(before.splitlines(), after.splitlines()) if a != b]
+    assert len(before.splitlines()) == len(after.splitlines())
+    assert all("capacity" in b or "target" in b for _, b in changed), changed
+    assert "updated and re-validated" in out
+
+
+def test_write_config_refuses_an_invalid_result_and_leaves_the_file(capsys, fleet):
+    # us-east-1 consumers: g7e fp8 wins, but fp8 is calibrated and the config has no calibration dataset.
+    before = fleet.read_bytes()
+    code, _, err = plan(capsys, "--results", RESULTS, "--traffic", str(SEED / "traffic-us-east-1.yaml"),
+                        "--config", str(fleet), *SLO, "--write-config", str(fleet))
+    assert code == 1
+    assert "the updated config would be invalid, so" in err and "was left untouched" in err
+    assert "calibration.dataset" in err
+    assert fleet.read_bytes() == before
+    assert not list(fleet.parent.glob(".plan-*"))
+
+
+def test_write_config_refuses_a_region_the_config_lacks(capsys, fleet, tmp_path):
+    text = fleet.read_text()
+    traffic = tmp_path / "t.yaml"
+    traffic.write_text(Path(SEED / "traffic-seoul.yaml").read_text().replace("ap-northeast-2", "us-west-2"))
+    code, _, err = plan(capsys, "--results", RESULTS, "--traffic", str(traffic), "--config", str(fleet), *SLO,
+                        "--write-config", str(fleet))
+    assert code == 1 and "which has no entry under regions" in err
+    assert fleet.read_text() == text
