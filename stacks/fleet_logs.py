@@ -51,7 +51,7 @@ class FleetLogs(Construct):
                 },
             )
         )
-        retention = _retention(retention_days)
+        self.retention = retention = _retention(retention_days)
         self.instance_log_group = logs.LogGroup(
             self,
             "Instances",

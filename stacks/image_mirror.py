@@ -116,9 +116,12 @@ class ImageMirror(Construct):
                             "Encrypt/decrypt grant on this project's own customer-managed key only.")
         project_ref = nag.arn_ref(self.project, "Ref")[:-len(".Ref>")] + ">"
         stack = Stack.of(self)
+        # cdk-nag names the partition as the template holds it: a literal with enablePartitionLiterals.
+        partition = stack.resolve(stack.partition)
+        partition = partition if isinstance(partition, str) else "<AWS::Partition>"
         for resource in (
-            f"arn:<AWS::Partition>:logs:{stack.region}:{stack.account}:log-group:/aws/codebuild/{project_ref}:*",
-            f"arn:<AWS::Partition>:codebuild:{stack.region}:{stack.account}:report-group/{project_ref}-*",
+            f"arn:{partition}:logs:{stack.region}:{stack.account}:log-group:/aws/codebuild/{project_ref}:*",
+            f"arn:{partition}:codebuild:{stack.region}:{stack.account}:report-group/{project_ref}-*",
         ):
             nag.acknowledge(self.project, f"AwsSolutions-IAM5[Resource::{resource}]",
                             "CodeBuild's default log-stream and report-group grants, limited to this project's name.")

@@ -15,6 +15,7 @@ from .endpoint_service import EndpointService
 from .fleet_logs import FleetLogs
 from .fleet_operations import FleetOperations
 from .gpu_fleet import GpuFleet, InstanceInputs
+from .image_mirror import ImageMirror
 from .network import FleetNetwork
 from .notifications import NotificationTopic
 from .storage import ImageRepository, ModelStore
@@ -41,6 +42,12 @@ class ProviderStack(Stack):
         self.notifications = NotificationTopic(self, "Notifications", fleet=cfg.name)
         self.model_store = ModelStore(self, "ModelStore")
         self.image_repository = ImageRepository(self, "Image", fleet=cfg.name)
+        if cfg.network.egress == EgressMode.NONE:
+            # Instances pull only from ECR; `fleetcast stage image` fills it from inside AWS (issue 8).
+            self.image_mirror = ImageMirror(
+                self, "ImageMirror", repository=self.image_repository.repository, upstream_image=cfg.engine.image,
+                image_tag=cfg.engine.image.rsplit(":", 1)[-1], log_retention=self.logs.retention,
+            )
         self.bootstrap = InstanceBootstrap(self, "Bootstrap", cfg=cfg)
 
         self.instance_security_group = ec2.SecurityGroup(

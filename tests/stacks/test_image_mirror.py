@@ -54,3 +54,18 @@ def test_buildspec_is_idempotent_and_reports_the_digest(template):
 def test_output_names_the_project_for_stage_image(template):
     outputs = template.to_json()["Outputs"]
     assert any("ImageMirrorProject" in key for key in outputs)
+
+
+def test_every_offline_provider_region_gets_a_mirror_and_the_outputs_staging_reads():
+    from .synthesized import default_fleet, nat_fleet
+
+    fleet = default_fleet()
+    for region in ("ap-northeast-2", "us-east-1"):
+        name = f"fleetcast-provider-{region}"
+        assert len(fleet.resources(name, "AWS::CodeBuild::Project")) == 1
+        outputs = fleet.template_json(name)["Outputs"]
+        for needle in ("bucket", "repository", "mirror", "servicename"):
+            # `fleetcast stage`/`deploy` pick outputs by these needles: exactly one must match.
+            assert sum(needle in key.lower() for key in outputs) == 1, (needle, sorted(outputs))
+    # With NAT egress instances pull the upstream image themselves: no mirror.
+    assert nat_fleet().resources("fleetcast-provider-ap-northeast-2", "AWS::CodeBuild::Project") == {}
