@@ -118,9 +118,9 @@ def _points(runs: list) -> tuple[list[LoadPoint], list[str], tuple[float, float]
     by_level: dict[float, tuple] = {}
     for source, run, level in usable:
         prev = by_level.get(level)
+        if prev is not None:
+            notes.append(f"load {level:g} measured twice; kept the run with more samples")
         if prev is None or run.summary.ttft_ms.count > prev[1].summary.ttft_ms.count:
-            if prev is not None:
-                notes.append(f"load {level:g} measured twice; kept the run with more samples")
             by_level[level] = (source, run)
     points = []
     for level, (_, run) in by_level.items():

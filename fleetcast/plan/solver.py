@@ -105,6 +105,7 @@ class Evaluation:
     goodput_rps: float = 0.0  # per instance at the target load
     goodput_exact: bool = False
     share_above_target: float = 0.0  # share of requests whose traffic level exceeds k
+    noise_fallback: tuple[float, float] | None = None  # (next lower target, its cost/h) when the pass at k is marginal
     notes: list[str] = field(default_factory=list)
 
     @property
@@ -205,15 +206,17 @@ def evaluate(candidate: Candidate, traffic: ConsumerTraffic, service_region: str
     _, default_row = ctx.fixed.row(service_region)
     if default_row:
         ev.notes.append(f"no fixed-cost row for {service_region}: the default row is used")
-    out_tokens = in_tokens = 0.0
-    for rps in traffic.hourly_rps():
-        n = max(n_min, math.ceil(rps * ev.seconds_per_request - 1e-9))
-        fixed = ctx.fixed.hourly(service_region, traffic.region, rps, gb)
-        ev.instances_by_hour.append(n)
-        ev.cost_by_hour.append(n * ev.price_per_hour + fixed)
-        ev.fixed_per_hour += fixed / 24
-        out_tokens += rps * 3600 * traffic.output_mean
-        in_tokens += rps * 3600 * traffic.input_mean
+    rates = traffic.hourly_rps()
+    fixed_by_hour = [ctx.fixed.hourly(service_region, traffic.region, rps, gb) for rps in rates]
+
+    def daily(seconds: float) -> tuple[list[int], list[float]]:
+        counts = [max(n_min, math.ceil(rps * seconds - 1e-9)) for rps in rates]
+        return counts, [n * ev.price_per_hour + f for n, f in zip(counts, fixed_by_hour)]
+
+    ev.instances_by_hour, ev.cost_by_hour = daily(ev.seconds_per_request)
+    ev.fixed_per_hour = sum(fixed_by_hour) / 24
+    out_tokens = sum(rates) * 3600 * traffic.output_mean
+    in_tokens = sum(rates) * 3600 * traffic.input_mean
     day = sum(ev.cost_by_hour)
     ev.cost_per_hour = day / 24
     ev.usd_per_m_output = day / out_tokens * 1e6 if out_tokens else math.inf
@@ -229,6 +232,15 @@ def evaluate(candidate: Candidate, traffic: ConsumerTraffic, service_region: str
             sum(w * (curve.at(min(l, k)).ttft_p99_ci[1] + network(curve.at(min(l, k)))) for l, w in weights.items()),
         )
     at_k = curve.at(k)
+    # The SLO inside the P99 CI at the target: say what the plan costs if a longer run fails there.
+    ci_t, ci_i = at_k.ttft_p99_ci, at_k.itl_p99_ci
+    marginal = (ci_t and ci_t[0] + network(at_k) <= slo.ttft_p99_ms <= ci_t[1] + network(at_k)) or \
+        (ci_i and ci_i[0] <= slo.itl_p99_ms <= ci_i[1])
+    lower = [o for o in options if o < k]
+    if marginal and lower:
+        k2 = max(lower)
+        _, costs = daily(seconds_per_request(k2))
+        ev.noise_fallback = (k2, sum(costs) / 24)
     throughput = at_k.throughput_rps
     if at_k.records:
         good = sum(1 for t, i, ok in at_k.records if ok and t is not None and t + network(at_k) <= slo.ttft_p99_ms
@@ -436,9 +448,19 @@ def _stats_notes(ranked: list[Evaluation], winner: Evaluation | None, ctx: PlanC
         ci = at.ttft_p99_ci
         bench = at.bench_rtt_ms if at.bench_rtt_ms is not None else ctx.latency.same_region_ms
         if ci and ci[0] + net - bench <= ctx.slo.ttft_p99_ms <= ci[1] + net - bench:
-            notes.append(f"{ev.label}: at its target load {ev.target:g} the P99 TTFT CI "
-                         f"({ci[0] + net - bench:.0f}-{ci[1] + net - bench:.0f} ms) contains the {ctx.slo.ttft_p99_ms:g} ms "
-                         "SLO: the pass is within noise; measure longer before relying on it")
+            text = (f"{ev.label}: at its target load {ev.target:g} the P99 TTFT CI "
+                    f"({ci[0] + net - bench:.0f}-{ci[1] + net - bench:.0f} ms) contains the {ctx.slo.ttft_p99_ms:g} ms "
+                    "SLO: the pass is within noise")
+            if ev.noise_fallback:
+                k2, cost2 = ev.noise_fallback
+                rivals = [e for e in ranked if e is not ev and not e.candidate.estimated]
+                cheaper = [e for e in rivals if round(e.cost_per_hour, 2) < round(cost2, 2)]
+                text += (f"; if a longer run fails there, the target drops to {k2:g} and the cost to ${cost2:.2f}/h "
+                         f"({_pct(cost2, ev.cost_per_hour)})")
+                if ev is winner:
+                    text += (f", and {cheaper[0].label} (${cheaper[0].cost_per_hour:.2f}/h) would be cheaper" if cheaper
+                             else ", still the cheapest")
+            notes.append(text)
         for p in ev.candidate.curve.points:
             if p.concurrency > ev.target:
                 break
