@@ -97,7 +97,9 @@ def build_artifact(out_dir, *, size: str = "tiny", seed: int = 0, dtype: str = "
         from safetensors.torch import save_file
 
         weights_file = WEIGHTS_SAFETENSORS
-        save_file(weights, str(out / weights_file), metadata={"format": "pt", "fleetcast": FORMAT})
+        # One metadata key only: safetensors keeps metadata in a hash map, so two keys are written
+        # in a random order and the same weights would hash differently (the format is in config.json).
+        save_file(weights, str(out / weights_file), metadata={"format": "pt"})
     else:
         weights_file = WEIGHTS_TORCH
         torch.save(weights, out / weights_file)
