@@ -8,6 +8,8 @@ from constructs import Construct
 
 from fleetcast.config import Consumer, FleetConfig
 
+from . import nag
+
 
 class ConsumerEndpoint(Construct):
     """Interface VPC endpoint to the fleet's endpoint service, open only on the serving port from the consumer's CIDRs.
@@ -30,6 +32,12 @@ class ConsumerEndpoint(Construct):
             ec2.Subnet.from_subnet_attributes(self, f"Subnet{i + 1}", subnet_id=s.id, availability_zone=s.az_id)
             for i, s in enumerate(consumer.subnets)
         ]
+        for subnet in subnets:
+            nag.acknowledge_warning(
+                subnet,
+                "@aws-cdk/aws-ec2:noSubnetRouteTableId",
+                "An interface endpoint takes subnet ids only; nothing here reads the subnets' route tables.",
+            )
         self.security_group = ec2.SecurityGroup(
             self,
             "SecurityGroup",

@@ -135,6 +135,12 @@ class GpuFleet(Construct):
             default_result=autoscaling.DefaultResult.ABANDON,
             heartbeat_timeout=Duration.seconds(cfg.operations.launch_hook_timeout_s),
         )
+        nag.acknowledge_warning(
+            self.asg,
+            "@aws-cdk/aws-autoscaling:desiredCapacitySet",
+            "capacity.desired in the config is the deployed baseline on purpose: a deploy returns the pool to "
+            "it and load-based scaling adjusts from there; change capacity in the config, not the console.",
+        )
         nag.acknowledge(
             self.asg,
             "AwsSolutions-AS3",

@@ -57,6 +57,7 @@ def test_cdk_cli_synthesizes_the_default_config_offline(tmp_path):
     assert {p.name.removesuffix(".template.json") for p in out.glob("*.template.json")} == expected
     manifest = json.loads((out / "manifest.json").read_text())
     assert not manifest.get("missing"), "synthesis asked for context lookups"
+    assert "WARNING" not in result.stdout + result.stderr, "every construct warning is fixed or acknowledged"
     print(f"\ncdk synth (CLI, offline): {elapsed:.1f}s for {len(expected)} stacks")
 
 
@@ -119,6 +120,14 @@ def test_every_acknowledgment_matches_a_real_finding_and_covers_it(monkeypatch):
              if not any(rule == r and (path == p or path.startswith(p + "/")) for path, rule in findings)}
     assert not uncovered, f"findings without an acknowledgment: {sorted(uncovered)}"
     assert not stale, f"acknowledgments that match no finding: {sorted(stale)}"
+
+
+def test_no_unacknowledged_construct_warnings_or_errors():
+    for fleet in (default_fleet(), variant_fleet(), nat_fleet()):
+        for metadata_file in fleet.outdir.glob("*.metadata.json"):
+            entries = [(path, e["type"], e.get("data")) for path, items in json.loads(metadata_file.read_text()).items()
+                       for e in items if e["type"] in ("aws:cdk:warning", "aws:cdk:error")]
+            assert not entries, f"{metadata_file.name}: {entries}"
 
 
 def test_acknowledgments_carry_reasons():
