@@ -195,7 +195,7 @@ def evaluate(candidate: Candidate, traffic: ConsumerTraffic, service_region: str
 
     # 3. the target k <= c* that makes each request cheapest (ties: lower weighted TTFT).
     options = [p.concurrency for p in curve.points if p.concurrency <= ev.max_load]
-    k = min(options, key=lambda k: (round(seconds_per_request(k), 9), round(weighted(k, ttft), 6)))
+    k = min(options, key=lambda k: (seconds_per_request(k), weighted(k, ttft)))
     ev.target = k
     ev.seconds_per_request = seconds_per_request(k)
     ev.share_above_target = sum(w for l, w in weights.items() if l > k)
@@ -432,9 +432,9 @@ def _stats_notes(ranked: list[Evaluation], winner: Evaluation | None, ctx: PlanC
         notes.append(f"{len(better_estimates)} estimated candidate(s) rank above the measured choice (best: "
                      f"{better_estimates[0].label} at ${better_estimates[0].cost_per_hour:.2f}/h); the roofline model "
                      "is not a measurement: benchmark them before choosing them")
-    measured = [e for e in ranked if not e.candidate.estimated]
-    if len(measured) > 1 and measured[0] is winner:
-        second = measured[1]
+    rivals = [e for e in ranked if not e.candidate.estimated and e.candidate is not winner.candidate]
+    second = rivals[0] if rivals else None
+    if second is not None:
         if _overlap(winner.weighted_ttft_ci, second.weighted_ttft_ci):
             notes.append(f"{winner.label} and {second.label} are within noise on traffic-weighted P99 TTFT "
                          f"({winner.weighted_ttft_ci[0]:.0f}-{winner.weighted_ttft_ci[1]:.0f} vs "
@@ -442,7 +442,7 @@ def _stats_notes(ranked: list[Evaluation], winner: Evaluation | None, ctx: PlanC
         elif winner.weighted_ttft_ci and second.weighted_ttft_ci:
             notes.append(f"{winner.label} vs {second.label}: traffic-weighted P99 TTFT differs beyond noise "
                          f"({winner.weighted_ttft_p99:.0f} vs {second.weighted_ttft_p99:.0f} ms; CIs do not overlap)")
-    for ev in ([winner] + [e for e in ranked if e is not winner])[:2]:
+    for ev in [winner] + ([second] if second else []):
         net = ev.rtt_ms
         at = ev.candidate.curve.at(ev.target)
         ci = at.ttft_p99_ci
@@ -461,14 +461,13 @@ def _stats_notes(ranked: list[Evaluation], winner: Evaluation | None, ctx: PlanC
                     text += (f", and {cheaper[0].label} (${cheaper[0].cost_per_hour:.2f}/h) would be cheaper" if cheaper
                              else ", still the cheapest")
             notes.append(text)
-        for p in ev.candidate.curve.points:
-            if p.concurrency > ev.target:
-                break
-            if ev.candidate.estimated:
-                break
-            if p.samples < MIN_P99_SAMPLES:
-                notes.append(f"{ev.candidate.label}: P99 at concurrency {p.concurrency:g} rests on {p.samples} samples "
-                             f"(~{p.samples // 100} above it); {p.tail_note or 'treat that tail as rough'}")
+        thin = [p for p in ev.candidate.curve.points
+                if p.concurrency <= ev.target and p.samples < MIN_P99_SAMPLES and not ev.candidate.estimated]
+        if thin:
+            counts = sorted({p.samples for p in thin})
+            notes.append(f"{ev.candidate.label}: P99 at concurrency {', '.join(f'{p.concurrency:g}' for p in thin)} rests on "
+                         f"{'/'.join(str(n) for n in counts)} samples (~{counts[0] // 100} above the P99): "
+                         "treat those tails as rough and measure longer")
         if ev.candidate.estimated:
             notes.append(f"{ev.label} is estimated, not measured: its tails are model output")
     return notes

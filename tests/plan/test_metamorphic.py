@@ -18,7 +18,8 @@ from fleetcast.plan.traffic import ConsumerTraffic
 LEVELS = [1, 2, 4, 8, 16, 32, 48, 64]
 PAIRS = [(i, p) for i in ("g5.xlarge", "g6.xlarge", "g6e.xlarge", "g7e.2xlarge") for p in ("fp16", "int8_wo", "fp8")]
 PRICES, FIXED, LATENCY, AVAILABILITY = load_prices(None), load_fixed_costs(None), load_latency(None), shipped_availability()
-SETTINGS = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+# Derandomized: CI runs the same examples every time (no flaky reruns); raise max_examples to explore more.
+SETTINGS = settings(max_examples=40, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
 
 
 @st.composite

@@ -169,6 +169,9 @@ def test_consumers_in_us_east_1_make_g7e_win():
     g6e = best(plan, "g6e.xlarge int8_wo")
     assert g6e.cost_per_hour == pytest.approx((201 * 1.861 + fixed_per_day(0.010)) / 24, rel=1e-6)
     # The same g7e from us-east-2 costs more (inter-region transfer, +12 ms): in-region wins.
+    # g7e runs hold 400 samples per level: ~4 values above each P99.
+    assert any(n.startswith("g7e.2xlarge fp8: P99 at concurrency 1, 4, 8, 16, 32, 48, 64 rests on 400 samples")
+               for n in plan.stats_notes)
     other = dict(plan.why_not)["g7e.2xlarge fp8 from other regions"]
     assert "us-east-2" in other and "RTT 12 ms vs 1 ms" in other
 
