@@ -1,7 +1,7 @@
 """Iteration-level batching scheduler over GPT2 + KVCache, with CUDA-graph decode steps.
 
 One background thread owns the model. Each iteration it admits waiting requests into free
-cache slots (one prefill each, which also yields their first token), then runs ONE decode step
+cache slots (batched, right-padded prefills, which also yield their first tokens), then runs ONE decode step
 for every active sequence together, hands each sequence its token, and retires finished ones.
 Active sequences always occupy slots 0..n-1 (a finished sequence's slot is refilled by moving
 the last one into it), so a decode step is a fixed-shape batch over the first B rows and can
@@ -28,6 +28,7 @@ from .model import GPT2
 log = logging.getLogger("fleetcast.reference.engine")
 
 TOKENS_PER_BLOCK = 64  # KV accounting granularity reported in kvCacheStats (trtllm-serve's default block)
+PREFILL_TOKENS = 8192  # padded prompt tokens per batched prefill (bounds activation memory)
 
 
 @dataclass
@@ -282,20 +283,40 @@ class Engine:
             seq.finish_reason = reason
             seq.emit(None, reason)
 
-    def _admit(self, seq: Sequence) -> bool:
-        """Prefill `seq` into the next free slot; return True if it stays active."""
-        if seq.cancelled:
-            self._retire(seq, "cancelled")
-            return False
-        slot = len(self._active)
-        ids = torch.tensor(seq.prompt, dtype=torch.long, device=self.device)
-        logits = self.model.prefill(self.cache, slot, ids)
-        seq.length = len(seq.prompt)
-        top2 = torch.topk(logits[: self.vocab_size], 2).indices.tolist()
-        if self._deliver(seq, self._choose(seq, logits, (top2[0], top2[1]))):
-            return False
-        self._active.append(seq)
-        return True
+    def _admit(self, seqs: list[Sequence]) -> int:
+        """Prefill `seqs` into the next free slots, in batches of at most PREFILL_TOKENS padded
+        tokens; each gets its first token. Return how many finished at once (or were cancelled)."""
+        finished = 0
+        live = []
+        for seq in seqs:
+            if seq.cancelled:
+                self._retire(seq, "cancelled")
+                finished += 1
+            else:
+                live.append(seq)
+        while live:
+            group = [live.pop(0)]
+            while live and (len(group) + 1) * max(len(s.prompt) for s in group + live[:1]) <= PREFILL_TOKENS:
+                group.append(live.pop(0))
+            first = len(self._active)
+            T = max(len(s.prompt) for s in group)
+            ids = torch.zeros(len(group), T, dtype=torch.long)
+            for row, seq in enumerate(group):
+                ids[row, : len(seq.prompt)] = torch.tensor(seq.prompt, dtype=torch.long)
+            lengths = torch.tensor([len(s.prompt) for s in group], dtype=torch.long)
+            logits = self.model.prefill_batch(self.cache, first, ids.to(self.device), lengths.to(self.device))
+            tops = torch.topk(logits[:, : self.vocab_size], 2, dim=-1).indices.tolist()
+            # Every prompt of the group holds a slot now; ones that finish on their first token
+            # are retired through _remove so the slots stay contiguous.
+            for row, seq in enumerate(group):
+                seq.length = len(seq.prompt)
+                self._active.append(seq)
+            done = [first + row for row, seq in enumerate(group)
+                    if self._deliver(seq, self._choose(seq, logits[row], (tops[row][0], tops[row][1])))]
+            for index in reversed(done):
+                self._remove(index)
+            finished += len(done)
+        return finished
 
     def _remove(self, index: int) -> None:
         """Retire active[index], moving the last active sequence into its slot."""
@@ -337,9 +358,7 @@ class Engine:
             queue_latency = sum(started - s.submitted for s in admitted) / len(admitted) if admitted else 0.0
             completed = 0
             ctx_tokens = sum(len(s.prompt) for s in admitted)
-            for seq in admitted:
-                if not self._admit(seq):
-                    completed += 1
+            completed += self._admit(admitted)
             # Cancelled sequences leave before the step, so they cost no compute.
             for i in range(len(self._active) - 1, -1, -1):
                 if self._active[i].cancelled:

@@ -146,20 +146,30 @@ class GPT2:
     @torch.inference_mode()
     def prefill(self, cache: KVCache, slot: int, ids: torch.Tensor) -> torch.Tensor:
         """Run the prompt `ids` [T] (on device) into cache slot `slot`; return the last position's logits [V]."""
-        T = ids.shape[0]
+        return self.prefill_batch(cache, slot, ids.unsqueeze(0), ids.new_tensor([ids.shape[0]]))[0]
+
+    @torch.inference_mode()
+    def prefill_batch(self, cache: KVCache, first_slot: int, ids: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+        """Run N right-padded prompts `ids` [N, T] into slots first_slot..first_slot+N-1.
+
+        Returns each prompt's last-position logits [N, V]. Padding positions (>= a prompt's
+        length) write KV that is never attended: decode overwrites position `length` first and
+        attends only to positions <= its own.
+        """
+        N, T = ids.shape
         d, H, D = self.shape.n_embd, self.shape.n_head, self.shape.head_dim
-        h = F.embedding(ids, self.wte) + self.wpe[:T]
+        h = F.embedding(ids, self.wte) + self.wpe[:T]  # [N, T, d]
         for i, lw in enumerate(self.layers):
             x = self._ln(h, lw.ln1_w, lw.ln1_b)
-            qkv = F.linear(x, lw.qkv_w, lw.qkv_b).view(T, 3, H, D).permute(1, 2, 0, 3)  # [3, H, T, D]
-            cache.kv[i, :, slot, :, :T] = qkv[1:]
-            y = F.scaled_dot_product_attention(qkv[0:1], qkv[1:2], qkv[2:3], is_causal=True)  # [1, H, T, D]
-            y = y[0].transpose(0, 1).reshape(T, d)
+            qkv = F.linear(x, lw.qkv_w, lw.qkv_b).view(N, T, 3, H, D).permute(2, 0, 3, 1, 4)  # [3, N, H, T, D]
+            cache.kv[i, :, first_slot:first_slot + N, :, :T] = qkv[1:]
+            y = F.scaled_dot_product_attention(qkv[0], qkv[1], qkv[2], is_causal=True)  # [N, H, T, D]
+            y = y.transpose(1, 2).reshape(N, T, d)
             h = h + F.linear(y, lw.proj_w, lw.proj_b)
             x = self._ln(h, lw.ln2_w, lw.ln2_b)
             h = h + F.linear(F.gelu(F.linear(x, lw.fc_w, lw.fc_b), approximate="tanh"), lw.out_w, lw.out_b)
-        x = self._ln(h[-1:], self.lnf_w, self.lnf_b)
-        return F.linear(x, self.wte)[0]
+        last = h[torch.arange(N, device=h.device), lengths - 1]  # [N, d]
+        return F.linear(self._ln(last, self.lnf_w, self.lnf_b), self.wte)
 
     @torch.inference_mode()
     def decode(self, cache: KVCache, tokens: torch.Tensor, pos: torch.Tensor, L: int) -> torch.Tensor:
