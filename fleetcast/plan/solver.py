@@ -354,9 +354,11 @@ def _loss_reason(ev: Evaluation, win: Evaluation, traffic: ConsumerTraffic) -> s
                      f"{win.seconds_per_request * 1000:.0f} ms at the traffic's load levels")
     if ev.price_per_hour > win.price_per_hour * 1.005:
         parts.append(f"at ${ev.price_per_hour:.3f}/h per instance vs ${win.price_per_hour:.3f}")
-    if ev.service_region != ev.consumer_region:
-        parts.append(f"cross-region: +{ev.rtt_ms:.0f} ms to TTFT, +${ev.fixed_per_hour - win.fixed_per_hour:.2f}/h fixed and transfer"
-                     if ev.fixed_per_hour > win.fixed_per_hour else f"cross-region: +{ev.rtt_ms:.0f} ms to TTFT")
+    if ev.service_region != win.service_region:
+        text = f"served from {ev.service_region}: RTT {ev.rtt_ms:g} ms vs {win.rtt_ms:g} ms"
+        if ev.fixed_per_hour > win.fixed_per_hour + 0.005:
+            text += f", +${ev.fixed_per_hour - win.fixed_per_hour:.2f}/h fixed and transfer costs"
+        parts.append(text)
     return "; ".join(parts)
 
 

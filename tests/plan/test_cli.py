@@ -209,3 +209,43 @@ def test_write_config_refuses_a_region_the_config_lacks(capsys, fleet, tmp_path)
                         "--write-config", str(fleet))
     assert code == 1 and "which has no entry under regions" in err
     assert fleet.read_text() == text
+
+
+def test_two_consumer_regions_plan_and_write_together(capsys, fleet, tmp_path):
+    traffic = tmp_path / "two.yaml"
+    seoul = (SEED / "traffic-seoul.yaml").read_text()
+    east = (SEED / "traffic-us-east-1.yaml").read_text().split("consumers:\n", 1)[1]
+    traffic.write_text(seoul + east)
+    # fp8 is calibrated: give the config a staged calibration dataset so the g7e fp8 choice validates.
+    fleet.write_text(fleet.read_text().replace("\nslo:", "\ncalibration:\n  dataset: s3://fleetcast-staging/calib/\n\nslo:", 1))
+    code, out, err = plan(capsys, "--results", RESULTS, "--traffic", str(traffic), "--config", str(fleet), *SLO,
+                          "--min-instances", "1", "--write-config", str(fleet), "--json")
+    assert code == 0, err
+    data = json.loads(out.split("\n\n" + str(fleet))[0])
+    winners = {r["consumer_region"]: (r["winner"]["candidate"], r["winner"]["service_region"]) for r in data["regions"]}
+    assert winners == {"ap-northeast-2": ("g6e.xlarge int8_wo", "ap-northeast-2"), "us-east-1": ("g7e.2xlarge fp8", "us-east-1")}
+    from fleetcast.config import load_config
+
+    cfg = load_config(fleet)
+    east_pool = cfg.region("us-east-1").pools[0]
+    assert (east_pool.instance_type, cfg.engine_for(east_pool).precision.value) == ("g7e.2xlarge", "fp8")
+    assert (east_pool.capacity.min, east_pool.capacity.desired, east_pool.capacity.max) == (1, 4, 8)
+    assert cfg.region("ap-northeast-2").pools[0].capacity.max == 17
+
+
+def test_a_cross_region_choice_is_allowed_on_the_service_side(capsys, fleet, tmp_path):
+    # Frankfurt consumers; make Frankfurt instances expensive so us-east-1 (RTT 90 ms) wins.
+    prices = tmp_path / "prices.yaml"
+    prices.write_text('as_of: "2026-02-01"\nprices: {g6e.xlarge: {eu-central-1: 40}, g5.xlarge: {eu-central-1: 40}}\n')
+    traffic = tmp_path / "fra.yaml"
+    traffic.write_text((SEED / "traffic-seoul.yaml").read_text().replace("ap-northeast-2", "eu-central-1"))
+    code, out, err = plan(capsys, "--results", str(SEED / "results" / "g6e.xlarge-int8_wo.json"),
+                          str(SEED / "results" / "g5.xlarge-int8_wo.json"), "--traffic", str(traffic),
+                          "--config", str(fleet), "--ttft-p99-ms", "400", "--itl-p99-ms", "40", "--prices", str(prices),
+                          "--write-config", str(fleet))
+    assert "Recommendation: g6e.xlarge int8_wo in us-east-1" in out, out
+    assert code == 0, err
+    assert "regions[us-east-1].allowed_regions += eu-central-1" in out
+    from fleetcast.config import load_config
+
+    assert "eu-central-1" in load_config(fleet).region("us-east-1").allowed_regions
