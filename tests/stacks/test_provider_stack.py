@@ -408,3 +408,25 @@ def test_imported_vpc_is_never_looked_up_and_hosts_the_endpoints(variant):
     assert sorted(gateway["RouteTableIds"]) == sorted(existing.route_table_ids)
     for asg in variant.resources(SEOUL, "AWS::AutoScaling::AutoScalingGroup").values():
         assert asg["Properties"]["VPCZoneIdentifier"] == list(existing.subnet_ids)
+
+
+# ---------------------------------------------------------------- what instances read at boot
+
+
+@pytest.mark.parametrize("stack_name", PROVIDERS)
+def test_config_parameter_holds_the_validated_config_the_instances_revalidate(fleet, stack_name):
+    from fleetcast.config import config_from_json
+
+    parameter = only(fleet.resources(stack_name, "AWS::SSM::Parameter"))
+    assert parameter["Name"] == f"/{fleet.cfg.name}/config"
+    assert config_from_json(parameter["Value"]) == fleet.cfg
+    assert parameter["Tier"] == ("Advanced" if len(parameter["Value"]) > 4096 else "Standard")
+
+
+def test_runtime_bundle_holds_only_the_packages_instances_run(fleet):
+    assets = json.loads((fleet.outdir / f"{SEOUL}.assets.json").read_text())["files"]
+    (bundle,) = [a for a in assets.values() if a.get("displayName", "").endswith("Bootstrap/RuntimeBundle")]
+    root = fleet.outdir / bundle["source"]["path"]
+    assert sorted(p.name for p in root.iterdir()) == ["fleetcast", "runtime"]
+    assert (root / "runtime" / "userdata.py").exists() and (root / "fleetcast" / "config" / "data").is_dir()
+    assert not list(root.rglob("__pycache__"))
