@@ -138,8 +138,9 @@ def run_aiperf(aiperf: str, url: str, model: str, concurrency: int, requests: in
                "--output-artifact-dir", tmp, "--ui-type", "none", "--random-seed", "0"]
         if cpu is not None:
             cmd = ["taskset", "-c", str(cpu)] + cmd
-        env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, env=env)
+        # Not HF_HUB_OFFLINE: AIPerf 0.13 then resolves every name through the hub cache and
+        # rejects a local directory; with a local path it never reaches the network.
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
         exports = list(Path(tmp).rglob("profile_export_aiperf.json"))
         if proc.returncode != 0 or not exports:
             raise RuntimeError(f"aiperf failed ({proc.returncode}): {(proc.stdout + proc.stderr)[-2000:]}")

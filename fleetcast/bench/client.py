@@ -37,6 +37,9 @@ from fleetcast.bench import kstamp
 from fleetcast.errors import UserError
 
 _clock = time.perf_counter
+# A kernel-stamped read processed later than this after the data arrived may
+# have gathered events that arrived at different times.
+LATE_READ_S = 0.001
 
 
 @dataclass
@@ -73,6 +76,9 @@ class RawResponse:
     times: list[float] = field(default_factory=list)
     t_done: float | None = None
     error: str | None = None  # transport-level error type, None when the response completed
+    # Per read, how long after its kernel receive time the client processed it
+    # (kernel-stamped reads only): a late read may have merged several events.
+    lateness: list[float] = field(default_factory=list)
 
 
 class _Connection(asyncio.Protocol):
@@ -95,10 +101,13 @@ class _Connection(asyncio.Protocol):
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
     def data_received(self, data: bytes) -> None:
-        t = self.rx_time if self.rx_time is not None else _clock()
+        rx = self.rx_time
+        t = rx if rx is not None else _clock()
         raw = self._raw
         if raw is None:
             return  # stray bytes between requests: ignore
+        if rx is not None:
+            raw.lateness.append(_clock() - rx)
         raw.times.append(t)
         raw.reads.append(data)
         if self._frame(data):
@@ -290,6 +299,9 @@ class ParsedResponse:
     completion_tokens: int | None
     error: str | None
     text_chars: int = 0
+    # The first content event shared a late read (> LATE_READ_S after its kernel
+    # time) with later content events: its true arrival may be earlier than its stamp.
+    first_token_merged: bool = False
 
 
 def _dechunk(body: bytes, base: int) -> tuple[bytes, list[tuple[int, int]]]:
@@ -344,13 +356,14 @@ def parse_stream(raw: RawResponse, api: str) -> ParsedResponse:
 
     span_ends = [s[0] for s in spans]
 
-    def time_at(payload_end: int) -> float:
+    def read_at(payload_end: int) -> int:
         # Map a payload offset to the raw offset, then to the read that delivered it.
         k = min(bisect.bisect_left(span_ends, payload_end), len(spans) - 1)
         seg_payload_end, seg_raw_end = spans[k]
         raw_pos = seg_raw_end - (seg_payload_end - payload_end)
-        r = bisect.bisect_left(ends, raw_pos)
-        return raw.times[min(r, len(raw.times) - 1)]
+        return min(bisect.bisect_left(ends, raw_pos), len(raw.times) - 1)
+
+    content_reads: list[int] = []
 
     content_times: list[float] = []
     prompt_tokens = completion_tokens = None
@@ -395,13 +408,19 @@ def parse_stream(raw: RawResponse, api: str) -> ParsedResponse:
                 content = choice.get("text")
             if content:
                 chars += len(content)
-                content_times.append(time_at(event_end))
+                r = read_at(event_end)
+                content_reads.append(r)
+                content_times.append(raw.times[r])
                 break
+    merged = (
+        len(content_reads) > 1 and content_reads[0] == content_reads[1] and len(raw.lateness) > content_reads[0]
+        and raw.lateness[content_reads[0]] > LATE_READ_S
+    )
     if error is None and not saw_done and not content_times:
         error = "empty_response"
     elif error is None and not saw_done:
         error = "incomplete_stream"
-    return ParsedResponse(status, content_times, prompt_tokens, completion_tokens, error, chars)
+    return ParsedResponse(status, content_times, prompt_tokens, completion_tokens, error, chars, merged)
 
 
 def http_json(method: str, url: str, body: dict | None, headers: dict[str, str], timeout_s: float = 60.0):

@@ -11,8 +11,9 @@ the pinned metric definitions (docs/bench.md, "Metric definitions"):
 Saturation: the client marks a run saturated when its own delays could have
 moved the figures by more than the accuracy target: event-loop lag (when reads
 are stamped in the loop, lag is timestamp error), schedule lag (requests sent
-later than planned, or re-issued late in closed loop), or a client process
-near 100% of a core.
+later than planned, or re-issued late in closed loop), first tokens read late
+and merged with later tokens in over 1% of requests (their TTFT may be
+overstated), or a client process near 100% of a core.
 """
 
 from __future__ import annotations
@@ -33,6 +34,9 @@ LOOP_LAG_P99_LIMIT_MS = 1.0
 LOOP_LAG_P99_LIMIT_KERNEL_STAMPS_MS = 10.0
 SCHEDULE_LAG_P95_LIMIT_MS = 5.0
 CPU_BUSY_LIMIT = 0.85
+# Above this share of requests with a late-merged first token, the TTFT tail
+# (P99) may be the client's.
+TTFT_MERGED_SHARE_LIMIT = 0.01
 
 
 @dataclass
@@ -95,6 +99,7 @@ def to_record(sent: Sent, api: str, t0: float) -> Record:
         error=None if ok else (p.error or "no_content"),
         chunk_gaps_ms=gaps,
         concurrency=sent.concurrency,
+        ttft_merged=p.first_token_merged,
     )
 
 
@@ -141,6 +146,9 @@ def summarize(
         reasons.append(f"event-loop lag P99 {loop_stat.p99:.2f} ms > {loop_limit} ms")
     if sched_stat.count and sched_stat.p95 > SCHEDULE_LAG_P95_LIMIT_MS:
         reasons.append(f"schedule lag P95 {sched_stat.p95:.2f} ms > {SCHEDULE_LAG_P95_LIMIT_MS} ms")
+    merged_share = (sum(1 for r in ok if r.ttft_merged) / len(ok)) if ok else None
+    if merged_share is not None and merged_share > TTFT_MERGED_SHARE_LIMIT:
+        reasons.append(f"first token read late and merged with later tokens in {merged_share:.1%} of requests")
     if cpu_util is not None and cpu_util > CPU_BUSY_LIMIT:
         reasons.append(f"client CPU {cpu_util:.0%} of one core > {CPU_BUSY_LIMIT:.0%}")
     return Summary(
@@ -166,4 +174,5 @@ def summarize(
         network_rtt_ms=network_rtt_ms,
         client_cpu_util=cpu_util,
         rx_timestamps="kernel" if kernel_stamps else "clock",
+        ttft_merged_share=merged_share,
     )

@@ -5,7 +5,7 @@ Two ways, best first:
    tokenizer.json; needs the `tokenizers` package): prompts are slices of a
    token stream, decoded and re-encoded until the count is exact.
 2. Fallback, calibrated on the server: prompts are random common English words;
-   two probe requests with known word counts read `usage.prompt_tokens` back,
+   two probe requests (4 and 16 words) with known word counts read `usage.prompt_tokens` back,
    giving tokens per word and the fixed overhead (chat template, BOS), which
    size every later prompt. Close, not exact, for tokenizers that split some
    words; the results still record the server-reported prompt length of every

@@ -108,6 +108,9 @@ class Summary(_Model):
     network_rtt_ms: float | None = None
     # Added in v1 (readers must tolerate their absence):
     client_cpu_util: float | None = Field(None, description="client process CPU time / wall time over the run")
+    ttft_merged_share: float | None = Field(
+        None, description="share of completed requests whose first token was read late, merged with later tokens"
+    )
     rx_timestamps: Literal["kernel", "clock"] | None = Field(
         None, description="kernel: reads stamped with the kernel receive time (SO_TIMESTAMPNS); clock: on arrival in the loop"
     )
@@ -127,6 +130,9 @@ class Record(_Model):
     chunk_gaps_ms: list[float] = Field(default_factory=list)
     # Added in v1: the concurrency level the request ran at (closed-loop modes).
     concurrency: int | None = None
+    # Added in v1: the first token was read late together with later tokens, so
+    # its TTFT may be overstated by up to the merged gaps.
+    ttft_merged: bool = False
 
 
 class Run(_Model):

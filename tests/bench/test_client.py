@@ -183,3 +183,13 @@ def test_timeout_and_refused_connections_are_errors_not_crashes(fast_server):
     assert slow.error == "timeout"
     assert refused.error == "connect_error"
     assert rtt is not None and 0 < rtt < 50
+
+
+@pytest.mark.parametrize("lateness_s, merged", [(0.0002, False), (0.004, True)])
+def test_first_token_merged_with_later_tokens_in_a_late_read_is_marked(lateness_s, merged):
+    events = completion_events(3)
+    reads = [HEAD, chunk(events[0]) + chunk(events[1]), b"".join(chunk(e) for e in events[2:]) + b"0\r\n\r\n"]
+    raw = RawResponse(t_send=0.0, reads=reads, times=[0.001, 0.030, 0.040], lateness=[0.0, lateness_s, 0.0])
+    parsed = parse_stream(raw, "completions")
+    assert parsed.content_times[:2] == [0.030, 0.030]
+    assert parsed.first_token_merged is merged
