@@ -332,7 +332,10 @@ def plan(candidates: list[Candidate], profile: TrafficProfile, ctx: PlanContext)
 
 
 def _pct(a: float, b: float) -> str:
-    return f"{(a / b - 1) * 100:+.0f}%" if b else "n/a"
+    if not b:
+        return "n/a"
+    change = (a / b - 1) * 100
+    return f"{change:+.1f}%" if abs(change) < 1 else f"{change:+.0f}%"
 
 
 def _loss_reason(ev: Evaluation, win: Evaluation, traffic: ConsumerTraffic) -> str:

@@ -125,7 +125,7 @@ def test_seed_reports_statistical_honesty():
     assert "target load 48 the P99 TTFT CI (282-314 ms) contains the 300 ms SLO" in notes
     # If c=48 fails on a longer run, k = 32: S = 0.8*105.393 + 0.15*W(32)/32 + 0.05*W(32)/32 = 89.41 ms,
     # still 11/17/2/8 instances (120*0.08941 = 10.7): the same $19.52/h, and no rival is cheaper.
-    assert "the target drops to 32 and the cost to $19.52/h (+0%), still the cheapest" in notes
+    assert "the target drops to 32 and the cost to $19.52/h (+0.0%), still the cheapest" in notes
     assert "within noise on traffic-weighted P99 TTFT" in notes
 
 
