@@ -76,9 +76,9 @@ def default_fleet() -> Synthesized:
 
 
 def variant_doc() -> dict:
-    """Every other branch at once: an imported VPC, a TLS listener, the `latest` DLAMI, two pools
-    of different GPUs in one region, a larger model change (new digest), and a consumer whose
-    endpoint service name is not published yet."""
+    """Every other branch at once: imported VPCs (with and without endpoints), a TLS listener, the
+    `latest` DLAMI, two pools of different GPUs in one region, an engine change (new digest), and a
+    consumer whose endpoint service name is not published yet."""
     doc = default_doc()
     seoul = doc["regions"][0]
     seoul["vpc"] = {
@@ -88,6 +88,13 @@ def variant_doc() -> dict:
         "route_table_ids": ["rtb-0123456789abcdef1", "rtb-0123456789abcdef2"],
     }
     seoul["ami"] = {"id": "latest"}
+    doc["regions"][1]["vpc"] = {  # a VPC that already has its endpoints
+        "vpc_id": "vpc-0123456789abcdef9",
+        "cidr": "10.51.0.0/16",
+        "subnet_ids": ["subnet-0123456789abcdef7", "subnet-0123456789abcdef8"],
+        "route_table_ids": ["rtb-0123456789abcdef7"],
+        "create_endpoints": False,
+    }
     seoul["pools"].append({
         "name": "a10g",
         "instance_type": "g5.2xlarge",

@@ -130,6 +130,12 @@ def test_no_unacknowledged_construct_warnings_or_errors():
             assert not entries, f"{metadata_file.name}: {entries}"
 
 
+def test_no_variant_needs_a_context_lookup():
+    for fleet in (default_fleet(), variant_fleet(), nat_fleet()):
+        manifest = json.loads((fleet.outdir / "manifest.json").read_text())
+        assert not manifest.get("missing"), manifest.get("missing")
+
+
 def test_acknowledgments_carry_reasons():
     with pytest.raises(ValueError, match="real reason"):
         nag.acknowledge(Stack(App(), "S"), "AwsSolutions-S1", "ok")

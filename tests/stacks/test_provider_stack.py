@@ -430,3 +430,11 @@ def test_runtime_bundle_holds_only_the_packages_instances_run(fleet):
     assert sorted(p.name for p in root.iterdir()) == ["fleetcast", "runtime"]
     assert (root / "runtime" / "userdata.py").exists() and (root / "fleetcast" / "config" / "data").is_dir()
     assert not list(root.rglob("__pycache__"))
+
+
+def test_imported_vpc_that_has_its_endpoints_gets_none_added(variant):
+    assert not variant.resources(VIRGINIA, "AWS::EC2::VPC")
+    assert not variant.resources(VIRGINIA, "AWS::EC2::VPCEndpoint")
+    existing = variant.cfg.region("us-east-1").vpc
+    (asg,) = variant.resources(VIRGINIA, "AWS::AutoScaling::AutoScalingGroup").values()
+    assert asg["Properties"]["VPCZoneIdentifier"] == list(existing.subnet_ids)
