@@ -369,3 +369,16 @@ def test_unknown_profile_is_a_clear_error(cli):
     with contextlib.redirect_stderr(err):
         code = fleetcast_cli.main(["connections", "list", "--profile", "no-such-profile"])
     assert code == EXIT_INPUT and "--profile 'no-such-profile'" in err.getvalue()
+
+
+def test_no_credentials_is_a_clear_error(monkeypatch):
+    from scripts import cli as fleetcast_cli
+    import contextlib
+    import io
+
+    for var in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN"):
+        monkeypatch.delenv(var, raising=False)
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):
+        code = fleetcast_cli.main(["connections", "list", "--region", SEOUL])
+    assert code == EXIT_DENIED and "no AWS credentials" in err.getvalue() and "--profile" in err.getvalue()
