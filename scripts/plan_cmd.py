@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import sys
 
 
 def _positive(flag: str):
@@ -67,6 +68,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--json", action="store_true", help="print plan.json instead of the table")
     p.add_argument("--write-config", metavar="FILE",
                    help="update pools and regions of this fleet config with the choice (re-validated; untouched if invalid)")
+    p.add_argument("--write-schedule", action="store_true",
+                   help="with --write-config: also write the pool's daily capacity schedule (UTC) from the hourly plan")
     p.add_argument("--allow-estimated", action="store_true", help="let --write-config write an estimated choice")
     p.set_defaults(handler=_plan)
 
@@ -85,15 +88,18 @@ def _plan(args: argparse.Namespace) -> int:
     )
     result, plans, _ = build_plan(opts)
     print(json.dumps(to_json(result), indent=1) if args.json else render_terminal(result))
+    # With --json, stdout stays pure JSON; the rest goes to stderr.
+    say = (lambda text: print(text, file=sys.stderr)) if args.json else print
     if args.report:
         paths = write_report(result, args.report)
-        print(f"\nreport: {', '.join(str(p) for p in paths[:3])} (+{len(paths) - 3} plots)")
+        say(f"\nreport: {', '.join(str(p) for p in paths[:3])} (+{len(paths) - 3} plots)")
     if args.write_config:
-        changes = apply_plan(args.write_config, plans, allow_estimated=args.allow_estimated)
+        changes = apply_plan(args.write_config, plans, allow_estimated=args.allow_estimated,
+                             write_schedule=args.write_schedule)
         if changes:
-            print(f"\n{args.write_config}: updated and re-validated")
+            say(f"\n{args.write_config}: updated and re-validated")
             for change in changes:
-                print(f"  {change}")
+                say(f"  {change}")
         else:
-            print(f"\n{args.write_config}: already matches the plan; unchanged")
+            say(f"\n{args.write_config}: already matches the plan; unchanged")
     return 0 if all(p.winner for p in plans) else 3

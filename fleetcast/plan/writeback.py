@@ -7,7 +7,9 @@ with the chosen instance family, else the first) gets the instance type, the
 engine precision, capacity min/desired/max (the day's lowest, mean and highest
 instance counts) and the scaling target (the planned in-flight requests per
 instance); a cross-region consumer region is added to `allowed_regions`, and
-the consumers in that region point at the new service region.
+the consumers in that region point at the new service region. With
+`--write-schedule` the pool also gets a daily capacity schedule (UTC cron
+steps whose `min` is the planned instance count for those hours).
 """
 
 from __future__ import annotations
@@ -18,7 +20,8 @@ import tempfile
 from pathlib import Path
 
 from ruamel.yaml import YAML
-from ruamel.yaml.comments import CommentedMap
+from ruamel.yaml.comments import CommentedMap, CommentedSeq
+from ruamel.yaml.scalarstring import SingleQuotedScalarString
 
 from fleetcast.errors import UserError
 
@@ -46,7 +49,17 @@ def _flow(mapping: dict) -> CommentedMap:
     return m
 
 
-def apply_plan(path: str | Path, plans: list[RegionPlan], allow_estimated: bool = False) -> list[str]:
+def schedule_steps(hourly: list[int], peak: int) -> list[dict]:
+    """One scheduled step (UTC cron) wherever the planned instance count changes over the day."""
+    steps = []
+    for hour, n in enumerate(hourly):
+        if hour == 0 or n != hourly[hour - 1]:
+            steps.append({"cron": SingleQuotedScalarString(f"0 {hour} * * *"), "min": n, "max": peak})
+    return steps if len(steps) > 1 else []
+
+
+def apply_plan(path: str | Path, plans: list[RegionPlan], allow_estimated: bool = False,
+               write_schedule: bool = False) -> list[str]:
     """Edit the config at `path` in place; returns what changed. Refuses (file untouched) on any problem."""
     from fleetcast.config import ConfigError, load_config
 
@@ -113,6 +126,13 @@ def apply_plan(path: str | Path, plans: list[RegionPlan], allow_estimated: bool 
             changes.append(f"{where}.scaling.target = {target} active requests")
         elif scaling.get("metric", "active_requests") == "active_requests" and _set(scaling, "target", target):
             changes.append(f"{where}.scaling.target = {target} active requests")
+        if write_schedule:
+            steps = schedule_steps(hourly, hi)
+            seq = CommentedSeq([_flow(step) for step in steps])
+            if steps and pool.get("schedule") != steps:
+                pool["schedule"] = seq
+                changes.append(f"{where}.schedule = {len(steps)} daily steps (UTC): "
+                               + ", ".join(f"{s['cron'].split()[1]}h min {s['min']}" for s in steps))
         for plan in group:
             consumer_region = plan.traffic.region
             if consumer_region != region_name:

@@ -221,7 +221,8 @@ def test_two_consumer_regions_plan_and_write_together(capsys, fleet, tmp_path):
     code, out, err = plan(capsys, "--results", RESULTS, "--traffic", str(traffic), "--config", str(fleet), *SLO,
                           "--min-instances", "1", "--write-config", str(fleet), "--json")
     assert code == 0, err
-    data = json.loads(out.split("\n\n" + str(fleet))[0])
+    data = json.loads(out)
+    assert "updated and re-validated" in err
     winners = {r["consumer_region"]: (r["winner"]["candidate"], r["winner"]["service_region"]) for r in data["regions"]}
     assert winners == {"ap-northeast-2": ("g6e.xlarge int8_wo", "ap-northeast-2"), "us-east-1": ("g7e.2xlarge fp8", "us-east-1")}
     from fleetcast.config import load_config
@@ -249,3 +250,16 @@ def test_a_cross_region_choice_is_allowed_on_the_service_side(capsys, fleet, tmp
     from fleetcast.config import load_config
 
     assert "eu-central-1" in load_config(fleet).region("us-east-1").allowed_regions
+
+
+def test_write_schedule_turns_the_hourly_plan_into_daily_steps(capsys, fleet):
+    code, out, err = plan(capsys, "--results", RESULTS, "--traffic", SEOUL, "--config", str(fleet), *SLO,
+                          "--min-instances", "1", "--write-config", str(fleet), "--write-schedule")
+    assert code == 0, err
+    from fleetcast.config import load_config
+
+    pool = load_config(fleet).region("ap-northeast-2").pools[0]
+    # 11 instances from 00 UTC, 17 from 09, 2 from 13, 8 from 22 (the seed hand calculation).
+    assert [(s.cron, s.min, s.max) for s in pool.schedule] == [
+        ("0 0 * * *", 11, 17), ("0 9 * * *", 17, 17), ("0 13 * * *", 2, 17), ("0 22 * * *", 8, 17)]
+    assert "- {cron: '0 9 * * *', min: 17, max: 17}" in fleet.read_text()
