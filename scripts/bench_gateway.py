@@ -299,7 +299,7 @@ async def main_async(args: argparse.Namespace) -> dict:
     levels = [int(c) for c in args.concurrency.split(",")]
     modes = args.modes.split(",")
     tmp = Path(tempfile.mkdtemp(prefix="bench-gateway-"))
-    up_port, gw_port, aio_port = _free_port(), _free_port(), _free_port()
+    up_port, aio_port = _free_port(), _free_port()
     ec2 = FakeEc2Endpoints([(BENCH_VPCE, BENCH_ACCOUNT)])
     ec2_port = await ec2.start()
     config = tmp / "fleet.json"
@@ -307,17 +307,28 @@ async def main_async(args: argparse.Namespace) -> dict:
     emf = open(tmp / "emf.log", "w")
     procs = [_spawn(["-m", "scripts.bench_gateway", "_upstream", str(up_port), str(args.ttft_ms),
                      str(args.token_interval_ms)])]
-    if "gateway" in modes:
-        procs.append(_spawn(["-m", "runtime.gateway", "--listen", f"127.0.0.1:{gw_port}", "--upstream",
-                             f"127.0.0.1:{up_port}", "--config-json", str(config), "--region", REGION, "--pool", POOL,
-                             "--service-id", SERVICE_ID],
-                            {"AWS_ENDPOINT_URL_EC2": f"http://127.0.0.1:{ec2_port}", "AWS_ACCESS_KEY_ID": "bench",
-                             "AWS_SECRET_ACCESS_KEY": "bench", "AWS_MAX_ATTEMPTS": "1"}, stdout=emf))
+    header = _proxy_header()
+    targets = {"direct": (up_port, None), "aiohttp": (aio_port, None)}
+    for mode in modes:
+        if mode.startswith("gateway"):
+            # gateway: the production default (uvloop when installed); gateway-asyncio: the stdlib loop.
+            loop = {"gateway": "auto", "gateway-asyncio": "asyncio", "gateway-uvloop": "uvloop"}[mode]
+            port = _free_port()
+            targets[mode] = (port, header)
+            procs.append(_spawn(["-m", "runtime.gateway", "--listen", f"127.0.0.1:{port}", "--upstream",
+                                 f"127.0.0.1:{up_port}", "--config-json", str(config), "--region", REGION,
+                                 "--pool", POOL, "--service-id", SERVICE_ID, "--event-loop", loop],
+                                {"AWS_ENDPOINT_URL_EC2": f"http://127.0.0.1:{ec2_port}", "AWS_ACCESS_KEY_ID": "bench",
+                                 "AWS_SECRET_ACCESS_KEY": "bench", "AWS_MAX_ATTEMPTS": "1"}, stdout=emf))
     if "aiohttp" in modes:
         procs.append(_spawn(["-m", "scripts.bench_gateway", "_aiohttp", str(aio_port), str(up_port)]))
-    header = _proxy_header()
-    targets = {"direct": (up_port, None), "gateway": (gw_port, header), "aiohttp": (aio_port, None)}
-    results: dict = {"config": vars(args), "cpus": os.cpu_count(), "levels": {}}
+    try:
+        import uvloop  # noqa: F401
+        auto_loop = "uvloop"
+    except ImportError:
+        auto_loop = "asyncio"
+    results: dict = {"config": vars(args), "cpus": os.cpu_count(), "gateway_loop": auto_loop,
+                     "python": sys.version.split()[0], "levels": {}}
     try:
         for mode in modes:
             await _wait_port(*targets[mode])
@@ -341,16 +352,17 @@ async def main_async(args: argparse.Namespace) -> dict:
             except subprocess.TimeoutExpired:
                 proc.kill()
         emf.close()
-    records = sum(1 for _ in open(tmp / "emf.log")) if "gateway" in modes else 0
+    records = sum(1 for _ in open(tmp / "emf.log"))
     results["gateway_emf_records"] = records
     return results
 
 
 def render(results: dict) -> str:
-    modes = [m for m in ("gateway", "aiohttp") if m in next(iter(results["levels"].values()))]
+    modes = [m for m in next(iter(results["levels"].values())) if m != "direct"]
     lines = []
     for mode in modes:
-        lines.append(f"\nadded by {mode} vs direct (ms; + = slower), {results['cpus']} CPUs, "
+        label = f"{mode} [{results['gateway_loop']}]" if mode == "gateway" else mode
+        lines.append(f"\nadded by {label} vs direct (ms; + = slower), {results['cpus']} CPUs, "
                      f"{results['config']['tokens']} tokens @ {results['config']['token_interval_ms']} ms:")
         lines.append("| conc | requests | ITL samples | TTFT P50 | TTFT P99 | ITL P50 | ITL P99 | delay P50 | delay P99 |")
         lines.append("|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
@@ -397,7 +409,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--token-interval-ms", type=float, default=8.0)
     p.add_argument("--ttft-ms", type=float, default=15.0)
     p.add_argument("--requests", type=int, default=100, help="requests per level and mode (at least 3 x concurrency)")
-    p.add_argument("--modes", default="direct,gateway,aiohttp")
+    p.add_argument("--modes", default="direct,gateway,aiohttp",
+                   help="direct (baseline), gateway (default event loop), gateway-asyncio, gateway-uvloop, aiohttp")
     p.add_argument("--json", help="also write the raw results here")
     args = p.parse_args(argv)
     if "direct" not in args.modes.split(","):

@@ -41,6 +41,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--proxy-protocol", choices=("required", "off"), default="required",
                    help="required behind the NLB (default); off only for local tests without an NLB")
     p.add_argument("--refresh-s", type=float, default=60.0, help="endpoint and API key refresh period")
+    p.add_argument("--event-loop", choices=("auto", "asyncio", "uvloop"), default="auto",
+                   help="auto (default): uvloop when installed, which scripts/bench_gateway.py measures as the "
+                        "faster hop; else the standard asyncio loop")
     return p
 
 
@@ -98,7 +101,8 @@ async def serve(args: argparse.Namespace) -> int:
     await gateway.start(*args.listen)
     log("gateway_started", listen=f"{args.listen[0]}:{gateway.port}", upstream=f"{args.upstream[0]}:{args.upstream[1]}",
         region=args.region, pool=args.pool, consumers=[c.name for c in consumers],
-        proxy_protocol=args.proxy_protocol, endpoints_loaded=endpoints.loaded)
+        proxy_protocol=args.proxy_protocol, endpoints_loaded=endpoints.loaded,
+        event_loop=getattr(args, "loop_name", "asyncio"))
 
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -113,8 +117,22 @@ async def serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def _use_uvloop(choice: str) -> bool:
+    if choice == "asyncio":
+        return False
+    try:
+        import uvloop
+    except ImportError:
+        if choice == "uvloop":
+            raise SystemExit("gateway: --event-loop uvloop, but uvloop is not installed") from None
+        return False
+    asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
+    return True
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    args.loop_name = "uvloop" if _use_uvloop(args.event_loop) else "asyncio"
     return asyncio.run(serve(args))
 
 

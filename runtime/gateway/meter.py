@@ -97,6 +97,13 @@ class SseMeter:
 
     def _observe(self, event: bytes, now: float) -> bool:
         """Record what the event says; False if it must not reach the client."""
+        if self.first_content_at is not None and b"[DONE]" not in event and b'"error"' not in event \
+                and (b'"usage"' not in event or b'"usage":null' in event or b'"usage": null' in event):
+            # Fast path, measured: once content flows, a token event needs no JSON parse to be
+            # timed and counted. Usage, error and [DONE] events still are parsed.
+            self.last_content_at = now
+            self.content_events += 1
+            return True
         data = None
         for line in event.split(b"\n"):
             if line.startswith(b"data:"):

@@ -13,7 +13,6 @@ event loop that is streaming tokens.
 from __future__ import annotations
 
 import json
-import queue
 import sys
 import threading
 import time
@@ -54,40 +53,47 @@ def emf_record(fleet: str, pool: str, consumer: str | None, values: dict[str, fl
 
 
 class MetricsSink:
-    """Queues records from the event loop; a daemon thread writes them as JSON lines."""
+    """Collects records from the event loop; a daemon thread writes them as JSON lines in batches.
+
+    The loop only appends to a list (no lock, no thread wake-up per request):
+    waking a writer thread for every record costs the loop a GIL hand-off,
+    measurable as added latency on every other stream.
+    """
 
     def __init__(self, fleet: str, pool: str, stream: TextIO | None = None,
-                 on_record: Callable[[dict[str, Any]], None] | None = None):
+                 on_record: Callable[[dict[str, Any]], None] | None = None, flush_s: float = 0.2):
         self.fleet, self.pool = fleet, pool
         self._stream = stream if stream is not None else sys.stdout
         self._on_record = on_record  # tests observe records directly
-        self._queue: queue.SimpleQueue[str | None] = queue.SimpleQueue()
-        self._thread = threading.Thread(target=self._write, name="emf-writer", daemon=True)
+        self._pending: list[str] = []
+        self._flush_s = flush_s
+        self._closed = threading.Event()
+        self._thread = threading.Thread(target=self._write_loop, name="emf-writer", daemon=True)
         self._thread.start()
 
     def emit(self, consumer: str | None, values: dict[str, float], properties: dict[str, Any] | None = None) -> None:
         record = emf_record(self.fleet, self.pool, consumer, values, properties)
         if self._on_record:
             self._on_record(record)
-        self._queue.put(json.dumps(record, separators=(",", ":")))
+        self._pending.append(json.dumps(record, separators=(",", ":")))
 
-    def _write(self) -> None:
-        while True:
-            line = self._queue.get()
-            if line is None:
-                return
-            try:
-                self._stream.write(line + "\n")
-                if self._queue.empty():
-                    self._stream.flush()
-            except (OSError, ValueError):
-                pass  # a closed log pipe loses metrics, never requests
-
-    def close(self, timeout: float = 5.0) -> None:
-        """Flush what is queued (called on drain before exit)."""
-        self._queue.put(None)
-        self._thread.join(timeout)
+    def _flush(self) -> None:
+        # Swapping the list is atomic under the GIL: the loop never waits for the writer.
+        lines, self._pending = self._pending, []
+        if not lines:
+            return
         try:
+            self._stream.write("\n".join(lines) + "\n")
             self._stream.flush()
         except (OSError, ValueError):
-            pass
+            pass  # a closed log pipe loses metrics, never requests
+
+    def _write_loop(self) -> None:
+        while not self._closed.wait(self._flush_s):
+            self._flush()
+        self._flush()
+
+    def close(self, timeout: float = 5.0) -> None:
+        """Write what is pending (called on drain before exit)."""
+        self._closed.set()
+        self._thread.join(timeout)

@@ -154,14 +154,20 @@ class Gateway:
                 return
             vpce_id = header.vpce_id if header else None
             source = header.source if header and header.source else writer.get_extra_info("peername")
+            loop = asyncio.get_running_loop()
             while True:
+                # An idle keep-alive connection is closed by a timer rather than wait_for(), which
+                # would cost a task per request on the hot path.
+                idle = loop.call_later(self.idle_timeout_s, writer.transport.abort)
                 try:
-                    head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), self.idle_timeout_s)
-                except (asyncio.IncompleteReadError, asyncio.TimeoutError, ConnectionError):
+                    head = await reader.readuntil(b"\r\n\r\n")
+                except (asyncio.IncompleteReadError, ConnectionError):
                     return
                 except asyncio.LimitOverrunError:
                     writer.write(openai_error(431, "request head too large", "invalid_request_error", None, close=True))
                     return
+                finally:
+                    idle.cancel()
                 try:
                     request = parse_head(head)
                 except HttpError as exc:
