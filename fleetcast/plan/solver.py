@@ -22,7 +22,7 @@ import math
 from dataclasses import dataclass, field
 
 from fleetcast.config import catalog
-from fleetcast.config.model import Backend, ModelFamily
+from fleetcast.config.model import Backend, ModelFamily, Precision
 
 from .curves import MIN_P99_SAMPLES, Candidate, LoadPoint
 from .inputs import Availability, FixedCosts, Latency, Prices, QualityFile
@@ -225,12 +225,10 @@ def evaluate(candidate: Candidate, traffic: ConsumerTraffic, service_region: str
     ev.weighted_ttft_p99 = weighted(k, ttft)
     ev.weighted_itl_p99 = weighted(k, lambda p: p.itl_p99)
     ev.weighted_e2e = weighted(k, lambda p: e2e(p) + max(network(p), 0.0))
-    points = [curve.at(min(l, k)) for l in weights]
-    if all(p.ttft_p99_ci for p in points):
-        ev.weighted_ttft_ci = (
-            sum(w * (curve.at(min(l, k)).ttft_p99_ci[0] + network(curve.at(min(l, k)))) for l, w in weights.items()),
-            sum(w * (curve.at(min(l, k)).ttft_p99_ci[1] + network(curve.at(min(l, k)))) for l, w in weights.items()),
-        )
+    served = [(w, curve.at(min(l, k))) for l, w in weights.items()]
+    if all(p.ttft_p99_ci for _, p in served):
+        ev.weighted_ttft_ci = (sum(w * (p.ttft_p99_ci[0] + network(p)) for w, p in served),
+                               sum(w * (p.ttft_p99_ci[1] + network(p)) for w, p in served))
     at_k = curve.at(k)
     # The SLO inside the P99 CI at the target: say what the plan costs if a longer run fails there.
     ci_t, ci_i = at_k.ttft_p99_ci, at_k.itl_p99_ci
@@ -241,7 +239,7 @@ def evaluate(candidate: Candidate, traffic: ConsumerTraffic, service_region: str
         k2 = max(lower)
         _, costs = daily(seconds_per_request(k2))
         ev.noise_fallback = (k2, sum(costs) / 24)
-    throughput = at_k.throughput_rps
+    throughput = k / (e2e(at_k) / 1000.0)  # Little's law at the target
     if at_k.records:
         good = sum(1 for t, i, ok in at_k.records if ok and t is not None and t + network(at_k) <= slo.ttft_p99_ms
                    and (i is None or i <= slo.itl_p99_ms))
@@ -251,6 +249,9 @@ def evaluate(candidate: Candidate, traffic: ConsumerTraffic, service_region: str
         ev.goodput_rps = throughput * max(0.0, 1 - at_k.error_rate - 0.02)
     if candidate.estimated:
         ev.notes.append("estimated by the roofline model, not measured: benchmark it before deploying")
+    if ctx.quality is not None:
+        ok, why = ctx.quality.verdict(candidate.instance_type, candidate.precision, ctx.quality_threshold)
+        ev.notes.append(f"quality not checked: {why}" if ok is None else f"quality: {why}")
     return ev
 
 
@@ -262,8 +263,6 @@ def _structural_rejection(candidate: Candidate, consumer: str, region: str, ctx:
             return f"quality check failed: {why}"
     instance = catalog.instance_catalog().get(candidate.instance_type)
     if instance is not None:
-        from fleetcast.config.model import Precision
-
         if not catalog.precision_supported(instance.gpu.arch, Precision(candidate.precision)):
             return (f"{candidate.precision} is not supported on {instance.gpu.name} ({instance.gpu.arch}); "
                     f"the config validator would refuse it")
