@@ -75,6 +75,12 @@ async def exercise(base: str, proc: subprocess.Popen, args) -> dict:
             single.append(await stream_completion(session, base, PROMPT, args.max_tokens, **opts))
         out["single"] = summarize(single, sum(r.e2e_s or 0 for r in single))
         out["single"]["ttft_ms_each"] = [round(r.ttft_s * 1000, 2) for r in single]
+        # Each new prompt length is a new prefill shape: TTFT must not pay a per-shape setup cost.
+        varied = {}
+        for n in (37, 90, 173, 256, 311, 402, 509, 640):
+            r = await stream_completion(session, base, "y" * n, 8, **opts)
+            varied[n] = round(r.ttft_s * 1000, 2) if r.ttft_s is not None else None
+        out["ttft_ms_by_prompt_tokens"] = varied
         t = time.monotonic()
         conc = await asyncio.gather(*[stream_completion(session, base, PROMPT, args.max_tokens, **opts)
                                       for _ in range(args.concurrency)])
@@ -135,14 +141,15 @@ def main(argv=None) -> int:
     ap.add_argument("--server-log", default=None)
     args = ap.parse_args(argv)
 
-    result: dict = {"size": args.size, "device": args.device}
     art = Path(args.artifact)
+    result: dict = {"device": args.device}
     if not (art / "config.json").exists():
         from runtime.reference.build import build_artifact
 
         built = build_artifact(art, size=args.size, seed=args.seed,
                                dtype="float16" if args.device == "cuda" else "float32", device=args.device)
         result["build"] = {"seconds": built["seconds"], "bytes": built["bytes"]}
+    result["size"] = json.loads((art / "config.json").read_text())["fleetcast_reference"]["size"]
     port = free_port()
     base = f"http://127.0.0.1:{port}"
     cmd = [sys.executable, "-m", "runtime.reference.server", "--artifact", str(art), "--port", str(port),
