@@ -124,8 +124,13 @@ def _pareto(points: list[tuple[float, float]]) -> list[int]:
 
 
 def write_plots(plan: RegionPlan, directory: Path) -> list[Path]:
-    import matplotlib
+    try:
+        import matplotlib
+    except ImportError:
+        from fleetcast.errors import UserError
 
+        raise UserError("--report draws plots with matplotlib, which is not installed: "
+                        "pip install 'fleetcast[plan]'") from None
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
