@@ -16,11 +16,11 @@ OFFLINE := env -u AWS_ACCESS_KEY_ID -u AWS_SECRET_ACCESS_KEY -u AWS_SESSION_TOKE
 $(VENV)/.synth-deps: pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e .
+	$(PY) -m pip install -q -e '.[bench,plan]'
 	touch $@
 
 $(VENV)/.test-deps: $(VENV)/.synth-deps pyproject.toml
-	$(PY) -m pip install -q -e '.[dev,reference]'
+	$(PY) -m pip install -q -e '.[dev,reference,bench,plan]'
 	touch $@
 
 node_modules/.package-lock.json: package.json package-lock.json
