@@ -156,6 +156,11 @@ def test_metrics_returns_iteration_stats_once(server):
     get_json(server.base, "/metrics")  # drop what earlier tests left
     post(server.base, "/v1/completions", {"prompt": "m", "max_tokens": 4, "temperature": 0, "ignore_eos": True})
     stats = get_json(server.base, "/metrics")
+    for _ in range(50):  # the last iteration's record can land just after the response is sent
+        if sum(st["numCompletedRequests"] for st in stats) == 1:
+            break
+        time.sleep(0.02)
+        stats += get_json(server.base, "/metrics")
     assert len(stats) == 3  # prefill (token 1) + decode (token 2) in one iteration, then two decode iterations
     assert stats[0]["inflightBatchingStats"]["numContextRequests"] == 1
     assert stats[-1]["numCompletedRequests"] == 1
