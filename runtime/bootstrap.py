@@ -355,11 +355,25 @@ class Bootstrap:
         signal.signal(signal.SIGINT, on_signal)
 
     def serve_until_stopped(self, serving: Serving, cfg: FleetConfig) -> int:
-        next_poll = next_gauges = time.monotonic()
+        # Gauges run on their own thread: a slow or frozen server must never delay the drain.
+        gauges_stop = threading.Event()
+
+        def gauges() -> None:
+            while True:
+                try:
+                    self.publish_gauges(serving)
+                except Exception as exc:  # noqa: BLE001 - a missed sample is not worth a crash
+                    log.warning("gauge sampling failed: %s", exc)
+                if gauges_stop.wait(self.env.gauges_s):
+                    return
+
+        threading.Thread(target=gauges, name="gauges", daemon=True).start()
+        next_poll = time.monotonic()
         while not self._stop.wait(0.2):
             now = time.monotonic()
             if serving.supervisor.gave_up.is_set():
                 log.error("serving processes keep crashing; exiting so systemd restarts the container")
+                gauges_stop.set()
                 serving.drain()
                 return EXIT_SERVING_FAILED
             if now >= next_poll:
@@ -370,9 +384,7 @@ class Bootstrap:
                         break
                 except MetadataError as exc:
                     log.warning("lifecycle state poll failed: %s", exc)
-            if now >= next_gauges:
-                next_gauges = now + self.env.gauges_s
-                self.publish_gauges(serving)
+        gauges_stop.set()
         log.info("draining (%s)", self.stop_reason)
         terminating = self.stop_reason == "terminate-hook"
         if not terminating:

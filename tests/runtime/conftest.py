@@ -24,3 +24,16 @@ def _dummy_aws_credentials(monkeypatch):
 def aws():
     with LocalAws(bucket=f"fleetcast-test-{os.getpid()}-{next(_buckets)}") as local:
         yield local
+
+
+@pytest.fixture
+def tmp_path():
+    """A private temporary directory. pytest's own basetemp is shared by every pytest run of this
+    user and rotated (old runs deleted) when others start; runtime processes outlive that window."""
+    import shutil
+    import tempfile
+    from pathlib import Path
+
+    path = Path(tempfile.mkdtemp(prefix="fleetcast-runtime-test-"))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)

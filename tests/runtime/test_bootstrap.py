@@ -24,12 +24,17 @@ pytestmark = pytest.mark.timeout(240)
 
 
 @pytest.fixture(scope="module")
-def fleet(tmp_path_factory):
+def fleet():
     """One loopback region shared by the scenario tests of this module (the cache persists between them)."""
+    import shutil
+    import tempfile
+
+    root = Path(tempfile.mkdtemp(prefix="fleetcast-e2e-"))
     with LocalAws(bucket=f"fleetcast-e2e-{os.getpid()}") as aws:
         cfg = tiny_config()
         aws.put_config(cfg)
-        yield aws, cfg, tmp_path_factory.mktemp("instances")
+        yield aws, cfg, root
+    shutil.rmtree(root, ignore_errors=True)
 
 
 def launch(aws, cfg, root: Path, instance_id: str, state="InService", **extra):
@@ -47,6 +52,23 @@ def log_of(root: Path, instance_id: str) -> str:
 def server_pid(root: Path, instance_id: str) -> int:
     pids = re.findall(r"started server \(pid (\d+)\)", log_of(root, instance_id))
     return int(pids[-1])
+
+
+def unread_requests(port: int) -> int:
+    """Sockets at local `port` holding received, unread bytes (Linux /proc/net/tcp: rx_queue > 0)."""
+    count = 0
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            lines = Path(table).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            fields = line.split()
+            local_port = int(fields[1].rsplit(":", 1)[1], 16)
+            rx_queue = int(fields[4].split(":")[1], 16)
+            if local_port == port and fields[3] == "01" and rx_queue > 0:  # 01: ESTABLISHED
+                count += 1
+    return count
 
 
 def builds_in_cache(aws) -> set[str]:
@@ -132,27 +154,23 @@ def test_crashed_server_is_restarted_and_drain_lets_inflight_streams_finish(flee
     assert wait_until(lambda: raw_health("127.0.0.1", port, True) == 200, 60)
     assert stream_completion(port, "again", 4).usage["completion_tokens"] == 4
 
-    # Requests in flight at scale-in. Freeze the server once every stream has its first token,
-    # so they are provably still running when the drain starts (no timing luck involved).
+    # Requests in flight at scale-in. The server is frozen first, so the streams provably cannot
+    # finish before the drain starts (no timing luck involved); they are in flight once the
+    # gateway has forwarded all four (request bytes waiting, unread, at the server's port).
     pid = server_pid(root, "i-00000000000000b01")
-    results = [StreamResult() for _ in range(4)]
-    started = threading.Barrier(5)
-
-    def arrive_once():
-        arrived = []
-        return lambda _text: arrived or (arrived.append(1), started.wait(30))
-
-    threads = [threading.Thread(target=stream_completion, args=(port, f"stream {i}", 48, results[i]),
-                                kwargs={"on_chunk": arrive_once()}) for i in range(4)]
-    for t in threads:
-        t.start()
-    started.wait(30)
     os.kill(pid, signal.SIGSTOP)
+    results = [StreamResult() for _ in range(4)]
+    threads = [threading.Thread(target=stream_completion, args=(port, f"stream {i}", 48, results[i]))
+               for i in range(4)]
     try:
+        for t in threads:
+            t.start()
+        assert wait_until(lambda: unread_requests(port + 1) >= 4, 30)
         aws.asg.begin(aws.group, telemetry.TERMINATE_HOOK, "i-00000000000000b01")
         imds.target_lifecycle_state = "Terminated"  # the ASG chose this instance for scale-in
 
-        assert wait_until(lambda: raw_health("127.0.0.1", port, True) == 503, 10)  # NLB stops sending first
+        assert wait_until(lambda: raw_health("127.0.0.1", port, True) == 503, 10), \
+            log_of(root, "i-00000000000000b01")[-3000:]  # the NLB stops sending first
         assert all(r.finished_at is None for r in results)  # ... while the streams are still open
         late = stream_completion(port, "late", 4)
         assert late.status == 503 and "draining" in (late.error or "")  # no new work accepted
