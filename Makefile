@@ -5,7 +5,8 @@ SHELL := /bin/bash
 VENV  ?= .venv
 PY    := $(VENV)/bin/python
 CONFIG ?= config/fleet.yaml
-export JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION := 1
+# jsii silences its end-of-life banner only when this names the running Node major version.
+export JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION := $(shell node --version 2>/dev/null | sed -E "s/^v([0-9]+).*/\1/")
 export CDK_DISABLE_CLI_TELEMETRY := true
 # Synthesis never needs AWS: no credentials, no metadata service, no lookups.
 OFFLINE := env -u AWS_ACCESS_KEY_ID -u AWS_SECRET_ACCESS_KEY -u AWS_SESSION_TOKEN -u AWS_PROFILE \

@@ -69,3 +69,14 @@ def test_every_offline_provider_region_gets_a_mirror_and_the_outputs_staging_rea
             assert sum(needle in key.lower() for key in outputs) == 1, (needle, sorted(outputs))
     # With NAT egress instances pull the upstream image themselves: no mirror.
     assert nat_fleet().resources("fleetcast-provider-ap-northeast-2", "AWS::CodeBuild::Project") == {}
+
+
+def test_build_context_holds_only_the_dockerfile_and_runtime_sources():
+    from .synthesized import default_fleet
+
+    outdir = default_fleet().outdir
+    contexts = [d for d in outdir.glob("asset.*") if (d / "docker" / "Dockerfile").is_file()]
+    assert contexts, "no asset carries docker/Dockerfile"
+    for context in contexts:
+        assert {p.name for p in context.iterdir()} == {"docker", "fleetcast", "runtime"}
+        assert not list(context.rglob("__pycache__"))
