@@ -9,6 +9,7 @@ from aws_cdk import App, Environment, Stack, Tags
 from fleetcast.config import FleetConfig
 
 from . import nag
+from .bench_fleet import BenchFleets, bench_enabled
 from .consumer import ConsumerStack
 from .naming import consumer_stack_name, provider_stack_name, skip_reason
 from .provider import ProviderStack
@@ -27,6 +28,9 @@ def build_app(cfg: FleetConfig, app: App, *, report: Callable[[str], None] = pri
             env=Environment(account=cfg.provider.account, region=region.region),
             description=f"Fleetcast {cfg.name}: GPU fleet and PrivateLink service in {region.region}",
         )
+        if bench_enabled(app):
+            # `-c bench=true`: one self-benchmarking instance per pool, scaling itself to zero (issue 6).
+            BenchFleets(stacks[name], "Bench", cfg=cfg, region=region, provider=stacks[name])
     for consumer in cfg.consumers:
         reason = skip_reason(consumer)
         if reason:

@@ -66,6 +66,7 @@ class GpuFleet(Construct):
         subnets: ec2.SubnetSelection,
         security_group: ec2.ISecurityGroup,
         inputs: InstanceInputs,
+        extra_env: dict[str, str] | None = None,
     ) -> None:
         super().__init__(scope, construct_id)
         self.pool = pool
@@ -84,6 +85,8 @@ class GpuFleet(Construct):
             "FLEETCAST_IMAGE": inputs.image_uri,
             "FLEETCAST_RUNTIME_BUNDLE": inputs.runtime_bundle.s3_object_url,
             "FLEETCAST_LOG_GROUP": inputs.log_group.log_group_name,
+            # Set by callers that reuse this launch path for another job (bench instances).
+            **(extra_env or {}),
         }
         self.launch_template = ec2.LaunchTemplate(
             self,

@@ -61,6 +61,6 @@ def upload(results_path: Path, bucket: str, key: str, *, region: str | None = No
     import boto3
 
     s3 = client or boto3.client("s3", region_name=region, endpoint_url=endpoint_url)
-    s3.put_object(Bucket=bucket, Key=key, Body=Path(results_path).read_bytes(), ContentType="application/json",
-                  ServerSideEncryption="aws:kms")
+    # The bucket's default encryption applies (the fleet's buckets enforce it).
+    s3.put_object(Bucket=bucket, Key=key, Body=Path(results_path).read_bytes(), ContentType="application/json")
     return f"s3://{bucket}/{key}"

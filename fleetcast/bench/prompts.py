@@ -7,8 +7,10 @@ Two ways, best first:
 2. Fallback, calibrated on the server: prompts are random common English words;
    two probe requests (4 and 16 words) with known word counts read `usage.prompt_tokens` back,
    giving tokens per word and the fixed overhead (chat template, BOS), which
-   size every later prompt. Close, not exact, for tokenizers that split some
-   words; the results still record the server-reported prompt length of every
+   size every later prompt. The words all have three letters and each gets a
+   leading space, so tokens per word is constant for BPE (1) and byte-level (4)
+   tokenizers alike and lengths are exact up to rounding to whole words; for
+   other tokenizers they are close. The results still record the server-reported prompt length of every
    request, so throughput figures use true counts. If the server returns no
    usage, one word is taken as one token and the lengths spec says so.
 Prompts are random per request so a server's prefix cache cannot short-cut them.
@@ -22,16 +24,13 @@ from pathlib import Path
 
 from fleetcast.errors import UserError
 
-# Short, frequent words: one token each in GPT-2/Llama-style BPE vocabularies (with a leading space).
+# Frequent three-letter words. With a leading space each is one token in GPT-2/Llama-style
+# BPE vocabularies and exactly four in byte-level ones, so tokens per word is the same for
+# every word and the calibrated fallback lands on the requested length.
 WORDS = (
-    "the of and to in is was for on that with as by at from his her he she it they an be this "
-    "are were had have not but or which one all their there been has when who will more would "
-    "no if out so what up said about into than them can only other new some could time these "
-    "two may then do first any my now such like our over man me even most made after also did "
-    "many before must through back years where much your way well down should because each just "
-    "those people how too little state good very make world still own see men work long get here "
-    "between both life being under never day same another know while last might us great old year "
-    "off come since against go came right used take three"
+    "the and for was are his her not but had has one all can out who its may any new two now our "
+    "she him how man did get use see own way too day old end put say set yet war far few big try "
+    "ask let got run"
 ).split()
 
 
@@ -69,7 +68,8 @@ class PromptFactory:
             return self._exact_prompt(n, rng)
         c = self.calibration
         words = max(1, round((n - c.overhead_tokens) / c.tokens_per_word))
-        return " ".join(rng.choices(WORDS, k=words))
+        # Leading space on every word, the first included: each word then tokenizes alike.
+        return "".join(" " + w for w in rng.choices(WORDS, k=words))
 
     def count(self, text: str) -> int | None:
         if self._tok is None:
@@ -111,4 +111,4 @@ def calibrate_from_usage(samples: list[tuple[int, int | None]]) -> Calibration:
     tpw = (t2 - t1) / (w2 - w1)
     if tpw <= 0:
         return Calibration()
-    return Calibration(tpw, max(0.0, t1 - w1 * tpw), "calibrated on server usage.prompt_tokens")
+    return Calibration(tpw, t1 - w1 * tpw, "calibrated on server usage.prompt_tokens")

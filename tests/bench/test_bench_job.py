@@ -1,0 +1,70 @@
+"""The instance-side benchmark job: measure, upload, scale to zero (S3 on moto, Auto Scaling stubbed)."""
+
+import json
+
+import boto3
+import pytest
+from botocore.stub import Stubber
+from moto.server import ThreadedMotoServer
+
+from fleetcast.bench.schema import load_results
+from runtime import bench_job
+
+REGION = "us-east-1"
+
+
+@pytest.fixture(scope="module")
+def s3():
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    client = boto3.client("s3", region_name=REGION, endpoint_url=f"http://{host}:{port}",
+                          aws_access_key_id="testing", aws_secret_access_key="testing")
+    client.create_bucket(Bucket="models")
+    yield client
+    server.stop()
+
+
+def autoscaling_expecting_scale_to_zero(group):
+    client = boto3.client("autoscaling", region_name=REGION, aws_access_key_id="testing",
+                          aws_secret_access_key="testing")
+    stub = Stubber(client)
+    stub.add_response("set_desired_capacity", {},
+                      {"AutoScalingGroupName": group, "DesiredCapacity": 0, "HonorCooldown": False})
+    stub.activate()
+    return client, stub
+
+
+def env(endpoint, key):
+    return {"FLEETCAST_BENCH_KEY": key, "FLEETCAST_BENCH_GROUP": "fc-us-east-1-bench-l40s",
+            "FLEETCAST_BENCH_ENDPOINT": endpoint, "FLEETCAST_BENCH_CONCURRENCY": "1,2",
+            "FLEETCAST_BENCH_REQUESTS": "4", "FLEETCAST_BENCH_INPUT_TOKENS": "16", "FLEETCAST_BENCH_OUTPUT_TOKENS": "4",
+            "FLEETCAST_BENCH_LABELS": "instance_type=g6e.xlarge,precision=int8_wo,region=us-east-1,backend=tensorrt",
+            "FLEETCAST_BUCKET": "models", "FLEETCAST_REGION": REGION}
+
+
+def test_job_benchmarks_the_local_server_uploads_and_scales_to_zero(fast_server, s3, tmp_path):
+    asg, stub = autoscaling_expecting_scale_to_zero("fc-us-east-1-bench-l40s")
+    key = "bench/r1/us-east-1/g6e.xlarge/int8_wo.json"
+    assert bench_job.run(env(fast_server.url, key), s3=s3, autoscaling=asg, health_timeout_s=10) == 0
+    stub.assert_no_pending_responses()
+    path = tmp_path / "r.json"
+    path.write_bytes(s3.get_object(Bucket="models", Key=key)["Body"].read())
+    res = load_results(path)
+    assert [r.load.concurrency for r in res.runs] == [1, 2]
+    assert (res.labels.instance_type, res.labels.precision, res.labels.backend) == ("g6e.xlarge", "int8_wo", "tensorrt")
+    assert res.runs[0].summary.network_rtt_ms is not None
+
+
+def test_a_failed_job_leaves_a_note_and_still_scales_to_zero(s3):
+    asg, stub = autoscaling_expecting_scale_to_zero("fc-us-east-1-bench-l40s")
+    key = "bench/r1/us-east-1/g5.xlarge/fp16.json"
+    monkey_env = env("http://127.0.0.1:9", key)
+    assert bench_job.run(monkey_env, s3=s3, autoscaling=asg, health_timeout_s=0.2) == 1
+    stub.assert_no_pending_responses()
+    note = json.loads(s3.get_object(Bucket="models", Key="bench/r1/us-east-1/g5.xlarge/fp16.error.txt")["Body"].read())
+    assert "never answered 200" in note["error"]
+
+
+def test_instances_without_a_bench_key_do_nothing():
+    assert bench_job.run({"FLEETCAST_BUCKET": "models"}) == 0
