@@ -342,6 +342,7 @@ class Engine:
             log.exception("engine thread failed")
             self.failed = exc
             with self._lock:
+                self._stop = True  # submit() refuses from now on instead of queueing forever
                 pending = list(self._waiting) + self._active
                 self._waiting.clear()
                 self._active.clear()

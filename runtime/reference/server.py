@@ -195,6 +195,7 @@ class ReferenceServer:
             if self.state == "loading":
                 self.state = "ready"
                 print(f"READY http://{self.args.host}:{self.args.port}", flush=True)
+            loop.create_task(self._watch_engine())
         except Exception as exc:
             log.error("failed to load %s: %s", self.args.artifact, exc)
             self.state = "failed"
@@ -209,6 +210,19 @@ class ReferenceServer:
         if self._request_log:
             self._request_log.close()
         return self.exit_code
+
+    async def _watch_engine(self) -> None:
+        """Exit 1 soon after the engine thread dies, so the supervisor restarts the server
+        rather than leaving a process that answers 503 forever."""
+        while not self.stopped.is_set():
+            if self.engine is not None and self.engine.failed is not None:
+                log.error("engine failed (%r); exiting", self.engine.failed)
+                self.state = "failed"
+                self.exit_code = 1
+                await asyncio.sleep(0.5)  # let handlers flush their error chunks
+                self.stopped.set()
+                return
+            await asyncio.sleep(0.2)
 
     def begin_drain(self) -> None:
         if self.state == "draining":

@@ -159,3 +159,23 @@ def test_seeded_sampling_is_reproducible(weights):
     finally:
         engine.stop()
     assert a[0] == b[0] and len(a[0]) == 12
+
+
+def test_an_engine_failure_ends_every_request_with_error_and_is_reported(weights):
+    model = GPT2(SHAPE, weights)
+    engine = Engine(model, max_batch_size=2, max_seq_len=64, vocab_size=VOCAB_SIZE, eos_id=EOS_ID)
+
+    def broken_decode(*args, **kwargs):
+        raise RuntimeError("simulated device fault")
+
+    model.decode = broken_decode
+    engine.start()
+    try:
+        params = SamplingParams(max_tokens=5, temperature=0.0, ignore_eos=True)
+        results = run_engine(engine, [([1, 2], params), ([3], params), ([4], params)])
+    finally:
+        engine.stop()
+    assert [reason for _, reason in results] == ["error", "error", "error"]
+    assert isinstance(engine.failed, RuntimeError)
+    with pytest.raises(RuntimeError, match="stopped"):
+        engine.submit(Sequence(prompt=[1], params=params, emit=lambda *a: None))
