@@ -113,5 +113,6 @@ for unit in {INSTALL_DIR}/runtime/systemd/*.service; do
   units="$units $(basename "$unit")"
 done
 systemctl daemon-reload
-systemctl enable --now $units
+# --no-block: cloud-init need not wait for the image pull (ExecStartPre); systemd carries on.
+systemctl enable --now --no-block $units
 """
