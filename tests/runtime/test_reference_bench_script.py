@@ -1,0 +1,33 @@
+"""scripts/bench_decode.py in its CPU mode: the H200 benchmark's plumbing and its correctness check."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+
+import pytest
+
+pytest.importorskip("torch")
+
+from .reference_helpers import ROOT  # noqa: E402
+
+
+def load_script():
+    spec = importlib.util.spec_from_file_location("bench_decode", ROOT / "scripts" / "bench_decode.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_cpu_mode_checks_greedy_decoding_and_reports_the_floor_ratio(tmp_path, capsys):
+    out = tmp_path / "decode.json"
+    rc = load_script().main(["--device", "cpu", "--size", "tiny", "--batches", "1,2", "--reps", "2", "--inner", "1",
+                             "--long-context", "100", "--attention", "sdpa,bmm", "--out", str(out)])
+    assert rc == 0
+    result = json.loads(out.read_text())
+    for variant in ("sdpa", "bmm"):
+        check = result["variants"][variant]["greedy_check"]
+        assert check["tokens_matched"] == check["steps"] == 8
+        assert set(result["variants"][variant]["steps"]) == {"B1_ctx128", "B2_ctx128", "B1_ctx100"}
+    assert result["floor_ms"] > 0 and result["batch1_vs_floor"] == pytest.approx(result["batch1_step_ms"] / result["floor_ms"])
+    assert "BATCH-1 STEP" in capsys.readouterr().out
