@@ -22,6 +22,7 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -188,16 +189,21 @@ Runner = Callable[[list[str], Path], None]
 
 
 def run_logged(cmd: list[str], log_file: Path) -> None:
-    """Run one build step, its output appended to the build log (and echoed for CloudWatch)."""
+    """Run one build step; its output goes to the build log and to stderr (CloudWatch Logs via awslogs)."""
     with log_file.open("a") as out:
         out.write(f"$ {' '.join(cmd)}\n")
         out.flush()
         started = time.monotonic()
-        proc = subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT, check=False)
-        out.write(f"# exit {proc.returncode} after {time.monotonic() - started:.1f} s\n")
-    if proc.returncode != 0:
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace")
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            out.write(line)
+            sys.stderr.write(f"[build] {line}")
+        code = proc.wait()
+        out.write(f"# exit {code} after {time.monotonic() - started:.1f} s\n")
+    if code != 0:
         tail = log_file.read_text(errors="replace")[-2000:]
-        raise RuntimeError(f"{os.path.basename(cmd[0]) if cmd[0] != 'python3' else cmd[1]} exited {proc.returncode}: {tail}")
+        raise RuntimeError(f"{os.path.basename(cmd[0]) if cmd[0] != 'python3' else cmd[1]} exited {code}: {tail}")
 
 
 def copy_tokenizer(model_dir: Path, dest: Path) -> None:
@@ -232,7 +238,13 @@ class TrtllmBackend:
         assert model_dir is not None
         artifact = workdir / "artifact"
         if self.engine.backend is Backend.PYTORCH:
-            # No engine: the verified staged checkpoint is the artifact.
+            # No engine: the verified staged checkpoint is the artifact. FP8/NVFP4 must arrive
+            # pre-quantized (ModelOpt writes hf_quant_config.json); nothing here quantizes.
+            if self.engine.precision in (Precision.FP8, Precision.NVFP4) and not (model_dir / "hf_quant_config.json").is_file():
+                raise UserError(
+                    f"engine.precision: {self.engine.precision.value} on the pytorch backend needs a pre-quantized "
+                    f"checkpoint (hf_quant_config.json); stage one as model.source, e.g. an FP8 ModelOpt export"
+                )
             shutil.copytree(model_dir, artifact, ignore=shutil.ignore_patterns("manifest.json"))
             return artifact
         paths = BuildPaths(model_dir=model_dir, checkpoint_dir=workdir / "checkpoint",

@@ -141,3 +141,24 @@ def test_a_failing_build_step_reports_its_output(tmp_path):
     with pytest.raises(RuntimeError, match="bash exited 2: .*out of memory"):
         trtllm.run_logged(["bash", "-c", "echo 'CUDA error: out of memory'; exit 2"], log)
     assert "$ bash -c" in log.read_text() and "# exit 2" in log.read_text()
+
+
+def test_pytorch_backend_caches_the_checkpoint_and_wants_fp8_prequantized(tmp_path):
+    from fleetcast.config import Backend, ModelFamily
+    from fleetcast.errors import UserError
+
+    cfg = load_config(REPO / "config" / "fleet.yaml")
+    cfg = cfg.model_copy(update={"model": cfg.model.model_copy(update={"family": ModelFamily.LLAMA})})
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    (model / "model.safetensors").write_bytes(b"w")
+    bf16 = cfg.engine.model_copy(update={"backend": Backend.PYTORCH, "precision": Precision.BF16})
+    artifact = trtllm.TrtllmBackend(cfg, bf16, runner=lambda c, l: pytest.fail("no build step")).build(
+        model, None, tmp_path / "w1")
+    assert sorted(p.name for p in artifact.iterdir()) == ["config.json", "model.safetensors"]
+    fp8 = bf16.model_copy(update={"precision": Precision.FP8})
+    with pytest.raises(UserError, match="pre-quantized"):
+        trtllm.TrtllmBackend(cfg, fp8).build(model, None, tmp_path / "w2")
+    (model / "hf_quant_config.json").write_text(json.dumps({"producer": {"name": "modelopt"}}))
+    assert (trtllm.TrtllmBackend(cfg, fp8).build(model, None, tmp_path / "w3") / "hf_quant_config.json").is_file()
