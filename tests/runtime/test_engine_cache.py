@@ -228,3 +228,48 @@ def test_concurrent_cold_starts_build_exactly_once(aws, tmp_path):
     for i in range(4):  # every instance holds the verified files on its own disk
         engine = next((tmp_path / f"disk{i}").iterdir())
         assert (engine / "config.json").is_file()
+
+
+class Recording:
+    """Records the S3 calls an EngineCache makes, in order."""
+
+    def __init__(self, real):
+        self.real, self.calls = real, []
+
+    def __getattr__(self, name):
+        method = getattr(self.real, name)
+
+        def call(*args, **kwargs):
+            self.calls.append((name, kwargs.get("Key") or (args[2] if len(args) > 2 else None)))
+            return method(*args, **kwargs)
+
+        return call
+
+
+def test_the_manifest_is_written_after_every_artifact_file(aws, tmp_path):
+    rec = Recording(client(aws.moto_url))
+    c = EngineCache(rec, aws.bucket, inputs(), settings=FAST)
+    c.obtain(tmp_path / "a", fake_build(tmp_path / "n", 0))
+    writes = [(op, key) for op, key in rec.calls if op in ("upload_file", "put_object") and key.startswith("engines/")]
+    assert [key for _, key in writes][-1] == c.manifest_key
+    assert len([1 for op, _ in writes if op == "upload_file"]) == 2  # config.json + rank0.engine, before it
+    assert all("/builds/" in key for _, key in writes[:-1])  # under the build's own prefix
+
+
+def test_a_long_build_keeps_its_lock_fresh_so_nobody_takes_it_over(aws, tmp_path):
+    short = CacheSettings(**{**FAST.__dict__, "lock_ttl_s": 1.0, "lock_refresh_s": 0.2, "poll_s": 0.1})
+    counter = tmp_path / "builds"
+    results = {}
+
+    def instance(name, delay):
+        time.sleep(delay)
+        results[name] = cache(aws, holder=name, settings=short).obtain(tmp_path / name, fake_build(counter, 3.0))
+
+    threads = [threading.Thread(target=instance, args=("i-builder", 0)),
+               threading.Thread(target=instance, args=("i-waiter", 0.5))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert count(counter) == 1  # 3 s build, 1 s TTL: only the refreshes kept the waiter out
+    assert results["i-builder"].outcome == "built" and results["i-waiter"].outcome == "hit"
