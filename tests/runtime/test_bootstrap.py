@@ -141,23 +141,31 @@ def test_cold_start_builds_serves_then_hit_and_warm_pool_skip_the_build(fleet):
     assert len(builds_in_cache(aws)) == 1
 
 
-def test_crashed_server_is_restarted_and_drain_lets_inflight_streams_finish(fleet):
-    aws, cfg, root = fleet
-    rp, imds, port = launch(aws, cfg, root, "i-00000000000000b01")
-    assert rp.wait_event("fleetcast_serving", 150) is not None, log_of(root, "i-00000000000000b01")[-3000:]
+@pytest.mark.parametrize("trigger", ["terminate-hook", "SIGTERM"])
+def test_drain_lets_inflight_streams_finish(fleet, trigger):
+    """Scale-in (the terminate hook, seen through IMDS) or a plain SIGTERM (docker stop) with streams in flight.
 
-    # A crash of the model server: the supervisor brings it back, the instance stays healthy.
-    first = server_pid(root, "i-00000000000000b01")
-    os.kill(first, signal.SIGKILL)
-    assert wait_until(lambda: raw_health("127.0.0.1", port, True) == 503, 10)  # gateway mirrors the server
-    assert wait_until(lambda: server_pid(root, "i-00000000000000b01") != first, 30)
-    assert wait_until(lambda: raw_health("127.0.0.1", port, True) == 200, 60)
-    assert stream_completion(port, "again", 4).usage["completion_tokens"] == 4
+    The scale-in variant first SIGKILLs the model server: the runtime's supervisor restarts it and
+    the instance turns healthy again without a container restart.
+    """
+    aws, cfg, root = fleet
+    iid = "i-00000000000000b01" if trigger == "terminate-hook" else "i-00000000000000b02"
+    rp, imds, port = launch(aws, cfg, root, iid)
+    assert rp.wait_event("fleetcast_serving", 150) is not None, log_of(root, iid)[-3000:]
+
+    if trigger == "terminate-hook":
+        # A crash of the model server first: the supervisor brings it back, the instance stays healthy.
+        first = server_pid(root, iid)
+        os.kill(first, signal.SIGKILL)
+        assert wait_until(lambda: raw_health("127.0.0.1", port, True) == 503, 10)  # gateway mirrors the server
+        assert wait_until(lambda: server_pid(root, iid) != first, 30)
+        assert wait_until(lambda: raw_health("127.0.0.1", port, True) == 200, 60)
+        assert stream_completion(port, "again", 4).usage["completion_tokens"] == 4
 
     # Requests in flight at scale-in. The server is frozen first, so the streams provably cannot
     # finish before the drain starts (no timing luck involved); they are in flight once the
     # gateway has forwarded all four (request bytes waiting, unread, at the server's port).
-    pid = server_pid(root, "i-00000000000000b01")
+    pid = server_pid(root, iid)
     os.kill(pid, signal.SIGSTOP)
     results = [StreamResult() for _ in range(4)]
     threads = [threading.Thread(target=stream_completion, args=(port, f"stream {i}", 48, results[i]))
@@ -166,15 +174,18 @@ def test_crashed_server_is_restarted_and_drain_lets_inflight_streams_finish(flee
         for t in threads:
             t.start()
         assert wait_until(lambda: unread_requests(port + 1) >= 4, 30)
-        aws.asg.begin(aws.group, telemetry.TERMINATE_HOOK, "i-00000000000000b01")
-        imds.target_lifecycle_state = "Terminated"  # the ASG chose this instance for scale-in
+        if trigger == "SIGTERM":
+            rp.proc.send_signal(signal.SIGTERM)
+        else:
+            aws.asg.begin(aws.group, telemetry.TERMINATE_HOOK, iid)
+            imds.target_lifecycle_state = "Terminated"  # the ASG chose this instance for scale-in
 
         assert wait_until(lambda: raw_health("127.0.0.1", port, True) == 503, 10), \
-            log_of(root, "i-00000000000000b01")[-3000:]  # the NLB stops sending first
+            log_of(root, iid)[-3000:]  # the NLB stops sending first
         assert all(r.finished_at is None for r in results)  # ... while the streams are still open
         late = stream_completion(port, "late", 4)
         assert late.status == 503 and "draining" in (late.error or "")  # no new work accepted
-        assert hook_results(aws, "i-00000000000000b01", telemetry.TERMINATE_HOOK) == []  # not before they finish
+        assert hook_results(aws, iid, telemetry.TERMINATE_HOOK) == []  # not before they finish
     finally:
         os.kill(pid, signal.SIGCONT)
     for t in threads:
@@ -184,8 +195,9 @@ def test_crashed_server_is_restarted_and_drain_lets_inflight_streams_finish(flee
         assert r.usage["completion_tokens"] == 48  # every stream keeps its full token count
     assert rp.proc.wait(60) == 0
     drained = rp.wait_event("fleetcast_drained", 5)
-    assert drained["stop_reason"] == "terminate-hook" and drained["gateway_exit"] == 0
-    assert hook_results(aws, "i-00000000000000b01", telemetry.TERMINATE_HOOK) == ["CONTINUE"]
+    assert drained["stop_reason"] == trigger and drained["gateway_exit"] == 0
+    # The terminate hook is completed when there is one (scale-in), never for a plain stop.
+    assert hook_results(aws, iid, telemetry.TERMINATE_HOOK) == (["CONTINUE"] if trigger != "SIGTERM" else [])
     with pytest.raises(ConnectionRefusedError):  # the listener is gone: new connections are refused
         import socket
 
