@@ -16,7 +16,7 @@ from __future__ import annotations
 import threading
 import urllib.parse
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 ASG_NS = "http://autoscaling.amazonaws.com/doc/2011-01-01/"
