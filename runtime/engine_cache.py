@@ -524,6 +524,11 @@ class EngineCache:
             t0 = time.monotonic()
             try:
                 artifact = build(work)
+            except CacheError:
+                # S3 down or inputs not staged yet: not the build's fault, so no failure marker
+                # (the breaker is for builds that fail on their own, e.g. out of GPU memory).
+                shutil.rmtree(work, ignore_errors=True)
+                raise
             except Exception as exc:
                 marker = self.record_failure(f"{type(exc).__name__}: {exc}", build_id)
                 shutil.rmtree(work, ignore_errors=True)

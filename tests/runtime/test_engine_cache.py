@@ -273,3 +273,14 @@ def test_a_long_build_keeps_its_lock_fresh_so_nobody_takes_it_over(aws, tmp_path
         t.join(60)
     assert count(counter) == 1  # 3 s build, 1 s TTL: only the refreshes kept the waiter out
     assert results["i-builder"].outcome == "built" and results["i-waiter"].outcome == "hit"
+
+
+def test_inputs_not_staged_yet_is_not_a_build_failure(aws, tmp_path):
+    from runtime.staged import StagingMissing
+
+    def unstaged(workdir):
+        raise StagingMissing("s3://bucket/models/gpt2-tiny/r1/manifest.json is missing")
+
+    with pytest.raises(StagingMissing):
+        cache(aws).obtain(tmp_path / "a", unstaged)
+    assert aws.keys("failures/") == [] and aws.keys("locks/") == []  # no marker, lock released
