@@ -73,7 +73,7 @@ def run(env: dict[str, str], *, s3=None, autoscaling=None, health_timeout_s: flo
         endpoint = env.get("FLEETCAST_BENCH_ENDPOINT", "http://127.0.0.1:8000")
         if not _wait_healthy(endpoint, health_timeout_s):
             raise RuntimeError(f"{endpoint}/health never answered 200 within {health_timeout_s:.0f} s")
-        from scripts.cli import main as fleetcast
+        from fleetcast.bench.cli import main as fleetcast
 
         with tempfile.TemporaryDirectory() as tmp:
             out = Path(tmp) / "results.json"

@@ -81,7 +81,9 @@ class BenchFleets(Construct):
                     "FLEETCAST_POOL": pool.name,
                     "FLEETCAST_BENCH_KEY": key,
                     "FLEETCAST_BENCH_GROUP": group,
-                    "FLEETCAST_BENCH_ENDPOINT": f"http://127.0.0.1:{cfg.engine.port}",
+                    # The model server itself (runtime/serve.py: 127.0.0.1:engine.port+1); the gateway on
+                    # engine.port requires PROXY protocol v2 and has its own benchmark (bench_gateway).
+                    "FLEETCAST_BENCH_ENDPOINT": f"http://127.0.0.1:{cfg.engine.port + 1}",
                     "FLEETCAST_BENCH_CONCURRENCY": knobs["bench_concurrency"],
                     "FLEETCAST_BENCH_REQUESTS": knobs["bench_requests"],
                     "FLEETCAST_BENCH_INPUT_TOKENS": knobs["bench_input_tokens"],

@@ -1,5 +1,9 @@
 """`fleetcast bench run|report|collect`: measure an OpenAI-compatible endpoint,
-render results, download results written by benchmark instances."""
+render results, download results written by benchmark instances.
+
+Lives in the library (not scripts/) because bench instances run it from the
+runtime bundle, which carries fleetcast/ and runtime/ only; scripts/bench_cmd.py
+registers it with the `fleetcast` CLI."""
 
 from __future__ import annotations
 
@@ -208,3 +212,16 @@ def _collect(args: argparse.Namespace) -> int:
         print(f)
     print(f"{len(files)} results file(s) in {args.out}", file=sys.stderr)
     return 0
+
+
+def main(argv: list[str]) -> int:
+    """`fleetcast bench ...` without the rest of the CLI (used on bench instances).
+    User mistakes print one line and return their exit code, as in the full CLI."""
+    parser = argparse.ArgumentParser(prog="fleetcast")
+    register(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(argv)
+    try:
+        return int(args.handler(args) or 0)
+    except UserError as exc:
+        print(f"fleetcast bench: {exc}", file=sys.stderr)
+        return exc.exit_code

@@ -7,8 +7,8 @@ spikes, and logs when it actually wrote each token to the socket. That log is
 the ground truth a benchmark client's figures are compared with
 (`GET /_truth`, `POST /_truth/reset`). Truth TTFT runs from the kernel's receive time
 of the request (SO_TIMESTAMPNS, so a server slow to wake does not shorten it)
-to the return of the write of the first content token; a client adds one
-loopback hop (tens of microseconds) on top.
+to the moment the first content token is written (stamped just before the
+write call); a client adds one loopback hop (tens of microseconds) on top.
 
 Tokens are whitespace-separated words: prompt_tokens is the prompt's word count,
 and every streamed chunk carries exactly one token, so a client's token counts
@@ -228,8 +228,11 @@ class _Http(asyncio.Protocol):
             last = i == n_out - 1
             choice = {"index": 0, "finish_reason": "length" if last else None}
             choice.update({"delta": {"content": word}} if chat else {"text": word})
-            write(_chunk(_sse({"id": "c", "object": kind, "model": MODEL_ID, "choices": [choice]})))
+            frame = _chunk(_sse({"id": "c", "object": kind, "model": MODEL_ID, "choices": [choice]}))
+            # Stamped just before the write: on loopback the kernel hands the bytes to the
+            # client inside this call, so a correct client can never report an earlier time.
             record.emits.append(_clock())
+            write(frame)
             delay = state.gap_s()
         tail = b""
         if (req.get("stream_options") or {}).get("include_usage"):
