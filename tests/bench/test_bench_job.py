@@ -68,3 +68,18 @@ def test_a_failed_job_leaves_a_note_and_still_scales_to_zero(s3):
 
 def test_instances_without_a_bench_key_do_nothing():
     assert bench_job.run({"FLEETCAST_BUCKET": "models"}) == 0
+
+
+def test_systemd_unit_runs_the_job_only_on_bench_instances():
+    import configparser
+    from pathlib import Path
+
+    unit_path = Path(__file__).resolve().parents[2] / "runtime" / "systemd" / "fleetcast-bench.service"
+    parser = configparser.ConfigParser(strict=False, interpolation=None)
+    parser.optionxform = str
+    parser.read_string(unit_path.read_text())
+    service = parser["Service"]
+    assert service["ExecCondition"] == "/bin/sh -c 'test -n \"$FLEETCAST_BENCH_KEY\"'"
+    assert "python3 -m runtime.bench_job" in service["ExecStart"]
+    assert service["Type"] == "oneshot" and service["Restart"] == "no"
+    assert parser["Install"]["WantedBy"] == "multi-user.target"
