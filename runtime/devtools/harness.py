@@ -124,8 +124,11 @@ class LocalAws:
     """Loopback S3/SSM (moto), IMDSv2, Auto Scaling hooks and EC2 endpoint connections."""
 
     def __init__(self, region: str = "ap-northeast-2", bucket: str = "fleetcast-dev-engines",
-                 param: str = "/fleetcast/dev/config"):
-        self.region, self.bucket, self.param = region, bucket, param
+                 param: str | None = None):
+        # moto keeps one in-process backend for every server it starts: name things per bucket
+        # so that several LocalAws in one process (a test session) never see each other's state.
+        self.region, self.bucket = region, bucket
+        self.param = param or f"/fleetcast/dev/{bucket}/config"
         self.moto: Any = None
         self.moto_url = ""
         self.asg = FakeAutoScaling()

@@ -1,49 +1,14 @@
 """Generated TensorRT-LLM command lines parse against the 1.2.x tools' own option definitions."""
 
-import argparse
 from pathlib import Path
 
 import pytest
 
 from fleetcast.config import Backend, KvCacheDtype, ModelFamily, Precision, load_config
 from runtime import trtllm
-from tests.runtime import trtllm_1_2_1_cli as spec
+from tests.runtime.trtllm_parsers import BUILD, CONVERT, QUANTIZE, SERVE, Refused as _Refused
 
 REPO = Path(__file__).resolve().parents[2]
-TYPES = {"int": int, "float": float, "str": str}
-
-
-class _Refused(Exception):
-    pass
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message):  # argparse would sys.exit; a test wants the reason
-        raise _Refused(message)
-
-
-def parser_from(options: dict, positionals: tuple[str, ...] = ()) -> argparse.ArgumentParser:
-    parser = _Parser(add_help=False, allow_abbrev=False)
-    for name in positionals:
-        parser.add_argument(name)
-    for name, o in options.items():
-        names = [name, *o.get("aliases", [])]
-        if o["kind"] == "flag":
-            parser.add_argument(*names, action="store_true")
-        else:
-            kwargs = {"type": TYPES[o["type"]]}
-            if "choices" in o:
-                kwargs["choices"] = o["choices"]
-            if o["kind"] == "optional":
-                kwargs.update(nargs="?", const=o["choices"][0])
-            parser.add_argument(*names, **kwargs)
-    return parser
-
-
-CONVERT = parser_from(spec.CONVERT_CHECKPOINT_GPT)
-QUANTIZE = parser_from(spec.QUANTIZE)
-BUILD = parser_from(spec.TRTLLM_BUILD)
-SERVE = parser_from(spec.TRTLLM_SERVE, tuple(spec.TRTLLM_SERVE_POSITIONAL))
 
 
 @pytest.fixture(scope="module")

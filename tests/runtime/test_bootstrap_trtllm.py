@@ -1,0 +1,124 @@
+"""The product path (TensorRT-LLM backend) end to end, with stand-ins for the TensorRT-LLM tools.
+
+The stand-ins (tests/runtime/fake_trtllm.py) parse every command line with the 1.2.x
+option definitions and produce the files the real tools leave behind; trtllm-serve is
+played by the reference server. Everything else is the shipped runtime: staged model and
+calibration set from S3, convert -> build under the cache lock, upload, serve, hooks.
+"""
+
+import itertools
+import json
+import os
+import signal
+from pathlib import Path
+
+import pytest
+
+from fleetcast import telemetry
+from fleetcast.config import config_from_json
+from fleetcast.staging.manifest import MANIFEST_NAME, build_manifest, model_prefix
+from runtime.devtools.harness import LocalAws, free_port_pair, tiny_config
+from tests.runtime import fake_trtllm
+from tests.runtime.streaming import stream_completion
+
+pytestmark = pytest.mark.timeout(240)
+L40S = "NVIDIA L40S, 8.9, 46068"
+_buckets = itertools.count()
+
+
+def sq_config(bucket: str):
+    data = tiny_config().model_dump(mode="json")
+    data["engine"].update(precision="int8_sq", kv_cache_dtype="int8")  # SmoothQuant + INT8 KV: calibrated
+    data["calibration"] = {"dataset": f"s3://{bucket}/calibration/lambada/", "samples": 64}
+    return config_from_json(json.dumps(data))
+
+
+def stage(aws, src: Path, prefix: str, kind: str) -> None:
+    manifest = build_manifest(src, kind=kind, name=src.name, revision="main")
+    s3 = aws.s3()
+    for f in manifest.files:
+        s3.upload_file(str(src / f.path), aws.bucket, prefix + f.path)
+    s3.put_object(Bucket=aws.bucket, Key=prefix + MANIFEST_NAME, Body=manifest.to_json().encode())
+
+
+@pytest.fixture
+def region(tmp_path):
+    with LocalAws(bucket=f"fleetcast-trt-{os.getpid()}-{next(_buckets)}") as aws:
+        cfg = sq_config(aws.bucket)
+        aws.put_config(cfg)
+        model = tmp_path / "hf-model"
+        model.mkdir()
+        for name, body in {"config.json": '{"model_type": "gpt2", "n_positions": 1024}', "tokenizer.json": "{}",
+                           "vocab.json": "{}", "merges.txt": "#version: 0.2", "model.safetensors": "weights"}.items():
+            (model / name).write_text(body)
+        stage(aws, model, model_prefix(cfg.model.id, cfg.model.revision), "model")
+        calib = tmp_path / "lambada"
+        calib.mkdir()
+        (calib / "validation.jsonl").write_text('{"text": "calibration sample"}\n' * 64)
+        stage(aws, calib, "calibration/lambada/", "calibration")
+        bin_dir, examples = fake_trtllm.install(tmp_path / "trtllm")
+        yield aws, cfg, tmp_path, bin_dir, examples
+
+
+def start(aws, cfg, tmp_path, bin_dir, examples, instance_id, **extra):
+    env = aws.runtime_env(aws.instance(instance_id), cfg, tmp_path / instance_id, free_port_pair(),
+                          FLEETCAST_SERVING_BACKEND="tensorrt-llm", FLEETCAST_FAKE_GPU=L40S,
+                          FLEETCAST_TRTLLM_EXAMPLES=str(examples), FAKE_TRTLLM_LOG=str(tmp_path / "tools.jsonl"),
+                          FAKE_TRTLLM_MODEL=cfg.model.id, **extra)
+    env["PATH"] = f"{bin_dir}:{env['PATH']}"
+    return aws.start_runtime(env, tmp_path / f"{instance_id}.log"), int(env["FLEETCAST_PORT"])
+
+
+def tool_calls(tmp_path):
+    path = tmp_path / "tools.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def arg(argv, flag):
+    return argv[argv.index(flag) + 1]
+
+
+def test_smoothquant_engine_is_built_once_from_staged_inputs_and_served(region):
+    aws, cfg, tmp_path, bin_dir, examples = region
+    rp, port = start(aws, cfg, tmp_path, bin_dir, examples, "i-00000000000000d01")
+    serving = rp.wait_event("fleetcast_serving", 150)
+    assert serving is not None, (tmp_path / "i-00000000000000d01.log").read_text()[-3000:]
+    assert serving["outcome"] == "built" and serving["gpu"] == "NVIDIA L40S"
+
+    convert, build, serve = tool_calls(tmp_path)
+    assert convert["tool"] == "convert_checkpoint.py"
+    for flag in ("--smoothquant", "--per_token", "--per_channel", "--int8_kv_cache"):
+        assert flag in convert["argv"]
+    calib_dir = arg(convert["argv"], "--calib_dataset")
+    assert calib_dir.endswith("/calibration")  # the staged set, downloaded; never the hub's lambada
+    assert build["tool"] == "trtllm-build" and arg(build["argv"], "--max_seq_len") == "192"
+    assert serve["tool"] == "trtllm-serve" and arg(serve["argv"], "--backend") == "tensorrt"
+    assert arg(serve["argv"], "--port") == str(port + 1) and arg(serve["argv"], "--host") == "127.0.0.1"
+
+    entry = [k.split("/builds/")[1].split("/", 1)[1] for k in aws.keys("engines/") if "/builds/" in k]
+    assert "engine/rank0.engine" in entry and "tokenizer/tokenizer.json" in entry
+    assert "tokenizer/model.safetensors" not in entry  # HF weights are not shipped beside the engine
+    assert stream_completion(port, "Hello", 8).usage["completion_tokens"] == 8
+
+    # A second instance of the same pool: cache hit, trtllm-serve only.
+    rp2, port2 = start(aws, cfg, tmp_path, bin_dir, examples, "i-00000000000000d02")
+    hit = rp2.wait_event("fleetcast_serving", 150)
+    assert hit is not None and hit["outcome"] == "hit"
+    assert [c["tool"] for c in tool_calls(tmp_path)] == ["convert_checkpoint.py", "trtllm-build", "trtllm-serve",
+                                                          "trtllm-serve"]
+    for p in (rp, rp2):
+        p.proc.send_signal(signal.SIGTERM)
+        assert p.proc.wait(60) == 0
+
+
+def test_a_failing_engine_build_leaves_a_marker_and_abandons(region):
+    aws, cfg, tmp_path, bin_dir, examples = region
+    rp, _ = start(aws, cfg, tmp_path, bin_dir, examples, "i-00000000000000d03", FAKE_TRTLLM_FAIL="trtllm-build")
+    assert rp.proc.wait(90) == 0
+    assert [c.result for c in aws.asg.completed if c.hook == telemetry.LAUNCH_HOOK] == ["ABANDON"]
+    markers = aws.keys("failures/")
+    assert len(markers) == 1
+    marker = json.loads(aws.s3().get_object(Bucket=aws.bucket, Key=markers[0])["Body"].read())
+    assert "out of memory" in marker["error"] and marker["holder"] == "i-00000000000000d03"
+    assert rp.metric_values(telemetry.ENGINE_BUILD_FAILURE) == [1.0]
+    assert aws.keys("locks/") == []
