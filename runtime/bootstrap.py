@@ -326,7 +326,8 @@ class Bootstrap:
             ready_timeout_s=self.env.ready_timeout_s or float(cfg.operations.launch_hook_timeout_s),
             drain_timeout_s=float(cfg.operations.drain_timeout_s), restart=self.env.restart,
         )
-        serving = Serving(settings, backend.server_command(resolution.path, "127.0.0.1", settings.server_port))
+        serving = Serving(settings, backend.server_command(resolution.path, "127.0.0.1", settings.server_port),
+                          stop=self._stop)
         self._install_signals()
         try:
             with self.heartbeat(telemetry.LAUNCH_HOOK, cfg.operations.launch_hook_timeout_s):

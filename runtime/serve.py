@@ -22,6 +22,7 @@ import json
 import logging
 import socket
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -94,8 +95,10 @@ def raw_health(host: str, port: int, proxy_protocol: bool, timeout_s: float = 2.
 class Serving:
     """The model server and the gateway under one supervisor."""
 
-    def __init__(self, settings: ServeSettings, server_argv: list[str], supervisor: Supervisor | None = None):
+    def __init__(self, settings: ServeSettings, server_argv: list[str], supervisor: Supervisor | None = None,
+                 stop: threading.Event | None = None):
         self.s = settings
+        self.stop = stop or threading.Event()  # set by SIGTERM: give up waiting for readiness
         self.server_argv = server_argv
         self.supervisor = supervisor or Supervisor()
         self.base = f"http://127.0.0.1:{settings.server_port}"
@@ -115,6 +118,8 @@ class Serving:
             self.supervisor.start(Child("gateway", self.gateway_argv(), policy=self.s.restart))
 
     def _check_alive(self) -> None:
+        if self.stop.is_set():
+            raise ServeError("stopped (SIGTERM) before the server was ready")
         if self.supervisor.gave_up.is_set():
             child = self.supervisor.failed_child
             raise ServeError(f"{child.name if child else 'a process'} kept crashing "

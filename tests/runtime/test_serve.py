@@ -1,0 +1,71 @@
+"""Readiness is proven by a real generation, not by /health alone; a broken server never gets the launch hook."""
+
+import sys
+import threading
+import time
+
+import pytest
+
+from runtime.devtools.harness import free_port_pair
+from runtime.serve import ServeError, ServeSettings, Serving
+from runtime.supervisor import RestartPolicy
+
+# A server whose /health says 200 while generation is broken (e.g. garbage engine, wrong tokenizer).
+HEALTHY_BUT_BROKEN = """
+import json, sys
+from http.server import BaseHTTPRequestHandler, HTTPServer
+class H(BaseHTTPRequestHandler):
+    def log_message(self, *a): pass
+    def _send(self, code, body):
+        data = json.dumps(body).encode()
+        self.send_response(code); self.send_header("Content-Length", str(len(data))); self.end_headers()
+        self.wfile.write(data)
+    def do_GET(self): self._send(200, {})
+    def do_POST(self):
+        self.rfile.read(int(self.headers["Content-Length"]))
+        self._send(200, {"choices": [{"text": ""}], "usage": {"completion_tokens": 0}})
+HTTPServer(("127.0.0.1", int(sys.argv[1])), H).serve_forever()
+"""
+
+
+def settings(port, **kw):
+    return ServeSettings(port=port, model_name="m", region="r", pool="p", gateway=False, ready_timeout_s=20,
+                         restart=RestartPolicy(max_restarts=2, backoff_base_s=0.05), **kw)
+
+
+def test_health_without_a_real_generation_is_not_ready():
+    port = free_port_pair()
+    serving = Serving(settings(port), [sys.executable, "-c", HEALTHY_BUT_BROKEN, str(port + 1)])
+    serving.start()
+    try:
+        with pytest.raises(ServeError, match="no tokens generated"):
+            serving.wait_ready()
+    finally:
+        serving.drain()
+
+
+def test_a_crash_looping_server_is_reported_not_waited_out():
+    port = free_port_pair()
+    serving = Serving(settings(port), [sys.executable, "-c", "import sys; sys.exit(7)"])
+    serving.supervisor.poll_s = 0.05
+    serving.start()
+    started = time.monotonic()
+    try:
+        with pytest.raises(ServeError, match=r"kept crashing \(exit codes \[7, 7, 7\]\)"):
+            serving.wait_ready()
+        assert time.monotonic() - started < 10
+    finally:
+        serving.drain()
+
+
+def test_sigterm_during_startup_stops_the_wait():
+    port = free_port_pair()
+    stop = threading.Event()
+    serving = Serving(settings(port), [sys.executable, "-c", "import time; time.sleep(60)"], stop=stop)
+    serving.start()
+    threading.Timer(0.3, stop.set).start()
+    try:
+        with pytest.raises(ServeError, match="SIGTERM"):
+            serving.wait_ready()
+    finally:
+        serving.drain()
