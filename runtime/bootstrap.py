@@ -297,6 +297,9 @@ class Bootstrap:
         # The launch hook must outlive builds and waits: heartbeat all through.
         with self.heartbeat(telemetry.LAUNCH_HOOK, cfg.operations.launch_hook_timeout_s):
             resolution = cache.obtain(self.env.local_root / "engines", build)
+        pruned = cache.prune_local(self.env.local_root / "engines")
+        if pruned:
+            log.info("removed engines of other configs from local disk: %s", ", ".join(pruned))
         self.summary.update(outcome=resolution.outcome, build_s=round(resolution.build_seconds, 3),
                             download_s=round(resolution.download_seconds, 3), events=resolution.events)
         if resolution.outcome == "built":

@@ -266,7 +266,7 @@ class EngineCache:
 
     def read_manifest(self) -> tuple[Manifest | None, str | None]:
         """The published entry, if any: (manifest, etag). An unreadable manifest is (None, etag)."""
-        data, etag, raw = self._get_json(self.manifest_key)
+        _, etag, raw = self._get_json(self.manifest_key)
         if etag is None:
             return None, None
         try:
@@ -444,6 +444,15 @@ class EngineCache:
             shutil.rmtree(path, ignore_errors=True)
             return None
         return manifest
+
+    def prune_local(self, local_root: Path) -> list[str]:
+        """Delete other keys' engines (and dead build dirs) from this disk: an old config's engine is GBs."""
+        removed = []
+        for path in local_root.iterdir() if local_root.is_dir() else ():
+            if path.name != self.key:
+                shutil.rmtree(path, ignore_errors=True)
+                removed.append(path.name)
+        return removed
 
     def obtain(self, local_root: Path, build: Callable[[Path], Path]) -> Resolution:
         """Return a verified engine on local disk: from disk, from the cache, or built here once.

@@ -284,3 +284,13 @@ def test_inputs_not_staged_yet_is_not_a_build_failure(aws, tmp_path):
     with pytest.raises(StagingMissing):
         cache(aws).obtain(tmp_path / "a", unstaged)
     assert aws.keys("failures/") == [] and aws.keys("locks/") == []  # no marker, lock released
+
+
+def test_engines_of_other_configs_are_pruned_from_local_disk(aws, tmp_path):
+    old = cache(aws, max_batch_size=4)
+    old.obtain(tmp_path / "disk", fake_build(tmp_path / "n", 0))
+    (tmp_path / "disk" / ".build-20260101T000000Z-dead").mkdir()  # left by a killed build
+    new = cache(aws)
+    new.obtain(tmp_path / "disk", fake_build(tmp_path / "n", 0))
+    assert sorted(new.prune_local(tmp_path / "disk")) == sorted([old.key, ".build-20260101T000000Z-dead"])
+    assert [p.name for p in (tmp_path / "disk").iterdir()] == [new.key]
