@@ -231,7 +231,7 @@ class Bootstrap:
             return EXIT_SERVING_FAILED  # systemd retries; the launch hook's timeout is the backstop
         self.emf = Emf(self.env.fleet, self.env.pool, self.instance_id, self.emf_stream)
         try:
-            resolution, cfg, engine, backend = self.prepare(target)
+            resolution, cfg, engine, backend = self.prepare()
         except CircuitOpen as exc:
             self.metric(telemetry.CIRCUIT_BREAKER_OPEN, 1, error=str(exc))
             return self.abandon(exc)
@@ -255,7 +255,7 @@ class Bootstrap:
                     return EXIT_OK
         return self.serve(resolution, cfg, engine, backend)
 
-    def prepare(self, target: str | None):
+    def prepare(self):
         cfg = self.load_config()
         pool = self.resolve_pool(cfg)
         engine = cfg.engine_for(pool)
@@ -282,8 +282,8 @@ class Bootstrap:
         def build(workdir: Path) -> Path:
             model_dir = calib_dir = None
             if backend.needs_model:
-                manifest, waited = fetch_staged(cache.store, model_prefix(m.id, m.revision), workdir / "model",
-                                                self.env.staging_wait_s)
+                _, waited = fetch_staged(cache.store, model_prefix(m.id, m.revision), workdir / "model",
+                                         self.env.staging_wait_s)
                 self.metric(telemetry.STAGING_WAIT_SECONDS, waited)
                 model_dir = workdir / "model"
             if backend.needs_calibration:
