@@ -87,7 +87,12 @@ class ReferenceBackend:
         # A subprocess, like trtllm-build: the runtime process never loads torch.
         cmd = [sys.executable, "-m", "runtime.reference.build", "--out", str(artifact), "--size", self.size,
                "--seed", str(self.seed), "--dtype", dtype, "--device", self.device]
-        proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
+        from .trtllm import BUILD_STEP_TIMEOUT_S
+
+        try:
+            proc = subprocess.run(cmd, capture_output=True, text=True, check=False, timeout=BUILD_STEP_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            raise RuntimeError(f"reference build did not finish within {BUILD_STEP_TIMEOUT_S:.0f} s") from None
         if proc.returncode != 0:
             raise RuntimeError(f"reference build exited {proc.returncode}: {proc.stderr.strip()[-1500:]}")
         return artifact

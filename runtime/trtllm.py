@@ -21,8 +21,10 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -188,22 +190,47 @@ def serve_command(engine: EngineSpec, model_dir: Path, tokenizer_dir: Path | Non
 Runner = Callable[[list[str], Path], None]
 
 
-def run_logged(cmd: list[str], log_file: Path) -> None:
-    """Run one build step; its output goes to the build log and to stderr (CloudWatch Logs via awslogs)."""
+BUILD_STEP_TIMEOUT_S = float(os.environ.get("FLEETCAST_BUILD_STEP_TIMEOUT_S", "7200"))
+
+
+def run_logged(cmd: list[str], log_file: Path, timeout_s: float | None = None) -> None:
+    """Run one build step; its output goes to the build log and to stderr (CloudWatch Logs via awslogs).
+
+    A step that hangs is killed after `timeout_s`: otherwise its lock refreshes and the
+    launch-hook heartbeats would keep a stuck instance (and every waiter) alive forever.
+    """
+    timeout_s = BUILD_STEP_TIMEOUT_S if timeout_s is None else timeout_s
     with log_file.open("a") as out:
         out.write(f"$ {' '.join(cmd)}\n")
         out.flush()
         started = time.monotonic()
-        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace")
-        assert proc.stdout is not None
-        for line in proc.stdout:
-            out.write(line)
-            sys.stderr.write(f"[build] {line}")
-        code = proc.wait()
-        out.write(f"# exit {code} after {time.monotonic() - started:.1f} s\n")
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace",
+                                start_new_session=True)
+        killer = threading.Timer(timeout_s, lambda: _kill_group(proc))
+        killer.start()
+        try:
+            assert proc.stdout is not None
+            for line in proc.stdout:
+                out.write(line)
+                sys.stderr.write(f"[build] {line}")
+            code = proc.wait()
+        finally:
+            killer.cancel()
+        elapsed = time.monotonic() - started
+        out.write(f"# exit {code} after {elapsed:.1f} s\n")
+    name = os.path.basename(cmd[0]) if cmd[0] != "python3" else cmd[1]
+    if code != 0 and elapsed >= timeout_s:
+        raise RuntimeError(f"{name} did not finish within {timeout_s:.0f} s (FLEETCAST_BUILD_STEP_TIMEOUT_S); killed")
     if code != 0:
         tail = log_file.read_text(errors="replace")[-2000:]
-        raise RuntimeError(f"{os.path.basename(cmd[0]) if cmd[0] != 'python3' else cmd[1]} exited {code}: {tail}")
+        raise RuntimeError(f"{name} exited {code}: {tail}")
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
 
 
 def copy_tokenizer(model_dir: Path, dest: Path) -> None:

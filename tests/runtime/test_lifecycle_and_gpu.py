@@ -162,3 +162,10 @@ def test_pytorch_backend_caches_the_checkpoint_and_wants_fp8_prequantized(tmp_pa
         trtllm.TrtllmBackend(cfg, fp8).build(model, None, tmp_path / "w2")
     (model / "hf_quant_config.json").write_text(json.dumps({"producer": {"name": "modelopt"}}))
     assert (trtllm.TrtllmBackend(cfg, fp8).build(model, None, tmp_path / "w3") / "hf_quant_config.json").is_file()
+
+
+def test_a_hung_build_step_is_killed_after_its_timeout(tmp_path):
+    started = time.monotonic()
+    with pytest.raises(RuntimeError, match="did not finish within 1 s"):
+        trtllm.run_logged(["bash", "-c", "echo converting; sleep 60"], tmp_path / "build.log", timeout_s=1)
+    assert time.monotonic() - started < 10
