@@ -151,3 +151,32 @@ def test_proxy_protocol_off_serves_health_without_a_header():
         finally:
             await stop_harness(h)
     run(body())
+
+
+def test_random_bytes_in_place_of_the_header_never_take_the_gateway_down():
+    import asyncio
+    import random
+
+    rng = random.Random(20261129)  # fixed seed: the same 60 blobs every run
+    blobs = []
+    for _ in range(60):
+        tail = bytes(rng.randrange(256) for _ in range(rng.randrange(0, 48)))
+        head = ppv2.SIGNATURE + bytes([rng.choice([0x20, 0x21, 0x22, 0x11]), rng.randrange(256)])
+        blobs.append(rng.choice([tail, head + tail, head + len(tail).to_bytes(2, "big") + tail]))
+
+    async def body():
+        h = await start_harness(header_timeout_s=0.2)
+        try:
+            async def poke(blob):
+                reader, writer = await asyncio.open_connection("127.0.0.1", h.port)
+                writer.write(blob)
+                writer.write_eof()
+                await reader.read()  # the gateway answers (400) or closes; either way it ends
+                writer.close()
+            await asyncio.gather(*(poke(b) for b in blobs))
+            reply = await one_request(h.port, "POST", "/v1/completions", COMPLETION, vpce_id=VOICE_VPCE)
+            assert reply.status == 200
+            assert h.gateway.active == 0
+        finally:
+            await stop_harness(h)
+    run(body())
