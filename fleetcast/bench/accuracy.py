@@ -41,9 +41,15 @@ class TestServerProcess:
 
     __test__ = False  # not a pytest test class, despite the name
 
-    def __init__(self, port: int, timings: Timings, cpu: int | None = None) -> None:
+    def __init__(self, port: int, timings: Timings, cpu: int | None = None,
+                 tls: tuple[str, str] | None = None) -> None:
         self.port = port
-        self.url = f"http://127.0.0.1:{port}"
+        self.url = f"{'https' if tls else 'http'}://127.0.0.1:{port}"
+        self._ctx = None
+        if tls:
+            import ssl
+
+            self._ctx = ssl.create_default_context(cafile=tls[0])
         cmd = [sys.executable, "-m", "fleetcast.bench.testserver", "--port", str(port),
                "--ttft-ms", str(timings.ttft_ms), "--ttft-jitter-ms", str(timings.ttft_jitter_ms),
                "--itl-ms", str(timings.itl_ms), "--itl-jitter-ms", str(timings.itl_jitter_ms),
@@ -51,13 +57,15 @@ class TestServerProcess:
                "--seed", str(timings.seed), "--fail-prob", str(timings.fail_prob)]
         if cpu is not None:
             cmd += ["--cpu", str(cpu)]
+        if tls:
+            cmd += ["--tls-cert", tls[0], "--tls-key", tls[1]]
         self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         deadline = time.monotonic() + 20
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"test server exited: {self.proc.stderr.read().decode()[-500:]}")
             try:
-                with urllib.request.urlopen(f"{self.url}/health", timeout=1):
+                with urllib.request.urlopen(f"{self.url}/health", timeout=1, context=self._ctx):
                     return
             except OSError:
                 time.sleep(0.05)
@@ -66,12 +74,12 @@ class TestServerProcess:
 
     def reset(self) -> None:
         req = urllib.request.Request(f"{self.url}/_truth/reset", data=b"{}", method="POST")
-        with urllib.request.urlopen(req, timeout=10):
+        with urllib.request.urlopen(req, timeout=10, context=self._ctx):
             pass
 
     def truth(self) -> list[dict]:
         """Per-request truth of the streamed requests since the last reset."""
-        with urllib.request.urlopen(f"{self.url}/_truth", timeout=30) as resp:
+        with urllib.request.urlopen(f"{self.url}/_truth", timeout=30, context=self._ctx) as resp:
             return [r for r in json.load(resp) if r.get("stream") and r.get("output_tokens")]
 
     def close(self) -> None:

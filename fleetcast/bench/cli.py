@@ -58,6 +58,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     out.add_argument("--progress", action="store_true", help="live progress on stderr even when not a tty")
     misc = run.add_argument_group("client")
     misc.add_argument("--header", action="append", default=[], metavar="NAME:VALUE", help="extra HTTP header")
+    misc.add_argument("--ca-bundle", help="PEM file of CAs to trust for an https endpoint (e.g. a private CA)")
     misc.add_argument("--rtt-probe", action="store_true", help="measure TCP connect time to split network time")
     misc.add_argument("--timeout", type=float, default=600.0, help="per-request timeout, seconds")
     misc.add_argument("--max-inflight", type=int, default=4096, help="cap on open-loop requests in flight")
@@ -142,6 +143,8 @@ def _run(args: argparse.Namespace) -> int:
         value = getattr(args, name)
         if value is not None and value < (0 if name == "warmup" else 1):
             raise UserError(f"--{name.replace('_', '-')}: {value} is out of range")
+    if args.ca_bundle and not Path(args.ca_bundle).is_file():
+        raise UserError(f"--ca-bundle: {args.ca_bundle} does not exist")
     if args.duration is not None and args.duration <= 0:
         raise UserError("--duration must be > 0 seconds")
     per_level = args.requests_per_level
@@ -172,7 +175,7 @@ def _run(args: argparse.Namespace) -> int:
         slo=Slo(args.slo_ttft_ms, args.slo_itl_ms, args.slo_e2e_ms), headers=headers,
         tokenizer_dir=args.tokenizer, force_output=not args.no_force_output, rtt_probe=args.rtt_probe,
         keep_records=not args.no_records, labels=_labels(args.label), config_hash=config_hash,
-        max_inflight=args.max_inflight,
+        max_inflight=args.max_inflight, ca_bundle=args.ca_bundle,
         progress=args.progress or (sys.stderr.isatty() and not args.quiet),
     )
     log = (lambda m: None) if args.quiet else (lambda m: print(m, file=sys.stderr, flush=True))

@@ -205,12 +205,13 @@ class _Connection(asyncio.Protocol):
 class ConnectionPool:
     """Idle keep-alive connections to one endpoint, opened on demand."""
 
-    def __init__(self, endpoint: Endpoint, connect_timeout_s: float = 10.0) -> None:
+    def __init__(self, endpoint: Endpoint, connect_timeout_s: float = 10.0, ca_bundle: str | None = None) -> None:
         self.endpoint = endpoint
         self.connect_timeout_s = connect_timeout_s
         self._idle: list[_Connection] = []
         self._all: list[_Connection] = []
-        self._ssl = ssl_module.create_default_context() if endpoint.tls else None
+        # Certificates are always verified; a private CA (ACM PCA behind an NLB TLS listener) comes in by file.
+        self._ssl = ssl_module.create_default_context(cafile=ca_bundle) if endpoint.tls else None
         # Plain TCP reads carry kernel receive times; TLS reads are stamped by the clock.
         self.kernel_stamps = self._ssl is None and kstamp.supported()
 
@@ -423,7 +424,8 @@ def parse_stream(raw: RawResponse, api: str) -> ParsedResponse:
     return ParsedResponse(status, content_times, prompt_tokens, completion_tokens, error, chars, merged)
 
 
-def http_json(method: str, url: str, body: dict | None, headers: dict[str, str], timeout_s: float = 60.0):
+def http_json(method: str, url: str, body: dict | None, headers: dict[str, str], timeout_s: float = 60.0,
+              ca_bundle: str | None = None):
     """One blocking JSON request (control plane only). Returns (status, parsed body or text).
     Raises OSError when the endpoint cannot be reached."""
     import urllib.error
@@ -433,7 +435,8 @@ def http_json(method: str, url: str, body: dict | None, headers: dict[str, str],
     req = urllib.request.Request(url, data=data, method=method,
                                  headers={"Content-Type": "application/json", **headers})
     try:
-        with urllib.request.urlopen(req, timeout=timeout_s) as resp:
+        ctx = ssl_module.create_default_context(cafile=ca_bundle) if url.startswith("https") else None
+        with urllib.request.urlopen(req, timeout=timeout_s, context=ctx) as resp:
             status, payload = resp.status, resp.read()
     except urllib.error.HTTPError as exc:
         status, payload = exc.code, exc.read()

@@ -138,6 +138,7 @@ class BenchOptions:
     max_inflight: int = 4096
     mix_phases: int = 8
     progress: bool = False
+    ca_bundle: str | None = None
 
 
 # ---------------------------------------------------------------- inputs
@@ -207,7 +208,8 @@ class Bench:
         base = self.ep.url.rstrip("/").removesuffix("/v1")
         if self.model is None:
             try:
-                status, body = await asyncio.to_thread(http_json, "GET", f"{base}/v1/models", None, self._headers)
+                status, body = await asyncio.to_thread(http_json, "GET", f"{base}/v1/models", None, self._headers,
+                                                    60.0, self.opts.ca_bundle)
                 self.model = body["data"][0]["id"]
             except OSError as exc:
                 raise UserError(f"--endpoint {self.ep.url}: cannot connect ({exc})") from None
@@ -224,7 +226,8 @@ class Bench:
             body.pop("stream_options", None)
             body["stream"] = False
             try:
-                status, data = await asyncio.to_thread(http_json, "POST", f"{base}{self.path}", body, self._headers)
+                status, data = await asyncio.to_thread(http_json, "POST", f"{base}{self.path}", body, self._headers,
+                                                    60.0, self.opts.ca_bundle)
             except OSError as exc:
                 raise UserError(f"--endpoint {self.ep.url}: cannot connect ({exc})") from None
             if status != 200 or not isinstance(data, dict):
@@ -327,7 +330,7 @@ class Bench:
 
     async def _run_level(self, level: Level, progress: "_Progress | None") -> tuple[list[Sent], list[float], float, bool]:
         opts = self.opts
-        pool = ConnectionPool(self.ep)
+        pool = ConnectionPool(self.ep, ca_bundle=self.opts.ca_bundle)
         sink: list[Sent] = []
         lags: list[float] = []
         probe = LoopLagProbe(asyncio.get_running_loop())
@@ -360,7 +363,7 @@ class Bench:
     async def _warmup(self) -> None:
         if self.opts.warmup <= 0:
             return
-        pool = ConnectionPool(self.ep)
+        pool = ConnectionPool(self.ep, ca_bundle=self.opts.ca_bundle)
         first = self.opts.levels[0]
         conc = max(1, min(self.opts.warmup, first.concurrency or 1))
         sink: list[Sent] = []

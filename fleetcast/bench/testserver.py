@@ -243,9 +243,22 @@ class _Http(asyncio.Protocol):
         write(_chunk(tail) + b"0\r\n\r\n")
 
 
-async def serve(host: str, port: int, timings: Timings, ready: asyncio.Event | None = None) -> None:
+async def serve(host: str, port: int, timings: Timings, ready: asyncio.Event | None = None,
+                tls: tuple[str, str] | None = None) -> None:
     state = TestServerState(timings)
     loop = asyncio.get_running_loop()
+    if tls:
+        # TLS goes through asyncio's SSL transport: arrivals are then stamped on the clock.
+        import ssl
+
+        ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        ctx.load_cert_chain(*tls)
+        server = await loop.create_server(lambda: _Http(state), host, port, ssl=ctx, reuse_address=True)
+        if ready is not None:
+            ready.set()
+        async with server:
+            await server.serve_forever()
+        return
     lsock = await kstamp.serve(loop, host, port, lambda: _Http(state))
     if ready is not None:
         ready.set()
@@ -269,13 +282,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--fail-prob", type=float, default=0.0, help="share of requests answered 500")
     p.add_argument("--cpu", type=int, default=None, help="pin the server to this CPU core")
+    p.add_argument("--tls-cert", help="serve HTTPS with this certificate chain (PEM)")
+    p.add_argument("--tls-key", help="private key (PEM) for --tls-cert")
     a = p.parse_args(argv)
     if a.cpu is not None:
         os.sched_setaffinity(0, {a.cpu})
     timings = Timings(a.ttft_ms, a.ttft_jitter_ms, a.itl_ms, a.itl_jitter_ms, a.spike_prob, a.spike_ms, a.seed, a.fail_prob)
-    print(f"testserver on http://{a.host}:{a.port} {timings}", file=sys.stderr, flush=True)
+    scheme = "https" if a.tls_cert else "http"
+    print(f"testserver on {scheme}://{a.host}:{a.port} {timings}", file=sys.stderr, flush=True)
     try:
-        asyncio.run(serve(a.host, a.port, timings))
+        asyncio.run(serve(a.host, a.port, timings, tls=(a.tls_cert, a.tls_key) if a.tls_cert else None))
     except KeyboardInterrupt:
         pass
     return 0
