@@ -67,6 +67,12 @@ EXIT_ABANDONED = 0  # the ASG replaces the instance; a systemd restart would onl
 EXIT_SERVING_FAILED = 1  # systemd restarts the container (Restart=on-failure)
 
 
+def _leaving_service(state: str | None) -> bool:
+    """Scale-in pauses the instance in the terminate hook: toward Terminated, or back into the
+    warm pool (Warmed:Stopped/Running/Hibernated) when the pool reuses instances on scale-in."""
+    return state == "Terminated" or bool(state and state.startswith("Warmed:"))
+
+
 @dataclass(frozen=True)
 class InstanceEnv:
     """The instance's environment file, plus development knobs (all optional, product defaults)."""
@@ -359,6 +365,7 @@ class Bootstrap:
         signal.signal(signal.SIGINT, on_signal)
 
     def serve_until_stopped(self, serving: Serving, cfg: FleetConfig) -> int:
+        """Serve until SIGTERM or the terminate hook, then drain and complete the hook."""
         # Gauges run on their own thread: a slow or frozen server must never delay the drain.
         gauges_stop = threading.Event()
 
@@ -383,7 +390,7 @@ class Bootstrap:
             if now >= next_poll:
                 next_poll = now + self.env.terminate_poll_s
                 try:
-                    if self.imds.target_lifecycle_state() == "Terminated":
+                    if _leaving_service(self.imds.target_lifecycle_state()):
                         self.stop_reason = "terminate-hook"
                         break
                 except MetadataError as exc:
@@ -393,7 +400,7 @@ class Bootstrap:
         terminating = self.stop_reason == "terminate-hook"
         if not terminating:
             with contextlib.suppress(MetadataError):
-                terminating = self.imds.target_lifecycle_state() == "Terminated"
+                terminating = _leaving_service(self.imds.target_lifecycle_state())
         with self.heartbeat(telemetry.TERMINATE_HOOK, max(30, cfg.operations.drain_timeout_s)) if terminating \
                 else contextlib.nullcontext():
             report = serving.drain()

@@ -141,15 +141,17 @@ def test_cold_start_builds_serves_then_hit_and_warm_pool_skip_the_build(fleet):
     assert len(builds_in_cache(aws)) == 1
 
 
-@pytest.mark.parametrize("trigger", ["terminate-hook", "SIGTERM"])
+@pytest.mark.parametrize("trigger", ["terminate-hook", "warm-pool-return", "SIGTERM"])
 def test_drain_lets_inflight_streams_finish(fleet, trigger):
-    """Scale-in (the terminate hook, seen through IMDS) or a plain SIGTERM (docker stop) with streams in flight.
+    """Scale-in (the terminate hook, seen through IMDS; toward Terminated, or back into a warm pool
+    that reuses instances) or a plain SIGTERM (docker stop) with streams in flight.
 
     The scale-in variant first SIGKILLs the model server: the runtime's supervisor restarts it and
     the instance turns healthy again without a container restart.
     """
     aws, cfg, root = fleet
-    iid = "i-00000000000000b01" if trigger == "terminate-hook" else "i-00000000000000b02"
+    iid = {"terminate-hook": "i-00000000000000b01", "SIGTERM": "i-00000000000000b02",
+           "warm-pool-return": "i-00000000000000b03"}[trigger]
     rp, imds, port = launch(aws, cfg, root, iid)
     assert rp.wait_event("fleetcast_serving", 150) is not None, log_of(root, iid)[-3000:]
 
@@ -178,7 +180,8 @@ def test_drain_lets_inflight_streams_finish(fleet, trigger):
             rp.proc.send_signal(signal.SIGTERM)
         else:
             aws.asg.begin(aws.group, telemetry.TERMINATE_HOOK, iid)
-            imds.target_lifecycle_state = "Terminated"  # the ASG chose this instance for scale-in
+            # The ASG chose this instance for scale-in: terminated, or stopped back into the warm pool.
+            imds.target_lifecycle_state = "Terminated" if trigger == "terminate-hook" else "Warmed:Stopped"
 
         assert wait_until(lambda: raw_health("127.0.0.1", port, True) == 503, 10), \
             log_of(root, iid)[-3000:]  # the NLB stops sending first
@@ -195,7 +198,8 @@ def test_drain_lets_inflight_streams_finish(fleet, trigger):
         assert r.usage["completion_tokens"] == 48  # every stream keeps its full token count
     assert rp.proc.wait(60) == 0
     drained = rp.wait_event("fleetcast_drained", 5)
-    assert drained["stop_reason"] == trigger and drained["gateway_exit"] == 0
+    expected_reason = "SIGTERM" if trigger == "SIGTERM" else "terminate-hook"
+    assert drained["stop_reason"] == expected_reason and drained["gateway_exit"] == 0
     # The terminate hook is completed when there is one (scale-in), never for a plain stop.
     assert hook_results(aws, iid, telemetry.TERMINATE_HOOK) == (["CONTINUE"] if trigger != "SIGTERM" else [])
     with pytest.raises(ConnectionRefusedError):  # the listener is gone: new connections are refused
