@@ -345,7 +345,8 @@ class Bench:
             elif level.mode == "mix":
                 total = opts.requests_per_level or 1000
                 for conc, n in self._mix_phases(level, total):
-                    await self._closed_loop(pool, conc, n, deadline, sink, [0])
+                    # A phase with fewer requests than its level never reaches that level: say what ran.
+                    await self._closed_loop(pool, min(conc, n), n, deadline, sink, [0])
             elif level.mode == "rate":
                 count = opts.requests_per_level or int(level.rate_rps * opts.duration_s) + 1
                 await self._open_loop(pool, self._rate_plan(level, count), sink, deadline)
