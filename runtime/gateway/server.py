@@ -385,22 +385,29 @@ class Gateway:
         out_chunked = not no_body and not http10 and (up_chunked or up_length is None or streaming)
         keep = keep and not http10 and (out_chunked or up_length is not None or no_body)
         length = None if out_chunked or no_body else up_length
-        writer.write(response_head(status, out_headers, length=0 if no_body and length is None else length,
-                                   chunked=out_chunked, close=not keep))
+        head = response_head(status, out_headers, length=0 if no_body and length is None else length,
+                             chunked=out_chunked, close=not keep)
         if no_body:
+            writer.write(head)
             await writer.drain()
             self._release_upstream(conn, up_keep)
             return keep
-        complete = await self._pump(conn, writer, up_chunked, up_length, out_chunked, exchange)
+        complete = await self._pump(conn, writer, head, up_chunked, up_length, out_chunked, exchange)
         self._release_upstream(conn, up_keep and complete)
         if exchange and not complete and not exchange.client_gone:
             exchange.error = True
             exchange.props["cut_short"] = True
         return keep and complete and not (exchange and exchange.client_gone)
 
-    async def _pump(self, conn: UpstreamConn, writer: asyncio.StreamWriter, up_chunked: bool,
+    async def _pump(self, conn: UpstreamConn, writer: asyncio.StreamWriter, head: bytes, up_chunked: bool,
                     up_length: int | None, out_chunked: bool, exchange: Exchange | None) -> bool:
-        """Copy the response body; True when it arrived complete and reached the client."""
+        """Copy the response body; True when it arrived complete and reached the client.
+
+        The response head goes out with the first body bytes, and the last chunk with the last
+        bytes: every send on loopback costs a syscall that wakes the other side (measured as the
+        largest CPU item per request), and a client gains nothing from headers before its first
+        token.
+        """
         decoder = ChunkedDecoder() if up_chunked else None
         meter = exchange.meter if exchange else None
         keep_copy = exchange is not None and meter is None
@@ -411,6 +418,7 @@ class Gateway:
         key = id(conn)
         self._streams[key] = (conn, progress)
         complete = False
+        pending = head  # not yet sent
         try:
             while True:
                 want = READ_SIZE if remaining is None else min(READ_SIZE, remaining)
@@ -437,21 +445,25 @@ class Gateway:
                 elif keep_copy and copied <= MAX_METERED_BODY:
                     copy.append(data)
                     copied += len(data)
+                if decoder and decoder.done:
+                    complete = True
+                    break
                 if data:
-                    writer.write(chunk(data) if out_chunked else data)
+                    writer.write(pending + (chunk(data) if out_chunked else data))
+                    pending = b""
                     if writer.transport.get_write_buffer_size() > 256 * 1024:
                         await writer.drain()
                     elif writer.is_closing():
                         raise ConnectionResetError("client went away")
-                if decoder and decoder.done:
-                    complete = True
-                    break
             if meter:
-                tail = meter.flush()
-                if tail:
-                    writer.write(chunk(tail) if out_chunked else tail)
+                data = (data if complete and decoder else b"") + meter.flush()
+            elif not (complete and decoder):
+                data = b""
+            out = pending + ((chunk(data) if out_chunked else data) if data else b"")
             if out_chunked and complete:
-                writer.write(LAST_CHUNK)
+                out += LAST_CHUNK
+            if out:
+                writer.write(out)
             await writer.drain()
         except (ConnectionError, RuntimeError):
             if exchange:
