@@ -2,13 +2,14 @@
 
 The 1.2.x image already carries pydantic (>= 2.9), aiohttp, PyYAML, urllib3 and
 python-dateutil (TensorRT-LLM's own requirements). It has no boto3 and no
-ruamel.yaml. With egress `none` the instance cannot pip install, so these travel
-with the runtime bundle under `site-packages/` (run-container.sh puts
-/opt/fleetcast/site-packages on PYTHONPATH). They are installed without their
-dependencies on purpose: anything the image already has must not be shadowed,
-because trtllm-serve and trtllm-build inherit the same PYTHONPATH.
+ruamel.yaml. With egress `none` the instance cannot pip install, so docker/Dockerfile
+installs these into /usr/local/lib/fleetcast-deps while `fleetcast stage image`
+builds the serving image (where the build has internet); run-container.sh puts
+that directory on PYTHONPATH after the runtime bundle. They are installed without
+their dependencies on purpose: anything the image already has must not be
+shadowed, because trtllm-serve and trtllm-build inherit the same PYTHONPATH.
 
-    python -m runtime.vendor DEST    # needs PyPI, run where the bundle is staged
+    python -m runtime.vendor DEST    # needs PyPI; the Dockerfile runs it
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ def pip_command(dest: Path) -> list[str]:
 
 
 def vendor(dest: Path) -> Path:
-    """Install the vendored wheels into `dest` (the bundle's site-packages directory)."""
+    """Install the vendored wheels into `dest` (the serving image's /usr/local/lib/fleetcast-deps)."""
     dest.mkdir(parents=True, exist_ok=True)
     subprocess.run(pip_command(dest), check=True)
     return dest

@@ -39,7 +39,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     common(image)
     image.add_argument("--method", choices=("codebuild", "local"), default="codebuild",
                        help="codebuild: the provider stack's mirror project (image stays in AWS); local: docker here")
-    image.add_argument("--derived", action="store_true", help=f"build the derived image with the runtime baked in (docker/Dockerfile)")
+    image.add_argument("--plain", action="store_true",
+                       help="mirror the upstream image unchanged instead of building docker/Dockerfile on it; the "
+                            "runtime then needs an image that already carries boto3 and ruamel.yaml")
     image.add_argument("--repository", action="append", metavar="REGION=URI", help="ECR repository URI override")
     image.add_argument("--project", action="append", metavar="REGION=NAME", help="CodeBuild project override")
     image.add_argument("--dry-run", action="store_true", help="print what would run, change nothing")
@@ -150,7 +152,7 @@ def _image(args: argparse.Namespace) -> int:
         project = projects.get(region) or (pick_output(outputs, "mirror", stack=stack) if args.method == "codebuild" else None)
         targets.append(ImageTarget(region=region, repository_uri=repo, project=project))
     stage = stage_codebuild if args.method == "codebuild" else stage_local
-    digests = stage(cfg, targets, clients, derived=args.derived, dry_run=args.dry_run)
+    digests = stage(cfg, targets, clients, derived=not args.plain, dry_run=args.dry_run)
     digest = single_digest(digests)
     if digest and args.write_config:
         apply_edits(args.config, [(("engine", "image_digest"), digest)])

@@ -3,9 +3,10 @@
 nvcr.io cannot be an ECR pull-through-cache upstream, and the 40-60 GB
 TensorRT-LLM image should not cross an operator's laptop once per region.
 `fleetcast stage image` (default `--method codebuild`) starts this project;
-it pulls the pinned upstream image (or builds the derived image from
-docker/Dockerfile with the runtime baked in), pushes it under an immutable
-tag, and prints the digest that staging pins in the config.
+it pulls the pinned upstream image, builds the derived serving image on it
+(docker/Dockerfile: the runtime's Python dependencies; or mirrors it plain),
+pushes it under an immutable tag, and prints the digest that staging pins in
+the config.
 
 CodeBuild runs in its own AWS-managed network, so the fleet VPC keeps no
 internet egress.
@@ -83,7 +84,7 @@ class ImageMirror(Construct):
             environment_variables={
                 "UPSTREAM_IMAGE": codebuild.BuildEnvironmentVariable(value=upstream_image),
                 "IMAGE_TAG": codebuild.BuildEnvironmentVariable(value=image_tag),
-                "DERIVED": codebuild.BuildEnvironmentVariable(value="0"),
+                "DERIVED": codebuild.BuildEnvironmentVariable(value="1"),
                 "REPOSITORY_URI": codebuild.BuildEnvironmentVariable(value=repository.repository_uri),
                 "REPOSITORY_NAME": codebuild.BuildEnvironmentVariable(value=repository.repository_name),
             },

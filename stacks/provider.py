@@ -8,6 +8,7 @@ from constructs import Construct
 
 from fleetcast.config import EgressMode, FleetConfig, Region
 from fleetcast.connections.review import FLEET_TAG
+from fleetcast.staging.image import image_tag
 
 from .bootstrap import InstanceBootstrap
 from .connection_approver import ConnectionApprover
@@ -46,7 +47,7 @@ class ProviderStack(Stack):
             # Instances pull only from ECR; `fleetcast stage image` fills it from inside AWS (issue 8).
             self.image_mirror = ImageMirror(
                 self, "ImageMirror", repository=self.image_repository.repository, upstream_image=cfg.engine.image,
-                image_tag=cfg.engine.image.rsplit(":", 1)[-1], log_retention=self.logs.retention,
+                image_tag=image_tag(cfg, derived=True), log_retention=self.logs.retention,
             )
         self.bootstrap = InstanceBootstrap(self, "Bootstrap", cfg=cfg)
 
@@ -128,8 +129,8 @@ class ProviderStack(Stack):
 
     def _image_uri(self, cfg: FleetConfig) -> str:
         if cfg.network.egress == EgressMode.NONE:
-            tag = cfg.engine.image.rsplit(":", 1)[-1] if ":" in cfg.engine.image.rsplit("/", 1)[-1] else "latest"
-            return self.image_repository.image_uri(tag, cfg.engine.image_digest)
+            # Until `fleetcast stage image` pins a digest, the tag it pushes (immutable in ECR).
+            return self.image_repository.image_uri(image_tag(cfg, derived=True), cfg.engine.image_digest)
         if cfg.engine.image_digest:
             return f"{cfg.engine.image.rsplit(':', 1)[0]}@{cfg.engine.image_digest}"
         return cfg.engine.image

@@ -1,8 +1,10 @@
 """`fleetcast stage image`: the pinned TensorRT-LLM image in each region's private ECR repository.
 
-Two paths:
-- `local`: docker pull / (optionally build the derived image) / tag / push from
-  this machine, once per region. Simple, but 40-60 GB crosses the operator's link.
+What is pushed is, by default, the derived image (docker/Dockerfile): the
+pinned release plus the Python packages the runtime needs that it lacks;
+`--plain` mirrors the release unchanged. Two paths:
+- `local`: docker pull / build / tag / push from this machine, once per
+  region. Simple, but 40-60 GB crosses the operator's link.
 - `codebuild` (default): start the provider stack's image-mirror CodeBuild
   project in each region, so the image moves only inside AWS.
 Either way the pushed digest is read back from ECR and pinned in the config

@@ -10,7 +10,7 @@ instance_id=$(curl -sf -H "X-aws-ec2-metadata-token: $token" "$imds/latest/meta-
 exec /usr/bin/docker run --name fleetcast-runtime --rm \
   --gpus all --network host --ipc host --ulimit memlock=-1 --ulimit stack=67108864 \
   --env-file /etc/fleetcast/env \
-  --env PYTHONPATH=/opt/fleetcast/site-packages:/opt/fleetcast \
+  --env PYTHONPATH=/opt/fleetcast:/usr/local/lib/fleetcast-deps \
   --env PYTHONUNBUFFERED=1 \
   --volume /opt/fleetcast:/opt/fleetcast:ro \
   --volume /var/lib/fleetcast:/var/lib/fleetcast \

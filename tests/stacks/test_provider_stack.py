@@ -312,8 +312,9 @@ def test_user_data_carries_the_config_digest_and_instance_contract(fleet, stack_
                 "FLEETCAST_BUCKET=<ref>", "FLEETCAST_CONFIG_PARAM=<ref>", "FLEETCAST_LOG_GROUP=<ref>",
                 "FLEETCAST_RUNTIME_BUNDLE=s3://"):
         assert key in text
-    # egress none: the image comes from the region's private ECR repository.
-    assert ".dkr.ecr." in text and "/<ref>:1.2.1\n" in text
+    # egress none: the image comes from the region's private ECR repository, under the tag
+    # `fleetcast stage image` pushes the derived serving image as (until it pins a digest).
+    assert ".dkr.ecr." in text and "/<ref>:1.2.1-fleetcast\n" in text
 
 
 def test_a_config_change_changes_the_launch_template(fleet, variant):

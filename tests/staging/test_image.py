@@ -124,3 +124,21 @@ def test_an_edit_that_breaks_the_config_leaves_the_file_alone(tmp_path):
     with pytest.raises(ConfigError):
         apply_edits(target, [(("engine", "image_digest"), "latest")])
     assert target.read_text() == before
+
+
+def test_derived_image_carries_the_runtime_dependencies_where_the_container_looks():
+    root = Path(__file__).resolve().parents[2]
+    dockerfile = (root / "docker" / "Dockerfile").read_text()
+    run_container = (root / "runtime" / "host" / "run-container.sh").read_text()
+    assert "runtime/vendor.py" in dockerfile and "/usr/local/lib/fleetcast-deps" in dockerfile
+    assert "PYTHONPATH=/opt/fleetcast:/usr/local/lib/fleetcast-deps" in run_container
+    from runtime.vendor import VENDORED
+    assert any(p.startswith("boto3") for p in VENDORED) and any(p.startswith("ruamel.yaml") for p in VENDORED)
+
+
+def test_stage_image_defaults_to_the_derived_image(cfg):
+    from fleetcast.staging.image import image_tag
+    assert image_tag(cfg, derived=True) == "1.2.1-fleetcast"
+    lines = []
+    stage_local(cfg, [SEOUL], clients=None, derived=True, dry_run=True, run=None, log=lines.append)
+    assert any("docker build --file docker/Dockerfile" in line for line in lines)
