@@ -12,7 +12,6 @@ the same percentile of the server's emission log.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import tempfile
