@@ -167,3 +167,24 @@ def test_prepare_body_only_touches_streaming_requests():
     assert json.loads(injected.body)["stream_options"] == {"continuous_usage_stats": False, "include_usage": True}
     assert injected.strip_usage
     assert prepare_body(b'{"stream": true, broken').body == b'{"stream": true, broken'
+
+
+def test_tokens_reach_the_client_as_they_are_generated_not_at_the_end():
+    async def body():
+        h = await start_harness()
+        h.upstream.gate = asyncio.Event()  # the server sends one token, then waits
+        try:
+            client = await Client(h.port, VOICE_VPCE).connect()
+            await client.send("POST", "/v1/completions", completion(3))
+            status, headers = await client.read_head()
+            assert status == 200 and headers["content-type"].startswith("text/event-stream")
+            first = await asyncio.wait_for(client.reader.readuntil(b"\n\n"), 5)
+            assert b'"text": " t0"' in first  # delivered while the server is still generating
+            assert h.upstream.active == 1
+            h.upstream.gate.set()
+            rest = await asyncio.wait_for(client.reader.readuntil(b"0\r\n\r\n"), 5)  # the last chunk
+            assert rest.count(b'"text"') == 2 and b"[DONE]" in rest
+            await client.close()
+        finally:
+            await stop_harness(h)
+    run(body())
