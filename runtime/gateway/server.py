@@ -175,6 +175,8 @@ class Gateway:
                     return
                 if not await self._request(request, reader, writer, vpce_id, source):
                     return
+        except HttpError as exc:  # an unreadable request body: answer, then close (the stream is out of sync)
+            writer.write(openai_error(exc.status, str(exc), "invalid_request_error", None, close=True))
         except (ConnectionError, asyncio.IncompleteReadError):
             pass
         except Exception as exc:  # noqa: BLE001 - one broken connection must never stop the gateway
