@@ -12,7 +12,7 @@ export CDK_DISABLE_CLI_TELEMETRY := true
 OFFLINE := env -u AWS_ACCESS_KEY_ID -u AWS_SECRET_ACCESS_KEY -u AWS_SESSION_TOKEN -u AWS_PROFILE \
            AWS_EC2_METADATA_DISABLED=true
 
-.PHONY: synth test demo bench-gateway bench-decode clean deploy
+.PHONY: synth test demo deploy teardown docs bench-gateway bench-accuracy bench-decode plan-seed clean
 
 $(VENV)/.synth-deps: pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -37,6 +37,30 @@ test: $(VENV)/.test-deps node_modules/.package-lock.json
 
 demo: $(VENV)/.test-deps
 	$(PY) -m runtime.demo
+
+# Single-account deploy in the order AWS requires (needs credentials; `fleetcast deploy --help`).
+deploy: $(VENV)/.synth-deps node_modules/.package-lock.json
+	$(VENV)/bin/fleetcast deploy --config $(CONFIG)
+
+teardown: $(VENV)/.synth-deps node_modules/.package-lock.json
+	$(VENV)/bin/fleetcast teardown --config $(CONFIG)
+
+docs: $(VENV)/.synth-deps
+	$(VENV)/bin/fleetcast config docs > docs/config.md
+
+# Benchmarks print figures; none of them is a test.
+bench-gateway: $(VENV)/.test-deps
+	$(PY) -m scripts.bench_gateway $(BENCH_ARGS)
+
+bench-accuracy: $(VENV)/.test-deps
+	$(PY) scripts/bench_accuracy.py --aiperf $(or $(AIPERF),none)
+
+bench-decode: $(VENV)/.test-deps
+	$(PY) scripts/bench_decode.py $(or $(BENCH_ARGS),--device cpu --size tiny)
+
+plan-seed: $(VENV)/.synth-deps
+	$(VENV)/bin/fleetcast plan --results examples/plan/seed/results --traffic examples/plan/seed/traffic-seoul.yaml \
+	  --config $(CONFIG) --report build/plan-seed
 
 clean:
 	rm -rf cdk.out .pytest_cache
