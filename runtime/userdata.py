@@ -45,8 +45,8 @@ _SAFE_VALUE = re.compile(r"^[A-Za-z0-9._:/@+=,%-]*$")
 _CDK_TOKEN = re.compile(r"\$\{Token\[[A-Za-z0-9._-]+\]\}")
 
 
-def _check_env(env: Mapping[str, str]) -> None:
-    missing = [key for key in REQUIRED_KEYS if not env.get(key)]
+def _check_env(env: Mapping[str, str], required: tuple[str, ...] = REQUIRED_KEYS) -> None:
+    missing = [key for key in required if not env.get(key)]
     if missing:
         raise ValueError(f"user data env is missing required key(s): {', '.join(missing)}")
     for key, value in env.items():
@@ -59,13 +59,15 @@ def _check_env(env: Mapping[str, str]) -> None:
                 f"user data env {key}={value!r} has characters outside [A-Za-z0-9._:/@+=,%-]; "
                 "the env file is read literally by docker --env-file, so values cannot be quoted"
             )
-    if not _CDK_TOKEN.search(env["FLEETCAST_RUNTIME_BUNDLE"]) and not env["FLEETCAST_RUNTIME_BUNDLE"].startswith("s3://"):
+    bundle = env.get("FLEETCAST_RUNTIME_BUNDLE")
+    if bundle is not None and not _CDK_TOKEN.search(bundle) and not bundle.startswith("s3://"):
         raise ValueError("FLEETCAST_RUNTIME_BUNDLE must be an s3:// URI of the runtime bundle zip")
 
 
-def render_env_file(env: Mapping[str, str]) -> str:
-    """The /etc/fleetcast/env content: KEY=value lines, sorted for a stable template diff."""
-    _check_env(env)
+def render_env_file(env: Mapping[str, str], required: tuple[str, ...] = REQUIRED_KEYS) -> str:
+    """The /etc/fleetcast/env content: KEY=value lines, sorted for a stable template diff.
+    `required` is the fleet's key set unless another instance kind (the bench probe) passes its own."""
+    _check_env(env, required)
     return "".join(f"{key}={env[key]}\n" for key in sorted(env))
 
 

@@ -72,7 +72,7 @@ class BenchFleets(Construct):
             group = asg_name(cfg, region, bench_pool)
             labels = ",".join([f"instance_type={pool.instance_type}", f"precision={precision}",
                                f"region={region.region}", f"backend={engine.backend.value}",
-                               f"model={cfg.model.id}"])
+                               f"model={cfg.model.id}", "path=instance"])
             fleet = GpuFleet(
                 self, f"Bench-{pool.name}", cfg=cfg, region=region, pool=bench_pool,
                 vpc=provider.network.vpc, subnets=provider.network.subnets,

@@ -9,6 +9,7 @@ from constructs import Construct
 from fleetcast.config import Consumer, FleetConfig
 
 from . import nag
+from .consumer_probe import ConsumerBenchProbe, probe_enabled
 
 
 class ConsumerEndpoint(Construct):
@@ -25,10 +26,10 @@ class ConsumerEndpoint(Construct):
             raise ValueError(f"consumer {consumer.name} has no endpoint_service_name yet")
         port = cfg.engine.port
         az_ids = [s.az_id for s in consumer.subnets]
-        vpc = ec2.Vpc.from_vpc_attributes(
+        self.vpc = vpc = ec2.Vpc.from_vpc_attributes(
             self, "Vpc", vpc_id=consumer.vpc_id, availability_zones=az_ids, vpc_cidr_block=consumer.cidrs[0]
         )
-        subnets = [
+        self.subnets = subnets = [
             ec2.Subnet.from_subnet_attributes(self, f"Subnet{i + 1}", subnet_id=s.id, availability_zone=s.az_id)
             for i, s in enumerate(consumer.subnets)
         ]
@@ -76,3 +77,7 @@ class ConsumerStack(Stack):
     def __init__(self, scope: Construct, construct_id: str, *, cfg: FleetConfig, consumer: Consumer, **kwargs) -> None:
         super().__init__(scope, construct_id, **kwargs)
         self.endpoint = ConsumerEndpoint(self, "Endpoint", cfg=cfg, consumer=consumer)
+        if probe_enabled(self):
+            # `-c bench=true`: the same sweep through this endpoint, to split out the network share (issue 6).
+            self.bench_probe = ConsumerBenchProbe(self, "BenchProbe", cfg=cfg, consumer=consumer,
+                                                  endpoint=self.endpoint)

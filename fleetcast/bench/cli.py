@@ -1,5 +1,6 @@
-"""`fleetcast bench run|report|collect`: measure an OpenAI-compatible endpoint,
-render results, download results written by benchmark instances.
+"""`fleetcast bench run|report|collect|network-share|probe-wheels`: measure an
+OpenAI-compatible endpoint, render results, download results written by
+benchmark instances, split out the network share, stage the probe's wheels.
 
 Lives in the library (not scripts/) because bench instances run it from the
 runtime bundle, which carries fleetcast/ and runtime/ only; scripts/bench_cmd.py
@@ -13,7 +14,7 @@ import sys
 
 from fleetcast.errors import UserError
 
-_LABEL_KEYS = ("instance_type", "gpu", "precision", "region", "backend", "model", "notes")
+_LABEL_KEYS = ("instance_type", "gpu", "precision", "region", "backend", "model", "notes", "path", "consumer")
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -78,6 +79,18 @@ def register(sub: argparse._SubParsersAction) -> None:
     collect.add_argument("--region", help="bucket region (default from the AWS environment)")
     collect.add_argument("--endpoint-url", help="S3 endpoint override (tests, S3-compatible stores)")
     collect.set_defaults(handler=_collect)
+
+    share = actions.add_parser(
+        "network-share", help="per load level, latency on the instance vs through PrivateLink, and the difference")
+    share.add_argument("instance", metavar="INSTANCE.json", help="results measured on the serving instance")
+    share.add_argument("privatelink", metavar="PRIVATELINK.json", help="results measured through PrivateLink")
+    share.add_argument("--json", metavar="PATH", help="also write the comparison as JSON")
+    share.set_defaults(handler=_network_share)
+
+    wheels = actions.add_parser(
+        "probe-wheels", help="download the wheels the consumer-side bench probe carries (Linux x86_64, CPython 3.11)")
+    wheels.add_argument("--out", default="build/probe-wheels", help="wheelhouse directory (synth context bench_probe_wheels)")
+    wheels.set_defaults(handler=_probe_wheels)
 
 
 def _labels(pairs: list[str]):
@@ -214,6 +227,37 @@ def _collect(args: argparse.Namespace) -> int:
     for f in files:
         print(f)
     print(f"{len(files)} results file(s) in {args.out}", file=sys.stderr)
+    return 0
+
+
+def _network_share(args: argparse.Namespace) -> int:
+    import json
+    from pathlib import Path
+
+    from fleetcast.bench.network_share import check_paths, network_share, render_table, to_json
+    from fleetcast.bench.schema import load_results
+
+    instance, privatelink = load_results(args.instance), load_results(args.privatelink)
+    for warning in check_paths(instance, privatelink):
+        print(f"warning: {warning}", file=sys.stderr)
+    shares, only_one = network_share(instance, privatelink)
+    print("latency in ms: instance / privatelink / delta (privatelink - instance); "
+          "ttft_p50-rtt: TTFT P50 delta minus the round trip PrivateLink adds")
+    print(render_table(shares), end="")
+    if only_one:
+        print(f"levels in one file only (skipped): {', '.join(only_one)}", file=sys.stderr)
+    if args.json:
+        Path(args.json).write_text(json.dumps(to_json(shares, only_one), indent=2) + "\n")
+    return 0
+
+
+def _probe_wheels(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from fleetcast.bench.probe_wheels import download
+
+    wheels = download(Path(args.out))
+    print(f"{len(wheels)} wheels in {args.out}", file=sys.stderr)
     return 0
 
 

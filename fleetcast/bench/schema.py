@@ -59,6 +59,9 @@ class Labels(_Model):
     backend: Backend = "unknown"
     model: str | None = None
     notes: str | None = None
+    # Added in v1: where the client ran, to split the network share (`fleetcast bench network-share`).
+    path: str | None = Field(None, description="client path: 'instance' (on the server's host) or 'privatelink'")
+    consumer: str | None = Field(None, description="consumer whose VPC the client ran in (path privatelink)")
 
 
 class ClientInfo(_Model):

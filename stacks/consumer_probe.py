@@ -1,0 +1,236 @@
+"""Benchmark mode, consumer side (`cdk synth -c bench=true`): one small CPU
+instance in the consumer's subnets that runs the same sweep as the provider's
+bench instances (stacks/bench_fleet.py), but through the consumer's interface
+endpoint, uploads the results to a results bucket in the consumer account and
+scales its own group to zero. `fleetcast bench network-share` then compares the
+two files to split the network's share out of TTFT and E2E.
+
+The probe is a plain Amazon Linux 2023 instance (no GPU image, no docker): Python
+3.11 from the AL2023 repositories, the fleetcast code and its few third-party
+wheels in one bundle asset of this stack (`fleetcast bench probe-wheels`), so it
+reads nothing from the provider account. The consumer VPC must reach S3 (a
+gateway endpoint or NAT) and the Auto Scaling API (an interface endpoint or NAT);
+SSM endpoints only for Session Manager (docs/bench.md, "network share").
+
+Context knobs (all optional): the bench_fleet ones (bench_run, bench_concurrency,
+bench_requests, bench_input_tokens, bench_output_tokens), plus
+bench_probe (false: no probe), bench_probe_instance_type (c7i.large) and
+bench_probe_wheels (wheelhouse directory, default build/probe-wheels).
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from pathlib import Path
+
+from aws_cdk import ArnFormat, CfnOutput, Duration, Fn, RemovalPolicy, Stack
+from aws_cdk import aws_autoscaling as autoscaling
+from aws_cdk import aws_ec2 as ec2
+from aws_cdk import aws_iam as iam
+from aws_cdk import aws_s3 as s3
+from aws_cdk import aws_s3_assets as s3_assets
+from constructs import Construct
+
+from fleetcast.bench.probe_wheels import DEFAULT_DIR, check_wheelhouse
+from fleetcast.config import Consumer, FleetConfig
+from runtime.probe.userdata import render_probe_user_data
+
+from . import nag
+from .bench_fleet import DEFAULTS, RESULTS_PREFIX, bench_enabled
+from .bootstrap import BUNDLED_PACKAGES, REPO_ROOT
+
+PROBE_DEFAULTS = {
+    "bench_probe": "true",
+    "bench_probe_instance_type": "c7i.large",
+    "bench_probe_wheels": DEFAULT_DIR,
+}
+ROOT_VOLUME_GIB = 16
+
+
+def probe_enabled(scope: Construct) -> bool:
+    flag = scope.node.try_get_context("bench_probe")
+    return bench_enabled(scope) and str(flag if flag is not None else "true").lower() in ("true", "1", "yes")
+
+
+def probe_results_key(run: str, consumer: Consumer) -> str:
+    return f"{RESULTS_PREFIX}{run}/{consumer.service_region}/privatelink/{consumer.name}.json"
+
+
+def probe_group_name(cfg: FleetConfig, consumer: Consumer) -> str:
+    return f"{cfg.name}-{consumer.name}-bench-probe"
+
+
+def _stage_probe_bundle(wheels: list[Path]) -> Path:
+    """fleetcast/ and runtime/ (as the fleet's runtime bundle) plus wheels/, in one directory for the asset."""
+    staging = Path(tempfile.mkdtemp(prefix="fleetcast-probe-bundle-"))
+    ignore = shutil.ignore_patterns("__pycache__", "*.pyc", ".pytest_cache")
+    for package in BUNDLED_PACKAGES:
+        shutil.copytree(REPO_ROOT / package, staging / package, ignore=ignore)
+    (staging / "wheels").mkdir()
+    for wheel in wheels:
+        shutil.copy2(wheel, staging / "wheels" / wheel.name)
+    return staging
+
+
+class ConsumerBenchProbe(Construct):
+    """The probe's results bucket, bundle, security group, role, launch template and group of at most one."""
+
+    def __init__(self, scope: Construct, construct_id: str, *, cfg: FleetConfig, consumer: Consumer,
+                 endpoint) -> None:
+        super().__init__(scope, construct_id)
+        knobs = {k: str(self.node.try_get_context(k) or v) for k, v in {**DEFAULTS, **PROBE_DEFAULTS}.items()}
+        wheel_dir = Path(knobs["bench_probe_wheels"])
+        if not wheel_dir.is_absolute():
+            wheel_dir = REPO_ROOT / wheel_dir
+        wheels = check_wheelhouse(wheel_dir)
+        port = cfg.engine.port
+        self.group_name = probe_group_name(cfg, consumer)
+        self.results_key = probe_results_key(knobs["bench_run"], consumer)
+        error_key = self.results_key.removesuffix(".json") + ".error.txt"
+
+        self.results_bucket = s3.Bucket(
+            self,
+            "Results",
+            encryption=s3.BucketEncryption.S3_MANAGED,
+            enforce_ssl=True,
+            block_public_access=s3.BlockPublicAccess.BLOCK_ALL,
+            object_ownership=s3.ObjectOwnership.BUCKET_OWNER_ENFORCED,
+            versioned=True,
+            lifecycle_rules=[s3.LifecycleRule(noncurrent_version_expiration=Duration.days(30))],
+            removal_policy=RemovalPolicy.RETAIN,
+        )
+        nag.acknowledge(
+            self.results_bucket,
+            "AwsSolutions-S1",
+            "Benchmark figures only, written by one role to one key per run and read by the operator; a "
+            "server-access-log bucket per consumer account would cost more than the data it protects.",
+        )
+        self.bundle = s3_assets.Asset(self, "Bundle", path=str(_stage_probe_bundle(wheels)))
+
+        vpc, subnets = endpoint.vpc, endpoint.subnets
+        self.security_group = ec2.SecurityGroup(
+            self,
+            "SecurityGroup",
+            vpc=vpc,
+            description=f"{cfg.name} bench probe for {consumer.name}: serving port to the consumer CIDRs, HTTPS out",
+            allow_all_outbound=False,
+        )
+        for cidr in consumer.cidrs:
+            # The interface endpoint's network interfaces live in these CIDRs.
+            self.security_group.add_egress_rule(ec2.Peer.ipv4(cidr), ec2.Port.tcp(port), "the interface endpoint")
+        # S3 (bundle, AL2023 repositories, results), Auto Scaling and SSM: through the consumer's
+        # endpoints or NAT; their addresses are not known at synth.
+        self.security_group.add_egress_rule(ec2.Peer.any_ipv4(), ec2.Port.tcp(443), "HTTPS to AWS APIs and S3")
+
+        self.role = self._role(error_key)
+        dns_name = Fn.select(1, Fn.split(":", Fn.select(0, endpoint.endpoint.vpc_endpoint_dns_entries)))
+        region_cfg = next((r for r in cfg.regions if r.region == consumer.service_region), None)
+        labels = [f"region={consumer.region}", f"consumer={consumer.name}", "path=privatelink",
+                  f"model={cfg.model.id}"]
+        if region_cfg is not None and len({p.instance_type for p in region_cfg.pools}) == 1:
+            # Only when the service has one instance type is it known which one answered.
+            pool = region_cfg.pools[0]
+            labels += [f"instance_type={pool.instance_type}", f"precision={cfg.engine_for(pool).precision.value}",
+                       f"backend={cfg.engine_for(pool).backend.value}"]
+        env = {
+            "FLEETCAST_FLEET": cfg.name,
+            "FLEETCAST_REGION": consumer.region,
+            "FLEETCAST_BUCKET": self.results_bucket.bucket_name,
+            "FLEETCAST_PROBE_BUNDLE": self.bundle.s3_object_url,
+            "FLEETCAST_BENCH_KEY": self.results_key,
+            "FLEETCAST_BENCH_GROUP": self.group_name,
+            "FLEETCAST_BENCH_ENDPOINT": f"http://{dns_name}:{port}",
+            "FLEETCAST_BENCH_CONCURRENCY": knobs["bench_concurrency"],
+            "FLEETCAST_BENCH_REQUESTS": knobs["bench_requests"],
+            "FLEETCAST_BENCH_INPUT_TOKENS": knobs["bench_input_tokens"],
+            "FLEETCAST_BENCH_OUTPUT_TOKENS": knobs["bench_output_tokens"],
+            "FLEETCAST_BENCH_LABELS": ",".join(labels),
+        }
+        self.launch_template = ec2.LaunchTemplate(
+            self,
+            "LaunchTemplate",
+            instance_type=ec2.InstanceType(knobs["bench_probe_instance_type"]),
+            machine_image=ec2.MachineImage.latest_amazon_linux2023(),
+            role=self.role,
+            security_group=self.security_group,
+            user_data=ec2.UserData.custom(render_probe_user_data(env)),
+            require_imdsv2=True,
+            associate_public_ip_address=False,
+            block_devices=[
+                ec2.BlockDevice(
+                    device_name="/dev/xvda",
+                    volume=ec2.BlockDeviceVolume.ebs(ROOT_VOLUME_GIB, volume_type=ec2.EbsDeviceVolumeType.GP3,
+                                                     encrypted=True, delete_on_termination=True),
+                )
+            ],
+        )
+        self.asg = autoscaling.AutoScalingGroup(
+            self,
+            "Group",
+            auto_scaling_group_name=self.group_name,
+            vpc=vpc,
+            vpc_subnets=ec2.SubnetSelection(subnets=subnets),
+            launch_template=self.launch_template,
+            # The job sets desired to 0 when done; min 0 lets it, max 1 keeps it to one probe.
+            min_capacity=0,
+            desired_capacity=1,
+            max_capacity=1,
+        )
+        nag.acknowledge_warning(
+            self.asg,
+            "@aws-cdk/aws-autoscaling:desiredCapacitySet",
+            "Each deploy in bench mode starts one probe run on purpose; the probe sets desired to 0 when done.",
+        )
+        nag.acknowledge(
+            self.asg,
+            "AwsSolutions-AS3",
+            "A one-shot benchmark probe that stops itself; its results or error note in the results bucket "
+            "are the notification.",
+        )
+        CfnOutput(self, "BenchResultsBucketName", value=self.results_bucket.bucket_name).override_logical_id(
+            "BenchResultsBucketName")
+
+    def _asg_arn(self) -> str:
+        return Stack.of(self).format_arn(
+            service="autoscaling",
+            resource="autoScalingGroup",
+            resource_name=f"*:autoScalingGroupName/{self.group_name}",
+            arn_format=ArnFormat.COLON_RESOURCE_NAME,
+        )
+
+    def _role(self, error_key: str) -> iam.Role:
+        role = iam.Role(
+            self,
+            "Role",
+            assumed_by=iam.ServicePrincipal("ec2.amazonaws.com"),
+            description=f"{self.group_name}: read its bundle, write its results, scale its own group to zero",
+            managed_policies=[iam.ManagedPolicy.from_aws_managed_policy_name("AmazonSSMManagedInstanceCore")],
+        )
+        role.add_to_policy(iam.PolicyStatement(
+            sid="ReadProbeBundle",
+            actions=["s3:GetObject"],
+            resources=[self.bundle.bucket.arn_for_objects(self.bundle.s3_object_key)],
+        ))
+        role.add_to_policy(iam.PolicyStatement(
+            sid="UploadOwnBenchResults",
+            actions=["s3:PutObject"],
+            resources=[self.results_bucket.arn_for_objects(self.results_key),
+                       self.results_bucket.arn_for_objects(error_key)],
+        ))
+        role.add_to_policy(iam.PolicyStatement(
+            sid="ScaleOwnGroupToZero",
+            actions=["autoscaling:SetDesiredCapacity"],
+            resources=[self._asg_arn()],
+        ))
+        nag.acknowledge(
+            role,
+            "AwsSolutions-IAM4[Policy::arn:<AWS::Partition>:iam::aws:policy/AmazonSSMManagedInstanceCore]",
+            "Session Manager replaces SSH (no key pair, no open port); this AWS policy is its documented minimum.",
+        )
+        nag.acknowledge(
+            role.node.find_child("DefaultPolicy"),
+            f"AwsSolutions-IAM5[Resource::{Stack.of(self).resolve(self._asg_arn())}]",
+            "The ASG ARN embeds a group id unknown before creation; the explicit group name pins it to the probe.",
+        )
+        return role
