@@ -22,7 +22,8 @@ from .model import FleetConfig
 Edit = tuple[tuple[str | int, ...], Any]
 
 
-def _yaml() -> YAML:
+def round_trip_yaml() -> YAML:
+    """The loader/dumper every config writer uses, so edits keep comments, quotes and layout alike."""
     yaml = YAML(typ="rt")
     yaml.preserve_quotes = True
     yaml.width = 4096
@@ -30,23 +31,17 @@ def _yaml() -> YAML:
     return yaml
 
 
-def apply_edits(path: str | Path, edits: Iterable[Edit]) -> FleetConfig:
-    """Set each (path, value) in the YAML document, validate, then atomically replace the file."""
+def write_validated(path: str | Path, yaml: YAML, doc: Any) -> FleetConfig:
+    """Dump `doc`, validate the text with the config loader, and only then replace `path` atomically.
+
+    Raises ConfigError (its source says the file was left unchanged) when the edited config is invalid."""
     path = Path(path)
-    yaml = _yaml()
-    doc = yaml.load(path.read_text())
-    for keys, value in edits:
-        node = doc
-        for key in keys[:-1]:
-            node = node[key]
-        node[keys[-1]] = value
     buffer = io.StringIO()
     yaml.dump(doc, buffer)
-    text = buffer.getvalue()
-    fd, tmp = tempfile.mkstemp(prefix=".fleet-", suffix=".yaml", dir=path.parent)
+    fd, tmp = tempfile.mkstemp(prefix=".fleet-", suffix=path.suffix or ".yaml", dir=path.parent)
     try:
         with os.fdopen(fd, "w") as handle:
-            handle.write(text)
+            handle.write(buffer.getvalue())
         try:
             cfg = load_config(tmp)
         except ConfigError as exc:
@@ -57,3 +52,15 @@ def apply_edits(path: str | Path, edits: Iterable[Edit]) -> FleetConfig:
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
+
+
+def apply_edits(path: str | Path, edits: Iterable[Edit]) -> FleetConfig:
+    """Set each (path, value) in the YAML document, validate, then atomically replace the file."""
+    yaml = round_trip_yaml()
+    doc = yaml.load(Path(path).read_text())
+    for keys, value in edits:
+        node = doc
+        for key in keys[:-1]:
+            node = node[key]
+        node[keys[-1]] = value
+    return write_validated(path, yaml, doc)

@@ -14,26 +14,15 @@ steps whose `min` is the planned instance count for those hours).
 
 from __future__ import annotations
 
-import io
-import os
-import tempfile
 from pathlib import Path
 
-from ruamel.yaml import YAML
 from ruamel.yaml.comments import CommentedMap, CommentedSeq
 from ruamel.yaml.scalarstring import SingleQuotedScalarString
 
+from fleetcast.config.edit import round_trip_yaml, write_validated
 from fleetcast.errors import UserError
 
 from .solver import RegionPlan
-
-
-def _yaml() -> YAML:
-    yaml = YAML(typ="rt")
-    yaml.preserve_quotes = True
-    yaml.width = 4096
-    yaml.indent(mapping=2, sequence=4, offset=2)
-    return yaml
 
 
 def _set(node: CommentedMap, key: str, value) -> bool:
@@ -61,10 +50,10 @@ def schedule_steps(hourly: list[int], peak: int) -> list[dict]:
 def apply_plan(path: str | Path, plans: list[RegionPlan], allow_estimated: bool = False,
                write_schedule: bool = False) -> list[str]:
     """Edit the config at `path` in place; returns what changed. Refuses (file untouched) on any problem."""
-    from fleetcast.config import ConfigError, load_config
+    from fleetcast.config import ConfigError
 
     path = Path(path)
-    yaml = _yaml()
+    yaml = round_trip_yaml()
     try:
         original = path.read_text()
     except OSError as exc:
@@ -152,21 +141,10 @@ def apply_plan(path: str | Path, plans: list[RegionPlan], allow_estimated: bool 
                                        f"(publish the {region_name} service's name after deploying)")
     if not changes:
         return []
-    buffer = io.StringIO()
-    yaml.dump(doc, buffer)
-    fd, tmp = tempfile.mkstemp(prefix=".plan-", suffix=path.suffix or ".yaml", dir=path.parent)
     try:
-        with os.fdopen(fd, "w") as handle:
-            handle.write(buffer.getvalue())
-        try:
-            load_config(tmp)
-        except ConfigError as exc:
-            details = exc.render().split("\n", 1)[-1]
-            raise UserError(f"--write-config: the updated config would be invalid, so {path} was left untouched:\n"
-                            f"{details}") from None
-        os.replace(tmp, path)
-        tmp = None
-    finally:
-        if tmp and os.path.exists(tmp):
-            os.unlink(tmp)
+        write_validated(path, yaml, doc)
+    except ConfigError as exc:
+        details = exc.render().split("\n", 1)[-1]
+        raise UserError(f"--write-config: the updated config would be invalid, so {path} was left untouched:\n"
+                        f"{details}") from None
     return changes
