@@ -145,7 +145,7 @@ def _pools(cfg: FleetConfig) -> list[ConfigIssue]:
             for k, step in enumerate(pool.schedule):
                 desired = step.desired if step.desired is not None else step.min
                 if not (step.min <= desired <= step.max):
-                    out.append(ConfigIssue(here + ("schedule", k), f"scheduled capacity must satisfy min <= desired <= max"))
+                    out.append(ConfigIssue(here + ("schedule", k), "scheduled capacity must satisfy min <= desired <= max"))
                 if step.max > pool.capacity.max:
                     out.append(ConfigIssue(here + ("schedule", k, "max"),
                         f"scheduled max {step.max} exceeds the pool's capacity.max {pool.capacity.max}"))

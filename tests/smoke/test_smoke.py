@@ -1,7 +1,6 @@
 """`fleetcast smoke` against the real reference backend on loopback."""
 
 import json
-import os
 import socket
 import subprocess
 import sys
