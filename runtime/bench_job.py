@@ -12,6 +12,9 @@ elsewhere `main` returns at once. Inputs, all from the instance env file:
   FLEETCAST_BENCH_INPUT_TOKENS / FLEETCAST_BENCH_OUTPUT_TOKENS  length specs
   FLEETCAST_BENCH_LABELS       label pairs: instance_type=...,precision=...,region=...,backend=...
   FLEETCAST_BUCKET, FLEETCAST_REGION  (always present on fleet instances)
+  FLEETCAST_BENCH_API_KEY_SECRET  optional: Secrets Manager secret (name) holding an API key for the
+                               endpoint (the consumer-side probe of a consumer with api_keys: true);
+                               a plain string, or JSON {"keys": [...]} of which the first is used
 The group is scaled to zero whatever happened (a failed benchmark uploads an
 error note instead of results), so a bench instance never runs on idle.
 No CDK import: this runs on the instance.
@@ -44,8 +47,9 @@ def _wait_healthy(endpoint: str, timeout_s: float, poll_s: float = 10.0) -> bool
     return False
 
 
-def bench_argv(env: dict[str, str], out: Path) -> list[str]:
-    """The `fleetcast bench run` command line this instance runs."""
+def bench_argv(env: dict[str, str], out: Path, api_key: str | None = None) -> list[str]:
+    """The `fleetcast bench run` command line this instance runs (in-process: the key never reaches a
+    process list)."""
     argv = ["bench", "run", "--endpoint", env.get("FLEETCAST_BENCH_ENDPOINT", "http://127.0.0.1:8000"),
             "--concurrency", env.get("FLEETCAST_BENCH_CONCURRENCY", "1,2,4,8,16,32,64"),
             "--requests-per-level", env.get("FLEETCAST_BENCH_REQUESTS", "200"),
@@ -54,10 +58,22 @@ def bench_argv(env: dict[str, str], out: Path) -> list[str]:
             "--rtt-probe", "--quiet", "--out", str(out)]
     for pair in filter(None, env.get("FLEETCAST_BENCH_LABELS", "").split(",")):
         argv += ["--label", pair]
+    if api_key:
+        argv += ["--header", f"Authorization:Bearer {api_key}"]
     return argv
 
 
-def run(env: dict[str, str], *, s3=None, autoscaling=None, health_timeout_s: float = 7200.0) -> int:
+def _api_key(secrets, name: str) -> str:
+    value = secrets.get_secret_value(SecretId=name)["SecretString"].strip()
+    if value.startswith("{"):
+        keys = json.loads(value).get("keys") or []
+        if not keys or not isinstance(keys[0], str):
+            raise RuntimeError(f"secret {name} is JSON without a non-empty \"keys\" list of strings")
+        return keys[0]
+    return value
+
+
+def run(env: dict[str, str], *, s3=None, autoscaling=None, secrets=None, health_timeout_s: float = 7200.0) -> int:
     key = env.get("FLEETCAST_BENCH_KEY")
     if not key:
         return 0
@@ -75,9 +91,13 @@ def run(env: dict[str, str], *, s3=None, autoscaling=None, health_timeout_s: flo
             raise RuntimeError(f"{endpoint}/health never answered 200 within {health_timeout_s:.0f} s")
         from fleetcast.bench.cli import main as fleetcast
 
+        api_key = None
+        if env.get("FLEETCAST_BENCH_API_KEY_SECRET"):
+            secrets = secrets or boto3.client("secretsmanager", region_name=region)
+            api_key = _api_key(secrets, env["FLEETCAST_BENCH_API_KEY_SECRET"])
         with tempfile.TemporaryDirectory() as tmp:
             out = Path(tmp) / "results.json"
-            rc = fleetcast(bench_argv(env, out))
+            rc = fleetcast(bench_argv(env, out, api_key))
             if rc != 0 or not out.is_file():
                 raise RuntimeError(f"fleetcast bench run exited {rc}")
             s3.put_object(Bucket=bucket, Key=key, Body=out.read_bytes(), ContentType="application/json")

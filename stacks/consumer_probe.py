@@ -14,12 +14,16 @@ SSM endpoints only for Session Manager (docs/bench.md, "network share").
 
 Context knobs (all optional): the bench_fleet ones (bench_run, bench_concurrency,
 bench_requests, bench_input_tokens, bench_output_tokens), plus
-bench_probe (false: no probe), bench_probe_instance_type (c7i.large) and
-bench_probe_wheels (wheelhouse directory, default build/probe-wheels).
+bench_probe (false: no probe), bench_probe_instance_type (c7i.large),
+bench_probe_wheels (wheelhouse directory, default build/probe-wheels) and, for
+consumers with `api_keys: true`, bench_api_key_secret (a Secrets Manager secret
+in the consumer account holding one of the consumer's keys; default
+<fleet>/bench/<consumer>/api-key).
 """
 
 from __future__ import annotations
 
+import re
 import shutil
 import tempfile
 from pathlib import Path
@@ -34,6 +38,7 @@ from constructs import Construct
 
 from fleetcast.bench.probe_wheels import DEFAULT_DIR, check_wheelhouse
 from fleetcast.config import Consumer, FleetConfig
+from fleetcast.errors import UserError
 from runtime.probe.userdata import render_probe_user_data
 
 from . import nag
@@ -59,6 +64,16 @@ def probe_results_key(run: str, consumer: Consumer) -> str:
 
 def probe_group_name(cfg: FleetConfig, consumer: Consumer) -> str:
     return f"{cfg.name}-{consumer.name}-bench-probe"
+
+
+def api_key_secret_name(scope: Construct, cfg: FleetConfig, consumer: Consumer) -> str | None:
+    """The secret the probe reads its API key from, for consumers whose gateway requires keys."""
+    if not consumer.api_keys:
+        return None
+    name = str(scope.node.try_get_context("bench_api_key_secret") or f"{cfg.name}/bench/{consumer.name}/api-key")
+    if not re.fullmatch(r"[A-Za-z0-9/_+=.@-]{1,512}", name):
+        raise UserError(f"-c bench_api_key_secret={name!r}: a Secrets Manager name uses only A-Z a-z 0-9 / _ + = . @ -")
+    return name
 
 
 def _stage_probe_bundle(wheels: list[Path]) -> Path:
@@ -123,6 +138,7 @@ class ConsumerBenchProbe(Construct):
         # endpoints or NAT; their addresses are not known at synth.
         self.security_group.add_egress_rule(ec2.Peer.any_ipv4(), ec2.Port.tcp(443), "HTTPS to AWS APIs and S3")
 
+        self.api_key_secret = api_key_secret_name(self, cfg, consumer)
         self.role = self._role(error_key)
         dns_name = Fn.select(1, Fn.split(":", Fn.select(0, endpoint.endpoint.vpc_endpoint_dns_entries)))
         region_cfg = next((r for r in cfg.regions if r.region == consumer.service_region), None)
@@ -147,6 +163,8 @@ class ConsumerBenchProbe(Construct):
             "FLEETCAST_BENCH_OUTPUT_TOKENS": knobs["bench_output_tokens"],
             "FLEETCAST_BENCH_LABELS": ",".join(labels),
         }
+        if self.api_key_secret:
+            env["FLEETCAST_BENCH_API_KEY_SECRET"] = self.api_key_secret
         self.launch_template = ec2.LaunchTemplate(
             self,
             "LaunchTemplate",
@@ -218,6 +236,15 @@ class ConsumerBenchProbe(Construct):
             resources=[self.results_bucket.arn_for_objects(self.results_key),
                        self.results_bucket.arn_for_objects(error_key)],
         ))
+        if self.api_key_secret:
+            # Secrets Manager appends "-" and six random characters to a secret's ARN.
+            role.add_to_policy(iam.PolicyStatement(
+                sid="ReadBenchApiKey",
+                actions=["secretsmanager:GetSecretValue"],
+                resources=[Stack.of(self).format_arn(service="secretsmanager", resource="secret",
+                                                     resource_name=f"{self.api_key_secret}-??????",
+                                                     arn_format=ArnFormat.COLON_RESOURCE_NAME)],
+            ))
         role.add_to_policy(iam.PolicyStatement(
             sid="ScaleOwnGroupToZero",
             actions=["autoscaling:SetDesiredCapacity"],

@@ -83,3 +83,43 @@ def test_systemd_unit_runs_the_job_only_on_bench_instances():
     assert "python3 -m runtime.bench_job" in service["ExecStart"]
     assert service["Type"] == "oneshot" and service["Restart"] == "no"
     assert parser["Install"]["WantedBy"] == "multi-user.target"
+
+
+def secrets_returning(name, secret_string):
+    client = boto3.client("secretsmanager", region_name=REGION, aws_access_key_id="testing",
+                          aws_secret_access_key="testing")
+    stub = Stubber(client)
+    stub.add_response("get_secret_value", {"Name": name, "SecretString": secret_string}, {"SecretId": name})
+    stub.activate()
+    return client, stub
+
+
+def test_job_reads_the_api_key_secret_and_sends_it_as_a_bearer_token(tmp_path):
+    secrets, stub = secrets_returning("fc/bench/voice/api-key", '{"keys": ["k-first", "k-second"]}')
+    assert bench_job._api_key(secrets, "fc/bench/voice/api-key") == "k-first"
+    stub.assert_no_pending_responses()
+    argv = bench_job.bench_argv({}, tmp_path / "r.json", "k-first")
+    assert argv[argv.index("--header") + 1] == "Authorization:Bearer k-first"
+    assert "--header" not in bench_job.bench_argv({}, tmp_path / "r.json")
+
+
+def test_job_with_a_key_secret_benchmarks_with_it_and_scales_to_zero(fast_server, s3):
+    asg, asg_stub = autoscaling_expecting_scale_to_zero("fc-us-east-1-bench-l40s")
+    secrets, secret_stub = secrets_returning("fc/bench/voice/api-key", "plain-key")
+    key = "bench/r1/us-east-1/privatelink/voice.json"
+    job_env = {**env(fast_server.url, key), "FLEETCAST_BENCH_API_KEY_SECRET": "fc/bench/voice/api-key"}
+    assert bench_job.run(job_env, s3=s3, autoscaling=asg, secrets=secrets, health_timeout_s=10) == 0
+    secret_stub.assert_no_pending_responses()
+    asg_stub.assert_no_pending_responses()
+    assert s3.head_object(Bucket="models", Key=key)["ContentLength"] > 0
+
+
+def test_a_key_secret_without_keys_fails_the_job_with_a_note_and_scales_to_zero(fast_server, s3):
+    asg, asg_stub = autoscaling_expecting_scale_to_zero("fc-us-east-1-bench-l40s")
+    secrets, _ = secrets_returning("fc/bench/voice/api-key", '{"keys": []}')
+    key = "bench/r1/us-east-1/privatelink/nokey.json"
+    job_env = {**env(fast_server.url, key), "FLEETCAST_BENCH_API_KEY_SECRET": "fc/bench/voice/api-key"}
+    assert bench_job.run(job_env, s3=s3, autoscaling=asg, secrets=secrets, health_timeout_s=10) == 1
+    asg_stub.assert_no_pending_responses()
+    note = json.loads(s3.get_object(Bucket="models", Key="bench/r1/us-east-1/privatelink/nokey.error.txt")["Body"].read())
+    assert "keys" in note["error"]

@@ -226,3 +226,29 @@ def test_probe_unit_runs_the_bench_job_with_the_unpacked_bundle_and_wheels():
     assert "ExecStart=/usr/bin/python3.11 -m runtime.bench_job" in unit
     assert "Environment=PYTHONPATH=/opt/fleetcast:/opt/fleetcast-deps" in unit
     assert "EnvironmentFile=/etc/fleetcast/env" in unit and "Restart=no" in unit
+
+
+def test_consumer_with_api_keys_gives_the_probe_exactly_its_key_secret(tmp_path):
+    cfg = load_config(ROOT / "config" / "fleet.yaml")
+    c = cfg.consumers[0].model_copy(update={"api_keys": True})
+    app = App(outdir=str(tmp_path / "out"), context={
+        **cdk_json_context(), "bench": "true", "bench_probe_wheels": str(fake_wheelhouse(tmp_path / "w"))})
+    stack = ConsumerStack(app, "C", cfg=cfg, consumer=c, env=Environment(account=c.account, region=c.region))
+    nag.enable(app)
+    app.synth()  # cdk-nag clean
+    t = json.loads((tmp_path / "out" / "C.template.json").read_text())
+    assert f"FLEETCAST_BENCH_API_KEY_SECRET={cfg.name}/bench/{c.name}/api-key\\n" in probe_user_data(t)
+    (policy,) = of_type(t, "AWS::IAM::Policy").values()
+    (read,) = [s for s in policy["Properties"]["PolicyDocument"]["Statement"] if s["Sid"] == "ReadBenchApiKey"]
+    assert read["Action"] == "secretsmanager:GetSecretValue"
+    assert read["Resource"] == f"arn:aws:secretsmanager:{c.region}:{c.account}:secret:{cfg.name}/bench/{c.name}/api-key-??????"
+    assert stack.bench_probe.api_key_secret == f"{cfg.name}/bench/{c.name}/api-key"
+
+
+def test_a_bad_api_key_secret_name_is_refused_naming_the_context_key(tmp_path):
+    cfg = load_config(ROOT / "config" / "fleet.yaml")
+    c = cfg.consumers[0].model_copy(update={"api_keys": True})
+    app = App(outdir=str(tmp_path), context={**cdk_json_context(), "bench": "true", "bench_api_key_secret": "a b;c",
+                                             "bench_probe_wheels": str(fake_wheelhouse(tmp_path / "w"))})
+    with pytest.raises(UserError, match="bench_api_key_secret"):
+        ConsumerStack(app, "C", cfg=cfg, consumer=c, env=Environment(account=c.account, region=c.region))
