@@ -46,7 +46,6 @@ from .bench_fleet import DEFAULTS, RESULTS_PREFIX, bench_enabled
 from .bootstrap import BUNDLED_PACKAGES, REPO_ROOT
 
 PROBE_DEFAULTS = {
-    "bench_probe": "true",
     "bench_probe_instance_type": "c7i.large",
     "bench_probe_wheels": DEFAULT_DIR,
 }
@@ -95,6 +94,11 @@ class ConsumerBenchProbe(Construct):
                  endpoint) -> None:
         super().__init__(scope, construct_id)
         knobs = {k: str(self.node.try_get_context(k) or v) for k, v in {**DEFAULTS, **PROBE_DEFAULTS}.items()}
+        if not re.fullmatch(r"[a-z][a-z0-9-]*\.[a-z0-9]+", knobs["bench_probe_instance_type"]):
+            raise UserError(f"-c bench_probe_instance_type={knobs['bench_probe_instance_type']!r}: "
+                            "use an EC2 instance type such as c7i.large")
+        if not re.fullmatch(r"[A-Za-z0-9._-]{1,64}", knobs["bench_run"]):
+            raise UserError(f"-c bench_run={knobs['bench_run']!r}: use 1-64 of A-Z a-z 0-9 . _ - (an S3 key part)")
         wheel_dir = Path(knobs["bench_probe_wheels"])
         if not wheel_dir.is_absolute():
             wheel_dir = REPO_ROOT / wheel_dir

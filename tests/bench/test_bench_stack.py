@@ -7,7 +7,6 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-import pytest
 from aws_cdk import App
 from aws_cdk.assertions import Match, Template
 

@@ -252,3 +252,27 @@ def test_a_bad_api_key_secret_name_is_refused_naming_the_context_key(tmp_path):
                                              "bench_probe_wheels": str(fake_wheelhouse(tmp_path / "w"))})
     with pytest.raises(UserError, match="bench_api_key_secret"):
         ConsumerStack(app, "C", cfg=cfg, consumer=c, env=Environment(account=c.account, region=c.region))
+
+
+@pytest.mark.parametrize("context, message", [
+    ({"bench_probe_instance_type": "c7i large"}, "bench_probe_instance_type.*c7i.large"),
+    ({"bench_run": "2026/11 29"}, "bench_run"),
+])
+def test_bad_probe_knobs_are_refused_naming_the_context_key(tmp_path, context, message):
+    cfg = load_config(ROOT / "config" / "fleet.yaml")
+    c = cfg.consumers[0]
+    app = App(outdir=str(tmp_path), context={**cdk_json_context(), "bench": "true", **context,
+                                             "bench_probe_wheels": str(fake_wheelhouse(tmp_path / "w"))})
+    with pytest.raises(UserError, match=message):
+        ConsumerStack(app, "C", cfg=cfg, consumer=c, env=Environment(account=c.account, region=c.region))
+
+
+def test_probe_instance_type_is_configurable(tmp_path):
+    cfg = load_config(ROOT / "config" / "fleet.yaml")
+    c = cfg.consumers[0]
+    app = App(outdir=str(tmp_path), context={**cdk_json_context(), "bench": "true",
+                                             "bench_probe_instance_type": "m7i.xlarge",
+                                             "bench_probe_wheels": str(fake_wheelhouse(tmp_path / "w"))})
+    stack = ConsumerStack(app, "C", cfg=cfg, consumer=c, env=Environment(account=c.account, region=c.region))
+    (lt,) = Template.from_stack(stack).find_resources("AWS::EC2::LaunchTemplate").values()
+    assert lt["Properties"]["LaunchTemplateData"]["InstanceType"] == "m7i.xlarge"
