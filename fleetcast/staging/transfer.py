@@ -30,10 +30,14 @@ class TransferReport:
     parts_sent: int = 0
     parts_reused: int = 0
     bytes_sent: int = 0
+    bytes_copied: int = 0  # server-side copies between buckets: nothing crosses this machine's link
     seconds: float = 0.0
     keys: list[str] = field(default_factory=list)
 
     def line(self) -> str:
+        if self.bytes_copied:
+            return (f"{self.files_uploaded} file(s) copied server-side, {self.files_skipped} already there and "
+                    f"verified; {human_bytes(self.bytes_copied)} copied in {self.seconds:.1f} s, nothing re-sent")
         return (f"{self.files_uploaded} file(s) uploaded, {self.files_skipped} already there and verified; "
                 f"{self.parts_sent} part(s) sent, {self.parts_reused} resumed part(s) reused; "
                 f"{human_bytes(self.bytes_sent)} sent in {self.seconds:.1f} s")
@@ -185,7 +189,7 @@ def copy_prefix(src_s3: Any, src_bucket: str, dst_s3: Any, dst_bucket: str, pref
             dst_s3.copy({"Bucket": src_bucket, "Key": key}, dst_bucket, key, SourceClient=src_s3,
                         ExtraArgs={"MetadataDirective": "REPLACE", "Metadata": {SHA_META: entry.sha256}})
             report.files_uploaded += 1
-            report.bytes_sent += entry.size
+            report.bytes_copied += entry.size
         bar.advance(entry.size)
     dst_s3.put_object(Bucket=dst_bucket, Key=prefix + MANIFEST_NAME, Body=manifest.to_json().encode(),
                       ContentType="application/json")

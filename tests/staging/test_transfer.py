@@ -112,7 +112,7 @@ def test_cross_region_copy_is_server_side(clients, make_bucket, model_dir):
     dst_s3 = clients("s3", "us-east-1")
     uploads = count_calls(dst_s3, "UploadPart", "PutObject")
     report = copy_prefix(clients("s3", "ap-northeast-2"), src, dst_s3, dst, "models/m/r/", manifest)
-    assert report.files_uploaded == 3
+    assert report.files_uploaded == 3 and report.bytes_sent == 0 and report.bytes_copied == manifest.total_bytes
     assert len(uploads) == 1  # only the manifest is written; every file is copied, not re-sent
     assert verify_prefix(dst_s3, dst, "models/m/r/", manifest) == []
 
