@@ -99,6 +99,13 @@ class ConsumerBenchProbe(Construct):
                             "use an EC2 instance type such as c7i.large")
         if not re.fullmatch(r"[A-Za-z0-9._-]{1,64}", knobs["bench_run"]):
             raise UserError(f"-c bench_run={knobs['bench_run']!r}: use 1-64 of A-Z a-z 0-9 . _ - (an S3 key part)")
+        if consumer.service_region in cfg.network.tls_certificate_arns:
+            # The certificate names the provider's domain, not the endpoint's DNS name the probe calls.
+            raise UserError(
+                f"consumer {consumer.name}: the {consumer.service_region} service has a TLS listener "
+                "(network.tls_certificate_arns), which the bench probe does not support yet; "
+                "synth with -c bench_probe=false"
+            )
         wheel_dir = Path(knobs["bench_probe_wheels"])
         if not wheel_dir.is_absolute():
             wheel_dir = REPO_ROOT / wheel_dir

@@ -276,3 +276,15 @@ def test_probe_instance_type_is_configurable(tmp_path):
     stack = ConsumerStack(app, "C", cfg=cfg, consumer=c, env=Environment(account=c.account, region=c.region))
     (lt,) = Template.from_stack(stack).find_resources("AWS::EC2::LaunchTemplate").values()
     assert lt["Properties"]["LaunchTemplateData"]["InstanceType"] == "m7i.xlarge"
+
+
+def test_a_tls_service_is_refused_with_the_way_out(tmp_path):
+    cfg = load_config(ROOT / "config" / "fleet.yaml")
+    c = cfg.consumers[0]
+    arn = f"arn:aws:acm:{c.service_region}:{cfg.provider.account}:certificate/12345678-1234-1234-1234-123456789012"
+    tls = cfg.model_copy(update={"network": cfg.network.model_copy(
+        update={"tls_certificate_arns": {c.service_region: arn}})})
+    app = App(outdir=str(tmp_path), context={**cdk_json_context(), "bench": "true",
+                                             "bench_probe_wheels": str(fake_wheelhouse(tmp_path / "w"))})
+    with pytest.raises(UserError, match="TLS listener.*bench_probe=false"):
+        ConsumerStack(app, "C", cfg=tls, consumer=c, env=Environment(account=c.account, region=c.region))
