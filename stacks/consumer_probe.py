@@ -28,7 +28,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from aws_cdk import ArnFormat, CfnOutput, Duration, Fn, RemovalPolicy, Stack
+from aws_cdk import ArnFormat, CfnOutput, Duration, Fn, Stack
 from aws_cdk import aws_autoscaling as autoscaling
 from aws_cdk import aws_ec2 as ec2
 from aws_cdk import aws_iam as iam
@@ -44,6 +44,7 @@ from runtime.probe.userdata import render_probe_user_data
 from . import nag
 from .bench_fleet import DEFAULTS, RESULTS_PREFIX, bench_enabled
 from .bootstrap import BUNDLED_PACKAGES, REPO_ROOT
+from .storage import private_bucket
 
 PROBE_DEFAULTS = {
     "bench_probe_instance_type": "c7i.large",
@@ -115,16 +116,8 @@ class ConsumerBenchProbe(Construct):
         self.results_key = probe_results_key(knobs["bench_run"], consumer)
         error_key = self.results_key.removesuffix(".json") + ".error.txt"
 
-        self.results_bucket = s3.Bucket(
-            self,
-            "Results",
-            encryption=s3.BucketEncryption.S3_MANAGED,
-            enforce_ssl=True,
-            block_public_access=s3.BlockPublicAccess.BLOCK_ALL,
-            object_ownership=s3.ObjectOwnership.BUCKET_OWNER_ENFORCED,
-            versioned=True,
-            lifecycle_rules=[s3.LifecycleRule(noncurrent_version_expiration=Duration.days(30))],
-            removal_policy=RemovalPolicy.RETAIN,
+        self.results_bucket = private_bucket(
+            self, "Results", lifecycle_rules=[s3.LifecycleRule(noncurrent_version_expiration=Duration.days(30))]
         )
         nag.acknowledge(
             self.results_bucket,

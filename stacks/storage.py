@@ -13,6 +13,34 @@ READ_ONLY_PREFIXES = ("models/", "calibration/")  # written by `fleetcast stage`
 READ_WRITE_PREFIXES = ("engines/", "locks/", "failures/")  # engine cache, build locks, failure records
 
 
+def private_bucket(
+    scope: Construct,
+    construct_id: str,
+    *,
+    lifecycle_rules: list[s3.LifecycleRule],
+    server_access_logs_bucket: s3.IBucket | None = None,
+    server_access_logs_prefix: str | None = None,
+) -> s3.Bucket:
+    """Fleetcast's bucket recipe: private, TLS-only, SSE-S3, versioned, kept when its stack is deleted.
+
+    SSE-S3 because server access log delivery supports SSE-S3 only; RETAIN so
+    that deleting a stack never deletes data.
+    """
+    return s3.Bucket(
+        scope,
+        construct_id,
+        encryption=s3.BucketEncryption.S3_MANAGED,
+        enforce_ssl=True,
+        block_public_access=s3.BlockPublicAccess.BLOCK_ALL,
+        object_ownership=s3.ObjectOwnership.BUCKET_OWNER_ENFORCED,
+        versioned=True,
+        server_access_logs_bucket=server_access_logs_bucket,
+        server_access_logs_prefix=server_access_logs_prefix,
+        lifecycle_rules=lifecycle_rules,
+        removal_policy=RemovalPolicy.RETAIN,
+    )
+
+
 class ModelStore(Construct):
     """Versioned, TLS-only, private S3 bucket for staged weights, calibration data and built engines.
 
@@ -23,26 +51,14 @@ class ModelStore(Construct):
 
     def __init__(self, scope: Construct, construct_id: str) -> None:
         super().__init__(scope, construct_id)
-        self.access_logs = s3.Bucket(
+        self.access_logs = private_bucket(
             self,
             "AccessLogs",
-            # Server access log delivery supports SSE-S3 only.
-            encryption=s3.BucketEncryption.S3_MANAGED,
-            enforce_ssl=True,
-            block_public_access=s3.BlockPublicAccess.BLOCK_ALL,
-            object_ownership=s3.ObjectOwnership.BUCKET_OWNER_ENFORCED,
-            versioned=True,
             lifecycle_rules=[s3.LifecycleRule(expiration=Duration.days(365), noncurrent_version_expiration=Duration.days(30))],
-            removal_policy=RemovalPolicy.RETAIN,
         )
-        self.bucket = s3.Bucket(
+        self.bucket = private_bucket(
             self,
             "Bucket",
-            encryption=s3.BucketEncryption.S3_MANAGED,
-            enforce_ssl=True,
-            block_public_access=s3.BlockPublicAccess.BLOCK_ALL,
-            object_ownership=s3.ObjectOwnership.BUCKET_OWNER_ENFORCED,
-            versioned=True,
             server_access_logs_bucket=self.access_logs,
             server_access_logs_prefix="model-bucket/",
             # Engines and locks are rewritten often; old versions only cost money.
@@ -50,7 +66,6 @@ class ModelStore(Construct):
                 s3.LifecycleRule(noncurrent_version_expiration=Duration.days(30)),
                 s3.LifecycleRule(prefix="locks/", expiration=Duration.days(7)),
             ],
-            removal_policy=RemovalPolicy.RETAIN,
         )
 
     def object_arns(self, prefixes: tuple[str, ...]) -> list[str]:
