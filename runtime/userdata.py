@@ -71,6 +71,21 @@ def render_env_file(env: Mapping[str, str], required: tuple[str, ...] = REQUIRED
     return "".join(f"{key}={env[key]}\n" for key in sorted(env))
 
 
+def env_file_preamble(env: Mapping[str, str], required: tuple[str, ...] = REQUIRED_KEYS) -> str:
+    """The bash lines every fleetcast user data starts with: write /etc/fleetcast/env, then export it.
+
+    The env file is the instance's one source of its settings (systemd units and
+    docker read it too), so the shell exports the very file they will read.
+    """
+    env_file = render_env_file(env, required)
+    return f"""mkdir -p "$(dirname {INSTANCE_ENV_FILE})" /var/lib/fleetcast
+cat > {INSTANCE_ENV_FILE} <<'FLEETCAST_ENV'
+{env_file}FLEETCAST_ENV
+chmod 0644 {INSTANCE_ENV_FILE}
+set -a; . {INSTANCE_ENV_FILE}; set +a
+"""
+
+
 def render_user_data(env: Mapping[str, str]) -> str:
     """Bash user data for the launch template.
 
@@ -78,17 +93,11 @@ def render_user_data(env: Mapping[str, str]) -> str:
     still be settling at first boot); failure exits non-zero, the instance never
     completes its launch hook and the hook's ABANDON default replaces it.
     """
-    env_file = render_env_file(env)
     return f"""#!/bin/bash
 # Fleetcast instance bootstrap (host side). Serving runs in a container under systemd.
 set -euo pipefail
 umask 022
-mkdir -p "$(dirname {INSTANCE_ENV_FILE})" /var/lib/fleetcast
-cat > {INSTANCE_ENV_FILE} <<'FLEETCAST_ENV'
-{env_file}FLEETCAST_ENV
-chmod 0644 {INSTANCE_ENV_FILE}
-set -a; . {INSTANCE_ENV_FILE}; set +a
-
+{env_file_preamble(env)}
 bundle=/var/lib/fleetcast/runtime-bundle.zip
 for attempt in 1 2 3 4 5 6 7 8; do
   if aws s3 cp --only-show-errors --region "$FLEETCAST_REGION" "$FLEETCAST_RUNTIME_BUNDLE" "$bundle"; then

@@ -14,8 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from fleetcast.telemetry import INSTANCE_ENV_FILE
-from runtime.userdata import SYSTEMD_DIR, render_env_file
+from runtime.userdata import SYSTEMD_DIR, env_file_preamble
 
 REQUIRED_KEYS = (
     "FLEETCAST_REGION",
@@ -35,17 +34,11 @@ def render_probe_user_data(env: Mapping[str, str]) -> str:
     bundle = str(env.get("FLEETCAST_PROBE_BUNDLE", ""))
     if not (bundle.startswith("s3://") or "${Token[" in bundle):
         raise ValueError("FLEETCAST_PROBE_BUNDLE must be an s3:// URI of the probe bundle zip")
-    env_file = render_env_file(env, REQUIRED_KEYS)
     return f"""#!/bin/bash
 # Fleetcast PrivateLink bench probe bootstrap (consumer side).
 set -euo pipefail
 umask 022
-mkdir -p "$(dirname {INSTANCE_ENV_FILE})" /var/lib/fleetcast
-cat > {INSTANCE_ENV_FILE} <<'FLEETCAST_ENV'
-{env_file}FLEETCAST_ENV
-chmod 0644 {INSTANCE_ENV_FILE}
-set -a; . {INSTANCE_ENV_FILE}; set +a
-
+{env_file_preamble(env, REQUIRED_KEYS)}
 give_up() {{
   echo "fleetcast probe: bootstrap failed at line $1" >&2
   printf '{{"error": "probe bootstrap failed at user data line %s", "key": "%s"}}' "$1" "$FLEETCAST_BENCH_KEY" \\
