@@ -5,7 +5,6 @@ import json
 import boto3
 import pytest
 from botocore.stub import Stubber
-from moto.server import ThreadedMotoServer
 
 from fleetcast.bench.schema import load_results
 from runtime import bench_job
@@ -14,15 +13,11 @@ REGION = "us-east-1"
 
 
 @pytest.fixture(scope="module")
-def s3():
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    client = boto3.client("s3", region_name=REGION, endpoint_url=f"http://{host}:{port}",
+def s3(moto_endpoint):
+    client = boto3.client("s3", region_name=REGION, endpoint_url=moto_endpoint,
                           aws_access_key_id="testing", aws_secret_access_key="testing")
     client.create_bucket(Bucket="models")
-    yield client
-    server.stop()
+    return client
 
 
 def autoscaling_expecting_scale_to_zero(group):

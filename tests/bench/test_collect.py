@@ -5,7 +5,6 @@ from datetime import UTC, datetime
 
 import boto3
 import pytest
-from moto.server import ThreadedMotoServer
 
 from fleetcast.bench.collect import upload
 from fleetcast.bench.schema import ClientInfo, Labels, Results, dump_results, load_results
@@ -14,20 +13,10 @@ from scripts.cli import main
 REGION = "us-east-1"
 
 
-@pytest.fixture(scope="module")
-def moto_endpoint():
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    yield f"http://{host}:{port}"
-    server.stop()
-
-
 @pytest.fixture
-def aws_env(monkeypatch):
-    for k, v in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
-                 "AWS_DEFAULT_REGION": REGION, "AWS_EC2_METADATA_DISABLED": "true"}.items():
-        monkeypatch.setenv(k, v)
+def aws_env(aws_env, monkeypatch):
+    monkeypatch.setenv("AWS_DEFAULT_REGION", REGION)  # `collect` without --region uses the default region
+    return aws_env
 
 
 def results(instance_type):

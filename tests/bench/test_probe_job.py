@@ -15,7 +15,6 @@ from pathlib import Path
 
 import boto3
 import pytest
-from moto.server import ThreadedMotoServer
 
 from fleetcast.bench.probe_wheels import check_wheelhouse
 from fleetcast.bench.schema import load_results
@@ -38,11 +37,8 @@ def real_wheels() -> list[Path] | None:
 
 
 @pytest.fixture
-def aws(monkeypatch):
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    url = f"http://{host}:{port}"
+def aws(moto_endpoint):
+    url = moto_endpoint
     kw = dict(region_name=REGION, endpoint_url=url, aws_access_key_id="testing", aws_secret_access_key="testing")
     s3, autoscaling = boto3.client("s3", **kw), boto3.client("autoscaling", **kw)
     s3.create_bucket(Bucket="results", CreateBucketConfiguration={"LocationConstraint": REGION})
@@ -50,8 +46,7 @@ def aws(monkeypatch):
                                             InstanceType="c7i.large")
     autoscaling.create_auto_scaling_group(AutoScalingGroupName=GROUP, LaunchConfigurationName="lc", MinSize=0,
                                           MaxSize=1, DesiredCapacity=1, AvailabilityZones=[f"{REGION}a"])
-    yield url, s3, autoscaling
-    server.stop()
+    return url, s3, autoscaling
 
 
 def test_probe_job_runs_from_the_bundle_alone_uploads_and_scales_its_group_to_zero(fast_server, aws, tmp_path):

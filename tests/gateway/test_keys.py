@@ -6,22 +6,12 @@ import json
 
 import boto3
 import pytest
-from moto.server import ThreadedMotoServer
 
 from fleetcast import telemetry as t
 from runtime.gateway.identity import ApiKeyStore, parse_secret
 
 from .conftest import ANALYTICS_VPCE, REGION, VOICE_VPCE, fleet_config, run, start_harness, stop_harness
 from .fakes import Client
-
-
-@pytest.fixture(scope="module")
-def moto_endpoint():
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    yield f"http://{host}:{port}"
-    server.stop()
 
 
 @pytest.fixture

@@ -15,7 +15,6 @@ from datetime import datetime, timedelta, timezone
 
 import boto3
 import pytest
-from moto.server import ThreadedMotoServer
 
 from fleetcast import telemetry as t
 from fleetcast.config.catalog import instance_catalog
@@ -29,22 +28,12 @@ from tests.gateway.fakes import Client
 NOW = datetime.now(timezone.utc)
 
 
-@pytest.fixture(scope="module")
-def moto_url():
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    yield f"http://{host}:{port}"
-    server.stop()
-
-
 @pytest.fixture
-def cloudwatch(moto_url, monkeypatch):
-    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
-    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
-    monkeypatch.setenv("AWS_ENDPOINT_URL", moto_url)
+def cloudwatch(aws_env):
+    moto_url = aws_env
     requests = __import__("urllib.request").request
-    requests.urlopen(requests.Request(f"{moto_url}/moto-api/reset", method="POST")).read()  # fresh metrics per test
+    # Fresh metrics per test. This empties the whole shared server; nothing there outlives its test module.
+    requests.urlopen(requests.Request(f"{moto_url}/moto-api/reset", method="POST")).read()
     return boto3.client("cloudwatch", region_name=REGION)
 
 
