@@ -25,7 +25,6 @@ SUBCOMMANDS = (
     "usage_cmd",
     "bench_cmd",
     "plan_cmd",
-    "runtime_cmd",
 )
 
 
