@@ -145,11 +145,8 @@ class Access:
                     self._backoff(attempt)
                     continue
                 raise self._translate(exc, service, region, operation) from None
-            except (NoCredentialsError, PartialCredentialsError) as exc:
-                raise _no_credentials(exc) from None
-            except BotoCoreError as exc:
-                raise AwsCallError(f"{service} {operation} in {region} failed: {exc}", code=type(exc).__name__,
-                                   service=service, operation=operation, region=region) from None
+            except (NoCredentialsError, PartialCredentialsError, BotoCoreError) as exc:
+                raise _local_failure(exc, service, region, operation) from None
         raise AssertionError("unreachable")  # the loop either returns or raises
 
     def paginate(self, service: str, region: str, operation: str, result_key: str, **params: Any) -> Iterator[dict]:
@@ -177,11 +174,8 @@ class Access:
                     attempt += 1
                     continue
                 raise self._translate(exc, service, region, operation) from None
-            except (NoCredentialsError, PartialCredentialsError) as exc:
-                raise _no_credentials(exc) from None
-            except BotoCoreError as exc:
-                raise AwsCallError(f"{service} {operation} in {region} failed: {exc}", code=type(exc).__name__,
-                                   service=service, operation=operation, region=region) from None
+            except (NoCredentialsError, PartialCredentialsError, BotoCoreError) as exc:
+                raise _local_failure(exc, service, region, operation) from None
 
     # -- helpers
 
@@ -224,3 +218,11 @@ def _no_credentials(exc: Exception) -> UserError:
 
 def _snake(operation: str) -> str:
     return re.sub(r"(?<!^)(?=[A-Z])", "_", operation).lower()
+
+
+def _local_failure(exc: BotoCoreError, service: str, region: str, operation: str) -> Exception:
+    """A failure before AWS answered: missing credentials, or a botocore error (endpoint, connection)."""
+    if isinstance(exc, (NoCredentialsError, PartialCredentialsError)):
+        return _no_credentials(exc)
+    return AwsCallError(f"{service} {operation} in {region} failed: {exc}", code=type(exc).__name__,
+                        service=service, operation=operation, region=region)
