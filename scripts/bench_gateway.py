@@ -28,7 +28,6 @@ import asyncio
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -260,10 +259,11 @@ async def run_level(port: int, header: bytes | None, concurrency: int, requests:
 # ---------------------------------------------------------------- orchestration
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def free_port() -> int:
+    sys.path.insert(0, str(ROOT))
+    from runtime.devtools.harness import free_port as loopback_port
+
+    return loopback_port()
 
 
 async def _wait_port(port: int, header: bytes | None, timeout: float = 20.0) -> None:
@@ -302,7 +302,7 @@ async def main_async(args: argparse.Namespace) -> dict:
     levels = [int(c) for c in args.concurrency.split(",")]
     modes = args.modes.split(",")
     tmp = Path(tempfile.mkdtemp(prefix="bench-gateway-"))
-    up_port, aio_port = _free_port(), _free_port()
+    up_port, aio_port = free_port(), free_port()
     ec2 = FakeEc2Endpoints([(BENCH_VPCE, BENCH_ACCOUNT)])
     ec2_port = await ec2.start()
     config = tmp / "fleet.json"
@@ -316,7 +316,7 @@ async def main_async(args: argparse.Namespace) -> dict:
         if mode.startswith("gateway"):
             # gateway: the production default (uvloop when installed); gateway-asyncio: the stdlib loop.
             loop = {"gateway": "auto", "gateway-asyncio": "asyncio", "gateway-uvloop": "uvloop"}[mode]
-            port = _free_port()
+            port = free_port()
             targets[mode] = (port, header)
             procs.append(_spawn(["-m", "runtime.gateway", "--listen", f"127.0.0.1:{port}", "--upstream",
                                  f"127.0.0.1:{up_port}", "--config-json", str(config), "--region", REGION,

@@ -16,7 +16,6 @@ import asyncio
 import json
 import os
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -28,15 +27,10 @@ sys.path.insert(0, str(ROOT))
 
 import aiohttp  # noqa: E402
 
+from runtime.devtools.harness import free_port  # noqa: E402
 from runtime.reference.client import stream_completion  # noqa: E402
 
 PROMPT = "The quick brown fox jumps over the lazy dog. " * 3  # 135 byte tokens
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 async def wait_healthy(base: str, proc: subprocess.Popen, timeout: float) -> float:

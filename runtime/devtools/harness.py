@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import queue
+import random
 import socket
 import subprocess
 import sys
@@ -32,24 +33,49 @@ REPO = Path(__file__).resolve().parents[2]
 DEMO_VPCE = "vpce-0a1b2c3d4e5f60718"
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+def _ephemeral_port_range() -> tuple[int, int]:
+    try:
+        low, high = map(int, Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
+        return low, high
+    except (OSError, ValueError):
+        return 32768, 60999  # Linux default
+
+
+def _bindable(*ports: int) -> bool:
+    socks = [socket.socket() for _ in ports]
+    try:
+        for sock, port in zip(socks, ports):
+            sock.bind(("127.0.0.1", port))
+        return True
+    except OSError:
+        return False
+    finally:
+        for sock in socks:
+            sock.close()
+
+
+def free_port(span: int = 1) -> int:
+    """A loopback port p (and p+1 .. p+span-1) free now and outside the kernel's ephemeral range.
+
+    Why not bind(0): the kernel hands out ports from the ephemeral range, the same range it
+    draws outgoing connections' source ports from. Between this check and the server's own
+    bind, a kept-alive client socket (boto3 to moto, the gateway to its upstream) can take
+    the port and hold it for as long as the connection lives; CI once saw the model server
+    fail to bind for 20 s that way. Ports below the range are never used as source ports.
+    """
+    low, high = _ephemeral_port_range()
+    candidates = [p for p in range(10000, 65535 - span) if p + span - 1 < low or p > high]
+    rng = random.SystemRandom()
+    for _ in range(200):
+        port = rng.choice(candidates)
+        if _bindable(*range(port, port + span)):
+            return port
+    raise RuntimeError(f"no {span} free loopback port(s) outside the ephemeral range {low}-{high}")
 
 
 def free_port_pair() -> int:
     """A port p with p+1 also free (gateway on p, model server on p+1)."""
-    for _ in range(50):
-        p = free_port()
-        try:
-            with socket.socket() as a, socket.socket() as b:
-                a.bind(("127.0.0.1", p))
-                b.bind(("127.0.0.1", p + 1))
-            return p
-        except OSError:
-            continue
-    raise RuntimeError("no free pair of loopback ports")
+    return free_port(span=2)
 
 
 def tiny_config(region: str = "ap-northeast-2", **operations: Any) -> FleetConfig:
