@@ -178,11 +178,11 @@ class Bootstrap:
             text = RetryingS3(ssm, "", self.env.cache).call(
                 "get_parameter", Name=self.env.config_param, WithDecryption=True)["Parameter"]["Value"]
         cfg = config_from_json(text)
-        if self.env.config_digest and cfg.digest() != self.env.config_digest:
+        if self.env.config_digest and cfg.instance_digest() != self.env.config_digest:
             # The parameter moved on since this launch template was made (a rollout is
             # under way): serve the current config, and say so.
             log.warning("config digest %s differs from the launch template's %s; serving the parameter's config",
-                        cfg.digest()[:12], self.env.config_digest[:12])
+                        cfg.instance_digest()[:12], self.env.config_digest[:12])
         return cfg
 
     def resolve_pool(self, cfg: FleetConfig) -> Pool:

@@ -49,7 +49,13 @@ def read_stacks(out: Path) -> dict[str, dict]:
 def summarize(cfg, stacks: dict[str, dict], out: Path) -> tuple[list[str], list[str]]:
     """Summary lines, and problems (stacks the config implies but the assembly lacks, or the reverse)."""
     from fleetcast.config import catalog
-    from stacks.naming import consumer_stack_name, expected_stacks, provider_stack_name, skip_reason
+    from stacks.naming import (
+        config_parameter_description,
+        consumer_stack_name,
+        expected_stacks,
+        provider_stack_name,
+        skip_reason,
+    )
 
     lines = [f"Fleet {cfg.name}: config digest {cfg.digest()[:12]}, egress {cfg.network.egress.value}, "
              f"model {cfg.model.id}@{cfg.model.revision}, TensorRT-LLM {cfg.engine.tensorrt_llm_version}"]
@@ -91,11 +97,12 @@ def summarize(cfg, stacks: dict[str, dict], out: Path) -> tuple[list[str], list[
     expected = expected_stacks(cfg)
     problems = [f"stack {n} is missing from {out}" for n in expected if n not in stacks]
     problems += [f"stack {n} in {out} is not built from this config" for n in stacks if n not in expected]
-    # Launch templates carry the config digest: a provider template without it came from another config.
-    digest_line = f"FLEETCAST_CONFIG_DIGEST={cfg.digest()}"
+    # Launch templates carry the instance digest and the config parameter names the whole
+    # config's digest: a provider template without both came from another config.
+    marks = (f"FLEETCAST_CONFIG_DIGEST={cfg.instance_digest()}", config_parameter_description(cfg))
     for region in cfg.regions:
         info = stacks.get(provider_stack_name(cfg, region.region))
-        if info and digest_line not in info["template"].read_text():
+        if info and not all(mark in info["template"].read_text() for mark in marks):
             problems.append(f"stack {provider_stack_name(cfg, region.region)} was synthesized from a different config")
     return lines, problems
 

@@ -18,6 +18,8 @@ from constructs import Construct
 from fleetcast.config import FleetConfig
 from fleetcast.errors import UserError
 
+from .naming import config_parameter_description
+
 REPO_ROOT = Path(__file__).resolve().parent.parent
 # Python packages the instance runs: the config model and the runtime.
 BUNDLED_PACKAGES = ("fleetcast", "runtime")
@@ -49,7 +51,7 @@ class InstanceBootstrap(Construct):
             self,
             "Config",
             parameter_name=f"/{cfg.name}/config",
-            description=f"Validated Fleetcast config (digest {cfg.digest()[:12]}); instances validate it again",
+            description=config_parameter_description(cfg),
             string_value=config_json,
             tier=ssm.ParameterTier.ADVANCED if len(config_json) > _STANDARD_TIER_LIMIT else ssm.ParameterTier.STANDARD,
         )

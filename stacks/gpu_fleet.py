@@ -80,8 +80,9 @@ class GpuFleet(Construct):
             "FLEETCAST_POOL": pool.name,
             "FLEETCAST_BUCKET": inputs.model_store.bucket.bucket_name,
             "FLEETCAST_CONFIG_PARAM": inputs.config_parameter.parameter_name,
-            # A config change changes this line, hence the launch template version.
-            "FLEETCAST_CONFIG_DIGEST": cfg.digest(),
+            # A change to what instances are built from changes this line, hence the launch
+            # template version; consumer changes do not (running gateways re-read them).
+            "FLEETCAST_CONFIG_DIGEST": cfg.instance_digest(),
             "FLEETCAST_IMAGE": inputs.image_uri,
             "FLEETCAST_RUNTIME_BUNDLE": inputs.runtime_bundle.s3_object_url,
             "FLEETCAST_LOG_GROUP": inputs.log_group.log_group_name,

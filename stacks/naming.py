@@ -28,3 +28,8 @@ def expected_stacks(cfg: FleetConfig) -> list[str]:
     names = [provider_stack_name(cfg, r.region) for r in cfg.regions]
     names += [consumer_stack_name(cfg, c) for c in cfg.consumers if skip_reason(c) is None]
     return names
+
+
+def config_parameter_description(cfg: FleetConfig) -> str:
+    """The `/<fleet>/config` parameter's description: names the whole config's digest (synth checks it)."""
+    return f"Validated Fleetcast config (digest {cfg.digest()[:12]}); instances validate it again"

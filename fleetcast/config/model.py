@@ -508,6 +508,21 @@ class Operations(Frozen):
         return value
 
 
+# What changes without new instances: consumers (running gateways re-read them, see
+# runtime/gateway/reload.py) and the endpoint service's allow lists (stack resources,
+# never read on an instance). Onboarding a consumer touches exactly these, and must
+# not roll a GPU fleet.
+NOT_IN_INSTANCE_DIGEST: dict = {
+    "consumers": True,
+    "regions": {"__all__": {"allowed_principals", "allowed_regions"}},
+}
+
+
+def _canonical_digest(data: dict) -> str:
+    canonical = json.dumps(data, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(canonical.encode()).hexdigest()
+
+
 class FleetConfig(Frozen):
     """A private TensorRT-LLM fleet: one provider stack per region, one consumer stack per consumer."""
 
@@ -521,7 +536,11 @@ class FleetConfig(Frozen):
     network: Network = Field(default_factory=Network)
     operations: Operations = Field(default_factory=Operations)
     regions: tuple[Region, ...] = Field(min_length=1)
-    consumers: tuple[Consumer, ...] = ()
+    consumers: tuple[Consumer, ...] = Field(
+        default=(),
+        description="Consumer accounts. Not part of the instance digest: a change reaches running gateways "
+                    "through their config refresh (60 s) and replaces no instance.",
+    )
     tags: dict[Annotated[str, StringConstraints(min_length=1, max_length=128)], Annotated[str, StringConstraints(max_length=256)]] = Field(
         default_factory=dict, description="Tags applied to every resource of every stack."
     )
@@ -547,6 +566,14 @@ class FleetConfig(Frozen):
         return consumer.api_key_secret or f"{self.name}/consumers/{consumer.name}/api-keys"
 
     def digest(self) -> str:
-        """Stable digest of the validated config; changes whenever anything an instance uses changes."""
-        canonical = json.dumps(self.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
-        return hashlib.sha256(canonical.encode()).hexdigest()
+        """Stable digest of the whole validated config (labels bench results, names the SSM parameter's version)."""
+        return _canonical_digest(self.model_dump(mode="json"))
+
+    def instance_digest(self) -> str:
+        """Digest of what needs new instances to change: everything but NOT_IN_INSTANCE_DIGEST.
+
+        The launch template carries it, so a change here rolls the fleet; onboarding a
+        consumer (the consumer, its limits and keys, its principal and region in the
+        allow lists) reaches running gateways through their config refresh instead.
+        """
+        return _canonical_digest(self.model_dump(mode="json", exclude=NOT_IN_INSTANCE_DIGEST))

@@ -5,7 +5,10 @@
       [--service-id vpce-svc-...] [--proxy-protocol required|off]
 
 The config comes from a file or, with FLEETCAST_CONFIG_PARAM set, from that SSM
-parameter. SIGTERM starts a drain: /health answers 503 at once, new requests
+parameter. Every --refresh-s the gateway re-reads its source (the parameter when
+set, else the file) and applies consumer changes (accounts, limits, API keys)
+without a restart: consumers are not part of the launch template, so adding one
+does not replace instances. SIGTERM starts a drain: /health answers 503 at once, new requests
 get 503, in-flight streams finish (bounded by operations.drain_timeout_s),
 then the process exits 0.
 """
@@ -18,6 +21,8 @@ import gc
 import os
 import signal
 import sys
+from collections.abc import Callable
+from pathlib import Path
 
 from .identity import log
 
@@ -27,6 +32,16 @@ def _hostport(value: str) -> tuple[str, int]:
     if not sep or not port.isdigit() or not 0 < int(port) < 65536:
         raise argparse.ArgumentTypeError(f"{value!r} is not HOST:PORT (e.g. 127.0.0.1:8001)")
     return host.strip("[]") or "0.0.0.0", int(port)
+
+
+def _positive(value: str) -> float:
+    try:
+        number = float(value)
+    except ValueError:
+        number = 0.0
+    if not number > 0:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a positive number of seconds")
+    return number
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -41,27 +56,37 @@ def build_parser() -> argparse.ArgumentParser:
                         "(default $FLEETCAST_ENDPOINT_SERVICE_ID; without it every connection in the account counts)")
     p.add_argument("--proxy-protocol", choices=("required", "off"), default="required",
                    help="required behind the NLB (default); off only for local tests without an NLB")
-    p.add_argument("--refresh-s", type=float, default=60.0, help="endpoint and API key refresh period")
+    p.add_argument("--refresh-s", type=_positive, default=60.0,
+                   help="period of the endpoint, API key and consumer-config refresh in seconds (default 60)")
     p.add_argument("--event-loop", choices=("auto", "asyncio", "uvloop"), default="auto",
                    help="auto (default): uvloop when installed, which scripts/bench_gateway.py measures as the "
                         "faster hop; else the standard asyncio loop")
     return p
 
 
+def config_source(args: argparse.Namespace) -> tuple[str, Callable[[], str]]:
+    """Where the live config is re-read from: the SSM parameter when set (what the stack
+    updates on deploy), else the --config-json file."""
+    if os.environ.get("FLEETCAST_CONFIG_PARAM"):
+        import boto3
+
+        name = os.environ["FLEETCAST_CONFIG_PARAM"]
+        ssm = boto3.client("ssm", region_name=args.region)
+        return f"ssm:{name}", lambda: ssm.get_parameter(Name=name, WithDecryption=True)["Parameter"]["Value"]
+    if args.config_json:
+        path = args.config_json
+        return f"file:{path}", lambda: Path(path).read_text()
+    raise SystemExit("gateway: give --config-json FILE or set FLEETCAST_CONFIG_PARAM")
+
+
 def _load_config(args: argparse.Namespace):
     from fleetcast.config import ConfigError, config_from_json
 
     try:
-        if args.config_json:
-            with open(args.config_json) as handle:
-                text = handle.read()
-        elif os.environ.get("FLEETCAST_CONFIG_PARAM"):
-            import boto3
-
-            ssm = boto3.client("ssm", region_name=args.region)
-            text = ssm.get_parameter(Name=os.environ["FLEETCAST_CONFIG_PARAM"], WithDecryption=True)["Parameter"]["Value"]
+        if args.config_json:  # the snapshot bootstrap validated: no AWS call before serving
+            text = Path(args.config_json).read_text()
         else:
-            raise SystemExit("gateway: give --config-json FILE or set FLEETCAST_CONFIG_PARAM")
+            text = config_source(args)[1]()
         return config_from_json(text)
     except OSError as exc:
         raise SystemExit(f"gateway: cannot read --config-json {args.config_json}: {exc.strerror}") from None
@@ -75,6 +100,7 @@ async def serve(args: argparse.Namespace) -> int:
     from .identity import ApiKeyStore, EndpointDirectory, Identity, secret_names
     from .limits import ConsumerLimiter
     from .metrics import MetricsSink
+    from .reload import ConfigRefresher
     from .server import Gateway
 
     cfg = _load_config(args)
@@ -87,18 +113,25 @@ async def serve(args: argparse.Namespace) -> int:
                          f"pools: {', '.join(p.name for p in region.pools)}")
     consumers = cfg.consumers_of(args.region)
     endpoints = EndpointDirectory(boto3.client("ec2", region_name=args.region), args.service_id, args.refresh_s)
-    names = secret_names(consumers, cfg.api_key_secret_of)
-    keys = ApiKeyStore(boto3.client("secretsmanager", region_name=args.region), names, args.refresh_s) \
-        if names else None
+    # Always present, even with no keyed consumer yet: a config refresh may add one.
+    keys = ApiKeyStore(boto3.client("secretsmanager", region_name=args.region),
+                       secret_names(consumers, cfg.api_key_secret_of), args.refresh_s)
     metrics = MetricsSink(cfg.name, args.pool)
     gateway = Gateway(upstream=args.upstream, identity=Identity(consumers, endpoints, keys),
                       limiters={c.name: ConsumerLimiter(c.limits) for c in consumers}, metrics=metrics,
                       proxy_protocol=args.proxy_protocol == "required",
                       drain_timeout_s=cfg.operations.drain_timeout_s)
+
+    async def apply_consumers(new_cfg, new_consumers) -> None:
+        # Keys before identity: a consumer that now needs a key must not be served keyless meanwhile.
+        await keys.set_secret_names(secret_names(new_consumers, new_cfg.api_key_secret_of))
+        gateway.set_consumers(new_consumers)
+
+    source, read = config_source(args)
+    refresher = ConfigRefresher(read, source, cfg, args.region, apply_consumers, args.refresh_s)
     await endpoints.refresh()
-    if keys:
-        await keys.refresh()
-    background = [asyncio.ensure_future(endpoints.run())] + ([asyncio.ensure_future(keys.run())] if keys else [])
+    await keys.refresh()
+    background = [asyncio.ensure_future(task.run()) for task in (endpoints, keys, refresher)]
     # Everything loaded so far (config model, botocore's service models: ~100k objects) lives for
     # the whole process. A full collection over them measured 85 ms on the dev VM, a pause every
     # stream would feel; frozen, the collector walks only request garbage (measured ~0 ms).
@@ -107,7 +140,7 @@ async def serve(args: argparse.Namespace) -> int:
     await gateway.start(*args.listen)
     log("gateway_started", listen=f"{args.listen[0]}:{gateway.port}", upstream=f"{args.upstream[0]}:{args.upstream[1]}",
         region=args.region, pool=args.pool, consumers=[c.name for c in consumers],
-        proxy_protocol=args.proxy_protocol, endpoints_loaded=endpoints.loaded,
+        proxy_protocol=args.proxy_protocol, endpoints_loaded=endpoints.loaded, config_source=source,
         event_loop=getattr(args, "loop_name", "asyncio"))
 
     stop = asyncio.Event()

@@ -179,6 +179,15 @@ class ApiKeyStore:
             self._index = {d: name for name, digests in merged.items() for d in digests}
             return not failed
 
+    async def set_secret_names(self, secret_names: dict[str, str]) -> bool:
+        """Config refresh: read the keys of consumers that gained them; forget those of consumers that lost them."""
+        async with self._lock:
+            self.secret_names = dict(secret_names)
+            kept = {name: digests for name, digests in self._by_consumer.items() if name in self.secret_names}
+            self._by_consumer = kept
+            self._index = {d: name for name, digests in kept.items() for d in digests}
+        return await self.refresh()
+
     def consumer_for(self, key: str) -> str | None:
         return self._index.get(_digest(key))
 

@@ -27,6 +27,13 @@ class TokenBucket:
         self._tokens = capacity
         self._at = clock()
 
+    def retune(self, rate: float, capacity: float) -> None:
+        """Tokens earned so far at the old rate are kept (up to the new capacity)."""
+        now = self._clock()
+        self._tokens = min(capacity, self._tokens + (now - self._at) * self.rate)
+        self._at = now
+        self.rate, self.capacity = rate, capacity
+
     def take(self) -> float:
         """Take one token; returns 0.0 on success, else seconds until one is available."""
         now = self._clock()
@@ -54,6 +61,13 @@ class ConsumerLimiter:
         rate = limits.requests_per_minute / 60.0
         self.bucket = TokenBucket(rate, max(1.0, rate * BURST_SECONDS), clock)
         self.active = 0
+
+    def update(self, limits: ConsumerLimits) -> None:
+        """New limits in place (config refresh): requests in flight stay counted, stored tokens carry over."""
+        self.max_concurrency = limits.max_concurrency
+        self.requests_per_minute = limits.requests_per_minute
+        rate = limits.requests_per_minute / 60.0
+        self.bucket.retune(rate, max(1.0, rate * BURST_SECONDS))
 
     def admit(self) -> Throttle | None:
         # Concurrency first: a request refused for concurrency must not also spend a rate token.

@@ -93,6 +93,20 @@ class Gateway:
         self._idle_event.set()
         self._watchdog: asyncio.Task | None = None
 
+    def set_consumers(self, consumers: tuple) -> None:
+        """Swap in a refreshed consumer list; a kept consumer keeps its limiter (in-flight count, tokens)."""
+        limiters = {}
+        for consumer in consumers:
+            limiter = self.limiters.get(consumer.name)
+            if limiter is None:
+                limiter = ConsumerLimiter(consumer.limits)
+            else:
+                limiter.update(consumer.limits)
+            limiters[consumer.name] = limiter
+        # Limiters first: a request resolved to a new consumer must find its limiter.
+        self.limiters = limiters
+        self.identity.consumers = tuple(consumers)
+
     # ------------------------------------------------------------ lifecycle
 
     async def start(self, host: str, port: int) -> asyncio.AbstractServer:

@@ -255,3 +255,18 @@ def test_digest_changes_with_the_config(doc):
     a = parse_config(doc).digest()
     doc["engine"]["max_batch_size"] = 32
     assert parse_config(doc).digest() != a
+
+
+def test_instance_digest_leaves_consumers_to_the_live_refresh(doc):
+    """Adding a consumer or changing its limits must not roll the GPU fleet; an engine change must."""
+    from fleetcast.config import parse_config
+    base = parse_config(doc)
+    doc["consumers"][0]["limits"]["max_concurrency"] += 1
+    doc["consumers"].append({**doc["consumers"][0], "name": "late-joiner", "account": "123412341234"})
+    seoul = next(r for r in doc["regions"] if r["region"] == doc["consumers"][0]["service_region"])
+    seoul["allowed_principals"].append("arn:aws:iam::123412341234:root")
+    more = parse_config(doc)
+    assert more.digest() != base.digest()
+    assert more.instance_digest() == base.instance_digest()
+    doc["engine"]["max_batch_size"] = 32
+    assert parse_config(doc).instance_digest() != base.instance_digest()

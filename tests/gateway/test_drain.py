@@ -6,10 +6,10 @@ import asyncio
 import json
 import os
 import signal
-import socket
 import sys
 import time
 
+from runtime.devtools.harness import free_port
 from runtime.gateway import ppv2
 
 from .conftest import ROOT, VOICE_VPCE, fleet_config, run, start_harness, stop_harness
@@ -69,19 +69,13 @@ def test_drain_gives_up_after_the_timeout():
     run(body())
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_process_exits_zero_on_sigterm_after_its_stream(tmp_path):
     """`python -m runtime.gateway` as the supervisor starts it, identity from a loopback EC2 fake."""
     from scripts.bench_gateway import FakeEc2Endpoints
 
     config = tmp_path / "fleet.json"
     config.write_text(json.dumps(fleet_config().model_dump(mode="json")))
-    port = _free_port()
+    port = free_port()
 
     async def body():
         upstream = await FakeModelServer(token_delay_s=0.05).start()

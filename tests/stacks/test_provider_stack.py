@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import copy
 import json
 
 import pytest
@@ -12,7 +13,7 @@ from fleetcast import telemetry
 from stacks.gpu_fleet import DLAMI_SSM_PARAMETER
 from stacks.network import INTERFACE_ENDPOINTS
 
-from .synthesized import default_fleet, variant_fleet
+from .synthesized import default_doc, default_fleet, synthesize, variant_fleet
 
 SEOUL = "fleetcast-provider-ap-northeast-2"
 VIRGINIA = "fleetcast-provider-us-east-1"
@@ -307,7 +308,7 @@ def _env_lines(parts: list) -> str:
 @pytest.mark.parametrize("stack_name", PROVIDERS)
 def test_user_data_carries_the_config_digest_and_instance_contract(fleet, stack_name):
     text = _env_lines(_user_data(fleet, stack_name)[0])
-    assert f"FLEETCAST_CONFIG_DIGEST={fleet.cfg.digest()}\n" in text
+    assert f"FLEETCAST_CONFIG_DIGEST={fleet.cfg.instance_digest()}\n" in text
     for key in ("FLEETCAST_FLEET=fleetcast", f"FLEETCAST_REGION={region_of(stack_name)}", "FLEETCAST_POOL=l40s",
                 "FLEETCAST_BUCKET=<ref>", "FLEETCAST_CONFIG_PARAM=<ref>", "FLEETCAST_LOG_GROUP=<ref>",
                 "FLEETCAST_RUNTIME_BUNDLE=s3://"):
@@ -318,11 +319,32 @@ def test_user_data_carries_the_config_digest_and_instance_contract(fleet, stack_
 
 
 def test_a_config_change_changes_the_launch_template(fleet, variant):
-    assert fleet.cfg.digest() != variant.cfg.digest()
+    assert fleet.cfg.instance_digest() != variant.cfg.instance_digest()
     before = _env_lines(_user_data(fleet, VIRGINIA)[0])
     after = _env_lines(_user_data(variant, VIRGINIA)[0])
     assert before != after
-    assert f"FLEETCAST_CONFIG_DIGEST={variant.cfg.digest()}" in after
+    assert f"FLEETCAST_CONFIG_DIGEST={variant.cfg.instance_digest()}" in after
+
+
+def test_onboarding_a_consumer_leaves_every_launch_template_as_it_was(fleet):
+    """A new consumer account (principal allowed, limits set) must not roll a GPU fleet:
+    running gateways pick consumers up from the config parameter (runtime/gateway/reload.py)."""
+    doc = default_doc()
+    seoul = doc["regions"][0]
+    seoul["allowed_principals"].append("arn:aws:iam::123412341234:root")
+    newcomer = {**copy.deepcopy(doc["consumers"][0]), "name": "newcomer", "account": "123412341234"}
+    newcomer["limits"] = {"max_concurrency": 8, "requests_per_minute": 120}
+    doc["consumers"].append(newcomer)
+    onboarded = synthesize(doc, "onboarded")
+    assert onboarded.cfg.digest() != fleet.cfg.digest()
+    for stack_name in PROVIDERS:
+        def launch_templates(synthesized):
+            return {k: v["Properties"]["LaunchTemplateData"]
+                    for k, v in synthesized.resources(stack_name, "AWS::EC2::LaunchTemplate").items()}
+        assert launch_templates(onboarded) == launch_templates(fleet)
+    # ...while the endpoint service does let the new account in.
+    permissions = onboarded.resources(PROVIDERS[0], "AWS::EC2::VPCEndpointServicePermissions")
+    assert any("arn:aws:iam::123412341234:root" in p["Properties"]["AllowedPrincipals"] for p in permissions.values())
 
 
 # ---------------------------------------------------------------- instance role

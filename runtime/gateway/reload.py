@@ -1,0 +1,74 @@
+"""Consumer changes without new instances: re-read the fleet config, apply its live fields.
+
+Consumers (accounts, limits, API keys) are the config's LIVE_FIELDS: the launch
+template carries only `FleetConfig.instance_digest()`, which leaves them out, so
+adding a consumer or changing its limits does not roll the GPU fleet. Running
+gateways learn about it here instead, within one refresh period. A config that
+fails validation, or a source that cannot be read, changes nothing: the gateway
+keeps serving the consumers it has and says why.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+
+from fleetcast.config import ConfigError, Consumer, FleetConfig, config_from_json
+
+from .identity import log
+
+Apply = Callable[[FleetConfig, tuple[Consumer, ...]], Awaitable[None]]
+
+
+class ConfigRefresher:
+    """Polls `read()` (the SSM parameter on an instance) and hands changed consumers to `apply`."""
+
+    def __init__(self, read: Callable[[], str], source: str, boot: FleetConfig, region: str, apply: Apply,
+                 refresh_s: float = 60.0):
+        self._read = read
+        self.source = source
+        self.region = region
+        self._apply = apply
+        self.refresh_s = refresh_s
+        self._boot_instance_digest = boot.instance_digest()
+        self._consumers = boot.consumers_of(region)
+        self._seen = boot.model_dump_json()  # the text last looked at, good or bad: each version is logged once
+
+    async def refresh(self) -> bool:
+        """One poll; True when consumers changed and were applied."""
+        try:
+            text = await asyncio.get_running_loop().run_in_executor(None, self._read)
+        except Exception as exc:  # noqa: BLE001 - a failed read must never stop the gateway
+            log("config_refresh_failed", source=self.source, error=f"{type(exc).__name__}: {exc}")
+            return False
+        if text == self._seen:
+            return False
+        self._seen = text
+        try:
+            cfg = config_from_json(text)
+        except (ConfigError, ValueError) as exc:  # ValueError: not JSON at all
+            error = exc.render() if isinstance(exc, ConfigError) else f"not JSON: {exc}"
+            log("config_refresh_rejected", source=self.source, error=error,
+                kept=[c.name for c in self._consumers])
+            return False
+        if cfg.instance_digest() != self._boot_instance_digest:
+            # Model, engine, pools...: those reach this fleet only through new instances
+            # (the rollout the same deploy started). Consumers still apply now.
+            log("config_instance_fields_changed", source=self.source, instance_digest=cfg.instance_digest()[:12],
+                running=self._boot_instance_digest[:12])
+        consumers = cfg.consumers_of(self.region)
+        if consumers == self._consumers:
+            return False
+        before = {c.name: c for c in self._consumers}
+        after = {c.name: c for c in consumers}
+        await self._apply(cfg, consumers)
+        self._consumers = consumers
+        log("consumers_reloaded", source=self.source,
+            added=sorted(after.keys() - before.keys()), removed=sorted(before.keys() - after.keys()),
+            changed=sorted(n for n in after.keys() & before.keys() if after[n] != before[n]))
+        return True
+
+    async def run(self) -> None:
+        while True:
+            await asyncio.sleep(self.refresh_s)
+            await self.refresh()
