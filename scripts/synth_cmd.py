@@ -80,8 +80,8 @@ def summarize(cfg, stacks: dict[str, dict], out: Path) -> tuple[list[str], list[
             gpu = instances[pool.instance_type].gpu.name if pool.instance_type in instances else "?"
             c = pool.capacity
             lines.append(
-                f"    pool {pool.name}: {pool.instance_type} ({gpu}), capacity {c.min}/{c.desired}/{c.max} "
-                f"(min/desired/max), precision {engine.precision.value}, backend {engine.backend.value}, "
+                f"    pool {pool.name}: {pool.instance_type} ({gpu}), capacity {c.describe()}, "
+                f"precision {engine.precision.value}, backend {engine.backend.value}, "
                 f"batch {engine.max_batch_size}, warm pool {pool.warm_pool.size}"
             )
 

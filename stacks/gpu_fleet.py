@@ -48,7 +48,7 @@ class InstanceInputs:
 
 def asg_name(cfg: FleetConfig, region: Region, pool: Pool) -> str:
     """Explicit ASG name, so the role can be scoped to it without a reference cycle."""
-    return f"{cfg.name}-{region.region}-{pool.name}"
+    return cfg.asg_name_of(region.region, pool)
 
 
 class GpuFleet(Construct):
@@ -139,12 +139,13 @@ class GpuFleet(Construct):
             default_result=autoscaling.DefaultResult.ABANDON,
             heartbeat_timeout=Duration.seconds(cfg.operations.launch_hook_timeout_s),
         )
-        nag.acknowledge_warning(
-            self.asg,
-            "@aws-cdk/aws-autoscaling:desiredCapacitySet",
-            "capacity.desired in the config is the deployed baseline on purpose: a deploy returns the pool to "
-            "it and load-based scaling adjusts from there; change capacity in the config, not the console.",
-        )
+        if pool.capacity.desired is not None:
+            nag.acknowledge_warning(
+                self.asg,
+                "@aws-cdk/aws-autoscaling:desiredCapacitySet",
+                "capacity.desired is set in the config on purpose (documented there): every deploy that updates "
+                "the group resets it to that size. Leave it out and the group starts at min, then scales on load.",
+            )
         nag.acknowledge(
             self.asg,
             "AwsSolutions-AS3",

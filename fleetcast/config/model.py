@@ -229,17 +229,31 @@ class Slo(Frozen):
 
 
 class Capacity(Frozen):
-    min: int = Field(ge=0, le=1000)
-    desired: int = Field(ge=0, le=1000)
-    max: int = Field(ge=1, le=1000)
+    min: int = Field(ge=0, le=1000, description="Fewest instances; the group starts here and never scales below.")
+    desired: int | None = Field(
+        default=None, ge=0, le=1000,
+        description="Optional fixed size that every deploy updating the group resets it to (also in the middle of "
+                    "a busy day). Leave it out to let scaling own the size: the group starts at min.",
+    )
+    max: int = Field(ge=1, le=1000, description="Most instances scaling may reach.")
 
     @model_validator(mode="after")
     def _ordered(self) -> "Capacity":
-        if not (self.min <= self.desired <= self.max):
+        if self.desired is None and self.min > self.max:
+            raise ValueError(f"capacity must satisfy min <= max, got min={self.min} max={self.max}")
+        if self.desired is not None and not (self.min <= self.desired <= self.max):
             raise ValueError(
                 f"capacity must satisfy min <= desired <= max, got min={self.min} desired={self.desired} max={self.max}"
             )
         return self
+
+    @property
+    def baseline(self) -> int:
+        """Instances the group holds without load: desired when fixed, else min."""
+        return self.min if self.desired is None else self.desired
+
+    def describe(self) -> str:
+        return f"{self.min}-{self.max}" if self.desired is None else f"{self.min}-{self.max}, desired {self.desired}"
 
 
 class ScalingSpec(Frozen):
@@ -560,6 +574,10 @@ class FleetConfig(Frozen):
 
     def consumers_of(self, region_name: str) -> tuple[Consumer, ...]:
         return tuple(c for c in self.consumers if c.service_region == region_name)
+
+    def asg_name_of(self, region_name: str, pool: Pool) -> str:
+        """The pool's Auto Scaling group name, explicit so roles and reports can name it without a lookup."""
+        return f"{self.name}-{region_name}-{pool.name}"
 
     def api_key_secret_of(self, consumer: Consumer) -> str:
         """Secrets Manager name of a consumer's API keys: read by the gateway, granted by the fleet stack."""

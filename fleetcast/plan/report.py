@@ -62,7 +62,7 @@ def recommendation(plan: RegionPlan) -> str:
     lo, desired, hi = w.capacity()
     return (f"{w.candidate.label}{_tag(w)} in {w.service_region}: ${w.cost_per_hour:.2f}/h "
             f"(${w.usd_per_m_output:.3f} per 1M output tokens, ${w.usd_per_m_input:.3f} per 1M input), "
-            f"{lo}-{hi} instances over the day (capacity min {lo}, desired {desired}, max {hi}), "
+            f"{lo}-{hi} instances over the day ({desired} on average; capacity min {lo}, max {hi}), "
             f"target {w.target:g} in-flight requests per instance (highest load within the SLO: {w.max_load:g})")
 
 

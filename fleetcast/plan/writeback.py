@@ -4,8 +4,9 @@ comments and layout (ruamel.yaml round-trip), and keep the file only if
 
 What changes, per provider region the plan chose: the region's pool (the one
 with the chosen instance family, else the first) gets the instance type, the
-engine precision, capacity min/desired/max (the day's lowest, mean and highest
-instance counts) and the scaling target (the planned in-flight requests per
+engine precision, capacity min/max (the day's lowest and highest instance
+counts; `desired` only where the pool already fixes one, then the day's mean,
+since a fixed desired is reset on every deploy) and the scaling target (the planned in-flight requests per
 instance); a cross-region consumer region is added to `allowed_regions`, and
 the consumers in that region point at the new service region. With
 `--write-schedule` the pool also gets a daily capacity schedule (UTC cron
@@ -102,12 +103,15 @@ def apply_plan(path: str | Path, plans: list[RegionPlan], allow_estimated: bool 
             changes.append(f"{where}.engine.precision = {win.candidate.precision}")
         capacity = pool.get("capacity")
         if capacity is None:
-            pool["capacity"] = _flow({"min": lo, "desired": desired, "max": hi})
-            changes.append(f"{where}.capacity = min {lo}, desired {desired}, max {hi}")
-        else:
-            # Order matters only for readability; validation sees the final values.
+            pool["capacity"] = _flow({"min": lo, "max": hi})
+            changes.append(f"{where}.capacity = min {lo}, max {hi}")
+        elif "desired" in capacity:
+            # The owner fixed a size deploys reset to: keep that choice, at the day's mean.
             if any([_set(capacity, "min", lo), _set(capacity, "desired", desired), _set(capacity, "max", hi)]):
                 changes.append(f"{where}.capacity = min {lo}, desired {desired}, max {hi}")
+        elif any([_set(capacity, "min", lo), _set(capacity, "max", hi)]):
+            # No fixed size: scaling owns it between the day's lowest and highest counts.
+            changes.append(f"{where}.capacity = min {lo}, max {hi}")
         scaling = pool.get("scaling")
         target = int(win.target) if float(win.target).is_integer() else float(win.target)
         if scaling is None:

@@ -6,10 +6,14 @@ metrics. This module sums them with GetMetricData (Sum over the window) per
 provider region, pool and consumer, and splits each region's fleet cost over
 its consumers by their share of tokens (input + output).
 
-The fleet cost is an estimate, and labelled so: each pool's desired capacity
-times the on-demand price in the shipped, dated price table
-(fleetcast.config.catalog), times the window's hours. It ignores scaling,
-warm pools, savings plans and reservations; the token shares are exact.
+The fleet cost is an estimate, and labelled so: each pool's instance-hours
+over the window, read from its Auto Scaling group's GroupTotalInstances
+(in service, pending and terminating instances: scaling and engine builds
+included), times the on-demand price in the shipped, dated price table
+(fleetcast.config.catalog). A group without datapoints falls back to its
+capacity baseline for the whole window, and the notes say so. It ignores the
+stopped warm pool's volumes, savings plans and reservations; the token shares
+are exact.
 """
 
 from __future__ import annotations
@@ -34,6 +38,9 @@ SUMMED = {
     "input_tokens": t.INPUT_TOKENS,
     "output_tokens": t.OUTPUT_TOKENS,
 }
+# Auto Scaling group metric (enabled on every fleet group): InService + Pending + Terminating,
+# i.e. every instance being paid for except the stopped warm pool.
+GROUP_INSTANCES = "GroupTotalInstances"
 MAX_QUERIES = 500  # GetMetricData limit per call
 
 _RELATIVE = re.compile(r"^(\d+)\s*([smhdw])$")
@@ -99,22 +106,31 @@ def _period(since: datetime, now: datetime, window_s: float) -> int:
     return base * max(1, -(-int(window_s) // (100 * base)))
 
 
-def _region_cost(cfg: FleetConfig, region_name: str, hours: float) -> RegionCost:
+def _region_cost(cfg: FleetConfig, region_name: str, hours: float,
+                 measured: dict[str, float | None]) -> tuple[RegionCost, list[str]]:
+    """Instance-hours per pool from its group's GroupTotalInstances (what was running, pending
+    builds included), or the configured baseline when CloudWatch has no datapoints for it."""
     region = cfg.region(region_name)
     catalog = instance_catalog()
-    total, instance_hours, missing = 0.0, 0.0, []
+    total, instance_hours, missing, notes = 0.0, 0.0, [], []
     for pool in region.pools:
         price = catalog.get(pool.instance_type).price_per_hour.get(region_name) if pool.instance_type in catalog else None
-        pool_hours = pool.capacity.desired * hours
+        pool_hours = measured.get(pool.name)
+        if pool_hours is None:
+            pool_hours = pool.capacity.baseline * hours
+            notes.append(f"{region_name}: no {GROUP_INSTANCES} data for {cfg.asg_name_of(region_name, pool)}; "
+                         f"its cost assumes {pool.capacity.baseline} instance(s) (capacity baseline) all window")
         instance_hours += pool_hours
         if price is None:
             missing.append(f"{pool.instance_type} in {region_name}")
         else:
             total += price * pool_hours
     if missing:
-        return RegionCost(region_name, None, instance_hours, f"no price for {', '.join(missing)} in the price table")
-    return RegionCost(region_name, total, instance_hours,
-                      "estimate: desired capacity x on-demand price (shipped price table) x window hours")
+        return RegionCost(region_name, None, instance_hours,
+                          f"no price for {', '.join(missing)} in the price table"), notes
+    basis = "estimate: instance-hours x on-demand price (shipped price table); instance-hours " + (
+        "from the groups' GroupTotalInstances" if not notes else "partly from the capacity baseline (see notes)")
+    return RegionCost(region_name, total, instance_hours, basis), notes
 
 
 def collect(cfg: FleetConfig, since: datetime, until: datetime, region: str | None = None,
@@ -158,15 +174,29 @@ def collect(cfg: FleetConfig, since: datetime, until: datetime, region: str | No
                             {"Name": t.DIM_FLEET, "Value": cfg.name}, {"Name": t.DIM_POOL, "Value": pool},
                             {"Name": t.DIM_CONSUMER, "Value": consumer.name}]},
                         "Period": period, "Stat": "Sum"}})
+        for pi, pool in enumerate(cfg.region(region_name).pools):
+            qid = f"g{pi}"
+            targets[qid] = (pool.name, GROUP_INSTANCES)
+            queries.append({"Id": qid, "ReturnData": True, "MetricStat": {
+                "Metric": {"Namespace": "AWS/AutoScaling", "MetricName": GROUP_INSTANCES, "Dimensions": [
+                    {"Name": "AutoScalingGroupName", "Value": cfg.asg_name_of(region_name, pool)}]},
+                "Period": period, "Stat": "Average"}})
+        measured: dict[str, float | None] = {}
         if queries:
             cw = client(region_name)
             for start in range(0, len(queries), MAX_QUERIES):
                 for result in _get_metric_data(cw, queries[start:start + MAX_QUERIES], since, until, region_name):
                     name, field_name = targets[result["Id"]]
+                    if field_name == GROUP_INSTANCES:
+                        # Average instances over each period -> instance-hours; no datapoints: unknown.
+                        values = result["Values"]
+                        measured[name] = sum(values) * period / 3600 if values else None
+                        continue
                     setattr(usage[name], field_name, getattr(usage[name], field_name) + int(round(sum(result["Values"]))))
                     if result.get("StatusCode") == "PartialData":
                         notes.append(f"{region_name}: CloudWatch returned partial data for {name}")
-        cost = _region_cost(cfg, region_name, hours)
+        cost, cost_notes = _region_cost(cfg, region_name, hours, measured)
+        notes.extend(cost_notes)
         costs.append(cost)
         total = sum(u.total_tokens for u in usage.values())
         for u in usage.values():

@@ -178,7 +178,8 @@ def test_write_config_updates_the_pool_and_keeps_comments(capsys, fleet):
     cfg = load_config(fleet)
     pool = cfg.region("ap-northeast-2").pools[0]
     assert pool.instance_type == "g6e.xlarge" and cfg.engine_for(pool).precision.value == "int8_wo"
-    assert (pool.capacity.min, pool.capacity.desired, pool.capacity.max) == (2, 9, 17)
+    # No fixed desired in the pool: scaling owns the size between the day's lowest and highest.
+    assert (pool.capacity.min, pool.capacity.desired, pool.capacity.max) == (2, None, 17)
     assert pool.scaling.target == 48
     # Every comment line survives, and nothing outside the Seoul pool changed.
     comments = [l for l in before.splitlines() if l.strip().startswith("#")]
@@ -217,7 +218,9 @@ def test_two_consumer_regions_plan_and_write_together(capsys, fleet, tmp_path):
     east = (SEED / "traffic-us-east-1.yaml").read_text().split("consumers:\n", 1)[1]
     traffic.write_text(seoul + east)
     # fp8 is calibrated: give the config a staged calibration dataset so the g7e fp8 choice validates.
-    fleet.write_text(fleet.read_text().replace("\nslo:", "\ncalibration:\n  dataset: s3://fleetcast-staging/calib/\n\nslo:", 1))
+    fleet.write_text(fleet.read_text().replace("\nslo:", "\ncalibration:\n  dataset: s3://fleetcast-staging/calib/\n\nslo:", 1)
+                     # The Virginia pool fixes its size: the plan keeps that choice, at the day's mean.
+                     .replace("capacity: {min: 1, max: 4}", "capacity: {min: 1, desired: 1, max: 4}", 1))
     code, out, err = plan(capsys, "--results", RESULTS, "--traffic", str(traffic), "--config", str(fleet), *SLO,
                           "--min-instances", "1", "--write-config", str(fleet), "--json")
     assert code == 0, err
@@ -231,7 +234,8 @@ def test_two_consumer_regions_plan_and_write_together(capsys, fleet, tmp_path):
     east_pool = cfg.region("us-east-1").pools[0]
     assert (east_pool.instance_type, cfg.engine_for(east_pool).precision.value) == ("g7e.2xlarge", "fp8")
     assert (east_pool.capacity.min, east_pool.capacity.desired, east_pool.capacity.max) == (1, 4, 8)
-    assert cfg.region("ap-northeast-2").pools[0].capacity.max == 17
+    seoul_capacity = cfg.region("ap-northeast-2").pools[0].capacity
+    assert (seoul_capacity.desired, seoul_capacity.max) == (None, 17)
 
 
 def test_a_cross_region_choice_is_allowed_on_the_service_side(capsys, fleet, tmp_path):

@@ -281,9 +281,17 @@ def test_asg_uses_elb_health_checks_and_an_explicit_name(fleet, stack_name):
     asg = only(fleet.resources(stack_name, "AWS::AutoScaling::AutoScalingGroup"))
     assert asg["HealthCheckType"] == "ELB" and int(asg["HealthCheckGracePeriod"]) > 0
     assert asg["AutoScalingGroupName"] == f"fleetcast-{region.region}-{pool.name}"
-    assert (asg["MinSize"], asg["DesiredCapacity"], asg["MaxSize"]) == tuple(
-        str(v) for v in (pool.capacity.min, pool.capacity.desired, pool.capacity.max))
+    assert (asg["MinSize"], asg["MaxSize"]) == (str(pool.capacity.min), str(pool.capacity.max))
+    # No desired in the config: none in the template, so a deploy never resets a scaled-out group.
+    assert pool.capacity.desired is None and "DesiredCapacity" not in asg
     assert len(asg["VPCZoneIdentifier"]) == len(region.availability_zones)
+
+
+def test_a_fixed_desired_capacity_is_set_only_where_the_config_asks(variant):
+    groups = {g["AutoScalingGroupName"]: g for g in variant.resources(SEOUL, "AWS::AutoScaling::AutoScalingGroup")
+              .values() for g in [g["Properties"]]}
+    assert groups["fleetcast-ap-northeast-2-a10g"]["DesiredCapacity"] == "1"  # the variant fixes it
+    assert "DesiredCapacity" not in groups["fleetcast-ap-northeast-2-l40s"]
 
 
 @pytest.mark.parametrize("stack_name", PROVIDERS)

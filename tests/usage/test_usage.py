@@ -116,11 +116,30 @@ def test_cost_share_follows_token_share(cloudwatch, config_file):
     assert rows["voice-app"].token_share == pytest.approx(0.75)
     assert rows["analytics"].errors == 1 and rows["analytics"].requests == 4
     seoul = cfg.region(REGION)
-    hourly = sum(instance_catalog()[p.instance_type].price_per_hour[REGION] * p.capacity.desired for p in seoul.pools)
+    hourly = sum(instance_catalog()[p.instance_type].price_per_hour[REGION] * p.capacity.baseline for p in seoul.pools)
     (cost,) = report.costs
     assert cost.cost_usd == pytest.approx(hourly * 2)
     assert rows["voice-app"].cost_usd == pytest.approx(hourly * 2 * 0.75)
-    assert "estimate" in cost.basis
+    assert "estimate" in cost.basis and "capacity baseline" in cost.basis
+    # No group metrics in the window: the report says which group and what it assumed.
+    assert any("GroupTotalInstances" in n and "fleetcast-ap-northeast-2-l40s" in n for n in report.notes)
+
+
+def test_cost_follows_the_instances_the_group_actually_ran(cloudwatch):
+    """Instance-hours come from the group's GroupTotalInstances (pending builds included), not
+    from the configured size: 3 instances for the last hour of a 2-hour window is 3 instance-hours."""
+    put(cloudwatch, "voice-app", InputTokens=100, OutputTokens=100, Requests=1)
+    group = [{"Name": "AutoScalingGroupName", "Value": "fleetcast-ap-northeast-2-l40s"}]
+    cloudwatch.put_metric_data(Namespace="AWS/AutoScaling", MetricData=[
+        {"MetricName": "GroupTotalInstances", "Value": 3.0, "Timestamp": NOW - timedelta(minutes=m),
+         "Dimensions": group} for m in range(1, 61)])
+    cfg = fleet_config()
+    report = collect(cfg, NOW - timedelta(hours=2), NOW, region=REGION, now=NOW)
+    (cost,) = report.costs
+    price = instance_catalog()["g6e.xlarge"].price_per_hour[REGION]
+    assert cost.instance_hours == pytest.approx(3.0)
+    assert cost.cost_usd == pytest.approx(3 * price)
+    assert "GroupTotalInstances" in cost.basis and not any("GroupTotalInstances" in n for n in report.notes)
 
 
 def test_csv_has_one_row_per_consumer_and_regions_without_traffic_are_noted(cloudwatch, config_file, capsys):
