@@ -253,7 +253,8 @@ class Capacity(Frozen):
         return self.min if self.desired is None else self.desired
 
     def describe(self) -> str:
-        return f"{self.min}-{self.max}" if self.desired is None else f"{self.min}-{self.max}, desired {self.desired}"
+        fixed = "" if self.desired is None else f" desired {self.desired}"
+        return f"min {self.min}{fixed} max {self.max}"
 
 
 class ScalingSpec(Frozen):

@@ -22,7 +22,7 @@ def test_summary_lists_stacks_regions_pools_and_consumers(capsys):
                   "fleetcast-consumer-voice-app", "fleetcast-consumer-analytics"):
         assert stack in out
     assert "aws://111122223333/ap-northeast-2" in out
-    assert "pool l40s: g6e.xlarge (L40S), capacity 2-6, precision int8_wo, backend tensorrt" in out
+    assert "pool l40s: g6e.xlarge (L40S), capacity min 2 max 6, precision int8_wo, backend tensorrt" in out
     assert "analytics (777788889999, us-west-2 -> us-east-1 (cross-region))" in out
 
 
