@@ -95,6 +95,7 @@ class InstanceEnv:
     ready_timeout_s: float | None
     terminate_poll_s: float
     gauges_s: float
+    gateway_refresh_s: float
     restart: RestartPolicy
 
     @classmethod
@@ -126,6 +127,8 @@ class InstanceEnv:
             s3_backoff_base_s=num("FLEETCAST_S3_BACKOFF_S", d.s3_backoff_base_s),
         )
         port = env.get("FLEETCAST_PORT")
+        if num("FLEETCAST_GATEWAY_REFRESH_S", 60.0) <= 0:
+            raise UserError(f"FLEETCAST_GATEWAY_REFRESH_S: {env['FLEETCAST_GATEWAY_REFRESH_S']!r} must be > 0 seconds")
         return cls(
             fleet=env["FLEETCAST_FLEET"], region=env["FLEETCAST_REGION"], pool=env["FLEETCAST_POOL"],
             bucket=env["FLEETCAST_BUCKET"], config_param=env.get("FLEETCAST_CONFIG_PARAM"),
@@ -141,6 +144,7 @@ class InstanceEnv:
             ready_timeout_s=num("FLEETCAST_READY_TIMEOUT_S", 0) or None,
             terminate_poll_s=num("FLEETCAST_TERMINATE_POLL_S", 5.0),
             gauges_s=num("FLEETCAST_GAUGES_S", 30.0),
+            gateway_refresh_s=num("FLEETCAST_GATEWAY_REFRESH_S", 60.0),
             restart=RestartPolicy(max_restarts=int(num("FLEETCAST_MAX_RESTARTS", 5)),
                                   backoff_base_s=num("FLEETCAST_RESTART_BACKOFF_S", 1.0)),
         )
@@ -334,6 +338,7 @@ class Bootstrap:
             listen_host=self.env.listen_host, gateway=self.env.gateway, proxy_protocol=self.env.proxy_protocol,
             ready_timeout_s=self.env.ready_timeout_s or float(cfg.operations.launch_hook_timeout_s),
             drain_timeout_s=float(cfg.operations.drain_timeout_s), restart=self.env.restart,
+            gateway_refresh_s=self.env.gateway_refresh_s,
         )
         serving = Serving(settings, backend.server_command(resolution.path, "127.0.0.1", settings.server_port),
                           stop=self._stop)

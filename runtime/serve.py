@@ -57,6 +57,7 @@ class ServeSettings:
     server_stop_timeout_s: float = 60.0
     probe_prompt: str = "The quick brown fox"
     probe_tokens: int = 4
+    gateway_refresh_s: float = 60.0  # endpoints, API keys and consumers (docs/gateway.md)
     restart: RestartPolicy = field(default_factory=RestartPolicy)
 
     @property
@@ -107,7 +108,7 @@ class Serving:
         s = self.s
         argv = [sys.executable, "-m", "runtime.gateway", "--listen", f"{s.listen_host}:{s.port}",
                 "--upstream", f"127.0.0.1:{s.server_port}", "--region", s.region, "--pool", s.pool,
-                "--proxy-protocol", "required" if s.proxy_protocol else "off"]
+                "--proxy-protocol", "required" if s.proxy_protocol else "off", "--refresh-s", f"{s.gateway_refresh_s:g}"]
         if s.config_json is not None:
             argv += ["--config-json", str(s.config_json)]
         return argv

@@ -282,3 +282,35 @@ def test_open_circuit_breaker_abandons_at_once_and_raises_a_metric(tmp_path):
         assert not [k for k in aws.keys() if k.startswith(("engines/", "locks/"))]  # no build attempted
     finally:
         aws.stop()
+
+
+def test_a_consumer_change_in_the_config_parameter_reaches_the_serving_instance(fleet):
+    """Consumers are not in the launch template (the instance digest leaves them out), so a
+    deploy that changes them replaces no instance: the running gateway re-reads the SSM
+    parameter the stack updates. Removed, the consumer is refused; put back, it is served."""
+    aws, cfg, root = fleet
+    iid = "i-00000000000000d01"
+    rp, _, port = launch(aws, cfg, root, iid, FLEETCAST_GATEWAY_REFRESH_S="0.3")
+    ssm = aws.client("ssm")
+
+    def publish(data: dict) -> None:
+        ssm.put_parameter(Name=aws.param, Value=json.dumps(data), Type="String", Overwrite=True, Tier="Advanced")
+
+    original = cfg.model_dump(mode="json")
+    try:
+        assert rp.wait_event("fleetcast_serving", 150) is not None, log_of(root, iid)[-3000:]
+        assert stream_completion(port, "Hi", 2).status == 200
+        publish({**original, "consumers": [c for c in original["consumers"] if c["service_region"] != aws.region]})
+        try:
+            refused = wait_until(lambda: stream_completion(port, "Hi", 2).status == 403, 20, step=0.2)
+        finally:
+            publish(original)  # the module's other tests share this parameter
+        assert refused, log_of(root, iid)[-3000:]
+        assert wait_until(lambda: stream_completion(port, "Hi", 2).status == 200, 20, step=0.2)
+        log = log_of(root, iid)
+        assert '"removed": ["voice-app"]' in log and '"added": ["voice-app"]' in log
+        assert '"config_source": "ssm:' in log
+        assert "config_instance_fields_changed" not in log  # consumers only: no rollout wanted
+    finally:
+        rp.proc.send_signal(signal.SIGTERM)
+        assert rp.proc.wait(60) == 0
