@@ -182,12 +182,19 @@ class Bootstrap:
             text = RetryingS3(ssm, "", self.env.cache).call(
                 "get_parameter", Name=self.env.config_param, WithDecryption=True)["Parameter"]["Value"]
         cfg = config_from_json(text)
-        if self.env.config_digest and cfg.instance_digest() != self.env.config_digest:
+        digest = self._instance_digest(cfg)
+        if self.env.config_digest and digest is not None and digest != self.env.config_digest:
             # The parameter moved on since this launch template was made (a rollout is
             # under way): serve the current config, and say so.
             log.warning("config digest %s differs from the launch template's %s; serving the parameter's config",
-                        cfg.instance_digest()[:12], self.env.config_digest[:12])
+                        digest[:12], self.env.config_digest[:12])
         return cfg
+
+    def _instance_digest(self, cfg: FleetConfig) -> str | None:
+        try:
+            return cfg.instance_digest(self.env.region, self.env.pool)
+        except KeyError:
+            return None  # resolve_pool says what is wrong, with the choices
 
     def resolve_pool(self, cfg: FleetConfig) -> Pool:
         try:

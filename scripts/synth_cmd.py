@@ -97,11 +97,12 @@ def summarize(cfg, stacks: dict[str, dict], out: Path) -> tuple[list[str], list[
     expected = expected_stacks(cfg)
     problems = [f"stack {n} is missing from {out}" for n in expected if n not in stacks]
     problems += [f"stack {n} in {out} is not built from this config" for n in stacks if n not in expected]
-    # Launch templates carry the instance digest and the config parameter names the whole
-    # config's digest: a provider template without both came from another config.
-    marks = (f"FLEETCAST_CONFIG_DIGEST={cfg.instance_digest()}", config_parameter_description(cfg))
+    # Launch templates carry their pool's instance digest and the config parameter names the
+    # whole config's digest: a provider template without all of them came from another config.
     for region in cfg.regions:
         info = stacks.get(provider_stack_name(cfg, region.region))
+        marks = [config_parameter_description(cfg)] + [
+            f"FLEETCAST_CONFIG_DIGEST={cfg.instance_digest(region.region, pool.name)}" for pool in region.pools]
         if info and not all(mark in info["template"].read_text() for mark in marks):
             problems.append(f"stack {provider_stack_name(cfg, region.region)} was synthesized from a different config")
     return lines, problems

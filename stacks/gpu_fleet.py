@@ -74,15 +74,18 @@ class GpuFleet(Construct):
         self.role = self._role(cfg, inputs)
         self._grant_consumer_api_keys(cfg, region)
 
+        # The pool whose engine these instances serve: the bench groups run a real pool's engine
+        # under their own group (extra_env names it).
+        serving_pool = (extra_env or {}).get("FLEETCAST_POOL", pool.name)
         env = {
             "FLEETCAST_FLEET": cfg.name,
             "FLEETCAST_REGION": region.region,
             "FLEETCAST_POOL": pool.name,
             "FLEETCAST_BUCKET": inputs.model_store.bucket.bucket_name,
             "FLEETCAST_CONFIG_PARAM": inputs.config_parameter.parameter_name,
-            # A change to what instances are built from changes this line, hence the launch
-            # template version; consumer changes do not (running gateways re-read them).
-            "FLEETCAST_CONFIG_DIGEST": cfg.instance_digest(),
+            # A change to what this pool's instances are built from changes this line, hence
+            # the launch template version; consumers, sizes and other regions' pools do not.
+            "FLEETCAST_CONFIG_DIGEST": cfg.instance_digest(region.region, serving_pool),
             "FLEETCAST_IMAGE": inputs.image_uri,
             "FLEETCAST_RUNTIME_BUNDLE": inputs.runtime_bundle.s3_object_url,
             "FLEETCAST_LOG_GROUP": inputs.log_group.log_group_name,

@@ -523,13 +523,23 @@ class Operations(Frozen):
         return value
 
 
-# What changes without new instances: consumers (running gateways re-read them, see
-# runtime/gateway/reload.py) and the endpoint service's allow lists (stack resources,
-# never read on an instance). Onboarding a consumer touches exactly these, and must
-# not roll a GPU fleet.
+# What changes without new instances. Consumers: running gateways re-read them
+# (runtime/gateway/reload.py). The rest is read only by the stacks, never on an
+# instance: the endpoint service's allow lists, the group's size, scaling, warm pool,
+# schedule, reservations and rollout policy, the SLOs (alarms, scaling, plan) and
+# the alarm/log/approver settings. Onboarding a consumer or resizing a pool must not
+# roll a GPU fleet. Anything not listed here is treated as an instance input (a change
+# rolls): the safe default for fields added later.
 NOT_IN_INSTANCE_DIGEST: dict = {
     "consumers": True,
-    "regions": {"__all__": {"allowed_principals", "allowed_regions"}},
+    "slo": True,
+    "operations": {"log_retention_days", "auto_approve_connections", "alarm_email"},
+    "regions": {"__all__": {
+        "allowed_principals": True,
+        "allowed_regions": True,
+        "pools": {"__all__": {"capacity", "scaling", "schedule", "warm_pool", "rollout", "capacity_reservation_ids",
+                              "capacity_reservations_only"}},
+    }},
 }
 
 
@@ -553,7 +563,7 @@ class FleetConfig(Frozen):
     regions: tuple[Region, ...] = Field(min_length=1)
     consumers: tuple[Consumer, ...] = Field(
         default=(),
-        description="Consumer accounts. Not part of the instance digest: a change reaches running gateways "
+        description="Consumer accounts. Not part of any instance digest: a change reaches running gateways "
                     "through their config refresh (60 s) and replaces no instance.",
     )
     tags: dict[Annotated[str, StringConstraints(min_length=1, max_length=128)], Annotated[str, StringConstraints(max_length=256)]] = Field(
@@ -588,11 +598,20 @@ class FleetConfig(Frozen):
         """Stable digest of the whole validated config (labels bench results, names the SSM parameter's version)."""
         return _canonical_digest(self.model_dump(mode="json"))
 
-    def instance_digest(self) -> str:
-        """Digest of what needs new instances to change: everything but NOT_IN_INSTANCE_DIGEST.
+    def instance_digest(self, region_name: str, pool_name: str) -> str:
+        """Digest of what one pool's instances are built from: its own region and pool entry (other
+        regions and pools left out) and the fleet-wide fields, less NOT_IN_INSTANCE_DIGEST.
 
-        The launch template carries it, so a change here rolls the fleet; onboarding a
-        consumer (the consumer, its limits and keys, its principal and region in the
-        allow lists) reaches running gateways through their config refresh instead.
+        The pool's launch template carries it, so a change here rolls that pool (and only the
+        pools it concerns); onboarding a consumer or resizing a pool reaches the fleet through
+        the gateways' config refresh or the group's own settings instead.
         """
-        return _canonical_digest(self.model_dump(mode="json", exclude=NOT_IN_INSTANCE_DIGEST))
+        data = self.model_dump(mode="json", exclude=NOT_IN_INSTANCE_DIGEST)
+        region = next((r for r in data["regions"] if r["region"] == region_name), None)
+        if region is None:
+            raise KeyError(f"no provider region {region_name!r} in the config")
+        region["pools"] = [p for p in region["pools"] if p["name"] == pool_name]
+        if not region["pools"]:
+            raise KeyError(f"no pool {pool_name!r} in {region_name}")
+        data["regions"] = [region]
+        return _canonical_digest(data)

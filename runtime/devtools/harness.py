@@ -244,7 +244,7 @@ class LocalAws:
             "AWS_ENDPOINT_URL_AUTO_SCALING": self.asg.url, "AWS_ENDPOINT_URL_EC2": self.ec2.url,
             "FLEETCAST_FLEET": cfg.name, "FLEETCAST_REGION": self.region, "FLEETCAST_POOL": pool_name,
             "FLEETCAST_BUCKET": self.bucket, "FLEETCAST_CONFIG_PARAM": self.param,
-            "FLEETCAST_CONFIG_DIGEST": cfg.instance_digest(), "FLEETCAST_IMAGE": "local/reference",
+            "FLEETCAST_CONFIG_DIGEST": cfg.instance_digest(self.region, pool_name), "FLEETCAST_IMAGE": "local/reference",
             "FLEETCAST_LOG_GROUP": "/fleetcast/dev",
             "FLEETCAST_IMDS_ENDPOINT": imds.url, "FLEETCAST_LOCAL_ROOT": str(local_root),
             "FLEETCAST_PORT": str(port), "FLEETCAST_LISTEN_HOST": "127.0.0.1",

@@ -128,7 +128,7 @@ async def serve(args: argparse.Namespace) -> int:
         gateway.set_consumers(new_consumers)
 
     source, read = config_source(args)
-    refresher = ConfigRefresher(read, source, cfg, args.region, apply_consumers, args.refresh_s)
+    refresher = ConfigRefresher(read, source, cfg, args.region, args.pool, apply_consumers, args.refresh_s)
     await endpoints.refresh()
     await keys.refresh()
     background = [asyncio.ensure_future(task.run()) for task in (endpoints, keys, refresher)]

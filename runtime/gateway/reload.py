@@ -1,7 +1,7 @@
 """Consumer changes without new instances: re-read the fleet config, apply its live fields.
 
 Consumers (accounts, limits, API keys) are the config's LIVE_FIELDS: the launch
-template carries only `FleetConfig.instance_digest()`, which leaves them out, so
+template carries only `FleetConfig.instance_digest(region, pool)`, which leaves them out, so
 adding a consumer or changing its limits does not roll the GPU fleet. Running
 gateways learn about it here instead, within one refresh period. A config that
 fails validation, or a source that cannot be read, changes nothing: the gateway
@@ -23,14 +23,15 @@ Apply = Callable[[FleetConfig, tuple[Consumer, ...]], Awaitable[None]]
 class ConfigRefresher:
     """Polls `read()` (the SSM parameter on an instance) and hands changed consumers to `apply`."""
 
-    def __init__(self, read: Callable[[], str], source: str, boot: FleetConfig, region: str, apply: Apply,
+    def __init__(self, read: Callable[[], str], source: str, boot: FleetConfig, region: str, pool: str, apply: Apply,
                  refresh_s: float = 60.0):
         self._read = read
         self.source = source
         self.region = region
+        self.pool = pool
         self._apply = apply
         self.refresh_s = refresh_s
-        self._boot_instance_digest = boot.instance_digest()
+        self._boot_instance_digest = boot.instance_digest(region, pool)
         self._consumers = boot.consumers_of(region)
         self._seen = boot.model_dump_json()  # the text last looked at, good or bad: each version is logged once
 
@@ -51,10 +52,14 @@ class ConfigRefresher:
             log("config_refresh_rejected", source=self.source, error=error,
                 kept=[c.name for c in self._consumers])
             return False
-        if cfg.instance_digest() != self._boot_instance_digest:
-            # Model, engine, pools...: those reach this fleet only through new instances
+        try:
+            digest = cfg.instance_digest(self.region, self.pool)
+        except KeyError:
+            digest = "(this pool is gone)"
+        if digest != self._boot_instance_digest:
+            # Model, engine, pool...: those reach this pool only through new instances
             # (the rollout the same deploy started). Consumers still apply now.
-            log("config_instance_fields_changed", source=self.source, instance_digest=cfg.instance_digest()[:12],
+            log("config_instance_fields_changed", source=self.source, instance_digest=digest[:12],
                 running=self._boot_instance_digest[:12])
         consumers = cfg.consumers_of(self.region)
         if consumers == self._consumers:

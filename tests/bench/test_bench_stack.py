@@ -51,8 +51,10 @@ def test_bench_user_data_carries_the_job_and_the_real_pool(bench_app):
     bench = [u for u in user_data if "FLEETCAST_BENCH_KEY" in u]
     assert len(bench) == len(region.pools)
     key = results_key("r1", region.region, pool.instance_type, cfg.engine_for(pool).precision.value)
+    # The real pool's digest too: the runtime compares it with the parameter's config for that pool.
+    digest = f"FLEETCAST_CONFIG_DIGEST={cfg.instance_digest(region.region, pool.name)}"
     assert any(key in u and f"FLEETCAST_POOL={pool.name}" in u and "FLEETCAST_BENCH_CONCURRENCY=1,4,16" in u
-               and "path=instance" in u for u in bench)
+               and "path=instance" in u and digest in u for u in bench)
     # Same hardening as the fleet: IMDSv2 required, no public IP, encrypted root volume.
     for r in templates.values():
         data = r["Properties"]["LaunchTemplateData"]

@@ -257,16 +257,42 @@ def test_digest_changes_with_the_config(doc):
     assert parse_config(doc).digest() != a
 
 
-def test_instance_digest_leaves_consumers_to_the_live_refresh(doc):
-    """Adding a consumer or changing its limits must not roll the GPU fleet; an engine change must."""
+def _pool_digests(cfg) -> dict[str, str]:
+    return {f"{r.region}/{p.name}": cfg.instance_digest(r.region, p.name) for r in cfg.regions for p in r.pools}
+
+
+def test_instance_digest_leaves_consumers_and_group_settings_out(doc):
+    """Onboarding a consumer, resizing a pool or tuning its scaling, warm pool and rollout, the
+    SLOs or the alarm address must not roll a GPU fleet: instances do not read them."""
     from fleetcast.config import parse_config
     base = parse_config(doc)
     doc["consumers"][0]["limits"]["max_concurrency"] += 1
     doc["consumers"].append({**doc["consumers"][0], "name": "late-joiner", "account": "123412341234"})
     seoul = next(r for r in doc["regions"] if r["region"] == doc["consumers"][0]["service_region"])
     seoul["allowed_principals"].append("arn:aws:iam::123412341234:root")
+    pool = seoul["pools"][0]
+    pool["capacity"] = {"min": 3, "max": 9}
+    pool["scaling"] = {"metric": "active_requests", "target": 20}
+    pool["warm_pool"] = {"size": 2}
+    doc["slo"]["ttft_p99_ms"] = 450
+    doc.setdefault("operations", {})["alarm_email"] = "oncall@example.com"
     more = parse_config(doc)
     assert more.digest() != base.digest()
-    assert more.instance_digest() == base.instance_digest()
-    doc["engine"]["max_batch_size"] = 32
-    assert parse_config(doc).instance_digest() != base.instance_digest()
+    assert _pool_digests(more) == _pool_digests(base)
+
+
+def test_instance_digest_follows_what_a_pool_is_built_from_and_nothing_else(doc):
+    import copy
+
+    from fleetcast.config import parse_config
+    base = _pool_digests(parse_config(doc))
+    fleet_wide = copy.deepcopy(doc)
+    fleet_wide["engine"]["max_batch_size"] = 32  # every pool builds from it: every pool rolls
+    changed = _pool_digests(parse_config(fleet_wide))
+    assert all(changed[k] != base[k] for k in base)
+    one_pool = copy.deepcopy(doc)
+    virginia = next(r for r in one_pool["regions"] if r["region"] == "us-east-1")
+    virginia["pools"][0]["engine"]["max_batch_size"] = 16  # that pool's override: only that pool rolls
+    changed = _pool_digests(parse_config(one_pool))
+    assert changed["us-east-1/l40s"] != base["us-east-1/l40s"]
+    assert changed["ap-northeast-2/l40s"] == base["ap-northeast-2/l40s"]

@@ -53,7 +53,7 @@ class Source:
 def refresher_for(h, boot, source: Source) -> ConfigRefresher:
     async def apply(_cfg, consumers):
         h.gateway.set_consumers(consumers)
-    return ConfigRefresher(source, "test:source", boot, REGION, apply, refresh_s=3600)
+    return ConfigRefresher(source, "test:source", boot, REGION, "l40s", apply, refresh_s=3600)
 
 
 async def status_of(port: int, vpce: str) -> int:

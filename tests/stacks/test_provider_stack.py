@@ -316,7 +316,7 @@ def _env_lines(parts: list) -> str:
 @pytest.mark.parametrize("stack_name", PROVIDERS)
 def test_user_data_carries_the_config_digest_and_instance_contract(fleet, stack_name):
     text = _env_lines(_user_data(fleet, stack_name)[0])
-    assert f"FLEETCAST_CONFIG_DIGEST={fleet.cfg.instance_digest()}\n" in text
+    assert f"FLEETCAST_CONFIG_DIGEST={fleet.cfg.instance_digest(region_of(stack_name), 'l40s')}\n" in text
     for key in ("FLEETCAST_FLEET=fleetcast", f"FLEETCAST_REGION={region_of(stack_name)}", "FLEETCAST_POOL=l40s",
                 "FLEETCAST_BUCKET=<ref>", "FLEETCAST_CONFIG_PARAM=<ref>", "FLEETCAST_LOG_GROUP=<ref>",
                 "FLEETCAST_RUNTIME_BUNDLE=s3://"):
@@ -327,18 +327,20 @@ def test_user_data_carries_the_config_digest_and_instance_contract(fleet, stack_
 
 
 def test_a_config_change_changes_the_launch_template(fleet, variant):
-    assert fleet.cfg.instance_digest() != variant.cfg.instance_digest()
+    assert fleet.cfg.instance_digest("us-east-1", "l40s") != variant.cfg.instance_digest("us-east-1", "l40s")
     before = _env_lines(_user_data(fleet, VIRGINIA)[0])
     after = _env_lines(_user_data(variant, VIRGINIA)[0])
     assert before != after
-    assert f"FLEETCAST_CONFIG_DIGEST={variant.cfg.instance_digest()}" in after
+    assert f"FLEETCAST_CONFIG_DIGEST={variant.cfg.instance_digest('us-east-1', 'l40s')}" in after
 
 
-def test_onboarding_a_consumer_leaves_every_launch_template_as_it_was(fleet):
-    """A new consumer account (principal allowed, limits set) must not roll a GPU fleet:
-    running gateways pick consumers up from the config parameter (runtime/gateway/reload.py)."""
+def test_onboarding_a_consumer_and_resizing_a_pool_leave_every_launch_template_as_it_was(fleet):
+    """A new consumer account (principal allowed, limits set) and a resized pool must not roll a
+    GPU fleet: running gateways pick consumers up from the config parameter
+    (runtime/gateway/reload.py); the group's size is the group's own setting."""
     doc = default_doc()
     seoul = doc["regions"][0]
+    seoul["pools"][0]["capacity"] = {"min": 3, "max": 8}
     seoul["allowed_principals"].append("arn:aws:iam::123412341234:root")
     newcomer = {**copy.deepcopy(doc["consumers"][0]), "name": "newcomer", "account": "123412341234"}
     newcomer["limits"] = {"max_concurrency": 8, "requests_per_minute": 120}
@@ -350,7 +352,9 @@ def test_onboarding_a_consumer_leaves_every_launch_template_as_it_was(fleet):
             return {k: v["Properties"]["LaunchTemplateData"]
                     for k, v in synthesized.resources(stack_name, "AWS::EC2::LaunchTemplate").items()}
         assert launch_templates(onboarded) == launch_templates(fleet)
-    # ...while the endpoint service does let the new account in.
+    # ...while the group is resized and the endpoint service does let the new account in.
+    (group,) = onboarded.resources(PROVIDERS[0], "AWS::AutoScaling::AutoScalingGroup").values()
+    assert (group["Properties"]["MinSize"], group["Properties"]["MaxSize"]) == ("3", "8")
     permissions = onboarded.resources(PROVIDERS[0], "AWS::EC2::VPCEndpointServicePermissions")
     assert any("arn:aws:iam::123412341234:root" in p["Properties"]["AllowedPrincipals"] for p in permissions.values())
 
