@@ -1,0 +1,143 @@
+"""What a config change does to a deployed fleet, before `cdk deploy`: which pools roll.
+
+Every pool's launch template carries `FleetConfig.instance_digest(region, pool)`, so a
+pool rolls (instance refresh) exactly when that digest changes. Consumers reach running
+gateways through their config refresh; everything else in NOT_IN_INSTANCE_DIGEST is a
+stack setting applied in place. `diff_configs` lists the changed fields (named list items
+keyed by their name, so reordering is not a change) and says, per pool, what happens.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from .model import FleetConfig
+
+# Lists whose items have a name: compared item by item, addressed as list[name].
+_KEYED_LISTS = {"regions": "region", "pools": "name", "consumers": "name", "availability_zones": "name"}
+_MISSING = object()
+
+
+@dataclass(frozen=True)
+class FieldChange:
+    path: str
+    before: Any
+    after: Any
+
+    @property
+    def kind(self) -> str:
+        if self.before is _MISSING:
+            return "added"
+        if self.after is _MISSING:
+            return "removed"
+        return "changed"
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"path": self.path, "kind": self.kind}
+        if self.before is not _MISSING:
+            out["before"] = self.before
+        if self.after is not _MISSING:
+            out["after"] = self.after
+        return out
+
+
+@dataclass(frozen=True)
+class PoolImpact:
+    region: str
+    pool: str
+    outcome: str  # "rolls", "kept", "new", "removed"
+    before_digest: str | None
+    after_digest: str | None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"region": self.region, "pool": self.pool, "outcome": self.outcome,
+                "instance_digest_before": self.before_digest, "instance_digest_after": self.after_digest}
+
+
+@dataclass(frozen=True)
+class ConfigImpact:
+    changes: list[FieldChange]
+    pools: list[PoolImpact]
+    consumers_changed: list[str] = field(default_factory=list)
+
+    @property
+    def rolls(self) -> list[PoolImpact]:
+        return [p for p in self.pools if p.outcome == "rolls"]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"changes": [c.to_json() for c in self.changes], "pools": [p.to_json() for p in self.pools],
+                "consumers_changed": self.consumers_changed, "rolls": bool(self.rolls)}
+
+
+def _walk(before: Any, after: Any, path: str, key: str | None, out: list[FieldChange]) -> None:
+    if before == after:
+        return
+    if isinstance(before, dict) and isinstance(after, dict):
+        for name in [*before, *[k for k in after if k not in before]]:
+            _walk(before.get(name, _MISSING), after.get(name, _MISSING), f"{path}.{name}" if path else name, name, out)
+        return
+    item_key = _KEYED_LISTS.get(key or "")
+    if item_key and isinstance(before, list) and isinstance(after, list):
+        old = {item.get(item_key): item for item in before if isinstance(item, dict)}
+        new = {item.get(item_key): item for item in after if isinstance(item, dict)}
+        for name in [*old, *[n for n in new if n not in old]]:
+            _walk(old.get(name, _MISSING), new.get(name, _MISSING), f"{path}[{name}]", None, out)
+        return
+    out.append(FieldChange(path, before, after))
+
+
+def _digests(cfg: FleetConfig) -> dict[tuple[str, str], str]:
+    return {(r.region, p.name): cfg.instance_digest(r.region, p.name) for r in cfg.regions for p in r.pools}
+
+
+def diff_configs(before: FleetConfig, after: FleetConfig) -> ConfigImpact:
+    changes: list[FieldChange] = []
+    _walk(before.model_dump(mode="json"), after.model_dump(mode="json"), "", None, changes)
+    old, new = _digests(before), _digests(after)
+    pools = []
+    for region, pool in [*old, *[k for k in new if k not in old]]:
+        a, b = old.get((region, pool)), new.get((region, pool))
+        outcome = "new" if a is None else "removed" if b is None else "kept" if a == b else "rolls"
+        pools.append(PoolImpact(region, pool, outcome, a, b))
+    consumers = sorted({c.path.split("]")[0].removeprefix("consumers[") for c in changes
+                        if c.path.startswith("consumers")})
+    return ConfigImpact(changes, pools, consumers)
+
+
+def _short(value: Any) -> str:
+    if value is _MISSING:
+        return "(absent)"
+    text = value if isinstance(value, str) else json.dumps(value, separators=(",", ":"))
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+_OUTCOME_TEXT = {
+    "rolls": "ROLLS: new launch template version, replaced by instance refresh",
+    "kept": "kept: no instance replaced",
+    "new": "new group: launches its instances",
+    "removed": "removed: its group and instances are deleted",
+}
+
+
+def render_impact(impact: ConfigImpact) -> str:
+    if not impact.changes:
+        return "No change: the two configs are the same once validated (defaults filled in).\n"
+    lines = [f"Changed ({len(impact.changes)}):"]
+    width = min(64, max(len(c.path) for c in impact.changes))
+    for c in impact.changes:
+        detail = {"added": f"added {_short(c.after)}", "removed": "removed"}.get(
+            c.kind, f"{_short(c.before)} -> {_short(c.after)}")
+        lines.append(f"  {c.path:<{width}}  {detail}")
+    lines.append("Pools:")
+    for p in impact.pools:
+        digests = f" (instance digest {p.before_digest[:12]})" if p.outcome == "kept" and p.before_digest else \
+            f" (instance digest {p.before_digest[:12]} -> {p.after_digest[:12]})" if p.outcome == "rolls" else ""
+        lines.append(f"  {p.region}/{p.pool}: {_OUTCOME_TEXT[p.outcome]}{digests}")
+    if impact.consumers_changed:
+        lines.append(f"Consumers changed ({', '.join(impact.consumers_changed)}): running gateways apply them from "
+                     "the config parameter within their refresh period (60 s); no restart.")
+    lines.append("A new Fleetcast version (runtime bundle) or a newer `latest` AMI also changes launch templates; "
+                 "this compares configs only.")
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,86 @@
+"""`fleetcast config diff`: before a deploy, which pools a config change rolls and which it leaves alone."""
+
+from __future__ import annotations
+
+import copy
+import json
+
+from fleetcast.config import parse_config
+from fleetcast.config.impact import diff_configs
+from scripts.cli import main as cli
+
+SEOUL, VIRGINIA = "ap-northeast-2", "us-east-1"
+
+
+def onboard(doc: dict) -> dict:
+    """A new consumer account in Seoul, its principal allowed, and the Seoul pool resized."""
+    doc = copy.deepcopy(doc)
+    seoul = next(r for r in doc["regions"] if r["region"] == SEOUL)
+    seoul["allowed_principals"].append("arn:aws:iam::123412341234:root")
+    seoul["pools"][0]["capacity"] = {"min": 3, "max": 8}
+    doc["consumers"].append({**copy.deepcopy(doc["consumers"][0]), "name": "newcomer", "account": "123412341234"})
+    return doc
+
+
+def outcomes(impact) -> dict[str, str]:
+    return {f"{p.region}/{p.pool}": p.outcome for p in impact.pools}
+
+
+def test_onboarding_and_resizing_roll_nothing_and_name_the_consumer(doc):
+    impact = diff_configs(parse_config(doc), parse_config(onboard(doc)))
+    assert outcomes(impact) == {f"{SEOUL}/l40s": "kept", f"{VIRGINIA}/l40s": "kept"}
+    assert impact.consumers_changed == ["newcomer"]
+    paths = {c.path: c.kind for c in impact.changes}
+    assert paths["consumers[newcomer]"] == "added"
+    assert paths[f"regions[{SEOUL}].pools[l40s].capacity.min"] == "changed"
+    assert f"regions[{SEOUL}].allowed_principals" in paths
+
+
+def test_an_engine_override_rolls_only_its_pool(doc):
+    changed = copy.deepcopy(doc)
+    virginia = next(r for r in changed["regions"] if r["region"] == VIRGINIA)
+    virginia["pools"][0]["engine"]["max_batch_size"] = 16
+    impact = diff_configs(parse_config(doc), parse_config(changed))
+    assert outcomes(impact) == {f"{SEOUL}/l40s": "kept", f"{VIRGINIA}/l40s": "rolls"}
+    (change,) = impact.changes
+    assert (change.path, change.before, change.after) == (f"regions[{VIRGINIA}].pools[l40s].engine.max_batch_size",
+                                                         None, 16)
+
+
+def test_reordering_named_items_is_no_change_and_a_new_pool_is_new(doc):
+    reordered = copy.deepcopy(doc)
+    reordered["consumers"].reverse()
+    reordered["regions"].reverse()
+    assert diff_configs(parse_config(doc), parse_config(reordered)).changes == []
+    grown = copy.deepcopy(doc)
+    seoul = next(r for r in grown["regions"] if r["region"] == SEOUL)
+    seoul["pools"].append({**copy.deepcopy(seoul["pools"][0]), "name": "second"})
+    assert outcomes(diff_configs(parse_config(doc), parse_config(grown)))[f"{SEOUL}/second"] == "new"
+
+
+def test_cli_prints_the_plan_and_guards_pipelines_with_fail_on_roll(doc, tmp_path, capsys):
+    old, new = tmp_path / "old.yaml", tmp_path / "new.yaml"
+    old.write_text(json.dumps(doc))  # JSON is YAML
+    new.write_text(json.dumps(onboard(doc)))
+    assert cli(["config", "diff", str(old), str(new), "--fail-on-roll"]) == 0
+    out = capsys.readouterr().out
+    assert f"{SEOUL}/l40s: kept: no instance replaced" in out and "Consumers changed (newcomer)" in out
+
+    rolled = copy.deepcopy(doc)
+    rolled["engine"]["max_batch_size"] = 32
+    new.write_text(json.dumps(rolled))
+    assert cli(["config", "diff", str(old), str(new), "--fail-on-roll", "--json"]) == 3
+    report = json.loads(capsys.readouterr().out)
+    assert report["rolls"] is True and {p["outcome"] for p in report["pools"]} == {"rolls"}
+    assert report["changes"] == [{"path": "engine.max_batch_size", "kind": "changed", "before": 64, "after": 32}]
+
+
+def test_an_invalid_new_config_is_refused_naming_the_field(doc, tmp_path, capsys):
+    old, new = tmp_path / "old.yaml", tmp_path / "new.yaml"
+    old.write_text(json.dumps(doc))
+    broken = copy.deepcopy(doc)
+    broken["engine"]["max_batch_size"] = 0
+    new.write_text(json.dumps(broken))
+    assert cli(["config", "diff", str(old), str(new)]) == 1
+    err = capsys.readouterr().err
+    assert "engine.max_batch_size" in err and "Traceback" not in err
