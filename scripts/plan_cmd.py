@@ -94,7 +94,7 @@ def _plan(args: argparse.Namespace) -> int:
         paths = write_report(result, args.report)
         say(f"\nreport: {', '.join(str(p) for p in paths[:3])} (+{len(paths) - 3} plots)")
     if args.write_config:
-        changes = apply_plan(args.write_config, plans, allow_estimated=args.allow_estimated,
+        changes = apply_plan(args.write_config, plans, result.pools, allow_estimated=args.allow_estimated,
                              write_schedule=args.write_schedule)
         if changes:
             say(f"\n{args.write_config}: updated and re-validated")

@@ -10,7 +10,7 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .solver import Evaluation, RegionPlan, Slo
+from .solver import Evaluation, FleetPool, RegionPlan, Slo
 
 
 @dataclass
@@ -22,6 +22,27 @@ class PlanResult:
     data_notes: list[str]  # where prices, availability, latency, fixed costs came from (dated)
     estimator: str | None = None
     warnings: list[str] = field(default_factory=list)
+    pools: list[FleetPool] = field(default_factory=list)  # the fleet: consumer regions pooled where that is cheaper
+
+
+def fleet_lines(result: PlanResult) -> list[str]:
+    """The fleet as --write-config deploys it: one pool per provider region used, with the regions it serves."""
+    if len(result.regions) < 2 or not result.pools:
+        return []
+    lines = []
+    for pool in result.pools:
+        lo, _, hi = pool.capacity()
+        lines.append(f"{pool.service_region}: {pool.candidate} serving {', '.join(pool.consumer_regions)}; {lo}-{hi} "
+                     f"instances over the day, ${pool.cost_per_hour:.2f}/h, target {pool.target:g} in-flight per instance")
+        for plan, _ev in pool.joined():
+            own = plan.winner
+            lines.append(f"  {plan.traffic.region} joins this pool: +${pool.marginal[plan.traffic.region]:.2f}/h here vs "
+                         f"${own.cost_per_hour:.2f}/h for its own {own.candidate.label} pool in {own.service_region} "
+                         "(one NLB, one set of provider endpoints and one minimum for both)")
+    total = sum(p.cost_per_hour for p in result.pools)
+    separate = sum(p.winner.cost_per_hour for p in result.regions if p.winner)
+    lines.append(f"Fleet total ${total:.2f}/h (each region on its own: ${separate:.2f}/h)")
+    return lines
 
 
 def _levels_text(plan: RegionPlan) -> str:
@@ -108,6 +129,9 @@ def render_terminal(result: PlanResult) -> str:
             out += [f"  - {n}" for n in plan.stats_notes]
         notes = plan.winner.notes if plan.winner else []
         out += [f"  note: {n}" for n in notes]
+    fleet = fleet_lines(result)
+    if fleet:
+        out += ["", "Fleet (what --write-config deploys):"] + [f"  {line}" for line in fleet]
     return "\n".join(out)
 
 
@@ -256,6 +280,9 @@ def render_markdown(result: PlanResult, plots: dict[str, list[Path]]) -> str:
             out += [""] + [f"- note: {n}" for n in w.notes] + [""]
         for path in plots.get(plan.traffic.region, []):
             out += [f"![{path.stem}]({path.name})", ""]
+    fleet = fleet_lines(result)
+    if fleet:
+        out += ["## Fleet (what --write-config deploys)", ""] + [f"- {line.strip()}" for line in fleet] + [""]
     return "\n".join(out)
 
 
@@ -289,6 +316,10 @@ def render_html(result: PlanResult, plots: dict[str, list[Path]]) -> str:
         for path in plots.get(plan.traffic.region, []):
             data = base64.b64encode(path.read_bytes()).decode()
             parts.append(f"<p><img alt='{e(path.stem)}' src='data:image/png;base64,{data}'></p>")
+    fleet = fleet_lines(result)
+    if fleet:
+        parts.append("<h2>Fleet (what --write-config deploys)</h2><ul>" + "".join(f"<li>{e(line.strip())}</li>"
+                                                                             for line in fleet) + "</ul>")
     parts.append("</body></html>")
     return "\n".join(parts)
 
@@ -319,6 +350,12 @@ def to_json(result: PlanResult) -> dict:
             "peak_notes": p.peak_notes, "stats_notes": p.stats_notes,
             "evaluations": [ev_json(e) for e in p.ranked] + [ev_json(e) for e in p.evaluations if not e.feasible],
         } for p in result.regions],
+        "fleet": [{
+            "service_region": p.service_region, "candidate": p.candidate, "consumer_regions": p.consumer_regions,
+            "joined": [plan.traffic.region for plan, _ in p.joined()], "target": p.target,
+            "instances_by_hour": p.instances_by_hour, "cost_per_hour": p.cost_per_hour,
+            "marginal_cost_per_hour": p.marginal,
+        } for p in result.pools],
     }
 
 

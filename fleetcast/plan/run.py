@@ -15,7 +15,7 @@ from .aws import live_availability, refresh_prices
 from .estimate import estimate_specs
 from .inputs import load_candidates, load_fixed_costs, load_latency, load_prices, load_quality, shipped_availability
 from .report import PlanResult
-from .solver import PlanContext, RegionPlan, Slo, plan
+from .solver import PlanContext, RegionPlan, Slo, fleet_pools, plan
 from .traffic import load_traffic
 
 
@@ -126,5 +126,5 @@ def build_plan(opts: PlanOptions) -> tuple[PlanResult, list[RegionPlan], PlanCon
         limit = opts.quality_threshold if opts.quality_threshold is not None else quality.threshold
         data_notes.append(f"quality: {quality.metric} <= {limit:g}")
     result = PlanResult(traffic.name, ctx.model_id or next((c.model for c in candidates if c.model), None), slo, plans,
-                        data_notes, estimator_text, warnings)
+                        data_notes, estimator_text, warnings, fleet_pools(plans, ctx))
     return result, plans, ctx

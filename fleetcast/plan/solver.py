@@ -327,6 +327,100 @@ def plan(candidates: list[Candidate], profile: TrafficProfile, ctx: PlanContext)
     return [plan_region(candidates, consumer, ctx) for consumer in profile.consumers]
 
 
+@dataclass
+class FleetPool:
+    """One provider pool (service region x candidate) and the consumer regions it serves.
+
+    Each region's own plan pays for a pool's minimum and the provider side's fixed costs
+    (NLB hours, the provider VPC's interface endpoints) alone. Served together, those are
+    paid once and the pool holds the summed load: N_h = max(n_min, ceil(sum_i rate_i,h * S_i)),
+    with each member's S_i at its own target; the pool scales on the lowest member target.
+    """
+
+    service_region: str
+    candidate: str
+    members: list[tuple[RegionPlan, Evaluation]]  # (consumer region's plan, its evaluation on this pool)
+    instances_by_hour: list[int] = field(default_factory=list)
+    cost_per_hour: float = 0.0
+    marginal: dict[str, float] = field(default_factory=dict)  # consumer region -> what it adds to this pool's $/h
+
+    @property
+    def consumer_regions(self) -> list[str]:
+        return [plan.traffic.region for plan, _ in self.members]
+
+    @property
+    def target(self) -> float:
+        return min(ev.target for _, ev in self.members)
+
+    @property
+    def evaluation(self) -> Evaluation:
+        return self.members[0][1]
+
+    def capacity(self) -> tuple[int, int, int]:
+        n = self.instances_by_hour
+        return min(n), min(max(n), math.ceil(sum(n) / len(n))), max(n)
+
+    def joined(self) -> list[tuple[RegionPlan, Evaluation]]:
+        """Members served here rather than by their own plan's choice."""
+        return [(plan, ev) for plan, ev in self.members if ev is not plan.winner]
+
+
+def _pool_cost(service: str, members: list[tuple[RegionPlan, Evaluation]], ctx: PlanContext) -> tuple[list[int], float]:
+    if not members:
+        return [], 0.0
+    load = [sum(plan.traffic.hourly_rps()[h] * ev.seconds_per_request for plan, ev in members) for h in range(24)]
+    counts = [max(ctx.n_min(service), math.ceil(x - 1e-9)) for x in load]
+    a = ctx.fixed.assumptions
+    row, _ = ctx.fixed.row(service)
+    provider_side = row.nlb_hour + a.provider_interface_endpoints * a.availability_zones * row.endpoint_az_hour
+    fixed = sum(ev.fixed_per_hour for _, ev in members) - (len(members) - 1) * provider_side
+    return counts, sum(counts) / 24 * members[0][1].price_per_hour + fixed
+
+
+def fleet_pools(plans: list[RegionPlan], ctx: PlanContext) -> list[FleetPool]:
+    """Start from every region's own choice, then move a consumer region onto another region's
+    pool while that lowers the fleet's total cost per hour (its evaluation there must meet the
+    SLO, network included, as every feasible evaluation does). Bounded: each move saves at
+    least a cent per hour, and there are finitely many assignments."""
+    pools: dict[tuple[str, str], FleetPool] = {}
+    for plan in plans:
+        if plan.winner is not None:
+            key = (plan.winner.service_region, plan.winner.candidate.label)
+            pools.setdefault(key, FleetPool(*key, [])).members.append((plan, plan.winner))
+
+    def cost(key, members) -> float:
+        return _pool_cost(key[0], members, ctx)[1]
+
+    for _ in range(len(plans) * len(plans) + 1):
+        best = None  # (saving, plan, from key, to key, evaluation there)
+        for from_key, pool in pools.items():
+            for plan, ev_now in pool.members:
+                rest = [m for m in pool.members if m[0] is not plan]
+                leave_saving = cost(from_key, pool.members) - cost(from_key, rest)
+                for to_key, other in pools.items():
+                    if to_key == from_key:
+                        continue
+                    there = next((e for e in plan.ranked if (e.service_region, e.candidate.label) == to_key
+                                  and e.candidate.estimated == ev_now.candidate.estimated), None)
+                    if there is None:
+                        continue
+                    saving = leave_saving - (cost(to_key, other.members + [(plan, there)]) - cost(to_key, other.members))
+                    if saving >= 0.01 and (best is None or saving > best[0]):
+                        best = (saving, plan, from_key, to_key, there)
+        if best is None:
+            break
+        _, plan, from_key, to_key, there = best
+        pools[from_key].members = [m for m in pools[from_key].members if m[0] is not plan]
+        pools[to_key].members.append((plan, there))
+        if not pools[from_key].members:
+            del pools[from_key]
+    for key, pool in pools.items():
+        pool.instances_by_hour, pool.cost_per_hour = _pool_cost(key[0], pool.members, ctx)
+        pool.marginal = {plan.traffic.region: pool.cost_per_hour - cost(key, [m for m in pool.members if m[0] is not plan])
+                         for plan, _ in pool.members}
+    return list(pools.values())
+
+
 # ---------------------------------------------------------------- explanations
 
 

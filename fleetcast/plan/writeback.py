@@ -23,7 +23,7 @@ from ruamel.yaml.scalarstring import SingleQuotedScalarString
 from fleetcast.config.edit import round_trip_yaml, write_validated
 from fleetcast.errors import UserError
 
-from .solver import RegionPlan
+from .solver import FleetPool, RegionPlan
 
 
 def _set(node: CommentedMap, key: str, value) -> bool:
@@ -48,7 +48,7 @@ def schedule_steps(hourly: list[int], peak: int) -> list[dict]:
     return steps if len(steps) > 1 else []
 
 
-def apply_plan(path: str | Path, plans: list[RegionPlan], allow_estimated: bool = False,
+def apply_plan(path: str | Path, plans: list[RegionPlan], pools: list[FleetPool], allow_estimated: bool = False,
                write_schedule: bool = False) -> list[str]:
     """Edit the config at `path` in place; returns what changed. Refuses (file untouched) on any problem."""
     from fleetcast.config import ConfigError
@@ -63,29 +63,36 @@ def apply_plan(path: str | Path, plans: list[RegionPlan], allow_estimated: bool 
     if not isinstance(doc, CommentedMap) or not isinstance(doc.get("regions"), list):
         raise UserError(f"--write-config: {path} is not a fleet config (no `regions` list)")
 
-    by_region: dict[str, list[RegionPlan]] = {}
     for plan in plans:
         if plan.winner is None:
             raise UserError(f"--write-config: no candidate serves {plan.traffic.region}; nothing to write")
-        if plan.winner.candidate.estimated and not allow_estimated:
-            raise UserError(f"--write-config: the choice for {plan.traffic.region} ({plan.winner.candidate.label}) is "
-                            "estimated, not measured; benchmark it first (or pass --allow-estimated)")
-        by_region.setdefault(plan.winner.service_region, []).append(plan)
+    by_region: dict[str, list[FleetPool]] = {}
+    for fleet_pool in pools:
+        win = fleet_pool.evaluation
+        if win.candidate.estimated and not allow_estimated:
+            raise UserError(f"--write-config: the choice for {', '.join(fleet_pool.consumer_regions)} "
+                            f"({win.candidate.label}) is estimated, not measured; benchmark it first "
+                            "(or pass --allow-estimated)")
+        by_region.setdefault(fleet_pool.service_region, []).append(fleet_pool)
 
     changes: list[str] = []
-    for region_name, group in by_region.items():
+    for region_name, region_pools in by_region.items():
+        served = [r for p in region_pools for r in p.consumer_regions]
         entry = next((r for r in doc["regions"] if r.get("region") == region_name), None)
         if entry is None:
-            raise UserError(f"--write-config: the plan serves {', '.join(p.traffic.region for p in group)} from "
+            raise UserError(f"--write-config: the plan serves {', '.join(served)} from "
                             f"{region_name}, which has no entry under regions in {path}; add it (availability zones, "
                             "VPC, AMI, allowed principals) and rerun")
-        labels = {p.winner.candidate.label for p in group}
-        if len(labels) > 1:
-            raise UserError(f"--write-config: consumers in {', '.join(p.traffic.region for p in group)} are best served "
-                            f"from {region_name} by different candidates ({', '.join(sorted(labels))}); plan them one "
+        if len(region_pools) > 1:
+            raise UserError(f"--write-config: consumers in {', '.join(served)} are best served "
+                            f"from {region_name} by different candidates "
+                            f"({', '.join(sorted(p.candidate for p in region_pools))}); plan them one "
                             "at a time with separate pools")
-        win = group[0].winner
-        hourly = [sum(p.winner.instances_by_hour[h] for p in group) for h in range(24)]
+        (fleet_pool,) = region_pools
+        win = fleet_pool.evaluation
+        # One pool for every consumer region this provider region serves: their load adds up,
+        # the pool's minimum counts once; it scales on the lowest member target.
+        hourly = fleet_pool.instances_by_hour
         lo, hi = min(hourly), max(hourly)
         desired = min(hi, -(-sum(hourly) // 24))
         pools = entry.get("pools") or []
@@ -113,7 +120,7 @@ def apply_plan(path: str | Path, plans: list[RegionPlan], allow_estimated: bool 
             # No fixed size: scaling owns it between the day's lowest and highest counts.
             changes.append(f"{where}.capacity = min {lo}, max {hi}")
         scaling = pool.get("scaling")
-        target = int(win.target) if float(win.target).is_integer() else float(win.target)
+        target = int(fleet_pool.target) if float(fleet_pool.target).is_integer() else float(fleet_pool.target)
         if scaling is None:
             pool["scaling"] = _flow({"metric": "active_requests", "target": target})
             changes.append(f"{where}.scaling.target = {target} active requests")
@@ -126,8 +133,7 @@ def apply_plan(path: str | Path, plans: list[RegionPlan], allow_estimated: bool 
                 pool["schedule"] = seq
                 changes.append(f"{where}.schedule = {len(steps)} daily steps (UTC): "
                                + ", ".join(f"{s['cron'].split()[1]}h min {s['min']}" for s in steps))
-        for plan in group:
-            consumer_region = plan.traffic.region
+        for consumer_region in fleet_pool.consumer_regions:
             if consumer_region != region_name:
                 allowed = entry.get("allowed_regions")
                 if allowed is None:
