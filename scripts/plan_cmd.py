@@ -67,7 +67,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--report", metavar="DIR", help="write plan.md, plan.html, plan.json and plots into DIR")
     p.add_argument("--json", action="store_true", help="print plan.json instead of the table")
     p.add_argument("--write-config", metavar="FILE",
-                   help="update pools and regions of this fleet config with the choice (re-validated; untouched if invalid)")
+                   help="update pools and regions of this fleet config with the planned fleet (consumer regions pooled "
+                        "where cheaper; re-validated; untouched if invalid)")
     p.add_argument("--write-schedule", action="store_true",
                    help="with --write-config: also write the pool's daily capacity schedule (UTC) from the hourly plan")
     p.add_argument("--allow-estimated", action="store_true", help="let --write-config write an estimated choice")
