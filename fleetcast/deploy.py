@@ -37,9 +37,12 @@ class Step:
     summary: str
     commands: list[list[str]] = field(default_factory=list)
     action: Callable[[], list[str]] | None = None  # returns lines to print
+    # Run first, for the operator to read; a failure is reported and does not stop the step.
+    preview: list[list[str]] = field(default_factory=list)
 
     def describe(self) -> list[str]:
         lines = [f"== {self.name}: {self.summary}"]
+        lines += ["   $ " + " ".join(c) + "   (preview)" for c in self.preview]
         lines += ["   $ " + " ".join(c) for c in self.commands]
         if self.action is not None:
             lines.append("   (reads stack outputs and edits the config)")
@@ -86,7 +89,9 @@ def plan(cfg: FleetConfig, config_path: str, clients: Callable[[str, str], Any],
                             [_cdk("bootstrap", *ctx, *trust, env) for env in envs]))
         elif name == "providers":
             out.append(Step(name, "VPC, fleet, NLB and endpoint service per region",
-                            [_cdk("deploy", *ctx, "--require-approval", approval, *providers)]))
+                            [_cdk("deploy", *ctx, "--require-approval", approval, *providers)],
+                            # Which pools this deploy rolls, against what each region runs now.
+                            preview=[_fleetcast("config", "diff", "--deployed", config_path)]))
         elif name == "stage":
             commands = [_fleetcast("stage", "model", "--config", config_path),
                         _fleetcast("stage", "image", "--config", config_path)]
@@ -133,6 +138,9 @@ def execute(steps: Sequence[Step], *, dry_run: bool, run: Callable[..., Any] = s
             log(line)
         if dry_run:
             continue
+        for command in step.preview:
+            if run(command).returncode != 0:
+                log(f"   (preview `{' '.join(command[3:])}` failed; continuing with the step)")
         for command in step.commands:
             if run(command).returncode != 0:
                 raise UserError(f"step {step.name} failed: `{' '.join(command)}`; fix it and rerun "

@@ -26,13 +26,18 @@ def register(sub: argparse._SubParsersAction) -> None:
 
     diff = actions.add_parser(
         "diff", help="what changing OLD into NEW does to a deployed fleet: changed fields, and which pools roll",
+        usage="fleetcast config diff OLD NEW | --deployed NEW [--region R] [--profile P]  [--json] [--fail-on-roll]",
         description="Compare two fleet configs after validation (defaults filled in). Lists the changed fields "
                     "and, per pool, whether its launch template changes (instance refresh), stays (no instance "
                     "replaced), or the pool is new or removed. Consumer changes reach running gateways without a "
-                    "restart. Compare with the deployed one, e.g. "
-                    "`fleetcast config diff <(git show main:config/fleet.yaml) config/fleet.yaml`.")
-    diff.add_argument("old", help="the config as deployed")
-    diff.add_argument("new", help="the config about to be deployed")
+                    "restart. OLD is a file (e.g. `<(git show main:config/fleet.yaml)`), or, with --deployed, "
+                    "what each provider region runs now: its /<fleet>/config SSM parameter (needs "
+                    "ssm:GetParameter; standard AWS credentials).")
+    diff.add_argument("configs", nargs="+", metavar="CONFIG", help="OLD NEW, or NEW alone with --deployed")
+    diff.add_argument("--deployed", action="store_true",
+                      help="compare NEW with the config each provider region runs now (its SSM parameter)")
+    diff.add_argument("--region", help="with --deployed: only this provider region")
+    diff.add_argument("--profile", help="with --deployed: AWS named profile (default: the standard credential chain)")
     diff.add_argument("--json", action="store_true", help="machine-readable output")
     diff.add_argument("--fail-on-roll", action="store_true",
                       help="exit 3 when any existing pool would roll (a guard for pipelines that must not replace "
@@ -67,13 +72,51 @@ def _docs(args: argparse.Namespace) -> int:
 def _diff(args: argparse.Namespace) -> int:
     from fleetcast.config import load_config
     from fleetcast.config.impact import diff_configs, render_impact
+    from fleetcast.errors import UserError
 
-    impact = diff_configs(load_config(args.old), load_config(args.new))
+    if args.deployed:
+        if len(args.configs) != 1:
+            raise UserError("config diff --deployed takes one CONFIG (the one about to be deployed), "
+                            f"got {len(args.configs)}", 2)
+        return _diff_deployed(args, load_config(args.configs[0]))
+    if len(args.configs) != 2 or args.region or args.profile:
+        raise UserError("config diff takes OLD NEW (two files); --region and --profile go with --deployed NEW", 2)
+    impact = diff_configs(load_config(args.configs[0]), load_config(args.configs[1]))
     if args.json:
         print(json.dumps(impact.to_json(), indent=2, default=str))
     else:
         print(render_impact(impact), end="")
     return 3 if args.fail_on_roll and impact.rolls else 0
+
+
+def _diff_deployed(args: argparse.Namespace, new) -> int:
+    from fleetcast.config.impact import diff_configs, render_impact
+    from fleetcast.connections.aws import Access
+    from fleetcast.deployed import deployed_config
+    from fleetcast.errors import UserError
+
+    names = [r.region for r in new.regions]
+    if args.region and args.region not in names:
+        raise UserError(f"--region {args.region!r} is not a provider region of fleet {new.name}; "
+                        f"choose one of: {', '.join(names)}", 2)
+    access = Access.from_profile(args.profile)
+    report, rolls = [], False
+    for region in [args.region] if args.region else names:
+        old = deployed_config(access, new, region)
+        if old is None:
+            report.append({"region": region, "deployed": False})
+            if not args.json:
+                print(f"== {region}: not deployed yet (no {new.config_parameter_name} parameter): its pools are new\n")
+            continue
+        impact = diff_configs(old, new).for_region(region)
+        rolls = rolls or bool(impact.rolls)
+        report.append({"region": region, "deployed": True, "deployed_digest": old.digest(), **impact.to_json()})
+        if not args.json:
+            print(f"== {region}: deployed config {old.digest()[:12]} -> {new.digest()[:12]}")
+            print(render_impact(impact))
+    if args.json:
+        print(json.dumps(report, indent=2, default=str))
+    return 3 if args.fail_on_roll and rolls else 0
 
 
 def _show(args: argparse.Namespace) -> int:

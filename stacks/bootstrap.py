@@ -50,7 +50,7 @@ class InstanceBootstrap(Construct):
         self.config_parameter = ssm.StringParameter(
             self,
             "Config",
-            parameter_name=f"/{cfg.name}/config",
+            parameter_name=cfg.config_parameter_name,
             description=config_parameter_description(cfg),
             string_value=config_json,
             tier=ssm.ParameterTier.ADVANCED if len(config_json) > _STANDARD_TIER_LIMIT else ssm.ParameterTier.STANDARD,

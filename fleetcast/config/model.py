@@ -586,6 +586,11 @@ class FleetConfig(Frozen):
     def consumers_of(self, region_name: str) -> tuple[Consumer, ...]:
         return tuple(c for c in self.consumers if c.service_region == region_name)
 
+    @property
+    def config_parameter_name(self) -> str:
+        """The SSM parameter each provider region's stack writes the validated config to."""
+        return f"/{self.name}/config"
+
     def asg_name_of(self, region_name: str, pool: Pool) -> str:
         """The pool's Auto Scaling group name, explicit so roles and reports can name it without a lookup."""
         return f"{self.name}-{region_name}-{pool.name}"

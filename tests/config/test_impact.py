@@ -84,3 +84,39 @@ def test_an_invalid_new_config_is_refused_naming_the_field(doc, tmp_path, capsys
     assert cli(["config", "diff", str(old), str(new)]) == 1
     err = capsys.readouterr().err
     assert "engine.max_batch_size" in err and "Traceback" not in err
+
+
+def test_deployed_compares_with_what_each_region_runs_now(doc, tmp_path, capsys, aws_env):
+    """--deployed reads each provider region's config parameter (moto on loopback): Seoul runs the
+    default config, Virginia was never deployed."""
+    import boto3
+
+    deployed = parse_config(doc)
+    boto3.client("ssm", region_name=SEOUL).put_parameter(
+        Name=deployed.config_parameter_name, Value=deployed.model_dump_json(), Type="String", Overwrite=True)
+    rolled = copy.deepcopy(doc)
+    rolled["engine"]["max_batch_size"] = 32
+    new = tmp_path / "new.yaml"
+    new.write_text(json.dumps(rolled))
+    assert cli(["config", "diff", "--deployed", str(new), "--fail-on-roll"]) == 3
+    out = capsys.readouterr().out
+    assert f"== {SEOUL}: deployed config {deployed.digest()[:12]}" in out
+    assert f"{SEOUL}/l40s: ROLLS" in out and f"{VIRGINIA}/l40s" not in out.split(f"== {VIRGINIA}")[0].split(
+        f"== {SEOUL}")[1]
+    assert f"== {VIRGINIA}: not deployed yet (no /fleetcast/config parameter)" in out
+
+    new.write_text(json.dumps(onboard(doc)))
+    assert cli(["config", "diff", "--deployed", str(new), "--region", SEOUL, "--json", "--fail-on-roll"]) == 0
+    (region,) = json.loads(capsys.readouterr().out)
+    assert region["region"] == SEOUL and region["rolls"] is False and region["consumers_changed"] == ["newcomer"]
+
+
+def test_diff_arguments_are_checked(doc, tmp_path, capsys):
+    one = tmp_path / "one.yaml"
+    one.write_text(json.dumps(doc))
+    assert cli(["config", "diff", str(one)]) == 2
+    assert "OLD NEW" in capsys.readouterr().err
+    assert cli(["config", "diff", "--deployed", str(one), str(one)]) == 2
+    assert "takes one CONFIG" in capsys.readouterr().err
+    assert cli(["config", "diff", "--deployed", str(one), "--region", "eu-west-9"]) == 2
+    assert "not a provider region" in capsys.readouterr().err

@@ -57,9 +57,13 @@ def test_a_failed_step_stops_the_rest_and_says_how_to_resume(cfg):
         ran.append(command)
         return SimpleNamespace(returncode=1)
 
+    logged = []
     with pytest.raises(UserError, match="--step providers"):
-        execute(plan(cfg, "c.yaml", clients=None, steps=["providers", "stage"]), dry_run=False, run=run, log=lambda m: None)
-    assert len(ran) == 1
+        execute(plan(cfg, "c.yaml", clients=None, steps=["providers", "stage"]), dry_run=False, run=run,
+                log=logged.append)
+    # The preview (config diff --deployed) failing does not stop the step; the deploy failing does.
+    assert [c[3:6] for c in ran[:1]] == [["config", "diff", "--deployed"]] and ran[1][:2] == ["npx", "cdk"]
+    assert len(ran) == 2 and any("preview" in line and "continuing" in line for line in logged)
 
 
 def test_publish_writes_service_names_into_the_consumers(tmp_path, cfg):
