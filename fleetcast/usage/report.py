@@ -128,8 +128,10 @@ def _region_cost(cfg: FleetConfig, region_name: str, hours: float,
     if missing:
         return RegionCost(region_name, None, instance_hours,
                           f"no price for {', '.join(missing)} in the price table"), notes
-    basis = "estimate: instance-hours x on-demand price (shipped price table); instance-hours " + (
-        "from the groups' GroupTotalInstances" if not notes else "partly from the capacity baseline (see notes)")
+    source = ("the groups' GroupTotalInstances" if not notes else
+              "the capacity baseline (no group metrics in the window)" if len(notes) == len(region.pools) else
+              "GroupTotalInstances, partly the capacity baseline (see notes)")
+    basis = f"estimate: instance-hours x on-demand price (shipped price table); instance-hours from {source}"
     return RegionCost(region_name, total, instance_hours, basis), notes
 
 

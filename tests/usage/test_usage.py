@@ -87,6 +87,11 @@ def test_usage_adds_up_to_the_tokens_streamed_through_the_gateway(cloudwatch, co
     throttled = sum(1 for r in replies if r.status == 429)
     streamed_voice = sum(r.text.count(" t") for r in replies[:6] if r.status == 200)
     ship_emf(cloudwatch, records)
+    # The Seoul group ran 2 instances for the last hour (Auto Scaling's 1-minute group metric).
+    cloudwatch.put_metric_data(Namespace="AWS/AutoScaling", MetricData=[
+        {"MetricName": "GroupTotalInstances", "Value": 2.0, "Timestamp": NOW - timedelta(minutes=m),
+         "Dimensions": [{"Name": "AutoScalingGroupName", "Value": "fleetcast-ap-northeast-2-l40s"}]}
+        for m in range(0, 60)])
 
     since, until = (NOW - timedelta(hours=1)).isoformat(), (NOW + timedelta(minutes=5)).isoformat()
     assert cli(["usage", "--config", str(config_file), "--since", since, "--until", until, "--json"]) == 0
@@ -99,6 +104,7 @@ def test_usage_adds_up_to_the_tokens_streamed_through_the_gateway(cloudwatch, co
     assert report["cost_is_estimate"] is True
     seoul = next(r for r in report["regions"] if r["region"] == REGION)
     assert sum(r["est_cost_usd"] for r in rows.values()) == pytest.approx(seoul["cost_usd"], rel=1e-3)
+    assert seoul["instance_hours"] == pytest.approx(2.0) and "GroupTotalInstances" in seoul["basis"]
 
     assert cli(["usage", "--config", str(config_file), "--since", since, "--until", until]) == 0
     table = capsys.readouterr().out
