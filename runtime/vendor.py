@@ -1,8 +1,10 @@
 """Python packages the runtime needs that the TensorRT-LLM release image lacks.
 
 The 1.2.x image already carries pydantic (>= 2.9), aiohttp, PyYAML, urllib3 and
-python-dateutil (TensorRT-LLM's own requirements). It has no boto3 and no
-ruamel.yaml. With egress `none` the instance cannot pip install, so docker/Dockerfile
+python-dateutil (TensorRT-LLM's own requirements). It has no boto3, no
+ruamel.yaml and no uvloop (its requirements name plain `uvicorn`, not
+`uvicorn[standard]`): the gateway was measured on uvloop (docs/gateway.md), so
+the image gets it here rather than silently running on the slower default loop. With egress `none` the instance cannot pip install, so docker/Dockerfile
 installs these into /usr/local/lib/fleetcast-deps while `fleetcast stage image`
 builds the serving image (where the build has internet); run-container.sh puts
 that directory on PYTHONPATH after the runtime bundle. They are installed without
@@ -20,7 +22,7 @@ from pathlib import Path
 
 # Wheels for the image's interpreter (CPython 3.12, x86_64 manylinux).
 VENDORED = ("boto3~=1.40", "botocore~=1.40", "s3transfer>=0.13,<0.15", "jmespath~=1.0",
-            "ruamel.yaml~=0.19.1", "ruamel.yaml.clib~=0.2.12")
+            "ruamel.yaml~=0.19.1", "ruamel.yaml.clib~=0.2.12", "uvloop~=0.21.0")
 TARGET = ("--python-version", "3.12", "--implementation", "cp", "--platform", "manylinux2014_x86_64",
           "--only-binary=:all:")
 

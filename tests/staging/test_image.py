@@ -134,6 +134,7 @@ def test_derived_image_carries_the_runtime_dependencies_where_the_container_look
     assert "PYTHONPATH=/opt/fleetcast:/usr/local/lib/fleetcast-deps" in run_container
     from runtime.vendor import VENDORED
     assert any(p.startswith("boto3") for p in VENDORED) and any(p.startswith("ruamel.yaml") for p in VENDORED)
+    assert any(p.startswith("uvloop") for p in VENDORED)  # the event loop the gateway was measured on
 
 
 def test_stage_image_defaults_to_the_derived_image(cfg):
