@@ -10,6 +10,7 @@ import pytest
 from aws_cdk.assertions import Match
 
 from fleetcast import telemetry
+from fleetcast.staging.image import image_tag
 from stacks.gpu_fleet import DLAMI_SSM_PARAMETER
 from stacks.network import INTERFACE_ENDPOINTS
 
@@ -323,7 +324,7 @@ def test_user_data_carries_the_config_digest_and_instance_contract(fleet, stack_
         assert key in text
     # egress none: the image comes from the region's private ECR repository, under the tag
     # `fleetcast stage image` pushes the derived serving image as (until it pins a digest).
-    assert ".dkr.ecr." in text and "/<ref>:1.2.1-fleetcast\n" in text
+    assert ".dkr.ecr." in text and f"/<ref>:{image_tag(fleet.cfg, derived=True)}\n" in text
 
 
 def test_a_config_change_changes_the_launch_template(fleet, variant):

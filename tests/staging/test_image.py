@@ -137,9 +137,28 @@ def test_derived_image_carries_the_runtime_dependencies_where_the_container_look
     assert any(p.startswith("uvloop") for p in VENDORED)  # the event loop the gateway was measured on
 
 
+def test_derived_tag_changes_with_the_recipe(cfg, tmp_path):
+    """ECR tags are immutable and staging skips a tag already there: a changed recipe must get a
+    new tag, or the new layer would never reach a region that staged the old one."""
+    import re
+    import shutil
+
+    from fleetcast.staging.image import DERIVED_RECIPE, REPO_ROOT, image_tag
+    assert re.fullmatch(r"1\.2\.1-fleetcast-[0-9a-f]{10}", image_tag(cfg, derived=True))
+    assert image_tag(cfg, derived=False) == "1.2.1"
+    for rel in DERIVED_RECIPE:
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(REPO_ROOT / rel, tmp_path / rel)
+    assert image_tag(cfg, derived=True, root=tmp_path) == image_tag(cfg, derived=True)
+    vendor = tmp_path / "runtime" / "vendor.py"
+    vendor.write_text(vendor.read_text().replace('"uvloop~=0.21.0"', '"uvloop~=0.21.0", "orjson~=3.10"'))
+    assert image_tag(cfg, derived=True, root=tmp_path) != image_tag(cfg, derived=True)
+    (tmp_path / "docker" / "Dockerfile").unlink()
+    with pytest.raises(UserError, match="docker/Dockerfile: cannot read the derived image's recipe"):
+        image_tag(cfg, derived=True, root=tmp_path)
+
+
 def test_stage_image_defaults_to_the_derived_image(cfg):
-    from fleetcast.staging.image import image_tag
-    assert image_tag(cfg, derived=True) == "1.2.1-fleetcast"
     lines = []
     stage_local(cfg, [SEOUL], clients=None, derived=True, dry_run=True, run=None, log=lines.append)
     assert any("docker build --file docker/Dockerfile" in line for line in lines)
