@@ -68,7 +68,6 @@ def copy_bandwidth(device: torch.device, timer: Timer, nbytes: int) -> float:
     src = torch.empty(nbytes // 2, dtype=torch.float16, device=device).uniform_(-1, 1)
     dst = torch.empty_like(src)
     ms = timer.median_ms(lambda: dst.copy_(src), reps=20, inner=5)
-    del src, dst
     return 2 * nbytes / (ms / 1000)
 
 

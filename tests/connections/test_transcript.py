@@ -8,7 +8,7 @@ def test_transcript():
     codes = run(lines.append)
     text = "".join(lines)
     assert codes == [0, 0, 0, 3]
-    assert f"[stderr] would accept" in text and f"dry run: 1 change(s) planned" in text
+    assert "[stderr] would accept" in text and "dry run: 1 change(s) planned" in text
     assert f'"decision": "accepted", "dry_run": false, "endpoint_id": "{E4}"' in text
     assert f'"decision": "left-pending", "dry_run": false, "endpoint_id": "{E2}"' in text
     assert f"refused  {E2}" in text and E1 in text
