@@ -137,6 +137,7 @@ class ReferenceServer:
         self.model_name = args.served_model_name or f"fleetcast-reference/{meta['size']}"
         self.state = "loading"  # loading -> ready -> draining; or failed
         self.engine = None
+        self._watch_task: asyncio.Task | None = None
         self.inflight = 0
         self.created = int(time.time())
         self.stopped = asyncio.Event()
@@ -195,7 +196,8 @@ class ReferenceServer:
             if self.state == "loading":
                 self.state = "ready"
                 print(f"READY http://{self.args.host}:{self.args.port}", flush=True)
-            loop.create_task(self._watch_engine())
+            # Held: the loop keeps only a weak reference to a task.
+            self._watch_task = loop.create_task(self._watch_engine())
         except Exception as exc:
             log.error("failed to load %s: %s", self.args.artifact, exc)
             self.state = "failed"

@@ -27,7 +27,8 @@ def test_default_config_is_valid():
 
 def test_config_is_immutable():
     cfg = load_config(DEFAULT)
-    with pytest.raises(Exception):
+    from pydantic import ValidationError
+    with pytest.raises(ValidationError, match="frozen"):
         cfg.model.id = "other"  # type: ignore[misc]
 
 
