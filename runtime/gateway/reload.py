@@ -1,8 +1,9 @@
 """Consumer changes without new instances: re-read the fleet config, apply its live fields.
 
-Consumers (accounts, limits, API keys) are the config's LIVE_FIELDS: the launch
-template carries only `FleetConfig.instance_digest(region, pool)`, which leaves them out, so
-adding a consumer or changing its limits does not roll the GPU fleet. Running
+Consumers (accounts, limits, API keys) are not instance inputs: the launch template
+carries only `FleetConfig.instance_digest(region, pool)`, which leaves them out
+(NOT_IN_INSTANCE_DIGEST), so adding a consumer or changing its limits does not roll
+the GPU fleet. Running
 gateways learn about it here instead, within one refresh period. A config that
 fails validation, or a source that cannot be read, changes nothing: the gateway
 keeps serving the consumers it has and says why.
@@ -33,7 +34,8 @@ class ConfigRefresher:
         self.refresh_s = refresh_s
         self._boot_instance_digest = boot.instance_digest(region, pool)
         self._consumers = boot.consumers_of(region)
-        self._seen = boot.model_dump_json()  # the text last looked at, good or bad: each version is logged once
+        # The text last looked at, good or bad: each version is logged once.
+        self._seen: str | None = boot.model_dump_json()
 
     async def refresh(self) -> bool:
         """One poll; True when consumers changed and were applied."""
@@ -66,7 +68,13 @@ class ConfigRefresher:
             return False
         before = {c.name: c for c in self._consumers}
         after = {c.name: c for c in consumers}
-        await self._apply(cfg, consumers)
+        try:
+            await self._apply(cfg, consumers)
+        except Exception as exc:  # noqa: BLE001 - keep serving what we have; retry next period
+            self._seen = None
+            log("config_apply_failed", source=self.source, error=f"{type(exc).__name__}: {exc}",
+                kept=[c.name for c in self._consumers])
+            return False
         self._consumers = consumers
         log("consumers_reloaded", source=self.source,
             added=sorted(after.keys() - before.keys()), removed=sorted(before.keys() - after.keys()),

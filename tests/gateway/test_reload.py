@@ -255,3 +255,30 @@ def test_on_an_instance_the_refresh_reads_the_stacks_config_parameter(aws_env, m
     assert read() == as_text(fleet_config())
     monkeypatch.delenv("FLEETCAST_CONFIG_PARAM")
     assert config_source(args)[0] == f"file:{snapshot}"
+
+
+def test_a_failed_apply_keeps_the_consumers_and_is_retried(capsys):
+    full = fleet_config()
+    boot = without_analytics(full)
+
+    async def body():
+        h = await start_harness(boot)
+        try:
+            source = Source(as_text(full))
+            calls = []
+
+            async def apply(_cfg, consumers):
+                calls.append(len(consumers))
+                if len(calls) == 1:
+                    raise ConnectionError("secrets manager unreachable")
+                h.gateway.set_consumers(consumers)
+
+            refresher = ConfigRefresher(source, "test:source", boot, REGION, "l40s", apply, refresh_s=3600)
+            assert await refresher.refresh() is False
+            assert await status_of(h.port, ANALYTICS_VPCE) == 403
+            assert await refresher.refresh() is True  # same text, tried again
+            assert await status_of(h.port, ANALYTICS_VPCE) == 200 and calls == [2, 2]
+        finally:
+            await stop_harness(h)
+    run(body())
+    assert '"event": "config_apply_failed"' in capsys.readouterr().err
