@@ -11,6 +11,7 @@ import json
 from typing import Any
 
 from .loader import json_schema
+from .model import NOT_IN_INSTANCE_DIGEST
 
 GENERATE_COMMAND = "fleetcast config docs > docs/config.md"
 
@@ -19,7 +20,7 @@ SECTION_NOTES = {
     "Provider": "The account that deploys every provider stack.",
     "Network": "How instances reach AWS services, and whether the NLB listener terminates TLS.",
     "Operations": "Log retention, drain and launch-hook timing, build circuit breaker, connection approval.",
-    "Capacity": "Instance counts of one pool; min <= desired <= max.",
+    "Capacity": "Instance counts of one pool; min <= max (and min <= desired <= max when desired is fixed).",
     "AvailabilityZone": "A zone by name (this account's view) and by AZ ID (the same zone in every account).",
     "NewVpc": "A VPC Fleetcast creates, with isolated private subnets (or private + public with NAT).",
     "ExistingVpc": "An existing VPC imported by ids (never looked up): one private subnet per configured AZ.",
@@ -75,6 +76,27 @@ def _constraints(prop: dict[str, Any], defs: dict[str, Any]) -> list[str]:
     return out
 
 
+def rolls_instances(path: str, field: str) -> str:
+    """yes / no / partly: does changing this field replace the instances of the pools it concerns?
+
+    Read from NOT_IN_INSTANCE_DIGEST, the same spec `FleetConfig.instance_digest` excludes, so the
+    reference cannot disagree with what the launch templates carry.
+    """
+    parts = [p for p in path.replace("[]", ".[]").replace(".<key>", "").split(".") if p] + [field]
+    spec: Any = NOT_IN_INSTANCE_DIGEST
+    for part in parts:
+        if spec is True:
+            return "no"
+        if isinstance(spec, (set, frozenset)):
+            spec = {name: True for name in spec}
+        if not isinstance(spec, dict):
+            return "yes"
+        spec = spec.get("__all__" if part == "[]" else part)
+        if spec is None:
+            return "yes"
+    return "no" if spec is True else "partly"
+
+
 def _cell(text: str) -> str:
     return text.replace("|", "\\|").replace("\n", " ")
 
@@ -84,7 +106,8 @@ def _section(title: str, path: str, model: dict[str, Any], defs: dict[str, Any],
     description = model.get("description") or note
     if description:
         lines += [description.strip(), ""]
-    lines += ["| Field | Type | Required / default | Allowed | Description |", "|---|---|---|---|---|"]
+    lines += ["| Field | Type | Required / default | Allowed | Rolls instances | Description |",
+              "|---|---|---|---|---|---|"]
     required = set(model.get("required", []))
     for name, prop in model.get("properties", {}).items():
         if name in required:
@@ -101,7 +124,7 @@ def _section(title: str, path: str, model: dict[str, Any], defs: dict[str, Any],
             description = " / ".join(n.split(". ")[0].rstrip(".") for n in notes if n)
         lines.append(
             f"| `{name}` | {_cell(_type(prop, defs))} | {_cell(presence)} | {_cell(allowed)} | "
-            f"{_cell(description)} |"
+            f"{rolls_instances(path, name)} | {_cell(description)} |"
         )
     return lines + [""]
 
@@ -134,6 +157,11 @@ def render() -> str:
         "Rules spanning several fields (precision per GPU, regional availability, cross-region PrivateLink",
         "pairs, AZ overlap, context length) are enforced by `fleetcast.config.rules`, each naming the path it blames.",
         "The JSON Schema itself: `fleetcast config schema`.",
+        "",
+        "*Rolls instances*: whether a change to the field gives the pools it concerns a new launch template",
+        "version, i.e. replaces their instances by instance refresh (`partly`: some of its fields do). Consumers",
+        "reach running gateways within a minute instead; sizes, scaling, alarms and allow lists are stack",
+        "settings applied in place. `fleetcast config diff OLD NEW` (or `--deployed NEW`) shows it for a change.",
         "",
     ]
     lines += _section("FleetConfig", "", schema, defs, None)

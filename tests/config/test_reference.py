@@ -52,3 +52,27 @@ def test_allowed_values_and_defaults_are_shown():
 def test_cli_prints_the_same_reference(capsys):
     assert main(["config", "docs"]) == 0
     assert capsys.readouterr().out == render()
+
+
+def test_rolls_instances_column_follows_the_instance_digest(doc):
+    """The reference's column is read from NOT_IN_INSTANCE_DIGEST; spot-check it against digests."""
+    import copy
+
+    from fleetcast.config import parse_config
+    from fleetcast.config.reference import rolls_instances
+
+    assert rolls_instances("", "consumers") == "no" and rolls_instances("", "slo") == "no"
+    assert rolls_instances("", "engine") == "yes" and rolls_instances("", "operations") == "partly"
+    assert rolls_instances("operations", "drain_timeout_s") == "yes"
+    assert rolls_instances("operations", "alarm_email") == "no"
+    assert rolls_instances("regions[].pools[]", "capacity") == "no"
+    assert rolls_instances("regions[].pools[].capacity", "min") == "no"
+    assert rolls_instances("regions[].pools[]", "instance_type") == "yes"
+    base = parse_config(doc).instance_digest("ap-northeast-2", "l40s")
+    for path, value, rolls in ((("operations", "drain_timeout_s"), 120, True),
+                               (("operations", "alarm_email"), "oncall@example.com", False),
+                               (("slo", "ttft_p99_ms"), 450, False)):
+        changed = copy.deepcopy(doc)
+        changed.setdefault(path[0], {})[path[1]] = value
+        assert (parse_config(changed).instance_digest("ap-northeast-2", "l40s") != base) is rolls, path
+        assert rolls_instances(path[0], path[1]) == ("yes" if rolls else "no")
