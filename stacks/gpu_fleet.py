@@ -146,8 +146,9 @@ class GpuFleet(Construct):
             nag.acknowledge_warning(
                 self.asg,
                 "@aws-cdk/aws-autoscaling:desiredCapacitySet",
-                "capacity.desired is set in the config on purpose (documented there): every deploy that updates "
-                "the group resets it to that size. Leave it out and the group starts at min, then scales on load.",
+                "the desired size is fixed on purpose (capacity.desired in the config, documented there; or the "
+                "single run of a bench group): every deploy that updates the group resets it to that size. Leave "
+                "it out and the group starts at min, then scales on load.",
             )
         nag.acknowledge(
             self.asg,
