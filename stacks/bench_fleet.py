@@ -22,7 +22,7 @@ from constructs import Construct
 from fleetcast.config import FleetConfig, Region
 from fleetcast.config.model import Capacity, WarmPoolSpec
 
-from .gpu_fleet import GpuFleet, InstanceInputs, asg_name
+from .gpu_fleet import GpuFleet, asg_name
 
 RESULTS_PREFIX = "bench/"
 DEFAULTS = {
@@ -48,14 +48,7 @@ class BenchFleets(Construct):
     def __init__(self, scope: Construct, construct_id: str, *, cfg: FleetConfig, region: Region, provider) -> None:
         super().__init__(scope, construct_id)
         knobs = {k: str(self.node.try_get_context(k) or v) for k, v in DEFAULTS.items()}
-        inputs = InstanceInputs(
-            model_store=provider.model_store,
-            repository=provider.image_repository.repository,
-            image_uri=provider._image_uri(cfg),
-            config_parameter=provider.bootstrap.config_parameter,
-            runtime_bundle=provider.bootstrap.runtime_bundle,
-            log_group=provider.log_group,
-        )
+        inputs = provider.instance_inputs
         self.fleets: dict[str, GpuFleet] = {}
         self.keys: dict[str, str] = {}
         for pool in region.pools:

@@ -60,7 +60,8 @@ class ProviderStack(Stack):
         )
         self._instance_egress(cfg)
 
-        inputs = InstanceInputs(
+        # What every instance of the region is given; bench groups (bench_fleet.py) reuse it.
+        self.instance_inputs = inputs = InstanceInputs(
             model_store=self.model_store,
             repository=self.image_repository.repository,
             image_uri=self._image_uri(cfg),
