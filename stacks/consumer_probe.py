@@ -44,6 +44,7 @@ from runtime.probe.userdata import render_probe_user_data
 from . import nag
 from .bench_fleet import DEFAULTS, RESULTS_PREFIX, bench_enabled
 from .bootstrap import BUNDLED_PACKAGES, REPO_ROOT
+from .gpu_fleet import asg_arn
 from .storage import private_bucket
 
 PROBE_DEFAULTS = {
@@ -214,12 +215,7 @@ class ConsumerBenchProbe(Construct):
             "BenchResultsBucketName")
 
     def _asg_arn(self) -> str:
-        return Stack.of(self).format_arn(
-            service="autoscaling",
-            resource="autoScalingGroup",
-            resource_name=f"*:autoScalingGroupName/{self.group_name}",
-            arn_format=ArnFormat.COLON_RESOURCE_NAME,
-        )
+        return asg_arn(self, self.group_name)
 
     def _role(self, error_key: str) -> iam.Role:
         role = iam.Role(

@@ -51,6 +51,16 @@ def asg_name(cfg: FleetConfig, region: Region, pool: Pool) -> str:
     return cfg.asg_name_of(region.region, pool)
 
 
+def asg_arn(scope: Construct, group_name: str) -> str:
+    """ARN of an Auto Scaling group known by name; the group id part is unknown before creation."""
+    return Stack.of(scope).format_arn(
+        service="autoscaling",
+        resource="autoScalingGroup",
+        resource_name=f"*:autoScalingGroupName/{group_name}",
+        arn_format=ArnFormat.COLON_RESOURCE_NAME,
+    )
+
+
 class GpuFleet(Construct):
     """Auto Scaling group of one GPU instance type behind the region's target group."""
 
@@ -263,12 +273,7 @@ class GpuFleet(Construct):
         ))
 
     def _asg_arn(self) -> str:
-        return Stack.of(self).format_arn(
-            service="autoscaling",
-            resource="autoScalingGroup",
-            resource_name=f"*:autoScalingGroupName/{self.asg_name}",
-            arn_format=ArnFormat.COLON_RESOURCE_NAME,
-        )
+        return asg_arn(self, self.asg_name)
 
 
 def _machine_image(region: Region) -> ec2.IMachineImage:
