@@ -27,7 +27,7 @@ _STANDARD_TIER_LIMIT = 4096
 _ADVANCED_TIER_LIMIT = 8192
 
 
-def _stage_bundle() -> Path:
+def stage_runtime_bundle() -> Path:
     """Copy the bundled packages into one directory (a CDK asset takes one path); the hash follows content."""
     staging = Path(tempfile.mkdtemp(prefix="fleetcast-runtime-bundle-"))
     ignore = shutil.ignore_patterns("__pycache__", "*.pyc", ".pytest_cache")
@@ -55,4 +55,4 @@ class InstanceBootstrap(Construct):
             string_value=config_json,
             tier=ssm.ParameterTier.ADVANCED if len(config_json) > _STANDARD_TIER_LIMIT else ssm.ParameterTier.STANDARD,
         )
-        self.runtime_bundle = s3_assets.Asset(self, "RuntimeBundle", path=str(_stage_bundle()))
+        self.runtime_bundle = s3_assets.Asset(self, "RuntimeBundle", path=str(stage_runtime_bundle()))

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import re
 import shutil
-import tempfile
 from pathlib import Path
 
 from aws_cdk import ArnFormat, CfnOutput, Duration, Fn, Stack
@@ -43,7 +42,7 @@ from runtime.probe.userdata import render_probe_user_data
 
 from . import nag
 from .bench_fleet import DEFAULTS, RESULTS_PREFIX, bench_enabled
-from .bootstrap import BUNDLED_PACKAGES, REPO_ROOT
+from .bootstrap import REPO_ROOT, stage_runtime_bundle
 from .gpu_fleet import asg_arn
 from .storage import private_bucket
 
@@ -79,10 +78,7 @@ def api_key_secret_name(scope: Construct, cfg: FleetConfig, consumer: Consumer) 
 
 def _stage_probe_bundle(wheels: list[Path]) -> Path:
     """fleetcast/ and runtime/ (as the fleet's runtime bundle) plus wheels/, in one directory for the asset."""
-    staging = Path(tempfile.mkdtemp(prefix="fleetcast-probe-bundle-"))
-    ignore = shutil.ignore_patterns("__pycache__", "*.pyc", ".pytest_cache")
-    for package in BUNDLED_PACKAGES:
-        shutil.copytree(REPO_ROOT / package, staging / package, ignore=ignore)
+    staging = stage_runtime_bundle()
     (staging / "wheels").mkdir()
     for wheel in wheels:
         shutil.copy2(wheel, staging / "wheels" / wheel.name)
