@@ -37,11 +37,11 @@ def read_stacks(out: Path) -> dict[str, dict]:
         if artifact.get("type") != STACK_ARTIFACT:
             continue
         template_file = artifact.get("properties", {}).get("templateFile", f"{name}.template.json")
-        template = json.loads((out / template_file).read_text())
+        text = (out / template_file).read_text()
         stacks[name] = {
             "environment": artifact.get("environment", "?"),
-            "resources": len(template.get("Resources", {})),
-            "template": out / template_file,
+            "resources": len(json.loads(text).get("Resources", {})),
+            "template_text": text,  # read once; the config check searches it
         }
     return stacks
 
@@ -103,7 +103,7 @@ def summarize(cfg, stacks: dict[str, dict], out: Path) -> tuple[list[str], list[
         info = stacks.get(provider_stack_name(cfg, region.region))
         marks = [config_parameter_description(cfg)] + [
             f"FLEETCAST_CONFIG_DIGEST={cfg.instance_digest(region.region, pool.name)}" for pool in region.pools]
-        if info and not all(mark in info["template"].read_text() for mark in marks):
+        if info and not all(mark in info["template_text"] for mark in marks):
             problems.append(f"stack {provider_stack_name(cfg, region.region)} was synthesized from a different config")
     return lines, problems
 
