@@ -54,6 +54,8 @@ class TestServerProcess:
                "--itl-ms", str(timings.itl_ms), "--itl-jitter-ms", str(timings.itl_jitter_ms),
                "--spike-prob", str(timings.spike_prob), "--spike-ms", str(timings.spike_ms),
                "--seed", str(timings.seed), "--fail-prob", str(timings.fail_prob)]
+        if timings.max_output_tokens is not None:
+            cmd += ["--max-output-tokens", str(timings.max_output_tokens)]
         if cpu is not None:
             cmd += ["--cpu", str(cpu)]
         if tls:

@@ -14,6 +14,7 @@ import sys
 
 from fleetcast.errors import UserError
 
+DEFAULT_REQUESTS_PER_LEVEL = 100
 _LABEL_KEYS = ("instance_type", "gpu", "precision", "region", "backend", "model", "notes", "path", "consumer")
 
 
@@ -35,7 +36,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     load.add_argument("--mix", help="traffic mix over concurrency levels, e.g. '1-16:0.8,32:0.15,64:0.05'")
     stop = run.add_argument_group("stop")
     stop.add_argument("--requests-per-level", type=int, default=None,
-                      help="requests per run (default 100 when --duration is not given)")
+                      help="requests per run (default 100 when --duration is not given); "
+                           "at least the highest --concurrency level")
     stop.add_argument("--duration", type=float, default=None, help="seconds per run (stop issuing after)")
     stop.add_argument("--warmup", type=int, default=2, help="warm-up requests before the first run, not recorded")
     shape = run.add_argument_group("request shape")
@@ -70,6 +72,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     report = actions.add_parser("report", help="plots (PNG), CSV and a self-contained HTML report from results")
     report.add_argument("results", nargs="+", help="results JSON files (several are compared)")
     report.add_argument("--out", required=True, help="output directory")
+    report.add_argument("--allow-mixed", action="store_true",
+                        help="render series of different request shapes (lengths, tokenizer, forced output) together; "
+                             "refused otherwise, since their latencies are not comparable")
     report.set_defaults(handler=_report)
 
     collect = actions.add_parser("collect", help="download results uploaded by benchmark instances from S3")
@@ -85,6 +90,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     share.add_argument("instance", metavar="INSTANCE.json", help="results measured on the serving instance")
     share.add_argument("privatelink", metavar="PRIVATELINK.json", help="results measured through PrivateLink")
     share.add_argument("--json", metavar="PATH", help="also write the comparison as JSON")
+    share.add_argument("--allow-mixed", action="store_true",
+                       help="compare files of different request shapes anyway (the deltas then mix path and shape)")
     share.set_defaults(handler=_network_share)
 
     wheels = actions.add_parser(
@@ -119,7 +126,18 @@ def _levels(args):
         raise UserError("give exactly one of --concurrency, --rate, --trace, --mix"
                         + (f" (got {', '.join('--' + g for g in given)})" if given else ""))
     if args.concurrency:
-        return [Level("concurrency", concurrency=c) for c in parse_int_list(args.concurrency, "--concurrency")]
+        levels = parse_int_list(args.concurrency, "--concurrency")
+        per_level = args.requests_per_level
+        if per_level is None and args.duration is None:
+            per_level = DEFAULT_REQUESTS_PER_LEVEL
+        if per_level is not None and args.duration is None and per_level < max(levels):
+            # N requests can never have more than N in flight: the run would carry a label it did not measure.
+            short = [c for c in levels if c > per_level]
+            raise UserError(
+                f"--requests-per-level {per_level} is below --concurrency level(s) {', '.join(map(str, short))}: "
+                f"a run of {per_level} requests never has more than {per_level} in flight; give "
+                f"--requests-per-level >= {max(levels)} (several times the level for a steady state) or drop those levels")
+        return [Level("concurrency", concurrency=c) for c in levels]
     if args.rate:
         levels = []
         for part in args.rate.split(","):
@@ -162,7 +180,7 @@ def _run(args: argparse.Namespace) -> int:
         raise UserError("--duration must be > 0 seconds")
     per_level = args.requests_per_level
     if per_level is None and args.duration is None and not args.trace:
-        per_level = 100
+        per_level = DEFAULT_REQUESTS_PER_LEVEL
     headers = {}
     for h in args.header:
         name, sep, value = h.partition(":")
@@ -213,7 +231,7 @@ def _report(args: argparse.Namespace) -> int:
     from fleetcast.bench.schema import load_results
 
     results = [load_results(p) for p in args.results]
-    index = write_report(results, Path(args.out))
+    index = write_report(results, Path(args.out), allow_mixed=args.allow_mixed, names=list(args.results))
     print(index)
     return 0
 
@@ -237,7 +255,15 @@ def _network_share(args: argparse.Namespace) -> int:
     from fleetcast.bench.network_share import check_paths, network_share, render_table, to_json
     from fleetcast.bench.schema import load_results
 
+    from fleetcast.bench.schema import mixed_shapes
+
     instance, privatelink = load_results(args.instance), load_results(args.privatelink)
+    mixed = mixed_shapes([(args.instance, instance), (args.privatelink, privatelink)])
+    if mixed and not args.allow_mixed:
+        raise UserError(f"the two files have different request shapes ({mixed}): a delta would mix the network's share "
+                        "with the shape's; run the same sweep on both paths, or pass --allow-mixed")
+    if mixed:
+        print(f"warning: different request shapes (--allow-mixed): {mixed}", file=sys.stderr)
     for warning in check_paths(instance, privatelink):
         print(f"warning: {warning}", file=sys.stderr)
     shares, only_one = network_share(instance, privatelink)

@@ -303,6 +303,42 @@ class ParsedResponse:
     # The first content event shared a late read (> LATE_READ_S after its kernel
     # time) with later content events: its true arrival may be earlier than its stamp.
     first_token_merged: bool = False
+    # What the server said about a failure: its error message (bounded), when it gave one.
+    error_detail: str | None = None
+
+
+def error_message(body: bytes | str | dict | None) -> str | None:
+    """The server's reason for a failed request, at most ERROR_DETAIL_MAX_CHARS characters.
+
+    Reads both error shapes in use: TensorRT-LLM's `ErrorResponse` puts `message` at the top
+    level (`{"object": "error", "message": ..., "type": ..., "code": 400}`,
+    tensorrt_llm/serve/openai_protocol.py), OpenAI and vLLM nest it (`{"error": {"message": ...}}`).
+    Anything else (a proxy's text or HTML page) is kept as text, whitespace collapsed."""
+    from fleetcast.bench.schema import ERROR_DETAIL_MAX_CHARS
+
+    if body is None:
+        return None
+    obj = body
+    if isinstance(body, (bytes, str)):
+        text = body.decode("utf-8", "replace") if isinstance(body, bytes) else body
+        try:
+            obj = json.loads(text)
+        except ValueError:
+            obj = text
+    if isinstance(obj, dict):
+        err = obj.get("error")
+        if isinstance(err, dict) and err.get("message"):
+            obj = err["message"]
+        elif obj.get("message"):
+            obj = obj["message"]
+        elif isinstance(err, str) and err:
+            obj = err
+        elif obj.get("detail"):  # FastAPI's default error body
+            obj = obj["detail"]
+    text = " ".join(str(obj).split())
+    if not text:
+        return None
+    return text if len(text) <= ERROR_DETAIL_MAX_CHARS else text[: ERROR_DETAIL_MAX_CHARS - 3] + "..."
 
 
 def _dechunk(body: bytes, base: int) -> tuple[bytes, list[tuple[int, int]]]:
@@ -353,7 +389,7 @@ def parse_stream(raw: RawResponse, api: str) -> ParsedResponse:
         payload = data[body_start:]
         spans = [(len(payload), body_start + len(payload))]
     if status != 200:
-        return ParsedResponse(status, [], None, None, f"http_{status}")
+        return ParsedResponse(status, [], None, None, f"http_{status}", error_detail=error_message(payload))
 
     span_ends = [s[0] for s in spans]
 
@@ -369,6 +405,7 @@ def parse_stream(raw: RawResponse, api: str) -> ParsedResponse:
     content_times: list[float] = []
     prompt_tokens = completion_tokens = None
     error = raw.error
+    detail = None
     chars = 0
     saw_done = False
     # SSE events end with a blank line; servers use either LF or CRLF line ends.
@@ -395,8 +432,9 @@ def parse_stream(raw: RawResponse, api: str) -> ParsedResponse:
             continue
         if not isinstance(obj, dict):
             continue
-        if obj.get("error"):
-            error = error or "stream_error"
+        if obj.get("error") or obj.get("object") == "error":
+            if error is None:
+                error, detail = "stream_error", error_message(obj)
             continue
         usage = obj.get("usage")
         if usage:
@@ -421,7 +459,7 @@ def parse_stream(raw: RawResponse, api: str) -> ParsedResponse:
         error = "empty_response"
     elif error is None and not saw_done:
         error = "incomplete_stream"
-    return ParsedResponse(status, content_times, prompt_tokens, completion_tokens, error, chars, merged)
+    return ParsedResponse(status, content_times, prompt_tokens, completion_tokens, error, chars, merged, detail)
 
 
 def http_json(method: str, url: str, body: dict | None, headers: dict[str, str], timeout_s: float = 60.0,

@@ -97,6 +97,7 @@ def to_record(sent: Sent, api: str, t0: float) -> Record:
         output_tokens=out_tokens if ok else len(p.content_times),
         ok=ok,
         error=None if ok else (p.error or "no_content"),
+        error_detail=None if ok else p.error_detail,
         chunk_gaps_ms=gaps,
         concurrency=sent.concurrency,
         ttft_merged=p.first_token_merged,
@@ -122,9 +123,13 @@ def summarize(
     else:
         duration, busy = 1e-9, 0.0
     errors_by_type: dict[str, int] = {}
+    error_messages: dict[str, str] = {}
     for r in records:
         if not r.ok:
-            errors_by_type[r.error or "unknown"] = errors_by_type.get(r.error or "unknown", 0) + 1
+            kind = r.error or "unknown"
+            errors_by_type[kind] = errors_by_type.get(kind, 0) + 1
+            if r.error_detail and kind not in error_messages:
+                error_messages[kind] = r.error_detail
     out_tok = sum(r.output_tokens for r in ok)
     in_tok = sum(r.input_tokens for r in ok)
     sched = []
@@ -175,4 +180,5 @@ def summarize(
         client_cpu_util=cpu_util,
         rx_timestamps="kernel" if kernel_stamps else "clock",
         ttft_merged_share=merged_share,
+        error_messages=error_messages,
     )

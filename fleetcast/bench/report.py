@@ -2,8 +2,12 @@
 file (plots embedded as base64) that can be mailed or attached to a ticket.
 
 Several results files render together, one series each (e.g. two instance
-types or precisions). Runs marked saturated are drawn hollow and flagged in
-the tables: their latencies describe the client, not the server.
+types or precisions); a series keeps its colour in every plot. Runs marked
+saturated get a red x and are flagged in the tables: their latencies describe
+the client, not the server. Throughput-latency plots draw markers only, each
+annotated with its concurrency: a line joining them in either concurrency or
+throughput order would suggest a curve the runs do not measure (throughput can
+fall as load rises, and noise reorders neighbours).
 """
 
 from __future__ import annotations
@@ -21,9 +25,41 @@ _QS = ("p50", "p90", "p95", "p99")
 
 def series_name(res: Results) -> str:
     lab = res.labels
+    modes = sorted({r.load.mode for r in res.runs} - {"concurrency"})
     parts = [p for p in (lab.instance_type or lab.gpu, lab.precision, lab.backend if lab.backend != "unknown" else None,
-                         lab.region) if p]
+                         lab.region, lab.path, lab.consumer, *modes) if p]
     return " / ".join(parts) or res.endpoint
+
+
+def series_names(results: list[Results]) -> list[str]:
+    """One distinct name per series: files whose labels coincide get #2, #3 appended."""
+    names = [series_name(r) for r in results]
+    seen: dict[str, int] = {}
+    out = []
+    for name in names:
+        seen[name] = seen.get(name, 0) + 1
+        out.append(name if names.count(name) == 1 else f"{name} #{seen[name]}")
+    return out
+
+
+def labels_text(res: Results) -> str:
+    """Labels as `key=value` pairs, the way --label takes them."""
+    return ", ".join(f"{k}={v}" for k, v in res.labels.model_dump(exclude_none=True).items())
+
+
+def slo_text(res: Results) -> str:
+    if res.slo is None:
+        return "not recorded (file older than revision 2)"
+    parts = [f"{name} <= {v:g} ms" for name, v in (("TTFT", res.slo.ttft_ms), ("ITL", res.slo.itl_ms),
+                                                    ("E2E", res.slo.e2e_ms)) if v is not None]
+    return ", ".join(parts) or "none given (goodput not computed)"
+
+
+def shape_text(res: Results) -> str:
+    shape = res.request_shape()
+    if shape is None:
+        return "no runs"
+    return shape.text() + ("" if res.request is not None else " (read from the runs' length specs)")
 
 
 def load_x(run: Run) -> float:
@@ -33,11 +69,11 @@ def load_x(run: Run) -> float:
 
 def csv_rows(results: list[Results]) -> list[dict]:
     rows = []
-    for res in results:
+    for res, name in zip(results, series_names(results)):
         for run in res.runs:
             s = run.summary
             row = {
-                "series": series_name(res), "endpoint": res.endpoint, "api": res.api,
+                "series": name, "endpoint": res.endpoint, "api": res.api,
                 **{f"label_{k}": v for k, v in res.labels.model_dump().items()},
                 "mode": run.load.mode, "concurrency": run.load.concurrency, "rate_rps": run.load.rate_rps,
                 "arrival": run.load.arrival, "input_mean": run.lengths.input_mean,
@@ -47,6 +83,8 @@ def csv_rows(results: list[Results]) -> list[dict]:
                 "request_throughput_rps": s.request_throughput_rps, "goodput_rps": s.goodput_rps,
                 "mean_concurrency": s.mean_concurrency, "saturated": s.saturated,
                 "saturation_reason": s.saturation_reason, "network_rtt_ms": s.network_rtt_ms,
+                "load_note": s.load_note, "provenance": res.provenance,
+                "errors_by_type": "; ".join(f"{k}={v}" for k, v in s.errors_by_type.items()),
             }
             for name in _STATS:
                 st = getattr(s, name)
@@ -70,30 +108,56 @@ def write_csv(results: list[Results], path: Path) -> Path:
     return Path(path)
 
 
+def _load_axis(ax, levels: list[float], xs: list[float]) -> None:
+    """Log-2 load axis whose ticks read as numbers (1, 2, 4, 8), not 2^0..2^3: the swept
+    concurrency levels, else the powers of two the measured loads span."""
+    import math
+
+    from matplotlib.ticker import FixedLocator, FuncFormatter, NullLocator
+
+    ax.set_xscale("log", base=2)
+    ticks = sorted({x for x in levels if x > 0})
+    positive = [x for x in xs if x > 0]
+    if not ticks and positive:
+        lo, hi = math.floor(math.log2(min(positive))), math.ceil(math.log2(max(positive)))
+        ticks = [2.0 ** k for k in range(lo, hi + 1)]
+    if ticks:
+        ax.xaxis.set_major_locator(FixedLocator(ticks))
+    ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _pos: f"{v:g}" if v >= 1 else f"{v:.2g}"))
+    ax.xaxis.set_minor_locator(NullLocator())
+
+
 def _plots(results: list[Results], out: Path) -> list[Path]:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    names = series_names(results)
+    # One colour per series, the same in every figure; line style tells the percentile.
+    colours = [f"C{i % 10}" for i in range(len(results))]
     paths = []
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
-    for res in results:
+    all_x: list[float] = []
+    levels = [float(r.load.concurrency) for res in results for r in res.runs if r.load.concurrency]
+    for res, name, colour in zip(results, names, colours):
         runs = sorted(res.runs, key=load_x)
         xs = [load_x(r) for r in runs]
+        all_x += xs
         for ax, metric, title in ((axes[0], "ttft_ms", "TTFT"), (axes[1], "itl_ms", "ITL")):
             for q, style in (("p50", "-o"), ("p95", "--s"), ("p99", ":^")):
                 ys = [getattr(getattr(r.summary, metric), q) for r in runs]
-                line, = ax.plot(xs, [y if y is not None else float("nan") for y in ys], style,
-                                label=f"{series_name(res)} {q}")
+                ax.plot(xs, [y if y is not None else float("nan") for y in ys], style, color=colour,
+                        label=f"{name} {q}")
                 sat = [(x, y) for x, y, r in zip(xs, ys, runs) if r.summary.saturated and y is not None]
                 if sat:
                     ax.plot(*zip(*sat), "x", color="red", markersize=10)
-            ax.set_title(f"{title} percentiles vs load (red x: client saturated)")
-            ax.set_xlabel("concurrency")
-            ax.set_ylabel("ms")
-            ax.set_xscale("log", base=2)
-            ax.grid(True, alpha=0.3)
+    for ax, title in ((axes[0], "TTFT"), (axes[1], "ITL")):
+        ax.set_title(f"{title} percentiles vs load (red x: client saturated)")
+        ax.set_xlabel("concurrency (mean concurrency for rate, trace and mix runs)")
+        ax.set_ylabel("ms")
+        _load_axis(ax, levels, all_x)
+        ax.grid(True, alpha=0.3)
     axes[0].legend(fontsize=7)
     fig.tight_layout()
     p = out / "latency_vs_concurrency.png"
@@ -102,18 +166,23 @@ def _plots(results: list[Results], out: Path) -> list[Path]:
     paths.append(p)
 
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
-    for res in results:
-        runs = sorted(res.runs, key=lambda r: r.summary.output_throughput_tps)
+    for res, name, colour in zip(results, names, colours):
+        runs = res.runs
         xs = [r.summary.output_throughput_tps for r in runs]
         for ax, metric, q in ((axes[0], "ttft_ms", "p99"), (axes[1], "itl_ms", "p50")):
             ys = [getattr(getattr(r.summary, metric), q) for r in runs]
-            ax.plot(xs, [y if y is not None else float("nan") for y in ys], "-o", label=series_name(res))
+            # Markers only (module docstring): each point is one run, labelled with its load.
+            ax.plot(xs, [y if y is not None else float("nan") for y in ys], "o", color=colour, label=name)
             for x, y, r in zip(xs, ys, runs):
-                if y is not None and r.load.concurrency:
-                    ax.annotate(str(r.load.concurrency), (x, y), fontsize=7, xytext=(3, 3), textcoords="offset points")
+                if y is None:
+                    continue
+                tag = f"c={r.load.concurrency}" if r.load.concurrency else f"~{r.summary.mean_concurrency:.1f}"
+                ax.annotate(tag, (x, y), fontsize=7, xytext=(3, 3), textcoords="offset points", color=colour)
+                if r.summary.saturated:
+                    ax.plot([x], [y], "x", color="red", markersize=10)
             ax.set_xlabel("output throughput (tokens/s)")
             ax.set_ylabel(f"{metric.split('_')[0].upper()} {q} (ms)")
-            ax.set_title(f"throughput vs {metric.split('_')[0].upper()} {q}")
+            ax.set_title(f"throughput vs {metric.split('_')[0].upper()} {q} (one marker per run, c = concurrency)")
             ax.grid(True, alpha=0.3)
     axes[0].legend(fontsize=7)
     fig.tight_layout()
@@ -132,22 +201,37 @@ def _fmt(v) -> str:
     return html.escape(str(v))
 
 
-def write_report(results: list[Results], out: Path) -> Path:
+def write_report(results: list[Results], out: Path, allow_mixed: bool = False,
+                 names: list[str] | None = None) -> Path:
+    """`names` (file paths) only word the refusal when request shapes differ and `allow_mixed` is False."""
+    from fleetcast.bench.schema import mixed_shapes
+    from fleetcast.errors import UserError
+
+    mixed = mixed_shapes(list(zip(names or series_names(results), results)))
+    if mixed and not allow_mixed:
+        raise UserError(f"the results have different request shapes, so their latencies are not comparable ({mixed}); "
+                        "compare runs of one shape, or pass --allow-mixed to put them side by side anyway")
     out.mkdir(parents=True, exist_ok=True)
     write_csv(results, out / "summary.csv")
     images = _plots(results, out)
     parts = ["<!doctype html><html><head><meta charset='utf-8'><title>fleetcast bench report</title>",
              "<style>body{font-family:sans-serif;margin:2em}table{border-collapse:collapse;font-size:13px}"
              "td,th{border:1px solid #ccc;padding:3px 6px;text-align:right}th{background:#eee}"
-             "tr.sat{background:#fdd}</style></head><body><h1>fleetcast bench report</h1>"]
+             "tr.sat{background:#fdd}.warn{background:#fdd;padding:.5em}</style></head><body><h1>fleetcast bench report</h1>"]
     for img in images:
         data = base64.b64encode(img.read_bytes()).decode()
         parts.append(f"<p><img alt='{img.stem}' src='data:image/png;base64,{data}' style='max-width:100%'></p>")
-    for res in results:
-        parts.append(f"<h2>{html.escape(series_name(res))}</h2><p>endpoint {html.escape(res.endpoint)} "
+    if mixed:
+        parts.append(f"<p class='warn'><b>Mixed request shapes</b> (--allow-mixed): {html.escape(mixed)}. "
+                     "Latencies of different shapes are not comparable.</p>")
+    for res, name in zip(results, series_names(results)):
+        synthetic = "<b>SYNTHETIC data, not a measurement.</b> " if res.provenance == "synthetic" else ""
+        parts.append(f"<h2>{html.escape(name)}</h2><p>{synthetic}endpoint {html.escape(res.endpoint)} "
                      f"({res.api}), {res.started_at:%Y-%m-%d %H:%M:%S} UTC, client {html.escape(res.client.host)} "
-                     f"({res.client.cpus} CPUs), seed {res.seed}, labels "
-                     f"{html.escape(str(res.labels.model_dump(exclude_none=True)))}</p>")
+                     f"({res.client.cpus} CPUs), seed {res.seed}</p><ul>"
+                     f"<li>labels: {html.escape(labels_text(res)) or 'none'}</li>"
+                     f"<li>request shape: {html.escape(shape_text(res))}</li>"
+                     f"<li>SLOs (goodput): {html.escape(slo_text(res))}</li></ul>")
         head = ["load", "ok/req", "TTFT p50", "TTFT p90", "TTFT p99 [95% CI]", "ITL p50", "ITL p99", "E2E p99",
                 "out tok/s", "req/s", "goodput/s", "errors", "note"]
         parts.append("<table><tr>" + "".join(f"<th>{h}</th>" for h in head) + "</tr>")
@@ -157,13 +241,15 @@ def write_report(results: list[Results], out: Path) -> Path:
                     f"{run.load.rate_rps:g} rps {run.load.arrival}" if run.load.rate_rps else run.load.mode)
             ci = f" [{_fmt(s.ttft_ms.p99_ci[0])}, {_fmt(s.ttft_ms.p99_ci[1])}]" if s.ttft_ms.p99_ci else ""
             note = "; ".join(x for x in (s.saturation_reason and "SATURATED: " + s.saturation_reason,
+                                         s.load_note and "LOAD NOT REACHED: " + s.load_note,
                                          s.ttft_ms.tail_note) if x)
-            errs = ", ".join(f"{k}: {v}" for k, v in s.errors_by_type.items()) or "0"
+            errs = ", ".join(f"{k}: {v}" + (f" ({s.error_messages[k]})" if k in s.error_messages else "")
+                             for k, v in s.errors_by_type.items()) or "0"
             cells = [load, f"{s.completed}/{s.requests}", _fmt(s.ttft_ms.p50), _fmt(s.ttft_ms.p90),
                      _fmt(s.ttft_ms.p99) + ci, _fmt(s.itl_ms.p50), _fmt(s.itl_ms.p99), _fmt(s.e2e_ms.p99),
                      _fmt(s.output_throughput_tps), _fmt(s.request_throughput_rps), _fmt(s.goodput_rps),
                      html.escape(errs), html.escape(note)]
-            cls = " class='sat'" if s.saturated else ""
+            cls = " class='sat'" if s.saturated or s.load_note else ""
             parts.append(f"<tr{cls}>" + "".join(f"<td>{c}</td>" for c in cells) + "</tr>")
         parts.append("</table>")
     parts.append("<p>Metric definitions: docs/bench.md. Latencies in ms, measured at the client.</p></body></html>")

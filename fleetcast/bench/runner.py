@@ -38,7 +38,9 @@ from fleetcast.bench.client import (
 from fleetcast.bench.distributions import IntDistribution, parse_distribution
 from fleetcast.bench.metrics import Sent, Slo, summarize, to_record
 from fleetcast.bench.prompts import PromptFactory, calibrate_from_usage
-from fleetcast.bench.schema import ClientInfo, Labels, Lengths, Load, Results, Run
+from fleetcast.bench.schema import (
+    SCHEMA_REVISION, ClientInfo, Labels, Lengths, Load, RequestShape, Results, Run, SloSpec,
+)
 from fleetcast.errors import UserError
 
 _clock = time.perf_counter
@@ -375,7 +377,8 @@ class Bench:
         failed = [s for s in sink if to_record(s, self.opts.api, 0.0).ok is False]
         if len(failed) == len(sink):
             rec = to_record(sink[0], self.opts.api, 0.0)
-            raise UserError(f"--endpoint {self.ep.url}: every warm-up request failed (first error: {rec.error})")
+            said = f": {rec.error_detail}" if rec.error_detail else ""
+            raise UserError(f"--endpoint {self.ep.url}: every warm-up request failed (first error: {rec.error}{said})")
 
     async def run_async(self) -> Results:
         opts = self.opts
@@ -393,6 +396,11 @@ class Bench:
             sink.sort(key=lambda s: s.raw.t_send)
             records = [to_record(s, opts.api, t0) for s in sink]
             summary = summarize(sink, records, opts.slo, lags, cpu, rtt, kernel_stamps)
+            if level.mode == "concurrency" and summary.requests < level.concurrency:
+                # Only possible with --duration (the CLI refuses a request count below the level).
+                summary = summary.model_copy(update={"load_note": (
+                    f"only {summary.requests} request(s) ran at concurrency {level.concurrency}: the load never "
+                    f"reached its label (mean concurrency {summary.mean_concurrency:.1f})")})
             self.log(_level_line(level, summary))
             runs.append(Run(
                 load=Load(mode=level.mode, concurrency=level.concurrency, rate_rps=level.rate_rps,
@@ -409,9 +417,17 @@ class Bench:
         labels = opts.labels
         if labels.model is None and self.model:
             labels = labels.model_copy(update={"model": self.model})
+        prompts = self.prompts.describe()
         return Results(
             labels=labels, endpoint=opts.endpoint, api=opts.api, config_hash=opts.config_hash,
             client=client_info(), started_at=started, finished_at=datetime.now(UTC), seed=opts.seed, runs=runs,
+            revision=SCHEMA_REVISION, provenance="measured",
+            slo=SloSpec(ttft_ms=opts.slo.ttft_ms, itl_ms=opts.slo.itl_ms, e2e_ms=opts.slo.e2e_ms),
+            request=RequestShape(
+                input_tokens=opts.input_tokens.spec, output_tokens=opts.output_tokens.spec,
+                input_mean=opts.input_tokens.expected(), output_mean=opts.output_tokens.expected(),
+                prompts=prompts, force_output=opts.force_output,
+            ),
         )
 
     def run(self) -> Results:
@@ -442,9 +458,11 @@ def _level_line(level: Level, s) -> str:
         v = getattr(stat, q)
         return "-" if v is None else f"{v:.1f}"
     sat = "  SATURATED: " + s.saturation_reason if s.saturated else ""
+    note = f"  NOTE: {s.load_note}" if s.load_note else ""
+    errors = "".join(f"  {kind}: {msg}" for kind, msg in s.error_messages.items())
     return (f"{_level_name(level)}: {s.completed}/{s.requests} ok, TTFT p50 {f(s.ttft_ms, 'p50')} "
             f"p99 {f(s.ttft_ms, 'p99')} ms, ITL p50 {f(s.itl_ms, 'p50')} p99 {f(s.itl_ms, 'p99')} ms, "
-            f"{s.output_throughput_tps:.0f} tok/s{sat}")
+            f"{s.output_throughput_tps:.0f} tok/s{sat}{note}{errors}")
 
 
 class _Progress:

@@ -4,6 +4,10 @@
 Compatibility rule: fields may be ADDED in v1, never renamed or removed; a
 reader ignores fields it does not know (extra="ignore"), so an older planner
 still reads a newer results file. Anything else needs "fleetcast.bench/v2".
+Each addition bumps `revision` (absent = 1), so a reader can tell "this file
+predates the field" from "the field was empty": revision 2 added `provenance`,
+`slo`, `request`, `Summary.load_note`, `Summary.error_messages` and
+`Record.error_detail`.
 
 Latency values are milliseconds, throughputs per second of wall time, times in
 `start_s` are seconds since the run's first request was sent. A `Stat` with
@@ -13,6 +17,7 @@ count 0 (e.g. every request failed) carries null for every value.
 from __future__ import annotations
 
 import json
+import re
 from datetime import datetime
 from pathlib import Path
 from typing import Literal
@@ -20,11 +25,22 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 SCHEMA_ID = "fleetcast.bench/v1"
+# The additions within v1 this code writes (see the module docstring).
+SCHEMA_REVISION = 2
+# A server's error text kept per failed request: enough for the reason, bounded so a
+# runaway body (an HTML error page, a stack trace) cannot bloat the file.
+ERROR_DETAIL_MAX_CHARS = 300
 
 Backend = Literal["tensorrt", "pytorch", "reference", "unknown"]
 Api = Literal["completions", "chat"]
 LoadMode = Literal["concurrency", "rate", "trace", "mix"]
 Arrival = Literal["poisson", "constant"]
+# Where the figures come from: a client against a server, or authored (scenario/test data).
+# The planner adds a third, "estimated", for candidates its roofline model fills in.
+Provenance = Literal["measured", "synthetic"]
+
+
+_SPEC = re.compile(r"input=(?P<input>\S+) output=(?P<output>\S+) prompts=(?P<prompts>.*?) force_output=(?P<force>\S+)")
 
 
 class _Model(BaseModel):
@@ -117,6 +133,13 @@ class Summary(_Model):
     rx_timestamps: Literal["kernel", "clock"] | None = Field(
         None, description="kernel: reads stamped with the kernel receive time (SO_TIMESTAMPNS); clock: on arrival in the loop"
     )
+    # Revision 2:
+    load_note: str | None = Field(
+        None, description="set when the run cannot have had the load its label says (fewer requests than concurrency)"
+    )
+    error_messages: dict[str, str] = Field(
+        default_factory=dict, description="per error type, the server's message for its first occurrence (bounded)"
+    )
 
 
 class Record(_Model):
@@ -136,6 +159,36 @@ class Record(_Model):
     # Added in v1: the first token was read late together with later tokens, so
     # its TTFT may be overstated by up to the merged gaps.
     ttft_merged: bool = False
+    # Revision 2: what the server said about a failure (its error message, bounded).
+    error_detail: str | None = None
+
+
+class SloSpec(_Model):
+    """The SLOs goodput was counted against (`--slo-*`); all null when none was given."""
+
+    ttft_ms: float | None = None
+    itl_ms: float | None = None
+    e2e_ms: float | None = None
+
+
+class RequestShape(_Model):
+    """What every request of the file looked like: series of different shapes are not comparable."""
+
+    input_tokens: str = Field(description="--input-tokens as given, e.g. '128' or 'normal:128,32'")
+    output_tokens: str = Field(description="--output-tokens as given")
+    input_mean: float
+    output_mean: float
+    prompts: str = Field(description="how prompt lengths were met: 'tokenizer' (exact) or the word calibration used")
+    force_output: bool = Field(description="ignore_eos/min_tokens sent, so outputs have the requested length")
+
+    def key(self) -> tuple[str, str, bool, bool]:
+        """What must match for two series to be compared: lengths, exact prompts or not, forced outputs or not."""
+        return (self.input_tokens, self.output_tokens, self.prompts == "tokenizer", self.force_output)
+
+    def text(self) -> str:
+        exact = "exact (tokenizer)" if self.prompts == "tokenizer" else f"approximate ({self.prompts})"
+        return (f"input {self.input_tokens} tokens, output {self.output_tokens} tokens, prompts {exact}, "
+                f"output length {'forced' if self.force_output else 'not forced'}")
 
 
 class Run(_Model):
@@ -156,9 +209,45 @@ class Results(_Model):
     finished_at: datetime
     seed: int
     runs: list[Run] = Field(default_factory=list)
+    # Revision 2 (absent in older files; see request_shape() for their shape):
+    revision: int = 1
+    provenance: Provenance = Field("measured", description="synthetic: authored data, not a measurement")
+    slo: SloSpec | None = None
+    request: RequestShape | None = None
+
+    def request_shape(self) -> RequestShape | None:
+        """The file's request shape; for files older than revision 2, read back from the runs' length specs."""
+        if self.request is not None:
+            return self.request
+        if not self.runs:
+            return None
+        first = self.runs[0].lengths
+        # The runner's spec: "input=A output=B prompts=WHAT force_output=BOOL[ mix=...]" (WHAT may hold spaces).
+        m = _SPEC.match(first.spec)
+        return RequestShape(
+            input_tokens=m["input"] if m else f"{first.input_mean:g}",
+            output_tokens=m["output"] if m else f"{first.output_mean:g}",
+            input_mean=first.input_mean, output_mean=first.output_mean,
+            prompts=m["prompts"] if m else "unknown", force_output=(m["force"] != "False") if m else True,
+        )
 
     def to_json(self, indent: int | None = None) -> str:
         return self.model_dump_json(by_alias=True, indent=indent)
+
+
+def mixed_shapes(named: list[tuple[str, Results]]) -> str | None:
+    """None when every file has one request shape; else a sentence naming each shape and its files.
+    Latencies of different shapes are not comparable (a 64/64 run is faster than a 128/128 one)."""
+    groups: dict[tuple, list[str]] = {}
+    texts: dict[tuple, str] = {}
+    for name, res in named:
+        shape = res.request_shape()
+        key = shape.key() if shape else ("unknown",)
+        groups.setdefault(key, []).append(name)
+        texts[key] = shape.text() if shape else "no runs"
+    if len(groups) < 2:
+        return None
+    return "; ".join(f"{', '.join(names)}: {texts[key]}" for key, names in groups.items())
 
 
 def dump_results(results: Results, path: str | Path) -> None:

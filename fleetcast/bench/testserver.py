@@ -47,6 +47,10 @@ class Timings:
     spike_ms: float = 0.0
     seed: int = 0
     fail_prob: float = 0.0  # share of generation requests answered 500, to exercise error accounting
+    # Requests whose max_tokens exceed this are refused with 400 in TensorRT-LLM's error shape
+    # (tensorrt_llm/serve/openai_protocol.py ErrorResponse: message at the top level), to
+    # exercise keeping the server's error text. None: no limit.
+    max_output_tokens: int | None = None
 
 
 @dataclass
@@ -186,6 +190,11 @@ class _Http(asyncio.Protocol):
             self._respond(400, {"error": {"message": f"bad request body: {exc}"}})
             return
         state = self.state
+        limit = state.timings.max_output_tokens
+        if limit is not None and n_out > limit:
+            self._respond(400, {"object": "error", "type": "BadRequestError", "param": None, "code": 400,
+                                "message": f"max_tokens ({n_out}) exceeds this server's limit of {limit} output tokens"})
+            return
         if req.get("stream") and state.timings.fail_prob and state.rng.random() < state.timings.fail_prob:
             self._respond(500, {"error": {"message": "injected failure", "type": "InternalServerError"}})
             return
@@ -281,13 +290,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--spike-ms", type=float, default=0.0)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--fail-prob", type=float, default=0.0, help="share of requests answered 500")
+    p.add_argument("--max-output-tokens", type=int, default=None,
+                   help="answer 400 (TensorRT-LLM's error shape) when max_tokens exceeds this")
     p.add_argument("--cpu", type=int, default=None, help="pin the server to this CPU core")
     p.add_argument("--tls-cert", help="serve HTTPS with this certificate chain (PEM)")
     p.add_argument("--tls-key", help="private key (PEM) for --tls-cert")
     a = p.parse_args(argv)
     if a.cpu is not None:
         os.sched_setaffinity(0, {a.cpu})
-    timings = Timings(a.ttft_ms, a.ttft_jitter_ms, a.itl_ms, a.itl_jitter_ms, a.spike_prob, a.spike_ms, a.seed, a.fail_prob)
+    timings = Timings(a.ttft_ms, a.ttft_jitter_ms, a.itl_ms, a.itl_jitter_ms, a.spike_prob, a.spike_ms, a.seed, a.fail_prob,
+                      a.max_output_tokens)
     scheme = "https" if a.tls_cert else "http"
     print(f"testserver on {scheme}://{a.host}:{a.port} {timings}", file=sys.stderr, flush=True)
     try:
