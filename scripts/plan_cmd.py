@@ -78,7 +78,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 def _plan(args: argparse.Namespace) -> int:
     from fleetcast.plan.report import render_terminal, to_json, write_report
     from fleetcast.plan.run import PlanOptions, build_plan
-    from fleetcast.plan.writeback import apply_plan
+    from fleetcast.plan.writeback import apply_plan, throttling_notes
 
     opts = PlanOptions(
         results=args.results, traffic=args.traffic, config=args.config, ttft_p99_ms=args.ttft_p99_ms,
@@ -103,4 +103,8 @@ def _plan(args: argparse.Namespace) -> int:
                 say(f"  {change}")
         else:
             say(f"\n{args.write_config}: already matches the plan; unchanged")
+        from fleetcast.config import load_config
+
+        for note in throttling_notes(load_config(args.write_config), result.pools):
+            say(f"  note: {note}")
     return 0 if all(p.winner for p in plans) else 3

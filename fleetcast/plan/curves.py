@@ -106,6 +106,23 @@ def _lerp(lo: LoadPoint, hi: LoadPoint, t: float, level: float) -> LoadPoint:
     )
 
 
+# What each source means, said once for every output (terminal, plan.md, plan.html, plan.json).
+SOURCE_MEANING = {
+    "measured": "",
+    "synthetic": "authored data, not measured",
+    "estimated": "by the roofline model, not measured",
+}
+
+
+def sources_text(candidates) -> str:
+    """How many candidates each source backs, e.g. '7 synthetic candidate(s) (authored data, not measured)'."""
+    counts: dict[str, int] = {}
+    for c in candidates:
+        counts[c.source] = counts.get(c.source, 0) + 1
+    return ", ".join(f"{counts[s]} {s} candidate(s)" + (f" ({SOURCE_MEANING[s]})" if SOURCE_MEANING[s] else "")
+                     for s in SOURCE_MEANING if s in counts) or "no candidates"
+
+
 @dataclass(frozen=True)
 class Candidate:
     """One instance type x precision with its curve; `estimated` when no measurement backs it."""
@@ -119,6 +136,14 @@ class Candidate:
     sources: tuple[str, ...] = ()
     input_mean: float | None = None  # lengths the curve was measured at
     output_mean: float | None = None
+    # Where the results came from (fleetcast.bench results `provenance`): "measured" or
+    # "synthetic" (authored scenario data). Estimates keep their calibration's provenance here.
+    provenance: str = "measured"
+
+    @property
+    def source(self) -> str:
+        """What backs the figures, as every plan output says it: measured, synthetic or estimated."""
+        return "estimated" if self.estimated else self.provenance
 
     @property
     def family(self) -> str:

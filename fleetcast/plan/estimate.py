@@ -34,7 +34,7 @@ from fleetcast.config import catalog
 from fleetcast.config.model import Backend, ModelFamily, Precision
 from fleetcast.errors import UserError
 
-from .curves import Candidate, Curve, LoadPoint
+from .curves import Candidate, Curve, LoadPoint, sources_text
 
 BYTES_PER_WEIGHT = {"fp16": 2.0, "bf16": 2.0, "int8_wo": 1.0, "int8_sq": 1.0, "fp8": 1.0, "int4_wo": 0.5, "nvfp4": 0.5}
 EIGHT_BIT_MATH = {"int8_sq", "fp8", "nvfp4"}  # weight-only modes dequantize and do the math in fp16
@@ -153,22 +153,26 @@ class Estimator:
             if not cand.estimated and _SAME_SPEED.get(cand.precision, cand.precision) == _SAME_SPEED.get(precision, precision) \
                     and self._gpu(cand).name == gpu.name:
                 return Candidate(instance_type, precision, cand.curve, estimated=True, backend=cand.backend,
-                                 model=cand.model, sources=(f"same {gpu.name} GPU and math width as measured {cand.label}",),
-                                 input_mean=cand.input_mean, output_mean=cand.output_mean)
+                                 model=cand.model,
+                                 sources=(f"same {gpu.name} GPU and math width as {cand.source} {cand.label}",),
+                                 input_mean=cand.input_mean, output_mean=cand.output_mean,
+                                 provenance=cand.provenance)
         i, o = self.input_tokens, self.output_tokens
         points = []
         for c in levels:
             pred = self._predict(gpu, precision, c, i, o, self.coef)
             points.append(LoadPoint(concurrency=c, ttft_p99=pred["ttft_p99"], itl_p99=pred["itl_p99"],
                                     e2e_mean=pred["e2e_mean"], output_tps=c * o / (pred["e2e_mean"] / 1000)))
+        calibration = {c.provenance for c in self.measured if not c.estimated}
         return Candidate(instance_type, precision, Curve(tuple(points), ("roofline estimate",)), estimated=True,
-                         sources=("roofline model",), input_mean=i, output_mean=o)
+                         sources=("roofline model",), input_mean=i, output_mean=o,
+                         provenance="synthetic" if "synthetic" in calibration else "measured")
 
     def describe(self) -> str:
         def pct(d: dict) -> str:
             return ", ".join(f"{m} {v:.0%}" for m, v in d.items())
-        text = f"roofline calibrated on {len([c for c in self.measured if not c.estimated])} measured candidate(s); " \
-               f"mean abs. error in sample: {pct(self.error_in_sample)}"
+        basis = sources_text([c for c in self.measured if not c.estimated])
+        text = f"roofline calibrated on {basis}; mean abs. error in sample: {pct(self.error_in_sample)}"
         if self.error_leave_one_out:
             text += f"; leave-one-candidate-out: {pct(self.error_leave_one_out)}"
         return text

@@ -8,6 +8,7 @@ same shape can override; loaders raise UserError naming the flag and field.
 from __future__ import annotations
 
 import math
+from datetime import date
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -69,8 +70,10 @@ def load_candidates(paths: list[str | Path]) -> list[Candidate]:
         if labels.precision not in allowed:
             raise UserError(f"--results: {path}: labels.precision {labels.precision!r} is not one of {', '.join(allowed)}")
         key = (labels.instance_type, labels.precision)
-        slot = grouped.setdefault(key, {"runs": [], "sources": [], "backend": labels.backend, "model": labels.model})
+        slot = grouped.setdefault(key, {"runs": [], "sources": [], "backend": labels.backend, "model": labels.model,
+                                        "provenance": set()})
         slot["sources"].append(str(path))
+        slot["provenance"].add(results.provenance)
         if slot["model"] and labels.model and slot["model"] != labels.model:
             raise UserError(f"--results: {path}: labels.model {labels.model!r} differs from {slot['model']!r} in "
                             f"{slot['sources'][0]} for the same instance type and precision")
@@ -86,6 +89,8 @@ def load_candidates(paths: list[str | Path]) -> list[Candidate]:
             instance_type=instance_type, precision=precision, curve=Curve(tuple(points), tuple(notes)),
             backend=slot["backend"], model=slot["model"], sources=tuple(slot["sources"]),
             input_mean=lengths[0], output_mean=lengths[1],
+            # One synthetic file makes the merged curve synthetic: it is no longer all measurement.
+            provenance="synthetic" if "synthetic" in slot["provenance"] else "measured",
         ))
     return out
 
@@ -141,6 +146,22 @@ def _points(runs: list) -> tuple[list[LoadPoint], list[str], tuple[float, float]
 
 
 # ---------------------------------------------------------------- prices
+
+# Past this age a dated price table is flagged in every output: AWS changes list prices.
+PRICE_MAX_AGE_DAYS = 90
+
+
+def stale_table_warning(what: str, as_of: str, today: date, update: str) -> str | None:
+    """A warning when a table dated `as_of` (ISO date first) is older than PRICE_MAX_AGE_DAYS on `today`,
+    or carries no date; None when it is recent."""
+    try:
+        dated = date.fromisoformat(as_of.split()[0][:10])
+    except (ValueError, IndexError):
+        return f"{what} carry no date ({as_of!r}): their age is unknown; {update}"
+    age = (today - dated).days
+    if age <= PRICE_MAX_AGE_DAYS:
+        return None
+    return f"{what} are {age} days old (as of {dated.isoformat()}, more than {PRICE_MAX_AGE_DAYS}): {update}"
 
 
 @dataclass

@@ -10,6 +10,7 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .curves import SOURCE_MEANING
 from .solver import Evaluation, FleetPool, RegionPlan, Slo
 
 
@@ -65,7 +66,25 @@ def _rejected_candidates(plan: RegionPlan) -> list[tuple[str, str]]:
 
 
 def _tag(ev: Evaluation) -> str:
-    return " (estimated)" if ev.candidate.estimated else ""
+    """How the candidate's figures were obtained, where that is not a measurement."""
+    source = ev.candidate.source
+    return "" if source == "measured" else f" ({source}: {SOURCE_MEANING[source]})"
+
+
+# The table columns that need words (said once: terminal, plan.md and plan.html print these).
+GLOSSARY = [
+    ("c*", "the highest measured load (requests in flight per instance) at which this candidate meets every SLO, "
+           "network included, at that level and every level below it"),
+    ("target", "the load per instance the pool scales on (the config's scaling.target, ActiveRequests): the level "
+               "at or below c* that costs least per request; traffic at higher levels is spread over more instances"),
+    ("wP99 TTFT / wP99 ITL", "traffic-weighted P99: the P99 at each traffic level (capped at target), weighted by the "
+                             "share of requests at that level; TTFT includes the network round trip"),
+    ("instances/h", "the lowest and highest instance count over the day's hours"),
+    ("goodput/inst", "requests per second per instance at target that meet every SLO ('>=' when only a lower bound "
+                     "is known, without per-request records)"),
+    ("source", "measured (fleetcast bench against a server), synthetic (authored data, not measured) or estimated "
+               "(the roofline model, not measured)"),
+]
 
 
 def _summary_line(plan: RegionPlan) -> str:
@@ -100,14 +119,15 @@ def render_terminal(result: PlanResult) -> str:
     for plan in result.regions:
         out += ["", _summary_line(plan)]
         header = ("#", "candidate", "region", "c*", "target", "instances", "$/h", "$/1M out", "$/1M in",
-                  "wP99 TTFT", "wP99 ITL", "goodput/inst")
+                  "wP99 TTFT", "wP99 ITL", "goodput/inst", "source")
         rows = [header]
         for i, ev in enumerate(_best_per_candidate(plan), 1):
             lo, _, hi = ev.capacity()
             rows.append((str(i), ev.candidate.label + ("*" if ev.candidate.estimated else ""), ev.service_region,
                          f"{ev.max_load:g}", f"{ev.target:g}", f"{lo}-{hi}", f"{ev.cost_per_hour:.2f}",
                          f"{ev.usd_per_m_output:.3f}", f"{ev.usd_per_m_input:.3f}", f"{ev.weighted_ttft_p99:.0f} ms",
-                         f"{ev.weighted_itl_p99:.1f} ms", f"{'' if ev.goodput_exact else '>='}{ev.goodput_rps:.1f} rps"))
+                         f"{ev.weighted_itl_p99:.1f} ms", f"{'' if ev.goodput_exact else '>='}{ev.goodput_rps:.1f} rps",
+                         ev.candidate.source))
         widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
         for r in rows:
             out.append("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip())
@@ -115,6 +135,8 @@ def render_terminal(result: PlanResult) -> str:
             out.append(f"-  {label}: {why}")
         if any(ev.candidate.estimated for ev in plan.ranked):
             out.append("*  estimated by the roofline model, not measured")
+        if plan is result.regions[0]:
+            out += [f"   {term}: {meaning}" for term, meaning in GLOSSARY[:3]]
         out += ["", f"Recommendation: {recommendation(plan)}"]
         rejected = {label for label, _ in _rejected_candidates(plan)}
         losers = [(label, why) for label, why in plan.why_not if label not in rejected]
@@ -147,6 +169,12 @@ def _pareto(points: list[tuple[float, float]]) -> list[int]:
     return sorted(front, key=lambda i: points[i][0])
 
 
+def _inputs_tag(evs: list[Evaluation]) -> str:
+    """A title suffix saying what the plotted figures rest on, when that is not all measurement."""
+    sources = sorted({e.candidate.source for e in evs} - {"measured"})
+    return f" [{' and '.join(sources)} inputs]" if sources else ""
+
+
 def write_plots(plan: RegionPlan, directory: Path) -> list[Path]:
     try:
         import matplotlib
@@ -163,17 +191,18 @@ def write_plots(plan: RegionPlan, directory: Path) -> list[Path]:
     if not evs:
         return paths
     region = plan.traffic.region
-    xs = [e.weighted_ttft_p99 for e in evs]
+    tag = _inputs_tag(evs)
 
     fig, ax = plt.subplots(figsize=(8, 5))
     for e in evs:
         marker = "*" if e is plan.winner else ("x" if e.candidate.estimated else "o")
         ax.scatter(e.weighted_ttft_p99, e.usd_per_m_output, marker=marker, s=140 if e is plan.winner else 40)
+        # The title names synthetic inputs; an estimate among measured points is tagged where it sits.
         ax.annotate(e.label + (" (est.)" if e.candidate.estimated else ""), (e.weighted_ttft_p99, e.usd_per_m_output),
                     fontsize=7, xytext=(4, 3), textcoords="offset points")
     ax.set_xlabel("traffic-weighted P99 TTFT incl. network (ms)")
     ax.set_ylabel("$ per 1M output tokens")
-    ax.set_title(f"Cost per token vs P99 TTFT: consumers in {region}")
+    ax.set_title(f"Cost per token vs P99 TTFT: consumers in {region}{tag}", fontsize=10)
     ax.grid(alpha=0.3)
     path = directory / f"cost_vs_ttft-{region}.png"
     fig.tight_layout()
@@ -183,16 +212,23 @@ def write_plots(plan: RegionPlan, directory: Path) -> list[Path]:
 
     pts = [(e.weighted_ttft_p99, e.cost_per_hour) for e in evs]
     front = _pareto(pts)
+    dominated = [i for i in range(len(pts)) if i not in front]
     fig, ax = plt.subplots(figsize=(8, 5))
-    ax.scatter(xs, [p[1] for p in pts], color="0.7", label="dominated")
-    ax.step([pts[i][0] for i in front], [pts[i][1] for i in front], where="post", color="C3", label="Pareto front")
-    ax.scatter([pts[i][0] for i in front], [pts[i][1] for i in front], color="C3")
-    for i in front:
-        ax.annotate(evs[i].label, pts[i], fontsize=7, xytext=(4, 3), textcoords="offset points")
+    if dominated:
+        ax.scatter([pts[i][0] for i in dominated], [pts[i][1] for i in dominated], color="0.6", label="dominated")
+    if len(front) > 1:
+        # The front as a staircase: between two front points nothing cheaper is also faster.
+        ax.step([pts[i][0] for i in front], [pts[i][1] for i in front], where="post", color="C3")
+    ax.scatter([pts[i][0] for i in front], [pts[i][1] for i in front], color="C3", s=60,
+               label="Pareto front" if len(front) > 1 else "Pareto front (one candidate: cheapest and fastest)")
+    for i in range(len(pts)):
+        ax.annotate(evs[i].label, pts[i], fontsize=7, xytext=(4, 3), textcoords="offset points",
+                    color="C3" if i in front else "0.35")
     ax.set_xlabel("traffic-weighted P99 TTFT incl. network (ms)")
     ax.set_ylabel("total cost ($/hour, day average)")
-    ax.set_title(f"Pareto front (cost vs latency): consumers in {region}")
-    ax.legend()
+    ax.set_title(f"Pareto front (cost vs latency): consumers in {region}{tag}", fontsize=10)
+    ax.margins(x=0.2, y=0.1)  # room for the labels of the outermost points
+    ax.legend(fontsize=8)
     ax.grid(alpha=0.3)
     path = directory / f"pareto-{region}.png"
     fig.tight_layout()
@@ -202,7 +238,8 @@ def write_plots(plan: RegionPlan, directory: Path) -> list[Path]:
 
     fig, ax = plt.subplots(figsize=(8, 4.5))
     hours = list(range(25))
-    for e in _best_per_candidate(plan)[:4]:
+    shown = _best_per_candidate(plan)  # every feasible candidate, at its best service region
+    for e in shown:
         ax.step(hours, e.instances_by_hour + e.instances_by_hour[-1:], where="post", label=e.label,
                 linewidth=2.5 if e is plan.winner else 1.2)
     ax2 = ax.twinx()
@@ -210,11 +247,11 @@ def write_plots(plan: RegionPlan, directory: Path) -> list[Path]:
     ax2.fill_between(hours, rps + rps[-1:], step="post", alpha=0.12, color="k")
     ax2.set_ylabel("requests/s (shaded)")
     ax2.set_ylim(0, max(rps) * 1.15 or 1)
-    ax.set_ylim(0, max(max(e.instances_by_hour) for e in plan.ranked[:4]) * 1.15)
+    ax.set_ylim(0, max(max(e.instances_by_hour) for e in shown) * 1.15)
     ax.set_xlabel("hour of day (UTC)")
     ax.set_ylabel("instances")
     ax.set_xlim(0, 24)
-    ax.set_title(f"Instances over the day: consumers in {region}")
+    ax.set_title(f"Instances over the day: consumers in {region}{tag}", fontsize=10)
     ax.legend(fontsize=7, loc="upper right", framealpha=0.9)
     path = directory / f"instances-{region}.png"
     fig.tight_layout()
@@ -236,9 +273,55 @@ def _table_rows(plan: RegionPlan) -> tuple[list[str], list[list[str]]]:
         rows.append([str(i), e.candidate.label, e.service_region, f"{e.rtt_ms:g}", f"{e.max_load:g}", f"{e.target:g}",
                      f"{lo}-{hi}", f"{e.cost_per_hour:.2f}", f"{e.usd_per_m_output:.3f}", f"{e.usd_per_m_input:.3f}",
                      f"{e.weighted_ttft_p99:.0f}", f"{e.weighted_itl_p99:.1f}",
-                     f"{'' if e.goodput_exact else '>='}{e.goodput_rps:.1f}",
-                     "estimated" if e.candidate.estimated else "measured"])
+                     f"{'' if e.goodput_exact else '>='}{e.goodput_rps:.1f}", e.candidate.source])
     return header, rows
+
+
+# The report as a list of blocks, rendered to Markdown and to HTML alike, so the two pages
+# cannot drift apart: ("h1"|"h2"|"h3"|"p"|"rec", text), ("ul", [(bold or None, text)]),
+# ("table", header, rows), ("img", path).
+Block = tuple
+
+
+def _blocks(result: PlanResult, plots: dict[str, list[Path]]) -> list[Block]:
+    blocks: list[Block] = [("h1", f"Fleetcast plan: {result.traffic_name}")]
+    head = [("Model", result.model_id or "as labelled in the results"), ("SLO", result.slo.text())]
+    head += [(None, n) for n in result.data_notes]
+    if result.estimator:
+        head.append(("Performance model", result.estimator))
+    head += [("Warning", w) for w in result.warnings]
+    blocks += [("ul", head),
+               ("p", "Method and formulas: docs/plan.md. Costs are day averages of hourly instance and fixed costs."),
+               ("h3", "Reading the tables"), ("ul", list(GLOSSARY))]
+    for plan in result.regions:
+        blocks += [("h2", f"Consumers in {plan.traffic.region}"), ("p", _summary_line(plan)),
+                   ("rec", recommendation(plan))]
+        blocks += [("h3", "Feasible candidates"), ("table", *_table_rows(plan))]
+        rejected = _rejected_candidates(plan)
+        if rejected:
+            blocks += [("h3", "Ruled out"), ("ul", rejected)]
+        rejected_labels = {label for label, _ in rejected}
+        losers = [(label, why) for label, why in plan.why_not if label not in rejected_labels]
+        if losers:
+            blocks += [("h3", "Why not the others"), ("ul", losers)]
+        if plan.peak_notes:
+            blocks += [("h3", "Peak throughput"), ("ul", [(None, n) for n in plan.peak_notes])]
+        if plan.stats_notes:
+            blocks += [("h3", "Statistical notes"), ("ul", [(None, n) for n in plan.stats_notes])]
+        if plan.winner:
+            w = plan.winner
+            rps = plan.traffic.hourly_rps()
+            blocks += [("h3", "The recommendation hour by hour (UTC)"),
+                       ("table", ["hour", "req/s", "instances", "$/h"],
+                        [[f"{h:02d}", f"{rps[h]:g}", str(w.instances_by_hour[h]), f"{w.cost_by_hour[h]:.2f}"]
+                         for h in range(24)])]
+            if w.notes:
+                blocks.append(("ul", [("note", n) for n in w.notes]))
+        blocks += [("img", path) for path in plots.get(plan.traffic.region, [])]
+    fleet = fleet_lines(result)
+    if fleet:
+        blocks += [("h2", "Fleet (what --write-config deploys)"), ("ul", [(None, line.strip()) for line in fleet])]
+    return blocks
 
 
 def _md_table(header: list[str], rows: list[list[str]]) -> list[str]:
@@ -248,41 +331,21 @@ def _md_table(header: list[str], rows: list[list[str]]) -> list[str]:
 
 
 def render_markdown(result: PlanResult, plots: dict[str, list[Path]]) -> str:
-    out = [f"# Fleetcast plan: {result.traffic_name}", "",
-           f"- Model: {result.model_id or 'as labelled in the results'}",
-           f"- SLO: {result.slo.text()}"]
-    out += [f"- {n}" for n in result.data_notes]
-    if result.estimator:
-        out.append(f"- Performance model: {result.estimator}")
-    out += [f"- Warning: {w}" for w in result.warnings]
-    out += ["", "Method and formulas: docs/plan.md. Costs are day averages of hourly instance and fixed costs.", ""]
-    for plan in result.regions:
-        out += [f"## Consumers in {plan.traffic.region}", "", _summary_line(plan), "",
-                f"**Recommendation:** {recommendation(plan)}", ""]
-        out += ["### Feasible candidates", ""] + _md_table(*_table_rows(plan)) + [""]
-        rejected = _rejected_candidates(plan)
-        if rejected:
-            out += ["### Ruled out", ""] + [f"- **{label}**: {why}" for label, why in rejected] + [""]
-        rejected_labels = {label for label, _ in rejected}
-        losers = [(label, why) for label, why in plan.why_not if label not in rejected_labels]
-        if losers:
-            out += ["### Why not the others", ""] + [f"- **{label}**: {why}" for label, why in losers] + [""]
-        if plan.peak_notes:
-            out += ["### Peak throughput", ""] + [f"- {n}" for n in plan.peak_notes] + [""]
-        if plan.stats_notes:
-            out += ["### Statistical notes", ""] + [f"- {n}" for n in plan.stats_notes] + [""]
-        if plan.winner:
-            w = plan.winner
-            rps = plan.traffic.hourly_rps()
-            out += ["### The recommendation hour by hour (UTC)", "",
-                    "| hour | req/s | instances | $/h |", "|---|---|---|---|"]
-            out += [f"| {h:02d} | {rps[h]:g} | {w.instances_by_hour[h]} | {w.cost_by_hour[h]:.2f} |" for h in range(24)]
-            out += [""] + [f"- note: {n}" for n in w.notes] + [""]
-        for path in plots.get(plan.traffic.region, []):
-            out += [f"![{path.stem}]({path.name})", ""]
-    fleet = fleet_lines(result)
-    if fleet:
-        out += ["## Fleet (what --write-config deploys)", ""] + [f"- {line.strip()}" for line in fleet] + [""]
+    out: list[str] = []
+    for block in _blocks(result, plots):
+        kind = block[0]
+        if kind in ("h1", "h2", "h3"):
+            out += [f"{'#' * int(kind[1])} {block[1]}", ""]
+        elif kind == "p":
+            out += [block[1], ""]
+        elif kind == "rec":
+            out += [f"**Recommendation:** {block[1]}", ""]
+        elif kind == "ul":
+            out += [f"- **{bold}**: {text}" if bold else f"- {text}" for bold, text in block[1]] + [""]
+        elif kind == "table":
+            out += _md_table(block[1], block[2]) + [""]
+        elif kind == "img":
+            out += [f"![{block[1].stem}]({block[1].name})", ""]
     return "\n".join(out)
 
 
@@ -291,35 +354,25 @@ def render_html(result: PlanResult, plots: dict[str, list[Path]]) -> str:
     parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>Fleetcast plan: {e(result.traffic_name)}</title>",
              "<style>body{font-family:sans-serif;max-width:1200px;margin:2em auto}table{border-collapse:collapse;font-size:13px}"
              "td,th{border:1px solid #ccc;padding:3px 6px;text-align:right}td:nth-child(2),td:nth-child(3){text-align:left}"
-             ".rec{background:#eef7ee;padding:.6em;border-left:4px solid #3a3}</style></head><body>",
-             f"<h1>Fleetcast plan: {e(result.traffic_name)}</h1><ul>",
-             f"<li>Model: {e(result.model_id or 'as labelled in the results')}</li><li>SLO: {e(result.slo.text())}</li>"]
-    parts += [f"<li>{e(n)}</li>" for n in result.data_notes]
-    if result.estimator:
-        parts.append(f"<li>Performance model: {e(result.estimator)}</li>")
-    parts += [f"<li><b>Warning:</b> {e(w)}</li>" for w in result.warnings]
-    parts.append("</ul><p>Method and formulas: docs/plan.md.</p>")
-    for plan in result.regions:
-        parts += [f"<h2>Consumers in {e(plan.traffic.region)}</h2><p>{e(_summary_line(plan))}</p>",
-                  f"<p class='rec'><b>Recommendation:</b> {e(recommendation(plan))}</p>"]
-        header, rows = _table_rows(plan)
-        parts.append("<table><tr>" + "".join(f"<th>{e(h)}</th>" for h in header) + "</tr>")
-        parts += ["<tr>" + "".join(f"<td>{e(c)}</td>" for c in r) + "</tr>" for r in rows]
-        parts.append("</table>")
-        for title, items in (("Ruled out", _rejected_candidates(plan)),
-                             ("Why not the others", [x for x in plan.why_not if x not in _rejected_candidates(plan)])):
-            if items:
-                parts.append(f"<h3>{title}</h3><ul>" + "".join(f"<li><b>{e(l)}</b>: {e(w)}</li>" for l, w in items) + "</ul>")
-        for title, items in (("Peak throughput", plan.peak_notes), ("Statistical notes", plan.stats_notes)):
-            if items:
-                parts.append(f"<h3>{title}</h3><ul>" + "".join(f"<li>{e(n)}</li>" for n in items) + "</ul>")
-        for path in plots.get(plan.traffic.region, []):
-            data = base64.b64encode(path.read_bytes()).decode()
-            parts.append(f"<p><img alt='{e(path.stem)}' src='data:image/png;base64,{data}'></p>")
-    fleet = fleet_lines(result)
-    if fleet:
-        parts.append("<h2>Fleet (what --write-config deploys)</h2><ul>" + "".join(f"<li>{e(line.strip())}</li>"
-                                                                             for line in fleet) + "</ul>")
+             ".rec{background:#eef7ee;padding:.6em;border-left:4px solid #3a3}</style></head><body>"]
+    for block in _blocks(result, plots):
+        kind = block[0]
+        if kind in ("h1", "h2", "h3"):
+            parts.append(f"<{kind}>{e(block[1])}</{kind}>")
+        elif kind == "p":
+            parts.append(f"<p>{e(block[1])}</p>")
+        elif kind == "rec":
+            parts.append(f"<p class='rec'><b>Recommendation:</b> {e(block[1])}</p>")
+        elif kind == "ul":
+            parts.append("<ul>" + "".join(f"<li><b>{e(bold)}</b>: {e(text)}</li>" if bold else f"<li>{e(text)}</li>"
+                                          for bold, text in block[1]) + "</ul>")
+        elif kind == "table":
+            parts.append("<table><tr>" + "".join(f"<th>{e(h)}</th>" for h in block[1]) + "</tr>"
+                         + "".join("<tr>" + "".join(f"<td>{e(c)}</td>" for c in r) + "</tr>" for r in block[2])
+                         + "</table>")
+        elif kind == "img":
+            data = base64.b64encode(block[1].read_bytes()).decode()
+            parts.append(f"<p><img alt='{e(block[1].stem)}' src='data:image/png;base64,{data}'></p>")
     parts.append("</body></html>")
     return "\n".join(parts)
 
@@ -328,7 +381,7 @@ def to_json(result: PlanResult) -> dict:
     def ev_json(ev: Evaluation) -> dict:
         d = {"candidate": ev.candidate.label, "instance_type": ev.candidate.instance_type,
              "precision": ev.candidate.precision, "service_region": ev.service_region,
-             "estimated": ev.candidate.estimated, "rejected": ev.rejected}
+             "estimated": ev.candidate.estimated, "source": ev.candidate.source, "rejected": ev.rejected}
         if ev.feasible:
             lo, desired, hi = ev.capacity()
             d.update(rtt_ms=ev.rtt_ms, max_load=ev.max_load, target=ev.target,

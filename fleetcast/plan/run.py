@@ -6,6 +6,7 @@ arguments and prints; tests call `build_plan` directly.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from datetime import date
 from pathlib import Path
 
 from fleetcast.config import catalog
@@ -13,7 +14,11 @@ from fleetcast.errors import UserError
 
 from .aws import live_availability, refresh_prices
 from .estimate import estimate_specs
-from .inputs import load_candidates, load_fixed_costs, load_latency, load_prices, load_quality, shipped_availability
+from .curves import sources_text
+from .inputs import (
+    load_candidates, load_fixed_costs, load_latency, load_prices, load_quality, shipped_availability,
+    stale_table_warning,
+)
 from .report import PlanResult
 from .solver import PlanContext, RegionPlan, Slo, fleet_pools, plan
 from .traffic import load_traffic
@@ -39,6 +44,8 @@ class PlanOptions:
     # Injected AWS clients (tests use botocore Stubber); None means boto3 defaults.
     pricing_client: object | None = None
     ec2_client_for: object | None = None
+    # The date price tables are aged against; None means today (tests fix it).
+    today: date | None = None
 
 
 def _expand(paths: list[str]) -> list[str]:
@@ -114,13 +121,28 @@ def build_plan(opts: PlanOptions) -> tuple[PlanResult, list[RegionPlan], PlanCon
         candidates = candidates + estimated
         estimator_text = estimator.describe()
 
+    today = opts.today or date.today()
+    for stale in (
+        stale_table_warning("on-demand prices", prices.as_of, today,
+                            "refresh them (--refresh-prices) or give current ones (--prices FILE)"),
+        stale_table_warning("fixed costs (NLB, PrivateLink, transfer)", fixed.as_of, today,
+                            "give current ones (--fixed-costs FILE) or update fleetcast/config/data/fixed_costs.yaml"),
+    ):
+        if stale:
+            warnings.append(stale)
+    synthetic = [c for c in candidates if c.provenance == "synthetic"]
+    if synthetic:
+        warnings.append(f"{len(synthetic)} of {len(candidates)} candidate(s) rest on SYNTHETIC results (authored "
+                        "data, not measurements): this plan shows the method, not a decision; benchmark the "
+                        "candidates (fleetcast bench) before acting on it")
+
     plans = plan(candidates, traffic, ctx)
     data_notes = [
         f"prices as of {prices.as_of} ({prices.source})",
         f"availability as of {availability.as_of}",
         f"network latency as of {latency.as_of} ({latency.source})",
         f"fixed costs as of {fixed.as_of}",
-        f"results: {len([c for c in candidates if not c.estimated])} measured candidate(s)",
+        f"results: {sources_text(candidates)}",
     ]
     if quality is not None:
         limit = opts.quality_threshold if opts.quality_threshold is not None else quality.threshold

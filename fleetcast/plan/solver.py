@@ -147,11 +147,11 @@ def evaluate(candidate: Candidate, traffic: ConsumerTraffic, service_region: str
     out_adjust = 0.0
     if candidate.output_mean and abs(traffic.output_mean - candidate.output_mean) >= 0.5:
         out_adjust = traffic.output_mean - candidate.output_mean
-        ev.notes.append(f"measured at {candidate.output_mean:g} output tokens, traffic averages {traffic.output_mean:g}: "
-                        "E2E rescaled by the measured mean ITL")
+        ev.notes.append(f"{candidate.source} results at {candidate.output_mean:g} output tokens, traffic averages "
+                        f"{traffic.output_mean:g}: E2E rescaled by the results' mean ITL")
     if candidate.input_mean and abs(traffic.input_mean - candidate.input_mean) > 0.25 * candidate.input_mean:
-        ev.notes.append(f"measured at {candidate.input_mean:g} input tokens, traffic averages {traffic.input_mean:g}: "
-                        "TTFT may not transfer; benchmark at the traffic's lengths")
+        ev.notes.append(f"{candidate.source} results at {candidate.input_mean:g} input tokens, traffic averages "
+                        f"{traffic.input_mean:g}: TTFT may not transfer; benchmark at the traffic's lengths")
 
     def network(p: LoadPoint) -> float:
         bench = p.bench_rtt_ms if p.bench_rtt_ms is not None else ctx.latency.same_region_ms
@@ -527,7 +527,7 @@ def _stats_notes(ranked: list[Evaluation], winner: Evaluation | None, ctx: PlanC
         return notes
     better_estimates = [e for e in ranked if e.candidate.estimated and e.rank_key() < winner.rank_key()]
     if better_estimates and not winner.candidate.estimated:
-        notes.append(f"{len(better_estimates)} estimated candidate(s) rank above the measured choice (best: "
+        notes.append(f"{len(better_estimates)} estimated candidate(s) rank above the {winner.candidate.source} choice (best: "
                      f"{better_estimates[0].label} at ${better_estimates[0].cost_per_hour:.2f}/h); the roofline model "
                      "is not a measurement: benchmark them before choosing them")
     rivals = [e for e in ranked if not e.candidate.estimated and e.candidate is not winner.candidate]

@@ -158,3 +158,34 @@ def apply_plan(path: str | Path, plans: list[RegionPlan], pools: list[FleetPool]
         raise UserError(f"--write-config: the updated config would be invalid, so {path} was left untouched:\n"
                         f"{details}") from None
     return changes
+
+
+def throttling_notes(cfg, pools: list[FleetPool]) -> list[str]:
+    """What a written scaling target means for each consumer's per-instance concurrency limit.
+
+    Target tracking holds the pool's *average* in-flight requests per instance at the target, so
+    some instances run above it; the gateway refuses a consumer's requests past its
+    `limits.max_concurrency` on an instance with 429 (docs/gateway.md, Limits). A limit at or
+    below the target therefore throttles that consumer at the planned load."""
+    notes = []
+    for fleet_pool in pools:
+        target = fleet_pool.target
+        for consumer in cfg.consumers:
+            if consumer.region not in fleet_pool.consumer_regions:
+                continue
+            limit = consumer.limits.max_concurrency
+            where = f"consumers[{consumer.name}].limits.max_concurrency"
+            if limit == target:
+                notes.append(
+                    f"{where} is {limit}, equal to the scaling.target {target:g} of {fleet_pool.service_region}: target "
+                    f"tracking keeps the average at {target:g} requests in flight per instance, so instances above the "
+                    f"average refuse {consumer.name}'s requests past {limit} with 429 (concurrency_limit_exceeded) at "
+                    f"the planned load; raise max_concurrency above the target (headroom for uneven spread and "
+                    f"scale-out delay) or accept throttling at peak")
+            elif limit < target:
+                notes.append(
+                    f"{where} is {limit}, below the scaling.target {target:g} of {fleet_pool.service_region}: "
+                    f"{consumer.name}'s requests past {limit} per instance get 429 while the instance is still under "
+                    f"its target, so the pool does not scale out for them; raise max_concurrency above the target "
+                    f"or expect {consumer.name} to be throttled rather than served")
+    return notes

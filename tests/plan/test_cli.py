@@ -30,7 +30,7 @@ def test_seed_report_in_the_terminal(capsys):
     first_row = next(l for l in lines if l.startswith("1  "))
     assert "g6e.xlarge int8_wo" in first_row and "ap-northeast-2" in first_row and "19.52" in first_row
     assert any(l.startswith("-  g7e.2xlarge fp8: ruled out: g7e is not offered in ap-northeast-2") for l in lines)
-    assert "Recommendation: g6e.xlarge int8_wo in ap-northeast-2" in out
+    assert "Recommendation: g6e.xlarge int8_wo (synthetic: authored data, not measured) in ap-northeast-2" in out
 
 
 def test_report_files_and_json(capsys, tmp_path):
@@ -42,7 +42,7 @@ def test_report_files_and_json(capsys, tmp_path):
     assert names == ["cost_vs_ttft-ap-northeast-2.png", "instances-ap-northeast-2.png", "pareto-ap-northeast-2.png",
                      "plan.html", "plan.json", "plan.md"]
     md = (rep / "plan.md").read_text()
-    assert "**Recommendation:** g6e.xlarge int8_wo in ap-northeast-2" in md
+    assert "**Recommendation:** g6e.xlarge int8_wo (synthetic: authored data, not measured) in ap-northeast-2" in md
     assert "### Ruled out" in md and "![pareto-ap-northeast-2](pareto-ap-northeast-2.png)" in md
     assert "| 09 | 180 | 17 |" in md   # evening peak hour: 17 instances
     page = (rep / "plan.html").read_text()
@@ -248,7 +248,7 @@ def test_a_cross_region_choice_is_allowed_on_the_service_side(capsys, fleet, tmp
                           str(SEED / "results" / "g5.xlarge-int8_wo.json"), "--traffic", str(traffic),
                           "--config", str(fleet), "--ttft-p99-ms", "400", "--itl-p99-ms", "40", "--prices", str(prices),
                           "--write-config", str(fleet))
-    assert "Recommendation: g6e.xlarge int8_wo in us-east-1" in out, out
+    assert "Recommendation: g6e.xlarge int8_wo (synthetic: authored data, not measured) in us-east-1" in out, out
     assert code == 0, err
     assert "regions[us-east-1].allowed_regions += eu-central-1" in out
     from fleetcast.config import load_config

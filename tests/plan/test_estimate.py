@@ -72,8 +72,8 @@ def test_measured_choice_beats_a_cheaper_estimate_and_says_so():
     assert plan.ranked[0].candidate.label == "g5.xlarge int4_wo" and plan.ranked[0].candidate.estimated
     assert plan.winner.candidate.label == "g6e.xlarge int8_wo"
     assert dict(plan.why_not)["g5.xlarge int4_wo"].startswith("estimated only: would cost $")
-    assert any("estimated candidate(s) rank above the measured choice" in n for n in plan.stats_notes)
-    assert result.estimator.startswith("roofline calibrated on 7 measured candidate(s)")
+    assert any("estimated candidate(s) rank above the synthetic choice" in n for n in plan.stats_notes)
+    assert result.estimator.startswith("roofline calibrated on 7 synthetic candidate(s) (authored data, not measured)")
 
 
 def test_write_config_refuses_an_estimated_choice(tmp_path):

@@ -12,7 +12,8 @@ tokens, and simple enough that the planner's answer can be checked by hand:
   batch 32-64 (FP8 tensor cores), g5 (A10G) misses a 300 ms P99 TTFT from
   concurrency 8, g7e (RTX PRO 6000) is fastest but offered only in US regions.
 
-Every file says so in labels.notes. Regenerate with:
+Every file says so in `provenance: synthetic` (which the planner carries into
+every output) and in labels.notes. Regenerate with:
     .venv/bin/python examples/plan/seed/make_results.py
 """
 
@@ -21,6 +22,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+# The results-file revision these files follow (fleetcast/bench/schema.py).
+SCHEMA_REVISION = 2
 LEVELS = (1, 4, 8, 16, 32, 48, 64)
 INPUT, OUTPUT = 256, 128
 
@@ -76,7 +79,7 @@ def main() -> None:
     out.mkdir(exist_ok=True)
     for instance, gpu, precision, region, itl, ttft, p99s, n in CANDIDATES:
         doc = {
-            "schema": "fleetcast.bench/v1",
+            "schema": "fleetcast.bench/v1", "revision": SCHEMA_REVISION, "provenance": "synthetic",
             "labels": {"instance_type": instance, "gpu": gpu, "precision": precision, "region": region,
                        "backend": "tensorrt", "model": "gpt2-xl",
                        "notes": "SYNTHETIC scenario data for the seed scenario (examples/plan/seed/make_results.py); "
@@ -85,6 +88,9 @@ def main() -> None:
             "client": {"host": "scenario", "cpus": 8, "python": "3.11", "fleetcast_version": "0.1.0"},
             "started_at": "2026-01-20T00:00:00Z", "finished_at": "2026-01-20T01:00:00Z", "seed": 7,
             "runs": [run(c, itl, ttft, p99, n, gpu) for c, p99 in zip(LEVELS, p99s)],
+            "slo": {"ttft_ms": None, "itl_ms": None, "e2e_ms": None},
+            "request": {"input_tokens": str(INPUT), "output_tokens": str(OUTPUT), "input_mean": INPUT,
+                        "output_mean": OUTPUT, "prompts": "none (authored figures)", "force_output": True},
         }
         (out / f"{instance}-{precision}.json").write_text(json.dumps(doc, indent=1) + "\n")
 

@@ -1,0 +1,217 @@
+"""The plan says what its inputs are (measured, synthetic, estimated) in every output, flags
+old price tables, explains its columns, and its HTML page carries everything plan.md does;
+its plots draw what they claim; --write-config says what a target equal to a consumer's
+concurrency limit means."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+from datetime import date
+from html.parser import HTMLParser
+from pathlib import Path
+
+import pytest
+
+from fleetcast.plan.inputs import PRICE_MAX_AGE_DAYS, stale_table_warning
+from fleetcast.plan.report import render_terminal, write_report
+from fleetcast.plan.run import PlanOptions, build_plan
+from scripts.cli import main
+
+from .conftest import ROOT, SEED
+
+SLO = dict(ttft_p99_ms=300, itl_p99_ms=40)
+PRICES_AS_OF = date(2026, 1, 15)  # fleetcast/config/data/instances.yaml and fixed_costs.yaml
+
+
+def seed_plan(results=None, **kw):
+    opts = PlanOptions(results=results or [str(SEED / "results")], traffic=str(SEED / "traffic-seoul.yaml"),
+                       config=None, today=kw.pop("today", PRICES_AS_OF), **SLO, **kw)
+    return build_plan(opts)
+
+
+def test_synthetic_seed_inputs_are_called_synthetic_everywhere(tmp_path):
+    result, plans, _ = seed_plan()
+    text = render_terminal(result)
+    assert "results: 7 synthetic candidate(s) (authored data, not measured)" in text
+    assert "measured candidate" not in text
+    assert "7 of 7 candidate(s) rest on SYNTHETIC results" in text
+    assert "Recommendation: g6e.xlarge int8_wo (synthetic: authored data, not measured) in ap-northeast-2" in text
+    rows = [line for line in text.splitlines() if re.match(r"\d+  ", line)]
+    assert rows and all(line.rstrip().endswith("synthetic") for line in rows)
+
+    write_report(result, tmp_path)
+    md, page = (tmp_path / "plan.md").read_text(), (tmp_path / "plan.html").read_text()
+    for doc in (md, page):
+        assert "7 synthetic candidate(s)" in doc and "measured candidate" not in doc
+    md_sources = [line.split("|")[-2].strip() for line in md.splitlines() if re.match(r"\| \d+ \| g", line)]
+    assert md_sources == ["synthetic"] * 5
+    assert "<td>measured</td>" not in page and page.count("<td>synthetic</td>") == 5
+    data = json.loads((tmp_path / "plan.json").read_text())
+    assert {e["source"] for r in data["regions"] for e in r["evaluations"]} == {"synthetic"}
+    assert any("SYNTHETIC" in w for w in data["warnings"])
+
+
+def test_measured_and_estimated_inputs_are_called_so(tmp_path):
+    # A results file without `provenance` (older than revision 2) was written by `fleetcast bench run`: measured.
+    raw = json.loads((SEED / "results" / "g6e.xlarge-int8_wo.json").read_text())
+    for key in ("provenance", "revision", "slo", "request"):
+        raw.pop(key)
+    measured = tmp_path / "measured.json"
+    measured.write_text(json.dumps(raw))
+    result, plans, _ = seed_plan([str(measured), str(SEED / "results" / "g5.xlarge-fp16.json")],
+                                 estimate=["g6e.2xlarge:int8_wo"])
+    sources = {e.candidate.label: e.candidate.source for e in plans[0].ranked}
+    assert sources == {"g6e.xlarge int8_wo": "measured", "g5.xlarge fp16": "synthetic", "g6e.2xlarge int8_wo": "estimated"}
+    assert ("results: 1 measured candidate(s), 1 synthetic candidate(s) (authored data, not measured), "
+            "1 estimated candidate(s) (by the roofline model, not measured)") in result.data_notes
+    assert result.estimator.startswith("roofline calibrated on 1 measured candidate(s), 1 synthetic candidate(s)")
+
+
+def test_price_tables_older_than_90_days_are_flagged():
+    fresh, _, _ = seed_plan(today=date(2026, 4, 15))  # 90 days after the tables' date
+    assert not any("days old" in w for w in fresh.warnings)
+    stale, _, _ = seed_plan(today=date(2026, 4, 16))
+    assert ("on-demand prices are 91 days old (as of 2026-01-15, more than 90): refresh them (--refresh-prices) "
+            "or give current ones (--prices FILE)") in stale.warnings
+    assert any(w.startswith("fixed costs (NLB, PrivateLink, transfer) are 91 days old") for w in stale.warnings)
+    assert "warning: on-demand prices are 91 days old" in render_terminal(stale)
+    assert PRICE_MAX_AGE_DAYS == 90
+    assert "carry no date" in stale_table_warning("on-demand prices", "undated", date(2026, 1, 1), "x")
+    # --refresh-prices dates its table "YYYY-MM-DD (AWS Pricing API)": today's, so not stale.
+    assert stale_table_warning("p", "2026-04-16 (AWS Pricing API)", date(2026, 4, 16), "x") is None
+
+
+class _Text(HTMLParser):
+    """Headings, list items and table rows of a page, as plain text."""
+
+    def __init__(self):
+        super().__init__()
+        self.items: list[str] = []
+        self._buf: list[str] | None = None
+        self._row: list[str] | None = None
+
+    def handle_starttag(self, tag, attrs):
+        if tag in ("h1", "h2", "h3", "li", "td", "th"):
+            self._buf = []
+        elif tag == "tr":
+            self._row = []
+        elif tag == "p" and ("class", "rec") in attrs:
+            self._buf = []
+
+    def handle_endtag(self, tag):
+        if tag in ("td", "th") and self._buf is not None:
+            self._row.append("".join(self._buf).strip())
+            self._buf = None
+        elif tag in ("h1", "h2", "h3", "li", "p") and self._buf is not None:
+            self.items.append("".join(self._buf).strip())
+            self._buf = None
+        elif tag == "tr":
+            self.items.append(" | ".join(self._row))
+            self._row = None
+
+    def handle_data(self, data):
+        if self._buf is not None:
+            self._buf.append(data)
+
+
+def _markdown_items(md: str) -> list[str]:
+    items = []
+    for line in md.splitlines():
+        if line.startswith("#"):
+            items.append(line.lstrip("#").strip())
+        elif line.startswith("- "):
+            items.append(re.sub(r"\*\*(.*?)\*\*", r"\1", line[2:]))
+        elif line.startswith("**Recommendation:**"):
+            items.append(line.replace("**", ""))
+        elif line.startswith("|") and not line.startswith("|---"):
+            items.append(" | ".join(c.strip() for c in line.strip().strip("|").split("|")))
+    return items
+
+
+def test_plan_html_has_everything_plan_md_has(tmp_path):
+    # Output 100 tokens against results at 128: the winner gets a note (E2E rescaled), which the page must carry.
+    traffic = tmp_path / "traffic.yaml"
+    traffic.write_text((SEED / "traffic-seoul.yaml").read_text().replace("output_tokens: 128", "output_tokens: 100"))
+    opts = PlanOptions(results=[str(SEED / "results")], traffic=str(traffic), config=None, today=PRICES_AS_OF,
+                       estimate=["g6e.2xlarge:int8_wo"], **SLO)
+    result, _, _ = build_plan(opts)
+    write_report(result, tmp_path)
+    md_items = _markdown_items((tmp_path / "plan.md").read_text())
+    parser = _Text()
+    parser.feed((tmp_path / "plan.html").read_text())
+    assert md_items == parser.items
+    # The parts that used to be missing from the page.
+    assert "The recommendation hour by hour (UTC)" in parser.items
+    assert any(re.match(r"09 \| 180 \| \d+ \| ", i) for i in parser.items)
+    assert any(i.startswith("note: synthetic results at 128 output tokens") for i in parser.items)
+    assert any(i.startswith("Performance model: roofline calibrated") for i in parser.items)
+
+
+def test_the_page_explains_its_columns(tmp_path):
+    result, _, _ = seed_plan()
+    write_report(result, tmp_path)
+    for doc in ((tmp_path / "plan.md").read_text(), (tmp_path / "plan.html").read_text()):
+        for term in ("c*", "target", "wP99 TTFT / wP99 ITL", "source"):
+            assert re.search(rf"<b>{re.escape(term)}</b>: |\*\*{re.escape(term)}\*\*: ", doc), term
+        assert "the highest measured load (requests in flight per instance)" in doc
+        assert "scaling.target" in doc and "traffic-weighted P99" in doc
+
+
+def _saved_figures(monkeypatch, result, tmp_path):
+    from matplotlib.figure import Figure
+
+    saved = {}
+    real = Figure.savefig
+
+    def keep(fig, path, *a, **k):
+        saved[Path(path).name] = fig
+        return real(fig, path, *a, **k)
+
+    monkeypatch.setattr(Figure, "savefig", keep)
+    write_report(result, tmp_path)
+    return saved
+
+
+@pytest.mark.parametrize("traffic", ["traffic-seoul.yaml", "traffic-us-east-1.yaml"])
+def test_plots_draw_what_they_claim(monkeypatch, tmp_path, traffic):
+    opts = PlanOptions(results=[str(SEED / "results")], traffic=str(SEED / traffic), config=None, today=PRICES_AS_OF,
+                       **SLO)
+    result, plans, _ = build_plan(opts)
+    plan = plans[0]
+    figs = _saved_figures(monkeypatch, result, tmp_path)
+    region = plan.traffic.region
+    pareto = figs[f"pareto-{region}.png"].axes[0]
+    # Every point is labelled, dominated ones included.
+    assert sorted(a.get_text() for a in pareto.texts) == sorted(e.label for e in plan.ranked)
+    legend = [t.get_text() for t in pareto.get_legend().get_texts()]
+    front_lines = [l for l in pareto.get_lines() if len(l.get_xdata()) >= 2]
+    # The legend's front is drawn: a line through two or more points, or it says the front is one point.
+    assert any(t.startswith("Pareto front") for t in legend)
+    assert front_lines or any("one candidate" in t for t in legend)
+    assert "[synthetic inputs]" in pareto.get_title()
+    instances = figs[f"instances-{region}.png"].axes[0]
+    feasible = {e.candidate.label for e in plan.ranked}
+    drawn = {l.get_label().split(" @ ")[0] for l in instances.get_lines()}
+    assert drawn == feasible
+    if region == "ap-northeast-2":
+        assert len(drawn) == 5  # the seed's five feasible candidates (the old plot drew four)
+
+
+def test_write_config_says_what_a_target_at_the_consumers_limit_means(capsys, tmp_path):
+    fleet = tmp_path / "fleet.yaml"
+    shutil.copy(ROOT / "config" / "fleet.yaml", fleet)
+    # voice-app (ap-northeast-2) allows 48 requests in flight per instance; the seed plan's target is 48.
+    code = main(["plan", "--results", str(SEED / "results"), "--traffic", str(SEED / "traffic-seoul.yaml"),
+                 "--config", str(fleet), "--ttft-p99-ms", "300", "--itl-p99-ms", "40", "--write-config", str(fleet)])
+    out = capsys.readouterr().out
+    assert code == 0
+    assert ("note: consumers[voice-app].limits.max_concurrency is 48, equal to the scaling.target 48 of "
+            "ap-northeast-2") in out
+    assert "429 (concurrency_limit_exceeded)" in out
+    # Headroom above the target: nothing to say.
+    fleet.write_text(fleet.read_text().replace("limits: {max_concurrency: 48,", "limits: {max_concurrency: 64,"))
+    main(["plan", "--results", str(SEED / "results"), "--traffic", str(SEED / "traffic-seoul.yaml"),
+          "--config", str(fleet), "--ttft-p99-ms", "300", "--itl-p99-ms", "40", "--write-config", str(fleet)])
+    assert "max_concurrency" not in capsys.readouterr().out
