@@ -210,19 +210,25 @@ def write_plots(plan: RegionPlan, directory: Path) -> list[Path]:
     plt.close(fig)
     paths.append(path)
 
-    pts = [(e.weighted_ttft_p99, e.cost_per_hour) for e in evs]
-    front = _pareto(pts)
+    all_pts = [(e.weighted_ttft_p99, e.cost_per_hour) for e in evs]
+    front_evs = [evs[i] for i in _pareto(all_pts)]
+    # Each candidate at its cheapest service region (the tables' rows), plus any other evaluation on
+    # the front; the rest (the same candidates served from costlier regions) would only hide the labels.
+    shown = front_evs + [e for e in _best_per_candidate(plan) if e not in front_evs]
+    pts = [(e.weighted_ttft_p99, e.cost_per_hour) for e in shown]
+    front = list(range(len(front_evs)))
     dominated = [i for i in range(len(pts)) if i not in front]
     fig, ax = plt.subplots(figsize=(8, 5))
     if dominated:
-        ax.scatter([pts[i][0] for i in dominated], [pts[i][1] for i in dominated], color="0.6", label="dominated")
+        ax.scatter([pts[i][0] for i in dominated], [pts[i][1] for i in dominated], color="0.6",
+                   label="dominated (each candidate at its cheapest region)")
     if len(front) > 1:
         # The front as a staircase: between two front points nothing cheaper is also faster.
         ax.step([pts[i][0] for i in front], [pts[i][1] for i in front], where="post", color="C3")
     ax.scatter([pts[i][0] for i in front], [pts[i][1] for i in front], color="C3", s=60,
                label="Pareto front" if len(front) > 1 else "Pareto front (one candidate: cheapest and fastest)")
-    for i in range(len(pts)):
-        ax.annotate(evs[i].label, pts[i], fontsize=7, xytext=(4, 3), textcoords="offset points",
+    for i, e in enumerate(shown):
+        ax.annotate(e.label, pts[i], fontsize=7, xytext=(4, 3), textcoords="offset points",
                     color="C3" if i in front else "0.35")
     ax.set_xlabel("traffic-weighted P99 TTFT incl. network (ms)")
     ax.set_ylabel("total cost ($/hour, day average)")

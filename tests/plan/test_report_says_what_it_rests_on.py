@@ -174,7 +174,7 @@ def _saved_figures(monkeypatch, result, tmp_path):
     return saved
 
 
-@pytest.mark.parametrize("traffic", ["traffic-seoul.yaml", "traffic-us-east-1.yaml"])
+@pytest.mark.parametrize("traffic", ["traffic-seoul.yaml", "traffic-us-east-1.yaml", "traffic-batch64.yaml"])
 def test_plots_draw_what_they_claim(monkeypatch, tmp_path, traffic):
     opts = PlanOptions(results=[str(SEED / "results")], traffic=str(SEED / traffic), config=None, today=PRICES_AS_OF,
                        **SLO)
@@ -183,13 +183,23 @@ def test_plots_draw_what_they_claim(monkeypatch, tmp_path, traffic):
     figs = _saved_figures(monkeypatch, result, tmp_path)
     region = plan.traffic.region
     pareto = figs[f"pareto-{region}.png"].axes[0]
-    # Every point is labelled, dominated ones included.
-    assert sorted(a.get_text() for a in pareto.texts) == sorted(e.label for e in plan.ranked)
+    # Every point drawn is labelled, dominated ones included: each candidate at its cheapest region, and the front.
+    points = [(e.weighted_ttft_p99, e.cost_per_hour) for e in plan.ranked]
+    front = {e.label for e, (x, y) in zip(plan.ranked, points)
+             if not any(x2 <= x and y2 <= y and (x2, y2) != (x, y) for x2, y2 in points)}
+    cheapest = {}
+    for e in plan.ranked:
+        cheapest.setdefault(e.candidate.label, e.label)
+    assert sorted(a.get_text() for a in pareto.texts) == sorted(front | set(cheapest.values()))
+    assert front <= {a.get_text() for a in pareto.texts if a.get_color() == "C3"}
     legend = [t.get_text() for t in pareto.get_legend().get_texts()]
     front_lines = [l for l in pareto.get_lines() if len(l.get_xdata()) >= 2]
     # The legend's front is drawn: a line through two or more points, or it says the front is one point.
     assert any(t.startswith("Pareto front") for t in legend)
-    assert front_lines or any("one candidate" in t for t in legend)
+    if len(front) > 1:  # batch-64 traffic: g5 int8_wo (cheapest) and g6e fp8 (fastest)
+        assert len(front_lines) == 1 and len(front_lines[0].get_xdata()) == len(front)
+    else:
+        assert not front_lines and any("one candidate" in t for t in legend)
     assert "[synthetic inputs]" in pareto.get_title()
     instances = figs[f"instances-{region}.png"].axes[0]
     feasible = {e.candidate.label for e in plan.ranked}
