@@ -37,6 +37,7 @@ from constructs import Construct
 
 from fleetcast.bench.probe_wheels import DEFAULT_DIR, check_wheelhouse
 from fleetcast.config import Consumer, FleetConfig
+from fleetcast.contract.outputs import ConsumerOutput
 from fleetcast.errors import UserError
 from runtime.probe.userdata import render_probe_user_data
 
@@ -208,7 +209,7 @@ class ConsumerBenchProbe(Construct):
             "are the notification.",
         )
         CfnOutput(self, "BenchResultsBucketName", value=self.results_bucket.bucket_name).override_logical_id(
-            "BenchResultsBucketName")
+            ConsumerOutput.BENCH_RESULTS_BUCKET.value)
 
     def _asg_arn(self) -> str:
         return asg_arn(self, self.group_name)
