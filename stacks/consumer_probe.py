@@ -43,8 +43,8 @@ from runtime.probe.userdata import render_probe_user_data
 
 from . import nag
 from .bench_fleet import DEFAULTS, RESULTS_PREFIX, bench_enabled
-from .bootstrap import REPO_ROOT, stage_runtime_bundle
 from .gpu_fleet import asg_arn
+from .runtime_bundle import PROBE, REPO_ROOT, stage_bundle
 from .storage import private_bucket
 
 PROBE_DEFAULTS = {
@@ -77,10 +77,10 @@ def api_key_secret_name(scope: Construct, cfg: FleetConfig, consumer: Consumer) 
     return name
 
 
-def _stage_probe_bundle(wheels: list[Path]) -> Path:
-    """fleetcast/ and runtime/ (as the fleet's runtime bundle) plus wheels/, in one directory for the asset."""
-    staging = stage_runtime_bundle()
-    (staging / "wheels").mkdir()
+def _stage_probe_bundle(outdir: str, wheels: list[Path]) -> Path:
+    """The probe's modules (runtime_bundle.PROBE) plus wheels/, in one directory for the asset."""
+    staging = stage_bundle(outdir, PROBE)
+    (staging / "wheels").mkdir(exist_ok=True)
     for wheel in wheels:
         shutil.copy2(wheel, staging / "wheels" / wheel.name)
     return staging
@@ -123,7 +123,7 @@ class ConsumerBenchProbe(Construct):
             "Benchmark figures only, written by one role to one key per run and read by the operator; a "
             "server-access-log bucket per consumer account would cost more than the data it protects.",
         )
-        self.bundle = s3_assets.Asset(self, "Bundle", path=str(_stage_probe_bundle(wheels)))
+        self.bundle = s3_assets.Asset(self, "Bundle", path=str(_stage_probe_bundle(Stack.of(self).node.root.outdir, wheels)))
 
         vpc, subnets = endpoint.vpc, endpoint.subnets
         self.security_group = ec2.SecurityGroup(
