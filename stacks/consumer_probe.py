@@ -42,7 +42,7 @@ from fleetcast.errors import UserError
 from runtime.probe.userdata import render_probe_user_data
 
 from . import nag
-from .bench_fleet import DEFAULTS, RESULTS_PREFIX, bench_enabled
+from .bench_fleet import DEFAULTS, RESULTS_PREFIX, bench_enabled, bench_knobs
 from .gpu_fleet import asg_arn
 from .runtime_bundle import PROBE, REPO_ROOT, stage_bundle
 from .storage import private_bucket
@@ -92,12 +92,10 @@ class ConsumerBenchProbe(Construct):
     def __init__(self, scope: Construct, construct_id: str, *, cfg: FleetConfig, consumer: Consumer,
                  endpoint) -> None:
         super().__init__(scope, construct_id)
-        knobs = {k: str(self.node.try_get_context(k) or v) for k, v in {**DEFAULTS, **PROBE_DEFAULTS}.items()}
+        knobs = bench_knobs(self, {**DEFAULTS, **PROBE_DEFAULTS})
         if not re.fullmatch(r"[a-z][a-z0-9-]*\.[a-z0-9]+", knobs["bench_probe_instance_type"]):
             raise UserError(f"-c bench_probe_instance_type={knobs['bench_probe_instance_type']!r}: "
                             "use an EC2 instance type such as c7i.large")
-        if not re.fullmatch(r"[A-Za-z0-9._-]{1,64}", knobs["bench_run"]):
-            raise UserError(f"-c bench_run={knobs['bench_run']!r}: use 1-64 of A-Z a-z 0-9 . _ - (an S3 key part)")
         if consumer.service_region in cfg.network.tls_certificate_arns:
             # The certificate names the provider's domain, not the endpoint's DNS name the probe calls.
             raise UserError(
