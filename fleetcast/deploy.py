@@ -17,18 +17,11 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 from fleetcast.config import FleetConfig
+from fleetcast.contract.names import consumer_stack_name, provider_stack_name
 from fleetcast.errors import UserError
 
 STEPS = ("bootstrap", "providers", "stage", "publish", "consumers", "approve", "smoke")
 TEARDOWN = ("consumers", "providers")
-
-
-def provider_stack(cfg: FleetConfig, region: str) -> str:
-    return f"{cfg.name}-provider-{region}"
-
-
-def consumer_stack(cfg: FleetConfig, name: str) -> str:
-    return f"{cfg.name}-consumer-{name}"
 
 
 @dataclass
@@ -60,12 +53,14 @@ def _cdk(*args: str) -> list[str]:
 def publish_service_names(cfg: FleetConfig, config_path: str, clients: Callable[[str, str], Any]) -> list[str]:
     """Copy each provider region's endpoint service name into its consumers' entries in the config."""
     from fleetcast.config.edit import apply_edits
-    from fleetcast.staging.aws import pick_output, stack_outputs
+    from fleetcast.contract.outputs import ProviderOutput, require_output
+    from fleetcast.staging.aws import stack_outputs
 
     names: dict[str, str] = {}
     for region in {c.service_region for c in cfg.consumers}:
-        stack = provider_stack(cfg, region)
-        names[region] = pick_output(stack_outputs(clients("cloudformation", region), stack), "servicename", stack=stack)
+        stack = provider_stack_name(cfg.name, region)
+        names[region] = require_output(stack_outputs(clients("cloudformation", region), stack),
+                                       ProviderOutput.ENDPOINT_SERVICE_NAME, stack)
     edits = [(("consumers", i, "endpoint_service_name"), names[c.service_region])
              for i, c in enumerate(cfg.consumers) if c.endpoint_service_name != names[c.service_region]]
     if edits:
@@ -77,8 +72,8 @@ def publish_service_names(cfg: FleetConfig, config_path: str, clients: Callable[
 def plan(cfg: FleetConfig, config_path: str, clients: Callable[[str, str], Any], *, steps: Sequence[str],
          trust_account: str | None = None, smoke_endpoint: str | None = None, approval: str = "broadening") -> list[Step]:
     ctx = ["-c", f"config={config_path}"]
-    providers = [provider_stack(cfg, r.region) for r in cfg.regions]
-    consumers = [consumer_stack(cfg, c.name) for c in cfg.consumers]
+    providers = [provider_stack_name(cfg.name, r.region) for r in cfg.regions]
+    consumers = [consumer_stack_name(cfg.name, c.name) for c in cfg.consumers]
     out: list[Step] = []
     for name in steps:
         if name == "bootstrap":
@@ -122,8 +117,8 @@ def plan(cfg: FleetConfig, config_path: str, clients: Callable[[str, str], Any],
 def teardown_plan(cfg: FleetConfig, config_path: str) -> list[Step]:
     """Consumers first: an endpoint service cannot be deleted while endpoints are connected to it."""
     ctx = ["-c", f"config={config_path}"]
-    consumers = [consumer_stack(cfg, c.name) for c in cfg.consumers]
-    providers = [provider_stack(cfg, r.region) for r in cfg.regions]
+    consumers = [consumer_stack_name(cfg.name, c.name) for c in cfg.consumers]
+    providers = [provider_stack_name(cfg.name, r.region) for r in cfg.regions]
     return [
         Step("consumers", "delete consumer interface endpoints", [_cdk("destroy", *ctx, "--force", *consumers)] if consumers else []),
         Step("providers", "delete fleets, NLBs and endpoint services (buckets, logs and image repositories are "

@@ -83,19 +83,23 @@ def _regions(cfg, args) -> list[str]:
 
 
 def _outputs(cfg, region, clients):
-    from fleetcast.staging.aws import provider_stack_name, stack_outputs
+    from fleetcast.contract.names import provider_stack_name
+    from fleetcast.staging.aws import stack_outputs
 
     return stack_outputs(clients("cloudformation", region), provider_stack_name(cfg.name, region))
 
 
 def _buckets(cfg, args, clients) -> dict[str, str]:
-    from fleetcast.staging.aws import parse_region_map, pick_output, provider_stack_name
+    from fleetcast.contract.names import provider_stack_name
+    from fleetcast.contract.outputs import ProviderOutput, require_output
+    from fleetcast.staging.aws import parse_region_map
 
     given = parse_region_map(args.bucket, "--bucket")
     out = {}
     for region in _regions(cfg, args):
-        out[region] = given.get(region) or pick_output(_outputs(cfg, region, clients), "bucket",
-                                                       stack=provider_stack_name(cfg.name, region))
+        out[region] = given.get(region) or require_output(_outputs(cfg, region, clients), ProviderOutput.MODEL_BUCKET,
+                                                          provider_stack_name(cfg.name, region),
+                                                          "pass --bucket REGION=NAME")
     return out
 
 
@@ -137,7 +141,9 @@ def _calibration(args: argparse.Namespace) -> int:
 def _image(args: argparse.Namespace) -> int:
     from fleetcast.config import load_config
     from fleetcast.config.edit import apply_edits
-    from fleetcast.staging.aws import parse_region_map, pick_output, provider_stack_name
+    from fleetcast.contract.names import provider_stack_name
+    from fleetcast.contract.outputs import ProviderOutput, require_output
+    from fleetcast.staging.aws import parse_region_map
     from fleetcast.staging.image import ImageTarget, single_digest, stage_codebuild, stage_local
 
     cfg = load_config(args.config)
@@ -148,8 +154,10 @@ def _image(args: argparse.Namespace) -> int:
     for region in _regions(cfg, args):
         stack = provider_stack_name(cfg.name, region)
         outputs = None if (region in repos and (region in projects or args.method == "local")) else _outputs(cfg, region, clients)
-        repo = repos.get(region) or pick_output(outputs, "repository", stack=stack)
-        project = projects.get(region) or (pick_output(outputs, "mirror", stack=stack) if args.method == "codebuild" else None)
+        repo = repos.get(region) or require_output(outputs, ProviderOutput.IMAGE_REPOSITORY, stack,
+                                                      "pass --repository REGION=URI")
+        project = projects.get(region) or (require_output(outputs, ProviderOutput.IMAGE_MIRROR_PROJECT, stack,
+                                                                   "pass --project REGION=NAME") if args.method == "codebuild" else None)
         targets.append(ImageTarget(region=region, repository_uri=repo, project=project))
     stage = stage_codebuild if args.method == "codebuild" else stage_local
     digests = stage(cfg, targets, clients, derived=not args.plain, dry_run=args.dry_run)

@@ -49,13 +49,8 @@ def read_stacks(out: Path) -> dict[str, dict]:
 def summarize(cfg, stacks: dict[str, dict], out: Path) -> tuple[list[str], list[str]]:
     """Summary lines, and problems (stacks the config implies but the assembly lacks, or the reverse)."""
     from fleetcast.config import catalog
-    from stacks.naming import (
-        config_parameter_description,
-        consumer_stack_name,
-        expected_stacks,
-        provider_stack_name,
-        skip_reason,
-    )
+    from fleetcast.contract.names import consumer_stack_name, provider_stack_name
+    from stacks.naming import config_parameter_description, expected_stacks, skip_reason
 
     lines = [f"Fleet {cfg.name}: config digest {cfg.digest()[:12]}, egress {cfg.network.egress.value}, "
              f"model {cfg.model.id}@{cfg.model.revision}, TensorRT-LLM {cfg.engine.tensorrt_llm_version}"]
@@ -71,7 +66,7 @@ def summarize(cfg, stacks: dict[str, dict], out: Path) -> tuple[list[str], list[
         listener = "TLS" if region.region in cfg.network.tls_certificate_arns else "TCP"
         vpc = getattr(region.vpc, "vpc_id", None) or f"new {region.vpc.cidr}"
         azs = ", ".join(f"{az.name} ({az.id})" for az in region.availability_zones)
-        lines.append(f"  {region.region}  [{provider_stack_name(cfg, region.region)}]")
+        lines.append(f"  {region.region}  [{provider_stack_name(cfg.name, region.region)}]")
         lines.append(f"    VPC {vpc}; AZs {azs}; listener {listener}:{cfg.engine.port}; AMI {region.ami.id}")
         cross = ", ".join(region.allowed_regions) or "none"
         lines.append(f"    principals {', '.join(region.allowed_principals)}; cross-region from {cross}")
@@ -91,7 +86,7 @@ def summarize(cfg, stacks: dict[str, dict], out: Path) -> tuple[list[str], list[
     for consumer in cfg.consumers:
         route = f"{consumer.region} -> {consumer.service_region}" + (" (cross-region)" if consumer.cross_region else "")
         reason = skip_reason(consumer)
-        where = f"skipped: {reason}" if reason else f"[{consumer_stack_name(cfg, consumer)}]"
+        where = f"skipped: {reason}" if reason else f"[{consumer_stack_name(cfg.name, consumer.name)}]"
         lines.append(f"  {consumer.name} ({consumer.account}, {route}): {where}")
 
     expected = expected_stacks(cfg)
@@ -100,11 +95,11 @@ def summarize(cfg, stacks: dict[str, dict], out: Path) -> tuple[list[str], list[
     # Launch templates carry their pool's instance digest and the config parameter names the
     # whole config's digest: a provider template without all of them came from another config.
     for region in cfg.regions:
-        info = stacks.get(provider_stack_name(cfg, region.region))
+        info = stacks.get(provider_stack_name(cfg.name, region.region))
         marks = [config_parameter_description(cfg)] + [
             f"FLEETCAST_CONFIG_DIGEST={cfg.instance_digest(region.region, pool.name)}" for pool in region.pools]
         if info and not all(mark in info["template_text"] for mark in marks):
-            problems.append(f"stack {provider_stack_name(cfg, region.region)} was synthesized from a different config")
+            problems.append(f"stack {provider_stack_name(cfg.name, region.region)} was synthesized from a different config")
     return lines, problems
 
 

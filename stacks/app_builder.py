@@ -7,11 +7,12 @@ from collections.abc import Callable
 from aws_cdk import App, Environment, Stack, Tags
 
 from fleetcast.config import FleetConfig
+from fleetcast.contract.names import consumer_stack_name, provider_stack_name
 
 from . import nag
 from .bench_fleet import BenchFleets, bench_enabled
 from .consumer import ConsumerStack
-from .naming import consumer_stack_name, provider_stack_name, skip_reason
+from .naming import skip_reason
 from .provider import ProviderStack
 
 
@@ -19,7 +20,7 @@ def build_app(cfg: FleetConfig, app: App, *, report: Callable[[str], None] = pri
     """Add every stack of the fleet to `app` (with cdk-nag registered); returns stacks by name."""
     stacks: dict[str, Stack] = {}
     for region in cfg.regions:
-        name = provider_stack_name(cfg, region.region)
+        name = provider_stack_name(cfg.name, region.region)
         stacks[name] = ProviderStack(
             app,
             name,
@@ -36,7 +37,7 @@ def build_app(cfg: FleetConfig, app: App, *, report: Callable[[str], None] = pri
         if reason:
             report(f"fleetcast: skipping consumer {consumer.name}: {reason}")
             continue
-        name = consumer_stack_name(cfg, consumer)
+        name = consumer_stack_name(cfg.name, consumer.name)
         stacks[name] = ConsumerStack(
             app,
             name,

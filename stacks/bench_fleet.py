@@ -16,11 +16,14 @@ bench_input_tokens (128), bench_output_tokens (128).
 
 from __future__ import annotations
 
+import re
+
 from aws_cdk import aws_iam as iam
 from constructs import Construct
 
 from fleetcast.config import FleetConfig, Region
 from fleetcast.config.model import Capacity, WarmPoolSpec
+from fleetcast.errors import UserError
 
 from .gpu_fleet import GpuFleet, asg_name
 
@@ -32,6 +35,26 @@ DEFAULTS = {
     "bench_input_tokens": "128",
     "bench_output_tokens": "128",
 }
+
+
+# What each `-c` knob may hold: it reaches the instance's env file, which takes no quoting.
+_KNOB_FORMS = {
+    "bench_run": (re.compile(r"[A-Za-z0-9._-]{1,64}"), "1-64 of A-Z a-z 0-9 . _ - (an S3 key part)"),
+    "bench_concurrency": (re.compile(r"[1-9][0-9]{0,4}(,[1-9][0-9]{0,4})*"),
+                          "positive integers separated by commas, no spaces (e.g. 1,2,4,8)"),
+    "bench_requests": (re.compile(r"[1-9][0-9]{0,6}"), "a positive integer"),
+    "bench_input_tokens": (re.compile(r"[1-9][0-9]{0,6}"), "a positive integer"),
+    "bench_output_tokens": (re.compile(r"[1-9][0-9]{0,6}"), "a positive integer"),
+}
+
+
+def bench_knobs(scope: Construct, defaults: dict[str, str] = DEFAULTS) -> dict[str, str]:
+    """The bench `-c` knobs with their defaults, each checked against its form (UserError naming it)."""
+    knobs = {k: str(scope.node.try_get_context(k) or v) for k, v in defaults.items()}
+    for name, (form, allowed) in _KNOB_FORMS.items():
+        if name in knobs and not form.fullmatch(knobs[name]):
+            raise UserError(f"-c {name}={knobs[name]!r}: use {allowed}")
+    return knobs
 
 
 def bench_enabled(scope: Construct) -> bool:
@@ -47,7 +70,7 @@ class BenchFleets(Construct):
 
     def __init__(self, scope: Construct, construct_id: str, *, cfg: FleetConfig, region: Region, provider) -> None:
         super().__init__(scope, construct_id)
-        knobs = {k: str(self.node.try_get_context(k) or v) for k, v in DEFAULTS.items()}
+        knobs = bench_knobs(self)
         inputs = provider.instance_inputs
         self.fleets: dict[str, GpuFleet] = {}
         self.keys: dict[str, str] = {}

@@ -7,10 +7,7 @@ small; the config digest in user data is what rolls the launch template.
 
 from __future__ import annotations
 
-import shutil
-import tempfile
-from pathlib import Path
-
+from aws_cdk import Stage
 from aws_cdk import aws_s3_assets as s3_assets
 from aws_cdk import aws_ssm as ssm
 from constructs import Construct
@@ -18,22 +15,12 @@ from constructs import Construct
 from fleetcast.config import FleetConfig
 from fleetcast.errors import UserError
 
+from .bench_fleet import bench_enabled
 from .naming import config_parameter_description
+from .runtime_bundle import BENCH, SERVING, stage_bundle
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-# Python packages the instance runs: the config model and the runtime.
-BUNDLED_PACKAGES = ("fleetcast", "runtime")
 _STANDARD_TIER_LIMIT = 4096
 _ADVANCED_TIER_LIMIT = 8192
-
-
-def stage_runtime_bundle() -> Path:
-    """Copy the bundled packages into one directory (a CDK asset takes one path); the hash follows content."""
-    staging = Path(tempfile.mkdtemp(prefix="fleetcast-runtime-bundle-"))
-    ignore = shutil.ignore_patterns("__pycache__", "*.pyc", ".pytest_cache")
-    for package in BUNDLED_PACKAGES:
-        shutil.copytree(REPO_ROOT / package, staging / package, ignore=ignore)
-    return staging
 
 
 class InstanceBootstrap(Construct):
@@ -55,4 +42,5 @@ class InstanceBootstrap(Construct):
             string_value=config_json,
             tier=ssm.ParameterTier.ADVANCED if len(config_json) > _STANDARD_TIER_LIMIT else ssm.ParameterTier.STANDARD,
         )
-        self.runtime_bundle = s3_assets.Asset(self, "RuntimeBundle", path=str(stage_runtime_bundle()))
+        bundle = BENCH if bench_enabled(self) else SERVING
+        self.runtime_bundle = s3_assets.Asset(self, "RuntimeBundle", path=str(stage_bundle(Stage.of(self).outdir, bundle)))

@@ -7,6 +7,7 @@ from aws_cdk import aws_ec2 as ec2
 from constructs import Construct
 
 from fleetcast.config import Consumer, FleetConfig
+from fleetcast.contract.outputs import ConsumerOutput
 
 from . import nag
 from .consumer_probe import ConsumerBenchProbe, probe_enabled
@@ -62,13 +63,13 @@ class ConsumerEndpoint(Construct):
             service_region=consumer.service_region if consumer.cross_region else None,
         )
         # Stable output keys: smoke tests and consumer tooling read them by name.
-        CfnOutput(self, "EndpointId", value=self.endpoint.vpc_endpoint_id).override_logical_id("EndpointId")
+        CfnOutput(self, "EndpointId", value=self.endpoint.vpc_endpoint_id).override_logical_id(ConsumerOutput.ENDPOINT_ID.value)
         CfnOutput(
             self,
             "EndpointDnsNames",
             value=Fn.join(",", self.endpoint.vpc_endpoint_dns_entries),
             description=f"hosted-zone-id:dns-name pairs; call http://<dns-name>:{port}/v1/completions",
-        ).override_logical_id("EndpointDnsEntries")
+        ).override_logical_id(ConsumerOutput.ENDPOINT_DNS_ENTRIES.value)
 
 
 class ConsumerStack(Stack):

@@ -37,13 +37,14 @@ from constructs import Construct
 
 from fleetcast.bench.probe_wheels import DEFAULT_DIR, check_wheelhouse
 from fleetcast.config import Consumer, FleetConfig
+from fleetcast.contract.outputs import ConsumerOutput
 from fleetcast.errors import UserError
 from runtime.probe.userdata import render_probe_user_data
 
 from . import nag
-from .bench_fleet import DEFAULTS, RESULTS_PREFIX, bench_enabled
-from .bootstrap import REPO_ROOT, stage_runtime_bundle
+from .bench_fleet import DEFAULTS, RESULTS_PREFIX, bench_enabled, bench_knobs
 from .gpu_fleet import asg_arn
+from .runtime_bundle import PROBE, REPO_ROOT, stage_bundle
 from .storage import private_bucket
 
 PROBE_DEFAULTS = {
@@ -76,10 +77,10 @@ def api_key_secret_name(scope: Construct, cfg: FleetConfig, consumer: Consumer) 
     return name
 
 
-def _stage_probe_bundle(wheels: list[Path]) -> Path:
-    """fleetcast/ and runtime/ (as the fleet's runtime bundle) plus wheels/, in one directory for the asset."""
-    staging = stage_runtime_bundle()
-    (staging / "wheels").mkdir()
+def _stage_probe_bundle(outdir: str, wheels: list[Path]) -> Path:
+    """The probe's modules (runtime_bundle.PROBE) plus wheels/, in one directory for the asset."""
+    staging = stage_bundle(outdir, PROBE)
+    (staging / "wheels").mkdir(exist_ok=True)
     for wheel in wheels:
         shutil.copy2(wheel, staging / "wheels" / wheel.name)
     return staging
@@ -91,12 +92,10 @@ class ConsumerBenchProbe(Construct):
     def __init__(self, scope: Construct, construct_id: str, *, cfg: FleetConfig, consumer: Consumer,
                  endpoint) -> None:
         super().__init__(scope, construct_id)
-        knobs = {k: str(self.node.try_get_context(k) or v) for k, v in {**DEFAULTS, **PROBE_DEFAULTS}.items()}
+        knobs = bench_knobs(self, {**DEFAULTS, **PROBE_DEFAULTS})
         if not re.fullmatch(r"[a-z][a-z0-9-]*\.[a-z0-9]+", knobs["bench_probe_instance_type"]):
             raise UserError(f"-c bench_probe_instance_type={knobs['bench_probe_instance_type']!r}: "
                             "use an EC2 instance type such as c7i.large")
-        if not re.fullmatch(r"[A-Za-z0-9._-]{1,64}", knobs["bench_run"]):
-            raise UserError(f"-c bench_run={knobs['bench_run']!r}: use 1-64 of A-Z a-z 0-9 . _ - (an S3 key part)")
         if consumer.service_region in cfg.network.tls_certificate_arns:
             # The certificate names the provider's domain, not the endpoint's DNS name the probe calls.
             raise UserError(
@@ -122,7 +121,7 @@ class ConsumerBenchProbe(Construct):
             "Benchmark figures only, written by one role to one key per run and read by the operator; a "
             "server-access-log bucket per consumer account would cost more than the data it protects.",
         )
-        self.bundle = s3_assets.Asset(self, "Bundle", path=str(_stage_probe_bundle(wheels)))
+        self.bundle = s3_assets.Asset(self, "Bundle", path=str(_stage_probe_bundle(Stack.of(self).node.root.outdir, wheels)))
 
         vpc, subnets = endpoint.vpc, endpoint.subnets
         self.security_group = ec2.SecurityGroup(
@@ -208,7 +207,7 @@ class ConsumerBenchProbe(Construct):
             "are the notification.",
         )
         CfnOutput(self, "BenchResultsBucketName", value=self.results_bucket.bucket_name).override_logical_id(
-            "BenchResultsBucketName")
+            ConsumerOutput.BENCH_RESULTS_BUCKET.value)
 
     def _asg_arn(self) -> str:
         return asg_arn(self, self.group_name)

@@ -19,6 +19,7 @@ from aws_cdk import aws_sns as sns
 from constructs import Construct
 
 from fleetcast.config import FleetConfig, Region
+from fleetcast.contract.outputs import ProviderOutput
 
 HEALTH_PATH = "/health"
 CONNECTION_EVENTS = ("Connect", "Accept", "Reject", "Delete")
@@ -137,7 +138,7 @@ class EndpointService(Construct):
         # Stable output keys: deploy and connection tooling read them by name.
         CfnOutput(self, "ServiceName", value=self.endpoint_service.vpc_endpoint_service_name,
                   description="endpoint_service_name for this region's consumers in the config"
-                  ).override_logical_id("EndpointServiceName")
+                  ).override_logical_id(ProviderOutput.ENDPOINT_SERVICE_NAME.value)
         CfnOutput(self, "ServiceId", value=self.endpoint_service.vpc_endpoint_service_id,
                   description="Endpoint service id (fleetcast connections approve/reject)"
-                  ).override_logical_id("EndpointServiceId")
+                  ).override_logical_id(ProviderOutput.ENDPOINT_SERVICE_ID.value)

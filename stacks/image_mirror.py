@@ -25,6 +25,8 @@ from aws_cdk import aws_logs as logs
 from aws_cdk import aws_s3_assets as s3_assets
 from constructs import Construct
 
+from fleetcast.contract.outputs import ProviderOutput
+
 from . import nag
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -118,5 +120,6 @@ class ImageMirror(Construct):
         ):
             nag.acknowledge(self.project, f"AwsSolutions-IAM5[Resource::{resource}]",
                             "CodeBuild's default log-stream and report-group grants, limited to this project's name.")
-        CfnOutput(self, "ImageMirrorProject", value=self.project.project_name,
-                  description="CodeBuild project run by `fleetcast stage image`")
+        CfnOutput(self, ProviderOutput.IMAGE_MIRROR_PROJECT.value, value=self.project.project_name,
+                  description="CodeBuild project run by `fleetcast stage image`",
+                  ).override_logical_id(ProviderOutput.IMAGE_MIRROR_PROJECT.value)

@@ -3,14 +3,7 @@
 from __future__ import annotations
 
 from fleetcast.config import Consumer, FleetConfig
-
-
-def provider_stack_name(cfg: FleetConfig, region: str) -> str:
-    return f"{cfg.name}-provider-{region}"
-
-
-def consumer_stack_name(cfg: FleetConfig, consumer: Consumer) -> str:
-    return f"{cfg.name}-consumer-{consumer.name}"
+from fleetcast.contract.names import consumer_stack_name, provider_stack_name
 
 
 def skip_reason(consumer: Consumer) -> str | None:
@@ -25,8 +18,8 @@ def skip_reason(consumer: Consumer) -> str | None:
 
 def expected_stacks(cfg: FleetConfig) -> list[str]:
     """Every stack the app builds for `cfg`, providers first."""
-    names = [provider_stack_name(cfg, r.region) for r in cfg.regions]
-    names += [consumer_stack_name(cfg, c) for c in cfg.consumers if skip_reason(c) is None]
+    names = [provider_stack_name(cfg.name, r.region) for r in cfg.regions]
+    names += [consumer_stack_name(cfg.name, c.name) for c in cfg.consumers if skip_reason(c) is None]
     return names
 
 

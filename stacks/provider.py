@@ -8,6 +8,7 @@ from constructs import Construct
 
 from fleetcast.config import EgressMode, FleetConfig, Region
 from fleetcast.connections.review import FLEET_TAG
+from fleetcast.contract.outputs import ProviderOutput
 from fleetcast.staging.image import image_tag
 
 from .bootstrap import InstanceBootstrap
@@ -114,14 +115,14 @@ class ProviderStack(Stack):
     def _outputs(self) -> None:
         """Stable output keys for staging (`fleetcast stage`) and operators."""
         outputs = {
-            "ModelBucketName": self.model_store.bucket.bucket_name,
-            "ImageRepositoryUri": self.image_repository.repository.repository_uri,
-            "ConfigParameterName": self.bootstrap.config_parameter.parameter_name,
-            "NotificationTopicArn": self.notifications.topic.topic_arn,
-            "InstanceLogGroupName": self.log_group.log_group_name,
+            ProviderOutput.MODEL_BUCKET: self.model_store.bucket.bucket_name,
+            ProviderOutput.IMAGE_REPOSITORY: self.image_repository.repository.repository_uri,
+            ProviderOutput.CONFIG_PARAMETER: self.bootstrap.config_parameter.parameter_name,
+            ProviderOutput.NOTIFICATION_TOPIC: self.notifications.topic.topic_arn,
+            ProviderOutput.INSTANCE_LOG_GROUP: self.log_group.log_group_name,
         }
         for key, value in outputs.items():
-            CfnOutput(self, key, value=value)
+            CfnOutput(self, key.value, value=value)
 
     @property
     def availability_zones(self) -> list[str]:

@@ -11,10 +11,10 @@ from .aws import (
     iam_action,
 )
 from .policy import account_of, allowed_accounts
-from .review import FLEET_TAG, SERVICE_ID_OUTPUT, Connection, Reviewer, ServiceRef, provider_stack_name
+from .review import FLEET_TAG, SERVICE_ID_OUTPUT, Connection, Reviewer, ServiceRef
 
 __all__ = [
     "Access", "AuditLog", "AuditRecord", "AwsCallError", "Connection", "EXIT_AWS", "EXIT_DENIED", "EXIT_INPUT",
     "EXIT_OK", "EXIT_REFUSED", "EXIT_USAGE", "FLEET_TAG", "PermissionDenied", "Reviewer", "SERVICE_ID_OUTPUT",
-    "ServiceRef", "account_of", "allowed_accounts", "iam_action", "provider_stack_name",
+    "ServiceRef", "account_of", "allowed_accounts", "iam_action",
 ]

@@ -26,6 +26,8 @@ from datetime import datetime
 from typing import IO
 
 from fleetcast.config import FleetConfig
+from fleetcast.contract.names import provider_stack_name
+from fleetcast.contract.outputs import ProviderOutput
 from fleetcast.errors import UserError
 
 from .audit import AuditLog, AuditRecord
@@ -38,7 +40,7 @@ SERVICE_ID = re.compile(r"^vpce-svc-[0-9a-f]{8}([0-9a-f]{9})?$")
 # Tag and output key through which the provider stack makes its endpoint
 # service findable (see stacks/provider_stack.py).
 FLEET_TAG = "fleetcast:fleet"
-SERVICE_ID_OUTPUT = "EndpointServiceId"  # stacks/endpoint_service.py
+SERVICE_ID_OUTPUT = ProviderOutput.ENDPOINT_SERVICE_ID.value
 
 PENDING = "pendingAcceptance"
 AVAILABLE = "available"
@@ -48,10 +50,6 @@ _STATES = {s.lower(): s for s in (PENDING, "pending", AVAILABLE, "deleting", "de
                                    "expired", "partial")}
 
 BATCH = 50  # endpoint ids per Accept/Reject call
-
-
-def provider_stack_name(cfg: FleetConfig, region: str) -> str:
-    return f"{cfg.name}-provider-{region}"
 
 
 @dataclass(frozen=True)
@@ -158,7 +156,7 @@ class Reviewer:
 
     def find_service(self, region: str) -> ServiceRef:
         """The region's endpoint service: the provider stack's output, else the fleet tag."""
-        stack = provider_stack_name(self.cfg, region)
+        stack = provider_stack_name(self.cfg.name, region)
         stack_problem = ""
         try:
             described = self.access.call("cloudformation", region, "DescribeStacks", StackName=stack)

@@ -7,10 +7,6 @@ from typing import Any
 from fleetcast.errors import UserError
 
 
-def provider_stack_name(fleet: str, region: str) -> str:
-    return f"{fleet}-provider-{region}"
-
-
 def stack_outputs(cfn: Any, stack_name: str) -> dict[str, str]:
     try:
         stacks = cfn.describe_stacks(StackName=stack_name)["Stacks"]
@@ -22,15 +18,6 @@ def stack_outputs(cfn: Any, stack_name: str) -> dict[str, str]:
                             f"stacks first (`npx cdk deploy {stack_name}`) or pass --bucket REGION=NAME") from None
         raise UserError(f"cannot read stack {stack_name} ({code}: {message})") from None
     return {o["OutputKey"]: o["OutputValue"] for o in stacks[0].get("Outputs", [])}
-
-
-def pick_output(outputs: dict[str, str], *needles: str, stack: str) -> str:
-    """The one output whose key contains every needle (case-insensitive)."""
-    hits = [v for k, v in outputs.items() if all(n.lower() in k.lower() for n in needles)]
-    if len(hits) != 1:
-        raise UserError(f"stack {stack} has {len(hits)} outputs matching {'+'.join(needles)} "
-                        f"(outputs: {', '.join(sorted(outputs)) or 'none'}); pass the value explicitly")
-    return hits[0]
 
 
 def parse_region_map(values: list[str] | None, flag: str) -> dict[str, str]:

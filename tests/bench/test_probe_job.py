@@ -52,7 +52,7 @@ def aws(moto_endpoint):
 def test_probe_job_runs_from_the_bundle_alone_uploads_and_scales_its_group_to_zero(fast_server, aws, tmp_path):
     url, s3, autoscaling = aws
     wheels = real_wheels()
-    staged = _stage_probe_bundle(wheels or [])
+    staged = _stage_probe_bundle(str(tmp_path / "assembly"), wheels or [])
     bundle = Path(shutil.make_archive(str(tmp_path / "bundle"), "zip", staged))
     opt, deps = tmp_path / "opt" / "fleetcast", tmp_path / "opt" / "fleetcast-deps"
     zipfile.ZipFile(bundle).extractall(opt)

@@ -9,6 +9,7 @@ import pytest
 from botocore.stub import Stubber
 
 from fleetcast.config import load_config
+from fleetcast.contract.outputs import ProviderOutput
 from fleetcast.deploy import STEPS, execute, plan, publish_service_names, teardown_plan
 from fleetcast.errors import UserError
 
@@ -78,8 +79,9 @@ def test_publish_writes_service_names_into_the_consumers(tmp_path, cfg):
         stub.add_response("describe_stacks", {"Stacks": [{
             "StackName": f"fleetcast-provider-{region}", "CreationTime": "2026-01-01T00:00:00Z",
             "StackStatus": "CREATE_COMPLETE",
-            "Outputs": [{"OutputKey": "ServiceServiceNameA1B2C3", "OutputValue": name},
-                        {"OutputKey": "ServiceServiceIdD4E5F6", "OutputValue": "vpce-svc-0123456789abcdef0"}]}]},
+            "Outputs": [{"OutputKey": ProviderOutput.ENDPOINT_SERVICE_NAME.value, "OutputValue": name},
+                        {"OutputKey": ProviderOutput.ENDPOINT_SERVICE_ID.value,
+                         "OutputValue": "vpce-svc-0123456789abcdef0"}]}]},
             {"StackName": f"fleetcast-provider-{region}"})
         stub.activate()
         stubs[region] = client

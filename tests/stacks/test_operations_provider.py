@@ -15,7 +15,8 @@ from aws_cdk.assertions import Match, Template
 
 from fleetcast import telemetry
 from fleetcast.config import config_from_json, load_config
-from stacks.app_builder import build_app, cdk_json_context, provider_stack_name
+from fleetcast.contract.names import provider_stack_name
+from stacks.app_builder import build_app, cdk_json_context
 from stacks.fleet_lifecycle import TERMINATE_HOOK_MARGIN_S
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -28,7 +29,7 @@ def templates(tmp_path_factory) -> dict[str, tuple[Template, object]]:
     app = App(context=cdk_json_context(), outdir=str(tmp_path_factory.mktemp("cdk.out")))
     stacks = build_app(CFG, app, report=lambda _msg: None)
     app.synth()  # cdk-nag runs here: an unacknowledged finding fails synthesis
-    return {r: (Template.from_stack(stacks[provider_stack_name(CFG, r)]), stacks[provider_stack_name(CFG, r)])
+    return {r: (Template.from_stack(stacks[provider_stack_name(CFG.name, r)]), stacks[provider_stack_name(CFG.name, r)])
             for r in REGIONS}
 
 
@@ -138,11 +139,11 @@ def test_every_operations_option_passes_cdk_nag_and_cfn_lint(tmp_path):
     app = App(context=cdk_json_context(), outdir=str(tmp_path / "cdk.out"))
     build_app(cfg, app, report=lambda _msg: None)
     assembly = app.synth()  # raises on any cdk-nag finding
-    templates = [str(tmp_path / "cdk.out" / f"{provider_stack_name(cfg, r)}.template.json") for r in REGIONS]
+    templates = [str(tmp_path / "cdk.out" / f"{provider_stack_name(cfg.name, r)}.template.json") for r in REGIONS]
     lint = subprocess.run([str(Path(sys.executable).with_name("cfn-lint")), *templates], cwd=ROOT, capture_output=True, text=True,
                           timeout=240)
     assert lint.returncode == 0, lint.stdout + lint.stderr
     seoul_template = json.loads(Path(templates[0]).read_text())
     types = [r["Type"] for r in seoul_template["Resources"].values()]
     assert types.count("AWS::AutoScaling::ScheduledAction") == 2 and "AWS::SNS::Subscription" in types
-    assert assembly.get_stack_by_name(provider_stack_name(cfg, REGIONS[1])) is not None
+    assert assembly.get_stack_by_name(provider_stack_name(cfg.name, REGIONS[1])) is not None

@@ -13,6 +13,7 @@ from fleetcast import telemetry
 from fleetcast.staging.image import image_tag
 from stacks.gpu_fleet import DLAMI_SSM_PARAMETER
 from stacks.network import INTERFACE_ENDPOINTS
+from stacks.runtime_bundle import SERVING, bundle_files
 
 from .synthesized import default_doc, default_fleet, synthesize, variant_fleet
 
@@ -464,7 +465,9 @@ def test_runtime_bundle_holds_only_the_packages_instances_run(fleet):
     (bundle,) = [a for a in assets.values() if a.get("displayName", "").endswith("Bootstrap/RuntimeBundle")]
     root = fleet.outdir / bundle["source"]["path"]
     assert sorted(p.name for p in root.iterdir()) == ["fleetcast", "runtime"]
-    assert (root / "runtime" / "userdata.py").exists() and (root / "fleetcast" / "config" / "data").is_dir()
+    # Exactly the serving bundle (tests/stacks/test_runtime_bundle.py says what that holds and why).
+    assert sorted(str(p.relative_to(root)) for p in root.rglob("*") if p.is_file()) == \
+        [str(p) for p in bundle_files(SERVING)]
     assert not list(root.rglob("__pycache__"))
 
 

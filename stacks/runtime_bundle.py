@@ -1,0 +1,114 @@
+"""What an instance receives: the modules its entry points can import, and nothing else.
+
+The bundle is the import closure of the instance's entry points over the project's own packages
+(every `import`/`from` in those modules, lazy ones included), less what only development uses, plus the
+data files the runtime reads (systemd units, host scripts, the config's data tables). A CLI, planner or
+test change therefore neither ships to a GPU host nor changes the bundle's hash (which rolls the fleet).
+Each bundle is built once per synthesis into the cloud assembly's own directory, which `cdk synth`
+replaces as a whole, so nothing accumulates in the system's temp directory.
+"""
+
+from __future__ import annotations
+
+import ast
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+PROJECT_PACKAGES = ("fleetcast", "runtime")
+
+
+
+@dataclass(frozen=True)
+class BundleSpec:
+    """One kind of instance's bundle: the modules it starts (`python -m`) and the data files it reads."""
+
+    name: str
+    entry_points: tuple[str, ...]
+    data: tuple[str, ...]  # globs relative to the repository root
+
+
+# The serving container runs the bootstrap, which starts the model server and the gateway.
+SERVING = BundleSpec("runtime", ("runtime.bootstrap", "runtime.gateway.__main__"),
+                     ("runtime/systemd/*.service", "runtime/host/*.sh", "fleetcast/config/data/*.yaml"))
+# Bench instances (`cdk synth -c bench=true`) serve and also run the bench job.
+BENCH = BundleSpec("runtime-bench", SERVING.entry_points + ("runtime.bench_job", "fleetcast.bench.cli"), SERVING.data)
+# The consumer-side probe runs only the bench job (its wheels are added by stacks/consumer_probe.py).
+PROBE = BundleSpec("probe", ("runtime.bench_job", "fleetcast.bench.cli"),
+                   ("runtime/probe/*.service", "fleetcast/config/data/*.yaml"))
+
+# Reached only under development settings (the PyTorch reference backend, loopback fakes, the demo):
+# the instance never imports them, so they are not shipped even though code names them.
+DEV_ONLY = ("runtime.devtools", "runtime.reference", "runtime.demo")
+
+_built: dict[tuple[str, BundleSpec], Path] = {}
+
+
+def _path_of(module: str) -> Path | None:
+    base = REPO_ROOT.joinpath(*module.split("."))
+    for candidate in (base.with_suffix(".py"), base / "__init__.py"):
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def _is_dev_only(module: str) -> bool:
+    return any(module == d or module.startswith(d + ".") for d in DEV_ONLY)
+
+
+def _imports(path: Path, module: str) -> set[str]:
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                parts = package.split(".")
+                base = ".".join(parts[: len(parts) - node.level + 1])
+                target = f"{base}.{node.module}" if node.module else base
+            else:
+                target = node.module or ""
+            found.add(target)
+            # `from pkg import name` may name a submodule.
+            found.update(f"{target}.{alias.name}" for alias in node.names)
+    return {m for m in found if m.split(".")[0] in PROJECT_PACKAGES}
+
+
+def module_closure(entry_points: tuple[str, ...]) -> set[str]:
+    """Every project module the entry points can import (parent packages included), less DEV_ONLY."""
+    seen: set[str] = set()
+    todo = list(entry_points)
+    while todo:
+        module = todo.pop()
+        if module in seen or _is_dev_only(module) or _path_of(module) is None:
+            continue
+        seen.add(module)
+        parts = module.split(".")
+        todo.extend(".".join(parts[:i]) for i in range(1, len(parts)))  # importing a.b.c runs a and a.b
+        todo.extend(_imports(_path_of(module), module))
+    return seen
+
+
+def bundle_files(spec: BundleSpec) -> list[Path]:
+    """The bundle's files, relative to the repository root, sorted."""
+    files = {_path_of(m).relative_to(REPO_ROOT) for m in module_closure(spec.entry_points)}
+    for pattern in spec.data:
+        files.update(p.relative_to(REPO_ROOT) for p in REPO_ROOT.glob(pattern))
+    return sorted(files)
+
+
+def stage_bundle(outdir: str | Path, spec: BundleSpec = SERVING) -> Path:
+    """The bundle as one directory (a CDK asset takes one path) under the assembly's `outdir`, built once."""
+    key = (str(Path(outdir).resolve()), spec)
+    if key in _built and _built[key].is_dir():
+        return _built[key]
+    target = Path(outdir) / ".fleetcast-bundles" / spec.name
+    if target.exists():
+        shutil.rmtree(target)
+    for rel in bundle_files(spec):
+        (target / rel).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(REPO_ROOT / rel, target / rel)
+    _built[key] = target
+    return target

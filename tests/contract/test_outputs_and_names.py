@@ -1,0 +1,60 @@
+"""The contract layer's names and output keys are the ones the synthesized stacks carry: a CLI that reads
+`ProviderOutput.X` from a deployed stack finds it, because the stack wrote exactly that key."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+from fleetcast.contract.names import consumer_stack_name, provider_stack_name
+from fleetcast.contract.outputs import ConsumerOutput, ProviderOutput
+from tests.stacks.synthesized import default_fleet
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_every_provider_stack_writes_every_provider_output_key():
+    fleet = default_fleet()
+    for region in fleet.cfg.regions:
+        outputs = fleet.template_json(provider_stack_name(fleet.cfg.name, region.region))["Outputs"]
+        assert {key.value for key in ProviderOutput} <= set(outputs)
+
+
+def test_every_consumer_stack_writes_its_endpoint_outputs():
+    fleet = default_fleet()
+    for consumer in fleet.cfg.consumers:
+        outputs = fleet.template_json(consumer_stack_name(fleet.cfg.name, consumer.name))["Outputs"]
+        assert {ConsumerOutput.ENDPOINT_ID.value, ConsumerOutput.ENDPOINT_DNS_ENTRIES.value} <= set(outputs)
+
+
+def test_synthesized_stack_names_are_the_contract_names():
+    fleet = default_fleet()
+    expected = {provider_stack_name(fleet.cfg.name, r.region) for r in fleet.cfg.regions}
+    expected |= {consumer_stack_name(fleet.cfg.name, c.name) for c in fleet.cfg.consumers}
+    assert set(fleet.stacks) == expected
+
+
+def test_the_contract_layer_imports_nothing_of_the_project():
+    """It sits at the bottom of the import graph: stacks, runtime and CLIs import it, never the reverse."""
+    for path in (ROOT / "fleetcast" / "contract").glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                assert node.module.split(".")[0] not in {"fleetcast", "stacks", "runtime", "scripts"}, (path, node.module)
+            if isinstance(node, ast.Import):
+                for alias in node.names:
+                    assert alias.name.split(".")[0] not in {"fleetcast", "stacks", "runtime", "scripts"}, (path, alias.name)
+
+
+def test_no_second_definition_of_a_stack_name_or_a_substring_output_lookup():
+    """Stack names are derived in one place; outputs are read by exact key (the old `pick_output` matched
+    substrings, so a new output containing "bucket" would have broken staging)."""
+    offenders = []
+    for top in ("fleetcast", "stacks", "scripts", "runtime"):
+        for path in (ROOT / top).rglob("*.py"):
+            if path.parent.name == "contract":
+                continue
+            text = path.read_text()
+            for needle in ('-provider-{', '-consumer-{', "def pick_output", "def provider_stack_name"):
+                if needle in text:
+                    offenders.append(f"{path.relative_to(ROOT)}: {needle}")
+    assert offenders == []
