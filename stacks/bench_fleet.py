@@ -54,6 +54,12 @@ def bench_knobs(scope: Construct, defaults: dict[str, str] = DEFAULTS) -> dict[s
     for name, (form, allowed) in _KNOB_FORMS.items():
         if name in knobs and not form.fullmatch(knobs[name]):
             raise UserError(f"-c {name}={knobs[name]!r}: use {allowed}")
+    # The bench job refuses a level its request count cannot reach (fleetcast bench --requests-per-level).
+    top = max(int(level) for level in knobs["bench_concurrency"].split(","))
+    if top > int(knobs["bench_requests"]):
+        raise UserError(f"-c bench_concurrency level {top} exceeds -c bench_requests={knobs['bench_requests']}: "
+                        f"a level of {knobs['bench_requests']} requests never has {top} in flight; "
+                        f"raise bench_requests to >= {top} or drop the level")
     return knobs
 
 
