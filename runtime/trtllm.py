@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Callable
 
 from fleetcast.config import Backend, FleetConfig, KvCacheDtype, ModelFamily, Precision
-from fleetcast.config import catalog
+from fleetcast.contract import support
 from fleetcast.config.model import EngineSpec
 from fleetcast.errors import UserError
 
@@ -53,55 +53,22 @@ _DTYPE = {Precision.FP16: "float16", Precision.BF16: "bfloat16"}
 
 
 def check_supported(model_family: ModelFamily, engine: EngineSpec, compute_capability: str, gpu_name: str = "") -> None:
-    """Refuse, before anything is downloaded, what cannot run on this GPU with this release."""
-    arch = catalog.arch_for_compute_capability(compute_capability)
+    """Refuse, before anything is downloaded, what cannot run on this GPU with this release.
+
+    The decision is fleetcast/contract/support.py's, the same one `fleetcast config validate`
+    made for this pool's instance type.
+    """
+    arch = support.arch_for_compute_capability(compute_capability)
     where = f"{gpu_name or 'this GPU'} (compute capability {compute_capability}, {arch})"
-    backends = catalog.BACKENDS_BY_FAMILY.get(model_family, frozenset())
-    if engine.backend not in backends:
-        raise UnsupportedCombination(
-            f"engine.backend: {model_family.value} models run on {', '.join(sorted(b.value for b in backends))} "
-            f"in TensorRT-LLM {engine.tensorrt_llm_version}, not {engine.backend.value}"
-        )
-    by_backend = catalog.PRECISIONS_BY_BACKEND[engine.backend]
-    if engine.precision not in by_backend:
-        raise UnsupportedCombination(
-            f"engine.precision: {engine.precision.value} is not available on the {engine.backend.value} backend; "
-            f"allowed: {', '.join(sorted(p.value for p in by_backend))}"
-        )
-    if arch not in catalog.PRECISIONS_BY_ARCH:
-        raise UnsupportedCombination(
-            f"GPU: {where} is not a supported architecture; supported: {', '.join(sorted(catalog.PRECISIONS_BY_ARCH))}"
-        )
-    if not catalog.precision_supported(arch, engine.precision):
-        raise UnsupportedCombination(
-            f"engine.precision: {engine.precision.value} does not run on {where}; "
-            f"allowed there: {', '.join(catalog.supported_precisions(arch))}"
-        )
-    kv_ok = catalog.KV_CACHE_BY_ARCH.get(arch, frozenset())
-    if engine.kv_cache_dtype not in kv_ok:
-        raise UnsupportedCombination(
-            f"engine.kv_cache_dtype: {engine.kv_cache_dtype.value} does not run on {where}; "
-            f"allowed there: {', '.join(sorted(k.value for k in kv_ok))}"
-        )
-    if engine.backend is Backend.TENSORRT:
-        if engine.precision is Precision.NVFP4:
-            raise UnsupportedCombination("engine.precision: nvfp4 needs the pytorch backend with a pre-quantized checkpoint")
-        if engine.kv_cache_dtype is KvCacheDtype.FP8 and engine.precision is not Precision.FP8:
-            raise UnsupportedCombination(
-                "engine.kv_cache_dtype: fp8 KV cache goes with precision fp8 (quantize.py); "
-                f"with {engine.precision.value} use auto or int8"
-            )
-        if engine.kv_cache_dtype is KvCacheDtype.INT8 and engine.precision is Precision.INT4_WEIGHT_ONLY:
-            raise UnsupportedCombination("engine.kv_cache_dtype: int8 KV cache is not offered with int4_wo here; use auto")
-    if engine.backend is Backend.PYTORCH and engine.kv_cache_dtype is KvCacheDtype.INT8:
-        raise UnsupportedCombination("engine.kv_cache_dtype: int8 is not available on the pytorch backend; use auto or fp8")
+    refusal = support.check(model_family.value, engine.backend.value, engine.precision.value,
+                            engine.kv_cache_dtype.value, arch, where)
+    if refusal is not None:
+        raise UnsupportedCombination(str(refusal))
 
 
 def needs_calibration(engine: EngineSpec) -> bool:
     """Calibrated builds read the staged calibration set (instances cannot reach the hub)."""
-    if engine.backend is not Backend.TENSORRT:
-        return False  # pytorch backend: fp8/nvfp4 come pre-quantized
-    return engine.precision.calibrated or engine.kv_cache_dtype is not KvCacheDtype.AUTO
+    return support.needs_calibration(engine.backend.value, engine.precision.value, engine.kv_cache_dtype.value)
 
 
 @dataclass(frozen=True)
@@ -159,12 +126,23 @@ def build_command(engine: EngineSpec, max_input_len: int, max_output_len: int, p
 
 
 def extra_llm_api_options(engine: EngineSpec) -> dict:
-    """LLM API options trtllm-serve has no flag for: iteration stats for /metrics, perf metrics."""
-    return {
-        "enable_iter_perf_stats": True,
-        "return_perf_metrics": True,
-        "kv_cache_config": {"free_gpu_memory_fraction": engine.kv_cache_free_gpu_memory_fraction},
-    }
+    """LLM API options trtllm-serve has no flag for, only those the backend's args class accepts.
+
+    TrtLlmArgs and TorchLlmArgs forbid unknown keys (tensorrt_llm/llmapi/llm_args.py), so a
+    key of the other backend makes trtllm-serve exit at startup:
+    - return_perf_metrics, kv_cache_config: BaseLlmArgs, both backends;
+    - enable_iter_perf_stats (iteration stats behind /metrics): TorchLlmArgs only;
+    - kv_cache_config.dtype: the PyTorch backend's KV cache dtype ("fp8" sets the FP8 KV
+      cache); TrtLlmArgs asserts it stays "auto", the engine carries its KV dtype.
+    """
+    kv_cache: dict = {"free_gpu_memory_fraction": engine.kv_cache_free_gpu_memory_fraction}
+    options: dict = {"return_perf_metrics": True, "kv_cache_config": kv_cache}
+    if engine.backend is Backend.PYTORCH:
+        options["enable_iter_perf_stats"] = True
+        kv = engine.kv_cache_dtype.value
+        if kv != "auto" and kv in support.KV_CACHE_BY_BACKEND["pytorch"]:  # others: refused by check_supported
+            kv_cache["dtype"] = kv
+    return options
 
 
 def serve_command(engine: EngineSpec, model_dir: Path, tokenizer_dir: Path | None, host: str, port: int,
