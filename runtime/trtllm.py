@@ -28,12 +28,14 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Mapping
 
 from fleetcast.config import Backend, FleetConfig, KvCacheDtype, ModelFamily, Precision
 from fleetcast.contract import support
 from fleetcast.config.model import EngineSpec
 from fleetcast.errors import UserError
+
+from . import vendor
 
 # Where the release image keeps its examples (the image ships the repo's examples/ at /app/tensorrt_llm).
 EXAMPLES_DIR = os.environ.get("FLEETCAST_TRTLLM_EXAMPLES", "/app/tensorrt_llm/examples")
@@ -73,10 +75,19 @@ def needs_calibration(engine: EngineSpec) -> bool:
 
 @dataclass(frozen=True)
 class BuildPaths:
+    work_dir: Path  # the build's writable directory: every step runs in it (cwd)
     model_dir: Path  # staged Hugging Face checkpoint
     checkpoint_dir: Path  # TRT-LLM checkpoint (intermediate)
     engine_dir: Path  # trtllm-build output
     calib_dir: Path | None = None  # staged calibration dataset
+
+    @property
+    def timing_cache(self) -> Path:
+        # trtllm-build saves a timing cache to BuildConfig.output_timing_cache, default the
+        # relative "model.cache", and asserts the save (tensorrt_llm/builder.py): in the
+        # container's read-only working directory that fails the build before the engine is
+        # written. It stays out of the artifact (not uploaded).
+        return self.work_dir / "model.cache"
 
 
 def convert_command(engine: EngineSpec, paths: BuildPaths, calib_samples: int = 512, python: str = "python3") -> list[str]:
@@ -122,6 +133,7 @@ def build_command(engine: EngineSpec, max_input_len: int, max_output_len: int, p
         "--max_input_len", str(max_input_len),
         "--max_seq_len", str(max_input_len + max_output_len),
         "--max_num_tokens", str(engine.max_num_tokens),
+        "--output_timing_cache", str(paths.timing_cache),
     ]
 
 
@@ -165,14 +177,34 @@ def serve_command(engine: EngineSpec, model_dir: Path, tokenizer_dir: Path | Non
 # ---------------------------------------------------------------- running a build
 
 
-Runner = Callable[[list[str], Path], None]
+Runner = Callable[[list[str], Path, Path], None]  # (argv, build log, working directory)
+
+# What TensorRT-LLM's own processes (convert scripts, trtllm-build, trtllm-serve) must not see
+# or must see: instances have no route to the Hugging Face hub, so a stray hub call fails at
+# once instead of hanging until a timeout.
+HUB_OFFLINE = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+
+
+def tool_env(environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The environment of a TensorRT-LLM process: the runtime's, minus the vendored packages.
+
+    The vendored directory (runtime/vendor.py) holds boto3 & co. for the runtime itself, on the
+    container's PYTHONPATH; TensorRT-LLM must import the versions it was released with.
+    """
+    env = dict(os.environ if environ is None else environ)
+    vendored = {os.path.normpath(p) for p in (vendor.VENDOR_DIR, env.get(vendor.VENDOR_DIR_ENV, "")) if p}
+    kept = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and os.path.normpath(p) not in vendored]
+    env["PYTHONPATH"] = os.pathsep.join(kept)  # set even when empty: it overrides an inherited value
+    env.update(HUB_OFFLINE)
+    return env
 
 
 BUILD_STEP_TIMEOUT_S = float(os.environ.get("FLEETCAST_BUILD_STEP_TIMEOUT_S", "7200"))
 
 
-def run_logged(cmd: list[str], log_file: Path, timeout_s: float | None = None) -> None:
-    """Run one build step; its output goes to the build log and to stderr (CloudWatch Logs via awslogs).
+def run_logged(cmd: list[str], log_file: Path, cwd: Path | None = None, timeout_s: float | None = None) -> None:
+    """Run one build step in `cwd` with tool_env(); its output goes to the build log and to stderr
+    (CloudWatch Logs via awslogs).
 
     A step that hangs is killed after `timeout_s`: otherwise its lock refreshes and the
     launch-hook heartbeats would keep a stuck instance (and every waiter) alive forever.
@@ -183,7 +215,7 @@ def run_logged(cmd: list[str], log_file: Path, timeout_s: float | None = None) -
         out.flush()
         started = time.monotonic()
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace",
-                                start_new_session=True)
+                                start_new_session=True, cwd=cwd, env=tool_env())
         killer = threading.Timer(timeout_s, lambda: _kill_group(proc))
         killer.start()
         try:
@@ -252,18 +284,24 @@ class TrtllmBackend:
                 )
             shutil.copytree(model_dir, artifact, ignore=shutil.ignore_patterns("manifest.json"))
             return artifact
-        paths = BuildPaths(model_dir=model_dir, checkpoint_dir=workdir / "checkpoint",
+        paths = BuildPaths(work_dir=workdir, model_dir=model_dir, checkpoint_dir=workdir / "checkpoint",
                            engine_dir=artifact / "engine", calib_dir=calib_dir)
         samples = self.cfg.calibration.samples if self.cfg.calibration else 512
+        workdir.mkdir(parents=True, exist_ok=True)
         log_file = workdir / "build.log"
         m = self.cfg.model
-        self.runner(convert_command(self.engine, paths, samples), log_file)
-        self.runner(build_command(self.engine, m.max_input_len, m.max_output_len, paths), log_file)
+        # Each step runs in the build's own directory: the container's working directory
+        # (/opt/fleetcast, the runtime bundle) is mounted read-only.
+        self.runner(convert_command(self.engine, paths, samples), log_file, workdir)
+        self.runner(build_command(self.engine, m.max_input_len, m.max_output_len, paths), log_file, workdir)
         if not (paths.engine_dir / "config.json").is_file() or not list(paths.engine_dir.glob("rank*.engine")):
             raise RuntimeError(f"trtllm-build finished but {paths.engine_dir} has no config.json/rank*.engine")
         copy_tokenizer(model_dir, artifact / "tokenizer")
         shutil.rmtree(paths.checkpoint_dir, ignore_errors=True)
         return artifact
+
+    def server_env(self) -> dict[str, str]:
+        return tool_env()
 
     def server_command(self, artifact: Path, host: str, port: int) -> list[str]:
         options = artifact.parent / f"{artifact.name}.llm_api_options.yaml"

@@ -22,7 +22,7 @@ def engine(cfg, precision, kv=KvCacheDtype.AUTO):
     return cfg.engine.model_copy(update={"precision": precision, "kv_cache_dtype": kv})
 
 
-PATHS = trtllm.BuildPaths(model_dir=Path("/work/model"), checkpoint_dir=Path("/work/ckpt"),
+PATHS = trtllm.BuildPaths(work_dir=Path("/work"), model_dir=Path("/work/model"), checkpoint_dir=Path("/work/ckpt"),
                           engine_dir=Path("/work/artifact/engine"), calib_dir=Path("/work/calib"))
 
 CASES = {
@@ -66,6 +66,9 @@ def test_gpt2_xl_build_commands_parse_against_release_options(cfg, case):
     assert (b.checkpoint_dir, b.output_dir, b.gemm_plugin) == ("/work/ckpt", "/work/artifact/engine", "auto")
     assert b.max_seq_len == cfg.model.max_input_len + cfg.model.max_output_len <= 1024  # GPT-2 XL n_positions
     assert (b.max_batch_size, b.max_num_tokens) == (e.max_batch_size, e.max_num_tokens)
+    # BuildConfig.output_timing_cache defaults to the relative "model.cache" (tensorrt_llm/builder.py):
+    # the cache goes to the build's own directory, never the (read-only) working directory's default.
+    assert b.output_timing_cache == "/work/model.cache"
 
 
 def test_serve_command_parses_and_carries_config(cfg, tmp_path):
