@@ -169,3 +169,11 @@ def test_pytorch_fp8_kv_cache_validates_without_a_calibration_set(cfg):
     c = c.model_copy(update={"calibration": None})
     assert [i.message for i in rules.check(c) if "calibrat" in i.message] == []
     assert not trtllm.needs_calibration(c.engine)
+
+
+def test_the_runtime_bundle_carries_the_contract_layer():
+    """The instance imports fleetcast.contract (runtime/trtllm.py), so the bundle must ship it."""
+    from stacks.bootstrap import BUNDLED_PACKAGES
+
+    assert any(Path("fleetcast/contract").is_relative_to(p) for p in BUNDLED_PACKAGES)
+    assert "fleetcast.contract" in (REPO / "runtime" / "trtllm.py").read_text()
