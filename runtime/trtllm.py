@@ -143,7 +143,8 @@ def extra_llm_api_options(engine: EngineSpec) -> dict:
     TrtLlmArgs and TorchLlmArgs forbid unknown keys (tensorrt_llm/llmapi/llm_args.py), so a
     key of the other backend makes trtllm-serve exit at startup:
     - return_perf_metrics, kv_cache_config: BaseLlmArgs, both backends;
-    - enable_iter_perf_stats (iteration stats behind /metrics): TorchLlmArgs only;
+    - enable_iter_perf_stats (iteration stats behind /metrics): TorchLlmArgs only; the TensorRT
+      backend's C++ executor keeps them by default (kDefaultIterStatsMaxIterations = 1000);
     - kv_cache_config.dtype: the PyTorch backend's KV cache dtype ("fp8" sets the FP8 KV
       cache); TrtLlmArgs asserts it stays "auto", the engine carries its KV dtype.
     """
