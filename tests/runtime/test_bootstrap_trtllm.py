@@ -138,6 +138,7 @@ def test_smoothquant_engine_is_built_once_from_staged_inputs_and_served(region):
     entry = [k.split("/builds/")[1].split("/", 1)[1] for k in aws.keys("engines/") if "/builds/" in k]
     assert "engine/rank0.engine" in entry and "tokenizer/tokenizer.json" in entry
     assert "tokenizer/model.safetensors" not in entry  # HF weights are not shipped beside the engine
+    assert not [k for k in entry if k.endswith("model.cache")]  # the timing cache stays on the build host
     assert stream_completion(port, "Hello", 8).usage["completion_tokens"] == 8
 
     # A second instance of the same pool: cache hit, trtllm-serve only.
