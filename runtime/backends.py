@@ -6,6 +6,7 @@ Both present the same face to the bootstrap:
     check(cc, gpu_name)      -> refuse unsupported combinations before any download
     build(model, calib, workdir) -> artifact directory (uploaded to the cache as is)
     server_command(artifact, host, port) -> argv of the OpenAI-compatible server
+    server_env()             -> its environment (None: the runtime's)
 
 The reference backend (runtime.reference, PyTorch) exists because TensorRT-LLM
 cannot be installed on development and CI machines; it is picked only when
@@ -42,6 +43,8 @@ class ServingBackend(Protocol):
     def build(self, model_dir: Path | None, calib_dir: Path | None, workdir: Path) -> Path: ...
 
     def server_command(self, artifact: Path, host: str, port: int) -> list[str]: ...
+
+    def server_env(self) -> dict[str, str] | None: ...
 
 
 class ReferenceBackend:
@@ -96,6 +99,9 @@ class ReferenceBackend:
         if proc.returncode != 0:
             raise RuntimeError(f"reference build exited {proc.returncode}: {proc.stderr.strip()[-1500:]}")
         return artifact
+
+    def server_env(self) -> dict[str, str] | None:
+        return None  # the runtime's own environment: the reference server is this project's code
 
     def server_command(self, artifact: Path, host: str, port: int) -> list[str]:
         m = self.cfg.model

@@ -348,7 +348,7 @@ class Bootstrap:
             gateway_refresh_s=self.env.gateway_refresh_s,
         )
         serving = Serving(settings, backend.server_command(resolution.path, "127.0.0.1", settings.server_port),
-                          stop=self._stop)
+                          stop=self._stop, server_env=backend.server_env())
         self._install_signals()
         try:
             with self.heartbeat(telemetry.LAUNCH_HOOK, cfg.operations.launch_hook_timeout_s):

@@ -97,8 +97,9 @@ class Serving:
     """The model server and the gateway under one supervisor."""
 
     def __init__(self, settings: ServeSettings, server_argv: list[str], supervisor: Supervisor | None = None,
-                 stop: threading.Event | None = None):
+                 stop: threading.Event | None = None, server_env: dict[str, str] | None = None):
         self.s = settings
+        self.server_env = server_env  # the backend's (TensorRT-LLM: without the vendored packages)
         self.stop = stop or threading.Event()  # set by SIGTERM: give up waiting for readiness
         self.server_argv = server_argv
         self.supervisor = supervisor or Supervisor()
@@ -114,7 +115,7 @@ class Serving:
         return argv
 
     def start(self) -> None:
-        self.supervisor.start(Child("server", self.server_argv, policy=self.s.restart))
+        self.supervisor.start(Child("server", self.server_argv, env=self.server_env, policy=self.s.restart))
         if self.s.gateway:
             self.supervisor.start(Child("gateway", self.gateway_argv(), policy=self.s.restart))
 

@@ -28,12 +28,14 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Mapping
 
 from fleetcast.config import Backend, FleetConfig, KvCacheDtype, ModelFamily, Precision
-from fleetcast.config import catalog
+from fleetcast.contract import support
 from fleetcast.config.model import EngineSpec
 from fleetcast.errors import UserError
+
+from . import vendor
 
 # Where the release image keeps its examples (the image ships the repo's examples/ at /app/tensorrt_llm).
 EXAMPLES_DIR = os.environ.get("FLEETCAST_TRTLLM_EXAMPLES", "/app/tensorrt_llm/examples")
@@ -53,63 +55,39 @@ _DTYPE = {Precision.FP16: "float16", Precision.BF16: "bfloat16"}
 
 
 def check_supported(model_family: ModelFamily, engine: EngineSpec, compute_capability: str, gpu_name: str = "") -> None:
-    """Refuse, before anything is downloaded, what cannot run on this GPU with this release."""
-    arch = catalog.arch_for_compute_capability(compute_capability)
+    """Refuse, before anything is downloaded, what cannot run on this GPU with this release.
+
+    The decision is fleetcast/contract/support.py's, the same one `fleetcast config validate`
+    made for this pool's instance type.
+    """
+    arch = support.arch_for_compute_capability(compute_capability)
     where = f"{gpu_name or 'this GPU'} (compute capability {compute_capability}, {arch})"
-    backends = catalog.BACKENDS_BY_FAMILY.get(model_family, frozenset())
-    if engine.backend not in backends:
-        raise UnsupportedCombination(
-            f"engine.backend: {model_family.value} models run on {', '.join(sorted(b.value for b in backends))} "
-            f"in TensorRT-LLM {engine.tensorrt_llm_version}, not {engine.backend.value}"
-        )
-    by_backend = catalog.PRECISIONS_BY_BACKEND[engine.backend]
-    if engine.precision not in by_backend:
-        raise UnsupportedCombination(
-            f"engine.precision: {engine.precision.value} is not available on the {engine.backend.value} backend; "
-            f"allowed: {', '.join(sorted(p.value for p in by_backend))}"
-        )
-    if arch not in catalog.PRECISIONS_BY_ARCH:
-        raise UnsupportedCombination(
-            f"GPU: {where} is not a supported architecture; supported: {', '.join(sorted(catalog.PRECISIONS_BY_ARCH))}"
-        )
-    if not catalog.precision_supported(arch, engine.precision):
-        raise UnsupportedCombination(
-            f"engine.precision: {engine.precision.value} does not run on {where}; "
-            f"allowed there: {', '.join(catalog.supported_precisions(arch))}"
-        )
-    kv_ok = catalog.KV_CACHE_BY_ARCH.get(arch, frozenset())
-    if engine.kv_cache_dtype not in kv_ok:
-        raise UnsupportedCombination(
-            f"engine.kv_cache_dtype: {engine.kv_cache_dtype.value} does not run on {where}; "
-            f"allowed there: {', '.join(sorted(k.value for k in kv_ok))}"
-        )
-    if engine.backend is Backend.TENSORRT:
-        if engine.precision is Precision.NVFP4:
-            raise UnsupportedCombination("engine.precision: nvfp4 needs the pytorch backend with a pre-quantized checkpoint")
-        if engine.kv_cache_dtype is KvCacheDtype.FP8 and engine.precision is not Precision.FP8:
-            raise UnsupportedCombination(
-                "engine.kv_cache_dtype: fp8 KV cache goes with precision fp8 (quantize.py); "
-                f"with {engine.precision.value} use auto or int8"
-            )
-        if engine.kv_cache_dtype is KvCacheDtype.INT8 and engine.precision is Precision.INT4_WEIGHT_ONLY:
-            raise UnsupportedCombination("engine.kv_cache_dtype: int8 KV cache is not offered with int4_wo here; use auto")
-    if engine.backend is Backend.PYTORCH and engine.kv_cache_dtype is KvCacheDtype.INT8:
-        raise UnsupportedCombination("engine.kv_cache_dtype: int8 is not available on the pytorch backend; use auto or fp8")
+    refusal = support.check(model_family.value, engine.backend.value, engine.precision.value,
+                            engine.kv_cache_dtype.value, arch, where)
+    if refusal is not None:
+        raise UnsupportedCombination(str(refusal))
 
 
 def needs_calibration(engine: EngineSpec) -> bool:
     """Calibrated builds read the staged calibration set (instances cannot reach the hub)."""
-    if engine.backend is not Backend.TENSORRT:
-        return False  # pytorch backend: fp8/nvfp4 come pre-quantized
-    return engine.precision.calibrated or engine.kv_cache_dtype is not KvCacheDtype.AUTO
+    return support.needs_calibration(engine.backend.value, engine.precision.value, engine.kv_cache_dtype.value)
 
 
 @dataclass(frozen=True)
 class BuildPaths:
+    work_dir: Path  # the build's writable directory: every step runs in it (cwd)
     model_dir: Path  # staged Hugging Face checkpoint
     checkpoint_dir: Path  # TRT-LLM checkpoint (intermediate)
     engine_dir: Path  # trtllm-build output
     calib_dir: Path | None = None  # staged calibration dataset
+
+    @property
+    def timing_cache(self) -> Path:
+        # trtllm-build saves a timing cache to BuildConfig.output_timing_cache, default the
+        # relative "model.cache", and asserts the save (tensorrt_llm/builder.py): in the
+        # container's read-only working directory that fails the build before the engine is
+        # written. It stays out of the artifact (not uploaded).
+        return self.work_dir / "model.cache"
 
 
 def convert_command(engine: EngineSpec, paths: BuildPaths, calib_samples: int = 512, python: str = "python3") -> list[str]:
@@ -155,16 +133,29 @@ def build_command(engine: EngineSpec, max_input_len: int, max_output_len: int, p
         "--max_input_len", str(max_input_len),
         "--max_seq_len", str(max_input_len + max_output_len),
         "--max_num_tokens", str(engine.max_num_tokens),
+        "--output_timing_cache", str(paths.timing_cache),
     ]
 
 
 def extra_llm_api_options(engine: EngineSpec) -> dict:
-    """LLM API options trtllm-serve has no flag for: iteration stats for /metrics, perf metrics."""
-    return {
-        "enable_iter_perf_stats": True,
-        "return_perf_metrics": True,
-        "kv_cache_config": {"free_gpu_memory_fraction": engine.kv_cache_free_gpu_memory_fraction},
-    }
+    """LLM API options trtllm-serve has no flag for, only those the backend's args class accepts.
+
+    TrtLlmArgs and TorchLlmArgs forbid unknown keys (tensorrt_llm/llmapi/llm_args.py), so a
+    key of the other backend makes trtllm-serve exit at startup:
+    - return_perf_metrics, kv_cache_config: BaseLlmArgs, both backends;
+    - enable_iter_perf_stats (iteration stats behind /metrics): TorchLlmArgs only; the TensorRT
+      backend's C++ executor keeps them by default (kDefaultIterStatsMaxIterations = 1000);
+    - kv_cache_config.dtype: the PyTorch backend's KV cache dtype ("fp8" sets the FP8 KV
+      cache); TrtLlmArgs asserts it stays "auto", the engine carries its KV dtype.
+    """
+    kv_cache: dict = {"free_gpu_memory_fraction": engine.kv_cache_free_gpu_memory_fraction}
+    options: dict = {"return_perf_metrics": True, "kv_cache_config": kv_cache}
+    if engine.backend is Backend.PYTORCH:
+        options["enable_iter_perf_stats"] = True
+        kv = engine.kv_cache_dtype.value
+        if kv != "auto" and kv in support.KV_CACHE_BY_BACKEND["pytorch"]:  # others: refused by check_supported
+            kv_cache["dtype"] = kv
+    return options
 
 
 def serve_command(engine: EngineSpec, model_dir: Path, tokenizer_dir: Path | None, host: str, port: int,
@@ -187,14 +178,34 @@ def serve_command(engine: EngineSpec, model_dir: Path, tokenizer_dir: Path | Non
 # ---------------------------------------------------------------- running a build
 
 
-Runner = Callable[[list[str], Path], None]
+Runner = Callable[[list[str], Path, Path], None]  # (argv, build log, working directory)
+
+# What TensorRT-LLM's own processes (convert scripts, trtllm-build, trtllm-serve) must not see
+# or must see: instances have no route to the Hugging Face hub, so a stray hub call fails at
+# once instead of hanging until a timeout.
+HUB_OFFLINE = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+
+
+def tool_env(environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The environment of a TensorRT-LLM process: the runtime's, minus the vendored packages.
+
+    The vendored directory (runtime/vendor.py) holds boto3 & co. for the runtime itself, on the
+    container's PYTHONPATH; TensorRT-LLM must import the versions it was released with.
+    """
+    env = dict(os.environ if environ is None else environ)
+    vendored = {os.path.normpath(p) for p in (vendor.VENDOR_DIR, env.get(vendor.VENDOR_DIR_ENV, "")) if p}
+    kept = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and os.path.normpath(p) not in vendored]
+    env["PYTHONPATH"] = os.pathsep.join(kept)  # set even when empty: it overrides an inherited value
+    env.update(HUB_OFFLINE)
+    return env
 
 
 BUILD_STEP_TIMEOUT_S = float(os.environ.get("FLEETCAST_BUILD_STEP_TIMEOUT_S", "7200"))
 
 
-def run_logged(cmd: list[str], log_file: Path, timeout_s: float | None = None) -> None:
-    """Run one build step; its output goes to the build log and to stderr (CloudWatch Logs via awslogs).
+def run_logged(cmd: list[str], log_file: Path, cwd: Path | None = None, timeout_s: float | None = None) -> None:
+    """Run one build step in `cwd` with tool_env(); its output goes to the build log and to stderr
+    (CloudWatch Logs via awslogs).
 
     A step that hangs is killed after `timeout_s`: otherwise its lock refreshes and the
     launch-hook heartbeats would keep a stuck instance (and every waiter) alive forever.
@@ -205,7 +216,7 @@ def run_logged(cmd: list[str], log_file: Path, timeout_s: float | None = None) -
         out.flush()
         started = time.monotonic()
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace",
-                                start_new_session=True)
+                                start_new_session=True, cwd=cwd, env=tool_env())
         killer = threading.Timer(timeout_s, lambda: _kill_group(proc))
         killer.start()
         try:
@@ -274,18 +285,24 @@ class TrtllmBackend:
                 )
             shutil.copytree(model_dir, artifact, ignore=shutil.ignore_patterns("manifest.json"))
             return artifact
-        paths = BuildPaths(model_dir=model_dir, checkpoint_dir=workdir / "checkpoint",
+        paths = BuildPaths(work_dir=workdir, model_dir=model_dir, checkpoint_dir=workdir / "checkpoint",
                            engine_dir=artifact / "engine", calib_dir=calib_dir)
         samples = self.cfg.calibration.samples if self.cfg.calibration else 512
+        workdir.mkdir(parents=True, exist_ok=True)
         log_file = workdir / "build.log"
         m = self.cfg.model
-        self.runner(convert_command(self.engine, paths, samples), log_file)
-        self.runner(build_command(self.engine, m.max_input_len, m.max_output_len, paths), log_file)
+        # Each step runs in the build's own directory: the container's working directory
+        # (/opt/fleetcast, the runtime bundle) is mounted read-only.
+        self.runner(convert_command(self.engine, paths, samples), log_file, workdir)
+        self.runner(build_command(self.engine, m.max_input_len, m.max_output_len, paths), log_file, workdir)
         if not (paths.engine_dir / "config.json").is_file() or not list(paths.engine_dir.glob("rank*.engine")):
             raise RuntimeError(f"trtllm-build finished but {paths.engine_dir} has no config.json/rank*.engine")
         copy_tokenizer(model_dir, artifact / "tokenizer")
         shutil.rmtree(paths.checkpoint_dir, ignore_errors=True)
         return artifact
+
+    def server_env(self) -> dict[str, str]:
+        return tool_env()
 
     def server_command(self, artifact: Path, host: str, port: int) -> list[str]:
         options = artifact.parent / f"{artifact.name}.llm_api_options.yaml"

@@ -3,8 +3,8 @@
 GPU specs, instance prices, regional availability, cross-region PrivateLink
 regions and the inter-region latency matrix live in `data/*.yaml`, each with an
 `as_of` date. They are data, not truth: every table can be overridden by a file
-of the same shape (environment variable or CLI flag), and the precision matrix
-below is the one place that says which precision runs on which GPU.
+of the same shape (environment variable or CLI flag). Which precision runs on
+which GPU is decided in fleetcast/contract/support.py, not here.
 """
 
 from __future__ import annotations
@@ -17,39 +17,22 @@ from typing import Any
 
 from ruamel.yaml import YAML
 
+from fleetcast.contract import support
+
 from .model import Backend, KvCacheDtype, ModelFamily, Precision
 
 DATA_DIR = Path(__file__).with_name("data")
 
-# Which precision runs on which GPU architecture (TensorRT-LLM 1.2.x).
-# sm86 (A10G) has no FP8; sm120 (Blackwell RTX PRO 6000) INT8/INT4 modes are
-# unverified, so they stay refused until measured.
+# The support matrix has one home, fleetcast/contract/support.py; these are its
+# tables in the config's enum types for the code that enumerates candidates.
 PRECISIONS_BY_ARCH: dict[str, frozenset[Precision]] = {
-    "sm86": frozenset({Precision.FP16, Precision.BF16, Precision.INT8_WEIGHT_ONLY, Precision.INT8_SMOOTHQUANT, Precision.INT4_WEIGHT_ONLY}),
-    "sm89": frozenset({Precision.FP16, Precision.BF16, Precision.INT8_WEIGHT_ONLY, Precision.INT8_SMOOTHQUANT, Precision.INT4_WEIGHT_ONLY, Precision.FP8}),
-    "sm90": frozenset({Precision.FP16, Precision.BF16, Precision.INT8_WEIGHT_ONLY, Precision.INT8_SMOOTHQUANT, Precision.INT4_WEIGHT_ONLY, Precision.FP8}),
-    "sm120": frozenset({Precision.FP16, Precision.BF16, Precision.FP8, Precision.NVFP4}),
-}
+    arch: frozenset(Precision(p) for p in ps) for arch, ps in support.PRECISIONS_BY_ARCH.items()}
 KV_CACHE_BY_ARCH: dict[str, frozenset[KvCacheDtype]] = {
-    "sm86": frozenset({KvCacheDtype.AUTO, KvCacheDtype.INT8}),
-    "sm89": frozenset({KvCacheDtype.AUTO, KvCacheDtype.INT8, KvCacheDtype.FP8}),
-    "sm90": frozenset({KvCacheDtype.AUTO, KvCacheDtype.INT8, KvCacheDtype.FP8}),
-    "sm120": frozenset({KvCacheDtype.AUTO, KvCacheDtype.FP8}),
-}
-
-# Which serving flow each family runs on. GPT-2 exists only in the engine flow;
-# the PyTorch backend serves modern SLMs but has no INT8 SmoothQuant/weight-only
-# path, and FP8/NVFP4 there need a pre-quantized checkpoint.
+    arch: frozenset(KvCacheDtype(k) for k in ks) for arch, ks in support.KV_CACHE_BY_ARCH.items()}
 BACKENDS_BY_FAMILY: dict[ModelFamily, frozenset[Backend]] = {
-    ModelFamily.GPT2: frozenset({Backend.TENSORRT}),
-    ModelFamily.LLAMA: frozenset({Backend.PYTORCH}),
-    ModelFamily.PHI3: frozenset({Backend.PYTORCH}),
-    ModelFamily.QWEN2: frozenset({Backend.PYTORCH}),
-}
+    ModelFamily(f): frozenset(Backend(b) for b in bs) for f, bs in support.BACKENDS_BY_FAMILY.items()}
 PRECISIONS_BY_BACKEND: dict[Backend, frozenset[Precision]] = {
-    Backend.TENSORRT: frozenset({Precision.FP16, Precision.BF16, Precision.INT8_WEIGHT_ONLY, Precision.INT8_SMOOTHQUANT, Precision.INT4_WEIGHT_ONLY, Precision.FP8}),
-    Backend.PYTORCH: frozenset({Precision.FP16, Precision.BF16, Precision.FP8, Precision.NVFP4}),
-}
+    Backend(b): frozenset(Precision(p) for p in ps) for b, ps in support.PRECISIONS_BY_BACKEND.items()}
 
 
 @dataclass(frozen=True)
@@ -142,6 +125,4 @@ def supported_precisions(arch: str) -> list[str]:
     return sorted(p.value for p in PRECISIONS_BY_ARCH.get(arch, frozenset()))
 
 
-def arch_for_compute_capability(cc: str) -> str:
-    major, minor = cc.split(".")
-    return f"sm{major}{minor}"
+arch_for_compute_capability = support.arch_for_compute_capability

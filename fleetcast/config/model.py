@@ -180,7 +180,7 @@ class EngineSpec(Frozen):
     )
     backend: Backend = Field(default=Backend.TENSORRT, description="tensorrt (engine flow) or pytorch.")
     precision: Precision = Field(default=Precision.FP16, description="fp16, bf16, int8_wo, int8_sq, fp8, int4_wo, nvfp4.")
-    kv_cache_dtype: KvCacheDtype = Field(default=KvCacheDtype.AUTO, description="auto, int8 or fp8 (both calibrated).")
+    kv_cache_dtype: KvCacheDtype = Field(default=KvCacheDtype.AUTO, description="auto, int8 or fp8 (engine flow: calibrated; pytorch backend: auto or fp8).")
     max_batch_size: int = Field(default=64, ge=1, le=2048, description="trtllm-build --max_batch_size.")
     max_num_tokens: int = Field(default=8192, ge=64, le=1_048_576, description="trtllm-build --max_num_tokens.")
     kv_cache_free_gpu_memory_fraction: float = Field(

@@ -9,8 +9,10 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass
 
+from fleetcast.contract import support
+
 from . import catalog
-from .model import Backend, ExistingVpc, FleetConfig, KvCacheDtype, Precision
+from .model import Backend, ExistingVpc, FleetConfig, KvCacheDtype
 
 Path = tuple[str | int, ...]
 
@@ -95,7 +97,6 @@ def _pools(cfg: FleetConfig) -> list[ConfigIssue]:
     out: list[ConfigIssue] = []
     instances = catalog.instance_catalog()
     offered = catalog.availability()
-    allowed_backends = catalog.BACKENDS_BY_FAMILY[cfg.model.family]
     for i, region in enumerate(cfg.regions):
         for j, pool in enumerate(region.pools):
             here: Path = ("regions", i, "pools", j)
@@ -113,26 +114,15 @@ def _pools(cfg: FleetConfig) -> list[ConfigIssue]:
                 out.append(ConfigIssue(here + ("instance_type",),
                     f"{instance.family} instances are not offered in {region.region} (availability table as of "
                     f"{catalog.availability_as_of()}); offered in: {', '.join(sorted(offered.get(instance.family, [])))}"))
-            if engine.backend not in allowed_backends:
-                out.append(ConfigIssue(where("backend"),
-                    f"{cfg.model.family.value} models run on the {', '.join(b.value for b in allowed_backends)} backend only, not {engine.backend.value}"))
-            arch = instance.gpu.arch
-            precision_ok = catalog.precision_supported(arch, engine.precision)
-            if not precision_ok:
-                out.append(ConfigIssue(where("precision"),
-                    f"{engine.precision.value} is not supported on {pool.instance_type} ({instance.gpu.name}, {arch}); "
-                    f"allowed there: {', '.join(catalog.supported_precisions(arch))}"))
-            elif engine.precision not in catalog.PRECISIONS_BY_BACKEND[engine.backend]:
-                out.append(ConfigIssue(where("precision"),
-                    f"{engine.precision.value} is not available on the {engine.backend.value} backend "
-                    f"(model family {cfg.model.family.value}); allowed: "
-                    f"{', '.join(sorted(p.value for p in catalog.PRECISIONS_BY_BACKEND[engine.backend]))}"))
-            if engine.kv_cache_dtype not in catalog.KV_CACHE_BY_ARCH.get(arch, frozenset()):
-                out.append(ConfigIssue(where("kv_cache_dtype"),
-                    f"kv_cache_dtype {engine.kv_cache_dtype.value} is not supported on {instance.gpu.name} ({arch})"))
-            calibrated = (engine.backend == Backend.TENSORRT and engine.precision in (Precision.INT8_SMOOTHQUANT, Precision.FP8)) \
-                or engine.kv_cache_dtype != KvCacheDtype.AUTO
-            if calibrated and precision_ok and cfg.calibration is None:
+            # One decision for validator, planner and instance (fleetcast/contract/support.py).
+            refusal = support.check(cfg.model.family.value, engine.backend.value, engine.precision.value,
+                                    engine.kv_cache_dtype.value, instance.gpu.arch,
+                                    support.instance_where(pool.instance_type, instance.gpu.name, instance.gpu.arch))
+            if refusal is not None:
+                blamed = here + ("instance_type",) if refusal.field == "gpu" else where(refusal.field)
+                out.append(ConfigIssue(blamed, refusal.reason))
+            elif support.needs_calibration(engine.backend.value, engine.precision.value, engine.kv_cache_dtype.value) \
+                    and cfg.calibration is None:
                 out.append(ConfigIssue(where("precision") if engine.kv_cache_dtype == KvCacheDtype.AUTO else where("kv_cache_dtype"),
                     f"{engine.precision.value} with kv_cache_dtype {engine.kv_cache_dtype.value} is calibrated: set "
                     "calibration.dataset to a staged s3:// dataset (isolated subnets cannot download one)"))

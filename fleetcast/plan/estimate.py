@@ -31,7 +31,8 @@ import math
 from dataclasses import dataclass, field
 
 from fleetcast.config import catalog
-from fleetcast.config.model import Backend, ModelFamily, Precision
+from fleetcast.config.model import ModelFamily, Precision
+from fleetcast.contract import support
 from fleetcast.errors import UserError
 
 from .curves import Candidate, Curve, LoadPoint, sources_text
@@ -186,14 +187,17 @@ def estimate_specs(specs: list[str], measured: list[Candidate], model_id: str, f
         raise UserError(f"--estimate: no architecture figures for model {model_id!r}; known: {', '.join(sorted(MODEL_SHAPES))}")
     est = Estimator(shape, measured, input_tokens, output_tokens)
     instances = catalog.instance_catalog()
-    backends = catalog.BACKENDS_BY_FAMILY.get(family, frozenset(Backend)) if family else frozenset(Backend)
-    allowed_by_backend = set().union(*(catalog.PRECISIONS_BY_BACKEND[b] for b in backends))
+
+    def runnable(arch: str) -> list[str]:
+        # What the config validator would accept for this family on this GPU (fleetcast/contract/support.py).
+        return sorted(p for p in support.PRECISIONS
+                      if support.check(family.value if family else None, None, p, "auto", arch) is None)
+
     wanted: list[tuple[str, str]] = []
     for spec in specs:
         if spec == "all":
             for name, inst in sorted(instances.items()):
-                for p in sorted(catalog.PRECISIONS_BY_ARCH.get(inst.gpu.arch, frozenset()) & allowed_by_backend, key=lambda x: x.value):
-                    wanted.append((name, p.value))
+                wanted += [(name, p) for p in runnable(inst.gpu.arch)]
             continue
         name, _, precision = spec.partition(":")
         if name not in instances:
@@ -203,9 +207,7 @@ def estimate_specs(specs: list[str], measured: list[Candidate], model_id: str, f
                 raise UserError(f"--estimate: precision {precision!r} is not one of {', '.join(p.value for p in Precision)}")
             wanted.append((name, precision))
         else:
-            arch = instances[name].gpu.arch
-            wanted += [(name, p.value) for p in sorted(catalog.PRECISIONS_BY_ARCH.get(arch, frozenset()) & allowed_by_backend,
-                                                         key=lambda x: x.value)]
+            wanted += [(name, p) for p in runnable(instances[name].gpu.arch)]
     have = {(c.instance_type, c.precision) for c in measured}
     levels = sorted({p.concurrency for c in measured for p in c.curve.points})
     out, seen = [], set()

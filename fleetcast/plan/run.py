@@ -110,6 +110,7 @@ def build_plan(opts: PlanOptions) -> tuple[PlanResult, list[RegionPlan], PlanCon
         quality_threshold=opts.quality_threshold, min_instances=min_instances,
         default_min_instances=opts.min_instances if opts.min_instances is not None else 1,
         model_id=cfg.model.id if cfg else None, model_family=cfg.model.family if cfg else None,
+        kv_cache_dtype=cfg.engine.kv_cache_dtype.value if cfg else "auto",
     )
 
     estimator_text = None

@@ -22,7 +22,8 @@ import math
 from dataclasses import dataclass, field
 
 from fleetcast.config import catalog
-from fleetcast.config.model import Backend, ModelFamily, Precision
+from fleetcast.config.model import ModelFamily
+from fleetcast.contract import support
 
 from .curves import MIN_P99_SAMPLES, Candidate, LoadPoint
 from .inputs import Availability, FixedCosts, Latency, Prices, QualityFile
@@ -56,6 +57,7 @@ class PlanContext:
     default_min_instances: int = 1
     model_id: str | None = None
     model_family: ModelFamily | None = None
+    kv_cache_dtype: str = "auto"  # the config's engine.kv_cache_dtype
 
     def n_min(self, region: str) -> int:
         return self.min_instances.get(region, self.default_min_instances)
@@ -263,16 +265,15 @@ def _structural_rejection(candidate: Candidate, consumer: str, region: str, ctx:
             return f"quality check failed: {why}"
     instance = catalog.instance_catalog().get(candidate.instance_type)
     if instance is not None:
-        if not catalog.precision_supported(instance.gpu.arch, Precision(candidate.precision)):
-            return (f"{candidate.precision} is not supported on {instance.gpu.name} ({instance.gpu.arch}); "
-                    f"the config validator would refuse it")
+        # The validator's decision, in its words (fleetcast/contract/support.py).
+        known_backend = candidate.backend if candidate.backend in support.BACKENDS else None
+        refusal = support.check(ctx.model_family.value if ctx.model_family is not None else None, known_backend,
+                                candidate.precision, ctx.kv_cache_dtype, instance.gpu.arch,
+                                support.instance_where(candidate.instance_type, instance.gpu.name, instance.gpu.arch))
+        if refusal is not None:
+            return f"{refusal.reason}; the config validator would refuse it"
     if ctx.model_id and candidate.model and candidate.model != ctx.model_id:
         return f"measured model {candidate.model!r}, the config serves {ctx.model_id!r}"
-    if ctx.model_family is not None and candidate.backend in ("tensorrt", "pytorch"):
-        allowed = catalog.BACKENDS_BY_FAMILY[ctx.model_family]
-        if Backend(candidate.backend) not in allowed:
-            return (f"measured on the {candidate.backend} backend; {ctx.model_family.value} models are served by "
-                    f"{', '.join(b.value for b in allowed)} only")
     if not ctx.availability.offered(candidate.instance_type, region):
         live = " (live check)" if region in ctx.availability.live_types else f" (availability as of {ctx.availability.as_of})"
         return f"{candidate.family} is not offered in {region}{live}"

@@ -256,9 +256,14 @@ class LocalAws:
         env.update(extra)
         return env
 
-    def start_runtime(self, env: dict[str, str], log_file: Path | None = None) -> RuntimeProcess:
+    def start_runtime(self, env: dict[str, str], log_file: Path | None = None,
+                      cwd: Path | None = None) -> RuntimeProcess:
+        """Run `python -m runtime.bootstrap` in the repository, or in `cwd` with the repository on
+        PYTHONPATH, as the container does (its working directory is the read-only bundle)."""
+        if cwd is not None:
+            env = {**env, "PYTHONPATH": os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH")) if p)}
         stderr = open(log_file, "ab") if log_file else subprocess.DEVNULL  # noqa: SIM115 - owned by the child
-        proc = subprocess.Popen([sys.executable, "-m", "runtime.bootstrap"], env=env, cwd=str(REPO),
+        proc = subprocess.Popen([sys.executable, "-m", "runtime.bootstrap"], env=env, cwd=str(cwd or REPO),
                                 stdout=subprocess.PIPE, stderr=stderr, text=True)
         rp = RuntimeProcess(proc=proc, started=time.monotonic())
         threading.Thread(target=rp._pump, daemon=True).start()

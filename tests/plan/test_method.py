@@ -77,7 +77,7 @@ def test_e2e_is_rescaled_to_the_traffic_output_length():
 def test_quality_and_support_matrix_rule_candidates_out():
     int8_on_blackwell = flat(precision="int8_wo")
     ev = evaluate(int8_on_blackwell, traffic(), "us-east-1", ctx())
-    assert ev.rejected.startswith("int8_wo is not supported on RTXPRO6000 (sm120)")
+    assert ev.rejected.startswith("int8_wo is not supported on g7e.2xlarge (RTXPRO6000, sm120)")
 
 
 def _write(tmp_path, name, mutate):

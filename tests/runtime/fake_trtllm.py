@@ -4,7 +4,11 @@ Each one first parses its command line with the parser rebuilt from the 1.2.x
 option data, exactly as the release would (a wrong flag exits 2 and fails the
 build), records it, then produces what the real tool leaves behind:
   convert_checkpoint.py / quantize.py -> a TRT-LLM checkpoint dir (config.json, rank0.safetensors)
-  trtllm-build -> an engine dir (config.json, rank0.engine); the weights inside are a
+  trtllm-build -> first the timing cache, to --output_timing_cache or else to `model.cache`
+                  in its working directory (BuildConfig.output_timing_cache's default, a
+                  relative path; builder.build() asserts the save, tensorrt_llm/builder.py),
+                  failing the build before any engine is written when that cannot be saved;
+                  then an engine dir (config.json, rank0.engine); the weights inside are a
                   reference-backend artifact so the engine can really be served
   trtllm-serve -> the reference server on the requested host/port
 `install(dir)` writes the executables and the examples tree; point PATH and
@@ -21,11 +25,16 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 
 
+# What a tool saw of its process environment, for the tests to check.
+_SEEN_ENV = ("PYTHONPATH", "HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "TRANSFORMERS_OFFLINE")
+
+
 def _record(tool: str, argv: list[str]) -> None:
     log = os.environ.get("FAKE_TRTLLM_LOG")
     if log:
         with open(log, "a") as handle:
-            handle.write(json.dumps({"tool": tool, "argv": argv}) + "\n")
+            handle.write(json.dumps({"tool": tool, "argv": argv, "cwd": os.getcwd(),
+                                     "env": {k: os.environ.get(k) for k in _SEEN_ENV}}) + "\n")
 
 
 def main(tool: str, argv: list[str]) -> int:
@@ -57,6 +66,13 @@ def main(tool: str, argv: list[str]) -> int:
     if tool == "trtllm-build":
         if not Path(args.checkpoint_dir, "rank0.safetensors").is_file():
             print(f"trtllm-build: no checkpoint in {args.checkpoint_dir}", file=sys.stderr)
+            return 1
+        timing_cache = args.output_timing_cache or "model.cache"  # relative: the working directory
+        try:
+            with open(timing_cache, "wb") as handle:
+                handle.write(b"timing cache")
+        except OSError as exc:
+            print(f"trtllm-build: {exc}\nAssertionError: Failed to save timing cache.", file=sys.stderr)
             return 1
         from runtime.reference.build import build_artifact
 

@@ -232,7 +232,7 @@ def test_unsupported_combination_is_refused_before_any_download(tmp_path):
         assert rp.proc.wait(60) == 0
         assert hook_results(aws, "i-00000000000000c01", telemetry.LAUNCH_HOOK) == ["ABANDON"]
         log = (tmp_path / "log").read_text()
-        assert "engine.precision: fp8 does not run on NVIDIA A10G" in log
+        assert "engine.precision: fp8 is not supported on NVIDIA A10G" in log
         assert aws.keys() == []  # no lock, no marker, nothing read or written
     finally:
         aws.stop()

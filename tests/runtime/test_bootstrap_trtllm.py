@@ -6,10 +6,12 @@ played by the reference server. Everything else is the shipped runtime: staged m
 calibration set from S3, convert -> build under the cache lock, upload, serve, hooks.
 """
 
+import contextlib
 import itertools
 import json
 import os
 import signal
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -17,6 +19,7 @@ import pytest
 from fleetcast import telemetry
 from fleetcast.config import config_from_json
 from fleetcast.staging.manifest import MANIFEST_NAME, build_manifest, model_prefix
+from runtime import vendor
 from runtime.devtools.harness import LocalAws, free_port_pair, tiny_config
 from tests.runtime import fake_trtllm
 from tests.runtime.streaming import stream_completion
@@ -41,6 +44,29 @@ def stage(aws, src: Path, prefix: str, kind: str) -> None:
     s3.put_object(Bucket=aws.bucket, Key=prefix + MANIFEST_NAME, Body=manifest.to_json().encode())
 
 
+@contextlib.contextmanager
+def read_only_dir(path: Path):
+    """A directory nothing can be written to, like the container's working directory (the runtime
+    bundle, mounted read-only at /opt/fleetcast by runtime/host/run-container.sh)."""
+    path.mkdir()
+    path.chmod(0o555)
+    immutable = os.geteuid() == 0  # root ignores mode bits; an immutable directory refuses root too
+    if immutable and subprocess.run(["chattr", "+i", str(path)], capture_output=True).returncode != 0:
+        immutable = False
+    try:
+        try:
+            (path / "probe").write_text("x")
+        except OSError:
+            pass
+        else:
+            pytest.skip("cannot make a read-only directory on this machine")
+        yield path
+    finally:
+        if immutable:
+            subprocess.run(["chattr", "-i", str(path)], check=False)
+        path.chmod(0o755)
+
+
 @pytest.fixture
 def region(tmp_path):
     with LocalAws(bucket=f"fleetcast-trt-{os.getpid()}-{next(_buckets)}") as aws:
@@ -57,7 +83,9 @@ def region(tmp_path):
         (calib / "validation.jsonl").write_text('{"text": "calibration sample"}\n' * 64)
         stage(aws, calib, "calibration/lambada/", "calibration")
         bin_dir, examples = fake_trtllm.install(tmp_path / "trtllm")
-        yield aws, cfg, tmp_path, bin_dir, examples
+        (tmp_path / "vendored").mkdir()
+        with read_only_dir(tmp_path / "opt-fleetcast"):
+            yield aws, cfg, tmp_path, bin_dir, examples
 
 
 def start(aws, cfg, tmp_path, bin_dir, examples, instance_id, **extra):
@@ -66,7 +94,12 @@ def start(aws, cfg, tmp_path, bin_dir, examples, instance_id, **extra):
                           FLEETCAST_TRTLLM_EXAMPLES=str(examples), FAKE_TRTLLM_LOG=str(tmp_path / "tools.jsonl"),
                           FAKE_TRTLLM_MODEL=cfg.model.id, **extra)
     env["PATH"] = f"{bin_dir}:{env['PATH']}"
-    return aws.start_runtime(env, tmp_path / f"{instance_id}.log"), int(env["FLEETCAST_PORT"])
+    # As in the container: the vendored packages on PYTHONPATH (and named by FLEETCAST_DEPS, as
+    # docker/Dockerfile does), the working directory read-only.
+    env["PYTHONPATH"] = str(tmp_path / "vendored")
+    env[vendor.VENDOR_DIR_ENV] = str(tmp_path / "vendored")
+    return (aws.start_runtime(env, tmp_path / f"{instance_id}.log", cwd=tmp_path / "opt-fleetcast"),
+            int(env["FLEETCAST_PORT"]))
 
 
 def tool_calls(tmp_path):
@@ -94,10 +127,18 @@ def test_smoothquant_engine_is_built_once_from_staged_inputs_and_served(region):
     assert build["tool"] == "trtllm-build" and arg(build["argv"], "--max_seq_len") == "192"
     assert serve["tool"] == "trtllm-serve" and arg(serve["argv"], "--backend") == "tensorrt"
     assert arg(serve["argv"], "--port") == str(port + 1) and arg(serve["argv"], "--host") == "127.0.0.1"
+    work = Path(build["cwd"])
+    assert convert["cwd"] == build["cwd"] and work.is_relative_to(tmp_path / "i-00000000000000d01")
+    assert Path(arg(build["argv"], "--output_timing_cache")).parent == work  # not the read-only cwd
+    for call in (convert, build, serve):  # TensorRT-LLM's processes: released packages only, hub offline
+        assert str(tmp_path / "vendored") not in (call["env"]["PYTHONPATH"] or ""), call
+        assert call["env"]["HF_HUB_OFFLINE"] == call["env"]["HF_DATASETS_OFFLINE"] == "1"
+        assert call["env"]["TRANSFORMERS_OFFLINE"] == "1"
 
     entry = [k.split("/builds/")[1].split("/", 1)[1] for k in aws.keys("engines/") if "/builds/" in k]
     assert "engine/rank0.engine" in entry and "tokenizer/tokenizer.json" in entry
     assert "tokenizer/model.safetensors" not in entry  # HF weights are not shipped beside the engine
+    assert not [k for k in entry if k.endswith("model.cache")]  # the timing cache stays on the build host
     assert stream_completion(port, "Hello", 8).usage["completion_tokens"] == 8
 
     # A second instance of the same pool: cache hit, trtllm-serve only.

@@ -112,8 +112,9 @@ def test_trtllm_build_runs_convert_then_build_and_ships_the_tokenizer(tmp_path):
         (model / name).write_text(name)
     calls = []
 
-    def runner(cmd, log):
+    def runner(cmd, log, cwd):
         calls.append(cmd)
+        assert cwd == tmp_path / "work"  # each step runs in the build's own directory
         if cmd[0] == "trtllm-build":
             out = Path(cmd[cmd.index("--output_dir") + 1])
             out.mkdir(parents=True)
@@ -131,7 +132,7 @@ def test_trtllm_build_runs_convert_then_build_and_ships_the_tokenizer(tmp_path):
 def test_trtllm_build_without_an_engine_fails_instead_of_caching_nothing(tmp_path):
     cfg = load_config(REPO / "config" / "fleet.yaml")
     (tmp_path / "model").mkdir()
-    backend = trtllm.TrtllmBackend(cfg, cfg.engine, runner=lambda cmd, log: None)
+    backend = trtllm.TrtllmBackend(cfg, cfg.engine, runner=lambda cmd, log, cwd: None)
     with pytest.raises(RuntimeError, match="no config.json/rank"):
         backend.build(tmp_path / "model", None, tmp_path / "work")
 
@@ -154,7 +155,7 @@ def test_pytorch_backend_caches_the_checkpoint_and_wants_fp8_prequantized(tmp_pa
     (model / "config.json").write_text("{}")
     (model / "model.safetensors").write_bytes(b"w")
     bf16 = cfg.engine.model_copy(update={"backend": Backend.PYTORCH, "precision": Precision.BF16})
-    artifact = trtllm.TrtllmBackend(cfg, bf16, runner=lambda c, l: pytest.fail("no build step")).build(
+    artifact = trtllm.TrtllmBackend(cfg, bf16, runner=lambda c, l, w: pytest.fail("no build step")).build(
         model, None, tmp_path / "w1")
     assert sorted(p.name for p in artifact.iterdir()) == ["config.json", "model.safetensors"]
     fp8 = bf16.model_copy(update={"precision": Precision.FP8})

@@ -6,6 +6,8 @@ import pytest
 
 from fleetcast.config import Backend, KvCacheDtype, ModelFamily, Precision, load_config
 from runtime import trtllm
+from fleetcast.contract import support
+from tests.runtime import trtllm_1_2_llm_args as llm_args
 from tests.runtime.trtllm_parsers import BUILD, CONVERT, QUANTIZE, SERVE, Refused as _Refused
 
 REPO = Path(__file__).resolve().parents[2]
@@ -20,7 +22,7 @@ def engine(cfg, precision, kv=KvCacheDtype.AUTO):
     return cfg.engine.model_copy(update={"precision": precision, "kv_cache_dtype": kv})
 
 
-PATHS = trtllm.BuildPaths(model_dir=Path("/work/model"), checkpoint_dir=Path("/work/ckpt"),
+PATHS = trtllm.BuildPaths(work_dir=Path("/work"), model_dir=Path("/work/model"), checkpoint_dir=Path("/work/ckpt"),
                           engine_dir=Path("/work/artifact/engine"), calib_dir=Path("/work/calib"))
 
 CASES = {
@@ -64,6 +66,9 @@ def test_gpt2_xl_build_commands_parse_against_release_options(cfg, case):
     assert (b.checkpoint_dir, b.output_dir, b.gemm_plugin) == ("/work/ckpt", "/work/artifact/engine", "auto")
     assert b.max_seq_len == cfg.model.max_input_len + cfg.model.max_output_len <= 1024  # GPT-2 XL n_positions
     assert (b.max_batch_size, b.max_num_tokens) == (e.max_batch_size, e.max_num_tokens)
+    # BuildConfig.output_timing_cache defaults to the relative "model.cache" (tensorrt_llm/builder.py):
+    # the cache goes to the build's own directory, never the (read-only) working directory's default.
+    assert b.output_timing_cache == "/work/model.cache"
 
 
 def test_serve_command_parses_and_carries_config(cfg, tmp_path):
@@ -80,7 +85,8 @@ def test_serve_command_parses_and_carries_config(cfg, tmp_path):
     assert a.max_batch_size == e.max_batch_size and a.max_num_tokens == e.max_num_tokens
     import json
     options = json.loads(Path(a.config).read_text())  # JSON is YAML
-    assert options["enable_iter_perf_stats"] is True  # /metrics iteration stats
+    assert llm_args_problems("tensorrt", options) == []
+    assert "enable_iter_perf_stats" not in options  # a TorchLlmArgs field: TrtLlmArgs would refuse it
 
 
 def test_pytorch_backend_serves_the_checkpoint_without_engine(cfg, tmp_path):
@@ -123,3 +129,39 @@ def test_unsupported_combinations_are_refused_with_a_clear_message(cfg, family, 
         trtllm.check_supported(family, e, cc, "GPU")
     for word in words:
         assert word in str(err.value)
+
+
+def llm_args_problems(backend: str, options: dict) -> list[str]:
+    """What TrtLlmArgs/TorchLlmArgs (extra="forbid", tensorrt_llm/llmapi/llm_args.py) would refuse."""
+    out = [f"{k}: not a field of the {backend} backend's LLM args" for k in options
+           if k not in llm_args.ARGS_BY_BACKEND[backend]]
+    for key, fields in llm_args.NESTED.items():
+        out += [f"{key}.{k}: not a field" for k in options.get(key, {}) if k not in fields]
+    dtype = options.get("kv_cache_config", {}).get("dtype", "auto")
+    if dtype not in llm_args.KV_CACHE_DTYPE_BY_BACKEND[backend]:
+        out.append(f"kv_cache_config.dtype: {dtype} is not accepted by the {backend} backend")
+    return out
+
+
+COMBINATIONS = [(b, p, k) for b in Backend for p in Precision for k in KvCacheDtype]
+
+
+@pytest.mark.parametrize("backend,precision,kv", COMBINATIONS, ids=lambda v: v.value)
+def test_extra_llm_api_options_hold_only_fields_the_backend_accepts(cfg, backend, precision, kv):
+    e = cfg.engine.model_copy(update={"backend": backend, "precision": precision, "kv_cache_dtype": kv})
+    options = trtllm.extra_llm_api_options(e)
+    assert llm_args_problems(backend.value, options) == [], llm_args.SOURCE
+    assert options["kv_cache_config"]["free_gpu_memory_fraction"] == e.kv_cache_free_gpu_memory_fraction
+    runs_somewhere = any(support.check(None, backend.value, precision.value, kv.value, arch) is None
+                         for arch in support.PRECISIONS_BY_ARCH)
+    if backend is Backend.PYTORCH and runs_somewhere:
+        # The PyTorch backend's KV cache dtype is this option; without it the setting would do nothing.
+        assert options["kv_cache_config"].get("dtype", "auto") == kv.value
+        assert options["enable_iter_perf_stats"] is True  # /metrics iteration stats
+
+
+def test_llm_args_check_refuses_what_the_release_refuses():
+    assert llm_args_problems("tensorrt", {"enable_iter_perf_stats": True})
+    assert llm_args_problems("tensorrt", {"kv_cache_config": {"dtype": "fp8"}})
+    assert llm_args_problems("pytorch", {"kv_cache_config": {"fp8": True}})
+    assert llm_args_problems("pytorch", {"kv_cache_config": {"dtype": "int8"}})
