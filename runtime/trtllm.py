@@ -34,6 +34,7 @@ from fleetcast.config import Backend, FleetConfig, KvCacheDtype, ModelFamily, Pr
 from fleetcast.config import catalog
 from fleetcast.config.model import EngineSpec
 from fleetcast.errors import UserError
+from fleetcast.staging.selection import tokenizer_file
 
 # Where the release image keeps its examples (the image ships the repo's examples/ at /app/tensorrt_llm).
 EXAMPLES_DIR = os.environ.get("FLEETCAST_TRTLLM_EXAMPLES", "/app/tensorrt_llm/examples")
@@ -41,8 +42,6 @@ CONVERT_GPT = "models/core/gpt/convert_checkpoint.py"
 QUANTIZE = "quantization/quantize.py"
 SMOOTHQUANT_ALPHA = 0.5  # the release README's recommended first try
 
-# Files of a Hugging Face model directory that the server needs besides weights (tokenizer, generation).
-_WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".h5", ".msgpack", ".onnx", ".gguf")
 
 
 class UnsupportedCombination(UserError):
@@ -233,11 +232,11 @@ def _kill_group(proc: subprocess.Popen) -> None:
         pass
 
 
-def copy_tokenizer(model_dir: Path, dest: Path) -> None:
-    """Everything in the HF directory but the weights: tokenizer, config, generation config."""
+def copy_tokenizer(model_dir: Path, dest: Path, extra: tuple[str, ...] = ()) -> None:
+    """Tokenizer, config and generation config of the HF directory (never a weight format) next to the engine."""
     dest.mkdir(parents=True, exist_ok=True)
     for path in model_dir.iterdir():
-        if path.is_file() and not path.name.endswith(_WEIGHT_SUFFIXES) and path.name != "manifest.json":
+        if path.is_file() and tokenizer_file(path.name, extra):
             shutil.copy2(path, dest / path.name)
 
 
@@ -283,7 +282,7 @@ class TrtllmBackend:
         self.runner(build_command(self.engine, m.max_input_len, m.max_output_len, paths), log_file)
         if not (paths.engine_dir / "config.json").is_file() or not list(paths.engine_dir.glob("rank*.engine")):
             raise RuntimeError(f"trtllm-build finished but {paths.engine_dir} has no config.json/rank*.engine")
-        copy_tokenizer(model_dir, artifact / "tokenizer")
+        copy_tokenizer(model_dir, artifact / "tokenizer", self.cfg.model.stage_patterns)
         shutil.rmtree(paths.checkpoint_dir, ignore_errors=True)
         return artifact
 
