@@ -34,6 +34,7 @@ from fleetcast.config import Backend, FleetConfig, KvCacheDtype, ModelFamily, Pr
 from fleetcast.config import catalog
 from fleetcast.config.model import EngineSpec
 from fleetcast.errors import UserError
+from fleetcast.staging.calibration import loader_dir as calibration_loader_dir
 from fleetcast.staging.selection import tokenizer_file
 
 # Where the release image keeps its examples (the image ships the repo's examples/ at /app/tensorrt_llm).
@@ -140,7 +141,8 @@ def convert_command(engine: EngineSpec, paths: BuildPaths, calib_samples: int = 
 def _calibration_args(paths: BuildPaths, flag: str) -> list[str]:
     if paths.calib_dir is None:
         raise UserError("calibration: this precision is calibrated; stage a calibration set and set calibration.dataset")
-    return [flag, str(paths.calib_dir)]
+    # The staged layout's loader directory: the only path both calibration loaders read (fleetcast.staging.calibration).
+    return [flag, str(calibration_loader_dir(paths.calib_dir))]
 
 
 def build_command(engine: EngineSpec, max_input_len: int, max_output_len: int, paths: BuildPaths) -> list[str]:

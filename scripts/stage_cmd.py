@@ -28,10 +28,18 @@ def register(sub: argparse._SubParsersAction) -> None:
     model.add_argument("--local-dir", type=Path, help="stage this directory instead of downloading from the hub")
     model.set_defaults(handler=_model)
 
-    calib = actions.add_parser("calibration", help="stage a calibration dataset directory (SmoothQuant, INT8/FP8 KV, FP8)")
+    calib = actions.add_parser(
+        "calibration", help="stage a calibration dataset directory (SmoothQuant, INT8/FP8 KV, FP8)",
+        description="Validate and stage a calibration set. Format: JSON Lines files (*.jsonl) directly in --dir, "
+                    'one object per line with a non-empty string under "text", e.g. {"text": "A typical prompt of '
+                    'your traffic ..."}; at least 512 rows in all (convert_checkpoint.py\'s SmoothQuant / INT8 KV '
+                    "calibration reads 512; quantize.py's FP8 calibration reads calibration.samples). Other files "
+                    "are ignored. A bad line is reported with its file, line and column. The set is staged as "
+                    "calibration/NAME/lambada/{train,validation}.jsonl, the layout both TensorRT-LLM 1.2.x loaders "
+                    "read offline (docs/runtime.md, 'Calibration sets').")
     common(calib)
     buckets(calib)
-    calib.add_argument("--dir", type=Path, required=True, help="directory holding the dataset files")
+    calib.add_argument("--dir", type=Path, required=True, help="directory holding the *.jsonl files")
     calib.add_argument("--name", required=True, help="dataset name; staged under calibration/NAME/")
     calib.set_defaults(handler=_calibration)
 
@@ -125,7 +133,11 @@ def _calibration(args: argparse.Namespace) -> int:
 
     cfg = load_config(args.config)
     clients = _clients(args)
+    from fleetcast.staging.calibration import read_rows
+
+    read_rows(args.dir)  # a malformed set is refused before any AWS call
     result = stage_calibration(args.name, args.dir, _buckets(cfg, args, clients), clients,
+                               samples=cfg.calibration.samples if cfg.calibration else None,
                                part_size=_part_size(args), progress=args.progress)
     print("\n".join(result.lines()))
     first = next(iter(result.reports))

@@ -156,10 +156,19 @@ def stage_model(cfg: FleetConfig, buckets: dict[str, str], clients: ClientFactor
 
 
 def stage_calibration(name: str, directory: Path, buckets: dict[str, str], clients: ClientFactory, *,
-                      part_size: int = DEFAULT_PART_SIZE, progress: bool | None = None,
+                      samples: int | None = None, part_size: int = DEFAULT_PART_SIZE, progress: bool | None = None,
                       log: Callable[[str], None] = print) -> StageResult:
-    if not directory.is_dir():
-        raise UserError(f"--dir {directory} is not a directory")
-    manifest = build_manifest(directory, kind="calibration", name=name, revision="1", source=str(directory))
-    return stage_tree(directory, manifest, calibration_prefix(name), buckets, clients,
-                      part_size=part_size, progress=progress, log=log)
+    """Validate a JSON Lines calibration set and stage it in the layout TensorRT-LLM's loaders read."""
+    from . import calibration
+
+    rows, files = calibration.read_rows(directory)
+    log(f"{directory}: {len(rows)} row(s) from {', '.join(p.name for p in files)}")
+    if samples is not None and samples > len(rows):
+        log(f"note: calibration.samples is {samples} but the set has {len(rows)} row(s); FP8 calibration "
+            f"(quantize.py) will use {len(rows)}")
+    with tempfile.TemporaryDirectory(prefix="fleetcast-calibration-") as tmp:
+        calibration.write_layout(rows, Path(tmp))
+        manifest = build_manifest(Path(tmp), kind="calibration", name=name, revision="1", source=str(directory),
+                                  extra={"format": calibration.FORMAT, "rows": len(rows)})
+        return stage_tree(Path(tmp), manifest, calibration_prefix(name), buckets, clients,
+                          part_size=part_size, progress=progress, log=log)
