@@ -116,7 +116,8 @@ def offline_findings(cfg: FleetConfig) -> Readiness:
     for path, value in _strings(cfg.model_dump(mode="json")):
         if path[:1] == ("tags",):
             continue
-        for account in _ACCOUNT.findall(value):
+        # Accounts live in account fields and in ARNs; elsewhere (digests, names) a 12-digit run means nothing.
+        for account in _ACCOUNT.findall(value) if value.startswith("arn:") or value.isdigit() else ():
             if is_example_account(account):
                 refusals.append(ConfigIssue(path, f"{account} is an example account id from AWS documentation, "
                                                   f"not a real account; {_account_advice(path)}"))

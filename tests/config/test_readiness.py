@@ -220,3 +220,12 @@ def test_deploy_of_a_ready_config_proceeds(monkeypatch, tmp_path):
     monkeypatch.setattr(fleetcast.deploy, "execute", lambda steps, **k: ran.append(k))
     code, _, _ = run("deploy", "--config", str(target), "--step", "bootstrap")
     assert code == 0 and ran == [{"dry_run": False}]
+
+
+def test_accounts_are_read_from_account_fields_and_arns_only():
+    doc = real_doc()
+    doc["network"]["tls_certificate_arns"] = {
+        "ap-northeast-2": "arn:aws:acm:ap-northeast-2:111122223333:certificate/0a9b8c7d-6e5f-4a3b-9c2d-1e0f9a8b7c6d"}
+    doc["engine"]["image_digest"] = "sha256:" + "ab" + "111122223333" + "c" * 50
+    [issue] = offline_findings(parse_config(doc)).refusals
+    assert issue.dotted == "network.tls_certificate_arns.ap-northeast-2" and "111122223333" in issue.message
