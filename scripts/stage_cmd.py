@@ -22,7 +22,13 @@ def register(sub: argparse._SubParsersAction) -> None:
         p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
                        help="progress bar on stderr (default: when stderr is a terminal)")
 
-    model = actions.add_parser("model", help="fetch model.source at model.revision once, upload to every region bucket")
+    model = actions.add_parser(
+        "model", help="fetch model.source at model.revision once, upload to every region bucket",
+        description="Fetch model.source at model.revision once (or take --local-dir) and stage it into every region "
+                    "bucket: only what the build reads, i.e. top-level *.safetensors (+ shard index), config.json, "
+                    "generation_config.json, hf_quant_config.json and the tokenizer files; other weight formats "
+                    "(.bin, .h5, .msgpack, .ot, ONNX, ...) stay behind unless model.stage_patterns asks for them "
+                    "(e.g. ['*.bin'] for a model without safetensors). Prints the staged size and what it left out.")
     common(model)
     buckets(model)
     model.add_argument("--local-dir", type=Path, help="stage this directory instead of downloading from the hub")
