@@ -34,6 +34,8 @@ from fleetcast.config import Backend, FleetConfig, KvCacheDtype, ModelFamily, Pr
 from fleetcast.contract import support
 from fleetcast.config.model import EngineSpec
 from fleetcast.errors import UserError
+from fleetcast.staging.calibration import loader_dir as calibration_loader_dir
+from fleetcast.staging.selection import tokenizer_file
 
 from . import vendor
 
@@ -43,8 +45,6 @@ CONVERT_GPT = "models/core/gpt/convert_checkpoint.py"
 QUANTIZE = "quantization/quantize.py"
 SMOOTHQUANT_ALPHA = 0.5  # the release README's recommended first try
 
-# Files of a Hugging Face model directory that the server needs besides weights (tokenizer, generation).
-_WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".h5", ".msgpack", ".onnx", ".gguf")
 
 
 class UnsupportedCombination(UserError):
@@ -119,7 +119,8 @@ def convert_command(engine: EngineSpec, paths: BuildPaths, calib_samples: int = 
 def _calibration_args(paths: BuildPaths, flag: str) -> list[str]:
     if paths.calib_dir is None:
         raise UserError("calibration: this precision is calibrated; stage a calibration set and set calibration.dataset")
-    return [flag, str(paths.calib_dir)]
+    # The staged layout's loader directory: the only path both calibration loaders read (fleetcast.staging.calibration).
+    return [flag, str(calibration_loader_dir(paths.calib_dir))]
 
 
 def build_command(engine: EngineSpec, max_input_len: int, max_output_len: int, paths: BuildPaths) -> list[str]:
@@ -244,11 +245,11 @@ def _kill_group(proc: subprocess.Popen) -> None:
         pass
 
 
-def copy_tokenizer(model_dir: Path, dest: Path) -> None:
-    """Everything in the HF directory but the weights: tokenizer, config, generation config."""
+def copy_tokenizer(model_dir: Path, dest: Path, extra: tuple[str, ...] = ()) -> None:
+    """Tokenizer, config and generation config of the HF directory (never a weight format) next to the engine."""
     dest.mkdir(parents=True, exist_ok=True)
     for path in model_dir.iterdir():
-        if path.is_file() and not path.name.endswith(_WEIGHT_SUFFIXES) and path.name != "manifest.json":
+        if path.is_file() and tokenizer_file(path.name, extra):
             shutil.copy2(path, dest / path.name)
 
 
@@ -297,7 +298,7 @@ class TrtllmBackend:
         self.runner(build_command(self.engine, m.max_input_len, m.max_output_len, paths), log_file, workdir)
         if not (paths.engine_dir / "config.json").is_file() or not list(paths.engine_dir.glob("rank*.engine")):
             raise RuntimeError(f"trtllm-build finished but {paths.engine_dir} has no config.json/rank*.engine")
-        copy_tokenizer(model_dir, artifact / "tokenizer")
+        copy_tokenizer(model_dir, artifact / "tokenizer", self.cfg.model.stage_patterns)
         shutil.rmtree(paths.checkpoint_dir, ignore_errors=True)
         return artifact
 

@@ -20,6 +20,7 @@ SUBCOMMANDS = (
     "synth_cmd",
     "stage_cmd",
     "deploy_cmd",
+    "ami_cmd",
     "smoke_cmd",
     "connections_cmd",
     "usage_cmd",

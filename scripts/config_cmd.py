@@ -10,8 +10,18 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser = sub.add_parser("config", help="validate the fleet config, show what a change rolls (diff), export its schema and reference")
     actions = parser.add_subparsers(dest="action", metavar="ACTION", required=True)
 
-    validate = actions.add_parser("validate", help="report every problem in a config file (exit 1 if any)")
+    validate = actions.add_parser(
+        "validate", help="report every problem in a config file (exit 1 if any)",
+        description="Validate a fleet config: every problem with its YAML path, line and what is allowed (exit 1). "
+                    "--deploy also refuses what is valid but cannot work in a real account: AWS documentation "
+                    "example account ids (111122223333, 123456789012, ...) and placeholder VPC/subnet/endpoint "
+                    "service/AMI ids, each with what to put instead (exit 1); it warns on `latest` AMIs and on a "
+                    "model.revision that is not a commit. With AWS credentials for provider.account it also checks "
+                    "each AZ name -> AZ ID pair against ec2:DescribeAvailabilityZones; without them it says so.")
     validate.add_argument("file", help="fleet config YAML, e.g. config/fleet.yaml")
+    validate.add_argument("--deploy", action="store_true",
+                          help="also check deploy readiness (what `fleetcast deploy` checks before any step)")
+    validate.add_argument("--profile", help="with --deploy: AWS named profile for the AZ check")
     validate.set_defaults(handler=_validate)
 
     schema = actions.add_parser("schema", help="print the config's JSON Schema")
@@ -52,7 +62,13 @@ def _validate(args: argparse.Namespace) -> int:
     pools = sum(len(r.pools) for r in cfg.regions)
     print(f"{args.file}: valid ({len(cfg.regions)} region(s), {pools} pool(s), {len(cfg.consumers)} consumer(s); "
           f"digest {cfg.digest()[:12]})")
-    return 0
+    if not args.deploy:
+        return 0
+    from fleetcast.config.readiness import access_with_credentials, check_readiness, line_index
+
+    readiness = check_readiness(cfg, access_with_credentials(args.profile))
+    print(readiness.render(args.file, line_index(args.file)))
+    return 0 if readiness.ready else 1
 
 
 def _schema(args: argparse.Namespace) -> int:

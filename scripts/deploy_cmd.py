@@ -38,10 +38,24 @@ def _deploy(args: argparse.Namespace) -> int:
     from fleetcast.deploy import STEPS, execute, plan
 
     cfg = load_config(args.config)
+    _refuse_unready(cfg, args)
     steps = [s for s in STEPS if s in (args.step or STEPS)]
     execute(plan(cfg, args.config, _clients(args.profile), steps=steps, trust_account=args.trust,
                  smoke_endpoint=args.smoke_endpoint, approval=args.require_approval), dry_run=args.dry_run)
     return 0
+
+
+def _refuse_unready(cfg, args: argparse.Namespace) -> None:
+    """Before any step: what `fleetcast config validate --deploy` refuses stops the deploy (a dry run only shows it)."""
+    from fleetcast.config.readiness import access_with_credentials, check_readiness, line_index
+    from fleetcast.errors import UserError
+
+    readiness = check_readiness(cfg, access_with_credentials(args.profile))
+    if readiness.refusals or readiness.warnings:
+        print(readiness.render(args.config, line_index(args.config)))
+    if not readiness.ready and not args.dry_run:
+        raise UserError(f"not deploying: {args.config} has {len(readiness.refusals)} value(s) that cannot work in a "
+                        "real account (listed above); fix them, then rerun", 1)
 
 
 def _teardown(args: argparse.Namespace) -> int:

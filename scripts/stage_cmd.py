@@ -22,16 +22,30 @@ def register(sub: argparse._SubParsersAction) -> None:
         p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
                        help="progress bar on stderr (default: when stderr is a terminal)")
 
-    model = actions.add_parser("model", help="fetch model.source at model.revision once, upload to every region bucket")
+    model = actions.add_parser(
+        "model", help="fetch model.source at model.revision once, upload to every region bucket",
+        description="Fetch model.source at model.revision once (or take --local-dir) and stage it into every region "
+                    "bucket: only what the build reads, i.e. top-level *.safetensors (+ shard index), config.json, "
+                    "generation_config.json, hf_quant_config.json and the tokenizer files; other weight formats "
+                    "(.bin, .h5, .msgpack, .ot, ONNX, ...) stay behind unless model.stage_patterns asks for them "
+                    "(e.g. ['*.bin'] for a model without safetensors). Prints the staged size and what it left out.")
     common(model)
     buckets(model)
     model.add_argument("--local-dir", type=Path, help="stage this directory instead of downloading from the hub")
     model.set_defaults(handler=_model)
 
-    calib = actions.add_parser("calibration", help="stage a calibration dataset directory (SmoothQuant, INT8/FP8 KV, FP8)")
+    calib = actions.add_parser(
+        "calibration", help="stage a calibration dataset directory (SmoothQuant, INT8/FP8 KV, FP8)",
+        description="Validate and stage a calibration set. Format: JSON Lines files (*.jsonl) directly in --dir, "
+                    'one object per line with a non-empty string under "text", e.g. {"text": "A typical prompt of '
+                    'your traffic ..."}; at least 512 rows in all (convert_checkpoint.py\'s SmoothQuant / INT8 KV '
+                    "calibration reads 512; quantize.py's FP8 calibration reads calibration.samples). Other files "
+                    "are ignored. A bad line is reported with its file, line and column. The set is staged as "
+                    "calibration/NAME/lambada/{train,validation}.jsonl, the layout both TensorRT-LLM 1.2.x loaders "
+                    "read offline (docs/runtime.md, 'Calibration sets').")
     common(calib)
     buckets(calib)
-    calib.add_argument("--dir", type=Path, required=True, help="directory holding the dataset files")
+    calib.add_argument("--dir", type=Path, required=True, help="directory holding the *.jsonl files")
     calib.add_argument("--name", required=True, help="dataset name; staged under calibration/NAME/")
     calib.set_defaults(handler=_calibration)
 
@@ -129,7 +143,11 @@ def _calibration(args: argparse.Namespace) -> int:
 
     cfg = load_config(args.config)
     clients = _clients(args)
+    from fleetcast.staging.calibration import read_rows
+
+    read_rows(args.dir)  # a malformed set is refused before any AWS call
     result = stage_calibration(args.name, args.dir, _buckets(cfg, args, clients), clients,
+                               samples=cfg.calibration.samples if cfg.calibration else None,
                                part_size=_part_size(args), progress=args.progress)
     print("\n".join(result.lines()))
     first = next(iter(result.reports))

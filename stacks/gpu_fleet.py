@@ -18,6 +18,7 @@ from aws_cdk import aws_s3_assets as s3_assets
 from aws_cdk import aws_ssm as ssm
 from constructs import Construct
 
+from fleetcast.ami import DLAMI_SSM_PARAMETER, LATEST
 from fleetcast.config import FleetConfig, Pool, Region
 from fleetcast.telemetry import LAUNCH_HOOK, NAMESPACE
 from runtime.userdata import render_user_data
@@ -25,9 +26,6 @@ from runtime.userdata import render_user_data
 from . import nag
 from .storage import READ_ONLY_PREFIXES, READ_WRITE_PREFIXES, ModelStore
 
-# Public SSM parameter of the Deep Learning Base OSS NVIDIA driver AMI (AL2023),
-# used only when a region asks for `ami: {id: latest}`.
-DLAMI_SSM_PARAMETER = "/aws/service/deeplearning/ami/x86_64/base-oss-nvidia-driver-gpu-amazon-linux-2023/latest/ami-id"
 ROOT_DEVICE = "/dev/xvda"  # AL2023 DLAMI root device
 # The health-check grace period starts at InService, i.e. after the launch hook
 # completed on a healthy /health: it only needs to cover NLB registration.
@@ -277,7 +275,7 @@ class GpuFleet(Construct):
 
 
 def _machine_image(region: Region) -> ec2.IMachineImage:
-    if region.ami.id == "latest":
+    if region.ami.id == LATEST:  # resolved by CloudFormation at deploy time
         return ec2.MachineImage.from_ssm_parameter(DLAMI_SSM_PARAMETER, os=ec2.OperatingSystemType.LINUX)
     return ec2.MachineImage.generic_linux({region.region: region.ami.id})
 

@@ -146,6 +146,12 @@ class ModelSpec(Frozen):
         default=None,
         description="Secrets Manager secret name holding a hub token for gated models (read by staging only).",
     )
+    stage_patterns: tuple[Annotated[str, StringConstraints(min_length=1, max_length=200)], ...] = Field(
+        default=(),
+        description="Files `fleetcast stage model` stages besides what the build reads (top-level *.safetensors, "
+        "config and tokenizer files): fnmatch patterns on the repository path, e.g. '*.bin' for a model "
+        "published without safetensors. Read by staging only.",
+    )
 
     @field_validator("source")
     @classmethod
@@ -533,6 +539,7 @@ class Operations(Frozen):
 NOT_IN_INSTANCE_DIGEST: dict = {
     "consumers": True,
     "slo": True,
+    "model": {"stage_patterns"},  # what staging copies; instances read the staged manifest
     "operations": {"log_retention_days", "auto_approve_connections", "alarm_email"},
     "regions": {"__all__": {
         "allowed_principals": True,

@@ -13,6 +13,7 @@ import json
 import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Callable
 
 MANIFEST_NAME = "manifest.json"
 SCHEMA = "fleetcast.manifest/v1"
@@ -65,12 +66,16 @@ def sha256_file(path: Path) -> str:
     return digest.hexdigest()
 
 
-def build_manifest(root: Path, *, kind: str, name: str, revision: str, source: str = "", extra: dict | None = None) -> Manifest:
-    """Hash every regular file under `root` (hidden files and the manifest itself excluded)."""
+def build_manifest(root: Path, *, kind: str, name: str, revision: str, source: str = "", extra: dict | None = None,
+                   include: Callable[[str], bool] | None = None) -> Manifest:
+    """Hash every regular file under `root` (hidden files and the manifest itself excluded; with `include`,
+    only the relative paths it accepts)."""
     files = []
     for path in sorted(root.rglob("*")):
         rel = path.relative_to(root).as_posix()
         if not path.is_file() or rel == MANIFEST_NAME or any(p.startswith(".") for p in Path(rel).parts):
+            continue
+        if include is not None and not include(rel):
             continue
         files.append(ManifestFile(path=rel, size=path.stat().st_size, sha256=sha256_file(path)))
     if not files:

@@ -8,6 +8,7 @@ memory to the hub client: never written to disk, never logged.
 
 from __future__ import annotations
 
+import glob
 import os
 import tempfile
 from dataclasses import dataclass, field
@@ -17,7 +18,8 @@ from typing import Any, Callable
 from fleetcast.config import FleetConfig
 from fleetcast.errors import UserError
 
-from .manifest import Manifest, build_manifest, calibration_prefix, model_prefix
+from . import selection
+from .manifest import Manifest, build_manifest, calibration_prefix, human_bytes, model_prefix
 from .transfer import DEFAULT_PART_SIZE, TransferReport, TreeUploader, copy_prefix, read_manifest, verify_prefix
 
 ClientFactory = Callable[[str, str], Any]  # (service, region) -> boto3 client
@@ -31,7 +33,8 @@ class StageResult:
 
     def lines(self) -> list[str]:
         out = [f"{self.manifest.kind} {self.manifest.name}@{self.manifest.revision}: "
-               f"{len(self.manifest.files)} file(s), {self.manifest.total_bytes} bytes"]
+               f"{len(self.manifest.files)} file(s), {human_bytes(self.manifest.total_bytes)} staged "
+               f"({self.manifest.total_bytes} bytes)"]
         for region, report in self.reports.items():
             out.append(f"  {region}: {report.line()}")
         return out
@@ -49,15 +52,55 @@ def resolve_hub_token(cfg: FleetConfig, clients: ClientFactory) -> str | None:
                         f"{exc.response.get('Error', {}).get('Code')}") from None
 
 
-def fetch_from_hub(repo_id: str, revision: str, dest: Path, token: str | None) -> str:
-    """Download a hub snapshot into `dest`; returns the commit sha it resolved to."""
+@dataclass(frozen=True)
+class Selection:
+    """What staging takes from a model repository and what it leaves out (path -> size in bytes)."""
+
+    staged: dict[str, int]
+    left_out: dict[str, int]
+
+    @classmethod
+    def of(cls, files: dict[str, int], extra: tuple[str, ...] = ()) -> "Selection":
+        chosen = {p: n for p, n in files.items() if selection.staged(p, extra)}
+        return cls(staged=chosen, left_out={p: n for p, n in files.items() if p not in chosen})
+
+    def check(self, where: str) -> None:
+        if not selection.has_weights(self.staged):
+            others = ", ".join(sorted(self.left_out)) or "none"
+            raise UserError(f"{where} has no *.safetensors weights (other files: {others}); the build reads "
+                            "safetensors: add the format it has to model.stage_patterns, e.g. ['*.bin']")
+
+    def line(self) -> str:
+        out = f"staging {len(self.staged)} file(s), {human_bytes(sum(self.staged.values()))}"
+        if self.left_out:
+            names = sorted(self.left_out, key=lambda p: -self.left_out[p])
+            shown = ", ".join(names[:6]) + (f" and {len(names) - 6} more" if len(names) > 6 else "")
+            out += (f"; left out {len(self.left_out)} file(s), {human_bytes(sum(self.left_out.values()))} the build "
+                    f"does not read ({shown}; model.stage_patterns adds files)")
+        return out
+
+
+def fetch_from_hub(repo_id: str, revision: str, dest: Path, token: str | None, extra: tuple[str, ...] = (),
+                   log: Callable[[str], None] = print) -> str:
+    """Download what the build reads of a hub snapshot into `dest`; returns the commit sha it resolved to."""
     try:
         from huggingface_hub import HfApi, snapshot_download
     except ImportError:  # pragma: no cover - it is a declared dependency
         raise UserError("huggingface_hub is not installed; run `make synth` to set up the environment") from None
-    info = HfApi(token=token).model_info(repo_id, revision=revision)
-    snapshot_download(repo_id, revision=info.sha, local_dir=str(dest), token=token)
+    info = HfApi(token=token).model_info(repo_id, revision=revision, files_metadata=True)
+    chosen = Selection.of({s.rfilename: s.size or 0 for s in info.siblings or []}, extra)
+    chosen.check(f"{repo_id}@{info.sha}")
+    log(f"{repo_id}@{info.sha}: {chosen.line()}")
+    # Exact names (escaped for fnmatch), so the download is exactly the selection shown above.
+    snapshot_download(repo_id, revision=info.sha, local_dir=str(dest), token=token,
+                      allow_patterns=[glob.escape(p) for p in chosen.staged])
     return info.sha
+
+
+def _local_files(root: Path) -> dict[str, int]:
+    return {p.relative_to(root).as_posix(): p.stat().st_size for p in sorted(root.rglob("*"))
+            if p.is_file() and not any(part.startswith(".") for part in p.relative_to(root).parts)
+            and p.name != "manifest.json"}
 
 
 def stage_tree(root: Path, manifest: Manifest, prefix: str, buckets: dict[str, str], clients: ClientFactory, *,
@@ -91,27 +134,41 @@ def stage_model(cfg: FleetConfig, buckets: dict[str, str], clients: ClientFactor
     if local_dir is not None:
         if not local_dir.is_dir():
             raise UserError(f"--local-dir {local_dir} is not a directory")
+        chosen = Selection.of(_local_files(local_dir), model.stage_patterns)
+        chosen.check(f"--local-dir {local_dir}")
+        log(f"{local_dir}: {chosen.line()}")
         manifest = build_manifest(local_dir, kind="model", name=model.id, revision=model.revision,
-                                  source=str(local_dir))
+                                  source=str(local_dir), include=chosen.staged.__contains__)
         return stage_tree(local_dir, manifest, prefix, buckets, clients, part_size=part_size, progress=progress, log=log)
     if model.staged:
         raise UserError(f"model.source {model.source} is already in S3: copy it with --local-dir after "
                         "downloading, or point source at the hub id")
     token = resolve_hub_token(cfg, clients)
     with tempfile.TemporaryDirectory(prefix="fleetcast-model-") as tmp:
-        sha = fetch_from_hub(model.source, model.revision, Path(tmp), token)
+        sha = fetch_from_hub(model.source, model.revision, Path(tmp), token, model.stage_patterns, log=log)
         if sha != model.revision:
             log(f"note: revision {model.revision!r} resolved to commit {sha}; pin it in model.revision")
+        chosen = Selection.of(_local_files(Path(tmp)), model.stage_patterns)
         manifest = build_manifest(Path(tmp), kind="model", name=model.id, revision=model.revision,
-                                  source=f"hub:{model.source}", extra={"commit": sha})
+                                  source=f"hub:{model.source}", extra={"commit": sha},
+                                  include=chosen.staged.__contains__)
         return stage_tree(Path(tmp), manifest, prefix, buckets, clients, part_size=part_size, progress=progress, log=log)
 
 
 def stage_calibration(name: str, directory: Path, buckets: dict[str, str], clients: ClientFactory, *,
-                      part_size: int = DEFAULT_PART_SIZE, progress: bool | None = None,
+                      samples: int | None = None, part_size: int = DEFAULT_PART_SIZE, progress: bool | None = None,
                       log: Callable[[str], None] = print) -> StageResult:
-    if not directory.is_dir():
-        raise UserError(f"--dir {directory} is not a directory")
-    manifest = build_manifest(directory, kind="calibration", name=name, revision="1", source=str(directory))
-    return stage_tree(directory, manifest, calibration_prefix(name), buckets, clients,
-                      part_size=part_size, progress=progress, log=log)
+    """Validate a JSON Lines calibration set and stage it in the layout TensorRT-LLM's loaders read."""
+    from . import calibration
+
+    rows, files = calibration.read_rows(directory)
+    log(f"{directory}: {len(rows)} row(s) from {', '.join(p.name for p in files)}")
+    if samples is not None and samples > len(rows):
+        log(f"note: calibration.samples is {samples} but the set has {len(rows)} row(s); FP8 calibration "
+            f"(quantize.py) will use {len(rows)}")
+    with tempfile.TemporaryDirectory(prefix="fleetcast-calibration-") as tmp:
+        calibration.write_layout(rows, Path(tmp))
+        manifest = build_manifest(Path(tmp), kind="calibration", name=name, revision="1", source=str(directory),
+                                  extra={"format": calibration.FORMAT, "rows": len(rows)})
+        return stage_tree(Path(tmp), manifest, calibration_prefix(name), buckets, clients,
+                          part_size=part_size, progress=progress, log=log)

@@ -37,6 +37,29 @@ def _record(tool: str, argv: list[str]) -> None:
                                      "env": {k: os.environ.get(k) for k in _SEEN_ENV}}) + "\n")
 
 
+def _calibration_problem(tool: str, args) -> str | None:
+    """Read the calibration directory the way the real loader picks split and column (see
+    tests/staging/test_calibration.py, which runs the real `datasets` calls): convert_checkpoint.py
+    keys them on a 'lambada'/'cnn_dailymail' substring of the path (else KeyError) and reads 512 rows;
+    quantize.py reads a local directory's train split, text column."""
+    path = str(args.calib_dataset)
+    if tool == "quantize.py":
+        split, key, need = "train", "text", 1
+    elif "cnn_dailymail" in path:
+        split, key, need = "train", "article", 512
+    elif "lambada" in path:
+        split, key, need = "validation", "text", 512
+    else:
+        return f"KeyError: None (load_calib_dataset({path!r}) found no split/column for this path)"
+    file = Path(path, f"{split}.jsonl")
+    if not file.is_file():
+        return f"no {split} split in {path}"
+    rows = [json.loads(line) for line in file.read_text().splitlines() if line.strip()]
+    if len(rows) < need or not all(isinstance(r.get(key), str) and r[key] for r in rows[:need]):
+        return f"calibration dataset {path}: needs {need} rows with a {key!r} string, has {len(rows)}"
+    return None
+
+
 def main(tool: str, argv: list[str]) -> int:
     from tests.runtime.trtllm_parsers import BUILD, CONVERT, QUANTIZE, SERVE, Refused
 
@@ -55,9 +78,11 @@ def main(tool: str, argv: list[str]) -> int:
         if not Path(args.model_dir, "config.json").is_file():
             print(f"{tool}: {args.model_dir} is not a Hugging Face model directory", file=sys.stderr)
             return 1
-        if getattr(args, "calib_dataset", None) and not any(Path(args.calib_dataset).iterdir()):
-            print(f"{tool}: calibration dataset {args.calib_dataset} is empty", file=sys.stderr)
-            return 1
+        if getattr(args, "calib_dataset", None):
+            problem = _calibration_problem(tool, args)
+            if problem:
+                print(f"{tool}: {problem}", file=sys.stderr)
+                return 1
         out = Path(args.output_dir)
         out.mkdir(parents=True, exist_ok=True)
         (out / "config.json").write_text(json.dumps({"architecture": "GPT2LMHeadModel", "tool": tool}))

@@ -18,6 +18,8 @@ import pytest
 
 from fleetcast import telemetry
 from fleetcast.config import config_from_json
+from fleetcast.staging.calibration import MIN_ROWS
+from fleetcast.staging.calibration import write_layout as write_calibration_layout
 from fleetcast.staging.manifest import MANIFEST_NAME, build_manifest, model_prefix
 from runtime import vendor
 from runtime.devtools.harness import LocalAws, free_port_pair, tiny_config
@@ -78,9 +80,8 @@ def region(tmp_path):
                            "vocab.json": "{}", "merges.txt": "#version: 0.2", "model.safetensors": "weights"}.items():
             (model / name).write_text(body)
         stage(aws, model, model_prefix(cfg.model.id, cfg.model.revision), "model")
-        calib = tmp_path / "lambada"
-        calib.mkdir()
-        (calib / "validation.jsonl").write_text('{"text": "calibration sample"}\n' * 64)
+        calib = tmp_path / "calibration-set"
+        write_calibration_layout([f"calibration sample {i}" for i in range(MIN_ROWS)], calib)  # as staging writes it
         stage(aws, calib, "calibration/lambada/", "calibration")
         bin_dir, examples = fake_trtllm.install(tmp_path / "trtllm")
         (tmp_path / "vendored").mkdir()
@@ -123,7 +124,7 @@ def test_smoothquant_engine_is_built_once_from_staged_inputs_and_served(region):
     for flag in ("--smoothquant", "--per_token", "--per_channel", "--int8_kv_cache"):
         assert flag in convert["argv"]
     calib_dir = arg(convert["argv"], "--calib_dataset")
-    assert calib_dir.endswith("/calibration")  # the staged set, downloaded; never the hub's lambada
+    assert calib_dir.endswith("/calibration/lambada")  # the staged set's loader directory; never the hub's lambada
     assert build["tool"] == "trtllm-build" and arg(build["argv"], "--max_seq_len") == "192"
     assert serve["tool"] == "trtllm-serve" and arg(serve["argv"], "--backend") == "tensorrt"
     assert arg(serve["argv"], "--port") == str(port + 1) and arg(serve["argv"], "--host") == "127.0.0.1"

@@ -44,7 +44,7 @@ def test_gpt2_xl_build_commands_parse_against_release_options(cfg, case):
     if precision is Precision.FP8:
         assert convert[1].endswith("examples/quantization/quantize.py")
         args = QUANTIZE.parse_args(convert[2:])
-        assert (args.qformat, args.kv_cache_dtype, args.calib_dataset) == ("fp8", "fp8", "/work/calib")
+        assert (args.qformat, args.kv_cache_dtype, args.calib_dataset) == ("fp8", "fp8", "/work/calib/lambada")
         assert args.output_dir == "/work/ckpt"
     else:
         assert convert[1].endswith("examples/models/core/gpt/convert_checkpoint.py")
@@ -56,7 +56,7 @@ def test_gpt2_xl_build_commands_parse_against_release_options(cfg, case):
             assert args.calib_dataset is None  # W8A16 needs no calibration
         if precision is Precision.INT8_SMOOTHQUANT:
             assert args.smoothquant == 0.5 and args.per_token and args.per_channel
-            assert args.int8_kv_cache and args.calib_dataset == "/work/calib"  # staged: no hub download
+            assert args.int8_kv_cache and args.calib_dataset == "/work/calib/lambada"  # staged layout: no hub download
         if precision is Precision.FP16:
             assert not args.use_weight_only and args.smoothquant is None and not args.int8_kv_cache
 

@@ -76,8 +76,8 @@ def default_fleet() -> Synthesized:
 
 
 def variant_doc() -> dict:
-    """Every other branch at once: imported VPCs (with and without endpoints), a TLS listener, the
-    `latest` DLAMI, two pools of different GPUs in one region, an engine change (new digest), and a
+    """Every other branch at once: imported VPCs (with and without endpoints), a TLS listener, a
+    pinned AMI id (the default ships `latest`), two pools of different GPUs in one region, an engine change (new digest), and a
     consumer whose endpoint service name is not published yet."""
     doc = default_doc()
     seoul = doc["regions"][0]
@@ -87,7 +87,7 @@ def variant_doc() -> dict:
         "subnet_ids": ["subnet-0123456789abcdef1", "subnet-0123456789abcdef2"],
         "route_table_ids": ["rtb-0123456789abcdef1", "rtb-0123456789abcdef2"],
     }
-    seoul["ami"] = {"id": "latest"}
+    seoul["ami"] = {"id": "ami-0123456789abcdef0"}  # what `fleetcast ami pin` writes
     doc["regions"][1]["vpc"] = {  # a VPC that already has its endpoints
         "vpc_id": "vpc-0123456789abcdef9",
         "cidr": "10.51.0.0/16",

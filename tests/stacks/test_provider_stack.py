@@ -268,12 +268,18 @@ def test_instance_type_and_root_size_per_pool(variant):
         assert lt["BlockDeviceMappings"][0]["Ebs"]["VolumeSize"] == pools[lt["InstanceType"]].root_volume_gib
 
 
-def test_pinned_ami_by_default_and_ssm_parameter_for_latest(fleet, variant):
+def test_latest_ami_by_default_resolves_the_dlami_parameter_and_a_pinned_id_is_used_as_is(fleet, variant):
+    # The default config ships `latest`: CloudFormation resolves the public DLAMI parameter at deploy time.
+    assert fleet.cfg.region("ap-northeast-2").ami.id == "latest"
     lt = only(fleet.resources(SEOUL, "AWS::EC2::LaunchTemplate"))["LaunchTemplateData"]
-    assert lt["ImageId"] == fleet.cfg.region("ap-northeast-2").ami.id
-    parameters = variant.template_json(SEOUL)["Parameters"]
-    ssm = [p for p in parameters.values() if p.get("Default") == DLAMI_SSM_PARAMETER]
-    assert len(ssm) == 1 and ssm[0]["Type"] == "AWS::SSM::Parameter::Value<AWS::EC2::Image::Id>"
+    parameters = fleet.template_json(SEOUL)["Parameters"]
+    ssm = [name for name, p in parameters.items() if p.get("Default") == DLAMI_SSM_PARAMETER]
+    assert len(ssm) == 1 and parameters[ssm[0]]["Type"] == "AWS::SSM::Parameter::Value<AWS::EC2::Image::Id>"
+    assert lt["ImageId"] == {"Ref": ssm[0]}
+    pinned = variant.cfg.region("ap-northeast-2").ami.id
+    assert all(lt["Properties"]["LaunchTemplateData"]["ImageId"] == pinned
+               for lt in variant.resources(SEOUL, "AWS::EC2::LaunchTemplate").values())
+    assert not [p for p in variant.template_json(SEOUL)["Parameters"].values() if p.get("Default") == DLAMI_SSM_PARAMETER]
 
 
 @pytest.mark.parametrize("stack_name", PROVIDERS)

@@ -1,0 +1,39 @@
+"""`fleetcast ami pin`: replace `latest` (or older pinned ids) with the DLAMI's current id per region."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    parser = sub.add_parser("ami", help="pin the fleets' DLAMI ids in the config (read from its public SSM parameter)")
+    actions = parser.add_subparsers(dest="action", metavar="ACTION", required=True)
+    from fleetcast.ami import DLAMI_NAME, DLAMI_SSM_PARAMETER
+
+    pin = actions.add_parser(
+        "pin", help="write each provider region's current DLAMI id into regions[].ami.id",
+        description=f"Read the public SSM parameter {DLAMI_SSM_PARAMETER} ({DLAMI_NAME}) in each provider "
+                    "region with your AWS credentials (ssm:GetParameter) and write the ids into the config, "
+                    "keeping its comments. With `ami: {id: latest}` every deploy resolves the parameter anew, "
+                    "so a new DLAMI rolls the fleet; pinned ids change only when you run this again. "
+                    "Exit 4 when credentials or the permission are missing.")
+    pin.add_argument("--config", default="config/fleet.yaml", help="fleet config (default: %(default)s)")
+    pin.add_argument("--region", action="append", help="only this provider region (repeatable; default: all)")
+    pin.add_argument("--profile", help="AWS named profile (default: the standard credential chain)")
+    pin.add_argument("--dry-run", action="store_true", help="print the ids, leave the config unchanged")
+    pin.set_defaults(handler=_pin)
+
+
+def _pin(args: argparse.Namespace) -> int:
+    from fleetcast.ami import pin
+    from fleetcast.connections.aws import Access
+
+    changes = pin(args.config, Access.from_profile(args.profile), args.region, dry_run=args.dry_run)
+    for region, old, new in changes:
+        state = "unchanged" if old == new else f"{old} -> {new}"
+        print(f"{region}: {new} ({state})")
+    if args.dry_run:
+        print(f"dry run: {args.config} not changed")
+    elif any(old != new for _, old, new in changes):
+        print(f"pinned regions[].ami.id in {args.config}")
+    return 0
