@@ -120,7 +120,7 @@ class AwsSession:
         self.region = region
         self._boto = boto_session
         self._client_config = client_config
-        self._clients: dict[tuple[str, str | None], Any] = {}
+        self._clients: dict[tuple, Any] = {}
         self.throttle_retries = throttle_retries
         self.base_delay_s = base_delay_s
         self._sleep = sleep
@@ -147,12 +147,12 @@ class AwsSession:
                 raise translate(exc) from None
         return self._boto
 
-    def client(self, service: str, region: str | None = None) -> Any:
+    def client(self, service: str, region: str | None = None, *, endpoint_url: str | None = None) -> Any:
         region = region or self.region
-        key = (service, region)
+        key = (service, region) if endpoint_url is None else (service, region, endpoint_url)
         if key not in self._clients:
             try:
-                self._clients[key] = self.boto.client(service, region_name=region,
+                self._clients[key] = self.boto.client(service, region_name=region, endpoint_url=endpoint_url,
                                                       config=self._client_config or _default_client_config())
             except Exception as exc:  # NoRegionError, or a profile whose settings do not parse
                 if not is_aws_error(exc):
@@ -274,8 +274,16 @@ def is_aws_error(exc: BaseException) -> bool:
 
 
 def translate(exc: BaseException, *, service: str | None = None, region: str | None = None,
-              operation: str | None = None) -> UserError:
-    """One line and an exit code for a botocore failure; anything else is returned as a UserError of its text."""
+              operation: str | None = None, other_exit: int = EXIT_AWS) -> UserError:
+    """One line and an exit code for a botocore failure: EXIT_DENIED for missing access, `other_exit` (a
+    command that documents no 5 passes 1) for the rest; anything else becomes a UserError of its text."""
+    error = _translate(exc, service=service, region=region, operation=operation)
+    if error.exit_code == EXIT_AWS:
+        error.exit_code = other_exit
+    return error
+
+
+def _translate(exc: BaseException, *, service: str | None, region: str | None, operation: str | None) -> UserError:
     from botocore import exceptions as bx
 
     if isinstance(exc, UserError):

@@ -27,7 +27,7 @@ def stack_outputs(cfn: Any, stack_name: str) -> dict[str, str]:
         mapped = translate(exc, service="cloudformation", operation="DescribeStacks", region=cfn.meta.region_name)
         if mapped.exit_code == 4:
             raise mapped from None
-        raise UserError(f"cannot read stack {stack_name} ({mapped})", mapped.exit_code) from None
+        raise UserError(f"cannot read stack {stack_name} ({mapped})") from None
     return {o["OutputKey"]: o["OutputValue"] for o in stacks[0].get("Outputs", [])}
 
 
