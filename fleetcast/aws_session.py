@@ -39,16 +39,19 @@ THROTTLING_CODES = frozenset({
     "TooManyRequestsException", "RequestLimitExceeded", "BandwidthLimitExceeded", "RequestThrottled",
     "SlowDown", "PriorRequestNotComplete", "EC2ThrottledException",
 })
-# A permission the caller's identity lacks (EC2 says UnauthorizedOperation, most others AccessDenied*).
+# A permission the caller's identity lacks (EC2 says UnauthorizedOperation, most others AccessDenied*;
+# AWS's "Common Errors" page lists AccessDeniedException and NotAuthorized for every service).
 DENIED_CODES = frozenset({
     "UnauthorizedOperation", "AccessDenied", "AccessDeniedException", "UnauthorizedAccess",
-    "AuthorizationError",
+    "AuthorizationError", "NotAuthorized",
 })
-# The credentials themselves are not good: expired, unknown to AWS, or signed wrongly.
+# The credentials themselves are not good: expired, unknown to AWS, or missing from the request
+# ("Common Errors": ExpiredTokenException, InvalidClientTokenId, UnrecognizedClientException,
+# MissingAuthenticationToken; STS and S3 spell some of them ExpiredToken, InvalidAccessKeyId).
 BAD_CREDENTIAL_CODES = frozenset({
-    "ExpiredToken", "ExpiredTokenException", "RequestExpired", "InvalidClientTokenId",
-    "UnrecognizedClientException", "InvalidAccessKeyId", "SignatureDoesNotMatch", "AuthFailure",
-    "InvalidToken", "TokenRefreshRequired",
+    "ExpiredToken", "ExpiredTokenException", "InvalidClientTokenId", "UnrecognizedClientException",
+    "MissingAuthenticationToken", "InvalidAccessKeyId", "SignatureDoesNotMatch", "AuthFailure",
+    "InvalidToken",
 })
 
 # IAM action per API operation where it differs from `service:Operation` (the rule for every call

@@ -207,9 +207,10 @@ def confirm_teardown(cfg: FleetConfig, steps: Sequence[Step], *, yes: bool, stdi
         raise UserError("not confirmed; nothing deleted", 3)
 
 
-def execute(steps: Sequence[Step], *, dry_run: bool, run: Callable[..., Any] = subprocess.run,
+def execute(steps: Sequence[Step], *, dry_run: bool, run: Callable[..., Any] | None = None,
             log: Callable[[str], None] = print, resume: str = "fleetcast deploy") -> None:
     """Run the steps in order; `resume` is the command that reruns a failed step (`--step NAME` appended)."""
+    run = run or subprocess.run  # looked up per call, so tests can replace the runner
     for step in steps:
         for line in step.describe():
             log(line)
