@@ -62,8 +62,11 @@ def _fleetcast(*args: str) -> list[str]:
 
 
 def _cdk(*args: str, aws: Any = None) -> list[str]:
-    """The pinned CDK CLI; `--profile` from the command's AWS session reaches it (cdk takes the same flag)."""
-    return ["npx", "cdk", *args, *(aws.cdk_args() if aws is not None else [])]
+    """The pinned CDK CLI on the venv's Node LTS (fleetcast.node); `--profile` from the command's AWS
+    session reaches it (cdk takes the same flag)."""
+    from fleetcast.node import cdk_command
+
+    return [*cdk_command(), *args, *(aws.cdk_args() if aws is not None else [])]
 
 
 def select_regions(cfg: FleetConfig, regions: Sequence[str] | None) -> list[str]:
@@ -210,7 +213,14 @@ def confirm_teardown(cfg: FleetConfig, steps: Sequence[Step], *, yes: bool, stdi
 def execute(steps: Sequence[Step], *, dry_run: bool, run: Callable[..., Any] | None = None,
             log: Callable[[str], None] = print, resume: str = "fleetcast deploy") -> None:
     """Run the steps in order; `resume` is the command that reruns a failed step (`--step NAME` appended)."""
-    run = run or subprocess.run  # looked up per call, so tests can replace the runner
+    if run is None:
+        import os
+
+        from fleetcast.node import path_with_node
+
+        # The CDK app's jsii runtime starts the first `node` on PATH: the venv's LTS one.
+        os.environ["PATH"] = path_with_node()
+        run = subprocess.run  # looked up per call, so tests can replace the runner
     for step in steps:
         for line in step.describe():
             log(line)

@@ -11,6 +11,9 @@ from botocore.stub import Stubber
 from fleetcast.config import load_config
 from fleetcast.deploy import STEPS, execute, plan, publish_service_names, teardown_plan
 from fleetcast.errors import UserError
+from fleetcast.node import cdk_command
+
+CDK = cdk_command()
 
 CONFIG = Path(__file__).resolve().parents[2] / "config" / "fleet.yaml"
 
@@ -62,7 +65,7 @@ def test_a_failed_step_stops_the_rest_and_says_how_to_resume(cfg):
         execute(plan(cfg, "c.yaml", clients=None, steps=["providers", "stage"]), dry_run=False, run=run,
                 log=logged.append)
     # The preview (config diff --deployed) failing does not stop the step; the deploy failing does.
-    assert [c[3:6] for c in ran[:1]] == [["config", "diff", "--deployed"]] and ran[1][:2] == ["npx", "cdk"]
+    assert [c[3:6] for c in ran[:1]] == [["config", "diff", "--deployed"]] and ran[1][:len(CDK)] == CDK
     assert len(ran) == 2 and any("preview" in line and "continuing" in line for line in logged)
 
 
@@ -124,6 +127,7 @@ def runner(monkeypatch):
         return SimpleNamespace(returncode=result["rc"])
 
     monkeypatch.setattr("fleetcast.deploy.subprocess.run", run)
+    monkeypatch.setenv("PATH", __import__("os").environ["PATH"])  # execute() puts the venv's node first; undo it
     return SimpleNamespace(ran=ran, result=result)
 
 
@@ -132,13 +136,13 @@ def test_profile_reaches_the_cdk_command_line_and_every_fleetcast_sub_step(prod_
 
     steps = [a for s in ("bootstrap", "providers", "stage", "consumers", "approve") for a in ("--step", s)]
     assert main(["deploy", "--config", str(CONFIG), "--profile", "prod", *steps]) == 0
-    cdk = [c for c in runner.ran if c[:2] == ["npx", "cdk"]]
+    cdk = [c[len(CDK):] for c in runner.ran if c[:len(CDK)] == CDK]
     subs = [c for c in runner.ran if c[1:3] == ["-m", "scripts.cli"]]
-    assert {c[2] for c in cdk} == {"bootstrap", "deploy"} and len(subs) == 4  # diff, stage x2, connections sync
+    assert {c[0] for c in cdk} == {"bootstrap", "deploy"} and len(subs) == 4  # diff, stage x2, connections sync
     for command in cdk + subs:
         assert command[command.index("--profile") + 1] == "prod", command
     assert main(["teardown", "--config", str(CONFIG), "--profile", "prod", "--yes"]) == 0
-    destroys = [c for c in runner.ran if c[:3] == ["npx", "cdk", "destroy"]]
+    destroys = [c for c in runner.ran if c[:len(CDK) + 1] == [*CDK, "destroy"]]
     assert len(destroys) == 2 and all(c[c.index("--profile") + 1] == "prod" for c in destroys)
 
 
