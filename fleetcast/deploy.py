@@ -167,9 +167,12 @@ def teardown_plan(cfg: FleetConfig, config_path: str, *, aws: Any = None, region
     `--force` only skips the CDK CLI's own prompt: `fleetcast teardown` has shown the stacks and asked
     (`confirm_teardown`) before any of these commands runs.
     """
+    from stacks.naming import skip_reason
+
     ctx = ["-c", f"config={config_path}"]
     chosen = select_regions(cfg, regions)
-    served = [c for c in cfg.consumers if c.service_region in chosen]
+    # A consumer the app builds no stack for (no endpoint_service_name yet) has nothing cdk can destroy.
+    served = [c for c in cfg.consumers if c.service_region in chosen and skip_reason(c) is None]
     consumers = [consumer_stack(cfg, c.name) for c in served]
     providers = [provider_stack(cfg, r) for r in chosen]
     out = []

@@ -222,3 +222,13 @@ def test_a_failed_teardown_step_says_how_to_resume_the_teardown_not_the_deploy(p
     assert (f"rerun `fleetcast teardown --config {CONFIG} --profile prod --region us-east-1 --yes --step consumers`"
             in err)
     assert len(runner.ran) == 1  # the providers step did not run
+
+
+def test_teardown_skips_consumers_the_app_builds_no_stack_for(tmp_path):
+    text = CONFIG.read_text()
+    target = tmp_path / "fleet.yaml"
+    line = next(l for l in text.splitlines() if "endpoint_service_name: com.amazonaws.vpce.us-east-1" in l)
+    target.write_text(text.replace(line + "\n", ""))  # analytics: not published yet, so no stack
+    steps = teardown_plan(load_config(target), str(target))
+    assert "fleetcast-consumer-analytics" not in "\n".join(flat(steps))
+    assert "fleetcast-consumer-voice-app" in steps[0].commands[0]
