@@ -68,7 +68,7 @@ def _deploy(args: argparse.Namespace) -> int:
     steps = [s for s in STEPS if s in (args.step or STEPS)]
     planned = plan(cfg, args.config, aws.client, steps=steps, trust_account=args.trust,
                    smoke_endpoint=args.smoke_endpoint, approval=args.require_approval, aws=aws, regions=args.region)
-    if not args.dry_run:
+    if not args.dry_run and set(steps) - {"smoke"}:  # smoke talks to the endpoint, not to AWS
         aws.require_credentials()
     execute(planned, dry_run=args.dry_run, resume=_resume("fleetcast deploy", args))
     if args.dry_run:
