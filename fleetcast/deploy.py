@@ -7,6 +7,11 @@ Each step is either commands (the pinned CDK CLI through npx, or `fleetcast`
 itself) or a small Python action against AWS. `--dry-run` prints the plan and
 touches nothing. Multi-account setups run the same steps with each account's
 credentials (the README's deployment guide says which account runs which).
+
+`--profile` / `--region` (fleetcast.aws_session) reach every sub-step: each
+`cdk` command line gets `--profile`, each `fleetcast` sub-command `--profile`
+and the chosen provider regions; `--region R` narrows the plan to provider
+region R and the consumers it serves.
 """
 
 from __future__ import annotations
@@ -14,7 +19,7 @@ from __future__ import annotations
 import subprocess
 import sys
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Sequence, TextIO
 
 from fleetcast.config import FleetConfig
 from fleetcast.contract.names import consumer_stack_name, provider_stack_name
@@ -32,9 +37,12 @@ class Step:
     action: Callable[[], list[str]] | None = None  # returns lines to print
     # Run first, for the operator to read; a failure is reported and does not stop the step.
     preview: list[list[str]] = field(default_factory=list)
+    # Teardown: the stacks this step deletes, one line each (name, account, region).
+    deletes: list[str] = field(default_factory=list)
 
     def describe(self) -> list[str]:
         lines = [f"== {self.name}: {self.summary}"]
+        lines += [f"   - delete {d}" for d in self.deletes]
         lines += ["   $ " + " ".join(c) + "   (preview)" for c in self.preview]
         lines += ["   $ " + " ".join(c) for c in self.commands]
         if self.action is not None:
@@ -46,61 +54,94 @@ def _fleetcast(*args: str) -> list[str]:
     return [sys.executable, "-m", "scripts.cli", *args]
 
 
-def _cdk(*args: str) -> list[str]:
-    return ["npx", "cdk", *args]
+def _cdk(*args: str, aws: Any = None) -> list[str]:
+    """The pinned CDK CLI on the venv's Node LTS (fleetcast.node); `--profile` from the command's AWS
+    session reaches it (cdk takes the same flag)."""
+    from fleetcast.node import cdk_command
+
+    return [*cdk_command(), *args, *(aws.cdk_args() if aws is not None else [])]
 
 
-def publish_service_names(cfg: FleetConfig, config_path: str, clients: Callable[[str, str], Any]) -> list[str]:
+def select_regions(cfg: FleetConfig, regions: Sequence[str] | None) -> list[str]:
+    """Provider regions to act on: all, or those `--region` names (each must be one of the config's)."""
+    known = [r.region for r in cfg.regions]
+    for region in regions or []:
+        if region not in known:
+            raise UserError(f"--region {region} is not a provider region of fleet {cfg.name} ({', '.join(known)})", 2)
+    return [r for r in known if not regions or r in regions]
+
+
+def _region_args(cfg: FleetConfig, chosen: Sequence[str]) -> list[str]:
+    """`--region` for each chosen region, or nothing when all are chosen (the sub-command's default)."""
+    if len(chosen) == len(cfg.regions):
+        return []
+    return [arg for region in chosen for arg in ("--region", region)]
+
+
+def publish_service_names(cfg: FleetConfig, config_path: str, clients: Callable[[str, str], Any],
+                          regions: Sequence[str] | None = None) -> list[str]:
     """Copy each provider region's endpoint service name into its consumers' entries in the config."""
     from fleetcast.config.edit import apply_edits
     from fleetcast.contract.outputs import ProviderOutput, require_output
     from fleetcast.staging.aws import stack_outputs
 
+    chosen = select_regions(cfg, regions)
+    consumers = [(i, c) for i, c in enumerate(cfg.consumers) if c.service_region in chosen]
     names: dict[str, str] = {}
-    for region in {c.service_region for c in cfg.consumers}:
+    for region in {c.service_region for _, c in consumers}:
         stack = provider_stack_name(cfg.name, region)
         names[region] = require_output(stack_outputs(clients("cloudformation", region), stack),
                                        ProviderOutput.ENDPOINT_SERVICE_NAME, stack)
     edits = [(("consumers", i, "endpoint_service_name"), names[c.service_region])
-             for i, c in enumerate(cfg.consumers) if c.endpoint_service_name != names[c.service_region]]
+             for i, c in consumers if c.endpoint_service_name != names[c.service_region]]
     if edits:
         apply_edits(config_path, edits)
     return [f"{c.name}: {names[c.service_region]}" + ("" if c.endpoint_service_name != names[c.service_region] else " (unchanged)")
-            for c in cfg.consumers]
+            for _, c in consumers]
 
 
-def plan(cfg: FleetConfig, config_path: str, clients: Callable[[str, str], Any], *, steps: Sequence[str],
-         trust_account: str | None = None, smoke_endpoint: str | None = None, approval: str = "broadening") -> list[Step]:
+def plan(cfg: FleetConfig, config_path: str, clients: Callable[[str, str], Any] | None, *, steps: Sequence[str],
+         trust_account: str | None = None, smoke_endpoint: str | None = None, approval: str = "broadening",
+         aws: Any = None, regions: Sequence[str] | None = None) -> list[Step]:
+    """`aws`: the command's fleetcast.aws_session.AwsSession (its profile reaches every sub-step);
+    `regions`: only these provider regions and the consumers they serve (default: all)."""
     ctx = ["-c", f"config={config_path}"]
-    providers = [provider_stack_name(cfg.name, r.region) for r in cfg.regions]
-    consumers = [consumer_stack_name(cfg.name, c.name) for c in cfg.consumers]
+    chosen = select_regions(cfg, regions)
+    providers = [provider_stack_name(cfg.name, r) for r in chosen]
+    served = [c for c in cfg.consumers if c.service_region in chosen]
+    consumers = [consumer_stack_name(cfg.name, c.name) for c in served]
+    profile = aws.cli_args(region=False) if aws is not None else []
+    where = _region_args(cfg, chosen)
     out: list[Step] = []
     for name in steps:
         if name == "bootstrap":
-            envs = sorted({f"aws://{cfg.provider.account}/{r.region}" for r in cfg.regions}
-                          | {f"aws://{c.account}/{c.region}" for c in cfg.consumers})
+            envs = sorted({f"aws://{cfg.provider.account}/{r}" for r in chosen}
+                          | {f"aws://{c.account}/{c.region}" for c in served})
             trust = ["--trust", trust_account, "--trust-for-lookup", trust_account] if trust_account else []
             out.append(Step(name, "CDK bootstrap of every account/region the stacks deploy to",
-                            [_cdk("bootstrap", *ctx, *trust, env) for env in envs]))
+                            [_cdk("bootstrap", *ctx, *trust, env, aws=aws) for env in envs]))
         elif name == "providers":
+            # Which pools this deploy rolls, against what each region runs now (diff --deployed takes one region).
+            diffs = ([_fleetcast("config", "diff", "--deployed", config_path, *profile)] if not where else
+                     [_fleetcast("config", "diff", "--deployed", config_path, *profile, "--region", r) for r in chosen])
             out.append(Step(name, "VPC, fleet, NLB and endpoint service per region",
-                            [_cdk("deploy", *ctx, "--require-approval", approval, *providers)],
-                            # Which pools this deploy rolls, against what each region runs now.
-                            preview=[_fleetcast("config", "diff", "--deployed", config_path)]))
+                            [_cdk("deploy", *ctx, "--require-approval", approval, *providers, aws=aws)],
+                            preview=diffs))
         elif name == "stage":
-            commands = [_fleetcast("stage", "model", "--config", config_path),
-                        _fleetcast("stage", "image", "--config", config_path)]
+            commands = [_fleetcast("stage", "model", "--config", config_path, *profile, *where),
+                        _fleetcast("stage", "image", "--config", config_path, *profile, *where)]
             out.append(Step(name, "model weights into every region bucket; serving image into every region's ECR",
                             commands))
         elif name == "publish":
             out.append(Step(name, "endpoint service names from the provider stacks into the consumer entries",
-                            action=lambda: publish_service_names(cfg, config_path, clients)))
+                            action=lambda: publish_service_names(cfg, config_path, clients, chosen)))
         elif name == "consumers":
             out.append(Step(name, "interface endpoint per consumer (each consumer account can run this itself)",
-                            [_cdk("deploy", *ctx, "--require-approval", approval, *consumers)] if consumers else []))
+                            [_cdk("deploy", *ctx, "--require-approval", approval, *consumers, aws=aws)]
+                            if consumers else []))
         elif name == "approve":
             out.append(Step(name, "accept pending connections from allowed accounts",
-                            [_fleetcast("connections", "sync", "--config", config_path, "--yes")]))
+                            [_fleetcast("connections", "sync", "--config", config_path, *profile, *where, "--yes")]))
         elif name == "smoke":
             if smoke_endpoint:
                 out.append(Step(name, "one streamed completion through the endpoint",
@@ -114,20 +155,70 @@ def plan(cfg: FleetConfig, config_path: str, clients: Callable[[str, str], Any],
     return out
 
 
-def teardown_plan(cfg: FleetConfig, config_path: str) -> list[Step]:
-    """Consumers first: an endpoint service cannot be deleted while endpoints are connected to it."""
+def teardown_plan(cfg: FleetConfig, config_path: str, *, aws: Any = None, regions: Sequence[str] | None = None,
+                  steps: Sequence[str] = TEARDOWN) -> list[Step]:
+    """Consumers first: an endpoint service cannot be deleted while endpoints are connected to it.
+
+    `--force` only skips the CDK CLI's own prompt: `fleetcast teardown` has shown the stacks and asked
+    (`confirm_teardown`) before any of these commands runs.
+    """
+    from stacks.naming import skip_reason
+
     ctx = ["-c", f"config={config_path}"]
-    consumers = [consumer_stack_name(cfg.name, c.name) for c in cfg.consumers]
-    providers = [provider_stack_name(cfg.name, r.region) for r in cfg.regions]
-    return [
-        Step("consumers", "delete consumer interface endpoints", [_cdk("destroy", *ctx, "--force", *consumers)] if consumers else []),
-        Step("providers", "delete fleets, NLBs and endpoint services (buckets, logs and image repositories are "
-             "retained: delete them by hand when the data may go)", [_cdk("destroy", *ctx, "--force", *providers)]),
-    ]
+    chosen = select_regions(cfg, regions)
+    # A consumer the app builds no stack for (no endpoint_service_name yet) has nothing cdk can destroy.
+    served = [c for c in cfg.consumers if c.service_region in chosen and skip_reason(c) is None]
+    consumers = [consumer_stack_name(cfg.name, c.name) for c in served]
+    providers = [provider_stack_name(cfg.name, r) for r in chosen]
+    out = []
+    if "consumers" in steps:
+        out.append(Step("consumers", "delete consumer interface endpoints",
+                        [_cdk("destroy", *ctx, "--force", *consumers, aws=aws)] if consumers else [],
+                        deletes=[f"{consumer_stack_name(cfg.name, c.name)}  (account {c.account}, {c.region})" for c in served]))
+    if "providers" in steps:
+        out.append(Step("providers", "delete fleets, NLBs and endpoint services (buckets, logs and image repositories "
+                        "are retained: delete them by hand when the data may go)",
+                        [_cdk("destroy", *ctx, "--force", *providers, aws=aws)],
+                        deletes=[f"{provider_stack_name(cfg.name, r)}  (account {cfg.provider.account}, {r})" for r in chosen]))
+    return out
 
 
-def execute(steps: Sequence[Step], *, dry_run: bool, run: Callable[..., Any] = subprocess.run,
-            log: Callable[[str], None] = print) -> None:
+def confirm_teardown(cfg: FleetConfig, steps: Sequence[Step], *, yes: bool, stdin: TextIO | None = None,
+                     err: TextIO | None = None) -> None:
+    """Show what will be deleted, in order, and ask for the fleet's name; refuse when no one can answer.
+
+    Raises UserError (exit 2) without a terminal and without --yes, (exit 3) when not confirmed.
+    """
+    stdin = sys.stdin if stdin is None else stdin
+    err = sys.stderr if err is None else err
+    stacks = [d for s in steps for d in s.deletes]
+    if not stacks:
+        return
+    err.write(f"fleetcast teardown deletes these {len(stacks)} stack(s) of fleet {cfg.name}, in this order:\n")
+    err.write("".join(f"  {i}. {d}\n" for i, d in enumerate(stacks, 1)))
+    err.write("Buckets, access logs and image repositories are retained.\n")
+    if yes:
+        return
+    if stdin is None or not stdin.isatty():
+        raise UserError("refusing to delete stacks without confirmation: stdin is not a terminal; check the list "
+                        "with --dry-run, then rerun with --yes", 2)
+    err.write(f"Type the fleet name ({cfg.name}) to delete them: ")
+    err.flush()
+    if stdin.readline().strip() != cfg.name:
+        raise UserError("not confirmed; nothing deleted", 3)
+
+
+def execute(steps: Sequence[Step], *, dry_run: bool, run: Callable[..., Any] | None = None,
+            log: Callable[[str], None] = print, resume: str = "fleetcast deploy") -> None:
+    """Run the steps in order; `resume` is the command that reruns a failed step (`--step NAME` appended)."""
+    if run is None:
+        import os
+
+        from fleetcast.node import path_with_node
+
+        # The CDK app's jsii runtime starts the first `node` on PATH: the venv's LTS one.
+        os.environ["PATH"] = path_with_node()
+        run = subprocess.run  # looked up per call, so tests can replace the runner
     for step in steps:
         for line in step.describe():
             log(line)
@@ -139,7 +230,7 @@ def execute(steps: Sequence[Step], *, dry_run: bool, run: Callable[..., Any] = s
         for command in step.commands:
             if run(command).returncode != 0:
                 raise UserError(f"step {step.name} failed: `{' '.join(command)}`; fix it and rerun "
-                                f"`fleetcast deploy --step {step.name}` (later steps did not run)")
+                                f"`{resume} --step {step.name}` (later steps did not run)")
         if step.action is not None:
             for line in step.action():
                 log(f"   {line}")

@@ -61,6 +61,15 @@ def main(argv: list[str] | None = None) -> int:
     except UserError as exc:
         print(f"fleetcast {args.command}: {exc}", file=sys.stderr)
         return exc.exit_code
+    except Exception as exc:
+        # A botocore failure a command did not map itself still ends as one line and exit 4/5.
+        from fleetcast.aws_session import is_aws_error, translate
+
+        if not is_aws_error(exc):
+            raise
+        error = translate(exc)
+        print(f"fleetcast {args.command}: {error}", file=sys.stderr)
+        return error.exit_code
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130

@@ -7,6 +7,8 @@ import json
 
 
 def register(sub: argparse._SubParsersAction) -> None:
+    from fleetcast.aws_session import add_aws_arguments
+
     parser = sub.add_parser("config", help="validate the fleet config, show what a change rolls (diff), export its schema and reference")
     actions = parser.add_subparsers(dest="action", metavar="ACTION", required=True)
 
@@ -46,8 +48,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     diff.add_argument("configs", nargs="+", metavar="CONFIG", help="OLD NEW, or NEW alone with --deployed")
     diff.add_argument("--deployed", action="store_true",
                       help="compare NEW with the config each provider region runs now (its SSM parameter)")
-    diff.add_argument("--region", help="with --deployed: only this provider region")
-    diff.add_argument("--profile", help="with --deployed: AWS named profile (default: the standard credential chain)")
+    add_aws_arguments(diff, region_help="with --deployed: only this provider region (--profile too: with --deployed)")
     diff.add_argument("--json", action="store_true", help="machine-readable output")
     diff.add_argument("--fail-on-roll", action="store_true",
                       help="exit 3 when any existing pool would roll (a guard for pipelines that must not replace "
@@ -107,7 +108,7 @@ def _diff(args: argparse.Namespace) -> int:
 
 def _diff_deployed(args: argparse.Namespace, new) -> int:
     from fleetcast.config.impact import diff_configs, render_impact
-    from fleetcast.connections.aws import Access
+    from fleetcast.aws_session import AwsSession
     from fleetcast.deployed import deployed_config
     from fleetcast.errors import UserError
 
@@ -115,7 +116,7 @@ def _diff_deployed(args: argparse.Namespace, new) -> int:
     if args.region and args.region not in names:
         raise UserError(f"--region {args.region!r} is not a provider region of fleet {new.name}; "
                         f"choose one of: {', '.join(names)}", 2)
-    access = Access.from_profile(args.profile)
+    access = AwsSession(args.profile)
     report, rolls = [], False
     for region in [args.region] if args.region else names:
         old = deployed_config(access, new, region)

@@ -14,6 +14,8 @@ ACCESS_FACTORY = None
 
 
 def register(sub: argparse._SubParsersAction) -> None:
+    from fleetcast.aws_session import add_aws_arguments
+
     parser = sub.add_parser(
         "connections", help="review, approve and reject PrivateLink endpoint connections",
         description="Review the endpoint connection requests to the fleet's endpoint services. Exit codes: 0 ok, "
@@ -24,9 +26,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--config", default="config/fleet.yaml", help="fleet config (default: config/fleet.yaml)")
-    common.add_argument("--profile", help="AWS named profile (default: the standard credential chain)")
-    common.add_argument("--region", action="append", metavar="REGION",
-                        help="only this provider region (repeatable; default: every region in the config)")
+    add_aws_arguments(common, region="many")
     common.add_argument("--service-id", help="endpoint service id, overriding discovery (needs one --region)")
 
     changing = argparse.ArgumentParser(add_help=False)
@@ -66,10 +66,11 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def _reviewer(args: argparse.Namespace):
     from fleetcast.config import load_config
-    from fleetcast.connections import Access, AuditLog, Reviewer
+    from fleetcast.aws_session import AwsSession
+    from fleetcast.connections import AuditLog, Reviewer
 
     cfg = load_config(args.config)
-    access = ACCESS_FACTORY(args) if ACCESS_FACTORY else Access.from_profile(args.profile)
+    access = ACCESS_FACTORY(args) if ACCESS_FACTORY else AwsSession.from_args(args)
     audit = AuditLog(path=getattr(args, "audit_log", None))
     reviewer = Reviewer(cfg, access, audit)
     return reviewer, reviewer.regions(args.region)

@@ -3,12 +3,18 @@
 from __future__ import annotations
 
 import argparse
+import shlex
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    from fleetcast.deploy import STEPS
+    from fleetcast.aws_session import add_aws_arguments
+    from fleetcast.deploy import STEPS, TEARDOWN
 
-    deploy = sub.add_parser("deploy", help="bootstrap, deploy providers, stage, publish, deploy consumers, approve, smoke")
+    regions_help = ("only this provider region and the consumers it serves (repeatable; default: every region in "
+                    "the config)")
+    deploy = sub.add_parser("deploy", help="bootstrap, deploy providers, stage, publish, deploy consumers, approve, smoke",
+                            description="Run the deployment guide's steps in order. --profile reaches every step: "
+                                        "each cdk command and each fleetcast sub-command.")
     deploy.add_argument("--config", default="config/fleet.yaml")
     deploy.add_argument("--step", action="append", choices=STEPS,
                         help="run only this step (repeatable; default: all, in order)")
@@ -16,32 +22,58 @@ def register(sub: argparse._SubParsersAction) -> None:
     deploy.add_argument("--smoke-endpoint", metavar="URL", help="smoke: endpoint reachable from here")
     deploy.add_argument("--require-approval", choices=("never", "any-change", "broadening"), default="broadening",
                         help="passed to cdk deploy (default: %(default)s: IAM/security-group widening asks first)")
-    deploy.add_argument("--profile", help="AWS profile")
-    deploy.add_argument("--dry-run", action="store_true", help="print the plan, run nothing")
+    add_aws_arguments(deploy, region="many", region_help=regions_help)
+    deploy.add_argument("--dry-run", action="store_true",
+                        help="print the plan, run nothing (needs no AWS credentials; says when none are found)")
     deploy.set_defaults(handler=_deploy)
 
-    teardown = sub.add_parser("teardown", help="delete consumer stacks, then provider stacks (data retained)")
+    teardown = sub.add_parser(
+        "teardown", help="delete consumer stacks, then provider stacks (data retained); asks first",
+        description="Delete the fleet's stacks: consumer stacks first (an endpoint service cannot be deleted while "
+                    "endpoints are connected), then provider stacks. Lists the stacks per account and region, in "
+                    "order, and asks for the fleet's name unless --yes; without a terminal and without --yes it "
+                    "refuses (exit 2). Buckets, access logs and image repositories are retained.")
     teardown.add_argument("--config", default="config/fleet.yaml")
-    teardown.add_argument("--dry-run", action="store_true")
+    teardown.add_argument("--step", action="append", choices=TEARDOWN,
+                          help="run only this step (repeatable; default: both, consumers first)")
+    add_aws_arguments(teardown, region="many", region_help=regions_help)
+    teardown.add_argument("--yes", action="store_true", help="do not ask; delete the listed stacks")
+    teardown.add_argument("--dry-run", action="store_true", help="list what would be deleted, delete nothing")
     teardown.set_defaults(handler=_teardown)
 
 
-def _clients(profile):
-    import boto3
+def _resume(command: str, args: argparse.Namespace, *extra: str) -> str:
+    """The command line that reruns a step of this run (same config, profile and regions)."""
+    parts = [*command.split(), "--config", args.config]
+    if args.profile:
+        parts += ["--profile", args.profile]
+    for region in args.region or []:
+        parts += ["--region", region]
+    return shlex.join([*parts, *extra])
 
-    session = boto3.Session(profile_name=profile) if profile else boto3.Session()
-    return lambda service, region: session.client(service, region_name=region)
+
+def _not_checked(aws) -> None:
+    problem = aws.credentials_problem()
+    if problem:
+        print(f"dry run: AWS access not checked: {problem}")
 
 
 def _deploy(args: argparse.Namespace) -> int:
+    from fleetcast.aws_session import AwsSession
     from fleetcast.config import load_config
     from fleetcast.deploy import STEPS, execute, plan
 
     cfg = load_config(args.config)
+    aws = AwsSession.from_args(args)
     _refuse_unready(cfg, args)
     steps = [s for s in STEPS if s in (args.step or STEPS)]
-    execute(plan(cfg, args.config, _clients(args.profile), steps=steps, trust_account=args.trust,
-                 smoke_endpoint=args.smoke_endpoint, approval=args.require_approval), dry_run=args.dry_run)
+    planned = plan(cfg, args.config, aws.client, steps=steps, trust_account=args.trust,
+                   smoke_endpoint=args.smoke_endpoint, approval=args.require_approval, aws=aws, regions=args.region)
+    if not args.dry_run and set(steps) - {"smoke"}:  # smoke talks to the endpoint, not to AWS
+        aws.require_credentials()
+    execute(planned, dry_run=args.dry_run, resume=_resume("fleetcast deploy", args))
+    if args.dry_run:
+        _not_checked(aws)
     return 0
 
 
@@ -59,9 +91,19 @@ def _refuse_unready(cfg, args: argparse.Namespace) -> None:
 
 
 def _teardown(args: argparse.Namespace) -> int:
+    from fleetcast.aws_session import AwsSession
     from fleetcast.config import load_config
-    from fleetcast.deploy import execute, teardown_plan
+    from fleetcast.deploy import TEARDOWN, confirm_teardown, execute, teardown_plan
 
     cfg = load_config(args.config)
-    execute(teardown_plan(cfg, args.config), dry_run=args.dry_run)
+    aws = AwsSession.from_args(args)
+    steps = teardown_plan(cfg, args.config, aws=aws, regions=args.region,
+                          steps=[s for s in TEARDOWN if s in (args.step or TEARDOWN)])
+    if args.dry_run:
+        execute(steps, dry_run=True)
+        _not_checked(aws)
+        return 0
+    confirm_teardown(cfg, steps, yes=args.yes)
+    aws.require_credentials()
+    execute(steps, dry_run=False, resume=_resume("fleetcast teardown", args, "--yes"))
     return 0

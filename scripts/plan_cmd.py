@@ -55,6 +55,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--error-rate", type=_fraction, metavar="FRACTION", help="override the config's slo.error_rate")
     p.add_argument("--prices", metavar="FILE", help="on-demand prices overriding the shipped table")
     p.add_argument("--refresh-prices", action="store_true", help="fetch on-demand prices from the AWS Pricing API")
+    p.add_argument("--profile", metavar="NAME",
+                   help="AWS named profile for --refresh-prices / --live-availability (default: the standard "
+                        "credential chain; the Pricing API is asked in us-east-1, offerings in each candidate region)")
     p.add_argument("--fixed-costs", metavar="FILE", help="per-region fixed costs overriding the shipped table")
     p.add_argument("--latency", metavar="FILE", help="inter-region RTT matrix overriding the shipped table")
     p.add_argument("--live-availability", action="store_true",
@@ -85,7 +88,7 @@ def _plan(args: argparse.Namespace) -> int:
         itl_p99_ms=args.itl_p99_ms, error_rate=args.error_rate, prices=args.prices, refresh_prices=args.refresh_prices,
         fixed_costs=args.fixed_costs, latency=args.latency, live_availability=args.live_availability,
         quality=args.quality, quality_threshold=args.quality_threshold, estimate=args.estimate,
-        min_instances=args.min_instances,
+        min_instances=args.min_instances, profile=args.profile,
     )
     result, plans, _ = build_plan(opts)
     print(json.dumps(to_json(result), indent=1) if args.json else render_terminal(result))

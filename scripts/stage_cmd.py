@@ -10,10 +10,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser = sub.add_parser("stage", help="stage model weights, calibration data and the serving image for offline fleets")
     actions = parser.add_subparsers(dest="action", metavar="ACTION", required=True)
 
+    from fleetcast.aws_session import add_aws_arguments
+
     def common(p: argparse.ArgumentParser) -> None:
         p.add_argument("--config", default="config/fleet.yaml", help="fleet config (default: %(default)s)")
-        p.add_argument("--region", action="append", help="provider region to stage into (repeatable; default: all)")
-        p.add_argument("--profile", help="AWS profile (standard credential resolution otherwise)")
+        add_aws_arguments(p, region="many", region_help="provider region to stage into (repeatable; default: all)")
 
     def buckets(p: argparse.ArgumentParser) -> None:
         p.add_argument("--bucket", action="append", metavar="REGION=NAME",
@@ -58,7 +59,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                             "runtime then needs an image that already carries boto3 and ruamel.yaml")
     image.add_argument("--repository", action="append", metavar="REGION=URI", help="ECR repository URI override")
     image.add_argument("--project", action="append", metavar="REGION=NAME", help="CodeBuild project override")
-    image.add_argument("--dry-run", action="store_true", help="print what would run, change nothing")
+    image.add_argument("--dry-run", action="store_true",
+                       help="print what would run, change nothing (without AWS access: says what it could not look up)")
     image.add_argument("--write-config", action=argparse.BooleanOptionalAction, default=True,
                        help="pin engine.image_digest in the config file (default: on)")
     image.set_defaults(handler=_image)
@@ -69,20 +71,17 @@ def register(sub: argparse._SubParsersAction) -> None:
     status.set_defaults(handler=_status)
 
 
-def _clients(args: argparse.Namespace):
-    import boto3
+def _clients(args: argparse.Namespace, *, check: bool = True):
+    """(service, region) -> client of the shared AWS session; fails first (exit 4) when there are no credentials."""
     from botocore.config import Config
 
-    session = boto3.Session(profile_name=args.profile) if args.profile else boto3.Session()
-    retry = Config(retries={"mode": "standard", "max_attempts": 8})
-    cache: dict = {}
+    from fleetcast.aws_session import AwsSession
 
-    def client(service: str, region: str):
-        if (service, region) not in cache:
-            cache[(service, region)] = session.client(service, region_name=region, config=retry)
-        return cache[(service, region)]
-
-    return client
+    # Transfers retry more than API calls: a multipart upload should survive a flaky link.
+    aws = AwsSession.from_args(args, client_config=Config(retries={"mode": "standard", "max_attempts": 8}))
+    if check:
+        aws.require_credentials()
+    return aws.client
 
 
 def _regions(cfg, args) -> list[str]:
@@ -164,21 +163,40 @@ def _image(args: argparse.Namespace) -> int:
     from fleetcast.staging.aws import parse_region_map
     from fleetcast.staging.image import ImageTarget, single_digest, stage_codebuild, stage_local
 
+    from fleetcast.errors import UserError
+
     cfg = load_config(args.config)
-    clients = _clients(args)
+    # A dry run computes the plan without AWS where it can, and says what it could not look up.
+    clients = _clients(args, check=not args.dry_run)
     repos = parse_region_map(args.repository, "--repository")
     projects = parse_region_map(args.project, "--project")
-    targets = []
+    targets, unchecked = [], []
     for region in _regions(cfg, args):
         stack = provider_stack_name(cfg.name, region)
-        outputs = None if (region in repos and (region in projects or args.method == "local")) else _outputs(cfg, region, clients)
-        repo = repos.get(region) or require_output(outputs, ProviderOutput.IMAGE_REPOSITORY, stack,
-                                                      "pass --repository REGION=URI")
-        project = projects.get(region) or (require_output(outputs, ProviderOutput.IMAGE_MIRROR_PROJECT, stack,
-                                                                   "pass --project REGION=NAME") if args.method == "codebuild" else None)
+        outputs = None
+        if not (region in repos and (region in projects or args.method == "local")):
+            try:
+                outputs = _outputs(cfg, region, clients)
+            except UserError as exc:
+                if not args.dry_run:
+                    raise
+                unchecked.append(f"{region}: stack {stack} outputs not read ({exc})")
+        if outputs is None and region not in repos:
+            repo = f"{cfg.provider.account}.dkr.ecr.{region}.amazonaws.com/<repository: output of {stack}>"
+        else:
+            repo = repos.get(region) or require_output(outputs, ProviderOutput.IMAGE_REPOSITORY, stack,
+                                                          "pass --repository REGION=URI")
+        project = None
+        if args.method == "codebuild":
+            project = projects.get(region) or (f"<image-mirror project: output of {stack}>" if outputs is None
+                                               else require_output(outputs, ProviderOutput.IMAGE_MIRROR_PROJECT, stack,
+                                                                  "pass --project REGION=NAME"))
         targets.append(ImageTarget(region=region, repository_uri=repo, project=project))
     stage = stage_codebuild if args.method == "codebuild" else stage_local
     digests = stage(cfg, targets, clients, derived=not args.plain, dry_run=args.dry_run)
+    if unchecked:
+        print("dry run: not checked (the plan above uses placeholders for them):")
+        print("\n".join(f"  {line}" for line in unchecked))
     digest = single_digest(digests)
     if digest and args.write_config:
         apply_edits(args.config, [(("engine", "image_digest"), digest)])

@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 from pathlib import Path
 
 from fleetcast.errors import UserError
 
 STACK_ARTIFACT = "aws:cloudformation:stack"
+MAKE_DEFAULT_CONFIG = "config/fleet.yaml"  # the Makefile's CONFIG default, relative to where make runs
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -108,8 +110,19 @@ def _summary(args: argparse.Namespace) -> int:
 
     cfg = load_config(args.config)
     out = Path(args.out)
+    if not (out / "manifest.json").exists():
+        raise UserError(f"{out / 'manifest.json'} not found: run `{synth_hint(args.config)}` first")
     lines, problems = summarize(cfg, read_stacks(out), out)
-    print("\n".join(lines))
+    # A summary of a config the assembly was not built from would describe stacks that do not exist.
     if problems:
-        raise UserError(f"{out} does not match {args.config}: " + "; ".join(problems) + " (run `make synth` again)")
+        raise UserError(f"{out} does not match {args.config}: " + "; ".join(problems)
+                        + f" (run `{synth_hint(args.config)}` again)")
+    print("\n".join(lines))
     return 0
+
+
+def synth_hint(config: str) -> str:
+    """The make command that synthesizes `config` (the Makefile's CONFIG defaults to config/fleet.yaml)."""
+    if Path(config).resolve() == Path(MAKE_DEFAULT_CONFIG).resolve():
+        return "make synth"
+    return f"make synth CONFIG={shlex.quote(config)}"

@@ -6,6 +6,8 @@ import argparse
 
 
 def register(sub: argparse._SubParsersAction) -> None:
+    from fleetcast.aws_session import add_aws_arguments
+
     parser = sub.add_parser(
         "usage", help="per-consumer tokens, requests, errors and cost share over a time window",
         description="Sum the gateway's per-consumer metrics (CloudWatch GetMetricData) over a window and split "
@@ -14,7 +16,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--since", required=True, help="start: ISO 8601 (2026-11-01, 2026-11-01T09:00Z) or an age "
                                                        "such as 24h, 7d")
     parser.add_argument("--until", default="now", help="end: ISO 8601, an age, or now (default)")
-    parser.add_argument("--region", help="one provider region (default: all in the config)")
+    add_aws_arguments(parser, region_help="one provider region (default: all in the config)")
     parser.add_argument("--format", choices=("table", "csv", "json"), default="table")
     parser.add_argument("--json", action="store_const", const="json", dest="format", help="same as --format json")
     parser.set_defaults(handler=_usage)
@@ -23,6 +25,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 def _usage(args: argparse.Namespace) -> int:
     from datetime import datetime, timezone
 
+    from fleetcast.aws_session import AwsSession
     from fleetcast.config import load_config
     from fleetcast.usage import collect, parse_time, render
 
@@ -30,5 +33,7 @@ def _usage(args: argparse.Namespace) -> int:
     now = datetime.now(timezone.utc)
     since = parse_time(args.since, now, "--since")
     until = parse_time(args.until, now, "--until")
-    print(render(collect(cfg, since, until, args.region, now=now), args.format))
+    aws = AwsSession(args.profile)  # --region picks a config region; each region's client is its own
+    print(render(collect(cfg, since, until, args.region, client=lambda region: aws.client("cloudwatch", region),
+                         now=now), args.format))
     return 0

@@ -19,6 +19,8 @@ _LABEL_KEYS = ("instance_type", "gpu", "precision", "region", "backend", "model"
 
 
 def register(sub: argparse._SubParsersAction) -> None:
+    from fleetcast.aws_session import add_aws_arguments
+
     parser = sub.add_parser("bench", help="benchmark an endpoint: TTFT, ITL, tails, throughput, goodput")
     actions = parser.add_subparsers(dest="action", metavar="ACTION", required=True)
 
@@ -81,7 +83,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     collect.add_argument("--bucket", required=True)
     collect.add_argument("--prefix", default="bench/", help="key prefix")
     collect.add_argument("--out", required=True, help="local directory")
-    collect.add_argument("--region", help="bucket region (default from the AWS environment)")
+    add_aws_arguments(collect, region_help="bucket region (default: AWS_REGION / AWS_DEFAULT_REGION / the profile's)")
     collect.add_argument("--endpoint-url", help="S3 endpoint override (tests, S3-compatible stores)")
     collect.set_defaults(handler=_collect)
 
@@ -241,7 +243,8 @@ def _collect(args: argparse.Namespace) -> int:
 
     from fleetcast.bench.collect import collect
 
-    files = collect(args.bucket, args.prefix, Path(args.out), region=args.region, endpoint_url=args.endpoint_url)
+    files = collect(args.bucket, args.prefix, Path(args.out), region=args.region, endpoint_url=args.endpoint_url,
+                    profile=args.profile)
     for f in files:
         print(f)
     print(f"{len(files)} results file(s) in {args.out}", file=sys.stderr)

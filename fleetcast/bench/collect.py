@@ -12,28 +12,27 @@ from fleetcast.errors import UserError
 
 
 def collect(bucket: str, prefix: str, out: Path, *, region: str | None = None,
-            endpoint_url: str | None = None, client=None) -> list[Path]:
+            endpoint_url: str | None = None, client=None, profile: str | None = None) -> list[Path]:
     """Download every `*.json` results file under the prefix into `out`, keeping
     the key's path below the prefix. Files that are not bench results are skipped
     with a note on stderr; returns the written paths."""
     import sys
 
-    import boto3
     from botocore.exceptions import BotoCoreError, ClientError
 
+    from fleetcast.aws_session import AwsSession, translate
     from fleetcast.bench.schema import Results
 
-    s3 = client or boto3.client("s3", region_name=region, endpoint_url=endpoint_url)
+    s3 = client or AwsSession(profile, region).client("s3", endpoint_url=endpoint_url)
     out.mkdir(parents=True, exist_ok=True)
     written: list[Path] = []
     try:
         pages = s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix)
         keys = [obj["Key"] for page in pages for obj in page.get("Contents", ()) if obj["Key"].endswith(".json")]
-    except ClientError as exc:
-        code = exc.response.get("Error", {}).get("Code", "")
-        raise UserError(f"--bucket {bucket}: cannot list {prefix!r} ({code or exc})") from None
-    except BotoCoreError as exc:
-        raise UserError(f"--bucket {bucket}: {exc}") from None
+    except (BotoCoreError, ClientError) as exc:
+        # Missing access is exit 4; anything else (no such bucket) is the --bucket given, exit 1.
+        error = translate(exc, service="s3", operation="ListObjectsV2", region=region, other_exit=1)
+        raise UserError(f"--bucket {bucket}: cannot list {prefix!r}: {error}", error.exit_code) from None
     for key in keys:
         body = s3.get_object(Bucket=bucket, Key=key)["Body"].read()
         try:

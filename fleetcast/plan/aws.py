@@ -13,9 +13,16 @@ from fleetcast.errors import UserError
 
 from .inputs import Availability, Prices
 
+PRICING_REGION = "us-east-1"  # where this command asks the Price List Query API
 
-def _aws_failure(flag: str, exc: Exception) -> UserError:
-    return UserError(f"{flag}: AWS call failed ({type(exc).__name__}: {exc}); rerun without {flag} to use the shipped table")
+
+def _aws_failure(flag: str, exc: Exception, service: str, operation: str, region: str) -> UserError:
+    """The shared one-line error (exit 4 for missing access, else 1), plus the way around it."""
+    from fleetcast.aws_session import translate
+
+    error = translate(exc, service=service, operation=operation, region=region, other_exit=1)
+    return UserError(f"{flag}: AWS call failed ({error}); rerun without {flag} to use the shipped table",
+                     error.exit_code)
 
 
 def _on_demand_usd(price_item: str) -> float | None:
@@ -33,9 +40,9 @@ def refresh_prices(prices: Prices, instance_types: list[str], regions: list[str]
     from botocore.exceptions import BotoCoreError, ClientError
 
     if client is None:
-        import boto3
+        from fleetcast.aws_session import AwsSession
 
-        client = boto3.client("pricing", region_name="us-east-1")  # the Pricing API lives in us-east-1
+        client = AwsSession().client("pricing", PRICING_REGION)
     table = {k: dict(v) for k, v in prices.table.items()}
     notes = []
     for instance_type in instance_types:
@@ -63,7 +70,7 @@ def refresh_prices(prices: Prices, instance_types: list[str], regions: list[str]
                     if not token:
                         break
             except (BotoCoreError, ClientError) as exc:
-                raise _aws_failure("--refresh-prices", exc) from None
+                raise _aws_failure("--refresh-prices", exc, "pricing", "GetProducts", PRICING_REGION) from None
             if found is None:
                 notes.append(f"no on-demand price for {instance_type} in {region} from the Pricing API; kept the table's")
             else:
@@ -77,10 +84,12 @@ def live_availability(base: Availability, instance_types: list[str], regions: li
     from botocore.exceptions import BotoCoreError, ClientError
 
     if client_for is None:
-        import boto3
+        from fleetcast.aws_session import AwsSession
+
+        session = AwsSession()
 
         def client_for(region: str):
-            return boto3.client("ec2", region_name=region)
+            return session.client("ec2", region)
     live: dict[str, frozenset[str]] = {}
     for region in regions:
         client = client_for(region)
@@ -97,6 +106,6 @@ def live_availability(base: Availability, instance_types: list[str], regions: li
                 if not token:
                     break
         except (BotoCoreError, ClientError) as exc:
-            raise _aws_failure("--live-availability", exc) from None
+            raise _aws_failure("--live-availability", exc, "ec2", "DescribeInstanceTypeOfferings", region) from None
         live[region] = frozenset(offered)
     return Availability(base.families, f"{base.as_of}; live for {', '.join(regions)} on {date.today().isoformat()}", live)

@@ -41,7 +41,9 @@ class PlanOptions:
     quality_threshold: float | None = None
     estimate: list[str] = field(default_factory=list)
     min_instances: int | None = None
-    # Injected AWS clients (tests use botocore Stubber); None means boto3 defaults.
+    # AWS named profile for --refresh-prices / --live-availability (None: the standard credential chain).
+    profile: str | None = None
+    # Injected AWS clients (tests use botocore Stubber); None means clients of the shared AWS session.
     pricing_client: object | None = None
     ec2_client_for: object | None = None
     # The date price tables are aged against; None means today (tests fix it).
@@ -89,12 +91,21 @@ def build_plan(opts: PlanOptions) -> tuple[PlanResult, list[RegionPlan], PlanCon
     if opts.estimate and "all" in opts.estimate:
         instance_types = sorted(catalog.instance_catalog())
     candidate_regions = sorted(set(consumer_regions) | catalog.privatelink_cross_region())
+    aws = None
+    if opts.refresh_prices or opts.live_availability:
+        from fleetcast.aws_session import AwsSession
+
+        aws = AwsSession(opts.profile)
     if opts.refresh_prices:
-        prices, notes = refresh_prices(prices, instance_types, candidate_regions, client=opts.pricing_client)
+        from .aws import PRICING_REGION
+
+        pricing = opts.pricing_client or aws.client("pricing", PRICING_REGION)
+        prices, notes = refresh_prices(prices, instance_types, candidate_regions, client=pricing)
         warnings += notes
     availability = shipped_availability()
     if opts.live_availability:
-        availability = live_availability(availability, instance_types, candidate_regions, client_for=opts.ec2_client_for)
+        ec2_for = opts.ec2_client_for or (lambda region: aws.client("ec2", region))
+        availability = live_availability(availability, instance_types, candidate_regions, client_for=ec2_for)
     latency = load_latency(opts.latency)
     fixed = load_fixed_costs(opts.fixed_costs)
     quality = load_quality(opts.quality)

@@ -8,15 +8,22 @@ from fleetcast.errors import UserError
 
 
 def stack_outputs(cfn: Any, stack_name: str) -> dict[str, str]:
+    from fleetcast.aws_session import is_aws_error, translate
+
     try:
         stacks = cfn.describe_stacks(StackName=stack_name)["Stacks"]
-    except cfn.exceptions.ClientError as exc:
-        code = exc.response.get("Error", {}).get("Code", "")
-        message = exc.response.get("Error", {}).get("Message", "")
-        if "does not exist" in message:
+    except Exception as exc:
+        if not is_aws_error(exc):
+            raise
+        error = getattr(exc, "response", {}).get("Error", {})
+        if "does not exist" in error.get("Message", ""):
             raise UserError(f"stack {stack_name} is not deployed in this account/region; deploy the provider "
                             f"stacks first (`npx cdk deploy {stack_name}`) or pass --bucket REGION=NAME") from None
-        raise UserError(f"cannot read stack {stack_name} ({code}: {message})") from None
+        # Missing access is one line and exit 4 like every AWS-touching command; the rest names the stack.
+        mapped = translate(exc, service="cloudformation", operation="DescribeStacks", region=cfn.meta.region_name)
+        if mapped.exit_code == 4:
+            raise mapped from None
+        raise UserError(f"cannot read stack {stack_name} ({mapped})") from None
     return {o["OutputKey"]: o["OutputValue"] for o in stacks[0].get("Outputs", [])}
 
 

@@ -148,12 +148,12 @@ def collect(cfg: FleetConfig, since: datetime, until: datetime, region: str | No
         raise UserError(f"--region {region!r} is not a provider region of fleet {cfg.name}; "
                         f"choose one of: {', '.join(names)}", exit_code=2)
     if client is None:
-        import boto3
+        from fleetcast.aws_session import AwsSession
 
-        session = boto3.session.Session()  # fresh credential resolution, nothing cached from earlier calls
+        session = AwsSession()
 
         def client(name: str) -> Any:
-            return session.client("cloudwatch", region_name=name)
+            return session.client("cloudwatch", name)
 
     window_s = (until - since).total_seconds()
     hours = window_s / 3600
@@ -213,7 +213,7 @@ def collect(cfg: FleetConfig, since: datetime, until: datetime, region: str | No
 
 
 def _get_metric_data(cw: Any, queries: list[dict], since: datetime, until: datetime, region: str) -> list[dict]:
-    from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError
+    from botocore.exceptions import BotoCoreError, ClientError
 
     merged: dict[str, dict] = {}
     kwargs: dict[str, Any] = {"MetricDataQueries": queries, "StartTime": since, "EndTime": until,
@@ -230,14 +230,10 @@ def _get_metric_data(cw: Any, queries: list[dict], since: datetime, until: datet
             if not token:
                 return list(merged.values())
             kwargs["NextToken"] = token
-    except NoCredentialsError:
-        raise UserError(f"no AWS credentials to read CloudWatch metrics in {region}") from None
-    except ClientError as exc:
-        error = exc.response.get("Error", {})
-        raise UserError(f"CloudWatch GetMetricData in {region} failed: {error.get('Code')}: "
-                        f"{error.get('Message')} (the caller needs cloudwatch:GetMetricData)") from None
-    except BotoCoreError as exc:
-        raise UserError(f"CloudWatch in {region} unreachable: {exc}") from None
+    except (BotoCoreError, ClientError) as exc:
+        from fleetcast.aws_session import translate
+
+        raise translate(exc, service="cloudwatch", operation="GetMetricData", region=region, other_exit=1) from None
 
 
 # ---------------------------------------------------------------- output

@@ -53,7 +53,7 @@ class StubbedAws:
     def __init__(self, sleeps: list[float] | None = None):
         session = boto3.Session(botocore_session=_shared_botocore_session(), region_name=SEOUL)
         self.sleeps = sleeps if sleeps is not None else []
-        self.access = Access(session, sleep=self.sleeps.append, jitter=lambda: 0.0)
+        self.access = Access(boto_session=session, sleep=self.sleeps.append, jitter=lambda: 0.0)
         self.stubbers: dict[tuple[str, str], Stubber] = {}
 
     def stub(self, service: str, region: str) -> Stubber:

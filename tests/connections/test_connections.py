@@ -360,7 +360,7 @@ def test_iam_action_map_covers_every_call():
     assert iam_action("cloudformation", "DescribeStacks") == "cloudformation:DescribeStacks"
 
 
-def test_unknown_profile_is_a_clear_error(cli):
+def test_unknown_profile_is_missing_access_in_one_line(cli):
     from scripts import cli as fleetcast_cli
     import contextlib
     import io
@@ -368,7 +368,9 @@ def test_unknown_profile_is_a_clear_error(cli):
     err = io.StringIO()
     with contextlib.redirect_stderr(err):
         code = fleetcast_cli.main(["connections", "list", "--profile", "no-such-profile"])
-    assert code == EXIT_INPUT and "--profile 'no-such-profile'" in err.getvalue()
+    # An unknown profile is missing access like missing credentials: exit 4, the profile named.
+    assert code == EXIT_DENIED and "profile 'no-such-profile'" in err.getvalue()
+    assert len(err.getvalue().strip().splitlines()) == 1
 
 
 def test_no_credentials_is_a_clear_error(monkeypatch):

@@ -76,7 +76,7 @@ def argv_of(command) -> list[str]:
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(world=worlds, data=st.data())
 def test_no_command_sequence_accepts_a_disallowed_account_without_force_and_reason(world, data):
-    access = Access(boto3.Session(botocore_session=_shared_botocore_session(), region_name=SEOUL),
+    access = Access(boto_session=boto3.Session(botocore_session=_shared_botocore_session(), region_name=SEOUL),
                     sleep=lambda s: None)
     fake = FakeEc2World(access, "fleetcast", dict(SVC), {
         region: {endpoint_id(region, i): {"account": a, "state": s} for i, (a, s) in enumerate(items)}

@@ -12,6 +12,9 @@ from fleetcast.config import load_config
 from fleetcast.contract.outputs import ProviderOutput
 from fleetcast.deploy import STEPS, execute, plan, publish_service_names, teardown_plan
 from fleetcast.errors import UserError
+from fleetcast.node import cdk_command
+
+CDK = cdk_command()
 
 CONFIG = Path(__file__).resolve().parents[2] / "config" / "fleet.yaml"
 
@@ -63,7 +66,7 @@ def test_a_failed_step_stops_the_rest_and_says_how_to_resume(cfg):
         execute(plan(cfg, "c.yaml", clients=None, steps=["providers", "stage"]), dry_run=False, run=run,
                 log=logged.append)
     # The preview (config diff --deployed) failing does not stop the step; the deploy failing does.
-    assert [c[3:6] for c in ran[:1]] == [["config", "diff", "--deployed"]] and ran[1][:2] == ["npx", "cdk"]
+    assert [c[3:6] for c in ran[:1]] == [["config", "diff", "--deployed"]] and ran[1][:len(CDK)] == CDK
     assert len(ran) == 2 and any("preview" in line and "continuing" in line for line in logged)
 
 
@@ -99,3 +102,135 @@ def test_cli_dry_run_prints_the_guide(capsys):
     out = capsys.readouterr().out
     assert "== bootstrap" in out and "== smoke" in out
     assert main(["teardown", "--config", str(CONFIG), "--dry-run"]) == 0
+
+
+# -- --profile / --region reach every sub-step
+
+
+@pytest.fixture
+def prod_profile(tmp_path, monkeypatch):
+    """A named profile `prod` with static (fake) keys, and no other credentials anywhere."""
+    for var in [v for v in __import__("os").environ if v.startswith("AWS_")]:
+        monkeypatch.delenv(var)
+    (tmp_path / "config").write_text("[profile prod]\nregion = us-east-1\n")
+    (tmp_path / "credentials").write_text("[prod]\naws_access_key_id = AKIAFAKEFAKEFAKE\naws_secret_access_key = fake\n")
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "config"))
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "credentials"))
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+
+
+@pytest.fixture
+def runner(monkeypatch):
+    """Replaces the subprocess runner of fleetcast.deploy: records each command, succeeds or fails."""
+    ran, result = [], {"rc": 0}
+
+    def run(command, *a, **kw):
+        ran.append(command)
+        return SimpleNamespace(returncode=result["rc"])
+
+    monkeypatch.setattr("fleetcast.deploy.subprocess.run", run)
+    monkeypatch.setenv("PATH", __import__("os").environ["PATH"])  # execute() puts the venv's node first; undo it
+    return SimpleNamespace(ran=ran, result=result)
+
+
+def test_profile_reaches_the_cdk_command_line_and_every_fleetcast_sub_step(prod_profile, runner, capsys):
+    from scripts.cli import main
+
+    steps = [a for s in ("bootstrap", "providers", "stage", "consumers", "approve") for a in ("--step", s)]
+    assert main(["deploy", "--config", str(CONFIG), "--profile", "prod", *steps]) == 0
+    cdk = [c[len(CDK):] for c in runner.ran if c[:len(CDK)] == CDK]
+    subs = [c for c in runner.ran if c[1:3] == ["-m", "scripts.cli"]]
+    assert {c[0] for c in cdk} == {"bootstrap", "deploy"} and len(subs) == 4  # diff, stage x2, connections sync
+    for command in cdk + subs:
+        assert command[command.index("--profile") + 1] == "prod", command
+    assert main(["teardown", "--config", str(CONFIG), "--profile", "prod", "--yes"]) == 0
+    destroys = [c for c in runner.ran if c[:len(CDK) + 1] == [*CDK, "destroy"]]
+    assert len(destroys) == 2 and all(c[c.index("--profile") + 1] == "prod" for c in destroys)
+
+
+def test_region_narrows_every_step_to_that_provider_region_and_its_consumers(cfg):
+    from fleetcast.aws_session import AwsSession
+
+    steps = plan(cfg, "c.yaml", None, steps=STEPS, aws=AwsSession("prod"), regions=["us-east-1"])
+    text = "\n".join(flat(steps))
+    assert "fleetcast-provider-us-east-1" in text and "fleetcast-consumer-analytics" in text
+    assert "ap-northeast-2" not in text and "voice-app" not in text
+    by_name = {s.name: s for s in steps}
+    assert all(c[-2:] == ["--region", "us-east-1"] for c in by_name["stage"].commands)
+    assert by_name["providers"].preview[0][-2:] == ["--region", "us-east-1"]
+    with pytest.raises(UserError, match="--region eu-west-1 is not a provider region"):
+        plan(cfg, "c.yaml", None, steps=STEPS, regions=["eu-west-1"])
+
+
+# -- teardown asks first
+
+
+def test_teardown_dry_run_lists_each_stack_with_account_and_region_in_order(cfg):
+    lines = flat(teardown_plan(cfg, "c.yaml"))
+    deletes = [line.strip() for line in lines if line.strip().startswith("- delete")]
+    assert deletes == [
+        "- delete fleetcast-consumer-voice-app  (account 444455556666, ap-northeast-2)",
+        "- delete fleetcast-consumer-analytics  (account 777788889999, us-west-2)",
+        "- delete fleetcast-provider-ap-northeast-2  (account 111122223333, ap-northeast-2)",
+        "- delete fleetcast-provider-us-east-1  (account 111122223333, us-east-1)",
+    ]
+
+
+def test_teardown_without_a_terminal_and_without_yes_refuses_and_deletes_nothing(prod_profile, runner, capsys,
+                                                                                  monkeypatch):
+    import io
+
+    from scripts.cli import main
+
+    monkeypatch.setattr("sys.stdin", io.StringIO("fleetcast\n"))  # piped input is not a terminal
+    assert main(["teardown", "--config", str(CONFIG)]) == 2
+    err = capsys.readouterr().err
+    assert "stdin is not a terminal" in err and "--yes" in err and "fleetcast-provider-us-east-1" in err
+    assert runner.ran == []
+
+
+class Tty:
+    def __init__(self, answer):
+        self.answer = answer
+
+    def isatty(self):
+        return True
+
+    def readline(self):
+        return self.answer
+
+
+def test_teardown_on_a_terminal_deletes_only_after_the_fleet_name_is_typed(cfg):
+    import io
+
+    from fleetcast.deploy import confirm_teardown
+
+    steps = teardown_plan(cfg, "c.yaml")
+    err = io.StringIO()
+    confirm_teardown(cfg, steps, yes=False, stdin=Tty("fleetcast\n"), err=err)
+    assert "deletes these 4 stack(s)" in err.getvalue() and "Type the fleet name (fleetcast)" in err.getvalue()
+    with pytest.raises(UserError, match="not confirmed; nothing deleted") as refused:
+        confirm_teardown(cfg, steps, yes=False, stdin=Tty("y\n"), err=io.StringIO())
+    assert refused.value.exit_code == 3
+
+
+def test_a_failed_teardown_step_says_how_to_resume_the_teardown_not_the_deploy(prod_profile, runner, capsys):
+    from scripts.cli import main
+
+    runner.result["rc"] = 1
+    assert main(["teardown", "--config", str(CONFIG), "--profile", "prod", "--region", "us-east-1", "--yes"]) == 1
+    err = capsys.readouterr().err
+    assert "fleetcast deploy" not in err
+    assert (f"rerun `fleetcast teardown --config {CONFIG} --profile prod --region us-east-1 --yes --step consumers`"
+            in err)
+    assert len(runner.ran) == 1  # the providers step did not run
+
+
+def test_teardown_skips_consumers_the_app_builds_no_stack_for(tmp_path):
+    text = CONFIG.read_text()
+    target = tmp_path / "fleet.yaml"
+    line = next(l for l in text.splitlines() if "endpoint_service_name: com.amazonaws.vpce.us-east-1" in l)
+    target.write_text(text.replace(line + "\n", ""))  # analytics: not published yet, so no stack
+    steps = teardown_plan(load_config(target), str(target))
+    assert "fleetcast-consumer-analytics" not in "\n".join(flat(steps))
+    assert "fleetcast-consumer-voice-app" in steps[0].commands[0]

@@ -23,7 +23,9 @@ from stacks import nag
 
 from .synthesized import NODE_MAJOR, ROOT, default_doc, default_fleet, nat_fleet, synthesize, variant_fleet
 
-NPX = shutil.which("npx")
+from fleetcast.node import cdk_command, path_with_node
+
+CDK = cdk_command()  # the pinned CLI on the venv's Node LTS, as `make synth` runs it (npx cdk without the wheel)
 
 
 def offline_env() -> dict[str, str]:
@@ -35,17 +37,18 @@ def offline_env() -> dict[str, str]:
         "AWS_SHARED_CREDENTIALS_FILE": os.devnull,
         "CDK_DISABLE_CLI_TELEMETRY": "true",
         "JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION": NODE_MAJOR,
+        "PATH": path_with_node(env.get("PATH", "")),
     }
     return env
 
 
-@pytest.mark.skipif(NPX is None or not (ROOT / "node_modules" / "aws-cdk").exists(),
+@pytest.mark.skipif(shutil.which(CDK[0]) is None or not (ROOT / "node_modules" / "aws-cdk").exists(),
                     reason="the pinned CDK CLI is installed by `make` (npm ci)")
 def test_cdk_cli_synthesizes_the_default_config_offline(tmp_path):
     out = tmp_path / "cdk.out"
     started = time.monotonic()
     result = subprocess.run(
-        [NPX, "cdk", "synth", "--no-lookups", "--no-notices", "--quiet", "-c", "config=config/fleet.yaml",
+        [*CDK, "synth", "--no-lookups", "--no-notices", "--quiet", "-c", "config=config/fleet.yaml",
          "-o", str(out)],
         cwd=ROOT, env=offline_env(), capture_output=True, text=True, timeout=300,
     )

@@ -45,3 +45,18 @@ def test_summary_without_an_assembly_says_what_to_run(capsys, tmp_path):
     code, out, err = run(capsys, "--config", str(DEFAULT_CONFIG), "--out", str(tmp_path / "nothing"))
     assert code == 1
     assert "manifest.json not found: run `make synth`" in err
+
+
+def test_a_mismatch_is_refused_before_any_summary_is_printed(capsys):
+    code, out, err = run(capsys, "--config", str(DEFAULT_CONFIG), "--out", str(variant_fleet().outdir))
+    assert code == 1 and out == ""  # nothing on stdout that describes stacks the assembly does not hold
+
+
+def test_the_hint_names_the_config_given(capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(DEFAULT_CONFIG.parents[1])  # where make runs: CONFIG defaults to config/fleet.yaml
+    other = tmp_path / "other fleet.yaml"
+    other.write_text(DEFAULT_CONFIG.read_text())
+    code, out, err = run(capsys, "--config", str(other), "--out", str(variant_fleet().outdir))
+    assert code == 1 and f"run `make synth CONFIG='{other}'` again" in err
+    code, out, err = run(capsys, "--config", "config/fleet.yaml", "--out", str(tmp_path / "nothing"))
+    assert code == 1 and "manifest.json not found: run `make synth` first" in err

@@ -177,7 +177,7 @@ def test_missing_credentials_is_a_clear_error(config_file, capsys, monkeypatch, 
     monkeypatch.delenv("AWS_CONTAINER_CREDENTIALS_RELATIVE_URI", raising=False)
     monkeypatch.delenv("AWS_CONTAINER_CREDENTIALS_FULL_URI", raising=False)
     monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:9")  # should anything still sign, it stays local
-    assert cli(["usage", "--config", str(config_file), "--since", "1h"]) == 1
+    assert cli(["usage", "--config", str(config_file), "--since", "1h"]) == 4  # missing access: exit 4
     assert "no AWS credentials" in capsys.readouterr().err
 
 

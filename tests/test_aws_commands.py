@@ -1,0 +1,154 @@
+"""Every AWS-touching command, found from the CLI parser itself, takes --profile and --region and,
+without any AWS credentials, ends with one line and exit 4 (never a traceback).
+
+A new subcommand fails `test_every_subcommand_is_classified` until it is listed here as offline or
+as AWS-touching (with the arguments that make it call AWS), so none slips through.
+
+Credential chain facts relied on (boto3 "Credentials" guide,
+https://boto3.amazonaws.com/v1/documentation/api/latest/guide/credentials.html): boto3 looks in the
+environment (AWS_ACCESS_KEY_ID ...), the shared credentials file (AWS_SHARED_CREDENTIALS_FILE), the
+config file (AWS_CONFIG_FILE), container credentials (AWS_CONTAINER_CREDENTIALS_*), then the
+instance metadata service (off with AWS_EC2_METADATA_DISABLED=true). The environment below empties
+every one of them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from scripts.cli import build_parser
+
+ROOT = Path(__file__).resolve().parents[1]
+CONFIG = "config/fleet.yaml"
+PLAN_INPUTS = ["--results", "examples/plan/seed/results", "--traffic", "examples/plan/seed/traffic-seoul.yaml"]
+
+# Leaf subcommands that never call AWS.
+OFFLINE = {
+    ("config", "validate"), ("config", "schema"), ("config", "docs"), ("config", "show"),
+    ("synth", "summary"), ("smoke",),
+    ("bench", "run"), ("bench", "report"), ("bench", "network-share"), ("bench", "probe-wheels"),
+}
+
+# AWS-touching leaves (or modes of a leaf): the arguments after the subcommand that make it call AWS.
+# `{tmp}` is a fresh directory. Destructive ones carry --yes so they reach AWS instead of asking.
+AWS_RUNS = {
+    ("config", "diff"): [["--deployed", CONFIG]],
+    ("stage", "model"): [[]],
+    ("stage", "calibration"): [["--dir", "{tmp}", "--name", "calib"]],
+    ("stage", "image"): [[], ["--method", "local"]],
+    ("stage", "status"): [[]],
+    ("deploy",): [[], ["--step", "publish"]],
+    ("teardown",): [["--yes"]],
+    ("connections", "list"): [[]],
+    ("connections", "approve"): [["--account", "444455556666", "--yes"]],
+    ("connections", "reject"): [["--account", "444455556666", "--yes"]],
+    ("connections", "sync"): [["--yes"]],
+    ("usage",): [["--since", "1h"]],
+    ("bench", "collect"): [["--bucket", "bench-results", "--out", "{tmp}"]],
+    ("plan",): [[*PLAN_INPUTS, "--live-availability"], [*PLAN_INPUTS, "--refresh-prices"]],
+}
+# plan's AWS calls have fixed regions (the Pricing API's, each candidate region's), so no --region.
+NO_REGION_FLAG = {("plan",)}
+
+# Dry runs that need no credentials: exit 0 and say what they could not check.
+DRY_RUNS = {
+    ("deploy",): ["--dry-run"],
+    ("teardown",): ["--dry-run"],
+    ("stage", "image"): ["--dry-run"],
+}
+
+
+def leaves(parser: argparse.ArgumentParser, path: tuple[str, ...] = ()):
+    subs = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    if not subs:
+        yield path, parser
+        return
+    for name, child in subs[0].choices.items():
+        yield from leaves(child, path + (name,))
+
+
+LEAVES = dict(leaves(build_parser()))
+
+
+def options(parser: argparse.ArgumentParser) -> set[str]:
+    return {o for a in parser._actions for o in a.option_strings}
+
+
+def test_every_subcommand_is_classified():
+    unclassified = sorted(set(LEAVES) - OFFLINE - set(AWS_RUNS))
+    assert not unclassified, f"classify these subcommands here (offline, or the argv that makes them call AWS): {unclassified}"
+    assert not (OFFLINE & set(AWS_RUNS))
+    assert set(AWS_RUNS) <= set(LEAVES), "a listed command no longer exists"
+
+
+@pytest.mark.parametrize("path", sorted(AWS_RUNS), ids=" ".join)
+def test_aws_commands_take_profile_and_region(path):
+    opts = options(LEAVES[path])
+    assert "--profile" in opts
+    assert ("--region" in opts) is (path not in NO_REGION_FLAG)
+
+
+@pytest.fixture(scope="module")
+def no_aws(tmp_path_factory):
+    """An environment with no AWS credentials anywhere, and an `npx` that records instead of deploying."""
+    home = tmp_path_factory.mktemp("no-aws")
+    empty = home / "empty"
+    empty.write_text("")
+    bin_dir = home / "bin"
+    bin_dir.mkdir()
+    calls = home / "npx-calls"
+    npx = bin_dir / "npx"
+    npx.write_text(f"#!/bin/sh\necho \"$@\" >> {calls}\nexit 1\n")
+    npx.chmod(0o755)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
+    env.update(AWS_CONFIG_FILE=str(empty), AWS_SHARED_CREDENTIALS_FILE=str(empty), AWS_EC2_METADATA_DISABLED="true",
+               PATH=f"{bin_dir}{os.pathsep}{env.get('PATH', '')}", HOME=str(home), PYTHONPATH=str(ROOT),
+               HF_HUB_OFFLINE="1")
+    return env, calls
+
+
+def run_cli(argv, env, tmp_path):
+    argv = [a.replace("{tmp}", str(tmp_path)) for a in argv]
+    return subprocess.run([sys.executable, "-m", "scripts.cli", *argv], cwd=ROOT, env=env, capture_output=True,
+                          text=True, stdin=subprocess.DEVNULL, timeout=300)
+
+
+AWS_CASES = [(path, extra) for path, runs in sorted(AWS_RUNS.items()) for extra in runs]
+
+
+@pytest.mark.parametrize("path,extra", AWS_CASES, ids=[" ".join(p + tuple(e)) for p, e in AWS_CASES])
+def test_without_credentials_every_aws_command_exits_4_in_one_line(path, extra, no_aws, tmp_path):
+    env, calls = no_aws
+    needs_config = "--config" in options(LEAVES[path]) and path not in {("plan",)}
+    argv = [*path, *(["--config", CONFIG] if needs_config else []), *extra]
+    result = run_cli(argv, env, tmp_path)
+    assert "Traceback" not in result.stderr, result.stderr
+    assert result.returncode == 4, (result.returncode, result.stdout, result.stderr)
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith(f"fleetcast {path[0]}: ") and "credentials" in last
+    assert not calls.exists(), "a cdk command ran without credentials"
+
+
+@pytest.mark.parametrize("path", sorted(DRY_RUNS), ids=" ".join)
+def test_dry_runs_need_no_credentials_and_say_what_they_did_not_check(path, no_aws, tmp_path):
+    env, calls = no_aws
+    result = run_cli([*path, "--config", CONFIG, *DRY_RUNS[path]], env, tmp_path)
+    assert result.returncode == 0 and "Traceback" not in result.stderr, result.stderr
+    assert "not checked" in result.stdout and "no AWS credentials" in result.stdout
+    assert not calls.exists()
+
+
+def test_an_unknown_profile_is_one_line_and_exit_4_even_for_a_dry_run_deploy(no_aws, tmp_path):
+    env, _ = no_aws
+    result = run_cli(["stage", "status", "--config", CONFIG, "--profile", "prod-typo"], env, tmp_path)
+    assert result.returncode == 4 and "Traceback" not in result.stderr
+    assert result.stderr.strip().splitlines() == [result.stderr.strip()] and "'prod-typo'" in result.stderr
+    dry = run_cli(["deploy", "--config", CONFIG, "--profile", "prod-typo", "--dry-run"], env, tmp_path)
+    assert dry.returncode == 0 and "Traceback" not in dry.stderr
+    assert "--profile prod-typo" in dry.stdout and "'prod-typo'" in dry.stdout.splitlines()[-1]
