@@ -141,7 +141,7 @@ def json_depth_over(body: bytes, limit: int = MAX_JSON_DEPTH) -> bool:
     if body.count(b"[") + body.count(b"{") <= limit:  # fast path: too few brackets to nest that deep
         return False
     brackets = _STRING.sub(b'""', body).translate(_AS_SQUARE, _NOT_BRACKETS)
-    passes = 3
+    passes = min(3, limit)  # each pass takes one level off; the rest is counted below
     for _ in range(passes):
         brackets = brackets.replace(b"[]", b"")
     if brackets.count(b"[") <= limit - passes:
