@@ -317,7 +317,7 @@ class Gateway:
                          headers: list[tuple[str, str]] | None = None) -> bool:
             nonlocal keep
             if body is not None:
-                pass
+                pass  # already read: the connection is in step
             elif expects_continue:
                 keep = False  # the client holds the body back; do not wait for it
             else:
