@@ -326,28 +326,31 @@ async def run(args: argparse.Namespace) -> int:
 
 
 def _minutes(value: str) -> float:
+    """A positive, finite number (minutes or seconds, as the option says)."""
     try:
         number = float(value)
     except ValueError:
         number = 0.0
-    if not number > 0:
-        raise argparse.ArgumentTypeError(f"{value!r} is not a positive number of minutes")
+    if not 0 < number < float("inf"):
+        raise argparse.ArgumentTypeError(f"{value!r} is not a positive number")
     return number
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m scripts.soak_gateway", description=__doc__.split("\n\n")[0])
     p.add_argument("--minutes", type=_minutes, default=os.environ.get("SOAK_MINUTES", "30"),
                    help="how long to run (default $SOAK_MINUTES, else 30)")
-    p.add_argument("--interval-s", type=float, default=60.0, help="seconds between figure rows (default 60)")
-    p.add_argument("--clients", type=int, default=4, help="well-behaved streaming clients (default 4)")
-    p.add_argument("--body-timeout-s", type=float, default=BODY_TIMEOUT_S,
+    p.add_argument("--interval-s", type=_minutes, default=60.0, help="seconds between figure rows (default 60)")
+    p.add_argument("--clients", type=int, choices=range(1, 65), metavar="1..64", default=4,
+                   help="well-behaved streaming clients (default 4)")
+    p.add_argument("--body-timeout-s", type=_minutes, default=BODY_TIMEOUT_S,
                    help=f"the gateway's --body-timeout-s (default {BODY_TIMEOUT_S:g}, its own default)")
     p.add_argument("--json", help="also write the rows here")
-    args = p.parse_args(argv)
-    if args.clients < 1:
-        p.error("--clients must be at least 1")
-    return asyncio.run(run(args))
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    return asyncio.run(run(build_parser().parse_args(argv)))
 
 
 if __name__ == "__main__":
