@@ -34,7 +34,7 @@ class FakeModelServer:
         self.healthy = True
         self.requests: list[dict[str, Any]] = []  # bodies as the server received them
         self.gate: asyncio.Event | None = None  # when set up, streams wait on it after the first token
-        self.hold: asyncio.Event | None = None  # when set up, non-streaming requests wait on it
+        self.hold: asyncio.Event | None = None  # when set up, requests wait on it before their first token
         self.held = asyncio.Event()  # set when a non-streaming request starts waiting on `hold`
         self.arrivals = 0  # inference requests that reached the server, readable or not
         self.cancelled = 0
@@ -87,6 +87,9 @@ class FakeModelServer:
                                       "usage": usage})
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await response.prepare(request)
+        if self.hold is not None and not await self._held(request):  # a long prefill: headers out, no token yet
+            self.cancelled += 1
+            raise ConnectionResetError("client disconnected")
         include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
         self.active += 1
         try:

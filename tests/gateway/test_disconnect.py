@@ -36,7 +36,7 @@ def _reset(client: Client) -> None:
     client.writer.transport.abort()
 
 
-def _run_abandoned(leave) -> None:
+def _run_abandoned(leave, stream: bool = False) -> None:
     cfg = fleet_config(voice_limits={"max_concurrency": 1, "requests_per_minute": 6000})
 
     async def body():
@@ -44,7 +44,7 @@ def _run_abandoned(leave) -> None:
         h.upstream.hold = asyncio.Event()  # the generation takes until released
         try:
             c = await Client(h.port, VOICE_VPCE).connect()
-            await c.send("POST", "/v1/completions", PLAIN)
+            await c.send("POST", "/v1/completions", {**PLAIN, "stream": stream})
             await asyncio.wait_for(h.upstream.held.wait(), 15)
             leave(c)
             await until(lambda: h.upstream.cancelled == 1)  # the server saw its connection close
@@ -70,6 +70,10 @@ def test_a_non_streaming_client_that_closes_stops_its_generation():
 
 def test_a_non_streaming_client_that_resets_stops_its_generation():
     _run_abandoned(_reset)
+
+
+def test_a_streaming_client_that_leaves_before_its_first_token_stops_its_generation():
+    _run_abandoned(lambda c: c.writer.close(), stream=True)
 
 
 def test_a_client_that_stays_gets_its_answer_however_long_the_generation():
