@@ -49,7 +49,11 @@ def _chunk(data: bytes) -> bytes:
 
 async def timed_upstream(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, ttft_s: float,
                          interval_s: float) -> None:
-    """A trtllm-serve-shaped SSE server on a fixed schedule (absolute deadlines: no drift)."""
+    """A trtllm-serve-shaped SSE server on a fixed schedule (absolute deadlines: no drift).
+
+    A non-streaming request gets its whole completion as one JSON body when the last token
+    would have been sent; anything but POST gets a 404 (scripts/soak_gateway.py sends both).
+    """
     loop = asyncio.get_running_loop()
     try:
         while True:
@@ -61,10 +65,23 @@ async def timed_upstream(reader: asyncio.StreamReader, writer: asyncio.StreamWri
             if path == "/health":
                 writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n")
                 continue
+            if method != "POST":
+                writer.write(b'HTTP/1.1 404 Not Found\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}')
+                continue
             request = json.loads(body)
             n = int(request.get("max_tokens", 16))
             usage = bool((request.get("stream_options") or {}).get("include_usage"))
             start = loop.time()
+            if not request.get("stream"):
+                await asyncio.sleep(ttft_s + (n - 1) * interval_s)
+                payload = json.dumps({"id": "cmpl-b", "object": "text_completion", "model": "bench",
+                                      "choices": [{"index": 0, "text": "".join(f" tok{i}" for i in range(n)),
+                                                   "finish_reason": "length"}],
+                                      "usage": {"prompt_tokens": 8, "completion_tokens": n,
+                                                "total_tokens": 8 + n}}).encode()
+                writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%b"
+                             % (len(payload), payload))
+                continue
             writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n")
             for i in range(n):
                 delay = start + ttft_s + i * interval_s - loop.time()
@@ -282,20 +299,44 @@ async def _wait_port(port: int, header: bytes | None, timeout: float = 20.0) -> 
     raise RuntimeError(f"nothing healthy on port {port} after {timeout:g} s")
 
 
-def _bench_config(path: Path) -> None:
+def bench_config_data() -> dict:
+    """The shipped config served to one consumer (the bench account) with limits nobody reaches."""
     sys.path.insert(0, str(ROOT))
-    from fleetcast.config import load_config, parse_config
+    from fleetcast.config import load_config
 
     data = load_config(ROOT / "config" / "fleet.yaml").model_dump(mode="json")
     data["consumers"] = [c for c in data["consumers"] if c["account"] == BENCH_ACCOUNT][:1]
     data["consumers"][0]["limits"] = {"max_concurrency": 10000, "requests_per_minute": 10_000_000}
+    return data
+
+
+def write_config(path: Path, data: dict) -> None:
+    from fleetcast.config import parse_config
+
     parse_config(data, "<bench config>")
     path.write_text(json.dumps(data))
 
 
-def _spawn(args: list[str], env: dict | None = None, stdout=subprocess.DEVNULL) -> subprocess.Popen:
+def _bench_config(path: Path) -> None:
+    write_config(path, bench_config_data())
+
+
+def _spawn(args: list[str], env: dict | None = None, stdout=subprocess.DEVNULL,
+           stderr=subprocess.DEVNULL) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, *args], cwd=str(ROOT), env={**os.environ, **(env or {})},
-                            stdout=stdout, stderr=subprocess.DEVNULL)
+                            stdout=stdout, stderr=stderr)
+
+
+def gateway_args(port: int, up_port: int, config: Path, loop: str = "auto") -> list[str]:
+    """`python -m runtime.gateway` as on an instance: PROXY v2 required, identity from the EC2 fake."""
+    return ["-m", "runtime.gateway", "--listen", f"127.0.0.1:{port}", "--upstream", f"127.0.0.1:{up_port}",
+            "--config-json", str(config), "--region", REGION, "--pool", POOL, "--service-id", SERVICE_ID,
+            "--event-loop", loop]
+
+
+def gateway_env(ec2_port: int) -> dict:
+    return {"AWS_ENDPOINT_URL_EC2": f"http://127.0.0.1:{ec2_port}", "AWS_ACCESS_KEY_ID": "bench",
+            "AWS_SECRET_ACCESS_KEY": "bench", "AWS_MAX_ATTEMPTS": "1"}
 
 
 async def main_async(args: argparse.Namespace) -> dict:
@@ -318,11 +359,7 @@ async def main_async(args: argparse.Namespace) -> dict:
             loop = {"gateway": "auto", "gateway-asyncio": "asyncio", "gateway-uvloop": "uvloop"}[mode]
             port = free_port()
             targets[mode] = (port, header)
-            procs.append(_spawn(["-m", "runtime.gateway", "--listen", f"127.0.0.1:{port}", "--upstream",
-                                 f"127.0.0.1:{up_port}", "--config-json", str(config), "--region", REGION,
-                                 "--pool", POOL, "--service-id", SERVICE_ID, "--event-loop", loop],
-                                {"AWS_ENDPOINT_URL_EC2": f"http://127.0.0.1:{ec2_port}", "AWS_ACCESS_KEY_ID": "bench",
-                                 "AWS_SECRET_ACCESS_KEY": "bench", "AWS_MAX_ATTEMPTS": "1"}, stdout=emf))
+            procs.append(_spawn(gateway_args(port, up_port, config, loop), gateway_env(ec2_port), stdout=emf))
     if "aiohttp" in modes:
         procs.append(_spawn(["-m", "scripts.bench_gateway", "_aiohttp", str(aio_port), str(up_port)]))
     try:

@@ -24,6 +24,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
+from .http import BODY_TIMEOUT_S
 from .identity import log
 
 
@@ -58,6 +59,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="required behind the NLB (default); off only for local tests without an NLB")
     p.add_argument("--refresh-s", type=_positive, default=60.0,
                    help="period of the endpoint, API key and consumer-config refresh in seconds (default 60)")
+    p.add_argument("--body-timeout-s", type=_positive, default=BODY_TIMEOUT_S,
+                   help="a request body must arrive whole within this many seconds, else 408 and the connection "
+                        f"is closed (default {BODY_TIMEOUT_S:g}); no concurrency slot is held meanwhile")
     p.add_argument("--event-loop", choices=("auto", "asyncio", "uvloop"), default="auto",
                    help="auto (default): uvloop when installed, which scripts/bench_gateway.py measures as the "
                         "faster hop; else the standard asyncio loop")
@@ -120,7 +124,7 @@ async def serve(args: argparse.Namespace) -> int:
     gateway = Gateway(upstream=args.upstream, identity=Identity(consumers, endpoints, keys),
                       limiters={c.name: ConsumerLimiter(c.limits) for c in consumers}, metrics=metrics,
                       proxy_protocol=args.proxy_protocol == "required",
-                      drain_timeout_s=cfg.operations.drain_timeout_s)
+                      drain_timeout_s=cfg.operations.drain_timeout_s, body_timeout_s=args.body_timeout_s)
 
     async def apply_consumers(new_cfg, new_consumers) -> None:
         # Keys before identity: a consumer that now needs a key must not be served keyless meanwhile.

@@ -26,22 +26,20 @@ class Prepared:
     strip_usage: bool
 
 
-def prepare_body(body: bytes) -> Prepared:
-    """Make a streaming request report usage; returns the (possibly rewritten) body."""
-    if b'"stream"' not in body:  # fast path: not a streaming request
-        return Prepared(body, False, False)
-    try:
-        data = json.loads(body)
-    except (ValueError, UnicodeDecodeError):
-        return Prepared(body, False, False)  # the server answers the 400
-    if not isinstance(data, dict) or data.get("stream") is not True:
+def prepare_body(body: bytes, data: dict[str, Any]) -> Prepared:
+    """Make a streaming request report usage; returns the (possibly rewritten) body.
+
+    `data` is `body` already parsed and checked (`http.parse_json_body`): every inference
+    body is, before it may reach the model server.
+    """
+    if data.get("stream") is not True:
         return Prepared(body, False, False)
     options = data.get("stream_options")
     if isinstance(options, dict) and options.get("include_usage") is True:
         return Prepared(body, True, False)
     options = dict(options) if isinstance(options, dict) else {}
     options["include_usage"] = True
-    data["stream_options"] = options
+    data = {**data, "stream_options": options}
     return Prepared(json.dumps(data, separators=(",", ":")).encode(), True, True)
 
 
@@ -140,7 +138,7 @@ def usage_from_body(body: bytes) -> dict[str, Any] | None:
     """Usage of a non-streaming response."""
     try:
         obj = json.loads(body)
-    except (ValueError, UnicodeDecodeError):
+    except (ValueError, RecursionError):  # the server's own answer; never let it break the record
         return None
     usage = obj.get("usage") if isinstance(obj, dict) else None
     return usage if isinstance(usage, dict) else None

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import sys
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -26,8 +27,8 @@ from fleetcast import telemetry as t
 
 from . import ppv2
 from .http import (
-    HOP_BY_HOP, LAST_CHUNK, MAX_BODY_BYTES, ChunkedDecoder, ChunkedError, HttpError, Request,
-    body_length, chunk, openai_error, parse_head, response_head,
+    BODY_TIMEOUT_S, HOP_BY_HOP, LAST_CHUNK, MAX_BODY_BYTES, BadBody, ChunkedDecoder, ChunkedError, HttpError,
+    Request, body_length, chunk, openai_error, parse_head, parse_json_body, response_head,
 )
 from .identity import Identity, log
 from .limits import ConsumerLimiter
@@ -37,10 +38,17 @@ from .metrics import MetricsSink
 READ_SIZE = 64 * 1024
 MAX_METERED_BODY = 8 * 1024 * 1024  # non-streaming responses larger than this are forwarded unmetered
 INTERNAL_PATHS = frozenset({"/metrics", "/prometheus/metrics"})  # server stats: dequeued on read, not for consumers
+MAX_HEALTH_BODY = 64 * 1024  # a /health answer longer than this is not read to the end: the connection is dropped
+# A deadline around a wait without a task per request (asyncio.timeout reschedules one timer).
+_deadline = asyncio.timeout if sys.version_info >= (3, 11) else None
 
 
 class UpstreamError(Exception):
     """The local server could not be reached or broke the protocol."""
+
+
+class ClientGone(Exception):
+    """The client left while its request waited upstream; the upstream connection was cut."""
 
 
 @dataclass
@@ -48,6 +56,37 @@ class UpstreamConn:
     reader: asyncio.StreamReader
     writer: asyncio.StreamWriter
     reused: bool = False
+
+
+class ClientWatch:
+    """Notices a client that leaves while its request is upstream, and cuts the upstream connection.
+
+    The gateway reads nothing from the client while the server works on a non-streaming
+    request, so without this nobody notices the client left: trtllm-serve aborts a request
+    when its own connection closes (OpenAIServer.await_disconnected polls is_disconnected()
+    once a second), so cutting ours is what stops the generation. A repeating timer, not a
+    read: reading the client would consume a pipelined next request. EOF counts as gone,
+    as in nginx's default (proxy_ignore_client_abort off).
+    """
+
+    __slots__ = ("reader", "writer", "period", "gone", "conn", "_handle")
+
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, period: float):
+        self.reader, self.writer, self.period = reader, writer, period
+        self.gone = False
+        self.conn: UpstreamConn | None = None
+        self._handle = asyncio.get_running_loop().call_later(period, self._check)
+
+    def _check(self) -> None:
+        if self.reader.at_eof() or self.reader.exception() is not None or self.writer.is_closing():
+            self.gone = True
+            if self.conn is not None:
+                self.conn.writer.transport.abort()
+            return
+        self._handle = asyncio.get_running_loop().call_later(self.period, self._check)
+
+    def stop(self) -> None:
+        self._handle.cancel()
 
 
 @dataclass
@@ -71,7 +110,8 @@ class Gateway:
     def __init__(self, *, upstream: tuple[str, int], identity: Identity, limiters: dict[str, ConsumerLimiter],
                  metrics: MetricsSink, proxy_protocol: bool = True, drain_timeout_s: float = 300.0,
                  header_timeout_s: float = 5.0, idle_timeout_s: float = 75.0, upstream_idle_timeout_s: float = 600.0,
-                 health_timeout_s: float = 2.0, max_idle_upstream: int = 256):
+                 health_timeout_s: float = 2.0, max_idle_upstream: int = 256, body_timeout_s: float = BODY_TIMEOUT_S,
+                 disconnect_poll_s: float = 0.5):
         self.upstream = upstream
         self.identity = identity
         self.limiters = limiters
@@ -83,6 +123,8 @@ class Gateway:
         self.upstream_idle_timeout_s = upstream_idle_timeout_s
         self.health_timeout_s = health_timeout_s
         self.max_idle_upstream = max_idle_upstream
+        self.body_timeout_s = body_timeout_s
+        self.disconnect_poll_s = disconnect_poll_s
         self.draining = False
         self.active = 0  # requests being served (health checks excluded)
         self._idle_upstream: list[UpstreamConn] = []
@@ -92,6 +134,8 @@ class Gateway:
         self._idle_event = asyncio.Event()
         self._idle_event.set()
         self._watchdog: asyncio.Task | None = None
+        self._health_conn: UpstreamConn | None = None  # one kept-alive connection for /health checks
+        self._health_probe: asyncio.Future | None = None  # the check in flight; concurrent ones share it
 
     def set_consumers(self, consumers: tuple) -> None:
         """Swap in a refreshed consumer list; a kept consumer keeps its limiter (in-flight count, tokens)."""
@@ -146,6 +190,9 @@ class Gateway:
         for conn in self._idle_upstream:
             conn.writer.close()
         self._idle_upstream.clear()
+        if self._health_conn is not None:
+            self._health_conn.writer.close()
+            self._health_conn = None
         if self._server:
             await self._server.wait_closed()
 
@@ -226,6 +273,19 @@ class Gateway:
     # ------------------------------------------------------------ requests
 
     async def _read_body(self, request: Request, reader: asyncio.StreamReader) -> bytes:
+        """The whole request body, within `body_timeout_s`: a head that promises a body and then
+        stalls gets 408 and the connection closed, instead of holding it (and whatever it waits for)."""
+        if not request.chunked and not body_length(request.lower):
+            return b""
+        try:
+            if _deadline is not None:
+                async with _deadline(self.body_timeout_s):
+                    return await self._receive_body(request, reader)
+            return await asyncio.wait_for(self._receive_body(request, reader), self.body_timeout_s)
+        except asyncio.TimeoutError:
+            raise HttpError(408, f"the request body did not arrive within {self.body_timeout_s:g} s") from None
+
+    async def _receive_body(self, request: Request, reader: asyncio.StreamReader) -> bytes:
         if request.chunked:
             decoder, parts, size = ChunkedDecoder(), [], 0
             while not decoder.done:
@@ -251,11 +311,14 @@ class Gateway:
         path = request.path
         keep = request.keep_alive and not self.draining
         expects_continue = "100-continue" in request.lower.get("expect", "").lower()
+        body: bytes | None = None  # read yet?
 
         async def refuse(status: int, message: str, error_type: str, code: str | None,
                          headers: list[tuple[str, str]] | None = None) -> bool:
             nonlocal keep
-            if expects_continue:
+            if body is not None:
+                pass  # already read: the connection is in step
+            elif expects_continue:
                 keep = False  # the client holds the body back; do not wait for it
             else:
                 try:
@@ -293,7 +356,26 @@ class Gateway:
         assert consumer is not None
         metered = request.method == "POST" and path in INFERENCE_PATHS
         if not metered:
-            return await self._forward(request, reader, writer, keep, expects_continue, None)
+            return await self._forward(request, reader, writer, keep, None, expects_continue=expects_continue)
+
+        # The body first, then the slot: a client that stalls mid-body holds no concurrency slot
+        # and is no request in flight for a drain to wait for.
+        exchange = Exchange(started, consumer.name)
+        if expects_continue:
+            writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+        try:
+            body = await self._read_body(request, reader)
+            data = parse_json_body(body)
+        except (HttpError, BadBody) as exc:
+            exchange.status = exc.status if isinstance(exc, HttpError) else 400
+            exchange.props["invalid_request"] = str(exc)
+            self._record(exchange, path)
+            if isinstance(exc, HttpError):
+                raise  # unreadable: answered, then the connection closed (the stream is out of sync)
+            return await refuse(400, str(exc), "invalid_request_error", exc.code)
+        if self.draining:  # the drain began while the body was arriving
+            return await refuse(503, "this instance is draining; retry and the load balancer will pick another",
+                                "service_unavailable", "draining")
 
         limiter = self.limiters[consumer.name]
         throttle = limiter.admit()
@@ -306,10 +388,9 @@ class Gateway:
                                 "rate_limit_exceeded" if throttle.reason == "rate" else "concurrency_limit_exceeded",
                                 [("Retry-After", str(throttle.retry_after_s)),
                                  ("x-ratelimit-limit-requests", str(limiter.requests_per_minute))])
-        exchange = Exchange(started, consumer.name)
         self._enter()
         try:
-            return await self._forward(request, reader, writer, keep, expects_continue, exchange)
+            return await self._forward(request, reader, writer, keep, exchange, body, data)
         finally:
             limiter.release()
             self._leave()
@@ -337,10 +418,16 @@ class Gateway:
         else:
             conn.writer.close()
 
-    async def _send_upstream(self, head: bytes, body: bytes) -> tuple[UpstreamConn, int, list[tuple[str, str]], bytes]:
+    async def _send_upstream(self, head: bytes, body: bytes, watch: ClientWatch | None = None
+                             ) -> tuple[UpstreamConn, int, list[tuple[str, str]], bytes]:
         """Send the request and read the response head; one retry when a pooled connection had gone stale."""
         for attempt in (0, 1):
             conn = await self._upstream_conn()
+            if watch is not None:
+                if watch.gone:
+                    conn.writer.close()
+                    raise ClientGone()
+                watch.conn = conn
             try:
                 conn.writer.write(head + body)
                 raw = await conn.reader.readuntil(b"\r\n\r\n")
@@ -351,6 +438,8 @@ class Gateway:
                 return conn, status, headers, raw
             except (ConnectionError, asyncio.IncompleteReadError) as exc:
                 conn.writer.close()
+                if watch is not None and watch.gone:
+                    raise ClientGone() from None  # cut by the watch: never resend
                 if conn.reused and attempt == 0 and not getattr(exc, "partial", b""):
                     continue  # the server closed an idle keep-alive connection; it never saw this request
                 raise UpstreamError(f"model server closed the connection: {type(exc).__name__}") from None
@@ -360,11 +449,27 @@ class Gateway:
         raise UpstreamError("unreachable")  # pragma: no cover
 
     async def _forward(self, request: Request, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
-                       keep: bool, expects_continue: bool, exchange: Exchange | None) -> bool:
-        if expects_continue:
-            writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
-        body = await self._read_body(request, reader)
-        prepared = prepare_body(body) if exchange else None
+                       keep: bool, exchange: Exchange | None, body: bytes | None = None,
+                       data: dict[str, Any] | None = None, expects_continue: bool = False) -> bool:
+        if body is None:
+            if expects_continue:
+                writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+            body = await self._read_body(request, reader)
+        watch = ClientWatch(reader, writer, self.disconnect_poll_s)
+        try:
+            return await self._proxy(request, writer, keep, exchange, body, data, watch)
+        except ClientGone:
+            return False
+        finally:
+            watch.stop()
+            if watch.gone and exchange:
+                exchange.client_gone = True
+                exchange.error = False  # the client left; nothing failed
+                exchange.props["upstream_cancelled"] = True
+
+    async def _proxy(self, request: Request, writer: asyncio.StreamWriter, keep: bool, exchange: Exchange | None,
+                     body: bytes, data: dict[str, Any] | None, watch: ClientWatch) -> bool:
+        prepared = prepare_body(body, data) if exchange and data is not None else None
         if prepared:
             body = prepared.body
         lines = [f"{request.method} {request.target} HTTP/1.1", f"Host: {self.upstream[0]}:{self.upstream[1]}"]
@@ -374,7 +479,7 @@ class Gateway:
             lines.append(f"Content-Length: {len(body)}")
         head = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
         try:
-            conn, status, up_headers, _ = await self._send_upstream(head, body)
+            conn, status, up_headers, _ = await self._send_upstream(head, body, watch)
         except UpstreamError as exc:
             if exchange:
                 exchange.status, exchange.error = 502, True
@@ -410,7 +515,7 @@ class Gateway:
             return keep
         complete = await self._pump(conn, writer, head, up_chunked, up_length, out_chunked, exchange)
         self._release_upstream(conn, up_keep and complete)
-        if exchange and not complete and not exchange.client_gone:
+        if exchange and not complete and not exchange.client_gone and not watch.gone:
             exchange.error = True
             exchange.props["cut_short"] = True
         return keep and complete and not (exchange and exchange.client_gone)
@@ -518,21 +623,75 @@ class Gateway:
         return out if head_only else out + payload
 
     async def _upstream_health(self) -> tuple[int, dict[str, Any]]:
-        try:
-            reader, writer = await asyncio.wait_for(asyncio.open_connection(*self.upstream), self.health_timeout_s)
-        except (OSError, asyncio.TimeoutError) as exc:
-            return 503, {"status": "unhealthy", "reason": f"model server unreachable: {type(exc).__name__}"}
-        try:
-            writer.write(f"GET /health HTTP/1.1\r\nHost: {self.upstream[0]}\r\nConnection: close\r\n\r\n".encode())
-            raw = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), self.health_timeout_s)
-            status, _ = _parse_response_head(raw)
-        except (OSError, asyncio.TimeoutError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, ValueError) as exc:
-            return 503, {"status": "unhealthy", "reason": f"model server health check failed: {type(exc).__name__}"}
-        finally:
-            writer.close()
-        if status == 200:
-            return 200, {"status": "ok"}
-        return 503, {"status": "unhealthy", "reason": f"model server /health answered {status}"}
+        """The model server's /health; checks that arrive while one is in flight share its answer."""
+        if self._health_probe is None or self._health_probe.done():
+            self._health_probe = asyncio.ensure_future(self._probe_health())
+        # Shielded: a caller that goes away must not cancel the probe the others wait for.
+        return await asyncio.shield(self._health_probe)
+
+    async def _probe_health(self) -> tuple[int, dict[str, Any]]:
+        """One GET /health over a kept-alive connection (a connection per check left thousands of
+        sockets in TIME_WAIT); a fresh one when the server had closed it (trtllm-serve closes idle
+        connections after a few seconds), retried once when that happens mid-send."""
+        conn, self._health_conn = self._health_conn, None
+        for attempt in (0, 1):
+            if conn is None or conn.reader.at_eof() or conn.writer.is_closing():
+                if conn is not None:
+                    conn.writer.close()
+                try:
+                    reader, writer = await asyncio.wait_for(asyncio.open_connection(*self.upstream),
+                                                            self.health_timeout_s)
+                except (OSError, asyncio.TimeoutError) as exc:
+                    return 503, {"status": "unhealthy", "reason": f"model server unreachable: {type(exc).__name__}"}
+                conn = UpstreamConn(reader, writer)
+            else:
+                conn.reused = True
+            try:
+                conn.writer.write(f"GET /health HTTP/1.1\r\nHost: {self.upstream[0]}:{self.upstream[1]}\r\n\r\n"
+                                  .encode())
+                status, reusable = await asyncio.wait_for(self._health_answer(conn), self.health_timeout_s)
+            except (ConnectionError, asyncio.IncompleteReadError) as exc:
+                conn.writer.close()
+                if conn.reused and attempt == 0 and not getattr(exc, "partial", b""):
+                    conn = None
+                    continue  # the server had closed the idle connection: once more on a new one
+                return 503, {"status": "unhealthy", "reason": f"model server health check failed: {type(exc).__name__}"}
+            except (OSError, asyncio.TimeoutError, asyncio.LimitOverrunError, ValueError) as exc:
+                conn.writer.close()
+                return 503, {"status": "unhealthy", "reason": f"model server health check failed: {type(exc).__name__}"}
+            if reusable and not self.draining:
+                self._health_conn = conn
+            else:
+                conn.writer.close()
+            if status == 200:
+                return 200, {"status": "ok"}
+            return 503, {"status": "unhealthy", "reason": f"model server /health answered {status}"}
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    @staticmethod
+    async def _health_answer(conn: UpstreamConn) -> tuple[int, bool]:
+        """Status of the /health answer, its body read to the end; True when the connection can be reused."""
+        raw = await conn.reader.readuntil(b"\r\n\r\n")
+        status, headers = _parse_response_head(raw)
+        lower = {k.lower(): v for k, v in headers}
+        reusable = "close" not in lower.get("connection", "").lower()
+        if "chunked" in lower.get("transfer-encoding", "").lower():
+            decoder, size = ChunkedDecoder(), 0
+            while not decoder.done:
+                data = await conn.reader.read(READ_SIZE)
+                if not data:
+                    raise asyncio.IncompleteReadError(b"", None)
+                size += len(decoder.feed(data))
+                if size > MAX_HEALTH_BODY:
+                    return status, False
+        elif "content-length" in lower:
+            length = int(lower["content-length"])
+            if length > MAX_HEALTH_BODY:
+                return status, False
+            await conn.reader.readexactly(length)
+        else:
+            reusable = False  # the body ends when the server closes
+        return status, reusable
 
     # ------------------------------------------------------------ metrics
 

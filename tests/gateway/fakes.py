@@ -3,7 +3,10 @@
 The fake server behaves like trtllm-serve where it matters to the gateway:
 chunked SSE with one event per token, a usage-only final event only when the
 request asks for `stream_options.include_usage`, `[DONE]` at the end, and
-/health. Tests can hold streams open (`gate`) to create in-flight load.
+/health. Tests can hold streams open (`gate`) to create in-flight load, and hold
+non-streaming requests (`hold`) the way a long generation does: like trtllm-serve
+(OpenAIServer.await_disconnected, tensorrt_llm/serve/openai_server.py) the server aborts a
+held request as soon as its connection closes, and counts it in `cancelled`.
 """
 
 from __future__ import annotations
@@ -31,6 +34,9 @@ class FakeModelServer:
         self.healthy = True
         self.requests: list[dict[str, Any]] = []  # bodies as the server received them
         self.gate: asyncio.Event | None = None  # when set up, streams wait on it after the first token
+        self.hold: asyncio.Event | None = None  # when set up, requests wait on it before their first token
+        self.held = asyncio.Event()  # set when a non-streaming request starts waiting on `hold`
+        self.arrivals = 0  # inference requests that reached the server, readable or not
         self.cancelled = 0
         self.active = 0
         self.completed_output_tokens = 0
@@ -62,6 +68,7 @@ class FakeModelServer:
         return web.json_response({"object": "list", "data": [{"id": "gpt2-xl", "object": "model"}]})
 
     async def _complete(self, request: web.Request) -> web.StreamResponse:
+        self.arrivals += 1
         body = await request.json()
         self.requests.append(body)
         chat = request.path.endswith("/chat/completions")
@@ -69,6 +76,9 @@ class FakeModelServer:
         n_in, n_out = len(prompt.split()), int(body.get("max_tokens", 4))
         usage = {"prompt_tokens": n_in, "completion_tokens": n_out, "total_tokens": n_in + n_out}
         if not body.get("stream"):
+            if self.hold is not None and not await self._held(request):
+                self.cancelled += 1
+                raise ConnectionResetError("client disconnected")
             text = "".join(token_text(i) for i in range(n_out))
             choice = {"index": 0, "message": {"role": "assistant", "content": text}} if chat else \
                 {"index": 0, "text": text}
@@ -77,6 +87,9 @@ class FakeModelServer:
                                       "usage": usage})
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await response.prepare(request)
+        if self.hold is not None and not await self._held(request):  # a long prefill: headers out, no token yet
+            self.cancelled += 1
+            raise ConnectionResetError("client disconnected")
         include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
         self.active += 1
         try:
@@ -101,6 +114,70 @@ class FakeModelServer:
         finally:
             self.active -= 1
         return response
+
+
+    async def _held(self, request: web.Request) -> bool:
+        """Wait for `hold`; False when the connection closed first (the generation is aborted)."""
+        self.active += 1
+        self.held.set()
+        try:
+            while not self.hold.is_set():
+                transport = request.transport
+                if transport is None or transport.is_closing():
+                    return False
+                try:
+                    await asyncio.wait_for(self.hold.wait(), 0.02)
+                except asyncio.TimeoutError:
+                    pass
+            return True
+        finally:
+            self.active -= 1
+
+
+class CountingHealthServer:
+    """A /health endpoint that counts the connections it accepts; keep-alive like uvicorn, or
+    closing after each answer (`close_after_answer`, with or without saying so)."""
+
+    def __init__(self, close_after_answer: bool = False, announce_close: bool = True):
+        self.close_after_answer = close_after_answer
+        self.announce_close = announce_close
+        self.connections = 0
+        self.checks = 0
+        self.port = 0
+        self._server: asyncio.AbstractServer | None = None
+        self._open: set[asyncio.StreamWriter] = set()
+
+    async def start(self, port: int = 0) -> "CountingHealthServer":
+        self._server = await asyncio.start_server(self._serve, "127.0.0.1", port)
+        self.port = self._server.sockets[0].getsockname()[1]
+        return self
+
+    async def stop(self) -> None:
+        """Stop listening and close every open connection (the server process died)."""
+        if self._server:
+            self._server.close()
+        for writer in list(self._open):
+            writer.close()
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.connections += 1
+        self._open.add(writer)
+        try:
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                self.checks += 1
+                close = self.close_after_answer or b"connection: close" in head.lower()
+                header = b"Connection: close\r\n" if close and self.announce_close else b""
+                writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n" + header
+                             + b"Content-Length: 2\r\n\r\n{}")
+                await writer.drain()
+                if close:
+                    break
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        finally:
+            self._open.discard(writer)
+            writer.close()
 
 
 def _event(obj: dict[str, Any]) -> bytes:
