@@ -9,6 +9,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser = sub.add_parser("ami", help="pin the fleets' DLAMI ids in the config (read from its public SSM parameter)")
     actions = parser.add_subparsers(dest="action", metavar="ACTION", required=True)
     from fleetcast.ami import DLAMI_NAME, DLAMI_SSM_PARAMETER
+    from fleetcast.aws_session import add_aws_arguments
 
     pin = actions.add_parser(
         "pin", help="write each provider region's current DLAMI id into regions[].ami.id",
@@ -18,17 +19,16 @@ def register(sub: argparse._SubParsersAction) -> None:
                     "so a new DLAMI rolls the fleet; pinned ids change only when you run this again. "
                     "Exit 4 when credentials or the permission are missing.")
     pin.add_argument("--config", default="config/fleet.yaml", help="fleet config (default: %(default)s)")
-    pin.add_argument("--region", action="append", help="only this provider region (repeatable; default: all)")
-    pin.add_argument("--profile", help="AWS named profile (default: the standard credential chain)")
+    add_aws_arguments(pin, region="many")
     pin.add_argument("--dry-run", action="store_true", help="print the ids, leave the config unchanged")
     pin.set_defaults(handler=_pin)
 
 
 def _pin(args: argparse.Namespace) -> int:
     from fleetcast.ami import pin
-    from fleetcast.connections.aws import Access
+    from fleetcast.aws_session import AwsSession
 
-    changes = pin(args.config, Access.from_profile(args.profile), args.region, dry_run=args.dry_run)
+    changes = pin(args.config, AwsSession.from_args(args), args.region, dry_run=args.dry_run)
     for region, old, new in changes:
         state = "unchanged" if old == new else f"{old} -> {new}"
         print(f"{region}: {new} ({state})")

@@ -82,7 +82,7 @@ def _refuse_unready(cfg, args: argparse.Namespace) -> None:
     from fleetcast.config.readiness import access_with_credentials, check_readiness, line_index
     from fleetcast.errors import UserError
 
-    readiness = check_readiness(cfg, access_with_credentials(args.profile))
+    readiness = check_readiness(cfg, access_with_credentials(args.profile, strict=not args.dry_run))
     if readiness.refusals or readiness.warnings:
         print(readiness.render(args.config, line_index(args.config)))
     if not readiness.ready and not args.dry_run:

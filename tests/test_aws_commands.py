@@ -23,6 +23,7 @@ from pathlib import Path
 import pytest
 
 from scripts.cli import build_parser
+from tests.ready_config import write_ready_config
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = "config/fleet.yaml"
@@ -39,6 +40,7 @@ OFFLINE = {
 # `{tmp}` is a fresh directory. Destructive ones carry --yes so they reach AWS instead of asking.
 AWS_RUNS = {
     ("config", "diff"): [["--deployed", CONFIG]],
+    ("ami", "pin"): [[]],
     ("stage", "model"): [[]],
     ("stage", "calibration"): [["--dir", "{tmp}", "--name", "calib"]],
     ("stage", "image"): [[], ["--method", "local"]],
@@ -126,7 +128,9 @@ AWS_CASES = [(path, extra) for path, runs in sorted(AWS_RUNS.items()) for extra 
 def test_without_credentials_every_aws_command_exits_4_in_one_line(path, extra, no_aws, tmp_path):
     env, calls = no_aws
     needs_config = "--config" in options(LEAVES[path]) and path not in {("plan",)}
-    argv = [*path, *(["--config", CONFIG] if needs_config else []), *extra]
+    # deploy refuses the example config's placeholders before it looks for credentials
+    config = str(write_ready_config(tmp_path / "fleet.yaml")) if path == ("deploy",) else CONFIG
+    argv = [*path, *(["--config", config] if needs_config else []), *extra]
     result = run_cli(argv, env, tmp_path)
     assert "Traceback" not in result.stderr, result.stderr
     assert result.returncode == 4, (result.returncode, result.stdout, result.stderr)

@@ -201,16 +201,18 @@ def line_index(path: str | Path) -> dict[tuple, int]:
         return {}
 
 
-def access_with_credentials(profile: str | None) -> Any | None:
-    """An `Access` when the standard chain (or the profile) yields credentials, else None."""
-    import boto3
+def access_with_credentials(profile: str | None, *, strict: bool = True) -> Any | None:
+    """The command's `AwsSession` when the standard chain (or the profile) yields credentials, else None.
+    `strict`: an unknown profile is the caller's mistake (exit 4); a dry run passes False and is told later
+    that AWS access was not checked."""
+    from fleetcast.aws_session import AwsSession
+    from fleetcast.errors import UserError
 
-    from fleetcast.connections.aws import Access
-
-    Access.from_profile(profile)  # an unknown profile is a user error (exit 1), not "no credentials"
-    session = boto3.Session(profile_name=profile)
+    aws = AwsSession(profile)
     try:
-        credentials = session.get_credentials()
-    except Exception:  # noqa: BLE001 - a broken credential source means: no credentials to check with
+        aws.boto  # noqa: B018 - resolves the profile
+    except UserError:
+        if strict:
+            raise
         return None
-    return Access(session) if credentials is not None else None
+    return None if aws.credentials_problem() else aws

@@ -25,7 +25,7 @@ from botocore.stub import Stubber
 
 from fleetcast.ami import DLAMI_NAME, DLAMI_SSM_PARAMETER, pin
 from fleetcast.config import load_config
-from fleetcast.connections.aws import Access
+from fleetcast.aws_session import AwsSession
 from scripts import cli
 
 REPO = Path(__file__).resolve().parents[2]
@@ -51,9 +51,9 @@ def config(tmp_path) -> Path:
     return target
 
 
-def stubbed_access(answers: dict[str, str | Exception]) -> tuple[Access, list[Stubber]]:
+def stubbed_access(answers: dict[str, str | Exception]) -> tuple[AwsSession, list[Stubber]]:
     session = boto3.Session(aws_access_key_id="testing", aws_secret_access_key="testing", aws_session_token="testing")
-    access = Access(session, sleep=lambda s: None)
+    access = AwsSession(boto_session=session, sleep=lambda s: None)
     stubs = []
     for region, answer in answers.items():
         client = session.client("ssm", region_name=region)

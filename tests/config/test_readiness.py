@@ -23,11 +23,11 @@ from ruamel.yaml import YAML
 
 from fleetcast.config import parse_config
 from fleetcast.config.readiness import check_readiness, is_example_account, offline_findings
-from fleetcast.connections.aws import Access
+from fleetcast.aws_session import AwsSession
 from scripts import cli
+from tests.ready_config import DEFAULT, PROVIDER
+from tests.ready_config import ready_doc as real_doc
 
-DEFAULT = Path(__file__).resolve().parents[2] / "config" / "fleet.yaml"
-PROVIDER = "350093174826"
 
 
 @pytest.fixture(autouse=True)
@@ -46,26 +46,6 @@ def run(*argv: str) -> tuple[int, str, str]:
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
         code = cli.main(list(argv))
     return code, out.getvalue(), err.getvalue()
-
-
-def real_doc() -> dict:
-    """The example config with every placeholder replaced by what a real account would have."""
-    doc = YAML(typ="safe").load(DEFAULT.read_text())
-    doc["provider"]["account"] = PROVIDER
-    doc["model"]["revision"] = "ef4c64bbd5b9b8cbc1b0b6dfe8b72c9e6e4f5c3a"
-    doc["regions"][0]["ami"] = {"id": "ami-0c9e2b71f4d8a3056"}
-    doc["regions"][1]["ami"] = {"id": "ami-07d5e1c3b9a2f4861"}
-    doc["regions"][0]["allowed_principals"] = ["arn:aws:iam::502118763940:root"]
-    doc["regions"][1]["allowed_principals"] = ["arn:aws:iam::617245309881:root"]
-    for consumer, account, vpc, subnets in (
-            (doc["consumers"][0], "502118763940", "vpc-0d93f1a7c2e4b6085", ("subnet-05c8e2f19a7d3b640", "subnet-0b71d4e9c3a2f5086")),
-            (doc["consumers"][1], "617245309881", "vpc-0e2a9c7f5b1d38064", ("subnet-0a94f1c7e3b5d2086", "subnet-09d3b7e1f5c2a4068"))):
-        consumer["account"] = account
-        consumer["vpc_id"] = vpc
-        for entry, subnet in zip(consumer["subnets"], subnets):
-            entry["id"] = subnet
-        consumer.pop("endpoint_service_name")
-    return doc
 
 
 @pytest.mark.parametrize("account", ["111122223333", "444455556666", "777788889999", "123456789012", "555566667777",
@@ -133,9 +113,9 @@ def test_plain_validate_stays_offline_and_quiet_about_readiness():
 # ---------------------------------------------------------------- AZ name -> AZ ID, with credentials
 
 
-def zones_access(account: str, zones: dict[str, dict[str, str]]) -> tuple[Access, list[Stubber]]:
+def zones_access(account: str, zones: dict[str, dict[str, str]]) -> tuple[AwsSession, list[Stubber]]:
     session = boto3.Session(aws_access_key_id="testing", aws_secret_access_key="testing", aws_session_token="testing")
-    access = Access(session, sleep=lambda s: None)
+    access = AwsSession(boto_session=session, sleep=lambda s: None)
     sts = session.client("sts", region_name="ap-northeast-2")
     stubs = [Stubber(sts)]
     stubs[0].add_response("get_caller_identity", {"UserId": "AIDAEXAMPLE", "Account": account,
@@ -206,9 +186,9 @@ def test_deploy_dry_run_shows_the_problems_and_still_prints_the_plan(monkeypatch
     import fleetcast.deploy
 
     ran = []
-    monkeypatch.setattr(fleetcast.deploy, "execute", lambda steps, **k: ran.append(k))
+    monkeypatch.setattr(fleetcast.deploy, "execute", lambda steps, **k: ran.append(k["dry_run"]))
     code, out, _ = run("deploy", "--config", str(DEFAULT), "--dry-run")
-    assert code == 0 and ran == [{"dry_run": True}] and "not ready to deploy" in out
+    assert code == 0 and ran == [True] and "not ready to deploy" in out
 
 
 def test_deploy_of_a_ready_config_proceeds(monkeypatch, tmp_path):
@@ -217,9 +197,13 @@ def test_deploy_of_a_ready_config_proceeds(monkeypatch, tmp_path):
     target = tmp_path / "fleet.yaml"
     YAML().dump(real_doc(), target)
     ran = []
-    monkeypatch.setattr(fleetcast.deploy, "execute", lambda steps, **k: ran.append(k))
+    monkeypatch.setattr(fleetcast.deploy, "execute", lambda steps, **k: ran.append(k["dry_run"]))
+    # Credentials present (a static fake pair), the account's AZ check stubbed out: no call leaves the machine.
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "AKIAFAKEFAKEFAKE")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "fake")
+    monkeypatch.setattr("fleetcast.config.readiness.access_with_credentials", lambda profile, **kw: None)
     code, _, _ = run("deploy", "--config", str(target), "--step", "bootstrap")
-    assert code == 0 and ran == [{"dry_run": False}]
+    assert code == 0 and ran == [False]
 
 
 def test_accounts_are_read_from_account_fields_and_arns_only():

@@ -12,6 +12,7 @@ from fleetcast.config import load_config
 from fleetcast.contract.outputs import ProviderOutput
 from fleetcast.deploy import STEPS, execute, plan, publish_service_names, teardown_plan
 from fleetcast.errors import UserError
+from tests.ready_config import write_ready_config
 from fleetcast.node import cdk_command
 
 CDK = cdk_command()
@@ -133,11 +134,14 @@ def runner(monkeypatch):
     return SimpleNamespace(ran=ran, result=result)
 
 
-def test_profile_reaches_the_cdk_command_line_and_every_fleetcast_sub_step(prod_profile, runner, capsys):
+def test_profile_reaches_the_cdk_command_line_and_every_fleetcast_sub_step(prod_profile, runner, capsys, tmp_path,
+                                                                           monkeypatch):
     from scripts.cli import main
 
+    ready = write_ready_config(tmp_path / "fleet.yaml")
+    monkeypatch.setattr("fleetcast.config.readiness.access_with_credentials", lambda profile, **kw: None)  # no AZ call
     steps = [a for s in ("bootstrap", "providers", "stage", "consumers", "approve") for a in ("--step", s)]
-    assert main(["deploy", "--config", str(CONFIG), "--profile", "prod", *steps]) == 0
+    assert main(["deploy", "--config", str(ready), "--profile", "prod", *steps]) == 0
     cdk = [c[len(CDK):] for c in runner.ran if c[:len(CDK)] == CDK]
     subs = [c for c in runner.ran if c[1:3] == ["-m", "scripts.cli"]]
     assert {c[0] for c in cdk} == {"bootstrap", "deploy"} and len(subs) == 4  # diff, stage x2, connections sync
