@@ -43,12 +43,12 @@ class ProviderStack(Stack):
         self.notifications = NotificationTopic(self, "Notifications", fleet=cfg.name)
         self.model_store = ModelStore(self, "ModelStore")
         self.image_repository = ImageRepository(self, "Image", fleet=cfg.name)
-        if cfg.network.egress == EgressMode.NONE:
-            # Instances pull only from ECR; `fleetcast stage image` fills it from inside AWS (issue 8).
-            self.image_mirror = ImageMirror(
-                self, "ImageMirror", repository=self.image_repository.repository, upstream_image=cfg.engine.image,
-                image_tag=image_tag(cfg, derived=True), log_retention=self.logs.retention,
-            )
+        # Instances run the derived image (the release plus the runtime's dependencies) from this region's
+        # ECR, whatever the egress; `fleetcast stage image` builds it there from inside AWS (issue 8).
+        self.image_mirror = ImageMirror(
+            self, "ImageMirror", repository=self.image_repository.repository, upstream_image=cfg.engine.image,
+            image_tag=image_tag(cfg, derived=True), log_retention=self.logs.retention,
+        )
         self.bootstrap = InstanceBootstrap(self, "Bootstrap", cfg=cfg)
 
         self.instance_security_group = ec2.SecurityGroup(
@@ -129,12 +129,10 @@ class ProviderStack(Stack):
         return [az.name for az in self.region_cfg.availability_zones]
 
     def _image_uri(self, cfg: FleetConfig) -> str:
-        if cfg.network.egress == EgressMode.NONE:
-            # Until `fleetcast stage image` pins a digest, the tag it pushes (immutable in ECR).
-            return self.image_repository.image_uri(image_tag(cfg, derived=True), cfg.engine.image_digest)
-        if cfg.engine.image_digest:
-            return f"{cfg.engine.image.rsplit(':', 1)[0]}@{cfg.engine.image_digest}"
-        return cfg.engine.image
+        """The derived serving image in this region's repository, with either egress: the public release lacks
+        the runtime's Python dependencies (boto3, ruamel.yaml; docker/Dockerfile), so it cannot run
+        runtime.bootstrap. Until `fleetcast stage image` pins a digest, the tag it pushes (immutable in ECR)."""
+        return self.image_repository.image_uri(image_tag(cfg, derived=True), cfg.engine.image_digest)
 
     def _instance_egress(self, cfg: FleetConfig) -> None:
         """HTTPS out only. With `egress: none` the subnets have no route off the VPC, so HTTPS reaches
