@@ -23,6 +23,7 @@ from fleetcast.telemetry import LAUNCH_HOOK, NAMESPACE
 from runtime.userdata import render_user_data
 
 from . import nag
+from .session_manager import WILDCARD_REASON, grant_session_manager
 from .storage import READ_ONLY_PREFIXES, READ_WRITE_PREFIXES, ModelStore
 
 # Public SSM parameter of the Deep Learning Base OSS NVIDIA driver AMI (AL2023),
@@ -175,8 +176,8 @@ class GpuFleet(Construct):
             "InstanceRole",
             assumed_by=iam.ServicePrincipal("ec2.amazonaws.com"),
             description=f"{self.asg_name} instances: model bucket prefixes, own hook, metrics, logs, config",
-            managed_policies=[iam.ManagedPolicy.from_aws_managed_policy_name("AmazonSSMManagedInstanceCore")],
         )
+        grant_session_manager(role)
         statements = [
             iam.PolicyStatement(
                 sid="ReadStagedModelsAndCalibration",
@@ -230,11 +231,6 @@ class GpuFleet(Construct):
             role.add_to_policy(statement)
         inputs.repository.grant_pull(role)
 
-        nag.acknowledge(
-            role,
-            "AwsSolutions-IAM4[Policy::arn:<AWS::Partition>:iam::aws:policy/AmazonSSMManagedInstanceCore]",
-            "Session Manager replaces SSH (no key pair, no open port); this AWS policy is its documented minimum.",
-        )
         policy = role.node.find_child("DefaultPolicy")
         acks = {
             f"AwsSolutions-IAM5[Resource::{nag.arn_ref(bucket)}/{READ_ONLY_PREFIXES[0]}*]":
@@ -249,8 +245,8 @@ class GpuFleet(Construct):
             },
             "AwsSolutions-IAM5[Resource::*]":
                 "Only actions without resource-level permissions use '*': cloudwatch:PutMetricData (limited by "
-                "the cloudwatch:namespace condition), ec2:DescribeVpcEndpointConnections (read-only) and "
-                "ecr:GetAuthorizationToken.",
+                "the cloudwatch:namespace condition), ec2:DescribeVpcEndpointConnections (read-only), "
+                f"ecr:GetAuthorizationToken and {WILDCARD_REASON}.",
             f"AwsSolutions-IAM5[Resource::{Stack.of(self).resolve(self._asg_arn())}]":
                 "The ASG ARN embeds a group id unknown before creation; the explicit group name pins it to this pool.",
         }
