@@ -31,6 +31,7 @@ from fleetcast import telemetry
 from fleetcast.config import FleetConfig, Pool
 
 from .fleet_metrics import ONE_MINUTE, asg_metric, runtime_metric
+from .gpu_fleet import capacity_held
 
 _LOAD_METRICS = {
     "active_requests": telemetry.ACTIVE_REQUESTS,
@@ -129,6 +130,8 @@ class PoolScaling(Construct):
                 time_zone="Etc/UTC",
             )
             for k, step in enumerate(pool.schedule)
+            # A schedule sets sizes of its own: none while the region is held at zero.
+            if not capacity_held(self)
         ]
 
 

@@ -18,6 +18,7 @@ from aws_cdk import aws_s3_assets as s3_assets
 from aws_cdk import aws_ssm as ssm
 from constructs import Construct
 
+from fleetcast.capacity_hold import HOLD_CONTEXT, parse_held_regions
 from fleetcast.config import FleetConfig, Pool, Region
 from fleetcast.telemetry import LAUNCH_HOOK, NAMESPACE
 from runtime.userdata import render_user_data
@@ -60,6 +61,34 @@ def asg_arn(scope: Construct, group_name: str) -> str:
         resource_name=f"*:autoScalingGroupName/{group_name}",
         arn_format=ArnFormat.COLON_RESOURCE_NAME,
     )
+
+
+def capacity_held(scope: Construct) -> bool:
+    """Whether this deploy holds `scope`'s region at zero instances (`-c hold_capacity=<regions>`)."""
+    return Stack.of(scope).region in parse_held_regions(scope.node.try_get_context(HOLD_CONTEXT))
+
+
+LAUNCHING = "autoscaling:EC2_INSTANCE_LAUNCHING"
+TERMINATING = "autoscaling:EC2_INSTANCE_TERMINATING"
+
+
+def add_lifecycle_hook(asg: autoscaling.AutoScalingGroup, *, name: str, transition: str, default_result: str,
+                       heartbeat_timeout_s: int) -> None:
+    """A lifecycle hook in the group's own `LifecycleHookSpecificationList`, not a separate
+    AWS::AutoScaling::LifecycleHook resource: CloudFormation creates such a resource only after the
+    group, whose first instances have launched by then without the hook. The list's hooks are added
+    "to the Auto Scaling group before instances are launched" (CloudFormation, AWS::AutoScaling::AutoScalingGroup,
+    LifecycleHookSpecificationList; the CreateAutoScalingGroup API's LifecycleHookSpecificationList)."""
+    cfn_asg: autoscaling.CfnAutoScalingGroup = asg.node.default_child  # type: ignore[assignment]
+    cfn_asg.lifecycle_hook_specification_list = [
+        *(cfn_asg.lifecycle_hook_specification_list or []),
+        autoscaling.CfnAutoScalingGroup.LifecycleHookSpecificationProperty(
+            lifecycle_hook_name=name,
+            lifecycle_transition=transition,
+            default_result=default_result,
+            heartbeat_timeout=heartbeat_timeout_s,
+        ),
+    ]
 
 
 class GpuFleet(Construct):
@@ -129,6 +158,8 @@ class GpuFleet(Construct):
             ],
         )
 
+        # Held (first deploy, nothing staged yet): no instance may launch; fleetcast/capacity_hold.py.
+        self.held = held = capacity_held(self)
         self.asg = autoscaling.AutoScalingGroup(
             self,
             "Group",
@@ -136,9 +167,9 @@ class GpuFleet(Construct):
             vpc=vpc,
             vpc_subnets=subnets,
             launch_template=self.launch_template,
-            min_capacity=pool.capacity.min,
-            desired_capacity=pool.capacity.desired,
-            max_capacity=pool.capacity.max,
+            min_capacity=0 if held else pool.capacity.min,
+            desired_capacity=(0 if held else pool.capacity.desired) if pool.capacity.desired is not None else None,
+            max_capacity=0 if held else pool.capacity.max,
             health_checks=autoscaling.HealthChecks.with_additional_checks(
                 additional_types=[autoscaling.AdditionalHealthCheckType.ELB],
                 grace_period=HEALTH_CHECK_GRACE,
@@ -146,12 +177,12 @@ class GpuFleet(Construct):
         )
         # Serving starts only after the engine is built or fetched and a real
         # completion worked; a build that never reports in must not serve.
-        self.launch_hook = self.asg.add_lifecycle_hook(
-            "LaunchHook",
-            lifecycle_hook_name=LAUNCH_HOOK,
-            lifecycle_transition=autoscaling.LifecycleTransition.INSTANCE_LAUNCHING,
-            default_result=autoscaling.DefaultResult.ABANDON,
-            heartbeat_timeout=Duration.seconds(cfg.operations.launch_hook_timeout_s),
+        add_lifecycle_hook(
+            self.asg,
+            name=LAUNCH_HOOK,
+            transition=LAUNCHING,
+            default_result="ABANDON",
+            heartbeat_timeout_s=cfg.operations.launch_hook_timeout_s,
         )
         if pool.capacity.desired is not None:
             nag.acknowledge_warning(

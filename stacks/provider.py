@@ -8,14 +8,16 @@ from constructs import Construct
 
 from fleetcast.config import EgressMode, FleetConfig, Region
 from fleetcast.connections.review import FLEET_TAG
+from fleetcast.capacity_hold import HELD_OUTPUT
 from fleetcast.staging.image import image_tag
+from fleetcast.staging.readiness import image_reference, instance_image_id
 
 from .bootstrap import InstanceBootstrap
 from .connection_approver import ConnectionApprover
 from .endpoint_service import EndpointService
 from .fleet_logs import FleetLogs
 from .fleet_operations import FleetOperations
-from .gpu_fleet import GpuFleet, InstanceInputs
+from .gpu_fleet import GpuFleet, InstanceInputs, capacity_held
 from .image_mirror import ImageMirror
 from .network import FleetNetwork
 from .notifications import NotificationTopic
@@ -122,6 +124,10 @@ class ProviderStack(Stack):
         }
         for key, value in outputs.items():
             CfnOutput(self, key, value=value)
+        if capacity_held(self):
+            # `fleetcast deploy` reads it: this region waits for staging before its fleets get capacity.
+            CfnOutput(self, HELD_OUTPUT, value="true",
+                      description="Every group of this region is held at zero instances until staging completes")
 
     @property
     def availability_zones(self) -> list[str]:
@@ -131,8 +137,9 @@ class ProviderStack(Stack):
     def _image_uri(self, cfg: FleetConfig) -> str:
         """The derived serving image in this region's repository, with either egress: the public release lacks
         the runtime's Python dependencies (boto3, ruamel.yaml; docker/Dockerfile), so it cannot run
-        runtime.bootstrap. Until `fleetcast stage image` pins a digest, the tag it pushes (immutable in ECR)."""
-        return self.image_repository.image_uri(image_tag(cfg, derived=True), cfg.engine.image_digest)
+        runtime.bootstrap. Until `fleetcast stage image` pins a digest, the tag it pushes (immutable in ECR);
+        `fleetcast stage status` checks this same reference (fleetcast/staging/readiness.py)."""
+        return image_reference(self.image_repository.repository.repository_uri, instance_image_id(cfg))
 
     def _instance_egress(self, cfg: FleetConfig) -> None:
         """HTTPS out only. With `egress: none` the subnets have no route off the VPC, so HTTPS reaches

@@ -298,12 +298,13 @@ def test_a_fixed_desired_capacity_is_set_only_where_the_config_asks(variant):
 
 @pytest.mark.parametrize("stack_name", PROVIDERS)
 def test_launch_hook_abandons_instances_that_never_report_healthy(fleet, stack_name):
-    fleet.template(stack_name).has_resource_properties("AWS::AutoScaling::LifecycleHook", {
+    hooks = only(fleet.resources(stack_name, "AWS::AutoScaling::AutoScalingGroup"))["LifecycleHookSpecificationList"]
+    assert {
         "LifecycleHookName": telemetry.LAUNCH_HOOK,
         "LifecycleTransition": "autoscaling:EC2_INSTANCE_LAUNCHING",
         "DefaultResult": "ABANDON",
         "HeartbeatTimeout": fleet.cfg.operations.launch_hook_timeout_s,
-    })
+    } in hooks
 
 
 def _user_data(synthesized, stack_name) -> list:
