@@ -1,12 +1,18 @@
 """The deploy path in the order AWS requires, for a single-account setup; every step also runs alone.
 
-    bootstrap -> providers -> stage -> publish -> consumers -> approve -> smoke
+    bootstrap -> providers -> stage -> capacity -> publish -> consumers -> approve -> smoke
     teardown: consumers -> providers (buckets and image repositories retained unless asked)
 
 Each step is either commands (the pinned CDK CLI through npx, or `fleetcast`
 itself) or a small Python action against AWS. `--dry-run` prints the plan and
 touches nothing. Multi-account setups run the same steps with each account's
 credentials (the README's deployment guide says which account runs which).
+
+First deploy order (fleetcast/capacity_hold.py): `providers` deploys a region whose stack is new, or
+still held, and whose model and image are not staged yet with its fleets held at zero instances;
+`capacity`, after `stage`, deploys each held region again without the hold once `fleetcast stage
+status` finds it staged, and refuses (naming what is missing) while it is not. A running fleet is
+never held: a region already serving deploys as configured, with a warning if it is not staged.
 """
 
 from __future__ import annotations
@@ -19,7 +25,7 @@ from typing import Any, Callable, Sequence
 from fleetcast.config import FleetConfig
 from fleetcast.errors import UserError
 
-STEPS = ("bootstrap", "providers", "stage", "publish", "consumers", "approve", "smoke")
+STEPS = ("bootstrap", "providers", "stage", "capacity", "publish", "consumers", "approve", "smoke")
 TEARDOWN = ("consumers", "providers")
 
 
@@ -36,6 +42,8 @@ class Step:
     name: str
     summary: str
     commands: list[list[str]] = field(default_factory=list)
+    # Decides at run time (it reads AWS) which of `commands` run and how.
+    resolve: Callable[[list[list[str]]], "Resolution"] | None = None
     action: Callable[[], list[str]] | None = None  # returns lines to print
     # Run first, for the operator to read; a failure is reported and does not stop the step.
     preview: list[list[str]] = field(default_factory=list)
@@ -47,6 +55,16 @@ class Step:
         if self.action is not None:
             lines.append("   (reads stack outputs and edits the config)")
         return lines
+
+
+@dataclass
+class Resolution:
+    """What a step runs, decided at run time: its commands, lines to print, and a refusal raised after the
+    commands ran (what could proceed did)."""
+
+    commands: list[list[str]]
+    notes: list[str] = field(default_factory=list)
+    refusal: str | None = None
 
 
 def _fleetcast(*args: str) -> list[str]:
@@ -97,6 +115,11 @@ def plan(cfg: FleetConfig, config_path: str, clients: Callable[[str, str], Any],
                         _fleetcast("stage", "image", "--config", config_path)]
             out.append(Step(name, "model weights into every region bucket; serving image into every region's ECR",
                             commands))
+        elif name == "capacity":
+            out.append(Step(name, "give regions held at zero instances their configured capacity once "
+                            "`fleetcast stage status` finds their model and image staged (only those are deployed)",
+                            [_cdk("deploy", *ctx, "--require-approval", approval, *providers)],
+                            resolve=_release_resolver(cfg, clients)))
         elif name == "publish":
             out.append(Step(name, "endpoint service names from the provider stacks into the consumer entries",
                             action=lambda: publish_service_names(cfg, config_path, clients)))
@@ -116,7 +139,75 @@ def plan(cfg: FleetConfig, config_path: str, clients: Callable[[str, str], Any],
                                 f"{cfg.engine.port}"))
         else:
             raise UserError(f"unknown step {name!r}; steps: {', '.join(STEPS)}", 2)
+    for step in out:
+        if step.name == "providers" and clients is not None:  # without clients (a plan only) there is no AWS to ask
+            step.summary += "; a new region not staged yet is deployed held at zero instances"
+            step.resolve = _hold_resolver(cfg, clients)
     return out
+
+
+def _provider_regions(cfg: FleetConfig, command: list[str]) -> list[str]:
+    """The provider regions whose stacks a cdk command names."""
+    return [r.region for r in cfg.regions if provider_stack(cfg, r.region) in command]
+
+
+def _hold_resolver(cfg: FleetConfig, clients: Callable[[str, str], Any]):
+    """providers: add `-c hold_capacity=...` for the regions that must not launch instances yet."""
+    from fleetcast.capacity_hold import hold_context_args
+    from fleetcast.staging.readiness import region_readiness
+
+    def resolve(commands: list[list[str]]) -> Resolution:
+        out, lines = [], []
+        for command in commands:
+            held = []
+            for region in _provider_regions(cfg, command):
+                ready = region_readiness(cfg, region, clients, provider_stack(cfg, region))
+                if ready.staged:
+                    lines.append(f"{region}: model and image staged: deployed with its configured capacity")
+                elif not ready.deployed or ready.held:
+                    held.append(region)
+                    lines.append(f"{region}: {'new stack' if not ready.deployed else 'still held'}, not staged yet "
+                                 f"({ready.problems[0]}): fleets held at zero instances until the capacity step")
+                else:
+                    lines.append(f"{region}: WARNING: serving, but {'; '.join(ready.problems)}; deployed as "
+                                 "configured (a running fleet is never held at zero): stage it before its "
+                                 "instances are replaced")
+            out.append([*command, *hold_context_args(held)])
+        return Resolution(out, lines)
+
+    return resolve
+
+
+def _release_resolver(cfg: FleetConfig, clients: Callable[[str, str], Any] | None):
+    """capacity: deploy held regions that are staged now; refuse, naming what is missing, for the rest."""
+    from fleetcast.staging.readiness import region_readiness
+
+    def resolve(commands: list[list[str]]) -> Resolution:
+        if clients is None:
+            raise UserError("the capacity step reads the provider stacks and staging state: it needs AWS access")
+        out, lines, waiting = [], [], []
+        stacks = {provider_stack(cfg, r.region) for r in cfg.regions}
+        for command in commands:
+            release = []
+            for region in _provider_regions(cfg, command):
+                ready = region_readiness(cfg, region, clients, provider_stack(cfg, region))
+                if not ready.held:
+                    lines.append(f"{region}: not held" + ("" if ready.deployed else " (stack not deployed)"))
+                elif ready.staged:
+                    release.append(provider_stack(cfg, region))
+                    lines.append(f"{region}: model and image staged: deploying its configured capacity")
+                else:
+                    waiting.append(f"{region}: {'; '.join(ready.problems)}")
+            if release:
+                out.append([a for a in command if a not in stacks or a in release])
+        refusal = None
+        if waiting:
+            refusal = ("held at zero instances until staged: " + " | ".join(waiting) + "; run `fleetcast deploy "
+                       "--step stage` (`fleetcast stage status` shows what is missing), then `fleetcast deploy "
+                       "--step capacity`")
+        return Resolution(out, lines, refusal)
+
+    return resolve
 
 
 def teardown_plan(cfg: FleetConfig, config_path: str) -> list[Step]:
@@ -141,10 +232,15 @@ def execute(steps: Sequence[Step], *, dry_run: bool, run: Callable[..., Any] = s
         for command in step.preview:
             if run(command).returncode != 0:
                 log(f"   (preview `{' '.join(command[3:])}` failed; continuing with the step)")
-        for command in step.commands:
+        resolution = step.resolve(step.commands) if step.resolve is not None else Resolution(step.commands)
+        for line in resolution.notes:
+            log(f"   {line}")
+        for command in resolution.commands:
             if run(command).returncode != 0:
                 raise UserError(f"step {step.name} failed: `{' '.join(command)}`; fix it and rerun "
                                 f"`fleetcast deploy --step {step.name}` (later steps did not run)")
+        if resolution.refusal:
+            raise UserError(f"step {step.name}: {resolution.refusal}")
         if step.action is not None:
             for line in step.action():
                 log(f"   {line}")

@@ -53,7 +53,7 @@ def model_problems(cfg: FleetConfig, s3: Any, bucket: str) -> list[str]:
     prefix = model_prefix(cfg.model.id, cfg.model.revision)
     manifest = read_manifest(s3, bucket, prefix)
     if manifest is None:
-        return [f"model missing: s3://{bucket}/{prefix}manifest.json (run `fleetcast stage model`)"]
+        return [f"model MISSING: s3://{bucket}/{prefix}manifest.json (run `fleetcast stage model`)"]
     return verify_prefix(s3, bucket, prefix, manifest)
 
 
@@ -63,7 +63,7 @@ def image_problems(cfg: FleetConfig, ecr: Any, repository_uri: str) -> list[str]
     try:
         ecr.describe_images(repositoryName=name, imageIds=[image_id])
     except ecr.exceptions.ImageNotFoundException:
-        return [f"image missing: {image_reference(repository_uri, image_id)} (run `fleetcast stage image`)"]
+        return [f"image MISSING: {image_reference(repository_uri, image_id)} (run `fleetcast stage image`)"]
     except ecr.exceptions.RepositoryNotFoundException:
         return [f"image repository {name} not found (deploy the provider stack)"]
     return []
