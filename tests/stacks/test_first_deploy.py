@@ -103,3 +103,16 @@ def test_hold_context_round_trip():
     assert args == ["-c", f"{HOLD_CONTEXT}=ap-northeast-2,us-east-1"]
     assert parse_held_regions(args[1].split("=", 1)[1]) == {"ap-northeast-2", "us-east-1"}
     assert hold_context_args([]) == [] and parse_held_regions(None) == frozenset()
+
+
+def test_the_held_template_passes_cfn_lint(held):
+    import subprocess
+
+    from .synthesized import ROOT
+
+    cfn_lint = ROOT / ".venv" / "bin" / "cfn-lint"
+    if not cfn_lint.exists():
+        pytest.skip("cfn-lint is installed by `make test`")
+    result = subprocess.run([str(cfn_lint), str(held.outdir / f"{SEOUL}.template.json")], cwd=ROOT,
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0 and not result.stdout.strip(), result.stdout[-3000:]
