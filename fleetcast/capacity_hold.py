@@ -4,7 +4,7 @@ Instances that launch before `fleetcast stage` filled the region cannot pull the
 weights; each would sit in its launch hook until the timeout. So `fleetcast deploy` synthesizes a
 provider stack that is new (or still held) and not yet staged with `-c hold_capacity=<regions>`: every
 Auto Scaling group of that region gets MinSize = MaxSize = 0 (DesiredCapacity 0 where the config fixes
-one), no warm pool and no scheduled actions, so nothing can launch. The stack says so in its
+one), no warm pool, scaling policies or scheduled actions, so nothing can launch. The stack says so in its
 `CapacityHeld` output. Once `fleetcast stage status` finds the model and image staged there, the
 `capacity` step deploys the stack again without the hold, which applies the configured sizes.
 

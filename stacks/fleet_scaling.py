@@ -67,6 +67,12 @@ class PoolScaling(Construct):
         spec = pool.scaling
         load_name = _LOAD_METRICS[spec.metric]
         enable_group_metrics(asg)
+        if capacity_held(self):
+            # Held at zero (first deploy, not staged): schedules would set sizes of their own, and target
+            # tracking needs MaxSize > MinSize (cfn-lint E3712). They come with the release deploy.
+            self.scale_out_policy = self.scale_in_policy = self.scale_in_alarm = None
+            self.scheduled_actions = []
+            return
 
         self.scale_out_policy = autoscaling.CfnScalingPolicy(
             self, "TrackLoad",
@@ -130,8 +136,6 @@ class PoolScaling(Construct):
                 time_zone="Etc/UTC",
             )
             for k, step in enumerate(pool.schedule)
-            # A schedule sets sizes of its own: none while the region is held at zero.
-            if not capacity_held(self)
         ]
 
 

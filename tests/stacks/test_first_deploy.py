@@ -7,7 +7,7 @@
    AWS::AutoScaling::LifecycleHook resource is created after the group it names (it references it),
    i.e. after the group's first instances launched: they would go InService with no engine.
 2. Hold: `-c hold_capacity=<regions>` (fleetcast/capacity_hold.py) gives every group of those regions
-   MinSize = MaxSize = 0 and no warm pool or schedule, so nothing launches until `fleetcast deploy`'s
+   MinSize = MaxSize = 0 and no warm pool, scaling policy or schedule, so nothing launches until `fleetcast deploy`'s
    capacity step deploys again without it; that second deploy changes only sizes (UpdateAutoScalingGroup:
    "If you specify a new value for MinSize without specifying a value for DesiredCapacity, and the new
    MinSize is larger than the current size of the group, this sets the group's DesiredCapacity to the new
@@ -63,6 +63,7 @@ def test_a_held_region_launches_nothing(held):
     assert (props["MinSize"], props["MaxSize"]) == ("0", "0") and "DesiredCapacity" not in props
     assert not held.resources(SEOUL, "AWS::AutoScaling::WarmPool")
     assert not held.resources(SEOUL, "AWS::AutoScaling::ScheduledAction")
+    assert not held.resources(SEOUL, "AWS::AutoScaling::ScalingPolicy")
     assert held.template_json(SEOUL)["Outputs"][HELD_OUTPUT]["Value"] == "true"
     # The hooks are there all the same: the released group's first instances get them.
     assert {h["LifecycleHookName"] for h in props["LifecycleHookSpecificationList"]} == {
@@ -75,7 +76,11 @@ def test_releasing_a_held_region_changes_sizes_only(held):
     changed = {k for k in set(released) | set(holding) if released.get(k) != holding.get(k)}
     groups = {k for k, v in released.items() if v["Type"] in ("AWS::AutoScaling::AutoScalingGroup",
                                                               "AWS::AutoScaling::WarmPool")}
-    assert changed == groups, "only the group's sizes and its warm pool differ; no launch template change"
+    scaling = {k for k, v in released.items() if v["Type"] == "AWS::AutoScaling::ScalingPolicy"
+               or (v["Type"] == "AWS::CloudWatch::Alarm" and "ScaleInAlarm" in k)}
+    assert scaling and not any(released[k]["Type"] == "AWS::EC2::LaunchTemplate" for k in changed)
+    # Only the group's sizes, its warm pool and its scaling differ: no launch template change.
+    assert changed == groups | scaling, sorted(changed - groups - scaling)
     (group_id,) = (k for k in groups if released[k]["Type"] == "AWS::AutoScaling::AutoScalingGroup")
     diff = {k for k in released[group_id]["Properties"]
             if released[group_id]["Properties"][k] != holding[group_id]["Properties"].get(k)}
