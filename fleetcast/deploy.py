@@ -3,16 +3,16 @@
     bootstrap -> providers -> stage -> capacity -> publish -> consumers -> approve -> smoke
     teardown: consumers -> providers (buckets and image repositories retained unless asked)
 
+First deploy order (fleetcast/first_deploy.py): `providers` deploys a region whose stack is new (or
+still held) and whose model and image are not staged yet with its fleets held at zero instances;
+`capacity`, after `stage`, deploys each held region again without the hold once `fleetcast stage
+status` finds it staged, and refuses (naming what is missing) while it is not. A running fleet is
+never held: a region already serving deploys as configured, with a warning if it is not staged.
+
 Each step is either commands (the pinned CDK CLI through npx, or `fleetcast`
 itself) or a small Python action against AWS. `--dry-run` prints the plan and
 touches nothing. Multi-account setups run the same steps with each account's
 credentials (the README's deployment guide says which account runs which).
-
-First deploy order (fleetcast/capacity_hold.py): `providers` deploys a region whose stack is new, or
-still held, and whose model and image are not staged yet with its fleets held at zero instances;
-`capacity`, after `stage`, deploys each held region again without the hold once `fleetcast stage
-status` finds it staged, and refuses (naming what is missing) while it is not. A running fleet is
-never held: a region already serving deploys as configured, with a warning if it is not staged.
 """
 
 from __future__ import annotations
@@ -94,6 +94,8 @@ def publish_service_names(cfg: FleetConfig, config_path: str, clients: Callable[
 
 def plan(cfg: FleetConfig, config_path: str, clients: Callable[[str, str], Any], *, steps: Sequence[str],
          trust_account: str | None = None, smoke_endpoint: str | None = None, approval: str = "broadening") -> list[Step]:
+    from fleetcast.first_deploy import hold_resolver, release_resolver
+
     ctx = ["-c", f"config={config_path}"]
     providers = [provider_stack(cfg, r.region) for r in cfg.regions]
     consumers = [consumer_stack(cfg, c.name) for c in cfg.consumers]
@@ -119,7 +121,7 @@ def plan(cfg: FleetConfig, config_path: str, clients: Callable[[str, str], Any],
             out.append(Step(name, "give regions held at zero instances their configured capacity once "
                             "`fleetcast stage status` finds their model and image staged (only those are deployed)",
                             [_cdk("deploy", *ctx, "--require-approval", approval, *providers)],
-                            resolve=_release_resolver(cfg, clients)))
+                            resolve=release_resolver(cfg, clients)))
         elif name == "publish":
             out.append(Step(name, "endpoint service names from the provider stacks into the consumer entries",
                             action=lambda: publish_service_names(cfg, config_path, clients)))
@@ -142,72 +144,8 @@ def plan(cfg: FleetConfig, config_path: str, clients: Callable[[str, str], Any],
     for step in out:
         if step.name == "providers" and clients is not None:  # without clients (a plan only) there is no AWS to ask
             step.summary += "; a new region not staged yet is deployed held at zero instances"
-            step.resolve = _hold_resolver(cfg, clients)
+            step.resolve = hold_resolver(cfg, clients)
     return out
-
-
-def _provider_regions(cfg: FleetConfig, command: list[str]) -> list[str]:
-    """The provider regions whose stacks a cdk command names."""
-    return [r.region for r in cfg.regions if provider_stack(cfg, r.region) in command]
-
-
-def _hold_resolver(cfg: FleetConfig, clients: Callable[[str, str], Any]):
-    """providers: add `-c hold_capacity=...` for the regions that must not launch instances yet."""
-    from fleetcast.capacity_hold import hold_context_args
-    from fleetcast.staging.readiness import region_readiness
-
-    def resolve(commands: list[list[str]]) -> Resolution:
-        out, lines = [], []
-        for command in commands:
-            held = []
-            for region in _provider_regions(cfg, command):
-                ready = region_readiness(cfg, region, clients, provider_stack(cfg, region))
-                if ready.staged:
-                    lines.append(f"{region}: model and image staged: deployed with its configured capacity")
-                elif not ready.deployed or ready.held:
-                    held.append(region)
-                    lines.append(f"{region}: {'new stack' if not ready.deployed else 'still held'}, not staged yet "
-                                 f"({ready.problems[0]}): fleets held at zero instances until the capacity step")
-                else:
-                    lines.append(f"{region}: WARNING: serving, but {'; '.join(ready.problems)}; deployed as "
-                                 "configured (a running fleet is never held at zero): stage it before its "
-                                 "instances are replaced")
-            out.append([*command, *hold_context_args(held)])
-        return Resolution(out, lines)
-
-    return resolve
-
-
-def _release_resolver(cfg: FleetConfig, clients: Callable[[str, str], Any] | None):
-    """capacity: deploy held regions that are staged now; refuse, naming what is missing, for the rest."""
-    from fleetcast.staging.readiness import region_readiness
-
-    def resolve(commands: list[list[str]]) -> Resolution:
-        if clients is None:
-            raise UserError("the capacity step reads the provider stacks and staging state: it needs AWS access")
-        out, lines, waiting = [], [], []
-        stacks = {provider_stack(cfg, r.region) for r in cfg.regions}
-        for command in commands:
-            release = []
-            for region in _provider_regions(cfg, command):
-                ready = region_readiness(cfg, region, clients, provider_stack(cfg, region))
-                if not ready.held:
-                    lines.append(f"{region}: not held" + ("" if ready.deployed else " (stack not deployed)"))
-                elif ready.staged:
-                    release.append(provider_stack(cfg, region))
-                    lines.append(f"{region}: model and image staged: deploying its configured capacity")
-                else:
-                    waiting.append(f"{region}: {'; '.join(ready.problems)}")
-            if release:
-                out.append([a for a in command if a not in stacks or a in release])
-        refusal = None
-        if waiting:
-            refusal = ("held at zero instances until staged: " + " | ".join(waiting) + "; run `fleetcast deploy "
-                       "--step stage` (`fleetcast stage status` shows what is missing), then `fleetcast deploy "
-                       "--step capacity`")
-        return Resolution(out, lines, refusal)
-
-    return resolve
 
 
 def teardown_plan(cfg: FleetConfig, config_path: str) -> list[Step]:
@@ -239,8 +177,8 @@ def execute(steps: Sequence[Step], *, dry_run: bool, run: Callable[..., Any] = s
             if run(command).returncode != 0:
                 raise UserError(f"step {step.name} failed: `{' '.join(command)}`; fix it and rerun "
                                 f"`fleetcast deploy --step {step.name}` (later steps did not run)")
-        if resolution.refusal:
-            raise UserError(f"step {step.name}: {resolution.refusal}")
         if step.action is not None:
             for line in step.action():
                 log(f"   {line}")
+        if resolution.refusal:
+            raise UserError(f"step {step.name}: {resolution.refusal}")

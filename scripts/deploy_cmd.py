@@ -8,8 +8,7 @@ import argparse
 def register(sub: argparse._SubParsersAction) -> None:
     from fleetcast.deploy import STEPS
 
-    deploy = sub.add_parser("deploy", help="bootstrap, deploy providers (new regions held at zero instances), stage, "
-                            "give held regions capacity, publish, deploy consumers, approve, smoke")
+    deploy = sub.add_parser("deploy", help="bootstrap, deploy providers, stage, publish, deploy consumers, approve, smoke")
     deploy.add_argument("--config", default="config/fleet.yaml")
     deploy.add_argument("--step", action="append", choices=STEPS,
                         help="run only this step (repeatable; default: all, in order)")
