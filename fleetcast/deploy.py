@@ -94,8 +94,6 @@ def publish_service_names(cfg: FleetConfig, config_path: str, clients: Callable[
 
 def plan(cfg: FleetConfig, config_path: str, clients: Callable[[str, str], Any], *, steps: Sequence[str],
          trust_account: str | None = None, smoke_endpoint: str | None = None, approval: str = "broadening") -> list[Step]:
-    from fleetcast.first_deploy import hold_resolver, release_resolver
-
     ctx = ["-c", f"config={config_path}"]
     providers = [provider_stack(cfg, r.region) for r in cfg.regions]
     consumers = [consumer_stack(cfg, c.name) for c in cfg.consumers]
@@ -118,6 +116,8 @@ def plan(cfg: FleetConfig, config_path: str, clients: Callable[[str, str], Any],
             out.append(Step(name, "model weights into every region bucket; serving image into every region's ECR",
                             commands))
         elif name == "capacity":
+            from fleetcast.first_deploy import release_resolver
+
             out.append(Step(name, "give regions held at zero instances their configured capacity once "
                             "`fleetcast stage status` finds their model and image staged (only those are deployed)",
                             [_cdk("deploy", *ctx, "--require-approval", approval, *providers)],
@@ -141,6 +141,8 @@ def plan(cfg: FleetConfig, config_path: str, clients: Callable[[str, str], Any],
                                 f"{cfg.engine.port}"))
         else:
             raise UserError(f"unknown step {name!r}; steps: {', '.join(STEPS)}", 2)
+    from fleetcast.first_deploy import hold_resolver
+
     for step in out:
         if step.name == "providers" and clients is not None:  # without clients (a plan only) there is no AWS to ask
             step.summary += "; a new region not staged yet is deployed held at zero instances"
