@@ -13,7 +13,9 @@ Pure Python (no CDK import): the stacks read the context, the deploy CLI writes 
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
+
+from fleetcast.errors import UserError
 
 HOLD_CONTEXT = "hold_capacity"
 HELD_OUTPUT = "CapacityHeld"
@@ -28,6 +30,16 @@ def parse_held_regions(value: object) -> frozenset[str]:
     else:
         items = str(value).split(",")
     return frozenset(item.strip() for item in items if item.strip())
+
+
+def check_held_regions(value: object, regions: Sequence[str]) -> frozenset[str]:
+    """The held regions of a context value, each one of the config's (a typo must not silently hold nothing)."""
+    held = parse_held_regions(value)
+    unknown = sorted(held - set(regions))
+    if unknown:
+        raise UserError(f"-c {HOLD_CONTEXT}: {', '.join(unknown)} is not a region of the config "
+                        f"(regions: {', '.join(regions)})", 2)
+    return held
 
 
 def hold_context_args(regions: Iterable[str]) -> list[str]:

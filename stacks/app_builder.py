@@ -6,9 +6,8 @@ from collections.abc import Callable
 
 from aws_cdk import App, Environment, Stack, Tags
 
-from fleetcast.capacity_hold import HOLD_CONTEXT, parse_held_regions
+from fleetcast.capacity_hold import HOLD_CONTEXT, check_held_regions
 from fleetcast.config import FleetConfig
-from fleetcast.errors import UserError
 
 from . import nag
 from .bench_fleet import BenchFleets, bench_enabled
@@ -20,11 +19,7 @@ from .provider import ProviderStack
 def build_app(cfg: FleetConfig, app: App, *, report: Callable[[str], None] = print) -> dict[str, Stack]:
     """Add every stack of the fleet to `app` (with cdk-nag registered); returns stacks by name."""
     stacks: dict[str, Stack] = {}
-    held = parse_held_regions(app.node.try_get_context(HOLD_CONTEXT))
-    unknown = sorted(held - {r.region for r in cfg.regions})
-    if unknown:
-        raise UserError(f"-c {HOLD_CONTEXT}: {', '.join(unknown)} is not a region of the config "
-                        f"(regions: {', '.join(r.region for r in cfg.regions)})", 2)
+    check_held_regions(app.node.try_get_context(HOLD_CONTEXT), [r.region for r in cfg.regions])
     for region in cfg.regions:
         name = provider_stack_name(cfg, region.region)
         stacks[name] = ProviderStack(

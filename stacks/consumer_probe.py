@@ -44,8 +44,8 @@ from . import nag
 from .bench_fleet import DEFAULTS, RESULTS_PREFIX, bench_enabled
 from .bootstrap import REPO_ROOT, stage_runtime_bundle
 from .gpu_fleet import asg_arn
-from .session_manager import WILDCARD_REASON, grant_session_manager
 from .storage import private_bucket
+from .session_manager import WILDCARD_REASON, grant_session_manager
 
 PROBE_DEFAULTS = {
     "bench_probe_instance_type": "c7i.large",

@@ -27,7 +27,7 @@ from constructs import Construct
 from fleetcast import telemetry
 from fleetcast.config import FleetConfig, Pool
 
-from .gpu_fleet import TERMINATING, add_lifecycle_hook, capacity_held
+from .launch_order import TERMINATING, add_lifecycle_hook, capacity_held
 
 # Time the runtime needs after the drain itself: final metrics flush and log upload.
 TERMINATE_HOOK_MARGIN_S = 120

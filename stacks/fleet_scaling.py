@@ -31,7 +31,7 @@ from fleetcast import telemetry
 from fleetcast.config import FleetConfig, Pool
 
 from .fleet_metrics import ONE_MINUTE, asg_metric, runtime_metric
-from .gpu_fleet import capacity_held
+from .launch_order import capacity_held
 
 _LOAD_METRICS = {
     "active_requests": telemetry.ACTIVE_REQUESTS,

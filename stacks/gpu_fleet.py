@@ -18,12 +18,12 @@ from aws_cdk import aws_s3_assets as s3_assets
 from aws_cdk import aws_ssm as ssm
 from constructs import Construct
 
-from fleetcast.capacity_hold import HOLD_CONTEXT, parse_held_regions
 from fleetcast.config import FleetConfig, Pool, Region
 from fleetcast.telemetry import LAUNCH_HOOK, NAMESPACE
 from runtime.userdata import render_user_data
 
 from . import nag
+from .launch_order import LAUNCHING, add_lifecycle_hook, capacity_held
 from .session_manager import WILDCARD_REASON, grant_session_manager
 from .storage import READ_ONLY_PREFIXES, READ_WRITE_PREFIXES, ModelStore
 
@@ -61,34 +61,6 @@ def asg_arn(scope: Construct, group_name: str) -> str:
         resource_name=f"*:autoScalingGroupName/{group_name}",
         arn_format=ArnFormat.COLON_RESOURCE_NAME,
     )
-
-
-def capacity_held(scope: Construct) -> bool:
-    """Whether this deploy holds `scope`'s region at zero instances (`-c hold_capacity=<regions>`)."""
-    return Stack.of(scope).region in parse_held_regions(scope.node.try_get_context(HOLD_CONTEXT))
-
-
-LAUNCHING = "autoscaling:EC2_INSTANCE_LAUNCHING"
-TERMINATING = "autoscaling:EC2_INSTANCE_TERMINATING"
-
-
-def add_lifecycle_hook(asg: autoscaling.AutoScalingGroup, *, name: str, transition: str, default_result: str,
-                       heartbeat_timeout_s: int) -> None:
-    """A lifecycle hook in the group's own `LifecycleHookSpecificationList`, not a separate
-    AWS::AutoScaling::LifecycleHook resource: CloudFormation creates such a resource only after the
-    group, whose first instances have launched by then without the hook. The list's hooks are added
-    "to the Auto Scaling group before instances are launched" (CloudFormation, AWS::AutoScaling::AutoScalingGroup,
-    LifecycleHookSpecificationList; the CreateAutoScalingGroup API's LifecycleHookSpecificationList)."""
-    cfn_asg: autoscaling.CfnAutoScalingGroup = asg.node.default_child  # type: ignore[assignment]
-    cfn_asg.lifecycle_hook_specification_list = [
-        *(cfn_asg.lifecycle_hook_specification_list or []),
-        autoscaling.CfnAutoScalingGroup.LifecycleHookSpecificationProperty(
-            lifecycle_hook_name=name,
-            lifecycle_transition=transition,
-            default_result=default_result,
-            heartbeat_timeout=heartbeat_timeout_s,
-        ),
-    ]
 
 
 class GpuFleet(Construct):

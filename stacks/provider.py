@@ -6,9 +6,9 @@ from aws_cdk import CfnOutput, Stack, Tags
 from aws_cdk import aws_ec2 as ec2
 from constructs import Construct
 
+from fleetcast.capacity_hold import HELD_OUTPUT
 from fleetcast.config import EgressMode, FleetConfig, Region
 from fleetcast.connections.review import FLEET_TAG
-from fleetcast.capacity_hold import HELD_OUTPUT
 from fleetcast.staging.image import image_tag
 from fleetcast.staging.readiness import image_reference, instance_image_id
 
@@ -17,7 +17,8 @@ from .connection_approver import ConnectionApprover
 from .endpoint_service import EndpointService
 from .fleet_logs import FleetLogs
 from .fleet_operations import FleetOperations
-from .gpu_fleet import GpuFleet, InstanceInputs, capacity_held
+from .launch_order import capacity_held
+from .gpu_fleet import GpuFleet, InstanceInputs
 from .image_mirror import ImageMirror
 from .network import FleetNetwork
 from .notifications import NotificationTopic
@@ -112,6 +113,10 @@ class ProviderStack(Stack):
                 endpoint_service=self.service.endpoint_service, topic=self.notifications.topic,
             )
         self._outputs()
+        if capacity_held(self):
+            # `fleetcast deploy` reads it: this region waits for staging before its fleets get capacity.
+            CfnOutput(self, HELD_OUTPUT, value="true",
+                      description="Every group of this region is held at zero instances until staging completes")
 
     def _outputs(self) -> None:
         """Stable output keys for staging (`fleetcast stage`) and operators."""
@@ -124,10 +129,6 @@ class ProviderStack(Stack):
         }
         for key, value in outputs.items():
             CfnOutput(self, key, value=value)
-        if capacity_held(self):
-            # `fleetcast deploy` reads it: this region waits for staging before its fleets get capacity.
-            CfnOutput(self, HELD_OUTPUT, value="true",
-                      description="Every group of this region is held at zero instances until staging completes")
 
     @property
     def availability_zones(self) -> list[str]:

@@ -13,7 +13,6 @@ from fleetcast import telemetry
 from fleetcast.staging.image import image_tag
 from stacks.gpu_fleet import DLAMI_SSM_PARAMETER
 from stacks.network import INTERFACE_ENDPOINTS
-from stacks.session_manager import SESSION_MANAGER_ACTIONS
 
 from .synthesized import default_doc, default_fleet, synthesize, variant_fleet
 
@@ -384,6 +383,8 @@ def test_instance_role_is_least_privilege(fleet, stack_name):
     by_sid = {s.get("Sid"): s for s in statements}
     wildcard = [s for s in statements if s["Resource"] == "*"]
     # Only actions without resource-level permissions get "*", and metrics are namespace-bound.
+    from stacks.session_manager import SESSION_MANAGER_ACTIONS
+
     # ...and Session Manager's agent actions, on "*" as AWS documents them (stacks/session_manager.py).
     assert sorted(a for s in wildcard for a in _actions(s)) == sorted([
         "cloudwatch:PutMetricData", "ec2:DescribeVpcEndpointConnections", "ecr:GetAuthorizationToken",
@@ -405,6 +406,8 @@ def test_session_manager_instead_of_ssh(fleet, stack_name):
     roles = [r["Properties"] for r in fleet.resources(stack_name, "AWS::IAM::Role").values()
              if r["Properties"]["AssumeRolePolicyDocument"]["Statement"][0]["Principal"].get("Service") == "ec2.amazonaws.com"]
     assert len(roles) == 1
+    from stacks.session_manager import SESSION_MANAGER_ACTIONS
+
     # Session Manager's minimum inline (test_ssm_access.py), no managed policy that reads every parameter.
     assert "ManagedPolicyArns" not in roles[0]
     by_sid = {s.get("Sid"): s for s in _policy_statements(fleet, stack_name)}
