@@ -61,7 +61,7 @@ class Account:
 
     def cdk(self, command: list[str]) -> SimpleNamespace:
         """`npx cdk deploy ... STACKS [-c hold_capacity=...]`, as CloudFormation applies it."""
-        assert command[:3] == ["npx", "cdk", "deploy"], command
+        assert "deploy" in command and command[command.index("deploy") - 1].endswith("cdk"), command
         self.deploys.append(command)
         held = set()
         for i, arg in enumerate(command):
