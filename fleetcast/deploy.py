@@ -1,7 +1,13 @@
 """The deploy path in the order AWS requires, for a single-account setup; every step also runs alone.
 
-    bootstrap -> providers -> stage -> publish -> consumers -> approve -> smoke
+    bootstrap -> providers -> stage -> capacity -> publish -> consumers -> approve -> smoke
     teardown: consumers -> providers (buckets and image repositories retained unless asked)
+
+First deploy order (fleetcast/first_deploy.py): `providers` deploys a region whose stack is new (or
+still held) and whose model and image are not staged yet with its fleets held at zero instances;
+`capacity`, after `stage`, deploys each held region again without the hold once `fleetcast stage
+status` finds it staged, and refuses (naming what is missing) while it is not. A running fleet is
+never held: a region already serving deploys as configured, with a warning if it is not staged.
 
 Each step is either commands (the pinned CDK CLI through npx, or `fleetcast`
 itself) or a small Python action against AWS. `--dry-run` prints the plan and
@@ -25,7 +31,7 @@ from fleetcast.config import FleetConfig
 from fleetcast.contract.names import consumer_stack_name, provider_stack_name
 from fleetcast.errors import UserError
 
-STEPS = ("bootstrap", "providers", "stage", "publish", "consumers", "approve", "smoke")
+STEPS = ("bootstrap", "providers", "stage", "capacity", "publish", "consumers", "approve", "smoke")
 TEARDOWN = ("consumers", "providers")
 
 
@@ -34,6 +40,8 @@ class Step:
     name: str
     summary: str
     commands: list[list[str]] = field(default_factory=list)
+    # Decides at run time (it reads AWS) which of `commands` run and how.
+    resolve: Callable[[list[list[str]]], "Resolution"] | None = None
     action: Callable[[], list[str]] | None = None  # returns lines to print
     # Run first, for the operator to read; a failure is reported and does not stop the step.
     preview: list[list[str]] = field(default_factory=list)
@@ -48,6 +56,16 @@ class Step:
         if self.action is not None:
             lines.append("   (reads stack outputs and edits the config)")
         return lines
+
+
+@dataclass
+class Resolution:
+    """What a step runs, decided at run time: its commands, lines to print, and a refusal raised after the
+    commands ran (what could proceed did)."""
+
+    commands: list[list[str]]
+    notes: list[str] = field(default_factory=list)
+    refusal: str | None = None
 
 
 def _fleetcast(*args: str) -> list[str]:
@@ -132,6 +150,13 @@ def plan(cfg: FleetConfig, config_path: str, clients: Callable[[str, str], Any] 
                         _fleetcast("stage", "image", "--config", config_path, *profile, *where)]
             out.append(Step(name, "model weights into every region bucket; serving image into every region's ECR",
                             commands))
+        elif name == "capacity":
+            from fleetcast.first_deploy import release_resolver
+
+            out.append(Step(name, "give regions held at zero instances their configured capacity once "
+                            "`fleetcast stage status` finds their model and image staged (only those are deployed)",
+                            [_cdk("deploy", *ctx, "--require-approval", approval, *providers)],
+                            resolve=release_resolver(cfg, clients)))
         elif name == "publish":
             out.append(Step(name, "endpoint service names from the provider stacks into the consumer entries",
                             action=lambda: publish_service_names(cfg, config_path, clients, chosen)))
@@ -152,6 +177,12 @@ def plan(cfg: FleetConfig, config_path: str, clients: Callable[[str, str], Any] 
                                 f"{cfg.engine.port}"))
         else:
             raise UserError(f"unknown step {name!r}; steps: {', '.join(STEPS)}", 2)
+    from fleetcast.first_deploy import hold_resolver
+
+    for step in out:
+        if step.name == "providers" and clients is not None:  # without clients (a plan only) there is no AWS to ask
+            step.summary += "; a new region not staged yet is deployed held at zero instances"
+            step.resolve = hold_resolver(cfg, clients)
     return out
 
 
@@ -227,10 +258,15 @@ def execute(steps: Sequence[Step], *, dry_run: bool, run: Callable[..., Any] | N
         for command in step.preview:
             if run(command).returncode != 0:
                 log(f"   (preview `{' '.join(command[3:])}` failed; continuing with the step)")
-        for command in step.commands:
+        resolution = step.resolve(step.commands) if step.resolve is not None else Resolution(step.commands)
+        for line in resolution.notes:
+            log(f"   {line}")
+        for command in resolution.commands:
             if run(command).returncode != 0:
                 raise UserError(f"step {step.name} failed: `{' '.join(command)}`; fix it and rerun "
                                 f"`{resume} --step {step.name}` (later steps did not run)")
         if step.action is not None:
             for line in step.action():
                 log(f"   {line}")
+        if resolution.refusal:
+            raise UserError(f"step {step.name}: {resolution.refusal}")

@@ -65,9 +65,11 @@ def register(sub: argparse._SubParsersAction) -> None:
                        help="pin engine.image_digest in the config file (default: on)")
     image.set_defaults(handler=_image)
 
-    status = actions.add_parser("status", help="show what is staged in each region")
+    status = actions.add_parser("status", help="show whether each region's model and serving image are staged "
+                                "(exit 1 if not; `fleetcast deploy` waits on the same check)")
     common(status)
     status.add_argument("--bucket", action="append", metavar="REGION=NAME")
+    status.add_argument("--repository", action="append", metavar="REGION=URI", help="ECR repository URI override")
     status.set_defaults(handler=_status)
 
 
@@ -207,23 +209,31 @@ def _image(args: argparse.Namespace) -> int:
 
 
 def _status(args: argparse.Namespace) -> int:
+    """The model and the serving image each region's instances will read (fleetcast/staging/readiness.py,
+    the same check `fleetcast deploy` waits on before it gives a new region capacity)."""
     from fleetcast.config import load_config
+    from fleetcast.staging.aws import parse_region_map, pick_output, provider_stack_name
     from fleetcast.staging.manifest import human_bytes, model_prefix
-    from fleetcast.staging.transfer import read_manifest, verify_prefix
+    from fleetcast.staging.readiness import image_problems, image_reference, instance_image_id, model_problems
+    from fleetcast.staging.transfer import read_manifest
 
     cfg = load_config(args.config)
     clients = _clients(args)
+    repositories = parse_region_map(args.repository, "--repository")
     missing = 0
     for region, bucket in _buckets(cfg, args, clients).items():
-        prefix = model_prefix(cfg.model.id, cfg.model.revision)
-        manifest = read_manifest(clients("s3", region), bucket, prefix)
-        if manifest is None:
-            missing += 1
-            print(f"{region}: model MISSING: s3://{bucket}/{prefix}manifest.json (run `fleetcast stage model`)")
-            continue
-        problems = verify_prefix(clients("s3", region), bucket, prefix, manifest)
+        problems = model_problems(cfg, clients("s3", region), bucket)
         missing += bool(problems)
-        state = "ok" if not problems else f"{len(problems)} problem(s): {problems[0]}"
-        print(f"{region}: model {cfg.model.id}@{cfg.model.revision}: {len(manifest.files)} file(s), "
-              f"{human_bytes(manifest.total_bytes)}: {state}")
+        if problems and problems[0].startswith("model MISSING"):
+            print(f"{region}: {problems[0]}")
+        else:
+            manifest = read_manifest(clients("s3", region), bucket, model_prefix(cfg.model.id, cfg.model.revision))
+            state = "ok" if not problems else f"{len(problems)} problem(s): {problems[0]}"
+            print(f"{region}: model {cfg.model.id}@{cfg.model.revision}: {len(manifest.files)} file(s), "
+                  f"{human_bytes(manifest.total_bytes)}: {state}")
+        repository = repositories.get(region) or pick_output(_outputs(cfg, region, clients), "repository",
+                                                             stack=provider_stack_name(cfg.name, region))
+        image = image_problems(cfg, clients("ecr", region), repository)
+        missing += bool(image)
+        print(f"{region}: " + (image[0] if image else f"image {image_reference(repository, instance_image_id(cfg))}: ok"))
     return 1 if missing else 0

@@ -6,6 +6,7 @@ from collections.abc import Callable
 
 from aws_cdk import App, Environment, Stack, Tags
 
+from fleetcast.capacity_hold import HOLD_CONTEXT, check_held_regions
 from fleetcast.config import FleetConfig
 from fleetcast.contract.names import consumer_stack_name, provider_stack_name
 
@@ -19,6 +20,7 @@ from .provider import ProviderStack
 def build_app(cfg: FleetConfig, app: App, *, report: Callable[[str], None] = print) -> dict[str, Stack]:
     """Add every stack of the fleet to `app` (with cdk-nag registered); returns stacks by name."""
     stacks: dict[str, Stack] = {}
+    check_held_regions(app.node.try_get_context(HOLD_CONTEXT), [r.region for r in cfg.regions])
     for region in cfg.regions:
         name = provider_stack_name(cfg.name, region.region)
         stacks[name] = ProviderStack(

@@ -1,6 +1,7 @@
 """How instances of one pool enter and leave: termination hook, warm pool, capacity reservations.
 
-- Termination hook (`fleetcast.telemetry.TERMINATE_HOOK`): on scale-in or refresh the
+- Termination hook (`fleetcast.telemetry.TERMINATE_HOOK`, in the group's own hook list like the
+  launch hook, so the group's first instances have it too): on scale-in or refresh the
   group first deregisters the instance from the target group (the deregistration
   delay lets open streams finish), then holds it in Terminating:Wait while the
   runtime drains whatever is left, flushes metrics and completes the hook. The
@@ -20,12 +21,13 @@
 
 from __future__ import annotations
 
-from aws_cdk import Duration
 from aws_cdk import aws_autoscaling as autoscaling
 from constructs import Construct
 
 from fleetcast import telemetry
 from fleetcast.config import FleetConfig, Pool
+
+from .launch_order import TERMINATING, add_lifecycle_hook, capacity_held
 
 # Time the runtime needs after the drain itself: final metrics flush and log upload.
 TERMINATE_HOOK_MARGIN_S = 120
@@ -37,16 +39,17 @@ class PoolLifecycle(Construct):
     def __init__(self, scope: Construct, construct_id: str, *, cfg: FleetConfig, pool: Pool,
                  asg: autoscaling.AutoScalingGroup) -> None:
         super().__init__(scope, construct_id)
-        self.terminate_hook = asg.add_lifecycle_hook(
-            "TerminateHook",
-            lifecycle_hook_name=telemetry.TERMINATE_HOOK,
-            lifecycle_transition=autoscaling.LifecycleTransition.INSTANCE_TERMINATING,
-            heartbeat_timeout=Duration.seconds(cfg.operations.drain_timeout_s + TERMINATE_HOOK_MARGIN_S),
-            default_result=autoscaling.DefaultResult.CONTINUE,
+        add_lifecycle_hook(
+            asg,
+            name=telemetry.TERMINATE_HOOK,
+            transition=TERMINATING,
+            heartbeat_timeout_s=cfg.operations.drain_timeout_s + TERMINATE_HOOK_MARGIN_S,
+            default_result="CONTINUE",
         )
 
         self.warm_pool: autoscaling.WarmPool | None = None
-        if pool.warm_pool.size > 0:
+        # A warm pool launches (and pulls, and builds) whatever the group's size: none while held.
+        if pool.warm_pool.size > 0 and not capacity_held(self):
             self.warm_pool = asg.add_warm_pool(
                 min_size=pool.warm_pool.size,
                 max_group_prepared_capacity=pool.warm_pool.size,

@@ -31,6 +31,7 @@ from fleetcast import telemetry
 from fleetcast.config import FleetConfig, Pool
 
 from .fleet_metrics import ONE_MINUTE, asg_metric, runtime_metric
+from .launch_order import capacity_held
 
 _LOAD_METRICS = {
     "active_requests": telemetry.ACTIVE_REQUESTS,
@@ -66,6 +67,12 @@ class PoolScaling(Construct):
         spec = pool.scaling
         load_name = _LOAD_METRICS[spec.metric]
         enable_group_metrics(asg)
+        if capacity_held(self):
+            # Held at zero (first deploy, not staged): schedules would set sizes of their own, and target
+            # tracking needs MaxSize > MinSize (cfn-lint E3712). They come with the release deploy.
+            self.scale_out_policy = self.scale_in_policy = self.scale_in_alarm = None
+            self.scheduled_actions = []
+            return
 
         self.scale_out_policy = autoscaling.CfnScalingPolicy(
             self, "TrackLoad",

@@ -24,6 +24,8 @@ from fleetcast.telemetry import LAUNCH_HOOK, NAMESPACE
 from runtime.userdata import render_user_data
 
 from . import nag
+from .launch_order import LAUNCHING, add_lifecycle_hook, capacity_held
+from .session_manager import WILDCARD_REASON, grant_session_manager
 from .storage import READ_ONLY_PREFIXES, READ_WRITE_PREFIXES, ModelStore
 
 ROOT_DEVICE = "/dev/xvda"  # AL2023 DLAMI root device
@@ -126,6 +128,8 @@ class GpuFleet(Construct):
             ],
         )
 
+        # Held (first deploy, nothing staged yet): no instance may launch; fleetcast/capacity_hold.py.
+        self.held = held = capacity_held(self)
         self.asg = autoscaling.AutoScalingGroup(
             self,
             "Group",
@@ -133,9 +137,9 @@ class GpuFleet(Construct):
             vpc=vpc,
             vpc_subnets=subnets,
             launch_template=self.launch_template,
-            min_capacity=pool.capacity.min,
-            desired_capacity=pool.capacity.desired,
-            max_capacity=pool.capacity.max,
+            min_capacity=0 if held else pool.capacity.min,
+            desired_capacity=(0 if held else pool.capacity.desired) if pool.capacity.desired is not None else None,
+            max_capacity=0 if held else pool.capacity.max,
             health_checks=autoscaling.HealthChecks.with_additional_checks(
                 additional_types=[autoscaling.AdditionalHealthCheckType.ELB],
                 grace_period=HEALTH_CHECK_GRACE,
@@ -143,12 +147,12 @@ class GpuFleet(Construct):
         )
         # Serving starts only after the engine is built or fetched and a real
         # completion worked; a build that never reports in must not serve.
-        self.launch_hook = self.asg.add_lifecycle_hook(
-            "LaunchHook",
-            lifecycle_hook_name=LAUNCH_HOOK,
-            lifecycle_transition=autoscaling.LifecycleTransition.INSTANCE_LAUNCHING,
-            default_result=autoscaling.DefaultResult.ABANDON,
-            heartbeat_timeout=Duration.seconds(cfg.operations.launch_hook_timeout_s),
+        add_lifecycle_hook(
+            self.asg,
+            name=LAUNCH_HOOK,
+            transition=LAUNCHING,
+            default_result="ABANDON",
+            heartbeat_timeout_s=cfg.operations.launch_hook_timeout_s,
         )
         if pool.capacity.desired is not None:
             nag.acknowledge_warning(
@@ -173,8 +177,8 @@ class GpuFleet(Construct):
             "InstanceRole",
             assumed_by=iam.ServicePrincipal("ec2.amazonaws.com"),
             description=f"{self.asg_name} instances: model bucket prefixes, own hook, metrics, logs, config",
-            managed_policies=[iam.ManagedPolicy.from_aws_managed_policy_name("AmazonSSMManagedInstanceCore")],
         )
+        grant_session_manager(role)
         statements = [
             iam.PolicyStatement(
                 sid="ReadStagedModelsAndCalibration",
@@ -228,11 +232,6 @@ class GpuFleet(Construct):
             role.add_to_policy(statement)
         inputs.repository.grant_pull(role)
 
-        nag.acknowledge(
-            role,
-            "AwsSolutions-IAM4[Policy::arn:<AWS::Partition>:iam::aws:policy/AmazonSSMManagedInstanceCore]",
-            "Session Manager replaces SSH (no key pair, no open port); this AWS policy is its documented minimum.",
-        )
         policy = role.node.find_child("DefaultPolicy")
         acks = {
             f"AwsSolutions-IAM5[Resource::{nag.arn_ref(bucket)}/{READ_ONLY_PREFIXES[0]}*]":
@@ -247,8 +246,8 @@ class GpuFleet(Construct):
             },
             "AwsSolutions-IAM5[Resource::*]":
                 "Only actions without resource-level permissions use '*': cloudwatch:PutMetricData (limited by "
-                "the cloudwatch:namespace condition), ec2:DescribeVpcEndpointConnections (read-only) and "
-                "ecr:GetAuthorizationToken.",
+                "the cloudwatch:namespace condition), ec2:DescribeVpcEndpointConnections (read-only), "
+                f"ecr:GetAuthorizationToken and {WILDCARD_REASON}.",
             f"AwsSolutions-IAM5[Resource::{Stack.of(self).resolve(self._asg_arn())}]":
                 "The ASG ARN embeds a group id unknown before creation; the explicit group name pins it to this pool.",
         }

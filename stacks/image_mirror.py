@@ -28,6 +28,7 @@ from constructs import Construct
 from fleetcast.contract.outputs import ProviderOutput
 
 from . import nag
+from .fleet_logs import allow_cloudwatch_logs
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 # The build context is the Dockerfile and the runtime sources: everything else is excluded.
@@ -69,7 +70,7 @@ class ImageMirror(Construct):
                       description="Encrypts the image-mirror build artifacts and logs")
         log_group = logs.LogGroup(self, "Logs", retention=log_retention, encryption_key=key,
                                   removal_policy=RemovalPolicy.DESTROY)
-        key.grant_encrypt_decrypt(iam.ServicePrincipal("logs.amazonaws.com"))
+        allow_cloudwatch_logs(key)
         context = s3_assets.Asset(self, "BuildContext", path=str(REPO_ROOT), exclude=_CONTEXT_EXCLUDES)
         self.project = codebuild.Project(
             self,

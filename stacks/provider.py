@@ -6,16 +6,19 @@ from aws_cdk import CfnOutput, Stack, Tags
 from aws_cdk import aws_ec2 as ec2
 from constructs import Construct
 
+from fleetcast.capacity_hold import HELD_OUTPUT
 from fleetcast.config import EgressMode, FleetConfig, Region
 from fleetcast.connections.review import FLEET_TAG
 from fleetcast.contract.outputs import ProviderOutput
 from fleetcast.staging.image import image_tag
+from fleetcast.staging.readiness import image_reference, instance_image_id
 
 from .bootstrap import InstanceBootstrap
 from .connection_approver import ConnectionApprover
 from .endpoint_service import EndpointService
 from .fleet_logs import FleetLogs
 from .fleet_operations import FleetOperations
+from .launch_order import capacity_held
 from .gpu_fleet import GpuFleet, InstanceInputs
 from .image_mirror import ImageMirror
 from .network import FleetNetwork
@@ -44,12 +47,12 @@ class ProviderStack(Stack):
         self.notifications = NotificationTopic(self, "Notifications", fleet=cfg.name)
         self.model_store = ModelStore(self, "ModelStore")
         self.image_repository = ImageRepository(self, "Image", fleet=cfg.name)
-        if cfg.network.egress == EgressMode.NONE:
-            # Instances pull only from ECR; `fleetcast stage image` fills it from inside AWS (issue 8).
-            self.image_mirror = ImageMirror(
-                self, "ImageMirror", repository=self.image_repository.repository, upstream_image=cfg.engine.image,
-                image_tag=image_tag(cfg, derived=True), log_retention=self.logs.retention,
-            )
+        # Instances run the derived image (the release plus the runtime's dependencies) from this region's
+        # ECR, whatever the egress; `fleetcast stage image` builds it there from inside AWS (issue 8).
+        self.image_mirror = ImageMirror(
+            self, "ImageMirror", repository=self.image_repository.repository, upstream_image=cfg.engine.image,
+            image_tag=image_tag(cfg, derived=True), log_retention=self.logs.retention,
+        )
         self.bootstrap = InstanceBootstrap(self, "Bootstrap", cfg=cfg)
 
         self.instance_security_group = ec2.SecurityGroup(
@@ -111,6 +114,10 @@ class ProviderStack(Stack):
                 endpoint_service=self.service.endpoint_service, topic=self.notifications.topic,
             )
         self._outputs()
+        if capacity_held(self):
+            # `fleetcast deploy` reads it: this region waits for staging before its fleets get capacity.
+            CfnOutput(self, HELD_OUTPUT, value="true",
+                      description="Every group of this region is held at zero instances until staging completes")
 
     def _outputs(self) -> None:
         """Stable output keys for staging (`fleetcast stage`) and operators."""
@@ -130,12 +137,11 @@ class ProviderStack(Stack):
         return [az.name for az in self.region_cfg.availability_zones]
 
     def _image_uri(self, cfg: FleetConfig) -> str:
-        if cfg.network.egress == EgressMode.NONE:
-            # Until `fleetcast stage image` pins a digest, the tag it pushes (immutable in ECR).
-            return self.image_repository.image_uri(image_tag(cfg, derived=True), cfg.engine.image_digest)
-        if cfg.engine.image_digest:
-            return f"{cfg.engine.image.rsplit(':', 1)[0]}@{cfg.engine.image_digest}"
-        return cfg.engine.image
+        """The derived serving image in this region's repository, with either egress: the public release lacks
+        the runtime's Python dependencies (boto3, ruamel.yaml; docker/Dockerfile), so it cannot run
+        runtime.bootstrap. Until `fleetcast stage image` pins a digest, the tag it pushes (immutable in ECR);
+        `fleetcast stage status` checks this same reference (fleetcast/staging/readiness.py)."""
+        return image_reference(self.image_repository.repository.repository_uri, instance_image_id(cfg))
 
     def _instance_egress(self, cfg: FleetConfig) -> None:
         """HTTPS out only. With `egress: none` the subnets have no route off the VPC, so HTTPS reaches

@@ -90,8 +90,3 @@ class ImageRepository(Construct):
             encryption=ecr.RepositoryEncryption.KMS,
             removal_policy=RemovalPolicy.RETAIN,
         )
-
-    def image_uri(self, tag: str, digest: str | None) -> str:
-        """Pull by digest once staging pinned one; by the (immutable) tag before that."""
-        uri = self.repository.repository_uri
-        return f"{uri}@{digest}" if digest else f"{uri}:{tag}"

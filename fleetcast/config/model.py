@@ -178,7 +178,8 @@ class EngineSpec(Frozen):
     )
     image: str = Field(
         default="nvcr.io/nvidia/tensorrt-llm/release:1.2.1",
-        description="Upstream serving image. With egress `none` instances pull the private ECR mirror of it.",
+        description="Upstream serving image. Instances run the derived image built on it (docker/Dockerfile) "
+                    "from the region's private ECR, with either egress.",
     )
     image_digest: str | None = Field(
         default=None, pattern=r"^sha256:[0-9a-f]{64}$",

@@ -112,7 +112,9 @@ def test_probe_role_reads_its_bundle_writes_only_its_results_and_scales_only_its
     for cfg, c, t in consumer_templates(bench_app):
         (policy,) = of_type(t, "AWS::IAM::Policy").values()
         statements = {s["Sid"]: s for s in policy["Properties"]["PolicyDocument"]["Statement"]}
-        assert set(statements) == {"ReadProbeBundle", "UploadOwnBenchResults", "ScaleOwnGroupToZero"}
+        assert set(statements) == {"ReadProbeBundle", "UploadOwnBenchResults", "ScaleOwnGroupToZero",
+                                   "SessionManagerOnly"}
+        assert "ManagedPolicyArns" not in next(iter(of_type(t, "AWS::IAM::Role").values()))["Properties"]
         assert statements["ReadProbeBundle"]["Action"] == "s3:GetObject"
         upload = json.dumps(statements["UploadOwnBenchResults"])
         key = probe_results_key("r1", c)

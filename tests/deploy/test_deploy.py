@@ -31,7 +31,8 @@ def flat(steps):
 
 def test_full_plan_runs_in_the_order_aws_requires(cfg):
     steps = plan(cfg, "config/fleet.yaml", clients=None, steps=STEPS)
-    assert [s.name for s in steps] == ["bootstrap", "providers", "stage", "publish", "consumers", "approve", "smoke"]
+    assert [s.name for s in steps] == ["bootstrap", "providers", "stage", "capacity", "publish", "consumers", "approve",
+                                      "smoke"]
     text = "\n".join(flat(steps))
     assert text.index("fleetcast-provider-ap-northeast-2") < text.index("stage model") < text.index("fleetcast-consumer-voice-app")
     assert "aws://444455556666/ap-northeast-2" in text and "aws://777788889999/us-west-2" in text

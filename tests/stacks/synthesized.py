@@ -58,11 +58,12 @@ def default_doc() -> dict:
     return YAML(typ="safe").load(DEFAULT_CONFIG.read_text())
 
 
-def synthesize(doc: dict, label: str) -> Synthesized:
+def synthesize(doc: dict, label: str, context: dict | None = None) -> Synthesized:
+    """`context` adds to cdk.json's, as `cdk synth -c key=value` does."""
     cfg = parse_config(copy.deepcopy(doc), f"<{label}>")
     outdir = Path(tempfile.mkdtemp(prefix=f"fleetcast-{label}-"))
     atexit.register(shutil.rmtree, outdir, ignore_errors=True)
-    app = App(outdir=str(outdir), context=cdk_json_context())
+    app = App(outdir=str(outdir), context={**cdk_json_context(), **(context or {})})
     messages: list[str] = []
     stacks = build_app(cfg, app, report=messages.append)
     app.synth()
@@ -134,3 +135,13 @@ def nat_doc() -> dict:
 @lru_cache(maxsize=None)
 def nat_fleet() -> Synthesized:
     return synthesize(nat_doc(), "nat")
+
+
+@lru_cache(maxsize=None)
+def bench_mode_fleet() -> Synthesized:
+    """config/fleet.yaml in benchmark mode (`-c bench=true`): bench groups per pool, a probe per consumer."""
+    from tests.bench.conftest import fake_wheelhouse
+
+    wheels = fake_wheelhouse(Path(tempfile.mkdtemp(prefix="fleetcast-wheels-")))
+    atexit.register(shutil.rmtree, wheels, ignore_errors=True)
+    return synthesize(default_doc(), "bench", {"bench": "true", "bench_probe_wheels": str(wheels)})

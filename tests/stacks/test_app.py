@@ -10,7 +10,9 @@ import sys
 
 import pytest
 
-from .synthesized import NODE_MAJOR, ROOT, default_fleet, nat_fleet
+from fleetcast.staging.image import image_tag
+
+from .synthesized import NODE_MAJOR, ROOT, default_doc, default_fleet, nat_doc, nat_fleet, synthesize
 
 
 PYTHON = str(ROOT / ".venv" / "bin" / "python") if (ROOT / ".venv" / "bin" / "python").exists() else sys.executable
@@ -43,10 +45,43 @@ def test_nat_egress_builds_public_subnets_and_nat_per_az_and_no_endpoints():
     # Instances stay in private subnets: the launch template still assigns no public IP.
     (lt,) = fleet.resources(name, "AWS::EC2::LaunchTemplate").values()
     assert lt["Properties"]["LaunchTemplateData"]["NetworkInterfaces"][0]["AssociatePublicIpAddress"] is False
-    # With NAT the image comes straight from its upstream registry.
-    user_data = "".join(p for p in lt["Properties"]["LaunchTemplateData"]["UserData"]["Fn::Base64"]["Fn::Join"][1]
-                        if isinstance(p, str))
-    assert f"FLEETCAST_IMAGE={fleet.cfg.engine.image}\n" in user_data
+    # Even with NAT, instances run the derived image from the region's repository, and it has its mirror.
+    (repository,) = fleet.resources(name, "AWS::ECR::Repository")
+    assert image_line(lt) == f"<ref>.dkr.ecr.<ref>.<AWS::URLSuffix>/<{repository}>:{image_tag(fleet.cfg, derived=True)}"
+    assert len(fleet.resources(name, "AWS::CodeBuild::Project")) == 1
+
+
+def image_line(launch_template: dict) -> str:
+    """The FLEETCAST_IMAGE value of a launch template's user data: a Ref as <logical id>, other intrinsics <ref>."""
+    parts = launch_template["Properties"]["LaunchTemplateData"]["UserData"]["Fn::Base64"]["Fn::Join"][1]
+    text = "".join(p if isinstance(p, str) else f"<{p['Ref']}>" if "Ref" in p else "<ref>" for p in parts)
+    return text.split("\nFLEETCAST_IMAGE=", 1)[1].split("\n", 1)[0]
+
+
+@pytest.mark.parametrize("egress", ["none", "nat"])
+def test_instances_always_run_the_derived_image(egress):
+    """The public release has no boto3/ruamel.yaml (docker/Dockerfile adds them): runtime.bootstrap cannot start
+    in it. Whatever the egress, every pool pulls the derived image from its region's repository: by the
+    derived tag before staging pins a digest, by that digest after."""
+    doc = nat_doc() if egress == "nat" else default_doc()
+    doc["engine"]["image_digest"] = "sha256:" + "ab" * 32
+    fleet = synthesize(doc, f"pinned-{egress}")
+    tag = image_tag(fleet.cfg, derived=True)
+    assert tag.startswith(fleet.cfg.engine.image.rsplit(":", 1)[1] + "-fleetcast-")
+    for region in fleet.cfg.regions:
+        name = f"fleetcast-provider-{region.region}"
+        (repository,) = fleet.resources(name, "AWS::ECR::Repository")
+        templates = list(fleet.resources(name, "AWS::EC2::LaunchTemplate").values())
+        assert templates
+        for lt in templates:
+            assert image_line(lt) == (f"<ref>.dkr.ecr.<ref>.<AWS::URLSuffix>/<{repository}>"
+                                      f"@{doc['engine']['image_digest']}")
+    unpinned = nat_fleet() if egress == "nat" else default_fleet()
+    for region in unpinned.cfg.regions:
+        name = f"fleetcast-provider-{region.region}"
+        (repository,) = unpinned.resources(name, "AWS::ECR::Repository")
+        for lt in unpinned.resources(name, "AWS::EC2::LaunchTemplate").values():
+            assert image_line(lt) == f"<ref>.dkr.ecr.<ref>.<AWS::URLSuffix>/<{repository}>:{tag}"
 
 
 def _run_app(config_path, tmp_path) -> subprocess.CompletedProcess:

@@ -56,7 +56,7 @@ def test_output_names_the_project_for_stage_image(template):
     assert any("ImageMirrorProject" in key for key in outputs)
 
 
-def test_every_offline_provider_region_gets_a_mirror_and_the_outputs_staging_reads():
+def test_every_provider_region_gets_a_mirror_and_the_outputs_staging_reads():
     from .synthesized import default_fleet, nat_fleet
 
     fleet = default_fleet()
@@ -67,8 +67,8 @@ def test_every_offline_provider_region_gets_a_mirror_and_the_outputs_staging_rea
         for needle in ("bucket", "repository", "mirror", "servicename"):
             # `fleetcast stage`/`deploy` pick outputs by these needles: exactly one must match.
             assert sum(needle in key.lower() for key in outputs) == 1, (needle, sorted(outputs))
-    # With NAT egress instances pull the upstream image themselves: no mirror.
-    assert nat_fleet().resources("fleetcast-provider-ap-northeast-2", "AWS::CodeBuild::Project") == {}
+    # With NAT egress too: instances run the derived image, which the mirror builds (issue 12 item 9).
+    assert len(nat_fleet().resources("fleetcast-provider-ap-northeast-2", "AWS::CodeBuild::Project")) == 1
 
 
 def test_build_context_holds_only_the_dockerfile_and_runtime_sources():

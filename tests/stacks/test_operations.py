@@ -177,11 +177,15 @@ def test_kv_cache_scaling_and_daily_schedule_come_from_the_config(base_doc):
 
 def test_termination_hook_gives_the_runtime_the_drain_timeout_and_then_continues(default):
     cfg, template, _ = default
-    template.has_resource_properties("AWS::AutoScaling::LifecycleHook", {
-        "LifecycleHookName": telemetry.TERMINATE_HOOK,
-        "LifecycleTransition": "autoscaling:EC2_INSTANCE_TERMINATING",
-        "HeartbeatTimeout": cfg.operations.drain_timeout_s + TERMINATE_HOOK_MARGIN_S,
-        "DefaultResult": "CONTINUE",
+    # In the group's own hook list (created with the group), not a separate resource.
+    template.resource_count_is("AWS::AutoScaling::LifecycleHook", 0)
+    template.has_resource_properties("AWS::AutoScaling::AutoScalingGroup", {
+        "LifecycleHookSpecificationList": Match.array_with([{
+            "LifecycleHookName": telemetry.TERMINATE_HOOK,
+            "LifecycleTransition": "autoscaling:EC2_INSTANCE_TERMINATING",
+            "HeartbeatTimeout": cfg.operations.drain_timeout_s + TERMINATE_HOOK_MARGIN_S,
+            "DefaultResult": "CONTINUE",
+        }]),
     })
 
 

@@ -53,8 +53,9 @@ def test_each_pool_scales_on_runtime_load_with_a_termination_hook_and_a_warm_poo
                 }),
             }),
         })
-    hooks = {h["Properties"]["LifecycleHookName"]: h["Properties"]
-             for h in resources(template, "AWS::AutoScaling::LifecycleHook").values()}
+    assert not resources(template, "AWS::AutoScaling::LifecycleHook")
+    (group,) = resources(template, "AWS::AutoScaling::AutoScalingGroup").values()
+    hooks = {h["LifecycleHookName"]: h for h in group["Properties"]["LifecycleHookSpecificationList"]}
     assert set(hooks) == {telemetry.LAUNCH_HOOK, telemetry.TERMINATE_HOOK}
     assert hooks[telemetry.TERMINATE_HOOK]["HeartbeatTimeout"] == CFG.operations.drain_timeout_s + TERMINATE_HOOK_MARGIN_S
     assert hooks[telemetry.TERMINATE_HOOK]["DefaultResult"] == "CONTINUE"

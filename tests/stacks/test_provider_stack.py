@@ -304,12 +304,13 @@ def test_a_fixed_desired_capacity_is_set_only_where_the_config_asks(variant):
 
 @pytest.mark.parametrize("stack_name", PROVIDERS)
 def test_launch_hook_abandons_instances_that_never_report_healthy(fleet, stack_name):
-    fleet.template(stack_name).has_resource_properties("AWS::AutoScaling::LifecycleHook", {
+    hooks = only(fleet.resources(stack_name, "AWS::AutoScaling::AutoScalingGroup"))["LifecycleHookSpecificationList"]
+    assert {
         "LifecycleHookName": telemetry.LAUNCH_HOOK,
         "LifecycleTransition": "autoscaling:EC2_INSTANCE_LAUNCHING",
         "DefaultResult": "ABANDON",
         "HeartbeatTimeout": fleet.cfg.operations.launch_hook_timeout_s,
-    })
+    } in hooks
 
 
 def _user_data(synthesized, stack_name) -> list:
@@ -389,8 +390,12 @@ def test_instance_role_is_least_privilege(fleet, stack_name):
     by_sid = {s.get("Sid"): s for s in statements}
     wildcard = [s for s in statements if s["Resource"] == "*"]
     # Only actions without resource-level permissions get "*", and metrics are namespace-bound.
-    assert sorted(a for s in wildcard for a in _actions(s)) == [
-        "cloudwatch:PutMetricData", "ec2:DescribeVpcEndpointConnections", "ecr:GetAuthorizationToken"]
+    from stacks.session_manager import SESSION_MANAGER_ACTIONS
+
+    # ...and Session Manager's agent actions, on "*" as AWS documents them (stacks/session_manager.py).
+    assert sorted(a for s in wildcard for a in _actions(s)) == sorted([
+        "cloudwatch:PutMetricData", "ec2:DescribeVpcEndpointConnections", "ecr:GetAuthorizationToken",
+        *SESSION_MANAGER_ACTIONS])
     assert by_sid["FleetcastMetricsOnly"]["Condition"] == {"StringEquals": {"cloudwatch:namespace": telemetry.NAMESPACE}}
     hook = by_sid["OwnLifecycleHook"]
     asg_name = only(fleet.resources(stack_name, "AWS::AutoScaling::AutoScalingGroup"))["AutoScalingGroupName"]
@@ -408,8 +413,12 @@ def test_session_manager_instead_of_ssh(fleet, stack_name):
     roles = [r["Properties"] for r in fleet.resources(stack_name, "AWS::IAM::Role").values()
              if r["Properties"]["AssumeRolePolicyDocument"]["Statement"][0]["Principal"].get("Service") == "ec2.amazonaws.com"]
     assert len(roles) == 1
-    managed = json.dumps(roles[0]["ManagedPolicyArns"])
-    assert "AmazonSSMManagedInstanceCore" in managed
+    from stacks.session_manager import SESSION_MANAGER_ACTIONS
+
+    # Session Manager's minimum inline (test_ssm_access.py), no managed policy that reads every parameter.
+    assert "ManagedPolicyArns" not in roles[0]
+    by_sid = {s.get("Sid"): s for s in _policy_statements(fleet, stack_name)}
+    assert sorted(_actions(by_sid["SessionManagerOnly"])) == sorted(SESSION_MANAGER_ACTIONS)
 
 
 # ---------------------------------------------------------------- network

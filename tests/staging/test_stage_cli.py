@@ -1,11 +1,16 @@
 """`fleetcast stage model|calibration|status` end to end against loopback S3, as an operator runs them."""
 
+import json
 import os
 import subprocess
 import sys
 from pathlib import Path
 
+import boto3
 import pytest
+
+from fleetcast.config import load_config
+from fleetcast.staging.image import image_tag
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIG = ROOT / "config" / "fleet.yaml"
@@ -21,7 +26,7 @@ def env(aws_env):
     return {"AWS_ENDPOINT_URL": aws_env, "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing"}
 
 
-def test_stage_model_to_two_regions_then_status(tmp_path, env, make_bucket):
+def test_stage_model_to_two_regions_then_status(tmp_path, env, make_bucket, aws_env):
     weights = tmp_path / "gpt2"
     weights.mkdir()
     (weights / "config.json").write_text('{"n_positions": 1024}')
@@ -43,9 +48,35 @@ def test_stage_model_to_two_regions_then_status(tmp_path, env, make_bucket):
                       "--part-size-mib", "5", *buckets, env=env)
     assert "0 file(s) uploaded, 2 already there and verified" in again.stdout
 
-    status = fleetcast("stage", "status", "--config", str(CONFIG), *buckets, env=env)
+    # The model alone is not enough: instances also pull the derived image from the region's ECR.
+    repositories = [arg for region in ("ap-northeast-2", "us-east-1")
+                    for arg in ("--repository", f"{region}={ecr_repository(aws_env, region)}")]
+    status = fleetcast("stage", "status", "--config", str(CONFIG), *buckets, *repositories, env=env)
+    assert status.returncode == 1 and status.stdout.count("image MISSING") == 2
+    for region in ("ap-northeast-2", "us-east-1"):
+        push_derived_image(aws_env, region)
+    status = fleetcast("stage", "status", "--config", str(CONFIG), *buckets, *repositories, env=env)
     print(status.stdout)
-    assert status.returncode == 0 and status.stdout.count(": ok") == 2
+    assert status.returncode == 0 and status.stdout.count(": ok") == 4
+    assert f"fleetcast/tensorrt-llm:{image_tag(load_config(CONFIG), derived=True)}: ok" in status.stdout
+
+
+def ecr_repository(endpoint, region) -> str:
+    ecr = boto3.client("ecr", region_name=region, endpoint_url=endpoint)
+    try:
+        return ecr.create_repository(repositoryName="fleetcast/tensorrt-llm")["repository"]["repositoryUri"]
+    except ecr.exceptions.RepositoryAlreadyExistsException:
+        return ecr.describe_repositories(repositoryNames=["fleetcast/tensorrt-llm"])["repositories"][0]["repositoryUri"]
+
+
+def push_derived_image(endpoint, region) -> None:
+    """What `fleetcast stage image` leaves in ECR: the derived image under its immutable tag."""
+    manifest = {"schemaVersion": 2, "mediaType": "application/vnd.docker.distribution.manifest.v2+json",
+                "config": {"mediaType": "application/vnd.docker.container.image.v1+json", "size": 7,
+                           "digest": "sha256:" + "1" * 64}, "layers": []}
+    boto3.client("ecr", region_name=region, endpoint_url=endpoint).put_image(
+        repositoryName="fleetcast/tensorrt-llm", imageManifest=json.dumps(manifest),
+        imageTag=image_tag(load_config(CONFIG), derived=True))
 
 
 def test_bad_arguments_are_named(env):

@@ -1,0 +1,81 @@
+"""`fleetcast deploy`'s first-deploy order: which provider regions are held at zero instances, and when
+they get their capacity (fleetcast/capacity_hold.py has the mechanism, stacks/ apply it).
+
+- providers: a region whose stack is new, or still held, and not staged yet is deployed with
+  `-c hold_capacity`; a staged region deploys as configured; a region already serving is never
+  held (it deploys as configured, with a warning when it is not staged).
+- capacity: each held region that `fleetcast stage status`'s check (fleetcast/staging/readiness.py)
+  now finds staged is deployed again without the hold; the others are refused, naming what is
+  missing, after the ready ones were deployed.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from fleetcast.capacity_hold import hold_context_args
+from fleetcast.config import FleetConfig
+from fleetcast.deploy import Resolution, provider_stack
+from fleetcast.errors import UserError
+from fleetcast.staging.readiness import region_readiness
+
+
+def provider_regions(cfg: FleetConfig, command: list[str]) -> list[str]:
+    """The provider regions whose stacks a cdk command names."""
+    return [r.region for r in cfg.regions if provider_stack(cfg, r.region) in command]
+
+
+def hold_resolver(cfg: FleetConfig, clients: Callable[[str, str], Any]):
+    """providers: add `-c hold_capacity=...` for the regions that must not launch instances yet."""
+
+    def resolve(commands: list[list[str]]) -> Resolution:
+        out, lines = [], []
+        for command in commands:
+            held = []
+            for region in provider_regions(cfg, command):
+                ready = region_readiness(cfg, region, clients, provider_stack(cfg, region))
+                if ready.staged:
+                    lines.append(f"{region}: model and image staged: deployed with its configured capacity")
+                elif not ready.deployed or ready.held:
+                    held.append(region)
+                    lines.append(f"{region}: {'new stack' if not ready.deployed else 'still held'}, not staged yet "
+                                 f"({ready.problems[0]}): fleets held at zero instances until the capacity step")
+                else:
+                    lines.append(f"{region}: WARNING: serving, but {'; '.join(ready.problems)}; deployed as "
+                                 "configured (a running fleet is never held at zero): stage it before its "
+                                 "instances are replaced")
+            out.append([*command, *hold_context_args(held)])
+        return Resolution(out, lines)
+
+    return resolve
+
+
+def release_resolver(cfg: FleetConfig, clients: Callable[[str, str], Any] | None):
+    """capacity: deploy held regions that are staged now; refuse, naming what is missing, for the rest."""
+
+    def resolve(commands: list[list[str]]) -> Resolution:
+        if clients is None:
+            raise UserError("the capacity step reads the provider stacks and staging state: it needs AWS access")
+        out, lines, waiting = [], [], []
+        stacks = {provider_stack(cfg, r.region) for r in cfg.regions}
+        for command in commands:
+            release = []
+            for region in provider_regions(cfg, command):
+                ready = region_readiness(cfg, region, clients, provider_stack(cfg, region))
+                if not ready.held:
+                    lines.append(f"{region}: not held" + ("" if ready.deployed else " (stack not deployed)"))
+                elif ready.staged:
+                    release.append(provider_stack(cfg, region))
+                    lines.append(f"{region}: model and image staged: deploying its configured capacity")
+                else:
+                    waiting.append(f"{region}: {'; '.join(ready.problems)}")
+            if release:
+                out.append([a for a in command if a not in stacks or a in release])
+        refusal = None
+        if waiting:
+            refusal = ("held at zero instances until staged: " + " | ".join(waiting) + "; run `fleetcast deploy "
+                       "--step stage` (`fleetcast stage status` shows what is missing), then `fleetcast deploy "
+                       "--step capacity`")
+        return Resolution(out, lines, refusal)
+
+    return resolve

@@ -1,0 +1,91 @@
+"""Is a provider region ready for instances: are the config's model and serving image staged there?
+
+One check, used by `fleetcast stage status` and by `fleetcast deploy` (which holds a new region's
+fleets at zero instances until it passes, fleetcast/capacity_hold.py). "Staged" means exactly what an
+instance will read: the model's manifest and every file it names, sha256-verified, in the region
+bucket; and the image reference the launch template carries (the derived tag, or the pinned digest)
+present in the region's ECR repository.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from fleetcast.capacity_hold import HELD_OUTPUT
+from fleetcast.config import FleetConfig
+from fleetcast.errors import UserError
+
+from .aws import pick_output
+from .image import image_tag
+from .manifest import model_prefix
+from .transfer import read_manifest, verify_prefix
+
+
+def instance_image_id(cfg: FleetConfig) -> dict[str, str]:
+    """How instances name their image in the region repository: by the pinned digest once `fleetcast stage
+    image` wrote one, by the derived image's immutable tag before that (ECR `ImageIdentifier`)."""
+    if cfg.engine.image_digest:
+        return {"imageDigest": cfg.engine.image_digest}
+    return {"imageTag": image_tag(cfg, derived=True)}
+
+
+def image_reference(repository_uri: str, image_id: dict[str, str]) -> str:
+    """`<repo>@<digest>` or `<repo>:<tag>`, as docker pulls it."""
+    if "imageDigest" in image_id:
+        return f"{repository_uri}@{image_id['imageDigest']}"
+    return f"{repository_uri}:{image_id['imageTag']}"
+
+
+def provider_outputs(cfn: Any, stack: str) -> dict[str, str] | None:
+    """The stack's outputs, or None when it is not deployed."""
+    try:
+        stacks = cfn.describe_stacks(StackName=stack)["Stacks"]
+    except cfn.exceptions.ClientError as exc:
+        error = exc.response.get("Error", {})
+        if "does not exist" in str(error.get("Message", "")):
+            return None
+        raise UserError(f"cannot read stack {stack} ({error.get('Code', '')}: {error.get('Message', '')})") from None
+    return {o["OutputKey"]: o["OutputValue"] for o in stacks[0].get("Outputs", [])}
+
+
+def model_problems(cfg: FleetConfig, s3: Any, bucket: str) -> list[str]:
+    prefix = model_prefix(cfg.model.id, cfg.model.revision)
+    manifest = read_manifest(s3, bucket, prefix)
+    if manifest is None:
+        return [f"model MISSING: s3://{bucket}/{prefix}manifest.json (run `fleetcast stage model`)"]
+    return verify_prefix(s3, bucket, prefix, manifest)
+
+
+def image_problems(cfg: FleetConfig, ecr: Any, repository_uri: str) -> list[str]:
+    image_id = instance_image_id(cfg)
+    name = repository_uri.split("/", 1)[1]
+    try:
+        ecr.describe_images(repositoryName=name, imageIds=[image_id])
+    except ecr.exceptions.ImageNotFoundException:
+        return [f"image MISSING: {image_reference(repository_uri, image_id)} (run `fleetcast stage image`)"]
+    except ecr.exceptions.RepositoryNotFoundException:
+        return [f"image repository {name} not found (deploy the provider stack)"]
+    return []
+
+
+@dataclass(frozen=True)
+class RegionReadiness:
+    region: str
+    deployed: bool  # the provider stack exists
+    held: bool  # deployed with its fleets held at zero (the stack's CapacityHeld output)
+    problems: tuple[str, ...] = ()
+
+    @property
+    def staged(self) -> bool:
+        return self.deployed and not self.problems
+
+
+def region_readiness(cfg: FleetConfig, region: str, clients: Callable[[str, str], Any], stack: str) -> RegionReadiness:
+    outputs = provider_outputs(clients("cloudformation", region), stack)
+    if outputs is None:
+        return RegionReadiness(region, deployed=False, held=False, problems=(f"stack {stack} is not deployed",))
+    bucket = pick_output(outputs, "bucket", stack=stack)
+    repository = pick_output(outputs, "repository", stack=stack)
+    problems = model_problems(cfg, clients("s3", region), bucket) + image_problems(cfg, clients("ecr", region), repository)
+    return RegionReadiness(region, deployed=True, held=outputs.get(HELD_OUTPUT) == "true", problems=tuple(problems))
