@@ -155,7 +155,7 @@ def plan(cfg: FleetConfig, config_path: str, clients: Callable[[str, str], Any] 
 
             out.append(Step(name, "give regions held at zero instances their configured capacity once "
                             "`fleetcast stage status` finds their model and image staged (only those are deployed)",
-                            [_cdk("deploy", *ctx, "--require-approval", approval, *providers)],
+                            [_cdk("deploy", *ctx, "--require-approval", approval, *providers, aws=aws)],
                             resolve=release_resolver(cfg, clients)))
         elif name == "publish":
             out.append(Step(name, "endpoint service names from the provider stacks into the consumer entries",

@@ -15,14 +15,15 @@ from typing import Any, Callable
 
 from fleetcast.capacity_hold import hold_context_args
 from fleetcast.config import FleetConfig
-from fleetcast.deploy import Resolution, provider_stack
+from fleetcast.contract.names import provider_stack_name
+from fleetcast.deploy import Resolution
 from fleetcast.errors import UserError
 from fleetcast.staging.readiness import region_readiness
 
 
 def provider_regions(cfg: FleetConfig, command: list[str]) -> list[str]:
     """The provider regions whose stacks a cdk command names."""
-    return [r.region for r in cfg.regions if provider_stack(cfg, r.region) in command]
+    return [r.region for r in cfg.regions if provider_stack_name(cfg.name, r.region) in command]
 
 
 def hold_resolver(cfg: FleetConfig, clients: Callable[[str, str], Any]):
@@ -33,7 +34,7 @@ def hold_resolver(cfg: FleetConfig, clients: Callable[[str, str], Any]):
         for command in commands:
             held = []
             for region in provider_regions(cfg, command):
-                ready = region_readiness(cfg, region, clients, provider_stack(cfg, region))
+                ready = region_readiness(cfg, region, clients, provider_stack_name(cfg.name, region))
                 if ready.staged:
                     lines.append(f"{region}: model and image staged: deployed with its configured capacity")
                 elif not ready.deployed or ready.held:
@@ -57,15 +58,15 @@ def release_resolver(cfg: FleetConfig, clients: Callable[[str, str], Any] | None
         if clients is None:
             raise UserError("the capacity step reads the provider stacks and staging state: it needs AWS access")
         out, lines, waiting = [], [], []
-        stacks = {provider_stack(cfg, r.region) for r in cfg.regions}
+        stacks = {provider_stack_name(cfg.name, r.region) for r in cfg.regions}
         for command in commands:
             release = []
             for region in provider_regions(cfg, command):
-                ready = region_readiness(cfg, region, clients, provider_stack(cfg, region))
+                ready = region_readiness(cfg, region, clients, provider_stack_name(cfg.name, region))
                 if not ready.held:
                     lines.append(f"{region}: not held" + ("" if ready.deployed else " (stack not deployed)"))
                 elif ready.staged:
-                    release.append(provider_stack(cfg, region))
+                    release.append(provider_stack_name(cfg.name, region))
                     lines.append(f"{region}: model and image staged: deploying its configured capacity")
                 else:
                     waiting.append(f"{region}: {'; '.join(ready.problems)}")

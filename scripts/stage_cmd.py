@@ -212,7 +212,9 @@ def _status(args: argparse.Namespace) -> int:
     """The model and the serving image each region's instances will read (fleetcast/staging/readiness.py,
     the same check `fleetcast deploy` waits on before it gives a new region capacity)."""
     from fleetcast.config import load_config
-    from fleetcast.staging.aws import parse_region_map, pick_output, provider_stack_name
+    from fleetcast.contract.names import provider_stack_name
+    from fleetcast.contract.outputs import ProviderOutput, require_output
+    from fleetcast.staging.aws import parse_region_map
     from fleetcast.staging.manifest import human_bytes, model_prefix
     from fleetcast.staging.readiness import image_problems, image_reference, instance_image_id, model_problems
     from fleetcast.staging.transfer import read_manifest
@@ -231,8 +233,8 @@ def _status(args: argparse.Namespace) -> int:
             state = "ok" if not problems else f"{len(problems)} problem(s): {problems[0]}"
             print(f"{region}: model {cfg.model.id}@{cfg.model.revision}: {len(manifest.files)} file(s), "
                   f"{human_bytes(manifest.total_bytes)}: {state}")
-        repository = repositories.get(region) or pick_output(_outputs(cfg, region, clients), "repository",
-                                                             stack=provider_stack_name(cfg.name, region))
+        repository = repositories.get(region) or require_output(
+            _outputs(cfg, region, clients), ProviderOutput.IMAGE_REPOSITORY, provider_stack_name(cfg.name, region))
         image = image_problems(cfg, clients("ecr", region), repository)
         missing += bool(image)
         print(f"{region}: " + (image[0] if image else f"image {image_reference(repository, instance_image_id(cfg))}: ok"))

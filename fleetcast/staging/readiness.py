@@ -14,9 +14,8 @@ from typing import Any, Callable
 
 from fleetcast.capacity_hold import HELD_OUTPUT
 from fleetcast.config import FleetConfig
-from fleetcast.errors import UserError
+from fleetcast.contract.outputs import ProviderOutput, require_output
 
-from .aws import pick_output
 from .image import image_tag
 from .manifest import model_prefix
 from .transfer import read_manifest, verify_prefix
@@ -39,13 +38,17 @@ def image_reference(repository_uri: str, image_id: dict[str, str]) -> str:
 
 def provider_outputs(cfn: Any, stack: str) -> dict[str, str] | None:
     """The stack's outputs, or None when it is not deployed."""
+    from fleetcast.aws_session import is_aws_error, translate
+
     try:
         stacks = cfn.describe_stacks(StackName=stack)["Stacks"]
-    except cfn.exceptions.ClientError as exc:
-        error = exc.response.get("Error", {})
-        if "does not exist" in str(error.get("Message", "")):
+    except Exception as exc:
+        if not is_aws_error(exc):
+            raise
+        if "does not exist" in str(getattr(exc, "response", {}).get("Error", {}).get("Message", "")):
             return None
-        raise UserError(f"cannot read stack {stack} ({error.get('Code', '')}: {error.get('Message', '')})") from None
+        raise translate(exc, service="cloudformation", operation="DescribeStacks",
+                        region=cfn.meta.region_name) from None
     return {o["OutputKey"]: o["OutputValue"] for o in stacks[0].get("Outputs", [])}
 
 
@@ -85,7 +88,7 @@ def region_readiness(cfg: FleetConfig, region: str, clients: Callable[[str, str]
     outputs = provider_outputs(clients("cloudformation", region), stack)
     if outputs is None:
         return RegionReadiness(region, deployed=False, held=False, problems=(f"stack {stack} is not deployed",))
-    bucket = pick_output(outputs, "bucket", stack=stack)
-    repository = pick_output(outputs, "repository", stack=stack)
+    bucket = require_output(outputs, ProviderOutput.MODEL_BUCKET, stack)
+    repository = require_output(outputs, ProviderOutput.IMAGE_REPOSITORY, stack)
     problems = model_problems(cfg, clients("s3", region), bucket) + image_problems(cfg, clients("ecr", region), repository)
     return RegionReadiness(region, deployed=True, held=outputs.get(HELD_OUTPUT) == "true", problems=tuple(problems))

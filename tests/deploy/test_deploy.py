@@ -141,6 +141,11 @@ def test_profile_reaches_the_cdk_command_line_and_every_fleetcast_sub_step(prod_
 
     ready = write_ready_config(tmp_path / "fleet.yaml")
     monkeypatch.setattr("fleetcast.config.readiness.access_with_credentials", lambda profile, **kw: None)  # no AZ call
+    from fleetcast.staging.readiness import RegionReadiness
+
+    # Both regions deployed and staged (tests/deploy/test_first_deploy_order.py covers the hold itself).
+    monkeypatch.setattr("fleetcast.first_deploy.region_readiness",
+                        lambda cfg, region, clients, stack: RegionReadiness(region, deployed=True, held=False))
     steps = [a for s in ("bootstrap", "providers", "stage", "consumers", "approve") for a in ("--step", s)]
     assert main(["deploy", "--config", str(ready), "--profile", "prod", *steps]) == 0
     cdk = [c[len(CDK):] for c in runner.ran if c[:len(CDK)] == CDK]

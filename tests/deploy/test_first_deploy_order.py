@@ -20,7 +20,8 @@ from ruamel.yaml import YAML
 
 from fleetcast.capacity_hold import HELD_OUTPUT, HOLD_CONTEXT, parse_held_regions
 from fleetcast.config import parse_config
-from fleetcast.deploy import execute, plan, provider_stack
+from fleetcast.contract.names import provider_stack_name
+from fleetcast.deploy import execute, plan
 from fleetcast.errors import UserError
 from fleetcast.staging.image import image_tag
 from fleetcast.staging.manifest import build_manifest, model_prefix
@@ -68,7 +69,7 @@ class Account:
             if arg == "-c" and command[i + 1].startswith(f"{HOLD_CONTEXT}="):
                 held = parse_held_regions(command[i + 1].split("=", 1)[1])
         for region in REGIONS:
-            stack = provider_stack(self.cfg, region)
+            stack = provider_stack_name(self.cfg.name, region)
             if stack not in command:
                 continue
             s3 = self.client("s3", region)
@@ -113,7 +114,7 @@ class Account:
 
     def held(self, region: str) -> bool:
         outputs = self.client("cloudformation", region).describe_stacks(
-            StackName=provider_stack(self.cfg, region))["Stacks"][0].get("Outputs", [])
+            StackName=provider_stack_name(self.cfg.name, region))["Stacks"][0].get("Outputs", [])
         return any(o["OutputKey"] == HELD_OUTPUT and o["OutputValue"] == "true" for o in outputs)
 
 
@@ -158,15 +159,15 @@ def test_first_deploy_holds_every_new_region_until_it_is_staged(cfg, account, tm
     with pytest.raises(UserError, match=r"us-east-1: image MISSING: .*:" + image_tag(cfg, derived=True)):
         deploy(cfg, account, ["capacity"])
     released = account.deploys[-1]
-    assert provider_stack(cfg, "ap-northeast-2") in released and provider_stack(cfg, "us-east-1") not in released
+    assert provider_stack_name(cfg.name, "ap-northeast-2") in released and provider_stack_name(cfg.name, "us-east-1") not in released
     assert hold_of(released) == frozenset()
     assert not account.held("ap-northeast-2") and account.held("us-east-1")
 
     # Virginia's image arrives: the next capacity run deploys Virginia alone.
     account.stage("us-east-1", tmp_path, model=False)
     deploy(cfg, account, ["capacity"])
-    assert provider_stack(cfg, "us-east-1") in account.deploys[-1]
-    assert provider_stack(cfg, "ap-northeast-2") not in account.deploys[-1]
+    assert provider_stack_name(cfg.name, "us-east-1") in account.deploys[-1]
+    assert provider_stack_name(cfg.name, "ap-northeast-2") not in account.deploys[-1]
     assert not any(account.held(r) for r in REGIONS)
 
     # Nothing held any more: capacity deploys nothing, providers deploys without a hold.
@@ -178,7 +179,7 @@ def test_first_deploy_holds_every_new_region_until_it_is_staged(cfg, account, tm
 
 
 def test_a_serving_region_is_never_held_even_if_not_staged(cfg, account):
-    account.cdk(["npx", "cdk", "deploy", *(provider_stack(cfg, r) for r in REGIONS)])  # released fleets, nothing staged
+    account.cdk(["npx", "cdk", "deploy", *(provider_stack_name(cfg.name, r) for r in REGIONS)])  # released fleets, nothing staged
     log = deploy(cfg, account, ["providers"])
     assert hold_of(account.deploys[-1]) == frozenset()
     assert sum("WARNING: serving, but model MISSING" in line for line in log) == len(REGIONS)
