@@ -16,6 +16,7 @@ from aws_cdk import aws_ssm as ssm
 from constructs import Construct
 
 from fleetcast.config import FleetConfig
+from fleetcast.config.parameter import ADVANCED_TIER_LIMIT, config_parameter
 from fleetcast.errors import UserError
 
 from .naming import config_parameter_description
@@ -23,8 +24,6 @@ from .naming import config_parameter_description
 REPO_ROOT = Path(__file__).resolve().parent.parent
 # Python packages the instance runs: the config model and the runtime.
 BUNDLED_PACKAGES = ("fleetcast", "runtime")
-_STANDARD_TIER_LIMIT = 4096
-_ADVANCED_TIER_LIMIT = 8192
 
 
 def stage_runtime_bundle() -> Path:
@@ -41,18 +40,20 @@ class InstanceBootstrap(Construct):
 
     def __init__(self, scope: Construct, construct_id: str, *, cfg: FleetConfig) -> None:
         super().__init__(scope, construct_id)
-        config_json = cfg.model_dump_json()
-        if len(config_json) > _ADVANCED_TIER_LIMIT:
+        # Plain JSON up to 8 KB, compressed beyond (fleetcast/config/parameter.py); validate refuses a
+        # config that fits no tier, so this refusal is only a backstop.
+        value, tier = config_parameter(cfg)
+        if tier is None:
             raise UserError(
-                f"the validated config is {len(config_json)} bytes as JSON; an SSM parameter holds at most "
-                f"{_ADVANCED_TIER_LIMIT}: trim consumers or pools, or split the fleet"
+                f"the config parameter value is {len(value)} bytes even compressed; an SSM parameter holds at most "
+                f"{ADVANCED_TIER_LIMIT}: trim consumers or pools, or split the fleet"
             )
         self.config_parameter = ssm.StringParameter(
             self,
             "Config",
             parameter_name=cfg.config_parameter_name,
             description=config_parameter_description(cfg),
-            string_value=config_json,
-            tier=ssm.ParameterTier.ADVANCED if len(config_json) > _STANDARD_TIER_LIMIT else ssm.ParameterTier.STANDARD,
+            string_value=value,
+            tier=ssm.ParameterTier.ADVANCED if tier == "Advanced" else ssm.ParameterTier.STANDARD,
         )
         self.runtime_bundle = s3_assets.Asset(self, "RuntimeBundle", path=str(stage_runtime_bundle()))
