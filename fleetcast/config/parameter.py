@@ -11,8 +11,8 @@ Up to 8 KB the value is the plain JSON (readable in the console), as before: on 
 standard tier up to 4 KB, on the advanced tier above. Beyond 8 KB it is zlib-compressed and
 base64-encoded behind COMPRESSED_PREFIX: the JSON of a fleet repeats itself (every consumer
 and region has the same keys), so eight regions or twenty consumers compress to a fraction
-of the limit. The tier follows the plain JSON's size, not the compressed one: "You can't
-revert an advanced parameter to a standard parameter" (same page, `Tier`), so a fleet that
+of the limit. The tier follows the plain JSON's size, not the compressed one: "But you can't
+revert an advanced parameter to a standard parameter" (same reference, `Tier`), so a fleet that
 grew past 4 KB must not flip back to standard the day compression starts. Validate refuses
 a config whose value fits no tier, naming the limit.
 """
