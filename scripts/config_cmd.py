@@ -7,7 +7,7 @@ import json
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    parser = sub.add_parser("config", help="validate the fleet config, show what a change rolls (diff), export its schema and reference")
+    parser = sub.add_parser("config", help="start a fleet config (init), validate it, show what a change rolls (diff), export its schema and reference")
     actions = parser.add_subparsers(dest="action", metavar="ACTION", required=True)
 
     validate = actions.add_parser("validate", help="report every problem in a config file (exit 1 if any)")

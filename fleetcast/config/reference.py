@@ -157,7 +157,7 @@ def render() -> str:
         "(`fleetcast config validate FILE` lists every problem with its YAML path); unknown keys are errors.",
         "Rules spanning several fields (precision per GPU, regional availability, cross-region PrivateLink",
         "pairs, AZ overlap, context length) are enforced by `fleetcast.config.rules`, each naming the path it blames.",
-        "The JSON Schema itself: `fleetcast config schema`.",
+        "The JSON Schema itself: `fleetcast config schema`. A commented starting point: `fleetcast config init`.",
         "",
         "*Rolls instances*: whether a change to the field gives the pools it concerns a new launch template",
         "version, i.e. replaces their instances by instance refresh (`partly`: some of its fields do). Consumers",
