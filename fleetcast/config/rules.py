@@ -7,6 +7,7 @@ never stopping at the first.
 from __future__ import annotations
 
 import ipaddress
+import re
 import unicodedata
 from collections import Counter
 from dataclasses import dataclass
@@ -424,3 +425,39 @@ def _config_parameter_size(cfg: FleetConfig) -> list[ConfigIssue]:
 
 AWS_LIMIT_RULES = (_accounts, _network_overlaps, _subnet_space, _subnets, _warm_pools, _scaling_targets, _tags,
                    _endpoint_service_names, _path_segments, _config_parameter_size)
+
+
+# The image reference grammar of github.com/distribution/reference (reference.go), which docker and
+# containerd parse `engine.image` with on the instance: name [":" tag] ["@" digest], name <= 255 chars.
+_DOMAIN_COMPONENT = r"(?:[a-zA-Z0-9]|[a-zA-Z0-9][a-zA-Z0-9-]*[a-zA-Z0-9])"
+_PATH_COMPONENT = r"[a-z0-9]+(?:(?:[_.]|__|-+)[a-z0-9]+)*"
+_IMAGE_NAME = re.compile(rf"^(?:{_DOMAIN_COMPONENT}(?:\.{_DOMAIN_COMPONENT})*(?::[0-9]+)?/)?"
+                         rf"{_PATH_COMPONENT}(?:/{_PATH_COMPONENT})*$")
+_IMAGE_TAG = re.compile(r"^[\w][\w.-]{0,127}$")
+IMAGE_NAME_MAX = 255
+
+
+def _image_reference(cfg: FleetConfig) -> list[ConfigIssue]:
+    """engine.image is pulled on every instance: a reference docker would refuse fails only there."""
+    image = cfg.engine.image
+    rest, _, digest = image.partition("@")
+    name, tag = rest, ""
+    last = rest.rsplit("/", 1)[-1]
+    if ":" in last:
+        name, tag = rest.rsplit(":", 1)
+    problem = None
+    if not _IMAGE_NAME.match(name):
+        problem = "the repository part uses lower-case letters, digits and . _ - separators between path components"
+    elif len(name) > IMAGE_NAME_MAX:
+        problem = f"the repository name is {len(name)} characters; at most {IMAGE_NAME_MAX}"
+    elif tag and not _IMAGE_TAG.match(tag):
+        problem = "a tag is 1-128 of letters, digits, _ . - and does not start with . or -"
+    elif digest and not re.match(r"^[A-Za-z][A-Za-z0-9]*(?:[-_+.][A-Za-z][A-Za-z0-9]*)*:[0-9a-fA-F]{32,}$", digest):
+        problem = "a digest is algorithm:hex, e.g. sha256:<64 hex digits>"
+    if problem is None:
+        return []
+    return [ConfigIssue(("engine", "image"), f"{image!r} is not an image reference docker can pull: {problem}; "
+                                             "allowed: e.g. nvcr.io/nvidia/tensorrt-llm/release:1.2.1")]
+
+
+AWS_LIMIT_RULES = AWS_LIMIT_RULES + (_image_reference,)

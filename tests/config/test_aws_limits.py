@@ -235,3 +235,23 @@ def test_hub_token_secret_is_a_secrets_manager_name(doc):
     doc["model"]["hub_token_secret"] = "my token!"
     msg = the_one(doc)
     assert msg.startswith("model.hub_token_secret:") and "must match" in msg
+
+
+# ---------------------------------------------------------------- what the instance would refuse
+
+
+@pytest.mark.parametrize("image", ["nvcr.io/nvidia/TensorRT-LLM/release:1.2.1", "nvcr.io/nvidia/tensorrt-llm/release:-1",
+                                   "nvcr.io/nvidia//release:1.2.1", "nvcr.io/nvidia/tensorrt llm:1.2.1"])
+def test_engine_image_must_be_a_reference_docker_parses(doc, image):
+    # Grammar of github.com/distribution/reference, reference.go (path components lower-case,
+    # tag [\w][\w.-]{0,127}); the tag still has to match tensorrt_llm_version (a separate rule).
+    doc["engine"]["image"] = image
+    msg = the_one(doc)
+    assert msg.startswith("engine.image:") and "not an image reference docker can pull" in msg
+
+
+@pytest.mark.parametrize("image", ["nvcr.io/nvidia/tensorrt-llm/release:1.2.1", "localhost:5000/trt_llm/release:1.2.1",
+                                   "nvcr.io/nvidia/tensorrt-llm/release@sha256:" + "a" * 64])
+def test_engine_image_references_docker_accepts(doc, image):
+    doc["engine"]["image"] = image
+    assert problems(doc) == []
