@@ -224,6 +224,7 @@ def _pydantic_issues(exc: ValidationError) -> list[ConfigIssue]:
         issues.append(ConfigIssue(path, msg))
         if err["type"] == "too_short":
             issues[-1] = ConfigIssue(path, f"needs at least {err['ctx'].get('min_length')} item(s)")
+    issues = _merge_scalar_unions(issues, errors[: MAX_ISSUES * 4])
     # A list whose items failed is also reported "too short": keep only the items' own errors.
     deeper = {i.path[:n] for i in issues for n in range(len(i.path))}
     issues = [i for i in issues if not (i.message.startswith("needs at least") and i.path in deeper)]
@@ -236,6 +237,27 @@ def _pydantic_issues(exc: ValidationError) -> list[ConfigIssue]:
     if len(errors) > MAX_ISSUES * 4:
         unique.append(ConfigIssue((), f"{len(errors) - MAX_ISSUES * 4} further schema errors not examined"))
     return unique
+
+
+def _merge_scalar_unions(issues: list[ConfigIssue], errors: list[dict]) -> list[ConfigIssue]:
+    """A value refused by every branch of a scalar union (`ami-...` or `latest`) is one issue naming each form."""
+    forms: dict[tuple, list[str]] = {}
+    for issue, err in zip(issues, errors):
+        if len(err["loc"]) > len(issue.path) and isinstance(err["loc"][-1], str) and err["loc"][-1] not in issue.path:
+            if err["type"] == "string_pattern_mismatch":
+                forms.setdefault(issue.path, []).append(f"match {err['ctx']['pattern']}")
+            elif err["type"] == "literal_error":
+                forms.setdefault(issue.path, []).append(f"be {err['ctx']['expected']}")
+    merged = {path: parts for path, parts in forms.items() if len(parts) > 1}
+    out, done = [], set()
+    for issue, err in zip(issues, errors):
+        if issue.path not in merged:
+            out.append(issue)
+        elif issue.path not in done:
+            done.add(issue.path)
+            out.append(ConfigIssue(issue.path, f"{_short(err.get('input'))} is not allowed; it must "
+                                               f"{' or '.join(merged[issue.path])}"))
+    return out + issues[len(errors):]
 
 
 def _short(value: Any, limit: int = 80) -> str:

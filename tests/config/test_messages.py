@@ -68,3 +68,10 @@ def test_endpoint_service_of_another_region_is_refused(doc):
     doc["consumers"][1]["endpoint_service_name"] = "com.amazonaws.vpce.us-west-2.vpce-svc-0f1e2d3c4b5a69788"
     msg = the_one(doc)
     assert msg.startswith("consumers[1].endpoint_service_name:") and "service_region is us-east-1" in msg
+
+
+def test_a_value_no_form_accepts_is_one_error_naming_each_form(doc):
+    doc["regions"][0]["ami"]["id"] = "ami-xyz"
+    msg = the_one(doc)
+    assert msg == ("regions[0].ami.id: 'ami-xyz' is not allowed; it must match ^ami-[0-9a-f]{8}([0-9a-f]{9})?$ "
+                   "or be 'latest'")
