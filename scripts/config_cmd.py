@@ -1,4 +1,4 @@
-"""`fleetcast config validate|schema|docs|show|diff`."""
+"""`fleetcast config validate|schema|docs|show|diff|init`."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import json
 def register(sub: argparse._SubParsersAction) -> None:
     from fleetcast.aws_session import add_aws_arguments
 
-    parser = sub.add_parser("config", help="validate the fleet config, show what a change rolls (diff), export its schema and reference")
+    parser = sub.add_parser("config", help="start a fleet config (init), validate it, show what a change rolls (diff), export its schema and reference")
     actions = parser.add_subparsers(dest="action", metavar="ACTION", required=True)
 
     validate = actions.add_parser(
@@ -54,6 +54,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                       help="exit 3 when any existing pool would roll (a guard for pipelines that must not replace "
                            "instances)")
     diff.set_defaults(handler=_diff)
+
+    _register_init(actions)
 
 
 def _validate(args: argparse.Namespace) -> int:
@@ -141,3 +143,100 @@ def _show(args: argparse.Namespace) -> int:
 
     print(json.dumps(load_config(args.file).model_dump(mode="json"), indent=2))
     return 0
+
+
+def _register_init(actions: argparse._SubParsersAction) -> None:
+    from fleetcast.config.init import MODEL_PRESETS
+
+    init = actions.add_parser(
+        "init", help="write a commented minimal config that validates (asks, or takes flags)",
+        description="Write a commented, minimal fleet config from a few answers: provider account, regions, "
+                    "model and consumers. Asks for what the flags leave out when stdin is a terminal; without a "
+                    "terminal the flags must suffice. The result is validated before it is written; values init "
+                    "cannot know (consumer VPC and subnet ids, CIDRs, AZ IDs) are marked REPLACE.")
+    init.add_argument("--account", help="provider account id (12 digits): owns the fleets and endpoint services")
+    init.add_argument("--regions", help="provider regions, comma-separated, e.g. ap-northeast-2,us-east-1")
+    init.add_argument("--model", help=f"model to start with: {', '.join(MODEL_PRESETS)} (default gpt2-xl)")
+    init.add_argument("--consumer", action="append", default=[], metavar="NAME=ACCOUNT[@REGION]",
+                      help="a consumer account (repeat for more); REGION defaults to the first provider region")
+    init.add_argument("--name", default="fleetcast", help="fleet name, prefixes stack names (default fleetcast)")
+    init.add_argument("--out", default="config/fleet.yaml", help="file to write (default config/fleet.yaml)")
+    init.add_argument("--force", action="store_true", help="overwrite --out if it exists")
+    init.set_defaults(handler=_init)
+
+
+def _init(args: argparse.Namespace) -> int:
+    import os
+    import sys
+    import tempfile
+    from pathlib import Path
+
+    from fleetcast.config import ConfigError, load_config
+    from fleetcast.config.init import InitAnswers, check_account, check_region, parse_consumer, render
+    from fleetcast.errors import UserError
+
+    out = Path(args.out)
+    if out.exists() and not args.force:
+        raise UserError(f"{out} exists; pass --force to overwrite it, or --out another file", 2)
+    interactive = sys.stdin.isatty()
+    missing = [flag for flag, value in (("--account", args.account), ("--regions", args.regions),
+                                        ("--consumer", args.consumer)) if not value]
+    if missing and not interactive:
+        raise UserError(f"no terminal to ask on: pass {', '.join(missing)} (see `fleetcast config init --help`)", 2)
+
+    def ask(prompt: str, check, default: str | None = None):
+        while True:
+            answer = input(f"{prompt}{f' [{default}]' if default else ''}: ").strip() or (default or "")
+            try:
+                return check(answer)
+            except ValueError as exc:
+                print(f"  {exc}", file=sys.stderr)
+
+    try:
+        account = check_account(args.account, "--account") if args.account else \
+            ask("provider account id (12 digits)", lambda v: check_account(v, "account"))
+        regions = tuple(check_region(r, "--regions") for r in args.regions.split(",") if r.strip()) if args.regions \
+            else ask("provider regions (comma-separated)", lambda v: tuple(
+                check_region(r, "regions") for r in v.split(",") if r.strip()) or _none("a region"), "ap-northeast-2")
+        model = args.model or (ask("model", str, "gpt2-xl") if interactive else "gpt2-xl")
+        consumers = tuple(parse_consumer(c) for c in args.consumer)
+        if not consumers:
+            print("consumers, one per line as NAME=ACCOUNT[@REGION]; an empty line ends", file=sys.stderr)
+            collected = []
+            while True:
+                line = input("consumer: ").strip()
+                if not line and collected:
+                    break
+                try:
+                    collected.append(parse_consumer(line))
+                except ValueError as exc:
+                    print(f"  {exc}", file=sys.stderr)
+            consumers = tuple(collected)
+        text = render(InitAnswers(account=account, regions=regions, model=model, consumers=consumers, name=args.name))
+    except EOFError:
+        raise UserError("input ended before every answer was given", 2) from None
+    except ValueError as exc:
+        raise UserError(str(exc), 2) from None
+
+    # Validate what would be written (the written file is exactly this text).
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=".fleetcast-init-", suffix=".yaml", dir=out.parent)
+    try:
+        with os.fdopen(fd, "w") as handle:
+            handle.write(text)
+        try:
+            cfg = load_config(tmp)
+        except ConfigError as exc:
+            raise UserError("these answers make a config that does not validate:\n" +
+                            exc.render().split("\n", 1)[1], 1) from None
+        os.replace(tmp, out)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    print(f"wrote {out}: valid ({len(cfg.regions)} region(s), {len(cfg.consumers)} consumer(s)); fill in the lines "
+          f"marked REPLACE, then `fleetcast config validate {out}`")
+    return 0
+
+
+def _none(what: str):
+    raise ValueError(f"name at least {what}")

@@ -13,14 +13,12 @@ from aws_cdk import aws_ssm as ssm
 from constructs import Construct
 
 from fleetcast.config import FleetConfig
+from fleetcast.config.parameter import ADVANCED_TIER_LIMIT, config_parameter
 from fleetcast.errors import UserError
 
 from .bench_fleet import bench_enabled
 from .naming import config_parameter_description
 from .runtime_bundle import BENCH, SERVING, stage_bundle
-
-_STANDARD_TIER_LIMIT = 4096
-_ADVANCED_TIER_LIMIT = 8192
 
 
 class InstanceBootstrap(Construct):
@@ -28,19 +26,21 @@ class InstanceBootstrap(Construct):
 
     def __init__(self, scope: Construct, construct_id: str, *, cfg: FleetConfig) -> None:
         super().__init__(scope, construct_id)
-        config_json = cfg.model_dump_json()
-        if len(config_json) > _ADVANCED_TIER_LIMIT:
+        # Plain JSON up to 8 KB, compressed beyond (fleetcast/config/parameter.py); validate refuses a
+        # config that fits no tier, so this refusal is only a backstop.
+        value, tier = config_parameter(cfg)
+        if tier is None:
             raise UserError(
-                f"the validated config is {len(config_json)} bytes as JSON; an SSM parameter holds at most "
-                f"{_ADVANCED_TIER_LIMIT}: trim consumers or pools, or split the fleet"
+                f"the config parameter value is {len(value)} bytes even compressed; an SSM parameter holds at most "
+                f"{ADVANCED_TIER_LIMIT}: trim consumers or pools, or split the fleet"
             )
         self.config_parameter = ssm.StringParameter(
             self,
             "Config",
             parameter_name=cfg.config_parameter_name,
             description=config_parameter_description(cfg),
-            string_value=config_json,
-            tier=ssm.ParameterTier.ADVANCED if len(config_json) > _STANDARD_TIER_LIMIT else ssm.ParameterTier.STANDARD,
+            string_value=value,
+            tier=ssm.ParameterTier.ADVANCED if tier == "Advanced" else ssm.ParameterTier.STANDARD,
         )
         bundle = BENCH if bench_enabled(self) else SERVING
         self.runtime_bundle = s3_assets.Asset(self, "RuntimeBundle", path=str(stage_bundle(Stage.of(self).outdir, bundle)))

@@ -8,6 +8,7 @@ from aws_cdk import aws_logs as logs
 from constructs import Construct
 
 from fleetcast.config import EgressMode, ExistingVpc, Region
+from fleetcast.config.subnets import FLEET_SUBNET_MASK, PUBLIC_SUBNET_MASK
 
 from . import nag
 
@@ -57,12 +58,12 @@ class FleetNetwork(Construct):
                 ec2.SubnetConfiguration(
                     name="fleet",
                     subnet_type=ec2.SubnetType.PRIVATE_WITH_EGRESS if nat else ec2.SubnetType.PRIVATE_ISOLATED,
-                    cidr_mask=20,
+                    cidr_mask=FLEET_SUBNET_MASK,
                 )
             ]
             if nat:
                 subnet_configuration.insert(
-                    0, ec2.SubnetConfiguration(name="public", subnet_type=ec2.SubnetType.PUBLIC, cidr_mask=24)
+                    0, ec2.SubnetConfiguration(name="public", subnet_type=ec2.SubnetType.PUBLIC, cidr_mask=PUBLIC_SUBNET_MASK)
                 )
             vpc = ec2.Vpc(
                 self,

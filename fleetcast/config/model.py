@@ -16,13 +16,15 @@ import hashlib
 import json
 import re
 from enum import Enum
-from typing import Annotated, Literal
+from typing import Annotated, ClassVar, Literal
 
 from pydantic import (
     BaseModel,
     ConfigDict,
+    Discriminator,
     Field,
     StringConstraints,
+    Tag,
     field_validator,
     model_validator,
 )
@@ -55,6 +57,9 @@ Name = Annotated[
     Field(description="Lower-case letters, digits and dashes; used in stack and resource names."),
 ]
 
+# Secrets Manager secret names: 1-512 of ASCII letters, digits and /_+=.@- (CreateSecret, Name).
+SECRET_NAME_PATTERN = r"^[A-Za-z0-9/_+=.@-]{1,512}$"
+
 _CIDR = re.compile(r"^(\d{1,3})\.(\d{1,3})\.(\d{1,3})\.(\d{1,3})/(\d{1,2})$")
 
 
@@ -75,7 +80,8 @@ def _check_cidr(value: str) -> str:
 class Frozen(BaseModel):
     """Base for every config model: immutable, unknown keys rejected."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid", use_enum_values=False)
+    # No float field means infinity or NaN (`.inf` would pass every `gt=` bound).
+    model_config = ConfigDict(frozen=True, extra="forbid", use_enum_values=False, allow_inf_nan=False)
 
 
 # ---------------------------------------------------------------- enums
@@ -144,6 +150,7 @@ class ModelSpec(Frozen):
     max_output_len: int = Field(description="Longest completion in tokens.", gt=0)
     hub_token_secret: str | None = Field(
         default=None,
+        pattern=SECRET_NAME_PATTERN,
         description="Secrets Manager secret name holding a hub token for gated models (read by staging only).",
     )
     stage_patterns: tuple[Annotated[str, StringConstraints(min_length=1, max_length=200)], ...] = Field(
@@ -377,16 +384,35 @@ class AvailabilityZone(Frozen):
     id: AzId
 
 
+# "The allowed block size is between a /16 netmask (65,536 IP addresses) and /28 netmask (16 IP
+# addresses)" (Amazon VPC User Guide, "VPC CIDR blocks"; EC2 API CreateVpc).
+VPC_PREFIX_RANGE = (16, 28)
+
+
+def _check_vpc_cidr(value: str) -> str:
+    _check_cidr(value)
+    prefix = int(value.rsplit("/", 1)[1])
+    low, high = VPC_PREFIX_RANGE
+    if not low <= prefix <= high:
+        raise ValueError(f"{value!r}: a VPC CIDR is between /{low} and /{high} (Amazon VPC), got /{prefix}")
+    return value
+
+
 class NewVpc(Frozen):
-    cidr: str = Field(description="CIDR of the VPC Fleetcast creates.")
+    union_tag: ClassVar[str] = "new"
+
+    cidr: str = Field(description="CIDR of the VPC Fleetcast creates, /16 to /28 and large enough for one /20 "
+                                  "subnet per AZ (and a /24 public one per AZ with egress `nat`).")
 
     @field_validator("cidr")
     @classmethod
     def _cidr(cls, value: str) -> str:
-        return _check_cidr(value)
+        return _check_vpc_cidr(value)
 
 
 class ExistingVpc(Frozen):
+    union_tag: ClassVar[str] = "existing"
+
     vpc_id: VpcId
     cidr: str = Field(description="The VPC's CIDR (opened to the NLB health checks).")
     subnet_ids: tuple[SubnetId, ...] = Field(min_length=2, description="Private subnets, one per AZ, same order as availability_zones.")
@@ -402,7 +428,20 @@ class ExistingVpc(Frozen):
     @field_validator("cidr")
     @classmethod
     def _cidr(cls, value: str) -> str:
-        return _check_cidr(value)
+        return _check_vpc_cidr(value)
+
+
+def _vpc_kind(value: object) -> str:
+    """An entry with `vpc_id` imports a VPC; anything else is a new one (so a bad CIDR is the one error)."""
+    if isinstance(value, dict):
+        return ExistingVpc.union_tag if "vpc_id" in value else NewVpc.union_tag
+    return ExistingVpc.union_tag if isinstance(value, ExistingVpc) else NewVpc.union_tag
+
+
+VpcSpec = Annotated[
+    Annotated[NewVpc, Tag(NewVpc.union_tag)] | Annotated[ExistingVpc, Tag(ExistingVpc.union_tag)],
+    Discriminator(_vpc_kind),
+]
 
 
 class AmiSpec(Frozen):
@@ -416,7 +455,7 @@ class Region(Frozen):
 
     region: RegionName
     availability_zones: tuple[AvailabilityZone, ...] = Field(description="At least two; names and AZ IDs.")
-    vpc: NewVpc | ExistingVpc
+    vpc: VpcSpec = Field(description="`cidr` alone: Fleetcast creates the VPC; with `vpc_id`: an existing VPC.")
     ami: AmiSpec
     allowed_principals: tuple[str, ...] = Field(description="IAM principal ARNs allowed to create endpoints.")
     allowed_regions: tuple[RegionName, ...] = Field(
@@ -473,7 +512,7 @@ class Consumer(Frozen):
     api_keys: bool = Field(default=False, description="Require per-caller API keys (Secrets Manager).")
     api_key_secret: str | None = Field(
         default=None,
-        pattern=r"^[A-Za-z0-9/_+=.@-]{1,512}$",
+        pattern=SECRET_NAME_PATTERN,
         description="Secrets Manager secret holding this consumer's API keys (JSON {\"keys\": [...]}); "
         "default <fleet>/consumers/<consumer>/api-keys. The gateway accepts the AWSCURRENT and AWSPREVIOUS "
         "versions, so rotation needs no restart.",

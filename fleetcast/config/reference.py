@@ -40,8 +40,9 @@ def _type(prop: dict[str, Any], defs: dict[str, Any]) -> str:
         if "enum" in target:
             return "enum"
         return f"[{name}](#{name.lower()})"
-    if "anyOf" in prop:
-        return " or ".join(_type(p, defs) for p in prop["anyOf"])
+    for union in ("anyOf", "oneOf"):  # oneOf: a discriminated union (regions[].vpc)
+        if union in prop:
+            return " or ".join(_type(p, defs) for p in prop[union])
     if "const" in prop:
         return f"`{json.dumps(prop['const'])}`"
     if "enum" in prop:
@@ -68,7 +69,7 @@ def _constraints(prop: dict[str, Any], defs: dict[str, Any]) -> list[str]:
             out.append(f"{label} {prop[key]}")
     if "pattern" in prop:
         out.append(f"pattern `{prop['pattern']}`")
-    for key in ("anyOf",):
+    for key in ("anyOf", "oneOf"):
         for option in prop.get(key, []):
             out += [c for c in _constraints(option, defs) if c not in out]
     if prop.get("type") == "array" and isinstance(prop.get("items"), dict):
@@ -134,7 +135,7 @@ def _children(prop: dict[str, Any], suffix: str = "") -> list[tuple[str, str]]:
     if "$ref" in prop:
         return [(_ref_name(prop["$ref"]), suffix)]
     out = []
-    for option in prop.get("anyOf", []):
+    for option in prop.get("anyOf", []) + prop.get("oneOf", []):
         out += _children(option, suffix)
     if prop.get("type") == "array" and isinstance(prop.get("items"), dict):
         out += _children(prop["items"], suffix + "[]")
@@ -156,7 +157,7 @@ def render() -> str:
         "(`fleetcast config validate FILE` lists every problem with its YAML path); unknown keys are errors.",
         "Rules spanning several fields (precision per GPU, regional availability, cross-region PrivateLink",
         "pairs, AZ overlap, context length) are enforced by `fleetcast.config.rules`, each naming the path it blames.",
-        "The JSON Schema itself: `fleetcast config schema`.",
+        "The JSON Schema itself: `fleetcast config schema`. A commented starting point: `fleetcast config init`.",
         "",
         "*Rolls instances*: whether a change to the field gives the pools it concerns a new launch template",
         "version, i.e. replaces their instances by instance refresh (`partly`: some of its fields do). Consumers",

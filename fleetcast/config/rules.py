@@ -6,6 +6,9 @@ never stopping at the first.
 
 from __future__ import annotations
 
+import ipaddress
+import re
+import unicodedata
 from collections import Counter
 from dataclasses import dataclass
 
@@ -36,6 +39,8 @@ def check(cfg: FleetConfig) -> list[ConfigIssue]:
     issues += _regions(cfg)
     issues += _pools(cfg)
     issues += _consumers(cfg)
+    for rule in AWS_LIMIT_RULES:
+        issues += rule(cfg)
     return issues
 
 
@@ -195,3 +200,254 @@ def az_id_prefix(region: str) -> str:
 
 def _az_id_in_region(az_id: str, region: str) -> bool:
     return az_id.split("-az", 1)[0] == az_id_prefix(region)
+
+
+# ---------------------------------------------------------------- AWS limits and cross-field rules
+# Each refuses at validate what AWS (or synth) would refuse later, naming the limit and its source.
+
+
+def _accounts(cfg: FleetConfig) -> list[ConfigIssue]:
+    """A consumer is another account: the provider's own callers reach the NLB without PrivateLink."""
+    return [ConfigIssue(("consumers", i, "account"),
+                        f"account {c.account} is the provider account (provider.account); a consumer is another "
+                        "AWS account that reaches the service through PrivateLink")
+            for i, c in enumerate(cfg.consumers) if c.account == cfg.provider.account]
+
+
+def _network_overlaps(cfg: FleetConfig) -> list[ConfigIssue]:
+    """Provider VPCs do not overlap each other, and no consumer CIDR overlaps the VPC it connects to."""
+    out: list[ConfigIssue] = []
+    nets = [ipaddress.IPv4Network(r.vpc.cidr) for r in cfg.regions]
+    for j, region in enumerate(cfg.regions):
+        for k in range(j):
+            if nets[j].overlaps(nets[k]):
+                out.append(ConfigIssue(("regions", j, "vpc", "cidr"),
+                    f"{region.vpc.cidr} overlaps {cfg.regions[k].region}'s VPC {cfg.regions[k].vpc.cidr}; give each "
+                    "provider region its own range (allowed: non-overlapping CIDRs, so the fleets can ever be routed "
+                    "to one another)"))
+    by_region = {r.region: (j, nets[j]) for j, r in enumerate(cfg.regions)}
+    for i, consumer in enumerate(cfg.consumers):
+        if consumer.service_region not in by_region:
+            continue
+        _, provider = by_region[consumer.service_region]
+        for k, cidr in enumerate(consumer.cidrs):
+            if ipaddress.IPv4Network(cidr).overlaps(provider):
+                out.append(ConfigIssue(("consumers", i, "cidrs", k),
+                    f"{cidr} overlaps the {consumer.service_region} fleet VPC {provider}: the NLB would admit the "
+                    "fleet's own addresses as this consumer; allowed: the consumer's ranges, outside the fleet VPC"))
+    return out
+
+
+def _subnet_space(cfg: FleetConfig) -> list[ConfigIssue]:
+    """A created VPC holds the subnets the network stack carves (else synth fails: 'exceeds remaining space')."""
+    from .model import EgressMode, NewVpc
+    from .subnets import FLEET_SUBNET_MASK, PUBLIC_SUBNET_MASK, plan_subnets, smallest_prefix
+
+    out: list[ConfigIssue] = []
+    nat = cfg.network.egress == EgressMode.NAT
+    for j, region in enumerate(cfg.regions):
+        if not isinstance(region.vpc, NewVpc):
+            continue
+        azs = len(region.availability_zones)
+        if plan_subnets(region.vpc.cidr, azs, nat) is None:
+            carved = f"one /{FLEET_SUBNET_MASK} per AZ" + (f" and one public /{PUBLIC_SUBNET_MASK} per AZ (egress nat)" if nat else "")
+            out.append(ConfigIssue(("regions", j, "vpc", "cidr"),
+                f"{region.vpc.cidr} is too small for the subnets the stack carves ({carved}, {azs} AZs); "
+                f"allowed: /{smallest_prefix(azs, nat)} or larger (a smaller prefix length)"))
+    return out
+
+
+def _subnets(cfg: FleetConfig) -> list[ConfigIssue]:
+    """Subnet ids are listed once; an interface endpoint takes at most one subnet per AZ."""
+    out: list[ConfigIssue] = []
+    for j, region in enumerate(cfg.regions):
+        if isinstance(region.vpc, ExistingVpc):
+            seen: set[str] = set()
+            for k, subnet in enumerate(region.vpc.subnet_ids):
+                if subnet in seen:
+                    out.append(ConfigIssue(("regions", j, "vpc", "subnet_ids", k),
+                                           f"{subnet} is listed twice; give one private subnet per AZ"))
+                seen.add(subnet)
+    for i, consumer in enumerate(cfg.consumers):
+        ids: set[str] = set()
+        zones: dict[str, str] = {}
+        for k, subnet in enumerate(consumer.subnets):
+            if subnet.id in ids:
+                out.append(ConfigIssue(("consumers", i, "subnets", k, "id"), f"{subnet.id} is listed twice"))
+            elif subnet.az_id in zones:
+                out.append(ConfigIssue(("consumers", i, "subnets", k, "az_id"),
+                    f"{subnet.id} is in {subnet.az_id}, like {zones[subnet.az_id]}: an interface endpoint has one "
+                    "network interface per Availability Zone (AWS PrivateLink: 'you can select one subnet per "
+                    "Availability Zone'); allowed: at most one subnet per AZ ID"))
+            ids.add(subnet.id)
+            zones.setdefault(subnet.az_id, subnet.id)
+    return out
+
+
+def _warm_pools(cfg: FleetConfig) -> list[ConfigIssue]:
+    out: list[ConfigIssue] = []
+    for j, region in enumerate(cfg.regions):
+        for k, pool in enumerate(region.pools):
+            if pool.warm_pool.size > pool.capacity.max:
+                out.append(ConfigIssue(("regions", j, "pools", k, "warm_pool", "size"),
+                    f"warm pool of {pool.warm_pool.size} is larger than capacity.max {pool.capacity.max}: instances "
+                    f"beyond max could never be put in service; allowed: 0..{pool.capacity.max}"))
+    return out
+
+
+def _scaling_targets(cfg: FleetConfig) -> list[ConfigIssue]:
+    """Targets an instance can reach: a percentage for KV-cache use, at most max_batch_size requests in flight."""
+    out: list[ConfigIssue] = []
+    for j, region in enumerate(cfg.regions):
+        for k, pool in enumerate(region.pools):
+            here: Path = ("regions", j, "pools", k, "scaling", "target")
+            target = pool.scaling.target
+            if pool.scaling.metric == "kv_cache_utilization":
+                if target > 100:
+                    out.append(ConfigIssue(here, f"kv_cache_utilization is a percentage; {target:g} is above 100; "
+                                                 "allowed: 1..100 (e.g. 70)"))
+                elif target <= 1:
+                    out.append(ConfigIssue(here, f"kv_cache_utilization is a percentage; {target:g} looks like a "
+                                                 f"fraction: write {target * 100:g} for {target * 100:g}%; allowed: "
+                                                 "above 1, up to 100"))
+            else:
+                batch = cfg.engine_for(pool).max_batch_size
+                if target > batch:
+                    out.append(ConfigIssue(here,
+                        f"active_requests target {target:g} is above the engine's max_batch_size {batch}: an instance "
+                        f"runs at most {batch} requests at once, so the group would scale out only once requests "
+                        f"queue; allowed: up to {batch}"))
+    return out
+
+
+# "Maximum number of tags per resource - 50", "Maximum key length - 128", "Maximum value length - 256",
+# letters, numbers, spaces and + - = . _ : / @, and no aws: prefix (AWS API Reference, Tag; the same
+# text in every service model: tests/config/test_aws_limits.py reads it from botocore's ECS model).
+MAX_TAGS_PER_RESOURCE = 50
+TAG_PUNCTUATION = "+-=._:/@"
+# Tags the stacks add to resources themselves (CDK's Name on VPC and subnets; fleetcast:fleet on the
+# endpoint service): they share the 50.
+STACK_TAGS = ("Name", "fleetcast:fleet")
+
+
+def _tag_text_ok(text: str) -> bool:
+    return all(ch.isalnum() or unicodedata.category(ch) == "Zs" or ch in TAG_PUNCTUATION for ch in text)
+
+
+def _tags(cfg: FleetConfig) -> list[ConfigIssue]:
+    out: list[ConfigIssue] = []
+    room = MAX_TAGS_PER_RESOURCE - len(STACK_TAGS)
+    if len(cfg.tags) > room:
+        out.append(ConfigIssue(("tags",), f"{len(cfg.tags)} tags; AWS allows {MAX_TAGS_PER_RESOURCE} per resource and "
+                                          f"the stacks add {len(STACK_TAGS)} ({', '.join(STACK_TAGS)}): allowed: at most {room}"))
+    for key, value in cfg.tags.items():
+        for what, text in (("key", key), ("value", value)):
+            if text.lower().startswith("aws:"):
+                out.append(ConfigIssue(("tags", key), f"tag {what} {text!r} starts with 'aws:', which AWS reserves "
+                                                      "for its own tags; allowed: any other prefix"))
+            elif not _tag_text_ok(text):
+                bad = "".join(sorted({ch for ch in text if not _tag_text_ok(ch)}))
+                out.append(ConfigIssue(("tags", key), f"tag {what} {text!r} has characters AWS refuses ({bad!r}); "
+                                                      f"allowed: letters, digits, spaces and {' '.join(TAG_PUNCTUATION)}"))
+        if key in STACK_TAGS:
+            out.append(ConfigIssue(("tags", key), f"tag {key!r} is set by the stacks themselves; choose another key"))
+    return out
+
+
+def _endpoint_service_names(cfg: FleetConfig) -> list[ConfigIssue]:
+    """com.amazonaws.vpce.<region>.vpce-svc-...: the service lives in the consumer's service_region."""
+    out: list[ConfigIssue] = []
+    for i, consumer in enumerate(cfg.consumers):
+        name = consumer.endpoint_service_name
+        if name is None or consumer.service_region not in {r.region for r in cfg.regions}:
+            continue  # an unknown service_region is reported on its own
+        region = name.split(".")[3]
+        if region != consumer.service_region:
+            out.append(ConfigIssue(("consumers", i, "endpoint_service_name"),
+                f"{name} is an endpoint service in {region}, but service_region is {consumer.service_region}; "
+                f"allowed: the EndpointServiceName output of the {consumer.service_region} provider stack "
+                f"(com.amazonaws.vpce.{consumer.service_region}.vpce-svc-...)"))
+    return out
+
+
+def _s3_key_problem(uri: str) -> str | None:
+    bucket, _, key = uri[len("s3://"):].partition("/")
+    if ".." in bucket:
+        return f"bucket name {bucket!r} has two adjacent periods, which S3 bucket names may not"
+    segments = key.rstrip("/").split("/") if key.rstrip("/") else []
+    if any(s in (".", "..") for s in segments):
+        return "a '.' or '..' segment would climb out of the staged prefix"
+    if any(s == "" for s in segments):
+        return "an empty segment ('//') names a different S3 key than intended"
+    return None
+
+
+def _path_segments(cfg: FleetConfig) -> list[ConfigIssue]:
+    """Values that become S3 keys or local paths (models/<id>/<revision>/, staged prefixes) stay inside them."""
+    out: list[ConfigIssue] = []
+    revision = cfg.model.revision
+    if ".." in revision or revision.startswith("/") or any(ch.isspace() for ch in revision) or "\\" in revision:
+        out.append(ConfigIssue(("model", "revision"),
+            f"{revision!r} cannot be a revision: it becomes part of the S3 key models/<id>/<revision>/; allowed: a "
+            "commit sha, tag or branch name without '..', whitespace, backslashes or a leading '/'"))
+    uris = [(("model", "source"), cfg.model.source)] if cfg.model.staged else []
+    if cfg.calibration is not None:
+        uris.append((("calibration", "dataset"), cfg.calibration.dataset))
+    for path, uri in uris:
+        problem = _s3_key_problem(uri)
+        if problem:
+            out.append(ConfigIssue(path, f"{uri}: {problem}; allowed: s3://bucket/prefix/ with plain segments"))
+    return out
+
+
+def _config_parameter_size(cfg: FleetConfig) -> list[ConfigIssue]:
+    """The config reaches instances as one SSM parameter: refuse here what Parameter Store would refuse at deploy."""
+    from .parameter import ADVANCED_TIER_LIMIT, config_parameter
+
+    value, tier = config_parameter(cfg)
+    if tier is not None:
+        return []
+    return [ConfigIssue((), f"the config is {len(cfg.model_dump_json())} bytes as JSON, {len(value)} even compressed; "
+                            f"it travels to instances as one SSM parameter, which holds at most {ADVANCED_TIER_LIMIT} "
+                            "bytes (advanced tier, AWS Systems Manager PutParameter); allowed: fewer consumers or "
+                            "pools, or split the fleet into several configs")]
+
+
+AWS_LIMIT_RULES = (_accounts, _network_overlaps, _subnet_space, _subnets, _warm_pools, _scaling_targets, _tags,
+                   _endpoint_service_names, _path_segments, _config_parameter_size)
+
+
+# The image reference grammar of github.com/distribution/reference (reference.go), which docker and
+# containerd parse `engine.image` with on the instance: name [":" tag] ["@" digest], name <= 255 chars.
+_DOMAIN_COMPONENT = r"(?:[a-zA-Z0-9]|[a-zA-Z0-9][a-zA-Z0-9-]*[a-zA-Z0-9])"
+_PATH_COMPONENT = r"[a-z0-9]+(?:(?:[_.]|__|-+)[a-z0-9]+)*"
+_IMAGE_NAME = re.compile(rf"^(?:{_DOMAIN_COMPONENT}(?:\.{_DOMAIN_COMPONENT})*(?::[0-9]+)?/)?"
+                         rf"{_PATH_COMPONENT}(?:/{_PATH_COMPONENT})*$")
+_IMAGE_TAG = re.compile(r"^[\w][\w.-]{0,127}$")
+IMAGE_NAME_MAX = 255
+
+
+def _image_reference(cfg: FleetConfig) -> list[ConfigIssue]:
+    """engine.image is pulled on every instance: a reference docker would refuse fails only there."""
+    image = cfg.engine.image
+    rest, _, digest = image.partition("@")
+    name, tag = rest, ""
+    last = rest.rsplit("/", 1)[-1]
+    if ":" in last:
+        name, tag = rest.rsplit(":", 1)
+    problem = None
+    if not _IMAGE_NAME.match(name):
+        problem = "the repository part uses lower-case letters, digits and . _ - separators between path components"
+    elif len(name) > IMAGE_NAME_MAX:
+        problem = f"the repository name is {len(name)} characters; at most {IMAGE_NAME_MAX}"
+    elif tag and not _IMAGE_TAG.match(tag):
+        problem = "a tag is 1-128 of letters, digits, _ . - and does not start with . or -"
+    elif digest and not re.match(r"^[A-Za-z][A-Za-z0-9]*(?:[-_+.][A-Za-z][A-Za-z0-9]*)*:[0-9a-fA-F]{32,}$", digest):
+        problem = "a digest is algorithm:hex, e.g. sha256:<64 hex digits>"
+    if problem is None:
+        return []
+    return [ConfigIssue(("engine", "image"), f"{image!r} is not an image reference docker can pull: {problem}; "
+                                             "allowed: e.g. nvcr.io/nvidia/tensorrt-llm/release:1.2.1")]
+
+
+AWS_LIMIT_RULES = AWS_LIMIT_RULES + (_image_reference,)

@@ -87,6 +87,8 @@ def tiny_config(region: str = "ap-northeast-2", **operations: Any) -> FleetConfi
     for r in data["regions"]:
         for pool in r["pools"]:
             pool["engine"] = {}
+            # validate refuses a load target above max_batch_size (an instance never reaches it)
+            pool["scaling"]["target"] = min(pool["scaling"]["target"], data["engine"]["max_batch_size"])
     cfg = config_from_json(json.dumps(data))
     cfg.region(region)  # must be a provider region of the shipped config
     return cfg

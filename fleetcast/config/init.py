@@ -1,0 +1,167 @@
+"""`fleetcast config init`: a commented, minimal fleet config that validates, from a few answers.
+
+Everything not asked keeps its model default (the reference lists them); what the answers
+cannot know (consumer VPC/subnet ids, the AZ name-to-ID mapping of your account, the
+AMI to pin) is written with a `# REPLACE:` comment, as the shipped example does.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+from . import catalog
+from .rules import az_id_prefix
+
+# Models `init` knows how to start with: each one's length limits and serving flow.
+MODEL_PRESETS: dict[str, dict] = {
+    "gpt2-xl": {"family": "gpt2", "source": "openai-community/gpt2-xl", "context_length": 1024,
+                "max_input_len": 768, "max_output_len": 256, "backend": "tensorrt", "precision": "int8_wo"},
+    "qwen2.5-0.5b-instruct": {"family": "qwen2", "source": "Qwen/Qwen2.5-0.5B-Instruct", "context_length": 32768,
+                              "max_input_len": 4096, "max_output_len": 1024, "backend": "pytorch",
+                              "precision": "bf16"},
+}
+# Preferred instance per region: the first family of this list the region offers.
+INSTANCE_CHOICES = (("g6e", "g6e.xlarge"), ("g6", "g6.xlarge"), ("g5", "g5.xlarge"))
+
+
+@dataclass(frozen=True)
+class ConsumerAnswer:
+    name: str
+    account: str
+    region: str | None = None
+
+
+@dataclass(frozen=True)
+class InitAnswers:
+    account: str
+    regions: tuple[str, ...]
+    model: str = "gpt2-xl"
+    consumers: tuple[ConsumerAnswer, ...] = field(default_factory=tuple)
+    name: str = "fleetcast"
+
+
+def check_account(value: str, what: str) -> str:
+    value = value.strip()
+    if not re.fullmatch(r"\d{12}", value):
+        raise ValueError(f"{what}: {value!r} is not an AWS account id (12 digits, e.g. 111122223333)")
+    return value
+
+
+def check_region(value: str, what: str) -> str:
+    value = value.strip()
+    if not re.fullmatch(r"[a-z]{2}(-gov)?-[a-z]+-\d", value):
+        raise ValueError(f"{what}: {value!r} is not an AWS region code such as ap-northeast-2")
+    return value
+
+
+def parse_consumer(value: str) -> ConsumerAnswer:
+    """NAME=ACCOUNT or NAME=ACCOUNT@REGION."""
+    match = re.fullmatch(r"([a-z][a-z0-9-]{0,30}[a-z0-9])=(\S+?)(?:@(\S+))?", value.strip())
+    if not match:
+        raise ValueError(f"--consumer {value!r}: use NAME=ACCOUNT or NAME=ACCOUNT@REGION, e.g. "
+                         "voice-app=444455556666@ap-northeast-2 (NAME: lower-case letters, digits, dashes)")
+    name, account, region = match.groups()
+    return ConsumerAnswer(name, check_account(account, f"--consumer {name}"),
+                          check_region(region, f"--consumer {name}") if region else None)
+
+
+def _instance_for(region: str) -> str:
+    offered = catalog.availability()
+    for family, instance in INSTANCE_CHOICES:
+        if region in offered.get(family, ()):
+            return instance
+    return INSTANCE_CHOICES[0][1]  # validate names where it is offered
+
+
+def render(answers: InitAnswers) -> str:
+    """The config text. Raises ValueError for answers no config could satisfy (unknown model)."""
+    if answers.model not in MODEL_PRESETS:
+        raise ValueError(f"--model {answers.model!r} is not one init knows; choose one of: {', '.join(MODEL_PRESETS)} "
+                         "(then edit model: for another)")
+    if not answers.regions:
+        raise ValueError("--regions: name at least one provider region, e.g. --regions ap-northeast-2")
+    if not answers.consumers:
+        raise ValueError("--consumer: name at least one consumer (NAME=ACCOUNT[@REGION]); the endpoint service "
+                         "admits only listed accounts")
+    preset = MODEL_PRESETS[answers.model]
+    home = answers.regions[0]
+    served: dict[str, list[ConsumerAnswer]] = {r: [] for r in answers.regions}
+    cross: dict[str, set[str]] = {r: set() for r in answers.regions}
+    placement = []
+    for consumer in answers.consumers:
+        region = consumer.region or home
+        # Out of the provider regions, the first one cross-region PrivateLink connects it to.
+        reachable = [r for r in answers.regions if catalog.cross_region_supported(region, r)]
+        service = region if region in served else (reachable or [home])[0]
+        served[service].append(consumer)
+        if region != service:
+            cross[service].add(region)
+        placement.append((consumer, region, service))
+
+    out = [
+        "# Fleetcast config written by `fleetcast config init`. Field reference: docs/config.md.",
+        "# Every field left out keeps its default (the reference lists them). Lines marked REPLACE hold",
+        "# values init could not know: fill them in, then `fleetcast config validate` this file.",
+        "version: 1",
+        f"name: {answers.name}",
+        "provider:",
+        f'  account: "{answers.account}"          # quoted: account ids are strings of 12 digits',
+        "",
+        "model:",
+        f"  id: {answers.model}",
+        f"  family: {preset['family']}",
+        f"  source: {preset['source']}   # staged into each region's bucket by `fleetcast stage model`",
+        "  revision: main                  # pin a commit sha; `fleetcast stage model` prints the one it fetched",
+        f"  context_length: {preset['context_length']}",
+        f"  max_input_len: {preset['max_input_len']}",
+        f"  max_output_len: {preset['max_output_len']}",
+        "",
+        "engine:",
+        f"  backend: {preset['backend']}",
+        f"  precision: {preset['precision']}",
+        "",
+        "slo:",
+        "  ttft_p99_ms: 300",
+        "  itl_p99_ms: 40",
+        "",
+        "regions:",
+    ]
+    for i, region in enumerate(answers.regions):
+        prefix = az_id_prefix(region)
+        principals = sorted({c.account for c in served[region]}) or [answers.account]
+        out += [
+            f"  - region: {region}",
+            "    availability_zones:            # REPLACE if needed: AZ names map to IDs per account; check with",
+            f"                                   #   aws ec2 describe-availability-zones --region {region}",
+            f"      - {{name: {region}a, id: {prefix}-az1}}",
+            f"      - {{name: {region}b, id: {prefix}-az2}}",
+            "    vpc:",
+            f"      cidr: 10.{40 + i}.0.0/16        # a new VPC; one /20 private subnet per AZ is carved from it",
+            "    ami:",
+            "      id: latest                   # follows the DLAMI's public SSM parameter; pin an ami-... id for production",
+            "    allowed_principals:            # who may create endpoints to this region's service",
+            *[f"      - arn:aws:iam::{account}:root" for account in principals],
+            f"    allowed_regions: [{', '.join(sorted(cross[region]))}]",
+            "    pools:",
+            "      - name: gpu",
+            f"        instance_type: {_instance_for(region)}",
+            "        capacity: {min: 1, max: 4}",
+        ]
+    out += ["", "consumers:"]
+    for j, (consumer, region, service) in enumerate(placement):
+        prefix = az_id_prefix(region)
+        out += [
+            f"  - name: {consumer.name}",
+            f'    account: "{consumer.account}"',
+            f"    region: {region}",
+            f"    service_region: {service}" + ("          # cross-region PrivateLink" if region != service else ""),
+            f"    vpc_id: vpc-{j:08x}{'0' * 9}     # REPLACE: the consumer's VPC",
+            "    subnets:                       # REPLACE: one private subnet per AZ, with its AZ ID",
+            f"      - {{id: subnet-{2 * j:08x}{'0' * 9}, az_id: {prefix}-az1}}",
+            f"      - {{id: subnet-{2 * j + 1:08x}{'0' * 9}, az_id: {prefix}-az2}}",
+            f"    cidrs: [10.{100 + j}.0.0/16]        # REPLACE: the consumer's client ranges (admitted to the NLB)",
+            "    # endpoint_service_name: add the provider stack's EndpointServiceName output after its deploy",
+        ]
+    out += ["", "tags:", f"  project: {answers.name}", ""]
+    return "\n".join(out)

@@ -1,0 +1,77 @@
+"""Messages for common mistakes (issue 14 item 12, issue 15 item 5): the key is named, the fix is said."""
+
+import pytest
+
+from .conftest import problems
+
+
+def the_one(data) -> str:
+    found = problems(data)
+    assert len(found) == 1, found
+    return found[0]
+
+
+@pytest.mark.parametrize("where,key,known", [
+    ((), "Tags", "tags"),
+    (("regions", 0, "pools", 0), "Instance_Type", "instance_type"),
+    (("consumers", 0), "Limits", "limits"),
+    (("regions", 0, "vpc"), "CIDR", "cidr"),
+    (("engine",), "max_batchsize", "max_batch_size"),
+])
+def test_unknown_key_is_named_with_the_known_key_it_resembles(doc, where, key, known):
+    node = doc
+    for part in where:
+        node = node[part]
+    node[key] = node.pop(known) if known in node else 1
+    found = problems(doc)
+    mine = [p for p in found if f"unknown key {key!r}" in p]
+    assert len(mine) == 1, found
+    dotted = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in where).lstrip(".")
+    assert mine[0].startswith(f"{dotted}.{key}:" if dotted else f"{key}:")
+    assert f"did you mean {known!r}?" in mine[0]
+
+
+def test_underscore_key_is_named_and_told_to_be_a_comment(doc):
+    doc["regions"][0]["_comment"] = "seoul first"
+    msg = the_one(doc)
+    assert msg.startswith("regions[0]._comment: unknown key '_comment'")
+    assert "use a YAML comment (# ...)" in msg and "allowed here: allowed_principals" in msg
+
+
+def test_unknown_key_without_a_near_match_lists_what_is_allowed(doc):
+    doc["operations"]["zzz"] = 1
+    msg = the_one(doc)
+    assert msg.startswith("operations.zzz: unknown key 'zzz'") and "did you mean" not in msg
+    assert "allowed here: alarm_email, auto_approve_connections" in msg
+
+
+def test_unquoted_account_id(doc):
+    doc["provider"]["account"] = 111122223333  # what YAML reads from `account: 111122223333`
+    msg = the_one(doc)
+    assert msg.startswith("provider.account:") and "quote it: account ids are strings of 12 digits" in msg
+
+
+def test_bad_cidr_of_a_new_vpc_is_the_one_error(doc):
+    doc["regions"][0]["vpc"]["cidr"] = "10.40.0.0/33"
+    msg = the_one(doc)  # not also vpc_id / subnet_ids / route_table_ids "required" of the other VPC form
+    assert msg.startswith("regions[0].vpc.cidr:") and "10.40.0.0/33" in msg
+
+
+def test_existing_vpc_is_recognised_by_its_vpc_id(doc):
+    doc["regions"][0]["vpc"] = {"vpc_id": "vpc-0123456789abcdef0", "cidr": "10.40.0.0/16"}
+    found = problems(doc)
+    assert sorted(found) == ["regions[0].vpc.route_table_ids: required field is missing",
+                             "regions[0].vpc.subnet_ids: required field is missing"]
+
+
+def test_endpoint_service_of_another_region_is_refused(doc):
+    doc["consumers"][1]["endpoint_service_name"] = "com.amazonaws.vpce.us-west-2.vpce-svc-0f1e2d3c4b5a69788"
+    msg = the_one(doc)
+    assert msg.startswith("consumers[1].endpoint_service_name:") and "service_region is us-east-1" in msg
+
+
+def test_a_value_no_form_accepts_is_one_error_naming_each_form(doc):
+    doc["regions"][0]["ami"]["id"] = "ami-xyz"
+    msg = the_one(doc)
+    assert msg == ("regions[0].ami.id: 'ami-xyz' is not allowed; it must match ^ami-[0-9a-f]{8}([0-9a-f]{9})?$ "
+                   "or be 'latest'")
