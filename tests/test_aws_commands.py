@@ -31,7 +31,7 @@ PLAN_INPUTS = ["--results", "examples/plan/seed/results", "--traffic", "examples
 
 # Leaf subcommands that never call AWS.
 OFFLINE = {
-    ("config", "validate"), ("config", "schema"), ("config", "docs"), ("config", "show"),
+    ("config", "validate"), ("config", "schema"), ("config", "docs"), ("config", "show"), ("config", "init"),
     ("synth", "summary"), ("smoke",),
     ("bench", "run"), ("bench", "report"), ("bench", "network-share"), ("bench", "probe-wheels"),
 }
