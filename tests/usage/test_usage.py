@@ -84,16 +84,19 @@ def test_usage_adds_up_to_the_tokens_streamed_through_the_gateway(cloudwatch, co
         finally:
             await stop_harness(h)
     records, replies = run(traffic())
+    # The gateway stamped its records with the real clock just now: the window is placed around that
+    # moment, not around a time fixed when the module was collected (minutes earlier on a busy machine).
+    now = datetime.now(timezone.utc)
     throttled = sum(1 for r in replies if r.status == 429)
     streamed_voice = sum(r.text.count(" t") for r in replies[:6] if r.status == 200)
     ship_emf(cloudwatch, records)
     # The Seoul group ran 2 instances for the last hour (Auto Scaling's 1-minute group metric).
     cloudwatch.put_metric_data(Namespace="AWS/AutoScaling", MetricData=[
-        {"MetricName": "GroupTotalInstances", "Value": 2.0, "Timestamp": NOW - timedelta(minutes=m),
+        {"MetricName": "GroupTotalInstances", "Value": 2.0, "Timestamp": now - timedelta(minutes=m),
          "Dimensions": [{"Name": "AutoScalingGroupName", "Value": "fleetcast-ap-northeast-2-l40s"}]}
         for m in range(0, 60)])
 
-    since, until = (NOW - timedelta(hours=1)).isoformat(), (NOW + timedelta(minutes=5)).isoformat()
+    since, until = (now - timedelta(hours=1)).isoformat(), (now + timedelta(minutes=5)).isoformat()
     assert cli(["usage", "--config", str(config_file), "--since", since, "--until", until, "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
     rows = {r["consumer"]: r for r in report["consumers"]}
