@@ -397,15 +397,28 @@ def load_config(path: str | Path) -> FleetConfig:
 
 
 def config_from_json(text: str) -> FleetConfig:
-    """The form the stacks hand to instances (validated again there: same model, same rules).
+    """The config as an instance (or a gateway) receives it: the parameter's value the stacks wrote (plain or
+    compressed JSON), checked for its shape only.
 
-    Accepts the config parameter's value as the stacks write it (plain or compressed JSON).
+    The fleet-level rules (`rules.check`: instance availability per region, cross-region PrivateLink pairs,
+    AZ overlap, ...) read dated tables and operator overrides (`FLEETCAST_AVAILABILITY`, ...) that exist where
+    synth and validate run, not on the instance; they ran there before this value was written. An instance
+    checks what it can know itself: this shape, and its own pool's engine on its own GPU
+    (runtime/trtllm.py `check_supported`, through fleetcast.contract.support).
     """
+    source = "<delivered config>"
     try:
         data = json.loads(decode_parameter(text))
     except RecursionError:
-        raise ValueError(f"nested more than {MAX_DEPTH} levels deep") from None
-    return parse_config(data, "<delivered config>")
+        raise ConfigError(source, [ConfigIssue((), f"nested more than {MAX_DEPTH} levels deep")]) from None
+    except ValueError as exc:
+        raise ConfigError(source, [ConfigIssue((), f"not the JSON the stacks write: {exc}")]) from None
+    if not isinstance(data, dict):
+        raise ConfigError(source, [ConfigIssue((), "the config must be a mapping at the top level")])
+    try:
+        return FleetConfig.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(source, _pydantic_issues(exc)) from None
 
 
 def json_schema() -> dict[str, Any]:

@@ -49,9 +49,8 @@ class ConfigRefresher:
         self._seen = text
         try:
             cfg = config_from_json(text)
-        except (ConfigError, ValueError) as exc:  # ValueError: not JSON at all
-            error = exc.render() if isinstance(exc, ConfigError) else f"not JSON: {exc}"
-            log("config_refresh_rejected", source=self.source, error=error,
+        except ConfigError as exc:  # not the JSON the stacks write, or not the config's shape
+            log("config_refresh_rejected", source=self.source, error=exc.render(),
                 kept=[c.name for c in self._consumers])
             return False
         try:

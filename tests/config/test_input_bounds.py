@@ -141,5 +141,5 @@ def test_make_synth_entry_point_reports_it_too(tmp_path, name):
 def test_delivered_config_is_bounded_too():
     from fleetcast.config import config_from_json
 
-    with pytest.raises(ValueError, match="nested more than"):
+    with pytest.raises(ConfigError, match="nested more than"):
         config_from_json("[" * 100_000 + "]" * 100_000)

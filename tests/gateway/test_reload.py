@@ -162,7 +162,7 @@ def test_an_invalid_or_unreadable_config_keeps_the_consumers_and_says_why(capsys
     run(body())
     events = [json.loads(line) for line in capsys.readouterr().err.splitlines() if line.startswith("{")]
     rejected = [e for e in events if e["event"] == "config_refresh_rejected"]
-    assert len(rejected) == 2 and "max_concurrency" in rejected[0]["error"] and "not JSON" in rejected[1]["error"]
+    assert len(rejected) == 2 and "max_concurrency" in rejected[0]["error"] and "not the JSON" in rejected[1]["error"]
     assert rejected[0]["kept"] == ["voice-app", "analytics"]
     assert [e["error"] for e in events if e["event"] == "config_refresh_failed"] == [
         "ConnectionError: ssm unreachable"]
