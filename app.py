@@ -8,7 +8,7 @@ import sys
 from aws_cdk import App
 
 from fleetcast.config import ConfigError, load_config
-from fleetcast.errors import UserError
+from fleetcast.errors import FleetcastError
 from stacks.app_builder import build_app
 
 
@@ -21,7 +21,7 @@ def main() -> int:
     except ConfigError as exc:
         print(exc.render(), file=sys.stderr)
         return 1
-    except UserError as exc:
+    except FleetcastError as exc:
         print(f"fleetcast synth: {exc}", file=sys.stderr)
         return exc.exit_code
     app.synth()

@@ -28,7 +28,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from fleetcast.errors import UserError
+from fleetcast.contract.errors import AwsError, FleetcastError, UserError
 
 EXIT_DENIED = 4  # AWS credentials, profile, region or an IAM permission missing
 EXIT_AWS = 5  # any other AWS failure (not found, throttled past retries, unreachable)
@@ -62,7 +62,7 @@ _ENCODED = re.compile(r"Encoded authorization failure message:\s*(\S+)")
 _CREDENTIAL_HINT = "set AWS_PROFILE or pass --profile, export AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, or run `aws sso login`"
 
 
-class AwsCallError(UserError):
+class AwsCallError(AwsError):
     """An AWS call failed for a reason other than missing access."""
 
     def __init__(self, message: str, *, code: str, service: str | None, operation: str | None,
@@ -171,7 +171,7 @@ class AwsSession:
         """What is missing to call AWS (one line), or None: resolves the chain locally, calls nothing."""
         try:
             credentials = self.boto.get_credentials()
-        except UserError as exc:
+        except FleetcastError as exc:
             return str(exc)
         except Exception as exc:
             if not is_aws_error(exc):
@@ -185,7 +185,7 @@ class AwsSession:
         """Fail now (exit 4, one line) rather than after a long local step when the chain finds nothing."""
         problem = self.credentials_problem()
         if problem:
-            raise UserError(problem, EXIT_DENIED)
+            raise AwsError(problem, EXIT_DENIED)
 
     # -- the same choice for sub-steps
 
@@ -277,7 +277,7 @@ def is_aws_error(exc: BaseException) -> bool:
 
 
 def translate(exc: BaseException, *, service: str | None = None, region: str | None = None,
-              operation: str | None = None, other_exit: int = EXIT_AWS) -> UserError:
+              operation: str | None = None, other_exit: int = EXIT_AWS) -> FleetcastError:
     """One line and an exit code for a botocore failure: EXIT_DENIED for missing access, `other_exit` (a
     command that documents no 5 passes 1) for the rest; anything else becomes a UserError of its text."""
     error = _translate(exc, service=service, region=region, operation=operation)
@@ -286,26 +286,27 @@ def translate(exc: BaseException, *, service: str | None = None, region: str | N
     return error
 
 
-def _translate(exc: BaseException, *, service: str | None, region: str | None, operation: str | None) -> UserError:
+def _translate(exc: BaseException, *, service: str | None, region: str | None,
+               operation: str | None) -> FleetcastError:
     from botocore import exceptions as bx
 
-    if isinstance(exc, UserError):
+    if isinstance(exc, FleetcastError):
         return exc
     if isinstance(exc, bx.ProfileNotFound):
         profile = getattr(exc, "kwargs", {}).get("profile", "?")
-        return UserError(f"AWS profile {profile!r} (from --profile or AWS_PROFILE) is not in the AWS config or "
+        return AwsError(f"AWS profile {profile!r} (from --profile or AWS_PROFILE) is not in the AWS config or "
                          "credentials files (~/.aws/config, ~/.aws/credentials, or AWS_CONFIG_FILE / "
                          "AWS_SHARED_CREDENTIALS_FILE); list them with `aws configure list-profiles`", EXIT_DENIED)
     if isinstance(exc, (bx.NoCredentialsError, bx.PartialCredentialsError)):
         where = f" for {_where(service, operation, region)}" if service or operation else ""
-        return UserError(f"no AWS credentials{where} ({exc}): {_CREDENTIAL_HINT}", EXIT_DENIED)
+        return AwsError(f"no AWS credentials{where} ({exc}): {_CREDENTIAL_HINT}", EXIT_DENIED)
     if isinstance(exc, bx.NoRegionError):
-        return UserError(f"no AWS region for {service or 'the AWS client'}: pass --region, set AWS_REGION, or set "
+        return AwsError(f"no AWS region for {service or 'the AWS client'}: pass --region, set AWS_REGION, or set "
                          "`region` in the profile", EXIT_DENIED)
     sso_errors = tuple(getattr(bx, n) for n in ("SSOTokenLoadError", "UnauthorizedSSOTokenError",
                                                  "TokenRetrievalError", "SSOError") if hasattr(bx, n))
     if isinstance(exc, sso_errors):
-        return UserError(f"AWS SSO credentials unavailable ({exc}): run `aws sso login` (with --profile NAME)",
+        return AwsError(f"AWS SSO credentials unavailable ({exc}): run `aws sso login` (with --profile NAME)",
                          EXIT_DENIED)
     if isinstance(exc, bx.ClientError):
         error = exc.response.get("Error", {})

@@ -49,7 +49,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     from fleetcast.config import ConfigError
-    from fleetcast.errors import UserError
+    from fleetcast.errors import FleetcastError
 
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -58,7 +58,7 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         print(exc.render(), file=sys.stderr)
         return 1
-    except UserError as exc:
+    except FleetcastError as exc:  # user input, AWS access or an AWS failure: one line, its exit code
         print(f"fleetcast {args.command}: {exc}", file=sys.stderr)
         return exc.exit_code
     except Exception as exc:

@@ -163,9 +163,8 @@ def _image(args: argparse.Namespace) -> int:
     from fleetcast.contract.names import provider_stack_name
     from fleetcast.contract.outputs import ProviderOutput, require_output
     from fleetcast.staging.aws import parse_region_map
+    from fleetcast.errors import FleetcastError
     from fleetcast.staging.image import ImageTarget, single_digest, stage_codebuild, stage_local
-
-    from fleetcast.errors import UserError
 
     cfg = load_config(args.config)
     # A dry run computes the plan without AWS where it can, and says what it could not look up.
@@ -179,7 +178,7 @@ def _image(args: argparse.Namespace) -> int:
         if not (region in repos and (region in projects or args.method == "local")):
             try:
                 outputs = _outputs(cfg, region, clients)
-            except UserError as exc:
+            except FleetcastError as exc:  # not deployed, or no access: a dry run says so and goes on
                 if not args.dry_run:
                     raise
                 unchecked.append(f"{region}: stack {stack} outputs not read ({exc})")

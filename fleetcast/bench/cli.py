@@ -12,7 +12,7 @@ import argparse
 import os
 import sys
 
-from fleetcast.errors import UserError
+from fleetcast.errors import FleetcastError, UserError
 
 DEFAULT_REQUESTS_PER_LEVEL = 100
 _LABEL_KEYS = ("instance_type", "gpu", "precision", "region", "backend", "model", "notes", "path", "consumer")
@@ -298,6 +298,6 @@ def main(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     try:
         return int(args.handler(args) or 0)
-    except UserError as exc:
+    except FleetcastError as exc:
         print(f"fleetcast bench: {exc}", file=sys.stderr)
         return exc.exit_code

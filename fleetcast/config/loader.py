@@ -20,6 +20,8 @@ from ruamel.yaml.comments import CommentedMap, CommentedSeq
 from ruamel.yaml.constructor import ConstructorError, RoundTripConstructor
 from ruamel.yaml.error import MarkedYAMLError, YAMLError
 
+from fleetcast.contract.errors import UserError
+
 from .model import FleetConfig
 from .parameter import decode_parameter
 from .rules import ConfigIssue, check
@@ -34,8 +36,8 @@ MAX_INT_DIGITS = 24     # every integer field fits in 20 digits; Python refuses 
 MAX_ISSUES = 100        # problems listed; the rest are counted
 
 
-class ConfigError(Exception):
-    """The config file is unreadable or invalid; `issues` lists every problem found."""
+class ConfigError(UserError):
+    """The config file is unreadable or invalid; `issues` lists every problem found (exit 1)."""
 
     def __init__(self, source: str, issues: list[ConfigIssue], lines: dict[tuple, int] | None = None):
         self.source = source

@@ -206,12 +206,12 @@ def access_with_credentials(profile: str | None, *, strict: bool = True) -> Any 
     `strict`: an unknown profile is the caller's mistake (exit 4); a dry run passes False and is told later
     that AWS access was not checked."""
     from fleetcast.aws_session import AwsSession
-    from fleetcast.errors import UserError
+    from fleetcast.errors import FleetcastError
 
     aws = AwsSession(profile)
     try:
         aws.boto  # noqa: B018 - resolves the profile
-    except UserError:
+    except FleetcastError:
         if strict:
             raise
         return None
