@@ -4,11 +4,13 @@ points boto3 at it. Tests that share the server keep apart by their own names (u
 or by resetting it (tests/usage)."""
 
 import pytest
-from moto.server import ThreadedMotoServer
 
 
 @pytest.fixture(scope="session")
 def moto_endpoint():
+    # Imported here, not at collection: moto is heavy and most test runs (`-k`, one file) never need it.
+    from moto.server import ThreadedMotoServer
+
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
     server.start()
     host, port = server.get_host_and_port()
