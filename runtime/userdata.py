@@ -19,20 +19,11 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 
+from fleetcast.contract.instance_env import HOST_REQUIRED, KNOWN
 from fleetcast.telemetry import INSTANCE_ENV_FILE
 
-# Keys the stack must pass; the runtime refuses to start without them.
-REQUIRED_KEYS = (
-    "FLEETCAST_FLEET",
-    "FLEETCAST_REGION",
-    "FLEETCAST_POOL",
-    "FLEETCAST_BUCKET",
-    "FLEETCAST_CONFIG_PARAM",
-    "FLEETCAST_CONFIG_DIGEST",
-    "FLEETCAST_IMAGE",
-    "FLEETCAST_RUNTIME_BUNDLE",
-    "FLEETCAST_LOG_GROUP",
-)
+# Keys the stack must pass for a serving instance; the runtime refuses to start without them.
+REQUIRED_KEYS = HOST_REQUIRED
 INSTALL_DIR = "/opt/fleetcast"
 SYSTEMD_DIR = "/etc/systemd/system"
 
@@ -50,8 +41,9 @@ def _check_env(env: Mapping[str, str], required: tuple[str, ...] = REQUIRED_KEYS
     if missing:
         raise ValueError(f"user data env is missing required key(s): {', '.join(missing)}")
     for key, value in env.items():
-        if not _KEY.match(key):
-            raise ValueError(f"user data env key {key!r} must look like FLEETCAST_NAME (upper case, digits, _)")
+        if not _KEY.match(key) or key not in KNOWN:
+            raise ValueError(f"user data env key {key!r} is not an instance variable "
+                             "(fleetcast/contract/instance_env.py defines every one)")
         if not isinstance(value, str):
             raise ValueError(f"user data env {key} must be a string, got {type(value).__name__}")
         if not _SAFE_VALUE.match(_CDK_TOKEN.sub("", value)):

@@ -23,6 +23,7 @@ from constructs import Construct
 
 from fleetcast.config import FleetConfig, Region
 from fleetcast.config.model import Capacity, WarmPoolSpec
+from fleetcast.contract.instance_env import Var
 from fleetcast.errors import UserError
 
 from .gpu_fleet import GpuFleet, asg_name
@@ -100,17 +101,17 @@ class BenchFleets(Construct):
                 vpc=provider.network.vpc, subnets=provider.network.subnets,
                 security_group=provider.instance_security_group, inputs=inputs,
                 extra_env={
-                    "FLEETCAST_POOL": pool.name,
-                    "FLEETCAST_BENCH_KEY": key,
-                    "FLEETCAST_BENCH_GROUP": group,
+                    Var.POOL: pool.name,
+                    Var.BENCH_KEY: key,
+                    Var.BENCH_GROUP: group,
                     # The model server itself (runtime/serve.py: 127.0.0.1:engine.port+1); the gateway on
                     # engine.port requires PROXY protocol v2 and has its own benchmark (bench_gateway).
-                    "FLEETCAST_BENCH_ENDPOINT": f"http://127.0.0.1:{cfg.engine.port + 1}",
-                    "FLEETCAST_BENCH_CONCURRENCY": knobs["bench_concurrency"],
-                    "FLEETCAST_BENCH_REQUESTS": knobs["bench_requests"],
-                    "FLEETCAST_BENCH_INPUT_TOKENS": knobs["bench_input_tokens"],
-                    "FLEETCAST_BENCH_OUTPUT_TOKENS": knobs["bench_output_tokens"],
-                    "FLEETCAST_BENCH_LABELS": labels,
+                    Var.BENCH_ENDPOINT: f"http://127.0.0.1:{cfg.engine.port + 1}",
+                    Var.BENCH_CONCURRENCY: knobs["bench_concurrency"],
+                    Var.BENCH_REQUESTS: knobs["bench_requests"],
+                    Var.BENCH_INPUT_TOKENS: knobs["bench_input_tokens"],
+                    Var.BENCH_OUTPUT_TOKENS: knobs["bench_output_tokens"],
+                    Var.BENCH_LABELS: labels,
                 },
             )
             bucket = provider.model_store.bucket

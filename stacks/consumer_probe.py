@@ -37,6 +37,7 @@ from constructs import Construct
 
 from fleetcast.bench.probe_wheels import DEFAULT_DIR, check_wheelhouse
 from fleetcast.config import Consumer, FleetConfig
+from fleetcast.contract.instance_env import Var
 from fleetcast.contract.outputs import ConsumerOutput
 from fleetcast.errors import UserError
 from runtime.probe.userdata import render_probe_user_data
@@ -151,21 +152,21 @@ class ConsumerBenchProbe(Construct):
             labels += [f"instance_type={pool.instance_type}", f"precision={cfg.engine_for(pool).precision.value}",
                        f"backend={cfg.engine_for(pool).backend.value}"]
         env = {
-            "FLEETCAST_FLEET": cfg.name,
-            "FLEETCAST_REGION": consumer.region,
-            "FLEETCAST_BUCKET": self.results_bucket.bucket_name,
-            "FLEETCAST_PROBE_BUNDLE": self.bundle.s3_object_url,
-            "FLEETCAST_BENCH_KEY": self.results_key,
-            "FLEETCAST_BENCH_GROUP": self.group_name,
-            "FLEETCAST_BENCH_ENDPOINT": f"http://{dns_name}:{port}",
-            "FLEETCAST_BENCH_CONCURRENCY": knobs["bench_concurrency"],
-            "FLEETCAST_BENCH_REQUESTS": knobs["bench_requests"],
-            "FLEETCAST_BENCH_INPUT_TOKENS": knobs["bench_input_tokens"],
-            "FLEETCAST_BENCH_OUTPUT_TOKENS": knobs["bench_output_tokens"],
-            "FLEETCAST_BENCH_LABELS": ",".join(labels),
+            Var.FLEET.value: cfg.name,
+            Var.REGION.value: consumer.region,
+            Var.BUCKET.value: self.results_bucket.bucket_name,
+            Var.PROBE_BUNDLE.value: self.bundle.s3_object_url,
+            Var.BENCH_KEY.value: self.results_key,
+            Var.BENCH_GROUP.value: self.group_name,
+            Var.BENCH_ENDPOINT.value: f"http://{dns_name}:{port}",
+            Var.BENCH_CONCURRENCY.value: knobs["bench_concurrency"],
+            Var.BENCH_REQUESTS.value: knobs["bench_requests"],
+            Var.BENCH_INPUT_TOKENS.value: knobs["bench_input_tokens"],
+            Var.BENCH_OUTPUT_TOKENS.value: knobs["bench_output_tokens"],
+            Var.BENCH_LABELS.value: ",".join(labels),
         }
         if self.api_key_secret:
-            env["FLEETCAST_BENCH_API_KEY_SECRET"] = self.api_key_secret
+            env[Var.BENCH_API_KEY_SECRET.value] = self.api_key_secret
         self.launch_template = ec2.LaunchTemplate(
             self,
             "LaunchTemplate",

@@ -20,6 +20,7 @@ from constructs import Construct
 
 from fleetcast.ami import DLAMI_SSM_PARAMETER, LATEST
 from fleetcast.config import FleetConfig, Pool, Region
+from fleetcast.contract.instance_env import HostEnv, Var
 from fleetcast.telemetry import LAUNCH_HOOK, NAMESPACE
 from runtime.userdata import render_user_data
 
@@ -76,7 +77,7 @@ class GpuFleet(Construct):
         subnets: ec2.SubnetSelection,
         security_group: ec2.ISecurityGroup,
         inputs: InstanceInputs,
-        extra_env: dict[str, str] | None = None,
+        extra_env: dict[Var, str] | None = None,
     ) -> None:
         super().__init__(scope, construct_id)
         self.pool = pool
@@ -86,22 +87,20 @@ class GpuFleet(Construct):
 
         # The pool whose engine these instances serve: the bench groups run a real pool's engine
         # under their own group (extra_env names it).
-        serving_pool = (extra_env or {}).get("FLEETCAST_POOL", pool.name)
-        env = {
-            "FLEETCAST_FLEET": cfg.name,
-            "FLEETCAST_REGION": region.region,
-            "FLEETCAST_POOL": pool.name,
-            "FLEETCAST_BUCKET": inputs.model_store.bucket.bucket_name,
-            "FLEETCAST_CONFIG_PARAM": inputs.config_parameter.parameter_name,
+        serving_pool = (extra_env or {}).get(Var.POOL, pool.name)
+        env = HostEnv(
+            fleet=cfg.name,
+            region=region.region,
+            pool=pool.name,
+            bucket=inputs.model_store.bucket.bucket_name,
+            config_param=inputs.config_parameter.parameter_name,
             # A change to what this pool's instances are built from changes this line, hence
             # the launch template version; consumers, sizes and other regions' pools do not.
-            "FLEETCAST_CONFIG_DIGEST": cfg.instance_digest(region.region, serving_pool),
-            "FLEETCAST_IMAGE": inputs.image_uri,
-            "FLEETCAST_RUNTIME_BUNDLE": inputs.runtime_bundle.s3_object_url,
-            "FLEETCAST_LOG_GROUP": inputs.log_group.log_group_name,
-            # Set by callers that reuse this launch path for another job (bench instances).
-            **(extra_env or {}),
-        }
+            config_digest=cfg.instance_digest(region.region, serving_pool),
+            image=inputs.image_uri,
+            runtime_bundle=inputs.runtime_bundle.s3_object_url,
+            log_group=inputs.log_group.log_group_name,
+        ).render(extra_env)  # set by callers that reuse this launch path for another job (bench instances)
         self.launch_template = ec2.LaunchTemplate(
             self,
             "LaunchTemplate",

@@ -14,16 +14,11 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from fleetcast.contract.instance_env import Var
 from runtime.userdata import SYSTEMD_DIR, env_file_preamble
 
-REQUIRED_KEYS = (
-    "FLEETCAST_REGION",
-    "FLEETCAST_BUCKET",
-    "FLEETCAST_BENCH_KEY",
-    "FLEETCAST_BENCH_GROUP",
-    "FLEETCAST_BENCH_ENDPOINT",
-    "FLEETCAST_PROBE_BUNDLE",
-)
+REQUIRED_KEYS = tuple(v.value for v in (Var.REGION, Var.BUCKET, Var.BENCH_KEY, Var.BENCH_GROUP, Var.BENCH_ENDPOINT,
+                                          Var.PROBE_BUNDLE))
 INSTALL_DIR = "/opt/fleetcast"
 DEPS_DIR = "/opt/fleetcast-deps"
 UNIT = "fleetcast-probe.service"

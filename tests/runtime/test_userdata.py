@@ -55,3 +55,10 @@ def test_missing_key_is_named(key):
 def test_shell_special_values_are_refused(value):
     with pytest.raises(ValueError, match="FLEETCAST_POOL"):
         render_user_data(dict(ENV, FLEETCAST_POOL=value))
+
+
+def test_a_variable_the_contract_does_not_define_is_refused_at_synth():
+    """Every name comes from fleetcast/contract/instance_env.py: a misspelt one would be written to the env
+    file and silently ignored on the instance."""
+    with pytest.raises(ValueError, match="FLEETCAST_POLS_S"):
+        render_user_data(dict(ENV, FLEETCAST_POLS_S="5"))
