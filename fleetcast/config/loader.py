@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import difflib
 import json
+import os
 import re
 import types
 import typing
@@ -393,9 +394,28 @@ def read_document(path: str | Path) -> tuple[Any, dict[tuple, int]]:
 
 
 def load_config(path: str | Path) -> FleetConfig:
-    """Read, parse and validate a fleet config file (YAML or JSON)."""
+    """Read, parse and validate a fleet config file (YAML or JSON).
+
+    A file already validated in this process with the same bytes (and the same data-table overrides) is
+    not parsed again: the round-trip YAML parser that keeps line numbers is slow, and the model is frozen.
+    """
+    try:
+        raw = Path(path).read_bytes()
+    except OSError:
+        raw = None  # read_document names the problem
+    key = (str(path), raw, tuple(sorted((k, v) for k, v in os.environ.items() if k.startswith("FLEETCAST_"))))
+    if raw is not None and key in _validated:
+        return _validated[key]
     data, lines = read_document(path)
-    return parse_config(data, str(path), lines)
+    cfg = parse_config(data, str(path), lines)
+    if raw is not None:
+        if len(_validated) >= 16:
+            _validated.pop(next(iter(_validated)))
+        _validated[key] = cfg
+    return cfg
+
+
+_validated: dict[tuple, FleetConfig] = {}
 
 
 def config_from_json(text: str) -> FleetConfig:
