@@ -102,7 +102,7 @@ def one_pool(cfg, instance_type, family, backend, precision, kv):
     engine = cfg.engine.model_copy(update={"backend": backend, "precision": precision, "kv_cache_dtype": kv})
     model = cfg.model.model_copy(update={"family": family})
     return cfg.model_copy(update={"model": model, "engine": engine,
-                                  "regions": [region.model_copy(update={"pools": [pool]})], "consumers": []})
+                                  "regions": (region.model_copy(update={"pools": (pool,)}),), "consumers": ()})
 
 
 SUPPORT_FIELDS = {"backend", "precision", "kv_cache_dtype"}
