@@ -48,8 +48,10 @@ synth: $(VENV)/.synth-deps node_modules/.package-lock.json
 	rm -rf $(OUT).old
 	$(VENV)/bin/fleetcast synth summary --config $(CONFIG) --out $(OUT)
 
+# One pytest worker per core (pytest-xdist); TEST_WORKERS=0 runs them in one process.
+TEST_WORKERS ?= auto
 test: $(VENV)/.test-deps node_modules/.package-lock.json
-	$(OFFLINE) $(WITH_NODE) $(PY) -m pytest -q -p no:cacheprovider
+	$(OFFLINE) $(WITH_NODE) $(PY) -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS)
 
 demo: $(VENV)/.test-deps
 	$(PY) -m runtime.demo
