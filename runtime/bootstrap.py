@@ -51,6 +51,7 @@ from .engine_cache import (
     CircuitOpen,
     EngineCache,
     RetryingS3,
+    s3_client,
 )
 from .lifecycle import ABANDON, CONTINUE, Heartbeat, HookClient, Imds, MetadataError, heartbeat_interval
 from .metrics import Emf
@@ -125,6 +126,7 @@ class InstanceEnv:
             poll_s=num("FLEETCAST_POLL_S", d.poll_s),
             s3_retry_deadline_s=num("FLEETCAST_S3_RETRY_DEADLINE_S", d.s3_retry_deadline_s),
             s3_backoff_base_s=num("FLEETCAST_S3_BACKOFF_S", d.s3_backoff_base_s),
+            s3_stall_timeout_s=num("FLEETCAST_S3_STALL_S", d.s3_stall_timeout_s),
         )
         port = env.get("FLEETCAST_PORT")
         if num("FLEETCAST_GATEWAY_REFRESH_S", 60.0) <= 0:
@@ -160,7 +162,7 @@ class Bootstrap:
         self.env = env
         self.session = session or boto3.Session(region_name=env.region)
         bcfg = Config(retries={"mode": "standard", "max_attempts": 3}, connect_timeout=5, read_timeout=60)
-        self.s3 = self.session.client("s3", config=bcfg)
+        self.s3 = s3_client(self.session, env.cache)
         self.autoscaling = self.session.client("autoscaling", config=bcfg)
         self.imds = imds or Imds(env.imds_endpoint)
         self.emf_stream = emf_stream
@@ -260,6 +262,9 @@ class Bootstrap:
             return self.abandon(exc)
         except (CacheError, UserError, ConfigError, gpu_mod.GpuError, OSError) as exc:
             return self.abandon(exc)
+        except Exception as exc:  # noqa: BLE001 - whatever it was, the launch hook must be completed
+            log.exception("unexpected error while preparing the engine")
+            return self.abandon(exc)
 
         if target and target.startswith("Warmed:"):
             self.complete(telemetry.LAUNCH_HOOK, CONTINUE)
@@ -328,8 +333,12 @@ class Bootstrap:
         return resolution, cfg, engine, backend
 
     def abandon(self, exc: Exception) -> int:
-        log.error("cannot serve on this instance: %s", exc)
-        self.summary.update(abandoned=str(exc))
+        log.error("cannot serve on this instance: %s: %s", type(exc).__name__, exc)
+        self.summary.update(abandoned=str(exc), cause=type(exc).__name__)
+        try:
+            self.metric(telemetry.LAUNCH_ABANDONED, 1, cause=type(exc).__name__, error=str(exc)[-2000:])
+        except Exception as metric_exc:  # noqa: BLE001 - a closed log pipe must not keep the hook open
+            log.error("could not publish %s: %s", telemetry.LAUNCH_ABANDONED, metric_exc)
         try:
             self.complete(telemetry.LAUNCH_HOOK, ABANDON)
         except Exception as hook_exc:  # noqa: BLE001 - nothing else to do; the hook timeout defaults to ABANDON
