@@ -3,11 +3,12 @@
 import aws_cdk as cdk
 from aws_cdk.assertions import Template
 
+from stacks.app_builder import cdk_json_context
 from stacks.storage import ABORT_INCOMPLETE_UPLOADS_DAYS, NONCURRENT_VERSION_DAYS, ModelStore
 
 
 def _model_bucket_rules() -> list[dict]:
-    app = cdk.App()
+    app = cdk.App(context=cdk_json_context())
     stack = cdk.Stack(app, "StorageOnly", env=cdk.Environment(account="111111111111", region="ap-northeast-2"))
     store = ModelStore(stack, "Models")
     template = Template.from_stack(stack).to_json()
