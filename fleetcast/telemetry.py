@@ -45,6 +45,7 @@ CIRCUIT_BREAKER_OPEN = "CircuitBreakerOpen"
 STAGING_WAIT_SECONDS = "StagingWaitSeconds"
 STAGING_MISSING = "StagingMissing"
 START_TO_HEALTHY_SECONDS = "StartToHealthySeconds"
+SERVER_UNRECOVERABLE = "ServerUnrecoverable"  # restarts did not bring the model server back: instance replaced
 LAUNCH_ABANDONED = "LaunchAbandoned"  # every ABANDON of the launch hook; properties: cause (error type), error
 
 # Lifecycle hook names: fixed strings, so the launch template's user data never

@@ -3,8 +3,8 @@
 - FakeImds: the EC2 instance metadata service, IMDSv2 only (PUT token first; GETs
   without a valid token get 401), with instance id, region, instance tags
   (aws:autoscaling:groupName) and autoscaling/target-lifecycle-state.
-- FakeAutoScaling: the two lifecycle-hook actions of the Auto Scaling Query API
-  (CompleteLifecycleAction, RecordLifecycleActionHeartbeat), answering the XML
+- FakeAutoScaling: the lifecycle-hook actions of the Auto Scaling Query API
+  (CompleteLifecycleAction, RecordLifecycleActionHeartbeat) and SetInstanceHealth, answering the XML
   boto3 expects, with the "No active Lifecycle Action found" error when the action
   is not pending. Point boto3 at it with AWS_ENDPOINT_URL_AUTO_SCALING.
 - FaultyS3: a proxy in front of moto S3 that answers 503, truncates or stalls chosen
@@ -132,6 +132,16 @@ class _AsgHandler(_Quiet):
         length = int(self.headers.get("Content-Length", "0"))
         params = {k: v[0] for k, v in urllib.parse.parse_qs(self.rfile.read(length).decode()).items()}
         action = params.get("Action", "")
+        if action == "SetInstanceHealth":
+            if params.get("HealthStatus") not in ("Healthy", "Unhealthy") or not params.get("InstanceId"):
+                self._error(400, "ValidationError", "HealthStatus must be Healthy or Unhealthy, with an InstanceId")
+                return
+            with owner.lock:
+                owner.health.append((params["InstanceId"], params["HealthStatus"],
+                                     params.get("ShouldRespectGracePeriod")))
+            self._send(200, f'<SetInstanceHealthResponse xmlns="{ASG_NS}"><ResponseMetadata><RequestId>'
+                            f"{uuid.uuid4()}</RequestId></ResponseMetadata></SetInstanceHealthResponse>", "text/xml")
+            return
         if action not in ("CompleteLifecycleAction", "RecordLifecycleActionHeartbeat"):
             self._error(400, "InvalidAction", f"{action} is not emulated by this fake")
             return
@@ -169,6 +179,7 @@ class FakeAutoScaling(_Server):
         self.calls: list[HookCall] = []
         self.completed: list[HookCall] = []
         self.heartbeats: list[HookCall] = []
+        self.health: list[tuple[str, str, str | None]] = []  # SetInstanceHealth: (instance, status, grace)
 
     def begin(self, group: str, hook: str, instance_id: str) -> None:
         with self.lock:

@@ -58,6 +58,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="required behind the NLB (default); off only for local tests without an NLB")
     p.add_argument("--refresh-s", type=_positive, default=60.0,
                    help="period of the endpoint, API key and consumer-config refresh in seconds (default 60)")
+    p.add_argument("--upstream-idle-s", type=_positive, default=120.0,
+                   help="abort a response whose model server sent nothing for this many seconds (default 120; "
+                        "the runtime passes FLEETCAST_UPSTREAM_IDLE_S)")
     p.add_argument("--event-loop", choices=("auto", "asyncio", "uvloop"), default="auto",
                    help="auto (default): uvloop when installed, which scripts/bench_gateway.py measures as the "
                         "faster hop; else the standard asyncio loop")
@@ -120,7 +123,8 @@ async def serve(args: argparse.Namespace) -> int:
     gateway = Gateway(upstream=args.upstream, identity=Identity(consumers, endpoints, keys),
                       limiters={c.name: ConsumerLimiter(c.limits) for c in consumers}, metrics=metrics,
                       proxy_protocol=args.proxy_protocol == "required",
-                      drain_timeout_s=cfg.operations.drain_timeout_s)
+                      drain_timeout_s=cfg.operations.drain_timeout_s,
+                      upstream_idle_timeout_s=args.upstream_idle_s)
 
     async def apply_consumers(new_cfg, new_consumers) -> None:
         # Keys before identity: a consumer that now needs a key must not be served keyless meanwhile.
