@@ -25,6 +25,7 @@ INPUT_TOKENS = "InputTokens"
 OUTPUT_TOKENS = "OutputTokens"
 REQUESTS = "Requests"
 ERRORS = "Errors"  # 5xx, upstream failures, streams cut short
+STREAMS_CUT = "StreamsCut"  # streams the model server broke off; the client got an error event
 THROTTLED = "Throttled"  # 429 from per-consumer limits
 UNKNOWN_ENDPOINT = "UnknownEndpointRequests"
 PROXY_PROTOCOL_ERRORS = "ProxyProtocolErrors"  # connections refused for a missing or malformed PROXY v2 header
