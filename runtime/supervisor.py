@@ -135,6 +135,8 @@ class Supervisor:
             except Exception as exc:  # noqa: BLE001 - a probe that raises is a failed probe
                 log.debug("liveness probe of %s raised %s", child.name, exc)
             if ok:
+                if answered_pid != pid:
+                    log.info("%s (pid %d) answers its liveness probe", child.name, pid)
                 answered_pid, failed = pid, 0
                 continue
             if answered_pid != pid and time.monotonic() - since < live.startup_s:

@@ -96,3 +96,68 @@ def test_downloads_that_keep_breaking_or_stall_abandon_the_launch(faulty, tmp_pa
     if action == "stall":
         assert "stalled" in log
     assert [r["cause"] for r in rp.emf() if telemetry.LAUNCH_ABANDONED in r] == ["StorageUnavailable"]
+
+
+def _server_pids(log_file) -> list[int]:
+    import re
+
+    return [int(p) for p in re.findall(r"started server \(pid (\d+)\)", log_file.read_text())]
+
+
+def _wait(predicate, timeout_s=120.0):
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.1)
+    return None
+
+
+def test_a_frozen_server_is_restarted_and_an_unrecoverable_one_gets_the_instance_replaced(tmp_path):
+    """The model server stops answering (SIGSTOP: alive, silent). Liveness kills and restarts it;
+    the restarted one freezes too, restarts are used up, and the instance asks its group for a
+    replacement (SetInstanceHealth Unhealthy, grace period not respected), then drains and
+    completes the terminate hook when the group moves it to Terminated."""
+    import signal
+
+    aws = LocalAws(bucket=f"fleetcast-f-{os.getpid()}-live").start()
+    cfg = tiny_config()
+    aws.put_config(cfg)
+    iid = "i-00000000000000f03"
+    imds = aws.instance(iid)
+    env = aws.runtime_env(imds, cfg, tmp_path / "disk", free_port_pair(), FLEETCAST_LIVENESS_INTERVAL_S="0.5",
+                          FLEETCAST_LIVENESS_TIMEOUT_S="1", FLEETCAST_LIVENESS_FAILURES="2",
+                          FLEETCAST_MAX_RESTARTS="1", FLEETCAST_RESTART_BACKOFF_S="0.1",
+                          FLEETCAST_REPLACE_WAIT_S="120")
+    log = tmp_path / "log"
+    rp = aws.start_runtime(env, log)
+    frozen: list[int] = []
+    try:
+        assert rp.wait_event("fleetcast_serving", 180) is not None, log.read_text()[-3000:]
+        for incarnation in (1, 2):
+            pid = _server_pids(log)[-1]
+            assert _wait(lambda: f"server (pid {pid}) answers its liveness probe" in log.read_text())
+            os.killpg(pid, signal.SIGSTOP)
+            frozen.append(pid)
+            if incarnation == 1:
+                assert _wait(lambda: len(_server_pids(log)) == 2), "a frozen server must be restarted"
+        assert _wait(lambda: aws.asg.health, 60) == [(iid, "Unhealthy", "false")]
+        assert rp.metric_values(telemetry.SERVER_UNRECOVERABLE) == [1.0]
+        aws.asg.begin(aws.group, telemetry.TERMINATE_HOOK, iid)
+        imds.target_lifecycle_state = "Terminated"
+        assert exit_code(rp, 120) == 0
+        assert [c.result for c in aws.asg.completed if c.hook == telemetry.TERMINATE_HOOK] == ["CONTINUE"]
+        text = log.read_text()
+        assert "did not answer 2 liveness probes in a row" in text
+    finally:
+        for pid in frozen:
+            try:
+                os.killpg(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        if rp.proc.poll() is None:
+            rp.proc.kill()
+        aws.stop()
