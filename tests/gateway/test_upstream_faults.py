@@ -22,8 +22,8 @@ class DyingServer:
     """A raw upstream: answers a stream head and `events` SSE events, then drops the connection
     (a crashed server); with `answer=False` it reads the request and never replies (queued)."""
 
-    def __init__(self, events: int = 2, answer: bool = True):
-        self.events, self.answer = events, answer
+    def __init__(self, events: int = 2, answer: bool = True, then_hang: bool = False):
+        self.events, self.answer, self.then_hang = events, answer, then_hang
         self.gate = None
         self.port = 0
         self._server: asyncio.AbstractServer | None = None
@@ -47,6 +47,8 @@ class DyingServer:
                 + b"\n\n"
             writer.write(f"{len(event):x}\r\n".encode() + event + b"\r\n")
         await writer.drain()
+        if self.then_hang:  # frozen: the connection stays open, nothing more comes
+            await asyncio.sleep(3600)
         writer.transport.abort()  # died: no last chunk, no [DONE]
 
     async def stop(self) -> None:
@@ -96,3 +98,32 @@ def test_a_request_the_drain_timeout_cuts_before_it_started_gets_a_503():
         finally:
             await stop_harness(h)
     run(body())
+
+
+def test_a_silent_upstream_is_cut_after_the_configured_idle_timeout_not_ten_minutes():
+    """A frozen server keeps the stream open and sends nothing: the gateway's upstream inactivity
+    timeout (FLEETCAST_UPSTREAM_IDLE_S -> --upstream-idle-s -> upstream_idle_timeout_s) ends it,
+    and the client gets the error event."""
+    async def body():
+        h = await start_harness(upstream=await DyingServer(events=1, then_hang=True).start(),
+                                upstream_idle_timeout_s=0.5)
+        try:
+            client = await Client(h.port, VOICE_VPCE).connect()
+            reply = await asyncio.wait_for(client.request("POST", "/v1/completions", stream_body()), 20)
+            events = parse_sse(reply.body)
+            assert events[0]["choices"][0]["text"] == " t0"
+            assert events[-1]["error"]["code"] == "upstream_stream_cut"
+            await client.close()
+        finally:
+            await stop_harness(h)
+    run(body())
+
+
+def test_the_gateway_takes_its_upstream_idle_timeout_from_the_command_line():
+    from runtime.gateway.__main__ import build_parser
+
+    args = build_parser().parse_args(["--listen", "127.0.0.1:1", "--upstream", "127.0.0.1:2", "--region", "r",
+                                      "--pool", "p", "--upstream-idle-s", "45"])
+    assert args.upstream_idle_s == 45.0
+    assert build_parser().parse_args(["--listen", "127.0.0.1:1", "--upstream", "127.0.0.1:2", "--region", "r",
+                                      "--pool", "p"]).upstream_idle_s < 600
