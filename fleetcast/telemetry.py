@@ -25,6 +25,7 @@ INPUT_TOKENS = "InputTokens"
 OUTPUT_TOKENS = "OutputTokens"
 REQUESTS = "Requests"
 ERRORS = "Errors"  # 5xx, upstream failures, streams cut short
+STREAMS_CUT = "StreamsCut"  # streams the model server broke off; the client got an error event
 THROTTLED = "Throttled"  # 429 from per-consumer limits
 UNKNOWN_ENDPOINT = "UnknownEndpointRequests"
 PROXY_PROTOCOL_ERRORS = "ProxyProtocolErrors"  # connections refused for a missing or malformed PROXY v2 header
@@ -45,6 +46,8 @@ CIRCUIT_BREAKER_OPEN = "CircuitBreakerOpen"
 STAGING_WAIT_SECONDS = "StagingWaitSeconds"
 STAGING_MISSING = "StagingMissing"
 START_TO_HEALTHY_SECONDS = "StartToHealthySeconds"
+SERVER_UNRECOVERABLE = "ServerUnrecoverable"  # restarts did not bring the model server back: instance replaced
+LAUNCH_ABANDONED = "LaunchAbandoned"  # every ABANDON of the launch hook; properties: cause (error type), error
 
 # Lifecycle hook names: fixed strings, so the launch template's user data never
 # has to reference its own Auto Scaling group (that would be a cycle).

@@ -51,6 +51,7 @@ from .engine_cache import (
     CircuitOpen,
     EngineCache,
     RetryingS3,
+    s3_client,
 )
 from .lifecycle import ABANDON, CONTINUE, Heartbeat, HookClient, Imds, MetadataError, heartbeat_interval
 from .metrics import Emf
@@ -97,6 +98,11 @@ class InstanceEnv:
     gauges_s: float
     gateway_refresh_s: float
     restart: RestartPolicy
+    liveness_interval_s: float = 10.0
+    liveness_timeout_s: float = 5.0
+    liveness_failures: int = 3
+    upstream_idle_s: float = 120.0
+    replace_wait_s: float = 300.0
 
     @classmethod
     def from_environ(cls, env: Mapping[str, str]) -> "InstanceEnv":
@@ -116,6 +122,12 @@ class InstanceEnv:
             except ValueError:
                 raise UserError(f"{name}: {raw!r} is not a number") from None
 
+        def positive(name: str, default: float) -> float:
+            value = num(name, default)
+            if not value > 0:
+                raise UserError(f"{name}: {env[name]!r} must be a number > 0")
+            return value
+
         d = CacheSettings()
         cache = CacheSettings(
             failure_limit=d.failure_limit,  # replaced from the config later
@@ -125,6 +137,7 @@ class InstanceEnv:
             poll_s=num("FLEETCAST_POLL_S", d.poll_s),
             s3_retry_deadline_s=num("FLEETCAST_S3_RETRY_DEADLINE_S", d.s3_retry_deadline_s),
             s3_backoff_base_s=num("FLEETCAST_S3_BACKOFF_S", d.s3_backoff_base_s),
+            s3_stall_timeout_s=num("FLEETCAST_S3_STALL_S", d.s3_stall_timeout_s),
         )
         port = env.get("FLEETCAST_PORT")
         if num("FLEETCAST_GATEWAY_REFRESH_S", 60.0) <= 0:
@@ -147,6 +160,11 @@ class InstanceEnv:
             gateway_refresh_s=num("FLEETCAST_GATEWAY_REFRESH_S", 60.0),
             restart=RestartPolicy(max_restarts=int(num("FLEETCAST_MAX_RESTARTS", 5)),
                                   backoff_base_s=num("FLEETCAST_RESTART_BACKOFF_S", 1.0)),
+            liveness_interval_s=positive("FLEETCAST_LIVENESS_INTERVAL_S", 10.0),
+            liveness_timeout_s=positive("FLEETCAST_LIVENESS_TIMEOUT_S", 5.0),
+            liveness_failures=int(positive("FLEETCAST_LIVENESS_FAILURES", 3)),
+            upstream_idle_s=positive("FLEETCAST_UPSTREAM_IDLE_S", 120.0),
+            replace_wait_s=positive("FLEETCAST_REPLACE_WAIT_S", 300.0),
         )
 
 
@@ -160,7 +178,7 @@ class Bootstrap:
         self.env = env
         self.session = session or boto3.Session(region_name=env.region)
         bcfg = Config(retries={"mode": "standard", "max_attempts": 3}, connect_timeout=5, read_timeout=60)
-        self.s3 = self.session.client("s3", config=bcfg)
+        self.s3 = s3_client(self.session, env.cache)
         self.autoscaling = self.session.client("autoscaling", config=bcfg)
         self.imds = imds or Imds(env.imds_endpoint)
         self.emf_stream = emf_stream
@@ -260,6 +278,9 @@ class Bootstrap:
             return self.abandon(exc)
         except (CacheError, UserError, ConfigError, gpu_mod.GpuError, OSError) as exc:
             return self.abandon(exc)
+        except Exception as exc:  # noqa: BLE001 - whatever it was, the launch hook must be completed
+            log.exception("unexpected error while preparing the engine")
+            return self.abandon(exc)
 
         if target and target.startswith("Warmed:"):
             self.complete(telemetry.LAUNCH_HOOK, CONTINUE)
@@ -328,8 +349,12 @@ class Bootstrap:
         return resolution, cfg, engine, backend
 
     def abandon(self, exc: Exception) -> int:
-        log.error("cannot serve on this instance: %s", exc)
-        self.summary.update(abandoned=str(exc))
+        log.error("cannot serve on this instance: %s: %s", type(exc).__name__, exc)
+        self.summary.update(abandoned=str(exc), cause=type(exc).__name__)
+        try:
+            self.metric(telemetry.LAUNCH_ABANDONED, 1, cause=type(exc).__name__, error=str(exc)[-2000:])
+        except Exception as metric_exc:  # noqa: BLE001 - a closed log pipe must not keep the hook open
+            log.error("could not publish %s: %s", telemetry.LAUNCH_ABANDONED, metric_exc)
         try:
             self.complete(telemetry.LAUNCH_HOOK, ABANDON)
         except Exception as hook_exc:  # noqa: BLE001 - nothing else to do; the hook timeout defaults to ABANDON
@@ -346,6 +371,8 @@ class Bootstrap:
             ready_timeout_s=self.env.ready_timeout_s or float(cfg.operations.launch_hook_timeout_s),
             drain_timeout_s=float(cfg.operations.drain_timeout_s), restart=self.env.restart,
             gateway_refresh_s=self.env.gateway_refresh_s,
+            liveness_interval_s=self.env.liveness_interval_s, liveness_timeout_s=self.env.liveness_timeout_s,
+            liveness_failures=self.env.liveness_failures, upstream_idle_timeout_s=self.env.upstream_idle_s,
         )
         serving = Serving(settings, backend.server_command(resolution.path, "127.0.0.1", settings.server_port),
                           stop=self._stop, server_env=backend.server_env())
@@ -395,6 +422,10 @@ class Bootstrap:
         while not self._stop.wait(0.2):
             now = time.monotonic()
             if serving.supervisor.gave_up.is_set():
+                child = serving.supervisor.failed_child
+                if child is not None and child.name == "server" and self.replace_instance(child):
+                    self.stop_reason = "unhealthy"
+                    break
                 log.error("serving processes keep crashing; exiting so systemd restarts the container")
                 gauges_stop.set()
                 serving.drain()
@@ -408,6 +439,9 @@ class Bootstrap:
                 except MetadataError as exc:
                     log.warning("lifecycle state poll failed: %s", exc)
         gauges_stop.set()
+        if self.stop_reason == "unhealthy" and not self.wait_for_replacement():
+            serving.drain()
+            return EXIT_SERVING_FAILED
         log.info("draining (%s)", self.stop_reason)
         terminating = self.stop_reason == "terminate-hook"
         if not terminating:
@@ -421,6 +455,38 @@ class Bootstrap:
             self.complete(telemetry.TERMINATE_HOOK, CONTINUE)
         print(json.dumps({"event": "fleetcast_drained", "stop_reason": self.stop_reason, **report}), flush=True)
         return EXIT_OK
+
+    def replace_instance(self, child) -> bool:
+        """The server could not be kept up by restarts (frozen or crashing): ask the group for a
+        replacement. False when that is impossible (outside a group, or the call failed)."""
+        why = (f"the model server did not answer its liveness probe ({child.unresponsive} time(s))"
+               if child.unresponsive else "the model server kept crashing")
+        log.error("%s; restarts (%d) did not bring it back", why, len(child.restarts))
+        self.metric(telemetry.SERVER_UNRECOVERABLE, 1, reason=why, exit_codes=str(child.exit_codes[-5:]))
+        if self.hooks is None:
+            return False
+        try:
+            self.hooks.set_unhealthy()
+        except Exception as exc:  # noqa: BLE001 - fall back to the container restart
+            log.error("could not mark the instance unhealthy: %s", exc)
+            return False
+        self.summary.update(unhealthy=why)
+        return True
+
+    def wait_for_replacement(self) -> bool:
+        """After SetInstanceHealth, the group moves this instance toward termination: wait (bounded)
+        for the terminate hook, so it is completed after the drain like any scale-in."""
+        deadline = time.monotonic() + self.env.replace_wait_s
+        while time.monotonic() < deadline:
+            try:
+                if _leaving_service(self.imds.target_lifecycle_state()):
+                    return True
+            except MetadataError as exc:
+                log.warning("lifecycle state poll failed: %s", exc)
+            if self._stop.wait(self.env.terminate_poll_s):
+                return True  # SIGTERM: the instance is going away
+        log.error("the group did not start replacing this instance within %.0f s", self.env.replace_wait_s)
+        return False
 
     def publish_gauges(self, serving: Serving) -> None:
         values: dict[str, float] = {}

@@ -20,7 +20,16 @@ Why it is safe:
 - A failed build leaves a marker; after `failure_limit` markers new instances stop
   at once (CircuitOpen) instead of burning GPU hours in a replace-and-fail loop.
 - Transient S3 errors are retried with backoff up to a deadline, then surface
-  as StorageUnavailable (the caller ABANDONs the launch).
+  as StorageUnavailable (the caller ABANDONs the launch). That includes the
+  wrappers of boto3's transfer layer (S3UploadFailedError around a ClientError,
+  RetriesExceededError around broken or stalled downloads), and a download that
+  delivers no byte for `s3_stall_timeout_s` (the client's socket read timeout).
+- A holder that lost its lock (it froze past the lock's lifetime and someone took
+  over) deletes what it uploaded instead of publishing it; so does a holder whose
+  manifest write lost the race. A replaced (corrupt) entry's build files are
+  deleted once the new manifest is in; the bucket's lifecycle rules expire the
+  noncurrent versions and abort multipart uploads a killed holder left behind
+  (stacks/storage.py).
 """
 
 from __future__ import annotations
@@ -39,13 +48,15 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from boto3.exceptions import RetriesExceededError, S3UploadFailedError
+from boto3.s3.transfer import TransferConfig
 from botocore.exceptions import (
     ClientError,
-    ConnectionClosedError,
-    ConnectTimeoutError,
-    EndpointConnectionError,
-    ReadTimeoutError,
+    ConnectionError as BotoConnectionError,
+    HTTPClientError,
+    IncompleteReadError,
 )
+from s3transfer.exceptions import RetriesExceededError as TransferRetriesExceededError
 
 from fleetcast.staging.manifest import MANIFEST_NAME, Manifest, build_manifest, verify_tree
 
@@ -79,6 +90,10 @@ class WaitTimeout(CacheError):
 
 class CorruptEntry(CacheError):
     """An entry's files do not match its manifest."""
+
+
+class LockLost(CacheError):
+    """This holder's lock was taken over while it built (it froze, or its refreshes failed)."""
 
 
 # ---------------------------------------------------------------- key
@@ -126,6 +141,29 @@ class CacheSettings:
     s3_retry_deadline_s: float = 300.0
     s3_backoff_base_s: float = 0.5
     s3_backoff_max_s: float = 20.0
+    # No byte for this long on one S3 connection is a stall: the attempt fails and is retried.
+    s3_stall_timeout_s: float = 30.0
+    # A release that fails is retried this long at most: the original error must surface soon.
+    lock_release_deadline_s: float = 30.0
+
+
+def s3_client(session: Any, settings: CacheSettings) -> Any:
+    """The S3 client the runtime uses: the socket read timeout is the stall bound.
+
+    botocore applies `read_timeout` to every socket read, so a transfer that stops
+    delivering bytes fails after that long with ReadTimeoutError instead of waiting
+    on a dead connection; RetryingS3 then retries it within its deadline.
+    """
+    from botocore.config import Config
+
+    return session.client("s3", config=Config(
+        retries={"mode": "standard", "max_attempts": 3}, connect_timeout=5,
+        read_timeout=settings.s3_stall_timeout_s))
+
+
+# One attempt per download_file call: RetryingS3 owns retries (backoff, deadline, the log
+# line), instead of s3transfer's num_download_attempts=5 silently multiplying a stall by five.
+_TRANSFER = TransferConfig(num_download_attempts=1)
 
 
 @dataclass
@@ -175,6 +213,27 @@ def _not_found(exc: ClientError) -> bool:
     return _code(exc) in ("NoSuchKey", "404", "NotFound") or _status(exc) == 404
 
 
+def _transient_client_error(exc: ClientError) -> bool:
+    return _code(exc) in _TRANSIENT_CODES or _status(exc) >= 500
+
+
+# Connection failures, timeouts and broken response streams (botocore), plus what boto3's
+# transfer layer turns them into. boto3/s3/transfer.py (S3Transfer.download_file) re-raises
+# s3transfer's RetriesExceededError as boto3.exceptions.RetriesExceededError once
+# s3transfer/download.py (GetObjectTask) has run out of attempts on the errors in
+# s3transfer/utils.py S3_RETRYABLE_DOWNLOAD_ERRORS (socket errors, ReadTimeoutError,
+# IncompleteReadError, ResponseStreamingError).
+_TRANSIENT_ERRORS = (BotoConnectionError, HTTPClientError, IncompleteReadError, RetriesExceededError,
+                     TransferRetriesExceededError)
+
+
+def _upload_cause(exc: S3UploadFailedError) -> ClientError | None:
+    """The ClientError boto3 wrapped: boto3/s3/transfer.py (S3Transfer.upload_file) raises
+    S3UploadFailedError inside `except ClientError`, so the original is its __context__."""
+    cause = exc.__cause__ or exc.__context__
+    return cause if isinstance(cause, ClientError) else None
+
+
 class RetryingS3:
     """S3 calls of one bucket, retried with capped exponential backoff on transient failures.
 
@@ -186,45 +245,72 @@ class RetryingS3:
     def __init__(self, s3: Any, bucket: str, settings: "CacheSettings", sleep: Callable[[float], None] = time.sleep):
         self.s3, self.bucket, self.settings, self._sleep = s3, bucket, settings, sleep
 
-    def _retry(self, what: str, fn: Callable[[], Any]) -> Any:
+    def _retry(self, what: str, fn: Callable[[], Any], deadline_s: float | None = None) -> Any:
         s = self.settings
-        deadline = time.monotonic() + s.s3_retry_deadline_s
+        limit = s.s3_retry_deadline_s if deadline_s is None else deadline_s
+        deadline = time.monotonic() + limit
         attempt = 0
         while True:
             try:
                 return fn()
-            except (EndpointConnectionError, ConnectTimeoutError, ReadTimeoutError, ConnectionClosedError) as exc:
+            except _TRANSIENT_ERRORS as exc:
                 error: Exception = exc
+            except S3UploadFailedError as exc:
+                cause = _upload_cause(exc)
+                if cause is not None and not _transient_client_error(cause):
+                    raise cause from None  # an answer (403, 400): callers see the ClientError itself
+                error = exc
             except ClientError as exc:
-                if _code(exc) not in _TRANSIENT_CODES and _status(exc) < 500:
+                if not _transient_client_error(exc):
                     raise
                 error = exc
             attempt += 1
             if time.monotonic() >= deadline:
                 raise StorageUnavailable(
-                    f"S3 {what} on s3://{self.bucket} failed for {s.s3_retry_deadline_s:.0f} s "
-                    f"({attempt} attempts); last error: {error}"
+                    f"S3 {what} on s3://{self.bucket} failed for {limit:.0f} s "
+                    f"({attempt} attempts); last error: {_describe(error)}"
                 ) from None
             delay = min(s.s3_backoff_max_s, s.s3_backoff_base_s * 2 ** min(attempt, 16))
             delay = min(delay * random.uniform(0.5, 1.0), max(0.0, deadline - time.monotonic()))
-            log.warning("S3 %s failed (%s); retry %d in %.1f s", what, error, attempt, delay)
+            log.warning("S3 %s failed (%s); retry %d in %.1f s", what, _describe(error), attempt, delay)
             self._sleep(delay)
 
-    def call(self, op: str, **kwargs: Any) -> Any:
-        return self._retry(op, lambda: getattr(self.s3, op)(**kwargs))
+    def call(self, op: str, deadline_s: float | None = None, **kwargs: Any) -> Any:
+        return self._retry(op, lambda: getattr(self.s3, op)(**kwargs), deadline_s)
 
     def download_file(self, key: str, target: Path) -> None:
-        self._retry(f"download of {key}", lambda: self.s3.download_file(self.bucket, key, str(target)))
+        self._retry(f"download of {key}",
+                    lambda: self.s3.download_file(self.bucket, key, str(target), Config=_TRANSFER))
+
+    def get_object_bytes(self, key: str) -> tuple[bytes, str]:
+        """GetObject and read its body, both inside one retried attempt (a body can break mid-read)."""
+        def fetch() -> tuple[bytes, str]:
+            resp = self.s3.get_object(Bucket=self.bucket, Key=key)
+            return resp["Body"].read(), resp["ETag"]
+
+        return self._retry(f"get_object {key}", fetch)
 
     def get_bytes(self, key: str) -> tuple[bytes, str] | None:
         """(body, etag), or None when the object does not exist."""
         try:
-            resp = self.call("get_object", Bucket=self.bucket, Key=key)
+            return self.get_object_bytes(key)
         except ClientError as exc:
             if _not_found(exc):
                 return None
             raise
-        return resp["Body"].read(), resp["ETag"]
+
+
+def _describe(exc: Exception) -> str:
+    """An error with what the transfer layer wrapped: 'Max Retries Exceeded' alone names no cause."""
+    inner = getattr(exc, "last_exception", None)
+    if isinstance(exc, (RetriesExceededError, TransferRetriesExceededError)) and inner is not None:
+        text = f"{type(exc).__name__}: {type(inner).__name__}: {inner}"
+        if "timeout" in type(inner).__name__.lower() or "timed out" in str(inner).lower():
+            text += " (stalled: no bytes within the S3 stall timeout)"
+        return text
+    if "timeout" in type(exc).__name__.lower():
+        return f"{type(exc).__name__}: {exc} (stalled: no bytes within the S3 stall timeout)"
+    return f"{type(exc).__name__}: {exc}"
 
 
 class EngineCache:
@@ -244,23 +330,21 @@ class EngineCache:
         self.manifest_key = f"{self.entry_prefix}{MANIFEST_NAME}"
         self.lock_key = f"locks/{self.key}.json"
         self.failure_prefix = f"failures/{self.key}/"
+        self._refresh_mutex = threading.Lock()
 
     def _call(self, op: str, **kwargs: Any) -> Any:
         return self.store.call(op, **kwargs)
 
     def _get_json(self, key: str) -> tuple[dict | None, str | None, bytes | None]:
         """(parsed body or None if unparseable, etag, raw) or (None, None, None) when absent."""
+        found = self.store.get_bytes(key)
+        if found is None:
+            return None, None, None
+        raw, etag = found
         try:
-            resp = self._call("get_object", Bucket=self.bucket, Key=key)
-        except ClientError as exc:
-            if _not_found(exc):
-                return None, None, None
-            raise
-        raw = resp["Body"].read()
-        try:
-            return json.loads(raw), resp["ETag"], raw
+            return json.loads(raw), etag, raw
         except ValueError:
-            return None, resp["ETag"], raw
+            return None, etag, raw
 
     # ------------------------------------------------------------ manifest
 
@@ -356,6 +440,14 @@ class EngineCache:
         return _Lock(etag=resp["ETag"], body=body)
 
     def refresh_lock(self, lock: _Lock) -> bool:
+        # One refresh at a time (the refresher thread and publish's confirmation): two
+        # conditional writes on the same ETag would make the second look like a takeover.
+        with self._refresh_mutex:
+            if lock.lost:
+                return False
+            return self._refresh_lock(lock)
+
+    def _refresh_lock(self, lock: _Lock) -> bool:
         body = dict(lock.body, heartbeat_at=time.time(), nonce=uuid.uuid4().hex)
         try:
             resp = self._call("put_object", Bucket=self.bucket, Key=self.lock_key, Body=json.dumps(body).encode(),
@@ -370,12 +462,39 @@ class EngineCache:
         return True
 
     def release_lock(self, lock: _Lock) -> None:
+        """Delete the lock if it is still ours. S3 failing here is retried briefly
+        (`lock_release_deadline_s`), then StorageUnavailable."""
+        deadline = min(self.settings.lock_release_deadline_s, self.settings.s3_retry_deadline_s)
         try:
-            self._call("delete_object", Bucket=self.bucket, Key=self.lock_key, IfMatch=lock.etag)
+            self.store.call("delete_object", deadline_s=deadline, Bucket=self.bucket, Key=self.lock_key,
+                            IfMatch=lock.etag)
         except ClientError as exc:
             if not (_precondition_failed(exc) or _not_found(exc) or _conflict(exc)):
                 raise
             log.warning("build lock %s was no longer ours at release", self.lock_key)
+
+    def abandon_lock(self, lock: _Lock) -> None:
+        """Let others build now, whatever S3 does; never raises (the caller has a better error to report).
+
+        The delete may fail while a PutObject still works (S3 throttles per operation and
+        prefix): then the lock is rewritten as released (heartbeat 0), which every waiter
+        takes over at its next poll instead of after `lock_ttl_s`.
+        """
+        try:
+            self.release_lock(lock)
+            return
+        except Exception as exc:  # noqa: BLE001 - reported, then the fallback below
+            log.error("could not release build lock %s: %s", self.lock_key, exc)
+        body = dict(lock.body, heartbeat_at=0, released=True, nonce=uuid.uuid4().hex)
+        try:
+            self.store.call("put_object", deadline_s=min(self.settings.lock_release_deadline_s,
+                                                         self.settings.s3_retry_deadline_s),
+                            Bucket=self.bucket, Key=self.lock_key, Body=json.dumps(body).encode(),
+                            IfMatch=lock.etag, ContentType="application/json")
+            log.warning("marked build lock %s released; waiters take it over now", self.lock_key)
+        except Exception as exc:  # noqa: BLE001
+            log.error("could not mark build lock %s released either (%s); other instances take it over "
+                      "once it is %.0f s old (lock_ttl_s)", self.lock_key, exc, self.settings.lock_ttl_s)
 
     # ------------------------------------------------------------ transfer
 
@@ -407,25 +526,69 @@ class EngineCache:
     def _download_file(self, key: str, target: Path) -> None:
         self.store.download_file(key, target)
 
-    def publish(self, artifact: Path, build_id: str, build_seconds: float, replace_etag: str | None) -> Manifest:
-        """Upload the artifact under its own prefix, then the manifest (last)."""
+    def publish(self, artifact: Path, build_id: str, build_seconds: float, replace_etag: str | None,
+                lock: _Lock | None = None) -> Manifest | None:
+        """Upload the artifact under its own prefix, then the manifest (last).
+
+        None when this build did not become the entry (another was published first):
+        its files are deleted then, so nothing unreferenced stays in the bucket. With
+        `lock`, the lock is confirmed ours (a conditional refresh) after the upload and
+        before the manifest: a holder that froze past the lock's lifetime and was taken
+        over discards its upload and raises LockLost instead of publishing.
+        """
         prefix = f"{self.entry_prefix}builds/{build_id}/"
         manifest = build_manifest(
             artifact, kind="engine", name=self.inputs.model_id, revision=self.inputs.revision,
             extra={"key": self.key, "build_id": build_id, "artifact_prefix": prefix, "inputs": asdict(self.inputs),
                    "built_by": self.holder, "build_seconds": round(build_seconds, 3), "built_at": time.time()},
         )
-        for f in manifest.files:
-            self._call("upload_file", Filename=str(artifact / f.path), Bucket=self.bucket, Key=prefix + f.path)
-        condition = {"IfMatch": replace_etag} if replace_etag else {"IfNoneMatch": "*"}
+        uploaded: list[str] = []
         try:
-            self._call("put_object", Bucket=self.bucket, Key=self.manifest_key, Body=manifest.to_json().encode(),
-                       ContentType="application/json", **condition)
-        except ClientError as exc:
-            if not (_precondition_failed(exc) or _conflict(exc)):
-                raise
-            log.warning("another build of %s was published first; keeping it as the entry", self.key)
+            for f in manifest.files:
+                self._confirm_lock(lock)
+                self._call("upload_file", Filename=str(artifact / f.path), Bucket=self.bucket, Key=prefix + f.path)
+                uploaded.append(prefix + f.path)
+            self._confirm_lock(lock)
+            condition = {"IfMatch": replace_etag} if replace_etag else {"IfNoneMatch": "*"}
+            try:
+                self._call("put_object", Bucket=self.bucket, Key=self.manifest_key, Body=manifest.to_json().encode(),
+                           ContentType="application/json", **condition)
+            except ClientError as exc:
+                if not (_precondition_failed(exc) or _conflict(exc) or (replace_etag and _not_found(exc))):
+                    raise
+                log.warning("another build of %s was published first; keeping it as the entry and deleting "
+                            "this build's upload", self.key)
+                self._discard(uploaded)
+                return None
+        except LockLost:
+            self._discard(uploaded)
+            raise
         return manifest
+
+    def _confirm_lock(self, lock: _Lock | None) -> None:
+        if lock is None:
+            return
+        if lock.lost or not self.refresh_lock(lock):
+            raise LockLost(f"build lock {self.lock_key} was taken over while this instance built "
+                           f"(it was silent for more than {self.settings.lock_ttl_s:.0f} s)")
+
+    def _discard(self, keys: list[str]) -> None:
+        """Best effort: what is left is an unreferenced build, reclaimed by `delete_build` of a later
+        replacement or, failing that, found by `aws s3 ls engines/<key>/builds/`."""
+        for key in keys:
+            try:
+                self._call("delete_object", Bucket=self.bucket, Key=key)
+            except Exception as exc:  # noqa: BLE001 - never hide the outcome for a cleanup
+                log.warning("could not delete unreferenced s3://%s/%s: %s", self.bucket, key, exc)
+                return
+
+    def delete_build(self, prefix: str) -> None:
+        """Delete a replaced build's files (in the versioned bucket they become noncurrent
+        versions, which the bucket's lifecycle rule expires)."""
+        if not prefix.startswith(f"{self.entry_prefix}builds/"):
+            return  # a garbled manifest names no prefix of ours: leave the bucket alone
+        resp = self._call("list_objects_v2", Bucket=self.bucket, Prefix=prefix)
+        self._discard([o["Key"] for o in resp.get("Contents", [])])
 
     # ------------------------------------------------------------ the whole flow
 
@@ -491,7 +654,17 @@ class EngineCache:
             lock = self.try_lock(build_id)
             if lock is not None:
                 events.append("locked")
-                return self._build_locked(lock, build_id, build, local_root, dest, corrupt, start, events)
+                try:
+                    resolution = self._build_locked(lock, build_id, build, local_root, dest, corrupt, start, events)
+                except LockLost as exc:
+                    # Froze past the lock's lifetime: the build that took over is the one to serve.
+                    log.error("%s; discarded this build, serving the entry of the instance that took over", exc)
+                    events.append("lock-lost")
+                    continue
+                if resolution is not None:
+                    return resolution
+                events.append("lost-publish")  # another build became the entry first: fetch it
+                continue
             if time.monotonic() >= deadline:
                 raise WaitTimeout(f"waited {self.settings.wait_timeout_s:.0f} s for another instance to build {self.key}")
             if "waiting" not in events:
@@ -500,7 +673,8 @@ class EngineCache:
             self._sleep(self.settings.poll_s * random.uniform(0.8, 1.2))
 
     def _build_locked(self, lock: _Lock, build_id: str, build: Callable[[Path], Path], local_root: Path, dest: Path,
-                      corrupt: set[str], start: float, events: list[str]) -> Resolution:
+                      corrupt: set[str], start: float, events: list[str]) -> Resolution | None:
+        """Build and publish under `lock`; None when another build became the entry first."""
         stop = threading.Event()
 
         def refresher() -> None:
@@ -526,6 +700,7 @@ class EngineCache:
                 except CorruptEntry:
                     corrupt.add(etag or "")
             replace = etag if etag is not None else None
+            replaced_prefix = str(manifest.extra.get("artifact_prefix", "")) if manifest is not None else ""
             self.check_breaker()
             work = local_root / f".build-{build_id}"
             shutil.rmtree(work, ignore_errors=True)
@@ -539,12 +714,25 @@ class EngineCache:
                 shutil.rmtree(work, ignore_errors=True)
                 raise
             except Exception as exc:
-                marker = self.record_failure(f"{type(exc).__name__}: {exc}", build_id)
                 shutil.rmtree(work, ignore_errors=True)
-                raise BuildFailed(f"engine build for {self.key} failed: {exc} (marker s3://{self.bucket}/{marker})") from exc
+                try:
+                    where = f"marker s3://{self.bucket}/{self.record_failure(f'{type(exc).__name__}: {exc}', build_id)}"
+                except CacheError as marker_exc:  # S3 down too: the build's own error is still the one to report
+                    where = f"no failure marker written: {marker_exc}"
+                raise BuildFailed(f"engine build for {self.key} failed: {exc} ({where})") from exc
             build_seconds = time.monotonic() - t0
             events.append("built")
-            manifest = self.publish(artifact, build_id, build_seconds, replace)
+            try:
+                published = self.publish(artifact, build_id, build_seconds, replace, lock)
+            except BaseException:
+                shutil.rmtree(work, ignore_errors=True)
+                raise
+            if published is None:
+                shutil.rmtree(work, ignore_errors=True)
+                return None
+            manifest = published
+            if replaced_prefix and replaced_prefix != manifest.extra["artifact_prefix"]:
+                self.delete_build(replaced_prefix)  # the corrupt entry's files: nobody references them now
             self.clear_failures()
             (artifact / MANIFEST_NAME).write_text(manifest.to_json())
             shutil.rmtree(dest, ignore_errors=True)
@@ -556,4 +744,6 @@ class EngineCache:
             stop.set()
             thread.join(timeout=5)
             if not lock.lost:
-                self.release_lock(lock)
+                # Never raises: an error in flight (an S3 outage, a failed build) is the one to report,
+                # and a release S3 refuses must not keep others waiting the lock's whole lifetime.
+                self.abandon_lock(lock)

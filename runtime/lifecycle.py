@@ -8,7 +8,8 @@ Warmed:Stopped, Warmed:Running, Warmed:Hibernated or Terminated).
 
 The hook calls (CompleteLifecycleAction, RecordLifecycleActionHeartbeat) go
 through boto3; `Heartbeat` keeps a long engine build inside the hook's
-heartbeat window.
+heartbeat window. SetInstanceHealth (Unhealthy) is how an instance whose model
+server cannot be brought back asks its group to replace it.
 """
 
 from __future__ import annotations
@@ -137,6 +138,15 @@ class HookClient:
                 log.warning("no active lifecycle action for %s (already completed or timed out): %s", hook, exc)
                 return
             raise
+
+    def set_unhealthy(self) -> None:
+        """Ask the group to replace this instance now (SetInstanceHealth, Amazon EC2 Auto Scaling API
+        Reference: "Set to Unhealthy to have the instance be out of service. Amazon EC2 Auto Scaling
+        terminates and replaces the unhealthy instance"). The grace period is for instances still
+        starting; this one was serving, so it is not respected."""
+        log.error("marking instance %s unhealthy in %s", self.instance_id, self.group)
+        self.autoscaling.set_instance_health(InstanceId=self.instance_id, HealthStatus="Unhealthy",
+                                             ShouldRespectGracePeriod=False)
 
     def heartbeat(self, hook: str) -> None:
         self.autoscaling.record_lifecycle_action_heartbeat(

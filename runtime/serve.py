@@ -14,6 +14,16 @@ with 503 at once (the NLB stops sending), refuses new requests, lets in-flight
 streams finish (bounded by operations.drain_timeout_s) and exits, which closes its
 listener (new connections are refused). The server is stopped only after that, so
 no stream loses its tail.
+
+Liveness (while serving): the supervisor probes the server's /health every
+`liveness_interval_s`, each probe bounded by `liveness_timeout_s`. A server that
+is alive but answers `liveness_failures` probes in a row with nothing (frozen) is
+killed and restarted like a crashed one; when restarts do not bring it back the
+supervisor gives up and the bootstrap has the group replace the instance. The
+gateway meanwhile aborts a stream whose upstream sent nothing for
+`upstream_idle_timeout_s` (FLEETCAST_UPSTREAM_IDLE_S): longer than the engine's
+worst gap between two tokens of one stream (a step with a full max_num_tokens
+prefill chunk, or a wait for a batch slot), far shorter than the old ten minutes.
 """
 
 from __future__ import annotations
@@ -29,7 +39,7 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .supervisor import Child, RestartPolicy, Supervisor
+from .supervisor import Child, Liveness, RestartPolicy, Supervisor
 
 log = logging.getLogger("fleetcast.serve")
 
@@ -59,6 +69,10 @@ class ServeSettings:
     probe_tokens: int = 4
     gateway_refresh_s: float = 60.0  # endpoints, API keys and consumers (docs/gateway.md)
     restart: RestartPolicy = field(default_factory=RestartPolicy)
+    liveness_interval_s: float = 10.0
+    liveness_timeout_s: float = 5.0
+    liveness_failures: int = 3
+    upstream_idle_timeout_s: float = 120.0
 
     @property
     def server_port(self) -> int:
@@ -109,13 +123,25 @@ class Serving:
         s = self.s
         argv = [sys.executable, "-m", "runtime.gateway", "--listen", f"{s.listen_host}:{s.port}",
                 "--upstream", f"127.0.0.1:{s.server_port}", "--region", s.region, "--pool", s.pool,
-                "--proxy-protocol", "required" if s.proxy_protocol else "off", "--refresh-s", f"{s.gateway_refresh_s:g}"]
+                "--proxy-protocol", "required" if s.proxy_protocol else "off", "--refresh-s", f"{s.gateway_refresh_s:g}",
+                "--upstream-idle-s", f"{s.upstream_idle_timeout_s:g}"]
         if s.config_json is not None:
             argv += ["--config-json", str(s.config_json)]
         return argv
 
+    def server_alive(self) -> bool:
+        """One liveness probe: /health answered 200 within the probe timeout."""
+        try:
+            status, _ = http_json("GET", f"{self.base}/health", timeout_s=self.s.liveness_timeout_s)
+        except (OSError, ValueError):
+            return False
+        return status == 200
+
     def start(self) -> None:
-        self.supervisor.start(Child("server", self.server_argv, env=self.server_env, policy=self.s.restart))
+        liveness = Liveness(self.server_alive, interval_s=self.s.liveness_interval_s,
+                            failures=self.s.liveness_failures, startup_s=self.s.ready_timeout_s)
+        self.supervisor.start(Child("server", self.server_argv, env=self.server_env, policy=self.s.restart,
+                                    liveness=liveness))
         if self.s.gateway:
             self.supervisor.start(Child("gateway", self.gateway_argv(), policy=self.s.restart))
 

@@ -4,10 +4,14 @@ Two layers of restart, on purpose:
 - this supervisor restarts a child that exits on its own (a crashed server comes
   back in seconds, without reloading the container or re-running the engine
   cache), with exponential backoff;
-- if a child keeps crashing (more than `max_restarts` within `window_s`), the
-  supervisor gives up and the runtime exits non-zero, so systemd
-  (runtime/systemd/fleetcast-runtime.service, Restart=on-failure) restarts the
-  whole container, and the ASG health check replaces the instance if that fails too.
+- a child with a liveness probe that stops answering (alive, frozen: a hung GPU,
+  a deadlocked executor, SIGSTOP) is killed after `failures` probes in a row fail
+  and then restarted like a crashed one, so "frozen" becomes "exited";
+- if a child keeps crashing or freezing (more than `max_restarts` within
+  `window_s`), the supervisor gives up. The runtime then marks the instance
+  unhealthy so the group replaces it (runtime/bootstrap.py), or, if that call
+  fails, exits non-zero so systemd (runtime/systemd/fleetcast-runtime.service,
+  Restart=on-failure) restarts the whole container.
 """
 
 from __future__ import annotations
@@ -34,6 +38,22 @@ class RestartPolicy:
 
 
 @dataclass
+class Liveness:
+    """A bounded health probe of a running child.
+
+    `probe()` returns True when the child answered; it must bound its own wait
+    (a frozen server accepts connections and never replies). After a (re)start the
+    child has `startup_s` to answer once (loading an engine takes a while); from then
+    on `failures` consecutive failed probes, `interval_s` apart, count as frozen.
+    """
+
+    probe: Callable[[], bool]
+    interval_s: float = 10.0
+    failures: int = 3
+    startup_s: float = 1800.0
+
+
+@dataclass
 class Child:
     """One supervised process."""
 
@@ -42,10 +62,13 @@ class Child:
     env: Mapping[str, str] | None = None
     cwd: str | None = None
     policy: RestartPolicy = field(default_factory=RestartPolicy)
+    liveness: Liveness | None = None
     proc: subprocess.Popen | None = None
     starts: int = 0
     restarts: deque = field(default_factory=deque)
     exit_codes: list = field(default_factory=list)
+    unresponsive: int = 0  # times it was killed for not answering its liveness probe
+    spawned_at: float = 0.0
 
     @property
     def pid(self) -> int | None:
@@ -76,6 +99,7 @@ class Supervisor:
         # Ctrl-C aimed at the runtime does not hit the server before drain says so.
         child.proc = subprocess.Popen(list(child.argv), env=env, cwd=child.cwd, start_new_session=True)
         child.starts += 1
+        child.spawned_at = time.monotonic()
         log.info("started %s (pid %d): %s", child.name, child.proc.pid, " ".join(child.argv))
 
     def start(self, child: Child) -> Child:
@@ -85,7 +109,54 @@ class Supervisor:
         if self._thread is None:
             self._thread = threading.Thread(target=self._watch, name="supervisor", daemon=True)
             self._thread.start()
+        if child.liveness is not None:
+            # Own thread: a probe waits up to its timeout, which must not delay restarts of others.
+            threading.Thread(target=self._probe_loop, args=(child,), name=f"liveness-{child.name}",
+                             daemon=True).start()
         return child
+
+    def _probe_loop(self, child: Child) -> None:
+        live = child.liveness
+        assert live is not None
+        answered_pid: int | None = None  # the process that has answered once since its start
+        failed = 0
+        while not self._stop.wait(live.interval_s):
+            with self._lock:
+                if child.name in self._stopping:
+                    return  # stopped on purpose, or given up on
+                proc = child.proc
+                if proc is None or proc.poll() is not None:
+                    failed = 0
+                    continue  # exited: the watch loop restarts it
+                pid, since = proc.pid, child.spawned_at
+            ok = False
+            try:
+                ok = bool(live.probe())
+            except Exception as exc:  # noqa: BLE001 - a probe that raises is a failed probe
+                log.debug("liveness probe of %s raised %s", child.name, exc)
+            if ok:
+                if answered_pid != pid:
+                    log.info("%s (pid %d) answers its liveness probe", child.name, pid)
+                answered_pid, failed = pid, 0
+                continue
+            if answered_pid != pid and time.monotonic() - since < live.startup_s:
+                continue  # still starting
+            failed += 1
+            if failed < live.failures:
+                log.warning("%s (pid %d) did not answer its liveness probe (%d of %d)", child.name, pid, failed,
+                            live.failures)
+                continue
+            failed = 0
+            with self._lock:
+                if child.proc is None or child.proc.pid != pid or child.name in self._stopping:
+                    continue
+                log.error("%s (pid %d) is alive but did not answer %d liveness probes in a row; killing it "
+                          "so it is restarted", child.name, pid, live.failures)
+                child.unresponsive += 1
+                try:
+                    os.killpg(pid, signal.SIGKILL)  # SIGTERM would wait on a process that is not running
+                except ProcessLookupError:
+                    pass
 
     def _watch(self) -> None:
         pending: dict[str, float] = {}  # child -> monotonic time of its next start

@@ -202,7 +202,9 @@ class GpuFleet(Construct):
             ),
             iam.PolicyStatement(
                 sid="OwnLifecycleHook",
-                actions=["autoscaling:CompleteLifecycleAction", "autoscaling:RecordLifecycleActionHeartbeat"],
+                # SetInstanceHealth: an instance whose model server cannot be revived asks to be replaced.
+                actions=["autoscaling:CompleteLifecycleAction", "autoscaling:RecordLifecycleActionHeartbeat",
+                         "autoscaling:SetInstanceHealth"],
                 resources=[self._asg_arn()],
             ),
             iam.PolicyStatement(

@@ -12,6 +12,14 @@ from constructs import Construct
 READ_ONLY_PREFIXES = ("models/", "calibration/")  # written by `fleetcast stage`, read by instances
 READ_WRITE_PREFIXES = ("engines/", "locks/", "failures/")  # engine cache, build locks, failure records
 
+# A killed uploader (engine builder, `fleetcast stage`) leaves the parts of its multipart upload,
+# billed and invisible to listings, until the upload is aborted. No legitimate upload of the
+# runtime runs longer than the launch hook's longest window (2 h), so a day is a safe bound.
+ABORT_INCOMPLETE_UPLOADS_DAYS = 1
+# Replaced engine builds, discarded uploads and rewritten locks become noncurrent versions
+# (the bucket is versioned); they are kept this long for forensics, then expire.
+NONCURRENT_VERSION_DAYS = 30
+
 
 def private_bucket(
     scope: Construct,
@@ -61,9 +69,16 @@ class ModelStore(Construct):
             "Bucket",
             server_access_logs_bucket=self.access_logs,
             server_access_logs_prefix="model-bucket/",
-            # Engines and locks are rewritten often; old versions only cost money.
+            # Engines and locks are rewritten often; old versions only cost money. The runtime
+            # deletes a replaced or discarded build's files (runtime/engine_cache.py); here their
+            # noncurrent versions expire, the delete markers left alone afterwards are removed,
+            # and incomplete multipart uploads are aborted.
             lifecycle_rules=[
-                s3.LifecycleRule(noncurrent_version_expiration=Duration.days(30)),
+                s3.LifecycleRule(
+                    noncurrent_version_expiration=Duration.days(NONCURRENT_VERSION_DAYS),
+                    abort_incomplete_multipart_upload_after=Duration.days(ABORT_INCOMPLETE_UPLOADS_DAYS),
+                    expired_object_delete_marker=True,
+                ),
                 s3.LifecycleRule(prefix="locks/", expiration=Duration.days(7)),
             ],
         )

@@ -3,12 +3,14 @@
 - FakeImds: the EC2 instance metadata service, IMDSv2 only (PUT token first; GETs
   without a valid token get 401), with instance id, region, instance tags
   (aws:autoscaling:groupName) and autoscaling/target-lifecycle-state.
-- FakeAutoScaling: the two lifecycle-hook actions of the Auto Scaling Query API
-  (CompleteLifecycleAction, RecordLifecycleActionHeartbeat), answering the XML
+- FakeAutoScaling: the lifecycle-hook actions of the Auto Scaling Query API
+  (CompleteLifecycleAction, RecordLifecycleActionHeartbeat) and SetInstanceHealth, answering the XML
   boto3 expects, with the "No active Lifecycle Action found" error when the action
   is not pending. Point boto3 at it with AWS_ENDPOINT_URL_AUTO_SCALING.
+- FaultyS3: a proxy in front of moto S3 that answers 503, truncates or stalls chosen
+  requests, so boto3's transfer layer fails in tests exactly as it does on an instance.
 
-Both bind 127.0.0.1 and record every call so demos and tests can assert on them.
+All bind 127.0.0.1 and record every call so demos and tests can assert on them.
 """
 
 from __future__ import annotations
@@ -130,6 +132,16 @@ class _AsgHandler(_Quiet):
         length = int(self.headers.get("Content-Length", "0"))
         params = {k: v[0] for k, v in urllib.parse.parse_qs(self.rfile.read(length).decode()).items()}
         action = params.get("Action", "")
+        if action == "SetInstanceHealth":
+            if params.get("HealthStatus") not in ("Healthy", "Unhealthy") or not params.get("InstanceId"):
+                self._error(400, "ValidationError", "HealthStatus must be Healthy or Unhealthy, with an InstanceId")
+                return
+            with owner.lock:
+                owner.health.append((params["InstanceId"], params["HealthStatus"],
+                                     params.get("ShouldRespectGracePeriod")))
+            self._send(200, f'<SetInstanceHealthResponse xmlns="{ASG_NS}"><ResponseMetadata><RequestId>'
+                            f"{uuid.uuid4()}</RequestId></ResponseMetadata></SetInstanceHealthResponse>", "text/xml")
+            return
         if action not in ("CompleteLifecycleAction", "RecordLifecycleActionHeartbeat"):
             self._error(400, "InvalidAction", f"{action} is not emulated by this fake")
             return
@@ -167,6 +179,7 @@ class FakeAutoScaling(_Server):
         self.calls: list[HookCall] = []
         self.completed: list[HookCall] = []
         self.heartbeats: list[HookCall] = []
+        self.health: list[tuple[str, str, str | None]] = []  # SetInstanceHealth: (instance, status, grace)
 
     def begin(self, group: str, hook: str, instance_id: str) -> None:
         with self.lock:
@@ -206,3 +219,107 @@ class FakeEc2(_Server):
     def __init__(self, connections: list[dict] | None = None) -> None:
         super().__init__(_Ec2Handler)
         self.connections: list[dict] = list(connections or [])
+
+
+@dataclass
+class S3Fault:
+    """One fault of FaultyS3: requests with `method` whose object key contains `key_part` get
+    `action` (at most `times` of them; None: all). Actions, each a way real S3 or the network fails:
+      "503"      answer 503 SlowDown (S3's throttling error) without forwarding;
+      "truncate" forward, then send the response head and half the body, and close;
+      "stall"    forward, then send the head and half the body, and send nothing more until
+                 FaultyS3.stop() (or `stall_s`), as a dead connection does.
+    """
+
+    method: str
+    key_part: str
+    action: str
+    times: int | None = None
+    hits: int = 0
+
+
+class _FaultyS3Handler(_Quiet):
+    def _fault(self) -> "S3Fault | None":
+        owner: FaultyS3 = self.server.owner  # type: ignore[attr-defined]
+        key = urllib.parse.unquote(urllib.parse.urlsplit(self.path).path)
+        with owner.lock:
+            for fault in owner.faults:
+                if fault.method == self.command and fault.key_part in key and (
+                        fault.times is None or fault.hits < fault.times):
+                    fault.hits += 1
+                    owner.injected.append((self.command, key, fault.action))
+                    return fault
+        return None
+
+    def _relay(self) -> None:
+        import http.client
+
+        owner: FaultyS3 = self.server.owner  # type: ignore[attr-defined]
+        length = int(self.headers.get("Content-Length") or 0)
+        body = self.rfile.read(length) if length else b""
+        fault = self._fault()
+        if fault is not None and fault.action == "503":
+            self.close_connection = True
+            self._send(503, '<?xml version="1.0" encoding="UTF-8"?><Error><Code>SlowDown</Code>'
+                            f"<Message>Please reduce your request rate.</Message><RequestId>{uuid.uuid4().hex}"
+                            "</RequestId></Error>", "application/xml")
+            return
+        headers = {k: v for k, v in self.headers.items() if k.lower() not in ("connection", "expect", "keep-alive")}
+        upstream = http.client.HTTPConnection(owner.upstream_host, owner.upstream_port, timeout=30)
+        try:
+            upstream.request(self.command, self.path, body=body or None, headers=headers)
+            resp = upstream.getresponse()
+            data = resp.read()
+            out_headers = [(k, v) for k, v in resp.getheaders()
+                           if k.lower() not in ("transfer-encoding", "connection", "content-length", "date", "server")]
+        finally:
+            upstream.close()
+        self.send_response(resp.status)
+        for k, v in out_headers:
+            self.send_header(k, v)
+        self.send_header("Content-Length", str(len(data)))
+        if fault is not None:
+            self.send_header("Connection", "close")
+        self.end_headers()
+        if fault is None or self.command == "HEAD":
+            self.wfile.write(data)
+            return
+        self.close_connection = True
+        self.wfile.write(data[: len(data) // 2])
+        self.wfile.flush()
+        if fault.action == "stall":
+            owner.released.wait(owner.stall_s)
+
+    do_GET = do_PUT = do_POST = do_DELETE = do_HEAD = _relay  # noqa: N815
+
+
+class FaultyS3(_Server):
+    """A loopback proxy in front of moto's S3 that injects S3Faults, so the real boto3 client
+    and its transfer layer (s3transfer) meet real HTTP failures and raise what they raise on
+    an instance: botocore retries the 503s, then upload_file wraps the ClientError in
+    S3UploadFailedError; broken and stalled bodies surface from download_file as
+    RetriesExceededError (boto3/s3/transfer.py, s3transfer/download.py)."""
+
+    def __init__(self, upstream_url: str, stall_s: float = 120.0) -> None:
+        super().__init__(_FaultyS3Handler)
+        parts = urllib.parse.urlsplit(upstream_url)
+        self.upstream_host, self.upstream_port = parts.hostname or "127.0.0.1", parts.port or 80
+        self.lock = threading.Lock()
+        self.faults: list[S3Fault] = []
+        self.injected: list[tuple[str, str, str]] = []
+        self.stall_s = stall_s
+        self.released = threading.Event()
+
+    def add(self, method: str, key_part: str, action: str, times: int | None = None) -> S3Fault:
+        fault = S3Fault(method, key_part, action, times)
+        with self.lock:
+            self.faults.append(fault)
+        return fault
+
+    def clear(self) -> None:
+        with self.lock:
+            self.faults.clear()
+
+    def stop(self) -> None:
+        self.released.set()
+        super().stop()

@@ -62,6 +62,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--body-timeout-s", type=_positive, default=BODY_TIMEOUT_S,
                    help="a request body must arrive whole within this many seconds, else 408 and the connection "
                         f"is closed (default {BODY_TIMEOUT_S:g}); no concurrency slot is held meanwhile")
+    p.add_argument("--upstream-idle-s", type=_positive, default=120.0,
+                   help="abort a response whose model server sent nothing for this many seconds (default 120; "
+                        "the runtime passes FLEETCAST_UPSTREAM_IDLE_S)")
     p.add_argument("--event-loop", choices=("auto", "asyncio", "uvloop"), default="auto",
                    help="auto (default): uvloop when installed, which scripts/bench_gateway.py measures as the "
                         "faster hop; else the standard asyncio loop")
@@ -124,7 +127,8 @@ async def serve(args: argparse.Namespace) -> int:
     gateway = Gateway(upstream=args.upstream, identity=Identity(consumers, endpoints, keys),
                       limiters={c.name: ConsumerLimiter(c.limits) for c in consumers}, metrics=metrics,
                       proxy_protocol=args.proxy_protocol == "required",
-                      drain_timeout_s=cfg.operations.drain_timeout_s, body_timeout_s=args.body_timeout_s)
+                      drain_timeout_s=cfg.operations.drain_timeout_s, body_timeout_s=args.body_timeout_s,
+                      upstream_idle_timeout_s=args.upstream_idle_s)
 
     async def apply_consumers(new_cfg, new_consumers) -> None:
         # Keys before identity: a consumer that now needs a key must not be served keyless meanwhile.

@@ -43,6 +43,11 @@ MAX_HEALTH_BODY = 64 * 1024  # a /health answer longer than this is not read to 
 _deadline = asyncio.timeout if sys.version_info >= (3, 11) else None
 
 
+_STREAM_CUT_EVENT = b"data: " + json.dumps({"error": {
+    "message": "the model server stopped while streaming this response; the output is incomplete, retry the request",
+    "type": "server_error", "param": None, "code": "upstream_stream_cut"}}).encode() + b"\n\n"
+
+
 class UpstreamError(Exception):
     """The local server could not be reached or broke the protocol."""
 
@@ -131,6 +136,7 @@ class Gateway:
         self._server: asyncio.AbstractServer | None = None
         self._connections: set[asyncio.StreamWriter] = set()
         self._streams: dict[int, tuple[UpstreamConn, list[float]]] = {}  # watchdog: last upstream progress
+        self._unstarted: set[asyncio.StreamWriter] = set()  # requests sent upstream, no response head yet
         self._idle_event = asyncio.Event()
         self._idle_event.set()
         self._watchdog: asyncio.Task | None = None
@@ -185,6 +191,11 @@ class Gateway:
             self._watchdog.cancel()
         if self._server:
             self._server.close()
+        for writer in list(self._unstarted):
+            # Cut by the drain timeout before the server answered: a retryable 503, not a reset.
+            self._unstarted.discard(writer)
+            writer.write(openai_error(503, "this instance is shutting down and the request did not start in "
+                                           "time; retry it", "service_unavailable", "draining", close=True))
         for writer in list(self._connections):
             writer.close()
         for conn in self._idle_upstream:
@@ -478,15 +489,23 @@ class Gateway:
         if body or request.method in ("POST", "PUT", "PATCH"):
             lines.append(f"Content-Length: {len(body)}")
         head = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
+        self._unstarted.add(writer)
         try:
             conn, status, up_headers, _ = await self._send_upstream(head, body, watch)
         except UpstreamError as exc:
+            if writer not in self._unstarted:
+                return False  # already answered 503 by close()
+            self._unstarted.discard(writer)
             if exchange:
                 exchange.status, exchange.error = 502, True
                 exchange.props["upstream_error"] = str(exc)
             writer.write(openai_error(502, str(exc), "upstream_error", "upstream_unavailable", close=not keep))
             await writer.drain()
             return keep
+        if writer not in self._unstarted:
+            conn.writer.close()
+            return False  # close() answered 503 while the head was on its way
+        self._unstarted.discard(writer)
         if exchange:
             exchange.status = status
             exchange.error = status >= 500
@@ -539,6 +558,7 @@ class Gateway:
         key = id(conn)
         self._streams[key] = (conn, progress)
         complete = False
+        upstream_cut = False
         pending = head  # not yet sent
         try:
             while True:
@@ -546,9 +566,13 @@ class Gateway:
                 if want == 0:
                     complete = True
                     break
-                data = await conn.reader.read(want)
+                try:
+                    data = await conn.reader.read(want)
+                except ConnectionError:
+                    data = b""  # the server died under us (reset): the same cut as an early EOF
                 if not data:
                     complete = decoder is None and remaining is None  # close-delimited: EOF is the end
+                    upstream_cut = not complete
                     break
                 now = time.perf_counter()
                 progress[0] = time.monotonic()
@@ -560,6 +584,7 @@ class Gateway:
                     except ChunkedError as exc:
                         if exchange:
                             exchange.props["upstream_error"] = f"malformed chunked response: {exc}"
+                        upstream_cut = True
                         break
                 if meter:
                     data = meter.feed(data, now)
@@ -583,6 +608,13 @@ class Gateway:
             out = pending + ((chunk(data) if out_chunked else data) if data else b"")
             if out_chunked and complete:
                 out += LAST_CHUNK
+            elif upstream_cut and meter and out_chunked:
+                # A cut must not read as a finish: end the SSE stream with an OpenAI-style error event,
+                # which clients raise as an error (openai-python src/openai/_streaming.py raises
+                # APIError for a data event carrying "error"), then end the body.
+                out += chunk(_STREAM_CUT_EVENT) + LAST_CHUNK
+                if exchange:
+                    exchange.props["stream_cut"] = True
             if out:
                 writer.write(out)
             await writer.drain()
@@ -708,6 +740,8 @@ class Gateway:
             props["client_disconnected"] = True
         values: dict[str, float] = {t.REQUESTS: 1, t.THROTTLED: 0, t.ERRORS: 1 if ex.error else 0,
                                     t.INPUT_TOKENS: input_tokens, t.OUTPUT_TOKENS: output_tokens}
+        if ex.props.get("stream_cut"):
+            values[t.STREAMS_CUT] = 1
         if meter and meter.first_content_at is not None:
             values[t.TTFT_MS] = round((meter.first_content_at - ex.started) * 1000, 3)
             values[t.E2E_MS] = round((meter.last_content_at - ex.started) * 1000, 3)

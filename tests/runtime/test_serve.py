@@ -69,3 +69,20 @@ def test_sigterm_during_startup_stops_the_wait():
             serving.wait_ready()
     finally:
         serving.drain()
+
+
+def test_the_gateway_is_started_with_the_upstream_idle_timeout_of_the_instance_env():
+    from runtime.bootstrap import InstanceEnv
+
+    base = {"FLEETCAST_FLEET": "f", "FLEETCAST_REGION": "r", "FLEETCAST_POOL": "p", "FLEETCAST_BUCKET": "b",
+            "FLEETCAST_CONFIG_FILE": "/dev/null"}
+    env = InstanceEnv.from_environ({**base, "FLEETCAST_UPSTREAM_IDLE_S": "45"})
+    assert env.upstream_idle_s == 45.0
+    assert InstanceEnv.from_environ(base).upstream_idle_s < 600  # not the old ten minutes
+    argv = Serving(ServeSettings(port=9000, model_name="m", region="r", pool="p",
+                                 upstream_idle_timeout_s=env.upstream_idle_s), ["server"]).gateway_argv()
+    assert argv[argv.index("--upstream-idle-s") + 1] == "45"
+    from fleetcast.errors import UserError
+
+    with pytest.raises(UserError, match="FLEETCAST_UPSTREAM_IDLE_S"):
+        InstanceEnv.from_environ({**base, "FLEETCAST_UPSTREAM_IDLE_S": "0"})

@@ -1,0 +1,190 @@
+"""The engine cache under S3 faults and late holders: every failure is retried, reported or cleaned up.
+
+S3 here is moto behind runtime.devtools.fakes.FaultyS3, a loopback proxy that answers 503,
+truncates or stalls chosen requests at the HTTP level. The real boto3 client and its transfer
+layer meet those failures, so what reaches the cache is what an instance sees:
+- upload_file: boto3/s3/transfer.py S3Transfer.upload_file catches the ClientError (after
+  botocore's own retries) and raises boto3.exceptions.S3UploadFailedError;
+- download_file: s3transfer/download.py GetObjectTask retries the errors of
+  s3transfer/utils.py S3_RETRYABLE_DOWNLOAD_ERRORS (socket errors, ReadTimeoutError,
+  IncompleteReadError, ResponseStreamingError) num_download_attempts times, then raises
+  s3transfer's RetriesExceededError, which boto3/s3/transfer.py S3Transfer.download_file
+  re-raises as boto3.exceptions.RetriesExceededError.
+(boto3 1.44 / s3transfer 0.19 as installed.)
+"""
+
+import json
+import time
+
+import boto3
+import pytest
+from boto3.exceptions import RetriesExceededError, S3UploadFailedError
+
+from runtime.devtools.fakes import FaultyS3
+from runtime.engine_cache import BuildFailed, CacheSettings, EngineCache, StorageUnavailable, s3_client
+from tests.runtime.cache_worker import client, fake_build, inputs
+
+FAST = CacheSettings(poll_s=0.1, lock_ttl_s=30, lock_refresh_s=0.5, wait_timeout_s=60, s3_retry_deadline_s=20,
+                     s3_backoff_base_s=0.05, s3_backoff_max_s=0.5, s3_stall_timeout_s=1.0)
+
+
+@pytest.fixture
+def proxy(aws):
+    p = FaultyS3(aws.moto_url).start()
+    yield p
+    p.stop()
+
+
+def product_client(url: str, settings: CacheSettings):
+    """The client exactly as the bootstrap makes it (engine_cache.s3_client), pointed at the proxy."""
+    session = boto3.Session(region_name="ap-northeast-2", aws_access_key_id="testing",
+                            aws_secret_access_key="testing")
+    import os
+
+    os.environ["AWS_ENDPOINT_URL_S3"] = url
+    try:
+        return s3_client(session, settings)
+    finally:
+        del os.environ["AWS_ENDPOINT_URL_S3"]
+
+
+def faulty_cache(aws, proxy, holder="i-faulty", settings=FAST, **changes) -> EngineCache:
+    return EngineCache(product_client(proxy.url, settings), aws.bucket, inputs(**changes), holder=holder,
+                       settings=settings)
+
+
+def never_build(workdir):
+    raise AssertionError("build must not run")
+
+
+def test_the_fake_fails_the_way_boto3s_transfer_layer_does(aws, proxy, tmp_path):
+    """The stand-in is only worth something if boto3 raises its own wrapper types through it."""
+    s3 = client(proxy.url)
+    src = tmp_path / "f"
+    src.write_bytes(b"x" * 300_000)
+    proxy.add("PUT", "/engines/", "503")
+    with pytest.raises(S3UploadFailedError, match="SlowDown"):
+        s3.upload_file(str(src), aws.bucket, "engines/x/a")
+    proxy.clear()
+    s3.upload_file(str(src), aws.bucket, "engines/x/a")
+    proxy.add("GET", "/engines/", "truncate")
+    with pytest.raises(RetriesExceededError):
+        s3.download_file(aws.bucket, "engines/x/a", str(tmp_path / "g"))
+
+
+def test_uploads_answering_503_are_retried_until_they_go_through(aws, proxy, tmp_path):
+    # botocore retries a 503 three times (standard mode) before upload_file gives up: fail four
+    # requests, so the cache's own retry has to act on S3UploadFailedError.
+    proxy.add("PUT", "/builds/", "503", times=4)
+    res = faulty_cache(aws, proxy).obtain(tmp_path / "a", fake_build(tmp_path / "n", 0))
+    assert res.outcome == "built"
+    assert len(proxy.injected) == 4
+    assert aws.keys("locks/") == []
+
+
+def test_uploads_that_keep_failing_end_as_storage_unavailable_and_free_the_lock(aws, proxy, tmp_path):
+    proxy.add("PUT", "/builds/", "503")
+    settings = CacheSettings(**{**FAST.__dict__, "s3_retry_deadline_s": 1.0})
+    with pytest.raises(StorageUnavailable, match="S3UploadFailedError"):
+        faulty_cache(aws, proxy, settings=settings).obtain(tmp_path / "a", fake_build(tmp_path / "n", 0))
+    assert aws.keys("locks/") == [] and aws.keys("failures/") == []  # not the build's fault
+
+
+@pytest.mark.parametrize("action", ["truncate", "stall"])
+def test_downloads_that_break_or_stall_are_retried_then_succeed(aws, proxy, tmp_path, action):
+    built = EngineCache(client(aws.moto_url), aws.bucket, inputs(), holder="i-builder", settings=FAST)
+    built.obtain(tmp_path / "b", fake_build(tmp_path / "n", 0))
+    # s3transfer alone would absorb 5 broken reads of one GET (num_download_attempts); 6 exceed that.
+    proxy.add("GET", "/builds/", action, times=6)
+    started = time.monotonic()
+    res = faulty_cache(aws, proxy).obtain(tmp_path / "a", never_build)
+    assert res.outcome == "hit"
+    assert len(proxy.injected) == 6
+    if action == "stall":
+        # six stalls of 1 s (s3_stall_timeout_s) plus backoff; the default would be 6 x 5 x 60 s
+        assert time.monotonic() - started < 120
+
+
+def test_a_download_that_stays_stalled_is_reported_within_the_deadline(aws, proxy, tmp_path):
+    EngineCache(client(aws.moto_url), aws.bucket, inputs(), settings=FAST).obtain(tmp_path / "b",
+                                                                                   fake_build(tmp_path / "n", 0))
+    proxy.add("GET", "/builds/", "stall")
+    settings = CacheSettings(**{**FAST.__dict__, "s3_retry_deadline_s": 2.0})
+    started = time.monotonic()
+    with pytest.raises(StorageUnavailable, match="stalled"):
+        faulty_cache(aws, proxy, settings=settings).obtain(tmp_path / "a", never_build)
+    assert time.monotonic() - started < 60  # the stall bound is 1 s; generous for a loaded machine
+
+
+def test_a_failing_lock_release_neither_hides_the_error_nor_keeps_others_waiting(aws, proxy, tmp_path):
+    """The build fails while S3 refuses deletes: the build failure is what surfaces, and the lock
+    is marked released so a waiter with an hour-long lock lifetime takes over at once."""
+    proxy.add("DELETE", "/locks/", "503")
+    settings = CacheSettings(**{**FAST.__dict__, "lock_release_deadline_s": 1.0})
+
+    def broken(workdir):
+        raise RuntimeError("trtllm-build exited 1: out of memory")
+
+    with pytest.raises(BuildFailed, match="out of memory"):
+        faulty_cache(aws, proxy, settings=settings).obtain(tmp_path / "a", broken)
+    assert any(i[0] == "DELETE" for i in proxy.injected)  # the release did meet the outage
+    waiter = EngineCache(client(aws.moto_url), aws.bucket, inputs(), holder="i-waiter",
+                         settings=CacheSettings(**{**FAST.__dict__, "lock_ttl_s": 3600}))
+    assert waiter.try_lock("b2") is not None
+
+
+def builds(aws, key: str) -> set[str]:
+    return {k.split("/builds/")[1].split("/")[0] for k in aws.keys(f"engines/{key}/builds/")}
+
+
+def test_a_late_holder_discards_its_upload_and_serves_the_entry_that_took_over(aws, tmp_path):
+    """Instance A froze mid-build past its lock's lifetime (no refresh: lock_refresh_s is an hour);
+    B took the lock over, built and published. When A resumes it must not upload a build that
+    nobody references: it finds its lock gone, deletes what it uploaded and serves B's entry."""
+    frozen = CacheSettings(**{**FAST.__dict__, "lock_refresh_s": 3600})
+    a = EngineCache(client(aws.moto_url), aws.bucket, inputs(), holder="i-a", settings=frozen)
+    b = EngineCache(client(aws.moto_url), aws.bucket, inputs(), holder="i-b",
+                    settings=CacheSettings(**{**FAST.__dict__, "lock_ttl_s": 0.0}))  # A's lock is stale to B
+    taken_over = {}
+    plain = fake_build(tmp_path / "n", 0)
+
+    def a_build(workdir):
+        taken_over["b"] = b.obtain(tmp_path / "b", plain)  # while A is "frozen"
+        return plain(workdir)
+
+    res = a.obtain(tmp_path / "a", a_build)
+    assert taken_over["b"].outcome == "built"
+    assert res.outcome == "hit" and "lock-lost" in res.events
+    assert res.manifest.extra["build_id"] == taken_over["b"].manifest.extra["build_id"]
+    assert builds(aws, a.key) == {taken_over["b"].manifest.extra["build_id"]}
+    lock = aws.keys("locks/")
+    assert lock == [] or json.loads(aws.s3().get_object(Bucket=aws.bucket, Key=lock[0])["Body"].read())[
+        "holder"] != "i-a"
+
+
+def test_a_build_that_loses_the_publish_race_deletes_its_upload(aws, tmp_path):
+    a = EngineCache(client(aws.moto_url), aws.bucket, inputs(), holder="i-a", settings=FAST)
+    other = EngineCache(client(aws.moto_url), aws.bucket, inputs(), holder="i-other", settings=FAST)
+    plain = fake_build(tmp_path / "n", 0)
+    published = {}
+
+    def a_build(workdir):
+        artifact = plain(tmp_path / "other-work")
+        published["m"] = other.publish(artifact, "20260101T000000Z-other", 0.0, None)
+        return plain(workdir)
+
+    res = a.obtain(tmp_path / "a", a_build)
+    assert res.outcome == "hit" and res.manifest.extra["build_id"] == "20260101T000000Z-other"
+    assert builds(aws, a.key) == {"20260101T000000Z-other"}
+
+
+def test_a_replaced_corrupt_build_is_deleted(aws, tmp_path):
+    s3 = client(aws.moto_url)
+    first = EngineCache(s3, aws.bucket, inputs(), settings=FAST).obtain(tmp_path / "a", fake_build(tmp_path / "n", 0))
+    prefix = first.manifest.extra["artifact_prefix"]
+    s3.put_object(Bucket=aws.bucket, Key=prefix + "engine/rank0.engine", Body=b"bit rot")
+    second = EngineCache(s3, aws.bucket, inputs(), holder="i-2", settings=FAST)
+    res = second.obtain(tmp_path / "b", fake_build(tmp_path / "n", 0))
+    assert res.outcome == "built"
+    assert builds(aws, second.key) == {res.manifest.extra["build_id"]}
+    assert aws.keys(prefix) == []

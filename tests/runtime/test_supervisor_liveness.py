@@ -1,0 +1,127 @@
+"""A frozen server is found by its liveness probe and restarted; one restarts cannot revive is given up on.
+
+Frozen = alive and not answering: connections are accepted, nothing replies, the process does
+not exit. That is how a hung GPU or a deadlocked executor looks from outside; the test server
+below freezes that way when its freeze file appears (every request then blocks forever).
+"""
+
+import os
+import signal
+import sys
+import time
+import urllib.request
+
+import pytest
+
+from runtime.devtools.harness import free_port
+from runtime.supervisor import Child, Liveness, RestartPolicy, Supervisor
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def answers(port: int, timeout_s: float = 1.0) -> bool:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=timeout_s) as resp:
+            return resp.status == 200
+    except OSError:
+        return False
+
+
+def wait_for(predicate, timeout_s: float = 60.0) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.05)
+    return False
+
+
+FREEZABLE = """
+import os, sys, threading, time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+port, freeze = int(sys.argv[1]), sys.argv[2]
+class H(BaseHTTPRequestHandler):
+    def do_GET(self):
+        while os.path.exists(freeze):
+            time.sleep(3600)
+        self.send_response(200); self.send_header("Content-Length", "0"); self.end_headers()
+    def log_message(self, *a):
+        pass
+ThreadingHTTPServer(("127.0.0.1", port), H).serve_forever()
+"""
+
+
+def server(tmp_path, port):
+    return [sys.executable, "-c", FREEZABLE, str(port), str(tmp_path / f"freeze-{port}")]
+
+
+def freeze(tmp_path, port):
+    (tmp_path / f"freeze-{port}").touch()
+
+
+def thaw(tmp_path, port):
+    (tmp_path / f"freeze-{port}").unlink()
+
+
+def test_a_frozen_server_is_killed_and_restarted(tmp_path):
+    port = free_port()
+    sup = Supervisor(poll_s=0.05)
+    answered = []
+
+    def probe() -> bool:
+        ok = answers(port)
+        if ok:
+            answered.append(child.pid)
+        return ok
+
+    live = Liveness(probe, interval_s=0.2, failures=3, startup_s=60)
+    child = sup.start(Child("server", server(tmp_path, port), policy=RestartPolicy(backoff_base_s=0.1),
+                            liveness=live))
+    try:
+        assert wait_for(lambda: answered)  # up, as the probe saw it (before that it is "starting")
+        first = child.pid
+        freeze(tmp_path, port)
+        assert wait_for(lambda: child.pid != first)
+        thaw(tmp_path, port)
+        assert wait_for(lambda: answers(port))
+        assert child.unresponsive == 1 and child.exit_codes == [-signal.SIGKILL]
+        assert not sup.gave_up.is_set()
+    finally:
+        sup.shutdown(timeout_s=5)
+
+
+def test_a_server_that_restarts_do_not_bring_back_is_given_up_on(tmp_path):
+    """The server answers once, then hangs, and its restarts hang too (the GPU it needs is wedged):
+    a restarted server that has not answered within startup_s counts as frozen, and after
+    max_restarts the supervisor gives up, which the bootstrap turns into SetInstanceHealth."""
+    port = free_port()
+    sup = Supervisor(poll_s=0.05)
+
+    def probe() -> bool:
+        ok = answers(port)
+        if ok:
+            freeze(tmp_path, port)  # it came up: now it hangs
+        return ok
+
+    live = Liveness(probe, interval_s=0.2, failures=2, startup_s=2)
+    child = sup.start(Child("server", server(tmp_path, port), liveness=live,
+                            policy=RestartPolicy(max_restarts=2, window_s=600, backoff_base_s=0.05)))
+    try:
+        assert sup.gave_up.wait(90)
+        assert sup.failed_child is child
+        assert child.starts == 3 and child.unresponsive == 3
+    finally:
+        sup.shutdown(timeout_s=5)
+
+
+def test_a_server_still_loading_is_not_killed_before_its_startup_time(tmp_path):
+    """Before its first answer a (re)started server gets startup_s (an engine loads for minutes)."""
+    sup = Supervisor(poll_s=0.05)
+    probes = []
+    live = Liveness(lambda: probes.append(1) and False, interval_s=0.05, failures=1, startup_s=3600)
+    child = sup.start(Child("server", [sys.executable, "-c", "import time; time.sleep(600)"], liveness=live))
+    try:
+        assert wait_for(lambda: len(probes) >= 20)
+        assert child.running() and child.starts == 1 and child.unresponsive == 0
+    finally:
+        sup.shutdown(timeout_s=5)
