@@ -38,6 +38,7 @@ from typing import Any, Mapping
 
 from fleetcast import telemetry
 from fleetcast.config import ConfigError, FleetConfig, Pool, config_from_json
+from fleetcast.contract.instance_env import Var, check_names
 from fleetcast.errors import UserError
 from fleetcast.staging.manifest import model_prefix
 
@@ -61,7 +62,7 @@ from .supervisor import RestartPolicy
 
 log = logging.getLogger("fleetcast.bootstrap")
 
-REQUIRED = ("FLEETCAST_FLEET", "FLEETCAST_REGION", "FLEETCAST_POOL", "FLEETCAST_BUCKET")
+REQUIRED = tuple(v.value for v in (Var.FLEET, Var.REGION, Var.POOL, Var.BUCKET))
 
 EXIT_OK = 0
 EXIT_ABANDONED = 0  # the ASG replaces the instance; a systemd restart would only rebuild in vain
@@ -106,9 +107,10 @@ class InstanceEnv:
 
     @classmethod
     def from_environ(cls, env: Mapping[str, str]) -> "InstanceEnv":
+        check_names(env)  # a misspelt or stale variable would silently leave a setting at its default
         missing = [k for k in REQUIRED if not env.get(k)]
-        if not env.get("FLEETCAST_CONFIG_PARAM") and not env.get("FLEETCAST_CONFIG_FILE"):
-            missing.append("FLEETCAST_CONFIG_PARAM")
+        if not env.get(Var.CONFIG_PARAM) and not env.get(Var.CONFIG_FILE):
+            missing.append(Var.CONFIG_PARAM.value)
         if missing:
             raise UserError(f"instance environment is missing {', '.join(missing)} (written by user data to "
                             f"{telemetry.INSTANCE_ENV_FILE})")
@@ -131,40 +133,40 @@ class InstanceEnv:
         d = CacheSettings()
         cache = CacheSettings(
             failure_limit=d.failure_limit,  # replaced from the config later
-            lock_ttl_s=num("FLEETCAST_LOCK_TTL_S", d.lock_ttl_s),
-            lock_refresh_s=num("FLEETCAST_LOCK_REFRESH_S", d.lock_refresh_s),
-            wait_timeout_s=num("FLEETCAST_WAIT_TIMEOUT_S", d.wait_timeout_s),
-            poll_s=num("FLEETCAST_POLL_S", d.poll_s),
-            s3_retry_deadline_s=num("FLEETCAST_S3_RETRY_DEADLINE_S", d.s3_retry_deadline_s),
-            s3_backoff_base_s=num("FLEETCAST_S3_BACKOFF_S", d.s3_backoff_base_s),
-            s3_stall_timeout_s=num("FLEETCAST_S3_STALL_S", d.s3_stall_timeout_s),
+            lock_ttl_s=num(Var.LOCK_TTL_S, d.lock_ttl_s),
+            lock_refresh_s=num(Var.LOCK_REFRESH_S, d.lock_refresh_s),
+            wait_timeout_s=num(Var.WAIT_TIMEOUT_S, d.wait_timeout_s),
+            poll_s=num(Var.POLL_S, d.poll_s),
+            s3_retry_deadline_s=num(Var.S3_RETRY_DEADLINE_S, d.s3_retry_deadline_s),
+            s3_backoff_base_s=num(Var.S3_BACKOFF_S, d.s3_backoff_base_s),
+            s3_stall_timeout_s=num(Var.S3_STALL_S, d.s3_stall_timeout_s),
         )
-        port = env.get("FLEETCAST_PORT")
-        if num("FLEETCAST_GATEWAY_REFRESH_S", 60.0) <= 0:
-            raise UserError(f"FLEETCAST_GATEWAY_REFRESH_S: {env['FLEETCAST_GATEWAY_REFRESH_S']!r} must be > 0 seconds")
+        port = env.get(Var.PORT)
+        if num(Var.GATEWAY_REFRESH_S, 60.0) <= 0:
+            raise UserError(f"{Var.GATEWAY_REFRESH_S}: {env[Var.GATEWAY_REFRESH_S]!r} must be > 0 seconds")
         return cls(
-            fleet=env["FLEETCAST_FLEET"], region=env["FLEETCAST_REGION"], pool=env["FLEETCAST_POOL"],
-            bucket=env["FLEETCAST_BUCKET"], config_param=env.get("FLEETCAST_CONFIG_PARAM"),
-            config_digest=env.get("FLEETCAST_CONFIG_DIGEST"), config_file=env.get("FLEETCAST_CONFIG_FILE"),
-            local_root=Path(env.get("FLEETCAST_LOCAL_ROOT", "/var/lib/fleetcast")),
-            imds_endpoint=env.get("FLEETCAST_IMDS_ENDPOINT", "http://169.254.169.254"),
+            fleet=env[Var.FLEET], region=env[Var.REGION], pool=env[Var.POOL],
+            bucket=env[Var.BUCKET], config_param=env.get(Var.CONFIG_PARAM),
+            config_digest=env.get(Var.CONFIG_DIGEST), config_file=env.get(Var.CONFIG_FILE),
+            local_root=Path(env.get(Var.LOCAL_ROOT, "/var/lib/fleetcast")),
+            imds_endpoint=env.get(Var.IMDS_ENDPOINT, "http://169.254.169.254"),
             port=int(port) if port else None,
-            gateway=env.get("FLEETCAST_GATEWAY", "on") != "off",
-            proxy_protocol=env.get("FLEETCAST_GATEWAY_PROXY_PROTOCOL", "required") != "off",
-            listen_host=env.get("FLEETCAST_LISTEN_HOST", "0.0.0.0"),
+            gateway=env.get(Var.GATEWAY, "on") != "off",
+            proxy_protocol=env.get(Var.GATEWAY_PROXY_PROTOCOL, "required") != "off",
+            listen_host=env.get(Var.LISTEN_HOST, "0.0.0.0"),
             cache=cache,
-            staging_wait_s=num("FLEETCAST_STAGING_WAIT_S", 1800.0),
-            ready_timeout_s=num("FLEETCAST_READY_TIMEOUT_S", 0) or None,
-            terminate_poll_s=num("FLEETCAST_TERMINATE_POLL_S", 5.0),
-            gauges_s=num("FLEETCAST_GAUGES_S", 30.0),
-            gateway_refresh_s=num("FLEETCAST_GATEWAY_REFRESH_S", 60.0),
-            restart=RestartPolicy(max_restarts=int(num("FLEETCAST_MAX_RESTARTS", 5)),
-                                  backoff_base_s=num("FLEETCAST_RESTART_BACKOFF_S", 1.0)),
-            liveness_interval_s=positive("FLEETCAST_LIVENESS_INTERVAL_S", 10.0),
-            liveness_timeout_s=positive("FLEETCAST_LIVENESS_TIMEOUT_S", 5.0),
-            liveness_failures=int(positive("FLEETCAST_LIVENESS_FAILURES", 3)),
-            upstream_idle_s=positive("FLEETCAST_UPSTREAM_IDLE_S", 120.0),
-            replace_wait_s=positive("FLEETCAST_REPLACE_WAIT_S", 300.0),
+            staging_wait_s=num(Var.STAGING_WAIT_S, 1800.0),
+            ready_timeout_s=num(Var.READY_TIMEOUT_S, 0) or None,
+            terminate_poll_s=num(Var.TERMINATE_POLL_S, 5.0),
+            gauges_s=num(Var.GAUGES_S, 30.0),
+            gateway_refresh_s=num(Var.GATEWAY_REFRESH_S, 60.0),
+            restart=RestartPolicy(max_restarts=int(num(Var.MAX_RESTARTS, 5)),
+                                  backoff_base_s=num(Var.RESTART_BACKOFF_S, 1.0)),
+            liveness_interval_s=positive(Var.LIVENESS_INTERVAL_S, 10.0),
+            liveness_timeout_s=positive(Var.LIVENESS_TIMEOUT_S, 5.0),
+            liveness_failures=int(positive(Var.LIVENESS_FAILURES, 3)),
+            upstream_idle_s=positive(Var.UPSTREAM_IDLE_S, 120.0),
+            replace_wait_s=positive(Var.REPLACE_WAIT_S, 300.0),
         )
 
 
@@ -218,11 +220,11 @@ class Bootstrap:
         try:
             region = cfg.region(self.env.region)
         except KeyError:
-            raise UserError(f"FLEETCAST_REGION: {self.env.region} is not a provider region of fleet {cfg.name}") from None
+            raise UserError(f"{Var.REGION}: {self.env.region} is not a provider region of fleet {cfg.name}") from None
         for pool in region.pools:
             if pool.name == self.env.pool:
                 return pool
-        raise UserError(f"FLEETCAST_POOL: {self.env.pool} is not a pool of {self.env.region}; "
+        raise UserError(f"{Var.POOL}: {self.env.pool} is not a pool of {self.env.region}; "
                         f"pools: {', '.join(p.name for p in region.pools)}")
 
     def detect_gpu(self, backend: ServingBackend) -> gpu_mod.GpuInfo:
@@ -506,7 +508,7 @@ class Bootstrap:
 
 
 def main(argv: list[str] | None = None) -> int:
-    logging.basicConfig(level=os.environ.get("FLEETCAST_LOG_LEVEL", "INFO"), stream=sys.stderr,
+    logging.basicConfig(level=os.environ.get(Var.LOG_LEVEL, "INFO"), stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         env = InstanceEnv.from_environ(os.environ)

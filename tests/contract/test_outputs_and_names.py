@@ -58,3 +58,19 @@ def test_no_second_definition_of_a_stack_name_or_a_substring_output_lookup():
                 if needle in text:
                     offenders.append(f"{path.relative_to(ROOT)}: {needle}")
     assert offenders == []
+
+
+def test_every_instance_variable_the_code_names_is_defined_in_the_contract():
+    """One home for the `FLEETCAST_*` names: stacks render them, the runtime parses them, and a name that
+    only one side spells is a setting silently lost."""
+    import re
+
+    from fleetcast.contract.instance_env import KNOWN
+
+    named = set()
+    for top in ("fleetcast", "stacks", "scripts", "runtime", "docker"):
+        for path in (ROOT / top).rglob("*"):
+            if path.is_file() and path.suffix in {".py", ".sh", ".service", ""} and path.parent.name != "contract":
+                named |= set(re.findall(r"FLEETCAST_[A-Z0-9_]*[A-Z0-9]", path.read_text(errors="replace")))
+    named.discard("FLEETCAST_ENV")  # the user data's heredoc delimiter, not a variable
+    assert sorted(named - KNOWN) == []
