@@ -46,6 +46,14 @@ STAGING_WAIT_SECONDS = "StagingWaitSeconds"
 STAGING_MISSING = "StagingMissing"
 START_TO_HEALTHY_SECONDS = "StartToHealthySeconds"
 
+# Spot tier (runtime/spot.py), dimension set [Fleet, Pool]: one SpotInterruption per interruption notice seen
+# (one SpotRebalanceRecommendation per recommendation acted on), then the drain's outcome: SpotDrainCompleted 1
+# when every in-flight stream finished inside the notice, else 0 and SpotDrainCutRequests the streams cut.
+SPOT_INTERRUPTION = "SpotInterruption"
+SPOT_REBALANCE = "SpotRebalanceRecommendation"
+SPOT_DRAIN_COMPLETED = "SpotDrainCompleted"
+SPOT_DRAIN_CUT = "SpotDrainCutRequests"
+
 # Lifecycle hook names: fixed strings, so the launch template's user data never
 # has to reference its own Auto Scaling group (that would be a cycle).
 LAUNCH_HOOK = "fleetcast-launch"

@@ -695,6 +695,10 @@ class FleetConfig(Frozen):
         """The pool's Auto Scaling group name, explicit so roles and reports can name it without a lookup."""
         return f"{self.name}-{region_name}-{pool.name}"
 
+    def spot_asg_name_of(self, region_name: str, pool: Pool) -> str:
+        """The Spot group of a pool with a spot tier: the On-Demand group's name plus `-spot`."""
+        return f"{self.asg_name_of(region_name, pool)}-spot"
+
     def api_key_secret_of(self, consumer: Consumer) -> str:
         """Secrets Manager name of a consumer's API keys: read by the gateway, granted by the fleet stack."""
         return consumer.api_key_secret or f"{self.name}/consumers/{consumer.name}/api-keys"

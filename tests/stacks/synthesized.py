@@ -134,3 +134,28 @@ def nat_doc() -> dict:
 @lru_cache(maxsize=None)
 def nat_fleet() -> Synthesized:
     return synthesize(nat_doc(), "nat")
+
+
+def spot_doc() -> dict:
+    """Seoul's pool with a spot tier on two L40S types, a second spot pool (A10G, an explicit On-Demand base and
+    share, fallback ceiling, rebalance drain); us-east-1 stays without spot (one group)."""
+    doc = default_doc()
+    doc["regions"] = doc["regions"][:1]
+    doc["consumers"] = [c for c in doc["consumers"] if c["service_region"] == doc["regions"][0]["region"]]
+    seoul = doc["regions"][0]
+    seoul["pools"][0]["spot"] = {"instance_types": ["g6e.xlarge", "g6e.2xlarge"]}
+    seoul["pools"].append({
+        "name": "a10g",
+        "instance_type": "g5.xlarge",
+        "capacity": {"min": 1, "max": 5},
+        "engine": {"precision": "int8_wo"},
+        "spot": {"on_demand_base": 1, "spot_percentage": 80, "instance_types": ["g5.xlarge", "g5.2xlarge"],
+                 "allocation_strategy": "capacity-optimized", "on_demand_fallback_max": 3,
+                 "drain_on_rebalance": True},
+    })
+    return doc
+
+
+@lru_cache(maxsize=None)
+def spot_fleet() -> Synthesized:
+    return synthesize(spot_doc(), "spot")
