@@ -58,6 +58,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="required behind the NLB (default); off only for local tests without an NLB")
     p.add_argument("--refresh-s", type=_positive, default=60.0,
                    help="period of the endpoint, API key and consumer-config refresh in seconds (default 60)")
+    p.add_argument("--drain-deadline-file",
+                   help="where the runtime writes a Spot interruption's drain deadline before SIGTERM (runtime/spot.py); "
+                        "the drain then ends by it and its outcome is written next to it")
     p.add_argument("--event-loop", choices=("auto", "asyncio", "uvloop"), default="auto",
                    help="auto (default): uvloop when installed, which scripts/bench_gateway.py measures as the "
                         "faster hop; else the standard asyncio loop")
@@ -148,7 +151,14 @@ async def serve(args: argparse.Namespace) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     await stop.wait()
+    from runtime import spot
+
+    # A Spot interruption leaves less time than a scale-in: the deadline the runtime wrote, if any.
+    gateway.drain_timeout_s = spot.drain_budget_s(args.drain_deadline_file, gateway.drain_timeout_s)
+    in_flight = gateway.active
     await gateway.drain()
+    spot.write_outcome(args.drain_deadline_file, in_flight=in_flight, cut=gateway.active,
+                       budget_s=gateway.drain_timeout_s)
     for task in background:
         task.cancel()
     await gateway.close()
