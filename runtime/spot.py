@@ -48,7 +48,8 @@ POLL_S = 5.0  # AWS: "We recommend that you check for these interruption notices
 DRAIN_EXIT_RESERVE_S = 10.0
 # The NLB keeps sending new flows until the target fails its health check this many times in a row at this
 # interval (stacks/endpoint_service.py: interval 10 s, unhealthy threshold 2; tests/runtime/test_spot.py ties
-# them). A request that arrives just before must still fit: see safe_request_seconds.
+# them). The gateway refuses those with 503 (the client retries elsewhere), but the planner and the bench
+# leave this much of the notice unused as well: see safe_request_seconds.
 NLB_HEALTH_INTERVAL_S = 10.0
 NLB_UNHEALTHY_THRESHOLD = 2
 NLB_STOP_ROUTING_S = NLB_HEALTH_INTERVAL_S * NLB_UNHEALTHY_THRESHOLD
@@ -215,8 +216,8 @@ def read_outcome(deadline_file: str | os.PathLike) -> dict | None:
     return doc if isinstance(doc, dict) else None
 
 
-def safe_request_seconds(notice_s: float = NOTICE_S, stop_routing_s: float = NLB_STOP_ROUTING_S,
-                         reserve_s: float = DRAIN_EXIT_RESERVE_S) -> float:
-    """Longest request (seconds from arrival to last token) that no interruption cuts: one that arrives just
-    before the NLB stops routing still ends before the deadline."""
-    return max(0.0, notice_s - stop_routing_s - reserve_s)
+def safe_request_seconds(notice_s: float = NOTICE_S, deregistration_s: float = NLB_STOP_ROUTING_S) -> float:
+    """The drain budget the bench and the planner grant an in-flight request: the notice less the time the NLB
+    takes to stop routing to the instance. The runtime's own deadline (the notice less DRAIN_EXIT_RESERVE_S)
+    is later, so a request within this budget is never cut."""
+    return max(0.0, notice_s - deregistration_s)

@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from fleetcast.config import catalog
+from fleetcast.contract.instance_env import Var
 from fleetcast.errors import UserError
 
 from .inputs import _read_yaml
@@ -112,7 +113,7 @@ def load_spot_inputs(prices: str | Path | None = None, interruptions: str | Path
         relaunch = _number(relaunch_s, "value", "--spot-relaunch-s", high=86400)
         i_source += f"; re-launch from --spot-relaunch-s"
 
-    drain = _read_yaml(Path(os.environ.get("FLEETCAST_SPOT_DRAIN") or DATA_DIR / "spot_drain.yaml"), "spot_drain.yaml")
+    drain = _read_yaml(Path(os.environ.get(Var.SPOT_DRAIN) or DATA_DIR / "spot_drain.yaml"), "spot_drain.yaml")
     safe = float(drain["safe_request_s"])
     source = f"measured {drain.get('as_of', 'undated')} by `{drain.get('command', 'make bench-spot-drain')}`"
     return SpotInputs(table, p_as_of, p_source, rates, i_as_of, i_source, relaunch, safe, source)

@@ -58,7 +58,9 @@ def test_the_report_shows_the_recommendation_with_its_assumptions():
     assert "On-Demand base 2 + Spot up to 15 (g6e.xlarge, g6e.2xlarge)" in text and "expected SLO attainment" in text
     assert f"Spot prices as of 2026-01-15 ({SEED / 'spot-prices.yaml'})" in text
     assert "interruption rates ASSUMED as of" in text and "re-launch 600 s assumed" in text
-    assert "drain budget 90 s per request (measured" in text and "make bench-spot-drain" in text
+    drain = YAML(typ="safe").load((ROOT / "fleetcast" / "config" / "data" / "spot_drain.yaml").read_text())
+    assert f"drain budget {float(drain['safe_request_s']):g} s per request (measured {drain['as_of']}" in text
+    assert "make bench-spot-drain" in text
     (entry,) = to_json(result)["spot"]
     assert entry["spot"]["on_demand_base"] == 2 and entry["assumptions"]
 

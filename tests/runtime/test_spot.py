@@ -77,10 +77,12 @@ def test_only_spot_instances_are_watched(imds):
     assert spot.is_spot_instance(Imds(imds.url)) is True
 
 
-def test_the_safe_request_length_is_the_notice_less_nlb_stop_routing_and_exit_reserve():
-    # A request arriving just before the NLB stops routing (2 failed checks, 10 s apart) must end by the deadline.
-    assert spot.safe_request_seconds() == 120 - 20 - 10
-    assert spot.safe_request_seconds(notice_s=30, stop_routing_s=5, reserve_s=5) == 20
+def test_the_drain_budget_is_the_notice_less_nlb_stop_routing_and_inside_the_runtimes_deadline():
+    # The NLB stops routing after 2 failed health checks 10 s apart; the runtime keeps 10 s to exit.
+    assert spot.safe_request_seconds() == 120 - 20
+    assert spot.safe_request_seconds(notice_s=30, deregistration_s=5) == 25
+    notice = spot.Notice("instance-action", "terminate", 1120.0, 1000.0)
+    assert 1000.0 + spot.safe_request_seconds() <= notice.deadline_epoch()
 
 
 def test_the_nlb_health_check_numbers_are_the_target_groups():
