@@ -293,7 +293,7 @@ def write_data(path: str, res: dict) -> None:
         "# (fleetcast/plan/spot.py) and quoted in docs/runbook.md#spot-tier. Rerun the command and replace this\n"
         "# file after a change to the drain path.\n"
         f"as_of: \"{dt.date.today().isoformat()}\"\n"
-        "command: \"make bench-spot-drain\"\n"
+        f"command: \"{res.get('command', 'make bench-spot-drain')}\"\n"
         f"notice_s: {res['notice_s']:g}\n"
         f"stop_routing_s: {res['deregistration_s']:g}\n"
         f"scale: {res['scale']:.4f}\n"
@@ -308,6 +308,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     sys.path.insert(0, str(ROOT))
     res = asyncio.run(run(args))
+    res["command"] = "make bench-spot-drain" + (f" BENCH_ARGS='{' '.join(argv if argv is not None else sys.argv[1:])}'"
+                                                 if (argv if argv is not None else sys.argv[1:]) else "")
     print(render(res))
     if args.json:
         Path(args.json).write_text(json.dumps(res, indent=1))

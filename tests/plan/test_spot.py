@@ -136,7 +136,7 @@ def test_bad_spot_tables_are_user_errors_naming_the_entry(tmp_path):
 def test_the_drain_budget_is_the_benchmarked_figure_with_its_command():
     data = YAML(typ="safe").load((ROOT / "fleetcast" / "config" / "data" / "spot_drain.yaml").read_text())
     inputs = spot.load_spot_inputs()
-    assert inputs.drain_safe_s == data["safe_request_s"] and data["command"] == "make bench-spot-drain"
+    assert inputs.drain_safe_s == data["safe_request_s"] and data["command"].startswith("make bench-spot-drain")
     assert data["safe_request_s"] <= data["notice_s"] - data["stop_routing_s"]
     assert "\nbench-spot-drain:" in (ROOT / "Makefile").read_text()
 

@@ -64,6 +64,8 @@ def launched(group: str = SPOT) -> dict:
     return {"detail-type": handler.LAUNCHED, "detail": {"AutoScalingGroupName": group, "StatusCode": "InProgress"}}
 
 
+# Messages as Auto Scaling writes them into the event's StatusMessage ("Troubleshoot Amazon EC2 Auto Scaling:
+# EC2 instance launch failures"); the codes are the EC2 API's ("Error codes for the Amazon EC2 API").
 NO_SPOT = "There is no Spot capacity available that matches your request. Launching EC2 instance failed."
 ICE = ("We currently do not have sufficient g6e.xlarge capacity in the Availability Zone you requested "
        "(ap-northeast-2a). Launching EC2 instance failed. (InsufficientInstanceCapacity)")

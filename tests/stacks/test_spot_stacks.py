@@ -153,6 +153,8 @@ def test_a_spot_capacity_failure_reaches_the_fallback_through_the_launch_failure
 
 
 def test_the_fallback_may_resize_only_the_on_demand_groups_and_only_up_to_their_ceilings(template):
+    # autoscaling:MaxSize is a Numeric condition key of UpdateAutoScalingGroup (Service Authorization Reference,
+    # "Actions, resources, and condition keys for Amazon EC2 Auto Scaling").
     policy = next(r for k, r in of_type(template, "AWS::IAM::Policy").items() if k.startswith("OperationsSpotFallback"))
     statements = policy["Properties"]["PolicyDocument"]["Statement"]
     updates = [s for s in statements if s["Action"] == "autoscaling:UpdateAutoScalingGroup"]
@@ -185,3 +187,29 @@ def test_a_config_without_spot_synthesizes_no_spot_resources():
         assert not [k for k in template["Resources"] if "Spot" in k]
         assert not any(g["Properties"].get("MixedInstancesPolicy") for g in groups(template).values())
         assert "Spot" not in json.dumps(of_type(template, "AWS::CloudWatch::Dashboard"))
+
+
+def test_every_spot_acknowledgment_matches_a_real_finding_and_covers_it(monkeypatch):
+    """The acknowledgment gate of test_gates.py, on the spot config: no finding of the Spot group or the
+    fallback hides behind a broad acknowledgment, and none of theirs is stale."""
+    import re
+
+    from stacks import nag
+
+    from .synthesized import spot_doc, synthesize
+    from .test_gates import _findings
+
+    monkeypatch.setattr(nag, "APPLY_ACKNOWLEDGMENTS", False)
+    monkeypatch.setattr(nag, "RECORDED", [])
+    with pytest.raises(Exception, match="Validation ?[Ff]ailed") as failure:
+        synthesize(spot_doc(), "spot-unacknowledged")
+    with open(re.search(r"found in: (\S+)", str(failure.value)).group(1)) as report:
+        findings = _findings(json.load(report))
+    acknowledged = set(nag.RECORDED)
+    uncovered = {(path, rule) for path, rule in findings
+                 if not any(path == p or path.startswith(p + "/") for p, r in acknowledged if r == rule)}
+    stale = {(p, r) for p, r in acknowledged
+             if not any(rule == r and (path == p or path.startswith(p + "/")) for path, rule in findings)}
+    assert not uncovered, f"findings without an acknowledgment: {sorted(uncovered)}"
+    assert not stale, f"acknowledgments that match no finding: {sorted(stale)}"
+    assert any("SpotGroup" in p for p, _ in acknowledged) and any("SpotFallback" in p for p, _ in acknowledged)
