@@ -174,6 +174,7 @@ class Bootstrap:
         self.summary: dict = {}
         self.spot_watcher: spot.SpotWatcher | None = None  # on Spot instances only (runtime/spot.py)
         self._phase = "preparing"
+        self._in_build = False
 
     # ------------------------------------------------------------ pieces
 
@@ -318,7 +319,7 @@ class Bootstrap:
 
         # The launch hook must outlive builds and waits: heartbeat all through.
         with self.heartbeat(telemetry.LAUNCH_HOOK, cfg.operations.launch_hook_timeout_s):
-            resolution = cache.obtain(self.env.local_root / "engines", build)
+            resolution = cache.obtain(self.env.local_root / "engines", self._interruptible_build(build))
         pruned = cache.prune_local(self.env.local_root / "engines")
         if pruned:
             log.info("removed engines of other configs from local disk: %s", ", ".join(pruned))
@@ -468,11 +469,28 @@ class Bootstrap:
         if self._phase == "preparing" and notice.interruption:
             signal.pthread_kill(threading.main_thread().ident, signal.SIGUSR1)
 
-    def _interrupt_build(self, _signum: int, _frame: object) -> None:
-        if self._phase == "preparing":
+    def _interruptible_build(self, build):  # noqa: ANN001, ANN202 - the engine cache's build callable
+        """The build, stopped by a Spot notice. It runs inside the engine cache's lock (whose `finally` releases
+        it), so only there may the notice raise: not while waiting for another builder or downloading."""
+        def run(workdir: Path) -> Path:
+            self._in_build = True
+            try:
+                self._raise_if_interrupted()  # a notice seen before the build began
+                return build(workdir)
+            finally:
+                self._in_build = False
+        return run
+
+    def _raise_if_interrupted(self) -> None:
+        notice = self.spot_watcher.notice if self.spot_watcher else None
+        if notice is not None and notice.interruption:
             from .engine_cache import CacheError
 
             raise spot.as_cache_error(CacheError)("Spot interruption notice: engine build stopped, lock released")
+
+    def _interrupt_build(self, _signum: int, _frame: object) -> None:
+        if self._phase == "preparing" and self._in_build:
+            self._raise_if_interrupted()
 
     def _spot_outcome(self, notice: spot.Notice) -> dict:
         outcome = spot.read_outcome(self._spot_deadline_file) if notice.interruption else None

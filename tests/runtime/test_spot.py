@@ -294,7 +294,7 @@ def test_an_interrupted_engine_build_releases_the_cache_lock_and_records_no_fail
         threading.Thread(target=post_notice, daemon=True).start()
         started = time.monotonic()
         with pytest.raises(CacheError, match="Spot interruption") as raised:
-            cache.obtain(tmp_path / "engines", build)
+            cache.obtain(tmp_path / "engines", boot._interruptible_build(build))
         assert isinstance(raised.value, spot.SpotInterrupted)
         assert time.monotonic() - started < 30
     finally:
@@ -304,3 +304,24 @@ def test_an_interrupted_engine_build_releases_the_cache_lock_and_records_no_fail
     assert aws.keys("locks/") == []  # released at once, not after lock_ttl_s = 600 s
     assert aws.keys("failures/") == []  # an interruption is not a build failure (no circuit-breaker count)
     assert [r for r in records if telemetry.SPOT_INTERRUPTION in r][0]["phase"] == "preparing"
+
+
+def test_a_notice_seen_before_the_build_starts_stops_it_at_once_and_outside_a_build_nothing_is_raised(
+        tmp_path, imds, aws):
+    from runtime.engine_cache import CacheError, CacheSettings, EngineCache
+    from tests.runtime.cache_worker import client, inputs
+
+    boot = _bootstrap(tmp_path, imds, [])
+    boot.spot_watcher = spot.SpotWatcher(Imds(imds.url), lambda n: None)
+    boot.spot_watcher.notice = spot.Notice("instance-action", "terminate", time.time() + 120, time.time())
+    boot._interrupt_build(signal.SIGUSR1, None)  # not in a build (waiting for a lock, downloading): no raise
+    cache = EngineCache(client(aws.moto_url), aws.bucket, inputs(), holder="i-late",
+                        settings=CacheSettings(poll_s=0.1, lock_ttl_s=600, s3_retry_deadline_s=5,
+                                               s3_backoff_base_s=0.05))
+
+    def build(workdir: Path) -> Path:
+        raise AssertionError("a build must not start after the notice")
+
+    with pytest.raises(CacheError, match="Spot interruption"):
+        cache.obtain(tmp_path / "engines", boot._interruptible_build(build))
+    assert aws.keys("locks/") == [] and aws.keys("failures/") == []
