@@ -382,7 +382,8 @@ class SpotSpec(Frozen):
     drain_on_rebalance: bool = Field(
         default=False,
         description="The instance also starts its drain on the rebalance recommendation "
-        "(events/recommendations/rebalance), not only on the two-minute interruption notice.",
+        "(events/recommendations/rebalance), not only on the two-minute interruption notice. Read at boot: "
+        "a change reaches new instances.",
     )
     on_demand_fallback_max: int | None = Field(
         default=None, ge=0, le=1000,
