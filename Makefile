@@ -20,7 +20,7 @@ export CDK_DISABLE_CLI_TELEMETRY := true
 OFFLINE := env -u AWS_ACCESS_KEY_ID -u AWS_SECRET_ACCESS_KEY -u AWS_SESSION_TOKEN -u AWS_PROFILE \
            AWS_EC2_METADATA_DISABLED=true
 
-.PHONY: synth test demo deploy teardown docs bench-gateway soak-gateway bench-accuracy bench-decode plan-seed probe-wheels clean
+.PHONY: synth test demo deploy teardown docs bench-gateway soak-gateway bench-accuracy bench-decode bench-spot-drain plan-seed probe-wheels clean
 
 $(VENV)/.synth-deps: pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -77,6 +77,10 @@ soak-gateway: $(VENV)/.test-deps
 
 bench-accuracy: $(VENV)/.test-deps
 	$(PY) scripts/bench_accuracy.py --aiperf $(or $(AIPERF),none)
+
+# In-flight streams that finish inside a Spot interruption notice (compressed time); the planner's drain figure.
+bench-spot-drain: $(VENV)/.test-deps
+	$(PY) -m scripts.bench_spot_drain $(BENCH_ARGS)
 
 bench-decode: $(VENV)/.test-deps
 	$(PY) scripts/bench_decode.py $(or $(BENCH_ARGS),--device cpu --size tiny)

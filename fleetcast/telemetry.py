@@ -49,6 +49,14 @@ START_TO_HEALTHY_SECONDS = "StartToHealthySeconds"
 SERVER_UNRECOVERABLE = "ServerUnrecoverable"  # restarts did not bring the model server back: instance replaced
 LAUNCH_ABANDONED = "LaunchAbandoned"  # every ABANDON of the launch hook; properties: cause (error type), error
 
+# Spot tier (runtime/spot.py), dimension set [Fleet, Pool]: one SpotInterruption per interruption notice seen
+# (one SpotRebalanceRecommendation per recommendation acted on), then the drain's outcome: SpotDrainCompleted 1
+# when every in-flight stream finished inside the notice, else 0 and SpotDrainCutRequests the streams cut.
+SPOT_INTERRUPTION = "SpotInterruption"
+SPOT_REBALANCE = "SpotRebalanceRecommendation"
+SPOT_DRAIN_COMPLETED = "SpotDrainCompleted"
+SPOT_DRAIN_CUT = "SpotDrainCutRequests"
+
 # Lifecycle hook names: fixed strings, so the launch template's user data never
 # has to reference its own Auto Scaling group (that would be a cycle).
 LAUNCH_HOOK = "fleetcast-launch"

@@ -56,6 +56,7 @@ from .engine_cache import (
 )
 from .lifecycle import ABANDON, CONTINUE, Heartbeat, HookClient, Imds, MetadataError, heartbeat_interval
 from .metrics import Emf
+from . import spot
 from .serve import ServeError, ServeSettings, Serving
 from .staged import StagingMissing, calibration_key_prefix, fetch_staged
 from .supervisor import RestartPolicy
@@ -191,6 +192,9 @@ class Bootstrap:
         self.stop_reason: str | None = None
         self._stop = threading.Event()
         self.summary: dict = {}
+        self.spot_watcher: spot.SpotWatcher | None = None  # on Spot instances only (runtime/spot.py)
+        self._phase = "preparing"
+        self._in_build = False
 
     # ------------------------------------------------------------ pieces
 
@@ -267,6 +271,7 @@ class Bootstrap:
             log.error("cannot read instance metadata: %s", exc)
             return EXIT_SERVING_FAILED  # systemd retries; the launch hook's timeout is the backstop
         self.emf = Emf(self.env.fleet, self.env.pool, self.instance_id, self.emf_stream)
+        self._watch_spot()
         try:
             resolution, cfg, engine, backend = self.prepare()
         except CircuitOpen as exc:
@@ -283,6 +288,7 @@ class Bootstrap:
         except Exception as exc:  # noqa: BLE001 - whatever it was, the launch hook must be completed
             log.exception("unexpected error while preparing the engine")
             return self.abandon(exc)
+        self._phase = "ready"  # a Spot notice from here on stops serving, not a build
 
         if target and target.startswith("Warmed:"):
             self.complete(telemetry.LAUNCH_HOOK, CONTINUE)
@@ -336,7 +342,7 @@ class Bootstrap:
 
         # The launch hook must outlive builds and waits: heartbeat all through.
         with self.heartbeat(telemetry.LAUNCH_HOOK, cfg.operations.launch_hook_timeout_s):
-            resolution = cache.obtain(self.env.local_root / "engines", build)
+            resolution = cache.obtain(self.env.local_root / "engines", self._interruptible_build(build))
         pruned = cache.prune_local(self.env.local_root / "engines")
         if pruned:
             log.info("removed engines of other configs from local disk: %s", ", ".join(pruned))
@@ -375,7 +381,9 @@ class Bootstrap:
             gateway_refresh_s=self.env.gateway_refresh_s,
             liveness_interval_s=self.env.liveness_interval_s, liveness_timeout_s=self.env.liveness_timeout_s,
             liveness_failures=self.env.liveness_failures, upstream_idle_timeout_s=self.env.upstream_idle_s,
+            drain_deadline_file=self._spot_deadline_file if self.spot_watcher else None,
         )
+        self._enter_serving(cfg)
         serving = Serving(settings, backend.server_command(resolution.path, "127.0.0.1", settings.server_port),
                           stop=self._stop, server_env=backend.server_env())
         self._install_signals()
@@ -449,9 +457,13 @@ class Bootstrap:
         if not terminating:
             with contextlib.suppress(MetadataError):
                 terminating = _leaving_service(self.imds.target_lifecycle_state())
+        notice = self.spot_watcher.notice if self.spot_watcher else None
+        deadline = notice.deadline_epoch() if notice is not None else None
         with self.heartbeat(telemetry.TERMINATE_HOOK, max(30, cfg.operations.drain_timeout_s)) if terminating \
                 else contextlib.nullcontext():
-            report = serving.drain()
+            report = serving.drain(None if deadline is None else deadline - time.time())
+        if notice is not None:
+            report["spot"] = self._spot_outcome(notice)
         self.summary.update(drain=report, stop_reason=self.stop_reason)
         if terminating:
             self.complete(telemetry.TERMINATE_HOOK, CONTINUE)
@@ -489,6 +501,74 @@ class Bootstrap:
                 return True  # SIGTERM: the instance is going away
         log.error("the group did not start replacing this instance within %.0f s", self.env.replace_wait_s)
         return False
+    # ------------------------------------------------------------ spot (runtime/spot.py)
+
+    @property
+    def _spot_deadline_file(self) -> Path:
+        return self.env.local_root / "spot-drain-deadline.json"
+
+    def _watch_spot(self) -> None:
+        """On a Spot instance, watch for the interruption notice from launch on (a build in progress too)."""
+        if not spot.is_spot_instance(self.imds):
+            return
+        with contextlib.suppress(FileNotFoundError):
+            self._spot_deadline_file.unlink()  # a deadline left by an earlier run of this container
+        if threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGUSR1, self._interrupt_build)
+        self.spot_watcher = spot.SpotWatcher(self.imds, self._on_spot_notice,
+                                             poll_s=min(spot.POLL_S, self.env.terminate_poll_s)).start()
+
+    def _enter_serving(self, cfg: FleetConfig) -> None:
+        self._phase = "serving"
+        pool = next((p for p in cfg.region(self.env.region).pools if p.name == self.env.pool), None)
+        if self.spot_watcher is not None and pool is not None and pool.spot is not None:
+            self.spot_watcher.drain_on_rebalance = pool.spot.drain_on_rebalance
+
+    def _on_spot_notice(self, notice: spot.Notice) -> None:
+        """The watcher thread's report: count it, then drain (serving) or stop the build (preparing)."""
+        name = telemetry.SPOT_INTERRUPTION if notice.interruption else telemetry.SPOT_REBALANCE
+        self.metric(name, 1, action=notice.action, phase=self._phase)
+        if notice.interruption:
+            self._spot_deadline_file.parent.mkdir(parents=True, exist_ok=True)
+            spot.write_deadline(self._spot_deadline_file, notice)
+        self.stop_reason = self.stop_reason or f"spot-{notice.kind}"
+        self._stop.set()
+        if self._phase == "preparing" and notice.interruption:
+            signal.pthread_kill(threading.main_thread().ident, signal.SIGUSR1)
+
+    def _interruptible_build(self, build):  # noqa: ANN001, ANN202 - the engine cache's build callable
+        """The build, stopped by a Spot notice. It runs inside the engine cache's lock (whose `finally` releases
+        it), so only there may the notice raise: not while waiting for another builder or downloading."""
+        def run(workdir: Path) -> Path:
+            self._in_build = True
+            try:
+                self._raise_if_interrupted()  # a notice seen before the build began
+                return build(workdir)
+            finally:
+                self._in_build = False
+        return run
+
+    def _raise_if_interrupted(self) -> None:
+        notice = self.spot_watcher.notice if self.spot_watcher else None
+        if notice is not None and notice.interruption:
+            from .engine_cache import CacheError
+
+            raise spot.as_cache_error(CacheError)("Spot interruption notice: engine build stopped, lock released")
+
+    def _interrupt_build(self, _signum: int, _frame: object) -> None:
+        if self._phase == "preparing" and self._in_build:
+            self._raise_if_interrupted()
+
+    def _spot_outcome(self, notice: spot.Notice) -> dict:
+        outcome = spot.read_outcome(self._spot_deadline_file) if notice.interruption else None
+        if outcome is None:  # a rebalance drain (no deadline) or a gateway that could not report
+            outcome = {"in_flight": None, "cut": None}
+        cut = outcome.get("cut")
+        if notice.interruption:
+            self.metric(telemetry.SPOT_DRAIN_COMPLETED, 1 if cut == 0 else 0, kind=notice.kind)
+            if isinstance(cut, int) and cut > 0:
+                self.metric(telemetry.SPOT_DRAIN_CUT, cut, kind=notice.kind)
+        return {"kind": notice.kind, "action": notice.action, **outcome}
 
     def publish_gauges(self, serving: Serving) -> None:
         values: dict[str, float] = {}

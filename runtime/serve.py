@@ -68,6 +68,7 @@ class ServeSettings:
     probe_prompt: str = "The quick brown fox"
     probe_tokens: int = 4
     gateway_refresh_s: float = 60.0  # endpoints, API keys and consumers (docs/gateway.md)
+    drain_deadline_file: Path | None = None  # a Spot interruption's deadline for the gateway (runtime/spot.py)
     restart: RestartPolicy = field(default_factory=RestartPolicy)
     liveness_interval_s: float = 10.0
     liveness_timeout_s: float = 5.0
@@ -127,6 +128,8 @@ class Serving:
                 "--upstream-idle-s", f"{s.upstream_idle_timeout_s:g}"]
         if s.config_json is not None:
             argv += ["--config-json", str(s.config_json)]
+        if s.drain_deadline_file is not None:
+            argv += ["--drain-deadline-file", str(s.drain_deadline_file)]
         return argv
 
     def server_alive(self) -> bool:
@@ -206,13 +209,15 @@ class Serving:
             time.sleep(1)
         raise ServeError(f"probe generation through /v1/completions failed: {last}")
 
-    def drain(self) -> dict:
-        """Gateway first (health 503, finish in-flight, close), then the server."""
+    def drain(self, budget_s: float | None = None) -> dict:
+        """Gateway first (health 503, finish in-flight, close), then the server. `budget_s`: a Spot
+        interruption's time left, which the gateway also read from its deadline file."""
         started = time.monotonic()
         report: dict = {}
+        window = self.s.drain_timeout_s if budget_s is None else min(self.s.drain_timeout_s, max(0.0, budget_s))
         if self.s.gateway and "gateway" in self.supervisor.children:
             # The gateway bounds in-flight requests by the same drain timeout; a small margin covers its exit.
-            report["gateway_exit"] = self.supervisor.stop("gateway", self.s.drain_timeout_s + 15.0)
+            report["gateway_exit"] = self.supervisor.stop("gateway", window + 15.0)
         else:
             report["gateway_exit"] = None
         report["server_exit"] = self.supervisor.stop(

@@ -67,11 +67,18 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--estimate", nargs="+", default=[], metavar="SPEC",
                    help="add roofline-estimated candidates: INSTANCE[:PRECISION] or 'all' (always labelled estimated)")
     p.add_argument("--min-instances", type=_count, metavar="N", help="floor per hour (default: the config pool's capacity.min)")
+    p.add_argument("--spot-prices", metavar="FILE",
+                   help="Spot prices overriding the shipped dated table (prices: {type: {region: usd_per_hour}}, as_of)")
+    p.add_argument("--spot-interruptions", metavar="FILE",
+                   help="interruption-rate assumptions overriding the shipped ones "
+                        "(monthly_interruption_rate: {type: share}, relaunch_s, as_of)")
+    p.add_argument("--spot-relaunch-s", type=_positive("--spot-relaunch-s"), metavar="S",
+                   help="assumed seconds from an interruption until the replacement serves (default: the table's)")
     p.add_argument("--report", metavar="DIR", help="write plan.md, plan.html, plan.json and plots into DIR")
     p.add_argument("--json", action="store_true", help="print plan.json instead of the table")
     p.add_argument("--write-config", metavar="FILE",
                    help="update pools and regions of this fleet config with the planned fleet (consumer regions pooled "
-                        "where cheaper; re-validated; untouched if invalid)")
+                        "where cheaper; re-validated; untouched if invalid), and the spot: block where Spot pays")
     p.add_argument("--write-schedule", action="store_true",
                    help="with --write-config: also write the pool's daily capacity schedule (UTC) from the hourly plan")
     p.add_argument("--allow-estimated", action="store_true", help="let --write-config write an estimated choice")
@@ -88,7 +95,8 @@ def _plan(args: argparse.Namespace) -> int:
         itl_p99_ms=args.itl_p99_ms, error_rate=args.error_rate, prices=args.prices, refresh_prices=args.refresh_prices,
         fixed_costs=args.fixed_costs, latency=args.latency, live_availability=args.live_availability,
         quality=args.quality, quality_threshold=args.quality_threshold, estimate=args.estimate,
-        min_instances=args.min_instances, profile=args.profile,
+        min_instances=args.min_instances, profile=args.profile, spot_prices=args.spot_prices,
+        spot_interruptions=args.spot_interruptions, spot_relaunch_s=args.spot_relaunch_s,
     )
     result, plans, _ = build_plan(opts)
     print(json.dumps(to_json(result), indent=1) if args.json else render_terminal(result))
@@ -99,7 +107,7 @@ def _plan(args: argparse.Namespace) -> int:
         say(f"\nreport: {', '.join(str(p) for p in paths[:3])} (+{len(paths) - 3} plots)")
     if args.write_config:
         changes = apply_plan(args.write_config, plans, result.pools, allow_estimated=args.allow_estimated,
-                             write_schedule=args.write_schedule)
+                             write_schedule=args.write_schedule, spot=result.spot)
         if changes:
             say(f"\n{args.write_config}: updated and re-validated")
             for change in changes:

@@ -91,6 +91,7 @@ class BenchFleets(Construct):
                 "name": f"bench-{pool.name}"[:32].rstrip("-"),
                 "capacity": Capacity(min=0, desired=1, max=1),
                 "warm_pool": WarmPoolSpec(size=0),
+                "spot": None,  # a bench run is one On-Demand instance: measurements must not be reclaimed
             })
             group = asg_name(cfg, region, bench_pool)
             labels = ",".join([f"instance_type={pool.instance_type}", f"precision={precision}",

@@ -198,3 +198,65 @@ class LaunchFailureEvents(Construct):
             ),
             targets=[targets.SnsTopic(topic, message=events.RuleTargetInput.from_text(message))],
         )
+
+
+class SpotAlarms(Construct):
+    """What a pool's Spot tier costs the SLO, apart from the pool's own alarms: interruptions, cut streams and
+    the On-Demand fallback. None of them rolls back a refresh (an interruption says nothing about a new engine)."""
+
+    # More than one instance of a pool reclaimed within this window is worth a look (one alone is routine).
+    INTERRUPTION_WINDOW = Duration.minutes(15)
+
+    def __init__(self, scope: Construct, construct_id: str, *, cfg: FleetConfig, region: str, pool: Pool,
+                 on_demand: autoscaling.IAutoScalingGroup, topic: sns.ITopic) -> None:
+        super().__init__(scope, construct_id)
+        prefix = f"{cfg.name}-{region}-{pool.name}"
+
+        def metric(name: str, statistic: str, period: Duration) -> cloudwatch.Metric:
+            return runtime_metric(cfg.name, pool.name, name, statistic, period=period)
+
+        self.interruptions = _notify(cloudwatch.Alarm(
+            self, "Interruptions",
+            alarm_name=f"{prefix}-spot-interruptions",
+            alarm_description=f"More than one Spot instance of {pool.name} was reclaimed within 15 minutes "
+                              "(SpotInterruption). The Spot group replaces them; the On-Demand fallback covers a "
+                              "lasting shortage. Runbook: docs/runbook.md#spot-tier",
+            metric=metric(telemetry.SPOT_INTERRUPTION, "Sum", self.INTERRUPTION_WINDOW),
+            threshold=2,
+            comparison_operator=cloudwatch.ComparisonOperator.GREATER_THAN_OR_EQUAL_TO_THRESHOLD,
+            evaluation_periods=1,
+            treat_missing_data=cloudwatch.TreatMissingData.NOT_BREACHING,
+        ), topic)
+        self.drain_cut = _notify(cloudwatch.Alarm(
+            self, "DrainCut",
+            alarm_name=f"{prefix}-spot-drain-cut",
+            alarm_description=f"An interruption drain on {pool.name} cut in-flight streams (SpotDrainCutRequests): "
+                              "requests longer than the notice allows (make bench-spot-drain) reached a Spot "
+                              "instance. Runbook: docs/runbook.md#spot-tier",
+            metric=metric(telemetry.SPOT_DRAIN_CUT, "Sum", Duration.minutes(5)),
+            threshold=1,
+            comparison_operator=cloudwatch.ComparisonOperator.GREATER_THAN_OR_EQUAL_TO_THRESHOLD,
+            evaluation_periods=1,
+            treat_missing_data=cloudwatch.TreatMissingData.NOT_BREACHING,
+        ), topic)
+        self.fallback = _notify(cloudwatch.Alarm(
+            self, "Fallback",
+            alarm_name=f"{prefix}-on-demand-fallback",
+            alarm_description=f"The On-Demand group of {pool.name} has been allowed above its base of "
+                              f"{pool.on_demand_base} for 30 minutes: Spot capacity is short and On-Demand covers "
+                              f"it (ceiling {pool.on_demand_fallback_max}). Runbook: docs/runbook.md#spot-tier",
+            metric=cloudwatch.Metric(
+                namespace="AWS/AutoScaling", metric_name="GroupMaxSize",
+                dimensions_map={"AutoScalingGroupName": on_demand.auto_scaling_group_name},
+                statistic="Maximum", period=Duration.minutes(5),
+            ),
+            threshold=pool.on_demand_base,
+            comparison_operator=cloudwatch.ComparisonOperator.GREATER_THAN_THRESHOLD,
+            evaluation_periods=6,
+            datapoints_to_alarm=6,
+            treat_missing_data=cloudwatch.TreatMissingData.NOT_BREACHING,
+        ), topic)
+
+    @property
+    def all(self) -> list[cloudwatch.Alarm]:
+        return [self.interruptions, self.drain_cut, self.fallback]

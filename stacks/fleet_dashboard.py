@@ -36,7 +36,8 @@ class FleetDashboard(Construct):
 
     def __init__(self, scope: Construct, construct_id: str, *, cfg: FleetConfig, region: str,
                  groups: Mapping[str, autoscaling.IAutoScalingGroup], nlb: elbv2.INetworkLoadBalancer,
-                 target_group: elbv2.NetworkTargetGroup, alarms: Sequence[cloudwatch.IAlarm]) -> None:
+                 target_group: elbv2.NetworkTargetGroup, alarms: Sequence[cloudwatch.IAlarm],
+                 spot_groups: Mapping[str, autoscaling.IAutoScalingGroup] | None = None) -> None:
         super().__init__(scope, construct_id)
         pools = list(groups)
         fleet = cfg.name
@@ -125,6 +126,35 @@ class FleetDashboard(Construct):
                   per_pool(telemetry.START_TO_HEALTHY_SECONDS, "Maximum", "start to healthy", FIVE_MINUTES)
                   + per_pool(telemetry.STAGING_WAIT_SECONDS, "Maximum", "staging wait", FIVE_MINUTES), unit="s"),
         )
+        if spot_groups:
+            self._spot_row(cfg, groups, spot_groups, graph)
         self.dashboard.add_widgets(
             cloudwatch.AlarmStatusWidget(title="Alarms", alarms=list(alarms), width=24, height=4),
+        )
+
+    def _spot_row(self, cfg: FleetConfig, groups: Mapping[str, autoscaling.IAutoScalingGroup],
+                  spot_groups: Mapping[str, autoscaling.IAutoScalingGroup], graph) -> None:  # noqa: ANN001
+        """Spot pools only: On-Demand vs Spot instances, interruptions and drains, and the fallback, apart."""
+        fleet, pools = cfg.name, list(spot_groups)
+        bases = {p.name: p for r in cfg.regions for p in r.pools if p.name in spot_groups}
+        self.dashboard.add_widgets(
+            graph("Spot tier: instances in service",
+                  [asg_metric(groups[p], "GroupInServiceInstances", label=f"{p} On-Demand") for p in pools]
+                  + [asg_metric(spot_groups[p], "GroupInServiceInstances", label=f"{p} Spot") for p in pools]
+                  + [asg_metric(spot_groups[p], "GroupPendingInstances", label=f"{p} Spot pending") for p in pools],
+                  stacked=False),
+            graph("Spot interruptions and drains",
+                  [runtime_metric(fleet, p, telemetry.SPOT_INTERRUPTION, "Sum", label=f"{p} interruption notices")
+                   for p in pools]
+                  + [runtime_metric(fleet, p, telemetry.SPOT_REBALANCE, "Sum", label=f"{p} rebalance drains")
+                     for p in pools]
+                  + [runtime_metric(fleet, p, telemetry.SPOT_DRAIN_COMPLETED, "Sum", label=f"{p} drains completed")
+                     for p in pools],
+                  right=[runtime_metric(fleet, p, telemetry.SPOT_DRAIN_CUT, "Sum", label=f"{p} streams cut")
+                         for p in pools]),
+            graph("On-Demand fallback (max above base = Spot short)",
+                  [asg_metric(groups[p], "GroupMaxSize", "Maximum", label=f"{p} On-Demand max") for p in pools]
+                  + [asg_metric(groups[p], "GroupDesiredCapacity", label=f"{p} On-Demand desired") for p in pools],
+                  annotations=[cloudwatch.HorizontalAnnotation(value=bases[p].on_demand_base,
+                                                               label=f"{p} On-Demand base") for p in pools]),
         )

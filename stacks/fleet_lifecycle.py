@@ -33,19 +33,24 @@ from .launch_order import TERMINATING, add_lifecycle_hook, capacity_held
 TERMINATE_HOOK_MARGIN_S = 120
 
 
+def add_terminate_hook(cfg: FleetConfig, asg: autoscaling.AutoScalingGroup) -> None:
+    """Scale-in (and a Spot interruption's termination) pauses here while the runtime drains, then continues."""
+    add_lifecycle_hook(
+        asg,
+        name=telemetry.TERMINATE_HOOK,
+        transition=TERMINATING,
+        heartbeat_timeout_s=cfg.operations.drain_timeout_s + TERMINATE_HOOK_MARGIN_S,
+        default_result="CONTINUE",
+    )
+
+
 class PoolLifecycle(Construct):
     """Termination hook, warm pool and capacity reservation targeting of one pool's group."""
 
     def __init__(self, scope: Construct, construct_id: str, *, cfg: FleetConfig, pool: Pool,
                  asg: autoscaling.AutoScalingGroup) -> None:
         super().__init__(scope, construct_id)
-        add_lifecycle_hook(
-            asg,
-            name=telemetry.TERMINATE_HOOK,
-            transition=TERMINATING,
-            heartbeat_timeout_s=cfg.operations.drain_timeout_s + TERMINATE_HOOK_MARGIN_S,
-            default_result="CONTINUE",
-        )
+        add_terminate_hook(cfg, asg)
 
         self.warm_pool: autoscaling.WarmPool | None = None
         # A warm pool launches (and pulls, and builds) whatever the group's size: none while held.

@@ -22,6 +22,8 @@ pool to zero.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import jsii
 from aws_cdk import aws_autoscaling as autoscaling
 from aws_cdk import aws_cloudwatch as cloudwatch
@@ -62,7 +64,11 @@ class PoolScaling(Construct):
     """Target-tracking scale-out, cautious scale-in and the daily schedule of one pool."""
 
     def __init__(self, scope: Construct, construct_id: str, *, cfg: FleetConfig, region: str, pool: Pool,
-                 asg: autoscaling.AutoScalingGroup) -> None:
+                 asg: autoscaling.AutoScalingGroup, peers: Sequence[autoscaling.AutoScalingGroup] = (),
+                 tier: str | None = None, track_load: bool = True) -> None:
+        """`peers`: the pool's other group (a spot tier's sibling) that serves the same load; `tier` names this
+        group's alarm (`<pool>-<tier>-scale-in`) when the pool has two. `track_load` False: no scale-out policy
+        (a spot pool's On-Demand group, sized by its base and the Spot fallback, stacks/fleet_spot.py)."""
         super().__init__(scope, construct_id)
         spec = pool.scaling
         load_name = _LOAD_METRICS[spec.metric]
@@ -74,7 +80,7 @@ class PoolScaling(Construct):
             self.scheduled_actions = []
             return
 
-        self.scale_out_policy = autoscaling.CfnScalingPolicy(
+        self.scale_out_policy = None if not track_load else autoscaling.CfnScalingPolicy(
             self, "TrackLoad",
             auto_scaling_group_name=asg.auto_scaling_group_name,
             policy_type="TargetTrackingScaling",
@@ -102,19 +108,24 @@ class PoolScaling(Construct):
             scaling_adjustment=-1,
             cooldown=str(spec.scale_in_cooldown_s),
         )
-        # Load per instance if one instance left: below target means the rest can carry it.
+        # Load per instance if one instance left: below target means the rest can carry it. The load is the
+        # pool's (both groups of a spot tier report under the same Pool dimension), so is the instance count.
+        counts = {"inservice": asg_metric(asg, "GroupInServiceInstances")}
+        counts |= {f"peer{k}": asg_metric(peer, "GroupInServiceInstances") for k, peer in enumerate(peers)}
+        if peers:
+            total = "(" + " + ".join(f"FILL({name}, 0)" for name in counts) + ")"
+            expression = f"IF({total} > 1, load * {total} / ({total} - 1), {spec.target:g})"
+        else:
+            expression = f"IF(inservice > 1, load * inservice / (inservice - 1), {spec.target:g})"
         after_scale_in = cloudwatch.MathExpression(
-            expression=f"IF(inservice > 1, load * inservice / (inservice - 1), {spec.target:g})",
-            using_metrics={
-                "load": runtime_metric(cfg.name, pool.name, load_name, "Average"),
-                "inservice": asg_metric(asg, "GroupInServiceInstances"),
-            },
+            expression=expression,
+            using_metrics={"load": runtime_metric(cfg.name, pool.name, load_name, "Average"), **counts},
             period=ONE_MINUTE,
             label=f"{load_name} per instance after removing one",
         )
         self.scale_in_alarm = cloudwatch.Alarm(
             self, "ScaleInAlarm",
-            alarm_name=f"{cfg.name}-{region}-{pool.name}-scale-in",
+            alarm_name=f"{cfg.name}-{region}-{pool.name}{'-' + tier if tier else ''}-scale-in",
             alarm_description=(f"Scaling only (not paged): {pool.name} would stay under {spec.target:g} "
                                f"{load_name} per instance with one instance fewer."),
             metric=after_scale_in,

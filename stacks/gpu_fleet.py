@@ -82,6 +82,8 @@ class GpuFleet(Construct):
         super().__init__(scope, construct_id)
         self.pool = pool
         self.asg_name = asg_name(cfg, region, pool)
+        # A pool with a spot tier gets a sibling Spot group (same launch template and hooks, no warm pool).
+        self.spot_asg_name = cfg.spot_asg_name_of(region.region, pool) if pool.spot is not None else None
         self.role = self._role(cfg, inputs)
         self._grant_consumer_api_keys(cfg, region)
 
@@ -136,23 +138,20 @@ class GpuFleet(Construct):
             vpc=vpc,
             vpc_subnets=subnets,
             launch_template=self.launch_template,
-            min_capacity=0 if held else pool.capacity.min,
+            # With a spot tier the On-Demand group holds the base; the fallback Lambda may raise its max
+            # toward spot.on_demand_fallback_max while Spot capacity is unavailable (stacks/fleet_spot.py).
+            min_capacity=0 if held else (pool.on_demand_base if pool.spot is not None else pool.capacity.min),
             desired_capacity=(0 if held else pool.capacity.desired) if pool.capacity.desired is not None else None,
-            max_capacity=0 if held else pool.capacity.max,
-            health_checks=autoscaling.HealthChecks.with_additional_checks(
-                additional_types=[autoscaling.AdditionalHealthCheckType.ELB],
-                grace_period=HEALTH_CHECK_GRACE,
-            ),
+            max_capacity=0 if held else (pool.on_demand_base if pool.spot is not None else pool.capacity.max),
+            health_checks=_health_checks(),
         )
         # Serving starts only after the engine is built or fetched and a real
         # completion worked; a build that never reports in must not serve.
-        add_lifecycle_hook(
-            self.asg,
-            name=LAUNCH_HOOK,
-            transition=LAUNCHING,
-            default_result="ABANDON",
-            heartbeat_timeout_s=cfg.operations.launch_hook_timeout_s,
-        )
+        self._launch_hook(cfg, self.asg)
+        self.spot_asg: autoscaling.AutoScalingGroup | None = None
+        if pool.spot is not None:
+            self.spot_asg = self._spot_group(vpc, subnets)
+            self._launch_hook(cfg, self.spot_asg)
         if pool.capacity.desired is not None:
             nag.acknowledge_warning(
                 self.asg,
@@ -168,6 +167,68 @@ class GpuFleet(Construct):
             "which can use the topic's customer-managed key; ASG notifications would need the Auto Scaling "
             "service-linked role in that key policy.",
         )
+
+    @staticmethod
+    def _launch_hook(cfg: FleetConfig, group: autoscaling.AutoScalingGroup) -> None:
+        add_lifecycle_hook(
+            group,
+            name=LAUNCH_HOOK,
+            transition=LAUNCHING,
+            default_result="ABANDON",
+            heartbeat_timeout_s=cfg.operations.launch_hook_timeout_s,
+        )
+
+    def _spot_group(self, vpc: ec2.IVpc, subnets: ec2.SubnetSelection) -> autoscaling.AutoScalingGroup:
+        """The Spot tier: load above the On-Demand base, on the pool's GPU-matched instance types.
+
+        A separate group because EC2 Auto Scaling refuses a warm pool on a group with a mixed instances
+        policy (PutWarmPool, EC2 Auto Scaling API reference); the same launch template, so the same engine,
+        user data, role and hooks.
+        """
+        pool, spot = self.pool, self.pool.spot
+        assert spot is not None and self.spot_asg_name is not None
+        group = autoscaling.AutoScalingGroup(
+            self,
+            "SpotGroup",
+            auto_scaling_group_name=self.spot_asg_name,
+            vpc=vpc,
+            vpc_subnets=subnets,
+            mixed_instances_policy=autoscaling.MixedInstancesPolicy(
+                launch_template=self.launch_template,
+                instances_distribution=autoscaling.InstancesDistribution(
+                    # The On-Demand base lives in the On-Demand group; above it this share runs on Spot.
+                    on_demand_base_capacity=0,
+                    on_demand_percentage_above_base_capacity=100 - spot.spot_percentage,
+                    on_demand_allocation_strategy=autoscaling.OnDemandAllocationStrategy.PRIORITIZED,
+                    spot_allocation_strategy=autoscaling.SpotAllocationStrategy(
+                        spot.allocation_strategy.upper().replace("-", "_")),
+                ),
+                launch_template_overrides=[
+                    autoscaling.LaunchTemplateOverrides(instance_type=ec2.InstanceType(t))
+                    for t in pool.spot_instance_types
+                ],
+            ),
+            min_capacity=0 if self.held else max(0, pool.capacity.min - pool.on_demand_base),
+            max_capacity=0 if self.held else pool.capacity.max - pool.on_demand_base,
+            health_checks=_health_checks(),
+        )
+        cfn_group: autoscaling.CfnAutoScalingGroup = group.node.default_child  # type: ignore[assignment]
+        cfn_group.capacity_rebalance = spot.capacity_rebalance
+        nag.acknowledge(
+            group,
+            "AwsSolutions-AS3",
+            "Scaling, launch and Spot capacity events reach the operations topic through EventBridge rules (fleet "
+            "operations), which can use the topic's customer-managed key; ASG notifications would need the Auto "
+            "Scaling service-linked role in that key policy.",
+        )
+        nag.acknowledge(
+            group,
+            "AwsSolutions-EC26",
+            "The rule cannot follow a mixed instances policy's reference to the launch template; that template is "
+            "the On-Demand group's, whose only volume is the encrypted gp3 root (tests/stacks/test_spot_stacks.py "
+            "checks both groups launch from it).",
+        )
+        return group
 
     def _role(self, cfg: FleetConfig, inputs: InstanceInputs) -> iam.Role:
         bucket = inputs.model_store.bucket
@@ -205,7 +266,7 @@ class GpuFleet(Construct):
                 # SetInstanceHealth: an instance whose model server cannot be revived asks to be replaced.
                 actions=["autoscaling:CompleteLifecycleAction", "autoscaling:RecordLifecycleActionHeartbeat",
                          "autoscaling:SetInstanceHealth"],
-                resources=[self._asg_arn()],
+                resources=[self._asg_arn()] + ([asg_arn(self, self.spot_asg_name)] if self.spot_asg_name else []),
             ),
             iam.PolicyStatement(
                 sid="FleetcastMetricsOnly",
@@ -252,6 +313,10 @@ class GpuFleet(Construct):
             f"AwsSolutions-IAM5[Resource::{Stack.of(self).resolve(self._asg_arn())}]":
                 "The ASG ARN embeds a group id unknown before creation; the explicit group name pins it to this pool.",
         }
+        if self.spot_asg_name:
+            acks[f"AwsSolutions-IAM5[Resource::{Stack.of(self).resolve(asg_arn(self, self.spot_asg_name))}]"] = (
+                "The Spot group's ARN embeds a group id unknown before creation; the explicit group name pins it "
+                "to this pool's Spot tier.")
         for rule, reason in acks.items():
             nag.acknowledge(policy, rule, reason)
         return role
@@ -279,3 +344,9 @@ def _machine_image(region: Region) -> ec2.IMachineImage:
         return ec2.MachineImage.from_ssm_parameter(DLAMI_SSM_PARAMETER, os=ec2.OperatingSystemType.LINUX)
     return ec2.MachineImage.generic_linux({region.region: region.ami.id})
 
+
+def _health_checks() -> autoscaling.HealthChecks:
+    return autoscaling.HealthChecks.with_additional_checks(
+        additional_types=[autoscaling.AdditionalHealthCheckType.ELB],
+        grace_period=HEALTH_CHECK_GRACE,
+    )

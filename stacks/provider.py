@@ -100,6 +100,8 @@ class ProviderStack(Stack):
         )
         for fleet in self.fleets.values():
             fleet.asg.attach_to_network_target_group(self.service.target_group)
+            if fleet.spot_asg is not None:  # the Spot tier serves behind the same target group
+                fleet.spot_asg.attach_to_network_target_group(self.service.target_group)
         # Scaling, lifecycle, rollouts, alarms, events and dashboard on top of the pools (issue 4).
         self.operations = FleetOperations(
             self, "Operations", cfg=cfg, region=region, fleets=self.fleets, service=self.service,

@@ -26,6 +26,7 @@ from pydantic import (
     StringConstraints,
     Tag,
     field_validator,
+    model_serializer,
     model_validator,
 )
 
@@ -346,6 +347,64 @@ class RolloutSpec(Frozen):
         return value
 
 
+# EC2 Auto Scaling's Spot allocation strategies (InstancesDistribution.SpotAllocationStrategy, "Allocation
+# strategies for multiple instance types", EC2 Auto Scaling User Guide); checked in tests/config/test_spot.py.
+SPOT_ALLOCATION_STRATEGIES = ("price-capacity-optimized", "capacity-optimized", "capacity-optimized-prioritized",
+                              "lowest-price")
+SpotAllocationStrategy = Literal["price-capacity-optimized", "capacity-optimized", "capacity-optimized-prioritized",
+                                 "lowest-price"]
+
+
+class SpotSpec(Frozen):
+    """A Spot tier above the pool's On-Demand baseline (a sibling group with a mixed instances policy).
+
+    EC2 Auto Scaling allows no warm pool on a group with a mixed instances policy or Spot, so the pool becomes
+    two groups behind the same target group: the On-Demand group (baseline, warm pool, hooks, instance refresh)
+    and the Spot group, which takes the load above the baseline (docs/runbook.md#spot-tier).
+    """
+
+    on_demand_base: int | None = Field(
+        default=None, ge=0, le=1000,
+        description="On-Demand instances the pool always keeps (the On-Demand group's min). Default: capacity.min.",
+    )
+    spot_percentage: int = Field(
+        default=100, ge=1, le=100,
+        description="Share (percent) of the capacity above on_demand_base that runs on Spot; the rest of the "
+        "Spot group's capacity is On-Demand (OnDemandPercentageAboveBaseCapacity = 100 - this).",
+    )
+    instance_types: tuple[Annotated[str, StringConstraints(pattern=r"^[a-z][a-z0-9]*\.[0-9a-z]+$")], ...] = Field(
+        default=(),
+        description="Instance types the Spot group may launch, all with the pool's GPU (same count), so the engine "
+        "cache key stays the same: e.g. g6e.xlarge and g6e.2xlarge for L40S. Default: the pool's instance_type.",
+    )
+    allocation_strategy: SpotAllocationStrategy = Field(
+        default="price-capacity-optimized",
+        description="Spot allocation strategy: price-capacity-optimized, capacity-optimized, "
+        "capacity-optimized-prioritized (instance_types in priority order) or lowest-price.",
+    )
+    capacity_rebalance: bool = Field(
+        default=True,
+        description="Capacity Rebalancing: the Spot group launches a replacement when EC2 recommends a rebalance, "
+        "then terminates the at-risk instance through the terminate hook (a drain like a scale-in).",
+    )
+    drain_on_rebalance: bool = Field(
+        default=False,
+        description="The instance also starts its drain on the rebalance recommendation "
+        "(events/recommendations/rebalance), not only on the two-minute interruption notice. Read at boot: "
+        "a change reaches new instances.",
+    )
+    on_demand_fallback_max: int | None = Field(
+        default=None, ge=0, le=1000,
+        description="Most On-Demand instances when Spot capacity is unavailable: a capacity launch failure of the "
+        "Spot group raises the On-Demand group's max up to this ceiling. Default: capacity.max; "
+        "on_demand_base turns fallback off.",
+    )
+    allow_all_spot: bool = Field(
+        default=False,
+        description="Required for spot_percentage 100 with on_demand_base 0: every instance may be reclaimed at once.",
+    )
+
+
 class Pool(Frozen):
     """One Auto Scaling group of one instance type (engines are per GPU architecture)."""
 
@@ -366,10 +425,44 @@ class Pool(Frozen):
         "to On-Demand capacity.",
     )
     root_volume_gib: int = Field(default=200, ge=100, le=16384, description="Encrypted gp3 root volume size.")
+    spot: SpotSpec | None = Field(
+        default=None,
+        description="Optional Spot tier above the On-Demand baseline; without it the pool is one On-Demand group.",
+    )
 
     @property
     def family(self) -> str:
         return self.instance_type.split(".", 1)[0]
+
+    @property
+    def on_demand_base(self) -> int:
+        """On-Demand instances held without load: the spot block's base, else the whole baseline."""
+        if self.spot is not None and self.spot.on_demand_base is not None:
+            return self.spot.on_demand_base
+        return self.capacity.min
+
+    @property
+    def spot_instance_types(self) -> tuple[str, ...]:
+        if self.spot is None:
+            return ()
+        return self.spot.instance_types or (self.instance_type,)
+
+    @property
+    def on_demand_fallback_max(self) -> int:
+        """Ceiling of the On-Demand group while Spot capacity is unavailable."""
+        if self.spot is None:
+            return self.capacity.max
+        ceiling = self.spot.on_demand_fallback_max
+        return self.capacity.max if ceiling is None else ceiling
+
+    @model_serializer(mode="wrap")
+    def _omit_absent_spot(self, handler):  # noqa: ANN001, ANN202 - pydantic's wrap-serializer signature
+        # A pool without a spot tier dumps exactly as before the field existed: the config parameter,
+        # the digests and so the templates of spot-less fleets stay byte-identical.
+        data = handler(self)
+        if self.spot is None and isinstance(data, dict):
+            data.pop("spot", None)
+        return data
 
     @model_validator(mode="after")
     def _reservations_only_needs_ids(self) -> "Pool":
@@ -584,8 +677,9 @@ NOT_IN_INSTANCE_DIGEST: dict = {
     "regions": {"__all__": {
         "allowed_principals": True,
         "allowed_regions": True,
+        # The spot tier is the groups' business: the instance reads drain_on_rebalance from the config it loads.
         "pools": {"__all__": {"capacity", "scaling", "schedule", "warm_pool", "rollout", "capacity_reservation_ids",
-                              "capacity_reservations_only"}},
+                              "capacity_reservations_only", "spot"}},
     }},
 }
 
@@ -641,6 +735,10 @@ class FleetConfig(Frozen):
     def asg_name_of(self, region_name: str, pool: Pool) -> str:
         """The pool's Auto Scaling group name, explicit so roles and reports can name it without a lookup."""
         return f"{self.name}-{region_name}-{pool.name}"
+
+    def spot_asg_name_of(self, region_name: str, pool: Pool) -> str:
+        """The Spot group of a pool with a spot tier: the On-Demand group's name plus `-spot`."""
+        return f"{self.asg_name_of(region_name, pool)}-spot"
 
     def api_key_secret_of(self, consumer: Consumer) -> str:
         """Secrets Manager name of a consumer's API keys: read by the gateway, granted by the fleet stack."""

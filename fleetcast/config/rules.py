@@ -38,6 +38,7 @@ def check(cfg: FleetConfig) -> list[ConfigIssue]:
     issues += _model_limits(cfg)
     issues += _regions(cfg)
     issues += _pools(cfg)
+    issues += _spot_tiers(cfg)
     issues += _consumers(cfg)
     for rule in AWS_LIMIT_RULES:
         issues += rule(cfg)
@@ -144,6 +145,83 @@ def _pools(cfg: FleetConfig) -> list[ConfigIssue]:
                 if step.max > pool.capacity.max:
                     out.append(ConfigIssue(here + ("schedule", k, "max"),
                         f"scheduled max {step.max} exceeds the pool's capacity.max {pool.capacity.max}"))
+    return out
+
+
+def _spot_tiers(cfg: FleetConfig) -> list[ConfigIssue]:
+    """The spot block of each pool: its types share the pool's GPU, it has room above the base, it is explicit
+    about an all-Spot pool, and its fallback ceiling lies between the base and the pool's max."""
+    out: list[ConfigIssue] = []
+    for i, region in enumerate(cfg.regions):
+        for j, pool in enumerate(region.pools):
+            if pool.spot is None:
+                continue
+            here: Path = ("regions", i, "pools", j, "spot")
+            out += _spot_types(region.region, pool, here)
+            out += _spot_sizes(pool, here)
+    return out
+
+
+def _spot_types(region: str, pool, here: Path) -> list[ConfigIssue]:
+    out: list[ConfigIssue] = []
+    instances = catalog.instance_catalog()
+    offered = catalog.availability()
+    own = instances.get(pool.instance_type)
+    if own is None:
+        return out  # the pool's own instance_type is already blamed by _pools
+    seen: set[str] = set()
+    for k, name in enumerate(pool.spot.instance_types):
+        where = here + ("instance_types", k)
+        if name in seen:
+            out.append(ConfigIssue(where, f"{name} is listed twice"))
+        seen.add(name)
+        other = instances.get(name)
+        if other is None:
+            out.append(ConfigIssue(where, f"{name!r} is not a supported GPU instance type; allowed: "
+                                          f"{', '.join(sorted(instances))}"))
+            continue
+        # The engine cache key holds the GPU's compute capability and the engine is built for the pool's GPU
+        # count: a Spot instance of another GPU would fetch (or build) another engine than its pool's.
+        if (other.gpu.name, other.gpus) != (own.gpu.name, own.gpus):
+            same = sorted(n for n, t in instances.items() if (t.gpu.name, t.gpus) == (own.gpu.name, own.gpus))
+            out.append(ConfigIssue(where,
+                f"{name} has {other.gpus}x {other.gpu.name}, the pool {pool.name} serves {own.gpus}x {own.gpu.name} "
+                f"({pool.instance_type}): Spot types must share the pool's GPU so the engine cache key stays the "
+                f"same; allowed: {', '.join(same)}"))
+        elif region not in offered.get(other.family, frozenset()):
+            out.append(ConfigIssue(where, f"{other.family} instances are not offered in {region} (availability "
+                                          f"table as of {catalog.availability_as_of()})"))
+    return out
+
+
+def _spot_sizes(pool, here: Path) -> list[ConfigIssue]:
+    out: list[ConfigIssue] = []
+    spot, capacity = pool.spot, pool.capacity
+    base = pool.on_demand_base
+    if capacity.min == capacity.max:
+        out.append(ConfigIssue(here, f"capacity min == max ({capacity.min}): the pool never scales, so a Spot tier "
+                                     "above its baseline would never run; raise capacity.max or drop the spot block"))
+    elif base >= capacity.max:
+        out.append(ConfigIssue(here + ("on_demand_base",),
+            f"on_demand_base {base} leaves no room for Spot under capacity.max {capacity.max}; allowed: "
+            f"0..{capacity.max - 1}"))
+    if capacity.desired is not None:
+        out.append(ConfigIssue(here[:-1] + ("capacity", "desired"),
+            "capacity.desired fixes the group's size at every deploy; with a spot tier scaling owns the split "
+            "between the On-Demand and the Spot group: leave desired out"))
+    if pool.schedule:
+        out.append(ConfigIssue(here[:-1] + ("schedule",),
+            "a daily schedule sizes one group; with a spot tier the pool has two: drop the schedule or the spot block"))
+    if base == 0 and spot.spot_percentage == 100 and not spot.allow_all_spot:
+        out.append(ConfigIssue(here + ("allow_all_spot",),
+            "spot_percentage 100 with no On-Demand base puts every instance on Spot, so one capacity event can take "
+            "the whole pool: set on_demand_base (or capacity.min) above 0, lower spot_percentage, or set "
+            "allow_all_spot: true"))
+    ceiling = pool.on_demand_fallback_max
+    if not base <= ceiling <= capacity.max:
+        out.append(ConfigIssue(here + ("on_demand_fallback_max",),
+            f"on_demand_fallback_max {ceiling} must lie between on_demand_base {base} and capacity.max "
+            f"{capacity.max}"))
     return out
 
 

@@ -24,6 +24,7 @@ class PlanResult:
     estimator: str | None = None
     warnings: list[str] = field(default_factory=list)
     pools: list[FleetPool] = field(default_factory=list)  # the fleet: consumer regions pooled where that is cheaper
+    spot: list = field(default_factory=list)  # fleetcast.plan.spot.SpotAdvice per pool
 
 
 def fleet_lines(result: PlanResult) -> list[str]:
@@ -154,6 +155,10 @@ def render_terminal(result: PlanResult) -> str:
     fleet = fleet_lines(result)
     if fleet:
         out += ["", "Fleet (what --write-config deploys):"] + [f"  {line}" for line in fleet]
+    if result.spot:
+        from .spot import lines as spot_lines
+
+        out += ["", "Spot tier (docs/plan.md#spot):"] + [f"  {line}" for line in spot_lines(result.spot)]
     return "\n".join(out)
 
 
@@ -327,6 +332,10 @@ def _blocks(result: PlanResult, plots: dict[str, list[Path]]) -> list[Block]:
     fleet = fleet_lines(result)
     if fleet:
         blocks += [("h2", "Fleet (what --write-config deploys)"), ("ul", [(None, line.strip()) for line in fleet])]
+    if result.spot:
+        from .spot import lines as spot_lines
+
+        blocks += [("h2", "Spot tier"), ("ul", [(None, line) for line in spot_lines(result.spot)])]
     return blocks
 
 
@@ -415,6 +424,7 @@ def to_json(result: PlanResult) -> dict:
             "instances_by_hour": p.instances_by_hour, "cost_per_hour": p.cost_per_hour,
             "marginal_cost_per_hour": p.marginal,
         } for p in result.pools],
+        "spot": [a.to_json() for a in result.spot],
     }
 
 

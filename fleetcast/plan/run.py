@@ -43,6 +43,10 @@ class PlanOptions:
     min_instances: int | None = None
     # AWS named profile for --refresh-prices / --live-availability (None: the standard credential chain).
     profile: str | None = None
+    # Spot tier (fleetcast/plan/spot.py): tables overriding the shipped ones, and the re-launch assumption.
+    spot_prices: str | None = None
+    spot_interruptions: str | None = None
+    spot_relaunch_s: float | None = None
     # Injected AWS clients (tests use botocore Stubber); None means clients of the shared AWS session.
     pricing_client: object | None = None
     ec2_client_for: object | None = None
@@ -161,4 +165,8 @@ def build_plan(opts: PlanOptions) -> tuple[PlanResult, list[RegionPlan], PlanCon
         data_notes.append(f"quality: {quality.metric} <= {limit:g}")
     result = PlanResult(traffic.name, ctx.model_id or next((c.model for c in candidates if c.model), None), slo, plans,
                         data_notes, estimator_text, warnings, fleet_pools(plans, ctx))
+    from . import spot
+
+    result.spot = spot.advise_all(result.pools, ctx, spot.load_spot_inputs(
+        opts.spot_prices, opts.spot_interruptions, opts.spot_relaunch_s))
     return result, plans, ctx

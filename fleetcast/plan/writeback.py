@@ -49,7 +49,7 @@ def schedule_steps(hourly: list[int], peak: int) -> list[dict]:
 
 
 def apply_plan(path: str | Path, plans: list[RegionPlan], pools: list[FleetPool], allow_estimated: bool = False,
-               write_schedule: bool = False) -> list[str]:
+               write_schedule: bool = False, spot: list | None = None) -> list[str]:
     """Edit the config at `path` in place; returns what changed. Refuses (file untouched) on any problem."""
     from fleetcast.config import ConfigError
 
@@ -133,6 +133,7 @@ def apply_plan(path: str | Path, plans: list[RegionPlan], pools: list[FleetPool]
                 pool["schedule"] = seq
                 changes.append(f"{where}.schedule = {len(steps)} daily steps (UTC): "
                                + ", ".join(f"{s['cron'].split()[1]}h min {s['min']}" for s in steps))
+        changes += _write_spot(pool, where, fleet_pool, spot or [], write_schedule)
         for consumer_region in fleet_pool.consumer_regions:
             if consumer_region != region_name:
                 allowed = entry.get("allowed_regions")
@@ -158,6 +159,30 @@ def apply_plan(path: str | Path, plans: list[RegionPlan], pools: list[FleetPool]
         raise UserError(f"--write-config: the updated config would be invalid, so {path} was left untouched:\n"
                         f"{details}") from None
     return changes
+
+
+def _write_spot(pool: CommentedMap, where: str, fleet_pool: FleetPool, advice: list, write_schedule: bool) -> list[str]:
+    """The pool's spot: block from the planner's advice (fleetcast/plan/spot.py); removed where Spot does not pay."""
+    verdict = next((a for a in advice if (a.service_region, a.candidate) == (fleet_pool.service_region,
+                                                                             fleet_pool.candidate)), None)
+    if verdict is None:
+        return []
+    block = verdict.spot_block()
+    if block is None:
+        if "spot" in pool:
+            del pool["spot"]
+            return [f"{where}.spot removed: {verdict.reason}"]
+        return []
+    if write_schedule or pool.get("schedule") or "desired" in (pool.get("capacity") or {}):
+        return [f"{where}.spot not written: a fixed capacity.desired or a schedule sizes one group; the spot tier "
+                "needs scaling to own the split"]
+    current = pool.get("spot")
+    wanted = {**(dict(current) if isinstance(current, dict) else {}), **block}
+    if isinstance(current, dict) and dict(current) == wanted:
+        return []
+    pool["spot"] = _flow(wanted)  # one line, like capacity and scaling
+    return [f"{where}.spot = On-Demand base {block['on_demand_base']}, Spot on {', '.join(block['instance_types'])} "
+            f"above it, fallback up to {block['on_demand_fallback_max']} On-Demand"]
 
 
 def throttling_notes(cfg, pools: list[FleetPool]) -> list[str]:

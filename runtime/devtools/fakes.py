@@ -15,7 +15,9 @@ All bind 127.0.0.1 and record every call so demos and tests can assert on them.
 
 from __future__ import annotations
 
+import json
 import threading
+import time
 import urllib.parse
 import uuid
 from dataclasses import dataclass
@@ -100,12 +102,33 @@ class FakeImds(_Server):
         self.region = region
         self.tags: dict[str, str] = {"aws:autoscaling:groupName": asg_name} if asg_name else {}
         self.target_lifecycle_state = target_lifecycle_state
+        # Spot: "on-demand" or "spot"; the interruption and rebalance items are absent (404) until set.
+        self.instance_life_cycle = "on-demand"
+        self.spot_instance_action: dict | None = None
+        self.rebalance_recommendation: dict | None = None
+        self.spot_polls = 0
+
+    def interrupt(self, action: str = "terminate", in_s: float = 120.0, now: float | None = None) -> dict:
+        """Post the Spot interruption notice EC2 posts two minutes before it acts (action at now + in_s)."""
+        import datetime as _dt
+
+        at = _dt.datetime.fromtimestamp((time.time() if now is None else now) + in_s, tz=_dt.timezone.utc)
+        self.spot_instance_action = {"action": action, "time": at.strftime("%Y-%m-%dT%H:%M:%SZ")}
+        return self.spot_instance_action
 
     def lookup(self, path: str) -> str | None:
+        if path == "/latest/meta-data/spot/instance-action":
+            with self.lock:
+                self.spot_polls += 1
         items = {
             "/latest/meta-data/instance-id": self.instance_id,
             "/latest/meta-data/placement/region": self.region,
             "/latest/meta-data/autoscaling/target-lifecycle-state": self.target_lifecycle_state,
+            "/latest/meta-data/instance-life-cycle": self.instance_life_cycle,
+            "/latest/meta-data/spot/instance-action":
+                json.dumps(self.spot_instance_action) if self.spot_instance_action else None,
+            "/latest/meta-data/events/recommendations/rebalance":
+                json.dumps(self.rebalance_recommendation) if self.rebalance_recommendation else None,
         }
         if path in items:
             return items[path]

@@ -65,6 +65,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--upstream-idle-s", type=_positive, default=120.0,
                    help="abort a response whose model server sent nothing for this many seconds (default 120; "
                         "the runtime passes FLEETCAST_UPSTREAM_IDLE_S)")
+    p.add_argument("--drain-deadline-file",
+                   help="where the runtime writes a Spot interruption's drain deadline before SIGTERM (runtime/spot.py); "
+                        "the drain then ends by it and its outcome is written next to it")
     p.add_argument("--event-loop", choices=("auto", "asyncio", "uvloop"), default="auto",
                    help="auto (default): uvloop when installed, which scripts/bench_gateway.py measures as the "
                         "faster hop; else the standard asyncio loop")
@@ -156,7 +159,14 @@ async def serve(args: argparse.Namespace) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     await stop.wait()
+    from runtime import spot
+
+    # A Spot interruption leaves less time than a scale-in: the deadline the runtime wrote, if any.
+    gateway.drain_timeout_s = spot.drain_budget_s(args.drain_deadline_file, gateway.drain_timeout_s)
+    in_flight = gateway.active
     await gateway.drain()
+    spot.write_outcome(args.drain_deadline_file, in_flight=in_flight, cut=gateway.active,
+                       budget_s=gateway.drain_timeout_s)
     for task in background:
         task.cancel()
     await gateway.close()

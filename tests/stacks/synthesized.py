@@ -145,3 +145,28 @@ def bench_mode_fleet() -> Synthesized:
     wheels = fake_wheelhouse(Path(tempfile.mkdtemp(prefix="fleetcast-wheels-")))
     atexit.register(shutil.rmtree, wheels, ignore_errors=True)
     return synthesize(default_doc(), "bench", {"bench": "true", "bench_probe_wheels": str(wheels)})
+
+
+def spot_doc() -> dict:
+    """Seoul's pool with a spot tier on two L40S types, a second spot pool (A10G, an explicit On-Demand base and
+    share, fallback ceiling, rebalance drain); us-east-1 stays without spot (one group)."""
+    doc = default_doc()
+    doc["regions"] = doc["regions"][:1]
+    doc["consumers"] = [c for c in doc["consumers"] if c["service_region"] == doc["regions"][0]["region"]]
+    seoul = doc["regions"][0]
+    seoul["pools"][0]["spot"] = {"instance_types": ["g6e.xlarge", "g6e.2xlarge"]}
+    seoul["pools"].append({
+        "name": "a10g",
+        "instance_type": "g5.xlarge",
+        "capacity": {"min": 1, "max": 5},
+        "engine": {"precision": "int8_wo"},
+        "spot": {"on_demand_base": 1, "spot_percentage": 80, "instance_types": ["g5.xlarge", "g5.2xlarge"],
+                 "allocation_strategy": "capacity-optimized", "on_demand_fallback_max": 3,
+                 "drain_on_rebalance": True},
+    })
+    return doc
+
+
+@lru_cache(maxsize=None)
+def spot_fleet() -> Synthesized:
+    return synthesize(spot_doc(), "spot")

@@ -21,7 +21,7 @@ from aws_cdk import aws_ec2 as ec2
 
 from stacks import nag
 
-from .synthesized import NODE_MAJOR, ROOT, default_doc, default_fleet, nat_fleet, synthesize, variant_fleet
+from .synthesized import NODE_MAJOR, ROOT, default_doc, default_fleet, nat_fleet, spot_fleet, synthesize, variant_fleet
 
 from fleetcast.node import cdk_command, path_with_node
 
@@ -68,7 +68,7 @@ def test_cdk_cli_synthesizes_the_default_config_offline(tmp_path):
 
 
 def test_cdk_nag_passes_with_zero_unacknowledged_findings():
-    for fleet in (default_fleet(), variant_fleet(), nat_fleet()):  # each synthesized with AwsSolutions registered
+    for fleet in (default_fleet(), variant_fleet(), nat_fleet(), spot_fleet()):  # each synthesized with AwsSolutions registered
         report_path = fleet.outdir / nag.REPORT_FILE
         report = json.loads(report_path.read_text()) if report_path.exists() else {"pluginReports": []}
         nag_reports = [r for r in report["pluginReports"] if r["pluginName"] == "AwsSolutions"]
@@ -126,7 +126,7 @@ def test_every_acknowledgment_matches_a_real_finding_and_covers_it(monkeypatch):
 
 
 def test_no_unacknowledged_construct_warnings_or_errors():
-    for fleet in (default_fleet(), variant_fleet(), nat_fleet()):
+    for fleet in (default_fleet(), variant_fleet(), nat_fleet(), spot_fleet()):
         for metadata_file in fleet.outdir.glob("*.metadata.json"):
             entries = [(path, e["type"], e.get("data")) for path, items in json.loads(metadata_file.read_text()).items()
                        for e in items if e["type"] in ("aws:cdk:warning", "aws:cdk:error")]
@@ -134,7 +134,7 @@ def test_no_unacknowledged_construct_warnings_or_errors():
 
 
 def test_no_variant_needs_a_context_lookup():
-    for fleet in (default_fleet(), variant_fleet(), nat_fleet()):
+    for fleet in (default_fleet(), variant_fleet(), nat_fleet(), spot_fleet()):
         manifest = json.loads((fleet.outdir / "manifest.json").read_text())
         assert not manifest.get("missing"), manifest.get("missing")
 
@@ -154,8 +154,9 @@ CFN_LINT = ROOT / ".venv" / "bin" / "cfn-lint"
 def test_cfn_lint_reports_nothing_on_any_template():
     # Every default template, plus the provider templates whose shape the variants change.
     templates = [str(p) for p in default_fleet().template_files()] + [
-        str(f.outdir / "fleetcast-provider-ap-northeast-2.template.json") for f in (variant_fleet(), nat_fleet())]
-    assert len(templates) == 6
+        str(f.outdir / "fleetcast-provider-ap-northeast-2.template.json") for f in (variant_fleet(), nat_fleet(),
+                                                                                   spot_fleet())]
+    assert len(templates) == 7
     # Run from the repo root so .cfnlintrc.yaml (and its documented ignores) applies.
     result = subprocess.run([str(CFN_LINT), *templates], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0 and not result.stdout.strip(), result.stdout[-5000:]

@@ -1,0 +1,293 @@
+"""Spot for the planned fleet: an On-Demand baseline plus a Spot tier per pool, or a reasoned "no".
+
+Inputs, each dated and overridable (docs/plan.md#spot):
+- Spot prices per type and region (fleetcast/config/data/spot_prices.yaml, `--spot-prices FILE`);
+- an interruption-rate ASSUMPTION per type, the monthly share of instances reclaimed, and the re-launch time
+  (fleetcast/config/data/spot_interruptions.yaml, `--spot-interruptions FILE`, `--spot-relaunch-s`);
+- the drain budget measured by `make bench-spot-drain` (fleetcast/config/data/spot_drain.yaml): the longest
+  request, in seconds, that an interruption drain lets finish.
+
+For each planned pool (hourly counts N_h from the on-demand plan, price p, Spot price s, target k in-flight
+per instance, mean request time W) and each On-Demand base b from the pool's minimum up to its peak:
+  spot_h = max(0, N_h - b) instances run on Spot in hour h, the rest On-Demand;
+  interruptions/day I = sum_h spot_h * rate, rate = monthly share / 730 h;
+  per interruption: requests cut = k * sum_L w_L max(0, D_L - budget) / sum_L w_L D_L (the in-flight mix is
+  length-biased, and a request of duration D in flight at a random moment has more than `budget` left with
+  probability (D - budget) / D; D_L = W * L / mean output length for the traffic's output lengths L), and
+  for `relaunch_s` one instance's load (k / W requests per second) runs on the others above the target:
+  those requests are counted as SLO misses (conservative), the cut ones as errors; the replacement is billed
+  for its re-launch without serving, and cut requests are served again;
+  cost/h = (sum_h (N_h - spot_h) p + spot_h s + I * (relaunch_h s + cut * S p)) / 24 + fixed;
+  SLO attainment = 1 - (cut + at-risk requests) / requests per day.
+The recommendation is the cheapest b whose Spot-caused loss stays within SPOT_ERROR_BUDGET_SHARE of the
+config's error budget (slo.error_rate), if it is cheaper than all On-Demand by at least MIN_SAVING; else the
+planner says why Spot does not pay: the baseline is the whole fleet, no Spot price, or interruptions (long
+re-launches, long requests) eat the saving or the error budget.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from fleetcast.config import catalog
+from fleetcast.contract.instance_env import Var
+from fleetcast.errors import UserError
+
+from .inputs import _read_yaml
+
+DATA_DIR = catalog.DATA_DIR
+HOURS_PER_MONTH = 730.0
+# Spot may spend at most this share of the config's error budget (slo.error_rate) on interruptions.
+SPOT_ERROR_BUDGET_SHARE = 0.5
+MIN_SAVING = 0.01  # USD per hour: below this Spot is not worth a second group
+
+
+@dataclass(frozen=True)
+class SpotInputs:
+    prices: dict[str, dict[str, float]]
+    prices_as_of: str
+    prices_source: str
+    monthly_rate: dict[str, float]
+    rates_as_of: str
+    rates_source: str
+    relaunch_s: float
+    drain_safe_s: float
+    drain_source: str
+
+    def price(self, instance_type: str, region: str) -> float | None:
+        return self.prices.get(instance_type, {}).get(region)
+
+    def notes(self) -> list[str]:
+        return [
+            f"Spot prices as of {self.prices_as_of} ({self.prices_source})",
+            f"interruption rates ASSUMED as of {self.rates_as_of} ({self.rates_source}); re-launch {self.relaunch_s:g} s "
+            "assumed",
+            f"drain budget {self.drain_safe_s:g} s per request ({self.drain_source})",
+        ]
+
+
+def _number(value: Any, where: str, flag: str, low: float = 0.0, high: float = math.inf) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not low <= value <= high:
+        raise UserError(f"{flag}: {where} = {value!r}; must be a number in [{low:g}, {high:g}]")
+    return float(value)
+
+
+def load_spot_inputs(prices: str | Path | None = None, interruptions: str | Path | None = None,
+                     relaunch_s: float | None = None) -> SpotInputs:
+    """The shipped tables, each replaced entry by entry by a FILE of the same shape."""
+    raw_p = _read_yaml(DATA_DIR / "spot_prices.yaml", "spot_prices.yaml")
+    table = {k: dict(v) for k, v in raw_p["prices"].items()}
+    p_as_of, p_source = str(raw_p.get("as_of", "unknown")), str(raw_p.get("source", "shipped"))
+    if prices:
+        over = _read_yaml(Path(prices), "--spot-prices")
+        if not isinstance(over, dict) or not isinstance(over.get("prices"), dict):
+            raise UserError(f"--spot-prices: {prices} must have a `prices: {{instance_type: {{region: usd_per_hour}}}}` "
+                            "mapping and an `as_of` date")
+        for name, regions in over["prices"].items():
+            if not isinstance(regions, dict):
+                raise UserError(f"--spot-prices: {prices}: prices.{name} must map region -> USD per hour")
+            for region, value in regions.items():
+                table.setdefault(name, {})[region] = _number(value, f"prices.{name}.{region}", "--spot-prices",
+                                                             low=1e-9)
+        p_as_of, p_source = str(over.get("as_of", "undated")), str(prices)
+
+    raw_i = _read_yaml(DATA_DIR / "spot_interruptions.yaml", "spot_interruptions.yaml")
+    rates = {k: float(v) for k, v in raw_i["monthly_interruption_rate"].items()}
+    relaunch = float(raw_i.get("relaunch_s", 600))
+    i_as_of, i_source = str(raw_i.get("as_of", "unknown")), str(raw_i.get("source", "shipped"))
+    if interruptions:
+        over = _read_yaml(Path(interruptions), "--spot-interruptions")
+        if not isinstance(over, dict) or not isinstance(over.get("monthly_interruption_rate", {}), dict):
+            raise UserError(f"--spot-interruptions: {interruptions} must have a `monthly_interruption_rate: "
+                            "{instance_type: share}` mapping (and optionally relaunch_s) with an `as_of` date")
+        for name, value in (over.get("monthly_interruption_rate") or {}).items():
+            rates[name] = _number(value, f"monthly_interruption_rate.{name}", "--spot-interruptions", high=1.0)
+        if "relaunch_s" in over:
+            relaunch = _number(over["relaunch_s"], "relaunch_s", "--spot-interruptions", high=86400)
+        i_as_of, i_source = str(over.get("as_of", "undated")), str(interruptions)
+    if relaunch_s is not None:
+        relaunch = _number(relaunch_s, "value", "--spot-relaunch-s", high=86400)
+        i_source += f"; re-launch from --spot-relaunch-s"
+
+    drain = _read_yaml(Path(os.environ.get(Var.SPOT_DRAIN) or DATA_DIR / "spot_drain.yaml"), "spot_drain.yaml")
+    safe = float(drain["safe_request_s"])
+    source = f"measured {drain.get('as_of', 'undated')} by `{drain.get('command', 'make bench-spot-drain')}`"
+    return SpotInputs(table, p_as_of, p_source, rates, i_as_of, i_source, relaunch, safe, source)
+
+
+@dataclass
+class SpotAdvice:
+    """The spot verdict for one planned pool."""
+
+    service_region: str
+    candidate: str
+    instance_type: str
+    recommended: bool
+    reason: str
+    on_demand_cost_per_hour: float
+    on_demand_usd_per_m_output: float
+    on_demand_base: int | None = None
+    spot_peak: int = 0
+    instance_types: list[str] = field(default_factory=list)
+    fallback_max: int = 0
+    cost_per_hour: float | None = None
+    usd_per_m_output: float | None = None
+    slo_attainment: float | None = None
+    interruptions_per_day: float = 0.0
+    requests_cut_per_day: float = 0.0
+    requests_at_risk_per_day: float = 0.0
+    spot_price: float | None = None
+    assumptions: list[str] = field(default_factory=list)
+
+    def spot_block(self) -> dict | None:
+        """What --write-config writes under the pool (the On-Demand base is the pool's capacity.min)."""
+        if not self.recommended:
+            return None
+        block: dict[str, Any] = {"on_demand_base": self.on_demand_base, "instance_types": list(self.instance_types),
+                                 "allocation_strategy": "price-capacity-optimized", "capacity_rebalance": True,
+                                 "on_demand_fallback_max": self.fallback_max}
+        return block
+
+    def line(self) -> str:
+        where = f"{self.service_region} {self.candidate}"
+        if not self.recommended:
+            return f"{where}: Spot does not pay: {self.reason}"
+        saving = 1 - self.cost_per_hour / self.on_demand_cost_per_hour
+        return (f"{where}: On-Demand base {self.on_demand_base} + Spot up to {self.spot_peak} "
+                f"({', '.join(self.instance_types)}): ${self.cost_per_hour:.2f}/h vs ${self.on_demand_cost_per_hour:.2f}/h "
+                f"all On-Demand ({saving:.0%} less), ${self.usd_per_m_output:.3f} vs "
+                f"${self.on_demand_usd_per_m_output:.3f} per 1M output tokens; expected SLO attainment "
+                f"{self.slo_attainment:.4%} ({self.interruptions_per_day:.2f} interruptions/day, "
+                f"{self.requests_cut_per_day:.1f} requests cut, {self.requests_at_risk_per_day:.0f} at risk during "
+                f"re-launch)")
+
+    def to_json(self) -> dict:
+        return {k: v for k, v in vars(self).items()} | {"spot": self.spot_block()}
+
+
+def _same_gpu_types(instance_type: str, region: str, inputs: SpotInputs, on_demand_price: float) -> list[str]:
+    instances = catalog.instance_catalog()
+    own = instances.get(instance_type)
+    if own is None:
+        return [instance_type]
+    same = [name for name, t in instances.items()
+            if (t.gpu.name, t.gpus) == (own.gpu.name, own.gpus) and name != instance_type
+            and (price := inputs.price(name, region)) is not None and price < on_demand_price]
+    return [instance_type] + sorted(same, key=lambda n: inputs.price(n, region))
+
+
+def advise(pool, ctx, inputs: SpotInputs) -> SpotAdvice:  # noqa: ANN001 - solver.FleetPool, solver.PlanContext
+    """Recommend a base + Spot tier for one planned pool, or say why not."""
+    ev = pool.evaluation
+    region, itype = pool.service_region, ev.candidate.instance_type
+    counts = list(pool.instances_by_hour)
+    od_price = ev.price_per_hour
+    instance_part = sum(counts) / 24 * od_price
+    fixed = pool.cost_per_hour - instance_part
+    traffics = [plan.traffic for plan, _ in pool.members]
+    rates = [sum(t.hourly_rps()[h] for t in traffics) for h in range(24)]
+    requests = sum(rates) * 3600
+    out_tokens = sum(sum(t.hourly_rps()) * 3600 * t.output_mean for t in traffics)
+
+    def per_m(cost_per_hour: float) -> float:
+        return cost_per_hour * 24 / out_tokens * 1e6 if out_tokens else math.inf
+
+    advice = SpotAdvice(region, pool.candidate, itype, False, "", pool.cost_per_hour, per_m(pool.cost_per_hour),
+                        assumptions=inputs.notes())
+    n_min = max(1, ctx.n_min(region))
+    s_price = inputs.price(itype, region)
+    advice.spot_price = s_price
+    if max(counts) <= n_min:
+        advice.reason = (f"the On-Demand baseline is the whole fleet: the plan never needs more than {max(counts)} "
+                         f"instance(s), the pool's minimum of {n_min} (capacity.min), so no capacity lies above it")
+        return advice
+    if min(counts) == max(counts):
+        advice.reason = (f"the plan holds {max(counts)} instances every hour (capacity min == max): a fixed-size pool "
+                         "has no load above a baseline to move, and the config refuses a spot tier on it")
+        return advice
+    if s_price is None:
+        advice.reason = f"no Spot price for {itype} in {region} (spot price table as of {inputs.prices_as_of})"
+        return advice
+    if s_price >= od_price:
+        advice.reason = f"the Spot price ${s_price:.3f}/h is not below On-Demand ${od_price:.3f}/h"
+        return advice
+
+    k = float(pool.target)
+    w_s = max(ev.weighted_e2e, 1.0) / 1000.0  # mean seconds a request holds its instance
+    rate = inputs.monthly_rate.get(itype, max(inputs.monthly_rate.values(), default=0.2)) / HOURS_PER_MONTH
+    cut_share = _cut_share(traffics, w_s, inputs.drain_safe_s)
+    cut_per_interruption = k * cut_share
+    at_risk_per_interruption = k / w_s * inputs.relaunch_s
+    budget = SPOT_ERROR_BUDGET_SHARE * ctx.slo.error_rate
+
+    best = None
+    binding = None
+    for base in range(n_min, max(counts)):
+        spot = [max(0, n - base) for n in counts]
+        interruptions = sum(spot) * rate  # instance-hours x interruptions per instance-hour
+        cut = interruptions * cut_per_interruption
+        at_risk = interruptions * at_risk_per_interruption
+        extra = interruptions * (inputs.relaunch_s / 3600 * s_price + cut_per_interruption * ev.seconds_per_request
+                                 / 3600 * od_price)
+        cost = (sum((n - s) * od_price + s * s_price for n, s in zip(counts, spot)) + extra) / 24 + fixed
+        loss = (cut + at_risk) / requests if requests else 0.0
+        option = (cost, base, spot, interruptions, cut, at_risk, loss)
+        if loss > budget:
+            binding = binding or option
+            continue
+        if best is None or cost < best[0] - 1e-9:
+            best = option
+    if best is None:
+        _, base, _, interruptions, cut, at_risk, loss = binding
+        advice.reason = (f"interruptions would cost {loss:.3%} of requests ({cut:.1f} cut, {at_risk:.0f} served "
+                         f"above target during {inputs.relaunch_s:g} s re-launches per day), more than "
+                         f"{SPOT_ERROR_BUDGET_SHARE:.0%} of the error budget slo.error_rate = {ctx.slo.error_rate:g}; "
+                         "long cold starts or long requests make Spot a risk to the SLO here")
+        return advice
+    cost, base, spot, interruptions, cut, at_risk, loss = best
+    if pool.cost_per_hour - cost < MIN_SAVING:
+        advice.reason = (f"the saving (${pool.cost_per_hour - cost:.3f}/h) does not cover the interruptions "
+                         f"({interruptions:.2f}/day, each a {inputs.relaunch_s:g} s re-launch billed without serving)")
+        return advice
+    advice.recommended = True
+    advice.reason = "cheaper within the error budget"
+    advice.on_demand_base = base
+    advice.spot_peak = max(spot)
+    advice.instance_types = _same_gpu_types(itype, region, inputs, od_price)
+    advice.fallback_max = max(counts)
+    advice.cost_per_hour = cost
+    advice.usd_per_m_output = per_m(cost)
+    advice.slo_attainment = 1 - loss
+    advice.interruptions_per_day = interruptions
+    advice.requests_cut_per_day = cut
+    advice.requests_at_risk_per_day = at_risk
+    return advice
+
+
+def _cut_share(traffics, mean_s: float, budget_s: float) -> float:
+    """Share of in-flight requests an interruption cuts: those whose remaining time exceeds the budget."""
+    num = den = 0.0
+    for t in traffics:
+        weight = sum(t.hourly_rps())
+        lengths = t.output_tokens if isinstance(t.output_tokens, dict) else {str(t.output_mean): 1.0}
+        for tokens, share in lengths.items():
+            d = mean_s * float(tokens) / t.output_mean if t.output_mean else mean_s
+            num += weight * share * max(0.0, d - budget_s)
+            den += weight * share * d
+    return num / den if den else 0.0
+
+
+def advise_all(pools, ctx, inputs: SpotInputs) -> list[SpotAdvice]:  # noqa: ANN001
+    return [advise(pool, ctx, inputs) for pool in pools]
+
+
+def lines(advice: list[SpotAdvice]) -> list[str]:
+    if not advice:
+        return []
+    out = [a.line() for a in advice]
+    out += [f"assumption: {n}" for n in advice[0].assumptions]
+    return out

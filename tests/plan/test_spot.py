@@ -1,0 +1,152 @@
+"""The planner's Spot tier (fleetcast/plan/spot.py): the seed scenario with a Spot price table recommends an
+On-Demand base plus Spot, with its assumptions; a small fleet and a long cold start decline it, saying why."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+from ruamel.yaml import YAML
+
+from fleetcast.config import load_config
+from fleetcast.errors import UserError
+from fleetcast.plan import spot
+from fleetcast.plan.report import render_terminal, to_json
+from fleetcast.plan.run import PlanOptions, build_plan
+from fleetcast.plan.writeback import apply_plan
+
+from .conftest import ROOT, SEED
+
+SEED_COUNTS = [11] * 9 + [17] * 4 + [2] * 9 + [8] * 2  # the on-demand plan's instances per UTC hour (g6e int8_wo)
+OD, SPOT = 2.288, 0.80  # g6e.xlarge in ap-northeast-2: shipped on-demand table, seed spot table
+
+
+def run(traffic="traffic-seoul.yaml", **kw):
+    opts = PlanOptions(results=[str(SEED / "results")], traffic=str(SEED / traffic), config=str(ROOT / "config/fleet.yaml"),
+                       spot_prices=str(SEED / "spot-prices.yaml"), **kw)
+    return build_plan(opts)
+
+
+def test_the_seed_recommends_an_on_demand_base_and_a_spot_tier_by_hand():
+    result, _, _ = run()
+    (pool,) = result.pools
+    assert pool.instances_by_hour == SEED_COUNTS
+    (advice,) = result.spot
+    assert advice.recommended and advice.on_demand_base == 2  # config capacity.min: the base holds the quiet hours
+    assert advice.spot_peak == 15 and advice.fallback_max == 17
+    assert advice.instance_types == ["g6e.xlarge", "g6e.2xlarge"]  # both L40S, both cheaper on Spot than On-Demand
+    # By hand: Spot instance-hours = 9*9 + 4*15 + 2*6 = 153; interruptions = 153 * 0.15 / 730 per day.
+    interruptions = 153 * 0.15 / 730
+    assert advice.interruptions_per_day == pytest.approx(interruptions)
+    ev = pool.evaluation
+    fixed = pool.cost_per_hour - sum(SEED_COUNTS) / 24 * OD
+    extra = interruptions * (600 / 3600 * SPOT)  # re-launch billed without serving; nothing cut (0.6 s requests)
+    expected = (sum(SEED_COUNTS) * OD - 153 * OD + 153 * SPOT + extra) / 24 + fixed
+    assert advice.cost_per_hour == pytest.approx(expected)
+    assert advice.requests_cut_per_day == 0.0  # every request is far shorter than the 90 s drain budget
+    at_risk = interruptions * ev.target / (ev.weighted_e2e / 1000) * 600
+    assert advice.requests_at_risk_per_day == pytest.approx(at_risk)
+    assert advice.slo_attainment == pytest.approx(1 - at_risk / (2140 * 3600))
+    assert advice.usd_per_m_output < advice.on_demand_usd_per_m_output
+
+
+def test_the_report_shows_the_recommendation_with_its_assumptions():
+    result, _, _ = run()
+    text = render_terminal(result)
+    assert "Spot tier (docs/plan.md#spot):" in text
+    assert "On-Demand base 2 + Spot up to 15 (g6e.xlarge, g6e.2xlarge)" in text and "expected SLO attainment" in text
+    assert f"Spot prices as of 2026-01-15 ({SEED / 'spot-prices.yaml'})" in text
+    assert "interruption rates ASSUMED as of" in text and "re-launch 600 s assumed" in text
+    drain = YAML(typ="safe").load((ROOT / "fleetcast" / "config" / "data" / "spot_drain.yaml").read_text())
+    assert f"drain budget {float(drain['safe_request_s']):g} s per request (measured {drain['as_of']}" in text
+    assert "make bench-spot-drain" in text
+    (entry,) = to_json(result)["spot"]
+    assert entry["spot"]["on_demand_base"] == 2 and entry["assumptions"]
+
+
+def test_a_small_fleet_declines_spot_because_the_baseline_is_the_whole_fleet():
+    result, _, _ = run("traffic-small.yaml")
+    (pool,) = result.pools
+    assert max(pool.instances_by_hour) == 2
+    (advice,) = result.spot
+    assert not advice.recommended and advice.spot_block() is None
+    assert "the On-Demand baseline is the whole fleet" in advice.reason
+    assert "Spot does not pay: the On-Demand baseline is the whole fleet" in render_terminal(result)
+
+
+def test_a_long_cold_start_with_frequent_interruptions_moves_capacity_to_on_demand_or_declines_spot(tmp_path):
+    rates = tmp_path / "rates.yaml"
+    rates.write_text("as_of: '2026-11-30'\nmonthly_interruption_rate: {g6e.xlarge: 1.0}\n")
+    calm, _, _ = run()
+    rough, _, _ = run(spot_interruptions=str(rates), spot_relaunch_s=3600)
+    # Each interruption now leaves an instance's load on the others for an hour: a larger base keeps the
+    # Spot-caused loss inside half the error budget (0.5 % of requests for slo.error_rate 0.01).
+    assert rough.spot[0].recommended and rough.spot[0].on_demand_base > calm.spot[0].on_demand_base
+    assert 1 - rough.spot[0].slo_attainment <= 0.5 * 0.01
+    # With a tight error budget no base above the minimum keeps it: Spot is declined, and the report says why.
+    strict, _, _ = run(spot_interruptions=str(rates), spot_relaunch_s=3600, error_rate=0.0001)
+    (advice,) = strict.spot
+    assert not advice.recommended
+    assert "of the error budget slo.error_rate = 0.0001" in advice.reason and "long cold starts" in advice.reason
+
+
+def test_long_requests_are_cut_by_a_drain_they_cannot_finish():
+    # Length-biased in-flight mix: durations 10 s (share 0.5) and 200 s (0.5) against a 90 s budget:
+    # cut share = 0.5 * (200 - 90) / (0.5 * 10 + 0.5 * 200).
+    class Traffic:
+        output_tokens = {"100": 0.5, "2000": 0.5}
+        output_mean = 1050.0
+
+        def hourly_rps(self):
+            return [1.0] * 24
+
+    assert spot._cut_share([Traffic()], 105.0, 90.0) == pytest.approx(0.5 * 110 / 105)
+
+
+def test_write_config_writes_a_valid_spot_block(tmp_path):
+    result, plans, _ = run()
+    target = tmp_path / "fleet.yaml"
+    shutil.copy(ROOT / "config" / "fleet.yaml", target)
+    changes = apply_plan(target, plans, result.pools, spot=result.spot)
+    assert any(c.startswith("regions[ap-northeast-2].pools[l40s].spot = On-Demand base 2") for c in changes)
+    cfg = load_config(target)  # re-validated with the spot rules
+    pool = cfg.region("ap-northeast-2").pools[0]
+    assert pool.on_demand_base == 2 and pool.spot_instance_types == ("g6e.xlarge", "g6e.2xlarge")
+    assert pool.on_demand_fallback_max == pool.capacity.max == 17
+    written = YAML(typ="safe").load(target.read_text())["regions"][0]["pools"][0]["spot"]
+    assert written["allocation_strategy"] == "price-capacity-optimized" and written["capacity_rebalance"] is True
+    # Planned again for a small fleet: the block goes, with the reason.
+    small, small_plans, _ = run("traffic-small.yaml")
+    changes = apply_plan(target, small_plans, small.pools, spot=small.spot)
+    assert any(c.startswith("regions[ap-northeast-2].pools[l40s].spot removed: the On-Demand baseline") for c in changes)
+    assert load_config(target).region("ap-northeast-2").pools[0].spot is None
+
+
+def test_bad_spot_tables_are_user_errors_naming_the_entry(tmp_path):
+    bad = tmp_path / "prices.yaml"
+    bad.write_text("as_of: x\nprices: {g6e.xlarge: {ap-northeast-2: -1}}\n")
+    with pytest.raises(UserError, match=r"--spot-prices: prices.g6e.xlarge.ap-northeast-2 = -1"):
+        spot.load_spot_inputs(prices=bad)
+    bad.write_text("as_of: x\nmonthly_interruption_rate: {g6e.xlarge: 3}\n")
+    with pytest.raises(UserError, match=r"--spot-interruptions: monthly_interruption_rate.g6e.xlarge = 3"):
+        spot.load_spot_inputs(interruptions=bad)
+
+
+def test_the_drain_budget_is_the_benchmarked_figure_with_its_command():
+    data = YAML(typ="safe").load((ROOT / "fleetcast" / "config" / "data" / "spot_drain.yaml").read_text())
+    inputs = spot.load_spot_inputs()
+    assert inputs.drain_safe_s == data["safe_request_s"] and data["command"].startswith("make bench-spot-drain")
+    assert data["safe_request_s"] <= data["notice_s"] - data["stop_routing_s"]
+    assert "\nbench-spot-drain:" in (ROOT / "Makefile").read_text()
+
+
+def test_the_cli_takes_the_spot_flags(tmp_path, capsys):
+    from scripts.cli import main
+
+    code = main(["plan", "--results", str(SEED / "results"), "--traffic", str(SEED / "traffic-seoul.yaml"),
+                 "--config", str(ROOT / "config/fleet.yaml"), "--spot-prices", str(SEED / "spot-prices.yaml"),
+                 "--spot-relaunch-s", "300", "--json"])
+    assert code == 0
+    (entry,) = json.loads(capsys.readouterr().out)["spot"]
+    assert entry["recommended"] and "re-launch 300 s assumed" in entry["assumptions"][1]
