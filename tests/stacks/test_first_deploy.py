@@ -23,10 +23,11 @@ from fleetcast import telemetry
 from fleetcast.capacity_hold import HELD_OUTPUT, HOLD_CONTEXT, hold_context_args, parse_held_regions
 from fleetcast.errors import UserError
 
-from .synthesized import (bench_mode_fleet, default_doc, default_fleet, nat_fleet, synthesize, variant_doc,
-                          variant_fleet)
+from .synthesized import (bench_mode_fleet, default_doc, default_fleet, nat_fleet, spot_doc, spot_fleet, synthesize,
+                          variant_doc, variant_fleet)
 
-FLEETS = {"default": default_fleet, "variant": variant_fleet, "nat": nat_fleet, "bench": bench_mode_fleet}
+FLEETS = {"default": default_fleet, "variant": variant_fleet, "nat": nat_fleet, "bench": bench_mode_fleet,
+          "spot": spot_fleet}
 SEOUL, VIRGINIA = "fleetcast-provider-ap-northeast-2", "fleetcast-provider-us-east-1"
 
 
@@ -110,7 +111,16 @@ def test_hold_context_round_trip():
     assert hold_context_args([]) == [] and parse_held_regions(None) == frozenset()
 
 
-def test_the_held_template_passes_cfn_lint(held):
+def test_a_held_spot_pool_holds_both_groups_at_zero():
+    fleet = synthesize(spot_doc(), "spot-held", {HOLD_CONTEXT: "ap-northeast-2"})
+    groups = fleet.resources(SEOUL, "AWS::AutoScaling::AutoScalingGroup").values()
+    assert len(groups) == 4  # two spot pools, each an On-Demand and a Spot group
+    assert {(g["Properties"]["MinSize"], g["Properties"]["MaxSize"]) for g in groups} == {("0", "0")}
+    assert not fleet.resources(SEOUL, "AWS::AutoScaling::ScalingPolicy")
+    _cfn_lint(fleet.outdir / f"{SEOUL}.template.json")
+
+
+def _cfn_lint(template) -> None:
     import subprocess
 
     from .synthesized import ROOT
@@ -118,6 +128,9 @@ def test_the_held_template_passes_cfn_lint(held):
     cfn_lint = ROOT / ".venv" / "bin" / "cfn-lint"
     if not cfn_lint.exists():
         pytest.skip("cfn-lint is installed by `make test`")
-    result = subprocess.run([str(cfn_lint), str(held.outdir / f"{SEOUL}.template.json")], cwd=ROOT,
-                            capture_output=True, text=True, timeout=300)
+    result = subprocess.run([str(cfn_lint), str(template)], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0 and not result.stdout.strip(), result.stdout[-3000:]
+
+
+def test_the_held_template_passes_cfn_lint(held):
+    _cfn_lint(held.outdir / f"{SEOUL}.template.json")

@@ -92,13 +92,12 @@ def test_only_the_on_demand_group_has_a_warm_pool(template):
 
 
 def test_both_groups_carry_the_same_launch_and_terminate_hooks(template):
-    found = {g["id"]: name for name, g in groups(template).items()}
-    hooks: dict[str, set[str]] = {}
-    for hook in of_type(template, "AWS::AutoScaling::LifecycleHook").values():
-        group = found[hook["Properties"]["AutoScalingGroupName"]["Ref"]]
-        hooks.setdefault(group, set()).add(hook["Properties"]["LifecycleHookName"])
-    assert all(names == {telemetry.LAUNCH_HOOK, telemetry.TERMINATE_HOOK} for names in hooks.values())
-    assert set(hooks) == set(found.values())
+    """In each group's own LifecycleHookSpecificationList, so the first instances launch with them
+    (stacks/launch_order.py cites CloudFormation's AWS::AutoScaling::AutoScalingGroup reference)."""
+    assert not of_type(template, "AWS::AutoScaling::LifecycleHook")
+    for name, group in groups(template).items():
+        specs = group["Properties"].get("LifecycleHookSpecificationList", [])
+        assert {h["LifecycleHookName"] for h in specs} == {telemetry.LAUNCH_HOOK, telemetry.TERMINATE_HOOK}, name
 
 
 def test_the_instance_role_completes_hooks_of_its_own_two_groups_only(template):
