@@ -127,7 +127,12 @@ def plan(cfg: FleetConfig, config_path: str, clients: Callable[[str, str], Any] 
     chosen = select_regions(cfg, regions)
     providers = [provider_stack_name(cfg.name, r) for r in chosen]
     served = [c for c in cfg.consumers if c.service_region in chosen]
-    consumers = [consumer_stack_name(cfg.name, c.name) for c in served]
+    # The app builds a consumer stack only once its endpoint service name is in the config: the publish
+    # step of this run writes it, otherwise cdk would be asked for a stack that does not exist.
+    from stacks.naming import skip_reason
+
+    deployable = served if "publish" in steps else [c for c in served if skip_reason(c) is None]
+    consumers = [consumer_stack_name(cfg.name, c.name) for c in deployable]
     profile = aws.cli_args(region=False) if aws is not None else []
     where = _region_args(cfg, chosen)
     out: list[Step] = []

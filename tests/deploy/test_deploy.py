@@ -244,3 +244,17 @@ def test_teardown_skips_consumers_the_app_builds_no_stack_for(tmp_path):
     steps = teardown_plan(load_config(target), str(target))
     assert "fleetcast-consumer-analytics" not in "\n".join(flat(steps))
     assert "fleetcast-consumer-voice-app" in steps[0].commands[0]
+
+
+def test_deploying_consumers_names_only_stacks_the_app_builds(tmp_path):
+    """A consumer without endpoint_service_name gets no stack (stacks/naming.py skip_reason): the consumers
+    step asks cdk for it only when this run's publish step writes the name first."""
+    text = CONFIG.read_text()
+    target = tmp_path / "fleet.yaml"
+    line = next(l for l in text.splitlines() if "endpoint_service_name: com.amazonaws.vpce.us-east-1" in l)
+    target.write_text(text.replace(line + "\n", ""))
+    cfg = load_config(target)
+    alone = "\n".join(flat(plan(cfg, str(target), None, steps=["consumers"])))
+    assert "fleetcast-consumer-voice-app" in alone and "fleetcast-consumer-analytics" not in alone
+    published = "\n".join(flat(plan(cfg, str(target), None, steps=["publish", "consumers"])))
+    assert "fleetcast-consumer-analytics" in published
