@@ -265,7 +265,9 @@ class RetryingS3:
                     raise
                 error = exc
             attempt += 1
-            if time.monotonic() >= deadline:
+            # At least one retry whatever the clock says: a single slow attempt (botocore's own retries
+            # inside it, a loaded host) must not use up the deadline without S3 being asked again.
+            if time.monotonic() >= deadline and attempt >= 2:
                 raise StorageUnavailable(
                     f"S3 {what} on s3://{self.bucket} failed for {limit:.0f} s "
                     f"({attempt} attempts); last error: {_describe(error)}"

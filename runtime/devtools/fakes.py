@@ -31,7 +31,9 @@ class _Server:
         self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), handler_cls)
         self.httpd.daemon_threads = True
         self.httpd.owner = self  # type: ignore[attr-defined]
-        self.thread = threading.Thread(target=self.httpd.serve_forever, name=type(self).__name__, daemon=True)
+        # A short poll: shutdown() waits for serve_forever to notice, 0.5 s by default per fake per test.
+        self.thread = threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": 0.05},
+                                       name=type(self).__name__, daemon=True)
 
     @property
     def port(self) -> int:

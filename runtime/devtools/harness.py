@@ -152,13 +152,14 @@ class LocalAws:
     """Loopback S3/SSM (moto), IMDSv2, Auto Scaling hooks and EC2 endpoint connections."""
 
     def __init__(self, region: str = "ap-northeast-2", bucket: str = "fleetcast-dev-engines",
-                 param: str | None = None):
+                 param: str | None = None, moto_url: str | None = None):
         # moto keeps one in-process backend for every server it starts: name things per bucket
         # so that several LocalAws in one process (a test session) never see each other's state.
         self.region, self.bucket = region, bucket
         self.param = param or f"/fleetcast/dev/{bucket}/config"
+        # A moto server shared with others (a test session's) is used as it is, never stopped here.
         self.moto: Any = None
-        self.moto_url = ""
+        self.moto_url = moto_url or ""
         self.asg = FakeAutoScaling()
         self.ec2 = FakeEc2()
         self.imds: list[FakeImds] = []
@@ -178,10 +179,11 @@ class LocalAws:
         from moto.server import ThreadedMotoServer
 
         logging.getLogger("werkzeug").setLevel(logging.ERROR)  # one access-log line per S3 call drowns the output
-        port = free_port()
-        self.moto = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
-        self.moto.start()
-        self.moto_url = f"http://127.0.0.1:{port}"
+        if not self.moto_url:
+            port = free_port()
+            self.moto = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+            self.moto.start()
+            self.moto_url = f"http://127.0.0.1:{port}"
         self.asg.start()
         self.ec2.start()
         self.s3().create_bucket(Bucket=self.bucket, CreateBucketConfiguration={"LocationConstraint": self.region})

@@ -21,8 +21,10 @@ def _dummy_aws_credentials(monkeypatch):
 
 
 @pytest.fixture
-def aws():
-    with LocalAws(bucket=f"fleetcast-test-{os.getpid()}-{next(_buckets)}") as local:
+def aws(moto_endpoint):
+    """Each test its own bucket and config parameter on the session's moto server (one server start
+    and stop per run, not per test); the IMDS, hook and EC2 fakes are the test's own."""
+    with LocalAws(bucket=f"fleetcast-test-{os.getpid()}-{next(_buckets)}", moto_url=moto_endpoint) as local:
         yield local
 
 
