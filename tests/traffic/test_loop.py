@@ -120,7 +120,6 @@ def test_the_loop_replans_from_production_and_flags_doubled_and_batch_traffic(aw
         capsys.readouterr()
         rc = cli.main(list(argv))
         out = capsys.readouterr()
-        print(" ".join(argv[:2]), rc, out.out[-1500:], out.err[-600:], file=open("/tmp/traffic/loop.log", "a"))
         return rc, out.out + out.err
 
     traffic = tmp_path / "traffic.yaml"
