@@ -48,6 +48,10 @@ STAGING_WAIT_SECONDS = "StagingWaitSeconds"
 STAGING_MISSING = "StagingMissing"
 START_TO_HEALTHY_SECONDS = "StartToHealthySeconds"
 
+# Plan drift (the scheduled check, stacks/plan_drift.py): dimension set [Fleet, Pool]; 1 = the traffic no
+# longer fits the plan the config was written from, 0 = it does.
+PLAN_DRIFT = "PlanDrift"
+
 # Lifecycle hook names: fixed strings, so the launch template's user data never
 # has to reference its own Auto Scaling group (that would be a cycle).
 LAUNCH_HOOK = "fleetcast-launch"

@@ -45,6 +45,15 @@ class Finding:
         return f"{self.region}: {self.kind}: {self.text}"
 
 
+def hour_of_day_rates(first_hour_utc: int, arrivals: list[float], stat: str = "max") -> list[float]:
+    """Requests per second for each UTC hour of the day from hourly arrival counts starting at `first_hour_utc`:
+    the busiest day's (`max`) or the mean over the days observed (`mean`); 0 for an hour never observed."""
+    by_hour: dict[int, list[float]] = {h: [] for h in range(24)}
+    for i, count in enumerate(arrivals):
+        by_hour[(first_hour_utc + i) % 24].append(count / 3600)
+    return [0.0 if not xs else max(xs) if stat == "max" else sum(xs) / len(xs) for xs in by_hour.values()]
+
+
 def baseline_path(config_path: str | Path) -> Path:
     p = Path(config_path)
     return p.with_name(f"{p.stem}.plan-baseline.json")

@@ -33,6 +33,7 @@ from typing import Any
 from fleetcast import telemetry as t
 from fleetcast.config import FleetConfig
 from fleetcast.errors import UserError
+from fleetcast.plan.drift import hour_of_day_rates
 
 MAX_QUERIES = 500  # GetMetricData: at most 500 metrics per call
 MAX_AGE = timedelta(days=15)  # 60-second data is kept 15 days: past that, minutes are gone
@@ -208,17 +209,6 @@ def _burst(minutes: list[float]) -> tuple[float, float]:
     return max(minutes) / mean, variance / mean
 
 
-def _hour_of_day_rates(since: datetime, arrivals: list[float], stat: str) -> list[float]:
-    by_hour: dict[int, list[float]] = {h: [] for h in range(24)}
-    for i, count in enumerate(arrivals):
-        by_hour[(since + i * HOUR).hour].append(count / 3600)
-    out = []
-    for h in range(24):
-        xs = by_hour[h]
-        out.append(0.0 if not xs else max(xs) if stat == "max" else sum(xs) / len(xs))
-    return out
-
-
 def _bucket_counts(counts: dict[str, float], labels: tuple[str, ...], skip_zero: bool) -> dict[str, int]:
     return {label: int(round(counts[label])) for label in labels
             if counts.get(label) and not (skip_zero and label == "0")}
@@ -251,7 +241,7 @@ def profile_document(tallies: dict[str, Tally], since: datetime, until: datetime
         }
         entry: dict[str, Any] = {
             "region": region,
-            "rate_rps": _hour_of_day_rates(since, tally.arrivals, hour_stat),
+            "rate_rps": hour_of_day_rates(since.hour, tally.arrivals, hour_stat),
             "input_tokens": round(tally.input_sum / served, 3) if served else 1,
             "output_tokens": round(tally.output_sum / served, 3) if served else 1,
         }
