@@ -35,6 +35,7 @@ from constructs import Construct
 
 from fleetcast import telemetry
 from fleetcast.config import FleetConfig, Region
+from fleetcast.plan.drift import BASELINE_KEY
 
 from . import nag
 from .connection_approver import RUNTIME
@@ -43,7 +44,6 @@ from .runtime_bundle import REPO_ROOT, BundleSpec, bundle_files
 
 HANDLER = Path(__file__).resolve().parent / "lambdas" / "plan_drift" / "handler.py"
 BUNDLE = BundleSpec("plan-drift", ("fleetcast.plan.drift", "fleetcast.telemetry"), ())
-BASELINE_KEY = "plan/baseline.json"  # where `fleetcast plan --write-config`'s baseline is staged (docs/plan.md)
 WINDOW_DAYS = 7
 
 

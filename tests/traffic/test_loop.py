@@ -10,6 +10,7 @@ gateway, planned on the seed results (examples/plan/seed: synthetic, the planner
 from __future__ import annotations
 
 import asyncio
+import json
 import random
 import urllib.request
 from datetime import datetime, timedelta, timezone
@@ -19,6 +20,7 @@ import boto3
 from ruamel.yaml import YAML
 
 from fleetcast import telemetry as t
+from fleetcast.plan.drift import BASELINE_KEY
 from scripts import cli, traffic_cmd
 from tests.gateway.conftest import ANALYTICS_VPCE, REGION, VOICE_VPCE, fleet_config, start_harness, stop_harness
 from tests.gateway.fakes import Client
@@ -132,6 +134,14 @@ def test_the_loop_replans_from_production_and_flags_doubled_and_batch_traffic(aw
                         "--write-config", str(config))
     assert rc == 0, out
     assert "updated and re-validated" in out and (tmp_path / "fleet.plan-baseline.json").exists()
+
+    # The scheduled check reads the baseline from the region's model bucket.
+    boto3.client("s3", region_name=REGION).create_bucket(
+        Bucket="fleet-models", CreateBucketConfiguration={"LocationConstraint": REGION})
+    rc, out = fleetcast("stage", "plan-baseline", "--config", str(config), "--bucket", f"{REGION}=fleet-models")
+    assert rc == 0, out
+    staged = boto3.client("s3", region_name=REGION).get_object(Bucket="fleet-models", Key=BASELINE_KEY)["Body"].read()
+    assert json.loads(staged) == json.loads((tmp_path / "fleet.plan-baseline.json").read_text())
 
     rc, out = fleetcast("config", "diff", str(original), str(config))
     assert rc == 0, out
