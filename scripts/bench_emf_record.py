@@ -2,7 +2,8 @@
 
     python -m scripts.bench_emf_record
 """
-import json, sys, timeit
+import json
+import timeit
 from fleetcast import telemetry as t
 from runtime.gateway.metrics import emf_record
 values = {t.REQUESTS: 1, t.THROTTLED: 0, t.ERRORS: 0, t.INPUT_TOKENS: 300, t.OUTPUT_TOKENS: 120,
