@@ -28,7 +28,6 @@ class FakeModelServer:
 
     def __init__(self, token_delay_s: float = 0.0):
         self.token_delay_s = token_delay_s
-        self.response_delay_s = 0.0  # non-streaming answers wait this long (holds requests in flight)
         self.healthy = True
         self.requests: list[dict[str, Any]] = []  # bodies as the server received them
         self.gate: asyncio.Event | None = None  # when set up, streams wait on it after the first token
@@ -70,8 +69,6 @@ class FakeModelServer:
         n_in, n_out = len(prompt.split()), int(body.get("max_tokens", 4))
         usage = {"prompt_tokens": n_in, "completion_tokens": n_out, "total_tokens": n_in + n_out}
         if not body.get("stream"):
-            if self.response_delay_s:
-                await asyncio.sleep(self.response_delay_s)
             text = "".join(token_text(i) for i in range(n_out))
             choice = {"index": 0, "message": {"role": "assistant", "content": text}} if chat else \
                 {"index": 0, "text": text}
