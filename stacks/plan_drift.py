@@ -84,10 +84,6 @@ class PlanDriftCheck(Construct):
         )
         self.role.add_to_policy(iam.PolicyStatement(
             sid="ReadTheBaselineOnly", actions=["s3:GetObject"], resources=[bucket.arn_for_objects(BASELINE_KEY)]))
-        # Without s3:ListBucket a missing key reads as AccessDenied, not NoSuchKey: allow listing that key only.
-        self.role.add_to_policy(iam.PolicyStatement(
-            sid="KnowWhenTheBaselineIsMissing", actions=["s3:ListBucket"], resources=[bucket.bucket_arn],
-            conditions={"StringEquals": {"s3:prefix": [BASELINE_KEY]}}))
         self.role.add_to_policy(iam.PolicyStatement(
             sid="ReadGatewayMetrics", actions=["cloudwatch:GetMetricData"], resources=["*"]))
         self.role.add_to_policy(iam.PolicyStatement(

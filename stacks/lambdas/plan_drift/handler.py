@@ -45,11 +45,16 @@ def _settings() -> dict:
 
 
 def _baseline(bucket: str, key: str) -> dict | None:
-    s3 = _client("s3")
+    from botocore.exceptions import ClientError
+
     try:
-        body = s3.get_object(Bucket=bucket, Key=key)["Body"].read()
-    except s3.exceptions.NoSuchKey:
-        return None
+        body = _client("s3").get_object(Bucket=bucket, Key=key)["Body"].read()
+    except ClientError as exc:
+        # The role may read this one key and list nothing, so S3 answers a missing key with 403
+        # AccessDenied rather than 404 NoSuchKey (GetObject API reference, "Permissions").
+        if exc.response.get("Error", {}).get("Code") in ("NoSuchKey", "AccessDenied", "404", "403"):
+            return None
+        raise
     doc = json.loads(body)
     if doc.get("schema") != drift.SCHEMA:
         raise ValueError(f"s3://{bucket}/{key}: schema {doc.get('schema')!r}, expected {drift.SCHEMA!r}")
