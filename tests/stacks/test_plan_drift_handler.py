@@ -122,3 +122,21 @@ def test_without_a_staged_baseline_it_says_so(lambda_env):
     h._CLIENTS.update(sns=sns, cloudwatch=boto3.client("cloudwatch", region_name=REGION))
     assert h.handler({}, None, now=NOW) == {"drift": None}
     stub.assert_no_pending_responses()
+
+
+def test_a_missing_baseline_reads_as_access_denied_without_list_permission_and_is_reported(lambda_env):
+    # S3 GetObject API reference, "Permissions": without s3:ListBucket, a missing object is 403 AccessDenied
+    # (the role may read the one key and list nothing).
+    s3 = boto3.client("s3", region_name=REGION)
+    s3_stub = Stubber(s3)
+    s3_stub.add_client_error("get_object", service_error_code="AccessDenied", http_status_code=403,
+                             expected_params={"Bucket": "model-bucket", "Key": "plan/baseline.json"})
+    s3_stub.activate()
+    sns = boto3.client("sns", region_name=REGION)
+    sns_stub = Stubber(sns)
+    sns_stub.add_response("publish", {"MessageId": "m-3"}, {"TopicArn": ANY, "Subject": ANY, "Message": ANY,
+                                                            "MessageAttributes": ANY})
+    sns_stub.activate()
+    h._CLIENTS.update(s3=s3, sns=sns, cloudwatch=boto3.client("cloudwatch", region_name=REGION))
+    assert h.handler({}, None, now=NOW) == {"drift": None}
+    sns_stub.assert_no_pending_responses()
