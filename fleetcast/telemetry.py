@@ -60,8 +60,10 @@ TERMINATE_HOOK = "fleetcast-terminate"
 # Instances find their config, bucket and pool through this env file, written by user data.
 INSTANCE_ENV_FILE = "/etc/fleetcast/env"
 
-# Traffic shape (EMF, from the gateway, one record per admitted inference request): `Requests` = 1 under
-# three more dimension sets, [Fleet, Pool, Consumer, <bucket dimension>], one per bucket dimension below.
+# Traffic shape (EMF, from the gateway, one record per admitted inference request): `ShapedRequests` = 1
+# under three dimension sets, [Fleet, Pool, Consumer, <bucket dimension>], one per bucket dimension below.
+# Its own metric (not `Requests` again) so that each EMF directive names members no other directive names.
+SHAPED_REQUESTS = "ShapedRequests"
 # Summed per hour they are exact per-bucket request counts for as long as CloudWatch keeps the hour
 # (`fleetcast traffic export`, docs/gateway.md "Traffic shape"). Bucket labels are the traffic profile's
 # level/range keys ("3-4"), so a count maps to a profile key without translation.

@@ -13,7 +13,7 @@ period:
   time scale would need high-resolution metrics, whose sub-minute data CloudWatch keeps 3 hours
   only (GetMetricStatistics, "Amazon CloudWatch retains metric data as follows"): a 7-day window
   could not be exact below one minute;
-- length and in-flight histograms: Sum of Requests per bucket dimension value;
+- length and in-flight histograms: Sum of ShapedRequests per bucket dimension value;
 - length means: Sum of InputTokens / OutputTokens over the requests that reported usage.
 
 One GetMetricData call per hour of the window (queries chunked by 500, the per-call limit): each
@@ -99,7 +99,7 @@ def _queries(cfg: FleetConfig, region: str, consumers: list) -> tuple[list[dict]
             add((consumer, "output_sum"), t.OUTPUT_TOKENS, dims, 3600, "Sum")
             for what, (dim, labels) in _SHAPE.items():
                 for label in labels:
-                    add((consumer, what, label), t.REQUESTS, dims + [(dim, label)], 3600, "Sum")
+                    add((consumer, what, label), t.SHAPED_REQUESTS, dims + [(dim, label)], 3600, "Sum")
         add((pool.name, "ttft_p99"), t.TTFT_MS, base, 3600, "p99")
         add((pool.name, "itl_p99"), t.ITL_MS, base, 3600, "p99")
     return queries, targets

@@ -30,12 +30,12 @@ UNITS = {
 }
 
 
-# The traffic-shape directive: `Requests` once more under one dimension set per bucket dimension
-# (fleetcast.telemetry). A second MetricDirective may name a member the first one names too (EMF
-# specification, "MetricDirective"); CloudWatch then stores the value under each directive's sets.
+# The traffic-shape directive: `ShapedRequests` (= 1) under one dimension set per bucket dimension
+# (fleetcast.telemetry). A metric of its own: the bucket dimensions must not multiply the latency and
+# token metrics, and no member is named by two directives.
 _SHAPE_DIMENSIONS = [[t.DIM_FLEET, t.DIM_POOL, t.DIM_CONSUMER, d]
                      for d in (t.DIM_IN_FLIGHT, t.DIM_INPUT_BUCKET, t.DIM_OUTPUT_BUCKET)]
-_SHAPE_METRICS = [{"Name": t.REQUESTS, "Unit": COUNT}]
+_SHAPE_METRICS = [{"Name": t.SHAPED_REQUESTS, "Unit": COUNT}]
 
 
 def emf_record(fleet: str, pool: str, consumer: str | None, values: dict[str, float],
@@ -44,7 +44,7 @@ def emf_record(fleet: str, pool: str, consumer: str | None, values: dict[str, fl
     """One EMF record. Per-consumer dimensions only when the consumer is known.
 
     `shape` ({bucket dimension: label}, all three of fleetcast.telemetry's) adds the traffic-shape
-    directive; it needs a consumer and a `Requests` value.
+    directive and its `ShapedRequests` = 1 member; it needs a consumer.
     """
     dims = [[t.DIM_FLEET, t.DIM_POOL]]
     record: dict[str, Any] = {t.DIM_FLEET: fleet, t.DIM_POOL: pool}
@@ -59,6 +59,7 @@ def emf_record(fleet: str, pool: str, consumer: str | None, values: dict[str, fl
     if shape and consumer:
         directives.append({"Namespace": t.NAMESPACE, "Dimensions": _SHAPE_DIMENSIONS, "Metrics": _SHAPE_METRICS})
         record.update(shape)
+        record[t.SHAPED_REQUESTS] = 1
     record["_aws"] = {
         "Timestamp": timestamp_ms if timestamp_ms is not None else int(time.time() * 1000),
         "CloudWatchMetrics": directives,

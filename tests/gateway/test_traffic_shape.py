@@ -25,7 +25,9 @@ def test_each_request_carries_its_length_buckets_and_in_flight_count_under_a_sec
             first, shape = rec["_aws"]["CloudWatchMetrics"]
             assert first["Dimensions"] == [["Fleet", "Pool"], ["Fleet", "Pool", "Consumer"]]  # unchanged
             assert shape["Namespace"] == t.NAMESPACE
-            assert shape["Metrics"] == [{"Name": t.REQUESTS, "Unit": "Count"}]
+            assert shape["Metrics"] == [{"Name": t.SHAPED_REQUESTS, "Unit": "Count"}] and rec[t.SHAPED_REQUESTS] == 1
+            # Each directive names its own members: none is named twice.
+            assert not {m["Name"] for m in first["Metrics"]} & {m["Name"] for m in shape["Metrics"]}
             assert shape["Dimensions"] == [["Fleet", "Pool", "Consumer", d]
                                            for d in (t.DIM_IN_FLIGHT, t.DIM_INPUT_BUCKET, t.DIM_OUTPUT_BUCKET)]
             # Specification: Embedded metric format: a dimension set holds at most 30 dimensions.
@@ -82,6 +84,7 @@ def test_records_are_stamped_at_arrival_by_the_gateways_clock_and_throttled_ones
             assert stamps == [(1_764_547_200_250, 0), (1_764_547_200_250, 1)]
             throttled = next(r for r in h.records_with(t.REQUESTS) if r[t.THROTTLED])
             assert len(throttled["_aws"]["CloudWatchMetrics"]) == 1 and t.DIM_IN_FLIGHT not in throttled
+            assert t.SHAPED_REQUESTS not in throttled
         finally:
             await stop_harness(h)
     run(body())

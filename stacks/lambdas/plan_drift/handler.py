@@ -100,9 +100,9 @@ def observe(s: dict, pool: str, consumers: list[str], start: datetime, end: date
         add(("arrivals",), t.REQUESTS, dims, 3600, "Sum")
         add(("output_sum",), t.OUTPUT_TOKENS, dims, week, "Sum")
         for label in t.IN_FLIGHT_LABELS:
-            add(("in_flight", label), t.REQUESTS, dims + [(t.DIM_IN_FLIGHT, label)], week, "Sum")
+            add(("in_flight", label), t.SHAPED_REQUESTS, dims + [(t.DIM_IN_FLIGHT, label)], week, "Sum")
         for label in t.TOKEN_LABELS:
-            add(("served",), t.REQUESTS, dims + [(t.DIM_OUTPUT_BUCKET, label)], week, "Sum")
+            add(("served",), t.SHAPED_REQUESTS, dims + [(t.DIM_OUTPUT_BUCKET, label)], week, "Sum")
     add(("ttft",), t.TTFT_MS, base, 3600, "p99")
     add(("itl",), t.ITL_MS, base, 3600, "p99")
     data = _fetch(queries, start, end)
