@@ -35,7 +35,7 @@ def replan_findings(cfg, pools: list, threshold: float) -> list[Finding]:
         win = fleet_pool.evaluation
         try:
             entry = cfg.region(region)
-        except Exception:  # noqa: BLE001 - the config's lookup error type is its own
+        except KeyError:
             findings.append(Finding("pick", region, f"the plan serves {', '.join(fleet_pool.consumer_regions)} from "
                                     f"{region}, which the config has no region for"))
             continue
@@ -52,7 +52,8 @@ def replan_findings(cfg, pools: list, threshold: float) -> list[Finding]:
                 findings.append(Finding("capacity", region, (
                     f"pool {pool.name}: {name} would change {old} -> {new} ({(new - old) / max(old, 1):+.0%}, "
                     f"threshold {threshold:.0%})")))
-        target = getattr(pool.scaling, "target", None) if pool.scaling is not None else None
+        # The plan writes the target only for in-flight scaling (writeback.py); a KV-cache target is the owner's.
+        target = pool.scaling.target if pool.scaling.metric == "active_requests" else None
         if target is not None and _relative(float(target), float(fleet_pool.target)) > threshold:
             findings.append(Finding("target", region, (
                 f"pool {pool.name}: scaling.target would change {target:g} -> {fleet_pool.target:g} in-flight "
@@ -61,11 +62,7 @@ def replan_findings(cfg, pools: list, threshold: float) -> list[Finding]:
 
 
 def _precision(cfg, pool) -> str:
-    engine = getattr(pool, "engine", None)
-    precision = getattr(engine, "precision", None) if engine is not None else None
-    if precision is None:
-        precision = cfg.engine.precision
-    return getattr(precision, "value", precision)
+    return cfg.engine_for(pool).precision.value
 
 
 def _pct_text(win) -> str:
