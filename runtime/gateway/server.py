@@ -56,8 +56,8 @@ class Exchange:
 
     started: float
     consumer: str | None = None
-    arrived_ms: int = 0  # wall clock at arrival: the record's timestamp, so arrivals land in their own minute
-    in_flight: int = 0  # requests in flight on this instance at arrival, this one included
+    arrived_ms: int | None = None  # wall clock at arrival: the record's timestamp (its own minute); None: now
+    in_flight: int = 0  # requests in flight on this instance at admission, this one included; 0: not admitted
     status: int = 0
     error: bool = False
     client_gone: bool = False
@@ -562,9 +562,12 @@ class Gateway:
                                          / (output_tokens - 1), 3)
         elif not meter and ex.status and ex.status < 400:
             values[t.E2E_MS] = round((end - ex.started) * 1000, 3)
-        # Traffic shape: three bucket labels, each a bisect over a dozen bounds (docs/gateway.md).
-        shape = {t.DIM_IN_FLIGHT: t.in_flight_label(ex.in_flight), t.DIM_INPUT_BUCKET: t.token_label(input_tokens),
-                 t.DIM_OUTPUT_BUCKET: t.token_label(output_tokens)}
+        # Traffic shape of an admitted request: three bucket labels, each a bisect over a dozen bounds
+        # (docs/gateway.md, Traffic shape).
+        shape = None
+        if ex.in_flight:
+            shape = {t.DIM_IN_FLIGHT: t.in_flight_label(ex.in_flight), t.DIM_INPUT_BUCKET: t.token_label(input_tokens),
+                     t.DIM_OUTPUT_BUCKET: t.token_label(output_tokens)}
         self.metrics.emit(ex.consumer, values, props, ex.arrived_ms, shape)
 
 
