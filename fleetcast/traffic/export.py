@@ -267,7 +267,7 @@ def profile_document(tallies: dict[str, Tally], since: datetime, until: datetime
     if not consumers:
         raise UserError(f"no requests metered for fleet {fleet} between {since:%Y-%m-%d %H:%M} and "
                         f"{until:%Y-%m-%d %H:%M} UTC (check --region / --consumer, and that the gateways' EMF "
-                        "records reach CloudWatch)", exit_code=3)
+                        "records reach CloudWatch)", exit_code=1)
     return {"schema": SCHEMA_ID, "name": name,
             "description": f"exported from CloudWatch: fleet {fleet}, {since:%Y-%m-%dT%H:%MZ} .. {until:%Y-%m-%dT%H:%MZ}; "
                            f"rate_rps = the {'busiest' if hour_stat == 'max' else 'mean'} day's rate per UTC hour",
