@@ -52,3 +52,12 @@ def test_without_credentials_the_command_exits_4_naming_what_is_missing(tmp_path
     err = capsys.readouterr().err
     assert rc == 4 and "no AWS credentials" in err and "Traceback" not in err
     assert not (tmp_path / "t.yaml").exists()
+
+
+def test_a_window_without_requests_says_so():
+    def empty(_region, **params):
+        return {"MetricDataResults": [{"Id": q["Id"], "Values": [], "Timestamps": []}
+                                      for q in params["MetricDataQueries"]]}
+    with pytest.raises(UserError, match="no requests metered for fleet fleetcast") as err:
+        export(fleet_config(), NOW - timedelta(hours=2), NOW, empty, region="ap-northeast-2", now=NOW)
+    assert err.value.exit_code == 1
