@@ -76,3 +76,15 @@ def test_drift_templates_pass_cfn_lint():
     done = subprocess.run([str(cfn_lint), *(str(fleet.outdir / f"{s}.template.json") for s in STACKS)],
                           capture_output=True, text=True, cwd=ROOT, timeout=300)
     assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_with_nat_egress_it_synthesizes_without_adding_an_endpoint():
+    from .synthesized import nat_doc
+
+    doc = nat_doc()
+    doc["operations"]["plan_drift_check"] = {}
+    fleet = synthesize(doc, "plan-drift-nat")  # nag-gated
+    stack = STACKS[0]
+    [fn] = _drift_functions(fleet, stack)
+    assert fn["Properties"]["VpcConfig"]["SubnetIds"]
+    assert fleet.resources(stack, "AWS::EC2::VPCEndpoint") == {}  # egress: nat has none, and gets none
