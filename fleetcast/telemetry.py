@@ -10,6 +10,8 @@ per request, so fleet P99s are computed by CloudWatch from raw values rather
 than averaged from per-instance percentiles.
 """
 
+from bisect import bisect_left
+
 NAMESPACE = "Fleetcast"
 
 DIM_FLEET = "Fleet"
@@ -57,6 +59,10 @@ SPOT_REBALANCE = "SpotRebalanceRecommendation"
 SPOT_DRAIN_COMPLETED = "SpotDrainCompleted"
 SPOT_DRAIN_CUT = "SpotDrainCutRequests"
 
+# Plan drift (the scheduled check, stacks/plan_drift.py): dimension set [Fleet, Pool]; 1 = the traffic no
+# longer fits the plan the config was written from, 0 = it does.
+PLAN_DRIFT = "PlanDrift"
+
 # Lifecycle hook names: fixed strings, so the launch template's user data never
 # has to reference its own Auto Scaling group (that would be a cycle).
 LAUNCH_HOOK = "fleetcast-launch"
@@ -64,3 +70,42 @@ TERMINATE_HOOK = "fleetcast-terminate"
 
 # Instances find their config, bucket and pool through this env file, written by user data.
 INSTANCE_ENV_FILE = "/etc/fleetcast/env"
+
+# Traffic shape (EMF, from the gateway, one record per admitted inference request): `ShapedRequests` = 1
+# under three dimension sets, [Fleet, Pool, Consumer, <bucket dimension>], one per bucket dimension below.
+# Its own metric (not `Requests` again) so that each EMF directive names members no other directive names.
+SHAPED_REQUESTS = "ShapedRequests"
+# Summed per hour they are exact per-bucket request counts for as long as CloudWatch keeps the hour
+# (`fleetcast traffic export`, docs/gateway.md "Traffic shape"). Bucket labels are the traffic profile's
+# level/range keys ("3-4"), so a count maps to a profile key without translation.
+DIM_IN_FLIGHT = "InFlightAtArrival"  # requests in flight on this instance when this one arrived, itself included
+DIM_INPUT_BUCKET = "InputTokensBucket"
+DIM_OUTPUT_BUCKET = "OutputTokensBucket"
+# Inclusive upper bounds; a value above the last bound is counted in the last bucket. 4096 is the
+# highest concurrency level a traffic profile accepts.
+IN_FLIGHT_BOUNDS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 4096)
+TOKEN_BOUNDS = (64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072, 1048576)
+
+
+def _labels(bounds: tuple[int, ...]) -> tuple[str, ...]:
+    out, low = [], 1
+    for high in bounds:
+        out.append(str(high) if low == high else f"{low}-{high}")
+        low = high + 1
+    return tuple(out)
+
+
+IN_FLIGHT_LABELS = _labels(IN_FLIGHT_BOUNDS)
+TOKEN_LABELS = _labels(TOKEN_BOUNDS)
+
+
+def in_flight_label(value: int) -> str:
+    """The InFlightAtArrival bucket of a count >= 1 (past the last bound: the last bucket)."""
+    return IN_FLIGHT_LABELS[min(bisect_left(IN_FLIGHT_BOUNDS, value), len(IN_FLIGHT_BOUNDS) - 1)]
+
+
+def token_label(value: int) -> str:
+    """The Input/OutputTokensBucket of a token count; "0" when the server reported none (failed requests)."""
+    if value <= 0:
+        return "0"
+    return TOKEN_LABELS[min(bisect_left(TOKEN_BOUNDS, value), len(TOKEN_BOUNDS) - 1)]

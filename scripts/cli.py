@@ -24,6 +24,7 @@ SUBCOMMANDS = (
     "smoke_cmd",
     "connections_cmd",
     "usage_cmd",
+    "traffic_cmd",
     "bench_cmd",
     "plan_cmd",
 )

@@ -47,7 +47,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--results", nargs="+", required=True, metavar="FILE",
                    help="fleetcast bench results files (or directories of them), one or more per instance x precision")
-    p.add_argument("--traffic", required=True, metavar="FILE", help="traffic profile YAML (fleetcast.traffic/v1)")
+    source = p.add_mutually_exclusive_group(required=True)
+    source.add_argument("--traffic", metavar="FILE", help="traffic profile YAML (fleetcast.traffic/v1)")
+    source.add_argument("--traffic-from", choices=("cloudwatch",), metavar="cloudwatch",
+                        help="read the traffic from the gateways' CloudWatch metrics (as `fleetcast traffic export`); "
+                             "with --since [--until] [--profile]")
     p.add_argument("--config", default="config/fleet.yaml", metavar="FILE",
                    help="fleet config: default SLOs, pool minimums, model (default: config/fleet.yaml)")
     p.add_argument("--ttft-p99-ms", type=_positive("--ttft-p99-ms"), metavar="MS", help="override the config's slo.ttft_p99_ms")
@@ -82,7 +86,41 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--write-schedule", action="store_true",
                    help="with --write-config: also write the pool's daily capacity schedule (UTC) from the hourly plan")
     p.add_argument("--allow-estimated", action="store_true", help="let --write-config write an estimated choice")
+    drift = p.add_argument_group("drift check (docs/plan.md, Drift)")
+    drift.add_argument("--check", action="store_true",
+                       help="re-plan and compare with --config and its baseline (written by --write-config): exit 3 "
+                            "when the pick, capacity bounds or scaling target would change beyond --threshold, or the "
+                            "traffic outgrew the plan; 0 otherwise")
+    drift.add_argument("--baseline", metavar="FILE",
+                       help="plan baseline (default: <config>.plan-baseline.json next to --config)")
+    drift.add_argument("--threshold", type=_positive("--threshold"), metavar="FRACTION",
+                       help="relative change that counts as drift (default: operations.plan_drift_check.threshold, "
+                            "else 0.2)")
+    drift.add_argument("--cost-threshold", type=_positive("--cost-threshold"), metavar="FRACTION",
+                       help="cost per token change that counts as drift (default: the --threshold)")
+    drift.add_argument("--since", help="with --traffic-from: start (ISO 8601 or an age such as 7d)")
+    drift.add_argument("--until", default="now", help="with --traffic-from: end (default now)")
+    drift.add_argument("--region", help="with --traffic-from: only this provider region")
+    drift.add_argument("--profile", metavar="NAME", help="with --traffic-from: AWS named profile")
     p.set_defaults(handler=_plan)
+
+
+def _traffic_from_cloudwatch(args: argparse.Namespace):
+    from datetime import datetime, timezone
+
+    from fleetcast.config import load_config
+    from fleetcast.errors import UserError
+    from fleetcast.traffic import export
+    from fleetcast.usage import parse_time
+    from scripts import traffic_cmd
+
+    if not args.since:
+        raise UserError("--traffic-from cloudwatch needs --since (e.g. --since 7d)", exit_code=2)
+    cfg = load_config(args.config)
+    now = datetime.now(timezone.utc)
+    profile, _ = export(cfg, parse_time(args.since, now, "--since"), parse_time(args.until, now, "--until"),
+                        traffic_cmd.cloudwatch_caller(args.profile), region=args.region, now=now)
+    return profile
 
 
 def _plan(args: argparse.Namespace) -> int:
@@ -90,7 +128,18 @@ def _plan(args: argparse.Namespace) -> int:
     from fleetcast.plan.run import PlanOptions, build_plan
     from fleetcast.plan.writeback import apply_plan, throttling_notes
 
+    from fleetcast.errors import UserError
+
+    if args.traffic_from and args.write_config:
+        raise UserError("--write-config takes a traffic file: export one with `fleetcast traffic export` and plan "
+                        "from it, so the baseline records what was planned", exit_code=2)
+    if (args.since or args.region or args.profile) and not args.traffic_from:
+        raise UserError("--since/--region/--profile go with --traffic-from cloudwatch", exit_code=2)
+    if args.check and (args.write_config or args.report):
+        raise UserError("--check only compares; run it without --write-config/--report", exit_code=2)
+    profile = _traffic_from_cloudwatch(args) if args.traffic_from else None
     opts = PlanOptions(
+        profile=profile,
         results=args.results, traffic=args.traffic, config=args.config, ttft_p99_ms=args.ttft_p99_ms,
         itl_p99_ms=args.itl_p99_ms, error_rate=args.error_rate, prices=args.prices, refresh_prices=args.refresh_prices,
         fixed_costs=args.fixed_costs, latency=args.latency, live_availability=args.live_availability,
@@ -98,7 +147,9 @@ def _plan(args: argparse.Namespace) -> int:
         min_instances=args.min_instances, profile=args.profile, spot_prices=args.spot_prices,
         spot_interruptions=args.spot_interruptions, spot_relaunch_s=args.spot_relaunch_s,
     )
-    result, plans, _ = build_plan(opts)
+    result, plans, ctx = build_plan(opts)
+    if args.check:
+        return _check(args, result, plans)
     print(json.dumps(to_json(result), indent=1) if args.json else render_terminal(result))
     # With --json, stdout stays pure JSON; the rest goes to stderr.
     say = (lambda text: print(text, file=sys.stderr)) if args.json else print
@@ -116,6 +167,50 @@ def _plan(args: argparse.Namespace) -> int:
             say(f"\n{args.write_config}: already matches the plan; unchanged")
         from fleetcast.config import load_config
 
-        for note in throttling_notes(load_config(args.write_config), result.pools):
+        written = load_config(args.write_config)
+        for note in throttling_notes(written, result.pools):
             say(f"  note: {note}")
+        path = _write_baseline(args.write_config, written, result.pools, ctx)
+        say(f"  baseline for `fleetcast plan --check`: {path}")
     return 0 if all(p.winner for p in plans) else 3
+
+
+def _write_baseline(config_path: str, cfg, pools, ctx) -> str:
+    from datetime import datetime, timezone
+
+    from fleetcast.plan.drift import baseline_document, baseline_path
+    from fleetcast.plan.writeback import pool_for
+
+    chosen = {}
+    for fleet_pool in pools:
+        region = next((r for r in cfg.regions if r.region == fleet_pool.service_region), None)
+        if region is not None:
+            rows = [{"instance_type": p.instance_type, "name": p.name} for p in region.pools]
+            chosen[region.region] = pool_for(rows, fleet_pool.evaluation.candidate.family)["name"]
+    doc = baseline_document(pools, ctx, chosen, datetime.now(timezone.utc).isoformat(timespec="seconds"))
+    path = baseline_path(config_path)
+    path.write_text(json.dumps(doc, indent=1) + "\n")
+    return str(path)
+
+
+def _check(args: argparse.Namespace, result, plans) -> int:
+    from pathlib import Path
+
+    from fleetcast.config import load_config
+    from fleetcast.plan.check import baseline_findings, config_path_required, drift_settings, render, replan_findings
+    from fleetcast.plan.drift import EXIT_DRIFT, Finding, baseline_path, load_baseline
+
+    cfg = load_config(config_path_required(args.config))
+    threshold = drift_settings(cfg, args.threshold)
+    cost_threshold = args.cost_threshold if args.cost_threshold is not None else threshold
+    findings = [Finding("pick", p.traffic.region, "no candidate serves it within the SLO") for p in plans if not p.winner]
+    findings += replan_findings(cfg, result.pools, threshold)
+    path = Path(args.baseline) if args.baseline else baseline_path(args.config)
+    if path.exists() or args.baseline:
+        findings += baseline_findings(load_baseline(path), [p.traffic for p in plans], threshold, cost_threshold)
+    else:
+        print(f"note: no plan baseline at {path}: checked the re-plan only (throughput, mix, latency and cost checks "
+              "need the baseline `fleetcast plan --write-config` writes)")
+    print(render(findings, result.traffic_name))
+    return EXIT_DRIFT if findings else 0
+

@@ -65,6 +65,17 @@ def register(sub: argparse._SubParsersAction) -> None:
                        help="pin engine.image_digest in the config file (default: on)")
     image.set_defaults(handler=_image)
 
+    baseline = actions.add_parser(
+        "plan-baseline", help="stage the plan baseline for the scheduled drift check (operations.plan_drift_check)",
+        description="Upload the baseline `fleetcast plan --write-config` wrote next to the config "
+                    "(<config>.plan-baseline.json) to s3://<model bucket>/plan/baseline.json in every provider region "
+                    "it plans, where the drift Lambda reads it (docs/plan.md, Drift).")
+    common(baseline)
+    baseline.add_argument("--bucket", action="append", metavar="REGION=NAME",
+                          help="region bucket, instead of reading the provider stack's output (repeatable)")
+    baseline.add_argument("--file", type=Path, help="the baseline (default: <config>.plan-baseline.json)")
+    baseline.set_defaults(handler=_plan_baseline)
+
     status = actions.add_parser("status", help="show whether each region's model and serving image are staged "
                                 "(exit 1 if not; `fleetcast deploy` waits on the same check)")
     common(status)
@@ -116,6 +127,26 @@ def _buckets(cfg, args, clients) -> dict[str, str]:
                                                           provider_stack_name(cfg.name, region),
                                                           "pass --bucket REGION=NAME")
     return out
+
+
+def _plan_baseline(args: argparse.Namespace) -> int:
+    import json
+
+    from fleetcast.config import load_config
+    from fleetcast.plan.drift import BASELINE_KEY, baseline_path, load_baseline
+
+    cfg = load_config(args.config)
+    path = args.file or baseline_path(args.config)
+    doc = load_baseline(path)
+    planned = sorted({p["region"] for p in doc["pools"]})
+    if not args.region:
+        args.region = [r for r in planned if r in {x.region for x in cfg.regions}]
+    clients = _clients(args)
+    body = json.dumps(doc, indent=1).encode()
+    for region, bucket in _buckets(cfg, args, clients).items():
+        clients("s3", region).put_object(Bucket=bucket, Key=BASELINE_KEY, Body=body, ContentType="application/json")
+        print(f"{region}: s3://{bucket}/{BASELINE_KEY} <- {path}")
+    return 0
 
 
 def _part_size(args) -> int:

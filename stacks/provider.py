@@ -23,6 +23,7 @@ from .gpu_fleet import GpuFleet, InstanceInputs
 from .image_mirror import ImageMirror
 from .network import FleetNetwork
 from .notifications import NotificationTopic
+from .plan_drift import PlanDriftCheck
 from .storage import ImageRepository, ModelStore
 
 
@@ -115,11 +116,26 @@ class ProviderStack(Stack):
                 self, "ConnectionApprover", cfg=cfg, region=region,
                 endpoint_service=self.service.endpoint_service, topic=self.notifications.topic,
             )
+        if cfg.operations.plan_drift_check is not None:
+            self._plan_drift_check(cfg, region)
         self._outputs()
         if capacity_held(self):
             # `fleetcast deploy` reads it: this region waits for staging before its fleets get capacity.
             CfnOutput(self, HELD_OUTPUT, value="true",
                       description="Every group of this region is held at zero instances until staging completes")
+
+    def _plan_drift_check(self, cfg: FleetConfig, region: Region) -> None:
+        """The scheduled drift check (docs/plan.md, Drift). Its notices need SNS: where the fleet's
+        network has VPC endpoints (egress: none) it gets an SNS endpoint too, so nothing leaves the VPC."""
+        if self.network.endpoints:
+            self.network.endpoints["Sns"] = self.network.vpc.add_interface_endpoint(
+                "SnsEndpoint", service=ec2.InterfaceVpcEndpointAwsService.SNS, subnets=self.network.subnets,
+                private_dns_enabled=True, security_groups=[self.network.endpoint_security_group], open=False,
+            )
+        self.plan_drift_check = PlanDriftCheck(
+            self, "PlanDriftCheck", cfg=cfg, region=region, vpc=self.network.vpc, subnets=self.network.subnets,
+            bucket=self.model_store.bucket, topic=self.notifications.topic,
+        )
 
     def _outputs(self) -> None:
         """Stable output keys for staging (`fleetcast stage`) and operators."""

@@ -645,6 +645,36 @@ class Network(Frozen):
         return value
 
 
+class PlanDriftCheck(Frozen):
+    """A scheduled `plan --check` in each provider region (docs/plan.md, "Drift")."""
+
+    schedule: str = Field(
+        default="rate(1 day)",
+        description="EventBridge schedule expression: rate(N minutes|hours|days) or cron(...) (UTC).",
+    )
+    threshold: float = Field(
+        default=0.2, gt=0, le=10,
+        description="Relative change that counts as drift: the share of requests above the target may grow by this "
+        "much, and cost per token may move by this fraction (0.2 = 20%).",
+    )
+
+    @field_validator("schedule")
+    @classmethod
+    def _schedule(cls, value: str) -> str:
+        # EventBridge Scheduler, "Schedule types": rate(value unit) with unit minute(s)/hour(s)/day(s), or cron(6 fields).
+        rate = re.fullmatch(r"rate\((\d+) (minute|minutes|hour|hours|day|days)\)", value)
+        if rate:
+            n, unit = int(rate.group(1)), rate.group(2)
+            if n < 1 or (n == 1) != (not unit.endswith("s")):
+                raise ValueError(f"{value!r}: use rate(1 day) / rate(N days): singular unit for 1, plural above")
+            return value
+        cron = re.fullmatch(r"cron\(([^()]+)\)", value)
+        if cron and len(cron.group(1).split()) == 6:
+            return value
+        raise ValueError(f"{value!r} is not a schedule expression: use rate(1 day), rate(6 hours) or "
+                         "cron(minutes hours day-of-month month day-of-week year), e.g. cron(0 6 * * ? *)")
+
+
 class Operations(Frozen):
     log_retention_days: int = Field(default=30, description="CloudWatch Logs retention for instance logs.")
     drain_timeout_s: int = Field(default=300, ge=10, le=3600, description="Longest in-flight request allowed to finish on scale-in.")
@@ -652,6 +682,9 @@ class Operations(Frozen):
     build_failure_limit: int = Field(default=3, ge=1, le=100, description="Failed builds per cache key before the circuit breaker trips.")
     auto_approve_connections: bool = Field(default=False, description="Deploy the auto-approver Lambda for allowed accounts.")
     alarm_email: str | None = Field(default=None, pattern=r"^[^@\s]+@[^@\s]+\.[^@\s]+$")
+    plan_drift_check: PlanDriftCheck | None = Field(
+        default=None, description="Run the plan drift check on a schedule in each provider region (a Lambda in the "
+        "provider stack): publishes PlanDrift and notifies the operations topic with the reason.")
 
     @field_validator("log_retention_days")
     @classmethod
@@ -673,7 +706,7 @@ NOT_IN_INSTANCE_DIGEST: dict = {
     "consumers": True,
     "slo": True,
     "model": {"stage_patterns"},  # what staging copies; instances read the staged manifest
-    "operations": {"log_retention_days", "auto_approve_connections", "alarm_email"},
+    "operations": {"log_retention_days", "auto_approve_connections", "alarm_email", "plan_drift_check"},
     "regions": {"__all__": {
         "allowed_principals": True,
         "allowed_regions": True,

@@ -21,13 +21,13 @@ from .inputs import (
 )
 from .report import PlanResult
 from .solver import PlanContext, RegionPlan, Slo, fleet_pools, plan
-from .traffic import load_traffic
+from .traffic import TrafficProfile, load_traffic
 
 
 @dataclass
 class PlanOptions:
     results: list[str]
-    traffic: str
+    traffic: str | None
     config: str | None = "config/fleet.yaml"
     ttft_p99_ms: float | None = None
     itl_p99_ms: float | None = None
@@ -52,6 +52,8 @@ class PlanOptions:
     ec2_client_for: object | None = None
     # The date price tables are aged against; None means today (tests fix it).
     today: date | None = None
+    # A profile already in hand (`plan --check --traffic-from cloudwatch`); else `traffic` is read.
+    profile: TrafficProfile | None = None
 
 
 def _expand(paths: list[str]) -> list[str]:
@@ -83,7 +85,7 @@ def build_plan(opts: PlanOptions) -> tuple[PlanResult, list[RegionPlan], PlanCon
         itl_p99_ms=opts.itl_p99_ms if opts.itl_p99_ms is not None else cfg.slo.itl_p99_ms,
         error_rate=opts.error_rate if opts.error_rate is not None else (cfg.slo.error_rate if cfg else 0.01),
     )
-    traffic = load_traffic(opts.traffic)
+    traffic = opts.profile if opts.profile is not None else load_traffic(opts.traffic)
     candidates = load_candidates(_expand(opts.results))
     warnings: list[str] = []
     for cand in candidates:

@@ -51,6 +51,64 @@ def _check_shares(shares: dict, what: str) -> None:
         raise ValueError(f"{what} shares must sum to 1, got {total:.4f}")
 
 
+class ObservedTraffic(BaseModel):
+    """What the gateways metered, as `fleetcast traffic export` read it from CloudWatch (docs/plan.md).
+
+    Counts, not shares, so profiles of adjacent windows add up and a reader can tell 3 requests
+    from 3,000. Hourly series start at `since` (an hour boundary, UTC) and have one entry per hour.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    since: str = Field(description="Start of the window (ISO 8601, UTC, on the hour).")
+    until: str = Field(description="End of the window (ISO 8601, UTC, on the hour).")
+    arrivals: list[int] = Field(description="Requests arriving per hour (throttled ones included), from `since`.")
+    throttled: list[int] = Field(description="Of those, refused with 429 by the consumer limits, per hour.")
+    peak_minute_ratio: list[float] = Field(
+        description="Per hour: the busiest minute's arrivals x 60 over the hour's arrivals (1 = steady; 1 where none).")
+    dispersion_60s: list[float] = Field(
+        description="Per hour: variance over mean of the 60 per-minute arrival counts (1 = Poisson, > 1 bursty; "
+        "0 where none).")
+    in_flight: dict[str, int] = Field(
+        description="Requests by the in-flight count on their instance at arrival (itself included), by bucket.")
+    input_tokens: dict[str, int] = Field(description="Served requests by prompt tokens, by bucket ('129-256').")
+    output_tokens: dict[str, int] = Field(description="Served requests by completion tokens, by bucket.")
+    consumers: dict[str, int] = Field(description="Requests per consumer (config name) over the window.")
+    ttft_p99_ms: list[float | None] | None = Field(
+        default=None, description="Per hour: the pool's P99 TTFT at the gateway (CloudWatch p99), null without data.")
+    itl_p99_ms: list[float | None] | None = Field(
+        default=None, description="Per hour: the pool's P99 inter-token latency, null without data.")
+
+    @field_validator("in_flight", "input_tokens", "output_tokens", mode="before")
+    @classmethod
+    def _string_keys(cls, value):
+        return {str(k): v for k, v in value.items()} if isinstance(value, dict) else value
+
+    @field_validator("in_flight", "input_tokens", "output_tokens")
+    @classmethod
+    def _buckets(cls, value):
+        for key, count in value.items():
+            _parse_range(key, 1 << 20)
+            if count < 0:
+                raise ValueError(f"{key!r}: a count must be >= 0")
+        return value
+
+    @model_validator(mode="after")
+    def _same_length(self) -> "ObservedTraffic":
+        n = len(self.arrivals)
+        for name in ("throttled", "peak_minute_ratio", "dispersion_60s", "ttft_p99_ms", "itl_p99_ms"):
+            series = getattr(self, name)
+            if series is not None and len(series) != n:
+                raise ValueError(f"{name} has {len(series)} hourly values, arrivals has {n}; one per hour each")
+        return self
+
+    def shares(self, what: str) -> dict[str, float]:
+        """A bucket histogram (`in_flight`, `input_tokens`, `output_tokens`) or `consumers` as shares."""
+        counts = {k: v for k, v in getattr(self, what).items() if v > 0}
+        total = sum(counts.values())
+        return {k: v / total for k, v in counts.items()} if total else {}
+
+
 class ConsumerTraffic(BaseModel):
     """Traffic from one consumer region."""
 
@@ -67,6 +125,9 @@ class ConsumerTraffic(BaseModel):
     )
     input_tokens: float | dict[str, float] = Field(description="Mean prompt tokens, or {tokens: share}.")
     output_tokens: float | dict[str, float] = Field(description="Mean completion tokens, or {tokens: share}.")
+    observed: ObservedTraffic | None = Field(
+        default=None, description="What production metered (written by `fleetcast traffic export`): hourly arrivals, "
+        "burstiness, length and in-flight histograms, per-consumer counts, observed P99s.")
 
     @field_validator("concurrency", "input_tokens", "output_tokens", "rate_rps", mode="before")
     @classmethod
@@ -157,6 +218,7 @@ class ConsumerTraffic(BaseModel):
         return self._mean(self.output_tokens)
 
     def scaled(self, factor: float) -> "ConsumerTraffic":
+        # The observation stays what it was: it is history, the scaled rates are a what-if.
         return self.model_copy(update={"rate_rps": [v * factor for v in self.hourly_rps()]})
 
 

@@ -48,6 +48,11 @@ def schedule_steps(hourly: list[int], peak: int) -> list[dict]:
     return steps if len(steps) > 1 else []
 
 
+def pool_for(pools: list, family: str):
+    """The pool a plan for `family` updates: the region's pool of that instance family, else its first."""
+    return next((p for p in pools if str(p.get("instance_type", "")).split(".")[0] == family), pools[0])
+
+
 def apply_plan(path: str | Path, plans: list[RegionPlan], pools: list[FleetPool], allow_estimated: bool = False,
                write_schedule: bool = False, spot: list | None = None) -> list[str]:
     """Edit the config at `path` in place; returns what changed. Refuses (file untouched) on any problem."""
@@ -98,7 +103,7 @@ def apply_plan(path: str | Path, plans: list[RegionPlan], pools: list[FleetPool]
         pools = entry.get("pools") or []
         if not pools:
             raise UserError(f"--write-config: regions[{region_name}] has no pools to update")
-        pool = next((p for p in pools if str(p.get("instance_type", "")).split(".")[0] == win.candidate.family), pools[0])
+        pool = pool_for(pools, win.candidate.family)
         where = f"regions[{region_name}].pools[{pool.get('name')}]"
         if _set(pool, "instance_type", win.candidate.instance_type):
             changes.append(f"{where}.instance_type = {win.candidate.instance_type}")

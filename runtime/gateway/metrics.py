@@ -30,21 +30,39 @@ UNITS = {
 }
 
 
+# The traffic-shape directive: `ShapedRequests` (= 1) under one dimension set per bucket dimension
+# (fleetcast.telemetry). A metric of its own: the bucket dimensions must not multiply the latency and
+# token metrics, and no member is named by two directives.
+_SHAPE_DIMENSIONS = [[t.DIM_FLEET, t.DIM_POOL, t.DIM_CONSUMER, d]
+                     for d in (t.DIM_IN_FLIGHT, t.DIM_INPUT_BUCKET, t.DIM_OUTPUT_BUCKET)]
+_SHAPE_METRICS = [{"Name": t.SHAPED_REQUESTS, "Unit": COUNT}]
+
+
 def emf_record(fleet: str, pool: str, consumer: str | None, values: dict[str, float],
-               properties: dict[str, Any] | None = None, timestamp_ms: int | None = None) -> dict[str, Any]:
-    """One EMF record. Per-consumer dimensions only when the consumer is known."""
+               properties: dict[str, Any] | None = None, timestamp_ms: int | None = None,
+               shape: dict[str, str] | None = None) -> dict[str, Any]:
+    """One EMF record. Per-consumer dimensions only when the consumer is known.
+
+    `shape` ({bucket dimension: label}, all three of fleetcast.telemetry's) adds the traffic-shape
+    directive and its `ShapedRequests` = 1 member; it needs a consumer.
+    """
     dims = [[t.DIM_FLEET, t.DIM_POOL]]
     record: dict[str, Any] = {t.DIM_FLEET: fleet, t.DIM_POOL: pool}
     if consumer:
         dims.append([t.DIM_FLEET, t.DIM_POOL, t.DIM_CONSUMER])
         record[t.DIM_CONSUMER] = consumer
+    directives = [{
+        "Namespace": t.NAMESPACE,
+        "Dimensions": dims,
+        "Metrics": [{"Name": name, "Unit": UNITS.get(name, "None")} for name in values],
+    }]
+    if shape and consumer:
+        directives.append({"Namespace": t.NAMESPACE, "Dimensions": _SHAPE_DIMENSIONS, "Metrics": _SHAPE_METRICS})
+        record.update(shape)
+        record[t.SHAPED_REQUESTS] = 1
     record["_aws"] = {
         "Timestamp": timestamp_ms if timestamp_ms is not None else int(time.time() * 1000),
-        "CloudWatchMetrics": [{
-            "Namespace": t.NAMESPACE,
-            "Dimensions": dims,
-            "Metrics": [{"Name": name, "Unit": UNITS.get(name, "None")} for name in values],
-        }],
+        "CloudWatchMetrics": directives,
     }
     record.update(values)
     if properties:
@@ -71,8 +89,9 @@ class MetricsSink:
         self._thread = threading.Thread(target=self._write_loop, name="emf-writer", daemon=True)
         self._thread.start()
 
-    def emit(self, consumer: str | None, values: dict[str, float], properties: dict[str, Any] | None = None) -> None:
-        record = emf_record(self.fleet, self.pool, consumer, values, properties)
+    def emit(self, consumer: str | None, values: dict[str, float], properties: dict[str, Any] | None = None,
+             timestamp_ms: int | None = None, shape: dict[str, str] | None = None) -> None:
+        record = emf_record(self.fleet, self.pool, consumer, values, properties, timestamp_ms, shape)
         if self._on_record:
             self._on_record(record)
         self._pending.append(json.dumps(record, separators=(",", ":")))

@@ -21,7 +21,7 @@ import json
 import sys
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 from fleetcast import telemetry as t
 
@@ -100,6 +100,8 @@ class Exchange:
 
     started: float
     consumer: str | None = None
+    arrived_ms: int | None = None  # wall clock at arrival: the record's timestamp (its own minute); None: now
+    in_flight: int = 0  # requests in flight on this instance at admission, this one included; 0: not admitted
     status: int = 0
     error: bool = False
     client_gone: bool = False
@@ -116,7 +118,7 @@ class Gateway:
                  metrics: MetricsSink, proxy_protocol: bool = True, drain_timeout_s: float = 300.0,
                  header_timeout_s: float = 5.0, idle_timeout_s: float = 75.0, upstream_idle_timeout_s: float = 600.0,
                  health_timeout_s: float = 2.0, max_idle_upstream: int = 256, body_timeout_s: float = BODY_TIMEOUT_S,
-                 disconnect_poll_s: float = 0.5):
+                 disconnect_poll_s: float = 0.5, clock: Callable[[], float] = time.time):
         self.upstream = upstream
         self.identity = identity
         self.limiters = limiters
@@ -130,6 +132,7 @@ class Gateway:
         self.max_idle_upstream = max_idle_upstream
         self.body_timeout_s = body_timeout_s
         self.disconnect_poll_s = disconnect_poll_s
+        self.clock = clock  # wall clock for record timestamps (tests compress a week by injecting it)
         self.draining = False
         self.active = 0  # requests being served (health checks excluded)
         self._idle_upstream: list[UpstreamConn] = []
@@ -390,15 +393,17 @@ class Gateway:
 
         limiter = self.limiters[consumer.name]
         throttle = limiter.admit()
+        arrived_ms = int(self.clock() * 1000)
         if throttle:
             self.metrics.emit(consumer.name, {t.REQUESTS: 1, t.THROTTLED: 1, t.ERRORS: 0},
                               {"throttle_reason": throttle.reason, "path": path,
                                "max_concurrency": limiter.max_concurrency,
-                               "requests_per_minute": limiter.requests_per_minute})
+                               "requests_per_minute": limiter.requests_per_minute}, arrived_ms)
             return await refuse(429, throttle.message, "requests",
                                 "rate_limit_exceeded" if throttle.reason == "rate" else "concurrency_limit_exceeded",
                                 [("Retry-After", str(throttle.retry_after_s)),
                                  ("x-ratelimit-limit-requests", str(limiter.requests_per_minute))])
+        exchange.arrived_ms, exchange.in_flight = arrived_ms, self.active + 1  # admitted: counts toward in-flight
         self._enter()
         try:
             return await self._forward(request, reader, writer, keep, exchange, body, data)
@@ -750,7 +755,13 @@ class Gateway:
                                          / (output_tokens - 1), 3)
         elif not meter and ex.status and ex.status < 400:
             values[t.E2E_MS] = round((end - ex.started) * 1000, 3)
-        self.metrics.emit(ex.consumer, values, props)
+        # Traffic shape of an admitted request: three bucket labels, each a bisect over a dozen bounds
+        # (docs/gateway.md, Traffic shape).
+        shape = None
+        if ex.in_flight:
+            shape = {t.DIM_IN_FLIGHT: t.in_flight_label(ex.in_flight), t.DIM_INPUT_BUCKET: t.token_label(input_tokens),
+                     t.DIM_OUTPUT_BUCKET: t.token_label(output_tokens)}
+        self.metrics.emit(ex.consumer, values, props, ex.arrived_ms, shape)
 
 
 def _parse_response_head(raw: bytes) -> tuple[int, list[tuple[str, str]]]:

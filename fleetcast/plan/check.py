@@ -1,0 +1,144 @@
+"""`fleetcast plan --check`: re-plan from the traffic production serves and say what would change.
+
+Two kinds of findings, each one line with what and why:
+- the re-plan against the config: the pick (instance type, precision), the capacity bounds or the
+  scaling target of a planned pool differ from the config by more than the threshold (a pick
+  always counts);
+- the baseline written with the config (fleetcast.plan.drift): throughput past max capacity, the
+  mix moved to larger batches, observed P99 above the SLO at planned load, cost per token off.
+Any finding: exit 3 (EXIT_DRIFT); none: 0.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from fleetcast.errors import UserError
+
+from .drift import DEFAULT_THRESHOLD, Finding, Observation, check_pool
+from .traffic import ConsumerTraffic
+
+
+def _relative(old: float, new: float) -> float:
+    if old == new:
+        return 0.0
+    return abs(new - old) / max(abs(old), 1e-9)
+
+
+def replan_findings(cfg, pools: list, threshold: float) -> list[Finding]:
+    """Planned pools (solver.FleetPool) against the config's pools they would be written to."""
+    from .writeback import pool_for
+
+    findings = []
+    for fleet_pool in pools:
+        region = fleet_pool.service_region
+        win = fleet_pool.evaluation
+        try:
+            entry = cfg.region(region)
+        except KeyError:
+            findings.append(Finding("pick", region, f"the plan serves {', '.join(fleet_pool.consumer_regions)} from "
+                                    f"{region}, which the config has no region for"))
+            continue
+        dumped = [{"instance_type": p.instance_type, "_pool": p} for p in entry.pools]
+        pool = pool_for(dumped, win.candidate.family)["_pool"]
+        precision = _precision(cfg, pool)
+        if pool.instance_type != win.candidate.instance_type or precision != win.candidate.precision:
+            findings.append(Finding("pick", region, (
+                f"pool {pool.name}: the plan picks {win.candidate.label} ({_pct_text(win)}), the config runs "
+                f"{pool.instance_type} {precision}")))
+        lo, _, hi = fleet_pool.capacity()
+        for name, old, new in (("capacity.max", pool.capacity.max, hi), ("capacity.min", pool.capacity.min, lo)):
+            if _relative(old, new) > threshold:
+                findings.append(Finding("capacity", region, (
+                    f"pool {pool.name}: {name} would change {old} -> {new} ({(new - old) / max(old, 1):+.0%}, "
+                    f"threshold {threshold:.0%})")))
+        # The plan writes the target only for in-flight scaling (writeback.py); a KV-cache target is the owner's.
+        target = pool.scaling.target if pool.scaling.metric == "active_requests" else None
+        if target is not None and _relative(float(target), float(fleet_pool.target)) > threshold:
+            findings.append(Finding("target", region, (
+                f"pool {pool.name}: scaling.target would change {target:g} -> {fleet_pool.target:g} in-flight "
+                f"requests per instance (threshold {threshold:.0%})")))
+    return findings
+
+
+def _precision(cfg, pool) -> str:
+    return cfg.engine_for(pool).precision.value
+
+
+def _pct_text(win) -> str:
+    return f"${win.cost_per_hour:.2f}/h, ${win.usd_per_m_output:.3f} per 1M output tokens"
+
+
+def observation(consumers: list[ConsumerTraffic], regions: list[str]) -> Observation | None:
+    """What the traffic says about the consumer regions one pool serves; None if it has none of them."""
+    mine = [c for c in consumers if c.region in regions]
+    if not mine:
+        return None
+    hourly = [sum(c.hourly_rps()[h] for c in mine) for h in range(24)]
+    volume = sum(sum(c.hourly_rps()) for c in mine) or 1.0
+    in_flight: dict[str, float] = {}
+    for c in mine:
+        weight = sum(c.hourly_rps())
+        if c.observed is not None and c.observed.in_flight:
+            counts = c.observed.in_flight
+            total = sum(counts.values())
+            shares = {k: v / total for k, v in counts.items()}
+        elif c.concurrency:
+            shares = dict(c.concurrency)
+        else:
+            continue
+        for key, share in shares.items():
+            in_flight[key] = in_flight.get(key, 0.0) + share * weight
+    output_mean = sum(sum(c.hourly_rps()) * c.output_mean for c in mine) / volume
+    obs = Observation(hourly, in_flight, output_mean)
+    observed = [c.observed for c in mine if c.observed is not None]
+    if len(observed) == len(mine) and len({len(o.arrivals) for o in observed}) == 1:
+        n = len(observed[0].arrivals)
+        obs.arrivals = [sum(o.arrivals[i] for o in observed) for i in range(n)]
+
+        def worst(name: str) -> list[float | None]:
+            out: list[float | None] = [None] * n
+            for o in observed:
+                for i, v in enumerate(getattr(o, name) or []):
+                    if v is not None and (out[i] is None or v > out[i]):
+                        out[i] = v
+            return out
+        obs.ttft_p99_ms, obs.itl_p99_ms = worst("ttft_p99_ms"), worst("itl_p99_ms")
+    return obs
+
+
+def baseline_findings(baseline: dict, consumers: list[ConsumerTraffic], threshold: float,
+                      cost_threshold: float) -> list[Finding]:
+    findings = []
+    for base in baseline["pools"]:
+        obs = observation(consumers, base["consumer_regions"])
+        if obs is None:
+            findings.append(Finding("throughput", base["region"], (
+                f"the traffic has none of the consumer regions this pool was planned for "
+                f"({', '.join(base['consumer_regions'])})")))
+            continue
+        findings += check_pool(base, obs, baseline["slo"], threshold, cost_threshold)
+    return findings
+
+
+def drift_settings(cfg, threshold: float | None) -> float:
+    """--threshold, else the config's operations.plan_drift_check.threshold, else the default."""
+    if threshold is not None:
+        return threshold
+    check = getattr(getattr(cfg, "operations", None), "plan_drift_check", None)
+    return check.threshold if check is not None else DEFAULT_THRESHOLD
+
+
+def render(findings: list[Finding], profile_name: str) -> str:
+    if not findings:
+        return f"plan check: traffic {profile_name} fits the plan the config was written from; nothing to change"
+    lines = [f"plan check: traffic {profile_name} no longer fits the plan ({len(findings)} finding(s)):"]
+    lines += [f"  - {f.line()}" for f in findings]
+    lines.append("re-plan (`fleetcast plan --write-config`) and review the change with `fleetcast config diff`")
+    return "\n".join(lines)
+
+
+def config_path_required(path: str | None) -> Path:
+    if not path or not Path(path).exists():
+        raise UserError(f"--check needs the fleet config the plan was written into (--config {path}: not found)")
+    return Path(path)

@@ -1,0 +1,293 @@
+"""`fleetcast traffic export`: a `fleetcast.traffic/v1` profile from what the gateways metered.
+
+The gateway writes one EMF record per inference request (runtime/gateway/metrics.py); CloudWatch
+turns it into `Requests` = 1 under [Fleet, Pool, Consumer] and under the three traffic-shape
+dimension sets [Fleet, Pool, Consumer, InFlightAtArrival | InputTokensBucket | OutputTokensBucket],
+stamped with the request's arrival time. Everything the profile says is a Sum of those over a
+period, so it is exact (not sampled, not a percentile sketch) for as long as CloudWatch keeps the
+period:
+
+- arrivals per hour: Sum of Requests, period 3600 (kept 455 days);
+- burstiness within the hour: Sum of Requests, period 60 (kept 15 days), per minute of the hour:
+  the busiest minute over the hour's mean, and the index of dispersion of the 60 counts. A finer
+  time scale would need high-resolution metrics, whose sub-minute data CloudWatch keeps 3 hours
+  only (GetMetricStatistics, "Amazon CloudWatch retains metric data as follows"): a 7-day window
+  could not be exact below one minute;
+- length and in-flight histograms: Sum of ShapedRequests per bucket dimension value;
+- length means: Sum of InputTokens / OutputTokens over the requests that reported usage.
+
+One GetMetricData call per hour of the window (queries chunked by 500, the per-call limit): each
+answer holds at most 60 datapoints per query, far under the 100,800 per call, so no answer is
+paged, and the hour is the profile's unit. P99 TTFT/ITL per hour come from CloudWatch's p99 over
+the raw per-request values ([Fleet, Pool]); a pool with no data gives null.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta, timezone
+from typing import Any
+
+from fleetcast import telemetry as t
+from fleetcast.config import FleetConfig
+from fleetcast.errors import UserError
+from fleetcast.plan.drift import hour_of_day_rates
+
+MAX_QUERIES = 500  # GetMetricData: at most 500 metrics per call
+MAX_AGE = timedelta(days=15)  # 60-second data is kept 15 days: past that, minutes are gone
+HOUR = timedelta(hours=1)
+
+_SHAPE = {"in_flight": (t.DIM_IN_FLIGHT, t.IN_FLIGHT_LABELS),
+          "input_tokens": (t.DIM_INPUT_BUCKET, ("0",) + t.TOKEN_LABELS),
+          "output_tokens": (t.DIM_OUTPUT_BUCKET, ("0",) + t.TOKEN_LABELS)}
+
+
+def floor_hour(moment: datetime) -> datetime:
+    return moment.astimezone(timezone.utc).replace(minute=0, second=0, microsecond=0)
+
+
+@dataclass
+class Tally:
+    """Counts for one consumer region over the window."""
+
+    hours: int
+    arrivals: list[float] = field(default_factory=list)
+    throttled: list[float] = field(default_factory=list)
+    minutes: list[list[float]] = field(default_factory=list)  # per hour, 60 per-minute arrival counts
+    buckets: dict[str, dict[str, float]] = field(default_factory=dict)
+    input_sum: float = 0.0
+    output_sum: float = 0.0
+    consumers: dict[str, float] = field(default_factory=dict)
+    ttft_p99: list[float | None] = field(default_factory=list)
+    itl_p99: list[float | None] = field(default_factory=list)
+
+    def __post_init__(self):
+        self.arrivals = [0.0] * self.hours
+        self.throttled = [0.0] * self.hours
+        self.minutes = [[0.0] * 60 for _ in range(self.hours)]
+        self.buckets = {name: {} for name in _SHAPE}
+        self.ttft_p99 = [None] * self.hours
+        self.itl_p99 = [None] * self.hours
+
+
+def _metric(name: str, dims: list[tuple[str, str]], period: int, stat: str, qid: str) -> dict:
+    return {"Id": qid, "ReturnData": True, "MetricStat": {
+        "Metric": {"Namespace": t.NAMESPACE, "MetricName": name,
+                   "Dimensions": [{"Name": k, "Value": v} for k, v in dims]},
+        "Period": period, "Stat": stat}}
+
+
+def _queries(cfg: FleetConfig, region: str, consumers: list) -> tuple[list[dict], dict[str, tuple]]:
+    """Every query one hour needs, and what each answer is for."""
+    queries, targets = [], {}
+
+    def add(target: tuple, *args) -> None:
+        qid = f"q{len(queries)}"
+        queries.append(_metric(*args, qid))
+        targets[qid] = target
+
+    for pool in cfg.region(region).pools:
+        base = [(t.DIM_FLEET, cfg.name), (t.DIM_POOL, pool.name)]
+        for consumer in consumers:
+            dims = base + [(t.DIM_CONSUMER, consumer.name)]
+            add((consumer, "arrivals"), t.REQUESTS, dims, 3600, "Sum")
+            add((consumer, "throttled"), t.THROTTLED, dims, 3600, "Sum")
+            add((consumer, "minutes"), t.REQUESTS, dims, 60, "Sum")
+            add((consumer, "input_sum"), t.INPUT_TOKENS, dims, 3600, "Sum")
+            add((consumer, "output_sum"), t.OUTPUT_TOKENS, dims, 3600, "Sum")
+            for what, (dim, labels) in _SHAPE.items():
+                for label in labels:
+                    add((consumer, what, label), t.SHAPED_REQUESTS, dims + [(dim, label)], 3600, "Sum")
+        add((pool.name, "ttft_p99"), t.TTFT_MS, base, 3600, "p99")
+        add((pool.name, "itl_p99"), t.ITL_MS, base, 3600, "p99")
+    return queries, targets
+
+
+def collect(cfg: FleetConfig, since: datetime, until: datetime, call: Callable[..., dict],
+            region: str | None = None, consumer: str | None = None, now: datetime | None = None) -> dict[str, Tally]:
+    """Tallies per consumer region over [since, until) (hour boundaries) from every provider region asked.
+
+    `call(region, **GetMetricData params)` runs one GetMetricData call (fleetcast.connections.aws.Access).
+    """
+    now = now or datetime.now(timezone.utc)
+    names = [r.region for r in cfg.regions]
+    if region is not None and region not in names:
+        raise UserError(f"--region {region!r} is not a provider region of fleet {cfg.name}; "
+                        f"choose one of: {', '.join(names)}", exit_code=2)
+    known = [c.name for c in cfg.consumers]
+    if consumer is not None and consumer not in known:
+        raise UserError(f"--consumer {consumer!r} is not a consumer of fleet {cfg.name}; "
+                        f"choose one of: {', '.join(known) or '(none configured)'}", exit_code=2)
+    if since >= until:
+        raise UserError(f"--since ({since.isoformat()}) must be before --until ({until.isoformat()})", exit_code=2)
+    if now - since > MAX_AGE:
+        raise UserError("--since is more than 15 days ago: CloudWatch keeps 1-minute data 15 days, and the "
+                        "profile's burstiness needs it; export a window inside the last 15 days", exit_code=2)
+    hours = int((until - since) / HOUR)
+    tallies: dict[str, Tally] = {}
+    for region_name in [region] if region else names:
+        consumers = [c for c in cfg.consumers_of(region_name) if consumer is None or c.name == consumer]
+        if not consumers:
+            continue
+        queries, targets = _queries(cfg, region_name, consumers)
+        pool_hours: dict[str, dict[str, list]] = {}
+        for h in range(hours):
+            start = since + h * HOUR
+            for first in range(0, len(queries), MAX_QUERIES):
+                for result in _get(call, region_name, queries[first:first + MAX_QUERIES], start, start + HOUR):
+                    _fold(result, targets[result["Id"]], h, start, hours, tallies, pool_hours)
+        # The pool's P99 (all consumers) goes to every consumer region it served; with more than one
+        # pool the worst hour counts: the SLO is per request, whichever pool served it.
+        for c in consumers:
+            tally = tallies.setdefault(c.region, Tally(hours))
+            for pool_name, series in pool_hours.items():
+                for key, attr in (("ttft_p99", "ttft_p99"), ("itl_p99", "itl_p99")):
+                    mine = getattr(tally, attr)
+                    for i, v in enumerate(series.get(key, [None] * hours)):
+                        if v is not None and (mine[i] is None or v > mine[i]):
+                            mine[i] = v
+    return tallies
+
+
+def _get(call: Callable[..., dict], region: str, queries: list[dict], start: datetime, end: datetime) -> list[dict]:
+    merged: dict[str, dict] = {}
+    params: dict[str, Any] = {"MetricDataQueries": queries, "StartTime": start, "EndTime": end,
+                              "ScanBy": "TimestampAscending"}
+    while True:
+        page = call(region, **params)
+        for result in page.get("MetricDataResults", []):
+            entry = merged.setdefault(result["Id"], {"Id": result["Id"], "Values": [], "Timestamps": []})
+            entry["Values"].extend(result.get("Values", []))
+            entry["Timestamps"].extend(result.get("Timestamps", []))
+        token = page.get("NextToken")
+        if not token:
+            return list(merged.values())
+        params["NextToken"] = token
+
+
+def _fold(result: dict, target: tuple, h: int, start: datetime, hours: int, tallies: dict[str, Tally],
+          pool_hours: dict[str, dict[str, list]]) -> None:
+    values, stamps = result["Values"], result["Timestamps"]
+    owner, what = target[0], target[1]
+    if what in ("ttft_p99", "itl_p99"):
+        series = pool_hours.setdefault(owner, {}).setdefault(what, [None] * hours)
+        good = [v for v in values if v is not None and math.isfinite(v)]
+        if good:
+            series[h] = max(good)
+        return
+    tally = tallies.setdefault(owner.region, Tally(hours))
+    total = sum(values)
+    if what == "arrivals":
+        tally.arrivals[h] += total
+        tally.consumers[owner.name] = tally.consumers.get(owner.name, 0.0) + total
+    elif what == "throttled":
+        tally.throttled[h] += total
+    elif what == "minutes":
+        for stamp, value in zip(stamps, values):
+            minute = int((stamp.astimezone(timezone.utc) - start).total_seconds() // 60)
+            if 0 <= minute < 60:
+                tally.minutes[h][minute] += value
+    elif what in ("input_sum", "output_sum"):
+        setattr(tally, what, getattr(tally, what) + total)
+    else:
+        label = target[2]
+        tally.buckets[what][label] = tally.buckets[what].get(label, 0.0) + total
+
+
+# ---------------------------------------------------------------- profile
+
+
+def _burst(minutes: list[float]) -> tuple[float, float]:
+    """(busiest minute x 60 / the hour's arrivals, variance / mean of the per-minute counts)."""
+    total = sum(minutes)
+    if not total:
+        return 1.0, 0.0
+    mean = total / 60
+    variance = sum((m - mean) ** 2 for m in minutes) / 60
+    return max(minutes) / mean, variance / mean
+
+
+def _bucket_counts(counts: dict[str, float], labels: tuple[str, ...], skip_zero: bool) -> dict[str, int]:
+    return {label: int(round(counts[label])) for label in labels
+            if counts.get(label) and not (skip_zero and label == "0")}
+
+
+def profile_document(tallies: dict[str, Tally], since: datetime, until: datetime, name: str, fleet: str,
+                     hour_stat: str = "max") -> dict[str, Any]:
+    """The profile as plain data (validated by fleetcast.plan.traffic before it is written)."""
+    from fleetcast.plan.traffic import SCHEMA_ID, ConsumerTraffic
+
+    consumers = []
+    for region in sorted(tallies):
+        tally = tallies[region]
+        served = sum(tally.buckets["input_tokens"].get(label, 0.0) for label in t.TOKEN_LABELS)
+        if not sum(tally.arrivals):
+            continue
+        bursts = [_burst(m) for m in tally.minutes]
+        observed = {
+            "since": since.isoformat().replace("+00:00", "Z"), "until": until.isoformat().replace("+00:00", "Z"),
+            "arrivals": [int(round(x)) for x in tally.arrivals],
+            "throttled": [int(round(x)) for x in tally.throttled],
+            "peak_minute_ratio": [round(p, 3) for p, _ in bursts],
+            "dispersion_60s": [round(d, 3) for _, d in bursts],
+            "in_flight": _bucket_counts(tally.buckets["in_flight"], t.IN_FLIGHT_LABELS, False),
+            "input_tokens": _bucket_counts(tally.buckets["input_tokens"], t.TOKEN_LABELS, True),
+            "output_tokens": _bucket_counts(tally.buckets["output_tokens"], t.TOKEN_LABELS, True),
+            "consumers": {k: int(round(v)) for k, v in sorted(tally.consumers.items())},
+            "ttft_p99_ms": [None if v is None else round(v, 3) for v in tally.ttft_p99],
+            "itl_p99_ms": [None if v is None else round(v, 3) for v in tally.itl_p99],
+        }
+        entry: dict[str, Any] = {
+            "region": region,
+            "rate_rps": hour_of_day_rates(since.hour, tally.arrivals, hour_stat),
+            "input_tokens": round(tally.input_sum / served, 3) if served else 1,
+            "output_tokens": round(tally.output_sum / served, 3) if served else 1,
+        }
+        in_flight = {k: v for k, v in observed["in_flight"].items()}
+        total = sum(in_flight.values())
+        if total:
+            shares = {k: v / total for k, v in in_flight.items()}
+            # Rounded shares must still sum to 1 within the schema's tolerance: the largest takes the rest.
+            rounded = {k: round(v, 6) for k, v in shares.items()}
+            top = max(rounded, key=rounded.get)
+            rounded[top] = round(rounded[top] + 1 - sum(rounded.values()), 6)
+            entry["concurrency"] = rounded
+        if "burstiness" in ConsumerTraffic.model_fields:
+            # The planner's arrival-driven sizing (when merged) reads the busiest minute over the hour's mean,
+            # per UTC hour of the day: the worst day's, as the rates are.
+            worst = [1.0] * 24
+            for i, (peak, _) in enumerate(bursts):
+                hour = (since + i * HOUR).hour
+                worst[hour] = max(worst[hour], min(60.0, peak))
+            entry["burstiness"] = [round(v, 3) for v in worst]
+        entry["observed"] = observed
+        consumers.append(entry)
+    if not consumers:
+        raise UserError(f"no requests metered for fleet {fleet} between {since:%Y-%m-%d %H:%M} and "
+                        f"{until:%Y-%m-%d %H:%M} UTC (check --region / --consumer, and that the gateways' EMF "
+                        "records reach CloudWatch)", exit_code=1)
+    return {"schema": SCHEMA_ID, "name": name,
+            "description": f"exported from CloudWatch: fleet {fleet}, {since:%Y-%m-%dT%H:%MZ} .. {until:%Y-%m-%dT%H:%MZ}; "
+                           f"rate_rps = the {'busiest' if hour_stat == 'max' else 'mean'} day's rate per UTC hour",
+            "consumers": consumers}
+
+
+def export(cfg: FleetConfig, since: datetime, until: datetime, call: Callable[..., dict], *,
+           region: str | None = None, consumer: str | None = None, name: str | None = None,
+           hour_stat: str = "max", now: datetime | None = None):
+    """Read, build and validate the profile; returns (TrafficProfile, plain document)."""
+    from pydantic import ValidationError
+
+    from fleetcast.plan.traffic import TrafficProfile, validation_summary
+
+    if hour_stat not in ("max", "mean"):
+        raise UserError(f"--hour-stat {hour_stat!r}: choose max or mean", exit_code=2)
+    since, until = floor_hour(since), floor_hour(until)
+    tallies = collect(cfg, since, until, call, region, consumer, now)
+    doc = profile_document(tallies, since, until, name or f"{cfg.name}-production", cfg.name, hour_stat)
+    try:
+        return TrafficProfile.model_validate(doc), doc
+    except ValidationError as exc:  # a bug here, not a user mistake: say what broke
+        raise UserError(f"the exported profile does not validate: {validation_summary(exc)}") from None

@@ -1,0 +1,142 @@
+"""The drift Lambda's handler against moto (S3 baseline, CloudWatch metrics) and a Stubber-checked SNS:
+quiet on the planned traffic, PlanDrift = 1 and one notice with the reason once the traffic doubles."""
+
+from __future__ import annotations
+
+import json
+import urllib.request
+from datetime import datetime, timedelta, timezone
+
+import boto3
+import pytest
+from botocore.stub import ANY, Stubber
+
+from fleetcast import telemetry as t
+from fleetcast.plan import drift
+from runtime.gateway.metrics import emf_record
+from stacks.lambdas.plan_drift import handler as h
+from tests.traffic.emf import ship, with_percentiles
+
+REGION = "ap-northeast-2"
+NOW = datetime.now(timezone.utc).replace(minute=0, second=0, microsecond=0)
+PER_HOUR = 12
+SPR = 1000.0  # seconds each request holds an instance at the planned load levels (long generations)
+PRICE = 1.861
+
+
+def baseline() -> dict:
+    rates = [PER_HOUR / 3600] * 24
+    cap = max(2, -(-int(PER_HOUR / 3600 * SPR * 1000) // 1000))
+    return {"schema": drift.SCHEMA, "written": NOW.isoformat(), "slo": {"ttft_p99_ms": 300, "itl_p99_ms": 40},
+            "pools": [{"region": REGION, "pool": "l40s", "candidate": "g6e.xlarge int8_wo", "instance_type": "g6e.xlarge",
+                       "precision": "int8_wo", "consumer_regions": [REGION], "target": 4,
+                       "capacity": {"min": 2, "max": cap}, "n_min": 2, "seconds_per_request": SPR,
+                       "hourly_rps": rates, "peak_rps": max(rates), "slo_safe_rps": cap / SPR,
+                       "share_above_target": 0.0, "price_per_hour": PRICE, "output_mean": 1500.0,
+                       "usd_per_m_output": drift.instance_cost_per_m_output(rates, SPR, 2, PRICE, 1500.0)}]}
+
+
+def records(per_hour: int) -> list[dict]:
+    out = []
+    for hour in range(7 * 24):
+        start = NOW - timedelta(days=7) + timedelta(hours=hour)
+        for i in range(per_hour):
+            stamp = int((start + timedelta(seconds=i * 3600 / per_hour)).timestamp() * 1000)
+            out.append(emf_record("fleetcast", "l40s", "voice-app",
+                                  {t.REQUESTS: 1, t.THROTTLED: 0, t.ERRORS: 0, t.INPUT_TOKENS: 300,
+                                   t.OUTPUT_TOKENS: 1500, t.E2E_MS: 90_000.0},
+                                  timestamp_ms=stamp, shape={t.DIM_IN_FLIGHT: "1", t.DIM_INPUT_BUCKET: "257-512",
+                                                             t.DIM_OUTPUT_BUCKET: "1025-2048"}))
+    return out
+
+
+class _PercentileCloudWatch:
+    """moto's CloudWatch, with pNN statistics answered from the records (moto has none: tests/traffic/emf.py)."""
+
+    def __init__(self, real, recs):
+        self._real = real
+        self._call = with_percentiles(lambda _region, **p: real.get_metric_data(**p), recs)
+
+    def get_metric_data(self, **params):
+        return self._call(REGION, **params)
+
+    def put_metric_data(self, **params):
+        return self._real.put_metric_data(**params)
+
+
+@pytest.fixture
+def lambda_env(aws_env, monkeypatch):
+    urllib.request.urlopen(urllib.request.Request(f"{aws_env}/moto-api/reset", method="POST")).read()
+    s3 = boto3.client("s3", region_name=REGION)
+    s3.create_bucket(Bucket="model-bucket", CreateBucketConfiguration={"LocationConstraint": REGION})
+    for key, value in {"FLEET": "fleetcast", "REGION": REGION, "BUCKET": "model-bucket", "BASELINE_KEY": "plan/baseline.json",
+                       "TOPIC_ARN": f"arn:aws:sns:{REGION}:111122223333:ops", "THRESHOLD": "0.2",
+                       "POOLS": json.dumps(["l40s"]), "CONSUMERS": json.dumps([["voice-app", REGION]])}.items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.setattr(h, "_CLIENTS", {"s3": s3})
+    return s3
+
+
+def _run(s3, per_hour: int, expect_notice: bool):
+    recs = records(per_hour)
+    cw = boto3.client("cloudwatch", region_name=REGION)
+    ship(recs, cw)
+    sns = boto3.client("sns", region_name=REGION)
+    stub = Stubber(sns)  # checks the call against the SNS API model
+    if expect_notice:
+        stub.add_response("publish", {"MessageId": "m-1"},
+                          {"TopicArn": f"arn:aws:sns:{REGION}:111122223333:ops", "Subject": ANY, "Message": ANY,
+                           "MessageAttributes": {"fleetcast_notice": {"DataType": "String", "StringValue": "plan_drift"}}})
+    stub.activate()
+    h._CLIENTS.update(cloudwatch=_PercentileCloudWatch(cw, recs), sns=sns)
+    result = h.handler({}, None, now=NOW)
+    stub.assert_no_pending_responses()
+    drift_points = cw.get_metric_data(StartTime=NOW - timedelta(minutes=5), EndTime=NOW + timedelta(minutes=5),
+                                      MetricDataQueries=[{"Id": "d", "MetricStat": {"Metric": {
+                                          "Namespace": t.NAMESPACE, "MetricName": t.PLAN_DRIFT, "Dimensions": [
+                                              {"Name": "Fleet", "Value": "fleetcast"}, {"Name": "Pool", "Value": "l40s"}]},
+                                          "Period": 60, "Stat": "Maximum"}}])["MetricDataResults"][0]["Values"]
+    return result, drift_points
+
+
+def test_quiet_on_the_planned_traffic(lambda_env):
+    lambda_env.put_object(Bucket="model-bucket", Key="plan/baseline.json", Body=json.dumps(baseline()))
+    result, points = _run(lambda_env, PER_HOUR, expect_notice=False)
+    assert result == {"drift": False, "findings": []}
+    assert points == [0.0]
+
+
+def test_doubled_traffic_publishes_plan_drift_and_the_reason(lambda_env):
+    lambda_env.put_object(Bucket="model-bucket", Key="plan/baseline.json", Body=json.dumps(baseline()))
+    result, points = _run(lambda_env, 2 * PER_HOUR, expect_notice=True)
+    assert result["drift"] is True and points == [1.0]
+    assert any("traffic grew past the SLO-safe throughput of max capacity" in f for f in result["findings"])
+
+
+def test_without_a_staged_baseline_it_says_so(lambda_env):
+    sns = boto3.client("sns", region_name=REGION)
+    stub = Stubber(sns)
+    stub.add_response("publish", {"MessageId": "m-2"}, {"TopicArn": ANY, "Subject": ANY, "Message": ANY,
+                                                        "MessageAttributes": ANY})
+    stub.activate()
+    h._CLIENTS.update(sns=sns, cloudwatch=boto3.client("cloudwatch", region_name=REGION))
+    assert h.handler({}, None, now=NOW) == {"drift": None}
+    stub.assert_no_pending_responses()
+
+
+def test_a_missing_baseline_reads_as_access_denied_without_list_permission_and_is_reported(lambda_env):
+    # S3 GetObject API reference, "Permissions": without s3:ListBucket, a missing object is 403 AccessDenied
+    # (the role may read the one key and list nothing).
+    s3 = boto3.client("s3", region_name=REGION)
+    s3_stub = Stubber(s3)
+    s3_stub.add_client_error("get_object", service_error_code="AccessDenied", http_status_code=403,
+                             expected_params={"Bucket": "model-bucket", "Key": "plan/baseline.json"})
+    s3_stub.activate()
+    sns = boto3.client("sns", region_name=REGION)
+    sns_stub = Stubber(sns)
+    sns_stub.add_response("publish", {"MessageId": "m-3"}, {"TopicArn": ANY, "Subject": ANY, "Message": ANY,
+                                                            "MessageAttributes": ANY})
+    sns_stub.activate()
+    h._CLIENTS.update(s3=s3, sns=sns, cloudwatch=boto3.client("cloudwatch", region_name=REGION))
+    assert h.handler({}, None, now=NOW) == {"drift": None}
+    sns_stub.assert_no_pending_responses()

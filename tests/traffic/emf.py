@@ -1,0 +1,103 @@
+"""A stand-in for CloudWatch Logs' embedded-metric-format extraction: EMF records -> PutMetricData.
+
+It follows the EMF specification (Amazon CloudWatch User Guide, "Specification: Embedded metric
+format"): every MetricDirective of `_aws.CloudWatchMetrics` yields, for each of its dimension sets,
+one datapoint per metric it names, with the dimension values read from the record's root members
+and the record's `_aws.Timestamp`. CloudWatch stores standard-resolution metrics per minute, so
+the datapoints are sent per (metric, dimensions, minute), the way a log agent batches them:
+
+- a statistic set when all values in the group are equal (CloudWatch still answers percentiles for
+  a statistic set whose Min equals its Max: GetMetricStatistics, "CloudWatch needs raw data points
+  to calculate percentile statistics");
+- otherwise Values/Counts (at most 150 distinct values per datum: PutMetricData reference).
+
+Requests carry at most 1000 metrics (PutMetricData: "no more than 1000 different metrics") and
+stay under its 1 MB limit.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from datetime import datetime, timezone
+from typing import Any
+
+MAX_DATA_PER_CALL = 1000
+MAX_VALUES_PER_DATUM = 150
+
+
+def extract(records: list[dict[str, Any]]) -> dict[tuple, list[float]]:
+    """(namespace, metric, unit, dims, minute epoch s) -> values, as EMF extraction files them."""
+    out: dict[tuple, list[float]] = defaultdict(list)
+    for record in records:
+        meta = record["_aws"]
+        minute = int(meta["Timestamp"] // 60000) * 60
+        for directive in meta["CloudWatchMetrics"]:
+            for dim_set in directive["Dimensions"]:
+                assert len(dim_set) <= 30, "EMF: a dimension set holds at most 30 dimensions"
+                dims = tuple((name, str(record[name])) for name in dim_set)
+                for metric in directive["Metrics"]:
+                    value = record[metric["Name"]]
+                    values = value if isinstance(value, list) else [value]
+                    out[(directive["Namespace"], metric["Name"], metric.get("Unit", "None"), dims, minute)] += values
+    return out
+
+
+def _datums(key: tuple, values: list[float]) -> list[dict[str, Any]]:
+    _, name, unit, dims, minute = key
+    base = {"MetricName": name, "Unit": unit, "Timestamp": datetime.fromtimestamp(minute, timezone.utc),
+            "Dimensions": [{"Name": k, "Value": v} for k, v in dims]}
+    if min(values) == max(values):
+        return [{**base, "StatisticValues": {"SampleCount": len(values), "Sum": float(sum(values)),
+                                             "Minimum": float(values[0]), "Maximum": float(values[0])}}]
+    counts: dict[float, int] = defaultdict(int)
+    for v in values:
+        counts[float(v)] += 1
+    items = sorted(counts.items())
+    return [{**base, "Values": [v for v, _ in items[i:i + MAX_VALUES_PER_DATUM]],
+             "Counts": [float(c) for _, c in items[i:i + MAX_VALUES_PER_DATUM]]}
+            for i in range(0, len(items), MAX_VALUES_PER_DATUM)]
+
+
+def ship(records: list[dict[str, Any]], cloudwatch) -> int:
+    """Put the records' metrics into CloudWatch; returns the number of PutMetricData calls."""
+    by_namespace: dict[str, list[dict]] = defaultdict(list)
+    for key, values in extract(records).items():
+        by_namespace[key[0]] += _datums(key, values)
+    calls = 0
+    for namespace, data in by_namespace.items():
+        for i in range(0, len(data), MAX_DATA_PER_CALL):
+            cloudwatch.put_metric_data(Namespace=namespace, MetricData=data[i:i + MAX_DATA_PER_CALL])
+            calls += 1
+    return calls
+
+
+def with_percentiles(call, records: list[dict[str, Any]]):
+    """moto answers no percentile statistic (its GetMetricData knows Sum, Average, Minimum, Maximum and
+    SampleCount only); this wraps a GetMetricData caller so that `pNN` queries are answered from the
+    records' raw values the way CloudWatch does for raw data (nearest rank over the period's values),
+    and everything else goes to moto."""
+    raw = extract(records)
+
+    def answer(query: dict, start: datetime, end: datetime) -> dict:
+        stat = query["MetricStat"]
+        want = {(d["Name"], d["Value"]) for d in stat["Metric"]["Dimensions"]}
+        lo, hi = start.timestamp(), end.timestamp()
+        values = sorted(v for (ns, name, _, dims, minute), vs in raw.items()
+                        if name == stat["Metric"]["MetricName"] and set(dims) == want and lo <= minute < hi
+                        for v in vs)
+        if not values:
+            return {"Id": query["Id"], "Values": [], "Timestamps": []}
+        q = float(stat["Stat"][1:]) / 100
+        rank = max(1, -(-int(q * len(values) * 1000) // 1000))
+        return {"Id": query["Id"], "Values": [values[rank - 1]], "Timestamps": [start]}
+
+    def wrapped(region: str, **params):
+        queries = params["MetricDataQueries"]
+        mine = [q for q in queries if q["MetricStat"]["Stat"].startswith("p")]
+        rest = [q for q in queries if not q["MetricStat"]["Stat"].startswith("p")]
+        page = call(region, **{**params, "MetricDataQueries": rest}) if rest else {"MetricDataResults": []}
+        page = dict(page)
+        page["MetricDataResults"] = list(page["MetricDataResults"]) + [
+            answer(q, params["StartTime"], params["EndTime"]) for q in mine]
+        return page
+    return wrapped
