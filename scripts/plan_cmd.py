@@ -60,8 +60,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--prices", metavar="FILE", help="on-demand prices overriding the shipped table")
     p.add_argument("--refresh-prices", action="store_true", help="fetch on-demand prices from the AWS Pricing API")
     p.add_argument("--profile", metavar="NAME",
-                   help="AWS named profile for --refresh-prices / --live-availability (default: the standard "
-                        "credential chain; the Pricing API is asked in us-east-1, offerings in each candidate region)")
+                   help="AWS named profile for --refresh-prices / --live-availability / --traffic-from (default: the "
+                        "standard credential chain; the Pricing API is asked in us-east-1, offerings in each candidate "
+                        "region)")
     p.add_argument("--fixed-costs", metavar="FILE", help="per-region fixed costs overriding the shipped table")
     p.add_argument("--latency", metavar="FILE", help="inter-region RTT matrix overriding the shipped table")
     p.add_argument("--live-availability", action="store_true",
@@ -101,7 +102,6 @@ def register(sub: argparse._SubParsersAction) -> None:
     drift.add_argument("--since", help="with --traffic-from: start (ISO 8601 or an age such as 7d)")
     drift.add_argument("--until", default="now", help="with --traffic-from: end (default now)")
     drift.add_argument("--region", help="with --traffic-from: only this provider region")
-    drift.add_argument("--profile", metavar="NAME", help="with --traffic-from: AWS named profile")
     p.set_defaults(handler=_plan)
 
 
@@ -133,13 +133,13 @@ def _plan(args: argparse.Namespace) -> int:
     if args.traffic_from and args.write_config:
         raise UserError("--write-config takes a traffic file: export one with `fleetcast traffic export` and plan "
                         "from it, so the baseline records what was planned", exit_code=2)
-    if (args.since or args.region or args.profile) and not args.traffic_from:
-        raise UserError("--since/--region/--profile go with --traffic-from cloudwatch", exit_code=2)
+    if (args.since or args.region) and not args.traffic_from:
+        raise UserError("--since/--region go with --traffic-from cloudwatch", exit_code=2)
     if args.check and (args.write_config or args.report):
         raise UserError("--check only compares; run it without --write-config/--report", exit_code=2)
     profile = _traffic_from_cloudwatch(args) if args.traffic_from else None
     opts = PlanOptions(
-        profile=profile,
+        traffic_profile=profile,
         results=args.results, traffic=args.traffic, config=args.config, ttft_p99_ms=args.ttft_p99_ms,
         itl_p99_ms=args.itl_p99_ms, error_rate=args.error_rate, prices=args.prices, refresh_prices=args.refresh_prices,
         fixed_costs=args.fixed_costs, latency=args.latency, live_availability=args.live_availability,

@@ -136,12 +136,12 @@ def _plan_baseline(args: argparse.Namespace) -> int:
     from fleetcast.plan.drift import BASELINE_KEY, baseline_path, load_baseline
 
     cfg = load_config(args.config)
+    clients = _clients(args)  # no credentials: exit 4 before anything is read
     path = args.file or baseline_path(args.config)
     doc = load_baseline(path)
     planned = sorted({p["region"] for p in doc["pools"]})
     if not args.region:
         args.region = [r for r in planned if r in {x.region for x in cfg.regions}]
-    clients = _clients(args)
     body = json.dumps(doc, indent=1).encode()
     for region, bucket in _buckets(cfg, args, clients).items():
         clients("s3", region).put_object(Bucket=bucket, Key=BASELINE_KEY, Body=body, ContentType="application/json")

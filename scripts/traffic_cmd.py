@@ -6,6 +6,8 @@ import argparse
 
 
 def register(sub: argparse._SubParsersAction) -> None:
+    from fleetcast.aws_session import add_aws_arguments
+
     parser = sub.add_parser("traffic", help="traffic profiles from production (CloudWatch)",
                             description="Build fleetcast.traffic/v1 profiles from the gateways' per-request metrics.")
     verbs = parser.add_subparsers(dest="verb", metavar="VERB", required=True)
@@ -18,9 +20,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--config", default="config/fleet.yaml", help="fleet config (default: config/fleet.yaml)")
     p.add_argument("--since", required=True, help="start: ISO 8601 or an age such as 24h, 7d (floored to the hour)")
     p.add_argument("--until", default="now", help="end: ISO 8601, an age, or now (default; floored to the hour)")
-    p.add_argument("--region", help="only this provider region (default: every region in the config)")
     p.add_argument("--consumer", help="only this consumer (config name)")
-    p.add_argument("--profile", metavar="NAME", help="AWS named profile (default: the standard credential chain)")
+    add_aws_arguments(p, region_help="only this provider region (default: every region in the config)")
     p.add_argument("--name", help="profile name shown in plan reports (default: <fleet>-production)")
     p.add_argument("--hour-stat", choices=("max", "mean"), default="max",
                    help="rate_rps per UTC hour of the day: the busiest day's (default) or the mean over days")
@@ -30,9 +31,9 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def cloudwatch_caller(profile: str | None):
     """GetMetricData through the shared AWS access (retries, one-line errors, exit 4 without credentials)."""
-    from fleetcast.connections.aws import Access
+    from fleetcast.aws_session import AwsSession
 
-    access = Access.from_profile(profile)
+    access = AwsSession(profile)
 
     def call(region: str, **params):
         return access.call("cloudwatch", region, "GetMetricData", **params)

@@ -45,6 +45,8 @@ AWS_RUNS = {
     ("stage", "calibration"): [["--dir", "{tmp}", "--name", "calib"]],
     ("stage", "image"): [[], ["--method", "local"]],
     ("stage", "status"): [[]],
+    ("stage", "plan-baseline"): [["--file", "{tmp}/baseline.json"]],
+    ("traffic", "export"): [["--since", "1h", "--out", "{tmp}/traffic.yaml"]],
     ("deploy",): [[], ["--step", "publish"]],
     ("teardown",): [["--yes"]],
     ("connections", "list"): [[]],
@@ -53,10 +55,13 @@ AWS_RUNS = {
     ("connections", "sync"): [["--yes"]],
     ("usage",): [["--since", "1h"]],
     ("bench", "collect"): [["--bucket", "bench-results", "--out", "{tmp}"]],
-    ("plan",): [[*PLAN_INPUTS, "--live-availability"], [*PLAN_INPUTS, "--refresh-prices"]],
+    ("plan",): [[*PLAN_INPUTS, "--live-availability"], [*PLAN_INPUTS, "--refresh-prices"],
+                [PLAN_INPUTS[0], PLAN_INPUTS[1], "--check", "--traffic-from", "cloudwatch", "--since", "1h",
+                 "--config", CONFIG]],
 }
-# plan's AWS calls have fixed regions (the Pricing API's, each candidate region's), so no --region.
-NO_REGION_FLAG = {("plan",)}
+# Every AWS-touching command takes --region (plan's selects the provider region --traffic-from reads; its
+# Pricing API and offering calls go to fixed regions).
+NO_REGION_FLAG: set[tuple[str, ...]] = set()
 
 # Dry runs that need no credentials: exit 0 and say what they could not check.
 DRY_RUNS = {

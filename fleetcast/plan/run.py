@@ -52,8 +52,8 @@ class PlanOptions:
     ec2_client_for: object | None = None
     # The date price tables are aged against; None means today (tests fix it).
     today: date | None = None
-    # A profile already in hand (`plan --check --traffic-from cloudwatch`); else `traffic` is read.
-    profile: TrafficProfile | None = None
+    # A traffic profile already in hand (`plan --check --traffic-from cloudwatch`); else `traffic` is read.
+    traffic_profile: TrafficProfile | None = None
 
 
 def _expand(paths: list[str]) -> list[str]:
@@ -85,7 +85,7 @@ def build_plan(opts: PlanOptions) -> tuple[PlanResult, list[RegionPlan], PlanCon
         itl_p99_ms=opts.itl_p99_ms if opts.itl_p99_ms is not None else cfg.slo.itl_p99_ms,
         error_rate=opts.error_rate if opts.error_rate is not None else (cfg.slo.error_rate if cfg else 0.01),
     )
-    traffic = opts.profile if opts.profile is not None else load_traffic(opts.traffic)
+    traffic = opts.traffic_profile if opts.traffic_profile is not None else load_traffic(opts.traffic)
     candidates = load_candidates(_expand(opts.results))
     warnings: list[str] = []
     for cand in candidates:

@@ -75,7 +75,7 @@ def test_without_a_baseline_it_checks_the_replan_and_says_so(planned, capsys):
 
 @pytest.mark.parametrize("argv,message", [
     (["--traffic-from", "cloudwatch"], "--traffic-from cloudwatch needs --since"),
-    (["--traffic", "X", "--since", "7d"], "--since/--region/--profile go with --traffic-from"),
+    (["--traffic", "X", "--since", "7d"], "--since/--region go with --traffic-from"),
     (["--traffic", "X", "--check", "--write-config", "c.yaml"], "--check only compares"),
 ])
 def test_flag_mistakes_exit_2_naming_the_flag(argv, message, capsys):
