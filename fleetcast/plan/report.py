@@ -47,6 +47,11 @@ def fleet_lines(result: PlanResult) -> list[str]:
 
 
 def _levels_text(plan: RegionPlan) -> str:
+    if plan.traffic.arrival_driven:
+        burst = plan.traffic.hourly_burstiness()
+        return (f"derived per candidate from arrivals (busiest minute {min(burst):g}-{max(burst):g}x the hour's mean)"
+                if min(burst) != max(burst) else f"derived per candidate from arrivals (busiest minute {burst[0]:g}x "
+                "the hour's mean)")
     return ", ".join(f"{k}: {v:.0%}" for k, v in plan.traffic.concurrency.items())
 
 
