@@ -45,6 +45,10 @@ def register(sub: argparse._SubParsersAction) -> None:
         description="Weigh benchmark results by the production traffic histogram, add network latency and "
         "regional availability to the SLO check, rank candidates by total cost, explain every rejection.",
     )
+    p.add_argument("action", nargs="?", choices=["simulate"],
+                   help="simulate: check the plan's sizing against a discrete-event simulation of each pool "
+                        "(requests arriving per the profile, continuous batching per the measured curve); exit 3 "
+                        "when the planner and the simulation disagree by more than 10%%")
     p.add_argument("--results", nargs="+", required=True, metavar="FILE",
                    help="fleetcast bench results files (or directories of them), one or more per instance x precision")
     p.add_argument("--traffic", required=True, metavar="FILE", help="traffic profile YAML (fleetcast.traffic/v1)")
@@ -72,6 +76,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--write-schedule", action="store_true",
                    help="with --write-config: also write the pool's daily capacity schedule (UTC) from the hourly plan")
     p.add_argument("--allow-estimated", action="store_true", help="let --write-config write an estimated choice")
+    sim = p.add_argument_group("simulate")
+    sim.add_argument("--seed", type=int, default=7, help="simulate: random seed (default 7; same seed, same figures)")
+    sim.add_argument("--candidate", action="append", metavar="LABEL",
+                     help="simulate: check this candidate ('g5.xlarge fp16') in every consumer region instead of the "
+                          "plan's pools; repeatable")
+    sim.add_argument("--max-hours", type=_count, metavar="N",
+                     help="simulate: check only the N busiest distinct hours (default: every distinct hour)")
     p.set_defaults(handler=_plan)
 
 
@@ -87,7 +98,14 @@ def _plan(args: argparse.Namespace) -> int:
         quality=args.quality, quality_threshold=args.quality_threshold, estimate=args.estimate,
         min_instances=args.min_instances,
     )
-    result, plans, _ = build_plan(opts)
+    result, plans, ctx = build_plan(opts)
+    if args.action == "simulate":
+        from fleetcast.plan.simulate import simulate_plan
+
+        lines, agree = simulate_plan(plans, result.pools, ctx, seed=args.seed, candidates=args.candidate,
+                                     max_groups=args.max_hours or None)
+        print("\n".join(lines))
+        return 0 if agree else 3
     print(json.dumps(to_json(result), indent=1) if args.json else render_terminal(result))
     # With --json, stdout stays pure JSON; the rest goes to stderr.
     say = (lambda text: print(text, file=sys.stderr)) if args.json else print
