@@ -62,9 +62,12 @@ bench-decode: $(VENV)/.test-deps
 probe-wheels: $(VENV)/.synth-deps
 	$(VENV)/bin/fleetcast bench probe-wheels --out build/probe-wheels
 
+# The seed scenario planned from arrivals, then that sizing checked by simulation (exit 3 if they disagree).
 plan-seed: $(VENV)/.synth-deps
-	$(VENV)/bin/fleetcast plan --results examples/plan/seed/results --traffic examples/plan/seed/traffic-seoul.yaml \
+	$(VENV)/bin/fleetcast plan --results examples/plan/seed/results --traffic examples/plan/seed/traffic-seoul-arrivals.yaml \
 	  --config $(CONFIG) --report build/plan-seed
+	$(VENV)/bin/fleetcast plan simulate --results examples/plan/seed/results \
+	  --traffic examples/plan/seed/traffic-seoul-arrivals.yaml --config $(CONFIG)
 
 clean:
 	rm -rf cdk.out .pytest_cache

@@ -39,6 +39,15 @@ def _count(text: str) -> int:
     return int(text)
 
 
+def _reserved(text: str) -> tuple[str, str, int]:
+    import re
+
+    match = re.match(r"^([a-z][a-z0-9]*\.[0-9a-z]+)@([a-z]{2}(?:-gov)?-[a-z]+-\d)=(\d+)$", text)
+    if not match:
+        raise argparse.ArgumentTypeError(f"--reserved must be TYPE@REGION=N (e.g. g6e.xlarge@ap-northeast-2=4), got {text!r}")
+    return match.group(1), match.group(2), int(match.group(3))
+
+
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "plan", help="choose instance, precision and region by cost per token under the SLO for the traffic mix",
@@ -68,6 +77,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--estimate", nargs="+", default=[], metavar="SPEC",
                    help="add roofline-estimated candidates: INSTANCE[:PRECISION] or 'all' (always labelled estimated)")
     p.add_argument("--min-instances", type=_count, metavar="N", help="floor per hour (default: the config pool's capacity.min)")
+    p.add_argument("--reserved", type=_reserved, action="append", default=[], metavar="TYPE@REGION=N",
+                   help="N instances of TYPE in REGION already paid for (capacity reservations): the plan pays only "
+                        "for instances above them and says when they decided the pick; repeatable")
     p.add_argument("--report", metavar="DIR", help="write plan.md, plan.html, plan.json and plots into DIR")
     p.add_argument("--json", action="store_true", help="print plan.json instead of the table")
     p.add_argument("--write-config", metavar="FILE",
@@ -96,7 +108,7 @@ def _plan(args: argparse.Namespace) -> int:
         itl_p99_ms=args.itl_p99_ms, error_rate=args.error_rate, prices=args.prices, refresh_prices=args.refresh_prices,
         fixed_costs=args.fixed_costs, latency=args.latency, live_availability=args.live_availability,
         quality=args.quality, quality_threshold=args.quality_threshold, estimate=args.estimate,
-        min_instances=args.min_instances,
+        min_instances=args.min_instances, reserved={(t, r): n for t, r, n in args.reserved},
     )
     result, plans, ctx = build_plan(opts)
     if args.action == "simulate":

@@ -92,6 +92,17 @@ GLOSSARY = [
 ]
 
 
+# With arrivals the first columns mean something else (docs/plan.md, "Sizing from arrivals").
+ARRIVALS_GLOSSARY = [
+    ("c*", "the most requests in flight per instance (mean, Little's law) at which this candidate meets both P99 "
+           "SLOs, the error SLO and its measured range, network included, with arrivals joining at random"),
+    ("target", "the load per instance the pool scales on (scaling.target, ActiveRequests): the in-flight count at "
+               "the SLO-safe rate divided by the busiest minute's ratio to the hour's mean (at least 10% headroom)"),
+    ("wP99 TTFT / wP99 ITL", "the predicted P99 in each hour's busiest minute at the planned instance count, weighted "
+                             "by the hour's requests; TTFT includes the network round trip"),
+]
+
+
 def _summary_line(plan: RegionPlan) -> str:
     rps = plan.traffic.hourly_rps()
     per_day = sum(rps) * 3600
@@ -141,7 +152,8 @@ def render_terminal(result: PlanResult) -> str:
         if any(ev.candidate.estimated for ev in plan.ranked):
             out.append("*  estimated by the roofline model, not measured")
         if plan is result.regions[0]:
-            out += [f"   {term}: {meaning}" for term, meaning in GLOSSARY[:3]]
+            glossary = ARRIVALS_GLOSSARY if plan.traffic.arrival_driven else GLOSSARY[:3]
+            out += [f"   {term}: {meaning}" for term, meaning in glossary]
         out += ["", f"Recommendation: {recommendation(plan)}"]
         rejected = {label for label, _ in _rejected_candidates(plan)}
         losers = [(label, why) for label, why in plan.why_not if label not in rejected]
@@ -151,6 +163,9 @@ def render_terminal(result: PlanResult) -> str:
         if plan.peak_notes:
             out.append("Peak throughput is not the decision metric:")
             out += [f"  - {n}" for n in plan.peak_notes]
+        if plan.decided_by:
+            out.append("What decided the pick:")
+            out += [f"  - {n}" for n in plan.decided_by]
         if plan.stats_notes:
             out.append("Statistical notes:")
             out += [f"  - {n}" for n in plan.stats_notes]
@@ -317,6 +332,8 @@ def _blocks(result: PlanResult, plots: dict[str, list[Path]]) -> list[Block]:
             blocks += [("h3", "Why not the others"), ("ul", losers)]
         if plan.peak_notes:
             blocks += [("h3", "Peak throughput"), ("ul", [(None, n) for n in plan.peak_notes])]
+        if plan.decided_by:
+            blocks += [("h3", "What decided the pick"), ("ul", [(None, n) for n in plan.decided_by])]
         if plan.stats_notes:
             blocks += [("h3", "Statistical notes"), ("ul", [(None, n) for n in plan.stats_notes])]
         if plan.winner:
@@ -411,7 +428,7 @@ def to_json(result: PlanResult) -> dict:
             "consumer_region": p.traffic.region,
             "winner": ev_json(p.winner) if p.winner else None,
             "why_not": [{"candidate": l, "reason": w} for l, w in p.why_not],
-            "peak_notes": p.peak_notes, "stats_notes": p.stats_notes,
+            "peak_notes": p.peak_notes, "stats_notes": p.stats_notes, "decided_by": p.decided_by,
             "evaluations": [ev_json(e) for e in p.ranked] + [ev_json(e) for e in p.evaluations if not e.feasible],
         } for p in result.regions],
         "fleet": [{

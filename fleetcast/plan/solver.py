@@ -432,6 +432,7 @@ class RegionPlan:
     why_not: list[tuple[str, str]]  # (candidate label, reason), every candidate but the winner
     peak_notes: list[str]
     stats_notes: list[str]
+    decided_by: list[str] = field(default_factory=list)  # a floor or reservation, not the traffic, decided the pick
 
 
 def service_regions(candidate: Candidate, consumer: str, ctx: PlanContext) -> list[str]:
@@ -451,11 +452,52 @@ def plan_region(candidates: list[Candidate], traffic: ConsumerTraffic, ctx: Plan
     evaluations = [evaluate(c, traffic, r, ctx) for c in candidates for r in service_regions(c, traffic.region, ctx)]
     ranked = sorted((e for e in evaluations if e.feasible), key=Evaluation.rank_key)
     # A measured candidate is chosen over any estimate; an estimate wins only when nothing measured fits.
-    winner = next((e for e in ranked if not e.candidate.estimated), ranked[0] if ranked else None)
-    return RegionPlan(traffic, evaluations, ranked, winner,
-                      _why_not(candidates, evaluations, ranked, winner, traffic, ctx),
+    winner = _pick(ranked)
+    why_not = _why_not(candidates, evaluations, ranked, winner, traffic, ctx)
+    decided = _deciding_constraints(candidates, traffic, ctx, winner, evaluations) if winner else []
+    for label, _, text in decided:
+        why_not = [(lbl, f"{reason}; {text}" if lbl == label else reason) for lbl, reason in why_not]
+    return RegionPlan(traffic, evaluations, ranked, winner, why_not,
                       _peak_notes(candidates, evaluations, winner, traffic, ctx),
-                      _stats_notes(ranked, winner, ctx))
+                      _stats_notes(ranked, winner, ctx), [note for _, note, _ in decided])
+
+
+def _pick(ranked: list[Evaluation]) -> Evaluation | None:
+    # A measured candidate is chosen over any estimate; an estimate wins only when nothing measured fits.
+    return next((e for e in ranked if not e.candidate.estimated), ranked[0] if ranked else None)
+
+
+def _deciding_constraints(candidates, traffic, ctx: PlanContext, winner: Evaluation,
+                          evaluations: list[Evaluation]) -> list[tuple[str, str, str]]:
+    """When a config floor (capacity.min) or a reservation, not the traffic, decides the pick: say which and what
+    would win without it. Returns (other candidate label, note for the region, text for that candidate's why-not)."""
+    from dataclasses import replace
+
+    out = []
+    floors = {r: n for r, n in ctx.min_instances.items() if n > 1} or ({} if ctx.default_min_instances <= 1 else
+                                                                       {"*": ctx.default_min_instances})
+    variants = []
+    if floors:
+        variants.append(("floor", replace(ctx, min_instances={}, default_min_instances=1)))
+    if ctx.reserved:
+        variants.append(("reservation", replace(ctx, reserved={})))
+    for kind, alt_ctx in variants:
+        alt_ctx.__dict__["_models"] = ctx.__dict__.get("_models", {})
+        alt = [evaluate(c, traffic, r, alt_ctx) for c in candidates for r in service_regions(c, traffic.region, alt_ctx)]
+        alt_win = _pick(sorted((e for e in alt if e.feasible), key=Evaluation.rank_key))
+        if alt_win is None or (alt_win.candidate is winner.candidate and alt_win.service_region == winner.service_region):
+            continue
+        if kind == "floor":
+            region = winner.service_region if winner.service_region in ctx.min_instances else alt_win.service_region
+            source = ctx.min_instances_source.get(region, f"the floor of {ctx.n_min(region)} instances")
+            what = f"{source} ({ctx.n_min(region)} instances in {region})"
+        else:
+            held = ", ".join(f"{n} x {t} in {r}" for (t, r), n in sorted(ctx.reserved.items()))
+            what = f"the capacity reservation ({held}, paid whatever the plan picks)"
+        note = (f"{what} decided the pick: without it {alt_win.label} would be chosen at ${alt_win.cost_per_hour:.2f}/h "
+                f"({alt_win.instance_hours} instance-hours/day) vs {winner.label} at ${winner.cost_per_hour:.2f}/h")
+        out.append((alt_win.candidate.label, note, f"without {what} it would win"))
+    return out
 
 
 def plan(candidates: list[Candidate], profile: TrafficProfile, ctx: PlanContext) -> list[RegionPlan]:
@@ -646,6 +688,11 @@ def _loss_reason(ev: Evaluation, win: Evaluation, traffic: ConsumerTraffic) -> s
         return head
     parts = [f"costs ${ev.cost_per_hour:.2f}/h vs ${win.cost_per_hour:.2f}/h ({_pct(ev.cost_per_hour, win.cost_per_hour)}, "
              f"${ev.usd_per_m_output:.3f} vs ${win.usd_per_m_output:.3f} per 1M output tokens)"]
+    if ev.measured_cap is not None:
+        # Not a loss on price: the plan could not give it the load it might carry.
+        parts.insert(0, f"measured only up to concurrency {ev.measured_cap:g}, lower than the load it could carry "
+                        f"within the SLOs (it meets every SLO there): sized as if capped at {ev.measured_cap:g}, so "
+                        f"its cost is an upper bound; benchmark it above {ev.measured_cap:g} before ruling it out")
     if ev.first_failure and ev.share_above_target > 0:
         parts.append(f"{ev.first_failure.text()} caps its load at {ev.target:g} in-flight requests per instance, "
                      f"while {ev.share_above_target:.0%} of {traffic.region}'s requests run at higher levels")
