@@ -12,7 +12,7 @@ export CDK_DISABLE_CLI_TELEMETRY := true
 OFFLINE := env -u AWS_ACCESS_KEY_ID -u AWS_SECRET_ACCESS_KEY -u AWS_SESSION_TOKEN -u AWS_PROFILE \
            AWS_EC2_METADATA_DISABLED=true
 
-.PHONY: synth test demo deploy teardown docs bench-gateway bench-accuracy bench-decode plan-seed probe-wheels clean
+.PHONY: synth test demo deploy teardown docs bench-gateway bench-accuracy bench-decode bench-scaling plan-seed probe-wheels clean
 
 $(VENV)/.synth-deps: pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -57,6 +57,10 @@ bench-accuracy: $(VENV)/.test-deps
 
 bench-decode: $(VENV)/.test-deps
 	$(PY) scripts/bench_decode.py $(or $(BENCH_ARGS),--device cpu --size tiny)
+
+# A diurnal day with bursts through a simulated Auto Scaling group: load target alone vs + SLO protection.
+bench-scaling: $(VENV)/.synth-deps
+	$(PY) -m scripts.bench_scaling $(BENCH_ARGS)
 
 # Wheels the consumer-side bench probe carries (needs PyPI); bench-mode synth asks for them.
 probe-wheels: $(VENV)/.synth-deps
