@@ -110,7 +110,7 @@ class FleetDashboard(Construct):
                   annotations=[cloudwatch.HorizontalAnnotation(value=scaling[p].target, label=f"{p} target")
                                for p in pools if p in scaling and scaling[p].metric == "active_requests"]),
             graph("SLO ratio (1-minute P99 / SLO; 1 = at the SLO)",
-                  [slo_ratio(cfg, p, label=f"{p} SLO ratio") for p in pools], width=12,
+                  [slo_ratio(cfg, p, label=f"{p} SLO ratio", suffix=str(k)) for k, p in enumerate(pools)], width=12,
                   annotations=[slo_line(1.0, "SLO")] + ratio_lines),
         )
         self.dashboard.add_widgets(
