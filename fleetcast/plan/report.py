@@ -405,6 +405,14 @@ def render_html(result: PlanResult, plots: dict[str, list[Path]]) -> str:
     return "\n".join(parts)
 
 
+def _prediction_json(p, network_ms: float) -> dict | None:
+    """The planner's steady state at an hour's busiest minute (None for an hour without traffic)."""
+    if p is None:
+        return None
+    return {"rate_rps_per_instance": p.rate_rps, "in_flight": p.in_flight, "ttft_p99_ms": p.ttft_p99_ms + network_ms,
+            "itl_p99_ms": p.itl_p99_ms, "out_of_range": p.out_of_range}
+
+
 def to_json(result: PlanResult) -> dict:
     def ev_json(ev: Evaluation) -> dict:
         d = {"candidate": ev.candidate.label, "instance_type": ev.candidate.instance_type,
@@ -418,7 +426,11 @@ def to_json(result: PlanResult) -> dict:
                      fixed_per_hour=ev.fixed_per_hour, usd_per_m_output=ev.usd_per_m_output,
                      usd_per_m_input=ev.usd_per_m_input, weighted_ttft_p99_ms=ev.weighted_ttft_p99,
                      weighted_ttft_ci=ev.weighted_ttft_ci, weighted_itl_p99_ms=ev.weighted_itl_p99,
-                     goodput_rps_per_instance=ev.goodput_rps, goodput_exact=ev.goodput_exact, notes=ev.notes)
+                     goodput_rps_per_instance=ev.goodput_rps, goodput_exact=ev.goodput_exact, notes=ev.notes,
+                     sizing="arrivals" if ev.arrival_driven else "histogram", measured_cap=ev.measured_cap)
+            if ev.arrival_driven:
+                d.update(binding=ev.binding, safe_rate_rps_per_instance=ev.safe_rate_rps,
+                         predicted_by_hour=[_prediction_json(x, ev.network_ms) for x in ev.predictions])
         return d
 
     return {
@@ -436,6 +448,8 @@ def to_json(result: PlanResult) -> dict:
             "joined": [plan.traffic.region for plan, _ in p.joined()], "target": p.target,
             "instances_by_hour": p.instances_by_hour, "cost_per_hour": p.cost_per_hour,
             "marginal_cost_per_hour": p.marginal,
+            "predicted_by_hour": [_prediction_json(x, max(ev.network_ms for _, ev in p.members)) for x in p.predictions],
+            "member_checks": {r: {"ttft_p99_ms": t, "itl_p99_ms": i} for r, (t, i) in p.member_checks.items()},
         } for p in result.pools],
     }
 
