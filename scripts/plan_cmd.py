@@ -39,6 +39,14 @@ def _count(text: str) -> int:
     return int(text)
 
 
+def _whole(flag: str):
+    def parse(text: str) -> int:
+        if not text.isdigit() or int(text) < 1:
+            raise argparse.ArgumentTypeError(f"{flag} must be a whole number >= 1, got {text!r}")
+        return int(text)
+    return parse
+
+
 def _reserved(text: str) -> tuple[str, str, int]:
     import re
 
@@ -93,7 +101,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     sim.add_argument("--candidate", action="append", metavar="LABEL",
                      help="simulate: check this candidate ('g5.xlarge fp16') in every consumer region instead of the "
                           "plan's pools; repeatable")
-    sim.add_argument("--max-hours", type=_count, metavar="N",
+    sim.add_argument("--max-hours", type=_whole("--max-hours"), metavar="N",
                      help="simulate: check only the N busiest distinct hours (default: every distinct hour)")
     p.set_defaults(handler=_plan)
 
