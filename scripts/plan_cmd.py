@@ -59,8 +59,10 @@ def _reserved(text: str) -> tuple[str, str, int]:
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "plan", help="choose instance, precision and region by cost per token under the SLO for the traffic mix",
-        description="Weigh benchmark results by the production traffic histogram, add network latency and "
-        "regional availability to the SLO check, rank candidates by total cost, explain every rejection.",
+        description="Size each candidate for the production traffic (from arrivals: per-instance load derived from "
+        "its curve, every hour at its busiest minute; or weighed by a concurrency histogram), add network latency "
+        "and regional availability to the SLO check, rank candidates by total cost, explain every rejection. "
+        "`fleetcast plan simulate` checks the sizing against a discrete-event simulation of each pool.",
     )
     p.add_argument("action", nargs="?", choices=["simulate"],
                    help="simulate: check the plan's sizing against a discrete-event simulation of each pool "
