@@ -10,12 +10,14 @@ how they treat arrivals, routing and batching, never in what an instance does:
   curve's mean and P99 TTFT at the batch it joins; its own ITL multiplier from a
   lognormal with mean 1 fitted to the curve's P99/mean ITL at that batch. In a
   closed loop at concurrency c this reproduces the measured curve at c.
-- Analytically (M/G/inf per instance, Poisson arrivals split at random by the
-  NLB's flow hash): the mean in-flight count L solves Little's law
-  L = lambda * W(1 + L), W(b) the mean time a request holds an instance at batch b.
-  An arrival joins 1 + Poisson(L) requests (PASTA), which gives the P99 TTFT as a
-  mixture quantile; a request's ITL follows the life-averaged batch, 1 + L with the
-  variance 2L/3 of an M/D/inf count averaged over one service time.
+- Analytically (Poisson arrivals split at random by the NLB's flow hash): the
+  requests on one instance form a birth-death chain whose departure rate with b in
+  flight is b / W(b), W(b) the mean time a request holds an instance at batch b
+  (Little's law per batch level); its mean L is Little's law L = lambda * E[W]. With W
+  constant the count is Poisson(lambda W) (M/G/inf); W growing with b widens it. An
+  arrival joins 1 + K requests (PASTA), which gives the P99 TTFT as a mixture quantile;
+  a request's ITL follows the life-averaged batch, 1 + L with 2/3 of the count's
+  variance (an M/D/inf count averaged over one service time).
 - Sizing is per hour at that hour's busiest minute (rate x burstiness): the P99s
   are per 1-minute window, the window the SLO alarms and SLO scaling read.
 Above the highest measured concurrency nothing is known: a load whose arrivals
@@ -111,15 +113,28 @@ class ServiceModel:
         return ttft + max(output_tokens - 1.0, 0.0) * itl
 
 
-def poisson_pmf(mean: float, upto: int) -> list[float]:
-    """P(K = k) for k = 0..upto, K ~ Poisson(mean)."""
-    if mean <= 0:
-        return [1.0] + [0.0] * upto
-    out, p = [], math.exp(-mean)
-    for k in range(upto + 1):
-        out.append(p)
-        p *= mean / (k + 1)
-    return out
+def occupancy(model: ServiceModel, rate_rps: float, output_mean: float) -> list[float] | None:
+    """P(K = k requests on the instance) for Poisson arrivals at rate_rps: the birth-death chain whose departure
+    rate with j in flight is b / W(b), b = min(j, top) in service (the rest wait). With W constant this is
+    Poisson(rate x W); a W that grows with the batch widens it, as the simulation shows. None if the rate is
+    beyond what the highest measured batch drains (the queue grows without bound)."""
+    top = int(model.top)
+    per_ms = rate_rps / 1000.0
+    drain = top / model.hold_ms(float(top), output_mean)
+    if per_ms >= drain:
+        return None
+    weights, w, k = [1.0], 1.0, 0
+    while True:
+        k += 1
+        b = min(k, top)
+        w *= per_ms / (b / model.hold_ms(float(b), output_mean))
+        weights.append(w)
+        if k > top and w < 1e-12 * max(weights):
+            break
+        if k > 50 * top + 1000:
+            return None
+    total = sum(weights)
+    return [x / total for x in weights]
 
 
 def _quantile(cdf, q: float, hi: float) -> float:
@@ -156,24 +171,17 @@ def predict(model: ServiceModel, streams: list[Stream], per_instance_share: floa
         return Prediction(0.0, 0.0, _quantile(model.ttft(1.0).cdf, 0.99, p.ttft_p99),
                           _quantile(model.itl_factor(1.0).cdf, 0.99, 2.0) * model.step_ms(1.0), p.error_rate, 0.0)
     out_mean = sum(s.rate_rps * s.output_mean for s in streams) / sum(s.rate_rps for s in streams)
-    per_ms = rate / 1000.0
-    level = 0.0
-    for _ in range(200):
-        nxt = per_ms * model.hold_ms(1.0 + level, out_mean)
-        if nxt > 4 * model.top:
-            return Prediction(rate, nxt, math.inf, math.inf, 1.0, 1.0, stable=False)
-        if abs(nxt - level) < 1e-6:
-            level = nxt
-            break
-        level = nxt
-    upto = int(level + 12 * math.sqrt(level + 1) + 12)
-    pmf = poisson_pmf(level, upto)
+    pmf = occupancy(model, rate, out_mean)
+    if pmf is None:
+        return Prediction(rate, math.inf, math.inf, math.inf, 1.0, 1.0, stable=False)
+    level = sum(k * w for k, w in enumerate(pmf))
+    variance = sum((k - level) ** 2 * w for k, w in enumerate(pmf))
     top = int(model.top)
-    out_of_range = max(0.0, 1.0 - sum(pmf[:top]))  # P(1 + K > top)
+    out_of_range = max(0.0, 1.0 - sum(pmf[:top]))  # an arrival finding `top` in service waits: P(K >= top)
     mix = [(w, model.ttft(1.0 + k)) for k, w in enumerate(pmf) if w > 1e-9]
     norm = sum(w for w, _ in mix)
     ttft = _quantile(lambda x: sum(w * d.cdf(x) for w, d in mix) / norm, 0.99, model.point(1.0 + level).ttft_p99)
-    spread = math.sqrt(2.0 * level / 3.0)
+    spread = math.sqrt(2.0 * variance / 3.0)
     itl_mix = []
     for z, w in _GH:
         b = min(max(1.0 + level + spread * z, 1.0), model.top)

@@ -14,7 +14,7 @@ import shutil
 
 import pytest
 
-from fleetcast.plan.queueing import ServiceModel, Stream, predict
+from fleetcast.plan.queueing import ServiceModel, Stream, occupancy, predict
 from fleetcast.plan.run import PlanOptions, build_plan
 from fleetcast.plan.simulate import FleetSim, busiest_minutes, poisson_arrivals, simulate_plan
 from scripts.cli import main
@@ -55,7 +55,11 @@ def test_each_instance_obeys_littles_law_at_its_planned_load():
     pred = ev.predictions[h]
     per_instance = 180 * 1.25 / ev.instances_by_hour[h]
     assert pred.rate_rps == pytest.approx(per_instance)
-    assert pred.in_flight == pytest.approx(per_instance * model.hold_ms(1 + pred.in_flight, 128) / 1000, rel=1e-4)
+    # Little's law: requests in flight = arrival rate x the mean time each holds the instance at the batch it joins.
+    pmf = occupancy(model, per_instance, 128)
+    held_s = sum(w * model.hold_ms(1.0 + k, 128) for k, w in enumerate(pmf)) / 1000
+    assert pred.in_flight == pytest.approx(per_instance * held_s, rel=1e-3)
+    assert pred.out_of_range < 0.01
     assert pred.ttft_p99_ms <= 300 - ev.network_ms and pred.ttft_p99_ms > 0.9 * (300 - ev.network_ms)
 
 
@@ -224,3 +228,16 @@ def test_a_reservation_that_decides_the_pick_is_named():
 def test_no_decided_by_note_when_the_traffic_decides():
     _, plans, _ = build(SEED / "traffic-seoul-arrivals.yaml", min_instances=2)
     assert plans[0].decided_by == []
+
+
+def test_with_a_constant_holding_time_the_occupancy_is_poisson():
+    # The birth-death chain reduces to M/G/inf's Poisson count when W does not depend on the batch.
+    from fleetcast.plan.curves import Curve, LoadPoint
+
+    flat = ServiceModel(Curve((LoadPoint(1, 50.0, 8.0, 1000.0, ttft_mean=40.0, itl_mean=7.5),
+                               LoadPoint(64, 50.0, 8.0, 1000.0, ttft_mean=40.0, itl_mean=7.5))))
+    hold = flat.hold_ms(1.0, 128) / 1000
+    pmf = occupancy(flat, 10.0, 128)
+    mean = 10.0 * hold
+    for k in (0, 5, 10, 20):
+        assert pmf[k] == pytest.approx(math.exp(-mean) * mean ** k / math.factorial(k), rel=1e-9)
