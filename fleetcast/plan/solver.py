@@ -81,11 +81,6 @@ class PlanContext:
     def n_min(self, region: str) -> int:
         return self.min_instances.get(region, self.default_min_instances)
 
-    def without_floors(self) -> "PlanContext":
-        """The same context with the floor of 1 instance (traffic > 0) and no reservations."""
-        from dataclasses import replace
-        return replace(self, min_instances={}, default_min_instances=0, reserved={})
-
     def model(self, candidate: Candidate) -> ServiceModel:
         """One service model per candidate (its lognormal fits are cached inside)."""
         cache = self.__dict__.setdefault("_models", {})
@@ -227,7 +222,7 @@ def evaluate(candidate: Candidate, traffic: ConsumerTraffic, service_region: str
         return ev
     ev.network_ms = network(curve.points[-1])
     if traffic.arrival_driven:
-        _size_from_arrivals(ev, traffic, ctx, out_adjust)
+        _size_from_arrivals(ev, traffic, ctx)
         _finish(ev, candidate, ctx)
         return ev
 
@@ -329,8 +324,9 @@ def scaling_target(model: ServiceModel, output_mean: float, safe_rate: float, bu
     return max(1.0, math.floor(level * 10) / 10)
 
 
-def _size_from_arrivals(ev: Evaluation, traffic: ConsumerTraffic, ctx: PlanContext, out_adjust: float) -> None:
-    """Steps 2'-5 for a profile of arrivals: per-instance load derived from the fleet's arrivals and the curve."""
+def _size_from_arrivals(ev: Evaluation, traffic: ConsumerTraffic, ctx: PlanContext) -> None:
+    """Steps 2'-5 for a profile of arrivals: per-instance load derived from the fleet's arrivals and the curve.
+    The service model holds requests for the traffic's own output length at the curve's mean ITL."""
     candidate, region = ev.candidate, ev.service_region
     ev.arrival_driven = True
     model = ctx.model(candidate)
@@ -387,8 +383,6 @@ def _size_from_arrivals(ev: Evaluation, traffic: ConsumerTraffic, ctx: PlanConte
                           for w, p in weights)
     at_target = predict(model, [Stream(ev.safe_rate_rps, out_mean)], 1.0)
     ev.goodput_rps = ev.safe_rate_rps * max(0.0, 1 - at_target.error_rate - 0.02)
-    if out_adjust:
-        pass  # the service model uses the traffic's own output mean with the curve's mean ITL
 
 
 def _structural_rejection(candidate: Candidate, consumer: str, region: str, ctx: PlanContext) -> str | None:

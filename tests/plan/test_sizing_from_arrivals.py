@@ -10,7 +10,6 @@ traffic-seoul-arrivals.yaml) and examples/plan/{bursty,long-outputs,two-regions}
 from __future__ import annotations
 
 import math
-import shutil
 
 import pytest
 
@@ -66,12 +65,10 @@ def test_each_instance_obeys_littles_law_at_its_planned_load():
 def test_per_instance_concurrency_follows_from_the_arrivals_not_from_a_histogram():
     # Twice the arrivals: the histogram method keeps the same per-instance levels by assumption; sized from
     # arrivals the instances run near the same SLO-bound load, and the count doubles (within rounding).
-    _, plans, _ = build(SEED / "traffic-seoul-arrivals.yaml")
-    _, doubled, _ = build(SEED / "traffic-seoul-arrivals.yaml")  # same file; scale below
-    ev = candidate(plans, "g5.xlarge fp16")
     from fleetcast.plan.solver import evaluate
 
-    _, _, ctx = build(SEED / "traffic-seoul-arrivals.yaml")
+    _, plans, ctx = build(SEED / "traffic-seoul-arrivals.yaml")
+    ev = candidate(plans, "g5.xlarge fp16")
     big = evaluate(ev.candidate, plans[0].traffic.scaled(2.0), "ap-northeast-2", ctx)
     for h in (0, 10):
         assert abs(big.instances_by_hour[h] - 2 * ev.instances_by_hour[h]) <= 1
