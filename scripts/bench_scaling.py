@@ -33,6 +33,7 @@ import random
 import sys
 from dataclasses import dataclass, field
 
+from fleetcast.config.model import ScalingSpec
 from fleetcast.plan.curves import Candidate
 from fleetcast.plan.inputs import load_candidates
 from fleetcast.plan.queueing import Limits, ServiceModel, max_safe_rate
@@ -48,6 +49,7 @@ ASSUMPTIONS = {
 }
 DEMO_CACHE_HIT_S = 1.31  # `make demo` on the development machine: bootstrap start -> launch hook CONTINUE, cache hit
 
+SCALING_DEFAULTS = ScalingSpec()
 TT_HIGH_MINUTES = 3  # target tracking's scale-out alarm: 3 one-minute datapoints above target
 SCALE_IN_MINUTES = 15
 SLO_STEP_NEAR, SLO_STEP_PAST = 0.20, 0.50  # stacks.fleet_scaling.SLO_STEPS, as fractions
@@ -58,8 +60,8 @@ class Policy:
     name: str
     target: float
     slo_protection: bool
-    out_ratio: float = 0.9
-    in_ratio: float = 0.7
+    out_ratio: float = SCALING_DEFAULTS.slo_scale_out_ratio
+    in_ratio: float = SCALING_DEFAULTS.slo_scale_in_ratio
     scale_in_cooldown_s: float = 600.0
 
 
@@ -234,8 +236,10 @@ def main(argv: list[str] | None = None) -> int:
                     help=f"measured cache-hit start to healthy (default {DEMO_CACHE_HIT_S}, `make demo`)")
     ap.add_argument("--warm-pool", type=int, default=1, help="warm pool size (config/fleet.yaml: 1)")
     ap.add_argument("--seed", type=int, default=11)
-    ap.add_argument("--out-ratio", type=float, default=0.9, help="scaling.slo_scale_out_ratio (default 0.9)")
-    ap.add_argument("--in-ratio", type=float, default=0.7, help="scaling.slo_scale_in_ratio (default 0.7)")
+    ap.add_argument("--out-ratio", type=float, default=SCALING_DEFAULTS.slo_scale_out_ratio,
+                    help="scaling.slo_scale_out_ratio (default: the config default)")
+    ap.add_argument("--in-ratio", type=float, default=SCALING_DEFAULTS.slo_scale_in_ratio,
+                    help="scaling.slo_scale_in_ratio (default: the config default)")
     args = ap.parse_args(argv)
 
     (cand,) = load_candidates([args.results])[:1] or [None]
