@@ -20,7 +20,7 @@ export CDK_DISABLE_CLI_TELEMETRY := true
 OFFLINE := env -u AWS_ACCESS_KEY_ID -u AWS_SECRET_ACCESS_KEY -u AWS_SESSION_TOKEN -u AWS_PROFILE \
            AWS_EC2_METADATA_DISABLED=true
 
-.PHONY: synth test demo deploy teardown docs bench-gateway soak-gateway bench-accuracy bench-decode bench-spot-drain plan-seed probe-wheels clean
+.PHONY: synth test demo deploy teardown docs bench-gateway soak-gateway bench-accuracy bench-decode bench-spot-drain bench-scaling plan-seed probe-wheels clean
 
 $(VENV)/.synth-deps: pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -85,13 +85,20 @@ bench-spot-drain: $(VENV)/.test-deps
 bench-decode: $(VENV)/.test-deps
 	$(PY) scripts/bench_decode.py $(or $(BENCH_ARGS),--device cpu --size tiny)
 
+# A diurnal day with bursts through a simulated Auto Scaling group: load target alone vs + SLO protection.
+bench-scaling: $(VENV)/.synth-deps
+	$(PY) -m scripts.bench_scaling $(BENCH_ARGS)
+
 # Wheels the consumer-side bench probe carries (needs PyPI); bench-mode synth asks for them.
 probe-wheels: $(VENV)/.synth-deps
 	$(VENV)/bin/fleetcast bench probe-wheels --out build/probe-wheels
 
+# The seed scenario planned from arrivals, then that sizing checked by simulation (exit 3 if they disagree).
 plan-seed: $(VENV)/.synth-deps
-	$(VENV)/bin/fleetcast plan --results examples/plan/seed/results --traffic examples/plan/seed/traffic-seoul.yaml \
+	$(VENV)/bin/fleetcast plan --results examples/plan/seed/results --traffic examples/plan/seed/traffic-seoul-arrivals.yaml \
 	  --config $(CONFIG) --report build/plan-seed
+	$(VENV)/bin/fleetcast plan simulate --results examples/plan/seed/results \
+	  --traffic examples/plan/seed/traffic-seoul-arrivals.yaml --config $(CONFIG)
 
 clean:
 	rm -rf cdk.out cdk.out.new cdk.out.old .pytest_cache

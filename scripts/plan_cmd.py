@@ -39,12 +39,35 @@ def _count(text: str) -> int:
     return int(text)
 
 
+def _whole(flag: str):
+    def parse(text: str) -> int:
+        if not text.isdigit() or int(text) < 1:
+            raise argparse.ArgumentTypeError(f"{flag} must be a whole number >= 1, got {text!r}")
+        return int(text)
+    return parse
+
+
+def _reserved(text: str) -> tuple[str, str, int]:
+    import re
+
+    match = re.match(r"^([a-z][a-z0-9]*\.[0-9a-z]+)@([a-z]{2}(?:-gov)?-[a-z]+-\d)=(\d+)$", text)
+    if not match:
+        raise argparse.ArgumentTypeError(f"--reserved must be TYPE@REGION=N (e.g. g6e.xlarge@ap-northeast-2=4), got {text!r}")
+    return match.group(1), match.group(2), int(match.group(3))
+
+
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "plan", help="choose instance, precision and region by cost per token under the SLO for the traffic mix",
-        description="Weigh benchmark results by the production traffic histogram, add network latency and "
-        "regional availability to the SLO check, rank candidates by total cost, explain every rejection.",
+        description="Size each candidate for the production traffic (from arrivals: per-instance load derived from "
+        "its curve, every hour at its busiest minute; or weighed by a concurrency histogram), add network latency "
+        "and regional availability to the SLO check, rank candidates by total cost, explain every rejection. "
+        "`fleetcast plan simulate` checks the sizing against a discrete-event simulation of each pool.",
     )
+    p.add_argument("action", nargs="?", choices=["simulate"],
+                   help="simulate: check the plan's sizing against a discrete-event simulation of each pool "
+                        "(requests arriving per the profile, continuous batching per the measured curve); exit 3 "
+                        "when the planner and the simulation disagree by more than 10%%")
     p.add_argument("--results", nargs="+", required=True, metavar="FILE",
                    help="fleetcast bench results files (or directories of them), one or more per instance x precision")
     source = p.add_mutually_exclusive_group(required=True)
@@ -79,6 +102,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "(monthly_interruption_rate: {type: share}, relaunch_s, as_of)")
     p.add_argument("--spot-relaunch-s", type=_positive("--spot-relaunch-s"), metavar="S",
                    help="assumed seconds from an interruption until the replacement serves (default: the table's)")
+    p.add_argument("--reserved", type=_reserved, action="append", default=[], metavar="TYPE@REGION=N",
+                   help="N instances of TYPE in REGION already paid for (capacity reservations): the plan pays only "
+                        "for instances above them and says when they decided the pick; repeatable")
     p.add_argument("--report", metavar="DIR", help="write plan.md, plan.html, plan.json and plots into DIR")
     p.add_argument("--json", action="store_true", help="print plan.json instead of the table")
     p.add_argument("--write-config", metavar="FILE",
@@ -102,6 +128,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     drift.add_argument("--since", help="with --traffic-from: start (ISO 8601 or an age such as 7d)")
     drift.add_argument("--until", default="now", help="with --traffic-from: end (default now)")
     drift.add_argument("--region", help="with --traffic-from: only this provider region")
+    sim = p.add_argument_group("simulate")
+    sim.add_argument("--seed", type=int, default=7, help="simulate: random seed (default 7; same seed, same figures)")
+    sim.add_argument("--candidate", action="append", metavar="LABEL",
+                     help="simulate: check this candidate ('g5.xlarge fp16') in every consumer region instead of the "
+                          "plan's pools; repeatable")
+    sim.add_argument("--max-hours", type=_whole("--max-hours"), metavar="N",
+                     help="simulate: check only the N busiest distinct hours (default: every distinct hour)")
     p.set_defaults(handler=_plan)
 
 
@@ -146,10 +179,18 @@ def _plan(args: argparse.Namespace) -> int:
         quality=args.quality, quality_threshold=args.quality_threshold, estimate=args.estimate,
         min_instances=args.min_instances, profile=args.profile, spot_prices=args.spot_prices,
         spot_interruptions=args.spot_interruptions, spot_relaunch_s=args.spot_relaunch_s,
+        reserved={(t, r): n for t, r, n in args.reserved},
     )
     result, plans, ctx = build_plan(opts)
     if args.check:
         return _check(args, result, plans)
+    if args.action == "simulate":
+        from fleetcast.plan.simulate import simulate_plan
+
+        lines, agree = simulate_plan(plans, result.pools, ctx, seed=args.seed, candidates=args.candidate,
+                                     max_groups=args.max_hours or None)
+        print("\n".join(lines))
+        return 0 if agree else 3
     print(json.dumps(to_json(result), indent=1) if args.json else render_terminal(result))
     # With --json, stdout stays pure JSON; the rest goes to stderr.
     say = (lambda text: print(text, file=sys.stderr)) if args.json else print

@@ -18,7 +18,7 @@ from constructs import Construct
 from fleetcast import telemetry
 from fleetcast.config import FleetConfig
 
-from .fleet_metrics import ONE_MINUTE, asg_metric, runtime_metric, target_group_metric
+from .fleet_metrics import ONE_MINUTE, asg_metric, runtime_metric, slo_ratio, target_group_metric
 
 FIVE_MINUTES = Duration.minutes(5)
 LIFECYCLE_METRICS = (
@@ -93,6 +93,26 @@ class FleetDashboard(Construct):
                   right=per_second(telemetry.INPUT_TOKENS, "input tokens")),
             graph("Active and queued requests", per_pool(telemetry.ACTIVE_REQUESTS, "Average", "active / instance"),
                   right=per_pool(telemetry.QUEUED_REQUESTS, "Average", "queued / instance")),
+        )
+        # What scaling reads, side by side: load per instance against its target, the SLO ratio against its bands.
+        scaling = {p.name: p.scaling for r in cfg.regions if r.region == region for p in r.pools}
+        ratio_lines = []
+        for name in pools:
+            spec = scaling.get(name)
+            if spec is not None and spec.slo_protection:
+                ratio_lines += [
+                    slo_line(spec.slo_scale_out_ratio, f"{name} scale out above (scaling.slo_scale_out_ratio)"),
+                    cloudwatch.HorizontalAnnotation(value=spec.slo_scale_in_ratio, color=cloudwatch.Color.ORANGE,
+                                                    label=f"{name} no scale-in above (scaling.slo_scale_in_ratio)"),
+                ]
+        self.dashboard.add_widgets(
+            graph("Load per instance vs scaling target",
+                  per_pool(telemetry.ACTIVE_REQUESTS, "Average", "active / instance"), width=12,
+                  annotations=[cloudwatch.HorizontalAnnotation(value=scaling[p].target, label=f"{p} target")
+                               for p in pools if p in scaling and scaling[p].metric == "active_requests"]),
+            graph("SLO ratio (1-minute P99 / SLO; 1 = at the SLO)",
+                  [slo_ratio(cfg, p, label=f"{p} SLO ratio", suffix=str(k)) for k, p in enumerate(pools)], width=12,
+                  annotations=[slo_line(1.0, "SLO")] + ratio_lines),
         )
         self.dashboard.add_widgets(
             graph("Time to first token (ms)", percentiles(telemetry.TTFT_MS), unit="ms",

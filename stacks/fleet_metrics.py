@@ -57,3 +57,22 @@ def target_group_metric(nlb: elbv2.INetworkLoadBalancer, target_group: elbv2.Net
         period=ONE_MINUTE,
         label=label,
     )
+
+
+def slo_ratio(cfg, pool: str, *, label: str | None = None, suffix: str = "") -> cloudwatch.MathExpression:
+    """The pool's 1-minute SLO ratio: max(P99 TTFT / slo.ttft_p99_ms, P99 ITL / slo.itl_p99_ms), 0 without requests.
+
+    P99s over the per-request values the gateway publishes (never averages of per-instance
+    percentiles); scaling and the dashboard read this one definition. `suffix` keeps metric ids unique where
+    several pools share one graph."""
+    t, i = cfg.slo.ttft_p99_ms, cfg.slo.itl_p99_ms
+    ttft, itl = f"FILL(ttft{suffix}, 0) / {t:g}", f"FILL(itl{suffix}, 0) / {i:g}"
+    return cloudwatch.MathExpression(
+        expression=f"IF({ttft} > {itl}, {ttft}, {itl})",
+        using_metrics={
+            f"ttft{suffix}": runtime_metric(cfg.name, pool, telemetry.TTFT_MS, "p99"),
+            f"itl{suffix}": runtime_metric(cfg.name, pool, telemetry.ITL_MS, "p99"),
+        },
+        period=ONE_MINUTE,
+        label=label or f"{pool} SLO ratio (P99 / SLO)",
+    )

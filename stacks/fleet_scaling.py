@@ -11,6 +11,21 @@ scale-out and scale-in are two policies with different tempers:
   and only when the load spread over one instance fewer would still stay under the
   target for 15 minutes (metric math over the group's InService count). EC2 target
   tracking has no scale-in cooldown of its own, hence the separate simple policy.
+- SLO protection (`scaling.slo_protection`): a step scaling policy on an alarm over
+  the pool's 1-minute SLO ratio, max(P99 TTFT / SLO, P99 ITL / SLO) from the
+  per-request values the gateway publishes, adds capacity when the ratio passes
+  `slo_scale_out_ratio` even while load is under target (+20%, at least one instance;
+  +50% once the SLO itself is missed). The scale-in alarm only breaches while the ratio
+  is at or below `slo_scale_in_ratio`, so nothing scales in while latency is high.
+  Target tracking and step scaling on one group: EC2 Auto Scaling runs every policy
+  whose alarm fires and takes the one giving the largest capacity ("Dynamic scaling
+  for Amazon EC2 Auto Scaling", multiple dynamic scaling policies).
+- Capacity coming: both scale-out policies set EstimatedInstanceWarmup. While a new
+  instance warms up it counts toward the group's current capacity when the next
+  scale-out is computed, and a repeated breach within the same step range adds nothing
+  more ("Set the default instance warmup for an Auto Scaling group"), so a burst
+  that keeps the alarm red while instances boot does not launch twice. An instance
+  waiting on its launch hook is already in the group's desired capacity.
 - Scheduled actions from the pool's daily profile (`schedule`, UTC cron).
 
 The per-instance load is the average of a gauge rather than SUM / InService: the
@@ -32,7 +47,7 @@ from constructs import Construct
 from fleetcast import telemetry
 from fleetcast.config import FleetConfig, Pool
 
-from .fleet_metrics import ONE_MINUTE, asg_metric, runtime_metric
+from .fleet_metrics import ONE_MINUTE, asg_metric, runtime_metric, slo_ratio
 from .launch_order import capacity_held
 
 _LOAD_METRICS = {
@@ -41,6 +56,10 @@ _LOAD_METRICS = {
 }
 # Same patience as EC2 target tracking's own scale-in alarm: 15 one-minute points.
 SCALE_IN_EVALUATION_MINUTES = 15
+# SLO protection reacts to the first bad minute: a GPU instance takes minutes to serve, so waiting costs more.
+SLO_SCALE_OUT_EVALUATION_MINUTES = 1
+# (ratio above the threshold from, to, percent added): +20% near the SLO, +50% past it.
+SLO_STEPS = ((0.0, "slo", 20), ("slo", None, 50))
 
 
 def enable_group_metrics(asg: autoscaling.AutoScalingGroup) -> None:
@@ -77,6 +96,7 @@ class PoolScaling(Construct):
             # Held at zero (first deploy, not staged): schedules would set sizes of their own, and target
             # tracking needs MaxSize > MinSize (cfn-lint E3712). They come with the release deploy.
             self.scale_out_policy = self.scale_in_policy = self.scale_in_alarm = None
+            self.slo_policy = self.slo_alarm = None
             self.scheduled_actions = []
             return
 
@@ -117,9 +137,14 @@ class PoolScaling(Construct):
             expression = f"IF({total} > 1, load * {total} / ({total} - 1), {spec.target:g})"
         else:
             expression = f"IF(inservice > 1, load * inservice / (inservice - 1), {spec.target:g})"
+        using = {"load": runtime_metric(cfg.name, pool.name, load_name, "Average"), **counts}
+        if spec.slo_protection:
+            # An SLO ratio above slo_scale_in_ratio reads as "at target": no scale-in while latency is high.
+            expression = f"IF(slo > {spec.slo_scale_in_ratio:g}, {spec.target:g}, {expression})"
+            using["slo"] = slo_ratio(cfg, pool.name)
         after_scale_in = cloudwatch.MathExpression(
             expression=expression,
-            using_metrics={"load": runtime_metric(cfg.name, pool.name, load_name, "Average"), **counts},
+            using_metrics=using,
             period=ONE_MINUTE,
             label=f"{load_name} per instance after removing one",
         )
@@ -137,6 +162,45 @@ class PoolScaling(Construct):
         )
         self.scale_in_alarm.add_alarm_action(_ScalingPolicyAction(self.scale_in_policy.attr_arn))
 
+        self.slo_policy = self.slo_alarm = None
+        # A group without a scale-out policy of its own (a spot pool's On-Demand base) gets none here either.
+        if spec.slo_protection and track_load:
+            out = spec.slo_scale_out_ratio
+            # Step bounds are relative to the alarm threshold; "slo" is the ratio 1.0 (the SLO itself).
+            def bound(b):
+                return None if b is None else (round(1.0 - out, 6) if b == "slo" else b)
+            steps = [(bound(lo), bound(hi), pct) for lo, hi, pct in SLO_STEPS]
+            if out >= 1.0:  # the threshold is at or past the SLO: one step
+                steps = [(0.0, None, SLO_STEPS[-1][2])]
+            self.slo_policy = autoscaling.CfnScalingPolicy(
+                self, "ProtectSlo",
+                auto_scaling_group_name=asg.auto_scaling_group_name,
+                policy_type="StepScaling",
+                adjustment_type="PercentChangeInCapacity",
+                min_adjustment_magnitude=1,
+                metric_aggregation_type="Maximum",
+                estimated_instance_warmup=spec.scale_out_cooldown_s,
+                step_adjustments=[
+                    autoscaling.CfnScalingPolicy.StepAdjustmentProperty(
+                        scaling_adjustment=pct, metric_interval_lower_bound=lo, metric_interval_upper_bound=hi)
+                    for lo, hi, pct in steps
+                ],
+            )
+            self.slo_alarm = cloudwatch.Alarm(
+                self, "SloRatioAlarm",
+                alarm_name=f"{cfg.name}-{region}-{pool.name}{'-' + tier if tier else ''}-slo-scale-out",
+                alarm_description=(f"Scaling only (not paged): {pool.name}'s 1-minute P99 TTFT or ITL is above "
+                                   f"{out:g} of its SLO (scaling.slo_scale_out_ratio); adds capacity even under the "
+                                   "load target."),
+                metric=slo_ratio(cfg, pool.name),
+                threshold=out,
+                comparison_operator=cloudwatch.ComparisonOperator.GREATER_THAN_THRESHOLD,
+                evaluation_periods=SLO_SCALE_OUT_EVALUATION_MINUTES,
+                datapoints_to_alarm=SLO_SCALE_OUT_EVALUATION_MINUTES,
+                treat_missing_data=cloudwatch.TreatMissingData.NOT_BREACHING,
+            )
+            self.slo_alarm.add_alarm_action(_ScalingPolicyAction(self.slo_policy.attr_arn))
+
         self.scheduled_actions = [
             asg.scale_on_schedule(
                 f"Schedule{k}",
@@ -150,4 +214,4 @@ class PoolScaling(Construct):
         ]
 
 
-__all__ = ["PoolScaling", "enable_group_metrics", "SCALE_IN_EVALUATION_MINUTES"]
+__all__ = ["PoolScaling", "enable_group_metrics", "SCALE_IN_EVALUATION_MINUTES", "SLO_STEPS"]

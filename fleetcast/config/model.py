@@ -289,6 +289,30 @@ class ScalingSpec(Frozen):
         description="Estimated instance warmup: how long a new InService instance counts as capacity before "
         "its own metrics do.",
     )
+    slo_protection: bool = Field(
+        default=True,
+        description="Scale on the SLO as well as on load: scale out when the pool's 1-minute P99 TTFT or ITL passes "
+        "slo_scale_out_ratio of its SLO (even under the load target), and never scale in while it is above "
+        "slo_scale_in_ratio (docs/runbook.md, Scaling).",
+    )
+    slo_scale_out_ratio: float = Field(
+        default=0.8, gt=0, le=2,
+        description="Scale out when max(P99 TTFT / slo.ttft_p99_ms, P99 ITL / slo.itl_p99_ms) over one minute "
+        "exceeds this. P99 TTFT climbs steeply near a GPU's SLO-safe load: 0.8 reacts a minute or two before the "
+        "SLO is crossed (make bench-scaling).",
+    )
+    slo_scale_in_ratio: float = Field(
+        default=0.6, gt=0, le=2,
+        description="Scale in only while that SLO ratio is at or below this (below slo_scale_out_ratio).",
+    )
+
+    @model_validator(mode="after")
+    def _slo_ratios_ordered(self) -> "ScalingSpec":
+        if self.slo_scale_in_ratio >= self.slo_scale_out_ratio:
+            raise ValueError("scaling.slo_scale_in_ratio must be below scaling.slo_scale_out_ratio (else the pool "
+                             f"could scale in and out on the same reading), got {self.slo_scale_in_ratio:g} >= "
+                             f"{self.slo_scale_out_ratio:g}")
+        return self
 
 
 class ScheduledCapacity(Frozen):

@@ -48,6 +48,11 @@ def fleet_lines(result: PlanResult) -> list[str]:
 
 
 def _levels_text(plan: RegionPlan) -> str:
+    if plan.traffic.arrival_driven:
+        burst = plan.traffic.hourly_burstiness()
+        return (f"derived per candidate from arrivals (busiest minute {min(burst):g}-{max(burst):g}x the hour's mean)"
+                if min(burst) != max(burst) else f"derived per candidate from arrivals (busiest minute {burst[0]:g}x "
+                "the hour's mean)")
     return ", ".join(f"{k}: {v:.0%}" for k, v in plan.traffic.concurrency.items())
 
 
@@ -85,6 +90,17 @@ GLOSSARY = [
                      "is known, without per-request records)"),
     ("source", "measured (fleetcast bench against a server), synthetic (authored data, not measured) or estimated "
                "(the roofline model, not measured)"),
+]
+
+
+# With arrivals the first columns mean something else (docs/plan.md, "Sizing from arrivals").
+ARRIVALS_GLOSSARY = [
+    ("c*", "the most requests in flight per instance (mean, Little's law) at which this candidate meets both P99 "
+           "SLOs, the error SLO and its measured range, network included, with arrivals joining at random"),
+    ("target", "the load per instance the pool scales on (scaling.target, ActiveRequests): the in-flight count at "
+               "the SLO-safe rate divided by the busiest minute's ratio to the hour's mean (at least 10% headroom)"),
+    ("wP99 TTFT / wP99 ITL", "the predicted P99 in each hour's busiest minute at the planned instance count, weighted "
+                             "by the hour's requests; TTFT includes the network round trip"),
 ]
 
 
@@ -137,7 +153,8 @@ def render_terminal(result: PlanResult) -> str:
         if any(ev.candidate.estimated for ev in plan.ranked):
             out.append("*  estimated by the roofline model, not measured")
         if plan is result.regions[0]:
-            out += [f"   {term}: {meaning}" for term, meaning in GLOSSARY[:3]]
+            glossary = ARRIVALS_GLOSSARY if plan.traffic.arrival_driven else GLOSSARY[:3]
+            out += [f"   {term}: {meaning}" for term, meaning in glossary]
         out += ["", f"Recommendation: {recommendation(plan)}"]
         rejected = {label for label, _ in _rejected_candidates(plan)}
         losers = [(label, why) for label, why in plan.why_not if label not in rejected]
@@ -147,6 +164,9 @@ def render_terminal(result: PlanResult) -> str:
         if plan.peak_notes:
             out.append("Peak throughput is not the decision metric:")
             out += [f"  - {n}" for n in plan.peak_notes]
+        if plan.decided_by:
+            out.append("What decided the pick:")
+            out += [f"  - {n}" for n in plan.decided_by]
         if plan.stats_notes:
             out.append("Statistical notes:")
             out += [f"  - {n}" for n in plan.stats_notes]
@@ -317,6 +337,8 @@ def _blocks(result: PlanResult, plots: dict[str, list[Path]]) -> list[Block]:
             blocks += [("h3", "Why not the others"), ("ul", losers)]
         if plan.peak_notes:
             blocks += [("h3", "Peak throughput"), ("ul", [(None, n) for n in plan.peak_notes])]
+        if plan.decided_by:
+            blocks += [("h3", "What decided the pick"), ("ul", [(None, n) for n in plan.decided_by])]
         if plan.stats_notes:
             blocks += [("h3", "Statistical notes"), ("ul", [(None, n) for n in plan.stats_notes])]
         if plan.winner:
@@ -392,6 +414,14 @@ def render_html(result: PlanResult, plots: dict[str, list[Path]]) -> str:
     return "\n".join(parts)
 
 
+def _prediction_json(p, network_ms: float) -> dict | None:
+    """The planner's steady state at an hour's busiest minute (None for an hour without traffic)."""
+    if p is None:
+        return None
+    return {"rate_rps_per_instance": p.rate_rps, "in_flight": p.in_flight, "ttft_p99_ms": p.ttft_p99_ms + network_ms,
+            "itl_p99_ms": p.itl_p99_ms, "out_of_range": p.out_of_range}
+
+
 def to_json(result: PlanResult) -> dict:
     def ev_json(ev: Evaluation) -> dict:
         d = {"candidate": ev.candidate.label, "instance_type": ev.candidate.instance_type,
@@ -405,7 +435,11 @@ def to_json(result: PlanResult) -> dict:
                      fixed_per_hour=ev.fixed_per_hour, usd_per_m_output=ev.usd_per_m_output,
                      usd_per_m_input=ev.usd_per_m_input, weighted_ttft_p99_ms=ev.weighted_ttft_p99,
                      weighted_ttft_ci=ev.weighted_ttft_ci, weighted_itl_p99_ms=ev.weighted_itl_p99,
-                     goodput_rps_per_instance=ev.goodput_rps, goodput_exact=ev.goodput_exact, notes=ev.notes)
+                     goodput_rps_per_instance=ev.goodput_rps, goodput_exact=ev.goodput_exact, notes=ev.notes,
+                     sizing="arrivals" if ev.arrival_driven else "histogram", measured_cap=ev.measured_cap)
+            if ev.arrival_driven:
+                d.update(binding=ev.binding, safe_rate_rps_per_instance=ev.safe_rate_rps,
+                         predicted_by_hour=[_prediction_json(x, ev.network_ms) for x in ev.predictions])
         return d
 
     return {
@@ -415,7 +449,7 @@ def to_json(result: PlanResult) -> dict:
             "consumer_region": p.traffic.region,
             "winner": ev_json(p.winner) if p.winner else None,
             "why_not": [{"candidate": l, "reason": w} for l, w in p.why_not],
-            "peak_notes": p.peak_notes, "stats_notes": p.stats_notes,
+            "peak_notes": p.peak_notes, "stats_notes": p.stats_notes, "decided_by": p.decided_by,
             "evaluations": [ev_json(e) for e in p.ranked] + [ev_json(e) for e in p.evaluations if not e.feasible],
         } for p in result.regions],
         "fleet": [{
@@ -423,6 +457,8 @@ def to_json(result: PlanResult) -> dict:
             "joined": [plan.traffic.region for plan, _ in p.joined()], "target": p.target,
             "instances_by_hour": p.instances_by_hour, "cost_per_hour": p.cost_per_hour,
             "marginal_cost_per_hour": p.marginal,
+            "predicted_by_hour": [_prediction_json(x, max(ev.network_ms for _, ev in p.members)) for x in p.predictions],
+            "member_checks": {r: {"ttft_p99_ms": t, "itl_p99_ms": i} for r, (t, i) in p.member_checks.items()},
         } for p in result.pools],
         "spot": [a.to_json() for a in result.spot],
     }

@@ -47,6 +47,8 @@ class PlanOptions:
     spot_prices: str | None = None
     spot_interruptions: str | None = None
     spot_relaunch_s: float | None = None
+    # Capacity reservations already paid for: {(instance type, region): count} (`--reserved TYPE@REGION=N`).
+    reserved: dict[tuple[str, str], int] = field(default_factory=dict)
     # Injected AWS clients (tests use botocore Stubber); None means clients of the shared AWS session.
     pricing_client: object | None = None
     ec2_client_for: object | None = None
@@ -117,17 +119,25 @@ def build_plan(opts: PlanOptions) -> tuple[PlanResult, list[RegionPlan], PlanCon
     quality = load_quality(opts.quality)
 
     min_instances: dict[str, int] = {}
+    min_source: dict[str, str] = {}
     if cfg is not None:
         for region in cfg.regions:
-            min_instances[region.region] = max(p.capacity.min for p in region.pools)
+            pool = max(region.pools, key=lambda p: p.capacity.min)
+            min_instances[region.region] = pool.capacity.min
+            min_source[region.region] = f"the config floor regions[{region.region}].pools[{pool.name}].capacity.min"
+            if any(p.capacity_reservation_ids for p in region.pools) and not any(r == region.region for _, r in opts.reserved):
+                warnings.append(f"regions[{region.region}] launches into capacity reservations; give their size "
+                                "(--reserved TYPE@REGION=N) so the plan counts them as paid for")
     if opts.min_instances is not None:
         min_instances = {}
+        min_source = {}
     ctx = PlanContext(
         slo=slo, prices=prices, availability=availability, latency=latency, fixed=fixed, quality=quality,
         quality_threshold=opts.quality_threshold, min_instances=min_instances,
         default_min_instances=opts.min_instances if opts.min_instances is not None else 1,
         model_id=cfg.model.id if cfg else None, model_family=cfg.model.family if cfg else None,
         kv_cache_dtype=cfg.engine.kv_cache_dtype.value if cfg else "auto",
+        reserved=dict(opts.reserved), min_instances_source=min_source,
     )
 
     estimator_text = None

@@ -12,6 +12,15 @@ For each candidate (instance type x precision) and reachable service region:
   4. instances per UTC hour N_h = max(n_min, ceil(rate_h * S(k)));
   5. cost = instances x price + the region's fixed costs; $ per 1M tokens, goodput,
      traffic-weighted latency.
+With arrivals (a profile with `burstiness`, or without a concurrency histogram)
+steps 2-4 become (fleetcast/plan/queueing.py):
+  2'. the highest per-instance arrival rate x* whose steady state (Little's law
+     L = x * W(1 + L), arrivals joining 1 + Poisson(L) requests) meets both P99 SLOs,
+     the error SLO and the measured range; L* = its in-flight count;
+  3'. the scaling target: the in-flight count at x* / H, H = the busiest minute's
+     ratio to the hour's mean (at least 1/(1 - TARGET_HEADROOM)), so the average the
+     group tracks leaves room for the bursts it cannot launch for;
+  4'. N_h = max(n_min, the fewest instances meeting those limits at rate_h x burstiness_h).
 Ranking: lowest mean cost per hour (to the cent), then lower traffic-weighted
 P99 TTFT, then fewer instance-hours.
 """
@@ -27,7 +36,12 @@ from fleetcast.contract import support
 
 from .curves import MIN_P99_SAMPLES, Candidate, LoadPoint
 from .inputs import Availability, FixedCosts, Latency, Prices, QualityFile
+from .queueing import Limits, Prediction, ServiceModel, Stream, instances_needed, max_safe_rate, predict
 from .traffic import ConsumerTraffic, TrafficProfile
+
+# The scaling target stays at least this far below the SLO-safe in-flight count, for the minute or two a
+# scale-out takes to be served even without bursts.
+TARGET_HEADROOM = 0.10
 
 
 @dataclass(frozen=True)
@@ -58,9 +72,21 @@ class PlanContext:
     model_id: str | None = None
     model_family: ModelFamily | None = None
     kv_cache_dtype: str = "auto"  # the config's engine.kv_cache_dtype
+    # Instances already paid for (On-Demand Capacity Reservations): (instance type, region) -> count. A plan
+    # pays only for the instances above them; the reservation itself is paid whatever the plan picks.
+    reserved: dict[tuple[str, str], int] = field(default_factory=dict)
+    # Where each region's floor comes from, for explanations (e.g. "capacity.min of pool main").
+    min_instances_source: dict[str, str] = field(default_factory=dict)
 
     def n_min(self, region: str) -> int:
         return self.min_instances.get(region, self.default_min_instances)
+
+    def model(self, candidate: Candidate) -> ServiceModel:
+        """One service model per candidate (its lognormal fits are cached inside)."""
+        cache = self.__dict__.setdefault("_models", {})
+        if id(candidate) not in cache:
+            cache[id(candidate)] = (candidate, ServiceModel(candidate.curve))
+        return cache[id(candidate)][1]
 
 
 @dataclass(frozen=True)
@@ -109,6 +135,17 @@ class Evaluation:
     share_above_target: float = 0.0  # share of requests whose traffic level exceeds k
     noise_fallback: tuple[float, float] | None = None  # (next lower target, its cost/h) when the pass at k is marginal
     notes: list[str] = field(default_factory=list)
+    # Arrival-driven sizing (queueing.py): per UTC hour, the prediction at that hour's busiest minute.
+    arrival_driven: bool = False
+    predictions: list[Prediction | None] = field(default_factory=list)
+    safe_rate_rps: float | None = None  # x*, per instance
+    binding: str | None = None  # what caps x*: "P99 TTFT", "P99 ITL", "error rate" or "measured range"
+    # The highest measured concurrency when it, not an SLO, capped the load (the curve ends before it fails).
+    measured_cap: float | None = None
+    network_ms: float = 0.0  # one-way share of the RTT the bench did not see, added to TTFT
+    reserved_used: int = 0  # reserved instances this plan runs on (paid whatever the pick)
+    seconds_at: object = None  # histogram method: target k -> instance-seconds per request S(k)
+    needed_by_hour: list[int] = field(default_factory=list)  # arrivals: instances the SLOs need, before any floor
 
     @property
     def feasible(self) -> bool:
@@ -183,6 +220,11 @@ def evaluate(candidate: Candidate, traffic: ConsumerTraffic, service_region: str
     if ev.max_load is None:
         ev.rejected = f"fails the SLO even at its lowest measured load: {ev.first_failure.text()}"
         return ev
+    ev.network_ms = network(curve.points[-1])
+    if traffic.arrival_driven:
+        _size_from_arrivals(ev, traffic, ctx)
+        _finish(ev, candidate, ctx)
+        return ev
 
     weights = traffic.level_weights()
     lowest = curve.points[0].concurrency
@@ -191,6 +233,7 @@ def evaluate(candidate: Candidate, traffic: ConsumerTraffic, service_region: str
 
     def seconds_per_request(k: float) -> float:
         return sum(w * (e2e(curve.at(min(l, k))) / 1000.0) / min(l, k) for l, w in weights.items())
+    ev.seconds_at = seconds_per_request
 
     def weighted(k: float, fn) -> float:
         return sum(w * fn(curve.at(min(l, k))) for l, w in weights.items())
@@ -201,6 +244,8 @@ def evaluate(candidate: Candidate, traffic: ConsumerTraffic, service_region: str
     ev.target = k
     ev.seconds_per_request = seconds_per_request(k)
     ev.share_above_target = sum(w for l, w in weights.items() if l > k)
+    if ev.first_failure is None and k == curve.points[-1].concurrency and ev.share_above_target > 0:
+        ev.measured_cap = k
 
     # 4-5. instances, cost and tokens per hour.
     n_min = ctx.n_min(service_region)
@@ -211,9 +256,11 @@ def evaluate(candidate: Candidate, traffic: ConsumerTraffic, service_region: str
     rates = traffic.hourly_rps()
     fixed_by_hour = [ctx.fixed.hourly(service_region, traffic.region, rps, gb) for rps in rates]
 
+    reserved = ctx.reserved.get((candidate.instance_type, service_region), 0)
+
     def daily(seconds: float) -> tuple[list[int], list[float]]:
         counts = [max(n_min, math.ceil(rps * seconds - 1e-9)) for rps in rates]
-        return counts, [n * ev.price_per_hour + f for n, f in zip(counts, fixed_by_hour)]
+        return counts, [max(n - reserved, 0) * ev.price_per_hour + f for n, f in zip(counts, fixed_by_hour)]
 
     ev.instances_by_hour, ev.cost_by_hour = daily(ev.seconds_per_request)
     ev.fixed_per_hour = sum(fixed_by_hour) / 24
@@ -249,12 +296,93 @@ def evaluate(candidate: Candidate, traffic: ConsumerTraffic, service_region: str
     else:
         # Each P99 within its SLO bounds that metric's violations to 1%.
         ev.goodput_rps = throughput * max(0.0, 1 - at_k.error_rate - 0.02)
+    ev.reserved_used = min(reserved, max(ev.instances_by_hour, default=0))
+    _finish(ev, candidate, ctx)
+    return ev
+
+
+def _finish(ev: Evaluation, candidate: Candidate, ctx: PlanContext) -> None:
+    if ev.measured_cap is not None:
+        ev.notes.append(f"measured only up to concurrency {ev.measured_cap:g}, where it still meets every SLO: the "
+                        "plan keeps its instances within that range, so it may need fewer instances than planned; "
+                        f"benchmark it above {ev.measured_cap:g}")
     if candidate.estimated:
         ev.notes.append("estimated by the roofline model, not measured: benchmark it before deploying")
     if ctx.quality is not None:
         ok, why = ctx.quality.verdict(candidate.instance_type, candidate.precision, ctx.quality_threshold)
         ev.notes.append(f"quality not checked: {why}" if ok is None else f"quality: {why}")
-    return ev
+
+
+def _limits(ctx: PlanContext, network_ms: float) -> Limits:
+    return Limits(ctx.slo.ttft_p99_ms - network_ms, ctx.slo.itl_p99_ms, ctx.slo.error_rate)
+
+
+def scaling_target(model: ServiceModel, output_mean: float, safe_rate: float, burstiness: float) -> float:
+    """In-flight requests per instance to track: the load at the SLO-safe rate over the burst headroom."""
+    headroom = max(burstiness, 1.0 / (1.0 - TARGET_HEADROOM))
+    level = predict(model, [Stream(safe_rate / headroom, output_mean)], 1.0).in_flight
+    return max(1.0, math.floor(level * 10) / 10)
+
+
+def _size_from_arrivals(ev: Evaluation, traffic: ConsumerTraffic, ctx: PlanContext) -> None:
+    """Steps 2'-5 for a profile of arrivals: per-instance load derived from the fleet's arrivals and the curve.
+    The service model holds requests for the traffic's own output length at the curve's mean ITL."""
+    candidate, region = ev.candidate, ev.service_region
+    ev.arrival_driven = True
+    model = ctx.model(candidate)
+    out_mean = traffic.output_mean
+    limits = _limits(ctx, ev.network_ms)
+    safe = max_safe_rate(model, out_mean, limits)
+    if safe is None:
+        p1 = predict(model, [Stream(1e-6, out_mean)], 1.0)
+        ev.rejected = (f"fails the SLO even with one request per instance: predicted P99 TTFT "
+                       f"{p1.ttft_p99_ms + ev.network_ms:.0f} ms (incl. {ev.network_ms:.0f} ms network), "
+                       f"P99 ITL {p1.itl_p99_ms:.1f} ms")
+        return
+    ev.safe_rate_rps, at_safe, ev.binding = safe
+    ev.max_load = round(at_safe.in_flight, 1)
+    if ev.binding == "measured range":
+        ev.measured_cap = model.top
+    rates = traffic.hourly_rps()
+    bursts = traffic.hourly_burstiness()
+    busiest = max((b for r, b in zip(rates, bursts) if r > 0), default=1.0)
+    ev.target = scaling_target(model, out_mean, ev.safe_rate_rps, busiest)
+    n_min = ctx.n_min(region)
+    reserved = ctx.reserved.get((candidate.instance_type, region), 0)
+    gb = ctx.fixed.gb_per_request(traffic.input_mean, traffic.output_mean)
+    _, default_row = ctx.fixed.row(region)
+    if default_row:
+        ev.notes.append(f"no fixed-cost row for {region}: the default row is used")
+    fixed_by_hour = [ctx.fixed.hourly(region, traffic.region, rps, gb) for rps in rates]
+    ev.instances_by_hour, ev.predictions = [], []
+    ev.needed_by_hour = []
+    for rps, burst in zip(rates, bursts):
+        streams = [Stream(rps * burst, out_mean)]
+        sized = instances_needed(model, streams, limits, 0)
+        needed = sized[0] if sized is not None else 0
+        n = max(n_min, needed)
+        ev.needed_by_hour.append(needed)
+        ev.instances_by_hour.append(n)
+        ev.predictions.append(predict(model, streams, 1.0 / n) if rps > 0 and n > 0 else None)
+    ev.cost_by_hour = [max(n - reserved, 0) * ev.price_per_hour + f for n, f in zip(ev.instances_by_hour, fixed_by_hour)]
+    ev.reserved_used = min(reserved, max(ev.instances_by_hour))
+    ev.fixed_per_hour = sum(fixed_by_hour) / 24
+    day = sum(ev.cost_by_hour)
+    ev.cost_per_hour = day / 24
+    out_tokens = sum(rates) * 3600 * traffic.output_mean
+    in_tokens = sum(rates) * 3600 * traffic.input_mean
+    ev.usd_per_m_output = day / out_tokens * 1e6 if out_tokens else math.inf
+    ev.usd_per_m_input = day / in_tokens * 1e6 if in_tokens else math.inf
+    served = sum(rates)
+    # What each request costs in instance-seconds at the planned sizes (the busiest minutes included).
+    ev.seconds_per_request = sum(ev.instances_by_hour[h] for h in range(24) if rates[h] > 0) / served if served else 0.0
+    weights = [(r / served, p) for r, p in zip(rates, ev.predictions) if p is not None] if served else []
+    ev.weighted_ttft_p99 = sum(w * (p.ttft_p99_ms + ev.network_ms) for w, p in weights)
+    ev.weighted_itl_p99 = sum(w * p.itl_p99_ms for w, p in weights)
+    ev.weighted_e2e = sum(w * (model.hold_ms(1.0 + p.in_flight, out_mean) + max(ev.network_ms, 0.0))
+                          for w, p in weights)
+    at_target = predict(model, [Stream(ev.safe_rate_rps, out_mean)], 1.0)
+    ev.goodput_rps = ev.safe_rate_rps * max(0.0, 1 - at_target.error_rate - 0.02)
 
 
 def _structural_rejection(candidate: Candidate, consumer: str, region: str, ctx: PlanContext) -> str | None:
@@ -298,6 +426,7 @@ class RegionPlan:
     why_not: list[tuple[str, str]]  # (candidate label, reason), every candidate but the winner
     peak_notes: list[str]
     stats_notes: list[str]
+    decided_by: list[str] = field(default_factory=list)  # a floor or reservation, not the traffic, decided the pick
 
 
 def service_regions(candidate: Candidate, consumer: str, ctx: PlanContext) -> list[str]:
@@ -317,11 +446,52 @@ def plan_region(candidates: list[Candidate], traffic: ConsumerTraffic, ctx: Plan
     evaluations = [evaluate(c, traffic, r, ctx) for c in candidates for r in service_regions(c, traffic.region, ctx)]
     ranked = sorted((e for e in evaluations if e.feasible), key=Evaluation.rank_key)
     # A measured candidate is chosen over any estimate; an estimate wins only when nothing measured fits.
-    winner = next((e for e in ranked if not e.candidate.estimated), ranked[0] if ranked else None)
-    return RegionPlan(traffic, evaluations, ranked, winner,
-                      _why_not(candidates, evaluations, ranked, winner, traffic, ctx),
+    winner = _pick(ranked)
+    why_not = _why_not(candidates, evaluations, ranked, winner, traffic, ctx)
+    decided = _deciding_constraints(candidates, traffic, ctx, winner, evaluations) if winner else []
+    for label, _, text in decided:
+        why_not = [(lbl, f"{reason}; {text}" if lbl == label else reason) for lbl, reason in why_not]
+    return RegionPlan(traffic, evaluations, ranked, winner, why_not,
                       _peak_notes(candidates, evaluations, winner, traffic, ctx),
-                      _stats_notes(ranked, winner, ctx))
+                      _stats_notes(ranked, winner, ctx), [note for _, note, _ in decided])
+
+
+def _pick(ranked: list[Evaluation]) -> Evaluation | None:
+    # A measured candidate is chosen over any estimate; an estimate wins only when nothing measured fits.
+    return next((e for e in ranked if not e.candidate.estimated), ranked[0] if ranked else None)
+
+
+def _deciding_constraints(candidates, traffic, ctx: PlanContext, winner: Evaluation,
+                          evaluations: list[Evaluation]) -> list[tuple[str, str, str]]:
+    """When a config floor (capacity.min) or a reservation, not the traffic, decides the pick: say which and what
+    would win without it. Returns (other candidate label, note for the region, text for that candidate's why-not)."""
+    from dataclasses import replace
+
+    out = []
+    floors = {r: n for r, n in ctx.min_instances.items() if n > 1} or ({} if ctx.default_min_instances <= 1 else
+                                                                       {"*": ctx.default_min_instances})
+    variants = []
+    if floors:
+        variants.append(("floor", replace(ctx, min_instances={}, default_min_instances=1)))
+    if ctx.reserved:
+        variants.append(("reservation", replace(ctx, reserved={})))
+    for kind, alt_ctx in variants:
+        alt_ctx.__dict__["_models"] = ctx.__dict__.get("_models", {})
+        alt = [evaluate(c, traffic, r, alt_ctx) for c in candidates for r in service_regions(c, traffic.region, alt_ctx)]
+        alt_win = _pick(sorted((e for e in alt if e.feasible), key=Evaluation.rank_key))
+        if alt_win is None or (alt_win.candidate is winner.candidate and alt_win.service_region == winner.service_region):
+            continue
+        if kind == "floor":
+            region = winner.service_region if winner.service_region in ctx.min_instances else alt_win.service_region
+            source = ctx.min_instances_source.get(region, f"the floor of {ctx.n_min(region)} instances")
+            what = f"{source} ({ctx.n_min(region)} instances in {region})"
+        else:
+            held = ", ".join(f"{n} x {t} in {r}" for (t, r), n in sorted(ctx.reserved.items()))
+            what = f"the capacity reservation ({held}, paid whatever the plan picks)"
+        note = (f"{what} decided the pick: without it {alt_win.label} would be chosen at ${alt_win.cost_per_hour:.2f}/h "
+                f"({alt_win.instance_hours} instance-hours/day) vs {winner.label} at ${winner.cost_per_hour:.2f}/h")
+        out.append((alt_win.candidate.label, note, f"without {what} it would win"))
+    return out
 
 
 def plan(candidates: list[Candidate], profile: TrafficProfile, ctx: PlanContext) -> list[RegionPlan]:
@@ -334,8 +504,10 @@ class FleetPool:
 
     Each region's own plan pays for a pool's minimum and the provider side's fixed costs
     (NLB hours, the provider VPC's interface endpoints) alone. Served together, those are
-    paid once and the pool holds the summed load: N_h = max(n_min, ceil(sum_i rate_i,h * S_i)),
-    with each member's S_i at its own target; the pool scales on the lowest member target.
+    paid once and the pool holds the summed load at ONE scaling target, since the group
+    scales on one: with arrivals, N_h = the fewest instances at which the summed busiest-minute
+    arrivals meet every member's SLOs, each member's own network latency included; with
+    histograms, one target k <= every member's c* and N_h = max(n_min, ceil(sum_i rate_i,h * S_i(k))).
     """
 
     service_region: str
@@ -344,6 +516,11 @@ class FleetPool:
     instances_by_hour: list[int] = field(default_factory=list)
     cost_per_hour: float = 0.0
     marginal: dict[str, float] = field(default_factory=dict)  # consumer region -> what it adds to this pool's $/h
+    pool_target: float | None = None
+    predictions: list[Prediction | None] = field(default_factory=list)
+    # consumer region -> predicted (P99 TTFT incl. its network, P99 ITL) at the pool's busiest planned minute
+    member_checks: dict[str, tuple[float, float]] = field(default_factory=dict)
+    needed_by_hour: list[int] = field(default_factory=list)  # arrivals: instances the SLOs need, before the floor
 
     @property
     def consumer_regions(self) -> list[str]:
@@ -351,6 +528,8 @@ class FleetPool:
 
     @property
     def target(self) -> float:
+        if self.pool_target is not None:
+            return self.pool_target
         return min(ev.target for _, ev in self.members)
 
     @property
@@ -366,16 +545,73 @@ class FleetPool:
         return [(plan, ev) for plan, ev in self.members if ev is not plan.winner]
 
 
-def _pool_cost(service: str, members: list[tuple[RegionPlan, Evaluation]], ctx: PlanContext) -> tuple[list[int], float]:
+@dataclass
+class _PoolSize:
+    counts: list[int]
+    cost: float
+    target: float | None
+    predictions: list[Prediction | None]
+    checks: dict[str, tuple[float, float]]
+    needed: list[int]
+
+
+def _pool_size(service: str, members: list[tuple[RegionPlan, Evaluation]], ctx: PlanContext) -> _PoolSize:
     if not members:
-        return [], 0.0
-    load = [sum(plan.traffic.hourly_rps()[h] * ev.seconds_per_request for plan, ev in members) for h in range(24)]
-    counts = [max(ctx.n_min(service), math.ceil(x - 1e-9)) for x in load]
+        return _PoolSize([], 0.0, None, [], {}, [])
+    first = members[0][1]
+    cand = first.candidate
+    n_min = ctx.n_min(service)
+    arrivals = [(plan, ev) for plan, ev in members if ev.arrival_driven]
+    histogram = [(plan, ev) for plan, ev in members if not ev.arrival_driven]
+    counts = [0] * 24
+    predictions: list[Prediction | None] = [None] * 24
+    needed = [0] * 24
+    checks: dict[str, tuple[float, float]] = {}
+    target = None
+    if arrivals:
+        model = ctx.model(cand)
+        limits = _limits(ctx, max(ev.network_ms for _, ev in arrivals))
+        for h in range(24):
+            streams = [Stream(plan.traffic.hourly_rps()[h] * plan.traffic.hourly_burstiness()[h], plan.traffic.output_mean)
+                       for plan, _ in arrivals]
+            sized = instances_needed(model, streams, limits, 0)
+            counts[h] = sized[0] if sized is not None else 0
+            needed[h] = counts[h]
+            n = max(counts[h], n_min)
+            predictions[h] = predict(model, streams, 1.0 / n) if n > 0 and sum(x.rate_rps for x in streams) > 0 else None
+        daily = [sum(plan.traffic.hourly_rps()) for plan, _ in arrivals]
+        out_mean = sum(d * plan.traffic.output_mean for d, (plan, _) in zip(daily, arrivals)) / max(sum(daily), 1e-9)
+        safe = max_safe_rate(model, out_mean, limits)
+        busiest = max((b for plan, _ in arrivals for r, b in zip(plan.traffic.hourly_rps(), plan.traffic.hourly_burstiness())
+                       if r > 0), default=1.0)
+        target = scaling_target(model, out_mean, safe[0], busiest) if safe else min(ev.target for _, ev in arrivals)
+        worst = max((p for p in predictions if p is not None), key=lambda p: p.ttft_p99_ms, default=None)
+        for plan, ev in arrivals:
+            if worst is not None:
+                checks[plan.traffic.region] = (worst.ttft_p99_ms + ev.network_ms, worst.itl_p99_ms)
+    if histogram:
+        # One target for the pool: the one making the summed load cheapest among levels every member meets its SLOs at.
+        cap = min(ev.max_load for _, ev in histogram)
+        options = [p.concurrency for p in cand.curve.points if p.concurrency <= cap]
+
+        def loads(k: float) -> list[float]:
+            return [sum(plan.traffic.hourly_rps()[h] * ev.seconds_at(k) for plan, ev in histogram) for h in range(24)]
+        k = min(options, key=lambda k: (sum(math.ceil(x - 1e-9) for x in loads(k)), -k))
+        counts = [c + math.ceil(x - 1e-9) for c, x in zip(counts, loads(k))]
+        target = k if target is None else min(target, k)
+    counts = [max(n_min, c) for c in counts]
+    reserved = ctx.reserved.get((cand.instance_type, service), 0)
     a = ctx.fixed.assumptions
     row, _ = ctx.fixed.row(service)
     provider_side = row.nlb_hour + a.provider_interface_endpoints * a.availability_zones * row.endpoint_az_hour
     fixed = sum(ev.fixed_per_hour for _, ev in members) - (len(members) - 1) * provider_side
-    return counts, sum(counts) / 24 * members[0][1].price_per_hour + fixed
+    cost = sum(max(n - reserved, 0) for n in counts) / 24 * first.price_per_hour + fixed
+    return _PoolSize(counts, cost, target, predictions, checks, needed)
+
+
+def _pool_cost(service: str, members: list[tuple[RegionPlan, Evaluation]], ctx: PlanContext) -> tuple[list[int], float]:
+    size = _pool_size(service, members, ctx)
+    return size.counts, size.cost
 
 
 def fleet_pools(plans: list[RegionPlan], ctx: PlanContext) -> list[FleetPool]:
@@ -416,7 +652,10 @@ def fleet_pools(plans: list[RegionPlan], ctx: PlanContext) -> list[FleetPool]:
         if not pools[from_key].members:
             del pools[from_key]
     for key, pool in pools.items():
-        pool.instances_by_hour, pool.cost_per_hour = _pool_cost(key[0], pool.members, ctx)
+        size = _pool_size(key[0], pool.members, ctx)
+        pool.instances_by_hour, pool.cost_per_hour = size.counts, size.cost
+        pool.pool_target, pool.predictions, pool.member_checks = size.target, size.predictions, size.checks
+        pool.needed_by_hour = size.needed
         pool.marginal = {plan.traffic.region: pool.cost_per_hour - cost(key, [m for m in pool.members if m[0] is not plan])
                          for plan, _ in pool.members}
     return list(pools.values())
@@ -443,6 +682,11 @@ def _loss_reason(ev: Evaluation, win: Evaluation, traffic: ConsumerTraffic) -> s
         return head
     parts = [f"costs ${ev.cost_per_hour:.2f}/h vs ${win.cost_per_hour:.2f}/h ({_pct(ev.cost_per_hour, win.cost_per_hour)}, "
              f"${ev.usd_per_m_output:.3f} vs ${win.usd_per_m_output:.3f} per 1M output tokens)"]
+    if ev.measured_cap is not None:
+        # Not a loss on price: the plan could not give it the load it might carry.
+        parts.insert(0, f"measured only up to concurrency {ev.measured_cap:g}, lower than the load it could carry "
+                        f"within the SLOs (it meets every SLO there): sized as if capped at {ev.measured_cap:g}, so "
+                        f"its cost is an upper bound; benchmark it above {ev.measured_cap:g} before ruling it out")
     if ev.first_failure and ev.share_above_target > 0:
         parts.append(f"{ev.first_failure.text()} caps its load at {ev.target:g} in-flight requests per instance, "
                      f"while {ev.share_above_target:.0%} of {traffic.region}'s requests run at higher levels")
@@ -503,16 +747,22 @@ def _peak_notes(candidates, evaluations, winner, traffic, ctx) -> list[str]:
     overall = max(peaks, key=lambda x: x[0][0])
     offered = [x for x in peaks if ctx.availability.offered(x[1].instance_type, traffic.region)]
     local = max(offered, key=lambda x: x[0][0]) if offered else None
-    weights = traffic.level_weights()
+    weights = None if traffic.arrival_driven else traffic.level_weights()
     for (tps, level), cand in [overall] + ([local] if local and local[1] is not overall[1] else []):
         if cand is winner.candidate:
             notes.append(f"the peak-throughput candidate ({cand.label}, {tps:,.0f} output tok/s at concurrency {level:g}) "
                          "is also the choice")
             continue
-        share = sum(w for l, w in weights.items() if l >= level)
         best = min((e for e in evaluations if e.candidate is cand), key=lambda e: (not e.feasible, e.rank_key() if e.feasible else ()))
         why = (f"ruled out: {best.rejected}" if not best.feasible else
                f"{_pct(best.cost_per_hour, winner.cost_per_hour)} cost for this traffic")
+        if weights is None:
+            seen = (f"its instances would hold at most {best.max_load:g} requests in flight within the SLOs"
+                    if best.feasible and best.max_load is not None else "a load it cannot serve within the SLOs")
+            notes.append(f"peak-throughput choice {cand.label}: {tps:,.0f} output tok/s at concurrency {level:g}; "
+                         f"sized for {traffic.region}'s arrivals {seen}; {why}")
+            continue
+        share = sum(w for l, w in weights.items() if l >= level)
         notes.append(f"peak-throughput choice {cand.label}: {tps:,.0f} output tok/s at concurrency {level:g}, a load "
                      f"{share:.0%} of {traffic.region}'s requests run at; {why}")
     return notes

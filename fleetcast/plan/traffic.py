@@ -1,16 +1,20 @@
 """The traffic profile, `fleetcast.traffic/v1`: what production asks of the fleet.
 
-One entry per consumer region: the request rate for each UTC hour of the day,
-the distribution of per-instance concurrency (batch) levels the requests are
-served at, and the input/output length distributions. The planner weighs the
-benchmark results across load levels by that distribution; see docs/plan.md.
+One entry per consumer region: the request rate (arrivals) for each UTC hour of
+the day, how bursty arrivals are within the hour, and the input/output length
+distributions. With `burstiness` (or without `concurrency`) the planner derives
+the per-instance concurrency each candidate's instances would see from the
+arrivals and its curve; a profile with only a `concurrency` histogram (the
+per-instance batch levels an existing fleet served at) is weighed level by level
+as before. See docs/plan.md.
 
     schema: fleetcast.traffic/v1
     name: seoul-voice
     consumers:
       - region: ap-northeast-2
         rate_rps: {"0-9": 60, "9-13": 90, "13-22": 10, "22-24": 40}   # or 24 numbers
-        concurrency: {"1-16": 0.80, "32": 0.15, "64": 0.05}            # shares of requests
+        burstiness: 1.3                                                 # busiest minute / hour mean
+        concurrency: {"1-16": 0.80, "32": 0.15, "64": 0.05}            # optional: observed batch shares
         input_tokens: 256                                               # a mean, or {tokens: share}
         output_tokens: 128
 """
@@ -119,9 +123,18 @@ class ConsumerTraffic(BaseModel):
         description="Requests per second for each UTC hour: 24 numbers, or {'start-end': rps} half-open "
         "hour ranges covering 0-24 exactly."
     )
-    concurrency: dict[str, float] = Field(
-        description="Share of requests served at each per-instance concurrency (batch) level: keys are a level "
-        "('32') or an inclusive range ('1-16', spread evenly over its integer levels); shares sum to 1."
+    burstiness: float | list[float] | None = Field(
+        default=None,
+        description="Within-hour burstiness of arrivals: the busiest 1-minute arrival rate of the hour divided by "
+        "the hour's mean rate (>= 1; 1 = steady); one number for every hour or 24 (UTC 0..23). Given (or when "
+        "`concurrency` is absent), the planner sizes each hour for its busiest minute and derives per-instance "
+        "concurrency from arrivals (docs/plan.md).",
+    )
+    concurrency: dict[str, float] | None = Field(
+        default=None,
+        description="Optional: share of requests served at each per-instance concurrency (batch) level an existing "
+        "fleet saw: keys are a level ('32') or an inclusive range ('1-16', spread evenly over its integer levels); "
+        "shares sum to 1. Used as given only when `burstiness` is absent.",
     )
     input_tokens: float | dict[str, float] = Field(description="Mean prompt tokens, or {tokens: share}.")
     output_tokens: float | dict[str, float] = Field(description="Mean completion tokens, or {tokens: share}.")
@@ -160,9 +173,23 @@ class ConsumerTraffic(BaseModel):
                 raise ValueError(f"UTC hour {hour} is covered {n} times; the ranges must cover 0-24 exactly once")
         return value
 
+    @field_validator("burstiness")
+    @classmethod
+    def _burstiness(cls, value):
+        if value is None:
+            return value
+        values = value if isinstance(value, list) else [value]
+        if isinstance(value, list) and len(value) != 24:
+            raise ValueError(f"give one number or 24 hourly values (UTC 0..23), got {len(value)}")
+        if any(not (1.0 <= v <= 60.0) for v in values):
+            raise ValueError("burstiness is the busiest minute's rate over the hour's mean: 1 <= value <= 60")
+        return value
+
     @field_validator("concurrency")
     @classmethod
     def _levels(cls, value):
+        if value is None:
+            return value
         if not value:
             raise ValueError("give at least one level")
         for key in value:
@@ -194,8 +221,23 @@ class ConsumerTraffic(BaseModel):
                 hours[hour] = float(rps)
         return hours
 
+    @property
+    def arrival_driven(self) -> bool:
+        """Size from arrivals (per-instance concurrency derived per candidate) rather than a given histogram."""
+        return self.burstiness is not None or self.concurrency is None
+
+    def hourly_burstiness(self) -> list[float]:
+        """Busiest-minute rate over the hour's mean, per UTC hour (1.0 where not given)."""
+        if self.burstiness is None:
+            return [1.0] * 24
+        if isinstance(self.burstiness, list):
+            return [float(v) for v in self.burstiness]
+        return [float(self.burstiness)] * 24
+
     def level_weights(self) -> dict[int, float]:
         """Share of requests per integer concurrency level (ranges spread evenly)."""
+        if self.concurrency is None:
+            raise ValueError(f"traffic for {self.region} has no concurrency histogram")
         out: dict[int, float] = {}
         for key, share in self.concurrency.items():
             lo, hi = _parse_range(key, 4096)

@@ -340,7 +340,7 @@ def test_every_paging_alarm_notifies_the_topic(default):
     _, template, stack = default
     topic = {"Ref": logical_id(stack, template, "AWS::SNS::Topic")}
     alarms = template.find_resources("AWS::CloudWatch::Alarm")
-    paging = {k: v for k, v in alarms.items() if not v["Properties"]["AlarmName"].endswith("-scale-in")}
+    paging = {k: v for k, v in alarms.items() if not v["Properties"]["AlarmName"].endswith(("-scale-in", "-slo-scale-out"))}
     assert len(paging) == 2 + 6  # two per region, six per pool
     for logical, alarm in paging.items():
         assert alarm["Properties"]["AlarmActions"] == [topic], logical

@@ -41,7 +41,8 @@ def resources(template: Template, resource_type: str) -> dict:
 def test_each_pool_scales_on_runtime_load_with_a_termination_hook_and_a_warm_pool(templates, region):
     template, _ = templates[region]
     pools = CFG.region(region).pools
-    template.resource_count_is("AWS::AutoScaling::ScalingPolicy", 2 * len(pools))
+    # Per pool: load target tracking, one-at-a-time scale-in, SLO protection (step scaling).
+    template.resource_count_is("AWS::AutoScaling::ScalingPolicy", 3 * len(pools))
     for pool in pools:
         template.has_resource_properties("AWS::AutoScaling::ScalingPolicy", {
             "PolicyType": "TargetTrackingScaling",

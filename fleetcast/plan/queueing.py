@@ -1,0 +1,255 @@
+"""Per-instance load from fleet arrivals: what a candidate's instances see when the fleet is resized.
+
+One home for the service model that both the planner (analytically) and the fleet
+simulator (`fleetcast plan simulate`, by sampling) use, so the two differ only in
+how they treat arrivals, routing and batching, never in what an instance does:
+
+- An instance holding b requests (prefilling or decoding, continuous batching)
+  advances every decoding request by one token per step; a step takes the
+  curve's mean ITL at b. A request's TTFT is drawn from a lognormal fitted to the
+  curve's mean and P99 TTFT at the batch it joins; its own ITL multiplier from a
+  lognormal with mean 1 fitted to the curve's P99/mean ITL at that batch. In a
+  closed loop at concurrency c this reproduces the measured curve at c.
+- Analytically (Poisson arrivals split at random by the NLB's flow hash): the
+  requests on one instance form a birth-death chain whose departure rate with b in
+  flight is b / W(b), W(b) the mean time a request holds an instance at batch b
+  (Little's law per batch level); its mean L is Little's law L = lambda * E[W]. With W
+  constant the count is Poisson(lambda W) (M/G/inf); W growing with b widens it. An
+  arrival joins 1 + K requests (PASTA), which gives the P99 TTFT as a mixture quantile;
+  a request's ITL follows the life-averaged batch, 1 + L with 2/3 of the count's
+  variance (an M/D/inf count averaged over one service time).
+- Sizing is per hour at that hour's busiest minute (rate x burstiness): the P99s
+  are per 1-minute window, the window the SLO alarms and SLO scaling read.
+Above the highest measured concurrency nothing is known: a load whose arrivals
+join a batch above it more than 1% of the time is out of the measured range.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from .curves import Curve
+
+Z99 = 2.3263478740408408  # standard normal 0.99 quantile
+MAX_OUT_OF_RANGE = 0.01  # share of arrivals allowed to join a batch above the highest measured level
+# 7-point Gauss-Hermite (probabilists') nodes and weights for E[f(Z)], Z ~ N(0, 1).
+_GH = ((-3.750439717725742, 0.000548268855972), (-2.366759410734541, 0.030757123967586),
+       (-1.154405394739968, 0.240123178605013), (0.0, 0.457142857142857), (1.154405394739968, 0.240123178605013),
+       (2.366759410734541, 0.030757123967586), (3.750439717725742, 0.000548268855972))
+
+
+@dataclass(frozen=True)
+class LogNormal:
+    """A lognormal given by its mean and P99 (degenerate at the P99 when the mean is unknown)."""
+
+    mu: float
+    sigma: float
+
+    @classmethod
+    def fit(cls, mean: float | None, p99: float) -> "LogNormal":
+        p99 = max(p99, 1e-9)
+        if mean is None or mean <= 0 or mean >= p99:
+            return cls(math.log(p99), 0.0)
+        r = math.log(p99 / mean)
+        disc = Z99 * Z99 - 2 * r
+        sigma = Z99 - math.sqrt(disc) if disc > 0 else Z99
+        return cls(math.log(mean) - sigma * sigma / 2, sigma)
+
+    def cdf(self, x: float) -> float:
+        if x <= 0:
+            return 0.0
+        if self.sigma == 0:
+            return 1.0 if math.log(x) >= self.mu else 0.0
+        return 0.5 * math.erfc(-(math.log(x) - self.mu) / (self.sigma * math.sqrt(2)))
+
+    def sample(self, rng) -> float:
+        return math.exp(self.mu + self.sigma * rng.gauss(0.0, 1.0)) if self.sigma else math.exp(self.mu)
+
+
+@dataclass(frozen=True)
+class Stream:
+    """Arrivals of one consumer region on one pool: rate (requests/s) and mean output tokens."""
+
+    rate_rps: float
+    output_mean: float
+
+
+class ServiceModel:
+    """What one instance of a candidate does at each batch size (from its measured curve)."""
+
+    def __init__(self, curve: Curve) -> None:
+        self.curve = curve
+        self.top = curve.points[-1].concurrency
+        self._cache: dict[float, tuple] = {}
+
+    def _at(self, b: float):
+        b = round(min(max(b, 1.0), self.top), 2)  # the cache stays small; 0.01 of a request changes nothing
+        hit = self._cache.get(b)
+        if hit is None:
+            p = self.curve.at(b)
+            itl_mean = p.itl_mean if p.itl_mean is not None else p.itl_p99
+            ttft_mean = p.ttft_mean if p.ttft_mean is not None else p.ttft_p99
+            hit = (p, LogNormal.fit(p.ttft_mean, p.ttft_p99), LogNormal.fit(1.0, p.itl_p99 / itl_mean),
+                   itl_mean, ttft_mean)
+            self._cache[b] = hit
+        return hit
+
+    def point(self, b: float):
+        return self._at(b)[0]
+
+    def ttft(self, b: float) -> LogNormal:
+        return self._at(b)[1]
+
+    def itl_factor(self, b: float) -> LogNormal:
+        return self._at(b)[2]
+
+    def step_ms(self, b: float) -> float:
+        return self._at(b)[3]
+
+    def hold_ms(self, b: float, output_tokens: float) -> float:
+        """Mean time a request holds an instance at batch b: TTFT plus its decode steps."""
+        _, _, _, itl, ttft = self._at(b)
+        return ttft + max(output_tokens - 1.0, 0.0) * itl
+
+
+def occupancy(model: ServiceModel, rate_rps: float, output_mean: float) -> list[float] | None:
+    """P(K = k requests on the instance) for Poisson arrivals at rate_rps: the birth-death chain whose departure
+    rate with j in flight is b / W(b), b = min(j, top) in service (the rest wait). With W constant this is
+    Poisson(rate x W); a W that grows with the batch widens it, as the simulation shows. None if the rate is
+    beyond what the highest measured batch drains (the queue grows without bound)."""
+    top = int(model.top)
+    per_ms = rate_rps / 1000.0
+    drain = top / model.hold_ms(float(top), output_mean)
+    if per_ms >= drain:
+        return None
+    weights, w, k = [1.0], 1.0, 0
+    while True:
+        k += 1
+        b = min(k, top)
+        w *= per_ms / (b / model.hold_ms(float(b), output_mean))
+        weights.append(w)
+        if k > top and w < 1e-12 * max(weights):
+            break
+        if k > 50 * top + 1000:
+            return None
+    total = sum(weights)
+    return [x / total for x in weights]
+
+
+def _quantile(cdf, q: float, hi: float) -> float:
+    lo = 0.0
+    while cdf(hi) < q and hi < 1e9:
+        hi *= 2
+    for _ in range(60):
+        mid = (lo + hi) / 2
+        if cdf(mid) < q:
+            lo = mid
+        else:
+            hi = mid
+    return hi
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """One instance's steady state at a per-instance arrival rate."""
+
+    rate_rps: float
+    in_flight: float  # L, the mean requests in flight (what ActiveRequests averages)
+    ttft_p99_ms: float  # in-region, before network
+    itl_p99_ms: float
+    error_rate: float
+    out_of_range: float  # share of arrivals joining a batch above the highest measured level
+    stable: bool = True
+
+
+def predict(model: ServiceModel, streams: list[Stream], per_instance_share: float) -> Prediction:
+    """Steady state of one of 1/per_instance_share instances sharing `streams` (random routing)."""
+    rate = sum(s.rate_rps for s in streams) * per_instance_share
+    if rate <= 0:
+        p = model.point(1.0)
+        return Prediction(0.0, 0.0, _quantile(model.ttft(1.0).cdf, 0.99, p.ttft_p99),
+                          _quantile(model.itl_factor(1.0).cdf, 0.99, 2.0) * model.step_ms(1.0), p.error_rate, 0.0)
+    out_mean = sum(s.rate_rps * s.output_mean for s in streams) / sum(s.rate_rps for s in streams)
+    pmf = occupancy(model, rate, out_mean)
+    if pmf is None:
+        return Prediction(rate, math.inf, math.inf, math.inf, 1.0, 1.0, stable=False)
+    level = sum(k * w for k, w in enumerate(pmf))
+    variance = sum((k - level) ** 2 * w for k, w in enumerate(pmf))
+    top = int(model.top)
+    out_of_range = max(0.0, 1.0 - sum(pmf[:top]))  # an arrival finding `top` in service waits: P(K >= top)
+    mix = [(w, model.ttft(1.0 + k)) for k, w in enumerate(pmf) if w > 1e-9]
+    norm = sum(w for w, _ in mix)
+    ttft = _quantile(lambda x: sum(w * d.cdf(x) for w, d in mix) / norm, 0.99, model.point(1.0 + level).ttft_p99)
+    spread = math.sqrt(2.0 * variance / 3.0)
+    itl_mix = []
+    for z, w in _GH:
+        b = min(max(1.0 + level + spread * z, 1.0), model.top)
+        itl_mix.append((w, model.itl_factor(b), model.step_ms(b)))
+    itl = _quantile(lambda x: sum(w * d.cdf(x / s) for w, d, s in itl_mix), 0.99, model.point(1.0 + level).itl_p99)
+    error = sum(w * model.point(1.0 + k).error_rate for k, w in enumerate(pmf) if w > 1e-9) / sum(pmf)
+    return Prediction(rate, level, ttft, itl, error, out_of_range)
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What a pool must meet: P99 TTFT (in-region, i.e. SLO minus the worst member's network), ITL, errors."""
+
+    ttft_ms: float
+    itl_ms: float
+    error_rate: float
+
+    def binding(self, p: Prediction) -> str | None:
+        """The first limit `p` breaks (None: it meets them all)."""
+        if not p.stable:
+            return "unstable"
+        if p.ttft_p99_ms > self.ttft_ms:
+            return "P99 TTFT"
+        if p.itl_p99_ms > self.itl_ms:
+            return "P99 ITL"
+        if p.error_rate > self.error_rate:
+            return "error rate"
+        if p.out_of_range > MAX_OUT_OF_RANGE:
+            return "measured range"
+        return None
+
+
+def instances_needed(model: ServiceModel, streams: list[Stream], limits: Limits, n_min: int = 0,
+                     n_cap: int = 100_000) -> tuple[int, Prediction] | None:
+    """Fewest instances (>= n_min, >= 1 when there is traffic) meeting `limits`; None if none does."""
+    total = sum(s.rate_rps for s in streams)
+    if total <= 0:
+        n = max(n_min, 0)
+        return n, predict(model, streams, 1.0)
+    if limits.binding(predict(model, streams, 1.0 / n_cap)) is not None:
+        return None
+    lo, hi = 0, 1
+    while limits.binding(predict(model, streams, 1.0 / hi)) is not None:
+        lo, hi = hi, hi * 2
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if limits.binding(predict(model, streams, 1.0 / mid)) is None:
+            hi = mid
+        else:
+            lo = mid
+    n = max(hi, n_min)
+    return n, predict(model, streams, 1.0 / n)
+
+
+def max_safe_rate(model: ServiceModel, output_mean: float, limits: Limits) -> tuple[float, Prediction, str] | None:
+    """The highest per-instance arrival rate meeting `limits`, its prediction and the limit that binds above it."""
+    stream = [Stream(1.0, output_mean)]
+    if limits.binding(predict(model, stream, 1e-6)) is not None:
+        return None
+    lo, hi = 1e-6, 1.0
+    while limits.binding(predict(model, stream, hi)) is None:
+        lo, hi = hi, hi * 2
+        if hi > 1e6:
+            break
+    for _ in range(50):
+        mid = (lo + hi) / 2
+        if limits.binding(predict(model, stream, mid)) is None:
+            lo = mid
+        else:
+            hi = mid
+    return lo, predict(model, stream, lo), limits.binding(predict(model, stream, hi)) or "none"

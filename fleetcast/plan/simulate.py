@@ -1,0 +1,539 @@
+"""Discrete-event simulation of a pool: requests arrive per the traffic profile, the NLB
+spreads them at random over the routable instances, and each instance batches
+continuously following the candidate's measured curve (queueing.ServiceModel).
+
+Per instance, every step advances each decoding request by one token and takes the
+curve's mean ITL at the current batch (requests prefilling count in the batch); a
+request's TTFT is drawn at the batch it joins, its ITL multiplier too. Batch sizes
+change at every arrival, first token and completion, so an instance keeps a token
+clock (steps done per decoding slot) and each decoding request finishes when that
+clock reaches its own end: O(log n) per event however many requests are in flight.
+An instance holds at most the highest measured concurrency; arrivals beyond it
+wait in its queue (counted as out of the measured range).
+
+Bounded and deterministic: a seed, a fixed horizon, no wall clock. The same
+simulator runs `fleetcast plan simulate` (checking the planner's sizing) and
+`make bench-scaling` (an Auto Scaling group driving it, scripts/bench_scaling.py).
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+import random
+from collections import deque
+from dataclasses import dataclass, field
+
+from .queueing import ServiceModel
+
+# Event kinds.
+_DONE, _FIRST, _READY, _TICK = 0, 1, 2, 3
+
+
+@dataclass
+class Record:
+    arrival_s: float
+    ttft_ms: float
+    itl_ms: float | None
+    done_s: float
+    stream: int
+    queued: bool
+    ok: bool = True
+
+
+class _Instance:
+    __slots__ = ("idx", "routable", "draining", "active", "queue", "phi", "t_u", "decoding", "version", "born_s",
+                 "gone_s")
+
+    def __init__(self, idx: int, born_s: float) -> None:
+        self.idx = idx
+        self.routable = False
+        self.draining = False
+        self.active = 0
+        self.queue: deque = deque()
+        self.phi = 0.0  # steps done per decoding slot (the token clock)
+        self.t_u = 0.0  # ms, when phi was last brought up to date
+        self.decoding: list = []  # heap of (end phi, seq, request)
+        self.version = 0
+        self.born_s = born_s
+        self.gone_s: float | None = None
+
+
+@dataclass
+class Arrival:
+    t_s: float
+    stream: int
+    output_tokens: int
+
+
+@dataclass
+class FleetSim:
+    """One pool of identical instances fed by a list of arrivals."""
+
+    model: ServiceModel
+    seed: int = 0
+    cap: int | None = None
+    records: list[Record] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.rng = random.Random(self.seed)
+        self.cap = int(self.cap or self.model.top)
+        self.instances: list[_Instance] = []
+        self._events: list = []
+        self._seq = 0
+        self.now_ms = 0.0
+        self._area = 0.0  # integral of requests in flight on routable instances, request-ms
+        self._area_t = 0.0
+        self._in_flight = 0
+        self.unrouted = 0
+        self._live: list[_Instance] | None = None
+
+    # -- fleet changes (the Auto Scaling side calls these) --
+
+    def launch(self, ready_in_s: float) -> _Instance:
+        inst = _Instance(len(self.instances), self.now_ms / 1000.0)
+        self.instances.append(inst)
+        self._push(self.now_ms + ready_in_s * 1000.0, _READY, inst, None)
+        return inst
+
+    def start(self, n: int) -> None:
+        """n instances routable at once (the fleet as the plan sized it)."""
+        for _ in range(n):
+            inst = _Instance(len(self.instances), self.now_ms / 1000.0)
+            inst.routable = True
+            inst.t_u = self.now_ms
+            self.instances.append(inst)
+        self._live = None
+
+    def drain_one(self) -> bool:
+        """Stop routing to the least-loaded routable instance; it leaves when its requests finish."""
+        live = [i for i in self.instances if i.routable]
+        if len(live) <= 1:
+            return False
+        inst = min(live, key=lambda i: (i.active + len(i.queue), -i.idx))
+        self._live = None
+        inst.routable = False
+        inst.draining = True
+        if inst.active == 0:
+            inst.gone_s = self.now_ms / 1000.0
+        return True
+
+    def cancel_pending(self) -> bool:
+        """Give back a launched instance that is not yet routable (newest first)."""
+        for inst in reversed(self.instances):
+            if not inst.routable and not inst.draining and inst.gone_s is None:
+                inst.gone_s = self.now_ms / 1000.0
+                return True
+        return False
+
+    @property
+    def routable(self) -> list[_Instance]:
+        return [i for i in self.instances if i.routable]
+
+    @property
+    def pending(self) -> int:
+        return sum(1 for i in self.instances if not i.routable and not i.draining and i.gone_s is None)
+
+    def billed_instances(self) -> int:
+        return sum(1 for i in self.instances if i.gone_s is None)
+
+    def instance_seconds(self, until_s: float) -> float:
+        return sum((i.gone_s if i.gone_s is not None else until_s) - i.born_s for i in self.instances)
+
+    def take_load_area(self) -> float:
+        """Request-ms in flight since the last call (for the per-instance load metric)."""
+        self._account(self.now_ms)
+        area, self._area = self._area, 0.0
+        return area
+
+    # -- the event loop --
+
+    def run(self, arrivals: list[Arrival], until_s: float, tick_s: float | None = None, on_tick=None) -> None:
+        """Serve `arrivals` (sorted by time) until `until_s`; call on_tick(sim, t_s) every tick_s."""
+        if tick_s:
+            self._push(tick_s * 1000.0, _TICK, None, None)
+        k, n = 0, len(arrivals)
+        until_ms = until_s * 1000.0
+        while True:
+            next_arrival = arrivals[k].t_s * 1000.0 if k < n else math.inf
+            next_event = self._events[0][0] if self._events else math.inf
+            t = min(next_arrival, next_event)
+            if t > until_ms or t == math.inf:
+                break
+            if next_event <= next_arrival:
+                _, _, kind, inst, payload, version = heapq.heappop(self._events)
+                self.now_ms = t
+                if kind == _DONE:
+                    if version == inst.version:
+                        self._complete(inst, t)
+                elif kind == _FIRST:
+                    self._first_token(inst, t, payload)
+                elif kind == _READY:
+                    if inst.gone_s is None and not inst.draining:
+                        self._account(t)
+                        self._live = None
+                        inst.routable = True
+                        inst.t_u = t
+                elif kind == _TICK:
+                    on_tick(self, t / 1000.0)
+                    self._push(t + tick_s * 1000.0, _TICK, None, None)
+            else:
+                self.now_ms = t
+                self._arrive(arrivals[k], t)
+                k += 1
+        self.now_ms = until_ms
+
+    def _push(self, t: float, kind: int, inst, payload, version: int = 0) -> None:
+        self._seq += 1
+        heapq.heappush(self._events, (t, self._seq, kind, inst, payload, version))
+
+    def _account(self, t: float) -> None:
+        self._area += self._in_flight * (t - self._area_t)
+        self._area_t = t
+
+    def _advance(self, inst: _Instance, t: float) -> None:
+        if inst.decoding and t > inst.t_u:
+            inst.phi += (t - inst.t_u) / self.model.step_ms(inst.active)
+        inst.t_u = t
+
+    def _reschedule(self, inst: _Instance, t: float) -> None:
+        inst.version += 1
+        if inst.decoding:
+            end_phi = inst.decoding[0][0]
+            when = t + max(end_phi - inst.phi, 0.0) * self.model.step_ms(inst.active)
+            self._push(when, _DONE, inst, None, inst.version)
+
+    def _arrive(self, a: Arrival, t: float) -> None:
+        if self._live is None:
+            self._live = [i for i in self.instances if i.routable]
+        live = self._live
+        if not live:
+            self.unrouted += 1
+            self.records.append(Record(a.t_s, math.inf, None, a.t_s, a.stream, False, ok=False))
+            return
+        inst = live[self.rng.randrange(len(live))]
+        req = [a, 0.0, 0.0, False]  # arrival, first-token ms, ITL factor, queued
+        if inst.active >= self.cap:
+            req[3] = True
+            inst.queue.append(req)
+        else:
+            self._admit(inst, req, t)
+
+    def _admit(self, inst: _Instance, req: list, t: float) -> None:
+        self._account(t)
+        self._advance(inst, t)
+        inst.active += 1
+        self._in_flight += 1
+        b = inst.active
+        ttft = self.model.ttft(b).sample(self.rng)
+        req[2] = self.model.itl_factor(b).sample(self.rng)
+        self._push(t + ttft, _FIRST, inst, req)
+        self._reschedule(inst, t)
+
+    def _first_token(self, inst: _Instance, t: float, req: list) -> None:
+        self._advance(inst, t)
+        req[1] = t
+        a: Arrival = req[0]
+        if a.output_tokens <= 1:
+            self._finish(inst, t, req)
+            self._reschedule(inst, t)
+            return
+        self._seq += 1
+        heapq.heappush(inst.decoding, (inst.phi + (a.output_tokens - 1) * req[2], self._seq, req))
+        self._reschedule(inst, t)
+
+    def _complete(self, inst: _Instance, t: float) -> None:
+        self._advance(inst, t)
+        _, _, req = heapq.heappop(inst.decoding)
+        self._finish(inst, t, req)
+        self._reschedule(inst, t)
+
+    def _finish(self, inst: _Instance, t: float, req: list) -> None:
+        self._account(t)
+        a: Arrival = req[0]
+        inst.active -= 1
+        self._in_flight -= 1
+        itl = (t - req[1]) / (a.output_tokens - 1) if a.output_tokens > 1 else None
+        self.records.append(Record(a.t_s, req[1] - a.t_s * 1000.0, itl, t / 1000.0, a.stream, req[3]))
+        if inst.queue:
+            self._admit(inst, inst.queue.popleft(), t)
+        elif inst.draining and inst.active == 0:
+            inst.gone_s = t / 1000.0
+
+
+# ---------------------------------------------------------------- arrivals
+
+BURST_MINUTES = 3  # the busiest minutes of an hour: consecutive, at `burstiness` x the hour's mean
+
+
+def minute_rates(rate_rps: float, burstiness: float, rng: random.Random) -> list[float]:
+    """Per-minute rates of one hour: BURST_MINUTES at rate x burstiness (placed at random), the rest lower so the
+    hour keeps its mean."""
+    if burstiness <= 1.0 or rate_rps <= 0:
+        return [rate_rps] * 60
+    k = BURST_MINUTES
+    burst = min(burstiness, 60.0 / k)
+    rest = rate_rps * (60 - k * burst) / (60 - k)
+    start = rng.randrange(60 - k + 1)
+    return [rate_rps * burst if start <= m < start + k else rest for m in range(60)]
+
+
+def length_sampler(spec: float | dict[str, float], rng: random.Random):
+    """Output tokens per request: a fixed mean, or drawn from {tokens: share}."""
+    if not isinstance(spec, dict):
+        n = max(1, round(float(spec)))
+        return lambda: n
+    tokens = [int(k) for k in spec]
+    cum, acc = [], 0.0
+    for k in spec:
+        acc += spec[k]
+        cum.append(acc)
+
+    def draw() -> int:
+        u = rng.random() * acc
+        for tok, c in zip(tokens, cum):
+            if u <= c:
+                return tok
+        return tokens[-1]
+    return draw
+
+
+def poisson_arrivals(rates_per_minute: list[float], stream: int, start_s: float, draw_tokens,
+                     rng: random.Random) -> list[Arrival]:
+    """A Poisson process whose rate is constant within each minute."""
+    out: list[Arrival] = []
+    for m, rate in enumerate(rates_per_minute):
+        if rate <= 0:
+            continue
+        t, end = start_s + m * 60.0, start_s + (m + 1) * 60.0
+        while True:
+            t += rng.expovariate(rate)
+            if t >= end:
+                break
+            out.append(Arrival(t, stream, draw_tokens()))
+    return out
+
+
+def p99(values: list[float]) -> float:
+    """Nearest-rank P99 (the bench's and CloudWatch's reading of a percentile over raw values)."""
+    if not values:
+        return math.nan
+    xs = sorted(values)
+    return xs[min(len(xs) - 1, max(0, math.ceil(0.99 * len(xs)) - 1))]
+
+
+# ---------------------------------------------------------------- the planner's sizing, checked
+
+AGREEMENT = 0.10  # the planner and the simulation agree within 10% (instance counts: or one instance)
+WARMUP_S = 30.0  # steady state is reached within a few request lifetimes (about a second)
+
+
+@dataclass
+class WindowStats:
+    requests: int
+    ttft_p99_ms: float  # in-region (network not included)
+    itl_p99_ms: float
+    queued_share: float
+    error_share: float
+    worst_minute_ttft_ms: float
+
+
+MIN_REQUESTS = 20_000  # a P99 over fewer is too noisy to check to 10% (about 200 values above it here)
+MAX_MINUTES = 30
+
+
+def busiest_minutes(model: ServiceModel, streams: list[tuple[float, float | dict[str, float]]], n: int,
+                    seed: int, minutes: int = BURST_MINUTES) -> WindowStats:
+    """Serve `minutes` of arrivals at the given rates (requests/s, output-token spec per stream) on n instances,
+    after a warm-up at the same rates; statistics over the arrivals after the warm-up. A quiet hour's busiest
+    minute is held longer (up to MAX_MINUTES) until MIN_REQUESTS arrive: the planner predicts the steady state
+    at that rate, and a P99 over a few thousand requests could not tell 10% apart."""
+    total = sum(rate for rate, _ in streams)
+    if total > 0:
+        minutes = max(minutes, min(MAX_MINUTES, math.ceil(MIN_REQUESTS / (total * 60.0))))
+    rng = random.Random(seed)
+    arrivals: list[Arrival] = []
+    horizon = WARMUP_S + minutes * 60.0
+    for idx, (rate, out_spec) in enumerate(streams):
+        draw = length_sampler(out_spec, rng)
+        t = 0.0
+        while rate > 0:
+            t += rng.expovariate(rate)
+            if t >= horizon:
+                break
+            arrivals.append(Arrival(t, idx, draw()))
+    arrivals.sort(key=lambda a: a.t_s)
+    sim = FleetSim(model, seed=seed + 1)
+    sim.start(n)
+    sim.run(arrivals, until_s=horizon + 600.0)
+    kept = [r for r in sim.records if r.arrival_s >= WARMUP_S]
+    ok = [r for r in kept if r.ok]
+    per_minute = {}
+    for r in ok:
+        per_minute.setdefault(int((r.arrival_s - WARMUP_S) // 60), []).append(r.ttft_ms)
+    return WindowStats(
+        requests=len(kept),
+        ttft_p99_ms=p99([r.ttft_ms for r in ok]),
+        itl_p99_ms=p99([r.itl_ms for r in ok if r.itl_ms is not None]),
+        queued_share=sum(1 for r in kept if r.queued) / max(len(kept), 1),
+        error_share=1 - len(ok) / max(len(kept), 1),
+        worst_minute_ttft_ms=max((p99(v) for v in per_minute.values()), default=math.nan),
+    )
+
+
+def meets(stats: WindowStats, limits) -> bool:
+    """The planner's rule (queueing.Limits), read off the simulation."""
+    return (stats.ttft_p99_ms <= limits.ttft_ms and stats.itl_p99_ms <= limits.itl_ms
+            and stats.error_share <= limits.error_rate and stats.queued_share <= 0.01)
+
+
+@dataclass
+class HourCheck:
+    hours: list[int]
+    rate_rps: float  # at the busiest minute, all members together
+    planned_n: int  # what the SLOs need, by the planner
+    fleet_n: int  # what the plan runs (capacity floor included): the P99s are at this count
+    sim_n: int | None
+    planned_ttft_ms: float  # network of the farthest member included
+    sim_ttft_ms: float
+    planned_itl_ms: float
+    sim_itl_ms: float
+    requests: int
+    sim_queued: float
+    network_ms: float
+
+    @staticmethod
+    def _close(a: float, b: float) -> bool:
+        return abs(a - b) <= AGREEMENT * max(abs(b), 1e-9)
+
+    @property
+    def count_agrees(self) -> bool:
+        return self.sim_n is not None and abs(self.planned_n - self.sim_n) <= max(1, AGREEMENT * self.sim_n)
+
+    @property
+    def agrees(self) -> bool:
+        return self.count_agrees and self._close(self.planned_ttft_ms, self.sim_ttft_ms) and \
+            self._close(self.planned_itl_ms, self.sim_itl_ms)
+
+
+def check_sizing(model: ServiceModel, members: list, limits, planned: list[int], needed: list[int], predictions: list,
+                 network_ms: float, seed: int, max_groups: int | None = None) -> list[HourCheck]:
+    """members: [(hourly rps, hourly burstiness, output-token spec)] sharing one pool. One check per distinct hour
+    (rates and burstiness of every member), at that hour's busiest minutes: the P99s at the planned count (the
+    floor included), and the fewest instances meeting the SLOs in the simulation against the planner's (before
+    any floor)."""
+    groups: dict[tuple, list[int]] = {}
+    for h in range(24):
+        key = tuple((round(m[0][h], 6), round(m[1][h], 6)) for m in members)
+        if any(r > 0 for r, _ in key) and predictions[h] is not None:
+            groups.setdefault(key, []).append(h)
+    ordered = sorted(groups.items(), key=lambda kv: -sum(r * b for r, b in kv[0]))
+    if max_groups is not None:
+        ordered = ordered[:max_groups]
+    out = []
+    for g, (key, hours) in enumerate(ordered):
+        streams = [(r * b, m[2]) for (r, b), m in zip(key, members)]
+        h = hours[0]
+        sub_seed = seed * 1000 + g
+        at_plan = busiest_minutes(model, streams, planned[h], sub_seed)
+        cache = {planned[h]: at_plan}
+        n = max(needed[h], 1)
+
+        def passes(k: int) -> bool:
+            if k not in cache:
+                cache[k] = busiest_minutes(model, streams, k, sub_seed)
+            return meets(cache[k], limits)
+        bound = max(3, n // 2)
+        sim_n = None
+        if passes(n):
+            k = n
+            while k > 1 and k > n - bound and passes(k - 1):
+                k -= 1
+            sim_n = k
+        else:
+            k = n
+            while k < n + bound:
+                k += 1
+                if passes(k):
+                    sim_n = k
+                    break
+        pred = predictions[h]
+        out.append(HourCheck(hours, sum(r for r, _ in streams), n, planned[h], sim_n, pred.ttft_p99_ms + network_ms,
+                             at_plan.ttft_p99_ms + network_ms, pred.itl_p99_ms, at_plan.itl_p99_ms, at_plan.requests,
+                             at_plan.queued_share, network_ms))
+    return out
+
+
+def _hours_text(hours: list[int]) -> str:
+    runs, start = [], hours[0]
+    for a, b in zip(hours, hours[1:] + [None]):
+        if b != a + 1:
+            runs.append(f"{start:02d}" if start == a else f"{start:02d}-{a + 1:02d}")
+            if b is not None:
+                start = b
+    return ",".join(runs)
+
+
+def render_checks(title: str, checks: list[HourCheck]) -> list[str]:
+    lines = [title, f"  {'UTC hours':<14}{'busiest rps':>12}{'N plan':>8}{'N sim':>7}{'fleet':>7}{'TTFT plan':>11}"
+             f"{'TTFT sim':>10}{'ITL plan':>10}{'ITL sim':>9}{'requests':>10}  agree"]
+    for c in checks:
+        lines.append(f"  {_hours_text(c.hours):<14}{c.rate_rps:>12.1f}{c.planned_n:>8}{c.sim_n if c.sim_n else '-':>7}"
+                     f"{c.fleet_n:>7}"
+                     f"{c.planned_ttft_ms:>9.0f}ms{c.sim_ttft_ms:>8.0f}ms{c.planned_itl_ms:>8.1f}ms{c.sim_itl_ms:>7.1f}ms"
+                     f"{c.requests:>10}  {'yes' if c.agrees else 'NO'}")
+    return lines
+
+
+def simulate_plan(plans, pools, ctx, seed: int = 7, candidates: list[str] | None = None,
+                  max_groups: int | None = None) -> tuple[list[str], bool]:
+    """Check the planner's sizing of each pool (or of the named candidates, per consumer region) by simulation.
+    Returns the report lines and whether every check agrees within AGREEMENT."""
+    from fleetcast.errors import UserError
+
+    from .solver import _limits
+
+    lines: list[str] = [f"Simulated busiest minutes: {BURST_MINUTES} min per distinct hour (longer for quiet hours, up "
+                        f"to {MAX_MINUTES} min, until {MIN_REQUESTS:,} requests) after {WARMUP_S:g} s warm-up, "
+                        f"random routing, continuous batching per the measured curve; seed {seed}"]
+    ok = True
+    targets = []  # (title, model, members, limits, planned, needed, predictions, network)
+    if candidates:
+        for label in candidates:
+            found = False
+            for plan in plans:
+                evs = [e for e in plan.ranked if e.candidate.label == label]
+                if not evs:
+                    continue
+                found = True
+                ev = evs[0]
+                if not ev.arrival_driven:
+                    raise UserError(f"--candidate {label}: {plan.traffic.region}'s profile has no arrivals to "
+                                    "simulate (a concurrency histogram only); add burstiness to it")
+                t = plan.traffic
+                targets.append((f"{ev.label} serving {t.region}", ctx.model(ev.candidate),
+                                [(t.hourly_rps(), t.hourly_burstiness(), t.output_tokens)], _limits(ctx, ev.network_ms),
+                                ev.instances_by_hour, ev.needed_by_hour, ev.predictions, ev.network_ms))
+            if not found:
+                known = sorted({e.candidate.label for p in plans for e in p.ranked})
+                raise UserError(f"--candidate {label!r}: not a feasible candidate of this plan; one of: {', '.join(known)}")
+    else:
+        for pool in pools:
+            evs = [ev for _, ev in pool.members]
+            if not all(ev.arrival_driven for ev in evs):
+                lines.append(f"{pool.candidate} @ {pool.service_region}: sized from a concurrency histogram, not from "
+                             "arrivals; nothing to check (add burstiness to the profile)")
+                continue
+            network = max(ev.network_ms for ev in evs)
+            members = [(p.traffic.hourly_rps(), p.traffic.hourly_burstiness(), p.traffic.output_tokens)
+                       for p, _ in pool.members]
+            targets.append((f"{pool.candidate} @ {pool.service_region} serving {', '.join(pool.consumer_regions)}",
+                            ctx.model(evs[0].candidate), members, _limits(ctx, network), pool.instances_by_hour,
+                            pool.needed_by_hour, pool.predictions, network))
+    for title, model, members, limits, planned, needed, predictions, network in targets:
+        checks = check_sizing(model, members, limits, planned, needed, predictions, network, seed, max_groups)
+        lines += render_checks(title, checks)
+        ok = ok and all(c.agrees for c in checks)
+    lines.append(f"planner and simulation {'agree' if ok else 'DISAGREE'} within {AGREEMENT:.0%} (P99 TTFT incl. "
+                 "network, P99 ITL at the planned count; instance count within 10% or one instance)")
+    return lines, ok
