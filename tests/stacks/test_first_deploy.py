@@ -78,7 +78,7 @@ def test_releasing_a_held_region_changes_sizes_only(held):
     groups = {k for k, v in released.items() if v["Type"] in ("AWS::AutoScaling::AutoScalingGroup",
                                                               "AWS::AutoScaling::WarmPool")}
     scaling = {k for k, v in released.items() if v["Type"] == "AWS::AutoScaling::ScalingPolicy"
-               or (v["Type"] == "AWS::CloudWatch::Alarm" and "ScaleInAlarm" in k)}
+               or (v["Type"] == "AWS::CloudWatch::Alarm" and ("ScaleInAlarm" in k or "SloRatioAlarm" in k))}
     assert scaling and not any(released[k]["Type"] == "AWS::EC2::LaunchTemplate" for k in changed)
     # Only the group's sizes, its warm pool and its scaling differ: no launch template change.
     assert changed == groups | scaling, sorted(changed - groups - scaling)

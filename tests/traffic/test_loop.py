@@ -169,7 +169,8 @@ def test_the_loop_replans_from_production_and_flags_doubled_and_batch_traffic(aw
 
     rc, out = check(DOUBLED)
     assert rc == 3, out
-    assert "capacity.max would change" in out
+    # Sized from arrivals, the re-plan may keep the same bounds (the floor of 2 still holds twice the rate);
+    # the baseline's throughput check is what flags it: past what max capacity serves at the planned target.
     assert "traffic grew past the SLO-safe throughput of max capacity" in out
 
     rc, out = check(BATCH)
