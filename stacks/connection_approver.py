@@ -18,11 +18,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from aws_cdk import Duration, RemovalPolicy, Stack
+from aws_cdk import RemovalPolicy, Stack
 from aws_cdk import aws_ec2 as ec2
 from aws_cdk import aws_iam as iam
 from aws_cdk import aws_lambda as lambda_
-from aws_cdk import aws_logs as logs
 from aws_cdk import aws_sns as sns
 from aws_cdk import aws_sns_subscriptions as subscriptions
 from constructs import Construct
@@ -31,11 +30,10 @@ from fleetcast.config import FleetConfig, Region
 from fleetcast.connections.policy import allowed_accounts
 
 from . import nag
-from .fleet_logs import _retention
+from .function import function_log_group, function_role, grant_own_logs, python_function
 from .lambdas.connection_approver.handler import NOTICE_ATTRIBUTE
 
 HANDLER_DIR = Path(__file__).resolve().parent / "lambdas" / "connection_approver"
-RUNTIME = lambda_.Runtime.PYTHON_3_14
 
 
 class ConnectionApprover(Construct):
@@ -49,14 +47,10 @@ class ConnectionApprover(Construct):
         service_id = endpoint_service.vpc_endpoint_service_id
         self.allowed_accounts = sorted(allowed_accounts(cfg, region_name))
 
-        self.log_group = logs.LogGroup(
-            self, "Logs", retention=_retention(cfg.operations.log_retention_days),
-            removal_policy=RemovalPolicy.RETAIN,  # the log group is the auto-approver's audit trail
-        )
-        self.role = iam.Role(
-            self, "Role", assumed_by=iam.ServicePrincipal("lambda.amazonaws.com"),
-            description=f"{cfg.name} connection auto-approver in {region_name}: accept allowed accounts only",
-        )
+        # The log group is the auto-approver's audit trail.
+        self.log_group = function_log_group(self, cfg, RemovalPolicy.RETAIN)
+        self.role = function_role(
+            self, f"{cfg.name} connection auto-approver in {region_name}: accept allowed accounts only")
         self.role.add_to_policy(iam.PolicyStatement(
             sid="AcceptOnThisServiceOnly",
             actions=["ec2:AcceptVpcEndpointConnections"],
@@ -65,10 +59,7 @@ class ConnectionApprover(Construct):
         self.role.add_to_policy(iam.PolicyStatement(
             sid="ReadConnections", actions=["ec2:DescribeVpcEndpointConnections"], resources=["*"],
         ))
-        self.role.add_to_policy(iam.PolicyStatement(
-            sid="WriteOwnLogs", actions=["logs:CreateLogStream", "logs:PutLogEvents"],
-            resources=[self.log_group.log_group_arn],
-        ))
+        grant_own_logs(self.role, self.log_group)
         # Publish to this topic only. Spelled out rather than topic.grant_publish(), whose KMS
         # grant uses kms:GenerateDataKey*: SNS needs exactly these two actions on the topic key.
         self.role.add_to_policy(iam.PolicyStatement(
@@ -80,17 +71,14 @@ class ConnectionApprover(Construct):
                 resources=[topic.master_key.key_arn],
             ))
 
-        self.function = lambda_.Function(
-            self, "Function",
+        self.function = python_function(
+            self,
             description=f"{cfg.name}: accept endpoint connections from allowed accounts in {region_name}",
-            runtime=RUNTIME,
-            architecture=lambda_.Architecture.ARM_64,
-            handler="handler.handler",
             code=lambda_.Code.from_asset(str(HANDLER_DIR), exclude=["__pycache__", "*.pyc", "__init__.py"]),
             role=self.role,
             log_group=self.log_group,
-            timeout=Duration.seconds(60),
-            memory_size=256,
+            timeout_s=60,
+            memory_mb=256,
             environment={
                 "SERVICE_ID": service_id,
                 "ALLOWED_ACCOUNTS": json.dumps(self.allowed_accounts),
@@ -98,9 +86,6 @@ class ConnectionApprover(Construct):
                 "FLEET": cfg.name,
             },
         )
-        # CDK makes the function depend on its role (so the role's policy exists before the first
-        # invocation) although Role= already orders them; cfn-lint flags the duplicate (W3005).
-        self.function.node.default_child.add_metadata("cfn-lint", {"config": {"ignore_checks": ["W3005"]}})
         # The function's own notices carry NOTICE_ATTRIBUTE; dropping them here means a notice
         # can never trigger the function again (no loop through the shared topic).
         topic.add_subscription(subscriptions.LambdaSubscription(

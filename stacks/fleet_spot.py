@@ -30,20 +30,18 @@ import json
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from aws_cdk import Duration, RemovalPolicy, Stack
+from aws_cdk import RemovalPolicy, Stack
 from aws_cdk import aws_autoscaling as autoscaling
 from aws_cdk import aws_events as events
 from aws_cdk import aws_events_targets as targets
 from aws_cdk import aws_iam as iam
 from aws_cdk import aws_lambda as lambda_
-from aws_cdk import aws_logs as logs
 from constructs import Construct
 
 from fleetcast.config import FleetConfig, Pool
 
 from . import nag
-from .connection_approver import RUNTIME
-from .fleet_logs import _retention
+from .function import function_log_group, function_role, grant_own_logs, python_function
 from .gpu_fleet import asg_arn
 from .lambdas.spot_fallback.handler import LAUNCHED
 
@@ -64,15 +62,9 @@ class SpotFallback(Construct):
             }
             for pool, _, _ in pools
         }
-        self.log_group = logs.LogGroup(
-            self, "Logs", retention=_retention(cfg.operations.log_retention_days),
-            removal_policy=RemovalPolicy.RETAIN,  # the record of every fallback decision
-        )
-        self.role = iam.Role(
-            self, "Role", assumed_by=iam.ServicePrincipal("lambda.amazonaws.com"),
-            description=f"{cfg.name} Spot fallback in {region}: resize the spot pools' On-Demand groups within "
-                        "their ceilings",
-        )
+        self.log_group = function_log_group(self, cfg, RemovalPolicy.RETAIN)  # every fallback decision
+        self.role = function_role(self, f"{cfg.name} Spot fallback in {region}: resize the spot pools' "
+                                        "On-Demand groups within their ceilings")
         for k, (pool, _, _) in enumerate(pools):
             self.role.add_to_policy(iam.PolicyStatement(
                 sid=f"ResizeOnDemandWithinCeiling{k}",
@@ -83,26 +75,19 @@ class SpotFallback(Construct):
         self.role.add_to_policy(iam.PolicyStatement(
             sid="ReadGroups", actions=["autoscaling:DescribeAutoScalingGroups"], resources=["*"],
         ))
-        self.role.add_to_policy(iam.PolicyStatement(
-            sid="WriteOwnLogs", actions=["logs:CreateLogStream", "logs:PutLogEvents"],
-            resources=[self.log_group.log_group_arn],
-        ))
-        self.function = lambda_.Function(
-            self, "Function",
+        grant_own_logs(self.role, self.log_group)
+        self.function = python_function(
+            self,
             description=f"{cfg.name}: On-Demand fallback for Spot capacity shortfalls in {region}",
-            runtime=RUNTIME,
-            architecture=lambda_.Architecture.ARM_64,
-            handler="handler.handler",
             code=lambda_.Code.from_asset(str(HANDLER_DIR), exclude=["__pycache__", "*.pyc", "__init__.py"]),
             role=self.role,
             log_group=self.log_group,
-            timeout=Duration.seconds(30),
-            memory_size=128,
+            timeout_s=30,
+            memory_mb=128,
             # Two events of one capacity shortage must not race each other's read-modify-write.
             reserved_concurrent_executions=1,
             environment={"POOLS": json.dumps(self.pools, sort_keys=True)},
         )
-        self.function.node.default_child.add_metadata("cfn-lint", {"config": {"ignore_checks": ["W3005"]}})
         # Failures: the region's existing launch-failure rule (the function ignores other groups and causes).
         launch_failure_rule.add_target(targets.LambdaFunction(self.function, retry_attempts=2))
         # Recoveries: a Spot group launched again, so the fallback stops growing.

@@ -22,13 +22,12 @@ import json
 import shutil
 from pathlib import Path
 
-from aws_cdk import Duration, RemovalPolicy, Stack
+from aws_cdk import RemovalPolicy, Stack
 from aws_cdk import aws_ec2 as ec2
 from aws_cdk import aws_events as events
 from aws_cdk import aws_events_targets as targets
 from aws_cdk import aws_iam as iam
 from aws_cdk import aws_lambda as lambda_
-from aws_cdk import aws_logs as logs
 from aws_cdk import aws_s3 as s3
 from aws_cdk import aws_sns as sns
 from constructs import Construct
@@ -38,8 +37,7 @@ from fleetcast.config import FleetConfig, Region
 from fleetcast.plan.drift import BASELINE_KEY
 
 from . import nag
-from .connection_approver import RUNTIME
-from .fleet_logs import _retention
+from .function import function_log_group, function_role, grant_own_logs, python_function
 from .runtime_bundle import REPO_ROOT, BundleSpec, bundle_files
 
 HANDLER = Path(__file__).resolve().parent / "lambdas" / "plan_drift" / "handler.py"
@@ -69,8 +67,7 @@ class PlanDriftCheck(Construct):
         assert check is not None
         stack = Stack.of(self)
 
-        self.log_group = logs.LogGroup(self, "Logs", retention=_retention(cfg.operations.log_retention_days),
-                                       removal_policy=RemovalPolicy.DESTROY)
+        self.log_group = function_log_group(self, cfg, RemovalPolicy.DESTROY)
         self.security_group = ec2.SecurityGroup(
             self, "SecurityGroup", vpc=vpc, allow_all_outbound=False,
             description=f"{cfg.name} plan drift check: HTTPS out to the VPC endpoints only, nothing in",
@@ -78,10 +75,8 @@ class PlanDriftCheck(Construct):
         self.security_group.add_egress_rule(
             ec2.Peer.any_ipv4(), ec2.Port.tcp(443),
             "HTTPS to the VPC endpoints and the S3 gateway (no route leaves the VPC with egress: none)")
-        self.role = iam.Role(
-            self, "Role", assumed_by=iam.ServicePrincipal("lambda.amazonaws.com"),
-            description=f"{cfg.name} plan drift check in {region.region}: read metrics and the baseline, publish drift",
-        )
+        self.role = function_role(
+            self, f"{cfg.name} plan drift check in {region.region}: read metrics and the baseline, publish drift")
         self.role.add_to_policy(iam.PolicyStatement(
             sid="ReadTheBaselineOnly", actions=["s3:GetObject"], resources=[bucket.arn_for_objects(BASELINE_KEY)]))
         self.role.add_to_policy(iam.PolicyStatement(
@@ -95,9 +90,7 @@ class PlanDriftCheck(Construct):
             self.role.add_to_policy(iam.PolicyStatement(
                 sid="EncryptNoticesWithTopicKey", actions=["kms:GenerateDataKey", "kms:Decrypt"],
                 resources=[topic.master_key.key_arn]))
-        self.role.add_to_policy(iam.PolicyStatement(
-            sid="WriteOwnLogs", actions=["logs:CreateLogStream", "logs:PutLogEvents"],
-            resources=[self.log_group.log_group_arn]))
+        grant_own_logs(self.role, self.log_group)
         # What a function in a VPC needs for its network interfaces (Lambda developer guide, "Giving Lambda
         # functions access to resources in an Amazon VPC": the AWSLambdaVPCAccessExecutionRole actions),
         # spelled out instead of that managed policy, whose logs actions reach every log group.
@@ -108,18 +101,15 @@ class PlanDriftCheck(Construct):
             resources=["*"]))
 
         consumers = [[c.name, c.region] for c in cfg.consumers_of(region.region)]
-        self.function = lambda_.Function(
-            self, "Function",
+        self.function = python_function(
+            self,
             description=f"{cfg.name}: plan drift check in {region.region} ({check.schedule})",
-            runtime=RUNTIME,
-            architecture=lambda_.Architecture.ARM_64,
-            handler="handler.handler",
             code=lambda_.Code.from_asset(str(stage_code(stack.node.root.outdir)),
                                          exclude=["__pycache__", "*.pyc"]),
             role=self.role,
             log_group=self.log_group,
-            timeout=Duration.seconds(120),
-            memory_size=256,
+            timeout_s=120,
+            memory_mb=256,
             vpc=vpc,
             vpc_subnets=subnets,
             security_groups=[self.security_group],
@@ -130,7 +120,6 @@ class PlanDriftCheck(Construct):
                 "CONSUMERS": json.dumps(consumers),
             },
         )
-        self.function.node.default_child.add_metadata("cfn-lint", {"config": {"ignore_checks": ["W3005"]}})
         self.rule = events.Rule(self, "Schedule", schedule=events.Schedule.expression(check.schedule),
                                 description=f"{cfg.name}: run the plan drift check in {region.region}")
         self.rule.add_target(targets.LambdaFunction(self.function, retry_attempts=2))
