@@ -551,9 +551,9 @@ class Bootstrap:
     def _raise_if_interrupted(self) -> None:
         notice = self.spot_watcher.notice if self.spot_watcher else None
         if notice is not None and notice.interruption:
-            from .engine_cache import CacheError
+            from .engine_cache import NotABuildFailure
 
-            raise spot.as_cache_error(CacheError)("Spot interruption notice: engine build stopped, lock released")
+            raise spot.as_cache_error(NotABuildFailure)("Spot interruption notice: engine build stopped, lock released")
 
     def _interrupt_build(self, _signum: int, _frame: object) -> None:
         if self._phase == "preparing" and self._in_build:

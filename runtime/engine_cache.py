@@ -72,7 +72,12 @@ class CacheError(RuntimeError):
     """Base of every engine-cache failure the bootstrap turns into ABANDON."""
 
 
-class StorageUnavailable(CacheError):
+class NotABuildFailure(CacheError):
+    """A build stopped for a reason outside it (S3 down, inputs not staged yet, the instance reclaimed):
+    it records no failure marker, since the circuit breaker is for builds that fail on their own."""
+
+
+class StorageUnavailable(NotABuildFailure):
     """S3 kept failing past the retry deadline."""
 
 
@@ -710,9 +715,7 @@ class EngineCache:
             t0 = time.monotonic()
             try:
                 artifact = build(work)
-            except CacheError:
-                # S3 down or inputs not staged yet: not the build's fault, so no failure marker
-                # (the breaker is for builds that fail on their own, e.g. out of GPU memory).
+            except NotABuildFailure:
                 shutil.rmtree(work, ignore_errors=True)
                 raise
             except Exception as exc:

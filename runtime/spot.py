@@ -60,8 +60,8 @@ class SpotInterrupted(Exception):
 
 
 def as_cache_error(base: type[Exception]) -> type[Exception]:
-    """SpotInterrupted as a subclass of the engine cache's CacheError, so a build interrupted by it records no
-    failure and releases its lock (imported lazily: the gateway loads this module without the cache)."""
+    """SpotInterrupted as a subclass of the engine cache's NotABuildFailure, so a build interrupted by it records
+    no failure and releases its lock (imported lazily: the gateway loads this module without the cache)."""
     return type("SpotInterruptedBuild", (SpotInterrupted, base), {})
 
 

@@ -14,13 +14,14 @@ from typing import Callable
 
 from fleetcast.staging.manifest import MANIFEST_NAME, Manifest, verify_tree
 
-from .engine_cache import CacheError, RetryingS3
+from .engine_cache import CacheError, NotABuildFailure, RetryingS3
 
 log = logging.getLogger("fleetcast.staged")
 
 
-class StagingMissing(CacheError):
-    """The staged model or calibration set is not in the bucket (or is incomplete)."""
+class StagingMissing(NotABuildFailure):
+    """The staged model or calibration set is not in the bucket (or is incomplete): staging's fault, not the
+    build's, so it opens no circuit breaker."""
 
 
 def calibration_key_prefix(dataset_uri: str) -> str:
