@@ -1,7 +1,7 @@
 """Benchmark mode (`cdk synth -c bench=true`): one single-instance group per
 candidate pool, launched through the fleet's own GpuFleet construct (same launch
 template path, AMI, role shape, user data and runtime), that serves its pool's
-engine, runs `fleetcast bench` against itself (runtime/bench_job.py), uploads
+engine, runs `fleetcast bench` against itself (fleetcast/bench/job.py), uploads
 the results file to the region bucket and scales its group to zero.
 
 Candidates are the config's pools (instance type x engine precision): to compare

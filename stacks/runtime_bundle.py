@@ -33,9 +33,9 @@ class BundleSpec:
 SERVING = BundleSpec("runtime", ("runtime.bootstrap", "runtime.gateway.__main__"),
                      ("runtime/systemd/*.service", "runtime/host/*.sh", "fleetcast/config/data/*.yaml"))
 # Bench instances (`cdk synth -c bench=true`) serve and also run the bench job.
-BENCH = BundleSpec("runtime-bench", SERVING.entry_points + ("runtime.bench_job", "fleetcast.bench.cli"), SERVING.data)
+BENCH = BundleSpec("runtime-bench", SERVING.entry_points + ("fleetcast.bench.job", "fleetcast.bench.cli"), SERVING.data)
 # The consumer-side probe runs only the bench job (its wheels are added by stacks/consumer_probe.py).
-PROBE = BundleSpec("probe", ("runtime.bench_job", "fleetcast.bench.cli"),
+PROBE = BundleSpec("probe", ("fleetcast.bench.job", "fleetcast.bench.cli"),
                    ("runtime/probe/*.service", "fleetcast/config/data/*.yaml"))
 
 # Reached only under development settings (the PyTorch reference backend, loopback fakes, the demo):

@@ -3,7 +3,7 @@
 It writes the env file (same format and checks as the fleet's, runtime/userdata.py),
 installs Python 3.11 from the AL2023 repositories, unpacks the probe bundle
 (fleetcast/, runtime/, wheels/) and the wheels, then starts fleetcast-probe.service,
-which runs runtime.bench_job. If any of that fails, the ERR trap uploads an error
+which runs fleetcast.bench.job. If any of that fails, the ERR trap uploads an error
 note next to the results key and scales the probe's group to zero with the
 preinstalled AWS CLI: a probe that cannot run never sits idle.
 
@@ -66,7 +66,7 @@ for wheel in {INSTALL_DIR}/wheels/*.whl; do
   python3.11 -m zipfile -e "$wheel" {DEPS_DIR}
 done
 chmod -R a+rX {INSTALL_DIR} {DEPS_DIR}
-PYTHONPATH={INSTALL_DIR}:{DEPS_DIR} python3.11 -c 'import pydantic, boto3, runtime.bench_job, fleetcast.bench.cli'
+PYTHONPATH={INSTALL_DIR}:{DEPS_DIR} python3.11 -c 'import pydantic, boto3, fleetcast.bench.job, fleetcast.bench.cli'
 
 install -m 0644 {INSTALL_DIR}/runtime/probe/{UNIT} {SYSTEMD_DIR}/
 systemctl daemon-reload

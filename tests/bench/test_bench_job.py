@@ -7,7 +7,7 @@ import pytest
 from botocore.stub import Stubber
 
 from fleetcast.bench.schema import load_results
-from runtime import bench_job
+from fleetcast.bench import job as bench_job
 
 REGION = "us-east-1"
 
@@ -75,7 +75,7 @@ def test_systemd_unit_runs_the_job_only_on_bench_instances():
     parser.read_string(unit_path.read_text())
     service = parser["Service"]
     assert service["ExecCondition"] == "/bin/sh -c 'test -n \"$FLEETCAST_BENCH_KEY\"'"
-    assert "python3 -m runtime.bench_job" in service["ExecStart"]
+    assert "python3 -m fleetcast.bench.job" in service["ExecStart"]
     assert service["Type"] == "oneshot" and service["Restart"] == "no"
     assert parser["Install"]["WantedBy"] == "multi-user.target"
 

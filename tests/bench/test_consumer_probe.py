@@ -225,7 +225,7 @@ def test_probe_user_data_refuses_bad_env(env, message):
 
 def test_probe_unit_runs_the_bench_job_with_the_unpacked_bundle_and_wheels():
     unit = (ROOT / "runtime" / "probe" / "fleetcast-probe.service").read_text()
-    assert "ExecStart=/usr/bin/python3.11 -m runtime.bench_job" in unit
+    assert "ExecStart=/usr/bin/python3.11 -m fleetcast.bench.job" in unit
     assert "Environment=PYTHONPATH=/opt/fleetcast:/opt/fleetcast-deps" in unit
     assert "EnvironmentFile=/etc/fleetcast/env" in unit and "Restart=no" in unit
 

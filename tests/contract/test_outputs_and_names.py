@@ -74,3 +74,18 @@ def test_every_instance_variable_the_code_names_is_defined_in_the_contract():
                 named |= set(re.findall(r"FLEETCAST_[A-Z0-9_]*[A-Z0-9]", path.read_text(errors="replace")))
     named.discard("FLEETCAST_ENV")  # the user data's heredoc delimiter, not a variable
     assert sorted(named - KNOWN) == []
+
+
+def test_the_runtime_imports_nothing_of_the_planner_the_bench_or_the_clis():
+    """runtime/ is what an instance runs: it may import the contract layer and the config model, never
+    fleetcast.plan, fleetcast.bench (the bench job lives there and imports the runtime, not the reverse) or
+    scripts."""
+    forbidden = ("fleetcast.plan", "fleetcast.bench", "scripts", "stacks")
+    found = []
+    for path in (ROOT / "runtime").rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [node.module or ""] if isinstance(node, ast.ImportFrom) and node.level == 0 else []
+            found += [f"{path.relative_to(ROOT)}: {n}" for n in names
+                      if any(n == f or n.startswith(f + ".") for f in forbidden)]
+    assert found == []

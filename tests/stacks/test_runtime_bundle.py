@@ -33,7 +33,7 @@ def test_bench_and_probe_bundles_add_only_the_bench_client():
     bench = set(map(str, bundle_files(BENCH)))
     assert bench > serving
     # The bench client and what it imports (its `collect` command's AWS session), nothing of the planner.
-    assert all(f.startswith(("fleetcast/bench/", "runtime/bench_job.py", "fleetcast/aws_session.py"))
+    assert all(f.startswith(("fleetcast/bench/", "fleetcast/bench/job.py", "fleetcast/aws_session.py"))
                for f in bench - serving), sorted(bench - serving)
     probe = set(map(str, bundle_files(PROBE)))
     assert "runtime/probe/fleetcast-probe.service" in probe and "runtime/bootstrap.py" not in probe
@@ -60,7 +60,7 @@ def test_the_serving_entry_points_import_from_the_bundle_alone(tmp_path):
 
 def test_the_probe_entry_points_import_from_the_probe_bundle_alone(tmp_path):
     bundle = stage_bundle(tmp_path, PROBE)
-    done = _without_the_checkout(bundle, "import runtime.bench_job, fleetcast.bench.cli")
+    done = _without_the_checkout(bundle, "import fleetcast.bench.job, fleetcast.bench.cli")
     assert done.returncode == 0, done.stderr
 
 
