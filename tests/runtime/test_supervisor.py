@@ -66,13 +66,18 @@ def test_supervisor_gives_up_on_a_crash_loop_so_systemd_can_restart_the_containe
 
 
 def test_stop_sends_sigterm_then_waits(tmp_path):
-    marker = tmp_path / "got-term"
+    marker, ready = tmp_path / "got-term", tmp_path / "ready"
     script = ("import signal, sys, time, pathlib\n"
               f"signal.signal(signal.SIGTERM, lambda *a: (pathlib.Path({str(marker)!r}).write_text('x'), sys.exit(0)))\n"
+              f"pathlib.Path({str(ready)!r}).write_text('y')\n"
               "time.sleep(60)\n")
     sup = Supervisor(poll_s=0.05)
     sup.start(Child("server", [sys.executable, "-c", script]))
-    time.sleep(0.5)
+    # The child says when its handler is in place (a fixed head start would race a slow interpreter start).
+    deadline = time.monotonic() + 30
+    while not ready.exists() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert ready.exists()
     assert sup.stop("server", timeout_s=10) == 0
     assert marker.read_text() == "x"
     sup.shutdown()
