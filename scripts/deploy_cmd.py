@@ -12,9 +12,12 @@ def register(sub: argparse._SubParsersAction) -> None:
 
     regions_help = ("only this provider region and the consumers it serves (repeatable; default: every region in "
                     "the config)")
-    deploy = sub.add_parser("deploy", help="bootstrap, deploy providers, stage, publish, deploy consumers, approve, smoke",
-                            description="Run the deployment guide's steps in order. --profile reaches every step: "
-                                        "each cdk command and each fleetcast sub-command.")
+    deploy = sub.add_parser("deploy", help="bootstrap, deploy providers (new regions held at zero), stage, release "
+                                           "capacity, publish, deploy consumers, approve, smoke",
+                            description="Run the deployment guide's steps in order. A provider region deployed for the "
+                                        "first time is held at zero instances until `fleetcast stage status` says its "
+                                        "model and image are staged; the capacity step then releases it. --profile "
+                                        "reaches every step: each cdk command and each fleetcast sub-command.")
     deploy.add_argument("--config", default="config/fleet.yaml")
     deploy.add_argument("--step", action="append", choices=STEPS,
                         help="run only this step (repeatable; default: all, in order)")
