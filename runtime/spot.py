@@ -94,27 +94,27 @@ def _epoch(value: object) -> float | None:
     return (parsed if parsed.tzinfo else parsed.replace(tzinfo=timezone.utc)).timestamp()
 
 
-def parse_instance_action(body: str | None, now: float) -> Notice | None:
-    if not body:
-        return None
+def _object(body: str) -> dict:
+    """The notice's JSON object, or {} when it is not one: a body we cannot read is still a notice, since
+    EC2 posts these items only when it will act."""
     try:
         doc = json.loads(body)
     except ValueError:
-        doc = {}
-    if not isinstance(doc, dict):
-        doc = {}
-    # A body we cannot read is still a notice: EC2 posts this item only when it will act.
+        return {}
+    return doc if isinstance(doc, dict) else {}
+
+
+def parse_instance_action(body: str | None, now: float) -> Notice | None:
+    if not body:
+        return None
+    doc = _object(body)
     return Notice("instance-action", str(doc.get("action") or "terminate"), _epoch(doc.get("time")), now)
 
 
 def parse_rebalance(body: str | None, now: float) -> Notice | None:
     if not body:
         return None
-    try:
-        doc = json.loads(body)
-    except ValueError:
-        doc = {}
-    return Notice("rebalance", None, _epoch(doc.get("noticeTime")) if isinstance(doc, dict) else None, now)
+    return Notice("rebalance", None, _epoch(_object(body).get("noticeTime")), now)
 
 
 class SpotWatcher:
