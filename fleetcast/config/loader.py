@@ -354,17 +354,19 @@ def _flow_depth_error(text: str) -> str | None:
     return None
 
 
-def read_document(path: str | Path) -> tuple[Any, dict[tuple, int]]:
-    """The file's YAML as plain data with line numbers; ConfigError (one clear issue) for unreadable input."""
+def read_document(path: str | Path, raw: bytes | None = None) -> tuple[Any, dict[tuple, int]]:
+    """The file's YAML as plain data with line numbers; ConfigError (one clear issue) for unreadable input.
+    `raw`: the file's bytes when the caller has read them already."""
     path = Path(path)
 
     def refuse(message: str) -> ConfigError:
         return ConfigError(str(path), [ConfigIssue((), message)])
 
-    try:
-        raw = path.read_bytes()
-    except OSError as exc:
-        raise refuse(f"cannot read the file: {exc.strerror}") from None
+    if raw is None:
+        try:
+            raw = path.read_bytes()
+        except OSError as exc:
+            raise refuse(f"cannot read the file: {exc.strerror}") from None
     try:
         text = _decode(raw)
     except ValueError as exc:
@@ -406,7 +408,7 @@ def load_config(path: str | Path) -> FleetConfig:
     key = (str(path), raw, tuple(sorted((k, v) for k, v in os.environ.items() if k.startswith("FLEETCAST_"))))
     if raw is not None and key in _validated:
         return _validated[key]
-    data, lines = read_document(path)
+    data, lines = read_document(path, raw)
     cfg = parse_config(data, str(path), lines)
     if raw is not None:
         if len(_validated) >= 16:
