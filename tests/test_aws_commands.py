@@ -18,11 +18,12 @@ import argparse
 import os
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
-from scripts.cli import build_parser
+from scripts.cli import build_parser, main
 from tests.ready_config import write_ready_config
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -101,10 +102,9 @@ def test_aws_commands_take_profile_and_region(path):
     assert ("--region" in opts) is (path not in NO_REGION_FLAG)
 
 
-@pytest.fixture(scope="module")
-def no_aws(tmp_path_factory):
+def no_aws_env(home: Path) -> tuple[dict[str, str], Path]:
     """An environment with no AWS credentials anywhere, and an `npx` that records instead of deploying."""
-    home = tmp_path_factory.mktemp("no-aws")
+    home.mkdir()
     empty = home / "empty"
     empty.write_text("")
     bin_dir = home / "bin"
@@ -120,6 +120,38 @@ def no_aws(tmp_path_factory):
     return env, calls
 
 
+@dataclass
+class Run:
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+@pytest.fixture
+def no_aws(tmp_path, monkeypatch, capsys):
+    """`run(argv)`: the CLI in this process, as `python -m scripts.cli` runs it (cwd at the repository root),
+    under `no_aws_env`. In-process because a subprocess per case cost a second of CPU each; the entry point
+    itself runs as a subprocess in `test_an_unknown_profile_is_one_line_and_exit_4_even_for_a_dry_run_deploy`."""
+    env, calls = no_aws_env(tmp_path / "home")
+    for key in list(os.environ):
+        if key.startswith("AWS_"):
+            monkeypatch.delenv(key)
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.chdir(ROOT)
+
+    def run(argv: list[str]) -> Run:
+        capsys.readouterr()
+        try:
+            code = main([a.replace("{tmp}", str(tmp_path)) for a in argv])
+        except SystemExit as exc:  # argparse usage errors
+            code = exc.code if isinstance(exc.code, int) else 2
+        out, err = capsys.readouterr()
+        return Run(code, out, err)
+
+    return run, calls
+
+
 def run_cli(argv, env, tmp_path):
     argv = [a.replace("{tmp}", str(tmp_path)) for a in argv]
     return subprocess.run([sys.executable, "-m", "scripts.cli", *argv], cwd=ROOT, env=env, capture_output=True,
@@ -131,12 +163,12 @@ AWS_CASES = [(path, extra) for path, runs in sorted(AWS_RUNS.items()) for extra 
 
 @pytest.mark.parametrize("path,extra", AWS_CASES, ids=[" ".join(p + tuple(e)) for p, e in AWS_CASES])
 def test_without_credentials_every_aws_command_exits_4_in_one_line(path, extra, no_aws, tmp_path):
-    env, calls = no_aws
+    run, calls = no_aws
     needs_config = "--config" in options(LEAVES[path]) and path not in {("plan",)}
     # deploy refuses the example config's placeholders before it looks for credentials
     config = str(write_ready_config(tmp_path / "fleet.yaml")) if path == ("deploy",) else CONFIG
     argv = [*path, *(["--config", config] if needs_config else []), *extra]
-    result = run_cli(argv, env, tmp_path)
+    result = run(argv)
     assert "Traceback" not in result.stderr, result.stderr
     assert result.returncode == 4, (result.returncode, result.stdout, result.stderr)
     last = result.stderr.strip().splitlines()[-1]
@@ -146,15 +178,16 @@ def test_without_credentials_every_aws_command_exits_4_in_one_line(path, extra, 
 
 @pytest.mark.parametrize("path", sorted(DRY_RUNS), ids=" ".join)
 def test_dry_runs_need_no_credentials_and_say_what_they_did_not_check(path, no_aws, tmp_path):
-    env, calls = no_aws
-    result = run_cli([*path, "--config", CONFIG, *DRY_RUNS[path]], env, tmp_path)
+    run, calls = no_aws
+    result = run([*path, "--config", CONFIG, *DRY_RUNS[path]])
     assert result.returncode == 0 and "Traceback" not in result.stderr, result.stderr
     assert "not checked" in result.stdout and "no AWS credentials" in result.stdout
     assert not calls.exists()
 
 
-def test_an_unknown_profile_is_one_line_and_exit_4_even_for_a_dry_run_deploy(no_aws, tmp_path):
-    env, _ = no_aws
+def test_an_unknown_profile_is_one_line_and_exit_4_even_for_a_dry_run_deploy(tmp_path):
+    """Through the real entry point, `python -m scripts.cli`, in a process of its own."""
+    env, _ = no_aws_env(tmp_path / "home")
     result = run_cli(["stage", "status", "--config", CONFIG, "--profile", "prod-typo"], env, tmp_path)
     assert result.returncode == 4 and "Traceback" not in result.stderr
     assert result.stderr.strip().splitlines() == [result.stderr.strip()] and "'prod-typo'" in result.stderr

@@ -145,14 +145,18 @@ class FakeEc2World:
     def __init__(self, access: Access, fleet: str, services: dict[str, str], conns: dict[str, dict[str, dict]]):
         self.fleet = fleet
         self.services = services  # region -> service id
-        self.conns = conns  # region -> endpoint id -> {"account":..., "state":...}
-        self.accepted: list[tuple[str, str, str]] = []  # (region, endpoint id, account)
-        self._params: dict = {}
+        self.reset(conns)
         for region in services:
             for service in ("ec2", "cloudformation", "sts"):
                 events = access.client(service, region).meta.events
                 events.register_first("before-parameter-build.*.*", self._remember)
                 events.register_first("before-call.*.*", self._answer(region))
+
+    def reset(self, conns: dict[str, dict[str, dict]]) -> None:
+        """A new world behind the same clients (building EC2 clients is most of a property example's cost)."""
+        self.conns = conns  # region -> endpoint id -> {"account":..., "state":...}
+        self.accepted: list[tuple[str, str, str]] = []  # (region, endpoint id, account)
+        self._params: dict = {}
 
     def _remember(self, params: dict, model, **_: object) -> None:
         self._params = dict(params)

@@ -7,6 +7,8 @@ endpoint-connection API behind real botocore clients (requests validated against
 
 from __future__ import annotations
 
+import functools
+
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -73,12 +75,20 @@ def argv_of(command) -> list[str]:
     return argv
 
 
+@functools.cache
+def fake_world() -> tuple[Access, FakeEc2World]:
+    """One Access and one fake for every example: `reset` gives each example its own connections, and the
+    Access holds nothing between commands but its clients."""
+    access = Access(boto_session=boto3.Session(botocore_session=_shared_botocore_session(), region_name=SEOUL),
+                    sleep=lambda s: None)
+    return access, FakeEc2World(access, "fleetcast", dict(SVC), {})
+
+
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(world=worlds, data=st.data())
 def test_no_command_sequence_accepts_a_disallowed_account_without_force_and_reason(world, data):
-    access = Access(boto_session=boto3.Session(botocore_session=_shared_botocore_session(), region_name=SEOUL),
-                    sleep=lambda s: None)
-    fake = FakeEc2World(access, "fleetcast", dict(SVC), {
+    access, fake = fake_world()
+    fake.reset({
         region: {endpoint_id(region, i): {"account": a, "state": s} for i, (a, s) in enumerate(items)}
         for region, items in world.items()
     })
