@@ -15,6 +15,7 @@ from fleetcast.config import load_config
 from fleetcast.errors import UserError
 from stacks.app_builder import build_app, cdk_json_context
 from stacks.bench_fleet import results_key
+from tests.cfn_lint import assert_lint_clean
 
 ROOT = Path(__file__).resolve().parents[2]
 NODE_MAJOR = subprocess.run(["node", "--version"], capture_output=True, text=True).stdout.strip().lstrip("v").split(".")[0]
@@ -92,9 +93,7 @@ def test_bench_mode_templates_pass_cfn_lint(bench_app):
     # Providers with bench groups and consumers with the PrivateLink probe.
     templates = [str(p) for p in sorted(outdir.glob("*.template.json"))]
     assert any("consumer" in t for t in templates) and any("provider" in t for t in templates)
-    proc = subprocess.run([str(ROOT / ".venv" / "bin" / "cfn-lint"), *templates], capture_output=True, text=True,
-                          cwd=ROOT)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert_lint_clean(*templates)
 
 
 @pytest.mark.parametrize("knob, value", [

@@ -6,6 +6,7 @@ import json
 from functools import lru_cache
 
 from tests.stacks.synthesized import default_doc, default_fleet, synthesize
+from tests.cfn_lint import assert_lint_clean
 
 SEOUL_STACK = "fleetcast-provider-ap-northeast-2"
 VIRGINIA_STACK = "fleetcast-provider-us-east-1"
@@ -49,13 +50,5 @@ def test_flag_deploys_one_approver_per_region_with_that_regions_accounts():
 
 
 def test_approving_templates_pass_cfn_lint():
-    import subprocess
-    import sys
-    from pathlib import Path
-
     fleet = approving_fleet()
-    stacks = [str(fleet.outdir / f"{name}.template.json") for name in (SEOUL_STACK, VIRGINIA_STACK)]
-    cfn_lint = Path(sys.executable).with_name("cfn-lint")
-    done = subprocess.run([str(cfn_lint), *stacks], capture_output=True, text=True,
-                          cwd=Path(__file__).resolve().parents[2], timeout=240)
-    assert done.returncode == 0, done.stdout + done.stderr
+    assert_lint_clean(*(fleet.outdir / f"{name}.template.json" for name in (SEOUL_STACK, VIRGINIA_STACK)))

@@ -162,6 +162,24 @@ def test_cfn_lint_reports_nothing_on_any_template():
     assert result.returncode == 0 and not result.stdout.strip(), result.stdout[-5000:]
 
 
+def test_in_process_cfn_lint_reports_what_the_cli_reports(tmp_path):
+    """tests/cfn_lint.py stands in for the CLI in the other template tests: on a broken template it names the
+    same rules as the CLI, and it applies .cfnlintrc.yaml (W3010 is ignored there and nowhere else)."""
+    from tests.cfn_lint import lint
+
+    template = json.loads((default_fleet().outdir / "fleetcast-provider-ap-northeast-2.template.json").read_text())
+    group = next(r for r in template["Resources"].values() if r["Type"] == "AWS::AutoScaling::AutoScalingGroup")
+    group["Properties"].update(MinSize="lots", NoSuchProperty=1)
+    broken = tmp_path / "broken.template.json"
+    broken.write_text(json.dumps(template))
+    cli = subprocess.run([str(CFN_LINT), "--format", "parseable", str(broken)], cwd=ROOT, capture_output=True,
+                         text=True, timeout=300)
+    cli_rules = sorted(line.split(":")[5] for line in cli.stdout.splitlines())
+    assert cli_rules == ["E3002", "E3031"], cli.stdout
+    assert sorted(p.split()[0] for p in lint(broken)) == cli_rules
+    assert any(p.startswith("W3010 ") for p in lint(broken, cwd=tmp_path))  # what .cfnlintrc.yaml's ignore hides
+
+
 def test_cfn_lint_ignores_are_each_explained():
     lines = (ROOT / ".cfnlintrc.yaml").read_text().splitlines()
     rules = [i for i, line in enumerate(lines) if re.match(r"^\s*-\s*[EWI]\d{4}\b", line)]

@@ -5,8 +5,6 @@ wired to the provider's own target group, topic and key."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -18,6 +16,7 @@ from fleetcast.config import config_from_json, load_config
 from fleetcast.contract.names import provider_stack_name
 from stacks.app_builder import build_app, cdk_json_context
 from stacks.fleet_lifecycle import TERMINATE_HOOK_MARGIN_S
+from tests.cfn_lint import assert_lint_clean
 
 ROOT = Path(__file__).resolve().parents[2]
 CFG = load_config(ROOT / "config" / "fleet.yaml")
@@ -142,9 +141,7 @@ def test_every_operations_option_passes_cdk_nag_and_cfn_lint(tmp_path):
     build_app(cfg, app, report=lambda _msg: None)
     assembly = app.synth()  # raises on any cdk-nag finding
     templates = [str(tmp_path / "cdk.out" / f"{provider_stack_name(cfg.name, r)}.template.json") for r in REGIONS]
-    lint = subprocess.run([str(Path(sys.executable).with_name("cfn-lint")), *templates], cwd=ROOT, capture_output=True, text=True,
-                          timeout=240)
-    assert lint.returncode == 0, lint.stdout + lint.stderr
+    assert_lint_clean(*templates)
     seoul_template = json.loads(Path(templates[0]).read_text())
     types = [r["Type"] for r in seoul_template["Resources"].values()]
     assert types.count("AWS::AutoScaling::ScheduledAction") == 2 and "AWS::SNS::Subscription" in types

@@ -4,8 +4,6 @@ cfn-lint clean), reaching AWS only through VPC endpoints."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from functools import lru_cache
 from pathlib import Path
 
@@ -13,6 +11,7 @@ from fleetcast import telemetry
 from stacks.plan_drift import BASELINE_KEY
 
 from .synthesized import default_doc, default_fleet, synthesize
+from tests.cfn_lint import assert_lint_clean
 
 ROOT = Path(__file__).resolve().parents[2]
 STACKS = ("fleetcast-provider-ap-northeast-2", "fleetcast-provider-us-east-1")
@@ -72,10 +71,7 @@ def test_its_role_reads_one_object_and_writes_only_the_fleetcast_namespace():
 
 def test_drift_templates_pass_cfn_lint():
     fleet = drift_fleet()
-    cfn_lint = Path(sys.executable).with_name("cfn-lint")
-    done = subprocess.run([str(cfn_lint), *(str(fleet.outdir / f"{s}.template.json") for s in STACKS)],
-                          capture_output=True, text=True, cwd=ROOT, timeout=300)
-    assert done.returncode == 0, done.stdout + done.stderr
+    assert_lint_clean(*(fleet.outdir / f"{s}.template.json" for s in STACKS))
 
 
 def test_with_nat_egress_it_synthesizes_without_adding_an_endpoint():
