@@ -4,7 +4,6 @@ self-stopping instance per pool, from the fleet's own launch template path."""
 import json
 import os
 import subprocess
-import tempfile
 from pathlib import Path
 
 import pytest
@@ -80,9 +79,9 @@ def test_bench_role_may_write_only_its_results_and_scale_only_its_group(bench_ap
         assert "bench/*" not in p  # no wildcard over other candidates' results
 
 
-def test_no_bench_groups_without_the_flag():
+def test_no_bench_groups_without_the_flag(tmp_path):
     cfg = load_config(ROOT / "config" / "fleet.yaml")
-    app = App(outdir=tempfile.mkdtemp(prefix="fleetcast-nobench-"), context=cdk_json_context())
+    app = App(outdir=str(tmp_path), context=cdk_json_context())
     stacks = build_app(cfg, app, report=lambda _: None)
     for stack in stacks.values():
         assert stack.node.try_find_child("Bench") is None

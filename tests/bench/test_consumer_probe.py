@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import re
 import subprocess
-import tempfile
 from pathlib import Path
 
 import pytest
@@ -128,11 +127,11 @@ def test_probe_role_reads_its_bundle_writes_only_its_results_and_scales_only_its
         assert principal == {"Service": "ec2.amazonaws.com"}
 
 
-def test_no_probe_without_the_bench_flag_or_with_bench_probe_false():
+def test_no_probe_without_the_bench_flag_or_with_bench_probe_false(tmp_path):
     cfg = load_config(ROOT / "config" / "fleet.yaml")
     c = cfg.consumers[0]
-    for context in ({}, {"bench": "true", "bench_probe": "false"}):
-        app = App(outdir=tempfile.mkdtemp(prefix="fleetcast-noprobe-"), context={**cdk_json_context(), **context})
+    for i, context in enumerate(({}, {"bench": "true", "bench_probe": "false"})):
+        app = App(outdir=str(tmp_path / str(i)), context={**cdk_json_context(), **context})
         stack = ConsumerStack(app, "C", cfg=cfg, consumer=c, env=Environment(account=c.account, region=c.region))
         assert stack.node.try_find_child("BenchProbe") is None
         template = Template.from_stack(stack).to_json()
