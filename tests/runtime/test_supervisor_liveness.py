@@ -23,7 +23,7 @@ pytestmark = pytest.mark.timeout(120)
 # each probe of one takes (it is most of these tests' run time); a healthy one on loopback answers
 # in milliseconds, and a probe of a healthy server that times out under load only fails one probe
 # of the `failures` in a row that a kill needs.
-PROBE_TIMEOUT_S = 0.3
+PROBE_TIMEOUT_S = 0.2
 
 
 def answers(port: int, timeout_s: float = PROBE_TIMEOUT_S) -> bool:
@@ -112,7 +112,7 @@ def test_a_server_that_restarts_do_not_bring_back_is_given_up_on(tmp_path):
 
     # startup_s only has to outlast the first start's Python start-up (tens of ms) for the story
     # above; the restarts never answer, so each of them costs startup_s plus `failures` probes.
-    live = Liveness(probe, interval_s=0.1, failures=2, startup_s=0.6)
+    live = Liveness(probe, interval_s=0.1, failures=2, startup_s=0.4)
     child = sup.start(Child("server", server(tmp_path, port), liveness=live,
                             policy=RestartPolicy(max_restarts=2, window_s=600, backoff_base_s=0.05)))
     try:
