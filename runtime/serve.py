@@ -67,6 +67,7 @@ class ServeSettings:
     server_stop_timeout_s: float = 60.0
     probe_prompt: str = "The quick brown fox"
     probe_tokens: int = 4
+    probe_retry_s: float = 1.0  # between the readiness generation's three attempts
     gateway_refresh_s: float = 60.0  # endpoints, API keys and consumers (docs/gateway.md)
     drain_deadline_file: Path | None = None  # a Spot interruption's deadline for the gateway (runtime/spot.py)
     restart: RestartPolicy = field(default_factory=RestartPolicy)
@@ -190,12 +191,13 @@ class Serving:
         body = {"model": self.s.model_name, "prompt": self.s.probe_prompt, "max_tokens": self.s.probe_tokens,
                 "temperature": 0, "stream": False}
         last = None
-        for _ in range(3):
+        for attempt in range(3):
+            if attempt:
+                time.sleep(self.s.probe_retry_s)  # not after the last: its failure is reported at once
             try:
                 status, reply = http_json("POST", f"{self.base}/v1/completions", body, timeout_s=120.0)
             except OSError as exc:
                 last = str(exc)
-                time.sleep(1)
                 continue
             if status == 200 and isinstance(reply, dict):
                 choices = reply.get("choices") or [{}]
@@ -206,7 +208,6 @@ class Serving:
                 last = f"no tokens generated: {reply}"
             else:
                 last = f"HTTP {status}: {str(reply)[:300]}"
-            time.sleep(1)
         raise ServeError(f"probe generation through /v1/completions failed: {last}")
 
     def drain(self, budget_s: float | None = None) -> dict:

@@ -251,6 +251,11 @@ class S3Fault:
     """One fault of FaultyS3: requests with `method` whose object key contains `key_part` get
     `action` (at most `times` of them; None: all). Actions, each a way real S3 or the network fails:
       "503"      answer 503 SlowDown (S3's throttling error) without forwarding;
+      "503-unavailable"  answer 503 ServiceUnavailable (S3's other 503) without forwarding. botocore
+                 retries both as often (standard mode: any 503), but backs off from a 1 s base on a
+                 throttling code and from 50 ms on this one (botocore/retries/standard.py
+                 ExponentialBackoff), so a test of what comes after botocore's retries need not
+                 wait seconds per request;
       "truncate" forward, then send the response head and half the body, and close;
       "stall"    forward, then send the head and half the body, and send nothing more until
                  FaultyS3.stop() (or `stall_s`), as a dead connection does.
@@ -261,6 +266,10 @@ class S3Fault:
     action: str
     times: int | None = None
     hits: int = 0
+
+
+_503 = {"503": ("SlowDown", "Please reduce your request rate."),
+        "503-unavailable": ("ServiceUnavailable", "Service is unable to handle request.")}
 
 
 class _FaultyS3Handler(_Quiet):
@@ -283,10 +292,11 @@ class _FaultyS3Handler(_Quiet):
         length = int(self.headers.get("Content-Length") or 0)
         body = self.rfile.read(length) if length else b""
         fault = self._fault()
-        if fault is not None and fault.action == "503":
+        if fault is not None and fault.action in _503:
+            code, message = _503[fault.action]
             self.close_connection = True
-            self._send(503, '<?xml version="1.0" encoding="UTF-8"?><Error><Code>SlowDown</Code>'
-                            f"<Message>Please reduce your request rate.</Message><RequestId>{uuid.uuid4().hex}"
+            self._send(503, f'<?xml version="1.0" encoding="UTF-8"?><Error><Code>{code}</Code>'
+                            f"<Message>{message}</Message><RequestId>{uuid.uuid4().hex}"
                             "</RequestId></Error>", "application/xml")
             return
         headers = {k: v for k, v in self.headers.items() if k.lower() not in ("connection", "expect", "keep-alive")}

@@ -152,7 +152,9 @@ def test_drain_lets_inflight_streams_finish(fleet, trigger):
     aws, cfg, root = fleet
     iid = {"terminate-hook": "i-00000000000000b01", "SIGTERM": "i-00000000000000b02",
            "warm-pool-return": "i-00000000000000b03"}[trigger]
-    rp, imds, port = launch(aws, cfg, root, iid)
+    # The crashed server is restarted after 0.1 s, not the product's 1 s (it is 503 for its ~2 s of
+    # loading either way), and the terminate hook is seen within 0.1 s of IMDS showing it.
+    rp, imds, port = launch(aws, cfg, root, iid, FLEETCAST_RESTART_BACKOFF_S="0.1", FLEETCAST_TERMINATE_POLL_S="0.1")
     assert rp.wait_event("fleetcast_serving", 150) is not None, log_of(root, iid)[-3000:]
 
     if trigger == "terminate-hook":

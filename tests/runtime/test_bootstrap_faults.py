@@ -35,7 +35,7 @@ def faulty(tmp_path):
 def start(aws, proxy, cfg, tmp_path, instance_id, **extra):
     imds = aws.instance(instance_id)
     env = aws.runtime_env(imds, cfg, tmp_path / "disk", free_port_pair(), AWS_ENDPOINT_URL_S3=proxy.url,
-                          FLEETCAST_S3_RETRY_DEADLINE_S="2", FLEETCAST_S3_BACKOFF_S="0.1", **extra)
+                          FLEETCAST_S3_RETRY_DEADLINE_S="1", FLEETCAST_S3_BACKOFF_S="0.1", **extra)
     return aws.start_runtime(env, tmp_path / "log")
 
 
@@ -66,9 +66,11 @@ def runtime_cache(aws, cfg) -> EngineCache:
 
 def test_uploads_refused_with_503_abandon_the_launch_with_the_cause(faulty, tmp_path):
     """S3 answers 503 to every upload of the built engine: retried, then ABANDON, exit 0 (no systemd
-    restart into the same failure), the cause logged and published, the build lock freed."""
+    restart into the same failure), the cause logged and published, the build lock freed.
+    (ServiceUnavailable: botocore's four attempts per upload back off from 50 ms, not SlowDown's 1 s;
+    what the runtime does after them is the same, tests/runtime/test_engine_cache_faults.py.)"""
     aws, proxy, cfg = faulty
-    proxy.add("PUT", "/builds/", "503")
+    proxy.add("PUT", "/builds/", "503-unavailable")
     rp = start(aws, proxy, cfg, tmp_path, "i-00000000000000f01")
     assert exit_code(rp) == 0
     assert hook_results(aws, "i-00000000000000f01") == ["ABANDON"]
@@ -86,8 +88,8 @@ def test_downloads_that_keep_breaking_or_stall_abandon_the_launch(faulty, tmp_pa
     aws, proxy, cfg = faulty
     runtime_cache(aws, cfg).obtain(tmp_path / "seed", fake_build(tmp_path / "n", 0))
     proxy.add("GET", "/builds/", action)
-    rp = start(aws, proxy, cfg, tmp_path, "i-00000000000000f02", FLEETCAST_S3_STALL_S="1")
-    # Bounded by the 2 s retry deadline and 1 s stall bound (plus the runtime's start-up); the
+    rp = start(aws, proxy, cfg, tmp_path, "i-00000000000000f02", FLEETCAST_S3_STALL_S="0.5")
+    # Bounded by the 1 s retry deadline and 0.5 s stall bound (plus the runtime's start-up); the
     # product default would be five attempts of 60 s for one stalled GET, then a crash.
     assert exit_code(rp, 120) == 0
     assert hook_results(aws, "i-00000000000000f02") == ["ABANDON"]
@@ -128,8 +130,10 @@ def test_a_frozen_server_is_restarted_and_an_unrecoverable_one_gets_the_instance
     aws.put_config(cfg)
     iid = "i-00000000000000f03"
     imds = aws.instance(iid)
-    env = aws.runtime_env(imds, cfg, tmp_path / "disk", free_port_pair(), FLEETCAST_LIVENESS_INTERVAL_S="0.5",
-                          FLEETCAST_LIVENESS_TIMEOUT_S="1", FLEETCAST_LIVENESS_FAILURES="2",
+    # A SIGSTOPped server holds each probe for the whole timeout: 2 probes of 0.5 s, 0.2 s apart, per
+    # freeze. A healthy idle server answers /health in milliseconds (two misses in a row to be killed).
+    env = aws.runtime_env(imds, cfg, tmp_path / "disk", free_port_pair(), FLEETCAST_LIVENESS_INTERVAL_S="0.2",
+                          FLEETCAST_LIVENESS_TIMEOUT_S="0.5", FLEETCAST_LIVENESS_FAILURES="2",
                           FLEETCAST_MAX_RESTARTS="1", FLEETCAST_RESTART_BACKOFF_S="0.1",
                           FLEETCAST_REPLACE_WAIT_S="120")
     log = tmp_path / "log"

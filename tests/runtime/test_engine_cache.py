@@ -263,7 +263,7 @@ def test_a_long_build_keeps_its_lock_fresh_so_nobody_takes_it_over(aws, tmp_path
 
     def instance(name, delay):
         time.sleep(delay)
-        results[name] = cache(aws, holder=name, settings=short).obtain(tmp_path / name, fake_build(counter, 3.0))
+        results[name] = cache(aws, holder=name, settings=short).obtain(tmp_path / name, fake_build(counter, 2.0))
 
     threads = [threading.Thread(target=instance, args=("i-builder", 0)),
                threading.Thread(target=instance, args=("i-waiter", 0.5))]
@@ -271,7 +271,10 @@ def test_a_long_build_keeps_its_lock_fresh_so_nobody_takes_it_over(aws, tmp_path
         t.start()
     for t in threads:
         t.join(60)
-    assert count(counter) == 1  # 3 s build, 1 s TTL: only the refreshes kept the waiter out
+    # 2 s build, 1 s TTL: unrefreshed, the lock is stale to the waiter (there from 0.5 s, polling
+    # every 0.1 s) from about 1.1 s on, so a second of polls would have taken it over; only the
+    # refreshes kept the waiter out.
+    assert count(counter) == 1
     assert results["i-builder"].outcome == "built" and results["i-waiter"].outcome == "hit"
 
 

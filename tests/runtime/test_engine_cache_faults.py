@@ -25,7 +25,11 @@ from runtime.engine_cache import BuildFailed, CacheSettings, EngineCache, Storag
 from tests.runtime.cache_worker import client, fake_build, inputs
 
 FAST = CacheSettings(poll_s=0.1, lock_ttl_s=30, lock_refresh_s=0.5, wait_timeout_s=60, s3_retry_deadline_s=20,
-                     s3_backoff_base_s=0.05, s3_backoff_max_s=0.5, s3_stall_timeout_s=1.0)
+                     s3_backoff_base_s=0.05, s3_backoff_max_s=0.1, s3_stall_timeout_s=1.0)
+# For the tests whose proxy stalls a GET until it is stopped: no stall ends on its own, so a short
+# bound cannot turn a stall into a success; a healthy GET slower than it (a loaded machine) is one
+# more retry of an idempotent read within the deadline. Nothing here writes through that client.
+STALL = CacheSettings(**{**FAST.__dict__, "s3_stall_timeout_s": 0.25})
 
 
 @pytest.fixture
@@ -74,17 +78,22 @@ def test_the_fake_fails_the_way_boto3s_transfer_layer_does(aws, proxy, tmp_path)
 
 def test_uploads_answering_503_are_retried_until_they_go_through(aws, proxy, tmp_path):
     # botocore retries a 503 three times (standard mode) before upload_file gives up: fail four
-    # requests, so the cache's own retry has to act on S3UploadFailedError.
-    proxy.add("PUT", "/builds/", "503", times=4)
+    # requests, so the cache's own retry has to act on S3UploadFailedError. The first three are
+    # ServiceUnavailable (botocore backs off from 50 ms), the fourth, the one upload_file gives up
+    # on, is SlowDown (S3's throttling 503): the cache retries on the throttling code without
+    # this test waiting out botocore's 1 s-base throttling backoff (nothing retries after it).
+    proxy.add("PUT", "/builds/", "503-unavailable", times=3)
+    proxy.add("PUT", "/builds/", "503", times=1)
     res = faulty_cache(aws, proxy).obtain(tmp_path / "a", fake_build(tmp_path / "n", 0))
     assert res.outcome == "built"
-    assert len(proxy.injected) == 4
+    assert [action for _, _, action in proxy.injected] == ["503-unavailable"] * 3 + ["503"]
+    assert len({key for _, key, _ in proxy.injected}) == 1  # one upload_file call met all four
     assert aws.keys("locks/") == []
 
 
 def test_uploads_that_keep_failing_end_as_storage_unavailable_and_free_the_lock(aws, proxy, tmp_path):
-    proxy.add("PUT", "/builds/", "503")
-    settings = CacheSettings(**{**FAST.__dict__, "s3_retry_deadline_s": 1.0})
+    proxy.add("PUT", "/builds/", "503-unavailable")
+    settings = CacheSettings(**{**FAST.__dict__, "s3_retry_deadline_s": 0.5})
     with pytest.raises(StorageUnavailable, match="S3UploadFailedError"):
         faulty_cache(aws, proxy, settings=settings).obtain(tmp_path / "a", fake_build(tmp_path / "n", 0))
     assert aws.keys("locks/") == [] and aws.keys("failures/") == []  # not the build's fault
@@ -97,11 +106,11 @@ def test_downloads_that_break_or_stall_are_retried_then_succeed(aws, proxy, tmp_
     # s3transfer alone would absorb 5 broken reads of one GET (num_download_attempts); 6 exceed that.
     proxy.add("GET", "/builds/", action, times=6)
     started = time.monotonic()
-    res = faulty_cache(aws, proxy).obtain(tmp_path / "a", never_build)
+    res = faulty_cache(aws, proxy, settings=STALL).obtain(tmp_path / "a", never_build)
     assert res.outcome == "hit"
     assert len(proxy.injected) == 6
     if action == "stall":
-        # six stalls of 1 s (s3_stall_timeout_s) plus backoff; the default would be 6 x 5 x 60 s
+        # six stalls of 0.25 s (s3_stall_timeout_s) plus backoff; the default would be 6 x 5 x 60 s
         assert time.monotonic() - started < 120
 
 
@@ -109,18 +118,18 @@ def test_a_download_that_stays_stalled_is_reported_within_the_deadline(aws, prox
     EngineCache(client(aws.moto_url), aws.bucket, inputs(), settings=FAST).obtain(tmp_path / "b",
                                                                                    fake_build(tmp_path / "n", 0))
     proxy.add("GET", "/builds/", "stall")
-    settings = CacheSettings(**{**FAST.__dict__, "s3_retry_deadline_s": 2.0})
+    settings = CacheSettings(**{**STALL.__dict__, "s3_retry_deadline_s": 0.5})
     started = time.monotonic()
     with pytest.raises(StorageUnavailable, match="stalled"):
         faulty_cache(aws, proxy, settings=settings).obtain(tmp_path / "a", never_build)
-    assert time.monotonic() - started < 60  # the stall bound is 1 s; generous for a loaded machine
+    assert time.monotonic() - started < 60  # the stall bound is 0.25 s; generous for a loaded machine
 
 
 def test_a_failing_lock_release_neither_hides_the_error_nor_keeps_others_waiting(aws, proxy, tmp_path):
     """The build fails while S3 refuses deletes: the build failure is what surfaces, and the lock
     is marked released so a waiter with an hour-long lock lifetime takes over at once."""
-    proxy.add("DELETE", "/locks/", "503")
-    settings = CacheSettings(**{**FAST.__dict__, "lock_release_deadline_s": 1.0})
+    proxy.add("DELETE", "/locks/", "503-unavailable")
+    settings = CacheSettings(**{**FAST.__dict__, "lock_release_deadline_s": 0.5})
 
     def broken(workdir):
         raise RuntimeError("trtllm-build exited 1: out of memory")

@@ -35,7 +35,9 @@ def settings(port, **kw):
 
 def test_health_without_a_real_generation_is_not_ready():
     port = free_port_pair()
-    serving = Serving(settings(port), [sys.executable, "-c", HEALTHY_BUT_BROKEN, str(port + 1)])
+    # The pause between the probe's attempts is the product's 1 s; nothing here needs it (every
+    # attempt gets the same empty answer).
+    serving = Serving(settings(port, probe_retry_s=0.05), [sys.executable, "-c", HEALTHY_BUT_BROKEN, str(port + 1)])
     serving.start()
     try:
         with pytest.raises(ServeError, match="no tokens generated"):

@@ -19,7 +19,14 @@ from runtime.supervisor import Child, Liveness, RestartPolicy, Supervisor
 pytestmark = pytest.mark.timeout(120)
 
 
-def answers(port: int, timeout_s: float = 1.0) -> bool:
+# What the probes below wait for an answer. A frozen server never answers, so this bounds how long
+# each probe of one takes (it is most of these tests' run time); a healthy one on loopback answers
+# in milliseconds, and a probe of a healthy server that times out under load only fails one probe
+# of the `failures` in a row that a kill needs.
+PROBE_TIMEOUT_S = 0.2
+
+
+def answers(port: int, timeout_s: float = PROBE_TIMEOUT_S) -> bool:
     try:
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=timeout_s) as resp:
             return resp.status == 200
@@ -74,7 +81,7 @@ def test_a_frozen_server_is_killed_and_restarted(tmp_path):
             answered.append(child.pid)
         return ok
 
-    live = Liveness(probe, interval_s=0.2, failures=3, startup_s=60)
+    live = Liveness(probe, interval_s=0.1, failures=3, startup_s=60)
     child = sup.start(Child("server", server(tmp_path, port), policy=RestartPolicy(backoff_base_s=0.1),
                             liveness=live))
     try:
@@ -103,7 +110,9 @@ def test_a_server_that_restarts_do_not_bring_back_is_given_up_on(tmp_path):
             freeze(tmp_path, port)  # it came up: now it hangs
         return ok
 
-    live = Liveness(probe, interval_s=0.2, failures=2, startup_s=2)
+    # startup_s only has to outlast the first start's Python start-up (tens of ms) for the story
+    # above; the restarts never answer, so each of them costs startup_s plus `failures` probes.
+    live = Liveness(probe, interval_s=0.1, failures=2, startup_s=0.4)
     child = sup.start(Child("server", server(tmp_path, port), liveness=live,
                             policy=RestartPolicy(max_restarts=2, window_s=600, backoff_base_s=0.05)))
     try:
