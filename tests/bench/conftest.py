@@ -54,26 +54,11 @@ def fake_wheelhouse(directory):
 
 
 @pytest.fixture(scope="session")
-def bench_app(tmp_path_factory):
-    """The shipped config synthesized in bench mode (providers and consumers); cdk-nag findings would make
-    synth raise. Returns (cfg, stacks by name, cloud assembly directory)."""
-    import os
-    import subprocess
-    from pathlib import Path
+def bench_app():
+    """The shipped config synthesized in bench mode (providers and consumers; tests/stacks/synthesized.py
+    bench_mode_fleet, shared with the stack tests); cdk-nag findings would make synth raise. Returns
+    (cfg, stacks by name, cloud assembly directory)."""
+    from tests.stacks.synthesized import bench_mode_fleet
 
-    from aws_cdk import App
-
-    from fleetcast.config import load_config
-    from stacks.app_builder import build_app, cdk_json_context
-
-    node_major = subprocess.run(["node", "--version"], capture_output=True, text=True).stdout.strip().lstrip("v")
-    os.environ["JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION"] = node_major.split(".")[0]
-    root = Path(__file__).resolve().parents[2]
-    cfg = load_config(root / "config" / "fleet.yaml")
-    outdir = tmp_path_factory.mktemp("bench-synth")
-    wheels = fake_wheelhouse(tmp_path_factory.mktemp("wheels") / "probe-wheels")
-    app = App(outdir=str(outdir), context={**cdk_json_context(), "bench": "true", "bench_run": "r1",
-                                           "bench_concurrency": "1,4,16", "bench_probe_wheels": str(wheels)})
-    stacks = build_app(cfg, app, report=lambda _: None)
-    app.synth()
-    return cfg, stacks, outdir
+    fleet = bench_mode_fleet()
+    return fleet.cfg, fleet.stacks, fleet.outdir

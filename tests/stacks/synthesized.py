@@ -139,12 +139,14 @@ def nat_fleet() -> Synthesized:
 
 @lru_cache(maxsize=None)
 def bench_mode_fleet() -> Synthesized:
-    """config/fleet.yaml in benchmark mode (`-c bench=true`): bench groups per pool, a probe per consumer."""
+    """config/fleet.yaml in benchmark mode (`-c bench=true`, run r1, concurrency 1,4,16): bench groups per pool,
+    a probe per consumer."""
     from tests.bench.conftest import fake_wheelhouse
 
     wheels = fake_wheelhouse(Path(tempfile.mkdtemp(prefix="fleetcast-wheels-")))
     atexit.register(shutil.rmtree, wheels, ignore_errors=True)
-    return synthesize(default_doc(), "bench", {"bench": "true", "bench_probe_wheels": str(wheels)})
+    return synthesize(default_doc(), "bench", {"bench": "true", "bench_run": "r1", "bench_concurrency": "1,4,16",
+                                               "bench_probe_wheels": str(wheels)})
 
 
 def spot_doc() -> dict:
