@@ -87,6 +87,7 @@ class FleetSim:
         self._in_flight = 0
         self.unrouted = 0
         self._live: list[_Instance] | None = None
+        self._tab = None  # per-batch service tables, built by the first run()
 
     # -- fleet changes (the Auto Scaling side calls these) --
 
@@ -147,40 +148,129 @@ class FleetSim:
         return area
 
     # -- the event loop --
+    #
+    # The loop below is the simulator's hot path (a few microseconds per request): the per-batch service figures
+    # are read from tables built once per simulation (the same ServiceModel values, indexed by the integer batch),
+    # and the handlers are inlined with their state in locals. The order of every random draw, every event pushed
+    # and every floating-point operation is the same as in the plain version (_admit, _first_token, _complete,
+    # _finish below, kept for reading and for callers that drive one event at a time), so the results are
+    # identical to the bit.
+
+    def _tables(self) -> tuple[list[float], list[tuple[float, float]], list[tuple[float, float]]]:
+        """Per integer batch 0..cap: the step (ms), and the TTFT and ITL-factor lognormals as (mu, sigma)."""
+        if self._tab is None:
+            m = self.model
+            levels = range(self.cap + 1)
+            self._tab = ([m.step_ms(b) for b in levels], [(m.ttft(b).mu, m.ttft(b).sigma) for b in levels],
+                         [(m.itl_factor(b).mu, m.itl_factor(b).sigma) for b in levels])
+        return self._tab
 
     def run(self, arrivals: list[Arrival], until_s: float, tick_s: float | None = None, on_tick=None) -> None:
         """Serve `arrivals` (sorted by time) until `until_s`; call on_tick(sim, t_s) every tick_s."""
         if tick_s:
             self._push(tick_s * 1000.0, _TICK, None, None)
+        steps, ttfts, itls = self._tables()
+        events = self._events
+        heappush, heappop = heapq.heappush, heapq.heappop
+        exp, gauss, randrange = math.exp, self.rng.gauss, self.rng.randrange
+        records = self.records
+        inf = math.inf
+        cap = self.cap
         k, n = 0, len(arrivals)
         until_ms = until_s * 1000.0
+        next_arrival = arrivals[0].t_s * 1000.0 if n else inf
         while True:
-            next_arrival = arrivals[k].t_s * 1000.0 if k < n else math.inf
-            next_event = self._events[0][0] if self._events else math.inf
-            t = min(next_arrival, next_event)
-            if t > until_ms or t == math.inf:
-                break
-            if next_event <= next_arrival:
-                _, _, kind, inst, payload, version = heapq.heappop(self._events)
+            if events and events[0][0] <= next_arrival:
+                t = events[0][0]
+                if t > until_ms:
+                    break
+                _, _, kind, inst, req, version = heappop(events)
                 self.now_ms = t
                 if kind == _DONE:
-                    if version == inst.version:
-                        self._complete(inst, t)
+                    if version != inst.version:
+                        continue
+                    # _complete: advance the token clock, finish the request at the head of the decoding heap.
+                    if t > inst.t_u:  # decoding is non-empty: this request is in it
+                        inst.phi += (t - inst.t_u) / steps[inst.active]
+                    inst.t_u = t
+                    req = heappop(inst.decoding)[2]
+                    # _finish
+                    self._area += self._in_flight * (t - self._area_t)
+                    self._area_t = t
+                    a = req[0]
+                    inst.active -= 1
+                    self._in_flight -= 1
+                    records.append(Record(a.t_s, req[1] - a.t_s * 1000.0, (t - req[1]) / (a.output_tokens - 1),
+                                          t / 1000.0, a.stream, req[3]))  # decoding: output_tokens > 1
+                    if inst.queue:
+                        self._admit(inst, inst.queue.popleft(), t)
+                    elif inst.draining and inst.active == 0:
+                        inst.gone_s = t / 1000.0
                 elif kind == _FIRST:
-                    self._first_token(inst, t, payload)
+                    # _first_token
+                    if inst.decoding and t > inst.t_u:
+                        inst.phi += (t - inst.t_u) / steps[inst.active]
+                    inst.t_u = t
+                    req[1] = t
+                    out = req[0].output_tokens
+                    if out <= 1:
+                        self._finish(inst, t, req)
+                    else:
+                        self._seq += 1
+                        heappush(inst.decoding, (inst.phi + (out - 1) * req[2], self._seq, req))
                 elif kind == _READY:
                     if inst.gone_s is None and not inst.draining:
                         self._account(t)
                         self._live = None
                         inst.routable = True
                         inst.t_u = t
-                elif kind == _TICK:
+                    continue
+                else:  # _TICK
                     on_tick(self, t / 1000.0)
                     self._push(t + tick_s * 1000.0, _TICK, None, None)
+                    continue
             else:
+                t = next_arrival
+                if t > until_ms or t == inf:
+                    break
                 self.now_ms = t
-                self._arrive(arrivals[k], t)
+                a = arrivals[k]
                 k += 1
+                next_arrival = arrivals[k].t_s * 1000.0 if k < n else inf
+                # _arrive
+                live = self._live
+                if live is None:
+                    live = self._live = [i for i in self.instances if i.routable]
+                if not live:
+                    self.unrouted += 1
+                    records.append(Record(a.t_s, inf, None, a.t_s, a.stream, False, ok=False))
+                    continue
+                inst = live[randrange(len(live))]
+                req = [a, 0.0, 0.0, False]  # arrival, first-token ms, ITL factor, queued
+                if inst.active >= cap:
+                    req[3] = True
+                    inst.queue.append(req)
+                    continue
+                # _admit (its _reschedule follows below)
+                self._area += self._in_flight * (t - self._area_t)
+                self._area_t = t
+                if inst.decoding and t > inst.t_u:
+                    inst.phi += (t - inst.t_u) / steps[inst.active]
+                inst.t_u = t
+                inst.active = b = inst.active + 1
+                self._in_flight += 1
+                mu, sigma = ttfts[b]
+                ttft = exp(mu + sigma * gauss(0.0, 1.0)) if sigma else exp(mu)
+                mu, sigma = itls[b]
+                req[2] = exp(mu + sigma * gauss(0.0, 1.0)) if sigma else exp(mu)
+                self._seq += 1
+                heappush(events, (t + ttft, self._seq, _FIRST, inst, req, 0))
+            # _reschedule: the next completion at the current batch (every path above that gets here changed it)
+            inst.version += 1
+            if inst.decoding:
+                when = t + max(inst.decoding[0][0] - inst.phi, 0.0) * steps[inst.active]
+                self._seq += 1
+                heappush(events, (when, self._seq, _DONE, inst, None, inst.version))
         self.now_ms = until_ms
 
     def _push(self, t: float, kind: int, inst, payload, version: int = 0) -> None:
@@ -193,14 +283,14 @@ class FleetSim:
 
     def _advance(self, inst: _Instance, t: float) -> None:
         if inst.decoding and t > inst.t_u:
-            inst.phi += (t - inst.t_u) / self.model.step_ms(inst.active)
+            inst.phi += (t - inst.t_u) / self._tables()[0][inst.active]
         inst.t_u = t
 
     def _reschedule(self, inst: _Instance, t: float) -> None:
         inst.version += 1
         if inst.decoding:
             end_phi = inst.decoding[0][0]
-            when = t + max(end_phi - inst.phi, 0.0) * self.model.step_ms(inst.active)
+            when = t + max(end_phi - inst.phi, 0.0) * self._tables()[0][inst.active]
             self._push(when, _DONE, inst, None, inst.version)
 
     def _arrive(self, a: Arrival, t: float) -> None:
