@@ -27,6 +27,7 @@ join a batch above it more than 1% of the time is out of the measured range.
 from __future__ import annotations
 
 import math
+import operator
 from dataclasses import dataclass
 
 from .curves import Curve
@@ -155,6 +156,47 @@ def _quantile(cdf, q: float, hi: float) -> float:
     return hi
 
 
+def _mixture_cdf(mix: list[tuple[float, LogNormal]], norm: float):
+    """x -> sum(w * d.cdf(x) for w, d in mix) / norm, the same sum in the same order, evaluated faster: the
+    components share few distinct lognormals (every batch above the highest measured level is the top one), so
+    each distinct one is evaluated once per x, with log(x) taken once; the weighted sum then runs in C. Every
+    term is the float LogNormal.cdf returns, so the result is identical to the bit."""
+    dists: dict[LogNormal, int] = {}
+    idx = [dists.setdefault(d, len(dists)) for _, d in mix]
+    weights = [w for w, _ in mix]
+    params = [(d.mu, d.sigma * math.sqrt(2)) for d in dists]
+    log, erfc, mul = math.log, math.erfc, operator.mul
+
+    def cdf(x: float) -> float:
+        if x <= 0:
+            vals = [0.0] * len(params)
+        else:
+            lx = log(x)
+            vals = [0.5 * erfc(-(lx - mu) / s) if s else (1.0 if lx >= mu else 0.0) for mu, s in params]
+        return sum(map(mul, weights, map(vals.__getitem__, idx))) / norm
+    return cdf
+
+
+def _scaled_mixture_cdf(mix: list[tuple[float, LogNormal, float]]):
+    """x -> sum(w * d.cdf(x / s) for w, d, s in mix), LogNormal.cdf inlined (the same floats, in the same order)."""
+    terms = [(w, d.mu, d.sigma, d.sigma * math.sqrt(2), s) for w, d, s in mix]
+    log, erfc = math.log, math.erfc
+
+    def cdf(x: float) -> float:
+        total = 0
+        for w, mu, sigma, s2, s in terms:
+            y = x / s
+            if y <= 0:
+                c = 0.0
+            elif sigma == 0:
+                c = 1.0 if log(y) >= mu else 0.0
+            else:
+                c = 0.5 * erfc(-(log(y) - mu) / s2)
+            total += w * c
+        return total
+    return cdf
+
+
 @dataclass(frozen=True)
 class Prediction:
     """One instance's steady state at a per-instance arrival rate."""
@@ -193,13 +235,13 @@ def _predict(model: ServiceModel, streams: list[Stream], per_instance_share: flo
     out_of_range = max(0.0, 1.0 - sum(pmf[:top]))  # an arrival finding `top` in service waits: P(K >= top)
     mix = [(w, model.ttft(1.0 + k)) for k, w in enumerate(pmf) if w > 1e-9]
     norm = sum(w for w, _ in mix)
-    ttft = _quantile(lambda x: sum(w * d.cdf(x) for w, d in mix) / norm, 0.99, model.point(1.0 + level).ttft_p99)
+    ttft = _quantile(_mixture_cdf(mix, norm), 0.99, model.point(1.0 + level).ttft_p99)
     spread = math.sqrt(2.0 * variance / 3.0)
     itl_mix = []
     for z, w in _GH:
         b = min(max(1.0 + level + spread * z, 1.0), model.top)
         itl_mix.append((w, model.itl_factor(b), model.step_ms(b)))
-    itl = _quantile(lambda x: sum(w * d.cdf(x / s) for w, d, s in itl_mix), 0.99, model.point(1.0 + level).itl_p99)
+    itl = _quantile(_scaled_mixture_cdf(itl_mix), 0.99, model.point(1.0 + level).itl_p99)
     error = sum(w * model.point(1.0 + k).error_rate for k, w in enumerate(pmf) if w > 1e-9) / sum(pmf)
     return Prediction(rate, level, ttft, itl, error, out_of_range)
 
