@@ -438,6 +438,12 @@ def busiest_minutes(model: ServiceModel, streams: list[tuple[float, float | dict
     after a warm-up at the same rates; statistics over the arrivals after the warm-up. A quiet hour's busiest
     minute is held longer (up to MAX_MINUTES) until MIN_REQUESTS arrive: the planner predicts the steady state
     at that rate, and a P99 over a few thousand requests could not tell 10% apart."""
+    return _serve_window(model, _window_arrivals(streams, seed, minutes), n, seed)
+
+
+def _window_arrivals(streams: list[tuple[float, float | dict[str, float]]], seed: int,
+                     minutes: int = BURST_MINUTES) -> tuple[list[Arrival], float]:
+    """busiest_minutes' arrivals and horizon: drawn from `seed` alone, so the same for every instance count."""
     total = sum(rate for rate, _ in streams)
     if total > 0:
         minutes = max(minutes, min(MAX_MINUTES, math.ceil(MIN_REQUESTS / (total * 60.0))))
@@ -453,6 +459,12 @@ def busiest_minutes(model: ServiceModel, streams: list[tuple[float, float | dict
                 break
             arrivals.append(Arrival(t, idx, draw()))
     arrivals.sort(key=lambda a: a.t_s)
+    return arrivals, horizon
+
+
+def _serve_window(model: ServiceModel, window: tuple[list[Arrival], float], n: int, seed: int) -> WindowStats:
+    """busiest_minutes on arrivals already drawn (the simulation reads them, never changes them)."""
+    arrivals, horizon = window
     sim = FleetSim(model, seed=seed + 1)
     sim.start(n)
     sim.run(arrivals, until_s=horizon + 600.0)
@@ -525,13 +537,14 @@ def check_sizing(model: ServiceModel, members: list, limits, planned: list[int],
         streams = [(r * b, m[2]) for (r, b), m in zip(key, members)]
         h = hours[0]
         sub_seed = seed * 1000 + g
-        at_plan = busiest_minutes(model, streams, planned[h], sub_seed)
+        window = _window_arrivals(streams, sub_seed)  # busiest_minutes(model, streams, k, sub_seed) for each k
+        at_plan = _serve_window(model, window, planned[h], sub_seed)
         cache = {planned[h]: at_plan}
         n = max(needed[h], 1)
 
         def passes(k: int) -> bool:
             if k not in cache:
-                cache[k] = busiest_minutes(model, streams, k, sub_seed)
+                cache[k] = _serve_window(model, window, k, sub_seed)
             return meets(cache[k], limits)
         bound = max(3, n // 2)
         sim_n = None
