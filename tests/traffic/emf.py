@@ -76,15 +76,17 @@ def with_percentiles(call, records: list[dict[str, Any]]):
     SampleCount only); this wraps a GetMetricData caller so that `pNN` queries are answered from the
     records' raw values the way CloudWatch does for raw data (nearest rank over the period's values),
     and everything else goes to moto."""
-    raw = extract(records)
+    # (metric, dimension set) -> [(minute, values)]: each query reads its own series, not every key.
+    raw: dict[tuple, list[tuple[int, list[float]]]] = defaultdict(list)
+    for (_, name, _, dims, minute), vs in extract(records).items():
+        raw[(name, frozenset(dims))].append((minute, vs))
 
     def answer(query: dict, start: datetime, end: datetime) -> dict:
         stat = query["MetricStat"]
-        want = {(d["Name"], d["Value"]) for d in stat["Metric"]["Dimensions"]}
+        want = frozenset((d["Name"], d["Value"]) for d in stat["Metric"]["Dimensions"])
         lo, hi = start.timestamp(), end.timestamp()
-        values = sorted(v for (ns, name, _, dims, minute), vs in raw.items()
-                        if name == stat["Metric"]["MetricName"] and set(dims) == want and lo <= minute < hi
-                        for v in vs)
+        values = sorted(v for minute, vs in raw.get((stat["Metric"]["MetricName"], want), ())
+                        if lo <= minute < hi for v in vs)
         if not values:
             return {"Id": query["Id"], "Values": [], "Timestamps": []}
         q = float(stat["Stat"][1:]) / 100
