@@ -43,7 +43,7 @@ class Record:
 
 class _Instance:
     __slots__ = ("idx", "routable", "draining", "active", "queue", "phi", "t_u", "decoding", "version", "born_s",
-                 "gone_s")
+                 "gone_s", "anchor_t", "anchor_seq", "deferred")
 
     def __init__(self, idx: int, born_s: float) -> None:
         self.idx = idx
@@ -57,6 +57,11 @@ class _Instance:
         self.version = 0
         self.born_s = born_s
         self.gone_s: float | None = None
+        # Completion events (FleetSim._reschedule): the earliest of this instance's in the event heap that is known
+        # (its time and seq; seq 0: none known), and the current one while it waits behind that one to be pushed.
+        self.anchor_t = math.inf
+        self.anchor_seq = 0
+        self.deferred: tuple | None = None
 
 
 @dataclass
@@ -151,10 +156,16 @@ class FleetSim:
     #
     # The loop below is the simulator's hot path (a few microseconds per request): the per-batch service figures
     # are read from tables built once per simulation (the same ServiceModel values, indexed by the integer batch),
-    # and the handlers are inlined with their state in locals. The order of every random draw, every event pushed
-    # and every floating-point operation is the same as in the plain version (_admit, _first_token, _complete,
-    # _finish below, kept for reading and for callers that drive one event at a time), so the results are
-    # identical to the bit.
+    # and the handlers (arrive, admit, first token, complete, finish, reschedule) are inlined with their state in
+    # locals. Every random draw and every floating-point operation happens in the same order as in the plain
+    # version of this loop, so the results are identical to the bit.
+    #
+    # Completions: every change of an instance's batch moves its next completion, so each one schedules a new
+    # completion event (its own time and seq) and the previous one goes stale. An event that is scheduled behind
+    # one of the same instance already in the heap (`anchor`) is held on the instance (`deferred`) and pushed only
+    # when the anchor pops, before its own time; most are superseded before then and never enter the heap. The
+    # heap's live events and their (time, seq) keys are the same as if every one were pushed at once, so they pop
+    # in the same order.
 
     def _tables(self) -> tuple[list[float], list[tuple[float, float]], list[tuple[float, float]]]:
         """Per integer batch 0..cap: the step (ms), and the TTFT and ITL-factor lognormals as (mu, sigma)."""
@@ -184,17 +195,24 @@ class FleetSim:
                 t = events[0][0]
                 if t > until_ms:
                     break
-                _, _, kind, inst, req, version = heappop(events)
+                _, seq, kind, inst, req, version = heappop(events)
                 self.now_ms = t
                 if kind == _DONE:
+                    if seq == inst.anchor_seq:
+                        inst.anchor_seq = 0
+                        d = inst.deferred
+                        if d is not None:  # the completion waiting behind this one: due after it
+                            inst.deferred = None
+                            heappush(events, d)
+                            inst.anchor_t, inst.anchor_seq = d[0], d[1]
                     if version != inst.version:
                         continue
-                    # _complete: advance the token clock, finish the request at the head of the decoding heap.
+                    # complete: advance the token clock, finish the request at the head of the decoding heap.
                     if t > inst.t_u:  # decoding is non-empty: this request is in it
                         inst.phi += (t - inst.t_u) / steps[inst.active]
                     inst.t_u = t
                     req = heappop(inst.decoding)[2]
-                    # _finish
+                    # finish
                     self._area += self._in_flight * (t - self._area_t)
                     self._area_t = t
                     a = req[0]
@@ -207,7 +225,6 @@ class FleetSim:
                     elif inst.draining and inst.active == 0:
                         inst.gone_s = t / 1000.0
                 elif kind == _FIRST:
-                    # _first_token
                     if inst.decoding and t > inst.t_u:
                         inst.phi += (t - inst.t_u) / steps[inst.active]
                     inst.t_u = t
@@ -237,7 +254,7 @@ class FleetSim:
                 a = arrivals[k]
                 k += 1
                 next_arrival = arrivals[k].t_s * 1000.0 if k < n else inf
-                # _arrive
+                # arrive: the NLB picks a routable instance at random
                 live = self._live
                 if live is None:
                     live = self._live = [i for i in self.instances if i.routable]
@@ -251,7 +268,7 @@ class FleetSim:
                     req[3] = True
                     inst.queue.append(req)
                     continue
-                # _admit (its _reschedule follows below)
+                # admit (as _admit; its reschedule follows below)
                 self._area += self._in_flight * (t - self._area_t)
                 self._area_t = t
                 if inst.decoding and t > inst.t_u:
@@ -265,12 +282,18 @@ class FleetSim:
                 req[2] = exp(mu + sigma * gauss(0.0, 1.0)) if sigma else exp(mu)
                 self._seq += 1
                 heappush(events, (t + ttft, self._seq, _FIRST, inst, req, 0))
-            # _reschedule: the next completion at the current batch (every path above that gets here changed it)
+            # reschedule (as _reschedule): the next completion at the current batch (every path here changed it)
             inst.version += 1
             if inst.decoding:
                 when = t + max(inst.decoding[0][0] - inst.phi, 0.0) * steps[inst.active]
                 self._seq += 1
-                heappush(events, (when, self._seq, _DONE, inst, None, inst.version))
+                if inst.anchor_seq and inst.anchor_t <= when:
+                    inst.deferred = (when, self._seq, _DONE, inst, None, inst.version)
+                else:
+                    heappush(events, (when, self._seq, _DONE, inst, None, inst.version))
+                    inst.anchor_t, inst.anchor_seq, inst.deferred = when, self._seq, None
+            else:
+                inst.deferred = None
         self.now_ms = until_ms
 
     def _push(self, t: float, kind: int, inst, payload, version: int = 0) -> None:
@@ -281,37 +304,27 @@ class FleetSim:
         self._area += self._in_flight * (t - self._area_t)
         self._area_t = t
 
-    def _advance(self, inst: _Instance, t: float) -> None:
+    def _reschedule(self, inst: _Instance, t: float) -> None:
+        """Schedule inst's next completion at its current batch (the previous one goes stale): pushed now, or held
+        on the instance while an earlier completion event of it is in the heap (see the loop's comment)."""
+        inst.version += 1
+        if inst.decoding:
+            when = t + max(inst.decoding[0][0] - inst.phi, 0.0) * self._tables()[0][inst.active]
+            self._seq += 1
+            if inst.anchor_seq and inst.anchor_t <= when:
+                inst.deferred = (when, self._seq, _DONE, inst, None, inst.version)
+            else:
+                heapq.heappush(self._events, (when, self._seq, _DONE, inst, None, inst.version))
+                inst.anchor_t, inst.anchor_seq, inst.deferred = when, self._seq, None
+        else:
+            inst.deferred = None
+
+    def _admit(self, inst: _Instance, req: list, t: float) -> None:
+        """A request joins inst's batch: its TTFT and ITL factor drawn at the batch it joins."""
+        self._account(t)
         if inst.decoding and t > inst.t_u:
             inst.phi += (t - inst.t_u) / self._tables()[0][inst.active]
         inst.t_u = t
-
-    def _reschedule(self, inst: _Instance, t: float) -> None:
-        inst.version += 1
-        if inst.decoding:
-            end_phi = inst.decoding[0][0]
-            when = t + max(end_phi - inst.phi, 0.0) * self._tables()[0][inst.active]
-            self._push(when, _DONE, inst, None, inst.version)
-
-    def _arrive(self, a: Arrival, t: float) -> None:
-        if self._live is None:
-            self._live = [i for i in self.instances if i.routable]
-        live = self._live
-        if not live:
-            self.unrouted += 1
-            self.records.append(Record(a.t_s, math.inf, None, a.t_s, a.stream, False, ok=False))
-            return
-        inst = live[self.rng.randrange(len(live))]
-        req = [a, 0.0, 0.0, False]  # arrival, first-token ms, ITL factor, queued
-        if inst.active >= self.cap:
-            req[3] = True
-            inst.queue.append(req)
-        else:
-            self._admit(inst, req, t)
-
-    def _admit(self, inst: _Instance, req: list, t: float) -> None:
-        self._account(t)
-        self._advance(inst, t)
         inst.active += 1
         self._in_flight += 1
         b = inst.active
@@ -320,25 +333,8 @@ class FleetSim:
         self._push(t + ttft, _FIRST, inst, req)
         self._reschedule(inst, t)
 
-    def _first_token(self, inst: _Instance, t: float, req: list) -> None:
-        self._advance(inst, t)
-        req[1] = t
-        a: Arrival = req[0]
-        if a.output_tokens <= 1:
-            self._finish(inst, t, req)
-            self._reschedule(inst, t)
-            return
-        self._seq += 1
-        heapq.heappush(inst.decoding, (inst.phi + (a.output_tokens - 1) * req[2], self._seq, req))
-        self._reschedule(inst, t)
-
-    def _complete(self, inst: _Instance, t: float) -> None:
-        self._advance(inst, t)
-        _, _, req = heapq.heappop(inst.decoding)
-        self._finish(inst, t, req)
-        self._reschedule(inst, t)
-
     def _finish(self, inst: _Instance, t: float, req: list) -> None:
+        """A request leaves inst: its record; the next queued request takes its place."""
         self._account(t)
         a: Arrival = req[0]
         inst.active -= 1
