@@ -84,6 +84,7 @@ class ServiceModel:
         self.curve = curve
         self.top = curve.points[-1].concurrency
         self._cache: dict[float, tuple] = {}
+        self._levels: list[tuple] = []  # _at(j) for integer batches j = 0, 1, ... (the same tuples, by index)
         self.predictions: dict[tuple, "Prediction"] = {}  # predict() is pure in (streams, share)
 
     def _at(self, b: float):
@@ -97,6 +98,13 @@ class ServiceModel:
                    itl_mean, ttft_mean)
             self._cache[b] = hit
         return hit
+
+    def _level(self, j: int):
+        """_at(float(j)) for an integer batch j >= 0, read from a list (occupancy and predict walk every level)."""
+        levels = self._levels
+        if j >= len(levels):
+            levels.extend(self._at(float(i)) for i in range(len(levels), j + 1))
+        return levels[j]
 
     def point(self, b: float):
         return self._at(b)[0]
@@ -142,11 +150,14 @@ def occupancy(model: ServiceModel, rate_rps: float, output_mean: float) -> list[
     drain = top / model.hold_ms(float(top), output_mean)
     if per_ms >= drain:
         return None
+    tail = max(output_mean - 1.0, 0.0)  # hold_ms(b, output_mean) = ttft + tail * itl at b, inlined below
+    at_level = model._level
     weights, w, k = [1.0], 1.0, 0
     while True:
         k += 1
         b = min(k, top)
-        w *= per_ms / (b / model.hold_ms(float(b), output_mean))
+        _, _, _, itl, ttft = at_level(b)
+        w *= per_ms / (b / (ttft + tail * itl))
         weights.append(w)
         if k > top and w < 1e-12 * max(weights):
             break
@@ -250,7 +261,8 @@ def _predict(model: ServiceModel, streams: list[Stream], per_instance_share: flo
     variance = sum((k - level) ** 2 * w for k, w in enumerate(pmf))
     top = int(model.top)
     out_of_range = max(0.0, 1.0 - sum(pmf[:top]))  # an arrival finding `top` in service waits: P(K >= top)
-    mix = [(w, model.ttft(1.0 + k)) for k, w in enumerate(pmf) if w > 1e-9]
+    at_level = model._level  # at_level(k + 1) is _at(1.0 + k): the batch an arrival finding k joins
+    mix = [(w, at_level(k + 1)[1]) for k, w in enumerate(pmf) if w > 1e-9]
     norm = sum(w for w, _ in mix)
     ttft = _quantile(_mixture_cdf(mix, norm), 0.99, model.point(1.0 + level).ttft_p99)
     spread = math.sqrt(2.0 * variance / 3.0)
@@ -259,7 +271,7 @@ def _predict(model: ServiceModel, streams: list[Stream], per_instance_share: flo
         b = min(max(1.0 + level + spread * z, 1.0), model.top)
         itl_mix.append((w, model.itl_factor(b), model.step_ms(b)))
     itl = _quantile(_scaled_mixture_cdf(itl_mix), 0.99, model.point(1.0 + level).itl_p99)
-    error = sum(w * model.point(1.0 + k).error_rate for k, w in enumerate(pmf) if w > 1e-9) / sum(pmf)
+    error = sum(w * at_level(k + 1)[0].error_rate for k, w in enumerate(pmf) if w > 1e-9) / sum(pmf)
     return Prediction(rate, level, ttft, itl, error, out_of_range)
 
 
