@@ -71,15 +71,21 @@ def ship(records: list[dict[str, Any]], cloudwatch) -> int:
     return calls
 
 
-def with_percentiles(call, records: list[dict[str, Any]]):
-    """moto answers no percentile statistic (its GetMetricData knows Sum, Average, Minimum, Maximum and
-    SampleCount only); this wraps a GetMetricData caller so that `pNN` queries are answered from the
-    records' raw values the way CloudWatch does for raw data (nearest rank over the period's values),
-    and everything else goes to moto."""
-    # (metric, dimension set) -> [(minute, values)]: each query reads its own series, not every key.
+def raw_series(records: list[dict[str, Any]]) -> dict[tuple, list[tuple[int, list[float]]]]:
+    """(metric, dimension set) -> [(minute, values)] of the records: what with_percentiles answers from."""
     raw: dict[tuple, list[tuple[int, list[float]]]] = defaultdict(list)
     for (_, name, _, dims, minute), vs in extract(records).items():
         raw[(name, frozenset(dims))].append((minute, vs))
+    return raw
+
+
+def with_percentiles(call, records: list[dict[str, Any]] | dict[tuple, list]):
+    """moto answers no percentile statistic (its GetMetricData knows Sum, Average, Minimum, Maximum and
+    SampleCount only); this wraps a GetMetricData caller so that `pNN` queries are answered from the
+    records' raw values the way CloudWatch does for raw data (nearest rank over the period's values),
+    and everything else goes to moto. `records` may be their raw_series(), for a caller wrapping many."""
+    # Indexed by metric and dimension set: each query reads its own series, not every key.
+    raw = records if isinstance(records, dict) else raw_series(records)
 
     def answer(query: dict, start: datetime, end: datetime) -> dict:
         stat = query["MetricStat"]
