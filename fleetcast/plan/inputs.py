@@ -7,6 +7,7 @@ same shape can override; loaders raise UserError naming the flag and field.
 
 from __future__ import annotations
 
+import copy
 import math
 from datetime import date
 from dataclasses import dataclass, field
@@ -27,9 +28,17 @@ from .traffic import validation_summary
 DATA_DIR = catalog.DATA_DIR
 
 
+_PARSED: dict[str, Any] = {}  # file text -> what it parses to (every plan reads the same shipped tables)
+
+
 def _read_yaml(path: Path, flag: str) -> Any:
     try:
-        return YAML(typ="safe").load(path.read_text())
+        text = path.read_text()
+        if text not in _PARSED:
+            if len(_PARSED) > 64:
+                _PARSED.clear()
+            _PARSED[text] = YAML(typ="safe").load(text)
+        return copy.deepcopy(_PARSED[text])  # callers own what they get, as from a fresh parse
     except FileNotFoundError:
         raise UserError(f"{flag}: {path} does not exist") from None
     except YAMLError as exc:

@@ -26,7 +26,9 @@ join a batch above it more than 1% of the time is out of the measured range.
 
 from __future__ import annotations
 
+import functools
 import math
+import operator
 from dataclasses import dataclass
 
 from .curves import Curve
@@ -82,6 +84,7 @@ class ServiceModel:
         self.curve = curve
         self.top = curve.points[-1].concurrency
         self._cache: dict[float, tuple] = {}
+        self._levels: list[tuple] = []  # _at(j) for integer batches j = 0, 1, ... (the same tuples, by index)
         self.predictions: dict[tuple, "Prediction"] = {}  # predict() is pure in (streams, share)
 
     def _at(self, b: float):
@@ -95,6 +98,13 @@ class ServiceModel:
                    itl_mean, ttft_mean)
             self._cache[b] = hit
         return hit
+
+    def _level(self, j: int):
+        """_at(float(j)) for an integer batch j >= 0, read from a list (occupancy and predict walk every level)."""
+        levels = self._levels
+        if j >= len(levels):
+            levels.extend(self._at(float(i)) for i in range(len(levels), j + 1))
+        return levels[j]
 
     def point(self, b: float):
         return self._at(b)[0]
@@ -114,6 +124,22 @@ class ServiceModel:
         return ttft + max(output_tokens - 1.0, 0.0) * itl
 
 
+@functools.lru_cache(maxsize=128)
+def _shared_model(curve: Curve) -> ServiceModel:
+    return ServiceModel(curve)
+
+
+def model_for(curve: Curve) -> ServiceModel:
+    """The process's one ServiceModel for a curve. Everything a ServiceModel remembers (its per-batch fits, the
+    predictions of predict()) is a pure function of the curve, so plans built again from the same results (a
+    `plan --check` after a `plan`, each scenario of a test run, the drift check's re-plan) reuse what an earlier
+    plan computed instead of computing it again. Equal curves (the same results file read twice) share a model."""
+    try:
+        return _shared_model(curve)
+    except TypeError:  # an unhashable curve (a list where a tuple belongs): a model of its own
+        return ServiceModel(curve)
+
+
 def occupancy(model: ServiceModel, rate_rps: float, output_mean: float) -> list[float] | None:
     """P(K = k requests on the instance) for Poisson arrivals at rate_rps: the birth-death chain whose departure
     rate with j in flight is b / W(b), b = min(j, top) in service (the rest wait). With W constant this is
@@ -124,11 +150,14 @@ def occupancy(model: ServiceModel, rate_rps: float, output_mean: float) -> list[
     drain = top / model.hold_ms(float(top), output_mean)
     if per_ms >= drain:
         return None
+    tail = max(output_mean - 1.0, 0.0)  # hold_ms(b, output_mean) = ttft + tail * itl at b, inlined below
+    at_level = model._level
     weights, w, k = [1.0], 1.0, 0
     while True:
         k += 1
         b = min(k, top)
-        w *= per_ms / (b / model.hold_ms(float(b), output_mean))
+        _, _, _, itl, ttft = at_level(b)
+        w *= per_ms / (b / (ttft + tail * itl))
         weights.append(w)
         if k > top and w < 1e-12 * max(weights):
             break
@@ -153,6 +182,47 @@ def _quantile(cdf, q: float, hi: float) -> float:
         else:
             hi = mid
     return hi
+
+
+def _mixture_cdf(mix: list[tuple[float, LogNormal]], norm: float):
+    """x -> sum(w * d.cdf(x) for w, d in mix) / norm, the same sum in the same order, evaluated faster: the
+    components share few distinct lognormals (every batch above the highest measured level is the top one), so
+    each distinct one is evaluated once per x, with log(x) taken once; the weighted sum then runs in C. Every
+    term is the float LogNormal.cdf returns, so the result is identical to the bit."""
+    dists: dict[LogNormal, int] = {}
+    idx = [dists.setdefault(d, len(dists)) for _, d in mix]
+    weights = [w for w, _ in mix]
+    params = [(d.mu, d.sigma * math.sqrt(2)) for d in dists]
+    log, erfc, mul = math.log, math.erfc, operator.mul
+
+    def cdf(x: float) -> float:
+        if x <= 0:
+            vals = [0.0] * len(params)
+        else:
+            lx = log(x)
+            vals = [0.5 * erfc(-(lx - mu) / s) if s else (1.0 if lx >= mu else 0.0) for mu, s in params]
+        return sum(map(mul, weights, map(vals.__getitem__, idx))) / norm
+    return cdf
+
+
+def _scaled_mixture_cdf(mix: list[tuple[float, LogNormal, float]]):
+    """x -> sum(w * d.cdf(x / s) for w, d, s in mix), LogNormal.cdf inlined (the same floats, in the same order)."""
+    terms = [(w, d.mu, d.sigma, d.sigma * math.sqrt(2), s) for w, d, s in mix]
+    log, erfc = math.log, math.erfc
+
+    def cdf(x: float) -> float:
+        total = 0
+        for w, mu, sigma, s2, s in terms:
+            y = x / s
+            if y <= 0:
+                c = 0.0
+            elif sigma == 0:
+                c = 1.0 if log(y) >= mu else 0.0
+            else:
+                c = 0.5 * erfc(-(log(y) - mu) / s2)
+            total += w * c
+        return total
+    return cdf
 
 
 @dataclass(frozen=True)
@@ -191,16 +261,17 @@ def _predict(model: ServiceModel, streams: list[Stream], per_instance_share: flo
     variance = sum((k - level) ** 2 * w for k, w in enumerate(pmf))
     top = int(model.top)
     out_of_range = max(0.0, 1.0 - sum(pmf[:top]))  # an arrival finding `top` in service waits: P(K >= top)
-    mix = [(w, model.ttft(1.0 + k)) for k, w in enumerate(pmf) if w > 1e-9]
+    at_level = model._level  # at_level(k + 1) is _at(1.0 + k): the batch an arrival finding k joins
+    mix = [(w, at_level(k + 1)[1]) for k, w in enumerate(pmf) if w > 1e-9]
     norm = sum(w for w, _ in mix)
-    ttft = _quantile(lambda x: sum(w * d.cdf(x) for w, d in mix) / norm, 0.99, model.point(1.0 + level).ttft_p99)
+    ttft = _quantile(_mixture_cdf(mix, norm), 0.99, model.point(1.0 + level).ttft_p99)
     spread = math.sqrt(2.0 * variance / 3.0)
     itl_mix = []
     for z, w in _GH:
         b = min(max(1.0 + level + spread * z, 1.0), model.top)
         itl_mix.append((w, model.itl_factor(b), model.step_ms(b)))
-    itl = _quantile(lambda x: sum(w * d.cdf(x / s) for w, d, s in itl_mix), 0.99, model.point(1.0 + level).itl_p99)
-    error = sum(w * model.point(1.0 + k).error_rate for k, w in enumerate(pmf) if w > 1e-9) / sum(pmf)
+    itl = _quantile(_scaled_mixture_cdf(itl_mix), 0.99, model.point(1.0 + level).itl_p99)
+    error = sum(w * at_level(k + 1)[0].error_rate for k, w in enumerate(pmf) if w > 1e-9) / sum(pmf)
     return Prediction(rate, level, ttft, itl, error, out_of_range)
 
 

@@ -43,7 +43,7 @@ class Record:
 
 class _Instance:
     __slots__ = ("idx", "routable", "draining", "active", "queue", "phi", "t_u", "decoding", "version", "born_s",
-                 "gone_s")
+                 "gone_s", "anchor_t", "anchor_seq", "deferred")
 
     def __init__(self, idx: int, born_s: float) -> None:
         self.idx = idx
@@ -57,6 +57,11 @@ class _Instance:
         self.version = 0
         self.born_s = born_s
         self.gone_s: float | None = None
+        # Completion events (FleetSim._reschedule): the earliest of this instance's in the event heap that is known
+        # (its time and seq; seq 0: none known), and the current one while it waits behind that one to be pushed.
+        self.anchor_t = math.inf
+        self.anchor_seq = 0
+        self.deferred: tuple | None = None
 
 
 @dataclass
@@ -87,6 +92,7 @@ class FleetSim:
         self._in_flight = 0
         self.unrouted = 0
         self._live: list[_Instance] | None = None
+        self._tab = None  # per-batch service tables, built by the first run()
 
     # -- fleet changes (the Auto Scaling side calls these) --
 
@@ -147,40 +153,148 @@ class FleetSim:
         return area
 
     # -- the event loop --
+    #
+    # The loop below is the simulator's hot path (a few microseconds per request): the per-batch service figures
+    # are read from tables built once per simulation (the same ServiceModel values, indexed by the integer batch),
+    # and the handlers (arrive, admit, first token, complete, finish, reschedule) are inlined with their state in
+    # locals. Every random draw and every floating-point operation happens in the same order as in the plain
+    # version of this loop, so the results are identical to the bit.
+    #
+    # Completions: every change of an instance's batch moves its next completion, so each one schedules a new
+    # completion event (its own time and seq) and the previous one goes stale. An event that is scheduled behind
+    # one of the same instance already in the heap (`anchor`) is held on the instance (`deferred`) and pushed only
+    # when the anchor pops, before its own time; most are superseded before then and never enter the heap. The
+    # heap's live events and their (time, seq) keys are the same as if every one were pushed at once, so they pop
+    # in the same order.
+
+    def _tables(self) -> tuple[list[float], list[tuple[float, float]], list[tuple[float, float]]]:
+        """Per integer batch 0..cap: the step (ms), and the TTFT and ITL-factor lognormals as (mu, sigma)."""
+        if self._tab is None:
+            m = self.model
+            levels = range(self.cap + 1)
+            self._tab = ([m.step_ms(b) for b in levels], [(m.ttft(b).mu, m.ttft(b).sigma) for b in levels],
+                         [(m.itl_factor(b).mu, m.itl_factor(b).sigma) for b in levels])
+        return self._tab
 
     def run(self, arrivals: list[Arrival], until_s: float, tick_s: float | None = None, on_tick=None) -> None:
         """Serve `arrivals` (sorted by time) until `until_s`; call on_tick(sim, t_s) every tick_s."""
         if tick_s:
             self._push(tick_s * 1000.0, _TICK, None, None)
+        steps, ttfts, itls = self._tables()
+        events = self._events
+        heappush, heappop = heapq.heappush, heapq.heappop
+        exp, gauss, choice = math.exp, self.rng.gauss, self.rng.choice
+        records = self.records
+        inf = math.inf
+        cap = self.cap
         k, n = 0, len(arrivals)
         until_ms = until_s * 1000.0
+        next_arrival = arrivals[0].t_s * 1000.0 if n else inf
         while True:
-            next_arrival = arrivals[k].t_s * 1000.0 if k < n else math.inf
-            next_event = self._events[0][0] if self._events else math.inf
-            t = min(next_arrival, next_event)
-            if t > until_ms or t == math.inf:
-                break
-            if next_event <= next_arrival:
-                _, _, kind, inst, payload, version = heapq.heappop(self._events)
+            if events and events[0][0] <= next_arrival:
+                t = events[0][0]
+                if t > until_ms:
+                    break
+                _, seq, kind, inst, req, version = heappop(events)
                 self.now_ms = t
                 if kind == _DONE:
-                    if version == inst.version:
-                        self._complete(inst, t)
+                    if seq == inst.anchor_seq:
+                        inst.anchor_seq = 0
+                        d = inst.deferred
+                        if d is not None:  # the completion waiting behind this one: due after it
+                            inst.deferred = None
+                            heappush(events, d)
+                            inst.anchor_t, inst.anchor_seq = d[0], d[1]
+                    if version != inst.version:
+                        continue
+                    # complete: advance the token clock, finish the request at the head of the decoding heap.
+                    if t > inst.t_u:  # decoding is non-empty: this request is in it
+                        inst.phi += (t - inst.t_u) / steps[inst.active]
+                    inst.t_u = t
+                    req = heappop(inst.decoding)[2]
+                    # finish
+                    self._area += self._in_flight * (t - self._area_t)
+                    self._area_t = t
+                    a = req[0]
+                    inst.active -= 1
+                    self._in_flight -= 1
+                    records.append(Record(a.t_s, req[1] - a.t_s * 1000.0, (t - req[1]) / (a.output_tokens - 1),
+                                          t / 1000.0, a.stream, req[3]))  # decoding: output_tokens > 1
+                    if inst.queue:
+                        self._admit(inst, inst.queue.popleft(), t)
+                    elif inst.draining and inst.active == 0:
+                        inst.gone_s = t / 1000.0
                 elif kind == _FIRST:
-                    self._first_token(inst, t, payload)
+                    if inst.decoding and t > inst.t_u:
+                        inst.phi += (t - inst.t_u) / steps[inst.active]
+                    inst.t_u = t
+                    req[1] = t
+                    out = req[0].output_tokens
+                    if out <= 1:
+                        self._finish(inst, t, req)
+                    else:
+                        self._seq += 1
+                        heappush(inst.decoding, (inst.phi + (out - 1) * req[2], self._seq, req))
                 elif kind == _READY:
                     if inst.gone_s is None and not inst.draining:
                         self._account(t)
                         self._live = None
                         inst.routable = True
                         inst.t_u = t
-                elif kind == _TICK:
+                    continue
+                else:  # _TICK
                     on_tick(self, t / 1000.0)
                     self._push(t + tick_s * 1000.0, _TICK, None, None)
+                    continue
             else:
+                t = next_arrival
+                if t > until_ms or t == inf:
+                    break
                 self.now_ms = t
-                self._arrive(arrivals[k], t)
+                a = arrivals[k]
                 k += 1
+                next_arrival = arrivals[k].t_s * 1000.0 if k < n else inf
+                # arrive: the NLB picks a routable instance at random
+                live = self._live
+                if live is None:
+                    live = self._live = [i for i in self.instances if i.routable]
+                if not live:
+                    self.unrouted += 1
+                    records.append(Record(a.t_s, inf, None, a.t_s, a.stream, False, ok=False))
+                    continue
+                inst = choice(live)  # = live[randrange(len(live))]: the same draw, one call fewer
+                req = [a, 0.0, 0.0, False]  # arrival, first-token ms, ITL factor, queued
+                if inst.active >= cap:
+                    req[3] = True
+                    inst.queue.append(req)
+                    continue
+                # admit (as _admit; its reschedule follows below)
+                self._area += self._in_flight * (t - self._area_t)
+                self._area_t = t
+                if inst.decoding and t > inst.t_u:
+                    inst.phi += (t - inst.t_u) / steps[inst.active]
+                inst.t_u = t
+                inst.active = b = inst.active + 1
+                self._in_flight += 1
+                mu, sigma = ttfts[b]
+                ttft = exp(mu + sigma * gauss(0.0, 1.0)) if sigma else exp(mu)
+                mu, sigma = itls[b]
+                req[2] = exp(mu + sigma * gauss(0.0, 1.0)) if sigma else exp(mu)
+                self._seq += 1
+                heappush(events, (t + ttft, self._seq, _FIRST, inst, req, 0))
+            # reschedule (as _reschedule): the next completion at the current batch (every path here changed it)
+            inst.version += 1
+            if inst.decoding:
+                left = inst.decoding[0][0] - inst.phi
+                when = t + (0.0 if left < 0.0 else left) * steps[inst.active]  # max(left, 0.0), inlined
+                self._seq += 1
+                if inst.anchor_seq and inst.anchor_t <= when:
+                    inst.deferred = (when, self._seq, _DONE, inst, None, inst.version)
+                else:
+                    heappush(events, (when, self._seq, _DONE, inst, None, inst.version))
+                    inst.anchor_t, inst.anchor_seq, inst.deferred = when, self._seq, None
+            else:
+                inst.deferred = None
         self.now_ms = until_ms
 
     def _push(self, t: float, kind: int, inst, payload, version: int = 0) -> None:
@@ -191,37 +305,27 @@ class FleetSim:
         self._area += self._in_flight * (t - self._area_t)
         self._area_t = t
 
-    def _advance(self, inst: _Instance, t: float) -> None:
-        if inst.decoding and t > inst.t_u:
-            inst.phi += (t - inst.t_u) / self.model.step_ms(inst.active)
-        inst.t_u = t
-
     def _reschedule(self, inst: _Instance, t: float) -> None:
+        """Schedule inst's next completion at its current batch (the previous one goes stale): pushed now, or held
+        on the instance while an earlier completion event of it is in the heap (see the loop's comment)."""
         inst.version += 1
         if inst.decoding:
-            end_phi = inst.decoding[0][0]
-            when = t + max(end_phi - inst.phi, 0.0) * self.model.step_ms(inst.active)
-            self._push(when, _DONE, inst, None, inst.version)
-
-    def _arrive(self, a: Arrival, t: float) -> None:
-        if self._live is None:
-            self._live = [i for i in self.instances if i.routable]
-        live = self._live
-        if not live:
-            self.unrouted += 1
-            self.records.append(Record(a.t_s, math.inf, None, a.t_s, a.stream, False, ok=False))
-            return
-        inst = live[self.rng.randrange(len(live))]
-        req = [a, 0.0, 0.0, False]  # arrival, first-token ms, ITL factor, queued
-        if inst.active >= self.cap:
-            req[3] = True
-            inst.queue.append(req)
+            when = t + max(inst.decoding[0][0] - inst.phi, 0.0) * self._tables()[0][inst.active]
+            self._seq += 1
+            if inst.anchor_seq and inst.anchor_t <= when:
+                inst.deferred = (when, self._seq, _DONE, inst, None, inst.version)
+            else:
+                heapq.heappush(self._events, (when, self._seq, _DONE, inst, None, inst.version))
+                inst.anchor_t, inst.anchor_seq, inst.deferred = when, self._seq, None
         else:
-            self._admit(inst, req, t)
+            inst.deferred = None
 
     def _admit(self, inst: _Instance, req: list, t: float) -> None:
+        """A request joins inst's batch: its TTFT and ITL factor drawn at the batch it joins."""
         self._account(t)
-        self._advance(inst, t)
+        if inst.decoding and t > inst.t_u:
+            inst.phi += (t - inst.t_u) / self._tables()[0][inst.active]
+        inst.t_u = t
         inst.active += 1
         self._in_flight += 1
         b = inst.active
@@ -230,25 +334,8 @@ class FleetSim:
         self._push(t + ttft, _FIRST, inst, req)
         self._reschedule(inst, t)
 
-    def _first_token(self, inst: _Instance, t: float, req: list) -> None:
-        self._advance(inst, t)
-        req[1] = t
-        a: Arrival = req[0]
-        if a.output_tokens <= 1:
-            self._finish(inst, t, req)
-            self._reschedule(inst, t)
-            return
-        self._seq += 1
-        heapq.heappush(inst.decoding, (inst.phi + (a.output_tokens - 1) * req[2], self._seq, req))
-        self._reschedule(inst, t)
-
-    def _complete(self, inst: _Instance, t: float) -> None:
-        self._advance(inst, t)
-        _, _, req = heapq.heappop(inst.decoding)
-        self._finish(inst, t, req)
-        self._reschedule(inst, t)
-
     def _finish(self, inst: _Instance, t: float, req: list) -> None:
+        """A request leaves inst: its record; the next queued request takes its place."""
         self._account(t)
         a: Arrival = req[0]
         inst.active -= 1
@@ -348,6 +435,12 @@ def busiest_minutes(model: ServiceModel, streams: list[tuple[float, float | dict
     after a warm-up at the same rates; statistics over the arrivals after the warm-up. A quiet hour's busiest
     minute is held longer (up to MAX_MINUTES) until MIN_REQUESTS arrive: the planner predicts the steady state
     at that rate, and a P99 over a few thousand requests could not tell 10% apart."""
+    return _serve_window(model, _window_arrivals(streams, seed, minutes), n, seed)
+
+
+def _window_arrivals(streams: list[tuple[float, float | dict[str, float]]], seed: int,
+                     minutes: int = BURST_MINUTES) -> tuple[list[Arrival], float]:
+    """busiest_minutes' arrivals and horizon: drawn from `seed` alone, so the same for every instance count."""
     total = sum(rate for rate, _ in streams)
     if total > 0:
         minutes = max(minutes, min(MAX_MINUTES, math.ceil(MIN_REQUESTS / (total * 60.0))))
@@ -363,6 +456,12 @@ def busiest_minutes(model: ServiceModel, streams: list[tuple[float, float | dict
                 break
             arrivals.append(Arrival(t, idx, draw()))
     arrivals.sort(key=lambda a: a.t_s)
+    return arrivals, horizon
+
+
+def _serve_window(model: ServiceModel, window: tuple[list[Arrival], float], n: int, seed: int) -> WindowStats:
+    """busiest_minutes on arrivals already drawn (the simulation reads them, never changes them)."""
+    arrivals, horizon = window
     sim = FleetSim(model, seed=seed + 1)
     sim.start(n)
     sim.run(arrivals, until_s=horizon + 600.0)
@@ -435,13 +534,14 @@ def check_sizing(model: ServiceModel, members: list, limits, planned: list[int],
         streams = [(r * b, m[2]) for (r, b), m in zip(key, members)]
         h = hours[0]
         sub_seed = seed * 1000 + g
-        at_plan = busiest_minutes(model, streams, planned[h], sub_seed)
+        window = _window_arrivals(streams, sub_seed)  # busiest_minutes(model, streams, k, sub_seed) for each k
+        at_plan = _serve_window(model, window, planned[h], sub_seed)
         cache = {planned[h]: at_plan}
         n = max(needed[h], 1)
 
         def passes(k: int) -> bool:
             if k not in cache:
-                cache[k] = busiest_minutes(model, streams, k, sub_seed)
+                cache[k] = _serve_window(model, window, k, sub_seed)
             return meets(cache[k], limits)
         bound = max(3, n // 2)
         sim_n = None

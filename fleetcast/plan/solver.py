@@ -36,7 +36,7 @@ from fleetcast.contract import support
 
 from .curves import MIN_P99_SAMPLES, Candidate, LoadPoint
 from .inputs import Availability, FixedCosts, Latency, Prices, QualityFile
-from .queueing import Limits, Prediction, ServiceModel, Stream, instances_needed, max_safe_rate, predict
+from .queueing import Limits, Prediction, ServiceModel, Stream, instances_needed, max_safe_rate, model_for, predict
 from .traffic import ConsumerTraffic, TrafficProfile
 
 # The scaling target stays at least this far below the SLO-safe in-flight count, for the minute or two a
@@ -82,10 +82,11 @@ class PlanContext:
         return self.min_instances.get(region, self.default_min_instances)
 
     def model(self, candidate: Candidate) -> ServiceModel:
-        """One service model per candidate (its lognormal fits are cached inside)."""
+        """One service model per candidate (its lognormal fits and predictions are cached inside, and shared with
+        every plan of this process that reads the same curve: queueing.model_for)."""
         cache = self.__dict__.setdefault("_models", {})
         if id(candidate) not in cache:
-            cache[id(candidate)] = (candidate, ServiceModel(candidate.curve))
+            cache[id(candidate)] = (candidate, model_for(candidate.curve))
         return cache[id(candidate)][1]
 
 

@@ -12,6 +12,7 @@ held request as soon as its connection closes, and counts it in `cancelled`.
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 from dataclasses import dataclass, field
 from typing import Any
@@ -24,6 +25,12 @@ from runtime.gateway.http import ChunkedDecoder
 
 def token_text(i: int) -> str:
     return f" t{i}"
+
+
+@functools.lru_cache(maxsize=4096)
+def completion_text(n: int) -> str:
+    """A non-streaming answer of n tokens (the same text every time: built once per length)."""
+    return "".join(token_text(i) for i in range(n))
 
 
 class FakeModelServer:
@@ -79,7 +86,7 @@ class FakeModelServer:
             if self.hold is not None and not await self._held(request):
                 self.cancelled += 1
                 raise ConnectionResetError("client disconnected")
-            text = "".join(token_text(i) for i in range(n_out))
+            text = completion_text(n_out)
             choice = {"index": 0, "message": {"role": "assistant", "content": text}} if chat else \
                 {"index": 0, "text": text}
             self.completed_output_tokens += n_out

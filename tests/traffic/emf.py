@@ -71,20 +71,28 @@ def ship(records: list[dict[str, Any]], cloudwatch) -> int:
     return calls
 
 
-def with_percentiles(call, records: list[dict[str, Any]]):
+def raw_series(records: list[dict[str, Any]]) -> dict[tuple, list[tuple[int, list[float]]]]:
+    """(metric, dimension set) -> [(minute, values)] of the records: what with_percentiles answers from."""
+    raw: dict[tuple, list[tuple[int, list[float]]]] = defaultdict(list)
+    for (_, name, _, dims, minute), vs in extract(records).items():
+        raw[(name, frozenset(dims))].append((minute, vs))
+    return raw
+
+
+def with_percentiles(call, records: list[dict[str, Any]] | dict[tuple, list]):
     """moto answers no percentile statistic (its GetMetricData knows Sum, Average, Minimum, Maximum and
     SampleCount only); this wraps a GetMetricData caller so that `pNN` queries are answered from the
     records' raw values the way CloudWatch does for raw data (nearest rank over the period's values),
-    and everything else goes to moto."""
-    raw = extract(records)
+    and everything else goes to moto. `records` may be their raw_series(), for a caller wrapping many."""
+    # Indexed by metric and dimension set: each query reads its own series, not every key.
+    raw = records if isinstance(records, dict) else raw_series(records)
 
     def answer(query: dict, start: datetime, end: datetime) -> dict:
         stat = query["MetricStat"]
-        want = {(d["Name"], d["Value"]) for d in stat["Metric"]["Dimensions"]}
+        want = frozenset((d["Name"], d["Value"]) for d in stat["Metric"]["Dimensions"])
         lo, hi = start.timestamp(), end.timestamp()
-        values = sorted(v for (ns, name, _, dims, minute), vs in raw.items()
-                        if name == stat["Metric"]["MetricName"] and set(dims) == want and lo <= minute < hi
-                        for v in vs)
+        values = sorted(v for minute, vs in raw.get((stat["Metric"]["MetricName"], want), ())
+                        if lo <= minute < hi for v in vs)
         if not values:
             return {"Id": query["Id"], "Values": [], "Timestamps": []}
         q = float(stat["Stat"][1:]) / 100

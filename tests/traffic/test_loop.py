@@ -25,7 +25,7 @@ from scripts import cli, traffic_cmd
 from tests.gateway.conftest import ANALYTICS_VPCE, REGION, VOICE_VPCE, fleet_config, start_harness, stop_harness
 from tests.gateway.fakes import Client
 
-from .emf import ship, with_percentiles
+from .emf import raw_series, ship, with_percentiles
 from .week import WIDE_LIMITS
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -121,8 +121,8 @@ def test_the_loop_replans_from_production_and_flags_doubled_and_batch_traffic(aw
     # The batch window really is batch 32-64: all but the 32 long streams that hold the level up.
     assert batch_levels.count("33-64") == len(batch_levels) - 32 == PER_HOUR - 32
     # moto answers no percentile statistic: the stand-in answers p99 queries from the records (tests/traffic/emf.py).
-    real = traffic_cmd.cloudwatch_caller
-    monkeypatch.setattr(traffic_cmd, "cloudwatch_caller", lambda profile: with_percentiles(real(profile), records))
+    real, raw = traffic_cmd.cloudwatch_caller, raw_series(records)  # indexed once for the four callers below
+    monkeypatch.setattr(traffic_cmd, "cloudwatch_caller", lambda profile: with_percentiles(real(profile), raw))
 
     cfg = fleet_config(WIDE_LIMITS, WIDE_LIMITS).model_dump(mode="json", exclude_none=True)
     original, config = tmp_path / "before.yaml", tmp_path / "fleet.yaml"
