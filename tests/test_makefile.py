@@ -26,6 +26,10 @@ def make(*args: str, tmp_path: Path) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_") and k not in ("MAKEFLAGS", "MFLAGS")}
     env |= {"AWS_EC2_METADATA_DISABLED": "true", "AWS_CONFIG_FILE": os.devnull,
             "AWS_SHARED_CREDENTIALS_FILE": os.devnull, "HOME": str(tmp_path)}
+    # A fresh HOME (no ~/.aws, no ~/.cdk.json), but jsii keeps the aws-cdk-lib it unpacks where the user's own
+    # synth does, $HOME/.cache/aws/jsii/package-cache on Linux (the jsii kernel's defaultCacheRoot, embedded in
+    # the jsii package's _embedded/jsii/lib__program.js); otherwise every run unpacks 200 MB again.
+    env.setdefault("JSII_RUNTIME_PACKAGE_CACHE_ROOT", str(Path.home() / ".cache" / "aws" / "jsii" / "package-cache"))
     return subprocess.run([MAKE, "--no-print-directory", *SETUP_DONE, *args], cwd=ROOT, env=env, text=True,
                           capture_output=True, stdin=subprocess.DEVNULL, timeout=600)
 
