@@ -121,5 +121,5 @@ def test_a_held_spot_pool_holds_both_groups_at_zero():
     assert_lint_clean(fleet.outdir / f"{SEOUL}.template.json")
 
 
-def test_the_held_template_passesassert_lint_clean(held):
+def test_the_held_template_passes_cfn_lint(held):
     assert_lint_clean(held.outdir / f"{SEOUL}.template.json")
