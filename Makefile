@@ -48,10 +48,11 @@ synth: $(VENV)/.synth-deps node_modules/.package-lock.json
 	rm -rf $(OUT).old
 	$(VENV)/bin/fleetcast synth summary --config $(CONFIG) --out $(OUT)
 
-# One pytest worker per core (pytest-xdist); TEST_WORKERS=0 runs them in one process.
+# One pytest worker per core (pytest-xdist); TEST_WORKERS=0 runs them in one process. loadgroup keeps every
+# module that builds CDK apps on one worker (tests/conftest.py), which then loads aws-cdk-lib once.
 TEST_WORKERS ?= auto
 test: $(VENV)/.test-deps node_modules/.package-lock.json
-	$(OFFLINE) $(WITH_NODE) $(PY) -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS)
+	$(OFFLINE) $(WITH_NODE) $(PY) -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadgroup
 
 demo: $(VENV)/.test-deps
 	$(PY) -m runtime.demo

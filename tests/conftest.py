@@ -3,7 +3,13 @@ S3, Secrets Manager, CloudWatch and Auto Scaling; never AWS) and the dummy-crede
 points boto3 at it. Tests that share the server keep apart by their own names (unique buckets, secrets)
 or by resetting it (tests/usage)."""
 
+import ast
+import functools
+from pathlib import Path
+
 import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="session")
@@ -28,3 +34,40 @@ def aws_env(monkeypatch, moto_endpoint):
     monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
     monkeypatch.setenv("AWS_ENDPOINT_URL", moto_endpoint)
     return moto_endpoint
+
+
+# Modules whose tests build CDK apps in this process: those that import the CDK, the app builder or the shared
+# synthesized fleets anywhere (at the top or inside a test), directly or through another test module. Under pytest-xdist (`make test` runs
+# `--dist loadgroup`) they all go to one worker, so the jsii kernel, aws-cdk-lib and each shared fleet
+# (tests/stacks/synthesized.py) are loaded and synthesized once per run instead of once per worker.
+_CDK_MODULES = ("aws_cdk", "cdk_nag", "stacks.app_builder", "tests.stacks.synthesized")
+
+
+@functools.cache
+def _builds_cdk_apps(path: str) -> bool:
+    package = ".".join(Path(path).relative_to(ROOT).parent.parts)
+    for node in ast.walk(ast.parse(Path(path).read_text(), path)):
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:  # relative: `from .synthesized import ...`
+                base = ".".join([*package.split(".")[:len(package.split(".")) - node.level + 1], base]).strip(".")
+            names = [base]
+        else:
+            continue
+        for name in names:
+            if any(name == m or name.startswith(m + ".") for m in _CDK_MODULES):
+                return True
+            helper = ROOT.joinpath(*name.split(".")).with_suffix(".py")  # another test module's helpers
+            if name.startswith("tests.") and helper.is_file() and _builds_cdk_apps(str(helper)):
+                return True
+    return False
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook turns the markers into groups
+def pytest_collection_modifyitems(config, items):
+    cdk = pytest.mark.xdist_group("cdk")
+    for item in items:
+        if _builds_cdk_apps(str(item.path)):
+            item.add_marker(cdk)
