@@ -12,8 +12,9 @@ from fleetcast.errors import FleetcastError
 from stacks.app_builder import build_app
 
 
-def main() -> int:
-    app = App()
+def main(app: App | None = None) -> int:
+    """`app`: the CLI's App by default (context and output directory from CDK_CONTEXT_JSON and CDK_OUTDIR)."""
+    app = app or App()
     path = app.node.try_get_context("config") or "config/fleet.yaml"
     try:
         cfg = load_config(path)

@@ -5,9 +5,6 @@ entry point behind `make synth` (app.py), alike. Time is bounded by size limits,
 the tests check the limits that bound it (file bytes, nesting, entries, integer digits).
 """
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -15,6 +12,7 @@ import pytest
 from fleetcast.config import ConfigError, load_config
 from fleetcast.config import loader
 from scripts.cli import main
+from tests.stacks.synthesized import run_app_entry_point
 
 from .conftest import DEFAULT
 
@@ -130,12 +128,9 @@ def test_make_synth_entry_point_reports_it_too(tmp_path, name):
     data, expected = BAD_INPUTS[name]
     path = tmp_path / f"{name}.yaml"
     path.write_bytes(data)
-    env = {**os.environ, "CDK_CONTEXT_JSON": f'{{"config": "{path}"}}', "CDK_OUTDIR": str(tmp_path / "out"),
-           "PYTHONPATH": str(ROOT)}
-    run = subprocess.run([sys.executable, str(ROOT / "app.py")], cwd=ROOT, env=env, capture_output=True,
-                         text=True, timeout=300)
-    assert run.returncode == 1, run.stderr
-    assert expected in run.stderr and "Traceback" not in run.stderr
+    code, stderr = run_app_entry_point(path, tmp_path / "out")
+    assert code == 1, stderr
+    assert expected in stderr and "Traceback" not in stderr
 
 
 def test_delivered_config_is_bounded_too():

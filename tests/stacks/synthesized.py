@@ -70,6 +70,21 @@ def synthesize(doc: dict, label: str, context: dict | None = None) -> Synthesize
     return Synthesized(cfg=cfg, outdir=outdir, stacks=stacks, messages=messages)
 
 
+def run_app_entry_point(config: Path, outdir: Path) -> tuple[int, str]:
+    """app.py's `main()` given the App `cdk synth -c config=FILE -o DIR` hands it (cdk.json's context plus
+    `config`), in this process: (exit code, what it wrote to stderr). In-process because a Python start per case
+    cost a second; the CLI runs app.py itself in test_gates and, failing, in test_makefile."""
+    import contextlib
+    import importlib
+    import io
+
+    app = App(outdir=str(outdir), context={**cdk_json_context(), "config": str(config)})
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):
+        code = importlib.import_module("app").main(app)
+    return code, err.getvalue()
+
+
 @lru_cache(maxsize=None)
 def default_fleet() -> Synthesized:
     """config/fleet.yaml as shipped."""

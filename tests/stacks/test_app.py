@@ -4,18 +4,14 @@ and `app.py` turning an invalid config into one clear message (exit 1, no traceb
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 
 import pytest
 
 from fleetcast.staging.image import image_tag
 
-from .synthesized import NODE_MAJOR, ROOT, default_doc, default_fleet, nat_doc, nat_fleet, synthesize
+from .synthesized import ROOT, default_doc, default_fleet, nat_doc, nat_fleet, run_app_entry_point, synthesize
 
 
-PYTHON = str(ROOT / ".venv" / "bin" / "python") if (ROOT / ".venv" / "bin" / "python").exists() else sys.executable
 
 
 def test_one_stack_per_provider_region_and_per_consumer_with_explicit_env():
@@ -84,13 +80,6 @@ def test_instances_always_run_the_derived_image(egress):
             assert image_line(lt) == f"<ref>.dkr.ecr.<ref>.<AWS::URLSuffix>/<{repository}>:{tag}"
 
 
-def _run_app(config_path, tmp_path) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
-    env |= {"CDK_CONTEXT_JSON": json.dumps({"config": str(config_path)}), "CDK_OUTDIR": str(tmp_path / "out"),
-            "JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION": NODE_MAJOR}
-    return subprocess.run([PYTHON, "app.py"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
-
-
 @pytest.mark.parametrize("mutation, field", [
     (lambda text: text.replace("instance_type: g6e.xlarge", "instance_type: g5.xlarge", 1)
      .replace("engine: {precision: int8_wo}", "engine: {precision: fp8}", 1),
@@ -100,8 +89,8 @@ def _run_app(config_path, tmp_path) -> subprocess.CompletedProcess:
 def test_app_rejects_an_invalid_config_with_one_clear_message(tmp_path, mutation, field):
     broken = tmp_path / "fleet.yaml"
     broken.write_text(mutation((ROOT / "config" / "fleet.yaml").read_text()))
-    result = _run_app(broken, tmp_path)
-    assert result.returncode == 1
-    assert "Traceback" not in result.stderr
-    assert field in result.stderr, result.stderr
+    code, stderr = run_app_entry_point(broken, tmp_path / "out")
+    assert code == 1
+    assert "Traceback" not in stderr
+    assert field in stderr, stderr
     assert not (tmp_path / "out" / "manifest.json").exists()
