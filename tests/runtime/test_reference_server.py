@@ -229,13 +229,10 @@ def test_drain_is_bounded_by_the_drain_timeout(artifact, tmp_path):
         srv.stop()
 
 
-def test_missing_artifact_is_a_one_line_error(tmp_path):
-    import subprocess
-    import sys
+def test_missing_artifact_is_a_one_line_error(tmp_path, capsys):
+    # `python -m runtime.reference.server` is `sys.exit(main())`; main runs here (ServerProcess runs the module).
+    from runtime.reference import server
 
-    from .reference_helpers import ROOT
-
-    proc = subprocess.run([sys.executable, "-m", "runtime.reference.server", "--artifact", str(tmp_path / "nope")],
-                          cwd=ROOT, capture_output=True, text=True, timeout=60)
-    assert proc.returncode == 2
-    assert proc.stderr.strip().startswith("error: --artifact:") and "Traceback" not in proc.stderr
+    assert server.main(["--artifact", str(tmp_path / "nope")]) == 2
+    err = capsys.readouterr().err
+    assert err.strip().startswith("error: --artifact:") and "Traceback" not in err
