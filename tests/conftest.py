@@ -65,9 +65,21 @@ def _builds_cdk_apps(path: str) -> bool:
     return False
 
 
+# The areas whose tests run fleets of real processes, or synthesize, go first: xdist hands out tests in
+# collection order, so a run that ends on quick unit tests ends with every worker busy, instead of one
+# worker finishing a ten-second scenario alone.
+_HEAVY_FIRST = ("stacks", "runtime", "traffic", "plan", "bench", "staging", "gateway", "smoke", "usage")
+
+
+def _area_rank(item) -> int:
+    parts = Path(item.path).relative_to(ROOT / "tests").parts
+    return _HEAVY_FIRST.index(parts[0]) if len(parts) > 1 and parts[0] in _HEAVY_FIRST else len(_HEAVY_FIRST)
+
+
 @pytest.hookimpl(tryfirst=True)  # before xdist's own hook turns the markers into groups
 def pytest_collection_modifyitems(config, items):
     cdk = pytest.mark.xdist_group("cdk")
     for item in items:
         if _builds_cdk_apps(str(item.path)):
             item.add_marker(cdk)
+    items.sort(key=_area_rank)  # stable: within an area, collection order
