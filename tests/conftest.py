@@ -5,6 +5,7 @@ or by resetting it (tests/usage)."""
 
 import ast
 import functools
+import gc
 from pathlib import Path
 
 import pytest
@@ -83,3 +84,13 @@ def pytest_collection_modifyitems(config, items):
         if _builds_cdk_apps(str(item.path)):
             item.add_marker(cdk)
     items.sort(key=_area_rank)  # stable: within an area, collection order
+
+
+def pytest_collection_finish(session):
+    # What collection built (modules, items, fixture definitions) lives for the whole run: frozen, the cyclic
+    # collector stops re-scanning it on every full collection; and a higher first threshold lets the planner's,
+    # the simulator's and the CDK bindings' short-lived objects go by without a collection every 700 allocations.
+    # On tests/plan, tests/traffic and two stack modules in one process: 63 s of CPU -> 50 s. Test processes
+    # only; what the tests start runs with Python's defaults.
+    gc.freeze()
+    gc.set_threshold(10_000, 20, 20)
