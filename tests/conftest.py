@@ -1,7 +1,10 @@
 """Fixtures shared by every test area: one loopback moto server for the session (a real AWS API for
 S3, Secrets Manager, CloudWatch and Auto Scaling; never AWS) and the dummy-credential environment that
 points boto3 at it. Tests that share the server keep apart by their own names (unique buckets, secrets)
-or by resetting it (tests/usage)."""
+or by resetting it (tests/usage).
+
+And how the suite runs on few cores (`make test`): the modules that build CDK apps share one xdist worker,
+the areas with end-to-end scenarios are handed out first, and the collected suite is kept out of the GC."""
 
 import ast
 import functools
@@ -38,9 +41,9 @@ def aws_env(monkeypatch, moto_endpoint):
 
 
 # Modules whose tests build CDK apps in this process: those that import the CDK, the app builder or the shared
-# synthesized fleets anywhere (at the top or inside a test), directly or through another test module. Under pytest-xdist (`make test` runs
-# `--dist loadgroup`) they all go to one worker, so the jsii kernel, aws-cdk-lib and each shared fleet
-# (tests/stacks/synthesized.py) are loaded and synthesized once per run instead of once per worker.
+# synthesized fleets anywhere (at the top or inside a test), directly or through another test module. Under
+# pytest-xdist (`make test` runs `--dist loadgroup`) they all go to one worker, so the jsii kernel, aws-cdk-lib
+# and each shared fleet (tests/stacks/synthesized.py) are loaded and synthesized once per run, not per worker.
 _CDK_MODULES = ("aws_cdk", "cdk_nag", "stacks.app_builder", "tests.stacks.synthesized")
 
 

@@ -1,0 +1,24 @@
+"""How tests/conftest.py groups the suite: a module that builds CDK apps, however it imports the CDK, runs on
+the one worker that has aws-cdk-lib loaded; others are free to go anywhere."""
+
+from tests.conftest import ROOT, _area_rank, _builds_cdk_apps
+
+
+def test_modules_that_build_cdk_apps_are_found_by_their_imports():
+    builds = lambda rel: _builds_cdk_apps(str(ROOT / rel))  # noqa: E731
+    assert builds("tests/stacks/test_provider_stack.py")  # `from aws_cdk.assertions import ...` at the top
+    assert builds("tests/config/test_init.py")  # `from tests.stacks.synthesized import ...` inside a test
+    assert builds("tests/stacks/test_slo_scaling.py")  # through another test module's helpers
+    assert builds("tests/stacks/test_app.py")  # `from .synthesized import ...`
+    assert not builds("tests/plan/test_cli.py")
+    assert not builds("tests/stacks/test_plan_drift_handler.py")  # the Lambda's code, no CDK
+
+
+def test_scenario_areas_come_before_unit_tests():
+    class Item:
+        def __init__(self, rel):
+            self.path = ROOT / rel
+
+    ranks = [_area_rank(Item(p)) for p in ("tests/stacks/test_app.py", "tests/runtime/test_bootstrap.py",
+                                           "tests/config/test_loader.py", "tests/test_docs.py")]
+    assert ranks == sorted(ranks) and ranks[0] < ranks[2] == ranks[3]
