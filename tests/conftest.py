@@ -3,8 +3,9 @@ S3, Secrets Manager, CloudWatch and Auto Scaling; never AWS) and the dummy-crede
 points boto3 at it. Tests that share the server keep apart by their own names (unique buckets, secrets)
 or by resetting it (tests/usage).
 
-And how the suite runs on few cores (`make test`): the modules that build CDK apps share one xdist worker,
-the areas with end-to-end scenarios are handed out first, and the collected suite is kept out of the GC."""
+And how the suite runs on few cores (`make test`): the modules that build CDK apps share one xdist worker, so
+do the tests of a module with a module-scoped fixture, the areas with end-to-end scenarios are handed out
+first, and the collected suite is kept out of the GC."""
 
 import ast
 import functools
@@ -80,12 +81,26 @@ def _area_rank(item) -> int:
     return _HEAVY_FIRST.index(parts[0]) if len(parts) > 1 and parts[0] in _HEAVY_FIRST else len(_HEAVY_FIRST)
 
 
+@functools.cache
+def _has_module_fixture(path: str) -> bool:
+    """A `@pytest.fixture(scope="module")` in the module: set up once in every worker that runs one of its tests
+    (tests/runtime/test_bootstrap.py's loopback region and its engine cache, a started reference server)."""
+    for node in ast.walk(ast.parse(Path(path).read_text(), path)):
+        if isinstance(node, ast.Call) and any(
+                kw.arg == "scope" and isinstance(kw.value, ast.Constant) and kw.value.value == "module"
+                for kw in node.keywords):
+            return True
+    return False
+
+
 @pytest.hookimpl(tryfirst=True)  # before xdist's own hook turns the markers into groups
 def pytest_collection_modifyitems(config, items):
     cdk = pytest.mark.xdist_group("cdk")
     for item in items:
         if _builds_cdk_apps(str(item.path)):
             item.add_marker(cdk)
+        elif _has_module_fixture(str(item.path)):  # its module's tests share one worker, and the fixture
+            item.add_marker(pytest.mark.xdist_group(Path(item.path).relative_to(ROOT).as_posix()))
     items.sort(key=_area_rank)  # stable: within an area, collection order
 
 

@@ -1,7 +1,7 @@
 """How tests/conftest.py groups the suite: a module that builds CDK apps, however it imports the CDK, runs on
 the one worker that has aws-cdk-lib loaded; others are free to go anywhere."""
 
-from tests.conftest import ROOT, _area_rank, _builds_cdk_apps
+from tests.conftest import ROOT, _area_rank, _builds_cdk_apps, _has_module_fixture
 
 
 def test_modules_that_build_cdk_apps_are_found_by_their_imports():
@@ -22,3 +22,8 @@ def test_scenario_areas_come_before_unit_tests():
     ranks = [_area_rank(Item(p)) for p in ("tests/stacks/test_app.py", "tests/runtime/test_bootstrap.py",
                                            "tests/config/test_loader.py", "tests/test_docs.py")]
     assert ranks == sorted(ranks) and ranks[0] < ranks[2] == ranks[3]
+
+
+def test_modules_with_a_module_scoped_fixture_are_found():
+    assert _has_module_fixture(str(ROOT / "tests/runtime/test_bootstrap.py"))
+    assert not _has_module_fixture(str(ROOT / "tests/runtime/test_spot.py"))
