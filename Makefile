@@ -49,9 +49,9 @@ synth: $(VENV)/.synth-deps node_modules/.package-lock.json
 	$(VENV)/bin/fleetcast synth summary --config $(CONFIG) --out $(OUT)
 
 # pytest-xdist workers: one more than the cores, because the runtime tests spend much of their time waiting on
-# their own processes (on 2 cores: 2 workers 162 s, 3 workers 140 s, 4 workers 148 s); TEST_WORKERS=0 runs them
-# in one process. loadgroup keeps every module that builds CDK apps on one worker (tests/conftest.py), which
-# then loads aws-cdk-lib once.
+# their own processes (on 2 cores: 2 workers 127 s, 3 workers 109-120 s, 4 workers 125 s); TEST_WORKERS=0 runs
+# them in one process. loadgroup keeps every module that builds CDK apps on one worker (tests/conftest.py), which
+# then loads aws-cdk-lib once, and each module with a module-scoped fixture on one worker.
 TEST_WORKERS ?= $(shell echo $$(( $$(nproc) + 1 )))
 test: $(VENV)/.test-deps node_modules/.package-lock.json
 	$(OFFLINE) $(WITH_NODE) $(PY) -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadgroup
