@@ -10,6 +10,7 @@ first, and the collected suite is kept out of the GC."""
 import ast
 import functools
 import gc
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -27,6 +28,11 @@ def moto_endpoint():
     host, port = server.get_host_and_port()
     yield f"http://{host}:{port}"
     server.stop()
+
+
+def reset_moto(moto_endpoint: str) -> None:
+    """Empty the shared server (moto's own reset API); nothing kept there outlives the test that made it."""
+    urllib.request.urlopen(urllib.request.Request(f"{moto_endpoint}/moto-api/reset", method="POST")).read()
 
 
 @pytest.fixture

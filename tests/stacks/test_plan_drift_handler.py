@@ -4,7 +4,6 @@ quiet on the planned traffic, PlanDrift = 1 and one notice with the reason once 
 from __future__ import annotations
 
 import json
-import urllib.request
 from datetime import datetime, timedelta, timezone
 
 import boto3
@@ -15,6 +14,7 @@ from fleetcast import telemetry as t
 from fleetcast.plan import drift
 from runtime.gateway.metrics import emf_record
 from stacks.lambdas.plan_drift import handler as h
+from tests.conftest import reset_moto
 from tests.traffic.emf import ship, with_percentiles
 
 REGION = "ap-northeast-2"
@@ -70,7 +70,7 @@ class _PercentileCloudWatch:
 
 @pytest.fixture
 def lambda_env(aws_env, monkeypatch):
-    urllib.request.urlopen(urllib.request.Request(f"{aws_env}/moto-api/reset", method="POST")).read()
+    reset_moto(aws_env)
     s3 = boto3.client("s3", region_name=REGION)
     s3.create_bucket(Bucket="model-bucket", CreateBucketConfiguration={"LocationConstraint": REGION})
     for key, value in {"FLEET": "fleetcast", "REGION": REGION, "BUCKET": "model-bucket", "BASELINE_KEY": "plan/baseline.json",

@@ -4,16 +4,16 @@ that reproduces what was sent: arrivals per hour within 2%, length quantiles wit
 from __future__ import annotations
 
 import asyncio
-import urllib.request
 from datetime import datetime, timedelta, timezone
 
 import boto3
 import pytest
 
 from fleetcast import telemetry as t
-from fleetcast.plan.traffic import TrafficProfile, load_traffic
+from fleetcast.plan.traffic import load_traffic
 from fleetcast.traffic.export import export, floor_hour
 from scripts.traffic_cmd import cloudwatch_caller, write_profile
+from tests.conftest import reset_moto
 from tests.gateway.conftest import REGION, fleet_config, start_harness, stop_harness
 
 from .emf import ship, with_percentiles
@@ -33,7 +33,7 @@ def run_week(week: Week, moto_endpoint: str) -> list[dict]:
         finally:
             await stop_harness(h)
     records = asyncio.run(asyncio.wait_for(body(), 600))
-    urllib.request.urlopen(urllib.request.Request(f"{moto_endpoint}/moto-api/reset", method="POST")).read()
+    reset_moto(moto_endpoint)
     ship(records, boto3.client("cloudwatch", region_name=REGION))
     return records
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import json
 import random
-import urllib.request
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
@@ -22,6 +21,7 @@ from ruamel.yaml import YAML
 from fleetcast import telemetry as t
 from fleetcast.plan.drift import BASELINE_KEY
 from scripts import cli, traffic_cmd
+from tests.conftest import reset_moto
 from tests.gateway.conftest import ANALYTICS_VPCE, REGION, VOICE_VPCE, fleet_config, start_harness, stop_harness
 from tests.gateway.fakes import Client
 
@@ -109,7 +109,7 @@ def produce(moto_endpoint: str) -> list[dict]:
         finally:
             await stop_harness(h)
     records = asyncio.run(asyncio.wait_for(body(), 600))
-    urllib.request.urlopen(urllib.request.Request(f"{moto_endpoint}/moto-api/reset", method="POST")).read()
+    reset_moto(moto_endpoint)
     ship(records, boto3.client("cloudwatch", region_name=REGION))
     return records
 

@@ -21,6 +21,7 @@ from fleetcast.config.catalog import instance_catalog
 from fleetcast.errors import UserError
 from fleetcast.usage import collect, parse_time
 from scripts.cli import main as cli
+from tests.conftest import reset_moto
 from tests.gateway.conftest import (ANALYTICS_VPCE, REGION, VOICE_VPCE, fleet_config, run, start_harness,
                                     stop_harness)
 from tests.gateway.fakes import Client
@@ -30,10 +31,7 @@ NOW = datetime.now(timezone.utc)
 
 @pytest.fixture
 def cloudwatch(aws_env):
-    moto_url = aws_env
-    requests = __import__("urllib.request").request
-    # Fresh metrics per test. This empties the whole shared server; nothing there outlives its test module.
-    requests.urlopen(requests.Request(f"{moto_url}/moto-api/reset", method="POST")).read()
+    reset_moto(aws_env)  # fresh metrics per test
     return boto3.client("cloudwatch", region_name=REGION)
 
 
