@@ -16,3 +16,28 @@ def _no_real_aws(monkeypatch):
     for key, value in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
                        "AWS_SESSION_TOKEN": "testing", "AWS_DEFAULT_REGION": "us-east-1"}.items():
         monkeypatch.setenv(key, value)
+
+
+EAST_WEST_MIX = '{"1-16": 0.80, "32": 0.15, "64": 0.05}'
+
+
+def east_and_west_traffic(tmp_path, east: str, west: str, extra: str = "") -> Path:
+    """A two-consumer profile, us-east-1 and us-west-2, at these hourly rates; `extra` replaces the concurrency
+    mix line (e.g. "burstiness: 1.2": arrivals-based sizing)."""
+    path = tmp_path / "traffic.yaml"
+    shape = extra or "concurrency: " + EAST_WEST_MIX
+    path.write_text(f"""schema: fleetcast.traffic/v1
+name: east-and-west
+consumers:
+  - region: us-east-1
+    rate_rps: {east}
+    {shape}
+    input_tokens: 256
+    output_tokens: 128
+  - region: us-west-2
+    rate_rps: {west}
+    {shape}
+    input_tokens: 256
+    output_tokens: 128
+""")
+    return path

@@ -15,39 +15,17 @@ import shutil
 from fleetcast.plan.run import PlanOptions, build_plan
 from scripts.cli import main
 
-from .conftest import ROOT, SEED
+from .conftest import ROOT, SEED, east_and_west_traffic
 
 RESULTS = str(SEED / "results")
 SLO = dict(ttft_p99_ms=300, itl_p99_ms=40)
-MIX = '{"1-16": 0.80, "32": 0.15, "64": 0.05}'
-
-
-def traffic(tmp_path, east_rps: str, west_rps: str):
-    path = tmp_path / "traffic.yaml"
-    path.write_text(f"""schema: fleetcast.traffic/v1
-name: east-and-west
-consumers:
-  - region: us-east-1
-    rate_rps: {east_rps}
-    concurrency: {MIX}
-    input_tokens: 256
-    output_tokens: 128
-  - region: us-west-2
-    rate_rps: {west_rps}
-    concurrency: {MIX}
-    input_tokens: 256
-    output_tokens: 128
-""")
-    return path
-
-
 def build(path):
     result, plans, _ = build_plan(PlanOptions(results=[RESULTS], traffic=str(path), config=None, min_instances=1, **SLO))
     return result, plans
 
 
 def test_a_small_region_joins_the_big_regions_pool_when_that_is_cheaper(tmp_path):
-    result, plans = build(traffic(tmp_path, '{"0-24": 100}', '{"0-24": 0.5}'))
+    result, plans = build(east_and_west_traffic(tmp_path, '{"0-24": 100}', '{"0-24": 0.5}'))
     east, west = plans
     assert west.winner.service_region == "us-west-2"  # on its own, a small pool next to it is cheapest
     (pool,) = result.pools
@@ -66,14 +44,14 @@ def test_regions_stay_apart_when_joining_would_cost_more(tmp_path):
     # The seed's us-east-1 traffic runs its pool at the edge of a whole instance for most of
     # the day: 3 req/s more would tip it over, which costs more than the west's own g5.
     east = (SEED / "traffic-us-east-1.yaml").read_text().split("rate_rps: ", 1)[1].split("\n", 1)[0]
-    result, plans = build(traffic(tmp_path, east, '{"0-24": 3}'))
+    result, plans = build(east_and_west_traffic(tmp_path, east, '{"0-24": 3}'))
     assert sorted((p.service_region, tuple(p.consumer_regions)) for p in result.pools) == [
         ("us-east-1", ("us-east-1",)), ("us-west-2", ("us-west-2",))]
     assert all(not p.joined() for p in result.pools)
 
 
 def test_report_and_write_config_follow_the_pooled_fleet(tmp_path, capsys):
-    path = traffic(tmp_path, '{"0-24": 100}', '{"0-24": 0.5}')
+    path = east_and_west_traffic(tmp_path, '{"0-24": 100}', '{"0-24": 0.5}')
     fleet = tmp_path / "fleet.yaml"
     shutil.copy(ROOT / "config" / "fleet.yaml", fleet)
     # Calibrated precisions need a staged dataset: give the config one, whatever the plan picks.

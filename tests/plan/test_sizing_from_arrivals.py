@@ -18,7 +18,7 @@ from fleetcast.plan.run import PlanOptions, build_plan
 from fleetcast.plan.simulate import FleetSim, busiest_minutes, poisson_arrivals, simulate_plan
 from scripts.cli import main
 
-from .conftest import ROOT, SEED
+from .conftest import ROOT, SEED, east_and_west_traffic
 
 RESULTS = str(SEED / "results")
 SCENARIOS = [SEED / "traffic-seoul-arrivals.yaml", ROOT / "examples/plan/bursty/traffic.yaml",
@@ -121,28 +121,6 @@ def test_simulate_refuses_an_unknown_candidate_naming_the_choices(capsys):
 # ---------------------------------------------------------------- pools: one target, every member checked
 
 
-MIX = '{"1-16": 0.80, "32": 0.15, "64": 0.05}'
-
-
-def two_regions(tmp_path, east: str, west: str, extra: str = ""):
-    path = tmp_path / "traffic.yaml"
-    path.write_text(f"""schema: fleetcast.traffic/v1
-name: east-and-west
-consumers:
-  - region: us-east-1
-    rate_rps: {east}
-    {extra or "concurrency: " + MIX}
-    input_tokens: 256
-    output_tokens: 128
-  - region: us-west-2
-    rate_rps: {west}
-    {extra or "concurrency: " + MIX}
-    input_tokens: 256
-    output_tokens: 128
-""")
-    return path
-
-
 def test_a_histogram_pool_is_sized_at_the_one_target_it_scales_on(tmp_path):
     # us-west-2 on the us-east-1 pool: 65 ms more network caps it at 32 where us-east-1 alone runs at 48. The pool
     # scales on one target, so both members' load counts at that target: 111.5 req/s at S(48) fits 10 instances,
@@ -150,7 +128,7 @@ def test_a_histogram_pool_is_sized_at_the_one_target_it_scales_on(tmp_path):
     from fleetcast.plan.solver import _pool_size
 
     results = [str(SEED / "results" / f) for f in ("g6e.xlarge-int8_wo.json", "g5.xlarge-int8_wo.json")]
-    result, plans, ctx = build(two_regions(tmp_path, '{"0-24": 111.5}', '{"0-24": 0.5}'), results=results)
+    result, plans, ctx = build(east_and_west_traffic(tmp_path, '{"0-24": 111.5}', '{"0-24": 0.5}'), results=results)
     east, west = plans
     members = [(east, east.winner),
                (west, next(e for e in west.ranked if e.service_region == "us-east-1"
@@ -169,7 +147,7 @@ def test_an_arrivals_pool_meets_every_members_slo_with_its_own_network(tmp_path)
     # its TTFT, so the whole pool runs at the load that leaves the west its SLO.
     from fleetcast.plan.solver import _pool_size
 
-    result, plans, ctx = build(two_regions(tmp_path, '{"0-24": 100}', '{"0-24": 20}', extra="burstiness: 1.2"),
+    result, plans, ctx = build(east_and_west_traffic(tmp_path, '{"0-24": 100}', '{"0-24": 20}', extra="burstiness: 1.2"),
                                results=[str(SEED / "results" / "g5.xlarge-int8_wo.json")])
     east, west = plans
     members = [(east, east.winner), (west, next(e for e in west.ranked if e.service_region == "us-east-1"))]
