@@ -38,7 +38,7 @@ from fleetcast.plan.drift import BASELINE_KEY
 
 from . import nag
 from .function import function_log_group, function_role, grant_own_logs, python_function
-from .runtime_bundle import REPO_ROOT, BundleSpec, bundle_files
+from .runtime_bundle import BundleSpec, stage_bundle
 
 HANDLER = Path(__file__).resolve().parent / "lambdas" / "plan_drift" / "handler.py"
 BUNDLE = BundleSpec("plan-drift", ("fleetcast.plan.drift", "fleetcast.telemetry"), ())
@@ -46,13 +46,9 @@ WINDOW_DAYS = 7
 
 
 def stage_code(outdir: str | Path) -> Path:
-    """The function's code as one directory under the cloud assembly (CDK hashes it by content)."""
-    target = Path(outdir) / ".fleetcast-bundles" / BUNDLE.name
-    if target.exists():
-        shutil.rmtree(target)
-    for rel in bundle_files(BUNDLE):
-        (target / rel).parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(REPO_ROOT / rel, target / rel)
+    """The function's code as one directory under the cloud assembly (CDK hashes it by content): the bundle,
+    built once per synth, and the handler at its top."""
+    target = stage_bundle(outdir, BUNDLE)
     shutil.copy2(HANDLER, target / "handler.py")
     return target
 
