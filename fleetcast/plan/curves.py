@@ -52,6 +52,7 @@ class Curve:
         if not self.points:
             raise ValueError("a curve needs at least one load point")
         object.__setattr__(self, "points", tuple(sorted(self.points, key=lambda p: p.concurrency)))
+        object.__setattr__(self, "notes", tuple(self.notes))
 
     @property
     def levels(self) -> list[float]:

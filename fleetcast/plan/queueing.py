@@ -125,19 +125,13 @@ class ServiceModel:
 
 
 @functools.lru_cache(maxsize=128)
-def _shared_model(curve: Curve) -> ServiceModel:
-    return ServiceModel(curve)
-
-
 def model_for(curve: Curve) -> ServiceModel:
     """The process's one ServiceModel for a curve. Everything a ServiceModel remembers (its per-batch fits, the
     predictions of predict()) is a pure function of the curve, so plans built again from the same results (a
     `plan --check` after a `plan`, each scenario of a test run, the drift check's re-plan) reuse what an earlier
-    plan computed instead of computing it again. Equal curves (the same results file read twice) share a model."""
-    try:
-        return _shared_model(curve)
-    except TypeError:  # an unhashable curve (a list where a tuple belongs): a model of its own
-        return ServiceModel(curve)
+    plan computed instead of computing it again. Equal curves (the same results file read twice) share a model;
+    a Curve is frozen and all tuples, so it hashes."""
+    return ServiceModel(curve)
 
 
 def occupancy(model: ServiceModel, rate_rps: float, output_mean: float) -> list[float] | None:
