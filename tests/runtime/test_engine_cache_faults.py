@@ -76,6 +76,26 @@ def test_the_fake_fails_the_way_boto3s_transfer_layer_does(aws, proxy, tmp_path)
         s3.download_file(aws.bucket, "engines/x/a", str(tmp_path / "g"))
 
 
+@pytest.mark.parametrize("action, code, first_backoff_s", [("503", "SlowDown", 1.0),
+                                                          ("503-unavailable", "ServiceUnavailable", 0.05)])
+def test_botocore_backs_off_from_each_503_the_fake_sends_as_the_tests_assume(action, code, first_backoff_s):
+    """The fake's two 503s, through botocore's own standard-mode backoff (botocore/retries/standard.py,
+    ExponentialBackoff with the ThrottlingErrorDetector that register_retry_handler gives it): the first retry
+    waits up to 1 s after a throttling code and up to 50 ms after any other, which is why the tests of what
+    happens after botocore's retries use "503-unavailable"."""
+    from botocore.retries import standard
+
+    from runtime.devtools.fakes import _503
+
+    assert _503[action][0] == code
+    context = standard.RetryContext(attempt_number=1, operation_model=None, parsed_response={"Error": {"Code": code}},
+                                    http_response=None)
+    backoff = standard.ExponentialBackoff(random=lambda: 1.0,  # the upper end of the jitter
+                                          throttling_detector=standard.ThrottlingErrorDetector(
+                                              standard.RetryEventAdapter()))
+    assert backoff.delay_amount(context) == first_backoff_s
+
+
 def test_uploads_answering_503_are_retried_until_they_go_through(aws, proxy, tmp_path):
     # botocore retries a 503 three times (standard mode) before upload_file gives up: fail four
     # requests, so the cache's own retry has to act on S3UploadFailedError. The first three are
