@@ -27,3 +27,9 @@ def test_scenario_areas_come_before_unit_tests():
 def test_modules_with_a_module_scoped_fixture_are_found():
     assert _has_module_fixture(str(ROOT / "tests/runtime/test_bootstrap.py"))
     assert not _has_module_fixture(str(ROOT / "tests/runtime/test_spot.py"))
+
+
+def test_the_end_of_run_garbage_collection_runs_twice_not_five_times(pytestconfig):
+    from _pytest.unraisableexception import gc_collect_iterations_key
+
+    assert pytestconfig.stash[gc_collect_iterations_key] == 2

@@ -24,7 +24,8 @@ import pytest
 from fleetcast.errors import UserError
 from fleetcast.staging.calibration import MIN_ROWS, loader_dir, read_rows, write_layout
 
-import datasets  # noqa: E402  (dev extra; a missing install must fail, not skip)
+# `datasets` (a dev extra: a missing install must fail, not skip) is imported where it is used, so only the
+# worker that runs this module pays its half-second import.
 
 # tensorrt_llm/models/convert_utils.py, DEFAULT_HF_DATASET_META: path substring -> (config name, split, column).
 DEFAULT_HF_DATASET_META = {
@@ -36,6 +37,8 @@ DEFAULT_HF_DATASET_META = {
 
 @pytest.fixture(autouse=True)
 def offline(monkeypatch, tmp_path):
+    import datasets
+
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", True)
@@ -44,6 +47,8 @@ def offline(monkeypatch, tmp_path):
 
 def convert_checkpoint_reads(path: str) -> list[str]:
     """What load_calib_dataset(path) returns, and the 512 rows capture_activation_range indexes."""
+    import datasets
+
     config_name = split = key = None
     for name, meta in DEFAULT_HF_DATASET_META.items():
         if name in path:
@@ -54,6 +59,8 @@ def convert_checkpoint_reads(path: str) -> list[str]:
 
 
 def quantize_reads(path: str, calib_size: int) -> list[str]:
+    import datasets
+
     assert os.path.isdir(path) and "cnn_dailymail" not in path and "scienceqa" not in path.lower()
     return datasets.load_dataset(path, split="train", trust_remote_code=True)["text"][:calib_size]
 
