@@ -150,10 +150,18 @@ def test_acknowledgments_carry_reasons():
 CFN_LINT = ROOT / ".venv" / "bin" / "cfn-lint"
 
 
-# A template with one of each: an unknown property (E3002), a malformed value (E3031) and a pinned
-# availability zone (W3010, which .cfnlintrc.yaml ignores).
+# A template with one of each: an unknown property (E3002), a malformed value (E3031), a pinned
+# availability zone (W3010, which .cfnlintrc.yaml ignores) and an IAM statement scoped to a resource its action
+# cannot be scoped to (I3510, which .cfnlintrc.yaml includes: SetInstanceHealth takes an autoScalingGroup ARN,
+# Service Authorization Reference, "Actions, resources, and condition keys for Amazon EC2 Auto Scaling").
 BROKEN_TEMPLATE = {
     "Resources": {
+        "Role": {"Type": "AWS::IAM::Role", "Properties": {"AssumeRolePolicyDocument": {
+            "Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Principal": {"Service": "ec2.amazonaws.com"},
+                                                    "Action": "sts:AssumeRole"}]}}},
+        "Policy": {"Type": "AWS::IAM::Policy", "Properties": {"PolicyName": "p", "Roles": [{"Ref": "Role"}],
+                                                             "PolicyDocument": {"Version": "2012-10-17", "Statement": [
+            {"Effect": "Allow", "Action": "autoscaling:SetInstanceHealth", "Resource": "arn:aws:s3:::bucket/*"}]}}},
         "Subnet": {"Type": "AWS::EC2::Subnet", "Properties": {
             "VpcId": "vpc-0123456789abcdef0", "CidrBlock": "10.0.0.0/24", "AvailabilityZone": "ap-northeast-2a"}},
         "Group": {"Type": "AWS::AutoScaling::AutoScalingGroup", "Properties": {
@@ -197,9 +205,10 @@ def test_in_process_cfn_lint_reports_what_the_cli_reports(cli_lint, tmp_path):
     from tests.cfn_lint import lint
 
     _, broken, rules = cli_lint
-    assert {"E3002", "E3031"} <= set(rules[str(broken)]) and "W3010" not in rules[str(broken)]
+    assert {"E3002", "E3031", "I3510"} <= set(rules[str(broken)]) and "W3010" not in rules[str(broken)]
     assert sorted(p.split()[0] for p in lint(broken)) == rules[str(broken)]
-    assert "W3010" in {p.split()[0] for p in lint(broken, cwd=tmp_path)}  # what .cfnlintrc.yaml's ignore hides
+    without_rc = {p.split()[0] for p in lint(broken, cwd=tmp_path)}
+    assert "W3010" in without_rc and "I3510" not in without_rc  # what .cfnlintrc.yaml ignores and includes
 
 
 def test_cfn_lint_ignores_are_each_explained():
