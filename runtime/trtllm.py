@@ -226,6 +226,12 @@ def run_logged(cmd: list[str], log_file: Path, cwd: Path | None = None, timeout_
                 out.write(line)
                 sys.stderr.write(f"[build] {line}")
             code = proc.wait()
+        except BaseException:
+            # Stopped from outside (a Spot notice raises here, from the main thread's signal handler; SIGTERM): the
+            # step must not outlive its caller, which releases the cache lock so another instance can build.
+            _kill_group(proc)
+            proc.wait()
+            raise
         finally:
             killer.cancel()
         elapsed = time.monotonic() - started

@@ -1,6 +1,8 @@
 """IMDSv2, lifecycle-hook calls and heartbeats, GPU detection, and the TRT-LLM build driver."""
 
 import json
+import signal
+import threading
 import time
 from pathlib import Path
 
@@ -170,3 +172,42 @@ def test_a_hung_build_step_is_killed_after_its_timeout(tmp_path):
     with pytest.raises(RuntimeError, match="did not finish within 1 s"):
         trtllm.run_logged(["bash", "-c", "echo converting; sleep 60"], tmp_path / "build.log", timeout_s=1)
     assert time.monotonic() - started < 10
+
+
+@pytest.mark.skipif(threading.current_thread() is not threading.main_thread(), reason="signals need the main thread")
+def test_a_build_step_stopped_from_outside_takes_its_processes_with_it(tmp_path):
+    """The Spot path: the notice's SIGUSR1 handler raises in the main thread while a step runs. The step's whole
+    process group (the tool and what it started) is killed before the exception leaves run_logged."""
+    pids = tmp_path / "pids"
+    script = f"sleep 60 & echo $$ $! > {pids}; wait"
+
+    def interrupted(_signum, _frame):
+        raise InterruptedError("spot notice")
+
+    def notify_when_started():
+        for _ in range(200):
+            if pids.exists() and pids.read_text().strip():
+                break
+            time.sleep(0.05)
+        signal.pthread_kill(threading.main_thread().ident, signal.SIGUSR1)
+
+    previous = signal.signal(signal.SIGUSR1, interrupted)
+    try:
+        threading.Thread(target=notify_when_started, daemon=True).start()
+        with pytest.raises(InterruptedError):
+            trtllm.run_logged(["bash", "-c", script], tmp_path / "build.log")
+    finally:
+        signal.signal(signal.SIGUSR1, previous)
+    for pid in map(int, pids.read_text().split()):  # the shell and its background sleep: gone, or dead and unreaped
+        for _ in range(200):  # SIGKILL lands when the process is next scheduled; left alive it sleeps 60 s
+            if _process_state(pid) in (None, "Z"):
+                break
+            time.sleep(0.05)
+        assert _process_state(pid) in (None, "Z"), f"pid {pid} still running"
+
+
+def _process_state(pid: int) -> str | None:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return None
