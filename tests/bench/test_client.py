@@ -4,7 +4,7 @@ import asyncio
 import json
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from fleetcast.bench.client import (
@@ -78,7 +78,7 @@ def test_each_content_event_gets_the_time_of_the_read_that_completed_it():
     assert (parsed.prompt_tokens, parsed.completion_tokens) == (7, 3)
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])  # no timing verdicts
 @given(st.data(), st.booleans())
 def test_any_split_of_the_byte_stream_decodes_the_same(data, crlf):
     body = framed(completion_events(5, crlf=crlf))

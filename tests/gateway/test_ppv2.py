@@ -9,7 +9,7 @@ parser bug.
 from __future__ import annotations
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from runtime.gateway import ppv2
@@ -107,7 +107,7 @@ def test_v1_header_is_named_in_the_error():
         ppv2.parse(MALFORMED["v1 text header"])
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])  # no timing verdicts
 @given(st.binary(min_size=0, max_size=80), st.integers(0, 255), st.integers(0, 255))
 def test_arbitrary_bytes_after_the_signature_never_crash_the_parser(tail, ver_cmd, fam):
     raw = SIG + bytes([ver_cmd, fam]) + len(tail).to_bytes(2, "big") + tail
