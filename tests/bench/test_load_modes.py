@@ -17,13 +17,24 @@ def opts(server, levels, **kw):
     return BenchOptions(**base)
 
 
+def peak_in_flight(records) -> int:
+    events = sorted([(r.start_s, 1) for r in records] + [(r.start_s + r.e2e_ms / 1000.0, -1) for r in records])
+    level = peak = 0
+    for _, step in events:  # at equal times an end (-1) sorts before a start: touching is not overlapping
+        level += step
+        peak = max(peak, level)
+    return peak
+
+
 def test_concurrency_sweep_runs_each_level_at_its_concurrency(fast_server):
     res = Bench(opts(fast_server, [Level("concurrency", concurrency=c) for c in (1, 4)], requests_per_level=16)).run()
     assert [r.load.concurrency for r in res.runs] == [1, 4]
     for run, c in zip(res.runs, (1, 4)):
         s = run.summary
         assert (s.requests, s.completed, s.errors) == (16, 16, 0)
-        assert s.mean_concurrency == pytest.approx(c, rel=0.25)
+        # Never more than c in flight, and c at once at some moment (the closed loop starts c together). The mean
+        # over the run is reported but not bounded below: a late straggler on a loaded machine lowers it.
+        assert peak_in_flight(run.records) == c and 0 < s.mean_concurrency <= c
         assert all(r.output_tokens == 8 and r.input_tokens == 32 for r in run.records)
         assert all(r.concurrency == c for r in run.records)
         # Server truth: 10 ms to the first token, then 2 ms per token. Nothing is faster than the truth; how much
