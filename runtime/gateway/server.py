@@ -507,6 +507,12 @@ class Gateway:
             writer.write(openai_error(502, str(exc), "upstream_error", "upstream_unavailable", close=not keep))
             await writer.drain()
             return keep
+        except BaseException:
+            # ClientGone (the client left before the head), cancellation or a bug: nobody will
+            # answer this writer, and left here it (its transport, socket, buffers) would be kept
+            # for the life of the process and written to by close().
+            self._unstarted.discard(writer)
+            raise
         if writer not in self._unstarted:
             conn.writer.close()
             return False  # close() answered 503 while the head was on its way

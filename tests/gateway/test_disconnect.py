@@ -96,3 +96,26 @@ def test_a_client_that_stays_gets_its_answer_however_long_the_generation():
         finally:
             await stop_harness(h)
     run(body())
+
+
+def test_a_client_that_leaves_before_the_response_head_is_not_retained():
+    # Each abandoned request used to leave its client's StreamWriter (transport, socket, buffers)
+    # in the gateway's set of unanswered requests for the life of the process: the slow RSS
+    # growth of the soak (docs/gateway.md).
+    async def body():
+        h = await start_harness(disconnect_poll_s=0.01)
+        h.upstream.hold = asyncio.Event()
+        try:
+            for left in range(1, 4):
+                h.upstream.held.clear()
+                c = await Client(h.port, VOICE_VPCE).connect()
+                await c.send("POST", "/v1/completions", PLAIN)
+                await asyncio.wait_for(h.upstream.held.wait(), 15)
+                c.writer.close()
+                await until(lambda: h.upstream.cancelled == left)
+                await until(lambda: not h.gateway._connections)  # its handler has returned
+                assert len(h.gateway._unstarted) == 0
+            assert h.gateway.active == 0 and h.gateway.limiters["voice-app"].active == 0
+        finally:
+            await stop_harness(h)
+    run(body())
