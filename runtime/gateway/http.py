@@ -8,9 +8,11 @@ that buffers and re-encodes: each upstream read becomes one client write.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import math
 import re
+import sys
 from dataclasses import dataclass, field
 from itertools import accumulate
 from typing import Any
@@ -23,6 +25,7 @@ MAX_JSON_DEPTH = 128
 # CPython's default integer string conversion limit (sys.int_info.default_max_str_digits): the model
 # server's own parser refuses longer integers, so one that long never reaches it.
 MAX_INT_DIGITS = 4300
+READ_SIZE = 64 * 1024
 BODY_TIMEOUT_S = 30.0  # default: the whole request body must arrive within this (python -m runtime.gateway --body-timeout-s)
 
 # Hop-by-hop headers (RFC 9110 7.6.1) and the ones the gateway rewrites itself.
@@ -297,3 +300,57 @@ def response_head(status: int, headers: list[tuple[str, str]], *, length: int | 
         lines.append(f"Content-Length: {length}")
     lines.append("Connection: close" if close else "Connection: keep-alive")
     return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
+
+
+def parse_response_head(raw: bytes) -> tuple[int, list[tuple[str, str]]]:
+    """Status and headers of an upstream response head; ValueError when it is not HTTP/1.x."""
+    lines = raw.decode("latin-1").split("\r\n")
+    parts = lines[0].split(" ", 2)
+    if len(parts) < 2 or not parts[0].startswith("HTTP/1.") or not parts[1].isdigit():
+        raise ValueError(f"bad status line {lines[0][:60]!r}")
+    headers = []
+    for line in lines[1:]:
+        if line:
+            name, sep, value = line.partition(":")
+            if not sep:
+                raise ValueError("bad header line")
+            headers.append((name.strip(), value.strip()))
+    return int(parts[1]), headers
+
+
+# A deadline around a wait without a task per request (asyncio.timeout reschedules one timer).
+_deadline = asyncio.timeout if sys.version_info >= (3, 11) else None
+
+
+async def read_body(request: Request, reader: asyncio.StreamReader, timeout_s: float) -> bytes:
+    """The whole request body, within `timeout_s`: a head that promises a body and then
+    stalls gets 408 and the connection closed, instead of holding it (and whatever it waits for)."""
+    if not request.chunked and not body_length(request.lower):
+        return b""
+    try:
+        if _deadline is not None:
+            async with _deadline(timeout_s):
+                return await _receive_body(request, reader)
+        return await asyncio.wait_for(_receive_body(request, reader), timeout_s)
+    except asyncio.TimeoutError:
+        raise HttpError(408, f"the request body did not arrive within {timeout_s:g} s") from None
+
+
+async def _receive_body(request: Request, reader: asyncio.StreamReader) -> bytes:
+    if request.chunked:
+        decoder, parts, size = ChunkedDecoder(), [], 0
+        while not decoder.done:
+            data = await reader.read(READ_SIZE)
+            if not data:
+                raise HttpError(400, "request body ended early")
+            try:
+                piece = decoder.feed(data)
+            except ChunkedError as exc:
+                raise HttpError(400, f"malformed chunked body: {exc}") from None
+            size += len(piece)
+            if size > MAX_BODY_BYTES:
+                raise HttpError(413, f"request body over {MAX_BODY_BYTES} bytes")
+            parts.append(piece)
+        return b"".join(parts)
+    length = body_length(request.lower)
+    return await reader.readexactly(length) if length else b""

@@ -28,6 +28,8 @@ from typing import Any, Callable, Iterable
 
 from fleetcast.config.model import Consumer
 
+from . import ppv2
+
 
 def log(event: str, **fields: Any) -> None:
     """Operational log lines go to stderr as JSON; stdout carries only metric records."""
@@ -202,10 +204,45 @@ class ApiKeyStore:
 
 @dataclass(frozen=True)
 class Refusal:
+    """A request answered with an OpenAI-shaped error instead of being served."""
+
     status: int
     code: str
     message: str
     error_type: str
+    headers: tuple[tuple[str, str], ...] = ()
+
+
+class ProxyRefused(Exception):
+    """A connection without a usable PROXY v2 header; `reason` None: it left without sending a byte."""
+
+    def __init__(self, reason: str | None):
+        super().__init__(reason or "connection closed before a PROXY v2 header")
+        self.reason = reason
+
+
+async def read_proxy_header(reader: asyncio.StreamReader, timeout_s: float) -> ppv2.ProxyHeader:
+    """The connection's PROXY v2 header, read within `timeout_s`; ProxyRefused says why not."""
+    try:
+        prefix = await asyncio.wait_for(reader.readexactly(ppv2.HEADER_PREFIX_LEN), timeout_s)
+        total = ppv2.header_length(prefix)
+        rest = await asyncio.wait_for(reader.readexactly(total - ppv2.HEADER_PREFIX_LEN), timeout_s)
+        return ppv2.parse(prefix + rest)
+    except ppv2.ProxyHeaderError as exc:
+        raise ProxyRefused(str(exc)) from None
+    except asyncio.IncompleteReadError as exc:
+        # Connected and left without a byte (a port probe): nothing to count.
+        raise ProxyRefused("truncated PROXY v2 header" if exc.partial else None) from None
+    except asyncio.TimeoutError:
+        raise ProxyRefused(f"no PROXY v2 header within {timeout_s:g} s") from None
+
+
+def bearer_key(lower_headers: dict[str, str]) -> str | None:
+    """The API key of an `Authorization: Bearer <key>` header (scheme case-insensitive, RFC 9110 11.1)."""
+    auth = lower_headers.get("authorization", "")
+    if auth[:7].lower() == "bearer ":
+        return auth[7:].strip()
+    return None
 
 
 @dataclass(frozen=True)

@@ -13,8 +13,13 @@ holds back a complete event.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, field
 from typing import Any
+
+from fleetcast import telemetry as t
+
+from .metrics import MetricsSink
 
 INFERENCE_PATHS = frozenset({"/v1/completions", "/v1/chat/completions"})
 
@@ -151,3 +156,53 @@ def tokens(usage: dict[str, Any] | None) -> tuple[int, int]:
     def as_int(value: Any) -> int:
         return value if isinstance(value, int) and value >= 0 else 0
     return as_int(usage.get("prompt_tokens")), as_int(usage.get("completion_tokens"))
+
+
+@dataclass
+class Exchange:
+    """One request's bookkeeping, for the metric record."""
+
+    started: float
+    consumer: str | None = None
+    arrived_ms: int | None = None  # wall clock at arrival: the record's timestamp (its own minute); None: now
+    in_flight: int = 0  # requests in flight on this instance at admission, this one included; 0: not admitted
+    status: int = 0
+    error: bool = False
+    client_gone: bool = False
+    meter: SseMeter | None = None
+    usage: dict[str, Any] | None = None
+    ended: float | None = None
+    props: dict[str, Any] = field(default_factory=dict)
+
+
+def record(metrics: MetricsSink, ex: Exchange, path: str) -> None:
+    """Emit the one metric record of a finished (or refused) inference request."""
+    end = ex.ended or time.perf_counter()
+    meter = ex.meter
+    usage = meter.usage if meter else ex.usage
+    input_tokens, output_tokens = tokens(usage)
+    props: dict[str, Any] = {"path": path, "status": ex.status, **ex.props}
+    if usage is None and meter and meter.content_events:
+        output_tokens = meter.content_events  # stream ended before its usage event: count what was sent
+        props["usage_source"] = "content_events"
+    if ex.client_gone:
+        props["client_disconnected"] = True
+    values: dict[str, float] = {t.REQUESTS: 1, t.THROTTLED: 0, t.ERRORS: 1 if ex.error else 0,
+                                t.INPUT_TOKENS: input_tokens, t.OUTPUT_TOKENS: output_tokens}
+    if ex.props.get("stream_cut"):
+        values[t.STREAMS_CUT] = 1
+    if meter and meter.first_content_at is not None:
+        values[t.TTFT_MS] = round((meter.first_content_at - ex.started) * 1000, 3)
+        values[t.E2E_MS] = round((meter.last_content_at - ex.started) * 1000, 3)
+        if output_tokens > 1:
+            values[t.ITL_MS] = round((meter.last_content_at - meter.first_content_at) * 1000
+                                     / (output_tokens - 1), 3)
+    elif not meter and ex.status and ex.status < 400:
+        values[t.E2E_MS] = round((end - ex.started) * 1000, 3)
+    # Traffic shape of an admitted request: three bucket labels, each a bisect over a dozen bounds
+    # (docs/gateway.md, Traffic shape).
+    shape = None
+    if ex.in_flight:
+        shape = {t.DIM_IN_FLIGHT: t.in_flight_label(ex.in_flight), t.DIM_INPUT_BUCKET: t.token_label(input_tokens),
+                 t.DIM_OUTPUT_BUCKET: t.token_label(output_tokens)}
+    metrics.emit(ex.consumer, values, props, ex.arrived_ms, shape)

@@ -114,7 +114,7 @@ def test_a_client_that_leaves_before_the_response_head_is_not_retained():
                 c.writer.close()
                 await until(lambda: h.upstream.cancelled == left)
                 await until(lambda: not h.gateway._connections)  # its handler has returned
-                assert len(h.gateway._unstarted) == 0
+                assert h.gateway.drain_state.unstarted == 0
             assert h.gateway.active == 0 and h.gateway.limiters["voice-app"].active == 0
         finally:
             await stop_harness(h)

@@ -19,8 +19,7 @@ CHECKS = 40
 
 async def _harness(upstream: CountingHealthServer):
     fake = await FakeModelServer().start()  # only for the harness; the gateway talks to `upstream`
-    h = await start_harness(upstream=fake)
-    h.gateway.upstream = ("127.0.0.1", upstream.port)
+    h = await start_harness(upstream=fake, health_upstream=("127.0.0.1", upstream.port))
     return h
 
 

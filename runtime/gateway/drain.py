@@ -1,0 +1,83 @@
+"""Drain: from SIGTERM on, health says 503 and new requests are refused while in-flight ones finish.
+
+`Drain` counts the admitted requests in flight (what a drain waits for) and the
+writers whose request went upstream but got no response head yet: when the drain
+timeout cuts those, each gets a retryable 503 instead of a reset connection.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from .http import openai_error
+from .identity import log
+
+DRAINING_MESSAGE = "this instance is draining; retry and the load balancer will pick another"
+_CUT_BEFORE_START = openai_error(503, "this instance is shutting down and the request did not start in time; "
+                                      "retry it", "service_unavailable", "draining", close=True)
+
+
+class Drain:
+    """In-flight accounting and the draining flag of one gateway."""
+
+    def __init__(self, timeout_s: float):
+        self.timeout_s = timeout_s
+        self.draining = False
+        self.active = 0  # admitted requests being served (health checks excluded)
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self._unstarted: set[asyncio.StreamWriter] = set()  # sent upstream, no response head yet
+
+    def enter(self) -> int:
+        """Count one admitted request; returns the in-flight count including it."""
+        self.active += 1
+        self._idle.clear()
+        return self.active
+
+    def leave(self) -> None:
+        self.active -= 1
+        if self.active == 0:
+            self._idle.set()
+
+    def begin(self) -> None:
+        """SIGTERM: health turns 503 now; new requests are refused; in-flight ones carry on."""
+        if not self.draining:
+            self.draining = True
+            log("drain_started", active=self.active, timeout_s=self.timeout_s)
+
+    async def wait(self) -> bool:
+        """Wait for in-flight requests (bounded by the timeout); True if all finished."""
+        self.begin()
+        try:
+            await asyncio.wait_for(self._idle.wait(), self.timeout_s)
+            finished = True
+        except asyncio.TimeoutError:
+            finished = False
+        log("drain_finished", all_finished=finished, cut=self.active)
+        return finished
+
+    # A request between "sent upstream" and "response head arrived": the one window where a cut
+    # can still be answered with a clean status instead of a reset.
+    def started_upstream(self, writer: asyncio.StreamWriter) -> None:
+        self._unstarted.add(writer)
+
+    def head_arrived(self, writer: asyncio.StreamWriter) -> bool:
+        """The response head came; False when the writer was already answered 503 by `cut_unstarted`."""
+        if writer not in self._unstarted:
+            return False
+        self._unstarted.discard(writer)
+        return True
+
+    def forget(self, writer: asyncio.StreamWriter) -> None:
+        """Nobody will answer this writer (client gone, cancelled): it must not be kept or written to."""
+        self._unstarted.discard(writer)
+
+    @property
+    def unstarted(self) -> int:
+        return len(self._unstarted)
+
+    def cut_unstarted(self) -> None:
+        """At close: every request still waiting for its response head gets a retryable 503."""
+        for writer in list(self._unstarted):
+            self._unstarted.discard(writer)
+            writer.write(_CUT_BEFORE_START)

@@ -1,0 +1,211 @@
+"""Proxying one request to a local model server and its response back, byte for byte as it arrives.
+
+Each upstream read turns into one client write with nothing between them; SSE
+events pass the meter whole, as soon as they are complete. A response the
+server cuts mid-stream ends with an OpenAI-style error event, never with
+something a client would read as a finish.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+
+from .drain import Drain
+from .http import HOP_BY_HOP, LAST_CHUNK, READ_SIZE, ChunkedDecoder, ChunkedError, Request, chunk, openai_error, \
+    response_head
+from .meter import Exchange, Prepared, SseMeter, usage_from_body
+from .upstream import ClientGone, ClientWatch, StreamWatchdog, UpstreamConn, UpstreamError, UpstreamPool
+
+MAX_METERED_BODY = 8 * 1024 * 1024  # non-streaming responses larger than this are forwarded unmetered
+CLIENT_BUFFER_HIGH = 256 * 1024  # wait for the client to drain past this many unsent bytes
+
+STREAM_CUT_EVENT = b"data: " + json.dumps({"error": {
+    "message": "the model server stopped while streaming this response; the output is incomplete, retry the request",
+    "type": "server_error", "param": None, "code": "upstream_stream_cut"}}).encode() + b"\n\n"
+
+
+def upstream_head(request: Request, host: str, body: bytes) -> bytes:
+    """The request head as the model server gets it: hop-by-hop headers, Host and the API key replaced."""
+    lines = [f"{request.method} {request.target} HTTP/1.1", f"Host: {host}"]
+    lines += [f"{k}: {v}" for k, v in request.headers
+              if k.lower() not in HOP_BY_HOP and k.lower() not in ("host", "authorization")]
+    if body or request.method in ("POST", "PUT", "PATCH"):
+        lines.append(f"Content-Length: {len(body)}")
+    return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
+
+
+class Proxy:
+    """Forwards requests to an `UpstreamPool` and relays the responses."""
+
+    def __init__(self, drain: Drain, watchdog: StreamWatchdog, disconnect_poll_s: float):
+        self.drain = drain
+        self.watchdog = watchdog
+        self.disconnect_poll_s = disconnect_poll_s
+
+    async def forward(self, pool: UpstreamPool, request: Request, reader: asyncio.StreamReader,
+                      writer: asyncio.StreamWriter, keep: bool, body: bytes, exchange: Exchange | None = None,
+                      prepared: Prepared | None = None) -> bool:
+        """Serve `request` from `pool`; True to keep the client connection open for the next request."""
+        watch = ClientWatch(reader, writer, self.disconnect_poll_s)
+        try:
+            return await self._proxy(pool, request, writer, keep, exchange, body, prepared, watch)
+        except ClientGone:
+            return False
+        finally:
+            watch.stop()
+            if watch.gone and exchange:
+                exchange.client_gone = True
+                exchange.error = False  # the client left; nothing failed
+                exchange.props["upstream_cancelled"] = True
+
+    async def _proxy(self, pool: UpstreamPool, request: Request, writer: asyncio.StreamWriter, keep: bool,
+                     exchange: Exchange | None, body: bytes, prepared: Prepared | None, watch: ClientWatch) -> bool:
+        if prepared:
+            body = prepared.body
+        head = upstream_head(request, pool.host_header, body)
+        self.drain.started_upstream(writer)
+        try:
+            conn, status, up_headers = await pool.send(head, body, watch)
+        except UpstreamError as exc:
+            if not self.drain.head_arrived(writer):
+                return False  # already answered 503 by the drain's close
+            if exchange:
+                exchange.status, exchange.error = 502, True
+                exchange.props["upstream_error"] = str(exc)
+            writer.write(openai_error(502, str(exc), "upstream_error", "upstream_unavailable", close=not keep))
+            await writer.drain()
+            return keep
+        except BaseException:
+            # ClientGone (the client left before the head), cancellation or a bug: nobody will
+            # answer this writer, and left here it (its transport, socket, buffers) would be kept
+            # for the life of the process and written to by close().
+            self.drain.forget(writer)
+            raise
+        if not self.drain.head_arrived(writer):
+            conn.writer.close()
+            return False  # close() answered 503 while the head was on its way
+        if exchange:
+            exchange.status = status
+            exchange.error = status >= 500
+        lower = {k.lower(): v for k, v in up_headers}
+        no_body = request.method == "HEAD" or status in (204, 304)
+        up_chunked = "chunked" in lower.get("transfer-encoding", "").lower()
+        up_length = None if up_chunked or "content-length" not in lower else int(lower["content-length"])
+        up_keep = "close" not in lower.get("connection", "").lower() and (up_chunked or up_length is not None
+                                                                          or no_body)
+        http10 = request.version == "HTTP/1.0"
+        out_headers = [(k, v) for k, v in up_headers if k.lower() not in HOP_BY_HOP]
+        streaming = exchange is not None and prepared is not None and prepared.stream \
+            and "text/event-stream" in lower.get("content-type", "")
+        if streaming:
+            exchange.meter = SseMeter(prepared.strip_usage)
+        # Re-frame as chunked whenever the length may change (stripped usage) or is unknown.
+        out_chunked = not no_body and not http10 and (up_chunked or up_length is None or streaming)
+        keep = keep and not http10 and (out_chunked or up_length is not None or no_body)
+        length = None if out_chunked or no_body else up_length
+        head = response_head(status, out_headers, length=0 if no_body and length is None else length,
+                             chunked=out_chunked, close=not keep)
+        if no_body:
+            writer.write(head)
+            await writer.drain()
+            pool.release(conn, up_keep)
+            return keep
+        complete = await self._pump(conn, writer, head, up_chunked, up_length, out_chunked, exchange)
+        pool.release(conn, up_keep and complete)
+        if exchange and not complete and not exchange.client_gone and not watch.gone:
+            exchange.error = True
+            exchange.props["cut_short"] = True
+        return keep and complete and not (exchange and exchange.client_gone)
+
+    async def _pump(self, conn: UpstreamConn, writer: asyncio.StreamWriter, head: bytes, up_chunked: bool,
+                    up_length: int | None, out_chunked: bool, exchange: Exchange | None) -> bool:
+        """Copy the response body; True when it arrived complete and reached the client.
+
+        The response head goes out with the first body bytes, and the last chunk with the last
+        bytes: every send on loopback costs a syscall that wakes the other side (measured as the
+        largest CPU item per request), and a client gains nothing from headers before its first
+        token.
+        """
+        decoder = ChunkedDecoder() if up_chunked else None
+        meter = exchange.meter if exchange else None
+        keep_copy = exchange is not None and meter is None
+        copy: list[bytes] = []
+        copied = 0
+        remaining = up_length
+        progress = self.watchdog.watch(conn)
+        complete = False
+        upstream_cut = False
+        pending = head  # not yet sent
+        try:
+            while True:
+                want = READ_SIZE if remaining is None else min(READ_SIZE, remaining)
+                if want == 0:
+                    complete = True
+                    break
+                try:
+                    data = await conn.reader.read(want)
+                except ConnectionError:
+                    data = b""  # the server died under us (reset): the same cut as an early EOF
+                if not data:
+                    complete = decoder is None and remaining is None  # close-delimited: EOF is the end
+                    upstream_cut = not complete
+                    break
+                now = time.perf_counter()
+                progress[0] = time.monotonic()
+                if remaining is not None:
+                    remaining -= len(data)
+                if decoder:
+                    try:
+                        data = decoder.feed(data)
+                    except ChunkedError as exc:
+                        if exchange:
+                            exchange.props["upstream_error"] = f"malformed chunked response: {exc}"
+                        upstream_cut = True
+                        break
+                if meter:
+                    data = meter.feed(data, now)
+                elif keep_copy and copied <= MAX_METERED_BODY:
+                    copy.append(data)
+                    copied += len(data)
+                if decoder and decoder.done:
+                    complete = True
+                    break
+                if data:
+                    writer.write(pending + (chunk(data) if out_chunked else data))
+                    pending = b""
+                    if writer.transport.get_write_buffer_size() > CLIENT_BUFFER_HIGH:
+                        await writer.drain()
+                    elif writer.is_closing():
+                        raise ConnectionResetError("client went away")
+            if meter:
+                data = (data if complete and decoder else b"") + meter.flush()
+            elif not (complete and decoder):
+                data = b""
+            out = pending + ((chunk(data) if out_chunked else data) if data else b"")
+            if out_chunked and complete:
+                out += LAST_CHUNK
+            elif upstream_cut and meter and out_chunked:
+                # A cut must not read as a finish: end the SSE stream with an OpenAI-style error event,
+                # which clients raise as an error (openai-python src/openai/_streaming.py raises
+                # APIError for a data event carrying "error"), then end the body.
+                out += chunk(STREAM_CUT_EVENT) + LAST_CHUNK
+                if exchange:
+                    exchange.props["stream_cut"] = True
+            if out:
+                writer.write(out)
+            await writer.drain()
+        except (ConnectionError, RuntimeError):
+            if exchange:
+                exchange.client_gone = True
+            complete = False
+        finally:
+            self.watchdog.unwatch(conn)
+            if exchange:
+                exchange.ended = time.perf_counter()
+                if keep_copy and copied <= MAX_METERED_BODY:
+                    exchange.usage = usage_from_body(b"".join(copy))
+        if not complete:
+            conn.writer.close()  # stop the generation: nobody will read it
+        return complete

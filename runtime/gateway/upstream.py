@@ -1,0 +1,162 @@
+"""Connections to one local model server: a keep-alive pool, the send with its one safe retry,
+the watch that notices a client that left, and the watchdog that aborts a hung stream."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass
+
+from .http import parse_response_head
+from .identity import log
+
+UPSTREAM_READ_LIMIT = 64 * 1024
+
+
+class UpstreamError(Exception):
+    """The local server could not be reached or broke the protocol."""
+
+
+class ClientGone(Exception):
+    """The client left while its request waited upstream; the upstream connection was cut."""
+
+
+@dataclass
+class UpstreamConn:
+    reader: asyncio.StreamReader
+    writer: asyncio.StreamWriter
+    reused: bool = False
+
+
+class ClientWatch:
+    """Notices a client that leaves while its request is upstream, and cuts the upstream connection.
+
+    The gateway reads nothing from the client while the server works on a non-streaming
+    request, so without this nobody notices the client left: trtllm-serve aborts a request
+    when its own connection closes (OpenAIServer.await_disconnected polls is_disconnected()
+    once a second), so cutting ours is what stops the generation. A repeating timer, not a
+    read: reading the client would consume a pipelined next request. EOF counts as gone,
+    as in nginx's default (proxy_ignore_client_abort off).
+    """
+
+    __slots__ = ("reader", "writer", "period", "gone", "conn", "_handle")
+
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, period: float):
+        self.reader, self.writer, self.period = reader, writer, period
+        self.gone = False
+        self.conn: UpstreamConn | None = None
+        self._handle = asyncio.get_running_loop().call_later(period, self._check)
+
+    def _check(self) -> None:
+        if self.reader.at_eof() or self.reader.exception() is not None or self.writer.is_closing():
+            self.gone = True
+            if self.conn is not None:
+                self.conn.writer.transport.abort()
+            return
+        self._handle = asyncio.get_running_loop().call_later(self.period, self._check)
+
+    def stop(self) -> None:
+        self._handle.cancel()
+
+
+class UpstreamPool:
+    """Kept-alive connections to one loopback server (host, port)."""
+
+    def __init__(self, address: tuple[str, int], max_idle: int = 256):
+        self.address = address
+        self.max_idle = max_idle
+        self._idle: list[UpstreamConn] = []
+
+    @property
+    def host_header(self) -> str:
+        return f"{self.address[0]}:{self.address[1]}"
+
+    async def get(self) -> UpstreamConn:
+        while self._idle:
+            conn = self._idle.pop()
+            if not conn.reader.at_eof() and not conn.writer.is_closing():
+                conn.reused = True
+                return conn
+            conn.writer.close()
+        try:
+            reader, writer = await asyncio.open_connection(*self.address, limit=UPSTREAM_READ_LIMIT)
+        except OSError as exc:
+            raise UpstreamError(f"cannot connect to the model server at {self.host_header}: "
+                                f"{exc.strerror or exc}") from None
+        return UpstreamConn(reader, writer)
+
+    def release(self, conn: UpstreamConn, reusable: bool) -> None:
+        if reusable and len(self._idle) < self.max_idle and not conn.writer.is_closing():
+            self._idle.append(conn)
+        else:
+            conn.writer.close()
+
+    def close(self) -> None:
+        for conn in self._idle:
+            conn.writer.close()
+        self._idle.clear()
+
+    async def send(self, head: bytes, body: bytes, watch: ClientWatch | None = None
+                   ) -> tuple[UpstreamConn, int, list[tuple[str, str]]]:
+        """Send the request and read the response head; one retry when a pooled connection had gone stale."""
+        for attempt in (0, 1):
+            conn = await self.get()
+            if watch is not None:
+                if watch.gone:
+                    conn.writer.close()
+                    raise ClientGone()
+                watch.conn = conn
+            try:
+                conn.writer.write(head + body)
+                raw = await conn.reader.readuntil(b"\r\n\r\n")
+                status, headers = parse_response_head(raw)
+                while 100 <= status < 200:  # interim responses: skip
+                    raw = await conn.reader.readuntil(b"\r\n\r\n")
+                    status, headers = parse_response_head(raw)
+                return conn, status, headers
+            except (ConnectionError, asyncio.IncompleteReadError) as exc:
+                conn.writer.close()
+                if watch is not None and watch.gone:
+                    raise ClientGone() from None  # cut by the watch: never resend
+                if conn.reused and attempt == 0 and not getattr(exc, "partial", b""):
+                    continue  # the server closed an idle keep-alive connection; it never saw this request
+                raise UpstreamError(f"model server closed the connection: {type(exc).__name__}") from None
+            except (asyncio.LimitOverrunError, ValueError) as exc:
+                conn.writer.close()
+                raise UpstreamError(f"model server sent a malformed response head: {exc}") from None
+        raise UpstreamError("unreachable")  # pragma: no cover
+
+
+class StreamWatchdog:
+    """Aborts upstream responses that made no progress for `idle_timeout_s` (a hung server)."""
+
+    def __init__(self, idle_timeout_s: float):
+        self.idle_timeout_s = idle_timeout_s
+        self._streams: dict[int, tuple[UpstreamConn, list[float]]] = {}  # last upstream progress, monotonic
+        self._task: asyncio.Task | None = None
+
+    def watch(self, conn: UpstreamConn) -> list[float]:
+        """Start watching `conn`; the caller stores time.monotonic() in the returned cell on each read."""
+        progress = [time.monotonic()]
+        self._streams[id(conn)] = (conn, progress)
+        return progress
+
+    def unwatch(self, conn: UpstreamConn) -> None:
+        self._streams.pop(id(conn), None)
+
+    def start(self) -> None:
+        self._task = asyncio.ensure_future(self._run())
+
+    def stop(self) -> None:
+        if self._task:
+            self._task.cancel()
+
+    async def _run(self) -> None:
+        period = max(0.05, min(5.0, self.idle_timeout_s / 4))
+        while True:
+            await asyncio.sleep(period)
+            now = time.monotonic()
+            for conn, progress in list(self._streams.values()):
+                if now - progress[0] > self.idle_timeout_s:
+                    log("upstream_stalled", idle_s=round(now - progress[0], 1))
+                    conn.writer.transport.abort()
