@@ -9,7 +9,7 @@ from constructs import Construct
 from fleetcast.config import Consumer, FleetConfig
 from fleetcast.contract.outputs import ConsumerOutput
 
-from . import nag
+from . import feature_flags, nag
 from .consumer_probe import ConsumerBenchProbe, probe_enabled
 
 
@@ -77,6 +77,7 @@ class ConsumerStack(Stack):
 
     def __init__(self, scope: Construct, construct_id: str, *, cfg: FleetConfig, consumer: Consumer, **kwargs) -> None:
         super().__init__(scope, construct_id, **kwargs)
+        feature_flags.pin(self)
         self.endpoint = ConsumerEndpoint(self, "Endpoint", cfg=cfg, consumer=consumer)
         if probe_enabled(self):
             # `-c bench=true`: the same sweep through this endpoint, to split out the network share (issue 6).

@@ -13,6 +13,7 @@ from fleetcast.contract.outputs import ProviderOutput
 from fleetcast.staging.image import image_tag
 from fleetcast.staging.readiness import image_reference, instance_image_id
 
+from . import feature_flags
 from .bootstrap import InstanceBootstrap
 from .connection_approver import ConnectionApprover
 from .endpoint_service import EndpointService
@@ -37,6 +38,7 @@ class ProviderStack(Stack):
 
     def __init__(self, scope: Construct, construct_id: str, *, cfg: FleetConfig, region: Region, **kwargs) -> None:
         super().__init__(scope, construct_id, **kwargs)
+        feature_flags.pin(self)
         self.cfg = cfg
         self.region_cfg = region
 
