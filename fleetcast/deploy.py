@@ -11,13 +11,14 @@ never held: a region already serving deploys as configured, with a warning if it
 
 Each step is either commands (the pinned CDK CLI through npx, or `fleetcast`
 itself) or a small Python action against AWS. `--dry-run` prints the plan and
-touches nothing. Multi-account setups run the same steps with each account's
-credentials (the README's deployment guide says which account runs which).
+touches nothing.
 
-`--profile` / `--region` (fleetcast.aws_session) reach every sub-step: each
-`cdk` command line gets `--profile`, each `fleetcast` sub-command `--profile`
-and the chosen provider regions; `--region R` narrows the plan to provider
-region R and the consumers it serves.
+Accounts (fleetcast.accounts.AccountAccess): every command acting in an account
+gets that account's profile (`--profile-for ACCOUNT=PROFILE`, else `--profile`),
+so the provider steps run with the provider's credentials and each consumer
+account's bootstrap and endpoint stack with its own; `--account` narrows the run
+to some accounts. `--region R` narrows it to provider region R and the consumers
+it serves.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence, TextIO
 
+from fleetcast.accounts import AccountAccess
 from fleetcast.config import FleetConfig
 from fleetcast.contract.names import consumer_stack_name, provider_stack_name
 from fleetcast.errors import UserError
@@ -72,12 +74,19 @@ def _fleetcast(*args: str) -> list[str]:
     return [sys.executable, "-m", "scripts.cli", *args]
 
 
-def _cdk(*args: str, aws: Any = None) -> list[str]:
-    """The pinned CDK CLI on the venv's Node LTS (fleetcast.node); `--profile` from the command's AWS
-    session reaches it (cdk takes the same flag)."""
+def _cdk(*args: str, profile: Sequence[str] = ()) -> list[str]:
+    """The pinned CDK CLI on the venv's Node LTS (fleetcast.node), with the acting account's `--profile`."""
     from fleetcast.node import cdk_command
 
-    return [*cdk_command(), *args, *(aws.cdk_args() if aws is not None else [])]
+    return [*cdk_command(), *args, *profile]
+
+
+def _by_account(items: Sequence[tuple[str, str]]) -> dict[str, list[str]]:
+    """(account, stack) pairs -> stacks per account, in first-seen order: one cdk command per account."""
+    out: dict[str, list[str]] = {}
+    for account, stack in items:
+        out.setdefault(account, []).append(stack)
+    return out
 
 
 def select_regions(cfg: FleetConfig, regions: Sequence[str] | None) -> list[str]:
@@ -119,36 +128,53 @@ def publish_service_names(cfg: FleetConfig, config_path: str, clients: Callable[
 
 
 def plan(cfg: FleetConfig, config_path: str, clients: Callable[[str, str], Any] | None, *, steps: Sequence[str],
-         trust_account: str | None = None, smoke_endpoint: str | None = None, approval: str = "broadening",
-         aws: Any = None, regions: Sequence[str] | None = None) -> list[Step]:
-    """`aws`: the command's fleetcast.aws_session.AwsSession (its profile reaches every sub-step);
-    `regions`: only these provider regions and the consumers they serve (default: all)."""
+         trust_account: str | None = None, execution_policies: Sequence[str] = (), smoke_endpoint: str | None = None,
+         approval: str = "broadening", aws: Any = None, access: AccountAccess | None = None,
+         regions: Sequence[str] | None = None) -> list[Step]:
+    """`access`: the profile acting in each account and the accounts acted in (default: `aws`'s profile
+    everywhere); `clients` act in the provider account; `regions`: only these provider regions and the
+    consumers they serve (default: all). `trust_account` needs `execution_policies`, as the CDK CLI does."""
+    if trust_account and not execution_policies:
+        # The pinned CDK CLI refuses `--trust` without them (MissingExecutionPoliciesForTrust); say so before
+        # any step, with the least-privilege choice left to the operator rather than AdministratorAccess.
+        raise UserError("--trust needs --execution-policy ARN (the policy the trusted account's deployments run "
+                        "under; cdk bootstrap refuses --trust without --cloudformation-execution-policies)", 2)
+    access = access or AccountAccess(default=getattr(aws, "profile", None))
     ctx = ["-c", f"config={config_path}"]
     chosen = select_regions(cfg, regions)
-    providers = [provider_stack_name(cfg.name, r) for r in chosen]
+    provider = cfg.provider.account
+    in_provider = access.acts_in(provider)
+    providers = [provider_stack_name(cfg.name, r) for r in chosen] if in_provider else []
     served = [c for c in cfg.consumers if c.service_region in chosen]
     # The app builds a consumer stack only once its endpoint service name is in the config: the publish
     # step of this run writes it, otherwise cdk would be asked for a stack that does not exist.
     from stacks.naming import skip_reason
 
     deployable = served if "publish" in steps else [c for c in served if skip_reason(c) is None]
-    consumers = [consumer_stack_name(cfg.name, c.name) for c in deployable]
-    profile = aws.cli_args(region=False) if aws is not None else []
+    consumers = _by_account([(c.account, consumer_stack_name(cfg.name, c.name)) for c in deployable
+                             if access.acts_in(c.account)])
+    profile = access.cli_args(provider)
+    as_provider = access.cdk_args(provider)
     where = _region_args(cfg, chosen)
     out: list[Step] = []
     for name in steps:
+        if name in ("providers", "stage", "capacity", "publish", "approve") and not in_provider:
+            continue  # provider-account steps, and --account leaves the provider account out
         if name == "bootstrap":
-            envs = sorted({f"aws://{cfg.provider.account}/{r}" for r in chosen}
-                          | {f"aws://{c.account}/{c.region}" for c in served})
-            trust = ["--trust", trust_account, "--trust-for-lookup", trust_account] if trust_account else []
-            out.append(Step(name, "CDK bootstrap of every account/region the stacks deploy to",
-                            [_cdk("bootstrap", *ctx, *trust, env, aws=aws) for env in envs]))
+            envs = sorted({(provider, r) for r in chosen if in_provider}
+                          | {(c.account, c.region) for c in served if access.acts_in(c.account)})
+            trust = ([arg for a in ("--trust", "--trust-for-lookup") for arg in (a, trust_account)]
+                     + ["--cloudformation-execution-policies", ",".join(execution_policies)] if trust_account else [])
+            out.append(Step(name, "CDK bootstrap of every account/region the stacks deploy to, each with that "
+                            "account's own credentials",
+                            [_cdk("bootstrap", *ctx, *trust, f"aws://{a}/{r}", profile=access.cdk_args(a))
+                             for a, r in envs]))
         elif name == "providers":
             # Which pools this deploy rolls, against what each region runs now (diff --deployed takes one region).
             diffs = ([_fleetcast("config", "diff", "--deployed", config_path, *profile)] if not where else
                      [_fleetcast("config", "diff", "--deployed", config_path, *profile, "--region", r) for r in chosen])
             out.append(Step(name, "VPC, fleet, NLB and endpoint service per region",
-                            [_cdk("deploy", *ctx, "--require-approval", approval, *providers, aws=aws)],
+                            [_cdk("deploy", *ctx, "--require-approval", approval, *providers, profile=as_provider)],
                             preview=diffs))
         elif name == "stage":
             commands = [_fleetcast("stage", "model", "--config", config_path, *profile, *where),
@@ -160,15 +186,16 @@ def plan(cfg: FleetConfig, config_path: str, clients: Callable[[str, str], Any] 
 
             out.append(Step(name, "give regions held at zero instances their configured capacity once "
                             "`fleetcast stage status` finds their model and image staged (only those are deployed)",
-                            [_cdk("deploy", *ctx, "--require-approval", approval, *providers, aws=aws)],
+                            [_cdk("deploy", *ctx, "--require-approval", approval, *providers, profile=as_provider)],
                             resolve=release_resolver(cfg, clients)))
         elif name == "publish":
             out.append(Step(name, "endpoint service names from the provider stacks into the consumer entries",
                             action=lambda: publish_service_names(cfg, config_path, clients, chosen)))
         elif name == "consumers":
-            out.append(Step(name, "interface endpoint per consumer (each consumer account can run this itself)",
-                            [_cdk("deploy", *ctx, "--require-approval", approval, *consumers, aws=aws)]
-                            if consumers else []))
+            out.append(Step(name, "interface endpoint per consumer, one deploy per consumer account with its "
+                            "profile (each consumer account can run this itself: --account)",
+                            [_cdk("deploy", *ctx, "--require-approval", approval, *stacks,
+                                  profile=access.cdk_args(account)) for account, stacks in consumers.items()]))
         elif name == "approve":
             out.append(Step(name, "accept pending connections from allowed accounts",
                             [_fleetcast("connections", "sync", "--config", config_path, *profile, *where, "--yes")]))
@@ -185,14 +212,14 @@ def plan(cfg: FleetConfig, config_path: str, clients: Callable[[str, str], Any] 
     from fleetcast.first_deploy import hold_resolver
 
     for step in out:
-        if step.name == "providers" and clients is not None:  # without clients (a plan only) there is no AWS to ask
+        if step.name == "providers" and clients is not None and providers:  # without clients (a plan only) there is no AWS to ask
             step.summary += "; a new region not staged yet is deployed held at zero instances"
             step.resolve = hold_resolver(cfg, clients)
     return out
 
 
-def teardown_plan(cfg: FleetConfig, config_path: str, *, aws: Any = None, regions: Sequence[str] | None = None,
-                  steps: Sequence[str] = TEARDOWN) -> list[Step]:
+def teardown_plan(cfg: FleetConfig, config_path: str, *, aws: Any = None, access: AccountAccess | None = None,
+                  regions: Sequence[str] | None = None, steps: Sequence[str] = TEARDOWN) -> list[Step]:
     """Consumers first: an endpoint service cannot be deleted while endpoints are connected to it.
 
     `--force` only skips the CDK CLI's own prompt: `fleetcast teardown` has shown the stacks and asked
@@ -200,21 +227,24 @@ def teardown_plan(cfg: FleetConfig, config_path: str, *, aws: Any = None, region
     """
     from stacks.naming import skip_reason
 
+    access = access or AccountAccess(default=getattr(aws, "profile", None))
     ctx = ["-c", f"config={config_path}"]
     chosen = select_regions(cfg, regions)
     # A consumer the app builds no stack for (no endpoint_service_name yet) has nothing cdk can destroy.
-    served = [c for c in cfg.consumers if c.service_region in chosen and skip_reason(c) is None]
-    consumers = [consumer_stack_name(cfg.name, c.name) for c in served]
-    providers = [provider_stack_name(cfg.name, r) for r in chosen]
+    served = [c for c in cfg.consumers
+              if c.service_region in chosen and skip_reason(c) is None and access.acts_in(c.account)]
+    consumers = _by_account([(c.account, consumer_stack_name(cfg.name, c.name)) for c in served])
+    providers = [provider_stack_name(cfg.name, r) for r in chosen] if access.acts_in(cfg.provider.account) else []
     out = []
     if "consumers" in steps:
-        out.append(Step("consumers", "delete consumer interface endpoints",
-                        [_cdk("destroy", *ctx, "--force", *consumers, aws=aws)] if consumers else [],
+        out.append(Step("consumers", "delete consumer interface endpoints, each account with its profile",
+                        [_cdk("destroy", *ctx, "--force", *stacks, profile=access.cdk_args(account))
+                         for account, stacks in consumers.items()],
                         deletes=[f"{consumer_stack_name(cfg.name, c.name)}  (account {c.account}, {c.region})" for c in served]))
-    if "providers" in steps:
+    if "providers" in steps and providers:
         out.append(Step("providers", "delete fleets, NLBs and endpoint services (buckets, logs and image repositories "
                         "are retained: delete them by hand when the data may go)",
-                        [_cdk("destroy", *ctx, "--force", *providers, aws=aws)],
+                        [_cdk("destroy", *ctx, "--force", *providers, profile=access.cdk_args(cfg.provider.account))],
                         deletes=[f"{provider_stack_name(cfg.name, r)}  (account {cfg.provider.account}, {r})" for r in chosen]))
     return out
 

@@ -1,4 +1,5 @@
-"""`fleetcast deploy` / `fleetcast teardown`: the deployment guide's order, one command (single account)."""
+"""`fleetcast deploy` / `fleetcast teardown`: the deployment guide's order, one command, each account acted in
+with its own profile (`--profile-for ACCOUNT=PROFILE`)."""
 
 from __future__ import annotations
 
@@ -21,13 +22,20 @@ def register(sub: argparse._SubParsersAction) -> None:
     deploy.add_argument("--config", default="config/fleet.yaml")
     deploy.add_argument("--step", action="append", choices=STEPS,
                         help="run only this step (repeatable; default: all, in order)")
-    deploy.add_argument("--trust", metavar="ACCOUNT", help="bootstrap: account trusted to deploy (cdk bootstrap --trust)")
+    deploy.add_argument("--trust", metavar="ACCOUNT",
+                        help="bootstrap: let this account (a CDK Pipelines account) deploy into every account of the "
+                             "fleet (cdk bootstrap --trust/--trust-for-lookup); needs --execution-policy")
+    deploy.add_argument("--execution-policy", action="append", metavar="ARN", default=[],
+                        help="with --trust: managed policy the trusted deployments run under (repeatable; cdk "
+                             "bootstrap --cloudformation-execution-policies)")
     deploy.add_argument("--smoke-endpoint", metavar="URL", help="smoke: endpoint reachable from here")
     deploy.add_argument("--require-approval", choices=("never", "any-change", "broadening"), default="broadening",
                         help="passed to cdk deploy (default: %(default)s: IAM/security-group widening asks first)")
     add_aws_arguments(deploy, region="many", region_help=regions_help)
+    _add_account_arguments(deploy)
     deploy.add_argument("--dry-run", action="store_true",
-                        help="print the plan, run nothing (needs no AWS credentials; says when none are found)")
+                        help="print the plan and which profile acts in which account, run nothing (needs no AWS "
+                             "credentials; with them, checks each profile's account)")
     deploy.set_defaults(handler=_deploy)
 
     teardown = sub.add_parser(
@@ -40,16 +48,34 @@ def register(sub: argparse._SubParsersAction) -> None:
     teardown.add_argument("--step", action="append", choices=TEARDOWN,
                           help="run only this step (repeatable; default: both, consumers first)")
     add_aws_arguments(teardown, region="many", region_help=regions_help)
+    _add_account_arguments(teardown)
     teardown.add_argument("--yes", action="store_true", help="do not ask; delete the listed stacks")
     teardown.add_argument("--dry-run", action="store_true", help="list what would be deleted, delete nothing")
     teardown.set_defaults(handler=_teardown)
 
 
+def _add_account_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--profile-for", action="append", metavar="ACCOUNT=PROFILE", default=[],
+                        help="the profile acting in ACCOUNT (repeatable); accounts without one use --profile")
+    parser.add_argument("--account", action="append", metavar="ACCOUNT",
+                        help="act only in this account (repeatable; default: every account of the fleet)")
+
+
+def _access(cfg, args: argparse.Namespace):
+    from fleetcast.accounts import AccountAccess
+
+    return AccountAccess.from_args(cfg, profile=args.profile, profile_for=args.profile_for, accounts=args.account)
+
+
 def _resume(command: str, args: argparse.Namespace, *extra: str) -> str:
-    """The command line that reruns a step of this run (same config, profile and regions)."""
+    """The command line that reruns a step of this run (same config, profiles, accounts and regions)."""
     parts = [*command.split(), "--config", args.config]
     if args.profile:
         parts += ["--profile", args.profile]
+    for value in args.profile_for:
+        parts += ["--profile-for", value]
+    for account in args.account or []:
+        parts += ["--account", account]
     for region in args.region or []:
         parts += ["--region", region]
     return shlex.join([*parts, *extra])
@@ -61,31 +87,55 @@ def _not_checked(aws) -> None:
         print(f"dry run: AWS access not checked: {problem}")
 
 
+def _check_identities(cfg, access, steps) -> None:
+    """Before any step: each acting profile's account by sts:GetCallerIdentity; bootstrapping an account with
+    another account's credentials is refused (CDK bootstraps with the target account's own)."""
+    from fleetcast.accounts import caller_account_via_sts
+    from fleetcast.errors import UserError
+
+    problems = access.check_identities(cfg, caller_account_via_sts(cfg.regions[0].region),
+                                       bootstrapping="bootstrap" in steps)
+    for problem in problems:
+        print(f"refused: {problem}")
+    if problems:
+        raise UserError(f"not deploying: {len(problems)} account(s) would be bootstrapped with another account's "
+                        "credentials (listed above)", 2)
+
+
 def _deploy(args: argparse.Namespace) -> int:
     from fleetcast.aws_session import AwsSession
     from fleetcast.config import load_config
     from fleetcast.deploy import STEPS, execute, plan
 
     cfg = load_config(args.config)
-    aws = AwsSession.from_args(args)
-    _refuse_unready(cfg, args)
+    access = _access(cfg, args)
+    # The provider account's session reads stacks and stages (publish, the first-deploy hold, capacity).
+    aws = AwsSession(access.profile_of(cfg.provider.account))
+    _refuse_unready(cfg, args, access.profile_of(cfg.provider.account))
     steps = [s for s in STEPS if s in (args.step or STEPS)]
     planned = plan(cfg, args.config, aws.client, steps=steps, trust_account=args.trust,
-                   smoke_endpoint=args.smoke_endpoint, approval=args.require_approval, aws=aws, regions=args.region)
-    if not args.dry_run and set(steps) - {"smoke"}:  # smoke talks to the endpoint, not to AWS
+                   execution_policies=args.execution_policy, smoke_endpoint=args.smoke_endpoint,
+                   approval=args.require_approval, access=access, regions=args.region)
+    if args.dry_run:
+        for line in access.describe(cfg, trust=args.trust, policies=args.execution_policy,
+                                    bootstrapping="bootstrap" in steps):
+            print(line)
+        print("(a dry run calls no AWS: a deploy first checks each profile's account with sts:GetCallerIdentity)")
+    elif set(steps) - {"smoke"}:  # smoke talks to the endpoint, not to AWS
         aws.require_credentials()
+        _check_identities(cfg, access, steps)
     execute(planned, dry_run=args.dry_run, resume=_resume("fleetcast deploy", args))
     if args.dry_run:
         _not_checked(aws)
     return 0
 
 
-def _refuse_unready(cfg, args: argparse.Namespace) -> None:
+def _refuse_unready(cfg, args: argparse.Namespace, profile: str | None) -> None:
     """Before any step: what `fleetcast config validate --deploy` refuses stops the deploy (a dry run only shows it)."""
     from fleetcast.config.readiness import access_with_credentials, check_readiness, line_index
     from fleetcast.errors import UserError
 
-    readiness = check_readiness(cfg, access_with_credentials(args.profile, strict=not args.dry_run))
+    readiness = check_readiness(cfg, access_with_credentials(profile, strict=not args.dry_run))
     if readiness.refusals or readiness.warnings:
         print(readiness.render(args.config, line_index(args.config)))
     if not readiness.ready and not args.dry_run:
@@ -99,10 +149,13 @@ def _teardown(args: argparse.Namespace) -> int:
     from fleetcast.deploy import TEARDOWN, confirm_teardown, execute, teardown_plan
 
     cfg = load_config(args.config)
-    aws = AwsSession.from_args(args)
-    steps = teardown_plan(cfg, args.config, aws=aws, regions=args.region,
+    access = _access(cfg, args)
+    aws = AwsSession(access.profile_of(cfg.provider.account))
+    steps = teardown_plan(cfg, args.config, access=access, regions=args.region,
                           steps=[s for s in TEARDOWN if s in (args.step or TEARDOWN)])
     if args.dry_run:
+        for line in access.describe(cfg):
+            print(line)
         execute(steps, dry_run=True)
         _not_checked(aws)
         return 0

@@ -39,14 +39,17 @@ def test_full_plan_runs_in_the_order_aws_requires(cfg):
 
 
 def test_bootstrap_trusts_the_deploying_account(cfg):
-    [step] = plan(cfg, "c.yaml", clients=None, steps=["bootstrap"], trust_account="111122223333")
+    policy = "arn:aws:iam::111122223333:policy/FleetcastDeploy"
+    [step] = plan(cfg, "c.yaml", clients=None, steps=["bootstrap"], trust_account="111122223333",
+                  execution_policies=[policy])
     assert all("--trust" in c and "111122223333" in c for c in step.commands)
+    assert all(c[c.index("--cloudformation-execution-policies") + 1] == policy for c in step.commands)
 
 
 def test_teardown_deletes_consumers_before_providers(cfg):
     steps = teardown_plan(cfg, "c.yaml")
     assert [s.name for s in steps] == ["consumers", "providers"]
-    assert "fleetcast-consumer-analytics" in " ".join(steps[0].commands[0])
+    assert "fleetcast-consumer-analytics" in " ".join(c for command in steps[0].commands for c in command)
     assert "retained" in steps[1].summary
 
 
@@ -146,16 +149,24 @@ def test_profile_reaches_the_cdk_command_line_and_every_fleetcast_sub_step(prod_
     # Both regions deployed and staged (tests/deploy/test_first_deploy_order.py covers the hold itself).
     monkeypatch.setattr("fleetcast.first_deploy.region_readiness",
                         lambda cfg, region, clients, stack: RegionReadiness(region, deployed=True, held=False))
-    steps = [a for s in ("bootstrap", "providers", "stage", "consumers", "approve") for a in ("--step", s)]
-    assert main(["deploy", "--config", str(ready), "--profile", "prod", *steps]) == 0
+    # One profile per account (bootstrapping needs each account's own credentials), resolved without AWS.
+    from fleetcast.config import load_config as load
+
+    accounts = sorted({c.account for c in load(ready).consumers} - {load(ready).provider.account})
+    profile_for = [a for acct in accounts for a in ("--profile-for", f"{acct}=prod")]
+    monkeypatch.setattr("fleetcast.accounts.caller_account_via_sts",
+                        lambda region: lambda profile: {"prod": load(ready).provider.account}[profile])
+    steps = [a for s in ("providers", "stage", "consumers", "approve") for a in ("--step", s)]
+    assert main(["deploy", "--config", str(ready), "--profile", "prod", *profile_for, *steps]) == 0
     cdk = [c[len(CDK):] for c in runner.ran if c[:len(CDK)] == CDK]
     subs = [c for c in runner.ran if c[1:3] == ["-m", "scripts.cli"]]
-    assert {c[0] for c in cdk} == {"bootstrap", "deploy"} and len(subs) == 4  # diff, stage x2, connections sync
+    assert {c[0] for c in cdk} == {"deploy"} and len(subs) == 4  # diff, stage x2, connections sync
     for command in cdk + subs:
         assert command[command.index("--profile") + 1] == "prod", command
     assert main(["teardown", "--config", str(CONFIG), "--profile", "prod", "--yes"]) == 0
     destroys = [c for c in runner.ran if c[:len(CDK) + 1] == [*CDK, "destroy"]]
-    assert len(destroys) == 2 and all(c[c.index("--profile") + 1] == "prod" for c in destroys)
+    # One destroy per consumer account, then the providers.
+    assert len(destroys) == 3 and all(c[c.index("--profile") + 1] == "prod" for c in destroys)
 
 
 def test_region_narrows_every_step_to_that_provider_region_and_its_consumers(cfg):
