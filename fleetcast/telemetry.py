@@ -17,9 +17,11 @@ NAMESPACE = "Fleetcast"
 DIM_FLEET = "Fleet"
 DIM_POOL = "Pool"
 DIM_CONSUMER = "Consumer"
+DIM_MODEL = "Model"  # the OpenAI `model` a request named (a model or adapter id of the config)
 DIM_INSTANCE = "InstanceId"
 
-# Per request (EMF, from the gateway): dimension sets [Fleet, Pool] and [Fleet, Pool, Consumer].
+# Per request (EMF, from the gateway): dimension sets [Fleet, Pool], [Fleet, Pool, Consumer] and, for a request
+# routed to a model, [Fleet, Pool, Consumer, Model].
 TTFT_MS = "TimeToFirstTokenMs"
 ITL_MS = "InterTokenLatencyMs"
 E2E_MS = "EndToEndLatencyMs"

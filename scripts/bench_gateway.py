@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import json
 import os
 import signal
@@ -253,7 +254,7 @@ def percentile(values: list[float], q: float) -> float:
 
 
 async def run_level(port: int, header: bytes | None, concurrency: int, requests: int, tokens: int) -> dict:
-    body = json.dumps({"model": "bench", "prompt": "measure me", "max_tokens": tokens, "stream": True}).encode()
+    body = json.dumps({"model": bench_model(), "prompt": "measure me", "max_tokens": tokens, "stream": True}).encode()
     per_worker = max(1, -(-requests // concurrency))
     samples: list[Sample] = []
     started = time.monotonic()
@@ -308,6 +309,15 @@ def bench_config_data() -> dict:
     data["consumers"] = [c for c in data["consumers"] if c["account"] == BENCH_ACCOUNT][:1]
     data["consumers"][0]["limits"] = {"max_concurrency": 10000, "requests_per_minute": 10_000_000}
     return data
+
+
+@functools.lru_cache(maxsize=1)
+def bench_model() -> str:
+    """The model the bench's requests name: the shipped config's (the gateway routes by it)."""
+    sys.path.insert(0, str(ROOT))
+    from fleetcast.config import load_config
+
+    return load_config(ROOT / "config" / "fleet.yaml").model.id
 
 
 def write_config(path: Path, data: dict) -> None:

@@ -40,7 +40,7 @@ import time
 from pathlib import Path
 
 from scripts.bench_gateway import (
-    BENCH_ACCOUNT, BENCH_VPCE, REGION, FakeEc2Endpoints, Sample, _spawn, _wait_port, _worker, bench_config_data,
+    BENCH_ACCOUNT, BENCH_VPCE, REGION, FakeEc2Endpoints, Sample, _spawn, _wait_port, _worker, bench_config_data, bench_model,
     free_port, gateway_args, gateway_env, percentile, write_config,
 )
 
@@ -78,7 +78,7 @@ def _request(body: bytes, path: str = "/v1/completions", extra: bytes = b"") -> 
 
 
 def _completion(stream: bool, tokens: int = TOKENS) -> bytes:
-    return json.dumps({"model": "bench", "prompt": "soak me", "max_tokens": tokens, "stream": stream}).encode()
+    return json.dumps({"model": bench_model(), "prompt": "soak me", "max_tokens": tokens, "stream": stream}).encode()
 
 
 BAD_REQUESTS = [

@@ -48,7 +48,9 @@ def _positive(value: str) -> float:
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m runtime.gateway", description=__doc__.split("\n\n")[0])
     p.add_argument("--listen", type=_hostport, required=True, help="HOST:PORT the NLB connects to")
-    p.add_argument("--upstream", type=_hostport, required=True, help="HOST:PORT of the local model server")
+    p.add_argument("--upstream", type=_hostport, required=True,
+                   help="HOST:PORT of the local model server; with several engine processes, the first one's "
+                        "(the others follow on the next ports in the pool's `serves` order)")
     p.add_argument("--config-json", help="validated fleet config as JSON (else $FLEETCAST_CONFIG_PARAM in SSM)")
     p.add_argument("--region", required=True, help="this provider region")
     p.add_argument("--pool", required=True, help="this instance's pool (metric dimension)")
@@ -109,8 +111,13 @@ async def serve(args: argparse.Namespace) -> int:
 
     from .identity import ApiKeyStore, EndpointDirectory, Identity, secret_names
     from .limits import ConsumerLimiter
+    from fleetcast.contract.adapters import DEFAULT_LOCAL_ROOT
+    from fleetcast.contract.instance_env import Var
+
+    from .admission import model_limits_of
     from .metrics import MetricsSink
     from .reload import ConfigRefresher
+    from .routing import entitlements, router_for
     from .server import Gateway
 
     cfg = _load_config(args)
@@ -127,8 +134,12 @@ async def serve(args: argparse.Namespace) -> int:
     keys = ApiKeyStore(boto3.client("secretsmanager", region_name=args.region),
                        secret_names(consumers, cfg.api_key_secret_of), args.refresh_s)
     metrics = MetricsSink(cfg.name, args.pool)
-    gateway = Gateway(upstream=args.upstream, identity=Identity(consumers, endpoints, keys),
+    router = router_for(cfg, args.pool, args.upstream, os.environ.get(Var.LOCAL_ROOT, DEFAULT_LOCAL_ROOT))
+    gateway = Gateway(router=router, identity=Identity(consumers, endpoints, keys),
                       limiters={c.name: ConsumerLimiter(c.limits) for c in consumers}, metrics=metrics,
+                      entitled=entitlements(cfg, consumers, router),
+                      model_limiters={(c.name, m): ConsumerLimiter(limits)
+                                      for c in consumers for m, limits in model_limits_of(c).items()},
                       proxy_protocol=args.proxy_protocol == "required",
                       drain_timeout_s=cfg.operations.drain_timeout_s, body_timeout_s=args.body_timeout_s,
                       upstream_idle_timeout_s=args.upstream_idle_s)
@@ -136,7 +147,7 @@ async def serve(args: argparse.Namespace) -> int:
     async def apply_consumers(new_cfg, new_consumers) -> None:
         # Keys before identity: a consumer that now needs a key must not be served keyless meanwhile.
         await keys.set_secret_names(secret_names(new_consumers, new_cfg.api_key_secret_of))
-        gateway.set_consumers(new_consumers)
+        gateway.set_consumers(new_consumers, entitlements(new_cfg, new_consumers, router))
 
     source, read = config_source(args)
     refresher = ConfigRefresher(read, source, cfg, args.region, args.pool, apply_consumers, args.refresh_s)
@@ -150,6 +161,7 @@ async def serve(args: argparse.Namespace) -> int:
     gc.freeze()
     await gateway.start(*args.listen)
     log("gateway_started", listen=f"{args.listen[0]}:{gateway.port}", upstream=f"{args.upstream[0]}:{args.upstream[1]}",
+        routes={i: [p.host_header for p in (router.resolve(i).pools)] for i in router.ids},
         region=args.region, pool=args.pool, consumers=[c.name for c in consumers],
         proxy_protocol=args.proxy_protocol, endpoints_loaded=endpoints.loaded, config_source=source,
         event_loop=getattr(args, "loop_name", "asyncio"))

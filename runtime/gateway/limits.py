@@ -44,6 +44,10 @@ class TokenBucket:
             return 0.0
         return (1.0 - self._tokens) / self.rate
 
+    def refund(self) -> None:
+        """Give back a token taken for a request that another limit then refused."""
+        self._tokens = min(self.capacity, self._tokens + 1.0)
+
 
 @dataclass(frozen=True)
 class Throttle:
@@ -83,3 +87,8 @@ class ConsumerLimiter:
 
     def release(self) -> None:
         self.active -= 1
+
+    def cancel(self) -> None:
+        """Undo an `admit()` whose request was refused by another limit: the slot and the rate token."""
+        self.active -= 1
+        self.bucket.refund()

@@ -31,21 +31,23 @@ class Prepared:
     strip_usage: bool
 
 
-def prepare_body(body: bytes, data: dict[str, Any]) -> Prepared:
-    """Make a streaming request report usage; returns the (possibly rewritten) body.
+def prepare_body(body: bytes, data: dict[str, Any], extra: dict[str, Any] | None = None) -> Prepared:
+    """Make a streaming request report usage, add `extra` fields; returns the (possibly rewritten) body.
 
     `data` is `body` already parsed and checked (`http.parse_json_body`): every inference
-    body is, before it may reach the model server.
+    body is, before it may reach the model server. The body is re-encoded only when it changes.
     """
-    if data.get("stream") is not True:
-        return Prepared(body, False, False)
+    stream = data.get("stream") is True
     options = data.get("stream_options")
-    if isinstance(options, dict) and options.get("include_usage") is True:
-        return Prepared(body, True, False)
-    options = dict(options) if isinstance(options, dict) else {}
-    options["include_usage"] = True
-    data = {**data, "stream_options": options}
-    return Prepared(json.dumps(data, separators=(",", ":")).encode(), True, True)
+    strip = stream and not (isinstance(options, dict) and options.get("include_usage") is True)
+    if not strip and not extra:
+        return Prepared(body, stream, False)
+    data = {**data, **(extra or {})}
+    if strip:
+        options = dict(options) if isinstance(options, dict) else {}
+        options["include_usage"] = True
+        data["stream_options"] = options
+    return Prepared(json.dumps(data, separators=(",", ":")).encode(), stream, strip)
 
 
 def _has_content(choices: Any) -> bool:
@@ -164,6 +166,7 @@ class Exchange:
 
     started: float
     consumer: str | None = None
+    model: str | None = None  # the config model or adapter id it was routed to; None: not routed
     arrived_ms: int | None = None  # wall clock at arrival: the record's timestamp (its own minute); None: now
     in_flight: int = 0  # requests in flight on this instance at admission, this one included; 0: not admitted
     status: int = 0
@@ -205,4 +208,4 @@ def record(metrics: MetricsSink, ex: Exchange, path: str) -> None:
     if ex.in_flight:
         shape = {t.DIM_IN_FLIGHT: t.in_flight_label(ex.in_flight), t.DIM_INPUT_BUCKET: t.token_label(input_tokens),
                  t.DIM_OUTPUT_BUCKET: t.token_label(output_tokens)}
-    metrics.emit(ex.consumer, values, props, ex.arrived_ms, shape)
+    metrics.emit(ex.consumer, values, props, ex.arrived_ms, shape, model=ex.model)

@@ -40,8 +40,9 @@ _SHAPE_METRICS = [{"Name": t.SHAPED_REQUESTS, "Unit": COUNT}]
 
 def emf_record(fleet: str, pool: str, consumer: str | None, values: dict[str, float],
                properties: dict[str, Any] | None = None, timestamp_ms: int | None = None,
-               shape: dict[str, str] | None = None) -> dict[str, Any]:
-    """One EMF record. Per-consumer dimensions only when the consumer is known.
+               shape: dict[str, str] | None = None, model: str | None = None) -> dict[str, Any]:
+    """One EMF record. Per-consumer dimensions only when the consumer is known; per (consumer, model)
+    as well when the request named a model of the config (never an arbitrary client string).
 
     `shape` ({bucket dimension: label}, all three of fleetcast.telemetry's) adds the traffic-shape
     directive and its `ShapedRequests` = 1 member; it needs a consumer.
@@ -51,6 +52,9 @@ def emf_record(fleet: str, pool: str, consumer: str | None, values: dict[str, fl
     if consumer:
         dims.append([t.DIM_FLEET, t.DIM_POOL, t.DIM_CONSUMER])
         record[t.DIM_CONSUMER] = consumer
+        if model:
+            dims.append([t.DIM_FLEET, t.DIM_POOL, t.DIM_CONSUMER, t.DIM_MODEL])
+            record[t.DIM_MODEL] = model
     directives = [{
         "Namespace": t.NAMESPACE,
         "Dimensions": dims,
@@ -90,8 +94,8 @@ class MetricsSink:
         self._thread.start()
 
     def emit(self, consumer: str | None, values: dict[str, float], properties: dict[str, Any] | None = None,
-             timestamp_ms: int | None = None, shape: dict[str, str] | None = None) -> None:
-        record = emf_record(self.fleet, self.pool, consumer, values, properties, timestamp_ms, shape)
+             timestamp_ms: int | None = None, shape: dict[str, str] | None = None, model: str | None = None) -> None:
+        record = emf_record(self.fleet, self.pool, consumer, values, properties, timestamp_ms, shape, model)
         if self._on_record:
             self._on_record(record)
         self._pending.append(json.dumps(record, separators=(",", ":")))

@@ -49,11 +49,13 @@ class Proxy:
                       prepared: Prepared | None = None) -> bool:
         """Serve `request` from `pool`; True to keep the client connection open for the next request."""
         watch = ClientWatch(reader, writer, self.disconnect_poll_s)
+        pool.in_flight += 1
         try:
             return await self._proxy(pool, request, writer, keep, exchange, body, prepared, watch)
         except ClientGone:
             return False
         finally:
+            pool.in_flight -= 1
             watch.stop()
             if watch.gone and exchange:
                 exchange.client_gone = True

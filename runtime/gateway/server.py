@@ -22,15 +22,18 @@ aiohttp proxy and against no gateway at all.
 from __future__ import annotations
 
 import asyncio
+import json
 import time
+from collections.abc import Iterable, Mapping
 from typing import Any, Callable
 
 from fleetcast import telemetry as t
 
-from .admission import Admission
+from .admission import Admission, model_not_found
 from .drain import DRAINING_MESSAGE, Drain
 from .health import HealthProbe
-from .http import BODY_TIMEOUT_S, BadBody, HttpError, Request, openai_error, parse_head, parse_json_body, read_body
+from .http import BODY_TIMEOUT_S, BadBody, HttpError, Request, openai_error, parse_head, parse_json_body, read_body, \
+    response_head
 from .identity import Identity, ProxyRefused, Refusal, bearer_key, log, read_proxy_header
 from .limits import ConsumerLimiter
 from .meter import INFERENCE_PATHS, Exchange, prepare_body, record
@@ -40,18 +43,25 @@ from .routing import Router
 from .upstream import StreamWatchdog
 
 INTERNAL_PATHS = frozenset({"/metrics", "/prometheus/metrics"})  # server stats: dequeued on read, not for consumers
+MODELS_PATH = "/v1/models"  # answered by the gateway: the models the calling consumer may use
+# Request fields a consumer may not set: `lora_request` names a path on the instance for the server to load
+# (tensorrt_llm/serve/openai_protocol.py, CompletionRequest/ChatCompletionRequest); the gateway sets it
+# from the adapter id in `model`.
+GATEWAY_FIELDS = ("lora_request",)
 CLIENT_READ_LIMIT = 64 * 1024  # the longest request head (431 beyond)
 
 
 class Gateway:
     """Serve consumers on `listen`, forward to `upstream` (loopback trtllm-serve)."""
 
-    def __init__(self, *, upstream: tuple[str, int], identity: Identity, limiters: dict[str, ConsumerLimiter],
-                 metrics: MetricsSink, proxy_protocol: bool = True, drain_timeout_s: float = 300.0,
+    def __init__(self, *, router: Router, identity: Identity, limiters: dict[str, ConsumerLimiter],
+                 metrics: MetricsSink, entitled: Mapping[str, Iterable[str]] | None = None,
+                 model_limiters: dict | None = None, proxy_protocol: bool = True, drain_timeout_s: float = 300.0,
                  header_timeout_s: float = 5.0, idle_timeout_s: float = 75.0, upstream_idle_timeout_s: float = 600.0,
                  health_timeout_s: float = 2.0, max_idle_upstream: int = 256, body_timeout_s: float = BODY_TIMEOUT_S,
                  disconnect_poll_s: float = 0.5, health_upstream: tuple[str, int] | None = None,
                  clock: Callable[[], float] = time.time):
+        """`entitled`: consumer -> the model and adapter ids it may call; None: every consumer, every id."""
         self.identity = identity
         self.metrics = metrics
         self.proxy_protocol = proxy_protocol
@@ -59,10 +69,14 @@ class Gateway:
         self.idle_timeout_s = idle_timeout_s
         self.body_timeout_s = body_timeout_s
         self.clock = clock  # wall clock for record timestamps (tests compress a week by injecting it)
-        self.admission = Admission(limiters, metrics)
-        self.router = Router(upstream, max_idle_upstream)
+        self.router = router
+        if entitled is None:
+            entitled = {name: router.ids for name in limiters}
+        self.admission = Admission(limiters, metrics, entitled, model_limiters)
         self.drain_state = Drain(drain_timeout_s)
-        self.health = HealthProbe(health_upstream or upstream, health_timeout_s, lambda: self.drain_state.draining)
+        self.health = HealthProbe(health_upstream or router.default.address, health_timeout_s,
+                                  lambda: self.drain_state.draining)
+        self.started_at = int(clock())
         self.watchdog = StreamWatchdog(upstream_idle_timeout_s)
         self.proxy = Proxy(self.drain_state, self.watchdog, disconnect_poll_s)
         self._server: asyncio.AbstractServer | None = None
@@ -89,10 +103,14 @@ class Gateway:
     def drain_timeout_s(self, value: float) -> None:
         self.drain_state.timeout_s = value
 
-    def set_consumers(self, consumers: tuple) -> None:
-        """Swap in a refreshed consumer list; a kept consumer keeps its limiter (in-flight count, tokens)."""
+    def set_consumers(self, consumers: tuple, entitled: Mapping[str, Iterable[str]] | None = None) -> None:
+        """Swap in a refreshed consumer list; a kept consumer keeps its limiter (in-flight count, tokens).
+
+        `entitled`: consumer -> the model and adapter ids it may call; None: every id this gateway routes."""
+        if entitled is None:
+            entitled = {c.name: self.router.ids for c in consumers}
         # Limiters first: a request resolved to a new consumer must find its limiter.
-        self.admission.set_consumers(consumers)
+        self.admission.set_consumers(consumers, entitled)
         self.identity.consumers = tuple(consumers)
 
     # ------------------------------------------------------------ lifecycle
@@ -227,11 +245,20 @@ class Gateway:
             return await refuse(r)
         consumer = caller.consumer
         assert consumer is not None
+        if request.method in ("GET", "HEAD") and (path == MODELS_PATH or path.startswith(MODELS_PATH + "/")):
+            body = await read_body(request, reader, self.body_timeout_s)
+            listing = self._models(consumer.name, path)
+            if isinstance(listing, Refusal):
+                return await refuse(listing)
+            out = response_head(200, [("Content-Type", "application/json")], length=len(listing), close=not keep)
+            writer.write(out if request.method == "HEAD" else out + listing)
+            await writer.drain()
+            return keep
         if not (request.method == "POST" and path in INFERENCE_PATHS):  # neither limited nor metered
             if expects_continue:
                 writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
             body = await read_body(request, reader, self.body_timeout_s)
-            return await self.proxy.forward(self.router.pick(), request, reader, writer, keep, body)
+            return await self.proxy.forward(self.router.default, request, reader, writer, keep, body)
 
         # The body first, then the slot: a client that stalls mid-body holds no concurrency slot
         # and is no request in flight for a drain to wait for.
@@ -241,6 +268,10 @@ class Gateway:
         try:
             body = await read_body(request, reader, self.body_timeout_s)
             data = parse_json_body(body)
+            for name in GATEWAY_FIELDS:
+                if name in data:
+                    raise BadBody(f"{name} is set by the gateway, not the caller: select an adapter by its id in "
+                                  "`model` (GET /v1/models lists them)", "unsupported_parameter")
         except (HttpError, BadBody) as exc:
             exchange.status = exc.status if isinstance(exc, HttpError) else 400
             exchange.props["invalid_request"] = str(exc)
@@ -251,19 +282,46 @@ class Gateway:
         if self.draining:  # the drain began while the body was arriving
             return await refuse(_DRAINING)
 
+        # Routing: the same dictionary lookups whether the model is unknown or not this consumer's, and no
+        # upstream contact before the answer, so neither the answer nor its timing says which models exist.
+        requested = data.get("model")
+        target = self.router.resolve(requested)
+        if target is None or not self.admission.may_use(consumer.name, target.id):
+            refusal = model_not_found(requested)
+            exchange.status = 404
+            exchange.props["model_not_found"] = refusal.message
+            record(self.metrics, exchange, path)
+            return await refuse(refusal)
         arrived_ms = int(self.clock() * 1000)
-        ticket = self.admission.admit(consumer.name, path, arrived_ms)
+        ticket = self.admission.admit(consumer.name, target.id, path, arrived_ms)
         if isinstance(ticket, Refusal):
             return await refuse(ticket)
         # Admitted: counts toward in-flight.
+        exchange.model = target.id
         exchange.arrived_ms, exchange.in_flight = arrived_ms, self.drain_state.enter()
         try:
-            return await self.proxy.forward(self.router.pick(), request, reader, writer, keep, body, exchange,
-                                            prepare_body(body, data))
+            extra = {"lora_request": target.adapter.lora_request} if target.adapter else None
+            return await self.proxy.forward(self.router.pick(target), request, reader, writer, keep, body, exchange,
+                                            prepare_body(body, data, extra))
         finally:
             ticket.release()
             self.drain_state.leave()
             record(self.metrics, exchange, path)
+
+    def _models(self, consumer: str, path: str) -> bytes | Refusal:
+        """GET /v1/models (the consumer's models and adapters, config order) or /v1/models/{id}, as OpenAI
+        shapes them: `{"object": "list", "data": [Model]}`, Model = {id, object: "model", created, owned_by}
+        (openai-python src/openai/types/model.py)."""
+        def card(model_id: str) -> dict[str, Any]:
+            return {"id": model_id, "object": "model", "created": self.started_at, "owned_by": self.metrics.fleet}
+
+        ids = [i for i in self.router.ids if self.admission.may_use(consumer, i)]
+        if path == MODELS_PATH:
+            return json.dumps({"object": "list", "data": [card(i) for i in ids]}).encode()
+        wanted = path[len(MODELS_PATH) + 1:]
+        if wanted not in ids:
+            return model_not_found(wanted)
+        return json.dumps(card(wanted)).encode()
 
 
 _DRAINING = Refusal(503, "draining", DRAINING_MESSAGE, "service_unavailable")

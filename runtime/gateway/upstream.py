@@ -65,6 +65,7 @@ class UpstreamPool:
     def __init__(self, address: tuple[str, int], max_idle: int = 256):
         self.address = address
         self.max_idle = max_idle
+        self.in_flight = 0  # requests of this gateway on this server now (routing's least-in-flight choice)
         self._idle: list[UpstreamConn] = []
 
     @property

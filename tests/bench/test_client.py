@@ -139,7 +139,7 @@ def test_endpoint_parsing():
 
 
 def _request(ep, n=4, api="completions"):
-    body = {"model": "m", "max_tokens": n, "stream": True, "stream_options": {"include_usage": True}}
+    body = {"model": "gpt2-xl", "max_tokens": n, "stream": True, "stream_options": {"include_usage": True}}
     if api == "chat":
         body["messages"] = [{"role": "user", "content": "one two three"}]
         path = "/v1/chat/completions"

@@ -16,6 +16,7 @@ from fleetcast.config import load_config, parse_config
 from runtime.gateway.identity import ApiKeyStore, EndpointDirectory, Identity
 from runtime.gateway.limits import ConsumerLimiter
 from runtime.gateway.metrics import MetricsSink
+from runtime.gateway.routing import Router
 from runtime.gateway.server import Gateway
 
 from .fakes import FakeModelServer
@@ -26,6 +27,7 @@ SERVICE_ID = "vpce-svc-0a1b2c3d4e5f60718"
 VOICE_VPCE = "vpce-0aaaaaaaaaaaaaaa1"  # owned by 444455556666 -> voice-app
 ANALYTICS_VPCE = "vpce-0bbbbbbbbbbbbbbb2"  # owned by 777788889999 -> analytics
 STRANGER_VPCE = "vpce-0ccccccccccccccc3"  # accepted, but its account is no consumer of this fleet
+MODEL_ID = "gpt2-xl"  # config/fleet.yaml's model: what the tests' requests name
 
 
 @pytest.fixture(autouse=True)
@@ -103,7 +105,8 @@ class Harness:
 
 async def start_harness(cfg=None, *, ec2_responses=(connections(*DEFAULT_CONNECTIONS),), keys: ApiKeyStore | None = None,
                         proxy_protocol: bool = True, drain_timeout_s: float = 10.0, miss_refresh_s: float = 3600.0,
-                        token_delay_s: float = 0.0, upstream: FakeModelServer | None = None, **gateway_kw) -> Harness:
+                        token_delay_s: float = 0.0, upstream: FakeModelServer | None = None, router: Router | None = None,
+                        **gateway_kw) -> Harness:
     cfg = cfg or fleet_config()
     consumers = cfg.consumers_of(REGION)
     upstream = upstream or await FakeModelServer(token_delay_s).start()
@@ -117,7 +120,8 @@ async def start_harness(cfg=None, *, ec2_responses=(connections(*DEFAULT_CONNECT
         def flush(self): pass
 
     metrics = MetricsSink(cfg.name, "l40s", stream=_Null(), on_record=records.append)
-    gateway = Gateway(upstream=("127.0.0.1", upstream.port), identity=Identity(consumers, endpoints, keys),
+    router = router or Router.single(MODEL_ID, ("127.0.0.1", upstream.port))
+    gateway = Gateway(router=router, identity=Identity(consumers, endpoints, keys),
                       limiters={c.name: ConsumerLimiter(c.limits) for c in consumers}, metrics=metrics,
                       proxy_protocol=proxy_protocol, drain_timeout_s=drain_timeout_s, **gateway_kw)
     await gateway.start("127.0.0.1", 0)

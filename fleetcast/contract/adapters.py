@@ -1,0 +1,43 @@
+"""Where a LoRA adapter lives on an instance and the integer id its engine process knows it by.
+
+One home for the runtime that stages adapters and the gateway that names them in each request's
+`lora_request` (TensorRT-LLM's OpenAI server: `CompletionRequest.lora_request` /
+`ChatCompletionRequest.lora_request`, a `tensorrt_llm.executor.request.LoRARequest` with
+`lora_name`, `lora_int_id`, `lora_path`; tensorrt_llm/serve/openai_protocol.py). The local root is
+mounted at the same path inside the serving container (runtime/host/run-container.sh), so one path
+serves both sides.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Protocol
+
+DEFAULT_LOCAL_ROOT = "/var/lib/fleetcast"  # FLEETCAST_LOCAL_ROOT unset (fleetcast.contract.instance_env.Var.LOCAL_ROOT)
+
+
+class _Adapter(Protocol):
+    id: str
+
+
+class _Model(Protocol):
+    id: str
+    adapters: tuple[_Adapter, ...]
+
+
+def adapter_dir(local_root: str, model_id: str, adapter_id: str) -> str:
+    """The staged adapter's directory (the `lora_path` its base model's processes load)."""
+    return f"{local_root.rstrip('/')}/adapters/{model_id}/{adapter_id}"
+
+
+def lora_int_ids(models: Iterable[_Model]) -> dict[str, int]:
+    """adapter id -> its `lora_int_id`: 1, 2, ... in config order over every model's adapters.
+
+    Deterministic from the validated config, so every instance and every process agrees; 0 is left
+    unused (the engine's LoRA cache keys adapters by this id, and 0 reads as "no adapter" elsewhere).
+    """
+    ids: dict[str, int] = {}
+    for model in models:
+        for adapter in model.adapters:
+            ids[adapter.id] = len(ids) + 1
+    return ids
