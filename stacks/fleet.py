@@ -29,6 +29,9 @@ from .consumer import ConsumerStack
 from .naming import skip_reason
 from .provider import ProviderStack
 
+# Resources the config's `tags` stay off (see add_fleet).
+UNTAGGED_RESOURCE_TYPES = ["AWS::EC2::LaunchTemplate"]
+
 
 def add_fleet(scope: Construct, cfg: FleetConfig, *, accounts: Collection[str] | None = None,
               report: Callable[[str], None] = print) -> dict[str, Stack]:
@@ -62,7 +65,9 @@ def add_fleet(scope: Construct, cfg: FleetConfig, *, accounts: Collection[str] |
         )
     for stack in stacks.values():
         for key, value in cfg.tags.items():
-            Tags.of(stack).add(key, value)
+            # Not into launch templates: a tag there is launch template data, so changing it would make a new
+            # version and replace every instance. The groups propagate the tags to the instances they launch.
+            Tags.of(stack).add(key, value, exclude_resource_types=UNTAGGED_RESOURCE_TYPES)
     return stacks
 
 

@@ -67,12 +67,17 @@ class ConfigImpact:
         return ConfigImpact(self.changes, [p for p in self.pools if p.region == region], self.consumers_changed)
 
     @property
+    def tags_changed(self) -> bool:
+        return any(c.path == "tags" or c.path.startswith("tags.") for c in self.changes)
+
+    @property
     def rolls(self) -> list[PoolImpact]:
         return [p for p in self.pools if p.outcome == "rolls"]
 
     def to_json(self) -> dict[str, Any]:
         return {"changes": [c.to_json() for c in self.changes], "pools": [p.to_json() for p in self.pools],
-                "consumers_changed": self.consumers_changed, "rolls": bool(self.rolls)}
+                "consumers_changed": self.consumers_changed, "tags_changed": self.tags_changed,
+                "rolls": bool(self.rolls)}
 
 
 def _walk(before: Any, after: Any, path: str, key: str | None, out: list[FieldChange]) -> None:
@@ -142,6 +147,12 @@ def render_impact(impact: ConfigImpact) -> str:
     if impact.consumers_changed:
         lines.append(f"Consumers changed ({', '.join(impact.consumers_changed)}): running gateways apply them from "
                      "the config parameter within their refresh period (60 s); no restart.")
+    if impact.tags_changed:
+        # EC2 Auto Scaling applies a changed group tag only to instances launched after the change (API
+        # reference, TagDescription.PropagateAtLaunch); the launch templates carry no config tag.
+        lines.append("Tags changed: each stack's resources and Auto Scaling groups are re-tagged in place; instances "
+                     "launched from now on carry the new tags, running instances keep the ones they launched with "
+                     "(EC2 Auto Scaling propagates a group's tags at launch only); no instance is replaced.")
     lines.append("A new Fleetcast version (runtime bundle) or a newer `latest` AMI also changes launch templates; "
                  "this compares configs only.")
     return "\n".join(lines) + "\n"

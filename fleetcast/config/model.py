@@ -30,6 +30,8 @@ from pydantic import (
     model_validator,
 )
 
+from fleetcast.contract import support
+
 # ---------------------------------------------------------------- scalar types
 
 AccountId = Annotated[
@@ -726,9 +728,14 @@ class Operations(Frozen):
 # the alarm/log/approver settings. Onboarding a consumer or resizing a pool must not
 # roll a GPU fleet. Anything not listed here is treated as an instance input (a change
 # rolls): the safe default for fields added later.
+# Read only by pools whose build calibrates (contract/support.py needs_calibration): in their digest alone.
+CALIBRATED_POOLS_ONLY = ("calibration",)
 NOT_IN_INSTANCE_DIGEST: dict = {
     "consumers": True,
     "slo": True,
+    # Stack tags: the groups propagate them to the instances they launch, the launch template does not
+    # carry them (stacks/app_builder.py), and no instance reads them.
+    "tags": True,
     "model": {"stage_patterns"},  # what staging copies; instances read the staged manifest
     "operations": {"log_retention_days", "auto_approve_connections", "alarm_email", "plan_drift_check"},
     "regions": {"__all__": {
@@ -765,7 +772,9 @@ class FleetConfig(Frozen):
                     "through their config refresh (60 s) and replaces no instance.",
     )
     tags: dict[Annotated[str, StringConstraints(min_length=1, max_length=128)], Annotated[str, StringConstraints(max_length=256)]] = Field(
-        default_factory=dict, description="Tags applied to every resource of every stack."
+        default_factory=dict, description="Tags applied to every resource of every stack except the launch templates; "
+        "each Auto Scaling group propagates them to the instances it launches. A change re-tags in place and "
+        "replaces no instance: running instances keep the tags they launched with, root volumes carry none."
     )
 
     # -- derived views (no state of their own) --
@@ -807,7 +816,8 @@ class FleetConfig(Frozen):
 
     def instance_digest(self, region_name: str, pool_name: str) -> str:
         """Digest of what one pool's instances are built from: its own region and pool entry (other
-        regions and pools left out) and the fleet-wide fields, less NOT_IN_INSTANCE_DIGEST.
+        regions and pools left out) and the fleet-wide fields, less NOT_IN_INSTANCE_DIGEST, and less
+        `calibration` where the pool's precision is not calibrated (CALIBRATED_POOLS_ONLY).
 
         The pool's launch template carries it, so a change here rolls that pool (and only the
         pools it concerns); onboarding a consumer or resizing a pool reaches the fleet through
@@ -821,4 +831,10 @@ class FleetConfig(Frozen):
         if not region["pools"]:
             raise KeyError(f"no pool {pool_name!r} in {region_name}")
         data["regions"] = [region]
+        pool = next(p for p in self.region(region_name).pools if p.name == pool_name)
+        engine = self.engine_for(pool)
+        if not support.needs_calibration(engine.backend.value, engine.precision.value, engine.kv_cache_dtype.value):
+            # Only a calibrated build reads the set (runtime/bootstrap.py): the others' instances stay.
+            for name in CALIBRATED_POOLS_ONLY:
+                data.pop(name, None)
         return _canonical_digest(data)

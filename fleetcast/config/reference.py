@@ -11,7 +11,7 @@ import json
 from typing import Any
 
 from .loader import json_schema
-from .model import NOT_IN_INSTANCE_DIGEST
+from .model import CALIBRATED_POOLS_ONLY, NOT_IN_INSTANCE_DIGEST
 
 GENERATE_COMMAND = "fleetcast config docs > docs/config.md"
 
@@ -78,12 +78,14 @@ def _constraints(prop: dict[str, Any], defs: dict[str, Any]) -> list[str]:
 
 
 def rolls_instances(path: str, field: str) -> str:
-    """yes / no / partly: does changing this field replace the instances of the pools it concerns?
+    """yes / no / partly / calibrated pools: does changing this field replace the instances of the pools it concerns?
 
     Read from NOT_IN_INSTANCE_DIGEST, the same spec `FleetConfig.instance_digest` excludes, so the
     reference cannot disagree with what the launch templates carry.
     """
     parts = [p for p in path.replace("[]", ".[]").replace(".<key>", "").split(".") if p] + [field]
+    if parts[0] in CALIBRATED_POOLS_ONLY:
+        return "calibrated pools"
     spec: Any = NOT_IN_INSTANCE_DIGEST
     for part in parts:
         if spec is True:
@@ -160,7 +162,8 @@ def render() -> str:
         "The JSON Schema itself: `fleetcast config schema`. A commented starting point: `fleetcast config init`.",
         "",
         "*Rolls instances*: whether a change to the field gives the pools it concerns a new launch template",
-        "version, i.e. replaces their instances by instance refresh (`partly`: some of its fields do). Consumers",
+        "version, i.e. replaces their instances by instance refresh (`partly`: some of its fields do; `calibrated",
+        "pools`: only pools whose precision reads a calibration set, SmoothQuant, FP8 or a quantized KV cache). Consumers",
         "reach running gateways within a minute instead; sizes, scaling, alarms and allow lists are stack",
         "settings applied in place. `fleetcast config diff OLD NEW` (or `--deployed NEW`) shows it for a change.",
         "",

@@ -6,7 +6,7 @@ import copy
 import json
 
 from fleetcast.config import parse_config
-from fleetcast.config.impact import diff_configs
+from fleetcast.config.impact import diff_configs, render_impact
 from scripts.cli import main as cli
 
 SEOUL, VIRGINIA = "ap-northeast-2", "us-east-1"
@@ -45,6 +45,34 @@ def test_an_engine_override_rolls_only_its_pool(doc):
     (change,) = impact.changes
     assert (change.path, change.before, change.after) == (f"regions[{VIRGINIA}].pools[l40s].engine.max_batch_size",
                                                          None, 16)
+
+
+def test_adding_calibration_rolls_only_pools_whose_precision_reads_it(doc):
+    # The shipped pools are INT8 weight-only, which never calibrates (contract/support.py needs_calibration).
+    calibrated = copy.deepcopy(doc)
+    calibrated["calibration"] = {"dataset": "s3://fleetcast-staging/calibration/traffic/"}
+    assert outcomes(diff_configs(parse_config(doc), parse_config(calibrated))) == {
+        f"{SEOUL}/l40s": "kept", f"{VIRGINIA}/l40s": "kept"}
+    # With an FP8 pool in Virginia, a new set rolls that pool only: its build reads the set.
+    fp8 = copy.deepcopy(calibrated)
+    next(r for r in fp8["regions"] if r["region"] == VIRGINIA)["pools"][0]["engine"]["precision"] = "fp8"
+    resampled = copy.deepcopy(fp8)
+    resampled["calibration"] = {"dataset": "s3://fleetcast-staging/calibration/traffic-v2/"}
+    assert outcomes(diff_configs(parse_config(fp8), parse_config(resampled))) == {
+        f"{SEOUL}/l40s": "kept", f"{VIRGINIA}/l40s": "rolls"}
+
+
+def test_a_tag_change_retags_and_replaces_no_instance(doc, tmp_path, capsys):
+    retagged = copy.deepcopy(doc)
+    retagged["tags"] = {**retagged.get("tags", {}), "owner": "inference-team", "cost-center": "cc-42"}
+    impact = diff_configs(parse_config(doc), parse_config(retagged))
+    assert outcomes(impact) == {f"{SEOUL}/l40s": "kept", f"{VIRGINIA}/l40s": "kept"}
+    assert impact.tags_changed
+    text = render_impact(impact)
+    assert "ROLLS" not in text
+    # What a tag change does, as EC2 Auto Scaling documents it (API reference, TagDescription.PropagateAtLaunch:
+    # "If you change a tag, the changed tag will be applied to all instances launched after you made the change").
+    assert "Tags changed" in text and "instances launched from now on" in text and "running instances keep" in text
 
 
 def test_reordering_named_items_is_no_change_and_a_new_pool_is_new(doc):

@@ -295,6 +295,25 @@ def test_asg_uses_elb_health_checks_and_an_explicit_name(fleet, stack_name):
     assert len(asg["VPCZoneIdentifier"]) == len(region.availability_zones)
 
 
+@pytest.mark.parametrize("stack_name", PROVIDERS)
+def test_config_tags_reach_instances_through_the_group_not_the_launch_template(fleet, stack_name):
+    """A tag in launch template data is part of the template version, and a new version starts an instance
+    refresh ("When properties that trigger an instance refresh change (such as LaunchTemplate or
+    MixedInstancesPolicy), CloudFormation starts an instance refresh": CDK API reference,
+    CfnAutoScalingInstanceRefresh / AWS::AutoScaling::AutoScalingGroup UpdatePolicy). Group tags update
+    with "No interruption" and PropagateAtLaunch copies them to each instance the group launches (CloudFormation
+    reference, AWS::AutoScaling::AutoScalingGroup TagProperty; EC2 Auto Scaling API reference, Tag:
+    "Determines whether the tag is added to new instances as they are launched in the group"). So a tag change
+    re-tags the groups and replaces nothing."""
+    assert fleet.cfg.tags
+    for template in fleet.resources(stack_name, "AWS::EC2::LaunchTemplate").values():
+        text = json.dumps(template)
+        assert not [key for key in fleet.cfg.tags if f'"Key": "{key}"' in text], text
+    for group in fleet.resources(stack_name, "AWS::AutoScaling::AutoScalingGroup").values():
+        tags = {t["Key"]: (t["Value"], t["PropagateAtLaunch"]) for t in group["Properties"]["Tags"]}
+        assert {k: tags.get(k) for k in fleet.cfg.tags} == {k: (v, True) for k, v in fleet.cfg.tags.items()}
+
+
 def test_a_fixed_desired_capacity_is_set_only_where_the_config_asks(variant):
     groups = {g["AutoScalingGroupName"]: g for g in variant.resources(SEOUL, "AWS::AutoScaling::AutoScalingGroup")
               .values() for g in [g["Properties"]]}
