@@ -159,7 +159,7 @@ def _traffic_from_cloudwatch(args: argparse.Namespace):
 def _plan(args: argparse.Namespace) -> int:
     from fleetcast.plan.report import render_terminal, to_json, write_report
     from fleetcast.plan.run import PlanOptions, build_plan
-    from fleetcast.plan.writeback import apply_plan, throttling_notes
+    from fleetcast.plan.writeback import compute_plan_edit, throttling_notes, write_config_notes
 
     from fleetcast.errors import UserError
 
@@ -191,32 +191,57 @@ def _plan(args: argparse.Namespace) -> int:
                                      max_groups=args.max_hours or None)
         print("\n".join(lines))
         return 0 if agree else 3
+    result.write_notes = write_config_notes(_config_or_none(args.write_config or args.config), result.pools,
+                                            args.allow_estimated)
     print(json.dumps(to_json(result), indent=1) if args.json else render_terminal(result))
     # With --json, stdout stays pure JSON; the rest goes to stderr.
     say = (lambda text: print(text, file=sys.stderr)) if args.json else print
+    # Everything written is computed and validated first; a refusal or failure leaves every file as it was.
+    edit = baseline = None
+    if args.write_config:
+        edit = compute_plan_edit(args.write_config, plans, result.pools, allow_estimated=args.allow_estimated,
+                                 write_schedule=args.write_schedule, spot=result.spot)
+        baseline = _baseline(args.write_config, edit.cfg, result.pools, ctx)
     if args.report:
         paths = write_report(result, args.report)
         say(f"\nreport: {', '.join(str(p) for p in paths[:3])} (+{len(paths) - 3} plots)")
-    if args.write_config:
-        changes = apply_plan(args.write_config, plans, result.pools, allow_estimated=args.allow_estimated,
-                             write_schedule=args.write_schedule, spot=result.spot)
-        if changes:
+    if edit is not None:
+        from fleetcast.config.edit import replace_files
+
+        try:
+            replace_files(([(edit.path, edit.text)] if edit.text is not None else []) + [baseline])
+        except OSError as exc:
+            raise UserError(f"--write-config: cannot write {exc.filename or edit.path}: {exc.strerror}; "
+                            f"{edit.path} and its baseline were left as they were") from None
+        if edit.changes:
             say(f"\n{args.write_config}: updated and re-validated")
-            for change in changes:
+            for change in edit.changes:
                 say(f"  {change}")
         else:
             say(f"\n{args.write_config}: already matches the plan; unchanged")
-        from fleetcast.config import load_config
-
-        written = load_config(args.write_config)
-        for note in throttling_notes(written, result.pools):
+        for note in throttling_notes(edit.cfg, result.pools):
             say(f"  note: {note}")
-        path = _write_baseline(args.write_config, written, result.pools, ctx)
-        say(f"  baseline for `fleetcast plan --check`: {path}")
+        say(f"  baseline for `fleetcast plan --check`: {baseline[0]}")
     return 0 if all(p.winner for p in plans) else 3
 
 
-def _write_baseline(config_path: str, cfg, pools, ctx) -> str:
+def _config_or_none(path: str | None):
+    """The config the write would edit, for the report's promise; None when there is none (or it is invalid:
+    the write itself then says why)."""
+    from pathlib import Path
+
+    from fleetcast.config import ConfigError, load_config
+
+    if not path or not Path(path).is_file():
+        return None
+    try:
+        return load_config(path)
+    except ConfigError:
+        return None
+
+
+def _baseline(config_path: str, cfg, pools, ctx) -> tuple:
+    """(path, text) of the plan baseline for the config as written."""
     from datetime import datetime, timezone
 
     from fleetcast.plan.drift import baseline_document, baseline_path
@@ -229,9 +254,7 @@ def _write_baseline(config_path: str, cfg, pools, ctx) -> str:
             rows = [{"instance_type": p.instance_type, "name": p.name} for p in region.pools]
             chosen[region.region] = pool_for(rows, fleet_pool.evaluation.candidate.family)["name"]
     doc = baseline_document(pools, ctx, chosen, datetime.now(timezone.utc).isoformat(timespec="seconds"))
-    path = baseline_path(config_path)
-    path.write_text(json.dumps(doc, indent=1) + "\n")
-    return str(path)
+    return baseline_path(config_path), json.dumps(doc, indent=1) + "\n"
 
 
 def _check(args: argparse.Namespace, result, plans) -> int:

@@ -16,7 +16,7 @@ from typing import Any, Iterable
 
 from ruamel.yaml import YAML
 
-from .loader import ConfigError, load_config
+from .loader import ConfigError, parse_config, read_document
 from .model import FleetConfig
 
 Edit = tuple[tuple[str | int, ...], Any]
@@ -31,27 +31,69 @@ def round_trip_yaml() -> YAML:
     return yaml
 
 
-def write_validated(path: str | Path, yaml: YAML, doc: Any) -> FleetConfig:
-    """Dump `doc`, validate the text with the config loader, and only then replace `path` atomically.
+def validated_text(path: str | Path, yaml: YAML, doc: Any) -> tuple[str, FleetConfig]:
+    """Dump `doc` and validate the text with the config loader, writing nothing: (text, validated config).
 
     Raises ConfigError (its source says the file was left unchanged) when the edited config is invalid."""
     path = Path(path)
     buffer = io.StringIO()
     yaml.dump(doc, buffer)
-    fd, tmp = tempfile.mkstemp(prefix=".fleet-", suffix=path.suffix or ".yaml", dir=path.parent)
+    text = buffer.getvalue()
     try:
-        with os.fdopen(fd, "w") as handle:
-            handle.write(buffer.getvalue())
+        data, lines = read_document(path, text.encode())
+        cfg = parse_config(data, str(path), lines)
+    except ConfigError as exc:
+        exc.source = f"{path} (after edit; file left unchanged)"
+        raise
+    return text, cfg
+
+
+def replace_files(contents: Iterable[tuple[str | Path, str]]) -> None:
+    """Replace each file with its text atomically, all or none: every new text is written to a temporary file
+    beside its target first, then each is renamed over its target; if a rename fails, the files already
+    replaced get their old text back (a file that did not exist is removed), so a failure leaves every
+    file as it was."""
+    staged: list[tuple[Path, str]] = []
+    try:
+        for target, text in contents:
+            target = Path(target)
+            fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+            staged.append((target, tmp))
+            with os.fdopen(fd, "w") as handle:
+                handle.write(text)
+        done: list[tuple[Path, bytes | None]] = []
         try:
-            cfg = load_config(tmp)
-        except ConfigError as exc:
-            exc.source = f"{path} (after edit; file left unchanged)"
+            for target, tmp in staged:
+                before = target.read_bytes() if target.is_file() else None
+                os.replace(tmp, target)
+                done.append((target, before))
+        except OSError:
+            for target, before in reversed(done):
+                if before is None:
+                    target.unlink(missing_ok=True)
+                else:
+                    _restore(target, before)
             raise
-        os.replace(tmp, path)
-        return cfg
     finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+        for _, tmp in staged:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+
+
+def _restore(target: Path, content: bytes) -> None:
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    with os.fdopen(fd, "wb") as handle:
+        handle.write(content)
+    os.replace(tmp, target)
+
+
+def write_validated(path: str | Path, yaml: YAML, doc: Any) -> FleetConfig:
+    """Dump `doc`, validate the text with the config loader, and only then replace `path` atomically.
+
+    Raises ConfigError (its source says the file was left unchanged) when the edited config is invalid."""
+    text, cfg = validated_text(path, yaml, doc)
+    replace_files([(path, text)])
+    return cfg
 
 
 def apply_edits(path: str | Path, edits: Iterable[Edit]) -> FleetConfig:

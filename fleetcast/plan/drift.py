@@ -100,11 +100,7 @@ def baseline_document(pools: list, ctx: Any, config_pools: dict[str, str], writt
             if volume else members[0][0].traffic.output_mean
         win = pool.evaluation
         lo, _, hi = pool.capacity()
-        histogram: dict[str, float] = {}
-        for plan, _ in members:
-            weight = sum(plan.traffic.hourly_rps())
-            for level, share in plan.traffic.level_weights().items():
-                histogram[str(level)] = histogram.get(str(level), 0.0) + share * weight
+        histogram = pool.levels_at_arrival(ctx)
         n_min = ctx.n_min(pool.service_region)
         out.append({
             "region": pool.service_region, "pool": config_pools.get(pool.service_region),
@@ -112,7 +108,7 @@ def baseline_document(pools: list, ctx: Any, config_pools: dict[str, str], writt
             "precision": win.candidate.precision, "consumer_regions": pool.consumer_regions,
             "target": pool.target, "capacity": {"min": lo, "max": hi}, "n_min": n_min,
             "seconds_per_request": spr, "hourly_rps": rates, "peak_rps": max(rates),
-            "slo_safe_rps": hi / spr if spr else math.inf,
+            "slo_safe_rps": pool.slo_safe_rps(hi, spr),
             "share_above_target": share_above(histogram, pool.target),
             "price_per_hour": win.price_per_hour, "output_mean": output_mean,
             "usd_per_m_output": instance_cost_per_m_output(rates, spr, n_min, win.price_per_hour, output_mean),

@@ -25,10 +25,23 @@ class PlanResult:
     warnings: list[str] = field(default_factory=list)
     pools: list[FleetPool] = field(default_factory=list)  # the fleet: consumer regions pooled where that is cheaper
     spot: list = field(default_factory=list)  # fleetcast.plan.spot.SpotAdvice per pool
+    # What --write-config does with this plan and the config (writeback.write_config_notes): (refuses, text).
+    write_notes: list[tuple[bool, str]] = field(default_factory=list)
+
+
+def fleet_heading(result: PlanResult) -> str:
+    """The Fleet section's heading: it says the write deploys this fleet only when the write would."""
+    if any(blocking for blocking, _ in result.write_notes):
+        return "Fleet (planned; --write-config refuses to write it as the config stands: see below)"
+    return "Fleet (what --write-config writes)"
+
+
+def write_lines(result: PlanResult) -> list[str]:
+    return [f"{'refuses' if blocking else 'note'}: {text}" for blocking, text in result.write_notes]
 
 
 def fleet_lines(result: PlanResult) -> list[str]:
-    """The fleet as --write-config deploys it: one pool per provider region used, with the regions it serves."""
+    """The planned fleet: one pool per provider region used, with the regions it serves."""
     if len(result.regions) < 2 or not result.pools:
         return []
     lines = []
@@ -174,7 +187,9 @@ def render_terminal(result: PlanResult) -> str:
         out += [f"  note: {n}" for n in notes]
     fleet = fleet_lines(result)
     if fleet:
-        out += ["", "Fleet (what --write-config deploys):"] + [f"  {line}" for line in fleet]
+        out += ["", f"{fleet_heading(result)}:"] + [f"  {line}" for line in fleet]
+    if result.write_notes:
+        out += ["", "Writing it (--write-config):"] + [f"  {line}" for line in write_lines(result)]
     if result.spot:
         from .spot import lines as spot_lines
 
@@ -353,7 +368,9 @@ def _blocks(result: PlanResult, plots: dict[str, list[Path]]) -> list[Block]:
         blocks += [("img", path) for path in plots.get(plan.traffic.region, [])]
     fleet = fleet_lines(result)
     if fleet:
-        blocks += [("h2", "Fleet (what --write-config deploys)"), ("ul", [(None, line.strip()) for line in fleet])]
+        blocks += [("h2", fleet_heading(result)), ("ul", [(None, line.strip()) for line in fleet])]
+    if result.write_notes:
+        blocks += [("h2", "Writing it (--write-config)"), ("ul", [(None, line) for line in write_lines(result)])]
     if result.spot:
         from .spot import lines as spot_lines
 
@@ -445,6 +462,7 @@ def to_json(result: PlanResult) -> dict:
     return {
         "schema": "fleetcast.plan/v1", "traffic": result.traffic_name, "model": result.model_id,
         "slo": vars(result.slo), "data": result.data_notes, "estimator": result.estimator, "warnings": result.warnings,
+        "write_config": [{"refuses": blocking, "text": text} for blocking, text in result.write_notes],
         "regions": [{
             "consumer_region": p.traffic.region,
             "winner": ev_json(p.winner) if p.winner else None,

@@ -15,13 +15,16 @@ steps whose `min` is the planned instance count for those hours).
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from ruamel.yaml.comments import CommentedMap, CommentedSeq
 from ruamel.yaml.scalarstring import SingleQuotedScalarString
 
-from fleetcast.config.edit import round_trip_yaml, write_validated
+from fleetcast.config.edit import replace_files, round_trip_yaml, validated_text
+from fleetcast.contract import support
 from fleetcast.errors import UserError
+from fleetcast.staging.calibration import STAGE_COMMAND
 
 from .solver import FleetPool, RegionPlan
 
@@ -53,10 +56,83 @@ def pool_for(pools: list, family: str):
     return next((p for p in pools if str(p.get("instance_type", "")).split(".")[0] == family), pools[0])
 
 
+@dataclass(frozen=True)
+class ConfigEdit:
+    """What --write-config would write, computed and validated, nothing written yet."""
+
+    path: Path
+    changes: list[str]
+    text: str | None  # the new file; None when the config already matches the plan
+    cfg: object = field(repr=False)  # the validated config after the edit (FleetConfig)
+
+
+def calibration_use(cfg, region_name: str, pool_name: str | None, candidate) -> tuple[bool, str] | None:
+    """None when writing `candidate` into that pool needs no calibration set; else (blocking, what to say):
+    blocking when the config (or, without one, anything) names no set. The pool keeps its backend and
+    KV-cache dtype; only the precision comes from the plan."""
+    region = next((r for r in cfg.regions if r.region == region_name), None) if cfg is not None else None
+    pool = next((p for p in region.pools if p.name == pool_name), None) if region is not None else None
+    if cfg is not None:
+        engine = cfg.engine_for(pool) if pool is not None else cfg.engine
+        backend, kv = engine.backend.value, engine.kv_cache_dtype.value
+    else:
+        backend, kv = (candidate.backend if candidate.backend in support.BACKENDS else "tensorrt"), "auto"
+    if not support.needs_calibration(backend, candidate.precision, kv):
+        return None
+    what = candidate.precision if kv == "auto" else f"{candidate.precision} with kv_cache_dtype {kv}"
+    where = f"{candidate.label} in {region_name}: {what} is calibrated (its build reads a staged calibration set)"
+    if cfg is not None and cfg.calibration is not None:
+        return False, f"{where}; the config's calibration.dataset {cfg.calibration.dataset} is the set it reads"
+    return True, (f"{where} and the config names none (calibration.dataset); stage one with `{STAGE_COMMAND}` and "
+                  "set calibration.dataset to the s3:// prefix it prints")
+
+
+def write_config_notes(cfg, pools: list[FleetPool], allow_estimated: bool = False) -> list[tuple[bool, str]]:
+    """What --write-config does with the planned fleet and `cfg` as it stands: (blocking, text) per finding; a
+    blocking one makes it refuse before writing. The checks `compute_plan_edit` refuses on, so the report
+    promises only what the write does. `cfg` None: the checks that need no config."""
+    notes: list[tuple[bool, str]] = []
+    by_region: dict[str, list[FleetPool]] = {}
+    for fleet_pool in pools:
+        by_region.setdefault(fleet_pool.service_region, []).append(fleet_pool)
+        win = fleet_pool.evaluation
+        if win.candidate.estimated and not allow_estimated:
+            notes.append((True, f"the choice for {', '.join(fleet_pool.consumer_regions)} ({win.candidate.label}) "
+                                "is estimated, not measured; benchmark it first (or pass --allow-estimated)"))
+    for region_name, region_pools in by_region.items():
+        served = [r for p in region_pools for r in p.consumer_regions]
+        if len(region_pools) > 1:
+            notes.append((True, f"consumers in {', '.join(served)} are best served from {region_name} by different "
+                                f"candidates ({', '.join(sorted(p.candidate for p in region_pools))}); one pool per "
+                                "region is written: plan them one at a time with separate pools"))
+            continue
+        region = next((r for r in cfg.regions if r.region == region_name), None) if cfg is not None else None
+        if cfg is not None and region is None:
+            notes.append((True, f"the plan serves {', '.join(served)} from {region_name}, which has no entry under "
+                                "regions; add it (availability zones, VPC, AMI, allowed principals) and rerun"))
+            continue
+        (fleet_pool,) = region_pools
+        rows = [{"instance_type": p.instance_type, "name": p.name} for p in region.pools] if region else []
+        name = pool_for(rows, fleet_pool.evaluation.candidate.family)["name"] if rows else None
+        calibration = calibration_use(cfg, region_name, name, fleet_pool.evaluation.candidate)
+        if calibration:
+            notes.append(calibration)
+    return notes
+
+
 def apply_plan(path: str | Path, plans: list[RegionPlan], pools: list[FleetPool], allow_estimated: bool = False,
                write_schedule: bool = False, spot: list | None = None) -> list[str]:
     """Edit the config at `path` in place; returns what changed. Refuses (file untouched) on any problem."""
-    from fleetcast.config import ConfigError
+    edit = compute_plan_edit(path, plans, pools, allow_estimated, write_schedule, spot)
+    if edit.text is not None:
+        replace_files([(edit.path, edit.text)])
+    return edit.changes
+
+
+def compute_plan_edit(path: str | Path, plans: list[RegionPlan], pools: list[FleetPool], allow_estimated: bool = False,
+                      write_schedule: bool = False, spot: list | None = None) -> ConfigEdit:
+    """The config at `path` with the plan written in, validated; writes nothing. Refuses on any problem."""
+    from fleetcast.config import ConfigError, load_config
 
     path = Path(path)
     yaml = round_trip_yaml()
@@ -67,32 +143,25 @@ def apply_plan(path: str | Path, plans: list[RegionPlan], pools: list[FleetPool]
     doc = yaml.load(original)
     if not isinstance(doc, CommentedMap) or not isinstance(doc.get("regions"), list):
         raise UserError(f"--write-config: {path} is not a fleet config (no `regions` list)")
+    try:
+        current = load_config(path)
+    except ConfigError as exc:
+        details = exc.render().split("\n", 1)[-1]
+        raise UserError(f"--write-config: {path} is not a valid config now; fix it first:\n{details}") from None
 
     for plan in plans:
         if plan.winner is None:
             raise UserError(f"--write-config: no candidate serves {plan.traffic.region}; nothing to write")
+    blockers = [text for blocking, text in write_config_notes(current, pools, allow_estimated) if blocking]
+    if blockers:
+        raise UserError(f"--write-config: {path} was left untouched: " + "; ".join(blockers))
     by_region: dict[str, list[FleetPool]] = {}
     for fleet_pool in pools:
-        win = fleet_pool.evaluation
-        if win.candidate.estimated and not allow_estimated:
-            raise UserError(f"--write-config: the choice for {', '.join(fleet_pool.consumer_regions)} "
-                            f"({win.candidate.label}) is estimated, not measured; benchmark it first "
-                            "(or pass --allow-estimated)")
         by_region.setdefault(fleet_pool.service_region, []).append(fleet_pool)
 
     changes: list[str] = []
     for region_name, region_pools in by_region.items():
-        served = [r for p in region_pools for r in p.consumer_regions]
-        entry = next((r for r in doc["regions"] if r.get("region") == region_name), None)
-        if entry is None:
-            raise UserError(f"--write-config: the plan serves {', '.join(served)} from "
-                            f"{region_name}, which has no entry under regions in {path}; add it (availability zones, "
-                            "VPC, AMI, allowed principals) and rerun")
-        if len(region_pools) > 1:
-            raise UserError(f"--write-config: consumers in {', '.join(served)} are best served "
-                            f"from {region_name} by different candidates "
-                            f"({', '.join(sorted(p.candidate for p in region_pools))}); plan them one "
-                            "at a time with separate pools")
+        entry = next(r for r in doc["regions"] if r.get("region") == region_name)
         (fleet_pool,) = region_pools
         win = fleet_pool.evaluation
         # One pool for every consumer region this provider region serves: their load adds up,
@@ -156,14 +225,14 @@ def apply_plan(path: str | Path, plans: list[RegionPlan], pools: list[FleetPool]
                         changes.append(f"consumers[{consumer.get('name')}].endpoint_service_name removed "
                                        f"(publish the {region_name} service's name after deploying)")
     if not changes:
-        return []
+        return ConfigEdit(path, [], None, current)
     try:
-        write_validated(path, yaml, doc)
+        text, cfg = validated_text(path, yaml, doc)
     except ConfigError as exc:
         details = exc.render().split("\n", 1)[-1]
         raise UserError(f"--write-config: the updated config would be invalid, so {path} was left untouched:\n"
                         f"{details}") from None
-    return changes
+    return ConfigEdit(path, changes, text, cfg)
 
 
 def _write_spot(pool: CommentedMap, where: str, fleet_pool: FleetPool, advice: list, write_schedule: bool) -> list[str]:

@@ -194,16 +194,86 @@ def test_write_config_updates_the_pool_and_keeps_comments(capsys, fleet):
     assert "updated and re-validated" in out
 
 
-def test_write_config_refuses_an_invalid_result_and_leaves_the_file(capsys, fleet):
-    # us-east-1 consumers: g7e fp8 wins, but fp8 is calibrated and the config has no calibration dataset.
+def test_a_calibrated_pick_without_a_staged_set_is_refused_before_writing_naming_the_command(capsys, fleet):
+    # us-east-1 consumers: g7e fp8 wins, but fp8 is calibrated and the config names no calibration set.
     before = fleet.read_bytes()
-    code, _, err = plan(capsys, "--results", RESULTS, "--traffic", str(SEED / "traffic-us-east-1.yaml"),
-                        "--config", str(fleet), *SLO, "--write-config", str(fleet))
+    code, out, err = plan(capsys, "--results", RESULTS, "--traffic", str(SEED / "traffic-us-east-1.yaml"),
+                          "--config", str(fleet), *SLO, "--write-config", str(fleet))
     assert code == 1
-    assert "the updated config would be invalid, so" in err and "was left untouched" in err
-    assert "calibration.dataset" in err
+    # The report says it, with the staging command, before the write refuses for the same reason.
+    assert "refuses: g7e.2xlarge fp8 in us-east-1: fp8 is calibrated" in out
+    assert "`fleetcast stage calibration --config FILE --dir DIR --name NAME`" in out
+    assert "was left untouched" in err and "fleetcast stage calibration" in err and "calibration.dataset" in err
     assert fleet.read_bytes() == before
-    assert not list(fleet.parent.glob(".plan-*"))
+    assert not (fleet.parent / "fleet.plan-baseline.json").exists()
+    assert not [p for p in fleet.parent.iterdir() if p.name.startswith(".")]
+
+
+def test_a_calibrated_pick_is_written_where_the_config_names_a_staged_set(capsys, fleet):
+    fleet.write_text(fleet.read_text().replace("\nslo:", "\ncalibration:\n  dataset: s3://fleetcast-staging/calib/\n\nslo:", 1))
+    code, out, err = plan(capsys, "--results", RESULTS, "--traffic", str(SEED / "traffic-us-east-1.yaml"),
+                          "--config", str(fleet), *SLO, "--write-config", str(fleet))
+    assert code == 0, err
+    assert "note: g7e.2xlarge fp8 in us-east-1: fp8 is calibrated" in out and "s3://fleetcast-staging/calib/" in out
+    from fleetcast.config import load_config
+
+    cfg = load_config(fleet)
+    assert cfg.engine_for(cfg.region("us-east-1").pools[0]).precision.value == "fp8"
+
+
+@pytest.mark.parametrize("example", ["seed/traffic-seoul-arrivals.yaml", "bursty/traffic.yaml",
+                                     "long-outputs/traffic.yaml"])
+def test_write_config_from_arrivals_writes_the_config_and_a_baseline_the_same_traffic_fits(capsys, fleet, example):
+    """The README's recommended method (a profile of arrivals): the config and its drift baseline are both
+    written, and checking the traffic the plan was made from finds no drift."""
+    fleet.write_text(fleet.read_text().replace("\nslo:", "\ncalibration:\n  dataset: s3://fleetcast-staging/calib/\n\nslo:", 1))
+    traffic = str(ROOT / "examples" / "plan" / example)
+    code, out, err = plan(capsys, "--results", RESULTS, "--traffic", traffic, "--config", str(fleet),
+                          "--write-config", str(fleet))
+    assert code == 0, err
+    assert "updated and re-validated" in out
+    baseline = json.loads((fleet.parent / "fleet.plan-baseline.json").read_text())
+    (pool,) = baseline["pools"]
+    # The planned in-flight mix at arrival comes from the candidate's curve (none is given in the profile).
+    assert 0 < pool["share_above_target"] < 1
+    assert pool["slo_safe_rps"] >= pool["peak_rps"]
+    code, out, _ = plan(capsys, "--results", RESULTS, "--traffic", traffic, "--config", str(fleet), "--check")
+    assert code == 0 and "fits the plan" in out, out
+
+
+def test_a_write_that_fails_leaves_every_file_as_it_was(capsys, fleet):
+    # The baseline cannot be written (a directory holds its name): the config must not change either.
+    (fleet.parent / "fleet.plan-baseline.json").mkdir()
+    before = fleet.read_bytes()
+    code, _, err = plan(capsys, "--results", RESULTS, "--traffic", SEOUL, "--config", str(fleet), *SLO,
+                        "--min-instances", "1", "--write-config", str(fleet))
+    assert code == 1
+    assert "cannot write" in err and "left as they were" in err and "Traceback" not in err
+    assert fleet.read_bytes() == before
+    assert not [p for p in fleet.parent.iterdir() if p.name.startswith(".")]
+
+
+def test_the_report_promises_the_pooled_fleet_only_where_the_write_does_it(capsys, fleet, tmp_path):
+    from .conftest import east_and_west_traffic
+
+    traffic = east_and_west_traffic(tmp_path, '{"0-24": 100}', '{"0-24": 0.5}')
+    fleet.write_text(fleet.read_text().replace("\nslo:", "\ncalibration:\n  dataset: s3://fleetcast-staging/calib/\n\nslo:", 1))
+    args = ["--results", RESULTS, "--traffic", str(traffic), *SLO, "--min-instances", "1"]
+    code, out, _ = plan(capsys, *args, "--config", str(fleet), "--write-config", str(fleet))
+    assert code == 0 and "Fleet (what --write-config writes):" in out
+    # The same fleet, into a config without the us-east-1 region the pool is served from: the write refuses,
+    # and the report said so.
+    import yaml as pyyaml
+
+    doc = pyyaml.safe_load(fleet.read_text())
+    doc["regions"] = [r for r in doc["regions"] if r["region"] != "us-east-1"]
+    doc["consumers"] = [c for c in doc["consumers"] if c.get("service_region") != "us-east-1"]
+    other = tmp_path / "seoul-only.yaml"
+    other.write_text(pyyaml.safe_dump(doc))
+    code, out, err = plan(capsys, *args, "--config", str(other), "--write-config", str(other))
+    assert code == 1 and "which has no entry under regions" in err
+    assert "Fleet (planned; --write-config refuses to write it as the config stands: see below):" in out
+    assert "refuses: the plan serves us-east-1, us-west-2 from us-east-1, which has no entry under regions" in out
 
 
 def test_write_config_refuses_a_region_the_config_lacks(capsys, fleet, tmp_path):

@@ -78,5 +78,5 @@ def test_report_and_write_config_follow_the_pooled_fleet(tmp_path, capsys):
     code = main(["plan", "--results", RESULTS, "--traffic", str(path), "--ttft-p99-ms", "300", "--itl-p99-ms", "40",
                  "--min-instances", "1"])
     text = capsys.readouterr().out
-    assert "Fleet (what --write-config deploys):" in text
+    assert "Fleet (what --write-config writes):" in text
     assert "us-west-2 joins this pool: +$" in text and "for its own g5.xlarge int8_wo pool in us-west-2" in text
