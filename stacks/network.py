@@ -9,26 +9,12 @@ from constructs import Construct
 
 from fleetcast.config import EgressMode, ExistingVpc, Region
 from fleetcast.config.subnets import FLEET_SUBNET_MASK, PUBLIC_SUBNET_MASK
+from fleetcast.contract.network import PROVIDER_INTERFACE_ENDPOINTS
 
 from . import nag
 
-# What an instance reaches with no internet egress: image pulls (ECR api+dkr,
-# layers from S3), Session Manager (SSM, SSMMessages, EC2Messages), logs and
-# metrics, its lifecycle hook (Auto Scaling), STS for role sessions, EC2 for
-# DescribeVpcEndpointConnections (consumer identity), Secrets Manager (API keys).
-INTERFACE_ENDPOINTS = {
-    "EcrApi": ec2.InterfaceVpcEndpointAwsService.ECR,
-    "EcrDocker": ec2.InterfaceVpcEndpointAwsService.ECR_DOCKER,
-    "Ssm": ec2.InterfaceVpcEndpointAwsService.SSM,
-    "SsmMessages": ec2.InterfaceVpcEndpointAwsService.SSM_MESSAGES,
-    "Ec2Messages": ec2.InterfaceVpcEndpointAwsService.EC2_MESSAGES,
-    "Logs": ec2.InterfaceVpcEndpointAwsService.CLOUDWATCH_LOGS,
-    "Monitoring": ec2.InterfaceVpcEndpointAwsService.CLOUDWATCH_MONITORING,
-    "AutoScaling": ec2.InterfaceVpcEndpointAwsService.AUTOSCALING,
-    "Sts": ec2.InterfaceVpcEndpointAwsService.STS,
-    "Ec2": ec2.InterfaceVpcEndpointAwsService.EC2,
-    "SecretsManager": ec2.InterfaceVpcEndpointAwsService.SECRETS_MANAGER,
-}
+INTERFACE_ENDPOINTS = {name: ec2.InterfaceVpcEndpointAwsService(service)
+                       for name, service in PROVIDER_INTERFACE_ENDPOINTS.items()}
 
 
 class FleetNetwork(Construct):

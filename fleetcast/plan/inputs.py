@@ -20,6 +20,7 @@ from ruamel.yaml.error import YAMLError
 
 from fleetcast.config import catalog
 from fleetcast.config.model import Precision
+from fleetcast.contract.network import PROVIDER_INTERFACE_ENDPOINTS
 from fleetcast.errors import UserError
 
 from .curves import Candidate, Curve, LoadPoint
@@ -240,8 +241,12 @@ class _Assumptions(BaseModel):
     bytes_per_request: float = Field(ge=0, description="HTTP headers, JSON envelope, final usage chunk.")
     new_connections_per_request: float = Field(ge=0, le=1)
     availability_zones: int = Field(ge=1, le=6)
-    provider_interface_endpoints: int = Field(ge=0, le=50, description="Provider-side endpoints an isolated VPC needs.")
     consumer_interface_endpoints: int = Field(ge=0, le=50)
+
+    @property
+    def provider_interface_endpoints(self) -> int:
+        """What the provider stack creates for isolated subnets: not an assumption, so not in the table."""
+        return len(PROVIDER_INTERFACE_ENDPOINTS)
 
 
 class FixedCosts(BaseModel):

@@ -33,7 +33,9 @@ GB_PER_REQUEST = (256 * 4 + 128 * 180 + 1500) / 1e9
 
 
 def fixed_per_day(az_hour: float) -> float:
-    return sum(h * (0.0225 + 8 * 2 * az_hour + rps * 3600 * GB_PER_REQUEST * 0.016) for rps, h in HOURS)
+    # 12 interface endpoints in 2 AZs: the provider stack's 11 (tests/plan/test_fixed_costs.py checks the count
+    # against the synthesized template) and the consumer's one.
+    return sum(h * (0.0225 + 12 * 2 * az_hour + rps * 3600 * GB_PER_REQUEST * 0.016) for rps, h in HOURS)
 
 
 def instance_hours(seconds_per_request: float) -> int:
@@ -70,8 +72,8 @@ def test_seed_picks_g6e_int8_for_seoul_by_hand():
     # 120*0.08917 = 10.7 -> 11, 180* -> 16.05 -> 17, 20* -> 1.8 -> 2, 80* -> 7.1 -> 8
     assert win.instances_by_hour == [11] * 9 + [17] * 4 + [2] * 9 + [8] * 2
     assert instance_hours(s) == 201
-    day = 201 * 2.288 + fixed_per_day(0.013)                  # 459.89 + 8.68
-    assert win.cost_per_hour == pytest.approx(day / 24, rel=1e-6)   # $19.52/h
+    day = 201 * 2.288 + fixed_per_day(0.013)                  # 459.89 + 11.18
+    assert win.cost_per_hour == pytest.approx(day / 24, rel=1e-6)   # $19.63/h
     assert win.usd_per_m_output == pytest.approx(day / (2140 * 3600 * 128) * 1e6, rel=1e-6)  # $0.475
     assert win.usd_per_m_input == pytest.approx(day / (2140 * 3600 * 256) * 1e6, rel=1e-6)
     assert win.capacity() == (2, 9, 17)                        # desired: ceil(201 / 24)
@@ -86,7 +88,7 @@ def test_seed_explains_why_g5_loses_on_ttft_at_seouls_load():
          + 0.20 * (688.4 + 24.24 * 4) / 4) / 1000              # = 0.23363 s
     assert g5.seconds_per_request == pytest.approx(s, rel=1e-6)
     assert instance_hours(s) == 9 * 29 + 4 * 43 + 9 * 5 + 2 * 19 == 516
-    assert g5.cost_per_hour == pytest.approx((516 * 1.237 + fixed_per_day(0.013)) / 24, rel=1e-6)  # $26.96 > $19.52
+    assert g5.cost_per_hour == pytest.approx((516 * 1.237 + fixed_per_day(0.013)) / 24, rel=1e-6)  # $27.06 > $19.63
     why = reason(plan, "g5.xlarge int8_wo")
     assert "P99 TTFT 312 ms" in why and "> 300 ms at concurrency 8" in why and "caps its load at 4" in why
     assert "80% of ap-northeast-2's requests" in why   # levels 5-16 (0.6) + 32 + 64 (0.2)
@@ -124,8 +126,8 @@ def test_seed_reports_statistical_honesty():
     # int8_wo passes at c=48 with P99 296 ms, but the CI (296*0.952, 296*1.06) = (282, 314) holds 300.
     assert "target load 48 the P99 TTFT CI (282-314 ms) contains the 300 ms SLO" in notes
     # If c=48 fails on a longer run, k = 32: S = 0.8*105.393 + 0.15*W(32)/32 + 0.05*W(32)/32 = 89.41 ms,
-    # still 11/17/2/8 instances (120*0.08941 = 10.7): the same $19.52/h, and no rival is cheaper.
-    assert "the target drops to 32 and the cost to $19.52/h (+0.0%), still the cheapest" in notes
+    # still 11/17/2/8 instances (120*0.08941 = 10.7): the same $19.63/h, and no rival is cheaper.
+    assert "the target drops to 32 and the cost to $19.63/h (+0.0%), still the cheapest" in notes
     assert "within noise on traffic-weighted P99 TTFT" in notes
 
 
@@ -138,7 +140,7 @@ def test_relaxed_ttft_slo_makes_the_cheaper_g5_win():
          + 0.05 * (688.4 + 24.24 * 48) / 48) / 1000           # = 0.14455 s
     assert win.target == 48 and win.seconds_per_request == pytest.approx(s, rel=1e-6)
     assert win.instance_hours == 9 * 18 + 4 * 27 + 9 * 3 + 2 * 12 == 321
-    assert win.cost_per_hour == pytest.approx((321 * 1.237 + fixed_per_day(0.013)) / 24, rel=1e-6)  # $16.91
+    assert win.cost_per_hour == pytest.approx((321 * 1.237 + fixed_per_day(0.013)) / 24, rel=1e-6)  # $17.01
     assert best(plan, "g6e.xlarge int8_wo").cost_per_hour == pytest.approx((201 * 2.288 + fixed_per_day(0.013)) / 24)
 
 
