@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import shlex
+import sys
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -111,7 +112,7 @@ def _deploy(args: argparse.Namespace) -> int:
     access = _access(cfg, args)
     # The provider account's session reads stacks and stages (publish, the first-deploy hold, capacity).
     aws = AwsSession(access.profile_of(cfg.provider.account))
-    _refuse_unready(cfg, args, access.profile_of(cfg.provider.account))
+    ready = _refuse_unready(cfg, args, access.profile_of(cfg.provider.account))
     steps = [s for s in STEPS if s in (args.step or STEPS)]
     planned = plan(cfg, args.config, aws.client, steps=steps, trust_account=args.trust,
                    execution_policies=args.execution_policy, smoke_endpoint=args.smoke_endpoint,
@@ -127,11 +128,17 @@ def _deploy(args: argparse.Namespace) -> int:
     execute(planned, dry_run=args.dry_run, resume=_resume("fleetcast deploy", args))
     if args.dry_run:
         _not_checked(aws)
+        if not ready:
+            # The plan is shown, but a pipeline gating on the dry run must not pass what the deploy refuses.
+            print(f"dry run: {args.config} is not ready to deploy (problems listed above): a deploy would stop "
+                  "before its first step", file=sys.stderr)
+            return 1
     return 0
 
 
-def _refuse_unready(cfg, args: argparse.Namespace, profile: str | None) -> None:
-    """Before any step: what `fleetcast config validate --deploy` refuses stops the deploy (a dry run only shows it)."""
+def _refuse_unready(cfg, args: argparse.Namespace, profile: str | None) -> bool:
+    """Before any step: what `fleetcast config validate --deploy` refuses stops the deploy. A dry run shows it,
+    goes on to print the plan, and exits 1 after it. Returns whether the config is ready."""
     from fleetcast.config.readiness import access_with_credentials, check_readiness, line_index
     from fleetcast.errors import UserError
 
@@ -141,6 +148,7 @@ def _refuse_unready(cfg, args: argparse.Namespace, profile: str | None) -> None:
     if not readiness.ready and not args.dry_run:
         raise UserError(f"not deploying: {args.config} has {len(readiness.refusals)} value(s) that cannot work in a "
                         "real account (listed above); fix them, then rerun", 1)
+    return readiness.ready
 
 
 def _teardown(args: argparse.Namespace) -> int:

@@ -50,7 +50,7 @@ def _whole(flag: str):
 def _reserved(text: str) -> tuple[str, str, int]:
     import re
 
-    match = re.match(r"^([a-z][a-z0-9]*\.[0-9a-z]+)@([a-z]{2}(?:-gov)?-[a-z]+-\d)=(\d+)$", text)
+    match = re.fullmatch(r"([a-z][a-z0-9]*\.[0-9a-z]+)@([a-z]{2}(?:-gov)?-[a-z]+-[0-9])=([0-9]+)", text, re.ASCII)
     if not match:
         raise argparse.ArgumentTypeError(f"--reserved must be TYPE@REGION=N (e.g. g6e.xlarge@ap-northeast-2=4), got {text!r}")
     return match.group(1), match.group(2), int(match.group(3))

@@ -34,6 +34,7 @@ from constructs import Construct
 
 from fleetcast import telemetry
 from fleetcast.config import FleetConfig, Region
+from fleetcast.contract.names import plan_drift_description
 from fleetcast.plan.drift import BASELINE_KEY
 
 from . import nag
@@ -99,7 +100,7 @@ class PlanDriftCheck(Construct):
         consumers = [[c.name, c.region] for c in cfg.consumers_of(region.region)]
         self.function = python_function(
             self,
-            description=f"{cfg.name}: plan drift check in {region.region} ({check.schedule})",
+            description=plan_drift_description(cfg.name, region.region, check.schedule),
             code=lambda_.Code.from_asset(str(stage_code(stack.node.root.outdir)),
                                          exclude=["__pycache__", "*.pyc"]),
             role=self.role,

@@ -126,3 +126,14 @@ def supported_precisions(arch: str) -> list[str]:
 
 
 arch_for_compute_capability = support.arch_for_compute_capability
+
+
+@lru_cache(maxsize=None)
+def known_regions() -> frozenset[str]:
+    """Every region of every AWS partition, from botocore's endpoint data (botocore/data/endpoints.json,
+    `partitions[].regions`): the SDK that deploys the fleet knows no other. A region launched after the
+    installed botocore is missing until botocore is upgraded, which the message says."""
+    import botocore.loaders
+
+    data = botocore.loaders.create_loader().load_data("endpoints")
+    return frozenset(region for partition in data["partitions"] for region in partition["regions"])

@@ -1,8 +1,9 @@
 """`fleetcast config init`: a commented, minimal fleet config that validates, from a few answers.
 
 Everything not asked keeps its model default (the reference lists them); what the answers
-cannot know (consumer VPC/subnet ids, the AZ name-to-ID mapping of your account, the
-AMI to pin) is written with a `# REPLACE:` comment, as the shipped example does.
+cannot know (consumer VPC/subnet ids and CIDRs, the AZ name-to-ID mapping of your account, the
+AMI to pin) is written with a `# REPLACE:` comment, as the shipped example does, and as a value that
+`config validate --deploy` refuses until it is replaced.
 """
 
 from __future__ import annotations
@@ -21,6 +22,10 @@ MODEL_PRESETS: dict[str, dict] = {
                               "max_input_len": 4096, "max_output_len": 1024, "backend": "pytorch",
                               "precision": "bf16"},
 }
+# What init writes where it cannot know a value is a placeholder `config validate --deploy` recognizes by rule
+# (fleetcast/config/readiness.py): resource ids of zeros, and consumer ranges from the blocks reserved for
+# documentation (RFC 5737), which no consumer network uses.
+PLACEHOLDER_CIDRS = ("198.51.100.0/24", "203.0.113.0/24", "192.0.2.0/24")
 # Preferred instance per region: the first family of this list the region offers.
 INSTANCE_CHOICES = (("g6e", "g6e.xlarge"), ("g6", "g6.xlarge"), ("g5", "g5.xlarge"))
 
@@ -43,21 +48,21 @@ class InitAnswers:
 
 def check_account(value: str, what: str) -> str:
     value = value.strip()
-    if not re.fullmatch(r"\d{12}", value):
+    if not re.fullmatch(r"[0-9]{12}", value, re.ASCII):
         raise ValueError(f"{what}: {value!r} is not an AWS account id (12 digits, e.g. 111122223333)")
     return value
 
 
 def check_region(value: str, what: str) -> str:
     value = value.strip()
-    if not re.fullmatch(r"[a-z]{2}(-gov)?-[a-z]+-\d", value):
+    if not re.fullmatch(r"[a-z]{2}(-gov)?-[a-z]+-[0-9]", value, re.ASCII):
         raise ValueError(f"{what}: {value!r} is not an AWS region code such as ap-northeast-2")
     return value
 
 
 def parse_consumer(value: str) -> ConsumerAnswer:
     """NAME=ACCOUNT or NAME=ACCOUNT@REGION."""
-    match = re.fullmatch(r"([a-z][a-z0-9-]{0,30}[a-z0-9])=(\S+?)(?:@(\S+))?", value.strip())
+    match = re.fullmatch(r"([a-z][a-z0-9-]{0,30}[a-z0-9])=(\S+?)(?:@(\S+))?", value.strip(), re.ASCII)
     if not match:
         raise ValueError(f"--consumer {value!r}: use NAME=ACCOUNT or NAME=ACCOUNT@REGION, e.g. "
                          "voice-app=444455556666@ap-northeast-2 (NAME: lower-case letters, digits, dashes)")
@@ -160,7 +165,7 @@ def render(answers: InitAnswers) -> str:
             "    subnets:                       # REPLACE: one private subnet per AZ, with its AZ ID",
             f"      - {{id: subnet-{2 * j:08x}{'0' * 9}, az_id: {prefix}-az1}}",
             f"      - {{id: subnet-{2 * j + 1:08x}{'0' * 9}, az_id: {prefix}-az2}}",
-            f"    cidrs: [10.{100 + j}.0.0/16]        # REPLACE: the consumer's client ranges (admitted to the NLB)",
+            f"    cidrs: [{PLACEHOLDER_CIDRS[j % len(PLACEHOLDER_CIDRS)]}]     # REPLACE: the consumer's client ranges (admitted to the NLB)",
             "    # endpoint_service_name: add the provider stack's EndpointServiceName output after its deploy",
         ]
     out += ["", "tags:", f"  project: {answers.name}", ""]

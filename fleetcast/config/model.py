@@ -25,6 +25,7 @@ from pydantic import (
     Field,
     StringConstraints,
     Tag,
+    ValidationInfo,
     field_validator,
     model_serializer,
     model_validator,
@@ -32,44 +33,59 @@ from pydantic import (
 
 from fleetcast.contract import support
 
+from .schedule import schedule_problem
+from .strict import scalar_problem
+
 # ---------------------------------------------------------------- scalar types
 
 AccountId = Annotated[
     str,
-    StringConstraints(pattern=r"^\d{12}$"),
+    StringConstraints(pattern=r"^[0-9]{12}$"),
     Field(description="12-digit AWS account id, quoted in YAML so leading zeros survive."),
 ]
 RegionName = Annotated[
     str,
-    StringConstraints(pattern=r"^[a-z]{2}(-gov)?-[a-z]+-\d$"),
+    StringConstraints(pattern=r"^[a-z]{2}(-gov)?-[a-z]+-[0-9]$"),
     Field(description="AWS region code, e.g. ap-northeast-2."),
 ]
-AzName = Annotated[str, StringConstraints(pattern=r"^[a-z]{2}(-gov)?-[a-z]+-\d[a-z]$")]
+AzName = Annotated[str, StringConstraints(pattern=r"^[a-z]{2}(-gov)?-[a-z]+-[0-9][a-z]$")]
 AzId = Annotated[
     str,
-    StringConstraints(pattern=r"^[a-z]{2,5}\d?-az\d{1,2}$"),
+    StringConstraints(pattern=r"^[a-z]{2,5}[0-9]?-az[0-9]{1,2}$"),
     Field(description="AZ ID such as apne2-az1: the same physical zone in every account."),
 ]
 VpcId = Annotated[str, StringConstraints(pattern=r"^vpc-[0-9a-f]{8}([0-9a-f]{9})?$")]
 SubnetId = Annotated[str, StringConstraints(pattern=r"^subnet-[0-9a-f]{8}([0-9a-f]{9})?$")]
 AmiId = Annotated[str, StringConstraints(pattern=r"^ami-[0-9a-f]{8}([0-9a-f]{9})?$")]
-S3Uri = Annotated[str, StringConstraints(pattern=r"^s3://[a-z0-9][a-z0-9.\-]{1,61}[a-z0-9](/.*)?$")]
+S3_URI_PATTERN = r"^s3://[a-z0-9][a-z0-9.\-]{1,61}[a-z0-9](/.*)?$"
+S3Uri = Annotated[str, StringConstraints(pattern=S3_URI_PATTERN)]
 Name = Annotated[
     str,
     StringConstraints(pattern=r"^[a-z][a-z0-9-]{0,30}[a-z0-9]$"),
     Field(description="Lower-case letters, digits and dashes; used in stack and resource names."),
 ]
 
+
+def full_match(pattern: str, value: str) -> bool:
+    """The whole value, in ASCII classes: `re.match(...$)` lets a trailing newline through and `\\d` matches
+    any Unicode digit, neither of which AWS accepts (tests/config/test_patterns.py walks every pattern)."""
+    return re.fullmatch(pattern, value, re.ASCII) is not None
+
+
+# IAM principal ARNs an endpoint service may allow: an account root, a role or a user (IAM User Guide,
+# "IAM identifiers": names of letters, digits and +=,.@_- with / paths).
+PRINCIPAL_ARN_PATTERN = r"^arn:aws[a-z-]*:iam::[0-9]{12}:(root|role/[A-Za-z0-9_+=,.@/-]+|user/[A-Za-z0-9_+=,.@/-]+)$"
+
 # Secrets Manager secret names: 1-512 of ASCII letters, digits and /_+=.@- (CreateSecret, Name).
 SECRET_NAME_PATTERN = r"^[A-Za-z0-9/_+=.@-]{1,512}$"
 
-_CIDR = re.compile(r"^(\d{1,3})\.(\d{1,3})\.(\d{1,3})\.(\d{1,3})/(\d{1,2})$")
+_CIDR = re.compile(r"([0-9]{1,3})\.([0-9]{1,3})\.([0-9]{1,3})\.([0-9]{1,3})/([0-9]{1,2})", re.ASCII)
 
 
 def _check_cidr(value: str) -> str:
     import ipaddress
 
-    if not _CIDR.match(value):
+    if not _CIDR.fullmatch(value):
         raise ValueError(f"{value!r} is not an IPv4 CIDR such as 10.40.0.0/16")
     try:
         net = ipaddress.IPv4Network(value, strict=True)
@@ -85,6 +101,14 @@ class Frozen(BaseModel):
 
     # No float field means infinity or NaN (`.inf` would pass every `gt=` bound).
     model_config = ConfigDict(frozen=True, extra="forbid", use_enum_values=False, allow_inf_nan=False)
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _strict_scalars(cls, value: object, info: ValidationInfo) -> object:
+        problem = scalar_problem(cls.model_fields[info.field_name].annotation, value)
+        if problem:
+            raise ValueError(problem)
+        return value
 
 
 # ---------------------------------------------------------------- enums
@@ -167,10 +191,10 @@ class ModelSpec(Frozen):
     @classmethod
     def _source_shape(cls, value: str) -> str:
         if value.startswith("s3://"):
-            if not re.match(r"^s3://[a-z0-9][a-z0-9.\-]{1,61}[a-z0-9](/.*)?$", value):
+            if not full_match(S3_URI_PATTERN, value):
                 raise ValueError(f"{value!r} is not an S3 URI such as s3://bucket/models/gpt2-xl/")
             return value
-        if not re.match(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$", value):
+        if not full_match(r"[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*", value):
             raise ValueError(f"{value!r} is neither an s3:// URI nor a hub id such as openai-community/gpt2-xl")
         return value
 
@@ -179,11 +203,15 @@ class ModelSpec(Frozen):
         return self.source.startswith("s3://")
 
 
+# A TensorRT-LLM release as its NGC image tags and PyPI versions write it (1.2.1, 1.2.0rc4, 0.21.0.post1).
+TAG_RELEASE_PATTERN = r"[0-9]+\.[0-9]+\.[0-9]+[a-z0-9.]*"
+
+
 class EngineSpec(Frozen):
     """How TensorRT-LLM builds and serves the model: the fleet-wide default."""
 
     tensorrt_llm_version: str = Field(
-        default="1.2.1", pattern=r"^\d+\.\d+\.\d+([a-z0-9.]*)?$",
+        default="1.2.1", pattern=rf"^{TAG_RELEASE_PATTERN}$",
         description="TensorRT-LLM release; part of the engine cache key.",
     )
     image: str = Field(
@@ -207,11 +235,16 @@ class EngineSpec(Frozen):
 
     @model_validator(mode="after")
     def _image_pins_version(self) -> "EngineSpec":
-        tag = self.image.rsplit(":", 1)[-1] if ":" in self.image.rsplit("/", 1)[-1] else ""
-        if tag and re.match(r"^\d+\.\d+\.\d+", tag) and not tag.startswith(self.tensorrt_llm_version):
+        reference = self.image.partition("@")[0]
+        tag = reference.rsplit(":", 1)[-1] if ":" in reference.rsplit("/", 1)[-1] else ""
+        # The release the tag names, whole: 1.2.1rc1 is another release than 1.2.1 (its engines are cached
+        # under the version, so a prefix match would file rc engines as the release's).
+        release = re.match(TAG_RELEASE_PATTERN, tag, re.ASCII)
+        if release and release.group(0) != self.tensorrt_llm_version:
             raise ValueError(
-                f"image tag {tag!r} does not match tensorrt_llm_version {self.tensorrt_llm_version!r}: "
-                "engines are tied to the TensorRT-LLM version that built them"
+                f"image tag {tag!r} is TensorRT-LLM {release.group(0)}, which does not match tensorrt_llm_version "
+                f"{self.tensorrt_llm_version!r}: engines are tied to the TensorRT-LLM version that built them; "
+                "allowed: a tag naming the same release, or a non-release tag pinned by image_digest"
             )
         return self
 
@@ -320,7 +353,7 @@ class ScalingSpec(Frozen):
 class ScheduledCapacity(Frozen):
     """One step of a daily capacity profile (UTC cron)."""
 
-    cron: str = Field(pattern=r"^(\S+\s+){4}\S+$", description="Five-field cron in UTC, e.g. '0 23 * * *'.")
+    cron: str = Field(pattern=r"^([!-~]+ +){4}[!-~]+$", description="Five-field cron in UTC, e.g. '0 23 * * *'.")
     min: int = Field(ge=0, le=1000)
     max: int = Field(ge=1, le=1000)
     desired: int | None = Field(default=None, ge=0, le=1000)
@@ -590,7 +623,7 @@ class Region(Frozen):
         for arn in value:
             if "*" in arn:
                 raise ValueError(f"{arn!r}: wildcard principals are not allowed; name each principal")
-            if not re.match(r"^arn:aws[a-z-]*:iam::\d{12}:(root|role/[\w+=,.@/-]+|user/[\w+=,.@/-]+)$", arn):
+            if not full_match(PRINCIPAL_ARN_PATTERN, arn):
                 raise ValueError(
                     f"{arn!r} is not an IAM principal ARN such as arn:aws:iam::111122223333:root or ...:role/name"
                 )
@@ -666,7 +699,7 @@ class Network(Frozen):
     @classmethod
     def _acm(cls, value: dict[str, str]) -> dict[str, str]:
         for region, arn in value.items():
-            if not re.match(rf"^arn:aws[a-z-]*:acm:{region}:\d{{12}}:certificate/[0-9a-f-]{{36}}$", arn):
+            if not full_match(rf"arn:aws[a-z-]*:acm:{re.escape(region)}:[0-9]{{12}}:certificate/[0-9a-f-]{{36}}", arn):
                 raise ValueError(f"{arn!r} is not an ACM certificate ARN in {region}")
         return value
 
@@ -687,18 +720,10 @@ class PlanDriftCheck(Frozen):
     @field_validator("schedule")
     @classmethod
     def _schedule(cls, value: str) -> str:
-        # EventBridge Scheduler, "Schedule types": rate(value unit) with unit minute(s)/hour(s)/day(s), or cron(6 fields).
-        rate = re.fullmatch(r"rate\((\d+) (minute|minutes|hour|hours|day|days)\)", value)
-        if rate:
-            n, unit = int(rate.group(1)), rate.group(2)
-            if n < 1 or (n == 1) != (not unit.endswith("s")):
-                raise ValueError(f"{value!r}: use rate(1 day) / rate(N days): singular unit for 1, plural above")
-            return value
-        cron = re.fullmatch(r"cron\(([^()]+)\)", value)
-        if cron and len(cron.group(1).split()) == 6:
-            return value
-        raise ValueError(f"{value!r} is not a schedule expression: use rate(1 day), rate(6 hours) or "
-                         "cron(minutes hours day-of-month month day-of-week year), e.g. cron(0 6 * * ? *)")
+        problem = schedule_problem(value)
+        if problem:
+            raise ValueError(f"{value!r}: {problem}")
+        return value
 
 
 class Operations(Frozen):
@@ -707,7 +732,7 @@ class Operations(Frozen):
     launch_hook_timeout_s: int = Field(default=3600, ge=30, le=7200, description="Heartbeat window of the launch hook.")
     build_failure_limit: int = Field(default=3, ge=1, le=100, description="Failed builds per cache key before the circuit breaker trips.")
     auto_approve_connections: bool = Field(default=False, description="Deploy the auto-approver Lambda for allowed accounts.")
-    alarm_email: str | None = Field(default=None, pattern=r"^[^@\s]+@[^@\s]+\.[^@\s]+$")
+    alarm_email: str | None = Field(default=None, pattern=r"^[!-?A-~]+@[!-?A-~]+\.[!-?A-~]+$")
     plan_drift_check: PlanDriftCheck | None = Field(
         default=None, description="Run the plan drift check on a schedule in each provider region (a Lambda in the "
         "provider stack): publishes PlanDrift and notifies the operations topic with the reason.")

@@ -1,26 +1,24 @@
 """Deploy readiness: what a valid config may still hold that cannot work in a real account.
 
-`fleetcast config validate --deploy` and `fleetcast deploy` (before any step runs) refuse
-
-- example account ids from AWS documentation (111122223333, 444455556666, 777788889999,
-  123456789012 and their kind: AWS's docs, e.g. the IAM User Guide's "IAM identifiers" page,
-  write account ids this way), wherever they occur: provider and consumer accounts, principal
-  ARNs, certificate ARNs;
-- the placeholder resource ids of the example config and of AWS documentation (VPC, subnet,
-  route table, endpoint service, AMI, capacity reservation ids built from runs such as
-  `0a1b2c3d4e5f...` or `1234567890abcdef`);
+`fleetcast config validate --deploy` and `fleetcast deploy` (before any step; a dry run exits 1) refuse
+the placeholders of AWS documentation and of `fleetcast config init`, recognized by rule (below):
+example account ids wherever they occur (account fields, principal ARNs, certificate ARNs), made-up
+resource ids (VPC, subnet, route table, endpoint service, AMI, capacity reservation), AWS's example
+bucket names, documentation mail domains and documentation CIDRs;
 
 and warn on a `latest` AMI (a new DLAMI rolls the fleet at the next deploy) and on a
 `model.revision` that is not a 40-hex commit (a branch or tag can move under the staged copy).
-With credentials for the provider account it also checks each configured AZ name -> AZ ID
-pair against ec2:DescribeAvailabilityZones: AZ names map to different physical zones per
-account, and consumers pick their subnets by AZ ID.
+With credentials for the provider account it also checks each configured AZ name -> AZ ID pair
+against ec2:DescribeAvailabilityZones (AZ names map to different physical zones per account, and
+consumers pick their subnets by AZ ID) and each pinned AMI id against ec2:DescribeImages in its own
+region (AMI ids are regional); without them it warns when two regions pin the same AMI id.
 
 `make synth` never runs these checks: synthesis of the example config stays offline and green.
 """
 
 from __future__ import annotations
 
+import ipaddress
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,24 +27,80 @@ from typing import Any, Iterator
 from .model import FleetConfig
 from .rules import ConfigIssue
 
-# Account ids AWS documentation uses in examples. The aaaabbbbcccc shape (three runs of four equal
-# digits) is AWS's own convention for example accounts; the rest are the sequences its older pages use.
-EXAMPLE_ACCOUNT_IDS = frozenset({"111122223333", "444455556666", "777788889999", "123456789012",
-                                 "012345678901", "210987654321", "098765432109"})
-_RUNS_OF_FOUR = re.compile(r"^(\d)\1{3}(\d)\2{3}(\d)\3{3}$")
-_ACCOUNT = re.compile(r"(?<!\d)(\d{12})(?!\d)")
-_RESOURCE_ID = re.compile(r"\b(vpc|subnet|rtb|vpce-svc|ami|cr|sg)-([0-9a-f]{8,17})\b")
-# Hex runs that documentation and the example config use for made-up ids; a real id is random hex.
-PLACEHOLDER_RUNS = ("0a1b2c3d", "1a2b3c4d", "0f1e2d3c", "1234567890abcdef", "0123456789abcdef", "fedcba9876543210")
-COMMIT = re.compile(r"^[0-9a-f]{40}$")
+# Placeholders are recognized by rule where one exists, so a new example in AWS's pages or in init's output is
+# caught without a list to keep:
+# - accounts: AWS's example convention of three runs of four equal digits (111122223333, 444455556666), one digit
+#   twelve times, or a run of consecutive digits (123456789012, 210987654321), as older pages write them;
+# - resource ids (vpc-, subnet-, ami-, ...): a real id is random hex; documentation and `fleetcast config init`
+#   write a run of seven or more equal or consecutive hex digits (init: vpc-00000000000000000; AWS:
+#   ami-0abcdef1234567890, vpc-1234567890abcdef0) or two interleaved counting runs (vpc-1a2b3c4d, 0f1e2d3c);
+#   of 10^6 random 17-digit ids, 4 look like that (tests/config/test_readiness.py measures it);
+# - buckets: AWS's documentation names (amzn-s3-demo-..., the older doc-example-..., examplebucket);
+# - e-mail: the domains reserved for documentation (RFC 2606: example.com/.net/.org, .example, .test,
+#   .invalid, .localhost);
+# - CIDRs: the IPv4 blocks reserved for documentation (RFC 5737: 192.0.2.0/24, 198.51.100.0/24,
+#   203.0.113.0/24), which `fleetcast config init` writes for the consumer ranges it cannot know.
+_ACCOUNT = re.compile(r"(?<![0-9])([0-9]{12})(?![0-9])", re.ASCII)
+_RESOURCE_ID = re.compile(r"\b(vpc|subnet|rtb|vpce-svc|ami|cr|sg)-([0-9a-f]{8,17})\b", re.ASCII)
+_BUCKET = re.compile(r"s3://([a-z0-9][a-z0-9.-]*)", re.ASCII)
+COMMIT = re.compile(r"[0-9a-f]{40}", re.ASCII)
+PLACEHOLDER_RUN = 7
+HEX = "0123456789abcdef"
+EXAMPLE_BUCKET_PREFIXES = ("amzn-s3-demo-", "doc-example-")
+EXAMPLE_BUCKETS = frozenset({"examplebucket", "example-bucket", "amzn-s3-demo-bucket"})
+DOCUMENTATION_DOMAINS = ("example.com", "example.net", "example.org")
+DOCUMENTATION_TLDS = ("example", "test", "invalid", "localhost")
+DOCUMENTATION_NETWORKS = tuple(ipaddress.IPv4Network(n) for n in ("192.0.2.0/24", "198.51.100.0/24", "203.0.113.0/24"))
+
+
+def _steps(text: str, alphabet: str, modulo: int) -> list[int]:
+    return [(alphabet.index(b) - alphabet.index(a)) % modulo for a, b in zip(text, text[1:])]
+
+
+def _longest_run(steps: list[int], allowed: set[int]) -> int:
+    """Characters in the longest stretch whose every step is one of `allowed`, all the same step."""
+    best = run = 1
+    for i, step in enumerate(steps):
+        run = run + 1 if step in allowed and i and steps[i - 1] == step else (2 if step in allowed else 1)
+        best = max(best, run)
+    return best
 
 
 def is_example_account(account: str) -> bool:
-    return account in EXAMPLE_ACCOUNT_IDS or bool(_RUNS_OF_FOUR.match(account)) or len(set(account)) == 1
+    if not (len(account) == 12 and account.isascii() and account.isdigit()):
+        return False
+    runs_of_four = all(len(set(account[i:i + 4])) == 1 for i in (0, 4, 8))
+    return runs_of_four or _longest_run(_steps(account, "0123456789", 10), {0, 1, 9}) == 12
 
 
 def is_placeholder_id(hex_part: str) -> bool:
-    return any(run in hex_part for run in PLACEHOLDER_RUNS)
+    hex_part = hex_part.lower()
+    # Equal or counting digits, in hex order or decimal order (1234567890: 9 -> 0 counts on).
+    if max(_longest_run(_steps(hex_part, HEX, 16), {0, 1, 15}),
+           _longest_run([s if a + b != "90" else 1 for s, a, b in zip(_steps(hex_part, HEX, 16), hex_part, hex_part[1:])],
+                        {1})) >= PLACEHOLDER_RUN:
+        return True
+    # Two interleaved counting runs of four or more each: 1a2b3c4d, 0f1e2d3c.
+    for start in range(len(hex_part) - 7):
+        window = hex_part[start:start + 8]
+        if all(_longest_run(_steps(window[k::2], HEX, 16), {1, 15}) == 4 for k in (0, 1)):
+            return True
+    return False
+
+
+def is_example_bucket(bucket: str) -> bool:
+    return bucket in EXAMPLE_BUCKETS or bucket.startswith(EXAMPLE_BUCKET_PREFIXES)
+
+
+def is_documentation_domain(domain: str) -> bool:
+    domain = domain.lower().rstrip(".")
+    return any(domain == d or domain.endswith("." + d) for d in DOCUMENTATION_DOMAINS) \
+        or domain.rsplit(".", 1)[-1] in DOCUMENTATION_TLDS
+
+
+def is_documentation_network(cidr: str) -> bool:
+    network = ipaddress.IPv4Network(cidr, strict=False)
+    return any(network.subnet_of(doc) for doc in DOCUMENTATION_NETWORKS)
 
 
 @dataclass(frozen=True)
@@ -126,6 +180,21 @@ def offline_findings(cfg: FleetConfig) -> Readiness:
                 refusals.append(ConfigIssue(path, f"{kind}-{hex_part} is a placeholder id (example config / AWS "
                                                   f"documentation), not a resource of any account; "
                                                   f"{_id_advice(path, kind)}"))
+        for bucket in _BUCKET.findall(value):
+            if is_example_bucket(bucket):
+                refusals.append(ConfigIssue(path, f"{bucket} is a bucket name of AWS's documentation examples, not "
+                                                  "your bucket; put the bucket that holds the data"))
+    for i, consumer in enumerate(cfg.consumers):
+        for j, cidr in enumerate(consumer.cidrs):
+            if is_documentation_network(cidr):
+                refusals.append(ConfigIssue(("consumers", i, "cidrs", j),
+                    f"{cidr} is reserved for documentation (RFC 5737; `fleetcast config init` writes it where it "
+                    "cannot know the consumer's ranges); put the consumer's client CIDRs"))
+    email = cfg.operations.alarm_email
+    if email and is_documentation_domain(email.rpartition("@")[2]):
+        refusals.append(ConfigIssue(("operations", "alarm_email"),
+            f"{email} is at a domain reserved for documentation (RFC 2606); no alarm would reach anyone: put a "
+            "mailbox your on-call reads"))
     warnings: list[ConfigIssue] = []
     for i, region in enumerate(cfg.regions):
         if region.ami.id == "latest":
@@ -133,7 +202,7 @@ def offline_findings(cfg: FleetConfig) -> Readiness:
                                         "`latest`: each deploy resolves the DLAMI's public SSM parameter, so a new "
                                         "DLAMI release rolls this region's pools at the next deploy; "
                                         "`fleetcast ami pin` fixes the ids"))
-    if not COMMIT.match(cfg.model.revision):
+    if not COMMIT.fullmatch(cfg.model.revision):
         warnings.append(ConfigIssue(("model", "revision"),
                                     f"{cfg.model.revision!r} is a branch or tag, not a 40-hex commit: the hub can move "
                                     "it, and engines are cached per revision; `fleetcast stage model` prints the "
@@ -141,22 +210,29 @@ def offline_findings(cfg: FleetConfig) -> Readiness:
     return Readiness(tuple(refusals), tuple(warnings))
 
 
-def zone_findings(cfg: FleetConfig, access: Any) -> tuple[list[ConfigIssue], list[str]]:
-    """AZ name -> AZ ID pairs against DescribeAvailabilityZones in the provider account.
+def provider_caller(cfg: FleetConfig, access: Any) -> tuple[str | None, str | None]:
+    """(provider.account, None) when `access` has that account's credentials, else (None, why not)."""
+    from fleetcast.connections.aws import AwsCallError
+
+    try:
+        caller = access.call("sts", cfg.regions[0].region, "GetCallerIdentity")["Account"]
+    except AwsCallError as exc:
+        return None, f"AZ name -> AZ ID pairs and pinned AMIs not checked: {exc}"
+    if caller != cfg.provider.account:
+        return None, (f"AZ name -> AZ ID pairs and pinned AMIs not checked: the credentials are for account "
+                      f"{caller}, not provider.account {cfg.provider.account} (AZ names map to zones per account, "
+                      "and an image shared with the provider account may be invisible to another)")
+    return caller, None
+
+
+def zone_findings(cfg: FleetConfig, access: Any, caller: str) -> tuple[list[ConfigIssue], list[str]]:
+    """AZ name -> AZ ID pairs against DescribeAvailabilityZones in the provider account (`caller`).
 
     Returns (refusals, notes). The check needs credentials for provider.account: AZ names are
     mapped per account, so another account's answer would prove nothing.
     """
     from fleetcast.connections.aws import AwsCallError
 
-    first = cfg.regions[0].region
-    try:
-        caller = access.call("sts", first, "GetCallerIdentity")["Account"]
-    except AwsCallError as exc:
-        return [], [f"AZ name -> AZ ID pairs not checked: {exc}"]
-    if caller != cfg.provider.account:
-        return [], [f"AZ name -> AZ ID pairs not checked: the credentials are for account {caller}, not "
-                    f"provider.account {cfg.provider.account} (AZ names map to zones per account)"]
     refusals: list[ConfigIssue] = []
     for i, region in enumerate(cfg.regions):
         try:
@@ -178,15 +254,66 @@ def zone_findings(cfg: FleetConfig, access: Any) -> tuple[list[ConfigIssue], lis
     return refusals, []
 
 
+# DescribeImages answers an id it does not know, or one that is not an id, with these codes (Amazon EC2 API
+# Reference, "Error codes for the Amazon EC2 API").
+AMI_NOT_FOUND_CODES = ("InvalidAMIID.NotFound", "InvalidAMIID.Unavailable", "InvalidAMIID.Malformed")
+
+
+def ami_findings(cfg: FleetConfig, access: Any) -> tuple[list[ConfigIssue], list[str]]:
+    """Each pinned AMI id against DescribeImages in its own region: AMI ids are regional, so an id copied from
+    another region's entry names no image there and every launch would fail."""
+    from fleetcast.connections.aws import AwsCallError
+
+    refusals: list[ConfigIssue] = []
+    notes: list[str] = []
+    for i, region in enumerate(cfg.regions):
+        ami = region.ami.id
+        if ami == "latest":
+            continue
+        try:
+            images = access.call("ec2", region.region, "DescribeImages", ImageIds=[ami])["Images"]
+        except AwsCallError as exc:
+            if exc.code not in AMI_NOT_FOUND_CODES:
+                notes.append(f"pinned AMI of {region.region} not checked: {exc}")
+                continue
+            images = []
+        if not images:
+            refusals.append(ConfigIssue(("regions", i, "ami", "id"),
+                f"{ami} is not an image the provider account can launch in {region.region}: AMI ids are regional "
+                f"(an id copied from another region names nothing here); `fleetcast ami pin --region "
+                f"{region.region}` writes this region's DLAMI id"))
+    return refusals, notes
+
+
+def shared_ami_warnings(cfg: FleetConfig) -> list[ConfigIssue]:
+    """Offline: two regions pinning one id is almost surely a copy (AMI ids are regional)."""
+    first: dict[str, str] = {}
+    out: list[ConfigIssue] = []
+    for i, region in enumerate(cfg.regions):
+        ami = region.ami.id
+        if ami == "latest":
+            continue
+        if ami in first:
+            out.append(ConfigIssue(("regions", i, "ami", "id"),
+                f"{ami} is also pinned in {first[ami]}; AMI ids are regional, so one id in two regions is almost "
+                f"surely a copy that names no image here; `fleetcast ami pin --region {region.region}` writes this "
+                "region's id (with credentials, --deploy checks each id in its region)"))
+        first.setdefault(ami, region.region)
+    return out
+
+
 def check_readiness(cfg: FleetConfig, access: Any | None) -> Readiness:
-    """Offline findings, plus the AZ check when `access` has credentials (None: skip it)."""
+    """Offline findings, plus the AZ and pinned-AMI checks when `access` has the provider account's
+    credentials (None: skip them, and warn about an AMI id pinned in two regions instead)."""
     found = offline_findings(cfg)
-    if access is None:
-        return Readiness(found.refusals, found.warnings,
-                         ("AZ name -> AZ ID pairs not checked: no AWS credentials (run with credentials for "
-                          f"provider.account {cfg.provider.account}, e.g. --profile)",))
-    refusals, notes = zone_findings(cfg, access)
-    return Readiness(found.refusals + tuple(refusals), found.warnings, tuple(notes))
+    caller, note = (None, "AZ name -> AZ ID pairs and pinned AMIs not checked: no AWS credentials (run with "
+                          f"credentials for provider.account {cfg.provider.account}, e.g. --profile)") \
+        if access is None else provider_caller(cfg, access)
+    if caller is None:
+        return Readiness(found.refusals, found.warnings + tuple(shared_ami_warnings(cfg)), (note,))
+    zones, zone_notes = zone_findings(cfg, access, caller)
+    amis, ami_notes = ami_findings(cfg, access)
+    return Readiness(found.refusals + tuple(zones) + tuple(amis), found.warnings, tuple(zone_notes + ami_notes))
 
 
 def line_index(path: str | Path) -> dict[tuple, int]:

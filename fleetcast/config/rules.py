@@ -6,6 +6,7 @@ never stopping at the first.
 
 from __future__ import annotations
 
+import difflib
 import ipaddress
 import re
 import unicodedata
@@ -42,7 +43,42 @@ def check(cfg: FleetConfig) -> list[ConfigIssue]:
     issues += _consumers(cfg)
     for rule in AWS_LIMIT_RULES:
         issues += rule(cfg)
-    return issues
+    return _unknown_regions_once(cfg, issues)
+
+
+def _unknown_regions_once(cfg: FleetConfig, issues: list[ConfigIssue]) -> list[ConfigIssue]:
+    """An unknown region is one problem, "unknown region", not the AZs, instance offers and PrivateLink pairs
+    that follow from it: the other issues of the entry that names it (and those quoting it) are left out."""
+    known = catalog.known_regions()
+    unknown: list[ConfigIssue] = []
+    entries: set[Path] = set()
+    names: set[str] = set()
+
+    def note(path: Path, region: str, entry: Path) -> None:
+        if region in known:
+            return
+        close = difflib.get_close_matches(region, sorted(known), n=1, cutoff=0.8)
+        unknown.append(ConfigIssue(path, f"{region!r} is an unknown region: no AWS partition has it (botocore's "
+                                         "region list" + (f"; did you mean {close[0]}?)" if close else ")") +
+                                         "; allowed: an AWS region code such as ap-northeast-2"))
+        entries.add(entry)
+        names.add(region)
+
+    for i, region in enumerate(cfg.regions):
+        note(("regions", i, "region"), region.region, ("regions", i))
+        for j, other in enumerate(region.allowed_regions):
+            note(("regions", i, "allowed_regions", j), other, ("regions", i, "allowed_regions", j))
+    for i, consumer in enumerate(cfg.consumers):
+        note(("consumers", i, "region"), consumer.region, ("consumers", i))
+    for region in cfg.network.tls_certificate_arns:
+        note(("network", "tls_certificate_arns", region), region, ("network", "tls_certificate_arns", region))
+    if not unknown:
+        return issues
+
+    def follows(issue: ConfigIssue) -> bool:
+        return any(tuple(issue.path[:len(e)]) == e for e in entries) or any(repr(n) in issue.message or
+                                                                             f" {n}" in issue.message for n in names)
+    return unknown + [i for i in issues if not follows(i)]
 
 
 def _model_limits(cfg: FleetConfig) -> list[ConfigIssue]:
@@ -366,10 +402,15 @@ def _warm_pools(cfg: FleetConfig) -> list[ConfigIssue]:
     out: list[ConfigIssue] = []
     for j, region in enumerate(cfg.regions):
         for k, pool in enumerate(region.pools):
-            if pool.warm_pool.size > pool.capacity.max:
+            # The warm pool belongs to the On-Demand group; with a spot tier that group holds at most the
+            # On-Demand fallback ceiling (stacks/gpu_fleet.py, stacks/fleet_spot.py), not capacity.max.
+            ceiling, what = ((pool.on_demand_fallback_max, "the On-Demand ceiling of this Spot pool "
+                              "(spot.on_demand_fallback_max, default capacity.max)") if pool.spot is not None
+                             else (pool.capacity.max, "capacity.max"))
+            if pool.warm_pool.size > ceiling:
                 out.append(ConfigIssue(("regions", j, "pools", k, "warm_pool", "size"),
-                    f"warm pool of {pool.warm_pool.size} is larger than capacity.max {pool.capacity.max}: instances "
-                    f"beyond max could never be put in service; allowed: 0..{pool.capacity.max}"))
+                    f"warm pool of {pool.warm_pool.size} is larger than {what} {ceiling}: instances "
+                    f"beyond it could never be put in service; allowed: 0..{ceiling}"))
     return out
 
 
@@ -491,7 +532,64 @@ def _config_parameter_size(cfg: FleetConfig) -> list[ConfigIssue]:
                             "pools, or split the fleet into several configs")]
 
 
-AWS_LIMIT_RULES = (_accounts, _network_overlaps, _subnet_space, _subnets, _warm_pools, _scaling_targets, _tags,
+# Below a millisecond no served model answers through a network hop, and the SLO alarms would fire on every
+# request (blocking every instance refresh): such a value is seconds written where milliseconds belong.
+SLO_FLOOR_MS = 1.0
+
+
+def _slo_units(cfg: FleetConfig) -> list[ConfigIssue]:
+    out = []
+    for field in ("ttft_p99_ms", "itl_p99_ms"):
+        value = getattr(cfg.slo, field)
+        if value < SLO_FLOOR_MS:
+            out.append(ConfigIssue(("slo", field),
+                f"{value:g} ms is below {SLO_FLOOR_MS:g} ms, faster than any model answers across a network: is it "
+                f"seconds? {value:g} s is {value * 1000:g} ms; allowed: milliseconds, at least {SLO_FLOOR_MS:g}"))
+    return out
+
+
+def _calibration_dataset(cfg: FleetConfig) -> list[ConfigIssue]:
+    """The dataset is the prefix `fleetcast stage calibration --name NAME` writes (calibration/NAME/, with its
+    manifest): instances read that key prefix in their own region's bucket (runtime/staged.py), so a bare
+    bucket or one file of the set is a prefix with no manifest, which they would wait on forever."""
+    from fleetcast.staging.manifest import calibration_prefix
+
+    if cfg.calibration is None or _s3_key_problem(cfg.calibration.dataset):
+        return []  # a malformed key is blamed once, by _path_segments
+    uri = cfg.calibration.dataset
+    bucket, _, key = uri[len("s3://"):].partition("/")
+    segments = key.strip("/").split("/") if key.strip("/") else []
+    if len(segments) == 2 and key.rstrip("/") + "/" == calibration_prefix(segments[1]):
+        return []
+    name = segments[1] if len(segments) > 1 and segments[0] == "calibration" else "NAME"
+    shown = "the bucket alone" if not segments else (f"the file {segments[-1]!r} of a set"
+                                                      if "." in segments[-1] else f"the prefix {key!r}")
+    return [ConfigIssue(("calibration", "dataset"),
+        f"{uri} names {shown}; instances read the staged set's prefix, which `fleetcast stage calibration --name "
+        f"NAME` writes: allowed: s3://{bucket}/{calibration_prefix(name)}")]
+
+
+# Lambda CreateFunction, Description: "Maximum length of 256" (botocore's lambda model, shape Description).
+LAMBDA_DESCRIPTION_MAX = 256
+
+
+def _lambda_descriptions(cfg: FleetConfig) -> list[ConfigIssue]:
+    """The drift check's Lambda description quotes the schedule: a long one overflows it only at deploy."""
+    from fleetcast.contract.names import plan_drift_description
+
+    check = cfg.operations.plan_drift_check
+    if check is None:
+        return []
+    longest = max(len(plan_drift_description(cfg.name, r.region, check.schedule)) for r in cfg.regions)
+    if longest <= LAMBDA_DESCRIPTION_MAX:
+        return []
+    room = len(check.schedule) - (longest - LAMBDA_DESCRIPTION_MAX)
+    return [ConfigIssue(("operations", "plan_drift_check", "schedule"),
+        f"the drift check's Lambda description quotes the schedule and would be {longest} characters; Lambda takes "
+        f"at most {LAMBDA_DESCRIPTION_MAX}: allowed: a schedule of at most {room} characters for this fleet name")]
+
+
+AWS_LIMIT_RULES = (_slo_units, _lambda_descriptions, _calibration_dataset, _accounts, _network_overlaps, _subnet_space, _subnets, _warm_pools, _scaling_targets, _tags,
                    _endpoint_service_names, _path_segments, _config_parameter_size)
 
 
@@ -499,9 +597,10 @@ AWS_LIMIT_RULES = (_accounts, _network_overlaps, _subnet_space, _subnets, _warm_
 # containerd parse `engine.image` with on the instance: name [":" tag] ["@" digest], name <= 255 chars.
 _DOMAIN_COMPONENT = r"(?:[a-zA-Z0-9]|[a-zA-Z0-9][a-zA-Z0-9-]*[a-zA-Z0-9])"
 _PATH_COMPONENT = r"[a-z0-9]+(?:(?:[_.]|__|-+)[a-z0-9]+)*"
-_IMAGE_NAME = re.compile(rf"^(?:{_DOMAIN_COMPONENT}(?:\.{_DOMAIN_COMPONENT})*(?::[0-9]+)?/)?"
-                         rf"{_PATH_COMPONENT}(?:/{_PATH_COMPONENT})*$")
-_IMAGE_TAG = re.compile(r"^[\w][\w.-]{0,127}$")
+_IMAGE_NAME = re.compile(rf"(?:{_DOMAIN_COMPONENT}(?:\.{_DOMAIN_COMPONENT})*(?::[0-9]+)?/)?"
+                         rf"{_PATH_COMPONENT}(?:/{_PATH_COMPONENT})*", re.ASCII)
+_IMAGE_TAG = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}", re.ASCII)
+_IMAGE_DIGEST = re.compile(r"[A-Za-z][A-Za-z0-9]*(?:[-_+.][A-Za-z][A-Za-z0-9]*)*:[0-9a-fA-F]{32,}", re.ASCII)
 IMAGE_NAME_MAX = 255
 
 
@@ -514,13 +613,13 @@ def _image_reference(cfg: FleetConfig) -> list[ConfigIssue]:
     if ":" in last:
         name, tag = rest.rsplit(":", 1)
     problem = None
-    if not _IMAGE_NAME.match(name):
+    if not _IMAGE_NAME.fullmatch(name):
         problem = "the repository part uses lower-case letters, digits and . _ - separators between path components"
     elif len(name) > IMAGE_NAME_MAX:
         problem = f"the repository name is {len(name)} characters; at most {IMAGE_NAME_MAX}"
-    elif tag and not _IMAGE_TAG.match(tag):
+    elif tag and not _IMAGE_TAG.fullmatch(tag):
         problem = "a tag is 1-128 of letters, digits, _ . - and does not start with . or -"
-    elif digest and not re.match(r"^[A-Za-z][A-Za-z0-9]*(?:[-_+.][A-Za-z][A-Za-z0-9]*)*:[0-9a-fA-F]{32,}$", digest):
+    elif digest and not _IMAGE_DIGEST.fullmatch(digest):
         problem = "a digest is algorithm:hex, e.g. sha256:<64 hex digits>"
     if problem is None:
         return []

@@ -9,3 +9,8 @@ def provider_stack_name(fleet: str, region: str) -> str:
 
 def consumer_stack_name(fleet: str, consumer: str) -> str:
     return f"{fleet}-consumer-{consumer}"
+
+
+def plan_drift_description(fleet: str, region: str, schedule: str) -> str:
+    """The drift-check Lambda's description (stacks/plan_drift.py); validate checks it fits Lambda's limit."""
+    return f"{fleet}: plan drift check in {region} ({schedule})"

@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import io
+import random
 from pathlib import Path
 
 import boto3
@@ -22,7 +23,7 @@ from botocore.stub import Stubber
 from ruamel.yaml import YAML
 
 from fleetcast.config import parse_config
-from fleetcast.config.readiness import check_readiness, is_example_account, offline_findings
+from fleetcast.config.readiness import check_readiness, is_example_account, is_placeholder_id, offline_findings
 from fleetcast.aws_session import AwsSession
 from scripts import cli
 from tests.ready_config import DEFAULT, PROVIDER
@@ -113,7 +114,12 @@ def test_plain_validate_stays_offline_and_quiet_about_readiness():
 # ---------------------------------------------------------------- AZ name -> AZ ID, with credentials
 
 
-def zones_access(account: str, zones: dict[str, dict[str, str]]) -> tuple[AwsSession, list[Stubber]]:
+def zones_access(account: str, zones: dict[str, dict[str, str]],
+                 images: dict[str, tuple[str, ...]] | None = None) -> tuple[AwsSession, list[Stubber]]:
+    """Stubbed STS and per-region EC2: `zones` answers DescribeAvailabilityZones; `images` the pinned AMIs each
+    region's DescribeImages knows (ready_doc's by default), "!ami-..." for one it answers NotFound."""
+    if images is None:
+        images = {r["region"]: (r["ami"]["id"],) for r in real_doc()["regions"] if r["region"] in zones}
     session = boto3.Session(aws_access_key_id="testing", aws_secret_access_key="testing", aws_session_token="testing")
     access = AwsSession(boto_session=session, sleep=lambda s: None)
     sts = session.client("sts", region_name="ap-northeast-2")
@@ -127,6 +133,13 @@ def zones_access(account: str, zones: dict[str, dict[str, str]]) -> tuple[AwsSes
         stub.add_response("describe_availability_zones", {"AvailabilityZones": [
             {"ZoneName": name, "ZoneId": zone_id, "RegionName": region, "State": "available", "ZoneType": "availability-zone"}
             for name, zone_id in mapping.items()]}, {})
+        for ami in (images or {}).get(region, ()):
+            if ami.startswith("!"):  # DescribeImages's answer for an id the region does not have
+                stub.add_client_error("describe_images", "InvalidAMIID.NotFound", f"The image id '[{ami[1:]}]' does "
+                                      "not exist", expected_params={"ImageIds": [ami[1:]]})
+            else:
+                stub.add_response("describe_images", {"Images": [{"ImageId": ami, "State": "available"}]},
+                                  {"ImageIds": [ami]})
         access.set_client("ec2", region, ec2)
         stubs.append(stub)
     for stub in stubs:
@@ -187,8 +200,20 @@ def test_deploy_dry_run_shows_the_problems_and_still_prints_the_plan(monkeypatch
 
     ran = []
     monkeypatch.setattr(fleetcast.deploy, "execute", lambda steps, **k: ran.append(k["dry_run"]))
-    code, out, _ = run("deploy", "--config", str(DEFAULT), "--dry-run")
-    assert code == 0 and ran == [True] and "not ready to deploy" in out
+    code, out, err = run("deploy", "--config", str(DEFAULT), "--dry-run")
+    # A pipeline gating on the dry run must not pass: exit 1, as the deploy itself would (issue 25, section 3).
+    assert code == 1 and ran == [True] and "not ready to deploy" in out
+    assert "a deploy would stop before its first step" in err and "Traceback" not in err
+
+
+def test_deploy_dry_run_of_a_ready_config_exits_0(monkeypatch, tmp_path):
+    import fleetcast.deploy
+
+    target = tmp_path / "fleet.yaml"
+    YAML().dump(real_doc(), target)
+    monkeypatch.setattr(fleetcast.deploy, "execute", lambda steps, **k: None)
+    code, out, _ = run("deploy", "--config", str(target), "--dry-run")
+    assert code == 0 and "not ready" not in out
 
 
 def test_deploy_of_a_ready_config_proceeds(monkeypatch, tmp_path):
@@ -213,3 +238,94 @@ def test_accounts_are_read_from_account_fields_and_arns_only():
     doc["engine"]["image_digest"] = "sha256:" + "ab" + "111122223333" + "c" * 50
     [issue] = offline_findings(parse_config(doc)).refusals
     assert issue.dotted == "network.tls_certificate_arns.ap-northeast-2" and "111122223333" in issue.message
+
+
+# ---------------------------------------------------------------- placeholders by rule (issue 25, section 3)
+
+
+def test_config_init_output_is_not_ready_until_every_placeholder_is_replaced(tmp_path):
+    """init's own ids (vpc-000..., subnet-000...) and consumer CIDRs (RFC 5737 blocks) are recognized, even with
+    real-looking accounts: before, `--deploy` called init's output ready."""
+    out = tmp_path / "fleet.yaml"
+    assert cli.main(["config", "init", "--account", PROVIDER, "--regions", "ap-northeast-2,us-east-1",
+                     "--consumer", "voice-app=502118763940", "--consumer", "analytics=617245309881@us-west-2",
+                     "--out", str(out)]) == 0
+    text = out.read_text()
+    code, report, _ = run("config", "validate", "--deploy", str(out))
+    assert code == 1 and "not ready to deploy" in report
+    flagged = {line.split(" (line")[0].strip("- ").strip() for line in report.splitlines() if line.startswith("  - ")}
+    replace_lines = [line for line in text.splitlines() if "REPLACE:" in line]
+    assert len(replace_lines) == 2 * 3  # vpc_id, subnets, cidrs per consumer
+    for i in range(2):
+        assert {f"consumers[{i}].vpc_id", f"consumers[{i}].subnets[0].id", f"consumers[{i}].subnets[1].id",
+                f"consumers[{i}].cidrs[0]"} <= flagged, report
+
+
+@pytest.mark.parametrize("hex_part", ["00000000000000000", "00000001000000000", "0abcdef1234567890",
+                                      "1234567890abcdef0", "1a2b3c4d", "0f1e2d3c", "12345678", "fedcba9876543210f"])
+def test_documentation_and_init_resource_ids_are_placeholders(hex_part):
+    # ami-0abcdef1234567890 and ami-1234567890abcdef0: the EC2 User Guide's and API Reference's example ids.
+    assert is_placeholder_id(hex_part)
+
+
+def test_random_ids_are_almost_never_taken_for_placeholders():
+    """The rule's cost: how many real (random) 17-digit ids it would refuse; the comment in readiness.py states it."""
+    rng = random.Random(25)
+    ids = ["".join(rng.choice("0123456789abcdef") for _ in range(17)) for _ in range(200_000)]
+    flagged = sum(map(is_placeholder_id, ids))
+    assert flagged <= 5, flagged  # 4e-6 measured over 10^6; a run of 6 instead of 7 flags ~12 here
+    for value in ("0c9e2b71f4d8a3056", "07d5e1c3b9a2f4861", "0d93f1a7c2e4b6085", "a01106c2"):
+        assert not is_placeholder_id(value)
+
+
+@pytest.mark.parametrize("account", ["012345678901", "210987654321", "098765432109", "999999999999"])
+def test_counting_and_repeated_digit_accounts_are_examples_by_rule(account):
+    assert is_example_account(account)
+
+
+@pytest.mark.parametrize("field,value,expected", [
+    (("model", "source"), "s3://amzn-s3-demo-bucket/models/gpt2-xl/", "bucket name of AWS's documentation"),
+    (("model", "source"), "s3://doc-example-bucket/models/", "bucket name of AWS's documentation"),
+    (("operations", "alarm_email"), "oncall@example.com", "reserved for documentation"),
+    (("operations", "alarm_email"), "ops@alerts.example.org", "reserved for documentation"),
+    (("operations", "alarm_email"), "ops@fleet.test", "reserved for documentation"),
+])
+def test_documentation_buckets_and_mail_domains_are_refused(field, value, expected):
+    doc = real_doc()
+    doc.setdefault(field[0], {})[field[1]] = value
+    [issue] = offline_findings(parse_config(doc)).refusals
+    assert issue.dotted == ".".join(field) and expected in issue.message
+
+
+def test_documentation_cidrs_are_refused_and_private_ranges_are_not():
+    doc = real_doc()
+    doc["consumers"][0]["cidrs"] = ["10.60.0.0/16", "198.51.100.128/25"]
+    [issue] = offline_findings(parse_config(doc)).refusals
+    assert issue.dotted == "consumers[0].cidrs[1]" and "RFC 5737" in issue.message
+
+
+# ---------------------------------------------------------------- pinned AMIs are regional
+
+
+def test_a_pinned_ami_the_region_does_not_have_is_refused_with_credentials():
+    # us-east-1 pins Seoul's id: DescribeImages in us-east-1 answers InvalidAMIID.NotFound.
+    doc = real_doc()
+    seoul_ami = doc["regions"][0]["ami"]["id"]
+    doc["regions"][1]["ami"]["id"] = seoul_ami
+    access, stubs = zones_access(PROVIDER, {"ap-northeast-2": SEOUL, "us-east-1": VIRGINIA},
+                                 images={"ap-northeast-2": (seoul_ami,), "us-east-1": ("!" + seoul_ami,)})
+    result = check_readiness(parse_config(doc), access)
+    [issue] = result.refusals
+    assert issue.dotted == "regions[1].ami.id" and "regional" in issue.message and "us-east-1" in issue.message
+    for stub in stubs:
+        stub.assert_no_pending_responses()
+
+
+def test_without_credentials_one_ami_pinned_in_two_regions_is_a_warning():
+    doc = real_doc()
+    doc["regions"][1]["ami"]["id"] = doc["regions"][0]["ami"]["id"]
+    result = check_readiness(parse_config(doc), None)
+    assert result.ready
+    [warning] = [w for w in result.warnings if w.dotted == "regions[1].ami.id"]
+    assert "also pinned in ap-northeast-2" in warning.message
+    assert not [w for w in check_readiness(parse_config(real_doc()), None).warnings if "also pinned" in w.message]

@@ -292,7 +292,7 @@ def test_two_consumer_regions_plan_and_write_together(capsys, fleet, tmp_path):
     east = (SEED / "traffic-us-east-1.yaml").read_text().split("consumers:\n", 1)[1]
     traffic.write_text(seoul + east)
     # fp8 is calibrated: give the config a staged calibration dataset so the g7e fp8 choice validates.
-    fleet.write_text(fleet.read_text().replace("\nslo:", "\ncalibration:\n  dataset: s3://fleetcast-staging/calib/\n\nslo:", 1)
+    fleet.write_text(fleet.read_text().replace("\nslo:", "\ncalibration:\n  dataset: s3://fleetcast-staging/calibration/lambada/\n\nslo:", 1)
                      # The Virginia pool fixes its size: the plan keeps that choice, at the day's mean.
                      .replace("capacity: {min: 1, max: 4}", "capacity: {min: 1, desired: 1, max: 4}", 1))
     code, out, err = plan(capsys, "--results", RESULTS, "--traffic", str(traffic), "--config", str(fleet), *SLO,

@@ -55,7 +55,7 @@ def test_report_and_write_config_follow_the_pooled_fleet(tmp_path, capsys):
     fleet = tmp_path / "fleet.yaml"
     shutil.copy(ROOT / "config" / "fleet.yaml", fleet)
     # Calibrated precisions need a staged dataset: give the config one, whatever the plan picks.
-    fleet.write_text(fleet.read_text().replace("\nslo:", "\ncalibration:\n  dataset: s3://fleetcast-staging/calib/\n\nslo:", 1))
+    fleet.write_text(fleet.read_text().replace("\nslo:", "\ncalibration:\n  dataset: s3://fleetcast-staging/calibration/lambada/\n\nslo:", 1))
     code = main(["plan", "--results", RESULTS, "--traffic", str(path), "--config", str(fleet), "--ttft-p99-ms", "300",
                  "--itl-p99-ms", "40", "--min-instances", "1", "--json", "--write-config", str(fleet)])
     out, err = capsys.readouterr()

@@ -1,0 +1,88 @@
+"""EventBridge schedule expressions (operations.plan_drift_check.schedule), by EventBridge's documented grammar.
+
+Source: Amazon EventBridge User Guide, "Setting a schedule pattern for scheduled rules"
+(https://docs.aws.amazon.com/eventbridge/latest/userguide/eb-scheduled-rule-pattern.html): six cron fields
+with their ranges and wildcards, and "You can't specify the Day-of-month and Day-of-week fields in the same
+cron expression"; "Rate expressions reference" (eb-rate-expressions.html): a positive value, singular unit for
+1. The PutRule ScheduleExpression and the Lambda Description limits (256 each) are read from botocore's models.
+Each refused expression below passed the old field count and failed only when the provider stack deployed.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import botocore.loaders
+import pytest
+
+from fleetcast.config.rules import LAMBDA_DESCRIPTION_MAX
+from fleetcast.config.schedule import EXPRESSION_MAX, schedule_problem
+
+from .conftest import problems
+
+
+@pytest.mark.parametrize("expression", [
+    "rate(1 minute)", "rate(5 minutes)", "rate(1 hour)", "rate(6 hours)", "rate(1 day)", "rate(365 days)",
+    "cron(0 6 * * ? *)", "cron(15 10 ? * 6L 2019-2022)", "cron(0/15 * ? * MON-FRI *)", "cron(0 10 L * ? *)",
+    "cron(0 10 ? * 3#2 *)", "cron(0 10 3W * ? *)", "cron(0 8 1 JAN-MAR ? *)", "cron(5,35 14 * * ? *)",
+    "cron(0 18 ? * MON-FRI *)", "cron(0 0 ? * SUN *)",
+])
+def test_documented_expressions_are_accepted(expression):
+    # The EventBridge page's own examples among them: cron(15 10 ? * 6L 2019-2022), cron(0/15 * ? * MON-FRI *).
+    assert schedule_problem(expression) is None
+
+
+@pytest.mark.parametrize("expression,expected", [
+    ("cron(0 25 * * ? *)", "Hours 25 is out of range"),
+    ("cron(60 6 * * ? *)", "Minutes 60 is out of range"),
+    ("cron(0 6 * * * *)", "one of Day-of-month and Day-of-week must be ?"),
+    ("cron(0 6 ? * ? *)", "one of Day-of-month and Day-of-week must be ?"),
+    ("cron(0 6 * * ? * *)", "cron has 7 fields"),
+    ("cron(0 6 * * ?)", "cron has 5 fields"),
+    ("cron(0 \u0666 * * ? *)", "Hours '\u0666' is not a value"),
+    ("cron(0 6 32 * ? *)", "Day-of-month 32 is out of range"),
+    ("cron(0 6 ? 13 MON *)", "Month 13 is out of range"),
+    ("cron(0 6 ? * 8 *)", "Day-of-week 8 is out of range"),
+    ("cron(0 6 ? * 3#6 *)", "week of the month"),
+    ("cron(0 6 ? * 3#1,6#3 *)", "with # the field holds one expression"),
+    ("cron(0 6 * * ? 1969)", "Year 1969 is out of range"),
+    ("cron(0/0 6 * * ? *)", "increment after / is a positive"),
+    ("cron(0 ? * * ? *)", "Hours cannot be ?"),
+    ("rate(99999999999 days)", "longer than a year"),
+    ("rate(\u0665 minutes)", "not a schedule expression"),
+    ("rate(1 hours)", "singular for 1"),
+    ("rate(5 hour)", "singular for 1"),
+    ("rate(0 days)", "positive"),
+    ("rate(2 weeks)", "rate unit 'weeks'"),
+    ("daily", "not a schedule expression"),
+    ("cron(0 6 * * ? *)\n", "not a schedule expression"),
+])
+def test_expressions_eventbridge_refuses_are_refused_with_the_reason(expression, expected):
+    problem = schedule_problem(expression)
+    assert problem is not None and expected in problem, problem
+
+
+def test_the_length_limits_are_the_api_models():
+    loader = botocore.loaders.create_loader()
+    assert loader.load_service_model("events", "service-2")["shapes"]["ScheduleExpression"]["max"] == EXPRESSION_MAX
+    assert loader.load_service_model("lambda", "service-2")["shapes"]["Description"]["max"] == LAMBDA_DESCRIPTION_MAX
+
+
+def test_a_schedule_that_overflows_the_lambda_description_is_refused_at_validate(doc):
+    # Valid by the grammar, 250 characters: the drift Lambda's description quotes it and would pass 256.
+    minutes = ",".join(str(m) for m in range(0, 60))
+    hours = ",".join(str(h) for h in range(0, 24))
+    schedule = f"cron({minutes} {hours} ? * MON-FRI *)"
+    assert schedule_problem(schedule) is None and len(schedule) <= EXPRESSION_MAX
+    doc["operations"]["plan_drift_check"] = {"schedule": schedule}
+    [problem] = problems(doc)
+    assert problem.startswith("operations.plan_drift_check.schedule:") and "Lambda takes at most 256" in problem
+    fits = copy.deepcopy(doc)
+    fits["operations"]["plan_drift_check"] = {"schedule": "cron(0,30 6 ? * MON-FRI *)"}
+    assert problems(fits) == []
+
+
+def test_a_refused_schedule_names_the_field(doc):
+    doc["operations"]["plan_drift_check"] = {"schedule": "cron(0 25 * * ? *)"}
+    [problem] = problems(doc)
+    assert problem.startswith("operations.plan_drift_check.schedule:") and "Hours 25" in problem
