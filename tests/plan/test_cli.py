@@ -210,11 +210,11 @@ def test_a_calibrated_pick_without_a_staged_set_is_refused_before_writing_naming
 
 
 def test_a_calibrated_pick_is_written_where_the_config_names_a_staged_set(capsys, fleet):
-    fleet.write_text(fleet.read_text().replace("\nslo:", "\ncalibration:\n  dataset: s3://fleetcast-staging/calib/\n\nslo:", 1))
+    fleet.write_text(fleet.read_text().replace("\nslo:", "\ncalibration:\n  dataset: s3://fleetcast-staging/calibration/lambada/\n\nslo:", 1))
     code, out, err = plan(capsys, "--results", RESULTS, "--traffic", str(SEED / "traffic-us-east-1.yaml"),
                           "--config", str(fleet), *SLO, "--write-config", str(fleet))
     assert code == 0, err
-    assert "note: g7e.2xlarge fp8 in us-east-1: fp8 is calibrated" in out and "s3://fleetcast-staging/calib/" in out
+    assert "note: g7e.2xlarge fp8 in us-east-1: fp8 is calibrated" in out and "s3://fleetcast-staging/calibration/lambada/" in out
     from fleetcast.config import load_config
 
     cfg = load_config(fleet)
@@ -226,7 +226,7 @@ def test_a_calibrated_pick_is_written_where_the_config_names_a_staged_set(capsys
 def test_write_config_from_arrivals_writes_the_config_and_a_baseline_the_same_traffic_fits(capsys, fleet, example):
     """The README's recommended method (a profile of arrivals): the config and its drift baseline are both
     written, and checking the traffic the plan was made from finds no drift."""
-    fleet.write_text(fleet.read_text().replace("\nslo:", "\ncalibration:\n  dataset: s3://fleetcast-staging/calib/\n\nslo:", 1))
+    fleet.write_text(fleet.read_text().replace("\nslo:", "\ncalibration:\n  dataset: s3://fleetcast-staging/calibration/lambada/\n\nslo:", 1))
     traffic = str(ROOT / "examples" / "plan" / example)
     code, out, err = plan(capsys, "--results", RESULTS, "--traffic", traffic, "--config", str(fleet),
                           "--write-config", str(fleet))
@@ -257,7 +257,7 @@ def test_the_report_promises_the_pooled_fleet_only_where_the_write_does_it(capsy
     from .conftest import east_and_west_traffic
 
     traffic = east_and_west_traffic(tmp_path, '{"0-24": 100}', '{"0-24": 0.5}')
-    fleet.write_text(fleet.read_text().replace("\nslo:", "\ncalibration:\n  dataset: s3://fleetcast-staging/calib/\n\nslo:", 1))
+    fleet.write_text(fleet.read_text().replace("\nslo:", "\ncalibration:\n  dataset: s3://fleetcast-staging/calibration/lambada/\n\nslo:", 1))
     args = ["--results", RESULTS, "--traffic", str(traffic), *SLO, "--min-instances", "1"]
     code, out, _ = plan(capsys, *args, "--config", str(fleet), "--write-config", str(fleet))
     assert code == 0 and "Fleet (what --write-config writes):" in out
