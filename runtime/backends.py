@@ -5,7 +5,7 @@ Both present the same face to the bootstrap:
     needs_model/calibration  -> what to download before a build
     check(cc, gpu_name)      -> refuse unsupported combinations before any download
     build(model, calib, workdir) -> artifact directory (uploaded to the cache as is)
-    server_command(artifact, host, port) -> argv of the OpenAI-compatible server
+    server_command(artifact, host, port, kv_cache_bytes) -> argv of the OpenAI-compatible server
     server_env()             -> its environment (None: the runtime's)
 
 The reference backend (runtime.reference, PyTorch) exists because TensorRT-LLM
@@ -42,7 +42,7 @@ class ServingBackend(Protocol):
 
     def build(self, model_dir: Path | None, calib_dir: Path | None, workdir: Path) -> Path: ...
 
-    def server_command(self, artifact: Path, host: str, port: int) -> list[str]: ...
+    def server_command(self, artifact: Path, host: str, port: int, kv_cache_bytes: int | None = None) -> list[str]: ...
 
     def server_env(self) -> dict[str, str] | None: ...
 
@@ -53,13 +53,14 @@ class ReferenceBackend:
     name = "reference"
 
     def __init__(self, cfg: FleetConfig, engine: EngineSpec, size: str = "tiny", seed: int = 0,
-                 device: str = "cpu", drain_timeout_s: float | None = None):
+                 device: str = "cpu", drain_timeout_s: float | None = None, model=None):  # noqa: ANN001
         from .reference.build import FORMAT
         from .reference.configs import SIZES
 
         if size not in SIZES:
             raise UserError(f"FLEETCAST_REFERENCE_SIZE: {size!r} is not a reference model size; allowed: {', '.join(SIZES)}")
         self.cfg, self.engine = cfg, engine
+        self.model = model if model is not None else cfg.model
         self.size, self.seed, self.device = size, seed, device
         # The generated weights depend on all of these, so they belong in the cache key.
         self.version = f"{FORMAT}:{size}:seed{seed}:{device}"
@@ -77,10 +78,10 @@ class ReferenceBackend:
         from .reference.configs import shape_for
 
         shape = shape_for(self.size)
-        m = self.cfg.model
+        m = self.model
         if m.max_input_len + m.max_output_len > shape.n_positions:
             raise UserError(
-                f"model.max_input_len + model.max_output_len = {m.max_input_len + m.max_output_len} exceeds the "
+                f"{m.id}: max_input_len + max_output_len = {m.max_input_len + m.max_output_len} exceeds the "
                 f"reference {self.size} model's {shape.n_positions} positions"
             )
 
@@ -103,22 +104,26 @@ class ReferenceBackend:
     def server_env(self) -> dict[str, str] | None:
         return None  # the runtime's own environment: the reference server is this project's code
 
-    def server_command(self, artifact: Path, host: str, port: int) -> list[str]:
-        m = self.cfg.model
-        return [sys.executable, "-m", "runtime.reference.server", "--artifact", str(artifact), "--host", host,
-                "--port", str(port), "--device", self.device, "--served-model-name", m.id,
-                "--max-batch-size", str(self.engine.max_batch_size),
-                "--max-seq-len", str(m.max_input_len + m.max_output_len),
-                "--drain-timeout", str(self.drain_timeout_s)]
+    def server_command(self, artifact: Path, host: str, port: int, kv_cache_bytes: int | None = None) -> list[str]:
+        m = self.model
+        cmd = [sys.executable, "-m", "runtime.reference.server", "--artifact", str(artifact), "--host", host,
+               "--port", str(port), "--device", self.device, "--served-model-name", m.id,
+               "--max-batch-size", str(self.engine.max_batch_size),
+               "--max-seq-len", str(m.max_input_len + m.max_output_len),
+               "--drain-timeout", str(self.drain_timeout_s)]
+        if kv_cache_bytes is not None:
+            cmd += ["--kv-cache-bytes", str(kv_cache_bytes)]  # the same budget TensorRT-LLM gets as max_tokens
+        return cmd
 
 
-def select_backend(cfg: FleetConfig, engine: EngineSpec, env: dict | None = None) -> ServingBackend:
+def select_backend(cfg: FleetConfig, engine: EngineSpec, env: dict | None = None, model=None) -> ServingBackend:  # noqa: ANN001
+    """The backend that builds and serves `model` (default: the config's first) with `engine`."""
     env = dict(os.environ if env is None else env)
     choice = env.get("FLEETCAST_SERVING_BACKEND", "tensorrt-llm")
     if choice in ("tensorrt-llm", "trtllm"):
-        return TrtllmBackend(cfg, engine)
+        return TrtllmBackend(cfg, engine, model=model)
     if choice == "reference":
         return ReferenceBackend(cfg, engine, size=env.get("FLEETCAST_REFERENCE_SIZE", "tiny"),
                                 seed=int(env.get("FLEETCAST_REFERENCE_SEED", "0")),
-                                device=env.get("FLEETCAST_REFERENCE_DEVICE", "cpu"))
+                                device=env.get("FLEETCAST_REFERENCE_DEVICE", "cpu"), model=model)
     raise UserError(f"FLEETCAST_SERVING_BACKEND: {choice!r} is not a backend; allowed: tensorrt-llm, reference")

@@ -57,7 +57,9 @@ from .engine_cache import (
 from .lifecycle import ABANDON, CONTINUE, Heartbeat, HookClient, Imds, MetadataError, heartbeat_interval
 from .metrics import Emf
 from . import spot
-from .serve import ServeError, ServeSettings, Serving
+from .kv_budget import artifact_bytes, plan_budgets
+from .models import calibration_of, process_slots, served_models
+from .serve import ServeError, ServerProcess, ServeSettings, Serving, server_name
 from .staged import StagingMissing, calibration_key_prefix, fetch_staged
 from .supervisor import RestartPolicy
 
@@ -171,6 +173,28 @@ class InstanceEnv:
         )
 
 
+# Per-model readiness while serving (runtime/serve.py writes it), under FLEETCAST_LOCAL_ROOT.
+MODELS_STATE_FILE = "models-ready.json"
+
+
+class ModelsUnavailable(Exception):
+    """One or more of the instance's models cannot be served; the others were still prepared."""
+
+    def __init__(self, failures: list[tuple[str, Exception]]):
+        self.failures = failures
+        super().__init__("; ".join(f"model {model}: {type(exc).__name__}: {exc}" for model, exc in failures))
+
+
+@dataclass(frozen=True)
+class PreparedModel:
+    """A served model whose engine is on local disk: what serving one of its processes needs."""
+
+    served: Any  # runtime.models.ServedModel
+    backend: ServingBackend
+    cache: EngineCache
+    resolution: Any  # runtime.engine_cache.Resolution
+
+
 class Bootstrap:
     """One run of the instance runtime."""
 
@@ -273,7 +297,9 @@ class Bootstrap:
         self.emf = Emf(self.env.fleet, self.env.pool, self.instance_id, self.emf_stream)
         self._watch_spot()
         try:
-            resolution, cfg, engine, backend = self.prepare()
+            cfg, pool, gpu, prepared = self.prepare()
+        except ModelsUnavailable as exc:
+            return self.abandon(exc)  # each model's metric is out already
         except CircuitOpen as exc:
             self.metric(telemetry.CIRCUIT_BREAKER_OPEN, 1, error=str(exc))
             return self.abandon(exc)
@@ -292,26 +318,71 @@ class Bootstrap:
 
         if target and target.startswith("Warmed:"):
             self.complete(telemetry.LAUNCH_HOOK, CONTINUE)
-            log.info("warm pool (%s): engine ready at %s; not serving", target, resolution.path)
+            log.info("warm pool (%s): engines ready at %s; not serving", target,
+                     ", ".join(str(p.resolution.path) for p in prepared))
             self.summary.update(warm=target, served=False)
             if target != "Warmed:Running":
                 return EXIT_OK  # the ASG stops the instance; the next start serves from local disk
             while (state := self.imds.target_lifecycle_state()) != "InService":
                 if state == "Terminated" or self._stop.wait(self.env.terminate_poll_s):
                     return EXIT_OK
-        return self.serve(resolution, cfg, engine, backend)
+        return self.serve(cfg, gpu, prepared)
 
     def prepare(self):
+        """Every model this pool serves: checked, then obtained one after another (disk, cache or build).
+
+        Each model has its own cache key, build lock, staging and circuit breaker: a model that
+        cannot be built is recorded (its metric, its marker) and the others are still obtained, so
+        their engines reach the cache; the launch is then abandoned naming every model that failed.
+        """
         cfg = self.load_config()
         pool = self.resolve_pool(cfg)
-        engine = cfg.engine_for(pool)
-        backend = select_backend(cfg, engine)
-        gpu = self.detect_gpu(backend)
-        backend.check(gpu.compute_capability, gpu.name)  # before anything is downloaded
+        served = served_models(cfg, pool)
+        backends = [select_backend(cfg, entry.engine, model=entry.model) for entry in served]
+        gpu = self.detect_gpu(backends[0])
+        for backend in backends:
+            backend.check(gpu.compute_capability, gpu.name)  # before anything is downloaded
+        prepared: list[PreparedModel] = []
+        failures: list[tuple[str, Exception]] = []
+        local = self.env.local_root / "engines"
+        for entry, backend in zip(served, backends):
+            try:
+                prepared.append(self._prepare_model(cfg, entry, backend, gpu))
+            except (CircuitOpen, BuildFailed, StagingMissing, CacheError, UserError, OSError) as exc:
+                if self._stop.is_set() or len(served) == 1:
+                    raise  # a Spot notice or SIGTERM stops every build; one model: its own error, as before
+                self._failure_metric(exc, entry.model.id)
+                log.error("model %s cannot be served: %s: %s", entry.model.id, type(exc).__name__, exc)
+                failures.append((entry.model.id, exc))
+        if failures:
+            raise ModelsUnavailable(failures)
+        pruned = prepared[0].cache.prune_local(local, keep={p.cache.key for p in prepared})
+        if pruned:
+            log.info("removed engines of other configs from local disk: %s", ", ".join(pruned))
+        first = prepared[0]
+        self.summary.update(key=first.cache.key, gpu=gpu.name, backend=first.backend.name,
+                            outcome=first.resolution.outcome, build_s=round(first.resolution.build_seconds, 3),
+                            download_s=round(first.resolution.download_seconds, 3), events=first.resolution.events)
+        if len(prepared) > 1:
+            self.summary["models"] = {p.served.model.id: {"key": p.cache.key, "outcome": p.resolution.outcome}
+                                      for p in prepared}
+        return cfg, pool, gpu, prepared
+
+    def _failure_metric(self, exc: Exception, model_id: str | None = None) -> None:
+        props = {"error": str(exc)} if model_id is None else {"error": str(exc), "model": model_id}
+        if isinstance(exc, CircuitOpen):
+            self.metric(telemetry.CIRCUIT_BREAKER_OPEN, 1, **props)
+        elif isinstance(exc, BuildFailed):
+            self.metric(telemetry.ENGINE_BUILD_FAILURE, 1, **props)
+        elif isinstance(exc, StagingMissing):
+            self.metric(telemetry.STAGING_MISSING, 1, **props)
+
+    def _prepare_model(self, cfg: FleetConfig, entry, backend: ServingBackend, gpu: gpu_mod.GpuInfo) -> "PreparedModel":
+        m, engine = entry.model, entry.engine
+        calibration_spec = calibration_of(cfg, m)
         calibration = ""
-        if backend.needs_calibration and cfg.calibration:
-            calibration = f"{cfg.calibration.dataset}#{cfg.calibration.samples}"
-        m = cfg.model
+        if backend.needs_calibration and calibration_spec:
+            calibration = f"{calibration_spec.dataset}#{calibration_spec.samples}"
         inputs = CacheInputs(
             model_id=m.id, revision=m.revision, backend=engine.backend.value, precision=engine.precision.value,
             kv_cache_dtype=engine.kv_cache_dtype.value, max_batch_size=engine.max_batch_size,
@@ -321,21 +392,21 @@ class Bootstrap:
         )
         settings = CacheSettings(**{**self.env.cache.__dict__, "failure_limit": cfg.operations.build_failure_limit})
         cache = EngineCache(self.s3, self.env.bucket, inputs, holder=self.instance_id, settings=settings)
-        log.info("engine cache key %s (%s on %s, %s)", cache.key, engine.precision.value, gpu.name,
+        log.info("engine cache key %s (%s %s on %s, %s)", cache.key, m.id, engine.precision.value, gpu.name,
                  gpu.compute_capability)
-        self.summary.update(key=cache.key, gpu=gpu.name, backend=backend.name)
 
         def build(workdir: Path) -> Path:
             model_dir = calib_dir = None
             if backend.needs_model:
                 _, waited = fetch_staged(cache.store, model_prefix(m.id, m.revision), workdir / "model",
                                          self.env.staging_wait_s)
-                self.metric(telemetry.STAGING_WAIT_SECONDS, waited)
+                self.metric(telemetry.STAGING_WAIT_SECONDS, waited, model=m.id)
                 model_dir = workdir / "model"
             if backend.needs_calibration:
-                if cfg.calibration is None:
-                    raise UserError("calibration: this precision needs a staged calibration set (calibration.dataset)")
-                fetch_staged(cache.store, calibration_key_prefix(cfg.calibration.dataset), workdir / "calibration",
+                if calibration_spec is None:
+                    raise UserError(f"{m.id}: calibration: this precision needs a staged calibration set "
+                                    "(calibration.dataset)")
+                fetch_staged(cache.store, calibration_key_prefix(calibration_spec.dataset), workdir / "calibration",
                              self.env.staging_wait_s)
                 calib_dir = workdir / "calibration"
             return backend.build(model_dir, calib_dir, workdir)
@@ -343,18 +414,13 @@ class Bootstrap:
         # The launch hook must outlive builds and waits: heartbeat all through.
         with self.heartbeat(telemetry.LAUNCH_HOOK, cfg.operations.launch_hook_timeout_s):
             resolution = cache.obtain(self.env.local_root / "engines", self._interruptible_build(build))
-        pruned = cache.prune_local(self.env.local_root / "engines")
-        if pruned:
-            log.info("removed engines of other configs from local disk: %s", ", ".join(pruned))
-        self.summary.update(outcome=resolution.outcome, build_s=round(resolution.build_seconds, 3),
-                            download_s=round(resolution.download_seconds, 3), events=resolution.events)
         if resolution.outcome == "built":
-            self.metric(telemetry.ENGINE_CACHE_MISS, 1, key=cache.key)
-            self.metric(telemetry.ENGINE_BUILD_SECONDS, resolution.build_seconds, key=cache.key)
+            self.metric(telemetry.ENGINE_CACHE_MISS, 1, key=cache.key, model=m.id)
+            self.metric(telemetry.ENGINE_BUILD_SECONDS, resolution.build_seconds, key=cache.key, model=m.id)
         else:
             self.metric(telemetry.ENGINE_CACHE_HIT, 1, key=cache.key, source=resolution.outcome,
-                        waited_s=round(resolution.waited_seconds, 3))
-        return resolution, cfg, engine, backend
+                        waited_s=round(resolution.waited_seconds, 3), model=m.id)
+        return PreparedModel(entry, backend, cache, resolution)
 
     def abandon(self, exc: Exception) -> int:
         log.error("cannot serve on this instance: %s: %s", type(exc).__name__, exc)
@@ -369,12 +435,43 @@ class Bootstrap:
             log.error("could not complete the launch hook with ABANDON: %s", hook_exc)
         return EXIT_ABANDONED
 
-    def serve(self, resolution, cfg: FleetConfig, engine, backend: ServingBackend) -> int:
+    def server_processes(self, prepared: list["PreparedModel"], gpu: gpu_mod.GpuInfo) -> list[ServerProcess]:
+        """One engine process per (model, copy) on the contract's loopback ports, each with its KV budget."""
+        served = [p.served for p in prepared]
+        slots = process_slots(served)
+        shift = (self.env.port or served[0].engine.port) - served[0].engine.port
+        if shift:  # FLEETCAST_PORT (development): the processes move with the gateway, side by side with others
+            slots = tuple(type(s)(s.model_id, s.copy_index, s.port + shift) for s in slots)
+        by_model = {p.served.model.id: p for p in prepared}
+        explicit = {p.served.model.id: p.served.kv_cache_bytes for p in prepared}
+        budgets: dict = {(s.model_id, s.copy_index): explicit[s.model_id] for s in slots}
+        if len(slots) > 1 and gpu.count and any(v is None for v in explicit.values()):
+            free = gpu_mod.free_memory_bytes()
+            if free is None:
+                raise UserError("kv_cache_gb: this GPU's free memory cannot be read; give every model of a pool "
+                                "that runs several processes a kv_cache_gb")
+            budgets = plan_budgets(slots, explicit, {m: artifact_bytes(p.resolution.path) for m, p in by_model.items()},
+                                   free, min(p.served.engine.kv_cache_free_gpu_memory_fraction for p in prepared))
+        single = len(slots) == 1
+        processes = []
+        for slot in slots:
+            p = by_model[slot.model_id]
+            budget = budgets[(slot.model_id, slot.copy_index)]
+            processes.append(ServerProcess(
+                name=server_name(slot.model_id, slot.copy_index, single), model_id=slot.model_id,
+                copy_index=slot.copy_index, port=slot.port,
+                argv=p.backend.server_command(p.resolution.path, "127.0.0.1", slot.port, budget),
+                env=p.backend.server_env(), kv_cache_bytes=budget))
+        return processes
+
+    def serve(self, cfg: FleetConfig, gpu: gpu_mod.GpuInfo, prepared: list["PreparedModel"]) -> int:
+        engine = prepared[0].served.engine
         port = self.env.port or engine.port
         config_json = self.env.local_root / "config.json"
         config_json.write_text(json.dumps(cfg.model_dump(mode="json")))
         settings = ServeSettings(
-            port=port, model_name=cfg.model.id, region=self.env.region, pool=self.env.pool, config_json=config_json,
+            port=port, model_name=prepared[0].served.model.id, region=self.env.region, pool=self.env.pool,
+            config_json=config_json,
             listen_host=self.env.listen_host, gateway=self.env.gateway, proxy_protocol=self.env.proxy_protocol,
             ready_timeout_s=self.env.ready_timeout_s or float(cfg.operations.launch_hook_timeout_s),
             drain_timeout_s=float(cfg.operations.drain_timeout_s), restart=self.env.restart,
@@ -382,10 +479,14 @@ class Bootstrap:
             liveness_interval_s=self.env.liveness_interval_s, liveness_timeout_s=self.env.liveness_timeout_s,
             liveness_failures=self.env.liveness_failures, upstream_idle_timeout_s=self.env.upstream_idle_s,
             drain_deadline_file=self._spot_deadline_file if self.spot_watcher else None,
+            models_state_file=self.env.local_root / MODELS_STATE_FILE,
         )
         self._enter_serving(cfg)
-        serving = Serving(settings, backend.server_command(resolution.path, "127.0.0.1", settings.server_port),
-                          stop=self._stop, server_env=backend.server_env())
+        try:
+            processes = self.server_processes(prepared, gpu)
+        except UserError as exc:
+            return self.abandon(exc)
+        serving = Serving(settings, servers=processes, stop=self._stop)
         self._install_signals()
         try:
             with self.heartbeat(telemetry.LAUNCH_HOOK, cfg.operations.launch_hook_timeout_s):
@@ -396,9 +497,11 @@ class Bootstrap:
             return self.abandon(exc)
         start_to_healthy = time.monotonic() - self.started
         self.complete(telemetry.LAUNCH_HOOK, CONTINUE)
-        self.metric(telemetry.START_TO_HEALTHY_SECONDS, start_to_healthy, outcome=resolution.outcome)
+        self.metric(telemetry.START_TO_HEALTHY_SECONDS, start_to_healthy, outcome=prepared[0].resolution.outcome)
         self.summary.update(served=True, start_to_healthy_s=round(start_to_healthy, 3),
-                            probe_text=timings.get("probe_text"), gateway_port=port)
+                            probe_text=timings.get("probe_text"), gateway_port=port,
+                            processes=[{"model": p.model_id, "copy": p.copy_index, "port": p.port,
+                                        "kv_cache_bytes": p.kv_cache_bytes} for p in processes])
         print(json.dumps({"event": "fleetcast_serving", **self.summary}), flush=True)
         return self.serve_until_stopped(serving, cfg)
 
@@ -433,7 +536,7 @@ class Bootstrap:
             now = time.monotonic()
             if serving.supervisor.gave_up.is_set():
                 child = serving.supervisor.failed_child
-                if child is not None and child.name == "server" and self.replace_instance(child):
+                if child is not None and child.name.startswith("server") and self.replace_instance(child):
                     self.stop_reason = "unhealthy"
                     break
                 log.error("serving processes keep crashing; exiting so systemd restarts the container")

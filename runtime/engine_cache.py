@@ -615,11 +615,13 @@ class EngineCache:
             return None
         return manifest
 
-    def prune_local(self, local_root: Path) -> list[str]:
-        """Delete other keys' engines (and dead build dirs) from this disk: an old config's engine is GBs."""
+    def prune_local(self, local_root: Path, keep: set[str] | None = None) -> list[str]:
+        """Delete other keys' engines (and dead build dirs) from this disk: an old config's engine is GBs.
+        `keep`: every key this instance serves (default: this one's)."""
+        keep = {self.key} if keep is None else keep
         removed = []
         for path in local_root.iterdir() if local_root.is_dir() else ():
-            if path.name != self.key:
+            if path.name not in keep:
                 shutil.rmtree(path, ignore_errors=True)
                 removed.append(path.name)
         return removed

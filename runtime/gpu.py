@@ -84,3 +84,19 @@ def sample_utilization(timeout_s: float = 10.0) -> tuple[float, float] | None:
     util = sum(r[0] for r in rows) / len(rows)
     mem = sum(100.0 * r[1] / r[2] for r in rows if r[2]) / len(rows)
     return util, mem
+
+
+def free_memory_bytes(timeout_s: float = 10.0) -> int | None:
+    """Free memory of the (first) GPU now, or None when unavailable. FLEETCAST_FAKE_GPU: all of its memory."""
+    fake = os.environ.get("FLEETCAST_FAKE_GPU")
+    if fake:
+        return parse_nvidia_smi(fake).memory_mib * (1 << 20)
+    exe = shutil.which("nvidia-smi")
+    if not exe:
+        return None
+    try:
+        out = subprocess.run([exe, "--query-gpu=memory.free", "--format=csv,noheader,nounits"],
+                             capture_output=True, text=True, timeout=timeout_s, check=True).stdout
+        return int(float(out.strip().splitlines()[0])) * (1 << 20)
+    except (subprocess.SubprocessError, ValueError, IndexError):
+        return None

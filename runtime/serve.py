@@ -52,6 +52,33 @@ class ServeError(RuntimeError):
     """The server never became ready (or kept crashing)."""
 
 
+@dataclass(frozen=True)
+class ServerProcess:
+    """One engine process: a (model, copy) on its own loopback port (runtime/models.py)."""
+
+    name: str  # the supervisor's child name
+    model_id: str
+    copy_index: int
+    port: int
+    argv: list[str]
+    env: dict[str, str] | None = None
+    kv_cache_bytes: int | None = None  # its explicit KV budget (runtime/kv_budget.py)
+
+    @property
+    def what(self) -> str:
+        """How errors name it: the model an ABANDON or a log line is about."""
+        return f"model {self.model_id} (copy {self.copy_index}, port {self.port})"
+
+    @property
+    def base(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+
+def server_name(model_id: str, copy_index: int, single: bool) -> str:
+    """The supervisor child of a (model, copy); "server" when the instance serves one process."""
+    return "server" if single else f"server:{model_id}#{copy_index}"
+
+
 @dataclass
 class ServeSettings:
     port: int  # gateway, NLB target
@@ -70,6 +97,7 @@ class ServeSettings:
     probe_retry_s: float = 1.0  # between the readiness generation's three attempts
     gateway_refresh_s: float = 60.0  # endpoints, API keys and consumers (docs/gateway.md)
     drain_deadline_file: Path | None = None  # a Spot interruption's deadline for the gateway (runtime/spot.py)
+    models_state_file: Path | None = None  # per-model readiness, rewritten when a process comes or goes
     restart: RestartPolicy = field(default_factory=RestartPolicy)
     liveness_interval_s: float = 10.0
     liveness_timeout_s: float = 5.0
@@ -110,21 +138,36 @@ def raw_health(host: str, port: int, proxy_protocol: bool, timeout_s: float = 2.
 
 
 class Serving:
-    """The model server and the gateway under one supervisor."""
+    """The engine processes (one per model and copy) and the gateway under one supervisor.
 
-    def __init__(self, settings: ServeSettings, server_argv: list[str], supervisor: Supervisor | None = None,
-                 stop: threading.Event | None = None, server_env: dict[str, str] | None = None):
+    Processes start one after another, each ready (health + one real generation) before the next
+    starts: each has an explicit KV budget, so the order changes no budget, and no two load their
+    weights into a GPU at once. Each is supervised on its own: a crash restarts that process while
+    the others keep serving.
+    """
+
+    def __init__(self, settings: ServeSettings, server_argv: list[str] | None = None,
+                 supervisor: Supervisor | None = None, stop: threading.Event | None = None,
+                 server_env: dict[str, str] | None = None, servers: list[ServerProcess] | None = None):
         self.s = settings
-        self.server_env = server_env  # the backend's (TensorRT-LLM: without the vendored packages)
         self.stop = stop or threading.Event()  # set by SIGTERM: give up waiting for readiness
-        self.server_argv = server_argv
         self.supervisor = supervisor or Supervisor()
-        self.base = f"http://127.0.0.1:{settings.server_port}"
+        if servers is None:
+            if server_argv is None:
+                raise ValueError("Serving needs server_argv or servers")
+            # server_env: the backend's (TensorRT-LLM: without the vendored packages)
+            servers = [ServerProcess("server", settings.model_name, 0, settings.server_port, server_argv, server_env)]
+        if not servers:
+            raise ValueError("Serving needs at least one server process")
+        self.servers = list(servers)
+        self.base = self.servers[0].base  # the first process (gauges, single-model callers)
+        self._alive: dict[str, bool] = {}  # last liveness answer per process
+        self._state_lock = threading.Lock()
 
     def gateway_argv(self) -> list[str]:
         s = self.s
         argv = [sys.executable, "-m", "runtime.gateway", "--listen", f"{s.listen_host}:{s.port}",
-                "--upstream", f"127.0.0.1:{s.server_port}", "--region", s.region, "--pool", s.pool,
+                "--upstream", f"127.0.0.1:{self.servers[0].port}", "--region", s.region, "--pool", s.pool,
                 "--proxy-protocol", "required" if s.proxy_protocol else "off", "--refresh-s", f"{s.gateway_refresh_s:g}",
                 "--upstream-idle-s", f"{s.upstream_idle_timeout_s:g}"]
         if s.config_json is not None:
@@ -133,69 +176,124 @@ class Serving:
             argv += ["--drain-deadline-file", str(s.drain_deadline_file)]
         return argv
 
-    def server_alive(self) -> bool:
+    def server_alive(self, server: ServerProcess | None = None) -> bool:
         """One liveness probe: /health answered 200 within the probe timeout."""
+        server = server or self.servers[0]
         try:
-            status, _ = http_json("GET", f"{self.base}/health", timeout_s=self.s.liveness_timeout_s)
+            status, _ = http_json("GET", f"{server.base}/health", timeout_s=self.s.liveness_timeout_s)
         except (OSError, ValueError):
-            return False
+            status = None
+        self._mark(server, status == 200)
         return status == 200
 
+    def _mark(self, server: ServerProcess, alive: bool) -> None:
+        with self._state_lock:
+            changed = self._alive.get(server.name) != alive
+            self._alive[server.name] = alive
+        if changed and self.s.models_state_file is not None:
+            self.write_models_state()
+
+    def model_health(self) -> dict[str, dict]:
+        """Per model: ready when at least one copy is running and answered its last health check."""
+        out: dict[str, dict] = {}
+        with self._state_lock:
+            alive = dict(self._alive)
+        for server in self.servers:
+            child = self.supervisor.children.get(server.name)
+            up = bool(child is not None and child.running() and alive.get(server.name))
+            entry = out.setdefault(server.model_id, {"ready": False, "copies": 0, "ready_copies": 0, "ports": []})
+            entry["copies"] += 1
+            entry["ready_copies"] += int(up)
+            entry["ready"] = entry["ready"] or up
+            entry["ports"].append(server.port)
+        return out
+
+    def write_models_state(self) -> None:
+        """The per-model readiness, atomically, for whoever reports it (the gateway's /health)."""
+        path = self.s.models_state_file
+        assert path is not None
+        tmp = path.with_name(f".{path.name}.tmp")
+        tmp.write_text(json.dumps({"models": self.model_health(), "updated": time.time()}))
+        tmp.replace(path)
+
     def start(self) -> None:
-        liveness = Liveness(self.server_alive, interval_s=self.s.liveness_interval_s,
+        """Start the first engine process; wait_ready() starts the rest, one after another."""
+        self._start_server(self.servers[0])
+
+    def _start_server(self, server: ServerProcess) -> None:
+        liveness = Liveness(lambda: self.server_alive(server), interval_s=self.s.liveness_interval_s,
                             failures=self.s.liveness_failures, startup_s=self.s.ready_timeout_s)
-        self.supervisor.start(Child("server", self.server_argv, env=self.server_env, policy=self.s.restart,
+        self.supervisor.start(Child(server.name, server.argv, env=server.env, policy=self.s.restart,
                                     liveness=liveness))
-        if self.s.gateway:
-            self.supervisor.start(Child("gateway", self.gateway_argv(), policy=self.s.restart))
 
     def _check_alive(self) -> None:
         if self.stop.is_set():
             raise ServeError("stopped (SIGTERM) before the server was ready")
         if self.supervisor.gave_up.is_set():
             child = self.supervisor.failed_child
-            raise ServeError(f"{child.name if child else 'a process'} kept crashing "
+            server = next((p for p in self.servers if child is not None and p.name == child.name), None)
+            what = server.what if server is not None and len(self.servers) > 1 else (child.name if child else "a process")
+            raise ServeError(f"{what} kept crashing "
                              f"(exit codes {child.exit_codes[-5:] if child else '?'})")
 
     def wait_ready(self) -> dict:
-        """Block until health + one real generation succeed; ServeError on timeout or crash loop."""
+        """Block until every engine process is healthy and generated once (started one after another),
+        then start the gateway and wait for its health; ServeError (naming the model) on timeout or
+        crash loop."""
         deadline = time.monotonic() + self.s.ready_timeout_s
         started = time.monotonic()
-        timings: dict = {}
-        while True:
-            self._check_alive()
-            try:
-                status, _ = http_json("GET", f"{self.base}/health", timeout_s=2.0)
-            except OSError:
-                status = None
-            if status == 200:
-                break
-            if time.monotonic() > deadline:
-                raise ServeError(f"server /health not 200 within {self.s.ready_timeout_s:.0f} s (last: {status})")
-            time.sleep(0.2)
-        timings["server_healthy_s"] = time.monotonic() - started
-        text, tokens = self.probe_generation()
-        timings["probe_tokens"] = tokens
-        timings["probe_text"] = text
+        timings: dict = {"models": {}}
+        for index, server in enumerate(self.servers):
+            if index and server.name not in self.supervisor.children:
+                self._start_server(server)
+            began = time.monotonic()
+            self._wait_healthy(server, deadline)
+            text, tokens = self.probe_generation(server)
+            self._mark(server, True)
+            timings["models"][server.name] = {"model": server.model_id, "ready_s": round(time.monotonic() - began, 3),
+                                              "probe_tokens": tokens}
+            if index == 0:
+                timings["server_healthy_s"] = time.monotonic() - started
+                timings["probe_tokens"], timings["probe_text"] = tokens, text
         if self.s.gateway:
+            if "gateway" not in self.supervisor.children:
+                self.supervisor.start(Child("gateway", self.gateway_argv(), policy=self.s.restart))
             while raw_health("127.0.0.1", self.s.port, self.s.proxy_protocol) != 200:
                 self._check_alive()
                 if time.monotonic() > deadline:
                     raise ServeError(f"gateway /health on port {self.s.port} not 200 within {self.s.ready_timeout_s:.0f} s")
                 time.sleep(0.2)
+        if self.s.models_state_file is not None:
+            self.write_models_state()
         timings["ready_s"] = time.monotonic() - started
         return timings
 
-    def probe_generation(self) -> tuple[str, int]:
+    def _wait_healthy(self, server: ServerProcess, deadline: float) -> None:
+        status = None
+        while True:
+            self._check_alive()
+            try:
+                status, _ = http_json("GET", f"{server.base}/health", timeout_s=2.0)
+            except OSError:
+                status = None
+            if status == 200:
+                return
+            if time.monotonic() > deadline:
+                name = "server" if len(self.servers) == 1 else server.what
+                raise ServeError(f"{name} /health not 200 within {self.s.ready_timeout_s:.0f} s (last: {status})")
+            time.sleep(0.2)
+
+    def probe_generation(self, server: ServerProcess | None = None) -> tuple[str, int]:
         """One real completion: proves weights, tokenizer and the generation loop, not just the HTTP server."""
-        body = {"model": self.s.model_name, "prompt": self.s.probe_prompt, "max_tokens": self.s.probe_tokens,
+        server = server or self.servers[0]
+        body = {"model": server.model_id, "prompt": self.s.probe_prompt, "max_tokens": self.s.probe_tokens,
                 "temperature": 0, "stream": False}
         last = None
         for attempt in range(3):
             if attempt:
                 time.sleep(self.s.probe_retry_s)  # not after the last: its failure is reported at once
             try:
-                status, reply = http_json("POST", f"{self.base}/v1/completions", body, timeout_s=120.0)
+                status, reply = http_json("POST", f"{server.base}/v1/completions", body, timeout_s=120.0)
             except OSError as exc:
                 last = str(exc)
                 continue
@@ -208,7 +306,8 @@ class Serving:
                 last = f"no tokens generated: {reply}"
             else:
                 last = f"HTTP {status}: {str(reply)[:300]}"
-        raise ServeError(f"probe generation through /v1/completions failed: {last}")
+        where = "" if len(self.servers) == 1 else f"{server.what}: "
+        raise ServeError(f"{where}probe generation through /v1/completions failed: {last}")
 
     def drain(self, budget_s: float | None = None) -> dict:
         """Gateway first (health 503, finish in-flight, close), then the server. `budget_s`: a Spot
@@ -221,8 +320,23 @@ class Serving:
             report["gateway_exit"] = self.supervisor.stop("gateway", window + 15.0)
         else:
             report["gateway_exit"] = None
-        report["server_exit"] = self.supervisor.stop(
-            "server", self.s.server_stop_timeout_s + (0 if self.s.gateway else self.s.drain_timeout_s))
+        # Every engine process at once (each finishes what it holds within the same bound), one SIGTERM each:
+        # a second one makes trtllm-serve's uvicorn exit without finishing.
+        timeout = self.s.server_stop_timeout_s + (0 if self.s.gateway else self.s.drain_timeout_s)
+        started_servers = [p for p in self.servers if p.name in self.supervisor.children]
+        exits: dict[str, int | None] = {}
+
+        def stop(name: str) -> None:
+            exits[name] = self.supervisor.stop(name, timeout)
+
+        threads = [threading.Thread(target=stop, args=(p.name,), name=f"stop-{p.name}") for p in started_servers]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        report["server_exit"] = exits.get(self.servers[0].name)
+        if len(self.servers) > 1:
+            report["server_exits"] = exits
         self.supervisor.shutdown(timeout_s=10)
         report["drain_s"] = time.monotonic() - started
         return report

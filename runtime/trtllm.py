@@ -138,7 +138,7 @@ def build_command(engine: EngineSpec, max_input_len: int, max_output_len: int, p
     ]
 
 
-def extra_llm_api_options(engine: EngineSpec) -> dict:
+def extra_llm_api_options(engine: EngineSpec, kv_max_tokens: int | None = None) -> dict:
     """LLM API options trtllm-serve has no flag for, only those the backend's args class accepts.
 
     TrtLlmArgs and TorchLlmArgs forbid unknown keys (tensorrt_llm/llmapi/llm_args.py), so a
@@ -147,9 +147,13 @@ def extra_llm_api_options(engine: EngineSpec) -> dict:
     - enable_iter_perf_stats (iteration stats behind /metrics): TorchLlmArgs only; the TensorRT
       backend's C++ executor keeps them by default (kDefaultIterStatsMaxIterations = 1000);
     - kv_cache_config.dtype: the PyTorch backend's KV cache dtype ("fp8" sets the FP8 KV
-      cache); TrtLlmArgs asserts it stays "auto", the engine carries its KV dtype.
+      cache); TrtLlmArgs asserts it stays "auto", the engine carries its KV dtype;
+    - kv_cache_config.max_tokens: a process's explicit KV budget on a GPU it shares, which
+      both backends honour as a cap next to the fraction (runtime/kv_budget.py).
     """
     kv_cache: dict = {"free_gpu_memory_fraction": engine.kv_cache_free_gpu_memory_fraction}
+    if kv_max_tokens is not None:
+        kv_cache["max_tokens"] = kv_max_tokens
     options: dict = {"return_perf_metrics": True, "kv_cache_config": kv_cache}
     if engine.backend is Backend.PYTORCH:
         options["enable_iter_perf_stats"] = True
@@ -264,8 +268,9 @@ class TrtllmBackend:
 
     name = "tensorrt-llm"
 
-    def __init__(self, cfg: FleetConfig, engine: EngineSpec, runner: Runner = run_logged):
+    def __init__(self, cfg: FleetConfig, engine: EngineSpec, runner: Runner = run_logged, model=None):  # noqa: ANN001
         self.cfg, self.engine, self.runner = cfg, engine, runner
+        self.model = model if model is not None else cfg.model  # the one this backend builds and serves
         self.version = engine.tensorrt_llm_version
 
     @property
@@ -277,7 +282,7 @@ class TrtllmBackend:
         return needs_calibration(self.engine)
 
     def check(self, compute_capability: str, gpu_name: str = "") -> None:
-        check_supported(self.cfg.model.family, self.engine, compute_capability, gpu_name)
+        check_supported(self.model.family, self.engine, compute_capability, gpu_name)
 
     def build(self, model_dir: Path | None, calib_dir: Path | None, workdir: Path) -> Path:
         assert model_dir is not None
@@ -294,28 +299,39 @@ class TrtllmBackend:
             return artifact
         paths = BuildPaths(work_dir=workdir, model_dir=model_dir, checkpoint_dir=workdir / "checkpoint",
                            engine_dir=artifact / "engine", calib_dir=calib_dir)
-        samples = self.cfg.calibration.samples if self.cfg.calibration else 512
+        from .models import calibration_of
+
+        calibration = calibration_of(self.cfg, self.model)
+        samples = calibration.samples if calibration else 512
         workdir.mkdir(parents=True, exist_ok=True)
         log_file = workdir / "build.log"
-        m = self.cfg.model
+        m = self.model
         # Each step runs in the build's own directory: the container's working directory
         # (/opt/fleetcast, the runtime bundle) is mounted read-only.
         self.runner(convert_command(self.engine, paths, samples), log_file, workdir)
         self.runner(build_command(self.engine, m.max_input_len, m.max_output_len, paths), log_file, workdir)
         if not (paths.engine_dir / "config.json").is_file() or not list(paths.engine_dir.glob("rank*.engine")):
             raise RuntimeError(f"trtllm-build finished but {paths.engine_dir} has no config.json/rank*.engine")
-        copy_tokenizer(model_dir, artifact / "tokenizer", self.cfg.model.stage_patterns)
+        copy_tokenizer(model_dir, artifact / "tokenizer", self.model.stage_patterns)
         shutil.rmtree(paths.checkpoint_dir, ignore_errors=True)
         return artifact
 
     def server_env(self) -> dict[str, str]:
         return tool_env()
 
-    def server_command(self, artifact: Path, host: str, port: int) -> list[str]:
-        options = artifact.parent / f"{artifact.name}.llm_api_options.yaml"
+    def server_command(self, artifact: Path, host: str, port: int, kv_cache_bytes: int | None = None) -> list[str]:
+        max_tokens = None
+        if kv_cache_bytes is not None:
+            from .kv_budget import kv_bytes_per_token, max_tokens_for
+
+            per_token = kv_bytes_per_token(artifact, self.engine.backend.value, self.engine.kv_cache_dtype.value)
+            max_tokens = max_tokens_for(kv_cache_bytes, per_token)
+        # One file per budget: copies of a model share the artifact (and so its directory).
+        suffix = "" if max_tokens is None else f".kv{max_tokens}"
+        options = artifact.parent / f"{artifact.name}{suffix}.llm_api_options.yaml"
         # JSON is YAML: no yaml dependency needed to write it.
-        options.write_text(json.dumps(extra_llm_api_options(self.engine), indent=1))
-        m = self.cfg.model
+        options.write_text(json.dumps(extra_llm_api_options(self.engine, max_tokens), indent=1))
+        m = self.model
         if self.engine.backend is Backend.PYTORCH:
             return serve_command(self.engine, artifact, None, host, port, m.max_input_len + m.max_output_len, options)
         return serve_command(self.engine, artifact / "engine", artifact / "tokenizer", host, port,

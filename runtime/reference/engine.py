@@ -87,16 +87,23 @@ class Engine:
         eos_id: int,
         cuda_graphs: bool | None = None,
         stats_keep: int = 1000,
+        cache_slots: int | None = None,
     ) -> None:
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size: must be >= 1, got {max_batch_size}")
         if not 2 <= max_seq_len <= model.shape.n_positions:
             raise ValueError(f"max_seq_len: must be between 2 and {model.shape.n_positions}, got {max_seq_len}")
+        if cache_slots is not None and cache_slots < 1:
+            raise ValueError(f"cache_slots: must be >= 1, got {cache_slots}")
         self.model = model
+        # A KV budget (cache_slots) sizes the cache like TensorRT-LLM's KV pool: all of it is
+        # allocated, and no more sequences run at once than it holds.
+        slots = max_batch_size if cache_slots is None else cache_slots
+        max_batch_size = min(max_batch_size, slots)
         self.max_batch_size, self.max_seq_len = max_batch_size, max_seq_len
         self.vocab_size, self.eos_id = vocab_size, eos_id
         self.device = model.device
-        self.cache = model.new_cache(max_batch_size, max_seq_len)
+        self.cache = model.new_cache(slots, max_seq_len)
         self.cuda_graphs = (self.device.type == "cuda") if cuda_graphs is None else cuda_graphs
         self.batch_buckets = _buckets(max_batch_size, 1)
         self.seq_buckets = _buckets(max_seq_len, min(128, max_seq_len))
@@ -394,7 +401,7 @@ class Engine:
     def _record(self, started, admitted, queue_latency, completed, ctx_tokens, n_gen, queued) -> None:
         self._iter += 1
         now = time.time()
-        max_blocks = self.max_batch_size * (self.max_seq_len // TOKENS_PER_BLOCK or 1)
+        max_blocks = self.cache.max_batch * (self.max_seq_len // TOKENS_PER_BLOCK or 1)
         used = sum(-(-s.length // TOKENS_PER_BLOCK) for s in self._active)
         gpu_mem = torch.cuda.memory_allocated(self.device) if self.device.type == "cuda" else 0
         stat = {

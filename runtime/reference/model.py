@@ -89,7 +89,7 @@ class KVCache:
     """Static KV cache: one tensor [n_layer, 2, max_batch, n_head, max_seq, head_dim], slots by row."""
 
     def __init__(self, shape: ModelShape, max_batch: int, max_seq: int, device, dtype) -> None:
-        self.max_batch, self.max_seq = max_batch, max_seq
+        self.max_batch, self.max_seq = max_batch, max_seq  # max_batch: slots, which a KV budget may set
         self.kv = torch.zeros(
             shape.n_layer, 2, max_batch, shape.n_head, max_seq, shape.head_dim, device=device, dtype=dtype
         )
@@ -98,6 +98,11 @@ class KVCache:
     @property
     def nbytes(self) -> int:
         return self.kv.numel() * self.kv.element_size()
+
+    @staticmethod
+    def slot_bytes(shape: ModelShape, max_seq: int, element_size: int) -> int:
+        """Bytes one slot (one sequence of `max_seq` positions) takes in every layer's K and V."""
+        return shape.n_layer * 2 * shape.n_head * max_seq * shape.head_dim * element_size
 
     def move(self, src: int, dst: int, length: int) -> None:
         """Copy slot `src`'s first `length` positions into slot `dst` (compaction after a finish)."""

@@ -16,6 +16,8 @@ then the process exits 0.
 Usage: python -m runtime.reference.server --artifact DIR [--host 127.0.0.1] [--port 8000]
        [--max-batch-size N] [--max-seq-len N] [--device cpu|cuda] [--drain-timeout S]
        [--served-model-name NAME] [--request-log FILE.jsonl]
+       [--kv-cache-bytes N | --kv-cache-free-gpu-memory-fraction F]
+  GET  /memory (reference only)  the KV budget, the cache it allocated, weights and torch memory
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ import argparse
 import asyncio
 import json
 import logging
+import os
 import signal
 import sys
 import time
@@ -145,6 +148,7 @@ class ReferenceServer:
         self._idle = asyncio.Event()
         self._idle.set()
         self._request_log = open(args.request_log, "a", encoding="utf-8") if args.request_log else None
+        self.memory: dict[str, int] = {"pid": os.getpid()}  # GET /memory: what this process holds, by part
 
     # ---- lifecycle ---------------------------------------------------------------------
 
@@ -169,17 +173,50 @@ class ReferenceServer:
         model = GPT2(shape, weights, device=device, dtype=dtype)
         del weights
         max_batch = self.args.max_batch_size or (64 if device == "cuda" else 8)
+        max_seq = self.args.max_seq_len or shape.n_positions
+        slots = self._kv_slots(torch, shape, max_seq, dtype, device)
         engine = Engine(
             model,
             max_batch_size=max_batch,
-            max_seq_len=self.args.max_seq_len or shape.n_positions,
+            max_seq_len=max_seq,
             vocab_size=self.tokenizer.vocab_size,
             eos_id=self.tokenizer.eos_id,
+            cache_slots=slots,
         )
+        self.memory["kv_cache_bytes"] = engine.cache.nbytes
+        self.memory["kv_cache_slots"] = engine.cache.max_batch
         engine.start()
+        if device == "cuda":
+            torch.cuda.synchronize()
+            self.memory["torch_allocated_bytes"] = torch.cuda.memory_allocated()
+            self.memory["torch_reserved_bytes"] = torch.cuda.memory_reserved()
         self.engine = engine
         log.info("model %s loaded on %s in %.2fs (max batch %d, graphs %s)", self.model_name, device,
-                 time.monotonic() - started, max_batch, engine.cuda_graphs)
+                 time.monotonic() - started, engine.max_batch_size, engine.cuda_graphs)
+
+    def _kv_slots(self, torch, shape, max_seq: int, dtype, device: str) -> int | None:  # noqa: ANN001
+        """Cache slots from the KV budget, like TensorRT-LLM's KV pool (runtime/kv_budget.py):
+        --kv-cache-bytes is an absolute budget; --kv-cache-free-gpu-memory-fraction a fraction of
+        the GPU memory free once the weights are loaded (so it depends on what else runs on the
+        GPU); neither: max batch size slots, as before."""
+        from .model import KVCache
+
+        slot = KVCache.slot_bytes(shape, max_seq, torch.empty((), dtype=dtype).element_size())
+        self.memory.update(kv_slot_bytes=slot, weights_bytes=shape.param_count() * torch.empty((), dtype=dtype).element_size())
+        if device == "cuda":
+            self.memory["free_before_kv_bytes"] = torch.cuda.mem_get_info()[0]
+        if self.args.kv_cache_bytes is not None:
+            budget, flag = self.args.kv_cache_bytes, "--kv-cache-bytes"
+        elif self.args.kv_cache_free_gpu_memory_fraction is not None and device == "cuda":
+            budget = int(self.args.kv_cache_free_gpu_memory_fraction * self.memory["free_before_kv_bytes"])
+            flag = "--kv-cache-free-gpu-memory-fraction"
+        else:
+            return None
+        self.memory["kv_budget_bytes"] = budget
+        if budget < slot:
+            raise ValueError(f"{flag}: a budget of {budget} bytes holds no sequence of {max_seq} tokens "
+                             f"({slot} bytes each for this model)")
+        return budget // slot
 
     async def serve(self) -> int:
         app = self.make_app()
@@ -254,6 +291,7 @@ class ReferenceServer:
         app.router.add_get("/version", self.version)
         app.router.add_get("/v1/models", self.models)
         app.router.add_get("/metrics", self.metrics)
+        app.router.add_get("/memory", self.memory_report)
         app.router.add_post("/v1/completions", self.completions)
         app.router.add_post("/v1/chat/completions", self.chat)
         return app
@@ -269,6 +307,10 @@ class ReferenceServer:
         if self._serving_error() is not None:
             return web.Response(status=503, text=self.state)
         return web.Response(status=200)
+
+    async def memory_report(self, request: web.Request) -> web.Response:
+        """Reference-only: the KV budget and what was allocated for it (the co-location measurements)."""
+        return web.json_response(self.memory)
 
     async def version(self, request: web.Request) -> web.Response:
         return web.json_response({"version": VERSION, "backend": "reference"})
@@ -433,6 +475,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--served-model-name", default=None)
     ap.add_argument("--request-log", default=None, help="append one JSON line per request to this file")
     ap.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
+    budget = ap.add_mutually_exclusive_group()
+    budget.add_argument("--kv-cache-bytes", type=int, default=None,
+                        help="KV cache budget in bytes (whole sequences of --max-seq-len; also caps the batch)")
+    budget.add_argument("--kv-cache-free-gpu-memory-fraction", type=float, default=None,
+                        help="KV cache budget as a fraction of the GPU memory free after the weights load (cuda)")
     args = ap.parse_args(argv)
     if not 0 < args.port < 65536:
         ap.error(f"--port: must be between 1 and 65535, got {args.port}")
@@ -440,6 +487,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         ap.error(f"--max-batch-size: must be >= 1, got {args.max_batch_size}")
     if args.drain_timeout < 0:
         ap.error(f"--drain-timeout: must be >= 0, got {args.drain_timeout}")
+    if args.kv_cache_bytes is not None and args.kv_cache_bytes < 1:
+        ap.error(f"--kv-cache-bytes: must be >= 1, got {args.kv_cache_bytes}")
+    fraction = args.kv_cache_free_gpu_memory_fraction
+    if fraction is not None and not 0 < fraction < 1:
+        ap.error(f"--kv-cache-free-gpu-memory-fraction: must be between 0 and 1 (exclusive), got {fraction}")
     return args
 
 

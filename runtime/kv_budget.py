@@ -1,0 +1,113 @@
+"""KV-cache budgets that do not depend on the order processes start in.
+
+TensorRT-LLM sizes a process's KV cache as `free_gpu_memory_fraction` times the GPU memory free
+when that process's executor starts, so with several processes on one GPU the second gets a
+fraction of what the first left (measured with the reference backend, which does the same with
+--kv-cache-free-gpu-memory-fraction: 68.9 GiB then 31.1 GiB, or 66.5 then 33.7 in the other order;
+bench/data/h200-colocate.json). Each process therefore gets an explicit budget in bytes, passed
+as the knob TensorRT-LLM 1.2.x honours on both backends, `kv_cache_config.max_tokens`:
+
+- engine flow (`--backend tensorrt`, the C++ executor): `BaseKVCacheManager::calculateMaxNumBlocks`
+  (cpp/tensorrt_llm/batch_manager/kvCacheManager.cpp) computes tokens = fraction x free memory /
+  KV bytes per token and, when `maxTokens` is set, takes the smaller of the two;
+- PyTorch backend: `KvCacheCreator.configure_kv_cache_capacity`
+  (tensorrt_llm/_torch/pyexecutor/_util.py) takes the smaller of its fraction-based estimate and
+  `max_tokens` x KV size per token.
+
+`kv_cache_config.max_gpu_total_bytes` exists too, but only the PyTorch backend reads it: the C++
+executor's `KvCacheConfig` carries `maxGpuTotalBytes` and `calculateMaxNumBlocks` never reads it.
+The fraction stays in the options as a cap, so a budget larger than what is free degrades to
+today's behaviour instead of failing an allocation. tests/runtime/test_kv_budget.py records the
+sources.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Mapping, Sequence
+
+from fleetcast.errors import UserError
+
+# GPU memory one serving process holds beyond its weights and its KV cache (CUDA context, the
+# framework's allocator and library workspaces, CUDA graphs, activations). Measured on an H200 with
+# the reference backend, GPT-2 medium and XL shapes at max batch 64 and 1024 positions: 1.06-1.15
+# GiB per process, of which 719 MiB is a bare CUDA context with torch and cuBLAS initialised
+# (bench/data/h200-colocate.json). TensorRT-LLM's own overhead has not been measured here.
+PROCESS_OVERHEAD_BYTES = 1_200 * (1 << 20)
+
+_KV_ELEMENT_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "fp8": 1, "int8": 1}
+
+
+def _first(config: Mapping, *names: str) -> int | None:
+    for name in names:
+        value = config.get(name)
+        if isinstance(value, int) and value > 0:
+            return value
+    return None
+
+
+def kv_bytes_per_token(artifact: Path, backend: str, kv_cache_dtype: str) -> int:
+    """KV-cache bytes one token takes in every layer: 2 (K and V) x layers x KV heads x head size x
+    element size, read from the artifact's config (the engine's for the engine flow, the Hugging
+    Face checkpoint's for the PyTorch backend)."""
+    path = artifact / "engine" / "config.json" if backend == "tensorrt" else artifact / "config.json"
+    try:
+        raw = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise UserError(f"kv_cache_gb: cannot size the KV cache, {path} is unreadable ({exc})") from None
+    config = raw.get("pretrained_config", raw) if isinstance(raw, dict) else {}
+    layers = _first(config, "num_hidden_layers", "n_layer")
+    heads = _first(config, "num_attention_heads", "n_head")
+    hidden = _first(config, "hidden_size", "n_embd")
+    kv_heads = _first(config, "num_key_value_heads") or heads
+    head_size = _first(config, "head_size", "head_dim") or (hidden // heads if hidden and heads else None)
+    if not (layers and kv_heads and head_size):
+        raise UserError(f"kv_cache_gb: cannot size the KV cache, {path} names no layer count, heads and head size")
+    quant = config.get("quantization") or {}
+    kv_quant = str(quant.get("kv_cache_quant_algo") or "").lower()
+    if kv_cache_dtype in ("int8", "fp8") or kv_quant in ("int8", "fp8"):
+        element = 1
+    else:
+        dtype = str(config.get("dtype") or config.get("torch_dtype") or "float16").lower()
+        element = _KV_ELEMENT_BYTES.get(dtype, 2)
+    return 2 * layers * kv_heads * head_size * element
+
+
+def max_tokens_for(budget_bytes: int, per_token: int) -> int:
+    """`kv_cache_config.max_tokens` for a budget: whole tokens, at least one."""
+    tokens = budget_bytes // per_token
+    if tokens < 1:
+        raise UserError(f"kv_cache_gb: {budget_bytes} bytes hold no token of this model ({per_token} bytes each)")
+    return tokens
+
+
+def plan_budgets(slots: Sequence, explicit: Mapping[str, int | None], weights_bytes: Mapping[str, int],
+                 free_bytes: int, fraction: float, overhead_bytes: int = PROCESS_OVERHEAD_BYTES) -> dict:
+    """Budget in bytes per (model id, copy index); None leaves the engine's fraction in charge.
+
+    A slot whose model has an explicit budget (`kv_cache_gb`) gets it. With one process and no
+    budget, the engine's own fraction decides, as before. Otherwise the processes without a budget
+    share equally what `fraction` of the memory free before the first start leaves once every
+    process's weights, overhead and explicit budget are counted, which no start order changes.
+    """
+    keys = [(s.model_id, s.copy_index) for s in slots]
+    if len(slots) == 1 and explicit.get(slots[0].model_id) is None:
+        return {keys[0]: None}
+    missing = [s for s in slots if explicit.get(s.model_id) is None]
+    fixed = sum(explicit.get(s.model_id) or 0 for s in slots)
+    fixed += sum(weights_bytes.get(s.model_id, 0) + overhead_bytes for s in slots)
+    usable = int(fraction * free_bytes)
+    share = (usable - fixed) // len(missing) if missing else 0
+    if missing and share <= 0:
+        names = ", ".join(sorted({s.model_id for s in missing}))
+        raise UserError(
+            f"kv_cache_gb: nothing is left for the KV cache of {names}: {fraction:g} x {free_bytes / 2**30:.1f} GiB "
+            f"free = {usable / 2**30:.1f} GiB, and weights + {overhead_bytes / 2**30:.2f} GiB per process + explicit "
+            f"budgets take {fixed / 2**30:.1f} GiB; give every model a kv_cache_gb or serve fewer copies")
+    return {(s.model_id, s.copy_index): explicit.get(s.model_id) or share for s in slots}
+
+
+def artifact_bytes(artifact: Path) -> int:
+    """Bytes of an artifact's files on disk: the weights a process loads, within a few KB of config."""
+    return sum(p.stat().st_size for p in artifact.rglob("*") if p.is_file())
