@@ -48,6 +48,9 @@ log = logging.getLogger("fleetcast.serve")
 PPV2_LOCAL = b"\r\n\r\n\x00\r\nQUIT\n" + bytes([0x20, 0x00, 0x00, 0x00])
 
 
+STATE_POLL_S = 0.5  # how soon a process that exited shows in the per-model readiness file
+
+
 class ServeError(RuntimeError):
     """The server never became ready (or kept crashing)."""
 
@@ -161,8 +164,11 @@ class Serving:
             raise ValueError("Serving needs at least one server process")
         self.servers = list(servers)
         self.base = self.servers[0].base  # the first process (gauges, single-model callers)
-        self._alive: dict[str, bool] = {}  # last liveness answer per process
+        self._alive: dict[str, tuple[int | None, bool]] = {}  # per process: (pid probed, answered)
         self._state_lock = threading.Lock()
+        self._write_lock = threading.Lock()
+        self._written: dict | None = None
+        self._state_stop = threading.Event()
 
     def gateway_argv(self) -> list[str]:
         s = self.s
@@ -174,6 +180,8 @@ class Serving:
             argv += ["--config-json", str(s.config_json)]
         if s.drain_deadline_file is not None:
             argv += ["--drain-deadline-file", str(s.drain_deadline_file)]
+        if s.models_state_file is not None:
+            argv += ["--models-state", str(s.models_state_file)]
         return argv
 
     def server_alive(self, server: ServerProcess | None = None) -> bool:
@@ -187,10 +195,11 @@ class Serving:
         return status == 200
 
     def _mark(self, server: ServerProcess, alive: bool) -> None:
+        child = self.supervisor.children.get(server.name)
         with self._state_lock:
-            changed = self._alive.get(server.name) != alive
-            self._alive[server.name] = alive
-        if changed and self.s.models_state_file is not None:
+            # Keyed by pid: a restarted process is not ready on its predecessor's last answer.
+            self._alive[server.name] = (child.pid if child is not None else None, alive)
+        if self.s.models_state_file is not None:
             self.write_models_state()
 
     def model_health(self) -> dict[str, dict]:
@@ -200,7 +209,7 @@ class Serving:
             alive = dict(self._alive)
         for server in self.servers:
             child = self.supervisor.children.get(server.name)
-            up = bool(child is not None and child.running() and alive.get(server.name))
+            up = bool(child is not None and child.running() and alive.get(server.name) == (child.pid, True))
             entry = out.setdefault(server.model_id, {"ready": False, "copies": 0, "ready_copies": 0, "ports": []})
             entry["copies"] += 1
             entry["ready_copies"] += int(up)
@@ -209,12 +218,27 @@ class Serving:
         return out
 
     def write_models_state(self) -> None:
-        """The per-model readiness, atomically, for whoever reports it (the gateway's /health)."""
+        """The per-model readiness, atomically, for whoever reports it (the gateway's /health); rewritten
+        only when it changed."""
         path = self.s.models_state_file
         assert path is not None
-        tmp = path.with_name(f".{path.name}.tmp")
-        tmp.write_text(json.dumps({"models": self.model_health(), "updated": time.time()}))
-        tmp.replace(path)
+        with self._write_lock:
+            health = self.model_health()
+            if health == self._written:
+                return
+            tmp = path.with_name(f".{path.name}.tmp")
+            tmp.write_text(json.dumps({"models": health, "updated": time.time()}))
+            tmp.replace(path)
+            self._written = health
+
+    def _watch_state(self) -> None:
+        """A process that exits is not probed (the supervisor restarts it): its model's state changes
+        here, within a poll, instead of at the next liveness answer."""
+        while not self._state_stop.wait(STATE_POLL_S):
+            try:
+                self.write_models_state()
+            except OSError as exc:
+                log.warning("cannot write %s: %s", self.s.models_state_file, exc)
 
     def start(self) -> None:
         """Start the first engine process; wait_ready() starts the rest, one after another."""
@@ -255,6 +279,9 @@ class Serving:
             if index == 0:
                 timings["server_healthy_s"] = time.monotonic() - started
                 timings["probe_tokens"], timings["probe_text"] = tokens, text
+        if self.s.models_state_file is not None:
+            self.write_models_state()  # before the gateway starts: its /health reads it
+            threading.Thread(target=self._watch_state, name="models-state", daemon=True).start()
         if self.s.gateway:
             if "gateway" not in self.supervisor.children:
                 self.supervisor.start(Child("gateway", self.gateway_argv(), policy=self.s.restart))
@@ -263,8 +290,6 @@ class Serving:
                 if time.monotonic() > deadline:
                     raise ServeError(f"gateway /health on port {self.s.port} not 200 within {self.s.ready_timeout_s:.0f} s")
                 time.sleep(0.2)
-        if self.s.models_state_file is not None:
-            self.write_models_state()
         timings["ready_s"] = time.monotonic() - started
         return timings
 
@@ -313,6 +338,7 @@ class Serving:
         """Gateway first (health 503, finish in-flight, close), then the server. `budget_s`: a Spot
         interruption's time left, which the gateway also read from its deadline file."""
         started = time.monotonic()
+        self._state_stop.set()
         report: dict = {}
         window = self.s.drain_timeout_s if budget_s is None else min(self.s.drain_timeout_s, max(0.0, budget_s))
         if self.s.gateway and "gateway" in self.supervisor.children:
@@ -342,9 +368,23 @@ class Serving:
         return report
 
     def server_stats(self) -> dict | None:
-        """Latest iteration stats from the server's /metrics (trtllm-serve format; dequeued on read)."""
+        """Latest iteration stats of the instance's engine processes (trtllm-serve's /metrics, dequeued on
+        read): requests active and queued summed over them, KV utilization the fullest one's (the one
+        that refuses work first)."""
+        per = [stats for server in self.servers if (stats := self.process_stats(server))]
+        if not per:
+            return None
+        out: dict = {}
+        for key in ("active", "queued"):
+            if any(key in st for st in per):
+                out[key] = sum(st.get(key, 0.0) for st in per)
+        if any("kv_util" in st for st in per):
+            out["kv_util"] = max(st["kv_util"] for st in per if "kv_util" in st)
+        return out
+
+    def process_stats(self, server: ServerProcess) -> dict | None:
         try:
-            status, stats = http_json("GET", f"{self.base}/metrics", timeout_s=5.0)
+            status, stats = http_json("GET", f"{server.base}/metrics", timeout_s=5.0)
         except OSError:
             return None
         if status != 200 or not isinstance(stats, list) or not stats:

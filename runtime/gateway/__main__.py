@@ -70,6 +70,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--drain-deadline-file",
                    help="where the runtime writes a Spot interruption's drain deadline before SIGTERM (runtime/spot.py); "
                         "the drain then ends by it and its outcome is written next to it")
+    p.add_argument("--models-state",
+                   help="the runtime's per-model readiness file (one engine process per model and copy): /health "
+                        "names the ready models and stays 200 while any is ready")
     p.add_argument("--event-loop", choices=("auto", "asyncio", "uvloop"), default="auto",
                    help="auto (default): uvloop when installed, which scripts/bench_gateway.py measures as the "
                         "faster hop; else the standard asyncio loop")
@@ -142,7 +145,7 @@ async def serve(args: argparse.Namespace) -> int:
                                       for c in consumers for m, limits in model_limits_of(c).items()},
                       proxy_protocol=args.proxy_protocol == "required",
                       drain_timeout_s=cfg.operations.drain_timeout_s, body_timeout_s=args.body_timeout_s,
-                      upstream_idle_timeout_s=args.upstream_idle_s)
+                      upstream_idle_timeout_s=args.upstream_idle_s, models_state=args.models_state)
 
     async def apply_consumers(new_cfg, new_consumers) -> None:
         # Keys before identity: a consumer that now needs a key must not be served keyless meanwhile.

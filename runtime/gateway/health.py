@@ -3,6 +3,12 @@
 NLB health checks arrive from every load balancer node all day; a connection per
 check left thousands of sockets in TIME_WAIT. Checks that arrive while one is in
 flight share its answer.
+
+An instance that serves several models runs one engine process per (model, copy); the
+runtime keeps their readiness in a small JSON file (runtime/serve.py, `--models-state`).
+With it, /health says which models are ready and stays 200 while any one is: a model
+whose process is restarting must not take the instance out of the load balancer, which
+would stop the others too (its own requests fail fast meanwhile).
 """
 
 from __future__ import annotations
@@ -18,10 +24,12 @@ MAX_HEALTH_BODY = 64 * 1024  # a /health answer longer than this is not read to 
 
 
 class HealthProbe:
-    def __init__(self, upstream: tuple[str, int], timeout_s: float, draining: Callable[[], bool] = lambda: False):
+    def __init__(self, upstream: tuple[str, int], timeout_s: float, draining: Callable[[], bool] = lambda: False,
+                 models_state: str | None = None):
         self.upstream = upstream
         self.timeout_s = timeout_s
         self.draining = draining
+        self.models_state = models_state  # the runtime's per-model readiness file, when it writes one
         self._conn: UpstreamConn | None = None  # one kept-alive connection for /health checks
         self._probe: asyncio.Future | None = None  # the check in flight; concurrent ones share it
 
@@ -30,10 +38,35 @@ class HealthProbe:
         if self.draining():
             status, body = 503, {"status": "draining"}
         else:
-            status, body = await self.check()
+            status, body = await self.verdict()
         payload = json.dumps(body).encode()
         out = response_head(status, [("Content-Type", "application/json")], length=len(payload), close=not keep)
         return out if head_only else out + payload
+
+    async def verdict(self) -> tuple[int, dict[str, Any]]:
+        """Per model when the runtime reports its processes: 200 while any model is ready; else the
+        model server's own /health."""
+        models = self.read_models()
+        if models is None:
+            return await self.check()
+        ready = {model: bool(state.get("ready")) for model, state in models.items()}
+        if any(ready.values()):
+            return 200, {"status": "ok", "models": ready}
+        return 503, {"status": "unhealthy", "reason": "no model is ready", "models": ready}
+
+    def read_models(self) -> dict[str, dict] | None:
+        """The runtime's file ({"models": {id: {"ready": bool, ...}}}), or None without a usable one."""
+        if not self.models_state:
+            return None
+        try:
+            with open(self.models_state, "rb") as f:
+                data = json.loads(f.read(MAX_HEALTH_BODY))
+        except (OSError, ValueError):
+            return None  # not written yet (the first process is still starting): the server's own answer
+        models = data.get("models") if isinstance(data, dict) else None
+        if not isinstance(models, dict) or not models or not all(isinstance(v, dict) for v in models.values()):
+            return None
+        return models
 
     async def check(self) -> tuple[int, dict[str, Any]]:
         """The model server's /health; checks that arrive while one is in flight share its answer."""

@@ -60,6 +60,7 @@ class Gateway:
                  header_timeout_s: float = 5.0, idle_timeout_s: float = 75.0, upstream_idle_timeout_s: float = 600.0,
                  health_timeout_s: float = 2.0, max_idle_upstream: int = 256, body_timeout_s: float = BODY_TIMEOUT_S,
                  disconnect_poll_s: float = 0.5, health_upstream: tuple[str, int] | None = None,
+                 models_state: str | None = None,
                  clock: Callable[[], float] = time.time):
         """`entitled`: consumer -> the model and adapter ids it may call; None: every consumer, every id."""
         self.identity = identity
@@ -75,7 +76,7 @@ class Gateway:
         self.admission = Admission(limiters, metrics, entitled, model_limiters)
         self.drain_state = Drain(drain_timeout_s)
         self.health = HealthProbe(health_upstream or router.default.address, health_timeout_s,
-                                  lambda: self.drain_state.draining)
+                                  lambda: self.drain_state.draining, models_state)
         self.started_at = int(clock())
         self.watchdog = StreamWatchdog(upstream_idle_timeout_s)
         self.proxy = Proxy(self.drain_state, self.watchdog, disconnect_poll_s)

@@ -8,6 +8,7 @@ uvicorn (keep-alive unless asked to close).
 from __future__ import annotations
 
 import asyncio
+import json
 
 from runtime.gateway import ppv2
 
@@ -90,3 +91,44 @@ def test_health_turns_503_when_the_server_is_gone_and_200_when_it_is_back():
             await stop_harness(h)
             await upstream.stop()
     run(body())
+
+
+def test_with_several_models_health_names_the_ready_ones_and_stays_up_while_any_is(tmp_path):
+    """The runtime's per-model readiness (runtime/serve.py) decides: one model's process restarting must
+    not take the instance out of the NLB, which would stop the other models too."""
+    from runtime.gateway.health import HealthProbe
+
+    state = tmp_path / "models-ready.json"
+
+    def write(**ready):
+        state.write_text(json.dumps({"models": {m: {"ready": r, "copies": 1, "ready_copies": int(r), "ports": [1]}
+                                                for m, r in ready.items()}}))
+
+    async def body():
+        upstream = await CountingHealthServer().start()
+        probe = HealthProbe(("127.0.0.1", upstream.port), 2.0, models_state=str(state))
+        try:
+            # Not written yet (the first process still starting): the model server's own answer.
+            assert await probe.verdict() == (200, {"status": "ok"}) and upstream.checks == 1
+            write(**{"gpt2-xl": True, "qwen": False})
+            assert await probe.verdict() == (200, {"status": "ok", "models": {"gpt2-xl": True, "qwen": False}})
+            write(**{"gpt2-xl": False, "qwen": False})
+            status, answer = await probe.verdict()
+            assert status == 503 and answer["models"] == {"gpt2-xl": False, "qwen": False}
+            assert upstream.checks == 1  # the file decides; no probe of one model's process stands for all
+            state.write_text("{not json")  # a torn file is never read (written atomically), but never trusted
+            assert (await probe.verdict())[0] == 200 and upstream.checks == 2
+        finally:
+            probe.close()
+            await upstream.stop()
+    run(body())
+
+
+def test_draining_wins_over_ready_models(tmp_path):
+    from runtime.gateway.health import HealthProbe
+
+    state = tmp_path / "models-ready.json"
+    state.write_text(json.dumps({"models": {"gpt2-xl": {"ready": True}}}))
+    probe = HealthProbe(("127.0.0.1", 9), 2.0, draining=lambda: True, models_state=str(state))
+    raw = run(probe.response(head_only=False, keep=False))
+    assert raw.split(b" ", 2)[1] == b"503" and raw.endswith(b'{"status": "draining"}')
