@@ -159,10 +159,16 @@ def concurrent(n: int) -> int:
     return 0 if len(builds) == 1 else 1
 
 
-if __name__ == "__main__":
+def _cli() -> int:
     if len(sys.argv) == 3 and sys.argv[1] == "--concurrent" and sys.argv[2].isdigit() and int(sys.argv[2]) > 0:
-        sys.exit(concurrent(int(sys.argv[2])))
+        return concurrent(int(sys.argv[2]))
     if len(sys.argv) > 1:
         print("usage: python -m runtime.demo [--concurrent N]", file=sys.stderr)
-        sys.exit(2)
-    sys.exit(main())
+        return 2
+    return main()
+
+
+if __name__ == "__main__":
+    from fleetcast.contract.entry import run_quietly
+
+    sys.exit(run_quietly(_cli))

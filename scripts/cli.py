@@ -49,6 +49,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """The `fleetcast` command; Ctrl-C and a closed stdout end it as they end Unix tools (contract/entry.py)."""
+    from fleetcast.contract.entry import run_quietly
+
+    return run_quietly(lambda: _main(argv))
+
+
+def _main(argv: list[str] | None) -> int:
     from fleetcast.config import ConfigError
     from fleetcast.errors import FleetcastError
 
@@ -71,9 +78,6 @@ def main(argv: list[str] | None = None) -> int:
         error = translate(exc)
         print(f"fleetcast {args.command}: {error}", file=sys.stderr)
         return error.exit_code
-    except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
-        return 130
 
 
 if __name__ == "__main__":
