@@ -173,14 +173,17 @@ def _calibration(args: argparse.Namespace) -> int:
     from fleetcast.config import load_config
     from fleetcast.staging.model import stage_calibration
 
-    cfg = load_config(args.config)
-    clients = _clients(args)
-    from fleetcast.staging.calibration import read_rows
+    from fleetcast.staging.calibration import check_name, read_rows
 
-    read_rows(args.dir)  # a malformed set is refused before any AWS call
+    # Everything local is checked first, offline: config, name, part size and the set itself.
+    cfg = load_config(args.config)
+    check_name(args.name)
+    part_size = _part_size(args)
+    read_rows(args.dir)
+    clients = _clients(args)
     result = stage_calibration(args.name, args.dir, _buckets(cfg, args, clients), clients,
                                samples=cfg.calibration.samples if cfg.calibration else None,
-                               part_size=_part_size(args), progress=args.progress)
+                               part_size=part_size, progress=args.progress)
     print("\n".join(result.lines()))
     first = next(iter(result.reports))
     print(f"set calibration.dataset in {args.config} to s3://<{first} bucket>/{result.prefix} "

@@ -29,6 +29,7 @@ Stdlib only: the runtime imports `loader_dir`.
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 from fleetcast.errors import UserError
@@ -42,6 +43,17 @@ STAGE_COMMAND = "fleetcast stage calibration --config FILE --dir DIR --name NAME
 FORMAT = "fleetcast.calibration/v1"  # recorded in the manifest's extra
 # Substrings that send either loader down another branch (a hub dataset with other splits/columns).
 _OTHER_BRANCHES = ("cnn_dailymail", "scienceqa", "science_qa", "pileval")
+
+
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+
+
+def check_name(name: str) -> str:
+    """A set's name becomes one S3 key segment (calibration/NAME/): one segment, no path tricks."""
+    if not _NAME.fullmatch(name) or ".." in name:
+        raise UserError(f"--name {name!r}: a calibration set name is 1-64 characters, letters, digits, '.', '_' and "
+                        "'-', starting with a letter or digit (it becomes the S3 prefix calibration/NAME/)", 2)
+    return name
 
 
 def loader_dir(calib_dir: Path) -> Path:
