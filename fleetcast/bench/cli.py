@@ -12,6 +12,7 @@ import argparse
 import os
 import sys
 
+from fleetcast.contract.entry import EXIT_INTERRUPTED
 from fleetcast.errors import FleetcastError, UserError
 
 DEFAULT_REQUESTS_PER_LEVEL = 100
@@ -223,6 +224,10 @@ def _run(args: argparse.Namespace) -> int:
     saturated = [r for r in results.runs if r.summary.saturated]
     if saturated:
         log(f"warning: {len(saturated)} run(s) marked saturated: the client, not the server, may have set those figures")
+    if results.interrupted:
+        print(f"interrupted: {results.interrupted}; the finished level(s) are in {out}, marked interrupted",
+              file=sys.stderr)
+        return EXIT_INTERRUPTED
     return 0
 
 

@@ -202,6 +202,8 @@ class Bench:
         self.model = opts.model
         self.prompts: PromptFactory | None = None
         self._headers = dict(opts.headers)
+        self._started: datetime | None = None
+        self._runs: list[Run] = []  # the levels finished so far: what an interrupted run keeps
 
     # -- control plane (not timed)
     async def _discover(self) -> None:
@@ -384,12 +386,12 @@ class Bench:
         opts = self.opts
         if not opts.levels:
             raise UserError("nothing to run: give --concurrency, --rate, --trace or --mix")
-        started = datetime.now(UTC)
+        self._started = datetime.now(UTC)
         await self._discover()
         rtt = await tcp_rtt_ms(self.ep) if opts.rtt_probe else None
         await self._warmup()
         progress = _Progress(opts.requests_per_level, opts.duration_s) if opts.progress else None
-        runs = []
+        runs = self._runs
         for level in opts.levels:
             sink, lags, cpu, kernel_stamps = await self._run_level(level, progress)
             t0 = min((s.raw.t_send for s in sink), default=0.0)
@@ -414,13 +416,17 @@ class Bench:
                 summary=summary,
                 records=records if opts.keep_records else [],
             ))
+        return self._results()
+
+    def _results(self, interrupted: str | None = None) -> Results:
+        opts, runs = self.opts, list(self._runs)
         labels = opts.labels
         if labels.model is None and self.model:
             labels = labels.model_copy(update={"model": self.model})
         prompts = self.prompts.describe()
         return Results(
             labels=labels, endpoint=opts.endpoint, api=opts.api, config_hash=opts.config_hash,
-            client=client_info(), started_at=started, finished_at=datetime.now(UTC), seed=opts.seed, runs=runs,
+            client=client_info(), started_at=self._started, finished_at=datetime.now(UTC), seed=opts.seed, runs=runs,
             revision=SCHEMA_REVISION, provenance="measured",
             slo=SloSpec(ttft_ms=opts.slo.ttft_ms, itl_ms=opts.slo.itl_ms, e2e_ms=opts.slo.e2e_ms),
             request=RequestShape(
@@ -428,10 +434,25 @@ class Bench:
                 input_mean=opts.input_tokens.expected(), output_mean=opts.output_tokens.expected(),
                 prompts=prompts, force_output=opts.force_output,
             ),
+            interrupted=interrupted,
         )
 
     def run(self) -> Results:
-        return asyncio.run(self.run_async())
+        """The session's results. Ctrl-C after some levels finished returns those, marked interrupted (the level
+        it cut is dropped: its figures would describe a shorter, unfinished load); before any finished, it raises."""
+        try:
+            return asyncio.run(self.run_async())
+        except KeyboardInterrupt:
+            if not self._runs:
+                raise
+            done = len(self._runs)
+            if done == len(self.opts.levels):
+                return self._results()  # every level had finished
+            cut, never = self.opts.levels[done], self.opts.levels[done + 1:]
+            return self._results(interrupted=(
+                f"Ctrl-C during {_level_name(cut)}: {done} of {len(self.opts.levels)} level(s) finished; "
+                f"{_level_name(cut)} dropped" + (f", not run: {', '.join(_level_name(x) for x in never)}"
+                                                 if never else "")))
 
 
 def client_info() -> ClientInfo:

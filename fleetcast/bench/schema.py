@@ -214,6 +214,9 @@ class Results(_Model):
     provenance: Provenance = Field("measured", description="synthetic: authored data, not a measurement")
     slo: SloSpec | None = None
     request: RequestShape | None = None
+    interrupted: str | None = Field(
+        None, description="set when the run was stopped before every level ran (Ctrl-C): the runs are the levels "
+        "that finished; this says which level was cut and which never ran")
 
     def request_shape(self) -> RequestShape | None:
         """The file's request shape; for files older than revision 2, read back from the runs' length specs."""

@@ -83,3 +83,35 @@ def test_results_reader_ignores_fields_added_later(fast_server, tmp_path):
     data["runs"][0]["summary"]["future_metric"] = {"x": 1}
     out.write_text(json.dumps(data))
     assert load_results(out).runs[0].records == []
+
+
+def test_ctrl_c_keeps_the_finished_levels_marked_interrupted(fast_server, tmp_path):
+    """Ctrl-C after a level finished: the file holds that level, says the run was interrupted and which levels
+    were cut or never ran, and the command exits 130 (128 + SIGINT) without a traceback."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    out = tmp_path / "results.json"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "scripts.cli", "bench", "run", "--endpoint", fast_server.url, "--concurrency", "1,2,4",
+         "--duration", "4", "--input-tokens", "16", "--output-tokens", "4", "--out", str(out)],
+        cwd=root, env={**os.environ, "PYTHONPATH": str(root)}, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True)
+    seen = []
+    for line in proc.stderr:  # bounded: the run ends by itself after three 4 s levels
+        seen.append(line)
+        if line.startswith("concurrency 1:"):
+            proc.send_signal(signal.SIGINT)
+            break
+    rest = proc.stderr.read()
+    assert proc.wait(timeout=60) == 130, "".join(seen) + rest
+    assert "Traceback" not in rest and "interrupted: Ctrl-C during concurrency 2" in rest
+    res = load_results(out)
+    assert [r.load.concurrency for r in res.runs] == [1]
+    assert res.interrupted.startswith("Ctrl-C during concurrency 2: 1 of 3 level(s) finished")
+    assert "not run: concurrency 4" in res.interrupted
+    assert out.with_suffix(".csv").is_file()
