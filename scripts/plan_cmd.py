@@ -245,14 +245,13 @@ def _baseline(config_path: str, cfg, pools, ctx) -> tuple:
     from datetime import datetime, timezone
 
     from fleetcast.plan.drift import baseline_document, baseline_path
-    from fleetcast.plan.writeback import pool_for
+    from fleetcast.plan.writeback import pool_name_for
 
     chosen = {}
     for fleet_pool in pools:
         region = next((r for r in cfg.regions if r.region == fleet_pool.service_region), None)
         if region is not None:
-            rows = [{"instance_type": p.instance_type, "name": p.name} for p in region.pools]
-            chosen[region.region] = pool_for(rows, fleet_pool.evaluation.candidate.family)["name"]
+            chosen[region.region] = pool_name_for(region, fleet_pool.evaluation.candidate.family)
     doc = baseline_document(pools, ctx, chosen, datetime.now(timezone.utc).isoformat(timespec="seconds"))
     return baseline_path(config_path), json.dumps(doc, indent=1) + "\n"
 

@@ -56,6 +56,12 @@ def pool_for(pools: list, family: str):
     return next((p for p in pools if str(p.get("instance_type", "")).split(".")[0] == family), pools[0])
 
 
+def pool_name_for(region, family: str) -> str | None:
+    """pool_for over a validated config's region (None without one): the name of the pool the write updates."""
+    rows = [{"instance_type": p.instance_type, "name": p.name} for p in region.pools] if region is not None else []
+    return pool_for(rows, family)["name"] if rows else None
+
+
 @dataclass(frozen=True)
 class ConfigEdit:
     """What --write-config would write, computed and validated, nothing written yet."""
@@ -112,8 +118,7 @@ def write_config_notes(cfg, pools: list[FleetPool], allow_estimated: bool = Fals
                                 "regions; add it (availability zones, VPC, AMI, allowed principals) and rerun"))
             continue
         (fleet_pool,) = region_pools
-        rows = [{"instance_type": p.instance_type, "name": p.name} for p in region.pools] if region else []
-        name = pool_for(rows, fleet_pool.evaluation.candidate.family)["name"] if rows else None
+        name = pool_name_for(region, fleet_pool.evaluation.candidate.family)
         calibration = calibration_use(cfg, region_name, name, fleet_pool.evaluation.candidate)
         if calibration:
             notes.append(calibration)
