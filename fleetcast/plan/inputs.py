@@ -89,9 +89,13 @@ def load_candidates(paths: list[str | Path]) -> list[Candidate]:
                             f"{slot['sources'][0]} for the same instance type and precision")
         for run in results.runs:
             slot["runs"].append((str(path), run))
+        if results.interrupted:
+            slot.setdefault("interrupted", []).append(f"{path}: the bench run was interrupted ({results.interrupted}); "
+                                                      "its curve ends at the last level that finished")
     out = []
     for (instance_type, precision), slot in sorted(grouped.items()):
         points, notes, lengths = _points(slot["runs"])
+        notes = slot.get("interrupted", []) + notes
         if not points:
             raise UserError(f"--results: {', '.join(slot['sources'])}: no usable run for {instance_type} {precision} "
                             f"({'; '.join(notes) or 'no runs'})")

@@ -225,3 +225,16 @@ def test_write_config_says_what_a_target_at_the_consumers_limit_means(capsys, tm
     main(["plan", "--results", str(SEED / "results"), "--traffic", str(SEED / "traffic-seoul.yaml"),
           "--config", str(fleet), "--ttft-p99-ms", "300", "--itl-p99-ms", "40", "--write-config", str(fleet)])
     assert "max_concurrency" not in capsys.readouterr().out
+
+
+def test_an_interrupted_bench_run_is_named_in_the_warnings(tmp_path):
+    """A results file `fleetcast bench run` cut with Ctrl-C holds the levels that finished; the plan says the
+    curve ends there because the run was cut, not because the endpoint stopped there."""
+    doc = json.loads((SEED / "results" / "g6e.xlarge-int8_wo.json").read_text())
+    doc["runs"] = doc["runs"][:3]
+    doc["interrupted"] = "Ctrl-C during concurrency 16: 3 of 6 level(s) finished"
+    cut = tmp_path / "g6e.xlarge-int8_wo.json"
+    cut.write_text(json.dumps(doc))
+    result, _, _ = build_plan(PlanOptions(results=[str(cut)], traffic=str(SEED / "traffic-seoul.yaml"), config=None,
+                                          ttft_p99_ms=300, itl_p99_ms=40))
+    assert any("the bench run was interrupted (Ctrl-C during concurrency 16" in w for w in result.warnings)
