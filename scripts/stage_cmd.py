@@ -48,6 +48,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     buckets(calib)
     calib.add_argument("--dir", type=Path, required=True, help="directory holding the *.jsonl files")
     calib.add_argument("--name", required=True, help="dataset name; staged under calibration/NAME/")
+    calib.add_argument("--write-config", action=argparse.BooleanOptionalAction, default=True,
+                       help="set calibration.dataset in the config file to the staged set (default: on); "
+                            "pools whose precision calibrates roll to it on the next deploy")
     calib.set_defaults(handler=_calibration)
 
     image = actions.add_parser("image", help="mirror the pinned TensorRT-LLM image into each region's ECR and pin its digest")
@@ -173,7 +176,9 @@ def _calibration(args: argparse.Namespace) -> int:
     from fleetcast.config import load_config
     from fleetcast.staging.model import stage_calibration
 
+    from fleetcast.config.edit import edited_text, replace_files
     from fleetcast.staging.calibration import check_name, read_rows
+    from fleetcast.staging.manifest import calibration_prefix
 
     # Everything local is checked first, offline: config, name, part size and the set itself.
     cfg = load_config(args.config)
@@ -181,13 +186,23 @@ def _calibration(args: argparse.Namespace) -> int:
     part_size = _part_size(args)
     read_rows(args.dir)
     clients = _clients(args)
-    result = stage_calibration(args.name, args.dir, _buckets(cfg, args, clients), clients,
+    buckets = _buckets(cfg, args, clients)
+    # Each region's instances read the prefix in their own bucket (runtime/staged.py); the URI names the first.
+    uri = f"s3://{next(iter(buckets.values()))}/{calibration_prefix(args.name)}"
+    edit = edited_text(args.config, [(("calibration", "dataset"), uri)]) if args.write_config else None
+    result = stage_calibration(args.name, args.dir, buckets, clients,
                                samples=cfg.calibration.samples if cfg.calibration else None,
                                part_size=part_size, progress=args.progress)
     print("\n".join(result.lines()))
-    first = next(iter(result.reports))
-    print(f"set calibration.dataset in {args.config} to s3://<{first} bucket>/{result.prefix} "
-          f"(each region reads its own bucket)")
+    if edit is None:
+        print(f"set calibration.dataset in {args.config} to {uri} (each region reads the same prefix in its own "
+              "bucket)")
+    elif cfg.calibration is not None and cfg.calibration.dataset == uri:
+        print(f"calibration.dataset in {args.config} already names {uri}")
+    else:
+        replace_files([(args.config, edit[0])])
+        print(f"calibration.dataset: {uri} in {args.config} (each region reads the same prefix in its own bucket; "
+              "pools whose precision calibrates roll to it on the next deploy: `fleetcast config diff`)")
     return 0
 
 

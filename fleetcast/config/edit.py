@@ -96,13 +96,24 @@ def write_validated(path: str | Path, yaml: YAML, doc: Any) -> FleetConfig:
     return cfg
 
 
-def apply_edits(path: str | Path, edits: Iterable[Edit]) -> FleetConfig:
-    """Set each (path, value) in the YAML document, validate, then atomically replace the file."""
+def edited_text(path: str | Path, edits: Iterable[Edit]) -> tuple[str, FleetConfig]:
+    """The file with each (path, value) set (a missing mapping on the way is added), validated; writes nothing."""
+    from ruamel.yaml.comments import CommentedMap
+
     yaml = round_trip_yaml()
     doc = yaml.load(Path(path).read_text())
     for keys, value in edits:
         node = doc
         for key in keys[:-1]:
+            if isinstance(key, str) and node.get(key) is None:
+                node[key] = CommentedMap()
             node = node[key]
         node[keys[-1]] = value
-    return write_validated(path, yaml, doc)
+    return validated_text(path, yaml, doc)
+
+
+def apply_edits(path: str | Path, edits: Iterable[Edit]) -> FleetConfig:
+    """Set each (path, value) in the YAML document, validate, then atomically replace the file."""
+    text, cfg = edited_text(path, edits)
+    replace_files([(path, text)])
+    return cfg

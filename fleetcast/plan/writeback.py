@@ -89,8 +89,8 @@ def calibration_use(cfg, region_name: str, pool_name: str | None, candidate) -> 
     where = f"{candidate.label} in {region_name}: {what} is calibrated (its build reads a staged calibration set)"
     if cfg is not None and cfg.calibration is not None:
         return False, f"{where}; the config's calibration.dataset {cfg.calibration.dataset} is the set it reads"
-    return True, (f"{where} and the config names none (calibration.dataset); stage one with `{STAGE_COMMAND}` and "
-                  "set calibration.dataset to the s3:// prefix it prints")
+    return True, (f"{where} and the config names none (calibration.dataset); stage one with `{STAGE_COMMAND}`, which "
+                  "names it in the config")
 
 
 def write_config_notes(cfg, pools: list[FleetPool], allow_estimated: bool = False) -> list[tuple[bool, str]]:

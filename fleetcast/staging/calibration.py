@@ -39,7 +39,7 @@ LOADER_DIR = "lambada"
 SPLITS = ("train", "validation")
 MIN_ROWS = 512
 # What a config whose precision calibrates is told to run (`fleetcast stage calibration`, scripts/stage_cmd.py).
-STAGE_COMMAND = "fleetcast stage calibration --config FILE --dir DIR --name NAME"
+STAGE_COMMAND = "fleetcast stage calibration --config FILE --dir DIR --name NAME"  # which sets calibration.dataset
 FORMAT = "fleetcast.calibration/v1"  # recorded in the manifest's extra
 # Substrings that send either loader down another branch (a hub dataset with other splits/columns).
 _OTHER_BRANCHES = ("cnn_dailymail", "scienceqa", "science_qa", "pileval")

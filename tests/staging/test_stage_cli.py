@@ -114,3 +114,29 @@ def test_stage_calibration_checks_local_input_first_without_credentials(tmp_path
                          timeout=120)
     assert out.returncode in (1, 2) and expected in out.stderr, out.stderr
     assert "credentials" not in out.stderr.lower() and "Traceback" not in out.stderr
+
+
+def test_stage_calibration_names_the_staged_set_in_the_config(tmp_path, env, make_bucket):
+    """The set a calibrated pick needs (`fleetcast plan --write-config` refuses one without it) is named in the
+    config by the command that staged it, as `stage image` pins the image digest."""
+    rows = tmp_path / "rows"
+    rows.mkdir()
+    (rows / "traffic.jsonl").write_text("".join(json.dumps({"text": f"prompt {i}"}) + "\n" for i in range(520)))
+    config = tmp_path / "fleet.yaml"
+    config.write_text(CONFIG.read_text())
+    seoul, virginia = make_bucket("ap-northeast-2"), make_bucket("us-east-1")
+    buckets = ["--bucket", f"ap-northeast-2={seoul}", "--bucket", f"us-east-1={virginia}"]
+
+    kept = fleetcast("stage", "calibration", "--config", str(config), "--dir", str(rows), "--name", "traffic",
+                     "--no-write-config", *buckets, env=env)
+    assert kept.returncode == 0, kept.stderr
+    assert config.read_text() == CONFIG.read_text()
+    assert f"set calibration.dataset in {config} to s3://{seoul}/calibration/traffic/" in kept.stdout
+
+    out = fleetcast("stage", "calibration", "--config", str(config), "--dir", str(rows), "--name", "traffic",
+                    *buckets, env=env)
+    assert out.returncode == 0, out.stderr
+    assert load_config(config).calibration.dataset == f"s3://{seoul}/calibration/traffic/"
+    # Everything else, comments included, is as it was.
+    assert [l for l in CONFIG.read_text().splitlines() if l.lstrip().startswith("#")] == \
+        [l for l in config.read_text().splitlines() if l.lstrip().startswith("#")]
