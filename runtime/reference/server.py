@@ -148,7 +148,7 @@ class ReferenceServer:
         self._idle = asyncio.Event()
         self._idle.set()
         self._request_log = open(args.request_log, "a", encoding="utf-8") if args.request_log else None
-        self.memory: dict[str, int] = {"pid": os.getpid()}  # GET /memory: what this process holds, by part
+        self.memory: dict[str, int | str] = {"pid": os.getpid()}  # GET /memory: what this process holds, by part
 
     # ---- lifecycle ---------------------------------------------------------------------
 
@@ -212,7 +212,7 @@ class ReferenceServer:
             flag = "--kv-cache-free-gpu-memory-fraction"
         else:
             return None
-        self.memory["kv_budget_bytes"] = budget
+        self.memory.update(kv_budget_bytes=budget, kv_budget_source=flag)
         if budget < slot:
             raise ValueError(f"{flag}: a budget of {budget} bytes holds no sequence of {max_seq} tokens "
                              f"({slot} bytes each for this model)")
