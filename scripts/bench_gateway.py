@@ -1,7 +1,8 @@
 """Measure what the consumer gateway adds to TTFT and inter-token latency, on loopback.
 
-    python -m scripts.bench_gateway [--concurrency 1,2,4,8,16,32,64] [--tokens 24]
-        [--token-interval-ms 8] [--ttft-ms 15] [--requests 100] [--modes direct,gateway,aiohttp] [--json FILE]
+    python -m scripts.bench_gateway [--concurrency 1,4,16,32,64,128] [--tokens 24]
+        [--token-interval-ms 8] [--ttft-ms 15] [--requests 384] [--modes direct,gateway,aiohttp]
+        [--cpus N] [--json FILE]
 
 One run starts, as separate processes:
   - a timed upstream: an OpenAI-shaped SSE server that emits `--tokens` tokens,
@@ -14,6 +15,11 @@ One run starts, as separate processes:
 and a client in this process that runs each concurrency level against each
 mode in turn (same upstream, same schedule), sending the PROXY v2 header with
 a VPC endpoint TLV to the gateway exactly as the NLB does.
+
+With --cpus N the gateway (and the aiohttp peer, for a fair comparison) run pinned
+to N cores (sched_setaffinity, what taskset does), and the upstream and the client
+to the other cores, so the proxy gets exactly the CPUs a g6e.xlarge leaves it
+(4 vCPUs shared with the engine: --cpus 2). The machine needs N + 2 cores for that.
 
 Figures (client side, per DESIGN.md): TTFT = request sent -> first content
 event; ITL = gaps between consecutive content events; delivery delay = event
@@ -332,9 +338,23 @@ def _bench_config(path: Path) -> None:
 
 
 def _spawn(args: list[str], env: dict | None = None, stdout=subprocess.DEVNULL,
-           stderr=subprocess.DEVNULL) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, *args], cwd=str(ROOT), env={**os.environ, **(env or {})},
+           stderr=subprocess.DEVNULL, cpus: set[int] | None = None, cwd: Path = ROOT) -> subprocess.Popen:
+    proc = subprocess.Popen([sys.executable, *args], cwd=str(cwd), env={**os.environ, **(env or {})},
                             stdout=stdout, stderr=stderr)
+    if cpus:
+        os.sched_setaffinity(proc.pid, cpus)  # before it starts serving: its threads inherit the mask
+    return proc
+
+
+def cpu_split(cpus: int | None) -> tuple[set[int] | None, set[int] | None]:
+    """(proxy cores, everything else's cores) for --cpus; (None, None) without it."""
+    if not cpus:
+        return None, None
+    available = sorted(os.sched_getaffinity(0))
+    if cpus < 1 or len(available) < cpus + 2:
+        raise SystemExit(f"--cpus {cpus}: this machine lets the bench use {len(available)} cores; it needs "
+                         f"--cpus + 2 (the upstream and the client get cores of their own)")
+    return set(available[:cpus]), set(available[cpus:])
 
 
 def gateway_args(port: int, up_port: int, config: Path, loop: str = "auto") -> list[str]:
@@ -359,25 +379,40 @@ async def main_async(args: argparse.Namespace) -> dict:
     config = tmp / "fleet.json"
     _bench_config(config)
     emf = open(tmp / "emf.log", "w")
+    proxy_cpus, other_cpus = cpu_split(args.cpus)
+    if other_cpus:
+        os.sched_setaffinity(0, other_cpus)  # the client (this process) off the proxy's cores
     procs = [_spawn(["-m", "scripts.bench_gateway", "_upstream", str(up_port), str(args.ttft_ms),
-                     str(args.token_interval_ms)])]
+                     str(args.token_interval_ms)], cpus=other_cpus)]
     header = _proxy_header()
     targets = {"direct": (up_port, None), "aiohttp": (aio_port, None)}
     for mode in modes:
         if mode.startswith("gateway"):
-            # gateway: the production default (uvloop when installed); gateway-asyncio: the stdlib loop.
-            loop = {"gateway": "auto", "gateway-asyncio": "asyncio", "gateway-uvloop": "uvloop"}[mode]
+            # gateway: the production default (uvloop when installed); gateway-asyncio: the stdlib loop;
+            # gateway-base: the gateway of another checkout (--base-tree), for a before/after in one run.
+            loop = {"gateway": "auto", "gateway-asyncio": "asyncio", "gateway-uvloop": "uvloop",
+                    "gateway-base": "auto"}[mode]
             port = free_port()
             targets[mode] = (port, header)
-            procs.append(_spawn(gateway_args(port, up_port, config, loop), gateway_env(ec2_port), stdout=emf))
+            if mode == "gateway-base":
+                tree = Path(args.base_tree).resolve()
+                env = {**gateway_env(ec2_port),
+                       "PYTHONPATH": os.pathsep.join([str(tree), *filter(None, [os.environ.get("PYTHONPATH")])])}
+                procs.append(_spawn(gateway_args(port, up_port, config, loop), env, stdout=emf, cpus=proxy_cpus,
+                                    cwd=tree))
+            else:
+                procs.append(_spawn(gateway_args(port, up_port, config, loop) + args.gateway_arg,
+                                    gateway_env(ec2_port), stdout=emf, cpus=proxy_cpus))
     if "aiohttp" in modes:
-        procs.append(_spawn(["-m", "scripts.bench_gateway", "_aiohttp", str(aio_port), str(up_port)]))
+        procs.append(_spawn(["-m", "scripts.bench_gateway", "_aiohttp", str(aio_port), str(up_port)],
+                            cpus=proxy_cpus))
     try:
         import uvloop  # noqa: F401
         auto_loop = "uvloop"
     except ImportError:
         auto_loop = "asyncio"
     results: dict = {"config": vars(args), "cpus": os.cpu_count(), "gateway_loop": auto_loop,
+                     "proxy_cpus": sorted(proxy_cpus) if proxy_cpus else None,
                      "python": sys.version.split()[0], "levels": {}}
     try:
         for mode in modes:
@@ -389,7 +424,7 @@ async def main_async(args: argparse.Namespace) -> dict:
             row = {}
             for mode in modes:
                 row[mode] = await run_level(*targets[mode], c, requests, args.tokens)
-                print(f"  c={c:<3} {mode:<8} {row[mode]['requests']:>4} req  TTFT p50 {row[mode]['ttft_p50']:7.3f} "
+                print(f"  c={c:<3} {mode:<12} {row[mode]['requests']:>4} req  TTFT p50 {row[mode]['ttft_p50']:7.3f} "
                       f"p99 {row[mode]['ttft_p99']:7.3f}  ITL p50 {row[mode]['itl_p50']:6.3f} "
                       f"p99 {row[mode]['itl_p99']:6.3f} ms", file=sys.stderr, flush=True)
             results["levels"][c] = row
@@ -407,9 +442,34 @@ async def main_async(args: argparse.Namespace) -> dict:
     return results
 
 
+def summary(results: dict) -> list[str]:
+    """The issue's table: what the gateway adds at P99, with the aiohttp peer beside it."""
+    rows = results["levels"]
+    first = next(iter(rows.values()))
+    if "gateway" not in first:
+        return []
+    pinned = f"pinned to {len(results['proxy_cpus'])} cores" if results.get("proxy_cpus") else "unpinned"
+    peer = "aiohttp" in first
+    lines = [f"\nadded over direct at P99 (ms), gateway [{results['gateway_loop']}] {pinned}, "
+             f"{results['config']['tokens']} tokens @ {results['config']['token_interval_ms']} ms:",
+             "| concurrency | TTFT P99, all requests | TTFT P99, kept-alive | ITL P99 |"
+             + (" aiohttp proxy peer, TTFT P99 all / kept-alive | aiohttp ITL P99 |" if peer else ""),
+             "|---:|---:|---:|---:|" + ("---:|---:|" if peer else "")]
+    for c, row in rows.items():
+        d, g = row["direct"], row["gateway"]
+        line = (f"| {c} | {g['ttft_p99'] - d['ttft_p99']:+.2f} | {g['ttft_kept_p99'] - d['ttft_kept_p99']:+.2f} "
+                f"| {g['itl_p99'] - d['itl_p99']:+.2f} |")
+        if peer:
+            a = row["aiohttp"]
+            line += (f" {a['ttft_p99'] - d['ttft_p99']:+.2f} / {a['ttft_kept_p99'] - d['ttft_kept_p99']:+.2f} "
+                     f"| {a['itl_p99'] - d['itl_p99']:+.2f} |")
+        lines.append(line)
+    return lines
+
+
 def render(results: dict) -> str:
     modes = [m for m in next(iter(results["levels"].values())) if m != "direct"]
-    lines = []
+    lines = summary(results)
     for mode in modes:
         label = f"{mode} [{results['gateway_loop']}]" if mode == "gateway" else mode
         lines.append(f"\nadded by {label} vs direct (ms; + = slower), {results['cpus']} CPUs, "
@@ -459,17 +519,24 @@ def main(argv: list[str] | None = None) -> int:
         asyncio.run(aiohttp_proxy(int(argv[1]), int(argv[2])))
         return 0
     p = argparse.ArgumentParser(prog="python -m scripts.bench_gateway", description=__doc__.split("\n\n")[0])
-    p.add_argument("--concurrency", default="1,2,4,8,16,32,64")
+    p.add_argument("--concurrency", default="1,4,16,32,64,128")
     p.add_argument("--tokens", type=int, default=24)
     p.add_argument("--token-interval-ms", type=float, default=8.0)
     p.add_argument("--ttft-ms", type=float, default=15.0)
-    p.add_argument("--requests", type=int, default=100, help="requests per level and mode (at least 3 x concurrency)")
+    p.add_argument("--requests", type=int, default=384, help="requests per level and mode (at least 3 x concurrency)")
+    p.add_argument("--cpus", type=int, help="pin the gateway and the aiohttp peer to this many cores, the upstream "
+                   "and the client to the others (e.g. 2: what a g6e.xlarge leaves the gateway)")
+    p.add_argument("--gateway-arg", action="append", default=[],
+                   help="one more argument for `python -m runtime.gateway` (repeatable), e.g. --gateway-arg=--workers=2")
     p.add_argument("--modes", default="direct,gateway,aiohttp",
                    help="direct (baseline), gateway (default event loop), gateway-asyncio, gateway-uvloop, aiohttp")
+    p.add_argument("--base-tree", help="a checkout whose gateway the gateway-base mode runs (before/after in one run)")
     p.add_argument("--json", help="also write the raw results here")
     args = p.parse_args(argv)
     if "direct" not in args.modes.split(","):
         p.error("--modes must include direct (the baseline)")
+    if "gateway-base" in args.modes.split(",") and not args.base_tree:
+        p.error("--modes gateway-base needs --base-tree DIR")
     results = asyncio.run(main_async(args))
     print(render(results))
     if args.json:

@@ -45,6 +45,20 @@ def _positive(value: str) -> float:
     return number
 
 
+def _count(value: str) -> int:
+    if not value.isdigit() or int(value) > 256:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a whole number from 0 to 256")
+    return int(value)
+
+
+def _workers(value: str) -> int:
+    from .shared import MAX_WORKERS
+
+    if not value.isdigit() or not 1 <= int(value) <= MAX_WORKERS:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a whole number of processes from 1 to {MAX_WORKERS}")
+    return int(value)
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m runtime.gateway", description=__doc__.split("\n\n")[0])
     p.add_argument("--listen", type=_hostport, required=True, help="HOST:PORT the NLB connects to")
@@ -73,6 +87,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--models-state",
                    help="the runtime's per-model readiness file (one engine process per model and copy): /health "
                         "names the ready models and stays 200 while any is ready")
+    p.add_argument("--workers", type=_workers, default=1,
+                   help="gateway processes on the one port (SO_REUSEPORT), each with its own event loop, per-consumer "
+                        "limits shared exactly between them (default 1; 2 on the 4 vCPUs of a g6e.xlarge)")
+    p.add_argument("--upstream-warm", type=_count, default=32,
+                   help="connections each process keeps open and idle to each engine process ahead of demand, so a "
+                        "burst of new requests does not wait for connects (default 32; 0: open on demand only)")
     p.add_argument("--event-loop", choices=("auto", "asyncio", "uvloop"), default="auto",
                    help="auto (default): uvloop when installed, which scripts/bench_gateway.py measures as the "
                         "faster hop; else the standard asyncio loop")
@@ -109,7 +129,8 @@ def _load_config(args: argparse.Namespace):
         raise SystemExit(f"gateway: {exc.render()}") from None
 
 
-async def serve(args: argparse.Namespace) -> int:
+async def serve(args: argparse.Namespace, shared=None, worker: int = 0) -> int:
+    """One gateway process; with `shared` (shared.SharedState) it is worker `worker` of several on one port."""
     import boto3
 
     from .identity import ApiKeyStore, EndpointDirectory, Identity, secret_names
@@ -117,7 +138,7 @@ async def serve(args: argparse.Namespace) -> int:
     from fleetcast.contract.adapters import DEFAULT_LOCAL_ROOT
     from fleetcast.contract.instance_env import Var
 
-    from .admission import model_limits_of
+    from .admission import limiter_key, model_limits_of
     from .metrics import MetricsSink
     from .reload import ConfigRefresher
     from .routing import entitlements, router_for
@@ -136,13 +157,15 @@ async def serve(args: argparse.Namespace) -> int:
     # Always present, even with no keyed consumer yet: a config refresh may add one.
     keys = ApiKeyStore(boto3.client("secretsmanager", region_name=args.region),
                        secret_names(consumers, cfg.api_key_secret_of), args.refresh_s)
-    metrics = MetricsSink(cfg.name, args.pool)
+    metrics = MetricsSink(cfg.name, args.pool, write_lock=shared.emf_lock if shared is not None else None)
+    new_limiter = shared.limiter if shared is not None else (lambda key, limits: ConsumerLimiter(limits))
     router = router_for(cfg, args.pool, args.upstream, os.environ.get(Var.LOCAL_ROOT, DEFAULT_LOCAL_ROOT))
     gateway = Gateway(router=router, identity=Identity(consumers, endpoints, keys),
-                      limiters={c.name: ConsumerLimiter(c.limits) for c in consumers}, metrics=metrics,
-                      entitled=entitlements(cfg, consumers, router),
-                      model_limiters={(c.name, m): ConsumerLimiter(limits)
+                      limiters={c.name: new_limiter(limiter_key(c.name), c.limits) for c in consumers},
+                      metrics=metrics, entitled=entitlements(cfg, consumers, router),
+                      model_limiters={(c.name, m): new_limiter(limiter_key(c.name, m), limits)
                                       for c in consumers for m, limits in model_limits_of(c).items()},
+                      upstream_warm=args.upstream_warm, shared=shared,
                       proxy_protocol=args.proxy_protocol == "required",
                       drain_timeout_s=cfg.operations.drain_timeout_s, body_timeout_s=args.body_timeout_s,
                       upstream_idle_timeout_s=args.upstream_idle_s, models_state=args.models_state)
@@ -162,8 +185,8 @@ async def serve(args: argparse.Namespace) -> int:
     # stream would feel; frozen, the collector walks only request garbage (measured ~0 ms).
     gc.collect()
     gc.freeze()
-    await gateway.start(*args.listen)
-    log("gateway_started", listen=f"{args.listen[0]}:{gateway.port}", upstream=f"{args.upstream[0]}:{args.upstream[1]}",
+    await gateway.start(*args.listen, reuse_port=shared is not None)
+    log("gateway_started", worker=worker, listen=f"{args.listen[0]}:{gateway.port}", upstream=f"{args.upstream[0]}:{args.upstream[1]}",
         routes={i: [p.host_header for p in (router.resolve(i).pools)] for i in router.ids},
         region=args.region, pool=args.pool, consumers=[c.name for c in consumers],
         proxy_protocol=args.proxy_protocol, endpoints_loaded=endpoints.loaded, config_source=source,
@@ -180,8 +203,11 @@ async def serve(args: argparse.Namespace) -> int:
     gateway.drain_timeout_s = spot.drain_budget_s(args.drain_deadline_file, gateway.drain_timeout_s)
     in_flight = gateway.active
     await gateway.drain()
-    spot.write_outcome(args.drain_deadline_file, in_flight=in_flight, cut=gateway.active,
-                       budget_s=gateway.drain_timeout_s)
+    if shared is None:
+        spot.write_outcome(args.drain_deadline_file, in_flight=in_flight, cut=gateway.active,
+                           budget_s=gateway.drain_timeout_s)
+    else:  # the parent adds up every worker's and writes one outcome
+        shared.set_outcome(worker, in_flight, gateway.active, gateway.drain_timeout_s)
     for task in background:
         task.cancel()
     await gateway.close()
@@ -202,8 +228,75 @@ def _use_uvloop(choice: str) -> bool:
     return True
 
 
+def _worker(args: argparse.Namespace, shared, index: int) -> None:
+    args.loop_name = "uvloop" if _use_uvloop(args.event_loop) else "asyncio"
+    # The parent forwards SIGTERM; a terminal's Ctrl-C reaches every worker of the group by itself.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    sys.exit(asyncio.run(serve(args, shared, index)))
+
+
+def run_workers(args: argparse.Namespace) -> int:
+    """Several gateway processes on one port (SO_REUSEPORT), limits shared (runtime/gateway/shared.py).
+
+    The parent forks them before anything starts a thread or an event loop, forwards SIGTERM to
+    each (each drains its own streams), and writes the Spot drain outcome for all of them.
+    If a worker dies on its own, the others are stopped too and the exit status says so: the
+    runtime restarts the gateway as a whole.
+    """
+    import multiprocessing
+    import socket
+
+    from runtime import spot
+
+    from .shared import SharedState
+
+    shared = SharedState(args.workers)
+    # Hold the port (bound, not listening: it takes no connections) so that port 0 resolves once
+    # and every worker binds the same one.
+    holder = socket.socket(socket.AF_INET6 if ":" in args.listen[0] else socket.AF_INET, socket.SOCK_STREAM)
+    holder.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    holder.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    try:
+        holder.bind(args.listen)
+    except OSError as exc:
+        raise SystemExit(f"gateway: cannot listen on {args.listen[0]}:{args.listen[1]}: {exc.strerror}") from None
+    args.listen = (args.listen[0], holder.getsockname()[1])
+    ctx = multiprocessing.get_context("fork")
+    workers = [ctx.Process(target=_worker, args=(args, shared, i), name=f"gateway-worker-{i}", daemon=False)
+               for i in range(args.workers)]
+    stopping = False
+
+    def forward(signum, _frame) -> None:
+        nonlocal stopping
+        stopping = True
+        for proc in workers:
+            if proc.is_alive():
+                os.kill(proc.pid, signal.SIGTERM)
+
+    signal.signal(signal.SIGTERM, forward)
+    signal.signal(signal.SIGINT, forward)
+    for proc in workers:
+        proc.start()
+    holder.close()  # the workers' sockets hold the port from here
+    failed = 0
+    while any(proc.is_alive() for proc in workers):
+        for proc in workers:
+            proc.join(0.2)
+            if proc.exitcode not in (None, 0) and not stopping:
+                log("gateway_worker_died", worker=proc.name, exit_code=proc.exitcode)
+                failed = proc.exitcode if proc.exitcode > 0 else 1
+                forward(signal.SIGTERM, None)
+    outcomes = shared.outcomes(args.workers)
+    spot.write_outcome(args.drain_deadline_file, in_flight=sum(o[0] for o in outcomes),
+                       cut=sum(o[1] for o in outcomes),
+                       budget_s=max(o[2] for o in outcomes))
+    return failed or max(proc.exitcode or 0 for proc in workers)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.workers > 1:
+        return run_workers(args)
     args.loop_name = "uvloop" if _use_uvloop(args.event_loop) else "asyncio"
     return asyncio.run(serve(args))
 

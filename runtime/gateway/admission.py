@@ -11,7 +11,7 @@ consumer keeps its in-flight counts and stored rate tokens (`set_consumers`).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
 from fleetcast import telemetry as t
@@ -55,11 +55,23 @@ class Ticket:
             limiter.release()
 
 
+def limiter_key(consumer: str, model: str | None = None) -> str:
+    """The name a limiter is shared under across worker processes (runtime/gateway/shared.py)."""
+    return consumer if model is None else f"{consumer}\x00{model}"
+
+
+def local_limiter(key: str, limits: ConsumerLimits) -> ConsumerLimiter:
+    return ConsumerLimiter(limits)
+
+
 class Admission:
     def __init__(self, limiters: dict[str, ConsumerLimiter], metrics: MetricsSink,
                  entitled: Mapping[str, Iterable[str]] | None = None,
-                 model_limiters: dict[tuple[str, str], ConsumerLimiter] | None = None):
-        """`entitled`: consumer -> the model and adapter ids it may call (absent consumer: none)."""
+                 model_limiters: dict[tuple[str, str], ConsumerLimiter] | None = None,
+                 new_limiter: Callable[[str, ConsumerLimits], ConsumerLimiter] = local_limiter):
+        """`entitled`: consumer -> the model and adapter ids it may call (absent consumer: none).
+        `new_limiter(key, limits)`: makes the limiter of a consumer (or consumer and model) a refresh adds."""
+        self.new_limiter = new_limiter
         self.limiters = limiters
         self.metrics = metrics
         self.entitled: dict[str, tuple[str, ...]] = {c: tuple(ids) for c, ids in (entitled or {}).items()}
@@ -69,18 +81,18 @@ class Admission:
         """Swap in a refreshed consumer list; a kept consumer keeps its limiters (in-flight count, tokens)."""
         limiters, model_limiters = {}, {}
         for consumer in consumers:
-            limiters[consumer.name] = self._kept(self.limiters.get(consumer.name), consumer.limits)
+            limiters[consumer.name] = self._kept(self.limiters.get(consumer.name), consumer.limits,
+                                                 limiter_key(consumer.name))
             for model, limits in model_limits_of(consumer).items():
                 key = (consumer.name, model)
-                model_limiters[key] = self._kept(self.model_limiters.get(key), limits)
+                model_limiters[key] = self._kept(self.model_limiters.get(key), limits, limiter_key(*key))
         self.entitled = {c.name: tuple(entitled.get(c.name, ())) for c in consumers}
         self.model_limiters = model_limiters
         self.limiters = limiters
 
-    @staticmethod
-    def _kept(limiter: ConsumerLimiter | None, limits: ConsumerLimits) -> ConsumerLimiter:
+    def _kept(self, limiter: ConsumerLimiter | None, limits: ConsumerLimits, key: str) -> ConsumerLimiter:
         if limiter is None:
-            return ConsumerLimiter(limits)
+            return self.new_limiter(key, limits)
         limiter.update(limits)
         return limiter
 

@@ -20,8 +20,10 @@ _CUT_BEFORE_START = openai_error(503, "this instance is shutting down and the re
 class Drain:
     """In-flight accounting and the draining flag of one gateway."""
 
-    def __init__(self, timeout_s: float):
+    def __init__(self, timeout_s: float, instance=None):
+        """`instance`: the count shared by every worker process (shared.SharedState), if there are several."""
         self.timeout_s = timeout_s
+        self._instance = instance
         self.draining = False
         self.active = 0  # admitted requests being served (health checks excluded)
         self._idle = asyncio.Event()
@@ -29,12 +31,14 @@ class Drain:
         self._unstarted: set[asyncio.StreamWriter] = set()  # sent upstream, no response head yet
 
     def enter(self) -> int:
-        """Count one admitted request; returns the in-flight count including it."""
+        """Count one admitted request; returns the instance's in-flight count including it."""
         self.active += 1
         self._idle.clear()
-        return self.active
+        return self._instance.enter() if self._instance is not None else self.active
 
     def leave(self) -> None:
+        if self._instance is not None:
+            self._instance.leave()
         self.active -= 1
         if self.active == 0:
             self._idle.set()

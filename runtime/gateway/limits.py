@@ -17,6 +17,12 @@ from fleetcast.config.model import ConsumerLimits
 BURST_SECONDS = 10.0  # the bucket holds this many seconds of the configured rate
 
 
+def bucket_shape(limits: ConsumerLimits) -> tuple[float, float]:
+    """(tokens per second, capacity) of a consumer's rate limit."""
+    rate = limits.requests_per_minute / 60.0
+    return rate, max(1.0, rate * BURST_SECONDS)
+
+
 class TokenBucket:
     """Classic token bucket: `rate` tokens per second, at most `capacity` stored."""
 
@@ -62,16 +68,14 @@ class ConsumerLimiter:
     def __init__(self, limits: ConsumerLimits, clock=time.monotonic):
         self.max_concurrency = limits.max_concurrency
         self.requests_per_minute = limits.requests_per_minute
-        rate = limits.requests_per_minute / 60.0
-        self.bucket = TokenBucket(rate, max(1.0, rate * BURST_SECONDS), clock)
+        self.bucket = TokenBucket(*bucket_shape(limits), clock)
         self.active = 0
 
     def update(self, limits: ConsumerLimits) -> None:
         """New limits in place (config refresh): requests in flight stay counted, stored tokens carry over."""
         self.max_concurrency = limits.max_concurrency
         self.requests_per_minute = limits.requests_per_minute
-        rate = limits.requests_per_minute / 60.0
-        self.bucket.retune(rate, max(1.0, rate * BURST_SECONDS))
+        self.bucket.retune(*bucket_shape(limits))
 
     def admit(self) -> Throttle | None:
         # Concurrency first: a request refused for concurrency must not also spend a rate token.

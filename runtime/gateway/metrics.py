@@ -83,8 +83,12 @@ class MetricsSink:
     """
 
     def __init__(self, fleet: str, pool: str, stream: TextIO | None = None,
-                 on_record: Callable[[dict[str, Any]], None] | None = None, flush_s: float = 0.2):
+                 on_record: Callable[[dict[str, Any]], None] | None = None, flush_s: float = 0.2,
+                 write_lock=None):
+        """`write_lock`: held around each batch when several processes share the stream (gateway workers),
+        so their lines never interleave mid-record."""
         self.fleet, self.pool = fleet, pool
+        self._write_lock = write_lock
         self._stream = stream if stream is not None else sys.stdout
         self._on_record = on_record  # tests observe records directly
         self._pending: list[str] = []
@@ -106,8 +110,13 @@ class MetricsSink:
         if not lines:
             return
         try:
-            self._stream.write("\n".join(lines) + "\n")
-            self._stream.flush()
+            if self._write_lock is None:
+                self._stream.write("\n".join(lines) + "\n")
+                self._stream.flush()
+            else:
+                with self._write_lock:
+                    self._stream.write("\n".join(lines) + "\n")
+                    self._stream.flush()
         except (OSError, ValueError):
             pass  # a closed log pipe loses metrics, never requests
 

@@ -29,7 +29,7 @@ from typing import Any, Callable
 
 from fleetcast import telemetry as t
 
-from .admission import Admission, model_not_found
+from .admission import Admission, local_limiter, model_not_found
 from .drain import DRAINING_MESSAGE, Drain
 from .health import HealthProbe
 from .http import BODY_TIMEOUT_S, BadBody, HttpError, Request, openai_error, parse_head, parse_json_body, read_body, \
@@ -60,9 +60,11 @@ class Gateway:
                  header_timeout_s: float = 5.0, idle_timeout_s: float = 75.0, upstream_idle_timeout_s: float = 600.0,
                  health_timeout_s: float = 2.0, max_idle_upstream: int = 256, body_timeout_s: float = BODY_TIMEOUT_S,
                  disconnect_poll_s: float = 0.5, health_upstream: tuple[str, int] | None = None,
-                 models_state: str | None = None,
+                 models_state: str | None = None, upstream_warm: int = 0, shared=None,
                  clock: Callable[[], float] = time.time):
-        """`entitled`: consumer -> the model and adapter ids it may call; None: every consumer, every id."""
+        """`entitled`: consumer -> the model and adapter ids it may call; None: every consumer, every id.
+        `upstream_warm`: connections kept open ahead of demand to each engine process.
+        `shared`: the limits and in-flight count of several worker processes (shared.SharedState)."""
         self.identity = identity
         self.metrics = metrics
         self.proxy_protocol = proxy_protocol
@@ -73,8 +75,10 @@ class Gateway:
         self.router = router
         if entitled is None:
             entitled = {name: router.ids for name in limiters}
-        self.admission = Admission(limiters, metrics, entitled, model_limiters)
-        self.drain_state = Drain(drain_timeout_s)
+        self.admission = Admission(limiters, metrics, entitled, model_limiters,
+                                   shared.limiter if shared is not None else local_limiter)
+        self.drain_state = Drain(drain_timeout_s, shared)
+        self.upstream_warm = upstream_warm
         self.health = HealthProbe(health_upstream or router.default.address, health_timeout_s,
                                   lambda: self.drain_state.draining, models_state)
         self.started_at = int(clock())
@@ -116,9 +120,12 @@ class Gateway:
 
     # ------------------------------------------------------------ lifecycle
 
-    async def start(self, host: str, port: int) -> asyncio.AbstractServer:
-        self._server = await asyncio.start_server(self._connection, host, port, limit=CLIENT_READ_LIMIT, backlog=1024)
-        self.watchdog.start()
+    async def start(self, host: str, port: int, reuse_port: bool = False) -> asyncio.AbstractServer:
+        self._server = await asyncio.start_server(self._connection, host, port, limit=CLIENT_READ_LIMIT, backlog=1024,
+                                                  reuse_port=reuse_port or None)
+        for pool in self.router.pools:
+            pool.keep_warm(self.upstream_warm)
+        self.watchdog.start(self.router.pools)
         return self._server
 
     @property

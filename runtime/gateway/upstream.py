@@ -67,6 +67,38 @@ class UpstreamPool:
         self.max_idle = max_idle
         self.in_flight = 0  # requests of this gateway on this server now (routing's least-in-flight choice)
         self._idle: list[UpstreamConn] = []
+        self.warm = 0  # idle connections kept open ahead of demand
+        self._opening = 0
+        self._retry_at = 0.0  # after a failed warm-up connect, none before this (monotonic)
+
+    def keep_warm(self, count: int) -> None:
+        """Keep `count` connections open and idle ahead of demand, so a burst of requests finds them ready
+        instead of each paying a connect (and the server an accept) before its first byte goes out."""
+        self.warm = min(count, self.max_idle)
+        self.tidy()
+
+    def tidy(self) -> None:
+        """Drop idle connections the server closed (trtllm-serve's uvicorn closes idle ones after 5 s), then top up."""
+        if any(c.reader.at_eof() or c.writer.is_closing() for c in self._idle):
+            for conn in self._idle:
+                if conn.reader.at_eof() or conn.writer.is_closing():
+                    conn.writer.close()
+            self._idle = [c for c in self._idle if not (c.reader.at_eof() or c.writer.is_closing())]
+        missing = self.warm - len(self._idle) - self._opening
+        if missing > 0 and time.monotonic() >= self._retry_at:
+            self._opening += missing
+            for _ in range(missing):
+                asyncio.ensure_future(self._open_spare())
+
+    async def _open_spare(self) -> None:
+        try:
+            reader, writer = await asyncio.open_connection(*self.address, limit=UPSTREAM_READ_LIMIT)
+        except OSError:
+            self._retry_at = time.monotonic() + 1.0  # the server is down or starting: no connect storm
+            return
+        finally:
+            self._opening -= 1
+        self.release(UpstreamConn(reader, writer, reused=True), True)
 
     @property
     def host_header(self) -> str:
@@ -77,6 +109,8 @@ class UpstreamPool:
             conn = self._idle.pop()
             if not conn.reader.at_eof() and not conn.writer.is_closing():
                 conn.reused = True
+                if self.warm and len(self._idle) + self._opening < self.warm:
+                    self.tidy()  # replace it before the next burst needs it
                 return conn
             conn.writer.close()
         try:
@@ -135,6 +169,7 @@ class StreamWatchdog:
         self.idle_timeout_s = idle_timeout_s
         self._streams: dict[int, tuple[UpstreamConn, list[float]]] = {}  # last upstream progress, monotonic
         self._task: asyncio.Task | None = None
+        self._pools: tuple[UpstreamPool, ...] = ()
 
     def watch(self, conn: UpstreamConn) -> list[float]:
         """Start watching `conn`; the caller stores time.monotonic() in the returned cell on each read."""
@@ -145,7 +180,8 @@ class StreamWatchdog:
     def unwatch(self, conn: UpstreamConn) -> None:
         self._streams.pop(id(conn), None)
 
-    def start(self) -> None:
+    def start(self, pools=()) -> None:
+        self._pools = tuple(pools)  # kept warm from here between requests
         self._task = asyncio.ensure_future(self._run())
 
     def stop(self) -> None:
@@ -153,9 +189,12 @@ class StreamWatchdog:
             self._task.cancel()
 
     async def _run(self) -> None:
-        period = max(0.05, min(5.0, self.idle_timeout_s / 4))
+        period = max(0.05, min(1.0, self.idle_timeout_s / 4))
         while True:
             await asyncio.sleep(period)
+            for pool in self._pools:
+                if pool.warm:
+                    pool.tidy()
             now = time.monotonic()
             for conn, progress in list(self._streams.values()):
                 if now - progress[0] > self.idle_timeout_s:

@@ -120,3 +120,67 @@ def test_process_exits_zero_on_sigterm_after_its_stream(tmp_path):
                 await proc.wait()
             await upstream.stop()
     run(body(), timeout=60)
+
+
+def test_two_worker_processes_share_the_port_the_limits_and_the_drain(tmp_path):
+    """--workers 2: one port (SO_REUSEPORT), a consumer's concurrency limit counted once across both
+    processes, SIGTERM drains both and the parent exits 0 with one metric line per request."""
+    from scripts.bench_gateway import FakeEc2Endpoints
+
+    config = tmp_path / "fleet.json"
+    config.write_text(json.dumps(fleet_config(voice_limits={"max_concurrency": 1,
+                                                            "requests_per_minute": 6000}).model_dump(mode="json")))
+    port = free_port()
+
+    async def body():
+        upstream = await FakeModelServer(token_delay_s=0.05).start()
+        upstream.gate = asyncio.Event()
+        ec2 = FakeEc2Endpoints([(VOICE_VPCE, "444455556666")])
+        env = {**os.environ, "AWS_ENDPOINT_URL_EC2": f"http://127.0.0.1:{await ec2.start()}",
+               "AWS_MAX_ATTEMPTS": "1", "PYTHONPATH": str(ROOT)}
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "runtime.gateway", "--listen", f"127.0.0.1:{port}", "--workers", "2",
+            "--upstream", f"127.0.0.1:{upstream.port}", "--config-json", str(config),
+            "--region", "ap-northeast-2", "--pool", "l40s", "--service-id", "vpce-svc-0a1b2c3d4e5f60718",
+            cwd=str(ROOT), env=env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+        try:
+            healthy = 0
+            for _ in range(600):  # bounded: 30 s for both workers to come up on a loaded machine
+                try:
+                    healthy += (await one_request(port, "GET", "/health", header=ppv2.LOCAL_HEADER)).status == 200
+                except OSError:
+                    pass
+                if ec2.calls >= 2 and healthy >= 8:  # each worker read the endpoints: both are serving
+                    break
+                await asyncio.sleep(0.05)
+            assert ec2.calls == 2
+
+            held = await Client(port, VOICE_VPCE).connect()
+            await held.send("POST", "/v1/completions", stream(4))
+            status, headers = await held.read_head()
+            assert status == 200
+            # New connections spread over both workers; every one must see the one slot taken.
+            refused = [await one_request(port, "POST", "/v1/completions", stream(2), vpce_id=VOICE_VPCE)
+                       for _ in range(8)]
+            assert [r.status for r in refused] == [429] * 8
+
+            proc.send_signal(signal.SIGTERM)
+            await asyncio.sleep(0.2)
+            upstream.gate.set()
+            rest = await held.read_body(headers)
+            assert rest.count(b'"text"') == 4
+            await held.close()
+            assert await asyncio.wait_for(proc.wait(), 30) == 0
+            err = (await proc.stderr.read()).decode()
+            assert err.count('"event": "gateway_started"') == 2 and err.count('"event": "drain_finished"') == 2
+            records = [json.loads(line) for line in (await proc.stdout.read()).decode().splitlines()]
+            assert sum(1 for r in records if r.get("Throttled") == 1) == 8
+            (served,) = [r for r in records if r.get("Requests") == 1 and r.get("Throttled") == 0]
+            assert served["OutputTokens"] == 4
+        finally:
+            upstream.gate.set()
+            if proc.returncode is None:
+                proc.kill()
+                await proc.wait()
+            await upstream.stop()
+    run(body(), timeout=90)

@@ -1,0 +1,152 @@
+"""State the gateway's worker processes share, so per-consumer limits stay exact across them.
+
+Several gateway processes listen on one port (SO_REUSEPORT: the kernel spreads new
+connections over them), each with its own event loop on its own core. A consumer's
+concurrency count and rate bucket must be one, not one per process: they live in an
+anonymous shared mapping made before the workers are forked, one slot per limiter key
+(consumer, or consumer and model), changed only under one process-shared lock. The
+critical section is a few arithmetic operations on a dozen bytes; the lock is a POSIX
+semaphore (multiprocessing.Lock), uncontended in well under a microsecond.
+
+CLOCK_MONOTONIC is one clock for every process on the host, so a bucket's timestamps
+mean the same in each worker.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import mmap
+import multiprocessing
+import struct
+import time
+
+from fleetcast.config.model import ConsumerLimits
+
+from .limits import ConsumerLimiter, TokenBucket, bucket_shape
+
+SLOTS = 4096  # limiter keys: consumers x (1 + their limited models); far above any config
+_SLOT = struct.Struct("<16sqdd")  # key digest, active, tokens, tokens' timestamp (monotonic s)
+_I64 = struct.Struct("<q")
+_F64 = struct.Struct("<d")
+_EMPTY = bytes(16)
+_OUTCOME = struct.Struct("<qqd")  # one per worker: in flight when its drain began, cut, its drain budget (s)
+MAX_WORKERS = 64
+
+
+class SharedState:
+    """The shared mapping and its locks; create it before forking the workers."""
+
+    def __init__(self, workers: int = 1):
+        if not 1 <= workers <= MAX_WORKERS:
+            raise ValueError(f"--workers {workers}: between 1 and {MAX_WORKERS}")
+        ctx = multiprocessing.get_context("fork")
+        self.lock = ctx.Lock()  # limiter slots and the in-flight counter
+        self.emf_lock = ctx.Lock()  # whole batches of metric lines on the one stdout
+        self._outcomes_at = SLOTS * _SLOT.size
+        self._in_flight_at = self._outcomes_at + MAX_WORKERS * _OUTCOME.size
+        self.mem = mmap.mmap(-1, self._in_flight_at + _I64.size)  # MAP_SHARED | MAP_ANONYMOUS: kept across fork
+        self._offsets: dict[str, int] = {}  # this process's cache of key -> slot offset
+
+    def slot(self, key: str, capacity: float) -> int:
+        """The slot of `key`; a new one starts with a full bucket. Call with `lock` held."""
+        offset = self._offsets.get(key)
+        if offset is not None:
+            return offset
+        digest = hashlib.blake2b(key.encode(), digest_size=16).digest()
+        free = None
+        for i in range(SLOTS):
+            at = i * _SLOT.size
+            found = self.mem[at:at + 16]
+            if found == digest:
+                self._offsets[key] = at
+                return at
+            if found == _EMPTY:
+                free = at
+                break  # slots fill in order and are never freed: the first empty one ends the search
+        if free is None:
+            raise RuntimeError(f"more than {SLOTS} limiter keys; raise runtime.gateway.shared.SLOTS")
+        _SLOT.pack_into(self.mem, free, digest, 0, capacity, time.monotonic())
+        self._offsets[key] = free
+        return free
+
+    # The instance-wide count of admitted requests in flight (InFlightAtArrival: this instance, not this worker).
+    def enter(self) -> int:
+        with self.lock:
+            value = _I64.unpack_from(self.mem, self._in_flight_at)[0] + 1
+            _I64.pack_into(self.mem, self._in_flight_at, value)
+        return value
+
+    def leave(self) -> None:
+        with self.lock:
+            _I64.pack_into(self.mem, self._in_flight_at, _I64.unpack_from(self.mem, self._in_flight_at)[0] - 1)
+
+    def set_outcome(self, worker: int, in_flight: int, cut: int, budget_s: float) -> None:
+        _OUTCOME.pack_into(self.mem, self._outcomes_at + worker * _OUTCOME.size, in_flight, cut, budget_s)
+
+    def outcomes(self, workers: int) -> list[tuple[int, int, float]]:
+        return [_OUTCOME.unpack_from(self.mem, self._outcomes_at + i * _OUTCOME.size) for i in range(workers)]
+
+    def limiter(self, key: str, limits: ConsumerLimits) -> SharedLimiter:
+        return SharedLimiter(self, key, limits)
+
+
+class _SharedBucket(TokenBucket):
+    """TokenBucket whose stored tokens and timestamp live in a shared slot (the arithmetic is TokenBucket's)."""
+
+    def __init__(self, mem: mmap.mmap, offset: int, rate: float, capacity: float):
+        self.rate, self.capacity, self._clock = rate, capacity, time.monotonic
+        self._mem, self._tokens_at, self._stamp_at = mem, offset + 24, offset + 32
+
+    @property
+    def _tokens(self) -> float:
+        return _F64.unpack_from(self._mem, self._tokens_at)[0]
+
+    @_tokens.setter
+    def _tokens(self, value: float) -> None:
+        _F64.pack_into(self._mem, self._tokens_at, value)
+
+    @property
+    def _at(self) -> float:
+        return _F64.unpack_from(self._mem, self._stamp_at)[0]
+
+    @_at.setter
+    def _at(self, value: float) -> None:
+        _F64.pack_into(self._mem, self._stamp_at, value)
+
+
+class SharedLimiter(ConsumerLimiter):
+    """A ConsumerLimiter whose count and bucket every worker shares; each operation under the shared lock."""
+
+    def __init__(self, state: SharedState, key: str, limits: ConsumerLimits):
+        self._state = state
+        self.max_concurrency = limits.max_concurrency
+        self.requests_per_minute = limits.requests_per_minute
+        rate, capacity = bucket_shape(limits)
+        with state.lock:
+            offset = state.slot(key, capacity)
+        self._active_at = offset + 16
+        self.bucket = _SharedBucket(state.mem, offset, rate, capacity)
+
+    @property
+    def active(self) -> int:
+        return _I64.unpack_from(self._state.mem, self._active_at)[0]
+
+    @active.setter
+    def active(self, value: int) -> None:
+        _I64.pack_into(self._state.mem, self._active_at, value)
+
+    def admit(self):
+        with self._state.lock:
+            return super().admit()
+
+    def release(self) -> None:
+        with self._state.lock:
+            super().release()
+
+    def cancel(self) -> None:
+        with self._state.lock:
+            super().cancel()
+
+    def update(self, limits: ConsumerLimits) -> None:
+        with self._state.lock:
+            super().update(limits)
