@@ -171,11 +171,13 @@ class Serving:
         self._state_stop = threading.Event()
 
     def gateway_argv(self) -> list[str]:
+        from .gateway.shared import default_workers
+
         s = self.s
         argv = [sys.executable, "-m", "runtime.gateway", "--listen", f"{s.listen_host}:{s.port}",
                 "--upstream", f"127.0.0.1:{self.servers[0].port}", "--region", s.region, "--pool", s.pool,
                 "--proxy-protocol", "required" if s.proxy_protocol else "off", "--refresh-s", f"{s.gateway_refresh_s:g}",
-                "--upstream-idle-s", f"{s.upstream_idle_timeout_s:g}"]
+                "--upstream-idle-s", f"{s.upstream_idle_timeout_s:g}", "--workers", str(default_workers())]
         if s.config_json is not None:
             argv += ["--config-json", str(s.config_json)]
         if s.drain_deadline_file is not None:

@@ -1,6 +1,6 @@
 """Soak the consumer gateway on loopback: mixed traffic and abuse for a while, figures every minute.
 
-    python -m scripts.soak_gateway [--minutes N] [--interval-s 60] [--clients 4]   (make soak-gateway)
+    python -m scripts.soak_gateway [--minutes N] [--interval-s 60] [--clients 4] [--workers 2]   (make soak-gateway)
 
 --minutes defaults to $SOAK_MINUTES, else 30. The pieces are scripts/bench_gateway.py's: its
 timed upstream (a child process), the real gateway (`python -m runtime.gateway`, PROXY v2
@@ -17,7 +17,7 @@ client for the well-behaved consumer. Beside that consumer, at bounded rates:
              endpoint of no consumer (403)
   leave      clients that close mid-stream or before a non-streaming answer
 
-Every interval it prints the gateway's RSS and open descriptors, the loopback sockets in
+Every interval it prints the RSS and open descriptors of the gateway (all its worker processes), the loopback sockets in
 TIME_WAIT on the upstream port, the well-behaved clients' request count, failures and TTFT /
 end-to-end P50 and P99, and what the abuse got back. Everything binds 127.0.0.1 and every loop
 is paced, so the run costs about one CPU core. Exit status 1 when a well-behaved request failed
@@ -226,10 +226,26 @@ class Soak:
 
     # ------------------------------------------------------------ figures
 
+    def gateway_pids(self) -> list[int]:
+        """The gateway process and its workers (--workers N forks them), read from /proc."""
+        pids = [self.pid]
+        for task in Path(f"/proc/{self.pid}/task").iterdir():
+            try:
+                pids += [int(p) for p in (task / "children").read_text().split()]
+            except OSError:
+                pass
+        return pids
+
     def gateway_figures(self) -> tuple[float, int, int]:
-        rss_kib = next(int(line.split()[1]) for line in Path(f"/proc/{self.pid}/status").read_text().splitlines()
-                       if line.startswith("VmRSS:"))
-        fds = len(os.listdir(f"/proc/{self.pid}/fd"))
+        """RSS (MiB) and open descriptors summed over the gateway's processes, loopback TIME_WAIT to the upstream."""
+        rss_kib = fds = 0
+        for pid in self.gateway_pids():
+            try:
+                rss_kib += next(int(line.split()[1]) for line in Path(f"/proc/{pid}/status").read_text().splitlines()
+                                if line.startswith("VmRSS:"))
+                fds += len(os.listdir(f"/proc/{pid}/fd"))
+            except (OSError, StopIteration):
+                pass  # a worker that just exited
         port_hex = f"{self.up_port:04X}"
         time_wait = 0
         for table in ("/proc/net/tcp", "/proc/net/tcp6"):
@@ -253,7 +269,8 @@ async def run(args: argparse.Namespace) -> int:
     _config(config)
     emf, log = open(tmp / "emf.log", "w"), open(tmp / "gateway.log", "w")
     upstream = _spawn(["-m", "scripts.bench_gateway", "_upstream", str(up_port), str(TTFT_MS), str(INTERVAL_MS)])
-    gateway = _spawn(gateway_args(port, up_port, config) + ["--body-timeout-s", str(args.body_timeout_s)],
+    gateway = _spawn(gateway_args(port, up_port, config) + ["--body-timeout-s", str(args.body_timeout_s),
+                                                            "--workers", str(args.workers)],
                      gateway_env(ec2_port), stdout=emf, stderr=log)
     soak = Soak(port, up_port, gateway.pid, args.clients)
     rows = []
@@ -345,6 +362,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="well-behaved streaming clients (default 4)")
     p.add_argument("--body-timeout-s", type=_minutes, default=BODY_TIMEOUT_S,
                    help=f"the gateway's --body-timeout-s (default {BODY_TIMEOUT_S:g}, its own default)")
+    p.add_argument("--workers", type=int, choices=range(1, 9), metavar="1..8", default=2,
+                   help="gateway processes (python -m runtime.gateway --workers; default 2, as on a g6e.xlarge)")
     p.add_argument("--json", help="also write the rows here")
     return p
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 import hashlib
 import mmap
 import multiprocessing
+import os
 import struct
 import time
 
@@ -31,6 +32,17 @@ _F64 = struct.Struct("<d")
 _EMPTY = bytes(16)
 _OUTCOME = struct.Struct("<qqd")  # one per worker: in flight when its drain began, cut, its drain budget (s)
 MAX_WORKERS = 64
+
+
+def default_workers(cpus: int | None = None) -> int:
+    """Gateway processes for an instance with `cpus` usable CPUs: one per two, from 1 to 4.
+
+    The engine process shares the instance's CPUs (its own event loop and the executor's threads), so the
+    gateway takes half: 2 on a g6e.xlarge's 4 vCPUs, where docs/gateway.md measures 2 processes on 2 cores.
+    """
+    if cpus is None:
+        cpus = len(os.sched_getaffinity(0))
+    return min(4, max(1, cpus // 2))
 
 
 class SharedState:

@@ -68,3 +68,9 @@ def test_the_instance_in_flight_count_is_shared_and_worker_counts_are_bounded():
     assert state.outcomes(3)[2] == (4, 1, 30.0)
     with pytest.raises(ValueError, match="--workers 0"):
         SharedState(workers=0)
+
+
+def test_an_instance_runs_one_gateway_process_per_two_cpus_from_one_to_four():
+    from runtime.gateway.shared import default_workers
+
+    assert [default_workers(n) for n in (1, 2, 4, 8, 16, 192)] == [1, 1, 2, 4, 4, 4]  # g6e.xlarge: 4 vCPUs -> 2
