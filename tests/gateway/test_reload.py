@@ -211,7 +211,7 @@ def test_the_gateway_process_rereads_its_config_file(tmp_path):
             "--region", REGION, "--pool", "l40s", "--service-id", "vpce-svc-0a1b2c3d4e5f60718",
             cwd=str(ROOT), env=env, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE)
         try:
-            for _ in range(200):
+            for _ in range(600):  # bounded: 30 s for the process to come up on a loaded machine
                 try:
                     await one_request(port, "GET", "/health", header=ppv2.LOCAL_HEADER)
                     break
