@@ -196,6 +196,8 @@ async def serve(args: argparse.Namespace, shared=None, worker: int = 0) -> int:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    if _EARLY_STOP:
+        stop.set()
     await stop.wait()
     from runtime import spot
 
@@ -228,10 +230,15 @@ def _use_uvloop(choice: str) -> bool:
     return True
 
 
+_EARLY_STOP: list[int] = []  # a SIGTERM that came before the event loop took the signal over
+
+
 def _worker(args: argparse.Namespace, shared, index: int) -> None:
-    args.loop_name = "uvloop" if _use_uvloop(args.event_loop) else "asyncio"
-    # The parent forwards SIGTERM; a terminal's Ctrl-C reaches every worker of the group by itself.
+    # Forked with the parent's handlers: until the loop installs its own, a SIGTERM is only noted
+    # (serve() then drains at once) and SIGINT is the parent's to forward.
+    signal.signal(signal.SIGTERM, lambda signum, _frame: _EARLY_STOP.append(signum))
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    args.loop_name = "uvloop" if _use_uvloop(args.event_loop) else "asyncio"
     sys.exit(asyncio.run(serve(args, shared, index)))
 
 

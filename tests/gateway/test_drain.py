@@ -143,17 +143,14 @@ def test_two_worker_processes_share_the_port_the_limits_and_the_drain(tmp_path):
             "--upstream", f"127.0.0.1:{upstream.port}", "--config-json", str(config),
             "--region", "ap-northeast-2", "--pool", "l40s", "--service-id", "vpce-svc-0a1b2c3d4e5f60718",
             cwd=str(ROOT), env=env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+        early = b""
         try:
-            healthy = 0
-            for _ in range(600):  # bounded: 30 s for both workers to come up on a loaded machine
-                try:
-                    healthy += (await one_request(port, "GET", "/health", header=ppv2.LOCAL_HEADER)).status == 200
-                except OSError:
-                    pass
-                if ec2.calls >= 2 and healthy >= 8:  # each worker read the endpoints: both are serving
+            for _ in range(200):  # bounded: both workers say they listen (at most 200 log lines)
+                line = await asyncio.wait_for(proc.stderr.readline(), 30)
+                early += line
+                if early.count(b'"event": "gateway_started"') == 2 or not line:
                     break
-                await asyncio.sleep(0.05)
-            assert ec2.calls == 2
+            assert early.count(b'"event": "gateway_started"') == 2 and ec2.calls == 2
 
             held = await Client(port, VOICE_VPCE).connect()
             await held.send("POST", "/v1/completions", stream(4))
@@ -170,8 +167,9 @@ def test_two_worker_processes_share_the_port_the_limits_and_the_drain(tmp_path):
             rest = await held.read_body(headers)
             assert rest.count(b'"text"') == 4
             await held.close()
-            assert await asyncio.wait_for(proc.wait(), 30) == 0
-            err = (await proc.stderr.read()).decode()
+            rc = await asyncio.wait_for(proc.wait(), 30)
+            err = (early + await proc.stderr.read()).decode()
+            assert rc == 0, err[-3000:]
             assert err.count('"event": "gateway_started"') == 2 and err.count('"event": "drain_finished"') == 2
             records = [json.loads(line) for line in (await proc.stdout.read()).decode().splitlines()]
             assert sum(1 for r in records if r.get("Throttled") == 1) == 8
