@@ -589,7 +589,24 @@ def _lambda_descriptions(cfg: FleetConfig) -> list[ConfigIssue]:
         f"at most {LAMBDA_DESCRIPTION_MAX}: allowed: a schedule of at most {room} characters for this fleet name")]
 
 
-AWS_LIMIT_RULES = (_slo_units, _lambda_descriptions, _calibration_dataset, _accounts, _network_overlaps, _subnet_space, _subnets, _warm_pools, _scaling_targets, _tags,
+def _stack_resources(cfg: FleetConfig) -> list[ConfigIssue]:
+    """Each provider region is one CloudFormation stack: its resources must fit the template limit."""
+    from fleetcast.contract.stack_size import CLOUDFORMATION_MAX_RESOURCES, pool_resources, provider_stack_resources
+
+    out = []
+    for i, region in enumerate(cfg.regions):
+        count = provider_stack_resources(cfg, region)
+        if count > CLOUDFORMATION_MAX_RESOURCES:
+            per_pool = max(pool_resources(p) for p in region.pools)
+            out.append(ConfigIssue(("regions", i, "pools"),
+                f"{region.region}'s provider stack would hold {count} CloudFormation resources ({len(region.pools)} "
+                f"pools, up to {per_pool} resources each); a template holds at most {CLOUDFORMATION_MAX_RESOURCES} "
+                f"(CloudFormation quotas): allowed: {count - CLOUDFORMATION_MAX_RESOURCES} fewer resources, e.g. "
+                f"{-(-(count - CLOUDFORMATION_MAX_RESOURCES) // per_pool)} pool(s) fewer, or a second fleet config"))
+    return out
+
+
+AWS_LIMIT_RULES = (_slo_units, _lambda_descriptions, _stack_resources, _calibration_dataset, _accounts, _network_overlaps, _subnet_space, _subnets, _warm_pools, _scaling_targets, _tags,
                    _endpoint_service_names, _path_segments, _config_parameter_size)
 
 
