@@ -8,7 +8,7 @@ import sys
 from aws_cdk import App
 
 from fleetcast.config import ConfigError, load_config
-from fleetcast.errors import FleetcastError
+from fleetcast.contract.errors import FleetcastError
 from stacks.app_builder import build_app
 
 

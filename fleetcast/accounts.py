@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from fleetcast.config import FleetConfig
-from fleetcast.errors import UserError
+from fleetcast.contract.errors import UserError
 
 _ACCOUNT = re.compile(r"[0-9]{12}")
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Iterable
 
-from fleetcast.errors import UserError
+from fleetcast.contract.errors import UserError
 
 # The DLAMI the fleets run: open-source NVIDIA kernel driver (which the L40S/L4/RTX PRO 6000
 # instance families need), containerd and the NVIDIA container toolkit, nothing else.

@@ -9,10 +9,10 @@ sub-steps a command runs (`fleetcast ...` and the CDK CLI, which takes `--profil
 
 Every failure of botocore becomes one line through `translate` and a documented exit code:
 
-- 4 (`EXIT_DENIED`): what the caller lacks: no credentials, an unknown profile, no region, an expired
+- 4 (`EXIT_AWS_ACCESS`): what the caller lacks: no credentials, an unknown profile, no region, an expired
   or rejected token, a missing IAM permission (named as its IAM action, with AWS's encoded reason
   when there is one);
-- 5 (`EXIT_AWS`): anything else AWS or the network said, naming service, operation and region.
+- 5 (`EXIT_AWS_SERVICE`): anything else AWS or the network said, naming service, operation and region.
 
 `call` / `paginate` add throttling retries on top of botocore's own (adaptive mode): a bulk
 operation in a busy account slows down instead of stopping half-way. `scripts/cli.py` maps any
@@ -28,10 +28,8 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from fleetcast.contract.errors import AwsError, FleetcastError, UserError
+from fleetcast.contract.errors import EXIT_AWS_ACCESS, EXIT_AWS_SERVICE, AwsError, FleetcastError, UserError
 
-EXIT_DENIED = 4  # AWS credentials, profile, region or an IAM permission missing
-EXIT_AWS = 5  # any other AWS failure (not found, throttled past retries, unreachable)
 
 # Throttling codes, from botocore's standard retry mode plus EC2's own.
 THROTTLING_CODES = frozenset({
@@ -66,7 +64,7 @@ class AwsCallError(AwsError):
     """An AWS call failed for a reason other than missing access."""
 
     def __init__(self, message: str, *, code: str, service: str | None, operation: str | None,
-                 region: str | None, exit_code: int = EXIT_AWS):
+                 region: str | None, exit_code: int = EXIT_AWS_SERVICE):
         super().__init__(message, exit_code)
         self.code = code
         self.service = service
@@ -78,7 +76,7 @@ class PermissionDenied(AwsCallError):
     """The caller lacks the IAM action an AWS call needs, or its credentials were refused."""
 
     def __init__(self, message: str, *, action: str | None, encoded: str | None, **kw: Any):
-        super().__init__(message, exit_code=EXIT_DENIED, **kw)
+        super().__init__(message, exit_code=EXIT_AWS_ACCESS, **kw)
         self.action = action
         self.encoded = encoded
 
@@ -185,7 +183,7 @@ class AwsSession:
         """Fail now (exit 4, one line) rather than after a long local step when the chain finds nothing."""
         problem = self.credentials_problem()
         if problem:
-            raise AwsError(problem, EXIT_DENIED)
+            raise AwsError(problem, EXIT_AWS_ACCESS)
 
     # -- the same choice for sub-steps
 
@@ -277,11 +275,11 @@ def is_aws_error(exc: BaseException) -> bool:
 
 
 def translate(exc: BaseException, *, service: str | None = None, region: str | None = None,
-              operation: str | None = None, other_exit: int = EXIT_AWS) -> FleetcastError:
-    """One line and an exit code for a botocore failure: EXIT_DENIED for missing access, `other_exit` (a
+              operation: str | None = None, other_exit: int = EXIT_AWS_SERVICE) -> FleetcastError:
+    """One line and an exit code for a botocore failure: EXIT_AWS_ACCESS for missing access, `other_exit` (a
     command that documents no 5 passes 1) for the rest; anything else becomes a UserError of its text."""
     error = _translate(exc, service=service, region=region, operation=operation)
-    if error.exit_code == EXIT_AWS:
+    if error.exit_code == EXIT_AWS_SERVICE:
         error.exit_code = other_exit
     return error
 
@@ -296,18 +294,18 @@ def _translate(exc: BaseException, *, service: str | None, region: str | None,
         profile = getattr(exc, "kwargs", {}).get("profile", "?")
         return AwsError(f"AWS profile {profile!r} (from --profile or AWS_PROFILE) is not in the AWS config or "
                          "credentials files (~/.aws/config, ~/.aws/credentials, or AWS_CONFIG_FILE / "
-                         "AWS_SHARED_CREDENTIALS_FILE); list them with `aws configure list-profiles`", EXIT_DENIED)
+                         "AWS_SHARED_CREDENTIALS_FILE); list them with `aws configure list-profiles`", EXIT_AWS_ACCESS)
     if isinstance(exc, (bx.NoCredentialsError, bx.PartialCredentialsError)):
         where = f" for {_where(service, operation, region)}" if service or operation else ""
-        return AwsError(f"no AWS credentials{where} ({exc}): {_CREDENTIAL_HINT}", EXIT_DENIED)
+        return AwsError(f"no AWS credentials{where} ({exc}): {_CREDENTIAL_HINT}", EXIT_AWS_ACCESS)
     if isinstance(exc, bx.NoRegionError):
         return AwsError(f"no AWS region for {service or 'the AWS client'}: pass --region, set AWS_REGION, or set "
-                         "`region` in the profile", EXIT_DENIED)
+                         "`region` in the profile", EXIT_AWS_ACCESS)
     sso_errors = tuple(getattr(bx, n) for n in ("SSOTokenLoadError", "UnauthorizedSSOTokenError",
                                                  "TokenRetrievalError", "SSOError") if hasattr(bx, n))
     if isinstance(exc, sso_errors):
         return AwsError(f"AWS SSO credentials unavailable ({exc}): run `aws sso login` (with --profile NAME)",
-                         EXIT_DENIED)
+                         EXIT_AWS_ACCESS)
     if isinstance(exc, bx.ClientError):
         error = exc.response.get("Error", {})
         code = error.get("Code", "Unknown")

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
-from fleetcast.errors import UserError
+from fleetcast.contract.errors import UserError
 
 HOLD_CONTEXT = "hold_capacity"
 HELD_OUTPUT = "CapacityHeld"

@@ -31,7 +31,7 @@ from typing import Any, Callable, Sequence, TextIO
 from fleetcast.accounts import AccountAccess
 from fleetcast.config import FleetConfig
 from fleetcast.contract.names import consumer_stack_name, provider_stack_name
-from fleetcast.errors import UserError
+from fleetcast.contract.errors import UserError
 
 STEPS = ("bootstrap", "providers", "stage", "capacity", "publish", "consumers", "approve", "smoke")
 TEARDOWN = ("consumers", "providers")

@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from fleetcast.config import ConfigError, FleetConfig, config_from_json
-from fleetcast.errors import UserError
+from fleetcast.contract.errors import UserError
 
 
 def deployed_config(access: Any, cfg: FleetConfig, region: str) -> FleetConfig | None:

@@ -17,7 +17,7 @@ from fleetcast.capacity_hold import hold_context_args
 from fleetcast.config import FleetConfig
 from fleetcast.contract.names import provider_stack_name
 from fleetcast.deploy import Resolution
-from fleetcast.errors import UserError
+from fleetcast.contract.errors import UserError
 from fleetcast.staging.readiness import region_readiness
 
 

@@ -13,7 +13,7 @@ import json
 import time
 from dataclasses import asdict, dataclass
 
-from fleetcast.errors import UserError
+from fleetcast.contract.errors import UserError
 
 
 @dataclass

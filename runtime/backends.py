@@ -23,7 +23,7 @@ from typing import Protocol
 
 from fleetcast.config import FleetConfig
 from fleetcast.config.model import EngineSpec
-from fleetcast.errors import UserError
+from fleetcast.contract.errors import UserError
 
 from .trtllm import TrtllmBackend
 

@@ -36,10 +36,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
-from fleetcast import telemetry
+from fleetcast.contract import telemetry
 from fleetcast.config import ConfigError, FleetConfig, Pool, config_from_json
 from fleetcast.contract.instance_env import Var, check_names
-from fleetcast.errors import UserError
+from fleetcast.contract.errors import UserError
 from fleetcast.staging.manifest import model_prefix
 
 from . import gpu as gpu_mod

@@ -23,7 +23,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from fleetcast import telemetry
+from fleetcast.contract import telemetry
 
 from .devtools.harness import LocalAws, RuntimeProcess, free_port_pair, tiny_config
 

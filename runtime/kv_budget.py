@@ -27,7 +27,7 @@ import json
 from pathlib import Path
 from typing import Mapping, Sequence
 
-from fleetcast.errors import UserError
+from fleetcast.contract.errors import UserError
 
 # GPU memory one serving process holds beyond its weights and its KV cache (CUDA context, the
 # framework's allocator and library workspaces, CUDA graphs, activations). Measured on an H200 with

@@ -3,7 +3,7 @@
 The container's awslogs driver ships stdout to the instance log group and
 CloudWatch extracts the metrics from the `_aws` envelope, so the runtime needs
 no PutMetricData permission and no extra agent. Names come from
-fleetcast.telemetry so alarms and dashboards cannot drift from what is sent.
+fleetcast.contract.telemetry so alarms and dashboards cannot drift from what is sent.
 """
 
 from __future__ import annotations
@@ -14,16 +14,7 @@ import threading
 import time
 from typing import IO, Mapping
 
-from fleetcast import telemetry
-
-UNITS = {
-    telemetry.ENGINE_BUILD_SECONDS: "Seconds",
-    telemetry.START_TO_HEALTHY_SECONDS: "Seconds",
-    telemetry.STAGING_WAIT_SECONDS: "Seconds",
-    telemetry.GPU_UTILIZATION: "Percent",
-    telemetry.GPU_MEMORY_USED: "Percent",
-    telemetry.KV_CACHE_UTILIZATION: "Percent",
-}
+from fleetcast.contract import telemetry
 
 
 class Emf:
@@ -46,7 +37,7 @@ class Emf:
             "CloudWatchMetrics": [{
                 "Namespace": telemetry.NAMESPACE,
                 "Dimensions": dims,
-                "Metrics": [{"Name": name, "Unit": UNITS.get(name, "Count")} for name in values],
+                "Metrics": [{"Name": name, "Unit": telemetry.unit(name)} for name in values],
             }],
         }
         record.update({k: float(v) for k, v in values.items()})

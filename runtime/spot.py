@@ -19,7 +19,7 @@ What the instance does with a notice (runtime/bootstrap.py calls in here):
 - Building: an interrupted engine build stops with SpotInterrupted, a CacheError, so the engine cache records
   no build failure and releases its build lock on the way out (runtime/engine_cache.py, _build_locked):
   another instance takes over at once instead of waiting for the lock to go stale.
-- Metrics (EMF, fleetcast.telemetry): SpotInterruption (or SpotRebalanceRecommendation) when the notice is
+- Metrics (EMF, fleetcast.contract.telemetry): SpotInterruption (or SpotRebalanceRecommendation) when the notice is
   seen, then SpotDrainCompleted 1/0 and SpotDrainCutRequests after the drain.
 
 Stdlib only: it runs on the GPU instance (in the runtime bundle through runtime.bootstrap and the gateway).

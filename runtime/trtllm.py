@@ -33,7 +33,7 @@ from typing import Callable, Mapping
 from fleetcast.config import Backend, FleetConfig, KvCacheDtype, ModelFamily, Precision
 from fleetcast.contract import support
 from fleetcast.config.model import EngineSpec
-from fleetcast.errors import UserError
+from fleetcast.contract.errors import UserError
 from fleetcast.staging.calibration import loader_dir as calibration_loader_dir
 from fleetcast.staging.selection import tokenizer_file
 

@@ -20,7 +20,7 @@ import re
 from collections.abc import Mapping
 
 from fleetcast.contract.instance_env import HOST_REQUIRED, KNOWN
-from fleetcast.telemetry import INSTANCE_ENV_FILE
+from fleetcast.contract.telemetry import INSTANCE_ENV_FILE
 
 # Keys the stack must pass for a serving instance; the runtime refuses to start without them.
 REQUIRED_KEYS = HOST_REQUIRED

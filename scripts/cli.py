@@ -57,7 +57,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _main(argv: list[str] | None) -> int:
     from fleetcast.config import ConfigError
-    from fleetcast.errors import FleetcastError
+    from fleetcast.contract.errors import EXIT_INVALID, FleetcastError
 
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -65,7 +65,7 @@ def _main(argv: list[str] | None) -> int:
         return int(args.handler(args) or 0)
     except ConfigError as exc:
         print(exc.render(), file=sys.stderr)
-        return 1
+        return EXIT_INVALID
     except FleetcastError as exc:  # user input, AWS access or an AWS failure: one line, its exit code
         print(f"fleetcast {args.command}: {exc}", file=sys.stderr)
         return exc.exit_code

@@ -91,7 +91,7 @@ def _docs(args: argparse.Namespace) -> int:
 def _diff(args: argparse.Namespace) -> int:
     from fleetcast.config import load_config
     from fleetcast.config.impact import diff_configs, render_impact
-    from fleetcast.errors import UserError
+    from fleetcast.contract.errors import UserError
 
     if args.deployed:
         if len(args.configs) != 1:
@@ -112,7 +112,7 @@ def _diff_deployed(args: argparse.Namespace, new) -> int:
     from fleetcast.config.impact import diff_configs, render_impact
     from fleetcast.aws_session import AwsSession
     from fleetcast.deployed import deployed_config
-    from fleetcast.errors import UserError
+    from fleetcast.contract.errors import UserError
 
     names = [r.region for r in new.regions]
     if args.region and args.region not in names:
@@ -173,7 +173,7 @@ def _init(args: argparse.Namespace) -> int:
 
     from fleetcast.config import ConfigError, load_config
     from fleetcast.config.init import InitAnswers, check_account, check_region, parse_consumer, render
-    from fleetcast.errors import UserError
+    from fleetcast.contract.errors import UserError
 
     out = Path(args.out)
     if out.exists() and not args.force:

@@ -92,7 +92,7 @@ def _check_identities(cfg, access, steps) -> None:
     """Before any step: each acting profile's account by sts:GetCallerIdentity; bootstrapping an account with
     another account's credentials is refused (CDK bootstraps with the target account's own)."""
     from fleetcast.accounts import caller_account_via_sts
-    from fleetcast.errors import UserError
+    from fleetcast.contract.errors import UserError
 
     problems = access.check_identities(cfg, caller_account_via_sts(cfg.regions[0].region),
                                        bootstrapping="bootstrap" in steps)
@@ -140,7 +140,7 @@ def _refuse_unready(cfg, args: argparse.Namespace, profile: str | None) -> bool:
     """Before any step: what `fleetcast config validate --deploy` refuses stops the deploy. A dry run shows it,
     goes on to print the plan, and exits 1 after it. Returns whether the config is ready."""
     from fleetcast.config.readiness import access_with_credentials, check_readiness, line_index
-    from fleetcast.errors import UserError
+    from fleetcast.contract.errors import UserError
 
     readiness = check_readiness(cfg, access_with_credentials(profile, strict=not args.dry_run))
     if readiness.refusals or readiness.warnings:

@@ -142,13 +142,13 @@ def _traffic_from_cloudwatch(args: argparse.Namespace):
     from datetime import datetime, timezone
 
     from fleetcast.config import load_config
-    from fleetcast.errors import UserError
+    from fleetcast.contract.errors import EXIT_USAGE, UserError
     from fleetcast.traffic import export
     from fleetcast.usage import parse_time
     from scripts import traffic_cmd
 
     if not args.since:
-        raise UserError("--traffic-from cloudwatch needs --since (e.g. --since 7d)", exit_code=2)
+        raise UserError("--traffic-from cloudwatch needs --since (e.g. --since 7d)", exit_code=EXIT_USAGE)
     cfg = load_config(args.config)
     now = datetime.now(timezone.utc)
     profile, _ = export(cfg, parse_time(args.since, now, "--since"), parse_time(args.until, now, "--until"),
@@ -161,15 +161,15 @@ def _plan(args: argparse.Namespace) -> int:
     from fleetcast.plan.run import PlanOptions, build_plan
     from fleetcast.plan.writeback import compute_plan_edit, throttling_notes, write_config_notes
 
-    from fleetcast.errors import UserError
+    from fleetcast.contract.errors import EXIT_USAGE, UserError
 
     if args.traffic_from and args.write_config:
         raise UserError("--write-config takes a traffic file: export one with `fleetcast traffic export` and plan "
-                        "from it, so the baseline records what was planned", exit_code=2)
+                        "from it, so the baseline records what was planned", exit_code=EXIT_USAGE)
     if (args.since or args.region) and not args.traffic_from:
-        raise UserError("--since/--region go with --traffic-from cloudwatch", exit_code=2)
+        raise UserError("--since/--region go with --traffic-from cloudwatch", exit_code=EXIT_USAGE)
     if args.check and (args.write_config or args.report):
-        raise UserError("--check only compares; run it without --write-config/--report", exit_code=2)
+        raise UserError("--check only compares; run it without --write-config/--report", exit_code=EXIT_USAGE)
     profile = _traffic_from_cloudwatch(args) if args.traffic_from else None
     opts = PlanOptions(
         traffic_profile=profile,
@@ -261,7 +261,8 @@ def _check(args: argparse.Namespace, result, plans) -> int:
 
     from fleetcast.config import load_config
     from fleetcast.plan.check import baseline_findings, config_path_required, drift_settings, render, replan_findings
-    from fleetcast.plan.drift import EXIT_DRIFT, Finding, baseline_path, load_baseline
+    from fleetcast.contract.errors import EXIT_REFUSED
+    from fleetcast.plan.drift import Finding, baseline_path, load_baseline
 
     cfg = load_config(config_path_required(args.config))
     threshold = drift_settings(cfg, args.threshold)
@@ -275,5 +276,5 @@ def _check(args: argparse.Namespace, result, plans) -> int:
         print(f"note: no plan baseline at {path}: checked the re-plan only (throughput, mix, latency and cost checks "
               "need the baseline `fleetcast plan --write-config` writes)")
     print(render(findings, result.traffic_name))
-    return EXIT_DRIFT if findings else 0
+    return EXIT_REFUSED if findings else 0
 

@@ -19,7 +19,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _smoke(args: argparse.Namespace) -> int:
-    from fleetcast.errors import UserError
+    from fleetcast.contract.errors import UserError
     from fleetcast.smoke import smoke
 
     api_key = None

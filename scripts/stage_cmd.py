@@ -101,7 +101,7 @@ def _clients(args: argparse.Namespace, *, check: bool = True):
 
 
 def _regions(cfg, args) -> list[str]:
-    from fleetcast.errors import UserError
+    from fleetcast.contract.errors import UserError
 
     known = [r.region for r in cfg.regions]
     chosen = args.region or known
@@ -153,7 +153,7 @@ def _plan_baseline(args: argparse.Namespace) -> int:
 
 
 def _part_size(args) -> int:
-    from fleetcast.errors import UserError
+    from fleetcast.contract.errors import UserError
 
     if args.part_size_mib < 5 or args.part_size_mib > 5120:
         raise UserError(f"--part-size-mib must be between 5 and 5120, got {args.part_size_mib}", 2)
@@ -212,7 +212,7 @@ def _image(args: argparse.Namespace) -> int:
     from fleetcast.contract.names import provider_stack_name
     from fleetcast.contract.outputs import ProviderOutput, require_output
     from fleetcast.staging.aws import parse_region_map
-    from fleetcast.errors import FleetcastError
+    from fleetcast.contract.errors import FleetcastError
     from fleetcast.staging.image import ImageTarget, single_digest, stage_codebuild, stage_local
 
     cfg = load_config(args.config)

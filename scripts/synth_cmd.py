@@ -13,7 +13,7 @@ import json
 import shlex
 from pathlib import Path
 
-from fleetcast.errors import UserError
+from fleetcast.contract.errors import UserError
 
 STACK_ARTIFACT = "aws:cloudformation:stack"
 MAKE_DEFAULT_CONFIG = "config/fleet.yaml"  # the Makefile's CONFIG default, relative to where make runs

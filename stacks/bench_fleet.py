@@ -24,7 +24,7 @@ from constructs import Construct
 from fleetcast.config import FleetConfig, Region
 from fleetcast.config.model import Capacity, WarmPoolSpec
 from fleetcast.contract.instance_env import Var
-from fleetcast.errors import UserError
+from fleetcast.contract.errors import UserError
 
 from .gpu_fleet import GpuFleet, asg_name
 

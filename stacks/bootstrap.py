@@ -14,7 +14,7 @@ from constructs import Construct
 
 from fleetcast.config import FleetConfig
 from fleetcast.config.parameter import ADVANCED_TIER_LIMIT, config_parameter
-from fleetcast.errors import UserError
+from fleetcast.contract.errors import UserError
 
 from .bench_fleet import bench_enabled
 from .naming import config_parameter_description

@@ -39,7 +39,7 @@ from fleetcast.bench.probe_wheels import DEFAULT_DIR, check_wheelhouse
 from fleetcast.config import Consumer, FleetConfig
 from fleetcast.contract.instance_env import Var
 from fleetcast.contract.outputs import ConsumerOutput
-from fleetcast.errors import UserError
+from fleetcast.contract.errors import UserError
 from runtime.probe.userdata import render_probe_user_data
 
 from . import nag

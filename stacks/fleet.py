@@ -83,7 +83,7 @@ class FleetcastStage(Stage):
         super().__init__(scope, construct_id, **kwargs)
         self.stacks = add_fleet(self, cfg, accounts={account}, report=report)
         if not self.stacks:
-            from fleetcast.errors import UserError
+            from fleetcast.contract.errors import UserError
 
             known = sorted({cfg.provider.account} | {c.account for c in cfg.consumers})
             raise UserError(f"FleetcastStage {construct_id}: fleet {cfg.name} deploys no stack into account "

@@ -15,7 +15,7 @@ from aws_cdk import aws_cloudwatch as cloudwatch
 from aws_cdk import aws_elasticloadbalancingv2 as elbv2
 from constructs import Construct
 
-from fleetcast import telemetry
+from fleetcast.contract import telemetry
 from fleetcast.config import FleetConfig
 
 from .fleet_metrics import ONE_MINUTE, asg_metric, runtime_metric, slo_ratio, target_group_metric

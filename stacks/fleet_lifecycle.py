@@ -1,6 +1,6 @@
 """How instances of one pool enter and leave: termination hook, warm pool, capacity reservations.
 
-- Termination hook (`fleetcast.telemetry.TERMINATE_HOOK`, in the group's own hook list like the
+- Termination hook (`fleetcast.contract.telemetry.TERMINATE_HOOK`, in the group's own hook list like the
   launch hook, so the group's first instances have it too): on scale-in or refresh the
   group first deregisters the instance from the target group (the deregistration
   delay lets open streams finish), then holds it in Terminating:Wait while the
@@ -24,7 +24,7 @@ from __future__ import annotations
 from aws_cdk import aws_autoscaling as autoscaling
 from constructs import Construct
 
-from fleetcast import telemetry
+from fleetcast.contract import telemetry
 from fleetcast.config import FleetConfig, Pool
 
 from .launch_order import TERMINATING, add_lifecycle_hook, capacity_held

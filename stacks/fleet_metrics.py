@@ -1,6 +1,6 @@
 """CloudWatch metric definitions the operations constructs share (scaling, alarms, dashboard).
 
-Names, namespace and dimensions come from fleetcast.telemetry, so the runtime that
+Names, namespace and dimensions come from fleetcast.contract.telemetry, so the runtime that
 publishes and the stacks that read can never drift apart. Runtime metrics carry the
 [Fleet, Pool] dimension set; Auto Scaling and NLB metrics carry AWS's own.
 """
@@ -12,7 +12,7 @@ from aws_cdk import aws_autoscaling as autoscaling
 from aws_cdk import aws_cloudwatch as cloudwatch
 from aws_cdk import aws_elasticloadbalancingv2 as elbv2
 
-from fleetcast import telemetry
+from fleetcast.contract import telemetry
 
 ONE_MINUTE = Duration.minutes(1)
 

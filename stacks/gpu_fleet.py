@@ -21,7 +21,7 @@ from constructs import Construct
 from fleetcast.ami import DLAMI_SSM_PARAMETER, LATEST
 from fleetcast.config import FleetConfig, Pool, Region
 from fleetcast.contract.instance_env import HostEnv, Var
-from fleetcast.telemetry import LAUNCH_HOOK, NAMESPACE
+from fleetcast.contract.telemetry import LAUNCH_HOOK, NAMESPACE
 from runtime.userdata import render_user_data
 
 from . import nag

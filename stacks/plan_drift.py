@@ -32,7 +32,7 @@ from aws_cdk import aws_s3 as s3
 from aws_cdk import aws_sns as sns
 from constructs import Construct
 
-from fleetcast import telemetry
+from fleetcast.contract import telemetry
 from fleetcast.config import FleetConfig, Region
 from fleetcast.contract.names import plan_drift_description
 from fleetcast.plan.drift import BASELINE_KEY
@@ -42,7 +42,7 @@ from .function import function_log_group, function_role, grant_own_logs, python_
 from .runtime_bundle import BundleSpec, stage_bundle
 
 HANDLER = Path(__file__).resolve().parent / "lambdas" / "plan_drift" / "handler.py"
-BUNDLE = BundleSpec("plan-drift", ("fleetcast.plan.drift", "fleetcast.telemetry"), ())
+BUNDLE = BundleSpec("plan-drift", ("fleetcast.plan.drift", "fleetcast.contract.telemetry"), ())
 WINDOW_DAYS = 7
 
 

@@ -12,8 +12,7 @@ import argparse
 import os
 import sys
 
-from fleetcast.contract.entry import EXIT_INTERRUPTED
-from fleetcast.errors import FleetcastError, UserError
+from fleetcast.contract.errors import EXIT_INTERRUPTED, FleetcastError, UserError
 
 DEFAULT_REQUESTS_PER_LEVEL = 100
 _LABEL_KEYS = ("instance_type", "gpu", "precision", "region", "backend", "model", "notes", "path", "consumer")

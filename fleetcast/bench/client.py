@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
 from fleetcast.bench import kstamp
-from fleetcast.errors import UserError
+from fleetcast.contract.errors import UserError
 
 _clock = time.perf_counter
 # A kernel-stamped read processed later than this after the data arrived may

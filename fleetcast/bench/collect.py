@@ -8,7 +8,7 @@ import json
 from pathlib import Path
 
 from fleetcast.bench.schema import SCHEMA_ID
-from fleetcast.errors import UserError
+from fleetcast.contract.errors import UserError
 
 
 def collect(bucket: str, prefix: str, out: Path, *, region: str | None = None,

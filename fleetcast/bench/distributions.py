@@ -12,7 +12,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
-from fleetcast.errors import UserError
+from fleetcast.contract.errors import UserError
 
 
 @dataclass(frozen=True)

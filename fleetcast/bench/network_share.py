@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 from fleetcast.bench.schema import Results, Run
-from fleetcast.errors import UserError
+from fleetcast.contract.errors import UserError
 
 METRICS = ("ttft_p50", "ttft_p99", "e2e_p50", "e2e_p99")
 

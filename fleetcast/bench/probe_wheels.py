@@ -15,7 +15,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from fleetcast.errors import UserError
+from fleetcast.contract.errors import UserError
 
 # Same ranges as pyproject.toml's dependencies.
 REQUIREMENTS = ("pydantic~=2.14.0", "boto3~=1.40")

@@ -22,7 +22,7 @@ import random
 from dataclasses import dataclass
 from pathlib import Path
 
-from fleetcast.errors import UserError
+from fleetcast.contract.errors import UserError
 
 # Frequent three-letter words. With a leading space each is one token in GPT-2/Llama-style
 # BPE vocabularies and exactly four in byte-level ones, so tokens per word is the same for

@@ -205,7 +205,7 @@ def write_report(results: list[Results], out: Path, allow_mixed: bool = False,
                  names: list[str] | None = None) -> Path:
     """`names` (file paths) only word the refusal when request shapes differ and `allow_mixed` is False."""
     from fleetcast.bench.schema import mixed_shapes
-    from fleetcast.errors import UserError
+    from fleetcast.contract.errors import UserError
 
     mixed = mixed_shapes(list(zip(names or series_names(results), results)))
     if mixed and not allow_mixed:

@@ -41,7 +41,7 @@ from fleetcast.bench.prompts import PromptFactory, calibrate_from_usage
 from fleetcast.bench.schema import (
     SCHEMA_REVISION, ClientInfo, Labels, Lengths, Load, RequestShape, Results, Run, SloSpec,
 )
-from fleetcast.errors import UserError
+from fleetcast.contract.errors import UserError
 
 _clock = time.perf_counter
 LOOP_PROBE_INTERVAL_S = 0.005

@@ -259,7 +259,7 @@ def dump_results(results: Results, path: str | Path) -> None:
 
 def load_results(path: str | Path) -> Results:
     """Read and validate a results file; bad files raise UserError naming the problem."""
-    from fleetcast.errors import UserError
+    from fleetcast.contract.errors import UserError
 
     p = Path(path)
     try:

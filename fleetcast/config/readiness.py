@@ -333,7 +333,7 @@ def access_with_credentials(profile: str | None, *, strict: bool = True) -> Any 
     `strict`: an unknown profile is the caller's mistake (exit 4); a dry run passes False and is told later
     that AWS access was not checked."""
     from fleetcast.aws_session import AwsSession
-    from fleetcast.errors import FleetcastError
+    from fleetcast.contract.errors import FleetcastError
 
     aws = AwsSession(profile)
     try:

@@ -6,15 +6,11 @@ auto-approver Lambda's deployment), `aws` makes the calls, `review` decides,
 """
 
 from .audit import AuditLog, AuditRecord
-from .aws import (
-    EXIT_AWS, EXIT_DENIED, EXIT_INPUT, EXIT_OK, EXIT_REFUSED, EXIT_USAGE, Access, AwsCallError, PermissionDenied,
-    iam_action,
-)
+from .aws import Access, AwsCallError, PermissionDenied, iam_action
 from .policy import account_of, allowed_accounts
 from .review import FLEET_TAG, SERVICE_ID_OUTPUT, Connection, Reviewer, ServiceRef
 
 __all__ = [
-    "Access", "AuditLog", "AuditRecord", "AwsCallError", "Connection", "EXIT_AWS", "EXIT_DENIED", "EXIT_INPUT",
-    "EXIT_OK", "EXIT_REFUSED", "EXIT_USAGE", "FLEET_TAG", "PermissionDenied", "Reviewer", "SERVICE_ID_OUTPUT",
+    "Access", "AuditLog", "AuditRecord", "AwsCallError", "Connection", "FLEET_TAG", "PermissionDenied", "Reviewer", "SERVICE_ID_OUTPUT",
     "ServiceRef", "account_of", "allowed_accounts", "iam_action",
 ]

@@ -16,7 +16,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import IO, Callable
 
-from fleetcast.errors import UserError
+from fleetcast.contract.errors import UserError
 
 DECISIONS = (
     "accepted",  # AcceptVpcEndpointConnections succeeded (or would, with dry_run)

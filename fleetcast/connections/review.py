@@ -28,10 +28,10 @@ from typing import IO
 from fleetcast.config import FleetConfig
 from fleetcast.contract.names import provider_stack_name
 from fleetcast.contract.outputs import ProviderOutput
-from fleetcast.errors import UserError
+from fleetcast.contract.errors import EXIT_AWS_SERVICE, EXIT_INVALID, EXIT_REFUSED, UserError
 
 from .audit import AuditLog, AuditRecord
-from .aws import EXIT_AWS, EXIT_INPUT, EXIT_REFUSED, Access, AwsCallError, PermissionDenied
+from .aws import Access, AwsCallError, PermissionDenied
 from .policy import ACCOUNT_ID, allowed_accounts, consumer_vpcs
 
 ENDPOINT_ID = re.compile(r"^vpce-[0-9a-f]{8}([0-9a-f]{9})?$")
@@ -139,7 +139,7 @@ class Reviewer:
         for region in requested:
             if region not in known:
                 raise UserError(f"--region {region}: not a provider region in the config (have: {', '.join(known)})",
-                                EXIT_INPUT)
+                                EXIT_INVALID)
             if region not in chosen:
                 chosen.append(region)
         return chosen
@@ -148,9 +148,9 @@ class Reviewer:
         if service_id is not None:
             if not SERVICE_ID.match(service_id):
                 raise UserError(f"--service-id {service_id!r}: not an endpoint service id such as "
-                                "vpce-svc-0123456789abcdef0", EXIT_INPUT)
+                                "vpce-svc-0123456789abcdef0", EXIT_INVALID)
             if len(regions) != 1:
-                raise UserError("--service-id names one region's service: give --region too", EXIT_INPUT)
+                raise UserError("--service-id names one region's service: give --region too", EXIT_INVALID)
             return [ServiceRef(regions[0], service_id, "--service-id")]
         return [self.find_service(region) for region in regions]
 
@@ -185,9 +185,9 @@ class Reviewer:
         if not found:
             raise UserError(f"{region}: no endpoint service for fleet {self.cfg.name!r}: {stack_problem}, and none "
                             f"is tagged {FLEET_TAG}={self.cfg.name}; deploy the provider stack or pass "
-                            "--region with --service-id", EXIT_AWS)
+                            "--region with --service-id", EXIT_AWS_SERVICE)
         raise UserError(f"{region}: {len(found)} endpoint services are tagged {FLEET_TAG}={self.cfg.name} "
-                        f"({', '.join(found)}): pass --region with --service-id", EXIT_INPUT)
+                        f"({', '.join(found)}): pass --region with --service-id", EXIT_INVALID)
 
     def connections(self, svc: ServiceRef) -> list[Connection]:
         allowed = allowed_accounts(self.cfg, svc.region)
@@ -245,25 +245,25 @@ class Reviewer:
                  relevant_states: tuple[str, ...]) -> list[Connection]:
         for endpoint_id in endpoint_ids:
             if not ENDPOINT_ID.match(endpoint_id):
-                raise UserError(f"{endpoint_id!r}: not a VPC endpoint id such as vpce-0123456789abcdef0", EXIT_INPUT)
+                raise UserError(f"{endpoint_id!r}: not a VPC endpoint id such as vpce-0123456789abcdef0", EXIT_INVALID)
         for account in accounts:
             if not ACCOUNT_ID.match(account):
-                raise UserError(f"--account {account!r}: not a 12-digit AWS account id", EXIT_INPUT)
+                raise UserError(f"--account {account!r}: not a 12-digit AWS account id", EXIT_INVALID)
         if not endpoint_ids and not accounts:
-            raise UserError("name the connections: endpoint ids (vpce-...) and/or --account ACCOUNT_ID", EXIT_INPUT)
+            raise UserError("name the connections: endpoint ids (vpce-...) and/or --account ACCOUNT_ID", EXIT_INVALID)
         by_id = {c.endpoint_id: c for c in conns}
         chosen: dict[str, Connection] = {}
         for endpoint_id in endpoint_ids:
             if endpoint_id not in by_id:
                 where = ", ".join(sorted({c.region for c in conns})) or "the regions in scope"
                 raise UserError(f"{endpoint_id}: no such connection to the fleet's endpoint service in {where} "
-                                "(see `fleetcast connections list`)", EXIT_INPUT)
+                                "(see `fleetcast connections list`)", EXIT_INVALID)
             chosen[endpoint_id] = by_id[endpoint_id]
         for account in accounts:
             mine = [c for c in conns if c.account == account and c.state in relevant_states]
             if not mine:
                 raise UserError(f"--account {account}: no connection in state {'/'.join(relevant_states)} "
-                                "from that account", EXIT_INPUT)
+                                "from that account", EXIT_INVALID)
             for c in mine:
                 chosen.setdefault(c.endpoint_id, c)
         return list(chosen.values())
@@ -388,7 +388,7 @@ class Reviewer:
         done = len(changes) - len(outcome.failed)
         self._say(f"{done} change(s) made" + (f", {len(outcome.failed)} failed" if outcome.failed else ""))
         if outcome.failed:
-            raise UserError("; ".join(f"{s.connection.endpoint_id}: {e}" for s, e in outcome.failed), EXIT_AWS)
+            raise UserError("; ".join(f"{s.connection.endpoint_id}: {e}" for s, e in outcome.failed), EXIT_AWS_SERVICE)
         return 0
 
     @staticmethod

@@ -18,8 +18,7 @@ import os
 import sys
 from collections.abc import Callable
 
-EXIT_INTERRUPTED = 128 + 2  # SIGINT
-EXIT_BROKEN_PIPE = 128 + 13  # SIGPIPE
+from .errors import EXIT_BROKEN_PIPE, EXIT_INTERRUPTED
 
 
 def run_quietly(main: Callable[[], int | None]) -> int:

@@ -1,4 +1,4 @@
-"""One error hierarchy for every entry point (CLI, `cdk synth`, the instance bootstrap).
+"""One error hierarchy for every entry point (CLI, `cdk synth`, the instance bootstrap), and one exit-code table.
 
 - `UserError`: the user asked for something wrong (bad input, a refused action). One clear line, never a
   traceback; exit 1 for invalid input, 2 for a usage error, 3 for a refusal a command documents.
@@ -11,11 +11,16 @@ Entry points catch `FleetcastError` once and use `exit_code`.
 
 from __future__ import annotations
 
-EXIT_INVALID = 1
-EXIT_USAGE = 2
-EXIT_REFUSED = 3
-EXIT_AWS_ACCESS = 4
-EXIT_AWS_SERVICE = 5
+# The exit codes of every `fleetcast` command (docs/connections.md and README.md quote this table).
+EXIT_OK = 0
+EXIT_INVALID = 1  # bad input: an argument, a config, a file
+EXIT_USAGE = 2  # the command line itself (argparse's own code)
+EXIT_REFUSED = 3  # a safety rule stopped the command and nothing changed; `plan check`: the plan drifted
+EXIT_AWS_ACCESS = 4  # AWS credentials, profile, region or an IAM permission missing
+EXIT_AWS_SERVICE = 5  # any other AWS failure (not found, throttled past retries, unreachable)
+# Ended by a signal, as the shell reports it (128 + the signal's number): Ctrl-C, a closed stdout pipe.
+EXIT_INTERRUPTED = 128 + 2  # SIGINT
+EXIT_BROKEN_PIPE = 128 + 13  # SIGPIPE
 
 
 class FleetcastError(Exception):

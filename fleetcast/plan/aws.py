@@ -9,7 +9,7 @@ import json
 from collections.abc import Callable
 from datetime import date
 
-from fleetcast.errors import UserError
+from fleetcast.contract.errors import UserError
 
 from .inputs import Availability, Prices
 

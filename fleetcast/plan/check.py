@@ -6,14 +6,14 @@ Two kinds of findings, each one line with what and why:
   always counts);
 - the baseline written with the config (fleetcast.plan.drift): throughput past max capacity, the
   mix moved to larger batches, observed P99 above the SLO at planned load, cost per token off.
-Any finding: exit 3 (EXIT_DRIFT); none: 0.
+Any finding: exit 3 (EXIT_REFUSED); none: 0.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from fleetcast.errors import UserError
+from fleetcast.contract.errors import UserError
 
 from .drift import DEFAULT_THRESHOLD, Finding, Observation, check_pool
 from .traffic import ConsumerTraffic

@@ -35,7 +35,6 @@ SCHEMA = "fleetcast.plan-baseline/v1"
 # read by the scheduled drift check (stacks/plan_drift.py).
 BASELINE_KEY = "plan/baseline.json"
 DEFAULT_THRESHOLD = 0.2
-EXIT_DRIFT = 3
 
 
 @dataclass(frozen=True)
@@ -118,7 +117,7 @@ def baseline_document(pools: list, ctx: Any, config_pools: dict[str, str], writt
 
 
 def load_baseline(path: str | Path) -> dict:
-    from fleetcast.errors import UserError
+    from fleetcast.contract.errors import UserError
 
     p = Path(path)
     try:

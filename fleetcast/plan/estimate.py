@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from fleetcast.config import catalog
 from fleetcast.config.model import ModelFamily, Precision
 from fleetcast.contract import support
-from fleetcast.errors import UserError
+from fleetcast.contract.errors import UserError
 
 from .curves import Candidate, Curve, LoadPoint, sources_text
 

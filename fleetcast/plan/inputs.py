@@ -21,7 +21,7 @@ from ruamel.yaml.error import YAMLError
 from fleetcast.config import catalog
 from fleetcast.config.model import Precision
 from fleetcast.contract.network import PROVIDER_INTERFACE_ENDPOINTS
-from fleetcast.errors import UserError
+from fleetcast.contract.errors import UserError
 
 from .curves import Candidate, Curve, LoadPoint
 from .traffic import validation_summary

@@ -10,7 +10,7 @@ from datetime import date
 from pathlib import Path
 
 from fleetcast.config import catalog
-from fleetcast.errors import UserError
+from fleetcast.contract.errors import UserError
 
 from .aws import live_availability, refresh_prices
 from .estimate import estimate_specs

@@ -589,7 +589,7 @@ def simulate_plan(plans, pools, ctx, seed: int = 7, candidates: list[str] | None
                   max_groups: int | None = None) -> tuple[list[str], bool]:
     """Check the planner's sizing of each pool (or of the named candidates, per consumer region) by simulation.
     Returns the report lines and whether every check agrees within AGREEMENT."""
-    from fleetcast.errors import UserError
+    from fleetcast.contract.errors import UserError
 
     from .solver import _limits
 

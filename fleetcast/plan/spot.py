@@ -35,7 +35,7 @@ from typing import Any
 
 from fleetcast.config import catalog
 from fleetcast.contract.instance_env import Var
-from fleetcast.errors import UserError
+from fleetcast.contract.errors import UserError
 
 from .inputs import _read_yaml
 

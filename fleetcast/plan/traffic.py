@@ -29,7 +29,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from ruamel.yaml import YAML
 from ruamel.yaml.error import YAMLError
 
-from fleetcast.errors import UserError
+from fleetcast.contract.errors import UserError
 
 SCHEMA_ID = "fleetcast.traffic/v1"
 _RANGE = re.compile(r"^\s*(\d+)\s*(?:-\s*(\d+)\s*)?$")

@@ -23,7 +23,7 @@ from ruamel.yaml.scalarstring import SingleQuotedScalarString
 
 from fleetcast.config.edit import replace_files, round_trip_yaml, validated_text
 from fleetcast.contract import support
-from fleetcast.errors import UserError
+from fleetcast.contract.errors import UserError
 from fleetcast.staging.calibration import STAGE_COMMAND
 
 from .solver import FleetPool, RegionPlan

@@ -32,7 +32,7 @@ import json
 import re
 from pathlib import Path
 
-from fleetcast.errors import UserError
+from fleetcast.contract.errors import UserError
 
 TEXT_COLUMN = "text"
 LOADER_DIR = "lambada"

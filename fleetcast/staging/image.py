@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from fleetcast.config import FleetConfig
-from fleetcast.errors import UserError
+from fleetcast.contract.errors import UserError
 
 DOCKERFILE = "docker/Dockerfile"
 REPO_ROOT = Path(__file__).resolve().parents[2]

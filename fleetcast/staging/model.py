@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from fleetcast.config import FleetConfig
-from fleetcast.errors import UserError
+from fleetcast.contract.errors import UserError
 
 from . import selection
 from .manifest import Manifest, build_manifest, calibration_prefix, human_bytes, model_prefix

@@ -30,9 +30,9 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
-from fleetcast import telemetry as t
+from fleetcast.contract import telemetry as t
 from fleetcast.config import FleetConfig
-from fleetcast.errors import UserError
+from fleetcast.contract.errors import EXIT_INVALID, EXIT_USAGE, UserError
 from fleetcast.plan.drift import hour_of_day_rates
 
 MAX_QUERIES = 500  # GetMetricData: at most 500 metrics per call
@@ -115,16 +115,16 @@ def collect(cfg: FleetConfig, since: datetime, until: datetime, call: Callable[.
     names = [r.region for r in cfg.regions]
     if region is not None and region not in names:
         raise UserError(f"--region {region!r} is not a provider region of fleet {cfg.name}; "
-                        f"choose one of: {', '.join(names)}", exit_code=2)
+                        f"choose one of: {', '.join(names)}", exit_code=EXIT_USAGE)
     known = [c.name for c in cfg.consumers]
     if consumer is not None and consumer not in known:
         raise UserError(f"--consumer {consumer!r} is not a consumer of fleet {cfg.name}; "
-                        f"choose one of: {', '.join(known) or '(none configured)'}", exit_code=2)
+                        f"choose one of: {', '.join(known) or '(none configured)'}", exit_code=EXIT_USAGE)
     if since >= until:
-        raise UserError(f"--since ({since.isoformat()}) must be before --until ({until.isoformat()})", exit_code=2)
+        raise UserError(f"--since ({since.isoformat()}) must be before --until ({until.isoformat()})", exit_code=EXIT_USAGE)
     if now - since > MAX_AGE:
         raise UserError("--since is more than 15 days ago: CloudWatch keeps 1-minute data 15 days, and the "
-                        "profile's burstiness needs it; export a window inside the last 15 days", exit_code=2)
+                        "profile's burstiness needs it; export a window inside the last 15 days", exit_code=EXIT_USAGE)
     hours = int((until - since) / HOUR)
     tallies: dict[str, Tally] = {}
     for region_name in [region] if region else names:
@@ -267,7 +267,7 @@ def profile_document(tallies: dict[str, Tally], since: datetime, until: datetime
     if not consumers:
         raise UserError(f"no requests metered for fleet {fleet} between {since:%Y-%m-%d %H:%M} and "
                         f"{until:%Y-%m-%d %H:%M} UTC (check --region / --consumer, and that the gateways' EMF "
-                        "records reach CloudWatch)", exit_code=1)
+                        "records reach CloudWatch)", exit_code=EXIT_INVALID)
     return {"schema": SCHEMA_ID, "name": name,
             "description": f"exported from CloudWatch: fleet {fleet}, {since:%Y-%m-%dT%H:%MZ} .. {until:%Y-%m-%dT%H:%MZ}; "
                            f"rate_rps = the {'busiest' if hour_stat == 'max' else 'mean'} day's rate per UTC hour",
@@ -283,7 +283,7 @@ def export(cfg: FleetConfig, since: datetime, until: datetime, call: Callable[..
     from fleetcast.plan.traffic import TrafficProfile, validation_summary
 
     if hour_stat not in ("max", "mean"):
-        raise UserError(f"--hour-stat {hour_stat!r}: choose max or mean", exit_code=2)
+        raise UserError(f"--hour-stat {hour_stat!r}: choose max or mean", exit_code=EXIT_USAGE)
     since, until = floor_hour(since), floor_hour(until)
     tallies = collect(cfg, since, until, call, region, consumer, now)
     doc = profile_document(tallies, since, until, name or f"{cfg.name}-production", cfg.name, hour_stat)

@@ -26,10 +26,10 @@ from dataclasses import asdict, dataclass, field
 from datetime import datetime, timedelta, timezone
 from typing import Any, Callable
 
-from fleetcast import telemetry as t
+from fleetcast.contract import telemetry as t
 from fleetcast.config import FleetConfig
 from fleetcast.config.catalog import instance_catalog
-from fleetcast.errors import UserError
+from fleetcast.contract.errors import EXIT_USAGE, UserError
 
 SUMMED = {
     "requests": t.REQUESTS,
@@ -59,7 +59,7 @@ def parse_time(value: str, now: datetime, flag: str) -> datetime:
         parsed = datetime.fromisoformat(text.replace("Z", "+00:00"))
     except ValueError:
         raise UserError(f"{flag} {value!r}: use an ISO 8601 time (2026-11-28 or 2026-11-28T09:00Z), "
-                        "a relative age such as 24h or 7d, or 'now'", exit_code=2) from None
+                        "a relative age such as 24h or 7d, or 'now'", exit_code=EXIT_USAGE) from None
     return parsed if parsed.tzinfo else parsed.replace(tzinfo=timezone.utc)
 
 
@@ -140,13 +140,13 @@ def collect(cfg: FleetConfig, since: datetime, until: datetime, region: str | No
     """Sum the gateway's per-consumer metrics over [since, until) in each provider region."""
     now = now or datetime.now(timezone.utc)
     if since >= until:
-        raise UserError(f"--since ({since.isoformat()}) must be before --until ({until.isoformat()})", exit_code=2)
+        raise UserError(f"--since ({since.isoformat()}) must be before --until ({until.isoformat()})", exit_code=EXIT_USAGE)
     if now - since > timedelta(days=455):
-        raise UserError("--since is more than 455 days ago: CloudWatch keeps metrics for 455 days", exit_code=2)
+        raise UserError("--since is more than 455 days ago: CloudWatch keeps metrics for 455 days", exit_code=EXIT_USAGE)
     names = [r.region for r in cfg.regions]
     if region is not None and region not in names:
         raise UserError(f"--region {region!r} is not a provider region of fleet {cfg.name}; "
-                        f"choose one of: {', '.join(names)}", exit_code=2)
+                        f"choose one of: {', '.join(names)}", exit_code=EXIT_USAGE)
     if client is None:
         from fleetcast.aws_session import AwsSession
 
@@ -266,7 +266,7 @@ def render(report: UsageReport, fmt: str) -> str:
         writer.writerows(rows)
         return out.getvalue().rstrip("\n")
     if fmt != "table":
-        raise UserError(f"--format {fmt!r}: choose table, csv or json", exit_code=2)
+        raise UserError(f"--format {fmt!r}: choose table, csv or json", exit_code=EXIT_USAGE)
     headers = ("CONSUMER", "REGION", "REQUESTS", "ERRORS", "THROTTLED", "INPUT TOK", "OUTPUT TOK", "TOKEN SHARE",
                "EST. COST USD")
     cells = [(r["consumer"], r["region"], f"{r['requests']:,}", f"{r['errors']:,}", f"{r['throttled']:,}",

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from fleetcast import telemetry
+from fleetcast.contract import telemetry
 from fleetcast.config import FleetConfig, config_from_json, load_config
 
 from .fakes import FakeAutoScaling, FakeEc2, FakeImds

@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
-from fleetcast import telemetry as t
+from fleetcast.contract import telemetry as t
 from fleetcast.config.model import ConsumerLimits
 
 from .identity import Refusal

@@ -17,7 +17,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from fleetcast import telemetry as t
+from fleetcast.contract import telemetry as t
 
 from .metrics import MetricsSink
 

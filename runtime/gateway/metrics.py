@@ -3,7 +3,7 @@
 The instance's log agent ships stdout to CloudWatch Logs, which extracts the
 metrics: raw per-request values, so fleet-wide P99s are computed by CloudWatch
 rather than averaged from per-instance percentiles. Names, namespace and
-dimensions come from fleetcast.telemetry, shared with the alarms and
+dimensions come from fleetcast.contract.telemetry, shared with the alarms and
 `fleetcast usage`.
 
 Writing happens on a separate thread: a slow log pipe must never stall the
@@ -18,24 +18,15 @@ import threading
 import time
 from typing import Any, Callable, TextIO
 
-from fleetcast import telemetry as t
-
-MS = "Milliseconds"
-COUNT = "Count"
-
-UNITS = {
-    t.TTFT_MS: MS, t.ITL_MS: MS, t.E2E_MS: MS,
-    t.INPUT_TOKENS: COUNT, t.OUTPUT_TOKENS: COUNT, t.REQUESTS: COUNT, t.ERRORS: COUNT,
-    t.THROTTLED: COUNT, t.UNKNOWN_ENDPOINT: COUNT, t.PROXY_PROTOCOL_ERRORS: COUNT, t.STREAMS_CUT: COUNT,
-}
+from fleetcast.contract import telemetry as t
 
 
 # The traffic-shape directive: `ShapedRequests` (= 1) under one dimension set per bucket dimension
-# (fleetcast.telemetry). A metric of its own: the bucket dimensions must not multiply the latency and
-# token metrics, and no member is named by two directives.
+# (fleetcast.contract.telemetry). A metric of its own: the bucket dimensions must not multiply the latency
+# and token metrics, and no member is named by two directives.
 _SHAPE_DIMENSIONS = [[t.DIM_FLEET, t.DIM_POOL, t.DIM_CONSUMER, d]
                      for d in (t.DIM_IN_FLIGHT, t.DIM_INPUT_BUCKET, t.DIM_OUTPUT_BUCKET)]
-_SHAPE_METRICS = [{"Name": t.SHAPED_REQUESTS, "Unit": COUNT}]
+_SHAPE_METRICS = [{"Name": t.SHAPED_REQUESTS, "Unit": t.unit(t.SHAPED_REQUESTS)}]
 
 
 def emf_record(fleet: str, pool: str, consumer: str | None, values: dict[str, float],
@@ -44,7 +35,7 @@ def emf_record(fleet: str, pool: str, consumer: str | None, values: dict[str, fl
     """One EMF record. Per-consumer dimensions only when the consumer is known; per (consumer, model)
     as well when the request named a model of the config (never an arbitrary client string).
 
-    `shape` ({bucket dimension: label}, all three of fleetcast.telemetry's) adds the traffic-shape
+    `shape` ({bucket dimension: label}, all three of fleetcast.contract.telemetry's) adds the traffic-shape
     directive and its `ShapedRequests` = 1 member; it needs a consumer.
     """
     dims = [[t.DIM_FLEET, t.DIM_POOL]]
@@ -58,7 +49,7 @@ def emf_record(fleet: str, pool: str, consumer: str | None, values: dict[str, fl
     directives = [{
         "Namespace": t.NAMESPACE,
         "Dimensions": dims,
-        "Metrics": [{"Name": name, "Unit": UNITS.get(name, "None")} for name in values],
+        "Metrics": [{"Name": name, "Unit": t.unit(name)} for name in values],
     }]
     if shape and consumer:
         directives.append({"Namespace": t.NAMESPACE, "Dimensions": _SHAPE_DIMENSIONS, "Metrics": _SHAPE_METRICS})

@@ -27,7 +27,7 @@ import time
 from collections.abc import Iterable, Mapping
 from typing import Any, Callable
 
-from fleetcast import telemetry as t
+from fleetcast.contract import telemetry as t
 
 from .admission import Admission, local_limiter, model_not_found
 from .drain import DRAINING_MESSAGE, Drain

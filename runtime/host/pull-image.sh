@@ -17,7 +17,7 @@ fi
 
 abandon_launch() {
   local imds=http://169.254.169.254 hook token instance group
-  hook=$(PYTHONPATH="$bundle" python3 -c 'from fleetcast.telemetry import LAUNCH_HOOK; print(LAUNCH_HOOK)')
+  hook=$(PYTHONPATH="$bundle" python3 -c 'from fleetcast.contract.telemetry import LAUNCH_HOOK; print(LAUNCH_HOOK)')
   token=$(curl -sf -X PUT "$imds/latest/api/token" -H "X-aws-ec2-metadata-token-ttl-seconds: 300") || return 0
   instance=$(curl -sf -H "X-aws-ec2-metadata-token: $token" "$imds/latest/meta-data/instance-id") || return 0
   # The group's name is an instance tag (the launch template enables metadata tags).

@@ -11,7 +11,7 @@ from aws_cdk import App
 from aws_cdk.assertions import Match, Template
 
 from fleetcast.config import load_config
-from fleetcast.errors import UserError
+from fleetcast.contract.errors import UserError
 from stacks.app_builder import build_app, cdk_json_context
 from stacks.bench_fleet import results_key
 from tests.cfn_lint import assert_lint_clean

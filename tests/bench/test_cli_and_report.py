@@ -7,7 +7,7 @@ import json
 import pytest
 
 from fleetcast.bench.schema import SCHEMA_ID, load_results
-from fleetcast.errors import UserError
+from fleetcast.contract.errors import UserError
 from scripts.cli import main
 
 

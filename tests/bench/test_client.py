@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from fleetcast.bench.client import (
     ConnectionPool, Endpoint, RawResponse, _Connection, build_http_request, parse_stream, send_request, tcp_rtt_ms,
 )
-from fleetcast.errors import UserError
+from fleetcast.contract.errors import UserError
 
 HEAD = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
 

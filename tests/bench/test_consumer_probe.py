@@ -15,7 +15,7 @@ from aws_cdk.assertions import Template
 
 from fleetcast.bench.probe_wheels import check_wheelhouse, download_argv
 from fleetcast.config import load_config
-from fleetcast.errors import UserError
+from fleetcast.contract.errors import UserError
 from runtime.probe.userdata import render_probe_user_data
 from stacks import nag
 from stacks.app_builder import cdk_json_context

@@ -6,7 +6,7 @@ from collections import Counter
 import pytest
 
 from fleetcast.bench.distributions import parse_distribution, parse_int_list
-from fleetcast.errors import UserError
+from fleetcast.contract.errors import UserError
 
 
 def test_fixed_normal_and_buckets_parse_and_sample():

@@ -6,7 +6,7 @@ import pytest
 
 from fleetcast.bench.distributions import parse_distribution
 from fleetcast.bench.runner import Bench, BenchOptions, Level, load_trace
-from fleetcast.errors import UserError
+from fleetcast.contract.errors import UserError
 
 
 def opts(server, levels, **kw):

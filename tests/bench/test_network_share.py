@@ -10,7 +10,7 @@ import pytest
 from fleetcast.bench.network_share import network_share
 from fleetcast.bench.schema import (ClientInfo, Labels, Lengths, Load, Results, Run, Stat, Summary, dump_results,
                                     load_results)
-from fleetcast.errors import UserError
+from fleetcast.contract.errors import UserError
 from scripts.cli import main
 
 

@@ -6,7 +6,7 @@ import pytest
 
 from fleetcast.bench.accuracy import build_tiny_tokenizer
 from fleetcast.bench.prompts import Calibration, PromptFactory, calibrate_from_usage
-from fleetcast.errors import UserError
+from fleetcast.contract.errors import UserError
 
 
 @pytest.fixture(scope="module")

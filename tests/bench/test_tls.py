@@ -10,7 +10,7 @@ from fleetcast.bench.accuracy import TestServerProcess
 from fleetcast.bench.distributions import parse_distribution
 from fleetcast.bench.runner import Bench, BenchOptions, Level
 from fleetcast.bench.testserver import Timings
-from fleetcast.errors import UserError
+from fleetcast.contract.errors import UserError
 from tests.bench.conftest import free_port
 
 

@@ -6,7 +6,8 @@ import json
 
 import pytest
 
-from fleetcast.connections import EXIT_AWS, EXIT_DENIED, EXIT_INPUT, EXIT_REFUSED, allowed_accounts, iam_action
+from fleetcast.connections import allowed_accounts, iam_action
+from fleetcast.contract.errors import EXIT_AWS_ACCESS, EXIT_AWS_SERVICE, EXIT_INVALID, EXIT_REFUSED
 
 from .stubs import CALLER, ENCODED, SEOUL, SVC, VIRGINIA, connection
 
@@ -70,7 +71,7 @@ def test_no_service_anywhere_is_a_clear_error(aws, cli):
     aws.no_stack(SEOUL)
     aws.tagged_services(SEOUL, [])
     result = cli("list", "--region", SEOUL)
-    assert result.code == EXIT_AWS
+    assert result.code == EXIT_AWS_SERVICE
     assert "no stack fleetcast-provider-ap-northeast-2" in result.err and "--service-id" in result.err
     assert "Traceback" not in result.err
 
@@ -79,7 +80,7 @@ def test_two_tagged_services_need_an_explicit_choice(aws, cli):
     aws.no_stack(SEOUL)
     aws.tagged_services(SEOUL, [SVC[SEOUL], "vpce-svc-0123456789abcdef0"])
     result = cli("list", "--region", SEOUL)
-    assert result.code == EXIT_INPUT and "pass --region with --service-id" in result.err
+    assert result.code == EXIT_INVALID and "pass --region with --service-id" in result.err
 
 
 def test_service_id_override_skips_discovery(aws, cli):
@@ -100,7 +101,7 @@ def test_bad_input_names_the_argument(aws, cli, argv, names):
     if argv[0] == "approve":
         aws.connections(SEOUL, [[]])
     result = cli(*argv)
-    assert result.code == EXIT_INPUT and names in result.err and "Traceback" not in result.err
+    assert result.code == EXIT_INVALID and names in result.err and "Traceback" not in result.err
 
 
 # ------------------------------------------------------------------ approve
@@ -197,7 +198,7 @@ def test_a_declined_prompt_changes_nothing(aws, cfg):
     asked = []
     reviewer = Reviewer(cfg, aws.access, AuditLog(io.StringIO()), out=io.StringIO(), err=io.StringIO(),
                         confirm=lambda q: asked.append(q) or False)
-    from fleetcast.errors import UserError
+    from fleetcast.contract.errors import UserError
     with pytest.raises(UserError) as exc:
         reviewer.approve([SEOUL], [E1], [])
     assert exc.value.exit_code == EXIT_REFUSED and asked == ["approve: make 1 change(s) listed above?"]
@@ -209,7 +210,7 @@ def test_partial_failure_is_audited_and_exits_nonzero(aws, cli):
     aws.caller()
     aws.change("accept", SEOUL, [E1, E3], unsuccessful={E3: "InvalidVpcEndpointId.NotFound"})
     result = cli("approve", "--region", SEOUL, "--account", ALLOWED_SEOUL, "--yes")
-    assert result.code == EXIT_AWS and "InvalidVpcEndpointId.NotFound" in result.err
+    assert result.code == EXIT_AWS_SERVICE and "InvalidVpcEndpointId.NotFound" in result.err
     assert {r["endpoint_id"]: r["decision"] for r in result.audit} == {E1: "accepted", E3: "failed"}
 
 
@@ -310,7 +311,7 @@ def test_throttled_past_every_retry_is_a_clear_error(aws, cli):
     for _ in range(aws.access.throttle_retries + 1):
         aws.error("ec2", SEOUL, "describe_vpc_endpoint_connections", "RequestLimitExceeded", status=503)
     result = cli("list", "--region", SEOUL)
-    assert result.code == EXIT_AWS and "still throttled" in result.err
+    assert result.code == EXIT_AWS_SERVICE and "still throttled" in result.err
     assert aws.sleeps == [1.0, 2.0, 4.0, 8.0]
 
 
@@ -322,7 +323,7 @@ def test_unauthorized_accept_names_the_iam_action_and_how_to_decode(aws, cli):
               f"You are not authorized to perform this operation. Encoded authorization failure message: {ENCODED}",
               403)
     result = cli("approve", "--region", SEOUL, E1, "--yes")
-    assert result.code == EXIT_DENIED
+    assert result.code == EXIT_AWS_ACCESS
     assert "ec2:AcceptVpcEndpointConnections" in result.err
     assert f"aws sts decode-authorization-message --encoded-message {ENCODED}" in result.err
     [record] = result.audit  # the denied attempt stays on the trail
@@ -336,7 +337,7 @@ def test_unauthorized_dry_run_fails_the_dry_run(aws, cli):
               f"You are not authorized to perform this operation. Encoded authorization failure message: {ENCODED}",
               403)
     result = cli("approve", "--region", SEOUL, E1, "--dry-run")
-    assert result.code == EXIT_DENIED and "ec2:AcceptVpcEndpointConnections" in result.err
+    assert result.code == EXIT_AWS_ACCESS and "ec2:AcceptVpcEndpointConnections" in result.err
 
 
 def test_unauthorized_listing_names_describe_action(aws, cli):
@@ -344,7 +345,7 @@ def test_unauthorized_listing_names_describe_action(aws, cli):
               f"You are not authorized to perform this operation. Encoded authorization failure message: {ENCODED}",
               403)
     result = cli("list", "--region", SEOUL, "--service-id", SVC[SEOUL])
-    assert result.code == EXIT_DENIED and "ec2:DescribeVpcEndpointConnections in ap-northeast-2" in result.err
+    assert result.code == EXIT_AWS_ACCESS and "ec2:DescribeVpcEndpointConnections in ap-northeast-2" in result.err
 
 
 def test_denied_stack_read_falls_back_to_the_tag(aws, cli):
@@ -369,7 +370,7 @@ def test_unknown_profile_is_missing_access_in_one_line(cli):
     with contextlib.redirect_stderr(err):
         code = fleetcast_cli.main(["connections", "list", "--profile", "no-such-profile"])
     # An unknown profile is missing access like missing credentials: exit 4, the profile named.
-    assert code == EXIT_DENIED and "profile 'no-such-profile'" in err.getvalue()
+    assert code == EXIT_AWS_ACCESS and "profile 'no-such-profile'" in err.getvalue()
     assert len(err.getvalue().strip().splitlines()) == 1
 
 
@@ -383,4 +384,4 @@ def test_no_credentials_is_a_clear_error(monkeypatch):
     err = io.StringIO()
     with contextlib.redirect_stderr(err):
         code = fleetcast_cli.main(["connections", "list", "--region", SEOUL])
-    assert code == EXIT_DENIED and "no AWS credentials" in err.getvalue() and "--profile" in err.getvalue()
+    assert code == EXIT_AWS_ACCESS and "no AWS credentials" in err.getvalue() and "--profile" in err.getvalue()

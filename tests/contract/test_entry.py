@@ -17,7 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from fleetcast.contract.entry import EXIT_BROKEN_PIPE, EXIT_INTERRUPTED, run_quietly
+from fleetcast.contract.entry import run_quietly
+from fleetcast.contract.errors import EXIT_BROKEN_PIPE, EXIT_INTERRUPTED
 
 ROOT = Path(__file__).resolve().parents[2]
 SEED = ROOT / "examples" / "plan" / "seed"

@@ -11,7 +11,7 @@ from botocore.stub import Stubber
 from fleetcast.config import load_config
 from fleetcast.contract.outputs import ProviderOutput
 from fleetcast.deploy import STEPS, execute, plan, publish_service_names, teardown_plan
-from fleetcast.errors import UserError
+from fleetcast.contract.errors import UserError
 from tests.ready_config import write_ready_config
 from fleetcast.node import cdk_command
 

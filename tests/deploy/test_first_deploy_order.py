@@ -22,7 +22,7 @@ from fleetcast.capacity_hold import HELD_OUTPUT, HOLD_CONTEXT, parse_held_region
 from fleetcast.config import parse_config
 from fleetcast.contract.names import provider_stack_name
 from fleetcast.deploy import execute, plan
-from fleetcast.errors import UserError
+from fleetcast.contract.errors import UserError
 from fleetcast.staging.image import image_tag
 from fleetcast.staging.manifest import build_manifest, model_prefix
 from fleetcast.staging.transfer import TreeUploader

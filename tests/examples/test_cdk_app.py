@@ -18,7 +18,7 @@ from aws_cdk import App
 
 from fleetcast.config import load_config
 from fleetcast.contract.names import consumer_stack_name, provider_stack_name
-from fleetcast.errors import UserError
+from fleetcast.contract.errors import UserError
 from stacks import nag
 from stacks.fleet import FleetcastStage
 from tests.cfn_lint import assert_lint_clean, lint

@@ -3,7 +3,7 @@ when the consumer's limit or its limit for that model is reached; a refusal by o
 
 from __future__ import annotations
 
-from fleetcast import telemetry as t
+from fleetcast.contract import telemetry as t
 from fleetcast.config.model import ConsumerLimits
 from runtime.gateway.admission import Admission, Ticket, model_not_found
 from runtime.gateway.identity import Refusal

@@ -18,7 +18,7 @@ import tracemalloc
 
 import pytest
 
-from fleetcast import telemetry as t
+from fleetcast.contract import telemetry as t
 from runtime.gateway.http import (
     MAX_INT_DIGITS, MAX_JSON_DEPTH, BadBody, HttpError, body_length, json_depth_over, parse_json_body,
 )

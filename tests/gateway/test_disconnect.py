@@ -12,7 +12,7 @@ import asyncio
 import socket
 import struct
 
-from fleetcast import telemetry as t
+from fleetcast.contract import telemetry as t
 
 from .conftest import VOICE_VPCE, fleet_config, run, start_harness, stop_harness
 from .fakes import Client

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from fleetcast import telemetry as t
+from fleetcast.contract import telemetry as t
 from runtime.gateway import ppv2
 
 from .conftest import (ANALYTICS_VPCE, DEFAULT_CONNECTIONS, STRANGER_VPCE, VOICE_VPCE, connections, run,

@@ -7,7 +7,7 @@ import json
 import boto3
 import pytest
 
-from fleetcast import telemetry as t
+from fleetcast.contract import telemetry as t
 from runtime.gateway.identity import ApiKeyStore, parse_secret
 
 from .conftest import ANALYTICS_VPCE, REGION, VOICE_VPCE, fleet_config, run, start_harness, stop_harness

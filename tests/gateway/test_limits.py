@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
-from fleetcast import telemetry as t
+from fleetcast.contract import telemetry as t
 from fleetcast.config.model import ConsumerLimits
 from runtime.gateway.limits import ConsumerLimiter, TokenBucket
 

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from fleetcast import telemetry as t
+from fleetcast.contract import telemetry as t
 from fleetcast.config.model import ConsumerLimits
 from runtime.gateway.limits import ConsumerLimiter
 from runtime.gateway.routing import Adapter, Router

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 
-from fleetcast import telemetry as t
+from fleetcast.contract import telemetry as t
 
 from .conftest import ANALYTICS_VPCE, VOICE_VPCE, run, start_harness, stop_harness
 from .fakes import Client, one_request

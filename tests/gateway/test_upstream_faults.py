@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import json
 
-from fleetcast import telemetry as t
+from fleetcast.contract import telemetry as t
 
 from .conftest import VOICE_VPCE, run, start_harness, stop_harness
 from .fakes import Client, parse_sse

@@ -8,7 +8,7 @@ import boto3
 import pytest
 from botocore.stub import Stubber
 
-from fleetcast.errors import UserError
+from fleetcast.contract.errors import UserError
 from fleetcast.plan.aws import live_availability, refresh_prices
 from fleetcast.plan.inputs import load_prices, shipped_availability
 from fleetcast.plan.run import PlanOptions, build_plan

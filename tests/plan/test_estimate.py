@@ -7,7 +7,7 @@ import math
 import pytest
 
 from fleetcast.config import catalog
-from fleetcast.errors import UserError
+from fleetcast.contract.errors import UserError
 from fleetcast.plan.estimate import MODEL_SHAPES, Estimator, estimate_specs, ideal
 from fleetcast.plan.inputs import load_candidates
 from fleetcast.plan.run import PlanOptions, build_plan

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from fleetcast.errors import UserError
+from fleetcast.contract.errors import UserError
 from fleetcast.plan.curves import Candidate, Curve, LoadPoint
 from fleetcast.plan.inputs import load_candidates, load_fixed_costs, load_latency, load_prices, shipped_availability
 from fleetcast.plan.solver import PlanContext, Slo, evaluate, plan_region

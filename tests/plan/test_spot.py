@@ -10,7 +10,7 @@ import pytest
 from ruamel.yaml import YAML
 
 from fleetcast.config import load_config
-from fleetcast.errors import UserError
+from fleetcast.contract.errors import UserError
 from fleetcast.plan import spot
 from fleetcast.plan.report import render_terminal, to_json
 from fleetcast.plan.run import PlanOptions, build_plan

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from fleetcast import telemetry
+from fleetcast.contract import telemetry
 from runtime.devtools.harness import LocalAws, free_port, free_port_pair, tiny_config
 from runtime.serve import raw_health
 from tests.runtime.streaming import StreamResult, stream_completion

@@ -11,7 +11,7 @@ import subprocess
 
 import pytest
 
-from fleetcast import telemetry
+from fleetcast.contract import telemetry
 from runtime.backends import ReferenceBackend
 from runtime.devtools.fakes import FaultyS3
 from runtime.devtools.harness import LocalAws, free_port_pair, tiny_config

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from fleetcast import telemetry
+from fleetcast.contract import telemetry
 from fleetcast.config import config_from_json
 from fleetcast.staging.calibration import MIN_ROWS
 from fleetcast.staging.calibration import write_layout as write_calibration_layout

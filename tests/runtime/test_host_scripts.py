@@ -83,7 +83,7 @@ def registry_answers(message: str) -> str:
 def test_an_image_that_is_not_staged_abandons_the_launch_at_once(tmp_path, message):
     """No retry can make a missing tag appear: the instance completes its launch hook with ABANDON now,
     instead of waiting the hook's whole timeout (operations.launch_hook_timeout_s) in Pending:Wait."""
-    from fleetcast.telemetry import LAUNCH_HOOK
+    from fleetcast.contract.telemetry import LAUNCH_HOOK
 
     text = message.format(image=ECR_TAGGED, repo=ECR_TAGGED.rsplit(":", 1)[0])
     bin_dir = fake_bin(tmp_path, aws='[ "$1" = ecr ] && echo ecr-password; exit 0', docker=registry_answers(text),

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from fleetcast.errors import UserError
+from fleetcast.contract.errors import UserError
 from runtime import kv_budget, trtllm
 from tests.runtime.trtllm_1_2_llm_args import ARGS_BY_BACKEND, KV_CACHE_CONFIG
 

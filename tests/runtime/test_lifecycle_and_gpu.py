@@ -10,7 +10,7 @@ import boto3
 import pytest
 
 from fleetcast.config import KvCacheDtype, Precision, load_config
-from fleetcast.telemetry import LAUNCH_HOOK
+from fleetcast.contract.telemetry import LAUNCH_HOOK
 from runtime import gpu, trtllm
 from runtime.devtools.fakes import FakeAutoScaling, FakeImds
 from runtime.lifecycle import ABANDON, CONTINUE, Heartbeat, HookClient, Imds, MetadataError, heartbeat_interval
@@ -148,7 +148,7 @@ def test_a_failing_build_step_reports_its_output(tmp_path):
 
 def test_pytorch_backend_caches_the_checkpoint_and_wants_fp8_prequantized(tmp_path):
     from fleetcast.config import Backend, ModelFamily
-    from fleetcast.errors import UserError
+    from fleetcast.contract.errors import UserError
 
     cfg = load_config(REPO / "config" / "fleet.yaml")
     cfg = cfg.model_copy(update={"model": cfg.model.model_copy(update={"family": ModelFamily.LLAMA})})

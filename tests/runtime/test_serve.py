@@ -84,7 +84,7 @@ def test_the_gateway_is_started_with_the_upstream_idle_timeout_of_the_instance_e
     argv = Serving(ServeSettings(port=9000, model_name="m", region="r", pool="p",
                                  upstream_idle_timeout_s=env.upstream_idle_s), ["server"]).gateway_argv()
     assert argv[argv.index("--upstream-idle-s") + 1] == "45"
-    from fleetcast.errors import UserError
+    from fleetcast.contract.errors import UserError
 
     with pytest.raises(UserError, match="FLEETCAST_UPSTREAM_IDLE_S"):
         InstanceEnv.from_environ({**base, "FLEETCAST_UPSTREAM_IDLE_S": "0"})

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from fleetcast import telemetry
+from fleetcast.contract import telemetry
 from runtime import spot
 from runtime.devtools.fakes import FakeImds
 from runtime.devtools.harness import free_port

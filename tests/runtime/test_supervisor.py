@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from fleetcast.config.model import Operations
-from fleetcast.telemetry import INSTANCE_ENV_FILE
+from fleetcast.contract.telemetry import INSTANCE_ENV_FILE
 from runtime.devtools.harness import free_port
 from runtime.supervisor import Child, RestartPolicy, Supervisor
 

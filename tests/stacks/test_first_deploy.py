@@ -19,9 +19,9 @@ from __future__ import annotations
 
 import pytest
 
-from fleetcast import telemetry
+from fleetcast.contract import telemetry
 from fleetcast.capacity_hold import HELD_OUTPUT, HOLD_CONTEXT, hold_context_args, parse_held_regions
-from fleetcast.errors import UserError
+from fleetcast.contract.errors import UserError
 
 from .synthesized import (bench_mode_fleet, default_doc, default_fleet, nat_fleet, spot_doc, spot_fleet, synthesize,
                           variant_doc, variant_fleet)

@@ -22,7 +22,7 @@ from aws_cdk import aws_sns as sns
 from aws_cdk.assertions import Match, Template
 from ruamel.yaml import YAML
 
-from fleetcast import telemetry
+from fleetcast.contract import telemetry
 from fleetcast.config import ConfigError, FleetConfig, parse_config
 from stacks.fleet_lifecycle import TERMINATE_HOOK_MARGIN_S
 from stacks.fleet_operations import FleetOperations

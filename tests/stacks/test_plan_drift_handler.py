@@ -10,7 +10,7 @@ import boto3
 import pytest
 from botocore.stub import ANY, Stubber
 
-from fleetcast import telemetry as t
+from fleetcast.contract import telemetry as t
 from fleetcast.plan import drift
 from runtime.gateway.metrics import emf_record
 from stacks.lambdas.plan_drift import handler as h

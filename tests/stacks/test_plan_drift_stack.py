@@ -7,7 +7,7 @@ from __future__ import annotations
 from functools import lru_cache
 from pathlib import Path
 
-from fleetcast import telemetry
+from fleetcast.contract import telemetry
 from stacks.plan_drift import BASELINE_KEY
 
 from .synthesized import default_doc, default_fleet, synthesize

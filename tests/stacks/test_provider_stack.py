@@ -9,7 +9,7 @@ import json
 import pytest
 from aws_cdk.assertions import Match
 
-from fleetcast import telemetry
+from fleetcast.contract import telemetry
 from fleetcast.staging.image import image_tag
 from stacks.gpu_fleet import DLAMI_SSM_PARAMETER
 from stacks.network import INTERFACE_ENDPOINTS

@@ -15,7 +15,7 @@ import json
 
 import pytest
 
-from fleetcast import telemetry
+from fleetcast.contract import telemetry
 from fleetcast.config import ConfigError
 from stacks.fleet_scaling import SLO_STEPS
 

@@ -11,7 +11,7 @@ import json
 
 import pytest
 
-from fleetcast import telemetry
+from fleetcast.contract import telemetry
 
 from .synthesized import default_fleet, spot_fleet
 

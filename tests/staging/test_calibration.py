@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from fleetcast.errors import UserError
+from fleetcast.contract.errors import UserError
 from fleetcast.staging.calibration import MIN_ROWS, loader_dir, read_rows, write_layout
 
 # `datasets` (a dev extra: a missing install must fail, not skip) is imported where it is used, so only the

@@ -10,7 +10,7 @@ from botocore.stub import Stubber
 
 from fleetcast.config import load_config
 from fleetcast.config.edit import apply_edits
-from fleetcast.errors import UserError
+from fleetcast.contract.errors import UserError
 from fleetcast.staging.image import (ImageTarget, local_build_commands, local_push_commands, single_digest,
                                      stage_codebuild, stage_local)
 

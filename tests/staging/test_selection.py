@@ -16,7 +16,7 @@ import pytest
 from huggingface_hub.utils import filter_repo_objects
 
 from fleetcast.config import load_config
-from fleetcast.errors import UserError
+from fleetcast.contract.errors import UserError
 from fleetcast.staging import model as staging_model
 from fleetcast.staging.selection import staged, tokenizer_file
 from runtime.trtllm import copy_tokenizer

@@ -9,7 +9,7 @@ from datetime import datetime, timedelta, timezone
 import boto3
 import pytest
 
-from fleetcast import telemetry as t
+from fleetcast.contract import telemetry as t
 from fleetcast.plan.traffic import load_traffic
 from fleetcast.traffic.export import export, floor_hour
 from scripts.traffic_cmd import cloudwatch_caller, write_profile

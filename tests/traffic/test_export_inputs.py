@@ -6,7 +6,7 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from fleetcast.errors import UserError
+from fleetcast.contract.errors import UserError
 from fleetcast.traffic.export import MAX_QUERIES, MAX_AGE, export
 from scripts import cli
 from tests.gateway.conftest import fleet_config

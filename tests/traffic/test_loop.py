@@ -18,7 +18,7 @@ from pathlib import Path
 import boto3
 from ruamel.yaml import YAML
 
-from fleetcast import telemetry as t
+from fleetcast.contract import telemetry as t
 from fleetcast.plan.drift import BASELINE_KEY
 from scripts import cli, traffic_cmd
 from tests.conftest import reset_moto

@@ -16,9 +16,9 @@ from datetime import datetime, timedelta, timezone
 import boto3
 import pytest
 
-from fleetcast import telemetry as t
+from fleetcast.contract import telemetry as t
 from fleetcast.config.catalog import instance_catalog
-from fleetcast.errors import UserError
+from fleetcast.contract.errors import UserError
 from fleetcast.usage import collect, parse_time
 from scripts.cli import main as cli
 from tests.conftest import reset_moto

@@ -20,7 +20,7 @@ import os
 from datetime import datetime, timedelta, timezone
 
 # The asset carries these two stdlib-only modules at the same paths (stacks/plan_drift.py).
-from fleetcast import telemetry as t
+from fleetcast.contract import telemetry as t
 from fleetcast.plan import drift
 
 NOTICE_ATTRIBUTE = "fleetcast_notice"  # the connection auto-approver's subscription drops messages with it
@@ -151,7 +151,7 @@ def handler(event, context, now: datetime | None = None):
         obs = observe(s, base["pool"], consumers, start, end)
         found = drift.check_pool(base, obs, baseline["slo"], s["threshold"], s["threshold"])
         findings += found
-        data.append({"MetricName": t.PLAN_DRIFT, "Value": 1.0 if found else 0.0, "Unit": "Count", "Timestamp": end,
+        data.append({"MetricName": t.PLAN_DRIFT, "Value": 1.0 if found else 0.0, "Unit": t.unit(t.PLAN_DRIFT), "Timestamp": end,
                      "Dimensions": [{"Name": t.DIM_FLEET, "Value": s["fleet"]}, {"Name": t.DIM_POOL, "Value": base["pool"]}]})
     if data:
         cloudwatch.put_metric_data(Namespace=t.NAMESPACE, MetricData=data)

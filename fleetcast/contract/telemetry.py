@@ -1,4 +1,4 @@
-"""Metric names shared by the runtime (which publishes), the stacks (alarms, scaling,
+"""Metric names and their units, shared by the runtime (which publishes), the stacks (alarms, scaling,
 dashboards) and the CLIs (usage reports). One place, so a rename cannot split them.
 
 All metrics go to one CloudWatch namespace, per region. Dimensions:
@@ -9,6 +9,8 @@ Per-request values are published as embedded-metric-format (EMF) records, one
 per request, so fleet P99s are computed by CloudWatch from raw values rather
 than averaged from per-instance percentiles.
 """
+
+from __future__ import annotations
 
 from bisect import bisect_left
 
@@ -111,3 +113,28 @@ def token_label(value: int) -> str:
     if value <= 0:
         return "0"
     return TOKEN_LABELS[min(bisect_left(TOKEN_BOUNDS, value), len(TOKEN_BOUNDS) - 1)]
+
+
+# The CloudWatch unit each metric is published with (the EMF directive's `Unit`), one table for every
+# publisher: the gateway's per-request records, the bootstrap's events and gauges, the drift check.
+MILLISECONDS = "Milliseconds"
+SECONDS = "Seconds"
+PERCENT = "Percent"
+COUNT = "Count"
+UNITS: dict[str, str] = {
+    TTFT_MS: MILLISECONDS, ITL_MS: MILLISECONDS, E2E_MS: MILLISECONDS,
+    INPUT_TOKENS: COUNT, OUTPUT_TOKENS: COUNT, REQUESTS: COUNT, ERRORS: COUNT, STREAMS_CUT: COUNT,
+    THROTTLED: COUNT, UNKNOWN_ENDPOINT: COUNT, PROXY_PROTOCOL_ERRORS: COUNT,
+    ACTIVE_REQUESTS: COUNT, QUEUED_REQUESTS: COUNT,
+    KV_CACHE_UTILIZATION: PERCENT, GPU_UTILIZATION: PERCENT, GPU_MEMORY_USED: PERCENT,
+    ENGINE_CACHE_HIT: COUNT, ENGINE_CACHE_MISS: COUNT, ENGINE_BUILD_FAILURE: COUNT, ENGINE_BUILD_SECONDS: SECONDS,
+    CIRCUIT_BREAKER_OPEN: COUNT, STAGING_WAIT_SECONDS: SECONDS, STAGING_MISSING: COUNT,
+    START_TO_HEALTHY_SECONDS: SECONDS, SERVER_UNRECOVERABLE: COUNT, LAUNCH_ABANDONED: COUNT,
+    SPOT_INTERRUPTION: COUNT, SPOT_REBALANCE: COUNT, SPOT_DRAIN_COMPLETED: COUNT, SPOT_DRAIN_CUT: COUNT,
+    PLAN_DRIFT: COUNT, SHAPED_REQUESTS: COUNT,
+}
+
+
+def unit(name: str) -> str:
+    """The unit `name` is published with; Count for a name outside the table (an event counted once)."""
+    return UNITS.get(name, COUNT)
