@@ -8,6 +8,7 @@ import sys
 from aws_cdk import App
 
 from fleetcast.config import ConfigError, load_config
+from fleetcast.contract.context import DEFAULT_CONFIG, Context
 from fleetcast.contract.errors import FleetcastError
 from stacks.app_builder import build_app
 
@@ -15,7 +16,7 @@ from stacks.app_builder import build_app
 def main(app: App | None = None) -> int:
     """`app`: the CLI's App by default (context and output directory from CDK_CONTEXT_JSON and CDK_OUTDIR)."""
     app = app or App()
-    path = app.node.try_get_context("config") or "config/fleet.yaml"
+    path = app.node.try_get_context(Context.CONFIG.value) or DEFAULT_CONFIG
     try:
         cfg = load_config(path)
         build_app(cfg, app, report=lambda line: print(line, file=sys.stderr))

@@ -30,7 +30,8 @@ from typing import Any, Callable, Sequence, TextIO
 
 from fleetcast.accounts import AccountAccess
 from fleetcast.config import FleetConfig
-from fleetcast.contract.names import consumer_stack_name, provider_stack_name
+from fleetcast.contract.context import Context, arg as context_arg
+from fleetcast.contract.names import consumer_stack_name, provider_stack_name, skip_reason
 from fleetcast.contract.errors import UserError
 
 STEPS = ("bootstrap", "providers", "stage", "capacity", "publish", "consumers", "approve", "smoke")
@@ -140,7 +141,7 @@ def plan(cfg: FleetConfig, config_path: str, clients: Callable[[str, str], Any] 
         raise UserError("--trust needs --execution-policy ARN (the policy the trusted account's deployments run "
                         "under; cdk bootstrap refuses --trust without --cloudformation-execution-policies)", 2)
     access = access or AccountAccess(default=getattr(aws, "profile", None))
-    ctx = ["-c", f"config={config_path}"]
+    ctx = context_arg(Context.CONFIG, config_path)
     chosen = select_regions(cfg, regions)
     provider = cfg.provider.account
     in_provider = access.acts_in(provider)
@@ -148,8 +149,6 @@ def plan(cfg: FleetConfig, config_path: str, clients: Callable[[str, str], Any] 
     served = [c for c in cfg.consumers if c.service_region in chosen]
     # The app builds a consumer stack only once its endpoint service name is in the config: the publish
     # step of this run writes it, otherwise cdk would be asked for a stack that does not exist.
-    from stacks.naming import skip_reason
-
     deployable = served if "publish" in steps else [c for c in served if skip_reason(c) is None]
     consumers = _by_account([(c.account, consumer_stack_name(cfg.name, c.name)) for c in deployable
                              if access.acts_in(c.account)])
@@ -225,10 +224,8 @@ def teardown_plan(cfg: FleetConfig, config_path: str, *, aws: Any = None, access
     `--force` only skips the CDK CLI's own prompt: `fleetcast teardown` has shown the stacks and asked
     (`confirm_teardown`) before any of these commands runs.
     """
-    from stacks.naming import skip_reason
-
     access = access or AccountAccess(default=getattr(aws, "profile", None))
-    ctx = ["-c", f"config={config_path}"]
+    ctx = context_arg(Context.CONFIG, config_path)
     chosen = select_regions(cfg, regions)
     # A consumer the app builds no stack for (no endpoint_service_name yet) has nothing cdk can destroy.
     served = [c for c in cfg.consumers

@@ -1,5 +1,5 @@
 """`fleetcast deploy`'s first-deploy order: which provider regions are held at zero instances, and when
-they get their capacity (fleetcast/capacity_hold.py has the mechanism, stacks/ apply it).
+they get their capacity (fleetcast/contract/capacity_hold.py has the mechanism, stacks/ apply it).
 
 - providers: a region whose stack is new, or still held, and not staged yet is deployed with
   `-c hold_capacity`; a staged region deploys as configured; a region already serving is never
@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from fleetcast.capacity_hold import hold_context_args
+from fleetcast.contract.capacity_hold import hold_context_args
 from fleetcast.config import FleetConfig
 from fleetcast.contract.names import provider_stack_name
 from fleetcast.deploy import Resolution

@@ -52,7 +52,7 @@ def summarize(cfg, stacks: dict[str, dict], out: Path) -> tuple[list[str], list[
     """Summary lines, and problems (stacks the config implies but the assembly lacks, or the reverse)."""
     from fleetcast.config import catalog
     from fleetcast.contract.names import consumer_stack_name, provider_stack_name
-    from stacks.naming import config_parameter_description, expected_stacks, skip_reason
+    from fleetcast.contract.names import config_parameter_description, expected_stacks, skip_reason
 
     lines = [f"Fleet {cfg.name}: config digest {cfg.digest()[:12]}, egress {cfg.network.egress.value}, "
              f"model {cfg.model.id}@{cfg.model.revision}, TensorRT-LLM {cfg.engine.tensorrt_llm_version}"]

@@ -6,7 +6,7 @@ from collections.abc import Callable
 
 from aws_cdk import App, Stack
 
-from fleetcast.capacity_hold import HOLD_CONTEXT, check_held_regions
+from fleetcast.contract.capacity_hold import HOLD_CONTEXT, check_held_regions
 from fleetcast.config import FleetConfig
 
 from . import nag

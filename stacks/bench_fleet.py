@@ -23,6 +23,7 @@ from constructs import Construct
 
 from fleetcast.config import FleetConfig, Region
 from fleetcast.config.model import Capacity, WarmPoolSpec
+from fleetcast.contract.context import Context, is_true
 from fleetcast.contract.instance_env import Var
 from fleetcast.contract.errors import UserError
 
@@ -30,11 +31,11 @@ from .gpu_fleet import GpuFleet, asg_name
 
 RESULTS_PREFIX = "bench/"
 DEFAULTS = {
-    "bench_run": "latest",
-    "bench_concurrency": "1,2,4,8,16,32,64",
-    "bench_requests": "200",
-    "bench_input_tokens": "128",
-    "bench_output_tokens": "128",
+    Context.BENCH_RUN.value: "latest",
+    Context.BENCH_CONCURRENCY.value: "1,2,4,8,16,32,64",
+    Context.BENCH_REQUESTS.value: "200",
+    Context.BENCH_INPUT_TOKENS.value: "128",
+    Context.BENCH_OUTPUT_TOKENS.value: "128",
 }
 
 
@@ -65,7 +66,7 @@ def bench_knobs(scope: Construct, defaults: dict[str, str] = DEFAULTS) -> dict[s
 
 
 def bench_enabled(scope: Construct) -> bool:
-    return str(scope.node.try_get_context("bench")).lower() in ("true", "1", "yes")
+    return is_true(scope.node.try_get_context(Context.BENCH.value))
 
 
 def results_key(run: str, region: str, instance_type: str, precision: str) -> str:

@@ -15,9 +15,9 @@ from constructs import Construct
 from fleetcast.config import FleetConfig
 from fleetcast.config.parameter import ADVANCED_TIER_LIMIT, config_parameter
 from fleetcast.contract.errors import UserError
+from fleetcast.contract.names import config_parameter_description
 
 from .bench_fleet import bench_enabled
-from .naming import config_parameter_description
 from .runtime_bundle import BENCH, SERVING, stage_bundle
 
 

@@ -37,6 +37,7 @@ from constructs import Construct
 
 from fleetcast.bench.probe_wheels import DEFAULT_DIR, check_wheelhouse
 from fleetcast.config import Consumer, FleetConfig
+from fleetcast.contract.context import Context, is_true
 from fleetcast.contract.instance_env import Var
 from fleetcast.contract.outputs import ConsumerOutput
 from fleetcast.contract.errors import UserError
@@ -50,15 +51,14 @@ from .storage import private_bucket
 from .session_manager import WILDCARD_REASON, grant_session_manager
 
 PROBE_DEFAULTS = {
-    "bench_probe_instance_type": "c7i.large",
-    "bench_probe_wheels": DEFAULT_DIR,
+    Context.BENCH_PROBE_INSTANCE_TYPE.value: "c7i.large",
+    Context.BENCH_PROBE_WHEELS.value: DEFAULT_DIR,
 }
 ROOT_VOLUME_GIB = 16
 
 
 def probe_enabled(scope: Construct) -> bool:
-    flag = scope.node.try_get_context("bench_probe")
-    return bench_enabled(scope) and str(flag if flag is not None else "true").lower() in ("true", "1", "yes")
+    return bench_enabled(scope) and is_true(scope.node.try_get_context(Context.BENCH_PROBE.value), default=True)
 
 
 def probe_results_key(run: str, consumer: Consumer) -> str:
@@ -73,7 +73,7 @@ def api_key_secret_name(scope: Construct, cfg: FleetConfig, consumer: Consumer) 
     """The secret the probe reads its API key from, for consumers whose gateway requires keys."""
     if not consumer.api_keys:
         return None
-    name = str(scope.node.try_get_context("bench_api_key_secret") or f"{cfg.name}/bench/{consumer.name}/api-key")
+    name = str(scope.node.try_get_context(Context.BENCH_API_KEY_SECRET.value) or f"{cfg.name}/bench/{consumer.name}/api-key")
     if not re.fullmatch(r"[A-Za-z0-9/_+=.@-]{1,512}", name):
         raise UserError(f"-c bench_api_key_secret={name!r}: a Secrets Manager name uses only A-Z a-z 0-9 / _ + = . @ -")
     return name

@@ -21,12 +21,11 @@ from aws_cdk import Environment, Stack, Stage, Tags
 from constructs import Construct
 
 from fleetcast.config import FleetConfig
-from fleetcast.contract.names import consumer_stack_name, provider_stack_name
+from fleetcast.contract.names import consumer_stack_name, provider_stack_name, skip_reason
 
 from . import nag
 from .bench_fleet import BenchFleets, bench_enabled
 from .consumer import ConsumerStack
-from .naming import skip_reason
 from .provider import ProviderStack
 
 # Resources the config's `tags` stay off (see add_fleet).

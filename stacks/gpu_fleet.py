@@ -129,7 +129,7 @@ class GpuFleet(Construct):
             ],
         )
 
-        # Held (first deploy, nothing staged yet): no instance may launch; fleetcast/capacity_hold.py.
+        # Held (first deploy, nothing staged yet): no instance may launch; fleetcast/contract/capacity_hold.py.
         self.held = held = capacity_held(self)
         self.asg = autoscaling.AutoScalingGroup(
             self,

@@ -2,7 +2,7 @@
 
 - `add_lifecycle_hook`: a hook in the group's own `LifecycleHookSpecificationList`.
 - `capacity_held`: whether this synthesis holds the scope's region at zero instances
-  (`-c hold_capacity=<regions>`, fleetcast/capacity_hold.py; `fleetcast deploy` sets it).
+  (`-c hold_capacity=<regions>`, fleetcast/contract/capacity_hold.py; `fleetcast deploy` sets it).
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from aws_cdk import Stack
 from aws_cdk import aws_autoscaling as autoscaling
 from constructs import Construct
 
-from fleetcast.capacity_hold import HOLD_CONTEXT, parse_held_regions
+from fleetcast.contract.capacity_hold import HOLD_CONTEXT, parse_held_regions
 
 
 def capacity_held(scope: Construct) -> bool:

@@ -6,7 +6,7 @@ from aws_cdk import CfnOutput, Stack, Tags
 from aws_cdk import aws_ec2 as ec2
 from constructs import Construct
 
-from fleetcast.capacity_hold import HELD_OUTPUT
+from fleetcast.contract.capacity_hold import HELD_OUTPUT
 from fleetcast.config import EgressMode, FleetConfig, Region
 from fleetcast.connections.review import FLEET_TAG
 from fleetcast.contract.outputs import ProviderOutput

@@ -1,6 +1,37 @@
-"""Names derived from the fleet's name: CloudFormation stacks (CLIs look them up by these)."""
+"""Names derived from the fleet's config: CloudFormation stacks (CLIs look them up by these), which
+consumers get a stack, and the config parameter's description (synth checks it). Shared by the app and
+the CLIs. The config is described by the few attributes read here (fleetcast.config's models have them),
+so the contract imports nothing of the project.
+"""
 
 from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol
+
+
+class Consumer(Protocol):
+    @property
+    def name(self) -> str: ...
+    @property
+    def service_region(self) -> str: ...
+    @property
+    def endpoint_service_name(self) -> str | None: ...
+
+
+class _Region(Protocol):
+    @property
+    def region(self) -> str: ...
+
+
+class FleetConfig(Protocol):
+    @property
+    def name(self) -> str: ...
+    @property
+    def regions(self) -> Sequence[_Region]: ...
+    @property
+    def consumers(self) -> Sequence[Consumer]: ...
+    def digest(self) -> str: ...
 
 
 def provider_stack_name(fleet: str, region: str) -> str:
@@ -14,3 +45,25 @@ def consumer_stack_name(fleet: str, consumer: str) -> str:
 def plan_drift_description(fleet: str, region: str, schedule: str) -> str:
     """The drift-check Lambda's description (stacks/plan_drift.py); validate checks it fits Lambda's limit."""
     return f"{fleet}: plan drift check in {region} ({schedule})"
+
+
+def skip_reason(consumer: Consumer) -> str | None:
+    """Why a consumer gets no stack, or None when it gets one."""
+    if consumer.endpoint_service_name is None:
+        return (
+            "no endpoint_service_name yet: deploy the provider stack for "
+            f"{consumer.service_region}, copy its EndpointServiceName output into the config, synth again"
+        )
+    return None
+
+
+def expected_stacks(cfg: FleetConfig) -> list[str]:
+    """Every stack the app builds for `cfg`, providers first."""
+    names = [provider_stack_name(cfg.name, r.region) for r in cfg.regions]
+    names += [consumer_stack_name(cfg.name, c.name) for c in cfg.consumers if skip_reason(c) is None]
+    return names
+
+
+def config_parameter_description(cfg: FleetConfig) -> str:
+    """The `/<fleet>/config` parameter's description: names the whole config's digest (synth checks it)."""
+    return f"Validated Fleetcast config (digest {cfg.digest()[:12]}); instances validate it again"

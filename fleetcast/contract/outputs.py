@@ -21,6 +21,10 @@ class ProviderOutput(StrEnum):
     ENDPOINT_SERVICE_ID = "EndpointServiceId"
 
 
+# Written only while the region is held at zero instances ("true"; fleetcast/contract/capacity_hold.py).
+CAPACITY_HELD = "CapacityHeld"
+
+
 class ConsumerOutput(StrEnum):
     """Outputs of `<fleet>-consumer-<consumer>`."""
 

@@ -1,7 +1,7 @@
 """Is a provider region ready for instances: are the config's model and serving image staged there?
 
 One check, used by `fleetcast stage status` and by `fleetcast deploy` (which holds a new region's
-fleets at zero instances until it passes, fleetcast/capacity_hold.py). "Staged" means exactly what an
+fleets at zero instances until it passes, fleetcast/contract/capacity_hold.py). "Staged" means exactly what an
 instance will read: the model's manifest and every file it names, sha256-verified, in the region
 bucket; and the image reference the launch template carries (the derived tag, or the pinned digest)
 present in the region's ECR repository.
@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from fleetcast.capacity_hold import HELD_OUTPUT
+from fleetcast.contract.capacity_hold import HELD_OUTPUT
 from fleetcast.config import FleetConfig
 from fleetcast.contract.outputs import ProviderOutput, require_output
 

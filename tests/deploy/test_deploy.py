@@ -259,7 +259,7 @@ def test_teardown_skips_consumers_the_app_builds_no_stack_for(tmp_path):
 
 
 def test_deploying_consumers_names_only_stacks_the_app_builds(tmp_path):
-    """A consumer without endpoint_service_name gets no stack (stacks/naming.py skip_reason): the consumers
+    """A consumer without endpoint_service_name gets no stack (fleetcast/contract/names.py skip_reason): the consumers
     step asks cdk for it only when this run's publish step writes the name first."""
     text = CONFIG.read_text()
     target = tmp_path / "fleet.yaml"

@@ -18,7 +18,7 @@ import boto3
 import pytest
 from ruamel.yaml import YAML
 
-from fleetcast.capacity_hold import HELD_OUTPUT, HOLD_CONTEXT, parse_held_regions
+from fleetcast.contract.capacity_hold import HELD_OUTPUT, HOLD_CONTEXT, parse_held_regions
 from fleetcast.config import parse_config
 from fleetcast.contract.names import provider_stack_name
 from fleetcast.deploy import execute, plan

@@ -6,7 +6,7 @@
    the CreateAutoScalingGroup API parameter of the same name says the same). A separate
    AWS::AutoScaling::LifecycleHook resource is created after the group it names (it references it),
    i.e. after the group's first instances launched: they would go InService with no engine.
-2. Hold: `-c hold_capacity=<regions>` (fleetcast/capacity_hold.py) gives every group of those regions
+2. Hold: `-c hold_capacity=<regions>` (fleetcast/contract/capacity_hold.py) gives every group of those regions
    MinSize = MaxSize = 0 and no warm pool, scaling policy or schedule, so nothing launches until `fleetcast deploy`'s
    capacity step deploys again without it; that second deploy changes only sizes (UpdateAutoScalingGroup:
    "If you specify a new value for MinSize without specifying a value for DesiredCapacity, and the new
@@ -20,7 +20,7 @@ from __future__ import annotations
 import pytest
 
 from fleetcast.contract import telemetry
-from fleetcast.capacity_hold import HELD_OUTPUT, HOLD_CONTEXT, hold_context_args, parse_held_regions
+from fleetcast.contract.capacity_hold import HELD_OUTPUT, HOLD_CONTEXT, hold_context_args, parse_held_regions
 from fleetcast.contract.errors import UserError
 
 from .synthesized import (bench_mode_fleet, default_doc, default_fleet, nat_fleet, spot_doc, spot_fleet, synthesize,

@@ -8,17 +8,19 @@ one), no warm pool, scaling policies or scheduled actions, so nothing can launch
 `CapacityHeld` output. Once `fleetcast stage status` finds the model and image staged there, the
 `capacity` step deploys the stack again without the hold, which applies the configured sizes.
 
-Pure Python (no CDK import): the stacks read the context, the deploy CLI writes it; both name it here.
+Pure Python (no CDK import): the stacks read the context, the deploy CLI writes it; both take it from here.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
-from fleetcast.contract.errors import UserError
+from .context import Context, arg
+from .errors import EXIT_USAGE, UserError
+from .outputs import CAPACITY_HELD
 
-HOLD_CONTEXT = "hold_capacity"
-HELD_OUTPUT = "CapacityHeld"
+HOLD_CONTEXT = Context.HOLD_CAPACITY.value
+HELD_OUTPUT = CAPACITY_HELD
 
 
 def parse_held_regions(value: object) -> frozenset[str]:
@@ -38,11 +40,11 @@ def check_held_regions(value: object, regions: Sequence[str]) -> frozenset[str]:
     unknown = sorted(held - set(regions))
     if unknown:
         raise UserError(f"-c {HOLD_CONTEXT}: {', '.join(unknown)} is not a region of the config "
-                        f"(regions: {', '.join(regions)})", 2)
+                        f"(regions: {', '.join(regions)})", EXIT_USAGE)
     return held
 
 
 def hold_context_args(regions: Iterable[str]) -> list[str]:
     """`cdk` arguments holding `regions` at zero; none when no region is held."""
     regions = sorted(set(regions))
-    return ["-c", f"{HOLD_CONTEXT}={','.join(regions)}"] if regions else []
+    return arg(Context.HOLD_CAPACITY, ",".join(regions)) if regions else []
