@@ -7,10 +7,7 @@ deploy. `fleetcast ami pin` reads the same parameter once per region with the
 caller's credentials and writes the ids into the config, for teams that want
 an AMI change to be a reviewed config change instead.
 
-AWS documents the parameter name as
-`/aws/service/deeplearning/ami/$architecture/$ami_type/latest/ami-id`, where
-ami_type is the DLAMI's name without the words "deep", "learning" and "ami"
-("Finding the ID of a DLAMI", AWS Deep Learning AMIs developer guide).
+The DLAMI and its parameter: fleetcast/contract/ami.py.
 """
 
 from __future__ import annotations
@@ -18,16 +15,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Iterable
 
-from fleetcast.contract.errors import UserError
-
-# The DLAMI the fleets run: open-source NVIDIA kernel driver (which the L40S/L4/RTX PRO 6000
-# instance families need), containerd and the NVIDIA container toolkit, nothing else.
-DLAMI_NAME = "Deep Learning Base OSS Nvidia Driver GPU AMI (Amazon Linux 2023)"
-DLAMI_ARCHITECTURE = "x86_64"
-DLAMI_SSM_PARAMETER = (
-    f"/aws/service/deeplearning/ami/{DLAMI_ARCHITECTURE}/base-oss-nvidia-driver-gpu-amazon-linux-2023/latest/ami-id"
-)
-LATEST = "latest"
+from fleetcast.contract.ami import DLAMI_SSM_PARAMETER
+from fleetcast.contract.errors import EXIT_AWS_SERVICE, UserError
 
 
 def latest_ami_id(access: Any, region: str) -> str:
@@ -35,7 +24,7 @@ def latest_ami_id(access: Any, region: str) -> str:
     answer = access.call("ssm", region, "GetParameter", Name=DLAMI_SSM_PARAMETER)
     value = answer.get("Parameter", {}).get("Value", "")
     if not value.startswith("ami-"):
-        raise UserError(f"{DLAMI_SSM_PARAMETER} in {region} holds {value!r}, not an AMI id", 5)
+        raise UserError(f"{DLAMI_SSM_PARAMETER} in {region} holds {value!r}, not an AMI id", EXIT_AWS_SERVICE)
     return value
 
 

@@ -33,6 +33,7 @@ from fleetcast.config import FleetConfig
 from fleetcast.contract.context import Context, arg as context_arg
 from fleetcast.contract.names import consumer_stack_name, provider_stack_name, skip_reason
 from fleetcast.contract.errors import UserError
+from fleetcast.first_deploy import Resolution, hold_resolver, release_resolver
 
 STEPS = ("bootstrap", "providers", "stage", "capacity", "publish", "consumers", "approve", "smoke")
 TEARDOWN = ("consumers", "providers")
@@ -44,7 +45,7 @@ class Step:
     summary: str
     commands: list[list[str]] = field(default_factory=list)
     # Decides at run time (it reads AWS) which of `commands` run and how.
-    resolve: Callable[[list[list[str]]], "Resolution"] | None = None
+    resolve: Callable[[list[list[str]]], Resolution] | None = None
     action: Callable[[], list[str]] | None = None  # returns lines to print
     # Run first, for the operator to read; a failure is reported and does not stop the step.
     preview: list[list[str]] = field(default_factory=list)
@@ -59,16 +60,6 @@ class Step:
         if self.action is not None:
             lines.append("   (reads stack outputs and edits the config)")
         return lines
-
-
-@dataclass
-class Resolution:
-    """What a step runs, decided at run time: its commands, lines to print, and a refusal raised after the
-    commands ran (what could proceed did)."""
-
-    commands: list[list[str]]
-    notes: list[str] = field(default_factory=list)
-    refusal: str | None = None
 
 
 def _fleetcast(*args: str) -> list[str]:
@@ -181,8 +172,6 @@ def plan(cfg: FleetConfig, config_path: str, clients: Callable[[str, str], Any] 
             out.append(Step(name, "model weights into every region bucket; serving image into every region's ECR",
                             commands))
         elif name == "capacity":
-            from fleetcast.first_deploy import release_resolver
-
             out.append(Step(name, "give regions held at zero instances their configured capacity once "
                             "`fleetcast stage status` finds their model and image staged (only those are deployed)",
                             [_cdk("deploy", *ctx, "--require-approval", approval, *providers, profile=as_provider)],
@@ -208,8 +197,6 @@ def plan(cfg: FleetConfig, config_path: str, clients: Callable[[str, str], Any] 
                                 f"{cfg.engine.port}"))
         else:
             raise UserError(f"unknown step {name!r}; steps: {', '.join(STEPS)}", 2)
-    from fleetcast.first_deploy import hold_resolver
-
     for step in out:
         if step.name == "providers" and clients is not None and providers:  # without clients (a plan only) there is no AWS to ask
             step.summary += "; a new region not staged yet is deployed held at zero instances"

@@ -11,14 +11,24 @@ they get their capacity (fleetcast/contract/capacity_hold.py has the mechanism, 
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from fleetcast.contract.capacity_hold import hold_context_args
 from fleetcast.config import FleetConfig
 from fleetcast.contract.names import provider_stack_name
-from fleetcast.deploy import Resolution
 from fleetcast.contract.errors import UserError
 from fleetcast.staging.readiness import region_readiness
+
+
+@dataclass
+class Resolution:
+    """What a step runs, decided at run time: its commands, lines to print, and a refusal raised after the
+    commands ran (what could proceed did)."""
+
+    commands: list[list[str]]
+    notes: list[str] = field(default_factory=list)
+    refusal: str | None = None
 
 
 def provider_regions(cfg: FleetConfig, command: list[str]) -> list[str]:

@@ -24,6 +24,7 @@ from typing import Protocol
 from fleetcast.config import FleetConfig
 from fleetcast.config.model import EngineSpec
 from fleetcast.contract.errors import UserError
+from fleetcast.contract.instance_env import Var, default, setting
 
 from .trtllm import TrtllmBackend
 
@@ -52,13 +53,15 @@ class ReferenceBackend:
 
     name = "reference"
 
-    def __init__(self, cfg: FleetConfig, engine: EngineSpec, size: str = "tiny", seed: int = 0,
-                 device: str = "cpu", drain_timeout_s: float | None = None, model=None):  # noqa: ANN001
+    def __init__(self, cfg: FleetConfig, engine: EngineSpec, size: str = default(Var.REFERENCE_SIZE),
+                 seed: int = default(Var.REFERENCE_SEED), device: str = default(Var.REFERENCE_DEVICE),
+                 drain_timeout_s: float | None = None, model=None):  # noqa: ANN001
         from .reference.build import FORMAT
         from .reference.configs import SIZES
 
         if size not in SIZES:
-            raise UserError(f"FLEETCAST_REFERENCE_SIZE: {size!r} is not a reference model size; allowed: {', '.join(SIZES)}")
+            raise UserError(f"{Var.REFERENCE_SIZE.value}: {size!r} is not a reference model size; "
+                            f"allowed: {', '.join(SIZES)}")
         self.cfg, self.engine = cfg, engine
         self.model = model if model is not None else cfg.model
         self.size, self.seed, self.device = size, seed, device
@@ -119,11 +122,11 @@ class ReferenceBackend:
 def select_backend(cfg: FleetConfig, engine: EngineSpec, env: dict | None = None, model=None) -> ServingBackend:  # noqa: ANN001
     """The backend that builds and serves `model` (default: the config's first) with `engine`."""
     env = dict(os.environ if env is None else env)
-    choice = env.get("FLEETCAST_SERVING_BACKEND", "tensorrt-llm")
+    choice = setting(env, Var.SERVING_BACKEND)
     if choice in ("tensorrt-llm", "trtllm"):
         return TrtllmBackend(cfg, engine, model=model)
     if choice == "reference":
-        return ReferenceBackend(cfg, engine, size=env.get("FLEETCAST_REFERENCE_SIZE", "tiny"),
-                                seed=int(env.get("FLEETCAST_REFERENCE_SEED", "0")),
-                                device=env.get("FLEETCAST_REFERENCE_DEVICE", "cpu"), model=model)
-    raise UserError(f"FLEETCAST_SERVING_BACKEND: {choice!r} is not a backend; allowed: tensorrt-llm, reference")
+        return ReferenceBackend(cfg, engine, size=setting(env, Var.REFERENCE_SIZE),
+                                seed=setting(env, Var.REFERENCE_SEED), device=setting(env, Var.REFERENCE_DEVICE),
+                                model=model)
+    raise UserError(f"{Var.SERVING_BACKEND.value}: {choice!r} is not a backend; allowed: tensorrt-llm, reference")

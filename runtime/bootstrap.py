@@ -38,9 +38,9 @@ from typing import Any, Mapping
 
 from fleetcast.contract import telemetry
 from fleetcast.config import ConfigError, FleetConfig, Pool, config_from_json
-from fleetcast.contract.instance_env import Var, check_names
+from fleetcast.contract.instance_env import Var, check_names, default, setting
 from fleetcast.contract.errors import UserError
-from fleetcast.staging.manifest import model_prefix
+from fleetcast.contract.bucket import model_prefix
 
 from . import gpu as gpu_mod
 from .backends import ReferenceBackend, ServingBackend, select_backend
@@ -102,11 +102,11 @@ class InstanceEnv:
     gauges_s: float
     gateway_refresh_s: float
     restart: RestartPolicy
-    liveness_interval_s: float = 10.0
-    liveness_timeout_s: float = 5.0
-    liveness_failures: int = 3
-    upstream_idle_s: float = 120.0
-    replace_wait_s: float = 300.0
+    liveness_interval_s: float = default(Var.LIVENESS_INTERVAL_S)
+    liveness_timeout_s: float = default(Var.LIVENESS_TIMEOUT_S)
+    liveness_failures: int = default(Var.LIVENESS_FAILURES)
+    upstream_idle_s: float = default(Var.UPSTREAM_IDLE_S)
+    replace_wait_s: float = default(Var.REPLACE_WAIT_S)
 
     @classmethod
     def from_environ(cls, env: Mapping[str, str]) -> "InstanceEnv":
@@ -118,58 +118,37 @@ class InstanceEnv:
             raise UserError(f"instance environment is missing {', '.join(missing)} (written by user data to "
                             f"{telemetry.INSTANCE_ENV_FILE})")
 
-        def num(name: str, default: float) -> float:
-            raw = env.get(name)
-            if raw in (None, ""):
-                return default
-            try:
-                return float(raw)
-            except ValueError:
-                raise UserError(f"{name}: {raw!r} is not a number") from None
+        def get(var: Var):
+            return setting(env, var)
 
-        def positive(name: str, default: float) -> float:
-            value = num(name, default)
-            if not value > 0:
-                raise UserError(f"{name}: {env[name]!r} must be a number > 0")
-            return value
-
-        d = CacheSettings()
         cache = CacheSettings(
-            failure_limit=d.failure_limit,  # replaced from the config later
-            lock_ttl_s=num(Var.LOCK_TTL_S, d.lock_ttl_s),
-            lock_refresh_s=num(Var.LOCK_REFRESH_S, d.lock_refresh_s),
-            wait_timeout_s=num(Var.WAIT_TIMEOUT_S, d.wait_timeout_s),
-            poll_s=num(Var.POLL_S, d.poll_s),
-            s3_retry_deadline_s=num(Var.S3_RETRY_DEADLINE_S, d.s3_retry_deadline_s),
-            s3_backoff_base_s=num(Var.S3_BACKOFF_S, d.s3_backoff_base_s),
-            s3_stall_timeout_s=num(Var.S3_STALL_S, d.s3_stall_timeout_s),
-        )
-        port = env.get(Var.PORT)
-        if num(Var.GATEWAY_REFRESH_S, 60.0) <= 0:
-            raise UserError(f"{Var.GATEWAY_REFRESH_S}: {env[Var.GATEWAY_REFRESH_S]!r} must be > 0 seconds")
+            lock_ttl_s=get(Var.LOCK_TTL_S), lock_refresh_s=get(Var.LOCK_REFRESH_S),
+            wait_timeout_s=get(Var.WAIT_TIMEOUT_S), poll_s=get(Var.POLL_S),
+            s3_retry_deadline_s=get(Var.S3_RETRY_DEADLINE_S), s3_backoff_base_s=get(Var.S3_BACKOFF_S),
+            s3_stall_timeout_s=get(Var.S3_STALL_S),
+        )  # failure_limit: replaced from the config later
         return cls(
             fleet=env[Var.FLEET], region=env[Var.REGION], pool=env[Var.POOL],
             bucket=env[Var.BUCKET], config_param=env.get(Var.CONFIG_PARAM),
             config_digest=env.get(Var.CONFIG_DIGEST), config_file=env.get(Var.CONFIG_FILE),
-            local_root=Path(env.get(Var.LOCAL_ROOT, "/var/lib/fleetcast")),
-            imds_endpoint=env.get(Var.IMDS_ENDPOINT, "http://169.254.169.254"),
-            port=int(port) if port else None,
-            gateway=env.get(Var.GATEWAY, "on") != "off",
-            proxy_protocol=env.get(Var.GATEWAY_PROXY_PROTOCOL, "required") != "off",
-            listen_host=env.get(Var.LISTEN_HOST, "0.0.0.0"),
+            local_root=Path(get(Var.LOCAL_ROOT)),
+            imds_endpoint=get(Var.IMDS_ENDPOINT),
+            port=get(Var.PORT),
+            gateway=get(Var.GATEWAY) != "off",
+            proxy_protocol=get(Var.GATEWAY_PROXY_PROTOCOL) != "off",
+            listen_host=get(Var.LISTEN_HOST),
             cache=cache,
-            staging_wait_s=num(Var.STAGING_WAIT_S, 1800.0),
-            ready_timeout_s=num(Var.READY_TIMEOUT_S, 0) or None,
-            terminate_poll_s=num(Var.TERMINATE_POLL_S, 5.0),
-            gauges_s=num(Var.GAUGES_S, 30.0),
-            gateway_refresh_s=num(Var.GATEWAY_REFRESH_S, 60.0),
-            restart=RestartPolicy(max_restarts=int(num(Var.MAX_RESTARTS, 5)),
-                                  backoff_base_s=num(Var.RESTART_BACKOFF_S, 1.0)),
-            liveness_interval_s=positive(Var.LIVENESS_INTERVAL_S, 10.0),
-            liveness_timeout_s=positive(Var.LIVENESS_TIMEOUT_S, 5.0),
-            liveness_failures=int(positive(Var.LIVENESS_FAILURES, 3)),
-            upstream_idle_s=positive(Var.UPSTREAM_IDLE_S, 120.0),
-            replace_wait_s=positive(Var.REPLACE_WAIT_S, 300.0),
+            staging_wait_s=get(Var.STAGING_WAIT_S),
+            ready_timeout_s=get(Var.READY_TIMEOUT_S) or None,
+            terminate_poll_s=get(Var.TERMINATE_POLL_S),
+            gauges_s=get(Var.GAUGES_S),
+            gateway_refresh_s=get(Var.GATEWAY_REFRESH_S),
+            restart=RestartPolicy(max_restarts=get(Var.MAX_RESTARTS), backoff_base_s=get(Var.RESTART_BACKOFF_S)),
+            liveness_interval_s=get(Var.LIVENESS_INTERVAL_S),
+            liveness_timeout_s=get(Var.LIVENESS_TIMEOUT_S),
+            liveness_failures=get(Var.LIVENESS_FAILURES),
+            upstream_idle_s=get(Var.UPSTREAM_IDLE_S),
+            replace_wait_s=get(Var.REPLACE_WAIT_S),
         )
 
 
@@ -691,7 +670,7 @@ class Bootstrap:
 
 
 def main(argv: list[str] | None = None) -> int:
-    logging.basicConfig(level=os.environ.get(Var.LOG_LEVEL, "INFO"), stream=sys.stderr,
+    logging.basicConfig(level=setting(os.environ, Var.LOG_LEVEL), stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         env = InstanceEnv.from_environ(os.environ)

@@ -1,10 +1,9 @@
 """The engine cache in the region bucket: build once per key, share with every instance.
 
-Layout (region bucket):
-    engines/<key>/manifest.json              written last; names the build that is the entry
-    engines/<key>/builds/<build_id>/<files>  one immutable prefix per build attempt
-    locks/<key>.json                         build lock (conditional writes only)
-    failures/<key>/<n>.json                  one marker per failed build (circuit breaker)
+Layout (region bucket, fleetcast/contract/bucket.py): engines/<key>/manifest.json, written last, names
+the build that is the entry; engines/<key>/builds/<build_id>/ holds one immutable prefix per build attempt;
+locks/<key>.json is the build lock (conditional writes only); failures/<key>/<n>.json one marker per failed
+build (the circuit breaker).
 
 Why it is safe:
 - A reader never sees a partial entry: artifact files go under a prefix unique to
@@ -58,7 +57,9 @@ from botocore.exceptions import (
 )
 from s3transfer.exceptions import RetriesExceededError as TransferRetriesExceededError
 
-from fleetcast.staging.manifest import MANIFEST_NAME, Manifest, build_manifest, verify_tree
+from fleetcast.contract import bucket as bucket_layout
+from fleetcast.contract.instance_env import Var, default
+from fleetcast.contract.manifest import MANIFEST_NAME, Manifest, build_manifest, verify_tree
 
 log = logging.getLogger("fleetcast.engine_cache")
 
@@ -139,15 +140,14 @@ class CacheInputs:
 @dataclass(frozen=True)
 class CacheSettings:
     failure_limit: int = 3
-    lock_ttl_s: float = 300.0  # a lock not refreshed for this long is stale
-    lock_refresh_s: float = 60.0
-    wait_timeout_s: float = 3 * 3600.0  # how long a waiter waits for another builder
-    poll_s: float = 10.0
-    s3_retry_deadline_s: float = 300.0
-    s3_backoff_base_s: float = 0.5
+    lock_ttl_s: float = default(Var.LOCK_TTL_S)
+    lock_refresh_s: float = default(Var.LOCK_REFRESH_S)
+    wait_timeout_s: float = default(Var.WAIT_TIMEOUT_S)
+    poll_s: float = default(Var.POLL_S)
+    s3_retry_deadline_s: float = default(Var.S3_RETRY_DEADLINE_S)
+    s3_backoff_base_s: float = default(Var.S3_BACKOFF_S)
     s3_backoff_max_s: float = 20.0
-    # No byte for this long on one S3 connection is a stall: the attempt fails and is retried.
-    s3_stall_timeout_s: float = 30.0
+    s3_stall_timeout_s: float = default(Var.S3_STALL_S)
     # A release that fails is retried this long at most: the original error must surface soon.
     lock_release_deadline_s: float = 30.0
 
@@ -333,10 +333,10 @@ class EngineCache:
         self.holder = holder or f"{socket.gethostname()}-{os.getpid()}"
         self._sleep = sleep
         self.store = RetryingS3(s3, bucket, self.settings, sleep)
-        self.entry_prefix = f"engines/{self.key}/"
+        self.entry_prefix = bucket_layout.engine_prefix(self.key)
         self.manifest_key = f"{self.entry_prefix}{MANIFEST_NAME}"
-        self.lock_key = f"locks/{self.key}.json"
-        self.failure_prefix = f"failures/{self.key}/"
+        self.lock_key = bucket_layout.lock_key(self.key)
+        self.failure_prefix = bucket_layout.failure_prefix(self.key)
         self._refresh_mutex = threading.Lock()
 
     def _call(self, op: str, **kwargs: Any) -> Any:
@@ -543,7 +543,7 @@ class EngineCache:
         before the manifest: a holder that froze past the lock's lifetime and was taken
         over discards its upload and raises LockLost instead of publishing.
         """
-        prefix = f"{self.entry_prefix}builds/{build_id}/"
+        prefix = bucket_layout.engine_build_prefix(self.key, build_id)
         manifest = build_manifest(
             artifact, kind="engine", name=self.inputs.model_id, revision=self.inputs.revision,
             extra={"key": self.key, "build_id": build_id, "artifact_prefix": prefix, "inputs": asdict(self.inputs),

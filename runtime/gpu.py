@@ -13,6 +13,7 @@ import subprocess
 from dataclasses import dataclass
 
 from fleetcast.config import catalog
+from fleetcast.contract.instance_env import Var
 
 
 class GpuError(RuntimeError):
@@ -48,7 +49,7 @@ def parse_nvidia_smi(text: str) -> GpuInfo:
 
 def detect_gpu(timeout_s: float = 30.0) -> GpuInfo:
     """Ask nvidia-smi. FLEETCAST_FAKE_GPU="name,cc,mem" stands in on machines without a GPU (dev, CI)."""
-    fake = os.environ.get("FLEETCAST_FAKE_GPU")
+    fake = os.environ.get(Var.FAKE_GPU)
     if fake:
         return parse_nvidia_smi(fake)
     exe = shutil.which("nvidia-smi")
@@ -69,7 +70,7 @@ def detect_gpu(timeout_s: float = 30.0) -> GpuInfo:
 def sample_utilization(timeout_s: float = 10.0) -> tuple[float, float] | None:
     """(GPU utilization %, memory used %) averaged over GPUs, or None when unavailable."""
     exe = shutil.which("nvidia-smi")
-    if not exe or os.environ.get("FLEETCAST_FAKE_GPU"):
+    if not exe or os.environ.get(Var.FAKE_GPU):
         return None
     try:
         out = subprocess.run(

@@ -39,6 +39,8 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from fleetcast.contract.instance_env import Var, default
+
 from .supervisor import Child, Liveness, RestartPolicy, Supervisor
 
 log = logging.getLogger("fleetcast.serve")
@@ -89,7 +91,7 @@ class ServeSettings:
     region: str
     pool: str
     config_json: Path | None = None  # the validated config, for the gateway
-    listen_host: str = "0.0.0.0"
+    listen_host: str = default(Var.LISTEN_HOST)
     gateway: bool = True
     proxy_protocol: bool = True
     ready_timeout_s: float = 1800.0
@@ -98,14 +100,14 @@ class ServeSettings:
     probe_prompt: str = "The quick brown fox"
     probe_tokens: int = 4
     probe_retry_s: float = 1.0  # between the readiness generation's three attempts
-    gateway_refresh_s: float = 60.0  # endpoints, API keys and consumers (docs/gateway.md)
+    gateway_refresh_s: float = default(Var.GATEWAY_REFRESH_S)  # endpoints, API keys and consumers (docs/gateway.md)
     drain_deadline_file: Path | None = None  # a Spot interruption's deadline for the gateway (runtime/spot.py)
     models_state_file: Path | None = None  # per-model readiness, rewritten when a process comes or goes
     restart: RestartPolicy = field(default_factory=RestartPolicy)
-    liveness_interval_s: float = 10.0
-    liveness_timeout_s: float = 5.0
-    liveness_failures: int = 3
-    upstream_idle_timeout_s: float = 120.0
+    liveness_interval_s: float = default(Var.LIVENESS_INTERVAL_S)
+    liveness_timeout_s: float = default(Var.LIVENESS_TIMEOUT_S)
+    liveness_failures: int = default(Var.LIVENESS_FAILURES)
+    upstream_idle_timeout_s: float = default(Var.UPSTREAM_IDLE_S)
 
     @property
     def server_port(self) -> int:

@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from fleetcast.staging.manifest import MANIFEST_NAME, Manifest, verify_tree
+from fleetcast.contract.manifest import MANIFEST_NAME, Manifest, verify_tree
 
 from .engine_cache import CacheError, NotABuildFailure, RetryingS3
 

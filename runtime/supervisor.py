@@ -26,14 +26,16 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Callable, Mapping, Sequence
 
+from fleetcast.contract.instance_env import Var, default
+
 log = logging.getLogger("fleetcast.supervisor")
 
 
 @dataclass
 class RestartPolicy:
-    max_restarts: int = 5
+    max_restarts: int = default(Var.MAX_RESTARTS)
     window_s: float = 300.0
-    backoff_base_s: float = 1.0
+    backoff_base_s: float = default(Var.RESTART_BACKOFF_S)
     backoff_max_s: float = 30.0
 
 

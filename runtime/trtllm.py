@@ -34,13 +34,14 @@ from fleetcast.config import Backend, FleetConfig, KvCacheDtype, ModelFamily, Pr
 from fleetcast.contract import support
 from fleetcast.config.model import EngineSpec
 from fleetcast.contract.errors import UserError
-from fleetcast.staging.calibration import loader_dir as calibration_loader_dir
-from fleetcast.staging.selection import tokenizer_file
+from fleetcast.contract.calibration import loader_dir as calibration_loader_dir
+from fleetcast.contract.instance_env import Var, setting
+from fleetcast.contract.selection import tokenizer_file
 
 from . import vendor
 
 # Where the release image keeps its examples (the image ships the repo's examples/ at /app/tensorrt_llm).
-EXAMPLES_DIR = os.environ.get("FLEETCAST_TRTLLM_EXAMPLES", "/app/tensorrt_llm/examples")
+EXAMPLES_DIR = setting(os.environ, Var.TRTLLM_EXAMPLES)
 CONVERT_GPT = "models/core/gpt/convert_checkpoint.py"
 QUANTIZE = "quantization/quantize.py"
 SMOOTHQUANT_ALPHA = 0.5  # the release README's recommended first try
@@ -205,7 +206,7 @@ def tool_env(environ: Mapping[str, str] | None = None) -> dict[str, str]:
     return env
 
 
-BUILD_STEP_TIMEOUT_S = float(os.environ.get("FLEETCAST_BUILD_STEP_TIMEOUT_S", "7200"))
+BUILD_STEP_TIMEOUT_S = setting(os.environ, Var.BUILD_STEP_TIMEOUT_S)
 
 
 def run_logged(cmd: list[str], log_file: Path, cwd: Path | None = None, timeout_s: float | None = None) -> None:
@@ -242,7 +243,7 @@ def run_logged(cmd: list[str], log_file: Path, cwd: Path | None = None, timeout_
         out.write(f"# exit {code} after {elapsed:.1f} s\n")
     name = os.path.basename(cmd[0]) if cmd[0] != "python3" else cmd[1]
     if code != 0 and elapsed >= timeout_s:
-        raise RuntimeError(f"{name} did not finish within {timeout_s:.0f} s (FLEETCAST_BUILD_STEP_TIMEOUT_S); killed")
+        raise RuntimeError(f"{name} did not finish within {timeout_s:.0f} s ({Var.BUILD_STEP_TIMEOUT_S.value}); killed")
     if code != 0:
         tail = log_file.read_text(errors="replace")[-2000:]
         raise RuntimeError(f"{name} exited {code}: {tail}")

@@ -19,7 +19,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 
-from fleetcast.contract.instance_env import HOST_REQUIRED, KNOWN
+from fleetcast.contract.instance_env import ENV_FILE_DELIMITER, HOST_REQUIRED, KNOWN, PREFIX, Var
 from fleetcast.contract.telemetry import INSTANCE_ENV_FILE
 
 # Keys the stack must pass for a serving instance; the runtime refuses to start without them.
@@ -27,7 +27,7 @@ REQUIRED_KEYS = HOST_REQUIRED
 INSTALL_DIR = "/opt/fleetcast"
 SYSTEMD_DIR = "/etc/systemd/system"
 
-_KEY = re.compile(r"^FLEETCAST_[A-Z0-9_]{1,64}$")
+_KEY = re.compile(rf"^{PREFIX}[A-Z0-9_]{{1,64}}$")
 # One env file is read by bash (`source`), by systemd (EnvironmentFile=) and by
 # `docker run --env-file` (which takes values literally, no quote processing).
 # The only format all three read the same way is KEY=value, unquoted, with no
@@ -51,9 +51,9 @@ def _check_env(env: Mapping[str, str], required: tuple[str, ...] = REQUIRED_KEYS
                 f"user data env {key}={value!r} has characters outside [A-Za-z0-9._:/@+=,%-]; "
                 "the env file is read literally by docker --env-file, so values cannot be quoted"
             )
-    bundle = env.get("FLEETCAST_RUNTIME_BUNDLE")
+    bundle = env.get(Var.RUNTIME_BUNDLE)
     if bundle is not None and not _CDK_TOKEN.search(bundle) and not bundle.startswith("s3://"):
-        raise ValueError("FLEETCAST_RUNTIME_BUNDLE must be an s3:// URI of the runtime bundle zip")
+        raise ValueError(f"{Var.RUNTIME_BUNDLE.value} must be an s3:// URI of the runtime bundle zip")
 
 
 def render_env_file(env: Mapping[str, str], required: tuple[str, ...] = REQUIRED_KEYS) -> str:
@@ -71,8 +71,8 @@ def env_file_preamble(env: Mapping[str, str], required: tuple[str, ...] = REQUIR
     """
     env_file = render_env_file(env, required)
     return f"""mkdir -p "$(dirname {INSTANCE_ENV_FILE})" /var/lib/fleetcast
-cat > {INSTANCE_ENV_FILE} <<'FLEETCAST_ENV'
-{env_file}FLEETCAST_ENV
+cat > {INSTANCE_ENV_FILE} <<'{ENV_FILE_DELIMITER}'
+{env_file}{ENV_FILE_DELIMITER}
 chmod 0644 {INSTANCE_ENV_FILE}
 set -a; . {INSTANCE_ENV_FILE}; set +a
 """

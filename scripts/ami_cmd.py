@@ -8,7 +8,7 @@ import argparse
 def register(sub: argparse._SubParsersAction) -> None:
     parser = sub.add_parser("ami", help="pin the fleets' DLAMI ids in the config (read from its public SSM parameter)")
     actions = parser.add_subparsers(dest="action", metavar="ACTION", required=True)
-    from fleetcast.ami import DLAMI_NAME, DLAMI_SSM_PARAMETER
+    from fleetcast.contract.ami import DLAMI_NAME, DLAMI_SSM_PARAMETER
     from fleetcast.aws_session import add_aws_arguments
 
     pin = actions.add_parser(

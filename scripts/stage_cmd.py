@@ -136,7 +136,8 @@ def _plan_baseline(args: argparse.Namespace) -> int:
     import json
 
     from fleetcast.config import load_config
-    from fleetcast.plan.drift import BASELINE_KEY, baseline_path, load_baseline
+    from fleetcast.contract.bucket import PLAN_BASELINE_KEY
+    from fleetcast.plan.drift import baseline_path, load_baseline
 
     cfg = load_config(args.config)
     clients = _clients(args)  # no credentials: exit 4 before anything is read
@@ -147,8 +148,8 @@ def _plan_baseline(args: argparse.Namespace) -> int:
         args.region = [r for r in planned if r in {x.region for x in cfg.regions}]
     body = json.dumps(doc, indent=1).encode()
     for region, bucket in _buckets(cfg, args, clients).items():
-        clients("s3", region).put_object(Bucket=bucket, Key=BASELINE_KEY, Body=body, ContentType="application/json")
-        print(f"{region}: s3://{bucket}/{BASELINE_KEY} <- {path}")
+        clients("s3", region).put_object(Bucket=bucket, Key=PLAN_BASELINE_KEY, Body=body, ContentType="application/json")
+        print(f"{region}: s3://{bucket}/{PLAN_BASELINE_KEY} <- {path}")
     return 0
 
 
@@ -263,7 +264,8 @@ def _status(args: argparse.Namespace) -> int:
     from fleetcast.contract.names import provider_stack_name
     from fleetcast.contract.outputs import ProviderOutput, require_output
     from fleetcast.staging.aws import parse_region_map
-    from fleetcast.staging.manifest import human_bytes, model_prefix
+    from fleetcast.contract.bucket import model_prefix
+    from fleetcast.staging.transfer import human_bytes
     from fleetcast.staging.readiness import image_problems, image_reference, instance_image_id, model_problems
     from fleetcast.staging.transfer import read_manifest
 

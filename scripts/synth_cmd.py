@@ -51,8 +51,10 @@ def read_stacks(out: Path) -> dict[str, dict]:
 def summarize(cfg, stacks: dict[str, dict], out: Path) -> tuple[list[str], list[str]]:
     """Summary lines, and problems (stacks the config implies but the assembly lacks, or the reverse)."""
     from fleetcast.config import catalog
-    from fleetcast.contract.names import consumer_stack_name, provider_stack_name
-    from fleetcast.contract.names import config_parameter_description, expected_stacks, skip_reason
+    from fleetcast.contract.instance_env import Var
+    from fleetcast.contract.names import (
+        config_parameter_description, consumer_stack_name, expected_stacks, provider_stack_name, skip_reason,
+    )
 
     lines = [f"Fleet {cfg.name}: config digest {cfg.digest()[:12]}, egress {cfg.network.egress.value}, "
              f"model {cfg.model.id}@{cfg.model.revision}, TensorRT-LLM {cfg.engine.tensorrt_llm_version}"]
@@ -99,7 +101,7 @@ def summarize(cfg, stacks: dict[str, dict], out: Path) -> tuple[list[str], list[
     for region in cfg.regions:
         info = stacks.get(provider_stack_name(cfg.name, region.region))
         marks = [config_parameter_description(cfg)] + [
-            f"FLEETCAST_CONFIG_DIGEST={cfg.instance_digest(region.region, pool.name)}" for pool in region.pools]
+            f"{Var.CONFIG_DIGEST.value}={cfg.instance_digest(region.region, pool.name)}" for pool in region.pools]
         if info and not all(mark in info["template_text"] for mark in marks):
             problems.append(f"stack {provider_stack_name(cfg.name, region.region)} was synthesized from a different config")
     return lines, problems

@@ -23,21 +23,13 @@ from constructs import Construct
 
 from fleetcast.config import FleetConfig, Region
 from fleetcast.config.model import Capacity, WarmPoolSpec
+from fleetcast.contract.bench import KNOB_DEFAULTS
+from fleetcast.contract.bucket import bench_results_key
 from fleetcast.contract.context import Context, is_true
 from fleetcast.contract.instance_env import Var
 from fleetcast.contract.errors import UserError
 
 from .gpu_fleet import GpuFleet, asg_name
-
-RESULTS_PREFIX = "bench/"
-DEFAULTS = {
-    Context.BENCH_RUN.value: "latest",
-    Context.BENCH_CONCURRENCY.value: "1,2,4,8,16,32,64",
-    Context.BENCH_REQUESTS.value: "200",
-    Context.BENCH_INPUT_TOKENS.value: "128",
-    Context.BENCH_OUTPUT_TOKENS.value: "128",
-}
-
 
 # What each `-c` knob may hold: it reaches the instance's env file, which takes no quoting.
 _KNOB_FORMS = {
@@ -50,7 +42,7 @@ _KNOB_FORMS = {
 }
 
 
-def bench_knobs(scope: Construct, defaults: dict[str, str] = DEFAULTS) -> dict[str, str]:
+def bench_knobs(scope: Construct, defaults: dict[str, str] = KNOB_DEFAULTS) -> dict[str, str]:
     """The bench `-c` knobs with their defaults, each checked against its form (UserError naming it)."""
     knobs = {k: str(scope.node.try_get_context(k) or v) for k, v in defaults.items()}
     for name, (form, allowed) in _KNOB_FORMS.items():
@@ -69,10 +61,6 @@ def bench_enabled(scope: Construct) -> bool:
     return is_true(scope.node.try_get_context(Context.BENCH.value))
 
 
-def results_key(run: str, region: str, instance_type: str, precision: str) -> str:
-    return f"{RESULTS_PREFIX}{run}/{region}/{instance_type}/{precision}.json"
-
-
 class BenchFleets(Construct):
     """Bench groups for every pool of one provider region; `fleets` maps pool name -> GpuFleet."""
 
@@ -85,7 +73,7 @@ class BenchFleets(Construct):
         for pool in region.pools:
             engine = cfg.engine_for(pool)
             precision = engine.precision.value
-            key = results_key(knobs["bench_run"], region.region, pool.instance_type, precision)
+            key = bench_results_key(knobs["bench_run"], region.region, pool.instance_type, precision)
             # A distinct group name (bench-<pool>) so it never collides with the serving group;
             # FLEETCAST_POOL keeps the real pool so the runtime builds and serves that pool's engine.
             bench_pool = pool.model_copy(update={

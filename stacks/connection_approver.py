@@ -2,7 +2,7 @@
 
 A Lambda function subscribed to the region's connection-notification topic.
 Which accounts it accepts is decided here, at synth, by the same rule the CLI
-uses (fleetcast.connections.policy.allowed_accounts): the function receives the
+uses (fleetcast.contract.connections.allowed_accounts): the function receives the
 list and cannot widen it. Requests from any other account stay pending and are
 reported on the topic (see stacks/lambdas/connection_approver/handler.py).
 
@@ -27,7 +27,7 @@ from aws_cdk import aws_sns_subscriptions as subscriptions
 from constructs import Construct
 
 from fleetcast.config import FleetConfig, Region
-from fleetcast.connections.policy import allowed_accounts
+from fleetcast.contract.connections import allowed_accounts
 
 from . import nag
 from .function import function_log_group, function_role, grant_own_logs, python_function

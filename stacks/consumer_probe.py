@@ -35,25 +35,23 @@ from aws_cdk import aws_s3 as s3
 from aws_cdk import aws_s3_assets as s3_assets
 from constructs import Construct
 
-from fleetcast.bench.probe_wheels import DEFAULT_DIR, check_wheelhouse
 from fleetcast.config import Consumer, FleetConfig
+from fleetcast.contract.bench import KNOB_DEFAULTS, PROBE_KNOB_DEFAULTS
+from fleetcast.contract.bucket import probe_results_key as results_key_of
 from fleetcast.contract.context import Context, is_true
 from fleetcast.contract.instance_env import Var
 from fleetcast.contract.outputs import ConsumerOutput
+from fleetcast.contract.probe_wheels import check_wheelhouse
 from fleetcast.contract.errors import UserError
 from runtime.probe.userdata import render_probe_user_data
 
 from . import nag
-from .bench_fleet import DEFAULTS, RESULTS_PREFIX, bench_enabled, bench_knobs
+from .bench_fleet import bench_enabled, bench_knobs
 from .gpu_fleet import asg_arn
 from .runtime_bundle import PROBE, REPO_ROOT, stage_bundle
 from .storage import private_bucket
 from .session_manager import WILDCARD_REASON, grant_session_manager
 
-PROBE_DEFAULTS = {
-    Context.BENCH_PROBE_INSTANCE_TYPE.value: "c7i.large",
-    Context.BENCH_PROBE_WHEELS.value: DEFAULT_DIR,
-}
 ROOT_VOLUME_GIB = 16
 
 
@@ -62,7 +60,7 @@ def probe_enabled(scope: Construct) -> bool:
 
 
 def probe_results_key(run: str, consumer: Consumer) -> str:
-    return f"{RESULTS_PREFIX}{run}/{consumer.service_region}/privatelink/{consumer.name}.json"
+    return results_key_of(run, consumer.service_region, consumer.name)
 
 
 def probe_group_name(cfg: FleetConfig, consumer: Consumer) -> str:
@@ -94,7 +92,7 @@ class ConsumerBenchProbe(Construct):
     def __init__(self, scope: Construct, construct_id: str, *, cfg: FleetConfig, consumer: Consumer,
                  endpoint) -> None:
         super().__init__(scope, construct_id)
-        knobs = bench_knobs(self, {**DEFAULTS, **PROBE_DEFAULTS})
+        knobs = bench_knobs(self, {**KNOB_DEFAULTS, **PROBE_KNOB_DEFAULTS})
         if not re.fullmatch(r"[a-z][a-z0-9-]*\.[a-z0-9]+", knobs["bench_probe_instance_type"]):
             raise UserError(f"-c bench_probe_instance_type={knobs['bench_probe_instance_type']!r}: "
                             "use an EC2 instance type such as c7i.large")

@@ -18,8 +18,9 @@ from aws_cdk import aws_s3_assets as s3_assets
 from aws_cdk import aws_ssm as ssm
 from constructs import Construct
 
-from fleetcast.ami import DLAMI_SSM_PARAMETER, LATEST
 from fleetcast.config import FleetConfig, Pool, Region
+from fleetcast.contract.ami import DLAMI_SSM_PARAMETER, LATEST
+from fleetcast.contract.bucket import READ_ONLY_PREFIXES, READ_WRITE_PREFIXES
 from fleetcast.contract.instance_env import HostEnv, Var
 from fleetcast.contract.telemetry import LAUNCH_HOOK, NAMESPACE
 from runtime.userdata import render_user_data
@@ -27,7 +28,7 @@ from runtime.userdata import render_user_data
 from . import nag
 from .launch_order import LAUNCHING, add_lifecycle_hook, capacity_held
 from .session_manager import WILDCARD_REASON, grant_session_manager
-from .storage import READ_ONLY_PREFIXES, READ_WRITE_PREFIXES, ModelStore
+from .storage import ModelStore
 
 ROOT_DEVICE = "/dev/xvda"  # AL2023 DLAMI root device
 # The health-check grace period starts at InService, i.e. after the launch hook

@@ -32,10 +32,10 @@ from aws_cdk import aws_s3 as s3
 from aws_cdk import aws_sns as sns
 from constructs import Construct
 
-from fleetcast.contract import telemetry
 from fleetcast.config import FleetConfig, Region
+from fleetcast.contract import telemetry
+from fleetcast.contract.bucket import PLAN_BASELINE_KEY
 from fleetcast.contract.names import plan_drift_description
-from fleetcast.plan.drift import BASELINE_KEY
 
 from . import nag
 from .function import function_log_group, function_role, grant_own_logs, python_function
@@ -75,7 +75,7 @@ class PlanDriftCheck(Construct):
         self.role = function_role(
             self, f"{cfg.name} plan drift check in {region.region}: read metrics and the baseline, publish drift")
         self.role.add_to_policy(iam.PolicyStatement(
-            sid="ReadTheBaselineOnly", actions=["s3:GetObject"], resources=[bucket.arn_for_objects(BASELINE_KEY)]))
+            sid="ReadTheBaselineOnly", actions=["s3:GetObject"], resources=[bucket.arn_for_objects(PLAN_BASELINE_KEY)]))
         self.role.add_to_policy(iam.PolicyStatement(
             sid="ReadGatewayMetrics", actions=["cloudwatch:GetMetricData"], resources=["*"]))
         self.role.add_to_policy(iam.PolicyStatement(
@@ -112,7 +112,7 @@ class PlanDriftCheck(Construct):
             security_groups=[self.security_group],
             environment={
                 "FLEET": cfg.name, "REGION": region.region, "BUCKET": bucket.bucket_name,
-                "BASELINE_KEY": BASELINE_KEY, "TOPIC_ARN": topic.topic_arn, "THRESHOLD": str(check.threshold),
+                "BASELINE_KEY": PLAN_BASELINE_KEY, "TOPIC_ARN": topic.topic_arn, "THRESHOLD": str(check.threshold),
                 "WINDOW_DAYS": str(WINDOW_DAYS), "POOLS": json.dumps([p.name for p in region.pools]),
                 "CONSUMERS": json.dumps(consumers),
             },

@@ -8,10 +8,9 @@ from constructs import Construct
 
 from fleetcast.contract.capacity_hold import HELD_OUTPUT
 from fleetcast.config import EgressMode, FleetConfig, Region
-from fleetcast.connections.review import FLEET_TAG
+from fleetcast.contract.image import image_reference, image_tag, instance_image_id
+from fleetcast.contract.names import FLEET_TAG
 from fleetcast.contract.outputs import ProviderOutput
-from fleetcast.staging.image import image_tag
-from fleetcast.staging.readiness import image_reference, instance_image_id
 
 from . import feature_flags
 from .bootstrap import InstanceBootstrap
@@ -160,7 +159,7 @@ class ProviderStack(Stack):
         """The derived serving image in this region's repository, with either egress: the public release lacks
         the runtime's Python dependencies (boto3, ruamel.yaml; docker/Dockerfile), so it cannot run
         runtime.bootstrap. Until `fleetcast stage image` pins a digest, the tag it pushes (immutable in ECR);
-        `fleetcast stage status` checks this same reference (fleetcast/staging/readiness.py)."""
+        `fleetcast stage status` checks this same reference (fleetcast/contract/image.py)."""
         return image_reference(self.image_repository.repository.repository_uri, instance_image_id(cfg))
 
     def _instance_egress(self, cfg: FleetConfig) -> None:

@@ -7,10 +7,7 @@ from aws_cdk import aws_ecr as ecr
 from aws_cdk import aws_s3 as s3
 from constructs import Construct
 
-
-# Bucket layout shared with staging and the runtime.
-READ_ONLY_PREFIXES = ("models/", "calibration/")  # written by `fleetcast stage`, read by instances
-READ_WRITE_PREFIXES = ("engines/", "locks/", "failures/")  # engine cache, build locks, failure records
+from fleetcast.contract.bucket import LOCKS
 
 # A killed uploader (engine builder, `fleetcast stage`) leaves the parts of its multipart upload,
 # billed and invisible to listings, until the upload is aborted. No legitimate upload of the
@@ -79,7 +76,7 @@ class ModelStore(Construct):
                     abort_incomplete_multipart_upload_after=Duration.days(ABORT_INCOMPLETE_UPLOADS_DAYS),
                     expired_object_delete_marker=True,
                 ),
-                s3.LifecycleRule(prefix="locks/", expiration=Duration.days(7)),
+                s3.LifecycleRule(prefix=LOCKS, expiration=Duration.days(7)),
             ],
         )
 

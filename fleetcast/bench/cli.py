@@ -12,7 +12,10 @@ import argparse
 import os
 import sys
 
+from fleetcast.contract import bench as bench_defaults
+from fleetcast.contract.bucket import BENCH as BENCH_PREFIX
 from fleetcast.contract.errors import EXIT_INTERRUPTED, FleetcastError, UserError
+from fleetcast.contract.instance_env import Var
 
 DEFAULT_REQUESTS_PER_LEVEL = 100
 _LABEL_KEYS = ("instance_type", "gpu", "precision", "region", "backend", "model", "notes", "path", "consumer")
@@ -43,8 +46,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     stop.add_argument("--duration", type=float, default=None, help="seconds per run (stop issuing after)")
     stop.add_argument("--warmup", type=int, default=2, help="warm-up requests before the first run, not recorded")
     shape = run.add_argument_group("request shape")
-    shape.add_argument("--input-tokens", default="128", help="N, normal:MEAN,STD or buckets like 64:0.5,512:0.5")
-    shape.add_argument("--output-tokens", default="128", help="same syntax as --input-tokens")
+    shape.add_argument("--input-tokens", default=bench_defaults.INPUT_TOKENS, help="N, normal:MEAN,STD or buckets like 64:0.5,512:0.5")
+    shape.add_argument("--output-tokens", default=bench_defaults.OUTPUT_TOKENS, help="same syntax as --input-tokens")
     shape.add_argument("--tokenizer", help="local Hugging Face tokenizer dir for exact prompt lengths")
     shape.add_argument("--no-force-output", action="store_true",
                        help="do not send ignore_eos/min_tokens (for servers that reject them)")
@@ -81,7 +84,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
     collect = actions.add_parser("collect", help="download results uploaded by benchmark instances from S3")
     collect.add_argument("--bucket", required=True)
-    collect.add_argument("--prefix", default="bench/", help="key prefix")
+    collect.add_argument("--prefix", default=BENCH_PREFIX, help="key prefix")
     collect.add_argument("--out", required=True, help="local directory")
     add_aws_arguments(collect, region_help="bucket region (default: AWS_REGION / AWS_DEFAULT_REGION / the profile's)")
     collect.add_argument("--endpoint-url", help="S3 endpoint override (tests, S3-compatible stores)")
@@ -98,7 +101,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
     wheels = actions.add_parser(
         "probe-wheels", help="download the wheels the consumer-side bench probe carries (Linux x86_64, CPython 3.11)")
-    wheels.add_argument("--out", default="build/probe-wheels", help="wheelhouse directory (synth context bench_probe_wheels)")
+    wheels.add_argument("--out", default=bench_defaults.PROBE_WHEELS_DIR,
+                        help="wheelhouse directory (synth context bench_probe_wheels)")
     wheels.set_defaults(handler=_probe_wheels)
 
 
@@ -189,8 +193,8 @@ def _run(args: argparse.Namespace) -> int:
         if not sep or not name.strip():
             raise UserError(f"--header {h!r}: use NAME:VALUE")
         headers[name.strip()] = value.strip()
-    if os.environ.get("FLEETCAST_BENCH_API_KEY") and "Authorization" not in headers:
-        headers["Authorization"] = f"Bearer {os.environ['FLEETCAST_BENCH_API_KEY']}"
+    if os.environ.get(Var.BENCH_API_KEY) and "Authorization" not in headers:
+        headers["Authorization"] = f"Bearer {os.environ[Var.BENCH_API_KEY]}"
     config_hash = None
     if args.config:
         from fleetcast.config import load_config

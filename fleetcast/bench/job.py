@@ -6,7 +6,7 @@ It runs only where the launch template set FLEETCAST_BENCH_KEY (bench groups);
 elsewhere `main` returns at once. Inputs, all from the instance env file:
   FLEETCAST_BENCH_KEY          results object key, e.g. bench/RUN/REGION/g6e.xlarge/int8_wo.json
   FLEETCAST_BENCH_GROUP        this instance's Auto Scaling group (a literal name: no cycle)
-  FLEETCAST_BENCH_ENDPOINT     the server to measure (default http://127.0.0.1:8000)
+  FLEETCAST_BENCH_ENDPOINT     the server to measure (defaults: fleetcast/contract/bench.py)
   FLEETCAST_BENCH_CONCURRENCY  sweep, e.g. 1,2,4,8,16,32,64
   FLEETCAST_BENCH_REQUESTS     requests per level
   FLEETCAST_BENCH_INPUT_TOKENS / FLEETCAST_BENCH_OUTPUT_TOKENS  length specs
@@ -31,6 +31,9 @@ import time
 import urllib.request
 from pathlib import Path
 
+from fleetcast.contract import bench
+from fleetcast.contract.instance_env import Var
+
 log = logging.getLogger("fleetcast.bench_job")
 
 
@@ -50,13 +53,13 @@ def _wait_healthy(endpoint: str, timeout_s: float, poll_s: float = 10.0) -> bool
 def bench_argv(env: dict[str, str], out: Path, api_key: str | None = None) -> list[str]:
     """The `fleetcast bench run` command line this instance runs (in-process: the key never reaches a
     process list)."""
-    argv = ["bench", "run", "--endpoint", env.get("FLEETCAST_BENCH_ENDPOINT", "http://127.0.0.1:8000"),
-            "--concurrency", env.get("FLEETCAST_BENCH_CONCURRENCY", "1,2,4,8,16,32,64"),
-            "--requests-per-level", env.get("FLEETCAST_BENCH_REQUESTS", "200"),
-            "--input-tokens", env.get("FLEETCAST_BENCH_INPUT_TOKENS", "128"),
-            "--output-tokens", env.get("FLEETCAST_BENCH_OUTPUT_TOKENS", "128"),
+    argv = ["bench", "run", "--endpoint", env.get(Var.BENCH_ENDPOINT, bench.ENDPOINT),
+            "--concurrency", env.get(Var.BENCH_CONCURRENCY, bench.CONCURRENCY),
+            "--requests-per-level", env.get(Var.BENCH_REQUESTS, bench.REQUESTS_PER_LEVEL),
+            "--input-tokens", env.get(Var.BENCH_INPUT_TOKENS, bench.INPUT_TOKENS),
+            "--output-tokens", env.get(Var.BENCH_OUTPUT_TOKENS, bench.OUTPUT_TOKENS),
             "--rtt-probe", "--quiet", "--out", str(out)]
-    for pair in filter(None, env.get("FLEETCAST_BENCH_LABELS", "").split(",")):
+    for pair in filter(None, env.get(Var.BENCH_LABELS, "").split(",")):
         argv += ["--label", pair]
     if api_key:
         argv += ["--header", f"Authorization:Bearer {api_key}"]
@@ -74,27 +77,27 @@ def _api_key(secrets, name: str) -> str:
 
 
 def run(env: dict[str, str], *, s3=None, autoscaling=None, secrets=None, health_timeout_s: float = 7200.0) -> int:
-    key = env.get("FLEETCAST_BENCH_KEY")
+    key = env.get(Var.BENCH_KEY)
     if not key:
         return 0
     import boto3
 
-    region = env.get("FLEETCAST_REGION")
+    region = env.get(Var.REGION)
     s3 = s3 or boto3.client("s3", region_name=region)
     autoscaling = autoscaling or boto3.client("autoscaling", region_name=region)
-    bucket = env["FLEETCAST_BUCKET"]
-    group = env.get("FLEETCAST_BENCH_GROUP")
+    bucket = env[Var.BUCKET]
+    group = env.get(Var.BENCH_GROUP)
     rc = 1
     try:
-        endpoint = env.get("FLEETCAST_BENCH_ENDPOINT", "http://127.0.0.1:8000")
+        endpoint = env.get(Var.BENCH_ENDPOINT, bench.ENDPOINT)
         if not _wait_healthy(endpoint, health_timeout_s):
             raise RuntimeError(f"{endpoint}/health never answered 200 within {health_timeout_s:.0f} s")
         from fleetcast.bench.cli import main as fleetcast
 
         api_key = None
-        if env.get("FLEETCAST_BENCH_API_KEY_SECRET"):
+        if env.get(Var.BENCH_API_KEY_SECRET):
             secrets = secrets or boto3.client("secretsmanager", region_name=region)
-            api_key = _api_key(secrets, env["FLEETCAST_BENCH_API_KEY_SECRET"])
+            api_key = _api_key(secrets, env[Var.BENCH_API_KEY_SECRET])
         with tempfile.TemporaryDirectory() as tmp:
             out = Path(tmp) / "results.json"
             rc = fleetcast(bench_argv(env, out, api_key))
@@ -120,7 +123,7 @@ def run(env: dict[str, str], *, s3=None, autoscaling=None, secrets=None, health_
 
 
 def main() -> int:
-    logging.basicConfig(level=os.environ.get("FLEETCAST_LOG_LEVEL", "INFO"), stream=sys.stderr,
+    logging.basicConfig(level=os.environ.get(Var.LOG_LEVEL, "INFO"), stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     return run(dict(os.environ))
 

@@ -41,6 +41,7 @@ from fleetcast.bench.prompts import PromptFactory, calibrate_from_usage
 from fleetcast.bench.schema import (
     SCHEMA_REVISION, ClientInfo, Labels, Lengths, Load, RequestShape, Results, Run, SloSpec,
 )
+from fleetcast.contract import bench as bench_defaults
 from fleetcast.contract.errors import UserError
 
 _clock = time.perf_counter
@@ -121,8 +122,8 @@ class BenchOptions:
     endpoint: str
     api: str = "completions"
     model: str | None = None
-    input_tokens: IntDistribution = field(default_factory=lambda: parse_distribution("128", "--input-tokens"))
-    output_tokens: IntDistribution = field(default_factory=lambda: parse_distribution("128", "--output-tokens"))
+    input_tokens: IntDistribution = field(default_factory=lambda: parse_distribution(bench_defaults.INPUT_TOKENS, "--input-tokens"))
+    output_tokens: IntDistribution = field(default_factory=lambda: parse_distribution(bench_defaults.OUTPUT_TOKENS, "--output-tokens"))
     levels: list[Level] = field(default_factory=list)
     requests_per_level: int | None = 100
     duration_s: float | None = None

@@ -18,6 +18,7 @@ from typing import Any
 from ruamel.yaml import YAML
 
 from fleetcast.contract import support
+from fleetcast.contract.instance_env import Var
 
 from .model import Backend, KvCacheDtype, ModelFamily, Precision
 
@@ -65,14 +66,14 @@ def _read_yaml(path: Path) -> dict[str, Any]:
         return YAML(typ="safe").load(handle) or {}
 
 
-def _table(name: str, env: str | None = None) -> dict[str, Any]:
+def _table(name: str, env: Var | None = None) -> dict[str, Any]:
     override = os.environ.get(env) if env else None
     return _read_yaml(Path(override) if override else DATA_DIR / name)
 
 
 @lru_cache(maxsize=None)
 def instance_catalog() -> dict[str, InstanceType]:
-    raw = _table("instances.yaml", "FLEETCAST_INSTANCES")
+    raw = _table("instances.yaml", Var.INSTANCES)
     gpus = {name: Gpu(name=name, **spec) for name, spec in raw["gpus"].items()}
     return {
         name: InstanceType(
@@ -91,7 +92,7 @@ def gpu_by_name(name: str) -> Gpu:
     for instance in instance_catalog().values():
         if instance.gpu.name == name:
             return instance.gpu
-    raw = _table("instances.yaml", "FLEETCAST_INSTANCES")
+    raw = _table("instances.yaml", Var.INSTANCES)
     if name in raw["gpus"]:
         return Gpu(name=name, **raw["gpus"][name])
     raise KeyError(name)
@@ -99,17 +100,17 @@ def gpu_by_name(name: str) -> Gpu:
 
 @lru_cache(maxsize=None)
 def availability() -> dict[str, frozenset[str]]:
-    raw = _table("availability.yaml", "FLEETCAST_AVAILABILITY")
+    raw = _table("availability.yaml", Var.AVAILABILITY)
     return {family: frozenset(regions) for family, regions in raw["families"].items()}
 
 
 def availability_as_of() -> str:
-    return str(_table("availability.yaml", "FLEETCAST_AVAILABILITY").get("as_of", "unknown"))
+    return str(_table("availability.yaml", Var.AVAILABILITY).get("as_of", "unknown"))
 
 
 @lru_cache(maxsize=None)
 def privatelink_cross_region() -> frozenset[str]:
-    return frozenset(_table("privatelink_regions.yaml", "FLEETCAST_PRIVATELINK_REGIONS")["regions"])
+    return frozenset(_table("privatelink_regions.yaml", Var.PRIVATELINK_REGIONS)["regions"])
 
 
 def cross_region_supported(consumer_region: str, service_region: str) -> bool:

@@ -22,6 +22,7 @@ from ruamel.yaml.constructor import ConstructorError, RoundTripConstructor
 from ruamel.yaml.error import MarkedYAMLError, YAMLError
 
 from fleetcast.contract.errors import UserError
+from fleetcast.contract.instance_env import PREFIX as ENV_PREFIX
 
 from .model import FleetConfig
 from .parameter import decode_parameter
@@ -405,7 +406,7 @@ def load_config(path: str | Path) -> FleetConfig:
         raw = Path(path).read_bytes()
     except OSError:
         raw = None  # read_document names the problem
-    key = (str(path), raw, tuple(sorted((k, v) for k, v in os.environ.items() if k.startswith("FLEETCAST_"))))
+    key = (str(path), raw, tuple(sorted((k, v) for k, v in os.environ.items() if k.startswith(ENV_PREFIX))))
     if raw is not None and key in _validated:
         return _validated[key]
     data, lines = read_document(path, raw)

@@ -1,13 +1,14 @@
 """Review, approve and reject PrivateLink endpoint connections to the fleet's services.
 
-`policy` says which accounts the config allows per region (shared with the
+fleetcast.contract.connections says which accounts the config allows per region (shared with the
 auto-approver Lambda's deployment), `aws` makes the calls, `review` decides,
 `audit` records each decision. The CLI is scripts/connections_cmd.py.
 """
 
+from fleetcast.contract.connections import account_of, allowed_accounts
+
 from .audit import AuditLog, AuditRecord
 from .aws import Access, AwsCallError, PermissionDenied, iam_action
-from .policy import account_of, allowed_accounts
 from .review import FLEET_TAG, SERVICE_ID_OUTPUT, Connection, Reviewer, ServiceRef
 
 __all__ = [

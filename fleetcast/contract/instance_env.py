@@ -1,8 +1,11 @@
-"""The instance environment: every `FLEETCAST_*` variable a Fleetcast process reads, in one table.
+"""The instance environment: every `FLEETCAST_*` variable a Fleetcast process reads, in one table, and
+every runtime setting's type and product default (`SETTINGS`).
 
 The stacks render the serving host's variables (`HostEnv.render`) into /etc/fleetcast/env; the runtime
 parses the same names back (`check_names` first, so a misspelt or stale variable is an error at boot that
-names it, rather than a setting silently left at its default).
+names it, rather than a setting silently left at its default). A setting's default is stated here once:
+the bootstrap reads it (`setting`), and the serve settings, the engine cache and the gateway's command
+line take their defaults from `default`, so the hops from env file to gateway flag cannot disagree.
 """
 
 from __future__ import annotations
@@ -10,11 +13,14 @@ from __future__ import annotations
 import difflib
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
+from typing import Any
 from enum import StrEnum
 
 from .errors import UserError
 
 PREFIX = "FLEETCAST_"
+# The here-document delimiter user data writes the env file with (runtime/userdata.py); no variable's name.
+ENV_FILE_DELIMITER = "FLEETCAST_ENV"
 
 
 class Var(StrEnum):
@@ -123,3 +129,74 @@ class HostEnv:
 
 _VAR_OF = {f.name: Var[f.name.upper()] for f in fields(HostEnv)}
 HOST_REQUIRED = tuple(_VAR_OF[f.name].value for f in fields(HostEnv))
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One runtime setting: its type, its product default, and whether it must be > 0."""
+
+    kind: type  # float, int or str; numbers parse as float first ("5.0" is 5 restarts)
+    default: Any  # None: unset has a meaning of its own (PORT: the config's engine.port)
+    positive: bool = False
+
+
+SETTINGS: dict[Var, Setting] = {
+    Var.LOG_LEVEL: Setting(str, "INFO"),
+    Var.LOCAL_ROOT: Setting(str, "/var/lib/fleetcast"),
+    Var.IMDS_ENDPOINT: Setting(str, "http://169.254.169.254"),
+    Var.PORT: Setting(int, None),
+    Var.LISTEN_HOST: Setting(str, "0.0.0.0"),
+    Var.GATEWAY: Setting(str, "on"),  # "off": the model server takes the NLB port itself (development)
+    Var.GATEWAY_PROXY_PROTOCOL: Setting(str, "required"),  # "off" only behind no NLB (development)
+    # How often the gateway re-reads endpoints, API keys and consumers (docs/gateway.md).
+    Var.GATEWAY_REFRESH_S: Setting(float, 60.0, positive=True),
+    # A response whose model server sent nothing for this long is aborted (runtime/serve.py).
+    Var.UPSTREAM_IDLE_S: Setting(float, 120.0, positive=True),
+    Var.GAUGES_S: Setting(float, 30.0),
+    # The engine cache (runtime/engine_cache.py CacheSettings).
+    Var.LOCK_TTL_S: Setting(float, 300.0),  # a lock not refreshed for this long is stale
+    Var.LOCK_REFRESH_S: Setting(float, 60.0),
+    Var.WAIT_TIMEOUT_S: Setting(float, 3 * 3600.0),  # how long a waiter waits for another builder
+    Var.POLL_S: Setting(float, 10.0),
+    Var.S3_RETRY_DEADLINE_S: Setting(float, 300.0),
+    Var.S3_BACKOFF_S: Setting(float, 0.5),
+    Var.S3_STALL_S: Setting(float, 30.0),  # no byte for this long on one S3 connection is a stall
+    Var.STAGING_WAIT_S: Setting(float, 1800.0),
+    Var.READY_TIMEOUT_S: Setting(float, 0.0),  # 0: the config's
+    Var.TERMINATE_POLL_S: Setting(float, 5.0),
+    Var.MAX_RESTARTS: Setting(int, 5),
+    Var.RESTART_BACKOFF_S: Setting(float, 1.0),
+    Var.LIVENESS_INTERVAL_S: Setting(float, 10.0, positive=True),
+    Var.LIVENESS_TIMEOUT_S: Setting(float, 5.0, positive=True),
+    Var.LIVENESS_FAILURES: Setting(int, 3, positive=True),
+    Var.REPLACE_WAIT_S: Setting(float, 300.0, positive=True),
+    Var.BUILD_STEP_TIMEOUT_S: Setting(float, 7200.0),
+    Var.TRTLLM_EXAMPLES: Setting(str, "/app/tensorrt_llm/examples"),  # where the release image keeps them
+    Var.SERVING_BACKEND: Setting(str, "tensorrt-llm"),
+    Var.REFERENCE_SIZE: Setting(str, "tiny"),
+    Var.REFERENCE_SEED: Setting(int, 0),
+    Var.REFERENCE_DEVICE: Setting(str, "cpu"),
+}
+
+
+def default(var: Var) -> Any:
+    """The product default of one setting."""
+    return SETTINGS[var].default
+
+
+def setting(environ: Mapping[str, str], var: Var) -> Any:
+    """One setting's value from `environ`, typed; its default when unset (or empty, for numbers).
+    A value of the wrong type or sign is a UserError naming the variable."""
+    spec = SETTINGS[var]
+    raw = environ.get(var.value)
+    if spec.kind is str:
+        return spec.default if raw is None else raw
+    if raw in (None, ""):
+        return spec.default
+    try:
+        value = float(raw)
+    except ValueError:
+        raise UserError(f"{var.value}: {raw!r} is not a number") from None
+    if spec.positive and not value > 0:
+        raise UserError(f"{var.value}: {raw!r} must be a number > 0")
+    return int(value) if spec.kind is int else value

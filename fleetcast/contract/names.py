@@ -33,6 +33,9 @@ class FleetConfig(Protocol):
     def consumers(self) -> Sequence[Consumer]: ...
     def digest(self) -> str: ...
 
+# The tag through which the provider stack makes its endpoint service findable (`fleetcast connections`).
+FLEET_TAG = "fleetcast:fleet"
+
 
 def provider_stack_name(fleet: str, region: str) -> str:
     return f"{fleet}-provider-{region}"

@@ -31,9 +31,6 @@ from pathlib import Path
 from typing import Any
 
 SCHEMA = "fleetcast.plan-baseline/v1"
-# Where the baseline is staged in each provider region's model bucket (`fleetcast stage plan-baseline`),
-# read by the scheduled drift check (stacks/plan_drift.py).
-BASELINE_KEY = "plan/baseline.json"
 DEFAULT_THRESHOLD = 0.2
 
 

@@ -14,22 +14,14 @@ Either way the pushed digest is read back from ECR and pinned in the config
 from __future__ import annotations
 
 import base64
-import hashlib
 import subprocess
 import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from fleetcast.config import FleetConfig
 from fleetcast.contract.errors import UserError
-
-DOCKERFILE = "docker/Dockerfile"
-REPO_ROOT = Path(__file__).resolve().parents[2]
-# What the derived image is built from. Its digest is part of the tag: ECR tags are immutable
-# and staging skips a tag already there, so a changed recipe (say, one more vendored package)
-# must get a new tag, or it would never reach a region that staged the old one.
-DERIVED_RECIPE = (DOCKERFILE, "runtime/vendor.py")
+from fleetcast.contract.image import DOCKERFILE, image_tag
 
 
 @dataclass(frozen=True)
@@ -45,24 +37,6 @@ class ImageTarget:
     @property
     def repository_name(self) -> str:
         return self.repository_uri.split("/", 1)[1]
-
-
-def derived_recipe_digest(root: Path = REPO_ROOT) -> str:
-    digest = hashlib.sha256()
-    for rel in DERIVED_RECIPE:
-        try:
-            content = (root / rel).read_bytes()
-        except OSError as exc:
-            raise UserError(f"{rel}: cannot read the derived image's recipe ({exc.strerror}); run from a Fleetcast "
-                            "checkout, or stage with --plain") from None
-        digest.update(rel.encode() + b"\0" + content + b"\0")
-    return digest.hexdigest()[:10]
-
-
-def image_tag(cfg: FleetConfig, derived: bool, root: Path = REPO_ROOT) -> str:
-    """`<release tag>` mirrored plain; `<release tag>-fleetcast-<recipe digest>` derived."""
-    upstream_tag = cfg.engine.image.rsplit(":", 1)[-1]
-    return f"{upstream_tag}-fleetcast-{derived_recipe_digest(root)}" if derived else upstream_tag
 
 
 LOCAL_NAME = "fleetcast-serving"

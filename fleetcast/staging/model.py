@@ -16,11 +16,15 @@ from pathlib import Path
 from typing import Any, Callable
 
 from fleetcast.config import FleetConfig
+from fleetcast.contract import selection
+from fleetcast.contract.bucket import calibration_prefix, model_prefix
+from fleetcast.contract.calibration import FORMAT as CALIBRATION_FORMAT
 from fleetcast.contract.errors import UserError
+from fleetcast.contract.manifest import Manifest, build_manifest
 
-from . import selection
-from .manifest import Manifest, build_manifest, calibration_prefix, human_bytes, model_prefix
-from .transfer import DEFAULT_PART_SIZE, TransferReport, TreeUploader, copy_prefix, read_manifest, verify_prefix
+from .transfer import (
+    DEFAULT_PART_SIZE, TransferReport, TreeUploader, copy_prefix, human_bytes, read_manifest, verify_prefix,
+)
 
 ClientFactory = Callable[[str, str], Any]  # (service, region) -> boto3 client
 
@@ -169,6 +173,6 @@ def stage_calibration(name: str, directory: Path, buckets: dict[str, str], clien
     with tempfile.TemporaryDirectory(prefix="fleetcast-calibration-") as tmp:
         calibration.write_layout(rows, Path(tmp))
         manifest = build_manifest(Path(tmp), kind="calibration", name=name, revision="1", source=str(directory),
-                                  extra={"format": calibration.FORMAT, "rows": len(rows)})
+                                  extra={"format": CALIBRATION_FORMAT, "rows": len(rows)})
         return stage_tree(Path(tmp), manifest, calibration_prefix(name), buckets, clients,
                           part_size=part_size, progress=progress, log=log)

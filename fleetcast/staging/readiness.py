@@ -12,28 +12,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from fleetcast.contract.capacity_hold import HELD_OUTPUT
 from fleetcast.config import FleetConfig
+from fleetcast.contract.bucket import model_prefix
+from fleetcast.contract.capacity_hold import HELD_OUTPUT
+from fleetcast.contract.image import image_reference, instance_image_id
 from fleetcast.contract.outputs import ProviderOutput, require_output
 
-from .image import image_tag
-from .manifest import model_prefix
 from .transfer import read_manifest, verify_prefix
-
-
-def instance_image_id(cfg: FleetConfig) -> dict[str, str]:
-    """How instances name their image in the region repository: by the pinned digest once `fleetcast stage
-    image` wrote one, by the derived image's immutable tag before that (ECR `ImageIdentifier`)."""
-    if cfg.engine.image_digest:
-        return {"imageDigest": cfg.engine.image_digest}
-    return {"imageTag": image_tag(cfg, derived=True)}
-
-
-def image_reference(repository_uri: str, image_id: dict[str, str]) -> str:
-    """`<repo>@<digest>` or `<repo>:<tag>`, as docker pulls it."""
-    if "imageDigest" in image_id:
-        return f"{repository_uri}@{image_id['imageDigest']}"
-    return f"{repository_uri}:{image_id['imageTag']}"
 
 
 def provider_outputs(cfn: Any, stack: str) -> dict[str, str] | None:

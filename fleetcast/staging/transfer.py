@@ -17,10 +17,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from .manifest import MANIFEST_NAME, Manifest, human_bytes
+from fleetcast.contract.manifest import MANIFEST_NAME, Manifest
 
 DEFAULT_PART_SIZE = 64 * 1024 * 1024
 SHA_META = "sha256"  # x-amz-meta-sha256: the whole-object digest, checked before skipping
+
+
+def human_bytes(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if n < 1024 or unit == "TiB":
+            return f"{n:.1f} {unit}" if unit != "B" else f"{int(n)} B"
+        n /= 1024
+    return f"{n:.1f} TiB"
 
 
 @dataclass

@@ -24,6 +24,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from fleetcast.contract.instance_env import PREFIX, Var
+
 from fleetcast.contract import telemetry
 from fleetcast.config import FleetConfig, config_from_json, load_config
 
@@ -238,7 +240,7 @@ class LocalAws:
 
     def runtime_env(self, imds: FakeImds, cfg: FleetConfig, local_root: Path, port: int, pool: str | None = None,
                     **extra: str) -> dict[str, str]:
-        env = {k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "FLEETCAST_"))}
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("AWS_", PREFIX))}
         pool_name = pool or cfg.region(self.region).pools[0].name
         env.update({
             "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": self.region,
@@ -246,15 +248,15 @@ class LocalAws:
             "AWS_ENDPOINT_URL_S3": self.moto_url, "AWS_ENDPOINT_URL_SSM": self.moto_url,
             "AWS_ENDPOINT_URL_SECRETS_MANAGER": self.moto_url,
             "AWS_ENDPOINT_URL_AUTO_SCALING": self.asg.url, "AWS_ENDPOINT_URL_EC2": self.ec2.url,
-            "FLEETCAST_FLEET": cfg.name, "FLEETCAST_REGION": self.region, "FLEETCAST_POOL": pool_name,
-            "FLEETCAST_BUCKET": self.bucket, "FLEETCAST_CONFIG_PARAM": self.param,
-            "FLEETCAST_CONFIG_DIGEST": cfg.instance_digest(self.region, pool_name), "FLEETCAST_IMAGE": "local/reference",
-            "FLEETCAST_LOG_GROUP": "/fleetcast/dev",
-            "FLEETCAST_IMDS_ENDPOINT": imds.url, "FLEETCAST_LOCAL_ROOT": str(local_root),
-            "FLEETCAST_PORT": str(port), "FLEETCAST_LISTEN_HOST": "127.0.0.1",
-            "FLEETCAST_SERVING_BACKEND": "reference", "FLEETCAST_REFERENCE_SIZE": "tiny",
-            "FLEETCAST_POLL_S": "0.5", "FLEETCAST_TERMINATE_POLL_S": "0.5",
-            "FLEETCAST_S3_RETRY_DEADLINE_S": "20", "FLEETCAST_READY_TIMEOUT_S": "120",
+            Var.FLEET.value: cfg.name, Var.REGION.value: self.region, Var.POOL.value: pool_name,
+            Var.BUCKET.value: self.bucket, Var.CONFIG_PARAM.value: self.param,
+            Var.CONFIG_DIGEST.value: cfg.instance_digest(self.region, pool_name), Var.IMAGE.value: "local/reference",
+            Var.LOG_GROUP.value: "/fleetcast/dev",
+            Var.IMDS_ENDPOINT.value: imds.url, Var.LOCAL_ROOT.value: str(local_root),
+            Var.PORT.value: str(port), Var.LISTEN_HOST.value: "127.0.0.1",
+            Var.SERVING_BACKEND.value: "reference", Var.REFERENCE_SIZE.value: "tiny",
+            Var.POLL_S.value: "0.5", Var.TERMINATE_POLL_S.value: "0.5",
+            Var.S3_RETRY_DEADLINE_S.value: "20", Var.READY_TIMEOUT_S.value: "120",
             "PYTHONUNBUFFERED": "1",
         })
         env.update(extra)

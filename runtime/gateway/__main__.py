@@ -24,6 +24,8 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
+from fleetcast.contract.instance_env import Var, default
+
 from .http import BODY_TIMEOUT_S
 from .identity import log
 
@@ -65,22 +67,24 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--upstream", type=_hostport, required=True,
                    help="HOST:PORT of the local model server; with several engine processes, the first one's "
                         "(the others follow on the next ports in the pool's `serves` order)")
-    p.add_argument("--config-json", help="validated fleet config as JSON (else $FLEETCAST_CONFIG_PARAM in SSM)")
+    p.add_argument("--config-json", help=f"validated fleet config as JSON (else ${Var.CONFIG_PARAM.value} in SSM)")
     p.add_argument("--region", required=True, help="this provider region")
     p.add_argument("--pool", required=True, help="this instance's pool (metric dimension)")
-    p.add_argument("--service-id", default=os.environ.get("FLEETCAST_ENDPOINT_SERVICE_ID"),
+    p.add_argument("--service-id", default=os.environ.get(Var.ENDPOINT_SERVICE_ID),
                    help="VPC endpoint service id (vpce-svc-...) to filter connections by "
-                        "(default $FLEETCAST_ENDPOINT_SERVICE_ID; without it every connection in the account counts)")
-    p.add_argument("--proxy-protocol", choices=("required", "off"), default="required",
+                        f"(default ${Var.ENDPOINT_SERVICE_ID.value}; "
+                        "without it every connection in the account counts)")
+    p.add_argument("--proxy-protocol", choices=("required", "off"), default=default(Var.GATEWAY_PROXY_PROTOCOL),
                    help="required behind the NLB (default); off only for local tests without an NLB")
-    p.add_argument("--refresh-s", type=_positive, default=60.0,
-                   help="period of the endpoint, API key and consumer-config refresh in seconds (default 60)")
+    p.add_argument("--refresh-s", type=_positive, default=default(Var.GATEWAY_REFRESH_S),
+                   help="period of the endpoint, API key and consumer-config refresh in seconds "
+                        f"(default {default(Var.GATEWAY_REFRESH_S):g})")
     p.add_argument("--body-timeout-s", type=_positive, default=BODY_TIMEOUT_S,
                    help="a request body must arrive whole within this many seconds, else 408 and the connection "
                         f"is closed (default {BODY_TIMEOUT_S:g}); no concurrency slot is held meanwhile")
-    p.add_argument("--upstream-idle-s", type=_positive, default=120.0,
-                   help="abort a response whose model server sent nothing for this many seconds (default 120; "
-                        "the runtime passes FLEETCAST_UPSTREAM_IDLE_S)")
+    p.add_argument("--upstream-idle-s", type=_positive, default=default(Var.UPSTREAM_IDLE_S),
+                   help="abort a response whose model server sent nothing for this many seconds "
+                        f"(default {default(Var.UPSTREAM_IDLE_S):g}; the runtime passes {Var.UPSTREAM_IDLE_S.value})")
     p.add_argument("--drain-deadline-file",
                    help="where the runtime writes a Spot interruption's drain deadline before SIGTERM (runtime/spot.py); "
                         "the drain then ends by it and its outcome is written next to it")
@@ -102,16 +106,16 @@ def build_parser() -> argparse.ArgumentParser:
 def config_source(args: argparse.Namespace) -> tuple[str, Callable[[], str]]:
     """Where the live config is re-read from: the SSM parameter when set (what the stack
     updates on deploy), else the --config-json file."""
-    if os.environ.get("FLEETCAST_CONFIG_PARAM"):
+    if os.environ.get(Var.CONFIG_PARAM):
         import boto3
 
-        name = os.environ["FLEETCAST_CONFIG_PARAM"]
+        name = os.environ[Var.CONFIG_PARAM]
         ssm = boto3.client("ssm", region_name=args.region)
         return f"ssm:{name}", lambda: ssm.get_parameter(Name=name, WithDecryption=True)["Parameter"]["Value"]
     if args.config_json:
         path = args.config_json
         return f"file:{path}", lambda: Path(path).read_text()
-    raise SystemExit("gateway: give --config-json FILE or set FLEETCAST_CONFIG_PARAM")
+    raise SystemExit(f"gateway: give --config-json FILE or set {Var.CONFIG_PARAM.value}")
 
 
 def _load_config(args: argparse.Namespace):

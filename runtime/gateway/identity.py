@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterable
 
 from fleetcast.config.model import Consumer
+from fleetcast.contract.instance_env import Var, default
 
 from . import ppv2
 
@@ -51,7 +52,8 @@ class EndpointDirectory:
     Stubber stands in for AWS in tests.
     """
 
-    def __init__(self, ec2: Any, service_id: str | None, refresh_s: float = 60.0, miss_refresh_s: float = 10.0):
+    def __init__(self, ec2: Any, service_id: str | None, refresh_s: float = default(Var.GATEWAY_REFRESH_S),
+                 miss_refresh_s: float = 10.0):
         self._ec2 = ec2
         self._service_id = service_id
         self.refresh_s = refresh_s
@@ -138,7 +140,8 @@ class ApiKeyStore:
 
     STAGES = ("AWSCURRENT", "AWSPREVIOUS")
 
-    def __init__(self, secrets: Any, secret_names: dict[str, str], refresh_s: float = 60.0):
+    def __init__(self, secrets: Any, secret_names: dict[str, str],
+                 refresh_s: float = default(Var.GATEWAY_REFRESH_S)):
         self._secrets = secrets
         self.secret_names = dict(secret_names)
         self.refresh_s = refresh_s

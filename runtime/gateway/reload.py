@@ -15,6 +15,7 @@ import asyncio
 from collections.abc import Awaitable, Callable
 
 from fleetcast.config import ConfigError, Consumer, FleetConfig, config_from_json
+from fleetcast.contract.instance_env import Var, default
 
 from .identity import log
 
@@ -25,7 +26,7 @@ class ConfigRefresher:
     """Polls `read()` (the SSM parameter on an instance) and hands changed consumers to `apply`."""
 
     def __init__(self, read: Callable[[], str], source: str, boot: FleetConfig, region: str, pool: str, apply: Apply,
-                 refresh_s: float = 60.0):
+                 refresh_s: float = default(Var.GATEWAY_REFRESH_S)):
         self._read = read
         self.source = source
         self.region = region

@@ -26,9 +26,9 @@ UNIT = "fleetcast-probe.service"
 
 def render_probe_user_data(env: Mapping[str, str]) -> str:
     """Bash user data for the probe's launch template; `env` becomes /etc/fleetcast/env."""
-    bundle = str(env.get("FLEETCAST_PROBE_BUNDLE", ""))
+    bundle = str(env.get(Var.PROBE_BUNDLE, ""))
     if not (bundle.startswith("s3://") or "${Token[" in bundle):
-        raise ValueError("FLEETCAST_PROBE_BUNDLE must be an s3:// URI of the probe bundle zip")
+        raise ValueError(f"{Var.PROBE_BUNDLE.value} must be an s3:// URI of the probe bundle zip")
     return f"""#!/bin/bash
 # Fleetcast PrivateLink bench probe bootstrap (consumer side).
 set -euo pipefail

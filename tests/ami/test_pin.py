@@ -23,7 +23,8 @@ import boto3
 import pytest
 from botocore.stub import Stubber
 
-from fleetcast.ami import DLAMI_NAME, DLAMI_SSM_PARAMETER, pin
+from fleetcast.ami import pin
+from fleetcast.contract.ami import DLAMI_NAME, DLAMI_SSM_PARAMETER
 from fleetcast.config import load_config
 from fleetcast.aws_session import AwsSession
 from scripts import cli

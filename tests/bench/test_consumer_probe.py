@@ -13,7 +13,8 @@ import pytest
 from aws_cdk import App, Environment
 from aws_cdk.assertions import Template
 
-from fleetcast.bench.probe_wheels import check_wheelhouse, download_argv
+from fleetcast.bench.probe_wheels import download_argv
+from fleetcast.contract.probe_wheels import check_wheelhouse
 from fleetcast.config import load_config
 from fleetcast.contract.errors import UserError
 from runtime.probe.userdata import render_probe_user_data

@@ -16,7 +16,7 @@ from pathlib import Path
 import boto3
 import pytest
 
-from fleetcast.bench.probe_wheels import check_wheelhouse
+from fleetcast.contract.probe_wheels import check_wheelhouse
 from fleetcast.bench.schema import load_results
 from stacks.consumer_probe import _stage_probe_bundle
 

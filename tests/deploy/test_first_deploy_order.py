@@ -24,7 +24,8 @@ from fleetcast.contract.names import provider_stack_name
 from fleetcast.deploy import execute, plan
 from fleetcast.contract.errors import UserError
 from fleetcast.staging.image import image_tag
-from fleetcast.staging.manifest import build_manifest, model_prefix
+from fleetcast.contract.bucket import model_prefix
+from fleetcast.contract.manifest import build_manifest
 from fleetcast.staging.transfer import TreeUploader
 
 CONFIG = Path(__file__).resolve().parents[2] / "config" / "fleet.yaml"

@@ -4,7 +4,8 @@ import time
 
 import pytest
 
-from fleetcast.staging.manifest import MANIFEST_NAME, build_manifest, model_prefix
+from fleetcast.contract.bucket import model_prefix
+from fleetcast.contract.manifest import MANIFEST_NAME, build_manifest
 from runtime.engine_cache import CacheSettings, RetryingS3
 from runtime.staged import StagingMissing, calibration_key_prefix, fetch_staged
 from tests.runtime.cache_worker import client

@@ -8,7 +8,7 @@ from functools import lru_cache
 from pathlib import Path
 
 from fleetcast.contract import telemetry
-from stacks.plan_drift import BASELINE_KEY
+from fleetcast.contract.bucket import PLAN_BASELINE_KEY
 
 from .synthesized import default_doc, default_fleet, synthesize
 from tests.cfn_lint import assert_lint_clean
@@ -39,7 +39,7 @@ def test_on_each_region_runs_it_on_the_schedule_inside_the_vpc():
         [fn] = _drift_functions(fleet, stack)
         props = fn["Properties"]
         env = props["Environment"]["Variables"]
-        assert env["BASELINE_KEY"] == BASELINE_KEY and env["THRESHOLD"] == "0.25"
+        assert env["BASELINE_KEY"] == PLAN_BASELINE_KEY and env["THRESHOLD"] == "0.25"
         assert props["VpcConfig"]["SubnetIds"] and props["VpcConfig"]["SecurityGroupIds"]
         rules = [r["Properties"] for r in fleet.resources(stack, "AWS::Events::Rule").values()
                  if r["Properties"].get("ScheduleExpression")]
@@ -62,7 +62,7 @@ def test_its_role_reads_one_object_and_writes_only_the_fleetcast_namespace():
                     if {"Ref": role_id} in p["Properties"]["Roles"]]
         statements = {s["Sid"]: s for p in policies for s in p["PolicyDocument"]["Statement"]}
         assert statements["ReadTheBaselineOnly"]["Action"] == "s3:GetObject"
-        assert BASELINE_KEY in str(statements["ReadTheBaselineOnly"]["Resource"])
+        assert PLAN_BASELINE_KEY in str(statements["ReadTheBaselineOnly"]["Resource"])
         assert statements["PublishPlanDrift"]["Condition"] == {
             "StringEquals": {"cloudwatch:namespace": telemetry.NAMESPACE}}
         assert not fleet.template_json(stack)["Resources"][role_id]["Properties"].get("ManagedPolicyArns")

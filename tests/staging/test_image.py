@@ -143,7 +143,7 @@ def test_derived_tag_changes_with_the_recipe(cfg, tmp_path):
     import re
     import shutil
 
-    from fleetcast.staging.image import DERIVED_RECIPE, REPO_ROOT, image_tag
+    from fleetcast.contract.image import DERIVED_RECIPE, REPO_ROOT, image_tag
     assert re.fullmatch(r"1\.2\.1-fleetcast-[0-9a-f]{10}", image_tag(cfg, derived=True))
     assert image_tag(cfg, derived=False) == "1.2.1"
     for rel in DERIVED_RECIPE:

@@ -5,7 +5,8 @@ from pathlib import Path
 
 import pytest
 
-from fleetcast.staging.manifest import Manifest, build_manifest, model_prefix, verify_tree
+from fleetcast.contract.bucket import model_prefix
+from fleetcast.contract.manifest import Manifest, build_manifest, verify_tree
 from fleetcast.staging.transfer import TreeUploader, copy_prefix, read_manifest, verify_prefix
 
 MIB = 1024 * 1024

@@ -19,7 +19,7 @@ import boto3
 from ruamel.yaml import YAML
 
 from fleetcast.contract import telemetry as t
-from fleetcast.plan.drift import BASELINE_KEY
+from fleetcast.contract.bucket import PLAN_BASELINE_KEY
 from scripts import cli, traffic_cmd
 from tests.conftest import reset_moto
 from tests.gateway.conftest import ANALYTICS_VPCE, REGION, VOICE_VPCE, fleet_config, start_harness, stop_harness
@@ -152,7 +152,7 @@ def test_the_loop_replans_from_production_and_flags_doubled_and_batch_traffic(aw
         Bucket="fleet-models", CreateBucketConfiguration={"LocationConstraint": REGION})
     rc, out = fleetcast("stage", "plan-baseline", "--config", str(config), "--bucket", f"{REGION}=fleet-models")
     assert rc == 0, out
-    staged = boto3.client("s3", region_name=REGION).get_object(Bucket="fleet-models", Key=BASELINE_KEY)["Body"].read()
+    staged = boto3.client("s3", region_name=REGION).get_object(Bucket="fleet-models", Key=PLAN_BASELINE_KEY)["Body"].read()
     assert json.loads(staged) == json.loads((tmp_path / "fleet.plan-baseline.json").read_text())
 
     rc, out = fleetcast("config", "diff", str(original), str(config))

@@ -4,7 +4,7 @@ Subscribed to the region's connection-notification topic. A notification only
 says that something happened; what to do is decided from EC2's own answer:
 every pending request to this service is read with DescribeVpcEndpointConnections,
 requests from the accounts the config allows (ALLOWED_ACCOUNTS, computed at
-synth by fleetcast.connections.policy) are accepted, and the rest are left
+synth by fleetcast.contract.connections) are accepted, and the rest are left
 pending and reported to the topic for a person to review with
 `fleetcast connections`. Nothing is ever rejected here.
 

@@ -6,13 +6,32 @@ role or a user). The endpoint service's own permissions come from the same
 list, so a request from any other account means the service was opened outside
 the config, or the config has since dropped the account: either way a person
 decides, never a default.
+
+The config is described by the attributes read here (fleetcast.config's models have them).
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
+from typing import Protocol
 
-from fleetcast.config import FleetConfig
+
+class _Consumer(Protocol):
+    @property
+    def account(self) -> str: ...
+    @property
+    def vpc_id(self) -> str: ...
+
+
+class _Region(Protocol):
+    @property
+    def allowed_principals(self) -> Sequence[str]: ...
+
+
+class FleetConfig(Protocol):
+    def region(self, name: str) -> _Region: ...
+    def consumers_of(self, region: str) -> Sequence[_Consumer]: ...
 
 _PRINCIPAL_ACCOUNT = re.compile(r"^arn:aws[a-z-]*:iam::(\d{12}):")
 ACCOUNT_ID = re.compile(r"^\d{12}$")

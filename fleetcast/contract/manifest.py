@@ -1,16 +1,15 @@
-"""Manifests of staged artifacts: what files a prefix must hold, their sizes and sha256.
+"""The staged manifest format: what files a bucket prefix must hold, their sizes and sha256.
 
 A manifest is written LAST, after every file it names is in the bucket, so a
 reader that finds a manifest finds a complete artifact; a reader verifies each
-file against it before use. The runtime uses the same module (no CDK, no AWS
-imports here).
+file against it before use. `fleetcast stage` writes it, the runtime's engine
+cache writes and reads it (where prefixes are: fleetcast/contract/bucket.py).
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -95,24 +94,3 @@ def verify_tree(root: Path, manifest: Manifest) -> list[str]:
         elif sha256_file(path) != f.sha256:
             problems.append(f"{f.path}: sha256 mismatch")
     return problems
-
-
-def model_prefix(model_id: str, revision: str) -> str:
-    """Where a model's files live in a region bucket; the revision pins the content."""
-    return f"models/{model_id}/{revision}/"
-
-
-def calibration_prefix(name: str) -> str:
-    return f"calibration/{name}/"
-
-
-def human_bytes(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if n < 1024 or unit == "TiB":
-            return f"{n:.1f} {unit}" if unit != "B" else f"{int(n)} B"
-        n /= 1024
-    return f"{n:.1f} TiB"
-
-
-def cpu_count() -> int:
-    return max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1))

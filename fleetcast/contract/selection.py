@@ -12,7 +12,7 @@ Staging takes only what the build and the server read (top-level files):
 
 plus what `model.stage_patterns` adds (fnmatch patterns on the repository path, e.g. `*.bin` for a
 model published without safetensors). The engine artifact's tokenizer directory gets the same
-non-weight files, never a weight format. Stdlib only: the runtime imports this module.
+non-weight files, never a weight format. Shared by `fleetcast stage` and the runtime (runtime/trtllm.py).
 """
 
 from __future__ import annotations

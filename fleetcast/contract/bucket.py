@@ -1,0 +1,65 @@
+"""The region bucket's layout: every prefix and key recipe that `fleetcast stage`, the stacks (IAM scopes,
+lifecycle rules) and the instance runtime use. The manifest written under a prefix: contract/manifest.py.
+
+    models/<model id>/<revision>/             the staged checkpoint (`fleetcast stage model`), manifest last
+    calibration/<name>/lambada/<split>.jsonl  a staged calibration set (`fleetcast stage calibration`)
+    engines/<key>/manifest.json               the engine cache's entry, written last (runtime/engine_cache.py)
+    engines/<key>/builds/<build id>/          one immutable prefix per build attempt
+    locks/<key>.json                          the build lock (conditional writes only)
+    failures/<key>/<n>.json                   one marker per failed build (the circuit breaker)
+    plan/baseline.json                        the plan baseline the drift check reads (`fleetcast stage plan-baseline`)
+    bench/<run>/...                           bench results (bench instances here; the probe in its own bucket)
+"""
+
+from __future__ import annotations
+
+MODELS = "models/"
+CALIBRATION = "calibration/"
+ENGINES = "engines/"
+LOCKS = "locks/"
+FAILURES = "failures/"
+BENCH = "bench/"
+
+# Written by `fleetcast stage`, only read by instances.
+READ_ONLY_PREFIXES = (MODELS, CALIBRATION)
+# The engine cache, build locks and failure records: instances write them.
+READ_WRITE_PREFIXES = (ENGINES, LOCKS, FAILURES)
+
+# Where the plan baseline is staged in each provider region's model bucket (`fleetcast stage plan-baseline`),
+# read by the scheduled drift check (stacks/plan_drift.py).
+PLAN_BASELINE_KEY = "plan/baseline.json"
+
+
+def model_prefix(model_id: str, revision: str) -> str:
+    """Where a model's files live in a region bucket; the revision pins the content."""
+    return f"{MODELS}{model_id}/{revision}/"
+
+
+def calibration_prefix(name: str) -> str:
+    return f"{CALIBRATION}{name}/"
+
+
+def engine_prefix(key: str) -> str:
+    return f"{ENGINES}{key}/"
+
+
+def engine_build_prefix(key: str, build_id: str) -> str:
+    return f"{engine_prefix(key)}builds/{build_id}/"
+
+
+def lock_key(key: str) -> str:
+    return f"{LOCKS}{key}.json"
+
+
+def failure_prefix(key: str) -> str:
+    return f"{FAILURES}{key}/"
+
+
+def bench_results_key(run: str, region: str, instance_type: str, precision: str) -> str:
+    """A bench instance's results file in its region's model bucket."""
+    return f"{BENCH}{run}/{region}/{instance_type}/{precision}.json"
+
+
+def probe_results_key(run: str, service_region: str, consumer: str) -> str:
+    """The consumer-side probe's results file, in the consumer's own results bucket."""
+    return f"{BENCH}{run}/{service_region}/privatelink/{consumer}.json"
