@@ -18,6 +18,8 @@ import shlex
 import sys
 from pathlib import Path
 
+from fleetcast.contract.errors import EXIT_OK, EXIT_USAGE
+
 CDK_CLI = "node_modules/aws-cdk/bin/cdk"  # the pinned CDK CLI (package.json), relative to the project root
 
 
@@ -65,8 +67,8 @@ def main(argv: list[str]) -> int:
         print(shlex.join(cdk_command()))
     else:
         print("usage: python -m fleetcast.node bin-dir|npm|cdk", file=sys.stderr)
-        return 2
-    return 0
+        return EXIT_USAGE
+    return EXIT_OK
 
 
 if __name__ == "__main__":

@@ -39,7 +39,7 @@ from typing import Any, Mapping
 from fleetcast.contract import telemetry
 from fleetcast.config import ConfigError, FleetConfig, Pool, config_from_json
 from fleetcast.contract.instance_env import Var, check_names, default, setting
-from fleetcast.contract.errors import UserError
+from fleetcast.contract.errors import EXIT_INVALID, EXIT_OK, EXIT_USAGE, UserError
 from fleetcast.contract.bucket import model_prefix
 
 from . import gpu as gpu_mod
@@ -67,9 +67,9 @@ log = logging.getLogger("fleetcast.bootstrap")
 
 REQUIRED = tuple(v.value for v in (Var.FLEET, Var.REGION, Var.POOL, Var.BUCKET))
 
-EXIT_OK = 0
-EXIT_ABANDONED = 0  # the ASG replaces the instance; a systemd restart would only rebuild in vain
-EXIT_SERVING_FAILED = 1  # systemd restarts the container (Restart=on-failure)
+# Exit statuses as systemd reads them (Restart=on-failure), on the contract's table.
+EXIT_ABANDONED = EXIT_OK  # the ASG replaces the instance; a systemd restart would only rebuild in vain
+EXIT_SERVING_FAILED = EXIT_INVALID  # systemd restarts the container
 
 
 def _leaving_service(state: str | None) -> bool:
@@ -676,7 +676,7 @@ def main(argv: list[str] | None = None) -> int:
         env = InstanceEnv.from_environ(os.environ)
     except UserError as exc:
         print(f"fleetcast runtime: {exc}", file=sys.stderr)
-        return 2
+        return EXIT_USAGE
     return Bootstrap(env).run()
 
 
