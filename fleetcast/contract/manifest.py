@@ -12,7 +12,7 @@ import hashlib
 import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 MANIFEST_NAME = "manifest.json"
 SCHEMA = "fleetcast.manifest/v1"
@@ -33,7 +33,7 @@ class Manifest:
     revision: str
     files: tuple[ManifestFile, ...]
     source: str = ""
-    extra: dict = field(default_factory=dict)
+    extra: dict[str, Any] = field(default_factory=dict)
     schema: str = SCHEMA
 
     @property
@@ -65,7 +65,7 @@ def sha256_file(path: Path) -> str:
     return digest.hexdigest()
 
 
-def build_manifest(root: Path, *, kind: str, name: str, revision: str, source: str = "", extra: dict | None = None,
+def build_manifest(root: Path, *, kind: str, name: str, revision: str, source: str = "", extra: dict[str, Any] | None = None,
                    include: Callable[[str], bool] | None = None) -> Manifest:
     """Hash every regular file under `root` (hidden files and the manifest itself excluded; with `include`,
     only the relative paths it accepts)."""
