@@ -89,7 +89,7 @@ def sample_utilization(timeout_s: float = 10.0) -> tuple[float, float] | None:
 
 def free_memory_bytes(timeout_s: float = 10.0) -> int | None:
     """Free memory of the (first) GPU now, or None when unavailable. FLEETCAST_FAKE_GPU: all of its memory."""
-    fake = os.environ.get("FLEETCAST_FAKE_GPU")
+    fake = os.environ.get(Var.FAKE_GPU)
     if fake:
         return parse_nvidia_smi(fake).memory_mib * (1 << 20)
     exe = shutil.which("nvidia-smi")

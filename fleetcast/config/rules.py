@@ -552,7 +552,7 @@ def _calibration_dataset(cfg: FleetConfig) -> list[ConfigIssue]:
     """The dataset is the prefix `fleetcast stage calibration --name NAME` writes (calibration/NAME/, with its
     manifest): instances read that key prefix in their own region's bucket (runtime/staged.py), so a bare
     bucket or one file of the set is a prefix with no manifest, which they would wait on forever."""
-    from fleetcast.staging.manifest import calibration_prefix
+    from fleetcast.contract.bucket import calibration_prefix
 
     if cfg.calibration is None or _s3_key_problem(cfg.calibration.dataset):
         return []  # a malformed key is blamed once, by _path_segments

@@ -14,7 +14,7 @@ import botocore.loaders
 import pytest
 
 from fleetcast.config import catalog
-from fleetcast.staging.manifest import calibration_prefix
+from fleetcast.contract.bucket import calibration_prefix
 
 from .conftest import problems
 

@@ -32,8 +32,9 @@ def test_bench_and_probe_bundles_add_only_the_bench_client():
     serving = set(map(str, bundle_files(SERVING)))
     bench = set(map(str, bundle_files(BENCH)))
     assert bench > serving
-    # The bench client and what it imports (its `collect` command's AWS session), nothing of the planner.
-    assert all(f.startswith(("fleetcast/bench/", "fleetcast/bench/job.py", "fleetcast/aws_session.py"))
+    # The bench client and what it imports (its `collect` command's AWS session, the contract's bench
+    # defaults and bucket layout), nothing of the planner.
+    assert all(f.startswith(("fleetcast/bench/", "fleetcast/aws_session.py", "fleetcast/contract/"))
                for f in bench - serving), sorted(bench - serving)
     probe = set(map(str, bundle_files(PROBE)))
     assert "runtime/probe/fleetcast-probe.service" in probe and "runtime/bootstrap.py" not in probe
