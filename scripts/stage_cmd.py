@@ -179,7 +179,7 @@ def _calibration(args: argparse.Namespace) -> int:
 
     from fleetcast.config.edit import edited_text, replace_files
     from fleetcast.staging.calibration import check_name, read_rows
-    from fleetcast.staging.manifest import calibration_prefix
+    from fleetcast.contract.bucket import calibration_prefix
 
     # Everything local is checked first, offline: config, name, part size and the set itself.
     cfg = load_config(args.config)
