@@ -75,7 +75,13 @@ class CacheError(RuntimeError):
 
 class NotABuildFailure(CacheError):
     """A build stopped for a reason outside it (S3 down, inputs not staged yet, the instance reclaimed):
-    it records no failure marker, since the circuit breaker is for builds that fail on their own."""
+    it is not BuildFailed. Most record no failure marker (the breaker is for builds that fail on their own);
+    one that would repeat on every new instance (`counts_toward_breaker`, e.g. a staged input that is not
+    there after the whole wait) records one, so a config mistake ends in an open breaker, not a relaunch loop.
+    `missing_key`: the object whose arrival would make the next attempt succeed (the breaker then heals)."""
+
+    counts_toward_breaker = False
+    missing_key: str | None = None
 
 
 class StorageUnavailable(NotABuildFailure):
@@ -381,15 +387,29 @@ class EngineCache:
         if len(failures) < self.settings.failure_limit:
             return
         last, _, _ = self._get_json(failures[-1])
+        missing = (last or {}).get("missing")
+        if missing and self._get_json(missing)[1] is not None:
+            # What the staging failures waited for is there now (`fleetcast stage ...` ran): those markers
+            # no longer describe this key, so the next instance tries again instead of needing a manual reset.
+            for key in failures:
+                body, _, _ = self._get_json(key)
+                if (body or {}).get("missing"):
+                    self._call("delete_object", Bucket=self.bucket, Key=key)
+            log.info("s3://%s/%s is staged now: cleared the staging failures of %s", self.bucket, missing, self.key)
+            return self.check_breaker()
         reason = (last or {}).get("error", "unknown error")
+        if missing:
+            reason += f" (this clears itself once s3://{self.bucket}/{missing} is staged)"
         raise CircuitOpen(
             f"engine build for {self.key} failed {len(failures)} time(s) (limit {self.settings.failure_limit}); "
             f"last error: {reason}. Not rebuilding: fix the cause, then delete s3://{self.bucket}/{self.failure_prefix}"
         )
 
-    def record_failure(self, error: str, build_id: str) -> str:
+    def record_failure(self, error: str, build_id: str, missing: str | None = None) -> str:
         body = {"key": self.key, "holder": self.holder, "build_id": build_id, "error": error[-4000:],
                 "at": time.time(), "inputs": asdict(self.inputs)}
+        if missing:
+            body["missing"] = missing
         n = len(self.failures()) + 1
         for _ in range(100):
             key = f"{self.failure_prefix}{n:04d}.json"
@@ -717,8 +737,13 @@ class EngineCache:
             t0 = time.monotonic()
             try:
                 artifact = build(work)
-            except NotABuildFailure:
+            except NotABuildFailure as exc:
                 shutil.rmtree(work, ignore_errors=True)
+                if exc.counts_toward_breaker:
+                    try:
+                        self.record_failure(f"{type(exc).__name__}: {exc}", build_id, exc.missing_key)
+                    except CacheError as marker_exc:  # S3 down too: the instance still reports its own error
+                        log.error("no failure marker written for %s: %s", self.key, marker_exc)
                 raise
             except Exception as exc:
                 shutil.rmtree(work, ignore_errors=True)

@@ -21,7 +21,16 @@ log = logging.getLogger("fleetcast.staged")
 
 class StagingMissing(NotABuildFailure):
     """The staged model or calibration set is not in the bucket (or is incomplete): staging's fault, not the
-    build's, so it opens no circuit breaker."""
+    build's, so it is not BuildFailed. It does count toward the key's circuit breaker: every new instance
+    would wait the whole staging wait for the same absent input (a mistaken calibration.dataset, a revision
+    never staged), so after operations.build_failure_limit of them the next instances abandon at once,
+    naming it. Once the missing manifest is staged, the breaker clears itself (EngineCache.check_breaker)."""
+
+    counts_toward_breaker = True
+
+    def __init__(self, message: str, missing_key: str | None = None):
+        super().__init__(message)
+        self.missing_key = missing_key
 
 
 def calibration_key_prefix(dataset_uri: str) -> str:
@@ -42,7 +51,8 @@ def fetch_staged(store: RetryingS3, prefix: str, dest: Path, wait_s: float, poll
         if time.monotonic() - started >= wait_s:
             raise StagingMissing(
                 f"s3://{store.bucket}/{prefix}{MANIFEST_NAME} is missing after waiting {wait_s:.0f} s: "
-                "stage it with `fleetcast stage model` (or `fleetcast stage calibration`)"
+                "stage it with `fleetcast stage model` (or `fleetcast stage calibration`)",
+                missing_key=prefix + MANIFEST_NAME,
             )
         log.warning("waiting for staged s3://%s/%s", store.bucket, prefix)
         sleep(poll_s)

@@ -278,15 +278,38 @@ def test_a_long_build_keeps_its_lock_fresh_so_nobody_takes_it_over(aws, tmp_path
     assert results["i-builder"].outcome == "built" and results["i-waiter"].outcome == "hit"
 
 
-def test_inputs_not_staged_yet_is_not_a_build_failure(aws, tmp_path):
+def test_inputs_not_staged_are_not_a_build_failure_but_count_toward_the_breaker(aws, tmp_path):
+    """Issue 25: a staged input that is not there after the whole wait (a mistaken calibration.dataset, a revision
+    never staged) was retried by every new instance, each waiting 30 minutes: a relaunch loop. Now each such
+    wait leaves a marker; at operations.build_failure_limit the next instance abandons at once naming it, and
+    once the input is staged the breaker clears itself."""
     from runtime.staged import StagingMissing
 
-    def unstaged(workdir):
-        raise StagingMissing("s3://bucket/models/gpt2-tiny/r1/manifest.json is missing")
+    missing = "models/gpt2-tiny/r1/manifest.json"
+    waits = []
 
-    with pytest.raises(StagingMissing):
-        cache(aws).obtain(tmp_path / "a", unstaged)
-    assert aws.keys("failures/") == [] and aws.keys("locks/") == []  # no marker, lock released
+    def unstaged(workdir):
+        waits.append(1)
+        raise StagingMissing(f"s3://bucket/{missing} is missing after waiting 1800 s", missing_key=missing)
+
+    for i in range(3):
+        with pytest.raises(StagingMissing):
+            cache(aws, holder=f"i-{i}").obtain(tmp_path / f"a{i}", unstaged)
+        assert aws.keys("locks/") == []  # lock released every time
+    assert len(aws.keys("failures/")) == 3 and len(waits) == 3
+    marker = json.loads(client(aws.moto_url).get_object(Bucket=aws.bucket, Key=aws.keys("failures/")[-1])["Body"].read())
+    assert marker["missing"] == missing and "StagingMissing" in marker["error"]
+
+    with pytest.raises(CircuitOpen, match="missing after waiting") as err:
+        cache(aws, holder="i-8").obtain(tmp_path / "a8", unstaged)
+    assert len(waits) == 3 and f"clears itself once s3://{aws.bucket}/{missing} is staged" in str(err.value)
+
+    # `fleetcast stage model` puts the manifest there: the next instance clears the staging markers and builds.
+    client(aws.moto_url).put_object(Bucket=aws.bucket, Key=missing, Body=b'{"files": []}')
+
+    counter = tmp_path / "builds.txt"
+    res = cache(aws, holder="i-9").obtain(tmp_path / "a9", fake_build(counter, 0))
+    assert res.outcome == "built" and count(counter) == 1 and aws.keys("failures/") == []
 
 
 def test_engines_of_other_configs_are_pruned_from_local_disk(aws, tmp_path):
