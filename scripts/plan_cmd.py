@@ -109,7 +109,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--json", action="store_true", help="print plan.json instead of the table")
     p.add_argument("--write-config", metavar="FILE",
                    help="update pools and regions of this fleet config with the planned fleet (consumer regions pooled "
-                        "where cheaper; re-validated; untouched if invalid), and the spot: block where Spot pays")
+                        "where cheaper) and the spot: block where Spot pays, and write the drift baseline next to it "
+                        "(<config>.plan-baseline.json): both computed and validated first, then written together, "
+                        "or neither (a calibrated pick needs a staged set: `fleetcast stage calibration`)")
     p.add_argument("--write-schedule", action="store_true",
                    help="with --write-config: also write the pool's daily capacity schedule (UTC) from the hourly plan")
     p.add_argument("--allow-estimated", action="store_true", help="let --write-config write an estimated choice")
