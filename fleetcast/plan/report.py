@@ -215,90 +215,95 @@ def _inputs_tag(evs: list[Evaluation]) -> str:
     return f" [{' and '.join(sources)} inputs]" if sources else ""
 
 
-def write_plots(plan: RegionPlan, directory: Path) -> list[Path]:
+def _cost_vs_latency(plt, plan: RegionPlan, latency: str, slo_ms: float, path: Path, tag: str) -> Path:
+    """$ per 1M output tokens against one traffic-weighted P99 (TTFT or ITL), its SLO as a line and the cost /
+    latency Pareto front as a staircase; each candidate at its cheapest region, every point labelled."""
+    front_evs = [plan.ranked[i] for i in _pareto([(getattr(e, latency), e.usd_per_m_output) for e in plan.ranked])]
+    shown = front_evs + [e for e in _best_per_candidate(plan) if e not in front_evs]
+    fig, ax = plt.subplots(figsize=(8.5, 5.5))
+    for e in shown:
+        x, y = getattr(e, latency), e.usd_per_m_output
+        on_front = e in front_evs
+        marker = "*" if e is plan.winner else ("x" if e.candidate.estimated else "o")
+        ax.scatter(x, y, marker=marker, s=160 if e is plan.winner else 45, color="C3" if on_front else "0.45",
+                   zorder=3)
+        ax.annotate(e.label + (" (est.)" if e.candidate.estimated else ""), (x, y), fontsize=7, xytext=(4, 3),
+                    textcoords="offset points", color="C3" if on_front else "0.35")
+    if len(front_evs) > 1:
+        ax.step([getattr(e, latency) for e in front_evs], [e.usd_per_m_output for e in front_evs], where="post",
+                color="C3", label="Pareto front: nothing cheaper is also faster")
+    else:
+        ax.plot([], [], color="C3", marker="o", linestyle="",
+                label="Pareto front (one candidate: cheapest and fastest)")
+    what = "TTFT incl. network" if latency == "weighted_ttft_p99" else "ITL"
+    ax.axvline(slo_ms, color="C0", linestyle="--", linewidth=1.2, label=f"P99 {what.split()[0]} SLO: {slo_ms:g} ms")
+    ax.axvspan(slo_ms, max(slo_ms * 1.3, max(getattr(e, latency) for e in shown) * 1.25), color="C0", alpha=0.06)
+    ax.set_xlabel(f"traffic-weighted P99 {what} (ms)")
+    ax.set_ylabel("$ per 1M output tokens")
+    ax.set_title(f"Cost per token vs P99 {what.split()[0]}: consumers in {plan.traffic.region}\n"
+                 f"{tag.strip()} star: the pick; x: estimated; shaded: over the SLO".strip(), fontsize=10)
+    ax.set_xlim(0, max(slo_ms * 1.3, max(getattr(e, latency) for e in shown) * 1.25))
+    ax.margins(y=0.12)
+    # Below the axes: a legend inside would sit on some candidate's point or label.
+    ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.13), ncol=2, frameon=False)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def write_plots(plan: RegionPlan, directory: Path, slo: Slo, pools: list[FleetPool] = ()) -> list[Path]:
     try:
         import matplotlib
     except ImportError:
-        from fleetcast.contract.errors import UserError
+        from fleetcast.errors import UserError
 
         raise UserError("--report draws plots with matplotlib, which is not installed: "
                         "pip install 'fleetcast[plan]'") from None
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    paths = []
     evs = plan.ranked
     if not evs:
-        return paths
+        return []
     region = plan.traffic.region
     tag = _inputs_tag(evs)
+    paths = [_cost_vs_latency(plt, plan, "weighted_ttft_p99", slo.ttft_p99_ms, directory / f"cost_vs_ttft-{region}.png",
+                              tag),
+             _cost_vs_latency(plt, plan, "weighted_itl_p99", slo.itl_p99_ms, directory / f"cost_vs_itl-{region}.png",
+                              tag)]
 
-    fig, ax = plt.subplots(figsize=(8, 5))
-    for e in evs:
-        marker = "*" if e is plan.winner else ("x" if e.candidate.estimated else "o")
-        ax.scatter(e.weighted_ttft_p99, e.usd_per_m_output, marker=marker, s=140 if e is plan.winner else 40)
-        # The title names synthetic inputs; an estimate among measured points is tagged where it sits.
-        ax.annotate(e.label + (" (est.)" if e.candidate.estimated else ""), (e.weighted_ttft_p99, e.usd_per_m_output),
-                    fontsize=7, xytext=(4, 3), textcoords="offset points")
-    ax.set_xlabel("traffic-weighted P99 TTFT incl. network (ms)")
-    ax.set_ylabel("$ per 1M output tokens")
-    ax.set_title(f"Cost per token vs P99 TTFT: consumers in {region}{tag}", fontsize=10)
-    ax.grid(alpha=0.3)
-    path = directory / f"cost_vs_ttft-{region}.png"
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    paths.append(path)
-
-    all_pts = [(e.weighted_ttft_p99, e.cost_per_hour) for e in evs]
-    front_evs = [evs[i] for i in _pareto(all_pts)]
-    # Each candidate at its cheapest service region (the tables' rows), plus any other evaluation on
-    # the front; the rest (the same candidates served from costlier regions) would only hide the labels.
-    shown = front_evs + [e for e in _best_per_candidate(plan) if e not in front_evs]
-    pts = [(e.weighted_ttft_p99, e.cost_per_hour) for e in shown]
-    front = list(range(len(front_evs)))
-    dominated = [i for i in range(len(pts)) if i not in front]
-    fig, ax = plt.subplots(figsize=(8, 5))
-    if dominated:
-        ax.scatter([pts[i][0] for i in dominated], [pts[i][1] for i in dominated], color="0.6",
-                   label="dominated (each candidate at its cheapest region)")
-    if len(front) > 1:
-        # The front as a staircase: between two front points nothing cheaper is also faster.
-        ax.step([pts[i][0] for i in front], [pts[i][1] for i in front], where="post", color="C3")
-    ax.scatter([pts[i][0] for i in front], [pts[i][1] for i in front], color="C3", s=60,
-               label="Pareto front" if len(front) > 1 else "Pareto front (one candidate: cheapest and fastest)")
-    for i, e in enumerate(shown):
-        ax.annotate(e.label, pts[i], fontsize=7, xytext=(4, 3), textcoords="offset points",
-                    color="C3" if i in front else "0.35")
-    ax.set_xlabel("traffic-weighted P99 TTFT incl. network (ms)")
-    ax.set_ylabel("total cost ($/hour, day average)")
-    ax.set_title(f"Pareto front (cost vs latency): consumers in {region}{tag}", fontsize=10)
-    ax.margins(x=0.2, y=0.1)  # room for the labels of the outermost points
-    ax.legend(fontsize=8)
-    ax.grid(alpha=0.3)
-    path = directory / f"pareto-{region}.png"
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    paths.append(path)
-
-    fig, ax = plt.subplots(figsize=(8, 4.5))
+    # Demand above, instances below: two scales, two panels, so neither hides the other.
+    fig, (demand, ax) = plt.subplots(2, 1, figsize=(9, 7), sharex=True, gridspec_kw={"height_ratios": [1, 2.2]})
     hours = list(range(25))
-    shown = _best_per_candidate(plan)  # every feasible candidate, at its best service region
-    for e in shown:
-        ax.step(hours, e.instances_by_hour + e.instances_by_hour[-1:], where="post", label=e.label,
-                linewidth=2.5 if e is plan.winner else 1.2)
-    ax2 = ax.twinx()
     rps = plan.traffic.hourly_rps()
-    ax2.fill_between(hours, rps + rps[-1:], step="post", alpha=0.12, color="k")
-    ax2.set_ylabel("requests/s (shaded)")
-    ax2.set_ylim(0, max(rps) * 1.15 or 1)
-    ax.set_ylim(0, max(max(e.instances_by_hour) for e in shown) * 1.15)
+    demand.fill_between(hours, rps + rps[-1:], step="post", alpha=0.3, color="0.4")
+    demand.set_ylabel("requests/s")
+    demand.set_ylim(0, max(rps) * 1.15 or 1)
+    demand.set_title(f"Demand and instances over the day: consumers in {region}{tag}", fontsize=10)
+    demand.grid(alpha=0.3)
+    shown = sorted(_best_per_candidate(plan), key=lambda e: e is plan.winner)  # the pick drawn last, on top
+    for e in shown:
+        pick = e is plan.winner
+        ax.step(hours, e.instances_by_hour + e.instances_by_hour[-1:], where="post",
+                label=e.label + (" (this region's pick)" if pick else ""), linewidth=3 if pick else 1.2,
+                color="k" if pick else None, zorder=4 if pick else 2, alpha=1 if pick else 0.8)
+    for pool in pools:
+        if region in pool.consumer_regions and len(pool.members) > 1:
+            n = pool.instances_by_hour
+            ax.step(hours, n + n[-1:], where="post", color="k", linestyle="--", linewidth=2, zorder=5,
+                    label=f"the planned fleet: {pool.candidate} pooled in {pool.service_region} "
+                          f"(serves {', '.join(pool.consumer_regions)})")
+    top = max(max(e.instances_by_hour) for e in shown)
+    top = max([top] + [max(p.instances_by_hour) for p in pools if region in p.consumer_regions])
+    ax.set_ylim(0, top * 1.15 + 0.5)
     ax.set_xlabel("hour of day (UTC)")
     ax.set_ylabel("instances")
     ax.set_xlim(0, 24)
-    ax.set_title(f"Instances over the day: consumers in {region}{tag}", fontsize=10)
-    ax.legend(fontsize=7, loc="upper right", framealpha=0.9)
+    ax.set_xticks(range(0, 25, 3))
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=2, frameon=False)
     path = directory / f"instances-{region}.png"
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -485,7 +490,7 @@ def to_json(result: PlanResult) -> dict:
 def write_report(result: PlanResult, directory: str | Path) -> list[Path]:
     d = Path(directory)
     d.mkdir(parents=True, exist_ok=True)
-    plots = {p.traffic.region: write_plots(p, d) for p in result.regions}
+    plots = {p.traffic.region: write_plots(p, d, result.slo, result.pools) for p in result.regions}
     md = d / "plan.md"
     md.write_text(render_markdown(result, plots) + "\n")
     page = d / "plan.html"

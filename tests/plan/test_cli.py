@@ -39,11 +39,11 @@ def test_report_files_and_json(capsys, tmp_path):
     assert code == 0
     rep = tmp_path / "rep"
     names = sorted(p.name for p in rep.iterdir())
-    assert names == ["cost_vs_ttft-ap-northeast-2.png", "instances-ap-northeast-2.png", "pareto-ap-northeast-2.png",
+    assert names == ["cost_vs_itl-ap-northeast-2.png", "cost_vs_ttft-ap-northeast-2.png", "instances-ap-northeast-2.png",
                      "plan.html", "plan.json", "plan.md"]
     md = (rep / "plan.md").read_text()
     assert "**Recommendation:** g6e.xlarge int8_wo (synthetic: authored data, not measured) in ap-northeast-2" in md
-    assert "### Ruled out" in md and "![pareto-ap-northeast-2](pareto-ap-northeast-2.png)" in md
+    assert "### Ruled out" in md and "![cost_vs_itl-ap-northeast-2](cost_vs_itl-ap-northeast-2.png)" in md
     assert "| 09 | 180 | 17 |" in md   # evening peak hour: 17 instances
     page = (rep / "plan.html").read_text()
     assert page.count("data:image/png;base64,") == 3

@@ -182,31 +182,52 @@ def test_plots_draw_what_they_claim(monkeypatch, tmp_path, traffic):
     plan = plans[0]
     figs = _saved_figures(monkeypatch, result, tmp_path)
     region = plan.traffic.region
-    pareto = figs[f"pareto-{region}.png"].axes[0]
-    # Every point drawn is labelled, dominated ones included: each candidate at its cheapest region, and the front.
-    points = [(e.weighted_ttft_p99, e.cost_per_hour) for e in plan.ranked]
-    front = {e.label for e, (x, y) in zip(plan.ranked, points)
-             if not any(x2 <= x and y2 <= y and (x2, y2) != (x, y) for x2, y2 in points)}
-    cheapest = {}
-    for e in plan.ranked:
-        cheapest.setdefault(e.candidate.label, e.label)
-    assert sorted(a.get_text() for a in pareto.texts) == sorted(front | set(cheapest.values()))
-    assert front <= {a.get_text() for a in pareto.texts if a.get_color() == "C3"}
-    legend = [t.get_text() for t in pareto.get_legend().get_texts()]
-    front_lines = [l for l in pareto.get_lines() if len(l.get_xdata()) >= 2]
-    # The legend's front is drawn: a line through two or more points, or it says the front is one point.
-    assert any(t.startswith("Pareto front") for t in legend)
-    if len(front) > 1:  # batch-64 traffic: g5 int8_wo (cheapest) and g6e fp8 (fastest)
-        assert len(front_lines) == 1 and len(front_lines[0].get_xdata()) == len(front)
-    else:
-        assert not front_lines and any("one candidate" in t for t in legend)
-    assert "[synthetic inputs]" in pareto.get_title()
-    instances = figs[f"instances-{region}.png"].axes[0]
+    for name, latency, slo_ms in (("cost_vs_ttft", "weighted_ttft_p99", SLO["ttft_p99_ms"]),
+                                  ("cost_vs_itl", "weighted_itl_p99", SLO["itl_p99_ms"])):
+        ax = figs[f"{name}-{region}.png"].axes[0]
+        # Every point drawn is labelled: each candidate at its cheapest region, and the front on this latency.
+        points = [(getattr(e, latency), e.usd_per_m_output) for e in plan.ranked]
+        front = {e.label for e, (x, y) in zip(plan.ranked, points)
+                 if not any(x2 <= x and y2 <= y and (x2, y2) != (x, y) for x2, y2 in points)}
+        cheapest = {}
+        for e in plan.ranked:
+            cheapest.setdefault(e.candidate.label, e.label)
+        assert sorted(a.get_text() for a in ax.texts) == sorted(front | set(cheapest.values()))
+        assert front <= {a.get_text() for a in ax.texts if a.get_color() == "C3"}
+        # The SLO is a vertical line at its value, named in the legend, and inside the x range.
+        slo_lines = [l for l in ax.get_lines() if list(l.get_xdata()) == [slo_ms, slo_ms]]
+        assert len(slo_lines) == 1 and ax.get_xlim()[1] > slo_ms
+        legend = [t.get_text() for t in ax.get_legend().get_texts()]
+        assert any(t.endswith(f"SLO: {slo_ms:g} ms") for t in legend)
+        assert any(t.startswith("Pareto front") for t in legend)
+        steps = [l for l in ax.get_lines() if len(l.get_xdata()) >= 2 and l not in slo_lines]
+        assert len(steps) == (1 if len(front) > 1 else 0)
+        # The legend sits below the axes, where it covers no point.
+        assert ax.get_legend().get_bbox_to_anchor().transformed(ax.transAxes.inverted()).y1 < 0
+        assert "[synthetic inputs]" in ax.get_title()
+    demand, instances = figs[f"instances-{region}.png"].axes
+    # Demand and instances on their own panels and scales.
+    assert not demand.get_lines() and demand.collections and demand.get_ylabel() == "requests/s"
     feasible = {e.candidate.label for e in plan.ranked}
-    drawn = {l.get_label().split(" @ ")[0] for l in instances.get_lines()}
-    assert drawn == feasible
+    lines = instances.get_lines()
+    assert {l.get_label().split(" @ ")[0] for l in lines} == feasible
+    pick = [l for l in lines if l.get_label().endswith("(this region's pick)")]
+    assert len(pick) == 1 and pick[0].get_zorder() == max(l.get_zorder() for l in lines)  # drawn on top
     if region == "ap-northeast-2":
-        assert len(drawn) == 5  # the seed's five feasible candidates (the old plot drew four)
+        assert len(feasible) == 5  # the seed's five feasible candidates (the old plot drew four)
+
+
+def test_the_instances_plot_draws_the_pooled_fleet_the_plan_writes(monkeypatch, tmp_path):
+    opts = PlanOptions(results=[str(SEED / "results")], traffic=str(ROOT / "examples/plan/two-regions/traffic.yaml"),
+                       config=None, today=PRICES_AS_OF, **SLO)
+    result, plans, _ = build_plan(opts)
+    [pool] = [p for p in result.pools if len(p.members) > 1]
+    figs = _saved_figures(monkeypatch, result, tmp_path)
+    for region in pool.consumer_regions:
+        [drawn] = [l for l in figs[f"instances-{region}.png"].axes[1].get_lines()
+                   if l.get_label().startswith("the planned fleet")]
+        assert list(drawn.get_ydata())[:-1] == pool.instances_by_hour
+        assert pool.service_region in drawn.get_label() and drawn.get_linestyle() == "--"
 
 
 def test_write_config_says_what_a_target_at_the_consumers_limit_means(capsys, tmp_path):
