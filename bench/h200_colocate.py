@@ -220,7 +220,7 @@ def main() -> int:
                 procs = {}
                 for model in MODELS:
                     procs[model] = bench(model, level, args.duration, runs_dir / f"together-{model}-c{level}.json")
-                for model, proc in procs.items():
+                for proc in procs.values():
                     proc.communicate()
                 others = list(MODELS)
                 for model in MODELS:

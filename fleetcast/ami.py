@@ -12,8 +12,9 @@ The DLAMI and its parameter: fleetcast/contract/ami.py.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 from fleetcast.contract.ami import DLAMI_SSM_PARAMETER
 from fleetcast.contract.errors import EXIT_AWS_SERVICE, UserError

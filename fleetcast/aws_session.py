@@ -30,7 +30,6 @@ from typing import Any
 
 from fleetcast.contract.errors import EXIT_AWS_ACCESS, EXIT_AWS_SERVICE, AwsError, FleetcastError, UserError
 
-
 # Throttling codes, from botocore's standard retry mode plus EC2's own.
 THROTTLING_CODES = frozenset({
     "Throttling", "ThrottlingException", "ThrottledException", "RequestThrottledException",
@@ -128,7 +127,7 @@ class AwsSession:
         self._jitter = jitter
 
     @classmethod
-    def from_args(cls, args: argparse.Namespace, **kw: Any) -> "AwsSession":
+    def from_args(cls, args: argparse.Namespace, **kw: Any) -> AwsSession:
         """From `--profile` / `--region` (a repeatable `--region` selects config regions; it sets no default)."""
         region = getattr(args, "region", None)
         return cls(getattr(args, "profile", None), region if isinstance(region, str) else None, **kw)

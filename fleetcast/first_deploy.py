@@ -11,13 +11,14 @@ they get their capacity (fleetcast/contract/capacity_hold.py has the mechanism, 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
-from fleetcast.contract.capacity_hold import hold_context_args
 from fleetcast.config import FleetConfig
-from fleetcast.contract.names import provider_stack_name
+from fleetcast.contract.capacity_hold import hold_context_args
 from fleetcast.contract.errors import UserError
+from fleetcast.contract.names import provider_stack_name
 from fleetcast.staging.readiness import region_readiness
 
 

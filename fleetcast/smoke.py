@@ -85,7 +85,7 @@ async def _smoke(endpoint: str, prompt: str, max_tokens: int, model: str | None,
             done = time.perf_counter()
     except aiohttp.ClientError as exc:
         raise UserError(f"cannot reach {endpoint}: {exc}") from None
-    except asyncio.TimeoutError:
+    except TimeoutError:
         raise UserError(f"no complete answer from {endpoint} within {timeout_s:.0f} s") from None
     if first is None:
         raise UserError(f"{endpoint} streamed no tokens")

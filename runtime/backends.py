@@ -55,7 +55,7 @@ class ReferenceBackend:
 
     def __init__(self, cfg: FleetConfig, engine: EngineSpec, size: str = default(Var.REFERENCE_SIZE),
                  seed: int = default(Var.REFERENCE_SEED), device: str = default(Var.REFERENCE_DEVICE),
-                 drain_timeout_s: float | None = None, model=None):  # noqa: ANN001
+                 drain_timeout_s: float | None = None, model=None):
         from .reference.build import FORMAT
         from .reference.configs import SIZES
 
@@ -119,7 +119,7 @@ class ReferenceBackend:
         return cmd
 
 
-def select_backend(cfg: FleetConfig, engine: EngineSpec, env: dict | None = None, model=None) -> ServingBackend:  # noqa: ANN001
+def select_backend(cfg: FleetConfig, engine: EngineSpec, env: dict | None = None, model=None) -> ServingBackend:
     """The backend that builds and serves `model` (default: the config's first) with `engine`."""
     env = dict(os.environ if env is None else env)
     choice = setting(env, Var.SERVING_BACKEND)

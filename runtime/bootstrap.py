@@ -32,17 +32,19 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
-from fleetcast.contract import telemetry
 from fleetcast.config import ConfigError, FleetConfig, Pool, config_from_json
-from fleetcast.contract.instance_env import Var, check_names, default, setting
-from fleetcast.contract.errors import EXIT_INVALID, EXIT_OK, EXIT_USAGE, UserError
+from fleetcast.contract import telemetry
 from fleetcast.contract.bucket import model_prefix
+from fleetcast.contract.errors import EXIT_INVALID, EXIT_OK, EXIT_USAGE, UserError
+from fleetcast.contract.instance_env import Var, check_names, default, setting
 
 from . import gpu as gpu_mod
+from . import spot
 from .backends import ReferenceBackend, ServingBackend, select_backend
 from .engine_cache import (
     BuildFailed,
@@ -54,10 +56,9 @@ from .engine_cache import (
     RetryingS3,
     s3_client,
 )
+from .kv_budget import artifact_bytes, plan_budgets
 from .lifecycle import ABANDON, CONTINUE, Heartbeat, HookClient, Imds, MetadataError, heartbeat_interval
 from .metrics import Emf
-from . import spot
-from .kv_budget import artifact_bytes, plan_budgets
 from .models import calibration_of, process_slots, served_models
 from .serve import ServeError, ServerProcess, ServeSettings, Serving, server_name
 from .staged import StagingMissing, calibration_key_prefix, fetch_staged
@@ -109,7 +110,7 @@ class InstanceEnv:
     replace_wait_s: float = default(Var.REPLACE_WAIT_S)
 
     @classmethod
-    def from_environ(cls, env: Mapping[str, str]) -> "InstanceEnv":
+    def from_environ(cls, env: Mapping[str, str]) -> InstanceEnv:
         check_names(env)  # a misspelt or stale variable would silently leave a setting at its default
         missing = [k for k in REQUIRED if not env.get(k)]
         if not env.get(Var.CONFIG_PARAM) and not env.get(Var.CONFIG_FILE):
@@ -290,7 +291,7 @@ class Bootstrap:
             return self.abandon(exc)
         except (CacheError, UserError, ConfigError, gpu_mod.GpuError, OSError) as exc:
             return self.abandon(exc)
-        except Exception as exc:  # noqa: BLE001 - whatever it was, the launch hook must be completed
+        except Exception as exc:
             log.exception("unexpected error while preparing the engine")
             return self.abandon(exc)
         self._phase = "ready"  # a Spot notice from here on stops serving, not a build
@@ -356,7 +357,7 @@ class Bootstrap:
         elif isinstance(exc, StagingMissing):
             self.metric(telemetry.STAGING_MISSING, 1, **props)
 
-    def _prepare_model(self, cfg: FleetConfig, entry, backend: ServingBackend, gpu: gpu_mod.GpuInfo) -> "PreparedModel":
+    def _prepare_model(self, cfg: FleetConfig, entry, backend: ServingBackend, gpu: gpu_mod.GpuInfo) -> PreparedModel:
         m, engine = entry.model, entry.engine
         calibration_spec = calibration_of(cfg, m)
         calibration = ""
@@ -414,7 +415,7 @@ class Bootstrap:
             log.error("could not complete the launch hook with ABANDON: %s", hook_exc)
         return EXIT_ABANDONED
 
-    def server_processes(self, prepared: list["PreparedModel"], gpu: gpu_mod.GpuInfo) -> list[ServerProcess]:
+    def server_processes(self, prepared: list[PreparedModel], gpu: gpu_mod.GpuInfo) -> list[ServerProcess]:
         """One engine process per (model, copy) on the contract's loopback ports, each with its KV budget."""
         served = [p.served for p in prepared]
         slots = process_slots(served)
@@ -443,7 +444,7 @@ class Bootstrap:
                 env=p.backend.server_env(), kv_cache_bytes=budget))
         return processes
 
-    def serve(self, cfg: FleetConfig, gpu: gpu_mod.GpuInfo, prepared: list["PreparedModel"]) -> int:
+    def serve(self, cfg: FleetConfig, gpu: gpu_mod.GpuInfo, prepared: list[PreparedModel]) -> int:
         engine = prepared[0].served.engine
         port = self.env.port or engine.port
         config_json = self.env.local_root / "config.json"
@@ -618,7 +619,7 @@ class Bootstrap:
         if self._phase == "preparing" and notice.interruption:
             signal.pthread_kill(threading.main_thread().ident, signal.SIGUSR1)
 
-    def _interruptible_build(self, build):  # noqa: ANN001, ANN202 - the engine cache's build callable
+    def _interruptible_build(self, build):
         """The build, stopped by a Spot notice. It runs inside the engine cache's lock (whose `finally` releases
         it), so only there may the notice raise: not while waiting for another builder or downloading."""
         def run(workdir: Path) -> Path:

@@ -43,17 +43,20 @@ import socket
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from boto3.exceptions import RetriesExceededError, S3UploadFailedError
 from boto3.s3.transfer import TransferConfig
 from botocore.exceptions import (
     ClientError,
-    ConnectionError as BotoConnectionError,
     HTTPClientError,
     IncompleteReadError,
+)
+from botocore.exceptions import (
+    ConnectionError as BotoConnectionError,
 )
 from s3transfer.exceptions import RetriesExceededError as TransferRetriesExceededError
 
@@ -253,7 +256,7 @@ class RetryingS3:
     `s3_retry_deadline_s`, then StorageUnavailable.
     """
 
-    def __init__(self, s3: Any, bucket: str, settings: "CacheSettings", sleep: Callable[[float], None] = time.sleep):
+    def __init__(self, s3: Any, bucket: str, settings: CacheSettings, sleep: Callable[[float], None] = time.sleep):
         self.s3, self.bucket, self.settings, self._sleep = s3, bucket, settings, sleep
 
     def _retry(self, what: str, fn: Callable[[], Any], deadline_s: float | None = None) -> Any:

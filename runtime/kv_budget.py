@@ -24,8 +24,8 @@ sources.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Mapping, Sequence
 
 from fleetcast.contract.errors import UserError
 

@@ -19,8 +19,9 @@ import threading
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 log = logging.getLogger("fleetcast.lifecycle")
 
@@ -133,7 +134,7 @@ class HookClient:
                 LifecycleHookName=hook, AutoScalingGroupName=self.group,
                 LifecycleActionResult=result, InstanceId=self.instance_id,
             )
-        except Exception as exc:  # noqa: BLE001 - a hook that is already gone must not crash the runtime
+        except Exception as exc:
             if _is_no_active_action(exc):
                 log.warning("no active lifecycle action for %s (already completed or timed out): %s", hook, exc)
                 return
@@ -182,7 +183,7 @@ class Heartbeat:
             except Exception as exc:  # noqa: BLE001
                 log.warning("lifecycle heartbeat failed: %s", exc)
 
-    def __enter__(self) -> "Heartbeat":
+    def __enter__(self) -> Heartbeat:
         self._thread.start()
         return self
 

@@ -12,7 +12,8 @@ import json
 import sys
 import threading
 import time
-from typing import IO, Mapping
+from collections.abc import Mapping
+from typing import IO
 
 from fleetcast.contract import telemetry
 

@@ -13,8 +13,9 @@ changes when it lands.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 from fleetcast.config import FleetConfig, Pool
 
@@ -61,7 +62,7 @@ def process_slots(served: Sequence) -> tuple:
     return tuple(slots)
 
 
-def calibration_of(cfg: FleetConfig, model: Any):  # noqa: ANN201 - CalibrationSpec | None
+def calibration_of(cfg: FleetConfig, model: Any):
     """A model's calibration set: its own where the config has per-model ones, else the fleet's."""
     own = getattr(model, "calibration", None)
     return own if own is not None else getattr(cfg, "calibration", None)

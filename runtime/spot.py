@@ -32,10 +32,11 @@ import logging
 import os
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 log = logging.getLogger("fleetcast.spot")
 
@@ -91,7 +92,7 @@ def _epoch(value: object) -> float | None:
         parsed = datetime.fromisoformat(value.replace("Z", "+00:00"))
     except ValueError:
         return None
-    return (parsed if parsed.tzinfo else parsed.replace(tzinfo=timezone.utc)).timestamp()
+    return (parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)).timestamp()
 
 
 def _object(body: str) -> dict:
@@ -153,7 +154,7 @@ class SpotWatcher:
                 return
             self._stop.wait(self.poll_s)
 
-    def start(self) -> "SpotWatcher":
+    def start(self) -> SpotWatcher:
         self._thread = threading.Thread(target=self._run, name="spot-watcher", daemon=True)
         self._thread.start()
         return self

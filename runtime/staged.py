@@ -9,8 +9,8 @@ from __future__ import annotations
 import logging
 import shutil
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from fleetcast.contract.manifest import MANIFEST_NAME, Manifest, verify_tree
 
@@ -68,7 +68,7 @@ def fetch_staged(store: RetryingS3, prefix: str, dest: Path, wait_s: float, poll
         target.parent.mkdir(parents=True, exist_ok=True)
         try:
             store.download_file(prefix + f.path, target)
-        except Exception as exc:  # noqa: BLE001 - StorageUnavailable passes through below
+        except Exception as exc:
             if isinstance(exc, CacheError):
                 raise
             raise StagingMissing(f"s3://{store.bucket}/{prefix}{f.path} listed in the manifest cannot be read: {exc}") from None

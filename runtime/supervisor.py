@@ -23,8 +23,8 @@ import subprocess
 import threading
 import time
 from collections import deque
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Callable, Mapping, Sequence
 
 from fleetcast.contract.instance_env import Var, default
 

@@ -26,15 +26,15 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Mapping
 
 from fleetcast.config import Backend, FleetConfig, KvCacheDtype, ModelFamily, Precision
-from fleetcast.contract import support
 from fleetcast.config.model import EngineSpec
-from fleetcast.contract.errors import UserError
+from fleetcast.contract import support
 from fleetcast.contract.calibration import loader_dir as calibration_loader_dir
+from fleetcast.contract.errors import UserError
 from fleetcast.contract.instance_env import Var, setting
 from fleetcast.contract.selection import tokenizer_file
 
@@ -269,7 +269,7 @@ class TrtllmBackend:
 
     name = "tensorrt-llm"
 
-    def __init__(self, cfg: FleetConfig, engine: EngineSpec, runner: Runner = run_logged, model=None):  # noqa: ANN001
+    def __init__(self, cfg: FleetConfig, engine: EngineSpec, runner: Runner = run_logged, model=None):
         self.cfg, self.engine, self.runner = cfg, engine, runner
         self.model = model if model is not None else cfg.model  # the one this backend builds and serves
         self.version = engine.tensorrt_llm_version

@@ -8,8 +8,8 @@ import argparse
 def register(sub: argparse._SubParsersAction) -> None:
     parser = sub.add_parser("ami", help="pin the fleets' DLAMI ids in the config (read from its public SSM parameter)")
     actions = parser.add_subparsers(dest="action", metavar="ACTION", required=True)
-    from fleetcast.contract.ami import DLAMI_NAME, DLAMI_SSM_PARAMETER
     from fleetcast.aws_session import add_aws_arguments
+    from fleetcast.contract.ami import DLAMI_NAME, DLAMI_SSM_PARAMETER
 
     pin = actions.add_parser(
         "pin", help="write each provider region's current DLAMI id into regions[].ami.id",

@@ -25,10 +25,17 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from fleetcast.bench.accuracy import (  # noqa: E402
-    METRICS, TestServerProcess, ToolResult, build_tiny_tokenizer, run_aiperf, run_fleetcast, truth_stats, within,
+from fleetcast.bench.accuracy import (
+    METRICS,
+    TestServerProcess,
+    ToolResult,
+    build_tiny_tokenizer,
+    run_aiperf,
+    run_fleetcast,
+    truth_stats,
+    within,
 )
-from fleetcast.bench.testserver import MODEL_ID, Timings  # noqa: E402
+from fleetcast.bench.testserver import MODEL_ID, Timings
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -22,13 +22,13 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import torch  # noqa: E402
+import torch
 
-from runtime.reference.build import random_weights  # noqa: E402
-from runtime.reference.configs import SIZES, shape_for  # noqa: E402
-from runtime.reference.engine import Engine  # noqa: E402
-from runtime.reference.model import GPT2, naive_logits  # noqa: E402
-from runtime.reference.tokenizer import EOS_ID, VOCAB_SIZE  # noqa: E402
+from runtime.reference.build import random_weights
+from runtime.reference.configs import SIZES, shape_for
+from runtime.reference.engine import Engine
+from runtime.reference.model import GPT2, naive_logits
+from runtime.reference.tokenizer import EOS_ID, VOCAB_SIZE
 
 
 class Timer:
@@ -118,7 +118,7 @@ def kernel_profile(engine: Engine, B: int, L: int) -> dict:
         heaviest = sorted(top.items(), key=lambda kv: -kv[1])[:8]
         return {"kernels": len(kernels), "kernel_time_ms": total_us / 1000,
                 "heaviest": [{"name": n[:80], "ms": t / 1000} for n, t in heaviest]}
-    except Exception as exc:  # profiling is a diagnostic; the timing figures do not depend on it
+    except Exception as exc:  # noqa: BLE001 - profiling is a diagnostic; the timing figures do not depend on it
         return {"error": repr(exc)}
 
 
@@ -214,7 +214,7 @@ def main(argv=None) -> int:
         # The server's view: host inputs in, graph replay, top-2 back to the host.
         for B in sorted({1, max(point_batches)}):
             toks, pos = [1] * B, [args.context - 1] * B
-            v[f"host_step_ms_B{B}"] = timer.median_ms(lambda: engine.decode_step(toks, pos), reps=args.reps, inner=1)
+            v[f"host_step_ms_B{B}"] = timer.median_ms(lambda: engine.decode_step(toks, pos), reps=args.reps, inner=1)  # noqa: B023 - called only within this iteration
         if device.type == "cuda":
             v["profile_B1"] = kernel_profile(engine, 1, engine.bucket(1, args.context - 1)[1])
         variants[attention] = v

@@ -4,8 +4,10 @@
 """
 import json
 import timeit
+
 from fleetcast.contract import telemetry as t
 from runtime.gateway.metrics import emf_record
+
 values = {t.REQUESTS: 1, t.THROTTLED: 0, t.ERRORS: 0, t.INPUT_TOKENS: 300, t.OUTPUT_TOKENS: 120,
           t.TTFT_MS: 15.123, t.E2E_MS: 980.456, t.ITL_MS: 8.012}
 props = {"path": "/v1/completions", "status": 200}

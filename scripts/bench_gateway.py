@@ -67,7 +67,7 @@ async def timed_upstream(reader: asyncio.StreamReader, writer: asyncio.StreamWri
             head = await reader.readuntil(b"\r\n\r\n")
             lines = head.decode("latin-1").split("\r\n")
             method, path = lines[0].split(" ")[:2]
-            length = next((int(l.split(":", 1)[1]) for l in lines if l.lower().startswith("content-length:")), 0)
+            length = next((int(h.split(":", 1)[1]) for h in lines if h.lower().startswith("content-length:")), 0)
             body = await reader.readexactly(length) if length else b""
             if path == "/health":
                 writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n")
@@ -131,8 +131,8 @@ class FakeEc2Endpoints:
     async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
             head = await reader.readuntil(b"\r\n\r\n")
-            length = next((int(l.split(b":", 1)[1]) for l in head.split(b"\r\n")
-                           if l.lower().startswith(b"content-length:")), 0)
+            length = next((int(h.split(b":", 1)[1]) for h in head.split(b"\r\n")
+                           if h.lower().startswith(b"content-length:")), 0)
             body = await reader.readexactly(length)
             self.calls += 1
             if b"Action=DescribeVpcEndpointConnections" in body:
@@ -378,7 +378,7 @@ async def main_async(args: argparse.Namespace) -> dict:
     ec2_port = await ec2.start()
     config = tmp / "fleet.json"
     _bench_config(config)
-    emf = open(tmp / "emf.log", "w")
+    emf = open(tmp / "emf.log", "w")  # noqa: SIM115 - the gateways write it; closed after they stop
     proxy_cpus, other_cpus = cpu_split(args.cpus)
     if other_cpus:
         os.sched_setaffinity(0, other_cpus)  # the client (this process) off the proxy's cores
@@ -437,7 +437,8 @@ async def main_async(args: argparse.Namespace) -> dict:
             except subprocess.TimeoutExpired:
                 proc.kill()
         emf.close()
-    records = sum(1 for _ in open(tmp / "emf.log"))
+    with open(tmp / "emf.log") as lines:
+        records = sum(1 for _ in lines)
     results["gateway_emf_records"] = records
     return results
 

@@ -95,7 +95,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _spawn(args: list[str], env: dict | None = None, log: Path | None = None) -> subprocess.Popen:
-    out = open(log, "w") if log else subprocess.DEVNULL
+    out = open(log, "w") if log else subprocess.DEVNULL  # noqa: SIM115 - owned by the child
     return subprocess.Popen([sys.executable, *args], cwd=str(ROOT), env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})},
                             stdout=out, stderr=subprocess.STDOUT)
 

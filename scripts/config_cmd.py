@@ -109,10 +109,10 @@ def _diff(args: argparse.Namespace) -> int:
 
 
 def _diff_deployed(args: argparse.Namespace, new) -> int:
-    from fleetcast.config.impact import diff_configs, render_impact
     from fleetcast.aws_session import AwsSession
-    from fleetcast.deployed import deployed_config
+    from fleetcast.config.impact import diff_configs, render_impact
     from fleetcast.contract.errors import UserError
+    from fleetcast.deployed import deployed_config
 
     names = [r.region for r in new.regions]
     if args.region and args.region not in names:

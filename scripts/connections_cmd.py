@@ -65,8 +65,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _reviewer(args: argparse.Namespace):
-    from fleetcast.config import load_config
     from fleetcast.aws_session import AwsSession
+    from fleetcast.config import load_config
     from fleetcast.connections import AuditLog, Reviewer
 
     cfg = load_config(args.config)

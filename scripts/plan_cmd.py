@@ -9,6 +9,7 @@ import argparse
 import json
 import math
 import sys
+from datetime import UTC
 
 
 def _positive(flag: str):
@@ -141,7 +142,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _traffic_from_cloudwatch(args: argparse.Namespace):
-    from datetime import datetime, timezone
+    from datetime import datetime
 
     from fleetcast.config import load_config
     from fleetcast.contract.errors import EXIT_USAGE, UserError
@@ -152,18 +153,17 @@ def _traffic_from_cloudwatch(args: argparse.Namespace):
     if not args.since:
         raise UserError("--traffic-from cloudwatch needs --since (e.g. --since 7d)", exit_code=EXIT_USAGE)
     cfg = load_config(args.config)
-    now = datetime.now(timezone.utc)
+    now = datetime.now(UTC)
     profile, _ = export(cfg, parse_time(args.since, now, "--since"), parse_time(args.until, now, "--until"),
                         traffic_cmd.cloudwatch_caller(args.profile), region=args.region, now=now)
     return profile
 
 
 def _plan(args: argparse.Namespace) -> int:
+    from fleetcast.contract.errors import EXIT_USAGE, UserError
     from fleetcast.plan.report import render_terminal, to_json, write_report
     from fleetcast.plan.run import PlanOptions, build_plan
     from fleetcast.plan.writeback import compute_plan_edit, throttling_notes, write_config_notes
-
-    from fleetcast.contract.errors import EXIT_USAGE, UserError
 
     if args.traffic_from and args.write_config:
         raise UserError("--write-config takes a traffic file: export one with `fleetcast traffic export` and plan "
@@ -244,7 +244,7 @@ def _config_or_none(path: str | None):
 
 def _baseline(config_path: str, cfg, pools, ctx) -> tuple:
     """(path, text) of the plan baseline for the config as written."""
-    from datetime import datetime, timezone
+    from datetime import datetime
 
     from fleetcast.plan.drift import baseline_document, baseline_path
     from fleetcast.plan.writeback import pool_name_for
@@ -254,7 +254,7 @@ def _baseline(config_path: str, cfg, pools, ctx) -> tuple:
         region = next((r for r in cfg.regions if r.region == fleet_pool.service_region), None)
         if region is not None:
             chosen[region.region] = pool_name_for(region, fleet_pool.evaluation.candidate.family)
-    doc = baseline_document(pools, ctx, chosen, datetime.now(timezone.utc).isoformat(timespec="seconds"))
+    doc = baseline_document(pools, ctx, chosen, datetime.now(UTC).isoformat(timespec="seconds"))
     return baseline_path(config_path), json.dumps(doc, indent=1) + "\n"
 
 
@@ -262,8 +262,8 @@ def _check(args: argparse.Namespace, result, plans) -> int:
     from pathlib import Path
 
     from fleetcast.config import load_config
-    from fleetcast.plan.check import baseline_findings, config_path_required, drift_settings, render, replan_findings
     from fleetcast.contract.errors import EXIT_REFUSED
+    from fleetcast.plan.check import baseline_findings, config_path_required, drift_settings, render, replan_findings
     from fleetcast.plan.drift import Finding, baseline_path, load_baseline
 
     cfg = load_config(config_path_required(args.config))

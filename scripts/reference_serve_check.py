@@ -150,7 +150,7 @@ def main(argv=None) -> int:
            "--device", args.device]
     if args.max_batch_size:
         cmd += ["--max-batch-size", str(args.max_batch_size)]
-    log = open(args.server_log, "w") if args.server_log else subprocess.DEVNULL
+    log = open(args.server_log, "w") if args.server_log else subprocess.DEVNULL  # noqa: SIM115 - owned by the child
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"})
     try:
         result["start_to_healthy_s"] = round(asyncio.run(wait_healthy(base, proc, args.health_timeout)), 2)

@@ -39,12 +39,24 @@ import tempfile
 import time
 from pathlib import Path
 
-from scripts.bench_gateway import (
-    BENCH_ACCOUNT, BENCH_VPCE, REGION, FakeEc2Endpoints, Sample, _spawn, _wait_port, _worker, bench_config_data, bench_model,
-    free_port, gateway_args, gateway_env, percentile, write_config,
-)
-
 from runtime.gateway.http import BODY_TIMEOUT_S
+from scripts.bench_gateway import (
+    BENCH_ACCOUNT,
+    BENCH_VPCE,
+    REGION,
+    FakeEc2Endpoints,
+    Sample,
+    _spawn,
+    _wait_port,
+    _worker,
+    bench_config_data,
+    bench_model,
+    free_port,
+    gateway_args,
+    gateway_env,
+    percentile,
+    write_config,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 FLOOD_VPCE, FLOOD_ACCOUNT = "vpce-0bbbbbbbbbbbbbbb2", "777788889999"  # a consumer limited to 2 at once
@@ -110,7 +122,7 @@ class Soak:
                 self.abuse[f"{action.__name__} {type(exc).__name__}"] += 1
             try:
                 await asyncio.wait_for(self.stop.wait(), period_s)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 pass
 
     async def exchange(self, data: bytes, vpce: str | None = BENCH_VPCE, header: bytes | None = None) -> str:
@@ -150,7 +162,7 @@ class Soak:
         try:
             writer.write(_header(BENCH_VPCE) + request)
             head = await reader.readuntil(b"\r\n\r\n")
-            length = int(next(l.split(b":")[1] for l in head.split(b"\r\n") if l.lower().startswith(b"content-length")))
+            length = int(next(h.split(b":")[1] for h in head.split(b"\r\n") if h.lower().startswith(b"content-length")))
             await reader.readexactly(length)
             if not head.startswith(b"HTTP/1.1 200"):
                 raise RuntimeError(head[:40].decode("latin-1"))
@@ -181,7 +193,7 @@ class Soak:
                 try:
                     await asyncio.wait_for(self.stop.wait(), 1.0)
                     return
-                except asyncio.TimeoutError:
+                except TimeoutError:
                     pass
                 if reader.at_eof():
                     break
@@ -267,7 +279,7 @@ async def run(args: argparse.Namespace) -> int:
     ec2_port = await ec2.start()
     config = tmp / "fleet.json"
     _config(config)
-    emf, log = open(tmp / "emf.log", "w"), open(tmp / "gateway.log", "w")
+    emf, log = open(tmp / "emf.log", "w"), open(tmp / "gateway.log", "w")  # noqa: SIM115 - closed after the gateway stops
     upstream = _spawn(["-m", "scripts.bench_gateway", "_upstream", str(up_port), str(TTFT_MS), str(INTERVAL_MS)])
     gateway = _spawn(gateway_args(port, up_port, config) + ["--body-timeout-s", str(args.body_timeout_s),
                                                             "--workers", str(args.workers)],
@@ -325,7 +337,8 @@ async def run(args: argparse.Namespace) -> int:
                 proc.kill()
         emf.close()
         log.close()
-    records = sum(1 for _ in open(tmp / "emf.log"))
+    with open(tmp / "emf.log") as lines:
+        records = sum(1 for _ in lines)
     print(f"\nwell-behaved: {soak.total_requests} requests, {soak.total_failures} failed; gateway wrote {records} EMF "
           f"records; exit {gateway.returncode}")
     if rows:

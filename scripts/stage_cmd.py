@@ -175,11 +175,10 @@ def _model(args: argparse.Namespace) -> int:
 
 def _calibration(args: argparse.Namespace) -> int:
     from fleetcast.config import load_config
-    from fleetcast.staging.model import stage_calibration
-
     from fleetcast.config.edit import edited_text, replace_files
-    from fleetcast.staging.calibration import check_name, read_rows
     from fleetcast.contract.bucket import calibration_prefix
+    from fleetcast.staging.calibration import check_name, read_rows
+    from fleetcast.staging.model import stage_calibration
 
     # Everything local is checked first, offline: config, name, part size and the set itself.
     cfg = load_config(args.config)
@@ -210,10 +209,10 @@ def _calibration(args: argparse.Namespace) -> int:
 def _image(args: argparse.Namespace) -> int:
     from fleetcast.config import load_config
     from fleetcast.config.edit import apply_edits
+    from fleetcast.contract.errors import FleetcastError
     from fleetcast.contract.names import provider_stack_name
     from fleetcast.contract.outputs import ProviderOutput, require_output
     from fleetcast.staging.aws import parse_region_map
-    from fleetcast.contract.errors import FleetcastError
     from fleetcast.staging.image import ImageTarget, single_digest, stage_codebuild, stage_local
 
     cfg = load_config(args.config)
@@ -261,13 +260,12 @@ def _status(args: argparse.Namespace) -> int:
     """The model and the serving image each region's instances will read (fleetcast/staging/readiness.py,
     the same check `fleetcast deploy` waits on before it gives a new region capacity)."""
     from fleetcast.config import load_config
+    from fleetcast.contract.bucket import model_prefix
     from fleetcast.contract.names import provider_stack_name
     from fleetcast.contract.outputs import ProviderOutput, require_output
     from fleetcast.staging.aws import parse_region_map
-    from fleetcast.contract.bucket import model_prefix
-    from fleetcast.staging.transfer import human_bytes
     from fleetcast.staging.readiness import image_problems, image_reference, instance_image_id, model_problems
-    from fleetcast.staging.transfer import read_manifest
+    from fleetcast.staging.transfer import human_bytes, read_manifest
 
     cfg = load_config(args.config)
     clients = _clients(args)

@@ -53,7 +53,11 @@ def summarize(cfg, stacks: dict[str, dict], out: Path) -> tuple[list[str], list[
     from fleetcast.config import catalog
     from fleetcast.contract.instance_env import Var
     from fleetcast.contract.names import (
-        config_parameter_description, consumer_stack_name, expected_stacks, provider_stack_name, skip_reason,
+        config_parameter_description,
+        consumer_stack_name,
+        expected_stacks,
+        provider_stack_name,
+        skip_reason,
     )
 
     lines = [f"Fleet {cfg.name}: config digest {cfg.digest()[:12]}, egress {cfg.network.egress.value}, "

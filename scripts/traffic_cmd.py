@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from datetime import UTC
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -41,17 +42,15 @@ def cloudwatch_caller(profile: str | None):
 
 
 def _export(args: argparse.Namespace) -> int:
-    from datetime import datetime, timezone
+    from datetime import datetime
     from pathlib import Path
-
-    from ruamel.yaml import YAML
 
     from fleetcast.config import load_config
     from fleetcast.traffic import export
     from fleetcast.usage import parse_time
 
     cfg = load_config(args.config)
-    now = datetime.now(timezone.utc)
+    now = datetime.now(UTC)
     since = parse_time(args.since, now, "--since")
     until = parse_time(args.until, now, "--until")
     profile, doc = export(cfg, since, until, cloudwatch_caller(args.profile), region=args.region,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from datetime import UTC
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -23,14 +24,14 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _usage(args: argparse.Namespace) -> int:
-    from datetime import datetime, timezone
+    from datetime import datetime
 
     from fleetcast.aws_session import AwsSession
     from fleetcast.config import load_config
     from fleetcast.usage import collect, parse_time, render
 
     cfg = load_config(args.config)
-    now = datetime.now(timezone.utc)
+    now = datetime.now(UTC)
     since = parse_time(args.since, now, "--since")
     until = parse_time(args.until, now, "--until")
     aws = AwsSession(args.profile)  # --region picks a config region; each region's client is its own

@@ -6,8 +6,8 @@ from collections.abc import Callable
 
 from aws_cdk import App, Stack
 
-from fleetcast.contract.capacity_hold import HOLD_CONTEXT, check_held_regions
 from fleetcast.config import FleetConfig
+from fleetcast.contract.capacity_hold import HOLD_CONTEXT, check_held_regions
 
 from . import nag
 from .feature_flags import FEATURE_FLAGS

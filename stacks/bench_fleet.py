@@ -26,8 +26,8 @@ from fleetcast.config.model import Capacity, WarmPoolSpec
 from fleetcast.contract.bench import KNOB_DEFAULTS
 from fleetcast.contract.bucket import bench_results_key
 from fleetcast.contract.context import Context, is_true
-from fleetcast.contract.instance_env import Var
 from fleetcast.contract.errors import UserError
+from fleetcast.contract.instance_env import Var
 
 from .gpu_fleet import GpuFleet, asg_name
 

@@ -39,18 +39,18 @@ from fleetcast.config import Consumer, FleetConfig
 from fleetcast.contract.bench import KNOB_DEFAULTS, PROBE_KNOB_DEFAULTS
 from fleetcast.contract.bucket import probe_results_key as results_key_of
 from fleetcast.contract.context import Context, is_true
+from fleetcast.contract.errors import UserError
 from fleetcast.contract.instance_env import Var
 from fleetcast.contract.outputs import ConsumerOutput
 from fleetcast.contract.probe_wheels import check_wheelhouse
-from fleetcast.contract.errors import UserError
 from runtime.probe.userdata import render_probe_user_data
 
 from . import nag
 from .bench_fleet import bench_enabled, bench_knobs
 from .gpu_fleet import asg_arn
 from .runtime_bundle import PROBE, REPO_ROOT, stage_bundle
-from .storage import private_bucket
 from .session_manager import WILDCARD_REASON, grant_session_manager
+from .storage import private_bucket
 
 ROOT_VOLUME_GIB = 16
 

@@ -29,8 +29,8 @@ from aws_cdk import aws_events_targets as targets
 from aws_cdk import aws_sns as sns
 from constructs import Construct
 
-from fleetcast.contract import telemetry
 from fleetcast.config import FleetConfig, Pool
+from fleetcast.contract import telemetry
 
 from .fleet_metrics import ONE_MINUTE, runtime_metric, target_group_metric
 

@@ -7,7 +7,7 @@ alarms use, and the alarm widget at the bottom lists every alarm of the region.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from aws_cdk import Duration
 from aws_cdk import aws_autoscaling as autoscaling
@@ -15,8 +15,8 @@ from aws_cdk import aws_cloudwatch as cloudwatch
 from aws_cdk import aws_elasticloadbalancingv2 as elbv2
 from constructs import Construct
 
-from fleetcast.contract import telemetry
 from fleetcast.config import FleetConfig
+from fleetcast.contract import telemetry
 
 from .fleet_metrics import ONE_MINUTE, asg_metric, runtime_metric, slo_ratio, target_group_metric
 
@@ -153,7 +153,8 @@ class FleetDashboard(Construct):
         )
 
     def _spot_row(self, cfg: FleetConfig, groups: Mapping[str, autoscaling.IAutoScalingGroup],
-                  spot_groups: Mapping[str, autoscaling.IAutoScalingGroup], graph) -> None:  # noqa: ANN001
+                  spot_groups: Mapping[str, autoscaling.IAutoScalingGroup],
+                  graph: Callable[..., cloudwatch.GraphWidget]) -> None:
         """Spot pools only: On-Demand vs Spot instances, interruptions and drains, and the fallback, apart."""
         fleet, pools = cfg.name, list(spot_groups)
         bases = {p.name: p for r in cfg.regions for p in r.pools if p.name in spot_groups}

@@ -24,8 +24,8 @@ from __future__ import annotations
 from aws_cdk import aws_autoscaling as autoscaling
 from constructs import Construct
 
-from fleetcast.contract import telemetry
 from fleetcast.config import FleetConfig, Pool
+from fleetcast.contract import telemetry
 
 from .launch_order import TERMINATING, add_lifecycle_hook, capacity_held
 

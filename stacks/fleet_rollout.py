@@ -29,8 +29,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from aws_cdk import CfnAutoScalingInstanceRefresh, CfnAutoScalingInstanceRefreshAlarmSpecification
-from aws_cdk import CfnAutoScalingInstanceRefreshPreferences, CfnAutoScalingScheduledAction, CfnUpdatePolicy
+from aws_cdk import (
+    CfnAutoScalingInstanceRefresh,
+    CfnAutoScalingInstanceRefreshAlarmSpecification,
+    CfnAutoScalingInstanceRefreshPreferences,
+    CfnAutoScalingScheduledAction,
+    CfnUpdatePolicy,
+)
 from aws_cdk import aws_autoscaling as autoscaling
 from aws_cdk import aws_cloudwatch as cloudwatch
 from constructs import Construct

@@ -44,8 +44,8 @@ from aws_cdk import aws_autoscaling as autoscaling
 from aws_cdk import aws_cloudwatch as cloudwatch
 from constructs import Construct
 
-from fleetcast.contract import telemetry
 from fleetcast.config import FleetConfig, Pool
+from fleetcast.contract import telemetry
 
 from .fleet_metrics import ONE_MINUTE, asg_metric, runtime_metric, slo_ratio
 from .launch_order import capacity_held

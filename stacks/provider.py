@@ -6,8 +6,8 @@ from aws_cdk import CfnOutput, Stack, Tags
 from aws_cdk import aws_ec2 as ec2
 from constructs import Construct
 
-from fleetcast.contract.capacity_hold import HELD_OUTPUT
 from fleetcast.config import EgressMode, FleetConfig, Region
+from fleetcast.contract.capacity_hold import HELD_OUTPUT
 from fleetcast.contract.image import image_reference, image_tag, instance_image_id
 from fleetcast.contract.names import FLEET_TAG
 from fleetcast.contract.outputs import ProviderOutput
@@ -18,9 +18,9 @@ from .connection_approver import ConnectionApprover
 from .endpoint_service import EndpointService
 from .fleet_logs import FleetLogs
 from .fleet_operations import FleetOperations
-from .launch_order import capacity_held
 from .gpu_fleet import GpuFleet, InstanceInputs
 from .image_mirror import ImageMirror
+from .launch_order import capacity_held
 from .network import FleetNetwork
 from .notifications import NotificationTopic
 from .plan_drift import PlanDriftCheck

@@ -92,7 +92,7 @@ class TestServerProcess:
                 self.proc.kill()
                 self.proc.wait()
 
-    def __enter__(self) -> "TestServerProcess":
+    def __enter__(self) -> TestServerProcess:
         return self
 
     def __exit__(self, *exc) -> None:

@@ -264,9 +264,7 @@ def _network_share(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from fleetcast.bench.network_share import check_paths, network_share, render_table, to_json
-    from fleetcast.bench.schema import load_results
-
-    from fleetcast.bench.schema import mixed_shapes
+    from fleetcast.bench.schema import load_results, mixed_shapes
 
     instance, privatelink = load_results(args.instance), load_results(args.privatelink)
     mixed = mixed_shapes([(args.instance, instance), (args.privatelink, privatelink)])

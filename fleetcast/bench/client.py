@@ -53,7 +53,7 @@ class Endpoint:
     base_path: str  # "" or "/prefix", without the trailing /v1
 
     @classmethod
-    def parse(cls, url: str) -> "Endpoint":
+    def parse(cls, url: str) -> Endpoint:
         parts = urlsplit(url)
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise UserError(f"--endpoint: {url!r} must be an http:// or https:// URL, e.g. http://127.0.0.1:8000")
@@ -267,7 +267,7 @@ async def send_request(pool: ConnectionPool, request: bytes, timeout_s: float) -
     raw = RawResponse(t_send=_clock())
     try:
         conn = await pool.acquire()
-    except (OSError, asyncio.TimeoutError):
+    except (TimeoutError, OSError):
         raw.error = "connect_error"
         raw.t_done = _clock()
         return raw
@@ -275,7 +275,7 @@ async def send_request(pool: ConnectionPool, request: bytes, timeout_s: float) -
     conn.start(request, raw, done)
     try:
         await asyncio.wait_for(done, timeout_s)
-    except asyncio.TimeoutError:
+    except TimeoutError:
         raw.error = "timeout"
         raw.t_done = _clock()
         conn._raw = None
@@ -502,7 +502,7 @@ async def tcp_rtt_ms(endpoint: Endpoint, samples: int = 7, timeout_s: float = 5.
         try:
             await asyncio.wait_for(loop.sock_connect(sock, addr), timeout_s)
             values.append((_clock() - t0) * 1000.0)
-        except (OSError, asyncio.TimeoutError):
+        except (TimeoutError, OSError):
             pass
         finally:
             sock.close()

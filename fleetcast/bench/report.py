@@ -144,7 +144,7 @@ def _plots(results: list[Results], out: Path) -> list[Path]:
         runs = sorted(res.runs, key=load_x)
         xs = [load_x(r) for r in runs]
         all_x += xs
-        for ax, metric, title in ((axes[0], "ttft_ms", "TTFT"), (axes[1], "itl_ms", "ITL")):
+        for ax, metric in ((axes[0], "ttft_ms"), (axes[1], "itl_ms")):
             for q, style in (("p50", "-o"), ("p95", "--s"), ("p99", ":^")):
                 ys = [getattr(getattr(r.summary, metric), q) for r in runs]
                 ax.plot(xs, [y if y is not None else float("nan") for y in ys], style, color=colour,

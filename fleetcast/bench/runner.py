@@ -26,20 +26,33 @@ import random
 import socket
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Callable
 
 from fleetcast import __version__
 from fleetcast.bench.client import (
-    ConnectionPool, Endpoint, build_http_request, http_json, send_request, tcp_rtt_ms,
+    ConnectionPool,
+    Endpoint,
+    build_http_request,
+    http_json,
+    send_request,
+    tcp_rtt_ms,
 )
 from fleetcast.bench.distributions import IntDistribution, parse_distribution
 from fleetcast.bench.metrics import Sent, Slo, summarize, to_record
 from fleetcast.bench.prompts import PromptFactory, calibrate_from_usage
 from fleetcast.bench.schema import (
-    SCHEMA_REVISION, ClientInfo, Labels, Lengths, Load, RequestShape, Results, Run, SloSpec,
+    SCHEMA_REVISION,
+    ClientInfo,
+    Labels,
+    Lengths,
+    Load,
+    RequestShape,
+    Results,
+    Run,
+    SloSpec,
 )
 from fleetcast.contract import bench as bench_defaults
 from fleetcast.contract.errors import UserError
@@ -333,7 +346,7 @@ class Bench:
         self.rng.shuffle(phases)
         return phases
 
-    async def _run_level(self, level: Level, progress: "_Progress | None") -> tuple[list[Sent], list[float], float, bool]:
+    async def _run_level(self, level: Level, progress: _Progress | None) -> tuple[list[Sent], list[float], float, bool]:
         opts = self.opts
         pool = ConnectionPool(self.ep, ca_bundle=self.opts.ca_bundle)
         sink: list[Sent] = []

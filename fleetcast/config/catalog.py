@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
 from typing import Any
 
@@ -71,7 +71,7 @@ def _table(name: str, env: Var | None = None) -> dict[str, Any]:
     return _read_yaml(Path(override) if override else DATA_DIR / name)
 
 
-@lru_cache(maxsize=None)
+@cache
 def instance_catalog() -> dict[str, InstanceType]:
     raw = _table("instances.yaml", Var.INSTANCES)
     gpus = {name: Gpu(name=name, **spec) for name, spec in raw["gpus"].items()}
@@ -98,7 +98,7 @@ def gpu_by_name(name: str) -> Gpu:
     raise KeyError(name)
 
 
-@lru_cache(maxsize=None)
+@cache
 def availability() -> dict[str, frozenset[str]]:
     raw = _table("availability.yaml", Var.AVAILABILITY)
     return {family: frozenset(regions) for family, regions in raw["families"].items()}
@@ -108,7 +108,7 @@ def availability_as_of() -> str:
     return str(_table("availability.yaml", Var.AVAILABILITY).get("as_of", "unknown"))
 
 
-@lru_cache(maxsize=None)
+@cache
 def privatelink_cross_region() -> frozenset[str]:
     return frozenset(_table("privatelink_regions.yaml", Var.PRIVATELINK_REGIONS)["regions"])
 
@@ -129,7 +129,7 @@ def supported_precisions(arch: str) -> list[str]:
 arch_for_compute_capability = support.arch_for_compute_capability
 
 
-@lru_cache(maxsize=None)
+@cache
 def known_regions() -> frozenset[str]:
     """Every region of every AWS partition, from botocore's endpoint data (botocore/data/endpoints.json,
     `partitions[].regions`): the SDK that deploys the fleet knows no other. A region launched after the

@@ -11,8 +11,9 @@ from __future__ import annotations
 import io
 import os
 import tempfile
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 from ruamel.yaml import YAML
 

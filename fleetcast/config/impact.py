@@ -62,7 +62,7 @@ class ConfigImpact:
     pools: list[PoolImpact]
     consumers_changed: list[str] = field(default_factory=list)
 
-    def for_region(self, region: str) -> "ConfigImpact":
+    def for_region(self, region: str) -> ConfigImpact:
         """The same changes, with only that region's pools (what a deploy there does)."""
         return ConfigImpact(self.changes, [p for p in self.pools if p.region == region], self.consumers_changed)
 

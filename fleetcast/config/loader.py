@@ -386,7 +386,7 @@ def read_document(path: str | Path, raw: bytes | None = None) -> tuple[Any, dict
     except YAMLError as exc:
         raise refuse(f"malformed YAML: {str(exc).splitlines()[0]}") from None
     except RecursionError:
-        raise refuse(f"nested too deeply for the YAML parser; a fleet config needs fewer than 10 levels") from None
+        raise refuse("nested too deeply for the YAML parser; a fleet config needs fewer than 10 levels") from None
     if doc is None:
         raise refuse("the file is empty")
     try:

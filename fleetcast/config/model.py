@@ -234,7 +234,7 @@ class EngineSpec(Frozen):
     port: int = Field(default=8000, ge=1024, le=65535, description="Port the NLB listens on and the gateway serves.")
 
     @model_validator(mode="after")
-    def _image_pins_version(self) -> "EngineSpec":
+    def _image_pins_version(self) -> EngineSpec:
         reference = self.image.partition("@")[0]
         tag = reference.rsplit(":", 1)[-1] if ":" in reference.rsplit("/", 1)[-1] else ""
         # The release the tag names, whole: 1.2.1rc1 is another release than 1.2.1 (its engines are cached
@@ -288,7 +288,7 @@ class Capacity(Frozen):
     max: int = Field(ge=1, le=1000, description="Most instances scaling may reach.")
 
     @model_validator(mode="after")
-    def _ordered(self) -> "Capacity":
+    def _ordered(self) -> Capacity:
         if self.desired is None and self.min > self.max:
             raise ValueError(f"capacity must satisfy min <= max, got min={self.min} max={self.max}")
         if self.desired is not None and not (self.min <= self.desired <= self.max):
@@ -342,7 +342,7 @@ class ScalingSpec(Frozen):
     )
 
     @model_validator(mode="after")
-    def _slo_ratios_ordered(self) -> "ScalingSpec":
+    def _slo_ratios_ordered(self) -> ScalingSpec:
         if self.slo_scale_in_ratio >= self.slo_scale_out_ratio:
             raise ValueError("scaling.slo_scale_in_ratio must be below scaling.slo_scale_out_ratio (else the pool "
                              f"could scale in and out on the same reading), got {self.slo_scale_in_ratio:g} >= "
@@ -389,7 +389,7 @@ class RolloutSpec(Frozen):
     )
 
     @model_validator(mode="after")
-    def _never_all_at_once(self) -> "RolloutSpec":
+    def _never_all_at_once(self) -> RolloutSpec:
         if self.max_healthy_percentage - self.min_healthy_percentage > 100:
             raise ValueError("max_healthy_percentage may exceed min_healthy_percentage by at most 100 (an EC2 Auto "
                              f"Scaling rule), got {self.min_healthy_percentage}..{self.max_healthy_percentage}")
@@ -515,7 +515,7 @@ class Pool(Frozen):
         return self.capacity.max if ceiling is None else ceiling
 
     @model_serializer(mode="wrap")
-    def _omit_absent_spot(self, handler):  # noqa: ANN001, ANN202 - pydantic's wrap-serializer signature
+    def _omit_absent_spot(self, handler):
         # A pool without a spot tier dumps exactly as before the field existed: the config parameter,
         # the digests and so the templates of spot-less fleets stay byte-identical.
         data = handler(self)
@@ -524,7 +524,7 @@ class Pool(Frozen):
         return data
 
     @model_validator(mode="after")
-    def _reservations_only_needs_ids(self) -> "Pool":
+    def _reservations_only_needs_ids(self) -> Pool:
         if self.capacity_reservations_only and not self.capacity_reservation_ids:
             raise ValueError("capacity_reservations_only is set but capacity_reservation_ids is empty: "
                              "name the reservations (cr-...) or drop capacity_reservations_only")

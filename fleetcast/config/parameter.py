@@ -58,7 +58,7 @@ def decode_parameter(value: str) -> str:
     return data.decode("utf-8")
 
 
-def config_parameter(cfg: "FleetConfig") -> tuple[str, Tier | None]:
+def config_parameter(cfg: FleetConfig) -> tuple[str, Tier | None]:
     """The parameter value for `cfg` and its tier (None: the value fits no tier)."""
     config_json = cfg.model_dump_json()
     value = encode_parameter(config_json)

@@ -145,7 +145,7 @@ def _pools(cfg: FleetConfig) -> list[ConfigIssue]:
             engine = cfg.engine_for(pool)
             # Blame the override when the pool set the value, the fleet default otherwise.
             def where(field: str) -> Path:
-                return here + ("engine", field) if getattr(pool.engine, field) is not None else ("engine", field)
+                return here + ("engine", field) if getattr(pool.engine, field) is not None else ("engine", field)  # noqa: B023 - called only within this iteration
 
             instance = instances.get(pool.instance_type)
             if instance is None:

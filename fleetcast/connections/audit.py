@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import IO, Callable
+from typing import IO
 
 from fleetcast.contract.errors import UserError
 
@@ -53,7 +54,7 @@ class AuditLog:
     """Writes AuditRecords as JSON lines to a stream or appends them to a file."""
 
     def __init__(self, stream: IO[str] | None = None, path: str | Path | None = None,
-                 clock: Callable[[], datetime] = lambda: datetime.now(timezone.utc)):
+                 clock: Callable[[], datetime] = lambda: datetime.now(UTC)):
         self._stream = stream if stream is not None else (None if path else sys.stdout)
         self._path = Path(path) if path else None
         self._clock = clock
@@ -67,7 +68,7 @@ class AuditLog:
                 raise UserError(f"--audit-log {str(path)!r}: cannot append to it: {exc.strerror}") from None
 
     def now(self) -> str:
-        return self._clock().astimezone(timezone.utc).isoformat(timespec="seconds").replace("+00:00", "Z")
+        return self._clock().astimezone(UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
 
     def write(self, record: AuditRecord) -> None:
         if record.decision not in DECISIONS:

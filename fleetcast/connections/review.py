@@ -26,13 +26,13 @@ from datetime import datetime
 from typing import IO
 
 from fleetcast.config import FleetConfig
+from fleetcast.contract.connections import ACCOUNT_ID, allowed_accounts, consumer_vpcs
+from fleetcast.contract.errors import EXIT_AWS_SERVICE, EXIT_INVALID, EXIT_REFUSED, UserError
 from fleetcast.contract.names import FLEET_TAG, provider_stack_name
 from fleetcast.contract.outputs import ProviderOutput
-from fleetcast.contract.errors import EXIT_AWS_SERVICE, EXIT_INVALID, EXIT_REFUSED, UserError
 
 from .audit import AuditLog, AuditRecord
 from .aws import Access, AwsCallError, PermissionDenied
-from fleetcast.contract.connections import ACCOUNT_ID, allowed_accounts, consumer_vpcs
 
 ENDPOINT_ID = re.compile(r"^vpce-[0-9a-f]{8}([0-9a-f]{9})?$")
 SERVICE_ID = re.compile(r"^vpce-svc-[0-9a-f]{8}([0-9a-f]{9})?$")

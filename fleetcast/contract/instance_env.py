@@ -13,8 +13,8 @@ from __future__ import annotations
 import difflib
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
-from typing import Any
 from enum import StrEnum
+from typing import Any
 
 from .errors import UserError
 

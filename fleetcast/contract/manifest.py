@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 MANIFEST_NAME = "manifest.json"
 SCHEMA = "fleetcast.manifest/v1"
@@ -46,7 +47,7 @@ class Manifest:
         return json.dumps(data, indent=2, sort_keys=True)
 
     @classmethod
-    def from_json(cls, text: str | bytes) -> "Manifest":
+    def from_json(cls, text: str | bytes) -> Manifest:
         data = json.loads(text)
         if data.get("schema") != SCHEMA:
             raise ValueError(f"unsupported manifest schema {data.get('schema')!r}; expected {SCHEMA}")

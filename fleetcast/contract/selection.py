@@ -17,8 +17,8 @@ non-weight files, never a weight format. Shared by `fleetcast stage` and the run
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from fnmatch import fnmatchcase
-from typing import Iterable
 
 WEIGHT_PATTERNS = ("*.safetensors", "*.safetensors.index.json")
 CONFIG_FILES = ("config.json", "generation_config.json", "hf_quant_config.json")

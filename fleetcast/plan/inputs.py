@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import copy
 import math
-from datetime import date
 from dataclasses import dataclass, field
+from datetime import date
 from pathlib import Path
 from typing import Any
 
@@ -20,8 +20,8 @@ from ruamel.yaml.error import YAMLError
 
 from fleetcast.config import catalog
 from fleetcast.config.model import Precision
-from fleetcast.contract.network import PROVIDER_INTERFACE_ENDPOINTS
 from fleetcast.contract.errors import UserError
+from fleetcast.contract.network import PROVIDER_INTERFACE_ENDPOINTS
 
 from .curves import Candidate, Curve, LoadPoint
 from .traffic import validation_summary
@@ -189,7 +189,7 @@ class Prices:
     def price(self, instance_type: str, region: str) -> float | None:
         return self.table.get(instance_type, {}).get(region)
 
-    def with_price(self, instance_type: str, region: str, value: float) -> "Prices":
+    def with_price(self, instance_type: str, region: str, value: float) -> Prices:
         table = {k: dict(v) for k, v in self.table.items()}
         table.setdefault(instance_type, {})[region] = value
         return Prices(table, self.as_of, self.source)

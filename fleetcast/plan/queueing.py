@@ -49,7 +49,7 @@ class LogNormal:
     sigma: float
 
     @classmethod
-    def fit(cls, mean: float | None, p99: float) -> "LogNormal":
+    def fit(cls, mean: float | None, p99: float) -> LogNormal:
         p99 = max(p99, 1e-9)
         if mean is None or mean <= 0 or mean >= p99:
             return cls(math.log(p99), 0.0)
@@ -85,7 +85,7 @@ class ServiceModel:
         self.top = curve.points[-1].concurrency
         self._cache: dict[float, tuple] = {}
         self._levels: list[tuple] = []  # _at(j) for integer batches j = 0, 1, ... (the same tuples, by index)
-        self.predictions: dict[tuple, "Prediction"] = {}  # predict() is pure in (streams, share)
+        self.predictions: dict[tuple, Prediction] = {}  # predict() is pure in (streams, share)
 
     def _at(self, b: float):
         b = round(min(max(b, 1.0), self.top), 2)  # the cache stays small; 0.01 of a request changes nothing

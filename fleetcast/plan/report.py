@@ -471,7 +471,7 @@ def to_json(result: PlanResult) -> dict:
         "regions": [{
             "consumer_region": p.traffic.region,
             "winner": ev_json(p.winner) if p.winner else None,
-            "why_not": [{"candidate": l, "reason": w} for l, w in p.why_not],
+            "why_not": [{"candidate": cand, "reason": w} for cand, w in p.why_not],
             "peak_notes": p.peak_notes, "stats_notes": p.stats_notes, "decided_by": p.decided_by,
             "evaluations": [ev_json(e) for e in p.ranked] + [ev_json(e) for e in p.evaluations if not e.feasible],
         } for p in result.regions],

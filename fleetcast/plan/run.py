@@ -13,10 +13,15 @@ from fleetcast.config import catalog
 from fleetcast.contract.errors import UserError
 
 from .aws import live_availability, refresh_prices
-from .estimate import estimate_specs
 from .curves import sources_text
+from .estimate import estimate_specs
 from .inputs import (
-    load_candidates, load_fixed_costs, load_latency, load_prices, load_quality, shipped_availability,
+    load_candidates,
+    load_fixed_costs,
+    load_latency,
+    load_prices,
+    load_quality,
+    shipped_availability,
     stale_table_warning,
 )
 from .report import PlanResult

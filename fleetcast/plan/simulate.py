@@ -540,9 +540,9 @@ def check_sizing(model: ServiceModel, members: list, limits, planned: list[int],
         n = max(needed[h], 1)
 
         def passes(k: int) -> bool:
-            if k not in cache:
-                cache[k] = _serve_window(model, window, k, sub_seed)
-            return meets(cache[k], limits)
+            if k not in cache:  # noqa: B023 - called only within this iteration
+                cache[k] = _serve_window(model, window, k, sub_seed)  # noqa: B023 - called only within this iteration
+            return meets(cache[k], limits)  # noqa: B023 - called only within this iteration
         bound = max(3, n // 2)
         sim_n = None
         if passes(n):

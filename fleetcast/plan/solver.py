@@ -36,8 +36,17 @@ from fleetcast.contract import support
 
 from .curves import MIN_P99_SAMPLES, Candidate, LoadPoint
 from .inputs import Availability, FixedCosts, Latency, Prices, QualityFile
-from .queueing import (Limits, Prediction, ServiceModel, Stream, instances_needed, max_safe_rate, model_for, occupancy,
-                       predict)
+from .queueing import (
+    Limits,
+    Prediction,
+    ServiceModel,
+    Stream,
+    instances_needed,
+    max_safe_rate,
+    model_for,
+    occupancy,
+    predict,
+)
 from .traffic import ConsumerTraffic, TrafficProfile
 
 # The scaling target stays at least this far below the SLO-safe in-flight count, for the minute or two a
@@ -234,18 +243,18 @@ def evaluate(candidate: Candidate, traffic: ConsumerTraffic, service_region: str
         ev.notes.append(f"traffic levels below {lowest:g} use the latencies measured at {lowest:g} (conservative)")
 
     def seconds_per_request(k: float) -> float:
-        return sum(w * (e2e(curve.at(min(l, k))) / 1000.0) / min(l, k) for l, w in weights.items())
+        return sum(w * (e2e(curve.at(min(level, k))) / 1000.0) / min(level, k) for level, w in weights.items())
     ev.seconds_at = seconds_per_request
 
     def weighted(k: float, fn) -> float:
-        return sum(w * fn(curve.at(min(l, k))) for l, w in weights.items())
+        return sum(w * fn(curve.at(min(level, k))) for level, w in weights.items())
 
     # 3. the target k <= c* that makes each request cheapest (ties: lower weighted TTFT).
     options = [p.concurrency for p in curve.points if p.concurrency <= ev.max_load]
     k = min(options, key=lambda k: (seconds_per_request(k), weighted(k, ttft)))
     ev.target = k
     ev.seconds_per_request = seconds_per_request(k)
-    ev.share_above_target = sum(w for l, w in weights.items() if l > k)
+    ev.share_above_target = sum(w for level, w in weights.items() if level > k)
     if ev.first_failure is None and k == curve.points[-1].concurrency and ev.share_above_target > 0:
         ev.measured_cap = k
 
@@ -276,7 +285,7 @@ def evaluate(candidate: Candidate, traffic: ConsumerTraffic, service_region: str
     ev.weighted_ttft_p99 = weighted(k, ttft)
     ev.weighted_itl_p99 = weighted(k, lambda p: p.itl_p99)
     ev.weighted_e2e = weighted(k, lambda p: e2e(p) + max(network(p), 0.0))
-    served = [(w, curve.at(min(l, k))) for l, w in weights.items()]
+    served = [(w, curve.at(min(level, k))) for level, w in weights.items()]
     if all(p.ttft_p99_ci for _, p in served):
         ev.weighted_ttft_ci = (sum(w * (p.ttft_p99_ci[0] + network(p)) for w, p in served),
                                sum(w * (p.ttft_p99_ci[1] + network(p)) for w, p in served))
@@ -542,7 +551,7 @@ class FleetPool:
         n = self.instances_by_hour
         return min(n), min(max(n), math.ceil(sum(n) / len(n))), max(n)
 
-    def levels_at_arrival(self, ctx: "PlanContext") -> dict[str, float]:
+    def levels_at_arrival(self, ctx: PlanContext) -> dict[str, float]:
         """Requests per day by the in-flight count on their instance at arrival (itself included) as planned: the
         histogram the gateways meter (fleetcast.traffic/v1 observed.in_flight), for the drift baseline.
 
@@ -814,7 +823,7 @@ def _peak_notes(candidates, evaluations, winner, traffic, ctx) -> list[str]:
             notes.append(f"peak-throughput choice {cand.label}: {tps:,.0f} output tok/s at concurrency {level:g}; "
                          f"sized for {traffic.region}'s arrivals {seen}; {why}")
             continue
-        share = sum(w for l, w in weights.items() if l >= level)
+        share = sum(w for lv, w in weights.items() if lv >= level)
         notes.append(f"peak-throughput choice {cand.label}: {tps:,.0f} output tok/s at concurrency {level:g}, a load "
                      f"{share:.0%} of {traffic.region}'s requests run at; {why}")
     return notes

@@ -29,15 +29,17 @@ from __future__ import annotations
 
 import math
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from fleetcast.config import catalog
-from fleetcast.contract.instance_env import Var
 from fleetcast.contract.errors import UserError
+from fleetcast.contract.instance_env import Var
 
 from .inputs import _read_yaml
+from .solver import FleetPool, PlanContext
 
 DATA_DIR = catalog.DATA_DIR
 HOURS_PER_MONTH = 730.0
@@ -111,7 +113,7 @@ def load_spot_inputs(prices: str | Path | None = None, interruptions: str | Path
         i_as_of, i_source = str(over.get("as_of", "undated")), str(interruptions)
     if relaunch_s is not None:
         relaunch = _number(relaunch_s, "value", "--spot-relaunch-s", high=86400)
-        i_source += f"; re-launch from --spot-relaunch-s"
+        i_source += "; re-launch from --spot-relaunch-s"
 
     drain = _read_yaml(Path(os.environ.get(Var.SPOT_DRAIN) or DATA_DIR / "spot_drain.yaml"), "spot_drain.yaml")
     safe = float(drain["safe_request_s"])
@@ -180,7 +182,7 @@ def _same_gpu_types(instance_type: str, region: str, inputs: SpotInputs, on_dema
     return [instance_type] + sorted(same, key=lambda n: inputs.price(n, region))
 
 
-def advise(pool, ctx, inputs: SpotInputs) -> SpotAdvice:  # noqa: ANN001 - solver.FleetPool, solver.PlanContext
+def advise(pool: FleetPool, ctx: PlanContext, inputs: SpotInputs) -> SpotAdvice:
     """Recommend a base + Spot tier for one planned pool, or say why not."""
     ev = pool.evaluation
     region, itype = pool.service_region, ev.candidate.instance_type
@@ -281,7 +283,7 @@ def _cut_share(traffics, mean_s: float, budget_s: float) -> float:
     return num / den if den else 0.0
 
 
-def advise_all(pools, ctx, inputs: SpotInputs) -> list[SpotAdvice]:  # noqa: ANN001
+def advise_all(pools: Sequence[FleetPool], ctx: PlanContext, inputs: SpotInputs) -> list[SpotAdvice]:
     return [advise(pool, ctx, inputs) for pool in pools]
 
 

@@ -98,7 +98,7 @@ class ObservedTraffic(BaseModel):
         return value
 
     @model_validator(mode="after")
-    def _same_length(self) -> "ObservedTraffic":
+    def _same_length(self) -> ObservedTraffic:
         n = len(self.arrivals)
         for name in ("throttled", "peak_minute_ratio", "dispersion_60s", "ttft_p99_ms", "itl_p99_ms"):
             series = getattr(self, name)
@@ -259,7 +259,7 @@ class ConsumerTraffic(BaseModel):
     def output_mean(self) -> float:
         return self._mean(self.output_tokens)
 
-    def scaled(self, factor: float) -> "ConsumerTraffic":
+    def scaled(self, factor: float) -> ConsumerTraffic:
         # The observation stays what it was: it is history, the scaled rates are a what-if.
         return self.model_copy(update={"rate_rps": [v * factor for v in self.hourly_rps()]})
 
@@ -275,14 +275,14 @@ class TrafficProfile(BaseModel):
     consumers: list[ConsumerTraffic] = Field(min_length=1)
 
     @model_validator(mode="after")
-    def _unique_regions(self) -> "TrafficProfile":
+    def _unique_regions(self) -> TrafficProfile:
         regions = [c.region for c in self.consumers]
         dup = sorted({r for r in regions if regions.count(r) > 1})
         if dup:
             raise ValueError(f"consumer region(s) listed twice: {', '.join(dup)}; one entry per region")
         return self
 
-    def scaled(self, factor: float) -> "TrafficProfile":
+    def scaled(self, factor: float) -> TrafficProfile:
         return self.model_copy(update={"consumers": [c.scaled(factor) for c in self.consumers]})
 
 

@@ -16,8 +16,9 @@ from __future__ import annotations
 import base64
 import subprocess
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any
 
 from fleetcast.config import FleetConfig
 from fleetcast.contract.errors import UserError

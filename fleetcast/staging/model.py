@@ -11,9 +11,10 @@ from __future__ import annotations
 import glob
 import os
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from fleetcast.config import FleetConfig
 from fleetcast.contract import selection
@@ -23,7 +24,13 @@ from fleetcast.contract.errors import UserError
 from fleetcast.contract.manifest import Manifest, build_manifest
 
 from .transfer import (
-    DEFAULT_PART_SIZE, TransferReport, TreeUploader, copy_prefix, human_bytes, read_manifest, verify_prefix,
+    DEFAULT_PART_SIZE,
+    TransferReport,
+    TreeUploader,
+    copy_prefix,
+    human_bytes,
+    read_manifest,
+    verify_prefix,
 )
 
 ClientFactory = Callable[[str, str], Any]  # (service, region) -> boto3 client
@@ -64,7 +71,7 @@ class Selection:
     left_out: dict[str, int]
 
     @classmethod
-    def of(cls, files: dict[str, int], extra: tuple[str, ...] = ()) -> "Selection":
+    def of(cls, files: dict[str, int], extra: tuple[str, ...] = ()) -> Selection:
         chosen = {p: n for p, n in files.items() if selection.staged(p, extra)}
         return cls(staged=chosen, left_out={p: n for p, n in files.items() if p not in chosen})
 

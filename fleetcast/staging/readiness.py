@@ -9,8 +9,9 @@ present in the region's ECR repository.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 from fleetcast.config import FleetConfig
 from fleetcast.contract.bucket import model_prefix

@@ -13,9 +13,10 @@ from __future__ import annotations
 import hashlib
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from fleetcast.contract.manifest import MANIFEST_NAME, Manifest
 

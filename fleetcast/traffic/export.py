@@ -27,11 +27,11 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from fleetcast.contract import telemetry as t
 from fleetcast.config import FleetConfig
+from fleetcast.contract import telemetry as t
 from fleetcast.contract.errors import EXIT_INVALID, EXIT_USAGE, UserError
 from fleetcast.plan.drift import hour_of_day_rates
 
@@ -45,7 +45,7 @@ _SHAPE = {"in_flight": (t.DIM_IN_FLIGHT, t.IN_FLIGHT_LABELS),
 
 
 def floor_hour(moment: datetime) -> datetime:
-    return moment.astimezone(timezone.utc).replace(minute=0, second=0, microsecond=0)
+    return moment.astimezone(UTC).replace(minute=0, second=0, microsecond=0)
 
 
 @dataclass
@@ -111,7 +111,7 @@ def collect(cfg: FleetConfig, since: datetime, until: datetime, call: Callable[.
 
     `call(region, **GetMetricData params)` runs one GetMetricData call (fleetcast.connections.aws.Access).
     """
-    now = now or datetime.now(timezone.utc)
+    now = now or datetime.now(UTC)
     names = [r.region for r in cfg.regions]
     if region is not None and region not in names:
         raise UserError(f"--region {region!r} is not a provider region of fleet {cfg.name}; "
@@ -142,7 +142,7 @@ def collect(cfg: FleetConfig, since: datetime, until: datetime, call: Callable[.
         # pool the worst hour counts: the SLO is per request, whichever pool served it.
         for c in consumers:
             tally = tallies.setdefault(c.region, Tally(hours))
-            for pool_name, series in pool_hours.items():
+            for series in pool_hours.values():
                 for key, attr in (("ttft_p99", "ttft_p99"), ("itl_p99", "itl_p99")):
                     mine = getattr(tally, attr)
                     for i, v in enumerate(series.get(key, [None] * hours)):
@@ -186,7 +186,7 @@ def _fold(result: dict, target: tuple, h: int, start: datetime, hours: int, tall
         tally.throttled[h] += total
     elif what == "minutes":
         for stamp, value in zip(stamps, values):
-            minute = int((stamp.astimezone(timezone.utc) - start).total_seconds() // 60)
+            minute = int((stamp.astimezone(UTC) - start).total_seconds() // 60)
             if 0 <= minute < 60:
                 tally.minutes[h][minute] += value
     elif what in ("input_sum", "output_sum"):

@@ -22,13 +22,14 @@ import csv
 import io
 import json
 import re
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from datetime import datetime, timedelta, timezone
-from typing import Any, Callable
+from datetime import UTC, datetime, timedelta
+from typing import Any
 
-from fleetcast.contract import telemetry as t
 from fleetcast.config import FleetConfig
 from fleetcast.config.catalog import instance_catalog
+from fleetcast.contract import telemetry as t
 from fleetcast.contract.errors import EXIT_USAGE, UserError
 
 SUMMED = {
@@ -60,7 +61,7 @@ def parse_time(value: str, now: datetime, flag: str) -> datetime:
     except ValueError:
         raise UserError(f"{flag} {value!r}: use an ISO 8601 time (2026-11-28 or 2026-11-28T09:00Z), "
                         "a relative age such as 24h or 7d, or 'now'", exit_code=EXIT_USAGE) from None
-    return parsed if parsed.tzinfo else parsed.replace(tzinfo=timezone.utc)
+    return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
 
 
 @dataclass
@@ -138,7 +139,7 @@ def _region_cost(cfg: FleetConfig, region_name: str, hours: float,
 def collect(cfg: FleetConfig, since: datetime, until: datetime, region: str | None = None,
             client: Callable[[str], Any] | None = None, now: datetime | None = None) -> UsageReport:
     """Sum the gateway's per-consumer metrics over [since, until) in each provider region."""
-    now = now or datetime.now(timezone.utc)
+    now = now or datetime.now(UTC)
     if since >= until:
         raise UserError(f"--since ({since.isoformat()}) must be before --until ({until.isoformat()})", exit_code=EXIT_USAGE)
     if now - since > timedelta(days=455):

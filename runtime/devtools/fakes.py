@@ -43,7 +43,7 @@ class _Server:
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
-    def start(self) -> "_Server":
+    def start(self) -> _Server:
         self.thread.start()
         return self
 
@@ -68,7 +68,7 @@ class _Quiet(BaseHTTPRequestHandler):
 
 
 class _ImdsHandler(_Quiet):
-    def do_PUT(self) -> None:  # noqa: N802
+    def do_PUT(self) -> None:
         owner: FakeImds = self.server.owner  # type: ignore[attr-defined]
         if self.path != "/latest/api/token" or "X-aws-ec2-metadata-token-ttl-seconds" not in self.headers:
             self._send(400, "bad token request")
@@ -79,7 +79,7 @@ class _ImdsHandler(_Quiet):
             owner.token_requests += 1
         self._send(200, token)
 
-    def do_GET(self) -> None:  # noqa: N802
+    def do_GET(self) -> None:
         owner: FakeImds = self.server.owner  # type: ignore[attr-defined]
         if self.headers.get("X-aws-ec2-metadata-token") not in owner.tokens:
             self._send(401, "")  # IMDSv1 is disabled: no token, no answer
@@ -114,7 +114,7 @@ class FakeImds(_Server):
         """Post the Spot interruption notice EC2 posts two minutes before it acts (action at now + in_s)."""
         import datetime as _dt
 
-        at = _dt.datetime.fromtimestamp((time.time() if now is None else now) + in_s, tz=_dt.timezone.utc)
+        at = _dt.datetime.fromtimestamp((time.time() if now is None else now) + in_s, tz=_dt.UTC)
         self.spot_instance_action = {"action": action, "time": at.strftime("%Y-%m-%dT%H:%M:%SZ")}
         return self.spot_instance_action
 
@@ -152,7 +152,7 @@ class HookCall:
 
 
 class _AsgHandler(_Quiet):
-    def do_POST(self) -> None:  # noqa: N802
+    def do_POST(self) -> None:
         owner: FakeAutoScaling = self.server.owner  # type: ignore[attr-defined]
         length = int(self.headers.get("Content-Length", "0"))
         params = {k: v[0] for k, v in urllib.parse.parse_qs(self.rfile.read(length).decode()).items()}
@@ -216,7 +216,7 @@ class FakeAutoScaling(_Server):
 
 
 class _Ec2Handler(_Quiet):
-    def do_POST(self) -> None:  # noqa: N802
+    def do_POST(self) -> None:
         owner: FakeEc2 = self.server.owner  # type: ignore[attr-defined]
         length = int(self.headers.get("Content-Length", "0"))
         params = {k: v[0] for k, v in urllib.parse.parse_qs(self.rfile.read(length).decode()).items()}
@@ -273,7 +273,7 @@ _503 = {"503": ("SlowDown", "Please reduce your request rate."),
 
 
 class _FaultyS3Handler(_Quiet):
-    def _fault(self) -> "S3Fault | None":
+    def _fault(self) -> S3Fault | None:
         owner: FaultyS3 = self.server.owner  # type: ignore[attr-defined]
         key = urllib.parse.unquote(urllib.parse.urlsplit(self.path).path)
         with owner.lock:

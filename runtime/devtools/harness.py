@@ -24,10 +24,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from fleetcast.contract.instance_env import PREFIX, Var
-
-from fleetcast.contract import telemetry
 from fleetcast.config import FleetConfig, config_from_json, load_config
+from fleetcast.contract import telemetry
+from fleetcast.contract.instance_env import PREFIX, Var
 
 from .fakes import FakeAutoScaling, FakeEc2, FakeImds
 
@@ -103,7 +102,7 @@ class RuntimeProcess:
     proc: subprocess.Popen
     started: float
     lines: list[str] = field(default_factory=list)
-    events: "queue.Queue[dict]" = field(default_factory=queue.Queue)
+    events: queue.Queue[dict] = field(default_factory=queue.Queue)
     seen: list[dict] = field(default_factory=list)
 
     def _pump(self) -> None:
@@ -169,13 +168,13 @@ class LocalAws:
 
     # -- lifecycle
 
-    def __enter__(self) -> "LocalAws":
+    def __enter__(self) -> LocalAws:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
 
-    def start(self) -> "LocalAws":
+    def start(self) -> LocalAws:
         import logging
 
         from moto.server import ThreadedMotoServer

@@ -137,12 +137,12 @@ async def serve(args: argparse.Namespace, shared=None, worker: int = 0) -> int:
     """One gateway process; with `shared` (shared.SharedState) it is worker `worker` of several on one port."""
     import boto3
 
-    from .identity import ApiKeyStore, EndpointDirectory, Identity, secret_names
-    from .limits import ConsumerLimiter
     from fleetcast.contract.adapters import DEFAULT_LOCAL_ROOT
     from fleetcast.contract.instance_env import Var
 
     from .admission import limiter_key, model_limits_of
+    from .identity import ApiKeyStore, EndpointDirectory, Identity, secret_names
+    from .limits import ConsumerLimiter
     from .metrics import MetricsSink
     from .reload import ConfigRefresher
     from .routing import entitlements, router_for

@@ -14,8 +14,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
-from fleetcast.contract import telemetry as t
 from fleetcast.config.model import ConsumerLimits
+from fleetcast.contract import telemetry as t
 
 from .identity import Refusal
 from .limits import ConsumerLimiter, Throttle

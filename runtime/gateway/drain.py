@@ -55,7 +55,7 @@ class Drain:
         try:
             await asyncio.wait_for(self._idle.wait(), self.timeout_s)
             finished = True
-        except asyncio.TimeoutError:
+        except TimeoutError:
             finished = False
         log("drain_finished", all_finished=finished, cut=self.active)
         return finished

@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import asyncio
 import json
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from .http import READ_SIZE, ChunkedDecoder, parse_response_head, response_head
 from .upstream import UpstreamConn
@@ -90,7 +91,7 @@ class HealthProbe:
                     conn.writer.close()
                 try:
                     reader, writer = await asyncio.wait_for(asyncio.open_connection(*self.upstream), self.timeout_s)
-                except (OSError, asyncio.TimeoutError) as exc:
+                except (TimeoutError, OSError) as exc:
                     return 503, {"status": "unhealthy", "reason": f"model server unreachable: {type(exc).__name__}"}
                 conn = UpstreamConn(reader, writer)
             else:
@@ -105,7 +106,7 @@ class HealthProbe:
                     conn = None
                     continue  # the server had closed the idle connection: once more on a new one
                 return 503, {"status": "unhealthy", "reason": f"model server health check failed: {type(exc).__name__}"}
-            except (OSError, asyncio.TimeoutError, asyncio.LimitOverrunError, ValueError) as exc:
+            except (TimeoutError, OSError, asyncio.LimitOverrunError, ValueError) as exc:
                 conn.writer.close()
                 return 503, {"status": "unhealthy", "reason": f"model server health check failed: {type(exc).__name__}"}
             if reusable and not self.draining():

@@ -332,7 +332,7 @@ async def read_body(request: Request, reader: asyncio.StreamReader, timeout_s: f
             async with _deadline(timeout_s):
                 return await _receive_body(request, reader)
         return await asyncio.wait_for(_receive_body(request, reader), timeout_s)
-    except asyncio.TimeoutError:
+    except TimeoutError:
         raise HttpError(408, f"the request body did not arrive within {timeout_s:g} s") from None
 
 

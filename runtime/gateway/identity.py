@@ -23,8 +23,9 @@ import hashlib
 import json
 import sys
 import time
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable
+from typing import Any
 
 from fleetcast.config.model import Consumer
 from fleetcast.contract.instance_env import Var, default
@@ -154,7 +155,7 @@ class ApiKeyStore:
         for stage in self.STAGES:
             try:
                 value = self._secrets.get_secret_value(SecretId=self.secret_names[consumer], VersionStage=stage)
-            except Exception as exc:  # noqa: BLE001
+            except Exception as exc:
                 code = getattr(exc, "response", {}).get("Error", {}).get("Code")
                 if stage == "AWSPREVIOUS" and code == "ResourceNotFoundException":
                     continue  # never rotated yet: there is no previous version
@@ -236,7 +237,7 @@ async def read_proxy_header(reader: asyncio.StreamReader, timeout_s: float) -> p
     except asyncio.IncompleteReadError as exc:
         # Connected and left without a byte (a port probe): nothing to count.
         raise ProxyRefused("truncated PROXY v2 header" if exc.partial else None) from None
-    except asyncio.TimeoutError:
+    except TimeoutError:
         raise ProxyRefused(f"no PROXY v2 header within {timeout_s:g} s") from None
 
 

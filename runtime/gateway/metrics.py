@@ -16,10 +16,10 @@ import json
 import sys
 import threading
 import time
-from typing import Any, Callable, TextIO
+from collections.abc import Callable
+from typing import Any, TextIO
 
 from fleetcast.contract import telemetry as t
-
 
 # The traffic-shape directive: `ShapedRequests` (= 1) under one dimension set per bucket dimension
 # (fleetcast.contract.telemetry). A metric of its own: the bucket dimensions must not multiply the latency

@@ -13,8 +13,17 @@ import json
 import time
 
 from .drain import Drain
-from .http import HOP_BY_HOP, LAST_CHUNK, READ_SIZE, ChunkedDecoder, ChunkedError, Request, chunk, openai_error, \
-    response_head
+from .http import (
+    HOP_BY_HOP,
+    LAST_CHUNK,
+    READ_SIZE,
+    ChunkedDecoder,
+    ChunkedError,
+    Request,
+    chunk,
+    openai_error,
+    response_head,
+)
 from .meter import Exchange, Prepared, SseMeter, usage_from_body
 from .upstream import ClientGone, ClientWatch, StreamWatchdog, UpstreamConn, UpstreamError, UpstreamPool
 

@@ -24,16 +24,25 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import Iterable, Mapping
-from typing import Any, Callable
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
 
 from fleetcast.contract import telemetry as t
 
 from .admission import Admission, local_limiter, model_not_found
 from .drain import DRAINING_MESSAGE, Drain
 from .health import HealthProbe
-from .http import BODY_TIMEOUT_S, BadBody, HttpError, Request, openai_error, parse_head, parse_json_body, read_body, \
-    response_head
+from .http import (
+    BODY_TIMEOUT_S,
+    BadBody,
+    HttpError,
+    Request,
+    openai_error,
+    parse_head,
+    parse_json_body,
+    read_body,
+    response_head,
+)
 from .identity import Identity, ProxyRefused, Refusal, bearer_key, log, read_proxy_header
 from .limits import ConsumerLimiter
 from .meter import INFERENCE_PATHS, Exchange, prepare_body, record

@@ -18,8 +18,8 @@ import itertools
 import logging
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 import torch
 
@@ -316,7 +316,7 @@ class Engine:
             tops = torch.topk(logits[:, : self.vocab_size], 2, dim=-1).indices.tolist()
             # Every prompt of the group holds a slot now; ones that finish on their first token
             # are retired through _remove so the slots stay contiguous.
-            for row, seq in enumerate(group):
+            for seq in group:
                 seq.length = len(seq.prompt)
                 self._active.append(seq)
             done = [first + row for row, seq in enumerate(group)

@@ -147,7 +147,8 @@ class ReferenceServer:
         self.exit_code = 0
         self._idle = asyncio.Event()
         self._idle.set()
-        self._request_log = open(args.request_log, "a", encoding="utf-8") if args.request_log else None
+        self._request_log = (open(args.request_log, "a", encoding="utf-8")  # noqa: SIM115 - closed by stop()
+                             if args.request_log else None)
         self.memory: dict[str, int | str] = {"pid": os.getpid()}  # GET /memory: what this process holds, by part
 
     # ---- lifecycle ---------------------------------------------------------------------
@@ -194,7 +195,7 @@ class ReferenceServer:
         log.info("model %s loaded on %s in %.2fs (max batch %d, graphs %s)", self.model_name, device,
                  time.monotonic() - started, engine.max_batch_size, engine.cuda_graphs)
 
-    def _kv_slots(self, torch, shape, max_seq: int, dtype, device: str) -> int | None:  # noqa: ANN001
+    def _kv_slots(self, torch, shape, max_seq: int, dtype, device: str) -> int | None:
         """Cache slots from the KV budget, like TensorRT-LLM's KV pool (runtime/kv_budget.py):
         --kv-cache-bytes is an absolute budget; --kv-cache-free-gpu-memory-fraction a fraction of
         the GPU memory free once the weights are loaded (so it depends on what else runs on the
@@ -235,7 +236,7 @@ class ReferenceServer:
                 print(f"READY http://{self.args.host}:{self.args.port}", flush=True)
             # Held: the loop keeps only a weak reference to a task.
             self._watch_task = loop.create_task(self._watch_engine())
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - any load failure ends in the failed state and exit 1
             log.error("failed to load %s: %s", self.args.artifact, exc)
             self.state = "failed"
             self.exit_code = 1
@@ -278,7 +279,7 @@ class ReferenceServer:
         try:
             await asyncio.wait_for(self._idle.wait(), timeout=self.args.drain_timeout)
             log.info("drain: all in-flight requests finished")
-        except asyncio.TimeoutError:
+        except TimeoutError:
             log.warning("drain: %d request(s) still running after %.1fs; stopping", self.inflight, self.args.drain_timeout)
             self.exit_code = 0
         self.stopped.set()

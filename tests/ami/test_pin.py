@@ -24,9 +24,9 @@ import pytest
 from botocore.stub import Stubber
 
 from fleetcast.ami import pin
-from fleetcast.contract.ami import DLAMI_NAME, DLAMI_SSM_PARAMETER
-from fleetcast.config import load_config
 from fleetcast.aws_session import AwsSession
+from fleetcast.config import load_config
+from fleetcast.contract.ami import DLAMI_NAME, DLAMI_SSM_PARAMETER
 from scripts import cli
 
 REPO = Path(__file__).resolve().parents[2]

@@ -6,8 +6,8 @@ import boto3
 import pytest
 from botocore.stub import Stubber
 
-from fleetcast.bench.schema import load_results
 from fleetcast.bench import job as bench_job
+from fleetcast.bench.schema import load_results
 
 REGION = "us-east-1"
 

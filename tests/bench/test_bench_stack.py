@@ -11,9 +11,9 @@ from aws_cdk import App
 from aws_cdk.assertions import Match, Template
 
 from fleetcast.config import load_config
+from fleetcast.contract.bucket import bench_results_key as results_key
 from fleetcast.contract.errors import UserError
 from stacks.app_builder import build_app, cdk_json_context
-from fleetcast.contract.bucket import bench_results_key as results_key
 from tests.cfn_lint import assert_lint_clean
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -8,7 +8,14 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from fleetcast.bench.client import (
-    ConnectionPool, Endpoint, RawResponse, _Connection, build_http_request, parse_stream, send_request, tcp_rtt_ms,
+    ConnectionPool,
+    Endpoint,
+    RawResponse,
+    _Connection,
+    build_http_request,
+    parse_stream,
+    send_request,
+    tcp_rtt_ms,
 )
 from fleetcast.contract.errors import UserError
 

@@ -14,9 +14,9 @@ from aws_cdk import App, Environment
 from aws_cdk.assertions import Template
 
 from fleetcast.bench.probe_wheels import download_argv
-from fleetcast.contract.probe_wheels import check_wheelhouse
 from fleetcast.config import load_config
 from fleetcast.contract.errors import UserError
+from fleetcast.contract.probe_wheels import check_wheelhouse
 from runtime.probe.userdata import render_probe_user_data
 from stacks import nag
 from stacks.app_builder import cdk_json_context

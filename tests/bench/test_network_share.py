@@ -8,8 +8,18 @@ from datetime import UTC, datetime
 import pytest
 
 from fleetcast.bench.network_share import network_share
-from fleetcast.bench.schema import (ClientInfo, Labels, Lengths, Load, Results, Run, Stat, Summary, dump_results,
-                                    load_results)
+from fleetcast.bench.schema import (
+    ClientInfo,
+    Labels,
+    Lengths,
+    Load,
+    Results,
+    Run,
+    Stat,
+    Summary,
+    dump_results,
+    load_results,
+)
 from fleetcast.contract.errors import UserError
 from scripts.cli import main
 

@@ -16,8 +16,8 @@ from pathlib import Path
 import boto3
 import pytest
 
-from fleetcast.contract.probe_wheels import check_wheelhouse
 from fleetcast.bench.schema import load_results
+from fleetcast.contract.probe_wheels import check_wheelhouse
 from stacks.consumer_probe import _stage_probe_bundle
 
 ROOT = Path(__file__).resolve().parents[2]

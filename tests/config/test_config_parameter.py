@@ -10,8 +10,7 @@ import re
 import botocore.loaders
 import pytest
 
-from fleetcast.config import ConfigError, config_from_json, load_config, parse_config
-from fleetcast.config import parameter
+from fleetcast.config import ConfigError, config_from_json, load_config, parameter, parse_config
 
 from .conftest import DEFAULT
 from .helpers_large import with_consumers, with_regions

@@ -9,8 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from fleetcast.config import ConfigError, load_config
-from fleetcast.config import loader
+from fleetcast.config import ConfigError, load_config, loader
 from scripts.cli import main
 from tests.stacks.synthesized import run_app_entry_point
 

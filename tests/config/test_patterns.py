@@ -14,8 +14,9 @@ import ast
 import importlib
 import pkgutil
 import re
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Annotated, Iterator
+from typing import Annotated
 
 import pytest
 from hypothesis import HealthCheck, given, settings

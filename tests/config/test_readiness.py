@@ -12,23 +12,20 @@ behind botocore's Stubber, so every request and answer is checked against the re
 from __future__ import annotations
 
 import contextlib
-import copy
 import io
 import random
-from pathlib import Path
 
 import boto3
 import pytest
 from botocore.stub import Stubber
 from ruamel.yaml import YAML
 
+from fleetcast.aws_session import AwsSession
 from fleetcast.config import parse_config
 from fleetcast.config.readiness import check_readiness, is_example_account, is_placeholder_id, offline_findings
-from fleetcast.aws_session import AwsSession
 from scripts import cli
 from tests.ready_config import DEFAULT, PROVIDER
 from tests.ready_config import ready_doc as real_doc
-
 
 
 @pytest.fixture(autouse=True)
@@ -82,7 +79,7 @@ def test_validate_deploy_lists_every_placeholder_of_the_example_config_and_exits
     lines = [line for line in refused.splitlines() if line.startswith("  - ")]
     assert len(lines) == len(expected)
     for path, value in expected.items():
-        [line] = [l for l in lines if l.startswith(f"  - {path} (line ")]
+        [line] = [ln for ln in lines if ln.startswith(f"  - {path} (line ")]
         assert value in line and "; " in line  # the value, then what to do instead
     warned = out.split("warnings:")[1]
     assert "regions[0].ami.id" in warned and "regions[1].ami.id" in warned and "model.revision" in warned

@@ -5,7 +5,8 @@ import sys
 
 import pytest
 
-from fleetcast.config import load_config, ConfigError
+from fleetcast.config import ConfigError, load_config
+
 from .conftest import DEFAULT, problems
 
 
@@ -222,7 +223,7 @@ def test_errors_carry_yaml_line_numbers(tmp_path):
     text = DEFAULT.read_text().replace("max_output_len: 256", "max_output_len: 999")
     bad = tmp_path / "fleet.yaml"
     bad.write_text(text)
-    line = next(i for i, l in enumerate(text.splitlines(), 1) if "max_output_len: 999" in l)
+    line = next(i for i, ln in enumerate(text.splitlines(), 1) if "max_output_len: 999" in ln)
     with pytest.raises(ConfigError) as err:
         load_config(bad)
     assert f"model.max_output_len (line {line})" in err.value.render()

@@ -8,7 +8,7 @@ are ordered per client, and each (service, region) has its own client.
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 import boto3
 from botocore.stub import Stubber
@@ -26,7 +26,7 @@ def connection(endpoint_id: str, account: str, state: str = "pendingAcceptance",
     item = {
         "ServiceId": service_id, "VpcEndpointId": endpoint_id, "VpcEndpointOwner": account,
         "VpcEndpointState": state,
-        "CreationTimestamp": datetime(2026, 11, 29, 9, minute, tzinfo=timezone.utc),
+        "CreationTimestamp": datetime(2026, 11, 29, 9, minute, tzinfo=UTC),
     }
     if endpoint_region:
         item["VpcEndpointRegion"] = endpoint_region
@@ -76,7 +76,7 @@ class StubbedAws:
 
     def stack_output(self, region: str, service_id: str | None = None, fleet: str = "fleetcast") -> None:
         self.stub("cloudformation", region).add_response("describe_stacks", {"Stacks": [{
-            "StackName": f"{fleet}-provider-{region}", "CreationTime": datetime(2026, 11, 1, tzinfo=timezone.utc),
+            "StackName": f"{fleet}-provider-{region}", "CreationTime": datetime(2026, 11, 1, tzinfo=UTC),
             "StackStatus": "UPDATE_COMPLETE",
             "Outputs": [
                 {"OutputKey": "EndpointServiceName",
@@ -173,7 +173,7 @@ class FakeEc2World:
         return {"UserId": "AROAEXAMPLE:prop", "Account": "111122223333", "Arn": CALLER}
 
     def _DescribeStacks(self, region: str, p: dict) -> dict:
-        return {"Stacks": [{"StackName": p["StackName"], "CreationTime": datetime(2026, 11, 1, tzinfo=timezone.utc),
+        return {"Stacks": [{"StackName": p["StackName"], "CreationTime": datetime(2026, 11, 1, tzinfo=UTC),
                             "StackStatus": "CREATE_COMPLETE",
                             "Outputs": [{"OutputKey": "EndpointServiceId", "OutputValue": self.services[region]}]}]}
 

@@ -3,16 +3,16 @@
 from __future__ import annotations
 
 import json
-from functools import lru_cache
+from functools import cache
 
-from tests.stacks.synthesized import default_doc, default_fleet, synthesize
 from tests.cfn_lint import assert_lint_clean
+from tests.stacks.synthesized import default_doc, default_fleet, synthesize
 
 SEOUL_STACK = "fleetcast-provider-ap-northeast-2"
 VIRGINIA_STACK = "fleetcast-provider-us-east-1"
 
 
-@lru_cache(maxsize=None)
+@cache
 def approving_fleet():
     doc = default_doc()
     doc["operations"]["auto_approve_connections"] = True

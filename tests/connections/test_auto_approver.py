@@ -91,7 +91,7 @@ def test_alarm_messages_on_the_shared_topic_cost_no_ec2_call(lam):
     assert approver.handler(event(alarm))["skipped"] == "not a connection notification"
 
 
-class _any_containing(str):
+class _any_containing(str):  # noqa: N801 - reads as a matcher in expected params
     """Matches any string containing every given fragment (Stubber compares expected params with ==)."""
 
     def __new__(cls, *fragments: str):

@@ -190,8 +190,9 @@ def test_without_yes_and_without_a_terminal_it_refuses_instead_of_waiting(aws, c
 
 
 def test_a_declined_prompt_changes_nothing(aws, cfg):
-    from fleetcast.connections import AuditLog, Reviewer
     import io
+
+    from fleetcast.connections import AuditLog, Reviewer
 
     aws.stack_output(SEOUL)
     aws.connections(SEOUL, [seoul((E1, ALLOWED_SEOUL, "pendingAcceptance"))])
@@ -362,9 +363,10 @@ def test_iam_action_map_covers_every_call():
 
 
 def test_unknown_profile_is_missing_access_in_one_line(cli):
-    from scripts import cli as fleetcast_cli
     import contextlib
     import io
+
+    from scripts import cli as fleetcast_cli
 
     err = io.StringIO()
     with contextlib.redirect_stderr(err):
@@ -375,9 +377,10 @@ def test_unknown_profile_is_missing_access_in_one_line(cli):
 
 
 def test_no_credentials_is_a_clear_error(monkeypatch):
-    from scripts import cli as fleetcast_cli
     import contextlib
     import io
+
+    from scripts import cli as fleetcast_cli
 
     for var in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN"):
         monkeypatch.delenv(var, raising=False)

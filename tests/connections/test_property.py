@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 
+import boto3
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -16,8 +17,6 @@ from fleetcast.connections import Access
 
 from .conftest import run_cli
 from .stubs import SEOUL, SVC, VIRGINIA, FakeEc2World, _shared_botocore_session
-
-import boto3
 
 ALLOWED = {SEOUL: "444455556666", VIRGINIA: "777788889999"}  # config/fleet.yaml
 # Each region's allowed account is a stranger in the other region; two accounts are strangers everywhere.

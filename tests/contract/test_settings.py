@@ -9,7 +9,12 @@ from pathlib import Path
 import pytest
 
 from fleetcast.contract.bench import (
-    CONCURRENCY, ENDPOINT, INPUT_TOKENS, KNOB_DEFAULTS, OUTPUT_TOKENS, REQUESTS_PER_LEVEL,
+    CONCURRENCY,
+    ENDPOINT,
+    INPUT_TOKENS,
+    KNOB_DEFAULTS,
+    OUTPUT_TOKENS,
+    REQUESTS_PER_LEVEL,
 )
 from fleetcast.contract.context import Context, is_true
 from fleetcast.contract.errors import UserError

@@ -99,12 +99,12 @@ def support_issues(c) -> list[str]:
             if i.path[-1] in SUPPORT_FIELDS or (i.path[-1] == "instance_type" and "architecture" in i.message)]
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def plan_ctx(family, kv) -> PlanContext:
     return dataclasses.replace(_base_ctx(), model_family=family, kv_cache_dtype=kv)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _base_ctx() -> PlanContext:
     return PlanContext(slo=Slo(300.0, 40.0, 0.01), prices=load_prices(None), availability=shipped_availability(),
                        latency=load_latency(None), fixed=load_fixed_costs(None))

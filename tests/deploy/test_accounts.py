@@ -10,8 +10,8 @@ import pytest
 
 from fleetcast.accounts import AccountAccess, fleet_accounts
 from fleetcast.config import load_config
-from fleetcast.deploy import STEPS, plan, teardown_plan
 from fleetcast.contract.errors import UserError
+from fleetcast.deploy import STEPS, plan, teardown_plan
 from fleetcast.node import cdk_command
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -9,11 +9,11 @@ import pytest
 from botocore.stub import Stubber
 
 from fleetcast.config import load_config
+from fleetcast.contract.errors import UserError
 from fleetcast.contract.outputs import ProviderOutput
 from fleetcast.deploy import STEPS, execute, plan, publish_service_names, teardown_plan
-from fleetcast.contract.errors import UserError
-from tests.ready_config import write_ready_config
 from fleetcast.node import cdk_command
+from tests.ready_config import write_ready_config
 
 CDK = cdk_command()
 
@@ -251,7 +251,7 @@ def test_a_failed_teardown_step_says_how_to_resume_the_teardown_not_the_deploy(p
 def test_teardown_skips_consumers_the_app_builds_no_stack_for(tmp_path):
     text = CONFIG.read_text()
     target = tmp_path / "fleet.yaml"
-    line = next(l for l in text.splitlines() if "endpoint_service_name: com.amazonaws.vpce.us-east-1" in l)
+    line = next(ln for ln in text.splitlines() if "endpoint_service_name: com.amazonaws.vpce.us-east-1" in ln)
     target.write_text(text.replace(line + "\n", ""))  # analytics: not published yet, so no stack
     steps = teardown_plan(load_config(target), str(target))
     assert "fleetcast-consumer-analytics" not in "\n".join(flat(steps))
@@ -263,7 +263,7 @@ def test_deploying_consumers_names_only_stacks_the_app_builds(tmp_path):
     step asks cdk for it only when this run's publish step writes the name first."""
     text = CONFIG.read_text()
     target = tmp_path / "fleet.yaml"
-    line = next(l for l in text.splitlines() if "endpoint_service_name: com.amazonaws.vpce.us-east-1" in l)
+    line = next(ln for ln in text.splitlines() if "endpoint_service_name: com.amazonaws.vpce.us-east-1" in ln)
     target.write_text(text.replace(line + "\n", ""))
     cfg = load_config(target)
     alone = "\n".join(flat(plan(cfg, str(target), None, steps=["consumers"])))

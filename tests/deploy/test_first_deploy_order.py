@@ -18,14 +18,14 @@ import boto3
 import pytest
 from ruamel.yaml import YAML
 
-from fleetcast.contract.capacity_hold import HELD_OUTPUT, HOLD_CONTEXT, parse_held_regions
 from fleetcast.config import parse_config
+from fleetcast.contract.bucket import model_prefix
+from fleetcast.contract.capacity_hold import HELD_OUTPUT, HOLD_CONTEXT, parse_held_regions
+from fleetcast.contract.errors import UserError
+from fleetcast.contract.manifest import build_manifest
 from fleetcast.contract.names import provider_stack_name
 from fleetcast.deploy import execute, plan
-from fleetcast.contract.errors import UserError
 from fleetcast.staging.image import image_tag
-from fleetcast.contract.bucket import model_prefix
-from fleetcast.contract.manifest import build_manifest
 from fleetcast.staging.transfer import TreeUploader
 
 CONFIG = Path(__file__).resolve().parents[2] / "config" / "fleet.yaml"

@@ -10,15 +10,15 @@ from __future__ import annotations
 import importlib.util
 import json
 import re
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
 
 import pytest
 from aws_cdk import App
 
 from fleetcast.config import load_config
-from fleetcast.contract.names import consumer_stack_name, provider_stack_name
 from fleetcast.contract.errors import UserError
+from fleetcast.contract.names import consumer_stack_name, provider_stack_name
 from stacks import nag
 from stacks.fleet import FleetcastStage
 from tests.cfn_lint import assert_lint_clean, lint
@@ -34,7 +34,7 @@ def _example(name: str):
     return module
 
 
-@lru_cache(maxsize=None)
+@cache
 def synthesized(name: str, outdir: str) -> tuple[dict[str, Path], Path]:
     """(template file by stack name, assembly dir); nested stage assemblies included."""
     app = App(outdir=outdir)

@@ -68,6 +68,7 @@ DEFAULT_CONNECTIONS = (
     (ANALYTICS_VPCE, "777788889999", "available"),
     (STRANGER_VPCE, "999988887777", "available"),
 )
+DEFAULT_EC2_RESPONSES = (connections(*DEFAULT_CONNECTIONS),)
 
 
 def stubbed_ec2(*responses: dict[str, Any]):
@@ -103,7 +104,7 @@ class Harness:
         return [r for r in self.records if name in r]
 
 
-async def start_harness(cfg=None, *, ec2_responses=(connections(*DEFAULT_CONNECTIONS),), keys: ApiKeyStore | None = None,
+async def start_harness(cfg=None, *, ec2_responses=DEFAULT_EC2_RESPONSES, keys: ApiKeyStore | None = None,
                         proxy_protocol: bool = True, drain_timeout_s: float = 10.0, miss_refresh_s: float = 3600.0,
                         token_delay_s: float = 0.0, upstream: FakeModelServer | None = None, router: Router | None = None,
                         **gateway_kw) -> Harness:

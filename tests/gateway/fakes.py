@@ -50,7 +50,7 @@ class FakeModelServer:
         self._runner: web.AppRunner | None = None
         self.port = 0
 
-    async def start(self) -> "FakeModelServer":
+    async def start(self) -> FakeModelServer:
         app = web.Application()
         app.router.add_get("/health", self._health)
         app.router.add_get("/metrics", self._health)
@@ -134,7 +134,7 @@ class FakeModelServer:
                     return False
                 try:
                     await asyncio.wait_for(self.hold.wait(), 0.02)
-                except asyncio.TimeoutError:
+                except TimeoutError:
                     pass
             return True
         finally:
@@ -154,7 +154,7 @@ class CountingHealthServer:
         self._server: asyncio.AbstractServer | None = None
         self._open: set[asyncio.StreamWriter] = set()
 
-    async def start(self, port: int = 0) -> "CountingHealthServer":
+    async def start(self, port: int = 0) -> CountingHealthServer:
         self._server = await asyncio.start_server(self._serve, "127.0.0.1", port)
         self.port = self._server.sockets[0].getsockname()[1]
         return self
@@ -221,7 +221,7 @@ class Client:
         self.reader: asyncio.StreamReader | None = None
         self.writer: asyncio.StreamWriter | None = None
 
-    async def connect(self) -> "Client":
+    async def connect(self) -> Client:
         self.reader, self.writer = await asyncio.open_connection("127.0.0.1", self.port)
         self.writer.write(self.header)
         return self

@@ -3,8 +3,8 @@ when the consumer's limit or its limit for that model is reached; a refusal by o
 
 from __future__ import annotations
 
-from fleetcast.contract import telemetry as t
 from fleetcast.config.model import ConsumerLimits
+from fleetcast.contract import telemetry as t
 from runtime.gateway.admission import Admission, Ticket, model_not_found
 from runtime.gateway.identity import Refusal
 from runtime.gateway.limits import ConsumerLimiter

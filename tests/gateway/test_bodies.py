@@ -20,7 +20,13 @@ import pytest
 
 from fleetcast.contract import telemetry as t
 from runtime.gateway.http import (
-    MAX_INT_DIGITS, MAX_JSON_DEPTH, BadBody, HttpError, body_length, json_depth_over, parse_json_body,
+    MAX_INT_DIGITS,
+    MAX_JSON_DEPTH,
+    BadBody,
+    HttpError,
+    body_length,
+    json_depth_over,
+    parse_json_body,
 )
 
 from .conftest import VOICE_VPCE, fleet_config, run, start_harness, stop_harness

@@ -112,7 +112,7 @@ def test_a_client_that_leaves_before_the_response_head_is_not_retained():
                 await c.send("POST", "/v1/completions", PLAIN)
                 await asyncio.wait_for(h.upstream.held.wait(), 15)
                 c.writer.close()
-                await until(lambda: h.upstream.cancelled == left)
+                await until(lambda: h.upstream.cancelled == left)  # noqa: B023 - called only within this iteration
                 await until(lambda: not h.gateway._connections)  # its handler has returned
                 assert h.gateway.drain_state.unstarted == 0
             assert h.gateway.active == 0 and h.gateway.limiters["voice-app"].active == 0

@@ -5,8 +5,16 @@ from __future__ import annotations
 from fleetcast.contract import telemetry as t
 from runtime.gateway import ppv2
 
-from .conftest import (ANALYTICS_VPCE, DEFAULT_CONNECTIONS, STRANGER_VPCE, VOICE_VPCE, connections, run,
-                       start_harness, stop_harness)
+from .conftest import (
+    ANALYTICS_VPCE,
+    DEFAULT_CONNECTIONS,
+    STRANGER_VPCE,
+    VOICE_VPCE,
+    connections,
+    run,
+    start_harness,
+    stop_harness,
+)
 from .fakes import Client, one_request
 
 COMPLETION = {"model": "gpt2-xl", "prompt": "hello there", "max_tokens": 3}

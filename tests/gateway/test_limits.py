@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import asyncio
 
-from fleetcast.contract import telemetry as t
 from fleetcast.config.model import ConsumerLimits
+from fleetcast.contract import telemetry as t
 from runtime.gateway.limits import ConsumerLimiter, TokenBucket
 
 from .conftest import ANALYTICS_VPCE, VOICE_VPCE, fleet_config, run, start_harness, stop_harness

@@ -10,8 +10,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from fleetcast.contract import telemetry as t
 from fleetcast.config.model import ConsumerLimits
+from fleetcast.contract import telemetry as t
 from runtime.gateway.limits import ConsumerLimiter
 from runtime.gateway.routing import Adapter, Router
 

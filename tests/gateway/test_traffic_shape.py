@@ -44,7 +44,7 @@ def test_in_flight_at_arrival_counts_every_consumer_on_the_instance_including_th
         h.upstream.gate = asyncio.Event()  # streams stop after their first token until released
         try:
             clients = []
-            for i, vpce in enumerate([VOICE_VPCE, ANALYTICS_VPCE, VOICE_VPCE, ANALYTICS_VPCE, VOICE_VPCE]):
+            for vpce in [VOICE_VPCE, ANALYTICS_VPCE, VOICE_VPCE, ANALYTICS_VPCE, VOICE_VPCE]:
                 c = await Client(h.port, vpce).connect()
                 await c.send("POST", "/v1/completions", completion(3))
                 status, headers = await c.read_head()  # admitted and streaming before the next one arrives

@@ -28,7 +28,7 @@ class DyingServer:
         self.port = 0
         self._server: asyncio.AbstractServer | None = None
 
-    async def start(self) -> "DyingServer":
+    async def start(self) -> DyingServer:
         self._server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
         self.port = self._server.sockets[0].getsockname()[1]
         return self

@@ -27,9 +27,9 @@ def test_seed_report_in_the_terminal(capsys):
     code, out, err = plan(capsys, "--results", RESULTS, "--traffic", SEOUL, "--config", "none.yaml", *SLO)
     assert code == 0, err
     lines = out.splitlines()
-    first_row = next(l for l in lines if l.startswith("1  "))
+    first_row = next(ln for ln in lines if ln.startswith("1  "))
     assert "g6e.xlarge int8_wo" in first_row and "ap-northeast-2" in first_row and "19.63" in first_row
-    assert any(l.startswith("-  g7e.2xlarge fp8: ruled out: g7e is not offered in ap-northeast-2") for l in lines)
+    assert any(ln.startswith("-  g7e.2xlarge fp8: ruled out: g7e is not offered in ap-northeast-2") for ln in lines)
     assert "Recommendation: g6e.xlarge int8_wo (synthetic: authored data, not measured) in ap-northeast-2" in out
 
 
@@ -182,12 +182,12 @@ def test_write_config_updates_the_pool_and_keeps_comments(capsys, fleet):
     assert (pool.capacity.min, pool.capacity.desired, pool.capacity.max) == (2, None, 17)
     assert pool.scaling.target == 48
     # Every comment line survives, and nothing outside the Seoul pool changed.
-    comments = [l for l in before.splitlines() if l.strip().startswith("#")]
+    comments = [ln for ln in before.splitlines() if ln.strip().startswith("#")]
     assert comments and all(c in after.splitlines() for c in comments)
     # The planner's spot tier (fleetcast/plan/spot.py) is one added line in the Seoul pool.
-    spot_lines = [l for l in after.splitlines() if l.strip().startswith("spot:")]
+    spot_lines = [ln for ln in after.splitlines() if ln.strip().startswith("spot:")]
     assert len(spot_lines) == 1 and pool.spot is not None
-    kept = [l for l in after.splitlines() if l not in spot_lines]
+    kept = [ln for ln in after.splitlines() if ln not in spot_lines]
     changed = [(a, b) for a, b in zip(before.splitlines(), kept) if a != b]
     assert len(before.splitlines()) == len(kept)
     assert all("capacity" in b or "target" in b for _, b in changed), changed

@@ -16,7 +16,6 @@ from fleetcast.plan.writeback import apply_plan
 from .conftest import ROOT, SEED
 
 
-
 @pytest.fixture(scope="module")
 def measured():
     return load_candidates(sorted(str(p) for p in (SEED / "results").glob("*.json")))

@@ -195,12 +195,12 @@ def test_plots_draw_what_they_claim(monkeypatch, tmp_path, traffic):
         assert sorted(a.get_text() for a in ax.texts) == sorted(front | set(cheapest.values()))
         assert front <= {a.get_text() for a in ax.texts if a.get_color() == "C3"}
         # The SLO is a vertical line at its value, named in the legend, and inside the x range.
-        slo_lines = [l for l in ax.get_lines() if list(l.get_xdata()) == [slo_ms, slo_ms]]
+        slo_lines = [line for line in ax.get_lines() if list(line.get_xdata()) == [slo_ms, slo_ms]]
         assert len(slo_lines) == 1 and ax.get_xlim()[1] > slo_ms
         legend = [t.get_text() for t in ax.get_legend().get_texts()]
         assert any(t.endswith(f"SLO: {slo_ms:g} ms") for t in legend)
         assert any(t.startswith("Pareto front") for t in legend)
-        steps = [l for l in ax.get_lines() if len(l.get_xdata()) >= 2 and l not in slo_lines]
+        steps = [line for line in ax.get_lines() if len(line.get_xdata()) >= 2 and line not in slo_lines]
         assert len(steps) == (1 if len(front) > 1 else 0)
         # The legend sits below the axes, where it covers no point.
         assert ax.get_legend().get_bbox_to_anchor().transformed(ax.transAxes.inverted()).y1 < 0
@@ -210,9 +210,9 @@ def test_plots_draw_what_they_claim(monkeypatch, tmp_path, traffic):
     assert not demand.get_lines() and demand.collections and demand.get_ylabel() == "requests/s"
     feasible = {e.candidate.label for e in plan.ranked}
     lines = instances.get_lines()
-    assert {l.get_label().split(" @ ")[0] for l in lines} == feasible
-    pick = [l for l in lines if l.get_label().endswith("(this region's pick)")]
-    assert len(pick) == 1 and pick[0].get_zorder() == max(l.get_zorder() for l in lines)  # drawn on top
+    assert {line.get_label().split(" @ ")[0] for line in lines} == feasible
+    pick = [line for line in lines if line.get_label().endswith("(this region's pick)")]
+    assert len(pick) == 1 and pick[0].get_zorder() == max(line.get_zorder() for line in lines)  # drawn on top
     if region == "ap-northeast-2":
         assert len(feasible) == 5  # the seed's five feasible candidates (the old plot drew four)
 
@@ -224,8 +224,8 @@ def test_the_instances_plot_draws_the_pooled_fleet_the_plan_writes(monkeypatch, 
     [pool] = [p for p in result.pools if len(p.members) > 1]
     figs = _saved_figures(monkeypatch, result, tmp_path)
     for region in pool.consumer_regions:
-        [drawn] = [l for l in figs[f"instances-{region}.png"].axes[1].get_lines()
-                   if l.get_label().startswith("the planned fleet")]
+        [drawn] = [line for line in figs[f"instances-{region}.png"].axes[1].get_lines()
+                   if line.get_label().startswith("the planned fleet")]
         assert list(drawn.get_ydata())[:-1] == pool.instances_by_hour
         assert pool.service_region in drawn.get_label() and drawn.get_linestyle() == "--"
 

@@ -34,7 +34,7 @@ class ServerProcess:
         cmd = [sys.executable, "-m", "runtime.reference.server", "--artifact", str(artifact),
                "--host", "127.0.0.1", "--port", str(self.port), "--threads", "1", *extra]
         self.log_path = log_path
-        self._log = open(log_path, "w") if log_path else subprocess.DEVNULL
+        self._log = open(log_path, "w") if log_path else subprocess.DEVNULL  # noqa: SIM115 - owned by the child
         self.proc = subprocess.Popen(cmd, cwd=ROOT, stdout=self._log, stderr=subprocess.STDOUT,
                                      env={**os.environ, "PYTHONUNBUFFERED": "1"})
 

@@ -16,12 +16,12 @@ from pathlib import Path
 
 import pytest
 
-from fleetcast.contract import telemetry
 from fleetcast.config import config_from_json
-from fleetcast.contract.calibration import MIN_ROWS
-from fleetcast.staging.calibration import write_layout as write_calibration_layout
+from fleetcast.contract import telemetry
 from fleetcast.contract.bucket import model_prefix
+from fleetcast.contract.calibration import MIN_ROWS
 from fleetcast.contract.manifest import MANIFEST_NAME, build_manifest
+from fleetcast.staging.calibration import write_layout as write_calibration_layout
 from runtime import vendor
 from runtime.devtools.harness import LocalAws, free_port_pair, tiny_config
 from tests.runtime import fake_trtllm

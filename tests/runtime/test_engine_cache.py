@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 from botocore.exceptions import EndpointConnectionError
 
+from runtime.devtools.harness import free_port
 from runtime.engine_cache import (
     BuildFailed,
     CacheSettings,
@@ -17,7 +18,6 @@ from runtime.engine_cache import (
     StorageUnavailable,
     WaitTimeout,
 )
-from runtime.devtools.harness import free_port
 from tests.runtime import cache_worker
 from tests.runtime.cache_worker import client, fake_build, inputs
 

@@ -5,7 +5,6 @@ from pathlib import Path
 
 import pytest
 
-
 HOST = Path(__file__).resolve().parents[2] / "runtime" / "host"
 
 

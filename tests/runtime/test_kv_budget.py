@@ -94,7 +94,7 @@ def test_the_serve_command_carries_the_budget_in_tokens(cfg, tmp_path):
     (artifact / "tokenizer").mkdir()
     backend = trtllm.TrtllmBackend(cfg, cfg.engine)
     argv = backend.server_command(artifact, "127.0.0.1", 8002, kv_cache_bytes=12 * GIB)
-    options = json.loads(open(argv[argv.index("--extra_llm_api_options") + 1]).read())
+    options = json.loads(Path(argv[argv.index("--extra_llm_api_options") + 1]).read_text())
     assert options["kv_cache_config"]["max_tokens"] == 12 * GIB // 153_600
 
 

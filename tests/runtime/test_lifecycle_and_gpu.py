@@ -157,7 +157,7 @@ def test_pytorch_backend_caches_the_checkpoint_and_wants_fp8_prequantized(tmp_pa
     (model / "config.json").write_text("{}")
     (model / "model.safetensors").write_bytes(b"w")
     bf16 = cfg.engine.model_copy(update={"backend": Backend.PYTORCH, "precision": Precision.BF16})
-    artifact = trtllm.TrtllmBackend(cfg, bf16, runner=lambda c, l, w: pytest.fail("no build step")).build(
+    artifact = trtllm.TrtllmBackend(cfg, bf16, runner=lambda c, log, w: pytest.fail("no build step")).build(
         model, None, tmp_path / "w1")
     assert sorted(p.name for p in artifact.iterdir()) == ["config.json", "model.safetensors"]
     fp8 = bf16.model_copy(update={"precision": Precision.FP8})

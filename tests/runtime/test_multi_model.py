@@ -17,9 +17,9 @@ import pytest
 
 pytest.importorskip("torch")
 
-from runtime.devtools.harness import free_port  # noqa: E402
-from runtime.serve import ServeError, ServerProcess, ServeSettings, Serving, http_json, server_name  # noqa: E402
-from runtime.supervisor import RestartPolicy  # noqa: E402
+from runtime.devtools.harness import free_port
+from runtime.serve import ServeError, ServerProcess, ServeSettings, Serving, http_json, server_name
+from runtime.supervisor import RestartPolicy
 
 pytestmark = pytest.mark.xdist_group("multi-model")
 

@@ -9,7 +9,7 @@ import pytest
 
 pytest.importorskip("torch")
 
-from .reference_helpers import ROOT  # noqa: E402
+from .reference_helpers import ROOT
 
 
 def load_script():

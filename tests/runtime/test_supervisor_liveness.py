@@ -5,7 +5,6 @@ not exit. That is how a hung GPU or a deadlocked executor looks from outside; th
 below freezes that way when its freeze file appears (every request then blocks forever).
 """
 
-import os
 import signal
 import sys
 import time

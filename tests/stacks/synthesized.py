@@ -16,7 +16,7 @@ import shutil
 import subprocess
 import tempfile
 from dataclasses import dataclass, field
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
 
 from aws_cdk import App
@@ -85,7 +85,7 @@ def run_app_entry_point(config: Path, outdir: Path) -> tuple[int, str]:
     return code, err.getvalue()
 
 
-@lru_cache(maxsize=None)
+@cache
 def default_fleet() -> Synthesized:
     """config/fleet.yaml as shipped."""
     return synthesize(default_doc(), "default")
@@ -134,7 +134,7 @@ def variant_doc() -> dict:
     return doc
 
 
-@lru_cache(maxsize=None)
+@cache
 def variant_fleet() -> Synthesized:
     return synthesize(variant_doc(), "variant")
 
@@ -147,12 +147,12 @@ def nat_doc() -> dict:
     return doc
 
 
-@lru_cache(maxsize=None)
+@cache
 def nat_fleet() -> Synthesized:
     return synthesize(nat_doc(), "nat")
 
 
-@lru_cache(maxsize=None)
+@cache
 def bench_mode_fleet() -> Synthesized:
     """config/fleet.yaml in benchmark mode (`-c bench=true`, run r1, concurrency 1,4,16): bench groups per pool,
     a probe per consumer."""
@@ -184,6 +184,6 @@ def spot_doc() -> dict:
     return doc
 
 
-@lru_cache(maxsize=None)
+@cache
 def spot_fleet() -> Synthesized:
     return synthesize(spot_doc(), "spot")

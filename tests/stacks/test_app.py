@@ -12,8 +12,6 @@ from fleetcast.staging.image import image_tag
 from .synthesized import ROOT, default_doc, default_fleet, nat_doc, nat_fleet, run_app_entry_point, synthesize
 
 
-
-
 def test_one_stack_per_provider_region_and_per_consumer_with_explicit_env():
     fleet = default_fleet()
     cfg = fleet.cfg

@@ -22,10 +22,19 @@ import pytest
 from fleetcast.contract import telemetry
 from fleetcast.contract.capacity_hold import HELD_OUTPUT, HOLD_CONTEXT, hold_context_args, parse_held_regions
 from fleetcast.contract.errors import UserError
-
-from .synthesized import (bench_mode_fleet, default_doc, default_fleet, nat_fleet, spot_doc, spot_fleet, synthesize,
-                          variant_doc, variant_fleet)
 from tests.cfn_lint import assert_lint_clean
+
+from .synthesized import (
+    bench_mode_fleet,
+    default_doc,
+    default_fleet,
+    nat_fleet,
+    spot_doc,
+    spot_fleet,
+    synthesize,
+    variant_doc,
+    variant_fleet,
+)
 
 FLEETS = {"default": default_fleet, "variant": variant_fleet, "nat": nat_fleet, "bench": bench_mode_fleet,
           "spot": spot_fleet}

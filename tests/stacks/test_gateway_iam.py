@@ -4,15 +4,16 @@ gateway, and least-privilege reads of endpoint connections and of the consumers'
 from __future__ import annotations
 
 import json
-from functools import lru_cache
+from functools import cache
+
+from tests.cfn_lint import assert_lint_clean
 
 from .synthesized import default_doc, default_fleet, synthesize
-from tests.cfn_lint import assert_lint_clean
 
 SEOUL = "fleetcast-provider-ap-northeast-2"
 
 
-@lru_cache(maxsize=None)
+@cache
 def keyed_fleet():
     """Seoul only; voice-app uses API keys under the default secret name, a second consumer a named one."""
     doc = default_doc()

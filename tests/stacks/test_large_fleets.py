@@ -13,6 +13,7 @@ from tests.config.helpers_large import with_consumers, with_regions
 
 from .synthesized import default_doc, synthesize
 
+
 def _config_parameter(fleet, stack_name):
     (parameter,) = fleet.resources(stack_name, "AWS::SSM::Parameter").values()
     return parameter["Properties"]

@@ -22,8 +22,8 @@ from aws_cdk import aws_sns as sns
 from aws_cdk.assertions import Match, Template
 from ruamel.yaml import YAML
 
-from fleetcast.contract import telemetry
 from fleetcast.config import ConfigError, FleetConfig, parse_config
+from fleetcast.contract import telemetry
 from stacks.fleet_lifecycle import TERMINATE_HOOK_MARGIN_S
 from stacks.fleet_operations import FleetOperations
 from stacks.fleet_scaling import SCALE_IN_EVALUATION_MINUTES

@@ -11,8 +11,8 @@ import pytest
 from aws_cdk import App
 from aws_cdk.assertions import Match, Template
 
-from fleetcast.contract import telemetry
 from fleetcast.config import config_from_json, load_config
+from fleetcast.contract import telemetry
 from fleetcast.contract.names import provider_stack_name
 from stacks.app_builder import build_app, cdk_json_context
 from stacks.fleet_lifecycle import TERMINATE_HOOK_MARGIN_S

@@ -4,7 +4,7 @@ quiet on the planned traffic, PlanDrift = 1 and one notice with the reason once 
 from __future__ import annotations
 
 import json
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import boto3
 import pytest
@@ -18,7 +18,7 @@ from tests.conftest import reset_moto
 from tests.traffic.emf import ship, with_percentiles
 
 REGION = "ap-northeast-2"
-NOW = datetime.now(timezone.utc).replace(minute=0, second=0, microsecond=0)
+NOW = datetime.now(UTC).replace(minute=0, second=0, microsecond=0)
 PER_HOUR = 12
 SPR = 1000.0  # seconds each request holds an instance at the planned load levels (long generations)
 PRICE = 1.861

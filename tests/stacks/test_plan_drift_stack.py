@@ -4,20 +4,20 @@ cfn-lint clean), reaching AWS only through VPC endpoints."""
 
 from __future__ import annotations
 
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
 
 from fleetcast.contract import telemetry
 from fleetcast.contract.bucket import PLAN_BASELINE_KEY
+from tests.cfn_lint import assert_lint_clean
 
 from .synthesized import default_doc, default_fleet, synthesize
-from tests.cfn_lint import assert_lint_clean
 
 ROOT = Path(__file__).resolve().parents[2]
 STACKS = ("fleetcast-provider-ap-northeast-2", "fleetcast-provider-us-east-1")
 
 
-@lru_cache(maxsize=None)
+@cache
 def drift_fleet():
     doc = default_doc()
     doc["operations"]["plan_drift_check"] = {"schedule": "rate(6 hours)", "threshold": 0.25}

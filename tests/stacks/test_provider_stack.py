@@ -378,7 +378,7 @@ def test_onboarding_a_consumer_and_resizing_a_pool_leave_every_launch_template_a
     for stack_name in PROVIDERS:
         def launch_templates(synthesized):
             return {k: v["Properties"]["LaunchTemplateData"]
-                    for k, v in synthesized.resources(stack_name, "AWS::EC2::LaunchTemplate").items()}
+                    for k, v in synthesized.resources(stack_name, "AWS::EC2::LaunchTemplate").items()}  # noqa: B023 - called only within this iteration
         assert launch_templates(onboarded) == launch_templates(fleet)
     # ...while the group is resized and the endpoint service does let the new account in.
     (group,) = onboarded.resources(PROVIDERS[0], "AWS::AutoScaling::AutoScalingGroup").values()

@@ -15,8 +15,8 @@ import json
 
 import pytest
 
-from fleetcast.contract import telemetry
 from fleetcast.config import ConfigError
+from fleetcast.contract import telemetry
 from stacks.fleet_scaling import SLO_STEPS
 
 from .test_operations import SEOUL, alarm_named, base_doc, configure, default, logical_id, synth  # noqa: F401

@@ -8,8 +8,6 @@ limit falls (19 Spot pools fit the default region, 20 do not).
 
 from __future__ import annotations
 
-import copy
-
 import pytest
 
 from fleetcast.config import ConfigError, parse_config

@@ -21,8 +21,8 @@ from pathlib import Path
 
 import pytest
 
-from fleetcast.contract.errors import UserError
 from fleetcast.contract.calibration import MIN_ROWS, loader_dir
+from fleetcast.contract.errors import UserError
 from fleetcast.staging.calibration import read_rows, write_layout
 
 # `datasets` (a dev extra: a missing install must fail, not skip) is imported where it is used, so only the

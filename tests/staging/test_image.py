@@ -11,8 +11,14 @@ from botocore.stub import Stubber
 from fleetcast.config import load_config
 from fleetcast.config.edit import apply_edits
 from fleetcast.contract.errors import UserError
-from fleetcast.staging.image import (ImageTarget, local_build_commands, local_push_commands, single_digest,
-                                     stage_codebuild, stage_local)
+from fleetcast.staging.image import (
+    ImageTarget,
+    local_build_commands,
+    local_push_commands,
+    single_digest,
+    stage_codebuild,
+    stage_local,
+)
 
 CONFIG = Path(__file__).resolve().parents[2] / "config" / "fleet.yaml"
 DIGEST = "sha256:" + "ab" * 32
@@ -83,7 +89,8 @@ def test_codebuild_mirror_starts_the_project_and_waits(cfg):
         ecr_stub.add_response("describe_images", {"imageDetails": [{"imageDigest": DIGEST}]},
                               {"repositoryName": "fleetcast/tensorrt-llm", "imageIds": [{"imageTag": "1.2.1"}]})
         sleeps = []
-        clients = lambda service, region: {"codebuild": cb, "ecr": ecr}[service]
+        def clients(service: str, region: str):
+            return {"codebuild": cb, "ecr": ecr}[service]
         digests = stage_codebuild(cfg, [SEOUL], clients, derived=False, dry_run=False, sleep=sleeps.append,
                                   log=lambda m: None)
     assert digests == {"ap-northeast-2": DIGEST} and len(sleeps) == 1

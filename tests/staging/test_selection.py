@@ -17,8 +17,8 @@ from huggingface_hub.utils import filter_repo_objects
 
 from fleetcast.config import load_config
 from fleetcast.contract.errors import UserError
-from fleetcast.staging import model as staging_model
 from fleetcast.contract.selection import staged, tokenizer_file
+from fleetcast.staging import model as staging_model
 from runtime.trtllm import copy_tokenizer
 
 CONFIG = Path(__file__).resolve().parents[2] / "config" / "fleet.yaml"

@@ -138,5 +138,5 @@ def test_stage_calibration_names_the_staged_set_in_the_config(tmp_path, env, mak
     assert out.returncode == 0, out.stderr
     assert load_config(config).calibration.dataset == f"s3://{seoul}/calibration/traffic/"
     # Everything else, comments included, is as it was.
-    assert [l for l in CONFIG.read_text().splitlines() if l.lstrip().startswith("#")] == \
-        [l for l in config.read_text().splitlines() if l.lstrip().startswith("#")]
+    assert [ln for ln in CONFIG.read_text().splitlines() if ln.lstrip().startswith("#")] == \
+        [ln for ln in config.read_text().splitlines() if ln.lstrip().startswith("#")]

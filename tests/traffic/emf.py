@@ -18,7 +18,7 @@ stay under its 1 MB limit.
 from __future__ import annotations
 
 from collections import defaultdict
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 MAX_DATA_PER_CALL = 1000
@@ -44,7 +44,7 @@ def extract(records: list[dict[str, Any]]) -> dict[tuple, list[float]]:
 
 def _datums(key: tuple, values: list[float]) -> list[dict[str, Any]]:
     _, name, unit, dims, minute = key
-    base = {"MetricName": name, "Unit": unit, "Timestamp": datetime.fromtimestamp(minute, timezone.utc),
+    base = {"MetricName": name, "Unit": unit, "Timestamp": datetime.fromtimestamp(minute, UTC),
             "Dimensions": [{"Name": k, "Value": v} for k, v in dims]}
     if min(values) == max(values):
         return [{**base, "StatisticValues": {"SampleCount": len(values), "Sum": float(sum(values)),

@@ -4,7 +4,7 @@ that reproduces what was sent: arrivals per hour within 2%, length quantiles wit
 from __future__ import annotations
 
 import asyncio
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import boto3
 import pytest
@@ -19,7 +19,7 @@ from tests.gateway.conftest import REGION, fleet_config, start_harness, stop_har
 from .emf import ship, with_percentiles
 from .week import DAYS, HOURS, WIDE_LIMITS, Week, send_week, simulate
 
-NOW = floor_hour(datetime.now(timezone.utc))
+NOW = floor_hour(datetime.now(UTC))
 START = NOW - timedelta(days=DAYS)
 
 

@@ -2,16 +2,16 @@
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import pytest
 
 from fleetcast.contract.errors import UserError
-from fleetcast.traffic.export import MAX_QUERIES, MAX_AGE, export
+from fleetcast.traffic.export import MAX_AGE, MAX_QUERIES, export
 from scripts import cli
 from tests.gateway.conftest import fleet_config
 
-NOW = datetime(2026, 12, 1, 12, tzinfo=timezone.utc)
+NOW = datetime(2026, 12, 1, 12, tzinfo=UTC)
 
 
 def never(*_a, **_k):

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import json
 import random
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import boto3
@@ -30,7 +30,7 @@ from .week import WIDE_LIMITS
 
 ROOT = Path(__file__).resolve().parents[2]
 SEED = ROOT / "examples" / "plan" / "seed" / "results"
-NOW = datetime.now(timezone.utc).replace(minute=0, second=0, microsecond=0)
+NOW = datetime.now(UTC).replace(minute=0, second=0, microsecond=0)
 BASE, DOUBLED, BATCH = (NOW - timedelta(hours=h) for h in (6, 4, 2))  # each window: [start, start + 1 h)
 PER_HOUR = 1500
 

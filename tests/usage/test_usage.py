@@ -11,22 +11,21 @@ import asyncio
 import csv
 import io
 import json
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import boto3
 import pytest
 
-from fleetcast.contract import telemetry as t
 from fleetcast.config.catalog import instance_catalog
+from fleetcast.contract import telemetry as t
 from fleetcast.contract.errors import UserError
 from fleetcast.usage import collect, parse_time
 from scripts.cli import main as cli
 from tests.conftest import reset_moto
-from tests.gateway.conftest import (ANALYTICS_VPCE, REGION, VOICE_VPCE, fleet_config, run, start_harness,
-                                    stop_harness)
+from tests.gateway.conftest import ANALYTICS_VPCE, REGION, VOICE_VPCE, fleet_config, run, start_harness, stop_harness
 from tests.gateway.fakes import Client
 
-NOW = datetime.now(timezone.utc)
+NOW = datetime.now(UTC)
 
 
 @pytest.fixture
@@ -47,7 +46,7 @@ def ship_emf(cw, records):
     data = []
     for record in records:
         meta = record["_aws"]["CloudWatchMetrics"][0]
-        stamp = datetime.fromtimestamp(record["_aws"]["Timestamp"] / 1000, timezone.utc)
+        stamp = datetime.fromtimestamp(record["_aws"]["Timestamp"] / 1000, UTC)
         for dims in meta["Dimensions"]:
             for metric in meta["Metrics"]:
                 data.append({"MetricName": metric["Name"], "Unit": metric["Unit"], "Timestamp": stamp,
@@ -84,7 +83,7 @@ def test_usage_adds_up_to_the_tokens_streamed_through_the_gateway(cloudwatch, co
     records, replies = run(traffic())
     # The gateway stamped its records with the real clock just now: the window is placed around that
     # moment, not around a time fixed when the module was collected (minutes earlier on a busy machine).
-    now = datetime.now(timezone.utc)
+    now = datetime.now(UTC)
     throttled = sum(1 for r in replies if r.status == 429)
     streamed_voice = sum(r.text.count(" t") for r in replies[:6] if r.status == 200)
     ship_emf(cloudwatch, records)
@@ -183,11 +182,11 @@ def test_missing_credentials_is_a_clear_error(config_file, capsys, monkeypatch, 
 
 
 def test_time_arguments():
-    now = datetime(2026, 11, 29, 12, 0, tzinfo=timezone.utc)
+    now = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
     assert parse_time("now", now, "--until") == now
     assert parse_time("90m", now, "--since") == now - timedelta(minutes=90)
     assert parse_time("7d", now, "--since") == now - timedelta(days=7)
-    assert parse_time("2026-11-28", now, "--since") == datetime(2026, 11, 28, tzinfo=timezone.utc)
-    assert parse_time("2026-11-28T09:30+09:00", now, "--since") == datetime(2026, 11, 28, 0, 30, tzinfo=timezone.utc)
+    assert parse_time("2026-11-28", now, "--since") == datetime(2026, 11, 28, tzinfo=UTC)
+    assert parse_time("2026-11-28T09:30+09:00", now, "--since") == datetime(2026, 11, 28, 0, 30, tzinfo=UTC)
     with pytest.raises(UserError):
         parse_time("tomorrow", now, "--until")

@@ -19,7 +19,7 @@ from __future__ import annotations
 import json
 import os
 import re
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 NOTICE_ATTRIBUTE = "fleetcast_notice"
 PENDING = "pendingAcceptance"
@@ -61,7 +61,7 @@ def _pending(service_id: str) -> list[dict]:
 
 def _log(decision: str, conn: dict, service_id: str, error: str | None = None) -> None:
     print(json.dumps({
-        "time": datetime.now(timezone.utc).isoformat(timespec="seconds").replace("+00:00", "Z"),
+        "time": datetime.now(UTC).isoformat(timespec="seconds").replace("+00:00", "Z"),
         "caller": "lambda:" + os.environ.get("AWS_LAMBDA_FUNCTION_NAME", "connection-approver"),
         "command": "auto-approve", "region": os.environ.get("AWS_REGION", ""), "service_id": service_id,
         "endpoint_id": conn.get("VpcEndpointId"), "account": conn.get("VpcEndpointOwner"), "state": PENDING,

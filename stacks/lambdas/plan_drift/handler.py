@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import json
 import os
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 # The asset carries these two stdlib-only modules at the same paths (stacks/plan_drift.py).
 from fleetcast.contract import telemetry as t
@@ -114,7 +114,7 @@ def observe(s: dict, pool: str, consumers: list[str], start: datetime, end: date
     for qid, points in data.items():
         role = roles[qid]
         for stamp, value in points:
-            h = int((stamp.astimezone(timezone.utc) - start) / timedelta(hours=1))
+            h = int((stamp.astimezone(UTC) - start) / timedelta(hours=1))
             if role[0] == "arrivals" and 0 <= h < hours:
                 arrivals[h] += value
             elif role[0] in ("ttft", "itl") and 0 <= h < hours:
@@ -141,7 +141,7 @@ def handler(event, context, now: datetime | None = None):
         sns.publish(TopicArn=s["topic"], Subject=f"{s['fleet']}: plan drift check has no baseline"[:100], Message=text,
                     MessageAttributes={NOTICE_ATTRIBUTE: {"DataType": "String", "StringValue": "plan_drift"}})
         return {"drift": None}
-    end = (now or datetime.now(timezone.utc)).replace(minute=0, second=0, microsecond=0)
+    end = (now or datetime.now(UTC)).replace(minute=0, second=0, microsecond=0)
     start = end - timedelta(days=s["days"])
     findings, data = [], []
     for base in baseline["pools"]:
