@@ -142,7 +142,8 @@ def render_impact(impact: ConfigImpact) -> str:
     lines.append("Pools:")
     for p in impact.pools:
         digests = f" (instance digest {p.before_digest[:12]})" if p.outcome == "kept" and p.before_digest else \
-            f" (instance digest {p.before_digest[:12]} -> {p.after_digest[:12]})" if p.outcome == "rolls" else ""
+            f" (instance digest {p.before_digest[:12]} -> {p.after_digest[:12]})" \
+            if p.outcome == "rolls" and p.before_digest and p.after_digest else ""
         lines.append(f"  {p.region}/{p.pool}: {_OUTCOME_TEXT[p.outcome]}{digests}")
     if impact.consumers_changed:
         lines.append(f"Consumers changed ({', '.join(impact.consumers_changed)}): running gateways apply them from "

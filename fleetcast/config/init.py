@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+from typing import Any
 
 from . import catalog
 from .rules import az_id_prefix
 
 # Models `init` knows how to start with: each one's length limits and serving flow.
-MODEL_PRESETS: dict[str, dict] = {
+MODEL_PRESETS: dict[str, dict[str, Any]] = {
     "gpt2-xl": {"family": "gpt2", "source": "openai-community/gpt2-xl", "context_length": 1024,
                 "max_input_len": 768, "max_output_len": 256, "backend": "tensorrt", "precision": "int8_wo"},
     "qwen2.5-0.5b-instruct": {"family": "qwen2", "source": "Qwen/Qwen2.5-0.5B-Instruct", "context_length": 32768,

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, ValidationError
+from pydantic_core import ErrorDetails
 from ruamel.yaml import YAML
 from ruamel.yaml.comments import CommentedMap, CommentedSeq
 from ruamel.yaml.constructor import ConstructorError, RoundTripConstructor
@@ -41,7 +42,7 @@ MAX_ISSUES = 100        # problems listed; the rest are counted
 class ConfigError(UserError):
     """The config file is unreadable or invalid; `issues` lists every problem found (exit 1)."""
 
-    def __init__(self, source: str, issues: list[ConfigIssue], lines: dict[tuple, int] | None = None):
+    def __init__(self, source: str, issues: list[ConfigIssue], lines: dict[tuple[Any, ...], int] | None = None):
         self.source = source
         self.issues = issues
         self.lines = lines or {}
@@ -67,21 +68,21 @@ class ConfigError(UserError):
 
 
 class _TooLarge(Exception):
-    def __init__(self, message: str, path: tuple):
+    def __init__(self, message: str, path: tuple[Any, ...]):
         super().__init__(message)
         self.path = path
 
 
-def _walk(doc: Any) -> tuple[Any, dict[tuple, int]]:
+def _walk(doc: Any) -> tuple[Any, dict[tuple[Any, ...], int]]:
     """Plain dicts/lists of the round-trip document and the 1-based line of every path.
 
     Bounded: at most MAX_DEPTH levels and MAX_ENTRIES entries, counting aliases as the copies
     they stand for (a recursive or exponential alias is refused here, not expanded).
     """
-    lines: dict[tuple, int] = {}
+    lines: dict[tuple[Any, ...], int] = {}
     budget = [MAX_ENTRIES]
 
-    def visit(node: Any, path: tuple) -> Any:
+    def visit(node: Any, path: tuple[Any, ...]) -> Any:
         if len(path) > MAX_DEPTH:
             raise _TooLarge(f"nested more than {MAX_DEPTH} levels deep (a fleet config needs fewer than 10)", path[:MAX_DEPTH])
         if isinstance(node, dict):
@@ -118,7 +119,7 @@ def _walk(doc: Any) -> tuple[Any, dict[tuple, int]]:
     return visit(doc, ()), lines
 
 
-def _line_index(node: Any) -> dict[tuple, int]:
+def _line_index(node: Any) -> dict[tuple[Any, ...], int]:
     """Map every YAML path to its 1-based line, from ruamel's round-trip positions."""
     return _walk(node)[1]
 
@@ -143,13 +144,13 @@ def _members(tp: Any) -> list[Any]:
     return [tp]
 
 
-def _resolve(loc: tuple) -> tuple[tuple, type[BaseModel] | None]:
+def _resolve(loc: tuple[Any, ...]) -> tuple[tuple[Any, ...], type[BaseModel] | None]:
     """The YAML path of a pydantic error location, and the model that holds its last key.
 
     Pydantic puts the branch of a union in the location ('NewVpc', 'new', "literal['latest']");
     those segments are dropped by walking the schema, so a key such as `Tags` stays in the path.
     """
-    path: list = []
+    path: list[Any] = []
     current: Any = FleetConfig
     parent: type[BaseModel] | None = None
     for seg in loc:
@@ -243,9 +244,9 @@ def _pydantic_issues(exc: ValidationError) -> list[ConfigIssue]:
     return unique
 
 
-def _merge_scalar_unions(issues: list[ConfigIssue], errors: list[dict]) -> list[ConfigIssue]:
+def _merge_scalar_unions(issues: list[ConfigIssue], errors: list[ErrorDetails]) -> list[ConfigIssue]:
     """A value refused by every branch of a scalar union (`ami-...` or `latest`) is one issue naming each form."""
-    forms: dict[tuple, list[str]] = {}
+    forms: dict[tuple[Any, ...], list[str]] = {}
     for issue, err in zip(issues, errors):
         if len(err["loc"]) > len(issue.path) and isinstance(err["loc"][-1], str) and err["loc"][-1] not in issue.path:
             if err["type"] == "string_pattern_mismatch":
@@ -269,7 +270,7 @@ def _short(value: Any, limit: int = 80) -> str:
     return text if len(text) <= limit else text[: limit - 5] + "...'"
 
 
-def parse_config(data: dict[str, Any], source: str = "<config>", lines: dict[tuple, int] | None = None) -> FleetConfig:
+def parse_config(data: dict[str, Any], source: str = "<config>", lines: dict[tuple[Any, ...], int] | None = None) -> FleetConfig:
     """Validate already-parsed data; raises ConfigError listing every problem."""
     if not isinstance(data, dict):
         raise ConfigError(source, [ConfigIssue((), "the config must be a mapping at the top level")])
@@ -355,7 +356,7 @@ def _flow_depth_error(text: str) -> str | None:
     return None
 
 
-def read_document(path: str | Path, raw: bytes | None = None) -> tuple[Any, dict[tuple, int]]:
+def read_document(path: str | Path, raw: bytes | None = None) -> tuple[Any, dict[tuple[Any, ...], int]]:
     """The file's YAML as plain data with line numbers; ConfigError (one clear issue) for unreadable input.
     `raw`: the file's bytes when the caller has read them already."""
     path = Path(path)
@@ -418,7 +419,7 @@ def load_config(path: str | Path) -> FleetConfig:
     return cfg
 
 
-_validated: dict[tuple, FleetConfig] = {}
+_validated: dict[tuple[Any, ...], FleetConfig] = {}
 
 
 def config_from_json(text: str) -> FleetConfig:

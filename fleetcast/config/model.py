@@ -16,13 +16,14 @@ import hashlib
 import json
 import re
 from enum import Enum
-from typing import Annotated, ClassVar, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import (
     BaseModel,
     ConfigDict,
     Discriminator,
     Field,
+    SerializerFunctionWrapHandler,
     StringConstraints,
     Tag,
     ValidationInfo,
@@ -105,6 +106,8 @@ class Frozen(BaseModel):
     @field_validator("*", mode="before")
     @classmethod
     def _strict_scalars(cls, value: object, info: ValidationInfo) -> object:
+        if info.field_name is None:  # set for every field validator; None only where a model validator runs
+            return value
         problem = scalar_problem(cls.model_fields[info.field_name].annotation, value)
         if problem:
             raise ValueError(problem)
@@ -515,7 +518,7 @@ class Pool(Frozen):
         return self.capacity.max if ceiling is None else ceiling
 
     @model_serializer(mode="wrap")
-    def _omit_absent_spot(self, handler):
+    def _omit_absent_spot(self, handler: SerializerFunctionWrapHandler) -> Any:
         # A pool without a spot tier dumps exactly as before the field existed: the config parameter,
         # the digests and so the templates of spot-less fleets stay byte-identical.
         data = handler(self)
@@ -755,7 +758,7 @@ class Operations(Frozen):
 # rolls): the safe default for fields added later.
 # Read only by pools whose build calibrates (contract/support.py needs_calibration): in their digest alone.
 CALIBRATED_POOLS_ONLY = ("calibration",)
-NOT_IN_INSTANCE_DIGEST: dict = {
+NOT_IN_INSTANCE_DIGEST: dict[str, Any] = {
     "consumers": True,
     "slo": True,
     # Stack tags: the groups propagate them to the instances they launch, the launch template does not
@@ -773,7 +776,7 @@ NOT_IN_INSTANCE_DIGEST: dict = {
 }
 
 
-def _canonical_digest(data: dict) -> str:
+def _canonical_digest(data: dict[str, Any]) -> str:
     canonical = json.dumps(data, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(canonical.encode()).hexdigest()
 

@@ -114,7 +114,7 @@ class Readiness:
     def ready(self) -> bool:
         return not self.refusals
 
-    def render(self, source: str, lines: dict[tuple, int] | None = None) -> str:
+    def render(self, source: str, lines: dict[tuple[Any, ...], int] | None = None) -> str:
         def where(issue: ConfigIssue) -> str:
             path, line = tuple(issue.path), None
             while path and line is None:
@@ -133,7 +133,7 @@ class Readiness:
         return "\n".join(out)
 
 
-def _strings(node: Any, path: tuple = ()) -> Iterator[tuple[tuple, str]]:
+def _strings(node: Any, path: tuple[Any, ...] = ()) -> Iterator[tuple[tuple[Any, ...], str]]:
     if isinstance(node, dict):
         for key, value in node.items():
             yield from _strings(value, path + (key,))
@@ -144,7 +144,7 @@ def _strings(node: Any, path: tuple = ()) -> Iterator[tuple[tuple, str]]:
         yield path, node
 
 
-def _account_advice(path: tuple) -> str:
+def _account_advice(path: tuple[Any, ...]) -> str:
     if path == ("provider", "account"):
         return "put the id of the account that runs the fleets (`aws sts get-caller-identity` there)"
     if path[:1] == ("consumers",):
@@ -154,7 +154,7 @@ def _account_advice(path: tuple) -> str:
     return "replace it with the real account id"
 
 
-def _id_advice(path: tuple, kind: str) -> str:
+def _id_advice(path: tuple[Any, ...], kind: str) -> str:
     if path[-1:] == ("endpoint_service_name",):
         return ("delete the value: `fleetcast deploy --step publish` writes the real name after the provider "
                 "stack is deployed (synth skips the consumer until then)")
@@ -311,13 +311,14 @@ def check_readiness(cfg: FleetConfig, access: Any | None) -> Readiness:
                           f"credentials for provider.account {cfg.provider.account}, e.g. --profile)") \
         if access is None else provider_caller(cfg, access)
     if caller is None:
+        assert note is not None  # provider_caller says why it has no caller
         return Readiness(found.refusals, found.warnings + tuple(shared_ami_warnings(cfg)), (note,))
     zones, zone_notes = zone_findings(cfg, access, caller)
     amis, ami_notes = ami_findings(cfg, access)
     return Readiness(found.refusals + tuple(zones) + tuple(amis), found.warnings, tuple(zone_notes + ami_notes))
 
 
-def line_index(path: str | Path) -> dict[tuple, int]:
+def line_index(path: str | Path) -> dict[tuple[Any, ...], int]:
     """YAML path -> line of a config file (empty when it cannot be read: lines are a courtesy)."""
     from ruamel.yaml import YAML
 

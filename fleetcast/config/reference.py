@@ -47,7 +47,7 @@ def _type(prop: dict[str, Any], defs: dict[str, Any]) -> str:
         return f"`{json.dumps(prop['const'])}`"
     if "enum" in prop:
         return "enum"
-    kind = prop.get("type", "any")
+    kind: str = prop.get("type", "any")
     if kind == "array":
         return f"list of {_type(prop.get('items', {}), defs)}"
     if kind == "object" and "additionalProperties" in prop and isinstance(prop["additionalProperties"], dict):

@@ -11,12 +11,13 @@ import ipaddress
 import re
 import unicodedata
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from fleetcast.contract import support
 
 from . import catalog
-from .model import Backend, ExistingVpc, FleetConfig, KvCacheDtype
+from .model import Backend, ExistingVpc, FleetConfig, KvCacheDtype, Pool, SpotSpec
 
 Path = tuple[str | int, ...]
 
@@ -70,8 +71,9 @@ def _unknown_regions_once(cfg: FleetConfig, issues: list[ConfigIssue]) -> list[C
             note(("regions", i, "allowed_regions", j), other, ("regions", i, "allowed_regions", j))
     for i, consumer in enumerate(cfg.consumers):
         note(("consumers", i, "region"), consumer.region, ("consumers", i))
-    for region in cfg.network.tls_certificate_arns:
-        note(("network", "tls_certificate_arns", region), region, ("network", "tls_certificate_arns", region))
+    for cert_region in cfg.network.tls_certificate_arns:
+        note(("network", "tls_certificate_arns", cert_region), cert_region,
+             ("network", "tls_certificate_arns", cert_region))
     if not unknown:
         return issues
 
@@ -193,12 +195,12 @@ def _spot_tiers(cfg: FleetConfig) -> list[ConfigIssue]:
             if pool.spot is None:
                 continue
             here: Path = ("regions", i, "pools", j, "spot")
-            out += _spot_types(region.region, pool, here)
-            out += _spot_sizes(pool, here)
+            out += _spot_types(region.region, pool, pool.spot, here)
+            out += _spot_sizes(pool, pool.spot, here)
     return out
 
 
-def _spot_types(region: str, pool, here: Path) -> list[ConfigIssue]:
+def _spot_types(region: str, pool: Pool, spot: SpotSpec, here: Path) -> list[ConfigIssue]:
     out: list[ConfigIssue] = []
     instances = catalog.instance_catalog()
     offered = catalog.availability()
@@ -206,7 +208,7 @@ def _spot_types(region: str, pool, here: Path) -> list[ConfigIssue]:
     if own is None:
         return out  # the pool's own instance_type is already blamed by _pools
     seen: set[str] = set()
-    for k, name in enumerate(pool.spot.instance_types):
+    for k, name in enumerate(spot.instance_types):
         where = here + ("instance_types", k)
         if name in seen:
             out.append(ConfigIssue(where, f"{name} is listed twice"))
@@ -230,9 +232,9 @@ def _spot_types(region: str, pool, here: Path) -> list[ConfigIssue]:
     return out
 
 
-def _spot_sizes(pool, here: Path) -> list[ConfigIssue]:
+def _spot_sizes(pool: Pool, spot: SpotSpec, here: Path) -> list[ConfigIssue]:
     out: list[ConfigIssue] = []
-    spot, capacity = pool.spot, pool.capacity
+    capacity = pool.capacity
     base = pool.on_demand_base
     if capacity.min == capacity.max:
         out.append(ConfigIssue(here, f"capacity min == max ({capacity.min}): the pool never scales, so a Spot tier "
@@ -377,11 +379,11 @@ def _subnets(cfg: FleetConfig) -> list[ConfigIssue]:
     for j, region in enumerate(cfg.regions):
         if isinstance(region.vpc, ExistingVpc):
             seen: set[str] = set()
-            for k, subnet in enumerate(region.vpc.subnet_ids):
-                if subnet in seen:
+            for k, subnet_id in enumerate(region.vpc.subnet_ids):
+                if subnet_id in seen:
                     out.append(ConfigIssue(("regions", j, "vpc", "subnet_ids", k),
-                                           f"{subnet} is listed twice; give one private subnet per AZ"))
-                seen.add(subnet)
+                                           f"{subnet_id} is listed twice; give one private subnet per AZ"))
+                seen.add(subnet_id)
     for i, consumer in enumerate(cfg.consumers):
         ids: set[str] = set()
         zones: dict[str, str] = {}
@@ -606,6 +608,8 @@ def _stack_resources(cfg: FleetConfig) -> list[ConfigIssue]:
     return out
 
 
+# Declared apart: the assignment below is the line every new rule edits.
+AWS_LIMIT_RULES: tuple[Callable[[FleetConfig], list[ConfigIssue]], ...]
 AWS_LIMIT_RULES = (_slo_units, _lambda_descriptions, _stack_resources, _calibration_dataset, _accounts, _network_overlaps, _subnet_space, _subnets, _warm_pools, _scaling_targets, _tags,
                    _endpoint_service_names, _path_segments, _config_parameter_size)
 

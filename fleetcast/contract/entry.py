@@ -38,10 +38,11 @@ def run_quietly(main: Callable[[], int | None]) -> int:
 
 
 def _silence_stdout() -> None:
-    if sys.stdout is not sys.__stdout__:
-        return  # replaced by a caller (a test capturing output): the process's stdout is not ours to close
+    out = sys.stdout
+    if out is None or out is not sys.__stdout__:
+        return  # none (no console), or replaced by a caller (a test capturing output): the process's stdout is not ours to close
     try:
         devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
+        os.dup2(devnull, out.fileno())
     except (OSError, ValueError):
         pass  # stdout is not a file: nothing is flushed into it at exit

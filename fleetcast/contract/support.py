@@ -28,6 +28,7 @@ below against the TensorRT-LLM 1.2.x source it comes from:
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 TENSORRT_LLM_LINE = "1.2"
@@ -99,7 +100,7 @@ def instance_where(instance_type: str, gpu_name: str, arch: str) -> str:
     return f"{instance_type} ({gpu_name}, {arch})"
 
 
-def _listed(values) -> str:
+def _listed(values: Iterable[str]) -> str:
     return ", ".join(sorted(values)) or "none"
 
 
