@@ -39,8 +39,8 @@ def run_quietly(main: Callable[[], int | None]) -> int:
 
 def _silence_stdout() -> None:
     out = sys.stdout
-    if out is None or out is not sys.__stdout__:
-        return  # none (no console), or replaced by a caller (a test capturing output): the process's stdout is not ours to close
+    if out is not sys.__stdout__ or out is None:
+        return  # replaced by a caller (a test capturing output): the process's stdout is not ours to close; or none
     try:
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, out.fileno())
