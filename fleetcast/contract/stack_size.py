@@ -13,12 +13,9 @@ Duck-typed on the config (no import of fleetcast.config): the contract sits belo
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Any
 
 from .network import PROVIDER_INTERFACE_ENDPOINTS
-
-if TYPE_CHECKING:  # annotations only: at run time the contract imports nothing above it
-    from fleetcast.config.model import FleetConfig, Pool, Region
 
 CLOUDFORMATION_MAX_RESOURCES = 500
 
@@ -48,7 +45,7 @@ PLAN_DRIFT_SNS_ENDPOINT = 1  # with VPC endpoints (egress none), the drift check
 AUTO_APPROVE = 6  # the connection approver Lambda, its role, logs and rule
 
 
-def pool_resources(pool: Pool) -> int:
+def pool_resources(pool: Any) -> int:  # a fleetcast.config Pool, duck-typed (see above)
     n = POOL + len(pool.schedule) * SCHEDULE_STEP
     n += SLO_PROTECTION if pool.scaling.slo_protection else 0
     n += WARM_POOL if pool.warm_pool.size else 0
@@ -56,7 +53,7 @@ def pool_resources(pool: Pool) -> int:
     return n
 
 
-def provider_stack_resources(cfg: FleetConfig, region: Region) -> int:
+def provider_stack_resources(cfg: Any, region: Any) -> int:  # a FleetConfig and one of its regions
     """Resources of `region`'s provider stack (the `fleetcast-provider-<region>` template)."""
     created = getattr(region.vpc, "vpc_id", None) is None
     nat = cfg.network.egress.value == "nat"
