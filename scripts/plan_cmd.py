@@ -205,7 +205,11 @@ def _plan(args: argparse.Namespace) -> int:
                                  write_schedule=args.write_schedule, spot=result.spot)
         baseline = _baseline(args.write_config, edit.cfg, result.pools, ctx)
     if args.report:
-        paths = write_report(result, args.report)
+        try:
+            paths = write_report(result, args.report)
+        except OSError as exc:
+            raise UserError(f"--report: cannot write {exc.filename or args.report}: {exc.strerror}; its pages were "
+                            "left as they were" + (f", and {args.write_config} was not written" if edit else "")) from None
         say(f"\nreport: {', '.join(str(p) for p in paths[:3])} (+{len(paths) - 3} plots)")
     if edit is not None:
         from fleetcast.config.edit import replace_files

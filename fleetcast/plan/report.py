@@ -491,10 +491,10 @@ def write_report(result: PlanResult, directory: str | Path) -> list[Path]:
     d = Path(directory)
     d.mkdir(parents=True, exist_ok=True)
     plots = {p.traffic.region: write_plots(p, d, result.slo, result.pools) for p in result.regions}
-    md = d / "plan.md"
-    md.write_text(render_markdown(result, plots) + "\n")
-    page = d / "plan.html"
-    page.write_text(render_html(result, plots))
-    js = d / "plan.json"
-    js.write_text(json.dumps(to_json(result), indent=1) + "\n")
+    md, page, js = d / "plan.md", d / "plan.html", d / "plan.json"
+    from fleetcast.config.edit import replace_files
+
+    # Rendered first, replaced together: a failure leaves the previous report's pages as they were.
+    replace_files([(md, render_markdown(result, plots) + "\n"), (page, render_html(result, plots)),
+                   (js, json.dumps(to_json(result), indent=1) + "\n")])
     return [md, page, js] + [p for ps in plots.values() for p in ps]

@@ -341,3 +341,16 @@ def test_write_schedule_turns_the_hourly_plan_into_daily_steps(capsys, fleet):
     assert [(s.cron, s.min, s.max) for s in pool.schedule] == [
         ("0 0 * * *", 11, 17), ("0 9 * * *", 17, 17), ("0 13 * * *", 2, 17), ("0 22 * * *", 8, 17)]
     assert "- {cron: '0 9 * * *', min: 17, max: 17}" in fleet.read_text()
+
+
+def test_a_report_that_cannot_be_written_leaves_its_pages_and_the_config(capsys, fleet, tmp_path):
+    report = tmp_path / "report"
+    report.mkdir()
+    (report / "plan.md").write_text("the previous plan\n")
+    (report / "plan.json").mkdir()  # plan.json cannot be replaced
+    before = fleet.read_bytes()
+    code, _, err = plan(capsys, "--results", RESULTS, "--traffic", SEOUL, "--config", str(fleet), *SLO,
+                        "--min-instances", "1", "--report", str(report), "--write-config", str(fleet))
+    assert code == 1 and "--report: cannot write" in err and "was not written" in err
+    assert (report / "plan.md").read_text() == "the previous plan\n"
+    assert fleet.read_bytes() == before and not (fleet.parent / "fleet.plan-baseline.json").exists()
