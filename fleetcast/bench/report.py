@@ -3,8 +3,10 @@ file (plots embedded as base64) that can be mailed or attached to a ticket.
 
 Several results files render together, one series each (e.g. two instance
 types or precisions); a series keeps its colour in every plot. Runs marked
-saturated get a red x and are flagged in the tables: their latencies describe
-the client, not the server. Throughput-latency plots draw markers only, each
+saturated get a red ring (under the markers, hiding no other series) and are
+flagged in the tables: their latencies describe the client, not the server.
+The load axis is the rates swept for a `--rate` sweep, else concurrency; the
+`--slo-*` values are drawn as lines and goodput gets its own plot. Throughput-latency plots draw markers only, each
 annotated with its concurrency: a line joining them in either concurrency or
 throughput order would suggest a curve the runs do not measure (throughput can
 fall as load rises, and noise reorders neighbours).
@@ -62,11 +64,6 @@ def shape_text(res: Results) -> str:
     return shape.text() + ("" if res.request is not None else " (read from the runs' length specs)")
 
 
-def load_x(run: Run) -> float:
-    """Where a run sits on the load axis: its concurrency, else the measured mean concurrency."""
-    return float(run.load.concurrency) if run.load.concurrency else run.summary.mean_concurrency
-
-
 def csv_rows(results: list[Results]) -> list[dict]:
     rows = []
     for res, name in zip(results, series_names(results)):
@@ -108,13 +105,41 @@ def write_csv(results: list[Results], path: Path) -> Path:
     return Path(path)
 
 
-def _load_axis(ax, levels: list[float], xs: list[float]) -> None:
-    """Log-2 load axis whose ticks read as numbers (1, 2, 4, 8), not 2^0..2^3: the swept
-    concurrency levels, else the powers of two the measured loads span."""
+def load_axis_kind(results: list[Results]) -> str:
+    """What the load axis of the plots is: the rates swept when every run is an open-loop `--rate` run (so a reader
+    reads off which rate broke the SLO), else concurrency: the levels of closed-loop runs, the measured mean
+    concurrency of the others (trace and mix runs, or rate runs beside closed-loop files)."""
+    runs = [r for res in results for r in res.runs]
+    if runs and all(r.load.rate_rps for r in runs):
+        return "rate"
+    return "concurrency" if all(r.load.concurrency for r in runs) else "mixed"
+
+
+def load_x(run: Run, kind: str = "concurrency") -> float:
+    """Where a run sits on the load axis of `kind` (load_axis_kind): its offered rate, its concurrency, else the
+    measured mean concurrency."""
+    if kind == "rate" and run.load.rate_rps:
+        return float(run.load.rate_rps)
+    return float(run.load.concurrency) if run.load.concurrency else run.summary.mean_concurrency
+
+
+_AXIS_LABEL = {"rate": "offered rate (requests/s, the --rate values swept)", "concurrency": "concurrency",
+               "mixed": "concurrency (mean concurrency for rate, trace and mix runs)"}
+
+
+def _load_axis(ax, kind: str, levels: list[float], xs: list[float]) -> None:
+    """The rates swept on a linear axis ticked at each rate; otherwise a log-2 load axis whose ticks read as numbers
+    (1, 2, 4, 8), not 2^0..2^3: the swept concurrency levels, else the powers of two the measured loads span."""
     import math
 
     from matplotlib.ticker import FixedLocator, FuncFormatter, NullLocator
 
+    ax.set_xlabel(_AXIS_LABEL[kind])
+    if kind == "rate":
+        ax.set_xticks(sorted(set(levels)))
+        ax.set_xlim(0, max(levels) * 1.08)
+        ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _pos: f"{v:g}"))
+        return
     ax.set_xscale("log", base=2)
     ticks = sorted({x for x in levels if x > 0})
     positive = [x for x in xs if x > 0]
@@ -127,69 +152,150 @@ def _load_axis(ax, levels: list[float], xs: list[float]) -> None:
     ax.xaxis.set_minor_locator(NullLocator())
 
 
+def slo_values(results: list[Results], field: str) -> list[float]:
+    """The distinct `--slo-*` values (ms) of one latency the files were counted against, e.g. field='ttft_ms'."""
+    return sorted({getattr(r.slo, field) for r in results if r.slo is not None and getattr(r.slo, field) is not None})
+
+
+def _slo_lines(ax, results: list[Results], field: str) -> None:
+    what = field.split("_")[0].upper()
+    for v in slo_values(results, field):
+        ax.axhline(v, color="k", linestyle=(0, (6, 3)), linewidth=1.3, zorder=1.5,
+                   label=f"{what} SLO: {v:g} ms (goodput counts requests under it)")
+
+
+def _saturated(ax, points: list[tuple[float, float]]) -> None:
+    """A red ring around each saturated run, under the series' markers: a cross on top hid other series' points."""
+    if points:
+        ax.plot(*zip(*points), "o", markersize=14, markerfacecolor="none", markeredgecolor="red",
+                markeredgewidth=1.6, zorder=1, label="_saturated")
+
+
+def _legend_below(fig, axes, extra: list | None = None) -> None:
+    """One legend for the figure, below the panels, where it covers no data: entries of every panel, each once."""
+    from matplotlib.lines import Line2D
+
+    handles, labels = [], []
+    for ax in axes:
+        for h, lab in zip(*ax.get_legend_handles_labels()):
+            if lab not in labels:
+                handles.append(h)
+                labels.append(lab)
+    if any(line.get_label() == "_saturated" for ax in axes for line in ax.get_lines()):
+        handles.append(Line2D([], [], marker="o", markersize=10, markerfacecolor="none", markeredgecolor="red",
+                              linestyle=""))
+        labels.append("client saturated: that run's latency describes the client")
+    for h, lab in extra or []:
+        handles.append(h)
+        labels.append(lab)
+    fig.legend(handles, labels, fontsize=8, loc="upper center", bbox_to_anchor=(0.5, 0.0), ncol=3, frameon=False)
+
+
+def _run_tag(run: Run, kind: str) -> str:
+    if run.load.concurrency:
+        return f"c={run.load.concurrency}"
+    if run.load.rate_rps:
+        return f"r={run.load.rate_rps:g}"
+    return f"~{run.summary.mean_concurrency:.1f}"
+
+
 def _plots(results: list[Results], out: Path) -> list[Path]:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.lines import Line2D
 
     names = series_names(results)
     # One colour per series, the same in every figure; line style tells the percentile.
     colours = [f"C{i % 10}" for i in range(len(results))]
+    kind = load_axis_kind(results)
+    styles = (("p50", "-o"), ("p95", "--s"), ("p99", ":^"))
     paths = []
-    fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.8))
     all_x: list[float] = []
-    levels = [float(r.load.concurrency) for res in results for r in res.runs if r.load.concurrency]
+    levels = [load_x(r, kind) for res in results for r in res.runs if kind == "rate" or r.load.concurrency]
     for res, name, colour in zip(results, names, colours):
-        runs = sorted(res.runs, key=load_x)
-        xs = [load_x(r) for r in runs]
+        runs = sorted(res.runs, key=lambda r: load_x(r, kind))
+        xs = [load_x(r, kind) for r in runs]
         all_x += xs
         for ax, metric in ((axes[0], "ttft_ms"), (axes[1], "itl_ms")):
-            for q, style in (("p50", "-o"), ("p95", "--s"), ("p99", ":^")):
+            for q, style in styles:
                 ys = [getattr(getattr(r.summary, metric), q) for r in runs]
                 ax.plot(xs, [y if y is not None else float("nan") for y in ys], style, color=colour,
-                        label=f"{name} {q}")
-                sat = [(x, y) for x, y, r in zip(xs, ys, runs) if r.summary.saturated and y is not None]
-                if sat:
-                    ax.plot(*zip(*sat), "x", color="red", markersize=10)
-    for ax, title in ((axes[0], "TTFT"), (axes[1], "ITL")):
-        ax.set_title(f"{title} percentiles vs load (red x: client saturated)")
-        ax.set_xlabel("concurrency (mean concurrency for rate, trace and mix runs)")
-        ax.set_ylabel("ms")
-        _load_axis(ax, levels, all_x)
+                        label=f"{name} {q}", zorder=2)
+            _saturated(ax, [(x, getattr(r.summary, metric).p99) for x, r in zip(xs, runs)
+                            if r.summary.saturated and getattr(r.summary, metric).p99 is not None])
+    for ax, title, field in ((axes[0], "TTFT", "ttft_ms"), (axes[1], "ITL", "itl_ms")):
+        _slo_lines(ax, results, field)
+        ax.set_title(f"{title} percentiles vs {'offered rate' if kind == 'rate' else 'load'}")
+        ax.set_ylabel(f"{title} (ms)")
+        _load_axis(ax, kind, levels, all_x)
         ax.grid(True, alpha=0.3)
-    axes[0].legend(fontsize=7)
     fig.tight_layout()
-    p = out / "latency_vs_concurrency.png"
-    fig.savefig(p, dpi=110)
+    _legend_below(fig, axes)
+    p = out / "latency_vs_load.png"
+    fig.savefig(p, dpi=110, bbox_inches="tight")
     plt.close(fig)
     paths.append(p)
 
-    fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.8))
     for res, name, colour in zip(results, names, colours):
         runs = res.runs
         xs = [r.summary.output_throughput_tps for r in runs]
         for ax, metric, q in ((axes[0], "ttft_ms", "p99"), (axes[1], "itl_ms", "p50")):
             ys = [getattr(getattr(r.summary, metric), q) for r in runs]
             # Markers only (module docstring): each point is one run, labelled with its load.
-            ax.plot(xs, [y if y is not None else float("nan") for y in ys], "o", color=colour, label=name)
+            ax.plot(xs, [y if y is not None else float("nan") for y in ys], "o", color=colour, label=name, zorder=2)
             for x, y, r in zip(xs, ys, runs):
-                if y is None:
-                    continue
-                tag = f"c={r.load.concurrency}" if r.load.concurrency else f"~{r.summary.mean_concurrency:.1f}"
-                ax.annotate(tag, (x, y), fontsize=7, xytext=(3, 3), textcoords="offset points", color=colour)
-                if r.summary.saturated:
-                    ax.plot([x], [y], "x", color="red", markersize=10)
-            ax.set_xlabel("output throughput (tokens/s)")
-            ax.set_ylabel(f"{metric.split('_')[0].upper()} {q} (ms)")
-            ax.set_title(f"throughput vs {metric.split('_')[0].upper()} {q} (one marker per run, c = concurrency)")
-            ax.grid(True, alpha=0.3)
-    axes[0].legend(fontsize=7)
+                if y is not None:
+                    ax.annotate(_run_tag(r, kind), (x, y), fontsize=7, xytext=(3, 3), textcoords="offset points",
+                                color=colour)
+            _saturated(ax, [(x, y) for x, y, r in zip(xs, ys, runs) if r.summary.saturated and y is not None])
+    for ax, metric, q in ((axes[0], "ttft_ms", "p99"), (axes[1], "itl_ms", "p50")):
+        what = metric.split("_")[0].upper()
+        _slo_lines(ax, results, metric)
+        ax.set_xlabel("output throughput (tokens/s)")
+        ax.set_ylabel(f"{what} {q} (ms)")
+        ax.set_title(f"throughput vs {what} {q} (one marker per run; c = concurrency, r = rate)", fontsize=10)
+        ax.grid(True, alpha=0.3)
     fig.tight_layout()
+    _legend_below(fig, axes)
     p = out / "throughput_vs_latency.png"
-    fig.savefig(p, dpi=110)
+    fig.savefig(p, dpi=110, bbox_inches="tight")
     plt.close(fig)
     paths.append(p)
+
+    # Goodput only means something against SLOs; files run without --slo-* have none to draw.
+    if any(r.summary.goodput_rps is not None for res in results for r in res.runs):
+        fig, ax = plt.subplots(figsize=(8, 4.8))
+        for res, name, colour in zip(results, names, colours):
+            runs = sorted(res.runs, key=lambda r: load_x(r, kind))
+            xs = [load_x(r, kind) for r in runs]
+            ax.plot(xs, [r.summary.request_throughput_rps for r in runs], ":o", color=colour, markerfacecolor="none",
+                    zorder=2)
+            good = [(x, r.summary.goodput_rps) for x, r in zip(xs, runs) if r.summary.goodput_rps is not None]
+            if good:
+                ax.plot(*zip(*good), "-o", color=colour, label=name, zorder=2)
+            _saturated(ax, [(x, r.summary.request_throughput_rps) for x, r in zip(xs, runs) if r.summary.saturated])
+        if kind == "rate":
+            top = max(levels)
+            ax.plot([0, top], [0, top], color="0.6", linewidth=1, zorder=1, label="offered (every request served)")
+        ax.set_title("goodput (requests/s meeting every SLO) and throughput vs "
+                     f"{'offered rate' if kind == 'rate' else 'load'}", fontsize=10)
+        ax.set_ylabel("requests/s")
+        ax.set_ylim(bottom=0)
+        _load_axis(ax, kind, levels, all_x)
+        ax.grid(True, alpha=0.3)
+        fig.tight_layout()
+        styles_key = [(Line2D([], [], color="0.3", linestyle="-", marker="o"), "solid: goodput"),
+                      (Line2D([], [], color="0.3", linestyle=":", marker="o", markerfacecolor="none"),
+                       "dotted: all completed requests")]
+        _legend_below(fig, [ax], styles_key)
+        p = out / "goodput_vs_load.png"
+        fig.savefig(p, dpi=110, bbox_inches="tight")
+        plt.close(fig)
+        paths.append(p)
     return paths
 
 

@@ -35,10 +35,10 @@ def test_run_writes_schema_json_csv_and_report(fast_server, tmp_path, capsys):
     assert [row["concurrency"] for row in rows] == ["1", "2"] and rows[0]["label_gpu"] == "H200"
 
     html = (tmp_path / "rep" / "report.html").read_text()
-    assert html.count("data:image/png;base64,") == 2 and "src='http" not in html
+    assert html.count("data:image/png;base64,") == 3 and "src='http" not in html
     png = html.split("data:image/png;base64,")[1].split("'")[0]
     assert base64.b64decode(png)[:8] == b"\x89PNG\r\n\x1a\n"
-    assert (tmp_path / "rep" / "latency_vs_concurrency.png").stat().st_size > 1000
+    assert (tmp_path / "rep" / "latency_vs_load.png").stat().st_size > 1000
 
     # `report` re-renders from files and compares several results.
     assert main(["bench", "report", str(out), str(out), "--out", str(tmp_path / "rep2")]) == 0

@@ -11,6 +11,7 @@ import pytest
 
 from fleetcast.bench.accuracy import TestServerProcess
 from fleetcast.bench.client import error_message
+from fleetcast.bench.report import series_name
 from fleetcast.bench.distributions import parse_distribution
 from fleetcast.bench.runner import Bench, BenchOptions, Level
 from fleetcast.bench.schema import ERROR_DETAIL_MAX_CHARS, SCHEMA_REVISION, dump_results, load_results
@@ -148,7 +149,7 @@ def test_plots_read_as_labelled(monkeypatch, tmp_path):
     sweep = load_results(ROOT / "bench/data/h200-reference-sweep.json")
     mix = load_results(ROOT / "bench/data/h200-reference-mix.json")
     figs = _figures(monkeypatch, [sweep, mix], tmp_path)
-    latency, throughput = figs["latency_vs_concurrency.png"], figs["throughput_vs_latency.png"]
+    latency, throughput = figs["latency_vs_load.png"], figs["throughput_vs_latency.png"]
     for ax in latency.axes:
         latency.canvas.draw()
         ticks = [t.get_text() for t in ax.get_xticklabels()]
@@ -168,6 +169,75 @@ def test_plots_read_as_labelled(monkeypatch, tmp_path):
     for ax in throughput.axes:
         for line in ax.get_lines():
             assert line.get_linestyle() == "None"
+
+
+def _rate_sweep(slo):
+    """The reference sweep re-labelled as an open-loop `--rate` sweep, the last run saturated."""
+    from fleetcast.bench.schema import SloSpec
+
+    sweep = load_results(ROOT / "bench/data/h200-reference-sweep.json")
+    runs = []
+    for i, (run, rate) in enumerate(zip(sweep.runs, (1, 2, 4, 6, 9, 12, 16))):
+        load = run.load.model_copy(update={"mode": "rate", "concurrency": None, "rate_rps": rate, "arrival": "poisson"})
+        summary = run.summary.model_copy(update={"saturated": i == len(sweep.runs) - 1})
+        runs.append(run.model_copy(update={"load": load, "summary": summary}))
+    return sweep.model_copy(update={"runs": runs, "slo": SloSpec(**slo)})
+
+
+def _below_the_axes(fig):
+    fig.canvas.draw()
+    [legend] = fig.legends
+    return legend.get_window_extent().y1 <= min(ax.get_window_extent().y0 for ax in fig.axes)
+
+
+def test_a_rate_sweep_is_plotted_against_the_rates_swept_with_its_slos(monkeypatch, tmp_path):
+    rate = _rate_sweep({"ttft_ms": 60, "itl_ms": 8})
+    figs = _figures(monkeypatch, [rate], tmp_path)
+    latency, throughput, goodput = (figs[n] for n in ("latency_vs_load.png", "throughput_vs_latency.png",
+                                                      "goodput_vs_load.png"))
+    for ax, slo in zip(latency.axes, (60, 8)):
+        # The x axis is the rates swept, linear and ticked at each, so the rate where P99 crosses the SLO reads off.
+        assert ax.get_xscale() == "linear" and list(ax.get_xticks()) == [1, 2, 4, 6, 9, 12, 16]
+        assert "offered rate" in ax.get_xlabel()
+        p99 = [l for l in ax.get_lines() if l.get_label().endswith(" p99")]
+        assert len(p99) == 1 and list(p99[0].get_xdata()) == [1, 2, 4, 6, 9, 12, 16]
+        # The SLO is a horizontal line at its value, named in the legend.
+        [line] = [l for l in ax.get_lines() if l.get_label().split(" SLO: ")[-1].startswith(f"{slo:g} ms")]
+        assert list(line.get_ydata()) == [slo, slo] and ax.get_ylim()[0] < slo < ax.get_ylim()[1]
+    ttft_p99_axis = throughput.axes[0]
+    assert [list(l.get_ydata()) for l in ttft_p99_axis.get_lines() if "SLO" in l.get_label()] == [[60, 60]]
+    # Goodput: one line per series at the rates swept; the offered rate drawn as the diagonal to compare.
+    [ax] = goodput.axes
+    [good] = [l for l in ax.get_lines() if l.get_label() == series_name(rate)]
+    assert list(good.get_xdata()) == [1, 2, 4, 6, 9, 12, 16]
+    assert list(good.get_ydata()) == [r.summary.goodput_rps for r in rate.runs]
+    assert any(l.get_label().startswith("offered") for l in ax.get_lines())
+    for fig in (latency, throughput, goodput):
+        assert _below_the_axes(fig)
+        assert any("client saturated" in t.get_text() for t in fig.legends[0].get_texts())
+
+
+def test_saturated_runs_are_ringed_under_every_series_marker(monkeypatch, tmp_path):
+    figs = _figures(monkeypatch, [_rate_sweep({"ttft_ms": 60})], tmp_path)
+    for fig in figs.values():
+        for ax in fig.axes:
+            rings = [l for l in ax.get_lines() if l.get_label() == "_saturated"]
+            series = [l for l in ax.get_lines() if not l.get_label().startswith("_") and "SLO" not in l.get_label()
+                      and not l.get_label().startswith("offered")]
+            assert len(rings) == 1 and series
+            # Hollow, and drawn before (under) every series' markers: it can hide none of them.
+            assert rings[0].get_markerfacecolor() == "none"
+            assert rings[0].get_zorder() < min(l.get_zorder() for l in series)
+
+
+def test_no_slo_no_slo_line_and_no_goodput_plot(monkeypatch, tmp_path):
+    sweep = load_results(ROOT / "bench/data/h200-reference-sweep.json")
+    old = sweep.model_copy(update={"runs": [r.model_copy(update={"summary": r.summary.model_copy(
+        update={"goodput_rps": None})}) for r in sweep.runs]})
+    figs = _figures(monkeypatch, [old], tmp_path)
+    assert set(figs) == {"latency_vs_load.png", "throughput_vs_latency.png"}
+    assert not any("SLO" in l.get_label() for f in figs.values() for ax in f.axes for l in ax.get_lines())
+    assert figs["latency_vs_load.png"].axes[0].get_xscale() == "log"  # closed-loop levels: log-2 concurrency
 
 
 def test_older_results_files_still_load_and_render(tmp_path):
