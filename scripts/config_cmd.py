@@ -15,15 +15,19 @@ def register(sub: argparse._SubParsersAction) -> None:
     validate = actions.add_parser(
         "validate", help="report every problem in a config file (exit 1 if any)",
         description="Validate a fleet config: every problem with its YAML path, line and what is allowed (exit 1). "
-                    "--deploy also refuses what is valid but cannot work in a real account: AWS documentation "
-                    "example account ids (111122223333, 123456789012, ...) and placeholder VPC/subnet/endpoint "
-                    "service/AMI ids, each with what to put instead (exit 1); it warns on `latest` AMIs and on a "
-                    "model.revision that is not a commit. With AWS credentials for provider.account it also checks "
-                    "each AZ name -> AZ ID pair against ec2:DescribeAvailabilityZones; without them it says so.")
+                    "--deploy also refuses what is valid but cannot work in a real account, recognized by rule: AWS "
+                    "documentation example account ids (111122223333, 123456789012, ...), placeholder VPC/subnet/"
+                    "endpoint service/AMI ids (`config init`'s and AWS's), AWS's example buckets, documentation mail "
+                    "domains (RFC 2606) and CIDRs (RFC 5737), each with what to put instead (exit 1); it warns on "
+                    "`latest` AMIs and on a model.revision that is not a commit. With AWS credentials for "
+                    "provider.account it also checks each AZ name -> AZ ID pair against "
+                    "ec2:DescribeAvailabilityZones and each pinned AMI id against ec2:DescribeImages in its region; "
+                    "without them it says so, and warns when two regions pin one AMI id.")
     validate.add_argument("file", help="fleet config YAML, e.g. config/fleet.yaml")
     validate.add_argument("--deploy", action="store_true",
-                          help="also check deploy readiness (what `fleetcast deploy` checks before any step)")
-    validate.add_argument("--profile", help="with --deploy: AWS named profile for the AZ check")
+                          help="also check deploy readiness (what `fleetcast deploy` checks before any step): placeholder "
+                               "and documentation-example values; with credentials, AZ IDs and pinned AMIs per region")
+    validate.add_argument("--profile", help="with --deploy: AWS named profile for the AZ and pinned-AMI checks")
     validate.set_defaults(handler=_validate)
 
     schema = actions.add_parser("schema", help="print the config's JSON Schema")
