@@ -34,7 +34,7 @@ from pydantic import (
 
 from fleetcast.contract import support
 
-from .schedule import schedule_problem
+from .schedule import schedule_problem, unix_cron_problem
 from .strict import scalar_problem
 
 # ---------------------------------------------------------------- scalar types
@@ -360,6 +360,14 @@ class ScheduledCapacity(Frozen):
     min: int = Field(ge=0, le=1000)
     max: int = Field(ge=1, le=1000)
     desired: int | None = Field(default=None, ge=0, le=1000)
+
+    @field_validator("cron")
+    @classmethod
+    def _cron(cls, value: str) -> str:
+        problem = unix_cron_problem(value)
+        if problem:
+            raise ValueError(f"{value!r}: {problem}")
+        return value
 
 
 class WarmPoolSpec(Frozen):

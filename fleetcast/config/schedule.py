@@ -75,7 +75,7 @@ class _Field:
     def check(self, text: str) -> None:
         if text == "?":
             if "?" not in self.extra:
-                raise ValueError(f"{self.name} cannot be ?; only Day-of-month and Day-of-week take it")
+                raise ValueError(f"{self.name} cannot be ? (only EventBridge's Day-of-month and Day-of-week take it)")
             return
         parts = text.split(",")
         if any(part == "" for part in parts):
@@ -129,4 +129,31 @@ def schedule_problem(expression: str) -> str | None:
     if (fields[2] == "?") == (fields[4] == "?"):
         return ("one of Day-of-month and Day-of-week must be ? and the other not (EventBridge: \"If you specify a "
                 "value or a * in one of the fields, you must use a ? in the other\"), e.g. cron(0 6 * * ? *)")
+    return None
+
+
+# EC2 Auto Scaling scheduled actions (pools[].schedule[].cron) take "Unix cron syntax format ... five fields
+# separated by white spaces: [Minute] [Hour] [Day_of_Month] [Month_of_Year] [Day_of_Week]" (EC2 Auto Scaling
+# API Reference, ScheduledUpdateGroupActionRequest, Recurrence), with crontab(5)'s ranges: day of week 0-7
+# (0 and 7 are Sunday) or names; lists, ranges, steps and * only (no ? L W #, unlike EventBridge).
+UNIX_CRON_FIELDS = (
+    _Field("minute", 0, 59),
+    _Field("hour", 0, 23),
+    _Field("day of month", 1, 31),
+    _Field("month", 1, 12, MONTHS),
+    _Field("day of week", 0, 7, DAYS),
+)
+
+
+def unix_cron_problem(expression: str) -> str | None:
+    """Why EC2 Auto Scaling would refuse `expression` as a scheduled action's Recurrence, or None."""
+    fields = re.split(r" +", expression.strip(" "))
+    if len(fields) != len(UNIX_CRON_FIELDS) or not all(fields):
+        return (f"{len(fields)} fields; a scheduled action's cron has five: minute hour day-of-month month "
+                "day-of-week, e.g. '0 23 * * *' (UTC)")
+    for spec, text in zip(UNIX_CRON_FIELDS, fields):
+        try:
+            spec.check(text)
+        except ValueError as exc:
+            return str(exc)
     return None

@@ -16,7 +16,7 @@ import botocore.loaders
 import pytest
 
 from fleetcast.config.rules import LAMBDA_DESCRIPTION_MAX
-from fleetcast.config.schedule import EXPRESSION_MAX, schedule_problem
+from fleetcast.config.schedule import EXPRESSION_MAX, schedule_problem, unix_cron_problem
 
 from .conftest import problems
 
@@ -86,3 +86,36 @@ def test_a_refused_schedule_names_the_field(doc):
     doc["operations"]["plan_drift_check"] = {"schedule": "cron(0 25 * * ? *)"}
     [problem] = problems(doc)
     assert problem.startswith("operations.plan_drift_check.schedule:") and "Hours 25" in problem
+
+
+# ---------------------------------------------------------------- pools[].schedule[].cron: EC2 Auto Scaling
+# "Unix cron syntax format ... five fields separated by white spaces: [Minute] [Hour] [Day_of_Month]
+# [Month_of_Year] [Day_of_Week]" (EC2 Auto Scaling API Reference, ScheduledUpdateGroupActionRequest,
+# Recurrence; its example "30 0 1 1,6,12 *"), with crontab(5)'s ranges.
+
+
+@pytest.mark.parametrize("expression", ["30 0 1 1,6,12 *", "0 23 * * *", "*/15 8-18 * * MON-FRI", "0 0 * * 0",
+                                        "0 0 * * 7", "0 6 1-7 JAN *"])
+def test_scheduled_action_crons_auto_scaling_takes_are_accepted(expression):
+    assert unix_cron_problem(expression) is None
+
+
+@pytest.mark.parametrize("expression,expected", [
+    ("0 25 * * *", "hour 25 is out of range"),
+    ("60 6 * * *", "minute 60 is out of range"),
+    ("0 6 * *", "4 fields"),
+    ("0 6 * * * *", "6 fields"),
+    ("0 6 * * 8", "day of week 8 is out of range"),
+    ("0 \u0666 * * *", "hour '\u0666' is not a value"),
+    ("0 6 ? * MON", "day of month cannot be ?"),
+    ("0 6 L * *", "day of month 'L' is not a value"),
+])
+def test_scheduled_action_crons_auto_scaling_refuses_are_refused(expression, expected):
+    problem = unix_cron_problem(expression)
+    assert problem is not None and expected in problem, problem
+
+
+def test_a_pool_schedule_with_hour_25_is_refused_naming_the_step(doc):
+    doc["regions"][0]["pools"][0]["schedule"] = [{"cron": "0 25 * * *", "min": 1, "max": 2}]
+    [problem] = problems(doc)
+    assert problem.startswith("regions[0].pools[0].schedule[0].cron:") and "hour 25" in problem
