@@ -36,7 +36,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     docs = actions.add_parser("docs", help="print the config reference (docs/config.md) generated from the schema")
     docs.set_defaults(handler=_docs)
 
-    show = actions.add_parser("show", help="print the validated config with defaults filled in, as JSON")
+    show = actions.add_parser("show", help="print the validated config with defaults filled in, as JSON, in the list form (`models:`)")
     show.add_argument("file")
     show.set_defaults(handler=_show)
 
@@ -144,8 +144,10 @@ def _diff_deployed(args: argparse.Namespace, new) -> int:
 
 def _show(args: argparse.Namespace) -> int:
     from fleetcast.config import load_config
+    from fleetcast.config.model import LIST_FORM
 
-    print(json.dumps(load_config(args.file).model_dump(mode="json"), indent=2))
+    # The normalized form: a `models:` list even where the file uses the single-model `model:`.
+    print(json.dumps(load_config(args.file).model_dump(mode="json", context=LIST_FORM), indent=2))
     return 0
 
 

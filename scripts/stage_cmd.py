@@ -191,13 +191,13 @@ def _calibration(args: argparse.Namespace) -> int:
     uri = f"s3://{next(iter(buckets.values()))}/{calibration_prefix(args.name)}"
     edit = edited_text(args.config, [(("calibration", "dataset"), uri)]) if args.write_config else None
     result = stage_calibration(args.name, args.dir, buckets, clients,
-                               samples=cfg.calibration.samples if cfg.calibration else None,
+                               samples=cfg.model.calibration.samples if cfg.model.calibration else None,
                                part_size=part_size, progress=args.progress)
     print("\n".join(result.lines()))
     if edit is None:
         print(f"set calibration.dataset in {args.config} to {uri} (each region reads the same prefix in its own "
               "bucket)")
-    elif cfg.calibration is not None and cfg.calibration.dataset == uri:
+    elif cfg.model.calibration is not None and cfg.model.calibration.dataset == uri:
         print(f"calibration.dataset in {args.config} already names {uri}")
     else:
         replace_files([(args.config, edit[0])])

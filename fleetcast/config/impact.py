@@ -13,10 +13,11 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from .model import FleetConfig
+from .model import LIST_FORM, FleetConfig, Pool
 
 # Lists whose items have a name: compared item by item, addressed as list[name].
-_KEYED_LISTS = {"regions": "region", "pools": "name", "consumers": "name", "availability_zones": "name"}
+_KEYED_LISTS = {"regions": "region", "pools": "name", "consumers": "name", "availability_zones": "name",
+                "models": "id", "serves": "model", "adapters": "id"}
 _MISSING = object()
 
 
@@ -50,10 +51,13 @@ class PoolImpact:
     outcome: str  # "rolls", "kept", "new", "removed"
     before_digest: str | None
     after_digest: str | None
+    # What changes in what the pool's instances serve, e.g. "adds qwen2.5-3b (1 copy)"; empty when nothing does.
+    models: tuple[str, ...] = ()
 
     def to_json(self) -> dict[str, Any]:
         return {"region": self.region, "pool": self.pool, "outcome": self.outcome,
-                "instance_digest_before": self.before_digest, "instance_digest_after": self.after_digest}
+                "instance_digest_before": self.before_digest, "instance_digest_after": self.after_digest,
+                "models": list(self.models)}
 
 
 @dataclass(frozen=True)
@@ -101,15 +105,50 @@ def _digests(cfg: FleetConfig) -> dict[tuple[str, str], str]:
     return {(r.region, p.name): cfg.instance_digest(r.region, p.name) for r in cfg.regions for p in r.pools}
 
 
+def _copies(n: int) -> str:
+    return f"{n} cop{'y' if n == 1 else 'ies'}"
+
+
+def _served_changes(before: FleetConfig, after: FleetConfig, region: str, pool: str) -> tuple[str, ...]:
+    """Which served models a pool adds, removes, re-packs (copies, KV budget) or rebuilds (model or engine)."""
+    def served(cfg: FleetConfig) -> tuple[Pool, dict]:
+        p = cfg.region(region).pool(pool)
+        return p, {s.model: s for s in cfg.serves_of(p)}
+
+    (old_pool, old), (new_pool, new) = served(before), served(after)
+    out = [f"adds {m} ({_copies(s.copies)})" for m, s in new.items() if m not in old]
+    out += [f"removes {m}" for m in old if m not in new]
+    for m in (m for m in new if m in old):
+        a, b = old[m], new[m]
+        repack = [f"{what} {x if x is not None else 'share'} -> {y if y is not None else 'share'}"
+                  for what, x, y in (("copies", a.copies, b.copies), ("kv_cache_gb", a.kv_cache_gb, b.kv_cache_gb))
+                  if x != y]
+        if repack:
+            out.append(f"re-packs {m}: {', '.join(repack)}")
+        elif before.engine_for(old_pool, m) != after.engine_for(new_pool, m) or \
+                _instance_fields(before, m) != _instance_fields(after, m):
+            out.append(f"changes {m}")
+    return tuple(out)
+
+
+def _instance_fields(cfg: FleetConfig, model_id: str) -> dict:
+    from .model import NOT_IN_INSTANCE_DIGEST
+
+    return cfg.model_by_id(model_id).model_dump(mode="json", exclude=NOT_IN_INSTANCE_DIGEST["models"]["__all__"])
+
+
 def diff_configs(before: FleetConfig, after: FleetConfig) -> ConfigImpact:
     changes: list[FieldChange] = []
-    _walk(before.model_dump(mode="json"), after.model_dump(mode="json"), "", None, changes)
+    # Both in the list form, so a move from `model:` to `models:` compares model by model.
+    _walk(before.model_dump(mode="json", context=LIST_FORM), after.model_dump(mode="json", context=LIST_FORM), "",
+          None, changes)
     old, new = _digests(before), _digests(after)
     pools = []
     for region, pool in [*old, *[k for k in new if k not in old]]:
         a, b = old.get((region, pool)), new.get((region, pool))
         outcome = "new" if a is None else "removed" if b is None else "kept" if a == b else "rolls"
-        pools.append(PoolImpact(region, pool, outcome, a, b))
+        models = _served_changes(before, after, region, pool) if a is not None and b is not None else ()
+        pools.append(PoolImpact(region, pool, outcome, a, b, models))
     consumers = sorted({c.path.split("]")[0].removeprefix("consumers[") for c in changes
                         if c.path.startswith("consumers")})
     return ConfigImpact(changes, pools, consumers)
@@ -145,6 +184,7 @@ def render_impact(impact: ConfigImpact) -> str:
             f" (instance digest {p.before_digest[:12]} -> {p.after_digest[:12]})" \
             if p.outcome == "rolls" and p.before_digest and p.after_digest else ""
         lines.append(f"  {p.region}/{p.pool}: {_OUTCOME_TEXT[p.outcome]}{digests}")
+        lines += [f"    {change}" for change in p.models]
     if impact.consumers_changed:
         lines.append(f"Consumers changed ({', '.join(impact.consumers_changed)}): running gateways apply them from "
                      "the config parameter within their refresh period (60 s); no restart.")

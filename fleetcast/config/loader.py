@@ -274,14 +274,21 @@ def parse_config(data: dict[str, Any], source: str = "<config>", lines: dict[tup
     """Validate already-parsed data; raises ConfigError listing every problem."""
     if not isinstance(data, dict):
         raise ConfigError(source, [ConfigIssue((), "the config must be a mapping at the top level")])
+    single = "model" in data and "models" not in data
     try:
         cfg = FleetConfig.model_validate(data)
     except ValidationError as exc:
-        raise ConfigError(source, _pydantic_issues(exc), lines) from None
+        raise ConfigError(source, _in_written_form(_pydantic_issues(exc), single), lines) from None
     issues = check(cfg)
     if issues:
-        raise ConfigError(source, issues, lines)
+        raise ConfigError(source, _in_written_form(issues, single), lines)
     return cfg
+
+
+def _in_written_form(issues: list[ConfigIssue], single: bool) -> list[ConfigIssue]:
+    """Issues of a config written in the single-model form name its paths (model.x, calibration.x), not the
+    one-model list it was read as (models[0].x)."""
+    return [ConfigIssue(single_form_path(i.path), i.message) for i in issues] if single else issues
 
 
 # ---------------------------------------------------------------- reading the file
@@ -422,6 +429,15 @@ def load_config(path: str | Path) -> FleetConfig:
 _validated: dict[tuple[Any, ...], FleetConfig] = {}
 
 
+def single_form_path(path: tuple) -> tuple:
+    """models[0].calibration.x -> calibration.x; models[0].x -> model.x; anything else unchanged."""
+    if path[:2] != ("models", 0):
+        return path
+    if path[2:3] == ("calibration",):
+        return path[2:]
+    return ("model",) + path[2:]
+
+
 def config_from_json(text: str) -> FleetConfig:
     """The config as an instance (or a gateway) receives it: the parameter's value the stacks wrote (plain or
     compressed JSON), checked for its shape only.
@@ -448,4 +464,15 @@ def config_from_json(text: str) -> FleetConfig:
 
 
 def json_schema() -> dict[str, Any]:
-    return FleetConfig.model_json_schema(mode="validation")
+    """The config's JSON Schema: the list form, and the single-model form (`model:` + `calibration:`) it also reads."""
+    schema = FleetConfig.model_json_schema(mode="validation")
+    props = schema["properties"]
+    model_ref = props["models"]["items"]
+    props["model"] = {**model_ref, "description": "The single-model form: one model, read as a one-entry `models` "
+                                                 "list (its calibration may be given at the top level)."}
+    props["calibration"] = {"anyOf": [{"$ref": "#/$defs/CalibrationSpec"}, {"type": "null"}],
+                            "description": "Single-model form only: the model's calibration."}
+    schema["required"] = [r for r in schema["required"] if r != "models"]
+    schema["oneOf"] = [{"required": ["models"], "not": {"anyOf": [{"required": ["model"]}, {"required": ["calibration"]}]}},
+                       {"required": ["model"], "not": {"required": ["models"]}}]
+    return schema

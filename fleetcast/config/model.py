@@ -15,6 +15,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+from dataclasses import dataclass
 from enum import Enum
 from typing import Annotated, Any, ClassVar, Literal
 
@@ -159,53 +160,6 @@ class EgressMode(str, Enum):
 # ---------------------------------------------------------------- model & engine
 
 
-class ModelSpec(Frozen):
-    """The model to serve and its length limits."""
-
-    id: str = Field(description="Short model id used in cache keys and the served model name, e.g. gpt2-xl.",
-                    pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
-    family: ModelFamily = Field(description="Architecture family; decides which TensorRT-LLM flow can serve it.")
-    source: str = Field(
-        description="Where staging takes the weights from: a hub id (org/name) or an s3:// URI. Instances never "
-        "read it: they read the copy `fleetcast stage model` put in their region's bucket under "
-        "models/<id>/<revision>/.",
-    )
-    revision: str = Field(
-        description="Pinned revision (hub commit sha or tag) of the weights; part of the engine cache key.",
-        min_length=1,
-        max_length=64,
-    )
-    context_length: int = Field(description="The model's maximum positions (1024 for GPT-2 XL).", gt=0, le=1_048_576)
-    max_input_len: int = Field(description="Longest prompt in tokens accepted by the engine.", gt=0)
-    max_output_len: int = Field(description="Longest completion in tokens.", gt=0)
-    hub_token_secret: str | None = Field(
-        default=None,
-        pattern=SECRET_NAME_PATTERN,
-        description="Secrets Manager secret name holding a hub token for gated models (read by staging only).",
-    )
-    stage_patterns: tuple[Annotated[str, StringConstraints(min_length=1, max_length=200)], ...] = Field(
-        default=(),
-        description="Files `fleetcast stage model` stages besides what the build reads (top-level *.safetensors, "
-        "config and tokenizer files): fnmatch patterns on the repository path, e.g. '*.bin' for a model "
-        "published without safetensors. Read by staging only.",
-    )
-
-    @field_validator("source")
-    @classmethod
-    def _source_shape(cls, value: str) -> str:
-        if value.startswith("s3://"):
-            if not full_match(S3_URI_PATTERN, value):
-                raise ValueError(f"{value!r} is not an S3 URI such as s3://bucket/models/gpt2-xl/")
-            return value
-        if not full_match(r"[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*", value):
-            raise ValueError(f"{value!r} is neither an s3:// URI nor a hub id such as openai-community/gpt2-xl")
-        return value
-
-    @property
-    def staged(self) -> bool:
-        return self.source.startswith("s3://")
-
-
 # A TensorRT-LLM release as its NGC image tags and PyPI versions write it (1.2.1, 1.2.0rc4, 0.21.0.post1).
 TAG_RELEASE_PATTERN = r"[0-9]+\.[0-9]+\.[0-9]+[a-z0-9.]*"
 
@@ -252,8 +206,12 @@ class EngineSpec(Frozen):
         return self
 
 
+# Engine settings one fleet shares: one TensorRT-LLM version and image (one image per instance), one port.
+FLEET_WIDE_ENGINE_FIELDS = ("tensorrt_llm_version", "image", "image_digest", "port")
+
+
 class EngineOverride(Frozen):
-    """Per-pool changes to the fleet-wide engine (each GPU may call for another precision)."""
+    """Changes to the fleet-wide engine, per model (`models[].engine`) or per pool (`pools[].engine`)."""
 
     backend: Backend | None = None
     precision: Precision | None = None
@@ -276,6 +234,125 @@ class Slo(Frozen):
     ttft_p99_ms: float = Field(gt=0, le=120_000, description="P99 time to first token, milliseconds.")
     itl_p99_ms: float = Field(gt=0, le=10_000, description="P99 inter-token latency, milliseconds.")
     error_rate: float = Field(default=0.01, ge=0, lt=1, description="Highest tolerated share of failed requests.")
+
+
+# A model or adapter id is what consumers send as the OpenAI `model` value and what names the model's S3
+# prefix (models/<id>/<revision>/) and engine cache key: the OpenAI API takes any string there, so the id is
+# held to the subset that is also a plain path segment.
+MODEL_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
+ModelId = Annotated[str, StringConstraints(pattern=MODEL_ID_PATTERN)]
+
+
+def _check_weights_source(value: str) -> str:
+    if value.startswith("s3://"):
+        if not full_match(S3_URI_PATTERN, value):
+            raise ValueError(f"{value!r} is not an S3 URI such as s3://bucket/models/gpt2-xl/")
+        return value
+    if not full_match(r"[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*", value):
+        raise ValueError(f"{value!r} is neither an s3:// URI nor a hub id such as openai-community/gpt2-xl")
+    return value
+
+
+class AdapterSpec(Frozen):
+    """A LoRA adapter served by its base model's processes (PyTorch-backend families only)."""
+
+    id: ModelId = Field(description="The OpenAI `model` value that selects this adapter; unique among models and "
+                                    "adapters.")
+    source: str = Field(description="Where staging takes the adapter from: a hub id (org/name) or an s3:// URI.")
+
+    @field_validator("source")
+    @classmethod
+    def _source_shape(cls, value: str) -> str:
+        return _check_weights_source(value)
+
+
+class ModelSpec(Frozen):
+    """One served model: its weights, length limits, engine settings and who may call it."""
+
+    id: str = Field(description="The OpenAI `model` value consumers send; also names the model's cache keys and "
+                                "staged prefix, e.g. gpt2-xl. Unique in `models`.",
+                    pattern=MODEL_ID_PATTERN)
+    family: ModelFamily = Field(description="Architecture family; decides which TensorRT-LLM flow can serve it.")
+    source: str = Field(
+        description="Where staging takes the weights from: a hub id (org/name) or an s3:// URI. Instances never "
+        "read it: they read the copy `fleetcast stage model` put in their region's bucket under "
+        "models/<id>/<revision>/.",
+    )
+    revision: str = Field(
+        description="Pinned revision (hub commit sha or tag) of the weights; part of the engine cache key.",
+        min_length=1,
+        max_length=64,
+    )
+    context_length: int = Field(description="The model's maximum positions (1024 for GPT-2 XL).", gt=0, le=1_048_576)
+    max_input_len: int = Field(description="Longest prompt in tokens accepted by the engine.", gt=0)
+    max_output_len: int = Field(description="Longest completion in tokens.", gt=0)
+    hub_token_secret: str | None = Field(
+        default=None,
+        pattern=SECRET_NAME_PATTERN,
+        description="Secrets Manager secret name holding a hub token for gated models (read by staging only).",
+    )
+    stage_patterns: tuple[Annotated[str, StringConstraints(min_length=1, max_length=200)], ...] = Field(
+        default=(),
+        description="Files `fleetcast stage model` stages besides what the build reads (top-level *.safetensors, "
+        "config and tokenizer files): fnmatch patterns on the repository path, e.g. '*.bin' for a model "
+        "published without safetensors. Read by staging only.",
+    )
+
+    parameters_b: float | None = Field(
+        default=None, gt=0, le=2000,
+        description="Parameters in billions (e.g. 1.56 for GPT-2 XL), for the GPU memory check "
+        "(fleetcast/config/memory.py); required where a pool runs several engine processes or sets kv_cache_gb. "
+        "Read by validate only.",
+    )
+    engine: EngineOverride = Field(
+        default_factory=lambda: EngineOverride(),
+        description="This model's engine settings over the fleet `engine` defaults (a pool's `engine` overrides "
+        "both). The TensorRT-LLM version, image and port are fleet-wide.",
+    )
+    calibration: CalibrationSpec | None = Field(
+        default=None, description="Staged calibration data, where this model's precision or KV-cache dtype needs it.")
+    slo: Slo | None = Field(default=None, description="This model's SLO, over the fleet `slo`.")
+    consumers: tuple[Name, ...] | None = Field(
+        default=None,
+        description="Consumers (by name) that may call this model and its adapters; absent: every consumer.",
+    )
+    adapters: tuple[AdapterSpec, ...] = Field(
+        default=(), description="LoRA adapters served by this model's processes (PyTorch-backend families only).")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _fleet_wide_engine_keys(cls, data: object) -> object:
+        engine = data.get("engine") if isinstance(data, dict) else None
+        if isinstance(engine, dict):
+            shared = [k for k in FLEET_WIDE_ENGINE_FIELDS if k in engine]
+            if shared:
+                raise ValueError(f"engine.{shared[0]} is fleet-wide (one TensorRT-LLM version and image per fleet, "
+                                 f"one port): set it in the top-level engine, not per model")
+        return data
+
+    @field_validator("source")
+    @classmethod
+    def _source_shape(cls, value: str) -> str:
+        return _check_weights_source(value)
+
+    @property
+    def staged(self) -> bool:
+        return self.source.startswith("s3://")
+
+
+
+
+class Serve(Frozen):
+    """One model a pool's instances serve: how many copies (processes) and each copy's KV-cache budget."""
+
+    model: ModelId = Field(description="A `models[].id`.")
+    copies: int = Field(default=1, ge=1, le=64, description="Engine processes of this model on each instance.")
+    kv_cache_gb: float | None = Field(
+        default=None, gt=0, le=4096,
+        description="KV-cache budget of each copy in GiB (2^30 bytes, the unit of the GPU memory table). Default: "
+        "an even share of what the GPU has left after every process's weights and overhead "
+        "(fleetcast/config/memory.py).",
+    )
 
 
 # ---------------------------------------------------------------- regions & pools
@@ -499,6 +576,11 @@ class Pool(Frozen):
         default=None,
         description="Optional Spot tier above the On-Demand baseline; without it the pool is one On-Demand group.",
     )
+    serves: tuple[Serve, ...] = Field(
+        default=(),
+        description="What each instance serves: models, copies and KV budgets, e.g. [{model: gpt2-xl, copies: 1, "
+        "kv_cache_gb: 12}]. Empty: one copy of every model. Every pool of a region serves the same models.",
+    )
 
     @property
     def family(self) -> str:
@@ -532,6 +614,8 @@ class Pool(Frozen):
         data = handler(self)
         if self.spot is None and isinstance(data, dict):
             data.pop("spot", None)
+        if not self.serves and isinstance(data, dict):
+            data.pop("serves", None)  # likewise for pools that serve every model once
         return data
 
     @model_validator(mode="after")
@@ -625,6 +709,12 @@ class Region(Frozen):
         default=(), description="Consumer regions allowed to connect cross-region (SupportedRegions)."
     )
     pools: tuple[Pool, ...] = Field(min_length=1)
+
+    def pool(self, name: str) -> Pool:
+        for pool in self.pools:
+            if pool.name == name:
+                return pool
+        raise KeyError(f"no pool {name!r} in {self.region}")
 
     @field_validator("allowed_principals")
     @classmethod
@@ -772,7 +862,9 @@ NOT_IN_INSTANCE_DIGEST: dict[str, Any] = {
     # Stack tags: the groups propagate them to the instances they launch, the launch template does not
     # carry them (stacks/app_builder.py), and no instance reads them.
     "tags": True,
-    "model": {"stage_patterns"},  # what staging copies; instances read the staged manifest
+    # stage_patterns: what staging copies (instances read the staged manifest); parameters_b: read by validate only.
+    # models[].consumers stays in: gateways re-read `consumers`, not who may call which model.
+    "models": {"__all__": {"stage_patterns", "slo", "parameters_b"}},
     "operations": {"log_retention_days", "auto_approve_connections", "alarm_email", "plan_drift_check"},
     "regions": {"__all__": {
         "allowed_principals": True,
@@ -782,6 +874,30 @@ NOT_IN_INSTANCE_DIGEST: dict[str, Any] = {
                               "capacity_reservations_only", "spot"}},
     }},
 }
+
+
+# What `fleetcast config show` passes to model_dump: the list form, even for a one-model fleet.
+LIST_FORM: dict[str, Any] = {"models_as_list": True}
+# ModelSpec fields the single-model dump leaves out while they hold their default (calibration moves to the top).
+_SINGLE_FORM_OPTIONAL = ("parameters_b", "engine", "slo", "consumers", "adapters")
+
+
+def _at_default(key: str, value: object) -> bool:
+    if key == "engine":
+        return isinstance(value, dict) and all(v is None for v in value.values())
+    if key == "adapters":
+        return not value
+    return value is None  # consumers: [] (nobody may call it) is not the default
+
+
+@dataclass(frozen=True)
+class ServedModel:
+    """One model an instance of a pool runs: its resolved engine, its copies and each copy's KV budget."""
+
+    model: ModelSpec
+    engine: EngineSpec
+    copies: int
+    kv_cache_bytes: int | None
 
 
 def _canonical_digest(data: dict[str, Any]) -> str:
@@ -795,9 +911,16 @@ class FleetConfig(Frozen):
     version: Literal[1] = Field(description="Config format version.")
     name: Name = Field(description="Fleet name; prefixes stack names.")
     provider: Provider
-    model: ModelSpec
-    engine: EngineSpec = Field(default_factory=EngineSpec)
-    calibration: CalibrationSpec | None = None
+    models: tuple[ModelSpec, ...] = Field(
+        min_length=1,
+        description="The served models. The single-model form (`model:` with a top-level `calibration:`) is still "
+        "read, as a one-model list.",
+    )
+    engine: EngineSpec = Field(
+        default_factory=EngineSpec,
+        description="Fleet-wide engine: the TensorRT-LLM version, image and port, and the defaults every model's "
+        "`engine` and every pool's `engine` override.",
+    )
     slo: Slo
     network: Network = Field(default_factory=Network)
     operations: Operations = Field(default_factory=Operations)
@@ -813,7 +936,82 @@ class FleetConfig(Frozen):
         "replaces no instance: running instances keep the tags they launched with, root volumes carry none."
     )
 
+    @model_validator(mode="before")
+    @classmethod
+    def _single_model_form(cls, data: object) -> object:
+        """`model:` (+ top-level `calibration:`), the form of one-model fleets, is a one-model `models:` list."""
+        if not isinstance(data, dict):
+            return data
+        if "model" not in data:
+            if "calibration" in data and "models" in data:
+                raise ValueError("top-level calibration belongs to the single-model form (`model:`); with `models:` "
+                                 "set models[].calibration on each model that needs it")
+            return data
+        if "models" in data:
+            raise ValueError("the config has both `model:` and `models:`; give one: `model:` for a single model, "
+                             "or a `models:` list (README, 'Several models on one fleet')")
+        data = dict(data)
+        model, calibration = data.pop("model"), data.pop("calibration", None)
+        if isinstance(model, dict) and calibration is not None:
+            if "calibration" in model:
+                raise ValueError("calibration is given twice: at the top level and under model; keep one")
+            model = {**model, "calibration": calibration}
+        data["models"] = [model]
+        return data
+
+    @model_serializer(mode="wrap")
+    def _dump_single_model_form(self, handler, info):  # noqa: ANN001, ANN202 - pydantic's wrap-serializer signature
+        # A fleet of one model that every pool serves once dumps in the single-model form, as before the list
+        # existed: its config parameter, digests and so its templates stay byte-identical, and writing the same
+        # fleet as a one-model list rolls nothing. `config show` asks for the list form (LIST_FORM).
+        data = handler(self)
+        context = info.context or {}
+        if not isinstance(data, dict) or context.get("models_as_list") or "models" not in data \
+                or len(self.models) != 1 or any(p.serves for r in self.regions for p in r.pools):
+            return data
+        (model,) = data["models"]
+        model = dict(model)
+        calibration = model.pop("calibration", None)
+        for key in _SINGLE_FORM_OPTIONAL:
+            if key in model and _at_default(key, model[key]):
+                del model[key]
+        out: dict = {}
+        for key, value in data.items():
+            if key == "models":
+                out["model"] = model
+            elif key == "engine":
+                out["engine"] = value
+                out["calibration"] = calibration
+            else:
+                out[key] = value
+        out.setdefault("calibration", calibration)
+        return out
+
     # -- derived views (no state of their own) --
+
+    @property
+    def model(self) -> ModelSpec:
+        """The fleet's only model, for the commands that handle one-model fleets (the planner, bench, smoke)."""
+        if len(self.models) != 1:
+            from fleetcast.contract.errors import UserError
+
+            raise UserError(f"this fleet serves {len(self.models)} models ({', '.join(m.id for m in self.models)}); "
+                            "this step handles one-model fleets only")
+        return self.models[0]
+
+    def model_by_id(self, model_id: str) -> ModelSpec:
+        for model in self.models:
+            if model.id == model_id:
+                return model
+        raise KeyError(f"no model {model_id!r} in models; known: {', '.join(m.id for m in self.models)}")
+
+    def models_for(self, consumer_name: str) -> tuple[str, ...]:
+        """The model and adapter ids `consumer_name` may call, in config order (models[].consumers; absent: all)."""
+        out: list[str] = []
+        for model in self.models:
+            if model.consumers is None or consumer_name in model.consumers:
+                out += [model.id, *(a.id for a in model.adapters)]
+        return tuple(out)
 
     def region(self, name: str) -> Region:
         for region in self.regions:
@@ -821,10 +1019,33 @@ class FleetConfig(Frozen):
                 return region
         raise KeyError(f"no provider region {name!r} in the config")
 
-    def engine_for(self, pool: Pool) -> EngineSpec:
-        """The fleet engine with the pool's overrides applied: what that pool builds and serves."""
-        changes = {k: v for k, v in pool.engine.model_dump().items() if v is not None}
+    def engine_for(self, pool: Pool, model_id: str | None = None) -> EngineSpec:
+        """What `pool` builds and serves for `model_id`: the fleet engine <- the model's engine <- the pool's.
+
+        `model_id` may be left out in a one-model fleet only.
+        """
+        model = self.model if model_id is None else self.model_by_id(model_id)
+        changes = {k: v for k, v in model.engine.model_dump().items() if v is not None}
+        changes.update({k: v for k, v in pool.engine.model_dump().items() if v is not None})
         return self.engine.model_copy(update=changes) if changes else self.engine
+
+    def serves_of(self, pool: Pool) -> tuple[Serve, ...]:
+        """The pool's `serves`, or one copy of every model when it names none."""
+        return pool.serves or tuple(Serve(model=m.id) for m in self.models)
+
+    def served_by(self, pool: Pool) -> tuple[ServedModel, ...]:
+        """What each of the pool's instances runs, one entry per served model in the order of its `serves`.
+
+        kv_cache_bytes is each copy's KV budget: the pool's kv_cache_gb, else an even share of the memory the
+        processes leave (fleetcast/config/memory.py); None for a pool running one process without a budget,
+        which keeps the engine's kv_cache_free_gpu_memory_fraction as before.
+        """
+        from .memory import kv_budgets
+
+        serves = self.serves_of(pool)
+        budgets = kv_budgets(self, pool)
+        return tuple(ServedModel(self.model_by_id(s.model), self.engine_for(pool, s.model), s.copies, budget)
+                     for s, budget in zip(serves, budgets))
 
     def consumers_of(self, region_name: str) -> tuple[Consumer, ...]:
         return tuple(c for c in self.consumers if c.service_region == region_name)
@@ -867,10 +1088,22 @@ class FleetConfig(Frozen):
         if not region["pools"]:
             raise KeyError(f"no pool {pool_name!r} in {region_name}")
         data["regions"] = [region]
-        pool = next(p for p in self.region(region_name).pools if p.name == pool_name)
-        engine = self.engine_for(pool)
-        if not support.needs_calibration(engine.backend.value, engine.precision.value, engine.kv_cache_dtype.value):
-            # Only a calibrated build reads the set (runtime/bootstrap.py): the others' instances stay.
+        pool = self.region(region_name).pool(pool_name)
+
+        def calibrates(model_id: str) -> bool:
+            engine = self.engine_for(pool, model_id)
+            return support.needs_calibration(engine.backend.value, engine.precision.value, engine.kv_cache_dtype.value)
+
+        # Only a calibrated build reads the set (runtime/bootstrap.py): the other pools' instances stay.
+        if "models" in data:
+            # A model the pool does not serve is no input of its instances: adding one elsewhere rolls nothing here.
+            served = {s.model for s in self.serves_of(pool)}
+            data["models"] = [m for m in data["models"] if m["id"] in served]
+            for model in data["models"]:
+                if not calibrates(model["id"]):
+                    for name in CALIBRATED_POOLS_ONLY:
+                        model.pop(name, None)
+        elif not calibrates(self.models[0].id):  # the single-model form: calibration at the top level
             for name in CALIBRATED_POOLS_ONLY:
                 data.pop(name, None)
         return _canonical_digest(data)

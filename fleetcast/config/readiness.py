@@ -115,7 +115,14 @@ class Readiness:
         return not self.refusals
 
     def render(self, source: str, lines: dict[tuple[Any, ...], int] | None = None) -> str:
+        from .loader import single_form_path
+
+        # A file in the single-model form is told its own paths (model.revision, not models[0].revision).
+        single = any(k[:1] == ("model",) for k in lines or {}) and not any(k[:1] == ("models",) for k in lines or {})
+
         def where(issue: ConfigIssue) -> str:
+            if single:
+                issue = ConfigIssue(single_form_path(tuple(issue.path)), issue.message)
             path, line = tuple(issue.path), None
             while path and line is None:
                 line = (lines or {}).get(path)
@@ -203,11 +210,12 @@ def offline_findings(cfg: FleetConfig) -> Readiness:
                                         "`latest`: each deploy resolves the DLAMI's public SSM parameter, so a new "
                                         "DLAMI release rolls this region's pools at the next deploy; "
                                         "`fleetcast ami pin` fixes the ids"))
-    if not COMMIT.fullmatch(cfg.model.revision):
-        warnings.append(ConfigIssue(("model", "revision"),
-                                    f"{cfg.model.revision!r} is a branch or tag, not a 40-hex commit: the hub can move "
-                                    "it, and engines are cached per revision; `fleetcast stage model` prints the "
-                                    "commit it fetched, pin that"))
+    for i, model in enumerate(cfg.models):
+        if not COMMIT.fullmatch(model.revision):
+            warnings.append(ConfigIssue(("models", i, "revision"),
+                                        f"{model.revision!r} is a branch or tag, not a 40-hex commit: the hub can move "
+                                        "it, and engines are cached per revision; `fleetcast stage model` prints the "
+                                        "commit it fetched, pin that"))
     return Readiness(tuple(refusals), tuple(warnings))
 
 

@@ -84,7 +84,9 @@ def rolls_instances(path: str, field: str) -> str:
     reference cannot disagree with what the launch templates carry.
     """
     parts = [p for p in path.replace("[]", ".[]").replace(".<key>", "").split(".") if p] + [field]
-    if parts[0] in CALIBRATED_POOLS_ONLY:
+    # A model's calibration: models[].calibration, or the single-model form's top-level one.
+    head = parts[2:] if parts[:2] == ["models", "[]"] else parts
+    if head and head[0] in CALIBRATED_POOLS_ONLY:
         return "calibrated pools"
     spec: Any = NOT_IN_INSTANCE_DIGEST
     for part in parts:

@@ -38,8 +38,10 @@ class ConfigIssue:
 def check(cfg: FleetConfig) -> list[ConfigIssue]:
     issues: list[ConfigIssue] = []
     issues += _model_limits(cfg)
+    issues += _models(cfg)
     issues += _regions(cfg)
     issues += _pools(cfg)
+    issues += _serves(cfg)
     issues += _spot_tiers(cfg)
     issues += _consumers(cfg)
     for rule in AWS_LIMIT_RULES:
@@ -84,15 +86,35 @@ def _unknown_regions_once(cfg: FleetConfig, issues: list[ConfigIssue]) -> list[C
 
 
 def _model_limits(cfg: FleetConfig) -> list[ConfigIssue]:
-    m = cfg.model
     out = []
-    if m.max_input_len + m.max_output_len > m.context_length:
-        out.append(ConfigIssue(("model", "max_output_len"),
-            f"max_input_len + max_output_len = {m.max_input_len + m.max_output_len} exceeds the model's "
-            f"context_length {m.context_length}; allowed: a sum <= {m.context_length}"))
+    for i, m in enumerate(cfg.models):
+        if m.max_input_len + m.max_output_len > m.context_length:
+            out.append(ConfigIssue(("models", i, "max_output_len"),
+                f"max_input_len + max_output_len = {m.max_input_len + m.max_output_len} exceeds the model's "
+                f"context_length {m.context_length}; allowed: a sum <= {m.context_length}"))
     return out
 
 
+def _models(cfg: FleetConfig) -> list[ConfigIssue]:
+    """Model and adapter ids are unique OpenAI `model` values; entitlements name consumers that exist."""
+    out: list[ConfigIssue] = []
+    seen: dict[str, str] = {}
+    consumers = [c.name for c in cfg.consumers]
+    for i, model in enumerate(cfg.models):
+        ids = [(("models", i, "id"), model.id, f"model {model.id}")] + [
+            (("models", i, "adapters", k, "id"), a.id, f"an adapter of {model.id}") for k, a in enumerate(model.adapters)]
+        for path, value, what in ids:
+            if value in seen:
+                out.append(ConfigIssue(path, f"{value!r} is already the id of {seen[value]}: consumers select a "
+                                             "model or adapter by this id (the OpenAI `model` value), so each is "
+                                             "unique among models and adapters"))
+            else:
+                seen[value] = what
+        for k, name in enumerate(model.consumers or ()):
+            if name not in consumers:
+                out.append(ConfigIssue(("models", i, "consumers", k),
+                    f"{name!r} is not a consumer of this fleet; allowed: {', '.join(consumers) or 'none (add it to consumers)'}"))
+    return out
 def _regions(cfg: FleetConfig) -> list[ConfigIssue]:
     out: list[ConfigIssue] = []
     counts = Counter(r.region for r in cfg.regions)
@@ -141,14 +163,10 @@ def _pools(cfg: FleetConfig) -> list[ConfigIssue]:
     out: list[ConfigIssue] = []
     instances = catalog.instance_catalog()
     offered = catalog.availability()
+    model_index = {m.id: k for k, m in enumerate(cfg.models)}
     for i, region in enumerate(cfg.regions):
         for j, pool in enumerate(region.pools):
             here: Path = ("regions", i, "pools", j)
-            engine = cfg.engine_for(pool)
-            # Blame the override when the pool set the value, the fleet default otherwise.
-            def where(field: str) -> Path:
-                return here + ("engine", field) if getattr(pool.engine, field) is not None else ("engine", field)  # noqa: B023 - called only within this iteration
-
             instance = instances.get(pool.instance_type)
             if instance is None:
                 out.append(ConfigIssue(here + ("instance_type",),
@@ -158,22 +176,9 @@ def _pools(cfg: FleetConfig) -> list[ConfigIssue]:
                 out.append(ConfigIssue(here + ("instance_type",),
                     f"{instance.family} instances are not offered in {region.region} (availability table as of "
                     f"{catalog.availability_as_of()}); offered in: {', '.join(sorted(offered.get(instance.family, [])))}"))
-            # One decision for validator, planner and instance (fleetcast/contract/support.py).
-            refusal = support.check(cfg.model.family.value, engine.backend.value, engine.precision.value,
-                                    engine.kv_cache_dtype.value, instance.gpu.arch,
-                                    support.instance_where(pool.instance_type, instance.gpu.name, instance.gpu.arch))
-            if refusal is not None:
-                blamed = here + ("instance_type",) if refusal.field == "gpu" else where(refusal.field)
-                out.append(ConfigIssue(blamed, refusal.reason))
-            elif support.needs_calibration(engine.backend.value, engine.precision.value, engine.kv_cache_dtype.value) \
-                    and cfg.calibration is None:
-                out.append(ConfigIssue(where("precision") if engine.kv_cache_dtype == KvCacheDtype.AUTO else where("kv_cache_dtype"),
-                    f"{engine.precision.value} with kv_cache_dtype {engine.kv_cache_dtype.value} is calibrated: set "
-                    "calibration.dataset to a staged s3:// dataset (isolated subnets cannot download one)"))
-            if engine.max_num_tokens < cfg.model.max_input_len and engine.backend == Backend.TENSORRT:
-                out.append(ConfigIssue(where("max_num_tokens"),
-                    f"max_num_tokens {engine.max_num_tokens} is below model.max_input_len {cfg.model.max_input_len}: "
-                    "a full prompt could never be scheduled"))
+            for serve in cfg.serves_of(pool):
+                if serve.model in model_index:
+                    out += _served_engine(cfg, pool, here, model_index[serve.model], instance)
             if pool.warm_pool.size and pool.capacity_reservation_ids:
                 pass  # allowed: reservations cover running instances, warm ones are stopped
             for k, step in enumerate(pool.schedule):
@@ -183,6 +188,109 @@ def _pools(cfg: FleetConfig) -> list[ConfigIssue]:
                 if step.max > pool.capacity.max:
                     out.append(ConfigIssue(here + ("schedule", k, "max"),
                         f"scheduled max {step.max} exceeds the pool's capacity.max {pool.capacity.max}"))
+    return out
+
+
+def _served_engine(cfg: FleetConfig, pool, here: Path, k: int, instance) -> list[ConfigIssue]:
+    """One served model's resolved engine (fleet <- model <- pool) runs on the pool's GPU and backend."""
+    out: list[ConfigIssue] = []
+    model = cfg.models[k]
+    engine = cfg.engine_for(pool, model.id)
+    several = len(cfg.models) > 1
+    suffix = f" (model {model.id})" if several else ""
+
+    # Blame the pool's override when it set the value, the model's when it did, the fleet default otherwise.
+    def where(field: str) -> Path:
+        if getattr(pool.engine, field) is not None:
+            return here + ("engine", field)
+        if getattr(model.engine, field) is not None:
+            return ("models", k, "engine", field)
+        return ("engine", field)
+
+    # One decision for validator, planner and instance (fleetcast/contract/support.py).
+    refusal = support.check(model.family.value, engine.backend.value, engine.precision.value,
+                            engine.kv_cache_dtype.value, instance.gpu.arch,
+                            support.instance_where(pool.instance_type, instance.gpu.name, instance.gpu.arch))
+    if refusal is not None:
+        blamed = here + ("instance_type",) if refusal.field == "gpu" else where(refusal.field)
+        out.append(ConfigIssue(blamed, refusal.reason + suffix))
+    elif support.needs_calibration(engine.backend.value, engine.precision.value, engine.kv_cache_dtype.value) \
+            and model.calibration is None:
+        field = "calibration.dataset" if not several else f"models[{model.id}].calibration.dataset"
+        out.append(ConfigIssue(where("precision") if engine.kv_cache_dtype == KvCacheDtype.AUTO else where("kv_cache_dtype"),
+            f"{engine.precision.value} with kv_cache_dtype {engine.kv_cache_dtype.value} is calibrated: set "
+            f"{field} to a staged s3:// dataset (isolated subnets cannot download one)"))
+    if engine.max_num_tokens < model.max_input_len and engine.backend == Backend.TENSORRT:
+        out.append(ConfigIssue(where("max_num_tokens"),
+            f"max_num_tokens {engine.max_num_tokens} is below model.max_input_len {model.max_input_len}{suffix}: "
+            "a full prompt could never be scheduled"))
+    if model.adapters and engine.backend != Backend.PYTORCH:
+        out.append(ConfigIssue(("models", k, "adapters"),
+            f"{model.id} runs on the {engine.backend.value} backend in pool {pool.name}; LoRA adapters are served "
+            "per request only by the pytorch backend; allowed: adapters on pytorch-backend families "
+            f"({', '.join(f for f, b in support.BACKENDS_BY_FAMILY.items() if 'pytorch' in b)})"))
+    return out
+
+
+def _serves(cfg: FleetConfig) -> list[ConfigIssue]:
+    """What each pool serves: known models, once each; the same models in every pool of a region (the NLB
+    spreads a region's requests over all its pools' instances); processes that fit the GPU together; engine
+    ports clear of the gateway's."""
+    from fleetcast.contract.serving import MAX_PROCESSES, port_range
+
+    from .memory import plan_pool
+
+    out: list[ConfigIssue] = []
+    known = {m.id for m in cfg.models}
+    for i, region in enumerate(cfg.regions):
+        first: tuple[str, set[str]] | None = None
+        for j, pool in enumerate(region.pools):
+            here: Path = ("regions", i, "pools", j, "serves")
+            seen: set[str] = set()
+            for k, serve in enumerate(pool.serves):
+                if serve.model not in known:
+                    out.append(ConfigIssue(here + (k, "model"), f"{serve.model!r} is not a model of this fleet; "
+                                                                f"allowed: {', '.join(m.id for m in cfg.models)}"))
+                elif serve.model in seen:
+                    out.append(ConfigIssue(here + (k, "model"), f"{serve.model} is listed twice; give its copies "
+                                                                "in one entry"))
+                seen.add(serve.model)
+            served = {s.model for s in cfg.serves_of(pool)} & known
+            if first is None:
+                first = (pool.name, served)
+            elif served != first[1]:
+                out.append(ConfigIssue(here, f"pool {pool.name} serves {', '.join(sorted(served)) or 'nothing'}, pool "
+                    f"{first[0]} in the same region serves {', '.join(sorted(first[1]))}: the region's load balancer "
+                    "spreads every request over all its pools' instances, so each pool of a region serves the same "
+                    "models (copies and KV budgets may differ)"))
+            processes = sum(s.copies for s in cfg.serves_of(pool))
+            if processes > MAX_PROCESSES:
+                out.append(ConfigIssue(here, f"{processes} engine processes per instance; allowed: at most "
+                                             f"{MAX_PROCESSES}"))
+                continue
+            if cfg.engine.port in port_range(processes):
+                out.append(ConfigIssue(("engine", "port"),
+                    f"port {cfg.engine.port} is among the loopback ports of pool {pool.name}'s {processes} engine "
+                    f"processes ({port_range(processes).start}-{port_range(processes).stop - 1}); allowed: a port "
+                    "outside that range"))
+            plan = plan_pool(cfg, pool)
+            if plan is None or (processes == 1 and not pool.serves):
+                continue  # an unknown instance type is blamed by _pools; one process keeps the KV fraction
+            unknown = [k for k, m in enumerate(cfg.models) if m.id in served and m.parameters_b is None]
+            if plan.fits is None:
+                if processes > 1 or any(s.kv_cache_gb is not None for s in pool.serves):
+                    for k in unknown:
+                        out.append(ConfigIssue(("models", k, "parameters_b"),
+                            f"pool {pool.name} runs {processes} engine processes on one {plan.gpu}: set parameters_b "
+                            f"(billions of parameters of {cfg.models[k].id}) so their memory can be checked"))
+                continue
+            if not plan.fits:
+                out.append(ConfigIssue(here, f"what pool {pool.name} serves does not fit its GPU: "
+                                             f"{plan.arithmetic()}; allowed: at most {plan.usable_bytes / 2**30:.2f} GiB "
+                                             "(lower kv_cache_gb or copies, a lower precision, or a larger GPU)"))
+            elif any(p.kv_bytes == 0 for p in plan.processes):
+                out.append(ConfigIssue(here, f"pool {pool.name} leaves no KV cache for the copies without "
+                                             f"kv_cache_gb: {plan.arithmetic()}; set kv_cache_gb on each serve"))
     return out
 
 
@@ -432,7 +540,9 @@ def _scaling_targets(cfg: FleetConfig) -> list[ConfigIssue]:
                                                  f"fraction: write {target * 100:g} for {target * 100:g}%; allowed: "
                                                  "above 1, up to 100"))
             else:
-                batch = cfg.engine_for(pool).max_batch_size
+                # Each engine process runs at most its max_batch_size requests at once.
+                batch = sum(s.copies * cfg.engine_for(pool, s.model).max_batch_size for s in cfg.serves_of(pool)
+                            if s.model in {m.id for m in cfg.models})
                 if target > batch:
                     out.append(ConfigIssue(here,
                         f"active_requests target {target:g} is above the engine's max_batch_size {batch}: an instance "
@@ -506,14 +616,19 @@ def _s3_key_problem(uri: str) -> str | None:
 def _path_segments(cfg: FleetConfig) -> list[ConfigIssue]:
     """Values that become S3 keys or local paths (models/<id>/<revision>/, staged prefixes) stay inside them."""
     out: list[ConfigIssue] = []
-    revision = cfg.model.revision
-    if ".." in revision or revision.startswith("/") or any(ch.isspace() for ch in revision) or "\\" in revision:
-        out.append(ConfigIssue(("model", "revision"),
-            f"{revision!r} cannot be a revision: it becomes part of the S3 key models/<id>/<revision>/; allowed: a "
-            "commit sha, tag or branch name without '..', whitespace, backslashes or a leading '/'"))
-    uris = [(("model", "source"), cfg.model.source)] if cfg.model.staged else []
-    if cfg.calibration is not None:
-        uris.append((("calibration", "dataset"), cfg.calibration.dataset))
+    uris: list[tuple[Path, str]] = []
+    for i, model in enumerate(cfg.models):
+        revision = model.revision
+        if ".." in revision or revision.startswith("/") or any(ch.isspace() for ch in revision) or "\\" in revision:
+            out.append(ConfigIssue(("models", i, "revision"),
+                f"{revision!r} cannot be a revision: it becomes part of the S3 key models/<id>/<revision>/; allowed: a "
+                "commit sha, tag or branch name without '..', whitespace, backslashes or a leading '/'"))
+        if model.staged:
+            uris.append((("models", i, "source"), model.source))
+        uris += [(("models", i, "adapters", k, "source"), a.source) for k, a in enumerate(model.adapters)
+                 if a.source.startswith("s3://")]
+        if model.calibration is not None:
+            uris.append((("models", i, "calibration", "dataset"), model.calibration.dataset))
     for path, uri in uris:
         problem = _s3_key_problem(uri)
         if problem:

@@ -100,7 +100,7 @@ def test_latest_ami_and_a_branch_revision_only_warn():
     doc["model"]["revision"] = "main"
     found = offline_findings(parse_config(doc))
     assert found.ready
-    assert [i.dotted for i in found.warnings] == ["regions[1].ami.id", "model.revision"]
+    assert [i.dotted for i in found.warnings] == ["regions[1].ami.id", "models[0].revision"]  # render names model.revision
 
 
 def test_plain_validate_stays_offline_and_quiet_about_readiness():

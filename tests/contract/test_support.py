@@ -78,7 +78,8 @@ def cfg():
 
     c = load_config(REPO / "config" / "fleet.yaml")
     # A staged calibration set, so that only the support rules can refuse below.
-    return c.model_copy(update={"calibration": CalibrationSpec(dataset="s3://bucket/calibration/lambada/")})
+    calibration = CalibrationSpec(dataset="s3://bucket/calibration/lambada/")
+    return c.model_copy(update={"models": (c.model.model_copy(update={"calibration": calibration}),)})
 
 
 def one_pool(cfg, instance_type, family, backend, precision, kv):
@@ -87,7 +88,7 @@ def one_pool(cfg, instance_type, family, backend, precision, kv):
         update={"backend": None, "precision": None, "kv_cache_dtype": None})})
     engine = cfg.engine.model_copy(update={"backend": backend, "precision": precision, "kv_cache_dtype": kv})
     model = cfg.model.model_copy(update={"family": family})
-    return cfg.model_copy(update={"model": model, "engine": engine,
+    return cfg.model_copy(update={"models": (model,), "engine": engine,
                                   "regions": (region.model_copy(update={"pools": (pool,)}),), "consumers": ()})
 
 
@@ -154,7 +155,7 @@ def test_engine_flow_kv_caches_the_build_cannot_make_are_refused_at_validation(c
 
 def test_pytorch_fp8_kv_cache_validates_without_a_calibration_set(cfg):
     c = one_pool(cfg, "g6e.xlarge", ModelFamily.LLAMA, Backend.PYTORCH, Precision.BF16, KvCacheDtype.FP8)
-    c = c.model_copy(update={"calibration": None})
+    c = c.model_copy(update={"models": (c.model.model_copy(update={"calibration": None}),)})
     assert [i.message for i in rules.check(c) if "calibrat" in i.message] == []
     assert not trtllm.needs_calibration(c.engine)
 

@@ -151,7 +151,7 @@ def test_pytorch_backend_caches_the_checkpoint_and_wants_fp8_prequantized(tmp_pa
     from fleetcast.contract.errors import UserError
 
     cfg = load_config(REPO / "config" / "fleet.yaml")
-    cfg = cfg.model_copy(update={"model": cfg.model.model_copy(update={"family": ModelFamily.LLAMA})})
+    cfg = cfg.model_copy(update={"models": (cfg.model.model_copy(update={"family": ModelFamily.LLAMA}),)})
     model = tmp_path / "model"
     model.mkdir()
     (model / "config.json").write_text("{}")

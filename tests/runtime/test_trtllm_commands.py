@@ -92,7 +92,7 @@ def test_serve_command_parses_and_carries_config(cfg, tmp_path):
 
 def test_pytorch_backend_serves_the_checkpoint_without_engine(cfg, tmp_path):
     model = cfg.model.model_copy(update={"family": ModelFamily.LLAMA})
-    c = cfg.model_copy(update={"model": model})
+    c = cfg.model_copy(update={"models": (model,)})
     e = cfg.engine.model_copy(update={"backend": Backend.PYTORCH, "precision": Precision.BF16})
     backend = trtllm.TrtllmBackend(c, e)
     backend.check("9.0", "NVIDIA H100")

@@ -187,3 +187,12 @@ def spot_doc() -> dict:
 @cache
 def spot_fleet() -> Synthesized:
     return synthesize(spot_doc(), "spot")
+
+
+MULTI_MODEL_CONFIG = ROOT / "examples" / "multi-model" / "fleet.yaml"
+
+
+@lru_cache(maxsize=None)
+def multi_model_fleet() -> Synthesized:
+    """examples/multi-model/fleet.yaml: three models, two pools packing them differently, one restricted consumer."""
+    return synthesize(YAML(typ="safe").load(MULTI_MODEL_CONFIG.read_text()), "multi-model")

@@ -22,7 +22,8 @@ from aws_cdk import aws_ec2 as ec2
 from fleetcast.node import cdk_command, path_with_node
 from stacks import nag
 
-from .synthesized import NODE_MAJOR, ROOT, default_doc, default_fleet, nat_fleet, spot_fleet, synthesize, variant_fleet
+from .synthesized import (NODE_MAJOR, ROOT, default_doc, default_fleet, multi_model_fleet, nat_fleet, spot_fleet,
+                          synthesize, variant_fleet)
 
 CDK = cdk_command()  # the pinned CLI on the venv's Node LTS, as `make synth` runs it (npx cdk without the wheel)
 
@@ -67,7 +68,7 @@ def test_cdk_cli_synthesizes_the_default_config_offline(tmp_path):
 
 
 def test_cdk_nag_passes_with_zero_unacknowledged_findings():
-    for fleet in (default_fleet(), variant_fleet(), nat_fleet(), spot_fleet()):  # each synthesized with AwsSolutions registered
+    for fleet in (default_fleet(), variant_fleet(), nat_fleet(), spot_fleet(), multi_model_fleet()):  # each synthesized with AwsSolutions registered
         report_path = fleet.outdir / nag.REPORT_FILE
         report = json.loads(report_path.read_text()) if report_path.exists() else {"pluginReports": []}
         nag_reports = [r for r in report["pluginReports"] if r["pluginName"] == "AwsSolutions"]
@@ -125,7 +126,7 @@ def test_every_acknowledgment_matches_a_real_finding_and_covers_it(monkeypatch):
 
 
 def test_no_unacknowledged_construct_warnings_or_errors():
-    for fleet in (default_fleet(), variant_fleet(), nat_fleet(), spot_fleet()):
+    for fleet in (default_fleet(), variant_fleet(), nat_fleet(), spot_fleet(), multi_model_fleet()):
         for metadata_file in fleet.outdir.glob("*.metadata.json"):
             entries = [(path, e["type"], e.get("data")) for path, items in json.loads(metadata_file.read_text()).items()
                        for e in items if e["type"] in ("aws:cdk:warning", "aws:cdk:error")]
@@ -133,7 +134,7 @@ def test_no_unacknowledged_construct_warnings_or_errors():
 
 
 def test_no_variant_needs_a_context_lookup():
-    for fleet in (default_fleet(), variant_fleet(), nat_fleet(), spot_fleet()):
+    for fleet in (default_fleet(), variant_fleet(), nat_fleet(), spot_fleet(), multi_model_fleet()):
         manifest = json.loads((fleet.outdir / "manifest.json").read_text())
         assert not manifest.get("missing"), manifest.get("missing")
 
@@ -174,13 +175,15 @@ BROKEN_TEMPLATE = {
 @pytest.fixture(scope="module")
 def cli_lint(tmp_path_factory):
     """One run of the real cfn-lint CLI from the repo root (so .cfnlintrc.yaml applies) over every default
-    template, the provider templates whose shape the variants change, and BROKEN_TEMPLATE.
+    template, the provider templates whose shape the variants change, every template of the multi-model
+    example, and BROKEN_TEMPLATE.
     Returns (templates, broken path, rule ids reported per file)."""
     if not CFN_LINT.exists():
         pytest.skip("cfn-lint is installed by `make test`")
     templates = [str(p) for p in default_fleet().template_files()] + [
         str(f.outdir / "fleetcast-provider-ap-northeast-2.template.json") for f in (variant_fleet(), nat_fleet(),
-                                                                                   spot_fleet())]
+                                                                                   spot_fleet())] + [
+        str(p) for p in multi_model_fleet().template_files()]
     broken = tmp_path_factory.mktemp("lint") / "broken.template.json"
     broken.write_text(json.dumps(BROKEN_TEMPLATE))
     result = subprocess.run([str(CFN_LINT), "--format", "parseable", *templates, str(broken)], cwd=ROOT,
@@ -194,7 +197,7 @@ def cli_lint(tmp_path_factory):
 
 def test_cfn_lint_reports_nothing_on_any_template(cli_lint):
     templates, broken, rules = cli_lint
-    assert len(templates) == 7
+    assert len(templates) == 10  # 7 of the default and its variants, the multi-model example's provider + 2 consumers
     assert set(rules) == {str(broken)}, {p: r for p, r in rules.items() if p != str(broken)}
 
 

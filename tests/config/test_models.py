@@ -1,0 +1,341 @@
+"""Several models on one fleet (issue 21, §1): the `models:` list, what each pool serves, and the
+single-model form that keeps validating and deploying the same fleet."""
+
+import copy
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from ruamel.yaml import YAML
+
+from fleetcast.config import load_config, parse_config
+from fleetcast.config.impact import diff_configs, render_impact
+from fleetcast.config.memory import GIB, PROCESS_OVERHEAD_BYTES, plan_pool
+from fleetcast.config.model import LIST_FORM
+from fleetcast.contract.errors import UserError
+from fleetcast.contract.serving import PROCESS_PORT_BASE, process_slots
+
+from .conftest import DEFAULT, problems
+
+REPO = Path(__file__).resolve().parents[2]
+EXAMPLE = REPO / "examples" / "multi-model" / "fleet.yaml"
+
+# The top-level keys and model keys of a one-model fleet's dump before `models:` existed: what its SSM
+# config parameter, digests and so its templates are made of.
+SINGLE_FORM_KEYS = ["version", "name", "provider", "model", "engine", "calibration", "slo", "network", "operations",
+                    "regions", "consumers", "tags"]
+SINGLE_FORM_MODEL_KEYS = ["id", "family", "source", "revision", "context_length", "max_input_len", "max_output_len",
+                          "hub_token_secret", "stage_patterns"]
+
+
+@pytest.fixture(scope="module")
+def example_doc() -> dict:
+    return YAML(typ="safe").load(EXAMPLE.read_text())
+
+
+@pytest.fixture
+def multi(example_doc) -> dict:
+    return copy.deepcopy(example_doc)
+
+
+def as_list_form(doc: dict) -> dict:
+    """The same fleet written with `models:` (what the README tells users to do)."""
+    doc = copy.deepcopy(doc)
+    model = doc.pop("model")
+    calibration = doc.pop("calibration", None)
+    if calibration is not None:
+        model["calibration"] = calibration
+    doc["models"] = [model]
+    return doc
+
+
+# ---------------------------------------------------------------- the single-model form
+
+
+def test_the_single_model_form_is_a_one_model_list(doc):
+    cfg = parse_config(doc)
+    assert [m.id for m in cfg.models] == ["gpt2-xl"]
+    assert cfg.model is cfg.models[0]
+    pool = cfg.regions[0].pools[0]
+    (served,) = cfg.served_by(pool)
+    assert (served.model.id, served.copies, served.kv_cache_bytes) == ("gpt2-xl", 1, None)
+    assert served.engine == cfg.engine_for(pool, "gpt2-xl") == cfg.engine_for(pool)
+
+
+def test_a_one_model_fleet_dumps_as_before_the_list_existed(doc):
+    data = parse_config(doc).model_dump(mode="json")
+    assert list(data) == SINGLE_FORM_KEYS
+    assert list(data["model"]) == SINGLE_FORM_MODEL_KEYS
+    assert all("serves" not in p for r in data["regions"] for p in r["pools"])
+
+
+def test_moving_to_the_list_form_rolls_nothing_and_changes_no_template_input(doc):
+    doc["calibration"] = {"dataset": "s3://staged-bucket/calibration/lambada/"}
+    single, listed = parse_config(doc), parse_config(as_list_form(doc))
+    assert single == listed
+    assert single.model_dump_json() == listed.model_dump_json()  # the SSM config parameter's value
+    assert single.digest() == listed.digest()
+    for region in single.regions:
+        for pool in region.pools:
+            assert single.instance_digest(region.region, pool.name) == listed.instance_digest(region.region, pool.name)
+    assert listed.model.calibration.dataset == "s3://staged-bucket/calibration/lambada/"
+    assert diff_configs(single, listed).changes == []
+
+
+def test_config_show_prints_the_list_form_of_a_single_model_file():
+    out = subprocess.run([sys.executable, "-m", "scripts.cli", "config", "show", str(DEFAULT)], cwd=REPO,
+                         capture_output=True, text=True, check=True).stdout
+    data = json.loads(out)
+    assert "model" not in data and "calibration" not in data
+    assert [m["id"] for m in data["models"]] == ["gpt2-xl"]
+    assert data["models"][0]["calibration"] is None and data["models"][0]["consumers"] is None
+    assert parse_config(data) == load_config(DEFAULT)  # the printed form reads back as the same fleet
+
+
+def test_model_and_models_together_are_refused(doc, example_doc):
+    doc["models"] = example_doc["models"]
+    (msg,) = problems(doc)
+    assert "both `model:` and `models:`" in msg
+
+
+def test_top_level_calibration_needs_the_single_model_form(multi):
+    multi["calibration"] = {"dataset": "s3://staged-bucket/calibration/lambada/"}
+    (msg,) = problems(multi)
+    assert "models[].calibration" in msg
+
+
+def test_errors_in_a_single_model_file_name_its_own_paths(doc):
+    doc["model"]["max_output_len"] = 512
+    (msg,) = problems(doc)
+    assert msg.startswith("model.max_output_len:")
+
+
+# ---------------------------------------------------------------- the list form
+
+
+def test_the_example_validates_with_three_models_two_packings_and_one_restricted_consumer():
+    cfg = load_config(EXAMPLE)
+    assert [m.id for m in cfg.models] == ["gpt2-xl", "qwen2.5-0.5b", "qwen2.5-3b"]
+    l40s, l4 = cfg.regions[0].pools
+    assert [(s.model.id, s.copies) for s in cfg.served_by(l40s)] == [("gpt2-xl", 1), ("qwen2.5-0.5b", 2),
+                                                                     ("qwen2.5-3b", 1)]
+    assert [s.kv_cache_bytes for s in cfg.served_by(l40s)] == [8 * GIB, 4 * GIB, 8 * GIB]
+    assert cfg.models_for("analytics") == ("gpt2-xl", "qwen2.5-0.5b")
+    assert cfg.models_for("voice-app") == ("gpt2-xl", "qwen2.5-0.5b", "qwen2.5-3b")
+    # The L4 pool gives no budgets: each copy gets the same share, and the processes fill the usable memory.
+    shares = {s.kv_cache_bytes for s in cfg.served_by(l4)}
+    assert len(shares) == 1 and shares.pop() > 2 * GIB
+    plan = plan_pool(cfg, l4)
+    assert plan.fits and plan.usable_bytes - plan.planned_bytes < 8  # rounding only
+
+
+def test_engine_precedence_is_fleet_then_model_then_pool(multi):
+    multi["engine"]["max_batch_size"] = 16
+    multi["models"][1]["engine"]["max_batch_size"] = 48
+    multi["regions"][0]["pools"][0]["engine"] = {"max_batch_size": 8}
+    del multi["models"][0]["engine"]["max_batch_size"]
+    cfg = parse_config(multi)
+    l40s, l4 = cfg.regions[0].pools
+    assert cfg.engine_for(l4, "gpt2-xl").max_batch_size == 16  # fleet default
+    assert cfg.engine_for(l4, "qwen2.5-0.5b").max_batch_size == 48  # the model's
+    assert cfg.engine_for(l40s, "qwen2.5-0.5b").max_batch_size == 8  # the pool's, for every model it serves
+    assert cfg.engine_for(l4, "qwen2.5-0.5b").backend.value == "pytorch"
+    with pytest.raises(UserError, match="serves 3 models"):
+        cfg.engine_for(l4)
+
+
+def test_without_serves_a_pool_runs_one_copy_of_every_model(multi):
+    multi["regions"][0]["pools"] = multi["regions"][0]["pools"][1:]
+    del multi["regions"][0]["pools"][0]["serves"]
+    cfg = parse_config(multi)
+    assert [(s.model.id, s.copies) for s in cfg.served_by(cfg.regions[0].pools[0])] == [
+        ("gpt2-xl", 1), ("qwen2.5-0.5b", 1), ("qwen2.5-3b", 1)]
+
+
+def test_process_slots_follow_the_serves_order_with_copies_together():
+    cfg = load_config(EXAMPLE)
+    slots = process_slots(cfg.served_by(cfg.regions[0].pools[0]))
+    assert [(s.model_id, s.copy_index, s.port) for s in slots] == [
+        ("gpt2-xl", 0, PROCESS_PORT_BASE), ("qwen2.5-0.5b", 0, PROCESS_PORT_BASE + 1),
+        ("qwen2.5-0.5b", 1, PROCESS_PORT_BASE + 2), ("qwen2.5-3b", 0, PROCESS_PORT_BASE + 3)]
+    assert all(s.address.startswith("127.0.0.1:") for s in slots)
+
+
+def test_a_one_model_fleet_keeps_its_engine_port():
+    cfg = load_config(DEFAULT)
+    (slot,) = process_slots(cfg.served_by(cfg.regions[0].pools[0]))
+    assert slot.port == cfg.engine.port + 1  # where the single engine process has always listened
+
+
+# ---------------------------------------------------------------- validation
+
+
+def test_model_and_adapter_ids_are_unique(multi):
+    multi["models"][2]["id"] = "gpt2-xl"
+    found = problems(multi)
+    assert any(p.startswith("models[2].id:") and "already the id of model gpt2-xl" in p for p in found), found
+
+
+def test_an_adapter_id_may_not_reuse_a_model_id(multi):
+    multi["models"][1]["adapters"] = [{"id": "qwen2.5-3b", "source": "org/qwen-lora"}]
+    found = problems(multi)
+    assert any(p.startswith("models[2].id:") and "an adapter of qwen2.5-0.5b" in p for p in found), found
+
+
+def test_a_model_id_must_be_a_plain_openai_model_name(multi):
+    multi["models"][0]["id"] = "gpt2 xl/v1"
+    (msg,) = [p for p in problems(multi) if p.startswith("models[0].id")]
+    assert "malformed" in msg
+
+
+def test_entitlements_name_existing_consumers(multi):
+    multi["models"][2]["consumers"] = ["voice-app", "billing"]
+    (msg,) = problems(multi)
+    assert msg.startswith("models[2].consumers[1]:") and "'billing' is not a consumer" in msg
+    assert "voice-app, analytics" in msg
+
+
+def test_an_empty_entitlement_list_means_nobody(multi):
+    multi["models"][2]["consumers"] = []
+    cfg = parse_config(multi)
+    assert "qwen2.5-3b" not in cfg.models_for("voice-app")
+    assert cfg.model_dump(mode="json")["models"][2]["consumers"] == []
+
+
+def test_adapters_only_on_the_pytorch_backend(multi):
+    multi["models"][0]["adapters"] = [{"id": "gpt2-xl-support", "source": "org/gpt2-lora"}]
+    found = problems(multi)
+    assert found and all(p.startswith("models[0].adapters:") for p in found)
+    assert "tensorrt backend" in found[0] and "pytorch" in found[0]
+
+
+def test_adapters_on_a_pytorch_model_are_entitled_with_it(multi):
+    multi["models"][2]["adapters"] = [{"id": "qwen2.5-3b-support", "source": "s3://staged-bucket/adapters/support/"}]
+    cfg = parse_config(multi)
+    assert cfg.models_for("voice-app")[-2:] == ("qwen2.5-3b", "qwen2.5-3b-support")
+    assert "qwen2.5-3b-support" not in cfg.models_for("analytics")
+
+
+@pytest.mark.parametrize("key", ["tensorrt_llm_version", "image", "image_digest", "port"])
+def test_one_tensorrt_llm_version_and_image_per_fleet(multi, key):
+    multi["models"][1]["engine"][key] = {"port": 9000, "tensorrt_llm_version": "1.3.0"}.get(
+        key, "nvcr.io/nvidia/tensorrt-llm/release:1.3.0")
+    (msg,) = problems(multi)
+    assert msg.startswith("models[1]") and f"engine.{key} is fleet-wide" in msg
+
+
+def test_each_model_precision_is_checked_on_each_pool_gpu(multi):
+    multi["models"][1]["engine"]["precision"] = "int8_wo"  # not on the pytorch backend
+    found = problems(multi)
+    assert len(found) == 2 and all(p.startswith("models[1].engine.precision:") for p in found)
+    assert "int8_wo is not available on the pytorch backend" in found[0] and "(model qwen2.5-0.5b)" in found[0]
+
+
+def test_a_pool_engine_override_is_blamed_for_every_model_it_breaks(multi):
+    multi["regions"][0]["pools"][1]["engine"] = {"precision": "int8_wo"}
+    found = problems(multi)
+    assert found and all(p.startswith("regions[0].pools[1].engine.precision:") for p in found)
+    assert {p.split("(model ")[1] for p in found} == {"qwen2.5-0.5b)", "qwen2.5-3b)"}
+
+
+def test_serves_names_known_models_once(multi):
+    serves = multi["regions"][0]["pools"][1]["serves"]
+    serves.append({"model": "llama-3.2-1b"})
+    serves.append({"model": "gpt2-xl"})
+    found = problems(multi)
+    assert any(p.startswith("regions[0].pools[1].serves[3].model:") and "not a model" in p for p in found), found
+    assert any(p.startswith("regions[0].pools[1].serves[4].model:") and "listed twice" in p for p in found), found
+
+
+def test_the_pools_of_a_region_serve_the_same_models(multi):
+    multi["regions"][0]["pools"][1]["serves"].pop()
+    (msg,) = problems(multi)
+    assert msg.startswith("regions[0].pools[1].serves:") and "load balancer" in msg
+
+
+def test_what_a_pool_serves_must_fit_its_gpu_with_the_arithmetic(multi):
+    multi["regions"][0]["pools"][0]["serves"][2]["kv_cache_gb"] = 16
+    (msg,) = problems(multi)
+    assert msg.startswith("regions[0].pools[0].serves:")
+    assert "qwen2.5-3b 1 x (weights 5.76 GiB at bf16 + overhead 2.00 GiB + KV 16.00 GiB)" in msg
+    assert "= 49.03 GiB; the L40S has 48.00 GiB, 43.20 GiB usable" in msg and "at most 43.20 GiB" in msg
+
+
+def test_copies_count_in_the_memory_sum(multi):
+    multi["regions"][0]["pools"][0]["serves"][1]["copies"] = 3
+    (msg,) = problems(multi)
+    assert "qwen2.5-0.5b 3 x (" in msg and "= 47.95 GiB" in msg
+
+
+def test_several_processes_need_each_model_size(multi):
+    del multi["models"][1]["parameters_b"]
+    found = problems(multi)
+    assert found and all(p.startswith("models[1].parameters_b:") for p in found)
+    assert "engine processes on one L40S" in found[0]
+
+
+def test_the_gateway_port_stays_clear_of_the_engine_ports(multi):
+    multi["engine"]["port"] = PROCESS_PORT_BASE + 2
+    found = problems(multi)
+    assert any(p.startswith("engine.port:") and "l40s" in p and "8001-8004" in p for p in found), found
+
+
+def test_each_model_has_its_own_length_limits(multi):
+    multi["models"][0]["max_output_len"] = 512
+    (msg,) = problems(multi)
+    assert msg.startswith("models[0].max_output_len:") and "1280 exceeds the model's context_length 1024" in msg
+
+
+# ---------------------------------------------------------------- what a change rolls
+
+
+def test_repacking_a_pool_rolls_that_pool_only_and_says_so(example_doc):
+    after = copy.deepcopy(example_doc)
+    after["regions"][0]["pools"][0]["serves"][1]["copies"] = 1
+    impact = diff_configs(parse_config(example_doc), parse_config(after))
+    by_pool = {p.pool: p for p in impact.pools}
+    assert by_pool["l40s"].outcome == "rolls" and by_pool["l4"].outcome == "kept"
+    assert by_pool["l40s"].models == ("re-packs qwen2.5-0.5b: copies 2 -> 1",)
+    assert "    re-packs qwen2.5-0.5b: copies 2 -> 1" in render_impact(impact)
+    assert [c.path for c in impact.changes] == ["regions[ap-northeast-2].pools[l40s].serves[qwen2.5-0.5b].copies"]
+
+
+def test_adding_and_removing_a_model_rolls_the_pools_that_serve_it(example_doc):
+    after = copy.deepcopy(example_doc)
+    after["models"].pop(2)
+    for pool in after["regions"][0]["pools"]:
+        pool["serves"].pop(2)
+    impact = diff_configs(parse_config(example_doc), parse_config(after))
+    assert {(p.pool, p.outcome, p.models) for p in impact.pools} == {
+        ("l40s", "rolls", ("removes qwen2.5-3b",)), ("l4", "rolls", ("removes qwen2.5-3b",))}
+    back = diff_configs(parse_config(after), parse_config(example_doc))
+    assert {p.models for p in back.pools} == {("adds qwen2.5-3b (1 copy)",)}
+
+
+def test_a_model_served_in_another_region_rolls_nothing_here(example_doc):
+    """Each pool's instance digest holds only the models it serves."""
+    before = parse_config(example_doc)
+    after = copy.deepcopy(example_doc)
+    after["models"][1]["max_output_len"] = 256
+    changed = parse_config(after)
+    digests = {p.name: before.instance_digest("ap-northeast-2", p.name) for p in before.regions[0].pools}
+    # Drop qwen2.5-0.5b from both pools: a change to it no longer reaches them.
+    for doc in (example_doc, after):
+        for pool in doc["regions"][0]["pools"]:
+            pool["serves"] = [s for s in pool["serves"] if s["model"] != "qwen2.5-0.5b"]
+    a, b = parse_config(copy.deepcopy(example_doc)), parse_config(after)
+    assert all(a.instance_digest("ap-northeast-2", n) == b.instance_digest("ap-northeast-2", n) for n in digests)
+    assert changed.instance_digest("ap-northeast-2", "l40s") != digests["l40s"]
+
+
+def test_entitlements_and_model_slos_roll_what_they_must(example_doc):
+    after = copy.deepcopy(example_doc)
+    after["models"][0]["slo"] = {"ttft_p99_ms": 200, "itl_p99_ms": 30}
+    impact = diff_configs(parse_config(example_doc), parse_config(after))
+    assert not impact.rolls  # read by the stacks (alarms) only
+    after["models"][2]["consumers"] = ["voice-app", "analytics"]
+    impact = diff_configs(parse_config(example_doc), parse_config(after))
+    # Who may call which model is read by the gateways at boot (not by their consumer refresh): it rolls.
+    assert {p.models for p in impact.rolls} == {("changes qwen2.5-3b",)}
