@@ -739,11 +739,30 @@ class ConsumerSubnet(Frozen):
     az_id: AzId
 
 
+class ModelLimits(Frozen):
+    """One consumer's limits on one model or adapter, on top of its own (per instance)."""
+
+    max_concurrency: int = Field(default=32, ge=1, le=10_000)
+    requests_per_minute: int = Field(default=600, ge=1, le=10_000_000)
+
+
 class ConsumerLimits(Frozen):
     """Enforced at the instance gateway (per instance)."""
 
     max_concurrency: int = Field(default=32, ge=1, le=10_000)
     requests_per_minute: int = Field(default=600, ge=1, le=10_000_000)
+    models: dict[str, ModelLimits] = Field(
+        default_factory=dict,
+        description="Limits per model or adapter id (one the consumer may call), within the consumer's own.",
+    )
+
+    @model_serializer(mode="wrap")
+    def _omit_absent_model_limits(self, handler):  # noqa: ANN001, ANN202 - pydantic's wrap-serializer signature
+        # Consumers without per-model limits dump as before the field existed (the config parameter stays the same).
+        data = handler(self)
+        if not self.models and isinstance(data, dict):
+            data.pop("models", None)
+        return data
 
 
 class Consumer(Frozen):

@@ -114,6 +114,13 @@ def _models(cfg: FleetConfig) -> list[ConfigIssue]:
             if name not in consumers:
                 out.append(ConfigIssue(("models", i, "consumers", k),
                     f"{name!r} is not a consumer of this fleet; allowed: {', '.join(consumers) or 'none (add it to consumers)'}"))
+    for i, consumer in enumerate(cfg.consumers):
+        allowed = cfg.models_for(consumer.name)
+        for model_id in consumer.limits.models:
+            if model_id not in allowed:
+                out.append(ConfigIssue(("consumers", i, "limits", "models", model_id),
+                    f"{consumer.name} may not call {model_id!r} (unknown, or not among its models' consumers), so a "
+                    f"limit on it would never apply; allowed: {', '.join(allowed) or 'none'}"))
     return out
 def _regions(cfg: FleetConfig) -> list[ConfigIssue]:
     out: list[ConfigIssue] = []

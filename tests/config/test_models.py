@@ -339,3 +339,14 @@ def test_entitlements_and_model_slos_roll_what_they_must(example_doc):
     impact = diff_configs(parse_config(example_doc), parse_config(after))
     # Who may call which model is read by the gateways at boot (not by their consumer refresh): it rolls.
     assert {p.models for p in impact.rolls} == {("changes qwen2.5-3b",)}
+
+
+def test_per_model_limits_name_a_model_the_consumer_may_call(multi):
+    multi["consumers"][1]["limits"] = {"models": {"gpt2-xl": {"max_concurrency": 4}, "qwen2.5-3b": {}}}
+    (msg,) = problems(multi)
+    assert msg.startswith("consumers[1].limits.models.qwen2.5-3b:") and "analytics may not call" in msg
+    del multi["consumers"][1]["limits"]["models"]["qwen2.5-3b"]
+    cfg = parse_config(multi)
+    assert cfg.consumers[1].limits.models["gpt2-xl"].max_concurrency == 4
+    assert "models" not in parse_config(copy.deepcopy(multi) | {"consumers": multi["consumers"][:1]}).model_dump(
+        mode="json")["consumers"][0]["limits"]  # absent per-model limits leave the stored config as it was
