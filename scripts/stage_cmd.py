@@ -32,7 +32,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                     "(e.g. ['*.bin'] for a model without safetensors). Prints the staged size and what it left out.")
     common(model)
     buckets(model)
-    model.add_argument("--local-dir", type=Path, help="stage this directory instead of downloading from the hub")
+    model.add_argument("--local-dir", type=Path, help="stage this directory instead of downloading from the hub "
+                                                       "(one model: with several, name it with --model)")
+    model.add_argument("--model", dest="model_id", metavar="ID",
+                       help="the models[].id to stage (default: every model of the config, one after another)")
     model.set_defaults(handler=_model)
 
     calib = actions.add_parser(
@@ -163,13 +166,24 @@ def _part_size(args) -> int:
 
 def _model(args: argparse.Namespace) -> int:
     from fleetcast.config import load_config
+    from fleetcast.errors import UserError
     from fleetcast.staging.model import stage_model
 
     cfg = load_config(args.config)
+    known = [m.id for m in cfg.models]
+    if args.model_id is not None and args.model_id not in known:
+        raise UserError(f"--model {args.model_id!r} is not a model of {args.config}; allowed: {', '.join(known)}", 2)
+    chosen = [args.model_id] if args.model_id else known
+    if args.local_dir is not None and len(chosen) > 1:
+        raise UserError(f"--local-dir holds one model; {args.config} has {len(known)}: name it with --model "
+                        f"({', '.join(known)})", 2)
+    part_size = _part_size(args)
     clients = _clients(args)
-    result = stage_model(cfg, _buckets(cfg, args, clients), clients, local_dir=args.local_dir,
-                         part_size=_part_size(args), progress=args.progress)
-    print("\n".join(result.lines()))
+    buckets = _buckets(cfg, args, clients)
+    for model_id in chosen:
+        result = stage_model(cfg, buckets, clients, local_dir=args.local_dir, part_size=part_size,
+                             progress=args.progress, model_id=model_id)
+        print("\n".join(result.lines()))
     return 0
 
 
@@ -274,12 +288,14 @@ def _status(args: argparse.Namespace) -> int:
     for region, bucket in _buckets(cfg, args, clients).items():
         problems = model_problems(cfg, clients("s3", region), bucket)
         missing += bool(problems)
-        if problems and problems[0].startswith("model MISSING"):
-            print(f"{region}: {problems[0]}")
-        else:
-            manifest = read_manifest(clients("s3", region), bucket, model_prefix(cfg.model.id, cfg.model.revision))
-            state = "ok" if not problems else f"{len(problems)} problem(s): {problems[0]}"
-            print(f"{region}: model {cfg.model.id}@{cfg.model.revision}: {len(manifest.files)} file(s), "
+        for model in cfg.models:
+            mine = [p for p in problems if len(cfg.models) == 1 or p.startswith((f"model {model.id} ", f"model {model.id}:"))]
+            if mine and " MISSING" in mine[0].split(":")[0]:
+                print(f"{region}: {mine[0]}")
+                continue
+            manifest = read_manifest(clients("s3", region), bucket, model_prefix(model.id, model.revision))
+            state = "ok" if not mine else f"{len(mine)} problem(s): {mine[0]}"
+            print(f"{region}: model {model.id}@{model.revision}: {len(manifest.files)} file(s), "
                   f"{human_bytes(manifest.total_bytes)}: {state}")
         repository = repositories.get(region) or require_output(
             _outputs(cfg, region, clients), ProviderOutput.IMAGE_REPOSITORY, provider_stack_name(cfg.name, region))

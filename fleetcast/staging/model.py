@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from fleetcast.config import FleetConfig
+from fleetcast.config.model import ModelSpec
 from fleetcast.contract import selection
 from fleetcast.contract.bucket import calibration_prefix, model_prefix
 from fleetcast.contract.calibration import FORMAT as CALIBRATION_FORMAT
@@ -51,15 +52,16 @@ class StageResult:
         return out
 
 
-def resolve_hub_token(cfg: FleetConfig, clients: ClientFactory) -> str | None:
+def resolve_hub_token(cfg: FleetConfig, clients: ClientFactory, model: ModelSpec | None = None) -> str | None:
+    model = model or cfg.model
     token = os.environ.get("HF_TOKEN") or os.environ.get("HUGGING_FACE_HUB_TOKEN")
-    if token or not cfg.model.hub_token_secret:
+    if token or not model.hub_token_secret:
         return token
     sm = clients("secretsmanager", cfg.regions[0].region)
     try:
-        return sm.get_secret_value(SecretId=cfg.model.hub_token_secret)["SecretString"]
+        return sm.get_secret_value(SecretId=model.hub_token_secret)["SecretString"]
     except sm.exceptions.ClientError as exc:
-        raise UserError(f"cannot read model.hub_token_secret {cfg.model.hub_token_secret!r}: "
+        raise UserError(f"cannot read the hub_token_secret {model.hub_token_secret!r} of model {model.id}: "
                         f"{exc.response.get('Error', {}).get('Code')}") from None
 
 
@@ -139,8 +141,9 @@ def stage_tree(root: Path, manifest: Manifest, prefix: str, buckets: dict[str, s
 
 def stage_model(cfg: FleetConfig, buckets: dict[str, str], clients: ClientFactory, *, local_dir: Path | None = None,
                 part_size: int = DEFAULT_PART_SIZE, progress: bool | None = None,
-                log: Callable[[str], None] = print) -> StageResult:
-    model = cfg.model
+                log: Callable[[str], None] = print, model_id: str | None = None) -> StageResult:
+    """Stage one model of the config (`model_id`; left out: the only one) into every region bucket."""
+    model = cfg.model if model_id is None else cfg.model_by_id(model_id)
     prefix = model_prefix(model.id, model.revision)
     if local_dir is not None:
         if not local_dir.is_dir():
@@ -154,7 +157,7 @@ def stage_model(cfg: FleetConfig, buckets: dict[str, str], clients: ClientFactor
     if model.staged:
         raise UserError(f"model.source {model.source} is already in S3: copy it with --local-dir after "
                         "downloading, or point source at the hub id")
-    token = resolve_hub_token(cfg, clients)
+    token = resolve_hub_token(cfg, clients, model)
     with tempfile.TemporaryDirectory(prefix="fleetcast-model-") as tmp:
         sha = fetch_from_hub(model.source, model.revision, Path(tmp), token, model.stage_patterns, log=log)
         if sha != model.revision:

@@ -39,11 +39,18 @@ def provider_outputs(cfn: Any, stack: str) -> dict[str, str] | None:
 
 
 def model_problems(cfg: FleetConfig, s3: Any, bucket: str) -> list[str]:
-    prefix = model_prefix(cfg.model.id, cfg.model.revision)
-    manifest = read_manifest(s3, bucket, prefix)
-    if manifest is None:
-        return [f"model MISSING: s3://{bucket}/{prefix}manifest.json (run `fleetcast stage model`)"]
-    return verify_prefix(s3, bucket, prefix, manifest)
+    """What is missing or damaged among the staged weights of every model of the config."""
+    problems: list[str] = []
+    for model in cfg.models:
+        prefix = model_prefix(model.id, model.revision)
+        manifest = read_manifest(s3, bucket, prefix)
+        named = f" {model.id}" if len(cfg.models) > 1 else ""
+        if manifest is None:
+            problems.append(f"model{named} MISSING: s3://{bucket}/{prefix}manifest.json (run `fleetcast stage model"
+                            f"{' --model ' + model.id if named else ''}`)")
+        else:
+            problems += [f"model {model.id}: {p}" if named else p for p in verify_prefix(s3, bucket, prefix, manifest)]
+    return problems
 
 
 def image_problems(cfg: FleetConfig, ecr: Any, repository_uri: str) -> list[str]:

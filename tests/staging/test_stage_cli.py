@@ -136,7 +136,43 @@ def test_stage_calibration_names_the_staged_set_in_the_config(tmp_path, env, mak
     out = fleetcast("stage", "calibration", "--config", str(config), "--dir", str(rows), "--name", "traffic",
                     *buckets, env=env)
     assert out.returncode == 0, out.stderr
-    assert load_config(config).calibration.dataset == f"s3://{seoul}/calibration/traffic/"
+    assert load_config(config).model.calibration.dataset == f"s3://{seoul}/calibration/traffic/"
     # Everything else, comments included, is as it was.
     assert [ln for ln in CONFIG.read_text().splitlines() if ln.lstrip().startswith("#")] == \
         [ln for ln in config.read_text().splitlines() if ln.lstrip().startswith("#")]
+
+
+MULTI = ROOT / "examples" / "multi-model" / "fleet.yaml"
+
+
+def test_stage_each_model_of_a_multi_model_fleet(tmp_path, env, make_bucket):
+    """Each model is staged under its own models/<id>/<revision>/ prefix; status reports each one."""
+    bucket = make_bucket("ap-northeast-2")
+    buckets = ["--bucket", f"ap-northeast-2={bucket}"]
+    status = fleetcast("stage", "status", "--config", str(MULTI), *buckets, "--repository",
+                       "ap-northeast-2=111122223333.dkr.ecr.ap-northeast-2.amazonaws.com/fleetcast/tensorrt-llm",
+                       env=env)
+    assert status.returncode == 1
+    for model in ("gpt2-xl", "qwen2.5-0.5b", "qwen2.5-3b"):
+        assert f"model {model} MISSING" in status.stdout and f"--model {model}`" in status.stdout
+
+    weights = tmp_path / "w"
+    weights.mkdir()
+    (weights / "config.json").write_text("{}")
+    (weights / "model.safetensors").write_bytes(os.urandom(1024))
+    refused = fleetcast("stage", "model", "--config", str(MULTI), "--local-dir", str(weights), *buckets, env=env)
+    assert refused.returncode == 2 and "name it with --model (gpt2-xl, qwen2.5-0.5b, qwen2.5-3b)" in refused.stderr
+    unknown = fleetcast("stage", "model", "--config", str(MULTI), "--model", "llama", "--local-dir", str(weights),
+                        *buckets, env=env)
+    assert unknown.returncode == 2 and "--model 'llama' is not a model" in unknown.stderr
+
+    staged = fleetcast("stage", "model", "--config", str(MULTI), "--model", "qwen2.5-3b", "--local-dir",
+                       str(weights), *buckets, env=env)
+    assert staged.returncode == 0, staged.stderr
+    keys = {o["Key"] for o in boto3.client("s3", region_name="ap-northeast-2", endpoint_url=env["AWS_ENDPOINT_URL"])
+            .list_objects_v2(Bucket=bucket)["Contents"]}
+    assert "models/qwen2.5-3b/main/model.safetensors" in keys
+    status = fleetcast("stage", "status", "--config", str(MULTI), *buckets, "--repository",
+                       "ap-northeast-2=111122223333.dkr.ecr.ap-northeast-2.amazonaws.com/fleetcast/tensorrt-llm",
+                       env=env)
+    assert "model qwen2.5-3b@main: 2 file(s)" in status.stdout and "model gpt2-xl MISSING" in status.stdout
