@@ -242,8 +242,8 @@ def _served_engine(cfg: FleetConfig, pool, here: Path, k: int, instance) -> list
 def _serves(cfg: FleetConfig) -> list[ConfigIssue]:
     """What each pool serves: known models, once each; the same models in every pool of a region (the NLB
     spreads a region's requests over all its pools' instances); processes that fit the GPU together; engine
-    ports clear of the gateway's."""
-    from fleetcast.contract.serving import MAX_PROCESSES, port_range
+    ports that exist."""
+    from fleetcast.contract.serving import HIGHEST_PORT, MAX_PROCESSES, first_process_port
 
     from .memory import plan_pool
 
@@ -275,11 +275,11 @@ def _serves(cfg: FleetConfig) -> list[ConfigIssue]:
                 out.append(ConfigIssue(here, f"{processes} engine processes per instance; allowed: at most "
                                              f"{MAX_PROCESSES}"))
                 continue
-            if cfg.engine.port in port_range(processes):
+            last = first_process_port(cfg.engine.port) + processes - 1
+            if last > HIGHEST_PORT:
                 out.append(ConfigIssue(("engine", "port"),
-                    f"port {cfg.engine.port} is among the loopback ports of pool {pool.name}'s {processes} engine "
-                    f"processes ({port_range(processes).start}-{port_range(processes).stop - 1}); allowed: a port "
-                    "outside that range"))
+                    f"pool {pool.name}'s {processes} engine processes listen on the ports after {cfg.engine.port}, up "
+                    f"to {last}; allowed: a port at most {HIGHEST_PORT - processes}"))
             plan = plan_pool(cfg, pool)
             if plan is None or (processes == 1 and not pool.serves):
                 continue  # an unknown instance type is blamed by _pools; one process keeps the KV fraction
@@ -678,19 +678,22 @@ def _calibration_dataset(cfg: FleetConfig) -> list[ConfigIssue]:
     bucket or one file of the set is a prefix with no manifest, which they would wait on forever."""
     from fleetcast.contract.bucket import calibration_prefix
 
-    if cfg.calibration is None or _s3_key_problem(cfg.calibration.dataset):
-        return []  # a malformed key is blamed once, by _path_segments
-    uri = cfg.calibration.dataset
-    bucket, _, key = uri[len("s3://"):].partition("/")
-    segments = key.strip("/").split("/") if key.strip("/") else []
-    if len(segments) == 2 and key.rstrip("/") + "/" == calibration_prefix(segments[1]):
-        return []
-    name = segments[1] if len(segments) > 1 and segments[0] == "calibration" else "NAME"
-    shown = "the bucket alone" if not segments else (f"the file {segments[-1]!r} of a set"
-                                                      if "." in segments[-1] else f"the prefix {key!r}")
-    return [ConfigIssue(("calibration", "dataset"),
-        f"{uri} names {shown}; instances read the staged set's prefix, which `fleetcast stage calibration --name "
-        f"NAME` writes: allowed: s3://{bucket}/{calibration_prefix(name)}")]
+    out: list[ConfigIssue] = []
+    for i, model in enumerate(cfg.models):
+        if model.calibration is None or _s3_key_problem(model.calibration.dataset):
+            continue  # a malformed key is blamed once, by _path_segments
+        uri = model.calibration.dataset
+        bucket, _, key = uri[len("s3://"):].partition("/")
+        segments = key.strip("/").split("/") if key.strip("/") else []
+        if len(segments) == 2 and key.rstrip("/") + "/" == calibration_prefix(segments[1]):
+            continue
+        name = segments[1] if len(segments) > 1 and segments[0] == "calibration" else "NAME"
+        shown = "the bucket alone" if not segments else (f"the file {segments[-1]!r} of a set"
+                                                          if "." in segments[-1] else f"the prefix {key!r}")
+        out.append(ConfigIssue(("models", i, "calibration", "dataset"),
+            f"{uri} names {shown}; instances read the staged set's prefix, which `fleetcast stage calibration "
+            f"--name NAME` writes: allowed: s3://{bucket}/{calibration_prefix(name)}"))
+    return out
 
 
 # Lambda CreateFunction, Description: "Maximum length of 256" (botocore's lambda model, shape Description).

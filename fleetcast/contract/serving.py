@@ -1,10 +1,10 @@
 """Where an instance's engine processes listen: one home for the runtime that starts them and the gateway
 that routes to them.
 
-One process per (model, copy) of the pool's `serves`, each on its own loopback port, numbered from
-PROCESS_PORT_BASE in `serves` order (copies of a model together), so the runtime and the gateway derive
-the same ports from the same validated config without telling each other. The base is the port the single
-engine process has always had (the gateway's default 8000 + 1): a one-model fleet keeps its layout.
+One process per (model, copy) of the pool's `serves`, each on its own loopback port, numbered from the
+port after the gateway's (`engine.port` + 1, where the single engine process has always listened) in
+`serves` order, copies of a model together. The runtime and the gateway derive the same ports from the
+same validated config without telling each other, and a one-model fleet keeps its layout.
 """
 
 from __future__ import annotations
@@ -14,20 +14,24 @@ from dataclasses import dataclass
 from typing import Protocol
 
 LOOPBACK_HOST = "127.0.0.1"
-PROCESS_PORT_BASE = 8001
-# Most engine processes on one instance (the sum of copies a pool serves); keeps the port range small
-# enough that it cannot reach an ephemeral range or another well-known service.
+# Most engine processes on one instance (the sum of the copies a pool serves).
 MAX_PROCESSES = 64
+HIGHEST_PORT = 65535
 
 
 class _Model(Protocol):
     id: str
 
 
+class _Engine(Protocol):
+    port: int
+
+
 class _Served(Protocol):
     """What process_slots reads of a `fleetcast.config.model.ServedModel`."""
 
     model: _Model
+    engine: _Engine
     copies: int
 
 
@@ -47,17 +51,23 @@ class ProcessSlot:
         return f"{self.model_id}#{self.copy_index}"
 
 
-def process_slots(served: Iterable[_Served], base: int = PROCESS_PORT_BASE) -> tuple[ProcessSlot, ...]:
-    """The instance's engine processes in start order, each with its loopback port."""
+def first_process_port(gateway_port: int) -> int:
+    """The first engine process's port: the one after the gateway's (fleet-wide `engine.port`)."""
+    return gateway_port + 1
+
+
+def process_slots(served: Iterable[_Served], base: int | None = None) -> tuple[ProcessSlot, ...]:
+    """The instance's engine processes in start order, each with its loopback port (from `base`, by default
+    first_process_port of the served engines' fleet-wide port)."""
+    served = tuple(served)
+    if base is None and served:
+        base = first_process_port(served[0].engine.port)
     slots: list[ProcessSlot] = []
     for entry in served:
         for copy_index in range(entry.copies):
             slots.append(ProcessSlot(entry.model.id, copy_index, base + len(slots)))
     if len(slots) > MAX_PROCESSES:
         raise ValueError(f"{len(slots)} engine processes on one instance; at most {MAX_PROCESSES}")
+    if slots and slots[-1].port > HIGHEST_PORT:
+        raise ValueError(f"engine process ports {base}-{slots[-1].port} go past {HIGHEST_PORT}")
     return tuple(slots)
-
-
-def port_range(process_count: int, base: int = PROCESS_PORT_BASE) -> range:
-    """The loopback ports `process_count` processes take (the validator keeps the gateway's port out of it)."""
-    return range(base, base + process_count)

@@ -87,8 +87,8 @@ def calibration_use(cfg, region_name: str, pool_name: str | None, candidate) -> 
         return None
     what = candidate.precision if kv == "auto" else f"{candidate.precision} with kv_cache_dtype {kv}"
     where = f"{candidate.label} in {region_name}: {what} is calibrated (its build reads a staged calibration set)"
-    if cfg is not None and cfg.calibration is not None:
-        return False, f"{where}; the config's calibration.dataset {cfg.calibration.dataset} is the set it reads"
+    if cfg is not None and cfg.model.calibration is not None:
+        return False, f"{where}; the config's calibration.dataset {cfg.model.calibration.dataset} is the set it reads"
     return True, (f"{where} and the config names none (calibration.dataset); stage one with `{STAGE_COMMAND}`, which "
                   "names it in the config")
 

@@ -15,7 +15,7 @@ from fleetcast.config.impact import diff_configs, render_impact
 from fleetcast.config.memory import GIB, PROCESS_OVERHEAD_BYTES, plan_pool
 from fleetcast.config.model import LIST_FORM
 from fleetcast.contract.errors import UserError
-from fleetcast.contract.serving import PROCESS_PORT_BASE, process_slots
+from fleetcast.contract.serving import process_slots
 
 from .conftest import DEFAULT, problems
 
@@ -158,8 +158,7 @@ def test_process_slots_follow_the_serves_order_with_copies_together():
     cfg = load_config(EXAMPLE)
     slots = process_slots(cfg.served_by(cfg.regions[0].pools[0]))
     assert [(s.model_id, s.copy_index, s.port) for s in slots] == [
-        ("gpt2-xl", 0, PROCESS_PORT_BASE), ("qwen2.5-0.5b", 0, PROCESS_PORT_BASE + 1),
-        ("qwen2.5-0.5b", 1, PROCESS_PORT_BASE + 2), ("qwen2.5-3b", 0, PROCESS_PORT_BASE + 3)]
+        ("gpt2-xl", 0, 8001), ("qwen2.5-0.5b", 0, 8002), ("qwen2.5-0.5b", 1, 8003), ("qwen2.5-3b", 0, 8004)]
     assert all(s.address.startswith("127.0.0.1:") for s in slots)
 
 
@@ -276,10 +275,13 @@ def test_several_processes_need_each_model_size(multi):
     assert "engine processes on one L40S" in found[0]
 
 
-def test_the_gateway_port_stays_clear_of_the_engine_ports(multi):
-    multi["engine"]["port"] = PROCESS_PORT_BASE + 2
+def test_engine_ports_follow_the_gateway_port(multi):
+    multi["engine"]["port"] = 9000
+    cfg = parse_config(multi)
+    assert [s.port for s in process_slots(cfg.served_by(cfg.regions[0].pools[0]))] == [9001, 9002, 9003, 9004]
+    multi["engine"]["port"] = 65533
     found = problems(multi)
-    assert any(p.startswith("engine.port:") and "l40s" in p and "8001-8004" in p for p in found), found
+    assert any(p.startswith("engine.port:") and "l40s's 4 engine processes" in p and "65537" in p for p in found), found
 
 
 def test_each_model_has_its_own_length_limits(multi):
