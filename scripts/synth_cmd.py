@@ -61,7 +61,8 @@ def summarize(cfg, stacks: dict[str, dict], out: Path) -> tuple[list[str], list[
     )
 
     lines = [f"Fleet {cfg.name}: config digest {cfg.digest()[:12]}, egress {cfg.network.egress.value}, "
-             f"model {cfg.model.id}@{cfg.model.revision}, TensorRT-LLM {cfg.engine.tensorrt_llm_version}"]
+             f"{'model' if len(cfg.models) == 1 else 'models'} {', '.join(f'{m.id}@{m.revision}' for m in cfg.models)}, "
+             f"TensorRT-LLM {cfg.engine.tensorrt_llm_version}"]
     lines.append(f"Stacks in {out}:")
     width = max((len(n) for n in stacks), default=10)
     env_width = max((len(i["environment"]) for i in stacks.values()), default=10)
@@ -79,14 +80,23 @@ def summarize(cfg, stacks: dict[str, dict], out: Path) -> tuple[list[str], list[
         cross = ", ".join(region.allowed_regions) or "none"
         lines.append(f"    principals {', '.join(region.allowed_principals)}; cross-region from {cross}")
         for pool in region.pools:
-            engine = cfg.engine_for(pool)
             gpu = instances[pool.instance_type].gpu.name if pool.instance_type in instances else "?"
             c = pool.capacity
-            lines.append(
-                f"    pool {pool.name}: {pool.instance_type} ({gpu}), capacity {c.describe()}, "
-                f"precision {engine.precision.value}, backend {engine.backend.value}, "
-                f"batch {engine.max_batch_size}, warm pool {pool.warm_pool.size}"
-            )
+            served = cfg.served_by(pool)
+            if len(served) == 1 and served[0].copies == 1:
+                engine = served[0].engine
+                lines.append(
+                    f"    pool {pool.name}: {pool.instance_type} ({gpu}), capacity {c.describe()}, "
+                    f"precision {engine.precision.value}, backend {engine.backend.value}, "
+                    f"batch {engine.max_batch_size}, warm pool {pool.warm_pool.size}"
+                )
+                continue
+            lines.append(f"    pool {pool.name}: {pool.instance_type} ({gpu}), capacity {c.describe()}, "
+                         f"warm pool {pool.warm_pool.size}; each instance serves:")
+            for s in served:
+                kv = f", KV {s.kv_cache_bytes / 2**30:.2f} GiB each" if s.kv_cache_bytes is not None else ""
+                lines.append(f"      {s.model.id} x{s.copies}: precision {s.engine.precision.value}, backend "
+                             f"{s.engine.backend.value}, batch {s.engine.max_batch_size}{kv}")
 
     lines.append("Consumers:")
     if not cfg.consumers:

@@ -98,6 +98,23 @@ class PoolAlarms(Construct):
                 label="error rate",
             ),
         )
+        # A pool serving several models also watches each against its own SLO (models[].slo, else the fleet's):
+        # a small model's breach would hide in the pool's P99 behind a busier one's traffic.
+        self.model_alarms: dict[str, tuple[cloudwatch.Alarm, cloudwatch.Alarm]] = {}
+        served = cfg.served_by(pool)
+        for k, s in enumerate(served if len(served) > 1 else ()):
+            slo = s.model.slo or cfg.slo
+            where = f"models[{s.model.id}].slo" if s.model.slo else "slo"
+            self.model_alarms[s.model.id] = (
+                slo_alarm(f"Model{k}TtftP99", f"{s.model.id}-ttft-p99", slo.ttft_p99_ms,
+                          f"P99 time to first token of {s.model.id} on {pool.name} above its SLO "
+                          f"({where}.ttft_p99_ms = {slo.ttft_p99_ms:g} ms).",
+                          runtime_metric(cfg.name, pool.name, telemetry.TTFT_MS, "p99", model=s.model.id)),
+                slo_alarm(f"Model{k}ItlP99", f"{s.model.id}-itl-p99", slo.itl_p99_ms,
+                          f"P99 inter-token latency of {s.model.id} on {pool.name} above its SLO "
+                          f"({where}.itl_p99_ms = {slo.itl_p99_ms:g} ms).",
+                          runtime_metric(cfg.name, pool.name, telemetry.ITL_MS, "p99", model=s.model.id)),
+            )
         self.build_failures = _notify(cloudwatch.Alarm(
             self, "BuildFailures",
             alarm_name=f"{prefix}-engine-build-failures",

@@ -121,6 +121,24 @@ class FleetDashboard(Construct):
                   annotations=[slo_line(cfg.slo.itl_p99_ms, "SLO P99 ITL (slo.itl_p99_ms)")]),
             graph("End-to-end latency (ms)", percentiles(telemetry.E2E_MS), unit="ms"),
         )
+        # Pools serving several models: the same latencies and load per model ([Fleet, Pool, Model]), each P99
+        # against that model's own SLO (models[].slo, else slo).
+        served = [(p.name, s.model) for r in cfg.regions if r.region == region for p in r.pools
+                  for s in cfg.served_by(p) if len(cfg.served_by(p)) > 1]
+        if served:
+            def per_model(name: str, stat: str, what: str) -> list[cloudwatch.IMetric]:
+                return [runtime_metric(fleet, p, name, stat, model=m.id, label=f"{p} {m.id} {what}") for p, m in served]
+
+            models = {m.id: m for _, m in served}
+            self.dashboard.add_widgets(
+                graph("Per model: P99 time to first token (ms)", per_model(telemetry.TTFT_MS, "p99", "p99"), unit="ms",
+                      annotations=[slo_line((m.slo or cfg.slo).ttft_p99_ms, f"{m.id} SLO P99 TTFT")
+                                   for m in models.values()]),
+                graph("Per model: P99 inter-token latency (ms)", per_model(telemetry.ITL_MS, "p99", "p99"), unit="ms",
+                      annotations=[slo_line((m.slo or cfg.slo).itl_p99_ms, f"{m.id} SLO P99 ITL")
+                                   for m in models.values()]),
+                graph("Per model: requests per minute", per_model(telemetry.REQUESTS, "Sum", "requests")),
+            )
         self.dashboard.add_widgets(
             graph("Instances by lifecycle state",
                   [asg_metric(groups[p], name, label=f"{p} {what}") for p in pools for name, what in LIFECYCLE_METRICS],

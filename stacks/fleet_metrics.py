@@ -18,12 +18,15 @@ ONE_MINUTE = Duration.minutes(1)
 
 
 def runtime_metric(fleet: str, pool: str, name: str, statistic: str, *, period: Duration = ONE_MINUTE,
-                   label: str | None = None) -> cloudwatch.Metric:
-    """A metric the instance runtime publishes (EMF) for one pool."""
+                   label: str | None = None, model: str | None = None) -> cloudwatch.Metric:
+    """A metric the instance runtime publishes (EMF) for one pool, or for one model on it ([Fleet, Pool, Model])."""
+    dimensions = {telemetry.DIM_FLEET: fleet, telemetry.DIM_POOL: pool}
+    if model is not None:
+        dimensions[telemetry.DIM_MODEL] = model
     return cloudwatch.Metric(
         namespace=telemetry.NAMESPACE,
         metric_name=name,
-        dimensions_map={telemetry.DIM_FLEET: fleet, telemetry.DIM_POOL: pool},
+        dimensions_map=dimensions,
         statistic=statistic,
         period=period,
         label=label,

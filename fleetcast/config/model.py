@@ -305,7 +305,7 @@ class ModelSpec(Frozen):
         "Read by validate only.",
     )
     engine: EngineOverride = Field(
-        default_factory=lambda: EngineOverride(),
+        default_factory=EngineOverride,
         description="This model's engine settings over the fleet `engine` defaults (a pool's `engine` overrides "
         "both). The TensorRT-LLM version, image and port are fleet-wide.",
     )
@@ -746,11 +746,9 @@ class ModelLimits(Frozen):
     requests_per_minute: int = Field(default=600, ge=1, le=10_000_000)
 
 
-class ConsumerLimits(Frozen):
+class ConsumerLimits(ModelLimits):
     """Enforced at the instance gateway (per instance)."""
 
-    max_concurrency: int = Field(default=32, ge=1, le=10_000)
-    requests_per_minute: int = Field(default=600, ge=1, le=10_000_000)
     models: dict[str, ModelLimits] = Field(
         default_factory=dict,
         description="Limits per model or adapter id (one the consumer may call), within the consumer's own.",

@@ -23,7 +23,7 @@ DIM_MODEL = "Model"  # the OpenAI `model` a request named (a model or adapter id
 DIM_INSTANCE = "InstanceId"
 
 # Per request (EMF, from the gateway): dimension sets [Fleet, Pool], [Fleet, Pool, Consumer] and, for a request
-# routed to a model, [Fleet, Pool, Consumer, Model].
+# routed to a model, [Fleet, Pool, Consumer, Model] and [Fleet, Pool, Model].
 TTFT_MS = "TimeToFirstTokenMs"
 ITL_MS = "InterTokenLatencyMs"
 E2E_MS = "EndToEndLatencyMs"

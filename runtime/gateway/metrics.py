@@ -44,7 +44,9 @@ def emf_record(fleet: str, pool: str, consumer: str | None, values: dict[str, fl
         dims.append([t.DIM_FLEET, t.DIM_POOL, t.DIM_CONSUMER])
         record[t.DIM_CONSUMER] = consumer
         if model:
-            dims.append([t.DIM_FLEET, t.DIM_POOL, t.DIM_CONSUMER, t.DIM_MODEL])
+            # [Fleet, Pool, Model] as well: a per-model P99 (the stacks' per-model SLO alarms) cannot be summed up
+            # from per-consumer percentiles.
+            dims += [[t.DIM_FLEET, t.DIM_POOL, t.DIM_CONSUMER, t.DIM_MODEL], [t.DIM_FLEET, t.DIM_POOL, t.DIM_MODEL]]
             record[t.DIM_MODEL] = model
     directives = [{
         "Namespace": t.NAMESPACE,

@@ -33,7 +33,8 @@ def test_stream_without_include_usage_is_metered_and_the_client_sees_no_usage_ev
             assert rec[t.TTFT_MS] > 0 and rec[t.E2E_MS] >= rec[t.TTFT_MS] and t.ITL_MS in rec
             dims = rec["_aws"]["CloudWatchMetrics"][0]["Dimensions"]
             # Per consumer, and per (consumer, model) for the model the request was routed to.
-            assert dims == [["Fleet", "Pool"], ["Fleet", "Pool", "Consumer"], ["Fleet", "Pool", "Consumer", "Model"]]
+            assert dims == [["Fleet", "Pool"], ["Fleet", "Pool", "Consumer"], ["Fleet", "Pool", "Consumer", "Model"],
+                            ["Fleet", "Pool", "Model"]]
             assert rec["Model"] == "gpt2-xl"
             assert rec["_aws"]["CloudWatchMetrics"][0]["Namespace"] == t.NAMESPACE
         finally:

@@ -24,7 +24,8 @@ def test_each_request_carries_its_length_buckets_and_in_flight_count_under_a_sec
             assert (rec[t.DIM_INPUT_BUCKET], rec[t.DIM_OUTPUT_BUCKET], rec[t.DIM_IN_FLIGHT]) == ("257-512", "65-128", "1")
             first, shape = rec["_aws"]["CloudWatchMetrics"]
             assert first["Dimensions"] == [["Fleet", "Pool"], ["Fleet", "Pool", "Consumer"],
-                                           ["Fleet", "Pool", "Consumer", "Model"]]  # unchanged by the shape
+                                           ["Fleet", "Pool", "Consumer", "Model"],
+                                           ["Fleet", "Pool", "Model"]]  # unchanged by the shape
             assert shape["Namespace"] == t.NAMESPACE
             assert shape["Metrics"] == [{"Name": t.SHAPED_REQUESTS, "Unit": "Count"}] and rec[t.SHAPED_REQUESTS] == 1
             # Each directive names its own members: none is named twice.

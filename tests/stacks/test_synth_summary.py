@@ -6,7 +6,7 @@ from ruamel.yaml import YAML
 
 from scripts.cli import main
 
-from .synthesized import DEFAULT_CONFIG, default_fleet, variant_doc, variant_fleet
+from .synthesized import DEFAULT_CONFIG, MULTI_MODEL_CONFIG, default_fleet, multi_model_fleet, variant_doc, variant_fleet
 
 
 def run(capsys, *argv) -> tuple[int, str, str]:
@@ -60,3 +60,11 @@ def test_the_hint_names_the_config_given(capsys, tmp_path, monkeypatch):
     assert code == 1 and f"run `make synth CONFIG='{other}'` again" in err
     code, out, err = run(capsys, "--config", "config/fleet.yaml", "--out", str(tmp_path / "nothing"))
     assert code == 1 and "manifest.json not found: run `make synth` first" in err
+
+
+def test_summary_lists_what_each_instance_of_a_multi_model_pool_serves(capsys):
+    code, out, err = run(capsys, "--config", str(MULTI_MODEL_CONFIG), "--out", str(multi_model_fleet().outdir))
+    assert code == 0, err
+    assert "pool l40s: g6e.xlarge (L40S), capacity min 1 max 4, warm pool 0; each instance serves:" in out
+    assert "qwen2.5-0.5b x2: precision bf16, backend pytorch, batch 64, KV 4.00 GiB each" in out
+    assert "gpt2-xl x1: precision int8_wo, backend tensorrt, batch 64, KV 2.49 GiB each" in out  # the l4 share
