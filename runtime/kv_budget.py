@@ -28,13 +28,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from fleetcast.contract.errors import UserError
+from fleetcast.contract.serving import PROCESS_OVERHEAD_BYTES
 
-# GPU memory one serving process holds beyond its weights and its KV cache (CUDA context, the
-# framework's allocator and library workspaces, CUDA graphs, activations). Measured on an H200 with
-# the reference backend, GPT-2 medium and XL shapes at max batch 64 and 1024 positions: 1.06-1.15
-# GiB per process, of which 719 MiB is a bare CUDA context with torch and cuBLAS initialised
-# (bench/data/h200-colocate.json). TensorRT-LLM's own overhead has not been measured here.
-PROCESS_OVERHEAD_BYTES = 1_200 * (1 << 20)
 
 _KV_ELEMENT_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "fp8": 1, "int8": 1}
 

@@ -69,6 +69,8 @@ def summarize(cfg, stacks: dict[str, dict], out: Path) -> tuple[list[str], list[
     for name, info in stacks.items():
         lines.append(f"  {name:<{width}}  {info['environment']:<{env_width}}  {info['resources']} resources")
 
+    from fleetcast.config.memory import plan_pool
+
     instances = catalog.instance_catalog()
     lines.append("Regions:")
     for region in cfg.regions:
@@ -93,8 +95,12 @@ def summarize(cfg, stacks: dict[str, dict], out: Path) -> tuple[list[str], list[
                 continue
             lines.append(f"    pool {pool.name}: {pool.instance_type} ({gpu}), capacity {c.describe()}, "
                          f"warm pool {pool.warm_pool.size}; each instance serves:")
+            plan = plan_pool(cfg, pool)
+            shares = {p.model_id: p.kv_bytes for p in plan.processes} if plan is not None else {}
             for s in served:
-                kv = f", KV {s.kv_cache_bytes / 2**30:.2f} GiB each" if s.kv_cache_bytes is not None else ""
+                share = shares.get(s.model.id)
+                kv = f", KV {s.kv_cache_bytes / 2**30:.2f} GiB each" if s.kv_cache_bytes is not None else \
+                    f", KV share about {share / 2**30:.2f} GiB each (planned on the instance)" if share else ""
                 lines.append(f"      {s.model.id} x{s.copies}: precision {s.engine.precision.value}, backend "
                              f"{s.engine.backend.value}, batch {s.engine.max_batch_size}{kv}")
 

@@ -4,14 +4,17 @@ Every engine process on a GPU holds its weights, a per-process overhead (CUDA co
 TensorRT activation memory sized at build time by max_num_tokens, runtime buffers) and its
 KV cache: TensorRT-LLM docs/source/reference/memory.md, "Understand inference time GPU memory
 usage" (weights, activation tensors, I/O tensors of which the KV cache is the major part).
-The validator refuses a pool whose processes do not fit together, `FleetConfig.served_by`
-hands each process its KV budget from here, and the planner reuses the same figures.
+The validator refuses a pool whose processes do not fit together (with the sum in its message) and
+the synth summary shows each process's estimated share; on the instance runtime/kv_budget.py plans
+the real budgets from the memory actually free, with the same per-process overhead.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
+
+from fleetcast.contract.serving import PROCESS_OVERHEAD_BYTES
 
 if TYPE_CHECKING:
     from .model import FleetConfig, Pool
@@ -25,12 +28,10 @@ BYTES_PER_PARAMETER: dict[str, float] = {
     "fp16": 2.0, "bf16": 2.0, "int8_wo": 1.0, "int8_sq": 1.0, "fp8": 1.0, "int4_wo": 0.5, "nvfp4": 0.5,
 }
 
-# PROVISIONAL per-process overhead: not yet measured. 2 GiB covers a CUDA context (some hundreds of MiB),
-# TensorRT's activation memory for max_num_tokens 8192 on a GPT-2 XL-class model and the runtime's own
-# buffers (docs/source/reference/memory.md above names the parts, not their sizes). The H200 measurement
-# of the "multi-runtime" work replaces this figure; until then a pool is checked against it.
-PROCESS_OVERHEAD_BYTES = 2 * GIB
-PROCESS_OVERHEAD_SOURCE = "provisional estimate (CUDA context + TensorRT activations + runtime buffers), not measured"
+# The measured per-process overhead (reference backend on an H200; TensorRT-LLM's own is not measured yet):
+# one figure for this check and the instance's KV plan (runtime/kv_budget.py).
+PROCESS_OVERHEAD_SOURCE = ("measured with the reference backend on an H200 (bench/data/h200-colocate.json); "
+                           "TensorRT-LLM's own per-process overhead is not measured")
 
 # Share of the GPU's listed memory the check leaves unplanned: the driver reserves some (nvidia-smi shows
 # less than the listed size) and allocators fragment. A design margin, not a measured figure.
@@ -140,13 +141,3 @@ def plan_pool(cfg: "FleetConfig", pool: "Pool") -> PoolMemory | None:
     rows = [r if r.kv_bytes is not None else
             ProcessMemory(r.model_id, r.precision, r.copies, r.parameters, int(share), False) for r in rows]
     return PoolMemory(plan.gpu, plan.gpu_bytes, tuple(rows))
-
-
-def kv_budgets(cfg: "FleetConfig", pool: "Pool") -> tuple[int | None, ...]:
-    """Each serve's per-copy KV budget in bytes, aligned with `cfg.serves_of(pool)` (see plan_pool)."""
-    serves = cfg.serves_of(pool)
-    plan = plan_pool(cfg, pool)
-    if plan is None:
-        return tuple(None if s.kv_cache_gb is None else int(s.kv_cache_gb * GIB) for s in serves)
-    by_model = {p.model_id: p.kv_bytes for p in plan.processes}
-    return tuple(by_model.get(s.model) for s in serves)

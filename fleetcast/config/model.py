@@ -893,6 +893,8 @@ NOT_IN_INSTANCE_DIGEST: dict[str, Any] = {
 }
 
 
+GIB = 2**30  # kv_cache_gb's unit
+
 # What `fleetcast config show` passes to model_dump: the list form, even for a one-model fleet.
 LIST_FORM: dict[str, Any] = {"models_as_list": True}
 # ModelSpec fields the single-model dump leaves out while they hold their default (calibration moves to the top).
@@ -1053,16 +1055,13 @@ class FleetConfig(Frozen):
     def served_by(self, pool: Pool) -> tuple[ServedModel, ...]:
         """What each of the pool's instances runs, one entry per served model in the order of its `serves`.
 
-        kv_cache_bytes is each copy's KV budget: the pool's kv_cache_gb, else an even share of the memory the
-        processes leave (fleetcast/config/memory.py); None for a pool running one process without a budget,
-        which keeps the engine's kv_cache_free_gpu_memory_fraction as before.
+        kv_cache_bytes is each copy's KV budget from the pool's kv_cache_gb; None where the serve gives none:
+        the instance then plans that copy's share from the memory actually free (runtime/kv_budget.py), or,
+        for a pool of one process, keeps the engine's kv_cache_free_gpu_memory_fraction as before.
         """
-        from .memory import kv_budgets
-
-        serves = self.serves_of(pool)
-        budgets = kv_budgets(self, pool)
-        return tuple(ServedModel(self.model_by_id(s.model), self.engine_for(pool, s.model), s.copies, budget)
-                     for s, budget in zip(serves, budgets))
+        return tuple(ServedModel(self.model_by_id(s.model), self.engine_for(pool, s.model), s.copies,
+                                 None if s.kv_cache_gb is None else int(s.kv_cache_gb * GIB))
+                     for s in self.serves_of(pool))
 
     def consumers_of(self, region_name: str) -> tuple[Consumer, ...]:
         return tuple(c for c in self.consumers if c.service_region == region_name)

@@ -14,6 +14,14 @@ from dataclasses import dataclass
 from typing import Protocol
 
 LOOPBACK_HOST = "127.0.0.1"
+
+# GPU memory one serving process holds beyond its weights and its KV cache (CUDA context, the framework's
+# allocator and library workspaces, CUDA graphs, activations). Measured on an H200 with the reference backend,
+# GPT-2 medium and XL shapes at max batch 64 and 1024 positions: 1.06-1.15 GiB per process, of which 719 MiB
+# is a bare CUDA context with torch and cuBLAS initialised (bench/data/h200-colocate.json, docs/runtime.md).
+# TensorRT-LLM's own overhead has not been measured. The instance's KV plan (runtime/kv_budget.py) and the
+# validator's memory check (fleetcast/config/memory.py) both count it.
+PROCESS_OVERHEAD_BYTES = 1_200 * (1 << 20)
 # Most engine processes on one instance (the sum of the copies a pool serves).
 MAX_PROCESSES = 64
 HIGHEST_PORT = 65535

@@ -28,9 +28,12 @@ def test_every_precision_has_a_weight_width():
     assert BYTES_PER_PARAMETER["int4_wo"] == BYTES_PER_PARAMETER["nvfp4"] == 0.5
 
 
-def test_the_per_process_overhead_says_it_is_provisional():
-    assert "provisional" in PROCESS_OVERHEAD_SOURCE and "not measured" in PROCESS_OVERHEAD_SOURCE
-    assert PROCESS_OVERHEAD_BYTES == 2 * GIB
+def test_the_per_process_overhead_is_the_measured_one_the_instance_plans_with():
+    from runtime import kv_budget
+
+    assert PROCESS_OVERHEAD_BYTES == kv_budget.PROCESS_OVERHEAD_BYTES == 1200 * 2**20
+    assert "measured" in PROCESS_OVERHEAD_SOURCE and "TensorRT-LLM's own per-process overhead is not measured" \
+        in PROCESS_OVERHEAD_SOURCE
 
 
 def test_the_sum_is_weights_plus_overhead_plus_kv_per_copy(example):
@@ -51,22 +54,24 @@ def test_budgets_left_out_share_what_the_explicit_ones_leave(example):
     cfg = parse_config(example)
     pool = cfg.regions[0].pools[0]
     plan = plan_pool(cfg, pool)
-    budgets = [s.kv_cache_bytes for s in cfg.served_by(pool)]
-    assert budgets[2] == 8 * GIB and budgets[0] == budgets[1]
+    shares = [p.kv_bytes for p in plan.processes]
+    assert shares[2] == 8 * GIB and shares[0] == shares[1]
     fixed = 1.56e9 + 2 * 0.49e9 * 2 + 3.09e9 * 2 + 4 * PROCESS_OVERHEAD_BYTES + 8 * GIB
-    assert budgets[0] == pytest.approx((plan.usable_bytes - fixed) / 3, abs=1)
+    assert shares[0] == pytest.approx((plan.usable_bytes - fixed) / 3, abs=1)
+    # served_by hands the instance the explicit budgets only: it plans the shares from the memory really free.
+    assert [s.kv_cache_bytes for s in cfg.served_by(pool)] == [None, None, 8 * GIB]
 
 
-def test_budgets_do_not_depend_on_the_serves_order(example):
-    """Each process's KV budget is planned from the whole pool, never from what is free when it starts."""
+def test_planned_shares_do_not_depend_on_the_serves_order(example):
+    """Each process's KV share is planned from the whole pool, never from what is free when it starts."""
     cfg = parse_config(example)
     reordered = copy.deepcopy(example)
     for pool in reordered["regions"][0]["pools"]:
         pool["serves"].reverse()
     other = parse_config(reordered)
     for a, b in zip(cfg.regions[0].pools, other.regions[0].pools):
-        assert {s.model.id: s.kv_cache_bytes for s in cfg.served_by(a)} == \
-               {s.model.id: s.kv_cache_bytes for s in other.served_by(b)}
+        assert {p.model_id: p.kv_bytes for p in plan_pool(cfg, a).processes} == \
+               {p.model_id: p.kv_bytes for p in plan_pool(other, b).processes}
 
 
 def test_a_single_process_without_a_budget_keeps_the_kv_fraction():
