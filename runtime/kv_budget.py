@@ -30,7 +30,6 @@ from pathlib import Path
 from fleetcast.contract.errors import UserError
 from fleetcast.contract.serving import PROCESS_OVERHEAD_BYTES
 
-
 _KV_ELEMENT_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "fp8": 1, "int8": 1}
 
 

@@ -13,7 +13,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from .model import LIST_FORM, FleetConfig, Pool
+from .model import LIST_FORM, FleetConfig, Pool, Serve
 
 # Lists whose items have a name: compared item by item, addressed as list[name].
 _KEYED_LISTS = {"regions": "region", "pools": "name", "consumers": "name", "availability_zones": "name",
@@ -111,7 +111,7 @@ def _copies(n: int) -> str:
 
 def _served_changes(before: FleetConfig, after: FleetConfig, region: str, pool: str) -> tuple[str, ...]:
     """Which served models a pool adds, removes, re-packs (copies, KV budget) or rebuilds (model or engine)."""
-    def served(cfg: FleetConfig) -> tuple[Pool, dict]:
+    def served(cfg: FleetConfig) -> tuple[Pool, dict[str, Serve]]:
         p = cfg.region(region).pool(pool)
         return p, {s.model: s for s in cfg.serves_of(p)}
 
@@ -131,7 +131,7 @@ def _served_changes(before: FleetConfig, after: FleetConfig, region: str, pool: 
     return tuple(out)
 
 
-def _instance_fields(cfg: FleetConfig, model_id: str) -> dict:
+def _instance_fields(cfg: FleetConfig, model_id: str) -> dict[str, Any]:
     from .model import NOT_IN_INSTANCE_DIGEST
 
     return cfg.model_by_id(model_id).model_dump(mode="json", exclude=NOT_IN_INSTANCE_DIGEST["models"]["__all__"])

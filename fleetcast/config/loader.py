@@ -429,7 +429,7 @@ def load_config(path: str | Path) -> FleetConfig:
 _validated: dict[tuple[Any, ...], FleetConfig] = {}
 
 
-def single_form_path(path: tuple) -> tuple:
+def single_form_path(path: tuple[Any, ...]) -> tuple[Any, ...]:
     """models[0].calibration.x -> calibration.x; models[0].x -> model.x; anything else unchanged."""
     if path[:2] != ("models", 0):
         return path

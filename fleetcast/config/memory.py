@@ -85,9 +85,10 @@ class PoolMemory:
     @property
     def planned_bytes(self) -> int | None:
         """Weights + overhead + KV of every process; None when a model's size is unknown."""
-        if any(p.each_bytes is None for p in self.processes):
+        each = [p.each_bytes for p in self.processes]
+        if any(b is None for b in each):
             return None
-        return sum(p.copies * p.each_bytes for p in self.processes)
+        return sum(p.copies * b for p, b in zip(self.processes, each) if b is not None)
 
     @property
     def fits(self) -> bool | None:
@@ -106,7 +107,7 @@ def _gib(n: float) -> str:
     return f"{n / GIB:.2f} GiB"
 
 
-def plan_pool(cfg: "FleetConfig", pool: "Pool") -> PoolMemory | None:
+def plan_pool(cfg: FleetConfig, pool: Pool) -> PoolMemory | None:
     """The memory plan of one instance of `pool`, or None when its instance type is unknown to the catalog.
 
     KV budgets: a serve's kv_cache_gb; the serves without one share evenly what the usable memory leaves
@@ -134,9 +135,9 @@ def plan_pool(cfg: "FleetConfig", pool: "Pool") -> PoolMemory | None:
     unplanned = [r for r in rows if r.kv_bytes is None]
     if not unplanned or (plan.process_count == 1 and len(rows) == 1):
         return plan
-    if any(r.weights_bytes is None for r in rows):
+    fixed = plan.planned_bytes
+    if fixed is None:
         return plan
-    fixed = sum(r.copies * (r.weights_bytes + PROCESS_OVERHEAD_BYTES + (r.kv_bytes or 0)) for r in rows)
     share = max(0, (plan.usable_bytes - fixed) // sum(r.copies for r in unplanned))
     rows = [r if r.kv_bytes is not None else
             ProcessMemory(r.model_id, r.precision, r.copies, r.parameters, int(share), False) for r in rows]

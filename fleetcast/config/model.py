@@ -24,6 +24,7 @@ from pydantic import (
     ConfigDict,
     Discriminator,
     Field,
+    SerializationInfo,
     SerializerFunctionWrapHandler,
     StringConstraints,
     Tag,
@@ -755,7 +756,7 @@ class ConsumerLimits(ModelLimits):
     )
 
     @model_serializer(mode="wrap")
-    def _omit_absent_model_limits(self, handler):  # noqa: ANN001, ANN202 - pydantic's wrap-serializer signature
+    def _omit_absent_model_limits(self, handler: SerializerFunctionWrapHandler) -> Any:
         # Consumers without per-model limits dump as before the field existed (the config parameter stays the same).
         data = handler(self)
         if not self.models and isinstance(data, dict):
@@ -979,7 +980,7 @@ class FleetConfig(Frozen):
         return data
 
     @model_serializer(mode="wrap")
-    def _dump_single_model_form(self, handler, info):  # noqa: ANN001, ANN202 - pydantic's wrap-serializer signature
+    def _dump_single_model_form(self, handler: SerializerFunctionWrapHandler, info: SerializationInfo) -> Any:
         # A fleet of one model that every pool serves once dumps in the single-model form, as before the list
         # existed: its config parameter, digests and so its templates stay byte-identical, and writing the same
         # fleet as a one-model list rolls nothing. `config show` asks for the list form (LIST_FORM).
@@ -994,7 +995,7 @@ class FleetConfig(Frozen):
         for key in _SINGLE_FORM_OPTIONAL:
             if key in model and _at_default(key, model[key]):
                 del model[key]
-        out: dict = {}
+        out: dict[str, Any] = {}
         for key, value in data.items():
             if key == "models":
                 out["model"] = model

@@ -198,7 +198,7 @@ def _pools(cfg: FleetConfig) -> list[ConfigIssue]:
     return out
 
 
-def _served_engine(cfg: FleetConfig, pool, here: Path, k: int, instance) -> list[ConfigIssue]:
+def _served_engine(cfg: FleetConfig, pool: Pool, here: Path, k: int, instance: catalog.InstanceType) -> list[ConfigIssue]:
     """One served model's resolved engine (fleet <- model <- pool) runs on the pool's GPU and backend."""
     out: list[ConfigIssue] = []
     model = cfg.models[k]

@@ -68,14 +68,15 @@ def process_slots(served: Iterable[_Served], base: int | None = None) -> tuple[P
     """The instance's engine processes in start order, each with its loopback port (from `base`, by default
     first_process_port of the served engines' fleet-wide port)."""
     served = tuple(served)
-    if base is None and served:
-        base = first_process_port(served[0].engine.port)
+    if not served:
+        return ()
+    first = first_process_port(served[0].engine.port) if base is None else base
     slots: list[ProcessSlot] = []
     for entry in served:
         for copy_index in range(entry.copies):
-            slots.append(ProcessSlot(entry.model.id, copy_index, base + len(slots)))
+            slots.append(ProcessSlot(entry.model.id, copy_index, first + len(slots)))
     if len(slots) > MAX_PROCESSES:
         raise ValueError(f"{len(slots)} engine processes on one instance; at most {MAX_PROCESSES}")
     if slots and slots[-1].port > HIGHEST_PORT:
-        raise ValueError(f"engine process ports {base}-{slots[-1].port} go past {HIGHEST_PORT}")
+        raise ValueError(f"engine process ports {first}-{slots[-1].port} go past {HIGHEST_PORT}")
     return tuple(slots)

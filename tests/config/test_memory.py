@@ -8,7 +8,13 @@ from ruamel.yaml import YAML
 
 from fleetcast.config import parse_config
 from fleetcast.config.memory import (
-    BYTES_PER_PARAMETER, GIB, HEADROOM_SHARE, PROCESS_OVERHEAD_BYTES, PROCESS_OVERHEAD_SOURCE, plan_pool)
+    BYTES_PER_PARAMETER,
+    GIB,
+    HEADROOM_SHARE,
+    PROCESS_OVERHEAD_BYTES,
+    PROCESS_OVERHEAD_SOURCE,
+    plan_pool,
+)
 from fleetcast.config.model import Precision
 
 from .conftest import DEFAULT, problems

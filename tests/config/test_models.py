@@ -13,7 +13,6 @@ from ruamel.yaml import YAML
 from fleetcast.config import load_config, parse_config
 from fleetcast.config.impact import diff_configs, render_impact
 from fleetcast.config.memory import GIB, plan_pool
-from fleetcast.config.model import LIST_FORM
 from fleetcast.contract.errors import UserError
 from fleetcast.contract.serving import process_slots
 

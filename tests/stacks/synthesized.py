@@ -192,7 +192,7 @@ def spot_fleet() -> Synthesized:
 MULTI_MODEL_CONFIG = ROOT / "examples" / "multi-model" / "fleet.yaml"
 
 
-@lru_cache(maxsize=None)
+@cache
 def multi_model_fleet() -> Synthesized:
     """examples/multi-model/fleet.yaml: three models, two pools packing them differently, one restricted consumer."""
     return synthesize(YAML(typ="safe").load(MULTI_MODEL_CONFIG.read_text()), "multi-model")

@@ -22,8 +22,17 @@ from aws_cdk import aws_ec2 as ec2
 from fleetcast.node import cdk_command, path_with_node
 from stacks import nag
 
-from .synthesized import (NODE_MAJOR, ROOT, default_doc, default_fleet, multi_model_fleet, nat_fleet, spot_fleet,
-                          synthesize, variant_fleet)
+from .synthesized import (
+    NODE_MAJOR,
+    ROOT,
+    default_doc,
+    default_fleet,
+    multi_model_fleet,
+    nat_fleet,
+    spot_fleet,
+    synthesize,
+    variant_fleet,
+)
 
 CDK = cdk_command()  # the pinned CLI on the venv's Node LTS, as `make synth` runs it (npx cdk without the wheel)
 

@@ -6,7 +6,14 @@ from ruamel.yaml import YAML
 
 from scripts.cli import main
 
-from .synthesized import DEFAULT_CONFIG, MULTI_MODEL_CONFIG, default_fleet, multi_model_fleet, variant_doc, variant_fleet
+from .synthesized import (
+    DEFAULT_CONFIG,
+    MULTI_MODEL_CONFIG,
+    default_fleet,
+    multi_model_fleet,
+    variant_doc,
+    variant_fleet,
+)
 
 
 def run(capsys, *argv) -> tuple[int, str, str]:
