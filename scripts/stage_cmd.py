@@ -166,7 +166,7 @@ def _part_size(args) -> int:
 
 def _model(args: argparse.Namespace) -> int:
     from fleetcast.config import load_config
-    from fleetcast.errors import UserError
+    from fleetcast.contract.errors import UserError
     from fleetcast.staging.model import stage_model
 
     cfg = load_config(args.config)
