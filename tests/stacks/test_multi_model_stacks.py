@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import json
 
-from fleetcast import telemetry
 from fleetcast.config import config_from_json
 from fleetcast.config.parameter import decode_parameter
+from fleetcast.contract import telemetry
 from fleetcast.contract.names import provider_stack_name
 
 from .synthesized import multi_model_fleet
