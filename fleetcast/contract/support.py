@@ -21,6 +21,12 @@ below against the TensorRT-LLM 1.2.x source it comes from:
 - KV cache on the PyTorch backend: `TorchLlmArgs.sync_quant_config_with_kv_cache_config_dtype`
   maps `kv_cache_config.dtype == "fp8"` to `QuantAlgo.FP8` and only warns on anything
   else, so int8 would be ignored (tensorrt_llm/llmapi/llm_args.py).
+- refused for want of a source (issue 25 §5; lift each only with a measured run and its source):
+  the engine flow on sm120 (g7e) - support-matrix.md and quantization.md list sm120 only for the
+  quantization formats of the PyTorch path (NVFP4, MXFP4, FP8), and no 1.2.x document, example
+  or test builds an engine there; fp8 weights with an INT8 KV cache on the engine flow -
+  quantize.py accepts `--qformat fp8 --kv_cache_dtype int8`, but no 1.2.x document or test
+  pairs them (the GPT example and the quantization docs pair fp8 with an fp8 KV cache).
 - backends per family: GPT-2 is an engine-flow model (examples/models/core/gpt); the
   PyTorch backend serves Llama/Phi-3/Qwen2 from Hugging Face checkpoints and has no
   INT8 SmoothQuant/weight-only path; FP8/NVFP4 there come pre-quantized (ModelOpt).
@@ -65,17 +71,25 @@ KV_CACHE_BY_BACKEND: dict[str, frozenset[str]] = {
     "pytorch": frozenset({"auto", "fp8"}),
 }
 # Engine flow: which KV cache each precision's build path can produce. convert_checkpoint.py
-# (every precision but fp8) has --int8_kv_cache only; quantize.py (fp8) takes int8 or fp8.
-# INT8 KV with INT4 weight-only is not offered: unverified on this flow, so refused at validation
-# rather than at boot.
+# (every precision but fp8) has --int8_kv_cache only; quantize.py (fp8) takes int8 or fp8, but
+# fp8 weights with an INT8 KV cache have no source (above). INT8 KV with INT4 weight-only is not
+# offered: unverified on this flow. Both are refused at validation rather than at boot.
 TENSORRT_KV_BY_PRECISION: dict[str, frozenset[str]] = {
     "fp16": frozenset({"auto", "int8"}),
     "bf16": frozenset({"auto", "int8"}),
     "int8_wo": frozenset({"auto", "int8"}),
     "int8_sq": frozenset({"auto", "int8"}),
     "int4_wo": frozenset({"auto"}),
-    "fp8": frozenset({"auto", "int8", "fp8"}),
+    "fp8": frozenset({"auto", "fp8"}),
 }
+# Why a pairing the build scripts would accept is still refused: no source says 1.2.x runs it.
+TENSORRT_KV_UNSOURCED: dict[tuple[str, str], str] = {
+    ("fp8", "int8"): "quantize.py accepts --qformat fp8 --kv_cache_dtype int8, but no TensorRT-LLM 1.2.x document or "
+                     "test pairs fp8 weights with an INT8 KV cache; refused until measured",
+}
+# GPU architectures the TensorRT engine flow (trtllm-build) is known to build for in 1.2.x.
+TENSORRT_ARCHS = frozenset({"sm86", "sm89", "sm90"})
+TENSORRT_ARCH_REASON = "no TensorRT-LLM 1.2.x source says the engine flow builds for this architecture; refused until measured"
 
 
 @dataclass(frozen=True)
@@ -135,9 +149,13 @@ def check(family: str | None, backend: str | None, precision: str, kv_cache_dtyp
         return Refusal("kv_cache_dtype", f"{kv_cache_dtype} KV cache is not available on the {backend} backend; "
                                          f"allowed: {_listed(KV_CACHE_BY_BACKEND[backend])}")
     if backend == "tensorrt" and kv_cache_dtype not in TENSORRT_KV_BY_PRECISION[precision]:
+        why = TENSORRT_KV_UNSOURCED.get((precision, kv_cache_dtype))
         return Refusal("kv_cache_dtype", f"{kv_cache_dtype} KV cache is not built with precision {precision} on the "
-                                         f"tensorrt backend; with {precision} use "
+                                         f"tensorrt backend{f' ({why})' if why else ''}; with {precision} use "
                                          f"{_listed(TENSORRT_KV_BY_PRECISION[precision])}")
+    if backend == "tensorrt" and arch not in TENSORRT_ARCHS:
+        return Refusal("gpu", f"the tensorrt backend is not supported on {where}: {TENSORRT_ARCH_REASON} "
+                              f"(engine-flow architectures: {_listed(TENSORRT_ARCHS)})")
     return None
 
 

@@ -402,6 +402,18 @@ def _structural_rejection(candidate: Candidate, consumer: str, region: str, ctx:
         ok, why = ctx.quality.verdict(candidate.instance_type, candidate.precision, ctx.quality_threshold)
         if ok is False:
             return f"quality check failed: {why}"
+    if not ctx.availability.offered(candidate.instance_type, region):
+        live = " (live check)" if region in ctx.availability.live_types else f" (availability as of {ctx.availability.as_of})"
+        return f"{candidate.family} is not offered in {region}{live}"
+    if ctx.model_id and candidate.model and candidate.model != ctx.model_id:
+        return f"measured model {candidate.model!r}, the config serves {ctx.model_id!r}"
+    if region != consumer and not (consumer in ctx.privatelink_regions and region in ctx.privatelink_regions):
+        return f"cross-region PrivateLink between {consumer} and {region} is not supported (shipped table)"
+    if ctx.latency.between(consumer, region) is None:
+        return f"no network latency figure between {consumer} and {region} (give --latency FILE)"
+    if ctx.prices.price(candidate.instance_type, region) is None:
+        return f"no price for {candidate.instance_type} in {region} (prices as of {ctx.prices.as_of}; give --prices FILE)"
+    # Last, so a type a region does not offer or price says that plainer reason first.
     instance = catalog.instance_catalog().get(candidate.instance_type)
     if instance is not None:
         # The validator's decision, in its words (fleetcast/contract/support.py).
@@ -411,17 +423,6 @@ def _structural_rejection(candidate: Candidate, consumer: str, region: str, ctx:
                                 support.instance_where(candidate.instance_type, instance.gpu.name, instance.gpu.arch))
         if refusal is not None:
             return f"{refusal.reason}; the config validator would refuse it"
-    if ctx.model_id and candidate.model and candidate.model != ctx.model_id:
-        return f"measured model {candidate.model!r}, the config serves {ctx.model_id!r}"
-    if not ctx.availability.offered(candidate.instance_type, region):
-        live = " (live check)" if region in ctx.availability.live_types else f" (availability as of {ctx.availability.as_of})"
-        return f"{candidate.family} is not offered in {region}{live}"
-    if region != consumer and not (consumer in ctx.privatelink_regions and region in ctx.privatelink_regions):
-        return f"cross-region PrivateLink between {consumer} and {region} is not supported (shipped table)"
-    if ctx.latency.between(consumer, region) is None:
-        return f"no network latency figure between {consumer} and {region} (give --latency FILE)"
-    if ctx.prices.price(candidate.instance_type, region) is None:
-        return f"no price for {candidate.instance_type} in {region} (prices as of {ctx.prices.as_of}; give --prices FILE)"
     return None
 
 

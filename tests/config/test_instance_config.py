@@ -15,6 +15,12 @@ def _g7e_in_seoul() -> dict:
     doc = YAML(typ="safe").load(DEFAULT.read_text())
     doc["regions"][0]["pools"][0]["instance_type"] = "g7e.2xlarge"
     doc["regions"][0]["pools"][0]["engine"] = {"precision": "fp16"}
+    # A PyTorch-backend model: the engine flow (GPT-2) is refused on g7e's sm120 (fleetcast/contract/support.py).
+    doc["model"].update(family="llama", id="llama-3.2-1b", source="meta-llama/Llama-3.2-1B-Instruct", context_length=8192)
+    doc["engine"].update(backend="pytorch", precision="fp16")
+    for region in doc["regions"]:  # drop the engine-flow precision overrides
+        for pool in region["pools"][1 if region is doc["regions"][0] else 0:]:
+            pool.get("engine", {}).pop("precision", None)
     return doc
 
 

@@ -166,3 +166,25 @@ def test_the_runtime_bundle_carries_the_contract_layer():
 
     assert Path("fleetcast/contract/support.py") in bundle_files(SERVING)
     assert "fleetcast.contract" in (REPO / "runtime" / "trtllm.py").read_text()
+
+
+def test_the_engine_flow_on_sm120_is_refused_until_measured(cfg):
+    # docs/source/features/quantization.md's sm120 row (QUANTIZATION_HARDWARE above) holds only the PyTorch path's
+    # formats, and no 1.2.x document, example or test builds an engine for sm120 (issue 25 §5).
+    for precision in ("fp16", "fp8"):
+        c = one_pool(cfg, "g7e.2xlarge", ModelFamily.GPT2, Backend.TENSORRT, Precision(precision), KvCacheDtype.AUTO)
+        found = [i for i in rules.check(c) if "backend is not supported" in i.message]
+        assert len(found) == 1 and found[0].path[-1] == "instance_type", found
+        assert "tensorrt backend is not supported on g7e.2xlarge" in found[0].message
+        assert "refused until measured" in found[0].message
+    # The PyTorch backend on the same GPU stays allowed (sm120 is in its quantization rows).
+    assert support.check("llama", "pytorch", "fp8", "fp8", "sm120") is None
+
+
+def test_fp8_weights_with_an_int8_kv_cache_on_the_engine_flow_are_refused_with_the_reason():
+    # quantize.py itself would take the pair (its --kv_cache_dtype choices), so the refusal is for want of a source.
+    assert "int8" in cli.QUANTIZE["--kv_cache_dtype"]["choices"]
+    refusal = support.check("gpt2", "tensorrt", "fp8", "int8", "sm89")
+    assert refusal.field == "kv_cache_dtype"
+    assert "no TensorRT-LLM 1.2.x document or test pairs fp8 weights with an INT8 KV cache" in refusal.reason
+    assert support.check("gpt2", "tensorrt", "fp8", "fp8", "sm89") is None

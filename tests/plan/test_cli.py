@@ -13,6 +13,8 @@ from scripts.cli import main
 from .conftest import ROOT, SEED
 
 RESULTS = str(SEED / "results")
+# One calibrated candidate, so it wins (g7e fp8 would, but GPT-2 on sm120 is refused: contract/support.py).
+FP8_ONLY = str(SEED / "results" / "g6e.xlarge-fp8.json")
 SEOUL = str(SEED / "traffic-seoul.yaml")
 SLO = ["--ttft-p99-ms", "300", "--itl-p99-ms", "40"]
 
@@ -195,13 +197,13 @@ def test_write_config_updates_the_pool_and_keeps_comments(capsys, fleet):
 
 
 def test_a_calibrated_pick_without_a_staged_set_is_refused_before_writing_naming_the_command(capsys, fleet):
-    # us-east-1 consumers: g7e fp8 wins, but fp8 is calibrated and the config names no calibration set.
+    # Only fp8 measured: g6e fp8 wins, but fp8 is calibrated and the config names no calibration set.
     before = fleet.read_bytes()
-    code, out, err = plan(capsys, "--results", RESULTS, "--traffic", str(SEED / "traffic-us-east-1.yaml"),
+    code, out, err = plan(capsys, "--results", FP8_ONLY, "--traffic", str(SEED / "traffic-us-east-1.yaml"),
                           "--config", str(fleet), *SLO, "--write-config", str(fleet))
     assert code == 1
     # The report says it, with the staging command, before the write refuses for the same reason.
-    assert "refuses: g7e.2xlarge fp8 in us-east-1: fp8 is calibrated" in out
+    assert "refuses: g6e.xlarge fp8 in us-east-1: fp8 is calibrated" in out
     assert "`fleetcast stage calibration --config FILE --dir DIR --name NAME`" in out
     assert "was left untouched" in err and "fleetcast stage calibration" in err and "calibration.dataset" in err
     assert fleet.read_bytes() == before
@@ -211,10 +213,10 @@ def test_a_calibrated_pick_without_a_staged_set_is_refused_before_writing_naming
 
 def test_a_calibrated_pick_is_written_where_the_config_names_a_staged_set(capsys, fleet):
     fleet.write_text(fleet.read_text().replace("\nslo:", "\ncalibration:\n  dataset: s3://fleetcast-staging/calibration/lambada/\n\nslo:", 1))
-    code, out, err = plan(capsys, "--results", RESULTS, "--traffic", str(SEED / "traffic-us-east-1.yaml"),
+    code, out, err = plan(capsys, "--results", FP8_ONLY, "--traffic", str(SEED / "traffic-us-east-1.yaml"),
                           "--config", str(fleet), *SLO, "--write-config", str(fleet))
     assert code == 0, err
-    assert "note: g7e.2xlarge fp8 in us-east-1: fp8 is calibrated" in out and "s3://fleetcast-staging/calibration/lambada/" in out
+    assert "note: g6e.xlarge fp8 in us-east-1: fp8 is calibrated" in out and "s3://fleetcast-staging/calibration/lambada/" in out
     from fleetcast.config import load_config
 
     cfg = load_config(fleet)
@@ -291,7 +293,7 @@ def test_two_consumer_regions_plan_and_write_together(capsys, fleet, tmp_path):
     seoul = (SEED / "traffic-seoul.yaml").read_text()
     east = (SEED / "traffic-us-east-1.yaml").read_text().split("consumers:\n", 1)[1]
     traffic.write_text(seoul + east)
-    # fp8 is calibrated: give the config a staged calibration dataset so the g7e fp8 choice validates.
+    # Calibrated precisions need a staged dataset: give the config one, whatever the plan picks.
     fleet.write_text(fleet.read_text().replace("\nslo:", "\ncalibration:\n  dataset: s3://fleetcast-staging/calibration/lambada/\n\nslo:", 1)
                      # The Virginia pool fixes its size: the plan keeps that choice, at the day's mean.
                      .replace("capacity: {min: 1, max: 4}", "capacity: {min: 1, desired: 1, max: 4}", 1))
@@ -301,13 +303,15 @@ def test_two_consumer_regions_plan_and_write_together(capsys, fleet, tmp_path):
     data = json.loads(out)
     assert "updated and re-validated" in err
     winners = {r["consumer_region"]: (r["winner"]["candidate"], r["winner"]["service_region"]) for r in data["regions"]}
-    assert winners == {"ap-northeast-2": ("g6e.xlarge int8_wo", "ap-northeast-2"), "us-east-1": ("g7e.2xlarge fp8", "us-east-1")}
+    # g7e fp8 would be cheaper in us-east-1, but the engine flow is refused on its sm120 (contract/support.py).
+    assert winners == {"ap-northeast-2": ("g6e.xlarge int8_wo", "ap-northeast-2"), "us-east-1": ("g6e.xlarge int8_wo", "us-east-1")}
     from fleetcast.config import load_config
 
     cfg = load_config(fleet)
     east_pool = cfg.region("us-east-1").pools[0]
-    assert (east_pool.instance_type, cfg.engine_for(east_pool).precision.value) == ("g7e.2xlarge", "fp8")
-    assert (east_pool.capacity.min, east_pool.capacity.desired, east_pool.capacity.max) == (1, 4, 8)
+    assert (east_pool.instance_type, cfg.engine_for(east_pool).precision.value) == ("g6e.xlarge", "int8_wo")
+    # g6e int8_wo in us-east-1: 2 to 17 instances by hour, 201 instance-hours a day (mean 8.4 -> desired 9).
+    assert (east_pool.capacity.min, east_pool.capacity.desired, east_pool.capacity.max) == (2, 9, 17)
     seoul_capacity = cfg.region("ap-northeast-2").pools[0].capacity
     assert (seoul_capacity.desired, seoul_capacity.max) == (None, 17)
 

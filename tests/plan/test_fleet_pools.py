@@ -41,10 +41,9 @@ def test_a_small_region_joins_the_big_regions_pool_when_that_is_cheaper(tmp_path
 
 
 def test_regions_stay_apart_when_joining_would_cost_more(tmp_path):
-    # The seed's us-east-1 traffic runs its pool at the edge of a whole instance for most of
-    # the day: 3 req/s more would tip it over, which costs more than the west's own g5.
-    east = (SEED / "traffic-us-east-1.yaml").read_text().split("rate_rps: ", 1)[1].split("\n", 1)[0]
-    result, plans = build(east_and_west_traffic(tmp_path, east, '{"0-24": 3}'))
+    # 112 req/s all day runs the us-east-1 pool (g6e int8_wo, 10 instances) at the edge of a whole instance:
+    # 3 req/s more would tip it over every hour, which costs more than the west's own pool.
+    result, plans = build(east_and_west_traffic(tmp_path, '{"0-24": 112}', '{"0-24": 3}'))
     assert sorted((p.service_region, tuple(p.consumer_regions)) for p in result.pools) == [
         ("us-east-1", ("us-east-1",)), ("us-west-2", ("us-west-2",))]
     assert all(not p.joined() for p in result.pools)
