@@ -21,6 +21,11 @@ from typing import Any
 from fleetcast.contract.manifest import MANIFEST_NAME, Manifest
 
 DEFAULT_PART_SIZE = 64 * 1024 * 1024
+# S3 API Reference, CopyObject: "You create a copy of your object up to 5 GB in size in a single atomic action
+# using this API. However, to copy an object greater than 5 GB, you must use the multipart upload Upload Part -
+# Copy (UploadPartCopy) API." Parts: at most 10,000 (the multipart upload limits).
+COPY_OBJECT_MAX_BYTES = 5 * 1024**3
+MAX_PARTS = 10_000
 SHA_META = "sha256"  # x-amz-meta-sha256: the whole-object digest, checked before skipping
 
 
@@ -167,8 +172,32 @@ class TreeUploader:
         # A resumed upload keeps the metadata it was created with; make sure the digest is this file's.
         head = self.s3.head_object(Bucket=self.bucket, Key=key)
         if head.get("Metadata", {}).get(SHA_META) != sha256 or head.get("ContentLength") != size:
-            self.s3.copy_object(Bucket=self.bucket, Key=key, CopySource={"Bucket": self.bucket, "Key": key},
+            self._set_digest(key, size, sha256)
+
+    def _set_digest(self, key: str, size: int, sha256: str) -> None:
+        """Rewrite the object's sha256 metadata in place: one CopyObject up to its 5 GB limit, a multipart copy
+        (UploadPartCopy by byte range, server-side) above it."""
+        source = {"Bucket": self.bucket, "Key": key}
+        if size <= COPY_OBJECT_MAX_BYTES:
+            self.s3.copy_object(Bucket=self.bucket, Key=key, CopySource=source,
                                 Metadata={SHA_META: sha256}, MetadataDirective="REPLACE")
+            return
+        part = max(self.part_size, -(-size // MAX_PARTS))
+        upload_id = self.s3.create_multipart_upload(Bucket=self.bucket, Key=key, Metadata={SHA_META: sha256})["UploadId"]
+        try:
+            parts = []
+            for number, start in enumerate(range(0, size, part), start=1):
+                end = min(start + part, size) - 1
+                etag = self.s3.upload_part_copy(Bucket=self.bucket, Key=key, UploadId=upload_id, PartNumber=number,
+                                                CopySource=source, CopySourceRange=f"bytes={start}-{end}",
+                                                )["CopyPartResult"]["ETag"]
+                parts.append({"PartNumber": number, "ETag": etag})
+            self.s3.complete_multipart_upload(Bucket=self.bucket, Key=key, UploadId=upload_id,
+                                              MultipartUpload={"Parts": parts})
+        except BaseException:
+            # The object is whole either way (only completion replaces it); leave no parts behind to pay for.
+            self.s3.abort_multipart_upload(Bucket=self.bucket, Key=key, UploadId=upload_id)
+            raise
 
 
 def read_manifest(s3: Any, bucket: str, prefix: str) -> Manifest | None:

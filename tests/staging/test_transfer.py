@@ -7,6 +7,7 @@ import pytest
 
 from fleetcast.contract.bucket import model_prefix
 from fleetcast.contract.manifest import Manifest, build_manifest, verify_tree
+from fleetcast.staging import transfer
 from fleetcast.staging.transfer import TreeUploader, copy_prefix, read_manifest, verify_prefix
 
 MIB = 1024 * 1024
@@ -104,6 +105,42 @@ def test_resumed_parts_that_no_longer_match_the_file_are_sent_again(clients, mak
     report = TreeUploader(s3, bucket, part_size=PART).upload(model_dir, "models/m/r/", manifest)
     assert report.parts_reused == 1 and report.parts_sent >= 3
     assert verify_prefix(s3, bucket, "models/m/r/", manifest) == []
+
+
+def test_copy_object_limit_is_s3s_5_gb():
+    # S3 API Reference, CopyObject (the same text is in botocore's s3 model): "up to 5 GB in size in a single atomic
+    # action ... to copy an object greater than 5 GB, you must use the multipart upload Upload Part - Copy".
+    import re
+
+    import botocore.session
+
+    doc = botocore.session.get_session().get_service_model("s3").operation_model("CopyObject").documentation
+    assert "to copy an object greater than 5 GB, you must use the multipart upload" in re.sub(r"<[^>]+>", "", doc)
+    assert transfer.COPY_OBJECT_MAX_BYTES == 5 * 1024**3
+
+
+def test_a_resumed_upload_above_the_copy_object_limit_fixes_its_digest_with_a_multipart_copy(
+        clients, make_bucket, model_dir, monkeypatch):
+    # A resumed upload keeps the digest it was created with; the fix is a copy onto itself. A 6.4 GB weights
+    # file is over CopyObject's limit: scaled down here by lowering the limit below the test file's size.
+    monkeypatch.setattr(transfer, "COPY_OBJECT_MAX_BYTES", PART)
+    s3, bucket = clients("s3", "us-east-1"), make_bucket("us-east-1")
+    kill = FailAfter(parts=2)
+    s3.meta.events.register("before-call.s3.UploadPart", kill)
+    with pytest.raises(ConnectionError):
+        TreeUploader(s3, bucket, part_size=PART).upload(model_dir, "models/m/r/", manifest_of(model_dir))
+    s3.meta.events.unregister("before-call.s3.UploadPart", kill)
+    weights = model_dir / "model.safetensors"
+    data = bytearray(weights.read_bytes())
+    data[-1] ^= 0xFF  # the last part changed: the pending upload's metadata holds the old digest
+    weights.write_bytes(bytes(data))
+    single, ranged = count_calls(s3, "CopyObject"), count_calls(s3, "UploadPartCopy")
+    manifest = manifest_of(model_dir)
+    TreeUploader(s3, bucket, part_size=PART).upload(model_dir, "models/m/r/", manifest)
+    assert not single and len(ranged) == 4  # 3 full parts and the short one, by byte range
+    assert verify_prefix(s3, bucket, "models/m/r/", manifest) == []
+    assert s3.get_object(Bucket=bucket, Key="models/m/r/model.safetensors")["Body"].read() == bytes(data)
+    assert not s3.list_multipart_uploads(Bucket=bucket).get("Uploads")
 
 
 def test_cross_region_copy_is_server_side(clients, make_bucket, model_dir):
