@@ -84,8 +84,8 @@ class SpotFallback(Construct):
             log_group=self.log_group,
             timeout_s=30,
             memory_mb=128,
-            # Two events of one capacity shortage must not race each other's read-modify-write.
-            reserved_concurrent_executions=1,
+            # No reserved concurrency: an account at the default Lambda concurrency quota refuses any (the handler
+            # makes concurrent events of one shortage converge instead: handler.py, "Concurrency").
             environment={"POOLS": json.dumps(self.pools, sort_keys=True)},
         )
         # Failures: the region's existing launch-failure rule (the function ignores other groups and causes).

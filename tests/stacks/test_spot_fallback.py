@@ -126,3 +126,35 @@ def test_every_update_names_max_size_so_the_iam_ceiling_condition_applies(asg):
     fake.groups[OD]["DesiredCapacity"] = 3
     handler.handler(launched())
     assert fake.updates and all("MaxSize" in u for u in fake.updates)
+
+
+def test_concurrent_covers_of_one_shortage_end_at_the_freshest_cover(asg):
+    # No reserved concurrency: another invocation that read the groups earlier (shortfall 1) writes its lower
+    # cover right after this one's write, as two events of one shortage can. This invocation's re-read sees it and
+    # writes the cover again; without that check the On-Demand group would stay a whole instance short.
+    fake = asg(od=(2, 2, 2), spot_desired=3, spot_held=1)
+    real_update = fake.update_auto_scaling_group
+    stale = [{"MaxSize": 3, "DesiredCapacity": 3}]  # base 2 + the shortfall 1 it saw
+
+    def update(AutoScalingGroupName, **kwargs):  # noqa: N803
+        real_update(AutoScalingGroupName, **kwargs)
+        if stale:
+            real_update(AutoScalingGroupName, **stale.pop())
+
+    fake.update_auto_scaling_group = update
+    out = handler.handler(failure(NO_SPOT))
+    assert out["action"] == "fallback"
+    assert (fake.groups[OD]["MaxSize"], fake.groups[OD]["DesiredCapacity"]) == (4, 4)
+
+
+def test_a_cover_that_keeps_being_overtaken_stops_after_its_rounds(asg):
+    fake = asg(od=(2, 2, 2), spot_desired=3, spot_held=1)
+    real_update = fake.update_auto_scaling_group
+
+    def update(AutoScalingGroupName, **kwargs):  # noqa: N803 - every write undone at once
+        real_update(AutoScalingGroupName, **kwargs)
+        real_update(AutoScalingGroupName, MaxSize=2, DesiredCapacity=2)
+
+    fake.update_auto_scaling_group = update
+    handler.handler(failure(NO_SPOT))
+    assert len(fake.updates) == 2 * handler.COVER_ROUNDS

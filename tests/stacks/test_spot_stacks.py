@@ -151,6 +151,20 @@ def test_a_spot_capacity_failure_reaches_the_fallback_through_the_launch_failure
     assert len(launched["Properties"]["EventPattern"]["detail"]["AutoScalingGroupName"]) == 2
 
 
+def test_the_fallback_reserves_no_concurrency_so_a_low_quota_account_can_deploy_it(template):
+    # Lambda API Reference, PutFunctionConcurrency (botocore's lambda model): "You can reserve concurrency ... as
+    # long as you leave at least 100 simultaneous executions unreserved". An account whose quota is at or near
+    # 100 (new accounts start lower) rejects any reservation, and the stack with it.
+    import re
+
+    import botocore.session
+
+    doc = botocore.session.get_session().get_service_model("lambda").operation_model("PutFunctionConcurrency")
+    assert "leave at least 100 simultaneous executions unreserved" in re.sub(r"<[^>]+>", "", doc.documentation)
+    for function in of_type(template, "AWS::Lambda::Function").values():
+        assert "ReservedConcurrentExecutions" not in function["Properties"]
+
+
 def test_the_fallback_may_resize_only_the_on_demand_groups_and_only_up_to_their_ceilings(template):
     # autoscaling:MaxSize is a Numeric condition key of UpdateAutoScalingGroup (Service Authorization Reference,
     # "Actions, resources, and condition keys for Amazon EC2 Auto Scaling").

@@ -14,6 +14,14 @@ Targets of the region's launch-failure rule (and of a rule for the Spot groups' 
   to the base while the Spot tier takes the load back. Lowering max never terminates an instance here.
 
 Any other event (another group, another cause such as a quota or a bad launch template) changes nothing.
+
+Concurrency: the function reserves none (an account at the default low Lambda concurrency quota rejects any
+reservation), so two events of one shortage can run at once, and UpdateAutoScalingGroup has no conditional
+write. Each cover therefore re-reads both groups after it writes and writes again while the On-Demand group is
+below the cover of the state it just read (COVER_ROUNDS at most). A cover that finishes last read a state at
+least as fresh as any other's, so the group ends at the freshest cover; an older, lower write by a concurrent
+invocation is undone within its rounds. A settle computed from a stale read sets a MaxSize below the desired
+capacity a concurrent cover set, which the API refuses (ValidationError): the event's retry re-reads.
 POOLS maps each Spot group to {"on_demand": name, "base": n, "ceiling": n}, computed at synth; the role may
 update only those On-Demand groups, with MaxSize at most their ceiling (IAM condition autoscaling:MaxSize),
 so neither a bug here nor a crafted event can grow a group past what the config allows.
@@ -31,6 +39,7 @@ LAUNCHED = "EC2 Instance Launch Successful"
 CAPACITY_SIGNS = ("InsufficientInstanceCapacity", "UnfulfillableCapacity", "InsufficientCapacity",
                   "no Spot capacity available", "not have sufficient")
 _HELD = ("Pending", "Pending:Wait", "Pending:Proceed", "InService")
+COVER_ROUNDS = 3
 _CLIENTS: dict = {}
 
 
@@ -85,20 +94,23 @@ def handler(event: dict, _context: object = None) -> dict:
 
 
 def _cover(spot_name: str, pool: dict) -> dict:
-    spot, od = _group(spot_name), _group(pool["on_demand"])
-    shortfall = max(1, int(spot["DesiredCapacity"]) - _held(spot))
-    current_max, desired = int(od["MaxSize"]), int(od["DesiredCapacity"])
-    cover = min(int(pool["ceiling"]), int(pool["base"]) + shortfall)
-    new_max, new_desired = max(current_max, cover), max(desired, cover)
-    if new_max > int(pool["ceiling"]):  # only a person can have raised it past the ceiling: leave it
-        new_max = current_max
-    if new_max == current_max and new_desired == desired:
-        return _log(action="at-ceiling", group=pool["on_demand"], max=current_max, ceiling=pool["ceiling"],
-                    spot_shortfall=shortfall)
-    _client("autoscaling").update_auto_scaling_group(
-        AutoScalingGroupName=pool["on_demand"], MaxSize=new_max, DesiredCapacity=new_desired)
-    return _log(action="fallback", group=pool["on_demand"], max=new_max, desired=new_desired,
-                spot_shortfall=shortfall, ceiling=pool["ceiling"])
+    result: dict = {}
+    for _ in range(COVER_ROUNDS):  # write, then check the write was not overtaken by a concurrent, older one
+        spot, od = _group(spot_name), _group(pool["on_demand"])
+        shortfall = max(1, int(spot["DesiredCapacity"]) - _held(spot))
+        current_max, desired = int(od["MaxSize"]), int(od["DesiredCapacity"])
+        cover = min(int(pool["ceiling"]), int(pool["base"]) + shortfall)
+        new_max, new_desired = max(current_max, cover), max(desired, cover)
+        if new_max > int(pool["ceiling"]):  # only a person can have raised it past the ceiling: leave it
+            new_max = current_max
+        if new_max == current_max and new_desired == desired:
+            return result or _log(action="at-ceiling", group=pool["on_demand"], max=current_max,
+                                  ceiling=pool["ceiling"], spot_shortfall=shortfall)
+        _client("autoscaling").update_auto_scaling_group(
+            AutoScalingGroupName=pool["on_demand"], MaxSize=new_max, DesiredCapacity=new_desired)
+        result = _log(action="fallback", group=pool["on_demand"], max=new_max, desired=new_desired,
+                      spot_shortfall=shortfall, ceiling=pool["ceiling"])
+    return result
 
 
 def _settle(spot_name: str, pool: dict) -> dict:
