@@ -192,15 +192,24 @@ Runner = Callable[[list[str], Path, Path], None]  # (argv, build log, working di
 HUB_OFFLINE = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
 
 
-def tool_env(environ: Mapping[str, str] | None = None) -> dict[str, str]:
+def tool_env(environ: Mapping[str, str] | None = None, *, script: str | None = None) -> dict[str, str]:
     """The environment of a TensorRT-LLM process: the runtime's, minus the vendored packages.
 
     The vendored directory (runtime/vendor.py) holds boto3 & co. for the runtime itself, on the
     container's PYTHONPATH; TensorRT-LLM must import the versions it was released with.
+
+    A `script` from the release's examples gets the directory that holds examples/ first on its
+    path: run by absolute path, Python puts only the script's own directory on sys.path, and newer
+    example scripts import their siblings as a package (convert_checkpoint.py: `examples._deprecation`),
+    which resolves from there whether examples/ is a regular or a namespace package. First, so that
+    no other `examples` on the path (the runtime bundle's) is found instead.
     """
     env = dict(os.environ if environ is None else environ)
     vendored = {os.path.normpath(p) for p in (vendor.VENDOR_DIR, env.get(vendor.VENDOR_DIR_ENV, "")) if p}
     kept = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and os.path.normpath(p) not in vendored]
+    examples = os.path.normpath(EXAMPLES_DIR)
+    if script is not None and os.path.normpath(script).startswith(examples + os.sep):
+        kept.insert(0, os.path.dirname(examples))
     env["PYTHONPATH"] = os.pathsep.join(kept)  # set even when empty: it overrides an inherited value
     env.update(HUB_OFFLINE)
     return env
@@ -222,7 +231,8 @@ def run_logged(cmd: list[str], log_file: Path, cwd: Path | None = None, timeout_
         out.flush()
         started = time.monotonic()
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace",
-                                start_new_session=True, cwd=cwd, env=tool_env())
+                                start_new_session=True, cwd=cwd,
+                                env=tool_env(script=cmd[1] if len(cmd) > 1 and cmd[1].endswith(".py") else None))
         killer = threading.Timer(timeout_s, lambda: _kill_group(proc))
         killer.start()
         try:
