@@ -19,8 +19,10 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 
+from pathlib import Path
+
 from fleetcast.contract.instance_env import ENV_FILE_DELIMITER, HOST_REQUIRED, KNOWN, PREFIX, Var
-from fleetcast.contract.telemetry import INSTANCE_ENV_FILE
+from fleetcast.contract.telemetry import INSTANCE_ENV_FILE, LAUNCH_HOOK
 
 # Keys the stack must pass for a serving instance; the runtime refuses to start without them.
 REQUIRED_KEYS = HOST_REQUIRED
@@ -34,6 +36,12 @@ _KEY = re.compile(rf"^{PREFIX}[A-Z0-9_]{{1,64}}$")
 # shell-special characters, so values are restricted rather than escaped.
 _SAFE_VALUE = re.compile(r"^[A-Za-z0-9._:/@+=,%-]*$")
 _CDK_TOKEN = re.compile(r"\$\{Token\[[A-Za-z0-9._-]+\]\}")
+# The shell function that gives a launch up (pull-image.sh sources the same file from the bundle; user data
+# runs before the bundle exists, so it carries the function itself).
+ABANDON_LAUNCH_SH = Path(__file__).resolve().parent / "host" / "abandon-launch.sh"
+# Bundle download: a missing object (S3 404, NoSuchKey) will not appear by retrying; anything else (the
+# gateway endpoint or the role still settling at first boot) gets DOWNLOAD_ATTEMPTS tries, then the same end.
+DOWNLOAD_ATTEMPTS = 4
 
 
 def _check_env(env: Mapping[str, str], required: tuple[str, ...] = REQUIRED_KEYS) -> None:
@@ -81,25 +89,29 @@ set -a; . {INSTANCE_ENV_FILE}; set +a
 def render_user_data(env: Mapping[str, str]) -> str:
     """Bash user data for the launch template.
 
-    Bounded retries on the bundle download (the S3 gateway endpoint or IAM may
-    still be settling at first boot); failure exits non-zero, the instance never
-    completes its launch hook and the hook's ABANDON default replaces it.
+    Bounded retries on the bundle download (the S3 gateway endpoint or IAM may still be settling at first
+    boot), none for an object that is not there. When the host cannot get the bundle it abandons its own
+    launch (the launch hook, ABANDON) at once: otherwise the instance would hold its slot in Pending:Wait for
+    the hook's whole timeout while the group launches nothing in its place.
     """
+    abandon = "\n".join(l for l in ABANDON_LAUNCH_SH.read_text().splitlines() if not l.startswith("#"))
     return f"""#!/bin/bash
 # Fleetcast instance bootstrap (host side). Serving runs in a container under systemd.
 set -euo pipefail
 umask 022
 {env_file_preamble(env)}
+{abandon}
 bundle=/var/lib/fleetcast/runtime-bundle.zip
-for attempt in 1 2 3 4 5 6 7 8; do
-  if aws s3 cp --only-show-errors --region "$FLEETCAST_REGION" "$FLEETCAST_RUNTIME_BUNDLE" "$bundle"; then
-    break
-  fi
-  if [ "$attempt" -eq 8 ]; then
-    echo "fleetcast: cannot download $FLEETCAST_RUNTIME_BUNDLE after $attempt attempts" >&2
+attempt=1
+until output=$(aws s3 cp --only-show-errors --region "$FLEETCAST_REGION" "$FLEETCAST_RUNTIME_BUNDLE" "$bundle" 2>&1); do
+  echo "$output" >&2
+  if grep -qE '\\(404\\)|NoSuchKey|does not exist' <<<"$output" || [ "$attempt" -ge {DOWNLOAD_ATTEMPTS} ]; then
+    echo "fleetcast: cannot download $FLEETCAST_RUNTIME_BUNDLE (attempt $attempt); abandoning this launch" >&2
+    abandon_launch {LAUNCH_HOOK}
     exit 1
   fi
   sleep $((attempt * 5))
+  attempt=$((attempt + 1))
 done
 
 rm -rf {INSTALL_DIR}.new

@@ -15,19 +15,8 @@ if [[ "$registry" =~ ^[0-9]{12}\.dkr\.ecr\.([a-z0-9-]+)\.amazonaws\.com$ ]]; the
     | docker login --username AWS --password-stdin "$registry"
 fi
 
-abandon_launch() {
-  local imds=http://169.254.169.254 hook token instance group
-  hook=$(PYTHONPATH="$bundle" python3 -c 'from fleetcast.contract.telemetry import LAUNCH_HOOK; print(LAUNCH_HOOK)')
-  token=$(curl -sf -X PUT "$imds/latest/api/token" -H "X-aws-ec2-metadata-token-ttl-seconds: 300") || return 0
-  instance=$(curl -sf -H "X-aws-ec2-metadata-token: $token" "$imds/latest/meta-data/instance-id") || return 0
-  # The group's name is an instance tag (the launch template enables metadata tags).
-  group=$(curl -sf -H "X-aws-ec2-metadata-token: $token" \
-    "$imds/latest/meta-data/tags/instance/aws:autoscaling:groupName") || return 0
-  # A serving instance restarting its unit has no launch action left: that call fails, harmlessly.
-  aws autoscaling complete-lifecycle-action --region "$FLEETCAST_REGION" --lifecycle-hook-name "$hook" \
-    --auto-scaling-group-name "$group" --instance-id "$instance" --lifecycle-action-result ABANDON \
-    || echo "fleetcast: no launch action to abandon (instance already past its launch)" >&2
-}
+# shellcheck source=abandon-launch.sh
+. "$bundle/runtime/host/abandon-launch.sh"
 
 for attempt in 1 2 3 4 5; do
   if output=$(docker pull --quiet "$FLEETCAST_IMAGE" 2>&1); then
@@ -39,7 +28,7 @@ for attempt in 1 2 3 4 5; do
   if grep -qiE 'manifest unknown|name unknown' <<<"$output"; then
     echo "fleetcast: $FLEETCAST_IMAGE is not in its registry: the serving image is not staged in" \
       "$FLEETCAST_REGION (fleetcast stage image); abandoning this launch" >&2
-    abandon_launch
+    abandon_launch "$(PYTHONPATH="$bundle" python3 -c 'from fleetcast.contract.telemetry import LAUNCH_HOOK; print(LAUNCH_HOOK)')"
     exit 1
   fi
   sleep $((attempt * 10))

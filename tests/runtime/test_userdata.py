@@ -23,7 +23,9 @@ def test_user_data_is_valid_bash_and_never_names_the_asg():
     script = render_user_data(ENV)
     assert script.startswith("#!/bin/bash\n")
     subprocess.run(["bash", "-n"], input=script, text=True, check=True)
-    assert "autoscaling:groupName" not in script and "AutoScalingGroup" not in script
+    # Read at run time from the instance's own tag (IMDS), never interpolated: that would be a template cycle.
+    assert "AutoScalingGroup" not in script
+    assert "autoscaling:groupName" not in script.replace("meta-data/tags/instance/aws:autoscaling:groupName", "")
     assert "systemctl enable --now" in script
     assert len(script.encode()) < 16384  # EC2 user data limit is 16 KiB
 
@@ -62,3 +64,52 @@ def test_a_variable_the_contract_does_not_define_is_refused_at_synth():
     file and silently ignored on the instance."""
     with pytest.raises(ValueError, match="FLEETCAST_POLS_S"):
         render_user_data(dict(ENV, FLEETCAST_POLS_S="5"))
+
+
+IMDS = ('case "$*" in *api/token*) echo tok;; *instance-id*) echo i-0abc123;; '
+        '*aws:autoscaling:groupName*) echo fleetcast-ap-northeast-2-l40s;; *) exit 22;; esac')
+
+
+def run_user_data(tmp_path, aws: str) -> tuple[subprocess.CompletedProcess, list[str]]:
+    """The rendered user data with its host paths under tmp_path and stand-ins for aws, curl, sleep, systemctl."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for name, body in {"aws": aws, "curl": IMDS, "sleep": "exit 0", "systemctl": "exit 0"}.items():
+        (bin_dir / name).write_text(f'#!/bin/bash\necho "{name} $*" >> "{tmp_path}/calls.log"\n{body}\n')
+        (bin_dir / name).chmod(0o755)
+    script = render_user_data(ENV)
+    for path in ("/etc/fleetcast", "/var/lib/fleetcast", "/opt/fleetcast", "/etc/systemd/system"):
+        script = script.replace(path, f"{tmp_path}{path}")
+    result = subprocess.run(["bash", "-c", script], env={"PATH": f"{bin_dir}:/usr/bin:/bin"}, capture_output=True,
+                            text=True, timeout=60)
+    log = (tmp_path / "calls.log").read_text().splitlines()
+    return result, log
+
+
+ABANDON = ("aws autoscaling complete-lifecycle-action --region ap-northeast-2 --lifecycle-hook-name {hook} "
+           "--auto-scaling-group-name fleetcast-ap-northeast-2-l40s --instance-id i-0abc123 "
+           "--lifecycle-action-result ABANDON")
+
+
+def test_a_runtime_bundle_that_is_not_there_abandons_the_launch_at_once(tmp_path):
+    """The host completes its own launch hook with ABANDON: the group replaces it now, not after the hook's hour."""
+    from fleetcast.telemetry import LAUNCH_HOOK
+
+    missing = ('[ "$1" = s3 ] && { echo "fatal error: An error occurred (404) when calling the HeadObject operation: '
+               'Key \"runtime/bundle-abc.zip\" does not exist" >&2; exit 1; }; exit 0')
+    result, log = run_user_data(tmp_path, missing)
+    assert result.returncode == 1 and "abandoning this launch" in result.stderr
+    assert sum(c.startswith("aws s3 cp") for c in log) == 1 and not any(c.startswith("sleep") for c in log)
+    assert ABANDON.format(hook=LAUNCH_HOOK) in log
+    assert not any(c.startswith("systemctl") for c in log)
+
+
+def test_a_bundle_download_that_keeps_failing_abandons_after_bounded_retries(tmp_path):
+    from fleetcast.telemetry import LAUNCH_HOOK
+    from runtime.userdata import DOWNLOAD_ATTEMPTS
+
+    unreachable = ('[ "$1" = s3 ] && { echo "Could not connect to the endpoint URL" >&2; exit 1; }; exit 0')
+    result, log = run_user_data(tmp_path, unreachable)
+    assert result.returncode == 1
+    assert sum(c.startswith("aws s3 cp") for c in log) == DOWNLOAD_ATTEMPTS
+    assert log[-1] == ABANDON.format(hook=LAUNCH_HOOK)
