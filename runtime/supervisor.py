@@ -6,7 +6,11 @@ Two layers of restart, on purpose:
   cache), with exponential backoff;
 - a child with a liveness probe that stops answering (alive, frozen: a hung GPU,
   a deadlocked executor, SIGSTOP) is killed after `failures` probes in a row fail
-  and then restarted like a crashed one, so "frozen" becomes "exited";
+  and then restarted like a crashed one, so "frozen" becomes "exited". A child
+  still starting (it has not answered yet) is given `startup_s` only while it
+  works at it: probes that find it neither answering nor using CPU or doing I/O
+  since the last probe count as failures, so a restart that freezes before its
+  first answer is found as early as a settled child that freezes;
 - if a child keeps crashing or freezing (more than `max_restarts` within
   `window_s`), the supervisor gives up. The runtime then marks the instance
   unhealthy so the group replaces it (runtime/bootstrap.py), or, if that call
@@ -53,6 +57,54 @@ class Liveness:
     interval_s: float = 10.0
     failures: int = 3
     startup_s: float = 1800.0
+    # The work a starting child has done so far (pid -> a counter that grows while it works, None when it
+    # cannot be read); unchanged between two probes means it is not starting, it is stuck.
+    progress: Callable[[int], object] | None = None
+
+    def __post_init__(self) -> None:
+        if self.progress is None:
+            self.progress = session_work
+
+
+def _proc_fields(pid: str) -> tuple[int, int] | None:
+    """(session id, CPU time) of one process, None when it is gone. CPU time in nanoseconds from
+    /proc/PID/schedstat (exact: a process that ran a few milliseconds between two probes shows it), else in
+    clock ticks from /proc/PID/stat (proc(5): fields 14-17, utime, stime, cutime, cstime)."""
+    try:
+        stat = open(f"/proc/{pid}/stat", "rb").read().decode(errors="replace")
+    except OSError:
+        return None
+    fields = stat[stat.rindex(")") + 2:].split()  # after "pid (comm) ": state is field 3 of proc(5)
+    session = int(fields[3])  # field 6
+    try:
+        return session, int(open(f"/proc/{pid}/schedstat").read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return session, sum(int(f) for f in fields[11:15])
+
+
+def _io_chars(pid: str) -> int:
+    """Bytes read and written (rchar + wchar, /proc/PID/io), 0 when not readable."""
+    try:
+        lines = open(f"/proc/{pid}/io").read().splitlines()
+    except OSError:
+        return 0
+    return sum(int(line.split()[1]) for line in lines if line.startswith(("rchar:", "wchar:")))
+
+
+def session_work(sid: int) -> tuple[int, int] | None:
+    """CPU time and I/O bytes of every process in session `sid` (a child is started in its own session, so
+    its workers are counted with it). None where /proc does not exist: no verdict without evidence."""
+    if not os.path.isdir("/proc"):
+        return None
+    ticks = chars = 0
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        fields = _proc_fields(pid)
+        if fields is not None and fields[0] == sid:
+            ticks += fields[1]
+            chars += _io_chars(pid)
+    return ticks, chars
 
 
 @dataclass
@@ -121,6 +173,7 @@ class Supervisor:
         live = child.liveness
         assert live is not None
         answered_pid: int | None = None  # the process that has answered once since its start
+        worked: tuple[int | None, object] = (None, None)  # (pid, its work at the last probe) while starting
         failed = 0
         while not self._stop.wait(live.interval_s):
             with self._lock:
@@ -142,7 +195,11 @@ class Supervisor:
                 answered_pid, failed = pid, 0
                 continue
             if answered_pid != pid and time.monotonic() - since < live.startup_s:
-                continue  # still starting
+                work = live.progress(pid) if live.progress is not None else None
+                if work is None or worked[0] != pid or work != worked[1]:
+                    worked, failed = (pid, work), 0
+                    continue  # still starting, and working at it
+                # Starting, but nothing done since the last probe: judged like a settled child.
             failed += 1
             if failed < live.failures:
                 log.warning("%s (pid %d) did not answer its liveness probe (%d of %d)", child.name, pid, failed,

@@ -123,13 +123,71 @@ def test_a_server_that_restarts_do_not_bring_back_is_given_up_on(tmp_path):
 
 
 def test_a_server_still_loading_is_not_killed_before_its_startup_time(tmp_path):
-    """Before its first answer a (re)started server gets startup_s (an engine loads for minutes)."""
+    """Before its first answer a (re)started server gets startup_s (an engine loads for minutes) while it works
+    at it: here it keeps a CPU busy, as loading does."""
     sup = Supervisor(poll_s=0.05)
     probes = []
-    live = Liveness(lambda: probes.append(1) and False, interval_s=0.05, failures=1, startup_s=3600)
-    child = sup.start(Child("server", [sys.executable, "-c", "import time; time.sleep(600)"], liveness=live))
+    live = Liveness(lambda: probes.append(1) and False, interval_s=0.5, failures=3, startup_s=3600)
+    child = sup.start(Child("server", [sys.executable, "-c", "while True: pass"], liveness=live))
     try:
-        assert wait_for(lambda: len(probes) >= 20)
+        assert wait_for(lambda: len(probes) >= 10)
         assert child.running() and child.starts == 1 and child.unresponsive == 0
     finally:
         sup.shutdown(timeout_s=5)
+
+
+STALLS_ON_RESTART = """
+import os, sys, time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+port, marker = int(sys.argv[1]), sys.argv[2]
+if os.path.exists(marker):
+    time.sleep(3600)  # a restart that freezes before it serves: no CPU, no I/O, no answer
+open(marker, "w").close()
+class H(BaseHTTPRequestHandler):
+    def do_GET(self):
+        time.sleep(3600)  # and the first start, once up, freezes too (every request hangs)
+    def log_message(self, *a):
+        pass
+ThreadingHTTPServer(("127.0.0.1", port), H).serve_forever()
+"""
+
+
+def test_a_restart_that_freezes_before_its_first_answer_is_found_as_early_as_a_settled_freeze(tmp_path):
+    """The first start answers (through the marker's absence: its probe below counts it as answered), freezes, is
+    killed; its restart freezes before answering. With startup_s an hour, only the lack of progress can tell."""
+    port = free_port()
+    sup = Supervisor(poll_s=0.05)
+    first_up = []
+
+    def probe() -> bool:
+        if not first_up and (tmp_path / "started").exists():
+            first_up.append(child.pid)
+            return True  # the first start's one answer: from now on it is settled
+        return answers(port)
+
+    live = Liveness(probe, interval_s=0.2, failures=3, startup_s=3600)
+    child = sup.start(Child("server", [sys.executable, "-c", STALLS_ON_RESTART, str(port), str(tmp_path / "started")],
+                            liveness=live, policy=RestartPolicy(max_restarts=5, window_s=600, backoff_base_s=0.05)))
+    try:
+        assert wait_for(lambda: child.unresponsive >= 1)  # the settled freeze: `failures` probes
+        assert wait_for(lambda: child.unresponsive >= 2)  # the restart's: about as many, not startup_s
+        assert child.starts >= 2 and first_up and first_up[0] != child.pid
+    finally:
+        sup.shutdown(timeout_s=5)
+
+
+def test_progress_is_read_from_the_childs_whole_session():
+    from runtime.supervisor import session_work
+
+    busy = __import__("subprocess").Popen([sys.executable, "-c", "while True: pass"], start_new_session=True)
+    try:
+        first = session_work(busy.pid)
+        assert wait_for(lambda: session_work(busy.pid) != first)
+        busy.send_signal(signal.SIGSTOP)
+        time.sleep(0.2)
+        stopped = session_work(busy.pid)
+        time.sleep(0.5)
+        assert session_work(busy.pid) == stopped  # frozen: nothing moves
+    finally:
+        busy.kill()
+        busy.wait()
