@@ -12,9 +12,11 @@ What EC2 tells a Spot instance ("Spot Instance interruption notices", Amazon EC2
 
 What the instance does with a notice (runtime/bootstrap.py calls in here):
 - Serving: the same drain as a scale-in, with the deadline of the notice. The gateway answers /health 503 at
-  once (the NLB stops new flows after its unhealthy threshold), refuses new requests, lets in-flight streams
-  finish until `time` minus DRAIN_EXIT_RESERVE_S (what the gateway and server need to exit and the metrics to
-  leave), and reports how many it had to cut. The deadline reaches the gateway through a small JSON file
+  once (the NLB routes no new flow to the target after its unhealthy threshold, about 20 s, and keeps the
+  open connections: the target group turns unhealthy-connection termination off, fleetcast/contract/nlb.py),
+  refuses new requests with a 503 the client retries, lets in-flight streams finish until `time` minus
+  DRAIN_EXIT_RESERVE_S (what the gateway and server need to exit and the metrics to leave), and reports how
+  many it had to cut. The deadline reaches the gateway through a small JSON file
   whose path is on its command line (`--drain-deadline-file`), so a SIGTERM without one is a plain scale-in.
 - Building: an interrupted engine build stops with SpotInterrupted, a CacheError, so the engine cache records
   no build failure and releases its build lock on the way out (runtime/engine_cache.py, _build_locked):
@@ -47,13 +49,6 @@ NOTICE_S = 120.0  # "two minutes before Amazon EC2 stops or terminates your Spot
 POLL_S = 5.0  # AWS: "We recommend that you check for these interruption notices every 5 seconds."
 # After the last stream: the gateway's close, the model server's stop and the final metrics flush.
 DRAIN_EXIT_RESERVE_S = 10.0
-# The NLB keeps sending new flows until the target fails its health check this many times in a row at this
-# interval (stacks/endpoint_service.py: interval 10 s, unhealthy threshold 2; tests/runtime/test_spot.py ties
-# them). The gateway refuses those with 503 (the client retries elsewhere), but the planner and the bench
-# leave this much of the notice unused as well: see safe_request_seconds.
-NLB_HEALTH_INTERVAL_S = 10.0
-NLB_UNHEALTHY_THRESHOLD = 2
-NLB_STOP_ROUTING_S = NLB_HEALTH_INTERVAL_S * NLB_UNHEALTHY_THRESHOLD
 
 
 class SpotInterrupted(Exception):
@@ -217,8 +212,9 @@ def read_outcome(deadline_file: str | os.PathLike) -> dict | None:
     return doc if isinstance(doc, dict) else None
 
 
-def safe_request_seconds(notice_s: float = NOTICE_S, deregistration_s: float = NLB_STOP_ROUTING_S) -> float:
-    """The drain budget the bench and the planner grant an in-flight request: the notice less the time the NLB
-    takes to stop routing to the instance. The runtime's own deadline (the notice less DRAIN_EXIT_RESERVE_S)
-    is later, so a request within this budget is never cut."""
-    return max(0.0, notice_s - deregistration_s)
+def safe_request_seconds(notice_s: float = NOTICE_S, reserve_s: float = DRAIN_EXIT_RESERVE_S) -> float:
+    """The drain budget the bench and the planner grant a request in flight at the notice: the notice less the
+    exit reserve, which is the gateway's own deadline. The NLB does not shorten it: it stops routing new flows
+    to the target (those get the draining gateway's 503 and are retried elsewhere) but keeps the open
+    connections for the drain (fleetcast/contract/nlb.py)."""
+    return max(0.0, notice_s - reserve_s)

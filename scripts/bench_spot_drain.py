@@ -1,14 +1,15 @@
 """`make bench-spot-drain`: how many in-flight streams finish inside a Spot interruption notice.
 
-    python -m scripts.bench_spot_drain [--notice-s 120] [--deregistration-s 20] [--scale auto|F]
+    python -m scripts.bench_spot_drain [--notice-s 120] [--exit-reserve-s 10] [--scale auto|F]
         [--lengths 16,32,...] [--streams-per-length 3] [--json FILE] [--write-data FILE]
 
 The reference backend (runtime.reference, tiny GPT-2 shapes on CPU) behind the real gateway
 (`python -m runtime.gateway`, PROXY v2 required, identity from a loopback EC2 fake), driven the way the instance
 drives it on an interruption (runtime/spot.py): every stream in flight, then the deadline file and SIGTERM.
 
-The drain budget is the notice less the deregistration allowance (default 20 s: the NLB's two failed 10 s
-health checks; runtime/spot.py safe_request_seconds). Time is compressed by --scale so a run takes seconds:
+The drain budget is the notice less the exit reserve (default 10 s, the gateway's own deadline; runtime/spot.py
+safe_request_seconds): the NLB stops routing new flows about 20 s into the drain but keeps the open ones
+(fleetcast/contract/nlb.py), so nothing else shortens it. Time is compressed by --scale so a run takes seconds:
 the budget, and so the stream durations that fit, shrink by that factor; `auto` measures the streams once
 without an interruption and picks the scale at which about half the lengths fit. The figures scale back:
 a stream that took d seconds here stands for d / scale seconds against the full notice.
@@ -32,6 +33,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+from runtime import spot
 
 ROOT = Path(__file__).resolve().parents[1]
 REGION, POOL = "ap-northeast-2", "l40s"
@@ -76,8 +79,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m scripts.bench_spot_drain", description=__doc__.split("\n\n")[0])
     p.add_argument("--notice-s", type=_seconds("--notice-s"), default=120.0,
                    help="interruption notice in seconds (EC2's is two minutes)")
-    p.add_argument("--deregistration-s", type=_seconds("--deregistration-s"), default=20.0,
-                   help="part of the notice left unused for the NLB to stop routing (default 20: 2 x 10 s checks)")
+    p.add_argument("--exit-reserve-s", type=_seconds("--exit-reserve-s"), default=spot.DRAIN_EXIT_RESERVE_S,
+                   help="end of the notice kept for the gateway and server to exit (default "
+                        f"{spot.DRAIN_EXIT_RESERVE_S:g}, the runtime's)")
     p.add_argument("--scale", type=_scale, default=None, metavar="auto|F",
                    help="time compression (budget x F); auto (default) calibrates from an undisturbed run")
     p.add_argument("--size", choices=("tiny", "gpt2"), default="gpt2",
@@ -168,7 +172,6 @@ async def _wait_health(port: int, header: bytes, want: int, timeout: float = 60.
 
 
 async def run(args: argparse.Namespace) -> dict:
-    from runtime import spot
     from runtime.devtools.harness import free_port
     from runtime.gateway import ppv2
     from scripts.bench_gateway import BENCH_ACCOUNT, BENCH_VPCE, SERVICE_ID, FakeEc2Endpoints
@@ -198,7 +201,7 @@ async def run(args: argparse.Namespace) -> dict:
                           "AWS_SECRET_ACCESS_KEY": "bench", "AWS_MAX_ATTEMPTS": "1"}, log=work / "gateway.log")
     header = ppv2.build(vpce_id=BENCH_VPCE)
     try:
-        await _wait_health(port, ppv2.LOCAL_HEADER, 200, timeout=120)
+        await _wait_health(port, ppv2.LOCAL_HEADER, 200, timeout=600)  # a loaded 2-core machine loads gpt2 slowly
         # 1. Undisturbed: how long each length takes with everything in flight at once.
         calm_firsts: list[float] = []
         calm = await asyncio.gather(*(_stream(port, header, model, n, calm_firsts) for n in streams))
@@ -207,9 +210,9 @@ async def run(args: argparse.Namespace) -> dict:
         # Time each length still needs once every stream is in flight: what a notice at that moment leaves to it.
         t_calm = max(calm_firsts)
         duration = {n: max(r["ended"] - t_calm for r in calm if r["tokens"] == n) for n in args.lengths}
-        full_budget = spot.safe_request_seconds(args.notice_s, args.deregistration_s)
+        full_budget = spot.safe_request_seconds(args.notice_s, args.exit_reserve_s)
         if full_budget <= 0:
-            raise SystemExit("--deregistration-s leaves no time of the notice")
+            raise SystemExit("--exit-reserve-s leaves no time of the notice")
         scale = args.scale
         if scale is None:  # about half the lengths fit
             scale = min(1.0, duration[args.lengths[len(args.lengths) // 2]] / full_budget)
@@ -254,7 +257,7 @@ async def run(args: argparse.Namespace) -> dict:
     cut_early = [r["tokens"] for r in results if not r["completed"] and r["ended"] - t_notice < 0.95 * budget]
     safe_s = max(finished_after, default=0.0) / scale
     return {
-        "notice_s": args.notice_s, "deregistration_s": args.deregistration_s, "full_budget_s": full_budget,
+        "notice_s": args.notice_s, "exit_reserve_s": args.exit_reserve_s, "full_budget_s": full_budget,
         "scale": scale, "budget_s": budget, "health_503_s": health_503_s, "drain_s": drain_s,
         "gateway_outcome": outcome, "rows": rows,
         "safe_tokens_here": longest["tokens"] if longest else 0,
@@ -266,7 +269,7 @@ async def run(args: argparse.Namespace) -> dict:
 
 
 def render(res: dict) -> str:
-    out = [f"Spot drain budget: notice {res['notice_s']:g} s - deregistration {res['deregistration_s']:g} s = "
+    out = [f"Spot drain budget: notice {res['notice_s']:g} s - exit reserve {res['exit_reserve_s']:g} s = "
            f"{res['full_budget_s']:g} s, compressed x{res['scale']:.4f} to {res['budget_s']:.2f} s",
            f"/health 503 after SIGTERM: {res['health_503_s'] * 1000:.0f} ms; drain took {res['drain_s']:.2f} s; "
            f"gateway: {res['gateway_outcome'].get('in_flight')} in flight, {res['gateway_outcome'].get('cut')} cut",
@@ -295,7 +298,7 @@ def write_data(path: str, res: dict) -> None:
         f"as_of: \"{dt.date.today().isoformat()}\"\n"
         f"command: \"{res.get('command', 'make bench-spot-drain')}\"\n"
         f"notice_s: {res['notice_s']:g}\n"
-        f"stop_routing_s: {res['deregistration_s']:g}\n"
+        f"exit_reserve_s: {res['exit_reserve_s']:g}\n"
         f"scale: {res['scale']:.4f}\n"
         f"safe_tokens_at_reference_speed: {res['safe_tokens_here']}\n"
         f"safe_request_s: {res['safe_request_s']:.0f}\n")

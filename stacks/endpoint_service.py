@@ -19,6 +19,7 @@ from aws_cdk import aws_sns as sns
 from constructs import Construct
 
 from fleetcast.config import FleetConfig, Region
+from fleetcast.contract import nlb as nlb_contract
 from fleetcast.contract.outputs import ProviderOutput
 
 HEALTH_PATH = "/health"
@@ -98,11 +99,16 @@ class EndpointService(Construct):
                 protocol=elbv2.Protocol.HTTP,
                 path=HEALTH_PATH,
                 port="traffic-port",
-                interval=Duration.seconds(10),
-                healthy_threshold_count=2,
-                unhealthy_threshold_count=2,
+                interval=Duration.seconds(nlb_contract.HEALTH_INTERVAL_S),
+                healthy_threshold_count=nlb_contract.HEALTHY_THRESHOLD,
+                unhealthy_threshold_count=nlb_contract.UNHEALTHY_THRESHOLD,
             ),
         )
+        # A draining gateway answers /health 503 while the target is still registered (a Spot notice, a
+        # rebalance): the NLB would reset its open streams once the target turns unhealthy. Keep them for the
+        # drain, as deregistration does.
+        for key, value in nlb_contract.unhealthy_drain_attributes(cfg.operations.drain_timeout_s).items():
+            self.target_group.set_attribute(key, value)
 
         certificate = cfg.network.tls_certificate_arns.get(region.region)
         if certificate:

@@ -19,7 +19,7 @@ def test_bad_arguments_are_refused_naming_the_flag(capsys):
 
 
 def test_the_written_figure_is_what_the_planner_reads(tmp_path, monkeypatch):
-    res = {"notice_s": 120.0, "deregistration_s": 20.0, "scale": 0.3, "safe_tokens_here": 175, "safe_request_s": 97.4}
+    res = {"notice_s": 120.0, "exit_reserve_s": 10.0, "scale": 0.3, "safe_tokens_here": 175, "safe_request_s": 97.4}
     path = tmp_path / "spot_drain.yaml"
     bench.write_data(str(path), res)
     monkeypatch.setenv(Var.SPOT_DRAIN, str(path))

@@ -79,18 +79,23 @@ def test_only_spot_instances_are_watched(imds):
     assert spot.is_spot_instance(Imds(imds.url)) is True
 
 
-def test_the_drain_budget_is_the_notice_less_nlb_stop_routing_and_inside_the_runtimes_deadline():
-    # The NLB stops routing after 2 failed health checks 10 s apart; the runtime keeps 10 s to exit.
-    assert spot.safe_request_seconds() == 120 - 20
-    assert spot.safe_request_seconds(notice_s=30, deregistration_s=5) == 25
+def test_the_drain_budget_is_the_notice_less_the_runtimes_exit_reserve_and_is_its_deadline():
+    # The NLB stops new flows after its unhealthy threshold but keeps the open ones (fleetcast/contract/nlb.py):
+    # a request in flight at the notice has until the gateway's own deadline.
+    assert spot.safe_request_seconds() == 120 - 10
+    assert spot.safe_request_seconds(notice_s=30, reserve_s=5) == 25
     notice = spot.Notice("instance-action", "terminate", 1120.0, 1000.0)
-    assert 1000.0 + spot.safe_request_seconds() <= notice.deadline_epoch()
+    assert 1000.0 + spot.safe_request_seconds() == notice.deadline_epoch()
 
 
-def test_the_nlb_health_check_numbers_are_the_target_groups():
-    source = (ROOT / "stacks" / "endpoint_service.py").read_text()
-    assert f"interval=Duration.seconds({spot.NLB_HEALTH_INTERVAL_S:g})" in source
-    assert f"unhealthy_threshold_count={spot.NLB_UNHEALTHY_THRESHOLD}" in source
+def test_the_nlb_keeps_a_draining_targets_streams_longer_than_any_spot_drain():
+    # A Spot drain ends at the notice's deadline, and the gateway never drains longer than drain_timeout_s,
+    # which is the unhealthy draining interval: the stream the drain keeps is never reset by the NLB.
+    from fleetcast.contract import nlb
+
+    attributes = nlb.unhealthy_drain_attributes(300)
+    assert attributes[nlb.UNHEALTHY_CONNECTION_TERMINATION] == "false"
+    assert spot.drain_budget_s(None, 300.0) <= int(attributes[nlb.UNHEALTHY_DRAINING_INTERVAL])
 
 
 def test_the_gateway_budget_is_the_deadline_or_the_scale_in_timeout(tmp_path):

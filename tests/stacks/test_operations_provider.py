@@ -12,7 +12,7 @@ from aws_cdk import App
 from aws_cdk.assertions import Match, Template
 
 from fleetcast.config import config_from_json, load_config
-from fleetcast.contract import telemetry
+from fleetcast.contract import nlb, telemetry
 from fleetcast.contract.names import provider_stack_name
 from stacks.app_builder import build_app, cdk_json_context
 from stacks.fleet_lifecycle import TERMINATE_HOOK_MARGIN_S
@@ -70,6 +70,22 @@ def test_deregistration_delay_lets_the_longest_request_finish_before_the_hook_dr
     assert int(attributes["deregistration_delay.timeout_seconds"]) >= CFG.operations.drain_timeout_s
     # Set on purpose, not left to the default: open streams are not cut at deregistration.
     assert attributes["deregistration_delay.connection_termination.enabled"] == "false"
+
+
+@pytest.mark.parametrize("region", REGIONS)
+def test_a_target_that_turns_unhealthy_because_it_drains_keeps_its_open_streams_for_the_whole_drain(templates, region):
+    # A Spot notice or rebalance drain answers /health 503 while the target is still registered. The NLB resets
+    # an unhealthy target's connections unless unhealthy connection termination is off (NLB User Guide, "Health
+    # checks for Network Load Balancer target groups"; attribute semantics: tests/contract/test_nlb.py).
+    template, _ = templates[region]
+    (group,) = resources(template, "AWS::ElasticLoadBalancingV2::TargetGroup").values()
+    attributes = {a["Key"]: a["Value"] for a in group["Properties"]["TargetGroupAttributes"]}
+    assert attributes["target_health_state.unhealthy.connection_termination.enabled"] == "false"
+    # The gateway drains at most drain_timeout_s (a notice only shortens it: runtime.spot.drain_budget_s).
+    assert int(attributes["target_health_state.unhealthy.draining_interval_seconds"]) >= CFG.operations.drain_timeout_s
+    # New flows stop after the unhealthy threshold the runtime's docs and the runbook quote (contract/nlb.py).
+    checks = (group["Properties"]["HealthCheckIntervalSeconds"], group["Properties"]["UnhealthyThresholdCount"])
+    assert checks == (nlb.HEALTH_INTERVAL_S, nlb.UNHEALTHY_THRESHOLD)
 
 
 @pytest.mark.parametrize("region", REGIONS)
