@@ -1,8 +1,12 @@
 """Drain: from SIGTERM on, health says 503 and new requests are refused while in-flight ones finish.
 
-`Drain` counts the admitted requests in flight (what a drain waits for) and the
-writers whose request went upstream but got no response head yet: when the drain
-timeout cuts those, each gets a retryable 503 instead of a reset connection.
+`Drain` counts the admitted requests in flight (what a drain waits for), the
+writers whose request went upstream but got no response head yet, and the
+responses being relayed. When the drain timeout (or a Spot notice's deadline)
+cuts them, none ends in a bare reset: a request without a response head gets a
+retryable 503, and so does one whose head the gateway still holds back (a
+streaming request queued in the engine: the gateway sends the head with the first
+bytes); a stream cut mid-body ends with an OpenAI-style error event (proxy.py).
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ from .identity import log
 DRAINING_MESSAGE = "this instance is draining; retry and the load balancer will pick another"
 _CUT_BEFORE_START = openai_error(503, "this instance is shutting down and the request did not start in time; "
                                       "retry it", "service_unavailable", "draining", close=True)
+CUT_BEFORE_START = _CUT_BEFORE_START  # proxy.py answers a queued stream whose head it still holds the same way
 
 
 class Drain:
@@ -29,6 +34,10 @@ class Drain:
         self._idle = asyncio.Event()
         self._idle.set()
         self._unstarted: set[asyncio.StreamWriter] = set()  # sent upstream, no response head yet
+        self._relaying: dict = {}  # id -> upstream connection whose response is being relayed (proxy._pump)
+        self._relayed = asyncio.Event()
+        self._relayed.set()
+        self.cutting = False  # close() is cutting what is still in flight: endings say so
 
     def enter(self) -> int:
         """Count one admitted request; returns the instance's in-flight count including it."""
@@ -85,3 +94,24 @@ class Drain:
         for writer in list(self._unstarted):
             self._unstarted.discard(writer)
             writer.write(_CUT_BEFORE_START)
+
+    # Responses being relayed: close() cuts their upstream connections and lets each pump write its own ending.
+    def relaying(self, conn) -> None:
+        self._relaying[id(conn)] = conn
+        self._relayed.clear()
+
+    def relayed(self, conn) -> None:
+        self._relaying.pop(id(conn), None)
+        if not self._relaying:
+            self._relayed.set()
+
+    async def cut_relaying(self, wait_s: float) -> None:
+        """At close: end every relayed response from its upstream side, so the pump sees the cut and writes the
+        client a 503 (head not sent yet) or an error event (mid-stream); wait for them at most `wait_s`."""
+        self.cutting = True
+        for conn in list(self._relaying.values()):
+            conn.writer.transport.abort()
+        try:
+            await asyncio.wait_for(self._relayed.wait(), wait_s)
+        except asyncio.TimeoutError:
+            log("drain_cut_unfinished", relaying=len(self._relaying))

@@ -12,7 +12,7 @@ import asyncio
 import json
 import time
 
-from .drain import Drain
+from .drain import CUT_BEFORE_START, Drain
 from .http import (
     HOP_BY_HOP,
     LAST_CHUNK,
@@ -33,6 +33,10 @@ CLIENT_BUFFER_HIGH = 256 * 1024  # wait for the client to drain past this many u
 STREAM_CUT_EVENT = b"data: " + json.dumps({"error": {
     "message": "the model server stopped while streaming this response; the output is incomplete, retry the request",
     "type": "server_error", "param": None, "code": "upstream_stream_cut"}}).encode() + b"\n\n"
+# The drain's deadline (drain timeout, Spot notice) cut the stream: the same shape, the drain's code.
+DRAIN_CUT_EVENT = b"data: " + json.dumps({"error": {
+    "message": "this instance is shutting down and stopped this response; the output is incomplete, retry the request",
+    "type": "server_error", "param": None, "code": "draining"}}).encode() + b"\n\n"
 
 
 def upstream_head(request: Request, host: str, body: bytes) -> bytes:
@@ -78,7 +82,7 @@ class Proxy:
         head = upstream_head(request, pool.host_header, body)
         self.drain.started_upstream(writer)
         try:
-            conn, status, up_headers = await pool.send(head, body, watch)
+            conn, status, up_headers = await pool.send(head, body, watch, self.watchdog)
         except UpstreamError as exc:
             if not self.drain.head_arrived(writer):
                 return False  # already answered 503 by the drain's close
@@ -146,6 +150,7 @@ class Proxy:
         copied = 0
         remaining = up_length
         progress = self.watchdog.watch(conn)
+        self.drain.relaying(conn)
         complete = False
         upstream_cut = False
         pending = head  # not yet sent
@@ -160,7 +165,8 @@ class Proxy:
                 except ConnectionError:
                     data = b""  # the server died under us (reset): the same cut as an early EOF
                 if not data:
-                    complete = decoder is None and remaining is None  # close-delimited: EOF is the end
+                    # Close-delimited: EOF is the end, unless the drain cut it (close(): Drain.cut_relaying).
+                    complete = decoder is None and remaining is None and not self.drain.cutting
                     upstream_cut = not complete
                     break
                 now = time.perf_counter()
@@ -194,16 +200,23 @@ class Proxy:
                 data = (data if complete and decoder else b"") + meter.flush()
             elif not (complete and decoder):
                 data = b""
+            drain_cut = upstream_cut and self.drain.cutting
             out = pending + ((chunk(data) if out_chunked else data) if data else b"")
-            if out_chunked and complete:
+            if drain_cut and pending and not data:
+                # Queued in the engine: nothing of the response went out, so it can still be a retryable 503.
+                out = CUT_BEFORE_START
+                if exchange:
+                    exchange.status = 503
+                    exchange.props["drain_cut"] = True
+            elif out_chunked and complete:
                 out += LAST_CHUNK
             elif upstream_cut and meter and out_chunked:
                 # A cut must not read as a finish: end the SSE stream with an OpenAI-style error event,
                 # which clients raise as an error (openai-python src/openai/_streaming.py raises
                 # APIError for a data event carrying "error"), then end the body.
-                out += chunk(STREAM_CUT_EVENT) + LAST_CHUNK
+                out += chunk(DRAIN_CUT_EVENT if drain_cut else STREAM_CUT_EVENT) + LAST_CHUNK
                 if exchange:
-                    exchange.props["stream_cut"] = True
+                    exchange.props["drain_cut" if drain_cut else "stream_cut"] = True
             if out:
                 writer.write(out)
             await writer.drain()
@@ -213,6 +226,7 @@ class Proxy:
             complete = False
         finally:
             self.watchdog.unwatch(conn)
+            self.drain.relayed(conn)
             if exchange:
                 exchange.ended = time.perf_counter()
                 if keep_copy and copied <= MAX_METERED_BODY:

@@ -58,6 +58,9 @@ MODELS_PATH = "/v1/models"  # answered by the gateway: the models the calling co
 # from the adapter id in `model`.
 GATEWAY_FIELDS = ("lora_request",)
 CLIENT_READ_LIMIT = 64 * 1024  # the longest request head (431 beyond)
+# At close, what the relayed responses get to write their endings (503s, error events): well inside the Spot
+# exit reserve (runtime/spot.py DRAIN_EXIT_RESERVE_S), so a client that does not read cannot hold the exit.
+CUT_ENDINGS_WAIT_S = 2.0
 
 
 class Gateway:
@@ -156,6 +159,8 @@ class Gateway:
             self._server.close()
         # Cut by the drain timeout before the server answered: a retryable 503, not a reset.
         self.drain_state.cut_unstarted()
+        # Cut while relayed: a 503 where the head is still held back, else the stream's error event.
+        await self.drain_state.cut_relaying(CUT_ENDINGS_WAIT_S)
         for writer in list(self._connections):
             writer.close()
         self.router.close()

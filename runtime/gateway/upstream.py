@@ -26,6 +26,7 @@ class UpstreamConn:
     reader: asyncio.StreamReader
     writer: asyncio.StreamWriter
     reused: bool = False
+    stalled: bool = False  # aborted by the StreamWatchdog: the server had the request and sent nothing
 
 
 class ClientWatch:
@@ -131,9 +132,12 @@ class UpstreamPool:
             conn.writer.close()
         self._idle.clear()
 
-    async def send(self, head: bytes, body: bytes, watch: ClientWatch | None = None
-                   ) -> tuple[UpstreamConn, int, list[tuple[str, str]]]:
-        """Send the request and read the response head; one retry when a pooled connection had gone stale."""
+    async def send(self, head: bytes, body: bytes, watch: ClientWatch | None = None,
+                   watchdog: "StreamWatchdog | None" = None) -> tuple[UpstreamConn, int, list[tuple[str, str]]]:
+        """Send the request and read the response head; one retry when a pooled connection had gone stale.
+
+        `watchdog` covers the wait for the head too: a server that accepts the request and never answers is
+        cut after the same inactivity timeout as one that stops mid-stream."""
         for attempt in (0, 1):
             conn = await self.get()
             if watch is not None:
@@ -141,6 +145,8 @@ class UpstreamPool:
                     conn.writer.close()
                     raise ClientGone()
                 watch.conn = conn
+            if watchdog is not None:
+                watchdog.watch(conn)
             try:
                 conn.writer.write(head + body)
                 raw = await conn.reader.readuntil(b"\r\n\r\n")
@@ -153,12 +159,18 @@ class UpstreamPool:
                 conn.writer.close()
                 if watch is not None and watch.gone:
                     raise ClientGone() from None  # cut by the watch: never resend
+                if conn.stalled:  # it had the request: never resend
+                    raise UpstreamError(f"model server sent no response head for {watchdog.idle_timeout_s:g} s "
+                                        "(upstream inactivity timeout)") from None
                 if conn.reused and attempt == 0 and not getattr(exc, "partial", b""):
                     continue  # the server closed an idle keep-alive connection; it never saw this request
                 raise UpstreamError(f"model server closed the connection: {type(exc).__name__}") from None
             except (asyncio.LimitOverrunError, ValueError) as exc:
                 conn.writer.close()
                 raise UpstreamError(f"model server sent a malformed response head: {exc}") from None
+            finally:
+                if watchdog is not None:
+                    watchdog.unwatch(conn)
         raise UpstreamError("unreachable")  # pragma: no cover
 
 
@@ -199,4 +211,5 @@ class StreamWatchdog:
             for conn, progress in list(self._streams.values()):
                 if now - progress[0] > self.idle_timeout_s:
                     log("upstream_stalled", idle_s=round(now - progress[0], 1))
+                    conn.stalled = True
                     conn.writer.transport.abort()

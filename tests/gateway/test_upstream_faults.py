@@ -127,3 +127,60 @@ def test_the_gateway_takes_its_upstream_idle_timeout_from_the_command_line():
     assert args.upstream_idle_s == 45.0
     assert build_parser().parse_args(["--listen", "127.0.0.1:1", "--upstream", "127.0.0.1:2", "--region", "r",
                                       "--pool", "p"]).upstream_idle_s < 600
+
+
+def test_an_upstream_that_takes_the_request_and_never_sends_a_head_is_cut_after_the_idle_timeout():
+    """The inactivity timeout covers the wait for the response head too (a server that accepted the request and
+    froze): the client gets an error it can act on, not a wait without end, and the request is not resent."""
+    async def body():
+        server = await DyingServer(answer=False).start()
+        h = await start_harness(upstream=server, upstream_idle_timeout_s=0.5)
+        try:
+            client = await Client(h.port, VOICE_VPCE).connect()
+            reply = await asyncio.wait_for(client.request("POST", "/v1/completions", stream_body()), 30)
+            assert reply.status == 502
+            assert "no response head" in json.loads(reply.body)["error"]["message"]
+            await client.close()
+        finally:
+            await stop_harness(h)
+    run(body())
+
+
+def test_at_the_drain_deadline_a_stream_cut_mid_body_ends_with_the_drains_error_event():
+    async def body():
+        h = await start_harness(upstream=await DyingServer(events=1, then_hang=True).start(), drain_timeout_s=0.3)
+        try:
+            client = await Client(h.port, VOICE_VPCE).connect()
+            await client.send("POST", "/v1/completions", stream_body())
+            status, headers = await asyncio.wait_for(client.read_head(), 10)  # the first event is on its way
+            assert status == 200
+            assert await h.gateway.drain() is False
+            await h.gateway.close()
+            events = parse_sse(await asyncio.wait_for(client.read_body(headers), 10))
+            assert events[0]["choices"][0]["text"] == " t0"
+            assert events[-1]["error"]["code"] == "draining" and events[-1]["error"]["type"] == "server_error"
+            assert "[DONE]" not in events
+            await client.close()
+        finally:
+            await stop_harness(h)
+    run(body())
+
+
+def test_at_the_drain_deadline_a_stream_still_queued_in_the_engine_gets_a_retryable_503():
+    """The server sent its stream head and no token yet (queued): the gateway holds a head back until the first
+    bytes, so the client can still get a clean 503 instead of a closed connection without any answer."""
+    async def body():
+        h = await start_harness(upstream=await DyingServer(events=0, then_hang=True).start(), drain_timeout_s=0.3)
+        try:
+            client = await Client(h.port, VOICE_VPCE).connect()
+            await client.send("POST", "/v1/completions", stream_body())
+            await asyncio.sleep(0.2)  # forwarded; the upstream head arrived, no event
+            assert await h.gateway.drain() is False
+            await h.gateway.close()
+            status, headers = await asyncio.wait_for(client.read_head(), 10)
+            assert status == 503 and headers["connection"] == "close"
+            assert json.loads(await client.read_body(headers))["error"]["code"] == "draining"
+            await client.close()
+        finally:
+            await stop_harness(h)
+    run(body())
