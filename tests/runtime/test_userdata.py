@@ -93,7 +93,7 @@ ABANDON = ("aws autoscaling complete-lifecycle-action --region ap-northeast-2 --
 
 def test_a_runtime_bundle_that_is_not_there_abandons_the_launch_at_once(tmp_path):
     """The host completes its own launch hook with ABANDON: the group replaces it now, not after the hook's hour."""
-    from fleetcast.telemetry import LAUNCH_HOOK
+    from fleetcast.contract.telemetry import LAUNCH_HOOK
 
     missing = ('[ "$1" = s3 ] && { echo "fatal error: An error occurred (404) when calling the HeadObject operation: '
                'Key \"runtime/bundle-abc.zip\" does not exist" >&2; exit 1; }; exit 0')
@@ -105,7 +105,7 @@ def test_a_runtime_bundle_that_is_not_there_abandons_the_launch_at_once(tmp_path
 
 
 def test_a_bundle_download_that_keeps_failing_abandons_after_bounded_retries(tmp_path):
-    from fleetcast.telemetry import LAUNCH_HOOK
+    from fleetcast.contract.telemetry import LAUNCH_HOOK
     from runtime.userdata import DOWNLOAD_ATTEMPTS
 
     unreachable = ('[ "$1" = s3 ] && { echo "Could not connect to the endpoint URL" >&2; exit 1; }; exit 0')
