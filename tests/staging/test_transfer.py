@@ -90,8 +90,8 @@ def test_killed_multipart_upload_resumes_sending_only_missing_parts(clients, mak
     assert verify_prefix(s3, bucket, "models/m/r/", manifest) == []
 
 
-def test_resumed_parts_that_no_longer_match_the_file_are_sent_again(clients, make_bucket, model_dir):
-    s3, bucket = clients("s3", "us-east-1"), make_bucket("us-east-1")
+def killed_upload_then_changed(s3, bucket, model_dir, byte: int) -> bytes:
+    """A multipart upload killed after two parts; then one byte of the weights changes on disk (new contents)."""
     kill = FailAfter(parts=2)
     s3.meta.events.register("before-call.s3.UploadPart", kill)
     with pytest.raises(ConnectionError):
@@ -99,8 +99,14 @@ def test_resumed_parts_that_no_longer_match_the_file_are_sent_again(clients, mak
     s3.meta.events.unregister("before-call.s3.UploadPart", kill)
     weights = model_dir / "model.safetensors"
     data = bytearray(weights.read_bytes())
-    data[10] ^= 0xFF  # the first part changed on disk
+    data[byte] ^= 0xFF
     weights.write_bytes(bytes(data))
+    return bytes(data)
+
+
+def test_resumed_parts_that_no_longer_match_the_file_are_sent_again(clients, make_bucket, model_dir):
+    s3, bucket = clients("s3", "us-east-1"), make_bucket("us-east-1")
+    killed_upload_then_changed(s3, bucket, model_dir, byte=10)  # the first part changed on disk
     manifest = manifest_of(model_dir)
     report = TreeUploader(s3, bucket, part_size=PART).upload(model_dir, "models/m/r/", manifest)
     assert report.parts_reused == 1 and report.parts_sent >= 3
@@ -125,21 +131,14 @@ def test_a_resumed_upload_above_the_copy_object_limit_fixes_its_digest_with_a_mu
     # file is over CopyObject's limit: scaled down here by lowering the limit below the test file's size.
     monkeypatch.setattr(transfer, "COPY_OBJECT_MAX_BYTES", PART)
     s3, bucket = clients("s3", "us-east-1"), make_bucket("us-east-1")
-    kill = FailAfter(parts=2)
-    s3.meta.events.register("before-call.s3.UploadPart", kill)
-    with pytest.raises(ConnectionError):
-        TreeUploader(s3, bucket, part_size=PART).upload(model_dir, "models/m/r/", manifest_of(model_dir))
-    s3.meta.events.unregister("before-call.s3.UploadPart", kill)
-    weights = model_dir / "model.safetensors"
-    data = bytearray(weights.read_bytes())
-    data[-1] ^= 0xFF  # the last part changed: the pending upload's metadata holds the old digest
-    weights.write_bytes(bytes(data))
+    # The last part changed: the pending upload's metadata holds the old digest.
+    data = killed_upload_then_changed(s3, bucket, model_dir, byte=-1)
     single, ranged = count_calls(s3, "CopyObject"), count_calls(s3, "UploadPartCopy")
     manifest = manifest_of(model_dir)
     TreeUploader(s3, bucket, part_size=PART).upload(model_dir, "models/m/r/", manifest)
     assert not single and len(ranged) == 4  # 3 full parts and the short one, by byte range
     assert verify_prefix(s3, bucket, "models/m/r/", manifest) == []
-    assert s3.get_object(Bucket=bucket, Key="models/m/r/model.safetensors")["Body"].read() == bytes(data)
+    assert s3.get_object(Bucket=bucket, Key="models/m/r/model.safetensors")["Body"].read() == data
     assert not s3.list_multipart_uploads(Bucket=bucket).get("Uploads")
 
 
