@@ -71,13 +71,15 @@ def _proc_fields(pid: str) -> tuple[int, int] | None:
     /proc/PID/schedstat (exact: a process that ran a few milliseconds between two probes shows it), else in
     clock ticks from /proc/PID/stat (proc(5): fields 14-17, utime, stime, cutime, cstime)."""
     try:
-        stat = open(f"/proc/{pid}/stat", "rb").read().decode(errors="replace")
+        with open(f"/proc/{pid}/stat", "rb") as handle:
+            stat = handle.read().decode(errors="replace")
     except OSError:
         return None
     fields = stat[stat.rindex(")") + 2:].split()  # after "pid (comm) ": state is field 3 of proc(5)
     session = int(fields[3])  # field 6
     try:
-        return session, int(open(f"/proc/{pid}/schedstat").read().split()[0])
+        with open(f"/proc/{pid}/schedstat") as handle:
+            return session, int(handle.read().split()[0])
     except (OSError, ValueError, IndexError):
         return session, sum(int(f) for f in fields[11:15])
 
@@ -85,7 +87,8 @@ def _proc_fields(pid: str) -> tuple[int, int] | None:
 def _io_chars(pid: str) -> int:
     """Bytes read and written (rchar + wchar, /proc/PID/io), 0 when not readable."""
     try:
-        lines = open(f"/proc/{pid}/io").read().splitlines()
+        with open(f"/proc/{pid}/io") as handle:
+            lines = handle.read().splitlines()
     except OSError:
         return 0
     return sum(int(line.split()[1]) for line in lines if line.startswith(("rchar:", "wchar:")))

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-
 from pathlib import Path
 
 from fleetcast.contract.instance_env import ENV_FILE_DELIMITER, HOST_REQUIRED, KNOWN, PREFIX, Var
@@ -94,7 +93,7 @@ def render_user_data(env: Mapping[str, str]) -> str:
     launch (the launch hook, ABANDON) at once: otherwise the instance would hold its slot in Pending:Wait for
     the hook's whole timeout while the group launches nothing in its place.
     """
-    abandon = "\n".join(l for l in ABANDON_LAUNCH_SH.read_text().splitlines() if not l.startswith("#"))
+    abandon = "\n".join(line for line in ABANDON_LAUNCH_SH.read_text().splitlines() if not line.startswith("#"))
     return f"""#!/bin/bash
 # Fleetcast instance bootstrap (host side). Serving runs in a container under systemd.
 set -euo pipefail

@@ -113,5 +113,5 @@ class Drain:
             conn.writer.transport.abort()
         try:
             await asyncio.wait_for(self._relayed.wait(), wait_s)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             log("drain_cut_unfinished", relaying=len(self._relaying))

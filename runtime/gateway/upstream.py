@@ -133,7 +133,7 @@ class UpstreamPool:
         self._idle.clear()
 
     async def send(self, head: bytes, body: bytes, watch: ClientWatch | None = None,
-                   watchdog: "StreamWatchdog | None" = None) -> tuple[UpstreamConn, int, list[tuple[str, str]]]:
+                   watchdog: StreamWatchdog | None = None) -> tuple[UpstreamConn, int, list[tuple[str, str]]]:
         """Send the request and read the response head; one retry when a pooled connection had gone stale.
 
         `watchdog` covers the wait for the head too: a server that accepts the request and never answers is
