@@ -43,7 +43,7 @@ AWS_RUNS = {
     ("config", "diff"): [["--deployed", CONFIG]],
     ("ami", "pin"): [[]],
     ("stage", "model"): [[]],
-    ("stage", "calibration"): [["--dir", "{tmp}", "--name", "calib"]],
+    ("stage", "calibration"): [["--dir", "{tmp}/calib", "--name", "calib"]],  # a valid set: local input is checked first
     ("stage", "image"): [[], ["--method", "local"]],
     ("stage", "status"): [[]],
     ("stage", "plan-baseline"): [["--file", "{tmp}/baseline.json"]],
@@ -167,6 +167,9 @@ def test_without_credentials_every_aws_command_exits_4_in_one_line(path, extra, 
     needs_config = "--config" in options(LEAVES[path]) and path not in {("plan",)}
     # deploy refuses the example config's placeholders before it looks for credentials
     config = str(write_ready_config(tmp_path / "fleet.yaml")) if path == ("deploy",) else CONFIG
+    if path == ("stage", "calibration"):  # the set itself is checked offline, before credentials are looked for
+        (tmp_path / "calib").mkdir()
+        (tmp_path / "calib" / "set.jsonl").write_text("".join(f'{{"text": "sample {i}"}}\n' for i in range(512)))
     argv = [*path, *(["--config", config] if needs_config else []), *extra]
     result = run(argv)
     assert "Traceback" not in result.stderr, result.stderr
