@@ -31,8 +31,7 @@ from typing import Any, TextIO
 
 from fleetcast.accounts import AccountAccess
 from fleetcast.config import FleetConfig
-from fleetcast.contract.context import Context
-from fleetcast.contract.context import arg as context_arg
+from fleetcast.contract.context import Context, arg as context_arg
 from fleetcast.contract.errors import UserError
 from fleetcast.contract.names import consumer_stack_name, provider_stack_name, skip_reason
 from fleetcast.first_deploy import Resolution, hold_resolver, release_resolver

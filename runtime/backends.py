@@ -19,7 +19,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 from fleetcast.config import FleetConfig
 from fleetcast.config.model import EngineSpec
@@ -119,7 +119,7 @@ class ReferenceBackend:
         return cmd
 
 
-def select_backend(cfg: FleetConfig, engine: EngineSpec, env: dict | None = None, model=None) -> ServingBackend:
+def select_backend(cfg: FleetConfig, engine: EngineSpec, env: dict[str, Any] | None = None, model=None) -> ServingBackend:
     """The backend that builds and serves `model` (default: the config's first) with `engine`."""
     env = dict(os.environ if env is None else env)
     choice = setting(env, Var.SERVING_BACKEND)

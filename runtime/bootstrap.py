@@ -43,8 +43,7 @@ from fleetcast.contract.bucket import model_prefix
 from fleetcast.contract.errors import EXIT_INVALID, EXIT_OK, EXIT_USAGE, UserError
 from fleetcast.contract.instance_env import Var, check_names, default, setting
 
-from . import gpu as gpu_mod
-from . import spot
+from . import gpu as gpu_mod, spot
 from .backends import ReferenceBackend, ServingBackend, select_backend
 from .engine_cache import (
     BuildFailed,
@@ -195,7 +194,7 @@ class Bootstrap:
         self.instance_id = ""
         self.stop_reason: str | None = None
         self._stop = threading.Event()
-        self.summary: dict = {}
+        self.summary: dict[str, Any] = {}
         self.spot_watcher: spot.SpotWatcher | None = None  # on Spot instances only (runtime/spot.py)
         self._phase = "preparing"
         self._in_build = False
@@ -424,7 +423,7 @@ class Bootstrap:
             slots = tuple(type(s)(s.model_id, s.copy_index, s.port + shift) for s in slots)
         by_model = {p.served.model.id: p for p in prepared}
         explicit = {p.served.model.id: p.served.kv_cache_bytes for p in prepared}
-        budgets: dict = {(s.model_id, s.copy_index): explicit[s.model_id] for s in slots}
+        budgets: dict[tuple[str, int], Any] = {(s.model_id, s.copy_index): explicit[s.model_id] for s in slots}
         if len(slots) > 1 and gpu.count and any(v is None for v in explicit.values()):
             free = gpu_mod.free_memory_bytes()
             if free is None:
@@ -616,8 +615,9 @@ class Bootstrap:
             spot.write_deadline(self._spot_deadline_file, notice)
         self.stop_reason = self.stop_reason or f"spot-{notice.kind}"
         self._stop.set()
-        if self._phase == "preparing" and notice.interruption:
-            signal.pthread_kill(threading.main_thread().ident, signal.SIGUSR1)
+        main = threading.main_thread().ident  # None only for a thread not started yet
+        if self._phase == "preparing" and notice.interruption and main is not None:
+            signal.pthread_kill(main, signal.SIGUSR1)
 
     def _interruptible_build(self, build):
         """The build, stopped by a Spot notice. It runs inside the engine cache's lock (whose `finally` releases
@@ -642,7 +642,7 @@ class Bootstrap:
         if self._phase == "preparing" and self._in_build:
             self._raise_if_interrupted()
 
-    def _spot_outcome(self, notice: spot.Notice) -> dict:
+    def _spot_outcome(self, notice: spot.Notice) -> dict[str, Any]:
         outcome = spot.read_outcome(self._spot_deadline_file) if notice.interruption else None
         if outcome is None:  # a rebalance drain (no deadline) or a gateway that could not report
             outcome = {"in_flight": None, "cut": None}

@@ -22,13 +22,14 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 from fleetcast.contract import telemetry
 
 from .devtools.harness import LocalAws, RuntimeProcess, free_port_pair, tiny_config
 
 
-def _stream(port: int, prompt: str, max_tokens: int) -> dict:
+def _stream(port: int, prompt: str, max_tokens: int) -> dict[str, Any]:
     """Stream one completion through the gateway (with the NLB's PROXY v2 header), printing tokens as they come."""
     import http.client
     import json
@@ -46,7 +47,7 @@ def _stream(port: int, prompt: str, max_tokens: int) -> dict:
     sent = time.monotonic()
     conn.request("POST", "/v1/completions", json.dumps(body), {"Content-Type": "application/json"})
     resp = conn.getresponse()
-    out = {"status": resp.status, "chunks": 0, "usage": None, "ttft_ms": None}
+    out: dict[str, Any] = {"status": resp.status, "chunks": 0, "usage": None, "ttft_ms": None}
     print(f"    HTTP {resp.status}; streamed text (random weights, so noise): ", end="", flush=True)
     while True:
         line = resp.readline()
@@ -69,7 +70,7 @@ def _stream(port: int, prompt: str, max_tokens: int) -> dict:
     return out
 
 
-def _wait_serving(name: str, rp: RuntimeProcess, log: Path) -> dict:
+def _wait_serving(name: str, rp: RuntimeProcess, log: Path) -> dict[str, Any]:
     event = rp.wait_event("fleetcast_serving", 240)
     if event is None:
         print(f"  {name} did not reach serving; last log lines:\n" + log.read_text()[-3000:], file=sys.stderr)

@@ -46,17 +46,15 @@ import uuid
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from boto3.exceptions import RetriesExceededError, S3UploadFailedError
 from boto3.s3.transfer import TransferConfig
 from botocore.exceptions import (
     ClientError,
+    ConnectionError as BotoConnectionError,
     HTTPClientError,
     IncompleteReadError,
-)
-from botocore.exceptions import (
-    ConnectionError as BotoConnectionError,
 )
 from s3transfer.exceptions import RetriesExceededError as TransferRetriesExceededError
 
@@ -65,6 +63,7 @@ from fleetcast.contract.instance_env import Var, default
 from fleetcast.contract.manifest import MANIFEST_NAME, Manifest, build_manifest, verify_tree
 
 log = logging.getLogger("fleetcast.engine_cache")
+_T = TypeVar("_T")
 
 CACHE_FORMAT = 1  # bump to invalidate every key when the layout or key recipe changes
 
@@ -196,7 +195,7 @@ class Resolution:
 @dataclass
 class _Lock:
     etag: str
-    body: dict
+    body: dict[str, Any]
     lost: bool = False
 
 
@@ -259,7 +258,7 @@ class RetryingS3:
     def __init__(self, s3: Any, bucket: str, settings: CacheSettings, sleep: Callable[[float], None] = time.sleep):
         self.s3, self.bucket, self.settings, self._sleep = s3, bucket, settings, sleep
 
-    def _retry(self, what: str, fn: Callable[[], Any], deadline_s: float | None = None) -> Any:
+    def _retry(self, what: str, fn: Callable[[], _T], deadline_s: float | None = None) -> _T:
         s = self.settings
         limit = s.s3_retry_deadline_s if deadline_s is None else deadline_s
         deadline = time.monotonic() + limit
@@ -351,7 +350,7 @@ class EngineCache:
     def _call(self, op: str, **kwargs: Any) -> Any:
         return self.store.call(op, **kwargs)
 
-    def _get_json(self, key: str) -> tuple[dict | None, str | None, bytes | None]:
+    def _get_json(self, key: str) -> tuple[dict[str, Any] | None, str | None, bytes | None]:
         """(parsed body or None if unparseable, etag, raw) or (None, None, None) when absent."""
         found = self.store.get_bytes(key)
         if found is None:
@@ -432,7 +431,7 @@ class EngineCache:
 
     # ------------------------------------------------------------ lock
 
-    def _lock_body(self, build_id: str) -> dict:
+    def _lock_body(self, build_id: str) -> dict[str, Any]:
         now = time.time()
         return {"key": self.key, "holder": self.holder, "build_id": build_id, "heartbeat_at": now,
                 "ttl_s": self.settings.lock_ttl_s, "nonce": uuid.uuid4().hex}

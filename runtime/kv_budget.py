@@ -77,7 +77,7 @@ def max_tokens_for(budget_bytes: int, per_token: int) -> int:
 
 
 def plan_budgets(slots: Sequence, explicit: Mapping[str, int | None], weights_bytes: Mapping[str, int],
-                 free_bytes: int, fraction: float, overhead_bytes: int = PROCESS_OVERHEAD_BYTES) -> dict:
+                 free_bytes: int, fraction: float, overhead_bytes: int = PROCESS_OVERHEAD_BYTES) -> dict[tuple[str, int], int | None]:
     """Budget in bytes per (model id, copy index); None leaves the engine's fraction in charge.
 
     A slot whose model has an explicit budget (`kv_cache_gb`) gets it. With one process and no

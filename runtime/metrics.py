@@ -13,7 +13,7 @@ import sys
 import threading
 import time
 from collections.abc import Mapping
-from typing import IO
+from typing import IO, Any
 
 from fleetcast.contract import telemetry
 
@@ -27,9 +27,9 @@ class Emf:
         self._lock = threading.Lock()
 
     def emit(self, values: Mapping[str, float], properties: Mapping[str, object] | None = None,
-             per_instance: bool = False) -> dict:
+             per_instance: bool = False) -> dict[str, Any]:
         dims = [[telemetry.DIM_FLEET, telemetry.DIM_POOL]]
-        record: dict = {telemetry.DIM_FLEET: self.fleet, telemetry.DIM_POOL: self.pool}
+        record: dict[str, Any] = {telemetry.DIM_FLEET: self.fleet, telemetry.DIM_POOL: self.pool}
         if per_instance and self.instance_id:
             dims.append([telemetry.DIM_FLEET, telemetry.DIM_POOL, telemetry.DIM_INSTANCE])
             record[telemetry.DIM_INSTANCE] = self.instance_id
@@ -49,5 +49,5 @@ class Emf:
             self.stream.flush()
         return record
 
-    def count(self, name: str, value: float = 1.0, **properties: object) -> dict:
+    def count(self, name: str, value: float = 1.0, **properties: object) -> dict[str, Any]:
         return self.emit({name: value}, properties)

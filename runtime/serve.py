@@ -38,6 +38,7 @@ import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from fleetcast.contract.instance_env import Var, default
 
@@ -114,7 +115,7 @@ class ServeSettings:
         return self.port + 1
 
 
-def http_json(method: str, url: str, body: dict | None = None, timeout_s: float = 30.0) -> tuple[int, object]:
+def http_json(method: str, url: str, body: dict[str, Any] | None = None, timeout_s: float = 30.0) -> tuple[int, object]:
     data = json.dumps(body).encode() if body is not None else None
     req = urllib.request.Request(url, data=data, method=method, headers={"Content-Type": "application/json"})
     try:
@@ -169,7 +170,7 @@ class Serving:
         self._alive: dict[str, tuple[int | None, bool]] = {}  # per process: (pid probed, answered)
         self._state_lock = threading.Lock()
         self._write_lock = threading.Lock()
-        self._written: dict | None = None
+        self._written: dict[str, Any] | None = None
         self._state_stop = threading.Event()
 
     def gateway_argv(self) -> list[str]:
@@ -206,9 +207,9 @@ class Serving:
         if self.s.models_state_file is not None:
             self.write_models_state()
 
-    def model_health(self) -> dict[str, dict]:
+    def model_health(self) -> dict[str, dict[str, Any]]:
         """Per model: ready when at least one copy is running and answered its last health check."""
-        out: dict[str, dict] = {}
+        out: dict[str, dict[str, Any]] = {}
         with self._state_lock:
             alive = dict(self._alive)
         for server in self.servers:
@@ -264,13 +265,13 @@ class Serving:
             raise ServeError(f"{what} kept crashing "
                              f"(exit codes {child.exit_codes[-5:] if child else '?'})")
 
-    def wait_ready(self) -> dict:
+    def wait_ready(self) -> dict[str, Any]:
         """Block until every engine process is healthy and generated once (started one after another),
         then start the gateway and wait for its health; ServeError (naming the model) on timeout or
         crash loop."""
         deadline = time.monotonic() + self.s.ready_timeout_s
         started = time.monotonic()
-        timings: dict = {"models": {}}
+        timings: dict[str, Any] = {"models": {}}
         for index, server in enumerate(self.servers):
             if index and server.name not in self.supervisor.children:
                 self._start_server(server)
@@ -338,12 +339,12 @@ class Serving:
         where = "" if len(self.servers) == 1 else f"{server.what}: "
         raise ServeError(f"{where}probe generation through /v1/completions failed: {last}")
 
-    def drain(self, budget_s: float | None = None) -> dict:
+    def drain(self, budget_s: float | None = None) -> dict[str, Any]:
         """Gateway first (health 503, finish in-flight, close), then the server. `budget_s`: a Spot
         interruption's time left, which the gateway also read from its deadline file."""
         started = time.monotonic()
         self._state_stop.set()
-        report: dict = {}
+        report: dict[str, Any] = {}
         window = self.s.drain_timeout_s if budget_s is None else min(self.s.drain_timeout_s, max(0.0, budget_s))
         if self.s.gateway and "gateway" in self.supervisor.children:
             # The gateway bounds in-flight requests by the same drain timeout; a small margin covers its exit.
@@ -371,14 +372,14 @@ class Serving:
         report["drain_s"] = time.monotonic() - started
         return report
 
-    def server_stats(self) -> dict | None:
+    def server_stats(self) -> dict[str, Any] | None:
         """Latest iteration stats of the instance's engine processes (trtllm-serve's /metrics, dequeued on
         read): requests active and queued summed over them, KV utilization the fullest one's (the one
         that refuses work first)."""
         per = [stats for server in self.servers if (stats := self.process_stats(server))]
         if not per:
             return None
-        out: dict = {}
+        out: dict[str, Any] = {}
         for key in ("active", "queued"):
             if any(key in st for st in per):
                 out[key] = sum(st.get(key, 0.0) for st in per)
@@ -386,7 +387,7 @@ class Serving:
             out["kv_util"] = max(st["kv_util"] for st in per if "kv_util" in st)
         return out
 
-    def process_stats(self, server: ServerProcess) -> dict | None:
+    def process_stats(self, server: ServerProcess) -> dict[str, Any] | None:
         try:
             status, stats = http_json("GET", f"{server.base}/metrics", timeout_s=5.0)
         except OSError:

@@ -90,7 +90,7 @@ def _epoch(value: object) -> float | None:
     return (parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)).timestamp()
 
 
-def _object(body: str) -> dict:
+def _object(body: str) -> dict[str, Any]:
     """The notice's JSON object, or {} when it is not one: a body we cannot read is still a notice, since
     EC2 posts these items only when it will act."""
     try:
@@ -179,7 +179,7 @@ def write_deadline(path: Path, notice: Notice, reserve_s: float = DRAIN_EXIT_RES
     os.replace(tmp, path)
 
 
-def drain_budget_s(path: str | os.PathLike | None, default_s: float, now: float | None = None) -> float:
+def drain_budget_s(path: str | os.PathLike[str] | None, default_s: float, now: float | None = None) -> float:
     """The gateway's drain timeout: the config's, or less when a spot deadline was written."""
     if not path:
         return default_s
@@ -193,18 +193,18 @@ def drain_budget_s(path: str | os.PathLike | None, default_s: float, now: float 
     return max(0.0, min(default_s, deadline - (time.time() if now is None else now)))
 
 
-def outcome_path(deadline_file: str | os.PathLike) -> Path:
+def outcome_path(deadline_file: str | os.PathLike[str]) -> Path:
     return Path(f"{deadline_file}.outcome")
 
 
-def write_outcome(deadline_file: str | os.PathLike | None, *, in_flight: int, cut: int, budget_s: float) -> None:
+def write_outcome(deadline_file: str | os.PathLike[str] | None, *, in_flight: int, cut: int, budget_s: float) -> None:
     """The gateway's report of its drain, read back by the bootstrap for the drain-outcome metrics."""
     if not deadline_file or not Path(deadline_file).exists():
         return
     outcome_path(deadline_file).write_text(json.dumps({"in_flight": in_flight, "cut": cut, "budget_s": budget_s}))
 
 
-def read_outcome(deadline_file: str | os.PathLike) -> dict | None:
+def read_outcome(deadline_file: str | os.PathLike[str]) -> dict[str, Any] | None:
     try:
         doc = json.loads(outcome_path(deadline_file).read_text())
     except (OSError, ValueError):

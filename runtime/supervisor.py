@@ -120,10 +120,10 @@ class Child:
     cwd: str | None = None
     policy: RestartPolicy = field(default_factory=RestartPolicy)
     liveness: Liveness | None = None
-    proc: subprocess.Popen | None = None
+    proc: subprocess.Popen[bytes] | None = None
     starts: int = 0
-    restarts: deque = field(default_factory=deque)
-    exit_codes: list = field(default_factory=list)
+    restarts: deque[float] = field(default_factory=deque)  # monotonic start times within the window
+    exit_codes: list[int] = field(default_factory=list)
     unresponsive: int = 0  # times it was killed for not answering its liveness probe
     spawned_at: float = 0.0
 
@@ -257,7 +257,7 @@ class Supervisor:
         child = self.children[name]
         with self._lock:
             self._stopping.add(name)
-            if child.running():
+            if child.proc is not None and child.running():
                 os.killpg(child.proc.pid, sig)
 
     def wait(self, name: str, timeout_s: float) -> int | None:

@@ -29,6 +29,7 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from fleetcast.config import Backend, FleetConfig, KvCacheDtype, ModelFamily, Precision
 from fleetcast.config.model import EngineSpec
@@ -139,7 +140,7 @@ def build_command(engine: EngineSpec, max_input_len: int, max_output_len: int, p
     ]
 
 
-def extra_llm_api_options(engine: EngineSpec, kv_max_tokens: int | None = None) -> dict:
+def extra_llm_api_options(engine: EngineSpec, kv_max_tokens: int | None = None) -> dict[str, Any]:
     """LLM API options trtllm-serve has no flag for, only those the backend's args class accepts.
 
     TrtLlmArgs and TorchLlmArgs forbid unknown keys (tensorrt_llm/llmapi/llm_args.py), so a
@@ -152,10 +153,10 @@ def extra_llm_api_options(engine: EngineSpec, kv_max_tokens: int | None = None) 
     - kv_cache_config.max_tokens: a process's explicit KV budget on a GPU it shares, which
       both backends honour as a cap next to the fraction (runtime/kv_budget.py).
     """
-    kv_cache: dict = {"free_gpu_memory_fraction": engine.kv_cache_free_gpu_memory_fraction}
+    kv_cache: dict[str, Any] = {"free_gpu_memory_fraction": engine.kv_cache_free_gpu_memory_fraction}
     if kv_max_tokens is not None:
         kv_cache["max_tokens"] = kv_max_tokens
-    options: dict = {"return_perf_metrics": True, "kv_cache_config": kv_cache}
+    options: dict[str, Any] = {"return_perf_metrics": True, "kv_cache_config": kv_cache}
     if engine.backend is Backend.PYTORCH:
         options["enable_iter_perf_stats"] = True
         kv = engine.kv_cache_dtype.value

@@ -7,9 +7,7 @@ small; the config digest in user data is what rolls the launch template.
 
 from __future__ import annotations
 
-from aws_cdk import Stage
-from aws_cdk import aws_s3_assets as s3_assets
-from aws_cdk import aws_ssm as ssm
+from aws_cdk import Stage, aws_s3_assets as s3_assets, aws_ssm as ssm
 from constructs import Construct
 
 from fleetcast.config import FleetConfig

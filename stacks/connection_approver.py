@@ -18,12 +18,15 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from aws_cdk import RemovalPolicy, Stack
-from aws_cdk import aws_ec2 as ec2
-from aws_cdk import aws_iam as iam
-from aws_cdk import aws_lambda as lambda_
-from aws_cdk import aws_sns as sns
-from aws_cdk import aws_sns_subscriptions as subscriptions
+from aws_cdk import (
+    RemovalPolicy,
+    Stack,
+    aws_ec2 as ec2,
+    aws_iam as iam,
+    aws_lambda as lambda_,
+    aws_sns as sns,
+    aws_sns_subscriptions as subscriptions,
+)
 from constructs import Construct
 
 from fleetcast.config import FleetConfig, Region

@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from aws_cdk import CfnOutput, Fn, Stack
-from aws_cdk import aws_ec2 as ec2
+from aws_cdk import CfnOutput, Fn, Stack, aws_ec2 as ec2
 from constructs import Construct
 
 from fleetcast.config import Consumer, FleetConfig

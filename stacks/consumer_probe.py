@@ -27,12 +27,18 @@ import re
 import shutil
 from pathlib import Path
 
-from aws_cdk import ArnFormat, CfnOutput, Duration, Fn, Stack
-from aws_cdk import aws_autoscaling as autoscaling
-from aws_cdk import aws_ec2 as ec2
-from aws_cdk import aws_iam as iam
-from aws_cdk import aws_s3 as s3
-from aws_cdk import aws_s3_assets as s3_assets
+from aws_cdk import (
+    ArnFormat,
+    CfnOutput,
+    Duration,
+    Fn,
+    Stack,
+    aws_autoscaling as autoscaling,
+    aws_ec2 as ec2,
+    aws_iam as iam,
+    aws_s3 as s3,
+    aws_s3_assets as s3_assets,
+)
 from constructs import Construct
 
 from fleetcast.config import Consumer, FleetConfig

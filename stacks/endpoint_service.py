@@ -10,12 +10,15 @@ The PrivateLink path, hop by hop, and the rule that lets each hop through:
 
 from __future__ import annotations
 
-from aws_cdk import CfnOutput, Duration
-from aws_cdk import aws_ec2 as ec2
-from aws_cdk import aws_elasticloadbalancingv2 as elbv2
-from aws_cdk import aws_iam as iam
-from aws_cdk import aws_s3 as s3
-from aws_cdk import aws_sns as sns
+from aws_cdk import (
+    CfnOutput,
+    Duration,
+    aws_ec2 as ec2,
+    aws_elasticloadbalancingv2 as elbv2,
+    aws_iam as iam,
+    aws_s3 as s3,
+    aws_sns as sns,
+)
 from constructs import Construct
 
 from fleetcast.config import FleetConfig, Region

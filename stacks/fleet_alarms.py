@@ -19,14 +19,16 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from aws_cdk import Duration
-from aws_cdk import aws_autoscaling as autoscaling
-from aws_cdk import aws_cloudwatch as cloudwatch
-from aws_cdk import aws_cloudwatch_actions as cw_actions
-from aws_cdk import aws_elasticloadbalancingv2 as elbv2
-from aws_cdk import aws_events as events
-from aws_cdk import aws_events_targets as targets
-from aws_cdk import aws_sns as sns
+from aws_cdk import (
+    Duration,
+    aws_autoscaling as autoscaling,
+    aws_cloudwatch as cloudwatch,
+    aws_cloudwatch_actions as cw_actions,
+    aws_elasticloadbalancingv2 as elbv2,
+    aws_events as events,
+    aws_events_targets as targets,
+    aws_sns as sns,
+)
 from constructs import Construct
 
 from fleetcast.config import FleetConfig, Pool

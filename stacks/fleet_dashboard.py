@@ -9,10 +9,12 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 
-from aws_cdk import Duration
-from aws_cdk import aws_autoscaling as autoscaling
-from aws_cdk import aws_cloudwatch as cloudwatch
-from aws_cdk import aws_elasticloadbalancingv2 as elbv2
+from aws_cdk import (
+    Duration,
+    aws_autoscaling as autoscaling,
+    aws_cloudwatch as cloudwatch,
+    aws_elasticloadbalancingv2 as elbv2,
+)
 from constructs import Construct
 
 from fleetcast.config import FleetConfig

@@ -2,10 +2,7 @@
 
 from __future__ import annotations
 
-from aws_cdk import ArnFormat, RemovalPolicy, Stack
-from aws_cdk import aws_iam as iam
-from aws_cdk import aws_kms as kms
-from aws_cdk import aws_logs as logs
+from aws_cdk import ArnFormat, RemovalPolicy, Stack, aws_iam as iam, aws_kms as kms, aws_logs as logs
 from constructs import Construct
 
 # CloudWatch's retention values in days, in the order of the RetentionDays enum.

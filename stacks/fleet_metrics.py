@@ -7,10 +7,12 @@ publishes and the stacks that read can never drift apart. Runtime metrics carry 
 
 from __future__ import annotations
 
-from aws_cdk import Duration
-from aws_cdk import aws_autoscaling as autoscaling
-from aws_cdk import aws_cloudwatch as cloudwatch
-from aws_cdk import aws_elasticloadbalancingv2 as elbv2
+from aws_cdk import (
+    Duration,
+    aws_autoscaling as autoscaling,
+    aws_cloudwatch as cloudwatch,
+    aws_elasticloadbalancingv2 as elbv2,
+)
 
 from fleetcast.contract import telemetry
 

@@ -16,10 +16,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Protocol
 
-from aws_cdk import aws_autoscaling as autoscaling
-from aws_cdk import aws_elasticloadbalancingv2 as elbv2
-from aws_cdk import aws_sns as sns
-from aws_cdk import aws_sns_subscriptions as subscriptions
+from aws_cdk import (
+    aws_autoscaling as autoscaling,
+    aws_elasticloadbalancingv2 as elbv2,
+    aws_sns as sns,
+    aws_sns_subscriptions as subscriptions,
+)
 from constructs import Construct
 
 from fleetcast.config import FleetConfig, Pool, Region

@@ -35,9 +35,9 @@ from aws_cdk import (
     CfnAutoScalingInstanceRefreshPreferences,
     CfnAutoScalingScheduledAction,
     CfnUpdatePolicy,
+    aws_autoscaling as autoscaling,
+    aws_cloudwatch as cloudwatch,
 )
-from aws_cdk import aws_autoscaling as autoscaling
-from aws_cdk import aws_cloudwatch as cloudwatch
 from constructs import Construct
 
 from fleetcast.config import Pool

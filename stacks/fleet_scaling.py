@@ -40,8 +40,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import jsii
-from aws_cdk import aws_autoscaling as autoscaling
-from aws_cdk import aws_cloudwatch as cloudwatch
+from aws_cdk import aws_autoscaling as autoscaling, aws_cloudwatch as cloudwatch
 from constructs import Construct
 
 from fleetcast.config import FleetConfig, Pool

@@ -30,12 +30,15 @@ import json
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from aws_cdk import RemovalPolicy, Stack
-from aws_cdk import aws_autoscaling as autoscaling
-from aws_cdk import aws_events as events
-from aws_cdk import aws_events_targets as targets
-from aws_cdk import aws_iam as iam
-from aws_cdk import aws_lambda as lambda_
+from aws_cdk import (
+    RemovalPolicy,
+    Stack,
+    aws_autoscaling as autoscaling,
+    aws_events as events,
+    aws_events_targets as targets,
+    aws_iam as iam,
+    aws_lambda as lambda_,
+)
 from constructs import Construct
 
 from fleetcast.config import FleetConfig, Pool

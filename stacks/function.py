@@ -8,10 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from aws_cdk import Duration, RemovalPolicy
-from aws_cdk import aws_iam as iam
-from aws_cdk import aws_lambda as lambda_
-from aws_cdk import aws_logs as logs
+from aws_cdk import Duration, RemovalPolicy, aws_iam as iam, aws_lambda as lambda_, aws_logs as logs
 from constructs import Construct
 
 from fleetcast.config import FleetConfig

@@ -8,14 +8,18 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from aws_cdk import ArnFormat, Duration, Stack
-from aws_cdk import aws_autoscaling as autoscaling
-from aws_cdk import aws_ec2 as ec2
-from aws_cdk import aws_ecr as ecr
-from aws_cdk import aws_iam as iam
-from aws_cdk import aws_logs as logs
-from aws_cdk import aws_s3_assets as s3_assets
-from aws_cdk import aws_ssm as ssm
+from aws_cdk import (
+    ArnFormat,
+    Duration,
+    Stack,
+    aws_autoscaling as autoscaling,
+    aws_ec2 as ec2,
+    aws_ecr as ecr,
+    aws_iam as iam,
+    aws_logs as logs,
+    aws_s3_assets as s3_assets,
+    aws_ssm as ssm,
+)
 from constructs import Construct
 
 from fleetcast.config import FleetConfig, Pool, Region

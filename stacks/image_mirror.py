@@ -16,13 +16,18 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from aws_cdk import CfnOutput, Duration, RemovalPolicy, Stack
-from aws_cdk import aws_codebuild as codebuild
-from aws_cdk import aws_ecr as ecr
-from aws_cdk import aws_iam as iam
-from aws_cdk import aws_kms as kms
-from aws_cdk import aws_logs as logs
-from aws_cdk import aws_s3_assets as s3_assets
+from aws_cdk import (
+    CfnOutput,
+    Duration,
+    RemovalPolicy,
+    Stack,
+    aws_codebuild as codebuild,
+    aws_ecr as ecr,
+    aws_iam as iam,
+    aws_kms as kms,
+    aws_logs as logs,
+    aws_s3_assets as s3_assets,
+)
 from constructs import Construct
 
 from fleetcast.contract.outputs import ProviderOutput

@@ -7,8 +7,7 @@
 
 from __future__ import annotations
 
-from aws_cdk import Stack
-from aws_cdk import aws_autoscaling as autoscaling
+from aws_cdk import Stack, aws_autoscaling as autoscaling
 from constructs import Construct
 
 from fleetcast.contract.capacity_hold import HOLD_CONTEXT, parse_held_regions

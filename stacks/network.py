@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-from aws_cdk import CfnResource, Stack
-from aws_cdk import aws_ec2 as ec2
-from aws_cdk import aws_logs as logs
+from aws_cdk import CfnResource, Stack, aws_ec2 as ec2, aws_logs as logs
 from constructs import Construct
 
 from fleetcast.config import EgressMode, ExistingVpc, Region

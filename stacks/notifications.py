@@ -7,10 +7,7 @@ customer-managed key whose policy names each publishing service.
 
 from __future__ import annotations
 
-from aws_cdk import Stack
-from aws_cdk import aws_iam as iam
-from aws_cdk import aws_kms as kms
-from aws_cdk import aws_sns as sns
+from aws_cdk import Stack, aws_iam as iam, aws_kms as kms, aws_sns as sns
 from constructs import Construct
 
 # Services that publish here: PrivateLink connection notifications, CloudWatch

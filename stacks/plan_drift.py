@@ -22,14 +22,17 @@ import json
 import shutil
 from pathlib import Path
 
-from aws_cdk import RemovalPolicy, Stack
-from aws_cdk import aws_ec2 as ec2
-from aws_cdk import aws_events as events
-from aws_cdk import aws_events_targets as targets
-from aws_cdk import aws_iam as iam
-from aws_cdk import aws_lambda as lambda_
-from aws_cdk import aws_s3 as s3
-from aws_cdk import aws_sns as sns
+from aws_cdk import (
+    RemovalPolicy,
+    Stack,
+    aws_ec2 as ec2,
+    aws_events as events,
+    aws_events_targets as targets,
+    aws_iam as iam,
+    aws_lambda as lambda_,
+    aws_s3 as s3,
+    aws_sns as sns,
+)
 from constructs import Construct
 
 from fleetcast.config import FleetConfig, Region

@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from aws_cdk import CfnOutput, Stack, Tags
-from aws_cdk import aws_ec2 as ec2
+from aws_cdk import CfnOutput, Stack, Tags, aws_ec2 as ec2
 from constructs import Construct
 
 from fleetcast.config import EgressMode, FleetConfig, Region

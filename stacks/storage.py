@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-from aws_cdk import Duration, RemovalPolicy
-from aws_cdk import aws_ecr as ecr
-from aws_cdk import aws_s3 as s3
+from aws_cdk import Duration, RemovalPolicy, aws_ecr as ecr, aws_s3 as s3
 from constructs import Construct
 
 from fleetcast.contract.bucket import LOCKS

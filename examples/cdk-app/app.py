@@ -14,10 +14,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from aws_cdk import App, Environment, Stack
-from aws_cdk import aws_iam as iam
-from aws_cdk import aws_kms as kms
-from aws_cdk import aws_sns as sns
+from aws_cdk import App, Environment, Stack, aws_iam as iam, aws_kms as kms, aws_sns as sns
 from constructs import Construct
 
 from fleetcast.config import load_config

@@ -20,8 +20,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from aws_cdk import App, Environment, Stack, pipelines
-from aws_cdk import aws_codebuild as codebuild
+from aws_cdk import App, Environment, Stack, aws_codebuild as codebuild, pipelines
 from constructs import Construct
 
 from fleetcast.config import FleetConfig, load_config

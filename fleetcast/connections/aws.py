@@ -10,11 +10,9 @@ from fleetcast.aws_session import (
     DENIED_CODES,
     THROTTLING_CODES,
     AwsCallError,
+    AwsSession as Access,
     PermissionDenied,
     iam_action,
-)
-from fleetcast.aws_session import (
-    AwsSession as Access,
 )
 
 __all__ = [

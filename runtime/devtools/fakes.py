@@ -22,6 +22,7 @@ import urllib.parse
 import uuid
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any, Self
 
 ASG_NS = "http://autoscaling.amazonaws.com/doc/2011-01-01/"
 
@@ -43,7 +44,7 @@ class _Server:
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
-    def start(self) -> _Server:
+    def start(self) -> Self:
         self.thread.start()
         return self
 
@@ -106,11 +107,11 @@ class FakeImds(_Server):
         self.target_lifecycle_state = target_lifecycle_state
         # Spot: "on-demand" or "spot"; the interruption and rebalance items are absent (404) until set.
         self.instance_life_cycle = "on-demand"
-        self.spot_instance_action: dict | None = None
-        self.rebalance_recommendation: dict | None = None
+        self.spot_instance_action: dict[str, Any] | None = None
+        self.rebalance_recommendation: dict[str, Any] | None = None
         self.spot_polls = 0
 
-    def interrupt(self, action: str = "terminate", in_s: float = 120.0, now: float | None = None) -> dict:
+    def interrupt(self, action: str = "terminate", in_s: float = 120.0, now: float | None = None) -> dict[str, Any]:
         """Post the Spot interruption notice EC2 posts two minutes before it acts (action at now + in_s)."""
         import datetime as _dt
 
@@ -241,9 +242,9 @@ class _Ec2Handler(_Quiet):
 class FakeEc2(_Server):
     """DescribeVpcEndpointConnections only (moto lacks it): which consumer endpoint belongs to which account."""
 
-    def __init__(self, connections: list[dict] | None = None) -> None:
+    def __init__(self, connections: list[dict[str, Any]] | None = None) -> None:
         super().__init__(_Ec2Handler)
-        self.connections: list[dict] = list(connections or [])
+        self.connections: list[dict[str, Any]] = list(connections or [])
 
 
 @dataclass

@@ -99,11 +99,11 @@ def tiny_config(region: str = "ap-northeast-2", **operations: Any) -> FleetConfi
 class RuntimeProcess:
     """A `python -m runtime.bootstrap` child with its stdout parsed for the runtime's JSON events."""
 
-    proc: subprocess.Popen
+    proc: subprocess.Popen[str]
     started: float
     lines: list[str] = field(default_factory=list)
-    events: queue.Queue[dict] = field(default_factory=queue.Queue)
-    seen: list[dict] = field(default_factory=list)
+    events: queue.Queue[dict[str, Any]] = field(default_factory=queue.Queue)
+    seen: list[dict[str, Any]] = field(default_factory=list)
 
     def _pump(self) -> None:
         assert self.proc.stdout is not None
@@ -117,7 +117,7 @@ class RuntimeProcess:
                 if "event" in record:
                     self.events.put(record)
 
-    def wait_event(self, name: str, timeout_s: float) -> dict | None:
+    def wait_event(self, name: str, timeout_s: float) -> dict[str, Any] | None:
         """The first `event` named `name`, or None if the process exits or time runs out first."""
         for record in self.seen:
             if record.get("event") == name:
@@ -135,7 +135,7 @@ class RuntimeProcess:
                 return record
         return None
 
-    def emf(self) -> list[dict]:
+    def emf(self) -> list[dict[str, Any]]:
         out = []
         for line in self.lines:
             if line.startswith('{"Fleet"') or '"_aws"' in line:

@@ -23,11 +23,15 @@ import signal
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from fleetcast.contract.instance_env import Var, default
 
 from .http import BODY_TIMEOUT_S
 from .identity import log
+
+if TYPE_CHECKING:  # for annotations only: the config package is imported where a config is loaded
+    from fleetcast.config import Consumer, FleetConfig
 
 
 def _hostport(value: str) -> tuple[str, int]:
@@ -118,7 +122,7 @@ def config_source(args: argparse.Namespace) -> tuple[str, Callable[[], str]]:
     raise SystemExit(f"gateway: give --config-json FILE or set {Var.CONFIG_PARAM.value}")
 
 
-def _load_config(args: argparse.Namespace):
+def _load_config(args: argparse.Namespace) -> FleetConfig:
     from fleetcast.config import ConfigError, config_from_json
 
     try:
@@ -174,7 +178,7 @@ async def serve(args: argparse.Namespace, shared=None, worker: int = 0) -> int:
                       drain_timeout_s=cfg.operations.drain_timeout_s, body_timeout_s=args.body_timeout_s,
                       upstream_idle_timeout_s=args.upstream_idle_s, models_state=args.models_state)
 
-    async def apply_consumers(new_cfg, new_consumers) -> None:
+    async def apply_consumers(new_cfg: FleetConfig, new_consumers: tuple[Consumer, ...]) -> None:
         # Keys before identity: a consumer that now needs a key must not be served keyless meanwhile.
         await keys.set_secret_names(secret_names(new_consumers, new_cfg.api_key_secret_of))
         gateway.set_consumers(new_consumers, entitlements(new_cfg, new_consumers, router))
@@ -189,9 +193,10 @@ async def serve(args: argparse.Namespace, shared=None, worker: int = 0) -> int:
     # stream would feel; frozen, the collector walks only request garbage (measured ~0 ms).
     gc.collect()
     gc.freeze()
-    await gateway.start(*args.listen, reuse_port=shared is not None)
+    host, port = args.listen
+    await gateway.start(host, port, reuse_port=shared is not None)
     log("gateway_started", worker=worker, listen=f"{args.listen[0]}:{gateway.port}", upstream=f"{args.upstream[0]}:{args.upstream[1]}",
-        routes={i: [p.host_header for p in (router.resolve(i).pools)] for i in router.ids},
+        routes={i: [p.host_header for p in (router.resolve(i).pools)] for i in router.ids},  # type: ignore[union-attr]  # each id resolves
         region=args.region, pool=args.pool, consumers=[c.name for c in consumers],
         proxy_protocol=args.proxy_protocol, endpoints_loaded=endpoints.loaded, config_source=source,
         event_loop=getattr(args, "loop_name", "asyncio"))
@@ -281,7 +286,7 @@ def run_workers(args: argparse.Namespace) -> int:
         nonlocal stopping
         stopping = True
         for proc in workers:
-            if proc.is_alive():
+            if proc.is_alive() and proc.pid is not None:  # a started process has its pid
                 os.kill(proc.pid, signal.SIGTERM)
 
     signal.signal(signal.SIGTERM, forward)

@@ -32,7 +32,7 @@ class HealthProbe:
         self.draining = draining
         self.models_state = models_state  # the runtime's per-model readiness file, when it writes one
         self._conn: UpstreamConn | None = None  # one kept-alive connection for /health checks
-        self._probe: asyncio.Future | None = None  # the check in flight; concurrent ones share it
+        self._probe: asyncio.Future[tuple[int, dict[str, Any]]] | None = None  # the check in flight; concurrent ones share it
 
     async def response(self, head_only: bool, keep: bool) -> bytes:
         """The gateway's whole /health answer: 503 while draining, else the server's verdict."""
@@ -55,7 +55,7 @@ class HealthProbe:
             return 200, {"status": "ok", "models": ready}
         return 503, {"status": "unhealthy", "reason": "no model is ready", "models": ready}
 
-    def read_models(self) -> dict[str, dict] | None:
+    def read_models(self) -> dict[str, dict[str, Any]] | None:
         """The runtime's file ({"models": {id: {"ready": bool, ...}}}), or None without a usable one."""
         if not self.models_state:
             return None

@@ -84,7 +84,8 @@ def parse_head(head: bytes) -> Request:
     parts = lines[0].split(" ")
     if len(parts) != 3 or not parts[2].startswith("HTTP/1."):
         raise HttpError(400, "malformed request line")
-    headers, lower = [], {}
+    headers: list[tuple[str, str]] = []
+    lower: dict[str, str] = {}
     for line in lines[1:]:
         if not line:
             continue

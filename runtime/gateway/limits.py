@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from fleetcast.config.model import ConsumerLimits
@@ -26,7 +27,7 @@ def bucket_shape(limits: ConsumerLimits) -> tuple[float, float]:
 class TokenBucket:
     """Classic token bucket: `rate` tokens per second, at most `capacity` stored."""
 
-    def __init__(self, rate: float, capacity: float, clock=time.monotonic):
+    def __init__(self, rate: float, capacity: float, clock: Callable[[], float] = time.monotonic):
         self.rate = rate
         self.capacity = capacity
         self._clock = clock
@@ -65,7 +66,7 @@ class Throttle:
 class ConsumerLimiter:
     """One consumer's limits. `admit()` either reserves a slot (release it with `release()`) or says why not."""
 
-    def __init__(self, limits: ConsumerLimits, clock=time.monotonic):
+    def __init__(self, limits: ConsumerLimits, clock: Callable[[], float] = time.monotonic):
         self.max_concurrency = limits.max_concurrency
         self.requests_per_minute = limits.requests_per_minute
         self.bucket = TokenBucket(*bucket_shape(limits), clock)

@@ -194,7 +194,7 @@ def record(metrics: MetricsSink, ex: Exchange, path: str) -> None:
                                 t.INPUT_TOKENS: input_tokens, t.OUTPUT_TOKENS: output_tokens}
     if ex.props.get("stream_cut"):
         values[t.STREAMS_CUT] = 1
-    if meter and meter.first_content_at is not None:
+    if meter and meter.first_content_at is not None and meter.last_content_at is not None:  # set together
         values[t.TTFT_MS] = round((meter.first_content_at - ex.started) * 1000, 3)
         values[t.E2E_MS] = round((meter.last_content_at - ex.started) * 1000, 3)
         if output_tokens > 1:

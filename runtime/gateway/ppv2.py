@@ -94,7 +94,8 @@ def header_length(prefix: bytes) -> int:
     version = prefix[12] >> 4
     if version != 2:
         raise ProxyHeaderError(f"PROXY protocol version {version}: only 2 is accepted")
-    return HEADER_PREFIX_LEN + struct.unpack("!H", prefix[14:16])[0]
+    length: int = struct.unpack("!H", prefix[14:16])[0]
+    return HEADER_PREFIX_LEN + length
 
 
 def parse(data: bytes) -> ProxyHeader:

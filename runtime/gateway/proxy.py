@@ -114,7 +114,7 @@ class Proxy:
         out_headers = [(k, v) for k, v in up_headers if k.lower() not in HOP_BY_HOP]
         streaming = exchange is not None and prepared is not None and prepared.stream \
             and "text/event-stream" in lower.get("content-type", "")
-        if streaming:
+        if streaming and exchange is not None and prepared is not None:  # streaming implies both: restated for mypy
             exchange.meter = SseMeter(prepared.strip_usage)
         # Re-frame as chunked whenever the length may change (stripped usage) or is unknown.
         out_chunked = not no_body and not http10 and (up_chunked or up_length is None or streaming)

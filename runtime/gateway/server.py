@@ -68,7 +68,7 @@ class Gateway:
 
     def __init__(self, *, router: Router, identity: Identity, limiters: dict[str, ConsumerLimiter],
                  metrics: MetricsSink, entitled: Mapping[str, Iterable[str]] | None = None,
-                 model_limiters: dict | None = None, proxy_protocol: bool = True, drain_timeout_s: float = 300.0,
+                 model_limiters: dict[tuple[str, str], ConsumerLimiter] | None = None, proxy_protocol: bool = True, drain_timeout_s: float = 300.0,
                  header_timeout_s: float = 5.0, idle_timeout_s: float = 75.0, upstream_idle_timeout_s: float = 600.0,
                  health_timeout_s: float = 2.0, max_idle_upstream: int = 256, body_timeout_s: float = BODY_TIMEOUT_S,
                  disconnect_poll_s: float = 0.5, health_upstream: tuple[str, int] | None = None,
@@ -96,7 +96,7 @@ class Gateway:
         self.started_at = int(clock())
         self.watchdog = StreamWatchdog(upstream_idle_timeout_s)
         self.proxy = Proxy(self.drain_state, self.watchdog, disconnect_poll_s)
-        self._server: asyncio.AbstractServer | None = None
+        self._server: asyncio.Server | None = None
         self._connections: set[asyncio.StreamWriter] = set()
 
     # The gateway's state as the entry point and the tests read it; each has one home above.
@@ -132,7 +132,7 @@ class Gateway:
 
     # ------------------------------------------------------------ lifecycle
 
-    async def start(self, host: str, port: int, reuse_port: bool = False) -> asyncio.AbstractServer:
+    async def start(self, host: str, port: int, reuse_port: bool = False) -> asyncio.Server:
         self._server = await asyncio.start_server(self._connection, host, port, limit=CLIENT_READ_LIMIT, backlog=1024,
                                                   reuse_port=reuse_port or None)
         for pool in self.router.pools:

@@ -17,7 +17,9 @@ import hashlib
 import json
 import sys
 import time
+import types
 from pathlib import Path
+from typing import Any
 
 from .configs import SIZES, ModelShape, shape_for
 from .tokenizer import EOS_ID, VOCAB_SIZE, write_tokenizer
@@ -28,7 +30,7 @@ DTYPES = ("float32", "float16", "bfloat16")
 FORMAT = "fleetcast-reference/1"
 
 
-def _torch():
+def _torch() -> types.ModuleType:
     try:
         import torch
     except ImportError:
@@ -46,7 +48,7 @@ def _have_safetensors() -> bool:
     return True
 
 
-def random_weights(shape: ModelShape, seed: int, dtype: str = "float32", device: str = "cpu") -> dict:
+def random_weights(shape: ModelShape, seed: int, dtype: str = "float32", device: str = "cpu") -> dict[str, Any]:
     """Random GPT-2 weights: embeddings N(0, 0.02), projections N(0, 1/fan_in), LayerNorms identity."""
     torch = _torch()
     from .model import weight_names
@@ -69,7 +71,7 @@ def random_weights(shape: ModelShape, seed: int, dtype: str = "float32", device:
     return out
 
 
-def build_artifact(out_dir, *, size: str = "tiny", seed: int = 0, dtype: str = "float32", device: str = "cpu") -> dict:
+def build_artifact(out_dir: str | Path, *, size: str = "tiny", seed: int = 0, dtype: str = "float32", device: str = "cpu") -> dict[str, Any]:
     """Write the artifact for `size` into `out_dir`; return {"files": [...], "sha256": {...}, ...}.
 
     `out_dir` is created if needed and must not already hold an artifact (the engine cache builds
@@ -156,19 +158,19 @@ def _sha256(path: Path) -> str:
     return h.hexdigest()
 
 
-def read_config(artifact_dir) -> dict:
+def read_config(artifact_dir: str | Path) -> dict[str, Any]:
     """The artifact's config.json, checked to be a reference-backend artifact."""
     path = Path(artifact_dir) / "config.json"
     if not path.is_file():
         raise FileNotFoundError(f"artifact: {path} is missing")
-    config = json.loads(path.read_text(encoding="utf-8"))
+    config: dict[str, Any] = json.loads(path.read_text(encoding="utf-8"))
     meta = config.get("fleetcast_reference")
     if not isinstance(meta, dict) or meta.get("format") != FORMAT:
         raise ValueError(f"artifact: {path} was not written by runtime.reference.build (format {FORMAT})")
     return config
 
 
-def load_weights(artifact_dir, device: str = "cpu") -> dict:
+def load_weights(artifact_dir: str | Path, device: str = "cpu") -> dict[str, Any]:
     """The artifact's tensors by name, loaded onto `device`."""
     torch = _torch()
     config = read_config(artifact_dir)
@@ -180,8 +182,10 @@ def load_weights(artifact_dir, device: str = "cpu") -> dict:
             raise RuntimeError("artifact: weights are safetensors but the safetensors package is not installed")
         from safetensors.torch import load_file
 
-        return load_file(str(path), device=device)
-    return torch.load(path, map_location=device, weights_only=True)
+        weights: dict[str, Any] = load_file(str(path), device=device)
+    else:
+        weights = torch.load(path, map_location=device, weights_only=True)
+    return weights
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -6,9 +6,11 @@ arrival time of every content chunk, the text, the finish reason and the server'
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 import aiohttp
 
@@ -19,7 +21,7 @@ class StreamResult:
     text: str = ""
     chunks: int = 0  # content chunks (one per token for the reference backend)
     finish_reason: str | None = None
-    usage: dict | None = None
+    usage: dict[str, Any] | None = None
     ttft_s: float | None = None
     e2e_s: float | None = None
     chunk_times: list[float] = field(default_factory=list)  # seconds since the request was sent
@@ -34,7 +36,8 @@ class StreamResult:
 
 
 async def stream_completion(
-    session: aiohttp.ClientSession, base_url: str, prompt, max_tokens: int, *, first_chunk=None, **extra
+    session: aiohttp.ClientSession, base_url: str, prompt: str | list[int], max_tokens: int, *,
+    first_chunk: asyncio.Event | None = None, **extra: Any
 ) -> StreamResult:
     """POST a streamed completion with usage; read it to the end. `first_chunk` (an asyncio.Event)
     is set when the first content chunk arrives, so a caller can act while the stream is in flight."""

@@ -18,8 +18,9 @@ import itertools
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -62,7 +63,7 @@ class Sequence:
     generator: torch.Generator | None = None
 
 
-_ids = itertools.count(1)
+_ids: Iterator[int] = itertools.count(1)
 
 
 def _buckets(limit: int, start: int) -> list[int]:
@@ -119,7 +120,7 @@ class Engine:
         self._active: list[Sequence] = []
         self._stop = False
         self._thread: threading.Thread | None = None
-        self._stats: collections.deque[dict] = collections.deque(maxlen=stats_keep)
+        self._stats: collections.deque[dict[str, Any]] = collections.deque(maxlen=stats_keep)
         self._iter = 0
         self.failed: BaseException | None = None
 
@@ -156,7 +157,7 @@ class Engine:
         with self._lock:
             return {"active": len(self._active), "queued": len(self._waiting)}
 
-    def pop_stats(self) -> list[dict]:
+    def pop_stats(self) -> list[dict[str, Any]]:
         """Iteration stats gathered since the last call (dequeued, like trtllm-serve's /metrics)."""
         with self._lock:
             out = list(self._stats)
@@ -398,7 +399,8 @@ class Engine:
         for seq in pending:
             self._retire(seq, "cancelled")
 
-    def _record(self, started, admitted, queue_latency, completed, ctx_tokens, n_gen, queued) -> None:
+    def _record(self, started: float, admitted: list[Sequence], queue_latency: float, completed: int, ctx_tokens: int,
+                n_gen: int, queued: int) -> None:
         self._iter += 1
         now = time.time()
         max_blocks = self.cache.max_batch * (self.max_seq_len // TOKENS_PER_BLOCK or 1)

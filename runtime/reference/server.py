@@ -32,10 +32,17 @@ import sys
 import time
 import uuid
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
+if TYPE_CHECKING:  # torch-bound modules, imported where the model loads
+    from .engine import Engine, Sequence
+    from .tokenizer import ByteTokenizer
+
 log = logging.getLogger("fleetcast.reference.server")
+# What a request's emit callback queues: (token or None, finish reason or None, monotonic time).
+Event = tuple[int | None, str | None, float]
 
 VERSION = "fleetcast-reference-0.1"
 
@@ -54,7 +61,7 @@ class RequestError(ValueError):
         self.param = param
 
 
-def _int_field(body: dict, name: str, default: int, lo: int, hi: int | None = None) -> int:
+def _int_field(body: dict[str, Any], name: str, default: int, lo: int, hi: int | None = None) -> int:
     value = body.get(name, default)
     if value is None:
         return default
@@ -64,7 +71,7 @@ def _int_field(body: dict, name: str, default: int, lo: int, hi: int | None = No
     return value
 
 
-def _float_field(body: dict, name: str, default: float, lo: float, hi: float) -> float:
+def _float_field(body: dict[str, Any], name: str, default: float, lo: float, hi: float) -> float:
     value = body.get(name, default)
     if value is None:
         return default
@@ -73,7 +80,7 @@ def _float_field(body: dict, name: str, default: float, lo: float, hi: float) ->
     return float(value)
 
 
-def parse_completion_request(body, tokenizer) -> tuple[list[int], dict]:
+def parse_completion_request(body: object, tokenizer: ByteTokenizer) -> tuple[list[int], dict[str, Any]]:
     """Validate a /v1/completions body; return (prompt token ids, options). Raises RequestError."""
     if not isinstance(body, dict):
         raise RequestError("body", "must be a JSON object")
@@ -139,8 +146,8 @@ class ReferenceServer:
         meta = self.config["fleetcast_reference"]
         self.model_name = args.served_model_name or f"fleetcast-reference/{meta['size']}"
         self.state = "loading"  # loading -> ready -> draining; or failed
-        self.engine = None
-        self._watch_task: asyncio.Task | None = None
+        self.engine: Engine | None = None
+        self._watch_task: asyncio.Task[None] | None = None
         self.inflight = 0
         self.created = int(time.time())
         self.stopped = asyncio.Event()
@@ -343,9 +350,9 @@ class ReferenceServer:
         from .engine import SamplingParams, Sequence
 
         loop = asyncio.get_running_loop()
-        events: asyncio.Queue = asyncio.Queue()
+        events: asyncio.Queue[Event] = asyncio.Queue()
 
-        def emit(token, reason):
+        def emit(token: int | None, reason: str | None) -> None:
             try:
                 loop.call_soon_threadsafe(events.put_nowait, (token, reason, time.monotonic()))
             except RuntimeError:  # loop closed during shutdown
@@ -356,6 +363,7 @@ class ReferenceServer:
             temperature=opts["temperature"], top_p=opts["top_p"], top_k=opts["top_k"], seed=opts["seed"],
         )
         seq = Sequence(prompt=prompt, params=params, emit=emit)
+        assert self.engine is not None  # _serving_error() let only `ready` through, set after the engine
         try:
             self.engine.submit(seq)
         except ValueError as exc:
@@ -391,7 +399,8 @@ class ReferenceServer:
             chunk["usage"] = None
         return b"data: " + json.dumps(chunk).encode() + b"\n\n"
 
-    async def _stream(self, request, seq, events, opts, record, token_times) -> web.StreamResponse:
+    async def _stream(self, request: web.Request, seq: Sequence, events: asyncio.Queue[Event], opts: dict[str, Any],
+                      record: dict[str, Any], token_times: list[float]) -> web.StreamResponse:
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
         await resp.prepare(request)
         decoder = self.tokenizer.stream_decoder()
@@ -423,7 +432,8 @@ class ReferenceServer:
         await resp.write_eof()
         return resp
 
-    async def _collect(self, seq, events, record, token_times) -> web.Response:
+    async def _collect(self, seq: Sequence, events: asyncio.Queue[Event], record: dict[str, Any],
+                       token_times: list[float]) -> web.Response:
         tokens: list[int] = []
         while True:
             token, reason, at = await events.get()
@@ -445,11 +455,11 @@ class ReferenceServer:
         return web.json_response(body)
 
     @staticmethod
-    def _usage(record: dict) -> dict:
+    def _usage(record: dict[str, Any]) -> dict[str, Any]:
         return {"prompt_tokens": record["prompt_tokens"], "completion_tokens": record["completion_tokens"],
                 "total_tokens": record["prompt_tokens"] + record["completion_tokens"]}
 
-    def _log_request(self, record: dict, arrived: float, token_times: list[float]) -> None:
+    def _log_request(self, record: dict[str, Any], arrived: float, token_times: list[float]) -> None:
         """One JSON line per request (server-side timings), for the runtime's per-request metrics."""
         if token_times:
             record["ttft_ms"] = round((token_times[0] - arrived) * 1000, 3)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import codecs
 import json
 from pathlib import Path
+from typing import Any
 
 EOS_TOKEN = "<|endoftext|>"
 EOS_ID = 256
@@ -64,7 +65,7 @@ class StreamDecoder:
         return self._dec.decode(b"", final=True)
 
 
-def tokenizer_json(model_max_length: int) -> dict:
+def tokenizer_json(model_max_length: int) -> dict[str, Any]:
     """The tokenizer.json document (ByteLevel BPE, no merges) equivalent to ByteTokenizer."""
     b2u = _bytes_to_unicode()
     vocab = {b2u[b]: b for b in range(256)}

@@ -10,8 +10,7 @@ import re
 import botocore.loaders
 import pytest
 
-from fleetcast.config import model as config_model
-from fleetcast.config import rules
+from fleetcast.config import model as config_model, rules
 from fleetcast.config.subnets import plan_subnets
 
 from .conftest import problems

@@ -19,8 +19,7 @@ from pathlib import Path
 from typing import Annotated
 
 import pytest
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
+from hypothesis import HealthCheck, given, settings, strategies as st
 from pydantic import StringConstraints, TypeAdapter, ValidationError
 
 import fleetcast.config as config_package

@@ -24,8 +24,7 @@ from fleetcast.aws_session import AwsSession
 from fleetcast.config import parse_config
 from fleetcast.config.readiness import check_readiness, is_example_account, is_placeholder_id, offline_findings
 from scripts import cli
-from tests.ready_config import DEFAULT, PROVIDER
-from tests.ready_config import ready_doc as real_doc
+from tests.ready_config import DEFAULT, PROVIDER, ready_doc as real_doc
 
 
 @pytest.fixture(autouse=True)

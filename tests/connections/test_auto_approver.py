@@ -115,8 +115,7 @@ class _any_containing(str):  # noqa: N801 - reads as a matcher in expected param
 def fixture_template():
     """The construct in a small env-bound stack, synthesized with cdk-nag (a finding fails synthesis)."""
     os.environ.setdefault("JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION", "1")
-    from aws_cdk import App, Environment, Stack
-    from aws_cdk import aws_ec2 as ec2
+    from aws_cdk import App, Environment, Stack, aws_ec2 as ec2
     from aws_cdk.assertions import Template
 
     from fleetcast.config import load_config

@@ -10,8 +10,7 @@ from __future__ import annotations
 import functools
 
 import boto3
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
+from hypothesis import HealthCheck, given, settings, strategies as st
 
 from fleetcast.connections import Access
 

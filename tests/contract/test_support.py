@@ -16,8 +16,7 @@ from fleetcast.plan.curves import Candidate, Curve, LoadPoint
 from fleetcast.plan.inputs import load_fixed_costs, load_latency, load_prices, shipped_availability
 from fleetcast.plan.solver import PlanContext, Slo, _structural_rejection
 from runtime import trtllm
-from tests.runtime import trtllm_1_2_1_cli as cli
-from tests.runtime import trtllm_1_2_llm_args as llm_args
+from tests.runtime import trtllm_1_2_1_cli as cli, trtllm_1_2_llm_args as llm_args
 
 REPO = Path(__file__).resolve().parents[2]
 CONTRACT = REPO / "fleetcast" / "contract"

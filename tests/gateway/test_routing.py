@@ -7,8 +7,7 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
+from hypothesis import HealthCheck, given, settings, strategies as st
 
 from fleetcast.config.model import ConsumerLimits
 from fleetcast.contract import telemetry as t

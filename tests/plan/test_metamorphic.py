@@ -7,8 +7,7 @@ never lowers any candidate's instance count.
 
 from __future__ import annotations
 
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
+from hypothesis import HealthCheck, given, settings, strategies as st
 
 from fleetcast.plan.curves import Candidate, Curve, LoadPoint
 from fleetcast.plan.inputs import load_fixed_costs, load_latency, load_prices, shipped_availability

@@ -8,8 +8,7 @@ from fleetcast.config import Backend, KvCacheDtype, ModelFamily, Precision, load
 from fleetcast.contract import support
 from runtime import trtllm
 from tests.runtime import trtllm_1_2_llm_args as llm_args
-from tests.runtime.trtllm_parsers import BUILD, CONVERT, QUANTIZE, SERVE
-from tests.runtime.trtllm_parsers import Refused as _Refused
+from tests.runtime.trtllm_parsers import BUILD, CONVERT, QUANTIZE, SERVE, Refused as _Refused
 
 REPO = Path(__file__).resolve().parents[2]
 

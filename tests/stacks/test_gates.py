@@ -16,8 +16,7 @@ import subprocess
 import time
 
 import pytest
-from aws_cdk import App, Environment, Stack
-from aws_cdk import aws_ec2 as ec2
+from aws_cdk import App, Environment, Stack, aws_ec2 as ec2
 
 from fleetcast.node import cdk_command, path_with_node
 from stacks import nag

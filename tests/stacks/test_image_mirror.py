@@ -3,9 +3,7 @@
 import os
 
 import pytest
-from aws_cdk import App, Environment, Stack
-from aws_cdk import aws_ecr as ecr
-from aws_cdk import aws_logs as logs
+from aws_cdk import App, Environment, Stack, aws_ecr as ecr, aws_logs as logs
 from aws_cdk.assertions import Match, Template
 
 from stacks import nag

@@ -13,12 +13,17 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from aws_cdk import App, Duration, Environment, Stack
-from aws_cdk import aws_autoscaling as autoscaling
-from aws_cdk import aws_ec2 as ec2
-from aws_cdk import aws_elasticloadbalancingv2 as elbv2
-from aws_cdk import aws_kms as kms
-from aws_cdk import aws_sns as sns
+from aws_cdk import (
+    App,
+    Duration,
+    Environment,
+    Stack,
+    aws_autoscaling as autoscaling,
+    aws_ec2 as ec2,
+    aws_elasticloadbalancingv2 as elbv2,
+    aws_kms as kms,
+    aws_sns as sns,
+)
 from aws_cdk.assertions import Match, Template
 from ruamel.yaml import YAML
 
