@@ -32,7 +32,7 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -58,10 +58,10 @@ from .engine_cache import (
 from .kv_budget import artifact_bytes, plan_budgets
 from .lifecycle import ABANDON, CONTINUE, Heartbeat, HookClient, Imds, MetadataError, heartbeat_interval
 from .metrics import Emf
-from .models import calibration_of, process_slots, served_models
+from .models import ServedModel, calibration_of, process_slots, served_models
 from .serve import ServeError, ServerProcess, ServeSettings, Serving, server_name
 from .staged import StagingMissing, calibration_key_prefix, fetch_staged
-from .supervisor import RestartPolicy
+from .supervisor import Child, RestartPolicy
 
 log = logging.getLogger("fleetcast.bootstrap")
 
@@ -118,7 +118,7 @@ class InstanceEnv:
             raise UserError(f"instance environment is missing {', '.join(missing)} (written by user data to "
                             f"{telemetry.INSTANCE_ENV_FILE})")
 
-        def get(var: Var):
+        def get(var: Var) -> Any:
             return setting(env, var)
 
         cache = CacheSettings(
@@ -249,7 +249,7 @@ class Bootstrap:
         self.hooks.complete(hook, result)
         self.summary.setdefault("hooks", []).append([hook, result])
 
-    def heartbeat(self, hook: str, window_s: int):
+    def heartbeat(self, hook: str, window_s: int) -> contextlib.AbstractContextManager[object]:
         if self.hooks is None:
             return contextlib.nullcontext()
         hooks = self.hooks
@@ -307,7 +307,7 @@ class Bootstrap:
                     return EXIT_OK
         return self.serve(cfg, gpu, prepared)
 
-    def prepare(self):
+    def prepare(self) -> tuple[FleetConfig, Pool, gpu_mod.GpuInfo, list[PreparedModel]]:
         """Every model this pool serves: checked, then obtained one after another (disk, cache or build).
 
         Each model has its own cache key, build lock, staging and circuit breaker: a model that
@@ -356,7 +356,7 @@ class Bootstrap:
         elif isinstance(exc, StagingMissing):
             self.metric(telemetry.STAGING_MISSING, 1, **props)
 
-    def _prepare_model(self, cfg: FleetConfig, entry, backend: ServingBackend, gpu: gpu_mod.GpuInfo) -> PreparedModel:
+    def _prepare_model(self, cfg: FleetConfig, entry: ServedModel, backend: ServingBackend, gpu: gpu_mod.GpuInfo) -> PreparedModel:
         m, engine = entry.model, entry.engine
         calibration_spec = calibration_of(cfg, m)
         calibration = ""
@@ -552,7 +552,7 @@ class Bootstrap:
         print(json.dumps({"event": "fleetcast_drained", "stop_reason": self.stop_reason, **report}), flush=True)
         return EXIT_OK
 
-    def replace_instance(self, child) -> bool:
+    def replace_instance(self, child: Child) -> bool:
         """The server could not be kept up by restarts (frozen or crashing): ask the group for a
         replacement. False when that is impossible (outside a group, or the call failed)."""
         why = (f"the model server did not answer its liveness probe ({child.unresponsive} time(s))"
@@ -619,7 +619,7 @@ class Bootstrap:
         if self._phase == "preparing" and notice.interruption and main is not None:
             signal.pthread_kill(main, signal.SIGUSR1)
 
-    def _interruptible_build(self, build):
+    def _interruptible_build(self, build: Callable[[Path], Path]) -> Callable[[Path], Path]:
         """The build, stopped by a Spot notice. It runs inside the engine cache's lock (whose `finally` releases
         it), so only there may the notice raise: not while waiting for another builder or downloading."""
         def run(workdir: Path) -> Path:

@@ -26,14 +26,18 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from fleetcast.contract.errors import UserError
 from fleetcast.contract.serving import PROCESS_OVERHEAD_BYTES
 
+if TYPE_CHECKING:  # annotations only
+    from .models import ProcessSlot
+
 _KV_ELEMENT_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "fp8": 1, "int8": 1}
 
 
-def _first(config: Mapping, *names: str) -> int | None:
+def _first(config: Mapping[str, object], *names: str) -> int | None:
     for name in names:
         value = config.get(name)
         if isinstance(value, int) and value > 0:
@@ -76,7 +80,7 @@ def max_tokens_for(budget_bytes: int, per_token: int) -> int:
     return tokens
 
 
-def plan_budgets(slots: Sequence, explicit: Mapping[str, int | None], weights_bytes: Mapping[str, int],
+def plan_budgets(slots: Sequence[ProcessSlot], explicit: Mapping[str, int | None], weights_bytes: Mapping[str, int],
                  free_bytes: int, fraction: float, overhead_bytes: int = PROCESS_OVERHEAD_BYTES) -> dict[tuple[str, int], int | None]:
     """Budget in bytes per (model id, copy index); None leaves the engine's fraction in charge.
 

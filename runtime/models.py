@@ -50,7 +50,7 @@ def process_slots(served: Sequence) -> tuple:
     try:
         from fleetcast.contract.serving import process_slots as contract_slots
     except ImportError:
-        contract_slots = None
+        contract_slots = None  # type: ignore[assignment]  # a contract without serving.py
     if contract_slots is not None:
         return tuple(contract_slots(served))
     base = served[0].engine.port + 1

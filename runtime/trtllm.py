@@ -260,7 +260,7 @@ def run_logged(cmd: list[str], log_file: Path, cwd: Path | None = None, timeout_
         raise RuntimeError(f"{name} exited {code}: {tail}")
 
 
-def _kill_group(proc: subprocess.Popen) -> None:
+def _kill_group(proc: subprocess.Popen[str]) -> None:
     try:
         os.killpg(proc.pid, signal.SIGKILL)
     except ProcessLookupError:

@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
-from fleetcast.config.model import ConsumerLimits
+from fleetcast.config.model import Consumer, ConsumerLimits
 from fleetcast.contract import telemetry as t
 
 from .identity import Refusal
@@ -36,7 +36,7 @@ def model_not_found(model: object) -> Refusal:
                    "invalid_request_error")
 
 
-def model_limits_of(consumer) -> Mapping[str, ConsumerLimits]:
+def model_limits_of(consumer: Consumer) -> Mapping[str, ConsumerLimits]:
     """The consumer's per-model limits, {model or adapter id: limits}; none configured: {}.
 
     Read from `consumers[].limits.models` when the config model has that field.
@@ -77,7 +77,7 @@ class Admission:
         self.entitled: dict[str, tuple[str, ...]] = {c: tuple(ids) for c, ids in (entitled or {}).items()}
         self.model_limiters = model_limiters or {}
 
-    def set_consumers(self, consumers: tuple, entitled: Mapping[str, Iterable[str]]) -> None:
+    def set_consumers(self, consumers: Iterable[Consumer], entitled: Mapping[str, Iterable[str]]) -> None:
         """Swap in a refreshed consumer list; a kept consumer keeps its limiters (in-flight count, tokens)."""
         limiters, model_limiters = {}, {}
         for consumer in consumers:

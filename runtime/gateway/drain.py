@@ -12,9 +12,13 @@ bytes); a stream cut mid-body ends with an OpenAI-style error event (proxy.py).
 from __future__ import annotations
 
 import asyncio
+from typing import TYPE_CHECKING
 
 from .http import openai_error
 from .identity import log
+
+if TYPE_CHECKING:  # annotations only
+    from .shared import SharedState
 
 DRAINING_MESSAGE = "this instance is draining; retry and the load balancer will pick another"
 _CUT_BEFORE_START = openai_error(503, "this instance is shutting down and the request did not start in time; "
@@ -25,7 +29,7 @@ CUT_BEFORE_START = _CUT_BEFORE_START  # proxy.py answers a queued stream whose h
 class Drain:
     """In-flight accounting and the draining flag of one gateway."""
 
-    def __init__(self, timeout_s: float, instance=None):
+    def __init__(self, timeout_s: float, instance: SharedState | None = None):
         """`instance`: the count shared by every worker process (shared.SharedState), if there are several."""
         self.timeout_s = timeout_s
         self._instance = instance

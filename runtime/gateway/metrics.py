@@ -17,6 +17,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from typing import Any, TextIO
 
 from fleetcast.contract import telemetry as t
@@ -77,7 +78,7 @@ class MetricsSink:
 
     def __init__(self, fleet: str, pool: str, stream: TextIO | None = None,
                  on_record: Callable[[dict[str, Any]], None] | None = None, flush_s: float = 0.2,
-                 write_lock=None):
+                 write_lock: AbstractContextManager[Any] | None = None):
         """`write_lock`: held around each batch when several processes share the stream (gateway workers),
         so their lines never interleave mid-record."""
         self.fleet, self.pool = fleet, pool

@@ -23,7 +23,7 @@ import time
 
 from fleetcast.config.model import ConsumerLimits
 
-from .limits import ConsumerLimiter, TokenBucket, bucket_shape
+from .limits import ConsumerLimiter, Throttle, TokenBucket, bucket_shape
 
 SLOTS = 4096  # limiter keys: consumers x (1 + their limited models); far above any config
 _SLOT = struct.Struct("<16sqdd")  # key digest, active, tokens, tokens' timestamp (monotonic s)
@@ -84,7 +84,7 @@ class SharedState:
     # The instance-wide count of admitted requests in flight (InFlightAtArrival: this instance, not this worker).
     def enter(self) -> int:
         with self.lock:
-            value = _I64.unpack_from(self.mem, self._in_flight_at)[0] + 1
+            value: int = _I64.unpack_from(self.mem, self._in_flight_at)[0] + 1
             _I64.pack_into(self.mem, self._in_flight_at, value)
         return value
 
@@ -111,7 +111,8 @@ class _SharedBucket(TokenBucket):
 
     @property
     def _tokens(self) -> float:
-        return _F64.unpack_from(self._mem, self._tokens_at)[0]
+        tokens: float = _F64.unpack_from(self._mem, self._tokens_at)[0]
+        return tokens
 
     @_tokens.setter
     def _tokens(self, value: float) -> None:
@@ -119,7 +120,8 @@ class _SharedBucket(TokenBucket):
 
     @property
     def _at(self) -> float:
-        return _F64.unpack_from(self._mem, self._stamp_at)[0]
+        stamp: float = _F64.unpack_from(self._mem, self._stamp_at)[0]
+        return stamp
 
     @_at.setter
     def _at(self, value: float) -> None:
@@ -141,13 +143,14 @@ class SharedLimiter(ConsumerLimiter):
 
     @property
     def active(self) -> int:
-        return _I64.unpack_from(self._state.mem, self._active_at)[0]
+        active: int = _I64.unpack_from(self._state.mem, self._active_at)[0]
+        return active
 
     @active.setter
     def active(self, value: int) -> None:
         _I64.pack_into(self._state.mem, self._active_at, value)
 
-    def admit(self):
+    def admit(self) -> Throttle | None:
         with self._state.lock:
             return super().admit()
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from .http import parse_response_head
@@ -160,7 +161,7 @@ class UpstreamPool:
                 if watch is not None and watch.gone:
                     raise ClientGone() from None  # cut by the watch: never resend
                 if conn.stalled:  # it had the request: never resend
-                    raise UpstreamError(f"model server sent no response head for {watchdog.idle_timeout_s:g} s "
+                    raise UpstreamError(f"model server sent no response head for {watchdog.idle_timeout_s:g} s "  # type: ignore[union-attr]  # only a watchdog marks a connection stalled
                                         "(upstream inactivity timeout)") from None
                 if conn.reused and attempt == 0 and not getattr(exc, "partial", b""):
                     continue  # the server closed an idle keep-alive connection; it never saw this request
@@ -180,7 +181,7 @@ class StreamWatchdog:
     def __init__(self, idle_timeout_s: float):
         self.idle_timeout_s = idle_timeout_s
         self._streams: dict[int, tuple[UpstreamConn, list[float]]] = {}  # last upstream progress, monotonic
-        self._task: asyncio.Task | None = None
+        self._task: asyncio.Future[None] | None = None
         self._pools: tuple[UpstreamPool, ...] = ()
 
     def watch(self, conn: UpstreamConn) -> list[float]:
@@ -192,7 +193,7 @@ class StreamWatchdog:
     def unwatch(self, conn: UpstreamConn) -> None:
         self._streams.pop(id(conn), None)
 
-    def start(self, pools=()) -> None:
+    def start(self, pools: Iterable[UpstreamPool] = ()) -> None:
         self._pools = tuple(pools)  # kept warm from here between requests
         self._task = asyncio.ensure_future(self._run())
 

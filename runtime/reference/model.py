@@ -88,7 +88,8 @@ class _Layer:
 class KVCache:
     """Static KV cache: one tensor [n_layer, 2, max_batch, n_head, max_seq, head_dim], slots by row."""
 
-    def __init__(self, shape: ModelShape, max_batch: int, max_seq: int, device, dtype) -> None:
+    def __init__(self, shape: ModelShape, max_batch: int, max_seq: int, device: torch.device | str,
+                 dtype: torch.dtype) -> None:
         self.max_batch, self.max_seq = max_batch, max_seq  # max_batch: slots, which a KV budget may set
         self.kv = torch.zeros(
             shape.n_layer, 2, max_batch, shape.n_head, max_seq, shape.head_dim, device=device, dtype=dtype
@@ -112,7 +113,8 @@ class KVCache:
 class GPT2:
     """GPT-2 weights in inference layout plus prefill/decode over a KVCache."""
 
-    def __init__(self, shape: ModelShape, weights: dict[str, torch.Tensor], device="cpu", dtype=torch.float32) -> None:
+    def __init__(self, shape: ModelShape, weights: dict[str, torch.Tensor], device: torch.device | str = "cpu",
+                 dtype: torch.dtype = torch.float32) -> None:
         self.shape, self.device, self.dtype = shape, torch.device(device), dtype
         missing = [n for n, _ in weight_names(shape) if n not in weights]
         if missing:
@@ -151,7 +153,7 @@ class GPT2:
     def new_cache(self, max_batch: int, max_seq: int) -> KVCache:
         return KVCache(self.shape, max_batch, max_seq, self.device, self.dtype)
 
-    def _ln(self, x, w, b):
+    def _ln(self, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
         return F.layer_norm(x, (self.shape.n_embd,), w, b, self.shape.layer_norm_epsilon)
 
     @torch.inference_mode()
@@ -190,9 +192,11 @@ class GPT2:
         Each row's token is written into the cache at its `pos` and attends to positions <= pos.
         Returns logits [B, V]. Fixed shapes and no host sync: safe to capture in a CUDA graph.
         """
-        return self._decode_fn(cache.kv, cache.rows[: tokens.shape[0]], tokens, pos, L)
+        logits: torch.Tensor = self._decode_fn(cache.kv, cache.rows[: tokens.shape[0]], tokens, pos, L)
+        return logits
 
-    def _decode_impl(self, kv_all: torch.Tensor, rows: torch.Tensor, tokens: torch.Tensor, pos: torch.Tensor, L: int):
+    def _decode_impl(self, kv_all: torch.Tensor, rows: torch.Tensor, tokens: torch.Tensor, pos: torch.Tensor,
+                     L: int) -> torch.Tensor:
         # Plain tensors in, so torch.compile can wrap this (scripts/bench_decode.py's "compile" variant).
         B = tokens.shape[0]
         d, H, D = self.shape.n_embd, self.shape.n_head, self.shape.head_dim

@@ -11,8 +11,8 @@ import pytest
 
 from fleetcast.bench.accuracy import TestServerProcess
 from fleetcast.bench.client import error_message
-from fleetcast.bench.report import series_name
 from fleetcast.bench.distributions import parse_distribution
+from fleetcast.bench.report import series_name
 from fleetcast.bench.runner import Bench, BenchOptions, Level
 from fleetcast.bench.schema import ERROR_DETAIL_MAX_CHARS, SCHEMA_REVISION, dump_results, load_results
 from fleetcast.bench.testserver import Timings
