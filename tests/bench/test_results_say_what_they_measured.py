@@ -199,19 +199,19 @@ def test_a_rate_sweep_is_plotted_against_the_rates_swept_with_its_slos(monkeypat
         # The x axis is the rates swept, linear and ticked at each, so the rate where P99 crosses the SLO reads off.
         assert ax.get_xscale() == "linear" and list(ax.get_xticks()) == [1, 2, 4, 6, 9, 12, 16]
         assert "offered rate" in ax.get_xlabel()
-        p99 = [l for l in ax.get_lines() if l.get_label().endswith(" p99")]
+        p99 = [ln for ln in ax.get_lines() if ln.get_label().endswith(" p99")]
         assert len(p99) == 1 and list(p99[0].get_xdata()) == [1, 2, 4, 6, 9, 12, 16]
         # The SLO is a horizontal line at its value, named in the legend.
-        [line] = [l for l in ax.get_lines() if l.get_label().split(" SLO: ")[-1].startswith(f"{slo:g} ms")]
+        [line] = [ln for ln in ax.get_lines() if ln.get_label().split(" SLO: ")[-1].startswith(f"{slo:g} ms")]
         assert list(line.get_ydata()) == [slo, slo] and ax.get_ylim()[0] < slo < ax.get_ylim()[1]
     ttft_p99_axis = throughput.axes[0]
-    assert [list(l.get_ydata()) for l in ttft_p99_axis.get_lines() if "SLO" in l.get_label()] == [[60, 60]]
+    assert [list(ln.get_ydata()) for ln in ttft_p99_axis.get_lines() if "SLO" in ln.get_label()] == [[60, 60]]
     # Goodput: one line per series at the rates swept; the offered rate drawn as the diagonal to compare.
     [ax] = goodput.axes
-    [good] = [l for l in ax.get_lines() if l.get_label() == series_name(rate)]
+    [good] = [ln for ln in ax.get_lines() if ln.get_label() == series_name(rate)]
     assert list(good.get_xdata()) == [1, 2, 4, 6, 9, 12, 16]
     assert list(good.get_ydata()) == [r.summary.goodput_rps for r in rate.runs]
-    assert any(l.get_label().startswith("offered") for l in ax.get_lines())
+    assert any(ln.get_label().startswith("offered") for ln in ax.get_lines())
     for fig in (latency, throughput, goodput):
         assert _below_the_axes(fig)
         assert any("client saturated" in t.get_text() for t in fig.legends[0].get_texts())
@@ -221,13 +221,13 @@ def test_saturated_runs_are_ringed_under_every_series_marker(monkeypatch, tmp_pa
     figs = _figures(monkeypatch, [_rate_sweep({"ttft_ms": 60})], tmp_path)
     for fig in figs.values():
         for ax in fig.axes:
-            rings = [l for l in ax.get_lines() if l.get_label() == "_saturated"]
-            series = [l for l in ax.get_lines() if not l.get_label().startswith("_") and "SLO" not in l.get_label()
-                      and not l.get_label().startswith("offered")]
+            rings = [ln for ln in ax.get_lines() if ln.get_label() == "_saturated"]
+            series = [ln for ln in ax.get_lines() if not ln.get_label().startswith("_") and "SLO" not in ln.get_label()
+                      and not ln.get_label().startswith("offered")]
             assert len(rings) == 1 and series
             # Hollow, and drawn before (under) every series' markers: it can hide none of them.
             assert rings[0].get_markerfacecolor() == "none"
-            assert rings[0].get_zorder() < min(l.get_zorder() for l in series)
+            assert rings[0].get_zorder() < min(ln.get_zorder() for ln in series)
 
 
 def test_no_slo_no_slo_line_and_no_goodput_plot(monkeypatch, tmp_path):
@@ -236,7 +236,7 @@ def test_no_slo_no_slo_line_and_no_goodput_plot(monkeypatch, tmp_path):
         update={"goodput_rps": None})}) for r in sweep.runs]})
     figs = _figures(monkeypatch, [old], tmp_path)
     assert set(figs) == {"latency_vs_load.png", "throughput_vs_latency.png"}
-    assert not any("SLO" in l.get_label() for f in figs.values() for ax in f.axes for l in ax.get_lines())
+    assert not any("SLO" in ln.get_label() for f in figs.values() for ax in f.axes for ln in ax.get_lines())
     assert figs["latency_vs_load.png"].axes[0].get_xscale() == "log"  # closed-loop levels: log-2 concurrency
 
 
