@@ -257,7 +257,7 @@ def write_plots(plan: RegionPlan, directory: Path, slo: Slo, pools: list[FleetPo
     try:
         import matplotlib
     except ImportError:
-        from fleetcast.errors import UserError
+        from fleetcast.contract.errors import UserError
 
         raise UserError("--report draws plots with matplotlib, which is not installed: "
                         "pip install 'fleetcast[plan]'") from None
