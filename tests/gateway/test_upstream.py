@@ -90,3 +90,58 @@ def test_the_watchdog_aborts_a_stream_without_progress_and_leaves_a_progressing_
             pool.close()
             await server.stop()
     run(body())
+
+
+async def _until(predicate, steps: int = 300) -> bool:
+    """Wait for `predicate` in 10 ms steps, bounded (3 s by default; a verdict, not a timing)."""
+    for _ in range(steps):
+        if predicate():
+            return True
+        await asyncio.sleep(0.01)
+    return predicate()
+
+
+def test_a_warm_pool_opens_its_connections_ahead_and_replaces_each_one_taken():
+    async def body():
+        server = await CountingHealthServer().start()
+        pool = UpstreamPool(("127.0.0.1", server.port))
+        try:
+            pool.keep_warm(3)
+            assert await _until(lambda: server.connections == 3 and len(pool._idle) == 3)
+            conn, status, headers = await pool.send(GET, b"")  # takes a warm one: no connect on the request's path
+            assert status == 200 and conn.reused
+            assert await _until(lambda: server.connections == 4 and len(pool._idle) == 3)  # topped up behind it
+            await _read_body(conn, headers)
+            pool.release(conn, reusable=True)
+            assert len(pool._idle) == 4 and server.connections == 4  # a released one is kept, not counted twice
+        finally:
+            pool.close()
+            await server.stop()
+    run(body())
+
+
+def test_idle_connections_the_server_closed_are_replaced_and_a_down_server_gets_no_connect_storm():
+    async def body():
+        server = await CountingHealthServer().start()
+        port = server.port
+        pool = UpstreamPool(("127.0.0.1", port))
+        try:
+            pool.keep_warm(2)
+            assert await _until(lambda: len(pool._idle) == 2)
+            await server.stop()  # the server closes every connection (as uvicorn does after 5 s idle)...
+            assert await _until(lambda: all(c.reader.at_eof() for c in pool._idle))
+            pool.tidy()  # ...and is gone: the two replacements fail
+            assert await _until(lambda: pool._opening == 0)
+            assert pool._idle == [] and pool._retry_at > 0
+            before = pool._retry_at
+            for _ in range(50):
+                pool.tidy()  # within the back-off: not a single new attempt
+            assert pool._opening == 0 and pool._retry_at == before
+            revived = await CountingHealthServer().start(port)
+            pool._retry_at = 0.0  # the back-off has passed
+            pool.tidy()
+            assert await _until(lambda: revived.connections == 2 and len(pool._idle) == 2)
+            await revived.stop()
+        finally:
+            pool.close()
+    run(body())
