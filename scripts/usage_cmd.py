@@ -18,6 +18,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                                                        "such as 24h, 7d")
     parser.add_argument("--until", default="now", help="end: ISO 8601, an age, or now (default)")
     add_aws_arguments(parser, region_help="one provider region (default: all in the config)")
+    parser.add_argument("--by-model", action="store_true",
+                        help="one row per consumer and model (or adapter) it may call, from the gateway's "
+                             "[Fleet, Pool, Consumer, Model] metrics")
     parser.add_argument("--format", choices=("table", "csv", "json"), default="table")
     parser.add_argument("--json", action="store_const", const="json", dest="format", help="same as --format json")
     parser.set_defaults(handler=_usage)
@@ -36,5 +39,5 @@ def _usage(args: argparse.Namespace) -> int:
     until = parse_time(args.until, now, "--until")
     aws = AwsSession(args.profile)  # --region picks a config region; each region's client is its own
     print(render(collect(cfg, since, until, args.region, client=lambda region: aws.client("cloudwatch", region),
-                         now=now), args.format))
+                         now=now, by_model=args.by_model), args.format))
     return 0

@@ -68,6 +68,7 @@ def parse_time(value: str, now: datetime, flag: str) -> datetime:
 class ConsumerUsage:
     consumer: str
     region: str
+    model: str | None = None  # with --by-model: the model or adapter id this row counts
     requests: int = 0
     errors: int = 0
     throttled: int = 0
@@ -136,9 +137,20 @@ def _region_cost(cfg: FleetConfig, region_name: str, hours: float,
     return RegionCost(region_name, total, instance_hours, basis), notes
 
 
+def models_of(cfg: FleetConfig, consumer: str) -> tuple[str, ...]:
+    """The model and adapter ids `consumer` may call: the ones its metrics can carry a Model dimension for."""
+    models_for = getattr(cfg, "models_for", None)
+    return tuple(models_for(consumer)) if models_for is not None else (cfg.model.id,)
+
+
 def collect(cfg: FleetConfig, since: datetime, until: datetime, region: str | None = None,
-            client: Callable[[str], Any] | None = None, now: datetime | None = None) -> UsageReport:
-    """Sum the gateway's per-consumer metrics over [since, until) in each provider region."""
+            client: Callable[[str], Any] | None = None, now: datetime | None = None,
+            by_model: bool = False) -> UsageReport:
+    """Sum the gateway's per-consumer metrics over [since, until) in each provider region; with
+    `by_model`, one row per consumer and model (the gateway's [Fleet, Pool, Consumer, Model] set).
+
+    A by-model row counts the requests routed to a model; requests refused before routing (a malformed
+    body, an unknown model) carry no model and appear only in the per-consumer report."""
     now = now or datetime.now(UTC)
     if since >= until:
         raise UserError(f"--since ({since.isoformat()}) must be before --until ({until.isoformat()})", exit_code=EXIT_USAGE)
@@ -165,17 +177,19 @@ def collect(cfg: FleetConfig, since: datetime, until: datetime, region: str | No
     for region_name in ([region] if region else names):
         consumers = cfg.consumers_of(region_name)
         pools = [p.name for p in cfg.region(region_name).pools]
-        usage = {c.name: ConsumerUsage(c.name, region_name) for c in consumers}
+        keys = [(c.name, m) for c in consumers for m in (models_of(cfg, c.name) if by_model else (None,))]
+        usage = {key: ConsumerUsage(key[0], region_name, key[1]) for key in keys}
         queries, targets = [], {}
-        for ci, consumer in enumerate(consumers):
+        for ki, key in enumerate(keys):
+            model_dim = [{"Name": t.DIM_MODEL, "Value": key[1]}] if key[1] is not None else []
             for pi, pool in enumerate(pools):
                 for field_name, metric in SUMMED.items():
-                    qid = f"q{ci}_{pi}_{field_name}"
-                    targets[qid] = (consumer.name, field_name)
+                    qid = f"q{ki}_{pi}_{field_name}"
+                    targets[qid] = (key, field_name)
                     queries.append({"Id": qid, "ReturnData": True, "MetricStat": {
                         "Metric": {"Namespace": t.NAMESPACE, "MetricName": metric, "Dimensions": [
                             {"Name": t.DIM_FLEET, "Value": cfg.name}, {"Name": t.DIM_POOL, "Value": pool},
-                            {"Name": t.DIM_CONSUMER, "Value": consumer.name}]},
+                            {"Name": t.DIM_CONSUMER, "Value": key[0]}, *model_dim]},
                         "Period": period, "Stat": "Sum"}})
         for pi, pool in enumerate(cfg.region(region_name).pools):
             qid = f"g{pi}"
@@ -197,7 +211,8 @@ def collect(cfg: FleetConfig, since: datetime, until: datetime, region: str | No
                         continue
                     setattr(usage[name], field_name, getattr(usage[name], field_name) + int(round(sum(result["Values"]))))
                     if result.get("StatusCode") == "PartialData":
-                        notes.append(f"{region_name}: CloudWatch returned partial data for {name}")
+                        who = name[0] if name[1] is None else f"{name[0]} / {name[1]}"
+                        notes.append(f"{region_name}: CloudWatch returned partial data for {who}")
         cost, cost_notes = _region_cost(cfg, region_name, hours, measured)
         notes.extend(cost_notes)
         costs.append(cost)
@@ -239,19 +254,24 @@ def _get_metric_data(cw: Any, queries: list[dict], since: datetime, until: datet
 
 # ---------------------------------------------------------------- output
 
-COLUMNS = ("consumer", "region", "requests", "errors", "throttled", "input_tokens", "output_tokens",
+COLUMNS = ("consumer", "region", "model", "requests", "errors", "throttled", "input_tokens", "output_tokens",
            "total_tokens", "token_share", "est_cost_usd")
 
 
 def _row(u: ConsumerUsage) -> dict[str, Any]:
-    return {"consumer": u.consumer, "region": u.region, "requests": u.requests, "errors": u.errors,
+    return {"consumer": u.consumer, "region": u.region, "model": u.model, "requests": u.requests, "errors": u.errors,
             "throttled": u.throttled, "input_tokens": u.input_tokens, "output_tokens": u.output_tokens,
             "total_tokens": u.total_tokens, "token_share": round(u.token_share, 6),
             "est_cost_usd": None if u.cost_usd is None else round(u.cost_usd, 4)}
 
 
 def render(report: UsageReport, fmt: str) -> str:
+    by_model = any(u.model is not None for u in report.rows)
     rows = [_row(u) for u in report.rows]
+    if not by_model:
+        for r in rows:
+            del r["model"]
+    columns = COLUMNS if by_model else tuple(c for c in COLUMNS if c != "model")
     if fmt == "json":
         return json.dumps({
             "fleet": report.fleet, "since": report.since.isoformat(), "until": report.until.isoformat(),
@@ -262,26 +282,28 @@ def render(report: UsageReport, fmt: str) -> str:
         }, indent=2)
     if fmt == "csv":
         out = io.StringIO()
-        writer = csv.DictWriter(out, fieldnames=COLUMNS, lineterminator="\n")
+        writer = csv.DictWriter(out, fieldnames=columns, lineterminator="\n")
         writer.writeheader()
         writer.writerows(rows)
         return out.getvalue().rstrip("\n")
     if fmt != "table":
         raise UserError(f"--format {fmt!r}: choose table, csv or json", exit_code=EXIT_USAGE)
-    headers = ("CONSUMER", "REGION", "REQUESTS", "ERRORS", "THROTTLED", "INPUT TOK", "OUTPUT TOK", "TOKEN SHARE",
-               "EST. COST USD")
-    cells = [(r["consumer"], r["region"], f"{r['requests']:,}", f"{r['errors']:,}", f"{r['throttled']:,}",
-              f"{r['input_tokens']:,}", f"{r['output_tokens']:,}", f"{r['token_share'] * 100:.1f}%",
-              "n/a" if r["est_cost_usd"] is None else f"{r['est_cost_usd']:,.2f}") for r in rows]
+    names = ("CONSUMER", "REGION") + (("MODEL",) if by_model else ())
+    headers = names + ("REQUESTS", "ERRORS", "THROTTLED", "INPUT TOK", "OUTPUT TOK", "TOKEN SHARE", "EST. COST USD")
+    cells = [(r["consumer"], r["region"], *((r["model"],) if by_model else ()), f"{r['requests']:,}",
+              f"{r['errors']:,}", f"{r['throttled']:,}", f"{r['input_tokens']:,}", f"{r['output_tokens']:,}",
+              f"{r['token_share'] * 100:.1f}%", "n/a" if r["est_cost_usd"] is None else f"{r['est_cost_usd']:,.2f}")
+             for r in rows]
     widths = [max(len(h), *(len(c[i]) for c in cells)) if cells else len(h) for i, h in enumerate(headers)]
     def line(values):
-        return "  ".join(v.ljust(w) if i < 2 else v.rjust(w) for i, (v, w) in enumerate(zip(values, widths)))
+        return "  ".join(v.ljust(w) if i < len(names) else v.rjust(w) for i, (v, w) in enumerate(zip(values, widths)))
     out = [f"fleet {report.fleet}: usage {report.since:%Y-%m-%d %H:%M} .. {report.until:%Y-%m-%d %H:%M} UTC",
            line(headers), line(["-" * w for w in widths])] + [line(c) for c in cells]
     out.append("")
     for cost in report.costs:
         figure = "n/a" if cost.cost_usd is None else f"${cost.cost_usd:,.2f}"
         out.append(f"{cost.region}: fleet cost {figure} over {cost.instance_hours:,.1f} instance-hours ({cost.basis})")
-    out.append("Cost share = consumer tokens (input + output) / region tokens x region cost. Costs are estimates.")
+    out.append(f"Cost share = {'consumer and model' if by_model else 'consumer'} tokens (input + output) / region tokens "
+               "x region cost. Costs are estimates.")
     out += [f"note: {n}" for n in report.notes]
     return "\n".join(out)

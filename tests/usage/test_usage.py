@@ -56,11 +56,12 @@ def ship_emf(cw, records):
         cw.put_metric_data(Namespace=meta["Namespace"], MetricData=data[start:start + 500])
 
 
-def put(cw, consumer, **values):
+def put(cw, consumer, model=None, **values):
+    model_dim = [{"Name": "Model", "Value": model}] if model else []
     cw.put_metric_data(Namespace=t.NAMESPACE, MetricData=[
         {"MetricName": name, "Value": value, "Timestamp": NOW - timedelta(minutes=5), "Dimensions": [
             {"Name": "Fleet", "Value": "fleetcast"}, {"Name": "Pool", "Value": "l40s"},
-            {"Name": "Consumer", "Value": consumer}]} for name, value in values.items()])
+            {"Name": "Consumer", "Value": consumer}, *model_dim]} for name, value in values.items()])
 
 
 def test_usage_adds_up_to_the_tokens_streamed_through_the_gateway(cloudwatch, config_file, capsys):
@@ -110,6 +111,15 @@ def test_usage_adds_up_to_the_tokens_streamed_through_the_gateway(cloudwatch, co
     table = capsys.readouterr().out
     print("\n$ fleetcast usage --since ... --until ...\n" + table)  # the transcript, with pytest -s
     assert "voice-app" in table and "analytics" in table and "estimate" in table
+
+    # Split by model: the gateway's [Fleet, Pool, Consumer, Model] records, one row per consumer and model.
+    capsys.readouterr()  # the transcript above
+    assert cli(["usage", "--config", str(config_file), "--since", since, "--until", until, "--by-model",
+                "--json"]) == 0
+    by_model = {(r["consumer"], r["model"]): r for r in json.loads(capsys.readouterr().out)["consumers"]}
+    assert set(by_model) == {("voice-app", "gpt2-xl"), ("analytics", "gpt2-xl")}
+    assert by_model[("voice-app", "gpt2-xl")]["output_tokens"] == streamed_voice
+    assert by_model[("analytics", "gpt2-xl")]["requests"] == 3
 
 
 def test_cost_share_follows_token_share(cloudwatch, config_file):
@@ -190,3 +200,25 @@ def test_time_arguments():
     assert parse_time("2026-11-28T09:30+09:00", now, "--since") == datetime(2026, 11, 28, 0, 30, tzinfo=UTC)
     with pytest.raises(UserError):
         parse_time("tomorrow", now, "--until")
+
+
+def test_by_model_rows_split_a_consumers_tokens_and_cost_share_by_the_model_it_called(cloudwatch):
+    put(cloudwatch, "voice-app", InputTokens=300, OutputTokens=900, Requests=4)  # the consumer set...
+    put(cloudwatch, "voice-app", "gpt2-xl", InputTokens=300, OutputTokens=900, Requests=3)  # ...and routed ones
+    put(cloudwatch, "analytics", InputTokens=100, OutputTokens=100, Requests=1)
+    put(cloudwatch, "analytics", "gpt2-xl", InputTokens=100, OutputTokens=100, Requests=1)
+    cfg = fleet_config()
+    report = collect(cfg, NOW - timedelta(hours=2), NOW, region=REGION, now=NOW, by_model=True)
+    rows = {(r.consumer, r.model): r for r in report.rows}
+    assert set(rows) == {("voice-app", "gpt2-xl"), ("analytics", "gpt2-xl")}
+    # One request of voice-app's was refused before routing (no model): it counts per consumer only.
+    assert rows[("voice-app", "gpt2-xl")].requests == 3
+    assert rows[("voice-app", "gpt2-xl")].token_share == pytest.approx(1200 / 1400)
+    from fleetcast.usage import render
+
+    table = render(report, "table")
+    assert "MODEL" in table and "gpt2-xl" in table and "consumer and model tokens" in table
+    header = render(report, "csv").splitlines()[0]
+    assert header.startswith("consumer,region,model,requests")
+    assert "model" not in render(collect(cfg, NOW - timedelta(hours=2), NOW, region=REGION, now=NOW), "csv"
+                                 ).splitlines()[0]
