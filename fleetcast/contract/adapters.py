@@ -5,16 +5,13 @@ One home for the runtime that stages adapters and the gateway that names them in
 `ChatCompletionRequest.lora_request`, a `tensorrt_llm.executor.request.LoRARequest` with
 `lora_name`, `lora_int_id`, `lora_path`; tensorrt_llm/serve/openai_protocol.py). The local root is
 mounted at the same path inside the serving container (runtime/host/run-container.sh), so one path
-serves both sides.
+serves both sides (the local root: the instance setting `Var.LOCAL_ROOT`, fleetcast/contract/instance_env.py).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 from typing import Protocol
-
-DEFAULT_LOCAL_ROOT = "/var/lib/fleetcast"  # FLEETCAST_LOCAL_ROOT unset (fleetcast.contract.instance_env.Var.LOCAL_ROOT)
-
 
 class _Adapter(Protocol):
     id: str

@@ -25,7 +25,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from fleetcast.contract.instance_env import Var, default
+from fleetcast.contract.instance_env import Var, default, setting
 
 from .http import BODY_TIMEOUT_S
 from .identity import log
@@ -141,9 +141,6 @@ async def serve(args: argparse.Namespace, shared=None, worker: int = 0) -> int:
     """One gateway process; with `shared` (shared.SharedState) it is worker `worker` of several on one port."""
     import boto3
 
-    from fleetcast.contract.adapters import DEFAULT_LOCAL_ROOT
-    from fleetcast.contract.instance_env import Var
-
     from .admission import limiter_key, model_limits_of
     from .identity import ApiKeyStore, EndpointDirectory, Identity, secret_names
     from .limits import ConsumerLimiter
@@ -167,7 +164,7 @@ async def serve(args: argparse.Namespace, shared=None, worker: int = 0) -> int:
                        secret_names(consumers, cfg.api_key_secret_of), args.refresh_s)
     metrics = MetricsSink(cfg.name, args.pool, write_lock=shared.emf_lock if shared is not None else None)
     new_limiter = shared.limiter if shared is not None else (lambda key, limits: ConsumerLimiter(limits))
-    router = router_for(cfg, args.pool, args.upstream, os.environ.get(Var.LOCAL_ROOT, DEFAULT_LOCAL_ROOT))
+    router = router_for(cfg, args.pool, args.upstream, setting(os.environ, Var.LOCAL_ROOT))
     gateway = Gateway(router=router, identity=Identity(consumers, endpoints, keys),
                       limiters={c.name: new_limiter(limiter_key(c.name), c.limits) for c in consumers},
                       metrics=metrics, entitled=entitlements(cfg, consumers, router),
