@@ -84,6 +84,36 @@ def _rejected_candidates(plan: RegionPlan) -> list[tuple[str, str]]:
     return [(label, why) for label, why in plan.why_not if label in labels]
 
 
+def why_not_said_once(regions: list[RegionPlan]) -> dict[str, tuple[list, list]]:
+    """Per consumer region, (ruled out, why not the others) with every reason clause a previous region already
+    gave for the same candidate shortened to a pointer to it: the same sentence once per region buried the news."""
+    said: dict[tuple[str, str], str] = {}
+    out = {}
+    for plan in regions:
+        region = plan.traffic.region
+        rejected = _rejected_candidates(plan)
+        labels = {label for label, _ in rejected}
+        lists = []
+        for items in (rejected, [(label, why) for label, why in plan.why_not if label not in labels]):
+            kept = []
+            for label, why in items:
+                head, sep, rest = why.partition(": ") if why.startswith("best in ") else ("", "", why)
+                clauses = []
+                for clause in rest.split("; "):
+                    # Short clauses (a price, an RTT) are news in every region; long sentences are said once.
+                    first = said.setdefault((label, clause), region) if len(clause.split()) >= 12 else region
+                    if first == region:
+                        clauses.append(clause)
+                    else:
+                        words = clause.split()
+                        clauses.append(f"as for {first} above ({' '.join(words[:6])} ...)")
+                why = head + sep + "; ".join(clauses)
+                kept.append((label, why))
+            lists.append(kept)
+        out[region] = (lists[0], lists[1])
+    return out
+
+
 def _tag(ev: Evaluation) -> str:
     """How the candidate's figures were obtained, where that is not a measurement."""
     source = ev.candidate.source
@@ -106,7 +136,7 @@ GLOSSARY = [
 ]
 
 
-# With arrivals the first columns mean something else (docs/plan.md, "Sizing from arrivals").
+# With arrivals the same columns mean something else (docs/plan.md, "Sizing from arrivals").
 ARRIVALS_GLOSSARY = [
     ("c*", "the most requests in flight per instance (mean, Little's law) at which this candidate meets both P99 "
            "SLOs, the error SLO and its measured range, network included, with arrivals joining at random"),
@@ -114,7 +144,28 @@ ARRIVALS_GLOSSARY = [
                "the SLO-safe rate divided by the busiest minute's ratio to the hour's mean (at least 10% headroom)"),
     ("wP99 TTFT / wP99 ITL", "the predicted P99 in each hour's busiest minute at the planned instance count, weighted "
                              "by the hour's requests; TTFT includes the network round trip"),
+    ("goodput/inst", "requests per second per instance at the SLO-safe rate (the arrival rate at c*), less the "
+                     "predicted error rate and a 2% margin ('>=': a lower bound, not counted from per-request records)"),
 ]
+SIZED_TERMS = ("c*", "target", "wP99 TTFT / wP99 ITL", "goodput/inst")
+
+
+def glossary(regions: list[RegionPlan]) -> list[tuple[str, str]]:
+    """The table's terms, defined by the method the plan was sized with: arrivals, the histogram of in-flight
+    levels, or (regions sized differently) each definition named with the regions it applies to."""
+    arrivals = [p.traffic.region for p in regions if p.traffic.arrival_driven]
+    histogram = [p.traffic.region for p in regions if not p.traffic.arrival_driven]
+    common = [(t, m) for t, m in GLOSSARY if t not in SIZED_TERMS]
+    if not histogram:
+        return ARRIVALS_GLOSSARY + common
+    if not arrivals:
+        return list(GLOSSARY)
+    by_term = dict(GLOSSARY)
+    out = []
+    for term, meaning in ARRIVALS_GLOSSARY:
+        out += [(f"{term} (sized from arrivals: {', '.join(arrivals)})", meaning),
+                (f"{term} (sized from the in-flight histogram: {', '.join(histogram)})", by_term[term])]
+    return out + common
 
 
 def _summary_line(plan: RegionPlan) -> str:
@@ -136,6 +187,26 @@ def recommendation(plan: RegionPlan) -> str:
             f"target {w.target:g} in-flight requests per instance (highest load within the SLO: {w.max_load:g})")
 
 
+def single_instance_note(plan: RegionPlan) -> str | None:
+    """What capacity.min 1 means for a service with a P99 SLO: the hours it runs one instance, that instance is in
+    one Availability Zone and is the whole service; its failure is an outage no P99 in this plan accounts for."""
+    w = plan.winner
+    if w is None or w.capacity()[0] != 1:
+        return None
+    hours = [h for h, n in enumerate(w.instances_by_hour) if n == 1]
+    spans, start = [], hours[0]
+    for a, b in zip(hours, hours[1:] + [None]):
+        if b != a + 1:
+            spans.append(f"{start:02d}-{a + 1:02d}")
+            start = b
+    extra = len(hours) * w.price_per_hour / 24
+    return (f"capacity min 1: for {len(hours)} h a day (UTC {', '.join(spans)}) this pool is one instance in one "
+            f"Availability Zone. If it or its AZ fails, every request fails until a replacement launches and loads its "
+            f"engine (minutes), an outage the P99 SLOs above do not count; the region's other AZs hold nothing meanwhile. "
+            f"capacity.min 2 keeps one instance in each of two AZs for +${extra:.2f}/h on average "
+            f"(set capacity.min in the config, or --min-instances 2)")
+
+
 # ---------------------------------------------------------------- terminal
 
 
@@ -146,6 +217,7 @@ def render_terminal(result: PlanResult) -> str:
     if result.estimator:
         out.append(f"Estimates: {result.estimator}")
     out += [f"warning: {w}" for w in result.warnings]
+    said_once = why_not_said_once(result.regions)
     for plan in result.regions:
         out += ["", _summary_line(plan)]
         header = ("#", "candidate", "region", "c*", "target", "instances", "$/h", "$/1M out", "$/1M in",
@@ -161,16 +233,17 @@ def render_terminal(result: PlanResult) -> str:
         widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
         for r in rows:
             out.append("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip())
-        for label, why in _rejected_candidates(plan):
+        rejected, losers = said_once[plan.traffic.region]
+        for label, why in rejected:
             out.append(f"-  {label}: {why}")
         if any(ev.candidate.estimated for ev in plan.ranked):
             out.append("*  estimated by the roofline model, not measured")
         if plan is result.regions[0]:
-            glossary = ARRIVALS_GLOSSARY if plan.traffic.arrival_driven else GLOSSARY[:3]
-            out += [f"   {term}: {meaning}" for term, meaning in glossary]
+            out += [f"   {term}: {meaning}" for term, meaning in glossary(result.regions)
+                    if term.split(" (")[0] in SIZED_TERMS[:3]]
         out += ["", f"Recommendation: {recommendation(plan)}"]
-        rejected = {label for label, _ in _rejected_candidates(plan)}
-        losers = [(label, why) for label, why in plan.why_not if label not in rejected]
+        if single_instance_note(plan):
+            out.append(f"  note: {single_instance_note(plan)}")
         if losers:
             out.append("Why not the others:")
             out += [f"  - {label}: {why}" for label, why in losers]
@@ -343,16 +416,17 @@ def _blocks(result: PlanResult, plots: dict[str, list[Path]]) -> list[Block]:
     head += [("Warning", w) for w in result.warnings]
     blocks += [("ul", head),
                ("p", "Method and formulas: docs/plan.md. Costs are day averages of hourly instance and fixed costs."),
-               ("h3", "Reading the tables"), ("ul", list(GLOSSARY))]
+               ("h3", "Reading the tables"), ("ul", glossary(result.regions))]
+    said_once = why_not_said_once(result.regions)
     for plan in result.regions:
         blocks += [("h2", f"Consumers in {plan.traffic.region}"), ("p", _summary_line(plan)),
                    ("rec", recommendation(plan))]
+        if single_instance_note(plan):
+            blocks.append(("ul", [("one instance", single_instance_note(plan))]))
         blocks += [("h3", "Feasible candidates"), ("table", *_table_rows(plan))]
-        rejected = _rejected_candidates(plan)
+        rejected, losers = said_once[plan.traffic.region]
         if rejected:
             blocks += [("h3", "Ruled out"), ("ul", rejected)]
-        rejected_labels = {label for label, _ in rejected}
-        losers = [(label, why) for label, why in plan.why_not if label not in rejected_labels]
         if losers:
             blocks += [("h3", "Why not the others"), ("ul", losers)]
         if plan.peak_notes:

@@ -748,7 +748,7 @@ def _loss_reason(ev: Evaluation, win: Evaluation, traffic: ConsumerTraffic) -> s
         # Not a loss on price: the plan could not give it the load it might carry.
         parts.insert(0, f"measured only up to concurrency {ev.measured_cap:g}, lower than the load it could carry "
                         f"within the SLOs (it meets every SLO there): sized as if capped at {ev.measured_cap:g}, so "
-                        f"its cost is an upper bound; benchmark it above {ev.measured_cap:g} before ruling it out")
+                        f"its cost is an upper bound (benchmark it above {ev.measured_cap:g} before ruling it out)")
     if ev.first_failure and ev.share_above_target > 0:
         parts.append(f"{ev.first_failure.text()} caps its load at {ev.target:g} in-flight requests per instance, "
                      f"while {ev.share_above_target:.0%} of {traffic.region}'s requests run at higher levels")
@@ -756,7 +756,7 @@ def _loss_reason(ev: Evaluation, win: Evaluation, traffic: ConsumerTraffic) -> s
         parts.append(f"each request holds an instance {ev.seconds_per_request * 1000:.0f} ms vs "
                      f"{win.seconds_per_request * 1000:.0f} ms at the traffic's load levels")
     if ev.price_per_hour > win.price_per_hour * 1.005:
-        parts.append(f"at ${ev.price_per_hour:.3f}/h per instance vs ${win.price_per_hour:.3f}")
+        parts.append(f"at ${ev.price_per_hour:.3f}/h per instance vs ${win.price_per_hour:.3f}/h")
     if ev.service_region != win.service_region:
         text = f"served from {ev.service_region}: RTT {ev.rtt_ms:g} ms vs {win.rtt_ms:g} ms"
         if ev.fixed_per_hour > win.fixed_per_hour + 0.005:
@@ -810,23 +810,28 @@ def _peak_notes(candidates, evaluations, winner, traffic, ctx) -> list[str]:
     offered = [x for x in peaks if ctx.availability.offered(x[1].instance_type, traffic.region)]
     local = max(offered, key=lambda x: x[0][0]) if offered else None
     weights = None if traffic.arrival_driven else traffic.level_weights()
+    # Two scopes, each named: the highest peak of all candidates, and (when that type is not offered here) the highest
+    # among those offered in the consumers' region; one unnamed "peak-throughput choice" read as two contradictory picks.
     for (tps, level), cand in [overall] + ([local] if local and local[1] is not overall[1] else []):
+        scope = ("highest peak throughput of all candidates" if cand is overall[1] else
+                 f"highest peak throughput of the types offered in {traffic.region}")
+        head = f"{scope}: {cand.label}, {tps:,.0f} output tok/s at concurrency {level:g}"
         if cand is winner.candidate:
-            notes.append(f"the peak-throughput candidate ({cand.label}, {tps:,.0f} output tok/s at concurrency {level:g}) "
-                         "is also the choice")
+            notes.append(f"{head}; it is also the choice")
             continue
         best = min((e for e in evaluations if e.candidate is cand), key=lambda e: (not e.feasible, e.rank_key() if e.feasible else ()))
-        why = (f"ruled out: {best.rejected}" if not best.feasible else
-               f"{_pct(best.cost_per_hour, winner.cost_per_hour)} cost for this traffic")
+        if not best.feasible:
+            # Ruled out before any sizing (not offered, quality, measured range): the reason is the whole story.
+            notes.append(f"{head}; not the choice: ruled out: {best.rejected}")
+            continue
+        why = f"not the choice: {_pct(best.cost_per_hour, winner.cost_per_hour)} cost for this traffic"
         if weights is None:
             seen = (f"its instances would hold at most {best.max_load:g} requests in flight within the SLOs"
-                    if best.feasible and best.max_load is not None else "a load it cannot serve within the SLOs")
-            notes.append(f"peak-throughput choice {cand.label}: {tps:,.0f} output tok/s at concurrency {level:g}; "
-                         f"sized for {traffic.region}'s arrivals {seen}; {why}")
+                    if best.max_load is not None else "it cannot serve them within the SLOs")
+            notes.append(f"{head}; sized for {traffic.region}'s arrivals {seen}; {why}")
             continue
         share = sum(w for lv, w in weights.items() if lv >= level)
-        notes.append(f"peak-throughput choice {cand.label}: {tps:,.0f} output tok/s at concurrency {level:g}, a load "
-                     f"{share:.0%} of {traffic.region}'s requests run at; {why}")
+        notes.append(f"{head}, a load {share:.0%} of {traffic.region}'s requests run at; {why}")
     return notes
 
 

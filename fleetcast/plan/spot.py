@@ -163,12 +163,25 @@ class SpotAdvice:
                 f"({', '.join(self.instance_types)}): ${self.cost_per_hour:.2f}/h vs ${self.on_demand_cost_per_hour:.2f}/h "
                 f"all On-Demand ({saving:.0%} less), ${self.usd_per_m_output:.3f} vs "
                 f"${self.on_demand_usd_per_m_output:.3f} per 1M output tokens; expected SLO attainment "
-                f"{self.slo_attainment:.4%} ({self.interruptions_per_day:.2f} interruptions/day, "
+                f"{attainment_text(self.slo_attainment)} from ASSUMED interruption rates "
+                f"({self.interruptions_per_day:.2f} interruptions/day, "
                 f"{self.requests_cut_per_day:.1f} requests cut, {self.requests_at_risk_per_day:.0f} at risk during "
                 f"re-launch)")
 
     def to_json(self) -> dict:
         return {k: v for k, v in vars(self).items()} | {"spot": self.spot_block()}
+
+
+def attainment_text(attainment: float) -> str:
+    """The attainment to the precision assumed interruption rates support: the loss rounded UP to one significant
+    figure (the rates are bands a factor of two or more wide), so 0.0012% lost reads "about 99.998%", not 99.9988%."""
+    loss = 1 - attainment
+    if loss <= 0:
+        return "100%"
+    step = 10 ** math.floor(math.log10(loss))
+    rounded = math.ceil(loss / step - 1e-9) * step
+    digits = max(0, -math.floor(math.log10(step)) - 2)
+    return f"about {100 - rounded * 100:.{digits}f}%"
 
 
 def _same_gpu_types(instance_type: str, region: str, inputs: SpotInputs, on_demand_price: float) -> list[str]:

@@ -108,8 +108,12 @@ def test_seed_explains_why_the_peak_throughput_choice_loses():
     # Peak output throughput: g7e fp8 at c=64: 64 * 128 / 0.41962 s = 19,522 tok/s (not offered);
     # among offered types g6e fp8 at c=64: 64 * 128 / 0.87724 s = 9,338 tok/s.
     peak_overall, peak_local = plan.peak_notes
-    assert peak_overall.startswith("peak-throughput choice g7e.2xlarge fp8: 19,522") and "ruled out" in peak_overall
-    assert peak_local.startswith("peak-throughput choice g6e.xlarge fp8: 9,338") and "5% of" in peak_local
+    # Each note names its scope, so the two read as two facts, not two contradictory "peak-throughput choices".
+    assert peak_overall.startswith("highest peak throughput of all candidates: g7e.2xlarge fp8, 19,522")
+    assert peak_overall.endswith("not the choice: ruled out: g7e is not offered in ap-northeast-2 "
+                                 "(availability as of 2026-01-15)")
+    assert peak_local.startswith("highest peak throughput of the types offered in ap-northeast-2: g6e.xlarge fp8, "
+                                 "9,338") and "5% of" in peak_local and "not the choice: +4% cost" in peak_local
     fp8 = best(plan, "g6e.xlarge fp8")
     s = (0.80 * (492.6 * H16 + 6.01 * 16) / 16 + 0.15 * (492.6 + 6.01 * 32) / 32
          + 0.05 * (492.6 + 6.01 * 64) / 64) / 1000            # = 0.09197 s: slower at batch 1-16
