@@ -97,6 +97,15 @@ def why_not_said_once(regions: list[RegionPlan]) -> dict[str, tuple[list, list]]
         for items in (rejected, [(label, why) for label, why in plan.why_not if label not in labels]):
             kept = []
             for label, why in items:
+                if why.startswith("ruled out: "):
+                    # "ruled out: REASON[; cross-region: ...]": the reason may hold "; " itself, so it is one unit.
+                    reason, sep, cross = why.removeprefix("ruled out: ").partition("; cross-region: ")
+                    first = said.setdefault((label, reason), region)
+                    if first != region:
+                        reason = f"the same reason as for {first} above ({' '.join(reason.split()[:6])} ...)"
+                    why = "ruled out: " + reason + sep + cross
+                    kept.append((label, why))
+                    continue
                 head, sep, rest = why.partition(": ") if why.startswith("best in ") else ("", "", why)
                 clauses = []
                 for clause in rest.split("; "):

@@ -792,7 +792,11 @@ def _why_not(candidates, evaluations, ranked, winner, traffic, ctx) -> list[tupl
         text = f"ruled out: {home.rejected}"
         others = [e for e in mine if e.service_region != traffic.region]
         if others:
-            text += "; cross-region: " + "; ".join(f"{e.service_region}: {e.rejected}" for e in others)
+            # One reason given once: a support-matrix refusal is the same in every region that could serve.
+            same = [e.service_region for e in others if e.rejected == home.rejected]
+            text += "; cross-region: " + "; ".join(([f"the same in {', '.join(same)}"] if same else [])
+                                                   + [f"{e.service_region}: {e.rejected}" for e in others
+                                                      if e.rejected != home.rejected])
         elif traffic.region not in ctx.privatelink_regions and not home.rejected.startswith(("quality", "measured")):
             text += (f"; cross-region is not an option: {traffic.region} is not in the cross-region PrivateLink table "
                      f"(so no other region can serve it)")
@@ -822,7 +826,8 @@ def _peak_notes(candidates, evaluations, winner, traffic, ctx) -> list[str]:
         best = min((e for e in evaluations if e.candidate is cand), key=lambda e: (not e.feasible, e.rank_key() if e.feasible else ()))
         if not best.feasible:
             # Ruled out before any sizing (not offered, quality, measured range): the reason is the whole story.
-            notes.append(f"{head}; not the choice: ruled out: {best.rejected}")
+            # Its first clause only: the full reason is under "Ruled out" a few lines up.
+            notes.append(f"{head}; not the choice: ruled out: {best.rejected.split(': ')[0]}")
             continue
         why = f"not the choice: {_pct(best.cost_per_hour, winner.cost_per_hour)} cost for this traffic"
         if weights is None:

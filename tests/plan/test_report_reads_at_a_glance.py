@@ -80,26 +80,41 @@ def test_the_spot_line_says_its_attainment_rests_on_assumed_rates():
 
 
 def test_one_instance_at_night_is_said_to_be_one_instance_in_one_az():
-    result, (p,), _ = plan(SEED / "traffic-us-east-1.yaml")
-    lo, _, _ = p.winner.capacity()
-    assert lo == 1
-    hours = [h for h, n in enumerate(p.winner.instances_by_hour) if n == 1]
-    extra = len(hours) * p.winner.price_per_hour / 24
+    result, plans, _ = plan(ROOT / "examples/plan/two-regions/traffic.yaml")
     md, text = render_markdown(result, {}), render_terminal(result)
-    for page in (md, text):
-        assert f"capacity min 1: for {len(hours)} h a day" in page and "one instance in one Availability Zone" in page
-        assert f"capacity.min 2 keeps one instance in each of two AZs for +${extra:.2f}/h" in page
+    for p in plans:
+        assert p.winner.capacity()[0] == 1
+        hours = [h for h, n in enumerate(p.winner.instances_by_hour) if n == 1]
+        extra = len(hours) * p.winner.price_per_hour / 24
+        for page in (md, text):
+            assert f"capacity min 1: for {len(hours)} h a day" in page
+            assert f"capacity.min 2 keeps one instance in each of two AZs for +${extra:.2f}/h" in page
+    assert md.count("one instance in one Availability Zone") == 2
     seoul, _, _ = plan(SEED / "traffic-seoul.yaml")  # a floor of 2: nothing to say
     assert "one Availability Zone" not in render_terminal(seoul)
 
 
-def test_a_reason_given_for_one_region_is_not_repeated_for_the_next():
+def test_a_refusal_is_given_once_for_every_region_that_could_serve_and_once_across_consumer_regions():
     result, plans, _ = plan(ROOT / "examples/plan/two-regions/traffic.yaml")
-    assert len(plans) == 2
     first = plans[0].traffic.region
+    refusal = "no TensorRT-LLM 1.2.x source says the engine flow builds for this architecture"
     for page in (render_markdown(result, {}), render_terminal(result)):
-        caveat = "lower than the load it could carry within the SLOs"
-        # Said once per candidate (g7e fp8 and fp16), then pointed to.
-        assert page.count(caveat) == 2 and page.count(f"as for {first} above (measured only up to") == 2
-        # Short, region-specific figures stay.
-        assert page.count("at $3.363/h per instance vs $1.861/h") == 4
+        # Once per g7e candidate (fp8, fp16) in the first region; its other service regions say "the same".
+        assert page.count(refusal) == 2 and page.count("cross-region: the same in ") == 4
+        assert page.count(f"ruled out: the same reason as for {first} above (") == 2
+
+
+def test_a_long_losing_reason_is_said_once_and_short_figures_stay():
+    from types import SimpleNamespace
+
+    from fleetcast.plan.report import why_not_said_once
+
+    caveat = ("measured only up to concurrency 64, lower than the load it could carry within the SLOs (it meets "
+              "every SLO there)")
+    def region(name, price):
+        return SimpleNamespace(traffic=SimpleNamespace(region=name), ranked=[], evaluations=[],
+                               why_not=[("g7e fp8", f"best in {name}: {caveat}; costs ${price}/h vs $3/h")])
+    said = why_not_said_once([region("us-east-1", 4), region("us-east-2", 5)])
+    assert said["us-east-1"][1] == [("g7e fp8", f"best in us-east-1: {caveat}; costs $4/h vs $3/h")]
+    assert said["us-east-2"][1] == [("g7e fp8", "best in us-east-2: as for us-east-1 above (measured only up to "
+                                                "concurrency 64, ...); costs $5/h vs $3/h")]
