@@ -90,7 +90,7 @@ bench-decode: $(VENV)/.test-deps
 
 # A diurnal day with bursts through a simulated Auto Scaling group: load target alone vs + SLO protection.
 bench-scaling: $(VENV)/.synth-deps
-	$(PY) -m scripts.bench_scaling $(BENCH_ARGS)
+	$(PY) -m scripts.bench_scaling --plot build/bench-scaling.png $(BENCH_ARGS)
 
 # Wheels the consumer-side bench probe carries (needs PyPI); bench-mode synth asks for them.
 probe-wheels: $(VENV)/.synth-deps
@@ -101,7 +101,7 @@ plan-seed: $(VENV)/.synth-deps
 	$(VENV)/bin/fleetcast plan --results examples/plan/seed/results --traffic examples/plan/seed/traffic-seoul-arrivals.yaml \
 	  --config $(CONFIG) --report build/plan-seed
 	$(VENV)/bin/fleetcast plan simulate --results examples/plan/seed/results \
-	  --traffic examples/plan/seed/traffic-seoul-arrivals.yaml --config $(CONFIG)
+	  --traffic examples/plan/seed/traffic-seoul-arrivals.yaml --config $(CONFIG) --report build/plan-seed
 
 clean:
 	rm -rf cdk.out cdk.out.new cdk.out.old .pytest_cache

@@ -223,6 +223,57 @@ def run_policy(model: ServiceModel, policy: Policy, slo, rates: list[float], arr
                    group.log)
 
 
+def write_day_plot(path: str, rates: list[float], outcomes: list[Outcome], slo) -> str:
+    """The day at a glance: arrivals per minute; instances serving per minute under each policy drawn; and each
+    policy's SLO windows, the minutes whose P99 TTFT or ITL exceeded the SLO marked red on its own row."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    hours = [m / 60.0 for m in range(len(rates))]
+    fig, (arr, inst, win) = plt.subplots(3, 1, figsize=(10, 8), sharex=True,
+                                         gridspec_kw={"height_ratios": [1, 1.5, 0.25 + 0.3 * len(outcomes)]})
+    arr.plot(hours, rates, color="0.35", linewidth=0.8)
+    arr.set_ylabel("arrivals (req/s)")
+    arr.set_ylim(0, max(rates) * 1.1)
+    arr.set_title(f"Scaling over the simulated day: SLO P99 TTFT {slo.ttft_p99_ms:g} ms, P99 ITL {slo.itl_p99_ms:g} ms",
+                  fontsize=10)
+    styles = ["-", "--", ":"]
+    for i, o in enumerate(outcomes):
+        t = [row[0] / 3600.0 for row in o.minutes_log]
+        n = [row[1] for row in o.minutes_log]
+        inst.step(t, n, where="post", color=f"C{i}", linestyle=styles[i % 3], linewidth=1.6 if i == 0 else 1.2,
+                  label=f"{o.policy.name}: {o.instance_hours:.0f} instance-hours, windows in SLO "
+                        f"{o.window_attainment:.2%}")
+        # A minute whose P99 over the SLO ratio (logged by the group, the signal SLO protection acts on) exceeds 1.
+        over = [row[0] / 3600.0 for row in o.minutes_log if row[4] > 1.0]
+        row_y = len(outcomes) - 1 - i
+        win.broken_barh([(x - 1 / 60.0, 1 / 60.0) for x in over], (row_y + 0.15, 0.7), color="C3")
+    inst.set_ylabel("instances serving")
+    inst.set_ylim(0, max(row[1] for o in outcomes for row in o.minutes_log) * 1.15 + 0.5)
+    win.set_yticks([len(outcomes) - 1 - i + 0.5 for i in range(len(outcomes))])
+    win.set_yticklabels([o.policy.name.split(" load target")[0] for o in outcomes])
+    win.set_ylim(0, len(outcomes))
+    win.set_title("minutes whose P99 exceeded the SLO (red)", fontsize=9, loc="left")
+    win.set_xlim(0, len(rates) / 60.0)
+    win.set_xticks(range(0, int(len(rates) / 60.0) + 1, 3 if len(rates) > 360 else 1))
+    win.set_xlabel("hour of the simulated day")
+    for ax in (arr, inst, win):
+        ax.grid(alpha=0.3, axis="x")
+    arr.grid(alpha=0.3)
+    inst.grid(alpha=0.3)
+    fig.tight_layout()
+    handles, labels = inst.get_legend_handles_labels()
+    fig.legend(handles, labels, fontsize=8, loc="upper center", bbox_to_anchor=(0.5, 0.0), ncol=1, frameon=False)
+    from pathlib import Path
+
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110, bbox_inches="tight")
+    plt.close(fig)
+    return path
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="bench_scaling", description=__doc__.split("\n\n")[0])
     ap.add_argument("--results", default="examples/plan/seed/results/g5.xlarge-fp16.json",
@@ -240,6 +291,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="scaling.slo_scale_out_ratio (default: the config default)")
     ap.add_argument("--in-ratio", type=float, default=SCALING_DEFAULTS.slo_scale_in_ratio,
                     help="scaling.slo_scale_in_ratio (default: the config default)")
+    ap.add_argument("--plot", metavar="PNG", help="draw the day (arrivals, instances and SLO windows of (b), (a) at "
+                    "the planner's target and (a) matched) into this PNG; `make bench-scaling` writes "
+                    "build/bench-scaling.png")
     args = ap.parse_args(argv)
 
     (cand,) = load_candidates([args.results])[:1] or [None]
@@ -303,8 +357,10 @@ def main(argv: list[str] | None = None) -> int:
             break
     print("(a) load target alone, from the planner's target down until it matches (b)'s window attainment:")
     matched = first_99 = None
+    a_runs = []
     for t in targets():
         o = run_policy(model, Policy(f"(a) load target {t:g}", t, False), slo, rates, arrivals, **common)
+        a_runs.append(o)
         show(o)
         if first_99 is None and o.window_attainment >= 0.99:
             first_99 = o
@@ -327,6 +383,9 @@ def main(argv: list[str] | None = None) -> int:
     print("trade-off: (b) spends instances only once the SLO ratio rises and holds them through the burst, so it needs "
           "no re-tuned target; (a) must hold its headroom all day, bursts or not. Neither catches a burst that "
           "arrives faster than an instance launches: only standing headroom (target, warm pool, schedule) does")
+    if args.plot:
+        drawn = [b_out, a_runs[0]] + ([matched] if matched is not None and matched is not a_runs[0] else [])
+        print(f"picture: {write_day_plot(args.plot, rates, drawn, slo)}")
     return 0
 
 

@@ -9,6 +9,7 @@ import argparse
 import json
 import math
 import sys
+from pathlib import Path
 from datetime import UTC
 
 
@@ -106,7 +107,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--reserved", type=_reserved, action="append", default=[], metavar="TYPE@REGION=N",
                    help="N instances of TYPE in REGION already paid for (capacity reservations): the plan pays only "
                         "for instances above them and says when they decided the pick; repeatable")
-    p.add_argument("--report", metavar="DIR", help="write plan.md, plan.html, plan.json and plots into DIR")
+    p.add_argument("--report", metavar="DIR", help="write plan.md, plan.html, plan.json and plots into DIR; with "
+                   "simulate: each simulated pool's 24-hour picture (simulate-POOL.png: instances, P99s, SLO misses)")
     p.add_argument("--json", action="store_true", help="print plan.json instead of the table")
     p.add_argument("--write-config", metavar="FILE",
                    help="update pools and regions of this fleet config with the planned fleet (consumer regions pooled "
@@ -190,7 +192,8 @@ def _plan(args: argparse.Namespace) -> int:
         from fleetcast.plan.simulate import simulate_plan
 
         lines, agree = simulate_plan(plans, result.pools, ctx, seed=args.seed, candidates=args.candidate,
-                                     max_groups=args.max_hours or None)
+                                     max_groups=args.max_hours or None,
+                                     report=Path(args.report) if args.report else None)
         print("\n".join(lines))
         return 0 if agree else 3
     result.write_notes = write_config_notes(_config_or_none(args.write_config or args.config), result.pools,

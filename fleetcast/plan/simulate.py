@@ -23,6 +23,7 @@ import math
 import random
 from collections import deque
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from .queueing import ServiceModel
 
@@ -586,9 +587,10 @@ def render_checks(title: str, checks: list[HourCheck]) -> list[str]:
 
 
 def simulate_plan(plans, pools, ctx, seed: int = 7, candidates: list[str] | None = None,
-                  max_groups: int | None = None) -> tuple[list[str], bool]:
+                  max_groups: int | None = None, report: Path | None = None) -> tuple[list[str], bool]:
     """Check the planner's sizing of each pool (or of the named candidates, per consumer region) by simulation.
-    Returns the report lines and whether every check agrees within AGREEMENT."""
+    Returns the report lines and whether every check agrees within AGREEMENT; with `report` (a directory), each
+    pool's 24-hour picture (write_day_plot) is drawn there as simulate-TITLE.png."""
     from fleetcast.contract.errors import UserError
 
     from .solver import _limits
@@ -630,10 +632,86 @@ def simulate_plan(plans, pools, ctx, seed: int = 7, candidates: list[str] | None
             targets.append((f"{pool.candidate} @ {pool.service_region} serving {', '.join(pool.consumer_regions)}",
                             ctx.model(evs[0].candidate), members, _limits(ctx, network), pool.instances_by_hour,
                             pool.needed_by_hour, pool.predictions, network))
+    drawn = []
     for title, model, members, limits, planned, needed, predictions, network in targets:
         checks = check_sizing(model, members, limits, planned, needed, predictions, network, seed, max_groups)
         lines += render_checks(title, checks)
         ok = ok and all(c.agrees for c in checks)
+        if report is not None and checks:
+            drawn.append((title, planned, needed, checks, limits))
+    if drawn:
+        report.mkdir(parents=True, exist_ok=True)
+        paths = [write_day_plot(f"{title}: simulated day (seed {seed})", planned, needed, checks, limits,
+                                report / f"simulate-{_slug(title)}.png")
+                 for title, planned, needed, checks, limits in drawn]
+        lines.append(f"pictures: {', '.join(str(p) for p in paths)}")
     lines.append(f"planner and simulation {'agree' if ok else 'DISAGREE'} within {AGREEMENT:.0%} (P99 TTFT incl. "
                  "network, P99 ITL at the planned count; instance count within 10% or one instance)")
     return lines, ok
+
+
+def _slug(text: str) -> str:
+    """'g6e.xlarge fp8 @ ap-northeast-2 serving ...' -> 'g6e.xlarge-fp8-ap-northeast-2' (a file name)."""
+    words = text.split(" serving ")[0].replace("@", " ").split()
+    return "-".join("".join(c if c.isalnum() or c in "._-" else "-" for c in w) for w in words)
+
+
+def write_day_plot(title: str, planned: list[int], needed: list[int], checks: list[HourCheck], limits,
+                   path: Path) -> Path:
+    """The 24-hour picture of one simulated pool: instances the plan runs per UTC hour against the fewest the
+    simulation needed, and each checked hour's P99 TTFT and ITL (planned line, simulated marker) against the SLO,
+    hours whose simulated P99 at the planned count misses the SLO shaded red: the SLO windows at a glance."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    hours = list(range(25))
+    fig, (inst, ttft, itl) = plt.subplots(3, 1, figsize=(9, 8.5), sharex=True,
+                                          gridspec_kw={"height_ratios": [1.3, 1, 1]})
+    inst.step(hours, planned + planned[-1:], where="post", color="k", linewidth=2, label="instances the plan runs",
+              zorder=2)
+    if needed and needed != planned:  # a floor (capacity.min) holds more than the SLOs need
+        inst.step(hours, needed + needed[-1:], where="post", color="0.5", linestyle="--", linewidth=1.5, zorder=2,
+                  label="instances the SLOs need, by the planner (before capacity.min)")
+    by_hour = {h: c for c in checks for h in c.hours}
+    sim = [(h + 0.5, c.sim_n) for h, c in sorted(by_hour.items()) if c.sim_n is not None]
+    if sim:
+        inst.plot(*zip(*sim), "o", color="C1", zorder=3,
+                  label="fewest meeting the SLOs in the simulation (busiest minutes)")
+    inst.set_ylim(0, max(planned + [n for _, n in sim]) * 1.2 + 0.5)
+    inst.set_ylabel("instances")
+    inst.set_title(title, fontsize=10)
+    # Limits.ttft_ms is in-region; the checks' TTFTs include the farthest member's network, so the line does too.
+    for ax, what, slo_ms in ((ttft, "ttft", limits.ttft_ms + checks[0].network_ms), (itl, "itl", limits.itl_ms)):
+        plan_y = [getattr(by_hour[h], f"planned_{what}_ms") if h in by_hour else float("nan") for h in range(24)]
+        ax.step(hours, plan_y + plan_y[-1:], where="post", color="0.4", label="planner's P99 (busiest minute)")
+        pts = [(h + 0.5, getattr(c, f"sim_{what}_ms")) for h, c in sorted(by_hour.items())]
+        ax.plot(*zip(*pts), "o", color="C0", markersize=4, label="simulated P99 at the planned count")
+        ax.axhline(slo_ms, color="C3", linestyle="--", linewidth=1.2, label=f"SLO: {slo_ms:g} ms")
+        for h, c in by_hour.items():
+            if getattr(c, f"sim_{what}_ms") > slo_ms:
+                ax.axvspan(h, h + 1, color="C3", alpha=0.15, linewidth=0)
+        ax.set_ylim(0, max([slo_ms] + [y for _, y in pts if y == y]) * 1.2)
+        ax.set_ylabel(f"P99 {what.upper()} (ms)" + (" incl. network" if what == "ttft" else ""))
+    for ax in (inst, ttft, itl):
+        ax.grid(alpha=0.3)
+    itl.set_xlim(0, 24)
+    itl.set_xticks(range(0, 25, 3))
+    itl.set_xlabel("hour of day (UTC); hours without a marker were not simulated (no traffic, or --max-hours)"
+                   if len(by_hour) < 24 else "hour of day (UTC)")
+    fig.tight_layout()
+    handles, labels = [], []
+    for ax in (inst, ttft):
+        for h, lab in zip(*ax.get_legend_handles_labels()):
+            if lab not in labels and not lab.startswith("SLO"):
+                handles.append(h)
+                labels.append(lab)
+    from matplotlib.patches import Patch
+
+    handles += [ttft.get_lines()[-1], Patch(color="C3", alpha=0.15)]
+    labels += ["the P99 SLO (dashed)", "an hour whose simulated P99 misses the SLO"]
+    fig.legend(handles, labels, fontsize=8, loc="upper center", bbox_to_anchor=(0.5, 0.0), ncol=2, frameon=False)
+    fig.savefig(path, dpi=110, bbox_inches="tight")
+    plt.close(fig)
+    return path

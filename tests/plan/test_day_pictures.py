@@ -1,0 +1,91 @@
+"""`plan simulate --report DIR` and `make bench-scaling` (`--plot PNG`) draw the day: instances per hour and
+the hours or minutes out of the SLO. Checked on what is drawn (the lines' data, the SLO's y, the legend
+below the panels), not on pixels."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from scripts.bench_scaling import main as bench_scaling
+from scripts.cli import main
+
+from .conftest import ROOT, SEED
+
+
+@pytest.fixture
+def saved(monkeypatch):
+    from matplotlib.figure import Figure
+
+    figs = {}
+    real = Figure.savefig
+
+    def keep(fig, path, *a, **k):
+        figs[Path(path).name] = fig
+        return real(fig, path, *a, **k)
+
+    monkeypatch.setattr(Figure, "savefig", keep)
+    return figs
+
+
+def _legend_below(fig) -> bool:
+    fig.canvas.draw()
+    [legend] = fig.legends
+    return legend.get_window_extent().y1 <= min(ax.get_window_extent().y0 for ax in fig.axes)
+
+
+def test_plan_simulate_draws_the_day_where_report_points(saved, tmp_path, capsys):
+    from fleetcast.plan.run import PlanOptions, build_plan
+
+    args = ["--results", str(SEED / "results"), "--traffic", str(SEED / "traffic-seoul-arrivals.yaml"),
+            "--config", str(ROOT / "config" / "fleet.yaml")]
+    assert main(["plan", "simulate", *args, "--max-hours", "1", "--report", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    [name] = saved
+    assert name == "simulate-g6e.xlarge-fp8-ap-northeast-2.png" and (tmp_path / name).is_file()
+    assert f"pictures: {tmp_path / name}" in out
+    result, _, ctx = build_plan(PlanOptions(results=[str(SEED / "results")],
+                                            traffic=str(SEED / "traffic-seoul-arrivals.yaml"),
+                                            config=str(ROOT / "config" / "fleet.yaml"), ttft_p99_ms=300,
+                                            itl_p99_ms=40))
+    [pool] = result.pools
+    fig = saved[name]
+    inst, ttft, itl = fig.axes
+    lines = {l.get_label(): l for l in inst.get_lines()}
+    assert list(lines["instances the plan runs"].get_ydata())[:-1] == pool.instances_by_hour
+    # The config's floor (capacity.min 2) holds more than the SLOs need at night: both are drawn, told apart.
+    needed = lines["instances the SLOs need, by the planner (before capacity.min)"]
+    assert list(needed.get_ydata())[:-1] == pool.needed_by_hour != pool.instances_by_hour
+    # --max-hours 1: one group of hours simulated, one marker per hour of it, at mid-hour.
+    sim = lines["fewest meeting the SLOs in the simulation (busiest minutes)"]
+    assert all(x % 1 == 0.5 for x in sim.get_xdata()) and 0 < len(sim.get_xdata()) < 24
+    # The TTFTs drawn include the network, so the line is the SLO as given (300 ms), not the in-region budget.
+    for ax, slo in ((ttft, 300), (itl, 40)):
+        [line] = [l for l in ax.get_lines() if l.get_label().startswith("SLO")]
+        assert list(line.get_ydata()) == [slo, slo] and ax.get_ylim()[1] > slo
+    assert _legend_below(fig)
+
+
+def test_simulate_without_report_draws_nothing(saved, capsys):
+    assert main(["plan", "simulate", "--results", str(SEED / "results"), "--traffic",
+                 str(SEED / "traffic-seoul-arrivals.yaml"), "--max-hours", "1"]) == 0
+    assert not saved and "pictures:" not in capsys.readouterr().out
+
+
+def test_bench_scaling_draws_instances_and_slo_windows_per_policy(saved, tmp_path, capsys):
+    from scripts.bench_scaling import diurnal_trace
+
+    png = tmp_path / "day.png"
+    assert bench_scaling(["--hours", "1", "--peak-rps", "20", "--plot", str(png)]) == 0
+    assert png.is_file() and f"picture: {png}" in capsys.readouterr().out
+    fig = saved["day.png"]
+    arrivals, inst, windows = fig.axes
+    assert list(arrivals.get_lines()[0].get_ydata()) == diurnal_trace(20.0, 11, 1.0)
+    drawn = [l.get_label() for l in inst.get_lines()]
+    assert drawn[0].startswith("(b) load target") and drawn[1].startswith("(a) load target")
+    assert all("instance-hours" in d and "windows in SLO" in d for d in drawn)
+    # One row of out-of-SLO minutes per policy drawn, each labelled with the policy.
+    assert [t.get_text() for t in windows.get_yticklabels()] == [d.split(" load target")[0] for d in drawn]
+    assert len(windows.collections) == len(drawn)
+    assert _legend_below(fig)
