@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Protocol
 
+
 class _Adapter(Protocol):
     id: str
 
