@@ -9,8 +9,8 @@ import argparse
 import json
 import math
 import sys
-from pathlib import Path
 from datetime import UTC
+from pathlib import Path
 
 
 def _positive(flag: str):

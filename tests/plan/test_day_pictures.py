@@ -52,7 +52,7 @@ def test_plan_simulate_draws_the_day_where_report_points(saved, tmp_path, capsys
     [pool] = result.pools
     fig = saved[name]
     inst, ttft, itl = fig.axes
-    lines = {l.get_label(): l for l in inst.get_lines()}
+    lines = {ln.get_label(): ln for ln in inst.get_lines()}
     assert list(lines["instances the plan runs"].get_ydata())[:-1] == pool.instances_by_hour
     # The config's floor (capacity.min 2) holds more than the SLOs need at night: both are drawn, told apart.
     needed = lines["instances the SLOs need, by the planner (before capacity.min)"]
@@ -62,7 +62,7 @@ def test_plan_simulate_draws_the_day_where_report_points(saved, tmp_path, capsys
     assert all(x % 1 == 0.5 for x in sim.get_xdata()) and 0 < len(sim.get_xdata()) < 24
     # The TTFTs drawn include the network, so the line is the SLO as given (300 ms), not the in-region budget.
     for ax, slo in ((ttft, 300), (itl, 40)):
-        [line] = [l for l in ax.get_lines() if l.get_label().startswith("SLO")]
+        [line] = [ln for ln in ax.get_lines() if ln.get_label().startswith("SLO")]
         assert list(line.get_ydata()) == [slo, slo] and ax.get_ylim()[1] > slo
     assert _legend_below(fig)
 
@@ -82,7 +82,7 @@ def test_bench_scaling_draws_instances_and_slo_windows_per_policy(saved, tmp_pat
     fig = saved["day.png"]
     arrivals, inst, windows = fig.axes
     assert list(arrivals.get_lines()[0].get_ydata()) == diurnal_trace(20.0, 11, 1.0)
-    drawn = [l.get_label() for l in inst.get_lines()]
+    drawn = [ln.get_label() for ln in inst.get_lines()]
     assert drawn[0].startswith("(b) load target") and drawn[1].startswith("(a) load target")
     assert all("instance-hours" in d and "windows in SLO" in d for d in drawn)
     # One row of out-of-SLO minutes per policy drawn, each labelled with the policy.
