@@ -41,3 +41,18 @@ consumers:
     output_tokens: 128
 """)
     return path
+
+
+def keep_figures(monkeypatch) -> dict:
+    """Figures as they are saved, by file name, so a test reads what a plot draws rather than its pixels."""
+    from matplotlib.figure import Figure
+
+    saved: dict = {}
+    real = Figure.savefig
+
+    def keep(fig, path, *a, **k):
+        saved[Path(path).name] = fig
+        return real(fig, path, *a, **k)
+
+    monkeypatch.setattr(Figure, "savefig", keep)
+    return saved

@@ -4,29 +4,17 @@ below the panels), not on pixels."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
 from scripts.bench_scaling import main as bench_scaling
 from scripts.cli import main
 
-from .conftest import ROOT, SEED
+from .conftest import ROOT, SEED, keep_figures
 
 
 @pytest.fixture
 def saved(monkeypatch):
-    from matplotlib.figure import Figure
-
-    figs = {}
-    real = Figure.savefig
-
-    def keep(fig, path, *a, **k):
-        figs[Path(path).name] = fig
-        return real(fig, path, *a, **k)
-
-    monkeypatch.setattr(Figure, "savefig", keep)
-    return figs
+    return keep_figures(monkeypatch)
 
 
 def _legend_below(fig) -> bool:

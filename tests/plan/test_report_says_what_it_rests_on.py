@@ -10,7 +10,6 @@ import re
 import shutil
 from datetime import date
 from html.parser import HTMLParser
-from pathlib import Path
 
 import pytest
 
@@ -19,7 +18,7 @@ from fleetcast.plan.report import render_terminal, write_report
 from fleetcast.plan.run import PlanOptions, build_plan
 from scripts.cli import main
 
-from .conftest import ROOT, SEED
+from .conftest import ROOT, SEED, keep_figures
 
 SLO = dict(ttft_p99_ms=300, itl_p99_ms=40)
 PRICES_AS_OF = date(2026, 1, 15)  # fleetcast/config/data/instances.yaml and fixed_costs.yaml
@@ -160,16 +159,7 @@ def test_the_page_explains_its_columns(tmp_path):
 
 
 def _saved_figures(monkeypatch, result, tmp_path):
-    from matplotlib.figure import Figure
-
-    saved = {}
-    real = Figure.savefig
-
-    def keep(fig, path, *a, **k):
-        saved[Path(path).name] = fig
-        return real(fig, path, *a, **k)
-
-    monkeypatch.setattr(Figure, "savefig", keep)
+    saved = keep_figures(monkeypatch)
     write_report(result, tmp_path)
     return saved
 
