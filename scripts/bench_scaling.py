@@ -225,7 +225,8 @@ def run_policy(model: ServiceModel, policy: Policy, slo, rates: list[float], arr
 
 def write_day_plot(path: str, rates: list[float], outcomes: list[Outcome], slo) -> str:
     """The day at a glance: arrivals per minute; instances serving per minute under each policy drawn; and each
-    policy's SLO windows, the minutes whose P99 TTFT or ITL exceeded the SLO marked red on its own row."""
+    policy's SLO windows, the minutes whose P99 TTFT or ITL exceeded the SLO marked on its own row, in its line's
+    colour."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -249,13 +250,18 @@ def write_day_plot(path: str, rates: list[float], outcomes: list[Outcome], slo) 
         # A minute whose P99 over the SLO ratio (logged by the group, the signal SLO protection acts on) exceeds 1.
         over = [row[0] / 3600.0 for row in o.minutes_log if row[4] > 1.0]
         row_y = len(outcomes) - 1 - i
-        win.broken_barh([(x - 1 / 60.0, 1 / 60.0) for x in over], (row_y + 0.15, 0.7), color="C3")
+        win.broken_barh([(x - 1 / 60.0, 1 / 60.0) for x in over], (row_y + 0.15, 0.7), color=f"C{i}")
     inst.set_ylabel("instances serving")
     inst.set_ylim(0, max(row[1] for o in outcomes for row in o.minutes_log) * 1.15 + 0.5)
     win.set_yticks([len(outcomes) - 1 - i + 0.5 for i in range(len(outcomes))])
-    win.set_yticklabels([o.policy.name.split(" load target")[0] for o in outcomes])
+    # Two (a) rows differ only by target: the label carries it, and each row has its line's colour.
+    win.set_yticklabels([o.policy.name.replace(" load target", " target").replace(" + SLO protection", " + SLO")
+                         for o in outcomes], fontsize=8)
+    for i, tick in enumerate(win.get_yticklabels()):
+        tick.set_color(f"C{i}")
     win.set_ylim(0, len(outcomes))
-    win.set_title("minutes whose P99 exceeded the SLO (red)", fontsize=9, loc="left")
+    win.set_title("SLO windows: each mark a minute whose P99 TTFT or ITL exceeded the SLO, one row per policy",
+                  fontsize=9, loc="left")
     win.set_xlim(0, len(rates) / 60.0)
     win.set_xticks(range(0, int(len(rates) / 60.0) + 1, 3 if len(rates) > 360 else 1))
     win.set_xlabel("hour of the simulated day")

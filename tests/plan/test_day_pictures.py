@@ -62,6 +62,8 @@ def test_simulate_without_report_draws_nothing(saved, capsys):
 
 
 def test_bench_scaling_draws_instances_and_slo_windows_per_policy(saved, tmp_path, capsys):
+    import matplotlib.colors
+
     from scripts.bench_scaling import diurnal_trace
 
     png = tmp_path / "day.png"
@@ -74,6 +76,10 @@ def test_bench_scaling_draws_instances_and_slo_windows_per_policy(saved, tmp_pat
     assert drawn[0].startswith("(b) load target") and drawn[1].startswith("(a) load target")
     assert all("instance-hours" in d and "windows in SLO" in d for d in drawn)
     # One row of out-of-SLO minutes per policy drawn, each labelled with the policy.
-    assert [t.get_text() for t in windows.get_yticklabels()] == [d.split(" load target")[0] for d in drawn]
+    rows = [t.get_text() for t in windows.get_yticklabels()]
+    assert [r.split(" target ")[0] for r in rows] == [d.split(" load target ")[0] for d in drawn]
+    assert [r.split(" target ")[1].split()[0] for r in rows] == [d.split(" load target ")[1].split()[0].rstrip(":") for d in drawn]
+    assert [c.get_facecolor()[0].tolist() for c in windows.collections] == \
+        [list(matplotlib.colors.to_rgba(line.get_color())) for line in inst.get_lines()]
     assert len(windows.collections) == len(drawn)
     assert _legend_below(fig)
