@@ -266,15 +266,18 @@ def _plots(results: list[Results], out: Path) -> list[Path]:
     plt.close(fig)
     paths.append(p)
 
-    # Goodput only means something against SLOs; files run without --slo-* have none to draw.
-    if any(r.summary.goodput_rps is not None for res in results for r in res.runs):
+    # Goodput only means something against SLOs: a file run without --slo-* (its goodput counts every completed
+    # request) has none to draw, and the plot is left out when no file has any.
+    if any(slo_values([res], f) for res in results for f in ("ttft_ms", "itl_ms", "e2e_ms")):
         fig, ax = plt.subplots(figsize=(8, 4.8))
         for res, name, colour in zip(results, names, colours):
             runs = sorted(res.runs, key=lambda r: load_x(r, kind))
             xs = [load_x(r, kind) for r in runs]
             ax.plot(xs, [r.summary.request_throughput_rps for r in runs], ":o", color=colour, markerfacecolor="none",
                     zorder=2)
-            good = [(x, r.summary.goodput_rps) for x, r in zip(xs, runs) if r.summary.goodput_rps is not None]
+            has_slo = any(slo_values([res], f) for f in ("ttft_ms", "itl_ms", "e2e_ms"))
+            good = [(x, r.summary.goodput_rps) for x, r in zip(xs, runs) if r.summary.goodput_rps is not None
+                    and has_slo]
             if good:
                 ax.plot(*zip(*good), "-o", color=colour, label=name, zorder=2)
             _saturated(ax, [(x, r.summary.request_throughput_rps) for x, r in zip(xs, runs) if r.summary.saturated])
