@@ -2,13 +2,16 @@
 
 What runs for real: `python -m runtime.bootstrap` processes (one per "instance"),
 the engine cache on a moto S3 server, the config from moto SSM, the reference
-model server (tiny GPT-2, CPU) behind the real gateway. Stand-ins (runtime.devtools):
+model servers (tiny GPT-2 shapes, CPU) behind the real gateway. Stand-ins (runtime.devtools):
 IMDSv2, the Auto Scaling lifecycle-hook calls, the gateway's EC2 endpoint lookup.
 
-  1. instance A, empty cache: miss -> lock -> build -> upload -> serve -> health ->
-     launch hook CONTINUE; one streamed completion through the gateway, printed.
-  2. instance B: cache hit, no build; serves.
-  3. scale-in of A (terminate hook): drain, hook CONTINUE.
+Two models on one instance, one gateway, two consumers (one entitled to both models, one to one):
+  1. instance A, empty cache: per model miss -> lock -> build -> upload; one engine process per
+     model, started one after another with its KV budget; health -> launch hook CONTINUE;
+     one streamed completion of each model through the gateway; GET /v1/models per consumer;
+     the consumer not entitled to a model gets OpenAI's 404 model_not_found; per-model metering.
+  2. instance B: both models hit the cache, no build; serves.
+  3. scale-in of A (terminate hook): drain of every process, hook CONTINUE.
 Timings (start to healthy, miss and hit) are printed at the end.
 
 `python -m runtime.demo --concurrent N`: N instances cold-start together on an empty
@@ -26,10 +29,12 @@ from typing import Any
 
 from fleetcast.contract import telemetry
 
-from .devtools.harness import LocalAws, RuntimeProcess, free_port_pair, tiny_config
+from .devtools.harness import DEMO_VPCE, LocalAws, RuntimeProcess, free_port_pair, tiny_config, two_model_config
+
+SECOND_VPCE = "vpce-0b1c2d3e4f5a60728"
 
 
-def _stream(port: int, prompt: str, max_tokens: int) -> dict[str, Any]:
+def _stream(port: int, prompt: str, max_tokens: int, model: str = "gpt2-tiny", vpce: str | None = None) -> dict[str, Any]:
     """Stream one completion through the gateway (with the NLB's PROXY v2 header), printing tokens as they come."""
     import http.client
     import json
@@ -39,10 +44,10 @@ def _stream(port: int, prompt: str, max_tokens: int) -> dict[str, Any]:
     from .gateway import ppv2
 
     sock = socket.create_connection(("127.0.0.1", port), timeout=30)
-    sock.sendall(ppv2.build(vpce_id=DEMO_VPCE))
+    sock.sendall(ppv2.build(vpce_id=vpce or DEMO_VPCE))
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
     conn.sock = sock
-    body = {"model": "gpt2-tiny", "prompt": prompt, "max_tokens": max_tokens, "stream": True, "temperature": 0,
+    body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "stream": True, "temperature": 0,
             "ignore_eos": True, "stream_options": {"include_usage": True}}
     sent = time.monotonic()
     conn.request("POST", "/v1/completions", json.dumps(body), {"Content-Type": "application/json"})
@@ -70,6 +75,39 @@ def _stream(port: int, prompt: str, max_tokens: int) -> dict[str, Any]:
     return out
 
 
+def _call(port: int, method: str, path: str, vpce: str, body: dict[str, Any] | None = None) -> tuple[int, dict[str, Any]]:
+    """One request through the gateway as the consumer behind VPC endpoint `vpce` (PROXY v2, as the NLB)."""
+    import http.client
+    import json
+    import socket
+
+    from .gateway import ppv2
+
+    sock = socket.create_connection(("127.0.0.1", port), timeout=30)
+    sock.sendall(ppv2.build(vpce_id=vpce))
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    conn.sock = sock
+    conn.request(method, path, None if body is None else json.dumps(body), {"Content-Type": "application/json"})
+    resp = conn.getresponse()
+    status, raw = resp.status, resp.read()
+    conn.close()
+    return status, json.loads(raw) if raw else {}
+
+
+def _metering(rp: RuntimeProcess) -> dict[tuple[str, str], dict[str, float]]:
+    """The gateway's per-request EMF records (on the runtime's stdout), summed per (consumer, model)."""
+    out: dict[tuple[str, str], dict[str, float]] = {}
+    for record in rp.emf():
+        consumer, model = record.get(telemetry.DIM_CONSUMER), record.get(telemetry.DIM_MODEL)
+        if not consumer or not model:
+            continue
+        row = out.setdefault((consumer, model), {telemetry.REQUESTS: 0.0, telemetry.INPUT_TOKENS: 0.0,
+                                                 telemetry.OUTPUT_TOKENS: 0.0})
+        for name in row:
+            row[name] += float(record.get(name) or 0)
+    return out
+
+
 def _wait_serving(name: str, rp: RuntimeProcess, log: Path) -> dict[str, Any]:
     event = rp.wait_event("fleetcast_serving", 240)
     if event is None:
@@ -80,13 +118,22 @@ def _wait_serving(name: str, rp: RuntimeProcess, log: Path) -> dict[str, Any]:
 
 
 def main() -> int:
-    print("fleetcast demo: instance runtime on loopback AWS (moto S3/SSM, IMDSv2 + hook fakes), reference backend\n")
+    print("fleetcast demo: two models on one instance through one gateway, on loopback AWS (moto S3/SSM, "
+          "IMDSv2 + hook fakes), reference backend\n")
     work = Path(tempfile.mkdtemp(prefix="fleetcast-demo-"))
     with LocalAws() as aws:
-        cfg = tiny_config()
+        cfg = two_model_config()
         aws.put_config(cfg)
+        both, one = cfg.consumers_of(aws.region)[:2]
+        # The second consumer's endpoint: the EC2 fake answers DescribeVpcEndpointConnections with it.
+        aws.ec2.connections.append({"service_id": "vpce-svc-0a1b2c3d4e5f60718", "vpce_id": SECOND_VPCE,
+                                    "account": one.account, "region": one.region})
+        vpce = {both.name: DEMO_VPCE, one.name: SECOND_VPCE}
+        models = [m.id for m in cfg.models]
         print(f"  S3 bucket s3://{aws.bucket} at {aws.moto_url}; config in SSM {aws.param} "
-              f"(fleet {cfg.name}, region {aws.region}, model {cfg.model.id})")
+              f"(fleet {cfg.name}, region {aws.region}, models {', '.join(models)})")
+        print(f"  consumers: {both.name} may call {', '.join(cfg.models_for(both.name))}; "
+              f"{one.name} may call {', '.join(cfg.models_for(one.name))}")
 
         # -- instance A: cold start on an empty cache
         print("\n[1] instance A starts (empty engine cache)")
@@ -94,23 +141,40 @@ def main() -> int:
         port_a = free_port_pair()
         rp_a = aws.start_runtime(aws.runtime_env(imds_a, cfg, work / "a", port_a), work / "a.log")
         a = _wait_serving("instance A", rp_a, work / "a.log")
-        print(f"    cache {a['outcome'].upper()} (key {a['key']}): built in {a['build_s']:.2f} s, uploaded; "
-              f"events {a['events']}")
-        print(f"    healthy (server /health, one real generation, gateway /health) -> launch hook "
+        for model, entry in a["models"].items():
+            print(f"    {model}: cache {entry['outcome'].upper()} (key {entry['key']})")
+        for p in a["processes"]:
+            print(f"    engine process {p['model']}#{p['copy']} on 127.0.0.1:{p['port']}, KV budget "
+                  f"{p['kv_cache_bytes']} bytes")
+        print(f"    every model ready (health + one real generation each), gateway /health -> launch hook "
               f"{[r for h, r in a['hooks'] if h == telemetry.LAUNCH_HOOK]}")
-        print(f"    engine entry in S3: {[k for k in aws.keys('engines/') if k.endswith('manifest.json')]}")
-        print(f"    one streamed completion through the gateway (port {port_a}, PROXY v2 from vpce):")
-        reply = _stream(port_a, "Fleetcast says hello:", 24)
-        print(f"    usage {reply['usage']}, TTFT {reply['ttft_ms']:.1f} ms")
+        status, health = _call(port_a, "GET", "/health", DEMO_VPCE)
+        print(f"    gateway /health: {status} {health}")
+        for model in models:
+            print(f"    {both.name} streams from {model} through the gateway (port {port_a}):")
+            reply = _stream(port_a, "Fleetcast says hello:", 12, model=model, vpce=vpce[both.name])
+            print(f"    usage {reply['usage']}, TTFT {reply['ttft_ms']:.1f} ms")
+        for consumer in (both, one):
+            status, listing = _call(port_a, "GET", "/v1/models", vpce[consumer.name])
+            print(f"    GET /v1/models as {consumer.name}: {status} {[m['id'] for m in listing.get('data', [])]}")
+        denied = next(m for m in models if m not in cfg.models_for(one.name))
+        status, refusal = _call(port_a, "POST", "/v1/completions", vpce[one.name],
+                                {"model": denied, "prompt": "hi", "max_tokens": 4})
+        print(f"    {one.name} asks for {denied}: {status} {refusal.get('error', {}).get('code')}: "
+              f"{refusal.get('error', {}).get('message')}")
+        status, _ = _call(port_a, "POST", "/v1/completions", vpce[one.name],
+                          {"model": models[0], "prompt": "hi", "max_tokens": 4})
+        print(f"    {one.name} asks for {models[0]}: {status}")
 
         # -- instance B: cache hit
-        print("\n[2] instance B starts (same key, cache filled by A)")
+        print("\n[2] instance B starts (same keys, cache filled by A)")
         imds_b = aws.instance("i-0demo00000000000b")
         rp_b = aws.start_runtime(aws.runtime_env(imds_b, cfg, work / "b", free_port_pair()), work / "b.log")
         b = _wait_serving("instance B", rp_b, work / "b.log")
         builds = {k.split("/builds/")[1].split("/")[0] for k in aws.keys("engines/") if "/builds/" in k}
-        print(f"    cache {b['outcome'].upper()}: downloaded and verified in {b['download_s']:.2f} s, "
-              f"no build (builds in cache: {len(builds)})")
+        for model, entry in b["models"].items():
+            print(f"    {model}: cache {entry['outcome'].upper()}")
+        print(f"    no build (builds in cache: {len(builds)}, one per model)")
 
         # -- scale-in of A through its terminate hook; B stops with SIGTERM
         print("\n[3] scale-in: the ASG picks instance A (terminate hook)")
@@ -119,17 +183,18 @@ def main() -> int:
         rp_a.proc.wait(120)
         drained = rp_a.wait_event("fleetcast_drained", 5) or {}
         print(f"    drained in {drained.get('drain_s', float('nan')):.2f} s (gateway exit {drained.get('gateway_exit')}, "
-              f"server exit {drained.get('server_exit')}); terminate hook "
+              f"engine processes {drained.get('server_exits')}); terminate hook "
               f"{[c.result for c in aws.asg.completed if c.hook == telemetry.TERMINATE_HOOK]}")
         rp_b.proc.send_signal(signal.SIGTERM)
         rp_b.proc.wait(120)
 
-        metrics = sorted({m["Name"] for r in rp_a.emf() + rp_b.emf()
-                          for d in r["_aws"]["CloudWatchMetrics"] for m in d["Metrics"]})
-        print(f"\n  EMF metrics written to stdout (shipped by the awslogs driver): {', '.join(metrics)}")
+        print("\n  metering on instance A, per consumer and model (the gateway's EMF records):")
+        for (consumer, model), row in sorted(_metering(rp_a).items()):
+            print(f"    {consumer:16s} {model:16s} requests {row[telemetry.REQUESTS]:.0f}  input tokens "
+                  f"{row[telemetry.INPUT_TOKENS]:.0f}  output tokens {row[telemetry.OUTPUT_TOKENS]:.0f}")
         print("\n  start to healthy (bootstrap start -> launch hook CONTINUE; wall = from process spawn):")
-        print(f"    cache miss: {a['start_to_healthy_s']:6.2f} s   (wall {a['wall_s']:.2f} s, build {a['build_s']:.2f} s)")
-        print(f"    cache hit : {b['start_to_healthy_s']:6.2f} s   (wall {b['wall_s']:.2f} s, download {b['download_s']:.2f} s)")
+        print(f"    cache miss: {a['start_to_healthy_s']:6.2f} s   (wall {a['wall_s']:.2f} s)")
+        print(f"    cache hit : {b['start_to_healthy_s']:6.2f} s   (wall {b['wall_s']:.2f} s)")
         print(f"\n  logs: {work}/a.log, {work}/b.log")
     return 0
 

@@ -95,6 +95,26 @@ def tiny_config(region: str = "ap-northeast-2", **operations: Any) -> FleetConfi
     return cfg
 
 
+def two_model_config(region: str = "ap-northeast-2") -> FleetConfig:
+    """tiny_config with two models on every pool (explicit KV budgets a CPU can hold) and a second
+    consumer in `region` that may call only the first model (the demo's)."""
+    data = tiny_config(region).model_dump(mode="json")
+    first = data.pop("model")
+    data.pop("calibration", None)
+    consumers = [c for c in data["consumers"] if c["service_region"] == region]
+    other = {**consumers[0], "name": "call-center", "account": "777788889999",
+             "vpc_id": "vpc-0c1d2e3f4a5b6c7d8", "cidrs": ["10.80.0.0/16"]}
+    data["consumers"] = [consumers[0], other]
+    data["models"] = [first, {**first, "id": "gpt2-tiny-chat", "consumers": [consumers[0]["name"]]}]
+    for r in data["regions"]:
+        if r["region"] == region:
+            r["allowed_principals"] = [*r["allowed_principals"], f"arn:aws:iam::{other['account']}:root"]
+        for pool in r["pools"]:
+            # 1 MiB each: ten sequences of the tiny shape's 192 positions (float32 on the CPU)
+            pool["serves"] = [{"model": m["id"], "copies": 1, "kv_cache_gb": 1 / 1024} for m in data["models"]]
+    return config_from_json(json.dumps(data))
+
+
 @dataclass
 class RuntimeProcess:
     """A `python -m runtime.bootstrap` child with its stdout parsed for the runtime's JSON events."""
