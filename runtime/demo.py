@@ -142,7 +142,8 @@ def main() -> int:
         rp_a = aws.start_runtime(aws.runtime_env(imds_a, cfg, work / "a", port_a), work / "a.log")
         a = _wait_serving("instance A", rp_a, work / "a.log")
         for model, entry in a["models"].items():
-            print(f"    {model}: cache {entry['outcome'].upper()} (key {entry['key']})")
+            print(f"    {model}: cache {'MISS -> built, uploaded' if entry['outcome'] == 'built' else 'HIT'} "
+                  f"(key {entry['key']})")
         for p in a["processes"]:
             print(f"    engine process {p['model']}#{p['copy']} on 127.0.0.1:{p['port']}, KV budget "
                   f"{p['kv_cache_bytes']} bytes")
@@ -151,6 +152,8 @@ def main() -> int:
         status, health = _call(port_a, "GET", "/health", DEMO_VPCE)
         print(f"    gateway /health: {status} {health}")
         for model in models:
+            # Both models are the tiny shape with the same seed: the text is the same noise; the route,
+            # the cache key and the process differ.
             print(f"    {both.name} streams from {model} through the gateway (port {port_a}):")
             reply = _stream(port_a, "Fleetcast says hello:", 12, model=model, vpce=vpce[both.name])
             print(f"    usage {reply['usage']}, TTFT {reply['ttft_ms']:.1f} ms")
@@ -173,7 +176,7 @@ def main() -> int:
         b = _wait_serving("instance B", rp_b, work / "b.log")
         builds = {k.split("/builds/")[1].split("/")[0] for k in aws.keys("engines/") if "/builds/" in k}
         for model, entry in b["models"].items():
-            print(f"    {model}: cache {entry['outcome'].upper()}")
+            print(f"    {model}: cache {'HIT, downloaded and verified' if entry['outcome'] != 'built' else 'MISS'}")
         print(f"    no build (builds in cache: {len(builds)}, one per model)")
 
         # -- scale-in of A through its terminate hook; B stops with SIGTERM

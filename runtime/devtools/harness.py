@@ -95,6 +95,22 @@ def tiny_config(region: str = "ap-northeast-2", **operations: Any) -> FleetConfi
     return cfg
 
 
+def reference_cache_key(cfg: FleetConfig, region: str, model_id: str | None = None) -> str:
+    """The engine cache key an instance of `region`'s first pool computes for a model (reference backend, CPU)."""
+    from runtime.backends import ReferenceBackend
+    from runtime.engine_cache import CacheInputs
+
+    pool = cfg.region(region).pools[0]
+    model = cfg.model if model_id is None else cfg.model_by_id(model_id)
+    engine = cfg.engine_for(pool, model.id)
+    backend = ReferenceBackend(cfg, engine, model=model)
+    return CacheInputs(model_id=model.id, revision=model.revision, backend=engine.backend.value,
+                       precision=engine.precision.value, kv_cache_dtype=engine.kv_cache_dtype.value,
+                       max_batch_size=engine.max_batch_size, max_num_tokens=engine.max_num_tokens,
+                       max_input_len=model.max_input_len, max_output_len=model.max_output_len,
+                       builder=backend.name, builder_version=backend.version, compute_capability="0.0").key
+
+
 def two_model_config(region: str = "ap-northeast-2") -> FleetConfig:
     """tiny_config with two models on every pool (explicit KV budgets a CPU can hold) and a second
     consumer in `region` that may call only the first model (the demo's)."""

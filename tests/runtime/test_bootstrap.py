@@ -261,16 +261,9 @@ def test_open_circuit_breaker_abandons_at_once_and_raises_a_metric(tmp_path):
         # Three earlier instances failed to build this key (the key is what the runtime computes).
         imds = aws.instance("i-00000000000000c03")
         env = aws.runtime_env(imds, cfg, tmp_path / "disk", free_port_pair())
-        from runtime.backends import ReferenceBackend
-        from runtime.engine_cache import CacheInputs
+        from runtime.devtools.harness import reference_cache_key
 
-        engine = cfg.engine_for(cfg.region(aws.region).pools[0])
-        backend = ReferenceBackend(cfg, engine)
-        key = CacheInputs(model_id=cfg.model.id, revision=cfg.model.revision, backend=engine.backend.value,
-                          precision=engine.precision.value, kv_cache_dtype=engine.kv_cache_dtype.value,
-                          max_batch_size=engine.max_batch_size, max_num_tokens=engine.max_num_tokens,
-                          max_input_len=cfg.model.max_input_len, max_output_len=cfg.model.max_output_len,
-                          builder=backend.name, builder_version=backend.version, compute_capability="0.0").key
+        key = reference_cache_key(cfg, aws.region)
         for n in range(1, cfg.operations.build_failure_limit + 1):
             aws.s3().put_object(Bucket=aws.bucket, Key=f"failures/{key}/{n:04d}.json",
                                 Body=json.dumps({"error": "trtllm-build exited 1: out of memory"}).encode())

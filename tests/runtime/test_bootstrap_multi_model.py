@@ -13,24 +13,10 @@ import time
 
 import pytest
 
-from fleetcast import telemetry
-from runtime.devtools.harness import LocalAws, free_port_pair, two_model_config
+from fleetcast.contract import telemetry
+from runtime.devtools.harness import LocalAws, free_port_pair, reference_cache_key, two_model_config
 
 pytestmark = pytest.mark.timeout(300)
-
-
-def cache_key(cfg, aws, model_id: str) -> str:
-    from runtime.backends import ReferenceBackend
-    from runtime.engine_cache import CacheInputs
-
-    pool = cfg.region(aws.region).pools[0]
-    model, engine = cfg.model_by_id(model_id), cfg.engine_for(pool, model_id)
-    backend = ReferenceBackend(cfg, engine, model=model)
-    return CacheInputs(model_id=model.id, revision=model.revision, backend=engine.backend.value,
-                       precision=engine.precision.value, kv_cache_dtype=engine.kv_cache_dtype.value,
-                       max_batch_size=engine.max_batch_size, max_num_tokens=engine.max_num_tokens,
-                       max_input_len=model.max_input_len, max_output_len=model.max_output_len,
-                       builder=backend.name, builder_version=backend.version, compute_capability="0.0").key
 
 
 def call(port: int, method: str, path: str, body: dict | None = None) -> tuple[int, dict]:
@@ -73,7 +59,7 @@ def test_a_model_that_cannot_be_built_is_named_and_the_other_still_reaches_the_c
     try:
         aws.put_config(cfg)
         good, broken = (m.id for m in cfg.models)
-        key = cache_key(cfg, aws, broken)
+        key = reference_cache_key(cfg, aws.region, broken)
         for n in range(1, cfg.operations.build_failure_limit + 1):  # three earlier instances failed this key
             aws.s3().put_object(Bucket=aws.bucket, Key=f"failures/{key}/{n:04d}.json",
                                 Body=json.dumps({"error": "trtllm-build exited 1: out of memory"}).encode())
@@ -85,12 +71,12 @@ def test_a_model_that_cannot_be_built_is_named_and_the_other_still_reaches_the_c
         assert [c.result for c in aws.asg.completed if c.hook == telemetry.LAUNCH_HOOK] == ["ABANDON"]
         abandoned = [r for r in rp.emf() if telemetry.LAUNCH_ABANDONED in r]
         assert len(abandoned) == 1 and abandoned[0]["cause"] == "ModelsUnavailable"
-        assert f"model {broken}: CircuitOpen" in abandoned[0]["error"] and good not in abandoned[0]["error"]
+        assert f"model {broken}: CircuitOpen" in abandoned[0]["error"] and f"model {good}:" not in abandoned[0]["error"]
         breaker = [r for r in rp.emf() if telemetry.CIRCUIT_BREAKER_OPEN in r]
         assert [r["model"] for r in breaker] == [broken]
         # The other model was built and published all the same: the next instance finds it.
         manifests = [k for k in aws.keys("engines/") if k.endswith("/manifest.json")]
-        assert len(manifests) == 1 and manifests[0].split("/")[1] == cache_key(cfg, aws, good)
+        assert len(manifests) == 1 and manifests[0].split("/")[1] == reference_cache_key(cfg, aws.region, good)
         assert not [k for k in aws.keys("engines/") if k.startswith(f"engines/{key}/")]
     finally:
         aws.stop()
