@@ -38,10 +38,12 @@ from pathlib import Path
 from typing import Any
 
 from fleetcast.config import ConfigError, FleetConfig, Pool, config_from_json
+from fleetcast.config.model import ServedModel
 from fleetcast.contract import telemetry
 from fleetcast.contract.bucket import model_prefix
 from fleetcast.contract.errors import EXIT_INVALID, EXIT_OK, EXIT_USAGE, UserError
 from fleetcast.contract.instance_env import Var, check_names, default, setting
+from fleetcast.contract.serving import first_process_port, process_slots
 
 from . import gpu as gpu_mod, spot
 from .backends import ReferenceBackend, ServingBackend, select_backend
@@ -58,7 +60,6 @@ from .engine_cache import (
 from .kv_budget import artifact_bytes, plan_budgets
 from .lifecycle import ABANDON, CONTINUE, Heartbeat, HookClient, Imds, MetadataError, heartbeat_interval
 from .metrics import Emf
-from .models import ServedModel, calibration_of, process_slots, served_models
 from .serve import ServeError, ServerProcess, ServeSettings, Serving, server_name
 from .staged import StagingMissing, calibration_key_prefix, fetch_staged
 from .supervisor import Child, RestartPolicy
@@ -168,7 +169,7 @@ class ModelsUnavailable(Exception):
 class PreparedModel:
     """A served model whose engine is on local disk: what serving one of its processes needs."""
 
-    served: Any  # runtime.models.ServedModel
+    served: Any  # fleetcast.config.model.ServedModel
     backend: ServingBackend
     cache: EngineCache
     resolution: Any  # runtime.engine_cache.Resolution
@@ -316,7 +317,7 @@ class Bootstrap:
         """
         cfg = self.load_config()
         pool = self.resolve_pool(cfg)
-        served = served_models(cfg, pool)
+        served = cfg.served_by(pool)
         backends = [select_backend(cfg, entry.engine, model=entry.model) for entry in served]
         gpu = self.detect_gpu(backends[0])
         for backend in backends:
@@ -358,7 +359,7 @@ class Bootstrap:
 
     def _prepare_model(self, cfg: FleetConfig, entry: ServedModel, backend: ServingBackend, gpu: gpu_mod.GpuInfo) -> PreparedModel:
         m, engine = entry.model, entry.engine
-        calibration_spec = calibration_of(cfg, m)
+        calibration_spec = m.calibration
         calibration = ""
         if backend.needs_calibration and calibration_spec:
             calibration = f"{calibration_spec.dataset}#{calibration_spec.samples}"
@@ -417,10 +418,9 @@ class Bootstrap:
     def server_processes(self, prepared: list[PreparedModel], gpu: gpu_mod.GpuInfo) -> list[ServerProcess]:
         """One engine process per (model, copy) on the contract's loopback ports, each with its KV budget."""
         served = [p.served for p in prepared]
-        slots = process_slots(served)
-        shift = (self.env.port or served[0].engine.port) - served[0].engine.port
-        if shift:  # FLEETCAST_PORT (development): the processes move with the gateway, side by side with others
-            slots = tuple(type(s)(s.model_id, s.copy_index, s.port + shift) for s in slots)
+        # From the gateway's port: FLEETCAST_PORT (development) moves the processes with it, and the gateway
+        # derives the same ports from the first one it is given (runtime/gateway/routing.py).
+        slots = process_slots(served, base=first_process_port(self.env.port or served[0].engine.port))
         by_model = {p.served.model.id: p for p in prepared}
         explicit = {p.served.model.id: p.served.kv_cache_bytes for p in prepared}
         budgets: dict[tuple[str, int], Any] = {(s.model_id, s.copy_index): explicit[s.model_id] for s in slots}

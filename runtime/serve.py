@@ -60,7 +60,7 @@ class ServeError(RuntimeError):
 
 @dataclass(frozen=True)
 class ServerProcess:
-    """One engine process: a (model, copy) on its own loopback port (runtime/models.py)."""
+    """One engine process: a (model, copy) on its own loopback port (fleetcast.contract.serving)."""
 
     name: str  # the supervisor's child name
     model_id: str

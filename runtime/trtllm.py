@@ -311,9 +311,7 @@ class TrtllmBackend:
             return artifact
         paths = BuildPaths(work_dir=workdir, model_dir=model_dir, checkpoint_dir=workdir / "checkpoint",
                            engine_dir=artifact / "engine", calib_dir=calib_dir)
-        from .models import calibration_of
-
-        calibration = calibration_of(self.cfg, self.model)
+        calibration = self.model.calibration
         samples = calibration.samples if calibration else 512
         workdir.mkdir(parents=True, exist_ok=True)
         log_file = workdir / "build.log"
