@@ -192,8 +192,8 @@ def main() -> int:
         rp_b.proc.wait(120)
 
         print("\n  metering on instance A, per consumer and model (the gateway's EMF records):")
-        for (consumer, model), row in sorted(_metering(rp_a).items()):
-            print(f"    {consumer:16s} {model:16s} requests {row[telemetry.REQUESTS]:.0f}  input tokens "
+        for (consumer_name, model), row in sorted(_metering(rp_a).items()):
+            print(f"    {consumer_name:16s} {model:16s} requests {row[telemetry.REQUESTS]:.0f}  input tokens "
                   f"{row[telemetry.INPUT_TOKENS]:.0f}  output tokens {row[telemetry.OUTPUT_TOKENS]:.0f}")
         print("\n  start to healthy (bootstrap start -> launch hook CONTINUE; wall = from process spawn):")
         print(f"    cache miss: {a['start_to_healthy_s']:6.2f} s   (wall {a['wall_s']:.2f} s)")

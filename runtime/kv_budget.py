@@ -32,7 +32,7 @@ from fleetcast.contract.errors import UserError
 from fleetcast.contract.serving import PROCESS_OVERHEAD_BYTES
 
 if TYPE_CHECKING:  # annotations only
-    from .models import ProcessSlot
+    from fleetcast.contract.serving import ProcessSlot
 
 _KV_ELEMENT_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "fp8": 1, "int8": 1}
 
