@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from fleetcast.config import FleetConfig
-from fleetcast.config.model import EngineSpec
+from fleetcast.config.model import EngineSpec, ModelSpec
 from fleetcast.contract.errors import UserError
 from fleetcast.contract.instance_env import Var, default, setting
 
@@ -55,7 +55,7 @@ class ReferenceBackend:
 
     def __init__(self, cfg: FleetConfig, engine: EngineSpec, size: str = default(Var.REFERENCE_SIZE),
                  seed: int = default(Var.REFERENCE_SEED), device: str = default(Var.REFERENCE_DEVICE),
-                 drain_timeout_s: float | None = None, model=None):
+                 drain_timeout_s: float | None = None, model: ModelSpec | None = None):
         from .reference.build import FORMAT
         from .reference.configs import SIZES
 
@@ -119,7 +119,8 @@ class ReferenceBackend:
         return cmd
 
 
-def select_backend(cfg: FleetConfig, engine: EngineSpec, env: dict[str, Any] | None = None, model=None) -> ServingBackend:
+def select_backend(cfg: FleetConfig, engine: EngineSpec, env: dict[str, Any] | None = None,
+                   model: ModelSpec | None = None) -> ServingBackend:
     """The backend that builds and serves `model` (default: the config's first) with `engine`."""
     env = dict(os.environ if env is None else env)
     choice = setting(env, Var.SERVING_BACKEND)

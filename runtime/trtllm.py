@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from fleetcast.config import Backend, FleetConfig, KvCacheDtype, ModelFamily, Precision
-from fleetcast.config.model import EngineSpec
+from fleetcast.config.model import EngineSpec, ModelSpec
 from fleetcast.contract import support
 from fleetcast.contract.calibration import loader_dir as calibration_loader_dir
 from fleetcast.contract.errors import UserError
@@ -280,7 +280,8 @@ class TrtllmBackend:
 
     name = "tensorrt-llm"
 
-    def __init__(self, cfg: FleetConfig, engine: EngineSpec, runner: Runner = run_logged, model=None):
+    def __init__(self, cfg: FleetConfig, engine: EngineSpec, runner: Runner = run_logged,
+                 model: ModelSpec | None = None):
         self.cfg, self.engine, self.runner = cfg, engine, runner
         self.model = model if model is not None else cfg.model  # the one this backend builds and serves
         self.version = engine.tensorrt_llm_version

@@ -10,17 +10,22 @@ serves both sides (the local root: the instance setting `Var.LOCAL_ROOT`, fleetc
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Protocol
 
 
+# Read-only members, so the config's frozen models (fleetcast/config/model.py) satisfy them.
 class _Adapter(Protocol):
-    id: str
+    @property
+    def id(self) -> str: ...
 
 
 class _Model(Protocol):
-    id: str
-    adapters: tuple[_Adapter, ...]
+    @property
+    def id(self) -> str: ...
+
+    @property
+    def adapters(self) -> Sequence[_Adapter]: ...
 
 
 def adapter_dir(local_root: str, model_id: str, adapter_id: str) -> str:

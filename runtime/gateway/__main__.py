@@ -23,6 +23,7 @@ import signal
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from types import FrameType
 from typing import TYPE_CHECKING
 
 from fleetcast.contract.instance_env import Var, default, setting
@@ -32,6 +33,8 @@ from .identity import log
 
 if TYPE_CHECKING:  # for annotations only: the config package is imported where a config is loaded
     from fleetcast.config import Consumer, FleetConfig
+
+    from .shared import SharedState
 
 
 def _hostport(value: str) -> tuple[str, int]:
@@ -137,7 +140,7 @@ def _load_config(args: argparse.Namespace) -> FleetConfig:
         raise SystemExit(f"gateway: {exc.render()}") from None
 
 
-async def serve(args: argparse.Namespace, shared=None, worker: int = 0) -> int:
+async def serve(args: argparse.Namespace, shared: SharedState | None = None, worker: int = 0) -> int:
     """One gateway process; with `shared` (shared.SharedState) it is worker `worker` of several on one port."""
     import boto3
 
@@ -239,7 +242,7 @@ def _use_uvloop(choice: str) -> bool:
 _EARLY_STOP: list[int] = []  # a SIGTERM that came before the event loop took the signal over
 
 
-def _worker(args: argparse.Namespace, shared, index: int) -> None:
+def _worker(args: argparse.Namespace, shared: SharedState | None, index: int) -> None:
     # Forked with the parent's handlers: until the loop installs its own, a SIGTERM is only noted
     # (serve() then drains at once) and SIGINT is the parent's to forward.
     signal.signal(signal.SIGTERM, lambda signum, _frame: _EARLY_STOP.append(signum))
@@ -279,7 +282,7 @@ def run_workers(args: argparse.Namespace) -> int:
                for i in range(args.workers)]
     stopping = False
 
-    def forward(signum, _frame) -> None:
+    def forward(signum: int, _frame: FrameType | None) -> None:
         nonlocal stopping
         stopping = True
         for proc in workers:

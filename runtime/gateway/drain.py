@@ -19,6 +19,7 @@ from .identity import log
 
 if TYPE_CHECKING:  # annotations only
     from .shared import SharedState
+    from .upstream import UpstreamConn
 
 DRAINING_MESSAGE = "this instance is draining; retry and the load balancer will pick another"
 _CUT_BEFORE_START = openai_error(503, "this instance is shutting down and the request did not start in time; "
@@ -38,7 +39,7 @@ class Drain:
         self._idle = asyncio.Event()
         self._idle.set()
         self._unstarted: set[asyncio.StreamWriter] = set()  # sent upstream, no response head yet
-        self._relaying: dict = {}  # id -> upstream connection whose response is being relayed (proxy._pump)
+        self._relaying: dict[int, UpstreamConn] = {}  # id -> upstream connection whose response is being relayed (proxy._pump)
         self._relayed = asyncio.Event()
         self._relayed.set()
         self.cutting = False  # close() is cutting what is still in flight: endings say so
@@ -100,11 +101,11 @@ class Drain:
             writer.write(_CUT_BEFORE_START)
 
     # Responses being relayed: close() cuts their upstream connections and lets each pump write its own ending.
-    def relaying(self, conn) -> None:
+    def relaying(self, conn: UpstreamConn) -> None:
         self._relaying[id(conn)] = conn
         self._relayed.clear()
 
-    def relayed(self, conn) -> None:
+    def relayed(self, conn: UpstreamConn) -> None:
         self._relaying.pop(id(conn), None)
         if not self._relaying:
             self._relayed.set()

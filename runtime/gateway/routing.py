@@ -12,9 +12,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .upstream import UpstreamPool
+
+if TYPE_CHECKING:  # annotations only: the config package is imported where a config is loaded
+    from fleetcast.config import Consumer, FleetConfig
 
 
 @dataclass(frozen=True)
@@ -95,7 +98,7 @@ class Router:
             pool.close()
 
 
-def router_for(cfg, pool_name: str, upstream: tuple[str, int], local_root: str, max_idle: int = 256) -> Router:
+def router_for(cfg: FleetConfig, pool_name: str, upstream: tuple[str, int], local_root: str, max_idle: int = 256) -> Router:
     """The routes of one instance of `pool_name`: each served model's processes, each adapter on its base.
 
     `upstream` is the first process's address; the others follow from the pool's `serves`
@@ -119,7 +122,7 @@ def router_for(cfg, pool_name: str, upstream: tuple[str, int], local_root: str, 
     return Router(processes, adapters, max_idle)
 
 
-def entitlements(cfg, consumers, router: Router) -> dict[str, tuple[str, ...]]:
+def entitlements(cfg: FleetConfig, consumers: Sequence[Consumer], router: Router) -> dict[str, tuple[str, ...]]:
     """consumer -> the ids it may call that this instance routes (config `models[].consumers`; absent: all)."""
     models_for = getattr(cfg, "models_for", None)
     routed = set(router.ids)

@@ -25,7 +25,7 @@ import asyncio
 import json
 import time
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fleetcast.contract import telemetry as t
 
@@ -51,6 +51,11 @@ from .proxy import Proxy
 from .routing import Router
 from .upstream import StreamWatchdog
 
+if TYPE_CHECKING:  # annotations only
+    from fleetcast.config import Consumer
+
+    from .shared import SharedState
+
 INTERNAL_PATHS = frozenset({"/metrics", "/prometheus/metrics"})  # server stats: dequeued on read, not for consumers
 MODELS_PATH = "/v1/models"  # answered by the gateway: the models the calling consumer may use
 # Request fields a consumer may not set: `lora_request` names a path on the instance for the server to load
@@ -72,7 +77,7 @@ class Gateway:
                  header_timeout_s: float = 5.0, idle_timeout_s: float = 75.0, upstream_idle_timeout_s: float = 600.0,
                  health_timeout_s: float = 2.0, max_idle_upstream: int = 256, body_timeout_s: float = BODY_TIMEOUT_S,
                  disconnect_poll_s: float = 0.5, health_upstream: tuple[str, int] | None = None,
-                 models_state: str | None = None, upstream_warm: int = 0, shared=None,
+                 models_state: str | None = None, upstream_warm: int = 0, shared: SharedState | None = None,
                  clock: Callable[[], float] = time.time):
         """`entitled`: consumer -> the model and adapter ids it may call; None: every consumer, every id.
         `upstream_warm`: connections kept open ahead of demand to each engine process.
@@ -120,7 +125,7 @@ class Gateway:
     def drain_timeout_s(self, value: float) -> None:
         self.drain_state.timeout_s = value
 
-    def set_consumers(self, consumers: tuple, entitled: Mapping[str, Iterable[str]] | None = None) -> None:
+    def set_consumers(self, consumers: Iterable[Consumer], entitled: Mapping[str, Iterable[str]] | None = None) -> None:
         """Swap in a refreshed consumer list; a kept consumer keeps its limiter (in-flight count, tokens).
 
         `entitled`: consumer -> the model and adapter ids it may call; None: every id this gateway routes."""
@@ -143,7 +148,7 @@ class Gateway:
     @property
     def port(self) -> int:
         assert self._server is not None
-        return self._server.sockets[0].getsockname()[1]
+        return int(self._server.sockets[0].getsockname()[1])
 
     def begin_drain(self) -> None:
         """SIGTERM: health turns 503 now; new requests are refused; in-flight ones carry on."""

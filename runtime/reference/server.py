@@ -202,7 +202,7 @@ class ReferenceServer:
         log.info("model %s loaded on %s in %.2fs (max batch %d, graphs %s)", self.model_name, device,
                  time.monotonic() - started, engine.max_batch_size, engine.cuda_graphs)
 
-    def _kv_slots(self, torch, shape, max_seq: int, dtype, device: str) -> int | None:
+    def _kv_slots(self, torch: Any, shape: Any, max_seq: int, dtype: Any, device: str) -> int | None:
         """Cache slots from the KV budget, like TensorRT-LLM's KV pool (runtime/kv_budget.py):
         --kv-cache-bytes is an absolute budget; --kv-cache-free-gpu-memory-fraction a fraction of
         the GPU memory free once the weights are loaded (so it depends on what else runs on the
@@ -224,7 +224,7 @@ class ReferenceServer:
         if budget < slot:
             raise ValueError(f"{flag}: a budget of {budget} bytes holds no sequence of {max_seq} tokens "
                              f"({slot} bytes each for this model)")
-        return budget // slot
+        return int(budget // slot)
 
     async def serve(self) -> int:
         app = self.make_app()
