@@ -121,7 +121,8 @@ def _deploy(args: argparse.Namespace) -> int:
         for line in access.describe(cfg, trust=args.trust, policies=args.execution_policy,
                                     bootstrapping="bootstrap" in steps):
             print(line)
-        print("(a dry run calls no AWS: a deploy first checks each profile's account with sts:GetCallerIdentity)")
+        print("(a dry run does not check which account each profile acts in; a deploy does, with "
+              "sts:GetCallerIdentity, before any step)")
     elif set(steps) - {"smoke"}:  # smoke talks to the endpoint, not to AWS
         aws.require_credentials()
         _check_identities(cfg, access, steps)
