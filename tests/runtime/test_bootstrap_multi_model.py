@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import time
 
 import pytest
@@ -29,6 +30,7 @@ def call(port: int, method: str, path: str, body: dict | None = None) -> tuple[i
 def test_each_model_gets_its_process_and_the_gateway_routes_by_model(tmp_path):
     cfg = two_model_config()
     aws = LocalAws(bucket=f"fleetcast-mm-{os.getpid()}-ok").start()
+    rp = None
     try:
         aws.put_config(cfg)
         imds = aws.instance("i-00000000000000e01")
@@ -50,6 +52,14 @@ def test_each_model_gets_its_process_and_the_gateway_routes_by_model(tmp_path):
         manifests = [k for k in aws.keys("engines/") if k.endswith("/manifest.json")]
         assert sorted(k.split("/")[1].split("-fp16-")[0] for k in manifests) == sorted(models)
     finally:
+        # SIGTERM, as systemd stops the service: the runtime stops its gateway and every engine process, so
+        # nothing outlives the test.
+        if rp is not None and rp.proc.poll() is None:
+            rp.proc.terminate()
+            try:
+                rp.proc.wait(120)
+            except subprocess.TimeoutExpired:
+                rp.proc.kill()
         aws.stop()
 
 
