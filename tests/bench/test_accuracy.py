@@ -40,8 +40,6 @@ def test_reported_percentiles_match_server_truth_or_the_run_is_flagged(truth_ser
             assert measured >= true - 0.05, f"{metric} {q}: {measured:.2f} < truth {true:.2f}"
         assert res.saturated or within(measured, true, LOOSE_REL, LOOSE_ABS_MS), (
             f"{metric} {q}: {measured:.2f} vs truth {true:.2f} ms, and the run was not flagged saturated")
-    # ITL averages over a request's tokens, so it is tight even on a noisy machine.
-    assert within(res.figures[("itl_ms", "p50")], truth["itl_ms"].p50, LOOSE_REL, LOOSE_ABS_MS)
 
 
 def test_a_starved_client_flags_its_run_saturated(fast_server):
