@@ -121,11 +121,9 @@ def schedule_problem(expression: str) -> str | None:
     if len(fields) != len(CRON_FIELDS):
         return (f"cron has {len(fields)} fields; EventBridge takes six: minutes hours day-of-month month "
                 "day-of-week year, e.g. cron(0 6 * * ? *)")
-    for spec, text in zip(CRON_FIELDS, fields):
-        try:
-            spec.check(text)
-        except ValueError as exc:
-            return str(exc)
+    problem = _fields_problem(CRON_FIELDS, fields)
+    if problem:
+        return problem
     if (fields[2] == "?") == (fields[4] == "?"):
         return ("one of Day-of-month and Day-of-week must be ? and the other not (EventBridge: \"If you specify a "
                 "value or a * in one of the fields, you must use a ? in the other\"), e.g. cron(0 6 * * ? *)")
@@ -151,7 +149,12 @@ def unix_cron_problem(expression: str) -> str | None:
     if len(fields) != len(UNIX_CRON_FIELDS) or not all(fields):
         return (f"{len(fields)} fields; a scheduled action's cron has five: minute hour day-of-month month "
                 "day-of-week, e.g. '0 23 * * *' (UTC)")
-    for spec, text in zip(UNIX_CRON_FIELDS, fields):
+    return _fields_problem(UNIX_CRON_FIELDS, fields)
+
+
+def _fields_problem(specs: tuple[_Field, ...], fields: list[str]) -> str | None:
+    """The first field its spec refuses, in the spec's words, or None."""
+    for spec, text in zip(specs, fields):
         try:
             spec.check(text)
         except ValueError as exc:

@@ -27,20 +27,28 @@ MAX_PROCESSES = 64
 HIGHEST_PORT = 65535
 
 
+# Read-only members, so the config's frozen models and `ServedModel` satisfy them.
 class _Model(Protocol):
-    id: str
+    @property
+    def id(self) -> str: ...
 
 
 class _Engine(Protocol):
-    port: int
+    @property
+    def port(self) -> int: ...
 
 
 class _Served(Protocol):
     """What process_slots reads of a `fleetcast.config.model.ServedModel`."""
 
-    model: _Model
-    engine: _Engine
-    copies: int
+    @property
+    def model(self) -> _Model: ...
+
+    @property
+    def engine(self) -> _Engine: ...
+
+    @property
+    def copies(self) -> int: ...
 
 
 @dataclass(frozen=True)

@@ -102,17 +102,13 @@ def router_for(cfg: FleetConfig, pool_name: str, upstream: tuple[str, int], loca
     """The routes of one instance of `pool_name`: each served model's processes, each adapter on its base.
 
     `upstream` is the first process's address; the others follow from the pool's `serves`
-    (fleetcast.contract.serving.process_slots). A config of the one-model form routes its model to `upstream`.
+    (fleetcast.contract.serving.process_slots).
     """
     from fleetcast.contract.adapters import adapter_dir, lora_int_ids
-
-    pool = next(p for r in cfg.regions for p in r.pools if p.name == pool_name)
-    served_by = getattr(cfg, "served_by", None)
-    if served_by is None:  # the config model before `models:` (one model, one process)
-        return Router({cfg.model.id: [upstream]}, max_idle=max_idle)
     from fleetcast.contract.serving import process_slots
 
-    served = served_by(pool)
+    pool = next(p for r in cfg.regions for p in r.pools if p.name == pool_name)
+    served = cfg.served_by(pool)
     processes: dict[str, list[tuple[str, int]]] = {}
     for slot in process_slots(served, base=upstream[1]):
         processes.setdefault(slot.model_id, []).append((upstream[0], slot.port))
@@ -124,8 +120,5 @@ def router_for(cfg: FleetConfig, pool_name: str, upstream: tuple[str, int], loca
 
 def entitlements(cfg: FleetConfig, consumers: Sequence[Consumer], router: Router) -> dict[str, tuple[str, ...]]:
     """consumer -> the ids it may call that this instance routes (config `models[].consumers`; absent: all)."""
-    models_for = getattr(cfg, "models_for", None)
     routed = set(router.ids)
-    if models_for is None:  # the one-model config: every consumer may call its model
-        return {c.name: router.ids for c in consumers}
-    return {c.name: tuple(i for i in models_for(c.name) if i in routed) for c in consumers}
+    return {c.name: tuple(i for i in cfg.models_for(c.name) if i in routed) for c in consumers}
