@@ -93,6 +93,8 @@ def build_plan(opts: PlanOptions) -> tuple[PlanResult, list[RegionPlan], PlanCon
         error_rate=opts.error_rate if opts.error_rate is not None else (cfg.slo.error_rate if cfg else 0.01),
     )
     traffic = opts.traffic_profile if opts.traffic_profile is not None else load_traffic(opts.traffic)
+    if cfg is not None:
+        traffic.checked_against(tuple(m.id for m in cfg.models))
     candidates = load_candidates(_expand(opts.results))
     warnings: list[str] = []
     for cand in candidates:

@@ -1,6 +1,7 @@
 """The traffic profile, `fleetcast.traffic/v1`: what production asks of the fleet.
 
-One entry per consumer region: the request rate (arrivals) for each UTC hour of
+One entry per consumer region (per consumer region and model in a fleet of several
+models: `model` names which): the request rate (arrivals) for each UTC hour of
 the day, how bursty arrivals are within the hour, and the input/output length
 distributions. With `burstiness` (or without `concurrency`) the planner derives
 the per-instance concurrency each candidate's instances would see from the
@@ -17,6 +18,7 @@ as before. See docs/plan.md.
         concurrency: {"1-16": 0.80, "32": 0.15, "64": 0.05}            # optional: observed batch shares
         input_tokens: 256                                               # a mean, or {tokens: share}
         output_tokens: 128
+        model: gpt2-xl                                                  # several models: one entry per model
 """
 
 from __future__ import annotations
@@ -114,11 +116,16 @@ class ObservedTraffic(BaseModel):
 
 
 class ConsumerTraffic(BaseModel):
-    """Traffic from one consumer region."""
+    """Traffic from one consumer region (to one model of the fleet when `model` is set)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     region: str = Field(pattern=r"^[a-z]{2}(-gov)?-[a-z]+-\d$", description="Consumer region, e.g. ap-northeast-2.")
+    model: str | None = Field(
+        default=None, min_length=1,
+        description="The fleet model (models[].id of the config) this entry's arrivals and lengths are for: one entry "
+        "per (region, model). Absent: the config's only model; a fleet of several models needs it on every entry.",
+    )
     rate_rps: list[float] | dict[str, float] = Field(
         description="Requests per second for each UTC hour: 24 numbers, or {'start-end': rps} half-open "
         "hour ranges covering 0-24 exactly."
@@ -276,10 +283,41 @@ class TrafficProfile(BaseModel):
 
     @model_validator(mode="after")
     def _unique_regions(self) -> TrafficProfile:
-        regions = [c.region for c in self.consumers]
-        dup = sorted({r for r in regions if regions.count(r) > 1})
+        keys = [(c.region, c.model) for c in self.consumers]
+        dup = sorted({k for k in keys if keys.count(k) > 1}, key=str)
         if dup:
-            raise ValueError(f"consumer region(s) listed twice: {', '.join(dup)}; one entry per region")
+            named = ", ".join(r if m is None else f"{r} (model {m})" for r, m in dup)
+            raise ValueError(f"consumer region(s) listed twice: {named}; one entry per region and model")
+        models = {c.model for c in self.consumers}
+        if None in models and len(models) > 1:
+            bare = sorted({c.region for c in self.consumers if c.model is None})
+            raise ValueError(f"consumers[].model is set on some entries but not on those of {', '.join(bare)}: in a "
+                             f"profile of several models every entry names its model (one of "
+                             f"{', '.join(sorted(m for m in models if m))})")
+        return self
+
+    @property
+    def models(self) -> tuple[str, ...]:
+        """The models the entries name, in first-seen order (empty: a one-model profile without `model`)."""
+        return tuple(dict.fromkeys(c.model for c in self.consumers if c.model is not None))
+
+    def for_model(self, model_id: str) -> TrafficProfile:
+        """The entries of one model (a profile without `model` is all the only model's)."""
+        if not self.models:
+            return self
+        return self.model_copy(update={"consumers": [c for c in self.consumers if c.model == model_id]})
+
+    def checked_against(self, model_ids: tuple[str, ...], flag: str = "--traffic") -> TrafficProfile:
+        """This profile's entries resolved against the config's models: every `model` one of them, and with
+        several models every entry names one (the error names the field and lists the models)."""
+        allowed = ", ".join(model_ids)
+        for i, c in enumerate(self.consumers):
+            if c.model is None and len(model_ids) > 1:
+                raise UserError(f"{flag}: consumers[{i}].model is missing (region {c.region}): the config serves "
+                                f"{len(model_ids)} models; allowed: {allowed}")
+            if c.model is not None and c.model not in model_ids:
+                raise UserError(f"{flag}: consumers[{i}].model {c.model!r} is not a model of the config; "
+                                f"allowed: {allowed}")
         return self
 
     def scaled(self, factor: float) -> TrafficProfile:
