@@ -57,6 +57,12 @@ def slo_text(res: Results) -> str:
     return ", ".join(parts) or "none given (goodput not computed)"
 
 
+def packing_text(res: Results) -> str:
+    if res.packing is not None:
+        return res.packing.text()
+    return "not recorded (file older than revision 3)" if res.revision < 3 else "none (one model alone or unknown)"
+
+
 def shape_text(res: Results) -> str:
     shape = res.request_shape()
     if shape is None:
@@ -81,6 +87,7 @@ def csv_rows(results: list[Results]) -> list[dict]:
                 "mean_concurrency": s.mean_concurrency, "saturated": s.saturated,
                 "saturation_reason": s.saturation_reason, "network_rtt_ms": s.network_rtt_ms,
                 "load_note": s.load_note, "provenance": res.provenance,
+                "packing": res.packing.text() if res.packing else None, "peers": run.peers_text() or None,
                 "errors_by_type": "; ".join(f"{k}={v}" for k, v in s.errors_by_type.items()),
             }
             for name in _STATS:
@@ -340,7 +347,8 @@ def write_report(results: list[Results], out: Path, allow_mixed: bool = False,
                      f"({res.client.cpus} CPUs), seed {res.seed}</p><ul>"
                      f"<li>labels: {html.escape(labels_text(res)) or 'none'}</li>"
                      f"<li>request shape: {html.escape(shape_text(res))}</li>"
-                     f"<li>SLOs (goodput): {html.escape(slo_text(res))}</li></ul>")
+                     f"<li>SLOs (goodput): {html.escape(slo_text(res))}</li>"
+                     f"<li>sharing the instance (packing): {html.escape(packing_text(res))}</li></ul>")
         head = ["load", "ok/req", "TTFT p50", "TTFT p90", "TTFT p99 [95% CI]", "ITL p50", "ITL p99", "E2E p99",
                 "out tok/s", "req/s", "goodput/s", "errors", "note"]
         parts.append("<table><tr>" + "".join(f"<th>{h}</th>" for h in head) + "</tr>")
@@ -349,7 +357,8 @@ def write_report(results: list[Results], out: Path, allow_mixed: bool = False,
             load = (f"c={run.load.concurrency}" if run.load.concurrency else
                     f"{run.load.rate_rps:g} rps {run.load.arrival}" if run.load.rate_rps else run.load.mode)
             ci = f" [{_fmt(s.ttft_ms.p99_ci[0])}, {_fmt(s.ttft_ms.p99_ci[1])}]" if s.ttft_ms.p99_ci else ""
-            note = "; ".join(x for x in (s.saturation_reason and "SATURATED: " + s.saturation_reason,
+            note = "; ".join(x for x in (run.peers and "peers: " + run.peers_text(),
+                                         s.saturation_reason and "SATURATED: " + s.saturation_reason,
                                          s.load_note and "LOAD NOT REACHED: " + s.load_note,
                                          s.ttft_ms.tail_note) if x)
             errs = ", ".join(f"{k}: {v}" + (f" ({s.error_messages[k]})" if k in s.error_messages else "")

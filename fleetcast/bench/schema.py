@@ -7,7 +7,20 @@ still reads a newer results file. Anything else needs "fleetcast.bench/v2".
 Each addition bumps `revision` (absent = 1), so a reader can tell "this file
 predates the field" from "the field was empty": revision 2 added `provenance`,
 `slo`, `request`, `Summary.load_note`, `Summary.error_messages` and
-`Record.error_detail`.
+`Record.error_detail`; revision 3 added `packing` and `Run.peers`.
+
+Co-location (revision 3). `packing` says what shared the GPU/instance while the
+file's runs were measured: the models, each one's copies and KV budget per copy
+(GiB, as a config's `kv_cache_gb`). Null: unknown, or one model alone as before.
+`labels.model` names the model whose figures the file holds and, when both are
+set, is one of the packing's models. A co-located measurement is ONE file per
+model, each with the same `packing`, every run measured while the packing's
+other models were loaded as well. At what load those peers ran is `Run.peers`:
+{peer model: its mean concurrency over the run} (requests in flight, as the
+client measured it; in rate mode too), 0 for a peer that was loaded and idle.
+`Run.peers` null: not recorded. `fleetcast bench run --model-mix` writes such
+files (one per model of the mix, each run's peers the other models' shares of
+the same level); bench/data/h200-colocate-*-{alone,together}.json are such files.
 
 Latency values are milliseconds, throughputs per second of wall time, times in
 `start_s` are seconds since the run's first request was sent. A `Stat` with
@@ -22,11 +35,11 @@ from datetime import datetime
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 SCHEMA_ID = "fleetcast.bench/v1"
 # The additions within v1 this code writes (see the module docstring).
-SCHEMA_REVISION = 2
+SCHEMA_REVISION = 3
 # A server's error text kept per failed request: enough for the reason, bounded so a
 # runaway body (an HTML error page, a stack trace) cannot bloat the file.
 ERROR_DETAIL_MAX_CHARS = 300
@@ -191,11 +204,58 @@ class RequestShape(_Model):
                 f"output length {'forced' if self.force_output else 'not forced'}")
 
 
+class PackedModel(_Model):
+    """One model of a packing: how many engine processes of it shared the instance, each one's KV budget."""
+
+    model: str
+    copies: int = Field(1, ge=1)
+    kv_cache_gb: float | None = Field(None, gt=0, description="KV budget of each copy in GiB (2^30 bytes); "
+                                      "null: not budgeted (the engine's free-memory fraction)")
+
+
+class Packing(_Model):
+    """What shared the GPU/instance while a file's runs were measured (revision 3)."""
+
+    instance_type: str | None = None
+    gpu: str | None = None
+    serves: list[PackedModel] = Field(min_length=1)
+
+    @model_validator(mode="after")
+    def _unique_models(self) -> Packing:
+        names = [s.model for s in self.serves]
+        twice = sorted({n for n in names if names.count(n) > 1})
+        if twice:
+            raise ValueError(f"packing.serves names {', '.join(twice)} more than once (one entry per model)")
+        return self
+
+    def models(self) -> list[str]:
+        return [s.model for s in self.serves]
+
+    def peers_of(self, model: str | None) -> list[str]:
+        """The packing's models other than `model`."""
+        return [m for m in self.models() if m != model]
+
+    def text(self) -> str:
+        parts = [f"{s.model} x{s.copies}" + ("" if s.kv_cache_gb is None else f" (KV {s.kv_cache_gb:g} GiB each)")
+                 for s in self.serves]
+        where = " on ".join(x for x in (self.instance_type, self.gpu) if x)
+        return ", ".join(parts) + (f" on {where}" if where else "")
+
+
 class Run(_Model):
     load: Load
     lengths: Lengths
     summary: Summary
     records: list[Record] = Field(default_factory=list)
+    # Revision 3: the packing's other models' mean concurrency during this run (module docstring).
+    peers: dict[str, float] | None = Field(
+        None, description="{peer model: mean concurrency during this run}; 0: loaded and idle; null: not recorded")
+
+    def peers_text(self) -> str:
+        """'gpt2-medium at 16.0 in flight' / 'gpt2-medium idle'; '' when not recorded."""
+        if not self.peers:
+            return ""
+        return ", ".join(f"{m} idle" if c == 0 else f"{m} at {c:.1f} in flight" for m, c in self.peers.items())
 
 
 class Results(_Model):
@@ -217,6 +277,26 @@ class Results(_Model):
     interrupted: str | None = Field(
         None, description="set when the run was stopped before every level ran (Ctrl-C): the runs are the levels "
         "that finished; this says which level was cut and which never ran")
+    # Revision 3: what shared the instance while these runs were measured (module docstring).
+    packing: Packing | None = None
+
+    @model_validator(mode="after")
+    def _packing_names_this_model(self) -> Results:
+        if self.packing is None:
+            if any(r.peers for r in self.runs):
+                raise ValueError("runs[].peers is set but packing is not (peers are the packing's other models)")
+            return self
+        models = self.packing.models()
+        if self.labels.model is not None and self.labels.model not in models:
+            raise ValueError(f"labels.model {self.labels.model!r} is not one of packing.serves "
+                             f"({', '.join(models)}): a packed file holds one of the packing's models")
+        peers = set(self.packing.peers_of(self.labels.model))
+        for i, run in enumerate(self.runs):
+            unknown = sorted(set(run.peers or {}) - peers)
+            if unknown:
+                raise ValueError(f"runs[{i}].peers names {', '.join(unknown)}, not a peer in packing.serves "
+                                 f"(peers: {', '.join(sorted(peers)) or 'none'})")
+        return self
 
     def request_shape(self) -> RequestShape | None:
         """The file's request shape; for files older than revision 2, read back from the runs' length specs."""
@@ -275,5 +355,5 @@ def load_results(path: str | Path) -> Results:
         return Results.model_validate(data)
     except ValidationError as exc:
         first = exc.errors()[0]
-        loc = ".".join(str(x) for x in first["loc"])
+        loc = ".".join(str(x) for x in first["loc"]) or "file"
         raise UserError(f"results file {p}: {loc}: {first['msg']} ({exc.error_count()} problem(s))") from None
