@@ -1,8 +1,8 @@
 """What a config change does to a deployed fleet, before `cdk deploy`: which pools roll.
 
 Every pool's launch template carries `FleetConfig.instance_digest(region, pool)`, so a
-pool rolls (instance refresh) exactly when that digest changes. Consumers reach running
-gateways through their config refresh; everything else in NOT_IN_INSTANCE_DIGEST is a
+pool rolls (instance refresh) exactly when that digest changes. Consumers and who may call
+which model (`models[].consumers`) reach running gateways through their config refresh; everything else in NOT_IN_INSTANCE_DIGEST is a
 stack setting applied in place. `diff_configs` lists the changed fields (named list items
 keyed by their name, so reordering is not a change) and says, per pool, what happens.
 """
@@ -13,7 +13,12 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from fleetcast.contract.instance_env import Var, default
+
 from .model import LIST_FORM, FleetConfig, Pool, Serve
+
+# How soon a running gateway applies consumer and entitlement changes: its config refresh period.
+GATEWAY_REFRESH_S = default(Var.GATEWAY_REFRESH_S)
 
 # Lists whose items have a name: compared item by item, addressed as list[name].
 _KEYED_LISTS = {"regions": "region", "pools": "name", "consumers": "name", "availability_zones": "name",
@@ -65,10 +70,13 @@ class ConfigImpact:
     changes: list[FieldChange]
     pools: list[PoolImpact]
     consumers_changed: list[str] = field(default_factory=list)
+    # Models whose `consumers` (who may call them and their adapters) changed.
+    entitlements_changed: list[str] = field(default_factory=list)
 
     def for_region(self, region: str) -> ConfigImpact:
         """The same changes, with only that region's pools (what a deploy there does)."""
-        return ConfigImpact(self.changes, [p for p in self.pools if p.region == region], self.consumers_changed)
+        return ConfigImpact(self.changes, [p for p in self.pools if p.region == region], self.consumers_changed,
+                            self.entitlements_changed)
 
     @property
     def tags_changed(self) -> bool:
@@ -80,7 +88,8 @@ class ConfigImpact:
 
     def to_json(self) -> dict[str, Any]:
         return {"changes": [c.to_json() for c in self.changes], "pools": [p.to_json() for p in self.pools],
-                "consumers_changed": self.consumers_changed, "tags_changed": self.tags_changed,
+                "consumers_changed": self.consumers_changed, "entitlements_changed": self.entitlements_changed,
+                "tags_changed": self.tags_changed,
                 "rolls": bool(self.rolls)}
 
 
@@ -92,7 +101,9 @@ def _walk(before: Any, after: Any, path: str, key: str | None, out: list[FieldCh
             _walk(before.get(name, _MISSING), after.get(name, _MISSING), f"{path}.{name}" if path else name, name, out)
         return
     item_key = _KEYED_LISTS.get(key or "")
-    if item_key and isinstance(before, list) and isinstance(after, list):
+    # Only lists of objects are keyed: models[].consumers is a list of names, compared as a whole.
+    if item_key and isinstance(before, list) and isinstance(after, list) \
+            and all(isinstance(item, dict) for item in [*before, *after]):
         old = {item.get(item_key): item for item in before if isinstance(item, dict)}
         new = {item.get(item_key): item for item in after if isinstance(item, dict)}
         for name in [*old, *[n for n in new if n not in old]]:
@@ -151,7 +162,9 @@ def diff_configs(before: FleetConfig, after: FleetConfig) -> ConfigImpact:
         pools.append(PoolImpact(region, pool, outcome, a, b, models))
     consumers = sorted({c.path.split("]")[0].removeprefix("consumers[") for c in changes
                         if c.path.startswith("consumers")})
-    return ConfigImpact(changes, pools, consumers)
+    entitled = sorted({c.path.split("]")[0].removeprefix("models[") for c in changes
+                       if c.path.startswith("models[") and c.path.split("]", 1)[1].startswith(".consumers")})
+    return ConfigImpact(changes, pools, consumers, entitled)
 
 
 def _short(value: Any) -> str:
@@ -187,7 +200,10 @@ def render_impact(impact: ConfigImpact) -> str:
         lines += [f"    {change}" for change in p.models]
     if impact.consumers_changed:
         lines.append(f"Consumers changed ({', '.join(impact.consumers_changed)}): running gateways apply them from "
-                     "the config parameter within their refresh period (60 s); no restart.")
+                     f"the config parameter within their refresh period ({GATEWAY_REFRESH_S:.0f} s); no restart.")
+    if impact.entitlements_changed:
+        lines.append(f"Entitlements changed ({', '.join(f'models[{m}].consumers' for m in impact.entitlements_changed)}"
+                     f"): no rollout; gateways pick it up within {GATEWAY_REFRESH_S:.0f} s.")
     if impact.tags_changed:
         # EC2 Auto Scaling applies a changed group tag only to instances launched after the change (API
         # reference, TagDescription.PropagateAtLaunch); the launch templates carry no config tag.

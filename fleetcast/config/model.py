@@ -865,8 +865,8 @@ class Operations(Frozen):
         return value
 
 
-# What changes without new instances. Consumers: running gateways re-read them
-# (runtime/gateway/reload.py). The rest is read only by the stacks, never on an
+# What changes without new instances. Consumers and who may call which model (models[].consumers): running
+# gateways re-read them (runtime/gateway/reload.py). The rest is read only by the stacks, never on an
 # instance: the endpoint service's allow lists, the group's size, scaling, warm pool,
 # schedule, reservations and rollout policy, the SLOs (alarms, scaling, plan) and
 # the alarm/log/approver settings. Onboarding a consumer or resizing a pool must not
@@ -881,8 +881,9 @@ NOT_IN_INSTANCE_DIGEST: dict[str, Any] = {
     # carry them (stacks/app_builder.py), and no instance reads them.
     "tags": True,
     # stage_patterns: what staging copies (instances read the staged manifest); parameters_b: read by validate only.
-    # models[].consumers stays in: gateways re-read `consumers`, not who may call which model.
-    "models": {"__all__": {"stage_patterns", "slo", "parameters_b"}},
+    # consumers (who may call the model and its adapters): running gateways re-read them with the consumers
+    # (runtime/gateway/reload.py), so an entitlement change rolls no pool.
+    "models": {"__all__": {"stage_patterns", "slo", "parameters_b", "consumers"}},
     "operations": {"log_retention_days", "auto_approve_connections", "alarm_email", "plan_drift_check"},
     "regions": {"__all__": {
         "allowed_principals": True,

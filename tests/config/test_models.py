@@ -333,15 +333,19 @@ def test_a_model_served_in_another_region_rolls_nothing_here(example_doc):
     assert changed.instance_digest("ap-northeast-2", "l40s") != digests["l40s"]
 
 
-def test_entitlements_and_model_slos_roll_what_they_must(example_doc):
+def test_entitlements_and_model_slos_roll_nothing(example_doc):
     after = copy.deepcopy(example_doc)
     after["models"][0]["slo"] = {"ttft_p99_ms": 200, "itl_p99_ms": 30}
     impact = diff_configs(parse_config(example_doc), parse_config(after))
     assert not impact.rolls  # read by the stacks (alarms) only
     after["models"][2]["consumers"] = ["voice-app", "analytics"]
     impact = diff_configs(parse_config(example_doc), parse_config(after))
-    # Who may call which model is read by the gateways at boot (not by their consumer refresh): it rolls.
-    assert {p.models for p in impact.rolls} == {("changes qwen2.5-3b",)}
+    # Who may call which model reaches running gateways through their config refresh
+    # (runtime/gateway/reload.py), as consumer changes do: no pool rolls, and the plan says so.
+    assert not impact.rolls and all(p.models == () for p in impact.pools)
+    assert impact.entitlements_changed == ["qwen2.5-3b"]
+    assert "Entitlements changed (models[qwen2.5-3b].consumers): no rollout; gateways pick it up within 60 s." \
+        in render_impact(impact)
 
 
 def test_per_model_limits_name_a_model_the_consumer_may_call(multi):

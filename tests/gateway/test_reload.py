@@ -282,3 +282,43 @@ def test_a_failed_apply_keeps_the_consumers_and_is_retried(capsys):
             await stop_harness(h)
     run(body())
     assert '"event": "config_apply_failed"' in capsys.readouterr().err
+
+
+def entitled_only(cfg, consumer: str):
+    """`cfg` with its one model callable by `consumer` alone (models[].consumers)."""
+    data = cfg.model_dump(mode="json")
+    data["model"]["consumers"] = [consumer]
+    return parse_config(data, "<test config>")
+
+
+def test_an_entitlement_change_reaches_the_running_gateway_and_rolls_no_pool():
+    """Who may call a model is re-read with the consumers: it is out of the instance digest, so a deploy
+    that changes it replaces no instance, and the gateway applies it within one refresh."""
+    from runtime.gateway.routing import entitlements
+
+    everyone = fleet_config()
+    voice_only = entitled_only(everyone, "voice-app")
+    assert voice_only.instance_digest(REGION, "l40s") == everyone.instance_digest(REGION, "l40s")
+
+    async def body():
+        consumers = voice_only.consumers_of(REGION)
+        h = await start_harness(voice_only)
+        h.gateway.set_consumers(consumers, entitlements(voice_only, consumers, h.gateway.router))
+        try:
+            source = Source(as_text(voice_only))
+
+            async def apply(cfg, new_consumers):
+                h.gateway.set_consumers(new_consumers, entitlements(cfg, new_consumers, h.gateway.router))
+
+            refresher = ConfigRefresher(source, "test:source", voice_only, REGION, "l40s", apply, refresh_s=3600)
+            assert await status_of(h.port, ANALYTICS_VPCE) == 404  # model_not_found: not entitled
+            assert await status_of(h.port, VOICE_VPCE) == 200
+            source.text = as_text(everyone)
+            assert await refresher.refresh() is True  # the consumers are the same; the entitlement is not
+            assert await status_of(h.port, ANALYTICS_VPCE) == 200
+            source.text = as_text(voice_only)
+            assert await refresher.refresh() is True
+            assert await status_of(h.port, ANALYTICS_VPCE) == 404
+        finally:
+            await stop_harness(h)
+    run(body())
