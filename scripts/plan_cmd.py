@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import re
 import sys
 from datetime import UTC
 from pathlib import Path
@@ -56,6 +57,14 @@ def _reserved(text: str) -> tuple[str, str, int]:
     if not match:
         raise argparse.ArgumentTypeError(f"--reserved must be TYPE@REGION=N (e.g. g6e.xlarge@ap-northeast-2=4), got {text!r}")
     return match.group(1), match.group(2), int(match.group(3))
+
+
+def _lab(text: str) -> tuple[str, str]:
+    gpu, sep, name = text.partition("=")
+    if not sep or not gpu or not re.fullmatch(r"[a-z][a-z0-9]*\.[0-9a-z]+", name):
+        raise argparse.ArgumentTypeError(f"--lab {text!r}: give GPU=TYPE, e.g. H200=lab.h200 (TYPE shaped like an "
+                                         "instance type: family.size)")
+    return gpu, name
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -107,6 +116,14 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--reserved", type=_reserved, action="append", default=[], metavar="TYPE@REGION=N",
                    help="N instances of TYPE in REGION already paid for (capacity reservations): the plan pays only "
                         "for instances above them and says when they decided the pick; repeatable")
+    packing = p.add_argument_group("several models (docs/plan.md, \"Several models: the packing search\")")
+    packing.add_argument("--max-copies", type=_whole("--max-copies"), metavar="N",
+                         help="a fleet of several models: most copies of one model per instance the packing search "
+                              "tries (default 2)")
+    packing.add_argument("--lab", type=_lab, action="append", default=[], metavar="GPU=TYPE",
+                         help="a fleet of several models: read reference-backend results measured on GPU without an "
+                              "instance type (e.g. bench/data/h200-colocate-*.json) as the lab machine TYPE, one GPU, "
+                              "priced by --prices; every output says it is not an AWS candidate; repeatable")
     p.add_argument("--report", metavar="DIR", help="write plan.md, plan.html, plan.json and plots into DIR; with "
                    "simulate: each simulated pool's 24-hour picture (simulate-POOL.png: instances, P99s, SLO misses)")
     p.add_argument("--json", action="store_true", help="print plan.json instead of the table")
@@ -175,6 +192,13 @@ def _plan(args: argparse.Namespace) -> int:
     if args.check and (args.write_config or args.report):
         raise UserError("--check only compares; run it without --write-config/--report", exit_code=EXIT_USAGE)
     profile = _traffic_from_cloudwatch(args) if args.traffic_from else None
+    from fleetcast.plan.run import several_models
+
+    if several_models(args.config):
+        return _plan_packing(args, profile)
+    if args.lab or args.max_copies:
+        raise UserError(f"--lab/--max-copies plan fleets of several models; {args.config} serves one",
+                        exit_code=EXIT_USAGE)
     opts = PlanOptions(
         traffic_profile=profile,
         results=args.results, traffic=args.traffic, config=args.config, ttft_p99_ms=args.ttft_p99_ms,
@@ -232,6 +256,39 @@ def _plan(args: argparse.Namespace) -> int:
             say(f"  note: {note}")
         say(f"  baseline for `fleetcast plan --check`: {baseline[0]}")
     return 0 if all(p.winner for p in plans) else 3
+
+
+def _plan_packing(args: argparse.Namespace, profile) -> int:
+    """A fleet of several models: the packing search (fleetcast/plan/packing.py)."""
+    from fleetcast.contract.errors import EXIT_USAGE, UserError
+    from fleetcast.plan.packing_report import render_terminal, to_json, write_report
+    from fleetcast.plan.run import PlanOptions, build_packing
+
+    unsupported = [flag for flag, given in (("simulate", args.action == "simulate"), ("--check", args.check),
+                                            ("--write-schedule", args.write_schedule),
+                                            ("--spot-prices", args.spot_prices)) if given]
+    if unsupported:
+        raise UserError(f"{', '.join(unsupported)}: not available for fleets of several models yet "
+                        "(docs/plan.md, \"Several models: the packing search\")", exit_code=EXIT_USAGE)
+    opts = PlanOptions(
+        traffic_profile=profile, results=args.results, traffic=args.traffic, config=args.config,
+        ttft_p99_ms=args.ttft_p99_ms, itl_p99_ms=args.itl_p99_ms, error_rate=args.error_rate, prices=args.prices,
+        refresh_prices=args.refresh_prices, fixed_costs=args.fixed_costs, latency=args.latency,
+        live_availability=args.live_availability, quality=args.quality, quality_threshold=args.quality_threshold,
+        estimate=args.estimate, min_instances=args.min_instances, profile=args.profile,
+        reserved={(t, r): n for t, r, n in args.reserved}, lab=dict(args.lab),
+    )
+    result, _, _ = build_packing(opts, max_copies=args.max_copies)
+    print(json.dumps(to_json(result), indent=1) if args.json else render_terminal(result))
+    say = (lambda text: print(text, file=sys.stderr)) if args.json else print
+    if args.report:
+        try:
+            paths = write_report(result, args.report)
+        except OSError as exc:
+            raise UserError(f"--report: cannot write {exc.filename or args.report}: {exc.strerror}; its pages were "
+                            "left as they were") from None
+        say(f"\nreport: {', '.join(str(p) for p in paths[:3])} (+{len(paths) - 3} plots)")
+    return 0 if all(r.winner for r in result.regions) else 3
 
 
 def _config_or_none(path: str | None):

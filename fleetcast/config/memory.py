@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 from fleetcast.contract.serving import PROCESS_OVERHEAD_BYTES
 
 if TYPE_CHECKING:
+    from .catalog import InstanceType
     from .model import FleetConfig, Pool
 
 GIB = 2**30
@@ -107,8 +108,10 @@ def _gib(n: float) -> str:
     return f"{n / GIB:.2f} GiB"
 
 
-def plan_pool(cfg: FleetConfig, pool: Pool) -> PoolMemory | None:
+def plan_pool(cfg: FleetConfig, pool: Pool, instance: InstanceType | None = None) -> PoolMemory | None:
     """The memory plan of one instance of `pool`, or None when its instance type is unknown to the catalog.
+
+    `instance` stands in for the catalog's entry (the planner's lab machines, which no catalog lists).
 
     KV budgets: a serve's kv_cache_gb; the serves without one share evenly what the usable memory leaves
     after every process's weights, overhead and the explicit budgets. A pool of a single process without a
@@ -116,7 +119,7 @@ def plan_pool(cfg: FleetConfig, pool: Pool) -> PoolMemory | None:
     """
     from . import catalog
 
-    instance = catalog.instance_catalog().get(pool.instance_type)
+    instance = instance or catalog.instance_catalog().get(pool.instance_type)
     if instance is None:
         return None
     gpu_bytes = int(instance.gpu.memory_gib * GIB)

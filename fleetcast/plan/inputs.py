@@ -49,12 +49,14 @@ def _read_yaml(path: Path, flag: str) -> Any:
 # ---------------------------------------------------------------- benchmark results
 
 
-def load_candidates(paths: list[str | Path]) -> list[Candidate]:
+def load_candidates(paths: list[str | Path], lab: dict[str, str] | None = None) -> list[Candidate]:
     """One Candidate per (instance type, precision) found in the results files.
 
     Files for the same pair are merged by load level (the run with more samples
     wins a duplicate level). Reference-backend results are refused outright:
-    they come from a development stand-in, not from an AWS GPU.
+    they come from a development stand-in, not from an AWS GPU. `lab` ({GPU: type},
+    `fleetcast plan --lab`) is the exception the caller asks for: reference-backend
+    results measured on that GPU without an instance type are read as that lab type.
     """
     from fleetcast.bench.schema import load_results
 
@@ -65,7 +67,10 @@ def load_candidates(paths: list[str | Path]) -> list[Candidate]:
     for path in paths:
         results = load_results(path)
         labels = results.labels
-        if labels.backend == "reference":
+        lab_type = (lab or {}).get(labels.gpu or "") if not labels.instance_type else None
+        if lab_type is not None:
+            labels = labels.model_copy(update={"instance_type": lab_type})
+        elif labels.backend == "reference":
             raise UserError(
                 f"--results: {path}: labels.backend is 'reference' (the development stand-in server); "
                 "refused as an AWS candidate. Benchmark a tensorrt or pytorch endpoint on the instance type."
@@ -73,7 +78,7 @@ def load_candidates(paths: list[str | Path]) -> list[Candidate]:
         if not labels.instance_type:
             raise UserError(f"--results: {path}: labels.instance_type is missing; the planner needs the instance type measured "
                             "(fleetcast bench --label instance_type=g6e.xlarge)")
-        if labels.instance_type not in instances:
+        if labels.instance_type not in instances and lab_type is None:
             raise UserError(f"--results: {path}: labels.instance_type {labels.instance_type!r} is not in the instance catalog; "
                             f"allowed: {', '.join(sorted(instances))}")
         allowed = sorted(p.value for p in Precision)

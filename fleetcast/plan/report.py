@@ -335,7 +335,8 @@ def _cost_vs_latency(plt, plan: RegionPlan, latency: str, slo_ms: float, path: P
     return path
 
 
-def write_plots(plan: RegionPlan, directory: Path, slo: Slo, pools: list[FleetPool] = ()) -> list[Path]:
+def _matplotlib():
+    """pyplot on the file backend, or one line saying how to install it."""
     try:
         import matplotlib
     except ImportError:
@@ -345,6 +346,12 @@ def write_plots(plan: RegionPlan, directory: Path, slo: Slo, pools: list[FleetPo
                         "pip install 'fleetcast[plan]'") from None
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+
+    return plt
+
+
+def write_plots(plan: RegionPlan, directory: Path, slo: Slo, pools: list[FleetPool] = ()) -> list[Path]:
+    plt = _matplotlib()
 
     evs = plan.ranked
     if not evs:
@@ -473,8 +480,13 @@ def _md_table(header: list[str], rows: list[list[str]]) -> list[str]:
 
 
 def render_markdown(result: PlanResult, plots: dict[str, list[Path]]) -> str:
+    return blocks_markdown(_blocks(result, plots))
+
+
+def blocks_markdown(blocks: list[Block]) -> str:
+    """A report's blocks as Markdown (the plan report's and the packing report's)."""
     out: list[str] = []
-    for block in _blocks(result, plots):
+    for block in blocks:
         kind = block[0]
         if kind in ("h1", "h2", "h3"):
             out += [f"{'#' * int(kind[1])} {block[1]}", ""]
@@ -492,12 +504,17 @@ def render_markdown(result: PlanResult, plots: dict[str, list[Path]]) -> str:
 
 
 def render_html(result: PlanResult, plots: dict[str, list[Path]]) -> str:
+    return blocks_html(f"Fleetcast plan: {result.traffic_name}", _blocks(result, plots))
+
+
+def blocks_html(title: str, blocks: list[Block]) -> str:
+    """A report's blocks as one self-contained HTML page (plots inlined)."""
     e = html.escape
-    parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>Fleetcast plan: {e(result.traffic_name)}</title>",
+    parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>{e(title)}</title>",
              "<style>body{font-family:sans-serif;max-width:1200px;margin:2em auto}table{border-collapse:collapse;font-size:13px}"
              "td,th{border:1px solid #ccc;padding:3px 6px;text-align:right}td:nth-child(2),td:nth-child(3){text-align:left}"
              ".rec{background:#eef7ee;padding:.6em;border-left:4px solid #3a3}</style></head><body>"]
-    for block in _blocks(result, plots):
+    for block in blocks:
         kind = block[0]
         if kind in ("h1", "h2", "h3"):
             parts.append(f"<{kind}>{e(block[1])}</{kind}>")

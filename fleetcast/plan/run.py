@@ -61,6 +61,9 @@ class PlanOptions:
     today: date | None = None
     # A traffic profile already in hand (`plan --check --traffic-from cloudwatch`); else `traffic` is read.
     traffic_profile: TrafficProfile | None = None
+    # Lab machines (`--lab GPU=TYPE`): reference-backend results measured on that GPU, without an instance type,
+    # planned as TYPE (a catalog entry the caller supplies: FLEETCAST_INSTANCES). Several-model fleets only.
+    lab: dict[str, str] = field(default_factory=dict)
 
 
 def _expand(paths: list[str]) -> list[str]:
@@ -75,6 +78,28 @@ def _expand(paths: list[str]) -> list[str]:
         else:
             out.append(raw)
     return out
+
+
+def _tables(opts: PlanOptions, instance_types: list[str], consumer_regions: list[str], warnings: list[str]):
+    """Prices, availability, latency, fixed costs and quality: shipped tables, files, or AWS where asked."""
+    prices = load_prices(opts.prices)
+    candidate_regions = sorted(set(consumer_regions) | catalog.privatelink_cross_region())
+    aws = None
+    if opts.refresh_prices or opts.live_availability:
+        from fleetcast.aws_session import AwsSession
+
+        aws = AwsSession(opts.profile)
+    if opts.refresh_prices:
+        from .aws import PRICING_REGION
+
+        pricing = opts.pricing_client or aws.client("pricing", PRICING_REGION)
+        prices, notes = refresh_prices(prices, instance_types, candidate_regions, client=pricing)
+        warnings += notes
+    availability = shipped_availability()
+    if opts.live_availability:
+        ec2_for = opts.ec2_client_for or (lambda region: aws.client("ec2", region))
+        availability = live_availability(availability, instance_types, candidate_regions, client_for=ec2_for)
+    return prices, availability, load_latency(opts.latency), load_fixed_costs(opts.fixed_costs), load_quality(opts.quality)
 
 
 def build_plan(opts: PlanOptions) -> tuple[PlanResult, list[RegionPlan], PlanContext]:
@@ -100,30 +125,11 @@ def build_plan(opts: PlanOptions) -> tuple[PlanResult, list[RegionPlan], PlanCon
     for cand in candidates:
         warnings += [f"{cand.label}: {n}" for n in cand.curve.notes]
 
-    prices = load_prices(opts.prices)
     consumer_regions = [c.region for c in traffic.consumers]
     instance_types = sorted({c.instance_type for c in candidates} | {s.split(":")[0] for s in opts.estimate if s != "all"})
     if opts.estimate and "all" in opts.estimate:
         instance_types = sorted(catalog.instance_catalog())
-    candidate_regions = sorted(set(consumer_regions) | catalog.privatelink_cross_region())
-    aws = None
-    if opts.refresh_prices or opts.live_availability:
-        from fleetcast.aws_session import AwsSession
-
-        aws = AwsSession(opts.profile)
-    if opts.refresh_prices:
-        from .aws import PRICING_REGION
-
-        pricing = opts.pricing_client or aws.client("pricing", PRICING_REGION)
-        prices, notes = refresh_prices(prices, instance_types, candidate_regions, client=pricing)
-        warnings += notes
-    availability = shipped_availability()
-    if opts.live_availability:
-        ec2_for = opts.ec2_client_for or (lambda region: aws.client("ec2", region))
-        availability = live_availability(availability, instance_types, candidate_regions, client_for=ec2_for)
-    latency = load_latency(opts.latency)
-    fixed = load_fixed_costs(opts.fixed_costs)
-    quality = load_quality(opts.quality)
+    prices, availability, latency, fixed, quality = _tables(opts, instance_types, consumer_regions, warnings)
 
     min_instances: dict[str, int] = {}
     min_source: dict[str, str] = {}
@@ -189,3 +195,83 @@ def build_plan(opts: PlanOptions) -> tuple[PlanResult, list[RegionPlan], PlanCon
     result.spot = spot.advise_all(result.pools, ctx, spot.load_spot_inputs(
         opts.spot_prices, opts.spot_interruptions, opts.spot_relaunch_s))
     return result, plans, ctx
+
+
+def several_models(config: str | None) -> bool:
+    """Whether `config` names a fleet of several models (its plan is a packing search: build_packing)."""
+    from fleetcast.config import load_config
+
+    return bool(config) and Path(config).exists() and len(load_config(config).models) > 1
+
+
+def build_packing(opts: PlanOptions, max_copies: int | None = None):
+    """The plan of a fleet of several models: which models share an instance, with how many copies
+    (fleetcast/plan/packing.py). Returns (PackingPlan, PlanContext, FleetConfig)."""
+    from fleetcast.config import load_config
+
+    from . import packing
+
+    if opts.estimate:
+        raise UserError("--estimate: the roofline estimate covers one-model fleets; a fleet of several models is "
+                        "planned from bench results (solo or co-located) only")
+    if opts.reserved:
+        raise UserError("--reserved: capacity reservations are not planned for fleets of several models yet")
+    cfg = load_config(opts.config)
+    slo = Slo(
+        ttft_p99_ms=opts.ttft_p99_ms if opts.ttft_p99_ms is not None else cfg.slo.ttft_p99_ms,
+        itl_p99_ms=opts.itl_p99_ms if opts.itl_p99_ms is not None else cfg.slo.itl_p99_ms,
+        error_rate=opts.error_rate if opts.error_rate is not None else cfg.slo.error_rate,
+    )
+    models = tuple(m.id for m in cfg.models)
+    traffic = opts.traffic_profile if opts.traffic_profile is not None else load_traffic(opts.traffic)
+    traffic.checked_against(models)
+    curves = packing.load_model_curves(_expand(opts.results), models, lab=opts.lab)
+    warnings: list[str] = []
+    for mc in curves:
+        warnings += [f"{mc.model} on {mc.candidate.label}: {n}" for n in mc.candidate.curve.notes]
+    prices, availability, latency, fixed, quality = _tables(
+        opts, sorted({c.instance_type for c in curves}), [c.region for c in traffic.consumers], warnings)
+    if quality is not None:
+        raise UserError("--quality: quality results are per model; not read for fleets of several models yet")
+    min_instances = {}
+    min_source = {}
+    for region in cfg.regions:
+        pool = max(region.pools, key=lambda p: p.capacity.min)
+        min_instances[region.region] = pool.capacity.min
+        min_source[region.region] = f"the config floor regions[{region.region}].pools[{pool.name}].capacity.min"
+    if opts.min_instances is not None:
+        min_instances, min_source = {}, {}
+    ctx = PlanContext(
+        slo=slo, prices=prices, availability=availability, latency=latency, fixed=fixed,
+        min_instances=min_instances, default_min_instances=opts.min_instances if opts.min_instances is not None else 1,
+        kv_cache_dtype=cfg.engine.kv_cache_dtype.value, min_instances_source=min_source,
+    )
+    today = opts.today or date.today()
+    for stale in (
+        stale_table_warning("on-demand prices", prices.as_of, today,
+                            "refresh them (--refresh-prices) or give current ones (--prices FILE)"),
+        stale_table_warning("fixed costs (NLB, PrivateLink, transfer)", fixed.as_of, today,
+                            "give current ones (--fixed-costs FILE) or update fleetcast/config/data/fixed_costs.yaml"),
+    ):
+        if stale:
+            warnings.append(stale)
+    synthetic = [c for c in curves if c.candidate.provenance == "synthetic"]
+    if synthetic:
+        warnings.append(f"{len(synthetic)} of {len(curves)} curve(s) rest on SYNTHETIC results (authored data, not "
+                        "measurements): this plan shows the method, not a decision; benchmark before acting on it")
+    lab = [c for c in curves if c.candidate.backend == "reference"]
+    if lab:
+        warnings.append(f"{len(lab)} curve(s) were measured with the reference backend on a lab machine (--lab): "
+                        "not a TensorRT-LLM engine and not an AWS instance type; the plan shows how the packing is "
+                        "chosen from them, not what an AWS fleet would cost")
+    result = packing.plan_packing(cfg, curves, traffic, ctx, fleet_slo=slo, lab=opts.lab,
+                                  max_copies=max_copies or packing.DEFAULT_MAX_COPIES)
+    result.warnings = warnings
+    result.data_notes = [
+        f"prices as of {prices.as_of} ({prices.source})",
+        f"availability as of {availability.as_of}",
+        f"network latency as of {latency.as_of} ({latency.source})",
+        f"fixed costs as of {fixed.as_of}",
+        f"results: {packing.curves_text(curves)}",
+    ]
+    return result, ctx, cfg

@@ -1,0 +1,711 @@
+"""Several models per instance: the packing search (docs/plan.md, "Several models: the packing search").
+
+For a fleet of several models the question is not only instance type x precision but which models share an
+instance and how many copies each gets. For each consumer region (served from its own region) and each
+instance type with results:
+
+  1. candidates: every packing of the region's models (each model at each precision with a curve on that
+     type that the support matrix allows, 1..max_copies copies) whose processes fit the GPU by the memory
+     home (fleetcast/config/memory.py: weights at precision + per-process overhead + an even KV share),
+     at most MAX_PROCESSES processes; the enumeration stops at MAX_PACKINGS per type (said in the notes);
+  2. each model's process curve in that packing: the co-located curve measured on exactly that packing with
+     its peers busy (bench results `packing`), else, for a packing of one process, its solo curve as
+     measured, else its solo curve under the interference rule (`colocated_estimate`): "estimated (solo
+     curves)";
+  3. per UTC hour, per model: the fewest processes meeting that model's P99 TTFT (its consumers' network
+     included) / ITL / error SLO at its busiest-minute arrivals (queueing.instances_needed, the same
+     service model as one-model plans), instances = max over models of ceil(processes / copies), at least
+     the region's floor;
+  4. cost = instances x price + the region's fixed costs (one NLB and endpoint set for the fleet);
+     $ per 1M output tokens over every model's tokens.
+The choice is the cheapest packing all of whose curves are measured (or synthetic: authored scenario
+data); an estimated packing that would be cheaper is named in the notes, never chosen silently. The
+comparison prices the same traffic as one model per pool (each model its own instances, one fleet's fixed
+costs) and one model per fleet (each model its own fleet: its own NLB and endpoints).
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+from fleetcast.config import catalog
+from fleetcast.config.memory import GIB, PoolMemory, plan_pool
+from fleetcast.config.model import EngineOverride, Serve
+from fleetcast.contract import support
+from fleetcast.contract.errors import UserError
+from fleetcast.contract.serving import MAX_PROCESSES
+
+from .curves import Candidate, Curve
+from .queueing import Limits, Prediction, ServiceModel, Stream, instances_needed, model_for, occupancy, predict
+from .solver import PlanContext, Slo
+from .traffic import ConsumerTraffic, TrafficProfile
+
+# Copies per model the search tries by default: two processes busy at once time-slice one GPU (no MPS), so
+# a second copy adds queue slots, not throughput (docs/runtime.md, "Latency when both are busy").
+DEFAULT_MAX_COPIES = 2
+# Packings tried per instance type at most; past it the search stops and the notes say so.
+MAX_PACKINGS = 2000
+# A copy is planned only with at least this much KV cache (a design floor: the planner does not know a
+# model's KV bytes per token, so it cannot check the KV against the curve's batch sizes).
+MIN_KV_GIB = 1.0
+
+MEASURED_COLOCATED = "measured (co-located)"
+MEASURED_ALONE = "measured (one process)"
+ESTIMATED = "estimated (solo curves)"
+
+
+# ---------------------------------------------------------------- curves per model
+
+
+@dataclass(frozen=True)
+class ModelCurve:
+    """One model's process curve on one instance type at one precision.
+
+    `packing` is what shared the instance while it was measured, as sorted (model, copies) pairs; None: a
+    solo measurement (the process alone on its GPU). `peers_busy`: the packing's other processes were busy
+    during the runs (a co-located measurement); False: they were loaded but idle.
+    """
+
+    model: str
+    candidate: Candidate
+    packing: tuple[tuple[str, int], ...] | None = None
+    peers_busy: bool = False
+
+    @property
+    def instance_type(self) -> str:
+        return self.candidate.instance_type
+
+    @property
+    def precision(self) -> str:
+        return self.candidate.precision
+
+    @property
+    def colocated(self) -> bool:
+        return self.packing is not None and self.peers_busy and sum(c for _, c in self.packing) > 1
+
+
+def _packing_key(results) -> tuple[tuple[str, int], ...] | None:
+    packing = getattr(results, "packing", None)
+    if packing is None:
+        return None
+    serves = packing.serves if hasattr(packing, "serves") else packing.get("serves", [])
+    rows = [(s.model, s.copies) if hasattr(s, "model") else (s["model"], int(s.get("copies", 1))) for s in serves]
+    return tuple(sorted(rows))
+
+
+def _peers_busy(results) -> bool:
+    """Every run recorded its peers' load and every peer was busy (Run.peers: {model: concurrency})."""
+    runs = list(results.runs)
+    peers = [getattr(r, "peers", None) for r in runs]
+    return bool(runs) and all(p for p in peers) and all(v and v > 0 for p in peers for v in p.values())
+
+
+def load_model_curves(paths: list[str], models: tuple[str, ...], lab: dict[str, str] | None = None) -> list[ModelCurve]:
+    """One ModelCurve per (instance type, precision, model, packing, peers busy) in the results files.
+
+    Each group goes through the one-model loader (inputs.load_candidates: the same refusals, merging and
+    length checks), so a file that a one-model plan refuses is refused here in the same words.
+    """
+    from fleetcast.bench.schema import load_results
+
+    from .inputs import load_candidates
+
+    groups: dict[tuple, list[str]] = {}
+    for path in paths:
+        results = load_results(path)
+        model = results.labels.model
+        if model not in models:
+            raise UserError(f"--results: {path}: labels.model {model!r} is not a model of the config; allowed: "
+                            f"{', '.join(models)} (a results file of a fleet of several models names its model)")
+        instance_type = results.labels.instance_type or (lab or {}).get(results.labels.gpu or "")
+        key = (instance_type, results.labels.precision, model, _packing_key(results),
+               _peers_busy(results))
+        groups.setdefault(key, []).append(str(path))
+    out = []
+    for (_, _, model, packing, busy), group in sorted(groups.items(), key=lambda kv: str(kv[0])):
+        (candidate,) = load_candidates(group, lab)
+        out.append(ModelCurve(model, candidate, packing, busy))
+    return out
+
+
+def curves_text(curves: list[ModelCurve]) -> str:
+    """What backs the curves, counted: e.g. '6 synthetic solo curve(s), 2 measured co-located curve(s)'."""
+    counts: dict[str, int] = {}
+    for c in curves:
+        what = ("synthetic" if c.candidate.provenance == "synthetic" else "measured") + \
+            (" co-located" if c.colocated else " solo") + \
+            (" (reference backend, lab machine)" if c.candidate.backend == "reference" else "")
+        counts[what] = counts.get(what, 0) + 1
+    return ", ".join(f"{n} {what} curve(s)" for what, n in sorted(counts.items()))
+
+
+def lab_instance(instance_type: str, lab: dict[str, str]) -> catalog.InstanceType | None:
+    """A lab machine (`--lab GPU=TYPE`): one GPU of the catalog's GPU, no AWS availability, priced by --prices."""
+    for gpu, name in lab.items():
+        if name == instance_type:
+            return catalog.InstanceType(name=name, gpu=catalog.gpu_by_name(gpu), gpus=1, vcpus=0, memory_gib=0,
+                                        price_per_hour={})
+    return None
+
+
+def _instance(instance_type: str, lab: dict[str, str]) -> catalog.InstanceType | None:
+    return catalog.instance_catalog().get(instance_type) or lab_instance(instance_type, lab)
+
+
+# ---------------------------------------------------------------- the interference rule
+
+
+def colocated_estimate(own: Curve, peer_step_ms: Callable[[float], float]) -> Curve:
+    """`own` on a GPU it time-slices with other processes, from its solo curve.
+
+    Time-slicing (no MPS): the GPU runs each busy process's step in turn, so a step of this process at
+    in-flight count c takes its own solo step plus the time the peers' steps take, `peer_step_ms(c)`; every
+    latency (TTFT and ITL: mean, P99 and their intervals; E2E) is stretched by
+    F(c) = (ITL_own(c) + peer_step_ms(c)) / ITL_own(c), throughput divided by it. The planner passes the
+    peers' expected step time per step (busy share x mean step at their planned load, `peer_steps`);
+    checked against the H200 co-location dataset, where both were busy at the same concurrency
+    (tests/plan/test_packing.py).
+    """
+    points = []
+    for p in own.points:
+        own_step = p.itl_mean if p.itl_mean is not None else p.itl_p99
+        f = (own_step + peer_step_ms(p.concurrency)) / own_step
+
+        def s(v, f=f):
+            return None if v is None else v * f
+
+        points.append(replace(
+            p, ttft_p99=p.ttft_p99 * f, itl_p99=p.itl_p99 * f, e2e_mean=p.e2e_mean * f, ttft_mean=s(p.ttft_mean),
+            itl_mean=s(p.itl_mean), e2e_p99=s(p.e2e_p99),
+            ttft_p99_ci=None if p.ttft_p99_ci is None else (p.ttft_p99_ci[0] * f, p.ttft_p99_ci[1] * f),
+            itl_p99_ci=None if p.itl_p99_ci is None else (p.itl_p99_ci[0] * f, p.itl_p99_ci[1] * f),
+            output_tps=None if p.output_tps is None else p.output_tps / f,
+            request_rps=None if p.request_rps is None else p.request_rps / f, records=()))
+    return Curve(tuple(points), own.notes)
+
+
+def mean_step_ms(curve: Curve, level: float) -> float:
+    """The curve's mean ITL (a decode step) at `level`, held at its ends."""
+    p = curve.at(min(max(level, curve.points[0].concurrency), curve.points[-1].concurrency))
+    return p.itl_mean if p.itl_mean is not None else p.itl_p99
+
+
+def peer_steps(load: ModelLoad, instances_by_hour: list[int], cache: dict) -> float:
+    """What one process of `load` adds to each step of a process it shares the GPU with: over the day's
+    hours, the largest busy share x mean step at its mean batch while busy, at the hour's busiest minute
+    spread over the planned instances and copies (queueing.occupancy: the same chain the sizing uses)."""
+    model = _models_of(cache, load.curve)
+    rates, bursts = load.traffic.hourly_rps(), load.traffic.hourly_burstiness()
+    worst = 0.0
+    for h in range(24):
+        if rates[h] <= 0:
+            continue
+        per_process = rates[h] * bursts[h] / (instances_by_hour[h] * load.copies)
+        pmf = occupancy(model, per_process, load.traffic.output_mean)
+        if pmf is None:
+            return mean_step_ms(load.curve, load.curve.points[-1].concurrency)  # beyond its range: always busy
+        busy = 1.0 - pmf[0]
+        if busy <= 0:
+            continue
+        batch = sum(k * w for k, w in enumerate(pmf)) / busy
+        worst = max(worst, busy * mean_step_ms(load.curve, batch))
+    return worst
+
+
+# ---------------------------------------------------------------- memory (the one home)
+
+
+@dataclass(frozen=True)
+class _PoolShape:
+    """A pool the config does not hold yet: an instance type and what it serves, without engine overrides."""
+
+    instance_type: str
+    serves: tuple[Serve, ...] = ()
+    engine: EngineOverride = field(default_factory=EngineOverride)
+
+
+def model_engine(cfg, model_id: str):
+    """The engine a model is built with before any pool override: the fleet engine <- the model's."""
+    return cfg.engine_for(_PoolShape(""), model_id)
+
+
+class _PackedFleet:
+    """What memory.plan_pool reads of a config, for a packing the config does not hold yet."""
+
+    def __init__(self, cfg, precisions: dict[str, str]) -> None:
+        self.models = cfg.models
+        self._cfg = cfg
+        self._precisions = precisions
+
+    def serves_of(self, pool):
+        return pool.serves
+
+    def engine_for(self, pool, model_id):
+        engine = model_engine(self._cfg, model_id)
+        return engine.model_copy(update={"precision": type(engine.precision)(self._precisions[model_id])})
+
+
+def packing_memory(cfg, instance_type: str, packing: tuple[tuple[str, str, int], ...],
+                   lab: dict[str, str] | None = None) -> PoolMemory | None:
+    """The memory plan of one instance serving `packing` ((model, precision, copies)): memory.plan_pool's."""
+    shape = _PoolShape(instance_type, tuple(Serve(model=m, copies=c) for m, _, c in packing))
+    return plan_pool(_PackedFleet(cfg, {m: p for m, p, _ in packing}), shape, _instance(instance_type, lab or {}))
+
+
+# ---------------------------------------------------------------- evaluation
+
+
+@dataclass
+class ModelLoad:
+    """One model's part of a packing in a region: its curve, source and the day's sizing."""
+
+    model: str
+    precision: str
+    copies: int
+    source: str  # MEASURED_COLOCATED, MEASURED_ALONE (or "synthetic ..."), ESTIMATED
+    curve: Curve
+    slo: Slo
+    network_ms: float
+    traffic: ConsumerTraffic
+    processes_by_hour: list[int] = field(default_factory=list)
+    predictions: list[Prediction | None] = field(default_factory=list)  # at the hour's busiest minute
+    kv_gib: float | None = None
+    sources: tuple[str, ...] = ()
+    peer_step_ms: float = 0.0  # estimated: what the other processes add to each of its steps (interference rule)
+
+    @property
+    def instances_by_hour(self) -> list[int]:
+        return [math.ceil(n / self.copies) for n in self.processes_by_hour]
+
+    def worst(self) -> tuple[float, float] | None:
+        """(P99 TTFT incl. network, P99 ITL) at the day's worst planned minute."""
+        ps = [p for p in self.predictions if p is not None]
+        if not ps:
+            return None
+        w = max(ps, key=lambda p: p.ttft_p99_ms)
+        return w.ttft_p99_ms + self.network_ms, max(p.itl_p99_ms for p in ps)
+
+
+@dataclass
+class PackingEval:
+    """One packing of one instance type serving one consumer region's models."""
+
+    instance_type: str
+    region: str
+    loads: list[ModelLoad]
+    memory: PoolMemory | None
+    rejected: str | None = None
+    price_per_hour: float = 0.0
+    instances_by_hour: list[int] = field(default_factory=list)
+    fixed_by_hour: list[float] = field(default_factory=list)
+    cost_per_hour: float = 0.0
+    usd_per_m_output: float = 0.0
+
+    @property
+    def feasible(self) -> bool:
+        return self.rejected is None
+
+    @property
+    def estimated(self) -> bool:
+        return any(m.source == ESTIMATED for m in self.loads)
+
+    @property
+    def synthetic(self) -> bool:
+        return any(m.source.startswith("synthetic") for m in self.loads)
+
+    @property
+    def source(self) -> str:
+        if self.estimated:
+            return ESTIMATED
+        if any(m.source == MEASURED_COLOCATED for m in self.loads):
+            return MEASURED_COLOCATED
+        return self.loads[0].source if self.loads else "measured"
+
+    @property
+    def packing_text(self) -> str:
+        return " + ".join(f"{m.model} {m.precision} x{m.copies}" for m in self.loads)
+
+    @property
+    def label(self) -> str:
+        return f"{self.instance_type} [{self.packing_text}]"
+
+    @property
+    def instance_hours(self) -> int:
+        return sum(self.instances_by_hour)
+
+    def capacity(self) -> tuple[int, int, int]:
+        n = self.instances_by_hour
+        return min(n), min(max(n), math.ceil(sum(n) / len(n))), max(n)
+
+    @property
+    def processes(self) -> int:
+        return sum(m.copies for m in self.loads)
+
+    def slo_use(self) -> float:
+        """The largest share of its P99 TTFT or ITL SLO any model reaches at its worst planned minute."""
+        use = 0.0
+        for m in self.loads:
+            worst = m.worst()
+            if worst is not None:
+                use = max(use, worst[0] / m.slo.ttft_p99_ms, worst[1] / m.slo.itl_p99_ms)
+        return use
+
+    def rank_key(self) -> tuple:
+        # Ties on cost (floors often decide it): fewer instance-hours, fewer processes (less memory and
+        # interference), then the most headroom under the SLOs.
+        return (round(self.cost_per_hour, 2), self.instance_hours, self.estimated, self.processes,
+                round(self.slo_use(), 3), self.label)
+
+
+def _source_of(mc: ModelCurve, processes: int) -> str:
+    base = "synthetic (authored data, not measured)" if mc.candidate.provenance == "synthetic" else None
+    if mc.colocated:
+        return base or MEASURED_COLOCATED
+    if processes == 1 and mc.packing is None:
+        return base or MEASURED_ALONE
+    return ESTIMATED
+
+
+def _slo_for(cfg, model_id: str, fleet: Slo) -> Slo:
+    own = cfg.model_by_id(model_id).slo if cfg is not None else None
+    return Slo(own.ttft_p99_ms, own.itl_p99_ms, own.error_rate) if own is not None else fleet
+
+
+def _network_ms(curve: Curve, consumer: str, service: str, ctx: PlanContext) -> float:
+    last = curve.points[-1]
+    bench = last.bench_rtt_ms if last.bench_rtt_ms is not None else ctx.latency.same_region_ms
+    return ctx.latency.between(consumer, service) - bench
+
+
+def _models_of(curve_cache: dict, curve: Curve) -> ServiceModel:
+    key = id(curve)
+    if key not in curve_cache:
+        curve_cache[key] = (curve, model_for(curve))
+    return curve_cache[key][1]
+
+
+def size_packing(ev: PackingEval, ctx: PlanContext, n_min: int, cache: dict) -> PackingEval:
+    """Steps 3-4 for one packing: processes per model and hour, instances, cost."""
+    hours = range(24)
+    for load in ev.loads:
+        model = _models_of(cache, load.curve)
+        limits = Limits(load.slo.ttft_p99_ms - load.network_ms, load.slo.itl_p99_ms, load.slo.error_rate)
+        rates, bursts = load.traffic.hourly_rps(), load.traffic.hourly_burstiness()
+        load.processes_by_hour = []
+        for h in hours:
+            streams = [Stream(rates[h] * bursts[h], load.traffic.output_mean)]
+            sized = instances_needed(model, streams, limits, 0)
+            if sized is None:
+                p1 = predict(model, [Stream(1e-6, load.traffic.output_mean)], 1.0)
+                peers = (f", its peers adding {load.peer_step_ms:.1f} ms to each of its steps at their planned load"
+                         if load.peer_step_ms else "")
+                ev.rejected = (f"{load.model} ({load.source}) fails its SLO even with one request per process"
+                               f"{peers}: predicted P99 TTFT {p1.ttft_p99_ms + load.network_ms:.0f} ms (incl. "
+                               f"{load.network_ms:.0f} ms network) vs {load.slo.ttft_p99_ms:g}, P99 ITL "
+                               f"{p1.itl_p99_ms:.1f} ms vs {load.slo.itl_p99_ms:g}")
+                return ev
+            load.processes_by_hour.append(sized[0])
+    ev.instances_by_hour = [max([n_min] + [ld.instances_by_hour[h] for ld in ev.loads]) for h in hours]
+    for load in ev.loads:
+        model = _models_of(cache, load.curve)
+        rates, bursts = load.traffic.hourly_rps(), load.traffic.hourly_burstiness()
+        load.predictions = [
+            predict(model, [Stream(rates[h] * bursts[h], load.traffic.output_mean)],
+                    1.0 / (ev.instances_by_hour[h] * load.copies)) if rates[h] > 0 else None for h in hours]
+    ev.price_per_hour = ctx.prices.price(ev.instance_type, ev.region)
+    ev.fixed_by_hour = fixed_by_hour(ev.region, [ld.traffic for ld in ev.loads], ctx)
+    day = sum(n * ev.price_per_hour + f for n, f in zip(ev.instances_by_hour, ev.fixed_by_hour))
+    ev.cost_per_hour = day / 24
+    ev.usd_per_m_output = _per_m_output(day, [ld.traffic for ld in ev.loads])
+    return ev
+
+
+def fixed_by_hour(region: str, traffic: list[ConsumerTraffic], ctx: PlanContext) -> list[float]:
+    """One fleet's fixed costs per hour in `region` carrying `traffic` (one NLB, one endpoint set)."""
+    out = []
+    for h in range(24):
+        rates = [t.hourly_rps()[h] for t in traffic]
+        rps = sum(rates)
+        if rps > 0:
+            per = [ctx.fixed.gb_per_request(t.input_mean, t.output_mean) for t in traffic]
+            gb = (sum(r * g[0] for r, g in zip(rates, per)) / rps, sum(r * g[1] for r, g in zip(rates, per)) / rps)
+        else:
+            gb = (0.0, 0.0)
+        out.append(ctx.fixed.hourly(region, traffic[0].region, rps, gb))
+    return out
+
+
+def _per_m_output(day_cost: float, traffic: list[ConsumerTraffic]) -> float:
+    tokens = sum(sum(t.hourly_rps()) * 3600 * t.output_mean for t in traffic)
+    return day_cost / tokens * 1e6 if tokens else math.inf
+
+
+# ---------------------------------------------------------------- the search
+
+
+@dataclass
+class Alternative:
+    """A way to serve the region's models without packing them, priced on the same traffic."""
+
+    name: str  # "one model per pool" / "one model per fleet"
+    parts: list[PackingEval]  # one single-model evaluation per model
+    instance_cost_per_hour: float
+    fixed_cost_per_hour: float
+    usd_per_m_output: float
+
+    @property
+    def cost_per_hour(self) -> float:
+        return self.instance_cost_per_hour + self.fixed_cost_per_hour
+
+    @property
+    def estimated(self) -> bool:
+        return any(p.estimated for p in self.parts)
+
+
+@dataclass
+class RegionPacking:
+    region: str
+    traffic: list[ConsumerTraffic]  # one entry per model
+    evaluations: list[PackingEval]
+    ranked: list[PackingEval]
+    winner: PackingEval | None
+    alternatives: list[Alternative] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    def savings(self) -> list[str]:
+        """Where the choice's saving against each alternative comes from: instances, fixed costs."""
+        if self.winner is None:
+            return []
+        w = self.winner
+        w_inst = sum(w.instances_by_hour) * w.price_per_hour / 24
+        w_fixed = sum(w.fixed_by_hour) / 24
+        out = []
+        for alt in self.alternatives:
+            hours = sum(sum(p.instances_by_hour) for p in alt.parts)
+            total = alt.cost_per_hour - w.cost_per_hour
+            head = (f"vs {alt.name} (${alt.cost_per_hour:.2f}/h, ${alt.usd_per_m_output:.3f} per 1M output tokens"
+                    + (", estimated" if alt.estimated else "") + "): ")
+            if abs(total) < 0.005:
+                head += "the same cost"
+            elif total > 0:
+                head += f"the packing saves ${total:.2f}/h"
+            else:
+                head += f"the packing costs ${-total:.2f}/h more"
+            out.append(f"{head}; instances ${w_inst:.2f}/h vs ${alt.instance_cost_per_hour:.2f}/h "
+                       f"({w.instance_hours} vs {hours} instance-hours/day), fixed costs ${w_fixed:.2f}/h vs "
+                       f"${alt.fixed_cost_per_hour:.2f}/h (NLB, endpoints, LCUs: "
+                       f"{'one set' if alt.name == 'one model per pool' else f'{len(alt.parts)} sets'} vs one)")
+        return out
+
+
+@dataclass
+class PackingPlan:
+    traffic_name: str
+    models: tuple[str, ...]
+    regions: list[RegionPacking]
+    warnings: list[str] = field(default_factory=list)
+    data_notes: list[str] = field(default_factory=list)
+    max_copies: int = DEFAULT_MAX_COPIES
+
+    @property
+    def cost_per_hour(self) -> float:
+        return sum(r.winner.cost_per_hour for r in self.regions if r.winner)
+
+    def alternative_cost(self, name: str) -> float:
+        return sum(a.cost_per_hour for r in self.regions for a in r.alternatives if a.name == name)
+
+
+def _options(curves: list[ModelCurve], model: str, instance_type: str, cfg, family_of, kv_dtype: str,
+             lab: dict[str, str]) -> list[str]:
+    """Precisions with a solo or co-located curve of `model` on `instance_type` that the support matrix allows."""
+    instance = _instance(instance_type, lab)
+    out = []
+    for prec in sorted({c.precision for c in curves if c.model == model and c.instance_type == instance_type}):
+        backend = model_engine(cfg, model).backend.value
+        refusal = support.check(family_of(model), backend, prec, kv_dtype, instance.gpu.arch,
+                                support.instance_where(instance_type, instance.gpu.name, instance.gpu.arch))
+        if refusal is None:
+            out.append(prec)
+    return out
+
+
+def _curve_for(curves: list[ModelCurve], model: str, instance_type: str, precision: str,
+               key: tuple[tuple[str, int], ...]) -> tuple[ModelCurve | None, ModelCurve | None]:
+    """(co-located curve measured on exactly this packing with peers busy, best solo-like curve)."""
+    mine = [c for c in curves if c.model == model and c.instance_type == instance_type and c.precision == precision]
+    coloc = next((c for c in mine if c.colocated and c.packing == key), None)
+    solo = next((c for c in mine if c.packing is None), None) or next((c for c in mine if not c.colocated), None)
+    return coloc, solo
+
+
+def plan_packing(cfg, curves: list[ModelCurve], profile: TrafficProfile, ctx: PlanContext, *,
+                 max_copies: int = DEFAULT_MAX_COPIES, fleet_slo: Slo | None = None,
+                 lab: dict[str, str] | None = None) -> PackingPlan:
+    """Search every consumer region's packings; the choice per region, priced against not packing."""
+    fleet_slo = fleet_slo or ctx.slo
+    models = tuple(m.id for m in cfg.models)
+    families = {m.id: m.family.value for m in cfg.models}
+    kv_dtype = cfg.engine.kv_cache_dtype.value
+    regions: dict[str, list[ConsumerTraffic]] = {}
+    for entry in profile.consumers:
+        regions.setdefault(entry.region, []).append(entry)
+    out = []
+    cache: dict = {"lab": dict(lab or {})}
+    for region, entries in regions.items():
+        entries = sorted(entries, key=lambda t: models.index(t.model))
+        out.append(_plan_region(cfg, curves, region, entries, ctx, fleet_slo, max_copies, families, kv_dtype, cache))
+    return PackingPlan(profile.name, models, out, max_copies=max_copies)
+
+
+def _entitlement_notes(cfg, region: str, entries: list[ConsumerTraffic]) -> list[str]:
+    notes = []
+    callers = [c.name for c in cfg.consumers if c.region == region]
+    for t in entries:
+        allowed = [c for c in callers if t.model in cfg.models_for(c)]
+        if not allowed and sum(t.hourly_rps()) > 0:
+            notes.append(f"{region}: traffic for {t.model}, but no consumer in {region} may call it "
+                         f"(models[].consumers; consumers there: {', '.join(callers) or 'none'})")
+        elif callers:
+            notes.append(f"{region}: {t.model} is called by {', '.join(allowed)}")
+    return notes
+
+
+def _plan_region(cfg, curves, region, entries, ctx, fleet_slo, max_copies, families, kv_dtype, cache) -> RegionPacking:
+    notes = _entitlement_notes(cfg, region, entries)
+    types = sorted({c.instance_type for c in curves})
+    evaluations: list[PackingEval] = []
+    n_min = ctx.n_min(region)
+    for instance_type in types:
+        if not _offered(instance_type, region, ctx, cache["lab"]):
+            notes.append(f"{instance_type}: not offered or not priced in {region}")
+            continue
+        per_model = [[(p, c) for p in _options(curves, t.model, instance_type, cfg, families.get, kv_dtype, cache["lab"])
+                      for c in range(1, max_copies + 1)] for t in entries]
+        missing = [t.model for t, opts in zip(entries, per_model) if not opts]
+        if missing:
+            notes.append(f"{instance_type}: no curve (at a precision its GPU runs) for {', '.join(missing)}")
+            continue
+        tried = 0
+        for combo in itertools.product(*per_model):
+            tried += 1
+            if tried > MAX_PACKINGS:
+                notes.append(f"{instance_type}: stopped after {MAX_PACKINGS} packings (MAX_PACKINGS)")
+                break
+            ev = _evaluate(cfg, curves, instance_type, region, entries, combo, ctx, fleet_slo, n_min, cache)
+            if ev is not None:
+                evaluations.append(ev)
+    ranked = sorted((e for e in evaluations if e.feasible), key=PackingEval.rank_key)
+    winner = next((e for e in ranked if not e.estimated), ranked[0] if ranked else None)
+    if winner is not None and winner.estimated:
+        notes.append(f"no packing with measured curves meets every SLO: the choice {winner.label} is ESTIMATED "
+                     "(solo curves); measure it co-located (fleetcast bench run --model-mix) before deploying")
+    elif winner is not None:
+        cheaper = [e for e in ranked if e.estimated and e.rank_key() < winner.rank_key()]
+        if cheaper:
+            notes.append(f"{len(cheaper)} estimated packing(s) would cost less than the measured choice (best: "
+                         f"{cheaper[0].label} at ${cheaper[0].cost_per_hour:.2f}/h vs ${winner.cost_per_hour:.2f}/h, "
+                         f"{ESTIMATED}); not chosen: measure it co-located before choosing it")
+    plan = RegionPacking(region, entries, evaluations, ranked, winner, notes=notes)
+    plan.alternatives = _alternatives(cfg, curves, region, entries, ctx, fleet_slo, families, kv_dtype, cache)
+    return plan
+
+
+def _offered(instance_type: str, region: str, ctx: PlanContext, lab: dict[str, str]) -> bool:
+    """Offered (a lab machine is wherever its price says) and priced in `region`."""
+    if ctx.prices.price(instance_type, region) is None:
+        return False
+    return instance_type in lab.values() or ctx.availability.offered(instance_type, region)
+
+
+def _evaluate(cfg, curves, instance_type, region, entries, combo, ctx, fleet_slo, n_min, cache) -> PackingEval | None:
+    """One packing; None when it does not fit memory (not a candidate at all)."""
+    packing = tuple((t.model, p, c) for t, (p, c) in zip(entries, combo))
+    processes = sum(c for _, _, c in packing)
+    if processes > MAX_PROCESSES:
+        return None
+    memory = packing_memory(cfg, instance_type, packing, cache["lab"])
+    if memory is None or memory.fits is False:
+        return None
+    if memory.fits is None:
+        return None  # a model's size is unknown: the validator asks for parameters_b
+    kv = {p.model_id: p.kv_bytes for p in memory.processes}
+    if processes > 1 and any(b is not None and b < MIN_KV_GIB * GIB for b in kv.values()):
+        return None
+    key = tuple(sorted((m, c) for m, _, c in packing))
+    picked = []
+    for t, (model, prec, copies) in zip(entries, packing):
+        coloc, solo = _curve_for(curves, model, instance_type, prec, key)
+        picked.append((t, model, prec, copies, coloc, solo))
+    if any(coloc is None and solo is None for *_, coloc, solo in picked):
+        return None
+    def load_of(t, model, prec, copies, mc, curve, source) -> ModelLoad:
+        kv_b = kv.get(model)
+        return ModelLoad(model, prec, copies, source, curve, _slo_for(cfg, model, fleet_slo),
+                         _network_ms(curve, t.region, region, ctx), t,
+                         kv_gib=None if kv_b is None else kv_b / GIB, sources=mc.candidate.sources)
+
+    def as_measured(coloc, solo) -> bool:
+        return coloc is not None or (processes == 1 and solo.packing is None)
+
+    # What each process's curve is as measured (the co-located curve, else the solo one).
+    first = [load_of(t, m, p, c, coloc or solo, (coloc or solo).candidate.curve,
+                     _source_of(coloc or solo, processes)) for t, m, p, c, coloc, solo in picked]
+    if all(as_measured(coloc, solo) for *_, coloc, solo in picked):
+        return size_packing(PackingEval(instance_type, region, first, memory), ctx, n_min, cache)
+    # Interference rule: the peers' load comes from sizing the packing on the curves as measured (pass 1,
+    # which needs fewer instances than the stretched curves will, so it overstates the peers' load).
+    pre = size_packing(PackingEval(instance_type, region, first, memory), ctx, n_min, cache)
+    if not pre.feasible:
+        pre.loads = [replace(ld, source=ESTIMATED) if not as_measured(pk[4], pk[5]) else ld
+                     for ld, pk in zip(pre.loads, picked)]
+        return pre
+    adds = [peer_steps(ld, pre.instances_by_hour, cache) for ld in first]
+    loads = []
+    for i, (t, model, prec, copies, coloc, solo) in enumerate(picked):
+        if as_measured(coloc, solo):
+            loads.append(replace(first[i], processes_by_hour=[], predictions=[]))
+            continue
+        others = sum(a * ld.copies for a, ld in zip(adds, first)) - adds[i]  # every process but this one
+        key_est = ("est", id(solo), round(others, 3))
+        if key_est not in cache:
+            cache[key_est] = colocated_estimate(solo.candidate.curve, lambda _c, x=others: x)
+        loads.append(replace(load_of(t, model, prec, copies, solo, cache[key_est], ESTIMATED), peer_step_ms=others))
+    return size_packing(PackingEval(instance_type, region, loads, memory), ctx, n_min, cache)
+
+
+def _alternatives(cfg, curves, region, entries, ctx, fleet_slo, families, kv_dtype, cache) -> list[Alternative]:
+    """The same traffic without packing: each model on instances of its own (its best single-process choice)."""
+    parts = []
+    n_min = ctx.n_min(region)
+    for t in entries:
+        best = None
+        for instance_type in sorted({c.instance_type for c in curves}):
+            if not _offered(instance_type, region, ctx, cache["lab"]):
+                continue
+            for prec in _options(curves, t.model, instance_type, cfg, families.get, kv_dtype, cache["lab"]):
+                ev = _evaluate(cfg, curves, instance_type, region, [t], ((prec, 1),), ctx, fleet_slo, n_min, cache)
+                if ev is not None and ev.feasible and (best is None or (best.estimated, best.rank_key())
+                                                       > (ev.estimated, ev.rank_key())):
+                    best = ev
+        if best is None:
+            return []
+        parts.append(best)
+    instance_cost = sum(sum(p.instances_by_hour) * p.price_per_hour for p in parts) / 24
+    shared_fixed = sum(fixed_by_hour(region, entries, ctx)) / 24
+    own_fixed = sum(sum(p.fixed_by_hour) for p in parts) / 24
+    day_shared = (instance_cost + shared_fixed) * 24
+    day_own = (instance_cost + own_fixed) * 24
+    return [Alternative("one model per pool", parts, instance_cost, shared_fixed, _per_m_output(day_shared, entries)),
+            Alternative("one model per fleet", parts, instance_cost, own_fixed, _per_m_output(day_own, entries))]
+
+
+def expand_paths(paths: list[str]) -> list[str]:
+    out = []
+    for raw in paths:
+        p = Path(raw)
+        out += sorted(str(x) for x in p.glob("*.json")) if p.is_dir() else [raw]
+    return out

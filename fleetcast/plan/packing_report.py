@@ -1,0 +1,277 @@
+"""The packing plan's report: terminal text, plan.md, plan.html, plan.json and plots (docs/plan.md,
+"Reading the packing report"). Every figure says what backs it: measured (co-located or one process),
+synthetic, or estimated (solo curves)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from .packing import ESTIMATED, PackingEval, PackingPlan, RegionPacking
+from .report import Block, blocks_html, blocks_markdown
+
+TOP_OTHERS = 6  # other feasible packings listed per region
+
+
+def _gib(x: float | None) -> str:
+    return "-" if x is None else f"{x:.1f}"
+
+
+def _hourly_text(n: list[int]) -> str:
+    lo, hi = min(n), max(n)
+    return f"{lo}" if lo == hi else f"{lo}-{hi} (mean {sum(n) / len(n):.1f})"
+
+
+def model_rows(ev: PackingEval) -> tuple[list[str], list[list[str]]]:
+    header = ["model", "precision", "copies", "KV GiB each", "curve", "worst-minute P99 TTFT / SLO ms",
+              "P99 ITL / SLO ms", "processes needed (peak)"]
+    rows = []
+    for m in ev.loads:
+        worst = m.worst()
+        ttft = "-" if worst is None else f"{worst[0]:.0f} / {m.slo.ttft_p99_ms:g}"
+        itl = "-" if worst is None else f"{worst[1]:.1f} / {m.slo.itl_p99_ms:g}"
+        rows.append([m.model, m.precision, str(m.copies), _gib(m.kv_gib), m.source, ttft, itl,
+                     str(max(m.processes_by_hour, default=0))])
+    return header, rows
+
+
+def recommendation(plan: RegionPacking) -> str:
+    w = plan.winner
+    if w is None:
+        return f"{plan.region}: no packing serves every model within its SLO (see Ruled out)"
+    lo, desired, hi = w.capacity()
+    tag = " (ESTIMATED from solo curves: measure it co-located before deploying)" if w.estimated else \
+        f" ({w.source})"
+    return (f"{plan.region}: {w.label}{tag}: ${w.cost_per_hour:.2f}/h, ${w.usd_per_m_output:.3f} per 1M output tokens "
+            f"over every model, instances per hour {_hourly_text(w.instances_by_hour)} (capacity min {lo}, max {hi})")
+
+
+def _ruled_out(plan: RegionPacking) -> list[tuple[str, str]]:
+    """Infeasible packings, grouped by the first clause of their reason (one line each, with a count)."""
+    groups: dict[str, list[PackingEval]] = {}
+    for e in plan.evaluations:
+        if not e.feasible:
+            groups.setdefault(e.rejected.split(":")[0].split(",")[0], []).append(e)
+    out = []
+    for _reason, evs in sorted(groups.items(), key=lambda kv: -len(kv[1])):
+        first = evs[0]
+        out.append((f"{len(evs)} packing(s)", f"{first.rejected} (e.g. {first.label})"))
+    return out
+
+
+def blocks(result: PackingPlan, plots: dict[str, list[Path]] | None = None) -> list[Block]:
+    plots = plots or {}
+    out: list[Block] = [("h1", f"Fleetcast packing plan: {result.traffic_name}"),
+                        ("p", f"Models: {', '.join(result.models)}. Each consumer region is served from its own "
+                              "region by one pool whose instances each run the packing below (docs/plan.md, "
+                              "\"Several models: the packing search\").")]
+    if result.warnings:
+        out.append(("ul", [("warning", w) for w in result.warnings]))
+    out.append(("ul", [(None, n) for n in result.data_notes]))
+    for plan in result.regions:
+        out.append(("h2", plan.region))
+        out.append(("rec", recommendation(plan)))
+        w = plan.winner
+        if w is not None:
+            header, rows = model_rows(w)
+            out.append(("table", header, rows))
+            if w.memory is not None:
+                out.append(("p", f"GPU memory per instance: {w.memory.arithmetic()}."))
+            out.append(("h3", "Against not packing (same traffic, same SLOs)"))
+            out.append(("ul", [(None, s) for s in plan.savings()] or
+                        [(None, "no unpacked alternative meets every SLO with the curves given")]))
+        others = [e for e in plan.ranked if e is not w][:TOP_OTHERS]
+        if others:
+            out.append(("h3", f"Other packings (cheapest {len(others)} of {len(plan.ranked) - 1})"))
+            out.append(("table", ["packing", "curves", "$/h", "$ per 1M output", "instance-hours/day"],
+                        [[e.label, e.source, f"{e.cost_per_hour:.2f}", f"{e.usd_per_m_output:.3f}",
+                          str(e.instance_hours)] for e in others]))
+        ruled = _ruled_out(plan)
+        if ruled:
+            out.append(("h3", "Ruled out"))
+            out.append(("ul", ruled))
+        if plan.notes:
+            out.append(("h3", "Notes"))
+            out.append(("ul", [(None, n) for n in plan.notes]))
+        for path in plots.get(plan.region, []):
+            out.append(("img", path))
+    if len(result.regions) > 1:
+        out.append(("h2", "Fleet"))
+        out.append(("p", f"packed ${result.cost_per_hour:.2f}/h; one model per pool "
+                         f"${result.alternative_cost('one model per pool'):.2f}/h; one model per fleet "
+                         f"${result.alternative_cost('one model per fleet'):.2f}/h"))
+    out.append(("h2", "Reading this report"))
+    out.append(("ul", [
+        ("curve", "what a model's figures rest on: 'measured (co-located)' = bench results of exactly this packing "
+                  "with the other models busy; 'measured (one process)' = a solo curve, exact for a packing of one "
+                  f"process; '{ESTIMATED}' = solo curves stretched by the interference rule (docs/plan.md); "
+                  "'synthetic' = authored scenario data"),
+        ("worst-minute P99", "the planner's predicted P99 at the day's worst planned minute (busiest minute of the "
+                             "hour, the planned instances), network included for TTFT"),
+        ("one model per pool", "each model on instances of its own (its cheapest single-process choice), one NLB "
+                               "and endpoint set for the fleet; a what-if: the config's pools of one region all "
+                               "serve the same models, so it is not deployable as one fleet today"),
+        ("one model per fleet", "the same instances, each model a fleet of its own with its own NLB and endpoints"),
+    ]))
+    return out
+
+
+def render_terminal(result: PackingPlan) -> str:
+    lines = [f"packing plan: {result.traffic_name} ({', '.join(result.models)})"]
+    lines += [f"WARNING: {w}" for w in result.warnings]
+    lines += [f"data: {n}" for n in result.data_notes]
+    for plan in result.regions:
+        lines += ["", recommendation(plan)]
+        if plan.winner is not None:
+            header, rows = model_rows(plan.winner)
+            widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(header)]
+            lines.append("  " + "  ".join(h.ljust(widths[i]) for i, h in enumerate(header)))
+            lines += ["  " + "  ".join(c.ljust(widths[i]) for i, c in enumerate(r)) for r in rows]
+            lines += [f"  {s}" for s in plan.savings()]
+        lines += [f"  ruled out: {a}: {b}" for a, b in _ruled_out(plan)]
+        lines += [f"  note: {n}" for n in plan.notes]
+    return "\n".join(lines)
+
+
+def _ev_json(e: PackingEval) -> dict:
+    d = {"instance_type": e.instance_type, "region": e.region, "label": e.label, "source": e.source,
+         "rejected": e.rejected,
+         "packing": [{"model": m.model, "precision": m.precision, "copies": m.copies, "kv_cache_gib": m.kv_gib,
+                      "source": m.source, "sources": list(m.sources), "peer_step_ms": m.peer_step_ms}
+                     for m in e.loads]}
+    if e.feasible:
+        lo, desired, hi = e.capacity()
+        d.update(instances_by_hour=e.instances_by_hour, cost_per_hour=e.cost_per_hour,
+                 usd_per_m_output=e.usd_per_m_output, capacity={"min": lo, "desired": desired, "max": hi},
+                 fixed_per_hour=sum(e.fixed_by_hour) / 24, price_per_hour=e.price_per_hour)
+        for m, row in zip(e.loads, d["packing"]):
+            worst = m.worst()
+            row.update(processes_by_hour=m.processes_by_hour,
+                       worst_ttft_p99_ms=worst and worst[0], worst_itl_p99_ms=worst and worst[1],
+                       slo={"ttft_p99_ms": m.slo.ttft_p99_ms, "itl_p99_ms": m.slo.itl_p99_ms,
+                            "error_rate": m.slo.error_rate})
+    return d
+
+
+def to_json(result: PackingPlan) -> dict:
+    return {
+        "schema": "fleetcast.plan/v1", "kind": "packing", "traffic": result.traffic_name,
+        "models": list(result.models), "data": result.data_notes, "warnings": result.warnings,
+        "max_copies": result.max_copies,
+        "regions": [{
+            "consumer_region": p.region,
+            "winner": _ev_json(p.winner) if p.winner else None,
+            "alternatives": [{"name": a.name, "cost_per_hour": a.cost_per_hour, "usd_per_m_output": a.usd_per_m_output,
+                              "instance_cost_per_hour": a.instance_cost_per_hour,
+                              "fixed_cost_per_hour": a.fixed_cost_per_hour, "estimated": a.estimated,
+                              "parts": [_ev_json(x) for x in a.parts]} for a in p.alternatives],
+            "savings": p.savings(), "notes": p.notes,
+            "evaluations": [_ev_json(e) for e in p.ranked] + [_ev_json(e) for e in p.evaluations if not e.feasible],
+        } for p in result.regions],
+    }
+
+
+def write_plots(plan: RegionPacking, directory: Path) -> list[Path]:
+    """Two pictures per region: what the choice costs against not packing (and what its GPU holds), and the
+    instances over the day, packed against one model per pool."""
+    from .report import _matplotlib
+
+    plt = _matplotlib()
+    w = plan.winner
+    if w is None:
+        return []
+    paths = []
+    fig, (ax, mem) = plt.subplots(1, 2, figsize=(13, 4.2), gridspec_kw={"width_ratios": [1.4, 1]})
+    names = [f"packed\n{w.instance_type}\n[{w.source}]"]
+    inst = [sum(w.instances_by_hour) * w.price_per_hour / 24]
+    fixed = [sum(w.fixed_by_hour) / 24]
+    for alt in plan.alternatives:
+        types = ", ".join(sorted({p.instance_type for p in alt.parts}))
+        names.append(f"{alt.name}\n{types}\n[{'estimated' if alt.estimated else alt.parts[0].source}]")
+        inst.append(alt.instance_cost_per_hour)
+        fixed.append(alt.fixed_cost_per_hour)
+    y = list(range(len(names)))[::-1]
+    ax.barh(y, inst, color="#4477aa", label="instances")
+    ax.barh(y, fixed, left=inst, color="#cc8844", label="fixed (NLB, endpoints, LCUs)")
+    for yi, a, b in zip(y, inst, fixed):
+        ax.text(a + b, yi, f"  ${a + b:.2f}/h", va="center")
+    ax.set_yticks(y, names, fontsize=8)
+    ax.set_xlabel("USD per hour (mean over the day)")
+    ax.set_xlim(0, max(a + b for a, b in zip(inst, fixed)) * 1.3)
+    ax.set_title(f"{plan.region}: cost of the same traffic, packed or not")
+    ax.legend(loc="upper right", fontsize=8)
+    if w.memory is not None:
+        from fleetcast.config.memory import GIB
+        from fleetcast.contract.serving import PROCESS_OVERHEAD_BYTES
+
+        bottom = 0.0
+        colors = {"weights": "#4477aa", "overhead": "#999999", "KV": "#66aa55"}
+        seen = set()
+        for proc in w.memory.processes:
+            for i in range(proc.copies):
+                parts = [("weights", (proc.weights_bytes or 0) / GIB), ("overhead", PROCESS_OVERHEAD_BYTES / GIB),
+                         ("KV", (proc.kv_bytes or 0) / GIB)]
+                for kind, size in parts:
+                    mem.bar(0, size, bottom=bottom, color=colors[kind], edgecolor="white",
+                            label=kind if kind not in seen else None)
+                    seen.add(kind)
+                    bottom += size
+                mem.text(0.45, bottom - ((proc.weights_bytes or 0) / GIB + PROCESS_OVERHEAD_BYTES / GIB
+                                         + (proc.kv_bytes or 0) / GIB) / 2,
+                         f"{proc.model_id} {proc.precision}" + (f" #{i + 1}" if proc.copies > 1 else ""),
+                         va="center", fontsize=8)
+        mem.axhline(w.memory.usable_bytes / GIB, color="black", ls="--", lw=1)
+        mem.text(-0.4, w.memory.usable_bytes / GIB, " usable", va="bottom", fontsize=8)
+        mem.set_xlim(-0.5, 1.5)
+        mem.set_xticks([])
+        mem.set_ylabel("GiB")
+        mem.set_ylim(0, w.memory.gpu_bytes / GIB * 1.05)
+        mem.set_title(f"one {w.memory.gpu} ({w.memory.gpu_bytes / GIB:.0f} GiB): what each process holds", fontsize=10)
+        mem.legend(loc="upper right", fontsize=8)
+    fig.tight_layout()
+    path = directory / f"packing-{plan.region}.png"
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    paths.append(path)
+
+    fig, ax = plt.subplots(figsize=(11, 5))
+    hours = list(range(24))
+    ax.step(hours + [24], w.instances_by_hour + w.instances_by_hour[-1:], where="post", lw=6, alpha=0.35,
+            color="#4477aa", label=f"packed: {w.instance_type} [{w.source}] (what the pool runs)")
+    if plan.alternatives:
+        alt = plan.alternatives[0]
+        total = [sum(p.instances_by_hour[h] for p in alt.parts) for h in hours]
+        ax.step(hours + [24], total + total[-1:], where="post", lw=1.5, ls="--", color="#cc8844",
+                label="one model per pool: instances of every model's pool")
+    for i, m in enumerate(w.loads):
+        # A small offset per model keeps equal counts apart; the packed line is the maximum of these and the floor.
+        per = [n + 0.06 * (i - (len(w.loads) - 1) / 2) for n in m.instances_by_hour]
+        ax.step(hours + [24], per + per[-1:], where="post", lw=1.2, marker=".", markersize=4,
+                label=f"{m.model}: instances its processes need in the packing [{m.source}]")
+    ax.set_xlim(0, 24)
+    ax.set_xticks(range(0, 25, 3))
+    ax.set_xlabel("UTC hour")
+    ax.set_ylabel("instances")
+    ax.set_ylim(0, max([max(w.instances_by_hour)] + ([max(total)] if plan.alternatives else [])) * 1.25 + 0.5)
+    ax.set_title(f"{plan.region}: instances over the day (sized at each hour's busiest minute)")
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.15), ncol=2, fontsize=8)
+    fig.tight_layout()
+    path = directory / f"packing-day-{plan.region}.png"
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    paths.append(path)
+    return paths
+
+
+def write_report(result: PackingPlan, directory: str | Path) -> list[Path]:
+    d = Path(directory)
+    d.mkdir(parents=True, exist_ok=True)
+    plots = {p.region: write_plots(p, d) for p in result.regions}
+    md, page, js = d / "plan.md", d / "plan.html", d / "plan.json"
+    from fleetcast.config.edit import replace_files
+
+    page_blocks = blocks(result, plots)
+    replace_files([(md, blocks_markdown(page_blocks) + "\n"),
+                   (page, blocks_html(f"Fleetcast packing plan: {result.traffic_name}", page_blocks)),
+                   (js, json.dumps(to_json(result), indent=1) + "\n")])
+    return [md, page, js] + [p for ps in plots.values() for p in ps]
