@@ -56,6 +56,8 @@ class TestServerProcess:
                "--seed", str(timings.seed), "--fail-prob", str(timings.fail_prob)]
         if timings.max_output_tokens is not None:
             cmd += ["--max-output-tokens", str(timings.max_output_tokens)]
+        for model, ttft, itl in timings.models:
+            cmd += ["--serve-model", f"{model}={ttft}/{itl}"]
         if cpu is not None:
             cmd += ["--cpu", str(cpu)]
         if tls:

@@ -32,6 +32,22 @@ def register(sub: argparse._SubParsersAction) -> None:
     run.add_argument("--endpoint", required=True, help="base URL, e.g. http://127.0.0.1:8000")
     run.add_argument("--api", choices=("completions", "chat"), default="completions")
     run.add_argument("--model", help="model id to send (default: first id from GET /v1/models)")
+    mix = run.add_argument_group(
+        "several models at once (--model-mix; docs/bench.md, 'Several models through one endpoint')")
+    mix.add_argument("--model-mix", metavar="MODEL:SHARE,...",
+                     help="drive these models at once, each level split by the shares (summing to 1), e.g. "
+                          "gpt2-xl:0.7,qwen2.5-1.5b:0.3; writes one results file per model (OUT-MODEL.json)")
+    mix.add_argument("--model-input-tokens", action="append", default=[], metavar="MODEL=SPEC",
+                     help="a mix model's own --input-tokens (repeatable)")
+    mix.add_argument("--model-output-tokens", action="append", default=[], metavar="MODEL=SPEC",
+                     help="a mix model's own --output-tokens (repeatable)")
+    mix.add_argument("--model-tokenizer", action="append", default=[], metavar="MODEL=DIR",
+                     help="a mix model's own --tokenizer (repeatable)")
+    mix.add_argument("--pool", help="with --config: the pool whose instance served the mix; its serves (models, "
+                                    "copies, KV budgets) and instance type are recorded as the packing")
+    mix.add_argument("--packing", metavar="MODEL:COPIES[:KV_GIB],...",
+                     help="what shared the instance, when no --config/--pool says it, e.g. gpt2-xl:1:20,qwen2.5-1.5b:1 "
+                          "(instance type and GPU from --label)")
     load = run.add_argument_group("load (give exactly one)")
     load.add_argument("--concurrency", help="closed-loop sweep, e.g. 1,2,4,8,16,32,64")
     load.add_argument("--rate", help="open-loop request rates in req/s, e.g. 2,5,10")
@@ -195,14 +211,22 @@ def _run(args: argparse.Namespace) -> int:
         headers[name.strip()] = value.strip()
     if os.environ.get(Var.BENCH_API_KEY) and "Authorization" not in headers:
         headers["Authorization"] = f"Bearer {os.environ[Var.BENCH_API_KEY]}"
-    config_hash = None
+    config_hash, cfg = None, None
     if args.config:
         from fleetcast.config import load_config
 
-        config_hash = load_config(args.config).digest()
+        cfg = load_config(args.config)
+        config_hash = cfg.digest()
     out = Path(args.out)
     if not out.parent.is_dir():
         raise UserError(f"--out: directory {out.parent} does not exist")
+    if not args.model_mix:
+        given = [f for f, v in (("--model-input-tokens", args.model_input_tokens),
+                                ("--model-output-tokens", args.model_output_tokens),
+                                ("--model-tokenizer", args.model_tokenizer), ("--pool", args.pool),
+                                ("--packing", args.packing)) if v]
+        if given:
+            raise UserError(f"{', '.join(given)} only go with --model-mix")
     opts = BenchOptions(
         endpoint=args.endpoint, api=args.api, model=args.model,
         input_tokens=parse_distribution(args.input_tokens, "--input-tokens"),
@@ -216,6 +240,8 @@ def _run(args: argparse.Namespace) -> int:
         progress=args.progress or (sys.stderr.isatty() and not args.quiet),
     )
     log = (lambda m: None) if args.quiet else (lambda m: print(m, file=sys.stderr, flush=True))
+    if args.model_mix:
+        return _run_mix(args, opts, cfg, out, log)
     results = Bench(opts, log=log).run()
     dump_results(results, out)
     csv_path = out.with_suffix(".csv")
@@ -229,6 +255,72 @@ def _run(args: argparse.Namespace) -> int:
         log(f"warning: {len(saturated)} run(s) marked saturated: the client, not the server, may have set those figures")
     if results.interrupted:
         print(f"interrupted: {results.interrupted}; the finished level(s) are in {out}, marked interrupted",
+              file=sys.stderr)
+        return EXIT_INTERRUPTED
+    return 0
+
+
+def mix_out_path(out, model: str):
+    """Where a --model-mix run writes `model`'s results: --out's name with the model appended (r.json -> r-gpt2-xl.json)."""
+    return out.with_name(f"{out.stem}-{model}{out.suffix or '.json'}")
+
+
+def _run_mix(args: argparse.Namespace, opts, cfg, out, log) -> int:
+    """--model-mix: every model at once, one results file per model, one CSV and report for all (and the total)."""
+    from pathlib import Path
+
+    from fleetcast.bench.mix import (
+        FLAG,
+        MixBench,
+        check_mix_against,
+        mix_models,
+        packing_of_pool,
+        parse_model_mix,
+        parse_packing,
+        per_model_option,
+    )
+    from fleetcast.bench.report import write_csv, write_report
+    from fleetcast.bench.schema import dump_results
+
+    if args.model:
+        raise UserError(f"--model and {FLAG} exclude each other (the mix names every model it sends)")
+    if args.trace or args.mix:
+        raise UserError(f"{FLAG} takes --concurrency or --rate levels (a --trace or --mix has no per-model split)")
+    shares = parse_model_mix(args.model_mix)
+    mix = mix_models(shares, args.input_tokens, args.output_tokens,
+                     per_model_option(args.model_input_tokens, "--model-input-tokens", shares),
+                     per_model_option(args.model_output_tokens, "--model-output-tokens", shares),
+                     per_model_option(args.model_tokenizer, "--model-tokenizer", shares), args.tokenizer, cfg)
+    if args.pool and args.packing:
+        raise UserError("--pool and --packing exclude each other (the pool's serves are the packing)")
+    if args.pool:
+        if cfg is None:
+            raise UserError("--pool needs --config (the pool's serves are read from it)")
+        packing = packing_of_pool(cfg, args.pool)
+        check_mix_against(packing, shares, f"pool {args.pool}")
+        labels = opts.labels.model_copy(update={k: v for k, v in (("instance_type", packing.instance_type),
+                                                                   ("gpu", packing.gpu))
+                                                if v and getattr(opts.labels, k) is None})
+        opts.labels = labels
+    elif args.packing:
+        packing = parse_packing(args.packing, opts.labels.instance_type, opts.labels.gpu)
+        check_mix_against(packing, shares, "--packing")
+    else:
+        raise UserError(f"{FLAG} records what shared the instance: give --pool NAME (with --config) or --packing "
+                        "MODEL:COPIES[:KV_GIB],...")
+    paths = {m.model: mix_out_path(out, m.model) for m in mix}
+    results = MixBench(opts, mix, packing, args.model_mix, log=log).run()
+    for res in results:
+        dump_results(res, paths[res.labels.model])
+    csv_path = out.with_suffix(".csv")
+    write_csv(results, csv_path)
+    log(f"wrote {', '.join(str(p) for p in paths.values())} and {csv_path}")
+    if args.report:
+        log(f"wrote {write_report(results, Path(args.report))}")
+    if any(r.summary.saturated for res in results for r in res.runs):
+        log("warning: run(s) marked saturated: the client, not the server, may have set those figures")
+    if results[0].interrupted:
+        print(f"interrupted: {results[0].interrupted}; the finished level(s) are in {', '.join(map(str, paths.values()))}",
               file=sys.stderr)
         return EXIT_INTERRUPTED
     return 0

@@ -5,6 +5,9 @@ Several results files render together, one series each (e.g. two instance
 types or precisions); a series keeps its colour in every plot. Runs marked
 saturated get a red ring (under the markers, hiding no other series) and are
 flagged in the tables: their latencies describe the client, not the server.
+A `--model-mix` run's files (one per model) render each model as a series and
+the mix as a whole as one more ("total"), all against the mix's level (each
+model's own part of it is in its table).
 The load axis is the rates swept for a `--rate` sweep, else concurrency; the
 `--slo-*` values are drawn as lines and goodput gets its own plot. Throughput-latency plots draw markers only, each
 annotated with its concurrency: a line joining them in either concurrency or
@@ -28,9 +31,46 @@ _QS = ("p50", "p90", "p95", "p99")
 def series_name(res: Results) -> str:
     lab = res.labels
     modes = sorted({r.load.mode for r in res.runs} - {"concurrency"})
-    parts = [p for p in (lab.instance_type or lab.gpu, lab.precision, lab.backend if lab.backend != "unknown" else None,
+    # Co-located files differ by the model they hold: it leads their name.
+    model = lab.model if res.packing is not None or res.model_mix is not None else None
+    parts = [p for p in (model, lab.instance_type or lab.gpu, lab.precision,
+                         lab.backend if lab.backend != "unknown" else None,
                          lab.region, lab.path, lab.consumer, *modes) if p]
     return " / ".join(parts) or res.endpoint
+
+
+def total_name(res: Results) -> str:
+    """The name of a model-mix run's total series, e.g. 'mix total (gpt2-xl 0.7 + qwen2.5-1.5b 0.3)'."""
+    return "mix total (" + " + ".join(f"{m} {s:g}" for m, s in res.model_mix.shares.items()) + ")"
+
+
+def is_total(res: Results) -> bool:
+    return res.model_mix is not None and res.labels.model == total_name(res)
+
+
+def mix_key(res: Results) -> tuple[str, str] | None:
+    """Which model-mix run a file belongs to (its files share the mix and the start time); None: not a mix."""
+    return None if res.model_mix is None else (res.model_mix.spec, res.started_at.isoformat())
+
+
+def with_totals(results: list[Results]) -> list[Results]:
+    """`results` and, after the last file of each model-mix run, one more series: the mix as a whole at each
+    level (Run.total), named 'total of <mix>'. Only when every model's file of that run is there: a total beside
+    a partial set would read as the sum of the series shown."""
+    keys = [mix_key(r) for r in results]
+    out: list[Results] = []
+    for i, res in enumerate(results):
+        out.append(res)
+        key = keys[i]
+        if key is None or key in keys[i + 1:] or keys.count(key) < len(res.model_mix.shares):
+            continue
+        if not res.runs or not all(r.total for r in res.runs):
+            continue
+        out.append(res.model_copy(update={
+            "labels": res.labels.model_copy(update={"model": total_name(res)}),
+            "runs": [Run(load=r.total.load, lengths=r.lengths, summary=r.total.summary) for r in res.runs],
+            "request": None}))
+    return out
 
 
 def series_names(results: list[Results]) -> list[str]:
@@ -72,6 +112,7 @@ def shape_text(res: Results) -> str:
 
 def csv_rows(results: list[Results]) -> list[dict]:
     rows = []
+    results = with_totals(results)
     for res, name in zip(results, series_names(results)):
         for run in res.runs:
             s = run.summary
@@ -88,16 +129,19 @@ def csv_rows(results: list[Results]) -> list[dict]:
                 "saturation_reason": s.saturation_reason, "network_rtt_ms": s.network_rtt_ms,
                 "load_note": s.load_note, "provenance": res.provenance,
                 "packing": res.packing.text() if res.packing else None, "peers": run.peers_text() or None,
+                "model_mix": res.model_mix.spec if res.model_mix else None,
+                "mix_concurrency": run.total.load.concurrency if run.total else None,
+                "mix_rate_rps": run.total.load.rate_rps if run.total else None,
                 "errors_by_type": "; ".join(f"{k}={v}" for k, v in s.errors_by_type.items()),
             }
-            for name in _STATS:
-                st = getattr(s, name)
-                row[f"{name}_count"] = st.count
-                row[f"{name}_mean"] = st.mean
+            for stat in _STATS:
+                st = getattr(s, stat)
+                row[f"{stat}_count"] = st.count
+                row[f"{stat}_mean"] = st.mean
                 for q in _QS:
-                    row[f"{name}_{q}"] = getattr(st, q)
-                row[f"{name}_p99_ci_lo"] = st.p99_ci[0] if st.p99_ci else None
-                row[f"{name}_p99_ci_hi"] = st.p99_ci[1] if st.p99_ci else None
+                    row[f"{stat}_{q}"] = getattr(st, q)
+                row[f"{stat}_p99_ci_lo"] = st.p99_ci[0] if st.p99_ci else None
+                row[f"{stat}_p99_ci_hi"] = st.p99_ci[1] if st.p99_ci else None
             rows.append(row)
     return rows
 
@@ -116,32 +160,41 @@ def load_axis_kind(results: list[Results]) -> str:
     """What the load axis of the plots is: the rates swept when every run is an open-loop `--rate` run (so a reader
     reads off which rate broke the SLO), else concurrency: the levels of closed-loop runs, the measured mean
     concurrency of the others (trace and mix runs, or rate runs beside closed-loop files)."""
-    runs = [r for res in results for r in res.runs]
-    if runs and all(r.load.rate_rps for r in runs):
+    loads = [_level(r) for res in results for r in res.runs]
+    if loads and all(x.rate_rps for x in loads):
         return "rate"
-    return "concurrency" if all(r.load.concurrency for r in runs) else "mixed"
+    return "concurrency" if all(x.concurrency for x in loads) else "mixed"
+
+
+def _level(run: Run):
+    """The load a run is plotted at: a model-mix run's whole level (its own part is in its table)."""
+    return run.total.load if run.total is not None else run.load
 
 
 def load_x(run: Run, kind: str = "concurrency") -> float:
     """Where a run sits on the load axis of `kind` (load_axis_kind): its offered rate, its concurrency, else the
     measured mean concurrency."""
-    if kind == "rate" and run.load.rate_rps:
-        return float(run.load.rate_rps)
-    return float(run.load.concurrency) if run.load.concurrency else run.summary.mean_concurrency
+    load = _level(run)
+    if kind == "rate" and load.rate_rps:
+        return float(load.rate_rps)
+    if load.concurrency:
+        return float(load.concurrency)
+    return run.total.summary.mean_concurrency if run.total is not None else run.summary.mean_concurrency
 
 
 _AXIS_LABEL = {"rate": "offered rate (requests/s, the --rate values swept)", "concurrency": "concurrency",
                "mixed": "concurrency (mean concurrency for rate, trace and mix runs)"}
+_MIX_AXIS = " of the whole model mix (each model gets its share)"
 
 
-def _load_axis(ax, kind: str, levels: list[float], xs: list[float]) -> None:
+def _load_axis(ax, kind: str, levels: list[float], xs: list[float], mix: bool = False) -> None:
     """The rates swept on a linear axis ticked at each rate; otherwise a log-2 load axis whose ticks read as numbers
     (1, 2, 4, 8), not 2^0..2^3: the swept concurrency levels, else the powers of two the measured loads span."""
     import math
 
     from matplotlib.ticker import FixedLocator, FuncFormatter, NullLocator
 
-    ax.set_xlabel(_AXIS_LABEL[kind])
+    ax.set_xlabel(_AXIS_LABEL[kind] + (_MIX_AXIS if mix else ""))
     if kind == "rate":
         ax.set_xticks(sorted(set(levels)))
         ax.set_xlim(0, max(levels) * 1.08)
@@ -199,10 +252,11 @@ def _legend_below(fig, axes, extra: list | None = None) -> None:
 
 
 def _run_tag(run: Run, kind: str) -> str:
-    if run.load.concurrency:
-        return f"c={run.load.concurrency}"
-    if run.load.rate_rps:
-        return f"r={run.load.rate_rps:g}"
+    load = _level(run)
+    if load.concurrency:
+        return f"c={load.concurrency}"
+    if load.rate_rps:
+        return f"r={load.rate_rps:g}"
     return f"~{run.summary.mean_concurrency:.1f}"
 
 
@@ -215,13 +269,17 @@ def _plots(results: list[Results], out: Path) -> list[Path]:
 
     names = series_names(results)
     # One colour per series, the same in every figure; line style tells the percentile.
-    colours = [f"C{i % 10}" for i in range(len(results))]
+    # A mix total is black: it is the sum of the coloured model series beside it, not another candidate.
+    colours, i = [], 0
+    for res in results:
+        colours.append("k" if is_total(res) else f"C{i % 10}")
+        i += not is_total(res)
     kind = load_axis_kind(results)
     styles = (("p50", "-o"), ("p95", "--s"), ("p99", ":^"))
     paths = []
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.8))
     all_x: list[float] = []
-    levels = [load_x(r, kind) for res in results for r in res.runs if kind == "rate" or r.load.concurrency]
+    levels = [load_x(r, kind) for res in results for r in res.runs if kind == "rate" or _level(r).concurrency]
     for res, name, colour in zip(results, names, colours):
         runs = sorted(res.runs, key=lambda r: load_x(r, kind))
         xs = [load_x(r, kind) for r in runs]
@@ -237,7 +295,7 @@ def _plots(results: list[Results], out: Path) -> list[Path]:
         _slo_lines(ax, results, field)
         ax.set_title(f"{title} percentiles vs {'offered rate' if kind == 'rate' else 'load'}")
         ax.set_ylabel(f"{title} (ms)")
-        _load_axis(ax, kind, levels, all_x)
+        _load_axis(ax, kind, levels, all_x, any(r.model_mix for r in results))
         ax.grid(True, alpha=0.3)
     fig.tight_layout()
     _legend_below(fig, axes)
@@ -264,7 +322,9 @@ def _plots(results: list[Results], out: Path) -> list[Path]:
         _slo_lines(ax, results, metric)
         ax.set_xlabel("output throughput (tokens/s)")
         ax.set_ylabel(f"{what} {q} (ms)")
-        ax.set_title(f"throughput vs {what} {q} (one marker per run; c = concurrency, r = rate)", fontsize=10)
+        mixed_in = " of the mix" if any(r.model_mix for r in results) else ""
+        ax.set_title(f"throughput vs {what} {q} (one marker per run; c = concurrency{mixed_in}, r = rate{mixed_in})",
+                     fontsize=10)
         ax.grid(True, alpha=0.3)
     fig.tight_layout()
     _legend_below(fig, axes)
@@ -295,7 +355,7 @@ def _plots(results: list[Results], out: Path) -> list[Path]:
                      f"{'offered rate' if kind == 'rate' else 'load'}", fontsize=10)
         ax.set_ylabel("requests/s")
         ax.set_ylim(bottom=0)
-        _load_axis(ax, kind, levels, all_x)
+        _load_axis(ax, kind, levels, all_x, any(r.model_mix for r in results))
         ax.grid(True, alpha=0.3)
         fig.tight_layout()
         styles_key = [(Line2D([], [], color="0.3", linestyle="-", marker="o"), "solid: goodput"),
@@ -307,6 +367,11 @@ def _plots(results: list[Results], out: Path) -> list[Path]:
         plt.close(fig)
         paths.append(p)
     return paths
+
+
+def _load_cell(load) -> str:
+    return (f"c={load.concurrency}" if load.concurrency else
+            f"{load.rate_rps:g} rps {load.arrival}" if load.rate_rps else load.mode)
 
 
 def _fmt(v) -> str:
@@ -324,11 +389,15 @@ def write_report(results: list[Results], out: Path, allow_mixed: bool = False,
     from fleetcast.contract.errors import UserError
 
     mixed = mixed_shapes(list(zip(names or series_names(results), results)))
+    one_mix = len({mix_key(r) for r in results}) == 1 and mix_key(results[0]) is not None
+    if mixed and one_mix:
+        mixed = None  # one model-mix run: each model has its own shape by design (each series' header says which)
     if mixed and not allow_mixed:
         raise UserError(f"the results have different request shapes, so their latencies are not comparable ({mixed}); "
                         "compare runs of one shape, or pass --allow-mixed to put them side by side anyway")
     out.mkdir(parents=True, exist_ok=True)
     write_csv(results, out / "summary.csv")
+    results = with_totals(results)
     images = _plots(results, out)
     parts = ["<!doctype html><html><head><meta charset='utf-8'><title>fleetcast bench report</title>",
              "<style>body{font-family:sans-serif;margin:2em}table{border-collapse:collapse;font-size:13px}"
@@ -346,16 +415,21 @@ def write_report(results: list[Results], out: Path, allow_mixed: bool = False,
                      f"({res.api}), {res.started_at:%Y-%m-%d %H:%M:%S} UTC, client {html.escape(res.client.host)} "
                      f"({res.client.cpus} CPUs), seed {res.seed}</p><ul>"
                      f"<li>labels: {html.escape(labels_text(res)) or 'none'}</li>"
-                     f"<li>request shape: {html.escape(shape_text(res))}</li>"
+                     f"<li>request shape: {html.escape(shape_text(res) if res.model_mix is None or res.request else 'each model its own (the models above)')}</li>"
                      f"<li>SLOs (goodput): {html.escape(slo_text(res))}</li>"
-                     f"<li>sharing the instance (packing): {html.escape(packing_text(res))}</li></ul>")
+                     f"<li>sharing the instance (packing): {html.escape(packing_text(res))}</li>"
+                     + (f"<li>model mix: {html.escape(res.model_mix.spec)}"
+                        + (" (every model's requests together)" if res.request is None else
+                           "; load below: this model's part of each level (the mix's level in brackets)")
+                        + "</li>" if res.model_mix else "") + "</ul>")
         head = ["load", "ok/req", "TTFT p50", "TTFT p90", "TTFT p99 [95% CI]", "ITL p50", "ITL p99", "E2E p99",
                 "out tok/s", "req/s", "goodput/s", "errors", "note"]
         parts.append("<table><tr>" + "".join(f"<th>{h}</th>" for h in head) + "</tr>")
         for run in res.runs:
             s = run.summary
-            load = (f"c={run.load.concurrency}" if run.load.concurrency else
-                    f"{run.load.rate_rps:g} rps {run.load.arrival}" if run.load.rate_rps else run.load.mode)
+            load = _load_cell(run.load)
+            if run.total is not None:
+                load += f" [{_load_cell(run.total.load)}]"
             ci = f" [{_fmt(s.ttft_ms.p99_ci[0])}, {_fmt(s.ttft_ms.p99_ci[1])}]" if s.ttft_ms.p99_ci else ""
             note = "; ".join(x for x in (run.peers and "peers: " + run.peers_text(),
                                          s.saturation_reason and "SATURATED: " + s.saturation_reason,

@@ -223,24 +223,39 @@ class Bench:
     async def _discover(self) -> None:
         """Model id and prompt calibration, through plain blocking HTTP in a thread:
         untimed, and it keeps the client free of extra HTTP libraries."""
-        base = self.ep.url.rstrip("/").removesuffix("/v1")
         if self.model is None:
-            try:
-                status, body = await asyncio.to_thread(http_json, "GET", f"{base}/v1/models", None, self._headers,
-                                                    60.0, self.opts.ca_bundle)
-                self.model = body["data"][0]["id"]
-            except OSError as exc:
-                raise UserError(f"--endpoint {self.ep.url}: cannot connect ({exc})") from None
-            except (ValueError, KeyError, IndexError, TypeError):
-                raise UserError(f"--endpoint {self.ep.url}: GET /v1/models gave no model id; pass --model") from None
-        if self.opts.tokenizer_dir:
-            self.prompts = PromptFactory(tokenizer_dir=self.opts.tokenizer_dir)
-            return
+            models = await self._served_models()
+            if not models:
+                raise UserError(f"--endpoint {self.ep.url}: GET /v1/models gave no model id; pass --model")
+            self.model = models[0]
+        self.prompts = await self._calibrate(self.model, self.opts.tokenizer_dir)
+
+    @property
+    def _base(self) -> str:
+        return self.ep.url.rstrip("/").removesuffix("/v1")
+
+    async def _served_models(self) -> list[str]:
+        """The ids GET /v1/models lists (through a gateway: the ones this caller may use); [] when it lists none."""
+        try:
+            status, body = await asyncio.to_thread(http_json, "GET", f"{self._base}/v1/models", None, self._headers,
+                                                60.0, self.opts.ca_bundle)
+            return [m["id"] for m in body["data"]]
+        except OSError as exc:
+            raise UserError(f"--endpoint {self.ep.url}: cannot connect ({exc})") from None
+        except (ValueError, KeyError, IndexError, TypeError):
+            return []
+
+    async def _calibrate(self, model: str, tokenizer_dir: str | None) -> PromptFactory:
+        """Prompts of the asked token lengths for `model`: exact with its tokenizer, else calibrated from the
+        server's reported prompt_tokens."""
+        base = self._base
+        if tokenizer_dir:
+            return PromptFactory(tokenizer_dir=tokenizer_dir)
         samples = []
         probe = PromptFactory()
         # Small probes: short-context models (max_seq_len 256) must accept them.
         for words in (4, 16):
-            body = self._body(probe.prompt(words, random.Random(words)), 1)
+            body = self._body(probe.prompt(words, random.Random(words)), 1, model)
             body.pop("stream_options", None)
             body["stream"] = False
             try:
@@ -249,15 +264,15 @@ class Bench:
             except OSError as exc:
                 raise UserError(f"--endpoint {self.ep.url}: cannot connect ({exc})") from None
             if status != 200 or not isinstance(data, dict):
-                self.log(f"prompt calibration: {self.path} answered {status}: {str(data)[:160]}; "
-                         "assuming 1 token per word (pass --tokenizer DIR for exact prompts)")
+                self.log(f"prompt calibration of {model}: {self.path} answered {status}: {str(data)[:160]}; "
+                         "assuming 1 token per word (pass a tokenizer for exact prompts)")
                 samples = []
                 break
             samples.append((words, (data.get("usage") or {}).get("prompt_tokens")))
-        self.prompts = PromptFactory(calibration=calibrate_from_usage(samples))
+        return PromptFactory(calibration=calibrate_from_usage(samples))
 
-    def _body(self, prompt: str, max_tokens: int) -> dict:
-        body: dict = {"model": self.model, "max_tokens": max_tokens, "stream": True,
+    def _body(self, prompt: str, max_tokens: int, model: str | None = None) -> dict:
+        body: dict = {"model": model or self.model, "max_tokens": max_tokens, "stream": True,
                       "stream_options": {"include_usage": True}}
         if self.opts.api == "chat":
             body["messages"] = [{"role": "user", "content": prompt}]
@@ -279,8 +294,11 @@ class Bench:
     # -- load generators
     async def _closed_loop(self, pool: ConnectionPool, concurrency: int, count: int | None,
                            deadline: float | None, sink: list[Sent], counter: list[int],
-                           shape: Callable[[], tuple[int, int]] | None = None) -> None:
+                           shape: Callable[[], tuple[int, int]] | None = None,
+                           build: Callable[[int, int], bytes] | None = None) -> None:
+        """`counter` may be shared by several loops (a model mix): together they stop at `count` requests."""
         shape = shape or self._shape
+        build = build or self._request
 
         async def worker() -> None:
             ready = None
@@ -291,7 +309,7 @@ class Bench:
                     return
                 counter[0] += 1
                 n_in, n_out = shape()
-                request = self._request(n_in, n_out)
+                request = build(n_in, n_out)
                 raw = await send_request(pool, request, self.opts.timeout_s)
                 sink.append(Sent(raw, n_in, n_out, ready=ready, concurrency=concurrency))
                 ready = raw.t_done
@@ -299,8 +317,9 @@ class Bench:
         await asyncio.gather(*(worker() for _ in range(concurrency)))
 
     async def _open_loop(self, pool: ConnectionPool, plan: list[tuple[float, int, int]], sink: list[Sent],
-                         deadline: float | None) -> None:
+                         deadline: float | None, build: Callable[[int, int], bytes] | None = None) -> None:
         """plan: (offset_s, input_tokens, output_tokens), sorted by offset."""
+        build = build or self._request
         gate = asyncio.Semaphore(self.opts.max_inflight)
         tasks = []
 
@@ -311,7 +330,7 @@ class Bench:
 
         t0 = _clock()
         for offset, n_in, n_out in plan:
-            request = self._request(n_in, n_out)
+            request = build(n_in, n_out)
             planned = t0 + offset
             if deadline is not None and planned >= deadline:
                 break
@@ -321,12 +340,15 @@ class Bench:
             tasks.append(asyncio.create_task(one(planned, n_in, n_out, request)))
         await asyncio.gather(*tasks)
 
-    def _rate_plan(self, level: Level, count: int) -> list[tuple[float, int, int]]:
+    def _rate_plan(self, level: Level, count: int, shape: Callable[[], tuple[int, int]] | None = None,
+                   rate_rps: float | None = None) -> list[tuple[float, int, int]]:
+        shape = shape or self._shape
+        rate = rate_rps or level.rate_rps
         t, plan = 0.0, []
         for _ in range(count):
-            n_in, n_out = self._shape()
+            n_in, n_out = shape()
             plan.append((t, n_in, n_out))
-            t += self.rng.expovariate(level.rate_rps) if level.arrival == "poisson" else 1.0 / level.rate_rps
+            t += self.rng.expovariate(rate) if level.arrival == "poisson" else 1.0 / rate
         return plan
 
     def _mix_phases(self, level: Level, total: int) -> list[tuple[int, int]]:

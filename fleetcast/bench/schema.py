@@ -7,7 +7,8 @@ still reads a newer results file. Anything else needs "fleetcast.bench/v2".
 Each addition bumps `revision` (absent = 1), so a reader can tell "this file
 predates the field" from "the field was empty": revision 2 added `provenance`,
 `slo`, `request`, `Summary.load_note`, `Summary.error_messages` and
-`Record.error_detail`; revision 3 added `packing` and `Run.peers`.
+`Record.error_detail`; revision 3 added `packing` and `Run.peers`; revision 4
+added `model_mix` and `Run.total`.
 
 Co-location (revision 3). `packing` says what shared the GPU/instance while the
 file's runs were measured: the models, each one's copies and KV budget per copy
@@ -21,6 +22,14 @@ client measured it; in rate mode too), 0 for a peer that was loaded and idle.
 `Run.peers` null: not recorded. `fleetcast bench run --model-mix` writes such
 files (one per model of the mix, each run's peers the other models' shares of
 the same level); bench/data/h200-colocate-*-{alone,together}.json are such files.
+
+Model mix (revision 4). A `--model-mix` run drives several models through one
+endpoint at once and writes one file per model; each carries `model_mix` (the
+mix as given and each model's share) and, per run, `total`: the load of the
+whole mix at that level and the summary over every model's requests. A model's
+own `load` is its part of the level: in concurrency mode its closed-loop workers
+(the level split by the shares), in rate mode its arrival rate (the rate times
+its share).
 
 Latency values are milliseconds, throughputs per second of wall time, times in
 `start_s` are seconds since the run's first request was sent. A `Stat` with
@@ -39,7 +48,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 SCHEMA_ID = "fleetcast.bench/v1"
 # The additions within v1 this code writes (see the module docstring).
-SCHEMA_REVISION = 3
+SCHEMA_REVISION = 4
 # A server's error text kept per failed request: enough for the reason, bounded so a
 # runaway body (an HTML error page, a stack trace) cannot bloat the file.
 ERROR_DETAIL_MAX_CHARS = 300
@@ -242,6 +251,20 @@ class Packing(_Model):
         return ", ".join(parts) + (f" on {where}" if where else "")
 
 
+class MixTotal(_Model):
+    """A model-mix run's level as a whole: every model's requests together (revision 4)."""
+
+    load: Load = Field(description="the level of the whole mix (all models' workers, or the total rate)")
+    summary: Summary
+
+
+class ModelMix(_Model):
+    """The `--model-mix` a file's runs were part of (revision 4)."""
+
+    spec: str = Field(description="--model-mix as given, e.g. 'gpt2-xl:0.7,qwen2.5-1.5b:0.3'")
+    shares: dict[str, float] = Field(description="{model: share of the load}, summing to 1")
+
+
 class Run(_Model):
     load: Load
     lengths: Lengths
@@ -250,6 +273,9 @@ class Run(_Model):
     # Revision 3: the packing's other models' mean concurrency during this run (module docstring).
     peers: dict[str, float] | None = Field(
         None, description="{peer model: mean concurrency during this run}; 0: loaded and idle; null: not recorded")
+
+    # Revision 4: the whole mix at this level (model-mix runs only).
+    total: MixTotal | None = None
 
     def peers_text(self) -> str:
         """'gpt2-medium at 16.0 in flight' / 'gpt2-medium idle'; '' when not recorded."""
@@ -279,6 +305,8 @@ class Results(_Model):
         "that finished; this says which level was cut and which never ran")
     # Revision 3: what shared the instance while these runs were measured (module docstring).
     packing: Packing | None = None
+    # Revision 4: the model mix these runs were part of (module docstring).
+    model_mix: ModelMix | None = None
 
     @model_validator(mode="after")
     def _packing_names_this_model(self) -> Results:
@@ -296,6 +324,11 @@ class Results(_Model):
             if unknown:
                 raise ValueError(f"runs[{i}].peers names {', '.join(unknown)}, not a peer in packing.serves "
                                  f"(peers: {', '.join(sorted(peers)) or 'none'})")
+        if self.model_mix is not None:
+            outside = sorted(set(self.model_mix.shares) - set(models))
+            if outside:
+                raise ValueError(f"model_mix names {', '.join(outside)}, not in packing.serves ({', '.join(models)}): "
+                                 "every model a mix drove shared the instance")
         return self
 
     def request_shape(self) -> RequestShape | None:

@@ -10,6 +10,10 @@ of the request (SO_TIMESTAMPNS, so a server slow to wake does not shorten it)
 to the moment the first content token is written (stamped just before the
 write call); a client adds one loopback hop (tens of microseconds) on top.
 
+Several models (`--serve-model ID[=TTFT_MS/ITL_MS]`, repeatable): GET /v1/models lists them, each
+answers with its own timings, and any other `model` gets the gateway's 404 model_not_found (as
+OpenAI words it); without them the server answers every `model` as fleetcast-testserver.
+
 Tokens are whitespace-separated words: prompt_tokens is the prompt's word count,
 and every streamed chunk carries exactly one token, so a client's token counts
 and the server's agree. It speaks HTTP/1.1 with keep-alive and chunked SSE on
@@ -51,6 +55,8 @@ class Timings:
     # (tensorrt_llm/serve/openai_protocol.py ErrorResponse: message at the top level), to
     # exercise keeping the server's error text. None: no limit.
     max_output_tokens: int | None = None
+    # Models served, each with its own (ttft_ms, itl_ms); empty: one model (MODEL_ID) answering any `model`.
+    models: tuple[tuple[str, float, float], ...] = ()
 
 
 @dataclass
@@ -58,11 +64,12 @@ class TruthRecord:
     arrival: float
     prompt_tokens: int
     stream: bool = True
+    model: str = MODEL_ID
     emits: list[float] = field(default_factory=list)
 
     def summary(self) -> dict:
         out = {"prompt_tokens": self.prompt_tokens, "output_tokens": len(self.emits), "arrival": self.arrival,
-               "stream": self.stream}
+               "stream": self.stream, "model": self.model}
         if self.emits:
             ttft = (self.emits[0] - self.arrival) * 1000.0
             e2e = (self.emits[-1] - self.arrival) * 1000.0
@@ -78,14 +85,19 @@ class TestServerState:
         self.rng = random.Random(timings.seed)
         self.truth: list[TruthRecord] = []
         self.active = 0
+        self.by_model = {m: (ttft, itl) for m, ttft, itl in timings.models}
 
-    def ttft_s(self) -> float:
-        t = self.timings
-        return max(0.0, t.ttft_ms + self.rng.uniform(0, t.ttft_jitter_ms)) / 1000.0
+    def model_ids(self) -> list[str]:
+        return list(self.by_model) or [MODEL_ID]
 
-    def gap_s(self) -> float:
+    def ttft_s(self, model: str = MODEL_ID) -> float:
         t = self.timings
-        gap = t.itl_ms + self.rng.uniform(-t.itl_jitter_ms, t.itl_jitter_ms)
+        base = self.by_model.get(model, (t.ttft_ms, t.itl_ms))[0]
+        return max(0.0, base + self.rng.uniform(0, t.ttft_jitter_ms)) / 1000.0
+
+    def gap_s(self, model: str = MODEL_ID) -> float:
+        t = self.timings
+        gap = self.by_model.get(model, (t.ttft_ms, t.itl_ms))[1] + self.rng.uniform(-t.itl_jitter_ms, t.itl_jitter_ms)
         if t.spike_prob and self.rng.random() < t.spike_prob:
             gap += t.spike_ms
         return max(0.0, gap) / 1000.0
@@ -161,7 +173,8 @@ class _Http(asyncio.Protocol):
             if method == "GET" and path in ("/health", "/v1/health"):
                 self._respond(200, {"status": "ok"})
             elif method == "GET" and path == "/v1/models":
-                self._respond(200, {"object": "list", "data": [{"id": MODEL_ID, "object": "model", "owned_by": "fleetcast"}]})
+                self._respond(200, {"object": "list", "data": [{"id": m, "object": "model", "owned_by": "fleetcast"}
+                                                               for m in self.state.model_ids()]})
             elif method == "GET" and path == "/_truth":
                 self._respond(200, [r.summary() for r in self.state.truth])
             elif method == "POST" and path == "/_truth/reset":
@@ -190,6 +203,13 @@ class _Http(asyncio.Protocol):
             self._respond(400, {"error": {"message": f"bad request body: {exc}"}})
             return
         state = self.state
+        model = req.get("model") if state.by_model else MODEL_ID
+        if model not in state.model_ids():
+            # The gateway's answer (runtime/gateway/admission.py model_not_found).
+            self._respond(404, {"error": {"message": f"The model `{str(model)[:256]}` does not exist or you do not "
+                                                     "have access to it.", "type": "invalid_request_error",
+                                          "param": None, "code": "model_not_found"}})
+            return
         limit = state.timings.max_output_tokens
         if limit is not None and n_out > limit:
             self._respond(400, {"object": "error", "type": "BadRequestError", "param": None, "code": 400,
@@ -198,20 +218,21 @@ class _Http(asyncio.Protocol):
         if req.get("stream") and state.timings.fail_prob and state.rng.random() < state.timings.fail_prob:
             self._respond(500, {"error": {"message": "injected failure", "type": "InternalServerError"}})
             return
-        record = TruthRecord(arrival=arrival, prompt_tokens=len(prompt.split()), stream=bool(req.get("stream")))
+        record = TruthRecord(arrival=arrival, prompt_tokens=len(prompt.split()), stream=bool(req.get("stream")),
+                             model=model)
         state.truth.append(record)
         state.active += 1
         try:
             if req.get("stream"):
                 await self._stream(chat, req, n_out, record)
             else:
-                await asyncio.sleep(state.ttft_s() + sum(state.gap_s() for _ in range(n_out - 1)))
+                await asyncio.sleep(state.ttft_s(model) + sum(state.gap_s(model) for _ in range(n_out - 1)))
                 record.emits = [_clock()] * n_out
                 text = "".join(" " + _WORDS[i % len(_WORDS)] for i in range(n_out))
                 choice = {"index": 0, "finish_reason": "length"}
                 choice.update({"message": {"role": "assistant", "content": text}} if chat else {"text": text})
                 self._respond(200, {
-                    "id": "cmpl-test", "object": "chat.completion" if chat else "text_completion", "model": MODEL_ID,
+                    "id": "cmpl-test", "object": "chat.completion" if chat else "text_completion", "model": model,
                     "choices": [choice],
                     "usage": {"prompt_tokens": record.prompt_tokens, "completion_tokens": n_out,
                               "total_tokens": record.prompt_tokens + n_out},
@@ -221,14 +242,15 @@ class _Http(asyncio.Protocol):
 
     async def _stream(self, chat: bool, req: dict, n_out: int, record: TruthRecord) -> None:
         state = self.state
+        model = record.model
         write = self.transport.write
         write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nCache-Control: no-cache\r\n"
               b"Transfer-Encoding: chunked\r\n\r\n")
         kind = "chat.completion.chunk" if chat else "text_completion"
         if chat:  # role first, empty content: clients must not count it as the first token
-            write(_chunk(_sse({"id": "c", "object": kind, "model": MODEL_ID,
+            write(_chunk(_sse({"id": "c", "object": kind, "model": model,
                                "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}]})))
-        delay = state.ttft_s()
+        delay = state.ttft_s(model)
         for i in range(n_out):
             await asyncio.sleep(delay)
             if self.transport is None:
@@ -237,15 +259,15 @@ class _Http(asyncio.Protocol):
             last = i == n_out - 1
             choice = {"index": 0, "finish_reason": "length" if last else None}
             choice.update({"delta": {"content": word}} if chat else {"text": word})
-            frame = _chunk(_sse({"id": "c", "object": kind, "model": MODEL_ID, "choices": [choice]}))
+            frame = _chunk(_sse({"id": "c", "object": kind, "model": model, "choices": [choice]}))
             # Stamped just before the write: on loopback the kernel hands the bytes to the
             # client inside this call, so a correct client can never report an earlier time.
             record.emits.append(_clock())
             write(frame)
-            delay = state.gap_s()
+            delay = state.gap_s(model)
         tail = b""
         if (req.get("stream_options") or {}).get("include_usage"):
-            tail += _sse({"id": "c", "object": kind, "model": MODEL_ID, "choices": [],
+            tail += _sse({"id": "c", "object": kind, "model": model, "choices": [],
                           "usage": {"prompt_tokens": record.prompt_tokens, "completion_tokens": n_out,
                                     "total_tokens": record.prompt_tokens + n_out}})
         tail += b"data: [DONE]\n\n"
@@ -278,6 +300,17 @@ async def serve(host: str, port: int, timings: Timings, ready: asyncio.Event | N
         lsock.close()
 
 
+def _served_model(spec: str, ttft_ms: float, itl_ms: float, parser: argparse.ArgumentParser) -> tuple[str, float, float]:
+    model, sep, times = spec.partition("=")
+    if not sep:
+        return model, ttft_ms, itl_ms
+    try:
+        ttft, itl = (float(x) for x in times.split("/"))
+    except ValueError:
+        parser.error(f"--serve-model {spec!r}: use ID or ID=TTFT_MS/ITL_MS")
+    return model, ttft, itl
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m fleetcast.bench.testserver", description=__doc__.split("\n\n")[0])
     p.add_argument("--host", default="127.0.0.1")
@@ -292,6 +325,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--fail-prob", type=float, default=0.0, help="share of requests answered 500")
     p.add_argument("--max-output-tokens", type=int, default=None,
                    help="answer 400 (TensorRT-LLM's error shape) when max_tokens exceeds this")
+    p.add_argument("--serve-model", action="append", default=[], metavar="ID[=TTFT_MS/ITL_MS]",
+                   help="serve this model id (repeatable), with its own timings (default --ttft-ms/--itl-ms); "
+                        "other ids then get 404 model_not_found")
     p.add_argument("--cpu", type=int, default=None, help="pin the server to this CPU core")
     p.add_argument("--tls-cert", help="serve HTTPS with this certificate chain (PEM)")
     p.add_argument("--tls-key", help="private key (PEM) for --tls-cert")
@@ -299,7 +335,7 @@ def main(argv: list[str] | None = None) -> int:
     if a.cpu is not None:
         os.sched_setaffinity(0, {a.cpu})
     timings = Timings(a.ttft_ms, a.ttft_jitter_ms, a.itl_ms, a.itl_jitter_ms, a.spike_prob, a.spike_ms, a.seed, a.fail_prob,
-                      a.max_output_tokens)
+                      a.max_output_tokens, tuple(_served_model(x, a.ttft_ms, a.itl_ms, p) for x in a.serve_model))
     scheme = "https" if a.tls_cert else "http"
     print(f"testserver on {scheme}://{a.host}:{a.port} {timings}", file=sys.stderr, flush=True)
     try:
