@@ -5,7 +5,8 @@ Both present the same face to the bootstrap:
     needs_model/calibration  -> what to download before a build
     check(cc, gpu_name)      -> refuse unsupported combinations before any download
     build(model, calib, workdir) -> artifact directory (uploaded to the cache as is)
-    server_command(artifact, host, port, kv_cache_bytes) -> argv of the OpenAI-compatible server
+    server_command(artifact, host, port, kv_cache_bytes, lora) -> argv of the OpenAI-compatible server
+                             (`lora`: the engine's LoRA options where the model serves adapters)
     server_env()             -> its environment (None: the runtime's)
 
 The reference backend (runtime.reference, PyTorch) exists because TensorRT-LLM
@@ -15,9 +16,11 @@ FLEETCAST_SERVING_BACKEND=reference, never by default.
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -43,7 +46,8 @@ class ServingBackend(Protocol):
 
     def build(self, model_dir: Path | None, calib_dir: Path | None, workdir: Path) -> Path: ...
 
-    def server_command(self, artifact: Path, host: str, port: int, kv_cache_bytes: int | None = None) -> list[str]: ...
+    def server_command(self, artifact: Path, host: str, port: int, kv_cache_bytes: int | None = None,
+                       lora: Mapping[str, Any] | None = None) -> list[str]: ...
 
     def server_env(self) -> dict[str, str] | None: ...
 
@@ -107,7 +111,8 @@ class ReferenceBackend:
     def server_env(self) -> dict[str, str] | None:
         return None  # the runtime's own environment: the reference server is this project's code
 
-    def server_command(self, artifact: Path, host: str, port: int, kv_cache_bytes: int | None = None) -> list[str]:
+    def server_command(self, artifact: Path, host: str, port: int, kv_cache_bytes: int | None = None,
+                       lora: Mapping[str, Any] | None = None) -> list[str]:
         m = self.model
         cmd = [sys.executable, "-m", "runtime.reference.server", "--artifact", str(artifact), "--host", host,
                "--port", str(port), "--device", self.device, "--served-model-name", m.id,
@@ -116,6 +121,9 @@ class ReferenceBackend:
                "--drain-timeout", str(self.drain_timeout_s)]
         if kv_cache_bytes is not None:
             cmd += ["--kv-cache-bytes", str(kv_cache_bytes)]  # the same budget TensorRT-LLM gets as max_tokens
+        if lora is not None:
+            # The same options TensorRT-LLM gets as lora_config, so the reference checks requests against them.
+            cmd += ["--lora-config", json.dumps(dict(lora), sort_keys=True)]
         return cmd
 
 

@@ -40,7 +40,8 @@ from typing import Any
 from fleetcast.config import ConfigError, FleetConfig, Pool, config_from_json
 from fleetcast.config.model import ServedModel
 from fleetcast.contract import telemetry
-from fleetcast.contract.bucket import model_prefix
+from fleetcast.contract.adapters import MODULES_KEY, RANK_KEY, adapter_dir, lora_config
+from fleetcast.contract.bucket import adapter_prefix, model_prefix
 from fleetcast.contract.errors import EXIT_INVALID, EXIT_OK, EXIT_USAGE, UserError
 from fleetcast.contract.instance_env import Var, check_names, default, setting
 from fleetcast.contract.serving import first_process_port, process_slots
@@ -173,6 +174,7 @@ class PreparedModel:
     backend: ServingBackend
     cache: EngineCache
     resolution: Any  # runtime.engine_cache.Resolution
+    lora: dict[str, Any] | None = None  # the engine's LoRA options, where the model serves adapters
 
 
 class Bootstrap:
@@ -400,7 +402,46 @@ class Bootstrap:
         else:
             self.metric(telemetry.ENGINE_CACHE_HIT, 1, key=cache.key, source=resolution.outcome,
                         waited_s=round(resolution.waited_seconds, 3), model=m.id)
-        return PreparedModel(entry, backend, cache, resolution)
+        with self.heartbeat(telemetry.LAUNCH_HOOK, cfg.operations.launch_hook_timeout_s):
+            lora = self._fetch_adapters(cache, m)
+        return PreparedModel(entry, backend, cache, resolution, lora)
+
+    def _fetch_adapters(self, cache: EngineCache, m: Any) -> dict[str, Any] | None:
+        """Every LoRA adapter of model `m`, verified into its adapter_dir before the model's processes start;
+        returns the engine's LoRA options from the staged manifests (None: the model has no adapters).
+
+        Adapters are not part of the engine (loaded per request), so they are fetched on a cache hit too. A missing
+        or damaged one fails this model like missing weights do: a StagingMissing marker on the model's cache key,
+        so after operations.build_failure_limit of them the model's breaker opens at once (and clears itself once
+        the adapter is staged); the other models of the instance are still prepared.
+        """
+        if not m.adapters:
+            return None
+        cache.check_breaker()
+        shapes: list[tuple[int, tuple[str, ...]]] = []
+        for a in m.adapters:
+            prefix = adapter_prefix(m.id, m.revision, a.id, a.revision)
+            dest = Path(adapter_dir(str(self.env.local_root), m.id, a.id))
+            try:
+                manifest, waited = fetch_staged(cache.store, prefix, dest, self.env.staging_wait_s,
+                                                stage_with=f"`fleetcast stage adapter --adapter {a.id}`")
+                rank, modules = manifest.extra.get(RANK_KEY), manifest.extra.get(MODULES_KEY)
+                if not isinstance(rank, int) or not isinstance(modules, list) or not modules:
+                    raise StagingMissing(f"s3://{cache.store.bucket}/{prefix}manifest.json records no LoRA rank and "
+                                         f"modules ({RANK_KEY}, {MODULES_KEY}): stage it again with "
+                                         f"`fleetcast stage adapter --adapter {a.id}`")
+            except StagingMissing as exc:
+                try:
+                    cache.record_failure(f"adapter {a.id}: {type(exc).__name__}: {exc}", f"adapter-{a.id}",
+                                         exc.missing_key)
+                except CacheError as marker_exc:  # S3 down too: the instance still reports its own error
+                    log.error("no failure marker written for adapter %s: %s", a.id, marker_exc)
+                raise StagingMissing(f"adapter {a.id}: {exc}", exc.missing_key) from None
+            self.metric(telemetry.STAGING_WAIT_SECONDS, waited, model=m.id, adapter=a.id)
+            shapes.append((rank, tuple(modules)))
+        log.info("model %s: %d LoRA adapter(s) at %s", m.id, len(shapes),
+                 adapter_dir(str(self.env.local_root), m.id, "*"))
+        return lora_config(shapes)
 
     def abandon(self, exc: Exception) -> int:
         log.error("cannot serve on this instance: %s: %s", type(exc).__name__, exc)
@@ -439,7 +480,7 @@ class Bootstrap:
             processes.append(ServerProcess(
                 name=server_name(slot.model_id, slot.copy_index, single), model_id=slot.model_id,
                 copy_index=slot.copy_index, port=slot.port,
-                argv=p.backend.server_command(p.resolution.path, "127.0.0.1", slot.port, budget),
+                argv=p.backend.server_command(p.resolution.path, "127.0.0.1", slot.port, budget, p.lora),
                 env=p.backend.server_env(), kv_cache_bytes=budget))
         return processes
 

@@ -41,8 +41,10 @@ def calibration_key_prefix(dataset_uri: str) -> str:
 
 
 def fetch_staged(store: RetryingS3, prefix: str, dest: Path, wait_s: float, poll_s: float = 15.0,
-                 sleep: Callable[[float], None] = time.sleep) -> tuple[Manifest, float]:
-    """Download and verify s3://bucket/<prefix> into `dest`; returns (manifest, seconds waited for it)."""
+                 sleep: Callable[[float], None] = time.sleep,
+                 stage_with: str = "`fleetcast stage model` (or `fleetcast stage calibration`)") -> tuple[Manifest, float]:
+    """Download and verify s3://bucket/<prefix> into `dest`; returns (manifest, seconds waited for it).
+    `stage_with`: the command a missing or damaged artifact is staged with, for the error."""
     started = time.monotonic()
     while True:
         got = store.get_bytes(prefix + MANIFEST_NAME)
@@ -51,7 +53,7 @@ def fetch_staged(store: RetryingS3, prefix: str, dest: Path, wait_s: float, poll
         if time.monotonic() - started >= wait_s:
             raise StagingMissing(
                 f"s3://{store.bucket}/{prefix}{MANIFEST_NAME} is missing after waiting {wait_s:.0f} s: "
-                "stage it with `fleetcast stage model` (or `fleetcast stage calibration`)",
+                f"stage it with {stage_with}",
                 missing_key=prefix + MANIFEST_NAME,
             )
         log.warning("waiting for staged s3://%s/%s", store.bucket, prefix)
@@ -75,5 +77,5 @@ def fetch_staged(store: RetryingS3, prefix: str, dest: Path, wait_s: float, poll
     problems = verify_tree(dest, manifest)
     if problems:
         raise StagingMissing(f"staged s3://{store.bucket}/{prefix} does not match its manifest: {'; '.join(problems[:5])}; "
-                             "stage it again")
+                             f"stage it again with {stage_with}")
     return manifest, waited

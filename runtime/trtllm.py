@@ -140,7 +140,8 @@ def build_command(engine: EngineSpec, max_input_len: int, max_output_len: int, p
     ]
 
 
-def extra_llm_api_options(engine: EngineSpec, kv_max_tokens: int | None = None) -> dict[str, Any]:
+def extra_llm_api_options(engine: EngineSpec, kv_max_tokens: int | None = None,
+                          lora: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """LLM API options trtllm-serve has no flag for, only those the backend's args class accepts.
 
     TrtLlmArgs and TorchLlmArgs forbid unknown keys (tensorrt_llm/llmapi/llm_args.py), so a
@@ -151,12 +152,19 @@ def extra_llm_api_options(engine: EngineSpec, kv_max_tokens: int | None = None) 
     - kv_cache_config.dtype: the PyTorch backend's KV cache dtype ("fp8" sets the FP8 KV
       cache); TrtLlmArgs asserts it stays "auto", the engine carries its KV dtype;
     - kv_cache_config.max_tokens: a process's explicit KV budget on a GPU it shares, which
-      both backends honour as a cap next to the fraction (runtime/kv_budget.py).
+      both backends honour as a cap next to the fraction (runtime/kv_budget.py);
+    - lora_config (BaseLlmArgs, a tensorrt_llm/lora_helper.py LoraConfig): where the model serves LoRA
+      adapters per request (PyTorch backend only; config validation refuses them elsewhere), built from
+      the staged adapters' manifests by fleetcast.contract.adapters.lora_config.
     """
     kv_cache: dict[str, Any] = {"free_gpu_memory_fraction": engine.kv_cache_free_gpu_memory_fraction}
     if kv_max_tokens is not None:
         kv_cache["max_tokens"] = kv_max_tokens
     options: dict[str, Any] = {"return_perf_metrics": True, "kv_cache_config": kv_cache}
+    if lora is not None:
+        if engine.backend is not Backend.PYTORCH:
+            raise UserError(f"LoRA adapters need the pytorch backend; this engine is {engine.backend.value}")
+        options["lora_config"] = dict(lora)
     if engine.backend is Backend.PYTORCH:
         options["enable_iter_perf_stats"] = True
         kv = engine.kv_cache_dtype.value
@@ -330,7 +338,8 @@ class TrtllmBackend:
     def server_env(self) -> dict[str, str]:
         return tool_env()
 
-    def server_command(self, artifact: Path, host: str, port: int, kv_cache_bytes: int | None = None) -> list[str]:
+    def server_command(self, artifact: Path, host: str, port: int, kv_cache_bytes: int | None = None,
+                       lora: Mapping[str, Any] | None = None) -> list[str]:
         max_tokens = None
         if kv_cache_bytes is not None:
             from .kv_budget import kv_bytes_per_token, max_tokens_for
@@ -341,7 +350,7 @@ class TrtllmBackend:
         suffix = "" if max_tokens is None else f".kv{max_tokens}"
         options = artifact.parent / f"{artifact.name}{suffix}.llm_api_options.yaml"
         # JSON is YAML: no yaml dependency needed to write it.
-        options.write_text(json.dumps(extra_llm_api_options(self.engine, max_tokens), indent=1))
+        options.write_text(json.dumps(extra_llm_api_options(self.engine, max_tokens, lora), indent=1))
         m = self.model
         if self.engine.backend is Backend.PYTORCH:
             return serve_command(self.engine, artifact, None, host, port, m.max_input_len + m.max_output_len, options)

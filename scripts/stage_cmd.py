@@ -1,4 +1,4 @@
-"""`fleetcast stage model|calibration|image|status`: put what fleets need where they can reach it."""
+"""`fleetcast stage model|adapter|calibration|image|status`: put what fleets need where they can reach it."""
 
 from __future__ import annotations
 
@@ -37,6 +37,22 @@ def register(sub: argparse._SubParsersAction) -> None:
     model.add_argument("--model", dest="model_id", metavar="ID",
                        help="the models[].id to stage (default: every model of the config, one after another)")
     model.set_defaults(handler=_model)
+
+    adapter = actions.add_parser(
+        "adapter", help="fetch each LoRA adapter (models[].adapters) once, check it, upload to every region bucket",
+        description="Fetch each adapter of models[].adapters once (hub source at its revision, an s3:// source with "
+                    "your credentials, or --local-dir) and stage its adapter_config.json and adapter_model "
+                    "weights under models/<model>/<model revision>/adapters/<id>/<revision>/ in every region bucket. "
+                    "adapter_config.json is checked where TensorRT-LLM would refuse it (a LoRA adapter with a rank "
+                    "and module names its PyTorch backend maps); its rank and modules go into the staged manifest, "
+                    "from which instances set the engine's LoRA options.")
+    common(adapter)
+    buckets(adapter)
+    adapter.add_argument("--model", dest="model_id", metavar="ID", help="only this model's adapters")
+    adapter.add_argument("--adapter", dest="adapter_id", metavar="ID", help="only this adapter")
+    adapter.add_argument("--local-dir", type=Path, help="stage this PEFT adapter directory instead of fetching the "
+                                                        "source (one adapter: name it with --adapter)")
+    adapter.set_defaults(handler=_adapter)
 
     calib = actions.add_parser(
         "calibration", help="stage a calibration dataset directory (SmoothQuant, INT8/FP8 KV, FP8)",
@@ -187,6 +203,20 @@ def _model(args: argparse.Namespace) -> int:
     return 0
 
 
+def _adapter(args: argparse.Namespace) -> int:
+    from fleetcast.config import load_config
+    from fleetcast.staging.adapters import stage_adapters
+
+    cfg = load_config(args.config)
+    part_size = _part_size(args)
+    clients = _clients(args)
+    buckets = _buckets(cfg, args, clients)
+    for result in stage_adapters(cfg, buckets, clients, model_id=args.model_id, adapter_id=args.adapter_id,
+                                 local_dir=args.local_dir, part_size=part_size, progress=args.progress):
+        print("\n".join(result.lines()))
+    return 0
+
+
 def _calibration(args: argparse.Namespace) -> int:
     from fleetcast.config import load_config
     from fleetcast.config.edit import edited_text, replace_files
@@ -278,7 +308,13 @@ def _status(args: argparse.Namespace) -> int:
     from fleetcast.contract.names import provider_stack_name
     from fleetcast.contract.outputs import ProviderOutput, require_output
     from fleetcast.staging.aws import parse_region_map
-    from fleetcast.staging.readiness import image_problems, image_reference, instance_image_id, model_problems
+    from fleetcast.staging.readiness import (
+        adapter_problems,
+        image_problems,
+        image_reference,
+        instance_image_id,
+        model_problems,
+    )
     from fleetcast.staging.transfer import human_bytes, read_manifest
 
     cfg = load_config(args.config)
@@ -297,6 +333,12 @@ def _status(args: argparse.Namespace) -> int:
             state = "ok" if not mine else f"{len(mine)} problem(s): {mine[0]}"
             print(f"{region}: model {model.id}@{model.revision}: {len(manifest.files)} file(s), "
                   f"{human_bytes(manifest.total_bytes)}: {state}")
+        adapters = adapter_problems(cfg, clients("s3", region), bucket)
+        missing += bool(adapters)
+        for model in cfg.models:
+            for a in model.adapters:
+                mine = [p for p in adapters if p.startswith(f"adapter {a.id} ")]
+                print(f"{region}: " + (mine[0] if mine else f"adapter {a.id}@{a.revision} of {model.id}: ok"))
         repository = repositories.get(region) or require_output(
             _outputs(cfg, region, clients), ProviderOutput.IMAGE_REPOSITORY, provider_stack_name(cfg.name, region))
         image = image_problems(cfg, clients("ecr", region), repository)

@@ -259,7 +259,15 @@ class AdapterSpec(Frozen):
 
     id: ModelId = Field(description="The OpenAI `model` value that selects this adapter; unique among models and "
                                     "adapters.")
-    source: str = Field(description="Where staging takes the adapter from: a hub id (org/name) or an s3:// URI.")
+    source: str = Field(description="Where `fleetcast stage adapter` takes the adapter (a PEFT LoRA directory: "
+                                    "adapter_config.json and adapter_model.safetensors or .bin) from: a hub id "
+                                    "(org/name) or an s3:// URI. Instances read the staged copy in their region's "
+                                    "bucket.")
+    revision: str = Field(
+        default="main", min_length=1, max_length=64,
+        description="Pinned revision (hub commit sha or tag) of a hub source; for an s3:// source, a label of "
+                    "yours for the copy staged (change it to stage new content). Names the staged prefix "
+                    "models/<model id>/<model revision>/adapters/<id>/<revision>/.")
 
     @field_validator("source")
     @classmethod

@@ -625,11 +625,13 @@ def _path_segments(cfg: FleetConfig) -> list[ConfigIssue]:
     out: list[ConfigIssue] = []
     uris: list[tuple[Path, str]] = []
     for i, model in enumerate(cfg.models):
-        revision = model.revision
-        if ".." in revision or revision.startswith("/") or any(ch.isspace() for ch in revision) or "\\" in revision:
-            out.append(ConfigIssue(("models", i, "revision"),
-                f"{revision!r} cannot be a revision: it becomes part of the S3 key models/<id>/<revision>/; allowed: a "
-                "commit sha, tag or branch name without '..', whitespace, backslashes or a leading '/'"))
+        revisions: list[tuple[Path, str]] = [(("models", i, "revision"), model.revision)]
+        revisions += [(("models", i, "adapters", k, "revision"), a.revision) for k, a in enumerate(model.adapters)]
+        for where, revision in revisions:
+            if ".." in revision or revision.startswith("/") or any(ch.isspace() for ch in revision) or "\\" in revision:
+                out.append(ConfigIssue(where,
+                    f"{revision!r} cannot be a revision: it becomes part of the S3 key models/<id>/<revision>/; allowed: "
+                    "a commit sha, tag or branch name without '..', whitespace, backslashes or a leading '/'"))
         if model.staged:
             uris.append((("models", i, "source"), model.source))
         uris += [(("models", i, "adapters", k, "source"), a.source) for k, a in enumerate(model.adapters)

@@ -2,6 +2,8 @@
 lifecycle rules) and the instance runtime use. The manifest written under a prefix: contract/manifest.py.
 
     models/<model id>/<revision>/             the staged checkpoint (`fleetcast stage model`), manifest last
+    models/<model id>/<revision>/adapters/<adapter id>/<adapter revision>/
+                                              a staged LoRA adapter of that model (`fleetcast stage adapter`)
     calibration/<name>/lambada/<split>.jsonl  a staged calibration set (`fleetcast stage calibration`)
     engines/<key>/manifest.json               the engine cache's entry, written last (runtime/engine_cache.py)
     engines/<key>/builds/<build id>/          one immutable prefix per build attempt
@@ -33,6 +35,12 @@ PLAN_BASELINE_KEY = "plan/baseline.json"
 def model_prefix(model_id: str, revision: str) -> str:
     """Where a model's files live in a region bucket; the revision pins the content."""
     return f"{MODELS}{model_id}/{revision}/"
+
+
+def adapter_prefix(model_id: str, model_revision: str, adapter_id: str, adapter_revision: str) -> str:
+    """Where a LoRA adapter of a model lives: under its base model's revision, which it was trained against, and
+    inside the models/ prefix instances may already read (no wider grant for adapters)."""
+    return f"{model_prefix(model_id, model_revision)}adapters/{adapter_id}/{adapter_revision}/"
 
 
 def calibration_prefix(name: str) -> str:

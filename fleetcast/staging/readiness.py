@@ -1,9 +1,9 @@
-"""Is a provider region ready for instances: are the config's model and serving image staged there?
+"""Is a provider region ready for instances: are the config's models, adapters and serving image staged there?
 
 One check, used by `fleetcast stage status` and by `fleetcast deploy` (which holds a new region's
 fleets at zero instances until it passes, fleetcast/contract/capacity_hold.py). "Staged" means exactly what an
-instance will read: the model's manifest and every file it names, sha256-verified, in the region
-bucket; and the image reference the launch template carries (the derived tag, or the pinned digest)
+instance will read: each model's and each LoRA adapter's manifest and every file it names, sha256-verified,
+in the region bucket; and the image reference the launch template carries (the derived tag, or the pinned digest)
 present in the region's ECR repository.
 """
 
@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from fleetcast.config import FleetConfig
-from fleetcast.contract.bucket import model_prefix
+from fleetcast.contract.bucket import adapter_prefix, model_prefix
 from fleetcast.contract.capacity_hold import HELD_OUTPUT
 from fleetcast.contract.image import image_reference, instance_image_id
 from fleetcast.contract.outputs import ProviderOutput, require_output
@@ -53,6 +53,22 @@ def model_problems(cfg: FleetConfig, s3: Any, bucket: str) -> list[str]:
     return problems
 
 
+def adapter_problems(cfg: FleetConfig, s3: Any, bucket: str) -> list[str]:
+    """What is missing or damaged among the staged LoRA adapters of every model (each line starts
+    `adapter <id> `)."""
+    problems: list[str] = []
+    for model in cfg.models:
+        for adapter in model.adapters:
+            prefix = adapter_prefix(model.id, model.revision, adapter.id, adapter.revision)
+            manifest = read_manifest(s3, bucket, prefix)
+            if manifest is None:
+                problems.append(f"adapter {adapter.id} of {model.id} MISSING: s3://{bucket}/{prefix}manifest.json (run "
+                                f"`fleetcast stage adapter --adapter {adapter.id}`)")
+            else:
+                problems += [f"adapter {adapter.id} of {model.id}: {p}" for p in verify_prefix(s3, bucket, prefix, manifest)]
+    return problems
+
+
 def image_problems(cfg: FleetConfig, ecr: Any, repository_uri: str) -> list[str]:
     image_id = instance_image_id(cfg)
     name = repository_uri.split("/", 1)[1]
@@ -83,5 +99,7 @@ def region_readiness(cfg: FleetConfig, region: str, clients: Callable[[str, str]
         return RegionReadiness(region, deployed=False, held=False, problems=(f"stack {stack} is not deployed",))
     bucket = require_output(outputs, ProviderOutput.MODEL_BUCKET, stack)
     repository = require_output(outputs, ProviderOutput.IMAGE_REPOSITORY, stack)
-    problems = model_problems(cfg, clients("s3", region), bucket) + image_problems(cfg, clients("ecr", region), repository)
+    s3 = clients("s3", region)
+    problems = model_problems(cfg, s3, bucket) + adapter_problems(cfg, s3, bucket) + \
+        image_problems(cfg, clients("ecr", region), repository)
     return RegionReadiness(region, deployed=True, held=outputs.get(HELD_OUTPUT) == "true", problems=tuple(problems))

@@ -131,6 +131,29 @@ def two_model_config(region: str = "ap-northeast-2") -> FleetConfig:
     return config_from_json(json.dumps(data))
 
 
+ADAPTER_ID = "gpt2-tiny-sql"
+
+
+def adapter_config(region: str = "ap-northeast-2") -> FleetConfig:
+    """two_model_config with its second model on the PyTorch backend (where TensorRT-LLM serves LoRA per request)
+    carrying one adapter, ADAPTER_ID; the reference backend serves both models on a CPU."""
+    data = two_model_config(region).model_dump(mode="json")
+    second = data["models"][1]
+    second.update(family="qwen2", engine={"backend": "pytorch", "precision": "bf16"},
+                  adapters=[{"id": ADAPTER_ID, "source": "example-org/gpt2-tiny-sql-lora", "revision": "v1"}])
+    return config_from_json(json.dumps(data))
+
+
+def write_peft_adapter(directory: Path, rank: int = 8, modules: tuple[str, ...] = ("q_proj", "v_proj")) -> Path:
+    """A PEFT LoRA directory as peft's save_pretrained lays it out (adapter_config.json, adapter_model.safetensors);
+    the weights are placeholder bytes: the reference backend checks an adapter, it does not apply it."""
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "adapter_config.json").write_text(json.dumps(
+        {"peft_type": "LORA", "r": rank, "lora_alpha": 2 * rank, "target_modules": list(modules)}))
+    (directory / "adapter_model.safetensors").write_bytes(bytes(1024))
+    return directory
+
+
 @dataclass
 class RuntimeProcess:
     """A `python -m runtime.bootstrap` child with its stdout parsed for the runtime's JSON events."""

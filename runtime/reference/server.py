@@ -13,10 +13,18 @@ SIGTERM/SIGINT drain: /health turns 503 at once, new generation requests get 503
 flight run to their full token counts (bounded by --drain-timeout, after which they are cut),
 then the process exits 0.
 
+LoRA (`--lora-config JSON`: the `lora_config` TensorRT-LLM's LLM API gets, fleetcast.contract.adapters):
+a completion may carry `lora_request` {lora_name, lora_int_id, lora_path}, as trtllm-serve's
+CompletionRequest does (tensorrt_llm/serve/openai_protocol.py). The adapter at lora_path is checked as
+the engine would load it (adapter_config.json + adapter_model weights; its rank within max_lora_rank, its
+modules among lora_target_modules); what cannot be loaded is a 400 BadRequestError, the shape of
+trtllm-serve's create_error_response (tensorrt_llm/serve/openai_server.py). The random-weight reference
+model does not apply the adapter's weights: it serves the request as the base model and logs its lora_name.
+
 Usage: python -m runtime.reference.server --artifact DIR [--host 127.0.0.1] [--port 8000]
        [--max-batch-size N] [--max-seq-len N] [--device cpu|cuda] [--drain-timeout S]
        [--served-model-name NAME] [--request-log FILE.jsonl]
-       [--kv-cache-bytes N | --kv-cache-free-gpu-memory-fraction F]
+       [--kv-cache-bytes N | --kv-cache-free-gpu-memory-fraction F] [--lora-config JSON]
   GET  /memory (reference only)  the KV budget, the cache it allocated, weights and torch memory
 """
 
@@ -131,6 +139,38 @@ def parse_completion_request(body: object, tokenizer: ByteTokenizer) -> tuple[li
         "seed": seed,
     }
     return ids, options
+
+
+def check_lora_request(value: object, lora: dict[str, Any] | None) -> str:
+    """The adapter name of a request's `lora_request`, once its adapter is one this engine could load."""
+    from fleetcast.contract.adapters import ADAPTER_CONFIG, ADAPTER_WEIGHTS, AdapterConfigError, adapter_shape
+
+    if lora is None:
+        raise RequestError("lora_request", "this server was started without lora_config; it serves no adapters")
+    if not isinstance(value, dict) or set(value) - {"lora_name", "lora_int_id", "lora_path", "lora_ckpt_source"}:
+        raise RequestError("lora_request", "must be an object with lora_name, lora_int_id and lora_path")
+    name, number, path = value.get("lora_name"), value.get("lora_int_id"), value.get("lora_path")
+    if not isinstance(name, str) or not name:
+        raise RequestError("lora_request", "lora_name must be a non-empty string")
+    if isinstance(number, bool) or not isinstance(number, int) or number < 1:
+        raise RequestError("lora_request", f"lora_int_id must be a positive integer, got {number!r}")
+    if not isinstance(path, str) or not Path(path).is_dir():
+        raise RequestError("lora_request", f"lora_path {path!r} does not exist")
+    directory = Path(path)
+    if not (directory / ADAPTER_CONFIG).is_file() or not any((directory / w).is_file() for w in ADAPTER_WEIGHTS):
+        raise RequestError("lora_request", f"lora_path {path} holds no {ADAPTER_CONFIG} and adapter_model weights")
+    try:
+        rank, modules = adapter_shape((directory / ADAPTER_CONFIG).read_bytes(), f"lora_path {path}")
+    except AdapterConfigError as exc:
+        raise RequestError("lora_request", str(exc)) from None
+    if rank > lora["max_lora_rank"]:
+        raise RequestError("lora_request", f"adapter {name} has rank {rank}, above max_lora_rank "
+                                           f"{lora['max_lora_rank']}")
+    outside = sorted(set(modules) - set(lora["lora_target_modules"]))
+    if outside:
+        raise RequestError("lora_request", f"adapter {name} adapts {', '.join(outside)}, not among "
+                                           f"lora_target_modules {', '.join(lora['lora_target_modules'])}")
+    return name
 
 
 class ReferenceServer:
@@ -344,6 +384,8 @@ class ReferenceServer:
             return _error(400, "body: not valid JSON", "body")
         try:
             prompt, opts = parse_completion_request(body, self.tokenizer)
+            lora_name = check_lora_request(body["lora_request"], self.args.lora_config) \
+                if body.get("lora_request") is not None else None
         except RequestError as exc:
             return _error(400, str(exc), exc.param)
 
@@ -376,6 +418,8 @@ class ReferenceServer:
         self._idle.clear()
         record = {"request_id": f"cmpl-{uuid.uuid4().hex}", "prompt_tokens": len(prompt), "completion_tokens": 0,
                   "status": 200, "finish_reason": None, "stream": opts["stream"]}
+        if lora_name is not None:
+            record["lora_name"] = lora_name
         arrived = time.monotonic()
         token_times: list[float] = []
         try:
@@ -472,6 +516,17 @@ class ReferenceServer:
             self._request_log.flush()
 
 
+def _lora_config(text: str) -> dict[str, Any]:
+    try:
+        value = json.loads(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError("not JSON") from None
+    if not isinstance(value, dict) or not isinstance(value.get("max_lora_rank"), int) \
+            or not isinstance(value.get("lora_target_modules"), list):
+        raise argparse.ArgumentTypeError("needs max_lora_rank (an integer) and lora_target_modules (a list)")
+    return value
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(prog="python -m runtime.reference.server", description=__doc__.splitlines()[0])
     ap.add_argument("--artifact", required=True, help="directory written by runtime.reference.build")
@@ -491,6 +546,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="KV cache budget in bytes (whole sequences of --max-seq-len; also caps the batch)")
     budget.add_argument("--kv-cache-free-gpu-memory-fraction", type=float, default=None,
                         help="KV cache budget as a fraction of the GPU memory free after the weights load (cuda)")
+    ap.add_argument("--lora-config", default=None, type=_lora_config,
+                    help="JSON: the LoRA options TensorRT-LLM gets as lora_config (max_lora_rank, lora_target_modules, "
+                         "...); requests may then name an adapter in lora_request")
     args = ap.parse_args(argv)
     if not 0 < args.port < 65536:
         ap.error(f"--port: must be between 1 and 65535, got {args.port}")

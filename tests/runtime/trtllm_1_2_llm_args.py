@@ -20,6 +20,16 @@ Facts:
   "KvCacheConfig.dtype is not supported by the TensorRT backend."`
 - `TorchLlmArgs.sync_quant_config_with_kv_cache_config_dtype`: dtype "auto" -> as the
   checkpoint says, "fp8" -> `QuantAlgo.FP8`, anything else only logs a warning.
+- `BaseLlmArgs.lora_config: Optional[LoraConfig]` (next to `enable_lora`, which the PyTorch
+  backend ignores when lora_config is given: validate_lora_config_consistency). LoraConfig is the
+  dataclass of tensorrt_llm/lora_helper.py (index id 53470212518): lora_dir, lora_ckpt_source ("hf"
+  default), max_lora_rank (default 64), lora_target_modules, trtllm_modules_to_hf_modules,
+  max_loras, max_cpu_loras, swap_gate_up_proj. On the PyTorch backend, a lora_dir of other than
+  exactly one directory needs lora_target_modules (tensorrt_llm/_torch/pyexecutor/_util.py:
+  `assert len(lora_config.lora_target_modules) >= 1, "Expecting at least one lora target module"`),
+  and trtllm_modules_to_hf_modules then defaults to get_default_trtllm_modules_to_hf_modules().
+  trtllm-serve passes each request's `lora_request` to `generate_async(..., lora_request=...)`
+  (tensorrt_llm/serve/openai_server.py).
 Only fields the runtime may use are listed; a key the runtime emits that is missing
 here fails the test, which is the point.
 """
@@ -30,7 +40,7 @@ BASE_LLM_ARGS = frozenset({
     "model", "tokenizer", "max_batch_size", "max_num_tokens", "max_seq_len", "max_input_len", "max_beam_width",
     "kv_cache_config", "enable_chunked_prefill", "iter_stats_max_iterations", "request_stats_max_iterations",
     "return_perf_metrics", "num_postprocess_workers", "trust_remote_code", "revision", "dtype",
-    "tensor_parallel_size", "pipeline_parallel_size", "scheduler_config",
+    "tensor_parallel_size", "pipeline_parallel_size", "scheduler_config", "enable_lora", "lora_config",
 })
 TRT_LLM_ARGS = BASE_LLM_ARGS | frozenset({
     "enable_tqdm", "workspace", "enable_build_cache", "extended_runtime_perf_knob_config", "calib_config",
@@ -49,7 +59,12 @@ KV_CACHE_CONFIG = frozenset({
     "event_buffer_max_size", "enable_partial_reuse", "copy_on_partial_reuse", "use_uvm", "max_gpu_total_bytes",
     "dtype", "mamba_ssm_cache_dtype", "tokens_per_block",
 })
-NESTED = {"kv_cache_config": KV_CACHE_CONFIG}
+LORA_CONFIG = frozenset({
+    "lora_dir", "lora_ckpt_source", "max_lora_rank", "lora_target_modules", "trtllm_modules_to_hf_modules",
+    "max_loras", "max_cpu_loras", "swap_gate_up_proj",
+})
+LORA_HELPER_SOURCE = "tensorrt_llm/lora_helper.py"
+NESTED = {"kv_cache_config": KV_CACHE_CONFIG, "lora_config": LORA_CONFIG}
 
 # kv_cache_config.dtype values each backend's validators accept and act on.
 KV_CACHE_DTYPE_BY_BACKEND = {"tensorrt": frozenset({"auto"}), "pytorch": frozenset({"auto", "fp8"})}

@@ -1,0 +1,108 @@
+"""LoRA adapters on an instance, end to end: `fleetcast stage adapter` into the loopback bucket, the real
+`python -m runtime.bootstrap` fetching each adapter to its contract directory before the base model's
+engine process starts with LoRA options, and a request for the adapter routed through the gateway.
+
+The reference server (runtime/reference/server.py) is started with the same `lora_config` TensorRT-LLM
+would get and refuses a `lora_request` it could not load, so a 200 for the adapter means the options
+reached the engine process and the adapter is where `lora_path` says.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+
+import pytest
+
+from fleetcast.contract import telemetry
+from fleetcast.contract.adapters import adapter_dir
+from fleetcast.contract.bucket import adapter_prefix
+from fleetcast.contract.instance_env import Var
+from fleetcast.staging.adapters import stage_adapter
+from runtime.devtools.harness import (
+    ADAPTER_ID,
+    LocalAws,
+    adapter_config,
+    free_port_pair,
+    reference_cache_key,
+    write_peft_adapter,
+)
+
+pytestmark = pytest.mark.timeout(300)
+
+
+def call(port: int, method: str, path: str, body: dict | None = None) -> tuple[int, dict]:
+    from runtime.demo import _call
+    from runtime.devtools.harness import DEMO_VPCE
+
+    return _call(port, method, path, DEMO_VPCE, body)
+
+
+def stop(rp) -> None:
+    if rp is not None and rp.proc.poll() is None:
+        rp.proc.terminate()  # as systemd stops the service: no engine or gateway outlives the test
+        try:
+            rp.proc.wait(120)
+        except subprocess.TimeoutExpired:
+            rp.proc.kill()
+
+
+def test_a_staged_adapter_is_fetched_before_its_base_model_serves_and_requests_for_it_are_routed(tmp_path):
+    cfg = adapter_config()
+    base = cfg.models[1]
+    aws = LocalAws(bucket=f"fleetcast-lora-{os.getpid()}-ok").start()
+    rp = None
+    try:
+        aws.put_config(cfg)
+        stage_adapter(cfg, base.id, ADAPTER_ID, {aws.region: aws.bucket}, lambda _service, _region: aws.s3(),
+                      local_dir=write_peft_adapter(tmp_path / "peft", rank=8), log=lambda _: None)
+        port = free_port_pair()
+        disk = tmp_path / "disk"
+        rp = aws.start_runtime(aws.runtime_env(aws.instance("i-00000000000000f01"), cfg, disk, port),
+                               tmp_path / "log")
+        serving = rp.wait_event("fleetcast_serving", 240)
+        assert serving is not None, (tmp_path / "log").read_text()[-3000:]
+        fetched = disk / "adapters" / base.id / ADAPTER_ID
+        assert str(fetched) == adapter_dir(str(disk), base.id, ADAPTER_ID)
+        assert sorted(p.name for p in fetched.iterdir()) == ["adapter_config.json", "adapter_model.safetensors"]
+
+        status, reply = call(port, "POST", "/v1/completions", {"model": ADAPTER_ID, "prompt": "hi", "max_tokens": 3})
+        assert status == 200, reply
+        assert reply["usage"]["completion_tokens"] == 3
+        status, models = call(port, "GET", "/v1/models")
+        assert ADAPTER_ID in [m["id"] for m in models["data"]]
+        # The base model's own requests carry no adapter and still work next to it.
+        assert call(port, "POST", "/v1/completions", {"model": base.id, "prompt": "hi", "max_tokens": 2})[0] == 200
+        stop(rp)
+        metered = [r for r in rp.emf() if r.get(telemetry.DIM_MODEL) == ADAPTER_ID]
+        assert len(metered) == 1 and metered[0][telemetry.OUTPUT_TOKENS] == 3  # metered as the adapter
+    finally:
+        stop(rp)
+        aws.stop()
+
+
+def test_an_adapter_never_staged_fails_its_model_by_name_and_arms_its_breaker(tmp_path):
+    cfg = adapter_config()
+    good, base = cfg.models
+    aws = LocalAws(bucket=f"fleetcast-lora-{os.getpid()}-missing").start()
+    try:
+        aws.put_config(cfg)
+        env = aws.runtime_env(aws.instance("i-00000000000000f02"), cfg, tmp_path / "disk", free_port_pair(),
+                              **{Var.STAGING_WAIT_S.value: "1"})
+        rp = aws.start_runtime(env, tmp_path / "log")
+        assert rp.proc.wait(240) == 0
+        assert [c.result for c in aws.asg.completed if c.hook == telemetry.LAUNCH_HOOK] == ["ABANDON"]
+        (abandoned,) = [r for r in rp.emf() if telemetry.LAUNCH_ABANDONED in r]
+        assert f"model {base.id}: StagingMissing: adapter {ADAPTER_ID}:" in abandoned["error"]
+        assert "fleetcast stage adapter --adapter gpt2-tiny-sql" in abandoned["error"]
+        assert f"model {good.id}:" not in abandoned["error"]
+        # One marker on the base model's key naming what would heal it; the other model still reached the cache.
+        key = reference_cache_key(cfg, aws.region, base.id)
+        (marker,) = aws.keys(f"failures/{key}/")
+        body = json.loads(aws.s3().get_object(Bucket=aws.bucket, Key=marker)["Body"].read())
+        prefix = adapter_prefix(base.id, base.revision, ADAPTER_ID, "v1")
+        assert body["missing"] == f"{prefix}manifest.json" and body["error"].startswith(f"adapter {ADAPTER_ID}:")
+        assert f"engines/{reference_cache_key(cfg, aws.region, good.id)}/manifest.json" in aws.keys("engines/")
+    finally:
+        aws.stop()
