@@ -7,7 +7,8 @@ from pathlib import Path
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    parser = sub.add_parser("stage", help="stage model weights, calibration data and the serving image for offline fleets")
+    parser = sub.add_parser("stage", help="stage model weights, LoRA adapters, calibration data and the serving image for "
+                                          "offline fleets")
     actions = parser.add_subparsers(dest="action", metavar="ACTION", required=True)
 
     from fleetcast.aws_session import add_aws_arguments
@@ -98,7 +99,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     baseline.add_argument("--file", type=Path, help="the baseline (default: <config>.plan-baseline.json)")
     baseline.set_defaults(handler=_plan_baseline)
 
-    status = actions.add_parser("status", help="show whether each region's model and serving image are staged "
+    status = actions.add_parser("status", help="show whether each region's models, adapters and serving image are staged "
                                 "(exit 1 if not; `fleetcast deploy` waits on the same check)")
     common(status)
     status.add_argument("--bucket", action="append", metavar="REGION=NAME")

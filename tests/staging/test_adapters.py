@@ -130,3 +130,27 @@ def test_the_engine_lora_options_cover_every_adapter_of_the_model():
     # has a GPU and a host cache slot.
     assert options == {"lora_dir": [], "max_lora_rank": 64, "lora_target_modules": ["attn_q", "attn_v", "mlp_gate"],
                        "max_loras": 2, "max_cpu_loras": 2}
+
+
+def test_the_cli_stages_an_adapter_and_refuses_a_config_without_any(tmp_path, aws_env, make_bucket):
+    import os
+    import subprocess
+    import sys
+
+    config = tmp_path / "fleet.yaml"
+    config.write_text(json.dumps(config_with_adapters().model_dump(mode="json")))  # JSON is YAML
+    bucket = make_bucket(SEOUL)
+    env = {**os.environ, "AWS_ENDPOINT_URL": aws_env, "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing"}
+
+    def fleetcast(*args):
+        return subprocess.run([sys.executable, "-m", "scripts.cli", "stage", "adapter", *args, "--bucket",
+                               f"{SEOUL}={bucket}", "--region", SEOUL], capture_output=True, text=True, env=env,
+                              cwd=ROOT, timeout=120)
+
+    done = fleetcast("--config", str(config), "--adapter", "qwen-sql", "--local-dir", str(peft_dir(tmp_path)))
+    assert done.returncode == 0, done.stderr
+    assert "adapter qwen-sql of qwen2.5-3b: LoRA rank 16, TensorRT-LLM modules attn_dense, attn_q, attn_v" in done.stdout
+    assert "adapter qwen-sql@v1: 2 file(s)" in done.stdout
+    none = fleetcast("--config", str(ROOT / "config" / "fleet.yaml"))
+    assert none.returncode == 2 and "the config has no adapters to stage (models[].adapters)" in none.stderr
+    assert "Traceback" not in none.stderr
