@@ -15,7 +15,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = verbs.add_parser(
         "export", help="write a traffic profile from the gateways' CloudWatch metrics over a window",
         description="Arrivals per hour, burstiness within the hour (per-minute counts), input/output length and "
-                    "in-flight histograms and per-consumer counts, summed from CloudWatch (GetMetricData; the caller "
+                    "in-flight histograms and per-consumer counts (a fleet of several models: one entry per consumer region "
+                    "and model, from the per-model metering), summed from CloudWatch (GetMetricData; the caller "
                     "needs cloudwatch:GetMetricData in each provider region). Exact at hourly granularity for "
                     "windows inside the last 15 days (CloudWatch keeps 1-minute data 15 days).")
     p.add_argument("--config", default="config/fleet.yaml", help="fleet config (default: config/fleet.yaml)")
@@ -58,7 +59,7 @@ def _export(args: argparse.Namespace) -> int:
     write_profile(doc, Path(args.out))
     for c in profile.consumers:
         o = c.observed
-        print(f"{c.region}: {sum(o.arrivals):,} requests over {len(o.arrivals)} h "
+        print(f"{c.region}{f' {c.model}' if c.model else ''}: {sum(o.arrivals):,} requests over {len(o.arrivals)} h "
               f"({', '.join(f'{k} {v:,}' for k, v in o.consumers.items())}); "
               f"mean {c.input_mean:.0f} in / {c.output_mean:.0f} out tokens")
     print(f"wrote {args.out}")

@@ -84,6 +84,10 @@ class ObservedTraffic(BaseModel):
         default=None, description="Per hour: the pool's P99 TTFT at the gateway (CloudWatch p99), null without data.")
     itl_p99_ms: list[float | None] | None = Field(
         default=None, description="Per hour: the pool's P99 inter-token latency, null without data.")
+    models: dict[str, int] | None = Field(
+        default=None, description="Requests per model from this consumer region over the window, every model's (the "
+        "same in each of the region's entries), so one model's share of the region reads off; null: a one-model "
+        "profile.")
 
     @field_validator("in_flight", "input_tokens", "output_tokens", mode="before")
     @classmethod

@@ -16,6 +16,18 @@ period:
 - length and in-flight histograms: Sum of ShapedRequests per bucket dimension value;
 - length means: Sum of InputTokens / OutputTokens over the requests that reported usage.
 
+A fleet of several models gets one entry per (consumer region, model), read from the gateway's
+per-model metering ([Fleet, Pool, Consumer, Model], fleetcast.contract.telemetry.DIM_MODEL): arrivals
+per hour and per minute, throttled, token sums, and the length histograms as CloudWatch trimmed
+counts over the raw per-request token values: TC(a:b) counts the values v with a < v <= b
+(CloudWatch User Guide, "CloudWatch statistics definitions": TM(150:1000) "removing all data points
+that are lower than or equal to 150, or higher than 1000"; TC is the count of that range), so bucket
+"65-128" is TC(64:128), exact as a Sum is. A request naming an adapter counts for its base model
+(its processes serve it). The in-flight histogram has no model dimension (in flight is per instance,
+every model's requests), so per-model entries carry no `concurrency`: the planner sizes them from
+arrivals and burstiness. Requests naming no model of the config (404 model_not_found) load no engine
+and are left out.
+
 One GetMetricData call per hour of the window (queries chunked by 500, the per-call limit): each
 answer holds at most 60 datapoints per query, far under the 100,800 per call, so no answer is
 paged, and the hour is the profile's unit. P99 TTFT/ITL per hour come from CloudWatch's p99 over
@@ -42,6 +54,13 @@ HOUR = timedelta(hours=1)
 _SHAPE = {"in_flight": (t.DIM_IN_FLIGHT, t.IN_FLIGHT_LABELS),
           "input_tokens": (t.DIM_INPUT_BUCKET, ("0",) + t.TOKEN_LABELS),
           "output_tokens": (t.DIM_OUTPUT_BUCKET, ("0",) + t.TOKEN_LABELS)}
+
+
+def trimmed_count(label: str) -> str:
+    """The CloudWatch statistic counting the values of a token bucket label: '65-128' -> 'TC(64:128)'
+    (lower bound exclusive, upper inclusive: module docstring), '1-64' -> 'TC(0:64)'."""
+    lo, _, hi = label.partition("-")
+    return f"TC({int(lo) - 1}:{int(hi or lo)})"
 
 
 def floor_hour(moment: datetime) -> datetime:
@@ -79,8 +98,20 @@ def _metric(name: str, dims: list[tuple[str, str]], period: int, stat: str, qid:
         "Period": period, "Stat": stat}}
 
 
+def per_model(cfg: FleetConfig) -> bool:
+    """Whether the profile gets one entry per (region, model): a fleet of several models."""
+    return len(cfg.models) > 1
+
+
+def _model_names(cfg: FleetConfig, consumer) -> list[tuple[str, str]]:
+    """(name the gateway meters, the fleet model it runs on) for every model and adapter `consumer` may call."""
+    allowed = set(cfg.models_for(consumer.name))
+    return [(name, m.id) for m in cfg.models for name in (m.id, *(a.id for a in m.adapters)) if name in allowed]
+
+
 def _queries(cfg: FleetConfig, region: str, consumers: list) -> tuple[list[dict], dict[str, tuple]]:
-    """Every query one hour needs, and what each answer is for."""
+    """Every query one hour needs, and what each answer is for: (owner, what[, label]), the owner a
+    (consumer, model) pair (model None: a one-model fleet, read per consumer) or, for the P99s, (pool, model)."""
     queries, targets = [], {}
 
     def add(target: tuple, *args) -> None:
@@ -88,26 +119,50 @@ def _queries(cfg: FleetConfig, region: str, consumers: list) -> tuple[list[dict]
         queries.append(_metric(*args, qid))
         targets[qid] = target
 
+    if per_model(cfg):
+        for pool in cfg.region(region).pools:
+            base = [(t.DIM_FLEET, cfg.name), (t.DIM_POOL, pool.name)]
+            for consumer in consumers:
+                for name, model in _model_names(cfg, consumer):
+                    owner = (consumer, model)
+                    dims = base + [(t.DIM_CONSUMER, consumer.name), (t.DIM_MODEL, name)]
+                    add((owner, "arrivals"), t.REQUESTS, dims, 3600, "Sum")
+                    add((owner, "throttled"), t.THROTTLED, dims, 3600, "Sum")
+                    add((owner, "minutes"), t.REQUESTS, dims, 60, "Sum")
+                    add((owner, "input_sum"), t.INPUT_TOKENS, dims, 3600, "Sum")
+                    add((owner, "output_sum"), t.OUTPUT_TOKENS, dims, 3600, "Sum")
+                    for what, metric in (("input_tokens", t.INPUT_TOKENS), ("output_tokens", t.OUTPUT_TOKENS)):
+                        for label in t.TOKEN_LABELS:
+                            add((owner, what, label), metric, dims, 3600, trimmed_count(label))
+            for model in cfg.models:
+                dims = base + [(t.DIM_MODEL, model.id)]
+                add(((pool.name, model.id), "ttft_p99"), t.TTFT_MS, dims, 3600, "p99")
+                add(((pool.name, model.id), "itl_p99"), t.ITL_MS, dims, 3600, "p99")
+        return queries, targets
+
     for pool in cfg.region(region).pools:
         base = [(t.DIM_FLEET, cfg.name), (t.DIM_POOL, pool.name)]
         for consumer in consumers:
+            owner = (consumer, None)
             dims = base + [(t.DIM_CONSUMER, consumer.name)]
-            add((consumer, "arrivals"), t.REQUESTS, dims, 3600, "Sum")
-            add((consumer, "throttled"), t.THROTTLED, dims, 3600, "Sum")
-            add((consumer, "minutes"), t.REQUESTS, dims, 60, "Sum")
-            add((consumer, "input_sum"), t.INPUT_TOKENS, dims, 3600, "Sum")
-            add((consumer, "output_sum"), t.OUTPUT_TOKENS, dims, 3600, "Sum")
+            add((owner, "arrivals"), t.REQUESTS, dims, 3600, "Sum")
+            add((owner, "throttled"), t.THROTTLED, dims, 3600, "Sum")
+            add((owner, "minutes"), t.REQUESTS, dims, 60, "Sum")
+            add((owner, "input_sum"), t.INPUT_TOKENS, dims, 3600, "Sum")
+            add((owner, "output_sum"), t.OUTPUT_TOKENS, dims, 3600, "Sum")
             for what, (dim, labels) in _SHAPE.items():
                 for label in labels:
-                    add((consumer, what, label), t.SHAPED_REQUESTS, dims + [(dim, label)], 3600, "Sum")
-        add((pool.name, "ttft_p99"), t.TTFT_MS, base, 3600, "p99")
-        add((pool.name, "itl_p99"), t.ITL_MS, base, 3600, "p99")
+                    add((owner, what, label), t.SHAPED_REQUESTS, dims + [(dim, label)], 3600, "Sum")
+        add(((pool.name, None), "ttft_p99"), t.TTFT_MS, base, 3600, "p99")
+        add(((pool.name, None), "itl_p99"), t.ITL_MS, base, 3600, "p99")
     return queries, targets
 
 
 def collect(cfg: FleetConfig, since: datetime, until: datetime, call: Callable[..., dict],
-            region: str | None = None, consumer: str | None = None, now: datetime | None = None) -> dict[str, Tally]:
-    """Tallies per consumer region over [since, until) (hour boundaries) from every provider region asked.
+            region: str | None = None, consumer: str | None = None,
+            now: datetime | None = None) -> dict[tuple[str, str | None], Tally]:
+    """Tallies per (consumer region, model) over [since, until) (hour boundaries) from every provider region
+    asked; the model is None for a one-model fleet (its entries name no model).
 
     `call(region, **GetMetricData params)` runs one GetMetricData call (fleetcast.connections.aws.Access).
     """
@@ -126,29 +181,36 @@ def collect(cfg: FleetConfig, since: datetime, until: datetime, call: Callable[.
         raise UserError("--since is more than 15 days ago: CloudWatch keeps 1-minute data 15 days, and the "
                         "profile's burstiness needs it; export a window inside the last 15 days", exit_code=EXIT_USAGE)
     hours = int((until - since) / HOUR)
-    tallies: dict[str, Tally] = {}
+    tallies: dict[tuple[str, str | None], Tally] = {}
     for region_name in [region] if region else names:
         consumers = [c for c in cfg.consumers_of(region_name) if consumer is None or c.name == consumer]
         if not consumers:
             continue
         queries, targets = _queries(cfg, region_name, consumers)
-        pool_hours: dict[str, dict[str, list]] = {}
+        pool_hours: dict[tuple[str, str | None], dict[str, list]] = {}
         for h in range(hours):
             start = since + h * HOUR
             for first in range(0, len(queries), MAX_QUERIES):
                 for result in _get(call, region_name, queries[first:first + MAX_QUERIES], start, start + HOUR):
                     _fold(result, targets[result["Id"]], h, start, hours, tallies, pool_hours)
-        # The pool's P99 (all consumers) goes to every consumer region it served; with more than one
-        # pool the worst hour counts: the SLO is per request, whichever pool served it.
+        # The pool's P99 (all consumers; the model's, per model) goes to every consumer region it served; with
+        # more than one pool the worst hour counts: the SLO is per request, whichever pool served it.
         for c in consumers:
-            tally = tallies.setdefault(c.region, Tally(hours))
-            for series in pool_hours.values():
-                for key, attr in (("ttft_p99", "ttft_p99"), ("itl_p99", "itl_p99")):
-                    mine = getattr(tally, attr)
-                    for i, v in enumerate(series.get(key, [None] * hours)):
-                        if v is not None and (mine[i] is None or v > mine[i]):
-                            mine[i] = v
+            for model in ({m for _, m in _model_names(cfg, c)} if per_model(cfg) else {None}):
+                if (c.region, model) not in tallies:
+                    continue
+                _worst_p99(tallies[(c.region, model)], [v for (_, m), v in pool_hours.items() if m == model], hours)
     return tallies
+
+
+def _worst_p99(tally: Tally, pools: list[dict[str, list]], hours: int) -> None:
+    """Each hour's worst pool P99 into the tally."""
+    for series in pools:
+        for key in ("ttft_p99", "itl_p99"):
+            mine = getattr(tally, key)
+            for i, v in enumerate(series.get(key, [None] * hours)):
+                if v is not None and (mine[i] is None or v > mine[i]):
+                    mine[i] = v
 
 
 def _get(call: Callable[..., dict], region: str, queries: list[dict], start: datetime, end: datetime) -> list[dict]:
@@ -167,8 +229,8 @@ def _get(call: Callable[..., dict], region: str, queries: list[dict], start: dat
         params["NextToken"] = token
 
 
-def _fold(result: dict, target: tuple, h: int, start: datetime, hours: int, tallies: dict[str, Tally],
-          pool_hours: dict[str, dict[str, list]]) -> None:
+def _fold(result: dict, target: tuple, h: int, start: datetime, hours: int, tallies: dict[tuple, Tally],
+          pool_hours: dict[tuple, dict[str, list]]) -> None:
     values, stamps = result["Values"], result["Timestamps"]
     owner, what = target[0], target[1]
     if what in ("ttft_p99", "itl_p99"):
@@ -177,11 +239,12 @@ def _fold(result: dict, target: tuple, h: int, start: datetime, hours: int, tall
         if good:
             series[h] = max(good)
         return
-    tally = tallies.setdefault(owner.region, Tally(hours))
+    consumer, model = owner
+    tally = tallies.setdefault((consumer.region, model), Tally(hours))
     total = sum(values)
     if what == "arrivals":
         tally.arrivals[h] += total
-        tally.consumers[owner.name] = tally.consumers.get(owner.name, 0.0) + total
+        tally.consumers[consumer.name] = tally.consumers.get(consumer.name, 0.0) + total
     elif what == "throttled":
         tally.throttled[h] += total
     elif what == "minutes":
@@ -214,14 +277,19 @@ def _bucket_counts(counts: dict[str, float], labels: tuple[str, ...], skip_zero:
             if counts.get(label) and not (skip_zero and label == "0")}
 
 
-def profile_document(tallies: dict[str, Tally], since: datetime, until: datetime, name: str, fleet: str,
-                     hour_stat: str = "max") -> dict[str, Any]:
-    """The profile as plain data (validated by fleetcast.plan.traffic before it is written)."""
+def profile_document(tallies: dict[tuple[str, str | None], Tally], since: datetime, until: datetime, name: str,
+                     fleet: str, hour_stat: str = "max") -> dict[str, Any]:
+    """The profile as plain data (validated by fleetcast.plan.traffic before it is written): one entry per
+    (consumer region, model) with traffic, `model` set where the tallies are per model."""
     from fleetcast.plan.traffic import SCHEMA_ID, ConsumerTraffic
 
     consumers = []
-    for region in sorted(tallies):
-        tally = tallies[region]
+    by_region: dict[str, dict[str, int]] = {}
+    for (region, model), tally in tallies.items():
+        if model is not None and sum(tally.arrivals):
+            by_region.setdefault(region, {})[model] = int(round(sum(tally.arrivals)))
+    for region, model in sorted(tallies, key=lambda k: (k[0], k[1] or "")):
+        tally = tallies[(region, model)]
         served = sum(tally.buckets["input_tokens"].get(label, 0.0) for label in t.TOKEN_LABELS)
         if not sum(tally.arrivals):
             continue
@@ -239,8 +307,11 @@ def profile_document(tallies: dict[str, Tally], since: datetime, until: datetime
             "ttft_p99_ms": [None if v is None else round(v, 3) for v in tally.ttft_p99],
             "itl_p99_ms": [None if v is None else round(v, 3) for v in tally.itl_p99],
         }
+        if model is not None:
+            observed["models"] = dict(sorted(by_region[region].items()))
         entry: dict[str, Any] = {
             "region": region,
+            **({"model": model} if model is not None else {}),
             "rate_rps": hour_of_day_rates(since.hour, tally.arrivals, hour_stat),
             "input_tokens": round(tally.input_sum / served, 3) if served else 1,
             "output_tokens": round(tally.output_sum / served, 3) if served else 1,

@@ -79,11 +79,18 @@ def raw_series(records: list[dict[str, Any]]) -> dict[tuple, list[tuple[int, lis
     return raw
 
 
+def _extended(stat: str) -> bool:
+    return stat.startswith("p") or stat.startswith("TC(")
+
+
 def with_percentiles(call, records: list[dict[str, Any]] | dict[tuple, list]):
     """moto answers no percentile statistic (its GetMetricData knows Sum, Average, Minimum, Maximum and
     SampleCount only); this wraps a GetMetricData caller so that `pNN` queries are answered from the
     records' raw values the way CloudWatch does for raw data (nearest rank over the period's values),
-    and everything else goes to moto. `records` may be their raw_series(), for a caller wrapping many."""
+    and `TC(a:b)` as the count of values v with a < v <= b (CloudWatch User Guide, "CloudWatch statistics
+    definitions": TM(150:1000) removes the points "lower than or equal to 150, or higher than 1000"; TC counts
+    what is left), and everything else goes to moto. `records` may be their raw_series(), for a caller
+    wrapping many."""
     # Indexed by metric and dimension set: each query reads its own series, not every key.
     raw = records if isinstance(records, dict) else raw_series(records)
 
@@ -95,14 +102,18 @@ def with_percentiles(call, records: list[dict[str, Any]] | dict[tuple, list]):
                         if lo <= minute < hi for v in vs)
         if not values:
             return {"Id": query["Id"], "Values": [], "Timestamps": []}
+        if stat["Stat"].startswith("TC("):
+            low, high = (float(x) for x in stat["Stat"][3:-1].split(":"))
+            return {"Id": query["Id"], "Values": [float(sum(1 for v in values if low < v <= high))],
+                    "Timestamps": [start]}
         q = float(stat["Stat"][1:]) / 100
         rank = max(1, -(-int(q * len(values) * 1000) // 1000))
         return {"Id": query["Id"], "Values": [values[rank - 1]], "Timestamps": [start]}
 
     def wrapped(region: str, **params):
         queries = params["MetricDataQueries"]
-        mine = [q for q in queries if q["MetricStat"]["Stat"].startswith("p")]
-        rest = [q for q in queries if not q["MetricStat"]["Stat"].startswith("p")]
+        mine = [q for q in queries if _extended(q["MetricStat"]["Stat"])]
+        rest = [q for q in queries if not _extended(q["MetricStat"]["Stat"])]
         page = call(region, **{**params, "MetricDataQueries": rest}) if rest else {"MetricDataResults": []}
         page = dict(page)
         page["MetricDataResults"] = list(page["MetricDataResults"]) + [

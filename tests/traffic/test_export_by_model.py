@@ -1,0 +1,139 @@
+"""`fleetcast traffic export` on a fleet of several models: one profile entry per (consumer region, model),
+read from the gateway's per-model metering (telemetry.DIM_MODEL). Requests sent through the real gateway
+(two models, two consumers, one not entitled to the second model) -> CloudWatch (moto) -> a profile whose
+per-model arrivals, burstiness, consumer counts, length histograms and means are what was sent to each model."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from datetime import UTC, datetime, timedelta
+
+import boto3
+import pytest
+
+from fleetcast.config.loader import parse_config
+from fleetcast.contract import telemetry as t
+from fleetcast.plan.traffic import load_traffic
+from fleetcast.traffic.export import export, floor_hour, per_model, trimmed_count
+from runtime.gateway.routing import Router
+from scripts.traffic_cmd import cloudwatch_caller, write_profile
+from tests.conftest import reset_moto
+from tests.gateway.conftest import ANALYTICS_VPCE, REGION, VOICE_VPCE, fleet_config, start_harness, stop_harness
+from tests.gateway.fakes import Client, FakeModelServer
+
+from .emf import ship, with_percentiles
+from .week import WIDE_LIMITS
+
+NOW = floor_hour(datetime.now(UTC))
+HOURS = 3
+START = NOW - timedelta(hours=HOURS)
+SMALL = "gpt2-small-chat"  # the second model: voice-app may call it, analytics may not
+
+
+def two_model_config():
+    """The gateway tests' fleet (both consumers in Seoul) serving gpt2-xl and a second model only voice-app calls."""
+    data = fleet_config(WIDE_LIMITS, WIDE_LIMITS).model_dump(mode="json")
+    first = data.pop("model")
+    data.pop("calibration", None)
+    first["parameters_b"] = 1.56  # several processes per instance: the memory check needs model sizes
+    data["models"] = [first, {**first, "id": SMALL, "parameters_b": 0.12, "consumers": ["voice-app"]}]
+    return parse_config(data, "<two-model test config>")
+
+
+def _sends(rng: random.Random) -> list[tuple[int, str, str, int, int]]:
+    """(minute, consumer, model, prompt words, max_tokens): each model its own lengths and rates."""
+    out = []
+    for minute in range(HOURS * 60):
+        for _ in range(rng.choice((0, 0, 1, 1, 2))):
+            out.append((minute, "voice-app", "gpt2-xl", rng.randint(20, 200), rng.randint(4, 48)))
+        if rng.random() < 0.3:
+            out.append((minute, "voice-app", SMALL, rng.randint(600, 1500), rng.randint(100, 300)))
+        if rng.random() < 0.25:
+            out.append((minute, "analytics", "gpt2-xl", rng.randint(60, 120), rng.randint(8, 16)))
+    # A burst to the small model in the second hour (minute 75-76): its per-minute counts show it.
+    out += [(75 + i % 2, "voice-app", SMALL, 700, 120) for i in range(30)]
+    # analytics asking for the model it may not call: 404 model_not_found, no engine loaded, not in the profile.
+    out += [(minute, "analytics", SMALL, 50, 5) for minute in (10, 70, 130)]
+    return sorted(out)
+
+
+def _run(cfg, sends) -> tuple[list[dict], list[tuple[int, int]]]:
+    async def body():
+        xl, small = await FakeModelServer().start(), await FakeModelServer().start()
+        router = Router({"gpt2-xl": [("127.0.0.1", xl.port)], SMALL: [("127.0.0.1", small.port)]})
+        h = await start_harness(cfg, upstream=xl, router=router,
+                                entitled={c.name: cfg.models_for(c.name) for c in cfg.consumers})
+        statuses = []
+        clients = {"voice-app": await Client(h.port, VOICE_VPCE).connect(),
+                   "analytics": await Client(h.port, ANALYTICS_VPCE).connect()}
+        try:
+            for minute, consumer, model, words, max_tokens in sends:
+                h.gateway.clock = lambda minute=minute: START.timestamp() + minute * 60 + 1
+                reply = await clients[consumer].request("POST", "/v1/completions", {
+                    "model": model, "prompt": " ".join(["w"] * words), "max_tokens": max_tokens, "stream": False})
+                statuses.append((reply.status, minute))
+            return list(h.records), statuses
+        finally:
+            for c in clients.values():
+                await c.close()
+            await stop_harness(h)
+            await small.stop()
+    return asyncio.run(asyncio.wait_for(body(), 300))
+
+
+def test_a_fleet_of_several_models_exports_one_entry_per_region_and_model(aws_env, tmp_path):
+    cfg = two_model_config()
+    assert per_model(cfg)
+    sends = _sends(random.Random(7))
+    records, statuses = _run(cfg, sends)
+    refused = [s for s, (status, _) in zip(sends, statuses) if status != 200]
+    assert {(s[1], s[2]) for s in refused} == {("analytics", SMALL)} and len(refused) == 3
+    reset_moto(aws_env)
+    ship(records, boto3.client("cloudwatch", region_name=REGION))
+
+    profile, doc = export(cfg, START, NOW, with_percentiles(cloudwatch_caller(None), records), region=REGION, now=NOW)
+    out = tmp_path / "traffic.yaml"
+    write_profile(doc, out)
+    assert load_traffic(out) == profile
+    assert profile.checked_against(tuple(m.id for m in cfg.models)) == profile  # every entry names its model
+    # By region, then model id.
+    assert [(c.region, c.model) for c in profile.consumers] == [(REGION, SMALL), (REGION, "gpt2-xl")]
+
+    served = [s for s, (status, _) in zip(sends, statuses) if status == 200]
+    for entry in profile.consumers:
+        mine = [s for s in served if s[2] == entry.model]
+        o = entry.observed
+        per_hour = [sum(1 for s in mine if s[0] // 60 == h) for h in range(HOURS)]
+        assert o.arrivals == per_hour  # Sums of per-request records: exact
+        assert o.consumers == {c: sum(1 for s in mine if s[1] == c) for c in sorted({s[1] for s in mine})}
+        assert o.models == {"gpt2-xl": sum(1 for s in served if s[2] == "gpt2-xl"),
+                            SMALL: sum(1 for s in served if s[2] == SMALL)}
+        # Length histograms from CloudWatch trimmed counts over the raw token values: bucket for bucket.
+        want_in: dict[str, int] = {}
+        want_out: dict[str, int] = {}
+        for s in mine:
+            want_in[t.token_label(s[3])] = want_in.get(t.token_label(s[3]), 0) + 1
+            want_out[t.token_label(s[4])] = want_out.get(t.token_label(s[4]), 0) + 1
+        assert (o.input_tokens, o.output_tokens) == (want_in, want_out)
+        assert entry.input_mean == pytest.approx(sum(s[3] for s in mine) / len(mine), abs=1e-3)  # written to 3 decimals
+        assert entry.output_mean == pytest.approx(sum(s[4] for s in mine) / len(mine), abs=1e-3)  # written to 3 decimals
+        # In flight at arrival is per instance (every model's requests): no per-model histogram, so the planner
+        # sizes these entries from arrivals and burstiness.
+        assert o.in_flight == {} and entry.concurrency is None and entry.arrival_driven
+        for h in range(HOURS):
+            minutes = [sum(1 for s in mine if s[0] == h * 60 + m) for m in range(60)]
+            if sum(minutes):
+                assert o.peak_minute_ratio[h] == pytest.approx(max(minutes) / (sum(minutes) / 60), abs=1e-3)
+    small = profile.consumers[0]
+    assert small.observed.peak_minute_ratio[1] > 5  # the burst in the second hour
+    assert small.observed.consumers == {"voice-app": sum(1 for s in served if s[2] == SMALL)}
+
+
+@pytest.mark.parametrize("label, stat", [("1-64", "TC(0:64)"), ("65-128", "TC(64:128)"),
+                                         ("131073-1048576", "TC(131072:1048576)")])
+def test_a_token_bucket_is_read_as_the_trimmed_count_of_its_range(label, stat):
+    # CloudWatch statistics definitions: TM(150:1000) removes the points "lower than or equal to 150, or higher
+    # than 1000" (lower bound exclusive, upper inclusive); a bucket 'a-b' holds a <= v <= b of integer counts.
+    assert trimmed_count(label) == stat
+    assert label in t.TOKEN_LABELS
