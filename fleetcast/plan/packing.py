@@ -74,6 +74,7 @@ class ModelCurve:
     candidate: Candidate
     packing: tuple[tuple[str, int], ...] | None = None
     peers_busy: bool = False
+    kv_cache_gb: dict[str, float] | None = None  # the packing's KV budgets as measured (model -> GB each copy)
 
     @property
     def instance_type(self) -> str:
@@ -95,6 +96,14 @@ def _packing_key(results) -> tuple[tuple[str, int], ...] | None:
     serves = packing.serves if hasattr(packing, "serves") else packing.get("serves", [])
     rows = [(s.model, s.copies) if hasattr(s, "model") else (s["model"], int(s.get("copies", 1))) for s in serves]
     return tuple(sorted(rows))
+
+
+def _packing_kv(results) -> dict[str, float] | None:
+    packing = getattr(results, "packing", None)
+    if packing is None:
+        return None
+    kv = {s.model: s.kv_cache_gb for s in packing.serves if s.kv_cache_gb is not None}
+    return kv if len(kv) == len(packing.serves) else None
 
 
 def _peers_busy(results) -> bool:
@@ -122,13 +131,14 @@ def load_model_curves(paths: list[str], models: tuple[str, ...], lab: dict[str, 
             raise UserError(f"--results: {path}: labels.model {model!r} is not a model of the config; allowed: "
                             f"{', '.join(models)} (a results file of a fleet of several models names its model)")
         instance_type = results.labels.instance_type or (lab or {}).get(results.labels.gpu or "")
+        kv = _packing_kv(results)
         key = (instance_type, results.labels.precision, model, _packing_key(results),
-               _peers_busy(results))
+               _peers_busy(results), tuple(sorted(kv.items())) if kv else None)
         groups.setdefault(key, []).append(str(path))
     out = []
-    for (_, _, model, packing, busy), group in sorted(groups.items(), key=lambda kv: str(kv[0])):
+    for (_, _, model, packing, busy, kv), group in sorted(groups.items(), key=lambda kv: str(kv[0])):
         (candidate,) = load_candidates(group, lab)
-        out.append(ModelCurve(model, candidate, packing, busy))
+        out.append(ModelCurve(model, candidate, packing, busy, dict(kv) if kv else None))
     return out
 
 
@@ -250,9 +260,12 @@ class _PackedFleet:
 
 
 def packing_memory(cfg, instance_type: str, packing: tuple[tuple[str, str, int], ...],
-                   lab: dict[str, str] | None = None) -> PoolMemory | None:
-    """The memory plan of one instance serving `packing` ((model, precision, copies)): memory.plan_pool's."""
-    shape = _PoolShape(instance_type, tuple(Serve(model=m, copies=c) for m, _, c in packing))
+                   lab: dict[str, str] | None = None, kv_cache_gb: dict[str, float] | None = None) -> PoolMemory | None:
+    """The memory plan of one instance serving `packing` ((model, precision, copies)): memory.plan_pool's.
+    `kv_cache_gb` fixes budgets (model -> GB each copy, as a co-located measurement ran them); the others
+    share what is left evenly."""
+    kv = kv_cache_gb or {}
+    shape = _PoolShape(instance_type, tuple(Serve(model=m, copies=c, kv_cache_gb=kv.get(m)) for m, _, c in packing))
     return plan_pool(_PackedFleet(cfg, {m: p for m, p, _ in packing}), shape, _instance(instance_type, lab or {}))
 
 
@@ -365,8 +378,8 @@ def _source_of(mc: ModelCurve, processes: int) -> str:
     base = "synthetic (authored data, not measured)" if mc.candidate.provenance == "synthetic" else None
     if mc.colocated:
         return base or MEASURED_COLOCATED
-    if processes == 1 and mc.packing is None:
-        return base or MEASURED_ALONE
+    if processes == 1:
+        return base or MEASURED_ALONE  # measured alone on its GPU (a packed file's peers idle: loaded, not busy)
     return ESTIMATED
 
 
@@ -627,20 +640,23 @@ def _evaluate(cfg, curves, instance_type, region, entries, combo, ctx, fleet_slo
     processes = sum(c for _, _, c in packing)
     if processes > MAX_PROCESSES:
         return None
-    memory = packing_memory(cfg, instance_type, packing, cache["lab"])
-    if memory is None or memory.fits is False:
-        return None
-    if memory.fits is None:
-        return None  # a model's size is unknown: the validator asks for parameters_b
-    kv = {p.model_id: p.kv_bytes for p in memory.processes}
-    if processes > 1 and any(b is not None and b < MIN_KV_GIB * GIB for b in kv.values()):
-        return None
     key = tuple(sorted((m, c) for m, _, c in packing))
     picked = []
     for t, (model, prec, copies) in zip(entries, packing):
         coloc, solo = _curve_for(curves, model, instance_type, prec, key)
         picked.append((t, model, prec, copies, coloc, solo))
     if any(coloc is None and solo is None for *_, coloc, solo in picked):
+        return None
+    # A co-located curve holds at the KV budgets it was measured with: the plan keeps them.
+    measured_kv = {m: gb for *_, coloc, _ in picked if coloc is not None and coloc.kv_cache_gb
+                   for m, gb in coloc.kv_cache_gb.items()}
+    memory = packing_memory(cfg, instance_type, packing, cache["lab"], measured_kv)
+    if memory is None or memory.fits is False:
+        return None
+    if memory.fits is None:
+        return None  # a model's size is unknown: the validator asks for parameters_b
+    kv = {p.model_id: p.kv_bytes for p in memory.processes}
+    if processes > 1 and any(b is not None and b < MIN_KV_GIB * GIB for b in kv.values()):
         return None
     def load_of(t, model, prec, copies, mc, curve, source) -> ModelLoad:
         kv_b = kv.get(model)
@@ -649,7 +665,7 @@ def _evaluate(cfg, curves, instance_type, region, entries, combo, ctx, fleet_slo
                          kv_gib=None if kv_b is None else kv_b / GIB, sources=mc.candidate.sources)
 
     def as_measured(coloc, solo) -> bool:
-        return coloc is not None or (processes == 1 and solo.packing is None)
+        return coloc is not None or processes == 1
 
     # What each process's curve is as measured (the co-located curve, else the solo one).
     first = [load_of(t, m, p, c, coloc or solo, (coloc or solo).candidate.curve,

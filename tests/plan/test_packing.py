@@ -224,3 +224,41 @@ def test_the_one_model_flags_say_what_they_plan(capsys):
     with pytest.raises(SystemExit):
         _cli(capsys, *EXAMPLE_ARGS, "--lab", "H200")
     assert "--lab 'H200': give GPU=TYPE" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------- the H200 co-location dataset
+
+
+H200_SCENARIO = ROOT / "examples" / "plan" / "h200-colocate"
+H200_FILES = [str(H200 / f"h200-colocate-{m}-{k}.json") for m in ("gpt2-medium", "gpt2-xl") for k in ("alone", "together")]
+
+
+def _h200_plan():
+    opts = PlanOptions(results=H200_FILES, traffic=str(H200_SCENARIO / "traffic.yaml"),
+                       config=str(H200_SCENARIO / "fleet.yaml"), prices=str(H200_SCENARIO / "prices.yaml"), lab=LAB,
+                       today=date(2026, 2, 1))
+    return build_packing(opts)
+
+
+def test_the_h200_dataset_plans_its_own_packing_from_the_measured_colocated_curves():
+    """bench/data/h200-colocate-*-together.json: both shapes on one H200, each busy while the other is (their
+    `packing` and `runs[].peers`, bench results revision 3). The planner chooses that packing from those
+    curves, at the KV budgets they ran with (6 and 20 GB), and labels the other packings estimated."""
+    result, _, _ = _h200_plan()
+    (region,) = result.regions
+    w = region.winner
+    assert w.label == "lab.h200 [gpt2-medium-shape fp16 x1 + gpt2-xl-shape fp16 x1]"
+    assert [(m.source, m.kv_gib) for m in w.loads] == [(MEASURED_COLOCATED, 6.0), (MEASURED_COLOCATED, 20.0)]
+    assert all(any("together" in s for s in m.sources) for m in w.loads)
+    others = [e for e in region.ranked if e is not w]
+    assert others and all(e.source == ESTIMATED for e in others)
+    # Unpacked, each shape runs alone: its file measured with the peer idle is a one-process measurement.
+    assert all(p.loads[0].source == "measured (one process)" for p in region.alternatives[0].parts)
+    assert any("reference backend on a lab machine (--lab)" in w for w in result.warnings)
+
+
+def test_without_lab_the_reference_backend_is_refused_as_for_one_model_plans():
+    opts = PlanOptions(results=H200_FILES, traffic=str(H200_SCENARIO / "traffic.yaml"),
+                       config=str(H200_SCENARIO / "fleet.yaml"), prices=str(H200_SCENARIO / "prices.yaml"))
+    with pytest.raises(UserError, match="labels.backend is 'reference'"):
+        build_packing(opts)
