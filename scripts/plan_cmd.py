@@ -263,6 +263,7 @@ def _plan_packing(args: argparse.Namespace, profile) -> int:
     from fleetcast.contract.errors import EXIT_USAGE, UserError
     from fleetcast.plan.packing_report import render_terminal, to_json, write_report
     from fleetcast.plan.run import PlanOptions, build_packing
+    from fleetcast.plan.writeback import compute_packing_edit
 
     unsupported = [flag for flag, given in (("simulate", args.action == "simulate"), ("--check", args.check),
                                             ("--write-schedule", args.write_schedule),
@@ -281,13 +282,30 @@ def _plan_packing(args: argparse.Namespace, profile) -> int:
     result, _, _ = build_packing(opts, max_copies=args.max_copies)
     print(json.dumps(to_json(result), indent=1) if args.json else render_terminal(result))
     say = (lambda text: print(text, file=sys.stderr)) if args.json else print
+    # Everything written is computed and validated first; a refusal or failure leaves every file as it was.
+    edit = compute_packing_edit(args.write_config, result, args.allow_estimated) if args.write_config else None
     if args.report:
         try:
             paths = write_report(result, args.report)
         except OSError as exc:
             raise UserError(f"--report: cannot write {exc.filename or args.report}: {exc.strerror}; its pages were "
-                            "left as they were") from None
+                            "left as they were" + (f", and {args.write_config} was not written" if edit else "")) from None
         say(f"\nreport: {', '.join(str(p) for p in paths[:3])} (+{len(paths) - 3} plots)")
+    if edit is not None:
+        from fleetcast.config.edit import replace_files
+
+        if edit.text is not None:
+            try:
+                replace_files([(edit.path, edit.text)])
+            except OSError as exc:
+                raise UserError(f"--write-config: cannot write {exc.filename or edit.path}: {exc.strerror}; "
+                                f"{edit.path} was left as it was") from None
+            say(f"\n{args.write_config}: updated and re-validated")
+            for change in edit.changes:
+                say(f"  {change}")
+        else:
+            say(f"\n{args.write_config}: already matches the plan; unchanged")
+        say("  no plan baseline is written for a fleet of several models yet (plan --check plans one-model fleets)")
     return 0 if all(r.winner for r in result.regions) else 3
 
 

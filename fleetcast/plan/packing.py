@@ -541,7 +541,10 @@ def _options(curves: list[ModelCurve], model: str, instance_type: str, cfg, fami
         backend = model_engine(cfg, model).backend.value
         refusal = support.check(family_of(model), backend, prec, kv_dtype, instance.gpu.arch,
                                 support.instance_where(instance_type, instance.gpu.name, instance.gpu.arch))
-        if refusal is None:
+        # A calibrated build without a calibration set is one the validator refuses: not a candidate.
+        uncalibrated = backend is not None and support.needs_calibration(backend, prec, kv_dtype) \
+            and cfg.model_by_id(model).calibration is None
+        if refusal is None and not uncalibrated:
             out.append(prec)
     return out
 

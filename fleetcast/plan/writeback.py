@@ -15,6 +15,7 @@ steps whose `min` is the planned instance count for those hours).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -172,8 +173,7 @@ def compute_plan_edit(path: str | Path, plans: list[RegionPlan], pools: list[Fle
         # One pool for every consumer region this provider region serves: their load adds up,
         # the pool's minimum counts once; it scales on the lowest member target.
         hourly = fleet_pool.instances_by_hour
-        lo, hi = min(hourly), max(hourly)
-        desired = min(hi, -(-sum(hourly) // 24))
+        hi = max(hourly)
         pools = entry.get("pools") or []
         if not pools:
             raise UserError(f"--write-config: regions[{region_name}] has no pools to update")
@@ -187,17 +187,7 @@ def compute_plan_edit(path: str | Path, plans: list[RegionPlan], pools: list[Fle
             changes.append(f"{where}.engine.precision = {win.candidate.precision}")
         elif _set(engine, "precision", win.candidate.precision):
             changes.append(f"{where}.engine.precision = {win.candidate.precision}")
-        capacity = pool.get("capacity")
-        if capacity is None:
-            pool["capacity"] = _flow({"min": lo, "max": hi})
-            changes.append(f"{where}.capacity = min {lo}, max {hi}")
-        elif "desired" in capacity:
-            # The owner fixed a size deploys reset to: keep that choice, at the day's mean.
-            if any([_set(capacity, "min", lo), _set(capacity, "desired", desired), _set(capacity, "max", hi)]):
-                changes.append(f"{where}.capacity = min {lo}, desired {desired}, max {hi}")
-        elif any([_set(capacity, "min", lo), _set(capacity, "max", hi)]):
-            # No fixed size: scaling owns it between the day's lowest and highest counts.
-            changes.append(f"{where}.capacity = min {lo}, max {hi}")
+        changes += _write_capacity(pool, where, hourly)
         scaling = pool.get("scaling")
         target = int(fleet_pool.target) if float(fleet_pool.target).is_integer() else float(fleet_pool.target)
         if scaling is None:
@@ -293,3 +283,137 @@ def throttling_notes(cfg, pools: list[FleetPool]) -> list[str]:
                     f"its target, so the pool does not scale out for them; raise max_concurrency above the target "
                     f"or expect {consumer.name} to be throttled rather than served")
     return notes
+
+
+def compute_packing_edit(path: str | Path, result, allow_estimated: bool = False) -> ConfigEdit:
+    """The config at `path` with a packing plan (fleetcast/plan/packing.py) written in, validated; writes nothing.
+
+    Per consumer region (served from its own region): the region's pool (of the chosen instance family, else
+    its first) gets the instance type, `serves` (each model's copies and KV budget, GiB rounded down to 0.1
+    so the validator's memory sum still fits), capacity min/max and the scaling target (the planned in-flight
+    requests per instance over every model at the day's busiest planned minute, over the burst headroom);
+    each model's precision goes to models[].engine.precision (a pool-level precision would apply to every
+    model it serves, so it is removed). Refuses, file untouched, on any problem."""
+    from fleetcast.config import ConfigError, load_config
+
+    from .solver import TARGET_HEADROOM
+
+    path = Path(path)
+    yaml = round_trip_yaml()
+    try:
+        original = path.read_text()
+    except OSError as exc:
+        raise UserError(f"--write-config: cannot read {path}: {exc.strerror}") from None
+    doc = yaml.load(original)
+    if not isinstance(doc, CommentedMap) or not isinstance(doc.get("regions"), list) \
+            or not isinstance(doc.get("models"), list):
+        raise UserError(f"--write-config: {path} is not a fleet config of several models (no `regions` and "
+                        "`models` lists)")
+    try:
+        current = load_config(path)
+    except ConfigError as exc:
+        details = exc.render().split("\n", 1)[-1]
+        raise UserError(f"--write-config: {path} is not a valid config now; fix it first:\n{details}") from None
+    blockers = []
+    precisions: dict[str, dict[str, str]] = {}
+    for plan in result.regions:
+        if plan.winner is None:
+            blockers.append(f"no packing serves {plan.region} within every model's SLO")
+        elif plan.winner.estimated and not allow_estimated:
+            blockers.append(f"the choice for {plan.region} ({plan.winner.label}) is estimated from solo curves; "
+                            "measure it co-located first (or pass --allow-estimated)")
+        elif not any(r.get("region") == plan.region for r in doc["regions"]):
+            blockers.append(f"the plan serves {plan.region} from {plan.region}, which has no entry under regions; "
+                            "add it (availability zones, VPC, AMI, allowed principals) and rerun")
+        if plan.winner is not None:
+            for m in plan.winner.loads:
+                precisions.setdefault(m.model, {})[plan.region] = m.precision
+    for model, by_region in precisions.items():
+        if len(set(by_region.values())) > 1:
+            blockers.append(f"{model} is planned at {', '.join(f'{p} in {r}' for r, p in sorted(by_region.items()))}; "
+                            "models[].engine.precision is one per model: plan the regions one at a time")
+    if blockers:
+        raise UserError(f"--write-config: {path} was left untouched: " + "; ".join(blockers))
+
+    changes: list[str] = []
+    for model in doc["models"]:
+        chosen = precisions.get(model.get("id"), {})
+        if not chosen:
+            continue
+        (precision,) = set(chosen.values())
+        engine = model.get("engine")
+        if engine is None:
+            model["engine"] = _flow({"precision": precision})
+            changes.append(f"models[{model.get('id')}].engine.precision = {precision}")
+        elif _set(engine, "precision", precision):
+            changes.append(f"models[{model.get('id')}].engine.precision = {precision}")
+    for plan in result.regions:
+        w = plan.winner
+        entry = next(r for r in doc["regions"] if r.get("region") == plan.region)
+        pools = entry.get("pools") or []
+        if not pools:
+            raise UserError(f"--write-config: regions[{plan.region}] has no pools to update")
+        pool = pool_for(pools, w.instance_type.split(".")[0])
+        where = f"regions[{plan.region}].pools[{pool.get('name')}]"
+        if _set(pool, "instance_type", w.instance_type):
+            changes.append(f"{where}.instance_type = {w.instance_type}")
+        engine = pool.get("engine")
+        if engine is not None and "precision" in engine:
+            del engine["precision"]
+            changes.append(f"{where}.engine.precision removed (each model's precision is in models[].engine)")
+            if not engine:
+                del pool["engine"]
+        wanted = [{"model": m.model, "copies": m.copies,
+                   **({} if m.kv_gib is None else {"kv_cache_gb": math.floor(m.kv_gib * 10) / 10})} for m in w.loads]
+        present = pool.get("serves")
+        if [dict(s) for s in present or []] != wanted:
+            if isinstance(present, CommentedSeq) and [s.get("model") for s in present] == [x["model"] for x in wanted]:
+                for item, want in zip(present, wanted):  # in place: the entries keep their comments and layout
+                    item.pop("kv_cache_gb", None)
+                    item.update(want)
+            else:
+                pool["serves"] = CommentedSeq([_flow(x) for x in wanted])
+            changes.append(f"{where}.serves = " + ", ".join(
+                f"{s['model']} x{s['copies']}" + (f" ({s['kv_cache_gb']} GiB KV each)" if "kv_cache_gb" in s else "")
+                for s in wanted))
+        changes += _write_capacity(pool, where, w.instances_by_hour)
+        busiest = max(range(24), key=lambda h: (w.instances_by_hour[h], sum(t.hourly_rps()[h] for t in plan.traffic)))
+        in_flight = sum(m.copies * m.predictions[busiest].in_flight for m in w.loads if m.predictions[busiest])
+        burst = max(max(t.hourly_burstiness()) for t in plan.traffic)
+        target = max(1.0, math.floor(in_flight / max(burst, 1.0 / (1.0 - TARGET_HEADROOM)) * 10) / 10)
+        target_value = int(target) if target.is_integer() else target
+        scaling = pool.get("scaling")
+        if scaling is None:
+            pool["scaling"] = _flow({"metric": "active_requests", "target": target_value})
+            changes.append(f"{where}.scaling.target = {target_value} active requests")
+        elif scaling.get("metric", "active_requests") == "active_requests" and _set(scaling, "target", target_value):
+            changes.append(f"{where}.scaling.target = {target_value} active requests")
+    if not changes:
+        return ConfigEdit(path, [], None, current)
+    try:
+        text, cfg = validated_text(path, yaml, doc)
+    except ConfigError as exc:
+        details = exc.render().split("\n", 1)[-1]
+        raise UserError(f"--write-config: the updated config would be invalid, so {path} was left untouched:\n"
+                        f"{details}") from None
+    return ConfigEdit(path, changes, text, cfg)
+
+
+def _write_capacity(pool: CommentedMap, where: str, hourly: list[int]) -> list[str]:
+    """capacity min/max from the day's lowest and highest instance counts (desired, where the pool fixes one:
+    the day's mean, rounded up)."""
+    lo, hi = min(hourly), max(hourly)
+    desired = min(hi, -(-sum(hourly) // 24))
+    capacity = pool.get("capacity")
+    if capacity is None:
+        pool["capacity"] = _flow({"min": lo, "max": hi})
+        return [f"{where}.capacity = min {lo}, max {hi}"]
+    if "desired" in capacity:
+        # The owner fixed a size deploys reset to: keep that choice, at the day's mean.
+        if any([_set(capacity, "min", lo), _set(capacity, "desired", desired), _set(capacity, "max", hi)]):
+            return [f"{where}.capacity = min {lo}, desired {desired}, max {hi}"]
+        return []
+    if any([_set(capacity, "min", lo), _set(capacity, "max", hi)]):
+        # No fixed size: scaling owns it between the day's lowest and highest counts.
+        return [f"{where}.capacity = min {lo}, max {hi}"]
+    return []

@@ -262,3 +262,43 @@ def test_without_lab_the_reference_backend_is_refused_as_for_one_model_plans():
                        config=str(H200_SCENARIO / "fleet.yaml"), prices=str(H200_SCENARIO / "prices.yaml"))
     with pytest.raises(UserError, match="labels.backend is 'reference'"):
         build_packing(opts)
+
+
+# ---------------------------------------------------------------- --write-config
+
+
+def test_write_config_refuses_an_estimated_packing_unless_allowed(capsys, tmp_path):
+    fleet = tmp_path / "fleet.yaml"
+    fleet.write_text((EXAMPLE / "fleet.yaml").read_text())
+    before = fleet.read_text()
+    code, _, err = _cli(capsys, *EXAMPLE_ARGS, "--write-config", str(fleet))
+    assert code == 1 and "is estimated from solo curves; measure it co-located first (or pass --allow-estimated)" in err
+    assert fleet.read_text() == before
+
+
+def test_the_written_packing_validates_and_synthesizes(capsys, tmp_path):
+    from ruamel.yaml import YAML
+
+    from tests.stacks.synthesized import synthesize
+
+    fleet = tmp_path / "fleet.yaml"
+    fleet.write_text((EXAMPLE / "fleet.yaml").read_text())
+    code, out, err = _cli(capsys, *EXAMPLE_ARGS, "--write-config", str(fleet), "--allow-estimated")
+    assert code == 0, err
+    cfg = load_config(fleet)
+    result, _, _ = _example()
+    w = result.regions[0].winner
+    (pool,) = cfg.regions[0].pools
+    assert pool.instance_type == w.instance_type
+    assert [(s.model, s.copies) for s in pool.serves] == [(m.model, m.copies) for m in w.loads]
+    assert all(s.kv_cache_gb is not None and s.kv_cache_gb <= m.kv_gib for s, m in zip(pool.serves, w.loads))
+    assert {m.model: cfg.engine_for(pool, m.model).precision.value for m in w.loads} == \
+        {m.model: m.precision for m in w.loads}
+    assert (pool.capacity.min, pool.capacity.max) == (min(w.instances_by_hour), max(w.instances_by_hour))
+    assert plan_pool(cfg, pool).fits  # the validator's memory check, as load_config ran it
+    assert "# The plan writes this pool" in fleet.read_text()  # comments kept
+    synthesized = synthesize(YAML(typ="safe").load(fleet.read_text()), "plan-multi-model")
+    assert synthesized.template_files()
+    # Written again from the same plan: nothing to change.
+    code, again, _ = _cli(capsys, *EXAMPLE_ARGS, "--write-config", str(fleet), "--allow-estimated")
+    assert code == 0 and f"{fleet}: already matches the plan; unchanged" in again
