@@ -218,6 +218,14 @@ def test_adapters_on_a_pytorch_model_are_entitled_with_it(multi):
     assert "qwen2.5-3b-support" not in cfg.models_for("analytics")
 
 
+def test_an_adapter_revision_stays_inside_its_staged_prefix(multi):
+    multi["models"][2]["adapters"] = [{"id": "qwen2.5-3b-support", "source": "org/lora", "revision": "../main"}]
+    (msg,) = problems(multi)
+    assert msg.startswith("models[2].adapters[0].revision:") and "cannot be a revision" in msg
+    multi["models"][2]["adapters"][0]["revision"] = "0123abcd"
+    assert parse_config(multi).models[2].adapters[0].revision == "0123abcd"
+
+
 @pytest.mark.parametrize("key", ["tensorrt_llm_version", "image", "image_digest", "port"])
 def test_one_tensorrt_llm_version_and_image_per_fleet(multi, key):
     multi["models"][1]["engine"][key] = {"port": 9000, "tensorrt_llm_version": "1.3.0"}.get(

@@ -239,3 +239,35 @@ def test_missing_artifact_is_a_one_line_error(tmp_path, capsys):
     assert server.main(["--artifact", str(tmp_path / "nope")]) == 2
     err = capsys.readouterr().err
     assert err.strip().startswith("error: --artifact:") and "Traceback" not in err
+
+
+def test_a_lora_request_is_served_when_its_adapter_could_load_and_refused_with_400_otherwise(artifact, tmp_path):
+    """As trtllm-serve with lora_config: lora_request {lora_name, lora_int_id, lora_path}
+    (tensorrt_llm/serve/openai_protocol.py CompletionRequest.lora_request) reaches the engine, and a request it
+    cannot serve is a 400 BadRequestError (tensorrt_llm/serve/openai_server.py create_error_response)."""
+    from fleetcast.contract.adapters import lora_config
+    from runtime.devtools.harness import write_peft_adapter
+
+    adapter = write_peft_adapter(tmp_path / "sql", rank=8, modules=("q_proj", "v_proj"))
+    lora = lora_config([(8, ("attn_q", "attn_v"))])
+    log = tmp_path / "requests.jsonl"
+    srv = ServerProcess(artifact, "--max-batch-size", "2", "--lora-config", json.dumps(lora), "--request-log", str(log),
+                        log_path=tmp_path / "server.log")
+    try:
+        srv.wait_healthy()
+        request = {"lora_name": "sql", "lora_int_id": 1, "lora_path": str(adapter)}
+        status, reply = post(srv.base, "/v1/completions", {"prompt": "hi", "max_tokens": 2, "lora_request": request})
+        assert status == 200 and reply["usage"]["completion_tokens"] == 2
+        assert json.loads(log.read_text().splitlines()[-1])["lora_name"] == "sql"
+        missing = {**request, "lora_path": str(tmp_path / "not-staged")}
+        status, err = post(srv.base, "/v1/completions", {"prompt": "hi", "max_tokens": 2, "lora_request": missing})
+        assert status == 400 and err["type"] == "BadRequestError" and err["param"] == "lora_request"
+        assert "does not exist" in err["message"]
+    finally:
+        srv.stop()
+
+
+def test_without_lora_config_any_lora_request_is_400(server, tmp_path):
+    body = {"prompt": "hi", "max_tokens": 2, "lora_request": {"lora_name": "x", "lora_int_id": 1, "lora_path": "/"}}
+    status, err = post(server.base, "/v1/completions", body)
+    assert status == 400 and "started without lora_config" in err["message"]

@@ -154,3 +154,43 @@ def test_the_cli_stages_an_adapter_and_refuses_a_config_without_any(tmp_path, aw
     none = fleetcast("--config", str(ROOT / "config" / "fleet.yaml"))
     assert none.returncode == 2 and "the config has no adapters to stage (models[].adapters)" in none.stderr
     assert "Traceback" not in none.stderr
+
+
+def test_a_hub_adapter_is_fetched_at_its_revision_with_only_the_files_the_engine_loads(monkeypatch, tmp_path, clients,
+                                                                                        make_bucket):
+    """The hub listing holds more than the adapter (a card, an optimizer state, a .bin next to the safetensors):
+    only adapter_config.json and the safetensors weights are downloaded and staged, and the commit the revision
+    resolved to is recorded."""
+    from types import SimpleNamespace
+
+    import huggingface_hub
+    from huggingface_hub.utils import filter_repo_objects
+
+    src = peft_dir(tmp_path, r=4, modules=("q_proj",))
+    listing = ["adapter_config.json", "adapter_model.safetensors", "adapter_model.bin", "README.md", "optimizer.pt"]
+    asked: dict = {}
+
+    class Api:
+        def __init__(self, token=None):
+            pass
+
+        def model_info(self, repo_id, revision=None, files_metadata=False):
+            asked["revision"] = revision
+            return SimpleNamespace(sha="b" * 40, siblings=[SimpleNamespace(rfilename=p, size=10) for p in listing])
+
+    def snapshot_download(repo_id, revision, local_dir, token, allow_patterns):
+        asked.update(repo=repo_id, commit=revision, patterns=allow_patterns)
+        for name in filter_repo_objects(listing, allow_patterns=allow_patterns):
+            (Path(local_dir) / name).write_bytes((src / name).read_bytes())
+
+    monkeypatch.setattr(huggingface_hub, "HfApi", Api)
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", snapshot_download)
+    monkeypatch.delenv("HF_TOKEN", raising=False)
+    logged: list[str] = []
+    result = stage_adapter(config_with_adapters(), "qwen2.5-3b", "qwen-sql", {SEOUL: make_bucket(SEOUL)}, clients,
+                           log=logged.append)
+    assert asked["repo"] == "org/qwen-sql-lora" and asked["revision"] == "v1" and asked["commit"] == "b" * 40
+    assert sorted(filter_repo_objects(listing, allow_patterns=asked["patterns"])) == \
+        ["adapter_config.json", "adapter_model.safetensors"]
+    assert result.manifest.source == "hub:org/qwen-sql-lora" and result.manifest.extra["commit"] == "b" * 40
+    assert any("resolved to commit" in line for line in logged)  # v1 is a tag: pin the sha
