@@ -68,8 +68,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     buckets(calib)
     calib.add_argument("--dir", type=Path, required=True, help="directory holding the *.jsonl files")
     calib.add_argument("--name", required=True, help="dataset name; staged under calibration/NAME/")
+    calib.add_argument("--model", dest="model_id", metavar="ID",
+                       help="the model whose calibration set this is (required when the config has several models: "
+                            "each model calibrates on its own traffic)")
     calib.add_argument("--write-config", action=argparse.BooleanOptionalAction, default=True,
-                       help="set calibration.dataset in the config file to the staged set (default: on); "
+                       help="set the model's calibration.dataset in the config file to the staged set (default: on); "
                             "pools whose precision calibrates roll to it on the next deploy")
     calib.set_defaults(handler=_calibration)
 
@@ -225,8 +228,10 @@ def _calibration(args: argparse.Namespace) -> int:
     from fleetcast.staging.calibration import check_name, read_rows
     from fleetcast.staging.model import stage_calibration
 
-    # Everything local is checked first, offline: config, name, part size and the set itself.
+    # Everything local is checked first, offline: config, model, name, part size and the set itself.
     cfg = load_config(args.config)
+    model = _calibrated_model(cfg, args.model_id)
+    field, where = _calibration_field(args.config, model.id)
     check_name(args.name)
     part_size = _part_size(args)
     read_rows(args.dir)
@@ -234,21 +239,50 @@ def _calibration(args: argparse.Namespace) -> int:
     buckets = _buckets(cfg, args, clients)
     # Each region's instances read the prefix in their own bucket (runtime/staged.py); the URI names the first.
     uri = f"s3://{next(iter(buckets.values()))}/{calibration_prefix(args.name)}"
-    edit = edited_text(args.config, [(("calibration", "dataset"), uri)]) if args.write_config else None
+    edit = edited_text(args.config, [(field, uri)]) if args.write_config else None
     result = stage_calibration(args.name, args.dir, buckets, clients,
-                               samples=cfg.model.calibration.samples if cfg.model.calibration else None,
+                               samples=model.calibration.samples if model.calibration else None,
                                part_size=part_size, progress=args.progress)
     print("\n".join(result.lines()))
     if edit is None:
-        print(f"set calibration.dataset in {args.config} to {uri} (each region reads the same prefix in its own "
-              "bucket)")
-    elif cfg.model.calibration is not None and cfg.model.calibration.dataset == uri:
-        print(f"calibration.dataset in {args.config} already names {uri}")
+        print(f"set {where} in {args.config} to {uri} (each region reads the same prefix in its own bucket)")
+    elif model.calibration is not None and model.calibration.dataset == uri:
+        print(f"{where} in {args.config} already names {uri}")
     else:
         replace_files([(args.config, edit[0])])
-        print(f"calibration.dataset: {uri} in {args.config} (each region reads the same prefix in its own bucket; "
+        print(f"{where}: {uri} in {args.config} (each region reads the same prefix in its own bucket; "
               "pools whose precision calibrates roll to it on the next deploy: `fleetcast config diff`)")
     return 0
+
+
+def _calibrated_model(cfg, model_id: str | None):
+    """The model a calibration set is staged for: --model, or the config's only model."""
+    from fleetcast.contract.errors import EXIT_USAGE, UserError
+
+    ids = [m.id for m in cfg.models]
+    if model_id is None:
+        if len(ids) > 1:
+            raise UserError(f"--model is needed: the config has {len(ids)} models ({', '.join(ids)}), and each "
+                            "calibrates on its own set", EXIT_USAGE)
+        return cfg.models[0]
+    if model_id not in ids:
+        raise UserError(f"--model {model_id!r} is not a model of the config; choose one of: {', '.join(ids)}",
+                        EXIT_USAGE)
+    return cfg.model_by_id(model_id)
+
+
+def _calibration_field(config: str, model_id: str) -> tuple[tuple[str | int, ...], str]:
+    """Where the config file names `model_id`'s calibration set, as written: the single-model form's top-level
+    `calibration.dataset`, or `models[i].calibration.dataset` in the list form; and that place in words."""
+    from pathlib import Path
+
+    from fleetcast.config.edit import round_trip_yaml
+
+    doc = round_trip_yaml().load(Path(config).read_text())
+    if "models" not in doc:
+        return ("calibration", "dataset"), "calibration.dataset"
+    index = next(i for i, m in enumerate(doc["models"]) if m.get("id") == model_id)
+    return ("models", index, "calibration", "dataset"), f"models[{model_id}].calibration.dataset"
 
 
 def _image(args: argparse.Namespace) -> int:

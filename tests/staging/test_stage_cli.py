@@ -176,3 +176,38 @@ def test_stage_each_model_of_a_multi_model_fleet(tmp_path, env, make_bucket):
                        "ap-northeast-2=111122223333.dkr.ecr.ap-northeast-2.amazonaws.com/fleetcast/tensorrt-llm",
                        env=env)
     assert "model qwen2.5-3b@main: 2 file(s)" in status.stdout and "model gpt2-xl MISSING" in status.stdout
+
+
+def test_stage_calibration_per_model_of_a_multi_model_fleet(tmp_path, env, make_bucket):
+    """Each model calibrates on its own set: --model names it (required with several models) and the staged set
+    goes in that model's calibration.dataset, nothing else of the file changing."""
+    rows = tmp_path / "rows"
+    rows.mkdir()
+    (rows / "traffic.jsonl").write_text("".join(json.dumps({"text": f"prompt {i}"}) + "\n" for i in range(520)))
+    config = tmp_path / "fleet.yaml"
+    config.write_text(MULTI.read_text())
+    bucket = make_bucket("ap-northeast-2")
+    buckets = ["--bucket", f"ap-northeast-2={bucket}"]
+
+    refused = fleetcast("stage", "calibration", "--config", str(config), "--dir", str(rows), "--name", "chat",
+                        *buckets, env=env)
+    assert refused.returncode == 2 and "Traceback" not in refused.stderr
+    assert "--model is needed: the config has 3 models (gpt2-xl, qwen2.5-0.5b, qwen2.5-3b)" in refused.stderr
+    unknown = fleetcast("stage", "calibration", "--config", str(config), "--dir", str(rows), "--name", "chat",
+                        "--model", "llama", *buckets, env=env)
+    assert unknown.returncode == 2 and "--model 'llama' is not a model of the config" in unknown.stderr
+
+    out = fleetcast("stage", "calibration", "--config", str(config), "--dir", str(rows), "--name", "chat",
+                    "--model", "qwen2.5-3b", *buckets, env=env)
+    assert out.returncode == 0, out.stderr
+    uri = f"s3://{bucket}/calibration/chat/"
+    assert f"models[qwen2.5-3b].calibration.dataset: {uri} in {config}" in out.stdout
+    cfg = load_config(config)
+    assert cfg.model_by_id("qwen2.5-3b").calibration.dataset == uri
+    assert cfg.model_by_id("gpt2-xl").calibration is None and cfg.model_by_id("qwen2.5-0.5b").calibration is None
+    # One block added under that model; every other line, comments included, as it was.
+    before, after = MULTI.read_text().splitlines(), config.read_text().splitlines()
+    assert [ln for ln in after if ln not in before] == ["    calibration:", f"      dataset: {uri}"]
+    again = fleetcast("stage", "calibration", "--config", str(config), "--dir", str(rows), "--name", "chat",
+                      "--model", "qwen2.5-3b", *buckets, env=env)
+    assert f"models[qwen2.5-3b].calibration.dataset in {config} already names {uri}" in again.stdout
