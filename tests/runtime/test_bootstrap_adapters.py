@@ -106,3 +106,37 @@ def test_an_adapter_never_staged_fails_its_model_by_name_and_arms_its_breaker(tm
         assert f"engines/{reference_cache_key(cfg, aws.region, good.id)}/manifest.json" in aws.keys("engines/")
     finally:
         aws.stop()
+
+
+def test_the_breaker_of_a_model_whose_adapter_keeps_missing_opens_then_clears_once_it_is_staged(tmp_path):
+    cfg = adapter_config()
+    good, base = cfg.models
+    aws = LocalAws(bucket=f"fleetcast-lora-{os.getpid()}-breaker").start()
+    rp = None
+    try:
+        aws.put_config(cfg)
+        key = reference_cache_key(cfg, aws.region, base.id)
+        missing = f"{adapter_prefix(base.id, base.revision, ADAPTER_ID, 'v1')}manifest.json"
+        for n in range(1, cfg.operations.build_failure_limit + 1):  # earlier instances found no adapter
+            aws.s3().put_object(Bucket=aws.bucket, Key=f"failures/{key}/{n:04d}.json", Body=json.dumps(
+                {"error": f"adapter {ADAPTER_ID}: StagingMissing: ... is missing", "missing": missing}).encode())
+        env = aws.runtime_env(aws.instance("i-00000000000000f03"), cfg, tmp_path / "a", free_port_pair(),
+                              **{Var.STAGING_WAIT_S.value: "1"})
+        first = aws.start_runtime(env, tmp_path / "log-a")
+        assert first.proc.wait(240) == 0
+        (abandoned,) = [r for r in first.emf() if telemetry.LAUNCH_ABANDONED in r]
+        # Open: the model is given up at once (CircuitOpen, not another staging wait), by name.
+        assert f"model {base.id}: CircuitOpen" in abandoned["error"] and f"model {good.id}:" not in abandoned["error"]
+        assert f"once s3://{aws.bucket}/{missing} is staged" in abandoned["error"]
+
+        stage_adapter(cfg, base.id, ADAPTER_ID, {aws.region: aws.bucket}, lambda _service, _region: aws.s3(),
+                      local_dir=write_peft_adapter(tmp_path / "peft"), log=lambda _: None)
+        port = free_port_pair()
+        rp = aws.start_runtime(aws.runtime_env(aws.instance("i-00000000000000f04"), cfg, tmp_path / "b", port),
+                               tmp_path / "log-b")
+        assert rp.wait_event("fleetcast_serving", 240) is not None, (tmp_path / "log-b").read_text()[-3000:]
+        assert aws.keys(f"failures/{key}/") == []  # what the markers waited for is staged: they are gone
+        assert call(port, "POST", "/v1/completions", {"model": ADAPTER_ID, "prompt": "hi", "max_tokens": 1})[0] == 200
+    finally:
+        stop(rp)
+        aws.stop()
