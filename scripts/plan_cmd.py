@@ -265,7 +265,7 @@ def _plan_packing(args: argparse.Namespace, profile) -> int:
     from fleetcast.plan.run import PlanOptions, build_packing
     from fleetcast.plan.writeback import compute_packing_edit
 
-    unsupported = [flag for flag, given in (("simulate", args.action == "simulate"), ("--check", args.check),
+    unsupported = [flag for flag, given in (("--check", args.check), ("--candidate", bool(args.candidate)),
                                             ("--write-schedule", args.write_schedule),
                                             ("--spot-prices", args.spot_prices)) if given]
     if unsupported:
@@ -279,7 +279,14 @@ def _plan_packing(args: argparse.Namespace, profile) -> int:
         estimate=args.estimate, min_instances=args.min_instances, profile=args.profile,
         reserved={(t, r): n for t, r, n in args.reserved}, lab=dict(args.lab),
     )
-    result, _, _ = build_packing(opts, max_copies=args.max_copies)
+    result, ctx, _ = build_packing(opts, max_copies=args.max_copies)
+    if args.action == "simulate":
+        from fleetcast.plan.simulate import simulate_packing
+
+        lines, agree = simulate_packing(result, ctx, seed=args.seed, max_groups=args.max_hours or None,
+                                        report=Path(args.report) if args.report else None)
+        print("\n".join(lines))
+        return 0 if agree else 3
     print(json.dumps(to_json(result), indent=1) if args.json else render_terminal(result))
     say = (lambda text: print(text, file=sys.stderr)) if args.json else print
     # Everything written is computed and validated first; a refusal or failure leaves every file as it was.

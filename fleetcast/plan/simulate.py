@@ -657,7 +657,7 @@ def _slug(text: str) -> str:
 
 
 def write_day_plot(title: str, planned: list[int], needed: list[int], checks: list[HourCheck], limits,
-                   path: Path) -> Path:
+                   path: Path, unit: str = "instances") -> Path:
     """The 24-hour picture of one simulated pool: instances the plan runs per UTC hour against the fewest the
     simulation needed, and each checked hour's P99 TTFT and ITL (planned line, simulated marker) against the SLO,
     hours whose simulated P99 at the planned count misses the SLO shaded red: the SLO windows at a glance."""
@@ -669,18 +669,18 @@ def write_day_plot(title: str, planned: list[int], needed: list[int], checks: li
     hours = list(range(25))
     fig, (inst, ttft, itl) = plt.subplots(3, 1, figsize=(9, 8.5), sharex=True,
                                           gridspec_kw={"height_ratios": [1.3, 1, 1]})
-    inst.step(hours, planned + planned[-1:], where="post", color="k", linewidth=2, label="instances the plan runs",
+    inst.step(hours, planned + planned[-1:], where="post", color="k", linewidth=2, label=f"{unit} the plan runs",
               zorder=2)
     if needed and needed != planned:  # a floor (capacity.min) holds more than the SLOs need
         inst.step(hours, needed + needed[-1:], where="post", color="0.5", linestyle="--", linewidth=1.5, zorder=2,
-                  label="instances the SLOs need, by the planner (before capacity.min)")
+                  label=f"{unit} the SLOs need, by the planner (before capacity.min)")
     by_hour = {h: c for c in checks for h in c.hours}
     sim = [(h + 0.5, c.sim_n) for h, c in sorted(by_hour.items()) if c.sim_n is not None]
     if sim:
         inst.plot(*zip(*sim), "o", color="C1", zorder=3,
                   label="fewest meeting the SLOs in the simulation (busiest minutes)")
     inst.set_ylim(0, max(planned + [n for _, n in sim]) * 1.2 + 0.5)
-    inst.set_ylabel("instances")
+    inst.set_ylabel(unit)
     inst.set_title(title, fontsize=10)
     # Limits.ttft_ms is in-region; the checks' TTFTs include the farthest member's network, so the line does too.
     for ax, what, slo_ms in ((ttft, "ttft", limits.ttft_ms + checks[0].network_ms), (itl, "itl", limits.itl_ms)):
@@ -715,3 +715,60 @@ def write_day_plot(title: str, planned: list[int], needed: list[int], checks: li
     fig.savefig(path, dpi=110, bbox_inches="tight")
     plt.close(fig)
     return path
+
+
+def simulate_packing(result, ctx, seed: int = 7, max_groups: int | None = None,
+                     report: Path | None = None) -> tuple[list[str], bool]:
+    """Check a packing plan (fleetcast/plan/packing.py) by simulation: per region and model, the model's N_h x
+    copies processes each batch continuously on that model's own curve in the packing (the co-located one where
+    measured: the GPU shared as it was measured; else the solo curve stretched by the interference rule, as the
+    planner used it), arrivals spread at random over them (the NLB over instances, the gateway over copies).
+    Per model and distinct hour: its P99s at the planned processes and the fewest processes meeting its SLOs,
+    against the planner's; the pool's instance count is the largest over the models of processes / copies."""
+    from .packing import _models_of
+    from .queueing import Limits
+
+    lines: list[str] = [f"Simulated busiest minutes: {BURST_MINUTES} min per distinct hour (longer for quiet hours, up "
+                        f"to {MAX_MINUTES} min, until {MIN_REQUESTS:,} requests) after {WARMUP_S:g} s warm-up, "
+                        "random routing over each model's processes, continuous batching per that model's curve in "
+                        f"the packing; seed {seed}"]
+    ok = True
+    cache: dict = {}
+    drawn = []
+    for plan in result.regions:
+        w = plan.winner
+        if w is None:
+            lines.append(f"{plan.region}: no packing chosen; nothing to simulate")
+            continue
+        sim_instances: dict[int, int] = {}
+        for m in w.loads:
+            model = _models_of(cache, m.curve)
+            limits = Limits(m.slo.ttft_p99_ms - m.network_ms, m.slo.itl_p99_ms, m.slo.error_rate)
+            planned = [n * m.copies for n in w.instances_by_hour]
+            t = m.traffic
+            checks = check_sizing(model, [(t.hourly_rps(), t.hourly_burstiness(), t.output_tokens)], limits, planned,
+                                  m.processes_by_hour, m.predictions, m.network_ms, seed, max_groups)
+            title = f"{w.instance_type} @ {plan.region}: {m.model} {m.precision} x{m.copies} [{m.source}]"
+            lines += render_checks(f"{title} (counts are its processes: instances x {m.copies})", checks)
+            ok = ok and all(c.agrees for c in checks)
+            for c in checks:
+                for h in c.hours:
+                    if c.sim_n is not None:
+                        sim_instances[h] = max(sim_instances.get(h, 0), -(-c.sim_n // m.copies))
+            if report is not None and checks:
+                drawn.append((title, planned, list(m.processes_by_hour), checks, limits))
+        hours = sorted(sim_instances)
+        if hours:
+            fleet = ", ".join(f"{h:02d}h {w.instances_by_hour[h]}/{max(sim_instances[h], ctx.n_min(plan.region))}"
+                              for h in hours[:6])
+            lines.append(f"{plan.region}: instances planned / simulated (floor included), first checked hours: {fleet}")
+    if drawn:
+        report.mkdir(parents=True, exist_ok=True)
+        paths = [write_day_plot(f"{title}: simulated day (seed {seed})", planned, needed, checks, limits,
+                                report / f"simulate-{_slug(title.split(':')[0] + ' ' + title.split(':')[1].split()[0])}.png",
+                                unit=f"{title.split(':')[1].split()[0]} processes")
+                 for title, planned, needed, checks, limits in drawn]
+        lines.append(f"pictures: {', '.join(str(p) for p in paths)}")
+    lines.append(f"planner and simulation {'agree' if ok else 'DISAGREE'} within {AGREEMENT:.0%} (per model: P99 TTFT "
+                 "incl. network, P99 ITL at the planned processes; process count within 10% or one process)")
+    return lines, ok

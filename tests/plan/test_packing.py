@@ -302,3 +302,54 @@ def test_the_written_packing_validates_and_synthesizes(capsys, tmp_path):
     # Written again from the same plan: nothing to change.
     code, again, _ = _cli(capsys, *EXAMPLE_ARGS, "--write-config", str(fleet), "--allow-estimated")
     assert code == 0 and f"{fleet}: already matches the plan; unchanged" in again
+
+
+# ---------------------------------------------------------------- plan simulate
+
+
+def _simulate(result, ctx, **kw):
+    from fleetcast.plan.simulate import simulate_packing
+
+    return simulate_packing(result, ctx, **kw)
+
+
+@pytest.mark.parametrize("scale", [1.0, 2.0])
+def test_simulation_agrees_with_the_planner_on_the_multi_model_example(scale):
+    """The two multi-model scenarios `plan simulate` is held to (docs/plan.md): examples/plan/multi-model as
+    shipped (1-2 instances) and at twice its traffic (1-8 instances, qwen2.5-0.5b's 150 ms SLO binding). Per
+    model and distinct hour: process counts within 10% or one, P99 TTFT and ITL at the planned count within
+    10%. (The seed scenario is held to the same by tests/plan/test_sizing_from_arrivals.py.)"""
+    profile = load_traffic(EXAMPLE / "traffic.yaml").scaled(scale)
+    opts = PlanOptions(results=[str(EXAMPLE / "results")], traffic=None, traffic_profile=profile,
+                       config=str(EXAMPLE / "fleet.yaml"), today=date(2026, 2, 1))
+    result, ctx, _ = build_packing(opts)
+    lines, agree = _simulate(result, ctx)
+    print("\n".join(lines))
+    assert agree, "\n".join(lines)
+    assert sum(1 for ln in lines if ln.rstrip().endswith("yes")) == 12  # 3 models x 4 distinct hours
+
+
+def test_simulation_of_the_h200_packing_uses_its_measured_colocated_curves():
+    """On the H200 dataset's packing the counts and P99 TTFT agree; the planner's P99 ITL is 2-12% below the
+    simulation's (its life-averaged batch on a curve measured at 1, 16 and 64 only, where ITL triples between the
+    last two): a known gap of the analytic ITL, reported as a disagreement, not hidden."""
+    result, ctx, _ = _h200_plan()
+    lines, agree = _simulate(result, ctx)
+    print("\n".join(lines))
+    rows = [ln.split() for ln in lines if ln.rstrip().endswith(("yes", "NO"))]
+    assert len(rows) == 8
+    for r in rows:
+        n_plan, n_sim = int(r[2]), int(r[3])
+        ttft_plan, ttft_sim = float(r[5].rstrip("ms")), float(r[6].rstrip("ms"))
+        itl_plan, itl_sim = float(r[7].rstrip("ms")), float(r[8].rstrip("ms"))
+        assert n_plan == n_sim and abs(ttft_plan - ttft_sim) <= 0.1 * ttft_sim
+        assert -0.13 <= itl_plan / itl_sim - 1 <= 0.0
+    assert any("[measured (co-located)]" in ln for ln in lines)
+
+
+def test_plan_simulate_for_several_models_draws_each_models_day(capsys, tmp_path):
+    code, out, err = _cli(capsys, "simulate", *EXAMPLE_ARGS, "--report", str(tmp_path))
+    assert code == 0, out + err
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "simulate-g6e.xlarge-ap-northeast-2-gpt2-xl.png", "simulate-g6e.xlarge-ap-northeast-2-qwen2.5-0.5b.png",
+        "simulate-g6e.xlarge-ap-northeast-2-qwen2.5-3b.png"]
