@@ -265,7 +265,7 @@ def _plan_packing(args: argparse.Namespace, profile) -> int:
     from fleetcast.plan.run import PlanOptions, build_packing
     from fleetcast.plan.writeback import compute_packing_edit
 
-    unsupported = [flag for flag, given in (("--check", args.check), ("--candidate", bool(args.candidate)),
+    unsupported = [flag for flag, given in (("--candidate", bool(args.candidate)),
                                             ("--write-schedule", args.write_schedule),
                                             ("--spot-prices", args.spot_prices)) if given]
     if unsupported:
@@ -280,6 +280,8 @@ def _plan_packing(args: argparse.Namespace, profile) -> int:
         reserved={(t, r): n for t, r, n in args.reserved}, lab=dict(args.lab),
     )
     result, ctx, _ = build_packing(opts, max_copies=args.max_copies)
+    if args.check:
+        return _check_packing(args, result)
     if args.action == "simulate":
         from fleetcast.plan.simulate import simulate_packing
 
@@ -299,21 +301,61 @@ def _plan_packing(args: argparse.Namespace, profile) -> int:
                             "left as they were" + (f", and {args.write_config} was not written" if edit else "")) from None
         say(f"\nreport: {', '.join(str(p) for p in paths[:3])} (+{len(paths) - 3} plots)")
     if edit is not None:
-        from fleetcast.config.edit import replace_files
+        from datetime import datetime
 
-        if edit.text is not None:
-            try:
-                replace_files([(edit.path, edit.text)])
-            except OSError as exc:
-                raise UserError(f"--write-config: cannot write {exc.filename or edit.path}: {exc.strerror}; "
-                                f"{edit.path} was left as it was") from None
+        from fleetcast.config.edit import replace_files
+        from fleetcast.plan.drift import baseline_path
+        from fleetcast.plan.packing import baseline_document
+        from fleetcast.plan.writeback import pool_name_for
+
+        chosen = {r.region: pool_name_for(edit.cfg.region(r.region), r.winner.instance_type.split(".")[0])
+                  for r in result.regions if r.winner is not None}
+        doc = baseline_document(result, ctx, chosen, datetime.now(UTC).isoformat(timespec="seconds"))
+        baseline = (baseline_path(args.write_config), json.dumps(doc, indent=1) + "\n")
+        try:
+            replace_files(([(edit.path, edit.text)] if edit.text is not None else []) + [baseline])
+        except OSError as exc:
+            raise UserError(f"--write-config: cannot write {exc.filename or edit.path}: {exc.strerror}; "
+                            f"{edit.path} and its baseline were left as they were") from None
+        if edit.changes:
             say(f"\n{args.write_config}: updated and re-validated")
             for change in edit.changes:
                 say(f"  {change}")
         else:
             say(f"\n{args.write_config}: already matches the plan; unchanged")
-        say("  no plan baseline is written for a fleet of several models yet (plan --check plans one-model fleets)")
+        say(f"  baseline for `fleetcast plan --check`: {baseline[0]}")
     return 0 if all(r.winner for r in result.regions) else 3
+
+
+def _check_packing(args: argparse.Namespace, result) -> int:
+    """plan --check for a fleet of several models: the re-plan against the config, and the traffic per model
+    against the baseline --write-config wrote (a model whose traffic grew is named)."""
+    from fleetcast.config import load_config
+    from fleetcast.contract.errors import EXIT_REFUSED
+    from fleetcast.plan.check import (
+        baseline_findings,
+        config_path_required,
+        drift_settings,
+        packing_replan_findings,
+        render,
+    )
+    from fleetcast.plan.drift import Finding, baseline_path, load_baseline
+
+    cfg = load_config(config_path_required(args.config))
+    threshold = drift_settings(cfg, args.threshold)
+    cost_threshold = args.cost_threshold if args.cost_threshold is not None else threshold
+    findings = [Finding("pick", r.region, "no packing serves it within every model's SLO")
+                for r in result.regions if not r.winner]
+    findings += packing_replan_findings(cfg, result, threshold)
+    path = Path(args.baseline) if args.baseline else baseline_path(args.config)
+    if path.exists() or args.baseline:
+        findings += baseline_findings(load_baseline(path), [t for r in result.regions for t in r.traffic], threshold,
+                                      cost_threshold)
+    else:
+        print(f"note: no plan baseline at {path}: checked the re-plan only (throughput per model and cost need the "
+              "baseline `fleetcast plan --write-config` writes)")
+    print(render(findings, result.traffic_name))
+    return EXIT_REFUSED if findings else 0
 
 
 def _config_or_none(path: str | None):

@@ -117,7 +117,56 @@ def baseline_findings(baseline: dict, consumers: list[ConsumerTraffic], threshol
                 f"the traffic has none of the consumer regions this pool was planned for "
                 f"({', '.join(base['consumer_regions'])})")))
             continue
+        if "models" in base:
+            # A packed pool: each model's own rates (the profile's entries per model).
+            mine = [c for c in consumers if c.region in base["consumer_regions"]]
+            obs.by_model = {m["model"]: [sum(c.hourly_rps()[h] for c in mine if c.model == m["model"])
+                                         for h in range(24)] for m in base["models"]}
         findings += check_pool(base, obs, baseline["slo"], threshold, cost_threshold)
+    return findings
+
+
+def packing_replan_findings(cfg, result, threshold: float) -> list[Finding]:
+    """A packing plan (fleetcast/plan/packing.py) against the config pools it would be written to: the instance
+    type, each model's copies and precision (named), the capacity bounds and the scaling target."""
+    from .packing import scaling_target
+    from .writeback import pool_for
+
+    findings = []
+    for plan in result.regions:
+        w = plan.winner
+        if w is None:
+            continue
+        try:
+            entry = cfg.region(plan.region)
+        except KeyError:
+            findings.append(Finding("pick", plan.region, f"the plan serves {plan.region} from {plan.region}, which "
+                                                         "the config has no region for"))
+            continue
+        dumped = [{"instance_type": p.instance_type, "_pool": p} for p in entry.pools]
+        pool = pool_for(dumped, w.instance_type.split(".")[0])["_pool"]
+        if pool.instance_type != w.instance_type:
+            findings.append(Finding("pick", plan.region, f"pool {pool.name}: the plan picks {w.label} "
+                                    f"(${w.cost_per_hour:.2f}/h), the config runs {pool.instance_type}"))
+        served = {s.model: s.copies for s in cfg.serves_of(pool)}
+        for m in w.loads:
+            precision = cfg.engine_for(pool, m.model).precision.value
+            if served.get(m.model) != m.copies or precision != m.precision:
+                findings.append(Finding("pick", plan.region, (
+                    f"pool {pool.name}: {m.model}: the plan runs {m.copies} copy(ies) at {m.precision}, the config "
+                    f"{served.get(m.model, 0)} at {precision}")))
+        lo, _, hi = w.capacity()
+        for name, old, new in (("capacity.max", pool.capacity.max, hi), ("capacity.min", pool.capacity.min, lo)):
+            if _relative(old, new) > threshold:
+                findings.append(Finding("capacity", plan.region, (
+                    f"pool {pool.name}: {name} would change {old} -> {new} ({(new - old) / max(old, 1):+.0%}, "
+                    f"threshold {threshold:.0%})")))
+        target = pool.scaling.target if pool.scaling.metric == "active_requests" else None
+        planned = scaling_target(plan)
+        if target is not None and _relative(float(target), planned) > threshold:
+            findings.append(Finding("target", plan.region, (
+                f"pool {pool.name}: scaling.target would change {target:g} -> {planned:g} in-flight requests per "
+                f"instance (threshold {threshold:.0%})")))
     return findings
 
 

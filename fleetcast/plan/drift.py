@@ -17,6 +17,10 @@ holds:
   sizes (instances per hour = max(min, ceil(rate x seconds-per-request))), is more than
   `cost_threshold` off the planned figure.
 
+A pool that packs several models (fleetcast/plan/packing.py) records per model (`models`) its copies and
+the SLO-safe rate of its processes; with per-model rates in the observation, the throughput check runs per
+model and names the model whose traffic grew, and the cost check sizes each hour by its most demanding model.
+
 Standard library only: the scheduled drift Lambda (stacks/lambdas/plan_drift) bundles this module
 and runs the same checks from CloudWatch; `fleetcast plan --check` adds the full re-plan (pick,
 capacity bounds, target), which needs the planner and the benchmark results.
@@ -61,6 +65,21 @@ def baseline_path(config_path: str | Path) -> Path:
 def _range(key: str) -> tuple[int, int]:
     lo, _, hi = str(key).partition("-")
     return int(lo), int(hi or lo)
+
+
+def _slo_findings(base: dict, obs: Observation, slo: dict) -> list[Finding]:
+    """Hours whose observed P99 TTFT or ITL is above the SLO while the arrival rate was within the planned peak."""
+    findings = []
+    for metric, series, limit in (("TTFT", obs.ttft_p99_ms, slo["ttft_p99_ms"]),
+                                  ("ITL", obs.itl_p99_ms, slo["itl_p99_ms"])):
+        bad = [(v, n / 3600) for v, n in zip(series or [], obs.arrivals or [])
+               if v is not None and v > limit and n / 3600 <= base["peak_rps"] * (1 + 1e-9)]
+        if bad:
+            worst = max(bad)
+            findings.append(Finding("slo", base["region"], (
+                f"observed P99 {metric} above the SLO at planned load in {len(bad)} hour(s): worst "
+                f"{worst[0]:.0f} ms > {limit:g} ms at {worst[1]:.3g} req/s (planned peak {base['peak_rps']:.3g})")))
+    return findings
 
 
 def share_above(histogram: dict[str, float], level: float) -> float:
@@ -140,10 +159,55 @@ class Observation:
     arrivals: list[float] | None = None  # per hour of the window, for the latency check
     ttft_p99_ms: list[float | None] | None = None
     itl_p99_ms: list[float | None] | None = None
+    by_model: dict[str, list[float]] | None = None  # several models: each model's 24 hourly rates
+
+
+def packed_instances(by_model: dict[str, list[float]], models: list[dict], n_min: int) -> list[int]:
+    """Instances per UTC hour a packed pool needs for these rates: its most demanding model's processes over
+    their copies (each model's `rps_per_instance`: the hourly mean rate one instance serves within its SLOs)."""
+    out = []
+    for h in range(24):
+        need = [math.ceil(by_model.get(m["model"], [0.0] * 24)[h] / m["rps_per_instance"] - 1e-9)
+                for m in models if m["rps_per_instance"] > 0]
+        out.append(max([n_min] + need))
+    return out
+
+
+def _packed_findings(base: dict, obs: Observation, cost_threshold: float) -> list[Finding]:
+    region, cap_max = base["region"], base["capacity"]["max"]
+    findings: list[Finding] = []
+    for m in base["models"]:
+        rates = (obs.by_model or {}).get(m["model"])
+        if rates is None:
+            continue
+        safe = cap_max * m["rps_per_instance"]
+        if max(rates) > safe * (1 + 1e-9):
+            findings.append(Finding("throughput", region, (
+                f"traffic for {m['model']} grew past the SLO-safe throughput of max capacity: its busiest hour brings "
+                f"{max(rates):.3g} req/s, {cap_max} instance(s) with {m['copies']} copy(ies) each serve "
+                f"{safe:.3g} req/s of it within its SLO (planned peak {m['peak_rps']:.3g} req/s)")))
+    if obs.by_model and all(m["model"] in obs.by_model for m in base["models"]):
+        instances = packed_instances(obs.by_model, base["models"], base["n_min"])
+        tokens = sum(sum(obs.by_model[m["model"]]) * 3600 * m["output_mean"] for m in base["models"])
+        cost = sum(instances) * base["price_per_hour"] / tokens * 1e6 if tokens else math.inf
+        planned = base["usd_per_m_output"]
+        if planned and math.isfinite(cost) and abs(cost / planned - 1) > cost_threshold:
+            findings.append(Finding("cost", region, (
+                f"cost per token off by more than {cost_threshold:.0%}: ${cost:.4f} vs ${planned:.4f} planned per 1M "
+                f"output tokens ({cost / planned - 1:+.0%}; instance cost at the observed rates of every model)")))
+    return findings
 
 
 def check_pool(base: dict, obs: Observation, slo: dict, threshold: float = DEFAULT_THRESHOLD,
                cost_threshold: float = DEFAULT_THRESHOLD) -> list[Finding]:
+    if "models" in base:
+        # A packed pool: throughput and cost per model; the pool-level P99s against the strictest model's SLO.
+        findings = _packed_findings(base, obs, cost_threshold)
+        if obs.arrivals is not None:
+            strictest = {"ttft_p99_ms": min(m["slo"]["ttft_p99_ms"] for m in base["models"]),
+                         "itl_p99_ms": min(m["slo"]["itl_p99_ms"] for m in base["models"])}
+            findings += _slo_findings(base, obs, strictest)
+        return findings
     region, k, spr = base["region"], base["target"], base["seconds_per_request"]
     cap_max = base["capacity"]["max"]
     findings: list[Finding] = []
@@ -159,15 +223,7 @@ def check_pool(base: dict, obs: Observation, slo: dict, threshold: float = DEFAU
             f"the mix moved to larger batches: {above:.0%} of requests arrive with more than {k:g} in flight on "
             f"their instance (planned {base['share_above_target']:.0%}, threshold +{threshold:.0%})")))
     if obs.arrivals is not None:
-        for metric, series, limit in (("TTFT", obs.ttft_p99_ms, slo["ttft_p99_ms"]),
-                                      ("ITL", obs.itl_p99_ms, slo["itl_p99_ms"])):
-            bad = [(v, n / 3600) for v, n in zip(series or [], obs.arrivals)
-                   if v is not None and v > limit and n / 3600 <= base["peak_rps"] * (1 + 1e-9)]
-            if bad:
-                worst = max(bad)
-                findings.append(Finding("slo", region, (
-                    f"observed P99 {metric} above the SLO at planned load in {len(bad)} hour(s): worst "
-                    f"{worst[0]:.0f} ms > {limit:g} ms at {worst[1]:.3g} req/s (planned peak {base['peak_rps']:.3g})")))
+        findings += _slo_findings(base, obs, slo)
     cost = instance_cost_per_m_output(obs.hourly_rps, spr, base["n_min"], base["price_per_hour"], obs.output_mean)
     planned = base["usd_per_m_output"]
     if planned and math.isfinite(cost) and abs(cost / planned - 1) > cost_threshold:

@@ -728,3 +728,60 @@ def expand_paths(paths: list[str]) -> list[str]:
         p = Path(raw)
         out += sorted(str(x) for x in p.glob("*.json")) if p.is_dir() else [raw]
     return out
+
+
+# ---------------------------------------------------------------- drift baseline
+
+
+def baseline_document(result: PackingPlan, ctx: PlanContext, config_pools: dict[str, str | None],
+                      written: str) -> dict:
+    """The plan baseline (fleetcast.plan.drift, schema fleetcast.plan-baseline/v1) of a packing plan: per region
+    the pool's bounds and price and, per model, its copies, rates and `rps_per_instance` (the hourly mean rate
+    one instance serves within that model's SLOs: copies x its processes' SLO-safe rate over the busiest
+    minute's burstiness), which the drift checks read (drift.check_pool)."""
+    from .drift import SCHEMA, packed_instances
+    from .queueing import max_safe_rate
+
+    pools = []
+    cache: dict = {}
+    for plan in result.regions:
+        w = plan.winner
+        if w is None:
+            continue
+        models = []
+        for m in w.loads:
+            limits = Limits(m.slo.ttft_p99_ms - m.network_ms, m.slo.itl_p99_ms, m.slo.error_rate)
+            safe = max_safe_rate(_models_of(cache, m.curve), m.traffic.output_mean, limits)
+            rates, bursts = m.traffic.hourly_rps(), m.traffic.hourly_burstiness()
+            busiest = max((b for r, b in zip(rates, bursts) if r > 0), default=1.0)
+            models.append({"model": m.model, "precision": m.precision, "copies": m.copies, "source": m.source,
+                           "hourly_rps": rates, "peak_rps": max(rates), "output_mean": m.traffic.output_mean,
+                           "rps_per_instance": (safe[0] * m.copies / busiest) if safe else 0.0,
+                           "slo": {"ttft_p99_ms": m.slo.ttft_p99_ms, "itl_p99_ms": m.slo.itl_p99_ms}})
+        lo, _, hi = w.capacity()
+        rates = [sum(m["hourly_rps"][h] for m in models) for h in range(24)]
+        # Sized as the drift check sizes observed traffic (packed_instances), so unchanged traffic reads unchanged.
+        instances = sum(packed_instances({m["model"]: m["hourly_rps"] for m in models}, models, ctx.n_min(plan.region)))
+        tokens = sum(sum(m["hourly_rps"]) * 3600 * m["output_mean"] for m in models)
+        pools.append({
+            "region": plan.region, "pool": config_pools.get(plan.region), "candidate": w.label,
+            "instance_type": w.instance_type, "consumer_regions": [plan.region],
+            "capacity": {"min": lo, "max": hi}, "n_min": ctx.n_min(plan.region), "hourly_rps": rates,
+            "peak_rps": max(rates), "price_per_hour": w.price_per_hour,
+            "usd_per_m_output": instances * w.price_per_hour / tokens * 1e6 if tokens else math.inf,
+            "models": models,
+        })
+    return {"schema": SCHEMA, "written": written,
+            "slo": {"ttft_p99_ms": ctx.slo.ttft_p99_ms, "itl_p99_ms": ctx.slo.itl_p99_ms}, "pools": pools}
+
+
+def scaling_target(plan: RegionPacking) -> float:
+    """The pool's in-flight target: the planned requests in flight per instance over every model at the day's
+    busiest planned minute, over the burst headroom (solver.TARGET_HEADROOM), at least 1, rounded down to 0.1."""
+    from .solver import TARGET_HEADROOM
+
+    w = plan.winner
+    busiest = max(range(24), key=lambda h: (w.instances_by_hour[h], sum(t.hourly_rps()[h] for t in plan.traffic)))
+    in_flight = sum(m.copies * m.predictions[busiest].in_flight for m in w.loads if m.predictions[busiest])
+    burst = max(max(t.hourly_burstiness()) for t in plan.traffic)
+    return max(1.0, math.floor(in_flight / max(burst, 1.0 / (1.0 - TARGET_HEADROOM)) * 10) / 10)

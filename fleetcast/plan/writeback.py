@@ -296,7 +296,7 @@ def compute_packing_edit(path: str | Path, result, allow_estimated: bool = False
     model it serves, so it is removed). Refuses, file untouched, on any problem."""
     from fleetcast.config import ConfigError, load_config
 
-    from .solver import TARGET_HEADROOM
+    from .packing import scaling_target
 
     path = Path(path)
     yaml = round_trip_yaml()
@@ -377,10 +377,7 @@ def compute_packing_edit(path: str | Path, result, allow_estimated: bool = False
                 f"{s['model']} x{s['copies']}" + (f" ({s['kv_cache_gb']} GiB KV each)" if "kv_cache_gb" in s else "")
                 for s in wanted))
         changes += _write_capacity(pool, where, w.instances_by_hour)
-        busiest = max(range(24), key=lambda h: (w.instances_by_hour[h], sum(t.hourly_rps()[h] for t in plan.traffic)))
-        in_flight = sum(m.copies * m.predictions[busiest].in_flight for m in w.loads if m.predictions[busiest])
-        burst = max(max(t.hourly_burstiness()) for t in plan.traffic)
-        target = max(1.0, math.floor(in_flight / max(burst, 1.0 / (1.0 - TARGET_HEADROOM)) * 10) / 10)
+        target = scaling_target(plan)
         target_value = int(target) if target.is_integer() else target
         scaling = pool.get("scaling")
         if scaling is None:

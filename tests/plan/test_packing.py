@@ -353,3 +353,30 @@ def test_plan_simulate_for_several_models_draws_each_models_day(capsys, tmp_path
     assert sorted(p.name for p in tmp_path.iterdir()) == [
         "simulate-g6e.xlarge-ap-northeast-2-gpt2-xl.png", "simulate-g6e.xlarge-ap-northeast-2-qwen2.5-0.5b.png",
         "simulate-g6e.xlarge-ap-northeast-2-qwen2.5-3b.png"]
+
+
+# ---------------------------------------------------------------- plan --check
+
+
+def test_check_is_quiet_on_the_planned_traffic_and_names_the_model_whose_traffic_grew(capsys, tmp_path):
+    fleet = tmp_path / "fleet.yaml"
+    fleet.write_text((EXAMPLE / "fleet.yaml").read_text())
+    code, _, err = _cli(capsys, *EXAMPLE_ARGS[:4], "--config", str(fleet), "--write-config", str(fleet),
+                        "--allow-estimated")
+    assert code == 0, err
+    baseline = json.loads((tmp_path / "fleet.plan-baseline.json").read_text())
+    assert [m["model"] for m in baseline["pools"][0]["models"]] == ["gpt2-xl", "qwen2.5-0.5b", "qwen2.5-3b"]
+    code, out, _ = _cli(capsys, *EXAMPLE_ARGS[:4], "--config", str(fleet), "--check")
+    assert code == 0 and "fits the plan the config was written from; nothing to change" in out
+    # qwen2.5-0.5b's traffic triples (the others as planned).
+    grown = (EXAMPLE / "traffic.yaml").read_text().replace(
+        'rate_rps: {"0-9": 1.6, "9-13": 2.8, "13-22": 0.2, "22-24": 0.8}',
+        'rate_rps: {"0-9": 4.8, "9-13": 8.4, "13-22": 0.6, "22-24": 2.4}')
+    assert grown != (EXAMPLE / "traffic.yaml").read_text()
+    (tmp_path / "grown.yaml").write_text(grown)
+    code, out, _ = _cli(capsys, "--results", str(EXAMPLE / "results"), "--traffic", str(tmp_path / "grown.yaml"),
+                        "--config", str(fleet), "--check")
+    assert code == 3
+    assert "throughput: traffic for qwen2.5-0.5b grew past the SLO-safe throughput of max capacity" in out
+    assert "traffic for gpt2-xl" not in out and "traffic for qwen2.5-3b" not in out
+    assert "capacity: pool main: capacity.max would change 2 ->" in out

@@ -144,3 +144,50 @@ def test_a_missing_baseline_reads_as_access_denied_without_list_permission_and_i
     h._CLIENTS.update(s3=s3, sns=sns, cloudwatch=boto3.client("cloudwatch", region_name=REGION))
     assert h.handler({}, None, now=NOW) == {"drift": None}
     sns_stub.assert_no_pending_responses()
+
+
+def packed_baseline() -> dict:
+    """A pool packing two models (fleetcast/plan/packing.py baseline_document's shape): gpt2-xl planned at
+    PER_HOUR requests an hour, qwen2.5-0.5b at none; each instance serves 0.01 req/s of either within its SLO."""
+    models = [{"model": m, "precision": "int8_wo", "copies": 1, "source": "measured (co-located)",
+               "hourly_rps": [rate] * 24, "peak_rps": rate, "output_mean": 1500.0, "rps_per_instance": 0.01,
+               "slo": {"ttft_p99_ms": 300, "itl_p99_ms": 40}}
+              for m, rate in (("gpt2-xl", PER_HOUR / 3600), ("qwen2.5-0.5b", 0.0))]
+    by_model = {m["model"]: m["hourly_rps"] for m in models}
+    instances = drift.packed_instances(by_model, models, 1)
+    tokens = PER_HOUR * 24 * 1500.0
+    return {"schema": drift.SCHEMA, "written": NOW.isoformat(), "slo": {"ttft_p99_ms": 300, "itl_p99_ms": 40},
+            "pools": [{"region": REGION, "pool": "l40s", "candidate": "g6e.xlarge [gpt2-xl int8_wo x1 + qwen2.5-0.5b "
+                       "int8_wo x1]", "instance_type": "g6e.xlarge", "consumer_regions": [REGION],
+                       "capacity": {"min": 1, "max": 1}, "n_min": 1, "hourly_rps": [PER_HOUR / 3600] * 24,
+                       "peak_rps": PER_HOUR / 3600, "price_per_hour": PRICE,
+                       "usd_per_m_output": sum(instances) * PRICE / tokens * 1e6, "models": models}]}
+
+
+def test_a_packed_pool_names_the_model_whose_traffic_grew(lambda_env):
+    """The gateway meters each request per [Fleet, Pool, Model] too (runtime/gateway/metrics.py): the Lambda
+    reads each model's arrivals and the check names the one past what max capacity serves of it."""
+    lambda_env.put_object(Bucket="model-bucket", Key="plan/baseline.json", Body=json.dumps(packed_baseline()))
+    recs = []
+    for hour in range(7 * 24):
+        start = NOW - timedelta(days=7) + timedelta(hours=hour)
+        for i in range(4 * PER_HOUR):  # four times the planned gpt2-xl traffic: 48 an hour > 36 one instance serves
+            stamp = int((start + timedelta(seconds=i * 59 / (4 * PER_HOUR))).timestamp() * 1000)
+            recs.append(emf_record("fleetcast", "l40s", "voice-app",
+                                   {t.REQUESTS: 1, t.THROTTLED: 0, t.ERRORS: 0, t.INPUT_TOKENS: 300,
+                                    t.OUTPUT_TOKENS: 1500, t.E2E_MS: 90_000.0}, timestamp_ms=stamp, model="gpt2-xl",
+                                   shape={t.DIM_IN_FLIGHT: "1", t.DIM_INPUT_BUCKET: "257-512",
+                                          t.DIM_OUTPUT_BUCKET: "1025-2048"}))
+    cw = boto3.client("cloudwatch", region_name=REGION)
+    ship(recs, cw)
+    sns = boto3.client("sns", region_name=REGION)
+    stub = Stubber(sns)
+    stub.add_response("publish", {"MessageId": "m-3"}, {"TopicArn": ANY, "Subject": ANY, "Message": ANY,
+                                                        "MessageAttributes": ANY})
+    stub.activate()
+    h._CLIENTS.update(cloudwatch=_PercentileCloudWatch(cw, recs), sns=sns)
+    result = h.handler({}, None, now=NOW)
+    stub.assert_no_pending_responses()
+    assert result["drift"] is True
+    assert any("traffic for gpt2-xl grew past the SLO-safe throughput of max capacity" in f for f in result["findings"])
+    assert not any("qwen2.5-0.5b" in f for f in result["findings"])

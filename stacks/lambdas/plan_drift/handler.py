@@ -83,8 +83,10 @@ def _fetch(queries: list[dict], start: datetime, end: datetime) -> dict[str, lis
     return out
 
 
-def observe(s: dict, pool: str, consumers: list[str], start: datetime, end: datetime) -> drift.Observation:
-    """The pool's traffic over [start, end) from the gateways' metrics."""
+def observe(s: dict, pool: str, consumers: list[str], start: datetime, end: datetime,
+            models: list[str] | None = None) -> drift.Observation:
+    """The pool's traffic over [start, end) from the gateways' metrics; with `models` (a pool packing several
+    models), each model's hourly arrivals too (the gateway's [Fleet, Pool, Model] requests)."""
     hours = int((end - start) / timedelta(hours=1))
     week = hours * 3600
     queries, roles = [], {}
@@ -103,6 +105,8 @@ def observe(s: dict, pool: str, consumers: list[str], start: datetime, end: date
             add(("in_flight", label), t.SHAPED_REQUESTS, dims + [(t.DIM_IN_FLIGHT, label)], week, "Sum")
         for label in t.TOKEN_LABELS:
             add(("served",), t.SHAPED_REQUESTS, dims + [(t.DIM_OUTPUT_BUCKET, label)], week, "Sum")
+    for model in models or []:
+        add(("model_arrivals", model), t.REQUESTS, base + [(t.DIM_MODEL, model)], 3600, "Sum")
     add(("ttft",), t.TTFT_MS, base, 3600, "p99")
     add(("itl",), t.ITL_MS, base, 3600, "p99")
     data = _fetch(queries, start, end)
@@ -110,6 +114,7 @@ def observe(s: dict, pool: str, consumers: list[str], start: datetime, end: date
     ttft: list[float | None] = [None] * hours
     itl: list[float | None] = [None] * hours
     in_flight: dict[str, float] = {}
+    per_model = {model: [0.0] * hours for model in models or []}
     output_sum = served = 0.0
     for qid, points in data.items():
         role = roles[qid]
@@ -117,6 +122,8 @@ def observe(s: dict, pool: str, consumers: list[str], start: datetime, end: date
             h = int((stamp.astimezone(UTC) - start) / timedelta(hours=1))
             if role[0] == "arrivals" and 0 <= h < hours:
                 arrivals[h] += value
+            elif role[0] == "model_arrivals" and 0 <= h < hours:
+                per_model[role[1]][h] += value
             elif role[0] in ("ttft", "itl") and 0 <= h < hours:
                 (ttft if role[0] == "ttft" else itl)[h] = value
             elif role[0] == "in_flight":
@@ -127,7 +134,8 @@ def observe(s: dict, pool: str, consumers: list[str], start: datetime, end: date
                 served += value
     return drift.Observation(
         hourly_rps=drift.hour_of_day_rates(start.hour, arrivals), in_flight=in_flight,
-        output_mean=output_sum / served if served else 0.0, arrivals=arrivals, ttft_p99_ms=ttft, itl_p99_ms=itl)
+        output_mean=output_sum / served if served else 0.0, arrivals=arrivals, ttft_p99_ms=ttft, itl_p99_ms=itl,
+        by_model={m: drift.hour_of_day_rates(start.hour, a) for m, a in per_model.items()} if models else None)
 
 
 def handler(event, context, now: datetime | None = None):
@@ -148,7 +156,7 @@ def handler(event, context, now: datetime | None = None):
         if base["region"] != s["region"] or base.get("pool") not in s["pools"]:
             continue
         consumers = [name for name, region in s["consumers"] if region in base["consumer_regions"]]
-        obs = observe(s, base["pool"], consumers, start, end)
+        obs = observe(s, base["pool"], consumers, start, end, [m["model"] for m in base.get("models", [])])
         found = drift.check_pool(base, obs, baseline["slo"], s["threshold"], s["threshold"])
         findings += found
         data.append({"MetricName": t.PLAN_DRIFT, "Value": 1.0 if found else 0.0, "Unit": t.unit(t.PLAN_DRIFT), "Timestamp": end,
