@@ -73,7 +73,9 @@ def register(sub: argparse._SubParsersAction) -> None:
         description="Size each candidate for the production traffic (from arrivals: per-instance load derived from "
         "its curve, every hour at its busiest minute; or weighed by a concurrency histogram), add network latency "
         "and regional availability to the SLO check, rank candidates by total cost, explain every rejection. "
-        "`fleetcast plan simulate` checks the sizing against a discrete-event simulation of each pool.",
+        "`fleetcast plan simulate` checks the sizing against a discrete-event simulation of each pool. A config "
+        "of several models is planned as a packing search: which models share an instance, at which precision, with "
+        "how many copies (docs/plan.md, \"Several models: the packing search\").",
     )
     p.add_argument("action", nargs="?", choices=["simulate"],
                    help="simulate: check the plan's sizing against a discrete-event simulation of each pool "
@@ -87,7 +89,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                         help="read the traffic from the gateways' CloudWatch metrics (as `fleetcast traffic export`); "
                              "with --since [--until] [--profile]")
     p.add_argument("--config", default="config/fleet.yaml", metavar="FILE",
-                   help="fleet config: default SLOs, pool minimums, model (default: config/fleet.yaml)")
+                   help="fleet config: default SLOs, pool minimums, model(s) (default: config/fleet.yaml); with "
+                        "several models the traffic profile gives one entry per region and model")
     p.add_argument("--ttft-p99-ms", type=_positive("--ttft-p99-ms"), metavar="MS", help="override the config's slo.ttft_p99_ms")
     p.add_argument("--itl-p99-ms", type=_positive("--itl-p99-ms"), metavar="MS", help="override the config's slo.itl_p99_ms")
     p.add_argument("--error-rate", type=_fraction, metavar="FRACTION", help="override the config's slo.error_rate")

@@ -328,6 +328,14 @@ def compute_packing_edit(path: str | Path, result, allow_estimated: bool = False
         if plan.winner is not None:
             for m in plan.winner.loads:
                 precisions.setdefault(m.model, {})[plan.region] = m.precision
+            # The written pool serves only the packed models: one a consumer there may call must be in the plan.
+            callable_here = {mid for c in current.consumers_of(plan.region) for mid in current.models_for(c.name)}
+            left_out = sorted(m.id for m in current.models if m.id in callable_here
+                              and m.id not in {ld.model for ld in plan.winner.loads})
+            if left_out:
+                blockers.append(f"consumers served from {plan.region} may call {', '.join(left_out)}, which the "
+                                "traffic profile gives no entry there, so the packing leaves it out and the pool would "
+                                "not serve it: add an entry for it (rate_rps 0 where it is idle)")
     for model, by_region in precisions.items():
         if len(set(by_region.values())) > 1:
             blockers.append(f"{model} is planned at {', '.join(f'{p} in {r}' for r, p in sorted(by_region.items()))}; "

@@ -380,3 +380,31 @@ def test_check_is_quiet_on_the_planned_traffic_and_names_the_model_whose_traffic
     assert "throughput: traffic for qwen2.5-0.5b grew past the SLO-safe throughput of max capacity" in out
     assert "traffic for gpt2-xl" not in out and "traffic for qwen2.5-3b" not in out
     assert "capacity: pool main: capacity.max would change 2 ->" in out
+
+
+def test_the_figures_the_example_readme_and_the_main_readme_quote_are_the_plans(capsys):
+    code, out, err = _cli(capsys, *EXAMPLE_ARGS)
+    assert code == 0, err
+    result, _, _ = _example()
+    (region,) = result.regions
+    per_pool, per_fleet = region.alternatives
+    quoted = [f"${region.winner.cost_per_hour:.2f}/h", f"${region.winner.usd_per_m_output:.3f} per 1M output tokens",
+              f"${per_pool.cost_per_hour:.2f}/h", f"${per_fleet.cost_per_hour:.2f}/h"]
+    readme = (EXAMPLE / "README.md").read_text()
+    for figure in quoted:
+        assert figure in out and figure in readme, figure
+    main = (ROOT / "README.md").read_text()
+    assert all(f in main for f in (quoted[0], quoted[2], quoted[3]))
+
+
+def test_write_config_refuses_to_drop_a_model_the_regions_consumers_may_call(capsys, tmp_path):
+    fleet = tmp_path / "fleet.yaml"
+    fleet.write_text((EXAMPLE / "fleet.yaml").read_text())
+    doc = (EXAMPLE / "traffic.yaml").read_text()
+    without_3b = doc[:doc.index("  - region: ap-northeast-2\n    model: qwen2.5-3b")]
+    (tmp_path / "traffic.yaml").write_text(without_3b)
+    before = fleet.read_text()
+    code, _, err = _cli(capsys, "--results", str(EXAMPLE / "results"), "--traffic", str(tmp_path / "traffic.yaml"),
+                        "--config", str(fleet), "--write-config", str(fleet), "--allow-estimated")
+    assert code == 1 and "may call qwen2.5-3b, which the traffic profile gives no entry there" in err
+    assert fleet.read_text() == before
