@@ -235,26 +235,9 @@ def _plan(args: argparse.Namespace) -> int:
                                  write_schedule=args.write_schedule, spot=result.spot)
         baseline = _baseline(args.write_config, edit.cfg, result.pools, ctx)
     if args.report:
-        try:
-            paths = write_report(result, args.report)
-        except OSError as exc:
-            raise UserError(f"--report: cannot write {exc.filename or args.report}: {exc.strerror}; its pages were "
-                            "left as they were" + (f", and {args.write_config} was not written" if edit else "")) from None
-        say(f"\nreport: {', '.join(str(p) for p in paths[:3])} (+{len(paths) - 3} plots)")
+        _write_report(write_report, result, args, edit is not None, say)
     if edit is not None:
-        from fleetcast.config.edit import replace_files
-
-        try:
-            replace_files(([(edit.path, edit.text)] if edit.text is not None else []) + [baseline])
-        except OSError as exc:
-            raise UserError(f"--write-config: cannot write {exc.filename or edit.path}: {exc.strerror}; "
-                            f"{edit.path} and its baseline were left as they were") from None
-        if edit.changes:
-            say(f"\n{args.write_config}: updated and re-validated")
-            for change in edit.changes:
-                say(f"  {change}")
-        else:
-            say(f"\n{args.write_config}: already matches the plan; unchanged")
+        _write_edit(edit, baseline, args.write_config, say)
         for note in throttling_notes(edit.cfg, result.pools):
             say(f"  note: {note}")
         say(f"  baseline for `fleetcast plan --check`: {baseline[0]}")
@@ -295,37 +278,23 @@ def _plan_packing(args: argparse.Namespace, profile) -> int:
     print(json.dumps(to_json(result), indent=1) if args.json else render_terminal(result))
     say = (lambda text: print(text, file=sys.stderr)) if args.json else print
     # Everything written is computed and validated first; a refusal or failure leaves every file as it was.
-    edit = compute_packing_edit(args.write_config, result, args.allow_estimated) if args.write_config else None
-    if args.report:
-        try:
-            paths = write_report(result, args.report)
-        except OSError as exc:
-            raise UserError(f"--report: cannot write {exc.filename or args.report}: {exc.strerror}; its pages were "
-                            "left as they were" + (f", and {args.write_config} was not written" if edit else "")) from None
-        say(f"\nreport: {', '.join(str(p) for p in paths[:3])} (+{len(paths) - 3} plots)")
-    if edit is not None:
+    edit = baseline = None
+    if args.write_config:
         from datetime import datetime
 
-        from fleetcast.config.edit import replace_files
         from fleetcast.plan.drift import baseline_path
         from fleetcast.plan.packing import baseline_document
         from fleetcast.plan.writeback import pool_name_for
 
+        edit = compute_packing_edit(args.write_config, result, args.allow_estimated)
         chosen = {r.region: pool_name_for(edit.cfg.region(r.region), r.winner.instance_type.split(".")[0])
                   for r in result.regions if r.winner is not None}
         doc = baseline_document(result, ctx, chosen, datetime.now(UTC).isoformat(timespec="seconds"))
         baseline = (baseline_path(args.write_config), json.dumps(doc, indent=1) + "\n")
-        try:
-            replace_files(([(edit.path, edit.text)] if edit.text is not None else []) + [baseline])
-        except OSError as exc:
-            raise UserError(f"--write-config: cannot write {exc.filename or edit.path}: {exc.strerror}; "
-                            f"{edit.path} and its baseline were left as they were") from None
-        if edit.changes:
-            say(f"\n{args.write_config}: updated and re-validated")
-            for change in edit.changes:
-                say(f"  {change}")
-        else:
-            say(f"\n{args.write_config}: already matches the plan; unchanged")
+    if args.report:
+        _write_report(write_report, result, args, edit is not None, say)
+    if edit is not None:
+        _write_edit(edit, baseline, args.write_config, say)
         say(f"  baseline for `fleetcast plan --check`: {baseline[0]}")
     return 0 if all(r.winner for r in result.regions) else 3
 
@@ -336,29 +305,52 @@ def _check_packing(args: argparse.Namespace, result) -> int:
     from fleetcast.config import load_config
     from fleetcast.contract.errors import EXIT_REFUSED
     from fleetcast.plan.check import (
-        baseline_findings,
         config_path_required,
         drift_settings,
         packing_replan_findings,
         render,
     )
-    from fleetcast.plan.drift import Finding, baseline_path, load_baseline
+    from fleetcast.plan.drift import Finding
 
     cfg = load_config(config_path_required(args.config))
     threshold = drift_settings(cfg, args.threshold)
-    cost_threshold = args.cost_threshold if args.cost_threshold is not None else threshold
     findings = [Finding("pick", r.region, "no packing serves it within every model's SLO")
                 for r in result.regions if not r.winner]
     findings += packing_replan_findings(cfg, result, threshold)
-    path = Path(args.baseline) if args.baseline else baseline_path(args.config)
-    if path.exists() or args.baseline:
-        findings += baseline_findings(load_baseline(path), [t for r in result.regions for t in r.traffic], threshold,
-                                      cost_threshold)
-    else:
-        print(f"note: no plan baseline at {path}: checked the re-plan only (throughput per model and cost need the "
-              "baseline `fleetcast plan --write-config` writes)")
+    findings += _baseline_findings(args, [t for r in result.regions for t in r.traffic], threshold,
+                                   "throughput per model and cost")
     print(render(findings, result.traffic_name))
     return EXIT_REFUSED if findings else 0
+
+
+def _write_report(write, result, args: argparse.Namespace, config_pending: bool, say) -> None:
+    """The report's pages and plots (`write`: the one-model or the packing report's writer)."""
+    from fleetcast.contract.errors import UserError
+
+    try:
+        paths = write(result, args.report)
+    except OSError as exc:
+        raise UserError(f"--report: cannot write {exc.filename or args.report}: {exc.strerror}; its pages were left "
+                        "as they were" + (f", and {args.write_config} was not written" if config_pending else "")) from None
+    say(f"\nreport: {', '.join(str(p) for p in paths[:3])} (+{len(paths) - 3} plots)")
+
+
+def _write_edit(edit, baseline: tuple, config_path: str, say) -> None:
+    """Replace the config (when it changes) and its drift baseline together, then say what changed."""
+    from fleetcast.config.edit import replace_files
+    from fleetcast.contract.errors import UserError
+
+    try:
+        replace_files(([(edit.path, edit.text)] if edit.text is not None else []) + [baseline])
+    except OSError as exc:
+        raise UserError(f"--write-config: cannot write {exc.filename or edit.path}: {exc.strerror}; "
+                        f"{edit.path} and its baseline were left as they were") from None
+    if edit.changes:
+        say(f"\n{config_path}: updated and re-validated")
+        for change in edit.changes:
+            say(f"  {change}")
+    else:
+        say(f"\n{config_path}: already matches the plan; unchanged")
 
 
 def _config_or_none(path: str | None):
@@ -393,24 +385,32 @@ def _baseline(config_path: str, cfg, pools, ctx) -> tuple:
 
 
 def _check(args: argparse.Namespace, result, plans) -> int:
-    from pathlib import Path
 
     from fleetcast.config import load_config
     from fleetcast.contract.errors import EXIT_REFUSED
-    from fleetcast.plan.check import baseline_findings, config_path_required, drift_settings, render, replan_findings
-    from fleetcast.plan.drift import Finding, baseline_path, load_baseline
+    from fleetcast.plan.check import config_path_required, drift_settings, render, replan_findings
+    from fleetcast.plan.drift import Finding
 
     cfg = load_config(config_path_required(args.config))
     threshold = drift_settings(cfg, args.threshold)
-    cost_threshold = args.cost_threshold if args.cost_threshold is not None else threshold
     findings = [Finding("pick", p.traffic.region, "no candidate serves it within the SLO") for p in plans if not p.winner]
     findings += replan_findings(cfg, result.pools, threshold)
-    path = Path(args.baseline) if args.baseline else baseline_path(args.config)
-    if path.exists() or args.baseline:
-        findings += baseline_findings(load_baseline(path), [p.traffic for p in plans], threshold, cost_threshold)
-    else:
-        print(f"note: no plan baseline at {path}: checked the re-plan only (throughput, mix, latency and cost checks "
-              "need the baseline `fleetcast plan --write-config` writes)")
+    findings += _baseline_findings(args, [p.traffic for p in plans], threshold,
+                                   "throughput, mix, latency and cost checks")
     print(render(findings, result.traffic_name))
     return EXIT_REFUSED if findings else 0
+
+
+def _baseline_findings(args: argparse.Namespace, consumers: list, threshold: float, what: str) -> list:
+    """The traffic against the baseline --write-config wrote next to the config (a note when there is none)."""
+    from fleetcast.plan.check import baseline_findings
+    from fleetcast.plan.drift import baseline_path, load_baseline
+
+    cost_threshold = args.cost_threshold if args.cost_threshold is not None else threshold
+    path = Path(args.baseline) if args.baseline else baseline_path(args.config)
+    if path.exists() or args.baseline:
+        return baseline_findings(load_baseline(path), consumers, threshold, cost_threshold)
+    print(f"note: no plan baseline at {path}: checked the re-plan only ({what} need the baseline "
+          "`fleetcast plan --write-config` writes)")
+    return []
 

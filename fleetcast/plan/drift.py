@@ -190,11 +190,7 @@ def _packed_findings(base: dict, obs: Observation, cost_threshold: float) -> lis
         instances = packed_instances(obs.by_model, base["models"], base["n_min"])
         tokens = sum(sum(obs.by_model[m["model"]]) * 3600 * m["output_mean"] for m in base["models"])
         cost = sum(instances) * base["price_per_hour"] / tokens * 1e6 if tokens else math.inf
-        planned = base["usd_per_m_output"]
-        if planned and math.isfinite(cost) and abs(cost / planned - 1) > cost_threshold:
-            findings.append(Finding("cost", region, (
-                f"cost per token off by more than {cost_threshold:.0%}: ${cost:.4f} vs ${planned:.4f} planned per 1M "
-                f"output tokens ({cost / planned - 1:+.0%}; instance cost at the observed rates of every model)")))
+        findings += _cost_finding(region, cost, base["usd_per_m_output"], cost_threshold, "the observed rates of every model")
     return findings
 
 
@@ -225,9 +221,13 @@ def check_pool(base: dict, obs: Observation, slo: dict, threshold: float = DEFAU
     if obs.arrivals is not None:
         findings += _slo_findings(base, obs, slo)
     cost = instance_cost_per_m_output(obs.hourly_rps, spr, base["n_min"], base["price_per_hour"], obs.output_mean)
-    planned = base["usd_per_m_output"]
-    if planned and math.isfinite(cost) and abs(cost / planned - 1) > cost_threshold:
-        findings.append(Finding("cost", region, (
-            f"cost per token off by more than {cost_threshold:.0%}: ${cost:.4f} vs ${planned:.4f} planned per 1M "
-            f"output tokens ({cost / planned - 1:+.0%}; instance cost at the observed rates and lengths)")))
+    findings += _cost_finding(region, cost, base["usd_per_m_output"], cost_threshold, "the observed rates and lengths")
     return findings
+
+
+def _cost_finding(region: str, cost: float, planned: float, cost_threshold: float, at: str) -> list[Finding]:
+    if planned and math.isfinite(cost) and abs(cost / planned - 1) > cost_threshold:
+        return [Finding("cost", region, (
+            f"cost per token off by more than {cost_threshold:.0%}: ${cost:.4f} vs ${planned:.4f} planned per 1M "
+            f"output tokens ({cost / planned - 1:+.0%}; instance cost at {at})"))]
+    return []

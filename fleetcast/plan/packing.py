@@ -41,7 +41,7 @@ from fleetcast.contract.serving import MAX_PROCESSES
 
 from .curves import Candidate, Curve
 from .queueing import Limits, Prediction, ServiceModel, Stream, instances_needed, model_for, occupancy, predict
-from .solver import PlanContext, Slo
+from .solver import PlanContext, Slo, capacity_bounds
 from .traffic import ConsumerTraffic, TrafficProfile
 
 # Copies per model the search tries by default: two processes busy at once time-slice one GPU (no MPS), so
@@ -351,8 +351,7 @@ class PackingEval:
         return sum(self.instances_by_hour)
 
     def capacity(self) -> tuple[int, int, int]:
-        n = self.instances_by_hour
-        return min(n), min(max(n), math.ceil(sum(n) / len(n))), max(n)
+        return capacity_bounds(self.instances_by_hour)
 
     @property
     def processes(self) -> int:

@@ -102,6 +102,17 @@ def _tables(opts: PlanOptions, instance_types: list[str], consumer_regions: list
     return prices, availability, load_latency(opts.latency), load_fixed_costs(opts.fixed_costs), load_quality(opts.quality)
 
 
+def _stale_tables(prices, fixed, today: date) -> list[str]:
+    """A warning per dated table older than inputs.PRICE_MAX_AGE_DAYS on `today`."""
+    found = (
+        stale_table_warning("on-demand prices", prices.as_of, today,
+                            "refresh them (--refresh-prices) or give current ones (--prices FILE)"),
+        stale_table_warning("fixed costs (NLB, PrivateLink, transfer)", fixed.as_of, today,
+                            "give current ones (--fixed-costs FILE) or update fleetcast/config/data/fixed_costs.yaml"),
+    )
+    return [w for w in found if w]
+
+
 def build_plan(opts: PlanOptions) -> tuple[PlanResult, list[RegionPlan], PlanContext]:
     from fleetcast.config import load_config
 
@@ -162,15 +173,7 @@ def build_plan(opts: PlanOptions) -> tuple[PlanResult, list[RegionPlan], PlanCon
         candidates = candidates + estimated
         estimator_text = estimator.describe()
 
-    today = opts.today or date.today()
-    for stale in (
-        stale_table_warning("on-demand prices", prices.as_of, today,
-                            "refresh them (--refresh-prices) or give current ones (--prices FILE)"),
-        stale_table_warning("fixed costs (NLB, PrivateLink, transfer)", fixed.as_of, today,
-                            "give current ones (--fixed-costs FILE) or update fleetcast/config/data/fixed_costs.yaml"),
-    ):
-        if stale:
-            warnings.append(stale)
+    warnings += _stale_tables(prices, fixed, opts.today or date.today())
     synthetic = [c for c in candidates if c.provenance == "synthetic"]
     if synthetic:
         warnings.append(f"{len(synthetic)} of {len(candidates)} candidate(s) rest on SYNTHETIC results (authored "
@@ -246,15 +249,7 @@ def build_packing(opts: PlanOptions, max_copies: int | None = None):
         min_instances=min_instances, default_min_instances=opts.min_instances if opts.min_instances is not None else 1,
         kv_cache_dtype=cfg.engine.kv_cache_dtype.value, min_instances_source=min_source,
     )
-    today = opts.today or date.today()
-    for stale in (
-        stale_table_warning("on-demand prices", prices.as_of, today,
-                            "refresh them (--refresh-prices) or give current ones (--prices FILE)"),
-        stale_table_warning("fixed costs (NLB, PrivateLink, transfer)", fixed.as_of, today,
-                            "give current ones (--fixed-costs FILE) or update fleetcast/config/data/fixed_costs.yaml"),
-    ):
-        if stale:
-            warnings.append(stale)
+    warnings += _stale_tables(prices, fixed, opts.today or date.today())
     synthetic = [c for c in curves if c.candidate.provenance == "synthetic"]
     if synthetic:
         warnings.append(f"{len(synthetic)} of {len(curves)} curve(s) rest on SYNTHETIC results (authored data, not "

@@ -54,6 +54,11 @@ from .traffic import ConsumerTraffic, TrafficProfile
 TARGET_HEADROOM = 0.10
 
 
+def capacity_bounds(hourly: list[int]) -> tuple[int, int, int]:
+    """(min, desired, max) for a pool: the day's lowest, mean (rounded up) and highest instance counts."""
+    return min(hourly), min(max(hourly), math.ceil(sum(hourly) / len(hourly))), max(hourly)
+
+
 @dataclass(frozen=True)
 class Slo:
     ttft_p99_ms: float
@@ -171,9 +176,7 @@ class Evaluation:
         return sum(self.instances_by_hour)
 
     def capacity(self) -> tuple[int, int, int]:
-        """(min, desired, max) for the pool: the day's lowest, mean (rounded up) and highest instance counts."""
-        n = self.instances_by_hour
-        return min(n), min(max(n), math.ceil(sum(n) / len(n))), max(n)
+        return capacity_bounds(self.instances_by_hour)
 
     def rank_key(self) -> tuple:
         return (round(self.cost_per_hour, 2), round(self.weighted_ttft_p99, 1), self.instance_hours,
@@ -549,8 +552,7 @@ class FleetPool:
         return self.members[0][1]
 
     def capacity(self) -> tuple[int, int, int]:
-        n = self.instances_by_hour
-        return min(n), min(max(n), math.ceil(sum(n) / len(n))), max(n)
+        return capacity_bounds(self.instances_by_hour)
 
     def levels_at_arrival(self, ctx: PlanContext) -> dict[str, float]:
         """Requests per day by the in-flight count on their instance at arrival (itself included) as planned: the

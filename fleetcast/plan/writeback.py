@@ -138,22 +138,9 @@ def apply_plan(path: str | Path, plans: list[RegionPlan], pools: list[FleetPool]
 def compute_plan_edit(path: str | Path, plans: list[RegionPlan], pools: list[FleetPool], allow_estimated: bool = False,
                       write_schedule: bool = False, spot: list | None = None) -> ConfigEdit:
     """The config at `path` with the plan written in, validated; writes nothing. Refuses on any problem."""
-    from fleetcast.config import ConfigError, load_config
 
     path = Path(path)
-    yaml = round_trip_yaml()
-    try:
-        original = path.read_text()
-    except OSError as exc:
-        raise UserError(f"--write-config: cannot read {path}: {exc.strerror}") from None
-    doc = yaml.load(original)
-    if not isinstance(doc, CommentedMap) or not isinstance(doc.get("regions"), list):
-        raise UserError(f"--write-config: {path} is not a fleet config (no `regions` list)")
-    try:
-        current = load_config(path)
-    except ConfigError as exc:
-        details = exc.render().split("\n", 1)[-1]
-        raise UserError(f"--write-config: {path} is not a valid config now; fix it first:\n{details}") from None
+    yaml, doc, current = _open_for_edit(path)
 
     for plan in plans:
         if plan.winner is None:
@@ -219,15 +206,7 @@ def compute_plan_edit(path: str | Path, plans: list[RegionPlan], pools: list[Fle
                         del consumer["endpoint_service_name"]
                         changes.append(f"consumers[{consumer.get('name')}].endpoint_service_name removed "
                                        f"(publish the {region_name} service's name after deploying)")
-    if not changes:
-        return ConfigEdit(path, [], None, current)
-    try:
-        text, cfg = validated_text(path, yaml, doc)
-    except ConfigError as exc:
-        details = exc.render().split("\n", 1)[-1]
-        raise UserError(f"--write-config: the updated config would be invalid, so {path} was left untouched:\n"
-                        f"{details}") from None
-    return ConfigEdit(path, changes, text, cfg)
+    return _validated_edit(path, yaml, doc, changes, current)
 
 
 def _write_spot(pool: CommentedMap, where: str, fleet_pool: FleetPool, advice: list, write_schedule: bool) -> list[str]:
@@ -294,26 +273,13 @@ def compute_packing_edit(path: str | Path, result, allow_estimated: bool = False
     requests per instance over every model at the day's busiest planned minute, over the burst headroom);
     each model's precision goes to models[].engine.precision (a pool-level precision would apply to every
     model it serves, so it is removed). Refuses, file untouched, on any problem."""
-    from fleetcast.config import ConfigError, load_config
 
     from .packing import scaling_target
 
     path = Path(path)
-    yaml = round_trip_yaml()
-    try:
-        original = path.read_text()
-    except OSError as exc:
-        raise UserError(f"--write-config: cannot read {path}: {exc.strerror}") from None
-    doc = yaml.load(original)
-    if not isinstance(doc, CommentedMap) or not isinstance(doc.get("regions"), list) \
-            or not isinstance(doc.get("models"), list):
-        raise UserError(f"--write-config: {path} is not a fleet config of several models (no `regions` and "
-                        "`models` lists)")
-    try:
-        current = load_config(path)
-    except ConfigError as exc:
-        details = exc.render().split("\n", 1)[-1]
-        raise UserError(f"--write-config: {path} is not a valid config now; fix it first:\n{details}") from None
+    yaml, doc, current = _open_for_edit(path)
+    if not isinstance(doc.get("models"), list):
+        raise UserError(f"--write-config: {path} is not a fleet config of several models (no `models` list)")
     blockers = []
     precisions: dict[str, dict[str, str]] = {}
     for plan in result.regions:
@@ -393,6 +359,33 @@ def compute_packing_edit(path: str | Path, result, allow_estimated: bool = False
             changes.append(f"{where}.scaling.target = {target_value} active requests")
         elif scaling.get("metric", "active_requests") == "active_requests" and _set(scaling, "target", target_value):
             changes.append(f"{where}.scaling.target = {target_value} active requests")
+    return _validated_edit(path, yaml, doc, changes, current)
+
+
+def _open_for_edit(path: Path):
+    """(round-trip YAML, its document, the config as it validates now) of the config `--write-config` edits."""
+    from fleetcast.config import ConfigError, load_config
+
+    yaml = round_trip_yaml()
+    try:
+        original = path.read_text()
+    except OSError as exc:
+        raise UserError(f"--write-config: cannot read {path}: {exc.strerror}") from None
+    doc = yaml.load(original)
+    if not isinstance(doc, CommentedMap) or not isinstance(doc.get("regions"), list):
+        raise UserError(f"--write-config: {path} is not a fleet config (no `regions` list)")
+    try:
+        current = load_config(path)
+    except ConfigError as exc:
+        details = exc.render().split("\n", 1)[-1]
+        raise UserError(f"--write-config: {path} is not a valid config now; fix it first:\n{details}") from None
+    return yaml, doc, current
+
+
+def _validated_edit(path: Path, yaml, doc, changes: list[str], current) -> ConfigEdit:
+    """The edit, validated by the config loader; nothing written. Refuses when the edited config is invalid."""
+    from fleetcast.config import ConfigError
+
     if not changes:
         return ConfigEdit(path, [], None, current)
     try:
@@ -407,8 +400,9 @@ def compute_packing_edit(path: str | Path, result, allow_estimated: bool = False
 def _write_capacity(pool: CommentedMap, where: str, hourly: list[int]) -> list[str]:
     """capacity min/max from the day's lowest and highest instance counts (desired, where the pool fixes one:
     the day's mean, rounded up)."""
-    lo, hi = min(hourly), max(hourly)
-    desired = min(hi, -(-sum(hourly) // 24))
+    from .solver import capacity_bounds
+
+    lo, desired, hi = capacity_bounds(hourly)
     capacity = pool.get("capacity")
     if capacity is None:
         pool["capacity"] = _flow({"min": lo, "max": hi})
