@@ -43,6 +43,7 @@ AWS_RUNS = {
     ("config", "diff"): [["--deployed", CONFIG]],
     ("ami", "pin"): [[]],
     ("stage", "model"): [[]],
+    ("stage", "adapter"): [[]],
     ("stage", "calibration"): [["--dir", "{tmp}/calib", "--name", "calib"]],  # a valid set: local input is checked first
     ("stage", "image"): [[], ["--method", "local"]],
     ("stage", "status"): [[]],
