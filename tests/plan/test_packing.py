@@ -408,3 +408,52 @@ def test_write_config_refuses_to_drop_a_model_the_regions_consumers_may_call(cap
                         "--config", str(fleet), "--write-config", str(fleet), "--allow-estimated")
     assert code == 1 and "may call qwen2.5-3b, which the traffic profile gives no entry there" in err
     assert fleet.read_text() == before
+
+
+# ---------------------------------------------------------------- bench run --model-mix -> plan
+
+
+def test_a_model_mix_measurement_is_planned_as_the_measured_packing(capsys, tmp_path):
+    """Interface 1 end to end: `fleetcast bench run --model-mix` against a loopback test server serving two
+    models writes one results file per model with the packing and each run's peers (bench results revision 3-4);
+    the planner reads them as that packing's co-located curves and chooses it, labelled measured (co-located)."""
+    from fleetcast.bench.accuracy import TestServerProcess
+    from fleetcast.bench.testserver import Timings
+    from tests.bench.conftest import free_port
+
+    # Both models at one precision: a mix run carries one precision label for all its files.
+    cfg_text = (EXAMPLE / "fleet.yaml").read_text()
+    start, end = cfg_text.index("  - id: gpt2-xl"), cfg_text.index("  - id: qwen2.5-0.5b")
+    cfg_text = cfg_text[:start] + cfg_text[end:]
+    cfg_text = cfg_text.replace("          - {model: gpt2-xl, copies: 1, kv_cache_gb: 8}\n", "")
+    (tmp_path / "fleet.yaml").write_text(cfg_text)
+    assert [m.id for m in load_config(tmp_path / "fleet.yaml").models] == ["qwen2.5-0.5b", "qwen2.5-3b"]
+    timings = Timings(ttft_ms=5, itl_ms=1, models=(("qwen2.5-0.5b", 4.0, 1.0), ("qwen2.5-3b", 8.0, 2.0)))
+    out = tmp_path / "r.json"
+    with TestServerProcess(free_port(), timings) as server:
+        from scripts.cli import main
+
+        rc = main(["bench", "run", "--endpoint", server.url, "--model-mix", "qwen2.5-0.5b:0.6,qwen2.5-3b:0.4",
+                   "--concurrency", "2,4,8", "--requests-per-level", "60", "--warmup", "1", "--input-tokens", "24",
+                   "--output-tokens", "6", "--quiet", "--out", str(out), "--config", str(tmp_path / "fleet.yaml"),
+                   "--pool", "main", "--label", "instance_type=g6e.xlarge", "--label", "precision=bf16"])
+    capsys.readouterr()
+    assert rc == 0
+    files = sorted(str(p) for p in tmp_path.glob("r-*.json"))
+    assert len(files) == 2
+    (tmp_path / "traffic.yaml").write_text("""schema: fleetcast.traffic/v1
+name: mix
+consumers:
+  - {region: ap-northeast-2, model: qwen2.5-0.5b, rate_rps: [2.0, 2.0, 2.0, 2.0, 2.0, 2.0, 2.0, 2.0, 2.0, 2.0, 2.0, 2.0, 2.0, 2.0, 2.0, 2.0, 2.0, 2.0, 2.0, 2.0, 2.0, 2.0, 2.0, 2.0], burstiness: 1.2, input_tokens: 24, output_tokens: 6}
+  - {region: ap-northeast-2, model: qwen2.5-3b, rate_rps: [1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0], burstiness: 1.2, input_tokens: 24, output_tokens: 6}
+""")
+    opts = PlanOptions(results=files, traffic=str(tmp_path / "traffic.yaml"), config=str(tmp_path / "fleet.yaml"),
+                       today=date(2026, 2, 1))
+    result, _, _ = build_packing(opts)
+    (region,) = result.regions
+    w = region.winner
+    assert w is not None, region.notes + [e.rejected for e in region.evaluations]
+    # The pool's packing as measured (its serves: one copy each, KV 4 and 8 GiB), at the budgets it ran with.
+    assert [(m.model, m.copies, m.kv_gib, m.source) for m in w.loads] == [
+        ("qwen2.5-0.5b", 1, 4.0, MEASURED_COLOCATED), ("qwen2.5-3b", 1, 8.0, MEASURED_COLOCATED)]
+    assert region.alternatives == []  # no solo curves: nothing to price unpacked, and the report says so
