@@ -507,10 +507,11 @@ class RegionPacking:
                 head += f"the packing saves ${total:.2f}/h"
             else:
                 head += f"the packing costs ${-total:.2f}/h more"
+            sets = 1 if alt.name == "one model per pool" else len(alt.parts)
             out.append(f"{head}; instances ${w_inst:.2f}/h vs ${alt.instance_cost_per_hour:.2f}/h "
                        f"({w.instance_hours} vs {hours} instance-hours/day), fixed costs ${w_fixed:.2f}/h vs "
-                       f"${alt.fixed_cost_per_hour:.2f}/h (NLB, endpoints, LCUs: "
-                       f"{'one set' if alt.name == 'one model per pool' else f'{len(alt.parts)} sets'} vs one)")
+                       f"${alt.fixed_cost_per_hour:.2f}/h (NLB, endpoints, LCUs of one fleet vs "
+                       f"{'one fleet' if sets == 1 else f'{sets} fleets'})")
         return out
 
 
