@@ -43,6 +43,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                      help="a mix model's own --output-tokens (repeatable)")
     mix.add_argument("--model-tokenizer", action="append", default=[], metavar="MODEL=DIR",
                      help="a mix model's own --tokenizer (repeatable)")
+    mix.add_argument("--model-endpoint", action="append", default=[], metavar="MODEL=URL",
+                     help="a mix model's own server (e.g. its engine process on an instance), instead of --endpoint "
+                          "(repeatable)")
     mix.add_argument("--pool", help="with --config: the pool whose instance served the mix; its serves (models, "
                                     "copies, KV budgets) and instance type are recorded as the packing")
     mix.add_argument("--packing", metavar="MODEL:COPIES[:KV_GIB],...",
@@ -220,13 +223,22 @@ def _run(args: argparse.Namespace) -> int:
     out = Path(args.out)
     if not out.parent.is_dir():
         raise UserError(f"--out: directory {out.parent} does not exist")
+    packing = None
     if not args.model_mix:
         given = [f for f, v in (("--model-input-tokens", args.model_input_tokens),
                                 ("--model-output-tokens", args.model_output_tokens),
-                                ("--model-tokenizer", args.model_tokenizer), ("--pool", args.pool),
-                                ("--packing", args.packing)) if v]
+                                ("--model-tokenizer", args.model_tokenizer),
+                                ("--model-endpoint", args.model_endpoint)) if v]
         if given:
             raise UserError(f"{', '.join(given)} only go with --model-mix")
+        if args.pool or args.packing:
+            from fleetcast.bench.mix import check_mix_against, packing_from_args
+
+            if not args.model:
+                raise UserError(f"{'--pool' if args.pool else '--packing'} with one model needs --model (which of "
+                                "the packing's models this run measures)")
+            packing, where = packing_from_args(args, cfg, _labels(args.label))
+            check_mix_against(packing, {args.model: 1.0}, where, flag="--model")
     opts = BenchOptions(
         endpoint=args.endpoint, api=args.api, model=args.model,
         input_tokens=parse_distribution(args.input_tokens, "--input-tokens"),
@@ -243,6 +255,12 @@ def _run(args: argparse.Namespace) -> int:
     if args.model_mix:
         return _run_mix(args, opts, cfg, out, log)
     results = Bench(opts, log=log).run()
+    if packing is not None:
+        # One model measured on a packed instance: the others loaded and idle (docs/bench.md).
+        results = results.model_copy(update={
+            "packing": packing, "labels": results.labels.model_copy(update={"model": args.model}),
+            "runs": [r.model_copy(update={"peers": {p: 0.0 for p in packing.peers_of(args.model)}})
+                     for r in results.runs]})
     dump_results(results, out)
     csv_path = out.with_suffix(".csv")
     write_csv([results], csv_path)
@@ -274,9 +292,8 @@ def _run_mix(args: argparse.Namespace, opts, cfg, out, log) -> int:
         MixBench,
         check_mix_against,
         mix_models,
-        packing_of_pool,
+        packing_from_args,
         parse_model_mix,
-        parse_packing,
         per_model_option,
     )
     from fleetcast.bench.report import write_csv, write_report
@@ -290,24 +307,17 @@ def _run_mix(args: argparse.Namespace, opts, cfg, out, log) -> int:
     mix = mix_models(shares, args.input_tokens, args.output_tokens,
                      per_model_option(args.model_input_tokens, "--model-input-tokens", shares),
                      per_model_option(args.model_output_tokens, "--model-output-tokens", shares),
-                     per_model_option(args.model_tokenizer, "--model-tokenizer", shares), args.tokenizer, cfg)
-    if args.pool and args.packing:
-        raise UserError("--pool and --packing exclude each other (the pool's serves are the packing)")
-    if args.pool:
-        if cfg is None:
-            raise UserError("--pool needs --config (the pool's serves are read from it)")
-        packing = packing_of_pool(cfg, args.pool)
-        check_mix_against(packing, shares, f"pool {args.pool}")
-        labels = opts.labels.model_copy(update={k: v for k, v in (("instance_type", packing.instance_type),
-                                                                   ("gpu", packing.gpu))
-                                                if v and getattr(opts.labels, k) is None})
-        opts.labels = labels
-    elif args.packing:
-        packing = parse_packing(args.packing, opts.labels.instance_type, opts.labels.gpu)
-        check_mix_against(packing, shares, "--packing")
-    else:
+                     per_model_option(args.model_tokenizer, "--model-tokenizer", shares), args.tokenizer, cfg,
+                     per_model_option(args.model_endpoint, "--model-endpoint", shares))
+    packing, where = packing_from_args(args, cfg, opts.labels)
+    if packing is None:
         raise UserError(f"{FLAG} records what shared the instance: give --pool NAME (with --config) or --packing "
                         "MODEL:COPIES[:KV_GIB],...")
+    check_mix_against(packing, shares, where)
+    if args.pool:
+        opts.labels = opts.labels.model_copy(update={k: v for k, v in (("instance_type", packing.instance_type),
+                                                                        ("gpu", packing.gpu))
+                                                     if v and getattr(opts.labels, k) is None})
     paths = {m.model: mix_out_path(out, m.model) for m in mix}
     results = MixBench(opts, mix, packing, args.model_mix, log=log).run()
     for res in results:

@@ -19,7 +19,7 @@ import time
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
-from fleetcast.bench.client import ConnectionPool
+from fleetcast.bench.client import ConnectionPool, Endpoint
 from fleetcast.bench.distributions import IntDistribution, parse_distribution
 from fleetcast.bench.metrics import Sent, summarize, to_record
 from fleetcast.bench.prompts import PromptFactory
@@ -56,6 +56,7 @@ class MixModel:
     input_tokens: IntDistribution
     output_tokens: IntDistribution
     tokenizer_dir: str | None = None
+    endpoint: str | None = None  # this model's own server (its engine process), instead of the common --endpoint
 
 
 def parse_model_mix(spec: str) -> dict[str, float]:
@@ -161,11 +162,11 @@ def packing_of_pool(cfg, pool_name: str) -> Packing:
                 for s in cfg.served_by(pool)])
 
 
-def check_mix_against(packing: Packing, mix: dict[str, float], where: str) -> None:
+def check_mix_against(packing: Packing, mix: dict[str, float], where: str, flag: str = FLAG) -> None:
     """Every model of the mix must be one the packing serves."""
     outside = [m for m in mix if m not in packing.models()]
     if outside:
-        raise UserError(f"{FLAG}: {', '.join(outside)} {'is' if len(outside) == 1 else 'are'} not served by {where} "
+        raise UserError(f"{flag}: {', '.join(outside)} {'is' if len(outside) == 1 else 'are'} not served by {where} "
                         f"(it serves {', '.join(packing.models())})")
 
 
@@ -174,11 +175,34 @@ class _Part:
     """One model's state during a mix run."""
 
     spec: MixModel
+    ep: Endpoint
     prompts: PromptFactory | None = None
     runs: list[Run] = field(default_factory=list)
 
     def shape(self, rng) -> tuple[int, int]:
         return self.spec.input_tokens.sample(rng), self.spec.output_tokens.sample(rng)
+
+
+def _endpoint(m: MixModel) -> Endpoint:
+    try:
+        return Endpoint.parse(m.endpoint)
+    except UserError:
+        raise UserError(f"--model-endpoint {m.model}={m.endpoint}: use an http:// or https:// URL, e.g. "
+                        "http://127.0.0.1:8001") from None
+
+
+def packing_from_args(args, cfg, labels) -> tuple[Packing | None, str]:
+    """The packing `--pool` (with --config) or `--packing` names, and where it came from in words; None when
+    neither is given."""
+    if args.pool and args.packing:
+        raise UserError("--pool and --packing exclude each other (the pool's serves are the packing)")
+    if args.pool:
+        if cfg is None:
+            raise UserError("--pool needs --config (the pool's serves are read from it)")
+        return packing_of_pool(cfg, args.pool), f"pool {args.pool}"
+    if args.packing:
+        return parse_packing(args.packing, labels.instance_type, labels.gpu), "--packing"
+    return None, ""
 
 
 class MixBench(Bench):
@@ -189,7 +213,7 @@ class MixBench(Bench):
         if any(level.mode not in ("concurrency", "rate") for level in opts.levels):
             raise UserError(f"{FLAG} takes --concurrency or --rate levels (a trace or a --mix of levels has no "
                             "per-model split)")
-        self.parts = [_Part(m) for m in mix]
+        self.parts = [_Part(m, _endpoint(m) if m.endpoint else self.ep) for m in mix]
         self.packing = packing
         self.spec = spec
         self.shares = {m.model: m.share for m in mix}
@@ -201,13 +225,17 @@ class MixBench(Bench):
                                 "each model needs at least one closed-loop worker")
 
     async def _discover(self) -> None:
-        listed = await self._served_models()
-        missing = [p.spec.model for p in self.parts if listed and p.spec.model not in listed]
-        if missing:
-            raise UserError(f"{FLAG}: --endpoint {self.ep.url} does not serve {', '.join(missing)} to this caller "
-                            f"(GET /v1/models lists {', '.join(listed)})")
+        listed: dict[str, list[str]] = {}
         for part in self.parts:
-            part.prompts = await self._calibrate(part.spec.model, part.spec.tokenizer_dir)
+            if part.ep.url not in listed:
+                listed[part.ep.url] = await self._served_models(part.ep)
+            there = listed[part.ep.url]
+            if there and part.spec.model not in there:
+                flag = "--model-endpoint" if part.spec.endpoint else "--endpoint"
+                raise UserError(f"{FLAG}: {flag} {part.ep.url} does not serve {part.spec.model} to this caller "
+                                f"(GET /v1/models lists {', '.join(there)})")
+        for part in self.parts:
+            part.prompts = await self._calibrate(part.spec.model, part.spec.tokenizer_dir, part.ep)
         self.model = self.parts[0].spec.model
         self.prompts = self.parts[0].prompts
 
@@ -218,7 +246,7 @@ class MixBench(Bench):
 
         def build(n_in: int, n_out: int) -> bytes:
             body = self._body(part.prompts.prompt(n_in, self.rng), n_out, part.spec.model)
-            return build_http_request(self.ep, self.path, json.dumps(body, separators=(",", ":")).encode(),
+            return build_http_request(part.ep, self.path, json.dumps(body, separators=(",", ":")).encode(),
                                       self._headers)
         return build
 
@@ -226,7 +254,7 @@ class MixBench(Bench):
         if self.opts.warmup <= 0:
             return
         for part in self.parts:
-            pool = ConnectionPool(self.ep, ca_bundle=self.opts.ca_bundle)
+            pool = ConnectionPool(part.ep, ca_bundle=self.opts.ca_bundle)
             sink: list[Sent] = []
             try:
                 await self._closed_loop(pool, 1, self.opts.warmup, None, sink, [0],
@@ -248,7 +276,7 @@ class MixBench(Bench):
 
     async def _run_mix_level(self, level: Level) -> tuple[dict[str, list[Sent]], list[float], float, bool]:
         opts = self.opts
-        pool = ConnectionPool(self.ep, ca_bundle=opts.ca_bundle)
+        pools = {p.ep.url: ConnectionPool(p.ep, ca_bundle=opts.ca_bundle) for p in self.parts}
         sinks: dict[str, list[Sent]] = {p.spec.model: [] for p in self.parts}
         probe = LoopLagProbe(asyncio.get_running_loop())
         probe.start()
@@ -259,7 +287,8 @@ class MixBench(Bench):
             if level.mode == "concurrency":
                 counter = [0]  # shared: the level stops for every model together
                 await asyncio.gather(*(
-                    self._closed_loop(pool, parts[p.spec.model].concurrency, opts.requests_per_level, deadline,
+                    self._closed_loop(pools[p.ep.url], parts[p.spec.model].concurrency, opts.requests_per_level,
+                                      deadline,
                                       sinks[p.spec.model], counter, lambda p=p: p.shape(self.rng), self._builder(p))
                     for p in self.parts))
             else:
@@ -267,13 +296,14 @@ class MixBench(Bench):
                 counts = split_counts(count, self.shares)
                 plans = {p.spec.model: self._rate_plan(level, counts[p.spec.model], lambda p=p: p.shape(self.rng),
                                                        parts[p.spec.model].rate_rps) for p in self.parts}
-                await asyncio.gather(*(self._open_loop(pool, plans[m], sinks[m], deadline, self._builder(p))
-                                       for m, p in ((p.spec.model, p) for p in self.parts)))
+                await asyncio.gather(*(self._open_loop(pools[p.ep.url], plans[p.spec.model], sinks[p.spec.model],
+                                                       deadline, self._builder(p)) for p in self.parts))
         finally:
             cpu = (time.process_time() - cpu0) / max(_clock() - wall0, 1e-9)
             lags = probe.stop()
-            pool.close()
-        return sinks, lags, cpu, pool.kernel_stamps
+            for pool in pools.values():
+                pool.close()
+        return sinks, lags, cpu, all(pool.kernel_stamps for pool in pools.values())
 
     async def run_async(self) -> list[Results]:  # type: ignore[override]
         opts = self.opts
@@ -366,7 +396,7 @@ class MixBench(Bench):
 
 def mix_models(shares: dict[str, float], input_tokens: str, output_tokens: str, input_by_model: dict[str, str],
                output_by_model: dict[str, str], tokenizer_by_model: dict[str, str],
-               tokenizer: str | None, cfg=None) -> list[MixModel]:
+               tokenizer: str | None, cfg=None, endpoint_by_model: dict[str, str] | None = None) -> list[MixModel]:
     """Each model's request shape: its own --model-input-tokens/--model-output-tokens, else the common
     --input-tokens/--output-tokens; with a config, each must fit the model's max_input_len/max_output_len."""
     out = []
@@ -385,5 +415,6 @@ def mix_models(shares: dict[str, float], input_tokens: str, output_tokens: str, 
                 if dist.max_value() > limit:
                     raise UserError(f"{flag} for {model}: up to {dist.max_value()} tokens, above the model's "
                                     f"{name} {limit} (models[{model}] in the config)")
-        out.append(MixModel(model, share, dist_in, dist_out, tokenizer_by_model.get(model, tokenizer)))
+        out.append(MixModel(model, share, dist_in, dist_out, tokenizer_by_model.get(model, tokenizer),
+                            (endpoint_by_model or {}).get(model)))
     return out

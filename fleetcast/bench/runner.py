@@ -232,23 +232,25 @@ class Bench:
 
     @property
     def _base(self) -> str:
-        return self.ep.url.rstrip("/").removesuffix("/v1")
+        return _base_url(self.ep)
 
-    async def _served_models(self) -> list[str]:
+    async def _served_models(self, ep: Endpoint | None = None) -> list[str]:
         """The ids GET /v1/models lists (through a gateway: the ones this caller may use); [] when it lists none."""
+        ep = ep or self.ep
         try:
-            status, body = await asyncio.to_thread(http_json, "GET", f"{self._base}/v1/models", None, self._headers,
-                                                60.0, self.opts.ca_bundle)
+            status, body = await asyncio.to_thread(http_json, "GET", f"{_base_url(ep)}/v1/models", None,
+                                                self._headers, 60.0, self.opts.ca_bundle)
             return [m["id"] for m in body["data"]]
         except OSError as exc:
-            raise UserError(f"--endpoint {self.ep.url}: cannot connect ({exc})") from None
+            raise UserError(f"--endpoint {ep.url}: cannot connect ({exc})") from None
         except (ValueError, KeyError, IndexError, TypeError):
             return []
 
-    async def _calibrate(self, model: str, tokenizer_dir: str | None) -> PromptFactory:
+    async def _calibrate(self, model: str, tokenizer_dir: str | None, ep: Endpoint | None = None) -> PromptFactory:
         """Prompts of the asked token lengths for `model`: exact with its tokenizer, else calibrated from the
         server's reported prompt_tokens."""
-        base = self._base
+        ep = ep or self.ep
+        base = _base_url(ep)
         if tokenizer_dir:
             return PromptFactory(tokenizer_dir=tokenizer_dir)
         samples = []
@@ -262,7 +264,7 @@ class Bench:
                 status, data = await asyncio.to_thread(http_json, "POST", f"{base}{self.path}", body, self._headers,
                                                     60.0, self.opts.ca_bundle)
             except OSError as exc:
-                raise UserError(f"--endpoint {self.ep.url}: cannot connect ({exc})") from None
+                raise UserError(f"--endpoint {ep.url}: cannot connect ({exc})") from None
             if status != 200 or not isinstance(data, dict):
                 self.log(f"prompt calibration of {model}: {self.path} answered {status}: {str(data)[:160]}; "
                          "assuming 1 token per word (pass a tokenizer for exact prompts)")
@@ -489,6 +491,10 @@ class Bench:
                 f"Ctrl-C during {_level_name(cut)}: {done} of {len(self.opts.levels)} level(s) finished; "
                 f"{_level_name(cut)} dropped" + (f", not run: {', '.join(_level_name(x) for x in never)}"
                                                  if never else "")))
+
+
+def _base_url(ep: Endpoint) -> str:
+    return ep.url.rstrip("/").removesuffix("/v1")
 
 
 def client_info() -> ClientInfo:

@@ -189,7 +189,11 @@ def test_a_bad_mix_is_one_line_naming_model_mix(spec, said):
      "--model-input-tokens 'qwen2.5-3b=8': qwen2.5-3b is not in --model-mix (gpt2-xl, qwen2.5-0.5b)"),
     (["--model-mix", MIX, "--config", str(CONFIG), "--pool", "l40s", "--model-input-tokens", "gpt2-xl=1024"],
      "--model-input-tokens for gpt2-xl: up to 1024 tokens, above the model's max_input_len 768"),
-    (["--packing", "gpt2-xl:1"], "--packing only go with --model-mix"),
+    (["--packing", "gpt2-xl:1"], "--packing with one model needs --model"),
+    (["--model", "qwen", "--packing", "gpt2-xl:1"], "--model: qwen is not served by --packing (it serves gpt2-xl)"),
+    (["--model-endpoint", "gpt2-xl=http://127.0.0.1:9"], "--model-endpoint only go with --model-mix"),
+    (["--model-mix", MIX, "--packing", "gpt2-xl:1,qwen2.5-0.5b:1", "--model-endpoint", "gpt2-xl=ftp://x"],
+     "--model-endpoint gpt2-xl=ftp://x: use an http:// or https:// URL"),
 ])
 def test_bad_mix_arguments_are_one_line_errors(extra, said, capsys, tmp_path):
     rc = main(["bench", "run", "--endpoint", "http://127.0.0.1:9", "--concurrency", "2",
@@ -231,3 +235,33 @@ def test_a_model_the_endpoint_does_not_serve_is_named(two_models, tmp_path, caps
 def test_a_level_is_split_by_largest_remainder_with_one_worker_each(total, shares, expected):
     assert split_counts(total, shares) == expected
     assert sum(split_counts(total, shares).values()) == total
+
+
+def test_each_model_can_be_driven_at_its_own_server(tmp_path):
+    """--model-endpoint: each model's engine process directly (as a bench instance does, behind no gateway)."""
+    with TestServerProcess(free_port(), Timings(models=(("gpt2-xl", 6.0, 1.0),))) as xl, \
+            TestServerProcess(free_port(), Timings(models=(("qwen2.5-0.5b", 2.0, 1.0),))) as qwen:
+        out = tmp_path / "r.json"
+        rc = main(["bench", "run", "--endpoint", xl.url, "--model-mix", MIX, "--concurrency", "4",
+                   "--requests-per-level", "20", "--warmup", "1", "--input-tokens", "8", "--output-tokens", "3",
+                   "--model-endpoint", f"qwen2.5-0.5b={qwen.url}", "--packing", "gpt2-xl:1,qwen2.5-0.5b:1",
+                   "--quiet", "--out", str(out)])
+        assert rc == 0
+        xl_truth, qwen_truth = xl.truth(), qwen.truth()
+    xl_res, qwen_res = (load_results(mix_out_path(out, m)) for m in ("gpt2-xl", "qwen2.5-0.5b"))
+    # Each server saw its own model's requests only (plus one warm-up each), as many as its file records.
+    assert {t["model"] for t in xl_truth} == {"gpt2-xl"} and {t["model"] for t in qwen_truth} == {"qwen2.5-0.5b"}
+    assert len(xl_truth) - 1 == xl_res.runs[0].summary.requests
+    assert len(qwen_truth) - 1 == qwen_res.runs[0].summary.requests
+
+
+def test_one_model_on_a_packed_instance_records_its_peers_idle(two_models, tmp_path):
+    out = tmp_path / "alone.json"
+    rc = main(["bench", "run", "--endpoint", two_models.url, "--model", "gpt2-xl", "--concurrency", "1,2",
+               "--requests-per-level", "6", "--warmup", "1", "--input-tokens", "8", "--output-tokens", "3",
+               "--config", str(CONFIG), "--pool", "l40s", "--quiet", "--out", str(out)])
+    assert rc == 0
+    res = load_results(out)
+    assert res.labels.model == "gpt2-xl" and res.packing.models() == ["gpt2-xl", "qwen2.5-0.5b", "qwen2.5-3b"]
+    assert all(r.peers == {"qwen2.5-0.5b": 0.0, "qwen2.5-3b": 0.0} for r in res.runs)
+    assert res.model_mix is None and all(r.total is None for r in res.runs)
