@@ -9,6 +9,12 @@ candidates that are not in the serving config, write a bench config listing
 them as pools and synth it with `-c config=config/bench.yaml -c bench=true`.
 Bench groups are not behind the NLB and get no scaling, warm pool or rollout.
 
+A pool serving several models gets one bench instance too, running every model's engine process as the
+pool does: the job measures each model alone (the others loaded and idle), then all at once
+(`--model-mix`, equal shares, each model at its own process's port), and writes one pair of results per
+model with the pool's packing (fleetcast/contract/bucket.py packed_model_key). It drives one process per
+model, so a pool with `copies` above 1 is refused: bench a config whose pool serves copies 1.
+
 Context knobs (all optional): bench_run (results prefix, default "latest"),
 bench_concurrency (default 1,2,4,8,16,32,64), bench_requests (200),
 bench_input_tokens (128), bench_output_tokens (128).
@@ -22,9 +28,9 @@ from aws_cdk import aws_iam as iam
 from constructs import Construct
 
 from fleetcast.config import FleetConfig, Region
-from fleetcast.config.model import Capacity, WarmPoolSpec
+from fleetcast.config.model import GIB, Capacity, WarmPoolSpec
 from fleetcast.contract.bench import KNOB_DEFAULTS
-from fleetcast.contract.bucket import bench_results_key
+from fleetcast.contract.bucket import bench_packed_key, bench_results_key, packed_model_key
 from fleetcast.contract.context import Context, is_true
 from fleetcast.contract.errors import UserError
 from fleetcast.contract.instance_env import Var
@@ -71,9 +77,12 @@ class BenchFleets(Construct):
         self.fleets: dict[str, GpuFleet] = {}
         self.keys: dict[str, str] = {}
         for pool in region.pools:
-            engine = cfg.engine_for(pool)
+            served = cfg.served_by(pool)
+            packed = len(served) > 1
+            engine = served[0].engine
             precision = engine.precision.value
-            key = bench_results_key(knobs["bench_run"], region.region, pool.instance_type, precision)
+            key = (bench_packed_key(knobs["bench_run"], region.region, pool.instance_type) if packed else
+                   bench_results_key(knobs["bench_run"], region.region, pool.instance_type, precision))
             # A distinct group name (bench-<pool>) so it never collides with the serving group;
             # FLEETCAST_POOL keeps the real pool so the runtime builds and serves that pool's engine.
             bench_pool = pool.model_copy(update={
@@ -83,9 +92,14 @@ class BenchFleets(Construct):
                 "spot": None,  # a bench run is one On-Demand instance: measurements must not be reclaimed
             })
             group = asg_name(cfg, region, bench_pool)
-            labels = ",".join([f"instance_type={pool.instance_type}", f"precision={precision}",
-                               f"region={region.region}", f"backend={engine.backend.value}",
-                               f"model={cfg.model.id}", "path=instance"])
+            if packed:
+                labels = ",".join([f"instance_type={pool.instance_type}", f"region={region.region}", "path=instance"])
+                packed_env, results = _packed_env(cfg, pool, key)
+            else:
+                labels = ",".join([f"instance_type={pool.instance_type}", f"precision={precision}",
+                                   f"region={region.region}", f"backend={engine.backend.value}",
+                                   f"model={served[0].model.id}", "path=instance"])
+                packed_env, results = {}, [key]
             fleet = GpuFleet(
                 self, f"Bench-{pool.name}", cfg=cfg, region=region, pool=bench_pool,
                 vpc=provider.network.vpc, subnets=provider.network.subnets,
@@ -102,6 +116,7 @@ class BenchFleets(Construct):
                     Var.BENCH_INPUT_TOKENS: knobs["bench_input_tokens"],
                     Var.BENCH_OUTPUT_TOKENS: knobs["bench_output_tokens"],
                     Var.BENCH_LABELS: labels,
+                    **packed_env,
                 },
             )
             bucket = provider.model_store.bucket
@@ -109,7 +124,8 @@ class BenchFleets(Construct):
             fleet.role.add_to_policy(iam.PolicyStatement(
                 sid="UploadOwnBenchResults",
                 actions=["s3:PutObject"],
-                resources=[bucket.arn_for_objects(key), bucket.arn_for_objects(key.removesuffix(".json") + ".error.txt")],
+                resources=[*(bucket.arn_for_objects(k) for k in results),
+                           bucket.arn_for_objects(key.removesuffix(".json") + ".error.txt")],
             ))
             fleet.role.add_to_policy(iam.PolicyStatement(
                 sid="ScaleOwnGroupToZero",
@@ -118,3 +134,30 @@ class BenchFleets(Construct):
             ))
             self.fleets[pool.name] = fleet
             self.keys[pool.name] = key
+
+
+def _packed_env(cfg: FleetConfig, pool, key: str) -> tuple[dict[Var, str], list[str]]:
+    """A packed pool's bench env (each model's process port, precision and backend; an equal-share mix; the
+    pool's packing) and every results key its job writes."""
+    from fleetcast.contract.serving import process_slots
+
+    served = cfg.served_by(pool)
+    many = [s for s in served if s.copies > 1]
+    if many:
+        raise UserError(f"-c bench=true: pool {pool.name} serves {many[0].model.id} with copies {many[0].copies}; a "
+                        "bench instance drives one engine process per model, so its figures would leave the other "
+                        f"copies idle: bench a config whose pool {pool.name} serves copies: 1 of each model")
+    ports = {slot.model_id: slot.port for slot in process_slots(served)}
+    models = [(s.model.id, ports[s.model.id], s.engine.precision.value, s.engine.backend.value) for s in served]
+    # Equal shares written to 6 decimals, the last taking the rest, so they sum to 1 as --model-mix requires.
+    shares = [round(1 / len(models), 6)] * (len(models) - 1)
+    shares.append(round(1 - sum(shares), 6))
+    env = {
+        Var.BENCH_MODELS: ",".join(f"{m}:{port}:{precision}:{backend}" for m, port, precision, backend in models),
+        Var.BENCH_MODEL_MIX: ",".join(f"{m}:{share:g}" for (m, *_), share in zip(models, shares)),
+        Var.BENCH_PACKING: ",".join(f"{s.model.id}:{s.copies}" + ("" if s.kv_cache_bytes is None else
+                                                                   f":{s.kv_cache_bytes / GIB:g}") for s in served),
+    }
+    results = [packed_model_key(key, m, precision, together) for m, _, precision, _ in models
+               for together in (False, True)]
+    return env, results

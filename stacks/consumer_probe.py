@@ -43,7 +43,7 @@ from constructs import Construct
 
 from fleetcast.config import Consumer, FleetConfig
 from fleetcast.contract.bench import KNOB_DEFAULTS, PROBE_KNOB_DEFAULTS
-from fleetcast.contract.bucket import probe_results_key as results_key_of
+from fleetcast.contract.bucket import probe_model_key, probe_results_key as results_key_of
 from fleetcast.contract.context import Context, is_true
 from fleetcast.contract.errors import UserError
 from fleetcast.contract.instance_env import Var
@@ -117,6 +117,12 @@ class ConsumerBenchProbe(Construct):
         self.group_name = probe_group_name(cfg, consumer)
         self.results_key = probe_results_key(knobs["bench_run"], consumer)
         error_key = self.results_key.removesuffix(".json") + ".error.txt"
+        # The base models this consumer may call (an adapter runs on its base model's processes). Several: the
+        # probe measures each alone through the endpoint, one file each; which pool answered, and what else ran
+        # there, is not known from the consumer side, so the files record no packing.
+        self.models = [m.id for m in cfg.models if m.consumers is None or consumer.name in m.consumers]
+        self.results_keys = ([self.results_key] if len(self.models) == 1 else
+                             [probe_model_key(self.results_key, m) for m in self.models])
 
         self.results_bucket = private_bucket(
             self, "Results", lifecycle_rules=[s3.LifecycleRule(noncurrent_version_expiration=Duration.days(30))]
@@ -148,13 +154,17 @@ class ConsumerBenchProbe(Construct):
         self.role = self._role(error_key)
         dns_name = Fn.select(1, Fn.split(":", Fn.select(0, endpoint.endpoint.vpc_endpoint_dns_entries)))
         region_cfg = next((r for r in cfg.regions if r.region == consumer.service_region), None)
-        labels = [f"region={consumer.region}", f"consumer={consumer.name}", "path=privatelink",
-                  f"model={cfg.model.id}"]
+        labels = [f"region={consumer.region}", f"consumer={consumer.name}", "path=privatelink"]
+        if len(self.models) == 1:
+            labels.append(f"model={self.models[0]}")
         if region_cfg is not None and len({p.instance_type for p in region_cfg.pools}) == 1:
-            # Only when the service has one instance type is it known which one answered.
+            # Only when the service has one instance type is it known which one answered (and, with one model,
+            # which engine).
             pool = region_cfg.pools[0]
-            labels += [f"instance_type={pool.instance_type}", f"precision={cfg.engine_for(pool).precision.value}",
-                       f"backend={cfg.engine_for(pool).backend.value}"]
+            labels.append(f"instance_type={pool.instance_type}")
+            if len(self.models) == 1:
+                engine = cfg.engine_for(pool, self.models[0])
+                labels += [f"precision={engine.precision.value}", f"backend={engine.backend.value}"]
         env = {
             Var.FLEET.value: cfg.name,
             Var.REGION.value: consumer.region,
@@ -169,6 +179,8 @@ class ConsumerBenchProbe(Construct):
             Var.BENCH_OUTPUT_TOKENS.value: knobs["bench_output_tokens"],
             Var.BENCH_LABELS.value: ",".join(labels),
         }
+        if len(self.models) > 1:
+            env[Var.BENCH_PROBE_MODELS.value] = ",".join(self.models)
         if self.api_key_secret:
             env[Var.BENCH_API_KEY_SECRET.value] = self.api_key_secret
         self.launch_template = ec2.LaunchTemplate(
@@ -234,7 +246,7 @@ class ConsumerBenchProbe(Construct):
         role.add_to_policy(iam.PolicyStatement(
             sid="UploadOwnBenchResults",
             actions=["s3:PutObject"],
-            resources=[self.results_bucket.arn_for_objects(self.results_key),
+            resources=[*(self.results_bucket.arn_for_objects(k) for k in self.results_keys),
                        self.results_bucket.arn_for_objects(error_key)],
         ))
         if self.api_key_secret:

@@ -12,9 +12,15 @@ elsewhere `main` returns at once. Inputs, all from the instance env file:
   FLEETCAST_BENCH_INPUT_TOKENS / FLEETCAST_BENCH_OUTPUT_TOKENS  length specs
   FLEETCAST_BENCH_LABELS       label pairs: instance_type=...,precision=...,region=...,backend=...
   FLEETCAST_BUCKET, FLEETCAST_REGION  (always present on fleet instances)
+  FLEETCAST_BENCH_PROBE_MODELS optional (the probe of a fleet of several models): the models to measure one
+                               after another through the endpoint, each to its own key (probe_model_key)
   FLEETCAST_BENCH_API_KEY_SECRET  optional: Secrets Manager secret (name) holding an API key for the
                                endpoint (the consumer-side probe of a consumer with api_keys: true);
                                a plain string, or JSON {"keys": [...]} of which the first is used
+A pool serving several models (FLEETCAST_BENCH_MODELS set, MODEL:PORT:PRECISION:BACKEND each, with
+FLEETCAST_BENCH_MODEL_MIX and FLEETCAST_BENCH_PACKING): every model's engine process is measured alone
+(`--model`, the others loaded and idle), then all at once (`--model-mix`, each at its own port); each
+model's two files go to fleetcast.contract.bucket.packed_model_key under the pool's key.
 The group is scaled to zero whatever happened (a failed benchmark uploads an
 error note instead of results), so a bench instance never runs on idle.
 No CDK import: this runs on the instance.
@@ -66,6 +72,77 @@ def bench_argv(env: dict[str, str], out: Path, api_key: str | None = None) -> li
     return argv
 
 
+def packed_models(env: dict[str, str]) -> list[tuple[str, int, str, str]]:
+    """(model, port, precision, backend) of each model a packed bench instance serves (FLEETCAST_BENCH_MODELS)."""
+    out = []
+    for entry in filter(None, env.get(Var.BENCH_MODELS, "").split(",")):
+        model, port, precision, backend = entry.split(":")
+        out.append((model, int(port), precision, backend))
+    return out
+
+
+def packed_runs(env: dict[str, str], out_dir: Path) -> list[tuple[list[str], dict[str, tuple[Path, str, bool]]]]:
+    """The `fleetcast bench run` command lines of a packed bench instance, each with what it writes:
+    {model: (results file, that model's key, together)}. Alone first, model by model, then the mix (its levels
+    below the number of models dropped: each model needs a worker)."""
+    from fleetcast.bench.cli import mix_out_path
+    from fleetcast.contract.bucket import packed_model_key
+
+    models = packed_models(env)
+    key = env[Var.BENCH_KEY]
+    common = ["--requests-per-level", env.get(Var.BENCH_REQUESTS, bench.REQUESTS_PER_LEVEL),
+              "--input-tokens", env.get(Var.BENCH_INPUT_TOKENS, bench.INPUT_TOKENS),
+              "--output-tokens", env.get(Var.BENCH_OUTPUT_TOKENS, bench.OUTPUT_TOKENS),
+              "--packing", env[Var.BENCH_PACKING], "--quiet"]
+    for pair in filter(None, env.get(Var.BENCH_LABELS, "").split(",")):
+        common += ["--label", pair]
+    levels = env.get(Var.BENCH_CONCURRENCY, bench.CONCURRENCY)
+    runs = []
+    for model, port, precision, backend in models:
+        out = out_dir / f"alone-{model}.json"
+        runs.append((["bench", "run", "--endpoint", f"http://127.0.0.1:{port}", "--model", model,
+                      "--concurrency", levels, "--label", f"precision={precision}", "--label", f"backend={backend}",
+                      "--rtt-probe", "--out", str(out), *common],
+                     {model: (out, packed_model_key(key, model, precision, False), False)}))
+    mix_levels = ",".join(x for x in levels.split(",") if int(x) >= len(models))
+    if mix_levels:
+        out = out_dir / "mix.json"
+        argv = ["bench", "run", "--endpoint", f"http://127.0.0.1:{models[0][1]}",
+                "--model-mix", env[Var.BENCH_MODEL_MIX], "--concurrency", mix_levels, "--out", str(out), *common]
+        for model, port, _, _ in models[1:]:
+            argv += ["--model-endpoint", f"{model}=http://127.0.0.1:{port}"]
+        runs.append((argv, {model: (mix_out_path(out, model), packed_model_key(key, model, precision, True), True)
+                            for model, _, precision, _ in models}))
+    return runs
+
+
+def _labelled(path: Path, precision: str, backend: str) -> bytes:
+    """A mix run's file with its model's precision and backend (one mix run shares one set of --label)."""
+    data = json.loads(path.read_text())
+    data["labels"].update(precision=precision, backend=backend)
+    return json.dumps(data, separators=(",", ":")).encode()
+
+
+def _run_packed(env: dict[str, str], s3, bucket: str, health_timeout_s: float) -> None:
+    from fleetcast.bench.cli import main as fleetcast
+
+    models = packed_models(env)
+    for model, port, _, _ in models:
+        endpoint = f"http://127.0.0.1:{port}"
+        if not _wait_healthy(endpoint, health_timeout_s):
+            raise RuntimeError(f"{model}'s server {endpoint}/health never answered 200 within {health_timeout_s:.0f} s")
+    labels = {model: (precision, backend) for model, _, precision, backend in models}
+    with tempfile.TemporaryDirectory() as tmp:
+        for argv, writes in packed_runs(env, Path(tmp)):
+            rc = fleetcast(argv)
+            if rc != 0:
+                raise RuntimeError(f"fleetcast bench run exited {rc}: {' '.join(argv[:8])} ...")
+            for model, (path, key, together) in writes.items():
+                body = _labelled(path, *labels[model]) if together else path.read_bytes()
+                s3.put_object(Bucket=bucket, Key=key, Body=body, ContentType="application/json")
+                log.info("uploaded s3://%s/%s", bucket, key)
+
+
 def _api_key(secrets, name: str) -> str:
     value = secrets.get_secret_value(SecretId=name)["SecretString"].strip()
     if value.startswith("{"):
@@ -89,6 +166,10 @@ def run(env: dict[str, str], *, s3=None, autoscaling=None, secrets=None, health_
     group = env.get(Var.BENCH_GROUP)
     rc = 1
     try:
+        if env.get(Var.BENCH_MODELS):
+            _run_packed(env, s3, bucket, health_timeout_s)
+            rc = 0
+            return rc
         endpoint = env.get(Var.BENCH_ENDPOINT, bench.ENDPOINT)
         if not _wait_healthy(endpoint, health_timeout_s):
             raise RuntimeError(f"{endpoint}/health never answered 200 within {health_timeout_s:.0f} s")
@@ -98,13 +179,21 @@ def run(env: dict[str, str], *, s3=None, autoscaling=None, secrets=None, health_
         if env.get(Var.BENCH_API_KEY_SECRET):
             secrets = secrets or boto3.client("secretsmanager", region_name=region)
             api_key = _api_key(secrets, env[Var.BENCH_API_KEY_SECRET])
+        from fleetcast.contract.bucket import probe_model_key
+
+        # The probe of a fleet of several models measures each model the consumer may call, one after another.
+        models = [m for m in env.get(Var.BENCH_PROBE_MODELS, "").split(",") if m]
+        runs = ([(["--model", m, "--label", f"model={m}"], probe_model_key(key, m)) for m in models] if models
+                else [([], key)])
         with tempfile.TemporaryDirectory() as tmp:
-            out = Path(tmp) / "results.json"
-            rc = fleetcast(bench_argv(env, out, api_key))
-            if rc != 0 or not out.is_file():
-                raise RuntimeError(f"fleetcast bench run exited {rc}")
-            s3.put_object(Bucket=bucket, Key=key, Body=out.read_bytes(), ContentType="application/json")
-            log.info("uploaded s3://%s/%s", bucket, key)
+            for extra, target in runs:
+                out = Path(tmp) / "results.json"
+                rc = fleetcast(bench_argv(env, out, api_key) + extra)
+                if rc != 0 or not out.is_file():
+                    raise RuntimeError(f"fleetcast bench run{''.join(' ' + x for x in extra)} exited {rc}")
+                s3.put_object(Bucket=bucket, Key=target, Body=out.read_bytes(), ContentType="application/json")
+                log.info("uploaded s3://%s/%s", bucket, target)
+                out.unlink()
             rc = 0
     except Exception as exc:  # noqa: BLE001 - whatever failed, leave a note and scale to zero
         log.error("benchmark failed: %s", exc)

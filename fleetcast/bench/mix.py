@@ -38,7 +38,7 @@ from fleetcast.bench.schema import (
     SloSpec,
     Summary,
 )
-from fleetcast.config.model import MODEL_ID_PATTERN
+from fleetcast.config.model import GIB, MODEL_ID_PATTERN
 from fleetcast.contract.errors import UserError
 
 FLAG = "--model-mix"
@@ -158,7 +158,7 @@ def packing_of_pool(cfg, pool_name: str) -> Packing:
     return Packing(
         instance_type=pool.instance_type, gpu=instance.gpu.name if instance else None,
         serves=[PackedModel(model=s.model.id, copies=s.copies,
-                            kv_cache_gb=None if s.kv_cache_bytes is None else s.kv_cache_bytes / 2**30)
+                            kv_cache_gb=None if s.kv_cache_bytes is None else s.kv_cache_bytes / GIB)
                 for s in cfg.served_by(pool)])
 
 

@@ -68,6 +68,24 @@ def bench_results_key(run: str, region: str, instance_type: str, precision: str)
     return f"{BENCH}{run}/{region}/{instance_type}/{precision}.json"
 
 
+def bench_packed_key(run: str, region: str, instance_type: str) -> str:
+    """A bench instance of a pool that serves several models: the key its failure note derives from
+    (`.error.txt` in place of `.json`); its results are packed_model_key's, one pair per model."""
+    return f"{BENCH}{run}/{region}/{instance_type}/packed.json"
+
+
+def packed_model_key(pool_key: str, model: str, precision: str, together: bool) -> str:
+    """One model's results of a packed bench instance (pool_key: bench_packed_key): `<model>/<precision>.json`
+    measured with the other models loaded and idle, `<model>/<precision>-mix.json` with every model busy at once."""
+    return f"{pool_key.rsplit('/', 1)[0]}/{model}/{precision}{'-mix' if together else ''}.json"
+
+
 def probe_results_key(run: str, service_region: str, consumer: str) -> str:
     """The consumer-side probe's results file, in the consumer's own results bucket."""
     return f"{BENCH}{run}/{service_region}/privatelink/{consumer}.json"
+
+
+def probe_model_key(probe_key: str, model: str) -> str:
+    """One model's results of the consumer-side probe of a fleet of several models (probe_key: probe_results_key):
+    `<consumer>/<model>.json`, each model measured alone through the consumer's endpoint."""
+    return f"{probe_key.removesuffix('.json')}/{model}.json"

@@ -82,6 +82,13 @@ class Var(StrEnum):
     BENCH_INPUT_TOKENS = "FLEETCAST_BENCH_INPUT_TOKENS"
     BENCH_OUTPUT_TOKENS = "FLEETCAST_BENCH_OUTPUT_TOKENS"
     BENCH_LABELS = "FLEETCAST_BENCH_LABELS"
+    # A bench instance of a pool serving several models (stacks/bench_fleet.py, fleetcast/bench/job.py):
+    # MODEL:PORT:PRECISION:BACKEND per model, the --model-mix and the --packing of its runs.
+    BENCH_MODELS = "FLEETCAST_BENCH_MODELS"
+    BENCH_MODEL_MIX = "FLEETCAST_BENCH_MODEL_MIX"
+    BENCH_PACKING = "FLEETCAST_BENCH_PACKING"
+    # The consumer-side probe of a fleet of several models: the models it measures one by one (comma-separated).
+    BENCH_PROBE_MODELS = "FLEETCAST_BENCH_PROBE_MODELS"
     PROBE_BUNDLE = "FLEETCAST_PROBE_BUNDLE"
     # Operator side (CLI and synth), never on an instance: data-table overrides and the bench API key.
     AVAILABILITY = "FLEETCAST_AVAILABILITY"

@@ -1,6 +1,8 @@
 """The instance-side benchmark job: measure, upload, scale to zero (S3 on moto, Auto Scaling stubbed)."""
 
 import json
+import tempfile
+from pathlib import Path
 
 import boto3
 import pytest
@@ -118,3 +120,53 @@ def test_a_key_secret_without_keys_fails_the_job_with_a_note_and_scales_to_zero(
     asg_stub.assert_no_pending_responses()
     note = json.loads(s3.get_object(Bucket="models", Key="bench/r1/us-east-1/privatelink/nokey.error.txt")["Body"].read())
     assert "keys" in note["error"]
+
+
+def test_a_packed_instance_measures_each_model_alone_then_all_at_once(s3):
+    """A pool serving several models: each engine process alone (the others loaded and idle), then the mix with
+    every model at its own port; one pair of files per model, each with its own precision and backend."""
+    from fleetcast.bench.accuracy import TestServerProcess
+    from fleetcast.bench.testserver import Timings
+    from fleetcast.contract.bucket import bench_packed_key, packed_model_key
+    from tests.bench.conftest import free_port
+
+    key = bench_packed_key("r1", REGION, "g6e.xlarge")
+    with TestServerProcess(free_port(), Timings(models=(("gpt2-xl", 4.0, 1.0),))) as xl, \
+            TestServerProcess(free_port(), Timings(models=(("qwen2.5-0.5b", 2.0, 1.0),))) as qwen:
+        asg, stub = autoscaling_expecting_scale_to_zero("fc-us-east-1-bench-l40s")
+        packed = {**env("http://127.0.0.1:9", key),
+                  "FLEETCAST_BENCH_LABELS": "instance_type=g6e.xlarge,region=us-east-1,path=instance",
+                  "FLEETCAST_BENCH_MODELS": f"gpt2-xl:{xl.port}:int8_wo:tensorrt,qwen2.5-0.5b:{qwen.port}:bf16:pytorch",
+                  "FLEETCAST_BENCH_MODEL_MIX": "gpt2-xl:0.5,qwen2.5-0.5b:0.5",
+                  "FLEETCAST_BENCH_PACKING": "gpt2-xl:1:8,qwen2.5-0.5b:1:4"}
+        assert bench_job.run(packed, s3=s3, autoscaling=asg, health_timeout_s=10) == 0
+        stub.assert_no_pending_responses()
+    files = {}
+    for model, precision, backend in (("gpt2-xl", "int8_wo", "tensorrt"), ("qwen2.5-0.5b", "bf16", "pytorch")):
+        for together in (False, True):
+            body = s3.get_object(Bucket="models", Key=packed_model_key(key, model, precision, together))["Body"].read()
+            path = Path(tempfile.mkdtemp()) / "r.json"
+            path.write_bytes(body)
+            res = files[(model, together)] = load_results(path)
+            assert (res.labels.model, res.labels.precision, res.labels.backend) == (model, precision, backend)
+            assert res.packing.text() == "gpt2-xl x1 (KV 8 GiB each), qwen2.5-0.5b x1 (KV 4 GiB each) on g6e.xlarge"
+    # Concurrency 1,2: alone at both levels with the peer idle; the mix at 2 only (one worker per model).
+    assert [r.load.concurrency for r in files[("gpt2-xl", False)].runs] == [1, 2]
+    assert files[("gpt2-xl", False)].runs[0].peers == {"qwen2.5-0.5b": 0.0}
+    mix = files[("gpt2-xl", True)]
+    assert [r.total.load.concurrency for r in mix.runs] == [2] and mix.runs[0].peers["qwen2.5-0.5b"] > 0
+
+
+def test_the_probe_of_several_models_measures_each_to_its_own_key(fast_server, s3):
+    from fleetcast.contract.bucket import probe_model_key, probe_results_key
+
+    key = probe_results_key("r1", REGION, "voice-app")
+    asg, stub = autoscaling_expecting_scale_to_zero("fc-us-east-1-bench-l40s")
+    probe = {**env(fast_server.url, key), "FLEETCAST_BENCH_LABELS": "region=us-east-1,consumer=voice-app,path=privatelink",
+             "FLEETCAST_BENCH_PROBE_MODELS": "gpt2-xl,qwen2.5-0.5b"}
+    assert bench_job.run(probe, s3=s3, autoscaling=asg, health_timeout_s=10) == 0
+    for model in ("gpt2-xl", "qwen2.5-0.5b"):
+        path = Path(tempfile.mkdtemp()) / "r.json"
+        path.write_bytes(s3.get_object(Bucket="models", Key=probe_model_key(key, model))["Body"].read())
+        res = load_results(path)
+        assert res.labels.model == model and res.labels.path == "privatelink" and res.packing is None
