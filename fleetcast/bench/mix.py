@@ -1,5 +1,5 @@
 """Several models through one endpoint at once (`fleetcast bench run --model-mix`): co-located
-measurements for the planner (issue 23 §1; results revision 4, fleetcast/bench/schema.py).
+measurements for the planner (results revision 4, fleetcast/bench/schema.py).
 
 At every level of the sweep the mix splits the load by its shares and drives every model at the same
 time, each with its own request shape (lengths, prompts) and the body's `model` set:

@@ -1,4 +1,4 @@
-"""`fleetcast bench run --model-mix`: several models through one endpoint at once (issue 23 §1).
+"""`fleetcast bench run --model-mix`: several models through one endpoint at once.
 Each level is split by the shares, every model is driven with its own request shape and the body's
 `model` set, one results file per model records the packing and its peers' load, and the report
 gives every figure per model and in total. Bad mixes are one-line errors naming --model-mix."""
