@@ -401,8 +401,10 @@ async def main_async(args: argparse.Namespace) -> dict:
                 procs.append(_spawn(gateway_args(port, up_port, config, loop), env, stdout=emf, cpus=proxy_cpus,
                                     cwd=tree))
             else:
-                procs.append(_spawn(gateway_args(port, up_port, config, loop) + args.gateway_arg,
-                                    gateway_env(ec2_port), stdout=emf, cpus=proxy_cpus))
+                argv = gateway_args(port, up_port, config, loop) + args.gateway_arg
+                if args.profile and mode == "gateway":
+                    argv = ["-m", "cProfile", "-o", str(Path(args.profile).resolve()), *argv]
+                procs.append(_spawn(argv, gateway_env(ec2_port), stdout=emf, cpus=proxy_cpus))
     if "aiohttp" in modes:
         procs.append(_spawn(["-m", "scripts.bench_gateway", "_aiohttp", str(aio_port), str(up_port)],
                             cpus=proxy_cpus))
@@ -533,6 +535,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="direct (baseline), gateway (default event loop), gateway-asyncio, gateway-uvloop, aiohttp")
     p.add_argument("--base-tree", help="a checkout whose gateway the gateway-base mode runs (before/after in one run)")
     p.add_argument("--json", help="also write the raw results here")
+    p.add_argument("--profile", help="run the gateway (one process: no --workers) under cProfile and write its "
+                   "pstats here when it exits")
     args = p.parse_args(argv)
     if "direct" not in args.modes.split(","):
         p.error("--modes must include direct (the baseline)")

@@ -228,9 +228,10 @@ class ProxyRefused(Exception):
 async def read_proxy_header(reader: asyncio.StreamReader, timeout_s: float) -> ppv2.ProxyHeader:
     """The connection's PROXY v2 header, read within `timeout_s`; ProxyRefused says why not."""
     try:
-        prefix = await asyncio.wait_for(reader.readexactly(ppv2.HEADER_PREFIX_LEN), timeout_s)
-        total = ppv2.header_length(prefix)
-        rest = await asyncio.wait_for(reader.readexactly(total - ppv2.HEADER_PREFIX_LEN), timeout_s)
+        async with asyncio.timeout(timeout_s):  # one deadline for the whole header: one timer per connection
+            prefix = await reader.readexactly(ppv2.HEADER_PREFIX_LEN)
+            total = ppv2.header_length(prefix)
+            rest = await reader.readexactly(total - ppv2.HEADER_PREFIX_LEN)
         return ppv2.parse(prefix + rest)
     except ppv2.ProxyHeaderError as exc:
         raise ProxyRefused(str(exc)) from None

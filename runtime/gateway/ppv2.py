@@ -21,6 +21,7 @@ and never anything else.
 from __future__ import annotations
 
 import ipaddress
+import socket
 import struct
 from dataclasses import dataclass, field
 
@@ -45,6 +46,8 @@ PP2_TYPE_NETNS = 0x30
 PP2_TYPE_AWS = 0xEA
 PP2_SUBTYPE_AWS_VPCE_ID = 0x01
 
+_INET = struct.Struct("!4s4sHH")
+_INET6 = struct.Struct("!16s16sHH")
 _ADDRESS_LEN = {AF_UNSPEC: 0, AF_INET: 12, AF_INET6: 36, AF_UNIX: 216}
 
 # A LOCAL header with no addresses: what a local probe (the supervisor, the
@@ -120,12 +123,14 @@ def parse(data: bytes) -> ProxyHeader:
     if len(body) < addr_len:
         raise ProxyHeaderError(f"PROXY v2 address block needs {addr_len} bytes, header has {len(body)}")
     source = destination = None
+    # IPv4 through inet_ntop (in C, the same dotted quad as ipaddress); IPv6 through ipaddress, whose text
+    # (RFC 5952) glibc's inet_ntop does not match for IPv4-mapped and -compatible addresses.
     if family == AF_INET:
-        src, dst, sport, dport = struct.unpack("!4s4sHH", body[:12])
-        source = (str(ipaddress.IPv4Address(src)), sport)
-        destination = (str(ipaddress.IPv4Address(dst)), dport)
+        src, dst, sport, dport = _INET.unpack_from(body)
+        source = (socket.inet_ntop(socket.AF_INET, src), sport)
+        destination = (socket.inet_ntop(socket.AF_INET, dst), dport)
     elif family == AF_INET6:
-        src, dst, sport, dport = struct.unpack("!16s16sHH", body[:36])
+        src, dst, sport, dport = _INET6.unpack_from(body)
         source = (str(ipaddress.IPv6Address(src)), sport)
         destination = (str(ipaddress.IPv6Address(dst)), dport)
     return ProxyHeader(command, family, transport, source, destination, _parse_tlvs(body[addr_len:]), total)

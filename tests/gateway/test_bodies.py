@@ -259,3 +259,41 @@ def test_nesting_check_runs_without_recursion_in_memory_linear_in_the_body():
     finally:
         tracemalloc.stop()
     assert peak < 3 * len(hostile)
+
+
+def test_number_hooks_prescan_finds_exactly_what_the_regular_expressions_find():
+    """The one-translate scan that decides whether the number hooks run must find a long integer and a
+    three-digit exponent wherever the plain regular expressions do, and nowhere else."""
+    import re
+
+    from runtime.gateway.http import _BIG_EXPONENTS, _LONG_INT, _NUMBER_SHAPE
+
+    long_int = re.compile(rb"[0-9]{%d}" % (MAX_INT_DIGITS + 1))
+    big_exponent = re.compile(rb"[0-9][eE][+-]?[0-9]{3}")
+    rng = random.Random(2222)
+    alphabet = b"0123456789eE+-. x\"\\\xc3\xa9\xd9\xa1"
+    for _ in range(3000):
+        raw = bytes(rng.choice(alphabet) for _ in range(rng.randint(0, 40)))
+        shape = raw.translate(_NUMBER_SHAPE)
+        assert (_BIG_EXPONENTS[0] in shape or _BIG_EXPONENTS[1] in shape) == bool(big_exponent.search(raw)), raw
+    for n in (MAX_INT_DIGITS, MAX_INT_DIGITS + 1):
+        for raw in (b"7" * n, b"x" + b"7" * n + b"e", b"7" * (n // 2) + b"\xd9\xa1" + b"7" * (n // 2)):
+            assert (_LONG_INT in raw.translate(_NUMBER_SHAPE)) == bool(long_int.search(raw)), (n, raw[:8])
+
+
+def test_a_long_prompt_is_checked_without_running_the_number_hooks():
+    """The common body (text, a few small numbers) parses at the C parser's speed: no hook is called."""
+    import runtime.gateway.http as http
+
+    calls = []
+    real_int, real_float = http._bounded_int, http._finite_float
+    http._bounded_int = lambda text: calls.append(text) or real_int(text)  # type: ignore[assignment]
+    http._finite_float = lambda text: calls.append(text) or real_float(text)  # type: ignore[assignment]
+    try:
+        prompt = "the year 1999 had 365 days and e-mail; " * 800
+        data = parse_json_body(json.dumps({"model": "m", "prompt": prompt, "max_tokens": 16,
+                                           "temperature": 0.7e-2}).encode())
+        assert data["prompt"] == prompt and calls == []
+        assert parse_json_body(b'{"t": 1.5E+300}')["t"] == 1.5e300 and calls == ["1.5E+300"]
+    finally:
+        http._bounded_int, http._finite_float = real_int, real_float

@@ -195,3 +195,37 @@ def test_tokens_reach_the_client_as_they_are_generated_not_at_the_end():
         finally:
             await stop_harness(h)
     run(body())
+
+
+def test_usage_is_asked_for_by_writing_the_member_in_not_by_re_encoding():
+    """A streaming body without stream_options keeps its own bytes (key order, spacing, escapes) after the
+    added member, and parses to the caller's request plus include_usage."""
+    raw = b'{ "model": "m",\n "prompt": "caf\\u00e9 \xc3\xa9", "stream": true }'
+    prepared = prepare_body(raw, json.loads(raw))
+    assert prepared.body == b'{"stream_options":{"include_usage":true}, "model": "m",\n "prompt": "caf\\u00e9 \xc3\xa9", "stream": true }'
+    assert json.loads(prepared.body) == {**json.loads(raw), "stream_options": {"include_usage": True}}
+    assert prepared.strip_usage and prepared.stream
+
+
+def test_added_fields_land_in_a_valid_body_whatever_its_shape():
+    extra = {"lora_request": {"lora_name": "a", "lora_int_id": 1, "lora_path": "/x"}}
+    cases = [
+        b'{"model":"m","stream":true}',
+        b'{"model":"m","stream":true,"stream_options":null}',  # present but null: re-encoded, usage on
+        b'{"model":"m","stream":false}',
+        b'{"model":"m"}',
+        b'{   }',
+        json.dumps({"model": "m", "stream": True}).encode("utf-16"),  # json.loads reads UTF-16 too
+        json.dumps({"model": "m", "stream": True}).encode("utf-16-le"),
+        b"\xef\xbb\xbf" + b'{"model":"m","stream":true}',  # a UTF-8 byte order mark
+    ]
+    for raw in cases:
+        data = json.loads(raw)
+        for add in (None, extra):
+            prepared = prepare_body(raw, data, add)
+            expected = {**data, **(add or {})}
+            if data.get("stream") is True:
+                expected["stream_options"] = {"include_usage": True}
+            assert json.loads(prepared.body) == expected, (raw, add)
+            if add is None and data.get("stream") is not True:
+                assert prepared.body == raw
