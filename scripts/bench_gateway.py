@@ -181,6 +181,89 @@ async def aiohttp_proxy(port: int, upstream: int) -> None:
     await asyncio.Event().wait()
 
 
+async def raw_relay(port: int, upstream: int, warm: int = 32) -> None:
+    """The floor: a byte relay with no logic at all (no PROXY header, no HTTP, no metering), each client
+    connection spliced to an upstream connection opened ahead of time, on asyncio protocols (no streams).
+    What is left of the hop through Python on these cores is the host's: syscalls, wake-ups, the loop."""
+    loop = asyncio.get_running_loop()
+    spare: list[asyncio.Transport] = []
+
+    class Side(asyncio.Protocol):
+        def __init__(self) -> None:
+            self.transport: asyncio.Transport | None = None
+            self.peer: asyncio.Transport | None = None
+            self.held: list[bytes] = []
+
+        def connection_made(self, transport) -> None:
+            self.transport = transport
+
+        def data_received(self, data: bytes) -> None:
+            if self.peer is None:
+                self.held.append(data)
+            else:
+                self.peer.write(data)
+
+        def connection_lost(self, exc) -> None:
+            if self.transport in spare:
+                spare.remove(self.transport)
+            if self.peer is not None:
+                self.peer.close()
+
+    def splice(client: asyncio.Transport, client_side: Side, up: asyncio.Transport) -> None:
+        up_side = up.get_protocol()
+        client_side.peer, up_side.peer = up, client
+        for data in client_side.held:
+            up.write(data)
+        client_side.held.clear()
+
+    async def open_one() -> asyncio.Transport:
+        transport, _ = await loop.create_connection(Side, "127.0.0.1", upstream)
+        return transport
+
+    async def top_up() -> None:
+        while len(spare) < warm:
+            spare.append(await open_one())
+
+    class Client(Side):
+        def connection_made(self, transport) -> None:
+            super().connection_made(transport)
+            if spare:
+                splice(transport, self, spare.pop())
+                loop.create_task(top_up())
+            else:
+                loop.create_task(self._connect(transport))
+
+        async def _connect(self, transport) -> None:
+            splice(transport, self, await open_one())
+
+    await top_up()
+    await loop.create_server(Client, "127.0.0.1", port, reuse_port=True, backlog=1024)
+    await asyncio.Event().wait()
+
+
+def _serve_relay(port: int, upstream: int, workers: int) -> None:
+    """`workers` relay processes on one port (SO_REUSEPORT), as the gateway's --workers; uvloop when installed."""
+    children = []
+    for _ in range(workers - 1):
+        pid = os.fork()
+        if pid == 0:
+            children = []
+            break
+        children.append(pid)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    try:
+        import uvloop
+
+        asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
+    except ImportError:
+        pass
+    try:
+        asyncio.run(raw_relay(port, upstream))
+    finally:
+        for pid in children:
+            os.kill(pid, signal.SIGTERM)
+
+
 # ---------------------------------------------------------------- client
 
 
@@ -259,25 +342,116 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
 
 
-async def run_level(port: int, header: bytes | None, concurrency: int, requests: int, tokens: int) -> dict:
-    body = json.dumps({"model": bench_model(), "prompt": "measure me", "max_tokens": tokens, "stream": True}).encode()
-    per_worker = max(1, -(-requests // concurrency))
+def _request_body(tokens: int, model: str) -> bytes:
+    return json.dumps({"model": model, "prompt": "measure me", "max_tokens": tokens, "stream": True}).encode()
+
+
+async def _client_samples(port: int, header: bytes | None, connections: int, per_worker: int, tokens: int,
+                          model: str) -> list[Sample]:
+    body = _request_body(tokens, model)
     samples: list[Sample] = []
+    await asyncio.gather(*(_worker(port, header, body, per_worker, samples) for _ in range(connections)))
+    return samples
+
+
+async def _spread_samples(port: int, header: bytes | None, concurrency: int, per_worker: int, tokens: int,
+                          procs: int, cpus: set[int] | None) -> list[Sample]:
+    """The level's connections spread over `procs` client processes, released together: one Python client
+    timestamping 128 streams' events queues them behind each other (a burst of 128 events takes it
+    milliseconds), which would be measured as the proxy's."""
+    shares = [concurrency // procs + (1 if i < concurrency % procs else 0) for i in range(procs)]
+    children = []
+    for share in filter(None, shares):
+        child = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "scripts.bench_gateway", "_client", str(port), (header or b"").hex(), str(share),
+            str(per_worker), str(tokens), bench_model(), cwd=str(ROOT), stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE)
+        if cpus:
+            os.sched_setaffinity(child.pid, cpus)
+        children.append(child)
+    for child in children:  # every one imported and waiting
+        assert child.stdout is not None
+        if (await child.stdout.readline()).strip() != b"ready":
+            raise RuntimeError("a bench client process did not start")
+    for child in children:
+        assert child.stdin is not None
+        child.stdin.write(b"go\n")
+        await child.stdin.drain()
+    samples = []
+    for child in children:
+        out, _ = await child.communicate()
+        if child.returncode:
+            raise RuntimeError(f"a bench client process failed (exit {child.returncode})")
+        for ttft, gaps, delays, tokens_seen, new in json.loads(out):
+            sample = Sample(new)
+            sample.ttft_ms, sample.gaps_ms, sample.delays_ms, sample.tokens = ttft, gaps, delays, tokens_seen
+            samples.append(sample)
+    return samples
+
+
+def _client_main(argv: list[str]) -> None:
+    port, header, connections, per_worker, tokens, model = (int(argv[0]), bytes.fromhex(argv[1]) or None,
+                                                            int(argv[2]), int(argv[3]), int(argv[4]), argv[5])
+    print("ready", flush=True)
+    sys.stdin.readline()
+    samples = asyncio.run(_client_samples(port, header, connections, per_worker, tokens, model))
+    print(json.dumps([[s.ttft_ms, s.gaps_ms, s.delays_ms, s.tokens, s.new_connection] for s in samples]))
+
+
+def process_cpu_s(pid: int) -> float:
+    """CPU seconds (user + system) used so far by `pid` and its live child processes (gateway workers)."""
+    def stat(p: int | str) -> list[str]:
+        with open(f"/proc/{p}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()
+    pids = [pid]
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                if int(stat(entry)[1]) == pid:
+                    pids.append(int(entry))
+            except (OSError, IndexError, ValueError):
+                pass
+    total = 0
+    for p in pids:
+        try:
+            fields = stat(p)
+            total += int(fields[11]) + int(fields[12])  # utime, stime (proc(5)), clock ticks
+        except (OSError, IndexError, ValueError):
+            pass
+    return total / os.sysconf("SC_CLK_TCK")
+
+
+async def run_level(port: int, header: bytes | None, concurrency: int, requests: int, tokens: int,
+                    client_procs: int = 1, client_cpus: set[int] | None = None, proxy_pid: int | None = None,
+                    proxy_cores: int | None = None) -> dict:
+    per_worker = max(1, -(-requests // concurrency))
+    cpu_before = process_cpu_s(proxy_pid) if proxy_pid else 0.0
     started = time.monotonic()
-    await asyncio.gather(*(_worker(port, header, body, per_worker, samples) for _ in range(concurrency)))
+    if min(client_procs, concurrency) > 1:
+        samples = await _spread_samples(port, header, concurrency, per_worker, tokens, min(client_procs, concurrency),
+                                        client_cpus)
+    else:
+        samples = await _client_samples(port, header, concurrency, per_worker, tokens, bench_model())
     elapsed = time.monotonic() - started
     ttft = [s.ttft_ms for s in samples]
     kept = [s.ttft_ms for s in samples if not s.new_connection]
     gaps = [g for s in samples for g in s.gaps_ms]
     delays = [d for s in samples for d in s.delays_ms]
     assert all(s.tokens == tokens for s in samples), "a stream lost tokens"
-    return {
+    result = {
         "requests": len(samples), "itl_samples": len(gaps), "seconds": round(elapsed, 2),
         "ttft_p50": percentile(ttft, 0.5), "ttft_p99": percentile(ttft, 0.99),
         "ttft_kept_p99": percentile(kept, 0.99), "kept_samples": len(kept),
         "itl_p50": percentile(gaps, 0.5), "itl_p99": percentile(gaps, 0.99),
         "delay_p50": percentile(delays, 0.5), "delay_p99": percentile(delays, 0.99),
     }
+    if proxy_pid:
+        # CPU the proxy spent per request (its events included), and how busy that kept its cores: a tail
+        # that grows while the cores are far from busy is not the proxy's Python.
+        cpu = process_cpu_s(proxy_pid) - cpu_before
+        result["cpu_ms_per_request"] = round(cpu * 1000 / max(1, len(samples)), 3)
+        result["cpu_busy"] = round(cpu / elapsed / (proxy_cores or os.cpu_count() or 1), 3)
+    return result
 
 
 # ---------------------------------------------------------------- orchestration
@@ -385,7 +559,9 @@ async def main_async(args: argparse.Namespace) -> dict:
     procs = [_spawn(["-m", "scripts.bench_gateway", "_upstream", str(up_port), str(args.ttft_ms),
                      str(args.token_interval_ms)], cpus=other_cpus)]
     header = _proxy_header()
-    targets = {"direct": (up_port, None), "aiohttp": (aio_port, None)}
+    relay_port = free_port()
+    targets = {"direct": (up_port, None), "aiohttp": (aio_port, None), "relay": (relay_port, None)}
+    pids: dict[str, int] = {}
     for mode in modes:
         if mode.startswith("gateway"):
             # gateway: the production default (uvloop when installed); gateway-asyncio: the stdlib loop;
@@ -398,16 +574,22 @@ async def main_async(args: argparse.Namespace) -> dict:
                 tree = Path(args.base_tree).resolve()
                 env = {**gateway_env(ec2_port),
                        "PYTHONPATH": os.pathsep.join([str(tree), *filter(None, [os.environ.get("PYTHONPATH")])])}
-                procs.append(_spawn(gateway_args(port, up_port, config, loop), env, stdout=emf, cpus=proxy_cpus,
-                                    cwd=tree))
+                procs.append(_spawn(gateway_args(port, up_port, config, loop) + args.gateway_arg, env, stdout=emf,
+                                    cpus=proxy_cpus, cwd=tree))
             else:
                 argv = gateway_args(port, up_port, config, loop) + args.gateway_arg
                 if args.profile and mode == "gateway":
                     argv = ["-m", "cProfile", "-o", str(Path(args.profile).resolve()), *argv]
                 procs.append(_spawn(argv, gateway_env(ec2_port), stdout=emf, cpus=proxy_cpus))
+            pids[mode] = procs[-1].pid
     if "aiohttp" in modes:
         procs.append(_spawn(["-m", "scripts.bench_gateway", "_aiohttp", str(aio_port), str(up_port)],
                             cpus=proxy_cpus))
+        pids["aiohttp"] = procs[-1].pid
+    if "relay" in modes:
+        procs.append(_spawn(["-m", "scripts.bench_gateway", "_relay", str(relay_port), str(up_port),
+                             str(args.relay_workers)], cpus=proxy_cpus))
+        pids["relay"] = procs[-1].pid
     try:
         import uvloop  # noqa: F401
         auto_loop = "uvloop"
@@ -421,14 +603,18 @@ async def main_async(args: argparse.Namespace) -> dict:
             await _wait_port(*targets[mode])
         for mode in modes:  # warm-up: connections, imports, JIT-free but caches
             await run_level(*targets[mode], 4, 8, args.tokens)
+        cores = len(proxy_cpus) if proxy_cpus else None
         for c in levels:
             requests = max(args.requests, 3 * c)
             row = {}
             for mode in modes:
-                row[mode] = await run_level(*targets[mode], c, requests, args.tokens)
-                print(f"  c={c:<3} {mode:<12} {row[mode]['requests']:>4} req  TTFT p50 {row[mode]['ttft_p50']:7.3f} "
-                      f"p99 {row[mode]['ttft_p99']:7.3f}  ITL p50 {row[mode]['itl_p50']:6.3f} "
-                      f"p99 {row[mode]['itl_p99']:6.3f} ms", file=sys.stderr, flush=True)
+                row[mode] = m = await run_level(*targets[mode], c, requests, args.tokens, args.client_procs, other_cpus,
+                                                pids.get(mode), cores)
+                cpu = (f"  CPU {m['cpu_ms_per_request']:.3f} ms/req, cores {m['cpu_busy']:.0%} busy"
+                       if "cpu_busy" in m else "")
+                print(f"  c={c:<3} {mode:<12} {m['requests']:>4} req  TTFT p50 {m['ttft_p50']:7.3f} "
+                      f"p99 {m['ttft_p99']:7.3f}  ITL p50 {m['itl_p50']:6.3f} "
+                      f"p99 {m['itl_p99']:6.3f} ms{cpu}", file=sys.stderr, flush=True)
             results["levels"][c] = row
     finally:
         for proc in procs:
@@ -446,24 +632,27 @@ async def main_async(args: argparse.Namespace) -> dict:
 
 
 def summary(results: dict) -> list[str]:
-    """The issue's table: what the gateway adds at P99, with the aiohttp peer beside it."""
+    """The issue's table: what the gateway adds at P99, with the aiohttp peer beside it, and the other modes
+    run (the relay floor, the base tree's gateway) after it."""
     rows = results["levels"]
     first = next(iter(rows.values()))
     if "gateway" not in first:
         return []
     pinned = f"pinned to {len(results['proxy_cpus'])} cores" if results.get("proxy_cpus") else "unpinned"
-    peer = "aiohttp" in first
+    others = [m for m in ("aiohttp", "relay", "gateway-base") if m in first]
+    label = {"aiohttp": "aiohttp proxy peer", "relay": "byte relay (floor)", "gateway-base": "base tree's gateway"}
     lines = [f"\nadded over direct at P99 (ms), gateway [{results['gateway_loop']}] {pinned}, "
              f"{results['config']['tokens']} tokens @ {results['config']['token_interval_ms']} ms:",
-             "| concurrency | TTFT P99, all requests | TTFT P99, kept-alive | ITL P99 |"
-             + (" aiohttp proxy peer, TTFT P99 all / kept-alive | aiohttp ITL P99 |" if peer else ""),
-             "|---:|---:|---:|---:|" + ("---:|---:|" if peer else "")]
+             "| concurrency | TTFT P99, all requests | TTFT P99, kept-alive | ITL P99 | gateway CPU ms/request (cores busy) |"
+             + "".join(f" {label[m]}, TTFT P99 all / kept-alive | {m} ITL P99 |" for m in others),
+             "|---:|---:|---:|---:|---:|" + "---:|---:|" * len(others)]
     for c, row in rows.items():
         d, g = row["direct"], row["gateway"]
+        cpu = f"{g['cpu_ms_per_request']:.3f} ({g['cpu_busy']:.0%})" if "cpu_busy" in g else "n/a"
         line = (f"| {c} | {g['ttft_p99'] - d['ttft_p99']:+.2f} | {g['ttft_kept_p99'] - d['ttft_kept_p99']:+.2f} "
-                f"| {g['itl_p99'] - d['itl_p99']:+.2f} |")
-        if peer:
-            a = row["aiohttp"]
+                f"| {g['itl_p99'] - d['itl_p99']:+.2f} | {cpu} |")
+        for m in others:
+            a = row[m]
             line += (f" {a['ttft_p99'] - d['ttft_p99']:+.2f} / {a['ttft_kept_p99'] - d['ttft_kept_p99']:+.2f} "
                      f"| {a['itl_p99'] - d['itl_p99']:+.2f} |")
         lines.append(line)
@@ -517,6 +706,12 @@ def main(argv: list[str] | None = None) -> int:
         signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
         asyncio.run(serve())
         return 0
+    if argv[:1] == ["_relay"]:
+        _serve_relay(int(argv[1]), int(argv[2]), int(argv[3]))
+        return 0
+    if argv[:1] == ["_client"]:
+        _client_main(argv[1:])
+        return 0
     if argv[:1] == ["_aiohttp"]:
         signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
         asyncio.run(aiohttp_proxy(int(argv[1]), int(argv[2])))
@@ -532,7 +727,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--gateway-arg", action="append", default=[],
                    help="one more argument for `python -m runtime.gateway` (repeatable), e.g. --gateway-arg=--workers=2")
     p.add_argument("--modes", default="direct,gateway,aiohttp",
-                   help="direct (baseline), gateway (default event loop), gateway-asyncio, gateway-uvloop, aiohttp")
+                   help="direct (baseline), gateway (default event loop), gateway-asyncio, gateway-uvloop, "
+                        "gateway-base (--base-tree's gateway), aiohttp, relay (a byte relay with no logic: the floor)")
+    p.add_argument("--relay-workers", type=int, default=2, help="processes of the relay mode on its one port")
+    p.add_argument("--client-procs", type=int, default=1,
+                   help="client processes a level's connections are spread over (default 1; with --cpus on a big "
+                        "host, 4: one Python client cannot timestamp 128 streams' events as they arrive)")
     p.add_argument("--base-tree", help="a checkout whose gateway the gateway-base mode runs (before/after in one run)")
     p.add_argument("--json", help="also write the raw results here")
     p.add_argument("--profile", help="run the gateway (one process: no --workers) under cProfile and write its "
