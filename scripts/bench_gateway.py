@@ -221,8 +221,15 @@ async def raw_relay(port: int, upstream: int, warm: int = 32) -> None:
         return transport
 
     async def top_up() -> None:
+        failures = 0
         while len(spare) < warm:
-            spare.append(await open_one())
+            try:
+                spare.append(await open_one())
+            except OSError:  # the upstream is still starting
+                failures += 1
+                if failures > 100:
+                    raise
+                await asyncio.sleep(0.1)
 
     class Client(Side):
         def connection_made(self, transport) -> None:

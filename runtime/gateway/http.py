@@ -228,6 +228,28 @@ class ChunkedDecoder:
         return self._state == self._DONE
 
     def feed(self, data: bytes) -> bytes:
+        if self._state == self._SIZE and not self._buf:
+            # Fast path, measured: a model server's read is one or more whole chunks (one SSE event each);
+            # slice their payloads out of `data` without copying it through the buffer. Whatever is not a
+            # whole data chunk (a split chunk, the last chunk, a malformed one) goes the general way below.
+            pieces, at, end = [], 0, len(data)
+            while at < end:
+                line_end = data.find(b"\r\n", at, at + 1026)
+                if line_end < 0:
+                    break
+                line = data[at:line_end].split(b";", 1)[0].strip()
+                try:
+                    size = int(line, 16)
+                except ValueError:
+                    break
+                start = line_end + 2
+                if size <= 0 or start + size + 2 > end or data[start + size:start + size + 2] != b"\r\n":
+                    break
+                pieces.append(data[start:start + size])
+                at = start + size + 2
+            if at:
+                head = pieces[0] if len(pieces) == 1 else b"".join(pieces)
+                return head + self.feed(data[at:]) if at < end else head
         buf = self._buf
         buf += data
         out = bytearray()

@@ -116,8 +116,10 @@ class SseMeter:
             for event in parts:
                 self._observe(event, now)
             return buf[: len(buf) - len(self._tail)]
-        kept = [event + b"\n\n" for event in parts if self._observe(event, now)]
-        return b"".join(kept)
+        kept = [event for event in parts if self._observe(event, now)]
+        if len(kept) == len(parts):  # nothing dropped (every token event): the bytes as they came
+            return buf[: len(buf) - len(self._tail)]
+        return b"".join(event + b"\n\n" for event in kept)
 
     def flush(self) -> bytes:
         """Whatever is left when the stream ends (an unterminated last event)."""

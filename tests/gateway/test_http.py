@@ -61,3 +61,25 @@ def test_unreadable_requests_get_a_400_and_the_gateway_carries_on():
         finally:
             await stop_harness(h)
     run(body())
+
+
+def test_chunked_decoding_gives_the_same_payload_however_the_reads_split_the_stream():
+    """Whole chunks take a fast path, split ones the general one: the payload must not depend on which."""
+    import random
+
+    rng = random.Random(7)
+    for _ in range(2000):
+        payloads = [bytes(rng.randrange(256) for _ in range(rng.randint(1, 40))) for _ in range(rng.randint(0, 6))]
+        wire = b"".join(chunk(p) for p in payloads) + b"0\r\n\r\n"
+        cuts = sorted(rng.sample(range(len(wire) + 1), min(len(wire) + 1, rng.randint(0, 5))))
+        decoder, out, at = ChunkedDecoder(), b"", 0
+        for cut in [*cuts, len(wire)]:
+            out += decoder.feed(wire[at:cut])
+            at = cut
+        assert out == b"".join(payloads) and decoder.done, (payloads, cuts)
+
+
+@pytest.mark.parametrize("wire", [b"-5\r\nhello\r\n", b"5\r\nhelloXY", b"zz\r\n", b"5" * 2000])
+def test_a_malformed_chunk_is_refused_even_after_whole_chunks(wire):
+    with pytest.raises(ChunkedError):
+        ChunkedDecoder().feed(chunk(b"data: ok\n\n") + wire)
