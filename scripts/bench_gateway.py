@@ -32,6 +32,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import functools
+import gc
 import json
 import os
 import signal
@@ -574,7 +575,7 @@ async def main_async(args: argparse.Namespace) -> dict:
             # gateway: the production default (uvloop when installed); gateway-asyncio: the stdlib loop;
             # gateway-base: the gateway of another checkout (--base-tree), for a before/after in one run.
             loop = {"gateway": "auto", "gateway-asyncio": "asyncio", "gateway-uvloop": "uvloop",
-                    "gateway-base": "auto"}[mode]
+                    "gateway-base": "auto", "gateway-alt": "auto"}[mode]
             port = free_port()
             targets[mode] = (port, header)
             if mode == "gateway-base":
@@ -584,7 +585,8 @@ async def main_async(args: argparse.Namespace) -> dict:
                 procs.append(_spawn(gateway_args(port, up_port, config, loop) + args.gateway_arg, env, stdout=emf,
                                     cpus=proxy_cpus, cwd=tree))
             else:
-                argv = gateway_args(port, up_port, config, loop) + args.gateway_arg
+                argv = gateway_args(port, up_port, config, loop) + (args.alt_arg if mode == "gateway-alt"
+                                                                     else args.gateway_arg)
                 if args.profile and mode == "gateway":
                     argv = ["-m", "cProfile", "-o", str(Path(args.profile).resolve()), *argv]
                 procs.append(_spawn(argv, gateway_env(ec2_port), stdout=emf, cpus=proxy_cpus))
@@ -646,8 +648,9 @@ def summary(results: dict) -> list[str]:
     if "gateway" not in first:
         return []
     pinned = f"pinned to {len(results['proxy_cpus'])} cores" if results.get("proxy_cpus") else "unpinned"
-    others = [m for m in ("aiohttp", "relay", "gateway-base") if m in first]
-    label = {"aiohttp": "aiohttp proxy peer", "relay": "byte relay (floor)", "gateway-base": "base tree's gateway"}
+    others = [m for m in ("aiohttp", "relay", "gateway-base", "gateway-alt") if m in first]
+    label = {"aiohttp": "aiohttp proxy peer", "relay": "byte relay (floor)", "gateway-base": "base tree's gateway",
+             "gateway-alt": "gateway with --alt-arg"}
     lines = [f"\nadded over direct at P99 (ms), gateway [{results['gateway_loop']}] {pinned}, "
              f"{results['config']['tokens']} tokens @ {results['config']['token_interval_ms']} ms:",
              "| concurrency | TTFT P99, all requests | TTFT P99, kept-alive | ITL P99 | gateway CPU ms/request (cores busy) |"
@@ -699,8 +702,25 @@ def render(results: dict) -> str:
     return "\n".join(lines)
 
 
+def settle() -> None:
+    """Collect once and freeze what is loaded, as the gateway does at start (runtime/gateway/__main__.py):
+    a full collection over a process's imports pauses it for milliseconds, and in the upstream or a client
+    that pause lands on whichever proxy is being measured at the time (new connections' TTFT most: a
+    burst of them allocates the most)."""
+    gc.collect()
+    gc.freeze()
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] and argv[0].startswith("_"):  # a child process: the upstream, a client, a peer proxy
+        if argv[0] == "_aiohttp":
+            import aiohttp.web  # noqa: F401 - loaded before the freeze
+        settle()
+        if argv[0] in ("_upstream", "_client"):
+            # The measuring side, not a proxy under test: no collection pauses at all while it runs (a client
+            # lives for one level; the upstream's leftover cycles are bounded by the run).
+            gc.disable()
     if argv[:1] == ["_upstream"]:  # child process modes
         port, ttft_ms, interval_ms = int(argv[1]), float(argv[2]), float(argv[3])
 
@@ -735,7 +755,11 @@ def main(argv: list[str] | None = None) -> int:
                    help="one more argument for `python -m runtime.gateway` (repeatable), e.g. --gateway-arg=--workers=2")
     p.add_argument("--modes", default="direct,gateway,aiohttp",
                    help="direct (baseline), gateway (default event loop), gateway-asyncio, gateway-uvloop, "
-                        "gateway-base (--base-tree's gateway), aiohttp, relay (a byte relay with no logic: the floor)")
+                        "gateway-base (--base-tree's gateway), gateway-alt (this gateway with --alt-arg), aiohttp, "
+                        "relay (a byte relay with no logic: the floor)")
+    p.add_argument("--alt-arg", action="append", default=[],
+                   help="the gateway-alt mode's arguments for `python -m runtime.gateway` (repeatable): this tree's "
+                        "gateway with other flags in the same run, e.g. --alt-arg=--workers=2 --alt-arg=--gc-period-s=0")
     p.add_argument("--relay-workers", type=int, default=2, help="processes of the relay mode on its one port")
     p.add_argument("--client-procs", type=int, default=1,
                    help="client processes a level's connections are spread over (default 1; with --cpus on a big "
@@ -749,6 +773,8 @@ def main(argv: list[str] | None = None) -> int:
         p.error("--modes must include direct (the baseline)")
     if "gateway-base" in args.modes.split(",") and not args.base_tree:
         p.error("--modes gateway-base needs --base-tree DIR")
+    bench_model()  # the config loaded before the freeze
+    settle()
     results = asyncio.run(main_async(args))
     print(render(results))
     if args.json:
