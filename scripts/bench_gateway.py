@@ -759,7 +759,7 @@ def main(argv: list[str] | None = None) -> int:
                         "relay (a byte relay with no logic: the floor)")
     p.add_argument("--alt-arg", action="append", default=[],
                    help="the gateway-alt mode's arguments for `python -m runtime.gateway` (repeatable): this tree's "
-                        "gateway with other flags in the same run, e.g. --alt-arg=--workers=2 --alt-arg=--gc-period-s=0")
+                        "gateway with other flags in the same run, e.g. --alt-arg=--workers=3 --alt-arg=--upstream-warm=64")
     p.add_argument("--relay-workers", type=int, default=2, help="processes of the relay mode on its one port")
     p.add_argument("--client-procs", type=int, default=1,
                    help="client processes a level's connections are spread over (default 1; with --cpus on a big "

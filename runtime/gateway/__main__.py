@@ -28,7 +28,6 @@ from typing import TYPE_CHECKING
 
 from fleetcast.contract.instance_env import Var, default, setting
 
-from .collector import GC_PERIOD_S
 from .http import BODY_TIMEOUT_S
 from .identity import log
 
@@ -52,16 +51,6 @@ def _positive(value: str) -> float:
         number = 0.0
     if not number > 0:
         raise argparse.ArgumentTypeError(f"{value!r} is not a positive number of seconds")
-    return number
-
-
-def _seconds_or_zero(value: str) -> float:
-    try:
-        number = float(value)
-    except ValueError:
-        number = -1.0
-    if not 0 <= number < float("inf"):
-        raise argparse.ArgumentTypeError(f"{value!r} is not a number of seconds, 0 or more")
     return number
 
 
@@ -115,10 +104,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--upstream-warm", type=_count, default=32,
                    help="connections each process keeps open and idle to each engine process ahead of demand, so a "
                         "burst of new requests does not wait for connects (default 32; 0: open on demand only)")
-    p.add_argument("--gc-period-s", type=_seconds_or_zero, default=GC_PERIOD_S,
-                   help="collect the garbage collector's older generations every this many seconds instead of on "
-                        f"CPython's schedule, which pauses every stream more often (default {GC_PERIOD_S:g}; "
-                        "0: CPython's schedule)")
     p.add_argument("--event-loop", choices=("auto", "asyncio", "uvloop"), default="auto",
                    help="auto (default): uvloop when installed, which scripts/bench_gateway.py measures as the "
                         "faster hop; else the standard asyncio loop")
@@ -160,7 +145,6 @@ async def serve(args: argparse.Namespace, shared: SharedState | None = None, wor
     import boto3
 
     from .admission import limiter_key, model_limits_of
-    from .collector import Collector
     from .identity import ApiKeyStore, EndpointDirectory, Identity, secret_names
     from .limits import ConsumerLimiter
     from .metrics import MetricsSink
@@ -209,8 +193,6 @@ async def serve(args: argparse.Namespace, shared: SharedState | None = None, wor
     # stream would feel; frozen, the collector walks only request garbage (measured ~0 ms).
     gc.collect()
     gc.freeze()
-    collector = Collector(args.gc_period_s)
-    collector.start()
     host, port = args.listen
     await gateway.start(host, port, reuse_port=shared is not None)
     log("gateway_started", worker=worker, listen=f"{args.listen[0]}:{gateway.port}", upstream=f"{args.upstream[0]}:{args.upstream[1]}",
@@ -240,7 +222,6 @@ async def serve(args: argparse.Namespace, shared: SharedState | None = None, wor
     for task in background:
         task.cancel()
     await gateway.close()
-    collector.stop()
     metrics.close()
     return 0
 

@@ -1,0 +1,66 @@
+"""`make bench-gateway` (scripts/bench_gateway.py): its floor, its CPU figure and its table; running it is a
+benchmark, not a test."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+
+from scripts import bench_gateway
+
+
+def test_the_relay_floor_carries_a_streamed_request_byte_for_byte():
+    """The floor mode must be a working proxy, or its figures say nothing: one request through it
+    gets every token the timed upstream sends, on a kept-alive connection, twice."""
+    async def body():
+        upstream = await asyncio.start_server(lambda r, w: bench_gateway.timed_upstream(r, w, 0.001, 0.0),
+                                              "127.0.0.1", 0)
+        up_port = upstream.sockets[0].getsockname()[1]
+        relay_port = bench_gateway.free_port()
+        relay = asyncio.ensure_future(bench_gateway.raw_relay(relay_port, up_port, warm=2))
+        try:
+            for _ in range(100):  # bounded: until the relay listens
+                try:
+                    samples = await bench_gateway._client_samples(relay_port, None, 2, 2, 5, "m")
+                    break
+                except OSError:
+                    await asyncio.sleep(0.02)
+            assert len(samples) == 4 and all(s.tokens == 5 for s in samples)
+            assert [s.new_connection for s in samples].count(True) == 2
+        finally:
+            relay.cancel()
+            upstream.close()
+    asyncio.run(body())
+
+
+def test_proxy_cpu_counts_the_process_and_its_children():
+    """The CPU-per-request figure reads proc(5) utime + stime of the proxy and its worker processes."""
+    burn = ("import os, sys, time\n"
+            "def spin():\n"
+            "    t = time.process_time()\n"
+            "    while time.process_time() - t < 0.3: pass\n"
+            "if os.fork() == 0:\n"
+            "    spin(); print('child', flush=True); time.sleep(30); os._exit(0)\n"
+            "spin(); print('parent', flush=True); time.sleep(30)\n")
+    proc = subprocess.Popen([sys.executable, "-c", burn], stdout=subprocess.PIPE, text=True)
+    try:
+        assert sorted(proc.stdout.readline().strip() for _ in range(2)) == ["child", "parent"]
+        assert bench_gateway.process_cpu_s(proc.pid) >= 0.55  # 0.3 s each, less a clock tick or two
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def _level(ttft: float, kept: float, itl: float) -> dict:
+    return {"ttft_p99": ttft, "ttft_kept_p99": kept, "itl_p99": itl, "cpu_ms_per_request": 1.0, "cpu_busy": 0.1}
+
+
+def test_the_table_shows_what_each_mode_adds_over_direct():
+    results = {"gateway_loop": "uvloop", "proxy_cpus": [0, 1], "config": {"tokens": 24, "token_interval_ms": 8.0},
+               "levels": {128: {"direct": _level(20, 18, 9), "gateway": _level(21, 18.5, 9.2),
+                                "aiohttp": _level(40, 30, 12), "relay": _level(20.5, 18, 9)}}}
+    lines = bench_gateway.summary(results)
+    assert "pinned to 2 cores" in lines[0]
+    assert "aiohttp proxy peer" in lines[1] and "byte relay (floor)" in lines[1]
+    assert lines[3] == "| 128 | +1.00 | +0.50 | +0.20 | 1.000 (10%) | +20.00 / +12.00 | +3.00 | +0.50 / +0.00 | +0.00 |"
