@@ -239,25 +239,32 @@ def run_logged(cmd: list[str], log_file: Path, cwd: Path | None = None, timeout_
         out.write(f"$ {' '.join(cmd)}\n")
         out.flush()
         started = time.monotonic()
-        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace",
-                                start_new_session=True, cwd=cwd,
-                                env=tool_env(script=cmd[1] if len(cmd) > 1 and cmd[1].endswith(".py") else None))
-        killer = threading.Timer(timeout_s, lambda: _kill_group(proc))
-        killer.start()
+        # Stopped from outside (a Spot notice raises in the main thread from its signal handler; SIGTERM), the step
+        # must not outlive its caller, which releases the cache lock so another instance can build. The exception
+        # can arrive at any point once the child is forked, also inside Popen or before the Timer thread runs, so the
+        # process is registered before the fork and the whole span from there on is guarded.
+        spawned: list[_StepProcess] = []
+        killer: threading.Timer | None = None
         try:
+            proc = _StepProcess(spawned, cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                errors="replace", start_new_session=True, cwd=cwd,
+                                env=tool_env(script=cmd[1] if len(cmd) > 1 and cmd[1].endswith(".py") else None))
+            killer = threading.Timer(timeout_s, lambda: _kill_group(proc))
+            killer.start()
             assert proc.stdout is not None
             for line in proc.stdout:
                 out.write(line)
                 sys.stderr.write(f"[build] {line}")
             code = proc.wait()
         except BaseException:
-            # Stopped from outside (a Spot notice raises here, from the main thread's signal handler; SIGTERM): the
-            # step must not outlive its caller, which releases the cache lock so another instance can build.
-            _kill_group(proc)
-            proc.wait()
+            for forked in spawned:
+                if getattr(forked, "pid", None) is not None:
+                    _kill_group(forked)
+                    forked.wait()
             raise
         finally:
-            killer.cancel()
+            if killer is not None:
+                killer.cancel()
         elapsed = time.monotonic() - started
         out.write(f"# exit {code} after {elapsed:.1f} s\n")
     name = os.path.basename(cmd[0]) if cmd[0] != "python3" else cmd[1]
@@ -268,11 +275,24 @@ def run_logged(cmd: list[str], log_file: Path, cwd: Path | None = None, timeout_
         raise RuntimeError(f"{name} exited {code}: {tail}")
 
 
+class _StepProcess(subprocess.Popen):  # type: ignore[type-arg]
+    """A build step's process, put in `spawned` before it is forked: an exception raised while Popen is still
+    running (after the fork) leaves the object behind, with its pid, for run_logged to kill."""
+
+    def __init__(self, spawned: list[_StepProcess], *args: Any, **kwargs: Any) -> None:
+        spawned.append(self)
+        super().__init__(*args, **kwargs)
+
+
 def _kill_group(proc: subprocess.Popen[str]) -> None:
     try:
         os.killpg(proc.pid, signal.SIGKILL)
     except ProcessLookupError:
-        pass
+        # No such group yet: stopped between the fork and the child's setsid, so nothing else was started.
+        try:
+            os.kill(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
 
 
 def copy_tokenizer(model_dir: Path, dest: Path, extra: tuple[str, ...] = ()) -> None:
