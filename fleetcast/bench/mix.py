@@ -305,16 +305,11 @@ class MixBench(Bench):
                 pool.close()
         return sinks, lags, cpu, all(pool.kernel_stamps for pool in pools.values())
 
+    _LOAD_FLAGS = "--concurrency or --rate"
+
     async def run_async(self) -> list[Results]:  # type: ignore[override]
         opts = self.opts
-        if not opts.levels:
-            raise UserError("nothing to run: give --concurrency or --rate")
-        self._started = datetime.now(UTC)
-        await self._discover()
-        from fleetcast.bench.client import tcp_rtt_ms
-
-        rtt = await tcp_rtt_ms(self.ep) if opts.rtt_probe else None
-        await self._warmup()
+        rtt = await self._start()
         for level in opts.levels:
             sinks, lags, cpu, kstamps = await self._run_mix_level(level)
             everything = [s for sink in sinks.values() for s in sink]

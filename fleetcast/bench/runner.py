@@ -420,14 +420,22 @@ class Bench:
             said = f": {rec.error_detail}" if rec.error_detail else ""
             raise UserError(f"--endpoint {self.ep.url}: every warm-up request failed (first error: {rec.error}{said})")
 
-    async def run_async(self) -> Results:
-        opts = self.opts
-        if not opts.levels:
-            raise UserError("nothing to run: give --concurrency, --rate, --trace or --mix")
+    # What a session without levels is told to give.
+    _LOAD_FLAGS = "--concurrency, --rate, --trace or --mix"
+
+    async def _start(self) -> float | None:
+        """Discovery, the RTT probe and the warm-up before the first level; the TCP connect time or None."""
+        if not self.opts.levels:
+            raise UserError(f"nothing to run: give {self._LOAD_FLAGS}")
         self._started = datetime.now(UTC)
         await self._discover()
-        rtt = await tcp_rtt_ms(self.ep) if opts.rtt_probe else None
+        rtt = await tcp_rtt_ms(self.ep) if self.opts.rtt_probe else None
         await self._warmup()
+        return rtt
+
+    async def run_async(self) -> Results:
+        opts = self.opts
+        rtt = await self._start()
         progress = _Progress(opts.requests_per_level, opts.duration_s) if opts.progress else None
         runs = self._runs
         for level in opts.levels:
