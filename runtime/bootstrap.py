@@ -40,7 +40,7 @@ from typing import Any
 from fleetcast.config import ConfigError, FleetConfig, Pool, config_from_json
 from fleetcast.config.model import ServedModel
 from fleetcast.contract import telemetry
-from fleetcast.contract.adapters import MODULES_KEY, RANK_KEY, adapter_dir, lora_config
+from fleetcast.contract.adapters import MODULES_KEY, RANK_KEY, ModelDimsError, adapter_dir, lora_cache_plan, model_dims
 from fleetcast.contract.bucket import adapter_prefix, model_prefix
 from fleetcast.contract.errors import EXIT_INVALID, EXIT_OK, EXIT_USAGE, UserError
 from fleetcast.contract.instance_env import Var, check_names, default, setting
@@ -175,6 +175,7 @@ class PreparedModel:
     cache: EngineCache
     resolution: Any  # runtime.engine_cache.Resolution
     lora: dict[str, Any] | None = None  # the engine's LoRA options, where the model serves adapters
+    lora_cache_bytes: int = 0  # GPU memory of each process's LoRA device cache (within LORA_DEVICE_RESERVE_BYTES)
 
 
 class Bootstrap:
@@ -403,12 +404,14 @@ class Bootstrap:
             self.metric(telemetry.ENGINE_CACHE_HIT, 1, key=cache.key, source=resolution.outcome,
                         waited_s=round(resolution.waited_seconds, 3), model=m.id)
         with self.heartbeat(telemetry.LAUNCH_HOOK, cfg.operations.launch_hook_timeout_s):
-            lora = self._fetch_adapters(cache, m)
-        return PreparedModel(entry, backend, cache, resolution, lora)
+            lora, lora_bytes = self._fetch_adapters(cache, m, resolution.path)
+        return PreparedModel(entry, backend, cache, resolution, lora, lora_bytes)
 
-    def _fetch_adapters(self, cache: EngineCache, m: Any) -> dict[str, Any] | None:
+    def _fetch_adapters(self, cache: EngineCache, m: Any, artifact: Path) -> tuple[dict[str, Any] | None, int]:
         """Every LoRA adapter of model `m`, verified into its adapter_dir before the model's processes start;
-        returns the engine's LoRA options from the staged manifests (None: the model has no adapters).
+        returns the engine's LoRA options from the staged manifests and the bytes of the LoRA device cache they
+        give each process, sized from the artifact's config.json within LORA_DEVICE_RESERVE_BYTES ((None, 0): the
+        model has no adapters).
 
         Adapters are not part of the engine (loaded per request), so they are fetched on a cache hit too. A missing
         or damaged one fails this model like missing weights do: a StagingMissing marker on the model's cache key,
@@ -416,7 +419,7 @@ class Bootstrap:
         the adapter is staged); the other models of the instance are still prepared.
         """
         if not m.adapters:
-            return None
+            return None, 0
         cache.check_breaker()
         shapes: list[tuple[int, tuple[str, ...]]] = []
         for a in m.adapters:
@@ -439,9 +442,16 @@ class Bootstrap:
                 raise StagingMissing(f"adapter {a.id}: {exc}", exc.missing_key) from None
             self.metric(telemetry.STAGING_WAIT_SECONDS, waited, model=m.id, adapter=a.id)
             shapes.append((rank, tuple(modules)))
-        log.info("model %s: %d LoRA adapter(s) at %s", m.id, len(shapes),
-                 adapter_dir(str(self.env.local_root), m.id, "*"))
-        return lora_config(shapes)
+        config_path = artifact / "config.json"
+        try:
+            dims = model_dims(json.loads(config_path.read_text()), str(config_path))
+            options, cache_bytes = lora_cache_plan(dims, shapes)
+        except (OSError, ValueError) as exc:  # ModelDimsError is a ValueError, as is unreadable JSON
+            detail = str(exc) if isinstance(exc, ModelDimsError) else f"{config_path} is unreadable ({exc})"
+            raise UserError(f"model {m.id}: cannot size the LoRA device cache of its adapters: {detail}") from None
+        log.info("model %s: %d LoRA adapter(s) at %s; LoRA device cache %d bytes for %d of them (max_loras)", m.id,
+                 len(shapes), adapter_dir(str(self.env.local_root), m.id, "*"), cache_bytes, options["max_loras"])
+        return options, cache_bytes
 
     def abandon(self, exc: Exception) -> int:
         log.error("cannot serve on this instance: %s: %s", type(exc).__name__, exc)
@@ -471,7 +481,8 @@ class Bootstrap:
                 raise UserError("kv_cache_gb: this GPU's free memory cannot be read; give every model of a pool "
                                 "that runs several processes a kv_cache_gb")
             budgets = plan_budgets(slots, explicit, {m: artifact_bytes(p.resolution.path) for m, p in by_model.items()},
-                                   free, min(p.served.engine.kv_cache_free_gpu_memory_fraction for p in prepared))
+                                   free, min(p.served.engine.kv_cache_free_gpu_memory_fraction for p in prepared),
+                                   lora_bytes={m: p.lora_cache_bytes for m, p in by_model.items()})
         single = len(slots) == 1
         processes = []
         for slot in slots:

@@ -81,28 +81,31 @@ def max_tokens_for(budget_bytes: int, per_token: int) -> int:
 
 
 def plan_budgets(slots: Sequence[ProcessSlot], explicit: Mapping[str, int | None], weights_bytes: Mapping[str, int],
-                 free_bytes: int, fraction: float, overhead_bytes: int = PROCESS_OVERHEAD_BYTES) -> dict[tuple[str, int], int | None]:
+                 free_bytes: int, fraction: float, overhead_bytes: int = PROCESS_OVERHEAD_BYTES,
+                 lora_bytes: Mapping[str, int] | None = None) -> dict[tuple[str, int], int | None]:
     """Budget in bytes per (model id, copy index); None leaves the engine's fraction in charge.
 
     A slot whose model has an explicit budget (`kv_cache_gb`) gets it. With one process and no
     budget, the engine's own fraction decides, as before. Otherwise the processes without a budget
     share equally what `fraction` of the memory free before the first start leaves once every
-    process's weights, overhead and explicit budget are counted, which no start order changes.
+    process's weights, overhead, LoRA device cache (`lora_bytes`, per process of a model with adapters:
+    fleetcast.contract.adapters.lora_cache_plan) and explicit budget are counted, which no start order changes.
     """
     keys = [(s.model_id, s.copy_index) for s in slots]
     if len(slots) == 1 and explicit.get(slots[0].model_id) is None:
         return {keys[0]: None}
     missing = [s for s in slots if explicit.get(s.model_id) is None]
     fixed = sum(explicit.get(s.model_id) or 0 for s in slots)
-    fixed += sum(weights_bytes.get(s.model_id, 0) + overhead_bytes for s in slots)
+    lora = lora_bytes or {}
+    fixed += sum(weights_bytes.get(s.model_id, 0) + overhead_bytes + lora.get(s.model_id, 0) for s in slots)
     usable = int(fraction * free_bytes)
     share = (usable - fixed) // len(missing) if missing else 0
     if missing and share <= 0:
         names = ", ".join(sorted({s.model_id for s in missing}))
         raise UserError(
             f"kv_cache_gb: nothing is left for the KV cache of {names}: {fraction:g} x {free_bytes / 2**30:.1f} GiB "
-            f"free = {usable / 2**30:.1f} GiB, and weights + {overhead_bytes / 2**30:.2f} GiB per process + explicit "
-            f"budgets take {fixed / 2**30:.1f} GiB; give every model a kv_cache_gb or serve fewer copies")
+            f"free = {usable / 2**30:.1f} GiB, and weights + {overhead_bytes / 2**30:.2f} GiB per process + LoRA caches "
+            f"+ explicit budgets take {fixed / 2**30:.1f} GiB; give every model a kv_cache_gb or serve fewer copies")
     return {(s.model_id, s.copy_index): explicit.get(s.model_id) or share for s in slots}
 
 

@@ -155,7 +155,8 @@ def extra_llm_api_options(engine: EngineSpec, kv_max_tokens: int | None = None,
       both backends honour as a cap next to the fraction (runtime/kv_budget.py);
     - lora_config (BaseLlmArgs, a tensorrt_llm/lora_helper.py LoraConfig): where the model serves LoRA
       adapters per request (PyTorch backend only; config validation refuses them elsewhere), built from
-      the staged adapters' manifests by fleetcast.contract.adapters.lora_config.
+      the staged adapters' manifests and the artifact's config.json by fleetcast.contract.adapters.lora_cache_plan
+      (max_loras pins the LoRA device cache's size; without it the engine takes a share of free GPU memory).
     """
     kv_cache: dict[str, Any] = {"free_gpu_memory_fraction": engine.kv_cache_free_gpu_memory_fraction}
     if kv_max_tokens is not None:

@@ -4,9 +4,14 @@ Every engine process on a GPU holds its weights, a per-process overhead (CUDA co
 TensorRT activation memory sized at build time by max_num_tokens, runtime buffers) and its
 KV cache: TensorRT-LLM docs/source/reference/memory.md, "Understand inference time GPU memory
 usage" (weights, activation tensors, I/O tensors of which the KV cache is the major part).
+A process of a model with LoRA adapters also holds its LoRA device cache; TensorRT-LLM sizes it from
+the adapters' rank and modules and the model's dimensions, which only staging and the instance know,
+so this check counts the reserve the instance sizes it within (LORA_DEVICE_RESERVE_BYTES,
+fleetcast/contract/adapters.py), an upper bound.
 The validator refuses a pool whose processes do not fit together (with the sum in its message) and
 the synth summary shows each process's estimated share; on the instance runtime/kv_budget.py plans
-the real budgets from the memory actually free, with the same per-process overhead.
+the real budgets from the memory actually free, with the same per-process overhead and each model's
+LoRA device cache as sized there.
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from fleetcast.contract.adapters import LORA_DEVICE_RESERVE_BYTES
 from fleetcast.contract.serving import PROCESS_OVERHEAD_BYTES
 
 if TYPE_CHECKING:
@@ -49,6 +55,7 @@ class ProcessMemory:
     parameters: float | None  # None: unknown (models[].parameters_b unset)
     kv_bytes: int | None  # each copy's KV budget; None: not planned (one process on the kv fraction)
     kv_explicit: bool  # the pool's kv_cache_gb set it
+    lora_bytes: int = 0  # each copy's LoRA device cache: the reserve where the model has adapters
 
     @property
     def weights_bytes(self) -> int | None:
@@ -58,13 +65,14 @@ class ProcessMemory:
     def each_bytes(self) -> int | None:
         if self.weights_bytes is None:
             return None
-        return self.weights_bytes + PROCESS_OVERHEAD_BYTES + (self.kv_bytes or 0)
+        return self.weights_bytes + PROCESS_OVERHEAD_BYTES + self.lora_bytes + (self.kv_bytes or 0)
 
     def describe(self) -> str:
         weights = "weights unknown" if self.weights_bytes is None else \
             f"weights {_gib(self.weights_bytes)} at {self.precision}"
         kv = "" if self.kv_bytes is None else f" + KV {_gib(self.kv_bytes)}" + ("" if self.kv_explicit else " (share)")
-        return f"{self.model_id} {self.copies} x ({weights} + overhead {_gib(PROCESS_OVERHEAD_BYTES)}{kv})"
+        lora = f" + LoRA cache {_gib(self.lora_bytes)}" if self.lora_bytes else ""
+        return f"{self.model_id} {self.copies} x ({weights} + overhead {_gib(PROCESS_OVERHEAD_BYTES)}{lora}{kv})"
 
 
 @dataclass(frozen=True)
@@ -133,7 +141,8 @@ def plan_pool(cfg: FleetConfig, pool: Pool, instance: InstanceType | None = None
         precision = cfg.engine_for(pool, model.id).precision.value
         parameters = None if model.parameters_b is None else model.parameters_b * 1e9
         kv = None if serve.kv_cache_gb is None else int(serve.kv_cache_gb * GIB)
-        rows.append(ProcessMemory(model.id, precision, serve.copies, parameters, kv, kv is not None))
+        lora = LORA_DEVICE_RESERVE_BYTES if model.adapters else 0
+        rows.append(ProcessMemory(model.id, precision, serve.copies, parameters, kv, kv is not None, lora))
     plan = PoolMemory(instance.gpu.name, gpu_bytes, tuple(rows))
     unplanned = [r for r in rows if r.kv_bytes is None]
     if not unplanned or (plan.process_count == 1 and len(rows) == 1):
@@ -143,5 +152,6 @@ def plan_pool(cfg: FleetConfig, pool: Pool, instance: InstanceType | None = None
         return plan
     share = max(0, (plan.usable_bytes - fixed) // sum(r.copies for r in unplanned))
     rows = [r if r.kv_bytes is not None else
-            ProcessMemory(r.model_id, r.precision, r.copies, r.parameters, int(share), False) for r in rows]
+            ProcessMemory(r.model_id, r.precision, r.copies, r.parameters, int(share), False, r.lora_bytes)
+            for r in rows]
     return PoolMemory(plan.gpu, plan.gpu_bytes, tuple(rows))

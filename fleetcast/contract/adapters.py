@@ -10,7 +10,8 @@ serves both sides (the local root: the instance setting `Var.LOCAL_ROOT`, fleetc
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Protocol
 
 
@@ -130,3 +131,143 @@ def lora_config(shapes: Sequence[tuple[int, Sequence[str]]]) -> dict[str, object
         "max_loras": len(shapes),
         "max_cpu_loras": len(shapes),
     }
+
+
+# ---------------------------------------------------------------- the LoRA device cache, sized as TensorRT-LLM sizes it
+
+GIB = 2**30
+
+# GPU memory each engine process of a model with adapters sets aside for its LoRA device cache: the one figure
+# `config validate` counts (it cannot know the adapters' ranks and modules, which only staging reads, nor the base
+# model's dimensions) and the bound the instance sizes the cache within (lora_cache_plan): max_loras is as many
+# max-sized adapters as fit in it, at most every adapter of the model. A design figure, not a measured one: it
+# holds 3 rank-64 adapters over all 7 modules of a 1.5B Qwen2 model and one of an 8B Llama.
+LORA_DEVICE_RESERVE_BYTES = 1 * GIB
+
+# PeftCacheConfig defaults (tensorrt_llm/llmapi/llm_args.py, 1.2.x); the runtime leaves them as they are.
+PEFT_OPTIMAL_ADAPTER_SIZE = 8
+PEFT_MAX_ADAPTER_SIZE = 64
+
+_ELEMENT_BYTES = {"float16": 2, "bfloat16": 2, "float32": 4, "half": 2, "float": 4}
+
+
+class ModelDimsError(ValueError):
+    """The base model's config.json does not say what sizing its LoRA cache needs."""
+
+
+@dataclass(frozen=True)
+class ModelDims:
+    """What TensorRT-LLM's PyTorch backend sizes LoRA modules from: its model's binding config
+    (hidden_size, mlp_hidden_size, num_heads, num_kv_heads, head_size, data type) and layer count."""
+
+    layers: int
+    hidden: int
+    mlp_hidden: int
+    heads: int
+    kv_heads: int
+    head_size: int
+    element_bytes: int
+
+
+def _positive(config: Mapping[str, object], *names: str) -> int | None:
+    for name in names:
+        value = config.get(name)
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            return value
+    return None
+
+
+def model_dims(config: Mapping[str, object], where: str) -> ModelDims:
+    """The dimensions of a Hugging Face checkpoint's config.json (Llama/Qwen2/Phi-3 names, or GPT-2's)."""
+    layers = _positive(config, "num_hidden_layers", "n_layer")
+    hidden = _positive(config, "hidden_size", "n_embd")
+    heads = _positive(config, "num_attention_heads", "n_head")
+    if not (layers and hidden and heads):
+        raise ModelDimsError(f"{where}: names no layer count, hidden size and attention heads "
+                             "(num_hidden_layers, hidden_size, num_attention_heads), which size the LoRA cache")
+    dtype = str(config.get("torch_dtype") or config.get("dtype") or "float16").lower().removeprefix("torch.")
+    if dtype not in _ELEMENT_BYTES:
+        raise ModelDimsError(f"{where}: torch_dtype {dtype!r}; the LoRA cache is sized for "
+                             f"{', '.join(sorted(_ELEMENT_BYTES))}")
+    return ModelDims(
+        layers=layers, hidden=hidden, heads=heads,
+        mlp_hidden=_positive(config, "intermediate_size", "n_inner") or 4 * hidden,  # GPT-2: n_inner null = 4 x hidden
+        kv_heads=_positive(config, "num_key_value_heads") or heads,
+        head_size=_positive(config, "head_dim", "head_size") or hidden // heads,
+        element_bytes=_ELEMENT_BYTES[dtype])
+
+
+def module_dims(module: str, dims: ModelDims) -> tuple[int, int]:
+    """(in, out) of a TensorRT-LLM LoRA module at tensor parallelism 1: LoraModule::createLoraModules
+    (cpp/tensorrt_llm/runtime/loraModule.cpp)."""
+    q_out, kv_out = dims.heads * dims.head_size, dims.kv_heads * dims.head_size
+    table = {
+        "attn_q": (dims.hidden, q_out), "attn_k": (dims.hidden, kv_out), "attn_v": (dims.hidden, kv_out),
+        "attn_dense": (dims.hidden, dims.hidden),
+        "mlp_h_to_4h": (dims.hidden, dims.mlp_hidden), "mlp_gate": (dims.hidden, dims.mlp_hidden),
+        "mlp_4h_to_h": (dims.mlp_hidden, dims.hidden), "mlp_gate_up": (dims.hidden, 2 * dims.mlp_hidden),
+    }
+    if module not in table:
+        raise ModelDimsError(f"LoRA module {module}: no dense-model size; allowed: {', '.join(table)}")
+    return table[module]
+
+
+def missing_qkv_modules(modules: Sequence[str]) -> list[str]:
+    """tensorrt_llm/lora_helper.py get_missing_qkv_modules_from_lora_modules: q, k and v go together, the engine
+    fills the ones an adapter lacks with zeros, so they are counted in the cache."""
+    qkv = ("attn_q", "attn_k", "attn_v")
+    return [m for m in qkv if m not in modules] if any(m in modules for m in qkv) else []
+
+
+def _ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def lora_device_cache_bytes(dims: ModelDims, modules: Sequence[str], max_lora_rank: int, max_loras: int) -> int:
+    """GPU bytes of the LoRA device cache TensorRT-LLM 1.2.x allocates for `max_loras` adapters, PyTorch backend.
+
+    tensorrt_llm/_torch/pyexecutor/_util.py create_py_executor_instance: with lora_config.max_loras set,
+    peft_cache_config.num_device_module_layer = max_lora_rank x num_hidden_layers x (target + missing q/k/v
+    modules) x max_loras, which overrides device_cache_percent (a share of the GPU memory free when the process
+    starts, the start-order dependence this avoids). cpp/tensorrt_llm/batch_manager/peftCacheManager.cpp then
+    gives the cache ceil(slots / slots per page) pages of slots-per-page x page-width elements of the model's data
+    type (getMaxNumSlots, getPageManagerConfig), with page width the smallest module's in + out.
+    """
+    if max_loras < 1 or max_lora_rank < 1 or not modules:
+        raise ValueError("a LoRA cache needs at least one adapter, a positive rank and one module")
+    one_d = [sum(module_dims(m, dims)) for m in modules]
+    page_width, widest = min(one_d), max(one_d)
+    optimal = min(PEFT_OPTIMAL_ADAPTER_SIZE, max_lora_rank)  # PeftCacheManager's constructor caps both at the rank
+    largest = min(PEFT_MAX_ADAPTER_SIZE, max_lora_rank)
+    slots_per_page = max(dims.layers * sum(optimal * _ceil_div(d, page_width) for d in one_d),
+                         _ceil_div(largest * widest, page_width))
+    module_layers = max_lora_rank * dims.layers * (len(modules) + len(missing_qkv_modules(modules))) * max_loras
+    pages = _ceil_div(device_slots(module_layers, widest, page_width), slots_per_page)
+    return pages * slots_per_page * page_width * dims.element_bytes
+
+
+def device_slots(num_device_module_layer: int, widest: int, page_width: int) -> int:
+    """PeftCacheManager::getMaxNumSlots with num_device_module_layer > 0: that many max-sized module layers, each
+    ceil(widest module's in + out / page width) slots (the free-memory share is read only when it is 0)."""
+    return num_device_module_layer * _ceil_div(widest, page_width)
+
+
+def lora_cache_plan(dims: ModelDims, shapes: Sequence[tuple[int, Sequence[str]]],
+                    reserve_bytes: int = LORA_DEVICE_RESERVE_BYTES) -> tuple[dict[str, object], int]:
+    """The `lora_config` of a model's processes and the bytes of its LoRA device cache, within `reserve_bytes`.
+
+    Every adapter stays in the host cache (max_cpu_loras); the device cache holds as many max-sized adapters as
+    the reserve does, at most all of them (a request for one not on the device waits for a slot). Raises
+    ModelDimsError, naming the figures, when not even one fits.
+    """
+    options = lora_config(shapes)
+    rank, modules = int(options["max_lora_rank"]), list(options["lora_target_modules"])  # type: ignore[call-overload, arg-type]
+    for count in range(len(shapes), 0, -1):
+        size = lora_device_cache_bytes(dims, modules, rank, count)
+        if size <= reserve_bytes:
+            return {**options, "max_loras": count}, size
+    one = lora_device_cache_bytes(dims, modules, rank, 1)
+    raise ModelDimsError(
+        f"one LoRA adapter at max_lora_rank {rank} over {', '.join(modules)} takes {one / GIB:.2f} GiB of LoRA device "
+        f"cache on this model ({dims.layers} layers, hidden {dims.hidden}), above the {reserve_bytes / GIB:.2f} GiB "
+        "each process sets aside (LORA_DEVICE_RESERVE_BYTES); allowed: adapters of a lower rank or fewer modules")

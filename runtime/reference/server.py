@@ -25,7 +25,8 @@ Usage: python -m runtime.reference.server --artifact DIR [--host 127.0.0.1] [--p
        [--max-batch-size N] [--max-seq-len N] [--device cpu|cuda] [--drain-timeout S]
        [--served-model-name NAME] [--request-log FILE.jsonl]
        [--kv-cache-bytes N | --kv-cache-free-gpu-memory-fraction F] [--lora-config JSON]
-  GET  /memory (reference only)  the KV budget, the cache it allocated, weights and torch memory
+  GET  /memory (reference only)  the KV budget, the cache it allocated, the LoRA device cache (lora_cache_bytes,
+                                 where --lora-config has max_loras), weights and torch memory
 """
 
 from __future__ import annotations
@@ -223,6 +224,7 @@ class ReferenceServer:
         max_batch = self.args.max_batch_size or (64 if device == "cuda" else 8)
         max_seq = self.args.max_seq_len or shape.n_positions
         slots = self._kv_slots(torch, shape, max_seq, dtype, device)
+        self._lora_cache = self._allocate_lora_cache(torch, device)
         engine = Engine(
             model,
             max_batch_size=max_batch,
@@ -241,6 +243,21 @@ class ReferenceServer:
         self.engine = engine
         log.info("model %s loaded on %s in %.2fs (max batch %d, graphs %s)", self.model_name, device,
                  time.monotonic() - started, engine.max_batch_size, engine.cuda_graphs)
+
+    def _allocate_lora_cache(self, torch: Any, device: str) -> Any:
+        """The LoRA device cache TensorRT-LLM's PyTorch backend allocates for --lora-config's max_loras (none without
+        it): the same bytes, from the artifact's config.json, as fleetcast.contract.adapters.lora_device_cache_bytes
+        computes for the instance's memory plan, allocated after the KV cache as the engine does, so a GPU run
+        measures what the plan counts."""
+        from fleetcast.contract.adapters import lora_device_cache_bytes, model_dims
+
+        lora = self.args.lora_config
+        if lora is None or lora.get("max_loras") is None:
+            return None
+        dims = model_dims(self.config, f"{self.args.artifact}/config.json")
+        size = lora_device_cache_bytes(dims, lora["lora_target_modules"], lora["max_lora_rank"], lora["max_loras"])
+        self.memory.update(lora_cache_bytes=size, lora_max_loras=lora["max_loras"])
+        return torch.empty(size, dtype=torch.uint8, device=device)
 
     def _kv_slots(self, torch: Any, shape: Any, max_seq: int, dtype: Any, device: str) -> int | None:
         """Cache slots from the KV budget, like TensorRT-LLM's KV pool (runtime/kv_budget.py):
@@ -524,6 +541,9 @@ def _lora_config(text: str) -> dict[str, Any]:
     if not isinstance(value, dict) or not isinstance(value.get("max_lora_rank"), int) \
             or not isinstance(value.get("lora_target_modules"), list):
         raise argparse.ArgumentTypeError("needs max_lora_rank (an integer) and lora_target_modules (a list)")
+    max_loras = value.get("max_loras")
+    if max_loras is not None and (not isinstance(max_loras, int) or isinstance(max_loras, bool) or max_loras < 1):
+        raise argparse.ArgumentTypeError(f"max_loras must be a positive integer, got {max_loras!r}")
     return value
 
 

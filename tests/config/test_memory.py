@@ -93,3 +93,27 @@ def test_a_pool_that_leaves_no_kv_for_its_shares_is_refused(example):
     pool["serves"][2]["copies"] = 3
     found = problems(example)
     assert any(p.startswith("regions[0].pools[1].serves:") for p in found), found
+
+
+def test_each_copy_of_a_model_with_adapters_counts_its_lora_device_reserve(example):
+    """The LoRA device cache is sized on the instance from what staging read (ranks, modules) and the model's
+    config.json; validate knows neither, so it counts the reserve the instance sizes the cache within."""
+    from fleetcast.contract.adapters import LORA_DEVICE_RESERVE_BYTES
+
+    before = plan_pool(parse_config(example), parse_config(example).regions[0].pools[0])
+    example["models"][1]["adapters"] = [{"id": "qwen-sql", "source": "example-org/qwen-sql-lora"}]  # 2 copies
+    cfg = parse_config(example)
+    plan = plan_pool(cfg, cfg.regions[0].pools[0])
+    assert plan.planned_bytes - before.planned_bytes == 2 * LORA_DEVICE_RESERVE_BYTES == 2 * GIB
+    assert "qwen2.5-0.5b 2 x (weights 0.91 GiB at bf16 + overhead 1.17 GiB + LoRA cache 1.00 GiB + KV 4.00 GiB)" \
+        in plan.arithmetic()
+    assert "LoRA" not in before.arithmetic()
+
+
+def test_validate_names_the_lora_reserve_in_the_sum_of_a_pool_it_refuses(example):
+    example["regions"][0]["pools"][0]["serves"][2]["kv_cache_gb"] = 13  # 0.48 GiB to spare: fits without adapters
+    assert not [p for p in problems(example) if p.startswith("regions[0].pools[0].serves:")]
+    example["models"][2]["adapters"] = [{"id": "qwen3b-sql", "source": "example-org/qwen3b-sql-lora"}]
+    found = [p for p in problems(example) if p.startswith("regions[0].pools[0].serves:")]
+    assert found and "qwen2.5-3b 1 x (weights 5.76 GiB at bf16 + overhead 1.17 GiB + LoRA cache 1.00 GiB + KV " \
+        "13.00 GiB)" in found[0] and "= 43.72 GiB" in found[0], found

@@ -12,13 +12,15 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import urllib.request
 
 import pytest
 
 from fleetcast.contract import telemetry
-from fleetcast.contract.adapters import adapter_dir
+from fleetcast.contract.adapters import adapter_dir, lora_device_cache_bytes, model_dims
 from fleetcast.contract.bucket import adapter_prefix
 from fleetcast.contract.instance_env import Var
+from fleetcast.contract.serving import first_process_port
 from fleetcast.staging.adapters import stage_adapter
 from runtime.devtools.harness import (
     ADAPTER_ID,
@@ -66,6 +68,15 @@ def test_a_staged_adapter_is_fetched_before_its_base_model_serves_and_requests_f
         fetched = disk / "adapters" / base.id / ADAPTER_ID
         assert str(fetched) == adapter_dir(str(disk), base.id, ADAPTER_ID)
         assert sorted(p.name for p in fetched.iterdir()) == ["adapter_config.json", "adapter_model.safetensors"]
+        # The base model's process holds the LoRA device cache its max_loras sizes (here the one adapter),
+        # computed from the artifact's config.json as TensorRT-LLM sizes it (tests/runtime/test_lora_cache.py).
+        engine_port = first_process_port(port) + [m.id for m in cfg.models].index(base.id)
+        with urllib.request.urlopen(f"http://127.0.0.1:{engine_port}/memory", timeout=10) as resp:
+            memory = json.loads(resp.read())
+        artifact_config = json.loads(next((disk / "engines").rglob("config.json")).read_text())
+        assert memory["lora_max_loras"] == 1
+        assert memory["lora_cache_bytes"] == lora_device_cache_bytes(
+            model_dims(artifact_config, "artifact"), ["attn_q", "attn_v"], 8, 1)
 
         status, reply = call(port, "POST", "/v1/completions", {"model": ADAPTER_ID, "prompt": "hi", "max_tokens": 3})
         assert status == 200, reply
