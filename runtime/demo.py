@@ -5,11 +5,13 @@ the engine cache on a moto S3 server, the config from moto SSM, the reference
 model servers (tiny GPT-2 shapes, CPU) behind the real gateway. Stand-ins (runtime.devtools):
 IMDSv2, the Auto Scaling lifecycle-hook calls, the gateway's EC2 endpoint lookup.
 
-Two models on one instance, one gateway, two consumers (one entitled to both models, one to one):
-  1. instance A, empty cache: per model miss -> lock -> build -> upload; one engine process per
-     model, started one after another with its KV budget; health -> launch hook CONTINUE;
-     one streamed completion of each model through the gateway; GET /v1/models per consumer;
-     the consumer not entitled to a model gets OpenAI's 404 model_not_found; per-model metering.
+Two models on one instance, one gateway, two consumers (one entitled to both models, one to one), and a
+LoRA adapter of the second model (PyTorch backend), staged with `fleetcast stage adapter`:
+  1. instance A, empty cache: per model miss -> lock -> build -> upload; the adapter fetched; one engine
+     process per model, started one after another with its KV budget (the adapter's base with its LoRA
+     options and device cache); health -> launch hook CONTINUE; one streamed completion of each model and
+     of the adapter through the gateway; GET /v1/models per consumer; the consumer not entitled to a
+     model gets OpenAI's 404 model_not_found; per-model metering, the adapter metered as itself.
   2. instance B: both models hit the cache, no build; serves.
   3. scale-in of A (terminate hook): drain of every process, hook CONTINUE.
 Timings (start to healthy, miss and hit) are printed at the end.
@@ -29,7 +31,16 @@ from typing import Any
 
 from fleetcast.contract import telemetry
 
-from .devtools.harness import DEMO_VPCE, LocalAws, RuntimeProcess, free_port_pair, tiny_config, two_model_config
+from .devtools.harness import (
+    ADAPTER_ID,
+    DEMO_VPCE,
+    LocalAws,
+    RuntimeProcess,
+    adapter_config,
+    free_port_pair,
+    tiny_config,
+    write_peft_adapter,
+)
 
 SECOND_VPCE = "vpce-0b1c2d3e4f5a60728"
 
@@ -108,6 +119,15 @@ def _metering(rp: RuntimeProcess) -> dict[tuple[str, str], dict[str, float]]:
     return out
 
 
+def _engine_memory(port: int) -> dict[str, Any]:
+    """What an engine process holds (the reference server's GET /memory), read on its loopback port."""
+    import json
+    import urllib.request
+
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/memory", timeout=10) as resp:
+        return json.loads(resp.read())
+
+
 def _wait_serving(name: str, rp: RuntimeProcess, log: Path) -> dict[str, Any]:
     event = rp.wait_event("fleetcast_serving", 240)
     if event is None:
@@ -118,12 +138,19 @@ def _wait_serving(name: str, rp: RuntimeProcess, log: Path) -> dict[str, Any]:
 
 
 def main() -> int:
-    print("fleetcast demo: two models on one instance through one gateway, on loopback AWS (moto S3/SSM, "
-          "IMDSv2 + hook fakes), reference backend\n")
+    from fleetcast.staging.adapters import stage_adapter
+
+    print("fleetcast demo: two models and a LoRA adapter on one instance through one gateway, on loopback AWS "
+          "(moto S3/SSM, IMDSv2 + hook fakes), reference backend\n")
     work = Path(tempfile.mkdtemp(prefix="fleetcast-demo-"))
     with LocalAws() as aws:
-        cfg = two_model_config()
+        cfg = adapter_config()
         aws.put_config(cfg)
+        base = next(m for m in cfg.models if m.adapters)
+        # A PEFT directory as peft's save_pretrained writes it (placeholder weights: the reference backend checks
+        # an adapter as TensorRT-LLM would load it, it does not apply it).
+        stage_adapter(cfg, base.id, ADAPTER_ID, {aws.region: aws.bucket}, lambda _service, _region: aws.s3(),
+                      local_dir=write_peft_adapter(work / "peft", rank=8), log=lambda _line: None)
         both, one = cfg.consumers_of(aws.region)[:2]
         # The second consumer's endpoint: the EC2 fake answers DescribeVpcEndpointConnections with it.
         aws.ec2.connections.append({"service_id": "vpce-svc-0a1b2c3d4e5f60718", "vpce_id": SECOND_VPCE,
@@ -132,6 +159,7 @@ def main() -> int:
         models = [m.id for m in cfg.models]
         print(f"  S3 bucket s3://{aws.bucket} at {aws.moto_url}; config in SSM {aws.param} "
               f"(fleet {cfg.name}, region {aws.region}, models {', '.join(models)})")
+        print(f"  adapter {ADAPTER_ID} of {base.id} staged (LoRA rank 8, q_proj + v_proj)")
         print(f"  consumers: {both.name} may call {', '.join(cfg.models_for(both.name))}; "
               f"{one.name} may call {', '.join(cfg.models_for(one.name))}")
 
@@ -145,16 +173,23 @@ def main() -> int:
             print(f"    {model}: cache {'MISS -> built, uploaded' if entry['outcome'] == 'built' else 'HIT'} "
                   f"(key {entry['key']})")
         for p in a["processes"]:
+            lora = ""
+            if p["model"] == base.id:
+                memory = _engine_memory(p["port"])
+                lora = (f", LoRA device cache {memory.get('lora_cache_bytes')} bytes for "
+                        f"{memory.get('lora_max_loras')} adapter(s) (max_loras)")
             print(f"    engine process {p['model']}#{p['copy']} on 127.0.0.1:{p['port']}, KV budget "
-                  f"{p['kv_cache_bytes']} bytes")
+                  f"{p['kv_cache_bytes']} bytes{lora}")
         print(f"    every model ready (health + one real generation each), gateway /health -> launch hook "
               f"{[r for h, r in a['hooks'] if h == telemetry.LAUNCH_HOOK]}")
         status, health = _call(port_a, "GET", "/health", DEMO_VPCE)
         print(f"    gateway /health: {status} {health}")
-        for model in models:
+        for model in [*models, ADAPTER_ID]:
             # Both models are the tiny shape with the same seed: the text is the same noise; the route,
-            # the cache key and the process differ.
-            print(f"    {both.name} streams from {model} through the gateway (port {port_a}):")
+            # the cache key and the process differ. The adapter goes to its base model's process with
+            # the request's lora_request.
+            via = f" (adapter of {base.id}: its lora_request checked and accepted; the reference engine does not apply the weights)" if model == ADAPTER_ID else ""
+            print(f"    {both.name} streams from {model}{via} through the gateway (port {port_a}):")
             reply = _stream(port_a, "Fleetcast says hello:", 12, model=model, vpce=vpce[both.name])
             print(f"    usage {reply['usage']}, TTFT {reply['ttft_ms']:.1f} ms")
         for consumer in (both, one):
@@ -165,6 +200,9 @@ def main() -> int:
                                 {"model": denied, "prompt": "hi", "max_tokens": 4})
         print(f"    {one.name} asks for {denied}: {status} {refusal.get('error', {}).get('code')}: "
               f"{refusal.get('error', {}).get('message')}")
+        status, refusal = _call(port_a, "POST", "/v1/completions", vpce[one.name],
+                                {"model": ADAPTER_ID, "prompt": "hi", "max_tokens": 4})
+        print(f"    {one.name} asks for {ADAPTER_ID}: {status} {refusal.get('error', {}).get('code')}")
         status, _ = _call(port_a, "POST", "/v1/completions", vpce[one.name],
                           {"model": models[0], "prompt": "hi", "max_tokens": 4})
         print(f"    {one.name} asks for {models[0]}: {status}")
