@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import random
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
 import boto3
 import pytest
@@ -28,7 +29,8 @@ from .week import WIDE_LIMITS
 NOW = floor_hour(datetime.now(UTC))
 HOURS = 3
 START = NOW - timedelta(hours=HOURS)
-SMALL = "gpt2-small-chat"  # the second model: voice-app may call it, analytics may not
+SMALL = "gpt2-small-chat"
+ROOT_MULTI = Path(__file__).resolve().parents[2] / "examples" / "multi-model" / "fleet.yaml"  # the second model: voice-app may call it, analytics may not
 
 
 def two_model_config():
@@ -137,3 +139,31 @@ def test_a_token_bucket_is_read_as_the_trimmed_count_of_its_range(label, stat):
     # than 1000" (lower bound exclusive, upper inclusive); a bucket 'a-b' holds a <= v <= b of integer counts.
     assert trimmed_count(label) == stat
     assert label in t.TOKEN_LABELS
+
+
+def test_an_adapters_requests_count_for_its_base_model(aws_env):
+    """A request naming a LoRA adapter runs on its base model's processes: the export adds it to that model's entry
+    (the gateway meters the id the request named, runtime/gateway/metrics.py emf_record)."""
+    from fleetcast.config import load_config
+    from runtime.gateway.metrics import emf_record
+
+    data = load_config(ROOT_MULTI).model_dump(mode="json")
+    small = next(m for m in data["models"] if m["id"] == "qwen2.5-0.5b")  # PyTorch backend: adapters allowed
+    small["adapters"] = [{"id": "qwen-sql", "source": "example-org/qwen-sql-lora", "revision": "main"}]
+    cfg = parse_config(data, "<adapter config>")
+    region = cfg.regions[0].region
+    start = NOW - timedelta(hours=1)
+    sent = [("gpt2-xl", 100, 20), ("qwen2.5-0.5b", 300, 40), ("qwen-sql", 700, 90), ("qwen-sql", 80, 10)]
+    records = [emf_record(cfg.name, "l40s", "voice-app",
+                          {t.REQUESTS: 1, t.THROTTLED: 0, t.ERRORS: 0, t.INPUT_TOKENS: n_in, t.OUTPUT_TOKENS: n_out},
+                          timestamp_ms=int(start.timestamp() * 1000) + 60_000 * (i + 1), model=model)
+               for i, (model, n_in, n_out) in enumerate(sent)]
+    reset_moto(aws_env)
+    ship(records, boto3.client("cloudwatch", region_name=region))
+    profile, _ = export(cfg, start, NOW, with_percentiles(cloudwatch_caller(None), records), region=region,
+                        consumer="voice-app", now=NOW)
+    assert [(c.model, sum(c.observed.arrivals)) for c in profile.consumers] == [("gpt2-xl", 1), ("qwen2.5-0.5b", 3)]
+    qwen = profile.consumers[1]
+    assert qwen.observed.input_tokens == {"257-512": 1, "513-1024": 1, "65-128": 1}
+    assert qwen.input_mean == pytest.approx((300 + 700 + 80) / 3, abs=1e-3)
+    assert qwen.observed.models == {"gpt2-xl": 1, "qwen2.5-0.5b": 3}
