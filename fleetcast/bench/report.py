@@ -35,8 +35,17 @@ def series_name(res: Results) -> str:
     model = lab.model if res.packing is not None or res.model_mix is not None else None
     parts = [p for p in (model, lab.instance_type or lab.gpu, lab.precision,
                          lab.backend if lab.backend != "unknown" else None,
-                         lab.region, lab.path, lab.consumer, *modes) if p]
+                         lab.region, lab.path, lab.consumer, *modes, _peer_state(res)) if p]
     return " / ".join(parts) or res.endpoint
+
+
+def _peer_state(res: Results) -> str | None:
+    """'peers idle' or 'peers busy' for a packed file outside a mix (an alone and a together file of one model
+    otherwise share a name); None where no run recorded its peers."""
+    loads = [c for r in res.runs for c in (r.peers or {}).values()]
+    if res.model_mix is not None or not loads:
+        return None
+    return "peers idle" if not any(loads) else "peers busy"
 
 
 def total_name(res: Results) -> str:

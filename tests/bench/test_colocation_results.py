@@ -108,3 +108,11 @@ def test_report_and_csv_say_what_shared_the_instance(tmp_path):
     page = write_report([res], tmp_path / "rep").read_text()
     assert "sharing the instance (packing): gpt2-medium-shape x1 (KV 6 GiB each)" in page
     assert "peers: gpt2-medium-shape at 1.0 in flight" in page
+
+
+def test_an_alone_and_a_together_file_of_one_model_read_apart_in_a_report():
+    from fleetcast.bench.report import series_names
+
+    files = [load_results(DATA / f"h200-colocate-gpt2-xl-{kind}.json") for kind in ("alone", "together")]
+    assert series_names(files) == ["gpt2-xl-shape / H200 / fp16 / reference / peers idle",
+                                   "gpt2-xl-shape / H200 / fp16 / reference / peers busy"]
