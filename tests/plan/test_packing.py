@@ -457,3 +457,27 @@ consumers:
     assert [(m.model, m.copies, m.kv_gib, m.source) for m in w.loads] == [
         ("qwen2.5-0.5b", 1, 4.0, MEASURED_COLOCATED), ("qwen2.5-3b", 1, 8.0, MEASURED_COLOCATED)]
     assert region.alternatives == []  # no solo curves: nothing to price unpacked, and the report says so
+
+
+def test_each_consumer_region_gets_its_own_packing_and_the_fleet_total_adds_them(capsys, tmp_path):
+    text = (EXAMPLE / "traffic.yaml").read_text()
+    body = text[text.index("  - region: ap-northeast-2"):]
+    (tmp_path / "traffic.yaml").write_text(text + body.replace("ap-northeast-2", "us-east-1"))
+    opts = PlanOptions(results=[str(EXAMPLE / "results")], traffic=str(tmp_path / "traffic.yaml"),
+                       config=str(EXAMPLE / "fleet.yaml"), today=date(2026, 2, 1))
+    result, _, _ = build_packing(opts)
+    assert [r.region for r in result.regions] == ["ap-northeast-2", "us-east-1"]
+    assert all(r.winner is not None and r.winner.region == r.region for r in result.regions)
+    assert result.cost_per_hour == pytest.approx(sum(r.winner.cost_per_hour for r in result.regions))
+    # us-east-1's lower prices (fleetcast/config/data/instances.yaml) make the same traffic cheaper there.
+    assert result.regions[1].winner.cost_per_hour < result.regions[0].winner.cost_per_hour
+    from fleetcast.plan.packing_report import blocks
+
+    text_blocks = [b[1] for b in blocks(result) if b[0] == "p"]
+    assert any(t.startswith(f"packed ${result.cost_per_hour:.2f}/h; one model per pool") for t in text_blocks)
+    # The config has no us-east-1 region: the write says so and leaves the file alone.
+    fleet = tmp_path / "fleet.yaml"
+    fleet.write_text((EXAMPLE / "fleet.yaml").read_text())
+    code, _, err = _cli(capsys, "--results", str(EXAMPLE / "results"), "--traffic", str(tmp_path / "traffic.yaml"),
+                        "--config", str(fleet), "--write-config", str(fleet), "--allow-estimated")
+    assert code == 1 and "serves us-east-1 from us-east-1, which has no entry under regions" in err
