@@ -46,11 +46,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     mix.add_argument("--model-endpoint", action="append", default=[], metavar="MODEL=URL",
                      help="a mix model's own server (e.g. its engine process on an instance), instead of --endpoint "
                           "(repeatable)")
-    mix.add_argument("--pool", help="with --config: the pool whose instance served the mix; its serves (models, "
-                                    "copies, KV budgets) and instance type are recorded as the packing")
+    mix.add_argument("--pool", help="with --config: the pool whose instance served the run (a mix, or --model alone "
+                                    "with its peers idle); its serves (models, copies, KV budgets) and instance type "
+                                    "are recorded as the packing")
     mix.add_argument("--packing", metavar="MODEL:COPIES[:KV_GIB],...",
-                     help="what shared the instance, when no --config/--pool says it, e.g. gpt2-xl:1:20,qwen2.5-1.5b:1 "
-                          "(instance type and GPU from --label)")
+                     help="what shared the instance (a mix, or --model alone with its peers idle), when no "
+                          "--config/--pool says it, e.g. gpt2-xl:1:20,qwen2.5-1.5b:1 (instance type and GPU from --label)")
     load = run.add_argument_group("load (give exactly one)")
     load.add_argument("--concurrency", help="closed-loop sweep, e.g. 1,2,4,8,16,32,64")
     load.add_argument("--rate", help="open-loop request rates in req/s, e.g. 2,5,10")
