@@ -178,7 +178,10 @@ def _positive(config: Mapping[str, object], *names: str) -> int | None:
 
 
 def model_dims(config: Mapping[str, object], where: str) -> ModelDims:
-    """The dimensions of a Hugging Face checkpoint's config.json (Llama/Qwen2/Phi-3 names, or GPT-2's)."""
+    """The dimensions of a Hugging Face checkpoint's config.json (Llama/Qwen2/Phi-3 names, or GPT-2's, which the
+    reference backend's artifacts use), read as the PyTorch backend's ModelConfig.get_bindings_model_config reads
+    them (tensorrt_llm/_torch/model_config.py): intermediate_size, num_key_value_heads (default the attention
+    heads), head_size or head_dim (default hidden / heads), the data type from torch_dtype."""
     layers = _positive(config, "num_hidden_layers", "n_layer")
     hidden = _positive(config, "hidden_size", "n_embd")
     heads = _positive(config, "num_attention_heads", "n_head")
@@ -193,7 +196,7 @@ def model_dims(config: Mapping[str, object], where: str) -> ModelDims:
         layers=layers, hidden=hidden, heads=heads,
         mlp_hidden=_positive(config, "intermediate_size", "n_inner") or 4 * hidden,  # GPT-2: n_inner null = 4 x hidden
         kv_heads=_positive(config, "num_key_value_heads") or heads,
-        head_size=_positive(config, "head_dim", "head_size") or hidden // heads,
+        head_size=_positive(config, "head_size", "head_dim") or hidden // heads,
         element_bytes=_ELEMENT_BYTES[dtype])
 
 

@@ -20,6 +20,9 @@ Sources (NVIDIA/TensorRT-LLM, the 1.2.x-era files read with this workplace's sea
 - cpp/tests/unit_tests/batch_manager/peftCacheManagerTest.cpp getMaxNumSlots: numDeviceModuleLayer 8292 x 2,
   page width 256, max1dModSize 4 x 256 -> 66336 device slots.
 - cpp/tensorrt_llm/runtime/loraModule.cpp LoraModule::createLoraModules: each module's (in, out).
+- tensorrt_llm/_torch/model_config.py ModelConfig.get_bindings_model_config: the dimensions those are made from
+  (hidden_size, intermediate_size as mlp_hidden_size, num_key_value_heads else the heads, head_size or head_dim
+  else hidden / heads, data_type from torch_dtype).
 - tensorrt_llm/lora_helper.py get_missing_qkv_modules_from_lora_modules: q, k, v all or none.
 """
 
@@ -160,3 +163,9 @@ def test_the_reference_server_refuses_a_max_loras_that_is_not_a_count():
     with pytest.raises(SystemExit):
         parse_args(["--artifact", "x", "--lora-config",
                     json.dumps({"max_lora_rank": 8, "lora_target_modules": ["attn_q"], "max_loras": 0})])
+
+
+def test_head_size_is_read_before_head_dim_and_defaults_to_hidden_over_heads():
+    assert model_dims({**QWEN_1_5B, "head_size": 96, "head_dim": 64}, "c").head_size == 96
+    assert model_dims({**QWEN_1_5B, "head_dim": 64}, "c").head_size == 64
+    assert model_dims(QWEN_1_5B, "c").head_size == 1536 // 12
