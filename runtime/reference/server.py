@@ -20,6 +20,8 @@ the engine would load it (adapter_config.json + adapter_model weights; its rank 
 modules among lora_target_modules); what cannot be loaded is a 400 BadRequestError, the shape of
 trtllm-serve's create_error_response (tensorrt_llm/serve/openai_server.py). The random-weight reference
 model does not apply the adapter's weights: it serves the request as the base model and logs its lora_name.
+With `max_loras` in the options it allocates the LoRA device cache TensorRT-LLM would (its bytes in GET /memory)
+and runs requests of at most that many adapters at once, the others waiting for a slot (AdapterSlots).
 
 Usage: python -m runtime.reference.server --artifact DIR [--host 127.0.0.1] [--port 8000]
        [--max-batch-size N] [--max-seq-len N] [--device cpu|cuda] [--drain-timeout S]
@@ -174,6 +176,35 @@ def check_lora_request(value: object, lora: dict[str, Any] | None) -> str:
     return name
 
 
+class AdapterSlots:
+    """The adapters the LoRA device cache holds: requests of at most `max_loras` different adapters run at once;
+    one for another adapter waits until an adapter has no request left, and requests of an adapter already held
+    join at once. TensorRT-LLM's capacity scheduler does the like: it schedules a request only when the PEFT cache
+    manager can hold its task's pages (cpp/tensorrt_llm/batch_manager/capacityScheduler.cpp), which max_loras
+    sizes for that many max-sized adapters. A stand-in: the engine counts pages, not adapters."""
+
+    def __init__(self, max_loras: int) -> None:
+        self.max_loras = max_loras
+        self.active: dict[str, int] = {}  # adapter -> its requests running
+        self._waiters: list[asyncio.Future[None]] = []
+
+    async def acquire(self, name: str) -> None:
+        while name not in self.active and len(self.active) >= self.max_loras:
+            waiter = asyncio.get_running_loop().create_future()
+            self._waiters.append(waiter)
+            await waiter
+        self.active[name] = self.active.get(name, 0) + 1
+
+    def release(self, name: str) -> None:
+        self.active[name] -= 1
+        if self.active[name] == 0:
+            del self.active[name]
+            waiters, self._waiters = self._waiters, []
+            for waiter in waiters:
+                if not waiter.done():
+                    waiter.set_result(None)
+
+
 class ReferenceServer:
     """Loads the artifact, runs the engine and serves HTTP; owns readiness and drain state."""
 
@@ -198,6 +229,8 @@ class ReferenceServer:
         self._request_log = (open(args.request_log, "a", encoding="utf-8")  # noqa: SIM115 - closed by stop()
                              if args.request_log else None)
         self.memory: dict[str, int | str] = {"pid": os.getpid()}  # GET /memory: what this process holds, by part
+        max_loras = (args.lora_config or {}).get("max_loras")
+        self.adapter_slots = AdapterSlots(max_loras) if max_loras is not None else None
 
     # ---- lifecycle ---------------------------------------------------------------------
 
@@ -423,13 +456,26 @@ class ReferenceServer:
         )
         seq = Sequence(prompt=prompt, params=params, emit=emit)
         assert self.engine is not None  # _serving_error() let only `ready` through, set after the engine
+        slots = self.adapter_slots if lora_name is not None else None
+        if slots is not None and lora_name is not None:
+            self.inflight += 1  # waiting for a slot of the LoRA device cache is in flight: a drain waits for it
+            self._idle.clear()
+            try:
+                await slots.acquire(lora_name)
+            except BaseException:
+                self.inflight -= 1
+                if self.inflight == 0:
+                    self._idle.set()
+                raise
+            self.inflight -= 1  # counted again once submitted, with no await in between
         try:
             self.engine.submit(seq)
-        except ValueError as exc:
-            param = str(exc).split(":", 1)[0]
-            return _error(400, str(exc), param)
-        except RuntimeError as exc:
-            return _error(503, str(exc))
+        except (ValueError, RuntimeError) as exc:
+            if slots is not None and lora_name is not None:
+                slots.release(lora_name)
+            if isinstance(exc, RuntimeError):
+                return _error(503, str(exc))
+            return _error(400, str(exc), str(exc).split(":", 1)[0])
 
         self.inflight += 1
         self._idle.clear()
@@ -448,6 +494,8 @@ class ReferenceServer:
             record["status"] = 499
             raise
         finally:
+            if slots is not None and lora_name is not None:
+                slots.release(lora_name)
             self.inflight -= 1
             if self.inflight == 0:
                 self._idle.set()

@@ -169,3 +169,74 @@ def test_head_size_is_read_before_head_dim_and_defaults_to_hidden_over_heads():
     assert model_dims({**QWEN_1_5B, "head_size": 96, "head_dim": 64}, "c").head_size == 96
     assert model_dims({**QWEN_1_5B, "head_dim": 64}, "c").head_size == 64
     assert model_dims(QWEN_1_5B, "c").head_size == 1536 // 12
+
+
+def test_requests_of_more_adapters_than_max_loras_wait_for_a_slot_and_those_of_a_held_one_join():
+    import asyncio
+
+    from runtime.reference.server import AdapterSlots
+
+    async def scenario() -> list[str]:
+        slots, order = AdapterSlots(max_loras=1), []
+
+        async def run(name: str, tag: str) -> None:
+            await slots.acquire(name)
+            order.append(tag)
+
+        await run("sql", "sql-1")
+        other = asyncio.create_task(run("chat", "chat"))
+        for _ in range(5):  # however often the loop turns, the cache holds sql
+            await asyncio.sleep(0)
+        assert not other.done()
+        await run("sql", "sql-2")  # sql is on the device already: no wait
+        slots.release("sql")
+        await asyncio.sleep(0)
+        assert not other.done()  # sql still has a request
+        slots.release("sql")
+        await asyncio.wait_for(other, 60)
+        return order
+
+    assert asyncio.run(scenario()) == ["sql-1", "sql-2", "chat"]
+
+
+def test_the_reference_server_runs_a_second_adapter_only_once_the_first_has_no_request(tmp_path):
+    import threading
+
+    from runtime.devtools.harness import write_peft_adapter
+
+    artifact = tmp_path / "artifact"
+    build_artifact(artifact, size="tiny", seed=5)
+    adapters = {name: write_peft_adapter(tmp_path / name, rank=8) for name in ("sql", "chat")}
+    lora = {"lora_dir": [], "max_lora_rank": 8, "lora_target_modules": ["attn_q", "attn_v"], "max_loras": 1,
+            "max_cpu_loras": 2}
+    log = tmp_path / "requests.jsonl"
+    server = ServerProcess(artifact, "--max-batch-size", "4", "--lora-config", json.dumps(lora),
+                           "--request-log", str(log), log_path=tmp_path / "server.log")
+    first_token = threading.Event()
+
+    def stream(adapter: str, max_tokens: int) -> None:
+        body = {"model": "m", "prompt": "hi", "max_tokens": max_tokens, "ignore_eos": True, "stream": True,
+                "lora_request": {"lora_name": adapter, "lora_int_id": 1 if adapter == "sql" else 2,
+                                 "lora_path": str(adapters[adapter])}}
+        req = urllib.request.Request(server.base + "/v1/completions", json.dumps(body).encode(),
+                                     {"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=120) as resp:
+            for line in resp:
+                if b'"text"' in line:
+                    first_token.set()
+
+    try:
+        server.wait_healthy()
+        long = threading.Thread(target=stream, args=("sql", 120))
+        long.start()
+        assert first_token.wait(120), server.log()
+        short = threading.Thread(target=stream, args=("chat", 2))  # sent while sql has 100+ tokens to go
+        short.start()
+        for thread in (long, short):
+            thread.join(180)
+    finally:
+        server.stop()
+    # The server logs a request as it ends, and releases its adapter just before: chat, 2 tokens, ends after
+    # sql's 120 only because it waited for the one slot (free, it would join sql's batch at once).
+    records = [json.loads(line) for line in log.read_text().splitlines()]
+    assert [(r["lora_name"], r["completion_tokens"]) for r in records] == [("sql", 120), ("chat", 2)]
