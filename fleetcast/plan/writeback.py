@@ -22,6 +22,7 @@ from pathlib import Path
 from ruamel.yaml.comments import CommentedMap, CommentedSeq
 from ruamel.yaml.scalarstring import SingleQuotedScalarString
 
+from fleetcast.config import catalog
 from fleetcast.config.edit import replace_files, round_trip_yaml, validated_text
 from fleetcast.contract import support
 from fleetcast.contract.errors import UserError
@@ -288,6 +289,9 @@ def compute_packing_edit(path: str | Path, result, allow_estimated: bool = False
         elif plan.winner.estimated and not allow_estimated:
             blockers.append(f"the choice for {plan.region} ({plan.winner.label}) is estimated from solo curves; "
                             "measure it co-located first (or pass --allow-estimated)")
+        elif plan.winner.instance_type not in catalog.instance_catalog():
+            blockers.append(f"the choice for {plan.region} runs on {plan.winner.instance_type}, a lab machine (--lab), "
+                            "not an instance type a fleet can launch: nothing to write")
         elif not any(r.get("region") == plan.region for r in doc["regions"]):
             blockers.append(f"the plan serves {plan.region} from {plan.region}, which has no entry under regions; "
                             "add it (availability zones, VPC, AMI, allowed principals) and rerun")

@@ -481,3 +481,14 @@ def test_each_consumer_region_gets_its_own_packing_and_the_fleet_total_adds_them
     code, _, err = _cli(capsys, "--results", str(EXAMPLE / "results"), "--traffic", str(tmp_path / "traffic.yaml"),
                         "--config", str(fleet), "--write-config", str(fleet), "--allow-estimated")
     assert code == 1 and "serves us-east-1 from us-east-1, which has no entry under regions" in err
+
+
+def test_a_lab_machines_plan_is_not_written(capsys, tmp_path):
+    fleet = tmp_path / "fleet.yaml"
+    fleet.write_text((H200_SCENARIO / "fleet.yaml").read_text())
+    before = fleet.read_text()
+    code, _, err = _cli(capsys, "--results", *H200_FILES, "--traffic", str(H200_SCENARIO / "traffic.yaml"),
+                        "--config", str(fleet), "--lab", "H200=lab.h200", "--prices", str(H200_SCENARIO / "prices.yaml"),
+                        "--write-config", str(fleet))
+    assert code == 1 and "runs on lab.h200, a lab machine (--lab), not an instance type a fleet can launch" in err
+    assert fleet.read_text() == before
