@@ -236,13 +236,14 @@ def write_plots(plan: RegionPacking, directory: Path) -> list[Path]:
 
     fig, ax = plt.subplots(figsize=(11, 5))
     hours = list(range(24))
-    ax.step(hours + [24], w.instances_by_hour + w.instances_by_hour[-1:], where="post", lw=6, alpha=0.35,
-            color="#4477aa", label=f"packed: {w.instance_type} [{w.source}] (what the pool runs)")
+    ax.step(hours + [24], w.instances_by_hour + w.instances_by_hour[-1:], where="post", lw=7, alpha=0.3,
+            color="black", label=f"packed: {w.instance_type} [{w.source}] (what the pool runs)")
     if plan.alternatives:
         alt = plan.alternatives[0]
         total = [sum(p.instances_by_hour[h] for p in alt.parts) for h in hours]
-        ax.step(hours + [24], total + total[-1:], where="post", lw=1.5, ls="--", color="#cc8844",
-                label="one model per pool: instances of every model's pool")
+        types = ", ".join(sorted({p.instance_type for p in alt.parts}))
+        ax.step(hours + [24], total + total[-1:], where="post", lw=1.5, ls="--", color="black",
+                label=f"one model per pool: every model's pool together ({types})")
     for i, m in enumerate(w.loads):
         # A small offset per model keeps equal counts apart; the packed line is the maximum of these and the floor.
         per = [n + 0.06 * (i - (len(w.loads) - 1) / 2) for n in m.instances_by_hour]
