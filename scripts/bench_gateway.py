@@ -565,7 +565,7 @@ async def main_async(args: argparse.Namespace) -> dict:
     if other_cpus:
         os.sched_setaffinity(0, other_cpus)  # the client (this process) off the proxy's cores
     procs = [_spawn(["-m", "scripts.bench_gateway", "_upstream", str(up_port), str(args.ttft_ms),
-                     str(args.token_interval_ms)], cpus=other_cpus)]
+                     str(args.token_interval_ms), "nogc"], cpus=other_cpus)]
     header = _proxy_header()
     relay_port = free_port()
     targets = {"direct": (up_port, None), "aiohttp": (aio_port, None), "relay": (relay_port, None)}
@@ -717,9 +717,9 @@ def main(argv: list[str] | None = None) -> int:
         if argv[0] == "_aiohttp":
             import aiohttp.web  # noqa: F401 - loaded before the freeze
         settle()
-        if argv[0] in ("_upstream", "_client"):
+        if argv[0] == "_client" or argv[-1:] == ["nogc"]:
             # The measuring side, not a proxy under test: no collection pauses at all while it runs (a client
-            # lives for one level; the upstream's leftover cycles are bounded by the run).
+            # lives for one level, the bench's upstream for one run; the soak's upstream keeps collecting).
             gc.disable()
     if argv[:1] == ["_upstream"]:  # child process modes
         port, ttft_ms, interval_ms = int(argv[1]), float(argv[2]), float(argv[3])
