@@ -283,10 +283,11 @@ def _proxy_header() -> bytes:
 
 
 class Sample:
-    __slots__ = ("ttft_ms", "gaps_ms", "delays_ms", "tokens", "new_connection")
+    __slots__ = ("ttft_ms", "gaps_ms", "delays_ms", "tokens", "new_connection", "connect_ms")
 
-    def __init__(self, new_connection: bool):
+    def __init__(self, new_connection: bool, connect_ms: float | None = None):
         self.new_connection = new_connection  # first request on its connection: TTFT includes connection setup
+        self.connect_ms = connect_ms  # a new connection's connect(), before the request is sent (not in its TTFT)
         self.ttft_ms = None
         self.gaps_ms: list[float] = []
         self.delays_ms: list[float] = []
@@ -294,14 +295,16 @@ class Sample:
 
 
 async def _worker(port: int, header: bytes | None, body: bytes, count: int, out: list[Sample]) -> None:
+    connecting = time.monotonic_ns()
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    connect_ms = (time.monotonic_ns() - connecting) / 1e6
     if header:
         writer.write(header)
     request = (b"POST /v1/completions HTTP/1.1\r\nHost: bench\r\nContent-Type: application/json\r\n"
                b"Content-Length: %d\r\n\r\n%b" % (len(body), body))
     try:
         for i in range(count):
-            sample = Sample(new_connection=i == 0)
+            sample = Sample(new_connection=i == 0, connect_ms=connect_ms if i == 0 else None)
             sent = time.monotonic_ns()
             writer.write(request)
             head = await reader.readuntil(b"\r\n\r\n")
@@ -390,8 +393,8 @@ async def _spread_samples(port: int, header: bytes | None, concurrency: int, per
         out, _ = await child.communicate()
         if child.returncode:
             raise RuntimeError(f"a bench client process failed (exit {child.returncode})")
-        for ttft, gaps, delays, tokens_seen, new in json.loads(out):
-            sample = Sample(new)
+        for ttft, gaps, delays, tokens_seen, new, connect in json.loads(out):
+            sample = Sample(new, connect)
             sample.ttft_ms, sample.gaps_ms, sample.delays_ms, sample.tokens = ttft, gaps, delays, tokens_seen
             samples.append(sample)
     return samples
@@ -403,7 +406,8 @@ def _client_main(argv: list[str]) -> None:
     print("ready", flush=True)
     sys.stdin.readline()
     samples = asyncio.run(_client_samples(port, header, connections, per_worker, tokens, model))
-    print(json.dumps([[s.ttft_ms, s.gaps_ms, s.delays_ms, s.tokens, s.new_connection] for s in samples]))
+    print(json.dumps([[s.ttft_ms, s.gaps_ms, s.delays_ms, s.tokens, s.new_connection, s.connect_ms]
+                      for s in samples]))
 
 
 def process_cpu_s(pid: int) -> float:
@@ -443,6 +447,8 @@ async def run_level(port: int, header: bytes | None, concurrency: int, requests:
     elapsed = time.monotonic() - started
     ttft = [s.ttft_ms for s in samples]
     kept = [s.ttft_ms for s in samples if not s.new_connection]
+    new = [s.ttft_ms for s in samples if s.new_connection]
+    connects = [s.connect_ms for s in samples if s.connect_ms is not None]
     gaps = [g for s in samples for g in s.gaps_ms]
     delays = [d for s in samples for d in s.delays_ms]
     assert all(s.tokens == tokens for s in samples), "a stream lost tokens"
@@ -452,6 +458,10 @@ async def run_level(port: int, header: bytes | None, concurrency: int, requests:
         "ttft_kept_p99": percentile(kept, 0.99), "kept_samples": len(kept),
         "itl_p50": percentile(gaps, 0.5), "itl_p99": percentile(gaps, 0.99),
         "delay_p50": percentile(delays, 0.5), "delay_p99": percentile(delays, 0.99),
+        # The burst of first requests on their own, and how long their connect() took before it (outside TTFT):
+        # to tell a slow accept from a slow first byte.
+        "ttft_new_p50": percentile(new, 0.5), "ttft_new_max": max(new, default=float("nan")),
+        "connect_p99": percentile(connects, 0.99), "connect_max": max(connects, default=float("nan")),
     }
     if proxy_pid:
         # CPU the proxy spent per request (its events included), and how busy that kept its cores: a tail
@@ -622,7 +632,8 @@ async def main_async(args: argparse.Namespace) -> dict:
                 cpu = (f"  CPU {m['cpu_ms_per_request']:.3f} ms/req, cores {m['cpu_busy']:.0%} busy"
                        if "cpu_busy" in m else "")
                 print(f"  c={c:<3} {mode:<12} {m['requests']:>4} req  TTFT p50 {m['ttft_p50']:7.3f} "
-                      f"p99 {m['ttft_p99']:7.3f}  ITL p50 {m['itl_p50']:6.3f} "
+                      f"p99 {m['ttft_p99']:7.3f} (first on a connection: max {m['ttft_new_max']:7.3f}, connect "
+                      f"max {m['connect_max']:6.3f})  ITL p50 {m['itl_p50']:6.3f} "
                       f"p99 {m['itl_p99']:6.3f} ms{cpu}", file=sys.stderr, flush=True)
             results["levels"][c] = row
     finally:
