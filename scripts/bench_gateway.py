@@ -599,6 +599,8 @@ async def main_async(args: argparse.Namespace) -> dict:
                                                                      else args.gateway_arg)
                 if args.profile and mode == "gateway":
                     argv = ["-m", "cProfile", "-o", str(Path(args.profile).resolve()), *argv]
+                elif args.gc_log and mode == "gateway":
+                    argv = ["-m", "scripts.gc_log", str(Path(args.gc_log).resolve()), *argv]
                 procs.append(_spawn(argv, gateway_env(ec2_port), stdout=emf, cpus=proxy_cpus))
             pids[mode] = procs[-1].pid
     if "aiohttp" in modes:
@@ -648,6 +650,10 @@ async def main_async(args: argparse.Namespace) -> dict:
     with open(tmp / "emf.log") as lines:
         records = sum(1 for _ in lines)
     results["gateway_emf_records"] = records
+    if args.gc_log:
+        from scripts.gc_log import summary as gc_summary
+
+        results["gateway_gc"] = gc_summary(args.gc_log) if Path(args.gc_log).exists() else {}
     return results
 
 
@@ -708,6 +714,11 @@ def render(results: dict) -> str:
         lines.append(f"| {c} | " + " | ".join(f"{d[k]:.3f}" for k in
                                                ("ttft_p50", "ttft_p99", "itl_p50", "itl_p99", "delay_p50",
                                                 "delay_p99")) + " |")
+    if "gateway_gc" in results:
+        lines.append("\ngateway garbage collections after its startup freeze (all processes, the whole run): "
+                     + (", ".join(f"{g}: {r['collections']:g} (longest {r['max_ms']:.2f} ms, {r['total_ms']:.1f} ms in "
+                                  f"all, {r['freed']:g} objects freed)" for g, r in sorted(results["gateway_gc"].items()))
+                        or "none"))
     if results.get("gateway_emf_records"):
         lines.append(f"\ngateway wrote {results['gateway_emf_records']} EMF records (one per request).")
     return "\n".join(lines)
@@ -779,6 +790,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", help="also write the raw results here")
     p.add_argument("--profile", help="run the gateway (one process: no --workers) under cProfile and write its "
                    "pstats here when it exits")
+    p.add_argument("--gc-log", help="log every garbage collection in the gateway's processes after their startup "
+                   "freeze to this file (scripts/gc_log.py) and print a summary")
     args = p.parse_args(argv)
     if "direct" not in args.modes.split(","):
         p.error("--modes must include direct (the baseline)")

@@ -64,3 +64,31 @@ def test_the_table_shows_what_each_mode_adds_over_direct():
     assert "pinned to 2 cores" in lines[0]
     assert "aiohttp proxy peer" in lines[1] and "byte relay (floor)" in lines[1]
     assert lines[3] == "| 128 | +1.00 | +0.50 | +0.20 | 1.000 (10%) | +20.00 / +12.00 | +3.00 | +0.50 / +0.00 | +0.00 |"
+
+
+def test_the_gc_log_counts_only_collections_after_the_startup_freeze(tmp_path):
+    """scripts/gc_log.py, behind `bench_gateway --gc-log`: a collection before gc.freeze() is startup, not
+    a pause a stream would feel; one after it is logged with what it freed."""
+    import os
+
+    from scripts.gc_log import summary
+
+    (tmp_path / "freezer.py").write_text(
+        "import gc\n"
+        "class Node:\n"
+        "    def __init__(self):\n"
+        "        self.me = self\n"
+        "for _ in range(50): Node()\n"
+        "gc.collect()\n"  # before the freeze: startup, not logged
+        "gc.freeze()\n"
+        "Node(); Node()\n"
+        "gc.collect()\n")
+    log = tmp_path / "gc.log"
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    subprocess.run([sys.executable, "-m", "scripts.gc_log", str(log), "-m", "freezer"], check=True, cwd=root,
+                   env={**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), root])})
+    rows = [line.split(",") for line in log.read_text().splitlines()]
+    freed = [int(f) for _, _, _, f in rows if int(f)]
+    assert len(freed) == 1 and 2 <= freed[0] < 50  # the 2 nodes after the freeze, not the 50 before it
+    gens = summary(str(log))
+    assert gens["gen2"]["freed"] == freed[0] and sum(r["collections"] for r in gens.values()) == len(rows)
