@@ -249,10 +249,11 @@ async def raw_relay(port: int, upstream: int, warm: int = 32) -> None:
     await asyncio.Event().wait()
 
 
-def _serve_relay(port: int, upstream: int, workers: int) -> None:
-    """`workers` relay processes on one port (SO_REUSEPORT), as the gateway's --workers; uvloop when installed."""
+def _serve_forked(processes: int, serve) -> None:
+    """Run `serve()` (a coroutine function binding its port with SO_REUSEPORT) in `processes` processes: this
+    one and processes-1 forked before any event loop exists; SIGTERM to this one ends them all."""
     children = []
-    for _ in range(workers - 1):
+    for _ in range(processes - 1):
         pid = os.fork()
         if pid == 0:
             children = []
@@ -260,16 +261,21 @@ def _serve_relay(port: int, upstream: int, workers: int) -> None:
         children.append(pid)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     try:
+        asyncio.run(serve())
+    finally:
+        for pid in children:
+            os.kill(pid, signal.SIGTERM)
+
+
+def _serve_relay(port: int, upstream: int, workers: int) -> None:
+    """`workers` relay processes on one port (SO_REUSEPORT), as the gateway's --workers; uvloop when installed."""
+    try:
         import uvloop
 
         asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
     except ImportError:
         pass
-    try:
-        asyncio.run(raw_relay(port, upstream))
-    finally:
-        for pid in children:
-            os.kill(pid, signal.SIGTERM)
+    _serve_forked(workers, lambda: raw_relay(port, upstream))
 
 
 # ---------------------------------------------------------------- client
@@ -575,7 +581,7 @@ async def main_async(args: argparse.Namespace) -> dict:
     if other_cpus:
         os.sched_setaffinity(0, other_cpus)  # the client (this process) off the proxy's cores
     procs = [_spawn(["-m", "scripts.bench_gateway", "_upstream", str(up_port), str(args.ttft_ms),
-                     str(args.token_interval_ms), "nogc"], cpus=other_cpus)]
+                     str(args.token_interval_ms), str(args.upstream_procs), "nogc"], cpus=other_cpus)]
     header = _proxy_header()
     relay_port = free_port()
     targets = {"direct": (up_port, None), "aiohttp": (aio_port, None), "relay": (relay_port, None)}
@@ -745,15 +751,15 @@ def main(argv: list[str] | None = None) -> int:
             gc.disable()
     if argv[:1] == ["_upstream"]:  # child process modes
         port, ttft_ms, interval_ms = int(argv[1]), float(argv[2]), float(argv[3])
+        processes = int(argv[4]) if len(argv) > 4 and argv[4].isdigit() else 1
 
         async def serve():
             server = await asyncio.start_server(
                 lambda r, w: timed_upstream(r, w, ttft_ms / 1000, interval_ms / 1000), "127.0.0.1", port,
-                backlog=1024)
+                backlog=1024, reuse_port=processes > 1 or None)
             async with server:
                 await server.serve_forever()
-        signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
-        asyncio.run(serve())
+        _serve_forked(processes, serve)
         return 0
     if argv[:1] == ["_relay"]:
         _serve_relay(int(argv[1]), int(argv[2]), int(argv[3]))
@@ -782,6 +788,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--alt-arg", action="append", default=[],
                    help="the gateway-alt mode's arguments for `python -m runtime.gateway` (repeatable): this tree's "
                         "gateway with other flags in the same run, e.g. --alt-arg=--workers=3 --alt-arg=--upstream-warm=64")
+    p.add_argument("--upstream-procs", type=int, choices=range(1, 17), metavar="1..16", default=1,
+                   help="processes of the timed upstream on its one port (default 1); more, to see whether a burst of "
+                        "new connections waits on the upstream double rather than on the proxy")
     p.add_argument("--relay-workers", type=int, default=2, help="processes of the relay mode on its one port")
     p.add_argument("--client-procs", type=int, default=1,
                    help="client processes a level's connections are spread over (default 1; with --cpus on a big "
