@@ -6,7 +6,7 @@ model servers (tiny GPT-2 shapes, CPU) behind the real gateway. Stand-ins (runti
 IMDSv2, the Auto Scaling lifecycle-hook calls, the gateway's EC2 endpoint lookup.
 
 Two models on one instance, one gateway, two consumers (one entitled to both models, one to one), and a
-LoRA adapter of the second model (PyTorch backend), staged with `fleetcast stage adapter`:
+LoRA adapter of the second model (PyTorch backend), laid out in the bucket as `fleetcast stage adapter` stages it:
   1. instance A, empty cache: per model miss -> lock -> build -> upload; the adapter fetched; one engine
      process per model, started one after another with its KV budget (the adapter's base with its LoRA
      options and device cache); health -> launch hook CONTINUE; one streamed completion of each model and
@@ -125,7 +125,8 @@ def _engine_memory(port: int) -> dict[str, Any]:
     import urllib.request
 
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/memory", timeout=10) as resp:
-        return json.loads(resp.read())
+        memory: dict[str, Any] = json.loads(resp.read())
+    return memory
 
 
 def _wait_serving(name: str, rp: RuntimeProcess, log: Path) -> dict[str, Any]:
@@ -138,8 +139,6 @@ def _wait_serving(name: str, rp: RuntimeProcess, log: Path) -> dict[str, Any]:
 
 
 def main() -> int:
-    from fleetcast.staging.adapters import stage_adapter
-
     print("fleetcast demo: two models and a LoRA adapter on one instance through one gateway, on loopback AWS "
           "(moto S3/SSM, IMDSv2 + hook fakes), reference backend\n")
     work = Path(tempfile.mkdtemp(prefix="fleetcast-demo-"))
@@ -148,9 +147,9 @@ def main() -> int:
         aws.put_config(cfg)
         base = next(m for m in cfg.models if m.adapters)
         # A PEFT directory as peft's save_pretrained writes it (placeholder weights: the reference backend checks
-        # an adapter as TensorRT-LLM would load it, it does not apply it).
-        stage_adapter(cfg, base.id, ADAPTER_ID, {aws.region: aws.bucket}, lambda _service, _region: aws.s3(),
-                      local_dir=write_peft_adapter(work / "peft", rank=8), log=lambda _line: None)
+        # an adapter as TensorRT-LLM would load it, it does not apply it), laid out as `fleetcast stage adapter`
+        # stages it.
+        aws.put_adapter(cfg, base.id, ADAPTER_ID, write_peft_adapter(work / "peft", rank=8))
         both, one = cfg.consumers_of(aws.region)[:2]
         # The second consumer's endpoint: the EC2 fake answers DescribeVpcEndpointConnections with it.
         aws.ec2.connections.append({"service_id": "vpce-svc-0a1b2c3d4e5f60718", "vpce_id": SECOND_VPCE,

@@ -264,7 +264,7 @@ def lora_cache_plan(dims: ModelDims, shapes: Sequence[tuple[int, Sequence[str]]]
     ModelDimsError, naming the figures, when not even one fits.
     """
     options = lora_config(shapes)
-    rank, modules = int(options["max_lora_rank"]), list(options["lora_target_modules"])  # type: ignore[call-overload, arg-type]
+    rank, modules = int(options["max_lora_rank"]), list(options["lora_target_modules"])  # type: ignore[call-overload]
     for count in range(len(shapes), 0, -1):
         size = lora_device_cache_bytes(dims, modules, rank, count)
         if size <= reserve_bytes:

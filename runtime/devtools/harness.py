@@ -268,6 +268,28 @@ class LocalAws:
     def s3(self) -> Any:
         return self.client("s3")
 
+    def put_adapter(self, cfg: FleetConfig, model_id: str, adapter_id: str, directory: Path) -> str:
+        """A PEFT adapter directory laid out in the bucket as `fleetcast stage adapter` leaves it (its files under
+        the adapter's prefix, then a manifest recording rank and modules), for the demo: the runtime may not import
+        the staging tool (tests/contract/test_layering.py), so this writes the contract's layout directly. Tests
+        stage with the tool itself. Returns the prefix."""
+        from fleetcast.contract.adapters import ADAPTER_CONFIG, MODULES_KEY, RANK_KEY, adapter_shape
+        from fleetcast.contract.bucket import adapter_prefix
+        from fleetcast.contract.manifest import MANIFEST_NAME, build_manifest
+
+        model = cfg.model_by_id(model_id)
+        adapter = next(a for a in model.adapters if a.id == adapter_id)
+        rank, modules = adapter_shape((directory / ADAPTER_CONFIG).read_bytes(), str(directory))
+        manifest = build_manifest(directory, kind="adapter", name=adapter.id, revision=adapter.revision,
+                                  source=str(directory),
+                                  extra={"model": model.id, RANK_KEY: rank, MODULES_KEY: list(modules)})
+        prefix = adapter_prefix(model.id, model.revision, adapter.id, adapter.revision)
+        s3 = self.s3()
+        for f in manifest.files:
+            s3.upload_file(str(directory / f.path), self.bucket, prefix + f.path)
+        s3.put_object(Bucket=self.bucket, Key=prefix + MANIFEST_NAME, Body=manifest.to_json().encode())
+        return prefix
+
     def put_config(self, cfg: FleetConfig) -> None:
         self.client("ssm").put_parameter(Name=self.param, Value=json.dumps(cfg.model_dump(mode="json")),
                                          Type="String", Overwrite=True, Tier="Advanced")

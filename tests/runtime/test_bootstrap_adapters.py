@@ -151,3 +151,27 @@ def test_the_breaker_of_a_model_whose_adapter_keeps_missing_opens_then_clears_on
     finally:
         stop(rp)
         aws.stop()
+
+
+def test_the_demos_adapter_layout_is_the_one_the_staging_tool_writes(aws, tmp_path):
+    """`make demo` cannot run the staging tool (the runtime does not import it); its stand-in must leave the
+    same files and manifest `fleetcast stage adapter` does."""
+    from fleetcast.contract.manifest import MANIFEST_NAME, Manifest
+
+    cfg = adapter_config(aws.region)
+    base = cfg.models[1]
+    peft = write_peft_adapter(tmp_path / "peft", rank=8)
+    prefix = adapter_prefix(base.id, base.revision, ADAPTER_ID, cfg.models[1].adapters[0].revision)
+
+    def staged() -> tuple[list[str], Manifest]:
+        keys = sorted(o["Key"] for o in aws.s3().list_objects_v2(Bucket=aws.bucket, Prefix=prefix)["Contents"])
+        return keys, Manifest.from_json(aws.s3().get_object(Bucket=aws.bucket, Key=prefix + MANIFEST_NAME)["Body"].read())
+
+    stage_adapter(cfg, base.id, ADAPTER_ID, {aws.region: aws.bucket}, lambda _service, _region: aws.s3(),
+                  local_dir=peft, log=lambda _: None)
+    by_tool = staged()
+    assert aws.put_adapter(cfg, base.id, ADAPTER_ID, peft) == prefix
+    by_demo = staged()
+    assert by_demo[0] == by_tool[0]
+    assert by_demo[1].files == by_tool[1].files and by_demo[1].kind == by_tool[1].kind == "adapter"
+    assert by_demo[1].extra == by_tool[1].extra
