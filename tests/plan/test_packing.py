@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 from datetime import date
+from pathlib import Path
 
 import pytest
 
@@ -441,6 +442,15 @@ def test_a_model_mix_measurement_is_planned_as_the_measured_packing(capsys, tmp_
     assert rc == 0
     files = sorted(str(p) for p in tmp_path.glob("r-*.json"))
     assert len(files) == 2
+    # On a loaded machine the client may flag its own event-loop lag (saturated) and the planner rightly
+    # skips such runs; this test is about the files' packing and peers reaching the planner, not about the
+    # client's timing accuracy (tests/bench checks that), so the flag is cleared here.
+    for path in files:
+        doc = json.loads(Path(path).read_text())
+        for run in doc["runs"]:
+            assert run["peers"], path  # every run says what its peers did
+            run["summary"]["saturated"], run["summary"]["saturation_reason"] = False, None
+        Path(path).write_text(json.dumps(doc))
     (tmp_path / "traffic.yaml").write_text("""schema: fleetcast.traffic/v1
 name: mix
 consumers:
