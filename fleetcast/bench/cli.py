@@ -46,6 +46,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     mix.add_argument("--model-endpoint", action="append", default=[], metavar="MODEL=URL",
                      help="a mix model's own server (e.g. its engine process on an instance), instead of --endpoint "
                           "(repeatable)")
+    mix.add_argument("--model-precision", action="append", default=[], metavar="MODEL=PREC",
+                     help="the precision a mix model's engine runs at (repeatable; recorded in its file's "
+                          "labels.precision and in every file's packing); default: with --pool the pool's engine "
+                          "precision, else --label precision")
     mix.add_argument("--pool", help="with --config: the pool whose instance served the run (a mix, or --model alone "
                                     "with its peers idle); its serves (models, copies, KV budgets) and instance type "
                                     "are recorded as the packing")
@@ -229,7 +233,8 @@ def _run(args: argparse.Namespace) -> int:
         given = [f for f, v in (("--model-input-tokens", args.model_input_tokens),
                                 ("--model-output-tokens", args.model_output_tokens),
                                 ("--model-tokenizer", args.model_tokenizer),
-                                ("--model-endpoint", args.model_endpoint)) if v]
+                                ("--model-endpoint", args.model_endpoint),
+                                ("--model-precision", args.model_precision)) if v]
         if given:
             raise UserError(f"{', '.join(given)} only go with --model-mix")
         if args.pool or args.packing:
@@ -293,9 +298,11 @@ def _run_mix(args: argparse.Namespace, opts, cfg, out, log) -> int:
         MixBench,
         check_mix_against,
         mix_models,
+        model_precisions,
         packing_from_args,
         parse_model_mix,
         per_model_option,
+        with_precisions,
     )
     from fleetcast.bench.report import write_csv, write_report
     from fleetcast.bench.schema import dump_results
@@ -305,16 +312,18 @@ def _run_mix(args: argparse.Namespace, opts, cfg, out, log) -> int:
     if args.trace or args.mix:
         raise UserError(f"{FLAG} takes --concurrency or --rate levels (a --trace or --mix has no per-model split)")
     shares = parse_model_mix(args.model_mix)
-    mix = mix_models(shares, args.input_tokens, args.output_tokens,
-                     per_model_option(args.model_input_tokens, "--model-input-tokens", shares),
-                     per_model_option(args.model_output_tokens, "--model-output-tokens", shares),
-                     per_model_option(args.model_tokenizer, "--model-tokenizer", shares), args.tokenizer, cfg,
-                     per_model_option(args.model_endpoint, "--model-endpoint", shares))
     packing, where = packing_from_args(args, cfg, opts.labels)
     if packing is None:
         raise UserError(f"{FLAG} records what shared the instance: give --pool NAME (with --config) or --packing "
                         "MODEL:COPIES[:KV_GIB],...")
     check_mix_against(packing, shares, where)
+    precisions = model_precisions(args.model_precision, shares, packing, opts.labels.precision)
+    packing = with_precisions(packing, precisions)
+    mix = mix_models(shares, args.input_tokens, args.output_tokens,
+                     per_model_option(args.model_input_tokens, "--model-input-tokens", shares),
+                     per_model_option(args.model_output_tokens, "--model-output-tokens", shares),
+                     per_model_option(args.model_tokenizer, "--model-tokenizer", shares), args.tokenizer, cfg,
+                     per_model_option(args.model_endpoint, "--model-endpoint", shares), precisions)
     if args.pool:
         opts.labels = opts.labels.model_copy(update={k: v for k, v in (("instance_type", packing.instance_type),
                                                                         ("gpu", packing.gpu))

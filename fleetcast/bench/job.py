@@ -111,15 +111,18 @@ def packed_runs(env: dict[str, str], out_dir: Path) -> list[tuple[list[str], dic
                 "--model-mix", env[Var.BENCH_MODEL_MIX], "--concurrency", mix_levels, "--out", str(out), *common]
         for model, port, _, _ in models[1:]:
             argv += ["--model-endpoint", f"{model}=http://127.0.0.1:{port}"]
+        for model, _, precision, _ in models:
+            argv += ["--model-precision", f"{model}={precision}"]
         runs.append((argv, {model: (mix_out_path(out, model), packed_model_key(key, model, precision, True), True)
                             for model, _, precision, _ in models}))
     return runs
 
 
-def _labelled(path: Path, precision: str, backend: str) -> bytes:
-    """A mix run's file with its model's precision and backend (one mix run shares one set of --label)."""
+def _labelled(path: Path, backend: str) -> bytes:
+    """A mix run's file with its model's backend (one mix run shares one set of --label; each model's precision
+    is its --model-precision)."""
     data = json.loads(path.read_text())
-    data["labels"].update(precision=precision, backend=backend)
+    data["labels"].update(backend=backend)
     return json.dumps(data, separators=(",", ":")).encode()
 
 
@@ -131,14 +134,14 @@ def _run_packed(env: dict[str, str], s3, bucket: str, health_timeout_s: float) -
         endpoint = f"http://127.0.0.1:{port}"
         if not _wait_healthy(endpoint, health_timeout_s):
             raise RuntimeError(f"{model}'s server {endpoint}/health never answered 200 within {health_timeout_s:.0f} s")
-    labels = {model: (precision, backend) for model, _, precision, backend in models}
+    backends = {model: backend for model, _, _, backend in models}
     with tempfile.TemporaryDirectory() as tmp:
         for argv, writes in packed_runs(env, Path(tmp)):
             rc = fleetcast(argv)
             if rc != 0:
                 raise RuntimeError(f"fleetcast bench run exited {rc}: {' '.join(argv[:8])} ...")
             for model, (path, key, together) in writes.items():
-                body = _labelled(path, *labels[model]) if together else path.read_bytes()
+                body = _labelled(path, backends[model]) if together else path.read_bytes()
                 s3.put_object(Bucket=bucket, Key=key, Body=body, ContentType="application/json")
                 log.info("uploaded s3://%s/%s", bucket, key)
 

@@ -57,6 +57,7 @@ class MixModel:
     output_tokens: IntDistribution
     tokenizer_dir: str | None = None
     endpoint: str | None = None  # this model's own server (its engine process), instead of the common --endpoint
+    precision: str | None = None  # what its processes run at (model_precisions); None: --label precision, if any
 
 
 def parse_model_mix(spec: str) -> dict[str, float]:
@@ -102,6 +103,34 @@ def per_model_option(pairs: list[str], flag: str, mix: dict[str, float]) -> dict
     return out
 
 
+PRECISION_FLAG = "--model-precision"
+
+
+def model_precisions(pairs: list[str], mix: dict[str, float], packing: Packing,
+                     default: str | None) -> dict[str, str | None]:
+    """Each mix model's precision: its `--model-precision MODEL=PREC`, else what the packing records for it (a
+    --pool's engine), else `default` (--label precision, one for every model as before). A flag that contradicts
+    the pool's engine is refused: the config says what the instance built."""
+    from fleetcast.contract.support import PRECISIONS
+
+    given = per_model_option(pairs, PRECISION_FLAG, mix)
+    recorded = {s.model: s.precision for s in packing.serves if s.precision}
+    for model, precision in given.items():
+        if precision not in PRECISIONS:
+            raise UserError(f"{PRECISION_FLAG} {model}={precision}: {precision!r} is not a precision; choose one of "
+                            f"{', '.join(PRECISIONS)}")
+        if recorded.get(model, precision) != precision:
+            raise UserError(f"{PRECISION_FLAG} {model}={precision}: the --pool's engine builds {model} at "
+                            f"{recorded[model]} (the config's engine precision); drop the flag or use --packing")
+    return {m: given.get(m) or recorded.get(m) or default for m in mix}
+
+
+def with_precisions(packing: Packing, precisions: dict[str, str | None]) -> Packing:
+    """The packing with each model's precision recorded where it is known (bench results revision 5)."""
+    return packing.model_copy(update={"serves": [
+        s.model_copy(update={"precision": precisions.get(s.model) or s.precision}) for s in packing.serves]})
+
+
 def split_counts(total: int, shares: dict[str, float], at_least: int = 1) -> dict[str, int]:
     """`total` split by the shares, largest remainder first, each model at least `at_least` (when total allows)."""
     raw = {m: total * s for m, s in shares.items()}
@@ -141,8 +170,9 @@ def parse_packing(spec: str, instance_type: str | None, gpu: str | None) -> Pack
 
 
 def packing_of_pool(cfg, pool_name: str) -> Packing:
-    """What one instance of the config's pool `pool_name` serves: models, copies, the configured KV budgets
-    (a serve without kv_cache_gb: null, since the instance plans that share from the memory it finds free)."""
+    """What one instance of the config's pool `pool_name` serves: models, copies, each one's engine precision, the
+    configured KV budgets (a serve without kv_cache_gb: null, since the instance plans that share from the memory
+    it finds free)."""
     from fleetcast.config import catalog
 
     pools = [p for r in cfg.regions for p in r.pools if p.name == pool_name]
@@ -158,7 +188,8 @@ def packing_of_pool(cfg, pool_name: str) -> Packing:
     return Packing(
         instance_type=pool.instance_type, gpu=instance.gpu.name if instance else None,
         serves=[PackedModel(model=s.model.id, copies=s.copies,
-                            kv_cache_gb=None if s.kv_cache_bytes is None else s.kv_cache_bytes / GIB)
+                            kv_cache_gb=None if s.kv_cache_bytes is None else s.kv_cache_bytes / GIB,
+                            precision=s.engine.precision.value)
                 for s in cfg.served_by(pool)])
 
 
@@ -356,7 +387,8 @@ class MixBench(Bench):
         for part in self.parts:
             m = part.spec.model
             out.append(Results(
-                labels=opts.labels.model_copy(update={"model": m}), endpoint=opts.endpoint, api=opts.api,
+                labels=opts.labels.model_copy(update={"model": m, "precision": part.spec.precision or
+                                                      opts.labels.precision}), endpoint=opts.endpoint, api=opts.api,
                 config_hash=opts.config_hash, client=client_info(), started_at=self._started,
                 finished_at=datetime.now(UTC), seed=opts.seed, runs=list(part.runs), revision=SCHEMA_REVISION,
                 provenance="measured",
@@ -391,7 +423,8 @@ class MixBench(Bench):
 
 def mix_models(shares: dict[str, float], input_tokens: str, output_tokens: str, input_by_model: dict[str, str],
                output_by_model: dict[str, str], tokenizer_by_model: dict[str, str],
-               tokenizer: str | None, cfg=None, endpoint_by_model: dict[str, str] | None = None) -> list[MixModel]:
+               tokenizer: str | None, cfg=None, endpoint_by_model: dict[str, str] | None = None,
+               precisions: dict[str, str | None] | None = None) -> list[MixModel]:
     """Each model's request shape: its own --model-input-tokens/--model-output-tokens, else the common
     --input-tokens/--output-tokens; with a config, each must fit the model's max_input_len/max_output_len."""
     out = []
@@ -411,5 +444,5 @@ def mix_models(shares: dict[str, float], input_tokens: str, output_tokens: str, 
                     raise UserError(f"{flag} for {model}: up to {dist.max_value()} tokens, above the model's "
                                     f"{name} {limit} (models[{model}] in the config)")
         out.append(MixModel(model, share, dist_in, dist_out, tokenizer_by_model.get(model, tokenizer),
-                            (endpoint_by_model or {}).get(model)))
+                            (endpoint_by_model or {}).get(model), (precisions or {}).get(model)))
     return out

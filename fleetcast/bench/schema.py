@@ -8,7 +8,7 @@ Each addition bumps `revision` (absent = 1), so a reader can tell "this file
 predates the field" from "the field was empty": revision 2 added `provenance`,
 `slo`, `request`, `Summary.load_note`, `Summary.error_messages` and
 `Record.error_detail`; revision 3 added `packing` and `Run.peers`; revision 4
-added `model_mix` and `Run.total`.
+added `model_mix` and `Run.total`; revision 5 added `PackedModel.precision`.
 
 Co-location (revision 3). `packing` says what shared the GPU/instance while the
 file's runs were measured: the models, each one's copies and KV budget per copy
@@ -31,6 +31,11 @@ own `load` is its part of the level: in concurrency mode its closed-loop workers
 (the level split by the shares), in rate mode its arrival rate (the rate times
 its share).
 
+Precision per model (revision 5). Each packed model's `precision` is the
+precision its processes ran at, so a co-located file says what its peers ran at
+too; its own `labels.precision` is that of `labels.model`. Null: not recorded
+(files before revision 5 label one precision for the whole run).
+
 Latency values are milliseconds, throughputs per second of wall time, times in
 `start_s` are seconds since the run's first request was sent. A `Stat` with
 count 0 (e.g. every request failed) carries null for every value.
@@ -48,7 +53,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 SCHEMA_ID = "fleetcast.bench/v1"
 # The additions within v1 this code writes (see the module docstring).
-SCHEMA_REVISION = 4
+SCHEMA_REVISION = 5
 # A server's error text kept per failed request: enough for the reason, bounded so a
 # runaway body (an HTML error page, a stack trace) cannot bloat the file.
 ERROR_DETAIL_MAX_CHARS = 300
@@ -220,6 +225,8 @@ class PackedModel(_Model):
     copies: int = Field(1, ge=1)
     kv_cache_gb: float | None = Field(None, gt=0, description="KV budget of each copy in GiB (2^30 bytes); "
                                       "null: not budgeted (the engine's free-memory fraction)")
+    precision: str | None = Field(None, description="the precision its processes ran at (revision 5); null: not "
+                                  "recorded")
 
 
 class Packing(_Model):
@@ -245,7 +252,7 @@ class Packing(_Model):
         return [m for m in self.models() if m != model]
 
     def text(self) -> str:
-        parts = [f"{s.model} x{s.copies}" + ("" if s.kv_cache_gb is None else f" (KV {s.kv_cache_gb:g} GiB each)")
+        parts = [f"{s.model}{f' {s.precision}' if s.precision else ''} x{s.copies}" + ("" if s.kv_cache_gb is None else f" (KV {s.kv_cache_gb:g} GiB each)")
                  for s in self.serves]
         where = " on ".join(x for x in (self.instance_type, self.gpu) if x)
         return ", ".join(parts) + (f" on {where}" if where else "")

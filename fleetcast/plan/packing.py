@@ -75,6 +75,9 @@ class ModelCurve:
     packing: tuple[tuple[str, int], ...] | None = None
     peers_busy: bool = False
     kv_cache_gb: dict[str, float] | None = None  # the packing's KV budgets as measured (model -> GB each copy)
+    # The packing's precisions as measured, sorted (model, precision) pairs: a co-located curve stands for a
+    # packing only with every model at the precision it ran at. None: a solo measurement.
+    precisions: tuple[tuple[str, str], ...] | None = None
 
     @property
     def instance_type(self) -> str:
@@ -96,6 +99,20 @@ def _packing_key(results) -> tuple[tuple[str, int], ...] | None:
     serves = packing.serves if hasattr(packing, "serves") else packing.get("serves", [])
     rows = [(s.model, s.copies) if hasattr(s, "model") else (s["model"], int(s.get("copies", 1))) for s in serves]
     return tuple(sorted(rows))
+
+
+def _packing_precisions(path, results) -> tuple[tuple[str, str], ...] | None:
+    """Each packed model's precision as the file records it (bench results revision 5); a model it does not
+    record ran at the file's labels.precision (before revision 5 one label covered the whole run)."""
+    packing = getattr(results, "packing", None)
+    if packing is None:
+        return None
+    own = results.labels.precision
+    mine = next((s.precision for s in packing.serves if s.model == results.labels.model), None)
+    if mine is not None and own is not None and mine != own:
+        raise UserError(f"--results: {path}: labels.precision {own!r} but its packing records {results.labels.model} "
+                        f"at {mine!r}; one file, one precision per model")
+    return tuple(sorted((s.model, s.precision or own) for s in packing.serves))
 
 
 def _packing_kv(results) -> dict[str, float] | None:
@@ -133,12 +150,12 @@ def load_model_curves(paths: list[str], models: tuple[str, ...], lab: dict[str, 
         instance_type = results.labels.instance_type or (lab or {}).get(results.labels.gpu or "")
         kv = _packing_kv(results)
         key = (instance_type, results.labels.precision, model, _packing_key(results),
-               _peers_busy(results), tuple(sorted(kv.items())) if kv else None)
+               _peers_busy(results), tuple(sorted(kv.items())) if kv else None, _packing_precisions(path, results))
         groups.setdefault(key, []).append(str(path))
     out = []
-    for (_, _, model, packing, busy, kv), group in sorted(groups.items(), key=lambda kv: str(kv[0])):
+    for (_, _, model, packing, busy, kv, precisions), group in sorted(groups.items(), key=lambda kv: str(kv[0])):
         (candidate,) = load_candidates(group, lab)
-        out.append(ModelCurve(model, candidate, packing, busy, dict(kv) if kv else None))
+        out.append(ModelCurve(model, candidate, packing, busy, dict(kv) if kv else None, precisions))
     return out
 
 
@@ -550,10 +567,12 @@ def _options(curves: list[ModelCurve], model: str, instance_type: str, cfg, fami
 
 
 def _curve_for(curves: list[ModelCurve], model: str, instance_type: str, precision: str,
-               key: tuple[tuple[str, int], ...]) -> tuple[ModelCurve | None, ModelCurve | None]:
-    """(co-located curve measured on exactly this packing with peers busy, best solo-like curve)."""
+               key: tuple[tuple[str, int], ...], precisions: tuple[tuple[str, str], ...]
+               ) -> tuple[ModelCurve | None, ModelCurve | None]:
+    """(co-located curve measured on exactly this packing, every model at its precision, with peers busy, best
+    solo-like curve)."""
     mine = [c for c in curves if c.model == model and c.instance_type == instance_type and c.precision == precision]
-    coloc = next((c for c in mine if c.colocated and c.packing == key), None)
+    coloc = next((c for c in mine if c.colocated and c.packing == key and c.precisions == precisions), None)
     solo = next((c for c in mine if c.packing is None), None) or next((c for c in mine if not c.colocated), None)
     return coloc, solo
 
@@ -644,9 +663,10 @@ def _evaluate(cfg, curves, instance_type, region, entries, combo, ctx, fleet_slo
     if processes > MAX_PROCESSES:
         return None
     key = tuple(sorted((m, c) for m, _, c in packing))
+    precisions = tuple(sorted((m, p) for m, p, _ in packing))
     picked = []
     for t, (model, prec, copies) in zip(entries, packing):
-        coloc, solo = _curve_for(curves, model, instance_type, prec, key)
+        coloc, solo = _curve_for(curves, model, instance_type, prec, key, precisions)
         picked.append((t, model, prec, copies, coloc, solo))
     if any(coloc is None and solo is None for *_, coloc, solo in picked):
         return None

@@ -76,6 +76,10 @@ def test_the_files_record_the_packing_and_each_runs_peer_load(two_models, tmp_pa
     assert xl.packing.instance_type == "g6e.xlarge" and xl.packing.gpu == "L40S"
     assert [(s.model, s.copies, s.kv_cache_gb) for s in xl.packing.serves] == [
         ("gpt2-xl", 1, 8.0), ("qwen2.5-0.5b", 2, 4.0), ("qwen2.5-3b", 1, 8.0)]
+    # Each model at its own engine's precision (gpt2-xl int8_wo, the Qwens bf16 in that config), in its own
+    # file's label and in every file's packing: a co-located file says what its peers ran at.
+    assert [s.precision for s in xl.packing.serves] == ["int8_wo", "bf16", "bf16"]
+    assert (xl.labels.precision, qwen.labels.precision) == ("int8_wo", "bf16")
     assert xl.labels.instance_type == "g6e.xlarge"
     assert xl.model_mix.shares == {"gpt2-xl": 0.7, "qwen2.5-0.5b": 0.3}
     for a, b in zip(xl.runs, qwen.runs):
@@ -89,6 +93,16 @@ def test_the_files_record_the_packing_and_each_runs_peer_load(two_models, tmp_pa
         assert a.total.summary.ttft_ms.count == a.summary.ttft_ms.count + b.summary.ttft_ms.count
         # Both models' first and last requests lie inside the total's span.
         assert a.total.summary.duration_s >= max(a.summary.duration_s, b.summary.duration_s)
+
+
+def test_model_precision_labels_each_models_file_when_no_pool_says_it(two_models, tmp_path):
+    rc, out = _run(two_models, tmp_path, "--packing", "gpt2-xl:1,qwen2.5-0.5b:1", "--label", "precision=fp16",
+                   "--model-precision", "qwen2.5-0.5b=bf16")
+    assert rc == 0
+    xl, qwen = (load_results(mix_out_path(out, m)) for m in ("gpt2-xl", "qwen2.5-0.5b"))
+    # The flag for qwen2.5-0.5b; --label precision for the model without one (one label for all, as before).
+    assert (xl.labels.precision, qwen.labels.precision) == ("fp16", "bf16")
+    assert [(s.model, s.precision) for s in qwen.packing.serves] == [("gpt2-xl", "fp16"), ("qwen2.5-0.5b", "bf16")]
 
 
 def test_a_rate_level_splits_the_arrival_rate(two_models, tmp_path):
@@ -192,6 +206,15 @@ def test_a_bad_mix_is_one_line_naming_model_mix(spec, said):
     (["--packing", "gpt2-xl:1"], "--packing with one model needs --model"),
     (["--model", "qwen", "--packing", "gpt2-xl:1"], "--model: qwen is not served by --packing (it serves gpt2-xl)"),
     (["--model-endpoint", "gpt2-xl=http://127.0.0.1:9"], "--model-endpoint only go with --model-mix"),
+    (["--model-precision", "gpt2-xl=fp16"], "--model-precision only go with --model-mix"),
+    (["--model-mix", MIX, "--packing", "gpt2-xl:1,qwen2.5-0.5b:1", "--model-precision", "gpt2-xl=fp32"],
+     "--model-precision gpt2-xl=fp32: 'fp32' is not a precision; choose one of fp16, bf16, int8_wo, int8_sq, fp8, "
+     "int4_wo, nvfp4"),
+    (["--model-mix", MIX, "--packing", "gpt2-xl:1,qwen2.5-0.5b:1", "--model-precision", "qwen2.5-3b=fp16"],
+     "--model-precision 'qwen2.5-3b=fp16': qwen2.5-3b is not in --model-mix (gpt2-xl, qwen2.5-0.5b)"),
+    (["--model-mix", MIX, "--config", str(CONFIG), "--pool", "l40s", "--model-precision", "gpt2-xl=fp16"],
+     "--model-precision gpt2-xl=fp16: the --pool's engine builds gpt2-xl at int8_wo (the config's engine "
+     "precision); drop the flag or use --packing"),
     (["--model-mix", MIX, "--packing", "gpt2-xl:1,qwen2.5-0.5b:1", "--model-endpoint", "gpt2-xl=ftp://x"],
      "--model-endpoint gpt2-xl=ftp://x: use an http:// or https:// URL"),
 ])
