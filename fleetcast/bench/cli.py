@@ -291,6 +291,7 @@ def mix_out_path(out, model: str):
 
 def _run_mix(args: argparse.Namespace, opts, cfg, out, log) -> int:
     """--model-mix: every model at once, one results file per model, one CSV and report for all (and the total)."""
+    from dataclasses import replace
     from pathlib import Path
 
     from fleetcast.bench.mix import (
@@ -312,6 +313,11 @@ def _run_mix(args: argparse.Namespace, opts, cfg, out, log) -> int:
     if args.trace or args.mix:
         raise UserError(f"{FLAG} takes --concurrency or --rate levels (a --trace or --mix has no per-model split)")
     shares = parse_model_mix(args.model_mix)
+    mix = mix_models(shares, args.input_tokens, args.output_tokens,
+                     per_model_option(args.model_input_tokens, "--model-input-tokens", shares),
+                     per_model_option(args.model_output_tokens, "--model-output-tokens", shares),
+                     per_model_option(args.model_tokenizer, "--model-tokenizer", shares), args.tokenizer, cfg,
+                     per_model_option(args.model_endpoint, "--model-endpoint", shares))
     packing, where = packing_from_args(args, cfg, opts.labels)
     if packing is None:
         raise UserError(f"{FLAG} records what shared the instance: give --pool NAME (with --config) or --packing "
@@ -319,11 +325,7 @@ def _run_mix(args: argparse.Namespace, opts, cfg, out, log) -> int:
     check_mix_against(packing, shares, where)
     precisions = model_precisions(args.model_precision, shares, packing, opts.labels.precision)
     packing = with_precisions(packing, precisions)
-    mix = mix_models(shares, args.input_tokens, args.output_tokens,
-                     per_model_option(args.model_input_tokens, "--model-input-tokens", shares),
-                     per_model_option(args.model_output_tokens, "--model-output-tokens", shares),
-                     per_model_option(args.model_tokenizer, "--model-tokenizer", shares), args.tokenizer, cfg,
-                     per_model_option(args.model_endpoint, "--model-endpoint", shares), precisions)
+    mix = [replace(m, precision=precisions[m.model]) for m in mix]
     if args.pool:
         opts.labels = opts.labels.model_copy(update={k: v for k, v in (("instance_type", packing.instance_type),
                                                                         ("gpu", packing.gpu))

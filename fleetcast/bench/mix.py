@@ -423,8 +423,7 @@ class MixBench(Bench):
 
 def mix_models(shares: dict[str, float], input_tokens: str, output_tokens: str, input_by_model: dict[str, str],
                output_by_model: dict[str, str], tokenizer_by_model: dict[str, str],
-               tokenizer: str | None, cfg=None, endpoint_by_model: dict[str, str] | None = None,
-               precisions: dict[str, str | None] | None = None) -> list[MixModel]:
+               tokenizer: str | None, cfg=None, endpoint_by_model: dict[str, str] | None = None) -> list[MixModel]:
     """Each model's request shape: its own --model-input-tokens/--model-output-tokens, else the common
     --input-tokens/--output-tokens; with a config, each must fit the model's max_input_len/max_output_len."""
     out = []
@@ -444,5 +443,5 @@ def mix_models(shares: dict[str, float], input_tokens: str, output_tokens: str, 
                     raise UserError(f"{flag} for {model}: up to {dist.max_value()} tokens, above the model's "
                                     f"{name} {limit} (models[{model}] in the config)")
         out.append(MixModel(model, share, dist_in, dist_out, tokenizer_by_model.get(model, tokenizer),
-                            (endpoint_by_model or {}).get(model), (precisions or {}).get(model)))
+                            (endpoint_by_model or {}).get(model)))
     return out
