@@ -32,7 +32,8 @@ def summary(path: str) -> dict[str, dict[str, float]]:
     return out
 
 
-def main(argv: list[str]) -> None:
+def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
     if len(argv) < 3 or argv[1] != "-m":
         raise SystemExit("usage: python -m scripts.gc_log FILE -m MODULE [ARGS...]")
     path, module = argv[0], argv[2]
@@ -52,4 +53,6 @@ def main(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    from fleetcast.contract.entry import run_quietly
+
+    sys.exit(run_quietly(main))

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from typing import cast
 
 from .drain import CUT_BEFORE_START, Drain
 from .http import (
@@ -25,7 +26,15 @@ from .http import (
     response_head,
 )
 from .meter import Exchange, Prepared, SseMeter, usage_from_body
-from .upstream import ClientGone, ClientWatch, StreamWatchdog, UpstreamConn, UpstreamError, UpstreamPool
+from .upstream import (
+    ClientGone,
+    ClientWatch,
+    StreamWatchdog,
+    UpstreamConn,
+    UpstreamError,
+    UpstreamPool,
+    UpstreamReader,
+)
 
 MAX_METERED_BODY = 8 * 1024 * 1024  # non-streaming responses larger than this are forwarded unmetered
 CLIENT_BUFFER_HIGH = 256 * 1024  # wait for the client to drain past this many unsent bytes
@@ -141,96 +150,201 @@ class Proxy:
         The response head goes out with the first body bytes, and the last chunk with the last
         bytes: every send on loopback costs a syscall that wakes the other side (measured as the
         largest CPU item per request), and a client gains nothing from headers before its first
-        token.
+        token. What is left in the upstream reader's buffer is read first; from the first read that
+        empties it, each arrival is relayed from the transport's own callback (`UpstreamReader.sink`)
+        instead of through the buffer, a future and this task's wake-up.
         """
-        decoder = ChunkedDecoder() if up_chunked else None
-        meter = exchange.meter if exchange else None
-        keep_copy = exchange is not None and meter is None
-        copy: list[bytes] = []
-        copied = 0
-        remaining = up_length
-        progress = self.watchdog.watch(conn)
+        body = _Body(writer, head, ChunkedDecoder() if up_chunked else None, up_length, out_chunked, exchange,
+                     self.watchdog.watch(conn), self.drain)
         self.drain.relaying(conn)
-        complete = False
-        upstream_cut = False
-        pending = head  # not yet sent
+        reader = conn.reader
         try:
-            while True:
-                want = READ_SIZE if remaining is None else min(READ_SIZE, remaining)
+            outcome = _MORE
+            while outcome == _MORE:
+                want = body.want()
                 if want == 0:
-                    complete = True
+                    body.complete = True
                     break
                 try:
-                    data = await conn.reader.read(want)
+                    data = await reader.read(want)
                 except ConnectionError:
                     data = b""  # the server died under us (reset): the same cut as an early EOF
-                if not data:
-                    # Close-delimited: EOF is the end, unless the drain cut it (close(): Drain.cut_relaying).
-                    complete = decoder is None and remaining is None and not self.drain.cutting
-                    upstream_cut = not complete
+                outcome = body.take(data)
+                if outcome == _FULL:
+                    await writer.drain()
+                    outcome = _MORE
+                elif outcome == _MORE and len(data) < want and isinstance(reader, UpstreamReader):
+                    # A short read emptied the buffer: from here each arrival is relayed as it comes.
+                    await self._relay_arrivals(reader, conn, writer, body)
                     break
-                now = time.perf_counter()
-                progress[0] = time.monotonic()
-                if remaining is not None:
-                    remaining -= len(data)
-                if decoder:
-                    try:
-                        data = decoder.feed(data)
-                    except ChunkedError as exc:
-                        if exchange:
-                            exchange.props["upstream_error"] = f"malformed chunked response: {exc}"
-                        upstream_cut = True
-                        break
-                if meter:
-                    data = meter.feed(data, now)
-                elif keep_copy and copied <= MAX_METERED_BODY:
-                    copy.append(data)
-                    copied += len(data)
-                if decoder and decoder.done:
-                    complete = True
-                    break
-                if data:
-                    writer.write(pending + (chunk(data) if out_chunked else data))
-                    pending = b""
-                    if writer.transport.get_write_buffer_size() > CLIENT_BUFFER_HIGH:
-                        await writer.drain()
-                    elif writer.is_closing():
-                        raise ConnectionResetError("client went away")
-            if meter:
-                data = (data if complete and decoder else b"") + meter.flush()
-            elif not (complete and decoder):
-                data = b""
-            drain_cut = upstream_cut and self.drain.cutting
-            out = pending + ((chunk(data) if out_chunked else data) if data else b"")
-            if drain_cut and pending and not data:
-                # Queued in the engine: nothing of the response went out, so it can still be a retryable 503.
-                out = CUT_BEFORE_START
-                if exchange:
-                    exchange.status = 503
-                    exchange.props["drain_cut"] = True
-            elif out_chunked and complete:
-                out += LAST_CHUNK
-            elif upstream_cut and meter and out_chunked:
-                # A cut must not read as a finish: end the SSE stream with an OpenAI-style error event,
-                # which clients raise as an error (openai-python src/openai/_streaming.py raises
-                # APIError for a data event carrying "error"), then end the body.
-                out += chunk(DRAIN_CUT_EVENT if drain_cut else STREAM_CUT_EVENT) + LAST_CHUNK
-                if exchange:
-                    exchange.props["drain_cut" if drain_cut else "stream_cut"] = True
-            if out:
-                writer.write(out)
-            await writer.drain()
+            await body.finish()
         except (ConnectionError, RuntimeError):
             if exchange:
                 exchange.client_gone = True
-            complete = False
+            body.complete = False
         finally:
             self.watchdog.unwatch(conn)
             self.drain.relayed(conn)
-            if exchange:
-                exchange.ended = time.perf_counter()
-                if keep_copy and copied <= MAX_METERED_BODY:
-                    exchange.usage = usage_from_body(b"".join(copy))
+            body.close()
+        complete = body.complete
         if not complete:
             conn.writer.close()  # stop the generation: nobody will read it
         return complete
+
+    async def _relay_arrivals(self, reader: UpstreamReader, conn: UpstreamConn, writer: asyncio.StreamWriter,
+                              body: _Body) -> None:
+        """Relay the rest of `body` from the upstream transport's callbacks; return when it ended."""
+        loop = asyncio.get_running_loop()
+        transport = cast(asyncio.Transport, conn.writer.transport)  # a socket transport: it reads too
+        arrivals = _Arrivals(body, loop.create_future(), transport)
+        reader.sink = arrivals
+        try:
+            if reader.at_eof() or reader.exception() is not None:
+                arrivals(None)  # it ended before the sink was in place
+            while await arrivals.wake == _FULL:
+                # The client reads slower than the server writes: upstream reading is paused (by the
+                # sink, before another arrival) until the client has taken what is buffered for it.
+                await writer.drain()
+                arrivals.wake = loop.create_future()
+                if arrivals.ended:
+                    arrivals(None)  # the upstream ended while paused
+                else:
+                    transport.resume_reading()
+        finally:
+            reader.sink = None
+            if arrivals.extra:
+                conn.writer.close()  # bytes past the response: the connection is out of step
+
+
+_MORE, _DONE, _FULL = range(3)  # _Body.take: keep reading; the body ended (complete or cut); client buffer full
+
+
+class _Arrivals:
+    """Hands what the upstream transport delivers to a `_Body`; wakes the pump only when it must act."""
+
+    __slots__ = ("body", "wake", "transport", "ended", "extra")
+
+    def __init__(self, body: _Body, wake: asyncio.Future[int], transport: asyncio.Transport):
+        self.body, self.wake, self.transport = body, wake, transport
+        self.ended = False  # EOF or an error while the pump was busy (draining the client)
+        self.extra = False  # bytes after the body ended
+
+    def __call__(self, data: bytes | None) -> None:
+        """`data` None: EOF or an error, which ends the body as an early EOF does."""
+        if self.wake.done():
+            if data is None:
+                self.ended = True
+            else:
+                self.extra = True
+            return
+        try:
+            outcome = self.body.take(data or b"")
+        except BaseException as exc:  # noqa: BLE001 - the client went away mid-write: the pump handles it
+            self.wake.set_exception(exc)
+            return
+        if outcome == _FULL:
+            self.transport.pause_reading()  # before the next arrival: the pump drains the client first
+        if outcome != _MORE:
+            self.wake.set_result(outcome)
+
+
+class _Body:
+    """One response body on its way to the client: decoding, metering, framing; fed by reads or arrivals."""
+
+    def __init__(self, writer: asyncio.StreamWriter, head: bytes, decoder: ChunkedDecoder | None,
+                 remaining: int | None, out_chunked: bool, exchange: Exchange | None, progress: list[float],
+                 drain: Drain):
+        self.writer, self.decoder, self.remaining, self.out_chunked = writer, decoder, remaining, out_chunked
+        self.exchange, self.progress, self.drain = exchange, progress, drain
+        self.meter = exchange.meter if exchange else None
+        self.keep_copy = exchange is not None and self.meter is None
+        self.copy: list[bytes] = []
+        self.copied = 0
+        self.pending = head  # not yet sent
+        self.last = b""  # the decoded bytes that ended a chunked body: sent with the ending
+        self.complete = False
+        self.upstream_cut = False
+
+    def want(self) -> int:
+        return READ_SIZE if self.remaining is None else min(READ_SIZE, self.remaining)
+
+    def take(self, data: bytes) -> int:
+        """Relay `data` (b"": EOF); _DONE when the body ended, _FULL when the client must drain first."""
+        if not data:
+            # Close-delimited: EOF is the end, unless the drain cut it (close(): Drain.cut_relaying).
+            self.complete = self.decoder is None and self.remaining is None and not self.drain.cutting
+            self.upstream_cut = not self.complete
+            return _DONE
+        now = time.perf_counter()
+        self.progress[0] = time.monotonic()
+        if self.remaining is not None:
+            if len(data) > self.remaining:
+                data = data[:self.remaining]  # bytes past the body: not this response's
+            self.remaining -= len(data)
+        if self.decoder:
+            try:
+                data = self.decoder.feed(data)
+            except ChunkedError as exc:
+                if self.exchange:
+                    self.exchange.props["upstream_error"] = f"malformed chunked response: {exc}"
+                self.upstream_cut = True
+                return _DONE
+        if self.meter:
+            data = self.meter.feed(data, now)
+        elif self.keep_copy and self.copied <= MAX_METERED_BODY:
+            self.copy.append(data)
+            self.copied += len(data)
+        if self.decoder and self.decoder.done:
+            self.complete = True
+            self.last = data
+            return _DONE
+        if data:
+            self.writer.write(self.pending + (chunk(data) if self.out_chunked else data) if self.pending
+                              else (chunk(data) if self.out_chunked else data))
+            self.pending = b""
+            if self.writer.transport.get_write_buffer_size() > CLIENT_BUFFER_HIGH:
+                return _FULL
+            if self.writer.is_closing():
+                raise ConnectionResetError("client went away")
+        if self.remaining == 0:
+            self.complete = True
+            return _DONE
+        return _MORE
+
+    async def finish(self) -> None:
+        """The body's ending: the last bytes, the last chunk, or what says the stream was cut."""
+        exchange, meter, out_chunked = self.exchange, self.meter, self.out_chunked
+        if meter:
+            tail = meter.flush()  # an event the server began and did not end with its blank line
+            # Cut: that event is incomplete, and SSE discards it (WHATWG HTML 9.2.6, interpreting an event
+            # stream: "Once the end of the file is reached, any pending data must be discarded"); written
+            # out, it would run into the error event after it and make both unreadable.
+            data = (self.last if self.complete and self.decoder else b"") + (b"" if self.upstream_cut else tail)
+        else:
+            data = self.last if self.complete and self.decoder else b""
+        drain_cut = self.upstream_cut and self.drain.cutting
+        out = self.pending + ((chunk(data) if out_chunked else data) if data else b"")
+        if drain_cut and self.pending and not data:
+            # Queued in the engine: nothing of the response went out, so it can still be a retryable 503.
+            out = CUT_BEFORE_START
+            if exchange:
+                exchange.status = 503
+                exchange.props["drain_cut"] = True
+        elif out_chunked and self.complete:
+            out += LAST_CHUNK
+        elif self.upstream_cut and meter and out_chunked:
+            # A cut must not read as a finish: end the SSE stream with an OpenAI-style error event,
+            # which clients raise as an error (openai-python src/openai/_streaming.py raises
+            # APIError for a data event carrying "error"), then end the body.
+            out += chunk(DRAIN_CUT_EVENT if drain_cut else STREAM_CUT_EVENT) + LAST_CHUNK
+            if exchange:
+                exchange.props["drain_cut" if drain_cut else "stream_cut"] = True
+        if out:
+            self.writer.write(out)
+        await self.writer.drain()
+
+    def close(self) -> None:
+        if self.exchange:
+            self.exchange.ended = time.perf_counter()
+            if self.keep_copy and self.copied <= MAX_METERED_BODY:
+                self.exchange.usage = usage_from_body(b"".join(self.copy))

@@ -5,13 +5,47 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import SupportsIndex, cast
 
 from .http import parse_response_head
 from .identity import log
 
 UPSTREAM_READ_LIMIT = 64 * 1024
+
+
+class UpstreamReader(asyncio.StreamReader):
+    """The StreamReader of a connection to the model server. While a response body is relayed, what
+    arrives goes to `sink` from the transport's callback, not into the buffer (proxy.py: no future and
+    no task wake-up per SSE event); EOF and errors reach `sink` as None after the reader records them."""
+
+    sink: Callable[[bytes | None], None] | None = None
+
+    def feed_data(self, data: Iterable[SupportsIndex]) -> None:
+        if self.sink is None:
+            super().feed_data(data)
+        else:
+            self.sink(cast(bytes, data))  # a transport's data_received: always bytes
+
+    def feed_eof(self) -> None:
+        super().feed_eof()
+        if self.sink is not None:
+            self.sink(None)
+
+    def set_exception(self, exc: Exception) -> None:
+        super().set_exception(exc)
+        if self.sink is not None:
+            self.sink(None)
+
+
+async def open_upstream(address: tuple[str, int]) -> tuple[UpstreamReader, asyncio.StreamWriter]:
+    """asyncio.open_connection (CPython Lib/asyncio/streams.py) with an UpstreamReader."""
+    loop = asyncio.get_running_loop()
+    reader = UpstreamReader(limit=UPSTREAM_READ_LIMIT, loop=loop)
+    protocol = asyncio.StreamReaderProtocol(reader, loop=loop)
+    transport, _ = await loop.create_connection(lambda: protocol, *address)
+    return reader, asyncio.StreamWriter(transport, protocol, reader, loop)
 
 
 class UpstreamError(Exception):
@@ -94,7 +128,7 @@ class UpstreamPool:
 
     async def _open_spare(self) -> None:
         try:
-            reader, writer = await asyncio.open_connection(*self.address, limit=UPSTREAM_READ_LIMIT)
+            reader, writer = await open_upstream(self.address)
         except OSError:
             self._retry_at = time.monotonic() + 1.0  # the server is down or starting: no connect storm
             return
@@ -116,7 +150,7 @@ class UpstreamPool:
                 return conn
             conn.writer.close()
         try:
-            reader, writer = await asyncio.open_connection(*self.address, limit=UPSTREAM_READ_LIMIT)
+            reader, writer = await open_upstream(self.address)
         except OSError as exc:
             raise UpstreamError(f"cannot connect to the model server at {self.host_header}: "
                                 f"{exc.strerror or exc}") from None

@@ -40,9 +40,9 @@ def test_proxy_cpu_counts_the_process_and_its_children():
             "def spin():\n"
             "    t = time.process_time()\n"
             "    while time.process_time() - t < 0.3: pass\n"
-            "if os.fork() == 0:\n"
-            "    spin(); print('child', flush=True); time.sleep(30); os._exit(0)\n"
-            "spin(); print('parent', flush=True); time.sleep(30)\n")
+            "if os.fork() == 0:\n"  # one write(2) a line: the two processes share the pipe
+            "    spin(); os.write(1, b'child\\n'); time.sleep(5); os._exit(0)\n"
+            "spin(); os.write(1, b'parent\\n'); time.sleep(30)\n")
     proc = subprocess.Popen([sys.executable, "-c", burn], stdout=subprocess.PIPE, text=True)
     try:
         assert sorted(proc.stdout.readline().strip() for _ in range(2)) == ["child", "parent"]
