@@ -59,12 +59,9 @@ class FloodServer:
             self._server.close()
 
 
-@pytest.mark.parametrize("finish", [True, False])
-def test_a_client_slower_than_the_server_gets_every_byte_in_order_and_the_right_ending(monkeypatch, finish):
-    """The client reads nothing until the gateway has paused reading the server (its buffer for the client
-    is full), then reads all: every event arrives once, in order, and the body ends as the server ended it —
-    [DONE] and the last chunk, or the stream-cut error event when the server dropped the connection."""
-    paused = []
+def held_back(monkeypatch) -> list[bool]:
+    """A list that gets an entry each time the gateway stops reading the server for a client that lags."""
+    paused: list[bool] = []
 
     class Spy(proxy._Arrivals):
         def __call__(self, data):
@@ -74,6 +71,15 @@ def test_a_client_slower_than_the_server_gets_every_byte_in_order_and_the_right_
                 paused.append(True)
 
     monkeypatch.setattr(proxy, "_Arrivals", Spy)
+    return paused
+
+
+@pytest.mark.parametrize("finish", [True, False])
+def test_a_client_slower_than_the_server_gets_every_byte_in_order_and_the_right_ending(monkeypatch, finish):
+    """The client reads nothing until the gateway has paused reading the server (its buffer for the client
+    is full), then reads all: every event arrives once, in order, and the body ends as the server ended it —
+    [DONE] and the last chunk, or the stream-cut error event when the server dropped the connection."""
+    paused = held_back(monkeypatch)
     events = 600  # ~10 MB
 
     async def body():
@@ -138,16 +144,7 @@ def test_a_drain_that_cuts_a_stream_held_back_for_a_slow_client_still_ends_it_wi
     error event and the end of the body, and the relay finishes instead of waiting for the server forever.
     An event the cut left half-sent is dropped, as an SSE client would drop it at the end of the stream
     (WHATWG HTML 9.2.6: "any pending data must be discarded"), so it cannot run into the error event."""
-    paused = []
-
-    class Spy(proxy._Arrivals):
-        def __call__(self, data):
-            super().__call__(data)
-            if self.wake.done() and not self.wake.cancelled() and self.wake.exception() is None \
-                    and self.wake.result() == proxy._FULL:
-                paused.append(True)
-
-    monkeypatch.setattr(proxy, "_Arrivals", Spy)
+    paused = held_back(monkeypatch)
 
     async def body():
         server = await FloodServer(600, hold=True).start()
