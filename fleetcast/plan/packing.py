@@ -286,6 +286,13 @@ def packing_memory(cfg, instance_type: str, packing: tuple[tuple[str, str, int],
     return plan_pool(_PackedFleet(cfg, {m: p for m, p, _ in packing}), shape, _instance(instance_type, lab or {}))
 
 
+def kv_gib_written(kv_gib: float) -> float:
+    """A KV budget in GiB as the config gets it: rounded down to 0.1 so the memory sum still fits. The budget
+    comes back from whole bytes (int(kv_cache_gb x 2^30)), a hair under a budget already on the 0.1 grid
+    (a measured packing's 2.3 GiB reads 2.29999...), which must stay 2.3, not drop to 2.2."""
+    return math.floor(round(kv_gib * 10, 6)) / 10
+
+
 # ---------------------------------------------------------------- evaluation
 
 
@@ -310,6 +317,11 @@ class ModelLoad:
     @property
     def instances_by_hour(self) -> list[int]:
         return [math.ceil(n / self.copies) for n in self.processes_by_hour]
+
+    @property
+    def kv_cache_gb(self) -> float | None:
+        """Each copy's KV budget as `--write-config` writes it and the report shows it (kv_gib_written)."""
+        return None if self.kv_gib is None else kv_gib_written(self.kv_gib)
 
     def worst(self) -> tuple[float, float] | None:
         """(P99 TTFT incl. network, P99 ITL) at the day's worst planned minute."""

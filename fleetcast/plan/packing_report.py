@@ -30,7 +30,7 @@ def model_rows(ev: PackingEval) -> tuple[list[str], list[list[str]]]:
         worst = m.worst()
         ttft = "-" if worst is None else f"{worst[0]:.0f} / {m.slo.ttft_p99_ms:g}"
         itl = "-" if worst is None else f"{worst[1]:.1f} / {m.slo.itl_p99_ms:g}"
-        rows.append([m.model, m.precision, str(m.copies), _gib(m.kv_gib), m.source, ttft, itl,
+        rows.append([m.model, m.precision, str(m.copies), _gib(m.kv_cache_gb), m.source, ttft, itl,
                      str(max(m.processes_by_hour, default=0))])
     return header, rows
 

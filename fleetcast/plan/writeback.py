@@ -15,7 +15,6 @@ steps whose `min` is the planned instance count for those hours).
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -342,7 +341,7 @@ def compute_packing_edit(path: str | Path, result, allow_estimated: bool = False
             if not engine:
                 del pool["engine"]
         wanted = [{"model": m.model, "copies": m.copies,
-                   **({} if m.kv_gib is None else {"kv_cache_gb": math.floor(m.kv_gib * 10) / 10})} for m in w.loads]
+                   **({} if m.kv_cache_gb is None else {"kv_cache_gb": m.kv_cache_gb})} for m in w.loads]
         present = pool.get("serves")
         if [dict(s) for s in present or []] != wanted:
             if isinstance(present, CommentedSeq) and [s.get("model") for s in present] == [x["model"] for x in wanted]:
