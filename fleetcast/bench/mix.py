@@ -15,6 +15,8 @@ models' measured mean concurrency); every file also carries the whole mix's figu
 from __future__ import annotations
 
 import asyncio
+import math
+import re
 import time
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -62,8 +64,6 @@ class MixModel:
 
 def parse_model_mix(spec: str) -> dict[str, float]:
     """'gpt2-xl:0.7,qwen2.5-1.5b:0.3' -> {model: share}; UserError naming --model-mix otherwise."""
-    import re
-
     shares: dict[str, float] = {}
     for part in (p.strip() for p in spec.split(",")):
         model, sep, value = part.rpartition(":")
@@ -155,12 +155,14 @@ def parse_packing(spec: str, instance_type: str | None, gpu: str | None) -> Pack
         if len(bits) not in (2, 3) or not bits[0]:
             raise UserError(f"--packing {spec!r}: {part!r} is not MODEL:COPIES[:KV_GIB] "
                             "(e.g. gpt2-xl:1:20,qwen2.5-1.5b:2)")
+        if not re.fullmatch(MODEL_ID_PATTERN, bits[0]):
+            raise UserError(f"--packing: {bits[0]!r} is not a model id (letters, digits, '.', '_', '-')")
         try:
             copies = int(bits[1])
             kv = float(bits[2]) if len(bits) == 3 else None
         except ValueError:
             raise UserError(f"--packing: {part!r}: COPIES is a whole number, KV_GIB a number of GiB") from None
-        if copies < 1 or (kv is not None and kv <= 0):
+        if copies < 1 or (kv is not None and not 0 < kv < math.inf):  # nan and inf fail this too
             raise UserError(f"--packing: {part!r}: COPIES must be at least 1 and KV_GIB above 0")
         serves.append(PackedModel(model=bits[0], copies=copies, kv_cache_gb=kv))
     try:
