@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from fleetcast.contract.errors import UserError
-from fleetcast.contract.serving import PROCESS_OVERHEAD_BYTES
+from fleetcast.contract.serving import GIB, PROCESS_OVERHEAD_BYTES
 
 if TYPE_CHECKING:  # annotations only
     from fleetcast.contract.serving import ProcessSlot
@@ -103,9 +103,9 @@ def plan_budgets(slots: Sequence[ProcessSlot], explicit: Mapping[str, int | None
     if missing and share <= 0:
         names = ", ".join(sorted({s.model_id for s in missing}))
         raise UserError(
-            f"kv_cache_gb: nothing is left for the KV cache of {names}: {fraction:g} x {free_bytes / 2**30:.1f} GiB "
-            f"free = {usable / 2**30:.1f} GiB, and weights + {overhead_bytes / 2**30:.2f} GiB per process + LoRA caches "
-            f"+ explicit budgets take {fixed / 2**30:.1f} GiB; give every model a kv_cache_gb or serve fewer copies")
+            f"kv_cache_gb: nothing is left for the KV cache of {names}: {fraction:g} x {free_bytes / GIB:.1f} GiB "
+            f"free = {usable / GIB:.1f} GiB, and weights + {overhead_bytes / GIB:.2f} GiB per process + LoRA caches "
+            f"+ explicit budgets take {fixed / GIB:.1f} GiB; give every model a kv_cache_gb or serve fewer copies")
     return {(s.model_id, s.copy_index): explicit.get(s.model_id) or share for s in slots}
 
 

@@ -20,13 +20,12 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from fleetcast.contract.adapters import LORA_DEVICE_RESERVE_BYTES
-from fleetcast.contract.serving import PROCESS_OVERHEAD_BYTES
+from fleetcast.contract.serving import GIB, PROCESS_OVERHEAD_BYTES
 
 if TYPE_CHECKING:
     from .catalog import InstanceType
     from .model import FleetConfig, Pool
 
-GIB = 2**30
 
 # Bytes each weight takes at a precision. Weight-only and SmoothQuant INT8 store one byte, INT4 and
 # NVFP4 half a byte (their per-group scales are left out, a few percent); embeddings and norms are

@@ -35,6 +35,7 @@ from pydantic import (
 )
 
 from fleetcast.contract import support
+from fleetcast.contract.serving import GIB
 
 from .schedule import schedule_problem, unix_cron_problem
 from .strict import scalar_problem
@@ -902,8 +903,6 @@ NOT_IN_INSTANCE_DIGEST: dict[str, Any] = {
     }},
 }
 
-
-GIB = 2**30  # kv_cache_gb's unit
 
 # What `fleetcast config show` passes to model_dump: the list form, even for a one-model fleet.
 LIST_FORM: dict[str, Any] = {"models_as_list": True}

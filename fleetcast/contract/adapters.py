@@ -14,6 +14,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
+from .serving import GIB
+
 
 # Read-only members, so the config's frozen models (fleetcast/config/model.py) satisfy them.
 class _Adapter(Protocol):
@@ -134,8 +136,6 @@ def lora_config(shapes: Sequence[tuple[int, Sequence[str]]]) -> dict[str, object
 
 
 # ---------------------------------------------------------------- the LoRA device cache, sized as TensorRT-LLM sizes it
-
-GIB = 2**30
 
 # GPU memory each engine process of a model with adapters sets aside for its LoRA device cache: the one figure
 # `config validate` counts (it cannot know the adapters' ranks and modules, which only staging reads, nor the base

@@ -15,6 +15,9 @@ from typing import Protocol
 
 LOOPBACK_HOST = "127.0.0.1"
 
+# kv_cache_gb's unit and the GPU memory table's: GiB, 2^30 bytes.
+GIB = 2**30
+
 # GPU memory one serving process holds beyond its weights and its KV cache (CUDA context, the framework's
 # allocator and library workspaces, CUDA graphs, activations). Measured on an H200 with the reference backend,
 # GPT-2 medium and XL shapes at max batch 64 and 1024 positions: 1.06-1.15 GiB per process, of which 719 MiB
