@@ -30,7 +30,7 @@ from fleetcast.contract.bucket import adapter_prefix
 from fleetcast.contract.errors import UserError
 from fleetcast.contract.manifest import build_manifest
 
-from .model import ClientFactory, StageResult, resolve_hub_token, stage_tree
+from .model import ClientFactory, StageResult, hub_errors, resolve_hub_token, stage_tree
 from .transfer import DEFAULT_PART_SIZE, human_bytes
 
 
@@ -105,7 +105,9 @@ def stage_adapter(cfg: FleetConfig, model_id: str, adapter_id: str, buckets: dic
             source = adapter.source
             chosen = adapter_files({p.name: p.stat().st_size for p in root.iterdir() if p.is_file()}, adapter.source)
         else:
-            extra = _from_hub(adapter, root, resolve_hub_token(cfg, clients, model), log)
+            token = resolve_hub_token(cfg, clients, model)
+            with hub_errors(f"models[{model.id}].adapters[{adapter.id}].source", adapter.source, adapter.revision):
+                extra = _from_hub(adapter, root, token, log)
             source = f"hub:{adapter.source}"
             chosen = adapter_files({p.name: p.stat().st_size for p in root.iterdir() if p.is_file()}, adapter.source)
         try:

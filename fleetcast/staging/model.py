@@ -11,7 +11,8 @@ from __future__ import annotations
 import glob
 import os
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -93,6 +94,30 @@ class Selection:
         return out
 
 
+def _hub_failure(exc: BaseException) -> bool:
+    """An error of the hub client (an HTTP answer, a connection that failed), not of fleetcast."""
+    return isinstance(exc, OSError) or any(c.__module__.split(".")[0] in ("huggingface_hub", "httpx", "httpx2",
+                                                                         "httpcore", "httpcore2", "requests")
+                                           for c in type(exc).__mro__)
+
+
+@contextmanager
+def hub_errors(field: str, repo_id: str, revision: str) -> Iterator[None]:
+    """A hub fetch that fails (no such repository or revision, gated, no token, no network) as one line naming
+    the config field to check, instead of the client's traceback."""
+    try:
+        yield
+    except UserError:
+        raise
+    except Exception as exc:
+        if not _hub_failure(exc):
+            raise
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        raise UserError(f"{field}: fetching {repo_id} at revision {revision!r} from the hub failed: "
+                        f"{type(exc).__name__}{': ' + first if first else ''} (check the source and revision, the "
+                        "hub token for a gated or private repository, and that this machine reaches the hub)") from None
+
+
 def fetch_from_hub(repo_id: str, revision: str, dest: Path, token: str | None, extra: tuple[str, ...] = (),
                    log: Callable[[str], None] = print) -> str:
     """Download what the build reads of a hub snapshot into `dest`; returns the commit sha it resolved to."""
@@ -159,7 +184,8 @@ def stage_model(cfg: FleetConfig, buckets: dict[str, str], clients: ClientFactor
                         "downloading, or point source at the hub id")
     token = resolve_hub_token(cfg, clients, model)
     with tempfile.TemporaryDirectory(prefix="fleetcast-model-") as tmp:
-        sha = fetch_from_hub(model.source, model.revision, Path(tmp), token, model.stage_patterns, log=log)
+        with hub_errors(f"models[{model.id}].source", model.source, model.revision):
+            sha = fetch_from_hub(model.source, model.revision, Path(tmp), token, model.stage_patterns, log=log)
         if sha != model.revision:
             log(f"note: revision {model.revision!r} resolved to commit {sha}; pin it in model.revision")
         chosen = Selection.of(_local_files(Path(tmp)), model.stage_patterns)
