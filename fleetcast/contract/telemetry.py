@@ -76,7 +76,7 @@ TERMINATE_HOOK = "fleetcast-terminate"
 INSTANCE_ENV_FILE = "/etc/fleetcast/env"
 
 # Traffic shape (EMF, from the gateway, one record per admitted inference request): `ShapedRequests` = 1
-# under three dimension sets, [Fleet, Pool, Consumer, <bucket dimension>], one per bucket dimension below.
+# under the dimension sets SHAPE_DIMENSION_SETS / SHAPE_MODEL_DIMENSION_SETS below.
 # Its own metric (not `Requests` again) so that each EMF directive names members no other directive names.
 SHAPED_REQUESTS = "ShapedRequests"
 # Summed per hour they are exact per-bucket request counts for as long as CloudWatch keeps the hour
@@ -85,6 +85,15 @@ SHAPED_REQUESTS = "ShapedRequests"
 DIM_IN_FLIGHT = "InFlightAtArrival"  # requests in flight on this instance when this one arrived, itself included
 DIM_INPUT_BUCKET = "InputTokensBucket"
 DIM_OUTPUT_BUCKET = "OutputTokensBucket"
+# The traffic-shape directive's dimension sets: one per bucket dimension; with a model of the config named, the
+# in-flight count per model as well ([Fleet, Pool, Consumer, Model, InFlightAtArrival]), so that `traffic export`
+# gives each model's entry its own `concurrency` (the lengths per model are trimmed counts of InputTokens /
+# OutputTokens, fleetcast/traffic/export.py). EMF (Amazon CloudWatch User Guide, "Specification: Embedded metric
+# format"): a dimension set holds at most 30 dimensions (5 here); each set files its own custom metrics, created
+# only for the bucket values that occur.
+SHAPE_DIMENSION_SETS = tuple((DIM_FLEET, DIM_POOL, DIM_CONSUMER, d)
+                             for d in (DIM_IN_FLIGHT, DIM_INPUT_BUCKET, DIM_OUTPUT_BUCKET))
+SHAPE_MODEL_DIMENSION_SETS = SHAPE_DIMENSION_SETS + ((DIM_FLEET, DIM_POOL, DIM_CONSUMER, DIM_MODEL, DIM_IN_FLIGHT),)
 # Inclusive upper bounds; a value above the last bound is counted in the last bucket. 4096 is the
 # highest concurrency level a traffic profile accepts.
 IN_FLIGHT_BOUNDS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 4096)

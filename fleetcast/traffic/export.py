@@ -1,8 +1,9 @@
 """`fleetcast traffic export`: a `fleetcast.traffic/v1` profile from what the gateways metered.
 
 The gateway writes one EMF record per inference request (runtime/gateway/metrics.py); CloudWatch
-turns it into `Requests` = 1 under [Fleet, Pool, Consumer] and under the three traffic-shape
-dimension sets [Fleet, Pool, Consumer, InFlightAtArrival | InputTokensBucket | OutputTokensBucket],
+turns it into `Requests` = 1 under [Fleet, Pool, Consumer] and `ShapedRequests` = 1 under the
+traffic-shape dimension sets [Fleet, Pool, Consumer, InFlightAtArrival | InputTokensBucket |
+OutputTokensBucket] (and [Fleet, Pool, Consumer, Model, InFlightAtArrival]),
 stamped with the request's arrival time. Everything the profile says is a Sum of those over a
 period, so it is exact (not sampled, not a percentile sketch) for as long as CloudWatch keeps the
 period:
@@ -23,10 +24,10 @@ counts over the raw per-request token values: TC(a:b) counts the values v with a
 (CloudWatch User Guide, "CloudWatch statistics definitions": TM(150:1000) "removing all data points
 that are lower than or equal to 150, or higher than 1000"; TC is the count of that range), so bucket
 "65-128" is TC(64:128), exact as a Sum is. A request naming an adapter counts for its base model
-(its processes serve it). The in-flight histogram has no model dimension (in flight is per instance,
-every model's requests), so per-model entries carry no `concurrency`: the planner sizes them from
-arrivals and burstiness. Requests naming no model of the config (404 model_not_found) load no engine
-and are left out.
+(its processes serve it). Each entry's `concurrency` is the Sum of ShapedRequests under [Fleet, Pool,
+Consumer, Model, InFlightAtArrival] (fleetcast.contract.telemetry.SHAPE_MODEL_DIMENSION_SETS): the
+in-flight count on the instance (every model's requests) when that model's requests arrived. Requests
+naming no model of the config (404 model_not_found) load no engine and are left out.
 
 One GetMetricData call per hour of the window (queries chunked by 500, the per-call limit): each
 answer holds at most 60 datapoints per query, far under the 100,800 per call, so no answer is
@@ -134,6 +135,9 @@ def _queries(cfg: FleetConfig, region: str, consumers: list) -> tuple[list[dict]
                     for what, metric in (("input_tokens", t.INPUT_TOKENS), ("output_tokens", t.OUTPUT_TOKENS)):
                         for label in t.TOKEN_LABELS:
                             add((owner, what, label), metric, dims, 3600, trimmed_count(label))
+                    dim, labels = _SHAPE["in_flight"]  # t.SHAPE_MODEL_DIMENSION_SETS
+                    for label in labels:
+                        add((owner, "in_flight", label), t.SHAPED_REQUESTS, dims + [(dim, label)], 3600, "Sum")
             for model in cfg.models:
                 dims = base + [(t.DIM_MODEL, model.id)]
                 add(((pool.name, model.id), "ttft_p99"), t.TTFT_MS, dims, 3600, "p99")

@@ -22,11 +22,11 @@ from typing import Any, TextIO
 
 from fleetcast.contract import telemetry as t
 
-# The traffic-shape directive: `ShapedRequests` (= 1) under one dimension set per bucket dimension
-# (fleetcast.contract.telemetry). A metric of its own: the bucket dimensions must not multiply the latency
-# and token metrics, and no member is named by two directives.
-_SHAPE_DIMENSIONS = [[t.DIM_FLEET, t.DIM_POOL, t.DIM_CONSUMER, d]
-                     for d in (t.DIM_IN_FLIGHT, t.DIM_INPUT_BUCKET, t.DIM_OUTPUT_BUCKET)]
+# The traffic-shape directive: `ShapedRequests` (= 1) under fleetcast.contract.telemetry's shape dimension sets
+# (one per bucket dimension, and in flight per model when the request named one). A metric of its own: the
+# bucket dimensions must not multiply the latency and token metrics, and no member is named by two directives.
+_SHAPE_DIMENSIONS = [list(d) for d in t.SHAPE_DIMENSION_SETS]
+_SHAPE_MODEL_DIMENSIONS = [list(d) for d in t.SHAPE_MODEL_DIMENSION_SETS]
 _SHAPE_METRICS = [{"Name": t.SHAPED_REQUESTS, "Unit": t.unit(t.SHAPED_REQUESTS)}]
 
 
@@ -48,7 +48,8 @@ def _directives(consumer: str | None, model: str | None, names: Iterable[str], s
         "Metrics": [{"Name": name, "Unit": t.unit(name)} for name in names],
     }]
     if shaped:
-        directives.append({"Namespace": t.NAMESPACE, "Dimensions": _SHAPE_DIMENSIONS, "Metrics": _SHAPE_METRICS})
+        directives.append({"Namespace": t.NAMESPACE, "Dimensions": _SHAPE_MODEL_DIMENSIONS if model else _SHAPE_DIMENSIONS,
+                           "Metrics": _SHAPE_METRICS})
     return directives
 
 

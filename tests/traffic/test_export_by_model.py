@@ -120,9 +120,9 @@ def test_a_fleet_of_several_models_exports_one_entry_per_region_and_model(aws_en
         assert (o.input_tokens, o.output_tokens) == (want_in, want_out)
         assert entry.input_mean == pytest.approx(sum(s[3] for s in mine) / len(mine), abs=1e-3)  # written to 3 decimals
         assert entry.output_mean == pytest.approx(sum(s[4] for s in mine) / len(mine), abs=1e-3)  # written to 3 decimals
-        # In flight at arrival is per instance (every model's requests): no per-model histogram, so the planner
-        # sizes these entries from arrivals and burstiness.
-        assert o.in_flight == {} and entry.concurrency is None and entry.arrival_driven
+        # Sent one at a time, every request arrived alone on the instance: each model's own in-flight histogram
+        # ([Fleet, Pool, Consumer, Model, InFlightAtArrival]); the planner still sizes from arrivals.
+        assert o.in_flight == {"1": len(mine)} and entry.concurrency == {"1": 1.0} and entry.arrival_driven
         for h in range(HOURS):
             minutes = [sum(1 for s in mine if s[0] == h * 60 + m) for m in range(60)]
             if sum(minutes):
@@ -167,3 +167,47 @@ def test_an_adapters_requests_count_for_its_base_model(aws_env):
     assert qwen.observed.input_tokens == {"257-512": 1, "513-1024": 1, "65-128": 1}
     assert qwen.input_mean == pytest.approx((300 + 700 + 80) / 3, abs=1e-3)
     assert qwen.observed.models == {"gpt2-xl": 1, "qwen2.5-0.5b": 3}
+
+
+def test_each_models_concurrency_is_the_in_flight_its_own_requests_arrived_at(aws_env):
+    """Streams of the small model held open on the instance: every gpt2-xl request then arrives with them in flight,
+    and only the small model's entry has the levels its own streams arrived at."""
+    cfg = two_model_config()
+
+    async def body():
+        xl, small = await FakeModelServer().start(), await FakeModelServer().start()
+        router = Router({"gpt2-xl": [("127.0.0.1", xl.port)], SMALL: [("127.0.0.1", small.port)]})
+        h = await start_harness(cfg, upstream=xl, router=router,
+                                entitled={c.name: cfg.models_for(c.name) for c in cfg.consumers})
+        h.gateway.clock = lambda: START.timestamp() + 61
+        small.gate = asyncio.Event()  # the small model's streams stop after their first token until released
+        held = []
+        try:
+            for _ in range(3):  # arrive at 1, 2, 3 in flight
+                c = await Client(h.port, VOICE_VPCE).connect()
+                await c.send("POST", "/v1/completions", {"model": SMALL, "prompt": "w w", "max_tokens": 2, "stream": True})
+                status, headers = await c.read_head()
+                assert status == 200
+                held.append((c, headers))
+            xl_client = await Client(h.port, ANALYTICS_VPCE).connect()
+            for _ in range(5):  # each arrives with the 3 streams in flight: 4
+                reply = await xl_client.request("POST", "/v1/completions",
+                                                {"model": "gpt2-xl", "prompt": "w", "max_tokens": 3, "stream": False})
+                assert reply.status == 200
+            await xl_client.close()
+            small.gate.set()
+            for c, headers in held:
+                await c.read_body(headers)
+                await c.close()
+            return list(h.records)
+        finally:
+            await stop_harness(h)
+            await small.stop()
+
+    records = asyncio.run(asyncio.wait_for(body(), 120))
+    reset_moto(aws_env)
+    ship(records, boto3.client("cloudwatch", region_name=REGION))
+    profile, _ = export(cfg, START, NOW, with_percentiles(cloudwatch_caller(None), records), region=REGION, now=NOW)
+    by_model = {c.model: c.observed.in_flight for c in profile.consumers}
+    assert by_model == {SMALL: {"1": 1, "2": 1, "3-4": 1}, "gpt2-xl": {"3-4": 5}}
+
