@@ -85,15 +85,21 @@ SHAPED_REQUESTS = "ShapedRequests"
 DIM_IN_FLIGHT = "InFlightAtArrival"  # requests in flight on this instance when this one arrived, itself included
 DIM_INPUT_BUCKET = "InputTokensBucket"
 DIM_OUTPUT_BUCKET = "OutputTokensBucket"
-# The traffic-shape directive's dimension sets: one per bucket dimension; with a model of the config named, the
-# in-flight count per model as well ([Fleet, Pool, Consumer, Model, InFlightAtArrival]), so that `traffic export`
-# gives each model's entry its own `concurrency` (the lengths per model are trimmed counts of InputTokens /
-# OutputTokens, fleetcast/traffic/export.py). EMF (Amazon CloudWatch User Guide, "Specification: Embedded metric
-# format"): a dimension set holds at most 30 dimensions (5 here); each set files its own custom metrics, created
-# only for the bucket values that occur.
+# The traffic-shape directive's dimension sets: one per bucket dimension; in a fleet of several models, for a
+# request naming one of them, the in-flight count per model as well ([Fleet, Pool, Consumer, Model,
+# InFlightAtArrival]), so that `traffic export` gives each model's entry its own `concurrency` (the lengths per
+# model are trimmed counts of InputTokens / OutputTokens, fleetcast/traffic/export.py). A one-model fleet's export
+# reads no model dimension, so its records leave that set out (it would only add custom metrics). EMF (Amazon
+# CloudWatch User Guide, "Specification: Embedded metric format"): a dimension set holds at most 30 dimensions
+# (5 here); each set files its own custom metrics, created only for the bucket values that occur.
 SHAPE_DIMENSION_SETS = tuple((DIM_FLEET, DIM_POOL, DIM_CONSUMER, d)
                              for d in (DIM_IN_FLIGHT, DIM_INPUT_BUCKET, DIM_OUTPUT_BUCKET))
 SHAPE_MODEL_DIMENSION_SETS = SHAPE_DIMENSION_SETS + ((DIM_FLEET, DIM_POOL, DIM_CONSUMER, DIM_MODEL, DIM_IN_FLIGHT),)
+
+
+def metered_per_model(model_count: int) -> bool:
+    """Whether a fleet of `model_count` models is metered and exported per model (traffic shape included)."""
+    return model_count > 1
 # Inclusive upper bounds; a value above the last bound is counted in the last bucket. 4096 is the
 # highest concurrency level a traffic profile accepts.
 IN_FLIGHT_BOUNDS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 4096)

@@ -101,7 +101,7 @@ def _metric(name: str, dims: list[tuple[str, str]], period: int, stat: str, qid:
 
 def per_model(cfg: FleetConfig) -> bool:
     """Whether the profile gets one entry per (region, model): a fleet of several models."""
-    return len(cfg.models) > 1
+    return t.metered_per_model(len(cfg.models))
 
 
 def _model_names(cfg: FleetConfig, consumer) -> list[tuple[str, str]]:

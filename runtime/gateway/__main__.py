@@ -26,6 +26,7 @@ from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING
 
+from fleetcast.contract import telemetry as t
 from fleetcast.contract.instance_env import Var, default, setting
 
 from .http import BODY_TIMEOUT_S
@@ -165,7 +166,8 @@ async def serve(args: argparse.Namespace, shared: SharedState | None = None, wor
     # Always present, even with no keyed consumer yet: a config refresh may add one.
     keys = ApiKeyStore(boto3.client("secretsmanager", region_name=args.region),
                        secret_names(consumers, cfg.api_key_secret_of), args.refresh_s)
-    metrics = MetricsSink(cfg.name, args.pool, write_lock=shared.emf_lock if shared is not None else None)
+    metrics = MetricsSink(cfg.name, args.pool, write_lock=shared.emf_lock if shared is not None else None,
+                          by_model=t.metered_per_model(len(cfg.models)))
     new_limiter = shared.limiter if shared is not None else (lambda key, limits: ConsumerLimiter(limits))
     router = router_for(cfg, args.pool, args.upstream, setting(os.environ, Var.LOCAL_ROOT))
     gateway = Gateway(router=router, identity=Identity(consumers, endpoints, keys),

@@ -41,14 +41,15 @@ def _dimensions(consumer: str | None, model: str | None) -> list[list[str]]:
     return dims
 
 
-def _directives(consumer: str | None, model: str | None, names: Iterable[str], shaped: bool) -> list[dict[str, Any]]:
+def _directives(consumer: str | None, model: str | None, names: Iterable[str], shaped: bool,
+                by_model: bool = False) -> list[dict[str, Any]]:
     directives: list[dict[str, Any]] = [{
         "Namespace": t.NAMESPACE,
         "Dimensions": _dimensions(consumer, model),
         "Metrics": [{"Name": name, "Unit": t.unit(name)} for name in names],
     }]
     if shaped:
-        directives.append({"Namespace": t.NAMESPACE, "Dimensions": _SHAPE_MODEL_DIMENSIONS if model else _SHAPE_DIMENSIONS,
+        directives.append({"Namespace": t.NAMESPACE, "Dimensions": _SHAPE_MODEL_DIMENSIONS if model and by_model else _SHAPE_DIMENSIONS,
                            "Metrics": _SHAPE_METRICS})
     return directives
 
@@ -72,17 +73,19 @@ def _members(fleet: str, pool: str, consumer: str | None, values: dict[str, floa
 
 def emf_record(fleet: str, pool: str, consumer: str | None, values: dict[str, float],
                properties: dict[str, Any] | None = None, timestamp_ms: int | None = None,
-               shape: dict[str, str] | None = None, model: str | None = None) -> dict[str, Any]:
+               shape: dict[str, str] | None = None, model: str | None = None,
+               by_model: bool = False) -> dict[str, Any]:
     """One EMF record. Per-consumer dimensions only when the consumer is known; per (consumer, model)
     as well when the request named a model of the config (never an arbitrary client string).
 
     `shape` ({bucket dimension: label}, all three of fleetcast.contract.telemetry's) adds the traffic-shape
-    directive and its `ShapedRequests` = 1 member; it needs a consumer.
+    directive and its `ShapedRequests` = 1 member; it needs a consumer. `by_model` (a fleet of several models,
+    telemetry.metered_per_model) adds the shape's per-model in-flight set.
     """
     record = _members(fleet, pool, consumer, values, properties, shape, model)
     record["_aws"] = {
         "Timestamp": timestamp_ms if timestamp_ms is not None else int(time.time() * 1000),
-        "CloudWatchMetrics": _directives(consumer, model, values, bool(shape and consumer)),
+        "CloudWatchMetrics": _directives(consumer, model, values, bool(shape and consumer), by_model),
     }
     return record
 
@@ -97,8 +100,8 @@ class EmfLines:
 
     MAX_CACHED = 4096  # consumers x models x metric sets: far fewer on any fleet; a bound all the same
 
-    def __init__(self, fleet: str, pool: str):
-        self.fleet, self.pool = fleet, pool
+    def __init__(self, fleet: str, pool: str, by_model: bool = False):
+        self.fleet, self.pool, self.by_model = fleet, pool, by_model
         self._directives: dict[tuple[Any, ...], str] = {}
 
     def line(self, consumer: str | None, values: dict[str, float], properties: dict[str, Any] | None = None,
@@ -109,7 +112,7 @@ class EmfLines:
         if directives is None:
             if len(self._directives) >= self.MAX_CACHED:
                 self._directives.clear()
-            directives = self._directives[key] = json.dumps(_directives(consumer, model, values, shaped),
+            directives = self._directives[key] = json.dumps(_directives(consumer, model, values, shaped, self.by_model),
                                                             separators=(",", ":"))
         members = json.dumps(_members(self.fleet, self.pool, consumer, values, properties, shape, model),
                              separators=(",", ":"))
@@ -127,14 +130,15 @@ class MetricsSink:
 
     def __init__(self, fleet: str, pool: str, stream: TextIO | None = None,
                  on_record: Callable[[dict[str, Any]], None] | None = None, flush_s: float = 0.2,
-                 write_lock: AbstractContextManager[Any] | None = None):
+                 write_lock: AbstractContextManager[Any] | None = None, by_model: bool = False):
         """`write_lock`: held around each batch when several processes share the stream (gateway workers),
-        so their lines never interleave mid-record."""
-        self.fleet, self.pool = fleet, pool
+        so their lines never interleave mid-record. `by_model`: the fleet is metered per model
+        (fleetcast.contract.telemetry.metered_per_model)."""
+        self.fleet, self.pool, self.by_model = fleet, pool, by_model
         self._write_lock = write_lock
         self._stream = stream if stream is not None else sys.stdout
         self._on_record = on_record  # tests observe records directly
-        self._lines = EmfLines(fleet, pool)
+        self._lines = EmfLines(fleet, pool, by_model)
         self._pending: list[str] = []
         self._flush_s = flush_s
         self._closed = threading.Event()
@@ -144,7 +148,8 @@ class MetricsSink:
     def emit(self, consumer: str | None, values: dict[str, float], properties: dict[str, Any] | None = None,
              timestamp_ms: int | None = None, shape: dict[str, str] | None = None, model: str | None = None) -> None:
         if self._on_record:
-            self._on_record(emf_record(self.fleet, self.pool, consumer, values, properties, timestamp_ms, shape, model))
+            self._on_record(emf_record(self.fleet, self.pool, consumer, values, properties, timestamp_ms, shape, model,
+                                       self.by_model))
         self._pending.append(self._lines.line(consumer, values, properties, timestamp_ms, shape, model))
 
     def _flush(self) -> None:

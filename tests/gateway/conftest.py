@@ -13,6 +13,7 @@ import pytest
 from botocore.stub import Stubber
 
 from fleetcast.config import load_config, parse_config
+from fleetcast.contract import telemetry as t
 from runtime.gateway.identity import ApiKeyStore, EndpointDirectory, Identity
 from runtime.gateway.limits import ConsumerLimiter
 from runtime.gateway.metrics import MetricsSink
@@ -120,7 +121,8 @@ async def start_harness(cfg=None, *, ec2_responses=DEFAULT_EC2_RESPONSES, keys: 
         def write(self, _): pass
         def flush(self): pass
 
-    metrics = MetricsSink(cfg.name, "l40s", stream=_Null(), on_record=records.append)
+    metrics = MetricsSink(cfg.name, "l40s", stream=_Null(), on_record=records.append,
+                          by_model=t.metered_per_model(len(cfg.models)))
     router = router or Router.single(MODEL_ID, ("127.0.0.1", upstream.port))
     gateway = Gateway(router=router, identity=Identity(consumers, endpoints, keys),
                       limiters={c.name: ConsumerLimiter(c.limits) for c in consumers}, metrics=metrics,

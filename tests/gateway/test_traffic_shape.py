@@ -30,11 +30,9 @@ def test_each_request_carries_its_length_buckets_and_in_flight_count_under_a_sec
             assert shape["Metrics"] == [{"Name": t.SHAPED_REQUESTS, "Unit": "Count"}] and rec[t.SHAPED_REQUESTS] == 1
             # Each directive names its own members: none is named twice.
             assert not {m["Name"] for m in first["Metrics"]} & {m["Name"] for m in shape["Metrics"]}
-            # One set per bucket dimension, and (the request named a model of the config) in flight per model.
+            # One set per bucket dimension; a one-model fleet's export reads no model dimension, so none per model.
             assert shape["Dimensions"] == [["Fleet", "Pool", "Consumer", d]
-                                           for d in (t.DIM_IN_FLIGHT, t.DIM_INPUT_BUCKET, t.DIM_OUTPUT_BUCKET)] + [
-                                               ["Fleet", "Pool", "Consumer", "Model", t.DIM_IN_FLIGHT]]
-            assert rec[t.DIM_MODEL] == "gpt2-xl"
+                                           for d in (t.DIM_IN_FLIGHT, t.DIM_INPUT_BUCKET, t.DIM_OUTPUT_BUCKET)]
             # Specification: Embedded metric format: a dimension set holds at most 30 dimensions, a directive's
             # Metrics at most 100.
             assert all(len(s) <= 30 for s in shape["Dimensions"]) and len(shape["Metrics"]) <= 100

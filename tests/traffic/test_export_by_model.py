@@ -6,6 +6,7 @@ per-model arrivals, burstiness, consumer counts, length histograms and means are
 from __future__ import annotations
 
 import asyncio
+import json
 import random
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -205,6 +206,10 @@ def test_each_models_concurrency_is_the_in_flight_its_own_requests_arrived_at(aw
             await small.stop()
 
     records = asyncio.run(asyncio.wait_for(body(), 120))
+    # A fleet of several models: the shape directive has the per-model in-flight set (telemetry.SHAPE_MODEL_...),
+    # each set within EMF's 30 dimensions (tests/traffic/emf.py checks it as it extracts).
+    (shape,) = {json.dumps(r["_aws"]["CloudWatchMetrics"][1]["Dimensions"]) for r in records if t.SHAPED_REQUESTS in r}
+    assert json.loads(shape) == [list(d) for d in t.SHAPE_MODEL_DIMENSION_SETS]
     reset_moto(aws_env)
     ship(records, boto3.client("cloudwatch", region_name=REGION))
     profile, _ = export(cfg, START, NOW, with_percentiles(cloudwatch_caller(None), records), region=REGION, now=NOW)
