@@ -208,7 +208,7 @@ class Proxy:
                 arrivals.wake = loop.create_future()
                 if arrivals.ended:
                     arrivals(None)  # the upstream ended while paused
-                else:
+                elif not transport.is_closing():  # closing: its end is on its way to the sink
                     transport.resume_reading()
         finally:
             reader.sink = None
@@ -242,7 +242,7 @@ class _Arrivals:
         except BaseException as exc:  # noqa: BLE001 - the client went away mid-write: the pump handles it
             self.wake.set_exception(exc)
             return
-        if outcome == _FULL:
+        if outcome == _FULL and not self.transport.is_closing():
             self.transport.pause_reading()  # before the next arrival: the pump drains the client first
         if outcome != _MORE:
             self.wake.set_result(outcome)
