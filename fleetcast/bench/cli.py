@@ -228,7 +228,7 @@ def _run(args: argparse.Namespace) -> int:
     out = Path(args.out)
     if not out.parent.is_dir():
         raise UserError(f"--out: directory {out.parent} does not exist")
-    packing = None
+    packing, precision = None, None
     if not args.model_mix:
         given = [f for f, v in (("--model-input-tokens", args.model_input_tokens),
                                 ("--model-output-tokens", args.model_output_tokens),
@@ -238,13 +238,17 @@ def _run(args: argparse.Namespace) -> int:
         if given:
             raise UserError(f"{', '.join(given)} only go with --model-mix")
         if args.pool or args.packing:
-            from fleetcast.bench.mix import check_mix_against, packing_from_args
+            from fleetcast.bench.mix import check_mix_against, model_precisions, packing_from_args, with_precisions
 
             if not args.model:
                 raise UserError(f"{'--pool' if args.pool else '--packing'} with one model needs --model (which of "
                                 "the packing's models this run measures)")
-            packing, where = packing_from_args(args, cfg, _labels(args.label))
+            labels = _labels(args.label)
+            packing, where = packing_from_args(args, cfg, labels)
             check_mix_against(packing, {args.model: 1.0}, where, flag="--model")
+            # The measured model's precision: the pool's engine's (a contradicting --label is refused), else the label.
+            precision = model_precisions([], {args.model: 1.0}, packing, labels.precision)[args.model]
+            packing = with_precisions(packing, {args.model: precision})
     opts = BenchOptions(
         endpoint=args.endpoint, api=args.api, model=args.model,
         input_tokens=parse_distribution(args.input_tokens, "--input-tokens"),
@@ -253,7 +257,8 @@ def _run(args: argparse.Namespace) -> int:
         seed=args.seed, timeout_s=args.timeout,
         slo=Slo(args.slo_ttft_ms, args.slo_itl_ms, args.slo_e2e_ms), headers=headers,
         tokenizer_dir=args.tokenizer, force_output=not args.no_force_output, rtt_probe=args.rtt_probe,
-        keep_records=not args.no_records, labels=_labels(args.label), config_hash=config_hash,
+        keep_records=not args.no_records, labels=_labels(args.label).model_copy(
+            update={"precision": precision} if packing is not None and precision else {}), config_hash=config_hash,
         max_inflight=args.max_inflight, ca_bundle=args.ca_bundle,
         progress=args.progress or (sys.stderr.isatty() and not args.quiet),
     )

@@ -122,6 +122,10 @@ def model_precisions(pairs: list[str], mix: dict[str, float], packing: Packing,
         if recorded.get(model, precision) != precision:
             raise UserError(f"{PRECISION_FLAG} {model}={precision}: the --pool's engine builds {model} at "
                             f"{recorded[model]} (the config's engine precision); drop the flag or use --packing")
+    for model in mix:
+        if model not in given and default is not None and recorded.get(model, default) != default:
+            raise UserError(f"--label precision={default}: the --pool's engine builds {model} at {recorded[model]} "
+                            "(the config's engine precision); drop the label, each model's precision is the pool's")
     return {m: given.get(m) or recorded.get(m) or default for m in mix}
 
 

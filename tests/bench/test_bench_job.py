@@ -149,10 +149,11 @@ def test_a_packed_instance_measures_each_model_alone_then_all_at_once(s3):
             path.write_bytes(body)
             res = files[(model, together)] = load_results(path)
             assert (res.labels.model, res.labels.precision, res.labels.backend) == (model, precision, backend)
-            # The mix records every model's precision in its packing (--model-precision); alone, the peers are idle
-            # and the file's label is its model's.
-            said = ("gpt2-xl int8_wo x1 (KV 8 GiB each), qwen2.5-0.5b bf16 x1 (KV 4 GiB each)" if together else
-                    "gpt2-xl x1 (KV 8 GiB each), qwen2.5-0.5b x1 (KV 4 GiB each)")
+            # The mix records every model's precision in its packing (--model-precision); alone, its own (its label):
+            # the idle peer's is not said.
+            xl = "int8_wo " if together or model == "gpt2-xl" else ""
+            small = "bf16 " if together or model == "qwen2.5-0.5b" else ""
+            said = f"gpt2-xl {xl}x1 (KV 8 GiB each), qwen2.5-0.5b {small}x1 (KV 4 GiB each)"
             assert res.packing.text() == f"{said} on g6e.xlarge"
     # Concurrency 1,2: alone at both levels with the peer idle; the mix at 2 only (one worker per model).
     assert [r.load.concurrency for r in files[("gpt2-xl", False)].runs] == [1, 2]

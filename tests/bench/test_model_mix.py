@@ -204,6 +204,11 @@ def test_a_bad_mix_is_one_line_naming_model_mix(spec, said):
     (["--model-mix", MIX, "--config", str(CONFIG), "--pool", "l40s", "--model-input-tokens", "gpt2-xl=1024"],
      "--model-input-tokens for gpt2-xl: up to 1024 tokens, above the model's max_input_len 768"),
     (["--packing", "gpt2-xl:1"], "--packing with one model needs --model"),
+    (["--model-mix", MIX, "--config", str(CONFIG), "--pool", "l40s", "--label", "precision=bf16"],
+     "--label precision=bf16: the --pool's engine builds gpt2-xl at int8_wo (the config's engine precision); drop "
+     "the label, each model's precision is the pool's"),
+    (["--model", "gpt2-xl", "--config", str(CONFIG), "--pool", "l40s", "--label", "precision=fp16"],
+     "--label precision=fp16: the --pool's engine builds gpt2-xl at int8_wo"),
     (["--model", "qwen", "--packing", "gpt2-xl:1"], "--model: qwen is not served by --packing (it serves gpt2-xl)"),
     (["--model-endpoint", "gpt2-xl=http://127.0.0.1:9"], "--model-endpoint only go with --model-mix"),
     (["--model-precision", "gpt2-xl=fp16"], "--model-precision only go with --model-mix"),
@@ -286,5 +291,7 @@ def test_one_model_on_a_packed_instance_records_its_peers_idle(two_models, tmp_p
     assert rc == 0
     res = load_results(out)
     assert res.labels.model == "gpt2-xl" and res.packing.models() == ["gpt2-xl", "qwen2.5-0.5b", "qwen2.5-3b"]
+    # Its precision and its peers' from the pool's engines, the label set from them (no --label precision given).
+    assert [s.precision for s in res.packing.serves] == ["int8_wo", "bf16", "bf16"] and res.labels.precision == "int8_wo"
     assert all(r.peers == {"qwen2.5-0.5b": 0.0, "qwen2.5-3b": 0.0} for r in res.runs)
     assert res.model_mix is None and all(r.total is None for r in res.runs)
