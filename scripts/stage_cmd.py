@@ -142,11 +142,17 @@ def _outputs(cfg, region, clients):
 
 
 def _buckets(cfg, args, clients) -> dict[str, str]:
+    from fleetcast.contract.errors import UserError
     from fleetcast.contract.names import provider_stack_name
     from fleetcast.contract.outputs import ProviderOutput, require_output
     from fleetcast.staging.aws import parse_region_map
 
     given = parse_region_map(args.bucket, "--bucket")
+    known = [r.region for r in cfg.regions]
+    for region in given:
+        if region not in known:  # a typo would otherwise fall back to the stack output without a word
+            raise UserError(f"--bucket {region}={given[region]}: {region} is not a provider region in {args.config} "
+                            f"({', '.join(known)})", 2)
     out = {}
     for region in _regions(cfg, args):
         out[region] = given.get(region) or require_output(_outputs(cfg, region, clients), ProviderOutput.MODEL_BUCKET,

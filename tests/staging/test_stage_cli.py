@@ -84,6 +84,9 @@ def test_bad_arguments_are_named(env):
     assert out.returncode == 2 and "--bucket takes REGION=VALUE" in out.stderr and "Traceback" not in out.stderr
     out = fleetcast("stage", "model", "--config", str(CONFIG), "--region", "eu-west-3", env=env)
     assert out.returncode == 2 and "--region eu-west-3 is not a provider region" in out.stderr
+    out = fleetcast("stage", "model", "--config", str(CONFIG), "--bucket", "ap-northeast-2=b",
+                    "--bucket", "us-east1=c", env=env)
+    assert out.returncode == 2 and "--bucket us-east1=c: us-east1 is not a provider region" in out.stderr
     out = fleetcast("stage", "model", "--config", str(CONFIG), "--part-size-mib", "1",
                     "--bucket", "ap-northeast-2=b", "--bucket", "us-east-1=c", env=env)
     assert out.returncode == 2 and "--part-size-mib" in out.stderr
