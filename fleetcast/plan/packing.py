@@ -630,17 +630,18 @@ def _plan_region(cfg, curves, region, entries, ctx, fleet_slo, max_copies, famil
         if not _offered(instance_type, region, ctx, cache["lab"]):
             notes.append(f"{instance_type}: not offered or not priced in {region}")
             continue
-        per_model = [[(p, c) for p in _options(curves, t.model, instance_type, cfg, families.get, kv_dtype, cache["lab"])
-                      for c in range(1, max_copies + 1)] for t in entries]
+        per_model = [_options(curves, t.model, instance_type, cfg, families.get, kv_dtype, cache["lab"])
+                     for t in entries]
         missing = [t.model for t, opts in zip(entries, per_model) if not opts]
         if missing:
             notes.append(f"{instance_type}: no curve (at a precision its GPU runs) for {', '.join(missing)}")
             continue
         tried = 0
-        for combo in itertools.product(*per_model):
+        for combo in packings_by_size(per_model, max_copies):
             tried += 1
             if tried > MAX_PACKINGS:
-                notes.append(f"{instance_type}: stopped after {MAX_PACKINGS} packings (MAX_PACKINGS)")
+                notes.append(f"{instance_type}: stopped after {MAX_PACKINGS} packings (MAX_PACKINGS), fewest processes "
+                             f"first: some packings of {sum(c for _, c in combo)} or more processes were not tried")
                 break
             ev = _evaluate(cfg, curves, instance_type, region, entries, combo, ctx, fleet_slo, n_min, cache)
             if ev is not None:
@@ -666,6 +667,30 @@ def _offered(instance_type: str, region: str, ctx: PlanContext, lab: dict[str, s
     if ctx.prices.price(instance_type, region) is None:
         return False
     return instance_type in lab.values() or ctx.availability.offered(instance_type, region)
+
+
+def packings_by_size(precisions: list[list[str]], max_copies: int):
+    """Every packing of the models (per model: one of its precisions, 1..max_copies copies) as ((precision, copies),
+    ...) per model, fewest processes first, at most MAX_PROCESSES processes. The order is what makes the
+    MAX_PACKINGS cap safe: it cuts the largest packings (the most memory, the most interference), never the small
+    ones a wider --max-copies still holds; in the product's own order a model's first precision at 1..max_copies
+    copies came first and a larger --max-copies could leave a cheaper packing of few copies unevaluated."""
+    n = len(precisions)
+    for total in range(n, min(n * max_copies, MAX_PROCESSES) + 1):
+        for copies in _compositions(total, n, max_copies):
+            for chosen in itertools.product(*precisions):
+                yield tuple(zip(chosen, copies))
+
+
+def _compositions(total: int, parts: int, most: int):
+    """Tuples of `parts` whole numbers in 1..most summing to `total`, in lexicographic order."""
+    if parts == 1:
+        if 1 <= total <= most:
+            yield (total,)
+        return
+    for first in range(max(1, total - most * (parts - 1)), min(most, total - (parts - 1)) + 1):
+        for rest in _compositions(total - first, parts - 1, most):
+            yield (first, *rest)
 
 
 def _evaluate(cfg, curves, instance_type, region, entries, combo, ctx, fleet_slo, n_min, cache) -> PackingEval | None:
