@@ -38,7 +38,9 @@ def model_rows(ev: PackingEval) -> tuple[list[str], list[list[str]]]:
 def recommendation(plan: RegionPacking) -> str:
     w = plan.winner
     if w is None:
-        return f"{plan.region}: no packing serves every model within its SLO (see Ruled out)"
+        # With no candidate evaluated at all (a model without curves on any type) only the notes say why.
+        where = "ruled out and notes" if any(not e.feasible for e in plan.evaluations) else "notes"
+        return f"{plan.region}: no packing serves every model within its SLO (see {where})"
     lo, desired, hi = w.capacity()
     tag = " (ESTIMATED from solo curves: measure it co-located before deploying)" if w.estimated else \
         f" ({w.source})"

@@ -46,3 +46,16 @@ def test_a_wider_copy_limit_never_picks_a_dearer_packing():
     assert any("stopped after" in n and "fewest processes first" in n for n in wide.notes)
     assert wide.winner.cost_per_hour <= narrow.cost_per_hour + 1e-9
     assert wide.winner.label == narrow.label
+
+
+def test_a_model_without_curves_points_at_the_notes():
+    """Without any curve of qwen2.5-3b no packing is evaluated, so nothing is 'ruled out': the notes say why."""
+    from fleetcast.plan.packing_report import recommendation
+
+    results = [str(p) for p in sorted((EXAMPLE / "results").glob("*.json")) if "qwen2.5-3b" not in p.name]
+    opts = PlanOptions(results=results, traffic=str(EXAMPLE / "traffic.yaml"), config=str(EXAMPLE / "fleet.yaml"),
+                       today=date(2026, 2, 1))
+    (region,) = build_packing(opts)[0].regions
+    assert region.winner is None and not region.evaluations
+    assert recommendation(region).endswith("no packing serves every model within its SLO (see notes)")
+    assert any("no curve (at a precision its GPU runs) for qwen2.5-3b" in n for n in region.notes)
