@@ -24,7 +24,7 @@ from datetime import UTC, datetime
 from fleetcast.bench.client import ConnectionPool, Endpoint
 from fleetcast.bench.distributions import IntDistribution, parse_distribution
 from fleetcast.bench.metrics import Sent, summarize, to_record
-from fleetcast.bench.prompts import PromptFactory
+from fleetcast.bench.prompts import PromptFactory, tokenizer_file
 from fleetcast.bench.runner import Bench, BenchOptions, Level, LoopLagProbe, _level_line, _level_name, client_info
 from fleetcast.bench.schema import (
     SCHEMA_REVISION,
@@ -448,6 +448,8 @@ def mix_models(shares: dict[str, float], input_tokens: str, output_tokens: str, 
                 if dist.max_value() > limit:
                     raise UserError(f"{flag} for {model}: up to {dist.max_value()} tokens, above the model's "
                                     f"{name} {limit} (models[{model}] in the config)")
+        if model in tokenizer_by_model:  # checked before any load runs, naming the flag that gave it
+            tokenizer_file(tokenizer_by_model[model], f"--model-tokenizer {model}={tokenizer_by_model[model]}")
         out.append(MixModel(model, share, dist_in, dist_out, tokenizer_by_model.get(model, tokenizer),
                             (endpoint_by_model or {}).get(model)))
     return out

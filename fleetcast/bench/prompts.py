@@ -91,10 +91,16 @@ class PromptFactory:
         return text  # decode/re-encode did not converge; the record keeps the server's count
 
 
-def _load_tokenizer(tokenizer_dir: str):
+def tokenizer_file(tokenizer_dir: str, flag: str = "--tokenizer") -> Path:
+    """The directory's tokenizer.json; a UserError naming `flag` (the option that gave the directory) otherwise."""
     path = Path(tokenizer_dir) / "tokenizer.json"
     if not path.is_file():
-        raise UserError(f"--tokenizer: {tokenizer_dir} has no tokenizer.json (a Hugging Face tokenizer directory)")
+        raise UserError(f"{flag}: {tokenizer_dir} has no tokenizer.json (a Hugging Face tokenizer directory)")
+    return path
+
+
+def _load_tokenizer(tokenizer_dir: str):
+    path = tokenizer_file(tokenizer_dir)
     try:
         from tokenizers import Tokenizer
     except ImportError:

@@ -38,3 +38,12 @@ def test_the_cli_says_it_in_one_line(capsys, tmp_path):
                  "--out", str(tmp_path / "r.json")])
     err = capsys.readouterr().err.strip()
     assert code != 0 and "\n" not in err and "Traceback" not in err and "--packing" in err, err
+
+
+def test_a_mix_models_tokenizer_that_is_not_there_names_its_flag(tmp_path):
+    """Checked when the mix is read, before any load runs, and named as the user gave it (not as --tokenizer)."""
+    from fleetcast.bench.mix import mix_models
+
+    with pytest.raises(UserError, match=r"^--model-tokenizer gpt2-xl=.*nowhere: .*nowhere has no tokenizer\.json"):
+        mix_models({"gpt2-xl": 0.5, "qwen2.5-1.5b": 0.5}, "16", "4", {}, {}, {"gpt2-xl": str(tmp_path / "nowhere")},
+                   None)
