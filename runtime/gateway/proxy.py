@@ -239,7 +239,7 @@ class _Arrivals:
             return
         try:
             outcome = self.body.take(data or b"")
-        except BaseException as exc:  # noqa: BLE001 - the client went away mid-write: the pump handles it
+        except Exception as exc:  # noqa: BLE001 - the client went away mid-write: the pump handles it
             self.wake.set_exception(exc)
             return
         if outcome == _FULL and not self.transport.is_closing():
