@@ -70,6 +70,7 @@ def summarize(cfg, stacks: dict[str, dict], out: Path) -> tuple[list[str], list[
         lines.append(f"  {name:<{width}}  {info['environment']:<{env_width}}  {info['resources']} resources")
 
     from fleetcast.config.memory import plan_pool
+    from fleetcast.contract.serving import GIB
 
     instances = catalog.instance_catalog()
     lines.append("Regions:")
@@ -99,8 +100,8 @@ def summarize(cfg, stacks: dict[str, dict], out: Path) -> tuple[list[str], list[
             shares = {p.model_id: p.kv_bytes for p in plan.processes} if plan is not None else {}
             for s in served:
                 share = shares.get(s.model.id)
-                kv = f", KV {s.kv_cache_bytes / 2**30:.2f} GiB each" if s.kv_cache_bytes is not None else \
-                    f", KV share about {share / 2**30:.2f} GiB each (planned on the instance)" if share else ""
+                kv = f", KV {s.kv_cache_bytes / GIB:.2f} GiB each" if s.kv_cache_bytes is not None else \
+                    f", KV share about {share / GIB:.2f} GiB each (planned on the instance)" if share else ""
                 lines.append(f"      {s.model.id} x{s.copies}: precision {s.engine.precision.value}, backend "
                              f"{s.engine.backend.value}, batch {s.engine.max_batch_size}{kv}")
 

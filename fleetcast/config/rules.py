@@ -15,6 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from fleetcast.contract import support
+from fleetcast.contract.serving import GIB
 
 from . import catalog
 from .model import Backend, ExistingVpc, FleetConfig, KvCacheDtype, Pool, SpotSpec
@@ -293,7 +294,7 @@ def _serves(cfg: FleetConfig) -> list[ConfigIssue]:
                 continue
             if not plan.fits:
                 out.append(ConfigIssue(here, f"what pool {pool.name} serves does not fit its GPU: "
-                                             f"{plan.arithmetic()}; allowed: at most {plan.usable_bytes / 2**30:.2f} GiB "
+                                             f"{plan.arithmetic()}; allowed: at most {plan.usable_bytes / GIB:.2f} GiB "
                                              "(lower kv_cache_gb or copies, a lower precision, or a larger GPU)"))
             elif any(p.kv_bytes == 0 for p in plan.processes):
                 out.append(ConfigIssue(here, f"pool {pool.name} leaves no KV cache for the copies without "
