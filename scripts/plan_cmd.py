@@ -289,7 +289,8 @@ def _plan_packing(args: argparse.Namespace, profile) -> int:
         edit = compute_packing_edit(args.write_config, result, args.allow_estimated)
         chosen = {r.region: pool_name_for(edit.cfg.region(r.region), r.winner.instance_type.split(".")[0])
                   for r in result.regions if r.winner is not None}
-        doc = baseline_document(result, ctx, chosen, datetime.now(UTC).isoformat(timespec="seconds"))
+        doc = baseline_document(result, ctx, chosen, datetime.now(UTC).isoformat(timespec="seconds"),
+                                {m.id: [a.id for a in m.adapters] for m in edit.cfg.models})
         baseline = (baseline_path(args.write_config), json.dumps(doc, indent=1) + "\n")
     if args.report:
         _write_report(write_report, result, args, edit is not None, say)

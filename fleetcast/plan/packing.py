@@ -791,11 +791,13 @@ def expand_paths(paths: list[str]) -> list[str]:
 
 
 def baseline_document(result: PackingPlan, ctx: PlanContext, config_pools: dict[str, str | None],
-                      written: str) -> dict:
+                      written: str, adapters: dict[str, list[str]] | None = None) -> dict:
     """The plan baseline (fleetcast.plan.drift, schema fleetcast.plan-baseline/v1) of a packing plan: per region
     the pool's bounds and price and, per model, its copies, rates and `rps_per_instance` (the hourly mean rate
     one instance serves within that model's SLOs: copies x its processes' SLO-safe rate over the busiest
-    minute's burstiness), which the drift checks read (drift.check_pool)."""
+    minute's burstiness), which the drift checks read (drift.check_pool). `adapters` (model -> its adapter ids)
+    go into each model's entry: the gateway meters a request by the id it named, and an adapter's requests load
+    its base model's processes, so the drift Lambda counts them for the base model."""
     from .drift import SCHEMA, packed_instances
     from .queueing import max_safe_rate
 
@@ -811,7 +813,8 @@ def baseline_document(result: PackingPlan, ctx: PlanContext, config_pools: dict[
             safe = max_safe_rate(_models_of(cache, m.curve), m.traffic.output_mean, limits)
             rates, bursts = m.traffic.hourly_rps(), m.traffic.hourly_burstiness()
             busiest = max((b for r, b in zip(rates, bursts) if r > 0), default=1.0)
-            models.append({"model": m.model, "precision": m.precision, "copies": m.copies, "source": m.source,
+            models.append({"model": m.model, "adapters": list((adapters or {}).get(m.model, [])),
+                           "precision": m.precision, "copies": m.copies, "source": m.source,
                            "hourly_rps": rates, "peak_rps": max(rates), "output_mean": m.traffic.output_mean,
                            "rps_per_instance": (safe[0] * m.copies / busiest) if safe else 0.0,
                            "slo": {"ttft_p99_ms": m.slo.ttft_p99_ms, "itl_p99_ms": m.slo.itl_p99_ms}})

@@ -164,10 +164,14 @@ def packed_baseline() -> dict:
                        "usd_per_m_output": sum(instances) * PRICE / tokens * 1e6, "models": models}]}
 
 
-def test_a_packed_pool_names_the_model_whose_traffic_grew(lambda_env):
-    """The gateway meters each request per [Fleet, Pool, Model] too (runtime/gateway/metrics.py): the Lambda
-    reads each model's arrivals and the check names the one past what max capacity serves of it."""
-    lambda_env.put_object(Bucket="model-bucket", Key="plan/baseline.json", Body=json.dumps(packed_baseline()))
+@pytest.mark.parametrize("named, adapters", [("gpt2-xl", []), ("gpt2-xl-sql", ["gpt2-xl-sql"])])
+def test_a_packed_pool_names_the_model_whose_traffic_grew(lambda_env, named, adapters):
+    """The gateway meters each request per [Fleet, Pool, Model] too (runtime/gateway/metrics.py), Model being the
+    id the request named: the Lambda reads each model's arrivals, its adapters' included (they load its
+    processes; the baseline lists them), and the check names the one past what max capacity serves of it."""
+    doc = packed_baseline()
+    doc["pools"][0]["models"][0]["adapters"] = adapters
+    lambda_env.put_object(Bucket="model-bucket", Key="plan/baseline.json", Body=json.dumps(doc))
     recs = []
     for hour in range(7 * 24):
         start = NOW - timedelta(days=7) + timedelta(hours=hour)
@@ -175,7 +179,7 @@ def test_a_packed_pool_names_the_model_whose_traffic_grew(lambda_env):
             stamp = int((start + timedelta(seconds=i * 59 / (4 * PER_HOUR))).timestamp() * 1000)
             recs.append(emf_record("fleetcast", "l40s", "voice-app",
                                    {t.REQUESTS: 1, t.THROTTLED: 0, t.ERRORS: 0, t.INPUT_TOKENS: 300,
-                                    t.OUTPUT_TOKENS: 1500, t.E2E_MS: 90_000.0}, timestamp_ms=stamp, model="gpt2-xl",
+                                    t.OUTPUT_TOKENS: 1500, t.E2E_MS: 90_000.0}, timestamp_ms=stamp, model=named,
                                    shape={t.DIM_IN_FLIGHT: "1", t.DIM_INPUT_BUCKET: "257-512",
                                           t.DIM_OUTPUT_BUCKET: "1025-2048"}))
     cw = boto3.client("cloudwatch", region_name=REGION)

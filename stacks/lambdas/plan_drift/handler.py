@@ -84,9 +84,10 @@ def _fetch(queries: list[dict], start: datetime, end: datetime) -> dict[str, lis
 
 
 def observe(s: dict, pool: str, consumers: list[str], start: datetime, end: datetime,
-            models: list[str] | None = None) -> drift.Observation:
+            models: dict[str, list[str]] | None = None) -> drift.Observation:
     """The pool's traffic over [start, end) from the gateways' metrics; with `models` (a pool packing several
-    models), each model's hourly arrivals too (the gateway's [Fleet, Pool, Model] requests)."""
+    models: model -> its adapter ids), each model's hourly arrivals too (the gateway's [Fleet, Pool, Model]
+    requests, where Model is the id a request named: an adapter's requests count for its base model)."""
     hours = int((end - start) / timedelta(hours=1))
     week = hours * 3600
     queries, roles = [], {}
@@ -105,8 +106,9 @@ def observe(s: dict, pool: str, consumers: list[str], start: datetime, end: date
             add(("in_flight", label), t.SHAPED_REQUESTS, dims + [(t.DIM_IN_FLIGHT, label)], week, "Sum")
         for label in t.TOKEN_LABELS:
             add(("served",), t.SHAPED_REQUESTS, dims + [(t.DIM_OUTPUT_BUCKET, label)], week, "Sum")
-    for model in models or []:
-        add(("model_arrivals", model), t.REQUESTS, base + [(t.DIM_MODEL, model)], 3600, "Sum")
+    for model, adapters in (models or {}).items():
+        for name in (model, *adapters):
+            add(("model_arrivals", model), t.REQUESTS, base + [(t.DIM_MODEL, name)], 3600, "Sum")
     add(("ttft",), t.TTFT_MS, base, 3600, "p99")
     add(("itl",), t.ITL_MS, base, 3600, "p99")
     data = _fetch(queries, start, end)
@@ -156,7 +158,8 @@ def handler(event, context, now: datetime | None = None):
         if base["region"] != s["region"] or base.get("pool") not in s["pools"]:
             continue
         consumers = [name for name, region in s["consumers"] if region in base["consumer_regions"]]
-        obs = observe(s, base["pool"], consumers, start, end, [m["model"] for m in base.get("models", [])])
+        obs = observe(s, base["pool"], consumers, start, end,
+                      {m["model"]: m.get("adapters", []) for m in base.get("models", [])})
         found = drift.check_pool(base, obs, baseline["slo"], s["threshold"], s["threshold"])
         findings += found
         data.append({"MetricName": t.PLAN_DRIFT, "Value": 1.0 if found else 0.0, "Unit": t.unit(t.PLAN_DRIFT), "Timestamp": end,
