@@ -47,6 +47,7 @@ def _export(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from fleetcast.config import load_config
+    from fleetcast.contract.errors import EXIT_USAGE, UserError
     from fleetcast.traffic import export
     from fleetcast.usage import parse_time
 
@@ -54,6 +55,9 @@ def _export(args: argparse.Namespace) -> int:
     now = datetime.now(UTC)
     since = parse_time(args.since, now, "--since")
     until = parse_time(args.until, now, "--until")
+    out_dir = Path(args.out).parent
+    if not out_dir.is_dir():  # said before the CloudWatch queries, not after them
+        raise UserError(f"--out {args.out}: directory {out_dir} does not exist", EXIT_USAGE)
     profile, doc = export(cfg, since, until, cloudwatch_caller(args.profile), region=args.region,
                           consumer=args.consumer, name=args.name, hour_stat=args.hour_stat, now=now)
     write_profile(doc, Path(args.out))
@@ -80,7 +84,12 @@ def write_profile(doc: dict, path) -> None:
             return {k: flow(v) for k, v in value.items()}
         return value
 
+    import io
+
+    from fleetcast.config.edit import replace_files
+
     yaml = YAML()
     yaml.width = 1 << 16
-    with open(path, "w") as fh:
-        yaml.dump({**doc, "consumers": [flow(c) for c in doc["consumers"]]}, fh)
+    text = io.StringIO()
+    yaml.dump({**doc, "consumers": [flow(c) for c in doc["consumers"]]}, text)
+    replace_files([(path, text.getvalue())])  # whole or not at all: a profile cut short would still parse
