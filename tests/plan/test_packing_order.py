@@ -59,3 +59,14 @@ def test_a_model_without_curves_points_at_the_notes():
     assert region.winner is None and not region.evaluations
     assert recommendation(region).endswith("no packing serves every model within its SLO (see notes)")
     assert any("no curve (at a precision its GPU runs) for qwen2.5-3b" in n for n in region.notes)
+
+
+def test_the_help_says_the_default_copy_limit_the_search_uses():
+    """The parser does not import the planner (a lighter CLI start), so its help states the default in words:
+    held to packing.DEFAULT_MAX_COPIES here."""
+    from fleetcast.plan.packing import DEFAULT_MAX_COPIES
+    from scripts.cli import build_parser
+
+    plan = build_parser()._subparsers._group_actions[0].choices["plan"]
+    (action,) = [a for a in plan._actions if "--max-copies" in a.option_strings]
+    assert f"(default {DEFAULT_MAX_COPIES})" in action.help
