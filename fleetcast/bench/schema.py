@@ -223,7 +223,8 @@ class PackedModel(_Model):
 
     model: str
     copies: int = Field(1, ge=1)
-    kv_cache_gb: float | None = Field(None, gt=0, description="KV budget of each copy in GiB (2^30 bytes); "
+    kv_cache_gb: float | None = Field(None, gt=0, allow_inf_nan=False,
+                                      description="KV budget of each copy in GiB (2^30 bytes); "
                                       "null: not budgeted (the engine's free-memory fraction)")
     precision: str | None = Field(None, description="the precision its processes ran at (revision 5); null: not "
                                   "recorded")

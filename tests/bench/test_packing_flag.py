@@ -47,3 +47,20 @@ def test_a_mix_models_tokenizer_that_is_not_there_names_its_flag(tmp_path):
     with pytest.raises(UserError, match=r"^--model-tokenizer gpt2-xl=.*nowhere: .*nowhere has no tokenizer\.json"):
         mix_models({"gpt2-xl": 0.5, "qwen2.5-1.5b": 0.5}, "16", "4", {}, {}, {"gpt2-xl": str(tmp_path / "nowhere")},
                    None)
+
+
+def test_a_results_file_with_an_infinite_kv_budget_is_refused_naming_the_field(tmp_path):
+    """JSON as Python writes and reads it takes Infinity; a packing's budget that is no finite number is refused
+    when the file is read, before the planner sizes memory with it."""
+    import json
+    from pathlib import Path
+
+    from fleetcast.bench.schema import load_results
+
+    doc = json.loads((Path(__file__).resolve().parents[2] / "bench" / "data" /
+                      "h200-colocate-gpt2-xl-together.json").read_text())
+    doc["packing"]["serves"][0]["kv_cache_gb"] = float("inf")
+    path = tmp_path / "r.json"
+    path.write_text(json.dumps(doc))
+    with pytest.raises(UserError, match=r"packing\.serves\.0\.kv_cache_gb"):
+        load_results(path)
