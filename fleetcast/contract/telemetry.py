@@ -13,6 +13,7 @@ than averaged from per-instance percentiles.
 from __future__ import annotations
 
 from bisect import bisect_left
+from collections.abc import Iterable
 
 NAMESPACE = "Fleetcast"
 
@@ -100,6 +101,13 @@ SHAPE_MODEL_DIMENSION_SETS = SHAPE_DIMENSION_SETS + ((DIM_FLEET, DIM_POOL, DIM_C
 def metered_per_model(model_count: int) -> bool:
     """Whether a fleet of `model_count` models is metered and exported per model (traffic shape included)."""
     return model_count > 1
+
+
+def metered_ids(model_id: str, adapter_ids: Iterable[str] = ()) -> tuple[str, ...]:
+    """The DIM_MODEL values a fleet model's requests are metered under: its own id and its adapters' (the gateway
+    meters the id a request named, and an adapter's requests run on its base model's processes), so whatever
+    counts a model's traffic or latency reads all of them."""
+    return (model_id, *adapter_ids)
 # Inclusive upper bounds; a value above the last bound is counted in the last bucket. 4096 is the
 # highest concurrency level a traffic profile accepts.
 IN_FLIGHT_BOUNDS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 4096)
@@ -121,6 +129,13 @@ TOKEN_LABELS = _labels(TOKEN_BOUNDS)
 def in_flight_label(value: int) -> str:
     """The InFlightAtArrival bucket of a count >= 1 (past the last bound: the last bucket)."""
     return IN_FLIGHT_LABELS[min(bisect_left(IN_FLIGHT_BOUNDS, value), len(IN_FLIGHT_BOUNDS) - 1)]
+
+
+def token_bounds(label: str) -> tuple[int, int | None]:
+    """(a, b) of a token bucket label: token_label puts a count v in it when a < v <= b; b is None for the last
+    bucket, which also takes every count above its bound. '65-128' -> (64, 128), '1-64' -> (0, 64)."""
+    lo, _, hi = label.partition("-")
+    return int(lo) - 1, None if label == TOKEN_LABELS[-1] else int(hi or lo)
 
 
 def token_label(value: int) -> str:

@@ -23,7 +23,9 @@ per hour and per minute, throttled, token sums, and the length histograms as Clo
 counts over the raw per-request token values: TC(a:b) counts the values v with a < v <= b
 (CloudWatch User Guide, "CloudWatch statistics definitions": TM(150:1000) "removing all data points
 that are lower than or equal to 150, or higher than 1000"; TC is the count of that range), so bucket
-"65-128" is TC(64:128), exact as a Sum is. A request naming an adapter counts for its base model
+"65-128" is TC(64:128), exact as a Sum is; the last bucket is open above (TC(131072:), the lower bound alone,
+as aws-cdk-lib's statistic parser, aws-cloudwatch/lib/private/statistic.ts, accepts it), as the gateway's
+token_label counts a longer request there. A request naming an adapter counts for its base model
 (its processes serve it). Each entry's `concurrency` is the Sum of ShapedRequests under [Fleet, Pool,
 Consumer, Model, InFlightAtArrival] (fleetcast.contract.telemetry.SHAPE_MODEL_DIMENSION_SETS): the
 in-flight count on the instance (every model's requests) when that model's requests arrived. Requests
@@ -32,7 +34,8 @@ naming no model of the config (404 model_not_found) load no engine and are left 
 One GetMetricData call per hour of the window (queries chunked by 500, the per-call limit): each
 answer holds at most 60 datapoints per query, far under the 100,800 per call, so no answer is
 paged, and the hour is the profile's unit. P99 TTFT/ITL per hour come from CloudWatch's p99 over
-the raw per-request values ([Fleet, Pool]); a pool with no data gives null.
+the raw per-request values ([Fleet, Pool]; per model [Fleet, Pool, Model] for each id its requests are metered
+under, telemetry.metered_ids, the worst of them); a pool with no data gives null.
 """
 
 from __future__ import annotations
@@ -59,9 +62,10 @@ _SHAPE = {"in_flight": (t.DIM_IN_FLIGHT, t.IN_FLIGHT_LABELS),
 
 def trimmed_count(label: str) -> str:
     """The CloudWatch statistic counting the values of a token bucket label: '65-128' -> 'TC(64:128)'
-    (lower bound exclusive, upper inclusive: module docstring), '1-64' -> 'TC(0:64)'."""
-    lo, _, hi = label.partition("-")
-    return f"TC({int(lo) - 1}:{int(hi or lo)})"
+    (lower bound exclusive, upper inclusive: module docstring), '1-64' -> 'TC(0:64)'; the last bucket has no
+    upper bound, 'TC(131072:)', since the gateway's token_label counts every value above it there too."""
+    lo, hi = t.token_bounds(label)
+    return f"TC({lo}:{'' if hi is None else hi})"
 
 
 def floor_hour(moment: datetime) -> datetime:
@@ -107,7 +111,11 @@ def per_model(cfg: FleetConfig) -> bool:
 def _model_names(cfg: FleetConfig, consumer) -> list[tuple[str, str]]:
     """(name the gateway meters, the fleet model it runs on) for every model and adapter `consumer` may call."""
     allowed = set(cfg.models_for(consumer.name))
-    return [(name, m.id) for m in cfg.models for name in (m.id, *(a.id for a in m.adapters)) if name in allowed]
+    return [(name, m.id) for m in cfg.models for name in _metered(m) if name in allowed]
+
+
+def _metered(model) -> tuple[str, ...]:
+    return t.metered_ids(model.id, (a.id for a in model.adapters))
 
 
 def _queries(cfg: FleetConfig, region: str, consumers: list) -> tuple[list[dict], dict[str, tuple]]:
@@ -139,9 +147,13 @@ def _queries(cfg: FleetConfig, region: str, consumers: list) -> tuple[list[dict]
                     for label in labels:
                         add((owner, "in_flight", label), t.SHAPED_REQUESTS, dims + [(dim, label)], 3600, "Sum")
             for model in cfg.models:
-                dims = base + [(t.DIM_MODEL, model.id)]
-                add(((pool.name, model.id), "ttft_p99"), t.TTFT_MS, dims, 3600, "p99")
-                add(((pool.name, model.id), "itl_p99"), t.ITL_MS, dims, 3600, "p99")
+                # One P99 per metered id (a percentile does not add up across metrics); the model's hour takes the
+                # worst: at most 1% of each id's requests lie above its own P99, so at most 1% of all lie above the
+                # largest, which is an upper bound of the model's P99 over all of them.
+                for name in _metered(model):
+                    dims = base + [(t.DIM_MODEL, name)]
+                    add(((pool.name, model.id), "ttft_p99"), t.TTFT_MS, dims, 3600, "p99")
+                    add(((pool.name, model.id), "itl_p99"), t.ITL_MS, dims, 3600, "p99")
         return queries, targets
 
     for pool in cfg.region(region).pools:
@@ -240,6 +252,8 @@ def _fold(result: dict, target: tuple, h: int, start: datetime, hours: int, tall
     if what in ("ttft_p99", "itl_p99"):
         series = pool_hours.setdefault(owner, {}).setdefault(what, [None] * hours)
         good = [v for v in values if v is not None and math.isfinite(v)]
+        if series[h] is not None:
+            good.append(series[h])  # another of the model's metered ids, answered earlier
         if good:
             series[h] = max(good)
         return

@@ -17,6 +17,7 @@ stay under its 1 MB limit.
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 from datetime import UTC, datetime
 from typing import Any
@@ -103,7 +104,9 @@ def with_percentiles(call, records: list[dict[str, Any]] | dict[tuple, list]):
         if not values:
             return {"Id": query["Id"], "Values": [], "Timestamps": []}
         if stat["Stat"].startswith("TC("):
-            low, high = (float(x) for x in stat["Stat"][3:-1].split(":"))
+            # A bound left empty is open on that side (aws-cdk-lib aws-cloudwatch/lib/private/statistic.ts,
+            # parsePairStatistic: either side of "TC(a:b)" may be empty, not both).
+            low, high = (float(x) if x else (-math.inf, math.inf)[i] for i, x in enumerate(stat["Stat"][3:-1].split(":")))
             return {"Id": query["Id"], "Values": [float(sum(1 for v in values if low < v <= high))],
                     "Timestamps": [start]}
         q = float(stat["Stat"][1:]) / 100

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import random
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -134,37 +135,89 @@ def test_a_fleet_of_several_models_exports_one_entry_per_region_and_model(aws_en
 
 
 @pytest.mark.parametrize("label, stat", [("1-64", "TC(0:64)"), ("65-128", "TC(64:128)"),
-                                         ("131073-1048576", "TC(131072:1048576)")])
+                                         ("65537-131072", "TC(65536:131072)"), ("131073-1048576", "TC(131072:)")])
 def test_a_token_bucket_is_read_as_the_trimmed_count_of_its_range(label, stat):
     # CloudWatch statistics definitions: TM(150:1000) removes the points "lower than or equal to 150, or higher
     # than 1000" (lower bound exclusive, upper inclusive); a bucket 'a-b' holds a <= v <= b of integer counts.
+    # The last is open above (aws-cdk-lib aws-cloudwatch/lib/private/statistic.ts, parsePairStatistic: one side
+    # of a pair statistic may be empty), as the gateway's token_label puts longer requests there.
     assert trimmed_count(label) == stat
     assert label in t.TOKEN_LABELS
+
+
+def test_the_per_model_buckets_count_a_value_where_the_gateways_label_puts_it():
+    """One rule for both export paths: the one-model path sums ShapedRequests by the gateway's token_label, the
+    per-model path trimmed counts; every count lands in the same bucket either way, past the last bound too."""
+    for value in (1, 64, 65, 128, 129, 131072, 131073, 1_048_576, 1_048_577, 2_000_000, 10**9):
+        holding = [label for label in t.TOKEN_LABELS
+                   if t.token_bounds(label)[0] < value <= (t.token_bounds(label)[1] or math.inf)]
+        assert holding == [t.token_label(value)], value
+
+
+def _adapter_config():
+    from fleetcast.config import load_config
+
+    data = load_config(ROOT_MULTI).model_dump(mode="json")
+    small = next(m for m in data["models"] if m["id"] == "qwen2.5-0.5b")  # PyTorch backend: adapters allowed
+    small["adapters"] = [{"id": "qwen-sql", "source": "example-org/qwen-sql-lora", "revision": "main"}]
+    return parse_config(data, "<adapter config>")
+
+
+def _records(cfg, start, sent: list[tuple[str, dict]]) -> list[dict]:
+    """One voice-app request record a minute, (model id it named, its metric values)."""
+    from runtime.gateway.metrics import emf_record
+
+    return [emf_record(cfg.name, "l40s", "voice-app", {t.REQUESTS: 1, t.THROTTLED: 0, t.ERRORS: 0, **values},
+                       timestamp_ms=int(start.timestamp() * 1000) + 60_000 * (i + 1), model=model)
+            for i, (model, values) in enumerate(sent)]
+
+
+def _export(aws_env, cfg, start, records):
+    region = cfg.regions[0].region
+    reset_moto(aws_env)
+    ship(records, boto3.client("cloudwatch", region_name=region))
+    profile, _ = export(cfg, start, NOW, with_percentiles(cloudwatch_caller(None), records), region=region,
+                        consumer="voice-app", now=NOW)
+    return {c.model: c for c in profile.consumers}
+
+
+def test_a_request_longer_than_the_last_bound_counts_in_the_last_bucket_per_model_too(aws_env):
+    cfg = _adapter_config()
+    start = NOW - timedelta(hours=1)
+    records = _records(cfg, start, [("qwen2.5-0.5b", {t.INPUT_TOKENS: 2_000_000, t.OUTPUT_TOKENS: 10}),
+                                    ("qwen2.5-0.5b", {t.INPUT_TOKENS: 300, t.OUTPUT_TOKENS: 1_500_000}),
+                                    ("gpt2-xl", {t.INPUT_TOKENS: 20, t.OUTPUT_TOKENS: 5})])
+    qwen = _export(aws_env, cfg, start, records)["qwen2.5-0.5b"]
+    last = t.TOKEN_LABELS[-1]
+    assert t.token_label(2_000_000) == last  # where the one-model path's ShapedRequests count it
+    assert qwen.observed.input_tokens == {"257-512": 1, last: 1}
+    assert qwen.observed.output_tokens == {"1-64": 1, last: 1}
+
+
+def test_a_models_latency_includes_its_adapters_requests(aws_env):
+    """The gateway meters TTFT/ITL under the id a request named: the base model's hourly P99 covers its adapters'
+    requests as its arrivals do (the worst of the ids' P99s, an upper bound of the P99 over all of them)."""
+    cfg = _adapter_config()
+    start = NOW - timedelta(hours=1)
+    sent = [("gpt2-xl", {t.TTFT_MS: 40.0, t.ITL_MS: 4.0})] + [("qwen2.5-0.5b", {t.TTFT_MS: 100.0, t.ITL_MS: 8.0})] * 3
+    sent += [("qwen-sql", {t.TTFT_MS: 900.0, t.ITL_MS: 30.0}), ("qwen-sql", {t.TTFT_MS: 120.0, t.ITL_MS: 9.0})]
+    entries = _export(aws_env, cfg, start, _records(cfg, start, sent))
+    qwen, xl = entries["qwen2.5-0.5b"], entries["gpt2-xl"]
+    assert sum(qwen.observed.arrivals) == 5
+    assert (qwen.observed.ttft_p99_ms, qwen.observed.itl_p99_ms) == ([900.0], [30.0])
+    assert (xl.observed.ttft_p99_ms, xl.observed.itl_p99_ms) == ([40.0], [4.0])
 
 
 def test_an_adapters_requests_count_for_its_base_model(aws_env):
     """A request naming a LoRA adapter runs on its base model's processes: the export adds it to that model's entry
     (the gateway meters the id the request named, runtime/gateway/metrics.py emf_record)."""
-    from fleetcast.config import load_config
-    from runtime.gateway.metrics import emf_record
-
-    data = load_config(ROOT_MULTI).model_dump(mode="json")
-    small = next(m for m in data["models"] if m["id"] == "qwen2.5-0.5b")  # PyTorch backend: adapters allowed
-    small["adapters"] = [{"id": "qwen-sql", "source": "example-org/qwen-sql-lora", "revision": "main"}]
-    cfg = parse_config(data, "<adapter config>")
-    region = cfg.regions[0].region
+    cfg = _adapter_config()
     start = NOW - timedelta(hours=1)
     sent = [("gpt2-xl", 100, 20), ("qwen2.5-0.5b", 300, 40), ("qwen-sql", 700, 90), ("qwen-sql", 80, 10)]
-    records = [emf_record(cfg.name, "l40s", "voice-app",
-                          {t.REQUESTS: 1, t.THROTTLED: 0, t.ERRORS: 0, t.INPUT_TOKENS: n_in, t.OUTPUT_TOKENS: n_out},
-                          timestamp_ms=int(start.timestamp() * 1000) + 60_000 * (i + 1), model=model)
-               for i, (model, n_in, n_out) in enumerate(sent)]
-    reset_moto(aws_env)
-    ship(records, boto3.client("cloudwatch", region_name=region))
-    profile, _ = export(cfg, start, NOW, with_percentiles(cloudwatch_caller(None), records), region=region,
-                        consumer="voice-app", now=NOW)
-    assert [(c.model, sum(c.observed.arrivals)) for c in profile.consumers] == [("gpt2-xl", 1), ("qwen2.5-0.5b", 3)]
-    qwen = profile.consumers[1]
+    records = _records(cfg, start, [(model, {t.INPUT_TOKENS: n_in, t.OUTPUT_TOKENS: n_out}) for model, n_in, n_out in sent])
+    entries = _export(aws_env, cfg, start, records)
+    assert [(m, sum(c.observed.arrivals)) for m, c in entries.items()] == [("gpt2-xl", 1), ("qwen2.5-0.5b", 3)]
+    qwen = entries["qwen2.5-0.5b"]
     assert qwen.observed.input_tokens == {"257-512": 1, "513-1024": 1, "65-128": 1}
     assert qwen.input_mean == pytest.approx((300 + 700 + 80) / 3, abs=1e-3)
     assert qwen.observed.models == {"gpt2-xl": 1, "qwen2.5-0.5b": 3}

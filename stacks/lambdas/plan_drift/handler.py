@@ -107,7 +107,7 @@ def observe(s: dict, pool: str, consumers: list[str], start: datetime, end: date
         for label in t.TOKEN_LABELS:
             add(("served",), t.SHAPED_REQUESTS, dims + [(t.DIM_OUTPUT_BUCKET, label)], week, "Sum")
     for model, adapters in (models or {}).items():
-        for name in (model, *adapters):
+        for name in t.metered_ids(model, adapters):
             add(("model_arrivals", model), t.REQUESTS, base + [(t.DIM_MODEL, name)], 3600, "Sum")
     add(("ttft",), t.TTFT_MS, base, 3600, "p99")
     add(("itl",), t.ITL_MS, base, 3600, "p99")
