@@ -30,6 +30,7 @@ import json
 import socket
 import ssl as ssl_module
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
@@ -79,12 +80,18 @@ class RawResponse:
     # Per read, how long after its kernel receive time the client processed it
     # (kernel-stamped reads only): a late read may have merged several events.
     lateness: list[float] = field(default_factory=list)
+    # The event-loop thread's run-queue wait so far (ns, schedstat), read just
+    # before the send stamp and after each read: the wait between the two is
+    # time the OS kept the client off a CPU while this request was timed.
+    rq_send: int | None = None
+    rq_reads: list[int | None] = field(default_factory=list)
 
 
 class _Connection(asyncio.Protocol):
     """One keep-alive HTTP/1.1 connection; one request in flight at a time."""
 
     rx_time: float | None = None  # kernel receive time of the current read, when the transport has it
+    rq_wait: Callable[[], int | None] | None = None  # the loop thread's run-queue wait (ns), when measured
 
     def __init__(self) -> None:
         self.transport: asyncio.Transport | None = None
@@ -110,6 +117,8 @@ class _Connection(asyncio.Protocol):
             raw.lateness.append(_clock() - rx)
         raw.times.append(t)
         raw.reads.append(data)
+        if self.rq_wait is not None and raw.rq_send is not None:
+            raw.rq_reads.append(self.rq_wait())  # one per read, None kept: indexes match `times`
         if self._frame(data):
             raw.t_done = t
             self._finish()
@@ -135,6 +144,8 @@ class _Connection(asyncio.Protocol):
         self._line = b""
         self._final = False
         self._keep_alive = True
+        if self.rq_wait is not None:
+            raw.rq_send = self.rq_wait()
         raw.t_send = _clock()
         self.transport.write(request)
 
@@ -205,8 +216,10 @@ class _Connection(asyncio.Protocol):
 class ConnectionPool:
     """Idle keep-alive connections to one endpoint, opened on demand."""
 
-    def __init__(self, endpoint: Endpoint, connect_timeout_s: float = 10.0, ca_bundle: str | None = None) -> None:
+    def __init__(self, endpoint: Endpoint, connect_timeout_s: float = 10.0, ca_bundle: str | None = None,
+                 rq_wait: Callable[[], int | None] | None = None) -> None:
         self.endpoint = endpoint
+        self.rq_wait = rq_wait
         self.connect_timeout_s = connect_timeout_s
         self._idle: list[_Connection] = []
         self._all: list[_Connection] = []
@@ -225,6 +238,7 @@ class ConnectionPool:
             transport, conn = await asyncio.wait_for(
                 kstamp.connect(loop, self.endpoint.host, self.endpoint.port, _Connection), self.connect_timeout_s)
             self.kernel_stamps = transport.stamped
+            conn.rq_wait = self.rq_wait
             self._all.append(conn)
             return conn
         _, conn = await asyncio.wait_for(
@@ -234,6 +248,7 @@ class ConnectionPool:
             ),
             self.connect_timeout_s,
         )
+        conn.rq_wait = self.rq_wait
         self._all.append(conn)
         return conn
 

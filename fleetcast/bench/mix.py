@@ -25,7 +25,16 @@ from fleetcast.bench.client import ConnectionPool, Endpoint
 from fleetcast.bench.distributions import IntDistribution, parse_distribution
 from fleetcast.bench.metrics import Sent, summarize, to_record
 from fleetcast.bench.prompts import PromptFactory, tokenizer_file
-from fleetcast.bench.runner import Bench, BenchOptions, Level, LoopLagProbe, _level_line, _level_name, client_info
+from fleetcast.bench.runner import (
+    Bench,
+    BenchOptions,
+    Level,
+    LoopLagProbe,
+    RunQueueMeter,
+    _level_line,
+    _level_name,
+    client_info,
+)
 from fleetcast.bench.schema import (
     SCHEMA_REVISION,
     Lengths,
@@ -311,9 +320,11 @@ class MixBench(Bench):
             return {m: Level("concurrency", concurrency=n) for m, n in workers.items()}
         return {m: Level("rate", rate_rps=level.rate_rps * s, arrival=level.arrival) for m, s in self.shares.items()}
 
-    async def _run_mix_level(self, level: Level) -> tuple[dict[str, list[Sent]], list[float], float, bool]:
+    async def _run_mix_level(self, level: Level
+                             ) -> tuple[dict[str, list[Sent]], list[float], float, bool, float | None]:
         opts = self.opts
-        pools = {p.ep.url: ConnectionPool(p.ep, ca_bundle=opts.ca_bundle) for p in self.parts}
+        meter = RunQueueMeter(self.log)
+        pools = {p.ep.url: ConnectionPool(p.ep, ca_bundle=opts.ca_bundle, rq_wait=meter.rq_wait) for p in self.parts}
         sinks: dict[str, list[Sent]] = {p.spec.model: [] for p in self.parts}
         probe = LoopLagProbe(asyncio.get_running_loop())
         probe.start()
@@ -337,10 +348,11 @@ class MixBench(Bench):
                                                        deadline, self._builder(p)) for p in self.parts))
         finally:
             cpu = (time.process_time() - cpu0) / max(_clock() - wall0, 1e-9)
+            rq_share = meter.stop()
             lags = probe.stop()
             for pool in pools.values():
                 pool.close()
-        return sinks, lags, cpu, all(pool.kernel_stamps for pool in pools.values())
+        return sinks, lags, cpu, all(pool.kernel_stamps for pool in pools.values()), rq_share
 
     _LOAD_FLAGS = "--concurrency or --rate"
 
@@ -348,7 +360,7 @@ class MixBench(Bench):
         opts = self.opts
         rtt = await self._start()
         for level in opts.levels:
-            sinks, lags, cpu, kstamps = await self._run_mix_level(level)
+            sinks, lags, cpu, kstamps, rq_share = await self._run_mix_level(level)
             everything = [s for sink in sinks.values() for s in sink]
             t0 = min((s.raw.t_send for s in everything), default=0.0)
             parts = self.split(level)
@@ -356,7 +368,7 @@ class MixBench(Bench):
             for part in self.parts:
                 sink = sorted(sinks[part.spec.model], key=lambda s: s.raw.t_send)
                 records = [to_record(s, opts.api, t0) for s in sink]
-                summary = summarize(sink, records, opts.slo, lags, cpu, rtt, kstamps)
+                summary = summarize(sink, records, opts.slo, lags, cpu, rtt, kstamps, rq_share)
                 own = parts[part.spec.model]
                 if own.mode == "concurrency" and summary.requests < own.concurrency:
                     summary = summary.model_copy(update={"load_note": (
@@ -365,7 +377,7 @@ class MixBench(Bench):
                 summaries[part.spec.model] = (summary, records)
             everything.sort(key=lambda s: s.raw.t_send)
             total = summarize(everything, [to_record(s, opts.api, t0) for s in everything], opts.slo, lags, cpu, rtt,
-                              kstamps)
+                              kstamps, rq_share)
             mix_total = MixTotal(load=Load(mode=level.mode, concurrency=level.concurrency, rate_rps=level.rate_rps,
                                            arrival=level.arrival), summary=total)
             self.log(f"{_level_line(level, total)} (total)")

@@ -43,6 +43,7 @@ from fleetcast.bench.client import (
 from fleetcast.bench.distributions import IntDistribution, parse_distribution
 from fleetcast.bench.metrics import Sent, Slo, summarize, to_record
 from fleetcast.bench.prompts import PromptFactory, calibrate_from_usage
+from fleetcast.bench.schedstat import ThreadWait, process_wait_ns, wait_between
 from fleetcast.bench.schema import (
     SCHEMA_REVISION,
     ClientInfo,
@@ -109,6 +110,33 @@ class LoopLagProbe:
         self._stop.set()
         self._thread.join()
         return self.lags_ms
+
+
+class RunQueueMeter:
+    """How long the OS kept the client runnable but off a CPU during one run (Linux schedstat).
+
+    Made in the event-loop thread: its reader hands the connections that
+    thread's own wait, read around each request (`ConnectionPool(rq_wait=)`);
+    `stop` gives the wait of every thread of the process over the run per
+    second of wall time. The client is one process, so its threads are all of
+    it. Without schedstat both are None, said once per process through `log`.
+    """
+
+    _said = False
+
+    def __init__(self, log: Callable[[str], None]) -> None:
+        self._thread = ThreadWait()
+        self.rq_wait = self._thread if self._thread.available else None
+        self._start = process_wait_ns()
+        self._wall0 = _clock()
+        if self.rq_wait is None and not RunQueueMeter._said:
+            RunQueueMeter._said = True
+            log(f"client run-queue wait not measured (recorded null): {self._thread.why}")
+
+    def stop(self) -> float | None:
+        wait_ns = wait_between(self._start, process_wait_ns())
+        self._thread.close()
+        return None if wait_ns is None else wait_ns / 1e9 / max(_clock() - self._wall0, 1e-9)
 
 
 @dataclass
@@ -370,9 +398,11 @@ class Bench:
         self.rng.shuffle(phases)
         return phases
 
-    async def _run_level(self, level: Level, progress: _Progress | None) -> tuple[list[Sent], list[float], float, bool]:
+    async def _run_level(self, level: Level, progress: _Progress | None
+                         ) -> tuple[list[Sent], list[float], float, bool, float | None]:
         opts = self.opts
-        pool = ConnectionPool(self.ep, ca_bundle=self.opts.ca_bundle)
+        meter = RunQueueMeter(self.log)
+        pool = ConnectionPool(self.ep, ca_bundle=self.opts.ca_bundle, rq_wait=meter.rq_wait)
         sink: list[Sent] = []
         lags: list[float] = []
         probe = LoopLagProbe(asyncio.get_running_loop())
@@ -397,11 +427,12 @@ class Bench:
                 await self._open_loop(pool, [(r.at_s, r.input_tokens, r.output_tokens) for r in rows], sink, deadline)
         finally:
             cpu = (time.process_time() - cpu0) / max(_clock() - wall0, 1e-9)
+            rq_share = meter.stop()
             lags = probe.stop()
             if progress:
                 progress.stop()
             pool.close()
-        return sink, lags, cpu, pool.kernel_stamps
+        return sink, lags, cpu, pool.kernel_stamps, rq_share
 
     async def _warmup(self) -> None:
         if self.opts.warmup <= 0:
@@ -439,11 +470,11 @@ class Bench:
         progress = _Progress(opts.requests_per_level, opts.duration_s) if opts.progress else None
         runs = self._runs
         for level in opts.levels:
-            sink, lags, cpu, kernel_stamps = await self._run_level(level, progress)
+            sink, lags, cpu, kernel_stamps, rq_share = await self._run_level(level, progress)
             t0 = min((s.raw.t_send for s in sink), default=0.0)
             sink.sort(key=lambda s: s.raw.t_send)
             records = [to_record(s, opts.api, t0) for s in sink]
-            summary = summarize(sink, records, opts.slo, lags, cpu, rtt, kernel_stamps)
+            summary = summarize(sink, records, opts.slo, lags, cpu, rtt, kernel_stamps, rq_share)
             if level.mode == "concurrency" and summary.requests < level.concurrency:
                 # Only possible with --duration (the CLI refuses a request count below the level).
                 summary = summary.model_copy(update={"load_note": (

@@ -8,7 +8,9 @@ Each addition bumps `revision` (absent = 1), so a reader can tell "this file
 predates the field" from "the field was empty": revision 2 added `provenance`,
 `slo`, `request`, `Summary.load_note`, `Summary.error_messages` and
 `Record.error_detail`; revision 3 added `packing` and `Run.peers`; revision 4
-added `model_mix` and `Run.total`; revision 5 added `PackedModel.precision`.
+added `model_mix` and `Run.total`; revision 5 added `PackedModel.precision`;
+revision 6 added `Summary.client_run_queue_wait_ms`,
+`Summary.client_run_queue_share` and `Record.run_queue_wait_ms`.
 
 Co-location (revision 3). `packing` says what shared the GPU/instance while the
 file's runs were measured: the models, each one's copies and KV budget per copy
@@ -36,6 +38,15 @@ precision its processes ran at, so a co-located file says what its peers ran at
 too; its own `labels.precision` is that of `labels.model`. Null: not recorded
 (files before revision 5 label one precision for the whole run).
 
+Client run-queue wait (revision 6). How long the OS kept the client runnable
+but off a CPU (Linux schedstat, kernel Documentation/scheduler/sched-stats.rst).
+`Record.run_queue_wait_ms`: the wait of the client's event-loop thread between
+the request's send stamp and the read that carried its first token: time the
+client may have added to that TTFT. `Summary.client_run_queue_wait_ms` is its
+statistic over the completed requests; `Summary.client_run_queue_share` the wait
+of all the client's threads over the run per second of wall time. Null: not
+measured (no schedstat: not Linux, or /proc hidden), or a file before revision 6.
+
 Latency values are milliseconds, throughputs per second of wall time, times in
 `start_s` are seconds since the run's first request was sent. A `Stat` with
 count 0 (e.g. every request failed) carries null for every value.
@@ -53,7 +64,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 SCHEMA_ID = "fleetcast.bench/v1"
 # The additions within v1 this code writes (see the module docstring).
-SCHEMA_REVISION = 5
+SCHEMA_REVISION = 6
 # A server's error text kept per failed request: enough for the reason, bounded so a
 # runaway body (an HTML error page, a stack trace) cannot bloat the file.
 ERROR_DETAIL_MAX_CHARS = 300
@@ -167,6 +178,13 @@ class Summary(_Model):
     error_messages: dict[str, str] = Field(
         default_factory=dict, description="per error type, the server's message for its first occurrence (bounded)"
     )
+    # Revision 6:
+    client_run_queue_wait_ms: Stat | None = Field(
+        None, description="per completed request, the client's run-queue wait between send and first token (schedstat)"
+    )
+    client_run_queue_share: float | None = Field(
+        None, description="run-queue wait of all client threads over the run / wall time (schedstat)"
+    )
 
 
 class Record(_Model):
@@ -188,6 +206,8 @@ class Record(_Model):
     ttft_merged: bool = False
     # Revision 2: what the server said about a failure (its error message, bounded).
     error_detail: str | None = None
+    # Revision 6: the client's run-queue wait between send and first token (null: not measured).
+    run_queue_wait_ms: float | None = None
 
 
 class SloSpec(_Model):
