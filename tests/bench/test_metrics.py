@@ -85,3 +85,39 @@ def test_mean_concurrency_is_littles_law():
     sent = [Sent(response(0.0, [0.5, 1.0]), 8, 2), Sent(response(0.0, [0.5, 1.0]), 8, 2)]
     s = summarize(sent, [to_record(x, "completions", 0.0) for x in sent], Slo(), [], None)
     assert s.mean_concurrency == pytest.approx(2.0, rel=1e-3)
+
+
+def waited(t, wait_ns):
+    """A request sent at t whose client waited `wait_ns` for a CPU before the read of its first token."""
+    raw = response(t, [t + 0.01, t + 0.02])
+    raw.rq_send = 1_000_000_000
+    # Headers, then the first token's read, then the rest: the wait lands before the first token.
+    raw.rq_reads = [raw.rq_send] + [raw.rq_send + wait_ns] * (len(raw.times) - 1)
+    return Sent(raw, 8, 2)
+
+
+def test_each_request_records_the_run_queue_wait_up_to_its_first_token():
+    rec = to_record(waited(0.0, 2_500_000), "completions", 0.0)
+    assert rec.run_queue_wait_ms == pytest.approx(2.5)
+    unmeasured = to_record(Sent(response(0.0, [0.01, 0.02]), 8, 2), "completions", 0.0)
+    assert unmeasured.run_queue_wait_ms is None
+
+
+@pytest.mark.parametrize("late, wait_ns, flagged", [
+    (0, 5_000_000, False),    # nobody waited
+    (1, 900_000, False),      # under the 1 ms floor
+    (1, 5_000_000, True),     # 1 of 20 requests > 1 ms: the TTFT P99 may be the client's
+])
+def test_a_run_whose_client_waited_for_a_cpu_past_the_accuracy_floor_is_flagged(late, wait_ns, flagged):
+    sent = [waited(i * 0.1, wait_ns if i < late else 0) for i in range(20)]
+    s = summarize(sent, [to_record(x, "completions", 0.0) for x in sent], Slo(), [0.05] * 100, 0.3,
+                  run_queue_share=0.02)
+    assert s.saturated is flagged
+    assert ("the OS kept the client waiting for a CPU" in (s.saturation_reason or "")) is flagged
+    assert s.client_run_queue_wait_ms.count == 20 and s.client_run_queue_share == 0.02
+
+
+def test_without_schedstat_the_summary_records_null():
+    sent = [Sent(response(0.0, [0.01, 0.02]), 8, 2)]
+    s = summarize(sent, [to_record(sent[0], "completions", 0.0)], Slo(), [], None)
+    assert s.client_run_queue_wait_ms is None and s.client_run_queue_share is None and not s.saturated
