@@ -613,7 +613,8 @@ def _entitlement_notes(cfg, region: str, entries: list[ConsumerTraffic]) -> list
     callers = [c.name for c in cfg.consumers if c.region == region]
     for t in entries:
         allowed = [c for c in callers if t.model in cfg.models_for(c)]
-        if not allowed and sum(t.hourly_rps()) > 0:
+        # No consumer there at all: the plan's warning (run.consumerless_regions) says it once for the region.
+        if not allowed and callers and sum(t.hourly_rps()) > 0:
             notes.append(f"{region}: traffic for {t.model}, but no consumer in {region} may call it "
                          f"(models[].consumers; consumers there: {', '.join(callers) or 'none'})")
         elif callers:

@@ -113,6 +113,24 @@ def _stale_tables(prices, fixed, today: date) -> list[str]:
     return [w for w in found if w]
 
 
+def consumerless_regions(cfg, traffic: TrafficProfile) -> list[str]:
+    """A warning per traffic region where the config has no consumer. Both planners plan it all the same (the
+    profile may describe consumers still to come: examples/plan/seed/traffic-us-east-1.yaml is planned against
+    config/fleet.yaml, whose consumers sit in Seoul and Oregon), so the plan is a price for them, not for traffic
+    the fleet serves today; the warning says so, and what the config still lacks."""
+    have = sorted({c.region for c in cfg.consumers})
+    out = []
+    for region in dict.fromkeys(c.region for c in traffic.consumers):
+        if region in have:
+            continue
+        lacks = "" if any(r.region == region for r in cfg.regions) else \
+            f"; regions has no entry for {region} either, so --write-config cannot put a pool there"
+        out.append(f"the traffic profile's consumers[].region {region} has no consumer in the config "
+                   f"(consumers[].region: {', '.join(have) or 'none'}): planned for consumers still to come there; "
+                   f"add them under consumers before they call (the gateway serves only configured consumers){lacks}")
+    return out
+
+
 def build_plan(opts: PlanOptions) -> tuple[PlanResult, list[RegionPlan], PlanContext]:
     from fleetcast.config import load_config
 
@@ -132,7 +150,7 @@ def build_plan(opts: PlanOptions) -> tuple[PlanResult, list[RegionPlan], PlanCon
     if cfg is not None:
         traffic.checked_against(tuple(m.id for m in cfg.models))
     candidates = load_candidates(_expand(opts.results))
-    warnings: list[str] = []
+    warnings: list[str] = consumerless_regions(cfg, traffic) if cfg is not None else []
     for cand in candidates:
         warnings += [f"{cand.label}: {n}" for n in cand.curve.notes]
 
@@ -229,7 +247,7 @@ def build_packing(opts: PlanOptions, max_copies: int | None = None):
     traffic = opts.traffic_profile if opts.traffic_profile is not None else load_traffic(opts.traffic)
     traffic.checked_against(models)
     curves = packing.load_model_curves(_expand(opts.results), models, lab=opts.lab)
-    warnings: list[str] = []
+    warnings = consumerless_regions(cfg, traffic)
     for mc in curves:
         warnings += [f"{mc.model} on {mc.candidate.label}: {n}" for n in mc.candidate.curve.notes]
     prices, availability, latency, fixed, quality = _tables(
