@@ -41,7 +41,7 @@ from fleetcast.contract.serving import MAX_PROCESSES
 
 from .curves import Candidate, Curve
 from .queueing import Limits, Prediction, ServiceModel, Stream, instances_needed, model_for, occupancy, predict
-from .solver import PlanContext, Slo, capacity_bounds
+from .solver import PlanContext, Slo, capacity_bounds, floor_tenth
 from .traffic import ConsumerTraffic, TrafficProfile
 
 # Copies per model the search tries by default: two processes busy at once time-slice one GPU (no MPS), so
@@ -287,10 +287,10 @@ def packing_memory(cfg, instance_type: str, packing: tuple[tuple[str, str, int],
 
 
 def kv_gib_written(kv_gib: float) -> float:
-    """A KV budget in GiB as the config gets it: rounded down to 0.1 so the memory sum still fits. The budget
-    comes back from whole bytes (int(kv_cache_gb x 2^30)), a hair under a budget already on the 0.1 grid
+    """A KV budget in GiB as the config gets it: rounded down to 0.1 so the memory sum still fits (solver.floor_tenth).
+    The budget comes back from whole bytes (int(kv_cache_gb x 2^30)), a hair under a budget already on the 0.1 grid
     (a measured packing's 2.3 GiB reads 2.29999...), which must stay 2.3, not drop to 2.2."""
-    return math.floor(round(kv_gib * 10, 6)) / 10
+    return floor_tenth(kv_gib)
 
 
 # ---------------------------------------------------------------- evaluation
@@ -838,11 +838,12 @@ def baseline_document(result: PackingPlan, ctx: PlanContext, config_pools: dict[
 
 def scaling_target(plan: RegionPacking) -> float:
     """The pool's in-flight target: the planned requests in flight per instance over every model at the day's
-    busiest planned minute, over the burst headroom (solver.TARGET_HEADROOM), at least 1, rounded down to 0.1."""
+    busiest planned minute, over the burst headroom (solver.TARGET_HEADROOM), at least 1, rounded down to 0.1
+    (solver.floor_tenth, as the KV budget is)."""
     from .solver import TARGET_HEADROOM
 
     w = plan.winner
     busiest = max(range(24), key=lambda h: (w.instances_by_hour[h], sum(t.hourly_rps()[h] for t in plan.traffic)))
     in_flight = sum(m.copies * m.predictions[busiest].in_flight for m in w.loads if m.predictions[busiest])
     burst = max(max(t.hourly_burstiness()) for t in plan.traffic)
-    return max(1.0, math.floor(in_flight / max(burst, 1.0 / (1.0 - TARGET_HEADROOM)) * 10) / 10)
+    return max(1.0, floor_tenth(in_flight / max(burst, 1.0 / (1.0 - TARGET_HEADROOM))))

@@ -331,11 +331,19 @@ def _limits(ctx: PlanContext, network_ms: float) -> Limits:
     return Limits(ctx.slo.ttft_p99_ms - network_ms, ctx.slo.itl_p99_ms, ctx.slo.error_rate)
 
 
+def floor_tenth(value: float) -> float:
+    """A figure the plan writes into the config (a scaling target, a KV budget in GiB), rounded down to 0.1: the
+    written figure must not exceed the computed one. Float error is forgiven first: a figure already on the 0.1
+    grid often arrives a hair under it (2.3 as 2.2999999999999998, or 2.3 GiB back from whole bytes), and must
+    stay 2.3, not drop to 2.2."""
+    return math.floor(round(value * 10, 6)) / 10
+
+
 def scaling_target(model: ServiceModel, output_mean: float, safe_rate: float, burstiness: float) -> float:
     """In-flight requests per instance to track: the load at the SLO-safe rate over the burst headroom."""
     headroom = max(burstiness, 1.0 / (1.0 - TARGET_HEADROOM))
     level = predict(model, [Stream(safe_rate / headroom, output_mean)], 1.0).in_flight
-    return max(1.0, math.floor(level * 10) / 10)
+    return max(1.0, floor_tenth(level))
 
 
 def _size_from_arrivals(ev: Evaluation, traffic: ConsumerTraffic, ctx: PlanContext) -> None:

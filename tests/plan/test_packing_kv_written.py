@@ -1,17 +1,22 @@
-"""The KV budget a packing plan writes into the config (docs/plan.md, `--write-config`: "GiB rounded down
-to 0.1 so the memory sum still fits") and shows in its report: one rounding for both."""
+"""The KV budget and scaling target a packing plan writes into the config (docs/plan.md, `--write-config`: "GiB
+rounded down to 0.1 so the memory sum still fits") and shows in its report: one rounding for all of them
+(solver.floor_tenth, which the one-model planner's target uses too)."""
 
 from __future__ import annotations
 
 from datetime import date
 
+import dataclasses
+import math
+
 import pytest
 
 from fleetcast.config import load_config
 from fleetcast.config.memory import GIB
-from fleetcast.plan.packing import kv_gib_written
+from fleetcast.plan.packing import kv_gib_written, scaling_target
 from fleetcast.plan.packing_report import model_rows
 from fleetcast.plan.run import PlanOptions, build_packing
+from fleetcast.plan.solver import TARGET_HEADROOM, floor_tenth
 from fleetcast.plan.writeback import compute_packing_edit
 
 from .conftest import ROOT
@@ -62,3 +67,30 @@ def test_the_report_shows_the_budget_the_config_gets(tmp_path):
     fleet.write_text(compute_packing_edit(fleet, result, allow_estimated=True).text)
     (pool,) = load_config(fleet).regions[0].pools
     assert [row[column] for row in rows] == [f"{s.kv_cache_gb:.1f}" for s in pool.serves]
+
+
+@pytest.mark.parametrize("tenth", [2.3, 3.9, 7.3, 14.5])
+def test_a_figure_on_the_tenth_grid_a_hair_under_it_stays_there(tenth):
+    # 3.9 x (1 / 0.9) / (1 / 0.9) is 3.8999999999999995 in floats: a plain floor to 0.1 gives 3.8.
+    assert floor_tenth(tenth - 4e-16) == tenth and floor_tenth(tenth + 0.0999) == tenth
+    assert floor_tenth(tenth - 0.0001) == round(tenth - 0.1, 1)
+
+
+def test_the_written_scaling_target_is_rounded_as_the_kv_budget_is(tmp_path):
+    """The packing's planned in-flight at the busiest minute over the burst headroom: where that quotient is a tenth
+    a hair under by float error, the config gets the tenth (the KV budget's rounding, not a plain floor)."""
+    result = _plan()
+    plan = result.regions[0]
+    winner = plan.winner
+    headroom = max(max(max(t.hourly_burstiness()) for t in plan.traffic), 1.0 / (1.0 - TARGET_HEADROOM))
+    # A tenth whose product with this headroom, divided back, lands under it in floats.
+    tenth = next(k / 10 for k in range(10, 400) if math.floor(k / 10 * headroom / headroom * 10) / 10 < k / 10)
+    for i, m in enumerate(winner.loads):
+        m.predictions = [p and dataclasses.replace(p, in_flight=tenth * headroom / m.copies if i == 0 else 0.0)
+                         for p in m.predictions]
+    assert scaling_target(plan) == tenth
+    fleet = tmp_path / "fleet.yaml"
+    fleet.write_text((EXAMPLE / "fleet.yaml").read_text())
+    fleet.write_text(compute_packing_edit(fleet, result, allow_estimated=True).text)
+    (pool,) = load_config(fleet).regions[0].pools
+    assert pool.scaling.target == tenth
