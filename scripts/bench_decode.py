@@ -24,6 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch
 
+from fleetcast.contract.serving import GIB
 from runtime.reference.build import random_weights
 from runtime.reference.configs import SIZES, shape_for
 from runtime.reference.engine import Engine
@@ -155,7 +156,7 @@ def main(argv=None) -> int:
     if device.type == "cuda":
         props = torch.cuda.get_device_properties(device)
         result["gpu"] = {"name": props.name, "sms": props.multi_processor_count,
-                         "memory_gib": round(props.total_memory / 2**30, 1), "cuda": torch.version.cuda}
+                         "memory_gib": round(props.total_memory / GIB, 1), "cuda": torch.version.cuda}
 
     bw = copy_bandwidth(device, timer, nbytes=(4 << 30) if device.type == "cuda" else (256 << 20))
     bytes_per_param = torch.finfo(dtype).bits // 8
@@ -170,7 +171,7 @@ def main(argv=None) -> int:
     max_pos = max(args.context, args.long_context if args.long_context else 0)
     engine = Engine(model, max_batch_size=max(batches), max_seq_len=min(shape.n_positions, max(max_pos + 1, 2)),
                     vocab_size=VOCAB_SIZE, eos_id=EOS_ID)
-    result["kv_cache_gib"] = round(engine.cache.nbytes / 2**30, 2)
+    result["kv_cache_gib"] = round(engine.cache.nbytes / GIB, 2)
 
     variants = {}
     all_batch_buckets, all_seq_buckets = engine.batch_buckets, engine.seq_buckets
