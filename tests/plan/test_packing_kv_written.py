@@ -4,10 +4,9 @@ rounded down to 0.1 so the memory sum still fits") and shows in its report: one 
 
 from __future__ import annotations
 
-from datetime import date
-
 import dataclasses
 import math
+from datetime import date
 
 import pytest
 
