@@ -30,7 +30,6 @@ import itertools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from pathlib import Path
 
 from fleetcast.config import catalog
 from fleetcast.config.memory import GIB, PoolMemory, plan_pool
@@ -778,14 +777,6 @@ def _alternatives(cfg, curves, region, entries, ctx, fleet_slo, families, kv_dty
     day_own = (instance_cost + own_fixed) * 24
     return [Alternative("one model per pool", parts, instance_cost, shared_fixed, _per_m_output(day_shared, entries)),
             Alternative("one model per fleet", parts, instance_cost, own_fixed, _per_m_output(day_own, entries))]
-
-
-def expand_paths(paths: list[str]) -> list[str]:
-    out = []
-    for raw in paths:
-        p = Path(raw)
-        out += sorted(str(x) for x in p.glob("*.json")) if p.is_dir() else [raw]
-    return out
 
 
 # ---------------------------------------------------------------- drift baseline
