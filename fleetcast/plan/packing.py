@@ -466,12 +466,13 @@ def size_packing(ev: PackingEval, ctx: PlanContext, n_min: int, cache: dict) -> 
 
 def fixed_by_hour(region: str, traffic: list[ConsumerTraffic], ctx: PlanContext) -> list[float]:
     """One fleet's fixed costs per hour in `region` carrying `traffic` (one NLB, one endpoint set)."""
+    hourly = [t.hourly_rps() for t in traffic]  # once per model, not once per hour
+    per = [ctx.fixed.gb_per_request(t.input_mean, t.output_mean) for t in traffic]
     out = []
     for h in range(24):
-        rates = [t.hourly_rps()[h] for t in traffic]
+        rates = [r[h] for r in hourly]
         rps = sum(rates)
         if rps > 0:
-            per = [ctx.fixed.gb_per_request(t.input_mean, t.output_mean) for t in traffic]
             gb = (sum(r * g[0] for r, g in zip(rates, per)) / rps, sum(r * g[1] for r, g in zip(rates, per)) / rps)
         else:
             gb = (0.0, 0.0)
