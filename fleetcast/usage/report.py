@@ -137,12 +137,6 @@ def _region_cost(cfg: FleetConfig, region_name: str, hours: float,
     return RegionCost(region_name, total, instance_hours, basis), notes
 
 
-def models_of(cfg: FleetConfig, consumer: str) -> tuple[str, ...]:
-    """The model and adapter ids `consumer` may call: the ones its metrics can carry a Model dimension for."""
-    models_for = getattr(cfg, "models_for", None)
-    return tuple(models_for(consumer)) if models_for is not None else (cfg.model.id,)
-
-
 def collect(cfg: FleetConfig, since: datetime, until: datetime, region: str | None = None,
             client: Callable[[str], Any] | None = None, now: datetime | None = None,
             by_model: bool = False) -> UsageReport:
@@ -177,7 +171,7 @@ def collect(cfg: FleetConfig, since: datetime, until: datetime, region: str | No
     for region_name in ([region] if region else names):
         consumers = cfg.consumers_of(region_name)
         pools = [p.name for p in cfg.region(region_name).pools]
-        keys = [(c.name, m) for c in consumers for m in (models_of(cfg, c.name) if by_model else (None,))]
+        keys = [(c.name, m) for c in consumers for m in (cfg.models_for(c.name) if by_model else (None,))]
         usage = {key: ConsumerUsage(key[0], region_name, key[1]) for key in keys}
         queries, targets = [], {}
         for ki, key in enumerate(keys):
