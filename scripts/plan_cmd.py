@@ -182,7 +182,7 @@ def _traffic_from_cloudwatch(args: argparse.Namespace):
 
 
 def _plan(args: argparse.Namespace) -> int:
-    from fleetcast.contract.errors import EXIT_USAGE, UserError
+    from fleetcast.contract.errors import EXIT_OK, EXIT_REFUSED, EXIT_USAGE, UserError
     from fleetcast.plan.report import render_terminal, to_json, write_report
     from fleetcast.plan.run import PlanOptions, build_plan
     from fleetcast.plan.writeback import compute_plan_edit, throttling_notes, write_config_notes
@@ -222,7 +222,7 @@ def _plan(args: argparse.Namespace) -> int:
                                      max_groups=args.max_hours or None,
                                      report=Path(args.report) if args.report else None)
         print("\n".join(lines))
-        return 0 if agree else 3
+        return EXIT_OK if agree else EXIT_REFUSED
     result.write_notes = write_config_notes(_config_or_none(args.write_config or args.config), result.pools,
                                             args.allow_estimated)
     print(json.dumps(to_json(result), indent=1) if args.json else render_terminal(result))
@@ -241,12 +241,12 @@ def _plan(args: argparse.Namespace) -> int:
         for note in throttling_notes(edit.cfg, result.pools):
             say(f"  note: {note}")
         say(f"  baseline for `fleetcast plan --check`: {baseline[0]}")
-    return 0 if all(p.winner for p in plans) else 3
+    return EXIT_OK if all(p.winner for p in plans) else EXIT_REFUSED
 
 
 def _plan_packing(args: argparse.Namespace, profile) -> int:
     """A fleet of several models: the packing search (fleetcast/plan/packing.py)."""
-    from fleetcast.contract.errors import EXIT_USAGE, UserError
+    from fleetcast.contract.errors import EXIT_OK, EXIT_REFUSED, EXIT_USAGE, UserError
     from fleetcast.plan.packing_report import render_terminal, to_json, write_report
     from fleetcast.plan.run import PlanOptions, build_packing
     from fleetcast.plan.writeback import compute_packing_edit
@@ -274,7 +274,7 @@ def _plan_packing(args: argparse.Namespace, profile) -> int:
         lines, agree = simulate_packing(result, ctx, seed=args.seed, max_groups=args.max_hours or None,
                                         report=Path(args.report) if args.report else None)
         print("\n".join(lines))
-        return 0 if agree else 3
+        return EXIT_OK if agree else EXIT_REFUSED
     print(json.dumps(to_json(result), indent=1) if args.json else render_terminal(result))
     say = (lambda text: print(text, file=sys.stderr)) if args.json else print
     # Everything written is computed and validated first; a refusal or failure leaves every file as it was.
@@ -297,7 +297,7 @@ def _plan_packing(args: argparse.Namespace, profile) -> int:
     if edit is not None:
         _write_edit(edit, baseline, args.write_config, say)
         say(f"  baseline for `fleetcast plan --check`: {baseline[0]}")
-    return 0 if all(r.winner for r in result.regions) else 3
+    return EXIT_OK if all(r.winner for r in result.regions) else EXIT_REFUSED
 
 
 def _check_packing(args: argparse.Namespace, result) -> int:
