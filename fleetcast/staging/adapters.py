@@ -53,7 +53,9 @@ def _find(model: ModelSpec, adapter_id: str) -> AdapterSpec:
     raise UserError(f"--adapter {adapter_id!r} is not an adapter of model {model.id}; its adapters: {known}", 2)
 
 
-def _from_hub(adapter: AdapterSpec, dest: Path, token: str | None, log: Callable[[str], None]) -> dict[str, Any]:
+def _from_hub(adapter: AdapterSpec, dest: Path, token: str | None,
+              log: Callable[[str], None]) -> tuple[dict[str, int], dict[str, Any]]:
+    """Download the adapter's files into `dest`: what is staged (name -> size) and the manifest's extra fields."""
     try:
         from huggingface_hub import HfApi, snapshot_download
     except ImportError:  # pragma: no cover - a declared dependency
@@ -66,10 +68,12 @@ def _from_hub(adapter: AdapterSpec, dest: Path, token: str | None, log: Callable
     if info.sha != adapter.revision:
         log(f"note: revision {adapter.revision!r} of adapter {adapter.id} resolved to commit {info.sha}; pin it in "
             "adapters[].revision")
-    return {"commit": info.sha}
+    return chosen, {"commit": info.sha}
 
 
-def _from_s3(adapter: AdapterSpec, dest: Path, s3: Any, log: Callable[[str], None]) -> dict[str, Any]:
+def _from_s3(adapter: AdapterSpec, dest: Path, s3: Any,
+             log: Callable[[str], None]) -> tuple[dict[str, int], dict[str, Any]]:
+    """Download the adapter's files into `dest`: what is staged (name -> size) and the manifest's extra fields."""
     bucket, _, key = adapter.source[len("s3://"):].partition("/")
     prefix = key.rstrip("/") + "/" if key else ""
     listed: dict[str, int] = {}
@@ -82,7 +86,7 @@ def _from_s3(adapter: AdapterSpec, dest: Path, s3: Any, log: Callable[[str], Non
     log(f"{adapter.source}: staging {', '.join(chosen)} ({human_bytes(sum(chosen.values()))})")
     for name in chosen:
         s3.download_file(bucket, prefix + name, str(dest / name))
-    return {}
+    return chosen, {}
 
 
 def stage_adapter(cfg: FleetConfig, model_id: str, adapter_id: str, buckets: dict[str, str], clients: ClientFactory,
@@ -101,15 +105,13 @@ def stage_adapter(cfg: FleetConfig, model_id: str, adapter_id: str, buckets: dic
             chosen = adapter_files({p.name: p.stat().st_size for p in local_dir.iterdir() if p.is_file()},
                                    f"--local-dir {local_dir}")
         elif adapter.source.startswith("s3://"):
-            extra = _from_s3(adapter, root, clients("s3", cfg.regions[0].region), log)
+            chosen, extra = _from_s3(adapter, root, clients("s3", cfg.regions[0].region), log)
             source = adapter.source
-            chosen = adapter_files({p.name: p.stat().st_size for p in root.iterdir() if p.is_file()}, adapter.source)
         else:
             token = resolve_hub_token(cfg, clients, model)
             with hub_errors(f"models[{model.id}].adapters[{adapter.id}].source", adapter.source, adapter.revision):
-                extra = _from_hub(adapter, root, token, log)
+                chosen, extra = _from_hub(adapter, root, token, log)
             source = f"hub:{adapter.source}"
-            chosen = adapter_files({p.name: p.stat().st_size for p in root.iterdir() if p.is_file()}, adapter.source)
         try:
             rank, modules = adapter_shape((root / ADAPTER_CONFIG).read_bytes(), f"adapter {adapter.id} ({source})")
         except AdapterConfigError as exc:
