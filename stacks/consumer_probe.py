@@ -120,7 +120,8 @@ class ConsumerBenchProbe(Construct):
         # The base models this consumer may call (an adapter runs on its base model's processes). Several: the
         # probe measures each alone through the endpoint, one file each; which pool answered, and what else ran
         # there, is not known from the consumer side, so the files record no packing.
-        self.models = [m.id for m in cfg.models if m.consumers is None or consumer.name in m.consumers]
+        callable_ids = cfg.models_for(consumer.name)  # the entitlement rule's one home
+        self.models = [m.id for m in cfg.models if m.id in callable_ids]
         self.results_keys = ([self.results_key] if len(self.models) == 1 else
                              [probe_model_key(self.results_key, m) for m in self.models])
 
