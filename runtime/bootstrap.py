@@ -44,7 +44,7 @@ from fleetcast.contract.adapters import MODULES_KEY, RANK_KEY, ModelDimsError, a
 from fleetcast.contract.bucket import adapter_prefix, model_prefix
 from fleetcast.contract.errors import EXIT_INVALID, EXIT_OK, EXIT_USAGE, UserError
 from fleetcast.contract.instance_env import Var, check_names, default, setting
-from fleetcast.contract.serving import first_process_port, process_slots
+from fleetcast.contract.serving import LOOPBACK_HOST, first_process_port, process_slots
 
 from . import gpu as gpu_mod, spot
 from .backends import ReferenceBackend, ServingBackend, select_backend
@@ -491,7 +491,7 @@ class Bootstrap:
             processes.append(ServerProcess(
                 name=server_name(slot.model_id, slot.copy_index, single), model_id=slot.model_id,
                 copy_index=slot.copy_index, port=slot.port,
-                argv=p.backend.server_command(p.resolution.path, "127.0.0.1", slot.port, budget, p.lora),
+                argv=p.backend.server_command(p.resolution.path, LOOPBACK_HOST, slot.port, budget, p.lora),
                 env=p.backend.server_env(), kv_cache_bytes=budget))
         return processes
 

@@ -41,6 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from fleetcast.contract.instance_env import Var, default
+from fleetcast.contract.serving import LOOPBACK_HOST
 
 from .supervisor import Child, Liveness, RestartPolicy, Supervisor
 
@@ -178,7 +179,7 @@ class Serving:
 
         s = self.s
         argv = [sys.executable, "-m", "runtime.gateway", "--listen", f"{s.listen_host}:{s.port}",
-                "--upstream", f"127.0.0.1:{self.servers[0].port}", "--region", s.region, "--pool", s.pool,
+                "--upstream", f"{LOOPBACK_HOST}:{self.servers[0].port}", "--region", s.region, "--pool", s.pool,
                 "--proxy-protocol", "required" if s.proxy_protocol else "off", "--refresh-s", f"{s.gateway_refresh_s:g}",
                 "--upstream-idle-s", f"{s.upstream_idle_timeout_s:g}", "--workers", str(default_workers())]
         if s.config_json is not None:
