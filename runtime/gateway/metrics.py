@@ -93,12 +93,13 @@ def emf_record(fleet: str, pool: str, consumer: str | None, values: dict[str, fl
 class EmfLines:
     """emf_record as one JSON line, at less cost per request on the gateway's event loop.
 
-    The `CloudWatchMetrics` directives are the bulk of a record's bytes and depend only on the
-    consumer, the model, which metrics it carries and whether it is shaped: each combination is
-    encoded once and reused (measured: about half the cost of encoding the whole record each time).
+    The `CloudWatchMetrics` directives are the bulk of a record's bytes and depend only on whether the
+    consumer and the model are known (dimension names, not values), which metrics it carries and whether
+    it is shaped: each combination is encoded once and reused (measured: about half the cost of encoding
+    the whole record each time).
     """
 
-    MAX_CACHED = 4096  # consumers x models x metric sets: far fewer on any fleet; a bound all the same
+    MAX_CACHED = 4096  # metric sets x 6 combinations: far fewer on any fleet; a bound all the same
 
     def __init__(self, fleet: str, pool: str, by_model: bool = False):
         self.fleet, self.pool, self.by_model = fleet, pool, by_model
@@ -107,7 +108,7 @@ class EmfLines:
     def line(self, consumer: str | None, values: dict[str, float], properties: dict[str, Any] | None = None,
              timestamp_ms: int | None = None, shape: dict[str, str] | None = None, model: str | None = None) -> str:
         shaped = bool(shape and consumer)
-        key = (consumer, model if consumer else None, shaped, *values)
+        key = (bool(consumer), bool(consumer and model), shaped, *values)
         directives = self._directives.get(key)
         if directives is None:
             if len(self._directives) >= self.MAX_CACHED:

@@ -24,3 +24,15 @@ def test_the_gateways_record_line_is_the_record():
                             assert json.loads(line) == emf_record("f", "p", consumer, values, props, 1764547200000,
                                                                   s, model, by_model)
     assert json.loads(lines.line("c", {t.REQUESTS: 1}))["_aws"]["Timestamp"] > 1764547200000
+
+
+def test_consumers_and_models_share_one_cached_encoding():
+    """The directives name dimensions, not their values: every consumer and model reuses one encoding per
+    combination, and each line still carries its own consumer and model."""
+    values = {t.REQUESTS: 1, t.ERRORS: 0}
+    lines = EmfLines("f", "p", True)
+    for consumer in ("a", "b", "c"):
+        for model in ("m1", "m2"):
+            line = lines.line(consumer, values, None, 1764547200000, None, model)
+            assert json.loads(line) == emf_record("f", "p", consumer, values, None, 1764547200000, None, model, True)
+    assert len(lines._directives) == 1
