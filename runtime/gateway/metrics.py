@@ -17,7 +17,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterable
-from contextlib import AbstractContextManager
+from contextlib import AbstractContextManager, nullcontext
 from typing import Any, TextIO
 
 from fleetcast.contract import telemetry as t
@@ -136,7 +136,7 @@ class MetricsSink:
         so their lines never interleave mid-record. `by_model`: the fleet is metered per model
         (fleetcast.contract.telemetry.metered_per_model)."""
         self.fleet, self.pool, self.by_model = fleet, pool, by_model
-        self._write_lock = write_lock
+        self._write_lock = write_lock if write_lock is not None else nullcontext()
         self._stream = stream if stream is not None else sys.stdout
         self._on_record = on_record  # tests observe records directly
         self._lines = EmfLines(fleet, pool, by_model)
@@ -159,13 +159,9 @@ class MetricsSink:
         if not lines:
             return
         try:
-            if self._write_lock is None:
+            with self._write_lock:
                 self._stream.write("\n".join(lines) + "\n")
                 self._stream.flush()
-            else:
-                with self._write_lock:
-                    self._stream.write("\n".join(lines) + "\n")
-                    self._stream.flush()
         except (OSError, ValueError):
             pass  # a closed log pipe loses metrics, never requests
 
