@@ -35,6 +35,7 @@ import functools
 import gc
 import json
 import os
+import random
 import signal
 import subprocess
 import sys
@@ -70,6 +71,7 @@ async def timed_upstream(reader: asyncio.StreamReader, writer: asyncio.StreamWri
             method, path = lines[0].split(" ")[:2]
             length = next((int(h.split(":", 1)[1]) for h in lines if h.lower().startswith("content-length:")), 0)
             body = await reader.readexactly(length) if length else b""
+            received = time.monotonic_ns()  # the request is in: what it took to get here is the hop's, not ours
             if path == "/health":
                 writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n")
                 continue
@@ -97,7 +99,7 @@ async def timed_upstream(reader: asyncio.StreamReader, writer: asyncio.StreamWri
                     await asyncio.sleep(delay)
                 event = {"id": "cmpl-b", "object": "text_completion", "model": "bench",
                          "choices": [{"index": 0, "text": f" tok{i}", "finish_reason": None}],
-                         "t": time.monotonic_ns()}
+                         "t": time.monotonic_ns(), "r": received}
                 writer.write(_chunk(b"data: " + json.dumps(event, separators=(",", ":")).encode() + b"\n\n"))
             if usage:
                 u = {"id": "cmpl-b", "choices": [], "usage": {"prompt_tokens": 8, "completion_tokens": n,
@@ -289,18 +291,22 @@ def _proxy_header() -> bytes:
 
 
 class Sample:
-    __slots__ = ("ttft_ms", "gaps_ms", "delays_ms", "tokens", "new_connection", "connect_ms")
+    __slots__ = ("ttft_ms", "gaps_ms", "delays_ms", "tokens", "new_connection", "connect_ms", "reach_ms")
 
     def __init__(self, new_connection: bool, connect_ms: float | None = None):
         self.new_connection = new_connection  # first request on its connection: TTFT includes connection setup
         self.connect_ms = connect_ms  # a new connection's connect(), before the request is sent (not in its TTFT)
         self.ttft_ms = None
+        self.reach_ms = None  # request sent -> the upstream has read it: the request's way in, through the proxy
         self.gaps_ms: list[float] = []
         self.delays_ms: list[float] = []
         self.tokens = 0
 
 
-async def _worker(port: int, header: bytes | None, body: bytes, count: int, out: list[Sample]) -> None:
+async def _worker(port: int, header: bytes | None, body: bytes, count: int, out: list[Sample],
+                  opens_at: float = 0.0) -> None:
+    if opens_at:
+        await asyncio.sleep(opens_at)
     connecting = time.monotonic_ns()
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
     connect_ms = (time.monotonic_ns() - connecting) / 1e6
@@ -338,6 +344,7 @@ async def _worker(port: int, header: bytes | None, body: bytes, count: int, out:
                         sample.tokens += 1
                         if sample.ttft_ms is None:
                             sample.ttft_ms = (now - sent) / 1e6
+                            sample.reach_ms = (event["r"] - sent) / 1e6
                         else:
                             sample.gaps_ms.append((now - last) / 1e6)
                         sample.delays_ms.append((now - event["t"]) / 1e6)
@@ -363,25 +370,42 @@ def _request_body(tokens: int, model: str) -> bytes:
     return json.dumps({"model": model, "prompt": "measure me", "max_tokens": tokens, "stream": True}).encode()
 
 
+def arrival_offsets(connections: int, per_s: float, seed: int) -> list[float]:
+    """When each connection opens, in seconds from the level's start: all at once (per_s 0: the burst a
+    cold client pool makes), or a Poisson process of `per_s` new connections a second (a client
+    population that grows), seeded so that every mode of a run meets the same arrivals."""
+    if not per_s:
+        return [0.0] * connections
+    rng, at, offsets = random.Random(seed), 0.0, []
+    for _ in range(connections):
+        at += rng.expovariate(per_s)
+        offsets.append(at)
+    return offsets
+
+
 async def _client_samples(port: int, header: bytes | None, connections: int, per_worker: int, tokens: int,
-                          model: str) -> list[Sample]:
+                          model: str, opens_per_s: float = 0.0, seed: int = 0) -> list[Sample]:
     body = _request_body(tokens, model)
     samples: list[Sample] = []
-    await asyncio.gather(*(_worker(port, header, body, per_worker, samples) for _ in range(connections)))
+    offsets = arrival_offsets(connections, opens_per_s, seed)
+    await asyncio.gather(*(_worker(port, header, body, per_worker, samples, at) for at in offsets))
     return samples
 
 
 async def _spread_samples(port: int, header: bytes | None, concurrency: int, per_worker: int, tokens: int,
-                          procs: int, cpus: set[int] | None) -> list[Sample]:
+                          procs: int, cpus: set[int] | None, opens_per_s: float = 0.0) -> list[Sample]:
     """The level's connections spread over `procs` client processes, released together: one Python client
     timestamping 128 streams' events queues them behind each other (a burst of 128 events takes it
     milliseconds), which would be measured as the proxy's."""
     shares = [concurrency // procs + (1 if i < concurrency % procs else 0) for i in range(procs)]
     children = []
-    for share in filter(None, shares):
+    for i, share in enumerate(filter(None, shares)):
+        # Each process opens its share at its share of the rate: together, one Poisson process of opens_per_s.
+        rate = opens_per_s * share / concurrency
         child = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "scripts.bench_gateway", "_client", str(port), (header or b"").hex(), str(share),
-            str(per_worker), str(tokens), bench_model(), cwd=str(ROOT), stdin=subprocess.PIPE,
+            str(per_worker), str(tokens), bench_model(), repr(rate), str(concurrency * 100 + i), cwd=str(ROOT),
+            stdin=subprocess.PIPE,
             stdout=subprocess.PIPE)
         if cpus:
             os.sched_setaffinity(child.pid, cpus)
@@ -399,8 +423,9 @@ async def _spread_samples(port: int, header: bytes | None, concurrency: int, per
         out, _ = await child.communicate()
         if child.returncode:
             raise RuntimeError(f"a bench client process failed (exit {child.returncode})")
-        for ttft, gaps, delays, tokens_seen, new, connect in json.loads(out):
+        for ttft, gaps, delays, tokens_seen, new, connect, reach in json.loads(out):
             sample = Sample(new, connect)
+            sample.reach_ms = reach
             sample.ttft_ms, sample.gaps_ms, sample.delays_ms, sample.tokens = ttft, gaps, delays, tokens_seen
             samples.append(sample)
     return samples
@@ -409,10 +434,11 @@ async def _spread_samples(port: int, header: bytes | None, concurrency: int, per
 def _client_main(argv: list[str]) -> None:
     port, header, connections, per_worker, tokens, model = (int(argv[0]), bytes.fromhex(argv[1]) or None,
                                                             int(argv[2]), int(argv[3]), int(argv[4]), argv[5])
+    opens_per_s, seed = float(argv[6]), int(argv[7])
     print("ready", flush=True)
     sys.stdin.readline()
-    samples = asyncio.run(_client_samples(port, header, connections, per_worker, tokens, model))
-    print(json.dumps([[s.ttft_ms, s.gaps_ms, s.delays_ms, s.tokens, s.new_connection, s.connect_ms]
+    samples = asyncio.run(_client_samples(port, header, connections, per_worker, tokens, model, opens_per_s, seed))
+    print(json.dumps([[s.ttft_ms, s.gaps_ms, s.delays_ms, s.tokens, s.new_connection, s.connect_ms, s.reach_ms]
                       for s in samples]))
 
 
@@ -439,17 +465,38 @@ def process_cpu_s(pid: int) -> float:
     return total / os.sysconf("SC_CLK_TCK")
 
 
+def steal_ms(cpus: set[int], stat: str = "/proc/stat") -> float:
+    """Milliseconds the hypervisor ran something else while these cores had work ("steal", proc(5)
+    /proc/stat): on a virtual machine, time a pinned proxy stood still through no fault of its own."""
+    total = 0
+    with open(stat) as f:
+        for line in f:
+            name, *fields = line.split()
+            if name.startswith("cpu") and name[3:].isdigit() and int(name[3:]) in cpus and len(fields) > 7:
+                total += int(fields[7])
+    return total * 1000 / os.sysconf("SC_CLK_TCK")
+
+
+def wake_spinners(cpus: set[int]) -> list[subprocess.Popen]:
+    """One SCHED_IDLE busy loop per core: the core never halts, so a wake-up never waits on the hypervisor
+    to schedule a halted virtual CPU again, and any runnable proxy preempts the loop at once (sched(7))."""
+    code = ("import os\nos.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))\nwhile True:\n    pass\n")
+    return [_spawn(["-c", code], cpus={cpu}) for cpu in sorted(cpus)]
+
+
 async def run_level(port: int, header: bytes | None, concurrency: int, requests: int, tokens: int,
                     client_procs: int = 1, client_cpus: set[int] | None = None, proxy_pid: int | None = None,
-                    proxy_cores: int | None = None) -> dict:
+                    proxy_cpus: set[int] | None = None, opens_per_s: float = 0.0) -> dict:
     per_worker = max(1, -(-requests // concurrency))
     cpu_before = process_cpu_s(proxy_pid) if proxy_pid else 0.0
+    stolen_before = steal_ms(proxy_cpus) if proxy_cpus else 0.0
     started = time.monotonic()
     if min(client_procs, concurrency) > 1:
         samples = await _spread_samples(port, header, concurrency, per_worker, tokens, min(client_procs, concurrency),
-                                        client_cpus)
+                                        client_cpus, opens_per_s)
     else:
-        samples = await _client_samples(port, header, concurrency, per_worker, tokens, bench_model())
+        samples = await _client_samples(port, header, concurrency, per_worker, tokens, bench_model(), opens_per_s,
+                                        concurrency * 100)
     elapsed = time.monotonic() - started
     ttft = [s.ttft_ms for s in samples]
     kept = [s.ttft_ms for s in samples if not s.new_connection]
@@ -468,13 +515,19 @@ async def run_level(port: int, header: bytes | None, concurrency: int, requests:
         # to tell a slow accept from a slow first byte.
         "ttft_new_p50": percentile(new, 0.5), "ttft_new_max": max(new, default=float("nan")),
         "connect_p99": percentile(connects, 0.99), "connect_max": max(connects, default=float("nan")),
+        # Of a TTFT, the request's way in (sent -> read by the upstream): where a slow first request loses its time.
+        "reach_new_p50": percentile([s.reach_ms for s in samples if s.new_connection], 0.5),
+        "reach_new_max": max((s.reach_ms for s in samples if s.new_connection), default=float("nan")),
+        "reach_kept_p99": percentile([s.reach_ms for s in samples if not s.new_connection], 0.99),
     }
     if proxy_pid:
         # CPU the proxy spent per request (its events included), and how busy that kept its cores: a tail
         # that grows while the cores are far from busy is not the proxy's Python.
         cpu = process_cpu_s(proxy_pid) - cpu_before
         result["cpu_ms_per_request"] = round(cpu * 1000 / max(1, len(samples)), 3)
-        result["cpu_busy"] = round(cpu / elapsed / (proxy_cores or os.cpu_count() or 1), 3)
+        result["cpu_busy"] = round(cpu / elapsed / (len(proxy_cpus) if proxy_cpus else os.cpu_count() or 1), 3)
+    if proxy_cpus:
+        result["proxy_steal_ms"] = round(steal_ms(proxy_cpus) - stolen_before, 1)
     return result
 
 
@@ -630,18 +683,22 @@ async def main_async(args: argparse.Namespace) -> dict:
             await _wait_port(*targets[mode])
         for mode in modes:  # warm-up: connections, imports, JIT-free but caches
             await run_level(*targets[mode], 4, 8, args.tokens)
-        cores = len(proxy_cpus) if proxy_cpus else None
+        if args.wake_cores:
+            # Every core the bench uses: the upstream's too, whose wake-up a request after a pause would wait on.
+            procs += wake_spinners((proxy_cpus or set()) | (other_cpus or set()) or os.sched_getaffinity(0))
         for c in levels:
             requests = max(args.requests, 3 * c)
             row = {}
             for mode in modes:
                 row[mode] = m = await run_level(*targets[mode], c, requests, args.tokens, args.client_procs, other_cpus,
-                                                pids.get(mode), cores)
+                                                pids.get(mode), proxy_cpus if mode != "direct" else None,
+                                                args.opens_per_s)
                 cpu = (f"  CPU {m['cpu_ms_per_request']:.3f} ms/req, cores {m['cpu_busy']:.0%} busy"
-                       if "cpu_busy" in m else "")
+                       if "cpu_busy" in m else "") + (f", {m['proxy_steal_ms']:g} ms stolen"
+                                                      if "proxy_steal_ms" in m else "")
                 print(f"  c={c:<3} {mode:<12} {m['requests']:>4} req  TTFT p50 {m['ttft_p50']:7.3f} "
                       f"p99 {m['ttft_p99']:7.3f} (first on a connection: max {m['ttft_new_max']:7.3f}, connect "
-                      f"max {m['connect_max']:6.3f})  ITL p50 {m['itl_p50']:6.3f} "
+                      f"max {m['connect_max']:6.3f}, in {m['reach_new_p50']:.3f}/{m['reach_new_max']:.3f})  ITL p50 {m['itl_p50']:6.3f} "
                       f"p99 {m['itl_p99']:6.3f} ms{cpu}", file=sys.stderr, flush=True)
             results["levels"][c] = row
     finally:
@@ -795,6 +852,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--client-procs", type=int, default=1,
                    help="client processes a level's connections are spread over (default 1; with --cpus on a big "
                         "host, 4: one Python client cannot timestamp 128 streams' events as they arrive)")
+    p.add_argument("--opens-per-s", type=float, default=0.0,
+                   help="open a level's connections as a Poisson process of this many a second instead of all at "
+                        "once (default 0: all at once, the burst of a cold client pool)")
+    p.add_argument("--wake-cores", action="store_true",
+                   help="keep the bench's cores from halting (a SCHED_IDLE busy loop on each), to tell a virtual "
+                        "machine's slow wake-up of an idle virtual CPU from the proxy's own time")
     p.add_argument("--base-tree", help="a checkout whose gateway the gateway-base mode runs (before/after in one run)")
     p.add_argument("--json", help="also write the raw results here")
     p.add_argument("--profile", help="run the gateway (one process: no --workers) under cProfile and write its "
@@ -802,6 +865,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--gc-log", help="log every garbage collection in the gateway's processes after their startup "
                    "freeze to this file (scripts/gc_log.py) and print a summary")
     args = p.parse_args(argv)
+    if args.opens_per_s < 0:
+        p.error(f"--opens-per-s {args.opens_per_s:g}: must be 0 (all at once) or a rate above 0")
     if "direct" not in args.modes.split(","):
         p.error("--modes must include direct (the baseline)")
     if "gateway-base" in args.modes.split(",") and not args.base_tree:

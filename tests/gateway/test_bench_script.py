@@ -92,3 +92,49 @@ def test_the_gc_log_counts_only_collections_after_the_startup_freeze(tmp_path):
     assert len(freed) == 1 and 2 <= freed[0] < 50  # the 2 nodes after the freeze, not the 50 before it
     gens = summary(str(log))
     assert gens["gen2"]["freed"] == freed[0] and sum(r["collections"] for r in gens.values()) == len(rows)
+
+
+def test_connections_open_all_at_once_or_as_a_seeded_poisson_process():
+    """--opens-per-s: 0 is the burst of a cold client pool; a rate spreads the opens, the same for every
+    mode of a run (seeded), at about that rate (the mean gap of 2,000 exponential gaps is within 10%)."""
+    assert bench_gateway.arrival_offsets(3, 0.0, 7) == [0.0, 0.0, 0.0]
+    offsets = bench_gateway.arrival_offsets(2000, 1000.0, 7)
+    assert offsets == bench_gateway.arrival_offsets(2000, 1000.0, 7)
+    assert offsets == sorted(offsets) and offsets[0] > 0
+    assert 0.9e-3 < offsets[-1] / len(offsets) < 1.1e-3
+
+
+def test_the_request_s_way_in_is_timed_apart_from_the_server_s_own_wait():
+    """Each sample says when the upstream had read its request (`reach_ms`): a slow first request is then
+    either slow on its way in (a proxy, a wake-up) or slow at the server, never a guess."""
+    async def body():
+        upstream = await asyncio.start_server(lambda r, w: bench_gateway.timed_upstream(r, w, 0.05, 0.0),
+                                              "127.0.0.1", 0)
+        try:
+            samples = await bench_gateway._client_samples(upstream.sockets[0].getsockname()[1], None, 1, 2, 2, "m")
+        finally:
+            upstream.close()
+        for s in samples:
+            assert 0 < s.reach_ms < s.ttft_ms and s.ttft_ms >= 50  # the server's 50 ms come after the way in
+    asyncio.run(body())
+
+
+def test_steal_reads_the_named_cores_of_proc_stat(tmp_path):
+    """proc(5): the 8th value after a cpuN name is steal, in clock ticks (USER_HZ); the all-cores line is not a core."""
+    import os
+
+    stat = tmp_path / "stat"
+    stat.write_text("cpu  9 9 9 9 9 9 9 900 0 0\n"
+                    "cpu0 1 2 3 4 5 6 7 30 0 0\n"
+                    "cpu1 1 2 3 4 5 6 7 50 0 0\n"
+                    "cpu2 1 2 3 4 5 6 7 70 0 0\nintr 5\n")
+    tick_ms = 1000 / os.sysconf("SC_CLK_TCK")
+    assert bench_gateway.steal_ms({0, 1}, str(stat)) == 80 * tick_ms
+    assert bench_gateway.steal_ms(set(), str(stat)) == 0.0
+    assert bench_gateway.steal_ms({0}) >= 0.0  # the real file parses
+
+
+def test_a_negative_rate_of_opens_is_refused_by_name():
+    result = subprocess.run([sys.executable, "-m", "scripts.bench_gateway", "--opens-per-s", "-5"],
+                            capture_output=True, text=True)
+    assert result.returncode == 2 and "--opens-per-s -5" in result.stderr and "Traceback" not in result.stderr
