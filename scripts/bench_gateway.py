@@ -42,6 +42,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import NamedTuple
 
 ROOT = Path(__file__).resolve().parents[1]
 REGION, POOL = "ap-northeast-2", "l40s"
@@ -269,14 +270,16 @@ def _serve_forked(processes: int, serve) -> None:
             os.kill(pid, signal.SIGTERM)
 
 
-def _serve_relay(port: int, upstream: int, workers: int) -> None:
-    """`workers` relay processes on one port (SO_REUSEPORT), as the gateway's --workers; uvloop when installed."""
-    try:
-        import uvloop
+def _serve_relay(port: int, upstream: int, workers: int, loop: str = "auto") -> None:
+    """`workers` relay processes on one port (SO_REUSEPORT), as the gateway's --workers; uvloop when installed,
+    unless `loop` is "asyncio"."""
+    if loop != "asyncio":
+        try:
+            import uvloop
 
-        asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
-    except ImportError:
-        pass
+            asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
+        except ImportError:
+            pass
     _serve_forked(workers, lambda: raw_relay(port, upstream))
 
 
@@ -442,8 +445,14 @@ def _client_main(argv: list[str]) -> None:
                       for s in samples]))
 
 
-def process_cpu_s(pid: int) -> float:
-    """CPU seconds (user + system) used so far by `pid` and its live child processes (gateway workers)."""
+class ProcessStats(NamedTuple):
+    cpu_s: float  # user + system
+    runq_wait_s: float  # runnable but not running: waiting for a core (schedstat, sched-stats.rst)
+    minor_faults: int  # pages first touched (a VM may take each one to its host)
+
+
+def process_stats(pid: int) -> ProcessStats:
+    """What `pid` and its live child processes (gateway workers) have used so far, from proc(5)."""
     def stat(p: int | str) -> list[str]:
         with open(f"/proc/{p}/stat") as f:
             return f.read().rsplit(")", 1)[1].split()
@@ -455,14 +464,17 @@ def process_cpu_s(pid: int) -> float:
                     pids.append(int(entry))
             except (OSError, IndexError, ValueError):
                 pass
-    total = 0
+    ticks, wait_ns, faults = 0, 0, 0
     for p in pids:
         try:
             fields = stat(p)
-            total += int(fields[11]) + int(fields[12])  # utime, stime (proc(5)), clock ticks
+            ticks += int(fields[11]) + int(fields[12])  # utime, stime (fields 14, 15), clock ticks
+            faults += int(fields[7])  # minflt (field 10)
+            with open(f"/proc/{p}/schedstat") as f:
+                wait_ns += int(f.read().split()[1])  # time spent waiting on a runqueue, ns
         except (OSError, IndexError, ValueError):
             pass
-    return total / os.sysconf("SC_CLK_TCK")
+    return ProcessStats(ticks / os.sysconf("SC_CLK_TCK"), wait_ns / 1e9, faults)
 
 
 def steal_ms(cpus: set[int], stat: str = "/proc/stat") -> float:
@@ -488,7 +500,7 @@ async def run_level(port: int, header: bytes | None, concurrency: int, requests:
                     client_procs: int = 1, client_cpus: set[int] | None = None, proxy_pid: int | None = None,
                     proxy_cpus: set[int] | None = None, opens_per_s: float = 0.0) -> dict:
     per_worker = max(1, -(-requests // concurrency))
-    cpu_before = process_cpu_s(proxy_pid) if proxy_pid else 0.0
+    before = process_stats(proxy_pid) if proxy_pid else None
     stolen_before = steal_ms(proxy_cpus) if proxy_cpus else 0.0
     started = time.monotonic()
     if min(client_procs, concurrency) > 1:
@@ -523,7 +535,13 @@ async def run_level(port: int, header: bytes | None, concurrency: int, requests:
     if proxy_pid:
         # CPU the proxy spent per request (its events included), and how busy that kept its cores: a tail
         # that grows while the cores are far from busy is not the proxy's Python.
-        cpu = process_cpu_s(proxy_pid) - cpu_before
+        after = process_stats(proxy_pid)
+        assert before is not None
+        cpu = after.cpu_s - before.cpu_s
+        # Waiting for a core and first-touched pages: a tail with neither is the proxy's own code (or a
+        # sleep), one with them is the host's scheduling or memory.
+        result["proxy_runq_wait_ms"] = round((after.runq_wait_s - before.runq_wait_s) * 1000, 2)
+        result["proxy_minor_faults"] = after.minor_faults - before.minor_faults
         result["cpu_ms_per_request"] = round(cpu * 1000 / max(1, len(samples)), 3)
         result["cpu_busy"] = round(cpu / elapsed / (len(proxy_cpus) if proxy_cpus else os.cpu_count() or 1), 3)
     if proxy_cpus:
@@ -636,8 +654,9 @@ async def main_async(args: argparse.Namespace) -> dict:
     procs = [_spawn(["-m", "scripts.bench_gateway", "_upstream", str(up_port), str(args.ttft_ms),
                      str(args.token_interval_ms), str(args.upstream_procs), "nogc"], cpus=other_cpus)]
     header = _proxy_header()
-    relay_port = free_port()
-    targets = {"direct": (up_port, None), "aiohttp": (aio_port, None), "relay": (relay_port, None)}
+    relay_port, relay_asyncio_port = free_port(), free_port()
+    targets = {"direct": (up_port, None), "aiohttp": (aio_port, None), "relay": (relay_port, None),
+               "relay-asyncio": (relay_asyncio_port, None)}
     pids: dict[str, int] = {}
     for mode in modes:
         if mode.startswith("gateway"):
@@ -666,10 +685,11 @@ async def main_async(args: argparse.Namespace) -> dict:
         procs.append(_spawn(["-m", "scripts.bench_gateway", "_aiohttp", str(aio_port), str(up_port)],
                             cpus=proxy_cpus))
         pids["aiohttp"] = procs[-1].pid
-    if "relay" in modes:
-        procs.append(_spawn(["-m", "scripts.bench_gateway", "_relay", str(relay_port), str(up_port),
-                             str(args.relay_workers)], cpus=proxy_cpus))
-        pids["relay"] = procs[-1].pid
+    for mode, loop in (("relay", "auto"), ("relay-asyncio", "asyncio")):
+        if mode in modes:
+            procs.append(_spawn(["-m", "scripts.bench_gateway", "_relay", str(targets[mode][0]), str(up_port),
+                                 str(args.relay_workers), loop], cpus=proxy_cpus))
+            pids[mode] = procs[-1].pid
     try:
         import uvloop  # noqa: F401
         auto_loop = "uvloop"
@@ -695,7 +715,9 @@ async def main_async(args: argparse.Namespace) -> dict:
                                                 args.opens_per_s)
                 cpu = (f"  CPU {m['cpu_ms_per_request']:.3f} ms/req, cores {m['cpu_busy']:.0%} busy"
                        if "cpu_busy" in m else "") + (f", {m['proxy_steal_ms']:g} ms stolen"
-                                                      if "proxy_steal_ms" in m else "")
+                                                      if "proxy_steal_ms" in m else "") + (
+                    f", waited {m['proxy_runq_wait_ms']:g} ms for a core, {m['proxy_minor_faults']} page faults"
+                    if "proxy_runq_wait_ms" in m else "")
                 print(f"  c={c:<3} {mode:<12} {m['requests']:>4} req  TTFT p50 {m['ttft_p50']:7.3f} "
                       f"p99 {m['ttft_p99']:7.3f} (first on a connection: max {m['ttft_new_max']:7.3f}, connect "
                       f"max {m['connect_max']:6.3f}, in {m['reach_new_p50']:.3f}/{m['reach_new_max']:.3f})  ITL p50 {m['itl_p50']:6.3f} "
@@ -819,7 +841,7 @@ def main(argv: list[str] | None = None) -> int:
         _serve_forked(processes, serve)
         return 0
     if argv[:1] == ["_relay"]:
-        _serve_relay(int(argv[1]), int(argv[2]), int(argv[3]))
+        _serve_relay(int(argv[1]), int(argv[2]), int(argv[3]), argv[4] if len(argv) > 4 else "auto")
         return 0
     if argv[:1] == ["_client"]:
         _client_main(argv[1:])
@@ -841,7 +863,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--modes", default="direct,gateway,aiohttp",
                    help="direct (baseline), gateway (default event loop), gateway-asyncio, gateway-uvloop, "
                         "gateway-base (--base-tree's gateway), gateway-alt (this gateway with --alt-arg), aiohttp, "
-                        "relay (a byte relay with no logic: the floor)")
+                        "relay (a byte relay with no logic: the floor), relay-asyncio (the same on the stdlib loop)")
     p.add_argument("--alt-arg", action="append", default=[],
                    help="the gateway-alt mode's arguments for `python -m runtime.gateway` (repeatable): this tree's "
                         "gateway with other flags in the same run, e.g. --alt-arg=--workers=3 --alt-arg=--upstream-warm=64")

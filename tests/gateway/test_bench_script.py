@@ -46,7 +46,9 @@ def test_proxy_cpu_counts_the_process_and_its_children():
     proc = subprocess.Popen([sys.executable, "-c", burn], stdout=subprocess.PIPE, text=True)
     try:
         assert sorted(proc.stdout.readline().strip() for _ in range(2)) == ["child", "parent"]
-        assert bench_gateway.process_cpu_s(proc.pid) >= 0.55  # 0.3 s each, less a clock tick or two
+        stats = bench_gateway.process_stats(proc.pid)
+        assert stats.cpu_s >= 0.55  # 0.3 s each, less a clock tick or two
+        assert stats.minor_faults > 0 and stats.runq_wait_s >= 0
     finally:
         proc.kill()
         proc.wait()
