@@ -197,9 +197,7 @@ def _model(args: argparse.Namespace) -> int:
 
     cfg = load_config(args.config)
     known = [m.id for m in cfg.models]
-    if args.model_id is not None and args.model_id not in known:
-        raise UserError(f"--model {args.model_id!r} is not a model of {args.config}; allowed: {', '.join(known)}", 2)
-    chosen = [args.model_id] if args.model_id else known
+    chosen = [cfg.model_named(args.model_id).id] if args.model_id else known
     if args.local_dir is not None and len(chosen) > 1:
         raise UserError(f"--local-dir holds one model; {args.config} has {len(known)}: name it with --model "
                         f"({', '.join(known)})", 2)
@@ -271,10 +269,7 @@ def _calibrated_model(cfg, model_id: str | None):
             raise UserError(f"--model is needed: the config has {len(ids)} models ({', '.join(ids)}), and each "
                             "calibrates on its own set", EXIT_USAGE)
         return cfg.models[0]
-    if model_id not in ids:
-        raise UserError(f"--model {model_id!r} is not a model of the config; choose one of: {', '.join(ids)}",
-                        EXIT_USAGE)
-    return cfg.model_by_id(model_id)
+    return cfg.model_named(model_id)
 
 
 def _calibration_field(config: str, model_id: str) -> tuple[tuple[str | int, ...], str]:

@@ -1033,6 +1033,17 @@ class FleetConfig(Frozen):
                 return model
         raise KeyError(f"no model {model_id!r} in models; known: {', '.join(m.id for m in self.models)}")
 
+    def model_named(self, model_id: str, where: str = "--model") -> ModelSpec:
+        """The model a person named (`where`: the flag or field they named it in), or a usage error that lists
+        the models there are."""
+        for model in self.models:
+            if model.id == model_id:
+                return model
+        from fleetcast.contract.errors import EXIT_USAGE, UserError
+
+        raise UserError(f"{where} {model_id!r} is not a model of the config; allowed: "
+                        f"{', '.join(m.id for m in self.models)}", EXIT_USAGE)
+
     def models_for(self, consumer_name: str) -> tuple[str, ...]:
         """The model and adapter ids `consumer_name` may call, in config order (models[].consumers; absent: all)."""
         out: list[str] = []

@@ -128,9 +128,7 @@ def stage_adapters(cfg: FleetConfig, buckets: dict[str, str], clients: ClientFac
                    progress: bool | None = None, log: Callable[[str], None] = print) -> list[StageResult]:
     """Every adapter of the config (or of `model_id`, or the one `adapter_id`), one after another."""
     if model_id is not None:
-        if model_id not in {m.id for m in cfg.models}:
-            raise UserError(f"--model {model_id!r} is not a model of the config; allowed: "
-                            f"{', '.join(m.id for m in cfg.models)}", 2)
+        cfg.model_named(model_id)
     chosen = [(m.id, a.id) for m in cfg.models if model_id in (None, m.id) for a in m.adapters
               if adapter_id in (None, a.id)]
     if adapter_id is not None and not chosen:

@@ -132,6 +132,16 @@ def test_the_example_validates_with_three_models_two_packings_and_one_restricted
     assert plan.fits and plan.usable_bytes - plan.planned_bytes < 8  # rounding only
 
 
+def test_a_model_a_person_names_is_found_or_refused_naming_where_and_listing_the_models():
+    cfg = load_config(EXAMPLE)
+    assert cfg.model_named("qwen2.5-3b").id == "qwen2.5-3b"
+    with pytest.raises(UserError) as refused:
+        cfg.model_named("llama", "--model")
+    assert str(refused.value) == ("--model 'llama' is not a model of the config; allowed: gpt2-xl, qwen2.5-0.5b, "
+                                  "qwen2.5-3b")
+    assert refused.value.exit_code == 2  # the command line itself
+
+
 def test_engine_precedence_is_fleet_then_model_then_pool(multi):
     multi["engine"]["max_batch_size"] = 16
     multi["models"][1]["engine"]["max_batch_size"] = 48

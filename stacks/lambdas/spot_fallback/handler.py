@@ -100,9 +100,8 @@ def _cover(spot_name: str, pool: dict) -> dict:
         shortfall = max(1, int(spot["DesiredCapacity"]) - _held(spot))
         current_max, desired = int(od["MaxSize"]), int(od["DesiredCapacity"])
         cover = min(int(pool["ceiling"]), int(pool["base"]) + shortfall)
+        # Never lowered: a maximum a person raised past the ceiling stays as they set it.
         new_max, new_desired = max(current_max, cover), max(desired, cover)
-        if new_max > int(pool["ceiling"]):  # only a person can have raised it past the ceiling: leave it
-            new_max = current_max
         if new_max == current_max and new_desired == desired:
             return result or _log(action="at-ceiling", group=pool["on_demand"], max=current_max,
                                   ceiling=pool["ceiling"], spot_shortfall=shortfall)
