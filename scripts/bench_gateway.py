@@ -48,9 +48,61 @@ ROOT = Path(__file__).resolve().parents[1]
 REGION, POOL = "ap-northeast-2", "l40s"
 SERVICE_ID = "vpce-svc-0a1b2c3d4e5f60718"
 BENCH_VPCE, BENCH_ACCOUNT = "vpce-0aaaaaaaaaaaaaaa1", "444455556666"
+HOPS_ENV = "FLEETCAST_BENCH_HOPS"  # --trace-hops: the folder where the client, relay and upstream stamp each hop
 
 
 # ---------------------------------------------------------------- loopback doubles
+
+
+_hop_files: dict[str, object] = {}
+
+
+def hop(kind: str, *fields: int) -> None:
+    """With --trace-hops, one line per hop of a connection's first request (monotonic ns; ports to join on):
+    S client sent, A relay accepted, R relay read it and forwarded it, U upstream read it."""
+    folder = os.environ.get(HOPS_ENV)
+    if not folder:
+        return
+    out = _hop_files.get(folder)
+    if out is None:
+        out = _hop_files[folder] = open(Path(folder) / f"hops-{os.getpid()}", "a", buffering=1)  # noqa: SIM115
+    out.write(" ".join([kind, *map(str, fields)]) + "\n")  # type: ignore[attr-defined]
+
+
+def hops_summary(folder: Path) -> dict[str, float]:
+    """The first requests' hops, joined by port and measured from the client's send (ms, p50 and max):
+    `accept`, `read` (the relay's; relay modes only) and `upstream` (read by the upstream, any mode)."""
+    sent: dict[int, int] = {}
+    accepted: dict[int, int] = {}
+    read: dict[int, tuple[int, int]] = {}
+    upstream: dict[int, list[int]] = {}
+    for path in folder.glob("hops-*"):
+        for line in path.read_text().splitlines():
+            kind, *values = line.split()
+            v = [int(x) for x in values]
+            if kind == "S":
+                sent[v[0]] = v[1]
+            elif kind == "A":
+                accepted[v[0]] = v[1]
+            elif kind == "R":
+                read[v[0]] = (v[1], v[2])
+            elif kind == "U":
+                upstream.setdefault(v[0], []).append(v[1])
+    gaps: dict[str, list[float]] = {"accept": [], "read": [], "upstream": []}
+    for port, at in sent.items():
+        if port in accepted:
+            gaps["accept"].append((accepted[port] - at) / 1e6)
+        if port in read:
+            up_port, read_at = read[port]
+            gaps["read"].append((read_at - at) / 1e6)
+            reads = [u for u in upstream.get(up_port, []) if u >= at]
+            if reads:
+                gaps["upstream"].append((min(reads) - at) / 1e6)
+    out = {}
+    for name, values in gaps.items():
+        if values:
+            out[f"{name}_p50"], out[f"{name}_max"] = percentile(values, 0.5), max(values)
+    return out
 
 
 def _chunk(data: bytes) -> bytes:
@@ -73,6 +125,7 @@ async def timed_upstream(reader: asyncio.StreamReader, writer: asyncio.StreamWri
             length = next((int(h.split(":", 1)[1]) for h in lines if h.lower().startswith("content-length:")), 0)
             body = await reader.readexactly(length) if length else b""
             received = time.monotonic_ns()  # the request is in: what it took to get here is the hop's, not ours
+            hop("U", writer.get_extra_info("peername")[1], received)
             if path == "/health":
                 writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n")
                 continue
@@ -236,7 +289,18 @@ async def raw_relay(port: int, upstream: int, warm: int = 32) -> None:
                 await asyncio.sleep(0.1)
 
     class Client(Side):
+        first = True
+
+        def data_received(self, data: bytes) -> None:
+            super().data_received(data)
+            if self.first:
+                self.first = False
+                assert self.transport is not None
+                hop("R", self.transport.get_extra_info("peername")[1],
+                    self.peer.get_extra_info("sockname")[1] if self.peer else 0, time.monotonic_ns())
+
         def connection_made(self, transport) -> None:
+            hop("A", transport.get_extra_info("peername")[1], time.monotonic_ns())
             super().connection_made(transport)
             if spare:
                 splice(transport, self, spare.pop())
@@ -321,6 +385,8 @@ async def _worker(port: int, header: bytes | None, body: bytes, count: int, out:
         for i in range(count):
             sample = Sample(new_connection=i == 0, connect_ms=connect_ms if i == 0 else None)
             sent = time.monotonic_ns()
+            if i == 0:
+                hop("S", writer.get_extra_info("sockname")[1], sent)
             writer.write(request)
             head = await reader.readuntil(b"\r\n\r\n")
             if not head.startswith(b"HTTP/1.1 200"):
@@ -500,6 +566,9 @@ async def run_level(port: int, header: bytes | None, concurrency: int, requests:
                     client_procs: int = 1, client_cpus: set[int] | None = None, proxy_pid: int | None = None,
                     proxy_cpus: set[int] | None = None, opens_per_s: float = 0.0) -> dict:
     per_worker = max(1, -(-requests // concurrency))
+    hops = Path(os.environ[HOPS_ENV]) if os.environ.get(HOPS_ENV) else None
+    for stale in hops.glob("hops-*") if hops else ():
+        stale.write_bytes(b"")  # truncated, not removed: the relay and upstream keep appending to theirs
     before = process_stats(proxy_pid) if proxy_pid else None
     stolen_before = steal_ms(proxy_cpus) if proxy_cpus else 0.0
     started = time.monotonic()
@@ -546,6 +615,8 @@ async def run_level(port: int, header: bytes | None, concurrency: int, requests:
         result["cpu_busy"] = round(cpu / elapsed / (len(proxy_cpus) if proxy_cpus else os.cpu_count() or 1), 3)
     if proxy_cpus:
         result["proxy_steal_ms"] = round(steal_ms(proxy_cpus) - stolen_before, 1)
+    if hops:
+        result["hops"] = hops_summary(hops)
     return result
 
 
@@ -649,6 +720,9 @@ async def main_async(args: argparse.Namespace) -> dict:
     _bench_config(config)
     emf = open(tmp / "emf.log", "w")  # noqa: SIM115 - the gateways write it; closed after they stop
     proxy_cpus, other_cpus = cpu_split(args.cpus)
+    if args.trace_hops:
+        (tmp / "hops").mkdir()
+        os.environ[HOPS_ENV] = str(tmp / "hops")  # before anything is spawned: every process stamps its hops
     if other_cpus:
         os.sched_setaffinity(0, other_cpus)  # the client (this process) off the proxy's cores
     procs = [_spawn(["-m", "scripts.bench_gateway", "_upstream", str(up_port), str(args.ttft_ms),
@@ -717,7 +791,9 @@ async def main_async(args: argparse.Namespace) -> dict:
                        if "cpu_busy" in m else "") + (f", {m['proxy_steal_ms']:g} ms stolen"
                                                       if "proxy_steal_ms" in m else "") + (
                     f", waited {m['proxy_runq_wait_ms']:g} ms for a core, {m['proxy_minor_faults']} page faults"
-                    if "proxy_runq_wait_ms" in m else "")
+                    if "proxy_runq_wait_ms" in m else "") + "".join(
+                    f", {name} {m['hops'][name + '_p50']:.2f}/{m['hops'][name + '_max']:.2f}"
+                    for name in ("accept", "read", "upstream") if name + "_p50" in m.get("hops", {}))
                 print(f"  c={c:<3} {mode:<12} {m['requests']:>4} req  TTFT p50 {m['ttft_p50']:7.3f} "
                       f"p99 {m['ttft_p99']:7.3f} (first on a connection: max {m['ttft_new_max']:7.3f}, connect "
                       f"max {m['connect_max']:6.3f}, in {m['reach_new_p50']:.3f}/{m['reach_new_max']:.3f})  ITL p50 {m['itl_p50']:6.3f} "
@@ -880,6 +956,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--wake-cores", action="store_true",
                    help="keep the bench's cores from halting (a SCHED_IDLE busy loop on each), to tell a virtual "
                         "machine's slow wake-up of an idle virtual CPU from the proxy's own time")
+    p.add_argument("--trace-hops", action="store_true",
+                   help="stamp each hop of a connection's first request (client sent, relay accepted, relay read, "
+                        "upstream read) and print each level's median/slowest per hop (relay modes: every hop)")
     p.add_argument("--base-tree", help="a checkout whose gateway the gateway-base mode runs (before/after in one run)")
     p.add_argument("--json", help="also write the raw results here")
     p.add_argument("--profile", help="run the gateway (one process: no --workers) under cProfile and write its "

@@ -140,3 +140,43 @@ def test_a_negative_rate_of_opens_is_refused_by_name():
     result = subprocess.run([sys.executable, "-m", "scripts.bench_gateway", "--opens-per-s", "-5"],
                             capture_output=True, text=True)
     assert result.returncode == 2 and "--opens-per-s -5" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_trace_hops_time_each_hop_of_a_first_request_through_the_relay(tmp_path, monkeypatch):
+    """--trace-hops: the client, the relay and the upstream stamp a first request's hops; joined by port,
+    each comes after the one before it (accept, then read, then the upstream's read)."""
+    monkeypatch.setenv(bench_gateway.HOPS_ENV, str(tmp_path))
+
+    async def body():
+        upstream = await asyncio.start_server(lambda r, w: bench_gateway.timed_upstream(r, w, 0.001, 0.0),
+                                              "127.0.0.1", 0)
+        relay_port = bench_gateway.free_port()
+        relay = asyncio.ensure_future(bench_gateway.raw_relay(relay_port, upstream.sockets[0].getsockname()[1],
+                                                              warm=3))
+        try:
+            for _ in range(100):  # bounded: until the relay listens
+                try:
+                    await bench_gateway._client_samples(relay_port, None, 3, 2, 2, "m")
+                    break
+                except OSError:
+                    await asyncio.sleep(0.02)
+        finally:
+            relay.cancel()
+            upstream.close()
+    asyncio.run(body())
+    for f in bench_gateway._hop_files.values():
+        f.flush()  # type: ignore[attr-defined]
+    hops = bench_gateway.hops_summary(tmp_path)
+    assert set(hops) == {"accept_p50", "accept_max", "read_p50", "read_max", "upstream_p50", "upstream_max"}
+    assert hops["read_max"] <= hops["upstream_max"] and hops["read_p50"] <= hops["upstream_p50"]
+
+
+def test_hops_join_a_first_request_by_its_ports(tmp_path):
+    """S client port sent; A client port accepted; R client port, upstream-side port, read; U upstream-side port
+    read by the upstream (an earlier read on a reused port is not this request's)."""
+    (tmp_path / "hops-1").write_text("S 5001 1000000\nS 5002 1000000\n")
+    (tmp_path / "hops-2").write_text("A 5001 1500000\nR 5001 7001 3000000\nA 5002 2000000\nR 5002 7002 2000000\n")
+    (tmp_path / "hops-3").write_text("U 7001 500000\nU 7001 4000000\nU 7002 12000000\n")
+    assert bench_gateway.hops_summary(tmp_path) == {
+        "accept_p50": 0.75, "accept_max": 1.0, "read_p50": 1.5, "read_max": 2.0,
+        "upstream_p50": 7.0, "upstream_max": 11.0}
