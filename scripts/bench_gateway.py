@@ -48,7 +48,7 @@ ROOT = Path(__file__).resolve().parents[1]
 REGION, POOL = "ap-northeast-2", "l40s"
 SERVICE_ID = "vpce-svc-0a1b2c3d4e5f60718"
 BENCH_VPCE, BENCH_ACCOUNT = "vpce-0aaaaaaaaaaaaaaa1", "444455556666"
-HOPS_ENV = "FLEETCAST_BENCH_HOPS"  # --trace-hops: the folder where the client, relay and upstream stamp each hop
+HOPS_ENV = "BENCH_GATEWAY_HOPS"  # --trace-hops: the folder where the client, relay and upstream stamp each hop
 
 
 # ---------------------------------------------------------------- loopback doubles

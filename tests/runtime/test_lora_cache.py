@@ -29,6 +29,7 @@ Sources (NVIDIA/TensorRT-LLM, the 1.2.x-era files read with this workplace's sea
 from __future__ import annotations
 
 import json
+import time
 import urllib.request
 
 import pytest
@@ -234,6 +235,12 @@ def test_the_reference_server_runs_a_second_adapter_only_once_the_first_has_no_r
         short.start()
         for thread in (long, short):
             thread.join(180)
+        # The server writes a request's log line after the response's last byte: the client can be done
+        # first, so wait (bounded) for both lines rather than stop the server between the two.
+        for _ in range(600):
+            if len(log.read_text().splitlines()) >= 2:
+                break
+            time.sleep(0.05)
     finally:
         server.stop()
     # The server logs a request as it ends, and releases its adapter just before: chat, 2 tokens, ends after
