@@ -70,8 +70,9 @@ def hop(kind: str, *fields: int) -> None:
 
 
 def hops_summary(folder: Path) -> dict[str, float]:
-    """The first requests' hops, joined by port and measured from the client's send (ms, p50 and max):
-    `accept`, `read` (the relay's; relay modes only) and `upstream` (read by the upstream, any mode)."""
+    """The first requests' hops through a byte relay, joined by port and measured from the client's send
+    (ms, p50 and max): `accept`, `read` (the relay's) and `upstream` (read by the upstream). Other modes have
+    no relay stamps: their way in as a whole is each level's `reach_*` figures."""
     sent: dict[int, int] = {}
     accepted: dict[int, int] = {}
     read: dict[int, tuple[int, int]] = {}
@@ -957,8 +958,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="keep the bench's cores from halting (a SCHED_IDLE busy loop on each), to tell a virtual "
                         "machine's slow wake-up of an idle virtual CPU from the proxy's own time")
     p.add_argument("--trace-hops", action="store_true",
-                   help="stamp each hop of a connection's first request (client sent, relay accepted, relay read, "
-                        "upstream read) and print each level's median/slowest per hop (relay modes: every hop)")
+                   help="stamp each hop of a connection's first request through the byte relay (client sent, relay "
+                        "accepted, relay read, upstream read) and print each level's median/slowest per hop")
     p.add_argument("--base-tree", help="a checkout whose gateway the gateway-base mode runs (before/after in one run)")
     p.add_argument("--json", help="also write the raw results here")
     p.add_argument("--profile", help="run the gateway (one process: no --workers) under cProfile and write its "
