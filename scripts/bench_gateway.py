@@ -34,6 +34,7 @@ import asyncio
 import functools
 import gc
 import json
+import math
 import os
 import random
 import signal
@@ -42,7 +43,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import NamedTuple
+from typing import NamedTuple, TextIO
 
 ROOT = Path(__file__).resolve().parents[1]
 REGION, POOL = "ap-northeast-2", "l40s"
@@ -54,19 +55,22 @@ HOPS_ENV = "BENCH_GATEWAY_HOPS"  # --trace-hops: the folder where the client, re
 # ---------------------------------------------------------------- loopback doubles
 
 
-_hop_files: dict[str, object] = {}
+_hop_files: dict[str, TextIO] = {}
+
+
+def tracing_hops() -> bool:
+    """--trace-hops is on: callers check first, so that without it no hop's fields are even looked up."""
+    return bool(os.environ.get(HOPS_ENV))
 
 
 def hop(kind: str, *fields: int) -> None:
     """With --trace-hops, one line per hop of a connection's first request (monotonic ns; ports to join on):
     S client sent, A relay accepted, R relay read it and forwarded it, U upstream read it."""
-    folder = os.environ.get(HOPS_ENV)
-    if not folder:
-        return
+    folder = os.environ[HOPS_ENV]
     out = _hop_files.get(folder)
     if out is None:
         out = _hop_files[folder] = open(Path(folder) / f"hops-{os.getpid()}", "a", buffering=1)  # noqa: SIM115
-    out.write(" ".join([kind, *map(str, fields)]) + "\n")  # type: ignore[attr-defined]
+    out.write(" ".join([kind, *map(str, fields)]) + "\n")
 
 
 def hops_summary(folder: Path) -> dict[str, float]:
@@ -126,7 +130,8 @@ async def timed_upstream(reader: asyncio.StreamReader, writer: asyncio.StreamWri
             length = next((int(h.split(":", 1)[1]) for h in lines if h.lower().startswith("content-length:")), 0)
             body = await reader.readexactly(length) if length else b""
             received = time.monotonic_ns()  # the request is in: what it took to get here is the hop's, not ours
-            hop("U", writer.get_extra_info("peername")[1], received)
+            if tracing_hops():
+                hop("U", writer.get_extra_info("peername")[1], received)
             if path == "/health":
                 writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n")
                 continue
@@ -294,14 +299,15 @@ async def raw_relay(port: int, upstream: int, warm: int = 32) -> None:
 
         def data_received(self, data: bytes) -> None:
             super().data_received(data)
-            if self.first:
+            if self.first and tracing_hops():
                 self.first = False
                 assert self.transport is not None
                 hop("R", self.transport.get_extra_info("peername")[1],
                     self.peer.get_extra_info("sockname")[1] if self.peer else 0, time.monotonic_ns())
 
         def connection_made(self, transport) -> None:
-            hop("A", transport.get_extra_info("peername")[1], time.monotonic_ns())
+            if tracing_hops():
+                hop("A", transport.get_extra_info("peername")[1], time.monotonic_ns())
             super().connection_made(transport)
             if spare:
                 splice(transport, self, spare.pop())
@@ -386,7 +392,7 @@ async def _worker(port: int, header: bytes | None, body: bytes, count: int, out:
         for i in range(count):
             sample = Sample(new_connection=i == 0, connect_ms=connect_ms if i == 0 else None)
             sent = time.monotonic_ns()
-            if i == 0:
+            if i == 0 and tracing_hops():
                 hop("S", writer.get_extra_info("sockname")[1], sent)
             writer.write(request)
             head = await reader.readuntil(b"\r\n\r\n")
@@ -967,8 +973,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--gc-log", help="log every garbage collection in the gateway's processes after their startup "
                    "freeze to this file (scripts/gc_log.py) and print a summary")
     args = p.parse_args(argv)
-    if args.opens_per_s < 0:
-        p.error(f"--opens-per-s {args.opens_per_s:g}: must be 0 (all at once) or a rate above 0")
+    if not math.isfinite(args.opens_per_s) or args.opens_per_s < 0:
+        p.error(f"--opens-per-s {args.opens_per_s:g}: must be 0 (all at once) or a finite rate above 0")
     if "direct" not in args.modes.split(","):
         p.error("--modes must include direct (the baseline)")
     if "gateway-base" in args.modes.split(",") and not args.base_tree:

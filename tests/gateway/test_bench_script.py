@@ -7,6 +7,8 @@ import asyncio
 import subprocess
 import sys
 
+import pytest
+
 from scripts import bench_gateway
 
 
@@ -136,10 +138,11 @@ def test_steal_reads_the_named_cores_of_proc_stat(tmp_path):
     assert bench_gateway.steal_ms({0}) >= 0.0  # the real file parses
 
 
-def test_a_negative_rate_of_opens_is_refused_by_name():
-    result = subprocess.run([sys.executable, "-m", "scripts.bench_gateway", "--opens-per-s", "-5"],
+@pytest.mark.parametrize("rate", ["-5", "nan", "inf"])
+def test_a_rate_of_opens_that_is_no_rate_is_refused_by_name(rate):
+    result = subprocess.run([sys.executable, "-m", "scripts.bench_gateway", "--opens-per-s", rate],
                             capture_output=True, text=True)
-    assert result.returncode == 2 and "--opens-per-s -5" in result.stderr and "Traceback" not in result.stderr
+    assert result.returncode == 2 and f"--opens-per-s {rate}" in result.stderr and "Traceback" not in result.stderr
 
 
 def test_trace_hops_time_each_hop_of_a_first_request_through_the_relay(tmp_path, monkeypatch):
