@@ -183,3 +183,15 @@ def test_hops_join_a_first_request_by_its_ports(tmp_path):
     assert bench_gateway.hops_summary(tmp_path) == {
         "accept_p50": 0.75, "accept_max": 1.0, "read_p50": 1.5, "read_max": 2.0,
         "upstream_p50": 7.0, "upstream_max": 11.0}
+
+
+def test_the_accept_probe_joins_every_connection_to_its_own_acceptance():
+    """bench/accept_probe.py (the kernel's part of a first request's way in): client ports come back in later
+    bursts, so each connection is joined to its port's acceptance nearest its send; every one is counted."""
+    import os
+
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    result = subprocess.run([sys.executable, "bench/accept_probe.py", "--workers", "2", "--burst", "8", "--rounds", "3"],
+                            capture_output=True, text=True, cwd=root, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert "3 bursts of 8: 24 of 24 accepted" in result.stdout
