@@ -45,6 +45,8 @@ import time
 from pathlib import Path
 from typing import NamedTuple, TextIO
 
+from runtime.gateway.descriptors import reserve_descriptors
+
 ROOT = Path(__file__).resolve().parents[1]
 REGION, POOL = "ap-northeast-2", "l40s"
 SERVICE_ID = "vpce-svc-0a1b2c3d4e5f60718"
@@ -333,6 +335,7 @@ def _serve_forked(processes: int, serve) -> None:
             children = []
             break
         children.append(pid)
+    reserve_descriptors()  # as each gateway worker does: no proxy here pays a descriptor-table growth mid-level
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     try:
         asyncio.run(serve())
@@ -562,6 +565,33 @@ def steal_ms(cpus: set[int], stat: str = "/proc/stat") -> float:
     return total * 1000 / os.sysconf("SC_CLK_TCK")
 
 
+# The kernel's TCP counters that say a segment was lost, retransmitted or dropped on its way in (RFC 4898 and
+# Linux's TcpExt names, proc(5) /proc/net/{snmp,netstat}). On loopback nothing should be lost, so any of these
+# moving during a level means a request waited on a retransmission timer (a tail loss probe fires after
+# about 2 RTTs but at least TCP_TIMEOUT_MIN; an RTO after at least 200 ms) rather than on the proxy.
+TCP_COUNTERS = ("Tcp:RetransSegs", "TcpExt:TCPLossProbes", "TcpExt:TCPLossProbeRecovery", "TcpExt:TCPTimeouts",
+                "TcpExt:TCPSynRetrans", "TcpExt:TCPFastRetrans", "TcpExt:ListenOverflows", "TcpExt:ListenDrops",
+                "TcpExt:TCPBacklogDrop", "TcpExt:TCPDSACKRecv", "TcpExt:TCPDSACKOldSent",
+                "TcpExt:TCPSpuriousRtxHostQueues", "TcpExt:DelayedACKs", "TcpExt:TCPReqQFullDrop")
+
+
+def tcp_counters(paths: tuple[str, ...] = ("/proc/net/snmp", "/proc/net/netstat")) -> dict[str, int]:
+    """The host's TCP_COUNTERS now (host-wide: the bench runs one proxy at a time, so a level's delta is its own)."""
+    found: dict[str, int] = {}
+    for path in paths:
+        try:
+            with open(path) as f:
+                lines = f.read().splitlines()
+        except OSError:
+            continue
+        for names, values in zip(lines[0::2], lines[1::2]):
+            group, *keys = names.split()
+            for key, value in zip(keys, values.split()[1:]):
+                if f"{group}{key}" in TCP_COUNTERS:
+                    found[f"{group}{key}"] = int(value)
+    return found
+
+
 def wake_spinners(cpus: set[int]) -> list[subprocess.Popen]:
     """One SCHED_IDLE busy loop per core: the core never halts, so a wake-up never waits on the hypervisor
     to schedule a halted virtual CPU again, and any runnable proxy preempts the loop at once (sched(7))."""
@@ -578,6 +608,7 @@ async def run_level(port: int, header: bytes | None, concurrency: int, requests:
         stale.write_bytes(b"")  # truncated, not removed: the relay and upstream keep appending to theirs
     before = process_stats(proxy_pid) if proxy_pid else None
     stolen_before = steal_ms(proxy_cpus) if proxy_cpus else 0.0
+    tcp_before = tcp_counters()
     started = time.monotonic()
     if min(client_procs, concurrency) > 1:
         samples = await _spread_samples(port, header, concurrency, per_worker, tokens, min(client_procs, concurrency),
@@ -586,6 +617,7 @@ async def run_level(port: int, header: bytes | None, concurrency: int, requests:
         samples = await _client_samples(port, header, concurrency, per_worker, tokens, bench_model(), opens_per_s,
                                         concurrency * 100)
     elapsed = time.monotonic() - started
+    tcp_after = tcp_counters()
     ttft = [s.ttft_ms for s in samples]
     kept = [s.ttft_ms for s in samples if not s.new_connection]
     new = [s.ttft_ms for s in samples if s.new_connection]
@@ -607,6 +639,8 @@ async def run_level(port: int, header: bytes | None, concurrency: int, requests:
         "reach_new_p50": percentile([s.reach_ms for s in samples if s.new_connection], 0.5),
         "reach_new_max": max((s.reach_ms for s in samples if s.new_connection), default=float("nan")),
         "reach_kept_p99": percentile([s.reach_ms for s in samples if not s.new_connection], 0.99),
+        "tcp": {name.split(":")[1]: tcp_after[name] - tcp_before[name] for name in tcp_after
+                if name in tcp_before and tcp_after[name] != tcp_before[name]},
     }
     if proxy_pid:
         # CPU the proxy spent per request (its events included), and how busy that kept its cores: a tail
@@ -800,7 +834,8 @@ async def main_async(args: argparse.Namespace) -> dict:
                     f", waited {m['proxy_runq_wait_ms']:g} ms for a core, {m['proxy_minor_faults']} page faults"
                     if "proxy_runq_wait_ms" in m else "") + "".join(
                     f", {name} {m['hops'][name + '_p50']:.2f}/{m['hops'][name + '_max']:.2f}"
-                    for name in ("accept", "read", "upstream") if name + "_p50" in m.get("hops", {}))
+                    for name in ("accept", "read", "upstream") if name + "_p50" in m.get("hops", {})) + "".join(
+                    f", {name} +{n}" for name, n in m["tcp"].items() if name != "DelayedACKs")
                 print(f"  c={c:<3} {mode:<12} {m['requests']:>4} req  TTFT p50 {m['ttft_p50']:7.3f} "
                       f"p99 {m['ttft_p99']:7.3f} (first on a connection: max {m['ttft_new_max']:7.3f}, connect "
                       f"max {m['connect_max']:6.3f}, in {m['reach_new_p50']:.3f}/{m['reach_new_max']:.3f})  ITL p50 {m['itl_p50']:6.3f} "
@@ -930,6 +965,7 @@ def main(argv: list[str] | None = None) -> int:
         _client_main(argv[1:])
         return 0
     if argv[:1] == ["_aiohttp"]:
+        reserve_descriptors()
         signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
         asyncio.run(aiohttp_proxy(int(argv[1]), int(argv[2])))
         return 0

@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING
 from fleetcast.contract import telemetry as t
 from fleetcast.contract.instance_env import Var, default, setting
 
+from .descriptors import reserve_descriptors
 from .http import BODY_TIMEOUT_S
 from .identity import log
 
@@ -249,6 +250,7 @@ def _worker(args: argparse.Namespace, shared: SharedState | None, index: int) ->
     # (serve() then drains at once) and SIGINT is the parent's to forward.
     signal.signal(signal.SIGTERM, lambda signum, _frame: _EARLY_STOP.append(signum))
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    reserve_descriptors()  # the fork left this worker one thread: now its table grows without a grace period
     args.loop_name = "uvloop" if _use_uvloop(args.event_loop) else "asyncio"
     sys.exit(asyncio.run(serve(args, shared, index)))
 
@@ -315,6 +317,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.workers > 1:
         return run_workers(args)
+    reserve_descriptors()
     args.loop_name = "uvloop" if _use_uvloop(args.event_loop) else "asyncio"
     return asyncio.run(serve(args))
 
