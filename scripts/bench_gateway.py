@@ -840,7 +840,7 @@ async def main_async(args: argparse.Namespace) -> dict:
                       f"p99 {m['ttft_p99']:7.3f} (first on a connection: max {m['ttft_new_max']:7.3f}, connect "
                       f"max {m['connect_max']:6.3f}, in {m['reach_new_p50']:.3f}/{m['reach_new_max']:.3f})  ITL p50 {m['itl_p50']:6.3f} "
                       f"p99 {m['itl_p99']:6.3f} ms{cpu}", file=sys.stderr, flush=True)
-            results["levels"][c] = row
+            results["levels"][level_key(results["levels"], c)] = row
     finally:
         for proc in procs:
             proc.send_signal(signal.SIGTERM)
@@ -858,6 +858,14 @@ async def main_async(args: argparse.Namespace) -> dict:
 
         results["gateway_gc"] = gc_summary(args.gc_log) if Path(args.gc_log).exists() else {}
     return results
+
+
+def level_key(levels: dict, concurrency: int) -> int | str:
+    """The key of a level in the results: its concurrency, and "16#2", "16#3" for a level run again (a repeat
+    after processes have grown is a different measurement from the first pass, so neither may overwrite the other)."""
+    if concurrency not in levels:
+        return concurrency
+    return f"{concurrency}#{sum(1 for k in levels if str(k).split('#')[0] == str(concurrency)) + 1}"
 
 
 def summary(results: dict) -> list[str]:

@@ -195,3 +195,21 @@ def test_the_accept_probe_joins_every_connection_to_its_own_acceptance():
                             capture_output=True, text=True, cwd=root, timeout=120)
     assert result.returncode == 0, result.stderr
     assert "3 bursts of 8: 24 of 24 accepted" in result.stdout
+
+
+def test_a_level_run_again_is_kept_beside_the_first_pass():
+    levels: dict = {}
+    for c in (16, 32, 16, 128, 16):
+        levels[bench_gateway.level_key(levels, c)] = c
+    assert list(levels) == [16, 32, "16#2", 128, "16#3"]
+
+
+def test_the_tcp_counters_of_a_level_are_read_from_both_proc_tables(tmp_path):
+    """proc(5): /proc/net/snmp and /proc/net/netstat, a header line then a value line per group."""
+    snmp, netstat = tmp_path / "snmp", tmp_path / "netstat"
+    snmp.write_text("Tcp: RtoAlgorithm RetransSegs InErrs\nTcp: 1 7 0\n")
+    netstat.write_text("TcpExt: SyncookiesSent TCPLossProbes ListenDrops\nTcpExt: 0 3 2\n"
+                       "IpExt: InNoRoutes\nIpExt: 0\n")
+    assert bench_gateway.tcp_counters((str(snmp), str(netstat))) == {
+        "Tcp:RetransSegs": 7, "TcpExt:TCPLossProbes": 3, "TcpExt:ListenDrops": 2}
+    assert bench_gateway.tcp_counters((str(tmp_path / "absent"),)) == {}
