@@ -1,4 +1,4 @@
-"""What growing the descriptor table costs a process with threads, and what runtime/gateway/descriptors.py saves.
+"""What growing the descriptor table costs a process with threads, and what runtime/descriptors.py saves.
 
 Each case runs in a fresh interpreter (a child's table starts as small as its open descriptors allow) that
 opens `--sockets` sockets one after another and times each socket() call:
@@ -6,8 +6,10 @@ opens `--sockets` sockets one after another and times each socket() call:
 - `one thread`: the table grows with no wait (files_struct not shared);
 - `threads`: a second thread exists, so each growth waits for an RCU grace period (torvalds/linux fs/file.c,
   `expand_fdtable`) in the calling thread: an event loop's, in a server;
-- `threads, reserved`: runtime.gateway.descriptors.reserve_descriptors() ran first, with one thread, as
-  each gateway worker does at its start.
+- `threads, reserved`: runtime.descriptors.reserve_descriptors() ran first, with one thread, as
+  each gateway worker does at its start;
+- `threads, parent reserved`: started by a process that reserved for its children, as the supervisor does
+  for every server it starts (trtllm-serve, the gateway).
 
     python bench/fd_table_probe.py [--sockets 1100] [--rounds 3] [--json FILE]
 
@@ -24,12 +26,12 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-CASES = ("one thread", "threads", "threads, reserved")
+CASES = ("one thread", "threads", "threads, reserved", "threads, parent reserved")
 
 _CHILD = r"""
 import json, socket, sys, threading, time
 sys.path.insert(0, sys.argv[1])
-from runtime.gateway.descriptors import descriptor_slots, reserve_descriptors
+from runtime.descriptors import descriptor_slots, reserve_descriptors
 case, count = sys.argv[2], int(sys.argv[3])
 start = descriptor_slots()
 if case == "threads, reserved":
@@ -48,9 +50,16 @@ print(json.dumps({"slots_at_start": start, "slots_at_end": descriptor_slots(), "
 """
 
 
+_RESERVING_PARENT = ("import subprocess, sys\nsys.path.insert(0, sys.argv[1])\n"
+                     "from runtime.descriptors import reserve_descriptors\n"
+                     "reserve_descriptors(for_children=True)\nsys.exit(subprocess.call(sys.argv[2:]))\n")
+
+
 def run_case(case: str, sockets: int) -> dict:
-    out = subprocess.run([sys.executable, "-c", _CHILD, str(ROOT), case, str(sockets)], capture_output=True,
-                         text=True, check=True, timeout=60)
+    argv = [sys.executable, "-c", _CHILD, str(ROOT), case, str(sockets)]
+    if case == "threads, parent reserved":
+        argv = [sys.executable, "-c", _RESERVING_PARENT, str(ROOT), *argv]
+    out = subprocess.run(argv, capture_output=True, text=True, check=True, timeout=60)
     return json.loads(out.stdout)
 
 
@@ -70,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
             r = run_case(case, args.sockets)
             results[case].append(r)
             calls = ", ".join(f"fd {fd}: {ms:g} ms" for fd, ms in r["slow_calls"]) or "none"
-            print(f"round {round_ + 1}  {case:<18} table {r['slots_at_start']} -> {r['slots_at_end']} slots; "
+            print(f"round {round_ + 1}  {case:<24} table {r['slots_at_start']} -> {r['slots_at_end']} slots; "
                   f"socket() calls over 1 ms: {calls}", flush=True)
     if args.json:
         Path(args.json).write_text(json.dumps({"sockets": args.sockets, "cases": results}, indent=1))

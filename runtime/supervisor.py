@@ -31,6 +31,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from fleetcast.contract.instance_env import Var, default
+from runtime.descriptors import reserve_descriptors
 
 log = logging.getLogger("fleetcast.supervisor")
 
@@ -139,6 +140,9 @@ class Supervisor:
     """Starts children, restarts the ones that die, stops them in a given order."""
 
     def __init__(self, poll_s: float = 0.2, on_give_up: Callable[[Child], None] | None = None):
+        # Every server started from here begins with a whole descriptor table (and the raised soft limit):
+        # growing it later, with its threads running, would stall its event loop (runtime/descriptors.py).
+        reserve_descriptors(for_children=True)
         self.children: dict[str, Child] = {}
         self.poll_s = poll_s
         self.on_give_up = on_give_up

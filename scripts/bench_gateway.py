@@ -45,7 +45,7 @@ import time
 from pathlib import Path
 from typing import NamedTuple, TextIO
 
-from runtime.gateway.descriptors import reserve_descriptors
+from runtime.descriptors import reserve_descriptors
 
 ROOT = Path(__file__).resolve().parents[1]
 REGION, POOL = "ap-northeast-2", "l40s"
@@ -565,10 +565,10 @@ def steal_ms(cpus: set[int], stat: str = "/proc/stat") -> float:
     return total * 1000 / os.sysconf("SC_CLK_TCK")
 
 
-# The kernel's TCP counters that say a segment was lost, retransmitted or dropped on its way in (RFC 4898 and
-# Linux's TcpExt names, proc(5) /proc/net/{snmp,netstat}). On loopback nothing should be lost, so any of these
-# moving during a level means a request waited on a retransmission timer (a tail loss probe fires after
-# about 2 RTTs but at least TCP_TIMEOUT_MIN; an RTO after at least 200 ms) rather than on the proxy.
+# The kernel's TCP counters that say a segment was retransmitted or dropped on its way in (Linux's Tcp and
+# TcpExt names, proc(5) /proc/net/{snmp,netstat}). On loopback nothing is lost on the wire: a retransmission
+# there waited on a timer, unless a D-SACK came back for it (TCPDSACKRecv: the first copy had arrived, the
+# probe was spurious and cost the request nothing). DelayedACKs moves all the time; it is kept for the record.
 TCP_COUNTERS = ("Tcp:RetransSegs", "TcpExt:TCPLossProbes", "TcpExt:TCPLossProbeRecovery", "TcpExt:TCPTimeouts",
                 "TcpExt:TCPSynRetrans", "TcpExt:TCPFastRetrans", "TcpExt:ListenOverflows", "TcpExt:ListenDrops",
                 "TcpExt:TCPBacklogDrop", "TcpExt:TCPDSACKRecv", "TcpExt:TCPDSACKOldSent",

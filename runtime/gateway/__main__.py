@@ -28,8 +28,8 @@ from typing import TYPE_CHECKING
 
 from fleetcast.contract import telemetry as t
 from fleetcast.contract.instance_env import Var, default, setting
+from runtime.descriptors import reserve_descriptors
 
-from .descriptors import reserve_descriptors
 from .http import BODY_TIMEOUT_S
 from .identity import log
 

@@ -146,10 +146,10 @@ def run(coro, timeout: float = 30.0):
 
 def expected_descriptor_room() -> int:
     """The descriptor-table slots a gateway process reserves here: DESCRIPTOR_ROOM, within the hard
-    RLIMIT_NOFILE and the kernel's fs.nr_open (runtime/gateway/descriptors.py)."""
+    RLIMIT_NOFILE and the kernel's fs.nr_open (runtime/descriptors.py)."""
     import resource
 
-    from runtime.gateway.descriptors import DESCRIPTOR_ROOM
+    from runtime.descriptors import DESCRIPTOR_ROOM
 
     hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
     nr_open = int(Path("/proc/sys/fs/nr_open").read_text())

@@ -10,9 +10,9 @@ import sys
 import time
 from pathlib import Path
 
+from runtime.descriptors import descriptor_slots
 from runtime.devtools.harness import free_port
 from runtime.gateway import ppv2
-from runtime.gateway.descriptors import descriptor_slots
 
 from .conftest import ROOT, VOICE_VPCE, expected_descriptor_room, fleet_config, run, start_harness, stop_harness
 from .fakes import Client, FakeModelServer, one_request
@@ -153,7 +153,7 @@ def test_two_worker_processes_share_the_port_the_limits_and_the_drain(tmp_path):
                 if early.count(b'"event": "gateway_started"') == 2 or not line:
                     break
             assert early.count(b'"event": "gateway_started"') == 2 and ec2.calls == 2
-            # Each worker grew its descriptor table before its first thread (runtime/gateway/descriptors.py).
+            # Each worker grew its descriptor table before its first thread (runtime/descriptors.py).
             workers = [int(p) for p in Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()]
             assert len(workers) == 2
             assert all(descriptor_slots(w) >= expected_descriptor_room() for w in workers)

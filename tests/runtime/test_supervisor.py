@@ -53,6 +53,34 @@ def test_supervisor_restarts_a_crashed_server(tmp_path):
     assert not child.running()
 
 
+def test_a_supervised_server_starts_with_a_whole_descriptor_table(tmp_path):
+    """Its event loop never waits for the table to grow (runtime/descriptors.py): the supervisor keeps a
+    close-on-exec descriptor in the last slot, the child's table is sized to it at fork and exec keeps it."""
+    import resource
+
+    from runtime.descriptors import descriptor_slots, reserve_descriptors
+
+    report = tmp_path / "slots"
+    code = ("import os, pathlib, resource, time\n"
+            "fds = sorted(int(f) for f in os.listdir('/proc/self/fd'))\n"
+            "slots = open('/proc/self/status').read().split('FDSize:')[1].split()[0]\n"
+            f"pathlib.Path({str(report)!r}).write_text(f'{{slots}} {{fds[-1]}} {{resource.getrlimit(resource.RLIMIT_NOFILE)[0]}}')\n"
+            "time.sleep(30)\n")
+    sup = Supervisor(poll_s=0.05)
+    room = reserve_descriptors(for_children=True)  # what the supervisor reserved (the call is idempotent)
+    hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+    assert room >= min(4096, hard) and descriptor_slots() >= room
+    sup.start(Child("server", [sys.executable, "-c", code]))
+    try:
+        assert wait_for(lambda: report.exists() and report.read_text().count(" ") == 2)
+        slots, highest_open, soft = map(int, report.read_text().split())
+        assert slots >= room  # whole from the start
+        assert highest_open < 64  # the parent's held descriptor did not leak into it (close-on-exec)
+        assert soft >= room  # and it may use them
+    finally:
+        sup.shutdown(timeout_s=5)
+
+
 def test_supervisor_gives_up_on_a_crash_loop_so_systemd_can_restart_the_container():
     sup = Supervisor(poll_s=0.05)
     child = sup.start(Child("server", [sys.executable, "-c", "import sys; sys.exit(3)"],

@@ -14,14 +14,14 @@ import subprocess
 import sys
 from pathlib import Path
 
-from runtime.gateway.descriptors import descriptor_slots
+from runtime.descriptors import descriptor_slots
 
 ROOT = Path(__file__).resolve().parents[2]
 
 _CHILD = r"""
 import json, resource, socket, sys, threading
 sys.path.insert(0, sys.argv[1])
-from runtime.gateway.descriptors import descriptor_slots, reserve_descriptors
+from runtime.descriptors import descriptor_slots, reserve_descriptors
 room, soft = int(sys.argv[2]), int(sys.argv[3])
 hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
 resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
@@ -34,8 +34,13 @@ print(json.dumps({"reserved": got, "slots_after_reserve": after_reserve, "slots_
 """
 
 
+# Started through a relay process: a child's table is sized by its parent's highest open descriptor, and this
+# test process may hold one in its last slot (a Supervisor made by another test reserves for its children).
+_RELAY = "import subprocess, sys; sys.exit(subprocess.call(sys.argv[1:]))"
+
+
 def _child(room: int, soft: int) -> dict:
-    out = subprocess.run([sys.executable, "-c", _CHILD, str(ROOT), str(room), str(soft)],
+    out = subprocess.run([sys.executable, "-c", _RELAY, sys.executable, "-c", _CHILD, str(ROOT), str(room), str(soft)],
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     return json.loads(out.stdout)
