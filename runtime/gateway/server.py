@@ -63,8 +63,10 @@ MODELS_PATH = "/v1/models"  # answered by the gateway: the models the calling co
 # from the adapter id in `model`.
 GATEWAY_FIELDS = ("lora_request",)
 CLIENT_READ_LIMIT = 64 * 1024  # the longest request head (431 beyond)
-# At close, what the relayed responses get to write their endings (503s, error events): well inside the Spot
-# exit reserve (runtime/spot.py DRAIN_EXIT_RESERVE_S), so a client that does not read cannot hold the exit.
+# At close, what the relayed responses get to write their endings (503s, error events), and then what the
+# connections get to flush before the ones left are reset: with the reset's own second, 5 s at most, well
+# inside the Spot exit reserve (runtime/spot.py DRAIN_EXIT_RESERVE_S), so a client that does not read cannot
+# hold the exit.
 CUT_ENDINGS_WAIT_S = 2.0
 
 
@@ -166,12 +168,25 @@ class Gateway:
         self.drain_state.cut_unstarted()
         # Cut while relayed: a 503 where the head is still held back, else the stream's error event.
         await self.drain_state.cut_relaying(CUT_ENDINGS_WAIT_S)
-        for writer in list(self._connections):
+        open_connections = list(self._connections)
+        for writer in open_connections:
             writer.close()
         self.router.close()
         self.health.close()
+        # A connection ends once what is buffered for it is flushed, so a client that stopped reading would hold
+        # the exit forever (and on Python 3.12.1+ Server.wait_closed() waits for every connection). Past the
+        # grace, what it has not taken never will be: reset the connections still open.
+        flushed = asyncio.gather(*(writer.wait_closed() for writer in open_connections), return_exceptions=True)
+        try:
+            await asyncio.wait_for(flushed, CUT_ENDINGS_WAIT_S)
+        except TimeoutError:
+            for writer in open_connections:
+                writer.transport.abort()
         if self._server:
-            await self._server.wait_closed()
+            try:
+                await asyncio.wait_for(self._server.wait_closed(), 1.0)
+            except TimeoutError:  # one closed between requests, still flushing: the exit resets it
+                log("connections_left_open_at_exit")
 
     # ------------------------------------------------------------ connections
 

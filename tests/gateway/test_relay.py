@@ -175,3 +175,40 @@ def test_a_drain_that_cuts_a_stream_held_back_for_a_slow_client_still_ends_it_wi
             server.release.set()
             await stop_harness(h)
     run(body(), timeout=90)
+
+
+def test_closing_after_a_drain_does_not_wait_for_a_client_that_never_reads(monkeypatch):
+    """A client that stopped reading mid-stream (its buffers full) must not keep a drained gateway from
+    exiting: what is still buffered for it can never be delivered, so after the cut's grace the gateway
+    aborts the connection (a reset) instead of waiting on the flush forever. asyncio's close() ends a
+    connection only once its write buffer is flushed (CPython Lib/asyncio/selector_events.py,
+    `_SelectorTransport.close`: connection_lost is called at once only `if not self._buffer`), and from
+    Python 3.12.1 Server.wait_closed() waits for every connection (Lib/asyncio/base_events.py)."""
+    paused = held_back(monkeypatch)
+
+    async def body():
+        server = await FloodServer(600, hold=True).start()
+        h = await start_harness(upstream=server)
+        try:
+            client = await Client(h.port, VOICE_VPCE).connect()
+            await client.send("POST", "/v1/completions", {"model": "gpt2-xl", "prompt": "a", "stream": True})
+            for _ in range(500):  # bounded: until the gateway holds the server back for this client
+                if paused:
+                    break
+                await asyncio.sleep(0.01)
+            assert paused
+            (stuck,) = h.gateway._connections  # the gateway's side of the client's connection
+            assert stuck.transport.get_write_buffer_size() > 0  # events the client has not taken
+            await asyncio.wait_for(h.gateway.close(), 30)  # the client has not read a byte
+            assert stuck.transport.get_write_buffer_size() == 0  # dropped with the connection, not left flushing
+            for _ in range(10_000):  # bounded: the client can still read what reached its side, then the end
+                try:
+                    if not await client.reader.read(1 << 20):
+                        break
+                except ConnectionError:
+                    break
+            server.release.set()
+        finally:
+            server.release.set()
+            await stop_harness(h)
+    run(body(), timeout=90)
