@@ -339,6 +339,11 @@ async def run(args: argparse.Namespace) -> int:
         log.close()
     with open(tmp / "emf.log") as lines:
         records = sum(1 for _ in lines)
+    if gateway.returncode is None:  # still up 30 s after SIGTERM, killed: say what it was doing
+        gateway.wait(5)
+        tail = (tmp / "gateway.log").read_text().splitlines()[-20:]
+        print("gateway did not exit within 30 s of SIGTERM and was killed; its last log lines:\n  "
+              + "\n  ".join(tail), file=sys.stderr)
     print(f"\nwell-behaved: {soak.total_requests} requests, {soak.total_failures} failed; gateway wrote {records} EMF "
           f"records; exit {gateway.returncode}")
     if rows:
@@ -352,7 +357,7 @@ async def run(args: argparse.Namespace) -> int:
     for name in ("emf.log", "gateway.log", "fleet.json"):
         (tmp / name).unlink(missing_ok=True)
     tmp.rmdir()
-    return 1 if status or soak.total_failures else 0
+    return 1 if status or soak.total_failures or gateway.returncode != 0 else 0  # a drain that hangs fails it too
 
 
 def _minutes(value: str) -> float:
