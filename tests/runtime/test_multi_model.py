@@ -50,7 +50,9 @@ def serving(tmp_path, servers, **kw):
     settings = ServeSettings(port=free_port(), model_name=servers[0].model_id, region="r", pool="p", gateway=False,
                              ready_timeout_s=120, restart=RestartPolicy(max_restarts=kw.pop("max_restarts", 3),
                                                                         backoff_base_s=0.1),
-                             liveness_interval_s=0.2, liveness_timeout_s=2, liveness_failures=3,
+                             # Liveness is not under test here (test_supervisor_liveness.py): probes that give a
+                             # server 10 s to answer, so a loaded machine never has a slow one killed as frozen.
+                             liveness_interval_s=0.2, liveness_timeout_s=10, liveness_failures=3,
                              models_state_file=tmp_path / "models-ready.json", **kw)
     s = Serving(settings, servers=servers)
     s.supervisor.poll_s = 0.05
