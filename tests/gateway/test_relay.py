@@ -74,6 +74,18 @@ def held_back(monkeypatch) -> list[bool]:
     return paused
 
 
+async def held_back_stream(h, paused: list[bool]) -> Client:
+    """A client whose streamed request the gateway is holding the server back for (its buffers are full)."""
+    client = await Client(h.port, VOICE_VPCE).connect()
+    await client.send("POST", "/v1/completions", {"model": "gpt2-xl", "prompt": "a", "stream": True})
+    for _ in range(500):  # bounded: until the gateway holds the server back
+        if paused:
+            break
+        await asyncio.sleep(0.01)
+    assert paused
+    return client
+
+
 @pytest.mark.parametrize("finish", [True, False])
 def test_a_client_slower_than_the_server_gets_every_byte_in_order_and_the_right_ending(monkeypatch, finish):
     """The client reads nothing until the gateway has paused reading the server (its buffer for the client
@@ -150,13 +162,7 @@ def test_a_drain_that_cuts_a_stream_held_back_for_a_slow_client_still_ends_it_wi
         server = await FloodServer(600, hold=True).start()
         h = await start_harness(upstream=server)
         try:
-            client = await Client(h.port, VOICE_VPCE).connect()
-            await client.send("POST", "/v1/completions", {"model": "gpt2-xl", "prompt": "a", "stream": True})
-            for _ in range(500):  # bounded: until the gateway holds the server back
-                if paused:
-                    break
-                await asyncio.sleep(0.01)
-            assert paused
+            client = await held_back_stream(h, paused)
             closing = asyncio.ensure_future(h.gateway.close())  # the drain's deadline: relayed streams are cut
             for _ in range(200):  # bounded: until the cut has reached the held-back relay
                 if h.gateway.drain_state.cutting:
@@ -180,7 +186,7 @@ def test_a_drain_that_cuts_a_stream_held_back_for_a_slow_client_still_ends_it_wi
 def test_closing_after_a_drain_does_not_wait_for_a_client_that_never_reads(monkeypatch):
     """A client that stopped reading mid-stream (its buffers full) must not keep a drained gateway from
     exiting: what is still buffered for it can never be delivered, so after the cut's grace the gateway
-    aborts the connection (a reset) instead of waiting on the flush forever. asyncio's close() ends a
+    drops the connection with it instead of waiting on the flush forever. asyncio's close() ends a
     connection only once its write buffer is flushed (CPython Lib/asyncio/selector_events.py,
     `_SelectorTransport.close`: connection_lost is called at once only `if not self._buffer`), and from
     Python 3.12.1 Server.wait_closed() waits for every connection (Lib/asyncio/base_events.py)."""
@@ -190,13 +196,7 @@ def test_closing_after_a_drain_does_not_wait_for_a_client_that_never_reads(monke
         server = await FloodServer(600, hold=True).start()
         h = await start_harness(upstream=server)
         try:
-            client = await Client(h.port, VOICE_VPCE).connect()
-            await client.send("POST", "/v1/completions", {"model": "gpt2-xl", "prompt": "a", "stream": True})
-            for _ in range(500):  # bounded: until the gateway holds the server back for this client
-                if paused:
-                    break
-                await asyncio.sleep(0.01)
-            assert paused
+            client = await held_back_stream(h, paused)
             (stuck,) = h.gateway._connections  # the gateway's side of the client's connection
             assert stuck.transport.get_write_buffer_size() > 0  # events the client has not taken
             await asyncio.wait_for(h.gateway.close(), 30)  # the client has not read a byte
