@@ -64,7 +64,7 @@ MODELS_PATH = "/v1/models"  # answered by the gateway: the models the calling co
 GATEWAY_FIELDS = ("lora_request",)
 CLIENT_READ_LIMIT = 64 * 1024  # the longest request head (431 beyond)
 # At close, what the relayed responses get to write their endings (503s, error events), and then what the
-# connections get to flush before the ones left are reset: with the reset's own second, 5 s at most, well
+# connections get to flush before the ones left are dropped: with a last second, 5 s at most, well
 # inside the Spot exit reserve (runtime/spot.py DRAIN_EXIT_RESERVE_S), so a client that does not read cannot
 # hold the exit.
 CUT_ENDINGS_WAIT_S = 2.0
@@ -175,7 +175,7 @@ class Gateway:
         self.health.close()
         # A connection ends once what is buffered for it is flushed, so a client that stopped reading would hold
         # the exit forever (and on Python 3.12.1+ Server.wait_closed() waits for every connection). Past the
-        # grace, what it has not taken never will be: reset the connections still open.
+        # grace, what it has not taken never will be: drop the connections still open, with it.
         flushed = asyncio.gather(*(writer.wait_closed() for writer in open_connections), return_exceptions=True)
         try:
             await asyncio.wait_for(flushed, CUT_ENDINGS_WAIT_S)
@@ -185,7 +185,7 @@ class Gateway:
         if self._server:
             try:
                 await asyncio.wait_for(self._server.wait_closed(), 1.0)
-            except TimeoutError:  # one closed between requests, still flushing: the exit resets it
+            except TimeoutError:  # one closed between requests, still flushing: the exit drops it
                 log("connections_left_open_at_exit")
 
     # ------------------------------------------------------------ connections
