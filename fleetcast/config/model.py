@@ -1036,11 +1036,12 @@ class FleetConfig(Frozen):
     def model_named(self, model_id: str, where: str = "--model") -> ModelSpec:
         """The model a person named (`where`: the flag or field they named it in), or a usage error that lists
         the models there are."""
-        for model in self.models:
-            if model.id == model_id:
-                return model
         from fleetcast.contract.errors import EXIT_USAGE, UserError
 
+        try:
+            return self.model_by_id(model_id)
+        except KeyError:
+            pass
         raise UserError(f"{where} {model_id!r} is not a model of the config; allowed: "
                         f"{', '.join(m.id for m in self.models)}", EXIT_USAGE)
 
