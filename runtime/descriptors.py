@@ -27,6 +27,18 @@ DESCRIPTOR_ROOM = 65536
 _held: list[int] = []  # the descriptor kept in the last slot for children (for_children=True), at most one
 
 
+def descriptor_room(room: int = DESCRIPTOR_ROOM) -> int:
+    """The slots a reservation of `room` can reach here: within the hard RLIMIT_NOFILE and the kernel's
+    fs.nr_open (proc(5): no process may have more descriptors than either)."""
+    hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+    try:
+        with open("/proc/sys/fs/nr_open") as f:
+            nr_open = int(f.read())
+    except (OSError, ValueError):
+        nr_open = room
+    return min(room, nr_open, room if hard == resource.RLIM_INFINITY else hard)
+
+
 def reserve_descriptors(room: int = DESCRIPTOR_ROOM, for_children: bool = False) -> int:
     """Grow this process's descriptor table to `room` slots now; returns the slots it has room for.
 
@@ -39,7 +51,7 @@ def reserve_descriptors(room: int = DESCRIPTOR_ROOM, for_children: bool = False)
     if for_children and _held:
         return _held[0] + 1
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    target = room if hard == resource.RLIM_INFINITY else min(room, hard)
+    target = descriptor_room(room)
     if soft != resource.RLIM_INFINITY and soft < target:
         try:
             resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
@@ -53,7 +65,7 @@ def reserve_descriptors(room: int = DESCRIPTOR_ROOM, for_children: bool = False)
         try:
             # Placing a descriptor in the last slot makes the kernel grow the table to hold it, once.
             os.dup2(probe, highest, inheritable=False)
-        except OSError:  # /proc/sys/fs/nr_open below the limit: the table grows later, as before
+        except OSError:  # refused after all: the table grows later, as before
             return probe + 1
         if for_children:
             _held.append(highest)

@@ -142,15 +142,3 @@ async def stop_harness(h: Harness) -> None:
 def run(coro, timeout: float = 30.0):
     """Run one async test body with a hard bound, so a hang fails instead of stalling CI."""
     return asyncio.run(asyncio.wait_for(coro, timeout))
-
-
-def expected_descriptor_room() -> int:
-    """The descriptor-table slots a gateway process reserves here: DESCRIPTOR_ROOM, within the hard
-    RLIMIT_NOFILE and the kernel's fs.nr_open (runtime/descriptors.py)."""
-    import resource
-
-    from runtime.descriptors import DESCRIPTOR_ROOM
-
-    hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
-    nr_open = int(Path("/proc/sys/fs/nr_open").read_text())
-    return min(DESCRIPTOR_ROOM, nr_open, DESCRIPTOR_ROOM if hard == resource.RLIM_INFINITY else hard)

@@ -10,11 +10,11 @@ import sys
 import time
 from pathlib import Path
 
-from runtime.descriptors import descriptor_slots
+from runtime.descriptors import descriptor_room, descriptor_slots
 from runtime.devtools.harness import free_port
 from runtime.gateway import ppv2
 
-from .conftest import ROOT, VOICE_VPCE, expected_descriptor_room, fleet_config, run, start_harness, stop_harness
+from .conftest import ROOT, VOICE_VPCE, fleet_config, run, start_harness, stop_harness
 from .fakes import Client, FakeModelServer, one_request
 
 
@@ -156,7 +156,7 @@ def test_two_worker_processes_share_the_port_the_limits_and_the_drain(tmp_path):
             # Each worker grew its descriptor table before its first thread (runtime/descriptors.py).
             workers = [int(p) for p in Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()]
             assert len(workers) == 2
-            assert all(descriptor_slots(w) >= expected_descriptor_room() for w in workers)
+            assert all(descriptor_slots(w) >= descriptor_room() for w in workers)
 
             held = await Client(port, VOICE_VPCE).connect()
             await held.send("POST", "/v1/completions", stream(4))

@@ -9,19 +9,18 @@ not a time.
 from __future__ import annotations
 
 import json
-import resource
 import subprocess
 import sys
 from pathlib import Path
 
-from runtime.descriptors import descriptor_slots
+from runtime.descriptors import descriptor_room, descriptor_slots
 
 ROOT = Path(__file__).resolve().parents[2]
 
 _CHILD = r"""
 import json, resource, socket, sys, threading
 sys.path.insert(0, sys.argv[1])
-from runtime.descriptors import descriptor_slots, reserve_descriptors
+from runtime.descriptors import descriptor_room, descriptor_slots, reserve_descriptors
 room, soft = int(sys.argv[2]), int(sys.argv[3])
 hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
 soft = soft if hard == resource.RLIM_INFINITY else min(soft, hard)
@@ -47,13 +46,8 @@ def _child(room: int, soft: int) -> dict:
     return json.loads(out.stdout)
 
 
-def _hard_limit() -> int:
-    hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
-    return sys.maxsize if hard == resource.RLIM_INFINITY else hard
-
-
 def test_a_reserved_table_holds_600_sockets_without_growing_once_threads_exist():
-    room = min(4096, _hard_limit())
+    room = descriptor_room(4096)
     got = _child(room=4096, soft=4096)
     assert got["reserved"] == room
     assert got["slots_after_reserve"] >= room
@@ -67,10 +61,10 @@ def test_without_the_reservation_the_same_sockets_grow_the_table():
 
 
 def test_the_soft_descriptor_limit_is_raised_to_the_room_where_the_hard_limit_allows_and_never_lowered():
-    hard = _hard_limit()
-    if hard < 8192:
+    reachable = descriptor_room(8192)
+    if reachable < 8192:
         capped = _child(room=8192, soft=1024)
-        assert capped["soft"] == hard and capped["reserved"] == hard  # never past the hard limit
+        assert capped["soft"] == reachable and capped["reserved"] == reachable  # never past the hard limit
         return
     raised = _child(room=8192, soft=1024)  # a common soft default
     assert raised["soft"] == 8192 and raised["reserved"] == 8192
