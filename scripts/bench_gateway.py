@@ -828,18 +828,7 @@ async def main_async(args: argparse.Namespace) -> dict:
                 row[mode] = m = await run_level(*targets[mode], c, requests, args.tokens, args.client_procs, other_cpus,
                                                 pids.get(mode), proxy_cpus if mode != "direct" else None,
                                                 args.opens_per_s)
-                cpu = (f"  CPU {m['cpu_ms_per_request']:.3f} ms/req, cores {m['cpu_busy']:.0%} busy"
-                       if "cpu_busy" in m else "") + (f", {m['proxy_steal_ms']:g} ms stolen"
-                                                      if "proxy_steal_ms" in m else "") + (
-                    f", waited {m['proxy_runq_wait_ms']:g} ms for a core, {m['proxy_minor_faults']} page faults"
-                    if "proxy_runq_wait_ms" in m else "") + "".join(
-                    f", {name} {m['hops'][name + '_p50']:.2f}/{m['hops'][name + '_max']:.2f}"
-                    for name in ("accept", "read", "upstream") if name + "_p50" in m.get("hops", {})) + "".join(
-                    f", {name} +{n}" for name, n in m["tcp"].items() if name != "DelayedACKs")
-                print(f"  c={c:<3} {mode:<12} {m['requests']:>4} req  TTFT p50 {m['ttft_p50']:7.3f} "
-                      f"p99 {m['ttft_p99']:7.3f} (first on a connection: max {m['ttft_new_max']:7.3f}, connect "
-                      f"max {m['connect_max']:6.3f}, in {m['reach_new_p50']:.3f}/{m['reach_new_max']:.3f})  ITL p50 {m['itl_p50']:6.3f} "
-                      f"p99 {m['itl_p99']:6.3f} ms{cpu}", file=sys.stderr, flush=True)
+                print(progress_line(c, mode, m), file=sys.stderr, flush=True)
             results["levels"][level_key(results["levels"], c)] = row
     finally:
         for proc in procs:
@@ -858,6 +847,26 @@ async def main_async(args: argparse.Namespace) -> dict:
 
         results["gateway_gc"] = gc_summary(args.gc_log) if Path(args.gc_log).exists() else {}
     return results
+
+
+def progress_line(concurrency: int, mode: str, m: dict) -> str:
+    """One level of one mode as the bench prints it while running: the figures, then what the proxy's
+    processes, cores, hops and the host's TCP counters say about it (each only where measured)."""
+    notes = []
+    if "cpu_busy" in m:
+        notes.append(f"  CPU {m['cpu_ms_per_request']:.3f} ms/req, cores {m['cpu_busy']:.0%} busy")
+    if "proxy_steal_ms" in m:
+        notes.append(f", {m['proxy_steal_ms']:g} ms stolen")
+    if "proxy_runq_wait_ms" in m:
+        notes.append(f", waited {m['proxy_runq_wait_ms']:g} ms for a core, {m['proxy_minor_faults']} page faults")
+    hops = m.get("hops", {})
+    notes += [f", {name} {hops[name + '_p50']:.2f}/{hops[name + '_max']:.2f}"
+              for name in ("accept", "read", "upstream") if name + "_p50" in hops]
+    notes += [f", {name} +{n}" for name, n in m["tcp"].items() if name != "DelayedACKs"]
+    return (f"  c={concurrency:<3} {mode:<12} {m['requests']:>4} req  TTFT p50 {m['ttft_p50']:7.3f} "
+            f"p99 {m['ttft_p99']:7.3f} (first on a connection: max {m['ttft_new_max']:7.3f}, connect "
+            f"max {m['connect_max']:6.3f}, in {m['reach_new_p50']:.3f}/{m['reach_new_max']:.3f})  "
+            f"ITL p50 {m['itl_p50']:6.3f} p99 {m['itl_p99']:6.3f} ms" + "".join(notes))
 
 
 def level_key(levels: dict, concurrency: int) -> int | str:

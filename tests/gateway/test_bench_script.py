@@ -213,3 +213,15 @@ def test_the_tcp_counters_of_a_level_are_read_from_both_proc_tables(tmp_path):
     assert bench_gateway.tcp_counters((str(snmp), str(netstat))) == {
         "Tcp:RetransSegs": 7, "TcpExt:TCPLossProbes": 3, "TcpExt:ListenDrops": 2}
     assert bench_gateway.tcp_counters((str(tmp_path / "absent"),)) == {}
+
+
+def test_a_level_s_progress_line_notes_only_what_was_measured():
+    base = {"requests": 48, "ttft_p50": 16.0, "ttft_p99": 17.0, "ttft_new_max": 17.5, "connect_max": 1.0,
+            "reach_new_p50": 0.2, "reach_new_max": 0.9, "itl_p50": 8.0, "itl_p99": 9.0, "tcp": {}}
+    direct = bench_gateway.progress_line(16, "direct", base)
+    assert direct.endswith("ITL p50  8.000 p99  9.000 ms") and "in 0.200/0.900" in direct
+    proxied = bench_gateway.progress_line(16, "gateway", {
+        **base, "cpu_ms_per_request": 1.2, "cpu_busy": 0.07, "proxy_steal_ms": 10.0, "proxy_runq_wait_ms": 0.5,
+        "proxy_minor_faults": 30, "tcp": {"TCPLossProbes": 2, "DelayedACKs": 40}})
+    assert proxied.endswith("  CPU 1.200 ms/req, cores 7% busy, 10 ms stolen, waited 0.5 ms for a core, "
+                            "30 page faults, TCPLossProbes +2")  # delayed ACKs move all the time: not noted
