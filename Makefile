@@ -20,7 +20,7 @@ export CDK_DISABLE_CLI_TELEMETRY := true
 OFFLINE := env -u AWS_ACCESS_KEY_ID -u AWS_SECRET_ACCESS_KEY -u AWS_SESSION_TOKEN -u AWS_PROFILE \
            AWS_EC2_METADATA_DISABLED=true
 
-.PHONY: synth test demo deploy teardown docs bench-gateway soak-gateway bench-accuracy bench-decode bench-spot-drain bench-scaling plan-seed probe-wheels clean
+.PHONY: synth test test-fast demo deploy teardown docs bench-gateway soak-gateway bench-accuracy bench-decode bench-spot-drain bench-scaling plan-seed probe-wheels clean
 
 $(VENV)/.synth-deps: pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -55,6 +55,11 @@ synth: $(VENV)/.synth-deps node_modules/.package-lock.json
 TEST_WORKERS ?= $(shell echo $$(( $$(nproc) + 1 )))
 test: $(VENV)/.test-deps node_modules/.package-lock.json
 	$(OFFLINE) $(WITH_NODE) $(PY) -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadgroup
+
+# The fast tier alone: every test that neither builds CDK apps nor starts processes (markers from
+# tests/conftest.py's TIERS). `make test` stays the full suite.
+test-fast: $(VENV)/.test-deps
+	$(OFFLINE) $(PY) -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS) -m "not synth and not processes"
 
 demo: $(VENV)/.test-deps
 	$(PY) -m runtime.demo

@@ -56,7 +56,8 @@ _CDK_MODULES = ("aws_cdk", "cdk_nag", "stacks.app_builder", "tests.stacks.synthe
 
 
 @functools.cache
-def _builds_cdk_apps(path: str) -> bool:
+def _imports_any(path: str, modules: tuple[str, ...]) -> bool:
+    """The module, or another test module whose helpers it imports, imports one of `modules` (or a submodule)."""
     package = ".".join(Path(path).relative_to(ROOT).parent.parts)
     for node in ast.walk(ast.parse(Path(path).read_text(), path)):
         if isinstance(node, ast.Import):
@@ -69,12 +70,41 @@ def _builds_cdk_apps(path: str) -> bool:
         else:
             continue
         for name in names:
-            if any(name == m or name.startswith(m + ".") for m in _CDK_MODULES):
+            if any(name == m or name.startswith(m + ".") for m in modules):
                 return True
             helper = ROOT.joinpath(*name.split(".")).with_suffix(".py")  # another test module's helpers
-            if name.startswith("tests.") and helper.is_file() and _builds_cdk_apps(str(helper)):
+            if name.startswith("tests.") and helper.is_file() and _imports_any(str(helper), modules):
                 return True
     return False
+
+
+def _builds_cdk_apps(path: str) -> bool:
+    return _imports_any(path, _CDK_MODULES)
+
+
+# What starts operating-system processes: a test (or a fixture it uses) that imports one of these runs servers,
+# CLIs or fleets as real processes, seconds each on 2 cores.
+_PROCESS_MODULES = ("subprocess", "multiprocessing", "concurrent.futures.process", "runtime.devtools.harness")
+
+
+def _starts_processes(item) -> bool:
+    if _imports_any(str(item.path), _PROCESS_MODULES):
+        return True
+    fixtures = getattr(item, "_fixtureinfo", None)
+    for defs in (fixtures.name2fixturedefs.values() if fixtures else ()):
+        for fixturedef in defs:
+            module = getattr(fixturedef.func, "__module__", "") or ""
+            source = ROOT.joinpath(*module.split(".")).with_suffix(".py")
+            if module.startswith("tests") and source.is_file() and _imports_any(str(source), _PROCESS_MODULES):
+                return True
+    return False
+
+
+# The two slow tiers, by marker: `pytest -m "not synth and not processes"` (`make test-fast`) runs the rest.
+TIERS = {
+    "synth": "builds CDK apps (aws-cdk-lib through jsii): seconds to minutes per module",
+    "processes": "starts real processes (servers, CLIs, fleets on loopback), or uses a fixture that does",
+}
 
 
 # The areas whose tests run fleets of real processes, or synthesize, go first: xdist hands out tests in
@@ -104,7 +134,10 @@ def _has_module_fixture(path: str) -> bool:
 def pytest_collection_modifyitems(config, items):
     cdk = pytest.mark.xdist_group("cdk")
     for item in items:
+        if _starts_processes(item):
+            item.add_marker(pytest.mark.processes)
         if _builds_cdk_apps(str(item.path)):
+            item.add_marker(pytest.mark.synth)
             item.add_marker(cdk)
         elif _has_module_fixture(str(item.path)):  # its module's tests share one worker, and the fixture
             item.add_marker(pytest.mark.xdist_group(Path(item.path).relative_to(ROOT).as_posix()))
@@ -112,6 +145,8 @@ def pytest_collection_modifyitems(config, items):
 
 
 def pytest_configure(config):
+    for name, meaning in TIERS.items():
+        config.addinivalue_line("markers", f"{name}: {meaning}")
     # When a run ends, pytest collects garbage five times (a constant from the Trio project) so that exceptions
     # raised in finalizers are reported. Over a worker's heap here each full collection costs 0.25 s of CPU, at
     # the very end of the run; measured, the second collection found 0-37 objects and the third to fifth none.

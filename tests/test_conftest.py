@@ -1,7 +1,7 @@
 """How tests/conftest.py groups the suite: a module that builds CDK apps, however it imports the CDK, runs on
 the one worker that has aws-cdk-lib loaded; others are free to go anywhere."""
 
-from tests.conftest import ROOT, _area_rank, _builds_cdk_apps, _has_module_fixture
+from tests.conftest import _PROCESS_MODULES, ROOT, _area_rank, _builds_cdk_apps, _has_module_fixture, _imports_any
 
 
 def test_modules_that_build_cdk_apps_are_found_by_their_imports():
@@ -33,3 +33,18 @@ def test_the_end_of_run_garbage_collection_runs_twice_not_five_times(pytestconfi
     from _pytest.unraisableexception import gc_collect_iterations_key
 
     assert pytestconfig.stash[gc_collect_iterations_key] == 2
+
+
+def test_the_slow_tiers_are_found_by_what_a_module_imports_and_the_fast_tier_is_what_is_left():
+    starts = lambda rel: _imports_any(str(ROOT / rel), _PROCESS_MODULES)  # noqa: E731
+    assert starts("tests/contract/test_entry.py")  # runs the CLI as a process
+    assert starts("tests/runtime/test_multi_model.py")  # a fleet of real processes
+    assert not starts("tests/config/test_patterns.py") and not _builds_cdk_apps(str(ROOT / "tests/config/test_patterns.py"))
+
+
+def test_every_collected_test_carries_its_tiers(request):
+    for item in request.session.items:
+        names = {m.name for m in item.iter_markers()}
+        assert ("synth" in names) == _builds_cdk_apps(str(item.path)), item.nodeid
+        if _imports_any(str(item.path), _PROCESS_MODULES):
+            assert "processes" in names, item.nodeid

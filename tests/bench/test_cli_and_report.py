@@ -93,6 +93,8 @@ def test_ctrl_c_keeps_the_finished_levels_marked_interrupted(fast_server, tmp_pa
     import signal
     import subprocess
     import sys
+
+    from tests.signals import default_sigint
     from pathlib import Path
 
     root = Path(__file__).resolve().parents[2]
@@ -101,7 +103,7 @@ def test_ctrl_c_keeps_the_finished_levels_marked_interrupted(fast_server, tmp_pa
         [sys.executable, "-m", "scripts.cli", "bench", "run", "--endpoint", fast_server.url, "--concurrency", "1,2,4",
          "--duration", "4", "--input-tokens", "16", "--output-tokens", "4", "--out", str(out)],
         cwd=root, env={**os.environ, "PYTHONPATH": str(root)}, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-        text=True)
+        text=True, preexec_fn=default_sigint)
     seen = []
     for line in proc.stderr:  # bounded: the run ends by itself after three 4 s levels
         seen.append(line)

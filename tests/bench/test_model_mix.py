@@ -147,13 +147,15 @@ def test_ctrl_c_keeps_the_levels_every_model_finished(two_models, tmp_path):
     import subprocess
     import sys
 
+    from tests.signals import default_sigint
+
     out = tmp_path / "r.json"
     proc = subprocess.Popen(
         [sys.executable, "-m", "scripts.cli", "bench", "run", "--endpoint", two_models.url, "--model-mix", MIX,
          "--packing", "gpt2-xl:1,qwen2.5-0.5b:1", "--concurrency", "2,4,8", "--duration", "4", "--input-tokens", "8",
          "--output-tokens", "4", "--out", str(out)],
         cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-        text=True)
+        text=True, preexec_fn=default_sigint)
     seen = []
     for line in proc.stderr:  # bounded: the run ends by itself after three 4 s levels
         seen.append(line)

@@ -19,6 +19,7 @@ import pytest
 
 from fleetcast.contract.entry import run_quietly
 from fleetcast.contract.errors import EXIT_BROKEN_PIPE, EXIT_INTERRUPTED
+from tests.signals import default_sigint
 
 ROOT = Path(__file__).resolve().parents[2]
 SEED = ROOT / "examples" / "plan" / "seed"
@@ -58,7 +59,7 @@ def test_ctrl_c_ends_an_entry_point_with_130_and_no_traceback():
             "    time.sleep(120)\n"
             "sys.exit(run_quietly(main))\n")
     proc = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, env=_env(), stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE)
+                            stderr=subprocess.PIPE, preexec_fn=default_sigint)
     assert proc.stdout.readline() == b"ready\n"
     proc.send_signal(signal.SIGINT)
     out, err = proc.communicate(timeout=60)
