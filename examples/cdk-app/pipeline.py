@@ -24,8 +24,8 @@ from aws_cdk import App, Environment, Stack, aws_codebuild as codebuild, pipelin
 from constructs import Construct
 
 from fleetcast.config import FleetConfig, load_config
-from stacks import nag
-from stacks.fleet import FleetcastStage
+from fleetcast_cdk import nag
+from fleetcast_cdk.fleet import FleetcastStage
 
 HERE = Path(__file__).resolve().parent
 CONFIG = HERE.parents[1] / "config" / "fleet.yaml"
