@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 import zipfile
@@ -24,8 +23,9 @@ from fleetcast.contract.packaging import CONSOLE_SCRIPT, WHEEL_DATA_DIRS, WHEEL_
 from stacks.runtime_bundle import SERVING, bundle_files
 from tests.stacks.synthesized import default_fleet
 
+from .conftest import install_wheel
+
 ROOT = Path(__file__).resolve().parents[2]
-BUILD_TIMEOUT_S = 300
 SYNTH_TIMEOUT_S = 420
 
 TEAM_STACKS = '''\
@@ -64,37 +64,13 @@ app.synth()
 '''
 
 
-def _shared_site_packages() -> list[str]:
-    """The dependency directories of this interpreter; a .pth line adds a directory without reading its own .pth
-    files (site.addpackage), so an editable install of this repository there stays out."""
-    return [p for p in sys.path if p.endswith("site-packages") and Path(p).is_dir()]
-
-
-@pytest.fixture(scope="module")
-def wheel(tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("wheel")
-    leftover = not (ROOT / "build").exists()  # setuptools builds in the tree's build/ (ignored by git)
-    try:
-        subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--quiet", "--wheel-dir", str(out),
-                        str(ROOT)], check=True, timeout=BUILD_TIMEOUT_S, capture_output=True)
-    finally:
-        if leftover:
-            shutil.rmtree(ROOT / "build", ignore_errors=True)
-    (built,) = out.glob("fleetcast-*.whl")
-    return built
-
-
 @pytest.fixture(scope="module")
 def installed(wheel, tmp_path_factory) -> Path:
     """A fresh venv with the wheel installed; returns its python."""
     env = tmp_path_factory.mktemp("venv")
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(env)], check=True, timeout=120)
     python = env / "bin" / "python"
-    site = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                          check=True, capture_output=True, text=True).stdout.strip()
-    Path(site, "00_shared_deps.pth").write_text("\n".join(_shared_site_packages()) + "\n")
-    subprocess.run([sys.executable, "-m", "pip", "--python", str(python), "install", "--no-deps", "--no-index",
-                    "--quiet", str(wheel)], check=True, timeout=BUILD_TIMEOUT_S, capture_output=True)
+    install_wheel(python, wheel)
     return python
 
 
@@ -119,6 +95,20 @@ def test_pyproject_names_the_console_script_from_the_packaging_table():
 
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     assert project["scripts"] == {CONSOLE_SCRIPT: f"{WHEEL_PACKAGES['scripts']}.cli:main"}
+
+
+def test_the_installed_console_script_runs_its_subcommands(installed, tmp_path):
+    fleet = tmp_path / "fleet.yaml"
+    fleet.write_text((ROOT / "config" / "fleet.yaml").read_text())
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "VIRTUAL_ENV"))}
+    script = installed.parent / CONSOLE_SCRIPT
+    helped = subprocess.run([str(script), "--help"], cwd=tmp_path, env=env, capture_output=True, text=True,
+                            timeout=60)
+    assert helped.returncode == 0, helped.stderr[-2000:]
+    assert all(word in helped.stdout for word in ("config", "deploy", "plan", "bench"))
+    validated = subprocess.run([str(script), "config", "validate", str(fleet)], cwd=tmp_path, env=env,
+                               capture_output=True, text=True, timeout=120)
+    assert validated.returncode == 0, validated.stderr[-2000:]
 
 
 def test_a_team_app_with_its_own_stacks_package_synthesizes_against_the_wheel(installed, tmp_path):
