@@ -146,7 +146,11 @@ def extra_llm_api_options(engine: EngineSpec, kv_max_tokens: int | None = None,
 
     TrtLlmArgs and TorchLlmArgs forbid unknown keys (tensorrt_llm/llmapi/llm_args.py), so a
     key of the other backend makes trtllm-serve exit at startup:
-    - return_perf_metrics, kv_cache_config: BaseLlmArgs, both backends;
+    - kv_cache_config: BaseLlmArgs, both backends;
+    - never return_perf_metrics: nothing here reads per-request perf metrics, and in 1.1/1.2
+      trtllm-serve then reads `args.perf_metrics_max_requests` (tensorrt_llm/serve/openai_server.py),
+      a TorchLlmArgs field, so the TensorRT backend crashes at startup (NVIDIA/TensorRT-LLM issue
+      #9678 on release 1.2.0rc2; the fix, PR #10662, is not known to be in 1.2.1);
     - enable_iter_perf_stats (iteration stats behind /metrics): TorchLlmArgs only; the TensorRT
       backend's C++ executor keeps them by default (kDefaultIterStatsMaxIterations = 1000);
     - kv_cache_config.dtype: the PyTorch backend's KV cache dtype ("fp8" sets the FP8 KV
@@ -161,7 +165,7 @@ def extra_llm_api_options(engine: EngineSpec, kv_max_tokens: int | None = None,
     kv_cache: dict[str, Any] = {"free_gpu_memory_fraction": engine.kv_cache_free_gpu_memory_fraction}
     if kv_max_tokens is not None:
         kv_cache["max_tokens"] = kv_max_tokens
-    options: dict[str, Any] = {"return_perf_metrics": True, "kv_cache_config": kv_cache}
+    options: dict[str, Any] = {"kv_cache_config": kv_cache}
     if lora is not None:
         if engine.backend is not Backend.PYTORCH:
             raise UserError(f"LoRA adapters need the pytorch backend; this engine is {engine.backend.value}")

@@ -38,10 +38,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"fleetcast {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name in SUBCOMMANDS:
+        # Relative to this package: `scripts` in the repository, `fleetcast_cli` installed from the wheel.
         try:
-            module = importlib.import_module(f"scripts.{name}")
+            module = importlib.import_module(f".{name}", __package__)
         except ModuleNotFoundError as exc:
-            if exc.name == f"scripts.{name}":
+            if exc.name == f"{__package__}.{name}":
                 continue
             raise
         module.register(sub)

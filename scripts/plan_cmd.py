@@ -170,7 +170,8 @@ def _traffic_from_cloudwatch(args: argparse.Namespace):
     from fleetcast.contract.errors import EXIT_USAGE, UserError
     from fleetcast.traffic import export
     from fleetcast.usage import parse_time
-    from scripts import traffic_cmd
+
+    from . import traffic_cmd
 
     if not args.since:
         raise UserError("--traffic-from cloudwatch needs --since (e.g. --since 7d)", exit_code=EXIT_USAGE)

@@ -49,11 +49,11 @@ from fleetcast.contract.errors import UserError
 from fleetcast.contract.instance_env import Var
 from fleetcast.contract.outputs import ConsumerOutput
 from fleetcast.contract.probe_wheels import check_wheelhouse
-from runtime.probe.userdata import render_probe_user_data
 
 from . import nag
 from .bench_fleet import bench_enabled, bench_knobs
 from .gpu_fleet import asg_arn
+from .instance_userdata import render_probe_user_data
 from .runtime_bundle import PROBE, REPO_ROOT, stage_bundle
 from .session_manager import WILDCARD_REASON, grant_session_manager
 from .storage import private_bucket

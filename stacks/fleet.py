@@ -1,7 +1,7 @@
 """The construct API: Fleetcast's stacks inside a platform team's own CDK app or CDK Pipelines stages.
 
     from fleetcast.config import load_config
-    from stacks.fleet import FleetcastStage, add_fleet
+    from fleetcast_cdk.fleet import FleetcastStage, add_fleet   # `stacks.fleet` inside the repository
 
     cfg = load_config("fleet.yaml")              # or parse_config(dict) for a config built in code
     add_fleet(app, cfg)                           # every stack of the fleet, next to the app's own stacks

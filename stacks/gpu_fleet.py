@@ -27,9 +27,9 @@ from fleetcast.contract.ami import DLAMI_SSM_PARAMETER, LATEST
 from fleetcast.contract.bucket import READ_ONLY_PREFIXES, READ_WRITE_PREFIXES
 from fleetcast.contract.instance_env import HostEnv, Var
 from fleetcast.contract.telemetry import LAUNCH_HOOK, NAMESPACE
-from runtime.userdata import render_user_data
 
 from . import nag
+from .instance_userdata import render_user_data
 from .launch_order import LAUNCHING, add_lifecycle_hook, capacity_held
 from .session_manager import WILDCARD_REASON, grant_session_manager
 from .storage import ModelStore

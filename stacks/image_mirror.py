@@ -14,13 +14,12 @@ internet egress.
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from aws_cdk import (
     CfnOutput,
     Duration,
     RemovalPolicy,
     Stack,
+    Stage,
     aws_codebuild as codebuild,
     aws_ecr as ecr,
     aws_iam as iam,
@@ -34,11 +33,10 @@ from fleetcast.contract.outputs import ProviderOutput
 
 from . import nag
 from .fleet_logs import allow_cloudwatch_logs
+from .runtime_bundle import stage_sources
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
-# The build context is the Dockerfile and the runtime sources: everything else is excluded.
-_CONTEXT_EXCLUDES = ["*", ".*", "!docker", "!docker/**", "!fleetcast", "!fleetcast/**", "!runtime", "!runtime/**",
-                     "**/__pycache__", "**/*.pyc"]
+# The build context is the Dockerfile and the runtime sources, staged from the repository or the installed wheel.
+_CONTEXT = ("docker", "fleetcast", "runtime")
 
 _BUILDSPEC = {
     "version": "0.2",
@@ -76,7 +74,8 @@ class ImageMirror(Construct):
         log_group = logs.LogGroup(self, "Logs", retention=log_retention, encryption_key=key,
                                   removal_policy=RemovalPolicy.DESTROY)
         allow_cloudwatch_logs(key)
-        context = s3_assets.Asset(self, "BuildContext", path=str(REPO_ROOT), exclude=_CONTEXT_EXCLUDES)
+        context = s3_assets.Asset(self, "BuildContext",
+                                  path=str(stage_sources(Stage.of(self).outdir, "image-context", _CONTEXT)))
         self.project = codebuild.Project(
             self,
             "Project",

@@ -15,8 +15,23 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
+from fleetcast.contract.packaging import installed_path
+
+# The repository, or the site-packages directory of an installed wheel.
 REPO_ROOT = Path(__file__).resolve().parents[1]
 PROJECT_PACKAGES = ("fleetcast", "runtime")
+
+
+def source_dir(top: str) -> Path:
+    """Where the files of the repository's directory `top` lie: in an installed wheel, under the package
+    that carries them (fleetcast/contract/packaging.py: `runtime` is `fleetcast_runtime` there); in the
+    repository, the directory itself. Bundles keep the repository's names (`python -m runtime.bootstrap`)."""
+    return installed_path(REPO_ROOT, top)
+
+
+def source_of(rel: Path) -> Path:
+    """The file behind `rel`, a path as the repository names it (`runtime/bootstrap.py`)."""
+    return installed_path(REPO_ROOT, rel)
 
 
 
@@ -46,7 +61,8 @@ _built: dict[tuple[str, BundleSpec], Path] = {}
 
 
 def _path_of(module: str) -> Path | None:
-    base = REPO_ROOT.joinpath(*module.split("."))
+    top, *rest = module.split(".")
+    base = source_dir(top).joinpath(*rest)
     for candidate in (base.with_suffix(".py"), base / "__init__.py"):
         if candidate.is_file():
             return candidate
@@ -92,10 +108,14 @@ def module_closure(entry_points: tuple[str, ...]) -> set[str]:
 
 
 def bundle_files(spec: BundleSpec) -> list[Path]:
-    """The bundle's files, relative to the repository root, sorted."""
-    files = {_path_of(m).relative_to(REPO_ROOT) for m in module_closure(spec.entry_points)}
+    """The bundle's files, as the repository names them (relative to its root), sorted."""
+    files = set()
+    for module in module_closure(spec.entry_points):
+        top = module.split(".")[0]
+        files.add(Path(top) / _path_of(module).relative_to(source_dir(top)))
     for pattern in spec.data:
-        files.update(p.relative_to(REPO_ROOT) for p in REPO_ROOT.glob(pattern))
+        top, _, rest = pattern.partition("/")
+        files.update(Path(top) / p.relative_to(source_dir(top)) for p in source_dir(top).glob(rest))
     return sorted(files)
 
 
@@ -109,6 +129,17 @@ def stage_bundle(outdir: str | Path, spec: BundleSpec = SERVING) -> Path:
         shutil.rmtree(target)
     for rel in bundle_files(spec):
         (target / rel).parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(REPO_ROOT / rel, target / rel)
+        shutil.copy2(source_of(rel), target / rel)
     _built[key] = target
+    return target
+
+
+def stage_sources(outdir: str | Path, name: str, tops: tuple[str, ...]) -> Path:
+    """Whole directories of the repository (`tops`, by their repository names), compiled files left out, as one
+    directory under the assembly's `outdir`: the same tree from the repository and from an installed wheel."""
+    target = Path(outdir) / ".fleetcast-bundles" / name
+    if target.exists():
+        shutil.rmtree(target)
+    for top in tops:
+        shutil.copytree(source_dir(top), target / top, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
     return target

@@ -1,7 +1,9 @@
 #!/usr/bin/env python3
 """A platform team's own CDK app that adds a Fleetcast fleet next to its own stacks.
 
-    cdk synth -a "python examples/cdk-app/app.py"      (from the repository root, offline)
+    npx cdk synth -a ".venv/bin/python examples/cdk-app/app.py"   (from the repository root, offline)
+
+The venv's Python (or `python` with the venv activated): it has aws_cdk and fleetcast, a bare one has not.
 
 The team's stack (an SNS topic its on-call subscribes to) and Fleetcast's provider and consumer
 stacks live in one app. Fleetcast's stacks keep their names (the `fleetcast` CLI finds them by
@@ -18,8 +20,8 @@ from aws_cdk import App, Environment, Stack, aws_iam as iam, aws_kms as kms, aws
 from constructs import Construct
 
 from fleetcast.config import load_config
-from stacks import nag
-from stacks.fleet import add_fleet
+from fleetcast_cdk import nag
+from fleetcast_cdk.fleet import add_fleet
 
 HERE = Path(__file__).resolve().parent
 CONFIG = HERE.parents[1] / "config" / "fleet.yaml"

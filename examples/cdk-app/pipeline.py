@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """A CDK Pipelines app that deploys a Fleetcast fleet account by account.
 
-    cdk synth -a "python examples/cdk-app/pipeline.py"   (from the repository root, offline)
+    npx cdk synth -a ".venv/bin/python examples/cdk-app/pipeline.py"   (from the repository root, offline)
 
 The pipeline lives in a tooling account (PIPELINE_ACCOUNT) and deploys one `FleetcastStage` per
 account of the fleet: the provider account's stage first (its regions' fleets and endpoint
@@ -20,21 +20,33 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from aws_cdk import App, Environment, Stack, aws_codebuild as codebuild, pipelines
+from aws_cdk import App, Environment, Stack, Token, aws_codebuild as codebuild, pipelines
 from constructs import Construct
 
 from fleetcast.config import FleetConfig, load_config
-from stacks import nag
-from stacks.fleet import FleetcastStage
+from fleetcast_cdk import nag
+from fleetcast_cdk.fleet import FleetcastStage
 
 HERE = Path(__file__).resolve().parent
 CONFIG = HERE.parents[1] / "config" / "fleet.yaml"
 PIPELINE_ACCOUNT = "999988887777"  # the tooling account (an example id: replace it)
 PIPELINE_REGION = "ap-northeast-2"
-# The connection to the repository holding this app and its fleet.yaml (an example ARN; the codestar-connections
-# form, which the UseConnection policy CDK Pipelines writes names).
-SOURCE = ("example-org/platform-infra", "main",
-          "arn:aws:codestar-connections:ap-northeast-2:999988887777:connection/11111111-2222-3333-4444-555555555555")
+# The repository holding this app and its fleet.yaml (a Fleetcast checkout), and the id of the pipeline account's
+# connection to it (examples; the ARN takes the codestar-connections form, which the UseConnection policy CDK
+# Pipelines writes names).
+SOURCE_REPO, SOURCE_BRANCH = "example-org/platform-infra", "main"
+CONNECTION_ID = "11111111-2222-3333-4444-555555555555"
+# The Synth step runs in a bare CodeBuild image (python3, pip, node/npm; no cdk, no venv), so it installs what it
+# runs, as the AWS CDK guide's Python pipeline does ("npm install -g aws-cdk", "python -m pip install -r
+# requirements.txt", "cdk synth": https://docs.aws.amazon.com/cdk/v2/guide/cdk_pipeline.html): here the CLI is
+# the one package-lock.json pins (npm ci, run by npx) and Fleetcast with its pinned dependencies goes into a venv
+# whose Python runs the app. tests/examples/test_pipeline_synth.py runs these commands in such a shell.
+SYNTH_COMMANDS = (
+    "npm ci",
+    "python3 -m venv .venv",
+    ".venv/bin/pip install .",
+    "npx cdk synth --no-notices -a '.venv/bin/python examples/cdk-app/pipeline.py'",
+)
 
 
 class FleetPipelineStack(Stack):
@@ -42,15 +54,15 @@ class FleetPipelineStack(Stack):
 
     def __init__(self, scope: Construct, construct_id: str, *, cfg: FleetConfig, **kwargs) -> None:
         super().__init__(scope, construct_id, **kwargs)
-        repo, branch, connection = SOURCE
+        connection = f"arn:aws:codestar-connections:{self.region}:{self.account}:connection/{CONNECTION_ID}"
         self.pipeline = pipeline = pipelines.CodePipeline(
             self, "Pipeline",
             cross_account_keys=True,  # target accounts read the artifacts through a KMS key they are granted
             enable_key_rotation=True,
             synth=pipelines.ShellStep(
                 "Synth",
-                input=pipelines.CodePipelineSource.connection(repo, branch, connection_arn=connection),
-                commands=["make synth", "cdk synth -a 'python examples/cdk-app/pipeline.py'"],
+                input=pipelines.CodePipelineSource.connection(SOURCE_REPO, SOURCE_BRANCH, connection_arn=connection),
+                commands=list(SYNTH_COMMANDS),
             ),
             code_build_defaults=pipelines.CodeBuildOptions(
                 build_environment=codebuild.BuildEnvironment(privileged=False)),
@@ -65,36 +77,44 @@ class FleetPipelineStack(Stack):
         acknowledge_pipeline_findings(pipeline)
 
 
-# CDK Pipelines' generated IAM policies, by what their wildcards stand for (cdk-nag names each one).
-_PIPELINE_WILDCARDS = {
-    "object and bucket actions on the pipeline's artifact and cross-region replication buckets only":
-        ("Action::s3:GetObject*", "Action::s3:GetBucket*", "Action::s3:List*", "Action::s3:DeleteObject*",
-         "Action::s3:Abort*", "Resource::<PipelineArtifactsBucketAEA9A052.Arn>/*",
-         "Resource::arn:<AWS::Partition>:s3:::fleetcast-pipeline-supporeplicationbuckete27f0f82d9a7da024573/*",
-         "Resource::arn:<AWS::Partition>:s3:::fleetcast-pipeline-supporeplicationbuckete1e85370e00a70d5bd13/*"),
-    "data-key actions on the pipeline's own artifact KMS keys":
-        ("Action::kms:ReEncrypt*", "Action::kms:GenerateDataKey*"),
-    "log streams and report groups of the pipeline's own CodeBuild projects":
-        ("Resource::arn:<AWS::Partition>:logs:ap-northeast-2:999988887777:log-group:/aws/codebuild/<PipelineBuildSynthCdkBuildProject6BEFA8E6>:*",
-         "Resource::arn:<AWS::Partition>:codebuild:ap-northeast-2:999988887777:report-group/<PipelineBuildSynthCdkBuildProject6BEFA8E6>-*",
-         "Resource::arn:<AWS::Partition>:logs:ap-northeast-2:999988887777:log-group:/aws/codebuild/<PipelineUpdatePipelineSelfMutationDAA41400>:*",
-         "Resource::arn:<AWS::Partition>:codebuild:ap-northeast-2:999988887777:report-group/<PipelineUpdatePipelineSelfMutationDAA41400>-*",
-         "Resource::arn:<AWS::Partition>:logs:ap-northeast-2:999988887777:log-group:/aws/codebuild/*",
-         "Resource::arn:<AWS::Partition>:codebuild:ap-northeast-2:999988887777:report-group/*"),
-    "Resource::* to the pipeline's cross-region artifact KMS keys (named by alias in the support stacks, so "
-    "no ARN exists to scope to), to read-only cloudformation:DescribeStacks and s3:ListBucket for the "
-    "self-mutation step, and to start and watch the asset CodeBuild builds":
-        ("Resource::*",),
-    "the self-mutation step sts:AssumeRole of the CDK bootstrap roles (cdk-hnb659fds-*) in the accounts "
-    "that trust the pipeline account (`cdk bootstrap --trust`)":
-        ("Resource::arn:*:iam::999988887777:role/*",),
-}
+def _pipeline_wildcards(pipeline: pipelines.CodePipeline) -> dict[str, tuple[str, ...]]:
+    """CDK Pipelines' generated IAM policies, by what their wildcards stand for (cdk-nag names each one), written
+    for the pipeline's own account, region and cross-region replication buckets (whose generated names hash the
+    account), so the acknowledgments follow PIPELINE_ACCOUNT when it is replaced."""
+    stack = Stack.of(pipeline)
+    account, region = stack.account, stack.region
+    if Token.is_unresolved(account) or Token.is_unresolved(region):
+        raise ValueError("the pipeline stack needs a concrete account and region (env=Environment(...))")
+    # The support stacks' bucket names, as the pipeline stack (another region) resolves them: literal names.
+    replication = sorted(stack.resolve(support.replication_bucket.bucket_name)
+                         for support in pipeline.pipeline.cross_region_support.values())
+    logs = f"arn:<AWS::Partition>:logs:{region}:{account}:log-group:/aws/codebuild"
+    reports = f"arn:<AWS::Partition>:codebuild:{region}:{account}:report-group"
+    projects = ("<PipelineBuildSynthCdkBuildProject6BEFA8E6>", "<PipelineUpdatePipelineSelfMutationDAA41400>")
+    return {
+        "object and bucket actions on the pipeline's artifact and cross-region replication buckets only":
+            ("Action::s3:GetObject*", "Action::s3:GetBucket*", "Action::s3:List*", "Action::s3:DeleteObject*",
+             "Action::s3:Abort*", "Resource::<PipelineArtifactsBucketAEA9A052.Arn>/*",
+             *(f"Resource::arn:<AWS::Partition>:s3:::{bucket}/*" for bucket in replication)),
+        "data-key actions on the pipeline's own artifact KMS keys":
+            ("Action::kms:ReEncrypt*", "Action::kms:GenerateDataKey*"),
+        "log streams and report groups of the pipeline's own CodeBuild projects":
+            (*(f"Resource::{logs}/{p}:*" for p in projects), *(f"Resource::{reports}/{p}-*" for p in projects),
+             f"Resource::{logs}/*", f"Resource::{reports}/*"),
+        "Resource::* to the pipeline's cross-region artifact KMS keys (named by alias in the support stacks, so "
+        "no ARN exists to scope to), to read-only cloudformation:DescribeStacks and s3:ListBucket for the "
+        "self-mutation step, and to start and watch the asset CodeBuild builds":
+            ("Resource::*",),
+        "the self-mutation step sts:AssumeRole of the CDK bootstrap roles (cdk-hnb659fds-*) in the accounts "
+        "that trust the pipeline account (`cdk bootstrap --trust`)":
+            (f"Resource::arn:*:iam::{account}:role/*",),
+    }
 
 
 def acknowledge_pipeline_findings(pipeline: pipelines.CodePipeline) -> None:
     """The AwsSolutions findings of CDK Pipelines' own resources, each with why it is acceptable here.
     The Fleetcast stages need none: their stacks carry their own acknowledgments."""
-    for why, findings in _PIPELINE_WILDCARDS.items():
+    for why, findings in _pipeline_wildcards(pipeline).items():
         for finding in findings:
             nag.acknowledge(pipeline, f"AwsSolutions-IAM5[{finding}]", f"CDK Pipelines grants {why}.")
     nag.acknowledge(pipeline.pipeline.artifact_bucket, "AwsSolutions-S1",
@@ -107,10 +127,10 @@ def acknowledge_pipeline_findings(pipeline: pipelines.CodePipeline) -> None:
                         "KMS-encrypted artifacts only; CloudTrail data events are the account-wide audit trail.")
 
 
-def build(app: App, config_path: Path = CONFIG) -> FleetPipelineStack:
+def build(app: App, config_path: Path = CONFIG, account: str = PIPELINE_ACCOUNT) -> FleetPipelineStack:
     cfg = load_config(str(config_path))
     stack = FleetPipelineStack(app, "fleetcast-pipeline", cfg=cfg,
-                               env=Environment(account=PIPELINE_ACCOUNT, region=PIPELINE_REGION))
+                               env=Environment(account=account, region=PIPELINE_REGION))
     nag.enable(app)
     return stack
 

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Protocol
 
 from .errors import UserError
+from .packaging import installed_path
 
 
 class _Engine(Protocol):
@@ -26,7 +27,7 @@ class FleetConfig(Protocol):
 
 
 DOCKERFILE = "docker/Dockerfile"
-REPO_ROOT = Path(__file__).resolve().parents[2]
+REPO_ROOT = Path(__file__).resolve().parents[2]  # or the site-packages of an installed wheel (installed_path)
 # What the derived image is built from. Its digest is part of the tag: ECR tags are immutable
 # and staging skips a tag already there, so a changed recipe (say, one more vendored package)
 # must get a new tag, or it would never reach a region that staged the old one.
@@ -37,7 +38,7 @@ def derived_recipe_digest(root: Path = REPO_ROOT) -> str:
     digest = hashlib.sha256()
     for rel in DERIVED_RECIPE:
         try:
-            content = (root / rel).read_bytes()
+            content = installed_path(root, rel).read_bytes()
         except OSError as exc:
             raise UserError(f"{rel}: cannot read the derived image's recipe ({exc.strerror}); run from a Fleetcast "
                             "checkout, or stage with --plain") from None

@@ -312,9 +312,10 @@ LAST_CHUNK = b"0\r\n\r\n"
 
 
 def openai_error(status: int, message: str, error_type: str, code: str | None,
-                 extra_headers: list[tuple[str, str]] | None = None, close: bool = False) -> bytes:
+                 extra_headers: list[tuple[str, str]] | None = None, close: bool = False,
+                 param: str | None = None) -> bytes:
     """A complete HTTP response carrying an OpenAI-shaped error body."""
-    body = json.dumps({"error": {"message": message, "type": error_type, "param": None, "code": code}}).encode()
+    body = json.dumps({"error": {"message": message, "type": error_type, "param": param, "code": code}}).encode()
     return response_head(status, [("Content-Type", "application/json")] + (extra_headers or []),
                          length=len(body), close=close) + body
 

@@ -211,10 +211,11 @@ class Refusal:
     """A request answered with an OpenAI-shaped error instead of being served."""
 
     status: int
-    code: str
+    code: str | None
     message: str
     error_type: str
     headers: tuple[tuple[str, str], ...] = ()
+    param: str | None = None  # the request member at fault, as OpenAI's error names it
 
 
 class ProxyRefused(Exception):

@@ -26,6 +26,7 @@ from .http import (
     response_head,
 )
 from .meter import Exchange, Prepared, SseMeter, usage_from_body
+from .reply import ModelName
 from .upstream import (
     ClientGone,
     ClientWatch,
@@ -125,10 +126,12 @@ class Proxy:
             and "text/event-stream" in lower.get("content-type", "")
         if streaming and exchange is not None and prepared is not None:  # streaming implies both: restated for mypy
             exchange.meter = SseMeter(prepared.strip_usage)
-        # Re-frame as chunked whenever the length may change (stripped usage) or is unknown.
-        out_chunked = not no_body and not http10 and (up_chunked or up_length is None or streaming)
+        rename = _model_name(exchange, status, lower.get("content-type", ""), streaming)
+        # Re-frame as chunked whenever the length may change (stripped usage, renamed model) or is unknown.
+        out_chunked = not no_body and not http10 and (up_chunked or up_length is None or streaming
+                                                      or rename is not None)
         keep = keep and not http10 and (out_chunked or up_length is not None or no_body)
-        length = None if out_chunked or no_body else up_length
+        length = None if out_chunked or no_body or rename is not None else up_length
         head = response_head(status, out_headers, length=0 if no_body and length is None else length,
                              chunked=out_chunked, close=not keep)
         if no_body:
@@ -136,7 +139,7 @@ class Proxy:
             await writer.drain()
             pool.release(conn, up_keep)
             return keep
-        complete = await self._pump(conn, writer, head, up_chunked, up_length, out_chunked, exchange)
+        complete = await self._pump(conn, writer, head, up_chunked, up_length, out_chunked, exchange, rename)
         pool.release(conn, up_keep and complete)
         if exchange and not complete and not exchange.client_gone and not watch.gone:
             exchange.error = True
@@ -144,7 +147,8 @@ class Proxy:
         return keep and complete and not (exchange and exchange.client_gone)
 
     async def _pump(self, conn: UpstreamConn, writer: asyncio.StreamWriter, head: bytes, up_chunked: bool,
-                    up_length: int | None, out_chunked: bool, exchange: Exchange | None) -> bool:
+                    up_length: int | None, out_chunked: bool, exchange: Exchange | None,
+                    rename: ModelName | None = None) -> bool:
         """Copy the response body; True when it arrived complete and reached the client.
 
         The response head goes out with the first body bytes, and the last chunk with the last
@@ -155,7 +159,7 @@ class Proxy:
         instead of through the buffer, a future and this task's wake-up.
         """
         body = _Body(writer, head, ChunkedDecoder() if up_chunked else None, up_length, out_chunked, exchange,
-                     self.watchdog.watch(conn), self.drain)
+                     self.watchdog.watch(conn), self.drain, rename)
         self.drain.relaying(conn)
         reader = conn.reader
         try:
@@ -216,6 +220,15 @@ class Proxy:
                 conn.writer.close()  # bytes past the response: the connection is out of step
 
 
+def _model_name(exchange: Exchange | None, status: int, content_type: str, streaming: bool) -> ModelName | None:
+    """The rewriting of an inference reply's `model` to the id the consumer sent (runtime/gateway/reply.py)."""
+    if exchange is None or exchange.model is None or not 200 <= status < 300:
+        return None
+    if streaming:
+        return ModelName(exchange.model, events=True)
+    return ModelName(exchange.model, events=False) if "json" in content_type.lower() else None
+
+
 _MORE, _DONE, _FULL = range(3)  # _Body.take: keep reading; the body ended (complete or cut); client buffer full
 
 
@@ -253,10 +266,11 @@ class _Body:
 
     def __init__(self, writer: asyncio.StreamWriter, head: bytes, decoder: ChunkedDecoder | None,
                  remaining: int | None, out_chunked: bool, exchange: Exchange | None, progress: list[float],
-                 drain: Drain):
+                 drain: Drain, rename: ModelName | None = None):
         self.writer, self.decoder, self.remaining, self.out_chunked = writer, decoder, remaining, out_chunked
         self.exchange, self.progress, self.drain = exchange, progress, drain
         self.meter = exchange.meter if exchange else None
+        self.rename = rename
         self.keep_copy = exchange is not None and self.meter is None
         self.copy: list[bytes] = []
         self.copied = 0
@@ -294,6 +308,8 @@ class _Body:
         elif self.keep_copy and self.copied <= MAX_METERED_BODY:
             self.copy.append(data)
             self.copied += len(data)
+        if self.rename and data:
+            data = self.rename.feed(data)
         if self.decoder and self.decoder.done:
             self.complete = True
             self.last = data
@@ -319,9 +335,13 @@ class _Body:
             # Cut: that event is incomplete, and SSE discards it (WHATWG HTML 9.2.6, interpreting an event
             # stream: "Once the end of the file is reached, any pending data must be discarded"); written
             # out, it would run into the error event after it and make both unreadable.
+            if tail and self.rename:
+                tail = self.rename.feed(tail)
             data = (self.last if self.complete and self.decoder else b"") + (b"" if self.upstream_cut else tail)
         else:
             data = self.last if self.complete and self.decoder else b""
+            if self.rename:
+                data += self.rename.flush()  # a body without a model member, held back to its end
         drain_cut = self.upstream_cut and self.drain.cutting
         out = self.pending + ((chunk(data) if out_chunked else data) if data else b"")
         if drain_cut and self.pending and not data:

@@ -14,6 +14,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from .identity import Refusal
 from .upstream import UpstreamPool
 
 if TYPE_CHECKING:  # annotations only: the config package is imported where a config is loaded
@@ -42,6 +43,29 @@ class Target:
     base: str  # the model whose processes serve it
     pools: tuple[UpstreamPool, ...]
     adapter: Adapter | None = None
+
+
+# How OpenAI names a JSON value's type in "Invalid type for 'x': expected a string, but got <kind> instead."
+_JSON_KINDS = ((bool, "a boolean"), (int, "an integer"), (float, "a decimal number"), (list, "an array"),
+               (dict, "an object"))
+
+
+def invalid_model(body: Mapping[str, Any]) -> Refusal | None:
+    """A request whose `model` is no string, answered as OpenAI answers it: 400, not model_not_found.
+
+    Missing: "you must provide a model parameter", param and code null (OpenAI's reply as quoted in
+    danielmiessler/Fabric#239 and lss233/kirara-ai#800). Null or another type: "Invalid type for 'model':
+    expected a string, but got an integer instead.", param "model", code "invalid_type" (OpenAI's wording
+    for a mistyped member, e.g. the error library page portkey.ai/error-library/type-validation-error-10531).
+    """
+    if "model" not in body:
+        return Refusal(400, None, "you must provide a model parameter", "invalid_request_error")
+    value = body["model"]
+    if isinstance(value, str):
+        return None
+    kind = "null" if value is None else next((name for t, name in _JSON_KINDS if isinstance(value, t)), "a value")
+    return Refusal(400, "invalid_type", f"Invalid type for 'model': expected a string, but got {kind} instead.",
+                   "invalid_request_error", param="model")
 
 
 class Router:

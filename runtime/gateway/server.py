@@ -48,7 +48,7 @@ from .limits import ConsumerLimiter
 from .meter import INFERENCE_PATHS, Exchange, prepare_body, record
 from .metrics import MetricsSink
 from .proxy import Proxy
-from .routing import Router
+from .routing import Router, invalid_model
 from .upstream import StreamWatchdog
 
 if TYPE_CHECKING:  # annotations only
@@ -56,8 +56,8 @@ if TYPE_CHECKING:  # annotations only
 
     from .shared import SharedState
 
-INTERNAL_PATHS = frozenset({"/metrics", "/prometheus/metrics"})  # server stats: dequeued on read, not for consumers
 MODELS_PATH = "/v1/models"  # answered by the gateway: the models the calling consumer may use
+HEALTH_PATH = "/health"  # answered by the gateway: the NLB's health check
 # Request fields a consumer may not set: `lora_request` names a path on the instance for the server to load
 # (tensorrt_llm/serve/openai_protocol.py, CompletionRequest/ChatCompletionRequest); the gateway sets it
 # from the adapter id in `model`.
@@ -263,20 +263,19 @@ class Gateway:
                 except HttpError:
                     keep = False
             writer.write(openai_error(refusal.status, refusal.message, refusal.error_type, refusal.code,
-                                      list(refusal.headers), close=not keep))
+                                      list(refusal.headers), close=not keep, param=refusal.param))
             await writer.drain()
             return keep
 
-        if path == "/health" and request.method in ("GET", "HEAD"):
+        if path == HEALTH_PATH and request.method in ("GET", "HEAD"):
             await read_body(request, reader, self.body_timeout_s)
             writer.write(await self.health.response(request.method == "HEAD", keep))
             await writer.drain()
             return keep
         if self.draining:
             return await refuse(_DRAINING)
-        if path in INTERNAL_PATHS:
-            return await refuse(Refusal(404, "not_found", f"{path} is not served through the gateway",
-                                        "invalid_request_error"))
+        if not consumer_route(request.method, path):
+            return await refuse(unknown_route(request.method, path))
 
         caller = await self.identity.resolve(vpce_id, bearer_key(request.lower))
         if caller.refusal:
@@ -296,11 +295,6 @@ class Gateway:
             writer.write(out if request.method == "HEAD" else out + listing)
             await writer.drain()
             return keep
-        if not (request.method == "POST" and path in INFERENCE_PATHS):  # neither limited nor metered
-            if expects_continue:
-                writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
-            body = await read_body(request, reader, self.body_timeout_s)
-            return await self.proxy.forward(self.router.default, request, reader, writer, keep, body)
 
         # The body first, then the slot: a client that stalls mid-body holds no concurrency slot
         # and is no request in flight for a drain to wait for.
@@ -327,6 +321,12 @@ class Gateway:
         # Routing: the same dictionary lookups whether the model is unknown or not this consumer's, and no
         # upstream contact before the answer, so neither the answer nor its timing says which models exist.
         requested = data.get("model")
+        mistyped = invalid_model(data)
+        if mistyped is not None:
+            exchange.status = 400
+            exchange.props["invalid_request"] = mistyped.message
+            record(self.metrics, exchange, path)
+            return await refuse(mistyped)
         target = self.router.resolve(requested)
         if target is None or not self.admission.may_use(consumer.name, target.id):
             refusal = model_not_found(requested)
@@ -367,3 +367,21 @@ class Gateway:
 
 
 _DRAINING = Refusal(503, "draining", DRAINING_MESSAGE, "service_unavailable")
+
+
+def consumer_route(method: str, path: str) -> bool:
+    """Default-deny: what a consumer may call. The inference routes, entitled by `model` and metered, and the
+    gateway's own answers; nothing else reaches an engine process, whose other routes generate without
+    metering (/v1/responses) or tell of every account's traffic (/metrics, /perf_metrics, /kv_cache_events:
+    tests/gateway/test_routes.py lists trtllm-serve's)."""
+    if method == "POST":
+        return path in INFERENCE_PATHS
+    return method in ("GET", "HEAD") and (path == MODELS_PATH or path.startswith(MODELS_PATH + "/"))
+
+
+def unknown_route(method: str, path: str) -> Refusal:
+    """OpenAI's answer to a route it does not serve: 404, code `unknown_url` (as quoted in
+    InternLM/MindSearch#150: "Unknown request URL: POST /v1. Please check the URL for typos, ...")."""
+    served = ", ".join([f"POST {p}" for p in sorted(INFERENCE_PATHS)] + [f"GET {MODELS_PATH}"])
+    return Refusal(404, "unknown_url", f"Unknown request URL: {method} {path[:256]}. This endpoint serves {served}.",
+                   "invalid_request_error")

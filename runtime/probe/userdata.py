@@ -15,7 +15,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from fleetcast.contract.instance_env import Var
-from runtime.userdata import SYSTEMD_DIR, env_file_preamble
+
+from ..userdata import SYSTEMD_DIR, env_file_preamble
 
 REQUIRED_KEYS = tuple(v.value for v in (Var.REGION, Var.BUCKET, Var.BENCH_KEY, Var.BENCH_GROUP, Var.BENCH_ENDPOINT,
                                           Var.PROBE_BUNDLE))

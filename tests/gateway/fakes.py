@@ -3,7 +3,9 @@
 The fake server behaves like trtllm-serve where it matters to the gateway:
 chunked SSE with one event per token, a usage-only final event only when the
 request asks for `stream_options.include_usage`, `[DONE]` at the end, and
-/health. Tests can hold streams open (`gate`) to create in-flight load, and hold
+/health; replies name the model `engine`, as trtllm-serve names it after its model directory
+(OpenAIServer: `self.model = model_dir.name`, tensorrt_llm/serve/openai_server.py), and every other
+path answers 200, as an engine's routes beyond the gateway's would. Tests can hold streams open (`gate`) to create in-flight load, and hold
 non-streaming requests (`hold`) the way a long generation does: like trtllm-serve
 (OpenAIServer.await_disconnected, tensorrt_llm/serve/openai_server.py) the server aborts a
 held request as soon as its connection closes, and counts it in `cancelled`.
@@ -36,8 +38,11 @@ def completion_text(n: int) -> str:
 class FakeModelServer:
     """`max_tokens` tokens per request; prompt tokens = words in the prompt."""
 
+    SERVED_NAME = "engine"
+
     def __init__(self, token_delay_s: float = 0.0):
         self.token_delay_s = token_delay_s
+        self.seen: list[tuple[str, str]] = []  # (method, path) of every request that reached the server
         self.healthy = True
         self.requests: list[dict[str, Any]] = []  # bodies as the server received them
         self.gate: asyncio.Event | None = None  # when set up, streams wait on it after the first token
@@ -51,12 +56,13 @@ class FakeModelServer:
         self.port = 0
 
     async def start(self) -> FakeModelServer:
-        app = web.Application()
+        app = web.Application(middlewares=[self._record])
         app.router.add_get("/health", self._health)
         app.router.add_get("/metrics", self._health)
         app.router.add_get("/v1/models", self._models)
         app.router.add_post("/v1/completions", self._complete)
         app.router.add_post("/v1/chat/completions", self._complete)
+        app.router.add_route("*", "/{tail:.*}", self._other)  # last: what no route above takes
         self._runner = web.AppRunner(app, access_log=None)
         await self._runner.setup()
         site = web.TCPSite(self._runner, "127.0.0.1", 0)
@@ -67,6 +73,14 @@ class FakeModelServer:
     async def stop(self) -> None:
         if self._runner:
             await self._runner.cleanup()
+
+    @web.middleware
+    async def _record(self, request: web.Request, handler: Any) -> web.StreamResponse:
+        self.seen.append((request.method, request.path))
+        return await handler(request)
+
+    async def _other(self, request: web.Request) -> web.Response:
+        return web.json_response({"path": request.path, "answered_by": "engine"})
 
     async def _health(self, request: web.Request) -> web.Response:
         return web.Response(status=200 if self.healthy else 503)
@@ -90,8 +104,8 @@ class FakeModelServer:
             choice = {"index": 0, "message": {"role": "assistant", "content": text}} if chat else \
                 {"index": 0, "text": text}
             self.completed_output_tokens += n_out
-            return web.json_response({"id": "cmpl-1", "object": "text_completion", "choices": [choice],
-                                      "usage": usage})
+            return web.json_response({"id": "cmpl-1", "object": "text_completion", "model": self.SERVED_NAME,
+                                      "choices": [choice], "usage": usage})
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await response.prepare(request)
         if self.hold is not None and not await self._held(request):  # a long prefill: headers out, no token yet
@@ -101,17 +115,20 @@ class FakeModelServer:
         self.active += 1
         try:
             if chat:  # trtllm-serve opens a chat stream with a role-only delta
-                await response.write(_event({"choices": [{"index": 0, "delta": {"role": "assistant"}}]}))
+                await response.write(_event({"model": self.SERVED_NAME,
+                                             "choices": [{"index": 0, "delta": {"role": "assistant"}}]}))
             for i in range(n_out):
                 piece = {"index": 0, "delta": {"content": token_text(i)}} if chat else \
                     {"index": 0, "text": token_text(i)}
-                await response.write(_event({"id": "cmpl-1", "choices": [piece], "usage": None}))
+                await response.write(_event({"id": "cmpl-1", "model": self.SERVED_NAME, "choices": [piece],
+                                             "usage": None}))
                 if i == 0 and self.gate is not None:
                     await self.gate.wait()
                 if self.token_delay_s:
                     await asyncio.sleep(self.token_delay_s)
             if include_usage:
-                await response.write(_event({"id": "cmpl-1", "choices": [], "usage": usage}))
+                await response.write(_event({"id": "cmpl-1", "model": self.SERVED_NAME, "choices": [],
+                                             "usage": usage}))
             await response.write(b"data: [DONE]\n\n")
             await response.write_eof()
             self.completed_output_tokens += n_out

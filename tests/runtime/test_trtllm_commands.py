@@ -137,6 +137,11 @@ def llm_args_problems(backend: str, options: dict) -> list[str]:
            if k not in llm_args.ARGS_BY_BACKEND[backend]]
     for key, fields in llm_args.NESTED.items():
         out += [f"{key}.{k}: not a field" for k in options.get(key, {}) if k not in fields]
+    fields = llm_args.ARGS_BY_BACKEND[backend]
+    for key, reads in llm_args.SERVER_READS_WHEN_SET.items():
+        if options.get(key):
+            out += [f"{key}: trtllm-serve then reads {r}, which the {backend} backend's LLM args lack "
+                    f"({llm_args.OPENAI_SERVER_SOURCE}; NVIDIA/TensorRT-LLM #9678)" for r in reads if r not in fields]
     dtype = options.get("kv_cache_config", {}).get("dtype", "auto")
     if dtype not in llm_args.KV_CACHE_DTYPE_BY_BACKEND[backend]:
         out.append(f"kv_cache_config.dtype: {dtype} is not accepted by the {backend} backend")
@@ -165,3 +170,13 @@ def test_llm_args_check_refuses_what_the_release_refuses():
     assert llm_args_problems("tensorrt", {"kv_cache_config": {"dtype": "fp8"}})
     assert llm_args_problems("pytorch", {"kv_cache_config": {"fp8": True}})
     assert llm_args_problems("pytorch", {"kv_cache_config": {"dtype": "int8"}})
+    # A field of both backends that makes the server read one only the PyTorch backend has (#9678).
+    assert llm_args_problems("tensorrt", {"return_perf_metrics": True})
+    assert not llm_args_problems("pytorch", {"return_perf_metrics": True})
+
+
+@pytest.mark.parametrize("backend", list(Backend), ids=lambda v: v.value)
+def test_no_per_request_perf_metrics_are_asked_for(cfg, backend):
+    """Nothing in Fleetcast reads them (the gateway refuses /perf_metrics), so no backend is asked to keep them."""
+    e = cfg.engine.model_copy(update={"backend": backend})
+    assert "return_perf_metrics" not in trtllm.extra_llm_api_options(e)

@@ -68,3 +68,14 @@ NESTED = {"kv_cache_config": KV_CACHE_CONFIG, "lora_config": LORA_CONFIG}
 
 # kv_cache_config.dtype values each backend's validators accept and act on.
 KV_CACHE_DTYPE_BY_BACKEND = {"tensorrt": frozenset({"auto"}), "pytorch": frozenset({"auto", "fp8"})}
+
+# Fields trtllm-serve itself reads from the args object when an option is on, so the option is only safe
+# where the backend's args class has them. tensorrt_llm/serve/openai_server.py, OpenAIServer's LLM set-up
+# (stored versions index id 456200087, the 1.1 line with `self.llm`, and 36409600292, a later one with
+# `self.generator`): `if ...args.return_perf_metrics:` ... `max_perf_metrics = ...args.perf_metrics_max_requests`.
+# perf_metrics_max_requests is a TorchLlmArgs field in 1.1/1.2 (above), so on the TensorRT backend
+# trtllm-serve dies at startup with AttributeError: NVIDIA/TensorRT-LLM issue #9678 (release:1.2.0rc2);
+# PR #10662 (merged January 2026) moves the field to BaseLlmArgs, and whether 1.2.1 carries it is not known,
+# so the check assumes it does not.
+SERVER_READS_WHEN_SET = {"return_perf_metrics": ("perf_metrics_max_requests",)}
+OPENAI_SERVER_SOURCE = "tensorrt_llm/serve/openai_server.py"

@@ -1,0 +1,105 @@
+"""The CDK Pipelines example's Synth step runs its own commands in a shell with only what CodeBuild's image has.
+
+CodeBuild's standard image brings python3 (with pip and venv) and Node.js with npm; it has no `cdk`, no virtual
+environment and no aws_cdk. The step used to run `make synth` and then `cdk synth -a 'python ...'`, neither of
+which such a shell can run. Here a copy of the checkout gets the pipeline's own commands, in order, under a PATH of
+python3 (the interpreter this venv was made from, which has no aws_cdk), node, npm and npx, and /usr/bin:/bin.
+
+Two commands reach a package registry in CodeBuild, and the tests run with none: they are replaced by what they
+would install, from this checkout. `npm ci` by the checkout's node_modules (the same package-lock.json: the
+pinned CDK CLI that `npx cdk` then runs), and `.venv/bin/pip install .` by the wheel of this checkout installed
+into that venv without its dependencies, which it reaches through a .pth file (tests/examples/conftest.py).
+Every other command runs as the pipeline writes it.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from aws_cdk import App
+
+from .conftest import ROOT, install_wheel
+
+EXAMPLE = ROOT / "examples" / "cdk-app" / "pipeline.py"
+SYNTH_TIMEOUT_S = 480
+COPY_IGNORED = (".venv", "node_modules", "cdk.out*", "build", "dist", "*.egg-info", "__pycache__", ".git",
+                ".pytest_cache", ".mypy_cache", ".ruff_cache", ".hypothesis")
+
+
+def _pipeline():
+    spec = importlib.util.spec_from_file_location("cdk_app_pipeline_synth", EXAMPLE)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _clean_path(tmp: Path) -> str:
+    """python3, node, npm and npx, then the system's own directories: no cdk and no venv."""
+    bin_dir = tmp / "codebuild-bin"
+    bin_dir.mkdir()
+    base_python = Path(sys.base_prefix) / "bin" / f"python{sys.version_info.major}.{sys.version_info.minor}"
+    (bin_dir / "python3").symlink_to(base_python)
+    for tool in ("node", "npm", "npx"):
+        found = shutil.which(tool)
+        assert found, f"{tool} is not on PATH: the Synth step needs Node.js as CodeBuild has it"
+        (bin_dir / tool).symlink_to(found)
+    return os.pathsep.join([str(bin_dir), "/usr/bin", "/bin"])
+
+
+def test_the_synth_step_commands_run_in_a_codebuild_like_shell(wheel, tmp_path):
+    pipeline = _pipeline()
+    app = App(outdir=str(tmp_path / "in-process"))
+    stack = pipeline.build(app)
+    commands = list(stack.pipeline.synth.commands)
+    assert commands == list(pipeline.SYNTH_COMMANDS)
+
+    work = tmp_path / "checkout"
+    shutil.copytree(ROOT, work, ignore=shutil.ignore_patterns(*COPY_IGNORED), symlinks=True)
+    path = _clean_path(tmp_path)
+    env = {"PATH": path, "HOME": str(tmp_path / "home"), "LANG": "C.UTF-8",
+           "JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION": os.environ.get(
+               "JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION", "")}
+    # The shell is what the claim is about: no cdk, and a python3 without aws_cdk.
+    assert shutil.which("cdk", path=path) is None
+    probe = subprocess.run(["python3", "-c", "import aws_cdk"], env=env, capture_output=True, timeout=60)
+    assert probe.returncode != 0, "the base interpreter has aws_cdk: the shell would not be CodeBuild's"
+
+    def npm_ci() -> None:
+        shutil.copytree(ROOT / "node_modules", work / "node_modules", symlinks=True)
+
+    def pip_install() -> None:
+        install_wheel(work / ".venv" / "bin" / "python", wheel)
+
+    registry_free = {"npm ci": npm_ci, ".venv/bin/pip install .": pip_install}
+    assert set(registry_free) <= set(commands), "the pipeline no longer runs a command this test stands in for"
+    for command in commands:
+        if command in registry_free:
+            registry_free[command]()
+            continue
+        done = subprocess.run(["bash", "-e", "-c", command], cwd=work, env=env, capture_output=True, text=True,
+                              timeout=SYNTH_TIMEOUT_S)
+        assert done.returncode == 0, f"{command}\n{done.stdout[-2000:]}\n{done.stderr[-4000:]}"
+
+    manifest = json.loads((work / "cdk.out" / "manifest.json").read_text())
+    assert "fleetcast-pipeline" in manifest["artifacts"]
+    assert (work / "cdk.out" / "fleetcast-pipeline.template.json").is_file()
+
+
+@pytest.mark.parametrize("account", ["123456789012", "210987654321"])
+def test_the_pipelines_acknowledgments_follow_its_account(account, tmp_path):
+    """Replacing the example account id, as the example asks, still synthesizes with cdk-nag on: the
+    acknowledgments name the account's log groups, roles and cross-region replication buckets."""
+    pipeline = _pipeline()
+    app = App(outdir=str(tmp_path))
+    stack = pipeline.build(app, account=account)
+    app.synth()  # raises on any unacknowledged cdk-nag finding
+    template = (tmp_path / "fleetcast-pipeline.template.json").read_text()
+    assert account in template and pipeline.PIPELINE_ACCOUNT not in template
+    assert stack.account == account
