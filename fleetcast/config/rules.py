@@ -18,7 +18,7 @@ from fleetcast.contract import support
 from fleetcast.contract.serving import GIB
 
 from . import catalog
-from .model import Backend, ExistingVpc, FleetConfig, KvCacheDtype, Pool, SpotSpec
+from .model import Backend, ExistingVpc, FleetConfig, KvCacheDtype, Pool, Slo, SpotSpec
 
 Path = tuple[str | int, ...]
 
@@ -40,6 +40,7 @@ def check(cfg: FleetConfig) -> list[ConfigIssue]:
     issues: list[ConfigIssue] = []
     issues += _model_limits(cfg)
     issues += _models(cfg)
+    issues += _served_models(cfg)
     issues += _regions(cfg)
     issues += _pools(cfg)
     issues += _serves(cfg)
@@ -123,6 +124,37 @@ def _models(cfg: FleetConfig) -> list[ConfigIssue]:
                     f"{consumer.name} may not call {model_id!r} (unknown, or not among its models' consumers), so a "
                     f"limit on it would never apply; allowed: {', '.join(allowed) or 'none'}"))
     return out
+def served_in(cfg: FleetConfig) -> dict[str, set[str]]:
+    """Region -> the ids of the models its pools serve (every pool of a region serves the same ones)."""
+    known = {m.id for m in cfg.models}
+    return {r.region: {s.model for p in r.pools for s in cfg.serves_of(p)} & known for r in cfg.regions}
+
+
+def _served_models(cfg: FleetConfig) -> list[ConfigIssue]:
+    """Every model is served somewhere, and an entitlement names a model its consumer's region serves: else the
+    consumer's request answers model_not_found although the config grants it."""
+    out: list[ConfigIssue] = []
+    served = served_in(cfg)
+    anywhere = set().union(*served.values()) if served else set()
+    service_region = {c.name: c.service_region for c in cfg.consumers}
+    for i, model in enumerate(cfg.models):
+        if model.id not in anywhere:
+            adapters = f" (nor its adapters {', '.join(a.id for a in model.adapters)})" if model.adapters else ""
+            out.append(ConfigIssue(("models", i, "id"),
+                f"no pool serves {model.id}{adapters}: every pool names its models in `serves` and none names it, "
+                f"so a request for it would answer model_not_found; allowed: add {{model: {model.id}}} to the "
+                "serves of each pool of a region that should serve it, or remove the model"))
+            continue  # its entitlements follow from this one mistake
+        for k, name in enumerate(model.consumers or ()):
+            region = service_region.get(name)
+            if region is not None and region in served and model.id not in served[region]:
+                out.append(ConfigIssue(("models", i, "consumers", k),
+                    f"{name} reaches {region} (its service_region), where no pool serves {model.id}: its requests "
+                    f"for it would answer model_not_found; allowed: serve {model.id} in {region}, or remove "
+                    f"{name} from this list (models served there: {', '.join(sorted(served[region])) or 'none'})"))
+    return out
+
+
 def _regions(cfg: FleetConfig) -> list[ConfigIssue]:
     out: list[ConfigIssue] = []
     counts = Counter(r.region for r in cfg.regions)
@@ -665,13 +697,18 @@ SLO_FLOOR_MS = 1.0
 
 
 def _slo_units(cfg: FleetConfig) -> list[ConfigIssue]:
+    """The one floor for every SLO: the fleet's and each model's own."""
+    slos: list[tuple[Path, Slo]] = [(("slo",), cfg.slo)]
+    slos += [(("models", i, "slo"), m.slo) for i, m in enumerate(cfg.models) if m.slo is not None]
     out = []
-    for field in ("ttft_p99_ms", "itl_p99_ms"):
-        value = getattr(cfg.slo, field)
-        if value < SLO_FLOOR_MS:
-            out.append(ConfigIssue(("slo", field),
-                f"{value:g} ms is below {SLO_FLOOR_MS:g} ms, faster than any model answers across a network: is it "
-                f"seconds? {value:g} s is {value * 1000:g} ms; allowed: milliseconds, at least {SLO_FLOOR_MS:g}"))
+    for where, slo in slos:
+        for field in ("ttft_p99_ms", "itl_p99_ms"):
+            value = getattr(slo, field)
+            if value < SLO_FLOOR_MS:
+                out.append(ConfigIssue(where + (field,),
+                    f"{value:g} ms is below {SLO_FLOOR_MS:g} ms, faster than any model answers across a network: is "
+                    f"it seconds? {value:g} s is {value * 1000:g} ms; allowed: milliseconds, at least "
+                    f"{SLO_FLOOR_MS:g}"))
     return out
 
 
