@@ -427,3 +427,9 @@ def test_a_per_model_slo_in_seconds_is_refused_by_the_fleet_slo_rule(multi):
     fleet_msg = [p for p in problems(fleet) if p.startswith("slo.ttft_p99_ms:")][0]
     assert fleet_msg.split(": ", 1)[1].replace("0.3", "X").replace("300", "Y") == \
         msg.split(": ", 1)[1].replace("0.15", "X").replace("150", "Y")
+
+
+def test_a_misnamed_serve_is_one_problem_not_also_an_unserved_model_or_a_packing_mismatch(multi):
+    multi["regions"][0]["pools"][1]["serves"][0]["model"] = "gpt2-xxl"
+    (msg,) = problems(multi)
+    assert msg.startswith("regions[0].pools[1].serves[0].model:") and "'gpt2-xxl' is not a model" in msg
