@@ -73,6 +73,27 @@ class _TooLarge(Exception):
         self.path = path
 
 
+class _BadKey(Exception):
+    def __init__(self, message: str, path: tuple[Any, ...], line: int | None):
+        super().__init__(message)
+        self.path, self.line = path, line
+
+
+def _key_problem(key: Any) -> str:
+    """Every key of a fleet config is text (field names, tag keys, model ids, region names). YAML reads an unquoted
+    true/false, number or ~ key as a boolean, number or null (YAML 1.2 core schema; under a `%YAML 1.1` directive
+    also yes/no/on/off), and str() of it would turn `true` into a tag `True`: the key is refused, not rewritten."""
+    if isinstance(key, bool):
+        shown = "true" if key else "false"
+        what = (f"the boolean {shown} (written {shown}, or {'yes/on' if key else 'no/off'} under a %YAML 1.1 "
+                "directive)")
+    elif key is None:
+        shown, what = "null", "null (written ~, null or nothing)"
+    else:
+        shown, what = str(key), f"the {'number' if isinstance(key, (int, float)) else type(key).__name__} {key}"
+    return f"a key YAML reads as {what}, not as text; allowed: a text key: quote it as written, e.g. '{shown}': ..."
+
+
 def _walk(doc: Any) -> tuple[Any, dict[tuple[Any, ...], int]]:
     """Plain dicts/lists of the round-trip document and the 1-based line of every path.
 
@@ -92,7 +113,15 @@ def _walk(doc: Any) -> tuple[Any, dict[tuple[Any, ...], int]]:
                                 "a few hundred", path)
             out = {}
             for key in node:
-                here = path + (str(key),)
+                if not isinstance(key, str):
+                    line = None
+                    if isinstance(node, CommentedMap):
+                        try:
+                            line = node.lc.key(key)[0] + 1
+                        except (KeyError, TypeError):
+                            pass
+                    raise _BadKey(_key_problem(key), path, line)
+                here = path + (key,)
                 if isinstance(node, CommentedMap):
                     try:
                         lines[here] = node.lc.key(key)[0] + 1
@@ -466,6 +495,9 @@ def read_document(path: str | Path, raw: bytes | None = None) -> tuple[Any, dict
         raise refuse("the file is empty")
     try:
         return _walk(doc)
+    except _BadKey as exc:
+        raise ConfigError(str(path), [ConfigIssue(exc.path, str(exc))], {exc.path: exc.line} if exc.line else None) \
+            from None
     except _TooLarge as exc:
         where = ".".join(map(str, exc.path))
         raise refuse(f"{where}: {exc}" if where else str(exc)) from None

@@ -137,3 +137,23 @@ def test_an_oversized_config_is_blamed_on_what_makes_it_so(doc):
     doc["model"]["stage_patterns"] = ["".join(rng.choice(string.ascii_letters) for _ in range(200)) for _ in range(120)]
     msg = the_one(doc)
     assert msg.startswith("model.stage_patterns: the config is") and "SSM parameter" in msg
+
+
+@pytest.mark.parametrize("text,expected", [
+    ("tags: {true: yes}", "a key YAML reads as the boolean true"),
+    ("tags:\n  owner: a\n  2024: b", "a key YAML reads as the number 2024"),
+    ("tags: {~: b}", "a key YAML reads as null"),
+])
+def test_a_key_yaml_reads_as_a_boolean_number_or_null_is_refused_not_rewritten(tmp_path, text, expected):
+    # YAML 1.2 core schema: unquoted true/false, numbers and ~ are not strings; str() made `true` a tag `True`.
+    from fleetcast.config import ConfigError
+    from fleetcast.config.loader import read_document
+
+    path = tmp_path / "fleet.yaml"
+    path.write_text(f"version: 1\nname: keys\n{text}\n")
+    with pytest.raises(ConfigError) as exc:
+        read_document(path)
+    (issue,) = exc.value.issues
+    assert issue.dotted == "tags" and expected in issue.message and "quote it" in issue.message
+    path.write_text("version: 1\nname: keys\ntags: {'true': 'yes'}\n")
+    assert read_document(path)[0]["tags"] == {"true": "yes"}
