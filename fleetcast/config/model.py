@@ -20,6 +20,7 @@ from enum import Enum
 from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import (
+    AfterValidator,
     BaseModel,
     ConfigDict,
     Discriminator,
@@ -35,6 +36,7 @@ from pydantic import (
 )
 
 from fleetcast.contract import support
+from fleetcast.contract.model_ids import MODEL_ID_PATTERN, model_id_problem
 from fleetcast.contract.serving import GIB
 
 from .schedule import schedule_problem, unix_cron_problem
@@ -248,11 +250,17 @@ class Slo(Frozen):
     error_rate: float = Field(default=0.01, ge=0, lt=1, description="Highest tolerated share of failed requests.")
 
 
-# A model or adapter id is what consumers send as the OpenAI `model` value and what names the model's S3
-# prefix (models/<id>/<revision>/) and engine cache key: the OpenAI API takes any string there, so the id is
-# held to the subset that is also a plain path segment.
-MODEL_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
-ModelId = Annotated[str, StringConstraints(pattern=MODEL_ID_PATTERN)]
+# A model or adapter id is what consumers send as the OpenAI `model` value (hub-style org/name and fine-tune
+# ids with colons included); every name derived from it (S3 prefixes, the engine cache key, alarm names)
+# takes its slug: fleetcast/contract/model_ids.py, the one home of both.
+def _check_model_id(value: str) -> str:
+    problem = model_id_problem(value)
+    if problem:
+        raise ValueError(problem)
+    return value
+
+
+ModelId = Annotated[str, AfterValidator(_check_model_id), Field(json_schema_extra={"pattern": MODEL_ID_PATTERN})]
 
 
 def _check_weights_source(value: str) -> str:
@@ -289,9 +297,10 @@ class AdapterSpec(Frozen):
 class ModelSpec(Frozen):
     """One served model: its weights, length limits, engine settings and who may call it."""
 
-    id: str = Field(description="The OpenAI `model` value consumers send; also names the model's cache keys and "
-                                "staged prefix, e.g. gpt2-xl. Unique in `models`.",
-                    pattern=MODEL_ID_PATTERN)
+    id: ModelId = Field(description="The OpenAI `model` value consumers send, e.g. gpt2-xl, Qwen/Qwen2.5-0.5B-Instruct "
+                                "or ft:gpt-3.5-turbo:acme::8abc1234: letters, digits and . _ - : /, at most 64. "
+                                "Its slug (other characters as !hex) names its cache keys and staged prefix. Unique "
+                                "among models and adapters.")
     family: ModelFamily = Field(description="Architecture family; decides which TensorRT-LLM flow can serve it.")
     source: str = Field(
         description="Where staging takes the weights from: a hub id (org/name) or an s3:// URI. Instances never "

@@ -929,6 +929,29 @@ def _stage_patterns(cfg: FleetConfig) -> list[ConfigIssue]:
     return out
 
 
+def _model_alarm_names(cfg: FleetConfig) -> list[ConfigIssue]:
+    """A pool serving several models alarms on each (stacks/fleet_alarms.py): its name holds the model's slug,
+    which a long id with many escaped characters can push past CloudWatch's 255."""
+    from fleetcast.contract.names import ALARM_NAME_MAX, model_alarm_name
+
+    out: list[ConfigIssue] = []
+    blamed: set[str] = set()
+    index = {m.id: k for k, m in enumerate(cfg.models)}
+    for region in cfg.regions:
+        for pool in region.pools:
+            served = [s.model for s in cfg.serves_of(pool) if s.model in index]
+            for model_id in served if len(served) > 1 else ():
+                name = model_alarm_name(cfg.name, region.region, pool.name, model_id, "ttft-p99")
+                if len(name) > ALARM_NAME_MAX and model_id not in blamed:  # once per model: its id is the fix
+                    blamed.add(model_id)
+                    out.append(ConfigIssue(("models", index[model_id], "id"),
+                        f"the SLO alarm of {model_id} on pool {pool.name} in {region.region} would be named "
+                        f"{name!r}, {len(name)} characters; CloudWatch alarm names hold at most {ALARM_NAME_MAX} "
+                        "(characters other than letters, digits and . _ - count 3 each); allowed: a shorter id "
+                        "or pool name"))
+    return out
+
+
 # Declared apart: the assignment below is the line every new rule edits.
 AWS_LIMIT_RULES: tuple[Callable[[FleetConfig], list[ConfigIssue]], ...]
 AWS_LIMIT_RULES = (_slo_units, _lambda_descriptions, _stack_resources, _calibration_dataset, _accounts, _network_overlaps, _subnet_space, _subnets, _warm_pools, _scaling_targets, _tags,
@@ -970,4 +993,4 @@ def _image_reference(cfg: FleetConfig) -> list[ConfigIssue]:
 
 
 AWS_LIMIT_RULES = AWS_LIMIT_RULES + (_image_reference, _private_ranges, _certificates, _allowed_regions_once,
-                                     _consumer_identities, _regional_amis, _stage_patterns)
+                                     _consumer_identities, _regional_amis, _stage_patterns, _model_alarm_names)

@@ -197,7 +197,39 @@ def test_an_adapter_id_may_not_reuse_a_model_id(multi):
 def test_a_model_id_must_be_a_plain_openai_model_name(multi):
     multi["models"][0]["id"] = "gpt2 xl/v1"
     (msg,) = [p for p in problems(multi) if p.startswith("models[0].id")]
-    assert "malformed" in msg
+    assert "is not a model id: 1-64 of letters, digits and . _ - : /" in msg
+
+
+def rename(doc: dict, old: str, new: str) -> dict:
+    """`doc` with model `old` called `new` wherever the config names it."""
+    for model in doc["models"]:
+        if model["id"] == old:
+            model["id"] = new
+    for region in doc["regions"]:
+        for pool in region["pools"]:
+            for serve in pool.get("serves", []):
+                if serve["model"] == old:
+                    serve["model"] = new
+    return doc
+
+
+def test_hub_and_fine_tune_ids_are_model_ids(multi):
+    # What OpenAI and vLLM users name models: org/name (the hub's) and ft:base:org::id (OpenAI's fine-tunes).
+    rename(multi, "qwen2.5-0.5b", "Qwen/Qwen2.5-0.5B-Instruct")
+    rename(multi, "gpt2-xl", "ft:gpt-3.5-turbo:acme::8abc1234")
+    multi["models"][2]["adapters"] = [{"id": "acme/qwen-3b:support", "source": "org/qwen-lora"}]
+    multi["consumers"][1]["limits"] = {"models": {"Qwen/Qwen2.5-0.5B-Instruct": {"max_concurrency": 4}}}
+    cfg = parse_config(multi)
+    assert cfg.models_for("voice-app") == ("ft:gpt-3.5-turbo:acme::8abc1234", "Qwen/Qwen2.5-0.5B-Instruct",
+                                           "qwen2.5-3b", "acme/qwen-3b:support")
+
+
+def test_a_model_alarm_name_past_cloudwatchs_limit_is_refused_naming_the_model(multi):
+    long_id = "a" + ":" * 63  # 64 characters, 63 of them escaped to 3 each in the alarm name
+    rename(multi, "qwen2.5-0.5b", long_id)
+    multi["regions"][0]["pools"][0]["name"] = "l40s-pool-with-a-long-name-xxxxx"
+    (msg,) = problems(multi)
+    assert msg.startswith("models[1].id:") and "CloudWatch alarm names hold at most 255" in msg
 
 
 def test_entitlements_name_existing_consumers(multi):
