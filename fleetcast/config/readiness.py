@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from .model import FleetConfig
-from .rules import ConfigIssue
+from .rules import DOCUMENTATION_NETWORKS, ConfigIssue
 
 # Placeholders are recognized by rule where one exists, so a new example in AWS's pages or in init's output is
 # caught without a list to keep:
@@ -51,7 +51,6 @@ EXAMPLE_BUCKET_PREFIXES = ("amzn-s3-demo-", "doc-example-")
 EXAMPLE_BUCKETS = frozenset({"examplebucket", "example-bucket", "amzn-s3-demo-bucket"})
 DOCUMENTATION_DOMAINS = ("example.com", "example.net", "example.org")
 DOCUMENTATION_TLDS = ("example", "test", "invalid", "localhost")
-DOCUMENTATION_NETWORKS = tuple(ipaddress.IPv4Network(n) for n in ("192.0.2.0/24", "198.51.100.0/24", "203.0.113.0/24"))
 
 
 def _steps(text: str, alphabet: str, modulo: int) -> list[int]:

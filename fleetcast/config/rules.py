@@ -800,6 +800,9 @@ def _stack_resources(cfg: FleetConfig) -> list[ConfigIssue]:
 # beside "any publicly routable IPv4 CIDR block (non-RFC 1918)". Fleetcast's networks are private by design
 # (PrivateLink, no internet path): a publicly routable block here is a typo or a pasted public range, and its
 # addresses would shadow the real internet hosts for the VPC. Allowed: the private ranges AWS names.
+# The IPv4 blocks reserved for documentation (RFC 5737), which `fleetcast config init` writes for the consumer
+# ranges it cannot know: validate lets them pass, `validate --deploy` refuses them (config/readiness.py).
+DOCUMENTATION_NETWORKS = tuple(ipaddress.IPv4Network(n) for n in ("192.0.2.0/24", "198.51.100.0/24", "203.0.113.0/24"))
 VPC_FORBIDDEN_NETWORKS = tuple(ipaddress.IPv4Network(n) for n in ("0.0.0.0/8", "127.0.0.0/8", "169.254.0.0/16",
                                                                   "224.0.0.0/4"))
 PRIVATE_NETWORKS = tuple(ipaddress.IPv4Network(n) for n in ("10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16",
@@ -808,8 +811,6 @@ PRIVATE_NETWORKS = tuple(ipaddress.IPv4Network(n) for n in ("10.0.0.0/8", "172.1
 
 def cidr_range_problem(cidr: str) -> str | None:
     """Why `cidr` is no private network range a VPC can have, or None."""
-    from .readiness import DOCUMENTATION_NETWORKS
-
     net = ipaddress.IPv4Network(cidr)
     allowed = "allowed: a private range, within " + ", ".join(map(str, PRIVATE_NETWORKS))
     for reserved in VPC_FORBIDDEN_NETWORKS:
