@@ -305,7 +305,7 @@ class ModelSpec(Frozen):
     source: str = Field(
         description="Where staging takes the weights from: a hub id (org/name) or an s3:// URI. Instances never "
         "read it: they read the copy `fleetcast stage model` put in their region's bucket under "
-        "models/<id>/<revision>/.",
+        "models/<id slug>/<revision>/.",
     )
     revision: str = Field(
         description="Pinned revision (hub commit sha or tag) of the weights; part of the engine cache key.",
