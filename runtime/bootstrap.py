@@ -450,7 +450,7 @@ class Bootstrap:
             detail = str(exc) if isinstance(exc, ModelDimsError) else f"{config_path} is unreadable ({exc})"
             raise UserError(f"model {m.id}: cannot size the LoRA device cache of its adapters: {detail}") from None
         log.info("model %s: %d LoRA adapter(s) at %s; LoRA device cache %d bytes for %d of them (max_loras)", m.id,
-                 len(shapes), adapter_dir(str(self.env.local_root), m.id, "*"), cache_bytes, options["max_loras"])
+                 len(shapes), str(Path(adapter_dir(str(self.env.local_root), m.id, "x")).parent) + "/*", cache_bytes, options["max_loras"])
         return options, cache_bytes
 
     def abandon(self, exc: Exception) -> int:

@@ -61,6 +61,7 @@ from s3transfer.exceptions import RetriesExceededError as TransferRetriesExceede
 from fleetcast.contract import bucket as bucket_layout
 from fleetcast.contract.instance_env import Var, default
 from fleetcast.contract.manifest import MANIFEST_NAME, Manifest, build_manifest, verify_tree
+from fleetcast.contract.model_ids import model_slug
 
 log = logging.getLogger("fleetcast.engine_cache")
 _T = TypeVar("_T")
@@ -137,9 +138,10 @@ class CacheInputs:
 
     @property
     def key(self) -> str:
-        """Readable prefix (model, precision, GPU arch) plus a hash of every input."""
+        """Readable prefix (model slug, precision, GPU arch) plus a hash of every input. The slug keeps the key one
+        S3 key segment and one directory (fleetcast/contract/model_ids.py); the hash holds the id itself."""
         arch = "sm" + self.compute_capability.replace(".", "")
-        return f"{self.model_id}-{self.precision}-{arch}-{self.digest()[:20]}"
+        return f"{model_slug(self.model_id)}-{self.precision}-{arch}-{self.digest()[:20]}"
 
 
 # ---------------------------------------------------------------- settings & results

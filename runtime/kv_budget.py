@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from fleetcast.contract.errors import UserError
-from fleetcast.contract.serving import GIB, PROCESS_OVERHEAD_BYTES
+from fleetcast.contract.serving import GIB, PROCESS_OVERHEAD_BYTES, kv_bytes_per_token as kv_bytes_per_token_of
 
 if TYPE_CHECKING:  # annotations only
     from fleetcast.contract.serving import ProcessSlot
@@ -69,7 +69,7 @@ def kv_bytes_per_token(artifact: Path, backend: str, kv_cache_dtype: str) -> int
     else:
         dtype = str(config.get("dtype") or config.get("torch_dtype") or "float16").lower()
         element = _KV_ELEMENT_BYTES.get(dtype, 2)
-    return 2 * layers * kv_heads * head_size * element
+    return kv_bytes_per_token_of(layers, kv_heads * head_size, element)
 
 
 def max_tokens_for(budget_bytes: int, per_token: int) -> int:

@@ -69,6 +69,10 @@ def _validate(args: argparse.Namespace) -> int:
     pools = sum(len(r.pools) for r in cfg.regions)
     print(f"{args.file}: valid ({len(cfg.regions)} region(s), {pools} pool(s), {len(cfg.consumers)} consumer(s); "
           f"digest {cfg.digest()[:12]})")
+    from fleetcast.config.kv_room import kv_room_warnings
+
+    for warning in kv_room_warnings(cfg):  # allowed, but worth knowing before a deploy
+        print(f"warning: {warning.dotted}: {warning.message}")
     if not args.deploy:
         return 0
     from fleetcast.config.readiness import access_with_credentials, check_readiness, line_index

@@ -105,6 +105,9 @@ def summarize(cfg, stacks: dict[str, dict], out: Path) -> tuple[list[str], list[
                 lines.append(f"      {s.model.id} x{s.copies}: precision {s.engine.precision.value}, backend "
                              f"{s.engine.backend.value}, batch {s.engine.max_batch_size}{kv}")
 
+    from fleetcast.config.kv_room import kv_room_warnings
+
+    lines += [f"  warning: {w.dotted}: {w.message}" for w in kv_room_warnings(cfg)]
     lines.append("Consumers:")
     if not cfg.consumers:
         lines.append("  none")

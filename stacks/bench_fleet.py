@@ -34,6 +34,7 @@ from fleetcast.contract.bucket import bench_packed_key, bench_results_key, packe
 from fleetcast.contract.context import Context, is_true
 from fleetcast.contract.errors import UserError
 from fleetcast.contract.instance_env import Var
+from fleetcast.contract.model_ids import model_slug
 
 from .gpu_fleet import GpuFleet, asg_name
 
@@ -155,7 +156,8 @@ def _packed_env(cfg: FleetConfig, pool, key: str) -> tuple[dict[Var, str], list[
     env = {
         Var.BENCH_MODELS: ",".join(f"{m}:{port}:{precision}:{backend}" for m, port, precision, backend in models),
         Var.BENCH_MODEL_MIX: ",".join(f"{m}:{share:g}" for (m, *_), share in zip(models, shares)),
-        Var.BENCH_PACKING: ",".join(f"{s.model.id}:{s.copies}" + ("" if s.kv_cache_bytes is None else
+        # MODEL:COPIES[:KV_GIB]: an id with ':' goes as its slug, which parse_packing reads back.
+        Var.BENCH_PACKING: ",".join(f"{model_slug(s.model.id)}:{s.copies}" + ("" if s.kv_cache_bytes is None else
                                                                    f":{s.kv_cache_bytes / GIB:g}") for s in served),
     }
     results = [packed_model_key(key, m, precision, together) for m, _, precision, _ in models

@@ -33,6 +33,7 @@ from constructs import Construct
 
 from fleetcast.config import FleetConfig, Pool
 from fleetcast.contract import telemetry
+from fleetcast.contract.names import model_alarm_name, pool_alarm_prefix
 
 from .fleet_metrics import ONE_MINUTE, runtime_metric, target_group_metric
 
@@ -55,16 +56,16 @@ class PoolAlarms(Construct):
     def __init__(self, scope: Construct, construct_id: str, *, cfg: FleetConfig, region: str, pool: Pool,
                  topic: sns.ITopic) -> None:
         super().__init__(scope, construct_id)
-        prefix = f"{cfg.name}-{region}-{pool.name}"
+        prefix = pool_alarm_prefix(cfg.name, region, pool.name)
 
         def metric(name: str, statistic: str, period: Duration = ONE_MINUTE) -> cloudwatch.Metric:
             return runtime_metric(cfg.name, pool.name, name, statistic, period=period)
 
         def slo_alarm(alarm_id: str, name: str, threshold: float, description: str,
-                      watched: cloudwatch.IMetric) -> cloudwatch.Alarm:
+                      watched: cloudwatch.IMetric, full_name: str | None = None) -> cloudwatch.Alarm:
             return _notify(cloudwatch.Alarm(
                 self, alarm_id,
-                alarm_name=f"{prefix}-{name}",
+                alarm_name=full_name or f"{prefix}-{name}",
                 alarm_description=description,
                 metric=watched,
                 threshold=threshold,
@@ -108,14 +109,16 @@ class PoolAlarms(Construct):
             slo = s.model.slo or cfg.slo
             where = f"models[{s.model.id}].slo" if s.model.slo else "slo"
             self.model_alarms[s.model.id] = (
-                slo_alarm(f"Model{k}TtftP99", f"{s.model.id}-ttft-p99", slo.ttft_p99_ms,
+                slo_alarm(f"Model{k}TtftP99", "", slo.ttft_p99_ms,
                           f"P99 time to first token of {s.model.id} on {pool.name} above its SLO "
                           f"({where}.ttft_p99_ms = {slo.ttft_p99_ms:g} ms).",
-                          runtime_metric(cfg.name, pool.name, telemetry.TTFT_MS, "p99", model=s.model.id)),
-                slo_alarm(f"Model{k}ItlP99", f"{s.model.id}-itl-p99", slo.itl_p99_ms,
+                          runtime_metric(cfg.name, pool.name, telemetry.TTFT_MS, "p99", model=s.model.id),
+                          model_alarm_name(cfg.name, region, pool.name, s.model.id, "ttft-p99")),
+                slo_alarm(f"Model{k}ItlP99", "", slo.itl_p99_ms,
                           f"P99 inter-token latency of {s.model.id} on {pool.name} above its SLO "
                           f"({where}.itl_p99_ms = {slo.itl_p99_ms:g} ms).",
-                          runtime_metric(cfg.name, pool.name, telemetry.ITL_MS, "p99", model=s.model.id)),
+                          runtime_metric(cfg.name, pool.name, telemetry.ITL_MS, "p99", model=s.model.id),
+                          model_alarm_name(cfg.name, region, pool.name, s.model.id, "itl-p99")),
             )
         self.build_failures = _notify(cloudwatch.Alarm(
             self, "BuildFailures",
@@ -229,7 +232,7 @@ class SpotAlarms(Construct):
     def __init__(self, scope: Construct, construct_id: str, *, cfg: FleetConfig, region: str, pool: Pool,
                  on_demand: autoscaling.IAutoScalingGroup, topic: sns.ITopic) -> None:
         super().__init__(scope, construct_id)
-        prefix = f"{cfg.name}-{region}-{pool.name}"
+        prefix = pool_alarm_prefix(cfg.name, region, pool.name)
 
         def metric(name: str, statistic: str, period: Duration) -> cloudwatch.Metric:
             return runtime_metric(cfg.name, pool.name, name, statistic, period=period)

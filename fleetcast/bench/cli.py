@@ -290,8 +290,11 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def mix_out_path(out, model: str):
-    """Where a --model-mix run writes `model`'s results: --out's name with the model appended (r.json -> r-gpt2-xl.json)."""
-    return out.with_name(f"{out.stem}-{model}{out.suffix or '.json'}")
+    """Where a --model-mix run writes `model`'s results: --out's name with the model's slug appended (r.json ->
+    r-gpt2-xl.json; Qwen/Qwen2.5 -> r-Qwen!2fQwen2.5.json, one file, not a directory)."""
+    from fleetcast.contract.model_ids import model_slug
+
+    return out.with_name(f"{out.stem}-{model_slug(model)}{out.suffix or '.json'}")
 
 
 def _run_mix(args: argparse.Namespace, opts, cfg, out, log) -> int:

@@ -76,7 +76,7 @@ def packed_models(env: dict[str, str]) -> list[tuple[str, int, str, str]]:
     """(model, port, precision, backend) of each model a packed bench instance serves (FLEETCAST_BENCH_MODELS)."""
     out = []
     for entry in filter(None, env.get(Var.BENCH_MODELS, "").split(",")):
-        model, port, precision, backend = entry.split(":")
+        model, port, precision, backend = entry.rsplit(":", 3)  # the id may hold ':' (ft:...)
         out.append((model, int(port), precision, backend))
     return out
 
@@ -87,6 +87,7 @@ def packed_runs(env: dict[str, str], out_dir: Path) -> list[tuple[list[str], dic
     below the number of models dropped: each model needs a worker)."""
     from fleetcast.bench.cli import mix_out_path
     from fleetcast.contract.bucket import packed_model_key
+    from fleetcast.contract.model_ids import model_slug
 
     models = packed_models(env)
     key = env[Var.BENCH_KEY]
@@ -99,7 +100,7 @@ def packed_runs(env: dict[str, str], out_dir: Path) -> list[tuple[list[str], dic
     levels = env.get(Var.BENCH_CONCURRENCY, bench.CONCURRENCY)
     runs = []
     for model, port, precision, backend in models:
-        out = out_dir / f"alone-{model}.json"
+        out = out_dir / f"alone-{model_slug(model)}.json"  # one file name, whatever the id holds
         runs.append((["bench", "run", "--endpoint", f"http://127.0.0.1:{port}", "--model", model,
                       "--concurrency", levels, "--label", f"precision={precision}", "--label", f"backend={backend}",
                       "--rtt-probe", "--out", str(out), *common],

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import math
-import re
 import time
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -49,8 +48,9 @@ from fleetcast.bench.schema import (
     SloSpec,
     Summary,
 )
-from fleetcast.config.model import GIB, MODEL_ID_PATTERN
+from fleetcast.config.model import GIB
 from fleetcast.contract.errors import UserError
+from fleetcast.contract.model_ids import model_id_of, model_id_problem
 
 FLAG = "--model-mix"
 # Shares are written with a few decimals ("0.7,0.2,0.1"); their sum is 1 within what such decimals can miss.
@@ -78,8 +78,8 @@ def parse_model_mix(spec: str) -> dict[str, float]:
         model, sep, value = part.rpartition(":")
         if not sep or not model:
             raise UserError(f"{FLAG} {spec!r}: {part!r} is not MODEL:SHARE (e.g. gpt2-xl:0.7,qwen2.5-1.5b:0.3)")
-        if not re.fullmatch(MODEL_ID_PATTERN, model):
-            raise UserError(f"{FLAG}: {model!r} is not a model id (letters, digits, '.', '_', '-')")
+        if model_id_problem(model):
+            raise UserError(f"{FLAG}: {model_id_problem(model)}")
         try:
             share = float(value)
         except ValueError:
@@ -161,15 +161,17 @@ def split_counts(total: int, shares: dict[str, float], at_least: int = 1) -> dic
 
 
 def parse_packing(spec: str, instance_type: str | None, gpu: str | None) -> Packing:
-    """`--packing gpt2-xl:1:20,qwen2.5-1.5b:2` (MODEL:COPIES[:KV_GIB], comma-separated) -> Packing."""
+    """`--packing gpt2-xl:1:20,qwen2.5-1.5b:2` (MODEL:COPIES[:KV_GIB], comma-separated) -> Packing. A model id
+    with `:` (ft:...) is written as its slug (ft!3a..., fleetcast/contract/model_ids.py), as the bench stack does."""
     serves = []
     for part in (p.strip() for p in spec.split(",")):
         bits = part.split(":")
         if len(bits) not in (2, 3) or not bits[0]:
             raise UserError(f"--packing {spec!r}: {part!r} is not MODEL:COPIES[:KV_GIB] "
-                            "(e.g. gpt2-xl:1:20,qwen2.5-1.5b:2)")
-        if not re.fullmatch(MODEL_ID_PATTERN, bits[0]):
-            raise UserError(f"--packing: {bits[0]!r} is not a model id (letters, digits, '.', '_', '-')")
+                            "(e.g. gpt2-xl:1:20,qwen2.5-1.5b:2; a model id with ':' written as its slug, ft!3a...)")
+        bits[0] = model_id_of(bits[0])
+        if model_id_problem(bits[0]):
+            raise UserError(f"--packing: {model_id_problem(bits[0])}")
         try:
             copies = int(bits[1])
             kv = float(bits[2]) if len(bits) == 3 else None

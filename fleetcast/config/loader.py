@@ -25,7 +25,7 @@ from ruamel.yaml.error import MarkedYAMLError, YAMLError
 from fleetcast.contract.errors import UserError
 from fleetcast.contract.instance_env import PREFIX as ENV_PREFIX
 
-from .model import FleetConfig
+from .model import FieldProblem, FleetConfig
 from .parameter import decode_parameter
 from .rules import ConfigIssue, check
 
@@ -73,6 +73,27 @@ class _TooLarge(Exception):
         self.path = path
 
 
+class _BadKey(Exception):
+    def __init__(self, message: str, path: tuple[Any, ...], line: int | None):
+        super().__init__(message)
+        self.path, self.line = path, line
+
+
+def _key_problem(key: Any) -> str:
+    """Every key of a fleet config is text (field names, tag keys, model ids, region names). YAML reads an unquoted
+    true/false, number or ~ key as a boolean, number or null (YAML 1.2 core schema; under a `%YAML 1.1` directive
+    also yes/no/on/off), and str() of it would turn `true` into a tag `True`: the key is refused, not rewritten."""
+    if isinstance(key, bool):
+        shown = "true" if key else "false"
+        what = (f"the boolean {shown} (written {shown}, or {'yes/on' if key else 'no/off'} under a %YAML 1.1 "
+                "directive)")
+    elif key is None:
+        shown, what = "null", "null (written ~, null or nothing)"
+    else:
+        shown, what = str(key), f"the {'number' if isinstance(key, (int, float)) else type(key).__name__} {key}"
+    return f"a key YAML reads as {what}, not as text; allowed: a text key: quote it as written, e.g. '{shown}': ..."
+
+
 def _walk(doc: Any) -> tuple[Any, dict[tuple[Any, ...], int]]:
     """Plain dicts/lists of the round-trip document and the 1-based line of every path.
 
@@ -92,7 +113,15 @@ def _walk(doc: Any) -> tuple[Any, dict[tuple[Any, ...], int]]:
                                 "a few hundred", path)
             out = {}
             for key in node:
-                here = path + (str(key),)
+                if not isinstance(key, str):
+                    line = None
+                    if isinstance(node, CommentedMap):
+                        try:
+                            line = node.lc.key(key)[0] + 1
+                        except (KeyError, TypeError):
+                            pass
+                    raise _BadKey(_key_problem(key), path, line)
+                here = path + (key,)
                 if isinstance(node, CommentedMap):
                     try:
                         lines[here] = node.lc.key(key)[0] + 1
@@ -207,11 +236,14 @@ def _pydantic_issues(exc: ValidationError) -> list[ConfigIssue]:
     errors = exc.errors(include_url=False)
     for err in errors[: MAX_ISSUES * 4]:
         path, model = _resolve(tuple(err["loc"]))
+        blamed = (err.get("ctx") or {}).get("error")
+        if isinstance(blamed, FieldProblem):
+            path += blamed.field  # a model validator names the field it refuses
         msg = err["msg"]
         if err["type"] == "extra_forbidden":
             msg = _unknown_key_message(str(path[-1]) if path else "?", model)
         elif err["type"] == "missing":
-            msg = "required field is missing"
+            msg = "required field is missing" + _what_it_takes(model, path)
         elif err["type"] == "string_type" and isinstance(err.get("input"), (int, float)) and not isinstance(err.get("input"), bool):
             if path and path[-1] == "account":
                 msg = (f"got the number {err['input']}: quote it: account ids are strings of 12 digits, "
@@ -226,13 +258,18 @@ def _pydantic_issues(exc: ValidationError) -> list[ConfigIssue]:
             msg = f"{_short(err.get('input'))} is malformed; must match {err['ctx']['pattern']}"
         elif err["type"] == "finite_number":
             msg = f"got {err.get('input')!r}; a finite number is required"
+        elif err["type"] in _BOUND_WORDS:
+            msg = f"got {_short(err.get('input'))}; allowed: {_bounds(model, path, err)}"
         issues.append(ConfigIssue(path, msg))
         if err["type"] == "too_short":
-            issues[-1] = ConfigIssue(path, f"needs at least {err['ctx'].get('min_length')} item(s)")
+            given = err.get("input")
+            count = "an empty list; " if isinstance(given, (list, tuple, dict)) and not given else ""
+            issues[-1] = ConfigIssue(path, f"{count}needs at least {err['ctx'].get('min_length')} item(s)"
+                                           + _entry_keys(model, path))
     issues = _merge_scalar_unions(issues, errors[: MAX_ISSUES * 4])
     # A list whose items failed is also reported "too short": keep only the items' own errors.
     deeper = {i.path[:n] for i in issues for n in range(len(i.path))}
-    issues = [i for i in issues if not (i.message.startswith("needs at least") and i.path in deeper)]
+    issues = [i for i in issues if not ("needs at least" in i.message and i.path in deeper)]
     # A scalar union (ami-... or 'latest') reports each branch: keep them, one line per path+message.
     seen, unique = set(), []
     for issue in issues:
@@ -242,6 +279,52 @@ def _pydantic_issues(exc: ValidationError) -> list[ConfigIssue]:
     if len(errors) > MAX_ISSUES * 4:
         unique.append(ConfigIssue((), f"{len(errors) - MAX_ISSUES * 4} further schema errors not examined"))
     return unique
+
+
+# Pydantic's numeric bound errors ("Input should be greater than 0"), said as the range the field takes.
+_BOUND_WORDS = {"greater_than": "above", "greater_than_equal": "at least", "less_than": "below",
+                "less_than_equal": "at most"}
+
+
+def _field(model: type[BaseModel] | None, path: tuple[Any, ...]) -> Any:
+    name = next((p for p in reversed(path) if isinstance(p, str)), None)
+    return model.model_fields.get(name) if model is not None and name is not None else None
+
+
+def _bounds(model: type[BaseModel] | None, path: tuple[Any, ...], err: ErrorDetails) -> str:
+    """Every bound of the field ("above 0 and at most 4096"), or the one pydantic reported."""
+    import annotated_types
+
+    field = _field(model, path)
+    words = {annotated_types.Gt: ("above", "gt"), annotated_types.Ge: ("at least", "ge"),
+             annotated_types.Lt: ("below", "lt"), annotated_types.Le: ("at most", "le")}
+    found = [f"{words[type(m)][0]} {getattr(m, words[type(m)][1])}" for m in (field.metadata if field else ())
+             if type(m) in words]
+    if not found:
+        limit = next(iter((err.get("ctx") or {}).values()), "?")
+        found = [f"{_BOUND_WORDS[err['type']]} {limit}"]
+    return " and ".join(found)
+
+
+def _what_it_takes(model: type[BaseModel] | None, path: tuple[Any, ...]) -> str:
+    """What a missing field takes: its description's first sentence, and the keys an entry of a list needs."""
+    field = _field(model, path)
+    keys = _entry_keys(model, path)
+    keys = f"; a list of entries{keys}" if keys else ""
+    if field is None or not field.description:
+        return keys
+    return f": {field.description.split('. ')[0].rstrip('.')}" + keys
+
+
+def _entry_keys(model: type[BaseModel] | None, path: tuple[Any, ...]) -> str:
+    """For a list of models: the keys each entry needs."""
+    field = _field(model, path)
+    item = typing.get_args(_unwrap(field.annotation)) if field is not None else ()
+    entry = _unwrap(item[0]) if item else None
+    if isinstance(entry, type) and issubclass(entry, BaseModel):
+        required = [k for k, f in entry.model_fields.items() if f.is_required()]
+        return f", each with {', '.join(required)}" if required else ""
+    return ""
 
 
 def _merge_scalar_unions(issues: list[ConfigIssue], errors: list[ErrorDetails]) -> list[ConfigIssue]:
@@ -331,6 +414,19 @@ def _decode(raw: bytes) -> str:
     return text
 
 
+def _yaml_advice(text: str, exc: MarkedYAMLError) -> str:
+    """The parser's complaint, with how to fix the common ones."""
+    problem = str(exc.problem or exc)
+    mark = exc.problem_mark
+    if "'\\t'" in problem and mark is not None:
+        before = text.splitlines()[mark.line][:mark.column] if mark.line < len(text.splitlines()) else ""
+        if not before.strip():
+            return ("a tab indents this line; YAML indents with spaces only (YAML 1.2, 6.1 \"Indentation Spaces\"): "
+                    "replace each tab with spaces, e.g. two per level")
+        return "a tab where YAML allows none (it separates nothing here): replace it with a space"
+    return problem
+
+
 class _BoundedConstructor(RoundTripConstructor):
     """Round-trip constructor that refuses integers longer than any field needs, with their line."""
 
@@ -390,7 +486,7 @@ def read_document(path: str | Path, raw: bytes | None = None) -> tuple[Any, dict
     except MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         line = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
-        raise refuse(f"malformed YAML at {line}{exc.problem or exc}") from None
+        raise refuse(f"malformed YAML at {line}{_yaml_advice(text, exc)}") from None
     except YAMLError as exc:
         raise refuse(f"malformed YAML: {str(exc).splitlines()[0]}") from None
     except RecursionError:
@@ -399,6 +495,9 @@ def read_document(path: str | Path, raw: bytes | None = None) -> tuple[Any, dict
         raise refuse("the file is empty")
     try:
         return _walk(doc)
+    except _BadKey as exc:
+        raise ConfigError(str(path), [ConfigIssue(exc.path, str(exc))], {exc.path: exc.line} if exc.line else None) \
+            from None
     except _TooLarge as exc:
         where = ".".join(map(str, exc.path))
         raise refuse(f"{where}: {exc}" if where else str(exc)) from None

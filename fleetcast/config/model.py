@@ -20,6 +20,7 @@ from enum import Enum
 from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import (
+    AfterValidator,
     BaseModel,
     ConfigDict,
     Discriminator,
@@ -35,6 +36,7 @@ from pydantic import (
 )
 
 from fleetcast.contract import support
+from fleetcast.contract.model_ids import MODEL_ID_PATTERN, model_id_problem
 from fleetcast.contract.serving import GIB
 
 from .schedule import schedule_problem, unix_cron_problem
@@ -98,6 +100,16 @@ def _check_cidr(value: str) -> str:
     if net.prefixlen == 0:
         raise ValueError("0.0.0.0/0 is not allowed: name the consumer networks")
     return value
+
+
+class FieldProblem(ValueError):
+    """A model validator's refusal that names the field it blames, relative to the model (("image",),
+    ("engine", "port")). Pydantic locates a model validator's error at the model itself; the loader appends
+    `field` to that location, so the message names engine.image rather than engine."""
+
+    def __init__(self, field: str | tuple[str | int, ...], message: str):
+        super().__init__(message)
+        self.field = (field,) if isinstance(field, str) else tuple(field)
 
 
 class Frozen(BaseModel):
@@ -200,8 +212,8 @@ class EngineSpec(Frozen):
         # under the version, so a prefix match would file rc engines as the release's).
         release = re.match(TAG_RELEASE_PATTERN, tag, re.ASCII)
         if release and release.group(0) != self.tensorrt_llm_version:
-            raise ValueError(
-                f"image tag {tag!r} is TensorRT-LLM {release.group(0)}, which does not match tensorrt_llm_version "
+            raise FieldProblem(
+                "image", f"image tag {tag!r} is TensorRT-LLM {release.group(0)}, which does not match tensorrt_llm_version "
                 f"{self.tensorrt_llm_version!r}: engines are tied to the TensorRT-LLM version that built them; "
                 "allowed: a tag naming the same release, or a non-release tag pinned by image_digest"
             )
@@ -238,11 +250,17 @@ class Slo(Frozen):
     error_rate: float = Field(default=0.01, ge=0, lt=1, description="Highest tolerated share of failed requests.")
 
 
-# A model or adapter id is what consumers send as the OpenAI `model` value and what names the model's S3
-# prefix (models/<id>/<revision>/) and engine cache key: the OpenAI API takes any string there, so the id is
-# held to the subset that is also a plain path segment.
-MODEL_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
-ModelId = Annotated[str, StringConstraints(pattern=MODEL_ID_PATTERN)]
+# A model or adapter id is what consumers send as the OpenAI `model` value (hub-style org/name and fine-tune
+# ids with colons included); every name derived from it (S3 prefixes, the engine cache key, alarm names)
+# takes its slug: fleetcast/contract/model_ids.py, the one home of both.
+def _check_model_id(value: str) -> str:
+    problem = model_id_problem(value)
+    if problem:
+        raise ValueError(problem)
+    return value
+
+
+ModelId = Annotated[str, AfterValidator(_check_model_id), Field(json_schema_extra={"pattern": MODEL_ID_PATTERN})]
 
 
 def _check_weights_source(value: str) -> str:
@@ -279,14 +297,15 @@ class AdapterSpec(Frozen):
 class ModelSpec(Frozen):
     """One served model: its weights, length limits, engine settings and who may call it."""
 
-    id: str = Field(description="The OpenAI `model` value consumers send; also names the model's cache keys and "
-                                "staged prefix, e.g. gpt2-xl. Unique in `models`.",
-                    pattern=MODEL_ID_PATTERN)
+    id: ModelId = Field(description="The OpenAI `model` value consumers send, e.g. gpt2-xl, Qwen/Qwen2.5-0.5B-Instruct "
+                                "or ft:gpt-3.5-turbo:acme::8abc1234: letters, digits and . _ - : /, at most 64. "
+                                "Its slug (other characters as !hex) names its cache keys and staged prefix. Unique "
+                                "among models and adapters.")
     family: ModelFamily = Field(description="Architecture family; decides which TensorRT-LLM flow can serve it.")
     source: str = Field(
         description="Where staging takes the weights from: a hub id (org/name) or an s3:// URI. Instances never "
         "read it: they read the copy `fleetcast stage model` put in their region's bucket under "
-        "models/<id>/<revision>/.",
+        "models/<id slug>/<revision>/.",
     )
     revision: str = Field(
         description="Pinned revision (hub commit sha or tag) of the weights; part of the engine cache key.",
@@ -336,7 +355,7 @@ class ModelSpec(Frozen):
         if isinstance(engine, dict):
             shared = [k for k in FLEET_WIDE_ENGINE_FIELDS if k in engine]
             if shared:
-                raise ValueError(f"engine.{shared[0]} is fleet-wide (one TensorRT-LLM version and image per fleet, "
+                raise FieldProblem(("engine", shared[0]), f"engine.{shared[0]} is fleet-wide (one TensorRT-LLM version and image per fleet, "
                                  f"one port): set it in the top-level engine, not per model")
         return data
 
@@ -380,10 +399,10 @@ class Capacity(Frozen):
     @model_validator(mode="after")
     def _ordered(self) -> Capacity:
         if self.desired is None and self.min > self.max:
-            raise ValueError(f"capacity must satisfy min <= max, got min={self.min} max={self.max}")
+            raise FieldProblem("max", f"capacity must satisfy min <= max, got min={self.min} max={self.max}")
         if self.desired is not None and not (self.min <= self.desired <= self.max):
-            raise ValueError(
-                f"capacity must satisfy min <= desired <= max, got min={self.min} desired={self.desired} max={self.max}"
+            raise FieldProblem(
+                "desired", f"capacity must satisfy min <= desired <= max, got min={self.min} desired={self.desired} max={self.max}"
             )
         return self
 
@@ -427,14 +446,15 @@ class ScalingSpec(Frozen):
         "SLO is crossed (make bench-scaling).",
     )
     slo_scale_in_ratio: float = Field(
-        default=0.6, gt=0, le=2,
-        description="Scale in only while that SLO ratio is at or below this (below slo_scale_out_ratio).",
+        default=0.6, gt=0, le=1,
+        description="Scale in only while that SLO ratio is at or below this (below slo_scale_out_ratio). At most 1: "
+        "above it the pool would scale in while its P99 already misses the SLO.",
     )
 
     @model_validator(mode="after")
     def _slo_ratios_ordered(self) -> ScalingSpec:
         if self.slo_scale_in_ratio >= self.slo_scale_out_ratio:
-            raise ValueError("scaling.slo_scale_in_ratio must be below scaling.slo_scale_out_ratio (else the pool "
+            raise FieldProblem("slo_scale_in_ratio", "scaling.slo_scale_in_ratio must be below scaling.slo_scale_out_ratio (else the pool "
                              f"could scale in and out on the same reading), got {self.slo_scale_in_ratio:g} >= "
                              f"{self.slo_scale_out_ratio:g}")
         return self
@@ -489,10 +509,10 @@ class RolloutSpec(Frozen):
     @model_validator(mode="after")
     def _never_all_at_once(self) -> RolloutSpec:
         if self.max_healthy_percentage - self.min_healthy_percentage > 100:
-            raise ValueError("max_healthy_percentage may exceed min_healthy_percentage by at most 100 (an EC2 Auto "
+            raise FieldProblem("max_healthy_percentage", "max_healthy_percentage may exceed min_healthy_percentage by at most 100 (an EC2 Auto "
                              f"Scaling rule), got {self.min_healthy_percentage}..{self.max_healthy_percentage}")
         if self.min_healthy_percentage == 0 and self.max_healthy_percentage == 100:
-            raise ValueError("min_healthy_percentage 0 with max_healthy_percentage 100 replaces every instance at "
+            raise FieldProblem("min_healthy_percentage", "min_healthy_percentage 0 with max_healthy_percentage 100 replaces every instance at "
                              "once: raise min_healthy_percentage or set max_healthy_percentage above 100")
         return self
 
@@ -631,7 +651,7 @@ class Pool(Frozen):
     @model_validator(mode="after")
     def _reservations_only_needs_ids(self) -> Pool:
         if self.capacity_reservations_only and not self.capacity_reservation_ids:
-            raise ValueError("capacity_reservations_only is set but capacity_reservation_ids is empty: "
+            raise FieldProblem("capacity_reservations_only", "capacity_reservations_only is set but capacity_reservation_ids is empty: "
                              "name the reservations (cr-...) or drop capacity_reservations_only")
         return self
 
@@ -815,21 +835,19 @@ class Provider(Frozen):
     account: AccountId = Field(description="Account that owns the fleets and endpoint services.")
 
 
+# An ACM certificate ARN (its region and account are checked against the key and provider.account by
+# fleetcast/config/rules.py, which names both).
+AcmCertificateArn = Annotated[str, StringConstraints(
+    pattern=r"^arn:aws[a-z-]*:acm:[a-z]{2}(-gov)?-[a-z]+-[0-9]:[0-9]{12}:certificate/[0-9a-f-]{36}$")]
+
+
 class Network(Frozen):
     egress: EgressMode = Field(default=EgressMode.NONE, description="none (VPC endpoints only) or nat.")
-    tls_certificate_arns: dict[RegionName, str] = Field(
+    tls_certificate_arns: dict[RegionName, AcmCertificateArn] = Field(
         default_factory=dict,
         description="ACM certificate ARN per provider region for a TLS listener; without one the "
         "listener is TCP and traffic stays on AWS's private network through PrivateLink.",
     )
-
-    @field_validator("tls_certificate_arns")
-    @classmethod
-    def _acm(cls, value: dict[str, str]) -> dict[str, str]:
-        for region, arn in value.items():
-            if not full_match(rf"arn:aws[a-z-]*:acm:{re.escape(region)}:[0-9]{{12}}:certificate/[0-9a-f-]{{36}}", arn):
-                raise ValueError(f"{arn!r} is not an ACM certificate ARN in {region}")
-        return value
 
 
 class PlanDriftCheck(Frozen):
@@ -972,17 +990,17 @@ class FleetConfig(Frozen):
             return data
         if "model" not in data:
             if "calibration" in data and "models" in data:
-                raise ValueError("top-level calibration belongs to the single-model form (`model:`); with `models:` "
+                raise FieldProblem("calibration", "top-level calibration belongs to the single-model form (`model:`); with `models:` "
                                  "set models[].calibration on each model that needs it")
             return data
         if "models" in data:
-            raise ValueError("the config has both `model:` and `models:`; give one: `model:` for a single model, "
+            raise FieldProblem("model", "the config has both `model:` and `models:`; give one: `model:` for a single model, "
                              "or a `models:` list (README, 'Several models on one fleet')")
         data = dict(data)
         model, calibration = data.pop("model"), data.pop("calibration", None)
         if isinstance(model, dict) and calibration is not None:
             if "calibration" in model:
-                raise ValueError("calibration is given twice: at the top level and under model; keep one")
+                raise FieldProblem("calibration", "calibration is given twice: at the top level and under model; keep one")
             model = {**model, "calibration": calibration}
         data["models"] = [model]
         return data

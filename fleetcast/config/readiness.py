@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from .model import FleetConfig
-from .rules import ConfigIssue
+from .rules import DOCUMENTATION_NETWORKS, ConfigIssue
 
 # Placeholders are recognized by rule where one exists, so a new example in AWS's pages or in init's output is
 # caught without a list to keep:
@@ -51,7 +51,6 @@ EXAMPLE_BUCKET_PREFIXES = ("amzn-s3-demo-", "doc-example-")
 EXAMPLE_BUCKETS = frozenset({"examplebucket", "example-bucket", "amzn-s3-demo-bucket"})
 DOCUMENTATION_DOMAINS = ("example.com", "example.net", "example.org")
 DOCUMENTATION_TLDS = ("example", "test", "invalid", "localhost")
-DOCUMENTATION_NETWORKS = tuple(ipaddress.IPv4Network(n) for n in ("192.0.2.0/24", "198.51.100.0/24", "203.0.113.0/24"))
 
 
 def _steps(text: str, alphabet: str, modulo: int) -> list[int]:
@@ -294,33 +293,16 @@ def ami_findings(cfg: FleetConfig, access: Any) -> tuple[list[ConfigIssue], list
     return refusals, notes
 
 
-def shared_ami_warnings(cfg: FleetConfig) -> list[ConfigIssue]:
-    """Offline: two regions pinning one id is almost surely a copy (AMI ids are regional)."""
-    first: dict[str, str] = {}
-    out: list[ConfigIssue] = []
-    for i, region in enumerate(cfg.regions):
-        ami = region.ami.id
-        if ami == "latest":
-            continue
-        if ami in first:
-            out.append(ConfigIssue(("regions", i, "ami", "id"),
-                f"{ami} is also pinned in {first[ami]}; AMI ids are regional, so one id in two regions is almost "
-                f"surely a copy that names no image here; `fleetcast ami pin --region {region.region}` writes this "
-                "region's id (with credentials, --deploy checks each id in its region)"))
-        first.setdefault(ami, region.region)
-    return out
-
-
 def check_readiness(cfg: FleetConfig, access: Any | None) -> Readiness:
     """Offline findings, plus the AZ and pinned-AMI checks when `access` has the provider account's
-    credentials (None: skip them, and warn about an AMI id pinned in two regions instead)."""
+    credentials (None: skip them; one AMI id pinned in two regions is refused by validate itself)."""
     found = offline_findings(cfg)
     caller, note = (None, "AZ name -> AZ ID pairs and pinned AMIs not checked: no AWS credentials (run with "
                           f"credentials for provider.account {cfg.provider.account}, e.g. --profile)") \
         if access is None else provider_caller(cfg, access)
     if caller is None:
         assert note is not None  # provider_caller says why it has no caller
-        return Readiness(found.refusals, found.warnings + tuple(shared_ami_warnings(cfg)), (note,))
+        return Readiness(found.refusals, found.warnings, (note,))
     zones, zone_notes = zone_findings(cfg, access, caller)
     amis, ami_notes = ami_findings(cfg, access)
     return Readiness(found.refusals + tuple(zones) + tuple(amis), found.warnings, tuple(zone_notes + ami_notes))

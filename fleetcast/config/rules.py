@@ -18,7 +18,7 @@ from fleetcast.contract import support
 from fleetcast.contract.serving import GIB
 
 from . import catalog
-from .model import Backend, ExistingVpc, FleetConfig, KvCacheDtype, Pool, SpotSpec
+from .model import LIST_FORM, Backend, ExistingVpc, FleetConfig, KvCacheDtype, Pool, Slo, SpotSpec
 
 Path = tuple[str | int, ...]
 
@@ -40,6 +40,7 @@ def check(cfg: FleetConfig) -> list[ConfigIssue]:
     issues: list[ConfigIssue] = []
     issues += _model_limits(cfg)
     issues += _models(cfg)
+    issues += _served_models(cfg)
     issues += _regions(cfg)
     issues += _pools(cfg)
     issues += _serves(cfg)
@@ -123,6 +124,40 @@ def _models(cfg: FleetConfig) -> list[ConfigIssue]:
                     f"{consumer.name} may not call {model_id!r} (unknown, or not among its models' consumers), so a "
                     f"limit on it would never apply; allowed: {', '.join(allowed) or 'none'}"))
     return out
+def served_in(cfg: FleetConfig) -> dict[str, set[str]]:
+    """Region -> the ids of the models its pools serve (every pool of a region serves the same ones)."""
+    known = {m.id for m in cfg.models}
+    return {r.region: {s.model for p in r.pools for s in cfg.serves_of(p)} & known for r in cfg.regions}
+
+
+def _served_models(cfg: FleetConfig) -> list[ConfigIssue]:
+    """Every model is served somewhere, and an entitlement names a model its consumer's region serves: else the
+    consumer's request answers model_not_found although the config grants it."""
+    out: list[ConfigIssue] = []
+    known = {m.id for m in cfg.models}
+    if any(s.model not in known for r in cfg.regions for p in r.pools for s in p.serves):
+        return out  # a serve names an unknown model (blamed by _serves, with the ids): likely the one unserved here
+    served = served_in(cfg)
+    anywhere = set().union(*served.values()) if served else set()
+    service_region = {c.name: c.service_region for c in cfg.consumers}
+    for i, model in enumerate(cfg.models):
+        if model.id not in anywhere:
+            adapters = f" (nor its adapters {', '.join(a.id for a in model.adapters)})" if model.adapters else ""
+            out.append(ConfigIssue(("models", i, "id"),
+                f"no pool serves {model.id}{adapters}: every pool names its models in `serves` and none names it, "
+                f"so a request for it would answer model_not_found; allowed: add {{model: {model.id}}} to the "
+                "serves of each pool of a region that should serve it, or remove the model"))
+            continue  # its entitlements follow from this one mistake
+        for k, name in enumerate(model.consumers or ()):
+            region = service_region.get(name)
+            if region is not None and region in served and model.id not in served[region]:
+                out.append(ConfigIssue(("models", i, "consumers", k),
+                    f"{name} reaches {region} (its service_region), where no pool serves {model.id}: its requests "
+                    f"for it would answer model_not_found; allowed: serve {model.id} in {region}, or remove "
+                    f"{name} from this list (models served there: {', '.join(sorted(served[region])) or 'none'})"))
+    return out
+
+
 def _regions(cfg: FleetConfig) -> list[ConfigIssue]:
     out: list[ConfigIssue] = []
     counts = Counter(r.region for r in cfg.regions)
@@ -264,9 +299,10 @@ def _serves(cfg: FleetConfig) -> list[ConfigIssue]:
                                                                 "in one entry"))
                 seen.add(serve.model)
             served = {s.model for s in cfg.serves_of(pool)} & known
-            if first is None:
+            typo = any(s.model not in known for s in pool.serves)
+            if first is None and not typo:
                 first = (pool.name, served)
-            elif served != first[1]:
+            elif first is not None and not typo and served != first[1]:  # a misnamed model is blamed above
                 out.append(ConfigIssue(here, f"pool {pool.name} serves {', '.join(sorted(served)) or 'nothing'}, pool "
                     f"{first[0]} in the same region serves {', '.join(sorted(first[1]))}: the region's load balancer "
                     "spreads every request over all its pools' instances, so each pool of a region serves the same "
@@ -653,10 +689,26 @@ def _config_parameter_size(cfg: FleetConfig) -> list[ConfigIssue]:
     value, tier = config_parameter(cfg)
     if tier is not None:
         return []
-    return [ConfigIssue((), f"the config is {len(cfg.model_dump_json())} bytes as JSON, {len(value)} even compressed; "
-                            f"it travels to instances as one SSM parameter, which holds at most {ADVANCED_TIER_LIMIT} "
-                            "bytes (advanced tier, AWS Systems Manager PutParameter); allowed: fewer consumers or "
-                            "pools, or split the fleet into several configs")]
+    path, size = _heaviest(cfg.model_dump(mode="json", context=LIST_FORM))
+    here = f", {size} of them here" if path else ""
+    return [ConfigIssue(path, f"the config is {len(cfg.model_dump_json())} bytes as JSON, {len(value)} even "
+                              f"compressed{here}; it travels to instances as one SSM parameter, which holds at most "
+                              f"{ADVANCED_TIER_LIMIT} bytes (advanced tier, AWS Systems Manager PutParameter); "
+                              "allowed: less here, fewer consumers or pools, or split the fleet into several configs")]
+
+
+def _heaviest(data: object, path: Path = ()) -> tuple[Path, int]:
+    """The path that holds most of the JSON's bytes: down from the top while one entry holds over half of its
+    parent's, so an oversized config blames the list that made it so (models[0].stage_patterns), not the file."""
+    import json
+
+    size = len(json.dumps(data, separators=(",", ":")))
+    children: list[tuple[str | int, object]] = list(data.items()) if isinstance(data, dict) else \
+        list(enumerate(data)) if isinstance(data, list) else []
+    for key, child in children:
+        if len(json.dumps(child, separators=(",", ":"))) * 2 > size:
+            return _heaviest(child, path + (key,))
+    return path, size
 
 
 # Below a millisecond no served model answers through a network hop, and the SLO alarms would fire on every
@@ -665,13 +717,18 @@ SLO_FLOOR_MS = 1.0
 
 
 def _slo_units(cfg: FleetConfig) -> list[ConfigIssue]:
+    """The one floor for every SLO: the fleet's and each model's own."""
+    slos: list[tuple[Path, Slo]] = [(("slo",), cfg.slo)]
+    slos += [(("models", i, "slo"), m.slo) for i, m in enumerate(cfg.models) if m.slo is not None]
     out = []
-    for field in ("ttft_p99_ms", "itl_p99_ms"):
-        value = getattr(cfg.slo, field)
-        if value < SLO_FLOOR_MS:
-            out.append(ConfigIssue(("slo", field),
-                f"{value:g} ms is below {SLO_FLOOR_MS:g} ms, faster than any model answers across a network: is it "
-                f"seconds? {value:g} s is {value * 1000:g} ms; allowed: milliseconds, at least {SLO_FLOOR_MS:g}"))
+    for where, slo in slos:
+        for field in ("ttft_p99_ms", "itl_p99_ms"):
+            value = getattr(slo, field)
+            if value < SLO_FLOOR_MS:
+                out.append(ConfigIssue(where + (field,),
+                    f"{value:g} ms is below {SLO_FLOOR_MS:g} ms, faster than any model answers across a network: is "
+                    f"it seconds? {value:g} s is {value * 1000:g} ms; allowed: milliseconds, at least "
+                    f"{SLO_FLOOR_MS:g}"))
     return out
 
 
@@ -736,6 +793,166 @@ def _stack_resources(cfg: FleetConfig) -> list[ConfigIssue]:
     return out
 
 
+# Amazon VPC User Guide, "VPC CIDR blocks" (https://docs.aws.amazon.com/vpc/latest/userguide/vpc-cidr-blocks.html):
+# "You can't specify the following CIDR blocks for your VPCs: 0.0.0.0/8, 127.0.0.0/8, 169.254.0.0/16,
+# 224.0.0.0/4"; "we recommend that you specify a CIDR block from the private IPv4 address ranges as specified in
+# RFC 1918"; its association table also permits 100.64.0.0/10 (RFC 6598 shared space) and 198.19.0.0/16
+# beside "any publicly routable IPv4 CIDR block (non-RFC 1918)". Fleetcast's networks are private by design
+# (PrivateLink, no internet path): a publicly routable block here is a typo or a pasted public range, and its
+# addresses would shadow the real internet hosts for the VPC. Allowed: the private ranges AWS names.
+# The IPv4 blocks reserved for documentation (RFC 5737), which `fleetcast config init` writes for the consumer
+# ranges it cannot know: validate lets them pass, `validate --deploy` refuses them (config/readiness.py).
+DOCUMENTATION_NETWORKS = tuple(ipaddress.IPv4Network(n) for n in ("192.0.2.0/24", "198.51.100.0/24", "203.0.113.0/24"))
+VPC_FORBIDDEN_NETWORKS = tuple(ipaddress.IPv4Network(n) for n in ("0.0.0.0/8", "127.0.0.0/8", "169.254.0.0/16",
+                                                                  "224.0.0.0/4"))
+PRIVATE_NETWORKS = tuple(ipaddress.IPv4Network(n) for n in ("10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16",
+                                                            "100.64.0.0/10", "198.19.0.0/16"))
+
+
+def cidr_range_problem(cidr: str) -> str | None:
+    """Why `cidr` is no private network range a VPC can have, or None."""
+    net = ipaddress.IPv4Network(cidr)
+    allowed = "allowed: a private range, within " + ", ".join(map(str, PRIVATE_NETWORKS))
+    for reserved in VPC_FORBIDDEN_NETWORKS:
+        if net.overlaps(reserved):
+            return f"{cidr} overlaps {reserved}, which Amazon VPC refuses for any VPC; {allowed}"
+    if any(net.subnet_of(n) for n in PRIVATE_NETWORKS):
+        return None
+    if any(net.subnet_of(n) for n in DOCUMENTATION_NETWORKS):
+        return None  # RFC 5737: `config init` writes it; `validate --deploy` refuses it as a placeholder
+    return (f"{cidr} is a publicly routable range, not a private one (RFC 1918): AWS permits it in a VPC but "
+            f"recommends the private ranges, and a PrivateLink fleet has no public addresses; {allowed}")
+
+
+def _private_ranges(cfg: FleetConfig) -> list[ConfigIssue]:
+    out = []
+    cidrs: list[tuple[Path, str]] = [(("regions", j, "vpc", "cidr"), r.vpc.cidr) for j, r in enumerate(cfg.regions)]
+    cidrs += [(("consumers", i, "cidrs", k), cidr) for i, c in enumerate(cfg.consumers) for k, cidr in enumerate(c.cidrs)]
+    for path, cidr in cidrs:
+        problem = cidr_range_problem(cidr)
+        if problem:
+            out.append(ConfigIssue(path, problem))
+    return out
+
+
+def _certificates(cfg: FleetConfig) -> list[ConfigIssue]:
+    """A listener's ACM certificate lives in the provider account and in the listener's region: "Certificates in
+    ACM are regional resources ... You cannot copy a certificate between regions" (AWS Certificate Manager User
+    Guide, acm-regions.html), and the provider stack's NLB listener reads it with the provider account's
+    credentials (ACM shares no certificate with another account)."""
+    out = []
+    for region, arn in cfg.network.tls_certificate_arns.items():
+        parts = arn.split(":")
+        if len(parts) < 6:
+            continue  # the shape is blamed by the model
+        where = ("network", "tls_certificate_arns", region)
+        if parts[3] != region:
+            out.append(ConfigIssue(where, f"{arn} is a certificate in {parts[3]}, not {region}: ACM certificates are "
+                                          f"regional; allowed: a certificate ARN of {region} (arn:aws:acm:{region}:...)"))
+        elif parts[4] != cfg.provider.account:
+            out.append(ConfigIssue(where, f"{arn} belongs to account {parts[4]}, not provider.account "
+                                          f"{cfg.provider.account}, whose load balancer serves it; allowed: a "
+                                          f"certificate of account {cfg.provider.account} in {region}"))
+    return out
+
+
+def _allowed_regions_once(cfg: FleetConfig) -> list[ConfigIssue]:
+    """SupportedRegions lists each region once (cfn-lint E3037 on the synthesized endpoint service)."""
+    out = []
+    for j, region in enumerate(cfg.regions):
+        seen: set[str] = set()
+        for k, other in enumerate(region.allowed_regions):
+            if other in seen:
+                out.append(ConfigIssue(("regions", j, "allowed_regions", k),
+                    f"{other} is listed twice; the endpoint service's SupportedRegions takes each region once "
+                    "(CloudFormation refuses duplicates: cfn-lint E3037)"))
+            seen.add(other)
+    return out
+
+
+def _consumer_identities(cfg: FleetConfig) -> list[ConfigIssue]:
+    """The gateway tells consumers apart by the endpoint's owner account and region (runtime/gateway/identity.py):
+    two consumers sharing both are one caller unless each carries API keys, and without keys every request of
+    that account is refused as ambiguous_consumer."""
+    out = []
+    first: dict[tuple[str, str], int] = {}
+    groups: dict[tuple[str, str], list[int]] = {}
+    for i, consumer in enumerate(cfg.consumers):
+        groups.setdefault((consumer.account, consumer.region), []).append(i)
+        first.setdefault((consumer.account, consumer.region), i)
+    for (account, region), members in groups.items():
+        if len(members) < 2 or all(cfg.consumers[i].api_keys for i in members):
+            continue
+        head = cfg.consumers[members[0]].name
+        for i in members[1:]:
+            out.append(ConfigIssue(("consumers", i, "account"),
+                f"{cfg.consumers[i].name} has the account {account} and region {region} of {head}: the gateway "
+                "knows a caller by its endpoint's account and region, so their requests could not be told apart; "
+                "allowed: one consumer per account and region, or api_keys: true on each of them"))
+    return out
+
+
+def _regional_amis(cfg: FleetConfig) -> list[ConfigIssue]:
+    """"AMIs are a regional resource ... To make an AMI available in a different Region, copy the AMI to the
+    Region" (Amazon EC2 User Guide, "Share an AMI with specific AWS accounts"), and a copy has its own id: one
+    id pinned in two regions names no image in at least one of them."""
+    out = []
+    first: dict[str, str] = {}
+    for j, region in enumerate(cfg.regions):
+        ami = region.ami.id
+        if ami == "latest":
+            continue
+        if ami in first:
+            out.append(ConfigIssue(("regions", j, "ami", "id"),
+                f"{ami} is also pinned in {first[ami]}; AMI ids are regional (a copied image gets a new id), so one "
+                f"id cannot name an image in both; allowed: this region's own id (`fleetcast ami pin --region "
+                f"{region.region}` writes it) or latest"))
+        first.setdefault(ami, region.region)
+    return out
+
+
+# A stage pattern is an fnmatch glob (fleetcast/contract/selection.py matches with fnmatchcase, and the hub
+# download takes them as allow_patterns): * ? [seq] [!seq]. These characters are a regular expression's and
+# match only themselves in a glob; a leading .* is a regex's "anything" (a glob's would be a dotfile).
+REGEX_CHARACTERS = "^$\\()|+{}"
+
+
+def _stage_patterns(cfg: FleetConfig) -> list[ConfigIssue]:
+    out = []
+    for i, model in enumerate(cfg.models):
+        for k, pattern in enumerate(model.stage_patterns):
+            marks = sorted({ch for ch in pattern if ch in REGEX_CHARACTERS}) + ([".*"] if pattern.startswith(".*") else [])
+            if marks:
+                out.append(ConfigIssue(("models", i, "stage_patterns", k),
+                    f"{pattern!r} looks like a regular expression ({' '.join(marks)}); stage_patterns are fnmatch "
+                    "globs matched against repository paths, where these characters match only themselves; "
+                    "allowed: * ? [abc] [!abc], e.g. '*.bin' or 'original/*.safetensors'"))
+    return out
+
+
+def _model_alarm_names(cfg: FleetConfig) -> list[ConfigIssue]:
+    """A pool serving several models alarms on each (stacks/fleet_alarms.py): its name holds the model's slug,
+    which a long id with many escaped characters can push past CloudWatch's 255."""
+    from fleetcast.contract.names import ALARM_NAME_MAX, model_alarm_name
+
+    out: list[ConfigIssue] = []
+    blamed: set[str] = set()
+    index = {m.id: k for k, m in enumerate(cfg.models)}
+    for region in cfg.regions:
+        for pool in region.pools:
+            served = [s.model for s in cfg.serves_of(pool) if s.model in index]
+            for model_id in served if len(served) > 1 else ():
+                name = model_alarm_name(cfg.name, region.region, pool.name, model_id, "ttft-p99")
+                if len(name) > ALARM_NAME_MAX and model_id not in blamed:  # once per model: its id is the fix
+                    blamed.add(model_id)
+                    out.append(ConfigIssue(("models", index[model_id], "id"),
+                        f"the SLO alarm of {model_id} on pool {pool.name} in {region.region} would be named "
+                        f"{name!r}, {len(name)} characters; CloudWatch alarm names hold at most {ALARM_NAME_MAX} "
+                        "(characters other than letters, digits and . _ - count 3 each); allowed: a shorter id "
+                        "or pool name"))
+    return out
+
+
 # Declared apart: the assignment below is the line every new rule edits.
 AWS_LIMIT_RULES: tuple[Callable[[FleetConfig], list[ConfigIssue]], ...]
 AWS_LIMIT_RULES = (_slo_units, _lambda_descriptions, _stack_resources, _calibration_dataset, _accounts, _network_overlaps, _subnet_space, _subnets, _warm_pools, _scaling_targets, _tags,
@@ -776,4 +993,5 @@ def _image_reference(cfg: FleetConfig) -> list[ConfigIssue]:
                                              "allowed: e.g. nvcr.io/nvidia/tensorrt-llm/release:1.2.1")]
 
 
-AWS_LIMIT_RULES = AWS_LIMIT_RULES + (_image_reference,)
+AWS_LIMIT_RULES = AWS_LIMIT_RULES + (_image_reference, _private_ranges, _certificates, _allowed_regions_once,
+                                     _consumer_identities, _regional_amis, _stage_patterns, _model_alarm_names)

@@ -1,7 +1,8 @@
 """EventBridge schedule expressions, checked by the grammar EventBridge documents.
 
-Source: Amazon EventBridge User Guide, "Setting a schedule pattern for scheduled rules"
-(https://docs.aws.amazon.com/eventbridge/latest/userguide/eb-scheduled-rule-pattern.html) and
+Source: Amazon EventBridge User Guide, "Cron expressions reference"
+(https://docs.aws.amazon.com/eventbridge/latest/userguide/eb-cron-expressions.html; the same table in
+"Using cron and rate expressions to schedule rules", eb-scheduled-rule-pattern.html) and
 "Rate expressions reference" (eb-rate-expressions.html):
 
 - cron(fields): six required fields separated by white space:
@@ -10,6 +11,8 @@ Source: Amazon EventBridge User Guide, "Setting a schedule pattern for scheduled
   "You can't specify the Day-of-month and Day-of-week fields in the same cron expression. If you
   specify a value or a * (asterisk) in one of the fields, you must use a ? (question mark) in the other."
   With `#`, "you can define only one expression in the day-of-week field".
+  A wildcard a field's row does not list is refused: `/` in Day-of-week, and `LW` (the page documents `L`
+  and `3W`, not their combination), which other cron dialects (Quartz) take.
 - rate(value unit): value "a positive number"; unit minute | minutes | hour | hours | day | days;
   singular for 1, plural above.
 
@@ -46,12 +49,14 @@ class _Field:
         return number
 
     def item(self, text: str) -> None:
-        """One comma-separated part: *, a value or a range, with an optional /increment; L W # where documented."""
+        """One comma-separated part: *, a value or a range, with an /increment, L W # where the field lists them."""
         if "L" in self.extra and text.upper() == "L":
             return
         if "W" in self.extra and text.upper().endswith("W"):
-            if text.upper() != "LW":  # LW: the month's last weekday; 3W: the weekday nearest the 3rd
-                self.value(text[:-1])
+            if text.upper() == "LW":
+                raise ValueError(f"{self.name} 'LW' is not in EventBridge's documented grammar (L alone: the last "
+                                 "day; 3W: the weekday nearest the 3rd); allowed: L, or a day followed by W")
+            self.value(text[:-1])  # 3W: the weekday nearest the 3rd
             return
         if "#" in self.extra and "#" in text:
             day, _, nth = text.partition("#")
@@ -63,6 +68,9 @@ class _Field:
             self.value(text[:-1])  # 6L: the month's last Friday
             return
         base, slash, step = text.partition("/")
+        if slash and "/" not in self.extra:
+            raise ValueError(f"{self.name} {text!r}: this field takes no / increment (EventBridge lists / for every "
+                             "field but Day-of-week); allowed: values, ranges, lists, * or ?, L and #")
         if slash and not (re.fullmatch(r"[0-9]{1,4}", step, re.ASCII) and int(step) >= 1):
             raise ValueError(f"{self.name} {text!r}: the increment after / is a positive whole number")
         if base == "*":
@@ -86,13 +94,14 @@ class _Field:
             self.item(part)
 
 
+# `extra`: the wildcards beyond , - * that the field's row of the documented table lists.
 CRON_FIELDS = (
-    _Field("Minutes", 0, 59),
-    _Field("Hours", 0, 23),
-    _Field("Day-of-month", 1, 31, extra="?LW"),
-    _Field("Month", 1, 12, MONTHS),
+    _Field("Minutes", 0, 59, extra="/"),
+    _Field("Hours", 0, 23, extra="/"),
+    _Field("Day-of-month", 1, 31, extra="?/LW"),
+    _Field("Month", 1, 12, MONTHS, extra="/"),
     _Field("Day-of-week", 1, 7, DAYS, extra="?L#"),
-    _Field("Year", 1970, 2199),
+    _Field("Year", 1970, 2199, extra="/"),
 )
 
 
@@ -135,11 +144,11 @@ def schedule_problem(expression: str) -> str | None:
 # API Reference, ScheduledUpdateGroupActionRequest, Recurrence), with crontab(5)'s ranges: day of week 0-7
 # (0 and 7 are Sunday) or names; lists, ranges, steps and * only (no ? L W #, unlike EventBridge).
 UNIX_CRON_FIELDS = (
-    _Field("minute", 0, 59),
-    _Field("hour", 0, 23),
-    _Field("day of month", 1, 31),
-    _Field("month", 1, 12, MONTHS),
-    _Field("day of week", 0, 7, DAYS),
+    _Field("minute", 0, 59, extra="/"),
+    _Field("hour", 0, 23, extra="/"),
+    _Field("day of month", 1, 31, extra="/"),
+    _Field("month", 1, 12, MONTHS, extra="/"),
+    _Field("day of week", 0, 7, DAYS, extra="/"),
 )
 
 

@@ -14,6 +14,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
+from .model_ids import model_slug
 from .serving import GIB
 
 
@@ -32,8 +33,9 @@ class _Model(Protocol):
 
 
 def adapter_dir(local_root: str, model_id: str, adapter_id: str) -> str:
-    """The staged adapter's directory (the `lora_path` its base model's processes load)."""
-    return f"{local_root.rstrip('/')}/adapters/{model_id}/{adapter_id}"
+    """The staged adapter's directory (the `lora_path` its base model's processes load): one segment per id, each
+    its slug (fleetcast/contract/model_ids.py)."""
+    return f"{local_root.rstrip('/')}/adapters/{model_slug(model_id)}/{model_slug(adapter_id)}"
 
 
 def lora_int_ids(models: Iterable[_Model]) -> dict[str, int]:

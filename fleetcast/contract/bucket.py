@@ -15,6 +15,8 @@ lifecycle rules) and the instance runtime use. The manifest written under a pref
 
 from __future__ import annotations
 
+from .model_ids import model_slug
+
 MODELS = "models/"
 CALIBRATION = "calibration/"
 ENGINES = "engines/"
@@ -33,14 +35,15 @@ PLAN_BASELINE_KEY = "plan/baseline.json"
 
 
 def model_prefix(model_id: str, revision: str) -> str:
-    """Where a model's files live in a region bucket; the revision pins the content."""
-    return f"{MODELS}{model_id}/{revision}/"
+    """Where a model's files live in a region bucket; the revision pins the content. The id enters as its slug
+    (fleetcast/contract/model_ids.py): one key segment, so org/name ids cannot nest into another's prefix."""
+    return f"{MODELS}{model_slug(model_id)}/{revision}/"
 
 
 def adapter_prefix(model_id: str, model_revision: str, adapter_id: str, adapter_revision: str) -> str:
     """Where a LoRA adapter of a model lives: under its base model's revision, which it was trained against, and
     inside the models/ prefix instances may already read (no wider grant for adapters)."""
-    return f"{model_prefix(model_id, model_revision)}adapters/{adapter_id}/{adapter_revision}/"
+    return f"{model_prefix(model_id, model_revision)}adapters/{model_slug(adapter_id)}/{adapter_revision}/"
 
 
 def calibration_prefix(name: str) -> str:
@@ -77,7 +80,7 @@ def bench_packed_key(run: str, region: str, instance_type: str) -> str:
 def packed_model_key(pool_key: str, model: str, precision: str, together: bool) -> str:
     """One model's results of a packed bench instance (pool_key: bench_packed_key): `<model>/<precision>.json`
     measured with the other models loaded and idle, `<model>/<precision>-mix.json` with every model busy at once."""
-    return f"{pool_key.rsplit('/', 1)[0]}/{model}/{precision}{'-mix' if together else ''}.json"
+    return f"{pool_key.rsplit('/', 1)[0]}/{model_slug(model)}/{precision}{'-mix' if together else ''}.json"
 
 
 def probe_results_key(run: str, service_region: str, consumer: str) -> str:
@@ -88,4 +91,4 @@ def probe_results_key(run: str, service_region: str, consumer: str) -> str:
 def probe_model_key(probe_key: str, model: str) -> str:
     """One model's results of the consumer-side probe of a fleet of several models (probe_key: probe_results_key):
     `<consumer>/<model>.json`, each model measured alone through the consumer's endpoint."""
-    return f"{probe_key.removesuffix('.json')}/{model}.json"
+    return f"{probe_key.removesuffix('.json')}/{model_slug(model)}.json"

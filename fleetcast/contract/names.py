@@ -9,6 +9,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol
 
+from .model_ids import model_slug
+
 
 class Consumer(Protocol):
     @property
@@ -43,6 +45,22 @@ def provider_stack_name(fleet: str, region: str) -> str:
 
 def consumer_stack_name(fleet: str, consumer: str) -> str:
     return f"{fleet}-consumer-{consumer}"
+
+
+# PutMetricAlarm AlarmName: "Length Constraints: Minimum length of 1. Maximum length of 255" (botocore's
+# cloudwatch model); validate checks each model alarm's name fits (fleetcast/config/rules.py).
+ALARM_NAME_MAX = 255
+
+
+def pool_alarm_prefix(fleet: str, region: str, pool: str) -> str:
+    """What every alarm of one pool is named with (stacks/fleet_alarms.py)."""
+    return f"{fleet}-{region}-{pool}"
+
+
+def model_alarm_name(fleet: str, region: str, pool: str, model_id: str, what: str) -> str:
+    """A pool's alarm on one model's metric (`what`: ttft-p99, itl-p99): the model as its slug, the one name
+    form of an id (fleetcast/contract/model_ids.py)."""
+    return f"{pool_alarm_prefix(fleet, region, pool)}-{model_slug(model_id)}-{what}"
 
 
 def plan_drift_description(fleet: str, region: str, schedule: str) -> str:

@@ -25,6 +25,15 @@ GIB = 2**30
 # TensorRT-LLM's own overhead has not been measured. The instance's KV plan (runtime/kv_budget.py) and the
 # validator's memory check (fleetcast/config/memory.py) both count it.
 PROCESS_OVERHEAD_BYTES = 1_200 * (1 << 20)
+
+
+def kv_bytes_per_token(layers: int, kv_width: int, element_bytes: int) -> int:
+    """KV-cache bytes one token takes in every layer: keys and values (2) x layers x KV heads x head size
+    (kv_width) x element size. The one formula of the instance's KV plan (runtime/kv_budget.py, from the
+    artifact's config.json) and validate's KV-room warning (fleetcast/config/kv_room.py, from published figures)."""
+    return 2 * layers * kv_width * element_bytes
+
+
 # Most engine processes on one instance (the sum of the copies a pool serves).
 MAX_PROCESSES = 64
 HIGHEST_PORT = 65535

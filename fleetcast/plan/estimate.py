@@ -31,6 +31,7 @@ import math
 from dataclasses import dataclass, field
 
 from fleetcast.config import catalog
+from fleetcast.config.architectures import MODEL_SHAPES, ModelShape
 from fleetcast.config.model import ModelFamily, Precision
 from fleetcast.contract import support
 from fleetcast.contract.errors import UserError
@@ -40,25 +41,6 @@ from .curves import Candidate, Curve, LoadPoint, sources_text
 BYTES_PER_WEIGHT = {"fp16": 2.0, "bf16": 2.0, "int8_wo": 1.0, "int8_sq": 1.0, "fp8": 1.0, "int4_wo": 0.5, "nvfp4": 0.5}
 EIGHT_BIT_MATH = {"int8_sq", "fp8", "nvfp4"}  # weight-only modes dequantize and do the math in fp16
 
-
-@dataclass(frozen=True)
-class ModelShape:
-    params: float
-    layers: int
-    kv_width: int  # per layer, keys (values the same): n_kv_heads * head_dim
-
-
-# Public architecture figures (config.json of each checkpoint).
-MODEL_SHAPES = {
-    "gpt2": ModelShape(124e6, 12, 768),
-    "gpt2-medium": ModelShape(355e6, 24, 1024),
-    "gpt2-large": ModelShape(774e6, 36, 1280),
-    "gpt2-xl": ModelShape(1.558e9, 48, 1600),
-    "llama-3.2-1b": ModelShape(1.236e9, 16, 512),
-    "llama-3.2-3b": ModelShape(3.213e9, 28, 1024),
-    "phi-3-mini": ModelShape(3.821e9, 32, 3072),
-    "qwen2.5-1.5b": ModelShape(1.544e9, 28, 256),
-}
 
 METRICS = ("ttft_p99", "itl_p99", "e2e_mean")
 # Precisions that run the same kernels at the same width (bf16 and fp16 tensor cores).

@@ -26,6 +26,7 @@ import json
 import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
+from urllib.parse import unquote
 
 from fleetcast.contract import telemetry as t
 
@@ -360,7 +361,8 @@ class Gateway:
         ids = [i for i in self.router.ids if self.admission.may_use(consumer, i)]
         if path == MODELS_PATH:
             return json.dumps({"object": "list", "data": [card(i) for i in ids]}).encode()
-        wanted = path[len(MODELS_PATH) + 1:]
+        # An id with '/' or ':' arrives as written or percent-encoded (%2F, %3A), as HTTP clients quote a path.
+        wanted = unquote(path[len(MODELS_PATH) + 1:])
         if wanted not in ids:
             return model_not_found(wanted)
         return json.dumps(card(wanted)).encode()

@@ -60,8 +60,11 @@ def test_bad_cidr_of_a_new_vpc_is_the_one_error(doc):
 def test_existing_vpc_is_recognised_by_its_vpc_id(doc):
     doc["regions"][0]["vpc"] = {"vpc_id": "vpc-0123456789abcdef0", "cidr": "10.40.0.0/16"}
     found = problems(doc)
-    assert sorted(found) == ["regions[0].vpc.route_table_ids: required field is missing",
-                             "regions[0].vpc.subnet_ids: required field is missing"]
+    assert sorted(found) == [
+        "regions[0].vpc.route_table_ids: required field is missing: Route tables of those subnets (for the S3 "
+        "gateway endpoint)",
+        "regions[0].vpc.subnet_ids: required field is missing: Private subnets, one per AZ, same order as "
+        "availability_zones"]
 
 
 def test_endpoint_service_of_another_region_is_refused(doc):
@@ -75,3 +78,82 @@ def test_a_value_no_form_accepts_is_one_error_naming_each_form(doc):
     msg = the_one(doc)
     assert msg == ("regions[0].ami.id: 'ami-xyz' is not allowed; it must match ^ami-[0-9a-f]{8}([0-9a-f]{9})?$ "
                    "or be 'latest'")
+
+
+# ---------------------------------------------------------------- issue 32: say how to fix, name the field
+
+
+def test_a_tab_indent_says_to_indent_with_spaces(tmp_path):
+    from fleetcast.config import ConfigError, load_config
+
+    path = tmp_path / "fleet.yaml"
+    path.write_text('version: 1\nname: tabbed\nprovider:\n\taccount: "111122223333"\n')
+    with pytest.raises(ConfigError) as exc:
+        load_config(path)
+    (issue,) = exc.value.issues
+    assert "line 4, column 1: a tab indents this line; YAML indents with spaces only" in issue.message
+    assert "cannot start any token" not in issue.message
+
+
+def test_a_region_without_pools_says_what_a_pool_needs(doc):
+    doc["regions"][0]["pools"] = []
+    assert the_one(doc) == ("regions[0].pools: an empty list; needs at least 1 item(s), each with name, "
+                            "instance_type, capacity")
+    del doc["regions"][0]["pools"]
+    assert the_one(doc) == "regions[0].pools: required field is missing; a list of entries, each with name, " \
+                           "instance_type, capacity"
+
+
+def test_a_number_out_of_bounds_names_the_range_not_pydantics_words(doc):
+    doc["regions"][0]["pools"][0]["serves"] = [{"model": "gpt2-xl", "kv_cache_gb": -1}]
+    assert the_one(doc) == "regions[0].pools[0].serves[0].kv_cache_gb: got -1; allowed: above 0 and at most 4096"
+    doc["regions"][0]["pools"][0]["serves"] = [{"model": "gpt2-xl", "copies": 0}]
+    assert the_one(doc) == "regions[0].pools[0].serves[0].copies: got 0; allowed: at least 1 and at most 64"
+
+
+@pytest.mark.parametrize("change,where", [
+    # A model validator's refusal is located at the field it names, not at the model that holds it.
+    (lambda d: d["engine"].update(image="nvcr.io/nvidia/tensorrt-llm/release:1.2.1rc1"), "engine.image"),
+    (lambda d: d["regions"][0]["pools"][0]["capacity"].update(min=5, max=4), "regions[0].pools[0].capacity.max"),
+    (lambda d: d["regions"][0]["pools"][0]["capacity"].update(desired=9), "regions[0].pools[0].capacity.desired"),
+    (lambda d: d["regions"][0]["pools"][0]["scaling"].update(slo_scale_in_ratio=0.9),
+     "regions[0].pools[0].scaling.slo_scale_in_ratio"),
+    (lambda d: d["regions"][0]["pools"][0].update(rollout={"min_healthy_percentage": 0, "max_healthy_percentage": 100}),
+     "regions[0].pools[0].rollout.min_healthy_percentage"),
+    (lambda d: d["regions"][0]["pools"][0].update(capacity_reservations_only=True),
+     "regions[0].pools[0].capacity_reservations_only"),
+    (lambda d: d["model"].update(engine={"port": 9000}), "model.engine.port"),
+])
+def test_errors_of_model_validators_name_their_field(doc, change, where):
+    change(doc)
+    assert the_one(doc).startswith(where + ":")
+
+
+def test_an_oversized_config_is_blamed_on_what_makes_it_so(doc):
+    import random
+    import string
+
+    rng = random.Random(32)
+    doc["model"]["stage_patterns"] = ["".join(rng.choice(string.ascii_letters) for _ in range(200)) for _ in range(120)]
+    msg = the_one(doc)
+    assert msg.startswith("model.stage_patterns: the config is") and "SSM parameter" in msg
+
+
+@pytest.mark.parametrize("text,expected", [
+    ("tags: {true: yes}", "a key YAML reads as the boolean true"),
+    ("tags:\n  owner: a\n  2024: b", "a key YAML reads as the number 2024"),
+    ("tags: {~: b}", "a key YAML reads as null"),
+])
+def test_a_key_yaml_reads_as_a_boolean_number_or_null_is_refused_not_rewritten(tmp_path, text, expected):
+    # YAML 1.2 core schema: unquoted true/false, numbers and ~ are not strings; str() made `true` a tag `True`.
+    from fleetcast.config import ConfigError
+    from fleetcast.config.loader import read_document
+
+    path = tmp_path / "fleet.yaml"
+    path.write_text(f"version: 1\nname: keys\n{text}\n")
+    with pytest.raises(ConfigError) as exc:
+        read_document(path)
+    (issue,) = exc.value.issues
+    assert issue.dotted == "tags" and expected in issue.message and "quote it" in issue.message
+    path.write_text("version: 1\nname: keys\ntags: {'true': 'yes'}\n")
+    assert read_document(path)[0]["tags"] == {"true": "yes"}

@@ -197,7 +197,39 @@ def test_an_adapter_id_may_not_reuse_a_model_id(multi):
 def test_a_model_id_must_be_a_plain_openai_model_name(multi):
     multi["models"][0]["id"] = "gpt2 xl/v1"
     (msg,) = [p for p in problems(multi) if p.startswith("models[0].id")]
-    assert "malformed" in msg
+    assert "is not a model id: 1-64 of letters, digits and . _ - : /" in msg
+
+
+def rename(doc: dict, old: str, new: str) -> dict:
+    """`doc` with model `old` called `new` wherever the config names it."""
+    for model in doc["models"]:
+        if model["id"] == old:
+            model["id"] = new
+    for region in doc["regions"]:
+        for pool in region["pools"]:
+            for serve in pool.get("serves", []):
+                if serve["model"] == old:
+                    serve["model"] = new
+    return doc
+
+
+def test_hub_and_fine_tune_ids_are_model_ids(multi):
+    # What OpenAI and vLLM users name models: org/name (the hub's) and ft:base:org::id (OpenAI's fine-tunes).
+    rename(multi, "qwen2.5-0.5b", "Qwen/Qwen2.5-0.5B-Instruct")
+    rename(multi, "gpt2-xl", "ft:gpt-3.5-turbo:acme::8abc1234")
+    multi["models"][2]["adapters"] = [{"id": "acme/qwen-3b:support", "source": "org/qwen-lora"}]
+    multi["consumers"][1]["limits"] = {"models": {"Qwen/Qwen2.5-0.5B-Instruct": {"max_concurrency": 4}}}
+    cfg = parse_config(multi)
+    assert cfg.models_for("voice-app") == ("ft:gpt-3.5-turbo:acme::8abc1234", "Qwen/Qwen2.5-0.5B-Instruct",
+                                           "qwen2.5-3b", "acme/qwen-3b:support")
+
+
+def test_a_model_alarm_name_past_cloudwatchs_limit_is_refused_naming_the_model(multi):
+    long_id = "a" + ":" * 63  # 64 characters, 63 of them escaped to 3 each in the alarm name
+    rename(multi, "qwen2.5-0.5b", long_id)
+    multi["regions"][0]["pools"][0]["name"] = "l40s-pool-with-a-long-name-xxxxx"
+    (msg,) = problems(multi)
+    assert msg.startswith("models[1].id:") and "CloudWatch alarm names hold at most 255" in msg
 
 
 def test_entitlements_name_existing_consumers(multi):
@@ -342,11 +374,13 @@ def test_a_model_served_in_another_region_rolls_nothing_here(example_doc):
     after["models"][1]["max_output_len"] = 256
     changed = parse_config(after)
     digests = {p.name: before.instance_digest("ap-northeast-2", p.name) for p in before.regions[0].pools}
-    # Drop qwen2.5-0.5b from both pools: a change to it no longer reaches them.
-    for doc in (example_doc, after):
+    # Move qwen2.5-0.5b from both pools to another region: a change to it no longer reaches them.
+    moved = []
+    for doc in (copy.deepcopy(example_doc), after):
         for pool in doc["regions"][0]["pools"]:
             pool["serves"] = [s for s in pool["serves"] if s["model"] != "qwen2.5-0.5b"]
-    a, b = parse_config(copy.deepcopy(example_doc)), parse_config(after)
+        moved.append(second_region(doc, ["qwen2.5-0.5b"]))
+    a, b = (parse_config(d) for d in moved)
     assert all(a.instance_digest("ap-northeast-2", n) == b.instance_digest("ap-northeast-2", n) for n in digests)
     assert changed.instance_digest("ap-northeast-2", "l40s") != digests["l40s"]
 
@@ -375,3 +409,59 @@ def test_per_model_limits_name_a_model_the_consumer_may_call(multi):
     assert cfg.consumers[1].limits.models["gpt2-xl"].max_concurrency == 4
     assert "models" not in parse_config(copy.deepcopy(multi) | {"consumers": multi["consumers"][:1]}).model_dump(
         mode="json")["consumers"][0]["limits"]  # absent per-model limits leave the stored config as it was
+
+
+# ---------------------------------------------------------------- what no pool serves (issue 32, §2)
+
+
+def second_region(doc: dict, serves: list[str]) -> dict:
+    """`doc` with a us-east-1 region whose pool serves `serves`, and the analytics consumer moved there."""
+    region = copy.deepcopy(doc["regions"][0])
+    region.update(region="us-east-1", availability_zones=[{"name": "us-east-1a", "id": "use1-az1"},
+                                                          {"name": "us-east-1b", "id": "use1-az2"}],
+                  vpc={"cidr": "10.43.0.0/16"})
+    region["pools"] = [dict(region["pools"][0], serves=[{"model": m, "kv_cache_gb": 4} for m in serves])]
+    doc["regions"].append(region)
+    consumer = doc["consumers"][1]
+    consumer.update(region="us-east-1", service_region="us-east-1",
+                    subnets=[{"id": "subnet-0f1e2d3c4b5a69781", "az_id": "use1-az1"}],
+                    endpoint_service_name="com.amazonaws.vpce.us-east-1.vpce-svc-0f1e2d3c4b5a69788")
+    return doc
+
+
+def test_a_model_no_pool_serves_is_refused_once_with_its_adapters(multi):
+    multi["models"][2]["adapters"] = [{"id": "qwen2.5-3b-support", "source": "org/qwen-lora"}]
+    for pool in multi["regions"][0]["pools"]:
+        pool["serves"] = [s for s in pool["serves"] if s["model"] != "qwen2.5-3b"]
+    # One mistake, one problem: not also voice-app's entitlement to it, nor the adapter's id.
+    (msg,) = problems(multi)
+    assert msg.startswith("models[2].id:") and "no pool serves qwen2.5-3b (nor its adapters qwen2.5-3b-support)" in msg
+    assert "allowed: add {model: qwen2.5-3b}" in msg
+
+
+def test_a_consumer_entitled_to_a_model_its_region_does_not_serve_is_refused(multi):
+    multi = second_region(multi, ["gpt2-xl", "qwen2.5-0.5b"])
+    multi["models"][2]["consumers"] = ["voice-app", "analytics"]  # analytics now reaches us-east-1
+    (msg,) = problems(multi)
+    assert msg.startswith("models[2].consumers[1]:")
+    assert "analytics reaches us-east-1 (its service_region), where no pool serves qwen2.5-3b" in msg
+    multi["models"][2]["consumers"] = ["voice-app"]
+    assert problems(multi) == []  # a model served in one region only, entitled to that region's consumers
+
+
+def test_a_per_model_slo_in_seconds_is_refused_by_the_fleet_slo_rule(multi):
+    multi["models"][1]["slo"] = {"ttft_p99_ms": 0.15, "itl_p99_ms": 20}
+    fleet = copy.deepcopy(multi)
+    fleet["slo"]["ttft_p99_ms"] = 0.3
+    (msg,) = problems(multi)
+    assert msg.startswith("models[1].slo.ttft_p99_ms:") and "is it seconds? 0.15 s is 150 ms" in msg
+    # The same words as the fleet-wide SLO's refusal: one rule.
+    fleet_msg = [p for p in problems(fleet) if p.startswith("slo.ttft_p99_ms:")][0]
+    assert fleet_msg.split(": ", 1)[1].replace("0.3", "X").replace("300", "Y") == \
+        msg.split(": ", 1)[1].replace("0.15", "X").replace("150", "Y")
+
+
+def test_a_misnamed_serve_is_one_problem_not_also_an_unserved_model_or_a_packing_mismatch(multi):
+    multi["regions"][0]["pools"][1]["serves"][0]["model"] = "gpt2-xxl"
+    (msg,) = problems(multi)
+    assert msg.startswith("regions[0].pools[1].serves[0].model:") and "'gpt2-xxl' is not a model" in msg

@@ -48,6 +48,10 @@ def test_documented_expressions_are_accepted(expression):
     ("cron(0 6 * * ? 1969)", "Year 1969 is out of range"),
     ("cron(0/0 6 * * ? *)", "increment after / is a positive"),
     ("cron(0 ? * * ? *)", "Hours cannot be ?"),
+    # Not in the documented grammar (see test_wildcards_the_table_does_not_list_are_refused).
+    ("cron(0 6 ? * 1/2 *)", "Day-of-week '1/2': this field takes no / increment"),
+    ("cron(0 6 ? * */2 *)", "Day-of-week '*/2': this field takes no / increment"),
+    ("cron(0 6 LW * ? *)", "Day-of-month 'LW' is not in EventBridge's documented grammar"),
     ("rate(99999999999 days)", "longer than a year"),
     ("rate(\u0665 minutes)", "not a schedule expression"),
     ("rate(1 hours)", "singular for 1"),
@@ -60,6 +64,18 @@ def test_documented_expressions_are_accepted(expression):
 def test_expressions_eventbridge_refuses_are_refused_with_the_reason(expression, expected):
     problem = schedule_problem(expression)
     assert problem is not None and expected in problem, problem
+
+
+def test_wildcards_the_table_does_not_list_are_refused():
+    # Amazon EventBridge User Guide, "Cron expressions reference"
+    # (https://docs.aws.amazon.com/eventbridge/latest/userguide/eb-cron-expressions.html), the Wildcards column:
+    # Day-of-month ", - * ? / L W", Day-of-week ", - * ? L #" (no /), the other fields ", - * /". L and W are
+    # described apart ("L ... specifies the last day of the month or week", "3W specifies the weekday closest
+    # to the third day"); LW, which Quartz-style cron takes, is not listed.
+    assert schedule_problem("cron(0 6 1/5 * ? *)") is None  # / where the table lists it
+    assert schedule_problem("cron(0 6 ? * 2/2 *)") is not None
+    assert schedule_problem("cron(0 6 LW * ? *)") is not None
+    assert schedule_problem("cron(0 6 L * ? *)") is None and schedule_problem("cron(0 6 15W * ? *)") is None
 
 
 def test_the_length_limits_are_the_api_models():

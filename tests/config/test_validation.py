@@ -194,7 +194,7 @@ def test_consumer_account_must_be_an_allowed_principal(doc):
 def test_capacity_out_of_order(doc, capacity):
     doc["regions"][0]["pools"][0]["capacity"] = capacity
     msg = the_one(doc)
-    assert msg.startswith("regions[0].pools[0].capacity:") and "min <= desired <= max" in msg
+    assert msg.startswith("regions[0].pools[0].capacity.desired:") and "min <= desired <= max" in msg
 
 
 def test_unknown_key_is_rejected_not_ignored(doc):

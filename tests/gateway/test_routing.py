@@ -240,3 +240,25 @@ def test_a_consumer_refresh_changes_entitlement_without_a_restart():
         finally:
             await _stop(h, servers)
     run(body())
+
+
+def test_ids_with_slashes_and_colons_route_and_are_listed_as_written():
+    # Hub-style and fine-tune ids (fleetcast/contract/model_ids.py): routed by the id itself, retrievable at
+    # /v1/models/{id} as written or percent-encoded (HTTP clients quote '/' and ':' in a path segment).
+    hub, tuned = "Qwen/Qwen2.5-0.5B-Instruct", "ft:gpt-3.5-turbo:acme::8abc1234"
+
+    async def body():
+        servers = [await FakeModelServer().start() for _ in range(2)]
+        router = Router({hub: [("127.0.0.1", servers[0].port)], tuned: [("127.0.0.1", servers[1].port)]})
+        h = await start_harness(upstream=servers[0], router=router, entitled={"voice-app": (hub, tuned)})
+        try:
+            for model, server in ((hub, servers[0]), (tuned, servers[1])):
+                reply = await one_request(h.port, "POST", "/v1/completions", completion(model), vpce_id=VOICE_VPCE)
+                assert reply.status == 200 and server.requests[-1]["model"] == model
+            for path in (f"/v1/models/{hub}", "/v1/models/Qwen%2FQwen2.5-0.5B-Instruct",
+                         "/v1/models/ft%3Agpt-3.5-turbo%3Aacme%3A%3A8abc1234"):
+                reply = await one_request(h.port, "GET", path, vpce_id=VOICE_VPCE)
+                assert reply.status == 200 and reply.json()["id"] in (hub, tuned), path
+        finally:
+            await _stop(h, servers)
+    run(body())
