@@ -23,6 +23,7 @@ it serves.
 
 from __future__ import annotations
 
+import shlex
 import subprocess
 import sys
 from collections.abc import Callable, Sequence
@@ -56,15 +57,32 @@ class Step:
     def describe(self) -> list[str]:
         lines = [f"== {self.name}: {self.summary}"]
         lines += [f"   - delete {d}" for d in self.deletes]
-        lines += ["   $ " + " ".join(c) + "   (preview)" for c in self.preview]
-        lines += ["   $ " + " ".join(c) for c in self.commands]
+        lines += ["   $ " + shown(c) + "   (preview)" for c in self.preview]
+        lines += ["   $ " + shown(c) for c in self.commands]
         if self.action is not None:
             lines.append("   (reads stack outputs and edits the config)")
         return lines
 
 
+# How the plan runs the CLIs (this interpreter, the venv's pinned CDK CLI) and how it prints them: the forms the
+# README and runbook give, which an operator can copy and which read the same on every machine.
+_FLEETCAST_RUN = [sys.executable, "-m", "scripts.cli"]
+FLEETCAST_SHOWN = ["fleetcast"]
+CDK_SHOWN = ["npx", "cdk"]
+
+
 def _fleetcast(*args: str) -> list[str]:
-    return [sys.executable, "-m", "scripts.cli", *args]
+    return [*_FLEETCAST_RUN, *args]
+
+
+def shown(command: Sequence[str]) -> str:
+    """`command` as printed: `fleetcast ...` and `npx cdk ...` rather than this machine's interpreter and node."""
+    from fleetcast.node import cdk_command
+
+    for run, show in ((_FLEETCAST_RUN, FLEETCAST_SHOWN), (cdk_command(), CDK_SHOWN)):
+        if list(command[:len(run)]) == run:
+            return shlex.join([*show, *command[len(run):]])
+    return shlex.join(command)
 
 
 def _cdk(*args: str, profile: Sequence[str] = ()) -> list[str]:
@@ -277,13 +295,13 @@ def execute(steps: Sequence[Step], *, dry_run: bool, run: Callable[..., Any] | N
             continue
         for command in step.preview:
             if run(command).returncode != 0:
-                log(f"   (preview `{' '.join(command[3:])}` failed; continuing with the step)")
+                log(f"   (preview `{shown(command)}` failed; continuing with the step)")
         resolution = step.resolve(step.commands) if step.resolve is not None else Resolution(step.commands)
         for line in resolution.notes:
             log(f"   {line}")
         for command in resolution.commands:
             if run(command).returncode != 0:
-                raise UserError(f"step {step.name} failed: `{' '.join(command)}`; fix it and rerun "
+                raise UserError(f"step {step.name} failed: `{shown(command)}`; fix it and rerun "
                                 f"`{resume} --step {step.name}` (later steps did not run)")
         if step.action is not None:
             for line in step.action():

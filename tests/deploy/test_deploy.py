@@ -1,6 +1,7 @@
 """The deploy path: AWS's order, each step alone, service names published into the config."""
 
 import shutil
+import sys
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -108,6 +109,20 @@ def test_cli_dry_run_prints_the_guide(capsys):
     out = capsys.readouterr().out
     assert "== bootstrap" in out and "== smoke" in out
     assert main(["teardown", "--config", str(CONFIG), "--dry-run"]) == 0
+
+
+def test_cli_dry_run_prints_the_readmes_command_forms_not_this_machines_paths(capsys):
+    from scripts.cli import main
+
+    main(["deploy", "--config", str(CONFIG), "--dry-run"])
+    commands = [line.split("$ ", 1)[1].removesuffix("   (preview)") for line in capsys.readouterr().out.splitlines()
+                if line.startswith("   $ ")]
+    assert commands and all(c.startswith(("fleetcast ", "npx cdk ")) for c in commands), commands
+    assert not any(sys.executable in c or "node_modules" in c for c in commands)
+    # The forms README.md's deployment table gives, word for word.
+    assert "npx cdk deploy -c config=" + str(CONFIG) + " --require-approval broadening " \
+        "fleetcast-provider-ap-northeast-2 fleetcast-provider-us-east-1" in commands
+    assert f"fleetcast config diff --deployed {CONFIG}" in commands
 
 
 # -- --profile / --region reach every sub-step
