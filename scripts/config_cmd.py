@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -55,8 +56,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_aws_arguments(diff, region_help="with --deployed: only this provider region (--profile too: with --deployed)")
     diff.add_argument("--json", action="store_true", help="machine-readable output")
     diff.add_argument("--fail-on-roll", action="store_true",
-                      help="exit 3 when any existing pool would roll (a guard for pipelines that must not replace "
-                           "instances)")
+                      help="exit 3 when any existing pool would roll, or the fleet's name changes (a second fleet "
+                           "beside the old one): a guard for pipelines that must not replace instances")
     diff.set_defaults(handler=_diff)
 
     _register_init(actions)
@@ -109,7 +110,7 @@ def _diff(args: argparse.Namespace) -> int:
         print(json.dumps(impact.to_json(), indent=2, default=str))
     else:
         print(render_impact(impact), end="")
-    return 3 if args.fail_on_roll and impact.rolls else 0
+    return 3 if args.fail_on_roll and (impact.rolls or impact.renamed) else 0
 
 
 def _diff_deployed(args: argparse.Namespace, new) -> int:
@@ -127,9 +128,15 @@ def _diff_deployed(args: argparse.Namespace, new) -> int:
     for region in [args.region] if args.region else names:
         old = deployed_config(access, new, region)
         if old is None:
-            report.append({"region": region, "deployed": False})
+            others = _other_fleets(access, new, region)
+            report.append({"region": region, "deployed": False, "other_fleets": others})
             if not args.json:
-                print(f"== {region}: not deployed yet (no {new.config_parameter_name} parameter): its pools are new\n")
+                print(f"== {region}: not deployed yet (no {new.config_parameter_name} parameter): its pools are new")
+                if others:
+                    print(f"   The region runs {', '.join(others)}: if this config renames that fleet, a deploy creates "
+                          f"a second, parallel fleet with new endpoint service names and the old one keeps running "
+                          f"(`fleetcast deploy` asks first).")
+                print()
             continue
         impact = diff_configs(old, new).for_region(region)
         rolls = rolls or bool(impact.rolls)
@@ -140,6 +147,18 @@ def _diff_deployed(args: argparse.Namespace, new) -> int:
     if args.json:
         print(json.dumps(report, indent=2, default=str))
     return 3 if args.fail_on_roll and rolls else 0
+
+
+def _other_fleets(access, cfg, region: str) -> list[str]:
+    """Other fleets' provider stacks in `region`; a missing cloudformation:DescribeStacks only skips the check."""
+    from fleetcast.aws_session import AwsCallError
+    from fleetcast.deployed import other_fleets
+
+    try:
+        return other_fleets(access, cfg, region)
+    except AwsCallError as exc:
+        print(f"{region}: other fleets not checked: {exc}", file=sys.stderr)
+        return []
 
 
 def _show(args: argparse.Namespace) -> int:
