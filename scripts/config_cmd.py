@@ -37,7 +37,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     docs = actions.add_parser("docs", help="print the config reference (docs/config.md) generated from the schema")
     docs.set_defaults(handler=_docs)
 
-    show = actions.add_parser("show", help="print the validated config with defaults filled in, as JSON, in the list form (`models:`)")
+    show = actions.add_parser("show", help="print the validated config with defaults filled in, in the list form (`models:`), as YAML (JSON for a "
+                                       "JSON file); fleet engine defaults that every model overrides are left out")
     show.add_argument("file")
     show.set_defaults(handler=_show)
 
@@ -162,11 +163,37 @@ def _other_fleets(access, cfg, region: str) -> list[str]:
 
 
 def _show(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
     from fleetcast.config import load_config
     from fleetcast.config.model import LIST_FORM
 
+    cfg = load_config(args.file)
     # The normalized form: a `models:` list even where the file uses the single-model `model:`.
-    print(json.dumps(load_config(args.file).model_dump(mode="json", context=LIST_FORM), indent=2))
+    data = cfg.model_dump(mode="json", context=LIST_FORM)
+    unused = cfg.unused_engine_defaults()
+    for name in unused:  # defaults no pool builds with would read as settings of the fleet
+        del data["engine"][name]
+    note = (f"engine.{', engine.'.join(unused)}: left out, every model sets its own (models[].engine or "
+            "pools[].engine)") if unused else ""
+    try:
+        json.loads(Path(args.file).read_text())
+        as_json = True  # a JSON file is printed as JSON; anything else as the YAML it was written in
+    except ValueError:
+        as_json = False
+    if as_json:
+        print(json.dumps(data, indent=2))
+        if note:
+            print(note, file=sys.stderr)
+        return 0
+    from ruamel.yaml import YAML
+
+    if note:
+        print(f"# {note}")
+    yaml = YAML(typ="safe", pure=True)
+    yaml.default_flow_style = False
+    yaml.sort_base_mapping_type_on_output = False  # type: ignore[attr-defined]
+    yaml.dump(data, sys.stdout)
     return 0
 
 

@@ -76,11 +76,13 @@ class ConfigImpact:
     entitlements_changed: list[str] = field(default_factory=list)
     # (old, new) fleet name when it changed: a deploy makes a second fleet, the old one keeps running.
     renamed: tuple[str, str] | None = None
+    # Changes of fleet `engine` defaults that no pool builds with, before or after (FleetConfig.unused_engine_defaults).
+    no_effect: list[FieldChange] = field(default_factory=list)
 
     def for_region(self, region: str) -> ConfigImpact:
         """The same changes, with only that region's pools (what a deploy there does)."""
         return ConfigImpact(self.changes, [p for p in self.pools if p.region == region], self.consumers_changed,
-                            self.entitlements_changed, self.renamed)
+                            self.entitlements_changed, self.renamed, self.no_effect)
 
     @property
     def tags_changed(self) -> bool:
@@ -96,7 +98,8 @@ class ConfigImpact:
                 "tags_changed": self.tags_changed,
                 "rolls": bool(self.rolls),
                 "renamed": None if self.renamed is None else {"before": self.renamed[0], "after": self.renamed[1]},
-                "parallel_fleet": self.renamed is not None}
+                "parallel_fleet": self.renamed is not None,
+                "no_effect": [c.to_json() for c in self.no_effect]}
 
 
 def _walk(before: Any, after: Any, path: str, key: str | None, out: list[FieldChange]) -> None:
@@ -155,15 +158,18 @@ def _instance_fields(cfg: FleetConfig, model_id: str) -> dict[str, Any]:
 
 
 def diff_configs(before: FleetConfig, after: FleetConfig) -> ConfigImpact:
-    changes: list[FieldChange] = []
+    found: list[FieldChange] = []
     # Both in the list form, so a move from `model:` to `models:` compares model by model.
     _walk(before.model_dump(mode="json", context=LIST_FORM), after.model_dump(mode="json", context=LIST_FORM), "",
-          None, changes)
+          None, found)
+    idle = {f"engine.{name}" for name in set(before.unused_engine_defaults()) & set(after.unused_engine_defaults())}
+    changes = [c for c in found if c.path not in idle]
+    no_effect = [c for c in found if c.path in idle]
     if before.name != after.name:
         # Every stack is named after the fleet: nothing of the old fleet is updated, the new one starts beside it.
         pools = [PoolImpact(r.region, p.name, "parallel", None, after.instance_digest(r.region, p.name))
                  for r in after.regions for p in r.pools]
-        return ConfigImpact(changes, pools, renamed=(before.name, after.name))
+        return ConfigImpact(changes, pools, renamed=(before.name, after.name), no_effect=no_effect)
     old, new = _digests(before), _digests(after)
     pools = []
     for region, pool in [*old, *[k for k in new if k not in old]]:
@@ -175,7 +181,7 @@ def diff_configs(before: FleetConfig, after: FleetConfig) -> ConfigImpact:
                         if c.path.startswith("consumers")})
     entitled = sorted({c.path.split("]")[0].removeprefix("models[") for c in changes
                        if c.path.startswith("models[") and c.path.split("]", 1)[1].startswith(".consumers")})
-    return ConfigImpact(changes, pools, consumers, entitled)
+    return ConfigImpact(changes, pools, consumers, entitled, no_effect=no_effect)
 
 
 def _short(value: Any) -> str:
@@ -194,15 +200,24 @@ _OUTCOME_TEXT = {
 }
 
 
+def _no_effect_line(impact: ConfigImpact) -> list[str]:
+    if not impact.no_effect:
+        return []
+    return [f"Without effect ({', '.join(f'{c.path} {_short(c.before)} -> {_short(c.after)}' for c in impact.no_effect)}"
+            "): every model sets its own (models[].engine or pools[].engine), so no pool builds with it."]
+
+
 def render_impact(impact: ConfigImpact) -> str:
     if not impact.changes:
-        return "No change: the two configs are the same once validated (defaults filled in).\n"
+        return "\n".join(["No change: the two configs are the same once validated (defaults filled in).",
+                          *_no_effect_line(impact)]) + "\n"
     lines = [f"Changed ({len(impact.changes)}):"]
     width = min(64, max(len(c.path) for c in impact.changes))
     for c in impact.changes:
         detail = {"added": f"added {_short(c.after)}", "removed": "removed"}.get(
             c.kind, f"{_short(c.before)} -> {_short(c.after)}")
         lines.append(f"  {c.path:<{width}}  {detail}")
+    lines += _no_effect_line(impact)
     if impact.renamed is not None:
         from fleetcast.contract.names import provider_stack_name
 
