@@ -198,7 +198,7 @@ def _show(args: argparse.Namespace) -> int:
 
 
 def _register_init(actions: argparse._SubParsersAction) -> None:
-    from fleetcast.config.init import MODEL_PRESETS
+    from fleetcast.config.init import DEFAULT_MODEL, MODEL_PRESETS
 
     init = actions.add_parser(
         "init", help="write a commented minimal config that validates (asks, or takes flags)",
@@ -208,7 +208,9 @@ def _register_init(actions: argparse._SubParsersAction) -> None:
                     "cannot know (consumer VPC and subnet ids, CIDRs, AZ IDs) are marked REPLACE.")
     init.add_argument("--account", help="provider account id (12 digits): owns the fleets and endpoint services")
     init.add_argument("--regions", help="provider regions, comma-separated, e.g. ap-northeast-2,us-east-1")
-    init.add_argument("--model", help=f"model to start with: {', '.join(MODEL_PRESETS)} (default gpt2-xl)")
+    init.add_argument("--model", action="append", default=[],
+                      help=f"a model to serve: {', '.join(MODEL_PRESETS)} (repeat for several: a `models:` list, every "
+                           f"pool serving each; default {DEFAULT_MODEL})")
     init.add_argument("--consumer", action="append", default=[], metavar="NAME=ACCOUNT[@REGION]",
                       help="a consumer account (repeat for more); REGION defaults to the first provider region")
     init.add_argument("--name", default="fleetcast", help="fleet name, prefixes stack names (default fleetcast)")
@@ -224,7 +226,7 @@ def _init(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from fleetcast.config import ConfigError, load_config
-    from fleetcast.config.init import InitAnswers, check_account, check_region, parse_consumer, render
+    from fleetcast.config.init import DEFAULT_MODEL, InitAnswers, check_account, check_region, parse_consumer, render
     from fleetcast.contract.errors import UserError
 
     out = Path(args.out)
@@ -250,7 +252,8 @@ def _init(args: argparse.Namespace) -> int:
         regions = tuple(check_region(r, "--regions") for r in args.regions.split(",") if r.strip()) if args.regions \
             else ask("provider regions (comma-separated)", lambda v: tuple(
                 check_region(r, "regions") for r in v.split(",") if r.strip()) or _none("a region"), "ap-northeast-2")
-        model = args.model or (ask("model", str, "gpt2-xl") if interactive else "gpt2-xl")
+        models = tuple(args.model) or (ask("models (comma-separated)", lambda v: tuple(
+            m.strip() for m in v.split(",") if m.strip()), DEFAULT_MODEL) if interactive else (DEFAULT_MODEL,))
         consumers = tuple(parse_consumer(c) for c in args.consumer)
         if not consumers:
             print("consumers, one per line as NAME=ACCOUNT[@REGION]; an empty line ends", file=sys.stderr)
@@ -264,7 +267,7 @@ def _init(args: argparse.Namespace) -> int:
                 except ValueError as exc:
                     print(f"  {exc}", file=sys.stderr)
             consumers = tuple(collected)
-        text = render(InitAnswers(account=account, regions=regions, model=model, consumers=consumers, name=args.name))
+        text = render(InitAnswers(account=account, regions=regions, models=models, consumers=consumers, name=args.name))
     except EOFError:
         raise UserError("input ended before every answer was given", 2) from None
     except ValueError as exc:
@@ -285,7 +288,8 @@ def _init(args: argparse.Namespace) -> int:
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
-    print(f"wrote {out}: valid ({len(cfg.regions)} region(s), {len(cfg.consumers)} consumer(s)); fill in the lines "
+    print(f"wrote {out}: valid ({len(cfg.models)} model(s), {len(cfg.regions)} region(s), {len(cfg.consumers)} "
+          "consumer(s)); fill in the lines "
           f"marked REPLACE, then `fleetcast config validate {out}`")
     return 0
 
