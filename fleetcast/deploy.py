@@ -23,9 +23,10 @@ it serves.
 
 from __future__ import annotations
 
+import shlex
 import subprocess
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
@@ -56,15 +57,32 @@ class Step:
     def describe(self) -> list[str]:
         lines = [f"== {self.name}: {self.summary}"]
         lines += [f"   - delete {d}" for d in self.deletes]
-        lines += ["   $ " + " ".join(c) + "   (preview)" for c in self.preview]
-        lines += ["   $ " + " ".join(c) for c in self.commands]
+        lines += ["   $ " + shown(c) + "   (preview)" for c in self.preview]
+        lines += ["   $ " + shown(c) for c in self.commands]
         if self.action is not None:
             lines.append("   (reads stack outputs and edits the config)")
         return lines
 
 
+# How the plan runs the CLIs (this interpreter, the venv's pinned CDK CLI) and how it prints them: the forms the
+# README and runbook give, which an operator can copy and which read the same on every machine.
+_FLEETCAST_RUN = [sys.executable, "-m", "scripts.cli"]
+FLEETCAST_SHOWN = ["fleetcast"]
+CDK_SHOWN = ["npx", "cdk"]
+
+
 def _fleetcast(*args: str) -> list[str]:
-    return [sys.executable, "-m", "scripts.cli", *args]
+    return [*_FLEETCAST_RUN, *args]
+
+
+def shown(command: Sequence[str]) -> str:
+    """`command` as printed: `fleetcast ...` and `npx cdk ...` rather than this machine's interpreter and node."""
+    from fleetcast.node import cdk_command
+
+    for run, show in ((_FLEETCAST_RUN, FLEETCAST_SHOWN), (cdk_command(), CDK_SHOWN)):
+        if list(command[:len(run)]) == run:
+            return shlex.join([*show, *command[len(run):]])
+    return shlex.join(command)
 
 
 def _cdk(*args: str, profile: Sequence[str] = ()) -> list[str]:
@@ -240,7 +258,6 @@ def confirm_teardown(cfg: FleetConfig, steps: Sequence[Step], *, yes: bool, stdi
 
     Raises UserError (exit 2) without a terminal and without --yes, (exit 3) when not confirmed.
     """
-    stdin = sys.stdin if stdin is None else stdin
     err = sys.stderr if err is None else err
     stacks = [d for s in steps for d in s.deletes]
     if not stacks:
@@ -248,15 +265,47 @@ def confirm_teardown(cfg: FleetConfig, steps: Sequence[Step], *, yes: bool, stdi
     err.write(f"fleetcast teardown deletes these {len(stacks)} stack(s) of fleet {cfg.name}, in this order:\n")
     err.write("".join(f"  {i}. {d}\n" for i, d in enumerate(stacks, 1)))
     err.write("Buckets, access logs and image repositories are retained.\n")
+    _confirm_by_name(cfg.name, "delete them", yes=yes, stdin=stdin, err=err,
+                     refusal="refusing to delete stacks without confirmation: stdin is not a terminal; check the "
+                             "list with --dry-run, then rerun with --yes",
+                     declined="not confirmed; nothing deleted")
+
+
+def confirm_parallel_fleet(cfg: FleetConfig, others: Mapping[str, Sequence[str]], *, yes: bool,
+                           stdin: TextIO | None = None, err: TextIO | None = None) -> None:
+    """Before deploying a fleet whose provider stacks do not exist where other fleets' do (`others`: region ->
+    their stacks, fleetcast.deployed.other_fleets): a renamed config makes a second fleet, not an update.
+
+    Raises UserError (exit 2) without a terminal and without --yes, (exit 3) when not confirmed.
+    """
+    err = sys.stderr if err is None else err
+    found = {region: stacks for region, stacks in others.items() if stacks}
+    if not found:
+        return
+    err.write(f"Fleet {cfg.name} has no provider stack yet where other fleets run:\n")
+    err.write("".join(f"  {region}: {', '.join(stacks)} (this deploy creates "
+                      f"{provider_stack_name(cfg.name, region)} beside it)\n" for region, stacks in found.items()))
+    err.write("If this config renames one of them (its `name` changed), deploying it does not update that fleet: "
+              "it creates a second, parallel fleet with its own instances, NLB and endpoint service names, and the "
+              "old fleet keeps running and billing until `fleetcast teardown` with the old config deletes it.\n")
+    _confirm_by_name(cfg.name, "create it", yes=yes, stdin=stdin, err=err,
+                     refusal=f"refusing to create fleet {cfg.name} beside another fleet without confirmation: stdin "
+                             "is not a terminal; check `fleetcast config diff OLD NEW`, then rerun with --yes",
+                     declined="not confirmed; nothing deployed")
+
+
+def _confirm_by_name(name: str, what: str, *, yes: bool, stdin: TextIO | None, err: TextIO, refusal: str,
+                     declined: str) -> None:
+    """Ask for the fleet's name unless --yes; no terminal to ask: exit 2, a wrong answer: exit 3."""
+    stdin = sys.stdin if stdin is None else stdin
     if yes:
         return
     if stdin is None or not stdin.isatty():
-        raise UserError("refusing to delete stacks without confirmation: stdin is not a terminal; check the list "
-                        "with --dry-run, then rerun with --yes", 2)
-    err.write(f"Type the fleet name ({cfg.name}) to delete them: ")
+        raise UserError(refusal, 2)
+    err.write(f"Type the fleet name ({name}) to {what}: ")
     err.flush()
-    if stdin.readline().strip() != cfg.name:
-        raise UserError("not confirmed; nothing deleted", 3)
+    if stdin.readline().strip() != name:
+        raise UserError(declined, 3)
 
 
 def execute(steps: Sequence[Step], *, dry_run: bool, run: Callable[..., Any] | None = None,
@@ -277,13 +326,13 @@ def execute(steps: Sequence[Step], *, dry_run: bool, run: Callable[..., Any] | N
             continue
         for command in step.preview:
             if run(command).returncode != 0:
-                log(f"   (preview `{' '.join(command[3:])}` failed; continuing with the step)")
+                log(f"   (preview `{shown(command)}` failed; continuing with the step)")
         resolution = step.resolve(step.commands) if step.resolve is not None else Resolution(step.commands)
         for line in resolution.notes:
             log(f"   {line}")
         for command in resolution.commands:
             if run(command).returncode != 0:
-                raise UserError(f"step {step.name} failed: `{' '.join(command)}`; fix it and rerun "
+                raise UserError(f"step {step.name} failed: `{shown(command)}`; fix it and rerun "
                                 f"`{resume} --step {step.name}` (later steps did not run)")
         if step.action is not None:
             for line in step.action():

@@ -1,7 +1,10 @@
-"""The config a provider region runs now: its config parameter, as the last deploy wrote it.
+"""The config a provider region runs now: its config parameter, as the last deploy wrote it; and which
+other Fleetcast fleets run in the region.
 
 `fleetcast config diff --deployed NEW` compares NEW with it, region by region, to say
-before a deploy which pools would roll there.
+before a deploy which pools would roll there. A config whose fleet `name` changed finds no parameter
+under its new name; `other_fleets` then names the fleet the region runs, since deploying the renamed
+config would start a second fleet beside it (`fleetcast deploy` asks first).
 """
 
 from __future__ import annotations
@@ -10,6 +13,22 @@ from typing import Any
 
 from fleetcast.config import ConfigError, FleetConfig, config_from_json
 from fleetcast.contract.errors import UserError
+
+
+def other_fleets(access: Any, cfg: FleetConfig, region: str) -> list[str]:
+    """The provider stacks of other Fleetcast fleets in `region` of the account `access` acts in, when `cfg`'s
+    own provider stack is not there (deploying `cfg` would then create a fleet beside them); else [].
+
+    A Fleetcast provider stack is one named `provider_stack_name(fleet, region)` that has the endpoint
+    service output (fleetcast/contract/outputs.py). Needs cloudformation:DescribeStacks.
+    """
+    from fleetcast.contract.names import fleet_of_provider_stack, provider_stack_name
+    from fleetcast.contract.outputs import ProviderOutput
+
+    fleets = [stack["StackName"] for stack in access.paginate("cloudformation", region, "DescribeStacks", "Stacks")
+              if fleet_of_provider_stack(stack["StackName"], region) is not None
+              and any(o.get("OutputKey") == ProviderOutput.ENDPOINT_SERVICE_NAME for o in stack.get("Outputs", []))]
+    return [] if provider_stack_name(cfg.name, region) in fleets else fleets
 
 
 def deployed_config(access: Any, cfg: FleetConfig, region: str) -> FleetConfig | None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -36,7 +37,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     docs = actions.add_parser("docs", help="print the config reference (docs/config.md) generated from the schema")
     docs.set_defaults(handler=_docs)
 
-    show = actions.add_parser("show", help="print the validated config with defaults filled in, as JSON, in the list form (`models:`)")
+    show = actions.add_parser("show", help="print the validated config with defaults filled in, in the list form (`models:`), as YAML (JSON for a "
+                                       "JSON file); fleet engine defaults that every model overrides are left out")
     show.add_argument("file")
     show.set_defaults(handler=_show)
 
@@ -55,8 +57,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_aws_arguments(diff, region_help="with --deployed: only this provider region (--profile too: with --deployed)")
     diff.add_argument("--json", action="store_true", help="machine-readable output")
     diff.add_argument("--fail-on-roll", action="store_true",
-                      help="exit 3 when any existing pool would roll (a guard for pipelines that must not replace "
-                           "instances)")
+                      help="exit 3 when any existing pool would roll, or the fleet's name changes (a second fleet "
+                           "beside the old one): a guard for pipelines that must not replace instances")
     diff.set_defaults(handler=_diff)
 
     _register_init(actions)
@@ -113,7 +115,7 @@ def _diff(args: argparse.Namespace) -> int:
         print(json.dumps(impact.to_json(), indent=2, default=str))
     else:
         print(render_impact(impact), end="")
-    return 3 if args.fail_on_roll and impact.rolls else 0
+    return 3 if args.fail_on_roll and (impact.rolls or impact.renamed) else 0
 
 
 def _diff_deployed(args: argparse.Namespace, new) -> int:
@@ -131,9 +133,15 @@ def _diff_deployed(args: argparse.Namespace, new) -> int:
     for region in [args.region] if args.region else names:
         old = deployed_config(access, new, region)
         if old is None:
-            report.append({"region": region, "deployed": False})
+            others = _other_fleets(access, new, region)
+            report.append({"region": region, "deployed": False, "other_fleets": others})
             if not args.json:
-                print(f"== {region}: not deployed yet (no {new.config_parameter_name} parameter): its pools are new\n")
+                print(f"== {region}: not deployed yet (no {new.config_parameter_name} parameter): its pools are new")
+                if others:
+                    print(f"   The region runs {', '.join(others)}: if this config renames that fleet, a deploy creates "
+                          f"a second, parallel fleet with new endpoint service names and the old one keeps running "
+                          f"(`fleetcast deploy` asks first).")
+                print()
             continue
         impact = diff_configs(old, new).for_region(region)
         rolls = rolls or bool(impact.rolls)
@@ -146,17 +154,55 @@ def _diff_deployed(args: argparse.Namespace, new) -> int:
     return 3 if args.fail_on_roll and rolls else 0
 
 
+def _other_fleets(access, cfg, region: str) -> list[str]:
+    """Other fleets' provider stacks in `region`; a missing cloudformation:DescribeStacks only skips the check."""
+    from fleetcast.aws_session import AwsCallError
+    from fleetcast.deployed import other_fleets
+
+    try:
+        return other_fleets(access, cfg, region)
+    except AwsCallError as exc:
+        print(f"{region}: other fleets not checked: {exc}", file=sys.stderr)
+        return []
+
+
 def _show(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
     from fleetcast.config import load_config
     from fleetcast.config.model import LIST_FORM
 
+    cfg = load_config(args.file)
     # The normalized form: a `models:` list even where the file uses the single-model `model:`.
-    print(json.dumps(load_config(args.file).model_dump(mode="json", context=LIST_FORM), indent=2))
+    data = cfg.model_dump(mode="json", context=LIST_FORM)
+    unused = cfg.unused_engine_defaults()
+    for name in unused:  # defaults no pool builds with would read as settings of the fleet
+        del data["engine"][name]
+    note = (f"engine.{', engine.'.join(unused)}: left out, every model sets its own (models[].engine or "
+            "pools[].engine)") if unused else ""
+    try:
+        json.loads(Path(args.file).read_text())
+        as_json = True  # a JSON file is printed as JSON; anything else as the YAML it was written in
+    except ValueError:
+        as_json = False
+    if as_json:
+        print(json.dumps(data, indent=2))
+        if note:
+            print(note, file=sys.stderr)
+        return 0
+    from ruamel.yaml import YAML
+
+    if note:
+        print(f"# {note}")
+    yaml = YAML(typ="safe", pure=True)
+    yaml.default_flow_style = False
+    yaml.sort_base_mapping_type_on_output = False  # type: ignore[attr-defined]
+    yaml.dump(data, sys.stdout)
     return 0
 
 
 def _register_init(actions: argparse._SubParsersAction) -> None:
-    from fleetcast.config.init import MODEL_PRESETS
+    from fleetcast.config.init import DEFAULT_MODEL, MODEL_PRESETS
 
     init = actions.add_parser(
         "init", help="write a commented minimal config that validates (asks, or takes flags)",
@@ -166,7 +212,9 @@ def _register_init(actions: argparse._SubParsersAction) -> None:
                     "cannot know (consumer VPC and subnet ids, CIDRs, AZ IDs) are marked REPLACE.")
     init.add_argument("--account", help="provider account id (12 digits): owns the fleets and endpoint services")
     init.add_argument("--regions", help="provider regions, comma-separated, e.g. ap-northeast-2,us-east-1")
-    init.add_argument("--model", help=f"model to start with: {', '.join(MODEL_PRESETS)} (default gpt2-xl)")
+    init.add_argument("--model", action="append", default=[],
+                      help=f"a model to serve: {', '.join(MODEL_PRESETS)} (repeat for several: a `models:` list, every "
+                           f"pool serving each; default {DEFAULT_MODEL})")
     init.add_argument("--consumer", action="append", default=[], metavar="NAME=ACCOUNT[@REGION]",
                       help="a consumer account (repeat for more); REGION defaults to the first provider region")
     init.add_argument("--name", default="fleetcast", help="fleet name, prefixes stack names (default fleetcast)")
@@ -182,7 +230,7 @@ def _init(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from fleetcast.config import ConfigError, load_config
-    from fleetcast.config.init import InitAnswers, check_account, check_region, parse_consumer, render
+    from fleetcast.config.init import DEFAULT_MODEL, InitAnswers, check_account, check_region, parse_consumer, render
     from fleetcast.contract.errors import UserError
 
     out = Path(args.out)
@@ -208,7 +256,8 @@ def _init(args: argparse.Namespace) -> int:
         regions = tuple(check_region(r, "--regions") for r in args.regions.split(",") if r.strip()) if args.regions \
             else ask("provider regions (comma-separated)", lambda v: tuple(
                 check_region(r, "regions") for r in v.split(",") if r.strip()) or _none("a region"), "ap-northeast-2")
-        model = args.model or (ask("model", str, "gpt2-xl") if interactive else "gpt2-xl")
+        models = tuple(args.model) or (ask("models (comma-separated)", lambda v: tuple(
+            m.strip() for m in v.split(",") if m.strip()), DEFAULT_MODEL) if interactive else (DEFAULT_MODEL,))
         consumers = tuple(parse_consumer(c) for c in args.consumer)
         if not consumers:
             print("consumers, one per line as NAME=ACCOUNT[@REGION]; an empty line ends", file=sys.stderr)
@@ -222,7 +271,7 @@ def _init(args: argparse.Namespace) -> int:
                 except ValueError as exc:
                     print(f"  {exc}", file=sys.stderr)
             consumers = tuple(collected)
-        text = render(InitAnswers(account=account, regions=regions, model=model, consumers=consumers, name=args.name))
+        text = render(InitAnswers(account=account, regions=regions, models=models, consumers=consumers, name=args.name))
     except EOFError:
         raise UserError("input ended before every answer was given", 2) from None
     except ValueError as exc:
@@ -243,7 +292,8 @@ def _init(args: argparse.Namespace) -> int:
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
-    print(f"wrote {out}: valid ({len(cfg.regions)} region(s), {len(cfg.consumers)} consumer(s)); fill in the lines "
+    print(f"wrote {out}: valid ({len(cfg.models)} model(s), {len(cfg.regions)} region(s), {len(cfg.consumers)} "
+          "consumer(s)); fill in the lines "
           f"marked REPLACE, then `fleetcast config validate {out}`")
     return 0
 

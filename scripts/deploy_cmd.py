@@ -34,9 +34,12 @@ def register(sub: argparse._SubParsersAction) -> None:
                         help="passed to cdk deploy (default: %(default)s: IAM/security-group widening asks first)")
     add_aws_arguments(deploy, region="many", region_help=regions_help)
     _add_account_arguments(deploy)
+    deploy.add_argument("--yes", action="store_true",
+                        help="do not ask before creating this fleet in a region where another fleet runs (as a "
+                             "renamed config would: a second fleet, the old one kept)")
     deploy.add_argument("--dry-run", action="store_true",
                         help="print the plan and which profile acts in which account, run nothing (needs no AWS "
-                             "credentials; with them, checks each profile's account)")
+                             "credentials; with them, checks each profile's account and names other fleets)")
     deploy.set_defaults(handler=_deploy)
 
     teardown = sub.add_parser(
@@ -126,6 +129,7 @@ def _deploy(args: argparse.Namespace) -> int:
     elif set(steps) - {"smoke"}:  # smoke talks to the endpoint, not to AWS
         aws.require_credentials()
         _check_identities(cfg, access, steps)
+    _check_parallel_fleet(cfg, args, access, aws, steps)
     execute(planned, dry_run=args.dry_run, resume=_resume("fleetcast deploy", args))
     if args.dry_run:
         _not_checked(aws)
@@ -135,6 +139,34 @@ def _deploy(args: argparse.Namespace) -> int:
                   "before its first step", file=sys.stderr)
             return 1
     return 0
+
+
+def _check_parallel_fleet(cfg, args: argparse.Namespace, access, aws, steps) -> None:
+    """Before the providers step: where this fleet has no stack but another fleet does, deploying may be a
+    renamed config creating a second fleet; ask (a dry run only says so, when it has credentials)."""
+    from fleetcast.deploy import confirm_parallel_fleet, select_regions
+    from fleetcast.deployed import other_fleets
+
+    if "providers" not in steps or not access.acts_in(cfg.provider.account):
+        return
+    if args.dry_run and aws.credentials_problem():
+        return
+    from fleetcast.aws_session import AwsCallError
+
+    try:
+        others = {region: other_fleets(aws, cfg, region) for region in select_regions(cfg, args.region)}
+    except AwsCallError as exc:
+        if not args.dry_run:
+            raise
+        print(f"dry run: other fleets in the provider regions not checked: {exc}")
+        return
+    if args.dry_run:
+        for region, stacks in others.items():
+            if stacks:
+                print(f"dry run: {region} runs {', '.join(stacks)} but no stack of fleet {cfg.name}: a deploy would "
+                      "create a second fleet beside it, and asks first (--yes does not)")
+        return
+    confirm_parallel_fleet(cfg, others, yes=args.yes)
 
 
 def _refuse_unready(cfg, args: argparse.Namespace, profile: str | None) -> bool:

@@ -52,7 +52,7 @@ from fleetcast.contract.probe_wheels import check_wheelhouse
 
 from . import nag
 from .bench_fleet import bench_enabled, bench_knobs
-from .gpu_fleet import asg_arn
+from .gpu_fleet import asg_arn, pin_launched_tags
 from .instance_userdata import render_probe_user_data
 from .runtime_bundle import PROBE, REPO_ROOT, stage_bundle
 from .session_manager import WILDCARD_REASON, grant_session_manager
@@ -202,6 +202,7 @@ class ConsumerBenchProbe(Construct):
                 )
             ],
         )
+        pin_launched_tags(self.launch_template)
         self.asg = autoscaling.AutoScalingGroup(
             self,
             "Group",

@@ -101,11 +101,11 @@ class PoolAlarms(Construct):
                 label="error rate",
             ),
         )
-        # A pool serving several models also watches each against its own SLO (models[].slo, else the fleet's):
-        # a small model's breach would hide in the pool's P99 behind a busier one's traffic.
+        # A pool serving several models also watches each against its own SLO (models[].slo, else the fleet's).
+        # fleetcast/contract/stack_size.py counts these alarms (MODEL_SLO_ALARMS) by the same rule.
         self.model_alarms: dict[str, tuple[cloudwatch.Alarm, cloudwatch.Alarm]] = {}
         served = cfg.served_by(pool)
-        for k, s in enumerate(served if len(served) > 1 else ()):
+        for k, s in enumerate(served if telemetry.alarmed_per_model(len(served)) else ()):
             slo = s.model.slo or cfg.slo
             where = f"models[{s.model.id}].slo" if s.model.slo else "slo"
             self.model_alarms[s.model.id] = (

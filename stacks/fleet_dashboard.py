@@ -126,7 +126,7 @@ class FleetDashboard(Construct):
         # Pools serving several models: the same latencies and load per model ([Fleet, Pool, Model]), each P99
         # against that model's own SLO (models[].slo, else slo).
         served = [(p.name, s.model) for r in cfg.regions if r.region == region for p in r.pools
-                  for s in cfg.served_by(p) if len(cfg.served_by(p)) > 1]
+                  for s in cfg.served_by(p) if telemetry.alarmed_per_model(len(cfg.served_by(p)))]
         if served:
             def per_model(name: str, stat: str, what: str) -> list[cloudwatch.IMetric]:
                 return [runtime_metric(fleet, p, name, stat, model=m.id, label=f"{p} {m.id} {what}") for p, m in served]

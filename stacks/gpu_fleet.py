@@ -40,6 +40,29 @@ ROOT_DEVICE = "/dev/xvda"  # AL2023 DLAMI root device
 HEALTH_CHECK_GRACE = Duration.seconds(120)
 
 
+
+# What a launch template tags at launch (LaunchTemplateData.TagSpecifications), as ec2.LaunchTemplate renders it.
+LAUNCHED_RESOURCE_TYPES = ("instance", "volume")
+NAME_TAG = "Name"
+
+
+def pin_launched_tags(launch_template: ec2.LaunchTemplate) -> None:
+    """Only CDK's own `Name` tag (the construct path) goes into the template's data, whatever tags the app adds.
+
+    ec2.LaunchTemplate renders every tag its TagManager holds into LaunchTemplateData.TagSpecifications for
+    instances and volumes, and a team's `Tags.of(app).add(...)` reaches that TagManager as it reaches every
+    taggable construct below the app (aws-cdk-lib 2.275.0, aws-ec2/lib/launch-template.ts: `tagsToken`;
+    core/lib/tag-aspect.ts: Tag.applyTag). Launch template data is its version, and a new version starts an
+    instance refresh, so each of the team's tag changes would replace every pool's instances. The override
+    keeps the data fixed; the team's tags still reach instances through the group (PropagateAtLaunch) and
+    still tag the launch template itself (its own TagSpecifications, outside the data)."""
+    cfn = launch_template.node.default_child
+    assert isinstance(cfn, ec2.CfnLaunchTemplate)
+    tags = [{"Key": NAME_TAG, "Value": launch_template.node.path}]
+    cfn.add_property_override("LaunchTemplateData.TagSpecifications",
+                              [{"ResourceType": kind, "Tags": tags} for kind in LAUNCHED_RESOURCE_TYPES])
+
+
 @dataclass(frozen=True)
 class InstanceInputs:
     """Region-wide things every pool's instances are given."""
@@ -133,6 +156,8 @@ class GpuFleet(Construct):
                 )
             ],
         )
+
+        pin_launched_tags(self.launch_template)
 
         # Held (first deploy, nothing staged yet): no instance may launch; fleetcast/contract/capacity_hold.py.
         self.held = held = capacity_held(self)

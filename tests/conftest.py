@@ -48,6 +48,14 @@ def aws_env(monkeypatch, moto_endpoint):
     return moto_endpoint
 
 
+@pytest.fixture
+def fresh_aws(aws_env):
+    """aws_env on an emptied moto, emptied again afterwards: what the test creates no other test sees."""
+    reset_moto(aws_env)
+    yield aws_env
+    reset_moto(aws_env)
+
+
 # Modules whose tests build CDK apps in this process: those that import the CDK, the app builder or the shared
 # synthesized fleets anywhere (at the top or inside a test), directly or through another test module. Under
 # pytest-xdist (`make test` runs `--dist loadgroup`) they all go to one worker, so the jsii kernel, aws-cdk-lib

@@ -311,6 +311,7 @@ def _run_mix(args: argparse.Namespace, opts, cfg, out, log) -> int:
         packing_from_args,
         parse_model_mix,
         per_model_option,
+        split_warnings,
         with_precisions,
     )
     from fleetcast.bench.report import write_csv, write_report
@@ -340,6 +341,8 @@ def _run_mix(args: argparse.Namespace, opts, cfg, out, log) -> int:
                                                      if v and getattr(opts.labels, k) is None})
     paths = {m.model: mix_out_path(out, m.model) for m in mix}
     results = MixBench(opts, mix, packing, args.model_mix, log=log).run()
+    for line in split_warnings(results):  # --quiet too: the files' split is not the mix the flag named
+        print(f"warning: {line}", file=sys.stderr)
     for res in results:
         dump_results(res, paths[res.labels.model])
     csv_path = out.with_suffix(".csv")

@@ -105,7 +105,11 @@ def packed_runs(env: dict[str, str], out_dir: Path) -> list[tuple[list[str], dic
                       "--concurrency", levels, "--label", f"precision={precision}", "--label", f"backend={backend}",
                       "--rtt-probe", "--out", str(out), *common],
                      {model: (out, packed_model_key(key, model, precision, False), False)}))
-    mix_levels = ",".join(x for x in levels.split(",") if int(x) >= len(models))
+    from fleetcast.bench.mix import parse_model_mix, smallest_concurrency
+
+    # The levels the mix's shares can be split at (a lower one is refused by --model-mix: check_concurrency).
+    least = smallest_concurrency(parse_model_mix(env[Var.BENCH_MODEL_MIX]))
+    mix_levels = ",".join(x for x in levels.split(",") if int(x) >= least)
     if mix_levels:
         out = out_dir / "mix.json"
         argv = ["bench", "run", "--endpoint", f"http://127.0.0.1:{models[0][1]}",

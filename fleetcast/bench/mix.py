@@ -55,6 +55,9 @@ from fleetcast.contract.model_ids import model_id_of, model_id_problem
 FLAG = "--model-mix"
 # Shares are written with a few decimals ("0.7,0.2,0.1"); their sum is 1 within what such decimals can miss.
 SHARE_SUM_TOLERANCE = 1e-6
+# A closed loop's requests split by each model's speed times its workers, not by the shares: past this many
+# points off a share, `bench run` warns (split_warnings).
+REQUEST_SPLIT_NOTE_AT = 0.05
 _clock = time.perf_counter
 
 
@@ -157,6 +160,62 @@ def split_counts(total: int, shares: dict[str, float], at_least: int = 1) -> dic
     for m in sorted(shares, key=lambda m: out[m], reverse=True):
         while sum(out.values()) > total and out[m] > at_least:
             out[m] -= 1
+    return out
+
+
+def _percents(values: dict[str, float]) -> str:
+    return "/".join(f"{v:.0%}" for v in values.values())
+
+
+# A share written to a few decimals (0.333333 for a third) may fall short of a whole worker by that much.
+WORKER_TOLERANCE = 1e-3
+
+
+def smallest_concurrency(shares: dict[str, float]) -> int:
+    """The lowest --concurrency whose split gives every model at least its share of one worker: below it the
+    one worker each model needs outweighs the shares (3 workers for 0.7/0.2/0.1 would run 1/1/1)."""
+    return math.ceil(1 / min(shares.values()) - WORKER_TOLERANCE)
+
+
+def check_concurrency(level: int, shares: dict[str, float]) -> None:
+    """Refuse a level the worker split cannot hold the shares at, saying what it would run instead."""
+    least = smallest_concurrency(shares)
+    if level >= least:
+        return
+    model = min(shares, key=lambda m: shares[m])
+    split = split_counts(level, shares) if level >= len(shares) else None
+    would = (f"the split would be {'/'.join(str(n) for n in split.values())} workers "
+             f"({_percents({m: n / level for m, n in split.items()})} instead of {_percents(shares)})"
+             if split else f"{len(shares)} models need at least {len(shares)} workers")
+    raise UserError(f"--concurrency {level}: {model}'s share {shares[model]:g} is {level * shares[model]:.1f} of a "
+                    f"worker and each model needs a whole one, so {would}; use --concurrency {least} or more, or "
+                    f"--rate (its arrivals split by the shares at any rate)")
+
+
+def request_split_note(requests: dict[str, int], shares: dict[str, float]) -> str | None:
+    """What a concurrency level's requests split to, where it is over REQUEST_SPLIT_NOTE_AT off the shares."""
+    total = sum(requests.values())
+    if not total:
+        return None
+    split = {m: requests.get(m, 0) / total for m in shares}
+    if max(abs(split[m] - shares[m]) for m in shares) <= REQUEST_SPLIT_NOTE_AT:
+        return None
+    return (f"requests split {_percents(split)} against the mix's {_percents(shares)} ({', '.join(shares)}): "
+            "the shares split the closed-loop workers and each model's workers send as fast as it answers; "
+            "--rate splits the requests by the shares")
+
+
+def split_warnings(results: list[Results]) -> list[str]:
+    """One line per concurrency level of a mix run whose requests split over REQUEST_SPLIT_NOTE_AT off the shares
+    (from the files' own request counts, so what is warned is what the files hold)."""
+    out = []
+    for i, total in enumerate(r.total for r in results[0].runs):
+        if total is None or total.load.mode != "concurrency":
+            continue
+        note = request_split_note({res.labels.model: res.runs[i].summary.requests for res in results},
+                                  results[0].model_mix.shares)
+        if note:
+            out.append(f"concurrency {total.load.concurrency}: {note}")
     return out
 
 
@@ -268,9 +327,8 @@ class MixBench(Bench):
         self.totals: list[MixTotal] = []
         check_mix_against(packing, self.shares, "the --packing/--pool given")
         for level in opts.levels:
-            if level.mode == "concurrency" and level.concurrency < len(mix):
-                raise UserError(f"--concurrency {level.concurrency} is below the {len(mix)} models of {FLAG}: "
-                                "each model needs at least one closed-loop worker")
+            if level.mode == "concurrency":
+                check_concurrency(level.concurrency, self.shares)
 
     async def _discover(self) -> None:
         listed: dict[str, list[str]] = {}

@@ -53,6 +53,19 @@ def total_name(res: Results) -> str:
     return "mix total (" + " + ".join(f"{m} {s:g}" for m, s in res.model_mix.shares.items()) + ")"
 
 
+def total_precision(files: list[Results]) -> str | None:
+    """A mix total's precision: the models' one precision, or each model's ('gpt2-xl int8_wo + qwen2.5-0.5b
+    bf16') where they differ; None where no file knows its own. The total holds every model's requests, so the
+    precision of the file it is built from (one model's) would misname it."""
+    precisions = {f.labels.model: f.labels.precision for f in files}
+    known = set(precisions.values())
+    if known == {None}:
+        return None
+    if len(known) == 1:
+        return known.pop()
+    return " + ".join(f"{m} {p or 'unknown'}" for m, p in precisions.items())
+
+
 def is_total(res: Results) -> bool:
     return res.model_mix is not None and res.labels.model == total_name(res)
 
@@ -76,7 +89,8 @@ def with_totals(results: list[Results]) -> list[Results]:
         if not res.runs or not all(r.total for r in res.runs):
             continue
         out.append(res.model_copy(update={
-            "labels": res.labels.model_copy(update={"model": total_name(res)}),
+            "labels": res.labels.model_copy(update={"model": total_name(res), "precision": total_precision(
+                [r for r, k in zip(results, keys) if k == key])}),
             "runs": [Run(load=r.total.load, lengths=r.lengths, summary=r.total.summary) for r in res.runs],
             "request": None}))
     return out

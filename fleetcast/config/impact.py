@@ -1,7 +1,9 @@
 """What a config change does to a deployed fleet, before `cdk deploy`: which pools roll.
 
 Every pool's launch template carries `FleetConfig.instance_digest(region, pool)`, so a
-pool rolls (instance refresh) exactly when that digest changes. Consumers and who may call
+pool rolls (instance refresh) exactly when that digest changes. A new fleet `name` is no rollout:
+every stack is named after the fleet, so a deploy creates a second, parallel fleet (new groups, NLBs,
+endpoint services) and the old one keeps running; `diff_configs` says so instead of comparing pools. Consumers and who may call
 which model (`models[].consumers`) reach running gateways through their config refresh; everything else in NOT_IN_INSTANCE_DIGEST is a
 stack setting applied in place. `diff_configs` lists the changed fields (named list items
 keyed by their name, so reordering is not a change) and says, per pool, what happens.
@@ -53,7 +55,7 @@ class FieldChange:
 class PoolImpact:
     region: str
     pool: str
-    outcome: str  # "rolls", "kept", "new", "removed"
+    outcome: str  # "rolls", "kept", "new", "removed", "parallel" (in the renamed fleet's new stack)
     before_digest: str | None
     after_digest: str | None
     # What changes in what the pool's instances serve, e.g. "adds qwen2.5-3b (1 copy)"; empty when nothing does.
@@ -72,11 +74,15 @@ class ConfigImpact:
     consumers_changed: list[str] = field(default_factory=list)
     # Models whose `consumers` (who may call them and their adapters) changed.
     entitlements_changed: list[str] = field(default_factory=list)
+    # (old, new) fleet name when it changed: a deploy makes a second fleet, the old one keeps running.
+    renamed: tuple[str, str] | None = None
+    # Changes of fleet `engine` defaults that no pool builds with, before or after (FleetConfig.unused_engine_defaults).
+    no_effect: list[FieldChange] = field(default_factory=list)
 
     def for_region(self, region: str) -> ConfigImpact:
         """The same changes, with only that region's pools (what a deploy there does)."""
         return ConfigImpact(self.changes, [p for p in self.pools if p.region == region], self.consumers_changed,
-                            self.entitlements_changed)
+                            self.entitlements_changed, self.renamed, self.no_effect)
 
     @property
     def tags_changed(self) -> bool:
@@ -90,7 +96,10 @@ class ConfigImpact:
         return {"changes": [c.to_json() for c in self.changes], "pools": [p.to_json() for p in self.pools],
                 "consumers_changed": self.consumers_changed, "entitlements_changed": self.entitlements_changed,
                 "tags_changed": self.tags_changed,
-                "rolls": bool(self.rolls)}
+                "rolls": bool(self.rolls),
+                "renamed": None if self.renamed is None else {"before": self.renamed[0], "after": self.renamed[1]},
+                "parallel_fleet": self.renamed is not None,
+                "no_effect": [c.to_json() for c in self.no_effect]}
 
 
 def _walk(before: Any, after: Any, path: str, key: str | None, out: list[FieldChange]) -> None:
@@ -149,10 +158,18 @@ def _instance_fields(cfg: FleetConfig, model_id: str) -> dict[str, Any]:
 
 
 def diff_configs(before: FleetConfig, after: FleetConfig) -> ConfigImpact:
-    changes: list[FieldChange] = []
+    found: list[FieldChange] = []
     # Both in the list form, so a move from `model:` to `models:` compares model by model.
     _walk(before.model_dump(mode="json", context=LIST_FORM), after.model_dump(mode="json", context=LIST_FORM), "",
-          None, changes)
+          None, found)
+    idle = {f"engine.{name}" for name in set(before.unused_engine_defaults()) & set(after.unused_engine_defaults())}
+    changes = [c for c in found if c.path not in idle]
+    no_effect = [c for c in found if c.path in idle]
+    if before.name != after.name:
+        # Every stack is named after the fleet: nothing of the old fleet is updated, the new one starts beside it.
+        pools = [PoolImpact(r.region, p.name, "parallel", None, after.instance_digest(r.region, p.name))
+                 for r in after.regions for p in r.pools]
+        return ConfigImpact(changes, pools, renamed=(before.name, after.name), no_effect=no_effect)
     old, new = _digests(before), _digests(after)
     pools = []
     for region, pool in [*old, *[k for k in new if k not in old]]:
@@ -164,7 +181,7 @@ def diff_configs(before: FleetConfig, after: FleetConfig) -> ConfigImpact:
                         if c.path.startswith("consumers")})
     entitled = sorted({c.path.split("]")[0].removeprefix("models[") for c in changes
                        if c.path.startswith("models[") and c.path.split("]", 1)[1].startswith(".consumers")})
-    return ConfigImpact(changes, pools, consumers, entitled)
+    return ConfigImpact(changes, pools, consumers, entitled, no_effect=no_effect)
 
 
 def _short(value: Any) -> str:
@@ -179,18 +196,39 @@ _OUTCOME_TEXT = {
     "kept": "kept: no instance replaced",
     "new": "new group: launches its instances",
     "removed": "removed: its group and instances are deleted",
+    "parallel": "NEW FLEET: a new group in the renamed fleet's stack launches its instances",
 }
+
+
+def _no_effect_line(impact: ConfigImpact) -> list[str]:
+    if not impact.no_effect:
+        return []
+    return [f"Without effect ({', '.join(f'{c.path} {_short(c.before)} -> {_short(c.after)}' for c in impact.no_effect)}"
+            "): every model sets its own (models[].engine or pools[].engine), so no pool builds with it."]
 
 
 def render_impact(impact: ConfigImpact) -> str:
     if not impact.changes:
-        return "No change: the two configs are the same once validated (defaults filled in).\n"
+        return "\n".join(["No change: the two configs are the same once validated (defaults filled in).",
+                          *_no_effect_line(impact)]) + "\n"
     lines = [f"Changed ({len(impact.changes)}):"]
     width = min(64, max(len(c.path) for c in impact.changes))
     for c in impact.changes:
         detail = {"added": f"added {_short(c.after)}", "removed": "removed"}.get(
             c.kind, f"{_short(c.before)} -> {_short(c.after)}")
         lines.append(f"  {c.path:<{width}}  {detail}")
+    lines += _no_effect_line(impact)
+    if impact.renamed is not None:
+        from fleetcast.contract.names import provider_stack_name
+
+        old, new = impact.renamed
+        regions = list(dict.fromkeys(p.region for p in impact.pools))
+        lines.append(f"FLEET RENAMED ({old} -> {new}): NOT a rollout. Every stack name changes "
+                     f"({', '.join(f'{provider_stack_name(old, r)} -> {provider_stack_name(new, r)}' for r in regions)}"
+                     f", and each consumer stack), so a deploy creates a second, parallel fleet: new groups, NLBs and "
+                     f"endpoint service names (consumers must connect to the new ones), while fleet {old} keeps "
+                     f"running and billing until it is torn down (`fleetcast teardown` with the old config). "
+                     f"`fleetcast deploy` asks before creating it.")
     lines.append("Pools:")
     for p in impact.pools:
         digests = f" (instance digest {p.before_digest[:12]})" if p.outcome == "kept" and p.before_digest else \
@@ -198,6 +236,8 @@ def render_impact(impact: ConfigImpact) -> str:
             if p.outcome == "rolls" and p.before_digest and p.after_digest else ""
         lines.append(f"  {p.region}/{p.pool}: {_OUTCOME_TEXT[p.outcome]}{digests}")
         lines += [f"    {change}" for change in p.models]
+    if impact.renamed is not None:  # what follows describes running gateways and groups: none are kept
+        return "\n".join(lines) + "\n"
     if impact.consumers_changed:
         lines.append(f"Consumers changed ({', '.join(impact.consumers_changed)}): running gateways apply them from "
                      f"the config parameter within their refresh period ({GATEWAY_REFRESH_S:.0f} s); no restart.")

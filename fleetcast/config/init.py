@@ -16,13 +16,16 @@ from . import catalog
 from .rules import az_id_prefix
 
 # Models `init` knows how to start with: each one's length limits and serving flow.
+# parameters_b (the weights, in billions) feeds the GPU memory check a pool of several models needs.
 MODEL_PRESETS: dict[str, dict[str, Any]] = {
     "gpt2-xl": {"family": "gpt2", "source": "openai-community/gpt2-xl", "context_length": 1024,
-                "max_input_len": 768, "max_output_len": 256, "backend": "tensorrt", "precision": "int8_wo"},
+                "max_input_len": 768, "max_output_len": 256, "backend": "tensorrt", "precision": "int8_wo",
+                "parameters_b": 1.56},
     "qwen2.5-0.5b-instruct": {"family": "qwen2", "source": "Qwen/Qwen2.5-0.5B-Instruct", "context_length": 32768,
                               "max_input_len": 4096, "max_output_len": 1024, "backend": "pytorch",
-                              "precision": "bf16"},
+                              "precision": "bf16", "parameters_b": 0.49},
 }
+DEFAULT_MODEL = "gpt2-xl"
 # What init writes where it cannot know a value is a placeholder `config validate --deploy` recognizes by rule
 # (fleetcast/config/readiness.py): resource ids of zeros, and consumer ranges from the blocks reserved for
 # documentation (RFC 5737), which no consumer network uses.
@@ -42,7 +45,7 @@ class ConsumerAnswer:
 class InitAnswers:
     account: str
     regions: tuple[str, ...]
-    model: str = "gpt2-xl"
+    models: tuple[str, ...] = (DEFAULT_MODEL,)
     consumers: tuple[ConsumerAnswer, ...] = field(default_factory=tuple)
     name: str = "fleetcast"
 
@@ -80,17 +83,52 @@ def _instance_for(region: str) -> str:
     return INSTANCE_CHOICES[0][1]  # validate names where it is offered
 
 
+def _models(ids: tuple[str, ...]) -> list[str]:
+    """One model: the single-model form (`model:`, its engine at the top). Several: a `models:` list, each with
+    its own engine and size, every pool serving one copy of each."""
+    def body(model: str, indent: str) -> list[str]:
+        preset = MODEL_PRESETS[model]
+        return [
+            f"{indent}family: {preset['family']}",
+            f"{indent}source: {preset['source']}   # staged into each region's bucket by `fleetcast stage model`",
+            f"{indent}revision: main".ljust(34) + "# pin a commit sha; `fleetcast stage model` prints the one it fetched",
+            f"{indent}context_length: {preset['context_length']}",
+            f"{indent}max_input_len: {preset['max_input_len']}",
+            f"{indent}max_output_len: {preset['max_output_len']}",
+        ]
+
+    if len(ids) == 1:
+        (model,) = ids
+        preset = MODEL_PRESETS[model]
+        return ["model:", f"  id: {model}", *body(model, "  "), "",
+                "engine:", f"  backend: {preset['backend']}", f"  precision: {preset['precision']}", ""]
+    out = ["models:                            # each pool serves one copy of every model (pools[].serves to change)"]
+    for model in ids:
+        preset = MODEL_PRESETS[model]
+        out += [f"  - id: {model}".ljust(35) + "# the OpenAI `model` value consumers send", *body(model, "    "),
+                f"    parameters_b: {preset['parameters_b']}".ljust(35) + "# weights (billions), for the GPU memory check",
+                f"    engine: {{backend: {preset['backend']}, precision: {preset['precision']}}}", ""]
+    return out
+
+
 def render(answers: InitAnswers) -> str:
-    """The config text. Raises ValueError for answers no config could satisfy (unknown model)."""
-    if answers.model not in MODEL_PRESETS:
-        raise ValueError(f"--model {answers.model!r} is not one init knows; choose one of: {', '.join(MODEL_PRESETS)} "
-                         "(then edit model: for another)")
+    """The config text: the single-model form for one model, a `models:` list for several. Raises ValueError
+    for answers no config could satisfy (unknown or repeated model)."""
+    for model in answers.models:
+        if model not in MODEL_PRESETS:
+            raise ValueError(f"--model {model!r} is not one init knows; choose one of: {', '.join(MODEL_PRESETS)} "
+                             "(then edit the model's entry for another)")
+    repeated = sorted({m for m in answers.models if answers.models.count(m) > 1})
+    if repeated:
+        raise ValueError(f"--model {repeated[0]!r} is given twice; a fleet serves each model once (a pool's "
+                         "`serves` sets copies)")
+    if not answers.models:
+        raise ValueError(f"--model: name at least one model ({', '.join(MODEL_PRESETS)})")
     if not answers.regions:
         raise ValueError("--regions: name at least one provider region, e.g. --regions ap-northeast-2")
     if not answers.consumers:
         raise ValueError("--consumer: name at least one consumer (NAME=ACCOUNT[@REGION]); the endpoint service "
                          "admits only listed accounts")
-    preset = MODEL_PRESETS[answers.model]
     home = answers.regions[0]
     served: dict[str, list[ConsumerAnswer]] = {r: [] for r in answers.regions}
     cross: dict[str, set[str]] = {r: set() for r in answers.regions}
@@ -114,19 +152,7 @@ def render(answers: InitAnswers) -> str:
         "provider:",
         f'  account: "{answers.account}"          # quoted: account ids are strings of 12 digits',
         "",
-        "model:",
-        f"  id: {answers.model}",
-        f"  family: {preset['family']}",
-        f"  source: {preset['source']}   # staged into each region's bucket by `fleetcast stage model`",
-        "  revision: main                  # pin a commit sha; `fleetcast stage model` prints the one it fetched",
-        f"  context_length: {preset['context_length']}",
-        f"  max_input_len: {preset['max_input_len']}",
-        f"  max_output_len: {preset['max_output_len']}",
-        "",
-        "engine:",
-        f"  backend: {preset['backend']}",
-        f"  precision: {preset['precision']}",
-        "",
+        *_models(answers.models),
         "slo:",
         "  ttft_p99_ms: 300",
         "  itl_p99_ms: 40",

@@ -1087,6 +1087,16 @@ class FleetConfig(Frozen):
         changes.update({k: v for k, v in pool.engine.model_dump().items() if v is not None})
         return self.engine.model_copy(update=changes) if changes else self.engine
 
+    def unused_engine_defaults(self, pool: Pool | None = None) -> tuple[str, ...]:
+        """Fields of the fleet `engine` that `pool` (None: every pool) builds with for none of the models it
+        serves, since each model's or the pool's `engine` sets its own (engine_for). Fleet-wide fields (the
+        TensorRT-LLM version, image, port) are always used."""
+        pools = [pool] if pool is not None else [p for r in self.regions for p in r.pools]
+        served = [(p, self.model_by_id(s.model)) for p in pools for s in self.serves_of(p)]
+        return tuple(name for name in EngineOverride.model_fields
+                     if all(getattr(m.engine, name) is not None or getattr(p.engine, name) is not None
+                            for p, m in served))
+
     def serves_of(self, pool: Pool) -> tuple[Serve, ...]:
         """The pool's `serves`, or one copy of every model when it names none."""
         return pool.serves or tuple(Serve(model=m.id) for m in self.models)
@@ -1128,7 +1138,8 @@ class FleetConfig(Frozen):
 
     def instance_digest(self, region_name: str, pool_name: str) -> str:
         """Digest of what one pool's instances are built from: its own region and pool entry (other
-        regions and pools left out) and the fleet-wide fields, less NOT_IN_INSTANCE_DIGEST, and less
+        regions and pools left out) and the fleet-wide fields, less NOT_IN_INSTANCE_DIGEST, less the fleet
+        engine defaults the pool overrides for every model it serves (unused_engine_defaults), and less
         `calibration` where the pool's precision is not calibrated (CALIBRATED_POOLS_ONLY).
 
         The pool's launch template carries it, so a change here rolls that pool (and only the
@@ -1144,6 +1155,9 @@ class FleetConfig(Frozen):
             raise KeyError(f"no pool {pool_name!r} in {region_name}")
         data["regions"] = [region]
         pool = self.region(region_name).pool(pool_name)
+        # A fleet engine default that every model of the pool (or the pool) overrides builds nothing there.
+        for name in self.unused_engine_defaults(pool):
+            del data["engine"][name]
 
         def calibrates(model_id: str) -> bool:
             engine = self.engine_for(pool, model_id)

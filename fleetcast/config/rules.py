@@ -784,7 +784,7 @@ def _stack_resources(cfg: FleetConfig) -> list[ConfigIssue]:
     for i, region in enumerate(cfg.regions):
         count = provider_stack_resources(cfg, region)
         if count > CLOUDFORMATION_MAX_RESOURCES:
-            per_pool = max(pool_resources(p) for p in region.pools)
+            per_pool = max(pool_resources(cfg, p) for p in region.pools)
             out.append(ConfigIssue(("regions", i, "pools"),
                 f"{region.region}'s provider stack would hold {count} CloudFormation resources ({len(region.pools)} "
                 f"pools, up to {per_pool} resources each); a template holds at most {CLOUDFORMATION_MAX_RESOURCES} "

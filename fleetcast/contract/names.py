@@ -43,6 +43,14 @@ def provider_stack_name(fleet: str, region: str) -> str:
     return f"{fleet}-provider-{region}"
 
 
+def fleet_of_provider_stack(stack: str, region: str) -> str | None:
+    """The fleet name in a `provider_stack_name(fleet, region)`, or None for a stack not named so."""
+    suffix = provider_stack_name("", region)
+    if not stack.endswith(suffix):
+        return None
+    return stack[:-len(suffix)] or None
+
+
 def consumer_stack_name(fleet: str, consumer: str) -> str:
     return f"{fleet}-consumer-{consumer}"
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 from typing import Any
 
 from .network import PROVIDER_INTERFACE_ENDPOINTS
+from .telemetry import alarmed_per_model
 
 CLOUDFORMATION_MAX_RESOURCES = 500
 
@@ -35,6 +36,9 @@ ENDPOINTS = len(PROVIDER_INTERFACE_ENDPOINTS) + 1 + 1
 
 POOL = 14  # group, launch template, target group, hooks, scaling policies, alarms, instance refresh, ...
 SLO_PROTECTION = 2  # the SLO scale-out policy and its alarm
+# Per served model of a pool that serves several (telemetry.alarmed_per_model, the rule stacks/fleet_alarms.py
+# builds by): its P99 time-to-first-token and inter-token-latency alarms against its own SLO.
+MODEL_SLO_ALARMS = 2
 WARM_POOL = 1
 SCHEDULE_STEP = 1
 SPOT_TIER = 6  # the Spot group, its hook, policies and alarms
@@ -45,8 +49,10 @@ PLAN_DRIFT_SNS_ENDPOINT = 1  # with VPC endpoints (egress none), the drift check
 AUTO_APPROVE = 6  # the connection approver Lambda, its role, logs and rule
 
 
-def pool_resources(pool: Any) -> int:  # a fleetcast.config Pool, duck-typed (see above)
+def pool_resources(cfg: Any, pool: Any) -> int:  # a FleetConfig and one of its Pools, duck-typed (see above)
+    served = len(cfg.serves_of(pool))
     n = POOL + len(pool.schedule) * SCHEDULE_STEP
+    n += served * MODEL_SLO_ALARMS if alarmed_per_model(served) else 0
     n += SLO_PROTECTION if pool.scaling.slo_protection else 0
     n += WARM_POOL if pool.warm_pool.size else 0
     n += SPOT_TIER if pool.spot is not None else 0
@@ -64,7 +70,7 @@ def provider_stack_resources(cfg: Any, region: Any) -> int:  # a FleetConfig and
     endpoints = not nat and (created or region.vpc.create_endpoints)
     if endpoints:
         n += ENDPOINTS
-    n += sum(pool_resources(p) for p in region.pools)
+    n += sum(pool_resources(cfg, p) for p in region.pools)
     n += SPOT_FALLBACK if any(p.spot is not None for p in region.pools) else 0
     n += ALARM_EMAIL if cfg.operations.alarm_email else 0
     if cfg.operations.plan_drift_check is not None:

@@ -103,6 +103,13 @@ def metered_per_model(model_count: int) -> bool:
     return model_count > 1
 
 
+def alarmed_per_model(served_count: int) -> bool:
+    """Whether a pool serving `served_count` models watches each against its own SLO (alarms, dashboard rows): a
+    small model's breach would hide in the pool's P99 behind a busier one's traffic. A pool of one model's own
+    alarms already are that model's."""
+    return served_count > 1
+
+
 def metered_ids(model_id: str, adapter_ids: Iterable[str] = ()) -> tuple[str, ...]:
     """The DIM_MODEL values a fleet model's requests are metered under: its own id and its adapters' (the gateway
     meters the id a request named, and an adapter's requests run on its base model's processes), so whatever

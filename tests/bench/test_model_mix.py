@@ -11,8 +11,14 @@ import pytest
 
 from fleetcast.bench.accuracy import TestServerProcess
 from fleetcast.bench.cli import mix_out_path
-from fleetcast.bench.mix import parse_model_mix, split_counts
-from fleetcast.bench.report import csv_rows, series_names, write_report
+from fleetcast.bench.mix import (
+    parse_model_mix,
+    request_split_note,
+    smallest_concurrency,
+    split_counts,
+    split_warnings,
+)
+from fleetcast.bench.report import csv_rows, series_names, with_totals, write_report
 from fleetcast.bench.schema import SCHEMA_REVISION, load_results
 from fleetcast.bench.testserver import Timings
 from fleetcast.contract.errors import UserError
@@ -32,7 +38,7 @@ def two_models():
         yield server
 
 
-def _run(server, tmp_path, *extra, mix=MIX, load=("--concurrency", "2,8")) -> tuple[int, Path]:
+def _run(server, tmp_path, *extra, mix=MIX, load=("--concurrency", "4,8")) -> tuple[int, Path]:
     out = tmp_path / "r.json"
     rc = main(["bench", "run", "--endpoint", server.url, "--model-mix", mix, *load, "--requests-per-level", "40",
                "--warmup", "1", "--input-tokens", "24", "--output-tokens", "6", "--quiet", "--out", str(out), *extra])
@@ -47,10 +53,10 @@ def test_each_model_gets_its_share_its_own_shape_and_its_own_file(two_models, tm
     xl = load_results(mix_out_path(out, "gpt2-xl"))
     qwen = load_results(mix_out_path(out, "qwen2.5-0.5b"))
     assert (xl.revision, xl.labels.model, qwen.labels.model) == (SCHEMA_REVISION, "gpt2-xl", "qwen2.5-0.5b")
-    # Concurrency 2 -> one worker each; 8 -> 0.7 x 8 = 5.6 and 2.4, largest remainder: 6 and 2.
-    assert [r.load.concurrency for r in xl.runs] == [1, 6]
+    # Concurrency 4 -> 0.7 x 4 = 2.8 and 1.2: 3 and 1; 8 -> 5.6 and 2.4, largest remainder: 6 and 2.
+    assert [r.load.concurrency for r in xl.runs] == [3, 6]
     assert [r.load.concurrency for r in qwen.runs] == [1, 2]
-    assert [r.total.load.concurrency for r in xl.runs] == [2, 8]
+    assert [r.total.load.concurrency for r in xl.runs] == [4, 8]
     # Each model's own request shape, and what the server saw under each `model` agrees with it.
     assert (xl.request.input_tokens, xl.request.output_tokens) == ("24", "9")
     assert (qwen.request.input_tokens, qwen.request.output_tokens) == ("12", "6")
@@ -103,6 +109,11 @@ def test_model_precision_labels_each_models_file_when_no_pool_says_it(two_models
     # The flag for qwen2.5-0.5b; --label precision for the model without one (one label for all, as before).
     assert (xl.labels.precision, qwen.labels.precision) == ("fp16", "bf16")
     assert [(s.model, s.precision) for s in qwen.packing.serves] == [("gpt2-xl", "fp16"), ("qwen2.5-0.5b", "bf16")]
+    # The total holds both models' requests: its precision is each model's, not the last file's.
+    total = with_totals([xl, qwen])[-1]
+    assert total.labels.model.startswith("mix total") and total.labels.precision == "gpt2-xl fp16 + qwen2.5-0.5b bf16"
+    same = [f.model_copy(update={"labels": f.labels.model_copy(update={"precision": "fp16"})}) for f in (xl, qwen)]
+    assert with_totals(same)[-1].labels.precision == "fp16"
 
 
 def test_a_rate_level_splits_the_arrival_rate(two_models, tmp_path):
@@ -152,7 +163,7 @@ def test_ctrl_c_keeps_the_levels_every_model_finished(two_models, tmp_path):
     out = tmp_path / "r.json"
     proc = subprocess.Popen(
         [sys.executable, "-m", "scripts.cli", "bench", "run", "--endpoint", two_models.url, "--model-mix", MIX,
-         "--packing", "gpt2-xl:1,qwen2.5-0.5b:1", "--concurrency", "2,4,8", "--duration", "4", "--input-tokens", "8",
+         "--packing", "gpt2-xl:1,qwen2.5-0.5b:1", "--concurrency", "4,8,16", "--duration", "4", "--input-tokens", "8",
          "--output-tokens", "4", "--out", str(out)],
         cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
         text=True, preexec_fn=default_sigint)
@@ -164,11 +175,11 @@ def test_ctrl_c_keeps_the_levels_every_model_finished(two_models, tmp_path):
             break
     rest = proc.stderr.read()
     assert proc.wait(timeout=60) == 130, "".join(seen) + rest
-    assert "Traceback" not in rest and "interrupted: Ctrl-C during concurrency 4" in rest
+    assert "Traceback" not in rest and "interrupted: Ctrl-C during concurrency 8" in rest
     for model in ("gpt2-xl", "qwen2.5-0.5b"):
         res = load_results(mix_out_path(out, model))
-        assert [r.total.load.concurrency for r in res.runs] == [2]
-        assert res.interrupted.startswith("Ctrl-C during concurrency 4: 1 of 3 level(s) finished")
+        assert [r.total.load.concurrency for r in res.runs] == [4]
+        assert res.interrupted.startswith("Ctrl-C during concurrency 8: 1 of 3 level(s) finished")
 
 
 @pytest.mark.parametrize("spec, said", [
@@ -226,7 +237,7 @@ def test_a_bad_mix_is_one_line_naming_model_mix(spec, said):
      "--model-endpoint gpt2-xl=ftp://x: use an http:// or https:// URL"),
 ])
 def test_bad_mix_arguments_are_one_line_errors(extra, said, capsys, tmp_path):
-    rc = main(["bench", "run", "--endpoint", "http://127.0.0.1:9", "--concurrency", "2",
+    rc = main(["bench", "run", "--endpoint", "http://127.0.0.1:9", "--concurrency", "4",
                "--out", str(tmp_path / "r.json"), *extra])
     err = capsys.readouterr().err
     assert rc == 1 and "Traceback" not in err and len(err.strip().splitlines()) == 1, err
@@ -237,7 +248,52 @@ def test_a_level_below_the_number_of_models_is_refused(capsys, tmp_path):
     rc = main(["bench", "run", "--endpoint", "http://127.0.0.1:9", "--concurrency", "1,4", "--model-mix", MIX,
                "--packing", "gpt2-xl:1,qwen2.5-0.5b:1", "--out", str(tmp_path / "r.json")])
     err = capsys.readouterr().err
-    assert rc == 1 and "--concurrency 1 is below the 2 models of --model-mix" in err
+    assert rc == 1 and "--concurrency 1: qwen2.5-0.5b's share 0.3 is 0.3 of a worker" in err
+    assert "2 models need at least 2 workers; use --concurrency 4 or more, or --rate" in err
+
+
+def test_a_level_too_low_to_hold_the_shares_is_refused_with_what_it_would_run(capsys, tmp_path):
+    """Issue 32: 3 workers for 0.7/0.2/0.1 ran one worker each (33/33/33), and nothing said so."""
+    rc = main(["bench", "run", "--endpoint", "http://127.0.0.1:9", "--concurrency", "3,10",
+               "--model-mix", "gpt2-xl:0.7,qwen2.5-0.5b:0.2,qwen2.5-3b:0.1",
+               "--packing", "gpt2-xl:1,qwen2.5-0.5b:1,qwen2.5-3b:1", "--out", str(tmp_path / "r.json")])
+    err = capsys.readouterr().err
+    assert rc == 1 and len(err.strip().splitlines()) == 1
+    assert ("--concurrency 3: qwen2.5-3b's share 0.1 is 0.3 of a worker and each model needs a whole one, so the "
+            "split would be 1/1/1 workers (33%/33%/33% instead of 70%/20%/10%); use --concurrency 10 or more") in err
+
+
+@pytest.mark.parametrize("shares, least", [
+    ({"a": 0.7, "b": 0.2, "c": 0.1}, 10), ({"a": 0.7, "b": 0.3}, 4), ({"a": 0.5, "b": 0.5}, 2),
+    ({"a": 0.9, "b": 0.05, "c": 0.05}, 20),
+    ({"a": 0.333333, "b": 0.333333, "c": 0.333334}, 3)])  # a bench instance's equal shares (stacks/bench_fleet.py)
+def test_the_smallest_level_gives_every_model_its_share_of_a_worker(shares, least):
+    assert smallest_concurrency(shares) == least
+    assert all(least * s >= 0.999 for s in shares.values())
+    assert any((least - 1) * s < 1 for s in shares.values())
+
+
+def test_a_closed_loop_request_split_off_the_shares_is_warned():
+    shares = {"gpt2-xl": 0.7, "qwen2.5-0.5b": 0.2, "qwen2.5-3b": 0.1}
+    note = request_split_note({"gpt2-xl": 30, "qwen2.5-0.5b": 50, "qwen2.5-3b": 20}, shares)
+    assert note.startswith("requests split 30%/50%/20% against the mix's 70%/20%/10% (gpt2-xl, qwen2.5-0.5b, "
+                           "qwen2.5-3b)") and "--rate splits the requests by the shares" in note
+    assert request_split_note({"gpt2-xl": 72, "qwen2.5-0.5b": 19, "qwen2.5-3b": 9}, shares) is None
+
+
+def test_bench_run_warns_of_each_level_whose_requests_split_off_the_shares(two_models, tmp_path, capsys):
+    """What is warned is computed from the files' own request counts: the warning and the files agree,
+    whatever the machine's load made the split."""
+    rc, out = _run(two_models, tmp_path, "--packing", "gpt2-xl:1,qwen2.5-0.5b:1")
+    assert rc == 0
+    files = [load_results(mix_out_path(out, m)) for m in ("gpt2-xl", "qwen2.5-0.5b")]
+    warned = [line for line in capsys.readouterr().err.splitlines() if line.startswith("warning: concurrency")]
+    expected = [f"warning: {line}" for line in split_warnings(files)]
+    assert warned == expected
+    for i, run in enumerate(files[0].runs):
+        requests = {f.labels.model: f.runs[i].summary.requests for f in files}
+        off = max(abs(requests[m] / sum(requests.values()) - s) for m, s in {"gpt2-xl": 0.7, "qwen2.5-0.5b": 0.3}.items())
+        assert any(w.startswith(f"warning: concurrency {run.total.load.concurrency}:") for w in warned) is (off > 0.05)
 
 
 def test_a_trace_or_level_mix_is_refused(capsys, tmp_path):

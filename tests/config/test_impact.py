@@ -148,3 +148,40 @@ def test_diff_arguments_are_checked(doc, tmp_path, capsys):
     assert "takes one CONFIG" in capsys.readouterr().err
     assert cli(["config", "diff", "--deployed", str(one), "--region", "eu-west-9"]) == 2
     assert "not a provider region" in capsys.readouterr().err
+
+
+def test_a_new_fleet_name_is_a_second_fleet_beside_the_old_one_not_a_rollout(doc, tmp_path, capsys):
+    """Every stack is named after the fleet (contract/names.py provider_stack_name, consumer_stack_name), so a
+    renamed config updates none of the old fleet's stacks: CloudFormation creates the new names as new stacks."""
+    renamed = copy.deepcopy(doc)
+    renamed["name"] = "voice"
+    impact = diff_configs(parse_config(doc), parse_config(renamed))
+    assert impact.renamed == ("fleetcast", "voice") and not impact.rolls
+    assert outcomes(impact) == {f"{SEOUL}/l40s": "parallel", f"{VIRGINIA}/l40s": "parallel"}
+    text = render_impact(impact)
+    assert "ROLLS" not in text and "instance refresh" not in text
+    assert "second, parallel fleet" in text and "fleet fleetcast keeps running" in text
+    assert f"fleetcast-provider-{SEOUL} -> voice-provider-{SEOUL}" in text and "endpoint service names" in text
+
+    old, new = tmp_path / "old.yaml", tmp_path / "new.yaml"
+    old.write_text(json.dumps(doc))
+    new.write_text(json.dumps(renamed))
+    assert cli(["config", "diff", str(old), str(new), "--json", "--fail-on-roll"]) == 3
+    report = json.loads(capsys.readouterr().out)
+    assert report["parallel_fleet"] is True and report["renamed"] == {"before": "fleetcast", "after": "voice"}
+
+
+def test_deployed_names_the_fleet_a_renamed_config_would_start_beside(doc, tmp_path, capsys, fresh_aws):
+    """--deployed finds no parameter under the new name; the region's other provider stack is named instead."""
+    from tests.deploy.fleet_stacks import create_provider_stack
+
+    create_provider_stack("fleetcast", SEOUL)
+    renamed = copy.deepcopy(doc)
+    renamed["name"] = "voice"
+    new = tmp_path / "new.yaml"
+    new.write_text(json.dumps(renamed))
+    assert cli(["config", "diff", "--deployed", str(new), "--region", SEOUL]) == 0
+    out = capsys.readouterr().out
+    assert f"The region runs fleetcast-provider-{SEOUL}: if this config renames that fleet" in out
+    assert cli(["config", "diff", "--deployed", str(new), "--region", SEOUL, "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)[0]["other_fleets"] == [f"fleetcast-provider-{SEOUL}"]

@@ -42,13 +42,54 @@ def test_flags_alone_write_a_config_that_validates(tmp_path, capsys):
 
 
 def test_init_output_synthesizes(tmp_path):
+    """The several-model form, synthesized (the one-model form is config/fleet.yaml's, synthesized elsewhere)."""
     from tests.stacks.synthesized import synthesize
 
     out = tmp_path / "fleet.yaml"
-    assert main(["config", "init", *FLAGS, "--out", str(out), "--model", "qwen2.5-0.5b-instruct"]) == 0
+    assert main(["config", "init", *FLAGS, "--out", str(out), *MODELS]) == 0
     fleet = synthesize(YAML(typ="safe").load(out.read_text()), "init")
     assert sorted(fleet.stacks) == ["fleetcast-provider-ap-northeast-2", "fleetcast-provider-us-east-1"]
     assert any("skipping consumer voice-app" in m for m in fleet.messages)  # no endpoint_service_name yet
+
+
+MODELS = ["--model", "gpt2-xl", "--model", "qwen2.5-0.5b-instruct"]
+
+
+def test_model_repeats_for_a_fleet_of_several_models(tmp_path, capsys):
+    out = tmp_path / "fleet.yaml"
+    assert main(["config", "init", *FLAGS, *MODELS, "--out", str(out)]) == 0
+    assert "valid (2 model(s)" in capsys.readouterr().out
+    cfg = load_config(out)
+    assert [m.id for m in cfg.models] == ["gpt2-xl", "qwen2.5-0.5b-instruct"]
+    for region in cfg.regions:
+        for pool in region.pools:  # every pool serves one copy of each, each model with its own engine
+            assert [(s.model.id, s.copies, s.engine.backend.value, s.engine.precision.value)
+                    for s in cfg.served_by(pool)] == [("gpt2-xl", 1, "tensorrt", "int8_wo"),
+                                                      ("qwen2.5-0.5b-instruct", 1, "pytorch", "bf16")]
+    assert "models:" in out.read_text() and "\nmodel:" not in out.read_text()
+
+
+def test_one_model_keeps_the_single_model_form(tmp_path):
+    out = tmp_path / "fleet.yaml"
+    assert main(["config", "init", *FLAGS, "--model", "qwen2.5-0.5b-instruct", "--out", str(out)]) == 0
+    text = out.read_text()
+    assert "\nmodel:\n  id: qwen2.5-0.5b-instruct\n" in text and "\nmodels:" not in text
+    assert load_config(out).model.id == "qwen2.5-0.5b-instruct"
+
+
+def test_a_model_given_twice_is_refused(tmp_path, capsys):
+    out = tmp_path / "fleet.yaml"
+    assert main(["config", "init", *FLAGS, "--model", "gpt2-xl", "--model", "gpt2-xl", "--out", str(out)]) == 2
+    assert "--model 'gpt2-xl' is given twice" in capsys.readouterr().err and not out.exists()
+
+
+def test_the_terminal_takes_several_models(tmp_path, monkeypatch):
+    answers = iter(["111122223333", "ap-northeast-2", "gpt2-xl, qwen2.5-0.5b-instruct", "app=444455556666", ""])
+    monkeypatch.setattr("sys.stdin", _Terminal())
+    monkeypatch.setattr("builtins.input", lambda prompt="": next(answers))
+    out = tmp_path / "fleet.yaml"
+    assert main(["config", "init", "--out", str(out)]) == 0
+    assert [m.id for m in load_config(out).models] == ["gpt2-xl", "qwen2.5-0.5b-instruct"]
 
 
 def test_refuses_to_overwrite_without_force(tmp_path, capsys):

@@ -86,11 +86,14 @@ def test_moving_to_the_list_form_rolls_nothing_and_changes_no_template_input(doc
 def test_config_show_prints_the_list_form_of_a_single_model_file():
     out = subprocess.run([sys.executable, "-m", "scripts.cli", "config", "show", str(DEFAULT)], cwd=REPO,
                          capture_output=True, text=True, check=True).stdout
-    data = json.loads(out)
+    data = YAML(typ="safe").load(out)
     assert "model" not in data and "calibration" not in data
     assert [m["id"] for m in data["models"]] == ["gpt2-xl"]
     assert data["models"][0]["calibration"] is None and data["models"][0]["consumers"] is None
-    assert parse_config(data) == load_config(DEFAULT)  # the printed form reads back as the same fleet
+    # The printed form reads back as the same fleet (engine.precision, which both pools set, is left out).
+    printed, original = parse_config(data), load_config(DEFAULT)
+    assert printed.model_copy(update={"engine": original.engine}) == original
+    assert all(printed.engine_for(p) == original.engine_for(p) for r in original.regions for p in r.pools)
 
 
 def test_model_and_models_together_are_refused(doc, example_doc):
@@ -465,3 +468,56 @@ def test_a_misnamed_serve_is_one_problem_not_also_an_unserved_model_or_a_packing
     multi["regions"][0]["pools"][1]["serves"][0]["model"] = "gpt2-xxl"
     (msg,) = problems(multi)
     assert msg.startswith("regions[0].pools[1].serves[0].model:") and "'gpt2-xxl' is not a model" in msg
+
+
+def _show(path: Path, capsys) -> tuple[str, str]:
+    from scripts.cli import main
+
+    assert main(["config", "show", str(path)]) == 0
+    captured = capsys.readouterr()
+    return captured.out, captured.err
+
+
+def test_config_show_prints_yaml_for_a_yaml_file_and_json_for_a_json_file(tmp_path, capsys):
+    out, _ = _show(EXAMPLE, capsys)
+    with pytest.raises(ValueError):
+        json.loads(out)
+    shown = YAML(typ="safe").load(out)
+    assert [m["id"] for m in shown["models"]] == ["gpt2-xl", "qwen2.5-0.5b", "qwen2.5-3b"]
+    as_json = tmp_path / "fleet.json"
+    as_json.write_text(json.dumps(YAML(typ="safe").load(EXAMPLE.read_text())))
+    assert json.loads(_show(as_json, capsys)[0]) == shown
+
+
+def test_config_show_leaves_out_fleet_engine_defaults_that_every_model_sets(capsys):
+    """examples/multi-model sets backend, precision, max_batch_size and max_num_tokens on every model: the fleet
+    engine's values of them build nothing (FleetConfig.engine_for: fleet <- model <- pool)."""
+    out, _ = _show(EXAMPLE, capsys)
+    shown = YAML(typ="safe").load(out)
+    overridden = {"backend", "precision", "max_batch_size", "max_num_tokens"}
+    assert not overridden & set(shown["engine"])
+    assert {"tensorrt_llm_version", "image", "port", "kv_cache_dtype", "kv_cache_free_gpu_memory_fraction"} <= \
+        set(shown["engine"])
+    assert out.startswith("# engine.backend, engine.precision, engine.max_batch_size, engine.max_num_tokens: left out")
+    # What it prints builds every pool as the file does.
+    original, printed = load_config(EXAMPLE), parse_config(shown)
+    for region in original.regions:
+        for pool in region.pools:
+            assert printed.instance_digest(region.region, pool.name) == original.instance_digest(region.region, pool.name)
+    # config/fleet.yaml: both pools set their precision, so the fleet's is the one default no pool builds with.
+    assert set(load_config(DEFAULT).engine.model_dump()) - set(YAML(typ="safe").load(_show(DEFAULT, capsys)[0])["engine"]) \
+        == {"precision"}
+
+
+def test_config_diff_sets_apart_fleet_engine_changes_no_pool_builds_with(example_doc):
+    changed = copy.deepcopy(example_doc)
+    changed["engine"]["precision"] = "fp8"  # every model sets its own precision
+    changed["engine"]["kv_cache_free_gpu_memory_fraction"] = 0.8  # no model does: every pool builds with it
+    impact = diff_configs(parse_config(example_doc), parse_config(changed))
+    assert [c.path for c in impact.changes] == ["engine.kv_cache_free_gpu_memory_fraction"]
+    assert [(c.path, c.before, c.after) for c in impact.no_effect] == [("engine.precision", "fp16", "fp8")]
+    assert "Without effect (engine.precision fp16 -> fp8)" in render_impact(impact)
+    del changed["engine"]["kv_cache_free_gpu_memory_fraction"]
+    impact = diff_configs(parse_config(example_doc), parse_config(changed))
+    assert not impact.changes and not impact.rolls
+    assert render_impact(impact).startswith("No change") and "Without effect" in render_impact(impact)

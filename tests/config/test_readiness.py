@@ -226,6 +226,7 @@ def test_deploy_of_a_ready_config_proceeds(monkeypatch, tmp_path):
     # The deploy's own identity check (sts:GetCallerIdentity per profile) answers the provider account, offline;
     # a bootstrap would need each account's own credentials (tests/deploy/test_accounts.py), the providers step not.
     monkeypatch.setattr("fleetcast.accounts.caller_account_via_sts", lambda region: lambda profile: PROVIDER)
+    monkeypatch.setattr("fleetcast.deployed.other_fleets", lambda access, cfg, region: [])  # no fleet beside it
     code, _, _ = run("deploy", "--config", str(target), "--step", "providers")
     assert code == 0 and ran == [False]
 

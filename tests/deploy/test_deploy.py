@@ -1,6 +1,7 @@
 """The deploy path: AWS's order, each step alone, service names published into the config."""
 
 import shutil
+import sys
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -110,6 +111,20 @@ def test_cli_dry_run_prints_the_guide(capsys):
     assert main(["teardown", "--config", str(CONFIG), "--dry-run"]) == 0
 
 
+def test_cli_dry_run_prints_the_readmes_command_forms_not_this_machines_paths(capsys):
+    from scripts.cli import main
+
+    main(["deploy", "--config", str(CONFIG), "--dry-run"])
+    commands = [line.split("$ ", 1)[1].removesuffix("   (preview)") for line in capsys.readouterr().out.splitlines()
+                if line.startswith("   $ ")]
+    assert commands and all(c.startswith(("fleetcast ", "npx cdk ")) for c in commands), commands
+    assert not any(sys.executable in c or "node_modules" in c for c in commands)
+    # The forms README.md's deployment table gives, word for word.
+    assert "npx cdk deploy -c config=" + str(CONFIG) + " --require-approval broadening " \
+        "fleetcast-provider-ap-northeast-2 fleetcast-provider-us-east-1" in commands
+    assert f"fleetcast config diff --deployed {CONFIG}" in commands
+
+
 # -- --profile / --region reach every sub-step
 
 
@@ -150,6 +165,7 @@ def test_profile_reaches_the_cdk_command_line_and_every_fleetcast_sub_step(prod_
     # Both regions deployed and staged (tests/deploy/test_first_deploy_order.py covers the hold itself).
     monkeypatch.setattr("fleetcast.first_deploy.region_readiness",
                         lambda cfg, region, clients, stack: RegionReadiness(region, deployed=True, held=False))
+    monkeypatch.setattr("fleetcast.deployed.other_fleets", lambda access, cfg, region: [])  # no other fleet around
     # One profile per account (bootstrapping needs each account's own credentials), resolved without AWS.
     from fleetcast.config import load_config as load
 
@@ -270,3 +286,73 @@ def test_deploying_consumers_names_only_stacks_the_app_builds(tmp_path):
     assert "fleetcast-consumer-voice-app" in alone and "fleetcast-consumer-analytics" not in alone
     published = "\n".join(flat(plan(cfg, str(target), None, steps=["publish", "consumers"])))
     assert "fleetcast-consumer-analytics" in published
+
+
+# -- a renamed config: a second fleet beside the old one, asked for first
+
+
+@pytest.fixture
+def renamed_ready(tmp_path, monkeypatch, fresh_aws):
+    """The ready config under a new fleet name, deploying its providers in moto where the old fleet runs."""
+    from ruamel.yaml import YAML
+
+    from tests.ready_config import ready_doc
+
+    doc = ready_doc()
+    doc["name"] = "voice"
+    path = tmp_path / "fleet.yaml"
+    YAML().dump(doc, path)
+    monkeypatch.setattr("fleetcast.config.readiness.access_with_credentials", lambda profile, **kw: None)
+    from fleetcast.staging.readiness import RegionReadiness
+
+    monkeypatch.setattr("fleetcast.first_deploy.region_readiness",
+                        lambda cfg, region, clients, stack: RegionReadiness(region, deployed=False, held=False,
+                                                                            problems=(f"stack {stack} is not deployed",)))
+    monkeypatch.setattr("fleetcast.accounts.caller_account_via_sts",
+                        lambda region: lambda profile: doc["provider"]["account"])
+    return path
+
+
+def test_a_fleet_new_where_another_fleet_runs_is_not_deployed_unasked(renamed_ready, runner, capsys):
+    from scripts.cli import main
+    from tests.deploy.fleet_stacks import create_provider_stack, create_stack
+
+    old = create_provider_stack("fleetcast", "ap-northeast-2")
+    create_stack("tools-provider-ap-northeast-2", "ap-northeast-2", {"Other": "x"})  # not a Fleetcast stack
+    # No terminal to ask, no --yes: refused before any command.
+    assert main(["deploy", "--config", str(renamed_ready), "--step", "providers"]) == 2
+    err = capsys.readouterr().err
+    assert runner.ran == []
+    assert f"ap-northeast-2: {old} (this deploy creates voice-provider-ap-northeast-2 beside it)" in err
+    assert "second, parallel fleet" in err and "tools-provider" not in err and "us-east-1" not in err
+    assert "--yes" in err
+    # --yes: deployed as asked.
+    assert main(["deploy", "--config", str(renamed_ready), "--step", "providers", "--yes"]) == 0
+    assert any(c[:len(CDK) + 1] == [*CDK, "deploy"] and "voice-provider-ap-northeast-2" in c for c in runner.ran)
+
+
+def test_a_fleet_whose_own_stacks_exist_deploys_without_asking(renamed_ready, runner, capsys):
+    from scripts.cli import main
+    from tests.deploy.fleet_stacks import create_provider_stack
+
+    create_provider_stack("fleetcast", "ap-northeast-2")
+    create_provider_stack("voice", "ap-northeast-2")  # two fleets side by side, this one already deployed
+    assert main(["deploy", "--config", str(renamed_ready), "--step", "providers"]) == 0
+    assert runner.ran
+
+
+def test_on_a_terminal_the_second_fleet_is_created_only_after_its_name_is_typed(cfg):
+    import io
+
+    from fleetcast.deploy import confirm_parallel_fleet
+
+    class Terminal(io.StringIO):
+        def isatty(self):
+            return True
+
+    others = {"ap-northeast-2": ["old-provider-ap-northeast-2"], "us-east-1": []}
+    with pytest.raises(UserError, match="nothing deployed") as declined:
+        confirm_parallel_fleet(cfg, others, yes=False, stdin=Terminal("old\n"), err=io.StringIO())
+    assert declined.value.exit_code == 3
+    confirm_parallel_fleet(cfg, others, yes=False, stdin=Terminal(f"{cfg.name}\n"), err=io.StringIO())
+    confirm_parallel_fleet(cfg, {"us-east-1": []}, yes=False, stdin=None, err=io.StringIO())  # nothing beside: no ask

@@ -192,7 +192,25 @@ def spot_fleet() -> Synthesized:
 MULTI_MODEL_CONFIG = ROOT / "examples" / "multi-model" / "fleet.yaml"
 
 
+def multi_model_doc() -> dict:
+    return YAML(typ="safe").load(MULTI_MODEL_CONFIG.read_text())
+
+
 @cache
 def multi_model_fleet() -> Synthesized:
     """examples/multi-model/fleet.yaml: three models, two pools packing them differently, one restricted consumer."""
-    return synthesize(YAML(typ="safe").load(MULTI_MODEL_CONFIG.read_text()), "multi-model")
+    return synthesize(multi_model_doc(), "multi-model")
+
+
+# Every config the project ships as an example: the default and examples/**/fleet*.yaml.
+EXAMPLE_CONFIGS = sorted([DEFAULT_CONFIG, *ROOT.glob("examples/**/fleet*.yaml")])
+
+
+@cache
+def example_fleet(path: Path) -> Synthesized:
+    """One shipped config, synthesized once: the default and the multi-model example share their fleets above."""
+    shared = {DEFAULT_CONFIG: default_fleet, MULTI_MODEL_CONFIG: multi_model_fleet}
+    if path in shared:
+        return shared[path]()
+    label = "-".join(path.relative_to(ROOT).with_suffix("").parts)
+    return synthesize(YAML(typ="safe").load(path.read_text()), label)

@@ -3,17 +3,19 @@ synthesized template's, and a region over CloudFormation's 500 resources per tem
 
 Source of the limit: CloudFormation User Guide, "Understand CloudFormation quotas" (Resources: 500 per
 template). Issue 25: twenty Spot pools in one region validated and then failed; the count says where the
-limit falls (19 Spot pools fit the default region, 20 do not).
+limit falls (19 Spot pools fit the default region, 20 do not). Issue 32: pools serving several models were
+undercounted (89 against 101 for examples/multi-model: each model's own SLO alarms), so every shipped config
+and a generated several-model region are held to their templates.
 """
 
 from __future__ import annotations
 
 import pytest
 
-from fleetcast.config import ConfigError, parse_config
+from fleetcast.config import ConfigError, load_config, parse_config
 from fleetcast.contract.stack_size import CLOUDFORMATION_MAX_RESOURCES, provider_stack_resources
 
-from .synthesized import default_doc, synthesize
+from .synthesized import EXAMPLE_CONFIGS, ROOT, default_doc, example_fleet, multi_model_doc, synthesize
 
 pytestmark = pytest.mark.xdist_group("stack_size")
 
@@ -30,13 +32,14 @@ def _one_region(doc: dict) -> dict:
 
 def _varied() -> dict:
     """Every feature the count knows, at once: NAT over three AZs, the optional Lambdas and subscription, and
-    pools with and without Spot tiers, warm pools, schedules and SLO protection."""
-    doc = _one_region(default_doc())
+    three pools each serving the three models of examples/multi-model (each model alarmed apart), with and
+    without Spot tiers, warm pools, schedules and SLO protection."""
+    doc = _one_region(multi_model_doc())
     region = doc["regions"][0]
     region["availability_zones"].append({"name": "ap-northeast-2d", "id": "apne2-az4"})
     doc["network"]["egress"] = "nat"
-    doc["operations"].update(alarm_email="oncall@fleet.corp.internal", auto_approve_connections=True,
-                             plan_drift_check={"schedule": "rate(1 day)"})
+    doc["operations"] = {"alarm_email": "oncall@fleet.corp.internal", "auto_approve_connections": True,
+                         "plan_drift_check": {"schedule": "rate(1 day)"}}
     region["pools"] = [
         _pool(0, warm_pool={"size": 1}, schedule=[{"cron": "0 8 * * *", "min": 1, "max": 4},
                                                   {"cron": "0 20 * * *", "min": 1, "max": 2}]),
@@ -61,6 +64,20 @@ def test_the_computed_count_is_the_templates(label, make):
     for region in fleet.cfg.regions:
         template = fleet.template_json(f"{fleet.cfg.name}-provider-{region.region}")
         assert provider_stack_resources(fleet.cfg, region) == len(template["Resources"]), region.region
+
+
+@pytest.mark.parametrize("path", EXAMPLE_CONFIGS, ids=lambda p: str(p.relative_to(ROOT)))
+def test_the_computed_count_is_the_templates_for_every_shipped_config(path):
+    fleet = example_fleet(path)
+    for region in fleet.cfg.regions:
+        template = fleet.template_json(f"{fleet.cfg.name}-provider-{region.region}")
+        assert provider_stack_resources(fleet.cfg, region) == len(template["Resources"]), region.region
+
+
+def test_the_shipped_configs_include_several_models_per_pool():
+    """The case the count missed stays among the shipped configs the test above holds to their templates."""
+    configs = [load_config(path) for path in EXAMPLE_CONFIGS]
+    assert any(len(cfg.serves_of(pool)) > 1 for cfg in configs for region in cfg.regions for pool in region.pools)
 
 
 def _spot_pools(n: int) -> dict:
