@@ -321,8 +321,9 @@ class PoolMemory:
         usable = (f"{_gib(self.device_bytes)} usable (nvidia-smi)" if self.usable_gpu_bytes else
                   f"{_gib(self.device_bytes)} listed (no nvidia-smi figure in the catalog)")
         return (f"{' + '.join(p.describe() for p in self.processes)} = {total}; the {self.gpu} has {usable}, "
-                f"{_gib(self.usable_bytes)} after {HEADROOM_SHARE:.0%} headroom; the overhead measured is "
-                f"{PROCESS_OVERHEAD_SOURCE}")
+                f"{_gib(self.usable_bytes)} after {HEADROOM_SHARE:.0%} headroom; the {_gib(PROCESS_OVERHEAD_BYTES)} "
+                f"per process is {PROCESS_OVERHEAD_SOURCE}, activations are estimated for one forward pass of "
+                "max_num_tokens tokens, CUDA graphs counted from TensorRT-LLM 1.2.x's defaults")
 
 
 def _gib(n: float) -> str:
