@@ -89,7 +89,8 @@ def cuda_graph_batch_sizes(max_batch_size: int, max_num_tokens: int) -> tuple[in
 
 
 def estimated_hidden(parameters: float) -> int:
-    return math.ceil(HIDDEN_PER_CUBE_ROOT_OF_PARAMETERS * parameters ** (1 / 3))
+    root: float = parameters ** (1 / 3)
+    return math.ceil(HIDDEN_PER_CUBE_ROOT_OF_PARAMETERS * root)
 
 
 def activation_bytes(parameters: float, max_num_tokens: int) -> int:
@@ -295,7 +296,7 @@ class PoolMemory:
                 out.append(
                     f"{p.model_id}'s KV budget would not bind: TensorRT-LLM gives a process min(max_tokens, "
                     f"free_gpu_memory_fraction x free memory), and started last (or restarted alone) it finds "
-                    f"{_gib(self.device_bytes)} - {_gib(planned - p.kv_bytes)} held by the others and its own "
+                    f"{_gib(self.device_bytes)} - {_gib(planned - (p.kv_bytes or 0))} held by the others and its own "
                     f"weights and overhead = {_gib(s.free_bytes)} free, {p.kv_fraction:g} x {_gib(s.free_bytes)} = "
                     f"{_gib(s.granted_bytes)} < its planned KV {_gib(p.kv_bytes or 0)} ({self.arithmetic()}); "
                     f"allowed: a fraction of at least {min(s.fraction_needed, 1):.3f} (at most 0.98), a smaller "
