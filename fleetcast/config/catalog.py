@@ -45,6 +45,9 @@ class Gpu:
     bandwidth_gbps: float
     fp16_tflops: float
     int8_tops: float
+    # What CUDA is offered (nvidia-smi's total), below the listed memory_gib; None in an override table that
+    # predates it (the memory check then falls back to the listed size and says so).
+    usable_memory_mib: float | None = None
 
 
 @dataclass(frozen=True)

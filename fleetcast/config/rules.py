@@ -13,12 +13,15 @@ import unicodedata
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from fleetcast.contract import support
-from fleetcast.contract.serving import GIB
 
 from . import catalog
 from .model import LIST_FORM, Backend, ExistingVpc, FleetConfig, KvCacheDtype, Pool, Slo, SpotSpec
+
+if TYPE_CHECKING:
+    from .memory import PoolMemory
 
 Path = tuple[str | int, ...]
 
@@ -318,23 +321,30 @@ def _serves(cfg: FleetConfig) -> list[ConfigIssue]:
                     f"pool {pool.name}'s {processes} engine processes listen on the ports after {cfg.engine.port}, up "
                     f"to {last}; allowed: a port at most {HIGHEST_PORT - processes}"))
             plan = plan_pool(cfg, pool)
-            if plan is None or (processes == 1 and not pool.serves):
-                continue  # an unknown instance type is blamed by _pools; one process keeps the KV fraction
-            unknown = [k for k, m in enumerate(cfg.models) if m.id in served and m.parameters_b is None]
-            if plan.fits is None:
-                if processes > 1 or any(s.kv_cache_gb is not None for s in pool.serves):
-                    for k in unknown:
-                        out.append(ConfigIssue(("models", k, "parameters_b"),
-                            f"pool {pool.name} runs {processes} engine processes on one {plan.gpu}: set parameters_b "
-                            f"(billions of parameters of {cfg.models[k].id}) so their memory can be checked"))
-                continue
-            if not plan.fits:
-                out.append(ConfigIssue(here, f"what pool {pool.name} serves does not fit its GPU: "
-                                             f"{plan.arithmetic()}; allowed: at most {plan.usable_bytes / GIB:.2f} GiB "
-                                             "(lower kv_cache_gb or copies, a lower precision, or a larger GPU)"))
-            elif any(p.kv_bytes == 0 for p in plan.processes):
-                out.append(ConfigIssue(here, f"pool {pool.name} leaves no KV cache for the copies without "
-                                             f"kv_cache_gb: {plan.arithmetic()}; set kv_cache_gb on each serve"))
+            if plan is None:
+                continue  # an unknown instance type is blamed by _pools
+            out += _memory_issues(cfg, pool, plan, processes, served, here)
+    return out
+
+
+def _memory_issues(cfg: FleetConfig, pool: Pool, plan: PoolMemory, processes: int, served: set[str],
+                   here: Path) -> list[ConfigIssue]:
+    """GPU and host memory of one instance of `pool`, by the one home of that arithmetic (config/memory.py).
+    A pool of one process without a budget keeps the KV fraction: only its weights, overhead and host are
+    checked, and only where its size is known."""
+    single = processes == 1 and not pool.serves
+    unknown = [k for k, m in enumerate(cfg.models) if m.id in served and m.parameters_b is None]
+    if plan.fits is None:
+        if not single and (processes > 1 or any(s.kv_cache_gb is not None for s in pool.serves)):
+            return [ConfigIssue(("models", k, "parameters_b"),
+                                f"pool {pool.name} runs {processes} engine processes on one {plan.gpu}: set "
+                                f"parameters_b (billions of parameters of {cfg.models[k].id}) so their memory can "
+                                "be checked") for k in unknown]
+        return []
+    out = [ConfigIssue(here, f"what pool {pool.name} serves {problem}") for problem in plan.problems()]
+    if not out and not single and any(p.kv_bytes == 0 for p in plan.processes):
+        out.append(ConfigIssue(here, f"pool {pool.name} leaves no KV cache for the copies without "
+                                     f"kv_cache_gb: {plan.arithmetic()}; set kv_cache_gb on each serve"))
     return out
 
 

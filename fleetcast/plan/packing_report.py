@@ -204,21 +204,20 @@ def write_plots(plan: RegionPacking, directory: Path) -> list[Path]:
     ax.legend(loc="upper right", fontsize=8)
     if w.memory is not None:
         from fleetcast.config.memory import GIB
-        from fleetcast.contract.serving import PROCESS_OVERHEAD_BYTES
 
         bottom = 0.0
         colors = {"weights": "#4477aa", "overhead": "#999999", "KV": "#66aa55"}
         seen = set()
         for proc in w.memory.processes:
             for i in range(proc.copies):
-                parts = [("weights", (proc.weights_bytes or 0) / GIB), ("overhead", PROCESS_OVERHEAD_BYTES / GIB),
+                parts = [("weights", (proc.weights_bytes or 0) / GIB), ("overhead", proc.overhead_bytes / GIB),
                          ("KV", (proc.kv_bytes or 0) / GIB)]
                 for kind, size in parts:
                     mem.bar(0, size, bottom=bottom, color=colors[kind], edgecolor="white",
                             label=kind if kind not in seen else None)
                     seen.add(kind)
                     bottom += size
-                mem.text(0.45, bottom - ((proc.weights_bytes or 0) / GIB + PROCESS_OVERHEAD_BYTES / GIB
+                mem.text(0.45, bottom - ((proc.weights_bytes or 0) / GIB + proc.overhead_bytes / GIB
                                          + (proc.kv_bytes or 0) / GIB) / 2,
                          f"{proc.model_id} {proc.precision}" + (f" #{i + 1}" if proc.copies > 1 else ""),
                          va="center", fontsize=8)

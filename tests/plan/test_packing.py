@@ -78,7 +78,7 @@ def test_a_packing_is_checked_by_the_validators_memory_arithmetic():
     cfg = load_config(ROOT / "examples" / "multi-model" / "fleet.yaml")
     pool = next(p for p in cfg.regions[0].pools if p.name == "l4")
     precisions = {m.id: cfg.engine_for(pool, m.id).precision.value for m in cfg.models}
-    mine = packing_memory(cfg, "g6.xlarge", tuple((m.id, precisions[m.id], 1) for m in cfg.models))
+    mine = packing_memory(cfg, pool.instance_type, tuple((m.id, precisions[m.id], 1) for m in cfg.models))
     theirs = plan_pool(cfg, pool)
     assert mine.arithmetic() == theirs.arithmetic() and mine.fits == theirs.fits
 

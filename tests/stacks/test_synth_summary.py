@@ -72,7 +72,7 @@ def test_the_hint_names_the_config_given(capsys, tmp_path, monkeypatch):
 def test_summary_lists_what_each_instance_of_a_multi_model_pool_serves(capsys):
     code, out, err = run(capsys, "--config", str(MULTI_MODEL_CONFIG), "--out", str(multi_model_fleet().outdir))
     assert code == 0, err
-    assert "pool l40s: g6e.xlarge (L40S), capacity min 1 max 4, warm pool 0; each instance serves:" in out
+    assert "pool l40s: g6e.2xlarge (L40S), capacity min 1 max 4, warm pool 0; each instance serves:" in out
     assert "qwen2.5-0.5b x2: precision bf16, backend pytorch, batch 64, KV 4.00 GiB each" in out
-    assert ("gpt2-xl x1: precision int8_wo, backend tensorrt, batch 64, KV share about 3.32 GiB each (planned on "
+    assert ("gpt2-xl x1: precision int8_wo, backend tensorrt, batch 64, KV share about 2.08 GiB each (planned on "
             "the instance)") in out
