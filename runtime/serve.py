@@ -110,6 +110,12 @@ class ServeSettings:
     liveness_timeout_s: float = default(Var.LIVENESS_TIMEOUT_S)
     liveness_failures: int = default(Var.LIVENESS_FAILURES)
     upstream_idle_timeout_s: float = default(Var.UPSTREAM_IDLE_S)
+    # What the per-model readiness file (the gateway's /health) reports is the state now, not the last liveness
+    # answer (up to a liveness interval plus a timeout old): each serving process's /health is read this often,
+    # and one that does not answer within the timeout is not ready until it answers again. Liveness (the kill)
+    # still takes `liveness_failures` probes.
+    readiness_interval_s: float = 1.0
+    readiness_timeout_s: float = 2.0
 
     @property
     def server_port(self) -> int:
@@ -246,13 +252,28 @@ class Serving:
             except OSError as exc:
                 log.warning("cannot write %s: %s", self.s.models_state_file, exc)
 
+    def _watch_ready(self, server: ServerProcess) -> None:
+        """Reads one process's /health every readiness interval, so its model's readiness follows a freeze within
+        an interval and a timeout (the liveness probe, which kills, answers only every liveness interval)."""
+        while not self._state_stop.wait(self.s.readiness_interval_s):
+            child = self.supervisor.children.get(server.name)
+            if child is None or not child.running():
+                continue  # exited: _watch_state reports it, the supervisor restarts it
+            try:
+                status, _ = http_json("GET", f"{server.base}/health", timeout_s=self.s.readiness_timeout_s)
+            except (OSError, ValueError):
+                status = None
+            if not self._state_stop.is_set():
+                self._mark(server, status == 200)
+
     def start(self) -> None:
         """Start the first engine process; wait_ready() starts the rest, one after another."""
         self._start_server(self.servers[0])
 
     def _start_server(self, server: ServerProcess) -> None:
         liveness = Liveness(lambda: self.server_alive(server), interval_s=self.s.liveness_interval_s,
-                            failures=self.s.liveness_failures, startup_s=self.s.ready_timeout_s)
+                            failures=self.s.liveness_failures, startup_s=self.s.ready_timeout_s,
+                            window_s=self.s.liveness_timeout_s)
         self.supervisor.start(Child(server.name, server.argv, env=server.env, policy=self.s.restart,
                                     liveness=liveness))
 
@@ -288,6 +309,9 @@ class Serving:
         if self.s.models_state_file is not None:
             self.write_models_state()  # before the gateway starts: its /health reads it
             threading.Thread(target=self._watch_state, name="models-state", daemon=True).start()
+            for server in self.servers:
+                threading.Thread(target=self._watch_ready, args=(server,), name=f"ready-{server.name}",
+                                 daemon=True).start()
         if self.s.gateway:
             if "gateway" not in self.supervisor.children:
                 self.supervisor.start(Child("gateway", self.gateway_argv(), policy=self.s.restart))

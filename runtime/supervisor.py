@@ -8,9 +8,12 @@ Two layers of restart, on purpose:
   a deadlocked executor, SIGSTOP) is killed after `failures` probes in a row fail
   and then restarted like a crashed one, so "frozen" becomes "exited". A child
   still starting (it has not answered yet) is given `startup_s` only while it
-  works at it: probes that find it neither answering nor using CPU or doing I/O
-  since the last probe count as failures, so a restart that freezes before its
-  first answer is found as early as a settled child that freezes;
+  works at it: a probe it does not answer, and across which (at least `window_s`
+  from just before the probe) it used no CPU and did no I/O, counts as a failure,
+  so a restart that freezes before its first answer is killed after the same
+  `failures` probes as a settled child that freezes (the evidence is taken over
+  each probe's own window, not against the previous probe, which would let a
+  freeze between two probes cost one probe more);
 - if a child keeps crashing or freezing (more than `max_restarts` within
   `window_s`), the supervisor gives up. The runtime then marks the instance
   unhealthy so the group replaces it (runtime/bootstrap.py), or, if that call
@@ -59,8 +62,12 @@ class Liveness:
     failures: int = 3
     startup_s: float = 1800.0
     # The work a starting child has done so far (pid -> a counter that grows while it works, None when it
-    # cannot be read); unchanged between two probes means it is not starting, it is stuck.
+    # cannot be read); unchanged across a failed probe's window means it is not starting, it is stuck.
     progress: Callable[[int], object] | None = None
+    # The least span over which a starting child's work is compared: from just before a probe to at least
+    # this long after. The probe's own timeout: a probe refused at once (nothing listening yet) is judged
+    # over as long a span as one that timed out on a frozen listener.
+    window_s: float = 5.0
 
     def __post_init__(self) -> None:
         if self.progress is None:
@@ -139,7 +146,10 @@ class Child:
 class Supervisor:
     """Starts children, restarts the ones that die, stops them in a given order."""
 
-    def __init__(self, poll_s: float = 0.2, on_give_up: Callable[[Child], None] | None = None):
+    def __init__(self, poll_s: float = 0.2, on_give_up: Callable[[Child], None] | None = None,
+                 clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], bool] | None = None):
+        """`clock` and `sleep` (waits, True when the supervisor stops meanwhile) time the liveness probes;
+        tests pass fake ones to count probes instead of reading a wall clock."""
         # Every server started from here begins with a whole descriptor table (and the raised soft limit):
         # growing it later, with its threads running, would stall its event loop (runtime/descriptors.py).
         reserve_descriptors(for_children=True)
@@ -152,6 +162,8 @@ class Supervisor:
         self._lock = threading.RLock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self.clock = clock
+        self.sleep = sleep if sleep is not None else self._stop.wait
 
     def _spawn(self, child: Child) -> None:
         env = dict(os.environ)
@@ -160,7 +172,7 @@ class Supervisor:
         # Ctrl-C aimed at the runtime does not hit the server before drain says so.
         child.proc = subprocess.Popen(list(child.argv), env=env, cwd=child.cwd, start_new_session=True)
         child.starts += 1
-        child.spawned_at = time.monotonic()
+        child.spawned_at = self.clock()
         log.info("started %s (pid %d): %s", child.name, child.proc.pid, " ".join(child.argv))
 
     def start(self, child: Child) -> Child:
@@ -180,9 +192,8 @@ class Supervisor:
         live = child.liveness
         assert live is not None
         answered_pid: int | None = None  # the process that has answered once since its start
-        worked: tuple[int | None, object] = (None, None)  # (pid, its work at the last probe) while starting
         failed = 0
-        while not self._stop.wait(live.interval_s):
+        while not self.sleep(live.interval_s):
             with self._lock:
                 if child.name in self._stopping:
                     return  # stopped on purpose, or given up on
@@ -191,6 +202,9 @@ class Supervisor:
                     failed = 0
                     continue  # exited: the watch loop restarts it
                 pid, since = proc.pid, child.spawned_at
+            starting = answered_pid != pid and self.clock() - since < live.startup_s
+            before = live.progress(pid) if starting and live.progress is not None else None
+            began = self.clock()
             ok = False
             try:
                 ok = bool(live.probe())
@@ -201,12 +215,15 @@ class Supervisor:
                     log.info("%s (pid %d) answers its liveness probe", child.name, pid)
                 answered_pid, failed = pid, 0
                 continue
-            if answered_pid != pid and time.monotonic() - since < live.startup_s:
-                work = live.progress(pid) if live.progress is not None else None
-                if work is None or worked[0] != pid or work != worked[1]:
-                    worked, failed = (pid, work), 0
+            if starting:
+                rest = live.window_s - (self.clock() - began)
+                if rest > 0 and self.sleep(rest):
+                    return
+                after = live.progress(pid) if live.progress is not None else None
+                if before is None or after is None or after != before:
+                    failed = 0
                     continue  # still starting, and working at it
-                # Starting, but nothing done since the last probe: judged like a settled child.
+                # Starting, but nothing done across this probe's window: judged like a settled child.
             failed += 1
             if failed < live.failures:
                 log.warning("%s (pid %d) did not answer its liveness probe (%d of %d)", child.name, pid, failed,
