@@ -43,7 +43,8 @@ from typing import Any
 from fleetcast.contract.instance_env import Var, default
 from fleetcast.contract.serving import LOOPBACK_HOST
 
-from .supervisor import Child, Liveness, RestartPolicy, Supervisor
+from .mps import VISIBLE_DEVICES, MpsDaemon, MpsError
+from .supervisor import Child, Group, Liveness, RestartPolicy, Supervisor
 
 log = logging.getLogger("fleetcast.serve")
 
@@ -70,6 +71,11 @@ class ServerProcess:
     argv: list[str]
     env: dict[str, str] | None = None
     kv_cache_bytes: int | None = None  # its explicit KV budget (runtime/kv_budget.py)
+    gpu: int = 0  # the GPU it runs on (every process of an instance shares the first today)
+    # Under gpu_sharing: mps: its device-memory limit (its planned share, runtime/kv_budget.py) and SM share.
+    mps_mem_limit_bytes: int | None = None
+    mps_active_thread_percentage: int | None = None
+    kv_tokens_planned: int | None = None  # the KV cache it must come out with, in tokens (checked after start)
 
     @property
     def what(self) -> str:
@@ -161,7 +167,10 @@ class Serving:
 
     def __init__(self, settings: ServeSettings, server_argv: list[str] | None = None,
                  supervisor: Supervisor | None = None, stop: threading.Event | None = None,
-                 server_env: dict[str, str] | None = None, servers: list[ServerProcess] | None = None):
+                 server_env: dict[str, str] | None = None, servers: list[ServerProcess] | None = None,
+                 mps_root: Path | None = None):
+        """`mps_root`: the pool shares its GPUs under MPS (runtime/mps.py), with each GPU's control daemon's
+        directories under it; every process of a GPU is then an MPS client in that GPU's group."""
         self.s = settings
         self.stop = stop or threading.Event()  # set by SIGTERM: give up waiting for readiness
         self.supervisor = supervisor or Supervisor()
@@ -179,6 +188,26 @@ class Serving:
         self._write_lock = threading.Lock()
         self._written: dict[str, Any] | None = None
         self._state_stop = threading.Event()
+        self.mps_daemons: dict[int, MpsDaemon] = {}
+        if mps_root is not None:
+            for gpu in sorted({p.gpu for p in self.servers}):
+                daemon = self.mps_daemons[gpu] = MpsDaemon(gpu, mps_root)
+                self.supervisor.add_group(Group(
+                    self.gpu_group(gpu), before_start=daemon.start, after_stop=daemon.stop,
+                    ready=self._child_answers, ready_timeout_s=settings.ready_timeout_s))
+
+    @staticmethod
+    def gpu_group(gpu: int) -> str:
+        return f"gpu{gpu}"
+
+    def _child_answers(self, child: Child) -> bool:
+        """A restarted member of an MPS group answers /health: the next one may start."""
+        server = next(p for p in self.servers if p.name == child.name)
+        try:
+            status, _ = http_json("GET", f"{server.base}/health", timeout_s=self.s.readiness_timeout_s)
+        except (OSError, ValueError):
+            return False
+        return status == 200
 
     def gateway_argv(self) -> list[str]:
         from .gateway.shared import default_workers
@@ -274,8 +303,20 @@ class Serving:
         liveness = Liveness(lambda: self.server_alive(server), interval_s=self.s.liveness_interval_s,
                             failures=self.s.liveness_failures, startup_s=self.s.ready_timeout_s,
                             window_s=self.s.liveness_timeout_s)
-        self.supervisor.start(Child(server.name, server.argv, env=server.env, policy=self.s.restart,
-                                    liveness=liveness))
+        env, group = server.env, None
+        unset: tuple[str, ...] = ()
+        daemon = self.mps_daemons.get(server.gpu)
+        if daemon is not None:
+            # An MPS client: its daemon's pipe directory, its limits, and no CUDA_VISIBLE_DEVICES of its own (the
+            # daemon's remaps the GPU to device 0 for its clients).
+            env = {**(server.env or {}), **daemon.client_env(server.mps_mem_limit_bytes,
+                                                            server.mps_active_thread_percentage)}
+            unset, group = (VISIBLE_DEVICES,), self.gpu_group(server.gpu)
+        try:
+            self.supervisor.start(Child(server.name, server.argv, env=env, env_unset=unset, group=group,
+                                        policy=self.s.restart, liveness=liveness))
+        except MpsError as exc:
+            raise ServeError(f"MPS control daemon of GPU {server.gpu}: {exc}") from None
 
     def _check_alive(self) -> None:
         if self.stop.is_set():
