@@ -17,7 +17,7 @@ Two layers of restart, on purpose:
 - children of one group (the engine processes of one GPU shared under MPS) fall and rise together: when
   one exits (crashed, or killed as frozen), the others are killed too, the group's `before_start` runs
   (the MPS control daemon is started again if it died) and every member is started again in its order,
-  each answering before the next starts. An MPS fault is reported to every client of the GPU, and the
+  all loading at once (their KV budgets need no order). An MPS fault is reported to every client of the GPU, and the
   MPS server accepts no new client until all of them have exited (NVIDIA MPS documentation, "Memory
   Protection and Error Containment"): restarting only the one that died would crash-loop it. The group's
   `after_stop` runs when its last member is stopped on purpose (the daemon's quit);
@@ -133,7 +133,7 @@ class Group:
     members: list[str] = field(default_factory=list)
     before_start: Callable[[], None] | None = None  # before the first member starts, and before each restart
     after_stop: Callable[[], None] | None = None  # after the last member is stopped on purpose
-    ready: Callable[[Child], bool] | None = None  # a restarted member answers: the next one may start
+    ready: Callable[[Child], bool] | None = None  # a restarted member answers (how long a restart took)
     ready_timeout_s: float = 1800.0
     started: bool = False
     restarts: int = 0  # times the whole group was restarted
@@ -350,15 +350,14 @@ class Supervisor:
                         log.error("%s (pid %d) outlived SIGKILL for 30 s", child.name, child.proc.pid)
             if group.before_start is not None:
                 group.before_start()  # the daemon again, where it died with its clients
-            for child in members:
-                with self._lock:
+            for child in members:  # in their order, each started once the one before it is (not ready): a
+                with self._lock:  # restart's downtime is one load, not the sum of all (the budgets need no order)
                     if child.name in self._stopping or self._stop.is_set():
                         return
                     self._spawn(child)
-                if group.ready is None:
-                    continue
-                deadline = time.monotonic() + group.ready_timeout_s
-                while not group.ready(child):
+            deadline = time.monotonic() + group.ready_timeout_s
+            for child in members:  # for the record: how long the GPU's models were down
+                while group.ready is not None and not group.ready(child):
                     if not child.running() or time.monotonic() > deadline or self._stop.wait(self.poll_s):
                         break  # the next watch pass sees it exit (or the liveness probe finds it stuck)
             group.restarts += 1
