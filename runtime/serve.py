@@ -342,6 +342,9 @@ class Serving:
             self._wait_healthy(server, deadline)
             text, tokens = self.probe_generation(server)
             self._mark(server, True)
+            short = self.check_kv(server)
+            if short is not None:
+                timings.setdefault("kv_short", {})[server.name] = short
             timings["models"][server.name] = {"model": server.model_id, "ready_s": round(time.monotonic() - began, 3),
                                               "probe_tokens": tokens}
             if index == 0:
@@ -363,6 +366,35 @@ class Serving:
                 time.sleep(0.2)
         timings["ready_s"] = time.monotonic() - started
         return timings
+
+    def check_kv(self, server: ServerProcess) -> dict[str, Any] | None:
+        """After its first generation, the KV cache a process came out with against its plan, from its iteration
+        stats (/metrics, dequeued on read: kvCacheStats maxNumBlocks x tokensPerBlock; TensorRT-LLM's
+        cpp/tensorrt_llm/executor/jsonSerialization.cpp, KvCacheStats). A process short by more than a block (the
+        engine rounds to blocks) is named in the log and in the returned record: TensorRT-LLM took
+        free_gpu_memory_fraction x free memory, not max_tokens, so something else held what it was planned."""
+        planned = server.kv_tokens_planned
+        if planned is None:
+            return None
+        try:
+            status, stats = http_json("GET", f"{server.base}/metrics", timeout_s=10.0)
+        except (OSError, ValueError):
+            status, stats = None, None
+        kv = next((st.get("kvCacheStats") for st in reversed(stats) if isinstance(st, dict)
+                   and isinstance(st.get("kvCacheStats"), dict)), None) if status == 200 and isinstance(stats, list) else None
+        if not kv or not kv.get("maxNumBlocks") or not kv.get("tokensPerBlock"):
+            log.warning("%s: its KV cache could not be checked against its plan (no iteration stats on /metrics)",
+                        server.what)
+            return None
+        block = int(kv["tokensPerBlock"])
+        tokens = int(kv["maxNumBlocks"]) * block
+        if tokens >= planned - block:
+            log.info("%s: KV cache of %d tokens, planned %d", server.what, tokens, planned)
+            return None
+        log.error("%s: its KV cache came out at %d tokens, %d short of the %d planned (max_tokens): TensorRT-LLM "
+                  "takes min(max_tokens, free_gpu_memory_fraction x the memory free when it starts), and that memory "
+                  "was held by something else", server.what, tokens, planned - tokens, planned)
+        return {"model": server.model_id, "copy": server.copy_index, "planned_tokens": planned, "tokens": tokens}
 
     def _wait_healthy(self, server: ServerProcess, deadline: float) -> None:
         status = None
