@@ -661,10 +661,11 @@ class Pool(Frozen):
 
     @model_validator(mode="after")
     def _thread_cap_needs_mps(self) -> Pool:
-        capped = [s.model for s in self.serves if s.mps_active_thread_percentage is not None]
+        capped = [f"serves[{i}].mps_active_thread_percentage ({s.model})" for i, s in enumerate(self.serves)
+                  if s.mps_active_thread_percentage is not None]
         if capped and self.gpu_sharing is not GpuSharing.MPS:
-            raise ValueError(f"serves[].mps_active_thread_percentage is set for {', '.join(capped)}, but the pool "
-                             f"shares its GPU by {self.gpu_sharing.value}: set gpu_sharing: mps or drop the cap")
+            raise ValueError(f"{', '.join(capped)} is set, but the pool shares its GPU by {self.gpu_sharing.value}: "
+                             "an SM cap needs gpu_sharing: mps; set it or drop the cap")
         return self
 
     @model_validator(mode="after")
