@@ -348,6 +348,9 @@ class Supervisor:
                         child.proc.wait(timeout=30)
                     except subprocess.TimeoutExpired:
                         log.error("%s (pid %d) outlived SIGKILL for 30 s", child.name, child.proc.pid)
+            with self._lock:
+                if self._stop.is_set() or any(c.name in self._stopping for c in members):
+                    return  # a drain began meanwhile: nothing to start again, the daemon stays stopped
             if group.before_start is not None:
                 group.before_start()  # the daemon again, where it died with its clients
             for child in members:  # in their order, each started once the one before it is (not ready): a
