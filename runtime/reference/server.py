@@ -59,6 +59,8 @@ from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
+from fleetcast.contract.serving import GIB
+
 from .mps_sim import MpsClientSim
 
 if TYPE_CHECKING:  # torch-bound modules, imported where the model loads
@@ -84,7 +86,7 @@ def _pinned_limit(value: str | None) -> int | None:
         device, _, limit = part.strip().partition("=")
         if device.strip() != "0" or not limit:
             continue
-        scale = {"G": 1 << 30, "M": 1 << 20, "K": 1 << 10}.get(limit[-1].upper(), 1)
+        scale = {"G": GIB, "M": GIB >> 10, "K": GIB >> 20}.get(limit[-1].upper(), 1)
         digits = limit[:-1] if scale != 1 else limit
         try:
             return int(float(digits) * scale)
