@@ -3,7 +3,9 @@
 TensorRT-LLM 1.2.x takes min(kv_cache_config.max_tokens, free_gpu_memory_fraction x the memory free when the process
 starts), the free memory counting the other processes (tests/runtime/test_kv_budget.py and
 test_reference_mps_and_kv.py cite the sources: kvCacheManager.cpp calculateMaxNumBlocks, executor.h KvCacheConfig,
-_torch/pyexecutor/_util.py configure_kv_cache_capacity). The check reads what the engine reports on /metrics
+_torch/pyexecutor/_util.py configure_kv_cache_capacity, _torch/pyexecutor/resource_manager.py
+KVCacheManager.calculate_max_num_blocks, whose `blocks_in_primary_pool = int(max_tokens // tokens_per_block)` rounds
+down: a process one block under its max_tokens is as planned). The check reads what the engine reports on /metrics
 (kvCacheStats maxNumBlocks x tokensPerBlock: cpp/tensorrt_llm/executor/jsonSerialization.cpp, KvCacheStats), which the
 reference backend reports the same way. Here two reference processes share one simulated GPU; with a fraction that
 leaves the second short of its budget (the regression: the fraction, not max_tokens, binds) it is named; with the

@@ -9,7 +9,8 @@ cpp/include/tensorrt_llm/executor/executor.h, mMaxTokens, "If both mMaxTokens an
 specified, memory corresponding to the minimum will be allocated"; the LLM API's KvCacheConfig.max_tokens in
 tensorrt_llm/llmapi/llm_args.py says the same, index ids 1520735490 and 7019226376 of tests/runtime/trtllm_1_2_llm_args.py;
 tensorrt_llm/_torch/pyexecutor/_util.py, KvCacheCreator.configure_kv_cache_capacity, and
-_torch/pyexecutor/resource_manager.py's KVCacheManager for the PyTorch backend). On cpu the reference takes the
+tensorrt_llm/_torch/pyexecutor/resource_manager.py, KVCacheManager.calculate_max_num_blocks: "If user also specified a
+free gpu memory fraction, take the min", for the PyTorch backend; index id 54765218664). On cpu the reference takes the
 "GPU" memory from --sim-gpu-memory-bytes and counts the processes that share one --sim-gpu-ledger.
 
 MPS (NVIDIA MPS documentation, docs.nvidia.com/deploy/mps, "Memory Protection and Error Containment"; Troubleshooting
