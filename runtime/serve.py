@@ -24,6 +24,12 @@ gateway meanwhile aborts a stream whose upstream sent nothing for
 `upstream_idle_timeout_s` (FLEETCAST_UPSTREAM_IDLE_S): longer than the engine's
 worst gap between two tokens of one stream (a step with a full max_num_tokens
 prefill chunk, or a wait for a batch slot), far shorter than the old ten minutes.
+Readiness (what the gateway's /health reports) is read every second besides, so a
+frozen process's model turns not ready within seconds, not at the next liveness probe.
+
+GPU sharing (a pool's `gpu_sharing`): under MPS the engine processes of a GPU are one
+supervised group that starts with the GPU's MPS control daemon and restarts together
+after a fault in any of them (runtime/mps.py, runtime/supervisor.py, docs/runtime.md).
 """
 
 from __future__ import annotations
