@@ -5,8 +5,10 @@ Both present the same face to the bootstrap:
     needs_model/calibration  -> what to download before a build
     check(cc, gpu_name)      -> refuse unsupported combinations before any download
     build(model, calib, workdir) -> artifact directory (uploaded to the cache as is)
-    server_command(artifact, host, port, kv_cache_bytes, lora) -> argv of the OpenAI-compatible server
-                             (`lora`: the engine's LoRA options where the model serves adapters)
+    server_command(artifact, host, port, kv_cache_bytes, lora, kv_fraction) -> argv of the OpenAI-compatible
+                             server (`lora`: the engine's LoRA options where the model serves adapters;
+                             `kv_fraction`: the KV fraction next to a budget, runtime/kv_budget.py)
+    planned_kv_tokens(artifact, kv_cache_bytes) -> the KV tokens a budget must come out as (checked after start)
     server_env()             -> its environment (None: the runtime's)
 
 The reference backend (runtime.reference, PyTorch) exists because TensorRT-LLM
@@ -47,7 +49,9 @@ class ServingBackend(Protocol):
     def build(self, model_dir: Path | None, calib_dir: Path | None, workdir: Path) -> Path: ...
 
     def server_command(self, artifact: Path, host: str, port: int, kv_cache_bytes: int | None = None,
-                       lora: Mapping[str, Any] | None = None) -> list[str]: ...
+                       lora: Mapping[str, Any] | None = None, kv_fraction: float | None = None) -> list[str]: ...
+
+    def planned_kv_tokens(self, artifact: Path, kv_cache_bytes: int | None) -> int | None: ...
 
     def server_env(self) -> dict[str, str] | None: ...
 
@@ -59,7 +63,10 @@ class ReferenceBackend:
 
     def __init__(self, cfg: FleetConfig, engine: EngineSpec, size: str = default(Var.REFERENCE_SIZE),
                  seed: int = default(Var.REFERENCE_SEED), device: str = default(Var.REFERENCE_DEVICE),
-                 drain_timeout_s: float | None = None, model: ModelSpec | None = None):
+                 drain_timeout_s: float | None = None, model: ModelSpec | None = None,
+                 sim_gpu: tuple[int, Path] | None = None):
+        """`sim_gpu` (cpu): the memory of the GPU the processes stand in for and the ledger directory they share,
+        so the reference's KV rule counts one another (runtime/reference/server.py)."""
         from .reference.build import FORMAT
         from .reference.configs import SIZES
 
@@ -72,6 +79,7 @@ class ReferenceBackend:
         # The generated weights depend on all of these, so they belong in the cache key.
         self.version = f"{FORMAT}:{size}:seed{seed}:{device}"
         self.drain_timeout_s = drain_timeout_s if drain_timeout_s is not None else cfg.operations.drain_timeout_s
+        self.sim_gpu = sim_gpu if device == "cpu" else None
 
     @property
     def needs_model(self) -> bool:
@@ -111,8 +119,18 @@ class ReferenceBackend:
     def server_env(self) -> dict[str, str] | None:
         return None  # the runtime's own environment: the reference server is this project's code
 
+    def planned_kv_tokens(self, artifact: Path, kv_cache_bytes: int | None) -> int | None:
+        """Whole sequences of max_input_len + max_output_len, as the reference server's /metrics counts them."""
+        if kv_cache_bytes is None:
+            return None
+        from .reference.configs import kv_tokens, shape_for
+
+        m = self.model
+        return kv_tokens(kv_cache_bytes, shape_for(self.size), m.max_input_len + m.max_output_len,
+                         2 if self.device == "cuda" else 4)  # float16 on cuda, float32 on cpu: its build dtype
+
     def server_command(self, artifact: Path, host: str, port: int, kv_cache_bytes: int | None = None,
-                       lora: Mapping[str, Any] | None = None) -> list[str]:
+                       lora: Mapping[str, Any] | None = None, kv_fraction: float | None = None) -> list[str]:
         m = self.model
         cmd = [sys.executable, "-m", "runtime.reference.server", "--artifact", str(artifact), "--host", host,
                "--port", str(port), "--device", self.device, "--served-model-name", m.id,
@@ -121,6 +139,10 @@ class ReferenceBackend:
                "--drain-timeout", str(self.drain_timeout_s)]
         if kv_cache_bytes is not None:
             cmd += ["--kv-cache-bytes", str(kv_cache_bytes)]  # the same budget TensorRT-LLM gets as max_tokens
+        if kv_fraction is not None:
+            cmd += ["--kv-cache-free-gpu-memory-fraction", f"{kv_fraction:g}"]  # and the same fraction beside it
+        if self.sim_gpu is not None:
+            cmd += ["--sim-gpu-memory-bytes", str(self.sim_gpu[0]), "--sim-gpu-ledger", str(self.sim_gpu[1])]
         if lora is not None:
             # The same options TensorRT-LLM gets as lora_config, so the reference checks requests against them.
             cmd += ["--lora-config", json.dumps(dict(lora), sort_keys=True)]
@@ -135,7 +157,13 @@ def select_backend(cfg: FleetConfig, engine: EngineSpec, env: dict[str, Any] | N
     if choice in ("tensorrt-llm", "trtllm"):
         return TrtllmBackend(cfg, engine, model=model)
     if choice == "reference":
+        fake = env.get(Var.FAKE_GPU.value)
+        sim_gpu = None
+        if fake:  # the development GPU's memory, for the reference's KV rule on cpu
+            from .gpu import parse_nvidia_smi
+
+            sim_gpu = (parse_nvidia_smi(fake).memory_mib * (1 << 20), Path(setting(env, Var.LOCAL_ROOT)) / "sim-gpu")
         return ReferenceBackend(cfg, engine, size=setting(env, Var.REFERENCE_SIZE),
                                 seed=setting(env, Var.REFERENCE_SEED), device=setting(env, Var.REFERENCE_DEVICE),
-                                model=model)
+                                model=model, sim_gpu=sim_gpu)
     raise UserError(f"{Var.SERVING_BACKEND.value}: {choice!r} is not a backend; allowed: tensorrt-llm, reference")

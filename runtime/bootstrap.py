@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from fleetcast.config import ConfigError, FleetConfig, Pool, config_from_json
+from fleetcast.config import ConfigError, FleetConfig, GpuSharing, Pool, config_from_json
 from fleetcast.config.model import ServedModel
 from fleetcast.contract import telemetry
 from fleetcast.contract.adapters import MODULES_KEY, RANK_KEY, ModelDimsError, adapter_dir, lora_cache_plan, model_dims
@@ -58,9 +58,10 @@ from .engine_cache import (
     RetryingS3,
     s3_client,
 )
-from .kv_budget import artifact_bytes, plan_budgets
+from .kv_budget import artifact_bytes, binding_fraction, check_budgets_bind, mps_memory_limit, plan_budgets
 from .lifecycle import ABANDON, CONTINUE, Heartbeat, HookClient, Imds, MetadataError, heartbeat_interval
 from .metrics import Emf
+from .mps import mps_root
 from .serve import ServeError, ServerProcess, ServeSettings, Serving, server_name
 from .staged import StagingMissing, calibration_key_prefix, fetch_staged
 from .supervisor import Child, RestartPolicy
@@ -309,7 +310,7 @@ class Bootstrap:
             while (state := self.imds.target_lifecycle_state()) != "InService":
                 if state == "Terminated" or self._stop.wait(self.env.terminate_poll_s):
                     return EXIT_OK
-        return self.serve(cfg, gpu, prepared)
+        return self.serve(cfg, gpu, prepared, sharing=pool.gpu_sharing)
 
     def prepare(self) -> tuple[FleetConfig, Pool, gpu_mod.GpuInfo, list[PreparedModel]]:
         """Every model this pool serves: checked, then obtained one after another (disk, cache or build).
@@ -466,8 +467,10 @@ class Bootstrap:
             log.error("could not complete the launch hook with ABANDON: %s", hook_exc)
         return EXIT_ABANDONED
 
-    def server_processes(self, prepared: list[PreparedModel], gpu: gpu_mod.GpuInfo) -> list[ServerProcess]:
-        """One engine process per (model, copy) on the contract's loopback ports, each with its KV budget."""
+    def server_processes(self, prepared: list[PreparedModel], gpu: gpu_mod.GpuInfo,
+                         mps: bool = False) -> list[ServerProcess]:
+        """One engine process per (model, copy) on the contract's loopback ports, each with its KV budget; under
+        MPS (`mps`) each with its device-memory limit (its planned share) and its serve's SM share, if any."""
         served = [p.served for p in prepared]
         # From the gateway's port: FLEETCAST_PORT (development) moves the processes with it, and the gateway
         # derives the same ports from the first one it is given (runtime/gateway/routing.py).
@@ -475,27 +478,42 @@ class Bootstrap:
         by_model = {p.served.model.id: p for p in prepared}
         explicit = {p.served.model.id: p.served.kv_cache_bytes for p in prepared}
         budgets: dict[tuple[str, int], Any] = {(s.model_id, s.copy_index): explicit[s.model_id] for s in slots}
+        weights = {m: artifact_bytes(p.resolution.path) for m, p in by_model.items()}
+        lora = {m: p.lora_cache_bytes for m, p in by_model.items()}
+        free = gpu_mod.free_memory_bytes() if len(slots) > 1 and gpu.count else None
         if len(slots) > 1 and gpu.count and any(v is None for v in explicit.values()):
-            free = gpu_mod.free_memory_bytes()
             if free is None:
                 raise UserError("kv_cache_gb: this GPU's free memory cannot be read; give every model of a pool "
                                 "that runs several processes a kv_cache_gb")
-            budgets = plan_budgets(slots, explicit, {m: artifact_bytes(p.resolution.path) for m, p in by_model.items()},
-                                   free, min(p.served.engine.kv_cache_free_gpu_memory_fraction for p in prepared),
-                                   lora_bytes={m: p.lora_cache_bytes for m, p in by_model.items()})
+            budgets = plan_budgets(slots, explicit, weights, free,
+                                   min(p.served.engine.kv_cache_free_gpu_memory_fraction for p in prepared),
+                                   lora_bytes=lora)
+        # A process with a budget gets the highest fraction, so max_tokens is the smaller of the two in
+        # TensorRT-LLM's min(); the plan is refused where even that could not hold in some start order.
+        fraction = binding_fraction()
+        if free is not None:
+            check_budgets_bind(slots, budgets, weights, free, fraction, lora_bytes=lora)
         single = len(slots) == 1
         processes = []
         for slot in slots:
             p = by_model[slot.model_id]
             budget = budgets[(slot.model_id, slot.copy_index)]
+            kv_fraction = None if budget is None else fraction
+            limit = None
+            if mps and budget is not None:
+                limit = mps_memory_limit(weights[slot.model_id], budget, fraction, lora[slot.model_id])
             processes.append(ServerProcess(
                 name=server_name(slot.model_id, slot.copy_index, single), model_id=slot.model_id,
                 copy_index=slot.copy_index, port=slot.port,
-                argv=p.backend.server_command(p.resolution.path, LOOPBACK_HOST, slot.port, budget, p.lora),
-                env=p.backend.server_env(), kv_cache_bytes=budget))
+                argv=p.backend.server_command(p.resolution.path, LOOPBACK_HOST, slot.port, budget, p.lora, kv_fraction),
+                env=p.backend.server_env(), kv_cache_bytes=budget,
+                kv_tokens_planned=p.backend.planned_kv_tokens(p.resolution.path, budget),
+                mps_mem_limit_bytes=limit,
+                mps_active_thread_percentage=p.served.mps_active_thread_percentage if mps else None))
         return processes
 
-    def serve(self, cfg: FleetConfig, gpu: gpu_mod.GpuInfo, prepared: list[PreparedModel]) -> int:
+    def serve(self, cfg: FleetConfig, gpu: gpu_mod.GpuInfo, prepared: list[PreparedModel],
+              sharing: GpuSharing = GpuSharing.TIME_SLICING) -> int:
         engine = prepared[0].served.engine
         port = self.env.port or engine.port
         config_json = self.env.local_root / "config.json"
@@ -514,10 +532,11 @@ class Bootstrap:
         )
         self._enter_serving(cfg)
         try:
-            processes = self.server_processes(prepared, gpu)
+            processes = self.server_processes(prepared, gpu, mps=sharing is GpuSharing.MPS)
         except UserError as exc:
             return self.abandon(exc)
-        serving = Serving(settings, servers=processes, stop=self._stop)
+        serving = Serving(settings, servers=processes, stop=self._stop,
+                          mps_root=mps_root(self.env.local_root) if sharing is GpuSharing.MPS else None)
         self._install_signals()
         try:
             with self.heartbeat(telemetry.LAUNCH_HOOK, cfg.operations.launch_hook_timeout_s):
@@ -532,7 +551,8 @@ class Bootstrap:
         self.summary.update(served=True, start_to_healthy_s=round(start_to_healthy, 3),
                             probe_text=timings.get("probe_text"), gateway_port=port,
                             processes=[{"model": p.model_id, "copy": p.copy_index, "port": p.port,
-                                        "kv_cache_bytes": p.kv_cache_bytes} for p in processes])
+                                        "kv_cache_bytes": p.kv_cache_bytes} for p in processes],
+                            gpu_sharing=sharing.value, kv_short=timings.get("kv_short", {}))
         print(json.dumps({"event": "fleetcast_serving", **self.summary}), flush=True)
         return self.serve_until_stopped(serving, cfg)
 

@@ -14,6 +14,13 @@ as the knob TensorRT-LLM 1.2.x honours on both backends, `kv_cache_config.max_to
   (tensorrt_llm/_torch/pyexecutor/_util.py) takes the smaller of its fraction-based estimate and
   `max_tokens` x KV size per token.
 
+Both take the smaller of `max_tokens` and `free_gpu_memory_fraction` x the memory free when the process sizes
+its cache, and that free memory counts every other process on the GPU: a fraction that is the smaller one
+leaves the process short of its plan (the processes started last, on a shared GPU). So a process with a
+budget is given the highest fraction the config allows (`binding_fraction`), and `check_budgets_bind` refuses
+a plan where even that could be the smaller in some start order, with the arithmetic; after start,
+runtime/serve.py compares each process's KV cache with its plan and names a short one.
+
 `kv_cache_config.max_gpu_total_bytes` exists too, but only the PyTorch backend reads it: the C++
 executor's `KvCacheConfig` carries `maxGpuTotalBytes` and `calculateMaxNumBlocks` never reads it.
 The fraction stays in the options as a cap, so a budget larger than what is free degrades to
@@ -80,6 +87,61 @@ def max_tokens_for(budget_bytes: int, per_token: int) -> int:
     return tokens
 
 
+def binding_fraction() -> float:
+    """The KV fraction a process with a budget gets: the highest the config allows for
+    engine.kv_cache_free_gpu_memory_fraction (its `le` bound, fleetcast/config/model.py), so that
+    max_tokens, not the fraction, is the smaller of the two wherever the memory is there."""
+    from annotated_types import Le
+
+    from fleetcast.config.model import EngineSpec
+
+    bound = next(m.le for m in EngineSpec.model_fields["kv_cache_free_gpu_memory_fraction"].metadata
+                 if isinstance(m, Le))
+    assert isinstance(bound, float)
+    return bound
+
+
+def process_bytes(weights: int, kv: int, lora: int = 0, overhead: int = PROCESS_OVERHEAD_BYTES) -> int:
+    """GPU memory one engine process holds: its weights, the per-process overhead, its LoRA device cache and
+    its KV budget (the sum plan_budgets counts)."""
+    return weights + overhead + lora + kv
+
+
+def check_budgets_bind(slots: Sequence[ProcessSlot], budgets: Mapping[tuple[str, int], int | None],
+                       weights_bytes: Mapping[str, int], free_bytes: int, fraction: float,
+                       overhead_bytes: int = PROCESS_OVERHEAD_BYTES, lora_bytes: Mapping[str, int] | None = None) -> None:
+    """Refuse, with the arithmetic, a plan where a process's budget could exceed `fraction` x the memory free
+    when it sizes its KV cache, in the worst start order: every other process already holding its whole share
+    (weights, overhead, LoRA cache, KV) and this one its weights, overhead and LoRA cache. Then no start order
+    makes the fraction the smaller one, and every process gets its max_tokens."""
+    lora = lora_bytes or {}
+    held = {(s.model_id, s.copy_index): process_bytes(weights_bytes.get(s.model_id, 0), budgets.get(
+        (s.model_id, s.copy_index)) or 0, lora.get(s.model_id, 0), overhead_bytes) for s in slots}
+    for s in slots:
+        key = (s.model_id, s.copy_index)
+        budget = budgets.get(key)
+        if budget is None:
+            continue
+        own = weights_bytes.get(s.model_id, 0) + overhead_bytes + lora.get(s.model_id, 0)
+        others = sum(v for k, v in held.items() if k != key)
+        worst_free = free_bytes - others - own
+        if fraction * worst_free < budget:
+            raise UserError(
+                f"kv_cache_gb: {s.model_id}#{s.copy_index}'s KV budget of {budget / GIB:.2f} GiB cannot bind: started last, it would "
+                f"find {free_bytes / GIB:.2f} GiB free - {others / GIB:.2f} GiB held by the other processes - "
+                f"{own / GIB:.2f} GiB of its own weights and overhead = {worst_free / GIB:.2f} GiB, and TensorRT-LLM "
+                f"takes min(max_tokens, {fraction:g} x that = {fraction * max(worst_free, 0) / GIB:.2f} GiB); "
+                "give the processes smaller kv_cache_gb budgets or serve fewer copies")
+
+
+def mps_memory_limit(weights: int, kv: int, fraction: float, lora: int = 0,
+                     overhead: int = PROCESS_OVERHEAD_BYTES) -> int:
+    """CUDA_MPS_PINNED_DEVICE_MEM_LIMIT of a process under MPS: its planned share, with its KV part divided by the
+    fraction it is given, so that a client which sees only its limit as the GPU still finds fraction x free >= its
+    budget and max_tokens binds (weights + overhead + LoRA + KV / fraction)."""
+    return process_bytes(weights, -(-kv * 1_000_000 // int(fraction * 1_000_000)), lora, overhead)
+
+
 def plan_budgets(slots: Sequence[ProcessSlot], explicit: Mapping[str, int | None], weights_bytes: Mapping[str, int],
                  free_bytes: int, fraction: float, overhead_bytes: int = PROCESS_OVERHEAD_BYTES,
                  lora_bytes: Mapping[str, int] | None = None) -> dict[tuple[str, int], int | None]:
@@ -97,7 +159,8 @@ def plan_budgets(slots: Sequence[ProcessSlot], explicit: Mapping[str, int | None
     missing = [s for s in slots if explicit.get(s.model_id) is None]
     fixed = sum(explicit.get(s.model_id) or 0 for s in slots)
     lora = lora_bytes or {}
-    fixed += sum(weights_bytes.get(s.model_id, 0) + overhead_bytes + lora.get(s.model_id, 0) for s in slots)
+    fixed += sum(process_bytes(weights_bytes.get(s.model_id, 0), 0, lora.get(s.model_id, 0), overhead_bytes)
+                 for s in slots)
     usable = int(fraction * free_bytes)
     share = (usable - fixed) // len(missing) if missing else 0
     if missing and share <= 0:

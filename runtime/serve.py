@@ -24,6 +24,12 @@ gateway meanwhile aborts a stream whose upstream sent nothing for
 `upstream_idle_timeout_s` (FLEETCAST_UPSTREAM_IDLE_S): longer than the engine's
 worst gap between two tokens of one stream (a step with a full max_num_tokens
 prefill chunk, or a wait for a batch slot), far shorter than the old ten minutes.
+Readiness (what the gateway's /health reports) is read every second besides, so a
+frozen process's model turns not ready within seconds, not at the next liveness probe.
+
+GPU sharing (a pool's `gpu_sharing`): under MPS the engine processes of a GPU are one
+supervised group that starts with the GPU's MPS control daemon and restarts together
+after a fault in any of them (runtime/mps.py, runtime/supervisor.py, docs/runtime.md).
 """
 
 from __future__ import annotations
@@ -43,7 +49,8 @@ from typing import Any
 from fleetcast.contract.instance_env import Var, default
 from fleetcast.contract.serving import LOOPBACK_HOST
 
-from .supervisor import Child, Liveness, RestartPolicy, Supervisor
+from .mps import VISIBLE_DEVICES, MpsDaemon, MpsError
+from .supervisor import Child, Group, Liveness, RestartPolicy, Supervisor
 
 log = logging.getLogger("fleetcast.serve")
 
@@ -70,6 +77,11 @@ class ServerProcess:
     argv: list[str]
     env: dict[str, str] | None = None
     kv_cache_bytes: int | None = None  # its explicit KV budget (runtime/kv_budget.py)
+    gpu: int = 0  # the GPU it runs on (every process of an instance shares the first today)
+    # Under gpu_sharing: mps: its device-memory limit (its planned share, runtime/kv_budget.py) and SM share.
+    mps_mem_limit_bytes: int | None = None
+    mps_active_thread_percentage: int | None = None
+    kv_tokens_planned: int | None = None  # the KV cache it must come out with, in tokens (checked after start)
 
     @property
     def what(self) -> str:
@@ -110,6 +122,12 @@ class ServeSettings:
     liveness_timeout_s: float = default(Var.LIVENESS_TIMEOUT_S)
     liveness_failures: int = default(Var.LIVENESS_FAILURES)
     upstream_idle_timeout_s: float = default(Var.UPSTREAM_IDLE_S)
+    # What the per-model readiness file (the gateway's /health) reports is the state now, not the last liveness
+    # answer (up to a liveness interval plus a timeout old): each serving process's /health is read this often,
+    # and one that does not answer within the timeout is not ready until it answers again. Liveness (the kill)
+    # still takes `liveness_failures` probes.
+    readiness_interval_s: float = 1.0
+    readiness_timeout_s: float = 2.0
 
     @property
     def server_port(self) -> int:
@@ -155,7 +173,10 @@ class Serving:
 
     def __init__(self, settings: ServeSettings, server_argv: list[str] | None = None,
                  supervisor: Supervisor | None = None, stop: threading.Event | None = None,
-                 server_env: dict[str, str] | None = None, servers: list[ServerProcess] | None = None):
+                 server_env: dict[str, str] | None = None, servers: list[ServerProcess] | None = None,
+                 mps_root: Path | None = None):
+        """`mps_root`: the pool shares its GPUs under MPS (runtime/mps.py), with each GPU's control daemon's
+        directories under it; every process of a GPU is then an MPS client in that GPU's group."""
         self.s = settings
         self.stop = stop or threading.Event()  # set by SIGTERM: give up waiting for readiness
         self.supervisor = supervisor or Supervisor()
@@ -173,6 +194,26 @@ class Serving:
         self._write_lock = threading.Lock()
         self._written: dict[str, Any] | None = None
         self._state_stop = threading.Event()
+        self.mps_daemons: dict[int, MpsDaemon] = {}
+        if mps_root is not None:
+            for gpu in sorted({p.gpu for p in self.servers}):
+                daemon = self.mps_daemons[gpu] = MpsDaemon(gpu, mps_root)
+                self.supervisor.add_group(Group(
+                    self.gpu_group(gpu), before_start=daemon.start, after_stop=daemon.stop,
+                    ready=self._child_answers, ready_timeout_s=settings.ready_timeout_s))
+
+    @staticmethod
+    def gpu_group(gpu: int) -> str:
+        return f"gpu{gpu}"
+
+    def _child_answers(self, child: Child) -> bool:
+        """A restarted member of an MPS group answers /health: the next one may start."""
+        server = next(p for p in self.servers if p.name == child.name)
+        try:
+            status, _ = http_json("GET", f"{server.base}/health", timeout_s=self.s.readiness_timeout_s)
+        except (OSError, ValueError):
+            return False
+        return status == 200
 
     def gateway_argv(self) -> list[str]:
         from .gateway.shared import default_workers
@@ -246,15 +287,42 @@ class Serving:
             except OSError as exc:
                 log.warning("cannot write %s: %s", self.s.models_state_file, exc)
 
+    def _watch_ready(self, server: ServerProcess) -> None:
+        """Reads one process's /health every readiness interval, so its model's readiness follows a freeze within
+        an interval and a timeout (the liveness probe, which kills, answers only every liveness interval)."""
+        while not self._state_stop.wait(self.s.readiness_interval_s):
+            child = self.supervisor.children.get(server.name)
+            if child is None or not child.running():
+                continue  # exited: _watch_state reports it, the supervisor restarts it
+            try:
+                status, _ = http_json("GET", f"{server.base}/health", timeout_s=self.s.readiness_timeout_s)
+            except (OSError, ValueError):
+                status = None
+            if not self._state_stop.is_set():
+                self._mark(server, status == 200)
+
     def start(self) -> None:
         """Start the first engine process; wait_ready() starts the rest, one after another."""
         self._start_server(self.servers[0])
 
     def _start_server(self, server: ServerProcess) -> None:
         liveness = Liveness(lambda: self.server_alive(server), interval_s=self.s.liveness_interval_s,
-                            failures=self.s.liveness_failures, startup_s=self.s.ready_timeout_s)
-        self.supervisor.start(Child(server.name, server.argv, env=server.env, policy=self.s.restart,
-                                    liveness=liveness))
+                            failures=self.s.liveness_failures, startup_s=self.s.ready_timeout_s,
+                            window_s=self.s.liveness_timeout_s)
+        env, group = server.env, None
+        unset: tuple[str, ...] = ()
+        daemon = self.mps_daemons.get(server.gpu)
+        if daemon is not None:
+            # An MPS client: its daemon's pipe directory, its limits, and no CUDA_VISIBLE_DEVICES of its own (the
+            # daemon's remaps the GPU to device 0 for its clients).
+            env = {**(server.env or {}), **daemon.client_env(server.mps_mem_limit_bytes,
+                                                            server.mps_active_thread_percentage)}
+            unset, group = (VISIBLE_DEVICES,), self.gpu_group(server.gpu)
+        try:
+            self.supervisor.start(Child(server.name, server.argv, env=env, env_unset=unset, group=group,
+                                        policy=self.s.restart, liveness=liveness))
+        except MpsError as exc:
+            raise ServeError(f"MPS control daemon of GPU {server.gpu}: {exc}") from None
 
     def _check_alive(self) -> None:
         if self.stop.is_set():
@@ -280,6 +348,9 @@ class Serving:
             self._wait_healthy(server, deadline)
             text, tokens = self.probe_generation(server)
             self._mark(server, True)
+            short = self.check_kv(server)
+            if short is not None:
+                timings.setdefault("kv_short", {})[server.name] = short
             timings["models"][server.name] = {"model": server.model_id, "ready_s": round(time.monotonic() - began, 3),
                                               "probe_tokens": tokens}
             if index == 0:
@@ -288,6 +359,9 @@ class Serving:
         if self.s.models_state_file is not None:
             self.write_models_state()  # before the gateway starts: its /health reads it
             threading.Thread(target=self._watch_state, name="models-state", daemon=True).start()
+            for server in self.servers:
+                threading.Thread(target=self._watch_ready, args=(server,), name=f"ready-{server.name}",
+                                 daemon=True).start()
         if self.s.gateway:
             if "gateway" not in self.supervisor.children:
                 self.supervisor.start(Child("gateway", self.gateway_argv(), policy=self.s.restart))
@@ -298,6 +372,35 @@ class Serving:
                 time.sleep(0.2)
         timings["ready_s"] = time.monotonic() - started
         return timings
+
+    def check_kv(self, server: ServerProcess) -> dict[str, Any] | None:
+        """After its first generation, the KV cache a process came out with against its plan, from its iteration
+        stats (/metrics, dequeued on read: kvCacheStats maxNumBlocks x tokensPerBlock; TensorRT-LLM's
+        cpp/tensorrt_llm/executor/jsonSerialization.cpp, KvCacheStats). A process short by more than a block (the
+        engine rounds to blocks) is named in the log and in the returned record: TensorRT-LLM took
+        free_gpu_memory_fraction x free memory, not max_tokens, so something else held what it was planned."""
+        planned = server.kv_tokens_planned
+        if planned is None:
+            return None
+        try:
+            status, stats = http_json("GET", f"{server.base}/metrics", timeout_s=10.0)
+        except (OSError, ValueError):
+            status, stats = None, None
+        kv = next((st.get("kvCacheStats") for st in reversed(stats) if isinstance(st, dict)
+                   and isinstance(st.get("kvCacheStats"), dict)), None) if status == 200 and isinstance(stats, list) else None
+        if not kv or not kv.get("maxNumBlocks") or not kv.get("tokensPerBlock"):
+            log.warning("%s: its KV cache could not be checked against its plan (no iteration stats on /metrics)",
+                        server.what)
+            return None
+        block = int(kv["tokensPerBlock"])
+        tokens = int(kv["maxNumBlocks"]) * block
+        if tokens >= planned - block:
+            log.info("%s: KV cache of %d tokens, planned %d", server.what, tokens, planned)
+            return None
+        log.error("%s: its KV cache came out at %d tokens, %d short of the %d planned (max_tokens): TensorRT-LLM "
+                  "takes min(max_tokens, free_gpu_memory_fraction x the memory free when it starts), and that memory "
+                  "was held by something else", server.what, tokens, planned - tokens, planned)
+        return {"model": server.model_id, "copy": server.copy_index, "planned_tokens": planned, "tokens": tokens}
 
     def _wait_healthy(self, server: ServerProcess, deadline: float) -> None:
         status = None

@@ -141,7 +141,7 @@ def build_command(engine: EngineSpec, max_input_len: int, max_output_len: int, p
 
 
 def extra_llm_api_options(engine: EngineSpec, kv_max_tokens: int | None = None,
-                          lora: Mapping[str, Any] | None = None) -> dict[str, Any]:
+                          lora: Mapping[str, Any] | None = None, kv_fraction: float | None = None) -> dict[str, Any]:
     """LLM API options trtllm-serve has no flag for, only those the backend's args class accepts.
 
     TrtLlmArgs and TorchLlmArgs forbid unknown keys (tensorrt_llm/llmapi/llm_args.py), so a
@@ -156,13 +156,16 @@ def extra_llm_api_options(engine: EngineSpec, kv_max_tokens: int | None = None,
     - kv_cache_config.dtype: the PyTorch backend's KV cache dtype ("fp8" sets the FP8 KV
       cache); TrtLlmArgs asserts it stays "auto", the engine carries its KV dtype;
     - kv_cache_config.max_tokens: a process's explicit KV budget on a GPU it shares, which
-      both backends honour as a cap next to the fraction (runtime/kv_budget.py);
+      both backends honour as a cap next to the fraction (runtime/kv_budget.py); `kv_fraction`, the
+      fraction such a process gets instead of the engine's, so that max_tokens is the smaller one
+      (kv_budget.binding_fraction);
     - lora_config (BaseLlmArgs, a tensorrt_llm/lora_helper.py LoraConfig): where the model serves LoRA
       adapters per request (PyTorch backend only; config validation refuses them elsewhere), built from
       the staged adapters' manifests and the artifact's config.json by fleetcast.contract.adapters.lora_cache_plan
       (max_loras pins the LoRA device cache's size; without it the engine takes a share of free GPU memory).
     """
-    kv_cache: dict[str, Any] = {"free_gpu_memory_fraction": engine.kv_cache_free_gpu_memory_fraction}
+    fraction = engine.kv_cache_free_gpu_memory_fraction if kv_fraction is None else kv_fraction
+    kv_cache: dict[str, Any] = {"free_gpu_memory_fraction": fraction}
     if kv_max_tokens is not None:
         kv_cache["max_tokens"] = kv_max_tokens
     options: dict[str, Any] = {"kv_cache_config": kv_cache}
@@ -179,7 +182,7 @@ def extra_llm_api_options(engine: EngineSpec, kv_max_tokens: int | None = None,
 
 
 def serve_command(engine: EngineSpec, model_dir: Path, tokenizer_dir: Path | None, host: str, port: int,
-                  max_seq_len: int, options_file: Path) -> list[str]:
+                  max_seq_len: int, options_file: Path, kv_fraction: float | None = None) -> list[str]:
     """trtllm-serve on loopback behind the gateway (`model_dir`: engine dir or HF checkpoint)."""
     cmd = ["trtllm-serve", str(model_dir), "--backend", engine.backend.value, "--host", host, "--port", str(port)]
     if tokenizer_dir is not None:
@@ -188,7 +191,8 @@ def serve_command(engine: EngineSpec, model_dir: Path, tokenizer_dir: Path | Non
         "--max_batch_size", str(engine.max_batch_size),
         "--max_num_tokens", str(engine.max_num_tokens),
         "--max_seq_len", str(max_seq_len),
-        "--kv_cache_free_gpu_memory_fraction", str(engine.kv_cache_free_gpu_memory_fraction),
+        "--kv_cache_free_gpu_memory_fraction",
+        str(engine.kv_cache_free_gpu_memory_fraction if kv_fraction is None else kv_fraction),
         "--extra_llm_api_options", str(options_file),
         "--log_level", "info",
     ]
@@ -363,21 +367,26 @@ class TrtllmBackend:
     def server_env(self) -> dict[str, str]:
         return tool_env()
 
-    def server_command(self, artifact: Path, host: str, port: int, kv_cache_bytes: int | None = None,
-                       lora: Mapping[str, Any] | None = None) -> list[str]:
-        max_tokens = None
-        if kv_cache_bytes is not None:
-            from .kv_budget import kv_bytes_per_token, max_tokens_for
+    def planned_kv_tokens(self, artifact: Path, kv_cache_bytes: int | None) -> int | None:
+        """The KV tokens a budget must come out as: kv_cache_config.max_tokens."""
+        if kv_cache_bytes is None:
+            return None
+        from .kv_budget import kv_bytes_per_token, max_tokens_for
 
-            per_token = kv_bytes_per_token(artifact, self.engine.backend.value, self.engine.kv_cache_dtype.value)
-            max_tokens = max_tokens_for(kv_cache_bytes, per_token)
+        per_token = kv_bytes_per_token(artifact, self.engine.backend.value, self.engine.kv_cache_dtype.value)
+        return max_tokens_for(kv_cache_bytes, per_token)
+
+    def server_command(self, artifact: Path, host: str, port: int, kv_cache_bytes: int | None = None,
+                       lora: Mapping[str, Any] | None = None, kv_fraction: float | None = None) -> list[str]:
+        max_tokens = self.planned_kv_tokens(artifact, kv_cache_bytes)
         # One file per budget: copies of a model share the artifact (and so its directory).
         suffix = "" if max_tokens is None else f".kv{max_tokens}"
         options = artifact.parent / f"{artifact.name}{suffix}.llm_api_options.yaml"
         # JSON is YAML: no yaml dependency needed to write it.
-        options.write_text(json.dumps(extra_llm_api_options(self.engine, max_tokens, lora), indent=1))
+        options.write_text(json.dumps(extra_llm_api_options(self.engine, max_tokens, lora, kv_fraction), indent=1))
         m = self.model
         if self.engine.backend is Backend.PYTORCH:
-            return serve_command(self.engine, artifact, None, host, port, m.max_input_len + m.max_output_len, options)
+            return serve_command(self.engine, artifact, None, host, port, m.max_input_len + m.max_output_len, options,
+                                 kv_fraction)
         return serve_command(self.engine, artifact / "engine", artifact / "tokenizer", host, port,
-                             m.max_input_len + m.max_output_len, options)
+                             m.max_input_len + m.max_output_len, options, kv_fraction)

@@ -8,6 +8,7 @@ from .model import (
     EngineSpec,
     ExistingVpc,
     FleetConfig,
+    GpuSharing,
     KvCacheDtype,
     ModelFamily,
     NewVpc,
@@ -19,6 +20,6 @@ from .rules import ConfigIssue
 
 __all__ = [
     "Backend", "ConfigError", "ConfigIssue", "Consumer", "EgressMode", "EngineSpec", "ExistingVpc",
-    "FleetConfig", "KvCacheDtype", "ModelFamily", "NewVpc", "Pool", "Precision", "Region",
+    "FleetConfig", "GpuSharing", "KvCacheDtype", "ModelFamily", "NewVpc", "Pool", "Precision", "Region",
     "config_from_json", "json_schema", "load_config", "parse_config",
 ]

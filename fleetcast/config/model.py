@@ -166,6 +166,13 @@ class ModelFamily(str, Enum):
     QWEN2 = "qwen2"
 
 
+class GpuSharing(str, Enum):
+    """How the engine processes of one instance share its GPU (docs/runtime.md, "GPU sharing")."""
+
+    TIME_SLICING = "time_slicing"  # each process its own CUDA context; the GPU switches between them
+    MPS = "mps"  # one MPS control daemon per GPU; the processes' kernels run side by side, faults are shared
+
+
 class EgressMode(str, Enum):
     NONE = "none"  # VPC endpoints only; nothing on the instance reaches the internet
     NAT = "nat"  # one NAT gateway per AZ for instance egress
@@ -382,6 +389,21 @@ class Serve(Frozen):
         "an even share of what the GPU has left after every process's weights and overhead "
         "(fleetcast/config/memory.py).",
     )
+    mps_active_thread_percentage: int | None = Field(
+        default=None, ge=1, le=100,
+        description="Pools with gpu_sharing: mps only. The share of the GPU's SMs each copy may use "
+        "(CUDA_MPS_ACTIVE_THREAD_PERCENTAGE). Unset: no cap. A cap is measured per packing, never a default: on an "
+        "H200 a 50% cap on each of two reference-backend models cost 29% of their combined throughput "
+        "(docs/runtime.md).",
+    )
+
+    @model_serializer(mode="wrap")
+    def _omit_absent_cap(self, handler: SerializerFunctionWrapHandler) -> Any:
+        # Unset, it is left out of the dump: configs written before the field keep their digests and templates.
+        data = handler(self)
+        if self.mps_active_thread_percentage is None and isinstance(data, dict):
+            data.pop("mps_active_thread_percentage", None)
+        return data
 
 
 # ---------------------------------------------------------------- regions & pools
@@ -611,6 +633,13 @@ class Pool(Frozen):
         description="What each instance serves: models, copies and KV budgets, e.g. [{model: gpt2-xl, copies: 1, "
         "kv_cache_gb: 12}]. Empty: one copy of every model. Every pool of a region serves the same models.",
     )
+    gpu_sharing: GpuSharing = Field(
+        default=GpuSharing.TIME_SLICING,
+        description="How the instance's engine processes share its GPU: time_slicing (each its own CUDA context) "
+        "or mps (one MPS control daemon per GPU, each process a client with a device-memory limit of its planned "
+        "share; a fatal GPU fault in one restarts every process of that GPU together). Default time_slicing: "
+        "MPS's gain is measured on the reference backend only; docs/runtime.md, \"GPU sharing\".",
+    )
 
     @property
     def family(self) -> str:
@@ -646,7 +675,18 @@ class Pool(Frozen):
             data.pop("spot", None)
         if not self.serves and isinstance(data, dict):
             data.pop("serves", None)  # likewise for pools that serve every model once
+        if self.gpu_sharing is GpuSharing.TIME_SLICING and isinstance(data, dict):
+            data.pop("gpu_sharing", None)  # and for pools that share their GPU as every pool did before the field
         return data
+
+    @model_validator(mode="after")
+    def _thread_cap_needs_mps(self) -> Pool:
+        capped = [f"serves[{i}].mps_active_thread_percentage ({s.model})" for i, s in enumerate(self.serves)
+                  if s.mps_active_thread_percentage is not None]
+        if capped and self.gpu_sharing is not GpuSharing.MPS:
+            raise ValueError(f"{', '.join(capped)} is set, but the pool shares its GPU by {self.gpu_sharing.value}: "
+                             "an SM cap needs gpu_sharing: mps; set it or drop the cap")
+        return self
 
     @model_validator(mode="after")
     def _reservations_only_needs_ids(self) -> Pool:
@@ -944,6 +984,7 @@ class ServedModel:
     engine: EngineSpec
     copies: int
     kv_cache_bytes: int | None
+    mps_active_thread_percentage: int | None = None  # the serve's cap, under gpu_sharing: mps
 
 
 def _canonical_digest(data: dict[str, Any]) -> str:
@@ -1109,7 +1150,8 @@ class FleetConfig(Frozen):
         for a pool of one process, keeps the engine's kv_cache_free_gpu_memory_fraction as before.
         """
         return tuple(ServedModel(self.model_by_id(s.model), self.engine_for(pool, s.model), s.copies,
-                                 None if s.kv_cache_gb is None else int(s.kv_cache_gb * GIB))
+                                 None if s.kv_cache_gb is None else int(s.kv_cache_gb * GIB),
+                                 s.mps_active_thread_percentage)
                      for s in self.serves_of(pool))
 
     def consumers_of(self, region_name: str) -> tuple[Consumer, ...]:

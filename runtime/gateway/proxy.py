@@ -28,6 +28,7 @@ from .http import (
 from .meter import Exchange, Prepared, SseMeter, usage_from_body
 from .reply import ModelName
 from .upstream import (
+    RESTART_RETRY_AFTER_S,
     ClientGone,
     ClientWatch,
     StreamWatchdog,
@@ -96,10 +97,15 @@ class Proxy:
         except UpstreamError as exc:
             if not self.drain.head_arrived(writer):
                 return False  # already answered 503 by the drain's close
+            # Down or restarting (it will be back): a retryable 503 with when to retry, as OpenAI's SDKs retry
+            # a 503 and honour Retry-After. A server that broke the protocol: 502.
+            status = 503 if exc.retryable else 502
             if exchange:
-                exchange.status, exchange.error = 502, True
+                exchange.status, exchange.error = status, True
                 exchange.props["upstream_error"] = str(exc)
-            writer.write(openai_error(502, str(exc), "upstream_error", "upstream_unavailable", close=not keep))
+            retry = [("Retry-After", str(RESTART_RETRY_AFTER_S))] if exc.retryable else None
+            writer.write(openai_error(status, str(exc), "upstream_error", "upstream_unavailable", extra_headers=retry,
+                                      close=not keep))
             await writer.drain()
             return keep
         except BaseException:

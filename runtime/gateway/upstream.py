@@ -48,8 +48,20 @@ async def open_upstream(address: tuple[str, int]) -> tuple[UpstreamReader, async
     return reader, asyncio.StreamWriter(transport, protocol, reader, loop)
 
 
+# What a client is told to wait before it retries a request that found its model's process down or restarting
+# (a crash, a frozen process killed by its liveness probe, a GPU's processes restarted together after an MPS fault:
+# runtime/supervisor.py): a restart takes seconds (7.1 s for two processes on the H200, docs/runtime.md).
+RESTART_RETRY_AFTER_S = 5
+
+
 class UpstreamError(Exception):
-    """The local server could not be reached or broke the protocol."""
+    """The local server could not be reached or broke the protocol. `retryable`: it was not there to answer
+    (nothing listening, or the connection closed before any response): the process is down or restarting, and
+    the request, which no response began, can be sent again."""
+
+    def __init__(self, message: str, retryable: bool = False):
+        super().__init__(message)
+        self.retryable = retryable
 
 
 class ClientGone(Exception):
@@ -153,7 +165,7 @@ class UpstreamPool:
             reader, writer = await open_upstream(self.address)
         except OSError as exc:
             raise UpstreamError(f"cannot connect to the model server at {self.host_header}: "
-                                f"{exc.strerror or exc}") from None
+                                f"{exc.strerror or exc}", retryable=True) from None
         return UpstreamConn(reader, writer)
 
     def release(self, conn: UpstreamConn, reusable: bool) -> None:
@@ -199,7 +211,8 @@ class UpstreamPool:
                                         "(upstream inactivity timeout)") from None
                 if conn.reused and attempt == 0 and not getattr(exc, "partial", b""):
                     continue  # the server closed an idle keep-alive connection; it never saw this request
-                raise UpstreamError(f"model server closed the connection: {type(exc).__name__}") from None
+                raise UpstreamError(f"model server closed the connection: {type(exc).__name__}",
+                                    retryable=True) from None
             except (asyncio.LimitOverrunError, ValueError) as exc:
                 conn.writer.close()
                 raise UpstreamError(f"model server sent a malformed response head: {exc}") from None

@@ -27,6 +27,10 @@ class ModelShape:
         per_layer = (2 * d) + (d * 3 * d + 3 * d) + (d * d + d) + (2 * d) + (d * 4 * d + 4 * d) + (4 * d * d + d)
         return v * d + p * d + n * per_layer + 2 * d  # lm_head is tied to wte
 
+    def kv_slot_bytes(self, max_seq: int, element_size: int) -> int:
+        """Bytes one KV cache slot (one sequence of `max_seq` positions) takes in every layer's K and V."""
+        return self.n_layer * 2 * self.n_head * max_seq * self.head_dim * element_size
+
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
@@ -39,6 +43,20 @@ SIZES: dict[str, ModelShape] = {
     "gpt2-large": ModelShape("gpt2-large", n_layer=36, n_embd=1280, n_head=20, vocab_size=50257, n_positions=1024),
     "gpt2-xl": ModelShape("gpt2-xl", n_layer=48, n_embd=1600, n_head=25, vocab_size=50257, n_positions=1024),
 }
+
+
+TOKENS_PER_BLOCK = 64  # KV accounting granularity reported in kvCacheStats (trtllm-serve's default block)
+
+
+def kv_blocks_per_slot(max_seq: int) -> int:
+    """The blocks of kvCacheStats one cache slot counts as (the engine's /metrics, runtime/reference/engine.py)."""
+    return max_seq // TOKENS_PER_BLOCK or 1
+
+
+def kv_tokens(budget_bytes: int, shape: ModelShape, max_seq: int, element_size: int) -> int:
+    """The KV tokens a budget comes out as, as /metrics reports them (maxNumBlocks x tokensPerBlock): whole
+    sequences of `max_seq`, each counted in whole blocks."""
+    return budget_bytes // shape.kv_slot_bytes(max_seq, element_size) * kv_blocks_per_slot(max_seq) * TOKENS_PER_BLOCK
 
 
 def shape_for(size: str) -> ModelShape:

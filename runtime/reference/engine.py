@@ -24,11 +24,11 @@ from typing import Any
 
 import torch
 
+from .configs import TOKENS_PER_BLOCK, kv_blocks_per_slot
 from .model import GPT2
 
 log = logging.getLogger("fleetcast.reference.engine")
 
-TOKENS_PER_BLOCK = 64  # KV accounting granularity reported in kvCacheStats (trtllm-serve's default block)
 PREFILL_TOKENS = 8192  # padded prompt tokens per batched prefill (bounds activation memory)
 PREFILL_ALIGN = 64  # prefill lengths are padded to a multiple of this
 
@@ -403,7 +403,7 @@ class Engine:
                 n_gen: int, queued: int) -> None:
         self._iter += 1
         now = time.time()
-        max_blocks = self.cache.max_batch * (self.max_seq_len // TOKENS_PER_BLOCK or 1)
+        max_blocks = self.cache.max_batch * kv_blocks_per_slot(self.max_seq_len)
         used = sum(-(-s.length // TOKENS_PER_BLOCK) for s in self._active)
         gpu_mem = torch.cuda.memory_allocated(self.device) if self.device.type == "cuda" else 0
         stat = {

@@ -103,7 +103,7 @@ class KVCache:
     @staticmethod
     def slot_bytes(shape: ModelShape, max_seq: int, element_size: int) -> int:
         """Bytes one slot (one sequence of `max_seq` positions) takes in every layer's K and V."""
-        return shape.n_layer * 2 * shape.n_head * max_seq * shape.head_dim * element_size
+        return shape.kv_slot_bytes(max_seq, element_size)
 
     def move(self, src: int, dst: int, length: int) -> None:
         """Copy slot `src`'s first `length` positions into slot `dst` (compaction after a finish)."""

@@ -26,7 +26,19 @@ and runs requests of at most that many adapters at once, the others waiting for 
 Usage: python -m runtime.reference.server --artifact DIR [--host 127.0.0.1] [--port 8000]
        [--max-batch-size N] [--max-seq-len N] [--device cpu|cuda] [--drain-timeout S]
        [--served-model-name NAME] [--request-log FILE.jsonl]
-       [--kv-cache-bytes N | --kv-cache-free-gpu-memory-fraction F] [--lora-config JSON]
+       [--kv-cache-bytes N] [--kv-cache-free-gpu-memory-fraction F] [--lora-config JSON]
+       [--sim-gpu-memory-bytes N [--sim-gpu-ledger DIR]] [--fault-on-signal]
+
+KV budget: the smaller of --kv-cache-bytes and the fraction of the GPU memory free once the weights are loaded,
+TensorRT-LLM's min(kv_cache_config.max_tokens, free_gpu_memory_fraction x free memory) (runtime/kv_budget.py). Free
+memory counts every other process on the GPU; on cpu, --sim-gpu-memory-bytes stands for the GPU's memory, and the
+processes that share one --sim-gpu-ledger directory count each other's weights, overhead and KV cache, so a
+loopback test sees the rule bite when several processes share one "GPU". A process run as an MPS client with
+CUDA_MPS_PINNED_DEVICE_MEM_LIMIT sees at most that limit, less what it holds, as free.
+
+--fault-on-signal (tests only, off by default; a signal, so nothing reaches it through the gateway): SIGUSR2 makes
+the process fail as a CUDA illegal memory access does, and under an MPS control daemon on cpu the fault is reported
+to every client of that daemon, which then stops answering (runtime/reference/mps_sim.py).
   GET  /memory (reference only)  the KV budget, the cache it allocated, the LoRA device cache (lora_cache_bytes,
                                  where --lora-config has max_loras), weights and torch memory
 """
@@ -47,6 +59,10 @@ from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
+from fleetcast.contract.serving import GIB
+
+from .mps_sim import MpsClientSim
+
 if TYPE_CHECKING:  # torch-bound modules, imported where the model loads
     from .engine import Engine, Sequence
     from .tokenizer import ByteTokenizer
@@ -62,6 +78,21 @@ def _error(status: int, message: str, param: str | None = None) -> web.Response:
     kind = {400: "BadRequestError", 404: "NotFoundError", 503: "ServiceUnavailableError"}.get(status, "InternalServerError")
     body = {"object": "error", "message": message, "type": kind, "param": param, "code": status}
     return web.json_response(body, status=status)
+
+
+def _pinned_limit(value: str | None) -> int | None:
+    """Bytes of device 0's CUDA_MPS_PINNED_DEVICE_MEM_LIMIT ("0=1024M", suffixes G, M, K or none), or None."""
+    for part in (value or "").split(","):
+        device, _, limit = part.strip().partition("=")
+        if device.strip() != "0" or not limit:
+            continue
+        scale = {"G": GIB, "M": GIB >> 10, "K": GIB >> 20}.get(limit[-1].upper(), 1)
+        digits = limit[:-1] if scale != 1 else limit
+        try:
+            return int(float(digits) * scale)
+        except ValueError:
+            return None
+    return None
 
 
 class RequestError(ValueError):
@@ -220,6 +251,7 @@ class ReferenceServer:
         self.state = "loading"  # loading -> ready -> draining; or failed
         self.engine: Engine | None = None
         self._watch_task: asyncio.Task[None] | None = None
+        self._mps_task: asyncio.Task[None] | None = None
         self.inflight = 0
         self.created = int(time.time())
         self.stopped = asyncio.Event()
@@ -229,6 +261,8 @@ class ReferenceServer:
         self._request_log = (open(args.request_log, "a", encoding="utf-8")  # noqa: SIM115 - closed by stop()
                              if args.request_log else None)
         self.memory: dict[str, int | str] = {"pid": os.getpid()}  # GET /memory: what this process holds, by part
+        # On cpu, the imitation of an MPS server's fault containment, where a control daemon runs (mps_sim.py).
+        self.mps = MpsClientSim.from_env(os.environ) if args.device == "cpu" else None
         max_loras = (args.lora_config or {}).get("max_loras")
         self.adapter_slots = AdapterSlots(max_loras) if max_loras is not None else None
 
@@ -247,6 +281,8 @@ class ReferenceServer:
         device = self.args.device
         if device == "cuda" and not torch.cuda.is_available():
             raise RuntimeError("--device cuda: torch sees no CUDA device")
+        if self.mps is not None:
+            self.mps.connect()  # refused while the clients of a fault still run
         if self.args.threads:
             torch.set_num_threads(self.args.threads)
         dtype = getattr(torch, self.args.dtype or ("float16" if device == "cuda" else "float32"))
@@ -268,6 +304,8 @@ class ReferenceServer:
         )
         self.memory["kv_cache_bytes"] = engine.cache.nbytes
         self.memory["kv_cache_slots"] = engine.cache.max_batch
+        if device == "cpu" and self.args.sim_gpu_memory_bytes is not None:
+            self._ledger_write(self._own_device_bytes() + engine.cache.nbytes + int(self.memory.get("lora_cache_bytes", 0)))
         engine.start()
         if device == "cuda":
             torch.cuda.synchronize()
@@ -293,28 +331,76 @@ class ReferenceServer:
         return torch.empty(size, dtype=torch.uint8, device=device)
 
     def _kv_slots(self, torch: Any, shape: Any, max_seq: int, dtype: Any, device: str) -> int | None:
-        """Cache slots from the KV budget, like TensorRT-LLM's KV pool (runtime/kv_budget.py):
-        --kv-cache-bytes is an absolute budget; --kv-cache-free-gpu-memory-fraction a fraction of
-        the GPU memory free once the weights are loaded (so it depends on what else runs on the
-        GPU); neither: max batch size slots, as before."""
+        """Cache slots from the KV budget, by TensorRT-LLM's rule (runtime/kv_budget.py): the smaller of
+        --kv-cache-bytes (max_tokens) and --kv-cache-free-gpu-memory-fraction x the GPU memory free once the weights
+        are loaded (so it depends on what else runs on the GPU); neither: max batch size slots, as before."""
         from .model import KVCache
 
-        slot = KVCache.slot_bytes(shape, max_seq, torch.empty((), dtype=dtype).element_size())
-        self.memory.update(kv_slot_bytes=slot, weights_bytes=shape.param_count() * torch.empty((), dtype=dtype).element_size())
-        if device == "cuda":
-            self.memory["free_before_kv_bytes"] = torch.cuda.mem_get_info()[0]
+        element = torch.empty((), dtype=dtype).element_size()
+        slot = KVCache.slot_bytes(shape, max_seq, element)
+        self.memory.update(kv_slot_bytes=slot, weights_bytes=shape.param_count() * element)
+        free = self._free_bytes(torch, device)
+        if free is not None:
+            self.memory["free_before_kv_bytes"] = free
+        candidates: list[tuple[int, str]] = []
         if self.args.kv_cache_bytes is not None:
-            budget, flag = self.args.kv_cache_bytes, "--kv-cache-bytes"
-        elif self.args.kv_cache_free_gpu_memory_fraction is not None and device == "cuda":
-            budget = int(self.args.kv_cache_free_gpu_memory_fraction * self.memory["free_before_kv_bytes"])
-            flag = "--kv-cache-free-gpu-memory-fraction"
-        else:
+            candidates.append((self.args.kv_cache_bytes, "--kv-cache-bytes"))
+        if self.args.kv_cache_free_gpu_memory_fraction is not None and free is not None:
+            candidates.append((int(self.args.kv_cache_free_gpu_memory_fraction * free),
+                               "--kv-cache-free-gpu-memory-fraction"))
+        if not candidates:
             return None
+        budget, flag = min(candidates)
         self.memory.update(kv_budget_bytes=budget, kv_budget_source=flag)
         if budget < slot:
             raise ValueError(f"{flag}: a budget of {budget} bytes holds no sequence of {max_seq} tokens "
                              f"({slot} bytes each for this model)")
         return int(budget // slot)
+
+    def _own_device_bytes(self) -> int:
+        """What this process holds on its (simulated) GPU before its KV cache: weights and the per-process overhead
+        the memory plan counts (fleetcast.contract.serving, measured with this backend)."""
+        from fleetcast.contract.serving import PROCESS_OVERHEAD_BYTES
+
+        return int(self.memory.get("weights_bytes", 0)) + PROCESS_OVERHEAD_BYTES
+
+    def _free_bytes(self, torch: Any, device: str) -> int | None:
+        """GPU memory free now: cuda's own figure; on cpu the simulated GPU's, less every process on its ledger."""
+        if device == "cuda":
+            return int(torch.cuda.mem_get_info()[0])
+        capacity = self.args.sim_gpu_memory_bytes
+        if capacity is None:
+            return None
+        own = self._own_device_bytes()
+        self._ledger_write(own)
+        free = int(capacity) - own - sum(held for pid, held in self._ledger() if pid != os.getpid())
+        limit = _pinned_limit(os.environ.get("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"))
+        if limit is not None and self.mps is not None:
+            free = min(free, limit - own)
+        return max(0, free)
+
+    def _ledger(self) -> list[tuple[int, int]]:
+        ledger = self.args.sim_gpu_ledger
+        if ledger is None:
+            return []
+        out = []
+        for entry in Path(ledger).glob("*"):
+            try:
+                pid, held = int(entry.name), int(entry.read_text())
+                os.kill(pid, 0)
+            except (ValueError, OSError):
+                continue  # not an entry, or its process is gone (its memory with it)
+            out.append((pid, held))
+        return out
+
+    def _ledger_write(self, held: int) -> None:
+        ledger = self.args.sim_gpu_ledger
+        if ledger is None:
+            return
+        Path(ledger).mkdir(parents=True, exist_ok=True)
+        tmp = Path(ledger) / f".{os.getpid()}"
+        tmp.write_text(str(held))
+        tmp.replace(Path(ledger) / str(os.getpid()))
 
     async def serve(self) -> int:
         app = self.make_app()
@@ -326,6 +412,10 @@ class ReferenceServer:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self.begin_drain)
+        if self.args.fault_on_signal:
+            loop.add_signal_handler(signal.SIGUSR2, self.fault)
+        if self.mps is not None:
+            self._mps_task = loop.create_task(self._watch_mps())
         try:
             await loop.run_in_executor(None, self.load)
             if self.state == "loading":
@@ -347,6 +437,26 @@ class ReferenceServer:
         if self._request_log:
             self._request_log.close()
         return self.exit_code
+
+    def fault(self) -> None:
+        """--fault-on-signal: fail as a CUDA illegal memory access does (the process dies); under an MPS daemon the
+        fault reaches every client of the GPU first."""
+        log.error("CUDA error: an illegal memory access was encountered (fault requested by SIGUSR2)")
+        if self.mps is not None:
+            self.mps.fault()
+        logging.shutdown()
+        os._exit(1)
+
+    async def _watch_mps(self) -> None:
+        """A fault of another client of the MPS server reaches this one: from then on it does not answer, while it
+        stays alive (time.sleep in the event loop's thread holds every handler), as the H200's co-located server did."""
+        assert self.mps is not None
+        while not self.stopped.is_set():
+            if self.mps.reported():
+                log.error("a fatal GPU exception was reported by the MPS server (another client faulted); "
+                          "this process no longer makes progress")
+                time.sleep(365 * 86400)
+            await asyncio.sleep(0.1)
 
     async def _watch_engine(self) -> None:
         """Exit 1 soon after the engine thread dies, so the supervisor restarts the server
@@ -609,11 +719,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--served-model-name", default=None)
     ap.add_argument("--request-log", default=None, help="append one JSON line per request to this file")
     ap.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
-    budget = ap.add_mutually_exclusive_group()
-    budget.add_argument("--kv-cache-bytes", type=int, default=None,
-                        help="KV cache budget in bytes (whole sequences of --max-seq-len; also caps the batch)")
-    budget.add_argument("--kv-cache-free-gpu-memory-fraction", type=float, default=None,
-                        help="KV cache budget as a fraction of the GPU memory free after the weights load (cuda)")
+    ap.add_argument("--kv-cache-bytes", type=int, default=None,
+                    help="KV cache budget in bytes (whole sequences of --max-seq-len; also caps the batch); with the "
+                         "fraction, the smaller of the two")
+    ap.add_argument("--kv-cache-free-gpu-memory-fraction", type=float, default=None,
+                    help="KV cache budget as a fraction of the GPU memory free after the weights load (cuda, or cpu "
+                         "with --sim-gpu-memory-bytes)")
+    ap.add_argument("--sim-gpu-memory-bytes", type=int, default=None,
+                    help="cpu: the memory of the GPU this process stands in for (its free memory, for the fraction)")
+    ap.add_argument("--sim-gpu-ledger", default=None,
+                    help="cpu: a directory where the processes sharing one simulated GPU record what they hold")
+    ap.add_argument("--fault-on-signal", action="store_true",
+                    help="tests only: SIGUSR2 makes the process fail as a CUDA illegal memory access does")
     ap.add_argument("--lora-config", default=None, type=_lora_config,
                     help="JSON: the LoRA options TensorRT-LLM gets as lora_config (max_lora_rank, lora_target_modules, "
                          "...); requests may then name an adapter in lora_request")
@@ -626,6 +743,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         ap.error(f"--drain-timeout: must be >= 0, got {args.drain_timeout}")
     if args.kv_cache_bytes is not None and args.kv_cache_bytes < 1:
         ap.error(f"--kv-cache-bytes: must be >= 1, got {args.kv_cache_bytes}")
+    if args.sim_gpu_memory_bytes is not None and args.sim_gpu_memory_bytes < 1:
+        ap.error(f"--sim-gpu-memory-bytes: must be >= 1, got {args.sim_gpu_memory_bytes}")
     fraction = args.kv_cache_free_gpu_memory_fraction
     if fraction is not None and not 0 < fraction < 1:
         ap.error(f"--kv-cache-free-gpu-memory-fraction: must be between 0 and 1 (exclusive), got {fraction}")

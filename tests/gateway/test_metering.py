@@ -130,13 +130,18 @@ def test_client_leaving_mid_stream_stops_the_generation_and_counts_what_was_sent
     run(body())
 
 
-def test_model_server_down_is_a_502_counted_as_error():
+def test_model_server_down_is_a_retryable_503_counted_as_error():
+    """Down or restarting (a crash, a freeze, an MPS fault restarting its GPU's processes): 503 with Retry-After,
+    which OpenAI's SDKs retry (openai-python retries 503 and honours Retry-After), not a 502."""
+    from runtime.gateway.upstream import RESTART_RETRY_AFTER_S
+
     async def body():
         h = await start_harness()
         await h.upstream.stop()
         try:
             reply = await one_request(h.port, "POST", "/v1/completions", completion(3), vpce_id=VOICE_VPCE)
-            assert reply.status == 502 and reply.json()["error"]["code"] == "upstream_unavailable"
+            assert reply.status == 503 and reply.json()["error"]["code"] == "upstream_unavailable"
+            assert reply.headers["retry-after"] == str(RESTART_RETRY_AFTER_S)
             (rec,) = h.records_with(t.REQUESTS)
             assert rec[t.ERRORS] == 1 and rec["Consumer"] == "voice-app"
         finally:

@@ -158,7 +158,7 @@ def test_a_not_entitled_model_whose_process_is_down_reads_exactly_like_an_unknow
             assert same(hidden.headers) == same(unknown.headers)  # the length differs by the name's alone
             assert down.connections == 0  # no upstream contact: nothing for the timing to depend on
             entitled = await one_request(h.port, "POST", "/v1/completions", completion("down"), vpce_id=VOICE_VPCE)
-            assert entitled.status == 502  # only a consumer that may use it learns the process is down
+            assert entitled.status == 503  # only a consumer that may use it learns the process is down
         finally:
             await stop_harness(h)
     run(body())

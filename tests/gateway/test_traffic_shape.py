@@ -97,10 +97,10 @@ def test_records_are_stamped_at_arrival_by_the_gateways_clock_and_throttled_ones
 def test_a_failed_request_reports_zero_tokens_in_bucket_0():
     async def body():
         h = await start_harness()
-        await h.upstream.stop()  # nothing listens upstream: 502
+        await h.upstream.stop()  # nothing listens upstream: a retryable 503
         try:
             reply = await one_request(h.port, "POST", "/v1/completions", completion(2), vpce_id=VOICE_VPCE)
-            assert reply.status == 502
+            assert reply.status == 503
             (rec,) = h.records_with(t.REQUESTS)
             assert (rec[t.DIM_INPUT_BUCKET], rec[t.DIM_OUTPUT_BUCKET]) == ("0", "0")
         finally:

@@ -146,6 +146,31 @@ def test_an_upstream_that_takes_the_request_and_never_sends_a_head_is_cut_after_
     run(body())
 
 
+def test_an_upstream_that_dies_with_the_request_before_any_head_is_a_retryable_503():
+    """A process killed with the request in it (its GPU's processes restarted after an MPS fault, or a crash):
+    nothing of the response went out, so the client gets a 503 with Retry-After, not a hang or a 502."""
+    from runtime.gateway.upstream import RESTART_RETRY_AFTER_S
+
+    class ClosesAtOnce(DyingServer):
+        async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            await reader.readuntil(b"\r\n\r\n")
+            writer.transport.abort()
+
+    async def body():
+        server = await ClosesAtOnce().start()
+        h = await start_harness(upstream=server)
+        try:
+            client = await Client(h.port, VOICE_VPCE).connect()
+            reply = await asyncio.wait_for(client.request("POST", "/v1/completions", stream_body()), 30)
+            assert reply.status == 503
+            assert reply.headers["retry-after"] == str(RESTART_RETRY_AFTER_S)
+            assert json.loads(reply.body)["error"]["code"] == "upstream_unavailable"
+            await client.close()
+        finally:
+            await stop_harness(h)
+    run(body())
+
+
 def test_at_the_drain_deadline_a_stream_cut_mid_body_ends_with_the_drains_error_event():
     async def body():
         h = await start_harness(upstream=await DyingServer(events=1, then_hang=True).start(), drain_timeout_s=0.3)

@@ -39,3 +39,21 @@ def tmp_path():
     path = Path(tempfile.mkdtemp(prefix="fleetcast-runtime-test-"))
     yield path
     shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture
+def fake_mps(tmp_path, monkeypatch):
+    """tests/runtime/fake_mps_control.py on PATH as nvidia-cuda-mps-control; yields the file its calls go to."""
+    import pathlib
+    import sys
+
+    bin_dir = tmp_path / "mps-bin"
+    bin_dir.mkdir()
+    script = pathlib.Path(__file__).with_name("fake_mps_control.py")
+    exe = bin_dir / "nvidia-cuda-mps-control"
+    exe.write_text(f"#!/bin/sh\nexec {sys.executable} {script} \"$@\"\n")
+    exe.chmod(0o755)
+    calls = tmp_path / "mps-calls.jsonl"
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}")
+    monkeypatch.setenv("FAKE_MPS_CALLS", str(calls))
+    return calls

@@ -28,7 +28,8 @@ def http_status(url: str, timeout: float = 2.0) -> int | None:
 class ServerProcess:
     """`python -m runtime.reference.server` on a loopback port, waited on until /health is 200."""
 
-    def __init__(self, artifact: Path, *extra: str, log_path: Path | None = None) -> None:
+    def __init__(self, artifact: Path, *extra: str, log_path: Path | None = None,
+                 env: dict[str, str] | None = None) -> None:
         self.port = free_port()
         self.base = f"http://127.0.0.1:{self.port}"
         cmd = [sys.executable, "-m", "runtime.reference.server", "--artifact", str(artifact),
@@ -36,7 +37,7 @@ class ServerProcess:
         self.log_path = log_path
         self._log = open(log_path, "w") if log_path else subprocess.DEVNULL  # noqa: SIM115 - owned by the child
         self.proc = subprocess.Popen(cmd, cwd=ROOT, stdout=self._log, stderr=subprocess.STDOUT,
-                                     env={**os.environ, "PYTHONUNBUFFERED": "1"})
+                                     env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})})
 
     def wait_healthy(self, timeout: float = 60.0) -> None:
         deadline = time.monotonic() + timeout

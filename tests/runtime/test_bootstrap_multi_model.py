@@ -90,3 +90,74 @@ def test_a_model_that_cannot_be_built_is_named_and_the_other_still_reaches_the_c
         assert not [k for k in aws.keys("engines/") if k.startswith(f"engines/{key}/")]
     finally:
         aws.stop()
+
+
+def _pid_listening_on(port: int) -> int:
+    """The engine process started with `--port PORT` (its cmdline in /proc)."""
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                argv = open(f"/proc/{entry}/cmdline", "rb").read().split(b"\0")  # noqa: SIM115
+            except OSError:
+                continue
+            if b"runtime.reference.server" in argv and f"{port}".encode() in argv:
+                return int(entry)
+    raise AssertionError(f"no engine process on port {port}")
+
+
+def test_a_pool_with_gpu_sharing_mps_serves_its_models_as_clients_of_one_daemon_and_restarts_them_together(
+        tmp_path, fake_mps):
+    """The pool's gpu_sharing reaches the instance in the config it reads (SSM, validated again there): the runtime
+    starts the GPU's MPS control daemon (the stand-in, tests/runtime/fake_mps_control.py) before the first engine
+    process; when one of them dies, both restart together while the gateway answers 200 or a retryable 503 (never
+    a hang); at SIGTERM the daemon quits after the last process."""
+    from fleetcast.config import config_from_json
+
+    data = two_model_config().model_dump(mode="json")
+    for region in data["regions"]:
+        for pool in region["pools"]:
+            pool["gpu_sharing"] = "mps"
+    cfg = config_from_json(json.dumps(data))
+    aws = LocalAws(bucket=f"fleetcast-mm-{os.getpid()}-mps").start()
+    rp = None
+    try:
+        aws.put_config(cfg)
+        imds = aws.instance("i-00000000000000e03")
+        port = free_port_pair()
+        rp = aws.start_runtime(aws.runtime_env(imds, cfg, tmp_path / "disk", port), tmp_path / "log")
+        serving = rp.wait_event("fleetcast_serving", 240)
+        assert serving is not None, (tmp_path / "log").read_text()[-3000:]
+        assert serving["gpu_sharing"] == "mps" and serving["kv_short"] == {}
+        starts = [json.loads(line) for line in fake_mps.read_text().splitlines()]
+        assert [c["argv"] for c in starts] == [["-d"]]
+        assert starts[0]["env"]["CUDA_MPS_PIPE_DIRECTORY"] == str(tmp_path / "disk" / "mps" / "gpu0" / "pipe")
+        models = [p["model"] for p in serving["processes"]]
+        ports = {p["model"]: p["port"] for p in serving["processes"]}
+        pids = {m: _pid_listening_on(ports[m]) for m in models}
+        env = dict(item.decode().split("=", 1) for item in open(f"/proc/{pids[models[0]]}/environ", "rb").read()  # noqa: SIM115
+                   .split(b"\0") if b"=" in item)
+        assert env["CUDA_MPS_PIPE_DIRECTORY"] == starts[0]["env"]["CUDA_MPS_PIPE_DIRECTORY"]
+        os.kill(pids[models[0]], 9)  # one client dies: the other is restarted with it
+        seen: set[int] = set()
+        deadline = time.monotonic() + 180  # bounds the wait; the verdicts are below
+        while time.monotonic() < deadline:
+            statuses = [call(port, "POST", "/v1/completions", {"model": m, "prompt": "hi", "max_tokens": 2})[0]
+                        for m in models]
+            seen.update(statuses)
+            if statuses == [200, 200] and all(_pid_listening_on(ports[m]) != pids[m] for m in models):
+                break
+            time.sleep(0.2)
+        assert all(_pid_listening_on(ports[m]) != pids[m] for m in models)  # both restarted
+        assert seen <= {200, 503}
+        rp.proc.terminate()
+        rp.proc.wait(120)
+        calls = [json.loads(line) for line in fake_mps.read_text().splitlines()]
+        assert [c["argv"] for c in calls] == [["-d"], []]  # the daemon's quit, after the last engine process
+    finally:
+        if rp is not None and rp.proc.poll() is None:
+            rp.proc.terminate()
+            try:
+                rp.proc.wait(120)
+            except subprocess.TimeoutExpired:
+                rp.proc.kill()
+        aws.stop()

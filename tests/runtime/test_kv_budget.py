@@ -128,3 +128,65 @@ def test_the_measured_overhead_is_the_one_in_the_h200_dataset():
     measured = [p["overhead_bytes"] for start in data["starts"] for p in start["processes"]]
     # The planning figure covers every process measured, and is not far above the largest.
     assert max(measured) <= kv_budget.PROCESS_OVERHEAD_BYTES < max(measured) * 1.1
+
+
+def test_a_budgeted_process_gets_the_highest_fraction_the_config_allows():
+    """TensorRT-LLM takes min(max_tokens, fraction x free memory at start) (sources above; the LLM API's KvCacheConfig
+    bounds the fraction to [0, 1], nvidia.github.io/TensorRT-LLM/llm-api/reference/KvCacheConfig.html). With the
+    highest fraction the config accepts, the fraction is the smaller only where the memory is not there at all."""
+    from fleetcast.config.model import EngineSpec
+
+    assert kv_budget.binding_fraction() == 0.98
+    with pytest.raises(ValueError):
+        EngineSpec(tensorrt_llm_version="1.2.1", image="nvcr.io/nvidia/tensorrt-llm/release:1.2.1",
+                   kv_cache_free_gpu_memory_fraction=kv_budget.binding_fraction() + 0.01)
+    options = trtllm.extra_llm_api_options(EngineSpec(tensorrt_llm_version="1.2.1",
+                                                      image="nvcr.io/nvidia/tensorrt-llm/release:1.2.1"),
+                                           kv_max_tokens=4096, kv_fraction=0.98)
+    assert options["kv_cache_config"] == {"free_gpu_memory_fraction": 0.98, "max_tokens": 4096}
+
+
+def test_the_serve_command_carries_the_binding_fraction_in_the_flag_and_the_options(cfg, tmp_path):
+    artifact = _engine_artifact(tmp_path, "INT8")
+    (artifact / "tokenizer").mkdir()
+    backend = trtllm.TrtllmBackend(cfg, cfg.engine)
+    argv = backend.server_command(artifact, "127.0.0.1", 8002, kv_cache_bytes=12 * GIB, kv_fraction=0.98)
+    options = json.loads(Path(argv[argv.index("--extra_llm_api_options") + 1]).read_text())
+    assert options["kv_cache_config"]["free_gpu_memory_fraction"] == 0.98
+    assert argv[argv.index("--kv_cache_free_gpu_memory_fraction") + 1] == "0.98"
+    assert backend.planned_kv_tokens(artifact, 12 * GIB) == 12 * GIB // 153_600 == options["kv_cache_config"]["max_tokens"]
+
+
+def test_a_plan_whose_budgets_bind_in_every_start_order_passes():
+    slots = [Slot("a", 0, 8001), Slot("b", 0, 8002), Slot("c", 0, 8003)]
+    weights = {"a": 2 * GIB, "b": GIB, "c": GIB}
+    budgets = kv_budget.plan_budgets(slots, {"a": None, "b": None, "c": None}, weights, 40 * GIB, 0.9)
+    kv_budget.check_budgets_bind(slots, budgets, weights, 40 * GIB, kv_budget.binding_fraction())
+    # Planned with the engine's 0.9, the last of them to start finds about 10% of the GPU plus its own share
+    # free; 0.98 of that is more than its share, so max_tokens binds (and with 0.9 itself it would too).
+    kv_budget.check_budgets_bind(slots, budgets, weights, 40 * GIB, 0.9)
+
+
+def test_a_budget_that_cannot_bind_in_the_worst_start_order_is_refused_with_the_arithmetic():
+    """Explicit budgets that fill the GPU: started last, a process would find less than budget / fraction free,
+    TensorRT-LLM would take the fraction and the process would come out short, so the plan is refused."""
+    slots = [Slot("a", 0, 8001), Slot("b", 0, 8002)]
+    weights = {"a": GIB, "b": GIB}
+    budgets = {("a", 0): 20 * GIB, ("b", 0): 20 * GIB}
+    overhead = kv_budget.PROCESS_OVERHEAD_BYTES
+    free = 2 * GIB + 2 * overhead + 40 * GIB + GIB // 4  # everything fits, with a quarter GiB to spare
+    with pytest.raises(UserError) as err:
+        kv_budget.check_budgets_bind(slots, budgets, weights, free, 0.98)
+    message = str(err.value)
+    assert message.startswith("kv_cache_gb: a#0's KV budget of 20.00 GiB cannot bind: started last")
+    assert "min(max_tokens, 0.98 x that = 19.84 GiB)" in message
+    kv_budget.check_budgets_bind(slots, budgets, weights, free + GIB, 0.98)  # a GiB more, and both bind
+
+
+def test_an_mps_limit_is_the_planned_share_with_room_for_the_fraction():
+    """A client sees its CUDA_MPS_PINNED_DEVICE_MEM_LIMIT as its memory (runtime/mps.py); its KV part is budget /
+    fraction, so fraction x (limit - weights - overhead) is still its whole budget and max_tokens binds."""
+    overhead = kv_budget.PROCESS_OVERHEAD_BYTES
+    limit = kv_budget.mps_memory_limit(2 * GIB, 49 * GIB, 0.98, lora=GIB)
+    assert limit == 2 * GIB + overhead + GIB + 50 * GIB
+    assert 0.98 * (limit - 2 * GIB - overhead - GIB) >= 49 * GIB

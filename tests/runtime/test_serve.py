@@ -88,3 +88,59 @@ def test_the_gateway_is_started_with_the_upstream_idle_timeout_of_the_instance_e
 
     with pytest.raises(UserError, match="FLEETCAST_UPSTREAM_IDLE_S"):
         InstanceEnv.from_environ({**base, "FLEETCAST_UPSTREAM_IDLE_S": "0"})
+
+
+# A server that generates, and freezes (every request then hangs, the process stays alive) when its file appears.
+FREEZES_ON_FILE = """
+import json, os, sys, time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+freeze = sys.argv[2]
+class H(BaseHTTPRequestHandler):
+    def log_message(self, *a): pass
+    def _send(self, code, body):
+        while os.path.exists(freeze):
+            time.sleep(3600)
+        data = json.dumps(body).encode()
+        self.send_response(code); self.send_header("Content-Length", str(len(data))); self.end_headers()
+        self.wfile.write(data)
+    def do_GET(self): self._send(200, {})
+    def do_POST(self):
+        self.rfile.read(int(self.headers["Content-Length"]))
+        self._send(200, {"choices": [{"text": " x"}], "usage": {"completion_tokens": 1}})
+ThreadingHTTPServer(("127.0.0.1", int(sys.argv[1])), H).serve_forever()
+"""
+
+
+def test_the_readiness_file_reports_a_freeze_now_not_the_last_liveness_answer(tmp_path):
+    """issue 32 §3: /health (the gateway reads this file) kept answering 200 for about 14 s of a freeze, the
+    last liveness answer (every 10 s, 5 s timeout). Here liveness never probes again (an hour apart): only the
+    readiness reads can turn the model not ready, and they must, while the process is still alive."""
+    import json
+
+    port = free_port_pair()
+    state = tmp_path / "models-ready.json"
+    serving = Serving(settings(port, models_state_file=state, liveness_interval_s=3600, readiness_interval_s=0.05,
+                               readiness_timeout_s=0.5),
+                      [sys.executable, "-c", FREEZES_ON_FILE, str(port + 1), str(tmp_path / "freeze")])
+
+    def ready() -> bool:
+        return json.loads(state.read_text())["models"]["m"]["ready"]
+
+    serving.start()
+    try:
+        serving.wait_ready()
+        assert ready()
+        (tmp_path / "freeze").touch()
+        deadline = time.monotonic() + 60  # a bound on the wait, not the verdict
+        while ready() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not ready()
+        assert serving.supervisor.children["server"].running() and serving.supervisor.children["server"].starts == 1
+        (tmp_path / "freeze").unlink()
+        deadline = time.monotonic() + 60
+        while not ready() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert ready()  # it answers again: ready again, without a restart
+    finally:
+        (tmp_path / "freeze").unlink(missing_ok=True)
+        serving.drain()

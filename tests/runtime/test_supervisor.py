@@ -156,3 +156,33 @@ def test_host_scripts_are_valid_bash(script):
     import subprocess
 
     subprocess.run(["bash", "-n", str(REPO / "runtime" / "host" / script)], check=True)
+
+
+def test_a_group_falls_and_rises_together_with_its_start_and_stop_hooks():
+    """One member exits: the others are killed, before_start runs again (the MPS daemon, where it died), every member
+    starts again in its order; after_stop runs once, when the last member is stopped on purpose."""
+    import sys as _sys
+    import time as _time
+
+    from runtime.supervisor import Child, Group, RestartPolicy, Supervisor
+
+    calls: list[str] = []
+    sup = Supervisor(poll_s=0.02)
+    sup.add_group(Group("gpu0", before_start=lambda: calls.append("start"), after_stop=lambda: calls.append("stop")))
+    sleeper = [_sys.executable, "-c", "import time; time.sleep(3600)"]
+    children = [sup.start(Child(name, sleeper, group="gpu0", policy=RestartPolicy(backoff_base_s=0.01)))
+                for name in ("a", "b", "c")]
+    try:
+        assert calls == ["start"]  # once, before the first member
+        first = [c.pid for c in children]
+        os.kill(first[1], signal.SIGKILL)  # b dies: a and c, alive, go with it
+        deadline = _time.monotonic() + 60
+        while not all(c.pid != p and c.running() for c, p in zip(children, first)) and _time.monotonic() < deadline:
+            _time.sleep(0.02)
+        assert all(c.pid != p and c.running() for c, p in zip(children, first))
+        assert calls == ["start", "start"] and sup.groups["gpu0"].restarts == 1
+        assert [c.spawned_at for c in children] == sorted(c.spawned_at for c in children)  # in order
+        assert children[1].exit_codes == [-signal.SIGKILL] and children[0].exit_codes == []
+    finally:
+        sup.shutdown(timeout_s=5)
+    assert calls == ["start", "start", "stop"]

@@ -191,3 +191,75 @@ def test_progress_is_read_from_the_childs_whole_session():
     finally:
         busy.kill()
         busy.wait()
+
+
+class FakeTime:
+    """The liveness loop's clock and waits in fake seconds: a test counts probes, not wall time. A real
+    millisecond passes per wait so the loop yields, and a stopped supervisor is seen at once."""
+
+    def __init__(self, stop):
+        self.t = 0.0
+        self.stop = stop
+
+    def clock(self) -> float:
+        return self.t
+
+    def sleep(self, seconds: float) -> bool:
+        self.t += seconds
+        return self.stop.wait(0.001)
+
+
+@pytest.mark.parametrize("settled", [True, False], ids=["settled", "starting"])
+@pytest.mark.parametrize("offset", [0.5, 5.0, 9.5])
+def test_a_freeze_is_declared_after_the_same_probes_whether_the_server_had_answered_or_not(settled, offset):
+    """issue 32 §3: the docs promise `failures` probes (3, about 45 s at the product's 10 s interval and 5 s
+    timeout) for a freeze, whether the server is settled or a restart still starting. A restart that froze
+    between two probes used to be judged against the work it did before the freeze and cost one probe more
+    (4 probes, 55 s). Here the freeze falls anywhere in a probe interval (`offset` seconds after a probe),
+    the frozen server's probes each time out (5 fake seconds), and the post-freeze probes are counted."""
+    interval, timeout, failures = 10.0, 5.0, 3
+    sup = Supervisor(poll_s=0.05)
+    fake = FakeTime(sup._stop)
+    sup.clock, sup.sleep = fake.clock, fake.sleep
+    frozen_at = 3 * (interval + timeout) + offset  # after three healthy (or loading) probes
+    probes: list[tuple[float, int]] = []
+
+    def probe() -> bool:
+        if not child.unresponsive:  # until the kill (the process lingers a moment after it and is probed again)
+            probes.append((fake.t, child.pid))
+        if fake.t < frozen_at:
+            return settled  # settled: answers; starting: loading, not listening yet (refused at once)
+        fake.t += timeout  # frozen: the probe waits out its timeout
+        return False
+
+    def progress(pid: int) -> object:
+        return min(fake.t, frozen_at)  # CPU time grows while it works, and stops at the freeze
+
+    live = Liveness(probe, interval_s=interval, failures=failures, startup_s=3600, progress=progress,
+                    window_s=timeout)
+    child = sup.start(Child("server", [sys.executable, "-c", "import time; time.sleep(3600)"], liveness=live,
+                            policy=RestartPolicy(backoff_base_s=3600)))
+    first = child.pid
+    try:
+        assert wait_for(lambda: child.unresponsive >= 1)
+        after = [t for t, pid in probes if pid == first and t >= frozen_at]
+        assert len(after) == failures
+        assert after[-1] + timeout - frozen_at <= failures * (interval + timeout)  # about 45 s, not 55
+    finally:
+        sup.shutdown(timeout_s=5)
+
+
+def test_a_starting_server_that_works_through_every_window_is_never_counted_frozen():
+    """The other side of the rule: loading (work grows across each probe's window) is not a failure."""
+    sup = Supervisor(poll_s=0.05)
+    fake = FakeTime(sup._stop)
+    sup.clock, sup.sleep = fake.clock, fake.sleep
+    probes = []
+    live = Liveness(lambda: probes.append(fake.t) and False, interval_s=10, failures=3, startup_s=3600,
+                    progress=lambda pid: fake.t, window_s=5)
+    child = sup.start(Child("server", [sys.executable, "-c", "import time; time.sleep(3600)"], liveness=live))
+    try:
+        assert wait_for(lambda: len(probes) >= 20)
+        assert child.starts == 1 and child.unresponsive == 0
+    finally:
+        sup.shutdown(timeout_s=5)
