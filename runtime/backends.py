@@ -5,8 +5,9 @@ Both present the same face to the bootstrap:
     needs_model/calibration  -> what to download before a build
     check(cc, gpu_name)      -> refuse unsupported combinations before any download
     build(model, calib, workdir) -> artifact directory (uploaded to the cache as is)
-    server_command(artifact, host, port, kv_cache_bytes, lora) -> argv of the OpenAI-compatible server
-                             (`lora`: the engine's LoRA options where the model serves adapters)
+    server_command(artifact, host, port, kv_cache_bytes, lora, block_reuse) -> argv of the OpenAI-compatible
+                             server (`lora`: the engine's LoRA options where the model serves adapters;
+                             `block_reuse`: False where KV blocks must not be reused across requests)
     server_env()             -> its environment (None: the runtime's)
 
 The reference backend (runtime.reference, PyTorch) exists because TensorRT-LLM
@@ -47,7 +48,7 @@ class ServingBackend(Protocol):
     def build(self, model_dir: Path | None, calib_dir: Path | None, workdir: Path) -> Path: ...
 
     def server_command(self, artifact: Path, host: str, port: int, kv_cache_bytes: int | None = None,
-                       lora: Mapping[str, Any] | None = None) -> list[str]: ...
+                       lora: Mapping[str, Any] | None = None, block_reuse: bool = True) -> list[str]: ...
 
     def server_env(self) -> dict[str, str] | None: ...
 
@@ -112,7 +113,7 @@ class ReferenceBackend:
         return None  # the runtime's own environment: the reference server is this project's code
 
     def server_command(self, artifact: Path, host: str, port: int, kv_cache_bytes: int | None = None,
-                       lora: Mapping[str, Any] | None = None) -> list[str]:
+                       lora: Mapping[str, Any] | None = None, block_reuse: bool = True) -> list[str]:
         m = self.model
         cmd = [sys.executable, "-m", "runtime.reference.server", "--artifact", str(artifact), "--host", host,
                "--port", str(port), "--device", self.device, "--served-model-name", m.id,
@@ -124,6 +125,8 @@ class ReferenceBackend:
         if lora is not None:
             # The same options TensorRT-LLM gets as lora_config, so the reference checks requests against them.
             cmd += ["--lora-config", json.dumps(dict(lora), sort_keys=True)]
+        if not block_reuse:
+            cmd += ["--no-block-reuse"]
         return cmd
 
 

@@ -130,6 +130,10 @@ def parse_completion_request(body: object, tokenizer: ByteTokenizer) -> tuple[li
     seed = body.get("seed")
     if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
         raise RequestError("seed", f"must be an integer, got {seed!r}")
+    salt = body.get("cache_salt")
+    if salt is not None and (not isinstance(salt, str) or not salt.strip()):
+        # TensorRT-LLM's check_cache_salt_support (tensorrt_llm/serve/openai_protocol.py) refuses the same.
+        raise RequestError("cache_salt", "must be a non-empty string if provided")
     options = {
         "stream": stream,
         "include_usage": bool(stream_options.get("include_usage", False)),
@@ -140,6 +144,7 @@ def parse_completion_request(body: object, tokenizer: ByteTokenizer) -> tuple[li
         "top_p": _float_field(body, "top_p", 1.0, 0.0, 1.0) or 1.0,
         "top_k": _int_field(body, "top_k", 0, 0),
         "seed": seed,
+        "cache_salt": salt,
     }
     return ids, options
 
@@ -265,8 +270,10 @@ class ReferenceServer:
             vocab_size=self.tokenizer.vocab_size,
             eos_id=self.tokenizer.eos_id,
             cache_slots=slots,
+            prefix_blocks=0 if self.args.no_block_reuse else self.args.prefix_cache_blocks,
         )
         self.memory["kv_cache_bytes"] = engine.cache.nbytes
+        self.memory["prefix_cache_bytes"] = engine.prefix.nbytes if engine.prefix is not None else 0
         self.memory["kv_cache_slots"] = engine.cache.max_batch
         engine.start()
         if device == "cuda":
@@ -454,7 +461,7 @@ class ReferenceServer:
             max_tokens=opts["max_tokens"], min_tokens=opts["min_tokens"], ignore_eos=opts["ignore_eos"],
             temperature=opts["temperature"], top_p=opts["top_p"], top_k=opts["top_k"], seed=opts["seed"],
         )
-        seq = Sequence(prompt=prompt, params=params, emit=emit)
+        seq = Sequence(prompt=prompt, params=params, emit=emit, salt=opts["cache_salt"])
         assert self.engine is not None  # _serving_error() let only `ready` through, set after the engine
         slots = self.adapter_slots if lora_name is not None else None
         if slots is not None and lora_name is not None:
@@ -499,6 +506,7 @@ class ReferenceServer:
             self.inflight -= 1
             if self.inflight == 0:
                 self._idle.set()
+            record["cached_tokens"] = seq.cached_tokens
             self._log_request(record, arrived, token_times)
 
     def _chunk(self, rid: str, text: str, finish: str | None, include_usage: bool) -> bytes:
@@ -614,6 +622,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="KV cache budget in bytes (whole sequences of --max-seq-len; also caps the batch)")
     budget.add_argument("--kv-cache-free-gpu-memory-fraction", type=float, default=None,
                         help="KV cache budget as a fraction of the GPU memory free after the weights load (cuda)")
+    ap.add_argument("--no-block-reuse", action="store_true",
+                    help="no prefix cache: every prompt is prefilled in full (TensorRT-LLM's "
+                         "kv_cache_config.enable_block_reuse false)")
+    ap.add_argument("--prefix-cache-blocks", type=int, default=None,
+                    help="KV blocks of 64 tokens the prefix cache keeps for reuse by later prompts with the same "
+                         "cache_salt (default: two full sequences' worth)")
     ap.add_argument("--lora-config", default=None, type=_lora_config,
                     help="JSON: the LoRA options TensorRT-LLM gets as lora_config (max_lora_rank, lora_target_modules, "
                          "...); requests may then name an adapter in lora_request")
@@ -624,6 +638,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         ap.error(f"--max-batch-size: must be >= 1, got {args.max_batch_size}")
     if args.drain_timeout < 0:
         ap.error(f"--drain-timeout: must be >= 0, got {args.drain_timeout}")
+    if args.prefix_cache_blocks is not None and args.prefix_cache_blocks < 1:
+        ap.error(f"--prefix-cache-blocks: must be >= 1, got {args.prefix_cache_blocks} (no reuse: --no-block-reuse)")
     if args.kv_cache_bytes is not None and args.kv_cache_bytes < 1:
         ap.error(f"--kv-cache-bytes: must be >= 1, got {args.kv_cache_bytes}")
     fraction = args.kv_cache_free_gpu_memory_fraction
