@@ -64,9 +64,15 @@ class PrefixCache:
             row = self._rows.get(key)
             if row is None:
                 break
-            self._rows.move_to_end(key)
             rows.append(row)
+        self._touch(keys[:len(rows)])
         return rows
+
+    def _touch(self, chain: list[bytes]) -> None:
+        """Mark a chain used, its first block last: the least recently used block is then always a chain's end,
+        so eviction never cuts a chain in the middle (a child without its parent can never be found again)."""
+        for key in reversed(chain):
+            self._rows.move_to_end(key)
 
     def load(self, rows: list[int], cache: KVCache, slot: int) -> None:
         """Copy the blocks at `rows` into positions 0.. of cache slot `slot`."""
@@ -78,17 +84,18 @@ class PrefixCache:
         """Keep the prompt's full blocks from slot `slot` (the first `reused` came from the pool)."""
         self.reused_blocks += reused
         self.missed_blocks += len(keys) - reused
+        self._touch([k for k in keys if k in self._rows])  # what is cached must not be evicted for the rest
         for i, key in enumerate(keys):
             if key in self._rows:
-                self._rows.move_to_end(key)
                 continue
             if self._free:
                 row = self._free.pop()
-            else:  # evict the least recently used block: a child left behind is unreachable and ages out too
-                _, row = self._rows.popitem(last=False)
+            else:
+                _, row = self._rows.popitem(last=False)  # the least recently used chain end
             start = i * self.block_tokens
             self.pool[row] = cache.kv[:, :, slot, :, start:start + self.block_tokens]
             self._rows[key] = row
+        self._touch(keys)
 
     def stats(self) -> dict[str, float]:
         total = self.reused_blocks + self.missed_blocks
