@@ -3,7 +3,8 @@
 Endpoints, matching trtllm-serve where the runtime and the benchmarks depend on them:
   POST /v1/completions       prompt as text or token ids; SSE with "stream": true; usage chunk when
                              stream_options.include_usage; max_tokens, min_tokens, ignore_eos,
-                             temperature (0 = greedy), top_p, top_k, seed
+                             temperature (0 = greedy), top_p, top_k, seed; cache_salt (prefix-cache
+                             blocks are reused only between requests of one salt: prefix_cache.py)
   POST /v1/chat/completions  400: GPT-2 has no chat template (as with trtllm-serve, use /v1/completions)
   GET  /v1/models, /version
   GET  /health               200 when serving; 503 while loading, draining or after an engine failure
@@ -27,6 +28,7 @@ Usage: python -m runtime.reference.server --artifact DIR [--host 127.0.0.1] [--p
        [--max-batch-size N] [--max-seq-len N] [--device cpu|cuda] [--drain-timeout S]
        [--served-model-name NAME] [--request-log FILE.jsonl]
        [--kv-cache-bytes N | --kv-cache-free-gpu-memory-fraction F] [--lora-config JSON]
+       [--prefix-cache-blocks N | --no-block-reuse]
   GET  /memory (reference only)  the KV budget, the cache it allocated, the LoRA device cache (lora_cache_bytes,
                                  where --lora-config has max_loras), weights and torch memory
 """
