@@ -148,3 +148,12 @@ def test_diff_arguments_are_checked(doc, tmp_path, capsys):
     assert "takes one CONFIG" in capsys.readouterr().err
     assert cli(["config", "diff", "--deployed", str(one), "--region", "eu-west-9"]) == 2
     assert "not a provider region" in capsys.readouterr().err
+
+
+def test_a_cache_group_change_rolls_nothing_running_gateways_apply_it(doc):
+    """Salts are the gateway's (docs/gateway.md, KV-cache isolation): regrouping consumers replaces no instance."""
+    grouped = copy.deepcopy(doc)
+    grouped["consumers"][0]["cache_group"] = "one-team"
+    impact = diff_configs(parse_config(doc), parse_config(grouped))
+    assert outcomes(impact) == {f"{SEOUL}/l40s": "kept", f"{VIRGINIA}/l40s": "kept"}
+    assert impact.consumers_changed == [doc["consumers"][0]["name"]]

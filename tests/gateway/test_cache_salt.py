@@ -130,3 +130,56 @@ def test_only_reuse_on_processes_with_an_unsalted_path_are_pinned():
     groups = {"open": None, "two": frozenset({"consumer:a", "consumer:b"}), "one": frozenset({"group:g"})}
     assert pinned_groups(groups, "tensorrt-llm") == {"one": frozenset({"group:g"})}
     assert pinned_groups(groups, "reference") == {}  # every path salted: nothing to pin
+
+
+def test_every_worker_process_salts_an_account_alike(tmp_path):
+    """--workers 2: the salt key is drawn once, before the workers fork; a key per worker would split an
+    account's cached prefixes between them (and the engine would see two salts for one account)."""
+    import asyncio
+    import json
+    import os
+    import signal
+    import sys
+
+    from runtime.devtools.harness import free_port
+    from scripts.bench_gateway import FakeEc2Endpoints
+
+    from .conftest import ROOT
+    from .fakes import FakeModelServer
+
+    config = tmp_path / "fleet.json"
+    config.write_text(json.dumps(fleet_config().model_dump(mode="json")))
+    port = free_port()
+
+    async def body():
+        upstream = await FakeModelServer().start()
+        ec2 = FakeEc2Endpoints([(VOICE_VPCE, "444455556666"), (ANALYTICS_VPCE, "777788889999")])
+        env = {**os.environ, "AWS_ENDPOINT_URL_EC2": f"http://127.0.0.1:{await ec2.start()}",
+               "AWS_MAX_ATTEMPTS": "1", "PYTHONPATH": str(ROOT)}
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "runtime.gateway", "--listen", f"127.0.0.1:{port}", "--workers", "2",
+            "--upstream", f"127.0.0.1:{upstream.port}", "--config-json", str(config),
+            "--region", "ap-northeast-2", "--pool", "l40s", "--service-id", "vpce-svc-0a1b2c3d4e5f60718",
+            cwd=str(ROOT), env=env, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE)
+        early = b""
+        try:
+            for _ in range(200):  # bounded: both workers say they listen
+                line = await asyncio.wait_for(proc.stderr.readline(), 30)
+                early += line
+                if early.count(b'"event": "gateway_started"') == 2 or not line:
+                    break
+            assert early.count(b'"event": "gateway_started"') == 2, early.decode()[-2000:]
+            # Each on a new connection: SO_REUSEPORT spreads them over both workers.
+            for vpce in [VOICE_VPCE] * 8 + [ANALYTICS_VPCE] * 8:
+                assert (await one_request(port, "POST", CHAT, chat(), vpce_id=vpce)).status == 200
+            salts = [b[SALT_FIELD] for b in upstream.requests]
+            assert len(set(salts[:8])) == 1 and len(set(salts[8:])) == 1 and salts[0] != salts[8]
+            proc.send_signal(signal.SIGTERM)
+            assert await asyncio.wait_for(proc.wait(), 30) == 0
+        finally:
+            if proc.returncode is None:
+                proc.kill()
+                await proc.wait()
+            await upstream.stop()
+
+    run(body(), timeout=90)
