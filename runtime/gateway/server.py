@@ -10,7 +10,7 @@ sending new connections while in-flight streams finish.
 
 This module is the request path only; each concern it walks through has its own:
 identity.py (who is calling), admission.py + limits.py (may they now),
-routing.py (which local server), proxy.py + upstream.py (forwarding),
+routing.py (which local server), salting.py (the request's KV-cache salt), proxy.py + upstream.py (forwarding),
 meter.py + metrics.py (metering), drain.py (drain), health.py (/health).
 
 Why raw asyncio streams rather than a web framework: the gateway adds the

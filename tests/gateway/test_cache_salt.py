@@ -137,14 +137,11 @@ def test_every_worker_process_salts_an_account_alike(tmp_path):
     account's cached prefixes between them (and the engine would see two salts for one account)."""
     import asyncio
     import json
-    import os
     import signal
-    import sys
 
     from runtime.devtools.harness import free_port
-    from scripts.bench_gateway import FakeEc2Endpoints
 
-    from .conftest import ROOT
+    from .conftest import gateway_process
     from .fakes import FakeModelServer
 
     config = tmp_path / "fleet.json"
@@ -153,14 +150,9 @@ def test_every_worker_process_salts_an_account_alike(tmp_path):
 
     async def body():
         upstream = await FakeModelServer().start()
-        ec2 = FakeEc2Endpoints([(VOICE_VPCE, "444455556666"), (ANALYTICS_VPCE, "777788889999")])
-        env = {**os.environ, "AWS_ENDPOINT_URL_EC2": f"http://127.0.0.1:{await ec2.start()}",
-               "AWS_MAX_ATTEMPTS": "1", "PYTHONPATH": str(ROOT)}
-        proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "runtime.gateway", "--listen", f"127.0.0.1:{port}", "--workers", "2",
-            "--upstream", f"127.0.0.1:{upstream.port}", "--config-json", str(config),
-            "--region", "ap-northeast-2", "--pool", "l40s", "--service-id", "vpce-svc-0a1b2c3d4e5f60718",
-            cwd=str(ROOT), env=env, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE)
+        proc, _ = await gateway_process(config, port, upstream.port,
+                                        [(VOICE_VPCE, "444455556666"), (ANALYTICS_VPCE, "777788889999")],
+                                        "--workers", "2", stdout=asyncio.subprocess.DEVNULL)
         early = b""
         try:
             for _ in range(200):  # bounded: both workers say they listen
