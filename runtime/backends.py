@@ -5,9 +5,10 @@ Both present the same face to the bootstrap:
     needs_model/calibration  -> what to download before a build
     check(cc, gpu_name)      -> refuse unsupported combinations before any download
     build(model, calib, workdir) -> artifact directory (uploaded to the cache as is)
-    server_command(artifact, host, port, kv_cache_bytes, lora, kv_fraction) -> argv of the OpenAI-compatible
-                             server (`lora`: the engine's LoRA options where the model serves adapters;
-                             `kv_fraction`: the KV fraction next to a budget, runtime/kv_budget.py)
+    server_command(artifact, host, port, kv_cache_bytes, lora, kv_fraction, block_reuse) -> argv of the
+                             OpenAI-compatible server (`lora`: the engine's LoRA options where the model serves
+                             adapters; `kv_fraction`: the KV fraction next to a budget, runtime/kv_budget.py;
+                             `block_reuse`: False where KV blocks must not be reused across requests)
     planned_kv_tokens(artifact, kv_cache_bytes) -> the KV tokens a budget must come out as (checked after start)
     server_env()             -> its environment (None: the runtime's)
 
@@ -49,7 +50,8 @@ class ServingBackend(Protocol):
     def build(self, model_dir: Path | None, calib_dir: Path | None, workdir: Path) -> Path: ...
 
     def server_command(self, artifact: Path, host: str, port: int, kv_cache_bytes: int | None = None,
-                       lora: Mapping[str, Any] | None = None, kv_fraction: float | None = None) -> list[str]: ...
+                       lora: Mapping[str, Any] | None = None, kv_fraction: float | None = None,
+                       block_reuse: bool = True) -> list[str]: ...
 
     def planned_kv_tokens(self, artifact: Path, kv_cache_bytes: int | None) -> int | None: ...
 
@@ -130,7 +132,8 @@ class ReferenceBackend:
                          2 if self.device == "cuda" else 4)  # float16 on cuda, float32 on cpu: its build dtype
 
     def server_command(self, artifact: Path, host: str, port: int, kv_cache_bytes: int | None = None,
-                       lora: Mapping[str, Any] | None = None, kv_fraction: float | None = None) -> list[str]:
+                       lora: Mapping[str, Any] | None = None, kv_fraction: float | None = None,
+                       block_reuse: bool = True) -> list[str]:
         m = self.model
         cmd = [sys.executable, "-m", "runtime.reference.server", "--artifact", str(artifact), "--host", host,
                "--port", str(port), "--device", self.device, "--served-model-name", m.id,
@@ -146,6 +149,8 @@ class ReferenceBackend:
         if lora is not None:
             # The same options TensorRT-LLM gets as lora_config, so the reference checks requests against them.
             cmd += ["--lora-config", json.dumps(dict(lora), sort_keys=True)]
+        if not block_reuse:
+            cmd += ["--no-block-reuse"]
         return cmd
 
 

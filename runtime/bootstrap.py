@@ -44,6 +44,7 @@ from fleetcast.contract.adapters import MODULES_KEY, RANK_KEY, ModelDimsError, a
 from fleetcast.contract.bucket import adapter_prefix, model_prefix
 from fleetcast.contract.errors import EXIT_INVALID, EXIT_OK, EXIT_USAGE, UserError
 from fleetcast.contract.instance_env import Var, check_names, default, setting
+from fleetcast.contract.isolation import block_reuse
 from fleetcast.contract.serving import LOOPBACK_HOST, first_process_port, process_slots
 
 from . import gpu as gpu_mod, spot
@@ -177,6 +178,7 @@ class PreparedModel:
     resolution: Any  # runtime.engine_cache.Resolution
     lora: dict[str, Any] | None = None  # the engine's LoRA options, where the model serves adapters
     lora_cache_bytes: int = 0  # GPU memory of each process's LoRA device cache (within LORA_DEVICE_RESERVE_BYTES)
+    block_reuse: bool = True  # KV blocks reused across requests: fleetcast.contract.isolation.block_reuse
 
 
 class Bootstrap:
@@ -406,7 +408,8 @@ class Bootstrap:
                         waited_s=round(resolution.waited_seconds, 3), model=m.id)
         with self.heartbeat(telemetry.LAUNCH_HOOK, cfg.operations.launch_hook_timeout_s):
             lora, lora_bytes = self._fetch_adapters(cache, m, resolution.path)
-        return PreparedModel(entry, backend, cache, resolution, lora, lora_bytes)
+        return PreparedModel(entry, backend, cache, resolution, lora, lora_bytes,
+                             block_reuse(backend.name, cfg.salt_groups_of(m.id)))
 
     def _fetch_adapters(self, cache: EngineCache, m: Any, artifact: Path) -> tuple[dict[str, Any] | None, int]:
         """Every LoRA adapter of model `m`, verified into its adapter_dir before the model's processes start;
@@ -505,7 +508,8 @@ class Bootstrap:
             processes.append(ServerProcess(
                 name=server_name(slot.model_id, slot.copy_index, single), model_id=slot.model_id,
                 copy_index=slot.copy_index, port=slot.port,
-                argv=p.backend.server_command(p.resolution.path, LOOPBACK_HOST, slot.port, budget, p.lora, kv_fraction),
+                argv=p.backend.server_command(p.resolution.path, LOOPBACK_HOST, slot.port, budget, p.lora, kv_fraction,
+                                              block_reuse=p.block_reuse),
                 env=p.backend.server_env(), kv_cache_bytes=budget,
                 kv_tokens_planned=p.backend.planned_kv_tokens(p.resolution.path, budget),
                 mps_mem_limit_bytes=limit,

@@ -141,7 +141,8 @@ def build_command(engine: EngineSpec, max_input_len: int, max_output_len: int, p
 
 
 def extra_llm_api_options(engine: EngineSpec, kv_max_tokens: int | None = None,
-                          lora: Mapping[str, Any] | None = None, kv_fraction: float | None = None) -> dict[str, Any]:
+                          lora: Mapping[str, Any] | None = None, kv_fraction: float | None = None,
+                          block_reuse: bool = True) -> dict[str, Any]:
     """LLM API options trtllm-serve has no flag for, only those the backend's args class accepts.
 
     TrtLlmArgs and TorchLlmArgs forbid unknown keys (tensorrt_llm/llmapi/llm_args.py), so a
@@ -163,11 +164,15 @@ def extra_llm_api_options(engine: EngineSpec, kv_max_tokens: int | None = None,
       adapters per request (PyTorch backend only; config validation refuses them elsewhere), built from
       the staged adapters' manifests and the artifact's config.json by fleetcast.contract.adapters.lora_cache_plan
       (max_loras pins the LoRA device cache's size; without it the engine takes a share of free GPU memory).
+    - kv_cache_config.enable_block_reuse (KvCacheConfig, default True): false where the process may serve
+      more than one KV-cache salt group on a path that cannot carry the salt (fleetcast.contract.isolation).
     """
     fraction = engine.kv_cache_free_gpu_memory_fraction if kv_fraction is None else kv_fraction
     kv_cache: dict[str, Any] = {"free_gpu_memory_fraction": fraction}
     if kv_max_tokens is not None:
         kv_cache["max_tokens"] = kv_max_tokens
+    if not block_reuse:
+        kv_cache["enable_block_reuse"] = False
     options: dict[str, Any] = {"kv_cache_config": kv_cache}
     if lora is not None:
         if engine.backend is not Backend.PYTORCH:
@@ -377,13 +382,15 @@ class TrtllmBackend:
         return max_tokens_for(kv_cache_bytes, per_token)
 
     def server_command(self, artifact: Path, host: str, port: int, kv_cache_bytes: int | None = None,
-                       lora: Mapping[str, Any] | None = None, kv_fraction: float | None = None) -> list[str]:
+                       lora: Mapping[str, Any] | None = None, kv_fraction: float | None = None,
+                       block_reuse: bool = True) -> list[str]:
         max_tokens = self.planned_kv_tokens(artifact, kv_cache_bytes)
         # One file per budget: copies of a model share the artifact (and so its directory).
-        suffix = "" if max_tokens is None else f".kv{max_tokens}"
+        suffix = ("" if max_tokens is None else f".kv{max_tokens}") + ("" if block_reuse else ".noreuse")
         options = artifact.parent / f"{artifact.name}{suffix}.llm_api_options.yaml"
         # JSON is YAML: no yaml dependency needed to write it.
-        options.write_text(json.dumps(extra_llm_api_options(self.engine, max_tokens, lora, kv_fraction), indent=1))
+        options.write_text(json.dumps(extra_llm_api_options(self.engine, max_tokens, lora, kv_fraction, block_reuse),
+                                      indent=1))
         m = self.model
         if self.engine.backend is Backend.PYTORCH:
             return serve_command(self.engine, artifact, None, host, port, m.max_input_len + m.max_output_len, options,

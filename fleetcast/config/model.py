@@ -36,6 +36,7 @@ from pydantic import (
 )
 
 from fleetcast.contract import support
+from fleetcast.contract.isolation import salt_group
 from fleetcast.contract.model_ids import MODEL_ID_PATTERN, model_id_problem
 from fleetcast.contract.serving import GIB
 
@@ -857,6 +858,12 @@ class Consumer(Frozen):
         "default <fleet>/consumers/<consumer>/api-keys. The gateway accepts the AWSCURRENT and AWSPREVIOUS "
         "versions, so rotation needs no restart.",
     )
+    cache_group: Name | None = Field(
+        default=None,
+        description="KV-cache salt group: consumers naming the same group share cached prompt prefixes (a common "
+        "system prompt) on the engines they share; absent: this consumer shares them with no other account. The "
+        "gateway salts each request by the group, so an account cannot time another's prefixes outside its group.",
+    )
 
     @field_validator("cidrs")
     @classmethod
@@ -1111,6 +1118,15 @@ class FleetConfig(Frozen):
             if model.consumers is None or consumer_name in model.consumers:
                 out += [model.id, *(a.id for a in model.adapters)]
         return tuple(out)
+
+    def salt_groups_of(self, model_id: str) -> frozenset[str] | None:
+        """The KV-cache salt groups that may call `model_id` (fleetcast.contract.isolation); None when the set is
+        open: a model without `consumers` serves every consumer, also those a config refresh adds later."""
+        model = self.model_by_id(model_id)
+        if model.consumers is None:
+            return None
+        groups = {c.name: salt_group(c.name, c.cache_group) for c in self.consumers}
+        return frozenset(groups[name] for name in model.consumers if name in groups)
 
     def region(self, name: str) -> Region:
         for region in self.regions:

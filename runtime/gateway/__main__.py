@@ -146,12 +146,15 @@ async def serve(args: argparse.Namespace, shared: SharedState | None = None, wor
     """One gateway process; with `shared` (shared.SharedState) it is worker `worker` of several on one port."""
     import boto3
 
+    from fleetcast.contract.isolation import new_key
+
     from .admission import limiter_key, model_limits_of
     from .identity import ApiKeyStore, EndpointDirectory, Identity, secret_names
     from .limits import ConsumerLimiter
     from .metrics import MetricsSink
     from .reload import ConfigRefresher
     from .routing import entitlements, router_for
+    from .salting import Salting, pinned_groups
     from .server import Gateway
 
     cfg = _load_config(args)
@@ -171,6 +174,11 @@ async def serve(args: argparse.Namespace, shared: SharedState | None = None, wor
                           by_model=t.metered_per_model(len(cfg.models)))
     new_limiter = shared.limiter if shared is not None else (lambda key, limits: ConsumerLimiter(limits))
     router = router_for(cfg, args.pool, args.upstream, setting(os.environ, Var.LOCAL_ROOT))
+    # The engine processes decided their block reuse from this same start-time config (runtime/bootstrap.py).
+    backend = setting(os.environ, Var.SERVING_BACKEND)
+    served = [s.model.id for s in cfg.served_by(region.pool(args.pool))]
+    salting = Salting(getattr(args, "salt_key", None) or new_key(), backend,
+                      pinned_groups({m: cfg.salt_groups_of(m) for m in served}, backend))
     gateway = Gateway(router=router, identity=Identity(consumers, endpoints, keys),
                       limiters={c.name: new_limiter(limiter_key(c.name), c.limits) for c in consumers},
                       metrics=metrics, entitled=entitlements(cfg, consumers, router),
@@ -179,7 +187,7 @@ async def serve(args: argparse.Namespace, shared: SharedState | None = None, wor
                       upstream_warm=args.upstream_warm, shared=shared,
                       proxy_protocol=args.proxy_protocol == "required",
                       drain_timeout_s=cfg.operations.drain_timeout_s, body_timeout_s=args.body_timeout_s,
-                      upstream_idle_timeout_s=args.upstream_idle_s, models_state=args.models_state)
+                      upstream_idle_timeout_s=args.upstream_idle_s, models_state=args.models_state, salting=salting)
 
     async def apply_consumers(new_cfg: FleetConfig, new_consumers: tuple[Consumer, ...]) -> None:
         # Keys before identity: a consumer that now needs a key must not be served keyless meanwhile.
@@ -314,7 +322,12 @@ def run_workers(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from fleetcast.contract.isolation import new_key
+
     args = build_parser().parse_args(argv)
+    # One KV-cache salt key per gateway start, drawn before the workers fork so that they all salt alike; it is
+    # never written anywhere, and a restart only costs the engine's cached prefixes one more prefill each.
+    args.salt_key = new_key()
     if args.workers > 1:
         return run_workers(args)
     reserve_descriptors()

@@ -18,10 +18,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fleetcast.contract import telemetry as t
+from fleetcast.contract.isolation import INFERENCE_PATHS as INFERENCE_PATHS  # re-exported: the paths metered
 
 from .metrics import MetricsSink
-
-INFERENCE_PATHS = frozenset({"/v1/completions", "/v1/chat/completions"})
 
 
 @dataclass

@@ -10,7 +10,7 @@ sending new connections while in-flight streams finish.
 
 This module is the request path only; each concern it walks through has its own:
 identity.py (who is calling), admission.py + limits.py (may they now),
-routing.py (which local server), proxy.py + upstream.py (forwarding),
+routing.py (which local server), salting.py (the request's KV-cache salt), proxy.py + upstream.py (forwarding),
 meter.py + metrics.py (metering), drain.py (drain), health.py (/health).
 
 Why raw asyncio streams rather than a web framework: the gateway adds the
@@ -29,6 +29,8 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote
 
 from fleetcast.contract import telemetry as t
+from fleetcast.contract.instance_env import Var, default
+from fleetcast.contract.isolation import new_key
 
 from .admission import Admission, local_limiter, model_not_found
 from .drain import DRAINING_MESSAGE, Drain
@@ -50,6 +52,7 @@ from .meter import INFERENCE_PATHS, Exchange, prepare_body, record
 from .metrics import MetricsSink
 from .proxy import Proxy
 from .routing import Router, invalid_model
+from .salting import Salting
 from .upstream import StreamWatchdog
 
 if TYPE_CHECKING:  # annotations only
@@ -81,10 +84,11 @@ class Gateway:
                  health_timeout_s: float = 2.0, max_idle_upstream: int = 256, body_timeout_s: float = BODY_TIMEOUT_S,
                  disconnect_poll_s: float = 0.5, health_upstream: tuple[str, int] | None = None,
                  models_state: str | None = None, upstream_warm: int = 0, shared: SharedState | None = None,
-                 clock: Callable[[], float] = time.time):
+                 clock: Callable[[], float] = time.time, salting: Salting | None = None):
         """`entitled`: consumer -> the model and adapter ids it may call; None: every consumer, every id.
         `upstream_warm`: connections kept open ahead of demand to each engine process.
-        `shared`: the limits and in-flight count of several worker processes (shared.SharedState)."""
+        `shared`: the limits and in-flight count of several worker processes (shared.SharedState).
+        `salting`: each request's KV-cache salt (salting.py); None: a fresh key, the default backend's paths."""
         self.identity = identity
         self.metrics = metrics
         self.proxy_protocol = proxy_protocol
@@ -93,6 +97,7 @@ class Gateway:
         self.body_timeout_s = body_timeout_s
         self.clock = clock  # wall clock for record timestamps (tests compress a week by injecting it)
         self.router = router
+        self.salting = salting if salting is not None else Salting(new_key(), default(Var.SERVING_BACKEND))
         if entitled is None:
             entitled = {name: router.ids for name in limiters}
         self.admission = Admission(limiters, metrics, entitled, model_limiters,
@@ -335,6 +340,13 @@ class Gateway:
             exchange.props["model_not_found"] = refusal.message
             record(self.metrics, exchange, path)
             return await refuse(refusal)
+        salted = self.salting.apply(path, consumer, target.base, body, data)
+        if isinstance(salted, Refusal):
+            exchange.status = salted.status
+            exchange.props["cache_isolation"] = salted.message
+            record(self.metrics, exchange, path)
+            return await refuse(salted)
+        body, data, salt = salted
         arrived_ms = int(self.clock() * 1000)
         ticket = self.admission.admit(consumer.name, target.id, path, arrived_ms)
         if isinstance(ticket, Refusal):
@@ -343,7 +355,7 @@ class Gateway:
         exchange.model = target.id
         exchange.arrived_ms, exchange.in_flight = arrived_ms, self.drain_state.enter()
         try:
-            extra = {"lora_request": target.adapter.lora_request} if target.adapter else None
+            extra = {"lora_request": target.adapter.lora_request, **salt} if target.adapter else salt
             return await self.proxy.forward(self.router.pick(target), request, reader, writer, keep, body, exchange,
                                             prepare_body(body, data, extra))
         finally:

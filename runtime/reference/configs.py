@@ -35,9 +35,12 @@ class ModelShape:
         return asdict(self)
 
 
-# `tiny` runs on a laptop CPU in tests; the others are the public GPT-2 shapes (random weights).
+# `tiny` runs on a laptop CPU in tests; `wide` too, where a test times prefill work against a loaded machine's
+# noise (four times tiny's width: a 192-token prefill costs about 16 times the prefill of a few tokens); the
+# others are the public GPT-2 shapes (random weights).
 SIZES: dict[str, ModelShape] = {
     "tiny": ModelShape("tiny", n_layer=2, n_embd=64, n_head=4, vocab_size=512, n_positions=256),
+    "wide": ModelShape("wide", n_layer=4, n_embd=128, n_head=4, vocab_size=512, n_positions=256),
     "gpt2": ModelShape("gpt2", n_layer=12, n_embd=768, n_head=12, vocab_size=50257, n_positions=1024),
     "gpt2-medium": ModelShape("gpt2-medium", n_layer=24, n_embd=1024, n_head=16, vocab_size=50257, n_positions=1024),
     "gpt2-large": ModelShape("gpt2-large", n_layer=36, n_embd=1280, n_head=20, vocab_size=50257, n_positions=1024),

@@ -26,6 +26,7 @@ import torch
 
 from .configs import TOKENS_PER_BLOCK, kv_blocks_per_slot
 from .model import GPT2
+from .prefix_cache import PrefixCache, block_keys
 
 log = logging.getLogger("fleetcast.reference.engine")
 
@@ -61,6 +62,8 @@ class Sequence:
     cancelled: bool = False
     finish_reason: str | None = None
     generator: torch.Generator | None = None
+    salt: str | None = None  # cache_salt: prefix-cache blocks are shared only with requests of the same salt
+    cached_tokens: int = 0  # prompt tokens whose KV came from the prefix cache
 
 
 _ids: Iterator[int] = itertools.count(1)
@@ -89,7 +92,10 @@ class Engine:
         cuda_graphs: bool | None = None,
         stats_keep: int = 1000,
         cache_slots: int | None = None,
+        prefix_blocks: int | None = None,
     ) -> None:
+        """`prefix_blocks`: blocks the prefix cache keeps (prefix_cache.py); None: two full sequences' worth,
+        0: no block reuse (TensorRT-LLM's kv_cache_config.enable_block_reuse false)."""
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size: must be >= 1, got {max_batch_size}")
         if not 2 <= max_seq_len <= model.shape.n_positions:
@@ -105,6 +111,9 @@ class Engine:
         self.vocab_size, self.eos_id = vocab_size, eos_id
         self.device = model.device
         self.cache = model.new_cache(slots, max_seq_len)
+        if prefix_blocks is None:
+            prefix_blocks = 2 * max(1, max_seq_len // TOKENS_PER_BLOCK)
+        self.prefix = PrefixCache(self.cache, prefix_blocks, TOKENS_PER_BLOCK) if prefix_blocks else None
         self.cuda_graphs = (self.device.type == "cuda") if cuda_graphs is None else cuda_graphs
         self.batch_buckets = _buckets(max_batch_size, 1)
         self.seq_buckets = _buckets(max_seq_len, min(128, max_seq_len))
@@ -297,12 +306,19 @@ class Engine:
         tokens; each gets its first token. Return how many finished at once (or were cancelled)."""
         finished = 0
         live = []
+        keys: dict[int, list[bytes]] = {}  # seq.id -> its prompt's prefix-cache block keys
         for seq in seqs:
             if seq.cancelled:
                 self._retire(seq, "cancelled")
                 finished += 1
-            else:
-                live.append(seq)
+                continue
+            if self.prefix is not None:
+                keys[seq.id] = block_keys(seq.prompt, seq.salt, TOKENS_PER_BLOCK)
+                rows = self.prefix.match(keys[seq.id], len(seq.prompt))
+                if rows:
+                    finished += self._admit_reusing(seq, keys[seq.id], rows)
+                    continue
+            live.append(seq)
         while live:
             group = [live.pop(0)]
             while live and (len(group) + 1) * self._padded(group + live[:1]) <= PREFILL_TOKENS:
@@ -315,6 +331,9 @@ class Engine:
             lengths = torch.tensor([len(s.prompt) for s in group], dtype=torch.long)
             logits = self.model.prefill_batch(self.cache, first, ids.to(self.device), lengths.to(self.device))
             tops = torch.topk(logits[:, : self.vocab_size], 2, dim=-1).indices.tolist()
+            if self.prefix is not None:
+                for row, seq in enumerate(group):
+                    self.prefix.store(keys[seq.id], self.cache, first + row, 0)
             # Every prompt of the group holds a slot now; ones that finish on their first token
             # are retired through _remove so the slots stay contiguous.
             for seq in group:
@@ -326,6 +345,24 @@ class Engine:
                 self._remove(index)
             finished += len(done)
         return finished
+
+    def _admit_reusing(self, seq: Sequence, keys: list[bytes], rows: list[int]) -> int:
+        """Prefill `seq` into the next free slot from the cached blocks at `rows` on; 1 if it finished at once."""
+        assert self.prefix is not None
+        slot = len(self._active)
+        self.prefix.load(rows, self.cache, slot)
+        start = len(rows) * TOKENS_PER_BLOCK
+        rest = torch.tensor(seq.prompt[start:], dtype=torch.long, device=self.device)
+        logits = self.model.prefill_from(self.cache, slot, rest, start)
+        first, second = torch.topk(logits[: self.vocab_size], 2).indices.tolist()
+        self.prefix.store(keys, self.cache, slot, len(rows))
+        seq.cached_tokens = start
+        seq.length = len(seq.prompt)
+        self._active.append(seq)
+        if self._deliver(seq, self._choose(seq, logits, (first, second))):
+            self._remove(slot)
+            return 1
+        return 0
 
     def _padded(self, seqs: list[Sequence]) -> int:
         """Prefill length for `seqs`: the longest prompt rounded up to PREFILL_ALIGN, so the
@@ -430,6 +467,7 @@ class Engine:
                 "reusedBlocks": 0,
                 "missedBlocks": 0,
                 "cacheHitRate": 0.0,
+                **(self.prefix.stats() if self.prefix is not None else {}),
             },
             "inflightBatchingStats": {
                 "numScheduledRequests": len(admitted) + n_gen,

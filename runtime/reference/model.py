@@ -186,6 +186,29 @@ class GPT2:
         return F.linear(self._ln(last, self.lnf_w, self.lnf_b), self.wte)
 
     @torch.inference_mode()
+    def prefill_from(self, cache: KVCache, slot: int, ids: torch.Tensor, start: int) -> torch.Tensor:
+        """Run the prompt's tokens from position `start` on (`ids` [T], on device) into slot `slot`, whose
+        positions < start already hold the prompt's KV (a reused prefix); return the last position's logits [V].
+
+        Only the T new positions go through the layers; they attend to the cached prefix and to each other."""
+        T = ids.shape[0]
+        end = start + T
+        d, H, D = self.shape.n_embd, self.shape.n_head, self.shape.head_dim
+        h = (F.embedding(ids, self.wte) + self.wpe[start:end]).unsqueeze(0)  # [1, T, d]
+        visible = self._positions[:end].unsqueeze(0) <= self._positions[start:end].unsqueeze(1)  # [T, end]
+        for i, lw in enumerate(self.layers):
+            x = self._ln(h, lw.ln1_w, lw.ln1_b)
+            qkv = F.linear(x, lw.qkv_w, lw.qkv_b).view(1, T, 3, H, D).permute(2, 0, 3, 1, 4)  # [3, 1, H, T, D]
+            cache.kv[i, :, slot:slot + 1, :, start:end] = qkv[1:]
+            k, v = cache.kv[i, 0, slot:slot + 1, :, :end], cache.kv[i, 1, slot:slot + 1, :, :end]
+            with sdpa_kernel(_PREFILL_BACKENDS):
+                y = F.scaled_dot_product_attention(qkv[0], k, v, attn_mask=visible)  # [1, H, T, D]
+            h = h + F.linear(y.transpose(1, 2).reshape(1, T, d), lw.proj_w, lw.proj_b)
+            x = self._ln(h, lw.ln2_w, lw.ln2_b)
+            h = h + F.linear(F.gelu(F.linear(x, lw.fc_w, lw.fc_b), approximate="tanh"), lw.out_w, lw.out_b)
+        return F.linear(self._ln(h[0, T - 1], self.lnf_w, self.lnf_b), self.wte)
+
+    @torch.inference_mode()
     def decode(self, cache: KVCache, tokens: torch.Tensor, pos: torch.Tensor, L: int) -> torch.Tensor:
         """One decode step for slots 0..B-1: `tokens`/`pos` [B] on device, attention over positions < L.
 

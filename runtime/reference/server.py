@@ -3,7 +3,8 @@
 Endpoints, matching trtllm-serve where the runtime and the benchmarks depend on them:
   POST /v1/completions       prompt as text or token ids; SSE with "stream": true; usage chunk when
                              stream_options.include_usage; max_tokens, min_tokens, ignore_eos,
-                             temperature (0 = greedy), top_p, top_k, seed
+                             temperature (0 = greedy), top_p, top_k, seed; cache_salt (prefix-cache
+                             blocks are reused only between requests of one salt: prefix_cache.py)
   POST /v1/chat/completions  400: GPT-2 has no chat template (as with trtllm-serve, use /v1/completions)
   GET  /v1/models, /version
   GET  /health               200 when serving; 503 while loading, draining or after an engine failure
@@ -27,6 +28,7 @@ Usage: python -m runtime.reference.server --artifact DIR [--host 127.0.0.1] [--p
        [--max-batch-size N] [--max-seq-len N] [--device cpu|cuda] [--drain-timeout S]
        [--served-model-name NAME] [--request-log FILE.jsonl]
        [--kv-cache-bytes N] [--kv-cache-free-gpu-memory-fraction F] [--lora-config JSON]
+       [--prefix-cache-blocks N | --no-block-reuse]
        [--sim-gpu-memory-bytes N [--sim-gpu-ledger DIR]] [--fault-on-signal]
 
 KV budget: the smaller of --kv-cache-bytes and the fraction of the GPU memory free once the weights are loaded,
@@ -161,6 +163,10 @@ def parse_completion_request(body: object, tokenizer: ByteTokenizer) -> tuple[li
     seed = body.get("seed")
     if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
         raise RequestError("seed", f"must be an integer, got {seed!r}")
+    salt = body.get("cache_salt")
+    if salt is not None and (not isinstance(salt, str) or not salt.strip()):
+        # TensorRT-LLM's check_cache_salt_support (tensorrt_llm/serve/openai_protocol.py) refuses the same.
+        raise RequestError("cache_salt", "must be a non-empty string if provided")
     options = {
         "stream": stream,
         "include_usage": bool(stream_options.get("include_usage", False)),
@@ -171,6 +177,7 @@ def parse_completion_request(body: object, tokenizer: ByteTokenizer) -> tuple[li
         "top_p": _float_field(body, "top_p", 1.0, 0.0, 1.0) or 1.0,
         "top_k": _int_field(body, "top_k", 0, 0),
         "seed": seed,
+        "cache_salt": salt,
     }
     return ids, options
 
@@ -301,8 +308,10 @@ class ReferenceServer:
             vocab_size=self.tokenizer.vocab_size,
             eos_id=self.tokenizer.eos_id,
             cache_slots=slots,
+            prefix_blocks=0 if self.args.no_block_reuse else self.args.prefix_cache_blocks,
         )
         self.memory["kv_cache_bytes"] = engine.cache.nbytes
+        self.memory["prefix_cache_bytes"] = engine.prefix.nbytes if engine.prefix is not None else 0
         self.memory["kv_cache_slots"] = engine.cache.max_batch
         if device == "cpu" and self.args.sim_gpu_memory_bytes is not None:
             self._ledger_write(self._own_device_bytes() + engine.cache.nbytes + int(self.memory.get("lora_cache_bytes", 0)))
@@ -564,7 +573,7 @@ class ReferenceServer:
             max_tokens=opts["max_tokens"], min_tokens=opts["min_tokens"], ignore_eos=opts["ignore_eos"],
             temperature=opts["temperature"], top_p=opts["top_p"], top_k=opts["top_k"], seed=opts["seed"],
         )
-        seq = Sequence(prompt=prompt, params=params, emit=emit)
+        seq = Sequence(prompt=prompt, params=params, emit=emit, salt=opts["cache_salt"])
         assert self.engine is not None  # _serving_error() let only `ready` through, set after the engine
         slots = self.adapter_slots if lora_name is not None else None
         if slots is not None and lora_name is not None:
@@ -609,6 +618,7 @@ class ReferenceServer:
             self.inflight -= 1
             if self.inflight == 0:
                 self._idle.set()
+            record["cached_tokens"] = seq.cached_tokens
             self._log_request(record, arrived, token_times)
 
     def _chunk(self, rid: str, text: str, finish: str | None, include_usage: bool) -> bytes:
@@ -731,6 +741,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                     help="cpu: a directory where the processes sharing one simulated GPU record what they hold")
     ap.add_argument("--fault-on-signal", action="store_true",
                     help="tests only: SIGUSR2 makes the process fail as a CUDA illegal memory access does")
+    ap.add_argument("--no-block-reuse", action="store_true",
+                    help="no prefix cache: every prompt is prefilled in full (TensorRT-LLM's "
+                         "kv_cache_config.enable_block_reuse false)")
+    ap.add_argument("--prefix-cache-blocks", type=int, default=None,
+                    help="KV blocks of 64 tokens the prefix cache keeps for reuse by later prompts with the same "
+                         "cache_salt (default: two full sequences' worth)")
     ap.add_argument("--lora-config", default=None, type=_lora_config,
                     help="JSON: the LoRA options TensorRT-LLM gets as lora_config (max_lora_rank, lora_target_modules, "
                          "...); requests may then name an adapter in lora_request")
@@ -741,6 +757,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         ap.error(f"--max-batch-size: must be >= 1, got {args.max_batch_size}")
     if args.drain_timeout < 0:
         ap.error(f"--drain-timeout: must be >= 0, got {args.drain_timeout}")
+    if args.prefix_cache_blocks is not None and args.prefix_cache_blocks < 1:
+        ap.error(f"--prefix-cache-blocks: must be >= 1, got {args.prefix_cache_blocks} (no reuse: --no-block-reuse)")
     if args.kv_cache_bytes is not None and args.kv_cache_bytes < 1:
         ap.error(f"--kv-cache-bytes: must be >= 1, got {args.kv_cache_bytes}")
     if args.sim_gpu_memory_bytes is not None and args.sim_gpu_memory_bytes < 1:

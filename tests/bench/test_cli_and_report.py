@@ -93,9 +93,9 @@ def test_ctrl_c_keeps_the_finished_levels_marked_interrupted(fast_server, tmp_pa
     import signal
     import subprocess
     import sys
+    from pathlib import Path
 
     from tests.signals import default_sigint
-    from pathlib import Path
 
     root = Path(__file__).resolve().parents[2]
     out = tmp_path / "results.json"

@@ -185,3 +185,12 @@ def test_deployed_names_the_fleet_a_renamed_config_would_start_beside(doc, tmp_p
     assert f"The region runs fleetcast-provider-{SEOUL}: if this config renames that fleet" in out
     assert cli(["config", "diff", "--deployed", str(new), "--region", SEOUL, "--json"]) == 0
     assert json.loads(capsys.readouterr().out)[0]["other_fleets"] == [f"fleetcast-provider-{SEOUL}"]
+
+
+def test_a_cache_group_change_rolls_nothing_running_gateways_apply_it(doc):
+    """Salts are the gateway's (docs/gateway.md, KV-cache isolation): regrouping consumers replaces no instance."""
+    grouped = copy.deepcopy(doc)
+    grouped["consumers"][0]["cache_group"] = "one-team"
+    impact = diff_configs(parse_config(doc), parse_config(grouped))
+    assert outcomes(impact) == {f"{SEOUL}/l40s": "kept", f"{VIRGINIA}/l40s": "kept"}
+    assert impact.consumers_changed == [doc["consumers"][0]["name"]]

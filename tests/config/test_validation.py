@@ -302,3 +302,9 @@ def test_instance_digest_follows_what_a_pool_is_built_from_and_nothing_else(doc)
     changed = _pool_digests(parse_config(one_pool))
     assert changed["us-east-1/l40s"] != base["us-east-1/l40s"]
     assert changed["ap-northeast-2/l40s"] == base["ap-northeast-2/l40s"]
+
+
+def test_a_cache_group_is_a_name_and_its_error_says_where(doc):
+    doc["consumers"][0]["cache_group"] = "Team A"
+    (problem,) = problems(doc)
+    assert problem.startswith("consumers[0].cache_group") and "Team A" in problem

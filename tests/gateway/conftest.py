@@ -142,3 +142,24 @@ async def stop_harness(h: Harness) -> None:
 def run(coro, timeout: float = 30.0):
     """Run one async test body with a hard bound, so a hang fails instead of stalling CI."""
     return asyncio.run(asyncio.wait_for(coro, timeout))
+
+
+async def gateway_process(config: Path, port: int, upstream_port: int, endpoints: list[tuple[str, str]],
+                          *extra: str, stdout: int = asyncio.subprocess.PIPE):
+    """`python -m runtime.gateway` as the supervisor starts it, identity from a loopback EC2 fake answering
+    `endpoints` ((vpce id, owner account) pairs); returns (the process, the fake)."""
+    import os
+    import sys
+
+    from scripts.bench_gateway import FakeEc2Endpoints
+
+    ec2 = FakeEc2Endpoints(endpoints)
+    env = {**os.environ, "AWS_ENDPOINT_URL_EC2": f"http://127.0.0.1:{await ec2.start()}",
+           "AWS_MAX_ATTEMPTS": "1", "PYTHONPATH": str(ROOT)}
+    env.pop("FLEETCAST_CONFIG_PARAM", None)  # the file is the source, as the supervisor's --config-json
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "runtime.gateway", "--listen", f"127.0.0.1:{port}",
+        "--upstream", f"127.0.0.1:{upstream_port}", "--config-json", str(config),
+        "--region", REGION, "--pool", "l40s", "--service-id", SERVICE_ID, *extra,
+        cwd=str(ROOT), env=env, stdout=stdout, stderr=asyncio.subprocess.PIPE)
+    return proc, ec2

@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import signal
-import sys
 import time
 from pathlib import Path
 
@@ -14,7 +12,7 @@ from runtime.descriptors import descriptor_room, descriptor_slots
 from runtime.devtools.harness import free_port
 from runtime.gateway import ppv2
 
-from .conftest import ROOT, VOICE_VPCE, fleet_config, run, start_harness, stop_harness
+from .conftest import VOICE_VPCE, fleet_config, gateway_process, run, start_harness, stop_harness
 from .fakes import Client, FakeModelServer, one_request
 
 
@@ -73,22 +71,13 @@ def test_drain_gives_up_after_the_timeout():
 
 def test_process_exits_zero_on_sigterm_after_its_stream(tmp_path):
     """`python -m runtime.gateway` as the supervisor starts it, identity from a loopback EC2 fake."""
-    from scripts.bench_gateway import FakeEc2Endpoints
-
     config = tmp_path / "fleet.json"
     config.write_text(json.dumps(fleet_config().model_dump(mode="json")))
     port = free_port()
 
     async def body():
         upstream = await FakeModelServer(token_delay_s=0.05).start()
-        ec2 = FakeEc2Endpoints([(VOICE_VPCE, "444455556666")])
-        env = {**os.environ, "AWS_ENDPOINT_URL_EC2": f"http://127.0.0.1:{await ec2.start()}",
-               "AWS_MAX_ATTEMPTS": "1", "PYTHONPATH": str(ROOT)}
-        proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "runtime.gateway", "--listen", f"127.0.0.1:{port}",
-            "--upstream", f"127.0.0.1:{upstream.port}", "--config-json", str(config),
-            "--region", "ap-northeast-2", "--pool", "l40s", "--service-id", "vpce-svc-0a1b2c3d4e5f60718",
-            cwd=str(ROOT), env=env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+        proc, ec2 = await gateway_process(config, port, upstream.port, [(VOICE_VPCE, "444455556666")])
         try:
             for _ in range(600):  # bounded: 30 s for the process to come up on a loaded machine
                 try:
@@ -127,8 +116,6 @@ def test_process_exits_zero_on_sigterm_after_its_stream(tmp_path):
 def test_two_worker_processes_share_the_port_the_limits_and_the_drain(tmp_path):
     """--workers 2: one port (SO_REUSEPORT), a consumer's concurrency limit counted once across both
     processes, SIGTERM drains both and the parent exits 0 with one metric line per request."""
-    from scripts.bench_gateway import FakeEc2Endpoints
-
     config = tmp_path / "fleet.json"
     config.write_text(json.dumps(fleet_config(voice_limits={"max_concurrency": 1,
                                                             "requests_per_minute": 6000}).model_dump(mode="json")))
@@ -137,14 +124,8 @@ def test_two_worker_processes_share_the_port_the_limits_and_the_drain(tmp_path):
     async def body():
         upstream = await FakeModelServer(token_delay_s=0.05).start()
         upstream.gate = asyncio.Event()
-        ec2 = FakeEc2Endpoints([(VOICE_VPCE, "444455556666")])
-        env = {**os.environ, "AWS_ENDPOINT_URL_EC2": f"http://127.0.0.1:{await ec2.start()}",
-               "AWS_MAX_ATTEMPTS": "1", "PYTHONPATH": str(ROOT)}
-        proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "runtime.gateway", "--listen", f"127.0.0.1:{port}", "--workers", "2",
-            "--upstream", f"127.0.0.1:{upstream.port}", "--config-json", str(config),
-            "--region", "ap-northeast-2", "--pool", "l40s", "--service-id", "vpce-svc-0a1b2c3d4e5f60718",
-            cwd=str(ROOT), env=env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+        proc, ec2 = await gateway_process(config, port, upstream.port, [(VOICE_VPCE, "444455556666")],
+                                          "--workers", "2")
         early = b""
         try:
             for _ in range(200):  # bounded: both workers say they listen (at most 200 log lines)

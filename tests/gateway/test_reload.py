@@ -10,14 +10,22 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import sys
 
 from fleetcast.config import parse_config
 from runtime.devtools.harness import free_port
 from runtime.gateway import ppv2
 from runtime.gateway.reload import ConfigRefresher
 
-from .conftest import ANALYTICS_VPCE, REGION, ROOT, VOICE_VPCE, fleet_config, run, start_harness, stop_harness
+from .conftest import (
+    ANALYTICS_VPCE,
+    REGION,
+    VOICE_VPCE,
+    fleet_config,
+    gateway_process,
+    run,
+    start_harness,
+    stop_harness,
+)
 from .fakes import Client, one_request
 
 
@@ -190,8 +198,6 @@ def test_an_engine_change_is_left_to_the_rollout_but_consumers_still_apply(capsy
 def test_the_gateway_process_rereads_its_config_file(tmp_path):
     """`python -m runtime.gateway` as the supervisor starts it: a consumer written into the
     config file later is served within a refresh period, without a restart."""
-    from scripts.bench_gateway import FakeEc2Endpoints
-
     from .fakes import FakeModelServer
 
     full = fleet_config()
@@ -201,15 +207,9 @@ def test_the_gateway_process_rereads_its_config_file(tmp_path):
 
     async def body():
         upstream = await FakeModelServer().start()
-        ec2 = FakeEc2Endpoints([(VOICE_VPCE, "444455556666"), (ANALYTICS_VPCE, "777788889999")])
-        env = {**os.environ, "AWS_ENDPOINT_URL_EC2": f"http://127.0.0.1:{await ec2.start()}",
-               "AWS_MAX_ATTEMPTS": "1", "PYTHONPATH": str(ROOT)}
-        env.pop("FLEETCAST_CONFIG_PARAM", None)
-        proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "runtime.gateway", "--listen", f"127.0.0.1:{port}",
-            "--upstream", f"127.0.0.1:{upstream.port}", "--config-json", str(config), "--refresh-s", "0.2",
-            "--region", REGION, "--pool", "l40s", "--service-id", "vpce-svc-0a1b2c3d4e5f60718",
-            cwd=str(ROOT), env=env, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE)
+        proc, _ = await gateway_process(config, port, upstream.port,
+                                        [(VOICE_VPCE, "444455556666"), (ANALYTICS_VPCE, "777788889999")],
+                                        "--refresh-s", "0.2", stdout=asyncio.subprocess.DEVNULL)
         try:
             for _ in range(600):  # bounded: 30 s for the process to come up on a loaded machine
                 try:

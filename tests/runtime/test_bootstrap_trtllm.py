@@ -129,6 +129,10 @@ def test_smoothquant_engine_is_built_once_from_staged_inputs_and_served(region):
     assert build["tool"] == "trtllm-build" and arg(build["argv"], "--max_seq_len") == "192"
     assert serve["tool"] == "trtllm-serve" and arg(serve["argv"], "--backend") == "tensorrt"
     assert arg(serve["argv"], "--port") == str(port + 1) and arg(serve["argv"], "--host") == "127.0.0.1"
+    # The model has no `consumers` list: every consumer may call it, and trtllm-serve's /v1/completions cannot
+    # carry a cache_salt, so its engine must not reuse KV blocks across accounts (fleetcast.contract.isolation).
+    options = json.loads(Path(arg(serve["argv"], "--extra_llm_api_options")).read_text())
+    assert options["kv_cache_config"]["enable_block_reuse"] is False
     work = Path(build["cwd"])
     assert convert["cwd"] == build["cwd"] and work.is_relative_to(tmp_path / "i-00000000000000d01")
     assert Path(arg(build["argv"], "--output_timing_cache")).parent == work  # not the read-only cwd

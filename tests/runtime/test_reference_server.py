@@ -271,3 +271,34 @@ def test_without_lora_config_any_lora_request_is_400(server, tmp_path):
     body = {"prompt": "hi", "max_tokens": 2, "lora_request": {"lora_name": "x", "lora_int_id": 1, "lora_path": "/"}}
     status, err = post(server.base, "/v1/completions", body)
     assert status == 400 and "started without lora_config" in err["message"]
+
+
+def test_a_cache_salt_is_taken_as_trtllm_serve_takes_it():
+    """A non-empty string or absent (tensorrt_llm/serve/openai_protocol.py, check_cache_salt_support)."""
+    from runtime.reference.server import RequestError, parse_args, parse_completion_request
+
+    _, opts = parse_completion_request({"prompt": [1, 2], "cache_salt": "tenant"}, ByteTokenizer())
+    assert opts["cache_salt"] == "tenant"
+    assert parse_completion_request({"prompt": [1, 2]}, ByteTokenizer())[1]["cache_salt"] is None
+    for bad in ("", "  ", 5):
+        with pytest.raises(RequestError) as err:
+            parse_completion_request({"prompt": [1, 2], "cache_salt": bad}, ByteTokenizer())
+        assert err.value.param == "cache_salt"
+    with pytest.raises(SystemExit):
+        parse_args(["--artifact", "x", "--prefix-cache-blocks", "0"])
+    assert parse_args(["--artifact", "x", "--no-block-reuse"]).no_block_reuse
+
+
+def test_the_request_log_says_how_much_of_each_prompt_came_from_the_prefix_cache(artifact, tmp_path):
+    log = tmp_path / "requests.jsonl"
+    srv = ServerProcess(artifact, "--request-log", str(log))
+    try:
+        srv.wait_healthy()
+        prompt = list(range(1, 140))  # two full blocks of 64 and a rest
+        for salt in ("a", "a", "b", None):
+            body = {"prompt": prompt, "max_tokens": 1, **({"cache_salt": salt} if salt else {})}
+            assert post(srv.base, "/v1/completions", body)[0] == 200
+        assert get_json(srv.base, "/memory")["prefix_cache_bytes"] > 0
+    finally:
+        srv.stop()
+    assert [json.loads(line)["cached_tokens"] for line in log.read_text().splitlines()] == [0, 128, 0, 0]

@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from fleetcast.config import Backend, KvCacheDtype, ModelFamily, Precision, load_config
+from fleetcast.config import Backend, KvCacheDtype, ModelFamily, Precision, load_config, parse_config
 from fleetcast.contract import support
 from runtime import trtllm
 from tests.runtime import trtllm_1_2_llm_args as llm_args
@@ -180,3 +180,32 @@ def test_no_per_request_perf_metrics_are_asked_for(cfg, backend):
     """Nothing in Fleetcast reads them (the gateway refuses /perf_metrics), so no backend is asked to keep them."""
     e = cfg.engine.model_copy(update={"backend": backend})
     assert "return_perf_metrics" not in trtllm.extra_llm_api_options(e)
+
+
+@pytest.mark.parametrize("backend", list(Backend), ids=lambda v: v.value)
+def test_a_process_shared_across_salt_groups_runs_without_block_reuse(cfg, backend):
+    """KvCacheConfig.enable_block_reuse (both backends, default True): off only where asked, and a field the
+    release accepts (tests/runtime/trtllm_1_2_llm_args.py)."""
+    e = cfg.engine.model_copy(update={"backend": backend})
+    shared = trtllm.extra_llm_api_options(e, block_reuse=False)
+    assert shared["kv_cache_config"]["enable_block_reuse"] is False
+    assert llm_args_problems(backend.value, shared) == [], llm_args.SOURCE
+    assert "enable_block_reuse" not in trtllm.extra_llm_api_options(e)["kv_cache_config"]  # the engine's default
+
+
+def test_the_block_reuse_decision_follows_the_models_salt_groups(cfg):
+    from fleetcast.contract.isolation import block_reuse
+
+    model = cfg.models[0].id
+    assert cfg.salt_groups_of(model) is None  # no `consumers`: open to every consumer, now and later
+    assert block_reuse("tensorrt-llm", cfg.salt_groups_of(model)) is False
+    data = cfg.model_dump(mode="json")
+    names = [c["name"] for c in data["consumers"]]
+    data["model"]["consumers"] = names  # the shipped config's single-model form
+    two = parse_config(data, "<test>")
+    assert block_reuse("tensorrt-llm", two.salt_groups_of(model)) is (len(names) < 2)
+    for consumer in data["consumers"]:
+        consumer["cache_group"] = "one-team"
+    trusted = parse_config(data, "<test>")
+    assert trusted.salt_groups_of(model) == frozenset({"group:one-team"})
+    assert block_reuse("tensorrt-llm", trusted.salt_groups_of(model)) is True
