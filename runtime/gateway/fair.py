@@ -47,8 +47,10 @@ if TYPE_CHECKING:
     from .shared import SharedState
     from .upstream import UpstreamPool
 
-# The share of a process's cap kept for accounts below their share (at least one request when the cap is 2+).
-HEADROOM = 1 / 8
+# The share of a process's cap kept for accounts below their share (at least one request when the cap is 2+): a
+# quarter, so a quiet account's few concurrent requests find room (scripts/bench_fairness.py measured one slot
+# of 8 as too few: a quiet account's second concurrent request waited for a neighbour's to end).
+HEADROOM = 1 / 4
 RANK = {"interactive": 0, "batch": 1}
 
 _I64 = struct.Struct("<q")
@@ -136,6 +138,15 @@ class _Group:
                      self.state.cell(f"fair\x00waiting\x00{self.model}\x00{consumer}"))
             self._consumer_at[consumer] = cells
         return cells
+
+    def under_share(self, consumer: str, share: Share) -> bool:
+        """Whether `consumer` asks for less than its weighted share: its finish tag is at most the soft cap's
+        share per unit of weight ahead of the virtual time. Requests in flight were admitted at tags the virtual
+        time has passed, so this counts what it has arrived with lately, not how long its requests run: a quiet
+        account with a few long requests in flight is still below its share, a flooding one with a queue is not."""
+        held_at, waiting_at = self.consumer_cells(consumer)
+        active = self._float(self.weights_at) + (0.0 if self._int(held_at) + self._int(waiting_at) else share.weight)
+        return self._float(held_at) - self._float(self.group_at) <= self.soft / active
 
     def _free_pool(self, limit: int) -> int | None:
         """The index of the process holding the fewest requests, if that is under `limit`."""
@@ -229,7 +240,7 @@ class FairAdmission:
             pass
         for group in self.groups.values():
             with self.state.lock:
-                self._dispatch(group)
+                self._dispatch(group, relay=False)
 
     def _poke(self, worker: int) -> None:
         try:
@@ -248,14 +259,10 @@ class FairAdmission:
             vtime = group._float(group.group_at)
             tag = max(vtime, group._float(held_at))
             group._set_float(held_at, tag + 1.0 / share.weight)
-            if group._int(group.group_at) == 0:
-                index = group._free_pool(group.soft)
-                if index is not None:
-                    return group._grant(index, consumer, share, tag)
-            held = group._int(held_at)
-            active = group._float(group.weights_at) + (0.0 if held + group._int(waiting_at) else share.weight)
-            if held < group.soft * share.weight / active:  # below its share: the headroom is for it
-                index = group._free_pool(group.cap)
+            # Nobody waits: it goes now if there is room for it. Someone waits: only an account below its
+            # share may pass them (into room they may not use), else it queues behind them in tag order.
+            if group._int(group.group_at) == 0 or group.under_share(consumer, share):
+                index = group._free_pool(self._limit(group, consumer, share))
                 if index is not None:
                     return group._grant(index, consumer, share, tag)
             if group._int(waiting_at) >= share.max_queued:
@@ -277,7 +284,7 @@ class FairAdmission:
                     self._withdraw(group, waiter, QUEUE_TIMEOUT)
                 else:
                     with self.state.lock:
-                        self._dispatch(group)
+                        self._dispatch(group, relay=False)
         return future.result()
 
     def _withdraw(self, group: _Group, waiter: _Waiter, refusal: Refusal) -> None:
@@ -304,28 +311,63 @@ class FairAdmission:
             group._activity(consumer, share, -1, waiting=False)
             self._dispatch(group)
 
-    def _dispatch(self, group: _Group) -> None:
-        """Hand free slots to the best waiters, this worker's or (by a poke) another's. Lock held."""
+    def _limit(self, group: _Group, consumer: str, share: Share) -> int:
+        """The most requests an engine process may hold for `consumer`'s next one to go to it. Lock held.
+
+        Below its share: the cap. Above it: the soft cap less what the accounts below their share hold,
+        so a quiet account keeps the whole headroom free for its next requests however many it already has."""
+        if group.under_share(consumer, share):
+            return group.cap
+        light = sum(group._int(group.consumer_cells(other)[0]) for other, other_share in self.shares.items()
+                    if other != consumer and group.under_share(other, other_share))
+        return group.soft - math.ceil(light / len(group.pools))
+
+    def _dispatch(self, group: _Group, relay: bool = True) -> None:
+        """Hand free slots to the best waiters, this worker's or (by a poke) another's. Lock held.
+
+        The best waiter of all goes next if there is room for it (`_limit`); if not, the best of those below
+        their share, if there is room under the cap. `relay`: when the best is another worker's, or this worker
+        has nobody who may go, poke the others (not when a poke or a poll brought us here: two workers
+        without one would poke each other for ever; each also polls)."""
         while group._int(group.group_at) > 0:
-            index = group._free_pool(group.soft)
-            if index is None:
+            if group._free_pool(group.cap) is None:
                 return
             owner = group._owner_of_best()
             if owner is None:
                 return
             if owner != self.worker:
-                self._poke(owner)
+                if relay:
+                    self._poke(owner)
                 return
             best = group._best()
             if best is None:  # our published head is stale: republish and look again
                 group._publish_head()
                 continue
+            index = group._free_pool(self._limit(group, best.consumer, self.shares.get(best.consumer) or Share()))
+            if index is None:
+                best = self._best_below_share(group)
+                if best is None:
+                    if relay:
+                        for worker, at in enumerate(group.heads_at):
+                            if worker != self.worker and group._int(at):
+                                self._poke(worker)
+                    return
+                index = group._free_pool(group.cap)
+                assert index is not None  # found free above, under the same lock
             group.queues[best.consumer].popleft()
             share = self.shares.get(best.consumer) or Share()
             group._activity(best.consumer, share, -1, waiting=True)
             group._set_int(group.group_at, group._int(group.group_at) - 1)
             best.future.set_result(group._grant(index, best.consumer, share, best.tag))
             group._publish_head()
+
+    def _best_below_share(self, group: _Group) -> _Waiter | None:
+        best = None
+        for consumer, queue in group.queues.items():
+            if queue and (best is None or (queue[0].rank, queue[0].tag) < (best.rank, best.tag)) \
+                    and group.under_share(consumer, self.shares.get(consumer) or Share()):
+                best = queue[0]
+        return best
 
     def flush(self, refusal: Refusal) -> None:
         """Answer every waiting request `refusal` (the drain: none of them has reached an engine)."""
