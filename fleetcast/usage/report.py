@@ -39,6 +39,7 @@ SUMMED = {
     "input_tokens": t.INPUT_TOKENS,
     "output_tokens": t.OUTPUT_TOKENS,
 }
+POOL_FIELDS = ("requests", "input_tokens", "output_tokens")  # ConsumerUsage.by_pool's columns
 # Auto Scaling group metric (enabled on every fleet group): InService + Pending + Terminating,
 # i.e. every instance being paid for except the stopped warm pool.
 GROUP_INSTANCES = "GroupTotalInstances"
@@ -76,6 +77,8 @@ class ConsumerUsage:
     output_tokens: int = 0
     token_share: float = 0.0  # of its region's tokens
     cost_usd: float | None = None  # estimate
+    # pool -> [requests, input tokens, output tokens] of this row on that pool's instances (cost attribution)
+    by_pool: dict[str, list[int]] = field(default_factory=dict)
 
     @property
     def total_tokens(self) -> int:
@@ -88,6 +91,7 @@ class RegionCost:
     cost_usd: float | None
     instance_hours: float
     basis: str
+    pools: dict[str, tuple[float, float | None]] = field(default_factory=dict)  # pool -> (instance-hours, USD)
 
 
 @dataclass
@@ -115,6 +119,7 @@ def _region_cost(cfg: FleetConfig, region_name: str, hours: float,
     region = cfg.region(region_name)
     catalog = instance_catalog()
     total, instance_hours, missing, notes = 0.0, 0.0, [], []
+    pools: dict[str, tuple[float, float | None]] = {}
     for pool in region.pools:
         price = catalog.get(pool.instance_type).price_per_hour.get(region_name) if pool.instance_type in catalog else None
         pool_hours = measured.get(pool.name)
@@ -123,18 +128,19 @@ def _region_cost(cfg: FleetConfig, region_name: str, hours: float,
             notes.append(f"{region_name}: no {GROUP_INSTANCES} data for {cfg.asg_name_of(region_name, pool)}; "
                          f"its cost assumes {pool.capacity.baseline} instance(s) (capacity baseline) all window")
         instance_hours += pool_hours
+        pools[pool.name] = (pool_hours, None if price is None else price * pool_hours)
         if price is None:
             missing.append(f"{pool.instance_type} in {region_name}")
         else:
             total += price * pool_hours
     if missing:
         return RegionCost(region_name, None, instance_hours,
-                          f"no price for {', '.join(missing)} in the price table"), notes
+                          f"no price for {', '.join(missing)} in the price table", pools), notes
     source = ("the groups' GroupTotalInstances" if not notes else
               "the capacity baseline (no group metrics in the window)" if len(notes) == len(region.pools) else
               "GroupTotalInstances, partly the capacity baseline (see notes)")
     basis = f"estimate: instance-hours x on-demand price (shipped price table); instance-hours from {source}"
-    return RegionCost(region_name, total, instance_hours, basis), notes
+    return RegionCost(region_name, total, instance_hours, basis, pools), notes
 
 
 def collect(cfg: FleetConfig, since: datetime, until: datetime, region: str | None = None,
@@ -179,7 +185,7 @@ def collect(cfg: FleetConfig, since: datetime, until: datetime, region: str | No
             for pi, pool in enumerate(pools):
                 for field_name, metric in SUMMED.items():
                     qid = f"q{ki}_{pi}_{field_name}"
-                    targets[qid] = (key, field_name)
+                    targets[qid] = (key, field_name, pool)
                     queries.append({"Id": qid, "ReturnData": True, "MetricStat": {
                         "Metric": {"Namespace": t.NAMESPACE, "MetricName": metric, "Dimensions": [
                             {"Name": t.DIM_FLEET, "Value": cfg.name}, {"Name": t.DIM_POOL, "Value": pool},
@@ -187,7 +193,7 @@ def collect(cfg: FleetConfig, since: datetime, until: datetime, region: str | No
                         "Period": period, "Stat": "Sum"}})
         for pi, pool in enumerate(cfg.region(region_name).pools):
             qid = f"g{pi}"
-            targets[qid] = (pool.name, GROUP_INSTANCES)
+            targets[qid] = (pool.name, GROUP_INSTANCES, pool.name)
             queries.append({"Id": qid, "ReturnData": True, "MetricStat": {
                 "Metric": {"Namespace": "AWS/AutoScaling", "MetricName": GROUP_INSTANCES, "Dimensions": [
                     {"Name": "AutoScalingGroupName", "Value": cfg.asg_name_of(region_name, pool)}]},
@@ -197,13 +203,17 @@ def collect(cfg: FleetConfig, since: datetime, until: datetime, region: str | No
             cw = client(region_name)
             for start in range(0, len(queries), MAX_QUERIES):
                 for result in _get_metric_data(cw, queries[start:start + MAX_QUERIES], since, until, region_name):
-                    name, field_name = targets[result["Id"]]
+                    name, field_name, pool_name = targets[result["Id"]]
                     if field_name == GROUP_INSTANCES:
                         # Average instances over each period -> instance-hours; no datapoints: unknown.
                         values = result["Values"]
                         measured[name] = sum(values) * period / 3600 if values else None
                         continue
-                    setattr(usage[name], field_name, getattr(usage[name], field_name) + int(round(sum(result["Values"]))))
+                    value = int(round(sum(result["Values"])))
+                    setattr(usage[name], field_name, getattr(usage[name], field_name) + value)
+                    if field_name in POOL_FIELDS:
+                        counts = usage[name].by_pool.setdefault(pool_name, [0, 0, 0])
+                        counts[POOL_FIELDS.index(field_name)] += value
                     if result.get("StatusCode") == "PartialData":
                         who = name[0] if name[1] is None else f"{name[0]} / {name[1]}"
                         notes.append(f"{region_name}: CloudWatch returned partial data for {who}")
