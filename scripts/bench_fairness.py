@@ -7,8 +7,9 @@ One reference server (tiny GPT-2 on CPU, `--batch` its max batch size) behind `p
 (PROXY v2 from two VPC endpoints, one per account). Phases, each `--seconds` long:
   1. capacity: the neighbour alone, `--batch` streams kept busy: the engine's requests per second (R);
   2. quiet alone: the quiet account at `--quiet-share` x R, Poisson arrivals: its TTFT P50/P99;
-  3. quiet + neighbour, fair admission on: the neighbour's arrivals at `--flood` x R (its limits and queue
-     answer what the engine cannot take with 429/503), the quiet account as in 2;
+  3. quiet + neighbour, fair admission on: the neighbour's arrivals at `--flood` x R from `--lead` seconds
+     before the quiet account's (its queue at the gateway grows: nothing refuses it within these limits), the
+     quiet account as in 2;
   4. the same with `--fair-admission off` (every request straight to the engine, first come first served).
 It prints each phase's figures and the ratio the issue holds to: quiet P99 TTFT with the neighbour / alone.
 The verdict is a measurement on a shared machine, so it is printed, never asserted by the test suite.
@@ -135,12 +136,20 @@ def ttft_figures(samples: list[tuple[int, float | None]]) -> dict:
             "ttft_p50": round(percentile(ttfts, 0.5), 2), "ttft_p99": round(percentile(ttfts, 0.99), 2)}
 
 
-async def phase(port: int, body: bytes, quiet_rate: float, flood_rate: float, seconds: float, seed: int) -> dict:
+async def phase(port: int, body: bytes, quiet_rate: float, flood_rate: float, seconds: float, seed: int,
+                lead: float = 0.0) -> dict:
+    """The quiet account for `seconds`; with `flood_rate`, beside the neighbour, which starts `lead` seconds
+    earlier (the quiet account arrives beside a flood under way, not at the same instant as it)."""
     quiet: list = []
     neighbour: list = []
-    jobs = [poisson(port, proxy_header(QUIET[2]), body, quiet_rate, seconds, seed, quiet)]
+
+    async def quiet_after_lead() -> None:
+        await asyncio.sleep(lead if flood_rate else 0.0)
+        await poisson(port, proxy_header(QUIET[2]), body, quiet_rate, seconds, seed, quiet)
+
+    jobs = [quiet_after_lead()]
     if flood_rate:
-        jobs.append(poisson(port, proxy_header(NEIGHBOUR[2]), body, flood_rate, seconds, seed + 1, neighbour))
+        jobs.append(poisson(port, proxy_header(NEIGHBOUR[2]), body, flood_rate, seconds + lead, seed + 1, neighbour))
     await asyncio.gather(*jobs)
     result = {"quiet": ttft_figures(quiet)}
     if flood_rate:
@@ -198,7 +207,8 @@ async def main_async(args: argparse.Namespace) -> dict:
                     results["alone"] = await phase(port, body, args.quiet_share * capacity, 0, args.seconds, 1)
                     print(f"quiet alone: {results['alone']['quiet']}", file=sys.stderr, flush=True)
                 capacity = results["capacity_rps"]
-                row = await phase(port, body, args.quiet_share * capacity, args.flood * capacity, args.seconds, 1)
+                row = await phase(port, body, args.quiet_share * capacity, args.flood * capacity, args.seconds, 1,
+                                  args.lead)
                 results[f"fair_{mode}"] = row
                 print(f"with neighbour, fair admission {mode}: {row}", file=sys.stderr, flush=True)
             finally:
@@ -230,6 +240,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="the quiet account's arrival rate as a share of the engine's capacity (default 0.1)")
     p.add_argument("--flood", type=float, default=3.0,
                    help="the neighbour's arrival rate as a multiple of the engine's capacity (default 3)")
+    p.add_argument("--lead", type=float, default=5.0,
+                   help="seconds the neighbour floods before the quiet account's measured phase starts (default 5)")
     p.add_argument("--json", help="write the figures here as JSON")
     args = p.parse_args(argv)
     results = asyncio.run(main_async(args))

@@ -42,6 +42,7 @@ class Attribution:
     region: str
     model: str
     gpu_seconds: float = 0.0
+    by_tokens: bool = False  # its pool was split by tokens (no architecture figures): gpu_seconds unknown
     instance_usd: float = 0.0
     fixed_usd: float = 0.0
 
@@ -160,7 +161,9 @@ def attribute(cfg: FleetConfig, report: UsageReport) -> CostReport:
                           if (k := (u.consumer, u.model or "")) in shares}
             per_pool[pool.name] = shares
             for key, seconds in shares.items():
-                if not by_tokens:
+                if by_tokens:
+                    attributions[key].by_tokens = True
+                else:
                     attributions[key].gpu_seconds += seconds
         region_weights: dict[tuple[str, str], float] = {
             k: sum((p.get(k, 0.0) for p in per_pool.values()), 0.0) for k in attributions}
@@ -203,7 +206,8 @@ METHOD = ("Split by GPU time: requests x prefill + output tokens x decode step /
 
 def _records(report: CostReport) -> list[dict]:
     totals = {b.region: b.attributed_usd for b in report.bills}
-    return [{"consumer": r.consumer, "region": r.region, "model": r.model, "gpu_hours": round(r.gpu_seconds / 3600, 6),
+    return [{"consumer": r.consumer, "region": r.region, "model": r.model,
+             "gpu_hours": None if r.by_tokens else round(r.gpu_seconds / 3600, 6),
              "share_of_region": round(r.total_usd / totals[r.region], 6) if totals.get(r.region) else 0.0,
              "instance_usd": round(r.instance_usd, 4), "fixed_usd": round(r.fixed_usd, 4),
              "total_usd": round(r.total_usd, 4)} for r in sorted(report.rows, key=lambda r: -r.total_usd)]
@@ -235,7 +239,8 @@ def render_cost(report: CostReport, fmt: str) -> str:
     if fmt != "table":
         raise UserError(f"--format {fmt!r}: choose table, csv or json", exit_code=EXIT_USAGE)
     headers = ("CONSUMER", "REGION", "MODEL", "GPU-HOURS", "SHARE", "INSTANCES USD", "FIXED USD", "TOTAL USD")
-    cells = [(r["consumer"], r["region"], r["model"], f"{r['gpu_hours']:,.4f}", f"{r['share_of_region'] * 100:.1f}%",
+    cells = [(r["consumer"], r["region"], r["model"],
+              "by tokens" if r["gpu_hours"] is None else f"{r['gpu_hours']:,.4f}", f"{r['share_of_region'] * 100:.1f}%",
               f"{r['instance_usd']:,.2f}", f"{r['fixed_usd']:,.2f}", f"{r['total_usd']:,.2f}") for r in records]
     widths = [max(len(h), *(len(c[i]) for c in cells)) if cells else len(h) for i, h in enumerate(headers)]
 
@@ -267,6 +272,7 @@ def write_png(report: CostReport, path: str | Path) -> Path:
     order = sorted(consumers, key=lambda c: sum(consumers[c].values()))
     models = sorted({m for v in consumers.values() for m in v})
     colours = plt.get_cmap("tab10")
+    # Dollar signs are escaped below: two in one string would otherwise be read as mathtext and vanish.
     fig, ax = plt.subplots(figsize=(9, 1.6 + 0.7 * max(1, len(order))), dpi=120)
     total = report.attributed_usd or 1.0
     for y, consumer in enumerate(order):
@@ -278,19 +284,21 @@ def write_png(report: CostReport, path: str | Path) -> Path:
             ax.barh(y, value, left=left, color=colours(i % 10), edgecolor="white",
                     label=model if y == next(k for k, c in enumerate(order) if consumers[c].get(model)) else None)
             left += value
-        ax.text(left, y, f"  ${left:,.2f} ({left / total:.0%})", va="center", fontsize=10)
+        ax.text(left, y, f"  \\${left:,.2f} ({left / total:.0%})", va="center", fontsize=10)
     ax.set_yticks(range(len(order)), order, fontsize=11)
     ax.set_xlabel("USD over the window (instances + fixed costs)")
     u = report.usage
     ax.set_title(f"{u.fleet}: what each account cost, {u.since:%Y-%m-%d %H:%M} to {u.until:%Y-%m-%d %H:%M} UTC\n"
-                 f"fleet ${report.fleet_usd:,.2f}, attributed ${report.attributed_usd:,.2f} "
+                 f"fleet \\${report.fleet_usd:,.2f}, attributed \\${report.attributed_usd:,.2f} "
                  f"({report.sum_error * 100:+.1f}%)", fontsize=11)
     ax.set_xlim(0, max((sum(v.values()) for v in consumers.values()), default=1.0) * 1.35 or 1.0)
     ax.spines[["top", "right"]].set_visible(False)
-    if models:
-        ax.legend(title="model", loc="lower right", fontsize=9, frameon=False)
-    fig.text(0.01, 0.01, "Split by the GPU time each account's tokens took (prefill + decode, planner's roofline). "
-             "Estimates.", fontsize=8, color="#555555")
+    if models:  # beside the bars, never over a bar's label
+        ax.legend(title="model", loc="center left", bbox_to_anchor=(1.01, 0.5), fontsize=9, frameon=False)
+    how = ("Split by the GPU time each account's tokens took (prefill + decode, planner's roofline)"
+           + ("; a pool without architecture figures split by tokens" if any(r.by_tokens for r in report.rows)
+              else "") + ". Estimates.")
+    fig.text(0.01, 0.01, how, fontsize=8, color="#555555")
     fig.tight_layout(rect=(0, 0.04, 1, 1))
     out = Path(path)
     tmp = out.with_name(out.name + ".tmp")

@@ -103,3 +103,16 @@ def test_the_picture_is_written_whole(cloudwatch, tmp_path):  # noqa: F811
     report = attribute(fleet_config(), collect(fleet_config(), NOW - DAY, NOW, region=REGION, now=NOW, by_model=True))
     out = write_png(report, tmp_path / "c.png")
     assert out.exists() and not (tmp_path / "c.png.tmp").exists()
+
+
+def test_a_model_without_architecture_figures_splits_its_pool_by_tokens_and_says_so(cloudwatch):  # noqa: F811
+    from runtime.devtools.harness import tiny_config
+
+    cfg = tiny_config()  # gpt2-tiny: the reference backend's shape, not a model the planner has figures for
+    run_instances(cloudwatch, 1.0)
+    put(cloudwatch, "voice-app", "gpt2-tiny", InputTokens=300, OutputTokens=100, Requests=4)
+    report = attribute(cfg, collect(cfg, NOW - DAY, NOW, region=REGION, now=NOW, by_model=True))
+    (row,) = report.rows
+    assert row.by_tokens and row.total_usd == pytest.approx(report.fleet_usd)
+    assert any("split by tokens" in n for n in report.notes)
+    assert "by tokens" in render_cost(report, "table") and report.sums_up
