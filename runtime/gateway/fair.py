@@ -19,8 +19,8 @@ starts in the engine's next iteration instead of after a neighbour's request end
 Every count lives in the workers' shared mapping (runtime/gateway/shared.py), changed under its one
 lock, so the cap of an engine process holds across gateway workers exactly as the consumer limits do.
 Each worker keeps its own waiters and publishes the tag of its best one; a worker that frees a slot
-owed to another worker's waiter writes a byte to that worker's pipe. Waiters also wake every poll
-period to notice a client that left, their deadline, and (as a safety net) a slot nobody handed over.
+owed to another worker's waiter writes a byte to that worker's pipe. While any request waits, one sweep
+every poll period notices clients that left, waits that ran out, and (a safety net) a slot nobody handed over.
 
 TensorRT-LLM 1.2.x's OpenAI server takes no per-request priority (tests/gateway/test_fair.py names the
 source), so the classes are the gateway's own and nothing is added to the request the engine gets.
@@ -82,11 +82,12 @@ def share_of(consumer: Consumer) -> Share:
 
 
 class _Waiter:
-    __slots__ = ("consumer", "rank", "tag", "future", "deadline")
+    __slots__ = ("consumer", "rank", "tag", "future", "deadline", "gone")
 
     def __init__(self, consumer: str, rank: int, tag: float, future: asyncio.Future[UpstreamPool | Refusal],
-                 deadline: float):
+                 deadline: float, gone: Callable[[], bool]):
         self.consumer, self.rank, self.tag, self.future, self.deadline = consumer, rank, tag, future, deadline
+        self.gone = gone
 
 
 def queue_full(consumer: str, max_queued: int) -> Refusal:
@@ -217,6 +218,7 @@ class FairAdmission:
         self.set_consumers(consumers)
         self._reader_fd = state.wake_fds[worker][0]
         self._watching = False
+        self._sweep: asyncio.TimerHandle | None = None
 
     def set_consumers(self, consumers: Iterable[Consumer]) -> None:
         self.shares = {c.name: share_of(c) for c in consumers}
@@ -228,6 +230,9 @@ class FairAdmission:
             self._watching = True
 
     def stop(self) -> None:
+        if self._sweep is not None:
+            self._sweep.cancel()
+            self._sweep = None
         if self._watching:
             asyncio.get_running_loop().remove_reader(self._reader_fd)
             self._watching = False
@@ -268,29 +273,44 @@ class FairAdmission:
             if group._int(waiting_at) >= share.max_queued:
                 return queue_full(consumer, share.max_queued)
             future: asyncio.Future[UpstreamPool | Refusal] = asyncio.get_running_loop().create_future()
-            waiter = _Waiter(consumer, share.rank, tag, future, time.monotonic() + share.max_wait_s)
+            waiter = _Waiter(consumer, share.rank, tag, future, time.monotonic() + share.max_wait_s, gone)
             group.queues.setdefault(consumer, deque()).append(waiter)
             group._activity(consumer, share, 1, waiting=True)
             group._set_int(group.group_at, group._int(group.group_at) + 1)
             group._publish_head()
             self._dispatch(group)
-        while not future.done():
-            try:
-                return await asyncio.wait_for(asyncio.shield(future), self.poll_s)
-            except TimeoutError:
-                if gone():
-                    self._withdraw(group, waiter, CLIENT_GONE)
-                elif time.monotonic() >= waiter.deadline:
-                    self._withdraw(group, waiter, QUEUE_TIMEOUT)
-                else:
-                    with self.state.lock:
-                        self._dispatch(group, relay=False)
-        return future.result()
+        if self._sweep is None:
+            self._sweep = asyncio.get_running_loop().call_later(self.poll_s, self._sweep_waiters)
+        try:
+            return await future
+        except asyncio.CancelledError:  # the connection's task was cancelled (the gateway closing)
+            if future.done() and not future.cancelled():
+                granted = future.result()
+                if not isinstance(granted, Refusal):
+                    self.release(consumer, model, granted)  # granted in the same turn: give it back
+            else:
+                self._withdraw(group, waiter, CLIENT_GONE)
+            raise
+
+    def _sweep_waiters(self) -> None:
+        """Every poll period while any request waits, one pass over them all (not a timer each): withdraw
+        those whose client left or whose wait ran out, and hand over any slot a lost poke left free."""
+        self._sweep = None
+        now = time.monotonic()
+        for group in self.groups.values():
+            for queue in list(group.queues.values()):
+                for waiter in list(queue):
+                    if waiter.gone():
+                        self._withdraw(group, waiter, CLIENT_GONE)
+                    elif now >= waiter.deadline:
+                        self._withdraw(group, waiter, QUEUE_TIMEOUT)
+            with self.state.lock:
+                self._dispatch(group, relay=False)
+        if self.waiting():
+            self._sweep = asyncio.get_running_loop().call_later(self.poll_s, self._sweep_waiters)
 
     def _withdraw(self, group: _Group, waiter: _Waiter, refusal: Refusal) -> None:
         """Take a waiter out of its queue and answer it `refusal` (if no slot was granted meanwhile)."""
-        if waiter.future.done():
-            return
         with self.state.lock:
             queue = group.queues.get(waiter.consumer)
             if queue is not None and waiter in queue:
@@ -299,7 +319,8 @@ class FairAdmission:
                 group._set_int(group.group_at, group._int(group.group_at) - 1)
                 group._publish_head()
                 self._dispatch(group)  # another worker's waiter may be the best now
-        waiter.future.set_result(refusal)
+        if not waiter.future.done():
+            waiter.future.set_result(refusal)
 
     def release(self, consumer: str, model: str, pool: UpstreamPool) -> None:
         """The request `acquire` placed on `pool` has ended: its slot goes to the next in fair order."""
@@ -354,11 +375,12 @@ class FairAdmission:
                     return
                 index = group._free_pool(group.cap)
                 assert index is not None  # found free above, under the same lock
-            group.queues[best.consumer].popleft()
+            group.queues[best.consumer].remove(best)
             share = self.shares.get(best.consumer) or Share()
             group._activity(best.consumer, share, -1, waiting=True)
             group._set_int(group.group_at, group._int(group.group_at) - 1)
-            best.future.set_result(group._grant(index, best.consumer, share, best.tag))
+            if not best.future.done():  # done: cancelled, its task not yet told; it gets no slot
+                best.future.set_result(group._grant(index, best.consumer, share, best.tag))
             group._publish_head()
 
     def _best_below_share(self, group: _Group) -> _Waiter | None:

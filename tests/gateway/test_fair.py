@@ -341,3 +341,23 @@ def test_bad_admission_settings_name_the_field(setting, message):
     with pytest.raises(ConfigError) as err:
         parse_config(data, "<test config>")
     assert message in err.value.render()
+
+
+def test_a_waiter_whose_task_is_cancelled_leaves_the_queue_and_takes_no_slot():
+    _, (voice, analytics) = consumers()
+
+    async def body():
+        admission = FairAdmission(SharedState(1), {MODEL_ID: [Engine(9001)]}, {MODEL_ID: 1}, (voice, analytics))
+        held = await admission.acquire("voice-app", MODEL_ID, lambda: False)
+        doomed = asyncio.ensure_future(admission.acquire("analytics", MODEL_ID, lambda: False))
+        await asyncio.sleep(0)
+        assert admission.waiting() == 1
+        doomed.cancel()
+        await asyncio.gather(doomed, return_exceptions=True)
+        assert admission.waiting() == 0
+        admission.release("voice-app", MODEL_ID, held)
+        nxt = await asyncio.wait_for(admission.acquire("voice-app", MODEL_ID, lambda: False), 5)
+        return nxt, admission.groups[MODEL_ID]._int(admission.groups[MODEL_ID].used_at[0])
+
+    engine, used = run(body())
+    assert not isinstance(engine, Refusal) and used == 1
