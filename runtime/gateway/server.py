@@ -31,7 +31,7 @@ from fleetcast.contract import telemetry as t
 
 from .admission import Admission, local_limiter, model_not_found
 from .drain import DRAINING_MESSAGE, Drain
-from .fair import CLIENT_GONE, fair_admission
+from .fair import CLIENT_GONE, QUEUE_TIMEOUT, fair_admission
 from .health import HealthProbe
 from .http import (
     BODY_TIMEOUT_S,
@@ -356,7 +356,13 @@ class Gateway:
         pool = await self._engine_slot(consumer.name, target, reader, writer, exchange)
         if isinstance(pool, Refusal):
             ticket.release()
-            record(self.metrics, exchange, path)
+            if pool.status == 429:  # its queue is full: a throttle, counted as the limits count theirs
+                self.metrics.emit(consumer.name, {t.REQUESTS: 1, t.THROTTLED: 1, t.ERRORS: 0},
+                                  {"throttle_reason": pool.code, "throttle_scope": "admission", "path": path},
+                                  arrived_ms, model=target.id)
+            else:
+                exchange.error = pool.code == QUEUE_TIMEOUT.code  # the engine stayed full: a server error
+                record(self.metrics, exchange, path)
             return False if pool.status == CLIENT_GONE.status else await refuse(pool)
         # Admitted: counts toward in-flight.
         exchange.arrived_ms, exchange.in_flight = arrived_ms, self.drain_state.enter()

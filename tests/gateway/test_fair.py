@@ -361,3 +361,27 @@ def test_a_waiter_whose_task_is_cancelled_leaves_the_queue_and_takes_no_slot():
 
     engine, used = run(body())
     assert not isinstance(engine, Refusal) and used == 1
+
+
+def test_through_the_gateway_a_full_queue_is_a_429_with_retry_after_counted_as_throttled():
+    cfg, _ = consumers(analytics={"max_queued": 0})
+
+    async def body():
+        h = await start_harness(cfg, admission_caps={MODEL_ID: 1})
+        h.upstream.hold = asyncio.Event()
+        try:
+            first = asyncio.ensure_future(one_request(h.port, "POST", "/v1/completions",
+                                                      {"model": MODEL_ID, "prompt": "a", "max_tokens": 2}))
+            await asyncio.wait_for(h.upstream.held.wait(), 5)
+            refused = await one_request(h.port, "POST", "/v1/completions",
+                                        {"model": MODEL_ID, "prompt": "b", "max_tokens": 2}, vpce_id=ANALYTICS_VPCE)
+            h.upstream.hold.set()
+            await first
+            return refused, h.metric_sum("Throttled", "analytics"), h.upstream.arrivals
+        finally:
+            await stop_harness(h)
+
+    refused, throttled, arrivals = run(body())
+    assert refused.status == 429 and refused.json()["error"]["code"] == "queue_full"
+    assert refused.headers["retry-after"] == "1"
+    assert throttled == 1 and arrivals == 1
