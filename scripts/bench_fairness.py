@@ -157,6 +157,15 @@ async def phase(port: int, body: bytes, quiet_rate: float, flood_rate: float, se
     return result
 
 
+def stop(proc: subprocess.Popen, wait_s: float) -> None:
+    """SIGTERM (each drains), then a kill past `wait_s`."""
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(wait_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+
+
 def admission_waits(emf: Path, consumer: str) -> dict:
     """What the gateway's records say the account's requests waited for an engine slot (P50/P99/max, ms)."""
     waits = []
@@ -212,17 +221,9 @@ async def main_async(args: argparse.Namespace) -> dict:
                 results[f"fair_{mode}"] = row
                 print(f"with neighbour, fair admission {mode}: {row}", file=sys.stderr, flush=True)
             finally:
-                gateway.send_signal(signal.SIGTERM)
-                try:
-                    gateway.wait(30)
-                except subprocess.TimeoutExpired:
-                    gateway.kill()
+                stop(gateway, 30)
     finally:
-        engine.send_signal(signal.SIGTERM)
-        try:
-            engine.wait(40)
-        except subprocess.TimeoutExpired:
-            engine.kill()
+        stop(engine, 40)
     for mode in ("on", "off"):
         results[f"fair_{mode}"]["quiet_admission_wait_ms"] = admission_waits(tmp / f"emf-{mode}.log", QUIET[0])
     alone = results["alone"]["quiet"]["ttft_p99"]

@@ -21,8 +21,6 @@ any metered tokens cannot be attributed and is named).
 
 from __future__ import annotations
 
-import csv
-import io
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,7 +29,7 @@ from fleetcast.config import FleetConfig
 from fleetcast.config.catalog import instance_catalog
 from fleetcast.contract.errors import EXIT_USAGE, UserError
 
-from .report import UsageReport
+from .report import UsageReport, csv_text, table_lines
 
 SUM_TOLERANCE = 0.02  # the attributed costs must add up to the fleet's within 2%
 
@@ -231,25 +229,16 @@ def render_cost(report: CostReport, fmt: str) -> str:
             "sum_error": round(report.sum_error, 6), "method": METHOD, "cost_is_estimate": True, "notes": report.notes,
         }, indent=2)
     if fmt == "csv":
-        buffer = io.StringIO()
-        writer = csv.DictWriter(buffer, fieldnames=COLUMNS, lineterminator="\n")
-        writer.writeheader()
-        writer.writerows(records)
-        return buffer.getvalue().rstrip("\n")
+        return csv_text(records, COLUMNS)
     if fmt != "table":
         raise UserError(f"--format {fmt!r}: choose table, csv or json", exit_code=EXIT_USAGE)
     headers = ("CONSUMER", "REGION", "MODEL", "GPU-HOURS", "SHARE", "INSTANCES USD", "FIXED USD", "TOTAL USD")
     cells = [(r["consumer"], r["region"], r["model"],
               "by tokens" if r["gpu_hours"] is None else f"{r['gpu_hours']:,.4f}", f"{r['share_of_region'] * 100:.1f}%",
               f"{r['instance_usd']:,.2f}", f"{r['fixed_usd']:,.2f}", f"{r['total_usd']:,.2f}") for r in records]
-    widths = [max(len(h), *(len(c[i]) for c in cells)) if cells else len(h) for i, h in enumerate(headers)]
-
-    def line(values) -> str:
-        return "  ".join(v.ljust(w) if i < 3 else v.rjust(w) for i, (v, w) in enumerate(zip(values, widths)))
-
     u = report.usage
     out = [f"fleet {u.fleet}: cost by consumer and model {u.since:%Y-%m-%d %H:%M} .. {u.until:%Y-%m-%d %H:%M} UTC",
-           line(headers), line(["-" * w for w in widths])] + [line(c) for c in cells] + [""]
+           *table_lines(headers, cells, 3), ""]
     for b in report.bills:
         out.append(f"{b.region}: instances ${b.instance_usd:,.2f} + fixed ${b.fixed_usd:,.2f} = ${b.total_usd:,.2f}; "
                    f"attributed ${b.attributed_usd:,.2f}")

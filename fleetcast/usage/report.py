@@ -269,6 +269,24 @@ def _row(u: ConsumerUsage) -> dict[str, Any]:
             "est_cost_usd": None if u.cost_usd is None else round(u.cost_usd, 4)}
 
 
+def csv_text(rows: list[dict[str, Any]], columns: tuple[str, ...]) -> str:
+    out = io.StringIO()
+    writer = csv.DictWriter(out, fieldnames=columns, lineterminator="\n")
+    writer.writeheader()
+    writer.writerows(rows)
+    return out.getvalue().rstrip("\n")
+
+
+def table_lines(headers: tuple[str, ...], cells: list[tuple[str, ...]], left: int) -> list[str]:
+    """Header, rule and rows, each column as wide as its widest cell; the first `left` columns flush left."""
+    widths = [max(len(h), *(len(c[i]) for c in cells)) if cells else len(h) for i, h in enumerate(headers)]
+
+    def line(values) -> str:
+        return "  ".join(v.ljust(w) if i < left else v.rjust(w) for i, (v, w) in enumerate(zip(values, widths)))
+
+    return [line(headers), line(["-" * w for w in widths])] + [line(c) for c in cells]
+
+
 def render(report: UsageReport, fmt: str) -> str:
     by_model = any(u.model is not None for u in report.rows)
     rows = [_row(u) for u in report.rows]
@@ -285,11 +303,7 @@ def render(report: UsageReport, fmt: str) -> str:
             "cost_is_estimate": True, "notes": report.notes,
         }, indent=2)
     if fmt == "csv":
-        out = io.StringIO()
-        writer = csv.DictWriter(out, fieldnames=columns, lineterminator="\n")
-        writer.writeheader()
-        writer.writerows(rows)
-        return out.getvalue().rstrip("\n")
+        return csv_text(rows, columns)
     if fmt != "table":
         raise UserError(f"--format {fmt!r}: choose table, csv or json", exit_code=EXIT_USAGE)
     names = ("CONSUMER", "REGION") + (("MODEL",) if by_model else ())
@@ -298,11 +312,8 @@ def render(report: UsageReport, fmt: str) -> str:
               f"{r['errors']:,}", f"{r['throttled']:,}", f"{r['input_tokens']:,}", f"{r['output_tokens']:,}",
               f"{r['token_share'] * 100:.1f}%", "n/a" if r["est_cost_usd"] is None else f"{r['est_cost_usd']:,.2f}")
              for r in rows]
-    widths = [max(len(h), *(len(c[i]) for c in cells)) if cells else len(h) for i, h in enumerate(headers)]
-    def line(values):
-        return "  ".join(v.ljust(w) if i < len(names) else v.rjust(w) for i, (v, w) in enumerate(zip(values, widths)))
     out = [f"fleet {report.fleet}: usage {report.since:%Y-%m-%d %H:%M} .. {report.until:%Y-%m-%d %H:%M} UTC",
-           line(headers), line(["-" * w for w in widths])] + [line(c) for c in cells]
+           *table_lines(headers, cells, len(names))]
     out.append("")
     for cost in report.costs:
         figure = "n/a" if cost.cost_usd is None else f"${cost.cost_usd:,.2f}"

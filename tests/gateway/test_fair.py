@@ -244,16 +244,23 @@ def test_a_full_queue_is_a_retryable_429_and_a_long_wait_a_retryable_503():
 # ---------------------------------------------------------------- through the gateway
 
 
+async def engine_taken(h) -> asyncio.Future:
+    """voice-app's request, held by the fake engine before its first token: the one slot of a cap of 1 taken.
+    Set `h.upstream.hold` to let it finish; await the returned future for its reply."""
+    h.upstream.hold = asyncio.Event()
+    first = asyncio.ensure_future(one_request(h.port, "POST", "/v1/completions",
+                                              {"model": MODEL_ID, "prompt": "a", "max_tokens": 2}))
+    await asyncio.wait_for(h.upstream.held.wait(), 5)
+    return first
+
+
 def test_through_the_gateway_a_queued_request_waits_for_the_slot_and_carries_no_priority_upstream():
     cfg, _ = consumers(analytics={"priority": "batch"})
 
     async def body():
         h = await start_harness(cfg, admission_caps={MODEL_ID: 1})
-        h.upstream.hold = asyncio.Event()
         try:
-            first = asyncio.ensure_future(one_request(h.port, "POST", "/v1/completions",
-                                                      {"model": MODEL_ID, "prompt": "a b", "max_tokens": 2}))
-            await asyncio.wait_for(h.upstream.held.wait(), 5)
+            first = await engine_taken(h)
             second = asyncio.ensure_future(one_request(h.port, "POST", "/v1/completions",
                                                        {"model": MODEL_ID, "prompt": "c d", "max_tokens": 2},
                                                        vpce_id=ANALYTICS_VPCE))
@@ -279,11 +286,8 @@ def test_a_queued_request_gets_the_drains_503_and_one_whose_client_left_never_re
 
     async def body():
         h = await start_harness(cfg, admission_caps={MODEL_ID: 1}, disconnect_poll_s=0.02)
-        h.upstream.hold = asyncio.Event()
         try:
-            first = asyncio.ensure_future(one_request(h.port, "POST", "/v1/completions",
-                                                      {"model": MODEL_ID, "prompt": "a", "max_tokens": 2}))
-            await asyncio.wait_for(h.upstream.held.wait(), 5)
+            first = await engine_taken(h)
             leaver = await Client(h.port, VOICE_VPCE).connect()
             await leaver.send("POST", "/v1/completions", {"model": MODEL_ID, "prompt": "b", "max_tokens": 2})
             for _ in range(100):
@@ -368,11 +372,8 @@ def test_through_the_gateway_a_full_queue_is_a_429_with_retry_after_counted_as_t
 
     async def body():
         h = await start_harness(cfg, admission_caps={MODEL_ID: 1})
-        h.upstream.hold = asyncio.Event()
         try:
-            first = asyncio.ensure_future(one_request(h.port, "POST", "/v1/completions",
-                                                      {"model": MODEL_ID, "prompt": "a", "max_tokens": 2}))
-            await asyncio.wait_for(h.upstream.held.wait(), 5)
+            first = await engine_taken(h)
             refused = await one_request(h.port, "POST", "/v1/completions",
                                         {"model": MODEL_ID, "prompt": "b", "max_tokens": 2}, vpce_id=ANALYTICS_VPCE)
             h.upstream.hold.set()
