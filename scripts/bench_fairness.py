@@ -5,6 +5,7 @@
 
 One reference server (tiny GPT-2 on CPU, `--batch` its max batch size) behind `python -m runtime.gateway`
 (PROXY v2 from two VPC endpoints, one per account). Phases, each `--seconds` long:
+The neighbour's client is a process of its own, so its open streams do not delay the quiet account's.
   1. capacity: the neighbour alone, `--batch` streams kept busy: the engine's requests per second (R);
   2. quiet alone: the quiet account at `--quiet-share` x R, Poisson arrivals: its TTFT P50/P99;
   3. quiet + neighbour, fair admission on: the neighbour's arrivals at `--flood` x R from `--lead` seconds
@@ -139,22 +140,30 @@ def ttft_figures(samples: list[tuple[int, float | None]]) -> dict:
 async def phase(port: int, body: bytes, quiet_rate: float, flood_rate: float, seconds: float, seed: int,
                 lead: float = 0.0) -> dict:
     """The quiet account for `seconds`; with `flood_rate`, beside the neighbour, which starts `lead` seconds
-    earlier (the quiet account arrives beside a flood under way, not at the same instant as it)."""
+    earlier (the quiet account arrives beside a flood under way, not at the same instant as it). The neighbour
+    is a process of its own: its hundreds of open streams would otherwise delay the quiet account's sends and
+    reads in one event loop, and the quiet figures would measure the client."""
     quiet: list = []
-    neighbour: list = []
-
-    async def quiet_after_lead() -> None:
-        await asyncio.sleep(lead if flood_rate else 0.0)
-        await poisson(port, proxy_header(QUIET[2]), body, quiet_rate, seconds, seed, quiet)
-
-    jobs = [quiet_after_lead()]
+    flood = None
     if flood_rate:
-        jobs.append(poisson(port, proxy_header(NEIGHBOUR[2]), body, flood_rate, seconds + lead, seed + 1, neighbour))
-    await asyncio.gather(*jobs)
+        flood = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "scripts.bench_fairness", "_flood", str(port), body.decode(), str(flood_rate),
+            str(seconds + lead), str(seed + 1), cwd=str(ROOT), stdout=asyncio.subprocess.PIPE)
+        await asyncio.sleep(lead)
+    await poisson(port, proxy_header(QUIET[2]), body, quiet_rate, seconds, seed, quiet)
     result = {"quiet": ttft_figures(quiet)}
-    if flood_rate:
-        result["neighbour"] = ttft_figures(neighbour)
+    if flood is not None:
+        out, _ = await flood.communicate()
+        result["neighbour"] = json.loads(out)
     return result
+
+
+def _flood(argv: list[str]) -> None:
+    """The neighbour's process: Poisson arrivals at `rate` for `seconds`; its figures as JSON on stdout."""
+    port, body, rate, seconds, seed = int(argv[0]), argv[1].encode(), float(argv[2]), float(argv[3]), int(argv[4])
+    samples: list = []
+    asyncio.run(poisson(port, proxy_header(NEIGHBOUR[2]), body, rate, seconds, seed, samples))
+    print(json.dumps(ttft_figures(samples)))
 
 
 def stop(proc: subprocess.Popen, wait_s: float) -> None:
@@ -261,6 +270,10 @@ def admission_cpu_us(batch: int, rounds: int = 5, n: int = 20_000) -> float:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["_flood"]:
+        _flood(argv[1:])
+        return 0
     p = argparse.ArgumentParser(prog="python -m scripts.bench_fairness", description=__doc__.split("\n\n")[0])
     p.add_argument("--seconds", type=float, default=30.0, help="length of each phase (default 30)")
     p.add_argument("--batch", type=int, default=8, help="the engine's max batch size, so its admission cap (default 8)")
