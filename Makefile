@@ -20,7 +20,7 @@ export CDK_DISABLE_CLI_TELEMETRY := true
 OFFLINE := env -u AWS_ACCESS_KEY_ID -u AWS_SECRET_ACCESS_KEY -u AWS_SESSION_TOKEN -u AWS_PROFILE \
            AWS_EC2_METADATA_DISABLED=true
 
-.PHONY: synth test demo deploy teardown docs bench-gateway bench-fairness soak-gateway bench-accuracy bench-decode bench-spot-drain bench-scaling plan-seed probe-wheels clean
+.PHONY: synth test demo deploy teardown docs bench-gateway soak-gateway bench-accuracy bench-decode bench-spot-drain bench-scaling plan-seed probe-wheels clean
 
 $(VENV)/.synth-deps: pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -76,6 +76,7 @@ bench-gateway: $(VENV)/.test-deps
 
 # A quiet account beside a neighbour sending 3x the engine's capacity, through the gateway and the reference
 # backend, with fair admission on and off (docs/gateway.md, "Fair admission").
+.PHONY: bench-fairness
 bench-fairness: $(VENV)/.test-deps
 	$(PY) -m scripts.bench_fairness $(FAIRNESS_ARGS)
 
