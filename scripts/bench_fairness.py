@@ -159,11 +159,24 @@ async def phase(port: int, body: bytes, quiet_rate: float, flood_rate: float, se
 
 
 def _flood(argv: list[str]) -> None:
-    """The neighbour's process: Poisson arrivals at `rate` for `seconds`; its figures as JSON on stdout."""
+    """The neighbour's process: Poisson arrivals at `rate` for `seconds`, then what has not finished within a
+    second is abandoned (its connections closed: the gateway withdraws what still waits); figures as JSON."""
     port, body, rate, seconds, seed = int(argv[0]), argv[1].encode(), float(argv[2]), float(argv[3]), int(argv[4])
-    samples: list = []
-    asyncio.run(poisson(port, proxy_header(NEIGHBOUR[2]), body, rate, seconds, seed, samples))
-    print(json.dumps(ttft_figures(samples)))
+
+    async def run() -> dict:
+        rng, header = random.Random(seed), proxy_header(NEIGHBOUR[2])
+        tasks, at, start = [], 0.0, time.monotonic()
+        while (at := at + rng.expovariate(rate)) < seconds:
+            await asyncio.sleep(max(0.0, start + at - time.monotonic()))
+            tasks.append(asyncio.ensure_future(one(port, header, body)))
+        done, pending = await asyncio.wait(tasks, timeout=1.0) if tasks else (set(), set())
+        for task in pending:
+            task.cancel()
+        await asyncio.gather(*pending, return_exceptions=True)
+        figures = ttft_figures([t.result() for t in done if t.exception() is None])
+        return {**figures, "sent": len(tasks), "abandoned": len(pending)}
+
+    print(json.dumps(asyncio.run(run())))
 
 
 def stop(proc: subprocess.Popen, wait_s: float) -> None:
