@@ -79,6 +79,12 @@ docs: $(VENV)/.synth-deps
 bench-gateway: $(VENV)/.test-deps
 	$(PY) -m scripts.bench_gateway $(BENCH_ARGS)
 
+# A quiet account beside a neighbour sending 3x the engine's capacity, through the gateway and the reference
+# backend, with fair admission on and off (docs/gateway.md, "Fair admission").
+.PHONY: bench-fairness
+bench-fairness: $(VENV)/.test-deps
+	$(PY) -m scripts.bench_fairness $(FAIRNESS_ARGS)
+
 # The gateway under mixed traffic and abuse on loopback; a row of figures a minute (SOAK_MINUTES, default 30).
 soak-gateway: $(VENV)/.test-deps
 	$(PY) -m scripts.soak_gateway --minutes $(or $(SOAK_MINUTES),30) $(SOAK_ARGS)

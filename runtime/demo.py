@@ -22,6 +22,7 @@ cache; prints how many builds ran (one) and each instance's start-to-healthy tim
 
 from __future__ import annotations
 
+import json
 import signal
 import sys
 import tempfile
@@ -228,7 +229,9 @@ def main() -> int:
         rp_b.proc.send_signal(signal.SIGTERM)
         rp_b.proc.wait(120)
 
-        print("\n  metering on instance A, per consumer and model (the gateway's EMF records):")
+        emf_path = work / "a.emf.jsonl"  # for `python -m scripts.usage_cost_demo` (fleetcast usage --cost)
+        emf_path.write_text("".join(json.dumps(record) + "\n" for record in rp_a.emf()))
+        print(f"\n  metering on instance A, per consumer and model (the gateway's EMF records, {emf_path}):")
         for (consumer_name, model), row in sorted(_metering(rp_a).items()):
             print(f"    {consumer_name:16s} {model:16s} requests {row[telemetry.REQUESTS]:.0f}  input tokens "
                   f"{row[telemetry.INPUT_TOKENS]:.0f}  output tokens {row[telemetry.OUTPUT_TOKENS]:.0f}")

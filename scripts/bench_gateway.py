@@ -906,9 +906,22 @@ def summary(results: dict) -> list[str]:
     return lines
 
 
+def fair_admission_cpu(results: dict) -> list[str]:
+    """What fair admission costs the gateway per request: gateway minus gateway-alt when --alt-arg turned it off."""
+    if "--fair-admission=off" not in results["config"].get("alt_arg", []):
+        return []
+    lines = ["\nfair admission's gateway CPU per request (gateway - gateway-alt with --fair-admission=off), ms:"]
+    for c, row in results["levels"].items():
+        on, off = row.get("gateway", {}), row.get("gateway-alt", {})
+        if "cpu_ms_per_request" in on and "cpu_ms_per_request" in off:
+            lines.append(f"  c={c}: {on['cpu_ms_per_request'] - off['cpu_ms_per_request']:+.3f} "
+                         f"({on['cpu_ms_per_request']:.3f} on, {off['cpu_ms_per_request']:.3f} off)")
+    return lines
+
+
 def render(results: dict) -> str:
     modes = [m for m in next(iter(results["levels"].values())) if m != "direct"]
-    lines = summary(results)
+    lines = summary(results) + fair_admission_cpu(results)
     for mode in modes:
         label = f"{mode} [{results['gateway_loop']}]" if mode == "gateway" else mode
         lines.append(f"\nadded by {label} vs direct (ms; + = slower), {results['cpus']} CPUs, "

@@ -834,6 +834,36 @@ class ConsumerLimits(ModelLimits):
         return data
 
 
+class AdmissionPriority(str, Enum):
+    INTERACTIVE = "interactive"
+    BATCH = "batch"
+
+
+class ConsumerAdmission(Frozen):
+    """How the gateway orders this consumer's requests when an engine process is full (docs/gateway.md,
+    "Fair admission"): per consumer queues, weighted fair queuing within a class, interactive before batch."""
+
+    weight: float = Field(
+        default=1.0, gt=0, le=1000,
+        description="Share of a full engine process's admissions against the other consumers of the same class "
+                    "(weighted fair queuing; equal weights by default).",
+    )
+    priority: AdmissionPriority = Field(
+        default=AdmissionPriority.INTERACTIVE,
+        description="interactive (default) or batch: a batch request waits while any interactive request of the "
+                    "same engine process waits.",
+    )
+    max_queued: int = Field(
+        default=64, ge=0, le=10_000,
+        description="Requests this consumer may have waiting for an engine process per instance; beyond it a 429 "
+                    "with Retry-After (0: none wait, a full engine process answers 429 at once).",
+    )
+    max_queue_wait_s: float = Field(
+        default=30.0, gt=0, le=600,
+        description="Longest wait for an engine process; past it a retryable 503 with Retry-After.",
+    )
+
+
 class Consumer(Frozen):
     """One consumer account's interface endpoint into a provider region's service."""
 
@@ -850,6 +880,7 @@ class Consumer(Frozen):
         description="Published after the provider deploys; a consumer without it is skipped by synth.",
     )
     limits: ConsumerLimits = Field(default_factory=ConsumerLimits)
+    admission: ConsumerAdmission = Field(default_factory=ConsumerAdmission)
     api_keys: bool = Field(default=False, description="Require per-caller API keys (Secrets Manager).")
     api_key_secret: str | None = Field(
         default=None,
@@ -869,6 +900,14 @@ class Consumer(Frozen):
     @classmethod
     def _cidrs(cls, value: tuple[str, ...]) -> tuple[str, ...]:
         return tuple(_check_cidr(v) for v in value)
+
+    @model_serializer(mode="wrap")
+    def _omit_default_admission(self, handler: SerializerFunctionWrapHandler) -> Any:
+        # Consumers with the default admission dump as before the field existed (the config parameter stays the same).
+        data = handler(self)
+        if self.admission == ConsumerAdmission() and isinstance(data, dict):
+            data.pop("admission", None)
+        return data
 
     @property
     def cross_region(self) -> bool:

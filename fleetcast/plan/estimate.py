@@ -47,14 +47,22 @@ METRICS = ("ttft_p99", "itl_p99", "e2e_mean")
 _SAME_SPEED = {"bf16": "fp16"}
 
 
-def ideal(gpu: catalog.Gpu, precision: str, shape: ModelShape, c: float, i: float, o: float) -> dict[str, float]:
-    """Ideal milliseconds for each metric (formulas in the module docstring)."""
+def roofline_seconds(gpu: catalog.Gpu, precision: str, shape: ModelShape, c: float, i: float,
+                     o: float) -> tuple[float, float]:
+    """(t_pre: one request's prefill of `i` prompt tokens, t_dec: one decode step of `c` requests), in seconds
+    (formulas in the module docstring). A stable entry point: fleetcast/usage/cost.py splits GPU time by it."""
     bw = gpu.bandwidth_gbps * 1e9
     flops = (gpu.int8_tops if precision in EIGHT_BIT_MATH else gpu.fp16_tflops) * 1e12
     wb = shape.params * BYTES_PER_WEIGHT[precision]
     kv = 2 * shape.layers * shape.kv_width * 2
     t_dec = max((wb + c * kv * (i + o / 2)) / bw, 2 * shape.params * c / flops)
     t_pre = max(wb / bw, 2 * shape.params * i / flops)
+    return t_pre, t_dec
+
+
+def ideal(gpu: catalog.Gpu, precision: str, shape: ModelShape, c: float, i: float, o: float) -> dict[str, float]:
+    """Ideal milliseconds for each metric (formulas in the module docstring)."""
+    t_pre, t_dec = roofline_seconds(gpu, precision, shape, c, i, o)
     itl = t_dec + (c / o) * t_pre
     ttft = t_pre + itl
     return {"ttft_p99": ttft * 1e3, "itl_p99": itl * 1e3, "e2e_mean": (ttft + (o - 1) * itl) * 1e3}

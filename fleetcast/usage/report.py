@@ -39,6 +39,7 @@ SUMMED = {
     "input_tokens": t.INPUT_TOKENS,
     "output_tokens": t.OUTPUT_TOKENS,
 }
+POOL_FIELDS = ("requests", "input_tokens", "output_tokens")  # ConsumerUsage.by_pool's columns
 # Auto Scaling group metric (enabled on every fleet group): InService + Pending + Terminating,
 # i.e. every instance being paid for except the stopped warm pool.
 GROUP_INSTANCES = "GroupTotalInstances"
@@ -76,6 +77,8 @@ class ConsumerUsage:
     output_tokens: int = 0
     token_share: float = 0.0  # of its region's tokens
     cost_usd: float | None = None  # estimate
+    # pool -> [requests, input tokens, output tokens] of this row on that pool's instances (cost attribution)
+    by_pool: dict[str, list[int]] = field(default_factory=dict)
 
     @property
     def total_tokens(self) -> int:
@@ -88,6 +91,7 @@ class RegionCost:
     cost_usd: float | None
     instance_hours: float
     basis: str
+    pools: dict[str, tuple[float, float | None]] = field(default_factory=dict)  # pool -> (instance-hours, USD)
 
 
 @dataclass
@@ -115,6 +119,7 @@ def _region_cost(cfg: FleetConfig, region_name: str, hours: float,
     region = cfg.region(region_name)
     catalog = instance_catalog()
     total, instance_hours, missing, notes = 0.0, 0.0, [], []
+    pools: dict[str, tuple[float, float | None]] = {}
     for pool in region.pools:
         price = catalog.get(pool.instance_type).price_per_hour.get(region_name) if pool.instance_type in catalog else None
         pool_hours = measured.get(pool.name)
@@ -123,18 +128,19 @@ def _region_cost(cfg: FleetConfig, region_name: str, hours: float,
             notes.append(f"{region_name}: no {GROUP_INSTANCES} data for {cfg.asg_name_of(region_name, pool)}; "
                          f"its cost assumes {pool.capacity.baseline} instance(s) (capacity baseline) all window")
         instance_hours += pool_hours
+        pools[pool.name] = (pool_hours, None if price is None else price * pool_hours)
         if price is None:
             missing.append(f"{pool.instance_type} in {region_name}")
         else:
             total += price * pool_hours
     if missing:
         return RegionCost(region_name, None, instance_hours,
-                          f"no price for {', '.join(missing)} in the price table"), notes
+                          f"no price for {', '.join(missing)} in the price table", pools), notes
     source = ("the groups' GroupTotalInstances" if not notes else
               "the capacity baseline (no group metrics in the window)" if len(notes) == len(region.pools) else
               "GroupTotalInstances, partly the capacity baseline (see notes)")
     basis = f"estimate: instance-hours x on-demand price (shipped price table); instance-hours from {source}"
-    return RegionCost(region_name, total, instance_hours, basis), notes
+    return RegionCost(region_name, total, instance_hours, basis, pools), notes
 
 
 def collect(cfg: FleetConfig, since: datetime, until: datetime, region: str | None = None,
@@ -179,7 +185,7 @@ def collect(cfg: FleetConfig, since: datetime, until: datetime, region: str | No
             for pi, pool in enumerate(pools):
                 for field_name, metric in SUMMED.items():
                     qid = f"q{ki}_{pi}_{field_name}"
-                    targets[qid] = (key, field_name)
+                    targets[qid] = (key, field_name, pool)
                     queries.append({"Id": qid, "ReturnData": True, "MetricStat": {
                         "Metric": {"Namespace": t.NAMESPACE, "MetricName": metric, "Dimensions": [
                             {"Name": t.DIM_FLEET, "Value": cfg.name}, {"Name": t.DIM_POOL, "Value": pool},
@@ -187,7 +193,7 @@ def collect(cfg: FleetConfig, since: datetime, until: datetime, region: str | No
                         "Period": period, "Stat": "Sum"}})
         for pi, pool in enumerate(cfg.region(region_name).pools):
             qid = f"g{pi}"
-            targets[qid] = (pool.name, GROUP_INSTANCES)
+            targets[qid] = (pool.name, GROUP_INSTANCES, pool.name)
             queries.append({"Id": qid, "ReturnData": True, "MetricStat": {
                 "Metric": {"Namespace": "AWS/AutoScaling", "MetricName": GROUP_INSTANCES, "Dimensions": [
                     {"Name": "AutoScalingGroupName", "Value": cfg.asg_name_of(region_name, pool)}]},
@@ -197,13 +203,17 @@ def collect(cfg: FleetConfig, since: datetime, until: datetime, region: str | No
             cw = client(region_name)
             for start in range(0, len(queries), MAX_QUERIES):
                 for result in _get_metric_data(cw, queries[start:start + MAX_QUERIES], since, until, region_name):
-                    name, field_name = targets[result["Id"]]
+                    name, field_name, pool_name = targets[result["Id"]]
                     if field_name == GROUP_INSTANCES:
                         # Average instances over each period -> instance-hours; no datapoints: unknown.
                         values = result["Values"]
                         measured[name] = sum(values) * period / 3600 if values else None
                         continue
-                    setattr(usage[name], field_name, getattr(usage[name], field_name) + int(round(sum(result["Values"]))))
+                    value = int(round(sum(result["Values"])))
+                    setattr(usage[name], field_name, getattr(usage[name], field_name) + value)
+                    if field_name in POOL_FIELDS:
+                        counts = usage[name].by_pool.setdefault(pool_name, [0, 0, 0])
+                        counts[POOL_FIELDS.index(field_name)] += value
                     if result.get("StatusCode") == "PartialData":
                         who = name[0] if name[1] is None else f"{name[0]} / {name[1]}"
                         notes.append(f"{region_name}: CloudWatch returned partial data for {who}")
@@ -259,6 +269,24 @@ def _row(u: ConsumerUsage) -> dict[str, Any]:
             "est_cost_usd": None if u.cost_usd is None else round(u.cost_usd, 4)}
 
 
+def csv_text(rows: list[dict[str, Any]], columns: tuple[str, ...]) -> str:
+    out = io.StringIO()
+    writer = csv.DictWriter(out, fieldnames=columns, lineterminator="\n")
+    writer.writeheader()
+    writer.writerows(rows)
+    return out.getvalue().rstrip("\n")
+
+
+def table_lines(headers: tuple[str, ...], cells: list[tuple[str, ...]], left: int) -> list[str]:
+    """Header, rule and rows, each column as wide as its widest cell; the first `left` columns flush left."""
+    widths = [max(len(h), *(len(c[i]) for c in cells)) if cells else len(h) for i, h in enumerate(headers)]
+
+    def line(values) -> str:
+        return "  ".join(v.ljust(w) if i < left else v.rjust(w) for i, (v, w) in enumerate(zip(values, widths)))
+
+    return [line(headers), line(["-" * w for w in widths])] + [line(c) for c in cells]
+
+
 def render(report: UsageReport, fmt: str) -> str:
     by_model = any(u.model is not None for u in report.rows)
     rows = [_row(u) for u in report.rows]
@@ -275,11 +303,7 @@ def render(report: UsageReport, fmt: str) -> str:
             "cost_is_estimate": True, "notes": report.notes,
         }, indent=2)
     if fmt == "csv":
-        out = io.StringIO()
-        writer = csv.DictWriter(out, fieldnames=columns, lineterminator="\n")
-        writer.writeheader()
-        writer.writerows(rows)
-        return out.getvalue().rstrip("\n")
+        return csv_text(rows, columns)
     if fmt != "table":
         raise UserError(f"--format {fmt!r}: choose table, csv or json", exit_code=EXIT_USAGE)
     names = ("CONSUMER", "REGION") + (("MODEL",) if by_model else ())
@@ -288,11 +312,8 @@ def render(report: UsageReport, fmt: str) -> str:
               f"{r['errors']:,}", f"{r['throttled']:,}", f"{r['input_tokens']:,}", f"{r['output_tokens']:,}",
               f"{r['token_share'] * 100:.1f}%", "n/a" if r["est_cost_usd"] is None else f"{r['est_cost_usd']:,.2f}")
              for r in rows]
-    widths = [max(len(h), *(len(c[i]) for c in cells)) if cells else len(h) for i, h in enumerate(headers)]
-    def line(values):
-        return "  ".join(v.ljust(w) if i < len(names) else v.rjust(w) for i, (v, w) in enumerate(zip(values, widths)))
     out = [f"fleet {report.fleet}: usage {report.since:%Y-%m-%d %H:%M} .. {report.until:%Y-%m-%d %H:%M} UTC",
-           line(headers), line(["-" * w for w in widths])] + [line(c) for c in cells]
+           *table_lines(headers, cells, len(names))]
     out.append("")
     for cost in report.costs:
         figure = "n/a" if cost.cost_usd is None else f"${cost.cost_usd:,.2f}"

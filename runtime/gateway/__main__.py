@@ -106,6 +106,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--upstream-warm", type=_count, default=32,
                    help="connections each process keeps open and idle to each engine process ahead of demand, so a "
                         "burst of new requests does not wait for connects (default 32; 0: open on demand only)")
+    p.add_argument("--fair-admission", choices=("on", "off"), default="on",
+                   help="on (default): each engine process holds at most its max_batch_size requests and the rest "
+                        "wait at the gateway in per-consumer queues, admitted by weighted fair queuing "
+                        "(runtime/gateway/fair.py); off: every admitted request goes to the engine at once")
     p.add_argument("--event-loop", choices=("auto", "asyncio", "uvloop"), default="auto",
                    help="auto (default): uvloop when installed, which scripts/bench_gateway.py measures as the "
                         "faster hop; else the standard asyncio loop")
@@ -149,6 +153,7 @@ async def serve(args: argparse.Namespace, shared: SharedState | None = None, wor
     from fleetcast.contract.isolation import new_key
 
     from .admission import limiter_key, model_limits_of
+    from .fair import admission_caps
     from .identity import ApiKeyStore, EndpointDirectory, Identity, secret_names
     from .limits import ConsumerLimiter
     from .metrics import MetricsSink
@@ -187,7 +192,9 @@ async def serve(args: argparse.Namespace, shared: SharedState | None = None, wor
                       upstream_warm=args.upstream_warm, shared=shared,
                       proxy_protocol=args.proxy_protocol == "required",
                       drain_timeout_s=cfg.operations.drain_timeout_s, body_timeout_s=args.body_timeout_s,
-                      upstream_idle_timeout_s=args.upstream_idle_s, models_state=args.models_state, salting=salting)
+                      upstream_idle_timeout_s=args.upstream_idle_s, models_state=args.models_state, salting=salting,
+                      admission_caps=admission_caps(cfg, args.pool) if args.fair_admission == "on" else None,
+                      worker=worker)
 
     async def apply_consumers(new_cfg: FleetConfig, new_consumers: tuple[Consumer, ...]) -> None:
         # Keys before identity: a consumer that now needs a key must not be served keyless meanwhile.

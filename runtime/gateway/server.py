@@ -34,6 +34,7 @@ from fleetcast.contract.isolation import new_key
 
 from .admission import Admission, local_limiter, model_not_found
 from .drain import DRAINING_MESSAGE, Drain
+from .fair import CLIENT_GONE, QUEUE_TIMEOUT, fair_admission
 from .health import HealthProbe
 from .http import (
     BODY_TIMEOUT_S,
@@ -51,9 +52,9 @@ from .limits import ConsumerLimiter
 from .meter import INFERENCE_PATHS, Exchange, prepare_body, record
 from .metrics import MetricsSink
 from .proxy import Proxy
-from .routing import Router, invalid_model
+from .routing import Router, Target, invalid_model
 from .salting import Salting
-from .upstream import StreamWatchdog
+from .upstream import StreamWatchdog, UpstreamPool
 
 if TYPE_CHECKING:  # annotations only
     from fleetcast.config import Consumer
@@ -84,11 +85,14 @@ class Gateway:
                  health_timeout_s: float = 2.0, max_idle_upstream: int = 256, body_timeout_s: float = BODY_TIMEOUT_S,
                  disconnect_poll_s: float = 0.5, health_upstream: tuple[str, int] | None = None,
                  models_state: str | None = None, upstream_warm: int = 0, shared: SharedState | None = None,
-                 clock: Callable[[], float] = time.time, salting: Salting | None = None):
+                 clock: Callable[[], float] = time.time, salting: Salting | None = None,
+                 admission_caps: Mapping[str, int] | None = None, worker: int = 0):
         """`entitled`: consumer -> the model and adapter ids it may call; None: every consumer, every id.
         `upstream_warm`: connections kept open ahead of demand to each engine process.
         `shared`: the limits and in-flight count of several worker processes (shared.SharedState).
-        `salting`: each request's KV-cache salt (salting.py); None: a fresh key, the default backend's paths."""
+        `salting`: each request's KV-cache salt (salting.py); None: a fresh key, the default backend's paths.
+        `admission_caps`: model id -> requests each of its engine processes may hold at once (fair.py); None:
+        no cap, requests go straight to the least busy process. `worker`: this process's index among `shared`'s."""
         self.identity = identity
         self.metrics = metrics
         self.proxy_protocol = proxy_protocol
@@ -103,6 +107,8 @@ class Gateway:
         self.admission = Admission(limiters, metrics, entitled, model_limiters,
                                    shared.limiter if shared is not None else local_limiter)
         self.drain_state = Drain(drain_timeout_s, shared)
+        self.fair = None if admission_caps is None else fair_admission(
+            router, admission_caps, identity.consumers, shared, worker, disconnect_poll_s)
         self.upstream_warm = upstream_warm
         self.health = HealthProbe(health_upstream or router.default.address, health_timeout_s,
                                   lambda: self.drain_state.draining, models_state)
@@ -141,6 +147,8 @@ class Gateway:
             entitled = {c.name: self.router.ids for c in consumers}
         # Limiters first: a request resolved to a new consumer must find its limiter.
         self.admission.set_consumers(consumers, entitled)
+        if self.fair is not None:
+            self.fair.set_consumers(consumers)
         self.identity.consumers = tuple(consumers)
 
     # ------------------------------------------------------------ lifecycle
@@ -151,6 +159,8 @@ class Gateway:
         for pool in self.router.pools:
             pool.keep_warm(self.upstream_warm)
         self.watchdog.start(self.router.pools)
+        if self.fair is not None:
+            self.fair.start()
         return self._server
 
     @property
@@ -161,6 +171,8 @@ class Gateway:
     def begin_drain(self) -> None:
         """SIGTERM: health turns 503 now; new requests are refused; in-flight ones carry on."""
         self.drain_state.begin()
+        if self.fair is not None:
+            self.fair.flush(_DRAINING)  # queued requests never reached an engine: retryable elsewhere now
 
     async def drain(self) -> bool:
         """Wait for in-flight requests (bounded by the drain timeout); True if all finished."""
@@ -168,6 +180,8 @@ class Gateway:
 
     async def close(self) -> None:
         self.watchdog.stop()
+        if self.fair is not None:
+            self.fair.stop()
         if self._server:
             self._server.close()
         # Cut by the drain timeout before the server answered: a retryable 503, not a reset.
@@ -351,17 +365,46 @@ class Gateway:
         ticket = self.admission.admit(consumer.name, target.id, path, arrived_ms)
         if isinstance(ticket, Refusal):
             return await refuse(ticket)
-        # Admitted: counts toward in-flight.
         exchange.model = target.id
+        pool = await self._engine_slot(consumer.name, target, reader, writer, exchange)
+        if isinstance(pool, Refusal):
+            ticket.release()
+            if pool.status == 429:  # its queue is full: a throttle, counted as the limits count theirs
+                self.metrics.emit(consumer.name, {t.REQUESTS: 1, t.THROTTLED: 1, t.ERRORS: 0},
+                                  {"throttle_reason": pool.code, "throttle_scope": "admission", "path": path},
+                                  arrived_ms, model=target.id)
+            else:
+                exchange.error = pool.code == QUEUE_TIMEOUT.code  # the engine stayed full: a server error
+                record(self.metrics, exchange, path)
+            return False if pool.status == CLIENT_GONE.status else await refuse(pool)
+        # Admitted: counts toward in-flight.
         exchange.arrived_ms, exchange.in_flight = arrived_ms, self.drain_state.enter()
         try:
             extra = {"lora_request": target.adapter.lora_request, **salt} if target.adapter else salt
-            return await self.proxy.forward(self.router.pick(target), request, reader, writer, keep, body, exchange,
+            return await self.proxy.forward(pool, request, reader, writer, keep, body, exchange,
                                             prepare_body(body, data, extra))
         finally:
+            if self.fair is not None:
+                self.fair.release(consumer.name, target.base, pool)
             ticket.release()
             self.drain_state.leave()
             record(self.metrics, exchange, path)
+
+    async def _engine_slot(self, consumer: str, target: Target, reader: asyncio.StreamReader,
+                           writer: asyncio.StreamWriter, exchange: Exchange) -> UpstreamPool | Refusal:
+        """The engine process to serve the request: at once when there is room, else in fair order (fair.py)."""
+        if self.fair is None:
+            return self.router.pick(target)
+        queued = time.perf_counter()
+        pool = await self.fair.acquire(consumer, target.base, lambda: reader.at_eof() or writer.is_closing())
+        waited_ms = (time.perf_counter() - queued) * 1000
+        if waited_ms >= 0.1:
+            exchange.props["admission_wait_ms"] = round(waited_ms, 1)
+        if isinstance(pool, Refusal):
+            exchange.status = pool.status
+            exchange.client_gone = pool.status == CLIENT_GONE.status
+            exchange.props["admission_refused"] = pool.code
+        return pool
 
     def _models(self, consumer: str, path: str) -> bytes | Refusal:
         """GET /v1/models (the consumer's models and adapters, config order) or /v1/models/{id}, as OpenAI

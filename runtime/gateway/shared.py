@@ -58,6 +58,10 @@ class SharedState:
         self._in_flight_at = self._outcomes_at + MAX_WORKERS * _OUTCOME.size
         self.mem = mmap.mmap(-1, self._in_flight_at + _I64.size)  # MAP_SHARED | MAP_ANONYMOUS: kept across fork
         self._offsets: dict[str, int] = {}  # this process's cache of key -> slot offset
+        self.workers = workers
+        # One pipe per worker: another worker writes a byte to hand it an engine slot its queued request is owed
+        # (runtime/gateway/fair.py); made before the fork so every worker holds every write end.
+        self.wake_fds = [os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC) for _ in range(workers)]
 
     def slot(self, key: str, capacity: float) -> int:
         """The slot of `key`; a new one starts with a full bucket. Call with `lock` held."""
@@ -80,6 +84,12 @@ class SharedState:
         _SLOT.pack_into(self.mem, free, digest, 0, capacity, time.monotonic())
         self._offsets[key] = free
         return free
+
+    def cell(self, key: str) -> int:
+        """The offset of a shared (int64, float64) pair under `key`, for state other than limiters (fair
+        admission's counts and virtual times); both start at 0. Call with `lock` held."""
+        offset = self.slot(key, 0.0) + 16  # a slot's active count, then its tokens: reused as the pair
+        return offset
 
     # The instance-wide count of admitted requests in flight (InFlightAtArrival: this instance, not this worker).
     def enter(self) -> int:

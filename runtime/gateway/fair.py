@@ -1,0 +1,412 @@
+"""Fair admission: how many requests each engine process holds, and whose request goes next when it is full.
+
+Each engine process gets an admission cap: its engine's `max_batch_size`, the most requests it runs in one
+batch (the plan has no per-process target: its scaling target is a per-instance average, and queueing at
+an average would throttle a lone consumer below what the engine can batch). A request the engine would
+only queue is held here instead, where the caller's identity is known, in a queue per consumer, and
+admitted by start-time fair queuing (Goyal, Vin and Cheng, SIGCOMM 1996): each request gets the start tag
+max(V, F) where F is the finish tag of its consumer's previous request and V the start tag of the last
+request admitted; its finish tag is the start tag plus 1/weight; the smallest start tag goes next. A
+consumer that has been idle starts at V, with no credit saved up; two busy consumers of weights 2 and 1
+get two admissions to one. Interactive requests go before any batch request (strict priority between the
+classes, fair queuing within one).
+
+Headroom for the quiet: an account below its weighted share of the soft cap (the cap less HEADROOM of it)
+is admitted at once while the process holds fewer than the cap; everyone else waits once it holds the soft
+cap. A neighbour flooding the process therefore fills it to the soft cap, and a quiet account's request
+starts in the engine's next iteration instead of after a neighbour's request ends.
+
+Every count lives in the workers' shared mapping (runtime/gateway/shared.py), changed under its one
+lock, so the cap of an engine process holds across gateway workers exactly as the consumer limits do.
+Each worker keeps its own waiters and publishes the tag of its best one; a worker that frees a slot
+owed to another worker's waiter writes a byte to that worker's pipe. While any request waits, one sweep
+every poll period notices clients that left, waits that ran out, and (a safety net) a slot nobody handed over.
+
+TensorRT-LLM 1.2.x's OpenAI server takes no per-request priority (tests/gateway/test_fair.py names the
+source), so the classes are the gateway's own and nothing is added to the request the engine gets.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import os
+import struct
+import time
+from collections import deque
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from .identity import Refusal
+
+if TYPE_CHECKING:
+    from fleetcast.config import Consumer, FleetConfig
+
+    from .routing import Router
+    from .shared import SharedState
+    from .upstream import UpstreamPool
+
+# The share of a process's cap kept for accounts below their share (at least one request when the cap is 2+): a
+# quarter, so a quiet account's few concurrent requests find room (scripts/bench_fairness.py measured one slot
+# of 8 as too few: a quiet account's second concurrent request waited for a neighbour's to end).
+HEADROOM = 1 / 4
+RANK = {"interactive": 0, "batch": 1}
+
+_I64 = struct.Struct("<q")
+_F64 = struct.Struct("<d")
+
+
+def admission_caps(cfg: FleetConfig, pool_name: str) -> dict[str, int]:
+    """model id -> the requests one of its engine processes may hold at once on `pool_name`: the batch limit."""
+    pool = next(p for r in cfg.regions for p in r.pools if p.name == pool_name)
+    return {s.model.id: s.engine.max_batch_size for s in cfg.served_by(pool)}
+
+
+def soft_cap(cap: int) -> int:
+    """What a process holds before accounts at or above their share wait: the cap less the headroom."""
+    return cap - (math.ceil(cap * HEADROOM) if cap > 1 else 0)
+
+
+@dataclass(frozen=True)
+class Share:
+    weight: float = 1.0
+    rank: int = 0
+    max_queued: int = 64
+    max_wait_s: float = 30.0
+
+
+def share_of(consumer: Consumer) -> Share:
+    a = consumer.admission
+    return Share(a.weight, RANK[a.priority.value], a.max_queued, a.max_queue_wait_s)
+
+
+class _Waiter:
+    __slots__ = ("consumer", "rank", "tag", "future", "deadline", "gone")
+
+    def __init__(self, consumer: str, rank: int, tag: float, future: asyncio.Future[UpstreamPool | Refusal],
+                 deadline: float, gone: Callable[[], bool]):
+        self.consumer, self.rank, self.tag, self.future, self.deadline = consumer, rank, tag, future, deadline
+        self.gone = gone
+
+
+def queue_full(consumer: str, max_queued: int) -> Refusal:
+    return Refusal(429, "queue_full", f"the model's engine is at capacity and {max_queued} requests of this consumer "
+                   "already wait for it on this instance; retry after the Retry-After interval", "requests",
+                   (("Retry-After", "1"),))
+
+
+# Not sent: the client left while its request waited (status 499 as nginx logs it; the connection is closed).
+CLIENT_GONE = Refusal(499, "client_gone", "the client closed the connection while its request waited", "client_gone")
+QUEUE_TIMEOUT = Refusal(503, "queue_timeout", "the model's engine stayed at capacity for as long as this request may "
+                        "wait; retry after the Retry-After interval", "service_unavailable", (("Retry-After", "1"),))
+
+
+class _Group:
+    """One model's engine processes: their shared counts, and this worker's queues for them."""
+
+    def __init__(self, state: SharedState, model: str, pools: Sequence[UpstreamPool], cap: int, worker: int):
+        self.state, self.model, self.pools, self.cap, self.soft = state, model, tuple(pools), cap, soft_cap(cap)
+        self.worker = worker
+        with state.lock:
+            self.used_at = [state.cell(f"fair\x00proc\x00{p.host_header}") for p in self.pools]
+            self.group_at = state.cell(f"fair\x00group\x00{model}")  # (requests waiting in any worker, V)
+            self.weights_at = state.cell(f"fair\x00weights\x00{model}")  # (-, sum of the active accounts' weights)
+            self.heads_at = [state.cell(f"fair\x00head\x00{model}\x00{w}") for w in range(state.workers)]
+        self.queues: dict[str, deque[_Waiter]] = {}
+        self._consumer_at: dict[str, tuple[int, int]] = {}
+
+    # Shared cells, read and written with the lock held.
+    def _int(self, at: int) -> int:
+        value: int = _I64.unpack_from(self.state.mem, at)[0]
+        return value
+
+    def _set_int(self, at: int, value: int) -> None:
+        _I64.pack_into(self.state.mem, at, value)
+
+    def _float(self, at: int) -> float:
+        value: float = _F64.unpack_from(self.state.mem, at + 8)[0]
+        return value
+
+    def _set_float(self, at: int, value: float) -> None:
+        _F64.pack_into(self.state.mem, at + 8, value)
+
+    def consumer_cells(self, consumer: str) -> tuple[int, int]:
+        """(held requests and finish tag, waiting requests and the weight counted in the active sum)."""
+        cells = self._consumer_at.get(consumer)
+        if cells is None:
+            cells = (self.state.cell(f"fair\x00held\x00{self.model}\x00{consumer}"),
+                     self.state.cell(f"fair\x00waiting\x00{self.model}\x00{consumer}"))
+            self._consumer_at[consumer] = cells
+        return cells
+
+    def under_share(self, consumer: str, share: Share) -> bool:
+        """Whether `consumer` asks for less than its weighted share: its finish tag is at most the soft cap's
+        share per unit of weight ahead of the virtual time. Requests in flight were admitted at tags the virtual
+        time has passed, so this counts what it has arrived with lately, not how long its requests run: a quiet
+        account with a few long requests in flight is still below its share, a flooding one with a queue is not."""
+        held_at, waiting_at = self.consumer_cells(consumer)
+        active = self._float(self.weights_at) + (0.0 if self._int(held_at) + self._int(waiting_at) else share.weight)
+        return self._float(held_at) - self._float(self.group_at) <= self.soft / active
+
+    def _free_pool(self, limit: int) -> int | None:
+        """The index of the process holding the fewest requests, if that is under `limit`."""
+        best, fewest = None, limit
+        for i, at in enumerate(self.used_at):
+            used = self._int(at)
+            if used < fewest:
+                best, fewest = i, used
+        return best
+
+    def _activity(self, consumer: str, share: Share, change: int, waiting: bool) -> None:
+        """Count one more (or fewer) held or waiting request of `consumer`, keeping the active weights' sum."""
+        held_at, waiting_at = self.consumer_cells(consumer)
+        before = self._int(held_at) + self._int(waiting_at)
+        at = waiting_at if waiting else held_at
+        self._set_int(at, self._int(at) + change)
+        after = before + change
+        if before == 0 and after > 0:
+            self._set_float(waiting_at, share.weight)
+            self._set_float(self.weights_at, self._float(self.weights_at) + share.weight)
+        elif before > 0 and after == 0:
+            self._set_float(self.weights_at, max(0.0, self._float(self.weights_at) - self._float(waiting_at)))
+            self._set_float(waiting_at, 0.0)
+
+    def _grant(self, index: int, consumer: str, share: Share, tag: float) -> UpstreamPool:
+        self._set_int(self.used_at[index], self._int(self.used_at[index]) + 1)
+        self._set_float(self.group_at, max(tag, self._float(self.group_at)))  # V: the start tag last admitted
+        self._activity(consumer, share, 1, waiting=False)
+        return self.pools[index]
+
+    def _publish_head(self) -> None:
+        best = self._best()
+        at = self.heads_at[self.worker]
+        if best is None:
+            self._set_int(at, 0)
+        else:
+            self._set_int(at, best.rank + 1)
+            self._set_float(at, best.tag)
+
+    def _best(self) -> _Waiter | None:
+        best = None
+        for queue in self.queues.values():
+            if queue and (best is None or (queue[0].rank, queue[0].tag) < (best.rank, best.tag)):
+                best = queue[0]
+        return best
+
+    def _owner_of_best(self) -> int | None:
+        owner, key = None, None
+        for w, at in enumerate(self.heads_at):
+            rank = self._int(at)
+            if rank:
+                k = (rank, self._float(at))
+                if key is None or k < key:
+                    owner, key = w, k
+        return owner
+
+
+class FairAdmission:
+    """The admission caps and fair queues of one gateway worker (see the module docstring)."""
+
+    def __init__(self, state: SharedState, pools: Mapping[str, Sequence[UpstreamPool]], caps: Mapping[str, int],
+                 consumers: Iterable[Consumer] = (), worker: int = 0, poll_s: float = 0.05):
+        """`pools`: model id -> its engine processes; `caps`: model id -> requests each may hold at once."""
+        self.state, self.worker, self.poll_s = state, worker, poll_s
+        self.groups = {model: _Group(state, model, pools[model], cap, worker) for model, cap in caps.items()
+                       if model in pools}
+        self.shares: dict[str, Share] = {}
+        self.set_consumers(consumers)
+        self._reader_fd = state.wake_fds[worker][0]
+        self._watching = False
+        self._sweep: asyncio.TimerHandle | None = None
+
+    def set_consumers(self, consumers: Iterable[Consumer]) -> None:
+        self.shares = {c.name: share_of(c) for c in consumers}
+
+    def start(self) -> None:
+        """Listen for another worker's hand-over (call inside the event loop)."""
+        if self.state.workers > 1 and not self._watching:
+            asyncio.get_running_loop().add_reader(self._reader_fd, self._woken)
+            self._watching = True
+
+    def stop(self) -> None:
+        if self._sweep is not None:
+            self._sweep.cancel()
+            self._sweep = None
+        if self._watching:
+            asyncio.get_running_loop().remove_reader(self._reader_fd)
+            self._watching = False
+
+    def _woken(self) -> None:
+        try:
+            while os.read(self._reader_fd, 512):
+                pass
+        except BlockingIOError:
+            pass
+        for group in self.groups.values():
+            with self.state.lock:
+                self._dispatch(group, relay=False)
+
+    def _poke(self, worker: int) -> None:
+        try:
+            os.write(self.state.wake_fds[worker][1], b"\x01")
+        except BlockingIOError:
+            pass  # its pipe is full of pokes already: it will look
+
+    async def acquire(self, consumer: str, model: str, gone: Callable[[], bool]) -> UpstreamPool | Refusal:
+        """The engine process `consumer`'s request for `model` goes to, once it has room; or the answer to give.
+
+        `gone()`: the client has left (checked every poll period while the request waits)."""
+        group = self.groups[model]
+        share = self.shares.get(consumer) or Share()
+        with self.state.lock:
+            held_at, waiting_at = group.consumer_cells(consumer)
+            vtime = group._float(group.group_at)
+            tag = max(vtime, group._float(held_at))
+            group._set_float(held_at, tag + 1.0 / share.weight)
+            # Nobody waits: it goes now if there is room for it. Someone waits: only an account below its
+            # share may pass them (into room they may not use), else it queues behind them in tag order.
+            if group._int(group.group_at) == 0 or group.under_share(consumer, share):
+                index = group._free_pool(self._limit(group, consumer, share))
+                if index is not None:
+                    return group._grant(index, consumer, share, tag)
+            if group._int(waiting_at) >= share.max_queued:
+                return queue_full(consumer, share.max_queued)
+            future: asyncio.Future[UpstreamPool | Refusal] = asyncio.get_running_loop().create_future()
+            waiter = _Waiter(consumer, share.rank, tag, future, time.monotonic() + share.max_wait_s, gone)
+            group.queues.setdefault(consumer, deque()).append(waiter)
+            group._activity(consumer, share, 1, waiting=True)
+            group._set_int(group.group_at, group._int(group.group_at) + 1)
+            group._publish_head()
+            self._dispatch(group)
+        if self._sweep is None:
+            self._sweep = asyncio.get_running_loop().call_later(self.poll_s, self._sweep_waiters)
+        try:
+            return await future
+        except asyncio.CancelledError:  # the connection's task was cancelled (the gateway closing)
+            if future.done() and not future.cancelled():
+                granted = future.result()
+                if not isinstance(granted, Refusal):
+                    self.release(consumer, model, granted)  # granted in the same turn: give it back
+            else:
+                self._withdraw(group, waiter, CLIENT_GONE)
+            raise
+
+    def _sweep_waiters(self) -> None:
+        """Every poll period while any request waits, one pass over them all (not a timer each): withdraw
+        those whose client left or whose wait ran out, and hand over any slot a lost poke left free."""
+        self._sweep = None
+        now = time.monotonic()
+        for group in self.groups.values():
+            for queue in list(group.queues.values()):
+                for waiter in list(queue):
+                    if waiter.gone():
+                        self._withdraw(group, waiter, CLIENT_GONE)
+                    elif now >= waiter.deadline:
+                        self._withdraw(group, waiter, QUEUE_TIMEOUT)
+            with self.state.lock:
+                self._dispatch(group, relay=False)
+        if self.waiting():
+            self._sweep = asyncio.get_running_loop().call_later(self.poll_s, self._sweep_waiters)
+
+    def _withdraw(self, group: _Group, waiter: _Waiter, refusal: Refusal) -> None:
+        """Take a waiter out of its queue and answer it `refusal` (if no slot was granted meanwhile)."""
+        with self.state.lock:
+            queue = group.queues.get(waiter.consumer)
+            if queue is not None and waiter in queue:
+                queue.remove(waiter)
+                group._activity(waiter.consumer, self.shares.get(waiter.consumer) or Share(), -1, waiting=True)
+                group._set_int(group.group_at, group._int(group.group_at) - 1)
+                group._publish_head()
+                self._dispatch(group)  # another worker's waiter may be the best now
+        if not waiter.future.done():
+            waiter.future.set_result(refusal)
+
+    def release(self, consumer: str, model: str, pool: UpstreamPool) -> None:
+        """The request `acquire` placed on `pool` has ended: its slot goes to the next in fair order."""
+        group = self.groups[model]
+        share = self.shares.get(consumer) or Share()
+        with self.state.lock:
+            at = group.used_at[group.pools.index(pool)]
+            group._set_int(at, group._int(at) - 1)
+            group._activity(consumer, share, -1, waiting=False)
+            self._dispatch(group)
+
+    def _limit(self, group: _Group, consumer: str, share: Share) -> int:
+        """The most requests an engine process may hold for `consumer`'s next one to go to it. Lock held.
+
+        Below its share: the cap. Above it: the soft cap less what the accounts below their share hold,
+        so a quiet account keeps the whole headroom free for its next requests however many it already has."""
+        if group.under_share(consumer, share):
+            return group.cap
+        light = sum(group._int(group.consumer_cells(other)[0]) for other, other_share in self.shares.items()
+                    if other != consumer and group.under_share(other, other_share))
+        return group.soft - math.ceil(light / len(group.pools))
+
+    def _dispatch(self, group: _Group, relay: bool = True) -> None:
+        """Hand free slots to the best waiters, this worker's or (by a poke) another's. Lock held.
+
+        The best waiter of all goes next if there is room for it (`_limit`); if not, the best of those below
+        their share, if there is room under the cap. `relay`: when the best is another worker's, or this worker
+        has nobody who may go, poke the others (not when a poke or a poll brought us here: two workers
+        without one would poke each other for ever; each also polls)."""
+        while group._int(group.group_at) > 0:
+            if group._free_pool(group.cap) is None:
+                return
+            owner = group._owner_of_best()
+            if owner is None:
+                return
+            if owner != self.worker:
+                if relay:
+                    self._poke(owner)
+                return
+            best = group._best()
+            if best is None:  # our published head is stale: republish and look again
+                group._publish_head()
+                continue
+            index = group._free_pool(self._limit(group, best.consumer, self.shares.get(best.consumer) or Share()))
+            if index is None:
+                best = self._best_below_share(group)
+                if best is None:
+                    if relay:
+                        for worker, at in enumerate(group.heads_at):
+                            if worker != self.worker and group._int(at):
+                                self._poke(worker)
+                    return
+                index = group._free_pool(group.cap)
+                assert index is not None  # found free above, under the same lock
+            group.queues[best.consumer].remove(best)
+            share = self.shares.get(best.consumer) or Share()
+            group._activity(best.consumer, share, -1, waiting=True)
+            group._set_int(group.group_at, group._int(group.group_at) - 1)
+            if not best.future.done():  # done: cancelled, its task not yet told; it gets no slot
+                best.future.set_result(group._grant(index, best.consumer, share, best.tag))
+            group._publish_head()
+
+    def _best_below_share(self, group: _Group) -> _Waiter | None:
+        best = None
+        for consumer, queue in group.queues.items():
+            if queue and (best is None or (queue[0].rank, queue[0].tag) < (best.rank, best.tag)) \
+                    and group.under_share(consumer, self.shares.get(consumer) or Share()):
+                best = queue[0]
+        return best
+
+    def flush(self, refusal: Refusal) -> None:
+        """Answer every waiting request `refusal` (the drain: none of them has reached an engine)."""
+        for group in self.groups.values():
+            for queue in list(group.queues.values()):
+                for waiter in list(queue):
+                    self._withdraw(group, waiter, refusal)
+
+    def waiting(self) -> int:
+        return sum(len(q) for g in self.groups.values() for q in g.queues.values())
+
+
+def fair_admission(router: Router, caps: Mapping[str, int], consumers: Iterable[Consumer],
+                   shared: SharedState | None, worker: int, poll_s: float) -> FairAdmission:
+    """The worker's FairAdmission over the router's engine processes; a single process gets its own SharedState
+    (one code path: its lock is then never contended)."""
+    from .shared import SharedState
+
+    pools = {model: target.pools for model in caps if (target := router.resolve(model)) is not None}
+    return FairAdmission(shared if shared is not None else SharedState(1), pools, caps, consumers, worker, poll_s)

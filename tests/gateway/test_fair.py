@@ -1,0 +1,388 @@
+"""Fair admission: an engine process holds at most its cap; beyond it consumers are admitted by weight, not arrival.
+
+Every test is bounded (a fake engine that holds requests until told, `run`'s timeout) and none depends on
+machine load: the order of admissions is decided by tags, not by timing.
+
+TensorRT-LLM 1.2.x and request priority (NVIDIA/TensorRT-LLM, read with this workplace's search tools; the
+v1.2.1 tag itself is over the fetch limit, as tests/runtime/trtllm_1_2_1_cli.py explains):
+- tensorrt_llm/serve/openai_protocol.py of the 1.1/1.2 line (index id 3927323397: CompletionRequest with
+  `lora_request`, `prompt_ignore_length`, `disaggregated_params`; ChatCompletionRequest with `cache_salt`):
+  neither request model has a `priority` field, and `OpenAIBaseModel` sets `extra="forbid"`, so a
+  `priority` in the body is a 400 from trtllm-serve. A later version (index id 57361692488) adds
+  `priority: Optional[float]` in [0, 1], "Only honored when the engine runs with
+  scheduler_config.waiting_queue_policy=priority".
+- The C++ executor (engine flow) orders its own queue by `Request` priority
+  (cpp/tensorrt_llm/executor/requestUtils.cpp `insertRequestInOrder`: `a->priority() > b->priority()`),
+  but trtllm-serve 1.2.x gives no way to set it per request.
+So the priority classes are the gateway's own, and the gateway never adds `priority` to the request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+
+import pytest
+
+from fleetcast.config import parse_config
+from runtime.gateway import fair
+from runtime.gateway.fair import FairAdmission, soft_cap
+from runtime.gateway.identity import Refusal
+from runtime.gateway.shared import SharedState
+
+from .conftest import (
+    ANALYTICS_VPCE,
+    MODEL_ID,
+    REGION,
+    VOICE_VPCE,
+    fleet_config,
+    run,
+    start_harness,
+    stop_harness,
+)
+from .fakes import Client, one_request
+
+
+class Engine:
+    """An engine process as the admission sees it: an address."""
+
+    def __init__(self, port: int):
+        self.address = ("127.0.0.1", port)
+        self.host_header = f"127.0.0.1:{port}"
+
+
+def consumers(**admission: dict):
+    """The test fleet's two Seoul consumers (voice-app, analytics) with the given `admission` settings."""
+    data = fleet_config().model_dump(mode="json")
+    data = copy.deepcopy(data)
+    for c in data["consumers"]:
+        if c["name"] in admission:
+            c["admission"] = admission[c["name"]]
+    cfg = parse_config(data, "<test config>")
+    return cfg, cfg.consumers_of(REGION)
+
+
+async def admitted_in_order(admission: FairAdmission, holder: str, arrivals: list[str], model: str = MODEL_ID,
+                            ) -> list[str]:
+    """Fill the one slot with `holder`, queue `arrivals` in that order, then free the slot again and again:
+    the consumers in the order the queue admits them."""
+    engine = await admission.acquire(holder, model, lambda: False)
+    assert not isinstance(engine, Refusal)
+    order: list[str] = []
+    done: dict[int, asyncio.Event] = {}
+
+    async def one(i: int, consumer: str) -> None:
+        got = await admission.acquire(consumer, model, lambda: False)
+        assert not isinstance(got, Refusal)
+        order.append(consumer)
+        done[i] = asyncio.Event()
+        await done[i].wait()
+        admission.release(consumer, model, got)
+
+    tasks = [asyncio.ensure_future(one(i, c)) for i, c in enumerate(arrivals)]
+    for _ in range(20):
+        await asyncio.sleep(0)
+    assert order == []  # the slot is held: nobody is admitted
+    assert admission.waiting() == len(arrivals)
+    admission.release(holder, model, engine)
+    for n in range(1, len(arrivals) + 1):
+        for _ in range(1000):  # bounded: a few loop turns per admission
+            if len(order) >= n:
+                break
+            await asyncio.sleep(0)
+        assert len(order) == n, f"admission {n} never came: {order}"
+        assert len(order) == n  # one slot: the next waits for this one's release
+        index = next(i for i in sorted(done) if not done[i].is_set())
+        done[index].set()
+    await asyncio.gather(*tasks)
+    return order
+
+
+def test_a_full_engine_admits_two_consumers_by_weight_not_by_arrival():
+    _, (voice, analytics) = consumers(**{"voice-app": {"weight": 2}})
+
+    async def body():
+        admission = FairAdmission(SharedState(1), {MODEL_ID: [Engine(9001)]}, {MODEL_ID: 1}, (voice, analytics))
+        # All of voice-app's requests arrive first: first come, first served would run them all before analytics.
+        return await admitted_in_order(admission, "analytics", ["voice-app"] * 6 + ["analytics"] * 3)
+
+    order = run(body())
+    # Start-time fair queuing: voice-app's tags 0, .5, 1, 1.5, 2, 2.5; analytics' 1, 2, 3 (after its held one).
+    assert order == ["voice-app", "voice-app", "voice-app", "analytics", "voice-app", "voice-app", "analytics",
+                     "voice-app", "analytics"]
+    assert order != ["voice-app"] * 6 + ["analytics"] * 3
+
+
+def test_equal_weights_alternate_and_an_idle_consumer_saves_no_credit():
+    _, (voice, analytics) = consumers()
+
+    async def body():
+        admission = FairAdmission(SharedState(1), {MODEL_ID: [Engine(9001)]}, {MODEL_ID: 1}, (voice, analytics))
+        first = await admitted_in_order(admission, "voice-app", ["voice-app"] * 4 + ["analytics"] * 4)
+        # analytics was idle through voice-app's run of requests: it comes back at the current virtual time, and
+        # alternates from there rather than taking a burst of turns for its idle time.
+        second = await admitted_in_order(admission, "voice-app", ["voice-app"] * 3 + ["analytics"] * 3)
+        return first, second
+
+    first, second = run(body())
+    assert first == ["voice-app", "analytics"] * 4 or first == ["analytics", "voice-app"] * 4
+    assert sorted(second[:2]) == ["analytics", "voice-app"] and sorted(second[2:4]) == ["analytics", "voice-app"]
+
+
+def test_a_batch_consumer_waits_while_an_interactive_one_waits():
+    _, (voice, analytics) = consumers(analytics={"priority": "batch"})
+
+    async def body():
+        admission = FairAdmission(SharedState(1), {MODEL_ID: [Engine(9001)]}, {MODEL_ID: 1}, (voice, analytics))
+        return await admitted_in_order(admission, "voice-app", ["analytics"] * 3 + ["voice-app"] * 3)
+
+    assert run(body()) == ["voice-app"] * 3 + ["analytics"] * 3
+
+
+def test_the_cap_of_an_engine_process_holds_across_workers_and_a_freed_slot_goes_to_the_other_worker():
+    _, (voice, analytics) = consumers()
+
+    async def body():
+        state = SharedState(2)
+        engines = {MODEL_ID: [Engine(9001)]}
+        first = FairAdmission(state, engines, {MODEL_ID: 1}, (voice, analytics), worker=0)
+        second = FairAdmission(state, engines, {MODEL_ID: 1}, (voice, analytics), worker=1)
+        first.start()
+        second.start()
+        try:
+            held = await first.acquire("voice-app", MODEL_ID, lambda: False)
+            waiting = asyncio.ensure_future(second.acquire("analytics", MODEL_ID, lambda: False))
+            for _ in range(20):
+                await asyncio.sleep(0)
+            assert not waiting.done()  # worker 1 sees worker 0's request in the shared count
+            first.release("voice-app", MODEL_ID, held)  # worker 0 frees it: the slot is owed to worker 1's waiter
+            got = await asyncio.wait_for(waiting, 5)
+            assert got is engines[MODEL_ID][0]
+            # Worker 1's request now holds it: worker 0's next one waits.
+            again = asyncio.ensure_future(first.acquire("voice-app", MODEL_ID, lambda: False))
+            for _ in range(20):
+                await asyncio.sleep(0)
+            assert not again.done()
+            second.release("analytics", MODEL_ID, got)
+            assert await asyncio.wait_for(again, 5) is engines[MODEL_ID][0]
+        finally:
+            first.stop()
+            second.stop()
+
+    run(body())
+
+
+def test_the_headroom_above_the_soft_cap_is_for_accounts_below_their_share():
+    assert soft_cap(64) == 48 and soft_cap(8) == 6 and soft_cap(2) == 1 and soft_cap(1) == 1
+    _, (voice, analytics) = consumers()
+
+    async def body():
+        admission = FairAdmission(SharedState(1), {MODEL_ID: [Engine(9001)]}, {MODEL_ID: 8}, (voice, analytics))
+        group = admission.groups[MODEL_ID]
+
+        def used() -> int:
+            return group._int(group.used_at[0])
+
+        async def settle():
+            for _ in range(20):
+                await asyncio.sleep(0)
+
+        def acquire(consumer: str) -> asyncio.Future:
+            return asyncio.ensure_future(admission.acquire(consumer, MODEL_ID, lambda: False))
+
+        # voice-app's first eight find the process empty; then it floods: twenty more queue, and with a queue that
+        # long it asks for more than its share.
+        flood = [await admission.acquire("voice-app", MODEL_ID, lambda: False) for _ in range(8)]
+        queued = [acquire("voice-app") for _ in range(20)]
+        await settle()
+        assert used() == 8 and not any(q.done() for q in queued)
+        first = acquire("analytics")
+        await settle()
+        assert not first.done()  # the cap itself is never passed
+        admission.release("voice-app", MODEL_ID, flood.pop())
+        await settle()
+        assert first.done() and not any(q.done() for q in queued)  # the freed slot goes to analytics, by its tag
+        admission.release("voice-app", MODEL_ID, flood.pop())
+        await settle()
+        # 7 held: above the soft cap (6) less analytics' one, so none of voice-app's; analytics' next goes at once.
+        assert used() == 7 and not any(q.done() for q in queued)
+        second = acquire("analytics")
+        await settle()
+        assert second.done() and used() == 8
+        while flood:
+            admission.release("voice-app", MODEL_ID, flood.pop())
+            await settle()
+        # voice-app gets the soft cap less what analytics holds: 6 - 2; the other 2 stay free for analytics.
+        assert sum(q.done() for q in queued) == 2 and used() == 4
+        return True
+
+    assert run(body())
+
+
+def test_a_full_queue_is_a_retryable_429_and_a_long_wait_a_retryable_503():
+    _, (voice, analytics) = consumers(**{"voice-app": {"max_queued": 1, "max_queue_wait_s": 0.2}})
+
+    async def body():
+        admission = FairAdmission(SharedState(1), {MODEL_ID: [Engine(9001)]}, {MODEL_ID: 1}, (voice, analytics),
+                                  poll_s=0.02)
+        held = await admission.acquire("analytics", MODEL_ID, lambda: False)
+        waiting = asyncio.ensure_future(admission.acquire("voice-app", MODEL_ID, lambda: False))
+        await asyncio.sleep(0)
+        full = await admission.acquire("voice-app", MODEL_ID, lambda: False)
+        timed_out = await asyncio.wait_for(waiting, 5)
+        admission.release("analytics", MODEL_ID, held)
+        return full, timed_out, admission.waiting()
+
+    full, timed_out, left = run(body())
+    assert isinstance(full, Refusal) and full.status == 429 and full.code == "queue_full"
+    assert ("Retry-After", "1") in full.headers
+    assert isinstance(timed_out, Refusal) and timed_out.status == 503 and timed_out.code == "queue_timeout"
+    assert ("Retry-After", "1") in timed_out.headers
+    assert left == 0
+
+
+# ---------------------------------------------------------------- through the gateway
+
+
+async def engine_taken(h) -> asyncio.Future:
+    """voice-app's request, held by the fake engine before its first token: the one slot of a cap of 1 taken.
+    Set `h.upstream.hold` to let it finish; await the returned future for its reply."""
+    h.upstream.hold = asyncio.Event()
+    first = asyncio.ensure_future(one_request(h.port, "POST", "/v1/completions",
+                                              {"model": MODEL_ID, "prompt": "a", "max_tokens": 2}))
+    await asyncio.wait_for(h.upstream.held.wait(), 5)
+    return first
+
+
+def test_through_the_gateway_a_queued_request_waits_for_the_slot_and_carries_no_priority_upstream():
+    cfg, _ = consumers(analytics={"priority": "batch"})
+
+    async def body():
+        h = await start_harness(cfg, admission_caps={MODEL_ID: 1})
+        try:
+            first = await engine_taken(h)
+            second = asyncio.ensure_future(one_request(h.port, "POST", "/v1/completions",
+                                                       {"model": MODEL_ID, "prompt": "c d", "max_tokens": 2},
+                                                       vpce_id=ANALYTICS_VPCE))
+            for _ in range(50):
+                await asyncio.sleep(0.01)
+                if h.gateway.fair.waiting():
+                    break
+            assert h.gateway.fair.waiting() == 1 and h.upstream.arrivals == 1  # held at the gateway, not the engine
+            h.upstream.hold.set()
+            replies = await asyncio.gather(first, second)
+            return replies, list(h.upstream.requests), [r.get("admission_wait_ms") for r in h.records]
+        finally:
+            await stop_harness(h)
+
+    replies, bodies, waits = run(body())
+    assert [r.status for r in replies] == [200, 200]
+    assert all("priority" not in b for b in bodies)
+    assert any(w is not None and w > 0 for w in waits)
+
+
+def test_a_queued_request_gets_the_drains_503_and_one_whose_client_left_never_reaches_the_engine():
+    cfg, _ = consumers()
+
+    async def body():
+        h = await start_harness(cfg, admission_caps={MODEL_ID: 1}, disconnect_poll_s=0.02)
+        try:
+            first = await engine_taken(h)
+            leaver = await Client(h.port, VOICE_VPCE).connect()
+            await leaver.send("POST", "/v1/completions", {"model": MODEL_ID, "prompt": "b", "max_tokens": 2})
+            for _ in range(100):
+                await asyncio.sleep(0.01)
+                if h.gateway.fair.waiting():
+                    break
+            assert h.gateway.fair.waiting() == 1
+            await leaver.close()
+            for _ in range(200):
+                await asyncio.sleep(0.01)
+                if not h.gateway.fair.waiting():
+                    break
+            assert h.gateway.fair.waiting() == 0  # withdrawn: its place is free
+            queued = asyncio.ensure_future(one_request(h.port, "POST", "/v1/completions",
+                                                       {"model": MODEL_ID, "prompt": "c", "max_tokens": 2},
+                                                       vpce_id=ANALYTICS_VPCE))
+            for _ in range(100):
+                await asyncio.sleep(0.01)
+                if h.gateway.fair.waiting():
+                    break
+            h.gateway.begin_drain()
+            drained = await asyncio.wait_for(queued, 5)
+            h.upstream.hold.set()
+            await first
+            return drained, h.upstream.arrivals
+        finally:
+            await stop_harness(h)
+
+    drained, arrivals = run(body())
+    assert drained.status == 503 and drained.json()["error"]["code"] == "draining"
+    assert arrivals == 1  # neither the one that left nor the drained one reached the engine
+
+
+def test_the_cap_is_each_engine_process_batch_limit():
+    from fleetcast.config import load_config
+
+    from .conftest import ROOT
+
+    cfg = load_config(ROOT / "config" / "fleet.yaml")
+    pool = cfg.regions[0].pools[0]
+    caps = fair.admission_caps(cfg, pool.name)
+    assert caps == {s.model.id: s.engine.max_batch_size for s in cfg.served_by(pool)}
+
+
+@pytest.mark.parametrize("setting, message", [
+    ({"weight": 0}, "consumers[0].admission.weight"),
+    ({"priority": "urgent"}, "consumers[0].admission.priority"),
+    ({"max_queue_wait_s": 0}, "consumers[0].admission.max_queue_wait_s"),
+])
+def test_bad_admission_settings_name_the_field(setting, message):
+    from fleetcast.config import ConfigError
+
+    data = fleet_config().model_dump(mode="json")
+    data["consumers"][0]["admission"] = setting
+    with pytest.raises(ConfigError) as err:
+        parse_config(data, "<test config>")
+    assert message in err.value.render()
+
+
+def test_a_waiter_whose_task_is_cancelled_leaves_the_queue_and_takes_no_slot():
+    _, (voice, analytics) = consumers()
+
+    async def body():
+        admission = FairAdmission(SharedState(1), {MODEL_ID: [Engine(9001)]}, {MODEL_ID: 1}, (voice, analytics))
+        held = await admission.acquire("voice-app", MODEL_ID, lambda: False)
+        doomed = asyncio.ensure_future(admission.acquire("analytics", MODEL_ID, lambda: False))
+        await asyncio.sleep(0)
+        assert admission.waiting() == 1
+        doomed.cancel()
+        await asyncio.gather(doomed, return_exceptions=True)
+        assert admission.waiting() == 0
+        admission.release("voice-app", MODEL_ID, held)
+        nxt = await asyncio.wait_for(admission.acquire("voice-app", MODEL_ID, lambda: False), 5)
+        return nxt, admission.groups[MODEL_ID]._int(admission.groups[MODEL_ID].used_at[0])
+
+    engine, used = run(body())
+    assert not isinstance(engine, Refusal) and used == 1
+
+
+def test_through_the_gateway_a_full_queue_is_a_429_with_retry_after_counted_as_throttled():
+    cfg, _ = consumers(analytics={"max_queued": 0})
+
+    async def body():
+        h = await start_harness(cfg, admission_caps={MODEL_ID: 1})
+        try:
+            first = await engine_taken(h)
+            refused = await one_request(h.port, "POST", "/v1/completions",
+                                        {"model": MODEL_ID, "prompt": "b", "max_tokens": 2}, vpce_id=ANALYTICS_VPCE)
+            h.upstream.hold.set()
+            await first
+            return refused, h.metric_sum("Throttled", "analytics"), h.upstream.arrivals
+        finally:
+            await stop_harness(h)
+
+    refused, throttled, arrivals = run(body())
+    assert refused.status == 429 and refused.json()["error"]["code"] == "queue_full"
+    assert refused.headers["retry-after"] == "1"
+    assert throttled == 1 and arrivals == 1
