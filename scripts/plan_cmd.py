@@ -132,11 +132,14 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--json", action="store_true", help="print plan.json instead of the table")
     p.add_argument("--write-config", metavar="FILE",
                    help="update pools and regions of this fleet config with the planned fleet (consumer regions pooled "
-                        "where cheaper) and the spot: block where Spot pays, and write the drift baseline next to it "
+                        "where cheaper; the spot: block with --write-spot), and write the drift baseline next to it "
                         "(<config>.plan-baseline.json): both computed and validated first, then written together, "
                         "or neither (a calibrated pick needs a staged set: `fleetcast stage calibration`)")
     p.add_argument("--write-schedule", action="store_true",
                    help="with --write-config: also write the pool's daily capacity schedule (UTC) from the hourly plan")
+    p.add_argument("--write-spot", action="store_true",
+                   help="with --write-config: add the spot: block where Spot pays (a pool that has one already is "
+                        "kept up to date without it)")
     p.add_argument("--allow-estimated", action="store_true", help="let --write-config write an estimated choice")
     drift = p.add_argument_group("drift check (docs/plan.md, Drift)")
     drift.add_argument("--check", action="store_true",
@@ -232,7 +235,7 @@ def _plan(args: argparse.Namespace) -> int:
     edit = baseline = None
     if args.write_config:
         edit = compute_plan_edit(args.write_config, plans, result.pools, allow_estimated=args.allow_estimated,
-                                 write_schedule=args.write_schedule, spot=result.spot)
+                                 write_schedule=args.write_schedule, spot=result.spot, write_spot=args.write_spot)
         baseline = _baseline(args.write_config, edit.cfg, result.pools, ctx)
     if args.report:
         _write_report(write_report, result, args, edit is not None, say)

@@ -162,7 +162,7 @@ def packing_replan_findings(cfg, result, threshold: float) -> list[Finding]:
                     f"pool {pool.name}: {name} would change {old} -> {new} ({(new - old) / max(old, 1):+.0%}, "
                     f"threshold {threshold:.0%})")))
         target = pool.scaling.target if pool.scaling.metric == "active_requests" else None
-        planned = scaling_target(plan)
+        planned = scaling_target(plan.winner)
         if target is not None and _relative(float(target), planned) > threshold:
             findings.append(Finding("target", plan.region, (
                 f"pool {pool.name}: scaling.target would change {target:g} -> {planned:g} in-flight requests per "

@@ -285,6 +285,36 @@ def packing_memory(cfg, instance_type: str, packing: tuple[tuple[str, str, int],
     return plan_pool(_PackedFleet(cfg, {m: p for m, p, _ in packing}), shape, _instance(instance_type, lab or {}))
 
 
+MEMORY_RULE = "memory"  # PackingEval.ruled_by of a packing the memory check refused
+
+
+def memory_check(cfg, instance_type: str, packing: tuple[tuple[str, str, int], ...], lab: dict[str, str] | None = None,
+                 kv_cache_gb: dict[str, float] | None = None) -> tuple[PoolMemory | None, str | None]:
+    """The planner's one memory check (a fuller memory model swaps in here): the instance's memory plan and, when
+    the packing does not fit, why, its first clause the reason the report groups ruled-out packings by.
+
+    A packing of one process keeps its engine's KV fraction, as the validator lets a one-model pool do, so it
+    needs no model size; several processes split the GPU by the validator's arithmetic (memory.plan_pool), each
+    copy with at least MIN_KV_GIB of KV cache."""
+    memory = packing_memory(cfg, instance_type, packing, lab, kv_cache_gb)
+    if memory is None:
+        return None, f"memory: {instance_type} is not in the instance catalog"
+    if memory.process_count == 1:
+        return memory, None if memory.fits is not False else \
+            f"memory: the weights exceed the {memory.gpu}'s usable memory ({memory.arithmetic()})"
+    if memory.fits is None:
+        unknown = ", ".join(p.model_id for p in memory.processes if p.parameters is None)
+        return memory, (f"memory: size unknown for {unknown} (models[].parameters_b), so several processes cannot be "
+                        "checked against the GPU")
+    if memory.fits is False:
+        return memory, f"memory: exceeds the {memory.gpu}'s usable memory ({memory.arithmetic()})"
+    short = [p.model_id for p in memory.processes if p.kv_bytes is not None and p.kv_bytes < MIN_KV_GIB * GIB]
+    if short:
+        return memory, (f"memory: under {MIN_KV_GIB:g} GiB of KV cache per copy ({', '.join(short)}: "
+                        f"{memory.arithmetic()})")
+    return memory, None
+
+
 def kv_gib_written(kv_gib: float) -> float:
     """A KV budget in GiB as the config gets it: rounded down to 0.1 so the memory sum still fits (solver.floor_tenth).
     The budget comes back from whole bytes (int(kv_cache_gb x 2^30)), a hair under a budget already on the 0.1 grid
@@ -312,6 +342,7 @@ class ModelLoad:
     kv_gib: float | None = None
     sources: tuple[str, ...] = ()
     peer_step_ms: float = 0.0  # estimated: what the other processes add to each of its steps (interference rule)
+    provenance: str = "measured"  # the results' provenance ("synthetic": authored data)
 
     @property
     def instances_by_hour(self) -> list[int]:
@@ -345,6 +376,7 @@ class PackingEval:
     fixed_by_hour: list[float] = field(default_factory=list)
     cost_per_hour: float = 0.0
     usd_per_m_output: float = 0.0
+    label_text: str = ""  # a packing the memory check refused before any model was loaded: what it was
 
     @property
     def feasible(self) -> bool:
@@ -368,7 +400,7 @@ class PackingEval:
 
     @property
     def packing_text(self) -> str:
-        return " + ".join(f"{m.model} {m.precision} x{m.copies}" for m in self.loads)
+        return " + ".join(f"{m.model} {m.precision} x{m.copies}" for m in self.loads) or self.label_text
 
     @property
     def label(self) -> str:
@@ -711,19 +743,17 @@ def _evaluate(cfg, curves, instance_type, region, entries, combo, ctx, fleet_slo
     # A co-located curve holds at the KV budgets it was measured with: the plan keeps them.
     measured_kv = {m: gb for *_, coloc, _ in picked if coloc is not None and coloc.kv_cache_gb
                    for m, gb in coloc.kv_cache_gb.items()}
-    memory = packing_memory(cfg, instance_type, packing, cache["lab"], measured_kv)
-    if memory is None or memory.fits is False:
-        return None
-    if memory.fits is None:
-        return None  # a model's size is unknown: the validator asks for parameters_b
-    kv = {p.model_id: p.kv_bytes for p in memory.processes}
-    if processes > 1 and any(b is not None and b < MIN_KV_GIB * GIB for b in kv.values()):
-        return None
+    memory, refusal = memory_check(cfg, instance_type, packing, cache["lab"], measured_kv)
+    if refusal is not None:
+        label = " + ".join(f"{m} {p} x{c}" for m, p, c in packing)
+        return PackingEval(instance_type, region, [], memory, rejected=refusal, label_text=label)
+    kv = {p.model_id: p.kv_bytes for p in memory.processes} if memory is not None else {}
     def load_of(t, model, prec, copies, mc, curve, source) -> ModelLoad:
         kv_b = kv.get(model)
         return ModelLoad(model, prec, copies, source, curve, _slo_for(cfg, model, fleet_slo),
                          _network_ms(curve, t.region, region, ctx), t,
-                         kv_gib=None if kv_b is None else kv_b / GIB, sources=mc.candidate.sources)
+                         kv_gib=None if kv_b is None else kv_b / GIB, sources=mc.candidate.sources,
+                         provenance=mc.candidate.provenance)
 
     def as_measured(coloc, solo) -> bool:
         return coloc is not None or processes == 1
@@ -828,14 +858,19 @@ def baseline_document(result: PackingPlan, ctx: PlanContext, config_pools: dict[
             "slo": {"ttft_p99_ms": ctx.slo.ttft_p99_ms, "itl_p99_ms": ctx.slo.itl_p99_ms}, "pools": pools}
 
 
-def scaling_target(plan: RegionPacking) -> float:
-    """The pool's in-flight target: the planned requests in flight per instance over every model at the day's
-    busiest planned minute, over the burst headroom (solver.TARGET_HEADROOM), at least 1, rounded down to 0.1
-    (solver.floor_tenth, as the KV budget is)."""
-    from .solver import TARGET_HEADROOM
+def scaling_target(ev: PackingEval) -> float:
+    """The pool's in-flight target: solver.scaling_target over the packing's models (the same figure a one-model
+    plan gets for a packing of one)."""
+    from .queueing import max_safe_rate
+    from .solver import TargetPart, scaling_target as target_of
 
-    w = plan.winner
-    busiest = max(range(24), key=lambda h: (w.instances_by_hour[h], sum(t.hourly_rps()[h] for t in plan.traffic)))
-    in_flight = sum(m.copies * m.predictions[busiest].in_flight for m in w.loads if m.predictions[busiest])
-    burst = max(max(t.hourly_burstiness()) for t in plan.traffic)
-    return max(1.0, floor_tenth(in_flight / max(burst, 1.0 / (1.0 - TARGET_HEADROOM))))
+    cache: dict = {}
+    parts = []
+    for m in ev.loads:
+        model = _models_of(cache, m.curve)
+        safe = max_safe_rate(model, m.traffic.output_mean,
+                             Limits(m.slo.ttft_p99_ms - m.network_ms, m.slo.itl_p99_ms, m.slo.error_rate))
+        if safe is not None:
+            parts.append(TargetPart(model, m.traffic.output_mean, safe[0], m.copies, tuple(m.traffic.hourly_rps()),
+                                    tuple(m.traffic.hourly_burstiness())))
+    return target_of(parts)

@@ -53,7 +53,9 @@ def _ruled_out(plan: RegionPacking) -> list[tuple[str, str]]:
     groups: dict[str, list[PackingEval]] = {}
     for e in plan.evaluations:
         if not e.feasible:
-            groups.setdefault(e.rejected.split(":")[0].split(",")[0], []).append(e)
+            # A memory refusal groups by its whole reason (before the arithmetic): which limit, not just "memory".
+            key = e.rejected.split(" (")[0] if e.rejected.startswith("memory:") else e.rejected.split(":")[0].split(",")[0]
+            groups.setdefault(key, []).append(e)
     out = []
     for _reason, evs in sorted(groups.items(), key=lambda kv: -len(kv[1])):
         first = evs[0]

@@ -501,6 +501,7 @@ class HourCheck:
     requests: int
     sim_queued: float
     network_ms: float
+    slo_met: bool = True  # the simulated P99 TTFT (network included) and ITL at the planned count within the SLOs
 
     @staticmethod
     def _close(a: float, b: float) -> bool:
@@ -561,8 +562,30 @@ def check_sizing(model: ServiceModel, members: list, limits, planned: list[int],
         pred = predictions[h]
         out.append(HourCheck(hours, sum(r for r, _ in streams), n, planned[h], sim_n, pred.ttft_p99_ms + network_ms,
                              at_plan.ttft_p99_ms + network_ms, pred.itl_p99_ms, at_plan.itl_p99_ms, at_plan.requests,
-                             at_plan.queued_share, network_ms))
+                             at_plan.queued_share, network_ms, meets(at_plan, limits)))
     return out
+
+
+def slo_misses(checks: list[HourCheck]) -> list[int]:
+    """The UTC hours whose simulated P99s at the planned count miss an SLO (whatever the planner predicted)."""
+    return sorted(h for c in checks if not c.slo_met for h in c.hours)
+
+
+def verdict(ok: bool, misses: list[tuple[str, list[int]]], what: str) -> list[str]:
+    """The closing lines: 'agree' only when the figures agree AND every simulated hour meets its SLOs; each miss
+    names the model (or pool) and its UTC hours."""
+    lines = [f"  SLO MISSED in simulation: {who} at UTC hours {_hours_text(hours)} (P99 above its SLO at the planned "
+             "count)" for who, hours in misses if hours]
+    if ok and lines:
+        return lines + [f"planner and simulation DISAGREE: the figures agree within {AGREEMENT:.0%} ({what}), but "
+                        "the planned fleet misses an SLO in simulation (above)"]
+    return lines + [f"planner and simulation {'agree' if ok and not lines else 'DISAGREE'} within {AGREEMENT:.0%} "
+                    f"({what})"]
+
+
+def synthetic_line(synthetic: bool) -> list[str]:
+    return ["inputs: SYNTHETIC curves (authored data, not measurements): the simulation checks the method on them, "
+            "not a fleet"] if synthetic else []
 
 
 def _hours_text(hours: list[int]) -> str:
@@ -633,10 +656,12 @@ def simulate_plan(plans, pools, ctx, seed: int = 7, candidates: list[str] | None
                             ctx.model(evs[0].candidate), members, _limits(ctx, network), pool.instances_by_hour,
                             pool.needed_by_hour, pool.predictions, network))
     drawn = []
+    misses = []
     for title, model, members, limits, planned, needed, predictions, network in targets:
         checks = check_sizing(model, members, limits, planned, needed, predictions, network, seed, max_groups)
         lines += render_checks(title, checks)
         ok = ok and all(c.agrees for c in checks)
+        misses.append((title, slo_misses(checks)))
         if report is not None and checks:
             drawn.append((title, planned, needed, checks, limits))
     if drawn:
@@ -645,9 +670,10 @@ def simulate_plan(plans, pools, ctx, seed: int = 7, candidates: list[str] | None
                                 report / f"simulate-{_slug(title)}.png")
                  for title, planned, needed, checks, limits in drawn]
         lines.append(f"pictures: {', '.join(str(p) for p in paths)}")
-    lines.append(f"planner and simulation {'agree' if ok else 'DISAGREE'} within {AGREEMENT:.0%} (P99 TTFT incl. "
-                 "network, P99 ITL at the planned count; instance count within 10% or one instance)")
-    return lines, ok
+    closing = verdict(ok, misses, "P99 TTFT incl. network, P99 ITL at the planned count; instance count within "
+                                  "10% or one instance")
+    synthetic = any(ev.candidate.provenance == "synthetic" for plan in plans for ev in plan.ranked)
+    return synthetic_line(synthetic) + lines + closing, ok and not any(h for _, h in misses)
 
 
 def _slug(text: str) -> str:
@@ -735,6 +761,7 @@ def simulate_packing(result, ctx, seed: int = 7, max_groups: int | None = None,
     ok = True
     cache: dict = {}
     drawn = []
+    misses = []
     for plan in result.regions:
         w = plan.winner
         if w is None:
@@ -751,6 +778,7 @@ def simulate_packing(result, ctx, seed: int = 7, max_groups: int | None = None,
             title = f"{w.instance_type} @ {plan.region}: {m.model} {m.precision} x{m.copies} [{m.source}]"
             lines += render_checks(f"{title} (counts are its processes: instances x {m.copies})", checks)
             ok = ok and all(c.agrees for c in checks)
+            misses.append((f"{m.model} ({plan.region})", slo_misses(checks)))
             for c in checks:
                 for h in c.hours:
                     if c.sim_n is not None:
@@ -769,6 +797,7 @@ def simulate_packing(result, ctx, seed: int = 7, max_groups: int | None = None,
                                 unit=f"{title.split(':')[1].split()[0]} processes")
                  for title, planned, needed, checks, limits in drawn]
         lines.append(f"pictures: {', '.join(str(p) for p in paths)}")
-    lines.append(f"planner and simulation {'agree' if ok else 'DISAGREE'} within {AGREEMENT:.0%} (per model: P99 TTFT "
-                 "incl. network, P99 ITL at the planned processes; process count within 10% or one process)")
-    return lines, ok
+    closing = verdict(ok, misses, "per model: P99 TTFT incl. network, P99 ITL at the planned processes; process "
+                                  "count within 10% or one process")
+    synthetic = any(m.provenance == "synthetic" for plan in result.regions if plan.winner for m in plan.winner.loads)
+    return synthetic_line(synthetic) + lines + closing, ok and not any(h for _, h in misses)

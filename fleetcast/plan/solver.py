@@ -339,11 +339,43 @@ def floor_tenth(value: float) -> float:
     return math.floor(round(value * 10, 6)) / 10
 
 
-def scaling_target(model: ServiceModel, output_mean: float, safe_rate: float, burstiness: float) -> float:
-    """In-flight requests per instance to track: the load at the SLO-safe rate over the burst headroom."""
-    headroom = max(burstiness, 1.0 / (1.0 - TARGET_HEADROOM))
-    level = predict(model, [Stream(safe_rate / headroom, output_mean)], 1.0).in_flight
-    return max(1.0, floor_tenth(level))
+@dataclass(frozen=True)
+class TargetPart:
+    """One model's processes on an instance, as the scaling target reads them: its service model, mean output
+    length, SLO-safe arrival rate per process x* (queueing.max_safe_rate), copies per instance and its day."""
+
+    model: ServiceModel
+    output_mean: float
+    safe_rate: float
+    copies: int
+    hourly_rps: tuple[float, ...]
+    hourly_burstiness: tuple[float, ...]
+
+
+def scaling_target(parts: list[TargetPart]) -> float:
+    """In-flight requests per instance to track (docs/plan.md, "Scaling target"), for one model or a packing.
+
+    Each hour with traffic, the instance count at which the hour's most demanding model sits at its SLO-safe
+    rate x* in the busiest minute is n_h = max_m rate_m,h x H_h / (copies_m x x*_m), H_h the busiest minute's
+    ratio to the hour's mean (at least 1/(1 - TARGET_HEADROOM)); at the hour's mean rate those n_h instances
+    hold k_h = sum_m copies_m x L_m(rate_m,h / (n_h x copies_m)) requests each. Target tracking holds the
+    fleet's mean in-flight per instance at the target, so a target at most every k_h keeps every hour at or
+    above its n_h: the target is min_h k_h, at least 1, rounded down to 0.1. With one model every hour gives
+    L(x* / H_h), so the target is L at x* over the day's highest H: the same figure whatever the number of
+    models planned beside it. The SLO-safe rate, not the planned count, sets it: a planned count is rounded up
+    and floored (capacity.min), and a target read from it scales the pool out before the SLO needs it."""
+    floor_ratio = 1.0 / (1.0 - TARGET_HEADROOM)
+    best = math.inf
+    for h in range(24):
+        busy = [p for p in parts if p.hourly_rps[h] > 0 and p.safe_rate > 0]
+        if not busy:
+            continue
+        ratio = max(floor_ratio, *(p.hourly_burstiness[h] for p in busy))
+        n = max(p.hourly_rps[h] * ratio / (p.copies * p.safe_rate) for p in busy)
+        level = sum(p.copies * predict(p.model, [Stream(p.hourly_rps[h] / (n * p.copies), p.output_mean)], 1.0).in_flight
+                    for p in busy)
+        best = min(best, level)
+    return max(1.0, floor_tenth(best)) if best < math.inf else 1.0
 
 
 def _size_from_arrivals(ev: Evaluation, traffic: ConsumerTraffic, ctx: PlanContext) -> None:
@@ -367,8 +399,7 @@ def _size_from_arrivals(ev: Evaluation, traffic: ConsumerTraffic, ctx: PlanConte
         ev.measured_cap = model.top
     rates = traffic.hourly_rps()
     bursts = traffic.hourly_burstiness()
-    busiest = max((b for r, b in zip(rates, bursts) if r > 0), default=1.0)
-    ev.target = scaling_target(model, out_mean, ev.safe_rate_rps, busiest)
+    ev.target = scaling_target([TargetPart(model, out_mean, ev.safe_rate_rps, 1, tuple(rates), tuple(bursts))])
     n_min = ctx.n_min(region)
     reserved = ctx.reserved.get((candidate.instance_type, region), 0)
     gb = ctx.fixed.gb_per_request(traffic.input_mean, traffic.output_mean)
@@ -654,9 +685,12 @@ def _pool_size(service: str, members: list[tuple[RegionPlan, Evaluation]], ctx: 
         daily = [sum(plan.traffic.hourly_rps()) for plan, _ in arrivals]
         out_mean = sum(d * plan.traffic.output_mean for d, (plan, _) in zip(daily, arrivals)) / max(sum(daily), 1e-9)
         safe = max_safe_rate(model, out_mean, limits)
-        busiest = max((b for plan, _ in arrivals for r, b in zip(plan.traffic.hourly_rps(), plan.traffic.hourly_burstiness())
-                       if r > 0), default=1.0)
-        target = scaling_target(model, out_mean, safe[0], busiest) if safe else min(ev.target for _, ev in arrivals)
+        # One model: the members' summed day, each hour at the burstiest member with traffic then.
+        summed = tuple(sum(plan.traffic.hourly_rps()[h] for plan, _ in arrivals) for h in range(24))
+        bursts = tuple(max((plan.traffic.hourly_burstiness()[h] for plan, _ in arrivals
+                            if plan.traffic.hourly_rps()[h] > 0), default=1.0) for h in range(24))
+        target = scaling_target([TargetPart(model, out_mean, safe[0], 1, summed, bursts)]) if safe \
+            else min(ev.target for _, ev in arrivals)
         worst = max((p for p in predictions if p is not None), key=lambda p: p.ttft_p99_ms, default=None)
         for plan, ev in arrivals:
             if worst is not None:

@@ -144,6 +144,7 @@ class SpotAdvice:
     requests_at_risk_per_day: float = 0.0
     spot_price: float | None = None
     assumptions: list[str] = field(default_factory=list)
+    interruption_rate_per_day: float = 0.0  # per Spot instance, the ASSUMED rate the verdict used
 
     def spot_block(self) -> dict | None:
         """What --write-config writes under the pool (the On-Demand base is the pool's capacity.min)."""
@@ -164,7 +165,8 @@ class SpotAdvice:
                 f"all On-Demand ({saving:.0%} less), ${self.usd_per_m_output:.3f} vs "
                 f"${self.on_demand_usd_per_m_output:.3f} per 1M output tokens; expected SLO attainment "
                 f"{attainment_text(self.slo_attainment)} from ASSUMED interruption rates "
-                f"({self.interruptions_per_day:.2f} interruptions/day, "
+                f"({self.interruption_rate_per_day:.2g} interruptions per Spot instance a day assumed: "
+                f"{self.interruptions_per_day:.2g} interruptions/day, "
                 f"{self.requests_cut_per_day:.1f} requests cut, {self.requests_at_risk_per_day:.0f} at risk during "
                 f"re-launch)")
 
@@ -234,6 +236,7 @@ def advise(pool: FleetPool, ctx: PlanContext, inputs: SpotInputs) -> SpotAdvice:
     k = float(pool.target)
     w_s = max(ev.weighted_e2e, 1.0) / 1000.0  # mean seconds a request holds its instance
     rate = inputs.monthly_rate.get(itype, max(inputs.monthly_rate.values(), default=0.2)) / HOURS_PER_MONTH
+    advice.interruption_rate_per_day = rate * 24
     cut_share = _cut_share(traffics, w_s, inputs.drain_safe_s)
     cut_per_interruption = k * cut_share
     at_risk_per_interruption = k / w_s * inputs.relaunch_s
@@ -266,7 +269,7 @@ def advise(pool: FleetPool, ctx: PlanContext, inputs: SpotInputs) -> SpotAdvice:
     cost, base, spot, interruptions, cut, at_risk, loss = best
     if pool.cost_per_hour - cost < MIN_SAVING:
         advice.reason = (f"the saving (${pool.cost_per_hour - cost:.3f}/h) does not cover the interruptions "
-                         f"({interruptions:.2f}/day, each a {inputs.relaunch_s:g} s re-launch billed without serving)")
+                         f"({interruptions:.2g}/day at an assumed {rate * 24:.2g} per Spot instance a day, each a {inputs.relaunch_s:g} s re-launch billed without serving)")
         return advice
     advice.recommended = True
     advice.reason = "cheaper within the error budget"

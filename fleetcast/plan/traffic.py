@@ -322,6 +322,10 @@ class TrafficProfile(BaseModel):
             if c.model is not None and c.model not in model_ids:
                 raise UserError(f"{flag}: consumers[{i}].model {c.model!r} is not a model of the config; "
                                 f"allowed: {allowed}")
+        if len(model_ids) == 1 and any(c.model is None for c in self.consumers):
+            # A one-model fleet is a packing of one: its entries name that model.
+            return self.model_copy(update={"consumers": [c if c.model else c.model_copy(update={"model": model_ids[0]})
+                                                         for c in self.consumers]})
         return self
 
     def scaled(self, factor: float) -> TrafficProfile:

@@ -127,17 +127,18 @@ def write_config_notes(cfg, pools: list[FleetPool], allow_estimated: bool = Fals
 
 
 def apply_plan(path: str | Path, plans: list[RegionPlan], pools: list[FleetPool], allow_estimated: bool = False,
-               write_schedule: bool = False, spot: list | None = None) -> list[str]:
+               write_schedule: bool = False, spot: list | None = None, write_spot: bool = False) -> list[str]:
     """Edit the config at `path` in place; returns what changed. Refuses (file untouched) on any problem."""
-    edit = compute_plan_edit(path, plans, pools, allow_estimated, write_schedule, spot)
+    edit = compute_plan_edit(path, plans, pools, allow_estimated, write_schedule, spot, write_spot)
     if edit.text is not None:
         replace_files([(edit.path, edit.text)])
     return edit.changes
 
 
 def compute_plan_edit(path: str | Path, plans: list[RegionPlan], pools: list[FleetPool], allow_estimated: bool = False,
-                      write_schedule: bool = False, spot: list | None = None) -> ConfigEdit:
-    """The config at `path` with the plan written in, validated; writes nothing. Refuses on any problem."""
+                      write_schedule: bool = False, spot: list | None = None, write_spot: bool = False) -> ConfigEdit:
+    """The config at `path` with the plan written in, validated; writes nothing. Refuses on any problem. A Spot tier
+    is added only when asked (`write_spot`, `--write-spot`); a pool that has one already has it kept up to date."""
 
     path = Path(path)
     yaml, doc, current = _open_for_edit(path)
@@ -189,7 +190,7 @@ def compute_plan_edit(path: str | Path, plans: list[RegionPlan], pools: list[Fle
                 pool["schedule"] = seq
                 changes.append(f"{where}.schedule = {len(steps)} daily steps (UTC): "
                                + ", ".join(f"{s['cron'].split()[1]}h min {s['min']}" for s in steps))
-        changes += _write_spot(pool, where, fleet_pool, spot or [], write_schedule)
+        changes += _write_spot(pool, where, fleet_pool, spot or [], write_schedule, write_spot)
         for consumer_region in fleet_pool.consumer_regions:
             if consumer_region != region_name:
                 allowed = entry.get("allowed_regions")
@@ -209,8 +210,10 @@ def compute_plan_edit(path: str | Path, plans: list[RegionPlan], pools: list[Fle
     return _validated_edit(path, yaml, doc, changes, current)
 
 
-def _write_spot(pool: CommentedMap, where: str, fleet_pool: FleetPool, advice: list, write_schedule: bool) -> list[str]:
-    """The pool's spot: block from the planner's advice (fleetcast/plan/spot.py); removed where Spot does not pay."""
+def _write_spot(pool: CommentedMap, where: str, fleet_pool: FleetPool, advice: list, write_schedule: bool,
+                write_spot: bool) -> list[str]:
+    """The pool's spot: block from the planner's advice (fleetcast/plan/spot.py); removed where Spot does not pay.
+    A pool without one gets one only when asked: Spot changes what an interruption does to the fleet."""
     verdict = next((a for a in advice if (a.service_region, a.candidate) == (fleet_pool.service_region,
                                                                              fleet_pool.candidate)), None)
     if verdict is None:
@@ -221,6 +224,9 @@ def _write_spot(pool: CommentedMap, where: str, fleet_pool: FleetPool, advice: l
             del pool["spot"]
             return [f"{where}.spot removed: {verdict.reason}"]
         return []
+    if "spot" not in pool and not write_spot:
+        return [f"{where}.spot not written: Spot would pay (On-Demand base {block['on_demand_base']}); add "
+                "--write-spot to write the tier"]
     if write_schedule or pool.get("schedule") or "desired" in (pool.get("capacity") or {}):
         return [f"{where}.spot not written: a fixed capacity.desired or a schedule sizes one group; the spot tier "
                 "needs scaling to own the split"]
@@ -354,7 +360,7 @@ def compute_packing_edit(path: str | Path, result, allow_estimated: bool = False
                 f"{s['model']} x{s['copies']}" + (f" ({s['kv_cache_gb']} GiB KV each)" if "kv_cache_gb" in s else "")
                 for s in wanted))
         changes += _write_capacity(pool, where, w.instances_by_hour)
-        target = scaling_target(plan)
+        target = scaling_target(plan.winner)
         target_value = int(target) if target.is_integer() else target
         scaling = pool.get("scaling")
         if scaling is None:
