@@ -52,6 +52,11 @@ MAX_PACKINGS = 2000
 # model's KV bytes per token, so it cannot check the KV against the curve's batch sizes).
 MIN_KV_GIB = 1.0
 
+# A co-located curve of this few levels interpolates ITL where it may climb steeply: the size of the gap it leaves
+# is the one measured on the H200 example (tests/plan/test_packing.py, the H200 simulation).
+SPARSE_LEVELS = 3
+SPARSE_ITL_GAP = "which ran 4-12% below the simulation's P99 ITL on the H200 example (3 levels)"
+
 MEASURED_COLOCATED = "measured (co-located)"
 MEASURED_ALONE = "measured (one process)"
 ESTIMATED = "estimated (solo curves)"
@@ -548,6 +553,13 @@ class RegionPacking:
     winner: PackingEval | None
     alternatives: list[Alternative] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    not_offered: list[str] = field(default_factory=list)  # instance types with results not offered in the region
+
+    def unpacked(self) -> list[str]:
+        """With no packing chosen: what not packing would cost, as computed (none when some model has no choice)."""
+        return [f"{alt.name}: ${alt.cost_per_hour:.2f}/h (${alt.usd_per_m_output:.3f} per 1M output tokens"
+                + (", estimated" if alt.estimated else "") + f"; {', '.join(p.label for p in alt.parts)}; "
+                f"{sum(sum(p.instances_by_hour) for p in alt.parts)} instance-hours/day)" for alt in self.alternatives]
 
     def savings(self) -> list[str]:
         """Where the choice's saving against each alternative comes from: instances, fixed costs."""
@@ -640,18 +652,23 @@ def plan_packing(cfg, curves: list[ModelCurve], profile: TrafficProfile, ctx: Pl
     return PackingPlan(profile.name, models, out, max_copies=max_copies)
 
 
+def unentitled_traffic(cfg, profile: TrafficProfile) -> None:
+    """Traffic for a model that no consumer in its region may call is refused (UserError naming the entry): the
+    gateway answers it 403, so sizing a pool for it would pay for load that never arrives. A region with no
+    consumer at all is planned for consumers still to come (run.consumerless_regions warns)."""
+    for i, t in enumerate(profile.consumers):
+        callers = [c.name for c in cfg.consumers if c.region == t.region]
+        if callers and t.model and sum(t.hourly_rps()) > 0 and not any(t.model in cfg.models_for(c) for c in callers):
+            raise UserError(f"--traffic: consumers[{i}].model {t.model} in {t.region}: no consumer there may call it "
+                            f"(models[{t.model}].consumers; consumers in {t.region}: {', '.join(callers)}); the "
+                            "gateway refuses that traffic, so no pool is sized for it: entitle a consumer there or "
+                            "drop the entry")
+
+
 def _entitlement_notes(cfg, region: str, entries: list[ConsumerTraffic]) -> list[str]:
-    notes = []
     callers = [c.name for c in cfg.consumers if c.region == region]
-    for t in entries:
-        allowed = [c for c in callers if t.model in cfg.models_for(c)]
-        # No consumer there at all: the plan's warning (run.consumerless_regions) says it once for the region.
-        if not allowed and callers and sum(t.hourly_rps()) > 0:
-            notes.append(f"{region}: traffic for {t.model}, but no consumer in {region} may call it "
-                         f"(models[].consumers; consumers there: {', '.join(callers) or 'none'})")
-        elif callers:
-            notes.append(f"{region}: {t.model} is called by {', '.join(allowed)}")
-    return notes
+    return [f"{region}: {t.model} is called by {', '.join(c for c in callers if t.model in cfg.models_for(c))}"
+            for t in entries if callers]
 
 
 def _plan_region(cfg, curves, region, entries, ctx, fleet_slo, max_copies, families, kv_dtype, cache) -> RegionPacking:
@@ -659,9 +676,13 @@ def _plan_region(cfg, curves, region, entries, ctx, fleet_slo, max_copies, famil
     types = sorted({c.instance_type for c in curves})
     evaluations: list[PackingEval] = []
     n_min = ctx.n_min(region)
+    not_offered = []
     for instance_type in types:
-        if not _offered(instance_type, region, ctx, cache["lab"]):
-            notes.append(f"{instance_type}: not offered or not priced in {region}")
+        refusal = _offer_refusal(instance_type, region, ctx, cache["lab"])
+        if refusal is not None:
+            notes.append(f"{instance_type}: {refusal}")
+            if "not offered" in refusal:
+                not_offered.append(instance_type)
             continue
         per_model = [_options(curves, t.model, instance_type, cfg, families.get, kv_dtype, cache["lab"])
                      for t in entries]
@@ -690,16 +711,27 @@ def _plan_region(cfg, curves, region, entries, ctx, fleet_slo, max_copies, famil
             notes.append(f"{len(cheaper)} estimated packing(s) would cost less than the measured choice (best: "
                          f"{cheaper[0].label} at ${cheaper[0].cost_per_hour:.2f}/h vs ${winner.cost_per_hour:.2f}/h, "
                          f"{ESTIMATED}); not chosen: measure it co-located before choosing it")
-    plan = RegionPacking(region, entries, evaluations, ranked, winner, notes=notes)
+    if winner is not None:
+        notes += [f"{m.model}: its co-located curve has {len(m.curve.points)} load levels: the planner's P99 ITL comes "
+                  f"from the batch averaged over a request's life between them, {SPARSE_ITL_GAP} (docs/plan.md, Limits)"
+                  for m in winner.loads if m.source == MEASURED_COLOCATED and len(m.curve.points) <= SPARSE_LEVELS]
+    plan = RegionPacking(region, entries, evaluations, ranked, winner, notes=notes, not_offered=not_offered)
     plan.alternatives = _alternatives(cfg, curves, region, entries, ctx, fleet_slo, families, kv_dtype, cache)
     return plan
 
 
-def _offered(instance_type: str, region: str, ctx: PlanContext, lab: dict[str, str]) -> bool:
-    """Offered (a lab machine is wherever its price says) and priced in `region`."""
+def _offer_refusal(instance_type: str, region: str, ctx: PlanContext, lab: dict[str, str]) -> str | None:
+    """Why `instance_type` cannot serve in `region` (not offered there, or no price), or None. A lab machine is
+    wherever its price says."""
+    if instance_type not in lab.values() and not ctx.availability.offered(instance_type, region):
+        return f"not offered in {region} (availability as of {ctx.availability.as_of})"
     if ctx.prices.price(instance_type, region) is None:
-        return False
-    return instance_type in lab.values() or ctx.availability.offered(instance_type, region)
+        return f"no price in {region} (prices as of {ctx.prices.as_of}; give --prices FILE)"
+    return None
+
+
+def _offered(instance_type: str, region: str, ctx: PlanContext, lab: dict[str, str]) -> bool:
+    return _offer_refusal(instance_type, region, ctx, lab) is None
 
 
 def packings_by_size(precisions: list[list[str]], max_copies: int):

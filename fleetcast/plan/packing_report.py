@@ -8,7 +8,7 @@ import json
 from pathlib import Path
 
 from .packing import ESTIMATED, PackingEval, PackingPlan, RegionPacking
-from .report import Block, blocks_html, blocks_markdown
+from .report import Block, blocks_html, blocks_markdown, write_report_dir
 
 TOP_OTHERS = 6  # other feasible packings listed per region
 
@@ -37,6 +37,10 @@ def model_rows(ev: PackingEval) -> tuple[list[str], list[list[str]]]:
 
 def recommendation(plan: RegionPacking) -> str:
     w = plan.winner
+    if w is None and not plan.evaluations and plan.not_offered:
+        return (f"{plan.region}: not offered: {', '.join(plan.not_offered)} (the instance types with results) "
+                f"{'is' if len(plan.not_offered) == 1 else 'are'} not offered in {plan.region}, where its consumers "
+                "are served; no packing can serve it")
     if w is None:
         # With no candidate evaluated at all (a model without curves on any type) only the notes say why.
         where = "ruled out and notes" if any(not e.feasible for e in plan.evaluations) else "notes"
@@ -84,6 +88,9 @@ def blocks(result: PackingPlan, plots: dict[str, list[Path]] | None = None) -> l
             out.append(("h3", "Against not packing (same traffic, same SLOs)"))
             out.append(("ul", [(None, s) for s in plan.savings()] or
                         [(None, "no unpacked alternative meets every SLO with the curves given")]))
+        elif plan.alternatives:
+            out.append(("h3", "Not packing (same traffic, same SLOs)"))
+            out.append(("ul", [(None, s) for s in plan.unpacked()]))
         others = [e for e in plan.ranked if e is not w][:TOP_OTHERS]
         if others:
             out.append(("h3", f"Other packings (cheapest {len(others)} of {len(plan.ranked) - 1})"))
@@ -132,6 +139,8 @@ def render_terminal(result: PackingPlan) -> str:
             lines.append("  " + "  ".join(h.ljust(widths[i]) for i, h in enumerate(header)))
             lines += ["  " + "  ".join(c.ljust(widths[i]) for i, c in enumerate(r)) for r in rows]
             lines += [f"  {s}" for s in plan.savings()]
+        else:
+            lines += [f"  no packing serves; {s}" for s in plan.unpacked()]
         lines += [f"  ruled out: {a}: {b}" for a, b in _ruled_out(plan)]
         lines += [f"  note: {n}" for n in plan.notes]
     return "\n".join(lines)
@@ -269,14 +278,14 @@ def write_plots(plan: RegionPacking, directory: Path) -> list[Path]:
 
 
 def write_report(result: PackingPlan, directory: str | Path) -> list[Path]:
-    d = Path(directory)
-    d.mkdir(parents=True, exist_ok=True)
-    plots = {p.region: write_plots(p, d) for p in result.regions}
-    md, page, js = d / "plan.md", d / "plan.html", d / "plan.json"
-    from fleetcast.config.edit import replace_files
+    def write(d: Path) -> list[Path]:
+        plots = {p.region: write_plots(p, d) for p in result.regions}
+        page_blocks = blocks(result, plots)
+        pages = {d / "plan.md": blocks_markdown(page_blocks) + "\n",
+                 d / "plan.html": blocks_html(f"Fleetcast packing plan: {result.traffic_name}", page_blocks),
+                 d / "plan.json": json.dumps(to_json(result), indent=1) + "\n"}
+        for path, text in pages.items():
+            path.write_text(text)
+        return list(pages) + [p for ps in plots.values() for p in ps]
 
-    page_blocks = blocks(result, plots)
-    replace_files([(md, blocks_markdown(page_blocks) + "\n"),
-                   (page, blocks_html(f"Fleetcast packing plan: {result.traffic_name}", page_blocks)),
-                   (js, json.dumps(to_json(result), indent=1) + "\n")])
-    return [md, page, js] + [p for ps in plots.values() for p in ps]
+    return write_report_dir(directory, write)

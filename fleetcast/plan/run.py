@@ -246,6 +246,7 @@ def build_packing(opts: PlanOptions, max_copies: int | None = None):
     models = tuple(m.id for m in cfg.models)
     traffic = opts.traffic_profile if opts.traffic_profile is not None else load_traffic(opts.traffic)
     traffic = traffic.checked_against(models)
+    packing.unentitled_traffic(cfg, traffic)
     curves = packing.load_model_curves(_expand(opts.results), models, lab=opts.lab)
     warnings = consumerless_regions(cfg, traffic)
     for mc in curves:
