@@ -254,9 +254,7 @@ def _plan_packing(args: argparse.Namespace, profile) -> int:
     from fleetcast.plan.run import PlanOptions, build_packing
     from fleetcast.plan.writeback import compute_packing_edit
 
-    unsupported = [flag for flag, given in (("--candidate", bool(args.candidate)),
-                                            ("--write-schedule", args.write_schedule),
-                                            ("--spot-prices", args.spot_prices)) if given]
+    unsupported = [flag for flag, given in (("--spot-prices", args.spot_prices),) if given]
     if unsupported:
         raise UserError(f"{', '.join(unsupported)}: not available for fleets of several models yet "
                         "(docs/plan.md, \"Several models: the packing search\")", exit_code=EXIT_USAGE)
@@ -275,7 +273,7 @@ def _plan_packing(args: argparse.Namespace, profile) -> int:
         from fleetcast.plan.simulate import simulate_packing
 
         lines, agree = simulate_packing(result, ctx, seed=args.seed, max_groups=args.max_hours or None,
-                                        report=Path(args.report) if args.report else None)
+                                        report=Path(args.report) if args.report else None, candidates=args.candidate)
         print("\n".join(lines))
         return EXIT_OK if agree else EXIT_REFUSED
     print(json.dumps(to_json(result), indent=1) if args.json else render_terminal(result))
@@ -289,7 +287,7 @@ def _plan_packing(args: argparse.Namespace, profile) -> int:
         from fleetcast.plan.packing import baseline_document
         from fleetcast.plan.writeback import pool_name_for
 
-        edit = compute_packing_edit(args.write_config, result, args.allow_estimated)
+        edit = compute_packing_edit(args.write_config, result, args.allow_estimated, args.write_schedule)
         chosen = {r.region: pool_name_for(edit.cfg.region(r.region), r.winner.instance_type.split(".")[0])
                   for r in result.regions if r.winner is not None}
         doc = baseline_document(result, ctx, chosen, datetime.now(UTC).isoformat(timespec="seconds"),

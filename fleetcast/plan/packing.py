@@ -382,6 +382,7 @@ class PackingEval:
     cost_per_hour: float = 0.0
     usd_per_m_output: float = 0.0
     label_text: str = ""  # a packing the memory check refused before any model was loaded: what it was
+    reserved_used: int = 0  # reserved instances (--reserved) this packing runs on, paid whatever the pick
 
     @property
     def feasible(self) -> bool:
@@ -495,7 +496,10 @@ def size_packing(ev: PackingEval, ctx: PlanContext, n_min: int, cache: dict) -> 
                     1.0 / (ev.instances_by_hour[h] * load.copies)) if rates[h] > 0 else None for h in hours]
     ev.price_per_hour = ctx.prices.price(ev.instance_type, ev.region)
     ev.fixed_by_hour = fixed_by_hour(ev.region, [ld.traffic for ld in ev.loads], ctx)
-    day = sum(n * ev.price_per_hour + f for n, f in zip(ev.instances_by_hour, ev.fixed_by_hour))
+    # --reserved TYPE@REGION=N: instances of that type already paid for, whatever the packing on them.
+    reserved = ctx.reserved.get((ev.instance_type, ev.region), 0)
+    ev.reserved_used = min(reserved, max(ev.instances_by_hour))
+    day = sum(max(n - reserved, 0) * ev.price_per_hour + f for n, f in zip(ev.instances_by_hour, ev.fixed_by_hour))
     ev.cost_per_hour = day / 24
     ev.usd_per_m_output = _per_m_output(day, [ld.traffic for ld in ev.loads])
     return ev
@@ -606,11 +610,18 @@ class PackingPlan:
 
 
 def _options(curves: list[ModelCurve], model: str, instance_type: str, cfg, family_of, kv_dtype: str,
-             lab: dict[str, str]) -> list[str]:
-    """Precisions with a solo or co-located curve of `model` on `instance_type` that the support matrix allows."""
+             lab: dict[str, str], ctx: PlanContext | None = None, notes: list[str] | None = None) -> list[str]:
+    """Precisions with a solo or co-located curve of `model` on `instance_type` that the support matrix allows and
+    that pass `model`'s quality check (--quality: per model and precision); a failed check goes to `notes`."""
     instance = _instance(instance_type, lab)
     out = []
     for prec in sorted({c.precision for c in curves if c.model == model and c.instance_type == instance_type}):
+        if ctx is not None and ctx.quality is not None:
+            ok, why = ctx.quality.verdict(instance_type, prec, ctx.quality_threshold, model=model)
+            if ok is False:
+                if notes is not None:
+                    notes.append(f"{model} {prec} on {instance_type}: ruled out: quality check failed: {why}")
+                continue
         backend = model_engine(cfg, model).backend.value
         refusal = support.check(family_of(model), backend, prec, kv_dtype, instance.gpu.arch,
                                 support.instance_where(instance_type, instance.gpu.name, instance.gpu.arch))
@@ -684,7 +695,7 @@ def _plan_region(cfg, curves, region, entries, ctx, fleet_slo, max_copies, famil
             if "not offered" in refusal:
                 not_offered.append(instance_type)
             continue
-        per_model = [_options(curves, t.model, instance_type, cfg, families.get, kv_dtype, cache["lab"])
+        per_model = [_options(curves, t.model, instance_type, cfg, families.get, kv_dtype, cache["lab"], ctx, notes)
                      for t in entries]
         missing = [t.model for t, opts in zip(entries, per_model) if not opts]
         if missing:
@@ -825,7 +836,7 @@ def _alternatives(cfg, curves, region, entries, ctx, fleet_slo, families, kv_dty
         for instance_type in sorted({c.instance_type for c in curves}):
             if not _offered(instance_type, region, ctx, cache["lab"]):
                 continue
-            for prec in _options(curves, t.model, instance_type, cfg, families.get, kv_dtype, cache["lab"]):
+            for prec in _options(curves, t.model, instance_type, cfg, families.get, kv_dtype, cache["lab"], ctx):
                 ev = _evaluate(cfg, curves, instance_type, region, [t], ((prec, 1),), ctx, fleet_slo, n_min, cache)
                 if ev is not None and ev.feasible and (best is None or (best.estimated, best.rank_key())
                                                        > (ev.estimated, ev.rank_key())):

@@ -235,8 +235,6 @@ def build_packing(opts: PlanOptions, max_copies: int | None = None):
     if opts.estimate:
         raise UserError("--estimate: the roofline estimate covers one-model fleets; a fleet of several models is "
                         "planned from bench results (solo or co-located) only")
-    if opts.reserved:
-        raise UserError("--reserved: capacity reservations are not planned for fleets of several models yet")
     cfg = load_config(opts.config)
     slo = Slo(
         ttft_p99_ms=opts.ttft_p99_ms if opts.ttft_p99_ms is not None else cfg.slo.ttft_p99_ms,
@@ -253,8 +251,10 @@ def build_packing(opts: PlanOptions, max_copies: int | None = None):
         warnings += [f"{mc.model} on {mc.candidate.label}: {n}" for n in mc.candidate.curve.notes]
     prices, availability, latency, fixed, quality = _tables(
         opts, sorted({c.instance_type for c in curves}), [c.region for c in traffic.consumers], warnings)
-    if quality is not None:
-        raise UserError("--quality: quality results are per model; not read for fleets of several models yet")
+    unknown = sorted({r.model for r in quality.results if r.model and r.model not in models}) if quality else []
+    if unknown:
+        raise UserError(f"--quality: results[].model {', '.join(unknown)} is not a model of the config; allowed: "
+                        f"{', '.join(models)}")
     min_instances = {}
     min_source = {}
     for region in cfg.regions:
@@ -264,9 +264,10 @@ def build_packing(opts: PlanOptions, max_copies: int | None = None):
     if opts.min_instances is not None:
         min_instances, min_source = {}, {}
     ctx = PlanContext(
-        slo=slo, prices=prices, availability=availability, latency=latency, fixed=fixed,
+        slo=slo, prices=prices, availability=availability, latency=latency, fixed=fixed, quality=quality,
+        quality_threshold=opts.quality_threshold,
         min_instances=min_instances, default_min_instances=opts.min_instances if opts.min_instances is not None else 1,
-        kv_cache_dtype=cfg.engine.kv_cache_dtype.value, min_instances_source=min_source,
+        kv_cache_dtype=cfg.engine.kv_cache_dtype.value, min_instances_source=min_source, reserved=dict(opts.reserved),
     )
     warnings += _stale_tables(prices, fixed, opts.today or date.today())
     synthetic = [c for c in curves if c.candidate.provenance == "synthetic"]

@@ -744,7 +744,7 @@ def write_day_plot(title: str, planned: list[int], needed: list[int], checks: li
 
 
 def simulate_packing(result, ctx, seed: int = 7, max_groups: int | None = None,
-                     report: Path | None = None) -> tuple[list[str], bool]:
+                     report: Path | None = None, candidates: list[str] | None = None) -> tuple[list[str], bool]:
     """Check a packing plan (fleetcast/plan/packing.py) by simulation: per region and model, the model's N_h x
     copies processes each batch continuously on that model's own curve in the packing (the co-located one where
     measured: the GPU shared as it was measured; else the solo curve stretched by the interference rule, as the
@@ -762,8 +762,18 @@ def simulate_packing(result, ctx, seed: int = 7, max_groups: int | None = None,
     cache: dict = {}
     drawn = []
     misses = []
-    for plan in result.regions:
-        w = plan.winner
+    chosen = []  # (region's plan, the packing to simulate)
+    for label in candidates or []:
+        found = [(plan, e) for plan in result.regions for e in plan.ranked if e.label == label]
+        if not found:
+            from fleetcast.contract.errors import UserError
+
+            known = sorted({e.label for plan in result.regions for e in plan.ranked})
+            raise UserError(f"--candidate {label!r}: not a feasible packing of this plan; one of: {'; '.join(known)}")
+        chosen += found
+    if not candidates:
+        chosen = [(plan, plan.winner) for plan in result.regions]
+    for plan, w in chosen:
         if w is None:
             lines.append(f"{plan.region}: no packing chosen; nothing to simulate")
             continue
@@ -799,5 +809,5 @@ def simulate_packing(result, ctx, seed: int = 7, max_groups: int | None = None,
         lines.append(f"pictures: {', '.join(str(p) for p in paths)}")
     closing = verdict(ok, misses, "per model: P99 TTFT incl. network, P99 ITL at the planned processes; process "
                                   "count within 10% or one process")
-    synthetic = any(m.provenance == "synthetic" for plan in result.regions if plan.winner for m in plan.winner.loads)
+    synthetic = any(m.provenance == "synthetic" for _, w in chosen if w for m in w.loads)
     return synthetic_line(synthetic) + lines + closing, ok and not any(h for _, h in misses)

@@ -323,7 +323,8 @@ def _finish(ev: Evaluation, candidate: Candidate, ctx: PlanContext) -> None:
     if candidate.estimated:
         ev.notes.append("estimated by the roofline model, not measured: benchmark it before deploying")
     if ctx.quality is not None:
-        ok, why = ctx.quality.verdict(candidate.instance_type, candidate.precision, ctx.quality_threshold)
+        ok, why = ctx.quality.verdict(candidate.instance_type, candidate.precision, ctx.quality_threshold,
+                                            model=ctx.model_id)
         ev.notes.append(f"quality not checked: {why}" if ok is None else f"quality: {why}")
 
 
@@ -441,7 +442,8 @@ def _size_from_arrivals(ev: Evaluation, traffic: ConsumerTraffic, ctx: PlanConte
 def _structural_rejection(candidate: Candidate, consumer: str, region: str, ctx: PlanContext) -> str | None:
     """Constraints that do not depend on load: quality, support matrix, availability, reachability, price."""
     if ctx.quality is not None:
-        ok, why = ctx.quality.verdict(candidate.instance_type, candidate.precision, ctx.quality_threshold)
+        ok, why = ctx.quality.verdict(candidate.instance_type, candidate.precision, ctx.quality_threshold,
+                                            model=ctx.model_id)
         if ok is False:
             return f"quality check failed: {why}"
     if not ctx.availability.offered(candidate.instance_type, region):

@@ -161,7 +161,6 @@ def compute_plan_edit(path: str | Path, plans: list[RegionPlan], pools: list[Fle
         # One pool for every consumer region this provider region serves: their load adds up,
         # the pool's minimum counts once; it scales on the lowest member target.
         hourly = fleet_pool.instances_by_hour
-        hi = max(hourly)
         pools = entry.get("pools") or []
         if not pools:
             raise UserError(f"--write-config: regions[{region_name}] has no pools to update")
@@ -184,12 +183,7 @@ def compute_plan_edit(path: str | Path, plans: list[RegionPlan], pools: list[Fle
         elif scaling.get("metric", "active_requests") == "active_requests" and _set(scaling, "target", target):
             changes.append(f"{where}.scaling.target = {target} active requests")
         if write_schedule:
-            steps = schedule_steps(hourly, hi)
-            seq = CommentedSeq([_flow(step) for step in steps])
-            if steps and pool.get("schedule") != steps:
-                pool["schedule"] = seq
-                changes.append(f"{where}.schedule = {len(steps)} daily steps (UTC): "
-                               + ", ".join(f"{s['cron'].split()[1]}h min {s['min']}" for s in steps))
+            changes += _write_schedule(pool, where, hourly)
         changes += _write_spot(pool, where, fleet_pool, spot or [], write_schedule, write_spot)
         for consumer_region in fleet_pool.consumer_regions:
             if consumer_region != region_name:
@@ -208,6 +202,16 @@ def compute_plan_edit(path: str | Path, plans: list[RegionPlan], pools: list[Fle
                         changes.append(f"consumers[{consumer.get('name')}].endpoint_service_name removed "
                                        f"(publish the {region_name} service's name after deploying)")
     return _validated_edit(path, yaml, doc, changes, current)
+
+
+def _write_schedule(pool: CommentedMap, where: str, hourly: list[int]) -> list[str]:
+    """The pool's daily schedule (--write-schedule): a UTC cron step wherever the planned count changes."""
+    steps = schedule_steps(hourly, max(hourly))
+    if not steps or pool.get("schedule") == steps:
+        return []
+    pool["schedule"] = CommentedSeq([_flow(step) for step in steps])
+    return [f"{where}.schedule = {len(steps)} daily steps (UTC): "
+            + ", ".join(f"{s['cron'].split()[1]}h min {s['min']}" for s in steps)]
 
 
 def _write_spot(pool: CommentedMap, where: str, fleet_pool: FleetPool, advice: list, write_schedule: bool,
@@ -270,7 +274,8 @@ def throttling_notes(cfg, pools: list[FleetPool]) -> list[str]:
     return notes
 
 
-def compute_packing_edit(path: str | Path, result, allow_estimated: bool = False) -> ConfigEdit:
+def compute_packing_edit(path: str | Path, result, allow_estimated: bool = False,
+                         write_schedule: bool = False) -> ConfigEdit:
     """The config at `path` with a packing plan (fleetcast/plan/packing.py) written in, validated; writes nothing.
 
     Per consumer region (served from its own region): the region's pool (of the chosen instance family, else
@@ -360,6 +365,9 @@ def compute_packing_edit(path: str | Path, result, allow_estimated: bool = False
                 f"{s['model']} x{s['copies']}" + (f" ({s['kv_cache_gb']} GiB KV each)" if "kv_cache_gb" in s else "")
                 for s in wanted))
         changes += _write_capacity(pool, where, w.instances_by_hour)
+        if write_schedule:
+            # Per hour the largest over the models of the processes each needs / its copies (the floor included).
+            changes += _write_schedule(pool, where, w.instances_by_hour)
         target = scaling_target(plan.winner)
         target_value = int(target) if target.is_integer() else target
         scaling = pool.get("scaling")
