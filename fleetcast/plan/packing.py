@@ -30,6 +30,7 @@ import itertools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING
 
 from fleetcast.config import catalog
 from fleetcast.config.memory import GIB, PoolMemory, plan_pool
@@ -42,6 +43,9 @@ from .curves import Candidate, Curve
 from .queueing import Limits, Prediction, ServiceModel, Stream, instances_needed, model_for, occupancy, predict
 from .solver import PlanContext, Slo, capacity_bounds, floor_tenth
 from .traffic import ConsumerTraffic, TrafficProfile
+
+if TYPE_CHECKING:
+    from .spot import SpotPool
 
 # Copies per model the search tries by default: two processes busy at once time-slice one GPU (no MPS), so
 # a second copy adds queue slots, not throughput (docs/runtime.md, "Latency when both are busy").
@@ -600,6 +604,7 @@ class PackingPlan:
     warnings: list[str] = field(default_factory=list)
     data_notes: list[str] = field(default_factory=list)
     max_copies: int = DEFAULT_MAX_COPIES
+    spot: list = field(default_factory=list)  # fleetcast.plan.spot.SpotAdvice per chosen packing
 
     @property
     def cost_per_hour(self) -> float:
@@ -917,3 +922,26 @@ def scaling_target(ev: PackingEval) -> float:
             parts.append(TargetPart(model, m.traffic.output_mean, safe[0], m.copies, tuple(m.traffic.hourly_rps()),
                                     tuple(m.traffic.hourly_burstiness())))
     return target_of(parts)
+
+
+def spot_pool(plan: RegionPacking) -> SpotPool:
+    """The chosen packing as the Spot verdict reads a pool: its processes drained together (the in-flight count is
+    the packing's scaling target over every model), requests held for the request-weighted mean over the models
+    at their planned batches, the strictest model's error budget."""
+    from .spot import SpotPool
+
+    w = plan.winner
+    cache: dict = {}
+    held = weight = 0.0
+    for m in w.loads:
+        model = _models_of(cache, m.curve)
+        for rate, p in zip(m.traffic.hourly_rps(), m.predictions):
+            if p is not None:
+                held += rate * model.hold_ms(1.0 + p.in_flight, m.traffic.output_mean) / 1000.0
+                weight += rate
+    requests = sum(sum(m.traffic.hourly_rps()) for m in w.loads)
+    busy = sum(n for h, n in enumerate(w.instances_by_hour) if any(m.traffic.hourly_rps()[h] > 0 for m in w.loads))
+    return SpotPool(plan.region, w.label, w.instance_type, w.price_per_hour, list(w.instances_by_hour),
+                    w.cost_per_hour, scaling_target(w), max(held / weight if weight else 0.0, 0.001),
+                    busy / requests if requests else 0.0, [m.traffic for m in w.loads],
+                    min(m.slo.error_rate for m in w.loads))

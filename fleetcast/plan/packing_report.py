@@ -106,6 +106,10 @@ def blocks(result: PackingPlan, plots: dict[str, list[Path]] | None = None) -> l
             out.append(("ul", [(None, n) for n in plan.notes]))
         for path in plots.get(plan.region, []):
             out.append(("img", path))
+    if result.spot:
+        from .spot import lines as spot_lines
+
+        out += [("h2", "Spot tier"), ("ul", [(None, line) for line in spot_lines(result.spot)])]
     if len(result.regions) > 1:
         out.append(("h2", "Fleet"))
         out.append(("p", f"packed ${result.cost_per_hour:.2f}/h; one model per pool "
@@ -143,6 +147,11 @@ def render_terminal(result: PackingPlan) -> str:
             lines += [f"  no packing serves; {s}" for s in plan.unpacked()]
         lines += [f"  ruled out: {a}: {b}" for a, b in _ruled_out(plan)]
         lines += [f"  note: {n}" for n in plan.notes]
+    if result.spot:
+        from .spot import lines as spot_lines
+
+        lines += ["", "Spot tier (docs/plan.md#spot; a packing's processes are drained together):"]
+        lines += [f"  {line}" for line in spot_lines(result.spot)]
     return "\n".join(lines)
 
 
@@ -170,7 +179,7 @@ def to_json(result: PackingPlan) -> dict:
     return {
         "schema": "fleetcast.plan/v1", "kind": "packing", "traffic": result.traffic_name,
         "models": list(result.models), "data": result.data_notes, "warnings": result.warnings,
-        "max_copies": result.max_copies,
+        "max_copies": result.max_copies, "spot": [a.to_json() for a in result.spot],
         "regions": [{
             "consumer_region": p.region,
             "winner": _ev_json(p.winner) if p.winner else None,

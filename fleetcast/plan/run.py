@@ -234,9 +234,6 @@ def build_packing(opts: PlanOptions, max_copies: int | None = None):
 
     from . import packing
 
-    if opts.spot_prices or opts.spot_interruptions or opts.spot_relaunch_s:
-        raise UserError("--spot-prices/--spot-interruptions/--spot-relaunch-s: the Spot advice covers one-model fleets "
-                        "for now (docs/plan.md, \"Several models: the packing search\")", exit_code=EXIT_USAGE)
     if opts.estimate:
         raise UserError("--estimate: the roofline estimate covers one-model fleets; a fleet of several models is "
                         "planned from bench results (solo or co-located) only")
@@ -286,6 +283,10 @@ def build_packing(opts: PlanOptions, max_copies: int | None = None):
                         "chosen from them, not what an AWS fleet would cost")
     result = packing.plan_packing(cfg, curves, traffic, ctx, fleet_slo=slo, lab=opts.lab,
                                   max_copies=max_copies or packing.DEFAULT_MAX_COPIES)
+    from . import spot
+
+    inputs = spot.load_spot_inputs(opts.spot_prices, opts.spot_interruptions, opts.spot_relaunch_s)
+    result.spot = [spot.advise(packing.spot_pool(r), ctx, inputs) for r in result.regions if r.winner is not None]
     result.warnings = warnings
     result.data_notes = [
         f"prices as of {prices.as_of} ({prices.source})",
@@ -366,7 +367,7 @@ class Planned:
         if self.plans is not None:
             return compute_plan_edit(path, self.plans, self.result.pools, allow_estimated=allow_estimated,
                                      write_schedule=write_schedule, spot=self.result.spot, write_spot=write_spot)
-        return compute_packing_edit(path, self.result, allow_estimated, write_schedule)
+        return compute_packing_edit(path, self.result, allow_estimated, write_schedule, write_spot)
 
     def baseline(self, config_path: str, cfg: Any, written: str) -> tuple[Path, str]:
         """(path, text) of the drift baseline for the config as written (`cfg`)."""

@@ -184,7 +184,9 @@ def compute_plan_edit(path: str | Path, plans: list[RegionPlan], pools: list[Fle
             changes.append(f"{where}.scaling.target = {target} active requests")
         if write_schedule:
             changes += _write_schedule(pool, where, hourly)
-        changes += _write_spot(pool, where, fleet_pool, spot or [], write_schedule, write_spot)
+        changes += _write_spot(pool, where, [a for a in spot or [] if (a.service_region, a.candidate) ==
+                                             (fleet_pool.service_region, fleet_pool.candidate)],
+                               write_schedule, write_spot)
         for consumer_region in fleet_pool.consumer_regions:
             if consumer_region != region_name:
                 allowed = entry.get("allowed_regions")
@@ -214,12 +216,10 @@ def _write_schedule(pool: CommentedMap, where: str, hourly: list[int]) -> list[s
             + ", ".join(f"{s['cron'].split()[1]}h min {s['min']}" for s in steps)]
 
 
-def _write_spot(pool: CommentedMap, where: str, fleet_pool: FleetPool, advice: list, write_schedule: bool,
-                write_spot: bool) -> list[str]:
-    """The pool's spot: block from the planner's advice (fleetcast/plan/spot.py); removed where Spot does not pay.
-    A pool without one gets one only when asked: Spot changes what an interruption does to the fleet."""
-    verdict = next((a for a in advice if (a.service_region, a.candidate) == (fleet_pool.service_region,
-                                                                             fleet_pool.candidate)), None)
+def _write_spot(pool: CommentedMap, where: str, advice: list, write_schedule: bool, write_spot: bool) -> list[str]:
+    """The pool's spot: block from the planner's advice for it (fleetcast/plan/spot.py); removed where Spot does not
+    pay. A pool without one gets one only when asked: Spot changes what an interruption does to the fleet."""
+    verdict = advice[0] if advice else None
     if verdict is None:
         return []
     block = verdict.spot_block()
@@ -275,7 +275,7 @@ def throttling_notes(cfg, pools: list[FleetPool]) -> list[str]:
 
 
 def compute_packing_edit(path: str | Path, result, allow_estimated: bool = False,
-                         write_schedule: bool = False) -> ConfigEdit:
+                         write_schedule: bool = False, write_spot: bool = False) -> ConfigEdit:
     """The config at `path` with a packing plan (fleetcast/plan/packing.py) written in, validated; writes nothing.
 
     Per consumer region (served from its own region): the region's pool (of the chosen instance family, else
@@ -368,6 +368,8 @@ def compute_packing_edit(path: str | Path, result, allow_estimated: bool = False
         if write_schedule:
             # Per hour the largest over the models of the processes each needs / its copies (the floor included).
             changes += _write_schedule(pool, where, w.instances_by_hour)
+        verdicts = [a for a in result.spot if (a.service_region, a.candidate) == (plan.region, w.label)]
+        changes += _write_spot(pool, where, verdicts, write_schedule, write_spot)
         target = scaling_target(plan.winner)
         target_value = int(target) if target.is_integer() else target
         scaling = pool.get("scaling")

@@ -89,3 +89,27 @@ def test_simulate_takes_a_packing_as_candidate(capsys):
     code = main(["plan", "simulate", *ARGS, "--candidate", "g6e.xlarge [gpt2-xl fp16 x9]"])
     err = capsys.readouterr().err
     assert code == 1 and "--candidate 'g6e.xlarge [gpt2-xl fp16 x9]': not a feasible packing" in err and CHOICE in err
+
+
+def test_spot_advice_is_per_packed_pool_with_its_processes_drained_together(tmp_path, capsys, plain):
+    """One verdict per chosen packing: an interruption cuts every model's requests on the instance, so the in-flight
+    count it reads is the packing's scaling target over every model and the mix every model's; --write-spot writes
+    the tier into the packed pool and the config validates."""
+    from fleetcast.plan.packing import scaling_target, spot_pool
+
+    region = plain.regions[0]
+    (advice,) = plain.spot
+    pool = spot_pool(region)
+    assert advice.candidate == CHOICE and pool.target == scaling_target(region.winner)
+    assert [t.model for t in pool.traffics] == ["gpt2-xl", "qwen2.5-0.5b", "qwen2.5-3b"]
+    assert pool.error_rate == min(m.slo.error_rate for m in region.winner.loads)
+    assert advice.recommended and advice.on_demand_base == 1 and advice.fallback_max == 2
+    fleet = tmp_path / "fleet.yaml"
+    shutil.copy(EXAMPLE / "fleet.yaml", fleet)
+    code = main(["plan", *ARGS[:4], "--config", str(fleet), "--write-config", str(fleet), "--allow-estimated",
+                 "--write-spot"])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    (written,) = load_config(fleet).regions[0].pools
+    assert written.spot is not None and written.on_demand_base == 1
+    assert "Spot tier (docs/plan.md#spot; a packing's processes are drained together):" in out
