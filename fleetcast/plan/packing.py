@@ -41,7 +41,7 @@ from fleetcast.contract.serving import MAX_PROCESSES
 
 from .curves import Candidate, Curve
 from .queueing import Limits, Prediction, ServiceModel, Stream, instances_needed, model_for, occupancy, predict
-from .solver import PlanContext, Slo, capacity_bounds, floor_tenth
+from .solver import PlanContext, PoolDay, Slo, floor_tenth
 from .traffic import ConsumerTraffic, TrafficProfile
 
 if TYPE_CHECKING:
@@ -372,7 +372,7 @@ class ModelLoad:
 
 
 @dataclass
-class PackingEval:
+class PackingEval(PoolDay):
     """One packing of one instance type serving one consumer region's models."""
 
     instance_type: str
@@ -387,10 +387,6 @@ class PackingEval:
     usd_per_m_output: float = 0.0
     label_text: str = ""  # a packing the memory check refused before any model was loaded: what it was
     reserved_used: int = 0  # reserved instances (--reserved) this packing runs on, paid whatever the pick
-
-    @property
-    def feasible(self) -> bool:
-        return self.rejected is None
 
     @property
     def estimated(self) -> bool:
@@ -415,13 +411,6 @@ class PackingEval:
     @property
     def label(self) -> str:
         return f"{self.instance_type} [{self.packing_text}]"
-
-    @property
-    def instance_hours(self) -> int:
-        return sum(self.instances_by_hour)
-
-    def capacity(self) -> tuple[int, int, int]:
-        return capacity_bounds(self.instances_by_hour)
 
     @property
     def processes(self) -> int:

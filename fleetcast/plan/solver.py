@@ -124,8 +124,27 @@ class Failure:
         return f"{self.metric} {self.value:.1f} ms > {self.limit:g} ms at concurrency {self.level:g}"
 
 
+class PoolDay:
+    """What one planned way to serve a region has, one model or a packing: a rejection (None: feasible) and its
+    instances per UTC hour."""
+
+    rejected: str | None
+    instances_by_hour: list[int]
+
+    @property
+    def feasible(self) -> bool:
+        return self.rejected is None
+
+    @property
+    def instance_hours(self) -> int:
+        return sum(self.instances_by_hour)
+
+    def capacity(self) -> tuple[int, int, int]:
+        return capacity_bounds(self.instances_by_hour)
+
+
 @dataclass
-class Evaluation:
+class Evaluation(PoolDay):
     candidate: Candidate
     consumer_region: str
     service_region: str
@@ -164,19 +183,8 @@ class Evaluation:
     needed_by_hour: list[int] = field(default_factory=list)  # arrivals: instances the SLOs need, before any floor
 
     @property
-    def feasible(self) -> bool:
-        return self.rejected is None
-
-    @property
     def label(self) -> str:
         return f"{self.candidate.label} @ {self.service_region}"
-
-    @property
-    def instance_hours(self) -> int:
-        return sum(self.instances_by_hour)
-
-    def capacity(self) -> tuple[int, int, int]:
-        return capacity_bounds(self.instances_by_hour)
 
     def rank_key(self) -> tuple:
         return (round(self.cost_per_hour, 2), round(self.weighted_ttft_p99, 1), self.instance_hours,

@@ -199,13 +199,12 @@ class ConsumerTraffic(BaseModel):
     @field_validator("concurrency")
     @classmethod
     def _levels(cls, value):
-        if value is None:
-            return value
-        if not value:
-            raise ValueError("give at least one level")
-        for key in value:
-            _parse_range(key, 4096)
-        _check_shares(value, "concurrency")
+        if value is not None:
+            if not value:
+                raise ValueError("give at least one level")
+            for key in value:
+                _parse_range(key, 4096)
+            _check_shares(value, "concurrency")
         return value
 
     @field_validator("input_tokens", "output_tokens")
