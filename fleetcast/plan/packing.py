@@ -40,8 +40,16 @@ from fleetcast.contract.errors import UserError
 from fleetcast.contract.serving import MAX_PROCESSES
 
 from .curves import Candidate, Curve
-from .queueing import Limits, Prediction, ServiceModel, Stream, instances_needed, model_for, occupancy, predict
-from .solver import PlanContext, PoolDay, Slo, floor_tenth
+from .queueing import Limits, Prediction, ServiceModel, Stream, model_for, occupancy, predict
+from .solver import (
+    PlanContext,
+    PoolDay,
+    Slo,
+    fixed_by_hour,
+    floor_tenth,
+    predictions_by_hour,
+    processes_by_hour,
+)
 from .traffic import ConsumerTraffic, TrafficProfile
 
 if TYPE_CHECKING:
@@ -465,11 +473,9 @@ def size_packing(ev: PackingEval, ctx: PlanContext, n_min: int, cache: dict) -> 
     for load in ev.loads:
         model = _models_of(cache, load.curve)
         limits = Limits(load.slo.ttft_p99_ms - load.network_ms, load.slo.itl_p99_ms, load.slo.error_rate)
-        rates, bursts = load.traffic.hourly_rps(), load.traffic.hourly_burstiness()
+        needed = processes_by_hour(model, load.traffic, limits)
         load.processes_by_hour = []
-        for h in hours:
-            streams = [Stream(rates[h] * bursts[h], load.traffic.output_mean)]
-            sized = instances_needed(model, streams, limits, 0)
+        for sized in needed:
             if sized is None:
                 p1 = predict(model, [Stream(1e-6, load.traffic.output_mean)], 1.0)
                 peers = (f", its peers adding {load.peer_step_ms:.1f} ms to each of its steps at their planned load"
@@ -479,14 +485,11 @@ def size_packing(ev: PackingEval, ctx: PlanContext, n_min: int, cache: dict) -> 
                                f"{load.network_ms:.0f} ms network) vs {load.slo.ttft_p99_ms:g}, P99 ITL "
                                f"{p1.itl_p99_ms:.1f} ms vs {load.slo.itl_p99_ms:g}")
                 return ev
-            load.processes_by_hour.append(sized[0])
+            load.processes_by_hour.append(sized)
     ev.instances_by_hour = [max([n_min] + [ld.instances_by_hour[h] for ld in ev.loads]) for h in hours]
     for load in ev.loads:
-        model = _models_of(cache, load.curve)
-        rates, bursts = load.traffic.hourly_rps(), load.traffic.hourly_burstiness()
-        load.predictions = [
-            predict(model, [Stream(rates[h] * bursts[h], load.traffic.output_mean)],
-                    1.0 / (ev.instances_by_hour[h] * load.copies)) if rates[h] > 0 else None for h in hours]
+        load.predictions = predictions_by_hour(_models_of(cache, load.curve), load.traffic,
+                                               [n * load.copies for n in ev.instances_by_hour])
     ev.price_per_hour = ctx.prices.price(ev.instance_type, ev.region)
     ev.fixed_by_hour = fixed_by_hour(ev.region, [ld.traffic for ld in ev.loads], ctx)
     # --reserved TYPE@REGION=N: instances of that type already paid for, whatever the packing on them.
@@ -496,22 +499,6 @@ def size_packing(ev: PackingEval, ctx: PlanContext, n_min: int, cache: dict) -> 
     ev.cost_per_hour = day / 24
     ev.usd_per_m_output = _per_m_output(day, [ld.traffic for ld in ev.loads])
     return ev
-
-
-def fixed_by_hour(region: str, traffic: list[ConsumerTraffic], ctx: PlanContext) -> list[float]:
-    """One fleet's fixed costs per hour in `region` carrying `traffic` (one NLB, one endpoint set)."""
-    hourly = [t.hourly_rps() for t in traffic]  # once per model, not once per hour
-    per = [ctx.fixed.gb_per_request(t.input_mean, t.output_mean) for t in traffic]
-    out = []
-    for h in range(24):
-        rates = [r[h] for r in hourly]
-        rps = sum(rates)
-        if rps > 0:
-            gb = (sum(r * g[0] for r, g in zip(rates, per)) / rps, sum(r * g[1] for r, g in zip(rates, per)) / rps)
-        else:
-            gb = (0.0, 0.0)
-        out.append(ctx.fixed.hourly(region, traffic[0].region, rps, gb))
-    return out
 
 
 def _per_m_output(day_cost: float, traffic: list[ConsumerTraffic]) -> float:

@@ -271,21 +271,20 @@ def evaluate(candidate: Candidate, traffic: ConsumerTraffic, service_region: str
 
     # 4-5. instances, cost and tokens per hour.
     n_min = ctx.n_min(service_region)
-    gb = ctx.fixed.gb_per_request(traffic.input_mean, traffic.output_mean)
     _, default_row = ctx.fixed.row(service_region)
     if default_row:
         ev.notes.append(f"no fixed-cost row for {service_region}: the default row is used")
     rates = traffic.hourly_rps()
-    fixed_by_hour = [ctx.fixed.hourly(service_region, traffic.region, rps, gb) for rps in rates]
+    fixed = fixed_by_hour(service_region, [traffic], ctx)
 
     reserved = ctx.reserved.get((candidate.instance_type, service_region), 0)
 
     def daily(seconds: float) -> tuple[list[int], list[float]]:
         counts = [max(n_min, math.ceil(rps * seconds - 1e-9)) for rps in rates]
-        return counts, [max(n - reserved, 0) * ev.price_per_hour + f for n, f in zip(counts, fixed_by_hour)]
+        return counts, [max(n - reserved, 0) * ev.price_per_hour + f for n, f in zip(counts, fixed)]
 
     ev.instances_by_hour, ev.cost_by_hour = daily(ev.seconds_per_request)
-    ev.fixed_per_hour = sum(fixed_by_hour) / 24
+    ev.fixed_per_hour = sum(fixed) / 24
     out_tokens = sum(rates) * 3600 * traffic.output_mean
     in_tokens = sum(rates) * 3600 * traffic.input_mean
     day = sum(ev.cost_by_hour)
@@ -340,6 +339,25 @@ def _limits(ctx: PlanContext, network_ms: float) -> Limits:
     return Limits(ctx.slo.ttft_p99_ms - network_ms, ctx.slo.itl_p99_ms, ctx.slo.error_rate)
 
 
+def fixed_by_hour(region: str, traffic: list[ConsumerTraffic], ctx: PlanContext) -> list[float]:
+    """One fleet's fixed costs per UTC hour in `region` carrying `traffic` (one NLB, one endpoint set): one entry
+    for a one-model region, one per model for a packing (bytes per request weighted by each model's rate)."""
+    hourly = [t.hourly_rps() for t in traffic]  # once per entry, not once per hour
+    per = [ctx.fixed.gb_per_request(t.input_mean, t.output_mean) for t in traffic]
+    out = []
+    for h in range(24):
+        rates = [r[h] for r in hourly]
+        rps = sum(rates)
+        if len(per) == 1:
+            gb = per[0]
+        elif rps > 0:
+            gb = (sum(r * g[0] for r, g in zip(rates, per)) / rps, sum(r * g[1] for r, g in zip(rates, per)) / rps)
+        else:
+            gb = (0.0, 0.0)
+        out.append(ctx.fixed.hourly(region, traffic[0].region, rps, gb))
+    return out
+
+
 def floor_tenth(value: float) -> float:
     """A figure the plan writes into the config (a scaling target, a KV budget in GiB), rounded down to 0.1: the
     written figure must not exceed the computed one. Float error is forgiven first: a figure already on the 0.1
@@ -387,6 +405,22 @@ def scaling_target(parts: list[TargetPart]) -> float:
     return max(1.0, floor_tenth(best)) if best < math.inf else 1.0
 
 
+def processes_by_hour(model: ServiceModel, traffic: ConsumerTraffic, limits: Limits) -> list[int | None]:
+    """Per UTC hour, the fewest processes (instances, for one process per instance) meeting `limits` at the hour's
+    busiest-minute arrivals, spread at random over them (queueing.instances_needed); None where none does."""
+    out: list[int | None] = []
+    for rps, burst in zip(traffic.hourly_rps(), traffic.hourly_burstiness()):
+        sized = instances_needed(model, [Stream(rps * burst, traffic.output_mean)], limits, 0)
+        out.append(None if sized is None else sized[0])
+    return out
+
+
+def predictions_by_hour(model: ServiceModel, traffic: ConsumerTraffic, processes: list[int]) -> list[Prediction | None]:
+    """Per UTC hour, the prediction at the busiest minute over that hour's processes (None: no traffic)."""
+    return [predict(model, [Stream(rps * burst, traffic.output_mean)], 1.0 / n) if rps > 0 and n > 0 else None
+            for rps, burst, n in zip(traffic.hourly_rps(), traffic.hourly_burstiness(), processes)]
+
+
 def _size_from_arrivals(ev: Evaluation, traffic: ConsumerTraffic, ctx: PlanContext) -> None:
     """Steps 2'-5 for a profile of arrivals: per-instance load derived from the fleet's arrivals and the curve.
     The service model holds requests for the traffic's own output length at the curve's mean ITL."""
@@ -411,24 +445,16 @@ def _size_from_arrivals(ev: Evaluation, traffic: ConsumerTraffic, ctx: PlanConte
     ev.target = scaling_target([TargetPart(model, out_mean, ev.safe_rate_rps, 1, tuple(rates), tuple(bursts))])
     n_min = ctx.n_min(region)
     reserved = ctx.reserved.get((candidate.instance_type, region), 0)
-    gb = ctx.fixed.gb_per_request(traffic.input_mean, traffic.output_mean)
     _, default_row = ctx.fixed.row(region)
     if default_row:
         ev.notes.append(f"no fixed-cost row for {region}: the default row is used")
-    fixed_by_hour = [ctx.fixed.hourly(region, traffic.region, rps, gb) for rps in rates]
-    ev.instances_by_hour, ev.predictions = [], []
-    ev.needed_by_hour = []
-    for rps, burst in zip(rates, bursts):
-        streams = [Stream(rps * burst, out_mean)]
-        sized = instances_needed(model, streams, limits, 0)
-        needed = sized[0] if sized is not None else 0
-        n = max(n_min, needed)
-        ev.needed_by_hour.append(needed)
-        ev.instances_by_hour.append(n)
-        ev.predictions.append(predict(model, streams, 1.0 / n) if rps > 0 and n > 0 else None)
-    ev.cost_by_hour = [max(n - reserved, 0) * ev.price_per_hour + f for n, f in zip(ev.instances_by_hour, fixed_by_hour)]
+    fixed = fixed_by_hour(region, [traffic], ctx)
+    ev.needed_by_hour = [n or 0 for n in processes_by_hour(model, traffic, limits)]
+    ev.instances_by_hour = [max(n_min, n) for n in ev.needed_by_hour]
+    ev.predictions = predictions_by_hour(model, traffic, ev.instances_by_hour)
+    ev.cost_by_hour = [max(n - reserved, 0) * ev.price_per_hour + f for n, f in zip(ev.instances_by_hour, fixed)]
     ev.reserved_used = min(reserved, max(ev.instances_by_hour))
-    ev.fixed_per_hour = sum(fixed_by_hour) / 24
+    ev.fixed_per_hour = sum(fixed) / 24
     day = sum(ev.cost_by_hour)
     ev.cost_per_hour = day / 24
     out_tokens = sum(rates) * 3600 * traffic.output_mean
