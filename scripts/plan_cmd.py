@@ -6,7 +6,6 @@ into the fleet config. The method lives in fleetcast/plan/ (docs/plan.md).
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import re
 import sys
@@ -132,11 +131,14 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--json", action="store_true", help="print plan.json instead of the table")
     p.add_argument("--write-config", metavar="FILE",
                    help="update pools and regions of this fleet config with the planned fleet (consumer regions pooled "
-                        "where cheaper) and the spot: block where Spot pays, and write the drift baseline next to it "
+                        "where cheaper; the spot: block with --write-spot), and write the drift baseline next to it "
                         "(<config>.plan-baseline.json): both computed and validated first, then written together, "
                         "or neither (a calibrated pick needs a staged set: `fleetcast stage calibration`)")
     p.add_argument("--write-schedule", action="store_true",
                    help="with --write-config: also write the pool's daily capacity schedule (UTC) from the hourly plan")
+    p.add_argument("--write-spot", action="store_true",
+                   help="with --write-config: add the spot: block where Spot pays (a pool that has one already is "
+                        "kept up to date without it)")
     p.add_argument("--allow-estimated", action="store_true", help="let --write-config write an estimated choice")
     drift = p.add_argument_group("drift check (docs/plan.md, Drift)")
     drift.add_argument("--check", action="store_true",
@@ -183,10 +185,9 @@ def _traffic_from_cloudwatch(args: argparse.Namespace):
 
 
 def _plan(args: argparse.Namespace) -> int:
+    """One path for every fleet: one model or several (fleetcast.plan.run.plan_fleet decides how it is planned)."""
     from fleetcast.contract.errors import EXIT_OK, EXIT_REFUSED, EXIT_USAGE, UserError
-    from fleetcast.plan.report import render_terminal, to_json, write_report
-    from fleetcast.plan.run import PlanOptions, build_plan
-    from fleetcast.plan.writeback import compute_plan_edit, throttling_notes, write_config_notes
+    from fleetcast.plan.run import PlanOptions, plan_fleet
 
     if args.traffic_from and args.write_config:
         raise UserError("--write-config takes a traffic file: export one with `fleetcast traffic export` and plan "
@@ -196,13 +197,6 @@ def _plan(args: argparse.Namespace) -> int:
     if args.check and (args.write_config or args.report):
         raise UserError("--check only compares; run it without --write-config/--report", exit_code=EXIT_USAGE)
     profile = _traffic_from_cloudwatch(args) if args.traffic_from else None
-    from fleetcast.plan.run import several_models
-
-    if several_models(args.config):
-        return _plan_packing(args, profile)
-    if args.lab or args.max_copies:
-        raise UserError(f"--lab/--max-copies plan fleets of several models; {args.config} serves one",
-                        exit_code=EXIT_USAGE)
     opts = PlanOptions(
         traffic_profile=profile,
         results=args.results, traffic=args.traffic, config=args.config, ttft_p99_ms=args.ttft_p99_ms,
@@ -211,126 +205,63 @@ def _plan(args: argparse.Namespace) -> int:
         quality=args.quality, quality_threshold=args.quality_threshold, estimate=args.estimate,
         min_instances=args.min_instances, profile=args.profile, spot_prices=args.spot_prices,
         spot_interruptions=args.spot_interruptions, spot_relaunch_s=args.spot_relaunch_s,
-        reserved={(t, r): n for t, r, n in args.reserved},
-    )
-    result, plans, ctx = build_plan(opts)
-    if args.check:
-        return _check(args, result, plans)
-    if args.action == "simulate":
-        from fleetcast.plan.simulate import simulate_plan
-
-        lines, agree = simulate_plan(plans, result.pools, ctx, seed=args.seed, candidates=args.candidate,
-                                     max_groups=args.max_hours or None,
-                                     report=Path(args.report) if args.report else None)
-        print("\n".join(lines))
-        return EXIT_OK if agree else EXIT_REFUSED
-    result.write_notes = write_config_notes(_config_or_none(args.write_config or args.config), result.pools,
-                                            args.allow_estimated)
-    print(json.dumps(to_json(result), indent=1) if args.json else render_terminal(result))
-    # With --json, stdout stays pure JSON; the rest goes to stderr.
-    say = (lambda text: print(text, file=sys.stderr)) if args.json else print
-    # Everything written is computed and validated first; a refusal or failure leaves every file as it was.
-    edit = baseline = None
-    if args.write_config:
-        edit = compute_plan_edit(args.write_config, plans, result.pools, allow_estimated=args.allow_estimated,
-                                 write_schedule=args.write_schedule, spot=result.spot)
-        baseline = _baseline(args.write_config, edit.cfg, result.pools, ctx)
-    if args.report:
-        _write_report(write_report, result, args, edit is not None, say)
-    if edit is not None:
-        _write_edit(edit, baseline, args.write_config, say)
-        for note in throttling_notes(edit.cfg, result.pools):
-            say(f"  note: {note}")
-        say(f"  baseline for `fleetcast plan --check`: {baseline[0]}")
-    return EXIT_OK if all(p.winner for p in plans) else EXIT_REFUSED
-
-
-def _plan_packing(args: argparse.Namespace, profile) -> int:
-    """A fleet of several models: the packing search (fleetcast/plan/packing.py)."""
-    from fleetcast.contract.errors import EXIT_OK, EXIT_REFUSED, EXIT_USAGE, UserError
-    from fleetcast.plan.packing_report import render_terminal, to_json, write_report
-    from fleetcast.plan.run import PlanOptions, build_packing
-    from fleetcast.plan.writeback import compute_packing_edit
-
-    unsupported = [flag for flag, given in (("--candidate", bool(args.candidate)),
-                                            ("--write-schedule", args.write_schedule),
-                                            ("--spot-prices", args.spot_prices)) if given]
-    if unsupported:
-        raise UserError(f"{', '.join(unsupported)}: not available for fleets of several models yet "
-                        "(docs/plan.md, \"Several models: the packing search\")", exit_code=EXIT_USAGE)
-    opts = PlanOptions(
-        traffic_profile=profile, results=args.results, traffic=args.traffic, config=args.config,
-        ttft_p99_ms=args.ttft_p99_ms, itl_p99_ms=args.itl_p99_ms, error_rate=args.error_rate, prices=args.prices,
-        refresh_prices=args.refresh_prices, fixed_costs=args.fixed_costs, latency=args.latency,
-        live_availability=args.live_availability, quality=args.quality, quality_threshold=args.quality_threshold,
-        estimate=args.estimate, min_instances=args.min_instances, profile=args.profile,
         reserved={(t, r): n for t, r, n in args.reserved}, lab=dict(args.lab),
     )
-    result, ctx, _ = build_packing(opts, max_copies=args.max_copies)
+    planned = plan_fleet(opts, max_copies=args.max_copies)
     if args.check:
-        return _check_packing(args, result)
+        return _check(args, planned)
     if args.action == "simulate":
-        from fleetcast.plan.simulate import simulate_packing
-
-        lines, agree = simulate_packing(result, ctx, seed=args.seed, max_groups=args.max_hours or None,
-                                        report=Path(args.report) if args.report else None)
+        lines, agree = planned.simulate(args.seed, args.candidate, args.max_hours or None,
+                                        Path(args.report) if args.report else None)
         print("\n".join(lines))
         return EXIT_OK if agree else EXIT_REFUSED
-    print(json.dumps(to_json(result), indent=1) if args.json else render_terminal(result))
+    planned.promise_writes(_config_or_none(args.write_config or args.config), args.allow_estimated)
+    print(planned.render(args.json))
+    # With --json, stdout stays pure JSON; the rest goes to stderr.
     say = (lambda text: print(text, file=sys.stderr)) if args.json else print
     # Everything written is computed and validated first; a refusal or failure leaves every file as it was.
     edit = baseline = None
     if args.write_config:
         from datetime import datetime
 
-        from fleetcast.plan.drift import baseline_path
-        from fleetcast.plan.packing import baseline_document
-        from fleetcast.plan.writeback import pool_name_for
-
-        edit = compute_packing_edit(args.write_config, result, args.allow_estimated)
-        chosen = {r.region: pool_name_for(edit.cfg.region(r.region), r.winner.instance_type.split(".")[0])
-                  for r in result.regions if r.winner is not None}
-        doc = baseline_document(result, ctx, chosen, datetime.now(UTC).isoformat(timespec="seconds"),
-                                {m.id: [a.id for a in m.adapters] for m in edit.cfg.models})
-        baseline = (baseline_path(args.write_config), json.dumps(doc, indent=1) + "\n")
+        edit = planned.edit(args.write_config, args.allow_estimated, args.write_schedule, args.write_spot)
+        baseline = planned.baseline(args.write_config, edit.cfg, datetime.now(UTC).isoformat(timespec="seconds"))
     if args.report:
-        _write_report(write_report, result, args, edit is not None, say)
+        _write_report(planned, args, edit is not None, say)
     if edit is not None:
         _write_edit(edit, baseline, args.write_config, say)
+        for note in planned.write_notes(edit.cfg):
+            say(f"  note: {note}")
         say(f"  baseline for `fleetcast plan --check`: {baseline[0]}")
-    return EXIT_OK if all(r.winner for r in result.regions) else EXIT_REFUSED
+    return EXIT_OK if planned.served else EXIT_REFUSED
 
 
-def _check_packing(args: argparse.Namespace, result) -> int:
-    """plan --check for a fleet of several models: the re-plan against the config, and the traffic per model
-    against the baseline --write-config wrote (a model whose traffic grew is named)."""
+def _check(args: argparse.Namespace, planned) -> int:
+    """plan --check: the re-plan against the config, and the traffic against the baseline --write-config wrote."""
     from fleetcast.config import load_config
     from fleetcast.contract.errors import EXIT_REFUSED
-    from fleetcast.plan.check import (
-        config_path_required,
-        drift_settings,
-        packing_replan_findings,
-        render,
-    )
+    from fleetcast.plan.check import config_path_required, drift_settings, render, replan_findings
     from fleetcast.plan.drift import Finding
 
     cfg = load_config(config_path_required(args.config))
     threshold = drift_settings(cfg, args.threshold)
-    findings = [Finding("pick", r.region, "no packing serves it within every model's SLO")
-                for r in result.regions if not r.winner]
-    findings += packing_replan_findings(cfg, result, threshold)
-    findings += _baseline_findings(args, [t for r in result.regions for t in r.traffic], threshold,
-                                   "throughput per model and cost")
-    print(render(findings, result.traffic_name))
+    what = "no candidate serves it within the SLO" if planned.plans is not None else \
+        "no packing serves it within every model's SLO"
+    findings = [Finding("pick", region, what) for region in planned.unserved()]
+    findings += replan_findings(cfg, planned.pools(), threshold)
+    findings += _baseline_findings(args, planned.consumers(), threshold,
+                                   "throughput, mix, latency and cost checks" if planned.plans is not None
+                                   else "throughput per model and cost")
+    print(render(findings, planned.result.traffic_name))
     return EXIT_REFUSED if findings else 0
 
 
-def _write_report(write, result, args: argparse.Namespace, config_pending: bool, say) -> None:
-    """The report's pages and plots (`write`: the one-model or the packing report's writer)."""
+def _write_report(planned, args: argparse.Namespace, config_pending: bool, say) -> None:
+    """The report's pages and plots."""
     from fleetcast.contract.errors import UserError
 
     try:
-        paths = write(result, args.report)
+        paths = planned.write_report(args.report)
     except OSError as exc:
         raise UserError(f"--report: cannot write {exc.filename or args.report}: {exc.strerror}; its pages were left "
                         "as they were" + (f", and {args.write_config} was not written" if config_pending else "")) from None
@@ -368,39 +299,6 @@ def _config_or_none(path: str | None):
         return load_config(path)
     except ConfigError:
         return None
-
-
-def _baseline(config_path: str, cfg, pools, ctx) -> tuple:
-    """(path, text) of the plan baseline for the config as written."""
-    from datetime import datetime
-
-    from fleetcast.plan.drift import baseline_document, baseline_path
-    from fleetcast.plan.writeback import pool_name_for
-
-    chosen = {}
-    for fleet_pool in pools:
-        region = next((r for r in cfg.regions if r.region == fleet_pool.service_region), None)
-        if region is not None:
-            chosen[region.region] = pool_name_for(region, fleet_pool.evaluation.candidate.family)
-    doc = baseline_document(pools, ctx, chosen, datetime.now(UTC).isoformat(timespec="seconds"))
-    return baseline_path(config_path), json.dumps(doc, indent=1) + "\n"
-
-
-def _check(args: argparse.Namespace, result, plans) -> int:
-
-    from fleetcast.config import load_config
-    from fleetcast.contract.errors import EXIT_REFUSED
-    from fleetcast.plan.check import config_path_required, drift_settings, render, replan_findings
-    from fleetcast.plan.drift import Finding
-
-    cfg = load_config(config_path_required(args.config))
-    threshold = drift_settings(cfg, args.threshold)
-    findings = [Finding("pick", p.traffic.region, "no candidate serves it within the SLO") for p in plans if not p.winner]
-    findings += replan_findings(cfg, result.pools, threshold)
-    findings += _baseline_findings(args, [p.traffic for p in plans], threshold,
-                                   "throughput, mix, latency and cost checks")
-    print(render(findings, result.traffic_name))
-    return EXIT_REFUSED if findings else 0
 
 
 def _baseline_findings(args: argparse.Namespace, consumers: list, threshold: float, what: str) -> list:

@@ -78,11 +78,14 @@ class ConfigImpact:
     renamed: tuple[str, str] | None = None
     # Changes of fleet `engine` defaults that no pool builds with, before or after (FleetConfig.unused_engine_defaults).
     no_effect: list[FieldChange] = field(default_factory=list)
+    # (region, pool, what) of pools that gain a Spot tier: their capacity above the base may now be interrupted.
+    spot_added: list[tuple[str, str, str]] = field(default_factory=list)
 
     def for_region(self, region: str) -> ConfigImpact:
         """The same changes, with only that region's pools (what a deploy there does)."""
         return ConfigImpact(self.changes, [p for p in self.pools if p.region == region], self.consumers_changed,
-                            self.entitlements_changed, self.renamed, self.no_effect)
+                            self.entitlements_changed, self.renamed, self.no_effect,
+                            [s for s in self.spot_added if s[0] == region])
 
     @property
     def tags_changed(self) -> bool:
@@ -181,7 +184,19 @@ def diff_configs(before: FleetConfig, after: FleetConfig) -> ConfigImpact:
                         if c.path.startswith("consumers")})
     entitled = sorted({c.path.split("]")[0].removeprefix("models[") for c in changes
                        if c.path.startswith("models[") and c.path.split("]", 1)[1].startswith(".consumers")})
-    return ConfigImpact(changes, pools, consumers, entitled, no_effect=no_effect)
+    return ConfigImpact(changes, pools, consumers, entitled, no_effect=no_effect, spot_added=_spot_added(before, after))
+
+
+def _spot_added(before: FleetConfig, after: FleetConfig) -> list[tuple[str, str, str]]:
+    """Pools with a spot block in `after` and none in `before` (a new pool with one counts too)."""
+    had = {(r.region, p.name) for r in before.regions for p in r.pools if p.spot is not None}
+    out = []
+    for region in after.regions:
+        for pool in region.pools:
+            if pool.spot is not None and (region.region, pool.name) not in had:
+                out.append((region.region, pool.name, f"On-Demand base {pool.on_demand_base}, Spot on "
+                                                      f"{', '.join(pool.spot_instance_types)} above it"))
+    return out
 
 
 def _short(value: Any) -> str:
@@ -236,6 +251,9 @@ def render_impact(impact: ConfigImpact) -> str:
             if p.outcome == "rolls" and p.before_digest and p.after_digest else ""
         lines.append(f"  {p.region}/{p.pool}: {_OUTCOME_TEXT[p.outcome]}{digests}")
         lines += [f"    {change}" for change in p.models]
+    for region, pool, what in impact.spot_added:
+        lines.append(f"NEW SPOT GROUP {region}/{pool}: {what}; instances above the base may be interrupted "
+                     "(docs/runbook.md#spot-tier)")
     if impact.renamed is not None:  # what follows describes running gateways and groups: none are kept
         return "\n".join(lines) + "\n"
     if impact.consumers_changed:

@@ -11,6 +11,7 @@ Any finding: exit 3 (EXIT_REFUSED); none: 0.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 from fleetcast.contract.errors import UserError
@@ -25,28 +26,83 @@ def _relative(old: float, new: float) -> float:
     return abs(new - old) / max(abs(old), 1e-9)
 
 
-def replan_findings(cfg, pools: list, threshold: float) -> list[Finding]:
-    """Planned pools (solver.FleetPool) against the config's pools they would be written to."""
+@dataclass(frozen=True)
+class PlannedPool:
+    """What a planned pool asks of the config, whatever planned it: one model is a packing of one."""
+
+    region: str
+    consumer_regions: tuple[str, ...]
+    instance_type: str
+    label: str
+    cost_text: str
+    serves: tuple[tuple[str, str, int], ...]  # (model, precision, copies)
+    capacity: tuple[int, int]
+    target: float
+
+
+def planned_pools(pools: list) -> list[PlannedPool]:
+    """solver.FleetPool (one model: the config's) as PlannedPool."""
+    out = []
+    for p in pools:
+        win = p.evaluation
+        lo, _, hi = p.capacity()
+        out.append(PlannedPool(p.service_region, tuple(p.consumer_regions), win.candidate.instance_type,
+                               win.candidate.label, _pct_text(win), ((win.candidate.model or "", win.candidate.precision,
+                                                                      1),), (lo, hi), float(p.target)))
+    return out
+
+
+def planned_packings(result) -> list[PlannedPool]:
+    """A packing plan's chosen packings (fleetcast/plan/packing.py) as PlannedPool."""
+    from .packing import scaling_target
+
+    out = []
+    for plan in result.regions:
+        w = plan.winner
+        if w is not None:
+            lo, _, hi = w.capacity()
+            out.append(PlannedPool(plan.region, (plan.region,), w.instance_type, w.label, f"${w.cost_per_hour:.2f}/h",
+                                   tuple((m.model, m.precision, m.copies) for m in w.loads), (lo, hi),
+                                   scaling_target(w)))
+    return out
+
+
+def replan_findings(cfg, pools: list[PlannedPool], threshold: float) -> list[Finding]:
+    """Planned pools against the config's pools they would be written to: the instance type, each model's
+    precision (and copies, where the pool serves several), the capacity bounds and the scaling target."""
     from .writeback import pool_for
 
     findings = []
-    for fleet_pool in pools:
-        region = fleet_pool.service_region
-        win = fleet_pool.evaluation
+    for planned in pools:
+        region = planned.region
         try:
             entry = cfg.region(region)
         except KeyError:
-            findings.append(Finding("pick", region, f"the plan serves {', '.join(fleet_pool.consumer_regions)} from "
+            findings.append(Finding("pick", region, f"the plan serves {', '.join(planned.consumer_regions)} from "
                                     f"{region}, which the config has no region for"))
             continue
         dumped = [{"instance_type": p.instance_type, "_pool": p} for p in entry.pools]
-        pool = pool_for(dumped, win.candidate.family)["_pool"]
-        precision = _precision(cfg, pool)
-        if pool.instance_type != win.candidate.instance_type or precision != win.candidate.precision:
-            findings.append(Finding("pick", region, (
-                f"pool {pool.name}: the plan picks {win.candidate.label} ({_pct_text(win)}), the config runs "
-                f"{pool.instance_type} {precision}")))
-        lo, _, hi = fleet_pool.capacity()
+        pool = pool_for(dumped, planned.instance_type.split(".")[0])["_pool"]
+        packed = len(cfg.models) > 1
+        if not packed:
+            ((_, precision, _),) = planned.serves
+            current = cfg.engine_for(pool).precision.value
+            if pool.instance_type != planned.instance_type or current != precision:
+                findings.append(Finding("pick", region, (f"pool {pool.name}: the plan picks {planned.label} "
+                                                         f"({planned.cost_text}), the config runs {pool.instance_type} "
+                                                         f"{current}")))
+        else:
+            if pool.instance_type != planned.instance_type:
+                findings.append(Finding("pick", region, f"pool {pool.name}: the plan picks {planned.label} "
+                                        f"({planned.cost_text}), the config runs {pool.instance_type}"))
+            served = {s.model: s.copies for s in cfg.serves_of(pool)}
+            for model, precision, copies in planned.serves:
+                current = cfg.engine_for(pool, model).precision.value
+                if served.get(model) != copies or current != precision:
+                    findings.append(Finding("pick", region, (
+                        f"pool {pool.name}: {model}: the plan runs {copies} copy(ies) at {precision}, the config "
+                        f"{served.get(model, 0)} at {current}")))
+        lo, hi = planned.capacity
         for name, old, new in (("capacity.max", pool.capacity.max, hi), ("capacity.min", pool.capacity.min, lo)):
             if _relative(old, new) > threshold:
                 findings.append(Finding("capacity", region, (
@@ -54,15 +110,11 @@ def replan_findings(cfg, pools: list, threshold: float) -> list[Finding]:
                     f"threshold {threshold:.0%})")))
         # The plan writes the target only for in-flight scaling (writeback.py); a KV-cache target is the owner's.
         target = pool.scaling.target if pool.scaling.metric == "active_requests" else None
-        if target is not None and _relative(float(target), float(fleet_pool.target)) > threshold:
+        if target is not None and _relative(float(target), planned.target) > threshold:
             findings.append(Finding("target", region, (
-                f"pool {pool.name}: scaling.target would change {target:g} -> {fleet_pool.target:g} in-flight "
+                f"pool {pool.name}: scaling.target would change {target:g} -> {planned.target:g} in-flight "
                 f"requests per instance (threshold {threshold:.0%})")))
     return findings
-
-
-def _precision(cfg, pool) -> str:
-    return cfg.engine_for(pool).precision.value
 
 
 def _pct_text(win) -> str:
@@ -123,50 +175,6 @@ def baseline_findings(baseline: dict, consumers: list[ConsumerTraffic], threshol
             obs.by_model = {m["model"]: [sum(c.hourly_rps()[h] for c in mine if c.model == m["model"])
                                          for h in range(24)] for m in base["models"]}
         findings += check_pool(base, obs, baseline["slo"], threshold, cost_threshold)
-    return findings
-
-
-def packing_replan_findings(cfg, result, threshold: float) -> list[Finding]:
-    """A packing plan (fleetcast/plan/packing.py) against the config pools it would be written to: the instance
-    type, each model's copies and precision (named), the capacity bounds and the scaling target."""
-    from .packing import scaling_target
-    from .writeback import pool_for
-
-    findings = []
-    for plan in result.regions:
-        w = plan.winner
-        if w is None:
-            continue
-        try:
-            entry = cfg.region(plan.region)
-        except KeyError:
-            findings.append(Finding("pick", plan.region, f"the plan serves {plan.region} from {plan.region}, which "
-                                                         "the config has no region for"))
-            continue
-        dumped = [{"instance_type": p.instance_type, "_pool": p} for p in entry.pools]
-        pool = pool_for(dumped, w.instance_type.split(".")[0])["_pool"]
-        if pool.instance_type != w.instance_type:
-            findings.append(Finding("pick", plan.region, f"pool {pool.name}: the plan picks {w.label} "
-                                    f"(${w.cost_per_hour:.2f}/h), the config runs {pool.instance_type}"))
-        served = {s.model: s.copies for s in cfg.serves_of(pool)}
-        for m in w.loads:
-            precision = cfg.engine_for(pool, m.model).precision.value
-            if served.get(m.model) != m.copies or precision != m.precision:
-                findings.append(Finding("pick", plan.region, (
-                    f"pool {pool.name}: {m.model}: the plan runs {m.copies} copy(ies) at {m.precision}, the config "
-                    f"{served.get(m.model, 0)} at {precision}")))
-        lo, _, hi = w.capacity()
-        for name, old, new in (("capacity.max", pool.capacity.max, hi), ("capacity.min", pool.capacity.min, lo)):
-            if _relative(old, new) > threshold:
-                findings.append(Finding("capacity", plan.region, (
-                    f"pool {pool.name}: {name} would change {old} -> {new} ({(new - old) / max(old, 1):+.0%}, "
-                    f"threshold {threshold:.0%})")))
-        target = pool.scaling.target if pool.scaling.metric == "active_requests" else None
-        planned = scaling_target(plan)
-        if target is not None and _relative(float(target), planned) > threshold:
-            findings.append(Finding("target", plan.region, (
-                f"pool {pool.name}: scaling.target would change {target:g} -> {planned:g} in-flight requests per "
-                f"instance (threshold {threshold:.0%})")))
     return findings
 
 

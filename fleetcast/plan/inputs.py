@@ -380,6 +380,8 @@ class QualityResult(BaseModel):
     precision: Precision
     value: float = Field(description="Degradation against the fp16 baseline, in the file's metric (higher is worse).")
     instance_type: str | None = Field(default=None, description="When the result is specific to one instance type.")
+    model: str | None = Field(default=None, description="When the result is one model's (a fleet of several models: "
+                                                        "a models[].id); absent: every model's.")
 
 
 class QualityFile(BaseModel):
@@ -391,12 +393,15 @@ class QualityFile(BaseModel):
     threshold: float = Field(description="Largest tolerated degradation; a precision above it is excluded.")
     results: list[QualityResult] = Field(min_length=1)
 
-    def verdict(self, instance_type: str, precision: str, threshold: float | None = None) -> tuple[bool | None, str]:
-        """(passes, explanation); passes is None when nothing was measured for the precision."""
+    def verdict(self, instance_type: str, precision: str, threshold: float | None = None,
+                model: str | None = None) -> tuple[bool | None, str]:
+        """(passes, explanation); passes is None when nothing was measured for the precision (of `model`: its own
+        results and those naming no model)."""
         limit = self.threshold if threshold is None else threshold
-        rows = [r for r in self.results if r.precision.value == precision and r.instance_type in (None, instance_type)]
+        rows = [r for r in self.results if r.precision.value == precision and r.instance_type in (None, instance_type)
+                and r.model in (None, model)]
         if not rows:
-            return None, f"no {self.metric} result for {precision}"
+            return None, f"no {self.metric} result for {precision}" + (f" of {model}" if model else "")
         worst = max(rows, key=lambda r: r.value)
         ok = worst.value <= limit
         op = "<=" if ok else ">"

@@ -30,6 +30,7 @@ import itertools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING
 
 from fleetcast.config import catalog
 from fleetcast.config.memory import GIB, PoolMemory, plan_pool
@@ -39,9 +40,20 @@ from fleetcast.contract.errors import UserError
 from fleetcast.contract.serving import MAX_PROCESSES
 
 from .curves import Candidate, Curve
-from .queueing import Limits, Prediction, ServiceModel, Stream, instances_needed, model_for, occupancy, predict
-from .solver import PlanContext, Slo, capacity_bounds, floor_tenth
+from .queueing import Limits, Prediction, ServiceModel, Stream, model_for, occupancy, predict
+from .solver import (
+    PlanContext,
+    PoolDay,
+    Slo,
+    fixed_by_hour,
+    floor_tenth,
+    predictions_by_hour,
+    processes_by_hour,
+)
 from .traffic import ConsumerTraffic, TrafficProfile
+
+if TYPE_CHECKING:
+    from .spot import SpotPool
 
 # Copies per model the search tries by default: two processes busy at once time-slice one GPU (no MPS), so
 # a second copy adds queue slots, not throughput (docs/runtime.md, "Latency when both are busy").
@@ -51,6 +63,11 @@ MAX_PACKINGS = 2000
 # A copy is planned only with at least this much KV cache (a design floor: the planner does not know a
 # model's KV bytes per token, so it cannot check the KV against the curve's batch sizes).
 MIN_KV_GIB = 1.0
+
+# A co-located curve of this few levels interpolates ITL where it may climb steeply: the size of the gap it leaves
+# is the one measured on the H200 example (tests/plan/test_packing.py, the H200 simulation).
+SPARSE_LEVELS = 3
+SPARSE_ITL_GAP = "which ran 4-12% below the simulation's P99 ITL on the H200 example (3 levels)"
 
 MEASURED_COLOCATED = "measured (co-located)"
 MEASURED_ALONE = "measured (one process)"
@@ -285,6 +302,36 @@ def packing_memory(cfg, instance_type: str, packing: tuple[tuple[str, str, int],
     return plan_pool(_PackedFleet(cfg, {m: p for m, p, _ in packing}), shape, _instance(instance_type, lab or {}))
 
 
+MEMORY_RULE = "memory"  # PackingEval.ruled_by of a packing the memory check refused
+
+
+def memory_check(cfg, instance_type: str, packing: tuple[tuple[str, str, int], ...], lab: dict[str, str] | None = None,
+                 kv_cache_gb: dict[str, float] | None = None) -> tuple[PoolMemory | None, str | None]:
+    """The planner's one memory check (a fuller memory model swaps in here): the instance's memory plan and, when
+    the packing does not fit, why, its first clause the reason the report groups ruled-out packings by.
+
+    A packing of one process keeps its engine's KV fraction, as the validator lets a one-model pool do, so it
+    needs no model size; several processes split the GPU by the validator's arithmetic (memory.plan_pool), each
+    copy with at least MIN_KV_GIB of KV cache."""
+    memory = packing_memory(cfg, instance_type, packing, lab, kv_cache_gb)
+    if memory is None:
+        return None, f"memory: {instance_type} is not in the instance catalog"
+    if memory.process_count == 1:
+        return memory, None if memory.fits is not False else \
+            f"memory: the weights exceed the {memory.gpu}'s usable memory ({memory.arithmetic()})"
+    if memory.fits is None:
+        unknown = ", ".join(p.model_id for p in memory.processes if p.parameters is None)
+        return memory, (f"memory: size unknown for {unknown} (models[].parameters_b), so several processes cannot be "
+                        "checked against the GPU")
+    if memory.fits is False:
+        return memory, f"memory: exceeds the {memory.gpu}'s usable memory ({memory.arithmetic()})"
+    short = [p.model_id for p in memory.processes if p.kv_bytes is not None and p.kv_bytes < MIN_KV_GIB * GIB]
+    if short:
+        return memory, (f"memory: under {MIN_KV_GIB:g} GiB of KV cache per copy ({', '.join(short)}: "
+                        f"{memory.arithmetic()})")
+    return memory, None
+
+
 def kv_gib_written(kv_gib: float) -> float:
     """A KV budget in GiB as the config gets it: rounded down to 0.1 so the memory sum still fits (solver.floor_tenth).
     The budget comes back from whole bytes (int(kv_cache_gb x 2^30)), a hair under a budget already on the 0.1 grid
@@ -312,6 +359,7 @@ class ModelLoad:
     kv_gib: float | None = None
     sources: tuple[str, ...] = ()
     peer_step_ms: float = 0.0  # estimated: what the other processes add to each of its steps (interference rule)
+    provenance: str = "measured"  # the results' provenance ("synthetic": authored data)
 
     @property
     def instances_by_hour(self) -> list[int]:
@@ -332,7 +380,7 @@ class ModelLoad:
 
 
 @dataclass
-class PackingEval:
+class PackingEval(PoolDay):
     """One packing of one instance type serving one consumer region's models."""
 
     instance_type: str
@@ -345,10 +393,8 @@ class PackingEval:
     fixed_by_hour: list[float] = field(default_factory=list)
     cost_per_hour: float = 0.0
     usd_per_m_output: float = 0.0
-
-    @property
-    def feasible(self) -> bool:
-        return self.rejected is None
+    label_text: str = ""  # a packing the memory check refused before any model was loaded: what it was
+    reserved_used: int = 0  # reserved instances (--reserved) this packing runs on, paid whatever the pick
 
     @property
     def estimated(self) -> bool:
@@ -368,18 +414,11 @@ class PackingEval:
 
     @property
     def packing_text(self) -> str:
-        return " + ".join(f"{m.model} {m.precision} x{m.copies}" for m in self.loads)
+        return " + ".join(f"{m.model} {m.precision} x{m.copies}" for m in self.loads) or self.label_text
 
     @property
     def label(self) -> str:
         return f"{self.instance_type} [{self.packing_text}]"
-
-    @property
-    def instance_hours(self) -> int:
-        return sum(self.instances_by_hour)
-
-    def capacity(self) -> tuple[int, int, int]:
-        return capacity_bounds(self.instances_by_hour)
 
     @property
     def processes(self) -> int:
@@ -434,11 +473,9 @@ def size_packing(ev: PackingEval, ctx: PlanContext, n_min: int, cache: dict) -> 
     for load in ev.loads:
         model = _models_of(cache, load.curve)
         limits = Limits(load.slo.ttft_p99_ms - load.network_ms, load.slo.itl_p99_ms, load.slo.error_rate)
-        rates, bursts = load.traffic.hourly_rps(), load.traffic.hourly_burstiness()
+        needed = processes_by_hour(model, load.traffic, limits)
         load.processes_by_hour = []
-        for h in hours:
-            streams = [Stream(rates[h] * bursts[h], load.traffic.output_mean)]
-            sized = instances_needed(model, streams, limits, 0)
+        for sized in needed:
             if sized is None:
                 p1 = predict(model, [Stream(1e-6, load.traffic.output_mean)], 1.0)
                 peers = (f", its peers adding {load.peer_step_ms:.1f} ms to each of its steps at their planned load"
@@ -448,36 +485,20 @@ def size_packing(ev: PackingEval, ctx: PlanContext, n_min: int, cache: dict) -> 
                                f"{load.network_ms:.0f} ms network) vs {load.slo.ttft_p99_ms:g}, P99 ITL "
                                f"{p1.itl_p99_ms:.1f} ms vs {load.slo.itl_p99_ms:g}")
                 return ev
-            load.processes_by_hour.append(sized[0])
+            load.processes_by_hour.append(sized)
     ev.instances_by_hour = [max([n_min] + [ld.instances_by_hour[h] for ld in ev.loads]) for h in hours]
     for load in ev.loads:
-        model = _models_of(cache, load.curve)
-        rates, bursts = load.traffic.hourly_rps(), load.traffic.hourly_burstiness()
-        load.predictions = [
-            predict(model, [Stream(rates[h] * bursts[h], load.traffic.output_mean)],
-                    1.0 / (ev.instances_by_hour[h] * load.copies)) if rates[h] > 0 else None for h in hours]
+        load.predictions = predictions_by_hour(_models_of(cache, load.curve), load.traffic,
+                                               [n * load.copies for n in ev.instances_by_hour])
     ev.price_per_hour = ctx.prices.price(ev.instance_type, ev.region)
     ev.fixed_by_hour = fixed_by_hour(ev.region, [ld.traffic for ld in ev.loads], ctx)
-    day = sum(n * ev.price_per_hour + f for n, f in zip(ev.instances_by_hour, ev.fixed_by_hour))
+    # --reserved TYPE@REGION=N: instances of that type already paid for, whatever the packing on them.
+    reserved = ctx.reserved.get((ev.instance_type, ev.region), 0)
+    ev.reserved_used = min(reserved, max(ev.instances_by_hour))
+    day = sum(max(n - reserved, 0) * ev.price_per_hour + f for n, f in zip(ev.instances_by_hour, ev.fixed_by_hour))
     ev.cost_per_hour = day / 24
     ev.usd_per_m_output = _per_m_output(day, [ld.traffic for ld in ev.loads])
     return ev
-
-
-def fixed_by_hour(region: str, traffic: list[ConsumerTraffic], ctx: PlanContext) -> list[float]:
-    """One fleet's fixed costs per hour in `region` carrying `traffic` (one NLB, one endpoint set)."""
-    hourly = [t.hourly_rps() for t in traffic]  # once per model, not once per hour
-    per = [ctx.fixed.gb_per_request(t.input_mean, t.output_mean) for t in traffic]
-    out = []
-    for h in range(24):
-        rates = [r[h] for r in hourly]
-        rps = sum(rates)
-        if rps > 0:
-            gb = (sum(r * g[0] for r, g in zip(rates, per)) / rps, sum(r * g[1] for r, g in zip(rates, per)) / rps)
-        else:
-            gb = (0.0, 0.0)
-        out.append(ctx.fixed.hourly(region, traffic[0].region, rps, gb))
-    return out
 
 
 def _per_m_output(day_cost: float, traffic: list[ConsumerTraffic]) -> float:
@@ -516,6 +537,13 @@ class RegionPacking:
     winner: PackingEval | None
     alternatives: list[Alternative] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    not_offered: list[str] = field(default_factory=list)  # instance types with results not offered in the region
+
+    def unpacked(self) -> list[str]:
+        """With no packing chosen: what not packing would cost, as computed (none when some model has no choice)."""
+        return [f"{alt.name}: ${alt.cost_per_hour:.2f}/h (${alt.usd_per_m_output:.3f} per 1M output tokens"
+                + (", estimated" if alt.estimated else "") + f"; {', '.join(p.label for p in alt.parts)}; "
+                f"{sum(sum(p.instances_by_hour) for p in alt.parts)} instance-hours/day)" for alt in self.alternatives]
 
     def savings(self) -> list[str]:
         """Where the choice's saving against each alternative comes from: instances, fixed costs."""
@@ -552,6 +580,7 @@ class PackingPlan:
     warnings: list[str] = field(default_factory=list)
     data_notes: list[str] = field(default_factory=list)
     max_copies: int = DEFAULT_MAX_COPIES
+    spot: list = field(default_factory=list)  # fleetcast.plan.spot.SpotAdvice per chosen packing
 
     @property
     def cost_per_hour(self) -> float:
@@ -562,11 +591,18 @@ class PackingPlan:
 
 
 def _options(curves: list[ModelCurve], model: str, instance_type: str, cfg, family_of, kv_dtype: str,
-             lab: dict[str, str]) -> list[str]:
-    """Precisions with a solo or co-located curve of `model` on `instance_type` that the support matrix allows."""
+             lab: dict[str, str], ctx: PlanContext | None = None, notes: list[str] | None = None) -> list[str]:
+    """Precisions with a solo or co-located curve of `model` on `instance_type` that the support matrix allows and
+    that pass `model`'s quality check (--quality: per model and precision); a failed check goes to `notes`."""
     instance = _instance(instance_type, lab)
     out = []
     for prec in sorted({c.precision for c in curves if c.model == model and c.instance_type == instance_type}):
+        if ctx is not None and ctx.quality is not None:
+            ok, why = ctx.quality.verdict(instance_type, prec, ctx.quality_threshold, model=model)
+            if ok is False:
+                if notes is not None:
+                    notes.append(f"{model} {prec} on {instance_type}: ruled out: quality check failed: {why}")
+                continue
         backend = model_engine(cfg, model).backend.value
         refusal = support.check(family_of(model), backend, prec, kv_dtype, instance.gpu.arch,
                                 support.instance_where(instance_type, instance.gpu.name, instance.gpu.arch))
@@ -608,18 +644,23 @@ def plan_packing(cfg, curves: list[ModelCurve], profile: TrafficProfile, ctx: Pl
     return PackingPlan(profile.name, models, out, max_copies=max_copies)
 
 
+def unentitled_traffic(cfg, profile: TrafficProfile) -> None:
+    """Traffic for a model that no consumer in its region may call is refused (UserError naming the entry): the
+    gateway answers it 403, so sizing a pool for it would pay for load that never arrives. A region with no
+    consumer at all is planned for consumers still to come (run.consumerless_regions warns)."""
+    for i, t in enumerate(profile.consumers):
+        callers = [c.name for c in cfg.consumers if c.region == t.region]
+        if callers and t.model and sum(t.hourly_rps()) > 0 and not any(t.model in cfg.models_for(c) for c in callers):
+            raise UserError(f"--traffic: consumers[{i}].model {t.model} in {t.region}: no consumer there may call it "
+                            f"(models[{t.model}].consumers; consumers in {t.region}: {', '.join(callers)}); the "
+                            "gateway refuses that traffic, so no pool is sized for it: entitle a consumer there or "
+                            "drop the entry")
+
+
 def _entitlement_notes(cfg, region: str, entries: list[ConsumerTraffic]) -> list[str]:
-    notes = []
     callers = [c.name for c in cfg.consumers if c.region == region]
-    for t in entries:
-        allowed = [c for c in callers if t.model in cfg.models_for(c)]
-        # No consumer there at all: the plan's warning (run.consumerless_regions) says it once for the region.
-        if not allowed and callers and sum(t.hourly_rps()) > 0:
-            notes.append(f"{region}: traffic for {t.model}, but no consumer in {region} may call it "
-                         f"(models[].consumers; consumers there: {', '.join(callers) or 'none'})")
-        elif callers:
-            notes.append(f"{region}: {t.model} is called by {', '.join(allowed)}")
-    return notes
+    return [f"{region}: {t.model} is called by {', '.join(c for c in callers if t.model in cfg.models_for(c))}"
+            for t in entries if callers]
 
 
 def _plan_region(cfg, curves, region, entries, ctx, fleet_slo, max_copies, families, kv_dtype, cache) -> RegionPacking:
@@ -627,11 +668,15 @@ def _plan_region(cfg, curves, region, entries, ctx, fleet_slo, max_copies, famil
     types = sorted({c.instance_type for c in curves})
     evaluations: list[PackingEval] = []
     n_min = ctx.n_min(region)
+    not_offered = []
     for instance_type in types:
-        if not _offered(instance_type, region, ctx, cache["lab"]):
-            notes.append(f"{instance_type}: not offered or not priced in {region}")
+        refusal = _offer_refusal(instance_type, region, ctx, cache["lab"])
+        if refusal is not None:
+            notes.append(f"{instance_type}: {refusal}")
+            if "not offered" in refusal:
+                not_offered.append(instance_type)
             continue
-        per_model = [_options(curves, t.model, instance_type, cfg, families.get, kv_dtype, cache["lab"])
+        per_model = [_options(curves, t.model, instance_type, cfg, families.get, kv_dtype, cache["lab"], ctx, notes)
                      for t in entries]
         missing = [t.model for t, opts in zip(entries, per_model) if not opts]
         if missing:
@@ -658,16 +703,27 @@ def _plan_region(cfg, curves, region, entries, ctx, fleet_slo, max_copies, famil
             notes.append(f"{len(cheaper)} estimated packing(s) would cost less than the measured choice (best: "
                          f"{cheaper[0].label} at ${cheaper[0].cost_per_hour:.2f}/h vs ${winner.cost_per_hour:.2f}/h, "
                          f"{ESTIMATED}); not chosen: measure it co-located before choosing it")
-    plan = RegionPacking(region, entries, evaluations, ranked, winner, notes=notes)
+    if winner is not None:
+        notes += [f"{m.model}: its co-located curve has {len(m.curve.points)} load levels: the planner's P99 ITL comes "
+                  f"from the batch averaged over a request's life between them, {SPARSE_ITL_GAP} (docs/plan.md, Limits)"
+                  for m in winner.loads if m.source == MEASURED_COLOCATED and len(m.curve.points) <= SPARSE_LEVELS]
+    plan = RegionPacking(region, entries, evaluations, ranked, winner, notes=notes, not_offered=not_offered)
     plan.alternatives = _alternatives(cfg, curves, region, entries, ctx, fleet_slo, families, kv_dtype, cache)
     return plan
 
 
-def _offered(instance_type: str, region: str, ctx: PlanContext, lab: dict[str, str]) -> bool:
-    """Offered (a lab machine is wherever its price says) and priced in `region`."""
+def _offer_refusal(instance_type: str, region: str, ctx: PlanContext, lab: dict[str, str]) -> str | None:
+    """Why `instance_type` cannot serve in `region` (not offered there, or no price), or None. A lab machine is
+    wherever its price says."""
+    if instance_type not in lab.values() and not ctx.availability.offered(instance_type, region):
+        return f"not offered in {region} (availability as of {ctx.availability.as_of})"
     if ctx.prices.price(instance_type, region) is None:
-        return False
-    return instance_type in lab.values() or ctx.availability.offered(instance_type, region)
+        return f"no price in {region} (prices as of {ctx.prices.as_of}; give --prices FILE)"
+    return None
+
+
+def _offered(instance_type: str, region: str, ctx: PlanContext, lab: dict[str, str]) -> bool:
+    return _offer_refusal(instance_type, region, ctx, lab) is None
 
 
 def packings_by_size(precisions: list[list[str]], max_copies: int):
@@ -711,19 +767,17 @@ def _evaluate(cfg, curves, instance_type, region, entries, combo, ctx, fleet_slo
     # A co-located curve holds at the KV budgets it was measured with: the plan keeps them.
     measured_kv = {m: gb for *_, coloc, _ in picked if coloc is not None and coloc.kv_cache_gb
                    for m, gb in coloc.kv_cache_gb.items()}
-    memory = packing_memory(cfg, instance_type, packing, cache["lab"], measured_kv)
-    if memory is None or memory.fits is False:
-        return None
-    if memory.fits is None:
-        return None  # a model's size is unknown: the validator asks for parameters_b
-    kv = {p.model_id: p.kv_bytes for p in memory.processes}
-    if processes > 1 and any(b is not None and b < MIN_KV_GIB * GIB for b in kv.values()):
-        return None
+    memory, refusal = memory_check(cfg, instance_type, packing, cache["lab"], measured_kv)
+    if refusal is not None:
+        label = " + ".join(f"{m} {p} x{c}" for m, p, c in packing)
+        return PackingEval(instance_type, region, [], memory, rejected=refusal, label_text=label)
+    kv = {p.model_id: p.kv_bytes for p in memory.processes} if memory is not None else {}
     def load_of(t, model, prec, copies, mc, curve, source) -> ModelLoad:
         kv_b = kv.get(model)
         return ModelLoad(model, prec, copies, source, curve, _slo_for(cfg, model, fleet_slo),
                          _network_ms(curve, t.region, region, ctx), t,
-                         kv_gib=None if kv_b is None else kv_b / GIB, sources=mc.candidate.sources)
+                         kv_gib=None if kv_b is None else kv_b / GIB, sources=mc.candidate.sources,
+                         provenance=mc.candidate.provenance)
 
     def as_measured(coloc, solo) -> bool:
         return coloc is not None or processes == 1
@@ -763,7 +817,7 @@ def _alternatives(cfg, curves, region, entries, ctx, fleet_slo, families, kv_dty
         for instance_type in sorted({c.instance_type for c in curves}):
             if not _offered(instance_type, region, ctx, cache["lab"]):
                 continue
-            for prec in _options(curves, t.model, instance_type, cfg, families.get, kv_dtype, cache["lab"]):
+            for prec in _options(curves, t.model, instance_type, cfg, families.get, kv_dtype, cache["lab"], ctx):
                 ev = _evaluate(cfg, curves, instance_type, region, [t], ((prec, 1),), ctx, fleet_slo, n_min, cache)
                 if ev is not None and ev.feasible and (best is None or (best.estimated, best.rank_key())
                                                        > (ev.estimated, ev.rank_key())):
@@ -828,14 +882,42 @@ def baseline_document(result: PackingPlan, ctx: PlanContext, config_pools: dict[
             "slo": {"ttft_p99_ms": ctx.slo.ttft_p99_ms, "itl_p99_ms": ctx.slo.itl_p99_ms}, "pools": pools}
 
 
-def scaling_target(plan: RegionPacking) -> float:
-    """The pool's in-flight target: the planned requests in flight per instance over every model at the day's
-    busiest planned minute, over the burst headroom (solver.TARGET_HEADROOM), at least 1, rounded down to 0.1
-    (solver.floor_tenth, as the KV budget is)."""
-    from .solver import TARGET_HEADROOM
+def scaling_target(ev: PackingEval) -> float:
+    """The pool's in-flight target: solver.scaling_target over the packing's models (the same figure a one-model
+    plan gets for a packing of one)."""
+    from .queueing import max_safe_rate
+    from .solver import TargetPart, scaling_target as target_of
+
+    cache: dict = {}
+    parts = []
+    for m in ev.loads:
+        model = _models_of(cache, m.curve)
+        safe = max_safe_rate(model, m.traffic.output_mean,
+                             Limits(m.slo.ttft_p99_ms - m.network_ms, m.slo.itl_p99_ms, m.slo.error_rate))
+        if safe is not None:
+            parts.append(TargetPart(model, m.traffic.output_mean, safe[0], m.copies, tuple(m.traffic.hourly_rps()),
+                                    tuple(m.traffic.hourly_burstiness())))
+    return target_of(parts)
+
+
+def spot_pool(plan: RegionPacking) -> SpotPool:
+    """The chosen packing as the Spot verdict reads a pool: its processes drained together (the in-flight count is
+    the packing's scaling target over every model), requests held for the request-weighted mean over the models
+    at their planned batches, the strictest model's error budget."""
+    from .spot import SpotPool
 
     w = plan.winner
-    busiest = max(range(24), key=lambda h: (w.instances_by_hour[h], sum(t.hourly_rps()[h] for t in plan.traffic)))
-    in_flight = sum(m.copies * m.predictions[busiest].in_flight for m in w.loads if m.predictions[busiest])
-    burst = max(max(t.hourly_burstiness()) for t in plan.traffic)
-    return max(1.0, floor_tenth(in_flight / max(burst, 1.0 / (1.0 - TARGET_HEADROOM))))
+    cache: dict = {}
+    held = weight = 0.0
+    for m in w.loads:
+        model = _models_of(cache, m.curve)
+        for rate, p in zip(m.traffic.hourly_rps(), m.predictions):
+            if p is not None:
+                held += rate * model.hold_ms(1.0 + p.in_flight, m.traffic.output_mean) / 1000.0
+                weight += rate
+    requests = sum(sum(m.traffic.hourly_rps()) for m in w.loads)
+    busy = sum(n for h, n in enumerate(w.instances_by_hour) if any(m.traffic.hourly_rps()[h] > 0 for m in w.loads))
+    return SpotPool(plan.region, w.label, w.instance_type, w.price_per_hour, list(w.instances_by_hour),
+                    w.cost_per_hour, scaling_target(w), max(held / weight if weight else 0.0, 0.001),
+                    busy / requests if requests else 0.0, [m.traffic for m in w.loads],
+                    min(m.slo.error_rate for m in w.loads))

@@ -8,7 +8,7 @@ import json
 from pathlib import Path
 
 from .packing import ESTIMATED, PackingEval, PackingPlan, RegionPacking
-from .report import Block, blocks_html, blocks_markdown
+from .report import Block, blocks_html, blocks_markdown, write_report_dir
 
 TOP_OTHERS = 6  # other feasible packings listed per region
 
@@ -37,6 +37,10 @@ def model_rows(ev: PackingEval) -> tuple[list[str], list[list[str]]]:
 
 def recommendation(plan: RegionPacking) -> str:
     w = plan.winner
+    if w is None and not plan.evaluations and plan.not_offered:
+        return (f"{plan.region}: not offered: {', '.join(plan.not_offered)} (the instance types with results) "
+                f"{'is' if len(plan.not_offered) == 1 else 'are'} not offered in {plan.region}, where its consumers "
+                "are served; no packing can serve it")
     if w is None:
         # With no candidate evaluated at all (a model without curves on any type) only the notes say why.
         where = "ruled out and notes" if any(not e.feasible for e in plan.evaluations) else "notes"
@@ -53,7 +57,9 @@ def _ruled_out(plan: RegionPacking) -> list[tuple[str, str]]:
     groups: dict[str, list[PackingEval]] = {}
     for e in plan.evaluations:
         if not e.feasible:
-            groups.setdefault(e.rejected.split(":")[0].split(",")[0], []).append(e)
+            # A memory refusal groups by its whole reason (before the arithmetic): which limit, not just "memory".
+            key = e.rejected.split(" (")[0] if e.rejected.startswith("memory:") else e.rejected.split(":")[0].split(",")[0]
+            groups.setdefault(key, []).append(e)
     out = []
     for _reason, evs in sorted(groups.items(), key=lambda kv: -len(kv[1])):
         first = evs[0]
@@ -82,6 +88,9 @@ def blocks(result: PackingPlan, plots: dict[str, list[Path]] | None = None) -> l
             out.append(("h3", "Against not packing (same traffic, same SLOs)"))
             out.append(("ul", [(None, s) for s in plan.savings()] or
                         [(None, "no unpacked alternative meets every SLO with the curves given")]))
+        elif plan.alternatives:
+            out.append(("h3", "Not packing (same traffic, same SLOs)"))
+            out.append(("ul", [(None, s) for s in plan.unpacked()]))
         others = [e for e in plan.ranked if e is not w][:TOP_OTHERS]
         if others:
             out.append(("h3", f"Other packings (cheapest {len(others)} of {len(plan.ranked) - 1})"))
@@ -97,6 +106,10 @@ def blocks(result: PackingPlan, plots: dict[str, list[Path]] | None = None) -> l
             out.append(("ul", [(None, n) for n in plan.notes]))
         for path in plots.get(plan.region, []):
             out.append(("img", path))
+    if result.spot:
+        from .spot import lines as spot_lines
+
+        out += [("h2", "Spot tier"), ("ul", [(None, line) for line in spot_lines(result.spot)])]
     if len(result.regions) > 1:
         out.append(("h2", "Fleet"))
         out.append(("p", f"packed ${result.cost_per_hour:.2f}/h; one model per pool "
@@ -130,8 +143,15 @@ def render_terminal(result: PackingPlan) -> str:
             lines.append("  " + "  ".join(h.ljust(widths[i]) for i, h in enumerate(header)))
             lines += ["  " + "  ".join(c.ljust(widths[i]) for i, c in enumerate(r)) for r in rows]
             lines += [f"  {s}" for s in plan.savings()]
+        else:
+            lines += [f"  no packing serves; {s}" for s in plan.unpacked()]
         lines += [f"  ruled out: {a}: {b}" for a, b in _ruled_out(plan)]
         lines += [f"  note: {n}" for n in plan.notes]
+    if result.spot:
+        from .spot import lines as spot_lines
+
+        lines += ["", "Spot tier (docs/plan.md#spot; a packing's processes are drained together):"]
+        lines += [f"  {line}" for line in spot_lines(result.spot)]
     return "\n".join(lines)
 
 
@@ -159,7 +179,7 @@ def to_json(result: PackingPlan) -> dict:
     return {
         "schema": "fleetcast.plan/v1", "kind": "packing", "traffic": result.traffic_name,
         "models": list(result.models), "data": result.data_notes, "warnings": result.warnings,
-        "max_copies": result.max_copies,
+        "max_copies": result.max_copies, "spot": [a.to_json() for a in result.spot],
         "regions": [{
             "consumer_region": p.region,
             "winner": _ev_json(p.winner) if p.winner else None,
@@ -266,14 +286,14 @@ def write_plots(plan: RegionPacking, directory: Path) -> list[Path]:
 
 
 def write_report(result: PackingPlan, directory: str | Path) -> list[Path]:
-    d = Path(directory)
-    d.mkdir(parents=True, exist_ok=True)
-    plots = {p.region: write_plots(p, d) for p in result.regions}
-    md, page, js = d / "plan.md", d / "plan.html", d / "plan.json"
-    from fleetcast.config.edit import replace_files
+    def write(d: Path) -> list[Path]:
+        plots = {p.region: write_plots(p, d) for p in result.regions}
+        page_blocks = blocks(result, plots)
+        pages = {d / "plan.md": blocks_markdown(page_blocks) + "\n",
+                 d / "plan.html": blocks_html(f"Fleetcast packing plan: {result.traffic_name}", page_blocks),
+                 d / "plan.json": json.dumps(to_json(result), indent=1) + "\n"}
+        for path, text in pages.items():
+            path.write_text(text)
+        return list(pages) + [p for ps in plots.values() for p in ps]
 
-    page_blocks = blocks(result, plots)
-    replace_files([(md, blocks_markdown(page_blocks) + "\n"),
-                   (page, blocks_html(f"Fleetcast packing plan: {result.traffic_name}", page_blocks)),
-                   (js, json.dumps(to_json(result), indent=1) + "\n")])
-    return [md, page, js] + [p for ps in plots.values() for p in ps]
+    return write_report_dir(directory, write)

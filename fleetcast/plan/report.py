@@ -7,6 +7,7 @@ from __future__ import annotations
 import base64
 import html
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -188,7 +189,13 @@ def _summary_line(plan: RegionPlan) -> str:
 def recommendation(plan: RegionPlan) -> str:
     w = plan.winner
     if w is None:
-        return f"No candidate serves {plan.traffic.region} within the SLO: see the reasons above."
+        region = plan.traffic.region
+        if plan.evaluations and all(e.rejected and " is not offered in " in e.rejected for e in plan.evaluations):
+            families = sorted({e.candidate.family for e in plan.evaluations})
+            return (f"No candidate serves {region}: not offered: {', '.join(families)} "
+                    f"{'is' if len(families) == 1 else 'are'} not offered in {region} or any region its consumers "
+                    "can reach (see the reasons above).")
+        return f"No candidate serves {region} within the SLO: see the reasons above."
     lo, desired, hi = w.capacity()
     return (f"{w.candidate.label}{_tag(w)} in {w.service_region}: ${w.cost_per_hour:.2f}/h "
             f"(${w.usd_per_m_output:.3f} per 1M output tokens, ${w.usd_per_m_input:.3f} per 1M input), "
@@ -587,14 +594,42 @@ def to_json(result: PlanResult) -> dict:
     }
 
 
-def write_report(result: PlanResult, directory: str | Path) -> list[Path]:
-    d = Path(directory)
-    d.mkdir(parents=True, exist_ok=True)
-    plots = {p.traffic.region: write_plots(p, d, result.slo, result.pools) for p in result.regions}
-    md, page, js = d / "plan.md", d / "plan.html", d / "plan.json"
-    from fleetcast.config.edit import replace_files
+def write_report_dir(directory: str | Path, write: Callable[[Path], list[Path]]) -> list[Path]:
+    """Write a report through `write(stage)` (its pages and plots, returned pages first) into a fresh sibling
+    directory, then move it into place: a directory that did not exist appears whole (one rename), an existing one
+    gets each file replaced with SIGINT held back (its other files, such as `plan simulate` pictures, stay). An
+    error or Ctrl-C before that leaves `directory` as it was and removes the stage."""
+    import os
+    import shutil
+    import signal
+    import tempfile
 
-    # Rendered first, replaced together: a failure leaves the previous report's pages as they were.
-    replace_files([(md, render_markdown(result, plots) + "\n"), (page, render_html(result, plots)),
-                   (js, json.dumps(to_json(result), indent=1) + "\n")])
-    return [md, page, js] + [p for ps in plots.values() for p in ps]
+    d = Path(directory)
+    d.parent.mkdir(parents=True, exist_ok=True)
+    stage = Path(tempfile.mkdtemp(prefix=f".{d.name}.", dir=d.parent))
+    try:
+        written = write(stage)
+        held = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+        try:
+            if not d.exists():
+                os.replace(stage, d)
+            else:
+                for path in written[3:] + written[:3]:  # plots first, the pages that show them last
+                    os.replace(path, d / path.name)
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, held)
+    finally:
+        shutil.rmtree(stage, ignore_errors=True)
+    return [d / p.name for p in written]
+
+
+def write_report(result: PlanResult, directory: str | Path) -> list[Path]:
+    def write(d: Path) -> list[Path]:
+        plots = {p.traffic.region: write_plots(p, d, result.slo, result.pools) for p in result.regions}
+        pages = {d / "plan.md": render_markdown(result, plots) + "\n", d / "plan.html": render_html(result, plots),
+                 d / "plan.json": json.dumps(to_json(result), indent=1) + "\n"}
+        for path, text in pages.items():
+            path.write_text(text)
+        return list(pages) + [p for ps in plots.values() for p in ps]
+
+    return write_report_dir(directory, write)

@@ -8,11 +8,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from datetime import date
 from pathlib import Path
+from typing import Any
 
 from fleetcast.config import catalog
-from fleetcast.contract.errors import UserError
+from fleetcast.contract.errors import EXIT_USAGE, UserError
 
 from .aws import live_availability, refresh_prices
+from .check import PlannedPool
 from .curves import sources_text
 from .estimate import estimate_specs
 from .inputs import (
@@ -26,7 +28,7 @@ from .inputs import (
 )
 from .report import PlanResult
 from .solver import PlanContext, RegionPlan, Slo, fleet_pools, plan
-from .traffic import TrafficProfile, load_traffic
+from .traffic import ConsumerTraffic, TrafficProfile, load_traffic
 
 
 @dataclass
@@ -235,8 +237,6 @@ def build_packing(opts: PlanOptions, max_copies: int | None = None):
     if opts.estimate:
         raise UserError("--estimate: the roofline estimate covers one-model fleets; a fleet of several models is "
                         "planned from bench results (solo or co-located) only")
-    if opts.reserved:
-        raise UserError("--reserved: capacity reservations are not planned for fleets of several models yet")
     cfg = load_config(opts.config)
     slo = Slo(
         ttft_p99_ms=opts.ttft_p99_ms if opts.ttft_p99_ms is not None else cfg.slo.ttft_p99_ms,
@@ -245,15 +245,18 @@ def build_packing(opts: PlanOptions, max_copies: int | None = None):
     )
     models = tuple(m.id for m in cfg.models)
     traffic = opts.traffic_profile if opts.traffic_profile is not None else load_traffic(opts.traffic)
-    traffic.checked_against(models)
+    traffic = traffic.checked_against(models)
+    packing.unentitled_traffic(cfg, traffic)
     curves = packing.load_model_curves(_expand(opts.results), models, lab=opts.lab)
     warnings = consumerless_regions(cfg, traffic)
     for mc in curves:
         warnings += [f"{mc.model} on {mc.candidate.label}: {n}" for n in mc.candidate.curve.notes]
     prices, availability, latency, fixed, quality = _tables(
         opts, sorted({c.instance_type for c in curves}), [c.region for c in traffic.consumers], warnings)
-    if quality is not None:
-        raise UserError("--quality: quality results are per model; not read for fleets of several models yet")
+    unknown = sorted({r.model for r in quality.results if r.model and r.model not in models}) if quality else []
+    if unknown:
+        raise UserError(f"--quality: results[].model {', '.join(unknown)} is not a model of the config; allowed: "
+                        f"{', '.join(models)}")
     min_instances = {}
     min_source = {}
     for region in cfg.regions:
@@ -263,9 +266,10 @@ def build_packing(opts: PlanOptions, max_copies: int | None = None):
     if opts.min_instances is not None:
         min_instances, min_source = {}, {}
     ctx = PlanContext(
-        slo=slo, prices=prices, availability=availability, latency=latency, fixed=fixed,
+        slo=slo, prices=prices, availability=availability, latency=latency, fixed=fixed, quality=quality,
+        quality_threshold=opts.quality_threshold,
         min_instances=min_instances, default_min_instances=opts.min_instances if opts.min_instances is not None else 1,
-        kv_cache_dtype=cfg.engine.kv_cache_dtype.value, min_instances_source=min_source,
+        kv_cache_dtype=cfg.engine.kv_cache_dtype.value, min_instances_source=min_source, reserved=dict(opts.reserved),
     )
     warnings += _stale_tables(prices, fixed, opts.today or date.today())
     synthetic = [c for c in curves if c.candidate.provenance == "synthetic"]
@@ -279,6 +283,10 @@ def build_packing(opts: PlanOptions, max_copies: int | None = None):
                         "chosen from them, not what an AWS fleet would cost")
     result = packing.plan_packing(cfg, curves, traffic, ctx, fleet_slo=slo, lab=opts.lab,
                                   max_copies=max_copies or packing.DEFAULT_MAX_COPIES)
+    from . import spot
+
+    inputs = spot.load_spot_inputs(opts.spot_prices, opts.spot_interruptions, opts.spot_relaunch_s)
+    result.spot = [spot.advise(packing.spot_pool(r), ctx, inputs) for r in result.regions if r.winner is not None]
     result.warnings = warnings
     result.data_notes = [
         f"prices as of {prices.as_of} ({prices.source})",
@@ -288,3 +296,115 @@ def build_packing(opts: PlanOptions, max_copies: int | None = None):
         f"results: {packing.curves_text(curves)}",
     ]
     return result, ctx, cfg
+
+
+@dataclass
+class Planned:
+    """A plan behind the one interface the command drives, whatever the number of models: the report, the
+    simulation, the re-plan check, the config edit and its drift baseline. One model is planned by the solver
+    (histograms, cross-region pooling, Spot); several by the packing search; each method dispatches once."""
+
+    result: Any  # report.PlanResult (one model) or packing.PackingPlan (several)
+    ctx: PlanContext
+    plans: list[RegionPlan] | None = None  # one model: each consumer region's plan
+
+    @property
+    def served(self) -> bool:
+        """Every consumer region has a choice."""
+        if self.plans is not None:
+            return all(p.winner for p in self.plans)
+        return all(r.winner for r in self.result.regions)
+
+    def unserved(self) -> list[str]:
+        if self.plans is not None:
+            return [p.traffic.region for p in self.plans if not p.winner]
+        return [r.region for r in self.result.regions if not r.winner]
+
+    def consumers(self) -> list[ConsumerTraffic]:
+        if self.plans is not None:
+            return [p.traffic for p in self.plans]
+        return [t for r in self.result.regions for t in r.traffic]
+
+    def pools(self) -> list[PlannedPool]:
+        from .check import planned_packings, planned_pools
+
+        return planned_pools(self.result.pools) if self.plans is not None else planned_packings(self.result)
+
+    def promise_writes(self, cfg: Any, allow_estimated: bool) -> None:
+        """What --write-config will do, for the report (one model: its blocking notes)."""
+        from .writeback import write_config_notes
+
+        if self.plans is not None:
+            self.result.write_notes = write_config_notes(cfg, self.result.pools, allow_estimated)
+
+    def render(self, as_json: bool) -> str:
+        import json
+
+        from . import packing_report, report
+
+        module: Any = report if self.plans is not None else packing_report
+        return json.dumps(module.to_json(self.result), indent=1) if as_json else module.render_terminal(self.result)
+
+    def write_report(self, directory: str) -> list[Path]:
+        from . import packing_report, report
+
+        return (report if self.plans is not None else packing_report).write_report(self.result, directory)
+
+    def simulate(self, seed: int, candidates: list[str] | None, max_groups: int | None,
+                 report: Path | None) -> tuple[list[str], bool]:
+        from .simulate import simulate_packing, simulate_plan
+
+        if self.plans is not None:
+            return simulate_plan(self.plans, self.result.pools, self.ctx, seed=seed, candidates=candidates,
+                                 max_groups=max_groups, report=report)
+        return simulate_packing(self.result, self.ctx, seed=seed, max_groups=max_groups, report=report,
+                                candidates=candidates)
+
+    def edit(self, path: str, allow_estimated: bool, write_schedule: bool, write_spot: bool) -> Any:
+        """The config at `path` with this plan written in, validated (writeback.ConfigEdit); writes nothing."""
+        from .writeback import compute_packing_edit, compute_plan_edit
+
+        if self.plans is not None:
+            return compute_plan_edit(path, self.plans, self.result.pools, allow_estimated=allow_estimated,
+                                     write_schedule=write_schedule, spot=self.result.spot, write_spot=write_spot)
+        return compute_packing_edit(path, self.result, allow_estimated, write_schedule, write_spot)
+
+    def baseline(self, config_path: str, cfg: Any, written: str) -> tuple[Path, str]:
+        """(path, text) of the drift baseline for the config as written (`cfg`)."""
+        import json
+
+        from . import drift, packing
+        from .writeback import pool_name_for
+
+        if self.plans is not None:
+            chosen = {}
+            for fleet_pool in self.result.pools:
+                region = next((r for r in cfg.regions if r.region == fleet_pool.service_region), None)
+                if region is not None:
+                    chosen[region.region] = pool_name_for(region, fleet_pool.evaluation.candidate.family)
+            doc = drift.baseline_document(self.result.pools, self.ctx, chosen, written)
+        else:
+            chosen = {r.region: pool_name_for(cfg.region(r.region), r.winner.instance_type.split(".")[0])
+                      for r in self.result.regions if r.winner is not None}
+            doc = packing.baseline_document(self.result, self.ctx, chosen, written,
+                                            {m.id: [a.id for a in m.adapters] for m in cfg.models})
+        return drift.baseline_path(config_path), json.dumps(doc, indent=1) + "\n"
+
+    def write_notes(self, cfg: Any) -> list[str]:
+        """Notes on the config as written (one model: what the target means for consumers' concurrency limits)."""
+        from .writeback import throttling_notes
+
+        return throttling_notes(cfg, self.result.pools) if self.plans is not None else []
+
+
+def plan_fleet(opts: PlanOptions, max_copies: int | None = None) -> Planned:
+    """Plan the fleet `opts.config` describes: a packing search when it serves several models, else the one-model
+    method (docs/plan.md)."""
+    if several_models(opts.config):
+        result, ctx, _ = build_packing(opts, max_copies=max_copies)
+        return Planned(result, ctx)
+    if opts.lab or max_copies:
+        raise UserError(f"--lab/--max-copies plan fleets of several models; {opts.config} serves one",
+                        exit_code=EXIT_USAGE)
+    result, plans, ctx = build_plan(opts)
+    return Planned(result, ctx, plans)

@@ -25,7 +25,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .queueing import ServiceModel
+from .queueing import Limits, ServiceModel
 
 # Event kinds.
 _DONE, _FIRST, _READY, _TICK = 0, 1, 2, 3
@@ -354,18 +354,6 @@ class FleetSim:
 BURST_MINUTES = 3  # the busiest minutes of an hour: consecutive, at `burstiness` x the hour's mean
 
 
-def minute_rates(rate_rps: float, burstiness: float, rng: random.Random) -> list[float]:
-    """Per-minute rates of one hour: BURST_MINUTES at rate x burstiness (placed at random), the rest lower so the
-    hour keeps its mean."""
-    if burstiness <= 1.0 or rate_rps <= 0:
-        return [rate_rps] * 60
-    k = BURST_MINUTES
-    burst = min(burstiness, 60.0 / k)
-    rest = rate_rps * (60 - k * burst) / (60 - k)
-    start = rng.randrange(60 - k + 1)
-    return [rate_rps * burst if start <= m < start + k else rest for m in range(60)]
-
-
 def length_sampler(spec: float | dict[str, float], rng: random.Random):
     """Output tokens per request: a fixed mean, or drawn from {tokens: share}."""
     if not isinstance(spec, dict):
@@ -501,6 +489,7 @@ class HourCheck:
     requests: int
     sim_queued: float
     network_ms: float
+    slo_met: bool = True  # the simulated P99 TTFT (network included) and ITL at the planned count within the SLOs
 
     @staticmethod
     def _close(a: float, b: float) -> bool:
@@ -561,8 +550,30 @@ def check_sizing(model: ServiceModel, members: list, limits, planned: list[int],
         pred = predictions[h]
         out.append(HourCheck(hours, sum(r for r, _ in streams), n, planned[h], sim_n, pred.ttft_p99_ms + network_ms,
                              at_plan.ttft_p99_ms + network_ms, pred.itl_p99_ms, at_plan.itl_p99_ms, at_plan.requests,
-                             at_plan.queued_share, network_ms))
+                             at_plan.queued_share, network_ms, meets(at_plan, limits)))
     return out
+
+
+def slo_misses(checks: list[HourCheck]) -> list[int]:
+    """The UTC hours whose simulated P99s at the planned count miss an SLO (whatever the planner predicted)."""
+    return sorted(h for c in checks if not c.slo_met for h in c.hours)
+
+
+def verdict(ok: bool, misses: list[tuple[str, list[int]]], what: str) -> list[str]:
+    """The closing lines: 'agree' only when the figures agree AND every simulated hour meets its SLOs; each miss
+    names the model (or pool) and its UTC hours."""
+    lines = [f"  SLO MISSED in simulation: {who} at UTC hours {_hours_text(hours)} (P99 above its SLO at the planned "
+             "count)" for who, hours in misses if hours]
+    if ok and lines:
+        return lines + [f"planner and simulation DISAGREE: the figures agree within {AGREEMENT:.0%} ({what}), but "
+                        "the planned fleet misses an SLO in simulation (above)"]
+    return lines + [f"planner and simulation {'agree' if ok and not lines else 'DISAGREE'} within {AGREEMENT:.0%} "
+                    f"({what})"]
+
+
+def synthetic_line(synthetic: bool) -> list[str]:
+    return ["inputs: SYNTHETIC curves (authored data, not measurements): the simulation checks the method on them, "
+            "not a fleet"] if synthetic else []
 
 
 def _hours_text(hours: list[int]) -> str:
@@ -586,68 +597,112 @@ def render_checks(title: str, checks: list[HourCheck]) -> list[str]:
     return lines
 
 
+@dataclass
+class SimTarget:
+    """One set of processes to simulate: a one-model pool's instances, or one model's processes in a packing (the
+    pool's instances x its copies; one model is a packing of one). `group`: the region whose instance counts the
+    packing's models share (None: the target's own counts are instances)."""
+
+    title: str
+    who: str  # what an SLO miss names (the pool, or the model and region)
+    model: ServiceModel
+    members: list
+    limits: Limits
+    planned: list[int]
+    needed: list[int]
+    predictions: list
+    network_ms: float
+    synthetic: bool
+    copies: int = 1
+    group: tuple[str, list[int], int] | None = None  # (region, instances per hour, floor)
+    unit: str = "instances"
+    picture: str = ""
+
+
+def simulate(targets: list[SimTarget], header: str, what: str, seed: int = 7, max_groups: int | None = None,
+             report: Path | None = None, lines: list[str] | None = None) -> tuple[list[str], bool]:
+    """Check each target's sizing by simulation; 'agree' only when every figure agrees within AGREEMENT and every
+    simulated hour meets the target's SLOs (a miss names the target and its hours). With `report` (a directory),
+    each target's 24-hour picture (write_day_plot) is drawn there as simulate-PICTURE.png."""
+    out = [f"Simulated busiest minutes: {BURST_MINUTES} min per distinct hour (longer for quiet hours, up to "
+           f"{MAX_MINUTES} min, until {MIN_REQUESTS:,} requests) after {WARMUP_S:g} s warm-up, {header}; seed {seed}"]
+    out += lines or []
+    ok = True
+    misses = []
+    drawn = []
+    fleets: dict[str, tuple[list[int], int, dict[int, int]]] = {}
+    for t in targets:
+        checks = check_sizing(t.model, t.members, t.limits, t.planned, t.needed, t.predictions, t.network_ms, seed,
+                              max_groups)
+        out += render_checks(t.title, checks)
+        ok = ok and all(c.agrees for c in checks)
+        misses.append((t.who, slo_misses(checks)))
+        if t.group is not None:
+            region, instances, floor = t.group
+            sim = fleets.setdefault(region, (instances, floor, {}))[2]
+            for c in checks:
+                for h in c.hours:
+                    if c.sim_n is not None:
+                        sim[h] = max(sim.get(h, 0), -(-c.sim_n // t.copies))
+        if report is not None and checks:
+            drawn.append((t, checks))
+    for region, (instances, floor, sim) in fleets.items():
+        if sim:
+            hours = sorted(sim)[:6]
+            out.append(f"{region}: instances planned / simulated (floor included), first checked hours: "
+                       + ", ".join(f"{h:02d}h {instances[h]}/{max(sim[h], floor)}" for h in hours))
+    if drawn:
+        report.mkdir(parents=True, exist_ok=True)
+        paths = [write_day_plot(f"{t.title.split(' (counts')[0]}: simulated day (seed {seed})", t.planned, t.needed,
+                                checks, t.limits, report / f"simulate-{t.picture}.png", unit=t.unit)
+                 for t, checks in drawn]
+        out.append(f"pictures: {', '.join(str(p) for p in paths)}")
+    out += verdict(ok, misses, what)
+    return synthetic_line(any(t.synthetic for t in targets)) + out, ok and not any(h for _, h in misses)
+
+
 def simulate_plan(plans, pools, ctx, seed: int = 7, candidates: list[str] | None = None,
                   max_groups: int | None = None, report: Path | None = None) -> tuple[list[str], bool]:
-    """Check the planner's sizing of each pool (or of the named candidates, per consumer region) by simulation.
-    Returns the report lines and whether every check agrees within AGREEMENT; with `report` (a directory), each
-    pool's 24-hour picture (write_day_plot) is drawn there as simulate-TITLE.png."""
+    """A one-model plan's pools (or the named candidates, per consumer region) by simulation."""
     from fleetcast.contract.errors import UserError
 
     from .solver import _limits
 
-    lines: list[str] = [f"Simulated busiest minutes: {BURST_MINUTES} min per distinct hour (longer for quiet hours, up "
-                        f"to {MAX_MINUTES} min, until {MIN_REQUESTS:,} requests) after {WARMUP_S:g} s warm-up, "
-                        f"random routing, continuous batching per the measured curve; seed {seed}"]
-    ok = True
-    targets = []  # (title, model, members, limits, planned, needed, predictions, network)
-    if candidates:
-        for label in candidates:
-            found = False
-            for plan in plans:
-                evs = [e for e in plan.ranked if e.candidate.label == label]
-                if not evs:
-                    continue
-                found = True
-                ev = evs[0]
-                if not ev.arrival_driven:
-                    raise UserError(f"--candidate {label}: {plan.traffic.region}'s profile has no arrivals to "
-                                    "simulate (a concurrency histogram only); add burstiness to it")
-                t = plan.traffic
-                targets.append((f"{ev.label} serving {t.region}", ctx.model(ev.candidate),
-                                [(t.hourly_rps(), t.hourly_burstiness(), t.output_tokens)], _limits(ctx, ev.network_ms),
-                                ev.instances_by_hour, ev.needed_by_hour, ev.predictions, ev.network_ms))
-            if not found:
-                known = sorted({e.candidate.label for p in plans for e in p.ranked})
-                raise UserError(f"--candidate {label!r}: not a feasible candidate of this plan; one of: {', '.join(known)}")
-    else:
-        for pool in pools:
-            evs = [ev for _, ev in pool.members]
-            if not all(ev.arrival_driven for ev in evs):
-                lines.append(f"{pool.candidate} @ {pool.service_region}: sized from a concurrency histogram, not from "
-                             "arrivals; nothing to check (add burstiness to the profile)")
-                continue
-            network = max(ev.network_ms for ev in evs)
-            members = [(p.traffic.hourly_rps(), p.traffic.hourly_burstiness(), p.traffic.output_tokens)
-                       for p, _ in pool.members]
-            targets.append((f"{pool.candidate} @ {pool.service_region} serving {', '.join(pool.consumer_regions)}",
-                            ctx.model(evs[0].candidate), members, _limits(ctx, network), pool.instances_by_hour,
-                            pool.needed_by_hour, pool.predictions, network))
-    drawn = []
-    for title, model, members, limits, planned, needed, predictions, network in targets:
-        checks = check_sizing(model, members, limits, planned, needed, predictions, network, seed, max_groups)
-        lines += render_checks(title, checks)
-        ok = ok and all(c.agrees for c in checks)
-        if report is not None and checks:
-            drawn.append((title, planned, needed, checks, limits))
-    if drawn:
-        report.mkdir(parents=True, exist_ok=True)
-        paths = [write_day_plot(f"{title}: simulated day (seed {seed})", planned, needed, checks, limits,
-                                report / f"simulate-{_slug(title)}.png")
-                 for title, planned, needed, checks, limits in drawn]
-        lines.append(f"pictures: {', '.join(str(p) for p in paths)}")
-    lines.append(f"planner and simulation {'agree' if ok else 'DISAGREE'} within {AGREEMENT:.0%} (P99 TTFT incl. "
-                 "network, P99 ITL at the planned count; instance count within 10% or one instance)")
-    return lines, ok
+    def target(title: str, ev, members: list, network: float, planned: list[int], needed: list[int],
+               predictions: list) -> SimTarget:
+        return SimTarget(title, title, ctx.model(ev.candidate), members, _limits(ctx, network), planned, needed,
+                         predictions, network, ev.candidate.provenance == "synthetic", picture=_slug(title))
+
+    targets: list[SimTarget] = []
+    notes: list[str] = []
+    for label in candidates or []:
+        found = [(plan, next(e for e in plan.ranked if e.candidate.label == label)) for plan in plans
+                 if any(e.candidate.label == label for e in plan.ranked)]
+        if not found:
+            known = sorted({e.candidate.label for p in plans for e in p.ranked})
+            raise UserError(f"--candidate {label!r}: not a feasible candidate of this plan; one of: {', '.join(known)}")
+        for plan, ev in found:
+            if not ev.arrival_driven:
+                raise UserError(f"--candidate {label}: {plan.traffic.region}'s profile has no arrivals to "
+                                "simulate (a concurrency histogram only); add burstiness to it")
+            t = plan.traffic
+            targets.append(target(f"{ev.label} serving {t.region}", ev,
+                                  [(t.hourly_rps(), t.hourly_burstiness(), t.output_tokens)], ev.network_ms,
+                                  ev.instances_by_hour, ev.needed_by_hour, ev.predictions))
+    for pool in [] if candidates else pools:
+        evs = [ev for _, ev in pool.members]
+        if not all(ev.arrival_driven for ev in evs):
+            notes.append(f"{pool.candidate} @ {pool.service_region}: sized from a concurrency histogram, not from "
+                         "arrivals; nothing to check (add burstiness to the profile)")
+            continue
+        members = [(p.traffic.hourly_rps(), p.traffic.hourly_burstiness(), p.traffic.output_tokens)
+                   for p, _ in pool.members]
+        targets.append(target(f"{pool.candidate} @ {pool.service_region} serving {', '.join(pool.consumer_regions)}",
+                              evs[0], members, max(ev.network_ms for ev in evs), pool.instances_by_hour,
+                              pool.needed_by_hour, pool.predictions))
+    return simulate(targets, "random routing, continuous batching per the measured curve",
+                    "P99 TTFT incl. network, P99 ITL at the planned count; instance count within 10% or one instance",
+                    seed, max_groups, report, notes)
 
 
 def _slug(text: str) -> str:
@@ -718,57 +773,44 @@ def write_day_plot(title: str, planned: list[int], needed: list[int], checks: li
 
 
 def simulate_packing(result, ctx, seed: int = 7, max_groups: int | None = None,
-                     report: Path | None = None) -> tuple[list[str], bool]:
-    """Check a packing plan (fleetcast/plan/packing.py) by simulation: per region and model, the model's N_h x
-    copies processes each batch continuously on that model's own curve in the packing (the co-located one where
-    measured: the GPU shared as it was measured; else the solo curve stretched by the interference rule, as the
-    planner used it), arrivals spread at random over them (the NLB over instances, the gateway over copies).
-    Per model and distinct hour: its P99s at the planned processes and the fewest processes meeting its SLOs,
-    against the planner's; the pool's instance count is the largest over the models of processes / copies."""
-    from .packing import _models_of
-    from .queueing import Limits
+                     report: Path | None = None, candidates: list[str] | None = None) -> tuple[list[str], bool]:
+    """A packing plan (fleetcast/plan/packing.py) by simulation: per region and model, the model's N_h x copies
+    processes each batch continuously on that model's own curve in the packing (the co-located one where measured:
+    the GPU shared as it was measured; else the solo curve stretched by the interference rule, as the planner used
+    it), arrivals spread at random over them (the NLB over instances, the gateway over copies). Per model and
+    distinct hour: its P99s at the planned processes and the fewest processes meeting its SLOs, against the
+    planner's; the pool's instance count is the largest over the models of processes / copies. `candidates`:
+    packings by label (as the report writes them) instead of each region's choice."""
+    from fleetcast.contract.errors import UserError
 
-    lines: list[str] = [f"Simulated busiest minutes: {BURST_MINUTES} min per distinct hour (longer for quiet hours, up "
-                        f"to {MAX_MINUTES} min, until {MIN_REQUESTS:,} requests) after {WARMUP_S:g} s warm-up, "
-                        "random routing over each model's processes, continuous batching per that model's curve in "
-                        f"the packing; seed {seed}"]
-    ok = True
+    from .packing import _models_of
+
+    chosen = []  # (region's plan, the packing to simulate)
+    for label in candidates or []:
+        found = [(plan, e) for plan in result.regions for e in plan.ranked if e.label == label]
+        if not found:
+            known = sorted({e.label for plan in result.regions for e in plan.ranked})
+            raise UserError(f"--candidate {label!r}: not a feasible packing of this plan; one of: {'; '.join(known)}")
+        chosen += found
+    if not candidates:
+        chosen = [(plan, plan.winner) for plan in result.regions]
     cache: dict = {}
-    drawn = []
-    for plan in result.regions:
-        w = plan.winner
+    targets: list[SimTarget] = []
+    notes: list[str] = []
+    for plan, w in chosen:
         if w is None:
-            lines.append(f"{plan.region}: no packing chosen; nothing to simulate")
+            notes.append(f"{plan.region}: no packing chosen; nothing to simulate")
             continue
-        sim_instances: dict[int, int] = {}
         for m in w.loads:
-            model = _models_of(cache, m.curve)
-            limits = Limits(m.slo.ttft_p99_ms - m.network_ms, m.slo.itl_p99_ms, m.slo.error_rate)
-            planned = [n * m.copies for n in w.instances_by_hour]
             t = m.traffic
-            checks = check_sizing(model, [(t.hourly_rps(), t.hourly_burstiness(), t.output_tokens)], limits, planned,
-                                  m.processes_by_hour, m.predictions, m.network_ms, seed, max_groups)
             title = f"{w.instance_type} @ {plan.region}: {m.model} {m.precision} x{m.copies} [{m.source}]"
-            lines += render_checks(f"{title} (counts are its processes: instances x {m.copies})", checks)
-            ok = ok and all(c.agrees for c in checks)
-            for c in checks:
-                for h in c.hours:
-                    if c.sim_n is not None:
-                        sim_instances[h] = max(sim_instances.get(h, 0), -(-c.sim_n // m.copies))
-            if report is not None and checks:
-                drawn.append((title, planned, list(m.processes_by_hour), checks, limits))
-        hours = sorted(sim_instances)
-        if hours:
-            fleet = ", ".join(f"{h:02d}h {w.instances_by_hour[h]}/{max(sim_instances[h], ctx.n_min(plan.region))}"
-                              for h in hours[:6])
-            lines.append(f"{plan.region}: instances planned / simulated (floor included), first checked hours: {fleet}")
-    if drawn:
-        report.mkdir(parents=True, exist_ok=True)
-        paths = [write_day_plot(f"{title}: simulated day (seed {seed})", planned, needed, checks, limits,
-                                report / f"simulate-{_slug(title.split(':')[0] + ' ' + title.split(':')[1].split()[0])}.png",
-                                unit=f"{title.split(':')[1].split()[0]} processes")
-                 for title, planned, needed, checks, limits in drawn]
-        lines.append(f"pictures: {', '.join(str(p) for p in paths)}")
-    lines.append(f"planner and simulation {'agree' if ok else 'DISAGREE'} within {AGREEMENT:.0%} (per model: P99 TTFT "
-                 "incl. network, P99 ITL at the planned processes; process count within 10% or one process)")
-    return lines, ok
+            targets.append(SimTarget(
+                f"{title} (counts are its processes: instances x {m.copies})", f"{m.model} ({plan.region})",
+                _models_of(cache, m.curve), [(t.hourly_rps(), t.hourly_burstiness(), t.output_tokens)],
+                Limits(m.slo.ttft_p99_ms - m.network_ms, m.slo.itl_p99_ms, m.slo.error_rate),
+                [n * m.copies for n in w.instances_by_hour], list(m.processes_by_hour), m.predictions, m.network_ms,
+                m.provenance == "synthetic", m.copies, (plan.region, w.instances_by_hour, ctx.n_min(plan.region)),
+                f"{m.model} processes", _slug(f"{w.instance_type} @ {plan.region} {m.model}")))
+    return simulate(targets, "random routing over each model's processes, continuous batching per that model's curve "
+                    "in the packing", "per model: P99 TTFT incl. network, P99 ITL at the planned processes; process "
+                    "count within 10% or one process", seed, max_groups, report, notes)

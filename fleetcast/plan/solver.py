@@ -124,8 +124,27 @@ class Failure:
         return f"{self.metric} {self.value:.1f} ms > {self.limit:g} ms at concurrency {self.level:g}"
 
 
+class PoolDay:
+    """What one planned way to serve a region has, one model or a packing: a rejection (None: feasible) and its
+    instances per UTC hour."""
+
+    rejected: str | None
+    instances_by_hour: list[int]
+
+    @property
+    def feasible(self) -> bool:
+        return self.rejected is None
+
+    @property
+    def instance_hours(self) -> int:
+        return sum(self.instances_by_hour)
+
+    def capacity(self) -> tuple[int, int, int]:
+        return capacity_bounds(self.instances_by_hour)
+
+
 @dataclass
-class Evaluation:
+class Evaluation(PoolDay):
     candidate: Candidate
     consumer_region: str
     service_region: str
@@ -164,19 +183,8 @@ class Evaluation:
     needed_by_hour: list[int] = field(default_factory=list)  # arrivals: instances the SLOs need, before any floor
 
     @property
-    def feasible(self) -> bool:
-        return self.rejected is None
-
-    @property
     def label(self) -> str:
         return f"{self.candidate.label} @ {self.service_region}"
-
-    @property
-    def instance_hours(self) -> int:
-        return sum(self.instances_by_hour)
-
-    def capacity(self) -> tuple[int, int, int]:
-        return capacity_bounds(self.instances_by_hour)
 
     def rank_key(self) -> tuple:
         return (round(self.cost_per_hour, 2), round(self.weighted_ttft_p99, 1), self.instance_hours,
@@ -263,21 +271,20 @@ def evaluate(candidate: Candidate, traffic: ConsumerTraffic, service_region: str
 
     # 4-5. instances, cost and tokens per hour.
     n_min = ctx.n_min(service_region)
-    gb = ctx.fixed.gb_per_request(traffic.input_mean, traffic.output_mean)
     _, default_row = ctx.fixed.row(service_region)
     if default_row:
         ev.notes.append(f"no fixed-cost row for {service_region}: the default row is used")
     rates = traffic.hourly_rps()
-    fixed_by_hour = [ctx.fixed.hourly(service_region, traffic.region, rps, gb) for rps in rates]
+    fixed = fixed_by_hour(service_region, [traffic], ctx)
 
     reserved = ctx.reserved.get((candidate.instance_type, service_region), 0)
 
     def daily(seconds: float) -> tuple[list[int], list[float]]:
         counts = [max(n_min, math.ceil(rps * seconds - 1e-9)) for rps in rates]
-        return counts, [max(n - reserved, 0) * ev.price_per_hour + f for n, f in zip(counts, fixed_by_hour)]
+        return counts, [max(n - reserved, 0) * ev.price_per_hour + f for n, f in zip(counts, fixed)]
 
     ev.instances_by_hour, ev.cost_by_hour = daily(ev.seconds_per_request)
-    ev.fixed_per_hour = sum(fixed_by_hour) / 24
+    ev.fixed_per_hour = sum(fixed) / 24
     out_tokens = sum(rates) * 3600 * traffic.output_mean
     in_tokens = sum(rates) * 3600 * traffic.input_mean
     day = sum(ev.cost_by_hour)
@@ -323,12 +330,32 @@ def _finish(ev: Evaluation, candidate: Candidate, ctx: PlanContext) -> None:
     if candidate.estimated:
         ev.notes.append("estimated by the roofline model, not measured: benchmark it before deploying")
     if ctx.quality is not None:
-        ok, why = ctx.quality.verdict(candidate.instance_type, candidate.precision, ctx.quality_threshold)
+        ok, why = ctx.quality.verdict(candidate.instance_type, candidate.precision, ctx.quality_threshold,
+                                            model=ctx.model_id)
         ev.notes.append(f"quality not checked: {why}" if ok is None else f"quality: {why}")
 
 
 def _limits(ctx: PlanContext, network_ms: float) -> Limits:
     return Limits(ctx.slo.ttft_p99_ms - network_ms, ctx.slo.itl_p99_ms, ctx.slo.error_rate)
+
+
+def fixed_by_hour(region: str, traffic: list[ConsumerTraffic], ctx: PlanContext) -> list[float]:
+    """One fleet's fixed costs per UTC hour in `region` carrying `traffic` (one NLB, one endpoint set): one entry
+    for a one-model region, one per model for a packing (bytes per request weighted by each model's rate)."""
+    hourly = [t.hourly_rps() for t in traffic]  # once per entry, not once per hour
+    per = [ctx.fixed.gb_per_request(t.input_mean, t.output_mean) for t in traffic]
+    out = []
+    for h in range(24):
+        rates = [r[h] for r in hourly]
+        rps = sum(rates)
+        if len(per) == 1:
+            gb = per[0]
+        elif rps > 0:
+            gb = (sum(r * g[0] for r, g in zip(rates, per)) / rps, sum(r * g[1] for r, g in zip(rates, per)) / rps)
+        else:
+            gb = (0.0, 0.0)
+        out.append(ctx.fixed.hourly(region, traffic[0].region, rps, gb))
+    return out
 
 
 def floor_tenth(value: float) -> float:
@@ -339,11 +366,59 @@ def floor_tenth(value: float) -> float:
     return math.floor(round(value * 10, 6)) / 10
 
 
-def scaling_target(model: ServiceModel, output_mean: float, safe_rate: float, burstiness: float) -> float:
-    """In-flight requests per instance to track: the load at the SLO-safe rate over the burst headroom."""
-    headroom = max(burstiness, 1.0 / (1.0 - TARGET_HEADROOM))
-    level = predict(model, [Stream(safe_rate / headroom, output_mean)], 1.0).in_flight
-    return max(1.0, floor_tenth(level))
+@dataclass(frozen=True)
+class TargetPart:
+    """One model's processes on an instance, as the scaling target reads them: its service model, mean output
+    length, SLO-safe arrival rate per process x* (queueing.max_safe_rate), copies per instance and its day."""
+
+    model: ServiceModel
+    output_mean: float
+    safe_rate: float
+    copies: int
+    hourly_rps: tuple[float, ...]
+    hourly_burstiness: tuple[float, ...]
+
+
+def scaling_target(parts: list[TargetPart]) -> float:
+    """In-flight requests per instance to track (docs/plan.md, "Scaling target"), for one model or a packing.
+
+    Each hour with traffic, the instance count at which the hour's most demanding model sits at its SLO-safe
+    rate x* in the busiest minute is n_h = max_m rate_m,h x H_h / (copies_m x x*_m), H_h the busiest minute's
+    ratio to the hour's mean (at least 1/(1 - TARGET_HEADROOM)); at the hour's mean rate those n_h instances
+    hold k_h = sum_m copies_m x L_m(rate_m,h / (n_h x copies_m)) requests each. Target tracking holds the
+    fleet's mean in-flight per instance at the target, so a target at most every k_h keeps every hour at or
+    above its n_h: the target is min_h k_h, at least 1, rounded down to 0.1. With one model every hour gives
+    L(x* / H_h), so the target is L at x* over the day's highest H: the same figure whatever the number of
+    models planned beside it. The SLO-safe rate, not the planned count, sets it: a planned count is rounded up
+    and floored (capacity.min), and a target read from it scales the pool out before the SLO needs it."""
+    floor_ratio = 1.0 / (1.0 - TARGET_HEADROOM)
+    best = math.inf
+    for h in range(24):
+        busy = [p for p in parts if p.hourly_rps[h] > 0 and p.safe_rate > 0]
+        if not busy:
+            continue
+        ratio = max(floor_ratio, *(p.hourly_burstiness[h] for p in busy))
+        n = max(p.hourly_rps[h] * ratio / (p.copies * p.safe_rate) for p in busy)
+        level = sum(p.copies * predict(p.model, [Stream(p.hourly_rps[h] / (n * p.copies), p.output_mean)], 1.0).in_flight
+                    for p in busy)
+        best = min(best, level)
+    return max(1.0, floor_tenth(best)) if best < math.inf else 1.0
+
+
+def processes_by_hour(model: ServiceModel, traffic: ConsumerTraffic, limits: Limits) -> list[int | None]:
+    """Per UTC hour, the fewest processes (instances, for one process per instance) meeting `limits` at the hour's
+    busiest-minute arrivals, spread at random over them (queueing.instances_needed); None where none does."""
+    out: list[int | None] = []
+    for rps, burst in zip(traffic.hourly_rps(), traffic.hourly_burstiness()):
+        sized = instances_needed(model, [Stream(rps * burst, traffic.output_mean)], limits, 0)
+        out.append(None if sized is None else sized[0])
+    return out
+
+
+def predictions_by_hour(model: ServiceModel, traffic: ConsumerTraffic, processes: list[int]) -> list[Prediction | None]:
+    """Per UTC hour, the prediction at the busiest minute over that hour's processes (None: no traffic)."""
+    return [predict(model, [Stream(rps * burst, traffic.output_mean)], 1.0 / n) if rps > 0 and n > 0 else None
+            for rps, burst, n in zip(traffic.hourly_rps(), traffic.hourly_burstiness(), processes)]
 
 
 def _size_from_arrivals(ev: Evaluation, traffic: ConsumerTraffic, ctx: PlanContext) -> None:
@@ -367,28 +442,19 @@ def _size_from_arrivals(ev: Evaluation, traffic: ConsumerTraffic, ctx: PlanConte
         ev.measured_cap = model.top
     rates = traffic.hourly_rps()
     bursts = traffic.hourly_burstiness()
-    busiest = max((b for r, b in zip(rates, bursts) if r > 0), default=1.0)
-    ev.target = scaling_target(model, out_mean, ev.safe_rate_rps, busiest)
+    ev.target = scaling_target([TargetPart(model, out_mean, ev.safe_rate_rps, 1, tuple(rates), tuple(bursts))])
     n_min = ctx.n_min(region)
     reserved = ctx.reserved.get((candidate.instance_type, region), 0)
-    gb = ctx.fixed.gb_per_request(traffic.input_mean, traffic.output_mean)
     _, default_row = ctx.fixed.row(region)
     if default_row:
         ev.notes.append(f"no fixed-cost row for {region}: the default row is used")
-    fixed_by_hour = [ctx.fixed.hourly(region, traffic.region, rps, gb) for rps in rates]
-    ev.instances_by_hour, ev.predictions = [], []
-    ev.needed_by_hour = []
-    for rps, burst in zip(rates, bursts):
-        streams = [Stream(rps * burst, out_mean)]
-        sized = instances_needed(model, streams, limits, 0)
-        needed = sized[0] if sized is not None else 0
-        n = max(n_min, needed)
-        ev.needed_by_hour.append(needed)
-        ev.instances_by_hour.append(n)
-        ev.predictions.append(predict(model, streams, 1.0 / n) if rps > 0 and n > 0 else None)
-    ev.cost_by_hour = [max(n - reserved, 0) * ev.price_per_hour + f for n, f in zip(ev.instances_by_hour, fixed_by_hour)]
+    fixed = fixed_by_hour(region, [traffic], ctx)
+    ev.needed_by_hour = [n or 0 for n in processes_by_hour(model, traffic, limits)]
+    ev.instances_by_hour = [max(n_min, n) for n in ev.needed_by_hour]
+    ev.predictions = predictions_by_hour(model, traffic, ev.instances_by_hour)
+    ev.cost_by_hour = [max(n - reserved, 0) * ev.price_per_hour + f for n, f in zip(ev.instances_by_hour, fixed)]
     ev.reserved_used = min(reserved, max(ev.instances_by_hour))
-    ev.fixed_per_hour = sum(fixed_by_hour) / 24
+    ev.fixed_per_hour = sum(fixed) / 24
     day = sum(ev.cost_by_hour)
     ev.cost_per_hour = day / 24
     out_tokens = sum(rates) * 3600 * traffic.output_mean
@@ -410,7 +476,8 @@ def _size_from_arrivals(ev: Evaluation, traffic: ConsumerTraffic, ctx: PlanConte
 def _structural_rejection(candidate: Candidate, consumer: str, region: str, ctx: PlanContext) -> str | None:
     """Constraints that do not depend on load: quality, support matrix, availability, reachability, price."""
     if ctx.quality is not None:
-        ok, why = ctx.quality.verdict(candidate.instance_type, candidate.precision, ctx.quality_threshold)
+        ok, why = ctx.quality.verdict(candidate.instance_type, candidate.precision, ctx.quality_threshold,
+                                            model=ctx.model_id)
         if ok is False:
             return f"quality check failed: {why}"
     if not ctx.availability.offered(candidate.instance_type, region):
@@ -654,9 +721,12 @@ def _pool_size(service: str, members: list[tuple[RegionPlan, Evaluation]], ctx: 
         daily = [sum(plan.traffic.hourly_rps()) for plan, _ in arrivals]
         out_mean = sum(d * plan.traffic.output_mean for d, (plan, _) in zip(daily, arrivals)) / max(sum(daily), 1e-9)
         safe = max_safe_rate(model, out_mean, limits)
-        busiest = max((b for plan, _ in arrivals for r, b in zip(plan.traffic.hourly_rps(), plan.traffic.hourly_burstiness())
-                       if r > 0), default=1.0)
-        target = scaling_target(model, out_mean, safe[0], busiest) if safe else min(ev.target for _, ev in arrivals)
+        # One model: the members' summed day, each hour at the burstiest member with traffic then.
+        summed = tuple(sum(plan.traffic.hourly_rps()[h] for plan, _ in arrivals) for h in range(24))
+        bursts = tuple(max((plan.traffic.hourly_burstiness()[h] for plan, _ in arrivals
+                            if plan.traffic.hourly_rps()[h] > 0), default=1.0) for h in range(24))
+        target = scaling_target([TargetPart(model, out_mean, safe[0], 1, summed, bursts)]) if safe \
+            else min(ev.target for _, ev in arrivals)
         worst = max((p for p in predictions if p is not None), key=lambda p: p.ttft_p99_ms, default=None)
         for plan, ev in arrivals:
             if worst is not None:

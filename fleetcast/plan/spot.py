@@ -144,6 +144,7 @@ class SpotAdvice:
     requests_at_risk_per_day: float = 0.0
     spot_price: float | None = None
     assumptions: list[str] = field(default_factory=list)
+    interruption_rate_per_day: float = 0.0  # per Spot instance, the ASSUMED rate the verdict used
 
     def spot_block(self) -> dict | None:
         """What --write-config writes under the pool (the On-Demand base is the pool's capacity.min)."""
@@ -164,7 +165,8 @@ class SpotAdvice:
                 f"all On-Demand ({saving:.0%} less), ${self.usd_per_m_output:.3f} vs "
                 f"${self.on_demand_usd_per_m_output:.3f} per 1M output tokens; expected SLO attainment "
                 f"{attainment_text(self.slo_attainment)} from ASSUMED interruption rates "
-                f"({self.interruptions_per_day:.2f} interruptions/day, "
+                f"({self.interruption_rate_per_day:.2g} interruptions per Spot instance a day assumed: "
+                f"{self.interruptions_per_day:.2g} interruptions/day, "
                 f"{self.requests_cut_per_day:.1f} requests cut, {self.requests_at_risk_per_day:.0f} at risk during "
                 f"re-launch)")
 
@@ -195,15 +197,41 @@ def _same_gpu_types(instance_type: str, region: str, inputs: SpotInputs, on_dema
     return [instance_type] + sorted(same, key=lambda n: inputs.price(n, region))
 
 
-def advise(pool: FleetPool, ctx: PlanContext, inputs: SpotInputs) -> SpotAdvice:
-    """Recommend a base + Spot tier for one planned pool, or say why not."""
+@dataclass(frozen=True)
+class SpotPool:
+    """What the Spot verdict reads of a planned pool, whatever planned it. A packing's pool is one: an interruption
+    drains every process of the instance together, so the in-flight count is the packing's over every model, the
+    request mix every model's, the error budget the strictest model's."""
+
+    service_region: str
+    candidate: str  # the pool's label (one model: its candidate; a packing: its instance type and packing)
+    instance_type: str
+    price_per_hour: float
+    instances_by_hour: list[int]
+    cost_per_hour: float
+    target: float  # in-flight requests per instance (scaling target)
+    mean_hold_s: float  # mean seconds a request holds its instance
+    seconds_per_request: float  # instance-seconds per request
+    traffics: list[Any]  # ConsumerTraffic per member (region or model)
+    error_rate: float  # the error budget Spot may spend half of
+
+
+def fleet_spot_pool(pool: FleetPool, ctx: PlanContext) -> SpotPool:
     ev = pool.evaluation
-    region, itype = pool.service_region, ev.candidate.instance_type
+    return SpotPool(pool.service_region, pool.candidate, ev.candidate.instance_type, ev.price_per_hour,
+                    list(pool.instances_by_hour), pool.cost_per_hour, float(pool.target),
+                    max(ev.weighted_e2e, 1.0) / 1000.0, ev.seconds_per_request,
+                    [plan.traffic for plan, _ in pool.members], ctx.slo.error_rate)
+
+
+def advise(pool: SpotPool, ctx: PlanContext, inputs: SpotInputs) -> SpotAdvice:
+    """Recommend a base + Spot tier for one planned pool, or say why not."""
+    region, itype = pool.service_region, pool.instance_type
     counts = list(pool.instances_by_hour)
-    od_price = ev.price_per_hour
+    od_price = pool.price_per_hour
     instance_part = sum(counts) / 24 * od_price
     fixed = pool.cost_per_hour - instance_part
-    traffics = [plan.traffic for plan, _ in pool.members]
+    traffics = pool.traffics
     rates = [sum(t.hourly_rps()[h] for t in traffics) for h in range(24)]
     requests = sum(rates) * 3600
     out_tokens = sum(sum(t.hourly_rps()) * 3600 * t.output_mean for t in traffics)
@@ -231,13 +259,14 @@ def advise(pool: FleetPool, ctx: PlanContext, inputs: SpotInputs) -> SpotAdvice:
         advice.reason = f"the Spot price ${s_price:.3f}/h is not below On-Demand ${od_price:.3f}/h"
         return advice
 
-    k = float(pool.target)
-    w_s = max(ev.weighted_e2e, 1.0) / 1000.0  # mean seconds a request holds its instance
+    k = pool.target
+    w_s = pool.mean_hold_s
     rate = inputs.monthly_rate.get(itype, max(inputs.monthly_rate.values(), default=0.2)) / HOURS_PER_MONTH
+    advice.interruption_rate_per_day = rate * 24
     cut_share = _cut_share(traffics, w_s, inputs.drain_safe_s)
     cut_per_interruption = k * cut_share
     at_risk_per_interruption = k / w_s * inputs.relaunch_s
-    budget = SPOT_ERROR_BUDGET_SHARE * ctx.slo.error_rate
+    budget = SPOT_ERROR_BUDGET_SHARE * pool.error_rate
 
     best = None
     binding = None
@@ -246,7 +275,7 @@ def advise(pool: FleetPool, ctx: PlanContext, inputs: SpotInputs) -> SpotAdvice:
         interruptions = sum(spot) * rate  # instance-hours x interruptions per instance-hour
         cut = interruptions * cut_per_interruption
         at_risk = interruptions * at_risk_per_interruption
-        extra = interruptions * (inputs.relaunch_s / 3600 * s_price + cut_per_interruption * ev.seconds_per_request
+        extra = interruptions * (inputs.relaunch_s / 3600 * s_price + cut_per_interruption * pool.seconds_per_request
                                  / 3600 * od_price)
         cost = (sum((n - s) * od_price + s * s_price for n, s in zip(counts, spot)) + extra) / 24 + fixed
         loss = (cut + at_risk) / requests if requests else 0.0
@@ -260,13 +289,13 @@ def advise(pool: FleetPool, ctx: PlanContext, inputs: SpotInputs) -> SpotAdvice:
         _, base, _, interruptions, cut, at_risk, loss = binding
         advice.reason = (f"interruptions would cost {loss:.3%} of requests ({cut:.1f} cut, {at_risk:.0f} served "
                          f"above target during {inputs.relaunch_s:g} s re-launches per day), more than "
-                         f"{SPOT_ERROR_BUDGET_SHARE:.0%} of the error budget slo.error_rate = {ctx.slo.error_rate:g}; "
+                         f"{SPOT_ERROR_BUDGET_SHARE:.0%} of the error budget slo.error_rate = {pool.error_rate:g}; "
                          "long cold starts or long requests make Spot a risk to the SLO here")
         return advice
     cost, base, spot, interruptions, cut, at_risk, loss = best
     if pool.cost_per_hour - cost < MIN_SAVING:
         advice.reason = (f"the saving (${pool.cost_per_hour - cost:.3f}/h) does not cover the interruptions "
-                         f"({interruptions:.2f}/day, each a {inputs.relaunch_s:g} s re-launch billed without serving)")
+                         f"({interruptions:.2g}/day at an assumed {rate * 24:.2g} per Spot instance a day, each a {inputs.relaunch_s:g} s re-launch billed without serving)")
         return advice
     advice.recommended = True
     advice.reason = "cheaper within the error budget"
@@ -297,7 +326,7 @@ def _cut_share(traffics, mean_s: float, budget_s: float) -> float:
 
 
 def advise_all(pools: Sequence[FleetPool], ctx: PlanContext, inputs: SpotInputs) -> list[SpotAdvice]:
-    return [advise(pool, ctx, inputs) for pool in pools]
+    return [advise(fleet_spot_pool(pool, ctx), ctx, inputs) for pool in pools]
 
 
 def lines(advice: list[SpotAdvice]) -> list[str]:

@@ -199,13 +199,12 @@ class ConsumerTraffic(BaseModel):
     @field_validator("concurrency")
     @classmethod
     def _levels(cls, value):
-        if value is None:
-            return value
-        if not value:
-            raise ValueError("give at least one level")
-        for key in value:
-            _parse_range(key, 4096)
-        _check_shares(value, "concurrency")
+        if value is not None:
+            if not value:
+                raise ValueError("give at least one level")
+            for key in value:
+                _parse_range(key, 4096)
+            _check_shares(value, "concurrency")
         return value
 
     @field_validator("input_tokens", "output_tokens")
@@ -322,6 +321,10 @@ class TrafficProfile(BaseModel):
             if c.model is not None and c.model not in model_ids:
                 raise UserError(f"{flag}: consumers[{i}].model {c.model!r} is not a model of the config; "
                                 f"allowed: {allowed}")
+        if len(model_ids) == 1 and any(c.model is None for c in self.consumers):
+            # A one-model fleet is a packing of one: its entries name that model.
+            return self.model_copy(update={"consumers": [c if c.model else c.model_copy(update={"model": model_ids[0]})
+                                                         for c in self.consumers]})
         return self
 
     def scaled(self, factor: float) -> TrafficProfile:

@@ -127,17 +127,18 @@ def write_config_notes(cfg, pools: list[FleetPool], allow_estimated: bool = Fals
 
 
 def apply_plan(path: str | Path, plans: list[RegionPlan], pools: list[FleetPool], allow_estimated: bool = False,
-               write_schedule: bool = False, spot: list | None = None) -> list[str]:
+               write_schedule: bool = False, spot: list | None = None, write_spot: bool = False) -> list[str]:
     """Edit the config at `path` in place; returns what changed. Refuses (file untouched) on any problem."""
-    edit = compute_plan_edit(path, plans, pools, allow_estimated, write_schedule, spot)
+    edit = compute_plan_edit(path, plans, pools, allow_estimated, write_schedule, spot, write_spot)
     if edit.text is not None:
         replace_files([(edit.path, edit.text)])
     return edit.changes
 
 
 def compute_plan_edit(path: str | Path, plans: list[RegionPlan], pools: list[FleetPool], allow_estimated: bool = False,
-                      write_schedule: bool = False, spot: list | None = None) -> ConfigEdit:
-    """The config at `path` with the plan written in, validated; writes nothing. Refuses on any problem."""
+                      write_schedule: bool = False, spot: list | None = None, write_spot: bool = False) -> ConfigEdit:
+    """The config at `path` with the plan written in, validated; writes nothing. Refuses on any problem. A Spot tier
+    is added only when asked (`write_spot`, `--write-spot`); a pool that has one already has it kept up to date."""
 
     path = Path(path)
     yaml, doc, current = _open_for_edit(path)
@@ -160,7 +161,6 @@ def compute_plan_edit(path: str | Path, plans: list[RegionPlan], pools: list[Fle
         # One pool for every consumer region this provider region serves: their load adds up,
         # the pool's minimum counts once; it scales on the lowest member target.
         hourly = fleet_pool.instances_by_hour
-        hi = max(hourly)
         pools = entry.get("pools") or []
         if not pools:
             raise UserError(f"--write-config: regions[{region_name}] has no pools to update")
@@ -183,13 +183,10 @@ def compute_plan_edit(path: str | Path, plans: list[RegionPlan], pools: list[Fle
         elif scaling.get("metric", "active_requests") == "active_requests" and _set(scaling, "target", target):
             changes.append(f"{where}.scaling.target = {target} active requests")
         if write_schedule:
-            steps = schedule_steps(hourly, hi)
-            seq = CommentedSeq([_flow(step) for step in steps])
-            if steps and pool.get("schedule") != steps:
-                pool["schedule"] = seq
-                changes.append(f"{where}.schedule = {len(steps)} daily steps (UTC): "
-                               + ", ".join(f"{s['cron'].split()[1]}h min {s['min']}" for s in steps))
-        changes += _write_spot(pool, where, fleet_pool, spot or [], write_schedule)
+            changes += _write_schedule(pool, where, hourly)
+        changes += _write_spot(pool, where, [a for a in spot or [] if (a.service_region, a.candidate) ==
+                                             (fleet_pool.service_region, fleet_pool.candidate)],
+                               write_schedule, write_spot)
         for consumer_region in fleet_pool.consumer_regions:
             if consumer_region != region_name:
                 allowed = entry.get("allowed_regions")
@@ -209,10 +206,20 @@ def compute_plan_edit(path: str | Path, plans: list[RegionPlan], pools: list[Fle
     return _validated_edit(path, yaml, doc, changes, current)
 
 
-def _write_spot(pool: CommentedMap, where: str, fleet_pool: FleetPool, advice: list, write_schedule: bool) -> list[str]:
-    """The pool's spot: block from the planner's advice (fleetcast/plan/spot.py); removed where Spot does not pay."""
-    verdict = next((a for a in advice if (a.service_region, a.candidate) == (fleet_pool.service_region,
-                                                                             fleet_pool.candidate)), None)
+def _write_schedule(pool: CommentedMap, where: str, hourly: list[int]) -> list[str]:
+    """The pool's daily schedule (--write-schedule): a UTC cron step wherever the planned count changes."""
+    steps = schedule_steps(hourly, max(hourly))
+    if not steps or pool.get("schedule") == steps:
+        return []
+    pool["schedule"] = CommentedSeq([_flow(step) for step in steps])
+    return [f"{where}.schedule = {len(steps)} daily steps (UTC): "
+            + ", ".join(f"{s['cron'].split()[1]}h min {s['min']}" for s in steps)]
+
+
+def _write_spot(pool: CommentedMap, where: str, advice: list, write_schedule: bool, write_spot: bool) -> list[str]:
+    """The pool's spot: block from the planner's advice for it (fleetcast/plan/spot.py); removed where Spot does not
+    pay. A pool without one gets one only when asked: Spot changes what an interruption does to the fleet."""
+    verdict = advice[0] if advice else None
     if verdict is None:
         return []
     block = verdict.spot_block()
@@ -221,6 +228,9 @@ def _write_spot(pool: CommentedMap, where: str, fleet_pool: FleetPool, advice: l
             del pool["spot"]
             return [f"{where}.spot removed: {verdict.reason}"]
         return []
+    if "spot" not in pool and not write_spot:
+        return [f"{where}.spot not written: Spot would pay (On-Demand base {block['on_demand_base']}); add "
+                "--write-spot to write the tier"]
     if write_schedule or pool.get("schedule") or "desired" in (pool.get("capacity") or {}):
         return [f"{where}.spot not written: a fixed capacity.desired or a schedule sizes one group; the spot tier "
                 "needs scaling to own the split"]
@@ -264,7 +274,8 @@ def throttling_notes(cfg, pools: list[FleetPool]) -> list[str]:
     return notes
 
 
-def compute_packing_edit(path: str | Path, result, allow_estimated: bool = False) -> ConfigEdit:
+def compute_packing_edit(path: str | Path, result, allow_estimated: bool = False,
+                         write_schedule: bool = False, write_spot: bool = False) -> ConfigEdit:
     """The config at `path` with a packing plan (fleetcast/plan/packing.py) written in, validated; writes nothing.
 
     Per consumer region (served from its own region): the region's pool (of the chosen instance family, else
@@ -354,7 +365,12 @@ def compute_packing_edit(path: str | Path, result, allow_estimated: bool = False
                 f"{s['model']} x{s['copies']}" + (f" ({s['kv_cache_gb']} GiB KV each)" if "kv_cache_gb" in s else "")
                 for s in wanted))
         changes += _write_capacity(pool, where, w.instances_by_hour)
-        target = scaling_target(plan)
+        if write_schedule:
+            # Per hour the largest over the models of the processes each needs / its copies (the floor included).
+            changes += _write_schedule(pool, where, w.instances_by_hour)
+        verdicts = [a for a in result.spot if (a.service_region, a.candidate) == (plan.region, w.label)]
+        changes += _write_spot(pool, where, verdicts, write_schedule, write_spot)
+        target = scaling_target(plan.winner)
         target_value = int(target) if target.is_integer() else target
         scaling = pool.get("scaling")
         if scaling is None:

@@ -172,7 +172,7 @@ def fleet(tmp_path) -> Path:
 def test_write_config_updates_the_pool_and_keeps_comments(capsys, fleet):
     before = fleet.read_text()
     code, out, err = plan(capsys, "--results", RESULTS, "--traffic", SEOUL, "--config", str(fleet), *SLO,
-                          "--min-instances", "1", "--write-config", str(fleet))
+                          "--min-instances", "1", "--write-config", str(fleet), "--write-spot")
     assert code == 0, err
     after = fleet.read_text()
     from fleetcast.config import load_config

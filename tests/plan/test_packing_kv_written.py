@@ -4,8 +4,6 @@ rounded down to 0.1 so the memory sum still fits") and shows in its report: one 
 
 from __future__ import annotations
 
-import dataclasses
-import math
 from datetime import date
 
 import pytest
@@ -15,7 +13,7 @@ from fleetcast.config.memory import GIB
 from fleetcast.plan.packing import kv_gib_written, scaling_target
 from fleetcast.plan.packing_report import model_rows
 from fleetcast.plan.run import PlanOptions, build_packing
-from fleetcast.plan.solver import TARGET_HEADROOM, floor_tenth
+from fleetcast.plan.solver import floor_tenth
 from fleetcast.plan.writeback import compute_packing_edit
 
 from .conftest import ROOT
@@ -75,21 +73,14 @@ def test_a_figure_on_the_tenth_grid_a_hair_under_it_stays_there(tenth):
     assert floor_tenth(tenth - 0.0001) == round(tenth - 0.1, 1)
 
 
-def test_the_written_scaling_target_is_rounded_as_the_kv_budget_is(tmp_path):
-    """The packing's planned in-flight at the busiest minute over the burst headroom: where that quotient is a tenth
-    a hair under by float error, the config gets the tenth (the KV budget's rounding, not a plain floor)."""
+def test_the_written_scaling_target_is_the_plans_on_the_tenth_grid(tmp_path):
+    """The config gets the packing's target as planned (solver.scaling_target over its models), rounded down to 0.1
+    as the KV budget is (floor_tenth, above)."""
     result = _plan()
-    plan = result.regions[0]
-    winner = plan.winner
-    headroom = max(max(max(t.hourly_burstiness()) for t in plan.traffic), 1.0 / (1.0 - TARGET_HEADROOM))
-    # A tenth whose product with this headroom, divided back, lands under it in floats.
-    tenth = next(k / 10 for k in range(10, 400) if math.floor(k / 10 * headroom / headroom * 10) / 10 < k / 10)
-    for i, m in enumerate(winner.loads):
-        m.predictions = [p and dataclasses.replace(p, in_flight=tenth * headroom / m.copies if i == 0 else 0.0)
-                         for p in m.predictions]
-    assert scaling_target(plan) == tenth
+    target = scaling_target(result.regions[0].winner)
+    assert target == floor_tenth(target) and target >= 1
     fleet = tmp_path / "fleet.yaml"
     fleet.write_text((EXAMPLE / "fleet.yaml").read_text())
     fleet.write_text(compute_packing_edit(fleet, result, allow_estimated=True).text)
     (pool,) = load_config(fleet).regions[0].pools
-    assert pool.scaling.target == tenth
+    assert pool.scaling.target == target

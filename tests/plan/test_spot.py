@@ -108,7 +108,7 @@ def test_write_config_writes_a_valid_spot_block(tmp_path):
     result, plans, _ = run()
     target = tmp_path / "fleet.yaml"
     shutil.copy(ROOT / "config" / "fleet.yaml", target)
-    changes = apply_plan(target, plans, result.pools, spot=result.spot)
+    changes = apply_plan(target, plans, result.pools, spot=result.spot, write_spot=True)
     assert any(c.startswith("regions[ap-northeast-2].pools[l40s].spot = On-Demand base 2") for c in changes)
     cfg = load_config(target)  # re-validated with the spot rules
     pool = cfg.region("ap-northeast-2").pools[0]
@@ -153,3 +153,36 @@ def test_the_cli_takes_the_spot_flags(tmp_path, capsys):
     assert code == 0
     (entry,) = json.loads(capsys.readouterr().out)["spot"]
     assert entry["recommended"] and "re-launch 300 s assumed" in entry["assumptions"][1]
+
+
+def test_write_config_adds_a_spot_tier_only_when_asked_and_config_diff_names_it(tmp_path):
+    """Before, --write-config added a spot: block wherever the shipped Spot table said it paid, and `config diff`
+    listed it as one changed field among others. Now a pool gets one only with --write-spot (or when it has one
+    already), and `config diff` names the new Spot group."""
+    from fleetcast.config.impact import diff_configs, render_impact
+
+    result, plans, _ = run()
+    target = tmp_path / "fleet.yaml"
+    shutil.copy(ROOT / "config" / "fleet.yaml", target)
+    changes = apply_plan(target, plans, result.pools, spot=result.spot)
+    assert load_config(target).region("ap-northeast-2").pools[0].spot is None
+    assert any("spot not written: Spot would pay" in c and "--write-spot" in c for c in changes)
+    asked = tmp_path / "asked.yaml"
+    shutil.copy(target, asked)
+    apply_plan(asked, plans, result.pools, spot=result.spot, write_spot=True)
+    text = render_impact(diff_configs(load_config(target), load_config(asked)))
+    assert "NEW SPOT GROUP ap-northeast-2/l40s: On-Demand base 2, Spot on g6e.xlarge, g6e.2xlarge" in text
+    # Spot already in the config: kept up to date without the flag, and no longer "new".
+    assert not any("not written" in c for c in apply_plan(asked, plans, result.pools, spot=result.spot))
+    assert "NEW SPOT GROUP" not in render_impact(diff_configs(load_config(asked), load_config(asked)))
+
+
+def test_the_spot_line_prints_the_interruption_rate_it_used():
+    """Before: '0.00 interruptions/day' beside '92 at risk' (seed arrivals). The line now gives the assumed rate per
+    Spot instance and day (0.15 a month / 730 h x 24 for g6e.xlarge) and the day's count in significant figures."""
+    result, _, _ = run("traffic-seoul-arrivals.yaml")
+    (advice,) = result.spot
+    assert advice.interruption_rate_per_day == pytest.approx(0.15 / 730 * 24)
+    line = advice.line()
+    assert "0.0049 interruptions per Spot instance a day assumed" in line
+    assert "0.00 interruptions/day" not in line and f"{advice.interruptions_per_day:.2g} interruptions/day" in line

@@ -1,0 +1,86 @@
+"""One model is a packing of one (docs/plan.md, "Scaling target"; issue 34): the same model, traffic and results
+give the same sizing, cost and scaling target whether they reach the planner as a one-model fleet or as a packing
+of one process, and a packing's target is the same rule summed over its models."""
+
+from __future__ import annotations
+
+from datetime import date
+
+import pytest
+
+from fleetcast.plan.packing import scaling_target
+from fleetcast.plan.queueing import Limits, Stream, max_safe_rate, model_for, predict
+from fleetcast.plan.run import PlanOptions, build_packing, build_plan
+from fleetcast.plan.solver import TARGET_HEADROOM, TargetPart, floor_tenth, scaling_target as target_of
+
+from .conftest import ROOT, SEED
+
+TODAY = date(2026, 2, 1)
+
+
+def _options(traffic: str) -> PlanOptions:
+    return PlanOptions(results=[str(SEED / "results")], traffic=str(SEED / traffic),
+                       config=str(ROOT / "config" / "fleet.yaml"), today=TODAY)
+
+
+@pytest.fixture(scope="module")
+def both_ways():
+    opts = _options("traffic-seoul-arrivals.yaml")
+    _, plans, _ = build_plan(opts)
+    packed, _, _ = build_packing(opts)
+    return plans[0], packed.regions[0]
+
+
+def test_a_one_model_plan_and_a_packing_of_one_size_and_target_the_same(both_ways):
+    """Before, the packing planner read its target off the planned count at the busiest hour (6 g6e int8_wo
+    instances at 225 req/s: 30.3 in flight / 1.25 = 24.2) while the one-model planner wrote 26.0 for the same
+    curve: the target a pool scaled on depended on how many models were planned with it."""
+    solo, packed = both_ways
+    by_label = {(e.candidate.instance_type, e.candidate.precision): e for e in solo.ranked
+                if e.service_region == solo.traffic.region}
+    compared = 0
+    for ev in packed.ranked:
+        (load,) = ev.loads
+        one = by_label[(ev.instance_type, load.precision)]
+        assert ev.instances_by_hour == one.instances_by_hour
+        assert round(ev.cost_per_hour, 6) == round(one.cost_per_hour, 6)
+        assert scaling_target(ev) == one.target
+        compared += 1
+    assert compared >= 3  # g6e int8_wo / fp16, g5 int8_wo / fp16 at least
+
+
+def test_the_target_is_the_in_flight_count_at_the_safe_rate_over_the_burst_headroom(both_ways):
+    """docs/plan.md, Sizing from arrivals: kappa = L at x* / H, H the day's busiest-minute ratio (here 1.25)."""
+    solo, _ = both_ways
+    ev = next(e for e in solo.ranked if e.candidate.label == "g6e.xlarge int8_wo")
+    model = model_for(ev.candidate.curve)
+    x, _, _ = max_safe_rate(model, 128, Limits(300 - ev.network_ms, 40, 0.01))
+    level = predict(model, [Stream(x / max(1.25, 1 / (1 - TARGET_HEADROOM)), 128)], 1.0).in_flight
+    assert ev.target == floor_tenth(level)
+
+
+def test_a_packings_target_holds_every_hour_at_the_count_its_most_demanding_model_needs():
+    """Two models whose peaks fall in different hours: the target is the lowest over the hours of the in-flight
+    count per instance at the count the binding model needs then, so tracking it never runs fewer instances."""
+    curve_a = next(c for c in _seed_curves() if c.label == "g6e.xlarge int8_wo").curve
+    curve_b = next(c for c in _seed_curves() if c.label == "g6e.xlarge fp16").curve
+    a, b = model_for(curve_a), model_for(curve_b)
+    limits = Limits(300, 40, 0.01)
+    xa, xb = max_safe_rate(a, 128, limits)[0], max_safe_rate(b, 128, limits)[0]
+    day_a = tuple([100.0] * 12 + [10.0] * 12)
+    day_b = tuple([10.0] * 12 + [100.0] * 12)
+    burst = tuple([1.25] * 24)
+    parts = [TargetPart(a, 128, xa, 1, day_a, burst), TargetPart(b, 128, xb, 1, day_b, burst)]
+    target = target_of(parts)
+    for h in (0, 12):
+        n = max(day_a[h] * 1.25 / xa, day_b[h] * 1.25 / xb)
+        held = sum(predict(m, [Stream(r[h] / n, 128)], 1.0).in_flight for m, r in ((a, day_a), (b, day_b)))
+        assert target <= held + 1e-9
+    # One model alone gets its own one-model figure, whatever its peer's day.
+    assert target_of(parts[:1]) == floor_tenth(predict(a, [Stream(xa / 1.25, 128)], 1.0).in_flight)
+
+
+def _seed_curves():
+    from fleetcast.plan.inputs import load_candidates
+
+    return load_candidates(sorted(str(p) for p in (SEED / "results").glob("*.json")))

@@ -1,0 +1,115 @@
+"""Planning features on a fleet of several models (issue 34, "Every feature for several models"), each on
+examples/plan/multi-model: --reserved per instance type, --quality per model and precision, --write-schedule,
+plan simulate --candidate with a packing. Before, each was refused with "not available for fleets of several
+models yet"."""
+
+from __future__ import annotations
+
+import shutil
+from datetime import date
+
+import pytest
+
+from fleetcast.config import load_config
+from fleetcast.contract.errors import UserError
+from fleetcast.plan.run import PlanOptions, build_packing
+from scripts.cli import main
+
+from .conftest import ROOT
+
+EXAMPLE = ROOT / "examples" / "plan" / "multi-model"
+ARGS = ["--results", str(EXAMPLE / "results"), "--traffic", str(EXAMPLE / "traffic.yaml"),
+        "--config", str(EXAMPLE / "fleet.yaml")]
+CHOICE = "g6e.xlarge [gpt2-xl int8_wo x1 + qwen2.5-0.5b bf16 x1 + qwen2.5-3b fp8 x1]"
+
+
+def _plan(**kw):
+    opts = PlanOptions(results=[str(EXAMPLE / "results")], traffic=str(EXAMPLE / "traffic.yaml"),
+                       config=str(EXAMPLE / "fleet.yaml"), today=date(2026, 2, 1), **kw)
+    return build_packing(opts)[0]
+
+
+@pytest.fixture(scope="module")
+def plain():
+    return _plan()
+
+
+def test_reserved_instances_of_a_type_are_paid_whatever_the_packing_on_them(plain):
+    """--reserved g6e.xlarge@ap-northeast-2=2 covers every instance the 1-2 instance packing runs: it then pays only
+    fixed costs, and says how many reserved instances it uses."""
+    w = plain.regions[0].winner
+    reserved = _plan(reserved={("g6e.xlarge", "ap-northeast-2"): 2}).regions[0].winner
+    assert reserved.label == w.label and reserved.reserved_used == 2
+    assert reserved.cost_per_hour == pytest.approx(sum(w.fixed_by_hour) / 24)
+    assert reserved.cost_per_hour < w.cost_per_hour
+
+
+def test_quality_is_checked_per_model_and_precision(tmp_path, plain):
+    """A failed quality result for qwen2.5-3b at fp8 rules out fp8 for that model only: gpt2-xl keeps int8_wo, and
+    the region's notes say which model and precision failed."""
+    quality = tmp_path / "quality.yaml"
+    quality.write_text("schema: fleetcast.quality/v1\nmetric: accuracy_drop_pct\nthreshold: 1.0\nresults:\n"
+                       "  - {precision: fp8, value: 3.0, model: qwen2.5-3b}\n"
+                       "  - {precision: int8_wo, value: 0.2, model: gpt2-xl}\n")
+    region = _plan(quality=str(quality)).regions[0]
+    assert {m.model: m.precision for m in region.winner.loads}["qwen2.5-3b"] == "bf16"
+    assert {m.model: m.precision for m in region.winner.loads}["gpt2-xl"] == "int8_wo"
+    assert any(n.startswith("qwen2.5-3b fp8 on g6e.xlarge: ruled out: quality check failed: accuracy_drop_pct 3 > "
+                            "threshold 1") for n in region.notes)
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(quality.read_text().replace("model: gpt2-xl", "model: llama"))
+    with pytest.raises(UserError, match=r"--quality: results\[\]\.model llama is not a model of the config"):
+        _plan(quality=str(bad))
+
+
+def test_write_schedule_writes_the_packings_instances_per_hour(tmp_path, capsys, plain):
+    """Per UTC hour: the largest over the models of the processes each needs / its copies, at least the floor (the
+    instances the packing runs), as schedule steps."""
+    fleet = tmp_path / "fleet.yaml"
+    shutil.copy(EXAMPLE / "fleet.yaml", fleet)
+    code = main(["plan", *ARGS[:4], "--config", str(fleet), "--write-config", str(fleet), "--allow-estimated",
+                 "--write-schedule"])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    (pool,) = load_config(fleet).regions[0].pools
+    hourly = plain.regions[0].winner.instances_by_hour
+    w = plain.regions[0].winner
+    assert hourly == [max([1] + [-(-n // m.copies) for m in w.loads for n in [m.processes_by_hour[h]]])
+                      for h in range(24)]
+    steps = [(int(s.cron.split()[1]), s.min) for s in pool.schedule]
+    assert steps == [(h, hourly[h]) for h in range(24) if h == 0 or hourly[h] != hourly[h - 1]]
+    assert all(s.max == max(hourly) for s in pool.schedule)
+
+
+def test_simulate_takes_a_packing_as_candidate(capsys):
+    code = main(["plan", "simulate", *ARGS, "--candidate", CHOICE, "--max-hours", "1"])
+    out, err = capsys.readouterr()
+    assert code in (0, 3), err
+    assert "g6e.xlarge @ ap-northeast-2: gpt2-xl int8_wo x1" in out and "N plan" in out
+    code = main(["plan", "simulate", *ARGS, "--candidate", "g6e.xlarge [gpt2-xl fp16 x9]"])
+    err = capsys.readouterr().err
+    assert code == 1 and "--candidate 'g6e.xlarge [gpt2-xl fp16 x9]': not a feasible packing" in err and CHOICE in err
+
+
+def test_spot_advice_is_per_packed_pool_with_its_processes_drained_together(tmp_path, capsys, plain):
+    """One verdict per chosen packing: an interruption cuts every model's requests on the instance, so the in-flight
+    count it reads is the packing's scaling target over every model and the mix every model's; --write-spot writes
+    the tier into the packed pool and the config validates."""
+    from fleetcast.plan.packing import scaling_target, spot_pool
+
+    region = plain.regions[0]
+    (advice,) = plain.spot
+    pool = spot_pool(region)
+    assert advice.candidate == CHOICE and pool.target == scaling_target(region.winner)
+    assert [t.model for t in pool.traffics] == ["gpt2-xl", "qwen2.5-0.5b", "qwen2.5-3b"]
+    assert pool.error_rate == min(m.slo.error_rate for m in region.winner.loads)
+    assert advice.recommended and advice.on_demand_base == 1 and advice.fallback_max == 2
+    fleet = tmp_path / "fleet.yaml"
+    shutil.copy(EXAMPLE / "fleet.yaml", fleet)
+    code = main(["plan", *ARGS[:4], "--config", str(fleet), "--write-config", str(fleet), "--allow-estimated",
+                 "--write-spot"])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    (written,) = load_config(fleet).regions[0].pools
+    assert written.spot is not None and written.on_demand_base == 1
+    assert "Spot tier (docs/plan.md#spot; a packing's processes are drained together):" in out
