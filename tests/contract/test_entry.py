@@ -92,7 +92,7 @@ ENTRY_POINTS = [p for p in sorted([ROOT / "app.py", ROOT / "runtime" / "demo.py"
 @pytest.mark.parametrize("path", ENTRY_POINTS, ids=lambda p: str(p.relative_to(ROOT)))
 def test_every_entry_point_runs_its_main_through_the_one_guard(path):
     """`make demo`, `make bench-scaling`, `make synth` (cdk runs app.py), the other make targets' scripts, and
-    `fleetcast` itself (pyproject's console script calls scripts.cli:main, which wraps its work)."""
+    `fleetcast` itself (pyproject's console script calls scripts/cli.py's main, installed as fleetcast_cli.cli, which wraps its work)."""
     if path.name == "cli.py":  # main() itself is guarded: pyproject's console script calls it directly
         assert "run_quietly(lambda: _main(argv))" in path.read_text()
     else:
