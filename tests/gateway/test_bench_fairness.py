@@ -23,3 +23,10 @@ def test_bench_gateway_prints_fair_admissions_cpu_only_against_a_run_with_it_off
     on = fair_admission_cpu({"config": {"alt_arg": ["--fair-admission=off"]}, "levels": levels})
     assert on[1] == "  c=16: +0.015 (0.210 on, 0.195 off)"
     assert fair_admission_cpu({"config": {"alt_arg": ["--workers=2"]}, "levels": levels}) == []
+
+
+def test_bench_gateways_config_sets_a_cap_its_levels_never_reach():
+    from scripts.bench_gateway import bench_config_data
+
+    caps = admission_caps(parse_config(bench_config_data(), "<test>"), POOL)
+    assert min(caps.values()) >= 2 * 128  # above the soft cap at its busiest level: it times the hop, not a queue
