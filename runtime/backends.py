@@ -23,6 +23,7 @@ import json
 import os
 import subprocess
 import sys
+import zlib
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Protocol
@@ -58,6 +59,15 @@ class ServingBackend(Protocol):
     def server_env(self) -> dict[str, str] | None: ...
 
 
+def reference_seed(cfg: FleetConfig, model: ModelSpec, seed: int) -> int:
+    """The seed of `model`'s reference weights: FLEETCAST_REFERENCE_SEED in a one-model fleet, and in a fleet of
+    several, drawn from it and the model's id, so each model's process holds weights (and writes text) of its
+    own; the same seed and id give the same weights on every instance."""
+    if len(cfg.models) == 1:
+        return seed
+    return (seed + zlib.crc32(model.id.encode())) % (1 << 31)
+
+
 class ReferenceBackend:
     """runtime.reference: random-weight GPT-2 shapes built by runtime.reference.build, served by its server."""
 
@@ -77,9 +87,9 @@ class ReferenceBackend:
                             f"allowed: {', '.join(SIZES)}")
         self.cfg, self.engine = cfg, engine
         self.model = model if model is not None else cfg.model
-        self.size, self.seed, self.device = size, seed, device
+        self.size, self.seed, self.device = size, reference_seed(cfg, self.model, seed), device
         # The generated weights depend on all of these, so they belong in the cache key.
-        self.version = f"{FORMAT}:{size}:seed{seed}:{device}"
+        self.version = f"{FORMAT}:{size}:seed{self.seed}:{device}"
         self.drain_timeout_s = drain_timeout_s if drain_timeout_s is not None else cfg.operations.drain_timeout_s
         self.sim_gpu = sim_gpu if device == "cpu" else None
 

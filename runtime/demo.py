@@ -64,7 +64,7 @@ def _stream(port: int, prompt: str, max_tokens: int, model: str = "gpt2-tiny", v
     sent = time.monotonic()
     conn.request("POST", "/v1/completions", json.dumps(body), {"Content-Type": "application/json"})
     resp = conn.getresponse()
-    out: dict[str, Any] = {"status": resp.status, "chunks": 0, "usage": None, "ttft_ms": None}
+    out: dict[str, Any] = {"status": resp.status, "chunks": 0, "usage": None, "ttft_ms": None, "text": ""}
     print(f"    HTTP {resp.status}; streamed text (random weights, so noise): ", end="", flush=True)
     while True:
         line = resp.readline()
@@ -81,10 +81,23 @@ def _stream(port: int, prompt: str, max_tokens: int, model: str = "gpt2-tiny", v
                 if out["ttft_ms"] is None:
                     out["ttft_ms"] = (time.monotonic() - sent) * 1000
                 out["chunks"] += 1
+                out["text"] += choice["text"]
                 print(repr(choice["text"])[1:-1], end="", flush=True)
     print()
     conn.close()
     return out
+
+
+def which_answered(texts: dict[str, str], models: list[str], base: str, adapter: str) -> str:
+    """What the streamed texts show: greedy decoding of one prompt writes the same text only on the same
+    weights, so distinct texts are distinct processes, and the adapter's text matching its base's is its
+    base's process answering."""
+    distinct = len({texts[m] for m in models}) == len(models)
+    models_line = (f"each of the {len(models)} models wrote its own text: {len(models)} engine processes, each with "
+                   "its own weights" if distinct else "WARNING: two models wrote the same text")
+    if texts[adapter] == texts[base]:
+        return f"{models_line}; {adapter} wrote {base}'s text: {base}'s process answered it"
+    return f"{models_line}; {adapter} wrote another text than {base}"
 
 
 def _call(port: int, method: str, path: str, vpce: str, body: dict[str, Any] | None = None) -> tuple[int, dict[str, Any]]:
@@ -184,14 +197,16 @@ def main() -> int:
               f"{[r for h, r in a['hooks'] if h == telemetry.LAUNCH_HOOK]}")
         status, health = _call(port_a, "GET", "/health", DEMO_VPCE)
         print(f"    gateway /health: {status} {health}")
+        texts: dict[str, str] = {}
         for model in [*models, ADAPTER_ID]:
-            # Both models are the tiny shape with the same seed: the text is the same noise; the route,
-            # the cache key and the process differ. The adapter goes to its base model's process with
-            # the request's lora_request.
+            # Each model's process holds its own random weights (runtime/backends.reference_seed), so each
+            # writes its own noise; the adapter goes to its base model's process with the request's lora_request.
             via = f" (adapter of {base.id}: its lora_request checked and accepted; the reference engine does not apply the weights)" if model == ADAPTER_ID else ""
             print(f"    {both.name} streams from {model}{via} through the gateway (port {port_a}):")
             reply = _stream(port_a, "Fleetcast says hello:", 12, model=model, vpce=vpce[both.name])
+            texts[model] = reply["text"]
             print(f"    usage {reply['usage']}, TTFT {reply['ttft_ms']:.1f} ms")
+        print(f"    {which_answered(texts, models, base.id, ADAPTER_ID)}")
         for consumer in (both, one):
             status, listing = _call(port_a, "GET", "/v1/models", vpce[consumer.name])
             print(f"    GET /v1/models as {consumer.name}: {status} {[m['id'] for m in listing.get('data', [])]}")

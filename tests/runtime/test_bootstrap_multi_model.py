@@ -44,9 +44,14 @@ def test_each_model_gets_its_process_and_the_gateway_routes_by_model(tmp_path):
         assert [p["model"] for p in processes] == models
         assert len({p["port"] for p in processes}) == 2 and processes[0]["port"] == port + 1
         assert all(p["kv_cache_bytes"] == 1 << 20 for p in processes)  # kv_cache_gb 1/1024 each
+        texts = {}
         for model in models:
-            status, reply = call(port, "POST", "/v1/completions", {"model": model, "prompt": "hi", "max_tokens": 3})
-            assert status == 200 and reply["model"] == model and reply["usage"]["completion_tokens"] == 3
+            status, reply = call(port, "POST", "/v1/completions", {"model": model, "prompt": "hi", "max_tokens": 8,
+                                                                   "temperature": 0, "ignore_eos": True})
+            assert status == 200 and reply["model"] == model and reply["usage"]["completion_tokens"] == 8
+            texts[model] = reply["choices"][0]["text"]
+        # Each process holds its own weights (runtime/backends.reference_seed): greedy text tells them apart.
+        assert len(set(texts.values())) == len(models), texts
         status, health = call(port, "GET", "/health")
         assert status == 200 and health["models"] == {m: True for m in models}
         manifests = [k for k in aws.keys("engines/") if k.endswith("/manifest.json")]
