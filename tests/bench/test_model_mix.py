@@ -81,7 +81,7 @@ def test_the_files_record_the_packing_and_each_runs_peer_load(two_models, tmp_pa
     assert xl.packing == qwen.packing
     assert xl.packing.instance_type == "g6e.2xlarge" and xl.packing.gpu == "L40S"
     assert [(s.model, s.copies, s.kv_cache_gb) for s in xl.packing.serves] == [
-        ("gpt2-xl", 1, 8.0), ("qwen2.5-0.5b", 2, 4.0), ("qwen2.5-3b", 1, 6.0)]
+        ("gpt2-xl", 1, 8.0), ("qwen2.5-0.5b", 2, 4.0), ("qwen2.5-3b", 1, 4.0)]
     # Each model at its own engine's precision (gpt2-xl int8_wo, the Qwens bf16 in that config), in its own
     # file's label and in every file's packing: a co-located file says what its peers ran at.
     assert [s.precision for s in xl.packing.serves] == ["int8_wo", "bf16", "bf16"]

@@ -180,7 +180,7 @@ def test_the_sum_is_weights_plus_overhead_plus_kv_per_copy(example):
         return params * width + process_overhead(backend, params, batch, 8192).total_bytes + kv_gib * GIB
 
     expected = (1 * each(1.56e9, 1, "tensorrt", 64, 8) + 2 * each(0.49e9, 2, "pytorch", 64, 4)
-                + 1 * each(3.09e9, 2, "pytorch", 32, 6))
+                + 1 * each(3.09e9, 2, "pytorch", 32, 4))
     assert plan.planned_bytes == pytest.approx(expected, abs=4)
     assert plan.process_count == 4 and plan.fits
 
@@ -192,11 +192,11 @@ def test_budgets_left_out_share_what_the_explicit_ones_leave(example):
     pool = cfg.regions[0].pools[0]
     plan = plan_pool(cfg, pool)
     shares = [p.kv_bytes for p in plan.processes]
-    assert shares[2] == 6 * GIB and shares[0] == shares[1]
-    fixed = sum(p.copies * p.before_kv_bytes for p in plan.processes) + 6 * GIB
+    assert shares[2] == 4 * GIB and shares[0] == shares[1]
+    fixed = sum(p.copies * p.before_kv_bytes for p in plan.processes) + 4 * GIB
     assert shares[0] == pytest.approx((plan.usable_bytes - fixed) / 3, abs=1)
     # served_by hands the instance the explicit budgets only: it plans the shares from the memory really free.
-    assert [s.kv_cache_bytes for s in cfg.served_by(pool)] == [None, None, 6 * GIB]
+    assert [s.kv_cache_bytes for s in cfg.served_by(pool)] == [None, None, 4 * GIB]
 
 
 def test_planned_shares_do_not_depend_on_the_serves_order(example):
@@ -241,15 +241,15 @@ def test_a_packing_over_the_usable_gpu_memory_is_refused_though_it_fits_the_list
 def test_a_kv_budget_the_engines_min_would_cut_is_refused_naming_the_process_and_the_fraction(example):
     """TensorRT-LLM gives min(max_tokens, fraction x free); a process started last (or restarted alone) finds
     the others' memory taken, so the fraction must reach its budget there. The sum itself fits."""
-    example["models"][2]["engine"]["kv_cache_free_gpu_memory_fraction"] = 0.4  # qwen2.5-3b
+    example["models"][2]["engine"]["kv_cache_free_gpu_memory_fraction"] = 0.3  # qwen2.5-3b
     found = _pool_problems(example, 0)
     assert len(found) == 1 and "qwen2.5-3b's KV budget would not bind" in found[0], found
     plain = copy.deepcopy(example)
     plain["models"][2]["engine"]["kv_cache_free_gpu_memory_fraction"] = 0.9
     plan = plan_pool(parse_config(plain), parse_config(plain).regions[0].pools[0])
-    free = plan.device_bytes - plan.planned_bytes + 6 * GIB
-    assert f"0.4 x {free / GIB:.2f} GiB = {int(0.4 * free) / GIB:.2f} GiB < its planned KV 6.00 GiB" in found[0]
-    assert f"a fraction of at least {6 * GIB / free:.3f}" in found[0]
+    free = plan.device_bytes - plan.planned_bytes + 4 * GIB
+    assert f"0.3 x {free / GIB:.2f} GiB = {int(0.3 * free) / GIB:.2f} GiB < its planned KV 4.00 GiB" in found[0]
+    assert f"a fraction of at least {4 * GIB / free:.3f}" in found[0]
 
 
 def test_the_min_rule_checks_every_process_as_the_last_to_start():
