@@ -52,7 +52,7 @@ def engine_server(tmp_path_factory):
     # Room for every trial's blocks: eviction is not what is under test.
     srv = ServerProcess(out, "--max-batch-size", "4", "--prefix-cache-blocks", "8192", "--request-log", str(log))
     try:
-        srv.wait_healthy()
+        srv.wait_healthy(timeout=300)  # loading is not under test: a shared machine may take its time
         yield srv, log
     finally:
         srv.stop()
