@@ -35,6 +35,7 @@ from fleetcast.config import FleetConfig
 from fleetcast.contract.context import Context, arg as context_arg
 from fleetcast.contract.errors import UserError
 from fleetcast.contract.names import consumer_stack_name, provider_stack_name, skip_reason
+from fleetcast.contract.packaging import cli_module
 from fleetcast.first_deploy import Resolution, hold_resolver, release_resolver
 
 STEPS = ("bootstrap", "providers", "stage", "capacity", "publish", "consumers", "approve", "smoke")
@@ -66,7 +67,7 @@ class Step:
 
 # How the plan runs the CLIs (this interpreter, the venv's pinned CDK CLI) and how it prints them: the forms the
 # README and runbook give, which an operator can copy and which read the same on every machine.
-_FLEETCAST_RUN = [sys.executable, "-m", "scripts.cli"]
+_FLEETCAST_RUN = [sys.executable, "-m", cli_module()]
 FLEETCAST_SHOWN = ["fleetcast"]
 CDK_SHOWN = ["npx", "cdk"]
 

@@ -23,6 +23,7 @@ from pathlib import Path
 from fleetcast.bench.schema import Stat
 from fleetcast.bench.stats import make_stat
 from fleetcast.bench.testserver import Timings
+from fleetcast.contract.packaging import cli_module
 
 TOLERANCE_REL = 0.02
 TOLERANCE_ABS_MS = 1.0
@@ -123,7 +124,7 @@ def run_fleetcast(url: str, concurrency: int, requests: int, input_tokens: int, 
     """`fleetcast bench run` in a child process (its own interpreter, pinned like AIPerf would be)."""
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "r.json"
-        cmd = [sys.executable, "-m", "scripts.cli", "bench", "run", "--endpoint", url,
+        cmd = [sys.executable, "-m", cli_module(), "bench", "run", "--endpoint", url,
                "--concurrency", str(concurrency), "--requests-per-level", str(requests), "--warmup", "0",
                "--input-tokens", str(input_tokens), "--output-tokens", str(output_tokens),
                "--out", str(out), "--quiet"]

@@ -9,6 +9,7 @@ installs each under a name that carries the product's (setup.py maps the directo
 
 from __future__ import annotations
 
+import importlib.util
 from pathlib import Path, PurePath
 
 # repository directory -> the package it is in an installed wheel
@@ -25,3 +26,10 @@ def installed_path(root: Path, rel: str | PurePath) -> Path:
     top, *rest = PurePath(rel).parts
     renamed = root.joinpath(*{**WHEEL_PACKAGES, **WHEEL_DATA_DIRS}.get(top, top).split("."), *rest)
     return renamed if renamed.exists() else root.joinpath(top, *rest)
+
+
+def cli_module() -> str:
+    """The module `python -m` runs the `fleetcast` CLI as: its installed name, or in a checkout without an install
+    (PYTHONPATH=., as the tests run it) the repository's `scripts.cli`."""
+    installed = WHEEL_PACKAGES["scripts"]
+    return f"{installed}.cli" if importlib.util.find_spec(installed) is not None else "scripts.cli"

@@ -12,6 +12,7 @@ from botocore.stub import Stubber
 from fleetcast.config import load_config
 from fleetcast.contract.errors import UserError
 from fleetcast.contract.outputs import ProviderOutput
+from fleetcast.contract.packaging import cli_module
 from fleetcast.deploy import STEPS, execute, plan, publish_service_names, teardown_plan
 from fleetcast.node import cdk_command
 from tests.ready_config import write_ready_config
@@ -176,7 +177,7 @@ def test_profile_reaches_the_cdk_command_line_and_every_fleetcast_sub_step(prod_
     steps = [a for s in ("providers", "stage", "consumers", "approve") for a in ("--step", s)]
     assert main(["deploy", "--config", str(ready), "--profile", "prod", *profile_for, *steps]) == 0
     cdk = [c[len(CDK):] for c in runner.ran if c[:len(CDK)] == CDK]
-    subs = [c for c in runner.ran if c[1:3] == ["-m", "scripts.cli"]]
+    subs = [c for c in runner.ran if c[1:3] == ["-m", cli_module()]]
     assert {c[0] for c in cdk} == {"deploy"} and len(subs) == 4  # diff, stage x2, connections sync
     for command in cdk + subs:
         assert command[command.index("--profile") + 1] == "prod", command
