@@ -196,7 +196,7 @@ def _show(args: argparse.Namespace) -> int:
         print(f"# {note}")
     yaml = YAML(typ="safe", pure=True)
     yaml.default_flow_style = False
-    yaml.sort_base_mapping_type_on_output = False  # type: ignore[attr-defined]
+    yaml.sort_base_mapping_type_on_output = False  # type: ignore[assignment]  # ruamel declares it None (default: sort)
     yaml.dump(data, sys.stdout)
     return 0
 
