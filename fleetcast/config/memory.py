@@ -65,10 +65,10 @@ PROCESS_OVERHEAD_SOURCE = ("measured with the reference backend on an H200 (benc
 # (_torch/pyexecutor/model_engine.py _filter_cuda_graph_batch_sizes). The field's description says "each CUDA
 # graph can use up to 200 MB of extra memory"; the captures share one memory pool
 # (_torch/pyexecutor/cuda_graph_runner.py: every capture passes pool=self.memory_pool, then keeps graph.pool()),
-# so the pool is counted once at that figure, not once per graph.
+# so the pool is counted once at that figure (200 MB, rounded up to MiB), not once per graph. The engine flow's
+# C++ runtime captures none by default (ExtendedRuntimePerfKnobConfig.cuda_graph_mode defaults to False).
 CUDA_GRAPH_DEFAULT_MAX_BATCH = 128
 CUDA_GRAPH_POOL_BYTES = 200 * MIB
-CUDA_GRAPH_SOURCE = "TensorRT-LLM 1.2.x llm_args.py CudaGraphConfig defaults, cuda_graph_runner.py shared pool"
 
 # Estimated from source rules: activations of one forward pass of max_num_tokens tokens (engine flow: TensorRT
 # sizes them at build time for the largest shape, docs/source/reference/memory.md; PyTorch backend: the
@@ -78,7 +78,6 @@ CUDA_GRAPH_SOURCE = "TensorRT-LLM 1.2.x llm_args.py CudaGraphConfig defaults, cu
 # parameters, not dimensions: hidden <= 2.1 x parameters^(1/3) for the published configs the test lists.
 ACTIVATION_BYTES_PER_TOKEN_PER_HIDDEN = 36
 HIDDEN_PER_CUBE_ROOT_OF_PARAMETERS = 2.1
-ACTIVATION_SOURCE = "estimated: one forward pass of max_num_tokens tokens (TensorRT-LLM memory.md, _util.py)"
 
 
 def cuda_graph_batch_sizes(max_batch_size: int, max_num_tokens: int) -> tuple[int, ...]:

@@ -11,7 +11,8 @@ line, by index id:
   200 MB of extra memory"; `CudaGraphConfig` batch_sizes None, max_batch_size 0, enable_padding False;
   `validate_cuda_graph_config`: `max_batch_size = config.max_batch_size or 128`, then
   `_generate_cuda_graph_batch_sizes`: without padding `list(range(1, 32)) + [32, 64, 128]`, plus powers of two
-  from 256 below max_batch_size, cut to <= max_batch_size.
+  from 256 below max_batch_size, cut to <= max_batch_size; `ExtendedRuntimePerfKnobConfig.cuda_graph_mode` (the
+  engine flow's C++ runtime) default False.
 - tensorrt_llm/_torch/pyexecutor/model_engine.py (id 707893322) `_filter_cuda_graph_batch_sizes`: keeps the
   sizes <= min(max_batch_size, max_num_tokens / (1 + draft tokens)).
 - tensorrt_llm/_torch/pyexecutor/cuda_graph_runner.py (id 2436362266): every capture
