@@ -25,6 +25,8 @@ from pathlib import Path
 import pytest
 from aws_cdk import App
 
+from fleetcast.node import bin_dir as node_bin_dir
+
 from .conftest import ROOT, install_wheel
 
 EXAMPLE = ROOT / "examples" / "cdk-app" / "pipeline.py"
@@ -46,10 +48,21 @@ def _clean_path(tmp: Path) -> str:
     bin_dir.mkdir()
     base_python = Path(sys.base_prefix) / "bin" / f"python{sys.version_info.major}.{sys.version_info.minor}"
     (bin_dir / "python3").symlink_to(base_python)
-    for tool in ("node", "npm", "npx"):
-        found = shutil.which(tool)
-        assert found, f"{tool} is not on PATH: the Synth step needs Node.js as CodeBuild has it"
-        (bin_dir / tool).symlink_to(found)
+    wheel = node_bin_dir()
+    if wheel is None:  # a machine with Node.js installed by hand: its own tools
+        for tool in ("node", "npm", "npx"):
+            found = shutil.which(tool)
+            assert found, f"{tool} is not on PATH: the Synth step needs Node.js as CodeBuild has it"
+            (bin_dir / tool).symlink_to(found)
+    else:
+        # The Node.js wheel's own npm/npx launchers do not resolve their modules (fleetcast/node.py): working
+        # launchers over its npm's CLI scripts stand in for the ones a CodeBuild image has.
+        (bin_dir / "node").symlink_to(wheel / "node")
+        npm_bin = wheel.parent / "lib" / "node_modules" / "npm" / "bin"
+        for tool, script in (("npm", "npm-cli.js"), ("npx", "npx-cli.js")):
+            launcher = bin_dir / tool
+            launcher.write_text(f'#!/bin/sh\nexec "{wheel / "node"}" "{npm_bin / script}" "$@"\n')
+            launcher.chmod(0o755)
     return os.pathsep.join([str(bin_dir), "/usr/bin", "/bin"])
 
 

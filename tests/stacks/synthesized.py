@@ -122,9 +122,10 @@ def variant_doc() -> dict:
         "ap-northeast-2": "arn:aws:acm:ap-northeast-2:111122223333:certificate/0a1b2c3d-4e5f-6789-abcd-ef0123456789"
     }
     doc["engine"]["max_batch_size"] = 32
+    seoul["allowed_principals"].append("arn:aws:iam::555566667777:root")
     doc["consumers"].append({
         "name": "late-team",
-        "account": "444455556666",
+        "account": "555566667777",  # its own account: one consumer per account and region (or API keys on each)
         "region": "ap-northeast-2",
         "service_region": "ap-northeast-2",
         "vpc_id": "vpc-0a1b2c3d4e5f60719",

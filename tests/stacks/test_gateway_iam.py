@@ -20,6 +20,7 @@ def keyed_fleet():
     doc["regions"] = doc["regions"][:1]
     doc["consumers"] = [c for c in doc["consumers"] if c["service_region"] == "ap-northeast-2"]
     doc["consumers"][0]["api_keys"] = True
+    doc["regions"][0]["allowed_principals"].append("arn:aws:iam::555566667777:root")  # no-keys' own account
     doc["consumers"].append({
         "name": "batch-team", "account": "444455556666", "region": "ap-northeast-2",
         "service_region": "ap-northeast-2", "vpc_id": "vpc-0a1b2c3d4e5f60719",
@@ -27,7 +28,7 @@ def keyed_fleet():
         "api_keys": True, "api_key_secret": "platform/keys/batch",
     })
     doc["consumers"].append({
-        "name": "no-keys", "account": "444455556666", "region": "ap-northeast-2",
+        "name": "no-keys", "account": "555566667777", "region": "ap-northeast-2",
         "service_region": "ap-northeast-2", "vpc_id": "vpc-0a1b2c3d4e5f6071a",
         "subnets": [{"id": "subnet-0a1b2c3d4e5f60714", "az_id": "apne2-az1"}], "cidrs": ["10.62.0.0/16"],
         "api_key_secret": "platform/keys/unused",  # named, but api_keys is off: no grant

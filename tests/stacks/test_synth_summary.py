@@ -38,7 +38,7 @@ def test_summary_names_skipped_consumers_and_why(capsys, tmp_path):
     YAML().dump(variant_doc(), config)
     code, out, err = run(capsys, "--config", str(config), "--out", str(variant_fleet().outdir))
     assert code == 0, err
-    assert "late-team (444455556666, ap-northeast-2 -> ap-northeast-2): skipped: no endpoint_service_name yet" in out
+    assert "late-team (555566667777, ap-northeast-2 -> ap-northeast-2): skipped: no endpoint_service_name yet" in out
     assert "pool a10g: g5.2xlarge (A10G)" in out and "listener TLS:8000" in out
 
 
