@@ -24,10 +24,17 @@ def test_a_kv_budget_that_is_no_positive_number_is_refused(kv):
         parse_packing(f"gpt2-xl:1:{kv},qwen2.5-1.5b:1", None, None)
 
 
-@pytest.mark.parametrize("model", ["gpt2 xl", "-gpt2", "gpt2/xl"])
+@pytest.mark.parametrize("model", ["gpt2 xl", "-gpt2", "gpt2//xl"])
 def test_a_model_that_is_no_model_id_is_refused(model):
-    with pytest.raises(UserError, match=r"^--packing: .* is not a model id"):
+    with pytest.raises(UserError, match=r"^--packing: .* (is not a model id|segment between slashes)"):
         parse_packing(f"{model}:1", None, None)
+
+
+def test_hub_ids_and_slugged_fine_tune_ids_are_models():
+    # fleetcast/contract/model_ids.py: a ':' in an id travels as its slug (!3a), as the bench stack writes it.
+    packing = parse_packing("Qwen/Qwen2.5-0.5B-Instruct:2,ft!3agpt-3.5-turbo!3aacme!3a!3a8abc1234:1:4", None, None)
+    assert [(s.model, s.copies, s.kv_cache_gb) for s in packing.serves] == [
+        ("Qwen/Qwen2.5-0.5B-Instruct", 2, None), ("ft:gpt-3.5-turbo:acme::8abc1234", 1, 4.0)]
 
 
 def test_the_cli_says_it_in_one_line(capsys, tmp_path):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 from ruamel.yaml import YAML
 
 from scripts.cli import main
@@ -76,3 +78,6 @@ def test_summary_lists_what_each_instance_of_a_multi_model_pool_serves(capsys):
     assert "qwen2.5-0.5b x2: precision bf16, backend pytorch, batch 64, KV 4.00 GiB each" in out
     assert ("gpt2-xl x1: precision int8_wo, backend tensorrt, batch 64, KV share about 2.08 GiB each (planned on "
             "the instance)") in out
+    # KV space against batch (issue 32): the L4's share holds fewer full gpt2-xl sequences than its batch of 64.
+    assert re.search(r"warning: regions\[0\]\.pools\[1\]\.serves\[0\]: gpt2-xl's KV share of [0-9.]+ GiB holds "
+                     r"[0-9.]+ full sequences, against max_batch_size 64", out), out
