@@ -38,7 +38,7 @@ from fleetcast.plan.curves import Candidate
 from fleetcast.plan.inputs import load_candidates
 from fleetcast.plan.queueing import Limits, ServiceModel, max_safe_rate
 from fleetcast.plan.simulate import Arrival, FleetSim, p99
-from fleetcast.plan.solver import scaling_target
+from fleetcast.plan.solver import TargetPart, scaling_target
 
 # Production-scale launch assumptions (seconds), stated so they can be argued with:
 ASSUMPTIONS = {
@@ -314,7 +314,8 @@ def main(argv: list[str] | None = None) -> int:
         print("the candidate misses the SLO even at one request per instance", file=sys.stderr)
         return 1
     x_star, at_safe, binding = safe
-    target = scaling_target(model, args.output_tokens, x_star, 1.0)  # the planner's target, no burst allowance
+    # The planner's target, no burst allowance (a flat day at burstiness 1: only the target headroom).
+    target = scaling_target([TargetPart(model, args.output_tokens, x_star, 1, (1.0,) * 24, (1.0,) * 24)])
     a = ASSUMPTIONS
     cold = a["ec2_launch_and_boot_s"] + a["engine_download_s"] + a["engine_load_s"] + args.cache_hit_s
     warm = a["warm_resume_s"] + a["engine_load_s"] + args.cache_hit_s

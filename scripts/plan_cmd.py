@@ -284,6 +284,8 @@ def _write_edit(edit, baseline: tuple, config_path: str, say) -> None:
             say(f"  {change}")
     else:
         say(f"\n{config_path}: already matches the plan; unchanged")
+    for note in edit.notes:
+        say(f"  {note}")
 
 
 def _config_or_none(path: str | None):

@@ -72,8 +72,8 @@ class Curve:
         raise ValueError(f"level {level} is above the highest measured level {pts[-1].concurrency}")
 
     def peak_output_tps(self) -> tuple[float, float] | None:
-        best = max((p for p in self.points if p.output_tps is not None), key=lambda p: p.output_tps, default=None)
-        return (best.output_tps, best.concurrency) if best else None
+        measured = [(p.output_tps, p.concurrency) for p in self.points if p.output_tps is not None]
+        return max(measured, key=lambda x: x[0]) if measured else None
 
 
 def _mix(a: float | None, b: float | None, t: float) -> float | None:
@@ -82,19 +82,23 @@ def _mix(a: float | None, b: float | None, t: float) -> float | None:
     return a + (b - a) * t
 
 
-def _mix_pair(a, b, t):
+def _mix_pair(a: tuple[float, float] | None, b: tuple[float, float] | None, t: float) -> tuple[float, float] | None:
     if a is None or b is None:
         return None
     return (a[0] + (b[0] - a[0]) * t, a[1] + (b[1] - a[1]) * t)
 
 
+def _mix_value(a: float, b: float, t: float) -> float:
+    return a + (b - a) * t
+
+
 def _lerp(lo: LoadPoint, hi: LoadPoint, t: float, level: float) -> LoadPoint:
     return LoadPoint(
         concurrency=level,
-        ttft_p99=_mix(lo.ttft_p99, hi.ttft_p99, t),
-        itl_p99=_mix(lo.itl_p99, hi.itl_p99, t),
-        e2e_mean=_mix(lo.e2e_mean, hi.e2e_mean, t),
-        error_rate=_mix(lo.error_rate, hi.error_rate, t),
+        ttft_p99=_mix_value(lo.ttft_p99, hi.ttft_p99, t),
+        itl_p99=_mix_value(lo.itl_p99, hi.itl_p99, t),
+        e2e_mean=_mix_value(lo.e2e_mean, hi.e2e_mean, t),
+        error_rate=_mix_value(lo.error_rate, hi.error_rate, t),
         ttft_mean=_mix(lo.ttft_mean, hi.ttft_mean, t),
         itl_mean=_mix(lo.itl_mean, hi.itl_mean, t),
         e2e_p99=_mix(lo.e2e_p99, hi.e2e_p99, t),
@@ -115,7 +119,7 @@ SOURCE_MEANING = {
 }
 
 
-def sources_text(candidates) -> str:
+def sources_text(candidates: list[Candidate]) -> str:
     """How many candidates each source backs, e.g. '7 synthetic candidate(s) (authored data, not measured)'."""
     counts: dict[str, int] = {}
     for c in candidates:

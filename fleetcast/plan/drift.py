@@ -67,7 +67,7 @@ def _range(key: str) -> tuple[int, int]:
     return int(lo), int(hi or lo)
 
 
-def _slo_findings(base: dict, obs: Observation, slo: dict) -> list[Finding]:
+def _slo_findings(base: dict[str, Any], obs: Observation, slo: dict[str, Any]) -> list[Finding]:
     """Hours whose observed P99 TTFT or ITL is above the SLO while the arrival rate was within the planned peak."""
     findings = []
     for metric, series, limit in (("TTFT", obs.ttft_p99_ms, slo["ttft_p99_ms"]),
@@ -102,7 +102,7 @@ def instance_cost_per_m_output(hourly_rps: list[float], seconds_per_request: flo
     return instances * price_per_hour / tokens * 1e6 if tokens else math.inf
 
 
-def baseline_document(pools: list, ctx: Any, config_pools: dict[str, str], written: str) -> dict:
+def baseline_document(pools: list[Any], ctx: Any, config_pools: dict[str, str], written: str) -> dict[str, Any]:
     """The baseline for the planned pools (fleetcast.plan.solver.FleetPool objects, read by attribute)."""
     out = []
     for pool in pools:
@@ -132,7 +132,7 @@ def baseline_document(pools: list, ctx: Any, config_pools: dict[str, str], writt
             "slo": {"ttft_p99_ms": ctx.slo.ttft_p99_ms, "itl_p99_ms": ctx.slo.itl_p99_ms}, "pools": out}
 
 
-def load_baseline(path: str | Path) -> dict:
+def load_baseline(path: str | Path) -> dict[str, Any]:
     from fleetcast.contract.errors import UserError
 
     p = Path(path)
@@ -162,7 +162,7 @@ class Observation:
     by_model: dict[str, list[float]] | None = None  # several models: each model's 24 hourly rates
 
 
-def packed_instances(by_model: dict[str, list[float]], models: list[dict], n_min: int) -> list[int]:
+def packed_instances(by_model: dict[str, list[float]], models: list[dict[str, Any]], n_min: int) -> list[int]:
     """Instances per UTC hour a packed pool needs for these rates: its most demanding model's processes over
     their copies (each model's `rps_per_instance`: the hourly mean rate one instance serves within its SLOs)."""
     out = []
@@ -173,7 +173,7 @@ def packed_instances(by_model: dict[str, list[float]], models: list[dict], n_min
     return out
 
 
-def _packed_findings(base: dict, obs: Observation, cost_threshold: float) -> list[Finding]:
+def _packed_findings(base: dict[str, Any], obs: Observation, cost_threshold: float) -> list[Finding]:
     region, cap_max = base["region"], base["capacity"]["max"]
     findings: list[Finding] = []
     for m in base["models"]:
@@ -194,16 +194,16 @@ def _packed_findings(base: dict, obs: Observation, cost_threshold: float) -> lis
     return findings
 
 
-def check_pool(base: dict, obs: Observation, slo: dict, threshold: float = DEFAULT_THRESHOLD,
+def check_pool(base: dict[str, Any], obs: Observation, slo: dict[str, Any], threshold: float = DEFAULT_THRESHOLD,
                cost_threshold: float = DEFAULT_THRESHOLD) -> list[Finding]:
     if "models" in base:
         # A packed pool: throughput and cost per model; the pool-level P99s against the strictest model's SLO.
-        findings = _packed_findings(base, obs, cost_threshold)
+        packed = _packed_findings(base, obs, cost_threshold)
         if obs.arrivals is not None:
             strictest = {"ttft_p99_ms": min(m["slo"]["ttft_p99_ms"] for m in base["models"]),
                          "itl_p99_ms": min(m["slo"]["itl_p99_ms"] for m in base["models"])}
-            findings += _slo_findings(base, obs, strictest)
-        return findings
+            packed += _slo_findings(base, obs, strictest)
+        return packed
     region, k, spr = base["region"], base["target"], base["seconds_per_request"]
     cap_max = base["capacity"]["max"]
     findings: list[Finding] = []

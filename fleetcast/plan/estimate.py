@@ -38,6 +38,9 @@ from fleetcast.contract.errors import UserError
 
 from .curves import Candidate, Curve, LoadPoint, sources_text
 
+# Per metric, the calibration's (intercept, slope) of log(measured / ideal) against log(concurrency).
+_Coef = dict[str, tuple[float, float]]
+
 BYTES_PER_WEIGHT = {"fp16": 2.0, "bf16": 2.0, "int8_wo": 1.0, "int8_sq": 1.0, "fp8": 1.0, "int4_wo": 0.5, "nvfp4": 0.5}
 EIGHT_BIT_MATH = {"int8_sq", "fp8", "nvfp4"}  # weight-only modes dequantize and do the math in fp16
 
@@ -120,11 +123,11 @@ class Estimator:
                     rows[m].append((math.log(p.concurrency), math.log(getattr(p, m) / base[m])))
         return {m: _fit(r) for m, r in rows.items()}
 
-    def _predict(self, gpu, precision, c, i, o, coef) -> dict[str, float]:
+    def _predict(self, gpu: catalog.Gpu, precision: str, c: float, i: float, o: float, coef: _Coef) -> dict[str, float]:
         base = ideal(gpu, precision, self.shape, c, i, o)
         return {m: base[m] * math.exp(coef[m][0] + coef[m][1] * math.log(c)) for m in METRICS}
 
-    def _errors(self, cands, coef) -> dict[str, list[float]]:
+    def _errors(self, cands: list[Candidate], coef: _Coef) -> dict[str, list[float]]:
         out: dict[str, list[float]] = {m: [] for m in METRICS}
         for cand in cands:
             i, o = self._lengths(cand)
@@ -134,7 +137,7 @@ class Estimator:
                     out[m].append(abs(pred[m] - getattr(p, m)) / getattr(p, m))
         return out
 
-    def _error(self, cands, coef) -> dict[str, float]:
+    def _error(self, cands: list[Candidate], coef: _Coef) -> dict[str, float]:
         return {m: sum(v) / len(v) for m, v in self._errors(cands, coef).items()}
 
     def estimate(self, instance_type: str, precision: str, levels: list[float]) -> Candidate:
@@ -160,7 +163,7 @@ class Estimator:
                          provenance="synthetic" if "synthetic" in calibration else "measured")
 
     def describe(self) -> str:
-        def pct(d: dict) -> str:
+        def pct(d: dict[str, float]) -> str:
             return ", ".join(f"{m} {v:.0%}" for m, v in d.items())
         basis = sources_text([c for c in self.measured if not c.estimated])
         text = f"roofline calibrated on {basis}; mean abs. error in sample: {pct(self.error_in_sample)}"

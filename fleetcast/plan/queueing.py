@@ -29,9 +29,11 @@ from __future__ import annotations
 import functools
 import math
 import operator
+import random
+from collections.abc import Callable
 from dataclasses import dataclass
 
-from .curves import Curve
+from .curves import Curve, LoadPoint
 
 Z99 = 2.3263478740408408  # standard normal 0.99 quantile
 MAX_OUT_OF_RANGE = 0.01  # share of arrivals allowed to join a batch above the highest measured level
@@ -65,7 +67,7 @@ class LogNormal:
             return 1.0 if math.log(x) >= self.mu else 0.0
         return 0.5 * math.erfc(-(math.log(x) - self.mu) / (self.sigma * math.sqrt(2)))
 
-    def sample(self, rng) -> float:
+    def sample(self, rng: random.Random) -> float:
         return math.exp(self.mu + self.sigma * rng.gauss(0.0, 1.0)) if self.sigma else math.exp(self.mu)
 
 
@@ -77,17 +79,21 @@ class Stream:
     output_mean: float
 
 
+# One batch level's fit: the curve's point, its TTFT lognormal, its ITL-over-mean lognormal, mean ITL, mean TTFT.
+_Fit = tuple[LoadPoint, LogNormal, LogNormal, float, float]
+
+
 class ServiceModel:
     """What one instance of a candidate does at each batch size (from its measured curve)."""
 
     def __init__(self, curve: Curve) -> None:
         self.curve = curve
         self.top = curve.points[-1].concurrency
-        self._cache: dict[float, tuple] = {}
-        self._levels: list[tuple] = []  # _at(j) for integer batches j = 0, 1, ... (the same tuples, by index)
-        self.predictions: dict[tuple, Prediction] = {}  # predict() is pure in (streams, share)
+        self._cache: dict[float, _Fit] = {}
+        self._levels: list[_Fit] = []  # _at(j) for integer batches j = 0, 1, ... (the same tuples, by index)
+        self.predictions: dict[tuple[tuple[Stream, ...], float], Prediction] = {}  # predict() is pure in (streams, share)
 
-    def _at(self, b: float):
+    def _at(self, b: float) -> _Fit:
         b = round(min(max(b, 1.0), self.top), 2)  # the cache stays small; 0.01 of a request changes nothing
         hit = self._cache.get(b)
         if hit is None:
@@ -99,14 +105,14 @@ class ServiceModel:
             self._cache[b] = hit
         return hit
 
-    def _level(self, j: int):
+    def _level(self, j: int) -> _Fit:
         """_at(float(j)) for an integer batch j >= 0, read from a list (occupancy and predict walk every level)."""
         levels = self._levels
         if j >= len(levels):
             levels.extend(self._at(float(i)) for i in range(len(levels), j + 1))
         return levels[j]
 
-    def point(self, b: float):
+    def point(self, b: float) -> LoadPoint:
         return self._at(b)[0]
 
     def ttft(self, b: float) -> LogNormal:
@@ -161,7 +167,7 @@ def occupancy(model: ServiceModel, rate_rps: float, output_mean: float) -> list[
     return [x / total for x in weights]
 
 
-def _quantile(cdf, q: float, hi: float) -> float:
+def _quantile(cdf: Callable[[float], float], q: float, hi: float) -> float:
     """The q-quantile of a non-decreasing cdf by bisection, to a relative 1e-9: far below a microsecond at
     these latencies, and each step evaluates a whole mixture, so steps past that bound cost time for nothing."""
     lo = 0.0
@@ -178,7 +184,7 @@ def _quantile(cdf, q: float, hi: float) -> float:
     return hi
 
 
-def _mixture_cdf(mix: list[tuple[float, LogNormal]], norm: float):
+def _mixture_cdf(mix: list[tuple[float, LogNormal]], norm: float) -> Callable[[float], float]:
     """x -> sum(w * d.cdf(x) for w, d in mix) / norm, the same sum in the same order, evaluated faster: the
     components share few distinct lognormals (every batch above the highest measured level is the top one), so
     each distinct one is evaluated once per x, with log(x) taken once; the weighted sum then runs in C. Every
@@ -195,17 +201,18 @@ def _mixture_cdf(mix: list[tuple[float, LogNormal]], norm: float):
         else:
             lx = log(x)
             vals = [0.5 * erfc(-(lx - mu) / s) if s else (1.0 if lx >= mu else 0.0) for mu, s in params]
-        return sum(map(mul, weights, map(vals.__getitem__, idx))) / norm
+        total: float = sum(map(mul, weights, map(vals.__getitem__, idx)))
+        return total / norm
     return cdf
 
 
-def _scaled_mixture_cdf(mix: list[tuple[float, LogNormal, float]]):
+def _scaled_mixture_cdf(mix: list[tuple[float, LogNormal, float]]) -> Callable[[float], float]:
     """x -> sum(w * d.cdf(x / s) for w, d, s in mix), LogNormal.cdf inlined (the same floats, in the same order)."""
     terms = [(w, d.mu, d.sigma, d.sigma * math.sqrt(2), s) for w, d, s in mix]
     log, erfc = math.log, math.erfc
 
     def cdf(x: float) -> float:
-        total = 0
+        total = 0.0
         for w, mu, sigma, s2, s in terms:
             y = x / s
             if y <= 0:

@@ -614,8 +614,20 @@ def write_report_dir(directory: str | Path, write: Callable[[Path], list[Path]])
             if not d.exists():
                 os.replace(stage, d)
             else:
-                for path in written[3:] + written[:3]:  # plots first, the pages that show them last
-                    os.replace(path, d / path.name)
+                done: list[tuple[Path, bytes | None]] = []
+                try:
+                    for path in written[3:] + written[:3]:  # plots first, the pages that show them last
+                        target = d / path.name
+                        before = target.read_bytes() if target.is_file() else None
+                        os.replace(path, target)
+                        done.append((target, before))
+                except OSError:
+                    for target, before in reversed(done):  # all or none: the previous report stays whole
+                        if before is None:
+                            target.unlink(missing_ok=True)
+                        else:
+                            target.write_bytes(before)
+                    raise
         finally:
             signal.pthread_sigmask(signal.SIG_SETMASK, held)
     finally:

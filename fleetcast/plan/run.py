@@ -286,7 +286,9 @@ def build_packing(opts: PlanOptions, max_copies: int | None = None):
     from . import spot
 
     inputs = spot.load_spot_inputs(opts.spot_prices, opts.spot_interruptions, opts.spot_relaunch_s)
-    result.spot = [spot.advise(packing.spot_pool(r), ctx, inputs) for r in result.regions if r.winner is not None]
+    # A lab machine (--lab) has no Spot market: no verdict for it.
+    result.spot = [spot.advise(packing.spot_pool(r), ctx, inputs) for r in result.regions
+                   if r.winner is not None and r.winner.instance_type in catalog.instance_catalog()]
     result.warnings = warnings
     result.data_notes = [
         f"prices as of {prices.as_of} ({prices.source})",

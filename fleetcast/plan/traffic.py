@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from ruamel.yaml import YAML
@@ -49,7 +49,7 @@ def _parse_range(key: object, upper: int, lower: int = 1) -> tuple[int, int]:
     return lo, hi
 
 
-def _check_shares(shares: dict, what: str) -> None:
+def _check_shares(shares: dict[str, float], what: str) -> None:
     total = sum(shares.values())
     if any(v < 0 for v in shares.values()):
         raise ValueError(f"{what} shares must be >= 0")
@@ -91,12 +91,12 @@ class ObservedTraffic(BaseModel):
 
     @field_validator("in_flight", "input_tokens", "output_tokens", mode="before")
     @classmethod
-    def _string_keys(cls, value):
+    def _string_keys(cls, value: Any) -> Any:
         return {str(k): v for k, v in value.items()} if isinstance(value, dict) else value
 
     @field_validator("in_flight", "input_tokens", "output_tokens")
     @classmethod
-    def _buckets(cls, value):
+    def _buckets(cls, value: Any) -> Any:
         for key, count in value.items():
             _parse_range(key, 1 << 20)
             if count < 0:
@@ -155,7 +155,7 @@ class ConsumerTraffic(BaseModel):
 
     @field_validator("concurrency", "input_tokens", "output_tokens", "rate_rps", mode="before")
     @classmethod
-    def _string_keys(cls, value):
+    def _string_keys(cls, value: Any) -> Any:
         # YAML turns `32: 0.15` into an int key; keys are kept as strings.
         if isinstance(value, dict):
             return {str(k): v for k, v in value.items()}
@@ -163,7 +163,7 @@ class ConsumerTraffic(BaseModel):
 
     @field_validator("rate_rps")
     @classmethod
-    def _rates(cls, value):
+    def _rates(cls, value: Any) -> Any:
         if isinstance(value, list):
             if len(value) != 24:
                 raise ValueError(f"give 24 hourly values (UTC 0..23), got {len(value)}")
@@ -186,7 +186,7 @@ class ConsumerTraffic(BaseModel):
 
     @field_validator("burstiness")
     @classmethod
-    def _burstiness(cls, value):
+    def _burstiness(cls, value: Any) -> Any:
         if value is None:
             return value
         values = value if isinstance(value, list) else [value]
@@ -198,7 +198,7 @@ class ConsumerTraffic(BaseModel):
 
     @field_validator("concurrency")
     @classmethod
-    def _levels(cls, value):
+    def _levels(cls, value: Any) -> Any:
         if value is not None:
             if not value:
                 raise ValueError("give at least one level")
@@ -209,7 +209,7 @@ class ConsumerTraffic(BaseModel):
 
     @field_validator("input_tokens", "output_tokens")
     @classmethod
-    def _lengths(cls, value):
+    def _lengths(cls, value: Any) -> Any:
         if isinstance(value, dict):
             for key in value:
                 if not str(key).isdigit() or int(key) <= 0:

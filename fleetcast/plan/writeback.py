@@ -71,6 +71,7 @@ class ConfigEdit:
     changes: list[str]
     text: str | None  # the new file; None when the config already matches the plan
     cfg: object = field(repr=False)  # the validated config after the edit (FleetConfig)
+    notes: list[str] = field(default_factory=list)  # what was left unwritten and why (not a change)
 
 
 def calibration_use(cfg, region_name: str, pool_name: str | None, candidate) -> tuple[bool, str] | None:
@@ -128,11 +129,12 @@ def write_config_notes(cfg, pools: list[FleetPool], allow_estimated: bool = Fals
 
 def apply_plan(path: str | Path, plans: list[RegionPlan], pools: list[FleetPool], allow_estimated: bool = False,
                write_schedule: bool = False, spot: list | None = None, write_spot: bool = False) -> list[str]:
-    """Edit the config at `path` in place; returns what changed. Refuses (file untouched) on any problem."""
+    """Edit the config at `path` in place; returns what changed, then what was left unwritten and why. Refuses
+    (file untouched) on any problem."""
     edit = compute_plan_edit(path, plans, pools, allow_estimated, write_schedule, spot, write_spot)
     if edit.text is not None:
         replace_files([(edit.path, edit.text)])
-    return edit.changes
+    return edit.changes + edit.notes
 
 
 def compute_plan_edit(path: str | Path, plans: list[RegionPlan], pools: list[FleetPool], allow_estimated: bool = False,
@@ -206,6 +208,10 @@ def compute_plan_edit(path: str | Path, plans: list[RegionPlan], pools: list[Fle
     return _validated_edit(path, yaml, doc, changes, current)
 
 
+# What a note about a block left unwritten says (kept apart from the changes: it changes nothing).
+NOT_WRITTEN = ".spot not written: "
+
+
 def _write_schedule(pool: CommentedMap, where: str, hourly: list[int]) -> list[str]:
     """The pool's daily schedule (--write-schedule): a UTC cron step wherever the planned count changes."""
     steps = schedule_steps(hourly, max(hourly))
@@ -229,10 +235,10 @@ def _write_spot(pool: CommentedMap, where: str, advice: list, write_schedule: bo
             return [f"{where}.spot removed: {verdict.reason}"]
         return []
     if "spot" not in pool and not write_spot:
-        return [f"{where}.spot not written: Spot would pay (On-Demand base {block['on_demand_base']}); add "
+        return [f"{where}{NOT_WRITTEN}Spot would pay (On-Demand base {block['on_demand_base']}); add "
                 "--write-spot to write the tier"]
     if write_schedule or pool.get("schedule") or "desired" in (pool.get("capacity") or {}):
-        return [f"{where}.spot not written: a fixed capacity.desired or a schedule sizes one group; the spot tier "
+        return [f"{where}{NOT_WRITTEN}a fixed capacity.desired or a schedule sizes one group; the spot tier "
                 "needs scaling to own the split"]
     current = pool.get("spot")
     wanted = {**(dict(current) if isinstance(current, dict) else {}), **block}
@@ -405,15 +411,17 @@ def _validated_edit(path: Path, yaml, doc, changes: list[str], current) -> Confi
     """The edit, validated by the config loader; nothing written. Refuses when the edited config is invalid."""
     from fleetcast.config import ConfigError
 
+    notes = [c for c in changes if NOT_WRITTEN in c]
+    changes = [c for c in changes if NOT_WRITTEN not in c]
     if not changes:
-        return ConfigEdit(path, [], None, current)
+        return ConfigEdit(path, [], None, current, notes)
     try:
         text, cfg = validated_text(path, yaml, doc)
     except ConfigError as exc:
         details = exc.render().split("\n", 1)[-1]
         raise UserError(f"--write-config: the updated config would be invalid, so {path} was left untouched:\n"
                         f"{details}") from None
-    return ConfigEdit(path, changes, text, cfg)
+    return ConfigEdit(path, changes, text, cfg, notes)
 
 
 def _write_capacity(pool: CommentedMap, where: str, hourly: list[int]) -> list[str]:

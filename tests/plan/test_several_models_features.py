@@ -29,6 +29,17 @@ def _plan(**kw):
     return build_packing(opts)[0]
 
 
+def _written(tmp_path, capsys, flag: str):
+    """The example's pool as `plan --write-config --allow-estimated FLAG` writes it, and what the command printed."""
+    fleet = tmp_path / "fleet.yaml"
+    shutil.copy(EXAMPLE / "fleet.yaml", fleet)
+    code = main(["plan", *ARGS[:4], "--config", str(fleet), "--write-config", str(fleet), "--allow-estimated", flag])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    (pool,) = load_config(fleet).regions[0].pools
+    return pool, out
+
+
 @pytest.fixture(scope="module")
 def plain():
     return _plan()
@@ -65,13 +76,7 @@ def test_quality_is_checked_per_model_and_precision(tmp_path, plain):
 def test_write_schedule_writes_the_packings_instances_per_hour(tmp_path, capsys, plain):
     """Per UTC hour: the largest over the models of the processes each needs / its copies, at least the floor (the
     instances the packing runs), as schedule steps."""
-    fleet = tmp_path / "fleet.yaml"
-    shutil.copy(EXAMPLE / "fleet.yaml", fleet)
-    code = main(["plan", *ARGS[:4], "--config", str(fleet), "--write-config", str(fleet), "--allow-estimated",
-                 "--write-schedule"])
-    out = capsys.readouterr().out
-    assert code == 0, out
-    (pool,) = load_config(fleet).regions[0].pools
+    pool, _ = _written(tmp_path, capsys, "--write-schedule")
     hourly = plain.regions[0].winner.instances_by_hour
     w = plain.regions[0].winner
     assert hourly == [max([1] + [-(-n // m.copies) for m in w.loads for n in [m.processes_by_hour[h]]])
@@ -104,12 +109,6 @@ def test_spot_advice_is_per_packed_pool_with_its_processes_drained_together(tmp_
     assert [t.model for t in pool.traffics] == ["gpt2-xl", "qwen2.5-0.5b", "qwen2.5-3b"]
     assert pool.error_rate == min(m.slo.error_rate for m in region.winner.loads)
     assert advice.recommended and advice.on_demand_base == 1 and advice.fallback_max == 2
-    fleet = tmp_path / "fleet.yaml"
-    shutil.copy(EXAMPLE / "fleet.yaml", fleet)
-    code = main(["plan", *ARGS[:4], "--config", str(fleet), "--write-config", str(fleet), "--allow-estimated",
-                 "--write-spot"])
-    out = capsys.readouterr().out
-    assert code == 0, out
-    (written,) = load_config(fleet).regions[0].pools
+    written, out = _written(tmp_path, capsys, "--write-spot")
     assert written.spot is not None and written.on_demand_base == 1
     assert "Spot tier (docs/plan.md#spot; a packing's processes are drained together):" in out
