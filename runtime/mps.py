@@ -108,15 +108,7 @@ class MpsDaemon:
 
     def alive(self) -> bool:
         pid = self.pid()
-        if pid is None:
-            return False
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return False
-        except PermissionError:
-            return True
-        return _not_zombie(pid)
+        return pid is not None and process_alive(pid)
 
     def _executable(self) -> str:
         exe = shutil.which(self.control)
@@ -176,7 +168,14 @@ class MpsDaemon:
         log.info("MPS control daemon of GPU %d stopped", self.gpu)
 
 
-def _not_zombie(pid: int) -> bool:
+def process_alive(pid: int) -> bool:
+    """`pid` runs (a zombie, dead but not yet reaped, does not); another user's process counts as running."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
     try:
         with open(f"/proc/{pid}/stat", "rb") as handle:
             stat = handle.read().decode(errors="replace")

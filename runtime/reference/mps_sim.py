@@ -23,6 +23,8 @@ import os
 from collections.abc import Mapping
 from pathlib import Path
 
+from ..mps import process_alive
+
 # The daemon's own PID file, and where the imitation keeps its state next to it (runtime/mps.py: the pipe directory).
 PID_FILE = "nvidia-cuda-mps-control.pid"
 FAULT_FILE = "fleetcast-reference-fault.json"
@@ -32,21 +34,6 @@ SERVER_NOT_READY = "cudaErrorMpsServerNotReady (807): the MPS server is not read
 
 class MpsServerNotReady(RuntimeError):
     pass
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as handle:
-            stat = handle.read().decode(errors="replace")
-        return stat[stat.rindex(")") + 2:].split()[0] != "Z"
-    except OSError:
-        return True
 
 
 class MpsClientSim:
@@ -64,7 +51,7 @@ class MpsClientSim:
             daemon = int((Path(pipe) / PID_FILE).read_text().strip())
         except (OSError, ValueError):
             return None
-        return cls(Path(pipe)) if _alive(daemon) else None
+        return cls(Path(pipe)) if process_alive(daemon) else None
 
     def _fault_pids(self) -> list[int] | None:
         try:
@@ -77,7 +64,7 @@ class MpsClientSim:
         recreates its context) once none does. Then this process counts as a client."""
         pids = self._fault_pids()
         if pids is not None:
-            living = [p for p in pids if p != self.pid and _alive(p)]
+            living = [p for p in pids if p != self.pid and process_alive(p)]
             if living:
                 raise MpsServerNotReady(f"{SERVER_NOT_READY} (clients of the last fault still running: "
                                         f"{', '.join(map(str, living))})")
@@ -89,7 +76,7 @@ class MpsClientSim:
     def clients(self) -> list[int]:
         out = []
         for entry in (self.pipe_dir / CLIENTS_DIR).glob("*"):
-            if entry.name.isdigit() and _alive(int(entry.name)):
+            if entry.name.isdigit() and process_alive(int(entry.name)):
                 out.append(int(entry.name))
             else:
                 entry.unlink(missing_ok=True)
