@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from fleetcast.config import ConfigError, FleetConfig, GpuSharing, Pool, config_from_json
+from fleetcast.config.memory import binding_fraction
 from fleetcast.config.model import ServedModel
 from fleetcast.contract import telemetry
 from fleetcast.contract.adapters import MODULES_KEY, RANK_KEY, ModelDimsError, adapter_dir, lora_cache_plan, model_dims
@@ -59,7 +60,7 @@ from .engine_cache import (
     RetryingS3,
     s3_client,
 )
-from .kv_budget import artifact_bytes, binding_fraction, check_budgets_bind, mps_memory_limit, plan_budgets
+from .kv_budget import artifact_bytes, check_budgets_bind, mps_memory_limit, plan_budgets
 from .lifecycle import ABANDON, CONTINUE, Heartbeat, HookClient, Imds, MetadataError, heartbeat_interval
 from .metrics import Emf
 from .mps import mps_root

@@ -17,7 +17,8 @@ as the knob TensorRT-LLM 1.2.x honours on both backends, `kv_cache_config.max_to
 Both take the smaller of `max_tokens` and `free_gpu_memory_fraction` x the memory free when the process sizes
 its cache, and that free memory counts every other process on the GPU: a fraction that is the smaller one
 leaves the process short of its plan (the processes started last, on a shared GPU). So a process with a
-budget is given the highest fraction the config allows (`binding_fraction`), and `check_budgets_bind` refuses
+budget is given the highest fraction the config allows (fleetcast.config.memory.binding_fraction, which the
+validator checks budgets against too), and `check_budgets_bind` refuses
 a plan where even that could be the smaller in some start order, with the arithmetic; after start,
 runtime/serve.py compares each process's KV cache with its plan and names a short one.
 
@@ -85,20 +86,6 @@ def max_tokens_for(budget_bytes: int, per_token: int) -> int:
     if tokens < 1:
         raise UserError(f"kv_cache_gb: {budget_bytes} bytes hold no token of this model ({per_token} bytes each)")
     return tokens
-
-
-def binding_fraction() -> float:
-    """The KV fraction a process with a budget gets: the highest the config allows for
-    engine.kv_cache_free_gpu_memory_fraction (its `le` bound, fleetcast/config/model.py), so that
-    max_tokens, not the fraction, is the smaller of the two wherever the memory is there."""
-    from annotated_types import Le
-
-    from fleetcast.config.model import EngineSpec
-
-    bound = next(m.le for m in EngineSpec.model_fields["kv_cache_free_gpu_memory_fraction"].metadata
-                 if isinstance(m, Le))
-    assert isinstance(bound, float)
-    return bound
 
 
 def process_bytes(weights: int, kv: int, lora: int = 0, overhead: int = PROCESS_OVERHEAD_BYTES) -> int:

@@ -159,7 +159,7 @@ def extra_llm_api_options(engine: EngineSpec, kv_max_tokens: int | None = None,
     - kv_cache_config.max_tokens: a process's explicit KV budget on a GPU it shares, which
       both backends honour as a cap next to the fraction (runtime/kv_budget.py); `kv_fraction`, the
       fraction such a process gets instead of the engine's, so that max_tokens is the smaller one
-      (kv_budget.binding_fraction);
+      (fleetcast.config.memory.binding_fraction);
     - lora_config (BaseLlmArgs, a tensorrt_llm/lora_helper.py LoraConfig): where the model serves LoRA
       adapters per request (PyTorch backend only; config validation refuses them elsewhere), built from
       the staged adapters' manifests and the artifact's config.json by fleetcast.contract.adapters.lora_cache_plan

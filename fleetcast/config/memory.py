@@ -200,6 +200,21 @@ class ProcessMemory:
         return f"{self.model_id} {self.copies} x ({weights} + {self.overhead.describe()}{lora}{kv})"
 
 
+def binding_fraction() -> float:
+    """The KV fraction a process with a budget gets on the instance (runtime/bootstrap.py), and so the one the
+    validator checks its budget against: the highest the config allows for
+    engine.kv_cache_free_gpu_memory_fraction (its `le` bound, fleetcast/config/model.py), so that
+    max_tokens, not the fraction, is the smaller of the two wherever the memory is there."""
+    from annotated_types import Le
+
+    from .model import EngineSpec
+
+    bound = next(m.le for m in EngineSpec.model_fields["kv_cache_free_gpu_memory_fraction"].metadata
+                 if isinstance(m, Le))
+    assert isinstance(bound, float)
+    return bound
+
+
 @dataclass(frozen=True)
 class KvShortfall:
     """A process whose KV budget (max_tokens) would not bind were it the last to start."""
@@ -360,7 +375,8 @@ def plan_pool(cfg: FleetConfig, pool: Pool, instance: InstanceType | None = None
         rows.append(ProcessMemory(model.id, engine.precision.value, serve.copies, parameters, kv, kv is not None, lora,
                                   backend=engine.backend.value, max_batch_size=engine.max_batch_size,
                                   max_num_tokens=engine.max_num_tokens,
-                                  kv_fraction=engine.kv_cache_free_gpu_memory_fraction))
+                                  kv_fraction=engine.kv_cache_free_gpu_memory_fraction if kv is None
+                                  else binding_fraction()))
     host = int(instance.memory_gib * GIB) if instance.memory_gib > 0 else 0
     vcpus = max(instance.vcpus, 0)
     plan = PoolMemory(instance.gpu.name, gpu_bytes, tuple(rows), usable, host, vcpus)
@@ -371,5 +387,7 @@ def plan_pool(cfg: FleetConfig, pool: Pool, instance: InstanceType | None = None
     if fixed is None:
         return plan
     share = max(0, (plan.usable_bytes - fixed) // sum(r.copies for r in unplanned))
-    rows = [r if r.kv_bytes is not None else replace(r, kv_bytes=int(share)) for r in rows]
+    # The instance gives each of these processes its share as a budget, at the binding fraction (runtime/bootstrap.py).
+    rows = [r if r.kv_bytes is not None else replace(r, kv_bytes=int(share), kv_fraction=binding_fraction())
+            for r in rows]
     return replace(plan, processes=tuple(rows))

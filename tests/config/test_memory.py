@@ -56,6 +56,7 @@ from fleetcast.config.memory import (
     PoolMemory,
     ProcessMemory,
     activation_bytes,
+    binding_fraction,
     cuda_graph_batch_sizes,
     estimated_hidden,
     plan_pool,
@@ -239,18 +240,25 @@ def test_a_packing_over_the_usable_gpu_memory_is_refused_though_it_fits_the_list
     assert "32 CUDA graphs 0.20 GiB from source" in found
 
 
-def test_a_kv_budget_the_engines_min_would_cut_is_refused_naming_the_process_and_the_fraction(example):
-    """TensorRT-LLM gives min(max_tokens, fraction x free); a process started last (or restarted alone) finds
-    the others' memory taken, so the fraction must reach its budget there. The sum itself fits."""
-    example["models"][2]["engine"]["kv_cache_free_gpu_memory_fraction"] = 0.3  # qwen2.5-3b
-    found = _pool_problems(example, 0)
-    assert len(found) == 1 and "qwen2.5-3b's KV budget would not bind" in found[0], found
-    plain = copy.deepcopy(example)
-    plain["models"][2]["engine"]["kv_cache_free_gpu_memory_fraction"] = 0.9
-    plan = plan_pool(parse_config(plain), parse_config(plain).regions[0].pools[0])
-    free = plan.device_bytes - plan.planned_bytes + 4 * GIB
-    assert f"0.3 x {free / GIB:.2f} GiB = {int(0.3 * free) / GIB:.2f} GiB < its planned KV 4.00 GiB" in found[0]
-    assert f"a fraction of at least {4 * GIB / free:.3f}" in found[0]
+def test_a_budgeted_process_is_checked_at_the_fraction_the_instance_gives_it(example):
+    """TensorRT-LLM gives min(max_tokens, fraction x free). The instance runs every process that has a KV budget
+    at binding_fraction() (runtime/bootstrap.py), whatever engine.kv_cache_free_gpu_memory_fraction says, so the
+    validator checks the budget at that fraction: a low configured one refuses nothing it would not run."""
+    assert binding_fraction() == 0.98  # the config's upper bound for the fraction (EngineSpec)
+    example["models"][2]["engine"]["kv_cache_free_gpu_memory_fraction"] = 0.3  # qwen2.5-3b, budgeted in pool 0
+    plan = plan_pool(parse_config(example), parse_config(example).regions[0].pools[0])
+    assert {p.kv_fraction for p in plan.processes if p.kv_bytes} == {binding_fraction()}
+    assert _pool_problems(example, 0) == []
+
+
+def test_a_kv_budget_even_the_binding_fraction_would_cut_is_named_with_the_fraction_it_needed():
+    """Started last, a process finds the others' memory taken; on a device its processes nearly fill, even the
+    binding fraction falls short of its budget, and the shortfall says what it would need."""
+    proc = ProcessMemory("m", "fp16", 2, 1e9, 8 * GIB, True, kv_fraction=binding_fraction())
+    device = 2 * proc.before_kv_bytes + 16 * GIB + 64 * (1 << 20)  # 64 MiB beyond the two budgets
+    (cut,) = PoolMemory("GPU", device, (proc,), usable_gpu_bytes=device).kv_shortfalls()
+    assert cut.free_bytes == 8 * GIB + 64 * (1 << 20) and cut.granted_bytes == int(binding_fraction() * cut.free_bytes)
+    assert cut.granted_bytes < 8 * GIB and 0.99 < cut.fraction_needed < 1
 
 
 def test_the_min_rule_checks_every_process_as_the_last_to_start():

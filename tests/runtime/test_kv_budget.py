@@ -23,6 +23,7 @@ from pathlib import Path
 
 import pytest
 
+from fleetcast.config.memory import binding_fraction
 from fleetcast.contract.errors import UserError
 from runtime import kv_budget, trtllm
 from tests.runtime.trtllm_1_2_llm_args import ARGS_BY_BACKEND, KV_CACHE_CONFIG
@@ -136,10 +137,10 @@ def test_a_budgeted_process_gets_the_highest_fraction_the_config_allows():
     highest fraction the config accepts, the fraction is the smaller only where the memory is not there at all."""
     from fleetcast.config.model import EngineSpec
 
-    assert kv_budget.binding_fraction() == 0.98
+    assert binding_fraction() == 0.98
     with pytest.raises(ValueError):
         EngineSpec(tensorrt_llm_version="1.2.1", image="nvcr.io/nvidia/tensorrt-llm/release:1.2.1",
-                   kv_cache_free_gpu_memory_fraction=kv_budget.binding_fraction() + 0.01)
+                   kv_cache_free_gpu_memory_fraction=binding_fraction() + 0.01)
     options = trtllm.extra_llm_api_options(EngineSpec(tensorrt_llm_version="1.2.1",
                                                       image="nvcr.io/nvidia/tensorrt-llm/release:1.2.1"),
                                            kv_max_tokens=4096, kv_fraction=0.98)
@@ -161,7 +162,7 @@ def test_a_plan_whose_budgets_bind_in_every_start_order_passes():
     slots = [Slot("a", 0, 8001), Slot("b", 0, 8002), Slot("c", 0, 8003)]
     weights = {"a": 2 * GIB, "b": GIB, "c": GIB}
     budgets = kv_budget.plan_budgets(slots, {"a": None, "b": None, "c": None}, weights, 40 * GIB, 0.9)
-    kv_budget.check_budgets_bind(slots, budgets, weights, 40 * GIB, kv_budget.binding_fraction())
+    kv_budget.check_budgets_bind(slots, budgets, weights, 40 * GIB, binding_fraction())
     # Planned with the engine's 0.9, the last of them to start finds about 10% of the GPU plus its own share
     # free; 0.98 of that is more than its share, so max_tokens binds (and with 0.9 itself it would too).
     kv_budget.check_budgets_bind(slots, budgets, weights, 40 * GIB, 0.9)

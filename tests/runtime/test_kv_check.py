@@ -20,6 +20,7 @@ import pytest
 
 pytest.importorskip("torch")
 
+from fleetcast.config.memory import binding_fraction
 from runtime import kv_budget
 from runtime.devtools.harness import free_port
 from runtime.reference.configs import kv_tokens, shape_for
@@ -78,7 +79,7 @@ def test_a_process_whose_kv_came_out_short_is_named(artifact, tmp_path):
     # The fraction the runtime gives a budgeted process: both bind, in this order as in the other.
     kv_budget.check_budgets_bind([type("S", (), {"model_id": m, "copy_index": 0})() for m in budgets],
                                  {(m, 0): b for m, b in budgets.items()}, {m: weights for m in budgets}, capacity,
-                                 kv_budget.binding_fraction())
+                                 binding_fraction())
     for order in (budgets, dict(reversed(budgets.items()))):
-        timings = run(artifact, tmp_path / f"bind-{next(iter(order))}", kv_budget.binding_fraction(), order, capacity)
+        timings = run(artifact, tmp_path / f"bind-{next(iter(order))}", binding_fraction(), order, capacity)
         assert "kv_short" not in timings
