@@ -49,6 +49,9 @@ def check(cfg: FleetConfig) -> list[ConfigIssue]:
     issues += _serves(cfg)
     issues += _spot_tiers(cfg)
     issues += _consumers(cfg)
+    from . import spill_rules  # imports ConfigIssue from here
+
+    issues += spill_rules.check(cfg)
     for rule in AWS_LIMIT_RULES:
         issues += rule(cfg)
     return _unknown_regions_once(cfg, issues)
