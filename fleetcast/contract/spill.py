@@ -78,6 +78,13 @@ def failover_consumers(cfg: FleetConfig, region: str) -> tuple[_Consumer, ...]:
     return tuple(c for c in cfg.consumers if c.failover_region == region)
 
 
+def reached_regions(cfg: FleetConfig) -> frozenset[str]:
+    """Regions some spill or failover endpoint connects to: their service name must be published in the
+    region's entry (`fleetcast deploy`'s publish step writes it)."""
+    return frozenset({r for c in cfg.consumers for r in c.spill_regions if r != c.service_region}
+                     | {c.failover_region for c in cfg.consumers if c.failover_region is not None})
+
+
 def spill_endpoint_parameter(fleet: str, remote: str) -> str:
     """The SSM parameter (in the home region) holding the DNS name of the home region's endpoint to
     `remote`'s service: the one place a gateway finds where to spill."""
