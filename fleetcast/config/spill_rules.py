@@ -76,19 +76,29 @@ def _candidates(cfg: FleetConfig, consumer: Consumer, needed: list[str], served:
     return ", ".join(ok) or "none (no other provider region serves all its models)"
 
 
+def _target(cfg: FleetConfig, consumer: Consumer, region: str, where: Path, regions: dict[str, Region],
+            served: dict[str, set[str]], needed: list[str], why: str) -> Region | ConfigIssue:
+    """The provider region a spill or failover entry names, or the one refusal that makes it no candidate:
+    the home region itself (`why` says what goes elsewhere), no provider region, or a model missing there."""
+    allowed = f"allowed: {_candidates(cfg, consumer, needed, served)}"
+    if region == consumer.service_region:
+        return ConfigIssue(where, f"{region} is the consumer's service_region; {why}; {allowed}")
+    target = regions.get(region)
+    if target is None:
+        return ConfigIssue(where, f"{region} is not a provider region of this fleet; {allowed}")
+    problem = _serving_problem(region, needed, served)
+    if problem:
+        return ConfigIssue(where, f"{problem}; {allowed}")
+    return target
+
+
 def _spill_region(cfg: FleetConfig, consumer: Consumer, remote: str, where: Path, regions: dict[str, Region],
                   served: dict[str, set[str]], needed: list[str]) -> list[ConfigIssue]:
     home = consumer.service_region
-    allowed = f"allowed: {_candidates(cfg, consumer, needed, served)}"
-    if remote == home:
-        return [ConfigIssue(where, f"{remote} is the consumer's service_region, where it is served anyway; "
-                                   f"list only other provider regions; {allowed}")]
-    target = regions.get(remote)
-    if target is None:
-        return [ConfigIssue(where, f"{remote} is not a provider region of this fleet; {allowed}")]
-    problem = _serving_problem(remote, needed, served)
-    if problem:
-        return [ConfigIssue(where, f"{problem}; {allowed}")]
+    target = _target(cfg, consumer, remote, where, regions, served, needed,
+                     "it is served there anyway: list only other provider regions")
+    if isinstance(target, ConfigIssue):
+        return [target]
     out = []
     if not catalog.cross_region_supported(home, remote):
         out.append(ConfigIssue(where,
@@ -112,16 +122,10 @@ def _failover_region(cfg: FleetConfig, consumer: Consumer, where: Path, regions:
                      served: dict[str, set[str]], needed: list[str]) -> list[ConfigIssue]:
     region = consumer.failover_region
     assert region is not None
-    allowed = f"allowed: {_candidates(cfg, consumer, needed, served)}"
-    if region == consumer.service_region:
-        return [ConfigIssue(where, f"{region} is the consumer's service_region; a failover endpoint goes to "
-                                   f"another provider region; {allowed}")]
-    target = regions.get(region)
-    if target is None:
-        return [ConfigIssue(where, f"{region} is not a provider region of this fleet; {allowed}")]
-    problem = _serving_problem(region, needed, served)
-    if problem:
-        return [ConfigIssue(where, f"{problem}; {allowed}")]
+    target = _target(cfg, consumer, region, where, regions, served, needed,
+                     "a failover endpoint goes to another provider region")
+    if isinstance(target, ConfigIssue):
+        return [target]
     out = []
     if consumer.account not in {arn.split(":")[4] for arn in target.allowed_principals}:
         out.append(ConfigIssue(where,
