@@ -10,16 +10,25 @@ service and the auto-approver read them, fleetcast/contract/connections.py), so 
 from __future__ import annotations
 
 from collections import Counter
+from typing import NamedTuple
 
 from . import catalog
 from .model import Consumer, FleetConfig, Region
-from .rules import ConfigIssue, Path, served_in
+
+Path = tuple[str | int, ...]
 
 
-def check(cfg: FleetConfig) -> list[ConfigIssue]:
+class ConfigIssue(NamedTuple):
+    """One refusal; fleetcast.config.rules turns it into its own ConfigIssue (this module sits below it)."""
+
+    path: Path
+    message: str
+
+
+def check(cfg: FleetConfig, served: dict[str, set[str]]) -> list[ConfigIssue]:
+    """`served`: region -> the ids of the models its pools serve (rules.served_in)."""
     out: list[ConfigIssue] = []
     regions = {r.region: r for r in cfg.regions}
-    served = served_in(cfg)
     for i, consumer in enumerate(cfg.consumers):
         here: Path = ("consumers", i)
         if consumer.service_region not in regions:
