@@ -148,3 +148,16 @@ def test_a_region_service_name_of_another_region_or_disagreeing_with_a_consumers
     checkout(spill)["endpoint_service_name"] = "com.amazonaws.vpce.us-east-1.vpce-svc-0a1b2c3d4e5f60700"
     (msg,) = problems(spill)
     assert msg.startswith("consumers[0].endpoint_service_name:") and "not us-east-1's endpoint service" in msg
+
+
+def test_publishing_a_service_name_or_allowing_spill_rolls_no_instance(spill):
+    """Instances find the spill endpoint in its parameter at run time: neither regions[].endpoint_service_name
+    nor a consumer's spill_regions or failover_region is an instance input (NOT_IN_INSTANCE_DIGEST)."""
+    before = parse_config(spill)
+    del spill["regions"][1]["endpoint_service_name"]
+    del checkout(spill)["spill_regions"], checkout(spill)["failover_region"]
+    after = parse_config(spill)
+    assert after.digest() != before.digest()
+    for region in before.regions:
+        for pool in region.pools:
+            assert after.instance_digest(region.region, pool.name) == before.instance_digest(region.region, pool.name)
