@@ -119,24 +119,33 @@ def _region_args(cfg: FleetConfig, chosen: Sequence[str]) -> list[str]:
 
 def publish_service_names(cfg: FleetConfig, config_path: str, clients: Callable[[str, str], Any],
                           regions: Sequence[str] | None = None) -> list[str]:
-    """Copy each provider region's endpoint service name into its consumers' entries in the config."""
+    """Copy each provider region's endpoint service name into its consumers' entries in the config, and into
+    the region's own entry where another region spills to it or a consumer fails over to it."""
     from fleetcast.config.edit import apply_edits
     from fleetcast.contract.outputs import ProviderOutput, require_output
+    from fleetcast.contract.spill import reached_regions
     from fleetcast.staging.aws import stack_outputs
 
     chosen = select_regions(cfg, regions)
     consumers = [(i, c) for i, c in enumerate(cfg.consumers) if c.service_region in chosen]
+    # Regions another region spills to or a consumer fails over to: their spill and failover endpoints
+    # connect by regions[].endpoint_service_name (fleetcast/contract/spill.py).
+    targets = [(j, r) for j, r in enumerate(cfg.regions) if r.region in chosen and r.region in reached_regions(cfg)]
     names: dict[str, str] = {}
-    for region in {c.service_region for _, c in consumers}:
+    for region in {c.service_region for _, c in consumers} | {r.region for _, r in targets}:
         stack = provider_stack_name(cfg.name, region)
         names[region] = require_output(stack_outputs(clients("cloudformation", region), stack),
                                        ProviderOutput.ENDPOINT_SERVICE_NAME, stack)
     edits = [(("consumers", i, "endpoint_service_name"), names[c.service_region])
              for i, c in consumers if c.endpoint_service_name != names[c.service_region]]
+    edits += [(("regions", j, "endpoint_service_name"), names[r.region])
+              for j, r in targets if r.endpoint_service_name != names[r.region]]
     if edits:
         apply_edits(config_path, edits)
     return [f"{c.name}: {names[c.service_region]}" + ("" if c.endpoint_service_name != names[c.service_region] else " (unchanged)")
-            for _, c in consumers]
+            for _, c in consumers] + [
+        f"regions[{r.region}]: {names[r.region]}" + ("" if r.endpoint_service_name != names[r.region] else " (unchanged)")
+        for _, r in targets]
 
 
 def plan(cfg: FleetConfig, config_path: str, clients: Callable[[str, str], Any] | None, *, steps: Sequence[str],

@@ -7,6 +7,7 @@ from constructs import Construct
 
 from fleetcast.config import Consumer, FleetConfig
 from fleetcast.contract.outputs import ConsumerOutput
+from fleetcast.contract.spill import service_name_of
 
 from . import feature_flags, nag
 from .consumer_probe import ConsumerBenchProbe, probe_enabled
@@ -61,6 +62,7 @@ class ConsumerEndpoint(Construct):
             private_dns_enabled=False,
             service_region=consumer.service_region if consumer.cross_region else None,
         )
+        self.failover_endpoint = self._failover_endpoint(cfg, consumer, port)
         # Stable output keys: smoke tests and consumer tooling read them by name.
         CfnOutput(self, "EndpointId", value=self.endpoint.vpc_endpoint_id).override_logical_id(ConsumerOutput.ENDPOINT_ID.value)
         CfnOutput(
@@ -69,6 +71,34 @@ class ConsumerEndpoint(Construct):
             value=Fn.join(",", self.endpoint.vpc_endpoint_dns_entries),
             description=f"hosted-zone-id:dns-name pairs; call http://<dns-name>:{port}/v1/completions",
         ).override_logical_id(ConsumerOutput.ENDPOINT_DNS_ENTRIES.value)
+        if self.failover_endpoint is not None:
+            CfnOutput(
+                self,
+                "FailoverEndpointDnsNames",
+                value=Fn.join(",", self.failover_endpoint.vpc_endpoint_dns_entries),
+                description=f"hosted-zone-id:dns-name pairs of the endpoint to {consumer.failover_region}; "
+                "call it when the service_region endpoint fails",
+            ).override_logical_id(ConsumerOutput.FAILOVER_ENDPOINT_DNS_ENTRIES.value)
+
+    def _failover_endpoint(self, cfg: FleetConfig, consumer: Consumer, port: int) -> ec2.InterfaceVpcEndpoint | None:
+        """A second endpoint, in the same subnets behind the same security group, to the failover region's
+        service (cross-region where that is not the consumer's own region). DNS failover between the two is the
+        consumer's (docs/stacks.md, "Failover": Route 53's health checkers cannot reach private addresses)."""
+        region = consumer.failover_region
+        service_name = None if region is None else service_name_of(cfg, region)
+        if region is None or service_name is None:
+            return None
+        return ec2.InterfaceVpcEndpoint(
+            self,
+            "FailoverEndpoint",
+            vpc=self.vpc,
+            service=ec2.InterfaceVpcEndpointService(service_name, port),
+            subnets=ec2.SubnetSelection(subnets=self.subnets),
+            security_groups=[self.security_group],
+            open=False,
+            private_dns_enabled=False,
+            service_region=region if region != consumer.region else None,
+        )
 
 
 class ConsumerStack(Stack):

@@ -24,6 +24,7 @@ from constructs import Construct
 from fleetcast.config import FleetConfig, Region
 from fleetcast.contract import nlb as nlb_contract
 from fleetcast.contract.outputs import ProviderOutput
+from fleetcast.contract.spill import failover_consumers, spill_sources
 
 HEALTH_PATH = "/health"
 CONNECTION_EVENTS = ("Connect", "Accept", "Reject", "Delete")
@@ -52,7 +53,9 @@ class EndpointService(Construct):
     ) -> None:
         super().__init__(scope, construct_id)
         port = cfg.engine.port
-        consumers = cfg.consumers_of(region.region)
+        # Consumers served here, and those whose failover endpoint connects here (fleetcast/contract/spill.py).
+        failover = failover_consumers(cfg, region.region)
+        consumers = [c for c in cfg.consumers if c.service_region == region.region or c in failover]
 
         self.security_group = ec2.SecurityGroup(
             self,
@@ -66,6 +69,11 @@ class EndpointService(Construct):
                 self.security_group.add_ingress_rule(
                     ec2.Peer.ipv4(cidr), ec2.Port.tcp(port), f"consumer {consumer.name} via PrivateLink"
                 )
+        for home in spill_sources(cfg, region.region):
+            # The provider's own spill endpoint in `home` connects from that region's VPC (stacks/spill.py).
+            self.security_group.add_ingress_rule(
+                ec2.Peer.ipv4(cfg.region(home).vpc.cidr), ec2.Port.tcp(port), f"spill from {home} via PrivateLink"
+            )
         self.security_group.add_egress_rule(
             instance_security_group, ec2.Port.tcp(port), "to the instance gateways (traffic and health checks)"
         )

@@ -22,6 +22,7 @@ from constructs import Construct
 
 from fleetcast.config import FleetConfig
 from fleetcast.contract.names import consumer_stack_name, provider_stack_name, skip_reason
+from fleetcast.contract.spill import pending_spill_reason, service_name_of, spill_targets
 
 from . import nag
 from .bench_fleet import BenchFleets, bench_enabled
@@ -46,6 +47,10 @@ def add_fleet(scope: Construct, cfg: FleetConfig, *, accounts: Collection[str] |
                 env=Environment(account=cfg.provider.account, region=region.region),
                 description=f"Fleetcast {cfg.name}: GPU fleet and PrivateLink service in {region.region}",
             )
+            for remote in spill_targets(cfg, region.region):
+                reason = pending_spill_reason(cfg, region.region, remote)
+                if reason:
+                    report(f"fleetcast: {reason}")
             if bench_enabled(scope):
                 # `-c bench=true`: one self-benchmarking instance per pool, scaling itself to zero (issue 6).
                 BenchFleets(provider, "Bench", cfg=cfg, region=region, provider=provider)
@@ -56,6 +61,10 @@ def add_fleet(scope: Construct, cfg: FleetConfig, *, accounts: Collection[str] |
         if reason:
             report(f"fleetcast: skipping consumer {consumer.name}: {reason}")
             continue
+        if consumer.failover_region is not None and service_name_of(cfg, consumer.failover_region) is None:
+            report(f"fleetcast: consumer {consumer.name} gets no failover endpoint yet: copy the "
+                   f"{consumer.failover_region} provider stack's EndpointServiceName output into "
+                   f"regions[{consumer.failover_region}].endpoint_service_name, synth again")
         name = consumer_stack_name(cfg.name, consumer.name)
         stacks[name] = ConsumerStack(
             scope, name, stack_name=name, cfg=cfg, consumer=consumer,

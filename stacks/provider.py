@@ -23,6 +23,7 @@ from .launch_order import capacity_held
 from .network import FleetNetwork
 from .notifications import NotificationTopic
 from .plan_drift import PlanDriftCheck
+from .spill import SpillEndpoints
 from .storage import ImageRepository, ModelStore
 
 
@@ -98,6 +99,12 @@ class ProviderStack(Stack):
             instance_security_group=self.instance_security_group,
             topic=self.notifications.topic,
             access_logs=self.model_store.access_logs,
+        )
+        # The home side of cross-region spill: this region's own endpoints to other regions' services (issue 36).
+        self.spill = SpillEndpoints(
+            self, "Spill", cfg=cfg, region=region, vpc=self.network.vpc, subnets=self.network.subnets,
+            instance_security_group=self.instance_security_group,
+            instance_roles=[fleet.role for fleet in self.fleets.values()],
         )
         for fleet in self.fleets.values():
             fleet.asg.attach_to_network_target_group(self.service.target_group)

@@ -83,6 +83,9 @@ def full_match(pattern: str, value: str) -> bool:
 # "IAM identifiers": names of letters, digits and +=,.@_- with / paths).
 PRINCIPAL_ARN_PATTERN = r"^arn:aws[a-z-]*:iam::[0-9]{12}:(root|role/[A-Za-z0-9_+=,.@/-]+|user/[A-Za-z0-9_+=,.@/-]+)$"
 
+# VPC endpoint service names: com.amazonaws.vpce.<region>.vpce-svc-<17 hex> (the EndpointServiceName output).
+ENDPOINT_SERVICE_NAME_PATTERN = r"^com\.amazonaws\.vpce\.[a-z0-9-]+\.vpce-svc-[0-9a-f]{17}$"
+
 # Secrets Manager secret names: 1-512 of ASCII letters, digits and /_+=.@- (CreateSecret, Name).
 SECRET_NAME_PATTERN = r"^[A-Za-z0-9/_+=.@-]{1,512}$"
 
@@ -780,6 +783,21 @@ class Region(Frozen):
         default=(), description="Consumer regions allowed to connect cross-region (SupportedRegions)."
     )
     pools: tuple[Pool, ...] = Field(min_length=1)
+    endpoint_service_name: str | None = Field(
+        default=None,
+        pattern=ENDPOINT_SERVICE_NAME_PATTERN,
+        description="This region's endpoint service (its provider stack's EndpointServiceName output), published "
+        "after it deploys: other regions' spill endpoints and consumers' failover endpoints connect to it by this "
+        "name; until it is set they are not built.",
+    )
+
+    @model_serializer(mode="wrap")
+    def _omit_unpublished_service_name(self, handler: SerializerFunctionWrapHandler) -> Any:
+        # Regions without it dump as before the field existed (the config parameter stays the same).
+        data = handler(self)
+        if self.endpoint_service_name is None and isinstance(data, dict):
+            data.pop("endpoint_service_name", None)
+        return data
 
     def pool(self, name: str) -> Pool:
         for pool in self.pools:
@@ -876,7 +894,7 @@ class Consumer(Frozen):
     cidrs: tuple[str, ...] = Field(min_length=1, description="Consumer CIDRs allowed to the endpoint and the NLB.")
     endpoint_service_name: str | None = Field(
         default=None,
-        pattern=r"^com\.amazonaws\.vpce\.[a-z0-9-]+\.vpce-svc-[0-9a-f]{17}$",
+        pattern=ENDPOINT_SERVICE_NAME_PATTERN,
         description="Published after the provider deploys; a consumer without it is skipped by synth.",
     )
     limits: ConsumerLimits = Field(default_factory=ConsumerLimits)
@@ -896,6 +914,19 @@ class Consumer(Frozen):
         "gateway salts each request by the group, so an account cannot time another's prefixes outside its group.",
     )
 
+    spill_regions: tuple[RegionName, ...] = Field(
+        default=(),
+        description="Provider regions its home region (service_region) may send its requests to when home is "
+        "full, through the provider's own cross-region PrivateLink endpoint; each must serve every model the "
+        "consumer may call there. Empty (default): strict residency, its requests are served in service_region only.",
+    )
+    failover_region: RegionName | None = Field(
+        default=None,
+        description="A second provider region the consumer's stack connects to with a second interface endpoint "
+        "(the FailoverEndpointDnsEntries output), for when service_region is down; it must serve every model the "
+        "consumer may call there and allow the consumer (allowed_principals, allowed_regions).",
+    )
+
     @field_validator("cidrs")
     @classmethod
     def _cidrs(cls, value: tuple[str, ...]) -> tuple[str, ...]:
@@ -903,10 +934,16 @@ class Consumer(Frozen):
 
     @model_serializer(mode="wrap")
     def _omit_default_admission(self, handler: SerializerFunctionWrapHandler) -> Any:
-        # Consumers with the default admission dump as before the field existed (the config parameter stays the same).
+        # Consumers with the default admission (and no spill or failover) dump as before those fields existed
+        # (the config parameter stays the same).
         data = handler(self)
-        if self.admission == ConsumerAdmission() and isinstance(data, dict):
-            data.pop("admission", None)
+        if isinstance(data, dict):
+            if self.admission == ConsumerAdmission():
+                data.pop("admission", None)
+            if not self.spill_regions:
+                data.pop("spill_regions", None)
+            if self.failover_region is None:
+                data.pop("failover_region", None)
         return data
 
     @property
@@ -1001,6 +1038,9 @@ NOT_IN_INSTANCE_DIGEST: dict[str, Any] = {
     "regions": {"__all__": {
         "allowed_principals": True,
         "allowed_regions": True,
+        # Read by the stacks (spill and failover endpoints) only; a gateway finds its spill endpoint's DNS name
+        # in the spill parameter (fleetcast/contract/spill.py).
+        "endpoint_service_name": True,
         # The spot tier is the groups' business: the instance reads drain_on_rebalance from the config it loads.
         "pools": {"__all__": {"capacity", "scaling", "schedule", "warm_pool", "rollout", "capacity_reservation_ids",
                               "capacity_reservations_only", "spot"}},

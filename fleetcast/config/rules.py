@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 
 from fleetcast.contract import support
 
-from . import catalog
+from . import catalog, spill_rules
 from .model import LIST_FORM, Backend, ExistingVpc, FleetConfig, KvCacheDtype, Pool, Slo, SpotSpec
 
 if TYPE_CHECKING:
@@ -49,6 +49,7 @@ def check(cfg: FleetConfig) -> list[ConfigIssue]:
     issues += _serves(cfg)
     issues += _spot_tiers(cfg)
     issues += _consumers(cfg)
+    issues += [ConfigIssue(path, message) for path, message in spill_rules.check(cfg, served_in(cfg))]
     for rule in AWS_LIMIT_RULES:
         issues += rule(cfg)
     return _unknown_regions_once(cfg, issues)

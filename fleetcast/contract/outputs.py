@@ -30,6 +30,8 @@ class ConsumerOutput(StrEnum):
 
     ENDPOINT_ID = "EndpointId"
     ENDPOINT_DNS_ENTRIES = "EndpointDnsEntries"
+    # Only for a consumer with a failover_region whose service name is published.
+    FAILOVER_ENDPOINT_DNS_ENTRIES = "FailoverEndpointDnsEntries"
     BENCH_RESULTS_BUCKET = "BenchResultsBucketName"
 
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 from typing import Any
 
 from .network import PROVIDER_INTERFACE_ENDPOINTS
+from .spill import built_spill_targets
 from .telemetry import alarmed_per_model
 
 CLOUDFORMATION_MAX_RESOURCES = 500
@@ -47,6 +48,9 @@ ALARM_EMAIL = 1  # the SNS subscription
 PLAN_DRIFT_CHECK = 7  # the drift Lambda, its role and policy, logs, security group and schedule
 PLAN_DRIFT_SNS_ENDPOINT = 1  # with VPC endpoints (egress none), the drift check adds an SNS one (stacks/provider.py)
 AUTO_APPROVE = 6  # the connection approver Lambda, its role, logs and rule
+# Per remote region this region spills to, once its service name is published (stacks/spill.py): the
+# interface endpoint, its security group, its ingress rule and the instances' egress rule, the spill parameter.
+SPILL_ENDPOINT = 5
 
 
 def pool_resources(cfg: Any, pool: Any) -> int:  # a FleetConfig and one of its Pools, duck-typed (see above)
@@ -76,4 +80,5 @@ def provider_stack_resources(cfg: Any, region: Any) -> int:  # a FleetConfig and
     if cfg.operations.plan_drift_check is not None:
         n += PLAN_DRIFT_CHECK + (PLAN_DRIFT_SNS_ENDPOINT if endpoints else 0)
     n += AUTO_APPROVE if cfg.operations.auto_approve_connections else 0
+    n += SPILL_ENDPOINT * len(built_spill_targets(cfg, region.region))
     return n

@@ -357,3 +357,35 @@ def test_on_a_terminal_the_second_fleet_is_created_only_after_its_name_is_typed(
     assert declined.value.exit_code == 3
     confirm_parallel_fleet(cfg, others, yes=False, stdin=Terminal(f"{cfg.name}\n"), err=io.StringIO())
     confirm_parallel_fleet(cfg, {"us-east-1": []}, yes=False, stdin=None, err=io.StringIO())  # nothing beside: no ask
+
+
+def test_publish_writes_the_service_name_of_a_region_spilled_or_failed_over_to_into_its_entry(tmp_path):
+    """examples/spill: us-west-2 is checkout's spill and failover region, so its own entry gets the name the
+    home region's spill endpoint and checkout's failover endpoint connect by (fleetcast/contract/spill.py)."""
+    source = CONFIG.parent.parent / "examples" / "spill" / "fleet.yaml"
+    target = tmp_path / "fleet.yaml"
+    text = source.read_text()
+    published = "    endpoint_service_name: com.amazonaws.vpce.us-west-2.vpce-svc-0a1b2c3d4e5f60719\n"
+    assert text.count(published) == 1
+    target.write_text(text.replace(published, ""))
+    cfg = load_config(target)
+    assert cfg.region("us-west-2").endpoint_service_name is None
+    names = {"us-east-1": "com.amazonaws.vpce.us-east-1.vpce-svc-0f1e2d3c4b5a69788",
+             "us-west-2": "com.amazonaws.vpce.us-west-2.vpce-svc-0123456789abcdef0"}
+    stubs = {}
+    for region, name in names.items():
+        client = boto3.client("cloudformation", region_name=region, aws_access_key_id="x", aws_secret_access_key="x")
+        stub = Stubber(client)
+        stub.add_response("describe_stacks", {"Stacks": [{
+            "StackName": f"spillfleet-provider-{region}", "CreationTime": "2026-01-01T00:00:00Z",
+            "StackStatus": "CREATE_COMPLETE",
+            "Outputs": [{"OutputKey": ProviderOutput.ENDPOINT_SERVICE_NAME.value, "OutputValue": name}]}]},
+            {"StackName": f"spillfleet-provider-{region}"})
+        stub.activate()
+        stubs[region] = client
+    lines = publish_service_names(cfg, str(target), lambda service, region: stubs[region])
+    updated = load_config(target)
+    assert updated.region("us-west-2").endpoint_service_name == names["us-west-2"]
+    assert f"regions[us-west-2]: {names['us-west-2']}" in lines
+    # No endpoint connects to us-east-1 from another region: its entry is not the publish step's business.
+    assert not [line for line in lines if line.startswith("regions[us-east-1]")]

@@ -215,3 +215,11 @@ def example_fleet(path: Path) -> Synthesized:
         return shared[path]()
     label = "-".join(path.relative_to(ROOT).with_suffix("").parts)
     return synthesize(YAML(typ="safe").load(path.read_text()), label)
+
+
+SPILL_CONFIG = ROOT / "examples" / "spill" / "fleet.yaml"
+
+
+def spill_fleet() -> Synthesized:
+    """examples/spill/fleet.yaml: a consumer that spills from us-east-1 to us-west-2 and fails over there."""
+    return example_fleet(SPILL_CONFIG)

@@ -1,0 +1,96 @@
+"""Cross-region spill and consumer failover: which region pairs the config needs, and where an instance finds
+the endpoint it spills through. Shared by the config rules, the stacks, the stack-size count and (later) the
+gateway, so the pairs and the parameter name are derived in one place.
+
+Spill (issue 36, section 2): a consumer's `spill_regions` let its home region (its `service_region`) send
+its requests to another region's service. The home provider stack owns one interface endpoint per remote
+region any of its consumers may spill to (cross-region PrivateLink: the endpoint's ServiceRegion), and writes
+that endpoint's DNS name to `spill_endpoint_parameter(fleet, remote)` in the home region, which the home
+instances may read. Failover: a consumer's `failover_region` gives its own stack a second endpoint there.
+
+The config is described by the few attributes read here (fleetcast.config's models have them).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol
+
+
+class _Consumer(Protocol):
+    @property
+    def service_region(self) -> str: ...
+    @property
+    def spill_regions(self) -> Sequence[str]: ...
+    @property
+    def failover_region(self) -> str | None: ...
+
+
+class _Region(Protocol):
+    @property
+    def region(self) -> str: ...
+    @property
+    def endpoint_service_name(self) -> str | None: ...
+
+
+class FleetConfig(Protocol):
+    @property
+    def name(self) -> str: ...
+    @property
+    def regions(self) -> Sequence[_Region]: ...
+    @property
+    def consumers(self) -> Sequence[_Consumer]: ...
+
+
+def spill_targets(cfg: FleetConfig, home: str) -> tuple[str, ...]:
+    """The remote regions `home`'s provider stack needs a spill endpoint to: every region a consumer served
+    in `home` lists in its spill_regions, each once, sorted (stable construct ids and template order)."""
+    return tuple(sorted({r for c in cfg.consumers if c.service_region == home for r in c.spill_regions
+                         if r != home}))
+
+
+def spill_sources(cfg: FleetConfig, remote: str) -> tuple[str, ...]:
+    """The home regions that spill into `remote`: their spill endpoints connect to `remote`'s service."""
+    return tuple(sorted({c.service_region for c in cfg.consumers if remote in c.spill_regions
+                         and c.service_region != remote}))
+
+
+def service_name_of(cfg: FleetConfig, region: str) -> str | None:
+    """`region`'s endpoint service name as published in the config (regions[].endpoint_service_name)."""
+    return next((r.endpoint_service_name for r in cfg.regions if r.region == region), None)
+
+
+def built_spill_targets(cfg: FleetConfig, home: str) -> tuple[str, ...]:
+    """The spill targets the home stack builds an endpoint to now: those whose service name is published."""
+    return tuple(r for r in spill_targets(cfg, home) if service_name_of(cfg, r) is not None)
+
+
+def pending_spill_reason(cfg: FleetConfig, home: str, remote: str) -> str | None:
+    """Why `home`'s stack has no spill endpoint to `remote` yet, or None when it has one."""
+    if remote in spill_targets(cfg, home) and service_name_of(cfg, remote) is None:
+        return (f"no spill endpoint from {home} to {remote} yet: deploy the {remote} provider stack, copy its "
+                f"EndpointServiceName output into regions[{remote}].endpoint_service_name, deploy {home} again")
+    return None
+
+
+def failover_consumers(cfg: FleetConfig, region: str) -> tuple[_Consumer, ...]:
+    """Consumers whose second (failover) endpoint connects to `region`'s service."""
+    return tuple(c for c in cfg.consumers if c.failover_region == region)
+
+
+def reached_regions(cfg: FleetConfig) -> frozenset[str]:
+    """Regions some spill or failover endpoint connects to: their service name must be published in the
+    region's entry (`fleetcast deploy`'s publish step writes it)."""
+    return frozenset({r for c in cfg.consumers for r in c.spill_regions if r != c.service_region}
+                     | {c.failover_region for c in cfg.consumers if c.failover_region is not None})
+
+
+def spill_endpoint_parameter(fleet: str, remote: str) -> str:
+    """The SSM parameter (in the home region) holding the DNS name of the home region's endpoint to
+    `remote`'s service: the one place a gateway finds where to spill."""
+    return f"/{fleet}/spill/{remote}"
+
+
+def spill_endpoint_parameter_prefix(fleet: str) -> str:
+    """What every spill parameter name of the fleet starts with (the instances' read grant)."""
+    return spill_endpoint_parameter(fleet, "")
