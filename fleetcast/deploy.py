@@ -67,20 +67,20 @@ class Step:
 
 # How the plan runs the CLIs (this interpreter, the venv's pinned CDK CLI) and how it prints them: the forms the
 # README and runbook give, which an operator can copy and which read the same on every machine.
-_FLEETCAST_RUN = [sys.executable, "-m", cli_module()]
-FLEETCAST_SHOWN = ["fleetcast"]
+_CLI_RUN = [sys.executable, "-m", cli_module()]
+CLI_SHOWN = ["fleetcast"]
 CDK_SHOWN = ["npx", "cdk"]
 
 
 def _fleetcast(*args: str) -> list[str]:
-    return [*_FLEETCAST_RUN, *args]
+    return [*_CLI_RUN, *args]
 
 
 def shown(command: Sequence[str]) -> str:
     """`command` as printed: `fleetcast ...` and `npx cdk ...` rather than this machine's interpreter and node."""
     from fleetcast.node import cdk_command
 
-    for run, show in ((_FLEETCAST_RUN, FLEETCAST_SHOWN), (cdk_command(), CDK_SHOWN)):
+    for run, show in ((_CLI_RUN, CLI_SHOWN), (cdk_command(), CDK_SHOWN)):
         if list(command[:len(run)]) == run:
             return shlex.join([*show, *command[len(run):]])
     return shlex.join(command)

@@ -47,7 +47,9 @@ def mps_serving(artifact, tmp_path, limits=None):
     settings = ServeSettings(port=free_port(), model_name="alpha", region="r", pool="p", gateway=False,
                              ready_timeout_s=120, restart=RestartPolicy(max_restarts=3, backoff_base_s=0.1),
                              liveness_interval_s=0.5, liveness_timeout_s=10, liveness_failures=3,
-                             models_state_file=tmp_path / "models-ready.json")
+                             models_state_file=tmp_path / "models-ready.json",
+                             # A wedged client ignores SIGTERM: the drain kills it after these, not 6 minutes.
+                             drain_timeout_s=5.0, server_stop_timeout_s=5.0)
     s = Serving(settings, servers=servers, mps_root=tmp_path / "mps")
     s.supervisor.poll_s = 0.05
     return s, ports
