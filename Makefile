@@ -49,7 +49,7 @@ synth: $(VENV)/.synth-deps node_modules/.package-lock.json
 	$(VENV)/bin/fleetcast synth summary --config $(CONFIG) --out $(OUT)
 
 # pytest-xdist workers: one more than the cores, because the runtime tests spend much of their time waiting on
-# their own processes (2 cores, quiet: TEST_WORKERS=2 124 s, 3 101-111 s, 4 112 s); TEST_WORKERS=0 runs
+# their own processes (2 cores, quiet, on the suite of stop 30: TEST_WORKERS=2 124 s, 3 101-111 s, 4 112 s); TEST_WORKERS=0 runs
 # them in one process. loadgroup keeps every module that builds CDK apps on one worker (tests/conftest.py), which
 # then loads aws-cdk-lib once, and each module with a module-scoped fixture on one worker.
 TEST_WORKERS ?= $(shell echo $$(( $$(nproc) + 1 )))
