@@ -66,6 +66,9 @@ def _clean_path(tmp: Path) -> str:
     return os.pathsep.join([str(bin_dir), "/usr/bin", "/bin"])
 
 
+# A venv, a wheel install and a whole `npx cdk synth` of the pipeline in subprocesses: about a minute on a quiet
+# 2-core machine, over five on one loaded five times over. The suite's 300 s guard is for hangs, not for load.
+@pytest.mark.timeout(1200)
 def test_the_synth_step_commands_run_in_a_codebuild_like_shell(wheel, tmp_path):
     pipeline = _pipeline()
     app = App(outdir=str(tmp_path / "in-process"))

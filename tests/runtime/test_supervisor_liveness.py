@@ -81,8 +81,9 @@ def test_a_frozen_server_is_killed_and_restarted(tmp_path):
         return ok
 
     live = Liveness(probe, interval_s=0.1, failures=3, startup_s=60)
-    child = sup.start(Child("server", server(tmp_path, port), policy=RestartPolicy(backoff_base_s=0.1),
-                            liveness=live))
+    child = Child("server", server(tmp_path, port), policy=RestartPolicy(backoff_base_s=0.1),
+                  liveness=live)
+    sup.start(child)  # bound first: its probe reads `child`, and may run before start() returns
     try:
         assert wait_for(lambda: answered)  # up, as the probe saw it (before that it is "starting")
         first = child.pid
@@ -166,8 +167,9 @@ def test_a_restart_that_freezes_before_its_first_answer_is_found_as_early_as_a_s
         return answers(port)
 
     live = Liveness(probe, interval_s=0.2, failures=3, startup_s=3600)
-    child = sup.start(Child("server", [sys.executable, "-c", STALLS_ON_RESTART, str(port), str(tmp_path / "started")],
-                            liveness=live, policy=RestartPolicy(max_restarts=5, window_s=600, backoff_base_s=0.05)))
+    child = Child("server", [sys.executable, "-c", STALLS_ON_RESTART, str(port), str(tmp_path / "started")],
+                  liveness=live, policy=RestartPolicy(max_restarts=5, window_s=600, backoff_base_s=0.05))
+    sup.start(child)  # bound first: its probe reads `child`, and may run before start() returns
     try:
         assert wait_for(lambda: child.unresponsive >= 1)  # the settled freeze: `failures` probes
         assert wait_for(lambda: child.unresponsive >= 2)  # the restart's: about as many, not startup_s
@@ -237,8 +239,9 @@ def test_a_freeze_is_declared_after_the_same_probes_whether_the_server_had_answe
 
     live = Liveness(probe, interval_s=interval, failures=failures, startup_s=3600, progress=progress,
                     window_s=timeout)
-    child = sup.start(Child("server", [sys.executable, "-c", "import time; time.sleep(3600)"], liveness=live,
-                            policy=RestartPolicy(backoff_base_s=3600)))
+    child = Child("server", [sys.executable, "-c", "import time; time.sleep(3600)"], liveness=live,
+                  policy=RestartPolicy(backoff_base_s=3600))
+    sup.start(child)  # bound first: its probe reads `child`, and may run before start() returns
     first = child.pid
     try:
         assert wait_for(lambda: child.unresponsive >= 1)
