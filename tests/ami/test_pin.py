@@ -13,8 +13,6 @@ checked against the real SSM API model.
 
 from __future__ import annotations
 
-import contextlib
-import io
 import re
 import shutil
 from pathlib import Path
@@ -27,7 +25,7 @@ from fleetcast.ami import pin
 from fleetcast.aws_session import AwsSession
 from fleetcast.config import load_config
 from fleetcast.contract.ami import DLAMI_NAME, DLAMI_SSM_PARAMETER
-from scripts import cli
+from tests.cli import run_cli
 
 REPO = Path(__file__).resolve().parents[2]
 SEOUL_AMI = "ami-0abcdef1234567890"
@@ -121,10 +119,8 @@ def test_a_failing_region_leaves_the_file_untouched(config):
 
 
 def run(*argv: str) -> tuple[int, str, str]:
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        code = cli.main(list(argv))
-    return code, out.getvalue(), err.getvalue()
+    done = run_cli(*argv)
+    return done.returncode, done.stdout, done.stderr
 
 
 def test_without_credentials_one_line_exit_4_and_no_change(config):

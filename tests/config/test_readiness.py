@@ -11,8 +11,6 @@ behind botocore's Stubber, so every request and answer is checked against the re
 
 from __future__ import annotations
 
-import contextlib
-import io
 import random
 
 import boto3
@@ -24,6 +22,7 @@ from fleetcast.aws_session import AwsSession
 from fleetcast.config import parse_config
 from fleetcast.config.readiness import check_readiness, is_example_account, is_placeholder_id, offline_findings
 from scripts import cli
+from tests.cli import run_cli
 from tests.ready_config import DEFAULT, PROVIDER, ready_doc as real_doc
 
 
@@ -39,10 +38,8 @@ def _no_real_aws(monkeypatch, tmp_path):
 
 
 def run(*argv: str) -> tuple[int, str, str]:
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        code = cli.main(list(argv))
-    return code, out.getvalue(), err.getvalue()
+    done = run_cli(*argv)
+    return done.returncode, done.stdout, done.stderr
 
 
 @pytest.mark.parametrize("account", ["111122223333", "444455556666", "777788889999", "123456789012", "555566667777",

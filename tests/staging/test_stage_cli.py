@@ -11,14 +11,14 @@ import pytest
 
 from fleetcast.config import load_config
 from fleetcast.staging.image import image_tag
+from tests.cli import run_cli
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIG = ROOT / "config" / "fleet.yaml"
 
 
 def fleetcast(*args, env):
-    return subprocess.run([sys.executable, "-m", "scripts.cli", *args], capture_output=True, text=True,
-                          env={**os.environ, **env}, cwd=ROOT, timeout=120)
+    return run_cli(*args, env=env)
 
 
 @pytest.fixture

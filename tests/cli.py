@@ -1,0 +1,27 @@
+"""The `fleetcast` CLI run in the test's own process: `scripts.cli.main`, the function the installed script calls,
+with its output captured. A Python start costs a CLI test 1-2 s of CPU, which dozens of calls per module add up
+to; tests of the script itself (entry point, exit codes, signals, no traceback) start it as a process."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+import subprocess
+from collections.abc import Mapping
+from unittest import mock
+
+from scripts import cli
+
+
+def run_cli(*argv: str, env: Mapping[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """(returncode, stdout, stderr) as `subprocess.run(["fleetcast", *argv])` would give them; `env` adds to
+    the environment for the call only."""
+    out, err = io.StringIO(), io.StringIO()
+    with mock.patch.dict(os.environ, dict(env or {})), \
+            contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            code = cli.main(list(argv))
+        except SystemExit as exit_:  # argparse's own exits (--help, a usage error)
+            code = exit_.code if isinstance(exit_.code, int) else 1
+    return subprocess.CompletedProcess(["fleetcast", *argv], code, out.getvalue(), err.getvalue())
