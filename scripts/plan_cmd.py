@@ -126,6 +126,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                          help="a fleet of several models: read reference-backend results measured on GPU without an "
                               "instance type (e.g. bench/data/h200-colocate-*.json) as the lab machine TYPE, one GPU, "
                               "priced by --prices; every output says it is not an AWS candidate; repeatable")
+    packing.add_argument("--gpu-sharing", choices=("time_slicing", "mps"),
+                         help="a fleet of several models: plan every pool as if its processes shared the GPU this way "
+                              "(a what-if; default: each pool's gpu_sharing); under MPS the report also prices the "
+                              "same traffic time-sliced")
     p.add_argument("--report", metavar="DIR", help="write plan.md, plan.html, plan.json and plots into DIR; with "
                    "simulate: each simulated pool's 24-hour picture (simulate-POOL.png: instances, P99s, SLO misses)")
     p.add_argument("--json", action="store_true", help="print plan.json instead of the table")
@@ -194,6 +198,9 @@ def _plan(args: argparse.Namespace) -> int:
                         "from it, so the baseline records what was planned", exit_code=EXIT_USAGE)
     if (args.since or args.region) and not args.traffic_from:
         raise UserError("--since/--region go with --traffic-from cloudwatch", exit_code=EXIT_USAGE)
+    if args.gpu_sharing and args.write_config:
+        raise UserError("--gpu-sharing plans a what-if; to write a plan under a mode, set regions[].pools[].gpu_sharing "
+                        "in the config and plan without the flag", exit_code=EXIT_USAGE)
     if args.check and (args.write_config or args.report):
         raise UserError("--check only compares; run it without --write-config/--report", exit_code=EXIT_USAGE)
     profile = _traffic_from_cloudwatch(args) if args.traffic_from else None
@@ -205,7 +212,7 @@ def _plan(args: argparse.Namespace) -> int:
         quality=args.quality, quality_threshold=args.quality_threshold, estimate=args.estimate,
         min_instances=args.min_instances, profile=args.profile, spot_prices=args.spot_prices,
         spot_interruptions=args.spot_interruptions, spot_relaunch_s=args.spot_relaunch_s,
-        reserved={(t, r): n for t, r, n in args.reserved}, lab=dict(args.lab),
+        reserved={(t, r): n for t, r, n in args.reserved}, lab=dict(args.lab), gpu_sharing=args.gpu_sharing,
     )
     planned = plan_fleet(opts, max_copies=args.max_copies)
     if args.check:
