@@ -23,7 +23,7 @@ from fleetcast.config.model import Precision
 from fleetcast.contract.errors import UserError
 from fleetcast.contract.network import PROVIDER_INTERFACE_ENDPOINTS
 
-from .curves import REPEAT_MIN_SAMPLE_SHARE, Candidate, Curve, LoadPoint, worst_of
+from .curves import REPEAT_MIN_SAMPLE_SHARE, Candidate, Curve, LoadPoint, spread_text, worst_of
 from .traffic import validation_summary
 
 DATA_DIR = catalog.DATA_DIR
@@ -104,6 +104,9 @@ def load_candidates(paths: list[str | Path], lab: dict[str, str] | None = None) 
         if not points:
             raise UserError(f"--results: {', '.join(slot['sources'])}: no usable run for {instance_type} {precision} "
                             f"({'; '.join(notes) or 'no runs'})")
+        # How wide the repeats spread, said wherever the curve's notes are (both planners' warnings and reports).
+        spread = spread_text(Curve(tuple(points)))
+        notes += [spread] if spread else []
         out.append(Candidate(
             instance_type=instance_type, precision=precision, curve=Curve(tuple(points), tuple(notes)),
             backend=slot["backend"], model=slot["model"], sources=tuple(slot["sources"]),

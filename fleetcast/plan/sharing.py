@@ -49,17 +49,12 @@ def pool_sharing(cfg: Any, region: str, instance_type: str, override: str | None
 
 
 def sharing_notes(winner: Any, curves: list[Any], mps_estimated: bool) -> list[str]:
-    """What the report says about the choice's curves: how wide each repeated curve's spread was (it is sized from
-    the worst repeat), the co-located curves left out because they were measured under the other mode, and the
-    MPS estimator's calibration and error wherever an MPS packing was estimated."""
-    from .curves import spread_text
+    """What the report says about the choice's curves: the co-located curves left out because they were measured
+    under the other mode, and the MPS estimator's calibration and error wherever an MPS packing was estimated.
+    (How wide a repeated curve's spread was is one of its curve notes: inputs.load_candidates.)"""
     from .estimate import mps_calibration
 
     notes = []
-    for m in winner.loads:
-        spread = spread_text(m.curve)
-        if spread is not None:
-            notes.append(f"{m.model} ({m.source}): {spread}")
     other = sorted({MODE_WORDS[c.sharing or TIME_SLICING] for c in curves if c.colocated
                     and c.instance_type == winner.instance_type and (c.sharing or TIME_SLICING) != winner.sharing})
     if other and winner.processes > 1:

@@ -54,3 +54,26 @@ def test_worst_of_takes_each_metric_at_its_own_worst_repeat():
     w = worst_of([a, b])
     assert (w.ttft_p99, w.itl_p99, w.e2e_mean, w.output_tps, w.error_rate) == (100, 40, 950, 2000, 0.01)
     assert worst_of([a]) is a
+
+
+def test_the_spread_is_one_of_the_curves_notes_so_every_plan_reports_it(tmp_path):
+    (cand,) = load_candidates([_repeated(tmp_path, [1.0, 1.2, 1.1])])
+    assert any(n.startswith("3 repeats at 1 of ") and "P99 TTFT 20%" in n for n in cand.curve.notes)
+
+
+def test_a_one_model_plan_sizes_from_the_worst_repeat_and_says_how_wide_the_spread_was(tmp_path, capsys):
+    """The seed's g6e int8_wo at its first level measured three times, one repeat 50% slower: the plan of that
+    candidate alone costs at least what the single run's does, and its output names the spread."""
+    from scripts.cli import main
+
+    def plan(results: str) -> str:
+        assert main(["plan", "--results", results, "--traffic", str(SEED / "traffic-seoul.yaml"),
+                     "--config", "config/fleet.yaml", "--json"]) in (0, 3)
+        return capsys.readouterr().out
+
+    once = json.loads(plan(str(SEED / "results" / "g6e.xlarge-int8_wo.json")))
+    worst = json.loads(plan(_repeated(tmp_path, [1.0, 1.5, 1.1])))
+    assert "sized from the worst" in json.dumps(worst["warnings"]) and "P99 TTFT 50%" in json.dumps(worst["warnings"])
+    cost = [min(e["cost_per_hour"] for r in doc["regions"] for e in r["evaluations"] if e.get("cost_per_hour"))
+            for doc in (once, worst)]
+    assert cost[1] >= cost[0]
