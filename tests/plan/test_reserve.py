@@ -154,3 +154,16 @@ def test_a_strict_consumer_keeps_its_region_home_in_the_example(capsys, tmp_path
                  "--config", str(path), "--shared-reserve", "--json"]) == 0
     err = capsys.readouterr().err
     assert "us-west-2 spills" not in err and "us-east-1 spills to us-west-2" in err
+
+
+def test_a_packing_plan_of_one_region_has_nothing_to_share(capsys):
+    """The packing plan's regions feed the same reserve (demands_of): the H200 example serves one region."""
+    from scripts.cli import main
+
+    data, scenario = ROOT / "bench" / "data", ROOT / "examples" / "plan" / "h200-colocate"
+    files = [str(data / f"h200-colocate-{m}-{k}.json") for m in ("gpt2-medium", "gpt2-xl") for k in ("alone", "together")]
+    assert main(["plan", "--results", *files, "--traffic", str(scenario / "traffic.yaml"), "--config",
+                 str(scenario / "fleet.yaml"), "--lab", "H200=lab.h200", "--prices", str(scenario / "prices.yaml"),
+                 "--shared-reserve"]) == 0
+    out = capsys.readouterr().out
+    assert "each region for its own peak: 1 instances held (ap-northeast-2 1)" in out and "one region: nothing to share" in out
