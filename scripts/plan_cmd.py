@@ -202,6 +202,8 @@ def _plan(args: argparse.Namespace) -> int:
                         "from it, so the baseline records what was planned", exit_code=EXIT_USAGE)
     if (args.since or args.region) and not args.traffic_from:
         raise UserError("--since/--region go with --traffic-from cloudwatch", exit_code=EXIT_USAGE)
+    if args.shared_reserve and (args.check or args.action == "simulate"):
+        raise UserError("--shared-reserve goes with a plan, not with --check or simulate", exit_code=EXIT_USAGE)
     if args.gpu_sharing and args.write_config:
         raise UserError("--gpu-sharing plans a what-if; to write a plan under a mode, set regions[].pools[].gpu_sharing "
                         "in the config and plan without the flag", exit_code=EXIT_USAGE)

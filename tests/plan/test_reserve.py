@@ -167,3 +167,13 @@ def test_a_packing_plan_of_one_region_has_nothing_to_share(capsys):
                  "--shared-reserve"]) == 0
     out = capsys.readouterr().out
     assert "each region for its own peak: 1 instances held (ap-northeast-2 1)" in out and "one region: nothing to share" in out
+
+
+@pytest.mark.parametrize("extra", [["simulate"], ["--check"]])
+def test_the_reserve_goes_with_a_plan_only(extra, capsys):
+    from scripts.cli import main
+
+    args = ["--results", str(SEED / "results"), "--traffic", str(EXAMPLE / "traffic.yaml"), "--config",
+            str(EXAMPLE / "fleet.yaml"), "--shared-reserve"]
+    code = main(["plan", *extra, *args]) if extra == ["simulate"] else main(["plan", *args, *extra])
+    assert code == 2 and "--shared-reserve goes with a plan" in capsys.readouterr().err
