@@ -40,7 +40,7 @@ from fleetcast.contract.errors import UserError
 from fleetcast.contract.serving import MAX_PROCESSES
 
 from .curves import Candidate, Curve
-from .estimate import colocated
+from .estimate import colocated, mps_calibration
 from .queueing import Limits, Prediction, ServiceModel, Stream, model_for, occupancy, predict
 from .sharing import (
     ESTIMATED as ESTIMATED_BY,
@@ -718,7 +718,8 @@ def _plan_region(cfg, curves, region, entries, ctx, fleet_slo, max_copies, famil
         notes += [f"{m.model}: its co-located curve has {len(m.curve.points)} load levels: the planner's P99 ITL comes "
                   f"from the batch averaged over a request's life between them, {SPARSE_ITL_GAP} (docs/plan.md, Limits)"
                   for m in winner.loads if is_measured_shared(m.source) and len(m.curve.points) <= SPARSE_LEVELS]
-        notes += sharing_notes(winner, curves, any(e.sharing == MPS and e.estimated for e in ranked))
+        notes += sharing_notes(winner, curves, mps_calibration().describe()
+                               if any(e.sharing == MPS and e.estimated for e in ranked) else None)
     plan = RegionPacking(region, entries, evaluations, ranked, winner, notes=notes, not_offered=not_offered)
     plan.alternatives = _alternatives(cfg, curves, region, entries, ctx, fleet_slo, families, kv_dtype, cache)
     return plan

@@ -48,12 +48,11 @@ def pool_sharing(cfg: Any, region: str, instance_type: str, override: str | None
     return str(pool.gpu_sharing.value)
 
 
-def sharing_notes(winner: Any, curves: list[Any], mps_estimated: bool) -> list[str]:
+def sharing_notes(winner: Any, curves: list[Any], mps_estimator: str | None) -> list[str]:
     """What the report says about the choice's curves: the co-located curves left out because they were measured
-    under the other mode, and the MPS estimator's calibration and error wherever an MPS packing was estimated.
-    (How wide a repeated curve's spread was is one of its curve notes: inputs.load_candidates.)"""
-    from .estimate import mps_calibration
-
+    under the other mode, and `mps_estimator` (the MPS estimator's calibration and error, estimate.py) wherever an
+    MPS packing was estimated. (How wide a repeated curve's spread was is one of its curve notes:
+    inputs.load_candidates.)"""
     notes = []
     other = sorted({MODE_WORDS[c.sharing or TIME_SLICING] for c in curves if c.colocated
                     and c.instance_type == winner.instance_type and (c.sharing or TIME_SLICING) != winner.sharing})
@@ -61,8 +60,8 @@ def sharing_notes(winner: Any, curves: list[Any], mps_estimated: bool) -> list[s
         notes.append(f"co-located curves measured under {', '.join(other)} on {winner.instance_type} were not used: "
                      f"this pool shares its GPU by {MODE_WORDS[winner.sharing]}, and a curve holds only for the mode "
                      "it was measured under")
-    if mps_estimated:
-        notes.append(mps_calibration().describe())
+    if mps_estimator:
+        notes.append(mps_estimator)
     return notes
 
 
