@@ -126,6 +126,14 @@ def register(sub: argparse._SubParsersAction) -> None:
                          help="a fleet of several models: read reference-backend results measured on GPU without an "
                               "instance type (e.g. bench/data/h200-colocate-*.json) as the lab machine TYPE, one GPU, "
                               "priced by --prices; every output says it is not an AWS candidate; repeatable")
+    packing.add_argument("--gpu-sharing", choices=("time_slicing", "mps"),
+                         help="a fleet of several models: plan every pool as if its processes shared the GPU this way "
+                              "(a what-if; default: each pool's gpu_sharing); under MPS the report also prices the "
+                              "same traffic time-sliced")
+    p.add_argument("--shared-reserve", action="store_true",
+                   help="also size one shared reserve for regions whose peaks do not coincide (each region keeps a "
+                        "base, one host region holds the others' overflow where their consumers' spill_regions allow "
+                        "it) and say what it saves against every region held at its own peak; needs --config")
     p.add_argument("--report", metavar="DIR", help="write plan.md, plan.html, plan.json and plots into DIR; with "
                    "simulate: each simulated pool's 24-hour picture (simulate-POOL.png: instances, P99s, SLO misses)")
     p.add_argument("--json", action="store_true", help="print plan.json instead of the table")
@@ -194,6 +202,11 @@ def _plan(args: argparse.Namespace) -> int:
                         "from it, so the baseline records what was planned", exit_code=EXIT_USAGE)
     if (args.since or args.region) and not args.traffic_from:
         raise UserError("--since/--region go with --traffic-from cloudwatch", exit_code=EXIT_USAGE)
+    if args.shared_reserve and (args.check or args.action == "simulate"):
+        raise UserError("--shared-reserve goes with a plan, not with --check or simulate", exit_code=EXIT_USAGE)
+    if args.gpu_sharing and args.write_config:
+        raise UserError("--gpu-sharing plans a what-if; to write a plan under a mode, set regions[].pools[].gpu_sharing "
+                        "in the config and plan without the flag", exit_code=EXIT_USAGE)
     if args.check and (args.write_config or args.report):
         raise UserError("--check only compares; run it without --write-config/--report", exit_code=EXIT_USAGE)
     profile = _traffic_from_cloudwatch(args) if args.traffic_from else None
@@ -205,7 +218,7 @@ def _plan(args: argparse.Namespace) -> int:
         quality=args.quality, quality_threshold=args.quality_threshold, estimate=args.estimate,
         min_instances=args.min_instances, profile=args.profile, spot_prices=args.spot_prices,
         spot_interruptions=args.spot_interruptions, spot_relaunch_s=args.spot_relaunch_s,
-        reserved={(t, r): n for t, r, n in args.reserved}, lab=dict(args.lab),
+        reserved={(t, r): n for t, r, n in args.reserved}, lab=dict(args.lab), gpu_sharing=args.gpu_sharing,
     )
     planned = plan_fleet(opts, max_copies=args.max_copies)
     if args.check:
@@ -219,6 +232,8 @@ def _plan(args: argparse.Namespace) -> int:
     print(planned.render(args.json))
     # With --json, stdout stays pure JSON; the rest goes to stderr.
     say = (lambda text: print(text, file=sys.stderr)) if args.json else print
+    if args.shared_reserve:
+        _shared_reserve(planned, args, say)
     # Everything written is computed and validated first; a refusal or failure leaves every file as it was.
     edit = baseline = None
     if args.write_config:
@@ -234,6 +249,27 @@ def _plan(args: argparse.Namespace) -> int:
             say(f"  note: {note}")
         say(f"  baseline for `fleetcast plan --check`: {baseline[0]}")
     return EXIT_OK if planned.served else EXIT_REFUSED
+
+
+def _shared_reserve(planned, args: argparse.Namespace, say) -> None:
+    """--shared-reserve: fleetcast/plan/reserve.py over the planned pools (docs/plan.md, "A shared reserve")."""
+    import json
+
+    from fleetcast.config import load_config
+    from fleetcast.contract.errors import EXIT_USAGE, UserError
+    from fleetcast.plan.reserve import demands_of, size_shared_reserve
+
+    if not args.config:
+        raise UserError("--shared-reserve reads each consumer's spill_regions: give --config", exit_code=EXIT_USAGE)
+    reserve = size_shared_reserve(demands_of(planned, load_config(args.config)), planned.ctx.latency.between)
+    say("Shared reserve across regions (docs/plan.md, \"A shared reserve across regions\"):")
+    for line in reserve.lines():
+        say(f"  {line}")
+    if args.report:
+        path = Path(args.report) / "reserve.json"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(reserve.to_json(), indent=1) + "\n")
+        say(f"  wrote {path}")
 
 
 def _check(args: argparse.Namespace, planned) -> int:

@@ -159,6 +159,7 @@ def _packed_env(cfg: FleetConfig, pool, key: str) -> tuple[dict[Var, str], list[
         # MODEL:COPIES[:KV_GIB]: an id with ':' goes as its slug, which parse_packing reads back.
         Var.BENCH_PACKING: ",".join(f"{model_slug(s.model.id)}:{s.copies}" + ("" if s.kv_cache_bytes is None else
                                                                    f":{s.kv_cache_bytes / GIB:g}") for s in served),
+        Var.BENCH_GPU_SHARING: pool.gpu_sharing.value,
     }
     results = [packed_model_key(key, m, precision, together) for m, _, precision, _ in models
                for together in (False, True)]

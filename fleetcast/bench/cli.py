@@ -56,6 +56,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     mix.add_argument("--packing", metavar="MODEL:COPIES[:KV_GIB],...",
                      help="what shared the instance (a mix, or --model alone with its peers idle), when no "
                           "--config/--pool says it, e.g. gpt2-xl:1:20,qwen2.5-1.5b:1 (instance type and GPU from --label)")
+    mix.add_argument("--gpu-sharing", choices=("time_slicing", "mps"),
+                     help="how the packing's processes shared the GPU, recorded in every file's packing (the "
+                          "planner uses a co-located curve only for pools that share the same way); default: with "
+                          "--pool the pool's gpu_sharing, else time_slicing")
     load = run.add_argument_group("load (give exactly one)")
     load.add_argument("--concurrency", help="closed-loop sweep, e.g. 1,2,4,8,16,32,64")
     load.add_argument("--rate", help="open-loop request rates in req/s, e.g. 2,5,10")
@@ -69,6 +73,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                            "at least the highest --concurrency level")
     stop.add_argument("--duration", type=float, default=None, help="seconds per run (stop issuing after)")
     stop.add_argument("--warmup", type=int, default=2, help="warm-up requests before the first run, not recorded")
+    stop.add_argument("--repeats", type=int, default=1,
+                      help="run each level this many times in a row; the file keeps every repeat (runs[].repeat) "
+                           "and the planner sizes from the worst and reports the spread")
     shape = run.add_argument_group("request shape")
     shape.add_argument("--input-tokens", default=bench_defaults.INPUT_TOKENS, help="N, normal:MEAN,STD or buckets like 64:0.5,512:0.5")
     shape.add_argument("--output-tokens", default=bench_defaults.OUTPUT_TOKENS, help="same syntax as --input-tokens")
@@ -167,7 +174,7 @@ def _levels(args):
                 f"--requests-per-level {per_level} is below --concurrency level(s) {', '.join(map(str, short))}: "
                 f"a run of {per_level} requests never has more than {per_level} in flight; give "
                 f"--requests-per-level >= {max(levels)} (several times the level for a steady state) or drop those levels")
-        return [Level("concurrency", concurrency=c) for c in levels]
+        return [Level("concurrency", concurrency=c) for c in levels for _ in range(args.repeats)]
     if args.rate:
         levels = []
         for part in args.rate.split(","):
@@ -177,13 +184,13 @@ def _levels(args):
                 raise UserError(f"--rate: {part!r} is not a number (req/s)") from None
             if rate <= 0:
                 raise UserError(f"--rate: {rate} must be > 0")
-            levels.append(Level("rate", rate_rps=rate, arrival=args.arrival))
+            levels += [Level("rate", rate_rps=rate, arrival=args.arrival)] * args.repeats
         return levels
     if args.trace:
         if args.trace_speed <= 0:
             raise UserError("--trace-speed must be > 0")
-        return [Level("trace", trace=load_trace(args.trace, args.trace_speed))]
-    return [Level("mix", mix=parse_distribution(args.mix, "--mix"))]
+        return [Level("trace", trace=load_trace(args.trace, args.trace_speed))] * args.repeats
+    return [Level("mix", mix=parse_distribution(args.mix, "--mix"))] * args.repeats
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -193,13 +200,17 @@ def _run(args: argparse.Namespace) -> int:
     from fleetcast.bench.metrics import Slo
     from fleetcast.bench.report import write_csv, write_report
     from fleetcast.bench.runner import Bench, BenchOptions
-    from fleetcast.bench.schema import dump_results
+    from fleetcast.bench.schema import dump_results, number_repeats
 
     if args.cpu is not None:
         try:
             os.sched_setaffinity(0, {args.cpu})
         except (OSError, ValueError) as exc:
             raise UserError(f"--cpu {args.cpu}: cannot pin ({exc})") from None
+    if args.repeats < 1:
+        raise UserError(f"--repeats: {args.repeats} is out of range (at least 1)")
+    if args.gpu_sharing and not (args.pool or args.packing):
+        raise UserError("--gpu-sharing describes a packing: give it with --pool or --packing")
     for name in ("requests_per_level", "warmup"):
         value = getattr(args, name)
         if value is not None and value < (0 if name == "warmup" else 1):
@@ -266,6 +277,7 @@ def _run(args: argparse.Namespace) -> int:
     if args.model_mix:
         return _run_mix(args, opts, cfg, out, log)
     results = Bench(opts, log=log).run()
+    results = results.model_copy(update={"runs": number_repeats(results.runs)})
     if packing is not None:
         # One model measured on a packed instance: the others loaded and idle (docs/bench.md).
         results = results.model_copy(update={
@@ -315,7 +327,7 @@ def _run_mix(args: argparse.Namespace, opts, cfg, out, log) -> int:
         with_precisions,
     )
     from fleetcast.bench.report import write_csv, write_report
-    from fleetcast.bench.schema import dump_results
+    from fleetcast.bench.schema import dump_results, number_repeats
 
     if args.model:
         raise UserError(f"--model and {FLAG} exclude each other (the mix names every model it sends)")
@@ -340,7 +352,8 @@ def _run_mix(args: argparse.Namespace, opts, cfg, out, log) -> int:
                                                                         ("gpu", packing.gpu))
                                                      if v and getattr(opts.labels, k) is None})
     paths = {m.model: mix_out_path(out, m.model) for m in mix}
-    results = MixBench(opts, mix, packing, args.model_mix, log=log).run()
+    results = [res.model_copy(update={"runs": number_repeats(res.runs)})
+               for res in MixBench(opts, mix, packing, args.model_mix, log=log).run()]
     for line in split_warnings(results):  # --quiet too: the files' split is not the mix the flag named
         print(f"warning: {line}", file=sys.stderr)
     for res in results:

@@ -18,8 +18,9 @@ elsewhere `main` returns at once. Inputs, all from the instance env file:
                                endpoint (the consumer-side probe of a consumer with api_keys: true);
                                a plain string, or JSON {"keys": [...]} of which the first is used
 A pool serving several models (FLEETCAST_BENCH_MODELS set, MODEL:PORT:PRECISION:BACKEND each, with
-FLEETCAST_BENCH_MODEL_MIX and FLEETCAST_BENCH_PACKING): every model's engine process is measured alone
-(`--model`, the others loaded and idle), then all at once (`--model-mix`, each at its own port); each
+FLEETCAST_BENCH_MODEL_MIX, FLEETCAST_BENCH_PACKING and FLEETCAST_BENCH_GPU_SHARING, the pool's gpu_sharing):
+every model's engine process is measured alone (`--model`, the others loaded and idle), then all at once
+(`--model-mix`, each at its own port, each level contract/bench.MIX_REPEATS times, recorded with the mode); each
 model's two files go to fleetcast.contract.bucket.packed_model_key under the pool's key.
 The group is scaled to zero whatever happened (a failed benchmark uploads an
 error note instead of results), so a bench instance never runs on idle.
@@ -95,6 +96,8 @@ def packed_runs(env: dict[str, str], out_dir: Path) -> list[tuple[list[str], dic
               "--input-tokens", env.get(Var.BENCH_INPUT_TOKENS, bench.INPUT_TOKENS),
               "--output-tokens", env.get(Var.BENCH_OUTPUT_TOKENS, bench.OUTPUT_TOKENS),
               "--packing", env[Var.BENCH_PACKING], "--quiet"]
+    if env.get(Var.BENCH_GPU_SHARING):
+        common += ["--gpu-sharing", env[Var.BENCH_GPU_SHARING]]
     for pair in filter(None, env.get(Var.BENCH_LABELS, "").split(",")):
         common += ["--label", pair]
     levels = env.get(Var.BENCH_CONCURRENCY, bench.CONCURRENCY)
@@ -113,7 +116,8 @@ def packed_runs(env: dict[str, str], out_dir: Path) -> list[tuple[list[str], dic
     if mix_levels:
         out = out_dir / "mix.json"
         argv = ["bench", "run", "--endpoint", f"http://127.0.0.1:{models[0][1]}",
-                "--model-mix", env[Var.BENCH_MODEL_MIX], "--concurrency", mix_levels, "--out", str(out), *common]
+                "--model-mix", env[Var.BENCH_MODEL_MIX], "--concurrency", mix_levels, "--repeats", bench.MIX_REPEATS,
+                "--out", str(out), *common]
         for model, port, _, _ in models[1:]:
             argv += ["--model-endpoint", f"{model}=http://127.0.0.1:{port}"]
         for model, _, precision, _ in models:

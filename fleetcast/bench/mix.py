@@ -263,6 +263,7 @@ def packing_of_pool(cfg, pool_name: str) -> Packing:
     instance = catalog.instance_catalog().get(pool.instance_type)
     return Packing(
         instance_type=pool.instance_type, gpu=instance.gpu.name if instance else None,
+        gpu_sharing=pool.gpu_sharing.value,
         serves=[PackedModel(model=s.model.id, copies=s.copies,
                             kv_cache_gb=None if s.kv_cache_bytes is None else s.kv_cache_bytes / GIB,
                             precision=s.engine.precision.value)
@@ -303,12 +304,18 @@ def packing_from_args(args, cfg, labels) -> tuple[Packing | None, str]:
     neither is given."""
     if args.pool and args.packing:
         raise UserError("--pool and --packing exclude each other (the pool's serves are the packing)")
+    sharing = getattr(args, "gpu_sharing", None)
     if args.pool:
         if cfg is None:
             raise UserError("--pool needs --config (the pool's serves are read from it)")
-        return packing_of_pool(cfg, args.pool), f"pool {args.pool}"
+        packing = packing_of_pool(cfg, args.pool)
+        if sharing and sharing != packing.gpu_sharing:
+            raise UserError(f"--gpu-sharing {sharing}: pool {args.pool} shares its GPU by {packing.gpu_sharing}; the "
+                            "file records how the pool ran, so drop the flag or change the pool's gpu_sharing")
+        return packing, f"pool {args.pool}"
     if args.packing:
-        return parse_packing(args.packing, labels.instance_type, labels.gpu), "--packing"
+        packing = parse_packing(args.packing, labels.instance_type, labels.gpu)
+        return packing.model_copy(update={"gpu_sharing": sharing or "time_slicing"}), "--packing"
     return None, ""
 
 

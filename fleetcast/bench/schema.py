@@ -10,7 +10,8 @@ predates the field" from "the field was empty": revision 2 added `provenance`,
 `Record.error_detail`; revision 3 added `packing` and `Run.peers`; revision 4
 added `model_mix` and `Run.total`; revision 5 added `PackedModel.precision`;
 revision 6 added `Summary.client_run_queue_wait_ms`,
-`Summary.client_run_queue_share` and `Record.run_queue_wait_ms`.
+`Summary.client_run_queue_share` and `Record.run_queue_wait_ms`; revision 7
+added `Packing.gpu_sharing` and `Run.repeat`.
 
 Co-location (revision 3). `packing` says what shared the GPU/instance while the
 file's runs were measured: the models, each one's copies and KV budget per copy
@@ -47,6 +48,16 @@ statistic over the completed requests; `Summary.client_run_queue_share` the wait
 of all the client's threads over the run per second of wall time. Null: not
 measured (no schedstat: not Linux, or /proc hidden), or a file before revision 6.
 
+GPU sharing and repeats (revision 7). `packing.gpu_sharing` says how the
+packing's processes shared the GPU while the runs were measured: time_slicing
+(each its own CUDA context) or mps (clients of one MPS control daemon), the
+config's pools[].gpu_sharing. Null: not recorded (a file before revision 7,
+when every packing time-sliced). A co-located curve holds only for the mode it
+was measured under. `Run.repeat` numbers the runs of one load level when a
+level was measured several times (`bench run --repeats N`: 1..N, in the order
+they ran); null: the level ran once. The planner keeps every repeat's figures,
+sizes from the worst and reports the spread (docs/plan.md, "Noise").
+
 Latency values are milliseconds, throughputs per second of wall time, times in
 `start_s` are seconds since the run's first request was sent. A `Stat` with
 count 0 (e.g. every request failed) carries null for every value.
@@ -64,7 +75,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 SCHEMA_ID = "fleetcast.bench/v1"
 # The additions within v1 this code writes (see the module docstring).
-SCHEMA_REVISION = 6
+SCHEMA_REVISION = 7
 # A server's error text kept per failed request: enough for the reason, bounded so a
 # runaway body (an HTML error page, a stack trace) cannot bloat the file.
 ERROR_DETAIL_MAX_CHARS = 300
@@ -76,6 +87,8 @@ Arrival = Literal["poisson", "constant"]
 # Where the figures come from: a client against a server, or authored (scenario/test data).
 # The planner adds a third, "estimated", for candidates its roofline model fills in.
 Provenance = Literal["measured", "synthetic"]
+# How a packing's processes shared the GPU (the config's GpuSharing values; revision 7).
+GpuSharingMode = Literal["time_slicing", "mps"]
 
 
 _SPEC = re.compile(r"input=(?P<input>\S+) output=(?P<output>\S+) prompts=(?P<prompts>.*?) force_output=(?P<force>\S+)")
@@ -256,6 +269,9 @@ class Packing(_Model):
     instance_type: str | None = None
     gpu: str | None = None
     serves: list[PackedModel] = Field(min_length=1)
+    gpu_sharing: GpuSharingMode | None = Field(
+        None, description="how the processes shared the GPU: time_slicing or mps (revision 7); null: not recorded "
+        "(before revision 7 every packing time-sliced)")
 
     @model_validator(mode="after")
     def _unique_models(self) -> Packing:
@@ -276,7 +292,12 @@ class Packing(_Model):
         parts = [f"{s.model}{f' {s.precision}' if s.precision else ''} x{s.copies}" + ("" if s.kv_cache_gb is None else f" (KV {s.kv_cache_gb:g} GiB each)")
                  for s in self.serves]
         where = " on ".join(x for x in (self.instance_type, self.gpu) if x)
-        return ", ".join(parts) + (f" on {where}" if where else "")
+        sharing = f" ({self.gpu_sharing.replace('_', ' ')})" if self.gpu_sharing else ""
+        return ", ".join(parts) + (f" on {where}" if where else "") + sharing
+
+    def sharing(self) -> GpuSharingMode:
+        """The mode the processes shared the GPU by; a file before revision 7 time-sliced (MPS came later)."""
+        return self.gpu_sharing or "time_slicing"
 
 
 class MixTotal(_Model):
@@ -304,6 +325,9 @@ class Run(_Model):
 
     # Revision 4: the whole mix at this level (model-mix runs only).
     total: MixTotal | None = None
+    # Revision 7: which repeat of its load level this run was (module docstring).
+    repeat: int | None = Field(None, ge=1, description="1..N when the level was measured N times (--repeats); "
+                               "null: once")
 
     def peers_text(self) -> str:
         """'gpt2-medium at 16.0 in flight' / 'gpt2-medium idle'; '' when not recorded."""
@@ -377,6 +401,26 @@ class Results(_Model):
 
     def to_json(self, indent: int | None = None) -> str:
         return self.model_dump_json(by_alias=True, indent=indent)
+
+
+def number_repeats(runs: list[Run]) -> list[Run]:
+    """The runs with `repeat` set where a load level ran more than once (1..N in run order); a level that ran once
+    keeps null, so a file without repeats reads as before."""
+    def key(run: Run) -> tuple:
+        return (run.load.mode, run.load.concurrency, run.load.rate_rps, run.load.arrival)
+
+    counts: dict[tuple, int] = {}
+    for run in runs:
+        counts[key(run)] = counts.get(key(run), 0) + 1
+    seen: dict[tuple, int] = {}
+    out = []
+    for run in runs:
+        k = key(run)
+        if counts[k] > 1:
+            seen[k] = seen.get(k, 0) + 1
+            run = run.model_copy(update={"repeat": seen[k]})
+        out.append(run)
+    return out
 
 
 def mixed_shapes(named: list[tuple[str, Results]]) -> str | None:

@@ -15,6 +15,9 @@ INPUT_TOKENS = "128"  # a length spec (fleetcast/bench/distributions.py): a fixe
 OUTPUT_TOKENS = "128"
 # The model server itself (runtime/serve.py listens on 127.0.0.1:engine.port+1; 8000 when unset).
 ENDPOINT = "http://127.0.0.1:8000"
+# A packed pool's co-located level is run this many times (issue 33 §3: two runs of one H200 packing differed by
+# up to 44% in P99 TTFT), so the planner sizes from the worst repeat and reports the spread.
+MIX_REPEATS = "3"
 PROBE_INSTANCE_TYPE = "c7i.large"
 PROBE_WHEELS_DIR = "build/probe-wheels"  # relative to the repository root
 

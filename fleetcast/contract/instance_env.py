@@ -87,6 +87,7 @@ class Var(StrEnum):
     BENCH_MODELS = "FLEETCAST_BENCH_MODELS"
     BENCH_MODEL_MIX = "FLEETCAST_BENCH_MODEL_MIX"
     BENCH_PACKING = "FLEETCAST_BENCH_PACKING"
+    BENCH_GPU_SHARING = "FLEETCAST_BENCH_GPU_SHARING"  # the pool's gpu_sharing, recorded in the packing
     # The consumer-side probe of a fleet of several models: the models it measures one by one (comma-separated).
     BENCH_PROBE_MODELS = "FLEETCAST_BENCH_PROBE_MODELS"
     PROBE_BUNDLE = "FLEETCAST_PROBE_BUNDLE"

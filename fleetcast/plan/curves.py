@@ -15,6 +15,32 @@ from dataclasses import dataclass, field, replace
 MIN_P99_SAMPLES = 1000
 
 
+# Repeats of one level count as such when each has at least this share of the largest one's samples; a much
+# shorter run's P99 rests on far fewer values and is left out (the curve's notes say so).
+REPEAT_MIN_SAMPLE_SHARE = 0.5
+
+# The figures a repeat can differ in, as (LoadPoint field, what the report calls it, True: higher is worse).
+SPREAD_METRICS: tuple[tuple[str, str, bool], ...] = (
+    ("ttft_p99", "P99 TTFT", True), ("itl_p99", "P99 ITL", True), ("e2e_mean", "mean E2E", True),
+    ("output_tps", "throughput", False),
+)
+
+
+@dataclass(frozen=True)
+class Spread:
+    """What the repeats of one load level measured: per metric (SPREAD_METRICS) the lowest and highest figure."""
+
+    repeats: int
+    ranges: tuple[tuple[str, float, float], ...] = ()
+
+    def width(self, metric: str) -> float | None:
+        """(highest - lowest) / lowest of `metric`, or None when not measured."""
+        for name, lo, hi in self.ranges:
+            if name == metric:
+                return (hi - lo) / lo if lo > 0 else None
+        return None
+
+
 @dataclass(frozen=True)
 class LoadPoint:
     """One load level of one candidate (milliseconds, per second)."""
@@ -36,6 +62,8 @@ class LoadPoint:
     # Per-request (ttft_ms, itl_ms, ok) when the results file carried records: goodput is computed from them.
     records: tuple[tuple[float | None, float | None, bool], ...] = ()
     tail_note: str | None = None
+    # Several repeats of this level: their spread; the point's figures are the worst of them (worst_of).
+    spread: Spread | None = None
 
     @property
     def throughput_rps(self) -> float:
@@ -74,6 +102,54 @@ class Curve:
     def peak_output_tps(self) -> tuple[float, float] | None:
         measured = [(p.output_tps, p.concurrency) for p in self.points if p.output_tps is not None]
         return max(measured, key=lambda x: x[0]) if measured else None
+
+
+def worst_of(points: list[LoadPoint]) -> LoadPoint:
+    """Repeats of one load level as one point for sizing: each latency and the error rate at its highest repeat,
+    throughput at its lowest (docs/plan.md, "Noise"), with the spread kept. A P99's interval, sample count and
+    records come from the repeat with the highest P99 TTFT (the one whose tail the point keeps)."""
+    if len(points) == 1:
+        return points[0]
+
+    def hi(name: str) -> float | None:
+        vals = [v for v in (getattr(p, name) for p in points) if v is not None]
+        return max(vals) if vals else None
+
+    def lo(name: str) -> float | None:
+        vals = [v for v in (getattr(p, name) for p in points) if v is not None]
+        return min(vals) if vals else None
+
+    tail = max(points, key=lambda p: p.ttft_p99)
+    itl_tail = max(points, key=lambda p: p.itl_p99)
+    ranges = []
+    for name, _, _ in SPREAD_METRICS:
+        vals = [v for v in (getattr(p, name) for p in points) if v is not None]
+        if vals:
+            ranges.append((name, min(vals), max(vals)))
+    return replace(
+        tail, ttft_p99=tail.ttft_p99, itl_p99=itl_tail.itl_p99, e2e_mean=max(p.e2e_mean for p in points),
+        error_rate=max(p.error_rate for p in points), ttft_mean=hi("ttft_mean"), itl_mean=hi("itl_mean"),
+        e2e_p99=hi("e2e_p99"), itl_p99_ci=itl_tail.itl_p99_ci, output_tps=lo("output_tps"),
+        request_rps=lo("request_rps"), spread=Spread(len(points), tuple(ranges)))
+
+
+def spread_text(curve: Curve) -> str | None:
+    """How wide the repeats of a curve's levels spread, e.g. '3 repeats per level at 3 levels; widest spread:
+    P99 TTFT 31% (at 64), P99 ITL 12% (at 16), ...'; None when no level was repeated."""
+    repeated = [p for p in curve.points if p.spread is not None]
+    if not repeated:
+        return None
+    counts = sorted({p.spread.repeats for p in repeated if p.spread is not None})
+    parts = []
+    for name, words, _ in SPREAD_METRICS:
+        widths = [(w, p.concurrency) for p in repeated if p.spread is not None
+                  and (w := p.spread.width(name)) is not None]
+        if widths:
+            w, level = max(widths)
+            parts.append(f"{words} {w:.0%} (at {level:g})")
+    reps = f"{counts[0]}-{counts[-1]}" if len(counts) > 1 else str(counts[0])
+    return (f"{reps} repeats at {len(repeated)} of {len(curve.points)} level(s), sized from the worst; widest "
+            f"spread (highest over lowest - 1): {', '.join(parts)}")
 
 
 def _mix(a: float | None, b: float | None, t: float) -> float | None:

@@ -23,12 +23,26 @@ predicted from a fit on the others). Estimates are always labelled as such.
 A candidate whose GPU and precision were measured on another instance size
 (g6e.2xlarge vs g6e.xlarge: same L40S), or at a precision of the same width
 (bf16 for fp16), reuses that curve instead.
+
+Co-located processes from solo curves (the packing search's estimators, one
+rule for both ways a pool shares its GPU; docs/plan.md, "GPU sharing in the
+plan"): a process at in-flight count c whose peers add P(c) ms of steps per
+step of its own is stretched by F(c) = (s(c) + k * P(c)) / s(c), s its solo
+mean step. Time slicing runs one context at a time, so every peer step lands
+between two of its own: k = 1. Under MPS the processes' kernels run side by
+side and only part of the peers' work delays it: k is calibrated on measured
+pairs (data/gpu_sharing.yaml: issue 33's table, H200, one run), the largest k
+any model and metric of those pairs implies, so the estimate errs slow.
 """
 
 from __future__ import annotations
 
+import functools
 import math
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
 
 from fleetcast.config import catalog
 from fleetcast.config.architectures import MODEL_SHAPES, ModelShape
@@ -37,6 +51,7 @@ from fleetcast.contract import support
 from fleetcast.contract.errors import UserError
 
 from .curves import Candidate, Curve, LoadPoint, sources_text
+from .sharing import MPS, TIME_SLICING
 
 # Per metric, the calibration's (intercept, slope) of log(measured / ideal) against log(concurrency).
 _Coef = dict[str, tuple[float, float]]
@@ -210,3 +225,171 @@ def estimate_specs(specs: list[str], measured: list[Candidate], model_id: str, f
         seen.add((name, precision))
         out.append(est.estimate(name, precision, levels))
     return out, est
+
+
+# ---------------------------------------------------------------- co-located processes from solo curves
+
+# Time slicing: the GPU runs one CUDA context at a time, so every step of a busy peer delays this process whole.
+TIME_SLICING_SERIALISED = 1.0
+SHARING_DATA = catalog.DATA_DIR / "gpu_sharing.yaml"
+SHARING_METRICS = ("output_tps", "itl_p99_ms")
+_METRIC_WORDS = {"output_tps": "throughput", "itl_p99_ms": "P99 ITL"}
+
+
+def stretched(own: Curve, peer_step_ms: Callable[[float], float], serialised: float) -> Curve:
+    """`own` on a GPU it shares with busy processes, from its solo curve: at in-flight count c each of its steps
+    takes its solo mean step s(c) plus `serialised` x the peers' step time per step of its own, `peer_step_ms(c)`,
+    so every latency (TTFT and ITL: mean, P99 and their intervals; E2E) is stretched by
+    F(c) = (s(c) + serialised x peer_step_ms(c)) / s(c) and throughput divided by it."""
+    points = []
+    for p in own.points:
+        own_step = p.itl_mean if p.itl_mean is not None else p.itl_p99
+        f = (own_step + serialised * peer_step_ms(p.concurrency)) / own_step
+
+        def s(v: float | None, f: float = f) -> float | None:
+            return None if v is None else v * f
+
+        def ci(v: tuple[float, float] | None, f: float = f) -> tuple[float, float] | None:
+            return None if v is None else (v[0] * f, v[1] * f)
+
+        points.append(replace(
+            p, ttft_p99=p.ttft_p99 * f, itl_p99=p.itl_p99 * f, e2e_mean=p.e2e_mean * f, ttft_mean=s(p.ttft_mean),
+            itl_mean=s(p.itl_mean), e2e_p99=s(p.e2e_p99), ttft_p99_ci=ci(p.ttft_p99_ci), itl_p99_ci=ci(p.itl_p99_ci),
+            output_tps=None if p.output_tps is None else p.output_tps / f,
+            request_rps=None if p.request_rps is None else p.request_rps / f, records=(), spread=None))
+    return Curve(tuple(points), own.notes)
+
+
+def time_sliced(own: Curve, peer_step_ms: Callable[[float], float]) -> Curve:
+    """The interference rule of a time-sliced GPU (serialised share 1); checked against the H200 co-location
+    dataset, where both were busy at the same concurrency (tests/plan/test_packing.py)."""
+    return stretched(own, peer_step_ms, TIME_SLICING_SERIALISED)
+
+
+def colocated(mode: str, own: Curve, peer_step_ms: float) -> Curve:
+    """`own` among busy peers adding `peer_step_ms` per step, under the pool's GPU sharing `mode`."""
+    share = TIME_SLICING_SERIALISED if mode == TIME_SLICING else mps_calibration().serialised
+    return stretched(own, lambda _c: peer_step_ms, share)
+
+
+@dataclass(frozen=True)
+class SharedPair:
+    """Two processes on one GPU at `concurrency` streams each: per model, per way ('alone', 'time_slicing',
+    'mps'), its output tokens/s and P99 ITL (ms)."""
+
+    concurrency: float
+    figures: dict[str, dict[str, dict[str, float]]]
+
+    def step_ms(self, model: str) -> float:
+        """A model's solo mean step: its streams over its solo token rate (every stream gains one token a step)."""
+        return self.concurrency / self.figures[model]["alone"]["output_tps"] * 1000.0
+
+    def peer_of(self, model: str) -> str:
+        return next(m for m in self.figures if m != model)
+
+    def implied(self, model: str, mode: str, metric: str) -> float:
+        """The serialised share k that makes the rule reproduce `metric` of `model` under `mode` exactly."""
+        alone, shared = self.figures[model]["alone"][metric], self.figures[model][mode][metric]
+        ratio = alone / shared if metric == "output_tps" else shared / alone
+        return (ratio - 1.0) * self.step_ms(model) / self.step_ms(self.peer_of(model))
+
+    def error(self, model: str, mode: str, metric: str, serialised: float) -> float:
+        """(predicted - measured) / measured of `metric` under `mode` with serialised share `serialised`."""
+        f = 1.0 + serialised * self.step_ms(self.peer_of(model)) / self.step_ms(model)
+        alone, shared = self.figures[model]["alone"][metric], self.figures[model][mode][metric]
+        predicted = alone / f if metric == "output_tps" else alone * f
+        return (predicted - shared) / shared
+
+
+@dataclass(frozen=True)
+class SharingDataset:
+    provenance: str
+    gpu: str
+    backend: str
+    pairs: tuple[SharedPair, ...]
+
+
+def load_sharing_dataset(path: Path | None = None) -> SharingDataset:
+    """The measured pairs (data/gpu_sharing.yaml, or `path`); a missing figure is one error naming it."""
+    from ruamel.yaml import YAML
+
+    where = path or SHARING_DATA
+    raw: Any = YAML(typ="safe").load(where.read_text())
+    pairs = []
+    for i, pair in enumerate(raw.get("pairs", [])):
+        figures: dict[str, dict[str, dict[str, float]]] = {}
+        models = pair.get("models", {})
+        if len(models) != 2:
+            raise UserError(f"{where}: pairs[{i}].models: a pair is two models, found {len(models)}")
+        for model, ways in models.items():
+            for way in ("alone", TIME_SLICING, MPS):
+                for metric in SHARING_METRICS:
+                    value = (ways.get(way) or {}).get(metric)
+                    if not isinstance(value, (int, float)) or value <= 0:
+                        raise UserError(f"{where}: pairs[{i}].models.{model}.{way}.{metric}: a positive number is "
+                                        f"required, found {value!r}")
+            figures[str(model)] = {way: {m: float(ways[way][m]) for m in SHARING_METRICS}
+                                   for way in ("alone", TIME_SLICING, MPS)}
+        pairs.append(SharedPair(float(pair["concurrency"]), figures))
+    if not pairs:
+        raise UserError(f"{where}: pairs: at least one measured pair is required")
+    return SharingDataset(str(raw.get("provenance", "unknown")), str(raw.get("gpu", "unknown")),
+                          str(raw.get("backend", "unknown")), tuple(pairs))
+
+
+def _error_ranges(rows: list[tuple[str, float]]) -> dict[str, tuple[float, float]]:
+    out: dict[str, tuple[float, float]] = {}
+    for metric, err in rows:
+        lo, hi = out.get(metric, (err, err))
+        out[metric] = (min(lo, err), max(hi, err))
+    return out
+
+
+def _serialised(points: list[tuple[SharedPair, str]]) -> float:
+    """The largest serialised share any (pair, model) and metric implies, within [0, 1]: the slow side."""
+    return min(1.0, max([0.0] + [pair.implied(model, MPS, metric) for pair, model in points
+                                 for metric in SHARING_METRICS]))
+
+
+@dataclass(frozen=True)
+class MpsCalibration:
+    """The MPS estimator's serialised share and its error on the measured pairs, stated as the time-slicing
+    rule's is: signed (predicted - measured) / measured, lowest and highest, per metric."""
+
+    serialised: float
+    dataset: SharingDataset
+    in_sample: dict[str, tuple[float, float]]
+    leave_one_out: dict[str, tuple[float, float]]
+    time_slicing: dict[str, tuple[float, float]]  # the time-slicing rule (k = 1) on the same pairs
+
+    def describe(self) -> str:
+        def ranges(d: dict[str, tuple[float, float]]) -> str:
+            return ", ".join(f"{_METRIC_WORDS[m]} {lo:+.0%} to {hi:+.0%}" for m, (lo, hi) in d.items())
+        d = self.dataset
+        where = (f"{len(d.pairs)} measured pair(s) ({d.provenance}; {d.backend} backend on {d.gpu}, "
+                 f"{', '.join(f'{p.concurrency:g} streams each' for p in d.pairs)})")
+        return (f"MPS estimator: solo curves stretched by 1 + {self.serialised:.3f} x the peers' step over its own "
+                f"(calibrated on {where}, the largest share any model implies); error in sample: "
+                f"{ranges(self.in_sample)}; leave-one-model-out: {ranges(self.leave_one_out)}; the time-slicing rule "
+                f"on the same pair(s): {ranges(self.time_slicing)}; no TTFT was measured, so its TTFT error is unknown")
+
+
+def calibrate_mps(dataset: SharingDataset) -> MpsCalibration:
+    points = [(pair, model) for pair in dataset.pairs for model in pair.figures]
+    k = _serialised(points)
+    in_sample = _error_ranges([(m, pair.error(model, MPS, m, k)) for pair, model in points for m in SHARING_METRICS])
+    loo = []
+    for held in points:
+        rest = [p for p in points if p[1] != held[1]]  # every pair's figures of the other model(s)
+        if rest:
+            kk = _serialised(rest)
+            loo += [(m, held[0].error(held[1], MPS, m, kk)) for m in SHARING_METRICS]
+    ts = _error_ranges([(m, pair.error(model, TIME_SLICING, m, TIME_SLICING_SERIALISED))
+                        for pair, model in points for m in SHARING_METRICS])
+    return MpsCalibration(k, dataset, in_sample, _error_ranges(loo), ts)
+
+
+@functools.lru_cache(maxsize=1)
+def mps_calibration() -> MpsCalibration:
+    """The shipped calibration (data/gpu_sharing.yaml), read once."""
+    return calibrate_mps(load_sharing_dataset())

@@ -23,7 +23,7 @@ from fleetcast.config.model import Precision
 from fleetcast.contract.errors import UserError
 from fleetcast.contract.network import PROVIDER_INTERFACE_ENDPOINTS
 
-from .curves import Candidate, Curve, LoadPoint
+from .curves import REPEAT_MIN_SAMPLE_SHARE, Candidate, Curve, LoadPoint, spread_text, worst_of
 from .traffic import validation_summary
 
 DATA_DIR = catalog.DATA_DIR
@@ -52,8 +52,8 @@ def _read_yaml(path: Path, flag: str) -> Any:
 def load_candidates(paths: list[str | Path], lab: dict[str, str] | None = None) -> list[Candidate]:
     """One Candidate per (instance type, precision) found in the results files.
 
-    Files for the same pair are merged by load level (the run with more samples
-    wins a duplicate level). Reference-backend results are refused outright:
+    Files for the same pair are merged by load level; a level measured more than
+    once is sized from its worst repeat, its spread kept (curves.worst_of). Reference-backend results are refused outright:
     they come from a development stand-in, not from an AWS GPU. `lab` ({GPU: type},
     `fleetcast plan --lab`) is the exception the caller asks for: reference-backend
     results measured on that GPU without an instance type are read as that lab type.
@@ -104,6 +104,9 @@ def load_candidates(paths: list[str | Path], lab: dict[str, str] | None = None) 
         if not points:
             raise UserError(f"--results: {', '.join(slot['sources'])}: no usable run for {instance_type} {precision} "
                             f"({'; '.join(notes) or 'no runs'})")
+        # How wide the repeats spread, said wherever the curve's notes are (both planners' warnings and reports).
+        spread = spread_text(Curve(tuple(points)))
+        notes += [spread] if spread else []
         out.append(Candidate(
             instance_type=instance_type, precision=precision, curve=Curve(tuple(points), tuple(notes)),
             backend=slot["backend"], model=slot["model"], sources=tuple(slot["sources"]),
@@ -112,6 +115,20 @@ def load_candidates(paths: list[str | Path], lab: dict[str, str] | None = None) 
             provenance="synthetic" if "synthetic" in slot["provenance"] else "measured",
         ))
     return out
+
+
+def _point(level: float, run: Any) -> LoadPoint:
+    s = run.summary
+    return LoadPoint(
+        concurrency=level,
+        ttft_p99=s.ttft_ms.p99, itl_p99=s.itl_ms.p99, e2e_mean=s.e2e_ms.mean,
+        error_rate=s.error_rate, ttft_mean=s.ttft_ms.mean, itl_mean=s.itl_ms.mean, e2e_p99=s.e2e_ms.p99,
+        ttft_p99_ci=tuple(s.ttft_ms.p99_ci) if s.ttft_ms.p99_ci else None,
+        itl_p99_ci=tuple(s.itl_ms.p99_ci) if s.itl_ms.p99_ci else None,
+        samples=s.ttft_ms.count, output_tps=s.output_throughput_tps, request_rps=s.request_throughput_rps,
+        bench_rtt_ms=s.network_rtt_ms, records=tuple((r.ttft_ms, r.itl_ms, r.ok) for r in run.records),
+        tail_note=s.ttft_ms.tail_note,
+    )
 
 
 def _points(runs: list) -> tuple[list[LoadPoint], list[str], tuple[float, float]]:
@@ -139,27 +156,20 @@ def _points(runs: list) -> tuple[list[LoadPoint], list[str], tuple[float, float]
         keep = max(counts, key=lambda k: (counts[k], -k[0]))
         notes.append(f"runs at {len(specs)} length specs; kept input={keep[0]:g} output={keep[1]:g} ({counts[keep]} runs)")
         usable = [u for u in usable if (u[1].lengths.input_mean, u[1].lengths.output_mean) == keep]
-    by_level: dict[float, tuple] = {}
-    for source, run, level in usable:
-        prev = by_level.get(level)
-        if prev is not None:
-            notes.append(f"load {level:g} measured twice; kept the run with more samples")
-        if prev is None or run.summary.ttft_ms.count > prev[1].summary.ttft_ms.count:
-            by_level[level] = (source, run)
+    by_level: dict[float, list] = {}
+    for _source, run, level in usable:
+        by_level.setdefault(level, []).append(run)
     points = []
-    for level, (_, run) in by_level.items():
-        s = run.summary
-        records = tuple((r.ttft_ms, r.itl_ms, r.ok) for r in run.records)
-        tail = s.ttft_ms.tail_note
-        points.append(LoadPoint(
-            concurrency=level,
-            ttft_p99=s.ttft_ms.p99, itl_p99=s.itl_ms.p99, e2e_mean=s.e2e_ms.mean,
-            error_rate=s.error_rate, ttft_mean=s.ttft_ms.mean, itl_mean=s.itl_ms.mean, e2e_p99=s.e2e_ms.p99,
-            ttft_p99_ci=tuple(s.ttft_ms.p99_ci) if s.ttft_ms.p99_ci else None,
-            itl_p99_ci=tuple(s.itl_ms.p99_ci) if s.itl_ms.p99_ci else None,
-            samples=s.ttft_ms.count, output_tps=s.output_throughput_tps, request_rps=s.request_throughput_rps,
-            bench_rtt_ms=s.network_rtt_ms, records=records, tail_note=tail,
-        ))
+    for level, level_runs in by_level.items():
+        # A level measured more than once is sized from its worst repeat (curves.worst_of); a run with far fewer
+        # samples than the largest is not a repeat of equal standing and is left out, as before repeats counted.
+        most = max(r.summary.ttft_ms.count for r in level_runs)
+        kept = [r for r in level_runs if r.summary.ttft_ms.count >= REPEAT_MIN_SAMPLE_SHARE * most]
+        if len(kept) < len(level_runs):
+            times = "twice" if len(level_runs) == 2 else f"{len(level_runs)} times"
+            notes.append(f"load {level:g} measured {times}; left out {len(level_runs) - len(kept)} "
+                         f"run(s) with under {REPEAT_MIN_SAMPLE_SHARE:.0%} of the largest run's samples")
+        points.append(worst_of([_point(level, r) for r in kept]))
     first = usable[0][1].lengths
     return points, notes, (first.input_mean, first.output_mean)
 

@@ -10,8 +10,9 @@ instance type with results:
      at most MAX_PROCESSES processes; the enumeration stops at MAX_PACKINGS per type (said in the notes);
   2. each model's process curve in that packing: the co-located curve measured on exactly that packing with
      its peers busy (bench results `packing`), else, for a packing of one process, its solo curve as
-     measured, else its solo curve under the interference rule (`colocated_estimate`): "estimated (solo
-     curves)";
+     measured under the pool's GPU sharing (never a curve of the other mode), else its solo curve under that
+     mode's estimator (fleetcast/plan/estimate.py: `time_sliced`, or the calibrated MPS one): "estimated (solo
+     curves)" / "estimated (solo curves, MPS)";
   3. per UTC hour, per model: the fewest processes meeting that model's P99 TTFT (its consumers' network
      included) / ITL / error SLO at its busiest-minute arrivals (queueing.instances_needed, the same
      service model as one-model plans), instances = max over models of ceil(processes / copies), at least
@@ -28,7 +29,6 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
@@ -40,7 +40,19 @@ from fleetcast.contract.errors import UserError
 from fleetcast.contract.serving import MAX_PROCESSES
 
 from .curves import Candidate, Curve
+from .estimate import colocated, mps_calibration
 from .queueing import Limits, Prediction, ServiceModel, Stream, model_for, occupancy, predict
+from .sharing import (
+    ESTIMATED as ESTIMATED_BY,
+    MEASURED,
+    MODE_WORDS,
+    MPS,
+    TIME_SLICING,
+    is_estimated,
+    is_measured_shared,
+    pool_sharing,
+    sharing_notes,
+)
 from .solver import (
     PlanContext,
     PoolDay,
@@ -69,9 +81,9 @@ MIN_KV_GIB = 1.0
 SPARSE_LEVELS = 3
 SPARSE_ITL_GAP = "which ran 4-12% below the simulation's P99 ITL on the H200 example (3 levels)"
 
-MEASURED_COLOCATED = "measured (co-located)"
+MEASURED_COLOCATED = MEASURED[TIME_SLICING]  # a co-located curve measured time-sliced; MEASURED[MPS] under MPS
 MEASURED_ALONE = "measured (one process)"
-ESTIMATED = "estimated (solo curves)"
+ESTIMATED = ESTIMATED_BY[TIME_SLICING]  # solo curves by the time-slicing rule; ESTIMATED_BY[MPS] by the MPS estimator
 
 
 # ---------------------------------------------------------------- curves per model
@@ -94,6 +106,8 @@ class ModelCurve:
     # The packing's precisions as measured, sorted (model, precision) pairs: a co-located curve stands for a
     # packing only with every model at the precision it ran at. None: a solo measurement.
     precisions: tuple[tuple[str, str], ...] | None = None
+    # How the packing's processes shared the GPU while measured (bench results packing.gpu_sharing); None: solo.
+    sharing: str | None = None
 
     @property
     def instance_type(self) -> str:
@@ -166,12 +180,14 @@ def load_model_curves(paths: list[str], models: tuple[str, ...], lab: dict[str, 
         instance_type = results.labels.instance_type or (lab or {}).get(results.labels.gpu or "")
         kv = _packing_kv(results)
         key = (instance_type, results.labels.precision, model, _packing_key(results),
-               _peers_busy(results), tuple(sorted(kv.items())) if kv else None, _packing_precisions(path, results))
+               _peers_busy(results), tuple(sorted(kv.items())) if kv else None, _packing_precisions(path, results),
+               results.packing.sharing() if results.packing is not None else None)
         groups.setdefault(key, []).append(str(path))
     out = []
-    for (_, _, model, packing, busy, kv, precisions), group in sorted(groups.items(), key=lambda kv: str(kv[0])):
+    for (_, _, model, packing, busy, kv, precisions, sharing), group in sorted(groups.items(),
+                                                                              key=lambda kv: str(kv[0])):
         (candidate,) = load_candidates(group, lab)
-        out.append(ModelCurve(model, candidate, packing, busy, dict(kv) if kv else None, precisions))
+        out.append(ModelCurve(model, candidate, packing, busy, dict(kv) if kv else None, precisions, sharing))
     return out
 
 
@@ -180,7 +196,7 @@ def curves_text(curves: list[ModelCurve]) -> str:
     counts: dict[str, int] = {}
     for c in curves:
         what = ("synthetic" if c.candidate.provenance == "synthetic" else "measured") + \
-            (" co-located" if c.colocated else " solo") + \
+            (f" co-located ({MODE_WORDS[c.sharing or TIME_SLICING]})" if c.colocated else " solo") + \
             (" (reference backend, lab machine)" if c.candidate.backend == "reference" else "")
         counts[what] = counts.get(what, 0) + 1
     return ", ".join(f"{n} {what} curve(s)" for what, n in sorted(counts.items()))
@@ -200,35 +216,6 @@ def _instance(instance_type: str, lab: dict[str, str]) -> catalog.InstanceType |
 
 
 # ---------------------------------------------------------------- the interference rule
-
-
-def colocated_estimate(own: Curve, peer_step_ms: Callable[[float], float]) -> Curve:
-    """`own` on a GPU it time-slices with other processes, from its solo curve.
-
-    Time-slicing (no MPS): the GPU runs each busy process's step in turn, so a step of this process at
-    in-flight count c takes its own solo step plus the time the peers' steps take, `peer_step_ms(c)`; every
-    latency (TTFT and ITL: mean, P99 and their intervals; E2E) is stretched by
-    F(c) = (ITL_own(c) + peer_step_ms(c)) / ITL_own(c), throughput divided by it. The planner passes the
-    peers' expected step time per step (busy share x mean step at their planned load, `peer_steps`);
-    checked against the H200 co-location dataset, where both were busy at the same concurrency
-    (tests/plan/test_packing.py).
-    """
-    points = []
-    for p in own.points:
-        own_step = p.itl_mean if p.itl_mean is not None else p.itl_p99
-        f = (own_step + peer_step_ms(p.concurrency)) / own_step
-
-        def s(v, f=f):
-            return None if v is None else v * f
-
-        points.append(replace(
-            p, ttft_p99=p.ttft_p99 * f, itl_p99=p.itl_p99 * f, e2e_mean=p.e2e_mean * f, ttft_mean=s(p.ttft_mean),
-            itl_mean=s(p.itl_mean), e2e_p99=s(p.e2e_p99),
-            ttft_p99_ci=None if p.ttft_p99_ci is None else (p.ttft_p99_ci[0] * f, p.ttft_p99_ci[1] * f),
-            itl_p99_ci=None if p.itl_p99_ci is None else (p.itl_p99_ci[0] * f, p.itl_p99_ci[1] * f),
-            output_tps=None if p.output_tps is None else p.output_tps / f,
-            request_rps=None if p.request_rps is None else p.request_rps / f, records=()))
-    return Curve(tuple(points), own.notes)
 
 
 def mean_step_ms(curve: Curve, level: float) -> float:
@@ -395,10 +382,11 @@ class PackingEval(PoolDay):
     usd_per_m_output: float = 0.0
     label_text: str = ""  # a packing the memory check refused before any model was loaded: what it was
     reserved_used: int = 0  # reserved instances (--reserved) this packing runs on, paid whatever the pick
+    sharing: str = TIME_SLICING  # how its processes share the GPU (the pool's gpu_sharing, or plan --gpu-sharing)
 
     @property
     def estimated(self) -> bool:
-        return any(m.source == ESTIMATED for m in self.loads)
+        return any(is_estimated(m.source) for m in self.loads)
 
     @property
     def synthetic(self) -> bool:
@@ -407,9 +395,10 @@ class PackingEval(PoolDay):
     @property
     def source(self) -> str:
         if self.estimated:
-            return ESTIMATED
-        if any(m.source == MEASURED_COLOCATED for m in self.loads):
-            return MEASURED_COLOCATED
+            return ESTIMATED_BY[self.sharing]
+        shared = next((m.source for m in self.loads if is_measured_shared(m.source)), None)
+        if shared is not None:
+            return shared
         return self.loads[0].source if self.loads else "measured"
 
     @property
@@ -418,7 +407,9 @@ class PackingEval(PoolDay):
 
     @property
     def label(self) -> str:
-        return f"{self.instance_type} [{self.packing_text}]"
+        # Under MPS a packing of several processes is another candidate than the same packing time-sliced.
+        mode = " under MPS" if self.sharing == MPS and self.processes > 1 else ""
+        return f"{self.instance_type} [{self.packing_text}]{mode}"
 
     @property
     def processes(self) -> int:
@@ -440,13 +431,13 @@ class PackingEval(PoolDay):
                 round(self.slo_use(), 3), self.label)
 
 
-def _source_of(mc: ModelCurve, processes: int) -> str:
+def _source_of(mc: ModelCurve, processes: int, sharing: str = TIME_SLICING) -> str:
     base = "synthetic (authored data, not measured)" if mc.candidate.provenance == "synthetic" else None
     if mc.colocated:
-        return base or MEASURED_COLOCATED
+        return base or MEASURED[mc.sharing or TIME_SLICING]
     if processes == 1:
         return base or MEASURED_ALONE  # measured alone on its GPU (a packed file's peers idle: loaded, not busy)
-    return ESTIMATED
+    return ESTIMATED_BY[sharing]
 
 
 def _slo_for(cfg, model_id: str, fleet: Slo) -> Slo:
@@ -615,20 +606,22 @@ def _options(curves: list[ModelCurve], model: str, instance_type: str, cfg, fami
 
 
 def _curve_for(curves: list[ModelCurve], model: str, instance_type: str, precision: str,
-               key: tuple[tuple[str, int], ...], precisions: tuple[tuple[str, str], ...]
+               key: tuple[tuple[str, int], ...], precisions: tuple[tuple[str, str], ...], sharing: str = TIME_SLICING
                ) -> tuple[ModelCurve | None, ModelCurve | None]:
-    """(co-located curve measured on exactly this packing, every model at its precision, with peers busy, best
-    solo-like curve)."""
+    """(co-located curve measured on exactly this packing, every model at its precision, with peers busy, under
+    the GPU sharing `sharing` (a curve of the other mode is never used), best solo-like curve)."""
     mine = [c for c in curves if c.model == model and c.instance_type == instance_type and c.precision == precision]
-    coloc = next((c for c in mine if c.colocated and c.packing == key and c.precisions == precisions), None)
+    coloc = next((c for c in mine if c.colocated and c.packing == key and c.precisions == precisions
+                  and (c.sharing or TIME_SLICING) == sharing), None)
     solo = next((c for c in mine if c.packing is None), None) or next((c for c in mine if not c.colocated), None)
     return coloc, solo
 
 
 def plan_packing(cfg, curves: list[ModelCurve], profile: TrafficProfile, ctx: PlanContext, *,
                  max_copies: int = DEFAULT_MAX_COPIES, fleet_slo: Slo | None = None,
-                 lab: dict[str, str] | None = None) -> PackingPlan:
-    """Search every consumer region's packings; the choice per region, priced against not packing."""
+                 lab: dict[str, str] | None = None, gpu_sharing: str | None = None) -> PackingPlan:
+    """Search every consumer region's packings; the choice per region, priced against not packing (and, where it
+    plans under MPS, against the same region time-sliced). `gpu_sharing` plans every pool under that mode."""
     fleet_slo = fleet_slo or ctx.slo
     models = tuple(m.id for m in cfg.models)
     families = {m.id: m.family.value for m in cfg.models}
@@ -640,7 +633,13 @@ def plan_packing(cfg, curves: list[ModelCurve], profile: TrafficProfile, ctx: Pl
     cache: dict = {"lab": dict(lab or {})}
     for region, entries in regions.items():
         entries = sorted(entries, key=lambda t: models.index(t.model))
-        out.append(_plan_region(cfg, curves, region, entries, ctx, fleet_slo, max_copies, families, kv_dtype, cache))
+        plan = _plan_region(cfg, curves, region, entries, ctx, fleet_slo, max_copies, families, kv_dtype, cache,
+                            gpu_sharing)
+        if any(e.sharing == MPS for e in plan.evaluations):
+            sliced = _plan_region(cfg, curves, region, entries, ctx, fleet_slo, max_copies, families, kv_dtype, cache,
+                                  TIME_SLICING)
+            plan.alternatives += _time_sliced_alternative(sliced)
+        out.append(plan)
     return PackingPlan(profile.name, models, out, max_copies=max_copies)
 
 
@@ -663,7 +662,17 @@ def _entitlement_notes(cfg, region: str, entries: list[ConsumerTraffic]) -> list
             for t in entries if callers]
 
 
-def _plan_region(cfg, curves, region, entries, ctx, fleet_slo, max_copies, families, kv_dtype, cache) -> RegionPacking:
+def _time_sliced_alternative(sliced: RegionPacking) -> list[Alternative]:
+    """The region's choice had its pools time-sliced, priced as an alternative to the MPS plan ("time slicing")."""
+    w = sliced.winner
+    if w is None:
+        return []
+    inst = sum(w.instances_by_hour) * w.price_per_hour / 24
+    return [Alternative("time slicing", [w], inst, sum(w.fixed_by_hour) / 24, w.usd_per_m_output)]
+
+
+def _plan_region(cfg, curves, region, entries, ctx, fleet_slo, max_copies, families, kv_dtype, cache,
+                 gpu_sharing: str | None = None) -> RegionPacking:
     notes = _entitlement_notes(cfg, region, entries)
     types = sorted({c.instance_type for c in curves})
     evaluations: list[PackingEval] = []
@@ -689,24 +698,28 @@ def _plan_region(cfg, curves, region, entries, ctx, fleet_slo, max_copies, famil
                 notes.append(f"{instance_type}: stopped after {MAX_PACKINGS} packings (MAX_PACKINGS), fewest processes "
                              f"first: some packings of {sum(c for _, c in combo)} or more processes were not tried")
                 break
-            ev = _evaluate(cfg, curves, instance_type, region, entries, combo, ctx, fleet_slo, n_min, cache)
+            ev = _evaluate(cfg, curves, instance_type, region, entries, combo, ctx, fleet_slo, n_min, cache,
+                           pool_sharing(cfg, region, instance_type, gpu_sharing))
             if ev is not None:
                 evaluations.append(ev)
     ranked = sorted((e for e in evaluations if e.feasible), key=PackingEval.rank_key)
     winner = next((e for e in ranked if not e.estimated), ranked[0] if ranked else None)
     if winner is not None and winner.estimated:
         notes.append(f"no packing with measured curves meets every SLO: the choice {winner.label} is ESTIMATED "
-                     "(solo curves); measure it co-located (fleetcast bench run --model-mix) before deploying")
+                     f"{winner.source.removeprefix('estimated ')}; measure it co-located (fleetcast bench run "
+                     "--model-mix) before deploying")
     elif winner is not None:
         cheaper = [e for e in ranked if e.estimated and e.rank_key() < winner.rank_key()]
         if cheaper:
             notes.append(f"{len(cheaper)} estimated packing(s) would cost less than the measured choice (best: "
                          f"{cheaper[0].label} at ${cheaper[0].cost_per_hour:.2f}/h vs ${winner.cost_per_hour:.2f}/h, "
-                         f"{ESTIMATED}); not chosen: measure it co-located before choosing it")
+                         f"{cheaper[0].source}); not chosen: measure it co-located before choosing it")
     if winner is not None:
         notes += [f"{m.model}: its co-located curve has {len(m.curve.points)} load levels: the planner's P99 ITL comes "
                   f"from the batch averaged over a request's life between them, {SPARSE_ITL_GAP} (docs/plan.md, Limits)"
-                  for m in winner.loads if m.source == MEASURED_COLOCATED and len(m.curve.points) <= SPARSE_LEVELS]
+                  for m in winner.loads if is_measured_shared(m.source) and len(m.curve.points) <= SPARSE_LEVELS]
+        notes += sharing_notes(winner, curves, mps_calibration().describe()
+                               if any(e.sharing == MPS and e.estimated for e in ranked) else None)
     plan = RegionPacking(region, entries, evaluations, ranked, winner, notes=notes, not_offered=not_offered)
     plan.alternatives = _alternatives(cfg, curves, region, entries, ctx, fleet_slo, families, kv_dtype, cache)
     return plan
@@ -750,8 +763,10 @@ def _compositions(total: int, parts: int, most: int):
             yield (first, *rest)
 
 
-def _evaluate(cfg, curves, instance_type, region, entries, combo, ctx, fleet_slo, n_min, cache) -> PackingEval | None:
-    """One packing; None when it does not fit memory (not a candidate at all)."""
+def _evaluate(cfg, curves, instance_type, region, entries, combo, ctx, fleet_slo, n_min, cache,
+              sharing: str = TIME_SLICING) -> PackingEval | None:
+    """One packing, its processes sharing the GPU by `sharing`; None when it does not fit memory (not a candidate at
+    all)."""
     packing = tuple((t.model, p, c) for t, (p, c) in zip(entries, combo))
     processes = sum(c for _, _, c in packing)
     if processes > MAX_PROCESSES:
@@ -760,7 +775,7 @@ def _evaluate(cfg, curves, instance_type, region, entries, combo, ctx, fleet_slo
     precisions = tuple(sorted((m, p) for m, p, _ in packing))
     picked = []
     for t, (model, prec, copies) in zip(entries, packing):
-        coloc, solo = _curve_for(curves, model, instance_type, prec, key, precisions)
+        coloc, solo = _curve_for(curves, model, instance_type, prec, key, precisions, sharing)
         picked.append((t, model, prec, copies, coloc, solo))
     if any(coloc is None and solo is None for *_, coloc, solo in picked):
         return None
@@ -770,7 +785,7 @@ def _evaluate(cfg, curves, instance_type, region, entries, combo, ctx, fleet_slo
     memory, refusal = memory_check(cfg, instance_type, packing, cache["lab"], measured_kv)
     if refusal is not None:
         label = " + ".join(f"{m} {p} x{c}" for m, p, c in packing)
-        return PackingEval(instance_type, region, [], memory, rejected=refusal, label_text=label)
+        return PackingEval(instance_type, region, [], memory, rejected=refusal, label_text=label, sharing=sharing)
     kv = {p.model_id: p.kv_bytes for p in memory.processes} if memory is not None else {}
     def load_of(t, model, prec, copies, mc, curve, source) -> ModelLoad:
         kv_b = kv.get(model)
@@ -784,14 +799,14 @@ def _evaluate(cfg, curves, instance_type, region, entries, combo, ctx, fleet_slo
 
     # What each process's curve is as measured (the co-located curve, else the solo one).
     first = [load_of(t, m, p, c, coloc or solo, (coloc or solo).candidate.curve,
-                     _source_of(coloc or solo, processes)) for t, m, p, c, coloc, solo in picked]
+                     _source_of(coloc or solo, processes, sharing)) for t, m, p, c, coloc, solo in picked]
     if all(as_measured(coloc, solo) for *_, coloc, solo in picked):
-        return size_packing(PackingEval(instance_type, region, first, memory), ctx, n_min, cache)
+        return size_packing(PackingEval(instance_type, region, first, memory, sharing=sharing), ctx, n_min, cache)
     # Interference rule: the peers' load comes from sizing the packing on the curves as measured (pass 1,
     # which needs fewer instances than the stretched curves will, so it overstates the peers' load).
-    pre = size_packing(PackingEval(instance_type, region, first, memory), ctx, n_min, cache)
+    pre = size_packing(PackingEval(instance_type, region, first, memory, sharing=sharing), ctx, n_min, cache)
     if not pre.feasible:
-        pre.loads = [replace(ld, source=ESTIMATED) if not as_measured(pk[4], pk[5]) else ld
+        pre.loads = [replace(ld, source=ESTIMATED_BY[sharing]) if not as_measured(pk[4], pk[5]) else ld
                      for ld, pk in zip(pre.loads, picked)]
         return pre
     adds = [peer_steps(ld, pre.instances_by_hour, cache) for ld in first]
@@ -801,11 +816,12 @@ def _evaluate(cfg, curves, instance_type, region, entries, combo, ctx, fleet_slo
             loads.append(replace(first[i], processes_by_hour=[], predictions=[]))
             continue
         others = sum(a * ld.copies for a, ld in zip(adds, first)) - adds[i]  # every process but this one
-        key_est = ("est", id(solo), round(others, 3))
+        key_est = ("est", sharing, id(solo), round(others, 3))
         if key_est not in cache:
-            cache[key_est] = colocated_estimate(solo.candidate.curve, lambda _c, x=others: x)
-        loads.append(replace(load_of(t, model, prec, copies, solo, cache[key_est], ESTIMATED), peer_step_ms=others))
-    return size_packing(PackingEval(instance_type, region, loads, memory), ctx, n_min, cache)
+            cache[key_est] = colocated(sharing, solo.candidate.curve, others)
+        loads.append(replace(load_of(t, model, prec, copies, solo, cache[key_est], ESTIMATED_BY[sharing]),
+                             peer_step_ms=others))
+    return size_packing(PackingEval(instance_type, region, loads, memory, sharing=sharing), ctx, n_min, cache)
 
 
 def _alternatives(cfg, curves, region, entries, ctx, fleet_slo, families, kv_dtype, cache) -> list[Alternative]:

@@ -9,6 +9,9 @@ from pathlib import Path
 
 from .packing import ESTIMATED, PackingEval, PackingPlan, RegionPacking
 from .report import Block, blocks_html, blocks_markdown, write_report_dir
+from .sharing import ESTIMATED as ESTIMATED_BY, MPS, spread_json
+
+ESTIMATED_MPS = ESTIMATED_BY[MPS]
 
 TOP_OTHERS = 6  # other feasible packings listed per region
 
@@ -117,9 +120,10 @@ def blocks(result: PackingPlan, plots: dict[str, list[Path]] | None = None) -> l
                          f"${result.alternative_cost('one model per fleet'):.2f}/h"))
     out.append(("h2", "Reading this report"))
     out.append(("ul", [
-        ("curve", "what a model's figures rest on: 'measured (co-located)' = bench results of exactly this packing "
-                  "with the other models busy; 'measured (one process)' = a solo curve, exact for a packing of one "
-                  f"process; '{ESTIMATED}' = solo curves stretched by the interference rule (docs/plan.md); "
+        ("curve", "what a model's figures rest on: 'measured (time slicing)' / 'measured (MPS)' = bench results of "
+                  "exactly this packing with the other models busy, sharing the GPU that way; 'measured (one process)' "
+                  f"= a solo curve, exact for a packing of one process; '{ESTIMATED}' / '{ESTIMATED_MPS}' = solo curves "
+                  "stretched by the time-slicing rule / the calibrated MPS estimator (docs/plan.md); "
                   "'synthetic' = authored scenario data"),
         ("worst-minute P99", "the planner's predicted P99 at the day's worst planned minute (busiest minute of the "
                              "hour, the planned instances), network included for TTFT"),
@@ -127,6 +131,8 @@ def blocks(result: PackingPlan, plots: dict[str, list[Path]] | None = None) -> l
                                "and endpoint set for the fleet; a what-if: the config's pools of one region all "
                                "serve the same models, so it is not deployable as one fleet today"),
         ("one model per fleet", "the same instances, each model a fleet of its own with its own NLB and endpoints"),
+        ("time slicing", "where a pool plans under MPS: the same region planned with its GPU time-sliced (the "
+                         "cheapest packing then), so the saving of MPS is stated against it"),
     ]))
     return out
 
@@ -157,9 +163,11 @@ def render_terminal(result: PackingPlan) -> str:
 
 def _ev_json(e: PackingEval) -> dict:
     d = {"instance_type": e.instance_type, "region": e.region, "label": e.label, "source": e.source,
+         "gpu_sharing": e.sharing,
          "rejected": e.rejected,
          "packing": [{"model": m.model, "precision": m.precision, "copies": m.copies, "kv_cache_gib": m.kv_gib,
-                      "source": m.source, "sources": list(m.sources), "peer_step_ms": m.peer_step_ms}
+                      "source": m.source, "sources": list(m.sources), "peer_step_ms": m.peer_step_ms,
+                      "spread": spread_json(m.curve)}
                      for m in e.loads]}
     if e.feasible:
         lo, desired, hi = e.capacity()

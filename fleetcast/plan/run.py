@@ -66,6 +66,8 @@ class PlanOptions:
     # Lab machines (`--lab GPU=TYPE`): reference-backend results measured on that GPU, without an instance type,
     # planned as TYPE (a catalog entry the caller supplies: FLEETCAST_INSTANCES). Several-model fleets only.
     lab: dict[str, str] = field(default_factory=dict)
+    # `--gpu-sharing MODE`: plan every pool of a several-model fleet as if it shared its GPU that way (a what-if).
+    gpu_sharing: str | None = None
 
 
 def _expand(paths: list[str]) -> list[str]:
@@ -282,7 +284,7 @@ def build_packing(opts: PlanOptions, max_copies: int | None = None):
                         "not a TensorRT-LLM engine and not an AWS instance type; the plan shows how the packing is "
                         "chosen from them, not what an AWS fleet would cost")
     result = packing.plan_packing(cfg, curves, traffic, ctx, fleet_slo=slo, lab=opts.lab,
-                                  max_copies=max_copies or packing.DEFAULT_MAX_COPIES)
+                                  max_copies=max_copies or packing.DEFAULT_MAX_COPIES, gpu_sharing=opts.gpu_sharing)
     from . import spot
 
     inputs = spot.load_spot_inputs(opts.spot_prices, opts.spot_interruptions, opts.spot_relaunch_s)
@@ -405,8 +407,8 @@ def plan_fleet(opts: PlanOptions, max_copies: int | None = None) -> Planned:
     if several_models(opts.config):
         result, ctx, _ = build_packing(opts, max_copies=max_copies)
         return Planned(result, ctx)
-    if opts.lab or max_copies:
-        raise UserError(f"--lab/--max-copies plan fleets of several models; {opts.config} serves one",
+    if opts.lab or max_copies or opts.gpu_sharing:
+        raise UserError(f"--lab/--max-copies/--gpu-sharing plan fleets of several models; {opts.config} serves one",
                         exit_code=EXIT_USAGE)
     result, plans, ctx = build_plan(opts)
     return Planned(result, ctx, plans)

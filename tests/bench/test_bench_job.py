@@ -124,9 +124,11 @@ def test_a_key_secret_without_keys_fails_the_job_with_a_note_and_scales_to_zero(
 
 def test_a_packed_instance_measures_each_model_alone_then_all_at_once(s3):
     """A pool serving several models: each engine process alone (the others loaded and idle), then the mix with
-    every model at its own port; one pair of files per model, each with its own precision and backend."""
+    every model at its own port, each level MIX_REPEATS times; one pair of files per model, each with its own
+    precision and backend, and the pool's gpu_sharing recorded in every file's packing."""
     from fleetcast.bench.accuracy import TestServerProcess
     from fleetcast.bench.testserver import Timings
+    from fleetcast.contract.bench import MIX_REPEATS
     from fleetcast.contract.bucket import bench_packed_key, packed_model_key
     from tests.bench.conftest import free_port
 
@@ -138,7 +140,8 @@ def test_a_packed_instance_measures_each_model_alone_then_all_at_once(s3):
                   "FLEETCAST_BENCH_LABELS": "instance_type=g6e.xlarge,region=us-east-1,path=instance",
                   "FLEETCAST_BENCH_MODELS": f"gpt2-xl:{xl.port}:int8_wo:tensorrt,qwen2.5-0.5b:{qwen.port}:bf16:pytorch",
                   "FLEETCAST_BENCH_MODEL_MIX": "gpt2-xl:0.5,qwen2.5-0.5b:0.5",
-                  "FLEETCAST_BENCH_PACKING": "gpt2-xl:1:8,qwen2.5-0.5b:1:4"}
+                  "FLEETCAST_BENCH_PACKING": "gpt2-xl:1:8,qwen2.5-0.5b:1:4",
+                  "FLEETCAST_BENCH_GPU_SHARING": "mps"}
         assert bench_job.run(packed, s3=s3, autoscaling=asg, health_timeout_s=10) == 0
         stub.assert_no_pending_responses()
     files = {}
@@ -154,12 +157,15 @@ def test_a_packed_instance_measures_each_model_alone_then_all_at_once(s3):
             xl = "int8_wo " if together or model == "gpt2-xl" else ""
             small = "bf16 " if together or model == "qwen2.5-0.5b" else ""
             said = f"gpt2-xl {xl}x1 (KV 8 GiB each), qwen2.5-0.5b {small}x1 (KV 4 GiB each)"
-            assert res.packing.text() == f"{said} on g6e.xlarge"
+            assert res.packing.text() == f"{said} on g6e.xlarge (mps)" and res.packing.gpu_sharing == "mps"
     # Concurrency 1,2: alone at both levels with the peer idle; the mix at 2 only (one worker per model).
     assert [r.load.concurrency for r in files[("gpt2-xl", False)].runs] == [1, 2]
     assert files[("gpt2-xl", False)].runs[0].peers == {"qwen2.5-0.5b": 0.0}
     mix = files[("gpt2-xl", True)]
-    assert [r.total.load.concurrency for r in mix.runs] == [2] and mix.runs[0].peers["qwen2.5-0.5b"] > 0
+    assert [r.total.load.concurrency for r in mix.runs] == [2] * int(MIX_REPEATS)
+    assert [r.repeat for r in mix.runs] == list(range(1, int(MIX_REPEATS) + 1))
+    assert all(r.peers["qwen2.5-0.5b"] > 0 for r in mix.runs)
+    assert [r.repeat for r in files[("gpt2-xl", False)].runs] == [None, None]  # alone: each level once
 
 
 def test_the_probe_of_several_models_measures_each_to_its_own_key(fast_server, s3):

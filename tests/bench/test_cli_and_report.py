@@ -21,8 +21,8 @@ def test_run_writes_schema_json_csv_and_report(fast_server, tmp_path, capsys):
     assert raw["schema"] == SCHEMA_ID
     assert set(raw) >= {"labels", "endpoint", "api", "config_hash", "client", "started_at", "finished_at", "seed", "runs"}
     run0 = raw["runs"][0]
-    assert set(run0) == {"load", "lengths", "summary", "records", "peers", "total"}
-    assert run0["peers"] is None and run0["total"] is None and raw["packing"] is None  # one model alone
+    assert set(run0) == {"load", "lengths", "summary", "records", "peers", "total", "repeat"}
+    assert run0["peers"] is None and run0["total"] is None and run0["repeat"] is None and raw["packing"] is None  # one model alone
     assert set(run0["summary"]["ttft_ms"]) >= {"count", "mean", "p50", "p90", "p95", "p99", "min", "max", "p99_ci", "tail_note"}
     assert run0["records"][0].keys() >= {"start_s", "ttft_ms", "e2e_ms", "itl_ms", "input_tokens", "output_tokens",
                                          "ok", "error", "chunk_gaps_ms"}

@@ -42,7 +42,9 @@ def test_the_h200_dataset_records_its_packing_and_each_runs_peer_load(model):
     together = load_results(DATA / f"h200-colocate-{model}-together.json")
     peer_together = {r.load.concurrency: r for r in load_results(DATA / f"h200-colocate-{peer[:-6]}-together.json").runs}
     for res in (alone, together):
-        assert res.revision == 3 and res.packing is not None
+        assert res.revision == 7 and res.packing is not None
+        # Revision 7: how the two processes shared the GPU; h200_colocate.py starts no MPS daemon.
+        assert res.packing.gpu_sharing == "time_slicing" and all(r.repeat is None for r in res.runs)
         assert res.labels.model == f"{model}-shape" and res.labels.model in res.packing.models()
         assert {s.model: (s.copies, s.kv_cache_gb) for s in res.packing.serves} == {m: (1, b) for m, b in budgets.items()}
         assert res.packing.gpu == "H200" and res.packing.instance_type is None  # a lab GPU, not an AWS instance
@@ -103,7 +105,7 @@ def test_a_model_named_twice_in_a_packing_is_refused(tmp_path):
 def test_report_and_csv_say_what_shared_the_instance(tmp_path):
     res = load_results(DATA / "h200-colocate-gpt2-xl-together.json")
     rows = csv_rows([res])
-    assert rows[0]["packing"] == "gpt2-medium-shape x1 (KV 6 GiB each), gpt2-xl-shape x1 (KV 20 GiB each) on H200"
+    assert rows[0]["packing"] == "gpt2-medium-shape x1 (KV 6 GiB each), gpt2-xl-shape x1 (KV 20 GiB each) on H200 (time slicing)"
     assert rows[-1]["peers"].startswith("gpt2-medium-shape at 6") and rows[-1]["peers"].endswith(" in flight")
     page = write_report([res], tmp_path / "rep").read_text()
     assert "sharing the instance (packing): gpt2-medium-shape x1 (KV 6 GiB each)" in page

@@ -353,3 +353,56 @@ def test_one_model_on_a_packed_instance_records_its_peers_idle(two_models, tmp_p
     assert [s.precision for s in res.packing.serves] == ["int8_wo", "bf16", "bf16"] and res.labels.precision == "int8_wo"
     assert all(r.peers == {"qwen2.5-0.5b": 0.0, "qwen2.5-3b": 0.0} for r in res.runs)
     assert res.model_mix is None and all(r.total is None for r in res.runs)
+
+
+def test_repeats_run_each_level_n_times_and_the_files_record_them_and_the_gpu_sharing(two_models, tmp_path):
+    """Issue 33 §3: each co-located point measured several times, the mode it ran under recorded (revision 7)."""
+    rc, out = _run(two_models, tmp_path, "--packing", "gpt2-xl:1,qwen2.5-0.5b:1", "--gpu-sharing", "mps",
+                   "--repeats", "3", load=("--concurrency", "4"))
+    assert rc == 0
+    for model in ("gpt2-xl", "qwen2.5-0.5b"):
+        res = load_results(mix_out_path(out, model))
+        assert res.revision == SCHEMA_REVISION >= 7
+        assert res.packing.gpu_sharing == "mps" and res.packing.text().endswith("(mps)")
+        assert [(r.total.load.concurrency, r.repeat) for r in res.runs] == [(4, 1), (4, 2), (4, 3)]
+
+
+def test_without_gpu_sharing_a_packing_by_hand_records_time_slicing(two_models, tmp_path):
+    rc, out = _run(two_models, tmp_path, "--packing", "gpt2-xl:1,qwen2.5-0.5b:1", load=("--concurrency", "4"))
+    assert rc == 0
+    res = load_results(mix_out_path(out, "gpt2-xl"))
+    assert res.packing.gpu_sharing == "time_slicing" and [r.repeat for r in res.runs] == [None]
+
+
+@pytest.mark.parametrize("extra, said", [
+    (("--repeats", "0"), "--repeats: 0 is out of range"),
+    (("--gpu-sharing", "mps"), "--gpu-sharing describes a packing"),
+])
+def test_bad_repeats_and_a_mode_without_a_packing_are_one_line_errors(extra, said, capsys, tmp_path):
+    rc = main(["bench", "run", "--endpoint", "http://127.0.0.1:9", "--concurrency", "4", "--model", "gpt2-xl",
+               *extra, "--out", str(tmp_path / "r.json")])
+    assert rc == 1 and said in capsys.readouterr().err
+
+
+def test_a_pool_records_its_own_gpu_sharing_and_a_contradicting_flag_is_refused(tmp_path):
+    import copy
+
+    from ruamel.yaml import YAML
+
+    from fleetcast.bench.mix import packing_from_args, packing_of_pool
+    from fleetcast.config import load_config
+
+    yaml = YAML()
+    doc = yaml.load(Path("examples/multi-model/fleet.yaml"))
+    pool = doc["regions"][0]["pools"][0]
+    pool["gpu_sharing"] = "mps"
+    path = tmp_path / "fleet.yaml"
+    yaml.dump(copy.deepcopy(doc), path)
+    cfg = load_config(path)
+    assert packing_of_pool(cfg, pool["name"]).gpu_sharing == "mps"
+
+    from types import SimpleNamespace
+
+    args = SimpleNamespace(pool=pool["name"], packing=None, gpu_sharing="time_slicing")
+    with pytest.raises(UserError, match=r"--gpu-sharing time_slicing: pool .* shares its GPU by mps"):
+        packing_from_args(args, cfg, None)

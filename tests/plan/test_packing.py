@@ -13,12 +13,12 @@ from fleetcast.config import load_config
 from fleetcast.config.memory import plan_pool
 from fleetcast.contract.errors import UserError
 from fleetcast.plan import packing
+from fleetcast.plan.estimate import time_sliced as colocated_estimate
 from fleetcast.plan.inputs import load_candidates
 from fleetcast.plan.packing import (
     ESTIMATED,
     MEASURED_COLOCATED,
     ModelCurve,
-    colocated_estimate,
     mean_step_ms,
     packing_memory,
     plan_packing,
@@ -242,7 +242,7 @@ def test_the_one_model_flags_say_what_they_plan(capsys):
     code, _, err = _cli(capsys, "--results", str(ROOT / "examples" / "plan" / "seed" / "results"), "--traffic",
                         str(ROOT / "examples" / "plan" / "seed" / "traffic-seoul.yaml"), "--config",
                         str(ROOT / "config" / "fleet.yaml"), "--max-copies", "2")
-    assert code == 2 and "--lab/--max-copies plan fleets of several models" in err
+    assert code == 2 and "--lab/--max-copies/--gpu-sharing plan fleets of several models" in err
     with pytest.raises(SystemExit):
         _cli(capsys, *EXAMPLE_ARGS, "--lab", "H200")
     assert "--lab 'H200': give GPU=TYPE" in capsys.readouterr().err
@@ -382,7 +382,7 @@ def test_simulation_of_the_h200_packing_uses_its_measured_colocated_curves():
         itl_plan, itl_sim = float(r[7].rstrip("ms")), float(r[8].rstrip("ms"))
         assert n_plan == n_sim and abs(ttft_plan - ttft_sim) <= 0.1 * ttft_sim
         assert -0.13 <= itl_plan / itl_sim - 1 <= 0.0
-    assert any("[measured (co-located)]" in ln for ln in lines)
+    assert any("[measured (time slicing)]" in ln for ln in lines)
 
 
 def test_plan_simulate_for_several_models_draws_each_models_day(capsys, tmp_path):

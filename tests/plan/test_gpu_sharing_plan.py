@@ -1,0 +1,194 @@
+"""The packing search under a pool's GPU sharing (issue 33 §3; docs/plan.md, "GPU sharing in the plan"): co-located
+curves hold only for the mode they were measured under, every pick says what backs it (measured (MPS), measured
+(time slicing), estimated), an MPS pool without MPS measurements plans with the MPS estimator, whose calibration and
+error are worked out here from the measured pair it ships with, and an MPS plan is priced against time slicing."""
+
+from __future__ import annotations
+
+import json
+from datetime import date
+from pathlib import Path
+
+import pytest
+from ruamel.yaml import YAML
+
+from fleetcast.contract.errors import UserError
+from fleetcast.plan.curves import Curve, LoadPoint
+from fleetcast.plan.estimate import (
+    SHARING_DATA,
+    calibrate_mps,
+    colocated,
+    load_sharing_dataset,
+    mps_calibration,
+    stretched,
+    time_sliced,
+)
+from fleetcast.plan.packing import MEASURED_COLOCATED
+from fleetcast.plan.run import PlanOptions, build_packing
+from fleetcast.plan.sharing import ESTIMATED, MEASURED, MPS, TIME_SLICING, pool_sharing
+
+from .conftest import ROOT
+
+DATA = ROOT / "bench" / "data"
+SCENARIO = ROOT / "examples" / "plan" / "h200-colocate"
+FILES = [str(DATA / f"h200-colocate-{m}-{k}.json") for m in ("gpt2-medium", "gpt2-xl") for k in ("alone", "together")]
+LAB = {"H200": "lab.h200"}
+
+# Issue 33's table (H200, reference backend, GPT-2 XL and medium shapes, 128/128 tokens, 64 streams each, one run):
+# output tok/s and P99 ITL ms, alone / time slicing / MPS. The shipped dataset must hold exactly these figures.
+XL = {"alone": (2648, 28.9), "time_slicing": (1273, 50.8), "mps": (2633, 26.3)}
+MEDIUM = {"alone": (3359, 19.4), "time_slicing": (1283, 51.3), "mps": (2891, 23.4)}
+
+
+def test_the_shipped_sharing_dataset_is_issue_33s_table_with_its_provenance():
+    data = load_sharing_dataset()
+    assert data.provenance == "issue 33's table, H200, one run" and data.gpu == "H200"
+    (pair,) = data.pairs
+    assert pair.concurrency == 64
+    for model, table in (("gpt2-xl-shape", XL), ("gpt2-medium-shape", MEDIUM)):
+        for way, (tps, itl) in table.items():
+            assert pair.figures[model][way] == {"output_tps": tps, "itl_p99_ms": itl}
+    # One run: no spread is recorded, so none can be read as measured.
+    assert "spread" not in SHARING_DATA.read_text().split("pairs:")[1]
+
+
+def test_the_mps_estimator_takes_the_largest_serialised_share_the_pair_implies_and_states_its_error():
+    """k is worked out by hand: each model's solo step is 64 / its solo tok/s; medium's P99 ITL under MPS (23.4 ms
+    against 19.4 alone) implies the largest share, (23.4 / 19.4 - 1) x step_medium / step_xl."""
+    step_xl, step_med = 64 / 2648, 64 / 3359
+    k = (23.4 / 19.4 - 1) * step_med / step_xl
+    cal = mps_calibration()
+    assert cal.serialised == pytest.approx(k) and 0.16 < k < 0.17
+    # In sample: XL at F = 1 + k x step_med / step_xl, medium at 1 + k x step_xl / step_med.
+    f_xl, f_med = 1 + k * step_med / step_xl, 1 + k * step_xl / step_med
+    tps = sorted([2648 / f_xl / 2633 - 1, 3359 / f_med / 2891 - 1])
+    itl = sorted([28.9 * f_xl / 26.3 - 1, 19.4 * f_med / 23.4 - 1])
+    assert cal.in_sample["output_tps"] == pytest.approx(tuple(tps))
+    assert cal.in_sample["itl_p99_ms"] == pytest.approx(tuple(itl))
+    # It errs slow on the pair it was fitted to: every throughput under, every P99 ITL at or over the measured.
+    assert cal.in_sample["output_tps"][1] < 0 and cal.in_sample["itl_p99_ms"][0] >= -1e-9
+    # Leave one model out: fitted on XL alone (k from its throughput, 2648/2633), medium comes out optimistic.
+    k_xl = (2648 / 2633 - 1) * step_xl / step_med
+    assert cal.leave_one_out["output_tps"][1] == pytest.approx(3359 / (1 + k_xl * step_xl / step_med) / 2891 - 1)
+    # The time-slicing rule (k = 1) on the same table: XL 2648 / (1 + step_med / step_xl) against 1273.
+    assert cal.time_slicing["output_tps"][0] == pytest.approx(
+        min(2648 / (1 + step_med / step_xl) / 1273, 3359 / (1 + step_xl / step_med) / 1283) - 1)
+    text = cal.describe()
+    assert "issue 33's table, H200, one run" in text and "leave-one-model-out" in text and "TTFT error is unknown" in text
+
+
+def test_one_stretch_rule_serves_both_modes():
+    curve = Curve((LoadPoint(16, ttft_p99=50, itl_p99=12, e2e_mean=1200, itl_mean=10, output_tps=1700),))
+    sliced = time_sliced(curve, lambda _c: 10.0).points[0]
+    assert (sliced.itl_p99, sliced.output_tps) == (24, 850)  # F = (10 + 10) / 10
+    assert stretched(curve, lambda _c: 10.0, 1.0) == time_sliced(curve, lambda _c: 10.0)
+    under_mps = colocated(MPS, curve, 10.0).points[0]
+    k = mps_calibration().serialised
+    assert under_mps.itl_p99 == pytest.approx(12 * (1 + k)) and under_mps.output_tps == pytest.approx(1700 / (1 + k))
+    assert colocated(TIME_SLICING, curve, 10.0) == time_sliced(curve, lambda _c: 10.0)
+
+
+def test_a_dataset_missing_a_figure_is_one_error_naming_it(tmp_path):
+    doc = YAML(typ="safe").load(SHARING_DATA.read_text())
+    del doc["pairs"][0]["models"]["gpt2-xl-shape"]["mps"]["itl_p99_ms"]
+    path = tmp_path / "sharing.yaml"
+    YAML().dump(doc, path)
+    with pytest.raises(UserError, match=r"pairs\[0\]\.models\.gpt2-xl-shape\.mps\.itl_p99_ms: a positive number"):
+        calibrate_mps(load_sharing_dataset(path))
+
+
+def _config(tmp_path, sharing: str | None) -> str:
+    yaml = YAML()
+    doc = yaml.load(SCENARIO / "fleet.yaml")
+    if sharing is not None:
+        doc["regions"][0]["pools"][0]["gpu_sharing"] = sharing
+    path = tmp_path / f"fleet-{sharing}.yaml"
+    yaml.dump(doc, path)
+    return str(path)
+
+
+def _plan(config: str, traffic: str = "traffic.yaml", results: list[str] | None = None, **kw):
+    opts = PlanOptions(results=results or FILES, traffic=str(SCENARIO / traffic), config=config,
+                       prices=str(SCENARIO / "prices.yaml"), lab=LAB, today=date(2026, 2, 1), **kw)
+    result, _, _ = build_packing(opts)
+    (region,) = result.regions
+    return result, region
+
+
+def test_a_pool_shares_the_way_its_config_says_or_the_what_if_says():
+    from fleetcast.config import load_config
+
+    cfg = load_config(SCENARIO / "fleet.yaml")
+    assert pool_sharing(cfg, "ap-northeast-2", "lab.h200") == TIME_SLICING
+    assert pool_sharing(cfg, "ap-northeast-2", "lab.h200", MPS) == MPS
+    assert pool_sharing(cfg, "us-east-1", "g6e.xlarge") == TIME_SLICING  # no such region in the config
+
+
+def test_an_mps_pool_never_uses_time_sliced_curves_and_plans_with_the_mps_estimator(tmp_path):
+    """The H200 dataset's co-located curves were measured time-sliced (files before revision 7): under an MPS pool
+    they are left out, the packing is estimated from the solo curves, and the report says both."""
+    _, sliced = _plan(_config(tmp_path, None))
+    assert sliced.winner.source == MEASURED_COLOCATED == MEASURED[TIME_SLICING] and sliced.winner.sharing == TIME_SLICING
+    assert [a.name for a in sliced.alternatives] == ["one model per pool", "one model per fleet"]
+    _, mps = _plan(_config(tmp_path, "mps"))
+    w = mps.winner
+    assert w.sharing == MPS and w.estimated and w.label.endswith("under MPS")
+    assert {m.source for m in w.loads} == {ESTIMATED[MPS]}
+    assert all(e.sharing == MPS for e in mps.evaluations)
+    assert any("measured under time slicing on lab.h200 were not used" in n for n in mps.notes)
+    assert any(n.startswith("MPS estimator: ") for n in mps.notes)
+    # Priced against the same region time-sliced: that plan's choice, as a plan without MPS makes it.
+    alt = {a.name: a for a in mps.alternatives}
+    assert set(alt) == {"one model per pool", "one model per fleet", "time slicing"}
+    assert alt["time slicing"].parts[0].label == sliced.winner.label
+    assert alt["time slicing"].cost_per_hour == pytest.approx(sliced.winner.cost_per_hour)
+    assert any(s.startswith("vs time slicing (") for s in mps.savings())
+
+
+def test_at_ten_times_the_traffic_mps_wins_and_the_report_states_both_savings(tmp_path):
+    """examples/plan/h200-colocate/traffic-busy.yaml: time-sliced, the measured pair needs more instances than one
+    model per pool; under MPS the estimated packing needs fewer than either."""
+    _, mps = _plan(_config(tmp_path, None), "traffic-busy.yaml", gpu_sharing=MPS)
+    alt = {a.name: a for a in mps.alternatives}
+    w = mps.winner
+    assert w.sharing == MPS and w.cost_per_hour < alt["one model per pool"].cost_per_hour < alt["time slicing"].cost_per_hour
+    saving_pool = 1 - w.cost_per_hour / alt["one model per pool"].cost_per_hour
+    saving_ts = 1 - w.cost_per_hour / alt["time slicing"].cost_per_hour
+    assert saving_pool > 0.4 and saving_ts > saving_pool
+    said = " ".join(mps.savings())
+    assert "vs one model per pool" in said and "vs time slicing" in said and "the packing saves" in said
+
+
+def test_measured_mps_curves_back_an_mps_pool_and_only_an_mps_pool(tmp_path):
+    """A co-located file recorded under MPS (packing.gpu_sharing, revision 7) is 'measured (MPS)' in an MPS pool
+    and is not used by a time-sliced one. (Made from the time-sliced files by relabelling: a test of the routing,
+    not a measurement.)"""
+    files = []
+    for f in FILES:
+        doc = json.loads(Path(f).read_text())
+        if f.endswith("together.json"):
+            doc["packing"]["gpu_sharing"] = "mps"
+            doc["revision"] = 7
+        path = tmp_path / f.rsplit("/", 1)[1]
+        path.write_text(json.dumps(doc))
+        files.append(str(path))
+    _, mps = _plan(_config(tmp_path, "mps"), results=files)
+    assert mps.winner.source == MEASURED[MPS] and not mps.winner.estimated
+    assert {m.source for m in mps.winner.loads} == {"measured (MPS)"}
+    _, sliced = _plan(_config(tmp_path, None), results=files)
+    assert sliced.winner.estimated and {m.source for m in sliced.winner.loads} == {ESTIMATED[TIME_SLICING]}
+    assert any("measured under MPS on lab.h200 were not used" in n for n in sliced.notes)
+
+
+def test_the_what_if_is_refused_with_write_config_and_for_one_model(capsys, tmp_path):
+    from scripts.cli import main
+
+    args = ["plan", "--results", *FILES, "--traffic", str(SCENARIO / "traffic.yaml"), "--lab", "H200=lab.h200",
+            "--prices", str(SCENARIO / "prices.yaml"), "--gpu-sharing", "mps"]
+    config = _config(tmp_path, None)
+    assert main([*args, "--config", config, "--write-config", config]) == 2
+    assert "--gpu-sharing plans a what-if" in capsys.readouterr().err
+    seed = ROOT / "examples" / "plan" / "seed"
+    code = main(["plan", "--results", str(seed / "results"), "--traffic", str(seed / "traffic-small.yaml"),
+                 "--config", str(ROOT / "config" / "fleet.yaml"), "--gpu-sharing", "mps"])
+    assert code == 2 and "--gpu-sharing plan fleets of several models" in capsys.readouterr().err
