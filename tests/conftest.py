@@ -10,6 +10,10 @@ first, and the collected suite is kept out of the GC."""
 import ast
 import functools
 import gc
+import json
+import os
+import resource
+import time
 import urllib.request
 from pathlib import Path
 
@@ -150,6 +154,33 @@ def pytest_collection_modifyitems(config, items):
         elif _has_module_fixture(str(item.path)):  # its module's tests share one worker, and the fixture
             item.add_marker(pytest.mark.xdist_group(Path(item.path).relative_to(ROOT).as_posix()))
     items.sort(key=_area_rank)  # stable: within an area, collection order
+
+
+# Where the suite's time goes, in CPU rather than wall seconds (wall time on 2 shared cores says more about the
+# neighbours than about a test): FLEETCAST_TEST_CPU_LOG=FILE appends one JSON line per test, its setup, call and
+# teardown's CPU in this process and in the processes it started and reaped (getrusage(RUSAGE_CHILDREN)).
+_CPU_LOG = os.environ.get("FLEETCAST_TEST_CPU_LOG")
+
+
+def _cpu_now() -> tuple[float, float]:
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return time.process_time(), children.ru_utime + children.ru_stime
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    if not _CPU_LOG:
+        yield
+        return
+    own, children = _cpu_now()
+    wall = time.monotonic()
+    yield
+    own_after, children_after = _cpu_now()
+    line = json.dumps({"test": item.nodeid, "own_s": round(own_after - own, 3),
+                       "children_s": round(children_after - children, 3),
+                       "wall_s": round(time.monotonic() - wall, 3)})
+    with open(_CPU_LOG, "a") as log:  # one short line per append: workers' lines do not interleave
+        log.write(line + "\n")
 
 
 def pytest_configure(config):
