@@ -94,3 +94,10 @@ def spill_endpoint_parameter(fleet: str, remote: str) -> str:
 def spill_endpoint_parameter_prefix(fleet: str) -> str:
     """What every spill parameter name of the fleet starts with (the instances' read grant)."""
     return spill_endpoint_parameter(fleet, "")
+
+
+def peer_secret_name(fleet: str) -> str:
+    """The Secrets Manager secret holding the fleet's peer key: the HMAC key a gateway signs a forwarded request's
+    identity with and the receiving gateway checks it with (runtime/gateway/peer.py). The same value in every
+    region that spills or is spilled to (a replicated secret); only the instances' roles may read it."""
+    return f"{fleet}/spill/peer-key"

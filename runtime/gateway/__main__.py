@@ -32,11 +32,13 @@ from runtime.descriptors import reserve_descriptors
 
 from .http import BODY_TIMEOUT_S
 from .identity import log
+from .peer import check_key, read_key_file
 
 if TYPE_CHECKING:  # for annotations only: the config package is imported where a config is loaded
     from fleetcast.config import Consumer, FleetConfig
 
     from .shared import SharedState
+    from .spill import SpillSetup
 
 
 def _hostport(value: str) -> tuple[str, int]:
@@ -110,6 +112,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help="on (default): each engine process holds at most its max_batch_size requests and the rest "
                         "wait at the gateway in per-consumer queues, admitted by weighted fair queuing "
                         "(runtime/gateway/fair.py); off: every admitted request goes to the engine at once")
+    p.add_argument("--peer-key-file", help="the fleet's peer key (else the Secrets Manager secret "
+                   "fleetcast.contract.spill.peer_secret_name): signs and checks forwarded requests' identity")
+    p.add_argument("--spill-endpoint", action="append", default=[], metavar="REGION=HOST:PORT",
+                   help="where to reach a remote region's gateways (else the SSM parameter /<fleet>/spill/<region>, "
+                   "the provider's spill endpoint)")
+    p.add_argument("--peer", action="append", default=[], metavar="ADDRESS",
+                   help="a peer instance's address whose direct connections may carry a forwarded identity")
     p.add_argument("--event-loop", choices=("auto", "asyncio", "uvloop"), default="auto",
                    help="auto (default): uvloop when installed, which scripts/bench_gateway.py measures as the "
                         "faster hop; else the standard asyncio loop")
@@ -194,7 +203,7 @@ async def serve(args: argparse.Namespace, shared: SharedState | None = None, wor
                       drain_timeout_s=cfg.operations.drain_timeout_s, body_timeout_s=args.body_timeout_s,
                       upstream_idle_timeout_s=args.upstream_idle_s, models_state=args.models_state, salting=salting,
                       admission_caps=admission_caps(cfg, args.pool) if args.fair_admission == "on" else None,
-                      worker=worker)
+                      worker=worker, spill=spill_setup(cfg, args))
 
     async def apply_consumers(new_cfg: FleetConfig, new_consumers: tuple[Consumer, ...]) -> None:
         # Keys before identity: a consumer that now needs a key must not be served keyless meanwhile.
@@ -242,6 +251,57 @@ async def serve(args: argparse.Namespace, shared: SharedState | None = None, wor
     await gateway.close()
     metrics.close()
     return 0
+
+
+def spill_setup(cfg: FleetConfig, args: argparse.Namespace) -> SpillSetup | None:
+    """The gateway's spill links (home side) and claim checks (receiving side), or None when no consumer of the
+    fleet spills from or into this region and no peer is named. Without the peer key it logs why and runs without:
+    requests are then served at home, forwarded ones refused."""
+    from fleetcast.config.rules import served_in
+    from fleetcast.contract.spill import peer_secret_name, spill_endpoint_parameter, spill_sources, spill_targets
+
+    from .spill import Breaker, RegionLink, SpillPolicy, SpillSetup
+
+    region = args.region
+    targets, sources = spill_targets(cfg, region), spill_sources(cfg, region)
+    if not targets and not sources and not args.peer:
+        return None
+    try:
+        if args.peer_key_file:
+            key = read_key_file(args.peer_key_file)
+        else:
+            import boto3
+
+            value = boto3.client("secretsmanager", region_name=region).get_secret_value(
+                SecretId=peer_secret_name(cfg.name))
+            key = check_key((value.get("SecretString") or "").strip().encode())
+    except Exception as exc:  # noqa: BLE001 - no spill is a degraded mode, not a reason to stop serving
+        log("spill_disabled", reason=f"no peer key: {type(exc).__name__}: {exc}")
+        return None
+    given = dict(item.split("=", 1) for item in args.spill_endpoint)
+    links = {}
+    for remote in targets:
+        if remote in given:
+            host, port = _hostport(given[remote])
+        else:
+            try:
+                import boto3
+
+                host = boto3.client("ssm", region_name=region).get_parameter(
+                    Name=spill_endpoint_parameter(cfg.name, remote))["Parameter"]["Value"]
+            except Exception as exc:  # noqa: BLE001 - that region is left out; the others still spill
+                log("spill_link_missing", remote=remote, error=f"{type(exc).__name__}: {exc}")
+                continue
+            port = cfg.engine.port
+        links[remote] = RegionLink(remote, (host, port), Breaker())
+    served = served_in(cfg)
+    adapters = {m.id: {a.id for a in m.adapters} for m in cfg.models}
+    reach = {r: frozenset(served.get(r, set()) | {a for m in served.get(r, set()) for a in adapters.get(m, ())})
+             for r in links}
+    slo = {m.id: (m.slo or cfg.slo).ttft_p99_ms for m in cfg.models}
+    slo.update({a.id: slo[m.id] for m in cfg.models for a in m.adapters})
+    return SpillSetup(region, key, cfg.provider.account, {c.name: c for c in cfg.consumers}, slo,
+                      SpillPolicy(links, reach) if links else None, frozenset(args.peer))
 
 
 def _use_uvloop(choice: str) -> bool:
