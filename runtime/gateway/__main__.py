@@ -117,6 +117,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--spill-endpoint", action="append", default=[], metavar="REGION=HOST:PORT",
                    help="where to reach a remote region's gateways (else the SSM parameter /<fleet>/spill/<region>, "
                    "the provider's spill endpoint)")
+    p.add_argument("--breaker-cool-s", type=_positive, default=None,
+                   help="how long a remote region's open circuit breaker keeps spilled traffic home before a probe "
+                   "(runtime/gateway/spill.py BREAKER_COOL_S)")
     p.add_argument("--peer", action="append", default=[], metavar="ADDRESS",
                    help="a peer instance's address whose direct connections may carry a forwarded identity")
     p.add_argument("--event-loop", choices=("auto", "asyncio", "uvloop"), default="auto",
@@ -293,7 +296,8 @@ def spill_setup(cfg: FleetConfig, args: argparse.Namespace) -> SpillSetup | None
                 log("spill_link_missing", remote=remote, error=f"{type(exc).__name__}: {exc}")
                 continue
             port = cfg.engine.port
-        links[remote] = RegionLink(remote, (host, port), Breaker())
+        links[remote] = RegionLink(remote, (host, port),
+                                   Breaker(cool_s=args.breaker_cool_s) if args.breaker_cool_s else Breaker())
     served = served_in(cfg)
     adapters = {m.id: {a.id for a in m.adapters} for m in cfg.models}
     reach = {r: frozenset(served.get(r, set()) | {a for m in served.get(r, set()) for a in adapters.get(m, ())})

@@ -324,7 +324,7 @@ class Gateway:
                 return await refuse(_FORGED)
         elif path == HEADROOM_PATH and request.method == "GET":
             await read_body(request, reader, self.body_timeout_s)
-            answer = self.headroom().to_json()
+            answer = self.headroom().to_json(self.spill.policy.links if self.spill and self.spill.policy else None)
             writer.write(response_head(200, [("Content-Type", "application/json")], length=len(answer),
                                        close=not keep) + answer)
             await writer.drain()

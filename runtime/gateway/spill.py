@@ -68,8 +68,11 @@ class Headroom:
                   for k, v in dict(data["models"]).items()}
         return cls(str(data["region"]), models, bool(data.get("draining", False)))
 
-    def to_json(self) -> bytes:
-        return json.dumps({"region": self.region, "draining": self.draining, "models": {
+    def to_json(self, links: Mapping[str, RegionLink] | None = None) -> bytes:
+        """`links`: the answering gateway's own spill links, their breaker states (for operators and tests)."""
+        extra = {"links": {name: {"breaker": link.breaker.state, "rtt_ms": link.rtt_ms}
+                           for name, link in links.items()}} if links else {}
+        return json.dumps({"region": self.region, "draining": self.draining, **extra, "models": {
             k: {"free": v.free, "capacity": v.capacity, "predicted_ttft_ms": round(v.predicted_ttft_ms, 1)}
             for k, v in self.models.items()}}, separators=(",", ":")).encode()
 
