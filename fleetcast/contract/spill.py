@@ -101,3 +101,9 @@ def peer_secret_name(fleet: str) -> str:
     identity with and the receiving gateway checks it with (runtime/gateway/peer.py). The same value in every
     region that spills or is spilled to (a replicated secret); only the instances' roles may read it."""
     return f"{fleet}/spill/peer-key"
+
+
+def may_serve_in(consumer: _Consumer, region: str) -> bool:
+    """Residency: a consumer's requests are served in its home region and the regions its spill_regions list,
+    nowhere else (the home gateway's spill decision and the receiving gateway's claim check both ask this)."""
+    return region == consumer.service_region or region in consumer.spill_regions

@@ -31,6 +31,7 @@ from urllib.parse import unquote
 from fleetcast.contract import telemetry as t
 from fleetcast.contract.instance_env import Var, default
 from fleetcast.contract.isolation import new_key
+from fleetcast.contract.spill import may_serve_in
 
 from .admission import Admission, Ticket, local_limiter, model_not_found
 from .drain import DRAINING_MESSAGE, Drain
@@ -475,7 +476,7 @@ class Gateway:
             return Refusal(403, _FORGED.code, f"{_FORGED.message}: the claim names another consumer or model",
                            "permission_error")
         # Residency, again here: a consumer's requests are served only in its home and the regions it allows.
-        if self.spill.region != consumer.service_region and self.spill.region not in consumer.spill_regions:
+        if not may_serve_in(consumer, self.spill.region):
             return Refusal(403, "residency", f"consumer {consumer.name}'s requests may not be served in "
                            f"{self.spill.region} (its spill_regions)", "permission_error")
         return claim, consumer
@@ -537,7 +538,7 @@ class Gateway:
         if not consumer.spill_regions or slo is None:
             return None
         local_ms = self._predicted_local_ttft_ms(target.base)
-        decision = spill.policy.decide(consumer.spill_regions, target.id, target.base, 0, local_ms, slo)
+        decision = spill.policy.decide(consumer, target.id, target.base, 0, local_ms, slo)
         if decision.region is None:
             return None
         link = spill.policy.links[decision.region]

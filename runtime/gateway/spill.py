@@ -28,9 +28,11 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
+
+from fleetcast.contract.spill import may_serve_in
 
 HEADROOM_PATH = "/_fleetcast/headroom"  # answered only on connections from the provider's endpoint or a peer
 HEADROOM_TTL_S = 1.0
@@ -210,12 +212,14 @@ class SpillPolicy:
             self.counters.spilled += 1
         return decision
 
-    def decide(self, allowed: Sequence[str], model: str, base_model: str, hop: int, local_ttft_ms: float,
+    def decide(self, consumer: Any, model: str, base_model: str, hop: int, local_ttft_ms: float,
                slo_ttft_ms: float) -> Decision:
-        """Where a request goes: `allowed` the consumer's spill_regions, `model` the id it named (an adapter's
-        base is `base_model`), `local_ttft_ms` the local prediction, `slo_ttft_ms` the model's P99 target."""
-        candidates = [r for r in allowed if r in self.links and model in self.served.get(r, frozenset())
-                      and base_model in self.served.get(r, frozenset())]
+        """Where a request goes: `consumer` the config consumer (its service_region and spill_regions), `model`
+        the id it named (an adapter's base is `base_model`), `local_ttft_ms` the local prediction, `slo_ttft_ms`
+        the model's P99 target."""
+        allowed = [r for r in consumer.spill_regions if r != consumer.service_region]
+        candidates = [r for r in allowed if r in self.links and may_serve_in(consumer, r)
+                      and model in self.served.get(r, frozenset()) and base_model in self.served.get(r, frozenset())]
         if not allowed:
             return self._count(Decision(None, "residency: the consumer allows no other region"))
         if not candidates:
