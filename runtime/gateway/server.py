@@ -62,6 +62,7 @@ from .spill import (
     LoadGauge,
     ModelHeadroom,
     SpillSetup,
+    advertised_free,
     fetch_headroom,
     http_get,
     predicted_wait_s,
@@ -491,7 +492,7 @@ class Gateway:
                 continue
             held, waiting, capacity = self._load(model_id)
             wait = predicted_wait_s(held, waiting, capacity, self.gauge.service_s(model_id))
-            models[model_id] = ModelHeadroom(max(0, capacity - held - waiting), capacity,
+            models[model_id] = ModelHeadroom(advertised_free(held, waiting, capacity), capacity,
                                              wait * 1000 + self.gauge.ttft_ms(model_id))
         return Headroom(self.spill.region, models, self.draining)
 
