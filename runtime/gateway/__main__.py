@@ -37,6 +37,7 @@ from .peer import check_key, read_key_file
 if TYPE_CHECKING:  # for annotations only: the config package is imported where a config is loaded
     from fleetcast.config import Consumer, FleetConfig
 
+    from .server import Gateway
     from .shared import SharedState
     from .spill import SpillSetup
 
@@ -206,7 +207,17 @@ async def serve(args: argparse.Namespace, shared: SharedState | None = None, wor
                       drain_timeout_s=cfg.operations.drain_timeout_s, body_timeout_s=args.body_timeout_s,
                       upstream_idle_timeout_s=args.upstream_idle_s, models_state=args.models_state, salting=salting,
                       admission_caps=admission_caps(cfg, args.pool) if args.fair_admission == "on" else None,
-                      worker=worker, spill=spill_setup(cfg, args))
+                      worker=worker)
+    try:
+        spill = spill_setup(cfg, args)
+    except PeerKeyMissing as exc:
+        log("spill_disabled", reason=f"no peer key: {exc}; trying again every {args.refresh_s:g} s")
+        spill = None
+        waiting_for_key = True
+    else:
+        waiting_for_key = False
+    if spill is not None:
+        gateway.enable_spill(spill)
 
     async def apply_consumers(new_cfg: FleetConfig, new_consumers: tuple[Consumer, ...]) -> None:
         # Keys before identity: a consumer that now needs a key must not be served keyless meanwhile.
@@ -218,6 +229,8 @@ async def serve(args: argparse.Namespace, shared: SharedState | None = None, wor
     await endpoints.refresh()
     await keys.refresh()
     background = [asyncio.ensure_future(task.run()) for task in (endpoints, keys, refresher)]
+    if waiting_for_key:
+        background.append(asyncio.ensure_future(await_peer_key(gateway, cfg, args)))
     # Everything loaded so far (config model, botocore's service models: ~100k objects) lives for
     # the whole process. A full collection over them measured 85 ms on the dev VM, a pause every
     # stream would feel; frozen, the collector walks only request garbage (measured ~0 ms).
@@ -256,10 +269,29 @@ async def serve(args: argparse.Namespace, shared: SharedState | None = None, wor
     return 0
 
 
+class PeerKeyMissing(Exception):
+    """The fleet's peer key could not be read; the message says why."""
+
+
+async def await_peer_key(gateway: Gateway, cfg: FleetConfig, args: argparse.Namespace) -> None:
+    """Read the peer key every refresh period until it can be read, then turn spill on."""
+    while True:
+        await asyncio.sleep(args.refresh_s)
+        try:
+            setup = await asyncio.get_running_loop().run_in_executor(None, spill_setup, cfg, args)
+        except PeerKeyMissing:
+            continue
+        if setup is not None:
+            gateway.enable_spill(setup)
+            log("spill_enabled", links=sorted(setup.policy.links) if setup.policy else [])
+        return
+
+
 def spill_setup(cfg: FleetConfig, args: argparse.Namespace) -> SpillSetup | None:
     """The gateway's spill links (home side) and claim checks (receiving side), or None when no consumer of the
-    fleet spills from or into this region and no peer is named. Without the peer key it logs why and runs without:
-    requests are then served at home, forwarded ones refused."""
+    fleet spills from or into this region and no peer is named. PeerKeyMissing when the peer key cannot be read
+    (yet: the secret's replica may arrive after this instance): the gateway then serves everything at home,
+    refuses forwarded requests, and tries again (serve(), `await_peer_key`)."""
     from fleetcast.config.rules import served_in
     from fleetcast.contract.spill import peer_secret_name, spill_endpoint_parameter, spill_sources, spill_targets
 
@@ -279,8 +311,7 @@ def spill_setup(cfg: FleetConfig, args: argparse.Namespace) -> SpillSetup | None
                 SecretId=peer_secret_name(cfg.name))
             key = check_key((value.get("SecretString") or "").strip().encode())
     except Exception as exc:  # noqa: BLE001 - no spill is a degraded mode, not a reason to stop serving
-        log("spill_disabled", reason=f"no peer key: {type(exc).__name__}: {exc}")
-        return None
+        raise PeerKeyMissing(f"{type(exc).__name__}: {exc}") from None
     given = dict(item.split("=", 1) for item in args.spill_endpoint)
     links = {}
     for remote in targets:

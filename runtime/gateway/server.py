@@ -131,12 +131,22 @@ class Gateway:
         self.proxy = Proxy(self.drain_state, self.watchdog, disconnect_poll_s)
         self._server: asyncio.Server | None = None
         self._connections: set[asyncio.StreamWriter] = set()
-        self.spill = spill
-        self.verifier = Verifier(spill.key, spill.region, clock) if spill is not None else None
+        self.spill: SpillSetup | None = None
+        self.verifier: Verifier | None = None
         self.gauge = LoadGauge()
-        self._spill_pools = {name: UpstreamPool(link.address) for name, link in
-                             (spill.policy.links.items() if spill is not None and spill.policy is not None else ())}
+        self._spill_pools: dict[str, UpstreamPool] = {}
         self._headroom_task: asyncio.Task[None] | None = None
+        if spill is not None:
+            self.enable_spill(spill)
+
+    def enable_spill(self, spill: SpillSetup) -> None:
+        """Spill and accept forwarded requests from now on (at start, or once the peer key could be read)."""
+        self.verifier = Verifier(spill.key, spill.region, self.clock)
+        self._spill_pools = {name: UpstreamPool(link.address) for name, link in
+                             (spill.policy.links.items() if spill.policy is not None else ())}
+        self.spill = spill
+        if self._server is not None and self._spill_pools and self._headroom_task is None:
+            self._headroom_task = asyncio.ensure_future(self._refresh_headroom())
 
     # The gateway's state as the entry point and the tests read it; each has one home above.
     @property
@@ -181,7 +191,7 @@ class Gateway:
         self.watchdog.start(self.router.pools)
         if self.fair is not None:
             self.fair.start()
-        if self._spill_pools:
+        if self._spill_pools and self._headroom_task is None:
             self._headroom_task = asyncio.ensure_future(self._refresh_headroom())
         return self._server
 

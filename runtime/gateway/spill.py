@@ -109,8 +109,9 @@ class LoadGauge:
 
 
 def advertised_free(held: int, waiting: int, capacity: int) -> int:
-    """The requests a region offers to take for others now: its free room less the RESERVE of its capacity."""
-    return max(0, capacity - math.ceil(capacity * RESERVE) - held - waiting)
+    """The requests a region offers to take for others now: its free room less the RESERVE of its capacity (rounded
+    down: an engine of one slot still offers it when idle)."""
+    return max(0, capacity - math.floor(capacity * RESERVE) - held - waiting)
 
 
 def predicted_wait_s(held: int, waiting: int, capacity: int, service_s: float) -> float:

@@ -13,11 +13,13 @@ from fleetcast.contract.spill import may_serve_in
 from runtime.gateway.peer import FRESH_S, PeerRefused, Verifier, sign
 from runtime.gateway.spill import (
     LEAVE_RATIO,
+    RESERVE,
     Breaker,
     Headroom,
     ModelHeadroom,
     RegionLink,
     SpillPolicy,
+    advertised_free,
     predicted_wait_s,
 )
 
@@ -140,3 +142,17 @@ def test_a_claim_is_accepted_once_for_its_destination_its_body_and_while_fresh()
         verifier.verify(".".join([payload[0], payload[1][:-2] + "AA", payload[2]]), b"{}")
     with pytest.raises(ValueError, match="at least 32"):
         Verifier(b"short", "us-west-2")
+
+
+def test_a_region_offers_its_free_room_less_a_reserve_for_its_own_consumers():
+    assert advertised_free(0, 0, 8) == 8 - int(8 * RESERVE)
+    assert advertised_free(4, 1, 8) == max(0, 3 - int(8 * RESERVE))
+    assert advertised_free(0, 0, 1) == 1  # a one-slot engine offers its slot while idle
+    assert advertised_free(8, 2, 8) == 0
+
+
+def test_one_headroom_answer_is_spent_at_most_once_per_request_it_offered():
+    clock = Clock()
+    consumer = Consumer("c", "us-east-1", ("us-west-2",))
+    p = policy(clock, {"us-west-2": 2})
+    assert [p.decide(consumer, "m", "m", 0, 900.0, 300.0).region for _ in range(3)] == ["us-west-2"] * 2 + [None]

@@ -343,11 +343,17 @@ def test_the_breaker_opens_on_a_failing_path_keeps_traffic_home_then_a_probe_bri
             small = {"model": MODEL, "prompt": "x", "max_tokens": 2}
             await fleet.until_spilled(small)  # the link works and the home spills
             fleet.path.fail_posts()
-            posts = fleet.path.posts
-            # Three at once: each is sent, fails before a byte, and is served at home instead (no client sees it).
-            tries = [asyncio.ensure_future(Client(fleet.home_port, CHECKOUT_VPCE).request(
-                "POST", "/v1/completions", small)) for _ in range(3)]
-            await fleet.until_breaker("open")
+            # Requests keep coming; each one the policy sends fails before a byte and is served at home instead
+            # (its client never sees the failure). One headroom answer is spent on one request (remote cap 1), so
+            # the failures come about one per headroom read until the breaker opens.
+            tries = []
+            for _ in range(60):
+                tries.append(asyncio.ensure_future(Client(fleet.home_port, CHECKOUT_VPCE).request(
+                    "POST", "/v1/completions", small)))
+                await asyncio.sleep(0.3)
+                if await fleet.breaker() == "open":
+                    break
+            assert await fleet.breaker() == "open"
             # Open: the next requests stay home without touching the path (the cool-down is 10 s).
             posts = fleet.path.posts
             later = [asyncio.ensure_future(Client(fleet.home_port, CHECKOUT_VPCE).request(
@@ -355,7 +361,7 @@ def test_the_breaker_opens_on_a_failing_path_keeps_traffic_home_then_a_probe_bri
             holder.writer.close()
             held.cancel()  # the home engine frees: the requests that fell back are served here
             replies = await asyncio.wait_for(asyncio.gather(*tries, *later), 120)
-            assert [r.status for r in replies] == [200] * 5
+            assert [r.status for r in replies] == [200] * (len(tries) + 2)
             assert fleet.path.posts == posts
             assert all(r.json()["choices"][0]["text"] == completion_text(2) for r in replies)
             # Heal the path; after the cool-down a half-open probe succeeds and spilling resumes.
@@ -369,6 +375,6 @@ def test_the_breaker_opens_on_a_failing_path_keeps_traffic_home_then_a_probe_bri
         finally:
             await fleet.stop()
         failed = [r for r in fleet.home.records() if "spill_failed" in r]
-        assert len(failed) == 3 and all(r["spill_failed"]["region"] == "us-west-2" for r in failed)
+        assert len(failed) >= 3 and all(r["spill_failed"]["region"] == "us-west-2" for r in failed)
 
     run(body())
