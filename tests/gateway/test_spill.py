@@ -6,8 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import given, settings, strategies as st
 
 from fleetcast.contract.spill import may_serve_in
 from runtime.gateway.peer import FRESH_S, PeerRefused, Verifier, sign
