@@ -518,11 +518,17 @@ class Gateway:
             held = sum(group._int(at) for at in group.used_at)
             return held, group._int(group.group_at), group.cap * len(group.pools)
 
-    def _predicted_local_ttft_ms(self, model: str) -> float:
-        """The TTFT a request for `model` arriving now should expect here: the one call into fair admission's
-        prediction (its per-consumer query replaces predicted_wait_s when it lands)."""
-        held, waiting, capacity = self._load(model)
-        return predicted_wait_s(held, waiting, capacity, self.gauge.service_s(model)) * 1000 + self.gauge.ttft_ms(model)
+    def _predicted_local_ttft_ms(self, consumer: str, model: str) -> float:
+        """The TTFT a request of `consumer` for `model` arriving now should expect here: the wait fair admission
+        predicts for it (its own per-consumer query where it has one: its order by weight and class, its measured
+        service rate), else one from its counts (spill.predicted_wait_s), plus the engine's measured TTFT. The one
+        place the spill decision asks fair admission."""
+        query = getattr(self.fair, "predicted_wait_s", None)
+        wait = query(consumer, model) if query is not None else None
+        if wait is None:  # no per-consumer query, or it has no rate measured yet: from the counts
+            held, waiting, capacity = self._load(model)
+            wait = predicted_wait_s(held, waiting, capacity, self.gauge.service_s(model))
+        return float(wait) * 1000 + self.gauge.ttft_ms(model)
 
     def _observe(self, model: str, exchange: Exchange) -> None:
         meter = exchange.meter
@@ -548,7 +554,7 @@ class Gateway:
         slo = spill.slo_ttft_ms.get(target.id) or spill.slo_ttft_ms.get(target.base)
         if not consumer.spill_regions or slo is None:
             return None
-        local_ms = self._predicted_local_ttft_ms(target.base)
+        local_ms = self._predicted_local_ttft_ms(consumer.name, target.base)
         decision = spill.policy.decide(consumer, target.id, target.base, 0, local_ms, slo)
         if decision.region is None:
             return None

@@ -155,3 +155,27 @@ def test_one_headroom_answer_is_spent_at_most_once_per_request_it_offered():
     consumer = Consumer("c", "us-east-1", ("us-west-2",))
     p = policy(clock, {"us-west-2": 2})
     assert [p.decide(consumer, "m", "m", 0, 900.0, 300.0).region for _ in range(3)] == ["us-west-2"] * 2 + [None]
+
+
+def test_the_local_prediction_asks_fair_admission_per_consumer_and_falls_back_to_its_counts():
+    """Gateway._predicted_local_ttft_ms: fair admission's own per-consumer query where it has one (its order by
+    weight and class), else (none, or no rate measured yet) the counts' estimate; plus the measured TTFT."""
+    from types import SimpleNamespace
+
+    from runtime.gateway.server import Gateway
+    from runtime.gateway.spill import LoadGauge
+
+    asked = []
+
+    def query(consumer, model):
+        asked.append((consumer, model))
+        return 1.5
+
+    gauge = LoadGauge(ttft_ms=50.0, service_s=2.0)
+    fake = SimpleNamespace(fair=SimpleNamespace(predicted_wait_s=query), gauge=gauge, _load=lambda m: (1, 0, 1))
+    assert Gateway._predicted_local_ttft_ms(fake, "c", "m") == pytest.approx(1550.0)
+    assert asked == [("c", "m")]
+    fake.fair = SimpleNamespace(predicted_wait_s=lambda c, m: None)  # no rate measured yet: the counts decide
+    assert Gateway._predicted_local_ttft_ms(fake, "c", "m") == pytest.approx(2050.0)
+    fake.fair = None  # fair admission off
+    assert Gateway._predicted_local_ttft_ms(fake, "c", "m") == pytest.approx(2050.0)
