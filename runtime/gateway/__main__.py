@@ -39,7 +39,7 @@ if TYPE_CHECKING:  # for annotations only: the config package is imported where 
 
     from .server import Gateway
     from .shared import SharedState
-    from .spill import SpillSetup
+    from .spill import RegionLink, SpillSetup
 
 
 def _hostport(value: str) -> tuple[str, int]:
@@ -121,8 +121,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--breaker-cool-s", type=_positive, default=None,
                    help="how long a remote region's open circuit breaker keeps spilled traffic home before a probe "
                    "(runtime/gateway/spill.py BREAKER_COOL_S)")
-    p.add_argument("--peer", action="append", default=[], metavar="ADDRESS",
-                   help="a peer instance's address whose direct connections may carry a forwarded identity")
+    p.add_argument("--peer", action="append", default=[], metavar="HOST:PORT=POOL",
+                   help="a peer instance of this region (its gateway, and the pool it belongs to): a request that would "
+                   "queue here goes to the cheapest peer with room, and the peer's direct connections may carry a "
+                   "forwarded identity")
     p.add_argument("--event-loop", choices=("auto", "asyncio", "uvloop"), default="auto",
                    help="auto (default): uvloop when installed, which scripts/bench_gateway.py measures as the "
                         "faster hop; else the standard asyncio loop")
@@ -335,8 +337,33 @@ def spill_setup(cfg: FleetConfig, args: argparse.Namespace) -> SpillSetup | None
              for r in links}
     slo = {m.id: (m.slo or cfg.slo).ttft_p99_ms for m in cfg.models}
     slo.update({a.id: slo[m.id] for m in cfg.models for a in m.adapters})
+    peers = peer_links(cfg, region, args.peer, args.breaker_cool_s)
     return SpillSetup(region, key, cfg.provider.account, {c.name: c for c in cfg.consumers}, slo,
-                      SpillPolicy(links, reach) if links else None, frozenset(args.peer))
+                      SpillPolicy(links, reach) if links else None,
+                      frozenset(link.address[0] for link in peers.values()), peers)
+
+
+def peer_links(cfg: FleetConfig, region: str, given: list[str], cool_s: float | None) -> dict[str, RegionLink]:
+    """`--peer HOST:PORT=POOL` as links to balance onto, each priced by its pool's instance type in the shipped
+    price table (fleetcast.config.catalog; none known: 0, no preference)."""
+    from fleetcast.config.catalog import instance_catalog
+
+    from .spill import Breaker, RegionLink
+
+    catalog = instance_catalog()
+    pools = {p.name: p for p in cfg.region(region).pools}
+    links = {}
+    for item in given:
+        address, _, pool_name = item.partition("=")
+        pool = pools.get(pool_name)
+        if pool is None:
+            raise SystemExit(f"gateway: --peer {item}: {pool_name or '(no pool)'} is not a pool of {region}; "
+                             f"write HOST:PORT=POOL with one of: {', '.join(pools)}")
+        spec = catalog.get(pool.instance_type) if pool.instance_type in catalog else None
+        price = (spec.price_per_hour.get(region) if spec is not None else None) or 0.0
+        links[address] = RegionLink(address, _hostport(address), Breaker(cool_s=cool_s) if cool_s else Breaker(),
+                                    pool=pool_name, price=price, direct=True)
+    return links
 
 
 def _use_uvloop(choice: str) -> bool:

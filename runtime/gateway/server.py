@@ -22,6 +22,7 @@ aiohttp proxy and against no gateway at all.
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -33,6 +34,7 @@ from fleetcast.contract.instance_env import Var, default
 from fleetcast.contract.isolation import new_key
 from fleetcast.contract.spill import may_serve_in
 
+from . import ppv2
 from .admission import Admission, Ticket, local_limiter, model_not_found
 from .drain import DRAINING_MESSAGE, Drain
 from .fair import CLIENT_GONE, QUEUE_TIMEOUT, fair_admission
@@ -58,11 +60,15 @@ from .routing import Router, Target, invalid_model
 from .salting import Salting
 from .spill import (
     HEADROOM_PATH,
+    HEADROOM_TTL_S,
+    PEER_HEADROOM_TTL_S,
     Headroom,
     LoadGauge,
     ModelHeadroom,
+    RegionLink,
     SpillSetup,
     advertised_free,
+    choose_peer,
     fetch_headroom,
     http_get,
     predicted_wait_s,
@@ -144,6 +150,9 @@ class Gateway:
         self.verifier = Verifier(spill.key, spill.region, self.clock)
         self._spill_pools = {name: UpstreamPool(link.address) for name, link in
                              (spill.policy.links.items() if spill.policy is not None else ())}
+        # A peer instance's gateway expects a PROXY v2 header first: the LOCAL one (its own address is the source).
+        self._spill_pools.update({name: UpstreamPool(link.address, preamble=ppv2.LOCAL_HEADER)
+                                  for name, link in spill.peer_links.items()})
         self.spill = spill
         if self._server is not None and self._spill_pools and self._headroom_task is None:
             self._headroom_task = asyncio.ensure_future(self._refresh_headroom())
@@ -432,7 +441,7 @@ class Gateway:
         if isinstance(ticket, Refusal):
             return await refuse(ticket)
         exchange.model = target.id
-        if claim is None and self.spill is not None and self.spill.policy is not None:
+        if claim is None and self.spill is not None and (self.spill.policy is not None or self.spill.peer_links):
             spilled = await self._spill(consumer, target, request, reader, writer, keep, original, exchange, path)
             if spilled is not None:
                 ticket.release()
@@ -503,7 +512,8 @@ class Gateway:
             held, waiting, capacity = self._load(model_id)
             wait = predicted_wait_s(held, waiting, capacity, self.gauge.service_s(model_id))
             models[model_id] = ModelHeadroom(advertised_free(held, waiting, capacity), capacity,
-                                             wait * 1000 + self.gauge.ttft_ms(model_id))
+                                             wait * 1000 + self.gauge.ttft_ms(model_id),
+                                             max(0, capacity - held - waiting))
         return Headroom(self.spill.region, models, self.draining)
 
     def _load(self, model: str) -> tuple[int, int, int]:
@@ -537,47 +547,71 @@ class Gateway:
         self.gauge.observe(model, ttft, service)
 
     async def _refresh_headroom(self) -> None:
-        assert self.spill is not None and self.spill.policy is not None
-        policy = self.spill.policy
+        """Every link's headroom answer, read again once it is older than HEADROOM_TTL_S (spill.py)."""
+        assert self.spill is not None
+        links = [*(self.spill.policy.links.values() if self.spill.policy else ()), *self.spill.peer_links.values()]
         while True:
-            for link in policy.stale():
-                asyncio.ensure_future(fetch_headroom(link, http_get))
+            now = time.monotonic()
+            for link in links:
+                if not link.fetching and now - link.attempted_at > (PEER_HEADROOM_TTL_S if link.direct
+                                                                    else HEADROOM_TTL_S):
+                    asyncio.ensure_future(fetch_headroom(link, functools.partial(
+                        http_get, path=HEADROOM_PATH, preamble=ppv2.LOCAL_HEADER if link.direct else b"")))
             await asyncio.sleep(0.25)
 
     async def _spill(self, consumer: Consumer, target: Target, request: Request, reader: asyncio.StreamReader,
                      writer: asyncio.StreamWriter, keep: bool, body: bytes, exchange: Exchange,
                      path: str) -> bool | None:
-        """Serve the request in another region when the policy says so; None: serve it here (not spilled, or the
-        remote failed before its first byte)."""
+        """Serve the request on a peer instance of this region when it would queue here and a peer has room
+        (section 1), else in another region when the spill policy says so (section 2); None: serve it here (not
+        forwarded, or the peer failed before its first byte)."""
         spill = self.spill
-        assert spill is not None and spill.policy is not None
-        slo = spill.slo_ttft_ms.get(target.id) or spill.slo_ttft_ms.get(target.base)
-        if not consumer.spill_regions or slo is None:
-            return None
+        assert spill is not None
         local_ms = self._predicted_local_ttft_ms(consumer.name, target.base)
+        if spill.peer_links and local_ms > self.gauge.ttft_ms(target.base):  # it would wait for a slot here
+            peer = choose_peer(list(spill.peer_links.values()), target.base, local_ms)
+            if peer is not None:
+                outcome = await self._forward(peer, consumer, target, request, reader, writer, keep, body, exchange,
+                                              path, local_ms, spill.region)
+                if outcome is not None:
+                    return outcome
+        slo = spill.slo_ttft_ms.get(target.id) or spill.slo_ttft_ms.get(target.base)
+        if spill.policy is None or not consumer.spill_regions or slo is None:
+            return None
         decision = spill.policy.decide(consumer, target.id, target.base, 0, local_ms, slo)
         if decision.region is None:
             return None
-        link = spill.policy.links[decision.region]
+        return await self._forward(spill.policy.links[decision.region], consumer, target, request, reader, writer,
+                                   keep, body, exchange, path, local_ms, decision.region)
+
+    async def _forward(self, link: RegionLink, consumer: Consumer, target: Target, request: Request,
+                       reader: asyncio.StreamReader, writer: asyncio.StreamWriter, keep: bool, body: bytes,
+                       exchange: Exchange, path: str, local_ms: float, destination: str) -> bool | None:
+        """Forward once to `link` (a remote region's gateways or a peer instance) with the caller's identity signed
+        for `destination`; None when nothing reached the client (the caller serves it here)."""
+        spill = self.spill
+        assert spill is not None
         header = sign(spill.key, consumer=consumer.name, model=target.id, origin=spill.region,
-                      destination=decision.region, body=body, now=self.clock)
+                      destination=destination, body=body, now=self.clock)
         away = Exchange(time.perf_counter(), consumer.name, target.id, exchange.arrived_ms)
         away.in_flight = self.drain_state.enter()
         try:
-            outcome = await self.proxy.forward_peer(self._spill_pools[decision.region], request, reader, writer, keep,
+            outcome = await self.proxy.forward_peer(self._spill_pools[link.region], request, reader, writer, keep,
                                                     body, away, [(PEER_HEADER, header)], spill.head_timeout_s)
         finally:
             self.drain_state.leave()
+        where = {"peer": link.region} if link.direct else {"region": link.region}
         if outcome is None:
             link.breaker.failure()
-            exchange.props["spill_failed"] = {"region": decision.region, "error": away.props.get("peer_error")}
+            exchange.props["spill_failed"] = {**where, "error": away.props.get("peer_error")}
             return None
         link.breaker.success()
-        # The one metered record is the serving region's; here, only that it left (no Requests, no tokens).
-        self.metrics.emit(consumer.name, {t.SPILLED_REQUESTS: 1, t.ERRORS: 1 if away.error else 0},
+        # The one metered record is the serving gateway's; here, only that it left (no Requests, no tokens).
+        metric = t.PEER_FORWARDED_REQUESTS if link.direct else t.SPILLED_REQUESTS
+        self.metrics.emit(consumer.name, {metric: 1, t.ERRORS: 1 if away.error else 0},
                           {"path": path, "status": away.status, "origin_region": spill.region,
-                           "serving_region": decision.region, "predicted_local_ttft_ms": round(local_ms, 1),
-                           "predicted_remote_ttft_ms": round(decision.remote_ttft_ms, 1),
+                           "serving_region": destination, **({"serving_peer": link.region} if link.direct else {}),
+                           "predicted_local_ttft_ms": round(local_ms, 1),
                            "e2e_ms": round((time.perf_counter() - exchange.started) * 1000, 1),
                            **({"client_disconnected": True} if away.client_gone else {})},
                           exchange.arrived_ms, model=target.id)

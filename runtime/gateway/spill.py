@@ -29,7 +29,7 @@ import asyncio
 import json
 import math
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -37,6 +37,7 @@ from fleetcast.contract.spill import may_serve_in
 
 HEADROOM_PATH = "/_fleetcast/headroom"  # answered only on connections from the provider's endpoint or a peer
 HEADROOM_TTL_S = 1.0
+PEER_HEADROOM_TTL_S = 0.25  # a peer of the same region is a sub-millisecond read away: its answer ages faster
 HEADROOM_MAX_AGE_S = 3.0
 HEADROOM_TIMEOUT_S = 1.0
 ENTER_RATIO = 1.0  # start spilling a model when its predicted local TTFT exceeds this share of the target
@@ -54,9 +55,15 @@ RESERVE = 3 / 8
 
 @dataclass(frozen=True)
 class ModelHeadroom:
-    free: int  # requests the region's answering gateway admits at once now (capacity less held and waiting)
+    free: int  # requests the answering gateway offers to take for another region now (advertised_free)
     capacity: int  # requests it holds at once (its engine processes' admission caps)
     predicted_ttft_ms: float  # the wait it predicts for a new request plus its engine's measured TTFT
+    room: int | None = None  # its whole free room, no reserve: what it offers a peer of its own region
+                             # (whose consumers are its own); None: as `free`
+
+    @property
+    def peer_free(self) -> int:
+        return self.free if self.room is None else self.room
 
     @property
     def share(self) -> float:
@@ -72,7 +79,8 @@ class Headroom:
 
     @classmethod
     def from_json(cls, data: Any) -> Headroom:
-        models = {str(k): ModelHeadroom(int(v["free"]), int(v["capacity"]), float(v["predicted_ttft_ms"]))
+        models = {str(k): ModelHeadroom(int(v["free"]), int(v["capacity"]), float(v["predicted_ttft_ms"]),
+                                         None if v.get("room") is None else int(v["room"]))
                   for k, v in dict(data["models"]).items()}
         return cls(str(data["region"]), models, bool(data.get("draining", False)))
 
@@ -81,7 +89,8 @@ class Headroom:
         extra = {"links": {name: {"breaker": link.breaker.state, "rtt_ms": link.rtt_ms}
                            for name, link in links.items()}} if links else {}
         return json.dumps({"region": self.region, "draining": self.draining, **extra, "models": {
-            k: {"free": v.free, "capacity": v.capacity, "predicted_ttft_ms": round(v.predicted_ttft_ms, 1)}
+            k: {"free": v.free, "capacity": v.capacity, "predicted_ttft_ms": round(v.predicted_ttft_ms, 1),
+                **({"room": v.room} if v.room is not None else {})}
             for k, v in self.models.items()}}, separators=(",", ":")).encode()
 
 
@@ -187,6 +196,9 @@ class RegionLink:
     rtt_ms: float | None = None
     fetching: bool = False
     spent: int = 0  # spills sent on the current headroom answer: no more than it offered until the next one
+    pool: str = ""  # a peer instance's pool (section 1 balancing); "" for a region
+    price: float = 0.0  # that pool's instance price per hour (the shipped table): the cheapest pool is preferred
+    direct: bool = False  # reached straight (a peer instance), not through an NLB: send the PROXY v2 LOCAL header
 
 
 @dataclass(frozen=True)
@@ -301,12 +313,40 @@ async def fetch_headroom(link: RegionLink, get: Callable[[tuple[str, int]], Awai
     link.headroom, link.fetched_at, link.spent = headroom, clock(), 0
 
 
-async def http_get(address: tuple[str, int], path: str = HEADROOM_PATH) -> bytes:
+def choose_peer(links: Sequence[RegionLink], model: str, local_ttft_ms: float,
+                clock: Callable[[], float] = time.monotonic) -> RegionLink | None:
+    """The peer instance of this region a request that would queue here goes to instead, or None (issue 36,
+    section 1): among peers whose fresh headroom answer offers room for `model` (the answer's budget not yet
+    spent), whose breaker lets it through and whose predicted TTFT plus round trip beats waiting here, the
+    cheapest pool per request it holds at once (the instance price over its capacity: Spot and the larger
+    instance first), then the most free room normalized by capacity (a small instance's one free slot is less
+    room than a large one's), then the fastest."""
+    now = clock()
+    best: tuple[tuple[float, float, float], RegionLink] | None = None
+    for link in links:
+        if link.breaker.state == "open" or link.headroom is None or now - link.fetched_at > HEADROOM_MAX_AGE_S:
+            continue
+        room = link.headroom.models.get(model)
+        if room is None or room.capacity <= 0 or link.headroom.draining or room.peer_free - link.spent <= 0:
+            continue
+        remote = room.predicted_ttft_ms + (link.rtt_ms or 0.0)
+        if remote >= local_ttft_ms:
+            continue
+        key = (link.price / room.capacity, -(room.peer_free - link.spent) / room.capacity, remote)
+        if best is None or key < best[0]:
+            best = (key, link)
+    if best is None or not best[1].breaker.allow():
+        return None
+    best[1].spent += 1
+    return best[1]
+
+
+async def http_get(address: tuple[str, int], path: str = HEADROOM_PATH, preamble: bytes = b"") -> bytes:
     """GET `path` from a peer gateway on a fresh connection (the headroom answer is small and once a second);
-    the body of a 200, else ValueError."""
+    the body of a 200, else ValueError. `preamble`: what the connection starts with (a PROXY v2 header)."""
     reader, writer = await asyncio.open_connection(*address)
     try:
-        writer.write(f"GET {path} HTTP/1.1\r\nHost: {address[0]}\r\nConnection: close\r\n\r\n".encode())
+        writer.write(preamble + f"GET {path} HTTP/1.1\r\nHost: {address[0]}\r\nConnection: close\r\n\r\n".encode())
         raw = await reader.read()
     finally:
         writer.close()
@@ -327,4 +367,5 @@ class SpillSetup:
     slo_ttft_ms: Mapping[str, float]  # model or adapter id -> its P99 TTFT target
     policy: SpillPolicy | None = None  # None: no consumer served here may spill
     peers: frozenset[str] = frozenset()  # addresses of peer instances whose direct connections may carry a claim
+    peer_links: Mapping[str, RegionLink] = field(default_factory=dict)  # peer instances to balance onto
     head_timeout_s: float = 2.0  # a spilled request's response head must come within this, else it is served here

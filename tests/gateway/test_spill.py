@@ -19,6 +19,7 @@ from runtime.gateway.spill import (
     RegionLink,
     SpillPolicy,
     advertised_free,
+    choose_peer,
     predicted_wait_s,
 )
 
@@ -179,3 +180,50 @@ def test_the_local_prediction_asks_fair_admission_per_consumer_and_falls_back_to
     assert Gateway._predicted_local_ttft_ms(fake, "c", "m") == pytest.approx(2050.0)
     fake.fair = None  # fair admission off
     assert Gateway._predicted_local_ttft_ms(fake, "c", "m") == pytest.approx(2050.0)
+
+
+def peer(name: str, price: float, free: int, capacity: int, clock: Clock, ttft_ms: float = 40.0) -> RegionLink:
+    link = RegionLink(name, ("127.0.0.1", 1), Breaker(clock), pool=name, price=price, direct=True)
+    link.headroom = Headroom("r", {"m": ModelHeadroom(free, capacity, ttft_ms)})
+    link.fetched_at, link.rtt_ms = clock(), 1.0
+    return link
+
+
+def test_balancing_prefers_the_cheapest_pool_per_slot_then_the_most_room_for_its_size():
+    clock = Clock()
+    spot_large = peer("spot-g6e", price=0.9, free=1, capacity=8, clock=clock)  # 0.11 per slot
+    large = peer("g6e", price=1.9, free=6, capacity=8, clock=clock)  # 0.24 per slot
+    small = peer("g5", price=1.0, free=1, capacity=1, clock=clock)  # 1.0 per slot
+    assert choose_peer([small, large, spot_large], "m", 500.0, clock) is spot_large
+    # Its one offered slot spent, the next goes to the next cheapest per slot, not the emptiest small one.
+    assert choose_peer([small, large, spot_large], "m", 500.0, clock) is large
+    twin = peer("g6e-b", price=1.9, free=2, capacity=8, clock=clock)
+    assert choose_peer([twin, large], "m", 500.0, clock) is large  # same price: more room per capacity
+    assert choose_peer([small], "m", 30.0, clock) is None  # waiting here is quicker than the hop
+    clock.now += 10
+    assert choose_peer([small, large], "m", 500.0, clock) is None  # old headroom: no forwarding on old news
+
+
+def test_a_direct_connection_may_carry_a_claim_only_from_a_named_peer_and_an_endpoint_only_if_the_provider_owns_it():
+    import asyncio
+    from types import SimpleNamespace
+
+    from runtime.gateway.identity import Endpoint
+    from runtime.gateway.server import Gateway
+
+    owners = {"vpce-spill": "111122223333", "vpce-consumer": "444455556666"}
+
+    async def lookup(vpce):
+        return Endpoint(vpce, owners[vpce], "available", None) if vpce in owners else None
+
+    fake = SimpleNamespace(spill=SimpleNamespace(peers=frozenset({"10.0.1.5"}), provider_account="111122223333"),
+                           identity=SimpleNamespace(endpoints=SimpleNamespace(lookup=lookup)))
+
+    def asks(vpce, source):
+        return asyncio.run(Gateway._from_peer(fake, vpce, source))
+
+    assert asks(None, ("10.0.1.5", 40000)) and not asks(None, ("10.0.1.6", 40000))
+    assert asks("vpce-spill", ("10.0.9.9", 1)) and not asks("vpce-consumer", ("10.0.1.5", 1))
+    assert not asks("vpce-unknown", ("10.0.1.5", 1))  # a PROXY header naming an endpoint: its owner decides
+    fake.spill = None
+    assert not asks(None, ("10.0.1.5", 1))  # without spill set up, nobody is a peer
