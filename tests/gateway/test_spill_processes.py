@@ -378,3 +378,37 @@ def test_the_breaker_opens_on_a_failing_path_keeps_traffic_home_then_a_probe_bri
         assert len(failed) >= 3 and all(r["spill_failed"]["region"] == "us-west-2" for r in failed)
 
     run(body())
+
+
+def test_a_gateway_without_the_peer_key_refuses_claims_then_accepts_them_once_the_key_arrives(tmp_path):
+    """The key's replica may reach a region after its instances start (docs/stacks.md, "Peer key"): the gateway
+    serves its own consumers meanwhile, refuses forwarded identity, and reads the key again every refresh period."""
+    async def body() -> None:
+        config, key_file = spill_config(tmp_path), tmp_path / "late.key"
+        remote_engine = await engine(0.0)
+        remote, port, _ = await gateway(config, "us-west-2", int(remote_engine.first.result()),
+                                        [(SPILL_VPCE, PROVIDER)], key_file, "--refresh-s", "0.5")
+        try:
+            request = {"model": MODEL, "prompt": "a b", "max_tokens": 3}
+            raw = json.dumps(request).encode()
+
+            async def forwarded() -> Any:
+                header = sign(KEY, consumer="checkout", model=MODEL, origin="us-east-1", destination="us-west-2",
+                              body=raw)
+                return await Client(port, SPILL_VPCE).request("POST", "/v1/completions", request,
+                                                              {PEER_HEADER: header})
+
+            refused = await forwarded()
+            assert refused.status == 403 and refused.json()["error"]["code"] == "peer_identity_refused"
+            key_file.write_bytes(KEY)
+            for _ in range(100):
+                reply = await forwarded()
+                if reply.status == 200:
+                    break
+                await asyncio.sleep(0.2)
+            assert reply.status == 200 and reply.json()["choices"][0]["text"] == completion_text(3)
+        finally:
+            await remote.stop()
+            await remote_engine.stop()
+
+    run(body())
