@@ -90,6 +90,18 @@ bench-gateway: $(VENV)/.test-deps
 bench-fairness: $(VENV)/.test-deps
 	$(PY) -m scripts.bench_fairness $(FAIRNESS_ARGS)
 
+# Cross-region spill over a two-region diurnal trace, the home at 1.5x its capacity at peak: a simulation over the
+# gateway's real decision code (docs/gateway.md, "Spill to another region").
+.PHONY: bench-overflow
+bench-overflow: $(VENV)/.test-deps
+	$(PY) -m scripts.bench_overflow $(OVERFLOW_ARGS)
+
+# Two instances of different pool types on loopback, a bursty trace, balancing between them off and on
+# (docs/gateway.md, "Balancing across the pools of a region").
+.PHONY: bench-balance
+bench-balance: $(VENV)/.test-deps
+	$(PY) -m scripts.bench_balance $(BALANCE_ARGS)
+
 # The gateway under mixed traffic and abuse on loopback; a row of figures a minute (SOAK_MINUTES, default 30).
 soak-gateway: $(VENV)/.test-deps
 	$(PY) -m scripts.soak_gateway --minutes $(or $(SOAK_MINUTES),30) $(SOAK_ARGS)

@@ -19,11 +19,27 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from aws_cdk import Fn, aws_ec2 as ec2, aws_iam as iam, aws_ssm as ssm
+from aws_cdk import (
+    ArnFormat,
+    Fn,
+    Stack,
+    aws_ec2 as ec2,
+    aws_iam as iam,
+    aws_secretsmanager as secretsmanager,
+    aws_ssm as ssm,
+)
 from constructs import Construct
 
 from fleetcast.config import FleetConfig, Region
-from fleetcast.contract.spill import built_spill_targets, service_name_of, spill_endpoint_parameter
+from fleetcast.contract.spill import (
+    built_spill_targets,
+    peer_regions,
+    peer_secret_name,
+    service_name_of,
+    spill_endpoint_parameter,
+)
+
+from . import nag
 
 
 class SpillEndpoints(Construct):
@@ -71,3 +87,32 @@ class SpillEndpoints(Construct):
             self.security_groups[remote] = sg
             self.endpoints[remote] = endpoint
             self.parameters[remote] = parameter
+        self.peer_key: secretsmanager.Secret | None = None
+        peers = peer_regions(cfg)
+        if region.region not in peers:
+            return
+        name = peer_secret_name(cfg.name)
+        if region.region == peers[0]:
+            # The key a gateway signs a forwarded request's identity with and the receiving gateway checks it with
+            # (runtime/gateway/peer.py): generated here, never in a template or the config, and replicated by
+            # Secrets Manager to the other regions that spill or are spilled to, so both ends hold the same value.
+            self.peer_key = secretsmanager.Secret(
+                self, "PeerKey", secret_name=name,
+                description=f"{cfg.name}: HMAC key of forwarded requests' identity between the gateways (spill)",
+                generate_secret_string=secretsmanager.SecretStringGenerator(password_length=64,
+                                                                            exclude_punctuation=True),
+                replica_regions=[secretsmanager.ReplicaRegion(region=r) for r in peers[1:]],
+            )
+            nag.acknowledge(
+                self.peer_key, "AwsSolutions-SMG4",
+                "the peer key is a shared HMAC key the gateways read at start, not a credential of another service: "
+                "a rotation is a new value and an instance refresh in every peer region (docs/stacks.md, Spill), "
+                "which a Secrets Manager rotation function cannot order",
+            )
+        # Each region's instances read the secret (the original or its replica) in their own region.
+        arn = Stack.of(self).format_arn(service="secretsmanager", resource="secret", resource_name=f"{name}-??????",
+                                        arn_format=ArnFormat.COLON_RESOURCE_NAME)
+        for role in roles:
+            role.add_to_principal_policy(iam.PolicyStatement(
+                sid="ReadPeerKey", actions=["secretsmanager:GetSecretValue"], resources=[arn]))
+

@@ -19,6 +19,10 @@ from typing import Protocol
 
 class _Consumer(Protocol):
     @property
+    def name(self) -> str: ...
+    @property
+    def region(self) -> str: ...
+    @property
     def service_region(self) -> str: ...
     @property
     def spill_regions(self) -> Sequence[str]: ...
@@ -94,3 +98,28 @@ def spill_endpoint_parameter(fleet: str, remote: str) -> str:
 def spill_endpoint_parameter_prefix(fleet: str) -> str:
     """What every spill parameter name of the fleet starts with (the instances' read grant)."""
     return spill_endpoint_parameter(fleet, "")
+
+
+def peer_secret_name(fleet: str) -> str:
+    """The Secrets Manager secret holding the fleet's peer key: the HMAC key a gateway signs a forwarded request's
+    identity with and the receiving gateway checks it with (runtime/gateway/peer.py). The same value in every
+    region that spills or is spilled to (a replicated secret); only the instances' roles may read it."""
+    return f"{fleet}/spill/peer-key"
+
+
+def may_serve_in(consumer: _Consumer, region: str) -> bool:
+    """Residency: a consumer's requests are served in its home region and the regions its spill_regions list,
+    nowhere else (the home gateway's spill decision and the receiving gateway's claim check both ask this)."""
+    return region == consumer.service_region or region in consumer.spill_regions
+
+
+def spill_consumers_into(cfg: FleetConfig, region: str) -> tuple[_Consumer, ...]:
+    """Consumers served elsewhere whose requests may spill into `region`: its gateways meter those requests (the
+    serving region meters, once), so `fleetcast usage` and `traffic export` read them there too."""
+    return tuple(c for c in cfg.consumers if region in c.spill_regions and c.service_region != region)
+
+
+def peer_regions(cfg: FleetConfig) -> tuple[str, ...]:
+    """The provider regions whose gateways forward or receive spilled requests (config order): each holds the
+    fleet's peer key (peer_secret_name), created in the first and replicated to the others."""
+    return tuple(r.region for r in cfg.regions if spill_targets(cfg, r.region) or spill_sources(cfg, r.region))

@@ -16,7 +16,7 @@ from __future__ import annotations
 from typing import Any
 
 from .network import PROVIDER_INTERFACE_ENDPOINTS
-from .spill import built_spill_targets
+from .spill import built_spill_targets, peer_regions
 from .telemetry import alarmed_per_model
 
 CLOUDFORMATION_MAX_RESOURCES = 500
@@ -51,6 +51,9 @@ AUTO_APPROVE = 6  # the connection approver Lambda, its role, logs and rule
 # Per remote region this region spills to, once its service name is published (stacks/spill.py): the
 # interface endpoint, its security group, its ingress rule and the instances' egress rule, the spill parameter.
 SPILL_ENDPOINT = 5
+# The fleet's peer key (stacks/spill.py): one secret, in the first of the regions that spill or are spilled to
+# (replicated by Secrets Manager to the others, which only grant reading it).
+PEER_KEY = 1
 
 
 def pool_resources(cfg: Any, pool: Any) -> int:  # a FleetConfig and one of its Pools, duck-typed (see above)
@@ -81,4 +84,6 @@ def provider_stack_resources(cfg: Any, region: Any) -> int:  # a FleetConfig and
         n += PLAN_DRIFT_CHECK + (PLAN_DRIFT_SNS_ENDPOINT if endpoints else 0)
     n += AUTO_APPROVE if cfg.operations.auto_approve_connections else 0
     n += SPILL_ENDPOINT * len(built_spill_targets(cfg, region.region))
+    peers = peer_regions(cfg)
+    n += PEER_KEY if peers and peers[0] == region.region else 0
     return n

@@ -34,6 +34,12 @@ REQUESTS = "Requests"
 ERRORS = "Errors"  # 5xx, upstream failures, streams cut short
 STREAMS_CUT = "StreamsCut"  # streams the model server broke off; the client got an error event
 THROTTLED = "Throttled"  # 429 from per-consumer limits
+# A request its home gateway forwarded to another region (issue 36): counted at home, under the home record's
+# dimensions, never with Requests or tokens, which the serving region's gateway meters (once, where it ran).
+SPILLED_REQUESTS = "SpilledRequests"
+# A request its gateway forwarded to a peer instance of the same region with room (issue 36, section 1): likewise
+# counted where it arrived, metered where it ran.
+PEER_FORWARDED_REQUESTS = "PeerForwardedRequests"
 UNKNOWN_ENDPOINT = "UnknownEndpointRequests"
 PROXY_PROTOCOL_ERRORS = "ProxyProtocolErrors"  # connections refused for a missing or malformed PROXY v2 header
 
@@ -161,6 +167,7 @@ COUNT = "Count"
 UNITS: dict[str, str] = {
     TTFT_MS: MILLISECONDS, ITL_MS: MILLISECONDS, E2E_MS: MILLISECONDS,
     INPUT_TOKENS: COUNT, OUTPUT_TOKENS: COUNT, REQUESTS: COUNT, ERRORS: COUNT, STREAMS_CUT: COUNT,
+    SPILLED_REQUESTS: COUNT, PEER_FORWARDED_REQUESTS: COUNT,
     THROTTLED: COUNT, UNKNOWN_ENDPOINT: COUNT, PROXY_PROTOCOL_ERRORS: COUNT,
     ACTIVE_REQUESTS: COUNT, QUEUED_REQUESTS: COUNT,
     KV_CACHE_UTILIZATION: PERCENT, GPU_UTILIZATION: PERCENT, GPU_MEMORY_USED: PERCENT,

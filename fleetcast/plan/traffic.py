@@ -88,6 +88,10 @@ class ObservedTraffic(BaseModel):
         default=None, description="Requests per model from this consumer region over the window, every model's (the "
         "same in each of the region's entries), so one model's share of the region reads off; null: a one-model "
         "profile.")
+    served_in: dict[str, int] | None = Field(
+        default=None, description="Requests per provider region that served them, when some were served outside "
+        "their home region (cross-region spill, docs/gateway.md): origin is this entry, serving is each key; null: "
+        "every request was served at home.")
 
     @field_validator("in_flight", "input_tokens", "output_tokens", mode="before")
     @classmethod

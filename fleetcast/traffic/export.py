@@ -49,6 +49,7 @@ from typing import Any
 from fleetcast.config import FleetConfig
 from fleetcast.contract import telemetry as t
 from fleetcast.contract.errors import EXIT_INVALID, EXIT_USAGE, UserError
+from fleetcast.contract.spill import spill_consumers_into
 from fleetcast.plan.drift import hour_of_day_rates
 
 MAX_QUERIES = 500  # GetMetricData: at most 500 metrics per call
@@ -84,6 +85,7 @@ class Tally:
     input_sum: float = 0.0
     output_sum: float = 0.0
     consumers: dict[str, float] = field(default_factory=dict)
+    served_in: dict[str, float] = field(default_factory=dict)  # provider region that metered them -> requests
     ttft_p99: list[float | None] = field(default_factory=list)
     itl_p99: list[float | None] = field(default_factory=list)
 
@@ -199,7 +201,10 @@ def collect(cfg: FleetConfig, since: datetime, until: datetime, call: Callable[.
     hours = int((until - since) / HOUR)
     tallies: dict[tuple[str, str | None], Tally] = {}
     for region_name in [region] if region else names:
-        consumers = [c for c in cfg.consumers_of(region_name) if consumer is None or c.name == consumer]
+        # With spill, a consumer's requests served here from another home are metered here (the serving region
+        # meters, once): its demand adds up from every region that served it.
+        consumers = [c for c in (*cfg.consumers_of(region_name), *spill_consumers_into(cfg, region_name))
+                     if consumer is None or c.name == consumer]
         if not consumers:
             continue
         queries, targets = _queries(cfg, region_name, consumers)
@@ -208,7 +213,7 @@ def collect(cfg: FleetConfig, since: datetime, until: datetime, call: Callable[.
             start = since + h * HOUR
             for first in range(0, len(queries), MAX_QUERIES):
                 for result in _get(call, region_name, queries[first:first + MAX_QUERIES], start, start + HOUR):
-                    _fold(result, targets[result["Id"]], h, start, hours, tallies, pool_hours)
+                    _fold(result, targets[result["Id"]], h, start, hours, tallies, pool_hours, region_name)
         # The pool's P99 (all consumers; the model's, per model) goes to every consumer region it served; with
         # more than one pool the worst hour counts: the SLO is per request, whichever pool served it.
         for c in consumers:
@@ -246,7 +251,7 @@ def _get(call: Callable[..., dict], region: str, queries: list[dict], start: dat
 
 
 def _fold(result: dict, target: tuple, h: int, start: datetime, hours: int, tallies: dict[tuple, Tally],
-          pool_hours: dict[tuple, dict[str, list]]) -> None:
+          pool_hours: dict[tuple, dict[str, list]], serving: str = "") -> None:
     values, stamps = result["Values"], result["Timestamps"]
     owner, what = target[0], target[1]
     if what in ("ttft_p99", "itl_p99"):
@@ -263,6 +268,7 @@ def _fold(result: dict, target: tuple, h: int, start: datetime, hours: int, tall
     if what == "arrivals":
         tally.arrivals[h] += total
         tally.consumers[consumer.name] = tally.consumers.get(consumer.name, 0.0) + total
+        tally.served_in[serving] = tally.served_in.get(serving, 0.0) + total
     elif what == "throttled":
         tally.throttled[h] += total
     elif what == "minutes":
@@ -296,7 +302,7 @@ def _bucket_counts(counts: dict[str, float], labels: tuple[str, ...], skip_zero:
 
 
 def profile_document(tallies: dict[tuple[str, str | None], Tally], since: datetime, until: datetime, name: str,
-                     fleet: str, hour_stat: str = "max") -> dict[str, Any]:
+                     fleet: str, hour_stat: str = "max", cfg: FleetConfig | None = None) -> dict[str, Any]:
     """The profile as plain data (validated by fleetcast.plan.traffic before it is written): one entry per
     (consumer region, model) with traffic, `model` set where the tallies are per model."""
     from fleetcast.plan.traffic import SCHEMA_ID, ConsumerTraffic
@@ -327,6 +333,10 @@ def profile_document(tallies: dict[tuple[str, str | None], Tally], since: dateti
         }
         if model is not None:
             observed["models"] = dict(sorted(by_region[region].items()))
+        served_in = {k: int(round(v)) for k, v in sorted(tally.served_in.items()) if round(v)}
+        homes = {c.service_region for c in cfg.consumers if c.name in tally.consumers} if cfg is not None else set()
+        if set(served_in) - homes:  # some were served outside their home region: say where (origin: this entry)
+            observed["served_in"] = served_in
         entry: dict[str, Any] = {
             "region": region,
             **({"model": model} if model is not None else {}),
@@ -375,7 +385,7 @@ def export(cfg: FleetConfig, since: datetime, until: datetime, call: Callable[..
         raise UserError(f"--hour-stat {hour_stat!r}: choose max or mean", exit_code=EXIT_USAGE)
     since, until = floor_hour(since), floor_hour(until)
     tallies = collect(cfg, since, until, call, region, consumer, now)
-    doc = profile_document(tallies, since, until, name or f"{cfg.name}-production", cfg.name, hour_stat)
+    doc = profile_document(tallies, since, until, name or f"{cfg.name}-production", cfg.name, hour_stat, cfg)
     try:
         return TrafficProfile.model_validate(doc), doc
     except ValidationError as exc:  # a bug here, not a user mistake: say what broke

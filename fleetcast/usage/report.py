@@ -31,6 +31,7 @@ from fleetcast.config import FleetConfig
 from fleetcast.config.catalog import instance_catalog
 from fleetcast.contract import telemetry as t
 from fleetcast.contract.errors import EXIT_USAGE, UserError
+from fleetcast.contract.spill import spill_consumers_into
 
 SUMMED = {
     "requests": t.REQUESTS,
@@ -70,6 +71,8 @@ class ConsumerUsage:
     consumer: str
     region: str
     model: str | None = None  # with --by-model: the model or adapter id this row counts
+    origin: str | None = None  # with spill configured: the consumer's home region (`region` is where it was served)
+    spilled_out: int = 0  # requests of its home region its gateways forwarded to another region (SpilledRequests)
     requests: int = 0
     errors: int = 0
     throttled: int = 0
@@ -174,16 +177,23 @@ def collect(cfg: FleetConfig, since: datetime, until: datetime, region: str | No
     rows: list[ConsumerUsage] = []
     costs: list[RegionCost] = []
     notes: list[str] = []
+    spill = any(c.spill_regions for c in cfg.consumers)
     for region_name in ([region] if region else names):
-        consumers = cfg.consumers_of(region_name)
+        # The serving region meters a spilled request (once): a consumer served elsewhere has a row here too,
+        # its origin its home region.
+        consumers = (*cfg.consumers_of(region_name), *spill_consumers_into(cfg, region_name))
+        homes = {c.name: c.service_region for c in consumers}
         pools = [p.name for p in cfg.region(region_name).pools]
         keys = [(c.name, m) for c in consumers for m in (cfg.models_for(c.name) if by_model else (None,))]
-        usage = {key: ConsumerUsage(key[0], region_name, key[1]) for key in keys}
+        usage = {key: ConsumerUsage(key[0], region_name, key[1], homes[key[0]] if spill else None) for key in keys}
         queries, targets = [], {}
         for ki, key in enumerate(keys):
             model_dim = [{"Name": t.DIM_MODEL, "Value": key[1]}] if key[1] is not None else []
+            summed = dict(SUMMED)
+            if spill and homes[key[0]] == region_name:
+                summed["spilled_out"] = t.SPILLED_REQUESTS
             for pi, pool in enumerate(pools):
-                for field_name, metric in SUMMED.items():
+                for field_name, metric in summed.items():
                     qid = f"q{ki}_{pi}_{field_name}"
                     targets[qid] = (key, field_name, pool)
                     queries.append({"Id": qid, "ReturnData": True, "MetricStat": {
@@ -258,12 +268,14 @@ def _get_metric_data(cw: Any, queries: list[dict], since: datetime, until: datet
 
 # ---------------------------------------------------------------- output
 
-COLUMNS = ("consumer", "region", "model", "requests", "errors", "throttled", "input_tokens", "output_tokens",
-           "total_tokens", "token_share", "est_cost_usd")
+COLUMNS = ("consumer", "region", "origin", "model", "requests", "spilled_out", "errors", "throttled", "input_tokens",
+           "output_tokens", "total_tokens", "token_share", "est_cost_usd")
+_SPILL_COLUMNS = ("origin", "spilled_out")  # shown when the fleet spills: region is where a row was served
 
 
 def _row(u: ConsumerUsage) -> dict[str, Any]:
-    return {"consumer": u.consumer, "region": u.region, "model": u.model, "requests": u.requests, "errors": u.errors,
+    return {"consumer": u.consumer, "region": u.region, "origin": u.origin, "model": u.model, "requests": u.requests,
+            "spilled_out": u.spilled_out, "errors": u.errors,
             "throttled": u.throttled, "input_tokens": u.input_tokens, "output_tokens": u.output_tokens,
             "total_tokens": u.total_tokens, "token_share": round(u.token_share, 6),
             "est_cost_usd": None if u.cost_usd is None else round(u.cost_usd, 4)}
@@ -289,11 +301,13 @@ def table_lines(headers: tuple[str, ...], cells: list[tuple[str, ...]], left: in
 
 def render(report: UsageReport, fmt: str) -> str:
     by_model = any(u.model is not None for u in report.rows)
+    spill = any(u.origin is not None for u in report.rows)
     rows = [_row(u) for u in report.rows]
-    if not by_model:
-        for r in rows:
-            del r["model"]
-    columns = COLUMNS if by_model else tuple(c for c in COLUMNS if c != "model")
+    dropped = (() if by_model else ("model",)) + (() if spill else _SPILL_COLUMNS)
+    for r in rows:
+        for name in dropped:
+            del r[name]
+    columns = tuple(c for c in COLUMNS if c not in dropped)
     if fmt == "json":
         return json.dumps({
             "fleet": report.fleet, "since": report.since.isoformat(), "until": report.until.isoformat(),
@@ -306,9 +320,11 @@ def render(report: UsageReport, fmt: str) -> str:
         return csv_text(rows, columns)
     if fmt != "table":
         raise UserError(f"--format {fmt!r}: choose table, csv or json", exit_code=EXIT_USAGE)
-    names = ("CONSUMER", "REGION") + (("MODEL",) if by_model else ())
-    headers = names + ("REQUESTS", "ERRORS", "THROTTLED", "INPUT TOK", "OUTPUT TOK", "TOKEN SHARE", "EST. COST USD")
-    cells = [(r["consumer"], r["region"], *((r["model"],) if by_model else ()), f"{r['requests']:,}",
+    names = ("CONSUMER", "REGION") + (("ORIGIN",) if spill else ()) + (("MODEL",) if by_model else ())
+    headers = names + ("REQUESTS",) + (("SPILLED OUT",) if spill else ()) + (
+        "ERRORS", "THROTTLED", "INPUT TOK", "OUTPUT TOK", "TOKEN SHARE", "EST. COST USD")
+    cells = [(r["consumer"], r["region"], *((r["origin"],) if spill else ()), *((r["model"],) if by_model else ()),
+              f"{r['requests']:,}", *((f"{r['spilled_out']:,}",) if spill else ()),
               f"{r['errors']:,}", f"{r['throttled']:,}", f"{r['input_tokens']:,}", f"{r['output_tokens']:,}",
               f"{r['token_share'] * 100:.1f}%", "n/a" if r["est_cost_usd"] is None else f"{r['est_cost_usd']:,.2f}")
              for r in rows]

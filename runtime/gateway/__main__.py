@@ -32,11 +32,14 @@ from runtime.descriptors import reserve_descriptors
 
 from .http import BODY_TIMEOUT_S
 from .identity import log
+from .peer import check_key, read_key_file
 
 if TYPE_CHECKING:  # for annotations only: the config package is imported where a config is loaded
     from fleetcast.config import Consumer, FleetConfig
 
+    from .server import Gateway
     from .shared import SharedState
+    from .spill import RegionLink, SpillSetup
 
 
 def _hostport(value: str) -> tuple[str, int]:
@@ -110,6 +113,18 @@ def build_parser() -> argparse.ArgumentParser:
                    help="on (default): each engine process holds at most its max_batch_size requests and the rest "
                         "wait at the gateway in per-consumer queues, admitted by weighted fair queuing "
                         "(runtime/gateway/fair.py); off: every admitted request goes to the engine at once")
+    p.add_argument("--peer-key-file", help="the fleet's peer key (else the Secrets Manager secret "
+                   "fleetcast.contract.spill.peer_secret_name): signs and checks forwarded requests' identity")
+    p.add_argument("--spill-endpoint", action="append", default=[], metavar="REGION=HOST:PORT",
+                   help="where to reach a remote region's gateways (else the SSM parameter /<fleet>/spill/<region>, "
+                   "the provider's spill endpoint)")
+    p.add_argument("--breaker-cool-s", type=_positive, default=None,
+                   help="how long a remote region's open circuit breaker keeps spilled traffic home before a probe "
+                   "(runtime/gateway/spill.py BREAKER_COOL_S)")
+    p.add_argument("--peer", action="append", default=[], metavar="HOST:PORT=POOL",
+                   help="a peer instance of this region (its gateway, and the pool it belongs to): a request that would "
+                   "queue here goes to the cheapest peer with room, and the peer's direct connections may carry a "
+                   "forwarded identity")
     p.add_argument("--event-loop", choices=("auto", "asyncio", "uvloop"), default="auto",
                    help="auto (default): uvloop when installed, which scripts/bench_gateway.py measures as the "
                         "faster hop; else the standard asyncio loop")
@@ -195,6 +210,16 @@ async def serve(args: argparse.Namespace, shared: SharedState | None = None, wor
                       upstream_idle_timeout_s=args.upstream_idle_s, models_state=args.models_state, salting=salting,
                       admission_caps=admission_caps(cfg, args.pool) if args.fair_admission == "on" else None,
                       worker=worker)
+    try:
+        spill = spill_setup(cfg, args)
+    except PeerKeyMissing as exc:
+        log("spill_disabled", reason=f"no peer key: {exc}; trying again every {args.refresh_s:g} s")
+        spill = None
+        waiting_for_key = True
+    else:
+        waiting_for_key = False
+    if spill is not None:
+        gateway.enable_spill(spill)
 
     async def apply_consumers(new_cfg: FleetConfig, new_consumers: tuple[Consumer, ...]) -> None:
         # Keys before identity: a consumer that now needs a key must not be served keyless meanwhile.
@@ -206,6 +231,8 @@ async def serve(args: argparse.Namespace, shared: SharedState | None = None, wor
     await endpoints.refresh()
     await keys.refresh()
     background = [asyncio.ensure_future(task.run()) for task in (endpoints, keys, refresher)]
+    if waiting_for_key:
+        background.append(asyncio.ensure_future(await_peer_key(gateway, cfg, args)))
     # Everything loaded so far (config model, botocore's service models: ~100k objects) lives for
     # the whole process. A full collection over them measured 85 ms on the dev VM, a pause every
     # stream would feel; frozen, the collector walks only request garbage (measured ~0 ms).
@@ -242,6 +269,101 @@ async def serve(args: argparse.Namespace, shared: SharedState | None = None, wor
     await gateway.close()
     metrics.close()
     return 0
+
+
+class PeerKeyMissing(Exception):
+    """The fleet's peer key could not be read; the message says why."""
+
+
+async def await_peer_key(gateway: Gateway, cfg: FleetConfig, args: argparse.Namespace) -> None:
+    """Read the peer key every refresh period until it can be read, then turn spill on."""
+    while True:
+        await asyncio.sleep(args.refresh_s)
+        try:
+            setup = await asyncio.get_running_loop().run_in_executor(None, spill_setup, cfg, args)
+        except PeerKeyMissing:
+            continue
+        if setup is not None:
+            gateway.enable_spill(setup)
+            log("spill_enabled", links=sorted(setup.policy.links) if setup.policy else [])
+        return
+
+
+def spill_setup(cfg: FleetConfig, args: argparse.Namespace) -> SpillSetup | None:
+    """The gateway's spill links (home side) and claim checks (receiving side), or None when no consumer of the
+    fleet spills from or into this region and no peer is named. PeerKeyMissing when the peer key cannot be read
+    (yet: the secret's replica may arrive after this instance): the gateway then serves everything at home,
+    refuses forwarded requests, and tries again (serve(), `await_peer_key`)."""
+    from fleetcast.config.rules import served_in
+    from fleetcast.contract.spill import peer_secret_name, spill_endpoint_parameter, spill_sources, spill_targets
+
+    from .spill import Breaker, RegionLink, SpillPolicy, SpillSetup
+
+    region = args.region
+    targets, sources = spill_targets(cfg, region), spill_sources(cfg, region)
+    if not targets and not sources and not args.peer:
+        return None
+    try:
+        if args.peer_key_file:
+            key = read_key_file(args.peer_key_file)
+        else:
+            import boto3
+
+            value = boto3.client("secretsmanager", region_name=region).get_secret_value(
+                SecretId=peer_secret_name(cfg.name))
+            key = check_key((value.get("SecretString") or "").strip().encode())
+    except Exception as exc:  # noqa: BLE001 - no spill is a degraded mode, not a reason to stop serving
+        raise PeerKeyMissing(f"{type(exc).__name__}: {exc}") from None
+    given = dict(item.split("=", 1) for item in args.spill_endpoint)
+    links = {}
+    for remote in targets:
+        if remote in given:
+            host, port = _hostport(given[remote])
+        else:
+            try:
+                import boto3
+
+                host = boto3.client("ssm", region_name=region).get_parameter(
+                    Name=spill_endpoint_parameter(cfg.name, remote))["Parameter"]["Value"]
+            except Exception as exc:  # noqa: BLE001 - that region is left out; the others still spill
+                log("spill_link_missing", remote=remote, error=f"{type(exc).__name__}: {exc}")
+                continue
+            port = cfg.engine.port
+        links[remote] = RegionLink(remote, (host, port),
+                                   Breaker(cool_s=args.breaker_cool_s) if args.breaker_cool_s else Breaker())
+    served = served_in(cfg)
+    adapters = {m.id: {a.id for a in m.adapters} for m in cfg.models}
+    reach = {r: frozenset(served.get(r, set()) | {a for m in served.get(r, set()) for a in adapters.get(m, ())})
+             for r in links}
+    slo = {m.id: (m.slo or cfg.slo).ttft_p99_ms for m in cfg.models}
+    slo.update({a.id: slo[m.id] for m in cfg.models for a in m.adapters})
+    peers = peer_links(cfg, region, args.peer, args.breaker_cool_s)
+    return SpillSetup(region, key, cfg.provider.account, {c.name: c for c in cfg.consumers}, slo,
+                      SpillPolicy(links, reach) if links else None,
+                      frozenset(link.address[0] for link in peers.values()), peers)
+
+
+def peer_links(cfg: FleetConfig, region: str, given: list[str], cool_s: float | None) -> dict[str, RegionLink]:
+    """`--peer HOST:PORT=POOL` as links to balance onto, each priced by its pool's instance type in the shipped
+    price table (fleetcast.config.catalog; none known: 0, no preference)."""
+    from fleetcast.config.catalog import instance_catalog
+
+    from .spill import Breaker, RegionLink
+
+    catalog = instance_catalog()
+    pools = {p.name: p for p in cfg.region(region).pools}
+    links = {}
+    for item in given:
+        address, _, pool_name = item.partition("=")
+        pool = pools.get(pool_name)
+        if pool is None:
+            raise SystemExit(f"gateway: --peer {item}: {pool_name or '(no pool)'} is not a pool of {region}; "
+                             f"write HOST:PORT=POOL with one of: {', '.join(pools)}")
+        spec = catalog.get(pool.instance_type) if pool.instance_type in catalog else None
+        price = (spec.price_per_hour.get(region) if spec is not None else None) or 0.0
+        links[address] = RegionLink(address, _hostport(address), Breaker(cool_s=cool_s) if cool_s else Breaker(),
+                                    pool=pool_name, price=price, direct=True)
+    return links
 
 
 def _use_uvloop(choice: str) -> bool:

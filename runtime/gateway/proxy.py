@@ -23,9 +23,11 @@ from .http import (
     Request,
     chunk,
     openai_error,
+    parse_response_head,
     response_head,
 )
 from .meter import Exchange, Prepared, SseMeter, usage_from_body
+from .peer import PEER_HEADER_LOWER
 from .reply import ModelName
 from .upstream import (
     RESTART_RETRY_AFTER_S,
@@ -50,11 +52,13 @@ DRAIN_CUT_EVENT = b"data: " + json.dumps({"error": {
     "type": "server_error", "param": None, "code": "draining"}}).encode() + b"\n\n"
 
 
-def upstream_head(request: Request, host: str, body: bytes) -> bytes:
-    """The request head as the model server gets it: hop-by-hop headers, Host and the API key replaced."""
+def upstream_head(request: Request, host: str, body: bytes, extra: list[tuple[str, str]] | None = None) -> bytes:
+    """The request head as the model server (or a peer gateway, with `extra`: its peer claim) gets it: hop-by-hop
+    headers, Host, the API key and any peer claim the caller sent replaced."""
     lines = [f"{request.method} {request.target} HTTP/1.1", f"Host: {host}"]
     lines += [f"{k}: {v}" for k, v in request.headers
-              if k.lower() not in HOP_BY_HOP and k.lower() not in ("host", "authorization")]
+              if k.lower() not in HOP_BY_HOP and k.lower() not in ("host", "authorization", PEER_HEADER_LOWER)]
+    lines += [f"{k}: {v}" for k, v in extra or ()]
     if body or request.method in ("POST", "PUT", "PATCH"):
         lines.append(f"Content-Length: {len(body)}")
     return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
@@ -117,6 +121,54 @@ class Proxy:
         if not self.drain.head_arrived(writer):
             conn.writer.close()
             return False  # close() answered 503 while the head was on its way
+        return await self._respond(pool, conn, status, up_headers, request, writer, keep, exchange, prepared, watch)
+
+    async def forward_peer(self, pool: UpstreamPool, request: Request, reader: asyncio.StreamReader,
+                           writer: asyncio.StreamWriter, keep: bool, body: bytes, exchange: Exchange,
+                           peer_headers: list[tuple[str, str]], head_timeout_s: float) -> bool | None:
+        """Forward `request` once to another gateway (`pool`: a remote region's spill endpoint or a peer) and relay
+        its answer; True/False as `forward`, or None when nothing reached the client and the caller may still
+        serve it at home: no connection, no response head within `head_timeout_s`, or a 5xx/429 head (the peer
+        has no room, drains, or refused). Past the response head there is no retry: the bytes pass through as
+        they arrive, SSE events intact (the peer metered them and renamed the model)."""
+        watch = ClientWatch(reader, writer, self.disconnect_poll_s)
+        pool.in_flight += 1
+        head = upstream_head(request, pool.host_header, body, peer_headers)
+        self.drain.started_upstream(writer)
+        try:
+            try:
+                sent = await _send_within(pool, head, body, watch, head_timeout_s)
+            except BaseException:
+                self.drain.forget(writer)
+                raise
+            if isinstance(sent, str):
+                self.drain.forget(writer)
+                exchange.props["peer_error"] = sent
+                return None
+            conn, status, up_headers = sent
+            if status >= 500 or status == 429:
+                self.drain.forget(writer)
+                conn.writer.close()  # its body is not wanted; the connection is not reused
+                exchange.props["peer_error"] = f"peer answered {status}"
+                exchange.status = status
+                return None
+            if not self.drain.head_arrived(writer):
+                conn.writer.close()
+                return False
+            return await self._respond(pool, conn, status, up_headers, request, writer, keep, exchange, None, watch)
+        except ClientGone:
+            return False
+        finally:
+            pool.in_flight -= 1
+            watch.stop()
+            if watch.gone:
+                exchange.client_gone = True
+                exchange.error = False
+
+    async def _respond(self, pool: UpstreamPool, conn: UpstreamConn, status: int, up_headers: list[tuple[str, str]],
+                       request: Request, writer: asyncio.StreamWriter, keep: bool, exchange: Exchange | None,
+                       prepared: Prepared | None, watch: ClientWatch) -> bool:
+        """Relay the response whose head (`status`, `up_headers`) arrived on `conn`."""
         if exchange:
             exchange.status = status
             exchange.error = status >= 500
@@ -224,6 +276,48 @@ class Proxy:
             reader.sink = None
             if arrivals.extra:
                 conn.writer.close()  # bytes past the response: the connection is out of step
+
+
+async def _send_within(pool: UpstreamPool, head: bytes, body: bytes, watch: ClientWatch,
+                       timeout_s: float) -> tuple[UpstreamConn, int, list[tuple[str, str]]] | str:
+    """Send to a peer and read its response head within `timeout_s`; what went wrong otherwise (nothing reached
+    the client, so the caller may serve the request at home). A kept-alive connection the peer had closed is
+    replaced once, as UpstreamPool.send does; the connection of a late head is closed, which cancels the work."""
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    for attempt in (0, 1):
+        try:
+            conn = await asyncio.wait_for(pool.get(), max(0.0, deadline - asyncio.get_running_loop().time()))
+        except UpstreamError as exc:
+            return str(exc)
+        except TimeoutError:
+            return f"no connection to the peer within {timeout_s:g} s"
+        if watch.gone:
+            conn.writer.close()
+            raise ClientGone()
+        watch.conn = conn
+        try:
+            conn.writer.write(head + body)
+            async with asyncio.timeout_at(deadline):
+                raw = await conn.reader.readuntil(b"\r\n\r\n")
+                status, headers = parse_response_head(raw)
+                while 100 <= status < 200:
+                    raw = await conn.reader.readuntil(b"\r\n\r\n")
+                    status, headers = parse_response_head(raw)
+            return conn, status, headers
+        except TimeoutError:
+            conn.writer.close()
+            return f"no response head from the peer within {timeout_s:g} s"
+        except (ConnectionError, asyncio.IncompleteReadError) as exc:
+            conn.writer.close()
+            if watch.gone:
+                raise ClientGone() from None
+            if conn.reused and attempt == 0 and not getattr(exc, "partial", b""):
+                continue
+            return f"the peer closed the connection: {type(exc).__name__}"
+        except (asyncio.LimitOverrunError, ValueError) as exc:
+            conn.writer.close()
+            return f"the peer sent a malformed response head: {exc}"
+    return "unreachable"  # pragma: no cover
 
 
 def _model_name(exchange: Exchange | None, status: int, content_type: str, streaming: bool) -> ModelName | None:

@@ -22,6 +22,7 @@ aiohttp proxy and against no gateway at all.
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -31,8 +32,10 @@ from urllib.parse import unquote
 from fleetcast.contract import telemetry as t
 from fleetcast.contract.instance_env import Var, default
 from fleetcast.contract.isolation import new_key
+from fleetcast.contract.spill import may_serve_in
 
-from .admission import Admission, local_limiter, model_not_found
+from . import ppv2
+from .admission import Admission, Ticket, local_limiter, model_not_found
 from .drain import DRAINING_MESSAGE, Drain
 from .fair import CLIENT_GONE, QUEUE_TIMEOUT, fair_admission
 from .health import HealthProbe
@@ -51,9 +54,25 @@ from .identity import Identity, ProxyRefused, Refusal, bearer_key, log, read_pro
 from .limits import ConsumerLimiter
 from .meter import INFERENCE_PATHS, Exchange, prepare_body, record
 from .metrics import MetricsSink
+from .peer import PEER_HEADER, PEER_HEADER_LOWER, Claim, PeerRefused, Verifier, sign
 from .proxy import Proxy
 from .routing import Router, Target, invalid_model
 from .salting import Salting
+from .spill import (
+    HEADROOM_PATH,
+    HEADROOM_TTL_S,
+    PEER_HEADROOM_TTL_S,
+    Headroom,
+    LoadGauge,
+    ModelHeadroom,
+    RegionLink,
+    SpillSetup,
+    advertised_free,
+    choose_peer,
+    fetch_headroom,
+    http_get,
+    predicted_wait_s,
+)
 from .upstream import StreamWatchdog, UpstreamPool
 
 if TYPE_CHECKING:  # annotations only
@@ -86,13 +105,14 @@ class Gateway:
                  disconnect_poll_s: float = 0.5, health_upstream: tuple[str, int] | None = None,
                  models_state: str | None = None, upstream_warm: int = 0, shared: SharedState | None = None,
                  clock: Callable[[], float] = time.time, salting: Salting | None = None,
-                 admission_caps: Mapping[str, int] | None = None, worker: int = 0):
+                 admission_caps: Mapping[str, int] | None = None, worker: int = 0, spill: SpillSetup | None = None):
         """`entitled`: consumer -> the model and adapter ids it may call; None: every consumer, every id.
         `upstream_warm`: connections kept open ahead of demand to each engine process.
         `shared`: the limits and in-flight count of several worker processes (shared.SharedState).
         `salting`: each request's KV-cache salt (salting.py); None: a fresh key, the default backend's paths.
         `admission_caps`: model id -> requests each of its engine processes may hold at once (fair.py); None:
-        no cap, requests go straight to the least busy process. `worker`: this process's index among `shared`'s."""
+        no cap, requests go straight to the least busy process. `worker`: this process's index among `shared`'s.
+        `spill`: forwarding to other regions' gateways and accepting what they forward (spill.py, peer.py)."""
         self.identity = identity
         self.metrics = metrics
         self.proxy_protocol = proxy_protocol
@@ -117,6 +137,25 @@ class Gateway:
         self.proxy = Proxy(self.drain_state, self.watchdog, disconnect_poll_s)
         self._server: asyncio.Server | None = None
         self._connections: set[asyncio.StreamWriter] = set()
+        self.spill: SpillSetup | None = None
+        self.verifier: Verifier | None = None
+        self.gauge = LoadGauge()
+        self._spill_pools: dict[str, UpstreamPool] = {}
+        self._headroom_task: asyncio.Task[None] | None = None
+        if spill is not None:
+            self.enable_spill(spill)
+
+    def enable_spill(self, spill: SpillSetup) -> None:
+        """Spill and accept forwarded requests from now on (at start, or once the peer key could be read)."""
+        self.verifier = Verifier(spill.key, spill.region, self.clock)
+        self._spill_pools = {name: UpstreamPool(link.address) for name, link in
+                             (spill.policy.links.items() if spill.policy is not None else ())}
+        # A peer instance's gateway expects a PROXY v2 header first: the LOCAL one (its own address is the source).
+        self._spill_pools.update({name: UpstreamPool(link.address, preamble=ppv2.LOCAL_HEADER)
+                                  for name, link in spill.peer_links.items()})
+        self.spill = spill
+        if self._server is not None and self._spill_pools and self._headroom_task is None:
+            self._headroom_task = asyncio.ensure_future(self._refresh_headroom())
 
     # The gateway's state as the entry point and the tests read it; each has one home above.
     @property
@@ -161,6 +200,8 @@ class Gateway:
         self.watchdog.start(self.router.pools)
         if self.fair is not None:
             self.fair.start()
+        if self._spill_pools and self._headroom_task is None:
+            self._headroom_task = asyncio.ensure_future(self._refresh_headroom())
         return self._server
 
     @property
@@ -180,6 +221,10 @@ class Gateway:
 
     async def close(self) -> None:
         self.watchdog.stop()
+        if self._headroom_task is not None:
+            self._headroom_task.cancel()
+        for spill_pool in self._spill_pools.values():
+            spill_pool.close()
         if self.fair is not None:
             self.fair.stop()
         if self._server:
@@ -292,21 +337,35 @@ class Gateway:
             writer.write(await self.health.response(request.method == "HEAD", keep))
             await writer.drain()
             return keep
+        claimed = request.lower.get(PEER_HEADER_LOWER)
+        if (claimed is not None or path == HEADROOM_PATH) and not await self._from_peer(vpce_id, source):
+            if claimed is not None:  # a consumer (or anyone but a peer) asserting an identity: never honoured
+                self.metrics.emit(None, {t.UNKNOWN_ENDPOINT: 1}, {"vpce_id": vpce_id, "path": path,
+                                                                 "reason": _FORGED.code, "source": str(source)})
+                return await refuse(_FORGED)
+        elif path == HEADROOM_PATH and request.method == "GET":
+            await read_body(request, reader, self.body_timeout_s)
+            answer = self.headroom().to_json(self.spill.policy.links if self.spill and self.spill.policy else None)
+            writer.write(response_head(200, [("Content-Type", "application/json")], length=len(answer),
+                                       close=not keep) + answer)
+            await writer.drain()
+            return keep
         if self.draining:
             return await refuse(_DRAINING)
-        if not consumer_route(request.method, path):
+        if not consumer_route(request.method, path) or (claimed is not None and request.method != "POST"):
             return await refuse(unknown_route(request.method, path))
 
-        caller = await self.identity.resolve(vpce_id, bearer_key(request.lower))
-        if caller.refusal:
+        caller = await self.identity.resolve(vpce_id, bearer_key(request.lower)) if claimed is None else None
+        if caller is None:
+            pass  # a forwarded request: its consumer comes from the verified claim, once the body is read
+        elif caller.refusal:
             r = caller.refusal
             if r.code in ("unknown_endpoint", "ambiguous_consumer"):
                 self.metrics.emit(None, {t.UNKNOWN_ENDPOINT: 1}, {"vpce_id": vpce_id, "path": path,
                                                                  "reason": r.code, "source": str(source)})
             return await refuse(r)
-        consumer = caller.consumer
-        assert consumer is not None
-        if request.method in ("GET", "HEAD") and (path == MODELS_PATH or path.startswith(MODELS_PATH + "/")):
+        consumer = caller.consumer if caller is not None else None
+        if consumer is not None and request.method in ("GET", "HEAD") and (path == MODELS_PATH or path.startswith(MODELS_PATH + "/")):
             body = await read_body(request, reader, self.body_timeout_s)
             listing = self._models(consumer.name, path)
             if isinstance(listing, Refusal):
@@ -318,7 +377,7 @@ class Gateway:
 
         # The body first, then the slot: a client that stalls mid-body holds no concurrency slot
         # and is no request in flight for a drain to wait for.
-        exchange = Exchange(started, consumer.name)
+        exchange = Exchange(started, consumer.name if consumer is not None else None)
         if expects_continue:
             writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
         try:
@@ -337,6 +396,19 @@ class Gateway:
             return await refuse(Refusal(400, exc.code, str(exc), "invalid_request_error"))
         if self.draining:  # the drain began while the body was arriving
             return await refuse(_DRAINING)
+        claim: Claim | None = None
+        if claimed is not None:
+            accepted = self._accept_claim(claimed, body, data)
+            if isinstance(accepted, Refusal):
+                self.metrics.emit(None, {t.UNKNOWN_ENDPOINT: 1}, {"vpce_id": vpce_id, "path": path,
+                                                                 "reason": accepted.code, "source": str(source)})
+                return await refuse(accepted)
+            claim, consumer = accepted
+            exchange.consumer = consumer.name
+            exchange.props.update(origin_region=claim.origin, serving_region=self.spill.region)  # type: ignore[union-attr]  # a claim needs spill
+        elif self.spill is not None:
+            exchange.props.update(origin_region=self.spill.region, serving_region=self.spill.region)
+        assert consumer is not None
 
         # Routing: the same dictionary lookups whether the model is unknown or not this consumer's, and no
         # upstream contact before the answer, so neither the answer nor its timing says which models exist.
@@ -348,7 +420,8 @@ class Gateway:
             record(self.metrics, exchange, path)
             return await refuse(mistyped)
         target = self.router.resolve(requested)
-        if target is None or not self.admission.may_use(consumer.name, target.id):
+        # Entitlement is checked once, at home: a verified claim names a model its home let the consumer call.
+        if target is None or (claim is None and not self.admission.may_use(consumer.name, target.id)):
             refusal = model_not_found(requested)
             exchange.status = 404
             exchange.props["model_not_found"] = refusal.message
@@ -360,12 +433,19 @@ class Gateway:
             exchange.props["cache_isolation"] = salted.message
             record(self.metrics, exchange, path)
             return await refuse(salted)
+        original = body  # what a spill forwards: the remote gateway salts with its own key
         body, data, salt = salted
         arrived_ms = int(self.clock() * 1000)
-        ticket = self.admission.admit(consumer.name, target.id, path, arrived_ms)
+        # The consumer's limits were applied at home, where its requests arrive.
+        ticket = self.admission.admit(consumer.name, target.id, path, arrived_ms) if claim is None else Ticket(())
         if isinstance(ticket, Refusal):
             return await refuse(ticket)
         exchange.model = target.id
+        if claim is None and self.spill is not None and (self.spill.policy is not None or self.spill.peer_links):
+            spilled = await self._spill(consumer, target, request, reader, writer, keep, original, exchange, path)
+            if spilled is not None:
+                ticket.release()
+                return spilled
         pool = await self._engine_slot(consumer.name, target, reader, writer, exchange)
         if isinstance(pool, Refusal):
             ticket.release()
@@ -389,6 +469,153 @@ class Gateway:
             ticket.release()
             self.drain_state.leave()
             record(self.metrics, exchange, path)
+            self._observe(target.base, exchange)
+
+    # ------------------------------------------------------------ spill and peers (spill.py, peer.py)
+
+    async def _from_peer(self, vpce_id: str | None, source: Any) -> bool:
+        """Whether the connection comes from another gateway of the fleet: through the provider's own VPC endpoint
+        (a spill endpoint: its owner is the provider account), or straight from a peer instance's address."""
+        if self.spill is None:
+            return False
+        if vpce_id:
+            endpoint = await self.identity.endpoints.lookup(vpce_id)
+            return endpoint is not None and endpoint.account == self.spill.provider_account
+        host = source[0] if isinstance(source, tuple) and source else None
+        return host is not None and host in self.spill.peers
+
+    def _accept_claim(self, header: str, body: bytes, data: Mapping[str, Any]) -> tuple[Claim, Consumer] | Refusal:
+        """The verified claim of a forwarded request and its consumer, or the 403 to answer."""
+        assert self.verifier is not None and self.spill is not None  # _from_peer is False without spill
+        try:
+            claim = self.verifier.verify(header, body)
+        except PeerRefused as exc:
+            return Refusal(403, _FORGED.code, f"{_FORGED.message}: {exc}", "permission_error")
+        consumer = self.spill.consumers.get(claim.consumer)
+        if consumer is None or claim.model != data.get("model"):
+            return Refusal(403, _FORGED.code, f"{_FORGED.message}: the claim names another consumer or model",
+                           "permission_error")
+        # Residency, again here: a consumer's requests are served only in its home and the regions it allows.
+        if not may_serve_in(consumer, self.spill.region):
+            return Refusal(403, "residency", f"consumer {consumer.name}'s requests may not be served in "
+                           f"{self.spill.region} (its spill_regions)", "permission_error")
+        return claim, consumer
+
+    def headroom(self) -> Headroom:
+        """This gateway's headroom answer (HEADROOM_PATH): per model, the requests it admits at once now."""
+        assert self.spill is not None
+        models = {}
+        for model_id in self.router.ids:
+            target = self.router.resolve(model_id)
+            if target is None or target.base != model_id:
+                continue
+            held, waiting, capacity = self._load(model_id)
+            wait = predicted_wait_s(held, waiting, capacity, self.gauge.service_s(model_id))
+            models[model_id] = ModelHeadroom(advertised_free(held, waiting, capacity), capacity,
+                                             wait * 1000 + self.gauge.ttft_ms(model_id),
+                                             max(0, capacity - held - waiting))
+        return Headroom(self.spill.region, models, self.draining)
+
+    def _load(self, model: str) -> tuple[int, int, int]:
+        """(requests held by `model`'s engine processes, requests waiting for them, what they hold at once): fair
+        admission's counts; without fair admission, the requests in flight and no cap but the router's."""
+        group = self.fair.groups.get(model) if self.fair is not None else None
+        if group is None:
+            target = self.router.resolve(model)
+            in_flight = sum(p.in_flight for p in target.pools) if target is not None else 0
+            return in_flight, 0, max(in_flight + 1, 1)
+        with group.state.lock:
+            held = sum(group._int(at) for at in group.used_at)
+            return held, group._int(group.group_at), group.cap * len(group.pools)
+
+    def _predicted_local_ttft_ms(self, consumer: str, model: str) -> float:
+        """The TTFT a request of `consumer` for `model` arriving now should expect here: the wait fair admission
+        predicts for it (its own per-consumer query where it has one: its order by weight and class, its measured
+        service rate), else one from its counts (spill.predicted_wait_s), plus the engine's measured TTFT. The one
+        place the spill decision asks fair admission."""
+        query = getattr(self.fair, "predicted_wait_s", None)
+        wait = query(consumer, model) if query is not None else None
+        if wait is None:  # no per-consumer query, or it has no rate measured yet: from the counts
+            held, waiting, capacity = self._load(model)
+            wait = predicted_wait_s(held, waiting, capacity, self.gauge.service_s(model))
+        return float(wait) * 1000 + self.gauge.ttft_ms(model)
+
+    def _observe(self, model: str, exchange: Exchange) -> None:
+        meter = exchange.meter
+        ttft = (meter.first_content_at - exchange.started) * 1000 if meter and meter.first_content_at else None
+        service = (exchange.ended - exchange.started) if exchange.ended and 200 <= exchange.status < 300 else None
+        self.gauge.observe(model, ttft, service)
+
+    async def _refresh_headroom(self) -> None:
+        """Every link's headroom answer, read again once it is older than HEADROOM_TTL_S (spill.py)."""
+        assert self.spill is not None
+        links = [*(self.spill.policy.links.values() if self.spill.policy else ()), *self.spill.peer_links.values()]
+        while True:
+            now = time.monotonic()
+            for link in links:
+                if not link.fetching and now - link.attempted_at > (PEER_HEADROOM_TTL_S if link.direct
+                                                                    else HEADROOM_TTL_S):
+                    asyncio.ensure_future(fetch_headroom(link, functools.partial(
+                        http_get, path=HEADROOM_PATH, preamble=ppv2.LOCAL_HEADER if link.direct else b"")))
+            await asyncio.sleep(0.25)
+
+    async def _spill(self, consumer: Consumer, target: Target, request: Request, reader: asyncio.StreamReader,
+                     writer: asyncio.StreamWriter, keep: bool, body: bytes, exchange: Exchange,
+                     path: str) -> bool | None:
+        """Serve the request on a peer instance of this region when it would queue here and a peer has room
+        (section 1), else in another region when the spill policy says so (section 2); None: serve it here (not
+        forwarded, or the peer failed before its first byte)."""
+        spill = self.spill
+        assert spill is not None
+        local_ms = self._predicted_local_ttft_ms(consumer.name, target.base)
+        if spill.peer_links and local_ms > self.gauge.ttft_ms(target.base):  # it would wait for a slot here
+            peer = choose_peer(list(spill.peer_links.values()), target.base, local_ms)
+            if peer is not None:
+                outcome = await self._forward(peer, consumer, target, request, reader, writer, keep, body, exchange,
+                                              path, local_ms, spill.region)
+                if outcome is not None:
+                    return outcome
+        slo = spill.slo_ttft_ms.get(target.id) or spill.slo_ttft_ms.get(target.base)
+        if spill.policy is None or not consumer.spill_regions or slo is None:
+            return None
+        decision = spill.policy.decide(consumer, target.id, target.base, 0, local_ms, slo)
+        if decision.region is None:
+            return None
+        return await self._forward(spill.policy.links[decision.region], consumer, target, request, reader, writer,
+                                   keep, body, exchange, path, local_ms, decision.region)
+
+    async def _forward(self, link: RegionLink, consumer: Consumer, target: Target, request: Request,
+                       reader: asyncio.StreamReader, writer: asyncio.StreamWriter, keep: bool, body: bytes,
+                       exchange: Exchange, path: str, local_ms: float, destination: str) -> bool | None:
+        """Forward once to `link` (a remote region's gateways or a peer instance) with the caller's identity signed
+        for `destination`; None when nothing reached the client (the caller serves it here)."""
+        spill = self.spill
+        assert spill is not None
+        header = sign(spill.key, consumer=consumer.name, model=target.id, origin=spill.region,
+                      destination=destination, body=body, now=self.clock)
+        away = Exchange(time.perf_counter(), consumer.name, target.id, exchange.arrived_ms)
+        away.in_flight = self.drain_state.enter()
+        try:
+            outcome = await self.proxy.forward_peer(self._spill_pools[link.region], request, reader, writer, keep,
+                                                    body, away, [(PEER_HEADER, header)], spill.head_timeout_s)
+        finally:
+            self.drain_state.leave()
+        where = {"peer": link.region} if link.direct else {"region": link.region}
+        if outcome is None:
+            link.breaker.failure()
+            exchange.props["spill_failed"] = {**where, "error": away.props.get("peer_error")}
+            return None
+        link.breaker.success()
+        # The one metered record is the serving gateway's; here, only that it left (no Requests, no tokens).
+        metric = t.PEER_FORWARDED_REQUESTS if link.direct else t.SPILLED_REQUESTS
+        self.metrics.emit(consumer.name, {metric: 1, t.ERRORS: 1 if away.error else 0},
+                          {"path": path, "status": away.status, "origin_region": spill.region,
+                           "serving_region": destination, **({"serving_peer": link.region} if link.direct else {}),
+                           "predicted_local_ttft_ms": round(local_ms, 1),
+                           "e2e_ms": round((time.perf_counter() - exchange.started) * 1000, 1),
+                           **({"client_disconnected": True} if away.client_gone else {})},
+                          exchange.arrived_ms, model=target.id)
+        return outcome
 
     async def _engine_slot(self, consumer: str, target: Target, reader: asyncio.StreamReader,
                            writer: asyncio.StreamWriter, exchange: Exchange) -> UpstreamPool | Refusal:
@@ -424,6 +651,8 @@ class Gateway:
 
 
 _DRAINING = Refusal(503, "draining", DRAINING_MESSAGE, "service_unavailable")
+_FORGED = Refusal(403, "peer_identity_refused", "a forwarded identity is accepted only from another gateway of this "
+                  "fleet, signed with the fleet's peer key", "permission_error")
 
 
 def consumer_route(method: str, path: str) -> bool:

@@ -110,8 +110,10 @@ class ClientWatch:
 class UpstreamPool:
     """Kept-alive connections to one loopback server (host, port)."""
 
-    def __init__(self, address: tuple[str, int], max_idle: int = 256):
+    def __init__(self, address: tuple[str, int], max_idle: int = 256, preamble: bytes = b""):
+        """`preamble`: bytes each new connection starts with (a peer gateway expects a PROXY v2 header)."""
         self.address = address
+        self.preamble = preamble
         self.max_idle = max_idle
         self.in_flight = 0  # requests of this gateway on this server now (routing's least-in-flight choice)
         self._idle: list[UpstreamConn] = []
@@ -146,6 +148,8 @@ class UpstreamPool:
             return
         finally:
             self._opening -= 1
+        if self.preamble:
+            writer.write(self.preamble)
         self.release(UpstreamConn(reader, writer, reused=True), True)
 
     @property
@@ -166,6 +170,8 @@ class UpstreamPool:
         except OSError as exc:
             raise UpstreamError(f"cannot connect to the model server at {self.host_header}: "
                                 f"{exc.strerror or exc}", retryable=True) from None
+        if self.preamble:
+            writer.write(self.preamble)
         return UpstreamConn(reader, writer)
 
     def release(self, conn: UpstreamConn, reusable: bool) -> None:

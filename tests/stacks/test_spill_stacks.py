@@ -27,7 +27,7 @@ import json
 import pytest
 
 from fleetcast.contract.outputs import ConsumerOutput
-from fleetcast.contract.spill import spill_endpoint_parameter
+from fleetcast.contract.spill import peer_secret_name, spill_endpoint_parameter
 from fleetcast.contract.stack_size import provider_stack_resources
 from tests.cfn_lint import assert_lint_clean
 
@@ -157,6 +157,51 @@ def test_strict_residency_by_default_builds_no_spill_endpoint():
     for path in default.template_files():
         resources = json.loads(path.read_text())["Resources"].values()
         assert not [r for r in resources if r["Type"] == "AWS::SSM::Parameter" and "/spill/" in str(r["Properties"])]
+        assert not [r for r in resources if r["Type"] == "AWS::SecretsManager::Secret"
+                    and "/spill/" in str(r["Properties"])]  # no peer key either
     for region in default.cfg.regions:
         assert not [r for r in default.resources(f"fleetcast-provider-{region.region}", "AWS::EC2::VPCEndpoint").values()
                     if "ServiceRegion" in props(r)]
+
+
+def test_the_peer_key_is_generated_in_the_first_peer_region_replicated_to_the_other_and_readable_by_instances(fleet):
+    """The gateways sign and check forwarded identity with one key (runtime/gateway/peer.py): a Secrets Manager
+    secret generated in the template's first spill region, with a replica in the other (CloudFormation,
+    AWS::SecretsManager::Secret, ReplicaRegions: "a custom type that specifies a Region and the KmsKeyId for a
+    replica secret", https://docs.aws.amazon.com/AWSCloudFormation/latest/TemplateReference/
+    aws-resource-secretsmanager-secret.html); each region's instance roles read the copy in their own region."""
+    name = peer_secret_name("spillfleet")
+    (secret,) = [props(r) for r in fleet.resources(HOME, "AWS::SecretsManager::Secret").values()
+                 if props(r)["Name"] == name]
+    assert secret["ReplicaRegions"] == [{"Region": "us-west-2"}]
+    assert secret["GenerateSecretString"]["PasswordLength"] >= 32 and "SecretString" not in secret
+    assert not [r for r in fleet.resources(REMOTE, "AWS::SecretsManager::Secret").values()
+                if props(r)["Name"] == name]
+    for stack in (HOME, REMOTE):
+        grants = [statement for policy in fleet.resources(stack, "AWS::IAM::Policy").values()
+                  for statement in props(policy)["PolicyDocument"]["Statement"] if statement.get("Sid") == "ReadPeerKey"]
+        assert grants and all(g["Action"] == "secretsmanager:GetSecretValue" for g in grants)
+        assert all(f":secret:{name}-??????" in json.dumps(g["Resource"]) for g in grants)
+
+
+def test_the_peer_keys_one_cdk_nag_finding_is_the_acknowledged_rotation_rule(monkeypatch):
+    """Synthesized with acknowledgments recorded but not applied, the spill fleet's findings on the peer key are
+    exactly AwsSolutions-SMG4 (no rotation), the one acknowledged (stacks/spill.py says why)."""
+    import re
+
+    from ruamel.yaml import YAML
+
+    from stacks import nag
+    from tests.stacks.synthesized import SPILL_CONFIG, synthesize
+    from tests.stacks.test_gates import _findings
+
+    monkeypatch.setattr(nag, "APPLY_ACKNOWLEDGMENTS", False)
+    monkeypatch.setattr(nag, "RECORDED", [])
+    with pytest.raises(Exception, match="Validation ?[Ff]ailed") as failure:
+        synthesize(YAML(typ="safe").load(SPILL_CONFIG.read_text()), "spill-unacknowledged")
+    with open(re.search(r"found in: (\S+)", str(failure.value)).group(1)) as report:
+        findings = _findings(json.load(report))
+    on_key = {(path, rule) for path, rule in findings if "/Spill/PeerKey" in path}
+    assert {rule for _, rule in on_key} == {"AwsSolutions-SMG4"}
+    assert [r for p, r in nag.RECORDED if p.endswith("/Spill/PeerKey")] == ["AwsSolutions-SMG4"]
+    assert all(path.startswith(p) for path, _ in on_key for p, r in nag.RECORDED if p.endswith("/Spill/PeerKey"))
