@@ -386,3 +386,130 @@ def test_through_the_gateway_a_full_queue_is_a_429_with_retry_after_counted_as_t
     assert refused.status == 429 and refused.json()["error"]["code"] == "queue_full"
     assert refused.headers["retry-after"] == "1"
     assert throttled == 1 and arrivals == 1
+
+
+class Clock:
+    """Monotonic seconds the test sets (the service rate is timed by the admission's clock, not the machine's)."""
+
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+async def settle() -> None:
+    for _ in range(20):
+        await asyncio.sleep(0)
+
+
+def test_the_predicted_wait_is_zero_with_room_and_unknown_until_a_service_rate_was_measured():
+    _, (voice, analytics) = consumers()
+
+    async def body():
+        admission = FairAdmission(SharedState(1), {MODEL_ID: [Engine(9001)]}, {MODEL_ID: 1}, (voice, analytics),
+                                  clock=Clock())
+        assert admission.predicted_wait_s("analytics", MODEL_ID) == 0.0  # an empty process: it would go at once
+        assert admission.predicted_wait_s("analytics", "a-model-it-does-not-cap") == 0.0  # no queue here for it
+        held = await admission.acquire("voice-app", MODEL_ID, lambda: False)
+        # Full, nothing released while requests waited: it would wait, for how long is not known yet.
+        assert admission.predicted_wait_s("analytics", MODEL_ID) is None and admission.service_rate(MODEL_ID) is None
+        assert admission.waiting() == 0  # asking queued nothing
+        admission.release("voice-app", MODEL_ID, held)
+        return admission.predicted_wait_s("analytics", MODEL_ID)
+
+    assert run(body()) == 0.0
+
+
+def test_the_predicted_wait_counts_who_goes_first_over_the_engines_measured_service_rate():
+    _, (voice, analytics) = consumers()
+
+    async def body():
+        clock = Clock()
+        admission = FairAdmission(SharedState(1), {MODEL_ID: [Engine(9001)]}, {MODEL_ID: 1}, (voice, analytics),
+                                  clock=clock)
+        engine = await admission.acquire("voice-app", MODEL_ID, lambda: False)
+        queued = [asyncio.ensure_future(admission.acquire("voice-app", MODEL_ID, lambda: False)) for _ in range(8)]
+        await settle()
+        # The engine ends a request every 0.5 s while voice-app's wait: three releases, two intervals timed.
+        for _ in range(3):
+            clock.now += 0.5
+            admission.release("voice-app", MODEL_ID, engine)
+            engine = await queued.pop(0)
+        assert admission.service_rate(MODEL_ID) == pytest.approx(2.0)
+        waiting = len(queued)
+        # analytics was idle: its tag is the virtual time, below every queued voice-app tag, so it is next.
+        quiet = admission.predicted_wait_s("analytics", MODEL_ID)
+        # voice-app's next one comes after its own waiting ones.
+        busy = admission.predicted_wait_s("voice-app", MODEL_ID)
+        late = asyncio.ensure_future(admission.acquire("analytics", MODEL_ID, lambda: False))
+        await settle()
+        clock.now += 0.5
+        admission.release("voice-app", MODEL_ID, engine)
+        await settle()
+        went_next = late.done()
+        for task in [late, *queued]:
+            task.cancel()
+        await asyncio.gather(late, *queued, return_exceptions=True)
+        return waiting, quiet, busy, went_next
+
+    waiting, quiet, busy, went_next = run(body())
+    assert quiet == pytest.approx(0.5)
+    assert busy == pytest.approx((waiting + 1) * 0.5)
+    assert went_next  # the forecast's order is the admission's
+
+
+def test_the_predicted_wait_of_a_batch_account_counts_every_waiting_interactive_request():
+    _, (voice, analytics) = consumers(analytics={"priority": "batch"})
+
+    async def body():
+        clock = Clock()
+        admission = FairAdmission(SharedState(1), {MODEL_ID: [Engine(9001)]}, {MODEL_ID: 1}, (voice, analytics),
+                                  clock=clock)
+        engine = await admission.acquire("voice-app", MODEL_ID, lambda: False)
+        queued = [asyncio.ensure_future(admission.acquire("voice-app", MODEL_ID, lambda: False)) for _ in range(5)]
+        await settle()
+        for _ in range(2):
+            clock.now += 0.25
+            admission.release("voice-app", MODEL_ID, engine)
+            engine = await queued.pop(0)
+        forecast = admission.predicted_wait_s("analytics", MODEL_ID), len(queued)
+        for task in queued:
+            task.cancel()
+        await asyncio.gather(*queued, return_exceptions=True)
+        return forecast
+
+    (wait, interactive_waiting) = run(body())
+    assert wait == pytest.approx((interactive_waiting + 1) * 0.25)
+
+
+def test_the_predicted_wait_is_the_same_from_every_worker():
+    _, (voice, analytics) = consumers()
+
+    async def body():
+        clock, state = Clock(), SharedState(2)
+        engines = {MODEL_ID: [Engine(9001)]}
+        first = FairAdmission(state, engines, {MODEL_ID: 1}, (voice, analytics), worker=0, clock=clock)
+        second = FairAdmission(state, engines, {MODEL_ID: 1}, (voice, analytics), worker=1, clock=clock)
+        first.start()
+        second.start()
+        try:
+            engine = await first.acquire("voice-app", MODEL_ID, lambda: False)
+            queued = [asyncio.ensure_future(first.acquire("voice-app", MODEL_ID, lambda: False)) for _ in range(4)]
+            await settle()
+            for _ in range(2):
+                clock.now += 1.0
+                first.release("voice-app", MODEL_ID, engine)
+                engine = await queued.pop(0)
+            seen = [(a.predicted_wait_s("voice-app", MODEL_ID), a.predicted_wait_s("analytics", MODEL_ID))
+                    for a in (first, second)]
+            for task in queued:
+                task.cancel()
+            await asyncio.gather(*queued, return_exceptions=True)
+            return seen, len(queued)
+        finally:
+            first.stop()
+            second.stop()
+
+    (on_first, on_second), waiting = run(body())
+    assert on_first == on_second == (pytest.approx((waiting + 1) * 1.0), pytest.approx(1.0))
