@@ -35,6 +35,7 @@ source), so the classes are the gateway's own and nothing is added to the reques
 from __future__ import annotations
 
 import asyncio
+import json
 import math
 import os
 import time
@@ -482,7 +483,49 @@ class FairAdmission:
                     self._withdraw(group, waiter, refusal)
 
     def waiting(self) -> int:
+        """Requests waiting in this worker's queues."""
         return sum(len(q) for g in self.groups.values() for q in g.queues.values())
+
+    def queued(self) -> int:
+        """Requests waiting for an engine slot in every worker's queues (the instance's, from the shared counts)."""
+        with self.state.lock:
+            return sum(g._int(g.group_at) for g in self.groups.values())
+
+
+# The instance's gateway-queued count, for the runtime's QueuedRequests gauge: one small file, rewritten each
+# QUEUE_STATE_S seconds by one worker; a reader takes one older than QUEUE_STATE_STALE_S for a gateway that stopped
+# writing (it died, or drained) and counts nothing from it.
+QUEUE_STATE_S = 1.0
+QUEUE_STATE_STALE_S = 10.0
+
+
+def write_queue_state(path: str | os.PathLike[str], queued: int, now: float | None = None) -> None:
+    """Write `queued` to `path` whole (a temporary file renamed over it: a reader never sees half of it)."""
+    tmp = f"{os.fspath(path)}.tmp"
+    with open(tmp, "w") as f:
+        json.dump({"queued": queued, "written": time.time() if now is None else now}, f)
+    os.replace(tmp, path)
+
+
+def read_queue_state(path: str | os.PathLike[str], now: float | None = None) -> int | None:
+    """The gateway-queued count in `path`; None when there is none, it is unreadable, or it is stale."""
+    try:
+        with open(path) as f:
+            state = json.load(f)
+        queued, written = int(state["queued"]), float(state["written"])
+    except (OSError, ValueError, TypeError, KeyError):
+        return None
+    return queued if (time.time() if now is None else now) - written <= QUEUE_STATE_STALE_S else None
+
+
+async def publish_queue_state(admission: FairAdmission, path: str | os.PathLike[str]) -> None:
+    """Rewrite the queue state every QUEUE_STATE_S until cancelled (one worker runs it: the counts are shared)."""
+    while True:
+        try:
+            write_queue_state(path, admission.queued())
+        except OSError:
+            pass  # the gauge misses a sample; serving goes on
+        await asyncio.sleep(QUEUE_STATE_S)
 
 
 def fair_admission(router: Router, caps: Mapping[str, int], consumers: Iterable[Consumer],

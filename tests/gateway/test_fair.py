@@ -25,7 +25,7 @@ import copy
 import pytest
 
 from fleetcast.config import parse_config
-from runtime.gateway import fair
+from runtime.gateway import fair, ppv2
 from runtime.gateway.fair import FairAdmission, soft_cap
 from runtime.gateway.identity import Refusal
 from runtime.gateway.shared import SharedState
@@ -36,6 +36,7 @@ from .conftest import (
     REGION,
     VOICE_VPCE,
     fleet_config,
+    gateway_process,
     run,
     start_harness,
     stop_harness,
@@ -513,3 +514,100 @@ def test_the_predicted_wait_is_the_same_from_every_worker():
 
     (on_first, on_second), waiting = run(body())
     assert on_first == on_second == (pytest.approx((waiting + 1) * 1.0), pytest.approx(1.0))
+
+
+def test_the_queued_count_is_every_workers_and_its_file_is_whole_and_goes_stale(tmp_path):
+    _, (voice, analytics) = consumers()
+
+    async def body():
+        state = SharedState(2)
+        engines = {MODEL_ID: [Engine(9001)]}
+        first = FairAdmission(state, engines, {MODEL_ID: 1}, (voice, analytics), worker=0)
+        second = FairAdmission(state, engines, {MODEL_ID: 1}, (voice, analytics), worker=1)
+        first.start()
+        second.start()
+        try:
+            held = await first.acquire("voice-app", MODEL_ID, lambda: False)
+            waiting = [asyncio.ensure_future(a.acquire(c, MODEL_ID, lambda: False))
+                       for a, c in ((first, "voice-app"), (second, "analytics"), (second, "analytics"))]
+            await settle()
+            counts = first.queued(), second.queued(), first.waiting(), second.waiting()
+            first.release("voice-app", MODEL_ID, held)
+            for _ in range(100):  # bounded: the hand-over to the other worker is a poke through its pipe
+                await asyncio.sleep(0.01)
+                if any(task.done() for task in waiting):
+                    break
+            after = first.queued()
+            for task in waiting:
+                task.cancel()
+            await asyncio.gather(*waiting, return_exceptions=True)
+            return counts, after
+        finally:
+            first.stop()
+            second.stop()
+
+    (on_first, on_second, first_own, second_own), after = run(body())
+    assert on_first == on_second == 3 and (first_own, second_own) == (1, 2)
+    assert after == 2  # one was handed the freed slot
+    path = tmp_path / "gateway-queue.json"
+    assert fair.read_queue_state(path) is None  # no file: nothing known
+    fair.write_queue_state(path, 7, now=1000.0)
+    assert fair.read_queue_state(path, now=1000.0 + fair.QUEUE_STATE_STALE_S) == 7
+    assert fair.read_queue_state(path, now=1000.1 + fair.QUEUE_STATE_STALE_S) is None  # its writer stopped
+    path.write_text('{"queued": ')
+    assert fair.read_queue_state(path) is None
+
+
+def test_the_gateway_process_publishes_the_requests_waiting_in_its_queues(tmp_path):
+    """--queue-state: the runtime adds what waits at the gateway to QueuedRequests (runtime/serve.py)."""
+    import json
+    import signal
+
+    from runtime.devtools.harness import free_port
+
+    from .fakes import FakeModelServer
+
+    data = fleet_config(voice_limits={"max_concurrency": 10, "requests_per_minute": 6000}).model_dump(mode="json")
+    data["engine"]["max_batch_size"] = 1  # a cap of one request per engine process
+    config, state, port = tmp_path / "fleet.json", tmp_path / "gateway-queue.json", free_port()
+    config.write_text(json.dumps(data))
+
+    async def queued_becomes(n: int) -> int | None:
+        for _ in range(300):  # bounded: 30 s on a loaded machine
+            seen = fair.read_queue_state(state)
+            if seen == n:
+                return seen
+            await asyncio.sleep(0.1)
+        return fair.read_queue_state(state)
+
+    async def body():
+        upstream = await FakeModelServer().start()
+        upstream.hold = asyncio.Event()
+        proc, _ = await gateway_process(config, port, upstream.port, [(VOICE_VPCE, "444455556666")],
+                                        "--workers", "2", "--queue-state", str(state))
+        try:
+            for _ in range(600):
+                try:
+                    await one_request(port, "GET", "/health", header=ppv2.LOCAL_HEADER)
+                    break
+                except OSError:
+                    await asyncio.sleep(0.05)
+            requests = [asyncio.ensure_future(one_request(port, "POST", "/v1/completions",
+                                                          {"model": MODEL_ID, "prompt": "a", "max_tokens": 1},
+                                                          vpce_id=VOICE_VPCE)) for _ in range(3)]
+            while_held = await queued_becomes(2), upstream.arrivals
+            upstream.hold.set()
+            replies = await asyncio.gather(*requests)
+            drained = await queued_becomes(0)
+            proc.send_signal(signal.SIGTERM)
+            await asyncio.wait_for(proc.wait(), 30)
+            return while_held, [r.status for r in replies], drained
+        finally:
+            if proc.returncode is None:
+                proc.kill()
+                await proc.wait()
+            await upstream.stop()
+
+    (queued, arrivals), statuses, drained = run(body(), timeout=90)
+    assert queued == 2 and arrivals == 1  # one at the engine, two waiting at the gateway: counted over both workers
+    assert statuses == [200, 200, 200] and drained == 0
