@@ -611,3 +611,61 @@ def test_the_gateway_process_publishes_the_requests_waiting_in_its_queues(tmp_pa
     (queued, arrivals), statuses, drained = run(body(), timeout=90)
     assert queued == 2 and arrivals == 1  # one at the engine, two waiting at the gateway: counted over both workers
     assert statuses == [200, 200, 200] and drained == 0
+
+
+def test_limits_per_consumer_and_per_model_stay_exact_across_workers_while_requests_wait_at_the_gateway(tmp_path):
+    """Two gateway processes, fair admission on, an engine cap of one: a request waiting in a fair queue holds its
+    consumer's and its (consumer, model) concurrency slot, counted once across both processes, so exactly the
+    limit is admitted (one at the engine, the rest waiting) and the others are refused at once, whichever process
+    took their connection."""
+    import json
+    import signal
+
+    from runtime.devtools.harness import free_port
+
+    from .fakes import FakeModelServer
+
+    limits = {"max_concurrency": 3, "requests_per_minute": 6000,
+              "models": {MODEL_ID: {"max_concurrency": 2, "requests_per_minute": 6000}}}
+    data = fleet_config(voice_limits=limits).model_dump(mode="json")
+    data["engine"]["max_batch_size"] = 1
+    config, state, port = tmp_path / "fleet.json", tmp_path / "gateway-queue.json", free_port()
+    config.write_text(json.dumps(data))
+
+    async def body():
+        upstream = await FakeModelServer().start()
+        upstream.hold = asyncio.Event()
+        proc, _ = await gateway_process(config, port, upstream.port, [(VOICE_VPCE, "444455556666")],
+                                        "--workers", "2", "--queue-state", str(state))
+        try:
+            for _ in range(600):
+                try:
+                    await one_request(port, "GET", "/health", header=ppv2.LOCAL_HEADER)
+                    break
+                except OSError:
+                    await asyncio.sleep(0.05)
+            requests = [asyncio.ensure_future(one_request(port, "POST", "/v1/completions",
+                                                          {"model": MODEL_ID, "prompt": "a", "max_tokens": 1},
+                                                          vpce_id=VOICE_VPCE)) for _ in range(6)]
+            refused = []
+            for _ in range(300):  # bounded: the refusals come back at once, the admitted ones wait
+                await asyncio.sleep(0.1)
+                refused = [r.result().status for r in requests if r.done()]
+                if len(refused) >= 4 and fair.read_queue_state(state) == 1:
+                    break
+            queued, arrivals = fair.read_queue_state(state), upstream.arrivals
+            upstream.hold.set()
+            statuses = sorted(r.status for r in await asyncio.gather(*requests))
+            proc.send_signal(signal.SIGTERM)
+            await asyncio.wait_for(proc.wait(), 30)
+            return refused, queued, arrivals, statuses
+        finally:
+            if proc.returncode is None:
+                proc.kill()
+                await proc.wait()
+            await upstream.stop()
+
+    refused, queued, arrivals, statuses = run(body(), timeout=90)
+    assert refused == [429] * 4  # over the (consumer, model) limit of 2: refused, never queued
+    assert (queued, arrivals) == (1, 1)  # the two admitted: one at the engine, one waiting at the gateway
+    assert statuses == [200, 200, 429, 429, 429, 429]
