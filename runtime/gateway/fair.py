@@ -158,12 +158,17 @@ class _Group:
         share per unit of weight ahead of the virtual time. Requests in flight were admitted at tags the virtual
         time has passed, so this counts what it has arrived with lately, not how long its requests run: a quiet
         account with a few long requests in flight is still below its share, a flooding one with a queue is not.
+        Also below its share: an account holding fewer requests than its weighted share of the soft cap.
         `finish`: its finish tag as it would be (a forecast), instead of the one recorded."""
         held_at, waiting_at = self.consumer_cells(consumer)
-        active = self._float(self.weights_at) + (0.0 if self._int(held_at) + self._int(waiting_at) else share.weight)
+        held = self._int(held_at)
+        active = self._float(self.weights_at) + (0.0 if held + self._int(waiting_at) else share.weight)
         if finish is None:
             finish = self._float(held_at)
-        return finish - self._float(self.group_at) <= self.soft / active
+        # Or it holds fewer than its weighted share of the soft cap: a quiet account whose burst queued a few
+        # requests (its finish tag now ahead) still has room coming to it, or the headroom would sit idle while
+        # it waits for a flooding account's requests to end.
+        return finish - self._float(self.group_at) <= self.soft / active or held < self.soft * share.weight / active
 
     def _free_pool(self, limit: int) -> int | None:
         """The index of the process holding the fewest requests, if that is under `limit`."""

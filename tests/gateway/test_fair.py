@@ -213,8 +213,9 @@ def test_the_headroom_above_the_soft_cap_is_for_accounts_below_their_share():
         while flood:
             admission.release("voice-app", MODEL_ID, flood.pop())
             await settle()
-        # voice-app gets the soft cap less what analytics holds: 6 - 2; the other 2 stay free for analytics.
-        assert sum(q.done() for q in queued) == 2 and used() == 4
+        # voice-app gets its weighted share of the soft cap (3 of 6, two accounts active), though analytics holds
+        # only 2: three slots stay free, room analytics' next requests start in at once.
+        assert sum(q.done() for q in queued) == 3 and used() == 5
         return True
 
     assert run(body())
@@ -669,3 +670,43 @@ def test_limits_per_consumer_and_per_model_stay_exact_across_workers_while_reque
     assert refused == [429] * 4  # over the (consumer, model) limit of 2: refused, never queued
     assert (queued, arrivals) == (1, 1)  # the two admitted: one at the engine, one waiting at the gateway
     assert statuses == [200, 200, 429, 429, 429, 429]
+
+
+def test_a_quiet_accounts_burst_that_queues_keeps_the_headroom_while_it_holds_less_than_its_share():
+    _, (voice, analytics) = consumers()
+
+    async def body():
+        admission = FairAdmission(SharedState(1), {MODEL_ID: [Engine(9001)]}, {MODEL_ID: 8}, (voice, analytics))
+        group = admission.groups[MODEL_ID]
+
+        def acquire(consumer: str) -> asyncio.Future:
+            return asyncio.ensure_future(admission.acquire(consumer, MODEL_ID, lambda: False))
+
+        # voice-app floods: its first eight find the process empty, twenty more queue; once two of its requests
+        # end it holds the soft cap (6 of 8), the two free slots its queue may not use.
+        flood = [await admission.acquire("voice-app", MODEL_ID, lambda: False) for _ in range(8)]
+        queued = [acquire("voice-app") for _ in range(20)]
+        await settle()
+        for _ in range(2):
+            admission.release("voice-app", MODEL_ID, flood.pop())
+        await settle()
+        assert group._int(group.used_at[0]) == 6 and not any(q.done() for q in queued)
+        # analytics sends a burst of five: two go into the headroom at once, three queue (its finish tag is now
+        # ahead of the virtual time by more than its share: by tags alone it would count as a flooding account).
+        burst = [acquire("analytics") for _ in range(5)]
+        await settle()
+        first = sum(b.done() for b in burst)
+        admission.release("voice-app", MODEL_ID, flood.pop())  # 7 held: one free slot, in the headroom
+        await settle()
+        second = sum(b.done() for b in burst)
+        used = group._int(group.used_at[0])
+        for task in [*queued, *burst]:
+            task.cancel()
+        await asyncio.gather(*queued, *burst, return_exceptions=True)
+        return first, second, used, sum(q.done() and not q.cancelled() for q in queued)
+
+    first, second, used, flood_admitted = run(body())
+    assert first == 2
+    # It holds 2, under its share of the soft cap (3 of 6): the freed slot is its, not left idle for the flood's
+    # next request to end.
+    assert second == 3 and used == 8 and flood_admitted == 0
