@@ -372,6 +372,9 @@ async def main_async(args: argparse.Namespace) -> dict:
                         # the load, and a quiet rate set from a stale capacity can outgrow its share.
                         served = await closed_loop(port, proxy_header(NEIGHBOUR[2]), body, args.batch,
                                                    CAPACITY_S)
+                        if not served:
+                            raise SystemExit("bench_fairness: the engine completed no request in 10 s; are the "
+                                             "prompt and --tokens within the model's context (tiny: 256 positions)?")
                         capacity = served / CAPACITY_S
                         results.setdefault("capacity_rps", []).append(round(capacity, 2))
                         say(f"round {r + 1} of {args.repeats}: capacity {capacity:.2f} requests/s at batch "
