@@ -383,13 +383,17 @@ async def main_async(args: argparse.Namespace) -> dict:
                                "engine_bound": await measured("engine_bound", streams=soft_cap(args.batch),
                                                               lead=args.lead),
                                "fair": await measured("fair", flood_rate=args.flood * capacity, lead=args.lead)}
-                        row["fair"]["quiet_admission_wait_ms"] = admission_waits(emf, QUIET[0], row["fair"]["window"])
+                        for name in ("alone", "engine_bound", "fair"):
+                            waits = admission_waits(emf, QUIET[0], row[name]["window"])
+                            row[name]["quiet_admission_wait_ms"] = waits
                         alone = row["alone"]["quiet"]["ttft_p99"]
                         for name in ("engine_bound", "fair"):
                             row[f"ratio_{name}"] = round(row[name]["quiet"]["ttft_p99"] / alone, 2)
                         results["rounds"].append(row)
                         say(f"  P99 ratio to alone: engine-bound {row['ratio_engine_bound']}x, "
-                            f"fair {row['ratio_fair']}x")
+                            f"fair {row['ratio_fair']}x; the quiet account's wait at the gateway P99: "
+                            + ", ".join(f"{n} {row[n]['quiet_admission_wait_ms']['p99']} ms"
+                                        for n in ("alone", "engine_bound", "fair")))
                 else:
                     seed, capacity = 1, statistics.median(results["capacity_rps"])
                     results["fcfs"] = await measured("fcfs", flood_rate=args.flood * capacity, lead=args.lead)

@@ -710,3 +710,43 @@ def test_a_quiet_accounts_burst_that_queues_keeps_the_headroom_while_it_holds_le
     # It holds 2, under its share of the soft cap (3 of 6): the freed slot is its, not left idle for the flood's
     # next request to end.
     assert second == 3 and used == 8 and flood_admitted == 0
+
+
+def test_a_flood_of_waiting_requests_whose_clients_left_is_withdrawn_in_one_pass():
+    """Thousands of a flooding client's waiting requests dropped at once: one sweep withdraws them all with exact
+    counts, in one pass (one hand-over attempt, not one per request, each a search of the queue), and the quiet
+    account's waiting request is the next to get a slot."""
+    _, (voice, analytics) = consumers(**{"voice-app": {"max_queued": 5000}})
+
+    async def body():
+        admission = FairAdmission(SharedState(1), {MODEL_ID: [Engine(9001)]}, {MODEL_ID: 1}, (voice, analytics),
+                                  poll_s=3600)  # the sweep runs when the test calls it
+        held = await admission.acquire("voice-app", MODEL_ID, lambda: False)
+        left = [False]
+        flood = [asyncio.ensure_future(admission.acquire("voice-app", MODEL_ID, lambda: left[0]))
+                 for _ in range(2000)]
+        quiet = asyncio.ensure_future(admission.acquire("analytics", MODEL_ID, lambda: False))
+        await settle()
+        assert admission.queued() == 2001
+        dispatches = [0]
+        dispatch = admission._dispatch
+
+        def counted(group, relay=True):
+            dispatches[0] += 1
+            dispatch(group, relay)
+
+        admission._dispatch = counted  # type: ignore[method-assign]
+        left[0] = True
+        admission._sweep_waiters()
+        await settle()
+        answers = {(await f).code for f in flood}  # type: ignore[union-attr]
+        after = admission.queued(), admission.waiting(), dispatches[0]
+        admission.release("voice-app", MODEL_ID, held)
+        got = await asyncio.wait_for(quiet, 5)
+        admission.stop()
+        return answers, after, got
+
+    answers, (queued, waiting, dispatches), got = run(body())
+    assert answers == {"client_gone"}
+    assert (queued, waiting) == (1, 1) and dispatches == 1
+    assert not isinstance(got, Refusal)
