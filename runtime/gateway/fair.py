@@ -25,8 +25,10 @@ every poll period notices clients that left, waits that ran out, and (a safety n
 For a caller deciding where a request should go (cross-region spill), `predicted_wait_s(consumer, model)` says,
 without queueing anything, how long a request arriving now would wait here: 0 with room for it, else the
 requests fair order puts before it over the engine's service rate measured while requests waited
-(`service_rate`). The rest of the public API is `acquire`, `release`, `flush`, `waiting`, `set_consumers`,
-`start`/`stop`, and the module's `admission_caps`, `soft_cap` and `fair_admission`.
+(`service_rate`). The rest of the public API is `acquire`, `release`, `flush`, `waiting`, `queued` (every
+worker's waiting requests), `set_consumers`, `start`/`stop`, and the module's `admission_caps`, `soft_cap`,
+`fair_admission` and the queue-state file the runtime's QueuedRequests gauge reads (`write_queue_state`,
+`read_queue_state`, `publish_queue_state`).
 
 TensorRT-LLM 1.2.x's OpenAI server takes no per-request priority (tests/gateway/test_fair.py names the
 source), so the classes are the gateway's own and nothing is added to the request the engine gets.
@@ -60,7 +62,6 @@ HEADROOM = 1 / 4
 RANK = {"interactive": 0, "batch": 1}
 # The weight of the newest interval in the service rate's moving average: about the last 20 releases count.
 RATE_SMOOTHING = 0.1
-
 
 
 def admission_caps(cfg: FleetConfig, pool_name: str) -> dict[str, int]:
