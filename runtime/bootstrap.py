@@ -159,6 +159,7 @@ class InstanceEnv:
 
 # Per-model readiness while serving (runtime/serve.py writes it), under FLEETCAST_LOCAL_ROOT.
 MODELS_STATE_FILE = "models-ready.json"
+GATEWAY_QUEUE_FILE = "gateway-queue.json"
 
 
 class ModelsUnavailable(Exception):
@@ -534,6 +535,7 @@ class Bootstrap:
             liveness_failures=self.env.liveness_failures, upstream_idle_timeout_s=self.env.upstream_idle_s,
             drain_deadline_file=self._spot_deadline_file if self.spot_watcher else None,
             models_state_file=self.env.local_root / MODELS_STATE_FILE,
+            queue_state_file=self.env.local_root / GATEWAY_QUEUE_FILE,
         )
         self._enter_serving(cfg)
         try:

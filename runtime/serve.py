@@ -117,6 +117,7 @@ class ServeSettings:
     gateway_refresh_s: float = default(Var.GATEWAY_REFRESH_S)  # endpoints, API keys and consumers (docs/gateway.md)
     drain_deadline_file: Path | None = None  # a Spot interruption's deadline for the gateway (runtime/spot.py)
     models_state_file: Path | None = None  # per-model readiness, rewritten when a process comes or goes
+    queue_state_file: Path | None = None  # requests waiting in the gateway's fair-admission queues (gateway/fair.py)
     restart: RestartPolicy = field(default_factory=RestartPolicy)
     liveness_interval_s: float = default(Var.LIVENESS_INTERVAL_S)
     liveness_timeout_s: float = default(Var.LIVENESS_TIMEOUT_S)
@@ -229,6 +230,8 @@ class Serving:
             argv += ["--drain-deadline-file", str(s.drain_deadline_file)]
         if s.models_state_file is not None:
             argv += ["--models-state", str(s.models_state_file)]
+        if s.queue_state_file is not None:
+            argv += ["--queue-state", str(s.queue_state_file)]
         return argv
 
     def server_alive(self, server: ServerProcess | None = None) -> bool:
@@ -479,14 +482,20 @@ class Serving:
     def server_stats(self) -> dict[str, Any] | None:
         """Latest iteration stats of the instance's engine processes (trtllm-serve's /metrics, dequeued on
         read): requests active and queued summed over them, KV utilization the fullest one's (the one
-        that refuses work first)."""
+        that refuses work first). Queued adds the requests waiting in the gateway's fair-admission queues:
+        with fair admission an engine's own queue stays short, and what waits for it waits there."""
+        from .gateway.fair import read_queue_state
+
         per = [stats for server in self.servers if (stats := self.process_stats(server))]
+        at_gateway = read_queue_state(self.s.queue_state_file) if self.s.queue_state_file is not None else None
         if not per:
             return None
         out: dict[str, Any] = {}
         for key in ("active", "queued"):
             if any(key in st for st in per):
                 out[key] = sum(st.get(key, 0.0) for st in per)
+        if at_gateway is not None:
+            out["queued"] = out.get("queued", 0.0) + at_gateway
         if any("kv_util" in st for st in per):
             out["kv_util"] = max(st["kv_util"] for st in per if "kv_util" in st)
         return out

@@ -1,18 +1,28 @@
 """A quiet account beside a flooding neighbour, on loopback, through the real gateway and the reference backend.
 
-    python -m scripts.bench_fairness [--seconds 30] [--batch 8] [--tokens 32] [--quiet-share 0.1] [--flood 3]
-        [--json FILE]
+    python -m scripts.bench_fairness [--seconds 40] [--repeats 3] [--batch 8] [--tokens 32] [--quiet-share 0.15]
+        [--flood 3] [--lead 5] [--no-pin] [--skip-off] [--json FILE]
 
-One reference server (tiny GPT-2 on CPU, `--batch` its max batch size) behind `python -m runtime.gateway`
-(PROXY v2 from two VPC endpoints, one per account). Phases, each `--seconds` long:
-The neighbour's client is a process of its own, so its open streams do not delay the quiet account's.
-  1. capacity: the neighbour alone, `--batch` streams kept busy: the engine's requests per second (R);
-  2. quiet alone: the quiet account at `--quiet-share` x R, Poisson arrivals: its TTFT P50/P99;
-  3. quiet + neighbour, fair admission on: the neighbour's arrivals at `--flood` x R from `--lead` seconds
-     before the quiet account's (its queue at the gateway grows: nothing refuses it within these limits), the
-     quiet account as in 2;
-  4. the same with `--fair-admission off` (every request straight to the engine, first come first served).
-It prints each phase's figures and the ratio the issue holds to: quiet P99 TTFT with the neighbour / alone.
+One reference server (tiny GPT-2 on CPU, `--batch` its max batch size, one torch thread) behind
+`python -m runtime.gateway` (PROXY v2 from two VPC endpoints, one per account). With two or more cores the
+engine runs pinned to the first, the gateway and the clients to the others (taskset's sched_setaffinity), so
+the engine's steps do not share a core with the client that times them. Phases:
+then `--repeats` rounds, each of: the engine's capacity now (the neighbour alone, `--batch` streams kept busy
+for 10 s: requests per second, R), then three phases of `--seconds` (interleaved, so that a change in the
+machine's load moves all three alike):
+  alone: the quiet account at `--quiet-share` x R, Poisson arrivals: its TTFT;
+  engine-bound: the same beside the neighbour keeping the soft cap's worth of streams busy (closed loop: never
+    more than fair admission lets it hold, so nothing waits at the gateway): what the quiet account sees when
+    only the engine is shared, the best any admission order can do;
+  fair: the same beside the neighbour arriving at `--flood` x R from `--lead` seconds before (its queue at the
+    gateway grows), fair admission on;
+and once (unless --skip-off) `fair` with `--fair-admission off` (first come, first served at the engine).
+The neighbour's client is a process of its own (raw asyncio sockets), so its open streams do not delay the
+quiet account's sends and reads. Each phase also reads the engine's own iteration stats (/metrics): its mean
+batch and step time, and whether an admitted request ever queued inside the engine.
+It prints each phase's figures, each round's ratio of the quiet P99 TTFT to its P99 alone and their spread,
+and the ratio over all rounds' samples pooled (the issue's bound: 1.1x). A P99 needs samples: a phase of
+`--seconds` at `--quiet-share` x R gives seconds x share x R of them, so the pooled figure is the one to read.
 The verdict is a measurement on a shared machine, so it is printed, never asserted by the test suite.
 """
 
@@ -23,6 +33,7 @@ import asyncio
 import json
 import random
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -38,12 +49,16 @@ from scripts.bench_gateway import (
     _wait_port,
     bench_config_data,
     bench_model,
+    fair_admission_cpu_lines,
+    fair_admission_cpu_runs,
     free_port,
     percentile,
+    process_stats,
     write_config,
 )
 
 ROOT = Path(__file__).resolve().parents[1]
+CAPACITY_S = 10.0  # each round's capacity measurement
 QUIET = ("quiet", "444455556666", "vpce-0aaaaaaaaaaaaaaa1")
 NEIGHBOUR = ("neighbour", "777788889999", "vpce-0bbbbbbbbbbbbbbb2")
 
@@ -98,9 +113,10 @@ async def one(port: int, header: bytes, body: bytes) -> tuple[int, float | None]
             data = await reader.read(65536)
             if not data:
                 break
-            buf += data
-            if ttft is None and b'"text"' in buf:
-                ttft = (time.perf_counter() - sent) * 1000
+            if ttft is None:
+                buf += data
+                if b'"text"' in buf:
+                    ttft = (time.perf_counter() - sent) * 1000
         return status, ttft if status == 200 else None
     finally:
         writer.close()
@@ -134,39 +150,57 @@ async def closed_loop(port: int, header: bytes, body: bytes, streams: int, secon
 def ttft_figures(samples: list[tuple[int, float | None]]) -> dict:
     ttfts = [t for s, t in samples if s == 200 and t is not None]
     return {"requests": len(samples), "ok": len(ttfts), "refused": sum(1 for s, _ in samples if s != 200),
-            "ttft_p50": round(percentile(ttfts, 0.5), 2), "ttft_p99": round(percentile(ttfts, 0.99), 2)}
+            "ttft_p50": round(percentile(ttfts, 0.5), 2), "ttft_p90": round(percentile(ttfts, 0.9), 2),
+            "ttft_p99": round(percentile(ttfts, 0.99), 2)}
 
 
-async def phase(port: int, body: bytes, quiet_rate: float, flood_rate: float, seconds: float, seed: int,
-                lead: float = 0.0) -> dict:
-    """The quiet account for `seconds`; with `flood_rate`, beside the neighbour, which starts `lead` seconds
-    earlier (the quiet account arrives beside a flood under way, not at the same instant as it). The neighbour
-    is a process of its own: its hundreds of open streams would otherwise delay the quiet account's sends and
-    reads in one event loop, and the quiet figures would measure the client."""
+async def phase(port: int, body: bytes, quiet_rate: float, seconds: float, seed: int, flood_rate: float = 0.0,
+                streams: int = 0, lead: float = 0.0) -> dict:
+    """The quiet account for `seconds`, alone or beside the neighbour: Poisson arrivals at `flood_rate`, or
+    `streams` kept busy (closed loop); the neighbour starts `lead` seconds earlier (the quiet account arrives
+    beside a load under way). The neighbour is a process of its own: its hundreds of open streams would
+    otherwise delay the quiet account's sends and reads in one event loop, and the quiet figures would measure
+    the client. Returns the figures and the quiet samples (for pooling)."""
     quiet: list = []
     flood = None
-    if flood_rate:
+    if flood_rate or streams:
+        mode = ["poisson", str(flood_rate)] if flood_rate else ["closed", str(streams)]
         flood = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "scripts.bench_fairness", "_flood", str(port), body.decode(), str(flood_rate),
+            sys.executable, "-m", "scripts.bench_fairness", "_flood", str(port), body.decode(), *mode,
             str(seconds + lead), str(seed + 1), cwd=str(ROOT), stdout=asyncio.subprocess.PIPE)
         await asyncio.sleep(lead)
+    window = (time.time(), 0.0)
     await poisson(port, proxy_header(QUIET[2]), body, quiet_rate, seconds, seed, quiet)
-    result = {"quiet": ttft_figures(quiet)}
+    window = (window[0], time.time())
+    result = {"quiet": ttft_figures(quiet), "window": window}
     if flood is not None:
         out, _ = await flood.communicate()
         result["neighbour"] = json.loads(out)
-    return result
+    return {**result, "samples": quiet}
 
 
 def _flood(argv: list[str]) -> None:
-    """The neighbour's process: Poisson arrivals at `rate` for `seconds`, then what has not finished within a
-    second is abandoned (its connections closed: the gateway withdraws what still waits); figures as JSON."""
-    port, body, rate, seconds, seed = int(argv[0]), argv[1].encode(), float(argv[2]), float(argv[3]), int(argv[4])
+    """The neighbour's process: Poisson arrivals at a rate (`poisson RATE`) or a number of streams kept busy
+    (`closed N`) for `seconds`, then what has not finished within a second is abandoned (its connections
+    closed: the gateway withdraws what still waits); figures as JSON."""
+    port, body, mode, level, seconds, seed = (int(argv[0]), argv[1].encode(), argv[2], float(argv[3]),
+                                              float(argv[4]), int(argv[5]))
 
     async def run() -> dict:
         rng, header = random.Random(seed), proxy_header(NEIGHBOUR[2])
-        tasks, at, start = [], 0.0, time.monotonic()
-        while (at := at + rng.expovariate(rate)) < seconds:
+        tasks: list[asyncio.Future] = []
+        start = time.monotonic()
+        if mode == "closed":
+            samples: list[tuple[int, float | None]] = []
+
+            async def stream() -> None:
+                while time.monotonic() < start + seconds:
+                    samples.append(await one(port, header, body))
+
+            await asyncio.gather(*(stream() for _ in range(int(level))))
+            return {**ttft_figures(samples), "sent": len(samples), "abandoned": 0}
+        at = 0.0
+        while (at := at + rng.expovariate(level)) < seconds:
             await asyncio.sleep(max(0.0, start + at - time.monotonic()))
             tasks.append(asyncio.ensure_future(one(port, header, body)))
         done, pending = await asyncio.wait(tasks, timeout=1.0) if tasks else (set(), set())
@@ -188,23 +222,95 @@ def stop(proc: subprocess.Popen, wait_s: float) -> None:
         proc.kill()
 
 
-def admission_waits(emf: Path, consumer: str) -> dict:
-    """What the gateway's records say the account's requests waited for an engine slot (P50/P99/max, ms)."""
+def admission_waits(emf: Path, consumer: str, window: tuple[float, float] | None = None) -> dict:
+    """What the gateway's records say the account's requests waited for an engine slot (P50/P99/max, ms), those
+    timestamped within `window` (epoch seconds) if given."""
     waits = []
     for line in emf.read_text().splitlines():
         try:
             record = json.loads(line)
         except ValueError:
             continue
-        if record.get("Consumer") == consumer and "admission_wait_ms" in record or record.get("Consumer") == consumer:
+        if record.get("Consumer") != consumer:
+            continue
+        stamp = (record.get("_aws") or {}).get("Timestamp", 0) / 1000
+        if window is None or window[0] <= stamp <= window[1]:  # records are stamped at the arrival
             waits.append(float(record.get("admission_wait_ms", 0.0)))
     return {"p50": round(percentile(waits, 0.5), 2), "p99": round(percentile(waits, 0.99), 2),
             "max": max(waits, default=0.0)}
 
 
+class EngineStats:
+    """The reference server's iteration stats (/metrics, dequeued on read), read every half second."""
+
+    def __init__(self, port: int):
+        self.port = port
+        self.stats: list[dict] = []
+        self._task: asyncio.Task | None = None
+
+    async def _poll(self) -> None:
+        first = True
+        while True:
+            try:
+                reader, writer = await asyncio.open_connection("127.0.0.1", self.port)
+                writer.write(b"GET /metrics HTTP/1.1\r\nHost: bench\r\nConnection: close\r\n\r\n")
+                raw = await reader.read()
+                writer.close()
+                stats = json.loads(raw.split(b"\r\n\r\n", 1)[1])
+                if not first:  # the first read holds what ran before the phase
+                    self.stats += stats
+                first = False
+            except (OSError, ValueError, IndexError):
+                pass
+            await asyncio.sleep(0.5)
+
+    def start(self) -> None:
+        self.stats.clear()
+        self._task = asyncio.ensure_future(self._poll())
+
+    async def stop(self) -> dict:
+        """The engine while the phase ran: mean requests per decode step, mean step time, and whether a request
+        the gateway let through ever waited inside the engine (queued there: admitted later than its arrival)."""
+        assert self._task is not None
+        self._task.cancel()
+        await asyncio.gather(self._task, return_exceptions=True)
+        steps = [s for s in self.stats if s.get("numActiveRequests", 0) or s.get("numNewActiveRequests", 0)]
+        busy = [s for s in steps if s.get("numActiveRequests", 0)]
+        return {"steps": len(steps),
+                "mean_batch": round(sum(s["numActiveRequests"] for s in busy) / len(busy), 2) if busy else 0.0,
+                "mean_step_ms": round(sum(s["iterLatencyMS"] for s in steps) / len(steps), 2) if steps else 0.0,
+                "max_engine_queued": max((s.get("numQueuedRequests", 0) for s in steps), default=0),
+                "max_engine_queue_ms": round(max((s.get("newActiveRequestsQueueLatencyMS", 0.0) for s in steps),
+                                                 default=0.0), 2)}
+
+
+def pin_plan(pin: bool) -> tuple[set[int] | None, set[int] | None]:
+    """(the engine's cores, the gateway's and the clients' cores): the first core for the engine, the rest for the
+    others; (None, None) unpinned or on one core."""
+    import os
+
+    cores = sorted(os.sched_getaffinity(0))
+    if not pin or len(cores) < 2:
+        return None, None
+    return {cores[0]}, set(cores[1:])
+
+
+def spread(values: list[float]) -> dict:
+    ordered = sorted(v for v in values if v == v)
+    if not ordered:
+        return {"min": float("nan"), "median": float("nan"), "max": float("nan")}
+    return {"min": ordered[0], "median": round(percentile(ordered, 0.5), 2), "max": ordered[-1]}
+
+
 async def main_async(args: argparse.Namespace) -> dict:
+    import os
+
+    from runtime.gateway.fair import soft_cap
     from runtime.reference.build import build_artifact
 
+    engine_cpus, other_cpus = pin_plan(args.pin)
+    if other_cpus:
+        os.sched_setaffinity(0, other_cpus)  # this process (the quiet client) and every child it starts
     tmp = Path(tempfile.mkdtemp(prefix="bench-fairness-"))
     build_artifact(tmp / "artifact", size="tiny")
     config = tmp / "fleet.json"
@@ -215,71 +321,94 @@ async def main_async(args: argparse.Namespace) -> dict:
            "AWS_SECRET_ACCESS_KEY": "bench", "AWS_MAX_ATTEMPTS": "1"}
     up_port = free_port()
     engine = _spawn(["-m", "runtime.reference.server", "--artifact", str(tmp / "artifact"), "--port", str(up_port),
-                     "--max-batch-size", str(args.batch), "--threads", "1", "--served-model-name", bench_model()])
+                     "--max-batch-size", str(args.batch), "--threads", "1", "--served-model-name", bench_model()],
+                    cpus=engine_cpus)
     body = json.dumps({"model": bench_model(), "prompt": "the quick brown fox " * 8, "max_tokens": args.tokens,
                        "ignore_eos": True, "stream": True}).encode()
-    results: dict = {"config": vars(args)}
+    results: dict = {"config": vars(args), "pinned": {"engine": sorted(engine_cpus or ()),
+                                                      "gateway_and_clients": sorted(other_cpus or ())},
+                     "rounds": []}
+    pooled: dict[str, list] = {"alone": [], "engine_bound": [], "fair": []}
+    stats = EngineStats(up_port)
+
+    def say(line: str) -> None:
+        print(line, file=sys.stderr, flush=True)
+
+    async def measured(name: str, **kw) -> dict:
+        stats.start()
+        before = {"gateway": process_stats(gateway.pid), "engine": process_stats(engine.pid)}
+        started = time.monotonic()
+        row = await phase(port, body, args.quiet_share * capacity, args.seconds, seed, **kw)
+        row["engine"] = await stats.stop()
+        elapsed = time.monotonic() - started
+        for proc, pid in (("gateway", gateway.pid), ("engine", engine.pid)):
+            after = process_stats(pid)
+            # Its share of a core it used, and of a second it waited runnable for one (other processes had it).
+            row["engine"][f"{proc}_cpu"] = round((after.cpu_s - before[proc].cpu_s) / elapsed, 2)
+            row["engine"][f"{proc}_runq"] = round((after.runq_wait_s - before[proc].runq_wait_s) / elapsed, 3)
+        pooled.setdefault(name, []).extend(row.pop("samples"))
+        say(f"  {name}: quiet {row['quiet']}; engine {row['engine']}"
+            + (f"; neighbour {row['neighbour']}" if "neighbour" in row else ""))
+        return row
+
     try:
         await _wait_port(up_port, None, timeout=120)
         for mode in ("on", "off"):
+            if mode == "off" and args.skip_off:
+                break
             port = free_port()
+            emf = tmp / f"emf-{mode}.log"
             gateway = _spawn(["-m", "runtime.gateway", "--listen", f"127.0.0.1:{port}", "--upstream",
                               f"127.0.0.1:{up_port}", "--config-json", str(config), "--region", REGION, "--pool", POOL,
                               "--service-id", SERVICE_ID, "--fair-admission", mode], env,
-                             stdout=open(tmp / f"emf-{mode}.log", "w"))  # noqa: SIM115 - the child's stdout
+                             stdout=open(emf, "w"))  # noqa: SIM115 - the child's stdout
             try:
                 await _wait_port(port, proxy_header(QUIET[2]))
                 await closed_loop(port, proxy_header(NEIGHBOUR[2]), body, args.batch, 3)  # warm-up
                 if mode == "on":
-                    served = await closed_loop(port, proxy_header(NEIGHBOUR[2]), body, args.batch, args.seconds)
-                    capacity = served / args.seconds
-                    results["capacity_rps"] = round(capacity, 2)
-                    print(f"capacity: {capacity:.2f} requests/s at batch {args.batch}", file=sys.stderr, flush=True)
-                    results["alone"] = await phase(port, body, args.quiet_share * capacity, 0, args.seconds, 1)
-                    print(f"quiet alone: {results['alone']['quiet']}", file=sys.stderr, flush=True)
-                capacity = results["capacity_rps"]
-                row = await phase(port, body, args.quiet_share * capacity, args.flood * capacity, args.seconds, 1,
-                                  args.lead)
-                results[f"fair_{mode}"] = row
-                print(f"with neighbour, fair admission {mode}: {row}", file=sys.stderr, flush=True)
+                    for r in range(args.repeats):
+                        seed = 1 + r
+                        # Each round's rates from the engine's capacity now: on a shared machine it moves with
+                        # the load, and a quiet rate set from a stale capacity can outgrow its share.
+                        served = await closed_loop(port, proxy_header(NEIGHBOUR[2]), body, args.batch,
+                                                   CAPACITY_S)
+                        if not served:
+                            raise SystemExit("bench_fairness: the engine completed no request in 10 s; are the "
+                                             "prompt and --tokens within the model's context (tiny: 256 positions)?")
+                        capacity = served / CAPACITY_S
+                        results.setdefault("capacity_rps", []).append(round(capacity, 2))
+                        say(f"round {r + 1} of {args.repeats}: capacity {capacity:.2f} requests/s at batch "
+                            f"{args.batch}")
+                        row: dict = {"capacity_rps": round(capacity, 2), "alone": await measured("alone"),
+                               "engine_bound": await measured("engine_bound", streams=soft_cap(args.batch),
+                                                              lead=args.lead),
+                               "fair": await measured("fair", flood_rate=args.flood * capacity, lead=args.lead)}
+                        for name in ("alone", "engine_bound", "fair"):
+                            waits = admission_waits(emf, QUIET[0], row[name]["window"])
+                            row[name]["quiet_admission_wait_ms"] = waits
+                        alone = row["alone"]["quiet"]["ttft_p99"]
+                        for name in ("engine_bound", "fair"):
+                            row[f"ratio_{name}"] = round(row[name]["quiet"]["ttft_p99"] / alone, 2)
+                        results["rounds"].append(row)
+                        say(f"  P99 ratio to alone: engine-bound {row['ratio_engine_bound']}x, "
+                            f"fair {row['ratio_fair']}x; the quiet account's wait at the gateway P99: "
+                            + ", ".join(f"{n} {row[n]['quiet_admission_wait_ms']['p99']} ms"
+                                        for n in ("alone", "engine_bound", "fair")))
+                else:
+                    seed, capacity = 1, statistics.median(results["capacity_rps"])
+                    results["fcfs"] = await measured("fcfs", flood_rate=args.flood * capacity, lead=args.lead)
             finally:
                 stop(gateway, 30)
     finally:
         stop(engine, 40)
-    for mode in ("on", "off"):
-        results[f"fair_{mode}"]["quiet_admission_wait_ms"] = admission_waits(tmp / f"emf-{mode}.log", QUIET[0])
-    alone = results["alone"]["quiet"]["ttft_p99"]
-    for mode in ("on", "off"):
-        results[f"ratio_{mode}"] = round(results[f"fair_{mode}"]["quiet"]["ttft_p99"] / alone, 2)
+        await ec2.stop() if hasattr(ec2, "stop") else None
+    results["pooled"] = {name: ttft_figures(samples) for name, samples in pooled.items()}
+    alone = results["pooled"]["alone"]["ttft_p99"]
+    results["pooled_ratio"] = {name: round(results["pooled"][name]["ttft_p99"] / alone, 2)
+                               for name in results["pooled"] if name != "alone"}
+    results["round_ratios"] = {name: spread([r[f"ratio_{name}"] for r in results["rounds"]])
+                               for name in ("engine_bound", "fair")}
     return results
-
-
-def admission_cpu_us(batch: int, rounds: int = 5, n: int = 20_000) -> float:
-    """CPU microseconds fair admission spends on a request that finds room (acquire + release, two accounts,
-    the two-worker shared state): the figure the gateway adds per request below capacity, best of `rounds`."""
-    from fleetcast.config import parse_config
-    from runtime.gateway.fair import FairAdmission
-    from runtime.gateway.shared import SharedState
-
-    cfg = parse_config(fairness_config(batch), "<bench config>")
-    consumers = [c.name for c in cfg.consumers]
-
-    class Engine:
-        host_header = "127.0.0.1:9"
-
-    async def run() -> float:
-        admission = FairAdmission(SharedState(2), {"m": [Engine()]}, {"m": batch}, cfg.consumers)  # type: ignore[list-item]
-        best = float("inf")
-        for _ in range(rounds):
-            start = time.process_time()
-            for i in range(n):
-                who = consumers[i % len(consumers)]
-                engine = await admission.acquire(who, "m", lambda: False)
-                admission.release(who, "m", engine)  # type: ignore[arg-type]
-            best = min(best, (time.process_time() - start) / n * 1e6)
-        return best
-
-    return asyncio.run(run())
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -288,27 +417,49 @@ def main(argv: list[str] | None = None) -> int:
         _flood(argv[1:])
         return 0
     p = argparse.ArgumentParser(prog="python -m scripts.bench_fairness", description=__doc__.split("\n\n")[0])
-    p.add_argument("--seconds", type=float, default=30.0, help="length of each phase (default 30)")
+    p.add_argument("--seconds", type=float, default=40.0, help="length of each measured phase (default 40)")
+    p.add_argument("--repeats", type=int, default=3, help="rounds of (alone, engine-bound, fair) (default 3)")
     p.add_argument("--batch", type=int, default=8, help="the engine's max batch size, so its admission cap (default 8)")
     p.add_argument("--tokens", type=int, default=32, help="output tokens per request (default 32)")
-    p.add_argument("--quiet-share", type=float, default=0.1,
-                   help="the quiet account's arrival rate as a share of the engine's capacity (default 0.1)")
+    p.add_argument("--quiet-share", type=float, default=0.15,
+                   help="the quiet account's arrival rate as a share of the engine's capacity (default 0.15, under "
+                        "a third of its fair share of two)")
     p.add_argument("--flood", type=float, default=3.0,
                    help="the neighbour's arrival rate as a multiple of the engine's capacity (default 3)")
     p.add_argument("--lead", type=float, default=5.0,
-                   help="seconds the neighbour floods before the quiet account's measured phase starts (default 5)")
+                   help="seconds the neighbour loads the engine before the quiet account's phase starts (default 5)")
+    p.add_argument("--no-pin", dest="pin", action="store_false",
+                   help="leave every process on every core (default: the engine on the first core, the rest on the "
+                        "others)")
+    p.add_argument("--skip-off", action="store_true", help="skip the phase with fair admission off")
     p.add_argument("--json", help="write the figures here as JSON")
     args = p.parse_args(argv)
     results = asyncio.run(main_async(args))
-    results["admission_cpu_us"] = round(admission_cpu_us(args.batch), 1)
-    print(f"\nquiet account P99 TTFT: alone {results['alone']['quiet']['ttft_p99']} ms; beside a neighbour at "
-          f"{args.flood:g}x capacity: fair admission {results['fair_on']['quiet']['ttft_p99']} ms "
-          f"({results['ratio_on']}x), first come first served {results['fair_off']['quiet']['ttft_p99']} ms "
-          f"({results['ratio_off']}x); the bound: 1.1x")
-    print(f"fair admission's CPU per request that finds room: {results['admission_cpu_us']} us (bound: 50 us)")
+    results["admission_cpu_us"] = fair_admission_cpu_runs(args.batch)
+    print("\n" + "\n".join(report_lines(results, args)))
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=1))
     return 0
+
+
+def report_lines(results: dict, args: argparse.Namespace) -> list[str]:
+    pooled, ratio, rounds = results["pooled"], results["pooled_ratio"], results["round_ratios"]
+    lines = [f"engine capacity R {results['capacity_rps']} requests/s (per round) at batch {args.batch}; quiet at "
+             f"{args.quiet_share:g} R, {len(results['rounds'])} rounds of {args.seconds:g} s; pinned "
+             f"{results['pinned'] or 'no'}",
+             "quiet account P99 TTFT (pooled over the rounds, P50 / P90 / P99 ms, samples):"]
+    for name, label in (("alone", "alone"), ("engine_bound", "beside a neighbour held to the soft cap"),
+                        ("fair", f"beside a neighbour at {args.flood:g} R, fair admission"),
+                        ("fcfs", f"beside a neighbour at {args.flood:g} R, first come first served")):
+        if name in pooled:
+            f = pooled[name]
+            extra = f" ({ratio[name]}x alone)" if name in ratio else ""
+            lines.append(f"  {label}: {f['ttft_p50']} / {f['ttft_p90']} / {f['ttft_p99']}{extra}, {f['ok']} samples")
+    for name in ("engine_bound", "fair"):
+        r = rounds[name]
+        lines.append(f"  per-round P99 ratio, {name}: min {r['min']}x, median {r['median']}x, max {r['max']}x")
+    lines.append("the bound: 1.1x (fair); engine-bound is the floor any admission order reaches on this engine")
+    return lines + fair_admission_cpu_lines(results["admission_cpu_us"])
 
 
 if __name__ == "__main__":

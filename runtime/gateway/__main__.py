@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import gc
 import os
 import signal
@@ -103,6 +104,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--models-state",
                    help="the runtime's per-model readiness file (one engine process per model and copy): /health "
                         "names the ready models and stays 200 while any is ready")
+    p.add_argument("--queue-state",
+                   help="where the gateway writes how many requests wait in its fair-admission queues, every "
+                        "second (the runtime adds them to the instance's QueuedRequests gauge)")
     p.add_argument("--workers", type=_workers, default=1,
                    help="gateway processes on the one port (SO_REUSEPORT), each with its own event loop, per-consumer "
                         "limits shared exactly between them (default 1; 2 on the 4 vCPUs of a g6e.xlarge)")
@@ -168,7 +172,7 @@ async def serve(args: argparse.Namespace, shared: SharedState | None = None, wor
     from fleetcast.contract.isolation import new_key
 
     from .admission import limiter_key, model_limits_of
-    from .fair import admission_caps
+    from .fair import admission_caps, publish_queue_state, write_queue_state
     from .identity import ApiKeyStore, EndpointDirectory, Identity, secret_names
     from .limits import ConsumerLimiter
     from .metrics import MetricsSink
@@ -233,6 +237,10 @@ async def serve(args: argparse.Namespace, shared: SharedState | None = None, wor
     background = [asyncio.ensure_future(task.run()) for task in (endpoints, keys, refresher)]
     if waiting_for_key:
         background.append(asyncio.ensure_future(await_peer_key(gateway, cfg, args)))
+    # The counts are shared by the workers: the first one writes them for all.
+    publishes_queue = bool(getattr(args, "queue_state", None)) and gateway.fair is not None and worker == 0
+    if publishes_queue and gateway.fair is not None:
+        background.append(asyncio.ensure_future(publish_queue_state(gateway.fair, args.queue_state)))
     # Everything loaded so far (config model, botocore's service models: ~100k objects) lives for
     # the whole process. A full collection over them measured 85 ms on the dev VM, a pause every
     # stream would feel; frozen, the collector walks only request garbage (measured ~0 ms).
@@ -266,6 +274,9 @@ async def serve(args: argparse.Namespace, shared: SharedState | None = None, wor
         shared.set_outcome(worker, in_flight, gateway.active, gateway.drain_timeout_s)
     for task in background:
         task.cancel()
+    if publishes_queue:  # the drain answered every waiting request: none waits here any more
+        with contextlib.suppress(OSError):
+            write_queue_state(args.queue_state, 0)
     await gateway.close()
     metrics.close()
     return 0

@@ -22,6 +22,14 @@ Each worker keeps its own waiters and publishes the tag of its best one; a worke
 owed to another worker's waiter writes a byte to that worker's pipe. While any request waits, one sweep
 every poll period notices clients that left, waits that ran out, and (a safety net) a slot nobody handed over.
 
+For a caller deciding where a request should go (cross-region spill), `predicted_wait_s(consumer, model)` says,
+without queueing anything, how long a request arriving now would wait here: 0 with room for it, else the
+requests fair order puts before it over the engine's service rate measured while requests waited
+(`service_rate`). The rest of the public API is `acquire`, `release`, `flush`, `waiting`, `queued` (every
+worker's waiting requests), `set_consumers`, `start`/`stop`, and the module's `admission_caps`, `soft_cap`,
+`fair_admission` and the queue-state file the runtime's QueuedRequests gauge reads (`write_queue_state`,
+`read_queue_state`, `publish_queue_state`).
+
 TensorRT-LLM 1.2.x's OpenAI server takes no per-request priority (tests/gateway/test_fair.py names the
 source), so the classes are the gateway's own and nothing is added to the request the engine gets.
 """
@@ -29,9 +37,9 @@ source), so the classes are the gateway's own and nothing is added to the reques
 from __future__ import annotations
 
 import asyncio
+import json
 import math
 import os
-import struct
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -52,9 +60,8 @@ if TYPE_CHECKING:
 # of 8 as too few: a quiet account's second concurrent request waited for a neighbour's to end).
 HEADROOM = 1 / 4
 RANK = {"interactive": 0, "batch": 1}
-
-_I64 = struct.Struct("<q")
-_F64 = struct.Struct("<d")
+# The weight of the newest interval in the service rate's moving average: about the last 20 releases count.
+RATE_SMOOTHING = 0.1
 
 
 def admission_caps(cfg: FleetConfig, pool_name: str) -> dict[str, int]:
@@ -108,28 +115,35 @@ class _Group:
     def __init__(self, state: SharedState, model: str, pools: Sequence[UpstreamPool], cap: int, worker: int):
         self.state, self.model, self.pools, self.cap, self.soft = state, model, tuple(pools), cap, soft_cap(cap)
         self.worker = worker
+        view = memoryview(state.mem)
+        self._ints, self._floats = view.cast("q"), view.cast("d")
         with state.lock:
             self.used_at = [state.cell(f"fair\x00proc\x00{p.host_header}") for p in self.pools]
             self.group_at = state.cell(f"fair\x00group\x00{model}")  # (requests waiting in any worker, V)
             self.weights_at = state.cell(f"fair\x00weights\x00{model}")  # (-, sum of the active accounts' weights)
             self.heads_at = [state.cell(f"fair\x00head\x00{model}\x00{w}") for w in range(state.workers)]
+            # (monotonic ns of the last release seen while requests waited, 0 after one seen while none did;
+            # the mean seconds between such releases, 0 until two were seen)
+            self.rate_at = state.cell(f"fair\x00rate\x00{model}")
         self.queues: dict[str, deque[_Waiter]] = {}
         self._consumer_at: dict[str, tuple[int, int]] = {}
 
-    # Shared cells, read and written with the lock held.
+    # Shared cells, read and written with the lock held. A cell's offset is a multiple of 8 (slots of 40 bytes), so
+    # its two values are elements of the mapping seen as int64s and as float64s: an index instead of a struct call
+    # (the hot path reads a few dozen of them per request). Native byte order: one machine writes and reads them.
     def _int(self, at: int) -> int:
-        value: int = _I64.unpack_from(self.state.mem, at)[0]
+        value: int = self._ints[at >> 3]
         return value
 
     def _set_int(self, at: int, value: int) -> None:
-        _I64.pack_into(self.state.mem, at, value)
+        self._ints[at >> 3] = value
 
     def _float(self, at: int) -> float:
-        value: float = _F64.unpack_from(self.state.mem, at + 8)[0]
+        value: float = self._floats[(at >> 3) + 1]
         return value
 
     def _set_float(self, at: int, value: float) -> None:
-        _F64.pack_into(self.state.mem, at + 8, value)
+        self._floats[(at >> 3) + 1] = value
 
     def consumer_cells(self, consumer: str) -> tuple[int, int]:
         """(held requests and finish tag, waiting requests and the weight counted in the active sum)."""
@@ -140,14 +154,22 @@ class _Group:
             self._consumer_at[consumer] = cells
         return cells
 
-    def under_share(self, consumer: str, share: Share) -> bool:
+    def under_share(self, consumer: str, share: Share, finish: float | None = None) -> bool:
         """Whether `consumer` asks for less than its weighted share: its finish tag is at most the soft cap's
         share per unit of weight ahead of the virtual time. Requests in flight were admitted at tags the virtual
         time has passed, so this counts what it has arrived with lately, not how long its requests run: a quiet
-        account with a few long requests in flight is still below its share, a flooding one with a queue is not."""
+        account with a few long requests in flight is still below its share, a flooding one with a queue is not.
+        Also below its share: an account holding fewer requests than its weighted share of the soft cap.
+        `finish`: its finish tag as it would be (a forecast), instead of the one recorded."""
         held_at, waiting_at = self.consumer_cells(consumer)
-        active = self._float(self.weights_at) + (0.0 if self._int(held_at) + self._int(waiting_at) else share.weight)
-        return self._float(held_at) - self._float(self.group_at) <= self.soft / active
+        held = self._int(held_at)
+        active = self._float(self.weights_at) + (0.0 if held + self._int(waiting_at) else share.weight)
+        if finish is None:
+            finish = self._float(held_at)
+        # Or it holds fewer than its weighted share of the soft cap: a quiet account whose burst queued a few
+        # requests (its finish tag now ahead) still has room coming to it, or the headroom would sit idle while
+        # it waits for a flooding account's requests to end.
+        return finish - self._float(self.group_at) <= self.soft / active or held < self.soft * share.weight / active
 
     def _free_pool(self, limit: int) -> int | None:
         """The index of the process holding the fewest requests, if that is under `limit`."""
@@ -209,9 +231,11 @@ class FairAdmission:
     """The admission caps and fair queues of one gateway worker (see the module docstring)."""
 
     def __init__(self, state: SharedState, pools: Mapping[str, Sequence[UpstreamPool]], caps: Mapping[str, int],
-                 consumers: Iterable[Consumer] = (), worker: int = 0, poll_s: float = 0.05):
-        """`pools`: model id -> its engine processes; `caps`: model id -> requests each may hold at once."""
-        self.state, self.worker, self.poll_s = state, worker, poll_s
+                 consumers: Iterable[Consumer] = (), worker: int = 0, poll_s: float = 0.05,
+                 clock: Callable[[], float] = time.monotonic):
+        """`pools`: model id -> its engine processes; `caps`: model id -> requests each may hold at once;
+        `clock`: monotonic seconds, the same in every worker (for the service rate)."""
+        self.state, self.worker, self.poll_s, self.clock = state, worker, poll_s, clock
         self.groups = {model: _Group(state, model, pools[model], cap, worker) for model, cap in caps.items()
                        if model in pools}
         self.shares: dict[str, Share] = {}
@@ -297,17 +321,46 @@ class FairAdmission:
         those whose client left or whose wait ran out, and hand over any slot a lost poke left free."""
         self._sweep = None
         now = time.monotonic()
+
+        def answer(waiter: _Waiter) -> Refusal | None:
+            if waiter.gone():
+                return CLIENT_GONE
+            return QUEUE_TIMEOUT if now >= waiter.deadline else None
+
         for group in self.groups.values():
-            for queue in list(group.queues.values()):
-                for waiter in list(queue):
-                    if waiter.gone():
-                        self._withdraw(group, waiter, CLIENT_GONE)
-                    elif now >= waiter.deadline:
-                        self._withdraw(group, waiter, QUEUE_TIMEOUT)
-            with self.state.lock:
-                self._dispatch(group, relay=False)
+            self._drop(group, answer)
         if self.waiting():
             self._sweep = asyncio.get_running_loop().call_later(self.poll_s, self._sweep_waiters)
+
+    def _drop(self, group: _Group, answer: Callable[[_Waiter], Refusal | None]) -> None:
+        """Withdraw every waiter of `group` that `answer` gives a refusal, and answer it that; then hand over any
+        slot free. Each queue is rebuilt in one pass: a flood's client dropping thousands of waiting requests at
+        once (or a drain) costs the event loop one pass over them, not a deque search for each."""
+        leaving: list[tuple[_Waiter, Refusal]] = []
+        rebuilt: dict[str, deque[_Waiter]] = {}
+        for consumer, queue in group.queues.items():  # this worker's own queues: no lock needed to read them
+            kept: deque[_Waiter] = deque()
+            for waiter in queue:
+                refusal = answer(waiter)
+                if refusal is None:
+                    kept.append(waiter)
+                else:
+                    leaving.append((waiter, refusal))
+            if len(kept) != len(queue):
+                rebuilt[consumer] = kept
+        with self.state.lock:  # the shared counts, for the waiters that leave
+            for consumer, kept in rebuilt.items():
+                gone = len(group.queues[consumer]) - len(kept)
+                share = self.shares.get(consumer) or Share()
+                for _ in range(gone):
+                    group._activity(consumer, share, -1, waiting=True)
+                group._set_int(group.group_at, group._int(group.group_at) - gone)
+                group.queues[consumer] = kept
+            group._publish_head()
+            self._dispatch(group, relay=bool(leaving))  # another worker's waiter may be the best now
+        for waiter, refusal in leaving:
+            if not waiter.future.done():
+                waiter.future.set_result(refusal)
 
     def _withdraw(self, group: _Group, waiter: _Waiter, refusal: Refusal) -> None:
         """Take a waiter out of its queue and answer it `refusal` (if no slot was granted meanwhile)."""
@@ -330,14 +383,80 @@ class FairAdmission:
             at = group.used_at[group.pools.index(pool)]
             group._set_int(at, group._int(at) - 1)
             group._activity(consumer, share, -1, waiting=False)
+            self._note_release(group)
             self._dispatch(group)
 
-    def _limit(self, group: _Group, consumer: str, share: Share) -> int:
+    def _note_release(self, group: _Group) -> None:
+        """Time the release for the engine's service rate. Lock held.
+
+        Only releases while requests wait count: then the engine, not the arrivals, sets their pace (an
+        interval that spans a lull would read as a slow engine). A release while nobody waits breaks the chain."""
+        now = int(self.clock() * 1e9)
+        last = group._int(group.rate_at)
+        if group._int(group.group_at) == 0:
+            group._set_int(group.rate_at, 0)
+            return
+        if last:
+            interval, mean = (now - last) / 1e9, group._float(group.rate_at)
+            group._set_float(group.rate_at, interval if mean == 0.0 else mean + RATE_SMOOTHING * (interval - mean))
+        group._set_int(group.rate_at, now)
+
+    def service_rate(self, model: str) -> float | None:
+        """Requests per second `model`'s engine processes together finish while requests wait for them (a moving
+        average over the last few dozen releases, shared by the workers); None until two were timed."""
+        group = self.groups.get(model)
+        if group is None:
+            return None
+        with self.state.lock:
+            mean = group._float(group.rate_at)
+        return 1.0 / mean if mean > 0.0 else None
+
+    def predicted_wait_s(self, consumer: str, model: str) -> float | None:
+        """Seconds a request of `consumer` for `model` arriving now would wait here for an engine slot.
+
+        The query for a caller deciding where to send a request (cross-region spill: would waiting here break the
+        consumer's latency objective?). It changes nothing. 0.0 when the request would go to an engine at once
+        (room for it under the rules of `acquire`), or when the gateway holds no queue for `model` (fair admission
+        off, or a model it does not cap). Otherwise the requests that would go before it, across every worker (its
+        own account's waiting ones, all waiting ones of a higher class, and those of its class whose start tags
+        are below the one it would get), plus itself, over `service_rate`: the engine frees one slot per 1/rate
+        seconds on average while requests wait. None when it would wait but no rate has been measured yet
+        (the first releases after a lull); a caller should then treat the wait as unknown, not as zero."""
+        group = self.groups.get(model)
+        if group is None:
+            return 0.0
+        share = self.shares.get(consumer) or Share()
+        with self.state.lock:
+            held_at, waiting_at = group.consumer_cells(consumer)
+            vtime = group._float(group.group_at)
+            tag = max(vtime, group._float(held_at))
+            finish = tag + 1.0 / share.weight
+            if (group._int(group.group_at) == 0 or group.under_share(consumer, share, finish)) \
+                    and group._free_pool(self._limit(group, consumer, share, finish)) is not None:
+                return 0.0
+            ahead = group._int(waiting_at)
+            for other, other_share in self.shares.items():
+                if other == consumer:
+                    continue
+                waiting = group._int(group.consumer_cells(other)[1])
+                if not waiting or other_share.rank > share.rank:
+                    continue
+                if other_share.rank < share.rank:
+                    ahead += waiting
+                    continue
+                # Its queued requests' start tags step by 1/weight up to its finish tag: those below `tag` go first.
+                behind = math.floor((group._float(group.consumer_cells(other)[0]) - tag) * other_share.weight)
+                ahead += waiting - min(max(behind, 0), waiting)
+            mean = group._float(group.rate_at)
+        return (ahead + 1) * mean if mean > 0.0 else None
+
+    def _limit(self, group: _Group, consumer: str, share: Share, finish: float | None = None) -> int:
         """The most requests an engine process may hold for `consumer`'s next one to go to it. Lock held.
 
         Below its share: the cap. Above it: the soft cap less what the accounts below their share hold,
-        so a quiet account keeps the whole headroom free for its next requests however many it already has."""
-        if group.under_share(consumer, share):
+        so a quiet account keeps the whole headroom free for its next requests however many it already has.
+        `finish`: as in `_Group.under_share`."""
+        if group.under_share(consumer, share, finish):
             return group.cap
         light = sum(group._int(group.consumer_cells(other)[0]) for other, other_share in self.shares.items()
                     if other != consumer and group.under_share(other, other_share))
@@ -394,12 +513,52 @@ class FairAdmission:
     def flush(self, refusal: Refusal) -> None:
         """Answer every waiting request `refusal` (the drain: none of them has reached an engine)."""
         for group in self.groups.values():
-            for queue in list(group.queues.values()):
-                for waiter in list(queue):
-                    self._withdraw(group, waiter, refusal)
+            self._drop(group, lambda _waiter: refusal)
 
     def waiting(self) -> int:
+        """Requests waiting in this worker's queues."""
         return sum(len(q) for g in self.groups.values() for q in g.queues.values())
+
+    def queued(self) -> int:
+        """Requests waiting for an engine slot in every worker's queues (the instance's, from the shared counts)."""
+        with self.state.lock:
+            return sum(g._int(g.group_at) for g in self.groups.values())
+
+
+# The instance's gateway-queued count, for the runtime's QueuedRequests gauge: one small file, rewritten each
+# QUEUE_STATE_S seconds by one worker; a reader takes one older than QUEUE_STATE_STALE_S for a gateway that stopped
+# writing (it died, or drained) and counts nothing from it.
+QUEUE_STATE_S = 1.0
+QUEUE_STATE_STALE_S = 10.0
+
+
+def write_queue_state(path: str | os.PathLike[str], queued: int, now: float | None = None) -> None:
+    """Write `queued` to `path` whole (a temporary file renamed over it: a reader never sees half of it)."""
+    tmp = f"{os.fspath(path)}.tmp"
+    with open(tmp, "w") as f:
+        json.dump({"queued": queued, "written": time.time() if now is None else now}, f)
+    os.replace(tmp, path)
+
+
+def read_queue_state(path: str | os.PathLike[str], now: float | None = None) -> int | None:
+    """The gateway-queued count in `path`; None when there is none, it is unreadable, or it is stale."""
+    try:
+        with open(path) as f:
+            state = json.load(f)
+        queued, written = int(state["queued"]), float(state["written"])
+    except (OSError, ValueError, TypeError, KeyError):
+        return None
+    return queued if (time.time() if now is None else now) - written <= QUEUE_STATE_STALE_S else None
+
+
+async def publish_queue_state(admission: FairAdmission, path: str | os.PathLike[str]) -> None:
+    """Rewrite the queue state every QUEUE_STATE_S until cancelled (one worker runs it: the counts are shared)."""
+    while True:
+        try:
+            write_queue_state(path, admission.queued())
+        except OSError:
+            pass  # the gauge misses a sample; serving goes on
+        await asyncio.sleep(QUEUE_STATE_S)
 
 
 def fair_admission(router: Router, caps: Mapping[str, int], consumers: Iterable[Consumer],

@@ -404,20 +404,20 @@ class Engine:
                     self._waiting.clear()
                     self._active.clear()
                     break
+            started = time.monotonic()
+            # Cancelled sequences leave before the batch is filled: the gateway counted a slot free when its
+            # client left, and the request it admitted into it must start in this iteration, not wait one
+            # behind a batch that only looks full.
+            completed = self._retire_cancelled()
+            with self._lock:
                 free = self.max_batch_size - len(self._active)
                 admitted = [self._waiting.popleft() for _ in range(min(free, len(self._waiting)))]
                 queued = len(self._waiting)
-            started = time.monotonic()
             queue_latency = sum(started - s.submitted for s in admitted) / len(admitted) if admitted else 0.0
-            completed = 0
             ctx_tokens = sum(len(s.prompt) for s in admitted)
             completed += self._admit(admitted)
-            # Cancelled sequences leave before the step, so they cost no compute.
-            for i in range(len(self._active) - 1, -1, -1):
-                if self._active[i].cancelled:
-                    self._retire(self._active[i], "cancelled")
-                    self._remove(i)
-                    completed += 1
+            # Cancelled while being admitted: they leave before the step, so they cost no decode.
+            completed += self._retire_cancelled()
             n_gen = len(self._active)
             if self._active:
                 tokens = [s.last for s in self._active]
@@ -435,6 +435,16 @@ class Engine:
             self._record(started, admitted, queue_latency, completed, ctx_tokens, n_gen, queued)
         for seq in pending:
             self._retire(seq, "cancelled")
+
+    def _retire_cancelled(self) -> int:
+        """Retire the active sequences whose clients went away; how many."""
+        retired = 0
+        for i in range(len(self._active) - 1, -1, -1):
+            if self._active[i].cancelled:
+                self._retire(self._active[i], "cancelled")
+                self._remove(i)
+                retired += 1
+        return retired
 
     def _record(self, started: float, admitted: list[Sequence], queue_latency: float, completed: int, ctx_tokens: int,
                 n_gen: int, queued: int) -> None:

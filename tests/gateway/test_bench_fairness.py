@@ -30,3 +30,45 @@ def test_bench_gateways_config_sets_a_cap_its_levels_never_reach():
 
     caps = admission_caps(parse_config(bench_config_data(), "<test>"), POOL)
     assert min(caps.values()) >= 2 * 128  # above the soft cap at its busiest level: it times the hop, not a queue
+
+
+def test_bench_gateway_prints_fair_admissions_cpu_per_request_against_the_bound():
+    from scripts.bench_gateway import fair_admission_cpu_lines
+
+    cpu = {"runs": 7, "requests_per_run": 10000, "room": {"min": 17.7, "median": 18.1, "max": 18.9},
+           "queued": {"min": 65.4, "median": 68.5, "max": 81.7}}
+    lines = fair_admission_cpu_lines(cpu)
+    assert "7 runs of 10000" in lines[0] and "bound 50" in lines[0]
+    assert lines[1] == "  finds room: 17.7 / 18.1 / 18.9"
+    assert lines[2] == "  waits, then is handed the slot: 65.4 / 68.5 / 81.7  ABOVE THE BOUND"
+
+
+def test_fair_admissions_cpu_is_measured_on_both_paths_with_a_spread():
+    """A real measurement (a few runs of a few requests: the figures are not asserted, their shape is)."""
+    from scripts.bench_gateway import fair_admission_cpu_runs
+
+    cpu = fair_admission_cpu_runs(runs=2, n=200)
+    assert cpu["runs"] == 2 and cpu["requests_per_run"] == 200
+    for path in ("room", "queued"):
+        assert cpu[path]["min"] <= cpu[path]["median"] <= cpu[path]["max"]
+
+
+def test_bench_fairness_reports_the_pooled_p99_ratio_and_each_rounds_spread():
+    import argparse
+
+    from scripts.bench_fairness import report_lines, spread
+
+    def figures(p99: float) -> dict:
+        return {"ttft_p50": 10.0, "ttft_p90": 20.0, "ttft_p99": p99, "ok": 300}
+
+    results = {"capacity_rps": [20.0, 18.0], "rounds": [{}, {}], "pinned": {"engine": [0]},
+               "pooled": {"alone": figures(100.0), "engine_bound": figures(105.0), "fair": figures(120.0)},
+               "pooled_ratio": {"engine_bound": 1.05, "fair": 1.2},
+               "round_ratios": {"engine_bound": spread([1.1, 1.0]), "fair": spread([1.3, 1.1])},
+               "admission_cpu_us": {"runs": 7, "requests_per_run": 10000, "room": {"min": 1, "median": 2, "max": 3},
+                                    "queued": {"min": 4, "median": 5, "max": 6}}}
+    args = argparse.Namespace(batch=8, quiet_share=0.15, seconds=40.0, flood=3.0)
+    text = "\n".join(report_lines(results, args))
+    assert "beside a neighbour at 3 R, fair admission: 10.0 / 20.0 / 120.0 (1.2x alone), 300 samples" in text
+    assert "per-round P99 ratio, fair: min 1.1x, median 1.2x, max 1.3x" in text
+    assert "first come first served" not in text  # --skip-off: no such phase

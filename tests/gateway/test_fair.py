@@ -25,7 +25,7 @@ import copy
 import pytest
 
 from fleetcast.config import parse_config
-from runtime.gateway import fair
+from runtime.gateway import fair, ppv2
 from runtime.gateway.fair import FairAdmission, soft_cap
 from runtime.gateway.identity import Refusal
 from runtime.gateway.shared import SharedState
@@ -36,6 +36,7 @@ from .conftest import (
     REGION,
     VOICE_VPCE,
     fleet_config,
+    gateway_process,
     run,
     start_harness,
     stop_harness,
@@ -212,8 +213,9 @@ def test_the_headroom_above_the_soft_cap_is_for_accounts_below_their_share():
         while flood:
             admission.release("voice-app", MODEL_ID, flood.pop())
             await settle()
-        # voice-app gets the soft cap less what analytics holds: 6 - 2; the other 2 stay free for analytics.
-        assert sum(q.done() for q in queued) == 2 and used() == 4
+        # voice-app gets its weighted share of the soft cap (3 of 6, two accounts active), though analytics holds
+        # only 2: three slots stay free, room analytics' next requests start in at once.
+        assert sum(q.done() for q in queued) == 3 and used() == 5
         return True
 
     assert run(body())
@@ -386,3 +388,365 @@ def test_through_the_gateway_a_full_queue_is_a_429_with_retry_after_counted_as_t
     assert refused.status == 429 and refused.json()["error"]["code"] == "queue_full"
     assert refused.headers["retry-after"] == "1"
     assert throttled == 1 and arrivals == 1
+
+
+class Clock:
+    """Monotonic seconds the test sets (the service rate is timed by the admission's clock, not the machine's)."""
+
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+async def settle() -> None:
+    for _ in range(20):
+        await asyncio.sleep(0)
+
+
+def test_the_predicted_wait_is_zero_with_room_and_unknown_until_a_service_rate_was_measured():
+    _, (voice, analytics) = consumers()
+
+    async def body():
+        admission = FairAdmission(SharedState(1), {MODEL_ID: [Engine(9001)]}, {MODEL_ID: 1}, (voice, analytics),
+                                  clock=Clock())
+        assert admission.predicted_wait_s("analytics", MODEL_ID) == 0.0  # an empty process: it would go at once
+        assert admission.predicted_wait_s("analytics", "a-model-it-does-not-cap") == 0.0  # no queue here for it
+        held = await admission.acquire("voice-app", MODEL_ID, lambda: False)
+        # Full, nothing released while requests waited: it would wait, for how long is not known yet.
+        assert admission.predicted_wait_s("analytics", MODEL_ID) is None and admission.service_rate(MODEL_ID) is None
+        assert admission.waiting() == 0  # asking queued nothing
+        admission.release("voice-app", MODEL_ID, held)
+        return admission.predicted_wait_s("analytics", MODEL_ID)
+
+    assert run(body()) == 0.0
+
+
+def test_the_predicted_wait_counts_who_goes_first_over_the_engines_measured_service_rate():
+    _, (voice, analytics) = consumers()
+
+    async def body():
+        clock = Clock()
+        admission = FairAdmission(SharedState(1), {MODEL_ID: [Engine(9001)]}, {MODEL_ID: 1}, (voice, analytics),
+                                  clock=clock)
+        engine = await admission.acquire("voice-app", MODEL_ID, lambda: False)
+        queued = [asyncio.ensure_future(admission.acquire("voice-app", MODEL_ID, lambda: False)) for _ in range(8)]
+        await settle()
+        # The engine ends a request every 0.5 s while voice-app's wait: three releases, two intervals timed.
+        for _ in range(3):
+            clock.now += 0.5
+            admission.release("voice-app", MODEL_ID, engine)
+            engine = await queued.pop(0)
+        assert admission.service_rate(MODEL_ID) == pytest.approx(2.0)
+        waiting = len(queued)
+        # analytics was idle: its tag is the virtual time, below every queued voice-app tag, so it is next.
+        quiet = admission.predicted_wait_s("analytics", MODEL_ID)
+        # voice-app's next one comes after its own waiting ones.
+        busy = admission.predicted_wait_s("voice-app", MODEL_ID)
+        late = asyncio.ensure_future(admission.acquire("analytics", MODEL_ID, lambda: False))
+        await settle()
+        clock.now += 0.5
+        admission.release("voice-app", MODEL_ID, engine)
+        await settle()
+        went_next = late.done()
+        for task in [late, *queued]:
+            task.cancel()
+        await asyncio.gather(late, *queued, return_exceptions=True)
+        return waiting, quiet, busy, went_next
+
+    waiting, quiet, busy, went_next = run(body())
+    assert quiet == pytest.approx(0.5)
+    assert busy == pytest.approx((waiting + 1) * 0.5)
+    assert went_next  # the forecast's order is the admission's
+
+
+def test_the_predicted_wait_of_a_batch_account_counts_every_waiting_interactive_request():
+    _, (voice, analytics) = consumers(analytics={"priority": "batch"})
+
+    async def body():
+        clock = Clock()
+        admission = FairAdmission(SharedState(1), {MODEL_ID: [Engine(9001)]}, {MODEL_ID: 1}, (voice, analytics),
+                                  clock=clock)
+        engine = await admission.acquire("voice-app", MODEL_ID, lambda: False)
+        queued = [asyncio.ensure_future(admission.acquire("voice-app", MODEL_ID, lambda: False)) for _ in range(5)]
+        await settle()
+        for _ in range(2):
+            clock.now += 0.25
+            admission.release("voice-app", MODEL_ID, engine)
+            engine = await queued.pop(0)
+        forecast = admission.predicted_wait_s("analytics", MODEL_ID), len(queued)
+        for task in queued:
+            task.cancel()
+        await asyncio.gather(*queued, return_exceptions=True)
+        return forecast
+
+    (wait, interactive_waiting) = run(body())
+    assert wait == pytest.approx((interactive_waiting + 1) * 0.25)
+
+
+def test_the_predicted_wait_is_the_same_from_every_worker():
+    _, (voice, analytics) = consumers()
+
+    async def body():
+        clock, state = Clock(), SharedState(2)
+        engines = {MODEL_ID: [Engine(9001)]}
+        first = FairAdmission(state, engines, {MODEL_ID: 1}, (voice, analytics), worker=0, clock=clock)
+        second = FairAdmission(state, engines, {MODEL_ID: 1}, (voice, analytics), worker=1, clock=clock)
+        first.start()
+        second.start()
+        try:
+            engine = await first.acquire("voice-app", MODEL_ID, lambda: False)
+            queued = [asyncio.ensure_future(first.acquire("voice-app", MODEL_ID, lambda: False)) for _ in range(4)]
+            await settle()
+            for _ in range(2):
+                clock.now += 1.0
+                first.release("voice-app", MODEL_ID, engine)
+                engine = await queued.pop(0)
+            seen = [(a.predicted_wait_s("voice-app", MODEL_ID), a.predicted_wait_s("analytics", MODEL_ID))
+                    for a in (first, second)]
+            for task in queued:
+                task.cancel()
+            await asyncio.gather(*queued, return_exceptions=True)
+            return seen, len(queued)
+        finally:
+            first.stop()
+            second.stop()
+
+    (on_first, on_second), waiting = run(body())
+    assert on_first == on_second == (pytest.approx((waiting + 1) * 1.0), pytest.approx(1.0))
+
+
+def test_the_queued_count_is_every_workers_and_its_file_is_whole_and_goes_stale(tmp_path):
+    _, (voice, analytics) = consumers()
+
+    async def body():
+        state = SharedState(2)
+        engines = {MODEL_ID: [Engine(9001)]}
+        first = FairAdmission(state, engines, {MODEL_ID: 1}, (voice, analytics), worker=0)
+        second = FairAdmission(state, engines, {MODEL_ID: 1}, (voice, analytics), worker=1)
+        first.start()
+        second.start()
+        try:
+            held = await first.acquire("voice-app", MODEL_ID, lambda: False)
+            waiting = [asyncio.ensure_future(a.acquire(c, MODEL_ID, lambda: False))
+                       for a, c in ((first, "voice-app"), (second, "analytics"), (second, "analytics"))]
+            await settle()
+            counts = first.queued(), second.queued(), first.waiting(), second.waiting()
+            first.release("voice-app", MODEL_ID, held)
+            for _ in range(100):  # bounded: the hand-over to the other worker is a poke through its pipe
+                await asyncio.sleep(0.01)
+                if any(task.done() for task in waiting):
+                    break
+            after = first.queued()
+            for task in waiting:
+                task.cancel()
+            await asyncio.gather(*waiting, return_exceptions=True)
+            return counts, after
+        finally:
+            first.stop()
+            second.stop()
+
+    (on_first, on_second, first_own, second_own), after = run(body())
+    assert on_first == on_second == 3 and (first_own, second_own) == (1, 2)
+    assert after == 2  # one was handed the freed slot
+    path = tmp_path / "gateway-queue.json"
+    assert fair.read_queue_state(path) is None  # no file: nothing known
+    fair.write_queue_state(path, 7, now=1000.0)
+    assert fair.read_queue_state(path, now=1000.0 + fair.QUEUE_STATE_STALE_S) == 7
+    assert fair.read_queue_state(path, now=1000.1 + fair.QUEUE_STATE_STALE_S) is None  # its writer stopped
+    path.write_text('{"queued": ')
+    assert fair.read_queue_state(path) is None
+
+
+def test_the_gateway_process_publishes_the_requests_waiting_in_its_queues(tmp_path):
+    """--queue-state: the runtime adds what waits at the gateway to QueuedRequests (runtime/serve.py)."""
+    import json
+    import signal
+
+    from runtime.devtools.harness import free_port
+
+    from .fakes import FakeModelServer
+
+    data = fleet_config(voice_limits={"max_concurrency": 10, "requests_per_minute": 6000}).model_dump(mode="json")
+    data["engine"]["max_batch_size"] = 1  # a cap of one request per engine process
+    config, state, port = tmp_path / "fleet.json", tmp_path / "gateway-queue.json", free_port()
+    config.write_text(json.dumps(data))
+
+    async def queued_becomes(n: int) -> int | None:
+        for _ in range(300):  # bounded: 30 s on a loaded machine
+            seen = fair.read_queue_state(state)
+            if seen == n:
+                return seen
+            await asyncio.sleep(0.1)
+        return fair.read_queue_state(state)
+
+    async def body():
+        upstream = await FakeModelServer().start()
+        upstream.hold = asyncio.Event()
+        proc, _ = await gateway_process(config, port, upstream.port, [(VOICE_VPCE, "444455556666")],
+                                        "--workers", "2", "--queue-state", str(state))
+        try:
+            for _ in range(600):
+                try:
+                    await one_request(port, "GET", "/health", header=ppv2.LOCAL_HEADER)
+                    break
+                except OSError:
+                    await asyncio.sleep(0.05)
+            requests = [asyncio.ensure_future(one_request(port, "POST", "/v1/completions",
+                                                          {"model": MODEL_ID, "prompt": "a", "max_tokens": 1},
+                                                          vpce_id=VOICE_VPCE)) for _ in range(3)]
+            while_held = await queued_becomes(2), upstream.arrivals
+            upstream.hold.set()
+            replies = await asyncio.gather(*requests)
+            drained = await queued_becomes(0)
+            proc.send_signal(signal.SIGTERM)
+            await asyncio.wait_for(proc.wait(), 30)
+            return while_held, [r.status for r in replies], drained
+        finally:
+            if proc.returncode is None:
+                proc.kill()
+                await proc.wait()
+            await upstream.stop()
+
+    (queued, arrivals), statuses, drained = run(body(), timeout=90)
+    assert queued == 2 and arrivals == 1  # one at the engine, two waiting at the gateway: counted over both workers
+    assert statuses == [200, 200, 200] and drained == 0
+
+
+def test_limits_per_consumer_and_per_model_stay_exact_across_workers_while_requests_wait_at_the_gateway(tmp_path):
+    """Two gateway processes, fair admission on, an engine cap of one: a request waiting in a fair queue holds its
+    consumer's and its (consumer, model) concurrency slot, counted once across both processes, so exactly the
+    limit is admitted (one at the engine, the rest waiting) and the others are refused at once, whichever process
+    took their connection."""
+    import json
+    import signal
+
+    from runtime.devtools.harness import free_port
+
+    from .fakes import FakeModelServer
+
+    limits = {"max_concurrency": 3, "requests_per_minute": 6000,
+              "models": {MODEL_ID: {"max_concurrency": 2, "requests_per_minute": 6000}}}
+    data = fleet_config(voice_limits=limits).model_dump(mode="json")
+    data["engine"]["max_batch_size"] = 1
+    config, state, port = tmp_path / "fleet.json", tmp_path / "gateway-queue.json", free_port()
+    config.write_text(json.dumps(data))
+
+    async def body():
+        upstream = await FakeModelServer().start()
+        upstream.hold = asyncio.Event()
+        proc, _ = await gateway_process(config, port, upstream.port, [(VOICE_VPCE, "444455556666")],
+                                        "--workers", "2", "--queue-state", str(state))
+        try:
+            for _ in range(600):
+                try:
+                    await one_request(port, "GET", "/health", header=ppv2.LOCAL_HEADER)
+                    break
+                except OSError:
+                    await asyncio.sleep(0.05)
+            requests = [asyncio.ensure_future(one_request(port, "POST", "/v1/completions",
+                                                          {"model": MODEL_ID, "prompt": "a", "max_tokens": 1},
+                                                          vpce_id=VOICE_VPCE)) for _ in range(6)]
+            refused = []
+            for _ in range(300):  # bounded: the refusals come back at once, the admitted ones wait
+                await asyncio.sleep(0.1)
+                refused = [r.result().status for r in requests if r.done()]
+                if len(refused) >= 4 and fair.read_queue_state(state) == 1:
+                    break
+            queued, arrivals = fair.read_queue_state(state), upstream.arrivals
+            upstream.hold.set()
+            statuses = sorted(r.status for r in await asyncio.gather(*requests))
+            proc.send_signal(signal.SIGTERM)
+            await asyncio.wait_for(proc.wait(), 30)
+            return refused, queued, arrivals, statuses
+        finally:
+            if proc.returncode is None:
+                proc.kill()
+                await proc.wait()
+            await upstream.stop()
+
+    refused, queued, arrivals, statuses = run(body(), timeout=90)
+    assert refused == [429] * 4  # over the (consumer, model) limit of 2: refused, never queued
+    assert (queued, arrivals) == (1, 1)  # the two admitted: one at the engine, one waiting at the gateway
+    assert statuses == [200, 200, 429, 429, 429, 429]
+
+
+def test_a_quiet_accounts_burst_that_queues_keeps_the_headroom_while_it_holds_less_than_its_share():
+    _, (voice, analytics) = consumers()
+
+    async def body():
+        admission = FairAdmission(SharedState(1), {MODEL_ID: [Engine(9001)]}, {MODEL_ID: 8}, (voice, analytics))
+        group = admission.groups[MODEL_ID]
+
+        def acquire(consumer: str) -> asyncio.Future:
+            return asyncio.ensure_future(admission.acquire(consumer, MODEL_ID, lambda: False))
+
+        # voice-app floods: its first eight find the process empty, twenty more queue; once two of its requests
+        # end it holds the soft cap (6 of 8), the two free slots its queue may not use.
+        flood = [await admission.acquire("voice-app", MODEL_ID, lambda: False) for _ in range(8)]
+        queued = [acquire("voice-app") for _ in range(20)]
+        await settle()
+        for _ in range(2):
+            admission.release("voice-app", MODEL_ID, flood.pop())
+        await settle()
+        assert group._int(group.used_at[0]) == 6 and not any(q.done() for q in queued)
+        # analytics sends a burst of five: two go into the headroom at once, three queue (its finish tag is now
+        # ahead of the virtual time by more than its share: by tags alone it would count as a flooding account).
+        burst = [acquire("analytics") for _ in range(5)]
+        await settle()
+        first = sum(b.done() for b in burst)
+        admission.release("voice-app", MODEL_ID, flood.pop())  # 7 held: one free slot, in the headroom
+        await settle()
+        second = sum(b.done() for b in burst)
+        used = group._int(group.used_at[0])
+        for task in [*queued, *burst]:
+            task.cancel()
+        await asyncio.gather(*queued, *burst, return_exceptions=True)
+        return first, second, used, sum(q.done() and not q.cancelled() for q in queued)
+
+    first, second, used, flood_admitted = run(body())
+    assert first == 2
+    # It holds 2, under its share of the soft cap (3 of 6): the freed slot is its, not left idle for the flood's
+    # next request to end.
+    assert second == 3 and used == 8 and flood_admitted == 0
+
+
+def test_a_flood_of_waiting_requests_whose_clients_left_is_withdrawn_in_one_pass():
+    """Thousands of a flooding client's waiting requests dropped at once: one sweep withdraws them all with exact
+    counts, in one pass (one hand-over attempt, not one per request, each a search of the queue), and the quiet
+    account's waiting request is the next to get a slot."""
+    _, (voice, analytics) = consumers(**{"voice-app": {"max_queued": 5000}})
+
+    async def body():
+        admission = FairAdmission(SharedState(1), {MODEL_ID: [Engine(9001)]}, {MODEL_ID: 1}, (voice, analytics),
+                                  poll_s=3600)  # the sweep runs when the test calls it
+        held = await admission.acquire("voice-app", MODEL_ID, lambda: False)
+        left = [False]
+        flood = [asyncio.ensure_future(admission.acquire("voice-app", MODEL_ID, lambda: left[0]))
+                 for _ in range(2000)]
+        quiet = asyncio.ensure_future(admission.acquire("analytics", MODEL_ID, lambda: False))
+        await settle()
+        assert admission.queued() == 2001
+        dispatches = [0]
+        dispatch = admission._dispatch
+
+        def counted(group, relay=True):
+            dispatches[0] += 1
+            dispatch(group, relay)
+
+        admission._dispatch = counted  # type: ignore[method-assign]
+        left[0] = True
+        admission._sweep_waiters()
+        await settle()
+        answers = {(await f).code for f in flood}  # type: ignore[union-attr]
+        after = admission.queued(), admission.waiting(), dispatches[0]
+        admission.release("voice-app", MODEL_ID, held)
+        got = await asyncio.wait_for(quiet, 5)
+        admission.stop()
+        return answers, after, got
+
+    answers, (queued, waiting, dispatches), got = run(body())
+    assert answers == {"client_gone"}
+    assert (queued, waiting) == (1, 1) and dispatches == 1
+    assert not isinstance(got, Refusal)

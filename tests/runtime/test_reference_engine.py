@@ -106,6 +106,48 @@ def test_engine_batches_more_requests_than_slots_and_each_gets_its_naive_tokens(
     assert engine.pop_stats() == []
 
 
+def test_a_request_admitted_into_a_cancelled_requests_slot_starts_in_the_next_iteration(weights):
+    """The gateway frees a slot when a client leaves (runtime/gateway/fair.py) and may admit the next request into
+    it at once: the engine retires the cancelled sequence before it fills the batch, so the new one starts in the
+    very next iteration instead of waiting one behind a batch that only looks full."""
+    engine = Engine(GPT2(SHAPE, weights), max_batch_size=1, max_seq_len=SHAPE.n_positions,
+                    vocab_size=VOCAB_SIZE, eos_id=EOS_ID)
+    finished = threading.Event()
+    reasons: dict[str, str] = {}
+
+    def second_emit(token, reason):
+        if reason is not None:
+            reasons["second"] = reason
+            finished.set()
+
+    second = Sequence(prompt=[5, 6, 7], params=SamplingParams(max_tokens=2, temperature=0.0, ignore_eos=True),
+                      emit=second_emit)
+
+    def first_emit(token, reason):
+        if reason is not None:
+            reasons["first"] = reason
+        elif not first.cancelled and token is not None and first.generated >= 2:
+            # Inside an iteration (the engine thread delivers tokens): the client leaves and, as the gateway
+            # would, the next request goes in at once; the next iteration sees both.
+            engine.cancel(first)
+            engine.submit(second)
+
+    first = Sequence(prompt=[1, 2, 3], params=SamplingParams(max_tokens=50, temperature=0.0, ignore_eos=True),
+                     emit=first_emit)
+    engine.start()
+    try:
+        engine.submit(first)
+        assert finished.wait(60), "the second request did not finish"
+    finally:
+        engine.stop()
+    assert reasons == {"first": "cancelled", "second": "length"}
+    stats = engine.pop_stats()
+    (admitted_at,) = [i for i, s in enumerate(stats) if s["numNewActiveRequests"] and i > 0]
+    # The iteration that retires the cancelled request admits the waiting one; it never queued a whole iteration.
+    assert stats[admitted_at]["numCompletedRequests"] >= 1 and stats[admitted_at]["numQueuedRequests"] == 0
+    assert all(s["numQueuedRequests"] == 0 for s in stats)
+
+
 def test_eos_is_suppressed_before_min_tokens_and_with_ignore_eos(weights):
     engine = Engine(GPT2(SHAPE, weights), max_batch_size=1, max_seq_len=64, vocab_size=VOCAB_SIZE, eos_id=EOS_ID)
     logits = torch.zeros(SHAPE.vocab_size)

@@ -144,3 +144,21 @@ def test_the_readiness_file_reports_a_freeze_now_not_the_last_liveness_answer(tm
     finally:
         (tmp_path / "freeze").unlink(missing_ok=True)
         serving.drain()
+
+
+def test_queued_requests_count_those_waiting_in_the_gateways_fair_admission_queues(tmp_path, monkeypatch):
+    """With fair admission an engine's own queue stays short: what waits for it waits at the gateway, which writes
+    the count to --queue-state (runtime/gateway/fair.py); the QueuedRequests gauge adds it."""
+    from runtime.gateway.fair import QUEUE_STATE_STALE_S, write_queue_state
+
+    state = tmp_path / "gateway-queue.json"
+    serving = Serving(ServeSettings(port=9000, model_name="m", region="r", pool="p", queue_state_file=state),
+                      ["server"])
+    argv = serving.gateway_argv()
+    assert argv[argv.index("--queue-state") + 1] == str(state)
+    monkeypatch.setattr(serving, "process_stats", lambda server: {"active": 8.0, "queued": 1.0})
+    assert serving.server_stats() == {"active": 8.0, "queued": 1.0}  # no file yet: the engine's own queue
+    write_queue_state(state, 5)
+    assert serving.server_stats() == {"active": 8.0, "queued": 6.0}
+    write_queue_state(state, 5, now=time.time() - QUEUE_STATE_STALE_S - 1)  # a gateway that stopped writing
+    assert serving.server_stats() == {"active": 8.0, "queued": 1.0}
