@@ -43,7 +43,9 @@ from .curves import Candidate, Curve
 from .queueing import Limits, Prediction, ServiceModel, Stream, model_for, occupancy, predict
 from .solver import (
     PlanContext,
+    PlannedPool,
     PoolDay,
+    Served,
     Slo,
     fixed_by_hour,
     floor_tenth,
@@ -539,6 +541,14 @@ class RegionPacking:
     notes: list[str] = field(default_factory=list)
     not_offered: list[str] = field(default_factory=list)  # instance types with results not offered in the region
 
+    def planned(self) -> PlannedPool | None:
+        w = self.winner
+        if w is None:
+            return None
+        return PlannedPool(self.region, (self.region,), w.instance_type, w.label, f"${w.cost_per_hour:.2f}/h",
+                           tuple(Served(m.model, m.precision, m.copies, m.kv_cache_gb) for m in w.loads),
+                           tuple(w.instances_by_hour), scaling_target(w), w.estimated, packed=True)
+
     def unpacked(self) -> list[str]:
         """With no packing chosen: what not packing would cost, as computed (none when some model has no choice)."""
         return [f"{alt.name}: ${alt.cost_per_hour:.2f}/h (${alt.usd_per_m_output:.3f} per 1M output tokens"
@@ -581,6 +591,7 @@ class PackingPlan:
     data_notes: list[str] = field(default_factory=list)
     max_copies: int = DEFAULT_MAX_COPIES
     spot: list = field(default_factory=list)  # fleetcast.plan.spot.SpotAdvice per chosen packing
+    write_notes: list[tuple[bool, str]] = field(default_factory=list)  # as report.PlanResult's
 
     @property
     def cost_per_hour(self) -> float:
@@ -590,10 +601,12 @@ class PackingPlan:
         return sum(a.cost_per_hour for r in self.regions for a in r.alternatives if a.name == name)
 
 
-def _options(curves: list[ModelCurve], model: str, instance_type: str, cfg, family_of, kv_dtype: str,
+def _options(curves: list[ModelCurve], model: str, instance_type: str, cfg, family_of,
              lab: dict[str, str], ctx: PlanContext | None = None, notes: list[str] | None = None) -> list[str]:
-    """Precisions with a solo or co-located curve of `model` on `instance_type` that the support matrix allows and
-    that pass `model`'s quality check (--quality: per model and precision); a failed check goes to `notes`."""
+    """Precisions with a solo or co-located curve of `model` on `instance_type` that the support matrix allows (with
+    the model's own backend and KV-cache dtype) and that pass `model`'s quality check (--quality: per model and
+    precision); a failed check goes to `notes`. A precision that needs a calibration set stays a candidate, as in a
+    one-model plan: --write-config refuses it until one is staged (writeback.calibration_use, the one rule)."""
     instance = _instance(instance_type, lab)
     out = []
     for prec in sorted({c.precision for c in curves if c.model == model and c.instance_type == instance_type}):
@@ -603,13 +616,11 @@ def _options(curves: list[ModelCurve], model: str, instance_type: str, cfg, fami
                 if notes is not None:
                     notes.append(f"{model} {prec} on {instance_type}: ruled out: quality check failed: {why}")
                 continue
-        backend = model_engine(cfg, model).backend.value
-        refusal = support.check(family_of(model), backend, prec, kv_dtype, instance.gpu.arch,
+        engine = model_engine(cfg, model)
+        refusal = support.check(family_of(model), engine.backend.value, prec, engine.kv_cache_dtype.value,
+                                instance.gpu.arch,
                                 support.instance_where(instance_type, instance.gpu.name, instance.gpu.arch))
-        # A calibrated build without a calibration set is one the validator refuses: not a candidate.
-        uncalibrated = backend is not None and support.needs_calibration(backend, prec, kv_dtype) \
-            and cfg.model_by_id(model).calibration is None
-        if refusal is None and not uncalibrated:
+        if refusal is None:
             out.append(prec)
     return out
 
@@ -632,7 +643,6 @@ def plan_packing(cfg, curves: list[ModelCurve], profile: TrafficProfile, ctx: Pl
     fleet_slo = fleet_slo or ctx.slo
     models = tuple(m.id for m in cfg.models)
     families = {m.id: m.family.value for m in cfg.models}
-    kv_dtype = cfg.engine.kv_cache_dtype.value
     regions: dict[str, list[ConsumerTraffic]] = {}
     for entry in profile.consumers:
         regions.setdefault(entry.region, []).append(entry)
@@ -640,7 +650,7 @@ def plan_packing(cfg, curves: list[ModelCurve], profile: TrafficProfile, ctx: Pl
     cache: dict = {"lab": dict(lab or {})}
     for region, entries in regions.items():
         entries = sorted(entries, key=lambda t: models.index(t.model))
-        out.append(_plan_region(cfg, curves, region, entries, ctx, fleet_slo, max_copies, families, kv_dtype, cache))
+        out.append(_plan_region(cfg, curves, region, entries, ctx, fleet_slo, max_copies, families, cache))
     return PackingPlan(profile.name, models, out, max_copies=max_copies)
 
 
@@ -663,7 +673,7 @@ def _entitlement_notes(cfg, region: str, entries: list[ConsumerTraffic]) -> list
             for t in entries if callers]
 
 
-def _plan_region(cfg, curves, region, entries, ctx, fleet_slo, max_copies, families, kv_dtype, cache) -> RegionPacking:
+def _plan_region(cfg, curves, region, entries, ctx, fleet_slo, max_copies, families, cache) -> RegionPacking:
     notes = _entitlement_notes(cfg, region, entries)
     types = sorted({c.instance_type for c in curves})
     evaluations: list[PackingEval] = []
@@ -676,7 +686,7 @@ def _plan_region(cfg, curves, region, entries, ctx, fleet_slo, max_copies, famil
             if "not offered" in refusal:
                 not_offered.append(instance_type)
             continue
-        per_model = [_options(curves, t.model, instance_type, cfg, families.get, kv_dtype, cache["lab"], ctx, notes)
+        per_model = [_options(curves, t.model, instance_type, cfg, families.get, cache["lab"], ctx, notes)
                      for t in entries]
         missing = [t.model for t, opts in zip(entries, per_model) if not opts]
         if missing:
@@ -708,7 +718,7 @@ def _plan_region(cfg, curves, region, entries, ctx, fleet_slo, max_copies, famil
                   f"from the batch averaged over a request's life between them, {SPARSE_ITL_GAP} (docs/plan.md, Limits)"
                   for m in winner.loads if m.source == MEASURED_COLOCATED and len(m.curve.points) <= SPARSE_LEVELS]
     plan = RegionPacking(region, entries, evaluations, ranked, winner, notes=notes, not_offered=not_offered)
-    plan.alternatives = _alternatives(cfg, curves, region, entries, ctx, fleet_slo, families, kv_dtype, cache)
+    plan.alternatives = _alternatives(cfg, curves, region, entries, ctx, fleet_slo, families, cache)
     return plan
 
 
@@ -808,7 +818,7 @@ def _evaluate(cfg, curves, instance_type, region, entries, combo, ctx, fleet_slo
     return size_packing(PackingEval(instance_type, region, loads, memory), ctx, n_min, cache)
 
 
-def _alternatives(cfg, curves, region, entries, ctx, fleet_slo, families, kv_dtype, cache) -> list[Alternative]:
+def _alternatives(cfg, curves, region, entries, ctx, fleet_slo, families, cache) -> list[Alternative]:
     """The same traffic without packing: each model on instances of its own (its best single-process choice)."""
     parts = []
     n_min = ctx.n_min(region)
@@ -817,7 +827,7 @@ def _alternatives(cfg, curves, region, entries, ctx, fleet_slo, families, kv_dty
         for instance_type in sorted({c.instance_type for c in curves}):
             if not _offered(instance_type, region, ctx, cache["lab"]):
                 continue
-            for prec in _options(curves, t.model, instance_type, cfg, families.get, kv_dtype, cache["lab"], ctx):
+            for prec in _options(curves, t.model, instance_type, cfg, families.get, cache["lab"], ctx):
                 ev = _evaluate(cfg, curves, instance_type, region, [t], ((prec, 1),), ctx, fleet_slo, n_min, cache)
                 if ev is not None and ev.feasible and (best is None or (best.estimated, best.rank_key())
                                                        > (ev.estimated, ev.rank_key())):

@@ -8,7 +8,7 @@ import json
 from pathlib import Path
 
 from .packing import ESTIMATED, PackingEval, PackingPlan, RegionPacking
-from .report import Block, blocks_html, blocks_markdown, write_report_dir
+from .report import Block, blocks_html, blocks_markdown, write_lines, write_report_dir
 
 TOP_OTHERS = 6  # other feasible packings listed per region
 
@@ -106,6 +106,8 @@ def blocks(result: PackingPlan, plots: dict[str, list[Path]] | None = None) -> l
             out.append(("ul", [(None, n) for n in plan.notes]))
         for path in plots.get(plan.region, []):
             out.append(("img", path))
+    if result.write_notes:
+        out += [("h2", "Writing it (--write-config)"), ("ul", [(None, line) for line in write_lines(result)])]
     if result.spot:
         from .spot import lines as spot_lines
 
@@ -147,6 +149,8 @@ def render_terminal(result: PackingPlan) -> str:
             lines += [f"  no packing serves; {s}" for s in plan.unpacked()]
         lines += [f"  ruled out: {a}: {b}" for a, b in _ruled_out(plan)]
         lines += [f"  note: {n}" for n in plan.notes]
+    if result.write_notes:
+        lines += ["", "Writing it (--write-config):"] + [f"  {line}" for line in write_lines(result)]
     if result.spot:
         from .spot import lines as spot_lines
 
@@ -180,6 +184,7 @@ def to_json(result: PackingPlan) -> dict:
         "schema": "fleetcast.plan/v1", "kind": "packing", "traffic": result.traffic_name,
         "models": list(result.models), "data": result.data_notes, "warnings": result.warnings,
         "max_copies": result.max_copies, "spot": [a.to_json() for a in result.spot],
+        "write_config": [{"refuses": blocking, "text": text} for blocking, text in result.write_notes],
         "regions": [{
             "consumer_region": p.region,
             "winner": _ev_json(p.winner) if p.winner else None,

@@ -10,9 +10,13 @@ import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from .curves import SOURCE_MEANING
 from .solver import Evaluation, FleetPool, RegionPlan, Slo
+
+if TYPE_CHECKING:
+    from .packing import PackingPlan
 
 
 @dataclass
@@ -37,7 +41,7 @@ def fleet_heading(result: PlanResult) -> str:
     return "Fleet (what --write-config writes)"
 
 
-def write_lines(result: PlanResult) -> list[str]:
+def write_lines(result: PlanResult | PackingPlan) -> list[str]:
     return [f"{'refuses' if blocking else 'note'}: {text}" for blocking, text in result.write_notes]
 
 

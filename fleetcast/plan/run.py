@@ -14,7 +14,6 @@ from fleetcast.config import catalog
 from fleetcast.contract.errors import EXIT_USAGE, UserError
 
 from .aws import live_availability, refresh_prices
-from .check import PlannedPool
 from .curves import sources_text
 from .estimate import estimate_specs
 from .inputs import (
@@ -26,8 +25,9 @@ from .inputs import (
     shipped_availability,
     stale_table_warning,
 )
+from .packing import model_engine
 from .report import PlanResult
-from .solver import PlanContext, RegionPlan, Slo, fleet_pools, plan
+from .solver import PlanContext, PlannedPool, RegionPlan, Slo, fleet_pools, plan
 from .traffic import ConsumerTraffic, TrafficProfile, load_traffic
 
 
@@ -180,7 +180,7 @@ def build_plan(opts: PlanOptions) -> tuple[PlanResult, list[RegionPlan], PlanCon
         quality_threshold=opts.quality_threshold, min_instances=min_instances,
         default_min_instances=opts.min_instances if opts.min_instances is not None else 1,
         model_id=cfg.model.id if cfg else None, model_family=cfg.model.family if cfg else None,
-        kv_cache_dtype=cfg.engine.kv_cache_dtype.value if cfg else "auto",
+        kv_cache_dtype=model_engine(cfg, cfg.model.id).kv_cache_dtype.value if cfg else "auto",
         reserved=dict(opts.reserved), min_instances_source=min_source,
     )
 
@@ -269,7 +269,7 @@ def build_packing(opts: PlanOptions, max_copies: int | None = None):
         slo=slo, prices=prices, availability=availability, latency=latency, fixed=fixed, quality=quality,
         quality_threshold=opts.quality_threshold,
         min_instances=min_instances, default_min_instances=opts.min_instances if opts.min_instances is not None else 1,
-        kv_cache_dtype=cfg.engine.kv_cache_dtype.value, min_instances_source=min_source, reserved=dict(opts.reserved),
+        min_instances_source=min_source, reserved=dict(opts.reserved),
     )
     warnings += _stale_tables(prices, fixed, opts.today or date.today())
     synthetic = [c for c in curves if c.candidate.provenance == "synthetic"]
@@ -328,16 +328,16 @@ class Planned:
         return [t for r in self.result.regions for t in r.traffic]
 
     def pools(self) -> list[PlannedPool]:
-        from .check import planned_packings, planned_pools
-
-        return planned_pools(self.result.pools) if self.plans is not None else planned_packings(self.result)
+        """The planned pools, one per provider region used (a packing plan: one per region with a choice)."""
+        if self.plans is not None:
+            return [p.planned() for p in self.result.pools]
+        return [p for r in self.result.regions if (p := r.planned()) is not None]
 
     def promise_writes(self, cfg: Any, allow_estimated: bool) -> None:
-        """What --write-config will do, for the report (one model: its blocking notes)."""
+        """What --write-config will do, for the report: its refusals and notes."""
         from .writeback import write_config_notes
 
-        if self.plans is not None:
-            self.result.write_notes = write_config_notes(cfg, self.result.pools, allow_estimated)
+        self.result.write_notes = write_config_notes(cfg, self.pools(), allow_estimated)
 
     def render(self, as_json: bool) -> str:
         import json
@@ -364,12 +364,10 @@ class Planned:
 
     def edit(self, path: str, allow_estimated: bool, write_schedule: bool, write_spot: bool) -> Any:
         """The config at `path` with this plan written in, validated (writeback.ConfigEdit); writes nothing."""
-        from .writeback import compute_packing_edit, compute_plan_edit
+        from .writeback import compute_edit
 
-        if self.plans is not None:
-            return compute_plan_edit(path, self.plans, self.result.pools, allow_estimated=allow_estimated,
-                                     write_schedule=write_schedule, spot=self.result.spot, write_spot=write_spot)
-        return compute_packing_edit(path, self.result, allow_estimated, write_schedule, write_spot)
+        return compute_edit(path, self.pools(), self.unserved(), allow_estimated, write_schedule, self.result.spot,
+                            write_spot)
 
     def baseline(self, config_path: str, cfg: Any, written: str) -> tuple[Path, str]:
         """(path, text) of the drift baseline for the config as written (`cfg`)."""
@@ -393,10 +391,10 @@ class Planned:
         return drift.baseline_path(config_path), json.dumps(doc, indent=1) + "\n"
 
     def write_notes(self, cfg: Any) -> list[str]:
-        """Notes on the config as written (one model: what the target means for consumers' concurrency limits)."""
+        """Notes on the config as written: what each pool's target means for consumers' concurrency limits."""
         from .writeback import throttling_notes
 
-        return throttling_notes(cfg, self.result.pools) if self.plans is not None else []
+        return throttling_notes(cfg, self.pools())
 
 
 def plan_fleet(opts: PlanOptions, max_copies: int | None = None) -> Planned:

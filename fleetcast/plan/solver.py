@@ -86,7 +86,7 @@ class PlanContext:
     default_min_instances: int = 1
     model_id: str | None = None
     model_family: ModelFamily | None = None
-    kv_cache_dtype: str = "auto"  # the config's engine.kv_cache_dtype
+    kv_cache_dtype: str = "auto"  # the model's KV-cache dtype (fleet engine <- models[].engine: packing.model_engine)
     # Instances already paid for (On-Demand Capacity Reservations): (instance type, region) -> count. A plan
     # pays only for the instances above them; the reservation itself is paid whatever the plan picks.
     reserved: dict[tuple[str, str], int] = field(default_factory=dict)
@@ -141,6 +141,39 @@ class PoolDay:
 
     def capacity(self) -> tuple[int, int, int]:
         return capacity_bounds(self.instances_by_hour)
+
+
+@dataclass(frozen=True)
+class Served:
+    """One model's processes on each instance of a planned pool."""
+
+    model: str  # "" for a plan without a config whose results name no model
+    precision: str
+    copies: int = 1
+    kv_cache_gb: float | None = None  # each copy's KV budget as written; None: the engine's fraction
+
+
+@dataclass(frozen=True)
+class PlannedPool:
+    """What a planned pool asks of the config, whatever planned it (one model is a packing of one): what the
+    re-plan check compares, the report promises and --write-config writes."""
+
+    region: str
+    consumer_regions: tuple[str, ...]
+    instance_type: str
+    label: str  # as the report and the Spot advice name it
+    cost_text: str
+    serves: tuple[Served, ...]
+    instances_by_hour: tuple[int, ...]
+    target: float
+    estimated: bool = False
+    backend: str | None = None  # the results' backend, for a plan without a config
+    packed: bool = False  # from the packing search: its models' precisions go to models[].engine, copies to serves
+
+    @property
+    def capacity(self) -> tuple[int, int]:
+        lo, _, hi = capacity_bounds(list(self.instances_by_hour))
+        return lo, hi
 
 
 @dataclass
@@ -682,6 +715,13 @@ class FleetPool:
     def joined(self) -> list[tuple[RegionPlan, Evaluation]]:
         """Members served here rather than by their own plan's choice."""
         return [(plan, ev) for plan, ev in self.members if ev is not plan.winner]
+
+    def planned(self) -> PlannedPool:
+        cand = self.evaluation.candidate
+        return PlannedPool(self.service_region, tuple(self.consumer_regions), cand.instance_type, self.candidate,
+                           f"${self.evaluation.cost_per_hour:.2f}/h, ${self.evaluation.usd_per_m_output:.3f} per 1M "
+                           "output tokens", (Served(cand.model or "", cand.precision),), tuple(self.instances_by_hour),
+                           float(self.target), cand.estimated, cand.backend)
 
 
 @dataclass

@@ -11,9 +11,8 @@ from fleetcast.contract.errors import UserError
 from fleetcast.plan.estimate import MODEL_SHAPES, Estimator, estimate_specs, ideal
 from fleetcast.plan.inputs import load_candidates
 from fleetcast.plan.run import PlanOptions, build_plan
-from fleetcast.plan.writeback import apply_plan
 
-from .conftest import ROOT, SEED
+from .conftest import ROOT, SEED, write_plan
 
 
 @pytest.fixture(scope="module")
@@ -84,7 +83,7 @@ def test_write_config_refuses_an_estimated_choice(tmp_path):
     assert plans[0].winner.candidate.estimated        # the only feasible candidate in Seoul
     before = fleet.read_text()
     with pytest.raises(UserError, match="is estimated, not measured; benchmark it first"):
-        apply_plan(fleet, plans, result.pools)
+        write_plan(fleet, result, plans)
     assert fleet.read_text() == before
 
 
