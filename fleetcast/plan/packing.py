@@ -46,6 +46,7 @@ from .solver import (
     PlannedPool,
     PoolDay,
     Served,
+    Sizing,
     Slo,
     fixed_by_hour,
     floor_tenth,
@@ -368,6 +369,11 @@ class ModelLoad:
         return [math.ceil(n / self.copies) for n in self.processes_by_hour]
 
     @property
+    def limits(self) -> Limits:
+        """Its SLOs in-region: P99 TTFT less its consumers' network."""
+        return Limits(self.slo.ttft_p99_ms - self.network_ms, self.slo.itl_p99_ms, self.slo.error_rate)
+
+    @property
     def kv_cache_gb(self) -> float | None:
         """Each copy's KV budget as `--write-config` writes it and the report shows it (kv_gib_written)."""
         return None if self.kv_gib is None else kv_gib_written(self.kv_gib)
@@ -435,6 +441,15 @@ class PackingEval(PoolDay):
                 use = max(use, worst[0] / m.slo.ttft_p99_ms, worst[1] / m.slo.itl_p99_ms)
         return use
 
+    def planned(self) -> PlannedPool:
+        cache: dict = {}
+        serves = tuple(Served(m.model, m.precision, m.copies, m.kv_cache_gb, Sizing(
+            _models_of(cache, m.curve), (m.traffic,), m.limits, m.network_ms,
+            tuple(n * m.copies for n in self.instances_by_hour), tuple(m.processes_by_hour), tuple(m.predictions),
+            m.provenance == "synthetic", m.source)) for m in self.loads)
+        return PlannedPool(self.region, (self.region,), self.instance_type, self.label, f"${self.cost_per_hour:.2f}/h",
+                           serves, tuple(self.instances_by_hour), scaling_target(self), self.estimated, packed=True)
+
     def rank_key(self) -> tuple:
         # Ties on cost (floors often decide it): fewer instance-hours, fewer processes (less memory and
         # interference), then the most headroom under the SLOs.
@@ -474,7 +489,7 @@ def size_packing(ev: PackingEval, ctx: PlanContext, n_min: int, cache: dict) -> 
     hours = range(24)
     for load in ev.loads:
         model = _models_of(cache, load.curve)
-        limits = Limits(load.slo.ttft_p99_ms - load.network_ms, load.slo.itl_p99_ms, load.slo.error_rate)
+        limits = load.limits
         needed = processes_by_hour(model, load.traffic, limits)
         load.processes_by_hour = []
         for sized in needed:
@@ -540,14 +555,6 @@ class RegionPacking:
     alternatives: list[Alternative] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     not_offered: list[str] = field(default_factory=list)  # instance types with results not offered in the region
-
-    def planned(self) -> PlannedPool | None:
-        w = self.winner
-        if w is None:
-            return None
-        return PlannedPool(self.region, (self.region,), w.instance_type, w.label, f"${w.cost_per_hour:.2f}/h",
-                           tuple(Served(m.model, m.precision, m.copies, m.kv_cache_gb) for m in w.loads),
-                           tuple(w.instances_by_hour), scaling_target(w), w.estimated, packed=True)
 
     def unpacked(self) -> list[str]:
         """With no packing chosen: what not packing would cost, as computed (none when some model has no choice)."""
@@ -866,7 +873,7 @@ def baseline_document(result: PackingPlan, ctx: PlanContext, config_pools: dict[
             continue
         models = []
         for m in w.loads:
-            limits = Limits(m.slo.ttft_p99_ms - m.network_ms, m.slo.itl_p99_ms, m.slo.error_rate)
+            limits = m.limits
             safe = max_safe_rate(_models_of(cache, m.curve), m.traffic.output_mean, limits)
             rates, bursts = m.traffic.hourly_rps(), m.traffic.hourly_burstiness()
             busiest = max((b for r, b in zip(rates, bursts) if r > 0), default=1.0)
@@ -903,7 +910,7 @@ def scaling_target(ev: PackingEval) -> float:
     for m in ev.loads:
         model = _models_of(cache, m.curve)
         safe = max_safe_rate(model, m.traffic.output_mean,
-                             Limits(m.slo.ttft_p99_ms - m.network_ms, m.slo.itl_p99_ms, m.slo.error_rate))
+                             m.limits)
         if safe is not None:
             parts.append(TargetPart(model, m.traffic.output_mean, safe[0], m.copies, tuple(m.traffic.hourly_rps()),
                                     tuple(m.traffic.hourly_burstiness())))

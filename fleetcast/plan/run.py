@@ -330,8 +330,8 @@ class Planned:
     def pools(self) -> list[PlannedPool]:
         """The planned pools, one per provider region used (a packing plan: one per region with a choice)."""
         if self.plans is not None:
-            return [p.planned() for p in self.result.pools]
-        return [p for r in self.result.regions if (p := r.planned()) is not None]
+            return [p.planned(self.ctx) for p in self.result.pools]
+        return [r.winner.planned() for r in self.result.regions if r.winner is not None]
 
     def promise_writes(self, cfg: Any, allow_estimated: bool) -> None:
         """What --write-config will do, for the report: its refusals and notes."""
@@ -354,13 +354,30 @@ class Planned:
 
     def simulate(self, seed: int, candidates: list[str] | None, max_groups: int | None,
                  report: Path | None) -> tuple[list[str], bool]:
-        from .simulate import simulate_packing, simulate_plan
+        """The planned pools (or the candidates named, by label as the report writes them) by simulation."""
+        from .simulate import simulate_pools
+
+        pools = [p for label in candidates for p in self.candidate_pools(label)] if candidates else self.pools()
+        notes = [] if candidates or self.plans is not None else \
+            [f"{region}: no packing chosen; nothing to simulate" for region in self.unserved()]
+        return simulate_pools(pools, self.ctx, self.plans is None, seed, max_groups, report, notes, bool(candidates))
+
+    def candidate_pools(self, label: str) -> list[PlannedPool]:
+        """Each consumer region's best evaluation labelled `label`, as a pool serving that region alone."""
+        from .solver import one_model_pool
 
         if self.plans is not None:
-            return simulate_plan(self.plans, self.result.pools, self.ctx, seed=seed, candidates=candidates,
-                                 max_groups=max_groups, report=report)
-        return simulate_packing(self.result, self.ctx, seed=seed, max_groups=max_groups, report=report,
-                                candidates=candidates)
+            best = [(p.traffic, next((e for e in p.ranked if e.candidate.label == label), None)) for p in self.plans]
+            found = [one_model_pool([(t, ev)], self.ctx, ev.instances_by_hour, ev.target, ev.needed_by_hour,
+                                    ev.predictions) for t, ev in best if ev is not None]
+            known = {e.candidate.label for p in self.plans for e in p.ranked}
+        else:
+            found = [e.planned() for r in self.result.regions for e in r.ranked if e.label == label]
+            known = {e.label for r in self.result.regions for e in r.ranked}
+        if not found:
+            raise UserError(f"--candidate {label!r}: not a feasible {'candidate' if self.plans else 'packing'} of "
+                            f"this plan; one of: {'; '.join(sorted(known))}")
+        return found
 
     def edit(self, path: str, allow_estimated: bool, write_schedule: bool, write_spot: bool) -> Any:
         """The config at `path` with this plan written in, validated (writeback.ConfigEdit); writes nothing."""

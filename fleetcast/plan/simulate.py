@@ -661,45 +661,46 @@ def simulate(targets: list[SimTarget], header: str, what: str, seed: int = 7, ma
     return synthetic_line(any(t.synthetic for t in targets)) + out, ok and not any(h for _, h in misses)
 
 
-def simulate_plan(plans, pools, ctx, seed: int = 7, candidates: list[str] | None = None,
-                  max_groups: int | None = None, report: Path | None = None) -> tuple[list[str], bool]:
-    """A one-model plan's pools (or the named candidates, per consumer region) by simulation."""
+def simulate_pools(pools: list, ctx, packed: bool, seed: int = 7, max_groups: int | None = None,
+                   report: Path | None = None, notes: list[str] | None = None,
+                   named: bool = False) -> tuple[list[str], bool]:
+    """Planned pools (solver.PlannedPool, one model or a packing) by simulation: per pool and model, that model's
+    planned processes (the pool's instances x its copies) each batch continuously on the curve the planner used for
+    it (in a packing the co-located one where measured, else the solo curve stretched by the interference rule),
+    its consumers' arrivals spread at random over them (the NLB over instances, the gateway over copies). Per
+    model and distinct hour: its P99s at the planned processes and the fewest processes meeting its SLOs, against
+    the planner's; a packed pool's instance count is the largest over its models of processes / copies. `named`:
+    the pools are candidates named by --candidate (one sized from a histogram is then refused, not skipped)."""
     from fleetcast.contract.errors import UserError
 
-    from .solver import _limits
-
-    def target(title: str, ev, members: list, network: float, planned: list[int], needed: list[int],
-               predictions: list) -> SimTarget:
-        return SimTarget(title, title, ctx.model(ev.candidate), members, _limits(ctx, network), planned, needed,
-                         predictions, network, ev.candidate.provenance == "synthetic", picture=_slug(title))
-
     targets: list[SimTarget] = []
-    notes: list[str] = []
-    for label in candidates or []:
-        found = [(plan, next(e for e in plan.ranked if e.candidate.label == label)) for plan in plans
-                 if any(e.candidate.label == label for e in plan.ranked)]
-        if not found:
-            known = sorted({e.candidate.label for p in plans for e in p.ranked})
-            raise UserError(f"--candidate {label!r}: not a feasible candidate of this plan; one of: {', '.join(known)}")
-        for plan, ev in found:
-            if not ev.arrival_driven:
-                raise UserError(f"--candidate {label}: {plan.traffic.region}'s profile has no arrivals to "
-                                "simulate (a concurrency histogram only); add burstiness to it")
-            t = plan.traffic
-            targets.append(target(f"{ev.label} serving {t.region}", ev,
-                                  [(t.hourly_rps(), t.hourly_burstiness(), t.output_tokens)], ev.network_ms,
-                                  ev.instances_by_hour, ev.needed_by_hour, ev.predictions))
-    for pool in [] if candidates else pools:
-        evs = [ev for _, ev in pool.members]
-        if not all(ev.arrival_driven for ev in evs):
-            notes.append(f"{pool.candidate} @ {pool.service_region}: sized from a concurrency histogram, not from "
-                         "arrivals; nothing to check (add burstiness to the profile)")
-            continue
-        members = [(p.traffic.hourly_rps(), p.traffic.hourly_burstiness(), p.traffic.output_tokens)
-                   for p, _ in pool.members]
-        targets.append(target(f"{pool.candidate} @ {pool.service_region} serving {', '.join(pool.consumer_regions)}",
-                              evs[0], members, max(ev.network_ms for ev in evs), pool.instances_by_hour,
-                              pool.needed_by_hour, pool.predictions))
+    notes = list(notes or [])
+    for pool in pools:
+        for s in pool.serves:
+            z = s.sizing
+            members = [(t.hourly_rps(), t.hourly_burstiness(), t.output_tokens) for t in z.members]
+            if not z.arrival_driven:
+                if named:
+                    raise UserError(f"--candidate {pool.label}: {', '.join(pool.consumer_regions)}'s profile has no "
+                                    "arrivals to simulate (a concurrency histogram only); add burstiness to it")
+                notes.append(f"{pool.label} @ {pool.region}: sized from a concurrency histogram, not from arrivals; "
+                             "nothing to check (add burstiness to the profile)")
+                continue
+            if not pool.packed:
+                title = f"{pool.label} @ {pool.region} serving {', '.join(pool.consumer_regions)}"
+                targets.append(SimTarget(title, title, z.service, members, z.limits, list(z.processes), list(z.needed),
+                                         list(z.predictions), z.network_ms, z.synthetic, picture=_slug(title)))
+                continue
+            title = f"{pool.instance_type} @ {pool.region}: {s.model} {s.precision} x{s.copies} [{z.source}]"
+            targets.append(SimTarget(
+                f"{title} (counts are its processes: instances x {s.copies})", f"{s.model} ({pool.region})", z.service,
+                members, z.limits, list(z.processes), list(z.needed), list(z.predictions), z.network_ms, z.synthetic,
+                s.copies, (pool.region, list(pool.instances_by_hour), ctx.n_min(pool.region)), f"{s.model} processes",
+                _slug(f"{pool.instance_type} @ {pool.region} {s.model}")))
+    if packed:
+        return simulate(targets, "random routing over each model's processes, continuous batching per that model's "
+                        "curve in the packing", "per model: P99 TTFT incl. network, P99 ITL at the planned processes; "
+                        "process count within 10% or one process", seed, max_groups, report, notes)
     return simulate(targets, "random routing, continuous batching per the measured curve",
                     "P99 TTFT incl. network, P99 ITL at the planned count; instance count within 10% or one instance",
                     seed, max_groups, report, notes)
@@ -770,47 +771,3 @@ def write_day_plot(title: str, planned: list[int], needed: list[int], checks: li
     fig.savefig(path, dpi=110, bbox_inches="tight")
     plt.close(fig)
     return path
-
-
-def simulate_packing(result, ctx, seed: int = 7, max_groups: int | None = None,
-                     report: Path | None = None, candidates: list[str] | None = None) -> tuple[list[str], bool]:
-    """A packing plan (fleetcast/plan/packing.py) by simulation: per region and model, the model's N_h x copies
-    processes each batch continuously on that model's own curve in the packing (the co-located one where measured:
-    the GPU shared as it was measured; else the solo curve stretched by the interference rule, as the planner used
-    it), arrivals spread at random over them (the NLB over instances, the gateway over copies). Per model and
-    distinct hour: its P99s at the planned processes and the fewest processes meeting its SLOs, against the
-    planner's; the pool's instance count is the largest over the models of processes / copies. `candidates`:
-    packings by label (as the report writes them) instead of each region's choice."""
-    from fleetcast.contract.errors import UserError
-
-    from .packing import _models_of
-
-    chosen = []  # (region's plan, the packing to simulate)
-    for label in candidates or []:
-        found = [(plan, e) for plan in result.regions for e in plan.ranked if e.label == label]
-        if not found:
-            known = sorted({e.label for plan in result.regions for e in plan.ranked})
-            raise UserError(f"--candidate {label!r}: not a feasible packing of this plan; one of: {'; '.join(known)}")
-        chosen += found
-    if not candidates:
-        chosen = [(plan, plan.winner) for plan in result.regions]
-    cache: dict = {}
-    targets: list[SimTarget] = []
-    notes: list[str] = []
-    for plan, w in chosen:
-        if w is None:
-            notes.append(f"{plan.region}: no packing chosen; nothing to simulate")
-            continue
-        for m in w.loads:
-            t = m.traffic
-            title = f"{w.instance_type} @ {plan.region}: {m.model} {m.precision} x{m.copies} [{m.source}]"
-            targets.append(SimTarget(
-                f"{title} (counts are its processes: instances x {m.copies})", f"{m.model} ({plan.region})",
-                _models_of(cache, m.curve), [(t.hourly_rps(), t.hourly_burstiness(), t.output_tokens)],
-                Limits(m.slo.ttft_p99_ms - m.network_ms, m.slo.itl_p99_ms, m.slo.error_rate),
-                [n * m.copies for n in w.instances_by_hour], list(m.processes_by_hour), m.predictions, m.network_ms,
-                m.provenance == "synthetic", m.copies, (plan.region, w.instances_by_hour, ctx.n_min(plan.region)),
-                f"{m.model} processes", _slug(f"{w.instance_type} @ {plan.region} {m.model}")))
-    return simulate(targets, "random routing over each model's processes, continuous batching per that model's curve "
-                    "in the packing", "per model: P99 TTFT incl. network, P99 ITL at the planned processes; process "
-                    "count within 10% or one process", seed, max_groups, report, notes)

@@ -144,6 +144,22 @@ class PoolDay:
 
 
 @dataclass(frozen=True)
+class Sizing:
+    """How the planner sized one model's processes on a pool, as `plan simulate` checks it."""
+
+    service: ServiceModel
+    members: tuple[ConsumerTraffic, ...]  # the traffic those processes serve, one entry per consumer region
+    limits: Limits  # in-region: the SLOs less the farthest member's network
+    network_ms: float
+    processes: tuple[int, ...]  # planned per UTC hour (instances x copies)
+    needed: tuple[int, ...]  # what the SLOs need, before the floor
+    predictions: tuple[Prediction | None, ...]
+    synthetic: bool
+    source: str
+    arrival_driven: bool = True  # False: sized from an in-flight histogram, which has no arrivals to simulate
+
+
+@dataclass(frozen=True)
 class Served:
     """One model's processes on each instance of a planned pool."""
 
@@ -151,6 +167,7 @@ class Served:
     precision: str
     copies: int = 1
     kv_cache_gb: float | None = None  # each copy's KV budget as written; None: the engine's fraction
+    sizing: Sizing | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True)
@@ -716,12 +733,24 @@ class FleetPool:
         """Members served here rather than by their own plan's choice."""
         return [(plan, ev) for plan, ev in self.members if ev is not plan.winner]
 
-    def planned(self) -> PlannedPool:
-        cand = self.evaluation.candidate
-        return PlannedPool(self.service_region, tuple(self.consumer_regions), cand.instance_type, self.candidate,
-                           f"${self.evaluation.cost_per_hour:.2f}/h, ${self.evaluation.usd_per_m_output:.3f} per 1M "
-                           "output tokens", (Served(cand.model or "", cand.precision),), tuple(self.instances_by_hour),
-                           float(self.target), cand.estimated, cand.backend)
+    def planned(self, ctx: PlanContext) -> PlannedPool:
+        return one_model_pool([(plan.traffic, ev) for plan, ev in self.members], ctx, self.instances_by_hour,
+                              self.target, self.needed_by_hour, self.predictions)
+
+
+def one_model_pool(members: list[tuple[ConsumerTraffic, Evaluation]], ctx: PlanContext, instances: list[int],
+                   target: float, needed: list[int], predictions: list[Prediction | None]) -> PlannedPool:
+    """A pool of one model (the evaluation of its first member's candidate) serving these consumer regions."""
+    ev = members[0][1]
+    cand = ev.candidate
+    network = max(e.network_ms for _, e in members)
+    sizing = Sizing(ctx.model(cand), tuple(t for t, _ in members), _limits(ctx, network), network, tuple(instances),
+                    tuple(needed), tuple(predictions), cand.provenance == "synthetic", cand.source,
+                    all(e.arrival_driven for _, e in members))
+    return PlannedPool(ev.service_region, tuple(t.region for t, _ in members), cand.instance_type, cand.label,
+                       f"${ev.cost_per_hour:.2f}/h, ${ev.usd_per_m_output:.3f} per 1M output tokens",
+                       (Served(cand.model or "", cand.precision, sizing=sizing),), tuple(instances), float(target),
+                       cand.estimated, cand.backend)
 
 
 @dataclass

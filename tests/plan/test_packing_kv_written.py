@@ -46,7 +46,7 @@ def test_the_written_budget_is_the_one_measured(tmp_path):
         m.kv_gib = int(2.3 * GIB) / GIB
     fleet = tmp_path / "fleet.yaml"
     fleet.write_text((EXAMPLE / "fleet.yaml").read_text())
-    write_plan(fleet, result, allow_estimated=True)
+    write_plan(fleet, result, None, allow_estimated=True)
     (pool,) = load_config(fleet).regions[0].pools
     assert [s.kv_cache_gb for s in pool.serves] == [2.3] * len(winner.loads)
 
@@ -59,7 +59,7 @@ def test_the_report_shows_the_budget_the_config_gets(tmp_path):
     column = header.index("KV GiB each")
     fleet = tmp_path / "fleet.yaml"
     fleet.write_text((EXAMPLE / "fleet.yaml").read_text())
-    write_plan(fleet, result, allow_estimated=True)
+    write_plan(fleet, result, None, allow_estimated=True)
     (pool,) = load_config(fleet).regions[0].pools
     assert [row[column] for row in rows] == [f"{s.kv_cache_gb:.1f}" for s in pool.serves]
 
@@ -79,6 +79,6 @@ def test_the_written_scaling_target_is_the_plans_on_the_tenth_grid(tmp_path):
     assert target == floor_tenth(target) and target >= 1
     fleet = tmp_path / "fleet.yaml"
     fleet.write_text((EXAMPLE / "fleet.yaml").read_text())
-    write_plan(fleet, result, allow_estimated=True)
+    write_plan(fleet, result, None, allow_estimated=True)
     (pool,) = load_config(fleet).regions[0].pools
     assert pool.scaling.target == target
