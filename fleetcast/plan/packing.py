@@ -75,6 +75,7 @@ SPARSE_ITL_GAP = "which ran 4-12% below the simulation's P99 ITL on the H200 exa
 MEASURED_COLOCATED = "measured (co-located)"
 MEASURED_ALONE = "measured (one process)"
 ESTIMATED = "estimated (solo curves)"
+ROOFLINE = "estimated (roofline model)"  # --estimate: a curve no bench run backs (fleetcast/plan/estimate.py)
 
 
 # ---------------------------------------------------------------- curves per model
@@ -182,7 +183,8 @@ def curves_text(curves: list[ModelCurve]) -> str:
     """What backs the curves, counted: e.g. '6 synthetic solo curve(s), 2 measured co-located curve(s)'."""
     counts: dict[str, int] = {}
     for c in curves:
-        what = ("synthetic" if c.candidate.provenance == "synthetic" else "measured") + \
+        what = ("estimated (roofline)" if c.candidate.estimated else
+                "synthetic" if c.candidate.provenance == "synthetic" else "measured") + \
             (" co-located" if c.colocated else " solo") + \
             (" (reference backend, lab machine)" if c.candidate.backend == "reference" else "")
         counts[what] = counts.get(what, 0) + 1
@@ -406,7 +408,7 @@ class PackingEval(PoolDay):
 
     @property
     def estimated(self) -> bool:
-        return any(m.source == ESTIMATED for m in self.loads)
+        return any(m.source in (ESTIMATED, ROOFLINE) for m in self.loads)
 
     @property
     def synthetic(self) -> bool:
@@ -415,7 +417,7 @@ class PackingEval(PoolDay):
     @property
     def source(self) -> str:
         if self.estimated:
-            return ESTIMATED
+            return ROOFLINE if any(m.source == ROOFLINE for m in self.loads) else ESTIMATED
         if any(m.source == MEASURED_COLOCATED for m in self.loads):
             return MEASURED_COLOCATED
         return self.loads[0].source if self.loads else "measured"
@@ -458,6 +460,8 @@ class PackingEval(PoolDay):
 
 
 def _source_of(mc: ModelCurve, processes: int) -> str:
+    if mc.candidate.estimated:
+        return ROOFLINE
     base = "synthetic (authored data, not measured)" if mc.candidate.provenance == "synthetic" else None
     if mc.colocated:
         return base or MEASURED_COLOCATED
@@ -710,7 +714,9 @@ def _plan_region(cfg, curves, region, entries, ctx, fleet_slo, max_copies, famil
             if ev is not None:
                 evaluations.append(ev)
     ranked = sorted((e for e in evaluations if e.feasible), key=PackingEval.rank_key)
-    winner = next((e for e in ranked if not e.estimated), ranked[0] if ranked else None)
+    # Measured first; else an estimate from measured solo curves before a roofline one (--estimate).
+    winner = next((e for e in ranked if not e.estimated), None) or \
+        next((e for e in ranked if e.source != ROOFLINE), ranked[0] if ranked else None)
     if winner is not None and winner.estimated:
         notes.append(f"no packing with measured curves meets every SLO: the choice {winner.label} is ESTIMATED "
                      "(solo curves); measure it co-located (fleetcast bench run --model-mix) before deploying")
@@ -808,7 +814,7 @@ def _evaluate(cfg, curves, instance_type, region, entries, combo, ctx, fleet_slo
     # which needs fewer instances than the stretched curves will, so it overstates the peers' load).
     pre = size_packing(PackingEval(instance_type, region, first, memory), ctx, n_min, cache)
     if not pre.feasible:
-        pre.loads = [replace(ld, source=ESTIMATED) if not as_measured(pk[4], pk[5]) else ld
+        pre.loads = [replace(ld, source=_stretched(pk[5])) if not as_measured(pk[4], pk[5]) else ld
                      for ld, pk in zip(pre.loads, picked)]
         return pre
     adds = [peer_steps(ld, pre.instances_by_hour, cache) for ld in first]
@@ -821,8 +827,14 @@ def _evaluate(cfg, curves, instance_type, region, entries, combo, ctx, fleet_slo
         key_est = ("est", id(solo), round(others, 3))
         if key_est not in cache:
             cache[key_est] = colocated_estimate(solo.candidate.curve, lambda _c, x=others: x)
-        loads.append(replace(load_of(t, model, prec, copies, solo, cache[key_est], ESTIMATED), peer_step_ms=others))
+        loads.append(replace(load_of(t, model, prec, copies, solo, cache[key_est], _stretched(solo)),
+                             peer_step_ms=others))
     return size_packing(PackingEval(instance_type, region, loads, memory), ctx, n_min, cache)
+
+
+def _stretched(solo: ModelCurve) -> str:
+    """The source of a solo curve under the interference rule: still a roofline estimate where it was one."""
+    return ROOFLINE if solo.candidate.estimated else ESTIMATED
 
 
 def _alternatives(cfg, curves, region, entries, ctx, fleet_slo, families, cache) -> list[Alternative]:

@@ -234,9 +234,6 @@ def build_packing(opts: PlanOptions, max_copies: int | None = None):
 
     from . import packing
 
-    if opts.estimate:
-        raise UserError("--estimate: the roofline estimate covers one-model fleets; a fleet of several models is "
-                        "planned from bench results (solo or co-located) only")
     cfg = load_config(opts.config)
     slo = Slo(
         ttft_p99_ms=opts.ttft_p99_ms if opts.ttft_p99_ms is not None else cfg.slo.ttft_p99_ms,
@@ -251,6 +248,8 @@ def build_packing(opts: PlanOptions, max_copies: int | None = None):
     warnings = consumerless_regions(cfg, traffic)
     for mc in curves:
         warnings += [f"{mc.model} on {mc.candidate.label}: {n}" for n in mc.candidate.curve.notes]
+    estimators = _estimate_per_model(opts.estimate, cfg, curves, traffic) if opts.estimate else []
+    curves += [c for _, estimated in estimators for c in estimated]
     prices, availability, latency, fixed, quality = _tables(
         opts, sorted({c.instance_type for c in curves}), [c.region for c in traffic.consumers], warnings)
     unknown = sorted({r.model for r in quality.results if r.model and r.model not in models}) if quality else []
@@ -296,8 +295,24 @@ def build_packing(opts: PlanOptions, max_copies: int | None = None):
         f"network latency as of {latency.as_of} ({latency.source})",
         f"fixed costs as of {fixed.as_of}",
         f"results: {packing.curves_text(curves)}",
-    ]
+    ] + [f"estimates: {text}" for text, _ in estimators]
     return result, ctx, cfg
+
+
+def _estimate_per_model(specs: list[str], cfg: Any, curves: list[Any], traffic: TrafficProfile) -> list[tuple[str, list]]:
+    """--estimate for a fleet of several models: per model, roofline curves for the specs, calibrated on that model's
+    solo curves (estimate.estimate_specs) at its traffic's lengths. Returns (what the estimator rests on, its
+    curves as packing.ModelCurve) per model."""
+    from .packing import ModelCurve
+
+    out = []
+    for model in cfg.models:
+        measured = [c.candidate for c in curves if c.model == model.id and c.packing is None]
+        entries = [t for t in traffic.consumers if t.model == model.id] or traffic.consumers
+        estimated, estimator = estimate_specs(specs, measured, model.id, model.family, entries[0].input_mean,
+                                              entries[0].output_mean)
+        out.append((f"{model.id}: {estimator.describe()}", [ModelCurve(model.id, c) for c in estimated]))
+    return out
 
 
 @dataclass

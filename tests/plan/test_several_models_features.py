@@ -112,3 +112,19 @@ def test_spot_advice_is_per_packed_pool_with_its_processes_drained_together(tmp_
     written, out = _written(tmp_path, capsys, "--write-spot")
     assert written.spot is not None and written.on_demand_base == 1
     assert "Spot tier (docs/plan.md#spot; a packing's processes are drained together):" in out
+
+
+def test_estimate_adds_roofline_curves_per_model_labelled_and_never_chosen_over_the_solo_curves(plain):
+    """--estimate g5.xlarge on the example: per model, a roofline estimator calibrated on that model's own solo
+    curves (data notes name each), every g5.xlarge packing labelled "estimated (roofline model)", and the choice
+    stays the packing of the curves given. Before, --estimate was refused for a fleet of several models."""
+    from fleetcast.plan.packing import ROOFLINE
+
+    result = _plan(estimate=["g5.xlarge"])
+    (region,) = result.regions
+    assert region.winner.label == plain.regions[0].winner.label
+    g5 = [e for e in region.evaluations if e.instance_type == "g5.xlarge"]
+    assert g5 and all(e.estimated and e.source == ROOFLINE for e in g5 if e.loads)
+    notes = [n for n in result.data_notes if n.startswith("estimates: ")]
+    assert [n.split(":")[1].strip() for n in notes] == ["gpt2-xl", "qwen2.5-0.5b", "qwen2.5-3b"]
+    assert all("roofline calibrated on" in n for n in notes)
