@@ -12,12 +12,16 @@ Any finding: exit 3 (EXIT_REFUSED); none: 0.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from fleetcast.contract.errors import UserError
 
 from .drift import DEFAULT_THRESHOLD, Finding, Observation, check_pool
 from .solver import PlannedPool
 from .traffic import ConsumerTraffic
+
+if TYPE_CHECKING:
+    from fleetcast.config.model import FleetConfig
 
 
 def _relative(old: float, new: float) -> float:
@@ -26,7 +30,7 @@ def _relative(old: float, new: float) -> float:
     return abs(new - old) / max(abs(old), 1e-9)
 
 
-def replan_findings(cfg, pools: list[PlannedPool], threshold: float) -> list[Finding]:
+def replan_findings(cfg: FleetConfig, pools: list[PlannedPool], threshold: float) -> list[Finding]:
     """Planned pools against the config's pools they would be written to: the instance type, each model's
     precision (and copies, where the pool serves several), the capacity bounds and the scaling target."""
     from .writeback import pool_for
@@ -114,7 +118,7 @@ def observation(consumers: list[ConsumerTraffic], regions: list[str]) -> Observa
     return obs
 
 
-def baseline_findings(baseline: dict, consumers: list[ConsumerTraffic], threshold: float,
+def baseline_findings(baseline: dict[str, Any], consumers: list[ConsumerTraffic], threshold: float,
                       cost_threshold: float) -> list[Finding]:
     findings = []
     for base in baseline["pools"]:
@@ -133,7 +137,7 @@ def baseline_findings(baseline: dict, consumers: list[ConsumerTraffic], threshol
     return findings
 
 
-def drift_settings(cfg, threshold: float | None) -> float:
+def drift_settings(cfg: Any, threshold: float | None) -> float:
     """--threshold, else the config's operations.plan_drift_check.threshold, else the default."""
     if threshold is not None:
         return threshold

@@ -28,16 +28,17 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from fleetcast.config import catalog
-from fleetcast.config.memory import GIB, PoolMemory, plan_pool
+from fleetcast.config.memory import PoolMemory, plan_pool
 from fleetcast.config.model import EngineOverride, Serve
 from fleetcast.contract import support
 from fleetcast.contract.errors import UserError
-from fleetcast.contract.serving import MAX_PROCESSES
+from fleetcast.contract.serving import GIB, MAX_PROCESSES
 
 from .curves import Candidate, Curve
 from .queueing import Limits, Prediction, ServiceModel, Stream, model_for, occupancy, predict
@@ -56,7 +57,12 @@ from .solver import (
 from .traffic import ConsumerTraffic, TrafficProfile
 
 if TYPE_CHECKING:
-    from .spot import SpotPool
+    from fleetcast.config.model import EngineSpec, FleetConfig
+
+    from .spot import SpotAdvice, SpotPool
+
+# What one plan's search shares between packings: service models by curve, estimated curves, the lab machines.
+Cache = dict[Any, Any]
 
 # Copies per model the search tries by default: two processes busy at once time-slice one GPU (no MPS), so
 # a second copy adds queue slots, not throughput (docs/runtime.md, "Latency when both are busy").
@@ -112,7 +118,7 @@ class ModelCurve:
         return self.packing is not None and self.peers_busy and sum(c for _, c in self.packing) > 1
 
 
-def _packing_key(results) -> tuple[tuple[str, int], ...] | None:
+def _packing_key(results: Any) -> tuple[tuple[str, int], ...] | None:
     packing = getattr(results, "packing", None)
     if packing is None:
         return None
@@ -121,7 +127,7 @@ def _packing_key(results) -> tuple[tuple[str, int], ...] | None:
     return tuple(sorted(rows))
 
 
-def _packing_precisions(path, results) -> tuple[tuple[str, str], ...] | None:
+def _packing_precisions(path: str | Path, results: Any) -> tuple[tuple[str, str], ...] | None:
     """Each packed model's precision as the file records it (bench results revision 5); a model it does not
     record ran at the file's labels.precision (before revision 5 one label covered the whole run)."""
     packing = getattr(results, "packing", None)
@@ -135,7 +141,7 @@ def _packing_precisions(path, results) -> tuple[tuple[str, str], ...] | None:
     return tuple(sorted((s.model, s.precision or own) for s in packing.serves))
 
 
-def _packing_kv(results) -> dict[str, float] | None:
+def _packing_kv(results: Any) -> dict[str, float] | None:
     packing = getattr(results, "packing", None)
     if packing is None:
         return None
@@ -143,14 +149,14 @@ def _packing_kv(results) -> dict[str, float] | None:
     return kv if len(kv) == len(packing.serves) else None
 
 
-def _peers_busy(results) -> bool:
+def _peers_busy(results: Any) -> bool:
     """Every run recorded its peers' load and every peer was busy (Run.peers: {model: concurrency})."""
     runs = list(results.runs)
-    peers = [getattr(r, "peers", None) for r in runs]
+    peers: list[Any] = [getattr(r, "peers", None) for r in runs]
     return bool(runs) and all(p for p in peers) and all(v and v > 0 for p in peers for v in p.values())
 
 
-def load_model_curves(paths: list[str], models: tuple[str, ...], lab: dict[str, str] | None = None) -> list[ModelCurve]:
+def load_model_curves(paths: Sequence[str | Path], models: tuple[str, ...], lab: dict[str, str] | None = None) -> list[ModelCurve]:
     """One ModelCurve per (instance type, precision, model, packing, peers busy) in the results files.
 
     Each group goes through the one-model loader (inputs.load_candidates: the same refusals, merging and
@@ -160,7 +166,7 @@ def load_model_curves(paths: list[str], models: tuple[str, ...], lab: dict[str, 
 
     from .inputs import load_candidates
 
-    groups: dict[tuple, list[str]] = {}
+    groups: dict[tuple[Any, ...], list[str | Path]] = {}
     for path in paths:
         results = load_results(path)
         model = results.labels.model
@@ -171,7 +177,7 @@ def load_model_curves(paths: list[str], models: tuple[str, ...], lab: dict[str, 
         kv = _packing_kv(results)
         key = (instance_type, results.labels.precision, model, _packing_key(results),
                _peers_busy(results), tuple(sorted(kv.items())) if kv else None, _packing_precisions(path, results))
-        groups.setdefault(key, []).append(str(path))
+        groups.setdefault(key, []).append(path)
     out = []
     for (_, _, model, packing, busy, kv, precisions), group in sorted(groups.items(), key=lambda kv: str(kv[0])):
         (candidate,) = load_candidates(group, lab)
@@ -223,7 +229,7 @@ def colocated_estimate(own: Curve, peer_step_ms: Callable[[float], float]) -> Cu
         own_step = p.itl_mean if p.itl_mean is not None else p.itl_p99
         f = (own_step + peer_step_ms(p.concurrency)) / own_step
 
-        def s(v, f=f):
+        def s(v: float | None, f: float = f) -> float | None:
             return None if v is None else v * f
 
         points.append(replace(
@@ -242,7 +248,7 @@ def mean_step_ms(curve: Curve, level: float) -> float:
     return p.itl_mean if p.itl_mean is not None else p.itl_p99
 
 
-def peer_steps(load: ModelLoad, instances_by_hour: list[int], cache: dict) -> float:
+def peer_steps(load: ModelLoad, instances_by_hour: list[int], cache: Cache) -> float:
     """What one process of `load` adds to each step of a process it shares the GPU with: over the day's
     hours, the largest busy share x mean step at its mean batch while busy, at the hour's busiest minute
     spread over the planned instances and copies (queueing.occupancy: the same chain the sizing uses)."""
@@ -276,41 +282,45 @@ class _PoolShape:
     engine: EngineOverride = field(default_factory=EngineOverride)
 
 
-def model_engine(cfg, model_id: str):
+def model_engine(cfg: FleetConfig, model_id: str) -> EngineSpec:
     """The engine a model is built with before any pool override: the fleet engine <- the model's."""
-    return cfg.engine_for(_PoolShape(""), model_id)
+    shape: Any = _PoolShape("")  # duck-typed: a pool without overrides
+    return cfg.engine_for(shape, model_id)
 
 
 class _PackedFleet:
     """What memory.plan_pool reads of a config, for a packing the config does not hold yet."""
 
-    def __init__(self, cfg, precisions: dict[str, str]) -> None:
+    def __init__(self, cfg: FleetConfig, precisions: dict[str, str]) -> None:
         self.models = cfg.models
         self._cfg = cfg
         self._precisions = precisions
 
-    def serves_of(self, pool):
+    def serves_of(self, pool: _PoolShape) -> tuple[Serve, ...]:
         return pool.serves
 
-    def engine_for(self, pool, model_id):
+    def engine_for(self, pool: _PoolShape, model_id: str) -> EngineSpec:
         engine = model_engine(self._cfg, model_id)
         return engine.model_copy(update={"precision": type(engine.precision)(self._precisions[model_id])})
 
 
-def packing_memory(cfg, instance_type: str, packing: tuple[tuple[str, str, int], ...],
+def packing_memory(cfg: FleetConfig, instance_type: str, packing: tuple[tuple[str, str, int], ...],
                    lab: dict[str, str] | None = None, kv_cache_gb: dict[str, float] | None = None) -> PoolMemory | None:
     """The memory plan of one instance serving `packing` ((model, precision, copies)): memory.plan_pool's.
     `kv_cache_gb` fixes budgets (model -> GB each copy, as a co-located measurement ran them); the others
     share what is left evenly."""
     kv = kv_cache_gb or {}
     shape = _PoolShape(instance_type, tuple(Serve(model=m, copies=c, kv_cache_gb=kv.get(m)) for m, _, c in packing))
-    return plan_pool(_PackedFleet(cfg, {m: p for m, p, _ in packing}), shape, _instance(instance_type, lab or {}))
+    # Duck-typed: what plan_pool reads of a config and a pool, for a packing neither holds yet.
+    fleet: Any = _PackedFleet(cfg, {m: p for m, p, _ in packing})
+    pool: Any = shape
+    return plan_pool(fleet, pool, _instance(instance_type, lab or {}))
 
 
 MEMORY_RULE = "memory"  # PackingEval.ruled_by of a packing the memory check refused
 
 
-def memory_check(cfg, instance_type: str, packing: tuple[tuple[str, str, int], ...], lab: dict[str, str] | None = None,
+def memory_check(cfg: FleetConfig, instance_type: str, packing: tuple[tuple[str, str, int], ...], lab: dict[str, str] | None = None,
                  kv_cache_gb: dict[str, float] | None = None) -> tuple[PoolMemory | None, str | None]:
     """The planner's one memory check (a fuller memory model swaps in here): the instance's memory plan and, when
     the packing does not fit, why, its first clause the reason the report groups ruled-out packings by.
@@ -444,7 +454,7 @@ class PackingEval(PoolDay):
         return use
 
     def planned(self) -> PlannedPool:
-        cache: dict = {}
+        cache: Cache = {}
         serves = tuple(Served(m.model, m.precision, m.copies, m.kv_cache_gb, Sizing(
             _models_of(cache, m.curve), (m.traffic,), m.limits, m.network_ms,
             tuple(n * m.copies for n in self.instances_by_hour), tuple(m.processes_by_hour), tuple(m.predictions),
@@ -452,7 +462,7 @@ class PackingEval(PoolDay):
         return PlannedPool(self.region, (self.region,), self.instance_type, self.label, f"${self.cost_per_hour:.2f}/h",
                            serves, tuple(self.instances_by_hour), scaling_target(self), self.estimated, packed=True)
 
-    def rank_key(self) -> tuple:
+    def rank_key(self) -> tuple[Any, ...]:
         # Ties on cost (floors often decide it): fewer instance-hours, fewer processes (less memory and
         # interference), then the most headroom under the SLOs.
         return (round(self.cost_per_hour, 2), self.instance_hours, self.estimated, self.processes,
@@ -470,7 +480,12 @@ def _source_of(mc: ModelCurve, processes: int) -> str:
     return ESTIMATED
 
 
-def _slo_for(cfg, model_id: str, fleet: Slo) -> Slo:
+def _model(t: ConsumerTraffic) -> str:
+    assert t.model is not None  # a several-model profile names each entry's model (TrafficProfile.checked_against)
+    return t.model
+
+
+def _slo_for(cfg: FleetConfig | None, model_id: str, fleet: Slo) -> Slo:
     own = cfg.model_by_id(model_id).slo if cfg is not None else None
     return Slo(own.ttft_p99_ms, own.itl_p99_ms, own.error_rate) if own is not None else fleet
 
@@ -478,17 +493,20 @@ def _slo_for(cfg, model_id: str, fleet: Slo) -> Slo:
 def _network_ms(curve: Curve, consumer: str, service: str, ctx: PlanContext) -> float:
     last = curve.points[-1]
     bench = last.bench_rtt_ms if last.bench_rtt_ms is not None else ctx.latency.same_region_ms
-    return ctx.latency.between(consumer, service) - bench
+    between = ctx.latency.between(consumer, service)
+    assert between is not None  # only offered, priced, reachable regions are planned
+    return between - bench
 
 
-def _models_of(curve_cache: dict, curve: Curve) -> ServiceModel:
+def _models_of(curve_cache: Cache, curve: Curve) -> ServiceModel:
     key = id(curve)
     if key not in curve_cache:
         curve_cache[key] = (curve, model_for(curve))
-    return curve_cache[key][1]
+    model: ServiceModel = curve_cache[key][1]
+    return model
 
 
-def size_packing(ev: PackingEval, ctx: PlanContext, n_min: int, cache: dict) -> PackingEval:
+def size_packing(ev: PackingEval, ctx: PlanContext, n_min: int, cache: Cache) -> PackingEval:
     """Steps 3-4 for one packing: processes per model and hour, instances, cost."""
     hours = range(24)
     for load in ev.loads:
@@ -511,7 +529,9 @@ def size_packing(ev: PackingEval, ctx: PlanContext, n_min: int, cache: dict) -> 
     for load in ev.loads:
         load.predictions = predictions_by_hour(_models_of(cache, load.curve), load.traffic,
                                                [n * load.copies for n in ev.instances_by_hour])
-    ev.price_per_hour = ctx.prices.price(ev.instance_type, ev.region)
+    price = ctx.prices.price(ev.instance_type, ev.region)
+    assert price is not None  # _offer_refusal refused a type without one
+    ev.price_per_hour = price
     ev.fixed_by_hour = fixed_by_hour(ev.region, [ld.traffic for ld in ev.loads], ctx)
     # --reserved TYPE@REGION=N: instances of that type already paid for, whatever the packing on them.
     reserved = ctx.reserved.get((ev.instance_type, ev.region), 0)
@@ -601,7 +621,7 @@ class PackingPlan:
     warnings: list[str] = field(default_factory=list)
     data_notes: list[str] = field(default_factory=list)
     max_copies: int = DEFAULT_MAX_COPIES
-    spot: list = field(default_factory=list)  # fleetcast.plan.spot.SpotAdvice per chosen packing
+    spot: list[SpotAdvice] = field(default_factory=list)  # per chosen packing
     write_notes: list[tuple[bool, str]] = field(default_factory=list)  # as report.PlanResult's
 
     @property
@@ -612,7 +632,8 @@ class PackingPlan:
         return sum(a.cost_per_hour for r in self.regions for a in r.alternatives if a.name == name)
 
 
-def _options(curves: list[ModelCurve], model: str, instance_type: str, cfg, family_of,
+def _options(curves: list[ModelCurve], model: str, instance_type: str, cfg: FleetConfig,
+             family_of: Callable[[str], str | None],
              lab: dict[str, str], ctx: PlanContext | None = None, notes: list[str] | None = None) -> list[str]:
     """Precisions with a solo or co-located curve of `model` on `instance_type` that the support matrix allows (with
     the model's own backend and KV-cache dtype) and that pass `model`'s quality check (--quality: per model and
@@ -628,6 +649,7 @@ def _options(curves: list[ModelCurve], model: str, instance_type: str, cfg, fami
                     notes.append(f"{model} {prec} on {instance_type}: ruled out: quality check failed: {why}")
                 continue
         engine = model_engine(cfg, model)
+        assert instance is not None  # a catalog type or a lab machine: the curves were read for it
         refusal = support.check(family_of(model), engine.backend.value, prec, engine.kv_cache_dtype.value,
                                 instance.gpu.arch,
                                 support.instance_where(instance_type, instance.gpu.name, instance.gpu.arch))
@@ -647,7 +669,7 @@ def _curve_for(curves: list[ModelCurve], model: str, instance_type: str, precisi
     return coloc, solo
 
 
-def plan_packing(cfg, curves: list[ModelCurve], profile: TrafficProfile, ctx: PlanContext, *,
+def plan_packing(cfg: FleetConfig, curves: list[ModelCurve], profile: TrafficProfile, ctx: PlanContext, *,
                  max_copies: int = DEFAULT_MAX_COPIES, fleet_slo: Slo | None = None,
                  lab: dict[str, str] | None = None) -> PackingPlan:
     """Search every consumer region's packings; the choice per region, priced against not packing."""
@@ -658,14 +680,14 @@ def plan_packing(cfg, curves: list[ModelCurve], profile: TrafficProfile, ctx: Pl
     for entry in profile.consumers:
         regions.setdefault(entry.region, []).append(entry)
     out = []
-    cache: dict = {"lab": dict(lab or {})}
+    cache: Cache = {"lab": dict(lab or {})}
     for region, entries in regions.items():
         entries = sorted(entries, key=lambda t: models.index(t.model))
         out.append(_plan_region(cfg, curves, region, entries, ctx, fleet_slo, max_copies, families, cache))
     return PackingPlan(profile.name, models, out, max_copies=max_copies)
 
 
-def unentitled_traffic(cfg, profile: TrafficProfile) -> None:
+def unentitled_traffic(cfg: FleetConfig, profile: TrafficProfile) -> None:
     """Traffic for a model that no consumer in its region may call is refused (UserError naming the entry): the
     gateway answers it 403, so sizing a pool for it would pay for load that never arrives. A region with no
     consumer at all is planned for consumers still to come (run.consumerless_regions warns)."""
@@ -678,13 +700,15 @@ def unentitled_traffic(cfg, profile: TrafficProfile) -> None:
                             "drop the entry")
 
 
-def _entitlement_notes(cfg, region: str, entries: list[ConsumerTraffic]) -> list[str]:
+def _entitlement_notes(cfg: FleetConfig, region: str, entries: list[ConsumerTraffic]) -> list[str]:
     callers = [c.name for c in cfg.consumers if c.region == region]
     return [f"{region}: {t.model} is called by {', '.join(c for c in callers if t.model in cfg.models_for(c))}"
             for t in entries if callers]
 
 
-def _plan_region(cfg, curves, region, entries, ctx, fleet_slo, max_copies, families, cache) -> RegionPacking:
+def _plan_region(cfg: FleetConfig, curves: list[ModelCurve], region: str, entries: list[ConsumerTraffic],
+                 ctx: PlanContext, fleet_slo: Slo, max_copies: int, families: dict[str, str], cache: Cache
+                 ) -> RegionPacking:
     notes = _entitlement_notes(cfg, region, entries)
     types = sorted({c.instance_type for c in curves})
     evaluations: list[PackingEval] = []
@@ -697,9 +721,9 @@ def _plan_region(cfg, curves, region, entries, ctx, fleet_slo, max_copies, famil
             if "not offered" in refusal:
                 not_offered.append(instance_type)
             continue
-        per_model = [_options(curves, t.model, instance_type, cfg, families.get, cache["lab"], ctx, notes)
+        per_model = [_options(curves, _model(t), instance_type, cfg, families.get, cache["lab"], ctx, notes)
                      for t in entries]
-        missing = [t.model for t, opts in zip(entries, per_model) if not opts]
+        missing = [_model(t) for t, opts in zip(entries, per_model) if not opts]
         if missing:
             notes.append(f"{instance_type}: no curve (at a precision its GPU runs) for {', '.join(missing)}")
             continue
@@ -749,7 +773,7 @@ def _offered(instance_type: str, region: str, ctx: PlanContext, lab: dict[str, s
     return _offer_refusal(instance_type, region, ctx, lab) is None
 
 
-def packings_by_size(precisions: list[list[str]], max_copies: int):
+def packings_by_size(precisions: list[list[str]], max_copies: int) -> Iterator[tuple[tuple[str, int], ...]]:
     """Every packing of the models (per model: one of its precisions, 1..max_copies copies) as ((precision, copies),
     ...) per model, fewest processes first, at most MAX_PROCESSES processes. The order is what makes the
     MAX_PACKINGS cap safe: it cuts the largest packings (the most memory, the most interference), never the small
@@ -762,7 +786,7 @@ def packings_by_size(precisions: list[list[str]], max_copies: int):
                 yield tuple(zip(chosen, copies))
 
 
-def _compositions(total: int, parts: int, most: int):
+def _compositions(total: int, parts: int, most: int) -> Iterator[tuple[int, ...]]:
     """Tuples of `parts` whole numbers in 1..most summing to `total`, in lexicographic order."""
     if parts == 1:
         if 1 <= total <= most:
@@ -773,20 +797,23 @@ def _compositions(total: int, parts: int, most: int):
             yield (first, *rest)
 
 
-def _evaluate(cfg, curves, instance_type, region, entries, combo, ctx, fleet_slo, n_min, cache) -> PackingEval | None:
+def _evaluate(cfg: FleetConfig, curves: list[ModelCurve], instance_type: str, region: str,
+              entries: list[ConsumerTraffic], combo: tuple[tuple[str, int], ...], ctx: PlanContext, fleet_slo: Slo,
+              n_min: int, cache: Cache) -> PackingEval | None:
     """One packing; None when it does not fit memory (not a candidate at all)."""
-    packing = tuple((t.model, p, c) for t, (p, c) in zip(entries, combo))
+    packing = tuple((_model(t), p, c) for t, (p, c) in zip(entries, combo))
     processes = sum(c for _, _, c in packing)
     if processes > MAX_PROCESSES:
         return None
     key = tuple(sorted((m, c) for m, _, c in packing))
     precisions = tuple(sorted((m, p) for m, p, _ in packing))
-    picked = []
+    picked: list[tuple[ConsumerTraffic, str, str, int, ModelCurve | None, ModelCurve]] = []
     for t, (model, prec, copies) in zip(entries, packing):
         coloc, solo = _curve_for(curves, model, instance_type, prec, key, precisions)
-        picked.append((t, model, prec, copies, coloc, solo))
-    if any(coloc is None and solo is None for *_, coloc, solo in picked):
-        return None
+        base = solo or coloc  # the solo curve where there is one (the interference rule reads it)
+        if base is None:
+            return None
+        picked.append((t, model, prec, copies, coloc, base))
     # A co-located curve holds at the KV budgets it was measured with: the plan keeps them.
     measured_kv = {m: gb for *_, coloc, _ in picked if coloc is not None and coloc.kv_cache_gb
                    for m, gb in coloc.kv_cache_gb.items()}
@@ -795,14 +822,15 @@ def _evaluate(cfg, curves, instance_type, region, entries, combo, ctx, fleet_slo
         label = " + ".join(f"{m} {p} x{c}" for m, p, c in packing)
         return PackingEval(instance_type, region, [], memory, rejected=refusal, label_text=label)
     kv = {p.model_id: p.kv_bytes for p in memory.processes} if memory is not None else {}
-    def load_of(t, model, prec, copies, mc, curve, source) -> ModelLoad:
+    def load_of(t: ConsumerTraffic, model: str, prec: str, copies: int, mc: ModelCurve, curve: Curve,
+                source: str) -> ModelLoad:
         kv_b = kv.get(model)
         return ModelLoad(model, prec, copies, source, curve, _slo_for(cfg, model, fleet_slo),
                          _network_ms(curve, t.region, region, ctx), t,
                          kv_gib=None if kv_b is None else kv_b / GIB, sources=mc.candidate.sources,
                          provenance=mc.candidate.provenance)
 
-    def as_measured(coloc, solo) -> bool:
+    def as_measured(coloc: ModelCurve | None, solo: ModelCurve | None) -> bool:
         return coloc is not None or processes == 1
 
     # What each process's curve is as measured (the co-located curve, else the solo one).
@@ -826,10 +854,15 @@ def _evaluate(cfg, curves, instance_type, region, entries, combo, ctx, fleet_slo
         others = sum(a * ld.copies for a, ld in zip(adds, first)) - adds[i]  # every process but this one
         key_est = ("est", id(solo), round(others, 3))
         if key_est not in cache:
-            cache[key_est] = colocated_estimate(solo.candidate.curve, lambda _c, x=others: x)
+            cache[key_est] = colocated_estimate(solo.candidate.curve, _flat(others))
         loads.append(replace(load_of(t, model, prec, copies, solo, cache[key_est], _stretched(solo)),
                              peer_step_ms=others))
     return size_packing(PackingEval(instance_type, region, loads, memory), ctx, n_min, cache)
+
+
+def _flat(ms: float) -> Callable[[float], float]:
+    """A peer step time the same at every level."""
+    return lambda _level: ms
 
 
 def _stretched(solo: ModelCurve) -> str:
@@ -837,7 +870,8 @@ def _stretched(solo: ModelCurve) -> str:
     return ROOFLINE if solo.candidate.estimated else ESTIMATED
 
 
-def _alternatives(cfg, curves, region, entries, ctx, fleet_slo, families, cache) -> list[Alternative]:
+def _alternatives(cfg: FleetConfig, curves: list[ModelCurve], region: str, entries: list[ConsumerTraffic],
+                  ctx: PlanContext, fleet_slo: Slo, families: dict[str, str], cache: Cache) -> list[Alternative]:
     """The same traffic without packing: each model on instances of its own (its best single-process choice)."""
     parts = []
     n_min = ctx.n_min(region)
@@ -846,7 +880,7 @@ def _alternatives(cfg, curves, region, entries, ctx, fleet_slo, families, cache)
         for instance_type in sorted({c.instance_type for c in curves}):
             if not _offered(instance_type, region, ctx, cache["lab"]):
                 continue
-            for prec in _options(curves, t.model, instance_type, cfg, families.get, cache["lab"], ctx):
+            for prec in _options(curves, _model(t), instance_type, cfg, families.get, cache["lab"], ctx):
                 ev = _evaluate(cfg, curves, instance_type, region, [t], ((prec, 1),), ctx, fleet_slo, n_min, cache)
                 if ev is not None and ev.feasible and (best is None or (best.estimated, best.rank_key())
                                                        > (ev.estimated, ev.rank_key())):
@@ -867,7 +901,7 @@ def _alternatives(cfg, curves, region, entries, ctx, fleet_slo, families, cache)
 
 
 def baseline_document(result: PackingPlan, ctx: PlanContext, config_pools: dict[str, str | None],
-                      written: str, adapters: dict[str, list[str]] | None = None) -> dict:
+                      written: str, adapters: dict[str, list[str]] | None = None) -> dict[str, Any]:
     """The plan baseline (fleetcast.plan.drift, schema fleetcast.plan-baseline/v1) of a packing plan: per region
     the pool's bounds and price and, per model, its copies, rates and `rps_per_instance` (the hourly mean rate
     one instance serves within that model's SLOs: copies x its processes' SLO-safe rate over the busiest
@@ -878,12 +912,12 @@ def baseline_document(result: PackingPlan, ctx: PlanContext, config_pools: dict[
     from .queueing import max_safe_rate
 
     pools = []
-    cache: dict = {}
+    cache: Cache = {}
     for plan in result.regions:
         w = plan.winner
         if w is None:
             continue
-        models = []
+        models: list[dict[str, Any]] = []
         for m in w.loads:
             limits = m.limits
             safe = max_safe_rate(_models_of(cache, m.curve), m.traffic.output_mean, limits)
@@ -917,7 +951,7 @@ def scaling_target(ev: PackingEval) -> float:
     from .queueing import max_safe_rate
     from .solver import TargetPart, scaling_target as target_of
 
-    cache: dict = {}
+    cache: Cache = {}
     parts = []
     for m in ev.loads:
         model = _models_of(cache, m.curve)
@@ -936,7 +970,8 @@ def spot_pool(plan: RegionPacking) -> SpotPool:
     from .spot import SpotPool
 
     w = plan.winner
-    cache: dict = {}
+    assert w is not None  # advice is asked for chosen packings only
+    cache: Cache = {}
     held = weight = 0.0
     for m in w.loads:
         model = _models_of(cache, m.curve)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 from .packing import ESTIMATED, PackingEval, PackingPlan, RegionPacking
 from .report import Block, blocks_html, blocks_markdown, write_lines, write_report_dir
@@ -58,7 +59,8 @@ def _ruled_out(plan: RegionPacking) -> list[tuple[str, str]]:
     for e in plan.evaluations:
         if not e.feasible:
             # A memory refusal groups by its whole reason (before the arithmetic): which limit, not just "memory".
-            key = e.rejected.split(" (")[0] if e.rejected.startswith("memory:") else e.rejected.split(":")[0].split(",")[0]
+            reason = e.rejected or ""
+            key = reason.split(" (")[0] if reason.startswith("memory:") else reason.split(":")[0].split(",")[0]
             groups.setdefault(key, []).append(e)
     out = []
     for _reason, evs in sorted(groups.items(), key=lambda kv: -len(kv[1])):
@@ -159,8 +161,8 @@ def render_terminal(result: PackingPlan) -> str:
     return "\n".join(lines)
 
 
-def _ev_json(e: PackingEval) -> dict:
-    d = {"instance_type": e.instance_type, "region": e.region, "label": e.label, "source": e.source,
+def _ev_json(e: PackingEval) -> dict[str, Any]:
+    d: dict[str, Any] = {"instance_type": e.instance_type, "region": e.region, "label": e.label, "source": e.source,
          "rejected": e.rejected,
          "packing": [{"model": m.model, "precision": m.precision, "copies": m.copies, "kv_cache_gib": m.kv_gib,
                       "source": m.source, "sources": list(m.sources), "peer_step_ms": m.peer_step_ms}
@@ -179,7 +181,7 @@ def _ev_json(e: PackingEval) -> dict:
     return d
 
 
-def to_json(result: PackingPlan) -> dict:
+def to_json(result: PackingPlan) -> dict[str, Any]:
     return {
         "schema": "fleetcast.plan/v1", "kind": "packing", "traffic": result.traffic_name,
         "models": list(result.models), "data": result.data_notes, "warnings": result.warnings,
@@ -228,7 +230,7 @@ def write_plots(plan: RegionPacking, directory: Path) -> list[Path]:
     ax.set_title(f"{plan.region}: cost of the same traffic, packed or not")
     ax.legend(loc="upper right", fontsize=8)
     if w.memory is not None:
-        from fleetcast.config.memory import GIB
+        from fleetcast.contract.serving import GIB
 
         bottom = 0.0
         colors = {"weights": "#4477aa", "overhead": "#999999", "KV": "#66aa55"}

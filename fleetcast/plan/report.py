@@ -7,16 +7,18 @@ from __future__ import annotations
 import base64
 import html
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from .curves import SOURCE_MEANING
 from .solver import Evaluation, FleetPool, RegionPlan, Slo
 
 if TYPE_CHECKING:
     from .packing import PackingPlan
+    from .queueing import Prediction
+    from .spot import SpotAdvice
 
 
 @dataclass
@@ -29,7 +31,7 @@ class PlanResult:
     estimator: str | None = None
     warnings: list[str] = field(default_factory=list)
     pools: list[FleetPool] = field(default_factory=list)  # the fleet: consumer regions pooled where that is cheaper
-    spot: list = field(default_factory=list)  # fleetcast.plan.spot.SpotAdvice per pool
+    spot: list[SpotAdvice] = field(default_factory=list)
     # What --write-config does with this plan and the config (writeback.write_config_notes): (refuses, text).
     write_notes: list[tuple[bool, str]] = field(default_factory=list)
 
@@ -56,6 +58,7 @@ def fleet_lines(result: PlanResult) -> list[str]:
                      f"instances over the day, ${pool.cost_per_hour:.2f}/h, target {pool.target:g} in-flight per instance")
         for plan, _ev in pool.joined():
             own = plan.winner
+            assert own is not None  # a member joins from its own plan's choice
             lines.append(f"  {plan.traffic.region} joins this pool: +${pool.marginal[plan.traffic.region]:.2f}/h here vs "
                          f"${own.cost_per_hour:.2f}/h for its own {own.candidate.label} pool in {own.service_region} "
                          "(one NLB, one set of provider endpoints and one minimum for both)")
@@ -71,7 +74,7 @@ def _levels_text(plan: RegionPlan) -> str:
         return (f"derived per candidate from arrivals (busiest minute {min(burst):g}-{max(burst):g}x the hour's mean)"
                 if min(burst) != max(burst) else f"derived per candidate from arrivals (busiest minute {burst[0]:g}x "
                 "the hour's mean)")
-    return ", ".join(f"{k}: {v:.0%}" for k, v in plan.traffic.concurrency.items())
+    return ", ".join(f"{k}: {v:.0%}" for k, v in (plan.traffic.concurrency or {}).items())
 
 
 def _best_per_candidate(plan: RegionPlan) -> list[Evaluation]:
@@ -89,7 +92,7 @@ def _rejected_candidates(plan: RegionPlan) -> list[tuple[str, str]]:
     return [(label, why) for label, why in plan.why_not if label in labels]
 
 
-def why_not_said_once(regions: list[RegionPlan]) -> dict[str, tuple[list, list]]:
+def why_not_said_once(regions: list[RegionPlan]) -> dict[str, tuple[list[tuple[str, str]], list[tuple[str, str]]]]:
     """Per consumer region, (ruled out, why not the others) with every reason clause a previous region already
     gave for the same candidate shortened to a pointer to it: the same sentence once per region buried the news."""
     said: dict[tuple[str, str], str] = {}
@@ -215,7 +218,7 @@ def single_instance_note(plan: RegionPlan) -> str | None:
         return None
     hours = [h for h, n in enumerate(w.instances_by_hour) if n == 1]
     spans, start = [], hours[0]
-    for a, b in zip(hours, hours[1:] + [None]):
+    for a, b in zip(hours, hours[1:] + [-1]):
         if b != a + 1:
             spans.append(f"{start:02d}-{a + 1:02d}")
             start = b
@@ -308,7 +311,7 @@ def _inputs_tag(evs: list[Evaluation]) -> str:
     return f" [{' and '.join(sources)} inputs]" if sources else ""
 
 
-def _cost_vs_latency(plt, plan: RegionPlan, latency: str, slo_ms: float, path: Path, tag: str) -> Path:
+def _cost_vs_latency(plt: Any, plan: RegionPlan, latency: str, slo_ms: float, path: Path, tag: str) -> Path:
     """$ per 1M output tokens against one traffic-weighted P99 (TTFT or ITL), its SLO as a line and the cost /
     latency Pareto front as a staircase; each candidate at its cheapest region, every point labelled."""
     front_evs = [plan.ranked[i] for i in _pareto([(getattr(e, latency), e.usd_per_m_output) for e in plan.ranked])]
@@ -346,7 +349,7 @@ def _cost_vs_latency(plt, plan: RegionPlan, latency: str, slo_ms: float, path: P
     return path
 
 
-def _matplotlib():
+def _matplotlib() -> Any:
     """pyplot on the file backend, or one line saying how to install it."""
     try:
         import matplotlib
@@ -361,7 +364,7 @@ def _matplotlib():
     return plt
 
 
-def write_plots(plan: RegionPlan, directory: Path, slo: Slo, pools: list[FleetPool] = ()) -> list[Path]:
+def write_plots(plan: RegionPlan, directory: Path, slo: Slo, pools: Sequence[FleetPool] = ()) -> list[Path]:
     plt = _matplotlib()
 
     evs = plan.ranked
@@ -431,12 +434,13 @@ def _table_rows(plan: RegionPlan) -> tuple[list[str], list[list[str]]]:
 # The report as a list of blocks, rendered to Markdown and to HTML alike, so the two pages
 # cannot drift apart: ("h1"|"h2"|"h3"|"p"|"rec", text), ("ul", [(bold or None, text)]),
 # ("table", header, rows), ("img", path).
-Block = tuple
+Block = tuple[Any, ...]
 
 
 def _blocks(result: PlanResult, plots: dict[str, list[Path]]) -> list[Block]:
     blocks: list[Block] = [("h1", f"Fleetcast plan: {result.traffic_name}")]
-    head = [("Model", result.model_id or "as labelled in the results"), ("SLO", result.slo.text())]
+    head: list[tuple[str | None, str]] = [("Model", result.model_id or "as labelled in the results"),
+                                          ("SLO", result.slo.text())]
     head += [(None, n) for n in result.data_notes]
     if result.estimator:
         head.append(("Performance model", result.estimator))
@@ -547,7 +551,7 @@ def blocks_html(title: str, blocks: list[Block]) -> str:
     return "\n".join(parts)
 
 
-def _prediction_json(p, network_ms: float) -> dict | None:
+def _prediction_json(p: Prediction | None, network_ms: float) -> dict[str, Any] | None:
     """The planner's steady state at an hour's busiest minute (None for an hour without traffic)."""
     if p is None:
         return None
@@ -555,8 +559,8 @@ def _prediction_json(p, network_ms: float) -> dict | None:
             "itl_p99_ms": p.itl_p99_ms, "out_of_range": p.out_of_range}
 
 
-def to_json(result: PlanResult) -> dict:
-    def ev_json(ev: Evaluation) -> dict:
+def to_json(result: PlanResult) -> dict[str, Any]:
+    def ev_json(ev: Evaluation) -> dict[str, Any]:
         d = {"candidate": ev.candidate.label, "instance_type": ev.candidate.instance_type,
              "precision": ev.candidate.precision, "service_region": ev.service_region,
              "estimated": ev.candidate.estimated, "source": ev.candidate.source, "rejected": ev.rejected}

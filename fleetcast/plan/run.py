@@ -5,10 +5,11 @@ arguments and prints; tests call `build_plan` directly.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import date
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fleetcast.config import catalog
 from fleetcast.contract.errors import EXIT_USAGE, UserError
@@ -17,6 +18,11 @@ from .aws import live_availability, refresh_prices
 from .curves import sources_text
 from .estimate import estimate_specs
 from .inputs import (
+    Availability,
+    FixedCosts,
+    Latency,
+    Prices,
+    QualityFile,
     load_candidates,
     load_fixed_costs,
     load_latency,
@@ -29,6 +35,11 @@ from .packing import model_engine
 from .report import PlanResult
 from .solver import PlanContext, PlannedPool, RegionPlan, Slo, fleet_pools, plan
 from .traffic import ConsumerTraffic, TrafficProfile, load_traffic
+
+if TYPE_CHECKING:
+    from fleetcast.config.model import FleetConfig
+
+    from .packing import ModelCurve, PackingPlan
 
 
 @dataclass
@@ -57,8 +68,8 @@ class PlanOptions:
     # Capacity reservations already paid for: {(instance type, region): count} (`--reserved TYPE@REGION=N`).
     reserved: dict[tuple[str, str], int] = field(default_factory=dict)
     # Injected AWS clients (tests use botocore Stubber); None means clients of the shared AWS session.
-    pricing_client: object | None = None
-    ec2_client_for: object | None = None
+    pricing_client: Any = None
+    ec2_client_for: Callable[[str], Any] | None = None
     # The date price tables are aged against; None means today (tests fix it).
     today: date | None = None
     # A traffic profile already in hand (`plan --check --traffic-from cloudwatch`); else `traffic` is read.
@@ -68,8 +79,8 @@ class PlanOptions:
     lab: dict[str, str] = field(default_factory=dict)
 
 
-def _expand(paths: list[str]) -> list[str]:
-    out = []
+def _expand(paths: list[str]) -> list[str | Path]:
+    out: list[str | Path] = []
     for raw in paths:
         p = Path(raw)
         if p.is_dir():
@@ -82,11 +93,12 @@ def _expand(paths: list[str]) -> list[str]:
     return out
 
 
-def _tables(opts: PlanOptions, instance_types: list[str], consumer_regions: list[str], warnings: list[str]):
+def _tables(opts: PlanOptions, instance_types: list[str], consumer_regions: list[str], warnings: list[str]
+            ) -> tuple[Prices, Availability, Latency, FixedCosts, QualityFile | None]:
     """Prices, availability, latency, fixed costs and quality: shipped tables, files, or AWS where asked."""
     prices = load_prices(opts.prices)
     candidate_regions = sorted(set(consumer_regions) | catalog.privatelink_cross_region())
-    aws = None
+    aws: Any = None
     if opts.refresh_prices or opts.live_availability:
         from fleetcast.aws_session import AwsSession
 
@@ -104,7 +116,7 @@ def _tables(opts: PlanOptions, instance_types: list[str], consumer_regions: list
     return prices, availability, load_latency(opts.latency), load_fixed_costs(opts.fixed_costs), load_quality(opts.quality)
 
 
-def _stale_tables(prices, fixed, today: date) -> list[str]:
+def _stale_tables(prices: Prices, fixed: FixedCosts, today: date) -> list[str]:
     """A warning per dated table older than inputs.PRICE_MAX_AGE_DAYS on `today`."""
     found = (
         stale_table_warning("on-demand prices", prices.as_of, today,
@@ -115,7 +127,15 @@ def _stale_tables(prices, fixed, today: date) -> list[str]:
     return [w for w in found if w]
 
 
-def consumerless_regions(cfg, traffic: TrafficProfile) -> list[str]:
+def _traffic(opts: PlanOptions) -> TrafficProfile:
+    if opts.traffic_profile is not None:
+        return opts.traffic_profile
+    if not opts.traffic:
+        raise UserError("--traffic: give a traffic profile (fleetcast.traffic/v1)", exit_code=EXIT_USAGE)
+    return load_traffic(opts.traffic)
+
+
+def consumerless_regions(cfg: Any, traffic: TrafficProfile) -> list[str]:
     """A warning per traffic region where the config has no consumer. Both planners plan it all the same (the
     profile may describe consumers still to come: examples/plan/seed/traffic-us-east-1.yaml is planned against
     config/fleet.yaml, whose consumers sit in Seoul and Oregon), so the plan is a price for them, not for traffic
@@ -136,7 +156,7 @@ def consumerless_regions(cfg, traffic: TrafficProfile) -> list[str]:
 def build_plan(opts: PlanOptions) -> tuple[PlanResult, list[RegionPlan], PlanContext]:
     from fleetcast.config import load_config
 
-    cfg = None
+    cfg: Any = None
     if opts.config:
         if Path(opts.config).exists():
             cfg = load_config(opts.config)
@@ -148,7 +168,7 @@ def build_plan(opts: PlanOptions) -> tuple[PlanResult, list[RegionPlan], PlanCon
         itl_p99_ms=opts.itl_p99_ms if opts.itl_p99_ms is not None else cfg.slo.itl_p99_ms,
         error_rate=opts.error_rate if opts.error_rate is not None else (cfg.slo.error_rate if cfg else 0.01),
     )
-    traffic = opts.traffic_profile if opts.traffic_profile is not None else load_traffic(opts.traffic)
+    traffic = _traffic(opts)
     if cfg is not None:
         traffic.checked_against(tuple(m.id for m in cfg.models))
     candidates = load_candidates(_expand(opts.results))
@@ -224,25 +244,24 @@ def several_models(config: str | None) -> bool:
     """Whether `config` names a fleet of several models (its plan is a packing search: build_packing)."""
     from fleetcast.config import load_config
 
-    return bool(config) and Path(config).exists() and len(load_config(config).models) > 1
+    return config is not None and Path(config).exists() and len(load_config(config).models) > 1
 
 
-def build_packing(opts: PlanOptions, max_copies: int | None = None):
+def build_packing(opts: PlanOptions, max_copies: int | None = None) -> tuple[PackingPlan, PlanContext, FleetConfig]:
     """The plan of a fleet of several models: which models share an instance, with how many copies
     (fleetcast/plan/packing.py). Returns (PackingPlan, PlanContext, FleetConfig)."""
     from fleetcast.config import load_config
 
     from . import packing
 
-    cfg = load_config(opts.config)
+    cfg = load_config(str(opts.config))
     slo = Slo(
         ttft_p99_ms=opts.ttft_p99_ms if opts.ttft_p99_ms is not None else cfg.slo.ttft_p99_ms,
         itl_p99_ms=opts.itl_p99_ms if opts.itl_p99_ms is not None else cfg.slo.itl_p99_ms,
         error_rate=opts.error_rate if opts.error_rate is not None else cfg.slo.error_rate,
     )
     models = tuple(m.id for m in cfg.models)
-    traffic = opts.traffic_profile if opts.traffic_profile is not None else load_traffic(opts.traffic)
-    traffic = traffic.checked_against(models)
+    traffic = _traffic(opts).checked_against(models)
     packing.unentitled_traffic(cfg, traffic)
     curves = packing.load_model_curves(_expand(opts.results), models, lab=opts.lab)
     warnings = consumerless_regions(cfg, traffic)
@@ -299,13 +318,14 @@ def build_packing(opts: PlanOptions, max_copies: int | None = None):
     return result, ctx, cfg
 
 
-def _estimate_per_model(specs: list[str], cfg: Any, curves: list[Any], traffic: TrafficProfile) -> list[tuple[str, list]]:
+def _estimate_per_model(specs: list[str], cfg: FleetConfig, curves: list[ModelCurve],
+                        traffic: TrafficProfile) -> list[tuple[str, list[ModelCurve]]]:
     """--estimate for a fleet of several models: per model, roofline curves for the specs, calibrated on that model's
     solo curves (estimate.estimate_specs) at its traffic's lengths. Returns (what the estimator rests on, its
     curves as packing.ModelCurve) per model."""
     from .packing import ModelCurve
 
-    out = []
+    out: list[tuple[str, list[ModelCurve]]] = []
     for model in cfg.models:
         measured = [c.candidate for c in curves if c.model == model.id and c.packing is None]
         entries = [t for t in traffic.consumers if t.model == model.id] or traffic.consumers
@@ -365,7 +385,8 @@ class Planned:
     def write_report(self, directory: str) -> list[Path]:
         from . import packing_report, report
 
-        return (report if self.plans is not None else packing_report).write_report(self.result, directory)
+        paths: list[Path] = (report if self.plans is not None else packing_report).write_report(self.result, directory)
+        return paths
 
     def simulate(self, seed: int, candidates: list[str] | None, max_groups: int | None,
                  report: Path | None) -> tuple[list[str], bool]:
@@ -433,8 +454,8 @@ def plan_fleet(opts: PlanOptions, max_copies: int | None = None) -> Planned:
     """Plan the fleet `opts.config` describes: a packing search when it serves several models, else the one-model
     method (docs/plan.md)."""
     if several_models(opts.config):
-        result, ctx, _ = build_packing(opts, max_copies=max_copies)
-        return Planned(result, ctx)
+        packed, packed_ctx, _ = build_packing(opts, max_copies=max_copies)
+        return Planned(packed, packed_ctx)
     if opts.lab or max_copies:
         raise UserError(f"--lab/--max-copies plan fleets of several models; {opts.config} serves one",
                         exit_code=EXIT_USAGE)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from ruamel.yaml.comments import CommentedMap, CommentedSeq
 from ruamel.yaml.scalarstring import SingleQuotedScalarString
@@ -29,38 +30,45 @@ from fleetcast.staging.calibration import STAGE_COMMAND
 
 from .solver import PlannedPool, Served
 
+if TYPE_CHECKING:
+    from ruamel.yaml import YAML
 
-def _set(node: CommentedMap, key: str, value) -> bool:
+    from fleetcast.config.model import FleetConfig
+
+    from .spot import SpotAdvice
+
+
+def _set(node: CommentedMap, key: str, value: Any) -> bool:
     if node.get(key) == value:
         return False
     node[key] = value
     return True
 
 
-def _flow(mapping: dict) -> CommentedMap:
+def _flow(mapping: dict[str, Any]) -> CommentedMap:
     m = CommentedMap(mapping)
     m.fa.set_flow_style()
     return m
 
 
-def schedule_steps(hourly: list[int], peak: int) -> list[dict]:
+def schedule_steps(hourly: list[int], peak: int) -> list[dict[str, Any]]:
     """One scheduled step (UTC cron) wherever the planned instance count changes over the day."""
-    steps = []
+    steps: list[dict[str, Any]] = []
     for hour, n in enumerate(hourly):
         if hour == 0 or n != hourly[hour - 1]:
             steps.append({"cron": SingleQuotedScalarString(f"0 {hour} * * *"), "min": n, "max": peak})
     return steps if len(steps) > 1 else []
 
 
-def pool_for(pools: list, family: str):
+def pool_for(pools: list[Any], family: str) -> Any:
     """The pool a plan for `family` updates: the region's pool of that instance family, else its first."""
     return next((p for p in pools if str(p.get("instance_type", "")).split(".")[0] == family), pools[0])
 
 
-def pool_name_for(region, family: str) -> str | None:
+def pool_name_for(region: Any, family: str) -> str | None:
     """pool_for over a validated config's region (None without one): the name of the pool the write updates."""
     rows = [{"instance_type": p.instance_type, "name": p.name} for p in region.pools] if region is not None else []
-    return pool_for(rows, family)["name"] if rows else None
+    return str(pool_for(rows, family)["name"]) if rows else None
 
 
 @dataclass(frozen=True)
@@ -70,11 +78,11 @@ class ConfigEdit:
     path: Path
     changes: list[str]
     text: str | None  # the new file; None when the config already matches the plan
-    cfg: object = field(repr=False)  # the validated config after the edit (FleetConfig)
+    cfg: Any = field(repr=False)  # the validated config after the edit (FleetConfig)
     notes: list[str] = field(default_factory=list)  # what was left unwritten and why (not a change)
 
 
-def calibration_use(cfg, pool: PlannedPool, served: Served, pool_name: str | None) -> tuple[bool, str] | None:
+def calibration_use(cfg: FleetConfig | None, pool: PlannedPool, served: Served, pool_name: str | None) -> tuple[bool, str] | None:
     """The one calibration rule of the planner, one model or several: a precision that needs a calibration set
     stays a candidate, and writing it is refused until the model names a staged set. None when writing `served`
     into that pool needs no set; else (blocking, what to say): blocking when the model (or, without a config,
@@ -104,7 +112,7 @@ def calibration_use(cfg, pool: PlannedPool, served: Served, pool_name: str | Non
                   "names it in the config")
 
 
-def write_config_notes(cfg, pools: list[PlannedPool], allow_estimated: bool = False) -> list[tuple[bool, str]]:
+def write_config_notes(cfg: FleetConfig | None, pools: list[PlannedPool], allow_estimated: bool = False) -> list[tuple[bool, str]]:
     """What --write-config does with the planned pools and `cfg` as it stands: (blocking, text) per finding; a
     blocking one makes it refuse before writing. The checks `compute_edit` refuses on, so the report promises only
     what the write does. `cfg` None: the checks that need no config."""
@@ -156,7 +164,8 @@ def write_config_notes(cfg, pools: list[PlannedPool], allow_estimated: bool = Fa
 
 
 def compute_edit(path: str | Path, pools: list[PlannedPool], unserved: list[str], allow_estimated: bool = False,
-                 write_schedule: bool = False, spot: list | None = None, write_spot: bool = False) -> ConfigEdit:
+                 write_schedule: bool = False, spot: list[SpotAdvice] | None = None,
+                 write_spot: bool = False) -> ConfigEdit:
     """The config at `path` with the planned pools written in, validated; writes nothing. Refuses, file untouched,
     on any problem (write_config_notes).
 
@@ -282,7 +291,7 @@ def _write_schedule(pool: CommentedMap, where: str, hourly: list[int]) -> list[s
             + ", ".join(f"{s['cron'].split()[1]}h min {s['min']}" for s in steps)]
 
 
-def _write_spot(pool: CommentedMap, where: str, advice: list, write_schedule: bool, write_spot: bool) -> list[str]:
+def _write_spot(pool: CommentedMap, where: str, advice: list[SpotAdvice], write_schedule: bool, write_spot: bool) -> list[str]:
     """The pool's spot: block from the planner's advice for it (fleetcast/plan/spot.py); removed where Spot does not
     pay. A pool without one gets one only when asked: Spot changes what an interruption does to the fleet."""
     verdict = advice[0] if advice else None
@@ -309,7 +318,7 @@ def _write_spot(pool: CommentedMap, where: str, advice: list, write_schedule: bo
             f"above it, fallback up to {block['on_demand_fallback_max']} On-Demand"]
 
 
-def throttling_notes(cfg, pools: list[PlannedPool]) -> list[str]:
+def throttling_notes(cfg: FleetConfig, pools: list[PlannedPool]) -> list[str]:
     """What a written scaling target means for each consumer's per-instance concurrency limit.
 
     Target tracking holds the pool's *average* in-flight requests per instance at the target, so
@@ -340,7 +349,7 @@ def throttling_notes(cfg, pools: list[PlannedPool]) -> list[str]:
     return notes
 
 
-def _open_for_edit(path: Path):
+def _open_for_edit(path: Path) -> tuple[YAML, CommentedMap, FleetConfig]:
     """(round-trip YAML, its document, the config as it validates now) of the config `--write-config` edits."""
     from fleetcast.config import ConfigError, load_config
 
@@ -360,7 +369,7 @@ def _open_for_edit(path: Path):
     return yaml, doc, current
 
 
-def _validated_edit(path: Path, yaml, doc, changes: list[str], current) -> ConfigEdit:
+def _validated_edit(path: Path, yaml: YAML, doc: CommentedMap, changes: list[str], current: FleetConfig) -> ConfigEdit:
     """The edit, validated by the config loader; nothing written. Refuses when the edited config is invalid."""
     from fleetcast.config import ConfigError
 
