@@ -163,11 +163,6 @@ def build_plan(opts: PlanOptions) -> tuple[PlanResult, list[RegionPlan], PlanCon
         elif opts.ttft_p99_ms is None or opts.itl_p99_ms is None:
             raise UserError(f"--config: {opts.config} does not exist; give a fleet config (its slo is the default) "
                             "or both --ttft-p99-ms and --itl-p99-ms")
-    slo = Slo(
-        ttft_p99_ms=opts.ttft_p99_ms if opts.ttft_p99_ms is not None else cfg.slo.ttft_p99_ms,
-        itl_p99_ms=opts.itl_p99_ms if opts.itl_p99_ms is not None else cfg.slo.itl_p99_ms,
-        error_rate=opts.error_rate if opts.error_rate is not None else (cfg.slo.error_rate if cfg else 0.01),
-    )
     traffic = _traffic(opts)
     if cfg is not None:
         traffic.checked_against(tuple(m.id for m in cfg.models))
@@ -180,29 +175,10 @@ def build_plan(opts: PlanOptions) -> tuple[PlanResult, list[RegionPlan], PlanCon
     instance_types = sorted({c.instance_type for c in candidates} | {s.split(":")[0] for s in opts.estimate if s != "all"})
     if opts.estimate and "all" in opts.estimate:
         instance_types = sorted(catalog.instance_catalog())
-    prices, availability, latency, fixed, quality = _tables(opts, instance_types, consumer_regions, warnings)
-
-    min_instances: dict[str, int] = {}
-    min_source: dict[str, str] = {}
-    if cfg is not None:
-        for region in cfg.regions:
-            pool = max(region.pools, key=lambda p: p.capacity.min)
-            min_instances[region.region] = pool.capacity.min
-            min_source[region.region] = f"the config floor regions[{region.region}].pools[{pool.name}].capacity.min"
-            if any(p.capacity_reservation_ids for p in region.pools) and not any(r == region.region for _, r in opts.reserved):
-                warnings.append(f"regions[{region.region}] launches into capacity reservations; give their size "
-                                "(--reserved TYPE@REGION=N) so the plan counts them as paid for")
-    if opts.min_instances is not None:
-        min_instances = {}
-        min_source = {}
-    ctx = PlanContext(
-        slo=slo, prices=prices, availability=availability, latency=latency, fixed=fixed, quality=quality,
-        quality_threshold=opts.quality_threshold, min_instances=min_instances,
-        default_min_instances=opts.min_instances if opts.min_instances is not None else 1,
-        model_id=cfg.model.id if cfg else None, model_family=cfg.model.family if cfg else None,
-        kv_cache_dtype=model_engine(cfg, cfg.model.id).kv_cache_dtype.value if cfg else "auto",
-        reserved=dict(opts.reserved), min_instances_source=min_source,
-    )
+    tables = _tables(opts, instance_types, consumer_regions, warnings)
+    ctx = _context(opts, cfg, tables, warnings, model_id=cfg.model.id if cfg else None,
+                   model_family=cfg.model.family if cfg else None,
+                   kv_cache_dtype=model_engine(cfg, cfg.model.id).kv_cache_dtype.value if cfg else "auto")
 
     estimator_text = None
     if opts.estimate:
@@ -213,7 +189,6 @@ def build_plan(opts: PlanOptions) -> tuple[PlanResult, list[RegionPlan], PlanCon
         candidates = candidates + estimated
         estimator_text = estimator.describe()
 
-    warnings += _stale_tables(prices, fixed, opts.today or date.today())
     synthetic = [c for c in candidates if c.provenance == "synthetic"]
     if synthetic:
         warnings.append(f"{len(synthetic)} of {len(candidates)} candidate(s) rest on SYNTHETIC results (authored "
@@ -221,18 +196,9 @@ def build_plan(opts: PlanOptions) -> tuple[PlanResult, list[RegionPlan], PlanCon
                         "candidates (fleetcast bench) before acting on it")
 
     plans = plan(candidates, traffic, ctx)
-    data_notes = [
-        f"prices as of {prices.as_of} ({prices.source})",
-        f"availability as of {availability.as_of}",
-        f"network latency as of {latency.as_of} ({latency.source})",
-        f"fixed costs as of {fixed.as_of}",
-        f"results: {sources_text(candidates)}",
-    ]
-    if quality is not None:
-        limit = opts.quality_threshold if opts.quality_threshold is not None else quality.threshold
-        data_notes.append(f"quality: {quality.metric} <= {limit:g}")
-    result = PlanResult(traffic.name, ctx.model_id or next((c.model for c in candidates if c.model), None), slo, plans,
-                        data_notes, estimator_text, warnings, fleet_pools(plans, ctx))
+    result = PlanResult(traffic.name, ctx.model_id or next((c.model for c in candidates if c.model), None), ctx.slo,
+                        plans, _data_notes(ctx, sources_text(candidates)), estimator_text, warnings,
+                        fleet_pools(plans, ctx))
     from . import spot
 
     result.spot = spot.advise_all(result.pools, ctx, spot.load_spot_inputs(
@@ -255,11 +221,6 @@ def build_packing(opts: PlanOptions, max_copies: int | None = None) -> tuple[Pac
     from . import packing
 
     cfg = load_config(str(opts.config))
-    slo = Slo(
-        ttft_p99_ms=opts.ttft_p99_ms if opts.ttft_p99_ms is not None else cfg.slo.ttft_p99_ms,
-        itl_p99_ms=opts.itl_p99_ms if opts.itl_p99_ms is not None else cfg.slo.itl_p99_ms,
-        error_rate=opts.error_rate if opts.error_rate is not None else cfg.slo.error_rate,
-    )
     models = tuple(m.id for m in cfg.models)
     traffic = _traffic(opts).checked_against(models)
     packing.unentitled_traffic(cfg, traffic)
@@ -269,27 +230,13 @@ def build_packing(opts: PlanOptions, max_copies: int | None = None) -> tuple[Pac
         warnings += [f"{mc.model} on {mc.candidate.label}: {n}" for n in mc.candidate.curve.notes]
     estimators = _estimate_per_model(opts.estimate, cfg, curves, traffic) if opts.estimate else []
     curves += [c for _, estimated in estimators for c in estimated]
-    prices, availability, latency, fixed, quality = _tables(
-        opts, sorted({c.instance_type for c in curves}), [c.region for c in traffic.consumers], warnings)
+    tables = _tables(opts, sorted({c.instance_type for c in curves}), [c.region for c in traffic.consumers], warnings)
+    quality = tables[4]
     unknown = sorted({r.model for r in quality.results if r.model and r.model not in models}) if quality else []
     if unknown:
         raise UserError(f"--quality: results[].model {', '.join(unknown)} is not a model of the config; allowed: "
                         f"{', '.join(models)}")
-    min_instances = {}
-    min_source = {}
-    for region in cfg.regions:
-        pool = max(region.pools, key=lambda p: p.capacity.min)
-        min_instances[region.region] = pool.capacity.min
-        min_source[region.region] = f"the config floor regions[{region.region}].pools[{pool.name}].capacity.min"
-    if opts.min_instances is not None:
-        min_instances, min_source = {}, {}
-    ctx = PlanContext(
-        slo=slo, prices=prices, availability=availability, latency=latency, fixed=fixed, quality=quality,
-        quality_threshold=opts.quality_threshold,
-        min_instances=min_instances, default_min_instances=opts.min_instances if opts.min_instances is not None else 1,
-        min_instances_source=min_source, reserved=dict(opts.reserved),
-    )
-    warnings += _stale_tables(prices, fixed, opts.today or date.today())
+    ctx = _context(opts, cfg, tables, warnings)
     synthetic = [c for c in curves if c.candidate.provenance == "synthetic"]
     if synthetic:
         warnings.append(f"{len(synthetic)} of {len(curves)} curve(s) rest on SYNTHETIC results (authored data, not "
@@ -299,7 +246,7 @@ def build_packing(opts: PlanOptions, max_copies: int | None = None) -> tuple[Pac
         warnings.append(f"{len(lab)} curve(s) were measured with the reference backend on a lab machine (--lab): "
                         "not a TensorRT-LLM engine and not an AWS instance type; the plan shows how the packing is "
                         "chosen from them, not what an AWS fleet would cost")
-    result = packing.plan_packing(cfg, curves, traffic, ctx, fleet_slo=slo, lab=opts.lab,
+    result = packing.plan_packing(cfg, curves, traffic, ctx, fleet_slo=ctx.slo, lab=opts.lab,
                                   max_copies=max_copies or packing.DEFAULT_MAX_COPIES)
     from . import spot
 
@@ -308,14 +255,46 @@ def build_packing(opts: PlanOptions, max_copies: int | None = None) -> tuple[Pac
     result.spot = [spot.advise(packing.spot_pool(r), ctx, inputs) for r in result.regions
                    if r.winner is not None and r.winner.instance_type in catalog.instance_catalog()]
     result.warnings = warnings
-    result.data_notes = [
-        f"prices as of {prices.as_of} ({prices.source})",
-        f"availability as of {availability.as_of}",
-        f"network latency as of {latency.as_of} ({latency.source})",
-        f"fixed costs as of {fixed.as_of}",
-        f"results: {packing.curves_text(curves)}",
-    ] + [f"estimates: {text}" for text, _ in estimators]
+    result.data_notes = _data_notes(ctx, packing.curves_text(curves)) + [f"estimates: {text}" for text, _ in estimators]
     return result, ctx, cfg
+
+
+def _context(opts: PlanOptions, cfg: Any, tables: tuple[Prices, Availability, Latency, FixedCosts, QualityFile | None],
+             warnings: list[str], **model: Any) -> PlanContext:
+    """What the method reads besides curves and traffic, one model or several: the SLO (flags over the config's),
+    the tables, each region's floor (the config pool's capacity.min, or --min-instances) and the reservations;
+    `warnings` gets the tables' age and any region launching into reservations --reserved does not size."""
+    prices, availability, latency, fixed, quality = tables
+    floors: dict[str, int] = {}
+    sources: dict[str, str] = {}
+    for region in cfg.regions if cfg is not None else []:
+        pool = max(region.pools, key=lambda p: p.capacity.min)
+        floors[region.region] = pool.capacity.min
+        sources[region.region] = f"the config floor regions[{region.region}].pools[{pool.name}].capacity.min"
+        if any(p.capacity_reservation_ids for p in region.pools) and not any(r == region.region for _, r in opts.reserved):
+            warnings.append(f"regions[{region.region}] launches into capacity reservations; give their size "
+                            "(--reserved TYPE@REGION=N) so the plan counts them as paid for")
+    if opts.min_instances is not None:
+        floors, sources = {}, {}
+    warnings += _stale_tables(prices, fixed, opts.today or date.today())
+    slo = Slo(opts.ttft_p99_ms if opts.ttft_p99_ms is not None else cfg.slo.ttft_p99_ms,
+              opts.itl_p99_ms if opts.itl_p99_ms is not None else cfg.slo.itl_p99_ms,
+              opts.error_rate if opts.error_rate is not None else (cfg.slo.error_rate if cfg else 0.01))
+    return PlanContext(slo=slo, prices=prices, availability=availability, latency=latency, fixed=fixed,
+                       quality=quality, quality_threshold=opts.quality_threshold, min_instances=floors,
+                       default_min_instances=opts.min_instances if opts.min_instances is not None else 1,
+                       reserved=dict(opts.reserved), min_instances_source=sources, **model)
+
+
+def _data_notes(ctx: PlanContext, results: str) -> list[str]:
+    """Where the plan's inputs came from, dated."""
+    notes = [f"prices as of {ctx.prices.as_of} ({ctx.prices.source})", f"availability as of {ctx.availability.as_of}",
+             f"network latency as of {ctx.latency.as_of} ({ctx.latency.source})", f"fixed costs as of {ctx.fixed.as_of}",
+             f"results: {results}"]
+    if ctx.quality is not None:
+        limit = ctx.quality_threshold if ctx.quality_threshold is not None else ctx.quality.threshold
+        notes.append(f"quality: {ctx.quality.metric} <= {limit:g}")
+    return notes
 
 
 def _estimate_per_model(specs: list[str], cfg: FleetConfig, curves: list[ModelCurve],

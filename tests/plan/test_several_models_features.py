@@ -128,3 +128,20 @@ def test_estimate_adds_roofline_curves_per_model_labelled_and_never_chosen_over_
     notes = [n for n in result.data_notes if n.startswith("estimates: ")]
     assert [n.split(":")[1].strip() for n in notes] == ["gpt2-xl", "qwen2.5-0.5b", "qwen2.5-3b"]
     assert all("roofline calibrated on" in n for n in notes)
+
+
+def test_a_packing_plan_warns_of_unsized_reservations_and_dates_its_quality_limit_as_a_one_model_plan_does(tmp_path):
+    """One context for every plan (run._context, run._data_notes): a pool launching into capacity reservations
+    without --reserved is warned about, and --quality's limit is a data note. Before, only one-model plans did
+    either."""
+    fleet = tmp_path / "fleet.yaml"
+    fleet.write_text((EXAMPLE / "fleet.yaml").read_text().replace(
+        "        instance_type: g6e.xlarge\n",
+        "        instance_type: g6e.xlarge\n        capacity_reservation_ids: [cr-0123456789abcdef0]\n", 1))
+    quality = tmp_path / "quality.yaml"
+    quality.write_text("schema: fleetcast.quality/v1\nmetric: perplexity\nthreshold: 30\n"
+                       "results: [{precision: bf16, value: 1}]\n")
+    result = build_packing(PlanOptions(results=[str(EXAMPLE / "results")], traffic=str(EXAMPLE / "traffic.yaml"),
+                                       config=str(fleet), quality=str(quality), today=date(2026, 2, 1)))[0]
+    assert any(w.startswith("regions[ap-northeast-2] launches into capacity reservations") for w in result.warnings)
+    assert "quality: perplexity <= 30" in result.data_notes
