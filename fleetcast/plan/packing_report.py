@@ -4,12 +4,11 @@ synthetic, or estimated (solo curves)."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 from .packing import ESTIMATED, PackingEval, PackingPlan, RegionPacking
-from .report import Block, blocks_html, blocks_markdown, write_lines, write_report_dir
+from .report import Block, write_lines, write_pages
 
 TOP_OTHERS = 6  # other feasible packings listed per region
 
@@ -293,14 +292,5 @@ def write_plots(plan: RegionPacking, directory: Path) -> list[Path]:
 
 
 def write_report(result: PackingPlan, directory: str | Path) -> list[Path]:
-    def write(d: Path) -> list[Path]:
-        plots = {p.region: write_plots(p, d) for p in result.regions}
-        page_blocks = blocks(result, plots)
-        pages = {d / "plan.md": blocks_markdown(page_blocks) + "\n",
-                 d / "plan.html": blocks_html(f"Fleetcast packing plan: {result.traffic_name}", page_blocks),
-                 d / "plan.json": json.dumps(to_json(result), indent=1) + "\n"}
-        for path, text in pages.items():
-            path.write_text(text)
-        return list(pages) + [p for ps in plots.values() for p in ps]
-
-    return write_report_dir(directory, write)
+    return write_pages(directory, f"Fleetcast packing plan: {result.traffic_name}", lambda plots: blocks(result, plots),
+                       to_json(result), lambda d: {p.region: write_plots(p, d) for p in result.regions})

@@ -518,10 +518,6 @@ def blocks_markdown(blocks: list[Block]) -> str:
     return "\n".join(out)
 
 
-def render_html(result: PlanResult, plots: dict[str, list[Path]]) -> str:
-    return blocks_html(f"Fleetcast plan: {result.traffic_name}", _blocks(result, plots))
-
-
 def blocks_html(title: str, blocks: list[Block]) -> str:
     """A report's blocks as one self-contained HTML page (plots inlined)."""
     e = html.escape
@@ -644,12 +640,22 @@ def write_report_dir(directory: str | Path, write: Callable[[Path], list[Path]])
 
 
 def write_report(result: PlanResult, directory: str | Path) -> list[Path]:
+    return write_pages(directory, f"Fleetcast plan: {result.traffic_name}", lambda plots: _blocks(result, plots),
+                       to_json(result),
+                       lambda d: {p.traffic.region: write_plots(p, d, result.slo, result.pools) for p in result.regions})
+
+
+def write_pages(directory: str | Path, title: str, blocks: Callable[[dict[str, list[Path]]], list[Block]],
+                doc: dict[str, Any], plots: Callable[[Path], dict[str, list[Path]]]) -> list[Path]:
+    """A plan report, one model or a packing: its plots, then plan.md, plan.html (the same blocks) and plan.json,
+    written whole or not at all (write_report_dir)."""
     def write(d: Path) -> list[Path]:
-        plots = {p.traffic.region: write_plots(p, d, result.slo, result.pools) for p in result.regions}
-        pages = {d / "plan.md": render_markdown(result, plots) + "\n", d / "plan.html": render_html(result, plots),
-                 d / "plan.json": json.dumps(to_json(result), indent=1) + "\n"}
+        drawn = plots(d)
+        page = blocks(drawn)
+        pages = {d / "plan.md": blocks_markdown(page) + "\n", d / "plan.html": blocks_html(title, page),
+                 d / "plan.json": json.dumps(doc, indent=1) + "\n"}
         for path, text in pages.items():
             path.write_text(text)
-        return list(pages) + [p for ps in plots.values() for p in ps]
+        return list(pages) + [p for ps in drawn.values() for p in ps]
 
     return write_report_dir(directory, write)

@@ -408,16 +408,13 @@ class Planned:
         from . import drift, packing
         from .writeback import pool_name_for
 
+        # The config pool each planned pool was written to, as the write picks it (writeback.pool_for).
+        regions = {r.region: r for r in cfg.regions}
+        chosen = {p.region: pool_name_for(regions[p.region], p.instance_type.split(".")[0]) for p in self.pools()
+                  if p.region in regions}
         if self.plans is not None:
-            chosen = {}
-            for fleet_pool in self.result.pools:
-                region = next((r for r in cfg.regions if r.region == fleet_pool.service_region), None)
-                if region is not None:
-                    chosen[region.region] = pool_name_for(region, fleet_pool.evaluation.candidate.family)
             doc = drift.baseline_document(self.result.pools, self.ctx, chosen, written)
         else:
-            chosen = {r.region: pool_name_for(cfg.region(r.region), r.winner.instance_type.split(".")[0])
-                      for r in self.result.regions if r.winner is not None}
             doc = packing.baseline_document(self.result, self.ctx, chosen, written,
                                             {m.id: [a.id for a in m.adapters] for m in cfg.models})
         return drift.baseline_path(config_path), json.dumps(doc, indent=1) + "\n"
