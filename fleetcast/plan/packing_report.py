@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from .packing import ESTIMATED, PackingEval, PackingPlan, RegionPacking
-from .report import Block, write_lines, write_pages
+from .report import Block, closing_blocks, closing_lines, write_pages
 
 TOP_OTHERS = 6  # other feasible packings listed per region
 
@@ -107,12 +107,7 @@ def blocks(result: PackingPlan, plots: dict[str, list[Path]] | None = None) -> l
             out.append(("ul", [(None, n) for n in plan.notes]))
         for path in plots.get(plan.region, []):
             out.append(("img", path))
-    if result.write_notes:
-        out += [("h2", "Writing it (--write-config)"), ("ul", [(None, line) for line in write_lines(result)])]
-    if result.spot:
-        from .spot import lines as spot_lines
-
-        out += [("h2", "Spot tier"), ("ul", [(None, line) for line in spot_lines(result.spot)])]
+    out += closing_blocks(result)
     if len(result.regions) > 1:
         out.append(("h2", "Fleet"))
         out.append(("p", f"packed ${result.cost_per_hour:.2f}/h; one model per pool "
@@ -150,14 +145,8 @@ def render_terminal(result: PackingPlan) -> str:
             lines += [f"  no packing serves; {s}" for s in plan.unpacked()]
         lines += [f"  ruled out: {a}: {b}" for a, b in _ruled_out(plan)]
         lines += [f"  note: {n}" for n in plan.notes]
-    if result.write_notes:
-        lines += ["", "Writing it (--write-config):"] + [f"  {line}" for line in write_lines(result)]
-    if result.spot:
-        from .spot import lines as spot_lines
-
-        lines += ["", "Spot tier (docs/plan.md#spot; a packing's processes are drained together):"]
-        lines += [f"  {line}" for line in spot_lines(result.spot)]
-    return "\n".join(lines)
+    return "\n".join(lines + closing_lines(result, "Spot tier (docs/plan.md#spot; a packing's processes are drained "
+                                                    "together)"))
 
 
 def _ev_json(e: PackingEval) -> dict[str, Any]:

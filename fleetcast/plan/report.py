@@ -47,6 +47,24 @@ def write_lines(result: PlanResult | PackingPlan) -> list[str]:
     return [f"{'refuses' if blocking else 'note'}: {text}" for blocking, text in result.write_notes]
 
 
+def closing_lines(result: PlanResult | PackingPlan, spot_heading: str) -> list[str]:
+    """Every plan's terminal ending: what --write-config would do, then the Spot advice."""
+    from .spot import lines as spot_lines
+
+    out = ["", "Writing it (--write-config):"] + [f"  {line}" for line in write_lines(result)] if result.write_notes \
+        else []
+    return out + (["", f"{spot_heading}:"] + [f"  {line}" for line in spot_lines(result.spot)] if result.spot else [])
+
+
+def closing_blocks(result: PlanResult | PackingPlan) -> list[Block]:
+    """Every plan page's ending: what --write-config would do, then the Spot advice."""
+    from .spot import lines as spot_lines
+
+    out = [("h2", "Writing it (--write-config)"), ("ul", [(None, line) for line in write_lines(result)])] \
+        if result.write_notes else []
+    return out + ([("h2", "Spot tier"), ("ul", [(None, line) for line in spot_lines(result.spot)])] if result.spot else [])
+
+
 def fleet_lines(result: PlanResult) -> list[str]:
     """The planned fleet: one pool per provider region used, with the regions it serves."""
     if len(result.regions) < 2 or not result.pools:
@@ -284,13 +302,7 @@ def render_terminal(result: PlanResult) -> str:
     fleet = fleet_lines(result)
     if fleet:
         out += ["", f"{fleet_heading(result)}:"] + [f"  {line}" for line in fleet]
-    if result.write_notes:
-        out += ["", "Writing it (--write-config):"] + [f"  {line}" for line in write_lines(result)]
-    if result.spot:
-        from .spot import lines as spot_lines
-
-        out += ["", "Spot tier (docs/plan.md#spot):"] + [f"  {line}" for line in spot_lines(result.spot)]
-    return "\n".join(out)
+    return "\n".join(out + closing_lines(result, "Spot tier (docs/plan.md#spot)"))
 
 
 # ---------------------------------------------------------------- plots
@@ -479,13 +491,7 @@ def _blocks(result: PlanResult, plots: dict[str, list[Path]]) -> list[Block]:
     fleet = fleet_lines(result)
     if fleet:
         blocks += [("h2", fleet_heading(result)), ("ul", [(None, line.strip()) for line in fleet])]
-    if result.write_notes:
-        blocks += [("h2", "Writing it (--write-config)"), ("ul", [(None, line) for line in write_lines(result)])]
-    if result.spot:
-        from .spot import lines as spot_lines
-
-        blocks += [("h2", "Spot tier"), ("ul", [(None, line) for line in spot_lines(result.spot)])]
-    return blocks
+    return blocks + closing_blocks(result)
 
 
 def _md_table(header: list[str], rows: list[list[str]]) -> list[str]:
