@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from datetime import date
+from typing import Any
 
 from fleetcast.contract.errors import UserError
 
@@ -35,7 +36,7 @@ def _on_demand_usd(price_item: str) -> float | None:
     return None
 
 
-def refresh_prices(prices: Prices, instance_types: list[str], regions: list[str], client=None) -> tuple[Prices, list[str]]:
+def refresh_prices(prices: Prices, instance_types: list[str], regions: list[str], client: Any = None) -> tuple[Prices, list[str]]:
     """Ask the AWS Pricing API for Linux, shared-tenancy on-demand prices; returns (prices, notes)."""
     from botocore.exceptions import BotoCoreError, ClientError
 
@@ -79,7 +80,7 @@ def refresh_prices(prices: Prices, instance_types: list[str], regions: list[str]
 
 
 def live_availability(base: Availability, instance_types: list[str], regions: list[str],
-                      client_for: Callable[[str], object] | None = None) -> Availability:
+                      client_for: Callable[[str], Any] | None = None) -> Availability:
     """Replace the shipped table by `describe-instance-type-offerings` for each region asked."""
     from botocore.exceptions import BotoCoreError, ClientError
 
@@ -88,7 +89,7 @@ def live_availability(base: Availability, instance_types: list[str], regions: li
 
         session = AwsSession()
 
-        def client_for(region: str):
+        def client_for(region: str) -> Any:
             return session.client("ec2", region)
     live: dict[str, frozenset[str]] = {}
     for region in regions:

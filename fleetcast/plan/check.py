@@ -11,13 +11,17 @@ Any finding: exit 3 (EXIT_REFUSED); none: 0.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from fleetcast.contract.errors import UserError
 
 from .drift import DEFAULT_THRESHOLD, Finding, Observation, check_pool
+from .solver import PlannedPool
 from .traffic import ConsumerTraffic
+
+if TYPE_CHECKING:
+    from fleetcast.config.model import FleetConfig
 
 
 def _relative(old: float, new: float) -> float:
@@ -26,48 +30,7 @@ def _relative(old: float, new: float) -> float:
     return abs(new - old) / max(abs(old), 1e-9)
 
 
-@dataclass(frozen=True)
-class PlannedPool:
-    """What a planned pool asks of the config, whatever planned it: one model is a packing of one."""
-
-    region: str
-    consumer_regions: tuple[str, ...]
-    instance_type: str
-    label: str
-    cost_text: str
-    serves: tuple[tuple[str, str, int], ...]  # (model, precision, copies)
-    capacity: tuple[int, int]
-    target: float
-
-
-def planned_pools(pools: list) -> list[PlannedPool]:
-    """solver.FleetPool (one model: the config's) as PlannedPool."""
-    out = []
-    for p in pools:
-        win = p.evaluation
-        lo, _, hi = p.capacity()
-        out.append(PlannedPool(p.service_region, tuple(p.consumer_regions), win.candidate.instance_type,
-                               win.candidate.label, _pct_text(win), ((win.candidate.model or "", win.candidate.precision,
-                                                                      1),), (lo, hi), float(p.target)))
-    return out
-
-
-def planned_packings(result) -> list[PlannedPool]:
-    """A packing plan's chosen packings (fleetcast/plan/packing.py) as PlannedPool."""
-    from .packing import scaling_target
-
-    out = []
-    for plan in result.regions:
-        w = plan.winner
-        if w is not None:
-            lo, _, hi = w.capacity()
-            out.append(PlannedPool(plan.region, (plan.region,), w.instance_type, w.label, f"${w.cost_per_hour:.2f}/h",
-                                   tuple((m.model, m.precision, m.copies) for m in w.loads), (lo, hi),
-                                   scaling_target(w)))
-    return out
-
-
-def replan_findings(cfg, pools: list[PlannedPool], threshold: float) -> list[Finding]:
+def replan_findings(cfg: FleetConfig, pools: list[PlannedPool], threshold: float) -> list[Finding]:
     """Planned pools against the config's pools they would be written to: the instance type, each model's
     precision (and copies, where the pool serves several), the capacity bounds and the scaling target."""
     from .writeback import pool_for
@@ -85,7 +48,7 @@ def replan_findings(cfg, pools: list[PlannedPool], threshold: float) -> list[Fin
         pool = pool_for(dumped, planned.instance_type.split(".")[0])["_pool"]
         packed = len(cfg.models) > 1
         if not packed:
-            ((_, precision, _),) = planned.serves
+            (precision,) = [s.precision for s in planned.serves]
             current = cfg.engine_for(pool).precision.value
             if pool.instance_type != planned.instance_type or current != precision:
                 findings.append(Finding("pick", region, (f"pool {pool.name}: the plan picks {planned.label} "
@@ -96,12 +59,12 @@ def replan_findings(cfg, pools: list[PlannedPool], threshold: float) -> list[Fin
                 findings.append(Finding("pick", region, f"pool {pool.name}: the plan picks {planned.label} "
                                         f"({planned.cost_text}), the config runs {pool.instance_type}"))
             served = {s.model: s.copies for s in cfg.serves_of(pool)}
-            for model, precision, copies in planned.serves:
-                current = cfg.engine_for(pool, model).precision.value
-                if served.get(model) != copies or current != precision:
+            for s in planned.serves:
+                current = cfg.engine_for(pool, s.model).precision.value
+                if served.get(s.model) != s.copies or current != s.precision:
                     findings.append(Finding("pick", region, (
-                        f"pool {pool.name}: {model}: the plan runs {copies} copy(ies) at {precision}, the config "
-                        f"{served.get(model, 0)} at {current}")))
+                        f"pool {pool.name}: {s.model}: the plan runs {s.copies} copy(ies) at {s.precision}, the "
+                        f"config {served.get(s.model, 0)} at {current}")))
         lo, hi = planned.capacity
         for name, old, new in (("capacity.max", pool.capacity.max, hi), ("capacity.min", pool.capacity.min, lo)):
             if _relative(old, new) > threshold:
@@ -115,10 +78,6 @@ def replan_findings(cfg, pools: list[PlannedPool], threshold: float) -> list[Fin
                 f"pool {pool.name}: scaling.target would change {target:g} -> {planned.target:g} in-flight "
                 f"requests per instance (threshold {threshold:.0%})")))
     return findings
-
-
-def _pct_text(win) -> str:
-    return f"${win.cost_per_hour:.2f}/h, ${win.usd_per_m_output:.3f} per 1M output tokens"
 
 
 def observation(consumers: list[ConsumerTraffic], regions: list[str]) -> Observation | None:
@@ -159,7 +118,7 @@ def observation(consumers: list[ConsumerTraffic], regions: list[str]) -> Observa
     return obs
 
 
-def baseline_findings(baseline: dict, consumers: list[ConsumerTraffic], threshold: float,
+def baseline_findings(baseline: dict[str, Any], consumers: list[ConsumerTraffic], threshold: float,
                       cost_threshold: float) -> list[Finding]:
     findings = []
     for base in baseline["pools"]:
@@ -178,7 +137,7 @@ def baseline_findings(baseline: dict, consumers: list[ConsumerTraffic], threshol
     return findings
 
 
-def drift_settings(cfg, threshold: float | None) -> float:
+def drift_settings(cfg: Any, threshold: float | None) -> float:
     """--threshold, else the config's operations.plan_drift_check.threshold, else the default."""
     if threshold is not None:
         return threshold

@@ -102,7 +102,7 @@ def instance_cost_per_m_output(hourly_rps: list[float], seconds_per_request: flo
     return instances * price_per_hour / tokens * 1e6 if tokens else math.inf
 
 
-def baseline_document(pools: list[Any], ctx: Any, config_pools: dict[str, str], written: str) -> dict[str, Any]:
+def baseline_document(pools: list[Any], ctx: Any, config_pools: dict[str, str | None], written: str) -> dict[str, Any]:
     """The baseline for the planned pools (fleetcast.plan.solver.FleetPool objects, read by attribute)."""
     out = []
     for pool in pools:

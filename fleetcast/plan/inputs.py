@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import date
 from pathlib import Path
@@ -49,7 +50,7 @@ def _read_yaml(path: Path, flag: str) -> Any:
 # ---------------------------------------------------------------- benchmark results
 
 
-def load_candidates(paths: list[str | Path], lab: dict[str, str] | None = None) -> list[Candidate]:
+def load_candidates(paths: Sequence[str | Path], lab: dict[str, str] | None = None) -> list[Candidate]:
     """One Candidate per (instance type, precision) found in the results files.
 
     Files for the same pair are merged by load level; a level measured more than
@@ -131,7 +132,7 @@ def _point(level: float, run: Any) -> LoadPoint:
     )
 
 
-def _points(runs: list) -> tuple[list[LoadPoint], list[str], tuple[float, float]]:
+def _points(runs: list[tuple[str, Any]]) -> tuple[list[LoadPoint], list[str], tuple[float, float]]:
     notes: list[str] = []
     usable = []
     for source, run in runs:
@@ -149,14 +150,14 @@ def _points(runs: list) -> tuple[list[LoadPoint], list[str], tuple[float, float]
     # Results may hold several length specs; every run must share one, or latencies are not comparable.
     specs = {(r.lengths.input_mean, r.lengths.output_mean) for _, r, _ in usable}
     if len(specs) > 1:
-        counts: dict[tuple, int] = {}
+        counts: dict[tuple[float, float], int] = {}
         for _, r, _ in usable:
             key = (r.lengths.input_mean, r.lengths.output_mean)
             counts[key] = counts.get(key, 0) + 1
         keep = max(counts, key=lambda k: (counts[k], -k[0]))
         notes.append(f"runs at {len(specs)} length specs; kept input={keep[0]:g} output={keep[1]:g} ({counts[keep]} runs)")
         usable = [u for u in usable if (u[1].lengths.input_mean, u[1].lengths.output_mean) == keep]
-    by_level: dict[float, list] = {}
+    by_level: dict[float, list[Any]] = {}
     for _source, run, level in usable:
         by_level.setdefault(level, []).append(run)
     points = []

@@ -29,15 +29,17 @@ from __future__ import annotations
 
 import itertools
 import math
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from fleetcast.config import catalog
-from fleetcast.config.memory import GIB, PoolMemory, plan_pool
+from fleetcast.config.memory import PoolMemory, plan_pool
 from fleetcast.config.model import EngineOverride, Serve
 from fleetcast.contract import support
 from fleetcast.contract.errors import UserError
-from fleetcast.contract.serving import MAX_PROCESSES
+from fleetcast.contract.serving import GIB, MAX_PROCESSES
 
 from .curves import Candidate, Curve
 from .estimate import colocated, mps_calibration
@@ -55,7 +57,10 @@ from .sharing import (
 )
 from .solver import (
     PlanContext,
+    PlannedPool,
     PoolDay,
+    Served,
+    Sizing,
     Slo,
     fixed_by_hour,
     floor_tenth,
@@ -65,7 +70,12 @@ from .solver import (
 from .traffic import ConsumerTraffic, TrafficProfile
 
 if TYPE_CHECKING:
-    from .spot import SpotPool
+    from fleetcast.config.model import EngineSpec, FleetConfig
+
+    from .spot import SpotAdvice, SpotPool
+
+# What one plan's search shares between packings: service models by curve, estimated curves, the lab machines.
+Cache = dict[Any, Any]
 
 # Copies per model the search tries by default: two processes busy at once time-slice one GPU (no MPS), so
 # a second copy adds queue slots, not throughput (docs/runtime.md, "Latency when both are busy").
@@ -84,6 +94,7 @@ SPARSE_ITL_GAP = "which ran 4-12% below the simulation's P99 ITL on the H200 exa
 MEASURED_COLOCATED = MEASURED[TIME_SLICING]  # a co-located curve measured time-sliced; MEASURED[MPS] under MPS
 MEASURED_ALONE = "measured (one process)"
 ESTIMATED = ESTIMATED_BY[TIME_SLICING]  # solo curves by the time-slicing rule; ESTIMATED_BY[MPS] by the MPS estimator
+ROOFLINE = "estimated (roofline model)"  # --estimate: a curve no bench run backs (fleetcast/plan/estimate.py)
 
 
 # ---------------------------------------------------------------- curves per model
@@ -122,7 +133,7 @@ class ModelCurve:
         return self.packing is not None and self.peers_busy and sum(c for _, c in self.packing) > 1
 
 
-def _packing_key(results) -> tuple[tuple[str, int], ...] | None:
+def _packing_key(results: Any) -> tuple[tuple[str, int], ...] | None:
     packing = getattr(results, "packing", None)
     if packing is None:
         return None
@@ -131,7 +142,7 @@ def _packing_key(results) -> tuple[tuple[str, int], ...] | None:
     return tuple(sorted(rows))
 
 
-def _packing_precisions(path, results) -> tuple[tuple[str, str], ...] | None:
+def _packing_precisions(path: str | Path, results: Any) -> tuple[tuple[str, str], ...] | None:
     """Each packed model's precision as the file records it (bench results revision 5); a model it does not
     record ran at the file's labels.precision (before revision 5 one label covered the whole run)."""
     packing = getattr(results, "packing", None)
@@ -145,7 +156,7 @@ def _packing_precisions(path, results) -> tuple[tuple[str, str], ...] | None:
     return tuple(sorted((s.model, s.precision or own) for s in packing.serves))
 
 
-def _packing_kv(results) -> dict[str, float] | None:
+def _packing_kv(results: Any) -> dict[str, float] | None:
     packing = getattr(results, "packing", None)
     if packing is None:
         return None
@@ -153,14 +164,14 @@ def _packing_kv(results) -> dict[str, float] | None:
     return kv if len(kv) == len(packing.serves) else None
 
 
-def _peers_busy(results) -> bool:
+def _peers_busy(results: Any) -> bool:
     """Every run recorded its peers' load and every peer was busy (Run.peers: {model: concurrency})."""
     runs = list(results.runs)
-    peers = [getattr(r, "peers", None) for r in runs]
+    peers: list[Any] = [getattr(r, "peers", None) for r in runs]
     return bool(runs) and all(p for p in peers) and all(v and v > 0 for p in peers for v in p.values())
 
 
-def load_model_curves(paths: list[str], models: tuple[str, ...], lab: dict[str, str] | None = None) -> list[ModelCurve]:
+def load_model_curves(paths: Sequence[str | Path], models: tuple[str, ...], lab: dict[str, str] | None = None) -> list[ModelCurve]:
     """One ModelCurve per (instance type, precision, model, packing, peers busy) in the results files.
 
     Each group goes through the one-model loader (inputs.load_candidates: the same refusals, merging and
@@ -170,7 +181,7 @@ def load_model_curves(paths: list[str], models: tuple[str, ...], lab: dict[str, 
 
     from .inputs import load_candidates
 
-    groups: dict[tuple, list[str]] = {}
+    groups: dict[tuple[Any, ...], list[str | Path]] = {}
     for path in paths:
         results = load_results(path)
         model = results.labels.model
@@ -182,7 +193,7 @@ def load_model_curves(paths: list[str], models: tuple[str, ...], lab: dict[str, 
         key = (instance_type, results.labels.precision, model, _packing_key(results),
                _peers_busy(results), tuple(sorted(kv.items())) if kv else None, _packing_precisions(path, results),
                results.packing.sharing() if results.packing is not None else None)
-        groups.setdefault(key, []).append(str(path))
+        groups.setdefault(key, []).append(path)
     out = []
     for (_, _, model, packing, busy, kv, precisions, sharing), group in sorted(groups.items(),
                                                                               key=lambda kv: str(kv[0])):
@@ -195,7 +206,8 @@ def curves_text(curves: list[ModelCurve]) -> str:
     """What backs the curves, counted: e.g. '6 synthetic solo curve(s), 2 measured co-located curve(s)'."""
     counts: dict[str, int] = {}
     for c in curves:
-        what = ("synthetic" if c.candidate.provenance == "synthetic" else "measured") + \
+        what = ("estimated (roofline)" if c.candidate.estimated else
+                "synthetic" if c.candidate.provenance == "synthetic" else "measured") + \
             (f" co-located ({MODE_WORDS[c.sharing or TIME_SLICING]})" if c.colocated else " solo") + \
             (" (reference backend, lab machine)" if c.candidate.backend == "reference" else "")
         counts[what] = counts.get(what, 0) + 1
@@ -224,7 +236,7 @@ def mean_step_ms(curve: Curve, level: float) -> float:
     return p.itl_mean if p.itl_mean is not None else p.itl_p99
 
 
-def peer_steps(load: ModelLoad, instances_by_hour: list[int], cache: dict) -> float:
+def peer_steps(load: ModelLoad, instances_by_hour: list[int], cache: Cache) -> float:
     """What one process of `load` adds to each step of a process it shares the GPU with: over the day's
     hours, the largest busy share x mean step at its mean batch while busy, at the hour's busiest minute
     spread over the planned instances and copies (queueing.occupancy: the same chain the sizing uses)."""
@@ -258,41 +270,45 @@ class _PoolShape:
     engine: EngineOverride = field(default_factory=EngineOverride)
 
 
-def model_engine(cfg, model_id: str):
+def model_engine(cfg: FleetConfig, model_id: str) -> EngineSpec:
     """The engine a model is built with before any pool override: the fleet engine <- the model's."""
-    return cfg.engine_for(_PoolShape(""), model_id)
+    shape: Any = _PoolShape("")  # duck-typed: a pool without overrides
+    return cfg.engine_for(shape, model_id)
 
 
 class _PackedFleet:
     """What memory.plan_pool reads of a config, for a packing the config does not hold yet."""
 
-    def __init__(self, cfg, precisions: dict[str, str]) -> None:
+    def __init__(self, cfg: FleetConfig, precisions: dict[str, str]) -> None:
         self.models = cfg.models
         self._cfg = cfg
         self._precisions = precisions
 
-    def serves_of(self, pool):
+    def serves_of(self, pool: _PoolShape) -> tuple[Serve, ...]:
         return pool.serves
 
-    def engine_for(self, pool, model_id):
+    def engine_for(self, pool: _PoolShape, model_id: str) -> EngineSpec:
         engine = model_engine(self._cfg, model_id)
         return engine.model_copy(update={"precision": type(engine.precision)(self._precisions[model_id])})
 
 
-def packing_memory(cfg, instance_type: str, packing: tuple[tuple[str, str, int], ...],
+def packing_memory(cfg: FleetConfig, instance_type: str, packing: tuple[tuple[str, str, int], ...],
                    lab: dict[str, str] | None = None, kv_cache_gb: dict[str, float] | None = None) -> PoolMemory | None:
     """The memory plan of one instance serving `packing` ((model, precision, copies)): memory.plan_pool's.
     `kv_cache_gb` fixes budgets (model -> GB each copy, as a co-located measurement ran them); the others
     share what is left evenly."""
     kv = kv_cache_gb or {}
     shape = _PoolShape(instance_type, tuple(Serve(model=m, copies=c, kv_cache_gb=kv.get(m)) for m, _, c in packing))
-    return plan_pool(_PackedFleet(cfg, {m: p for m, p, _ in packing}), shape, _instance(instance_type, lab or {}))
+    # Duck-typed: what plan_pool reads of a config and a pool, for a packing neither holds yet.
+    fleet: Any = _PackedFleet(cfg, {m: p for m, p, _ in packing})
+    pool: Any = shape
+    return plan_pool(fleet, pool, _instance(instance_type, lab or {}))
 
 
 MEMORY_RULE = "memory"  # PackingEval.ruled_by of a packing the memory check refused
 
 
-def memory_check(cfg, instance_type: str, packing: tuple[tuple[str, str, int], ...], lab: dict[str, str] | None = None,
+def memory_check(cfg: FleetConfig, instance_type: str, packing: tuple[tuple[str, str, int], ...], lab: dict[str, str] | None = None,
                  kv_cache_gb: dict[str, float] | None = None) -> tuple[PoolMemory | None, str | None]:
     """The planner's one memory check (a fuller memory model swaps in here): the instance's memory plan and, when
     the packing does not fit, why, its first clause the reason the report groups ruled-out packings by.
@@ -353,6 +369,11 @@ class ModelLoad:
         return [math.ceil(n / self.copies) for n in self.processes_by_hour]
 
     @property
+    def limits(self) -> Limits:
+        """Its SLOs in-region: P99 TTFT less its consumers' network."""
+        return Limits(self.slo.ttft_p99_ms - self.network_ms, self.slo.itl_p99_ms, self.slo.error_rate)
+
+    @property
     def kv_cache_gb(self) -> float | None:
         """Each copy's KV budget as `--write-config` writes it and the report shows it (kv_gib_written)."""
         return None if self.kv_gib is None else kv_gib_written(self.kv_gib)
@@ -386,7 +407,7 @@ class PackingEval(PoolDay):
 
     @property
     def estimated(self) -> bool:
-        return any(is_estimated(m.source) for m in self.loads)
+        return any(is_estimated(m.source) or m.source == ROOFLINE for m in self.loads)
 
     @property
     def synthetic(self) -> bool:
@@ -395,7 +416,7 @@ class PackingEval(PoolDay):
     @property
     def source(self) -> str:
         if self.estimated:
-            return ESTIMATED_BY[self.sharing]
+            return ROOFLINE if any(m.source == ROOFLINE for m in self.loads) else ESTIMATED_BY[self.sharing]
         shared = next((m.source for m in self.loads if is_measured_shared(m.source)), None)
         if shared is not None:
             return shared
@@ -424,7 +445,16 @@ class PackingEval(PoolDay):
                 use = max(use, worst[0] / m.slo.ttft_p99_ms, worst[1] / m.slo.itl_p99_ms)
         return use
 
-    def rank_key(self) -> tuple:
+    def planned(self) -> PlannedPool:
+        cache: Cache = {}
+        serves = tuple(Served(m.model, m.precision, m.copies, m.kv_cache_gb, Sizing(
+            _models_of(cache, m.curve), (m.traffic,), m.limits, m.network_ms,
+            tuple(n * m.copies for n in self.instances_by_hour), tuple(m.processes_by_hour), tuple(m.predictions),
+            m.provenance == "synthetic", m.source)) for m in self.loads)
+        return PlannedPool(self.region, (self.region,), self.instance_type, self.label, f"${self.cost_per_hour:.2f}/h",
+                           serves, tuple(self.instances_by_hour), scaling_target(self), self.estimated, packed=True)
+
+    def rank_key(self) -> tuple[Any, ...]:
         # Ties on cost (floors often decide it): fewer instance-hours, fewer processes (less memory and
         # interference), then the most headroom under the SLOs.
         return (round(self.cost_per_hour, 2), self.instance_hours, self.estimated, self.processes,
@@ -432,6 +462,8 @@ class PackingEval(PoolDay):
 
 
 def _source_of(mc: ModelCurve, processes: int, sharing: str = TIME_SLICING) -> str:
+    if mc.candidate.estimated:
+        return ROOFLINE
     base = "synthetic (authored data, not measured)" if mc.candidate.provenance == "synthetic" else None
     if mc.colocated:
         return base or MEASURED[mc.sharing or TIME_SLICING]
@@ -440,7 +472,12 @@ def _source_of(mc: ModelCurve, processes: int, sharing: str = TIME_SLICING) -> s
     return ESTIMATED_BY[sharing]
 
 
-def _slo_for(cfg, model_id: str, fleet: Slo) -> Slo:
+def _model(t: ConsumerTraffic) -> str:
+    assert t.model is not None  # a several-model profile names each entry's model (TrafficProfile.checked_against)
+    return t.model
+
+
+def _slo_for(cfg: FleetConfig | None, model_id: str, fleet: Slo) -> Slo:
     own = cfg.model_by_id(model_id).slo if cfg is not None else None
     return Slo(own.ttft_p99_ms, own.itl_p99_ms, own.error_rate) if own is not None else fleet
 
@@ -448,22 +485,25 @@ def _slo_for(cfg, model_id: str, fleet: Slo) -> Slo:
 def _network_ms(curve: Curve, consumer: str, service: str, ctx: PlanContext) -> float:
     last = curve.points[-1]
     bench = last.bench_rtt_ms if last.bench_rtt_ms is not None else ctx.latency.same_region_ms
-    return ctx.latency.between(consumer, service) - bench
+    between = ctx.latency.between(consumer, service)
+    assert between is not None  # only offered, priced, reachable regions are planned
+    return between - bench
 
 
-def _models_of(curve_cache: dict, curve: Curve) -> ServiceModel:
+def _models_of(curve_cache: Cache, curve: Curve) -> ServiceModel:
     key = id(curve)
     if key not in curve_cache:
         curve_cache[key] = (curve, model_for(curve))
-    return curve_cache[key][1]
+    model: ServiceModel = curve_cache[key][1]
+    return model
 
 
-def size_packing(ev: PackingEval, ctx: PlanContext, n_min: int, cache: dict) -> PackingEval:
+def size_packing(ev: PackingEval, ctx: PlanContext, n_min: int, cache: Cache) -> PackingEval:
     """Steps 3-4 for one packing: processes per model and hour, instances, cost."""
     hours = range(24)
     for load in ev.loads:
         model = _models_of(cache, load.curve)
-        limits = Limits(load.slo.ttft_p99_ms - load.network_ms, load.slo.itl_p99_ms, load.slo.error_rate)
+        limits = load.limits
         needed = processes_by_hour(model, load.traffic, limits)
         load.processes_by_hour = []
         for sized in needed:
@@ -481,7 +521,9 @@ def size_packing(ev: PackingEval, ctx: PlanContext, n_min: int, cache: dict) -> 
     for load in ev.loads:
         load.predictions = predictions_by_hour(_models_of(cache, load.curve), load.traffic,
                                                [n * load.copies for n in ev.instances_by_hour])
-    ev.price_per_hour = ctx.prices.price(ev.instance_type, ev.region)
+    price = ctx.prices.price(ev.instance_type, ev.region)
+    assert price is not None  # _offer_refusal refused a type without one
+    ev.price_per_hour = price
     ev.fixed_by_hour = fixed_by_hour(ev.region, [ld.traffic for ld in ev.loads], ctx)
     # --reserved TYPE@REGION=N: instances of that type already paid for, whatever the packing on them.
     reserved = ctx.reserved.get((ev.instance_type, ev.region), 0)
@@ -571,7 +613,8 @@ class PackingPlan:
     warnings: list[str] = field(default_factory=list)
     data_notes: list[str] = field(default_factory=list)
     max_copies: int = DEFAULT_MAX_COPIES
-    spot: list = field(default_factory=list)  # fleetcast.plan.spot.SpotAdvice per chosen packing
+    spot: list[SpotAdvice] = field(default_factory=list)  # per chosen packing
+    write_notes: list[tuple[bool, str]] = field(default_factory=list)  # as report.PlanResult's
 
     @property
     def cost_per_hour(self) -> float:
@@ -581,10 +624,13 @@ class PackingPlan:
         return sum(a.cost_per_hour for r in self.regions for a in r.alternatives if a.name == name)
 
 
-def _options(curves: list[ModelCurve], model: str, instance_type: str, cfg, family_of, kv_dtype: str,
+def _options(curves: list[ModelCurve], model: str, instance_type: str, cfg: FleetConfig,
+             family_of: Callable[[str], str | None],
              lab: dict[str, str], ctx: PlanContext | None = None, notes: list[str] | None = None) -> list[str]:
-    """Precisions with a solo or co-located curve of `model` on `instance_type` that the support matrix allows and
-    that pass `model`'s quality check (--quality: per model and precision); a failed check goes to `notes`."""
+    """Precisions with a solo or co-located curve of `model` on `instance_type` that the support matrix allows (with
+    the model's own backend and KV-cache dtype) and that pass `model`'s quality check (--quality: per model and
+    precision); a failed check goes to `notes`. A precision that needs a calibration set stays a candidate, as in a
+    one-model plan: --write-config refuses it until one is staged (writeback.calibration_use, the one rule)."""
     instance = _instance(instance_type, lab)
     out = []
     for prec in sorted({c.precision for c in curves if c.model == model and c.instance_type == instance_type}):
@@ -594,13 +640,12 @@ def _options(curves: list[ModelCurve], model: str, instance_type: str, cfg, fami
                 if notes is not None:
                     notes.append(f"{model} {prec} on {instance_type}: ruled out: quality check failed: {why}")
                 continue
-        backend = model_engine(cfg, model).backend.value
-        refusal = support.check(family_of(model), backend, prec, kv_dtype, instance.gpu.arch,
+        engine = model_engine(cfg, model)
+        assert instance is not None  # a catalog type or a lab machine: the curves were read for it
+        refusal = support.check(family_of(model), engine.backend.value, prec, engine.kv_cache_dtype.value,
+                                instance.gpu.arch,
                                 support.instance_where(instance_type, instance.gpu.name, instance.gpu.arch))
-        # A calibrated build without a calibration set is one the validator refuses: not a candidate.
-        uncalibrated = backend is not None and support.needs_calibration(backend, prec, kv_dtype) \
-            and cfg.model_by_id(model).calibration is None
-        if refusal is None and not uncalibrated:
+        if refusal is None:
             out.append(prec)
     return out
 
@@ -617,7 +662,7 @@ def _curve_for(curves: list[ModelCurve], model: str, instance_type: str, precisi
     return coloc, solo
 
 
-def plan_packing(cfg, curves: list[ModelCurve], profile: TrafficProfile, ctx: PlanContext, *,
+def plan_packing(cfg: FleetConfig, curves: list[ModelCurve], profile: TrafficProfile, ctx: PlanContext, *,
                  max_copies: int = DEFAULT_MAX_COPIES, fleet_slo: Slo | None = None,
                  lab: dict[str, str] | None = None, gpu_sharing: str | None = None) -> PackingPlan:
     """Search every consumer region's packings; the choice per region, priced against not packing (and, where it
@@ -625,25 +670,24 @@ def plan_packing(cfg, curves: list[ModelCurve], profile: TrafficProfile, ctx: Pl
     fleet_slo = fleet_slo or ctx.slo
     models = tuple(m.id for m in cfg.models)
     families = {m.id: m.family.value for m in cfg.models}
-    kv_dtype = cfg.engine.kv_cache_dtype.value
     regions: dict[str, list[ConsumerTraffic]] = {}
     for entry in profile.consumers:
         regions.setdefault(entry.region, []).append(entry)
     out = []
-    cache: dict = {"lab": dict(lab or {})}
+    cache: Cache = {"lab": dict(lab or {})}
     for region, entries in regions.items():
         entries = sorted(entries, key=lambda t: models.index(t.model))
-        plan = _plan_region(cfg, curves, region, entries, ctx, fleet_slo, max_copies, families, kv_dtype, cache,
+        plan = _plan_region(cfg, curves, region, entries, ctx, fleet_slo, max_copies, families, cache,
                             gpu_sharing)
         if any(e.sharing == MPS for e in plan.evaluations):
-            sliced = _plan_region(cfg, curves, region, entries, ctx, fleet_slo, max_copies, families, kv_dtype, cache,
+            sliced = _plan_region(cfg, curves, region, entries, ctx, fleet_slo, max_copies, families, cache,
                                   TIME_SLICING)
             plan.alternatives += _time_sliced_alternative(sliced)
         out.append(plan)
     return PackingPlan(profile.name, models, out, max_copies=max_copies)
 
 
-def unentitled_traffic(cfg, profile: TrafficProfile) -> None:
+def unentitled_traffic(cfg: FleetConfig, profile: TrafficProfile) -> None:
     """Traffic for a model that no consumer in its region may call is refused (UserError naming the entry): the
     gateway answers it 403, so sizing a pool for it would pay for load that never arrives. A region with no
     consumer at all is planned for consumers still to come (run.consumerless_regions warns)."""
@@ -656,7 +700,7 @@ def unentitled_traffic(cfg, profile: TrafficProfile) -> None:
                             "drop the entry")
 
 
-def _entitlement_notes(cfg, region: str, entries: list[ConsumerTraffic]) -> list[str]:
+def _entitlement_notes(cfg: FleetConfig, region: str, entries: list[ConsumerTraffic]) -> list[str]:
     callers = [c.name for c in cfg.consumers if c.region == region]
     return [f"{region}: {t.model} is called by {', '.join(c for c in callers if t.model in cfg.models_for(c))}"
             for t in entries if callers]
@@ -671,7 +715,8 @@ def _time_sliced_alternative(sliced: RegionPacking) -> list[Alternative]:
     return [Alternative("time slicing", [w], inst, sum(w.fixed_by_hour) / 24, w.usd_per_m_output)]
 
 
-def _plan_region(cfg, curves, region, entries, ctx, fleet_slo, max_copies, families, kv_dtype, cache,
+def _plan_region(cfg: FleetConfig, curves: list[ModelCurve], region: str, entries: list[ConsumerTraffic],
+                 ctx: PlanContext, fleet_slo: Slo, max_copies: int, families: dict[str, str], cache: Cache,
                  gpu_sharing: str | None = None) -> RegionPacking:
     notes = _entitlement_notes(cfg, region, entries)
     types = sorted({c.instance_type for c in curves})
@@ -685,9 +730,9 @@ def _plan_region(cfg, curves, region, entries, ctx, fleet_slo, max_copies, famil
             if "not offered" in refusal:
                 not_offered.append(instance_type)
             continue
-        per_model = [_options(curves, t.model, instance_type, cfg, families.get, kv_dtype, cache["lab"], ctx, notes)
+        per_model = [_options(curves, _model(t), instance_type, cfg, families.get, cache["lab"], ctx, notes)
                      for t in entries]
-        missing = [t.model for t, opts in zip(entries, per_model) if not opts]
+        missing = [_model(t) for t, opts in zip(entries, per_model) if not opts]
         if missing:
             notes.append(f"{instance_type}: no curve (at a precision its GPU runs) for {', '.join(missing)}")
             continue
@@ -703,7 +748,9 @@ def _plan_region(cfg, curves, region, entries, ctx, fleet_slo, max_copies, famil
             if ev is not None:
                 evaluations.append(ev)
     ranked = sorted((e for e in evaluations if e.feasible), key=PackingEval.rank_key)
-    winner = next((e for e in ranked if not e.estimated), ranked[0] if ranked else None)
+    # Measured first; else an estimate from measured solo curves before a roofline one (--estimate).
+    winner = next((e for e in ranked if not e.estimated), None) or \
+        next((e for e in ranked if e.source != ROOFLINE), ranked[0] if ranked else None)
     if winner is not None and winner.estimated:
         notes.append(f"no packing with measured curves meets every SLO: the choice {winner.label} is ESTIMATED "
                      f"{winner.source.removeprefix('estimated ')}; measure it co-located (fleetcast bench run "
@@ -721,7 +768,7 @@ def _plan_region(cfg, curves, region, entries, ctx, fleet_slo, max_copies, famil
         notes += sharing_notes(winner, curves, mps_calibration().describe()
                                if any(e.sharing == MPS and e.estimated for e in ranked) else None)
     plan = RegionPacking(region, entries, evaluations, ranked, winner, notes=notes, not_offered=not_offered)
-    plan.alternatives = _alternatives(cfg, curves, region, entries, ctx, fleet_slo, families, kv_dtype, cache)
+    plan.alternatives = _alternatives(cfg, curves, region, entries, ctx, fleet_slo, families, cache)
     return plan
 
 
@@ -739,7 +786,7 @@ def _offered(instance_type: str, region: str, ctx: PlanContext, lab: dict[str, s
     return _offer_refusal(instance_type, region, ctx, lab) is None
 
 
-def packings_by_size(precisions: list[list[str]], max_copies: int):
+def packings_by_size(precisions: list[list[str]], max_copies: int) -> Iterator[tuple[tuple[str, int], ...]]:
     """Every packing of the models (per model: one of its precisions, 1..max_copies copies) as ((precision, copies),
     ...) per model, fewest processes first, at most MAX_PROCESSES processes. The order is what makes the
     MAX_PACKINGS cap safe: it cuts the largest packings (the most memory, the most interference), never the small
@@ -752,7 +799,7 @@ def packings_by_size(precisions: list[list[str]], max_copies: int):
                 yield tuple(zip(chosen, copies))
 
 
-def _compositions(total: int, parts: int, most: int):
+def _compositions(total: int, parts: int, most: int) -> Iterator[tuple[int, ...]]:
     """Tuples of `parts` whole numbers in 1..most summing to `total`, in lexicographic order."""
     if parts == 1:
         if 1 <= total <= most:
@@ -763,22 +810,24 @@ def _compositions(total: int, parts: int, most: int):
             yield (first, *rest)
 
 
-def _evaluate(cfg, curves, instance_type, region, entries, combo, ctx, fleet_slo, n_min, cache,
-              sharing: str = TIME_SLICING) -> PackingEval | None:
+def _evaluate(cfg: FleetConfig, curves: list[ModelCurve], instance_type: str, region: str,
+              entries: list[ConsumerTraffic], combo: tuple[tuple[str, int], ...], ctx: PlanContext, fleet_slo: Slo,
+              n_min: int, cache: Cache, sharing: str = TIME_SLICING) -> PackingEval | None:
     """One packing, its processes sharing the GPU by `sharing`; None when it does not fit memory (not a candidate at
     all)."""
-    packing = tuple((t.model, p, c) for t, (p, c) in zip(entries, combo))
+    packing = tuple((_model(t), p, c) for t, (p, c) in zip(entries, combo))
     processes = sum(c for _, _, c in packing)
     if processes > MAX_PROCESSES:
         return None
     key = tuple(sorted((m, c) for m, _, c in packing))
     precisions = tuple(sorted((m, p) for m, p, _ in packing))
-    picked = []
+    picked: list[tuple[ConsumerTraffic, str, str, int, ModelCurve | None, ModelCurve]] = []
     for t, (model, prec, copies) in zip(entries, packing):
         coloc, solo = _curve_for(curves, model, instance_type, prec, key, precisions, sharing)
-        picked.append((t, model, prec, copies, coloc, solo))
-    if any(coloc is None and solo is None for *_, coloc, solo in picked):
-        return None
+        base = solo or coloc  # the solo curve where there is one (the interference rule reads it)
+        if base is None:
+            return None
+        picked.append((t, model, prec, copies, coloc, base))
     # A co-located curve holds at the KV budgets it was measured with: the plan keeps them.
     measured_kv = {m: gb for *_, coloc, _ in picked if coloc is not None and coloc.kv_cache_gb
                    for m, gb in coloc.kv_cache_gb.items()}
@@ -787,14 +836,15 @@ def _evaluate(cfg, curves, instance_type, region, entries, combo, ctx, fleet_slo
         label = " + ".join(f"{m} {p} x{c}" for m, p, c in packing)
         return PackingEval(instance_type, region, [], memory, rejected=refusal, label_text=label, sharing=sharing)
     kv = {p.model_id: p.kv_bytes for p in memory.processes} if memory is not None else {}
-    def load_of(t, model, prec, copies, mc, curve, source) -> ModelLoad:
+    def load_of(t: ConsumerTraffic, model: str, prec: str, copies: int, mc: ModelCurve, curve: Curve,
+                source: str) -> ModelLoad:
         kv_b = kv.get(model)
         return ModelLoad(model, prec, copies, source, curve, _slo_for(cfg, model, fleet_slo),
                          _network_ms(curve, t.region, region, ctx), t,
                          kv_gib=None if kv_b is None else kv_b / GIB, sources=mc.candidate.sources,
                          provenance=mc.candidate.provenance)
 
-    def as_measured(coloc, solo) -> bool:
+    def as_measured(coloc: ModelCurve | None, solo: ModelCurve | None) -> bool:
         return coloc is not None or processes == 1
 
     # What each process's curve is as measured (the co-located curve, else the solo one).
@@ -806,7 +856,7 @@ def _evaluate(cfg, curves, instance_type, region, entries, combo, ctx, fleet_slo
     # which needs fewer instances than the stretched curves will, so it overstates the peers' load).
     pre = size_packing(PackingEval(instance_type, region, first, memory, sharing=sharing), ctx, n_min, cache)
     if not pre.feasible:
-        pre.loads = [replace(ld, source=ESTIMATED_BY[sharing]) if not as_measured(pk[4], pk[5]) else ld
+        pre.loads = [replace(ld, source=_stretched(pk[5], sharing)) if not as_measured(pk[4], pk[5]) else ld
                      for ld, pk in zip(pre.loads, picked)]
         return pre
     adds = [peer_steps(ld, pre.instances_by_hour, cache) for ld in first]
@@ -819,12 +869,19 @@ def _evaluate(cfg, curves, instance_type, region, entries, combo, ctx, fleet_slo
         key_est = ("est", sharing, id(solo), round(others, 3))
         if key_est not in cache:
             cache[key_est] = colocated(sharing, solo.candidate.curve, others)
-        loads.append(replace(load_of(t, model, prec, copies, solo, cache[key_est], ESTIMATED_BY[sharing]),
+        loads.append(replace(load_of(t, model, prec, copies, solo, cache[key_est], _stretched(solo, sharing)),
                              peer_step_ms=others))
     return size_packing(PackingEval(instance_type, region, loads, memory, sharing=sharing), ctx, n_min, cache)
 
 
-def _alternatives(cfg, curves, region, entries, ctx, fleet_slo, families, kv_dtype, cache) -> list[Alternative]:
+def _stretched(solo: ModelCurve, sharing: str) -> str:
+    """The source of a solo curve under the interference rule of `sharing`: still a roofline estimate where it was
+    one."""
+    return ROOFLINE if solo.candidate.estimated else ESTIMATED_BY[sharing]
+
+
+def _alternatives(cfg: FleetConfig, curves: list[ModelCurve], region: str, entries: list[ConsumerTraffic],
+                  ctx: PlanContext, fleet_slo: Slo, families: dict[str, str], cache: Cache) -> list[Alternative]:
     """The same traffic without packing: each model on instances of its own (its best single-process choice)."""
     parts = []
     n_min = ctx.n_min(region)
@@ -833,7 +890,7 @@ def _alternatives(cfg, curves, region, entries, ctx, fleet_slo, families, kv_dty
         for instance_type in sorted({c.instance_type for c in curves}):
             if not _offered(instance_type, region, ctx, cache["lab"]):
                 continue
-            for prec in _options(curves, t.model, instance_type, cfg, families.get, kv_dtype, cache["lab"], ctx):
+            for prec in _options(curves, _model(t), instance_type, cfg, families.get, cache["lab"], ctx):
                 ev = _evaluate(cfg, curves, instance_type, region, [t], ((prec, 1),), ctx, fleet_slo, n_min, cache)
                 if ev is not None and ev.feasible and (best is None or (best.estimated, best.rank_key())
                                                        > (ev.estimated, ev.rank_key())):
@@ -854,7 +911,7 @@ def _alternatives(cfg, curves, region, entries, ctx, fleet_slo, families, kv_dty
 
 
 def baseline_document(result: PackingPlan, ctx: PlanContext, config_pools: dict[str, str | None],
-                      written: str, adapters: dict[str, list[str]] | None = None) -> dict:
+                      written: str, adapters: dict[str, list[str]] | None = None) -> dict[str, Any]:
     """The plan baseline (fleetcast.plan.drift, schema fleetcast.plan-baseline/v1) of a packing plan: per region
     the pool's bounds and price and, per model, its copies, rates and `rps_per_instance` (the hourly mean rate
     one instance serves within that model's SLOs: copies x its processes' SLO-safe rate over the busiest
@@ -865,14 +922,14 @@ def baseline_document(result: PackingPlan, ctx: PlanContext, config_pools: dict[
     from .queueing import max_safe_rate
 
     pools = []
-    cache: dict = {}
+    cache: Cache = {}
     for plan in result.regions:
         w = plan.winner
         if w is None:
             continue
-        models = []
+        models: list[dict[str, Any]] = []
         for m in w.loads:
-            limits = Limits(m.slo.ttft_p99_ms - m.network_ms, m.slo.itl_p99_ms, m.slo.error_rate)
+            limits = m.limits
             safe = max_safe_rate(_models_of(cache, m.curve), m.traffic.output_mean, limits)
             rates, bursts = m.traffic.hourly_rps(), m.traffic.hourly_burstiness()
             busiest = max((b for r, b in zip(rates, bursts) if r > 0), default=1.0)
@@ -904,12 +961,12 @@ def scaling_target(ev: PackingEval) -> float:
     from .queueing import max_safe_rate
     from .solver import TargetPart, scaling_target as target_of
 
-    cache: dict = {}
+    cache: Cache = {}
     parts = []
     for m in ev.loads:
         model = _models_of(cache, m.curve)
         safe = max_safe_rate(model, m.traffic.output_mean,
-                             Limits(m.slo.ttft_p99_ms - m.network_ms, m.slo.itl_p99_ms, m.slo.error_rate))
+                             m.limits)
         if safe is not None:
             parts.append(TargetPart(model, m.traffic.output_mean, safe[0], m.copies, tuple(m.traffic.hourly_rps()),
                                     tuple(m.traffic.hourly_burstiness())))
@@ -923,7 +980,8 @@ def spot_pool(plan: RegionPacking) -> SpotPool:
     from .spot import SpotPool
 
     w = plan.winner
-    cache: dict = {}
+    assert w is not None  # advice is asked for chosen packings only
+    cache: Cache = {}
     held = weight = 0.0
     for m in w.loads:
         model = _models_of(cache, m.curve)

@@ -4,11 +4,11 @@ synthetic, or estimated (solo curves)."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
+from typing import Any
 
 from .packing import ESTIMATED, PackingEval, PackingPlan, RegionPacking
-from .report import Block, blocks_html, blocks_markdown, write_report_dir
+from .report import Block, closing_blocks, closing_lines, write_pages
 from .sharing import ESTIMATED as ESTIMATED_BY, MPS, spread_json
 
 ESTIMATED_MPS = ESTIMATED_BY[MPS]
@@ -61,7 +61,8 @@ def _ruled_out(plan: RegionPacking) -> list[tuple[str, str]]:
     for e in plan.evaluations:
         if not e.feasible:
             # A memory refusal groups by its whole reason (before the arithmetic): which limit, not just "memory".
-            key = e.rejected.split(" (")[0] if e.rejected.startswith("memory:") else e.rejected.split(":")[0].split(",")[0]
+            reason = e.rejected or ""
+            key = reason.split(" (")[0] if reason.startswith("memory:") else reason.split(":")[0].split(",")[0]
             groups.setdefault(key, []).append(e)
     out = []
     for _reason, evs in sorted(groups.items(), key=lambda kv: -len(kv[1])):
@@ -109,10 +110,7 @@ def blocks(result: PackingPlan, plots: dict[str, list[Path]] | None = None) -> l
             out.append(("ul", [(None, n) for n in plan.notes]))
         for path in plots.get(plan.region, []):
             out.append(("img", path))
-    if result.spot:
-        from .spot import lines as spot_lines
-
-        out += [("h2", "Spot tier"), ("ul", [(None, line) for line in spot_lines(result.spot)])]
+    out += closing_blocks(result)
     if len(result.regions) > 1:
         out.append(("h2", "Fleet"))
         out.append(("p", f"packed ${result.cost_per_hour:.2f}/h; one model per pool "
@@ -153,16 +151,12 @@ def render_terminal(result: PackingPlan) -> str:
             lines += [f"  no packing serves; {s}" for s in plan.unpacked()]
         lines += [f"  ruled out: {a}: {b}" for a, b in _ruled_out(plan)]
         lines += [f"  note: {n}" for n in plan.notes]
-    if result.spot:
-        from .spot import lines as spot_lines
-
-        lines += ["", "Spot tier (docs/plan.md#spot; a packing's processes are drained together):"]
-        lines += [f"  {line}" for line in spot_lines(result.spot)]
-    return "\n".join(lines)
+    return "\n".join(lines + closing_lines(result, "Spot tier (docs/plan.md#spot; a packing's processes are drained "
+                                                    "together)"))
 
 
-def _ev_json(e: PackingEval) -> dict:
-    d = {"instance_type": e.instance_type, "region": e.region, "label": e.label, "source": e.source,
+def _ev_json(e: PackingEval) -> dict[str, Any]:
+    d: dict[str, Any] = {"instance_type": e.instance_type, "region": e.region, "label": e.label, "source": e.source,
          "gpu_sharing": e.sharing,
          "rejected": e.rejected,
          "packing": [{"model": m.model, "precision": m.precision, "copies": m.copies, "kv_cache_gib": m.kv_gib,
@@ -183,11 +177,12 @@ def _ev_json(e: PackingEval) -> dict:
     return d
 
 
-def to_json(result: PackingPlan) -> dict:
+def to_json(result: PackingPlan) -> dict[str, Any]:
     return {
         "schema": "fleetcast.plan/v1", "kind": "packing", "traffic": result.traffic_name,
         "models": list(result.models), "data": result.data_notes, "warnings": result.warnings,
         "max_copies": result.max_copies, "spot": [a.to_json() for a in result.spot],
+        "write_config": [{"refuses": blocking, "text": text} for blocking, text in result.write_notes],
         "regions": [{
             "consumer_region": p.region,
             "winner": _ev_json(p.winner) if p.winner else None,
@@ -231,7 +226,7 @@ def write_plots(plan: RegionPacking, directory: Path) -> list[Path]:
     ax.set_title(f"{plan.region}: cost of the same traffic, packed or not")
     ax.legend(loc="upper right", fontsize=8)
     if w.memory is not None:
-        from fleetcast.config.memory import GIB
+        from fleetcast.contract.serving import GIB
 
         bottom = 0.0
         colors = {"weights": "#4477aa", "overhead": "#999999", "KV": "#66aa55"}
@@ -294,14 +289,5 @@ def write_plots(plan: RegionPacking, directory: Path) -> list[Path]:
 
 
 def write_report(result: PackingPlan, directory: str | Path) -> list[Path]:
-    def write(d: Path) -> list[Path]:
-        plots = {p.region: write_plots(p, d) for p in result.regions}
-        page_blocks = blocks(result, plots)
-        pages = {d / "plan.md": blocks_markdown(page_blocks) + "\n",
-                 d / "plan.html": blocks_html(f"Fleetcast packing plan: {result.traffic_name}", page_blocks),
-                 d / "plan.json": json.dumps(to_json(result), indent=1) + "\n"}
-        for path, text in pages.items():
-            path.write_text(text)
-        return list(pages) + [p for ps in plots.values() for p in ps]
-
-    return write_report_dir(directory, write)
+    return write_pages(directory, f"Fleetcast packing plan: {result.traffic_name}", lambda plots: blocks(result, plots),
+                       to_json(result), lambda d: {p.region: write_plots(p, d) for p in result.regions})

@@ -7,12 +7,18 @@ from __future__ import annotations
 import base64
 import html
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from .curves import SOURCE_MEANING
 from .solver import Evaluation, FleetPool, RegionPlan, Slo
+
+if TYPE_CHECKING:
+    from .packing import PackingPlan
+    from .queueing import Prediction
+    from .spot import SpotAdvice
 
 
 @dataclass
@@ -25,7 +31,7 @@ class PlanResult:
     estimator: str | None = None
     warnings: list[str] = field(default_factory=list)
     pools: list[FleetPool] = field(default_factory=list)  # the fleet: consumer regions pooled where that is cheaper
-    spot: list = field(default_factory=list)  # fleetcast.plan.spot.SpotAdvice per pool
+    spot: list[SpotAdvice] = field(default_factory=list)
     # What --write-config does with this plan and the config (writeback.write_config_notes): (refuses, text).
     write_notes: list[tuple[bool, str]] = field(default_factory=list)
 
@@ -37,8 +43,26 @@ def fleet_heading(result: PlanResult) -> str:
     return "Fleet (what --write-config writes)"
 
 
-def write_lines(result: PlanResult) -> list[str]:
+def write_lines(result: PlanResult | PackingPlan) -> list[str]:
     return [f"{'refuses' if blocking else 'note'}: {text}" for blocking, text in result.write_notes]
+
+
+def closing_lines(result: PlanResult | PackingPlan, spot_heading: str) -> list[str]:
+    """Every plan's terminal ending: what --write-config would do, then the Spot advice."""
+    from .spot import lines as spot_lines
+
+    out = ["", "Writing it (--write-config):"] + [f"  {line}" for line in write_lines(result)] if result.write_notes \
+        else []
+    return out + (["", f"{spot_heading}:"] + [f"  {line}" for line in spot_lines(result.spot)] if result.spot else [])
+
+
+def closing_blocks(result: PlanResult | PackingPlan) -> list[Block]:
+    """Every plan page's ending: what --write-config would do, then the Spot advice."""
+    from .spot import lines as spot_lines
+
+    out = [("h2", "Writing it (--write-config)"), ("ul", [(None, line) for line in write_lines(result)])] \
+        if result.write_notes else []
+    return out + ([("h2", "Spot tier"), ("ul", [(None, line) for line in spot_lines(result.spot)])] if result.spot else [])
 
 
 def fleet_lines(result: PlanResult) -> list[str]:
@@ -52,6 +76,7 @@ def fleet_lines(result: PlanResult) -> list[str]:
                      f"instances over the day, ${pool.cost_per_hour:.2f}/h, target {pool.target:g} in-flight per instance")
         for plan, _ev in pool.joined():
             own = plan.winner
+            assert own is not None  # a member joins from its own plan's choice
             lines.append(f"  {plan.traffic.region} joins this pool: +${pool.marginal[plan.traffic.region]:.2f}/h here vs "
                          f"${own.cost_per_hour:.2f}/h for its own {own.candidate.label} pool in {own.service_region} "
                          "(one NLB, one set of provider endpoints and one minimum for both)")
@@ -67,7 +92,7 @@ def _levels_text(plan: RegionPlan) -> str:
         return (f"derived per candidate from arrivals (busiest minute {min(burst):g}-{max(burst):g}x the hour's mean)"
                 if min(burst) != max(burst) else f"derived per candidate from arrivals (busiest minute {burst[0]:g}x "
                 "the hour's mean)")
-    return ", ".join(f"{k}: {v:.0%}" for k, v in plan.traffic.concurrency.items())
+    return ", ".join(f"{k}: {v:.0%}" for k, v in (plan.traffic.concurrency or {}).items())
 
 
 def _best_per_candidate(plan: RegionPlan) -> list[Evaluation]:
@@ -85,7 +110,7 @@ def _rejected_candidates(plan: RegionPlan) -> list[tuple[str, str]]:
     return [(label, why) for label, why in plan.why_not if label in labels]
 
 
-def why_not_said_once(regions: list[RegionPlan]) -> dict[str, tuple[list, list]]:
+def why_not_said_once(regions: list[RegionPlan]) -> dict[str, tuple[list[tuple[str, str]], list[tuple[str, str]]]]:
     """Per consumer region, (ruled out, why not the others) with every reason clause a previous region already
     gave for the same candidate shortened to a pointer to it: the same sentence once per region buried the news."""
     said: dict[tuple[str, str], str] = {}
@@ -211,7 +236,7 @@ def single_instance_note(plan: RegionPlan) -> str | None:
         return None
     hours = [h for h, n in enumerate(w.instances_by_hour) if n == 1]
     spans, start = [], hours[0]
-    for a, b in zip(hours, hours[1:] + [None]):
+    for a, b in zip(hours, hours[1:] + [-1]):
         if b != a + 1:
             spans.append(f"{start:02d}-{a + 1:02d}")
             start = b
@@ -277,13 +302,7 @@ def render_terminal(result: PlanResult) -> str:
     fleet = fleet_lines(result)
     if fleet:
         out += ["", f"{fleet_heading(result)}:"] + [f"  {line}" for line in fleet]
-    if result.write_notes:
-        out += ["", "Writing it (--write-config):"] + [f"  {line}" for line in write_lines(result)]
-    if result.spot:
-        from .spot import lines as spot_lines
-
-        out += ["", "Spot tier (docs/plan.md#spot):"] + [f"  {line}" for line in spot_lines(result.spot)]
-    return "\n".join(out)
+    return "\n".join(out + closing_lines(result, "Spot tier (docs/plan.md#spot)"))
 
 
 # ---------------------------------------------------------------- plots
@@ -304,7 +323,7 @@ def _inputs_tag(evs: list[Evaluation]) -> str:
     return f" [{' and '.join(sources)} inputs]" if sources else ""
 
 
-def _cost_vs_latency(plt, plan: RegionPlan, latency: str, slo_ms: float, path: Path, tag: str) -> Path:
+def _cost_vs_latency(plt: Any, plan: RegionPlan, latency: str, slo_ms: float, path: Path, tag: str) -> Path:
     """$ per 1M output tokens against one traffic-weighted P99 (TTFT or ITL), its SLO as a line and the cost /
     latency Pareto front as a staircase; each candidate at its cheapest region, every point labelled."""
     front_evs = [plan.ranked[i] for i in _pareto([(getattr(e, latency), e.usd_per_m_output) for e in plan.ranked])]
@@ -342,7 +361,7 @@ def _cost_vs_latency(plt, plan: RegionPlan, latency: str, slo_ms: float, path: P
     return path
 
 
-def _matplotlib():
+def _matplotlib() -> Any:
     """pyplot on the file backend, or one line saying how to install it."""
     try:
         import matplotlib
@@ -357,7 +376,7 @@ def _matplotlib():
     return plt
 
 
-def write_plots(plan: RegionPlan, directory: Path, slo: Slo, pools: list[FleetPool] = ()) -> list[Path]:
+def write_plots(plan: RegionPlan, directory: Path, slo: Slo, pools: Sequence[FleetPool] = ()) -> list[Path]:
     plt = _matplotlib()
 
     evs = plan.ranked
@@ -427,12 +446,13 @@ def _table_rows(plan: RegionPlan) -> tuple[list[str], list[list[str]]]:
 # The report as a list of blocks, rendered to Markdown and to HTML alike, so the two pages
 # cannot drift apart: ("h1"|"h2"|"h3"|"p"|"rec", text), ("ul", [(bold or None, text)]),
 # ("table", header, rows), ("img", path).
-Block = tuple
+Block = tuple[Any, ...]
 
 
 def _blocks(result: PlanResult, plots: dict[str, list[Path]]) -> list[Block]:
     blocks: list[Block] = [("h1", f"Fleetcast plan: {result.traffic_name}")]
-    head = [("Model", result.model_id or "as labelled in the results"), ("SLO", result.slo.text())]
+    head: list[tuple[str | None, str]] = [("Model", result.model_id or "as labelled in the results"),
+                                          ("SLO", result.slo.text())]
     head += [(None, n) for n in result.data_notes]
     if result.estimator:
         head.append(("Performance model", result.estimator))
@@ -471,13 +491,7 @@ def _blocks(result: PlanResult, plots: dict[str, list[Path]]) -> list[Block]:
     fleet = fleet_lines(result)
     if fleet:
         blocks += [("h2", fleet_heading(result)), ("ul", [(None, line.strip()) for line in fleet])]
-    if result.write_notes:
-        blocks += [("h2", "Writing it (--write-config)"), ("ul", [(None, line) for line in write_lines(result)])]
-    if result.spot:
-        from .spot import lines as spot_lines
-
-        blocks += [("h2", "Spot tier"), ("ul", [(None, line) for line in spot_lines(result.spot)])]
-    return blocks
+    return blocks + closing_blocks(result)
 
 
 def _md_table(header: list[str], rows: list[list[str]]) -> list[str]:
@@ -510,10 +524,6 @@ def blocks_markdown(blocks: list[Block]) -> str:
     return "\n".join(out)
 
 
-def render_html(result: PlanResult, plots: dict[str, list[Path]]) -> str:
-    return blocks_html(f"Fleetcast plan: {result.traffic_name}", _blocks(result, plots))
-
-
 def blocks_html(title: str, blocks: list[Block]) -> str:
     """A report's blocks as one self-contained HTML page (plots inlined)."""
     e = html.escape
@@ -543,7 +553,7 @@ def blocks_html(title: str, blocks: list[Block]) -> str:
     return "\n".join(parts)
 
 
-def _prediction_json(p, network_ms: float) -> dict | None:
+def _prediction_json(p: Prediction | None, network_ms: float) -> dict[str, Any] | None:
     """The planner's steady state at an hour's busiest minute (None for an hour without traffic)."""
     if p is None:
         return None
@@ -551,8 +561,8 @@ def _prediction_json(p, network_ms: float) -> dict | None:
             "itl_p99_ms": p.itl_p99_ms, "out_of_range": p.out_of_range}
 
 
-def to_json(result: PlanResult) -> dict:
-    def ev_json(ev: Evaluation) -> dict:
+def to_json(result: PlanResult) -> dict[str, Any]:
+    def ev_json(ev: Evaluation) -> dict[str, Any]:
         d = {"candidate": ev.candidate.label, "instance_type": ev.candidate.instance_type,
              "precision": ev.candidate.precision, "service_region": ev.service_region,
              "estimated": ev.candidate.estimated, "source": ev.candidate.source, "rejected": ev.rejected}
@@ -636,12 +646,22 @@ def write_report_dir(directory: str | Path, write: Callable[[Path], list[Path]])
 
 
 def write_report(result: PlanResult, directory: str | Path) -> list[Path]:
+    return write_pages(directory, f"Fleetcast plan: {result.traffic_name}", lambda plots: _blocks(result, plots),
+                       to_json(result),
+                       lambda d: {p.traffic.region: write_plots(p, d, result.slo, result.pools) for p in result.regions})
+
+
+def write_pages(directory: str | Path, title: str, blocks: Callable[[dict[str, list[Path]]], list[Block]],
+                doc: dict[str, Any], plots: Callable[[Path], dict[str, list[Path]]]) -> list[Path]:
+    """A plan report, one model or a packing: its plots, then plan.md, plan.html (the same blocks) and plan.json,
+    written whole or not at all (write_report_dir)."""
     def write(d: Path) -> list[Path]:
-        plots = {p.traffic.region: write_plots(p, d, result.slo, result.pools) for p in result.regions}
-        pages = {d / "plan.md": render_markdown(result, plots) + "\n", d / "plan.html": render_html(result, plots),
-                 d / "plan.json": json.dumps(to_json(result), indent=1) + "\n"}
+        drawn = plots(d)
+        page = blocks(drawn)
+        pages = {d / "plan.md": blocks_markdown(page) + "\n", d / "plan.html": blocks_html(title, page),
+                 d / "plan.json": json.dumps(doc, indent=1) + "\n"}
         for path, text in pages.items():
             path.write_text(text)
-        return list(pages) + [p for ps in plots.values() for p in ps]
+        return list(pages) + [p for ps in drawn.values() for p in ps]
 
     return write_report_dir(directory, write)

@@ -5,19 +5,24 @@ arguments and prints; tests call `build_plan` directly.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import date
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fleetcast.config import catalog
 from fleetcast.contract.errors import EXIT_USAGE, UserError
 
 from .aws import live_availability, refresh_prices
-from .check import PlannedPool
 from .curves import sources_text
 from .estimate import estimate_specs
 from .inputs import (
+    Availability,
+    FixedCosts,
+    Latency,
+    Prices,
+    QualityFile,
     load_candidates,
     load_fixed_costs,
     load_latency,
@@ -26,9 +31,15 @@ from .inputs import (
     shipped_availability,
     stale_table_warning,
 )
+from .packing import model_engine
 from .report import PlanResult
-from .solver import PlanContext, RegionPlan, Slo, fleet_pools, plan
+from .solver import PlanContext, PlannedPool, RegionPlan, Slo, fleet_pools, plan
 from .traffic import ConsumerTraffic, TrafficProfile, load_traffic
+
+if TYPE_CHECKING:
+    from fleetcast.config.model import FleetConfig
+
+    from .packing import ModelCurve, PackingPlan
 
 
 @dataclass
@@ -57,8 +68,8 @@ class PlanOptions:
     # Capacity reservations already paid for: {(instance type, region): count} (`--reserved TYPE@REGION=N`).
     reserved: dict[tuple[str, str], int] = field(default_factory=dict)
     # Injected AWS clients (tests use botocore Stubber); None means clients of the shared AWS session.
-    pricing_client: object | None = None
-    ec2_client_for: object | None = None
+    pricing_client: Any = None
+    ec2_client_for: Callable[[str], Any] | None = None
     # The date price tables are aged against; None means today (tests fix it).
     today: date | None = None
     # A traffic profile already in hand (`plan --check --traffic-from cloudwatch`); else `traffic` is read.
@@ -70,8 +81,8 @@ class PlanOptions:
     gpu_sharing: str | None = None
 
 
-def _expand(paths: list[str]) -> list[str]:
-    out = []
+def _expand(paths: list[str]) -> list[str | Path]:
+    out: list[str | Path] = []
     for raw in paths:
         p = Path(raw)
         if p.is_dir():
@@ -84,11 +95,12 @@ def _expand(paths: list[str]) -> list[str]:
     return out
 
 
-def _tables(opts: PlanOptions, instance_types: list[str], consumer_regions: list[str], warnings: list[str]):
+def _tables(opts: PlanOptions, instance_types: list[str], consumer_regions: list[str], warnings: list[str]
+            ) -> tuple[Prices, Availability, Latency, FixedCosts, QualityFile | None]:
     """Prices, availability, latency, fixed costs and quality: shipped tables, files, or AWS where asked."""
     prices = load_prices(opts.prices)
     candidate_regions = sorted(set(consumer_regions) | catalog.privatelink_cross_region())
-    aws = None
+    aws: Any = None
     if opts.refresh_prices or opts.live_availability:
         from fleetcast.aws_session import AwsSession
 
@@ -106,7 +118,7 @@ def _tables(opts: PlanOptions, instance_types: list[str], consumer_regions: list
     return prices, availability, load_latency(opts.latency), load_fixed_costs(opts.fixed_costs), load_quality(opts.quality)
 
 
-def _stale_tables(prices, fixed, today: date) -> list[str]:
+def _stale_tables(prices: Prices, fixed: FixedCosts, today: date) -> list[str]:
     """A warning per dated table older than inputs.PRICE_MAX_AGE_DAYS on `today`."""
     found = (
         stale_table_warning("on-demand prices", prices.as_of, today,
@@ -117,7 +129,15 @@ def _stale_tables(prices, fixed, today: date) -> list[str]:
     return [w for w in found if w]
 
 
-def consumerless_regions(cfg, traffic: TrafficProfile) -> list[str]:
+def _traffic(opts: PlanOptions) -> TrafficProfile:
+    if opts.traffic_profile is not None:
+        return opts.traffic_profile
+    if not opts.traffic:
+        raise UserError("--traffic: give a traffic profile (fleetcast.traffic/v1)", exit_code=EXIT_USAGE)
+    return load_traffic(opts.traffic)
+
+
+def consumerless_regions(cfg: Any, traffic: TrafficProfile) -> list[str]:
     """A warning per traffic region where the config has no consumer. Both planners plan it all the same (the
     profile may describe consumers still to come: examples/plan/seed/traffic-us-east-1.yaml is planned against
     config/fleet.yaml, whose consumers sit in Seoul and Oregon), so the plan is a price for them, not for traffic
@@ -138,19 +158,14 @@ def consumerless_regions(cfg, traffic: TrafficProfile) -> list[str]:
 def build_plan(opts: PlanOptions) -> tuple[PlanResult, list[RegionPlan], PlanContext]:
     from fleetcast.config import load_config
 
-    cfg = None
+    cfg: Any = None
     if opts.config:
         if Path(opts.config).exists():
             cfg = load_config(opts.config)
         elif opts.ttft_p99_ms is None or opts.itl_p99_ms is None:
             raise UserError(f"--config: {opts.config} does not exist; give a fleet config (its slo is the default) "
                             "or both --ttft-p99-ms and --itl-p99-ms")
-    slo = Slo(
-        ttft_p99_ms=opts.ttft_p99_ms if opts.ttft_p99_ms is not None else cfg.slo.ttft_p99_ms,
-        itl_p99_ms=opts.itl_p99_ms if opts.itl_p99_ms is not None else cfg.slo.itl_p99_ms,
-        error_rate=opts.error_rate if opts.error_rate is not None else (cfg.slo.error_rate if cfg else 0.01),
-    )
-    traffic = opts.traffic_profile if opts.traffic_profile is not None else load_traffic(opts.traffic)
+    traffic = _traffic(opts)
     if cfg is not None:
         traffic.checked_against(tuple(m.id for m in cfg.models))
     candidates = load_candidates(_expand(opts.results))
@@ -162,29 +177,10 @@ def build_plan(opts: PlanOptions) -> tuple[PlanResult, list[RegionPlan], PlanCon
     instance_types = sorted({c.instance_type for c in candidates} | {s.split(":")[0] for s in opts.estimate if s != "all"})
     if opts.estimate and "all" in opts.estimate:
         instance_types = sorted(catalog.instance_catalog())
-    prices, availability, latency, fixed, quality = _tables(opts, instance_types, consumer_regions, warnings)
-
-    min_instances: dict[str, int] = {}
-    min_source: dict[str, str] = {}
-    if cfg is not None:
-        for region in cfg.regions:
-            pool = max(region.pools, key=lambda p: p.capacity.min)
-            min_instances[region.region] = pool.capacity.min
-            min_source[region.region] = f"the config floor regions[{region.region}].pools[{pool.name}].capacity.min"
-            if any(p.capacity_reservation_ids for p in region.pools) and not any(r == region.region for _, r in opts.reserved):
-                warnings.append(f"regions[{region.region}] launches into capacity reservations; give their size "
-                                "(--reserved TYPE@REGION=N) so the plan counts them as paid for")
-    if opts.min_instances is not None:
-        min_instances = {}
-        min_source = {}
-    ctx = PlanContext(
-        slo=slo, prices=prices, availability=availability, latency=latency, fixed=fixed, quality=quality,
-        quality_threshold=opts.quality_threshold, min_instances=min_instances,
-        default_min_instances=opts.min_instances if opts.min_instances is not None else 1,
-        model_id=cfg.model.id if cfg else None, model_family=cfg.model.family if cfg else None,
-        kv_cache_dtype=cfg.engine.kv_cache_dtype.value if cfg else "auto",
-        reserved=dict(opts.reserved), min_instances_source=min_source,
-    )
+    tables = _tables(opts, instance_types, consumer_regions, warnings)
+    ctx = _context(opts, cfg, tables, warnings, model_id=cfg.model.id if cfg else None,
+                   model_family=cfg.model.family if cfg else None,
+                   kv_cache_dtype=model_engine(cfg, cfg.model.id).kv_cache_dtype.value if cfg else "auto")
 
     estimator_text = None
     if opts.estimate:
@@ -195,7 +191,6 @@ def build_plan(opts: PlanOptions) -> tuple[PlanResult, list[RegionPlan], PlanCon
         candidates = candidates + estimated
         estimator_text = estimator.describe()
 
-    warnings += _stale_tables(prices, fixed, opts.today or date.today())
     synthetic = [c for c in candidates if c.provenance == "synthetic"]
     if synthetic:
         warnings.append(f"{len(synthetic)} of {len(candidates)} candidate(s) rest on SYNTHETIC results (authored "
@@ -203,18 +198,9 @@ def build_plan(opts: PlanOptions) -> tuple[PlanResult, list[RegionPlan], PlanCon
                         "candidates (fleetcast bench) before acting on it")
 
     plans = plan(candidates, traffic, ctx)
-    data_notes = [
-        f"prices as of {prices.as_of} ({prices.source})",
-        f"availability as of {availability.as_of}",
-        f"network latency as of {latency.as_of} ({latency.source})",
-        f"fixed costs as of {fixed.as_of}",
-        f"results: {sources_text(candidates)}",
-    ]
-    if quality is not None:
-        limit = opts.quality_threshold if opts.quality_threshold is not None else quality.threshold
-        data_notes.append(f"quality: {quality.metric} <= {limit:g}")
-    result = PlanResult(traffic.name, ctx.model_id or next((c.model for c in candidates if c.model), None), slo, plans,
-                        data_notes, estimator_text, warnings, fleet_pools(plans, ctx))
+    result = PlanResult(traffic.name, ctx.model_id or next((c.model for c in candidates if c.model), None), ctx.slo,
+                        plans, _data_notes(ctx, sources_text(candidates)), estimator_text, warnings,
+                        fleet_pools(plans, ctx))
     from . import spot
 
     result.spot = spot.advise_all(result.pools, ctx, spot.load_spot_inputs(
@@ -226,54 +212,33 @@ def several_models(config: str | None) -> bool:
     """Whether `config` names a fleet of several models (its plan is a packing search: build_packing)."""
     from fleetcast.config import load_config
 
-    return bool(config) and Path(config).exists() and len(load_config(config).models) > 1
+    return config is not None and Path(config).exists() and len(load_config(config).models) > 1
 
 
-def build_packing(opts: PlanOptions, max_copies: int | None = None):
+def build_packing(opts: PlanOptions, max_copies: int | None = None) -> tuple[PackingPlan, PlanContext, FleetConfig]:
     """The plan of a fleet of several models: which models share an instance, with how many copies
     (fleetcast/plan/packing.py). Returns (PackingPlan, PlanContext, FleetConfig)."""
     from fleetcast.config import load_config
 
     from . import packing
 
-    if opts.estimate:
-        raise UserError("--estimate: the roofline estimate covers one-model fleets; a fleet of several models is "
-                        "planned from bench results (solo or co-located) only")
-    cfg = load_config(opts.config)
-    slo = Slo(
-        ttft_p99_ms=opts.ttft_p99_ms if opts.ttft_p99_ms is not None else cfg.slo.ttft_p99_ms,
-        itl_p99_ms=opts.itl_p99_ms if opts.itl_p99_ms is not None else cfg.slo.itl_p99_ms,
-        error_rate=opts.error_rate if opts.error_rate is not None else cfg.slo.error_rate,
-    )
+    cfg = load_config(str(opts.config))
     models = tuple(m.id for m in cfg.models)
-    traffic = opts.traffic_profile if opts.traffic_profile is not None else load_traffic(opts.traffic)
-    traffic = traffic.checked_against(models)
+    traffic = _traffic(opts).checked_against(models)
     packing.unentitled_traffic(cfg, traffic)
     curves = packing.load_model_curves(_expand(opts.results), models, lab=opts.lab)
     warnings = consumerless_regions(cfg, traffic)
     for mc in curves:
         warnings += [f"{mc.model} on {mc.candidate.label}: {n}" for n in mc.candidate.curve.notes]
-    prices, availability, latency, fixed, quality = _tables(
-        opts, sorted({c.instance_type for c in curves}), [c.region for c in traffic.consumers], warnings)
+    estimators = _estimate_per_model(opts.estimate, cfg, curves, traffic) if opts.estimate else []
+    curves += [c for _, estimated in estimators for c in estimated]
+    tables = _tables(opts, sorted({c.instance_type for c in curves}), [c.region for c in traffic.consumers], warnings)
+    quality = tables[4]
     unknown = sorted({r.model for r in quality.results if r.model and r.model not in models}) if quality else []
     if unknown:
         raise UserError(f"--quality: results[].model {', '.join(unknown)} is not a model of the config; allowed: "
                         f"{', '.join(models)}")
-    min_instances = {}
-    min_source = {}
-    for region in cfg.regions:
-        pool = max(region.pools, key=lambda p: p.capacity.min)
-        min_instances[region.region] = pool.capacity.min
-        min_source[region.region] = f"the config floor regions[{region.region}].pools[{pool.name}].capacity.min"
-    if opts.min_instances is not None:
-        min_instances, min_source = {}, {}
-    ctx = PlanContext(
-        slo=slo, prices=prices, availability=availability, latency=latency, fixed=fixed, quality=quality,
-        quality_threshold=opts.quality_threshold,
-        min_instances=min_instances, default_min_instances=opts.min_instances if opts.min_instances is not None else 1,
-        kv_cache_dtype=cfg.engine.kv_cache_dtype.value, min_instances_source=min_source, reserved=dict(opts.reserved),
-    )
-    warnings += _stale_tables(prices, fixed, opts.today or date.today())
+    ctx = _context(opts, cfg, tables, warnings)
     synthetic = [c for c in curves if c.candidate.provenance == "synthetic"]
     if synthetic:
         warnings.append(f"{len(synthetic)} of {len(curves)} curve(s) rest on SYNTHETIC results (authored data, not "
@@ -283,7 +248,7 @@ def build_packing(opts: PlanOptions, max_copies: int | None = None):
         warnings.append(f"{len(lab)} curve(s) were measured with the reference backend on a lab machine (--lab): "
                         "not a TensorRT-LLM engine and not an AWS instance type; the plan shows how the packing is "
                         "chosen from them, not what an AWS fleet would cost")
-    result = packing.plan_packing(cfg, curves, traffic, ctx, fleet_slo=slo, lab=opts.lab,
+    result = packing.plan_packing(cfg, curves, traffic, ctx, fleet_slo=ctx.slo, lab=opts.lab,
                                   max_copies=max_copies or packing.DEFAULT_MAX_COPIES, gpu_sharing=opts.gpu_sharing)
     from . import spot
 
@@ -292,14 +257,63 @@ def build_packing(opts: PlanOptions, max_copies: int | None = None):
     result.spot = [spot.advise(packing.spot_pool(r), ctx, inputs) for r in result.regions
                    if r.winner is not None and r.winner.instance_type in catalog.instance_catalog()]
     result.warnings = warnings
-    result.data_notes = [
-        f"prices as of {prices.as_of} ({prices.source})",
-        f"availability as of {availability.as_of}",
-        f"network latency as of {latency.as_of} ({latency.source})",
-        f"fixed costs as of {fixed.as_of}",
-        f"results: {packing.curves_text(curves)}",
-    ]
+    result.data_notes = _data_notes(ctx, packing.curves_text(curves)) + [f"estimates: {text}" for text, _ in estimators]
     return result, ctx, cfg
+
+
+def _context(opts: PlanOptions, cfg: Any, tables: tuple[Prices, Availability, Latency, FixedCosts, QualityFile | None],
+             warnings: list[str], **model: Any) -> PlanContext:
+    """What the method reads besides curves and traffic, one model or several: the SLO (flags over the config's),
+    the tables, each region's floor (the config pool's capacity.min, or --min-instances) and the reservations;
+    `warnings` gets the tables' age and any region launching into reservations --reserved does not size."""
+    prices, availability, latency, fixed, quality = tables
+    floors: dict[str, int] = {}
+    sources: dict[str, str] = {}
+    for region in cfg.regions if cfg is not None else []:
+        pool = max(region.pools, key=lambda p: p.capacity.min)
+        floors[region.region] = pool.capacity.min
+        sources[region.region] = f"the config floor regions[{region.region}].pools[{pool.name}].capacity.min"
+        if any(p.capacity_reservation_ids for p in region.pools) and not any(r == region.region for _, r in opts.reserved):
+            warnings.append(f"regions[{region.region}] launches into capacity reservations; give their size "
+                            "(--reserved TYPE@REGION=N) so the plan counts them as paid for")
+    if opts.min_instances is not None:
+        floors, sources = {}, {}
+    warnings += _stale_tables(prices, fixed, opts.today or date.today())
+    slo = Slo(opts.ttft_p99_ms if opts.ttft_p99_ms is not None else cfg.slo.ttft_p99_ms,
+              opts.itl_p99_ms if opts.itl_p99_ms is not None else cfg.slo.itl_p99_ms,
+              opts.error_rate if opts.error_rate is not None else (cfg.slo.error_rate if cfg else 0.01))
+    return PlanContext(slo=slo, prices=prices, availability=availability, latency=latency, fixed=fixed,
+                       quality=quality, quality_threshold=opts.quality_threshold, min_instances=floors,
+                       default_min_instances=opts.min_instances if opts.min_instances is not None else 1,
+                       reserved=dict(opts.reserved), min_instances_source=sources, **model)
+
+
+def _data_notes(ctx: PlanContext, results: str) -> list[str]:
+    """Where the plan's inputs came from, dated."""
+    notes = [f"prices as of {ctx.prices.as_of} ({ctx.prices.source})", f"availability as of {ctx.availability.as_of}",
+             f"network latency as of {ctx.latency.as_of} ({ctx.latency.source})", f"fixed costs as of {ctx.fixed.as_of}",
+             f"results: {results}"]
+    if ctx.quality is not None:
+        limit = ctx.quality_threshold if ctx.quality_threshold is not None else ctx.quality.threshold
+        notes.append(f"quality: {ctx.quality.metric} <= {limit:g}")
+    return notes
+
+
+def _estimate_per_model(specs: list[str], cfg: FleetConfig, curves: list[ModelCurve],
+                        traffic: TrafficProfile) -> list[tuple[str, list[ModelCurve]]]:
+    """--estimate for a fleet of several models: per model, roofline curves for the specs, calibrated on that model's
+    solo curves (estimate.estimate_specs) at its traffic's lengths. Returns (what the estimator rests on, its
+    curves as packing.ModelCurve) per model."""
+    from .packing import ModelCurve
+
+    out: list[tuple[str, list[ModelCurve]]] = []
+    for model in cfg.models:
+        measured = [c.candidate for c in curves if c.model == model.id and c.packing is None]
+        entries = [t for t in traffic.consumers if t.model == model.id] or traffic.consumers
+        estimated, estimator = estimate_specs(specs, measured, model.id, model.family, entries[0].input_mean,
+                                              entries[0].output_mean)
+        out.append((f"{model.id}: {estimator.describe()}", [ModelCurve(model.id, c) for c in estimated]))
+    return out
 
 
 @dataclass
@@ -330,16 +344,16 @@ class Planned:
         return [t for r in self.result.regions for t in r.traffic]
 
     def pools(self) -> list[PlannedPool]:
-        from .check import planned_packings, planned_pools
-
-        return planned_pools(self.result.pools) if self.plans is not None else planned_packings(self.result)
+        """The planned pools, one per provider region used (a packing plan: one per region with a choice)."""
+        if self.plans is not None:
+            return [p.planned(self.ctx) for p in self.result.pools]
+        return [r.winner.planned() for r in self.result.regions if r.winner is not None]
 
     def promise_writes(self, cfg: Any, allow_estimated: bool) -> None:
-        """What --write-config will do, for the report (one model: its blocking notes)."""
+        """What --write-config will do, for the report: its refusals and notes."""
         from .writeback import write_config_notes
 
-        if self.plans is not None:
-            self.result.write_notes = write_config_notes(cfg, self.result.pools, allow_estimated)
+        self.result.write_notes = write_config_notes(cfg, self.pools(), allow_estimated)
 
     def render(self, as_json: bool) -> str:
         import json
@@ -352,26 +366,42 @@ class Planned:
     def write_report(self, directory: str) -> list[Path]:
         from . import packing_report, report
 
-        return (report if self.plans is not None else packing_report).write_report(self.result, directory)
+        paths: list[Path] = (report if self.plans is not None else packing_report).write_report(self.result, directory)
+        return paths
 
     def simulate(self, seed: int, candidates: list[str] | None, max_groups: int | None,
                  report: Path | None) -> tuple[list[str], bool]:
-        from .simulate import simulate_packing, simulate_plan
+        """The planned pools (or the candidates named, by label as the report writes them) by simulation."""
+        from .simulate import simulate_pools
+
+        pools = [p for label in candidates for p in self.candidate_pools(label)] if candidates else self.pools()
+        notes = [] if candidates or self.plans is not None else \
+            [f"{region}: no packing chosen; nothing to simulate" for region in self.unserved()]
+        return simulate_pools(pools, self.ctx, self.plans is None, seed, max_groups, report, notes, bool(candidates))
+
+    def candidate_pools(self, label: str) -> list[PlannedPool]:
+        """Each consumer region's best evaluation labelled `label`, as a pool serving that region alone."""
+        from .solver import one_model_pool
 
         if self.plans is not None:
-            return simulate_plan(self.plans, self.result.pools, self.ctx, seed=seed, candidates=candidates,
-                                 max_groups=max_groups, report=report)
-        return simulate_packing(self.result, self.ctx, seed=seed, max_groups=max_groups, report=report,
-                                candidates=candidates)
+            best = [(p.traffic, next((e for e in p.ranked if e.candidate.label == label), None)) for p in self.plans]
+            found = [one_model_pool([(t, ev)], self.ctx, ev.instances_by_hour, ev.target, ev.needed_by_hour,
+                                    ev.predictions) for t, ev in best if ev is not None]
+            known = {e.candidate.label for p in self.plans for e in p.ranked}
+        else:
+            found = [e.planned() for r in self.result.regions for e in r.ranked if e.label == label]
+            known = {e.label for r in self.result.regions for e in r.ranked}
+        if not found:
+            raise UserError(f"--candidate {label!r}: not a feasible {'candidate' if self.plans else 'packing'} of "
+                            f"this plan; one of: {'; '.join(sorted(known))}")
+        return found
 
     def edit(self, path: str, allow_estimated: bool, write_schedule: bool, write_spot: bool) -> Any:
         """The config at `path` with this plan written in, validated (writeback.ConfigEdit); writes nothing."""
-        from .writeback import compute_packing_edit, compute_plan_edit
+        from .writeback import compute_edit
 
-        if self.plans is not None:
-            return compute_plan_edit(path, self.plans, self.result.pools, allow_estimated=allow_estimated,
-                                     write_schedule=write_schedule, spot=self.result.spot, write_spot=write_spot)
-        return compute_packing_edit(path, self.result, allow_estimated, write_schedule, write_spot)
+        return compute_edit(path, self.pools(), self.unserved(), allow_estimated, write_schedule, self.result.spot,
+                            write_spot)
 
     def baseline(self, config_path: str, cfg: Any, written: str) -> tuple[Path, str]:
         """(path, text) of the drift baseline for the config as written (`cfg`)."""
@@ -380,33 +410,30 @@ class Planned:
         from . import drift, packing
         from .writeback import pool_name_for
 
+        # The config pool each planned pool was written to, as the write picks it (writeback.pool_for).
+        regions = {r.region: r for r in cfg.regions}
+        chosen = {p.region: pool_name_for(regions[p.region], p.instance_type.split(".")[0]) for p in self.pools()
+                  if p.region in regions}
         if self.plans is not None:
-            chosen = {}
-            for fleet_pool in self.result.pools:
-                region = next((r for r in cfg.regions if r.region == fleet_pool.service_region), None)
-                if region is not None:
-                    chosen[region.region] = pool_name_for(region, fleet_pool.evaluation.candidate.family)
             doc = drift.baseline_document(self.result.pools, self.ctx, chosen, written)
         else:
-            chosen = {r.region: pool_name_for(cfg.region(r.region), r.winner.instance_type.split(".")[0])
-                      for r in self.result.regions if r.winner is not None}
             doc = packing.baseline_document(self.result, self.ctx, chosen, written,
                                             {m.id: [a.id for a in m.adapters] for m in cfg.models})
         return drift.baseline_path(config_path), json.dumps(doc, indent=1) + "\n"
 
     def write_notes(self, cfg: Any) -> list[str]:
-        """Notes on the config as written (one model: what the target means for consumers' concurrency limits)."""
+        """Notes on the config as written: what each pool's target means for consumers' concurrency limits."""
         from .writeback import throttling_notes
 
-        return throttling_notes(cfg, self.result.pools) if self.plans is not None else []
+        return throttling_notes(cfg, self.pools())
 
 
 def plan_fleet(opts: PlanOptions, max_copies: int | None = None) -> Planned:
     """Plan the fleet `opts.config` describes: a packing search when it serves several models, else the one-model
     method (docs/plan.md)."""
     if several_models(opts.config):
-        result, ctx, _ = build_packing(opts, max_copies=max_copies)
-        return Planned(result, ctx)
+        packed, packed_ctx, _ = build_packing(opts, max_copies=max_copies)
+        return Planned(packed, packed_ctx)
     if opts.lab or max_copies or opts.gpu_sharing:
         raise UserError(f"--lab/--max-copies/--gpu-sharing plan fleets of several models; {opts.config} serves one",
                         exit_code=EXIT_USAGE)

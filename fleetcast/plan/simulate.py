@@ -22,10 +22,19 @@ import heapq
 import math
 import random
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
-from .queueing import Limits, ServiceModel
+from .queueing import Limits, Prediction, ServiceModel
+
+if TYPE_CHECKING:
+    from .solver import PlanContext, PlannedPool
+
+# One stream of arrivals a pool serves: (hourly rps, hourly burstiness, output tokens: a mean or {tokens: share}).
+Member = tuple[list[float], list[float], Any]
+_Tables = tuple[list[float], list[tuple[float, float]], list[tuple[float, float]]]
 
 # Event kinds.
 _DONE, _FIRST, _READY, _TICK = 0, 1, 2, 3
@@ -51,10 +60,10 @@ class _Instance:
         self.routable = False
         self.draining = False
         self.active = 0
-        self.queue: deque = deque()
+        self.queue: deque[list[Any]] = deque()
         self.phi = 0.0  # steps done per decoding slot (the token clock)
         self.t_u = 0.0  # ms, when phi was last brought up to date
-        self.decoding: list = []  # heap of (end phi, seq, request)
+        self.decoding: list[tuple[float, int, list[Any]]] = []  # heap of (end phi, seq, request)
         self.version = 0
         self.born_s = born_s
         self.gone_s: float | None = None
@@ -62,7 +71,7 @@ class _Instance:
         # (its time and seq; seq 0: none known), and the current one while it waits behind that one to be pushed.
         self.anchor_t = math.inf
         self.anchor_seq = 0
-        self.deferred: tuple | None = None
+        self.deferred: tuple[Any, ...] | None = None
 
 
 @dataclass
@@ -85,7 +94,7 @@ class FleetSim:
         self.rng = random.Random(self.seed)
         self.cap = int(self.cap or self.model.top)
         self.instances: list[_Instance] = []
-        self._events: list = []
+        self._events: list[tuple[Any, ...]] = []
         self._seq = 0
         self.now_ms = 0.0
         self._area = 0.0  # integral of requests in flight on routable instances, request-ms
@@ -93,7 +102,7 @@ class FleetSim:
         self._in_flight = 0
         self.unrouted = 0
         self._live: list[_Instance] | None = None
-        self._tab = None  # per-batch service tables, built by the first run()
+        self._tab: _Tables | None = None  # per-batch service tables, built by the first run()
 
     # -- fleet changes (the Auto Scaling side calls these) --
 
@@ -168,16 +177,17 @@ class FleetSim:
     # heap's live events and their (time, seq) keys are the same as if every one were pushed at once, so they pop
     # in the same order.
 
-    def _tables(self) -> tuple[list[float], list[tuple[float, float]], list[tuple[float, float]]]:
+    def _tables(self) -> _Tables:
         """Per integer batch 0..cap: the step (ms), and the TTFT and ITL-factor lognormals as (mu, sigma)."""
         if self._tab is None:
             m = self.model
-            levels = range(self.cap + 1)
+            levels = range(int(self.cap or 0) + 1)
             self._tab = ([m.step_ms(b) for b in levels], [(m.ttft(b).mu, m.ttft(b).sigma) for b in levels],
                          [(m.itl_factor(b).mu, m.itl_factor(b).sigma) for b in levels])
         return self._tab
 
-    def run(self, arrivals: list[Arrival], until_s: float, tick_s: float | None = None, on_tick=None) -> None:
+    def run(self, arrivals: list[Arrival], until_s: float, tick_s: float | None = None,
+            on_tick: Callable[[FleetSim, float], None] | None = None) -> None:
         """Serve `arrivals` (sorted by time) until `until_s`; call on_tick(sim, t_s) every tick_s."""
         if tick_s:
             self._push(tick_s * 1000.0, _TICK, None, None)
@@ -187,7 +197,7 @@ class FleetSim:
         exp, gauss, choice = math.exp, self.rng.gauss, self.rng.choice
         records = self.records
         inf = math.inf
-        cap = self.cap
+        cap = int(self.cap or 0)
         k, n = 0, len(arrivals)
         until_ms = until_s * 1000.0
         next_arrival = arrivals[0].t_s * 1000.0 if n else inf
@@ -244,6 +254,7 @@ class FleetSim:
                         inst.t_u = t
                     continue
                 else:  # _TICK
+                    assert on_tick is not None and tick_s is not None  # a tick is pushed only with both
                     on_tick(self, t / 1000.0)
                     self._push(t + tick_s * 1000.0, _TICK, None, None)
                     continue
@@ -298,7 +309,7 @@ class FleetSim:
                 inst.deferred = None
         self.now_ms = until_ms
 
-    def _push(self, t: float, kind: int, inst, payload, version: int = 0) -> None:
+    def _push(self, t: float, kind: int, inst: _Instance | None, payload: Any, version: int = 0) -> None:
         self._seq += 1
         heapq.heappush(self._events, (t, self._seq, kind, inst, payload, version))
 
@@ -321,7 +332,7 @@ class FleetSim:
         else:
             inst.deferred = None
 
-    def _admit(self, inst: _Instance, req: list, t: float) -> None:
+    def _admit(self, inst: _Instance, req: list[Any], t: float) -> None:
         """A request joins inst's batch: its TTFT and ITL factor drawn at the batch it joins."""
         self._account(t)
         if inst.decoding and t > inst.t_u:
@@ -335,7 +346,7 @@ class FleetSim:
         self._push(t + ttft, _FIRST, inst, req)
         self._reschedule(inst, t)
 
-    def _finish(self, inst: _Instance, t: float, req: list) -> None:
+    def _finish(self, inst: _Instance, t: float, req: list[Any]) -> None:
         """A request leaves inst: its record; the next queued request takes its place."""
         self._account(t)
         a: Arrival = req[0]
@@ -354,7 +365,7 @@ class FleetSim:
 BURST_MINUTES = 3  # the busiest minutes of an hour: consecutive, at `burstiness` x the hour's mean
 
 
-def length_sampler(spec: float | dict[str, float], rng: random.Random):
+def length_sampler(spec: float | dict[str, float], rng: random.Random) -> Callable[[], int]:
     """Output tokens per request: a fixed mean, or drawn from {tokens: share}."""
     if not isinstance(spec, dict):
         n = max(1, round(float(spec)))
@@ -374,7 +385,7 @@ def length_sampler(spec: float | dict[str, float], rng: random.Random):
     return draw
 
 
-def poisson_arrivals(rates_per_minute: list[float], stream: int, start_s: float, draw_tokens,
+def poisson_arrivals(rates_per_minute: list[float], stream: int, start_s: float, draw_tokens: Callable[[], int],
                      rng: random.Random) -> list[Arrival]:
     """A Poisson process whose rate is constant within each minute."""
     out: list[Arrival] = []
@@ -456,7 +467,7 @@ def _serve_window(model: ServiceModel, window: tuple[list[Arrival], float], n: i
     sim.run(arrivals, until_s=horizon + 600.0)
     kept = [r for r in sim.records if r.arrival_s >= WARMUP_S]
     ok = [r for r in kept if r.ok]
-    per_minute = {}
+    per_minute: dict[int, list[float]] = {}
     for r in ok:
         per_minute.setdefault(int((r.arrival_s - WARMUP_S) // 60), []).append(r.ttft_ms)
     return WindowStats(
@@ -469,7 +480,7 @@ def _serve_window(model: ServiceModel, window: tuple[list[Arrival], float], n: i
     )
 
 
-def meets(stats: WindowStats, limits) -> bool:
+def meets(stats: WindowStats, limits: Limits) -> bool:
     """The planner's rule (queueing.Limits), read off the simulation."""
     return (stats.ttft_p99_ms <= limits.ttft_ms and stats.itl_p99_ms <= limits.itl_ms
             and stats.error_share <= limits.error_rate and stats.queued_share <= 0.01)
@@ -505,13 +516,14 @@ class HourCheck:
             self._close(self.planned_itl_ms, self.sim_itl_ms)
 
 
-def check_sizing(model: ServiceModel, members: list, limits, planned: list[int], needed: list[int], predictions: list,
+def check_sizing(model: ServiceModel, members: list[Member], limits: Limits, planned: list[int], needed: list[int],
+                 predictions: list[Prediction | None],
                  network_ms: float, seed: int, max_groups: int | None = None) -> list[HourCheck]:
     """members: [(hourly rps, hourly burstiness, output-token spec)] sharing one pool. One check per distinct hour
     (rates and burstiness of every member), at that hour's busiest minutes: the P99s at the planned count (the
     floor included), and the fewest instances meeting the SLOs in the simulation against the planner's (before
     any floor)."""
-    groups: dict[tuple, list[int]] = {}
+    groups: dict[tuple[tuple[float, float], ...], list[int]] = {}
     for h in range(24):
         key = tuple((round(m[0][h], 6), round(m[1][h], 6)) for m in members)
         if any(r > 0 for r, _ in key) and predictions[h] is not None:
@@ -548,6 +560,7 @@ def check_sizing(model: ServiceModel, members: list, limits, planned: list[int],
                     sim_n = k
                     break
         pred = predictions[h]
+        assert pred is not None  # a checked hour has traffic
         out.append(HourCheck(hours, sum(r for r, _ in streams), n, planned[h], sim_n, pred.ttft_p99_ms + network_ms,
                              at_plan.ttft_p99_ms + network_ms, pred.itl_p99_ms, at_plan.itl_p99_ms, at_plan.requests,
                              at_plan.queued_share, network_ms, meets(at_plan, limits)))
@@ -606,11 +619,11 @@ class SimTarget:
     title: str
     who: str  # what an SLO miss names (the pool, or the model and region)
     model: ServiceModel
-    members: list
+    members: list[Member]
     limits: Limits
     planned: list[int]
     needed: list[int]
-    predictions: list
+    predictions: list[Prediction | None]
     network_ms: float
     synthetic: bool
     copies: int = 1
@@ -651,7 +664,7 @@ def simulate(targets: list[SimTarget], header: str, what: str, seed: int = 7, ma
             hours = sorted(sim)[:6]
             out.append(f"{region}: instances planned / simulated (floor included), first checked hours: "
                        + ", ".join(f"{h:02d}h {instances[h]}/{max(sim[h], floor)}" for h in hours))
-    if drawn:
+    if drawn and report is not None:
         report.mkdir(parents=True, exist_ok=True)
         paths = [write_day_plot(f"{t.title.split(' (counts')[0]}: simulated day (seed {seed})", t.planned, t.needed,
                                 checks, t.limits, report / f"simulate-{t.picture}.png", unit=t.unit)
@@ -661,45 +674,47 @@ def simulate(targets: list[SimTarget], header: str, what: str, seed: int = 7, ma
     return synthetic_line(any(t.synthetic for t in targets)) + out, ok and not any(h for _, h in misses)
 
 
-def simulate_plan(plans, pools, ctx, seed: int = 7, candidates: list[str] | None = None,
-                  max_groups: int | None = None, report: Path | None = None) -> tuple[list[str], bool]:
-    """A one-model plan's pools (or the named candidates, per consumer region) by simulation."""
+def simulate_pools(pools: list[PlannedPool], ctx: PlanContext, packed: bool, seed: int = 7, max_groups: int | None = None,
+                   report: Path | None = None, notes: list[str] | None = None,
+                   named: bool = False) -> tuple[list[str], bool]:
+    """Planned pools (solver.PlannedPool, one model or a packing) by simulation: per pool and model, that model's
+    planned processes (the pool's instances x its copies) each batch continuously on the curve the planner used for
+    it (in a packing the co-located one where measured, else the solo curve stretched by the interference rule),
+    its consumers' arrivals spread at random over them (the NLB over instances, the gateway over copies). Per
+    model and distinct hour: its P99s at the planned processes and the fewest processes meeting its SLOs, against
+    the planner's; a packed pool's instance count is the largest over its models of processes / copies. `named`:
+    the pools are candidates named by --candidate (one sized from a histogram is then refused, not skipped)."""
     from fleetcast.contract.errors import UserError
 
-    from .solver import _limits
-
-    def target(title: str, ev, members: list, network: float, planned: list[int], needed: list[int],
-               predictions: list) -> SimTarget:
-        return SimTarget(title, title, ctx.model(ev.candidate), members, _limits(ctx, network), planned, needed,
-                         predictions, network, ev.candidate.provenance == "synthetic", picture=_slug(title))
-
     targets: list[SimTarget] = []
-    notes: list[str] = []
-    for label in candidates or []:
-        found = [(plan, next(e for e in plan.ranked if e.candidate.label == label)) for plan in plans
-                 if any(e.candidate.label == label for e in plan.ranked)]
-        if not found:
-            known = sorted({e.candidate.label for p in plans for e in p.ranked})
-            raise UserError(f"--candidate {label!r}: not a feasible candidate of this plan; one of: {', '.join(known)}")
-        for plan, ev in found:
-            if not ev.arrival_driven:
-                raise UserError(f"--candidate {label}: {plan.traffic.region}'s profile has no arrivals to "
-                                "simulate (a concurrency histogram only); add burstiness to it")
-            t = plan.traffic
-            targets.append(target(f"{ev.label} serving {t.region}", ev,
-                                  [(t.hourly_rps(), t.hourly_burstiness(), t.output_tokens)], ev.network_ms,
-                                  ev.instances_by_hour, ev.needed_by_hour, ev.predictions))
-    for pool in [] if candidates else pools:
-        evs = [ev for _, ev in pool.members]
-        if not all(ev.arrival_driven for ev in evs):
-            notes.append(f"{pool.candidate} @ {pool.service_region}: sized from a concurrency histogram, not from "
-                         "arrivals; nothing to check (add burstiness to the profile)")
-            continue
-        members = [(p.traffic.hourly_rps(), p.traffic.hourly_burstiness(), p.traffic.output_tokens)
-                   for p, _ in pool.members]
-        targets.append(target(f"{pool.candidate} @ {pool.service_region} serving {', '.join(pool.consumer_regions)}",
-                              evs[0], members, max(ev.network_ms for ev in evs), pool.instances_by_hour,
-                              pool.needed_by_hour, pool.predictions))
+    notes = list(notes or [])
+    for pool in pools:
+        for s in pool.serves:
+            z = s.sizing
+            assert z is not None  # every planner sizes what it serves
+            members = [(t.hourly_rps(), t.hourly_burstiness(), t.output_tokens) for t in z.members]
+            if not z.arrival_driven:
+                if named:
+                    raise UserError(f"--candidate {pool.label}: {', '.join(pool.consumer_regions)}'s profile has no "
+                                    "arrivals to simulate (a concurrency histogram only); add burstiness to it")
+                notes.append(f"{pool.label} @ {pool.region}: sized from a concurrency histogram, not from arrivals; "
+                             "nothing to check (add burstiness to the profile)")
+                continue
+            if not pool.packed:
+                title = f"{pool.label} @ {pool.region} serving {', '.join(pool.consumer_regions)}"
+                targets.append(SimTarget(title, title, z.service, members, z.limits, list(z.processes), list(z.needed),
+                                         list(z.predictions), z.network_ms, z.synthetic, picture=_slug(title)))
+                continue
+            title = f"{pool.instance_type} @ {pool.region}: {s.model} {s.precision} x{s.copies} [{z.source}]"
+            targets.append(SimTarget(
+                f"{title} (counts are its processes: instances x {s.copies})", f"{s.model} ({pool.region})", z.service,
+                members, z.limits, list(z.processes), list(z.needed), list(z.predictions), z.network_ms, z.synthetic,
+                s.copies, (pool.region, list(pool.instances_by_hour), ctx.n_min(pool.region)), f"{s.model} processes",
+                _slug(f"{pool.instance_type} @ {pool.region} {s.model}")))
+    if packed:
+        return simulate(targets, "random routing over each model's processes, continuous batching per that model's "
+                        "curve in the packing", "per model: P99 TTFT incl. network, P99 ITL at the planned processes; "
+                        "process count within 10% or one process", seed, max_groups, report, notes)
     return simulate(targets, "random routing, continuous batching per the measured curve",
                     "P99 TTFT incl. network, P99 ITL at the planned count; instance count within 10% or one instance",
                     seed, max_groups, report, notes)
@@ -711,7 +726,7 @@ def _slug(text: str) -> str:
     return "-".join("".join(c if c.isalnum() or c in "._-" else "-" for c in w) for w in words)
 
 
-def write_day_plot(title: str, planned: list[int], needed: list[int], checks: list[HourCheck], limits,
+def write_day_plot(title: str, planned: list[int], needed: list[int], checks: list[HourCheck], limits: Limits,
                    path: Path, unit: str = "instances") -> Path:
     """The 24-hour picture of one simulated pool: instances the plan runs per UTC hour against the fewest the
     simulation needed, and each checked hour's P99 TTFT and ITL (planned line, simulated marker) against the SLO,
@@ -770,47 +785,3 @@ def write_day_plot(title: str, planned: list[int], needed: list[int], checks: li
     fig.savefig(path, dpi=110, bbox_inches="tight")
     plt.close(fig)
     return path
-
-
-def simulate_packing(result, ctx, seed: int = 7, max_groups: int | None = None,
-                     report: Path | None = None, candidates: list[str] | None = None) -> tuple[list[str], bool]:
-    """A packing plan (fleetcast/plan/packing.py) by simulation: per region and model, the model's N_h x copies
-    processes each batch continuously on that model's own curve in the packing (the co-located one where measured:
-    the GPU shared as it was measured; else the solo curve stretched by the interference rule, as the planner used
-    it), arrivals spread at random over them (the NLB over instances, the gateway over copies). Per model and
-    distinct hour: its P99s at the planned processes and the fewest processes meeting its SLOs, against the
-    planner's; the pool's instance count is the largest over the models of processes / copies. `candidates`:
-    packings by label (as the report writes them) instead of each region's choice."""
-    from fleetcast.contract.errors import UserError
-
-    from .packing import _models_of
-
-    chosen = []  # (region's plan, the packing to simulate)
-    for label in candidates or []:
-        found = [(plan, e) for plan in result.regions for e in plan.ranked if e.label == label]
-        if not found:
-            known = sorted({e.label for plan in result.regions for e in plan.ranked})
-            raise UserError(f"--candidate {label!r}: not a feasible packing of this plan; one of: {'; '.join(known)}")
-        chosen += found
-    if not candidates:
-        chosen = [(plan, plan.winner) for plan in result.regions]
-    cache: dict = {}
-    targets: list[SimTarget] = []
-    notes: list[str] = []
-    for plan, w in chosen:
-        if w is None:
-            notes.append(f"{plan.region}: no packing chosen; nothing to simulate")
-            continue
-        for m in w.loads:
-            t = m.traffic
-            title = f"{w.instance_type} @ {plan.region}: {m.model} {m.precision} x{m.copies} [{m.source}]"
-            targets.append(SimTarget(
-                f"{title} (counts are its processes: instances x {m.copies})", f"{m.model} ({plan.region})",
-                _models_of(cache, m.curve), [(t.hourly_rps(), t.hourly_burstiness(), t.output_tokens)],
-                Limits(m.slo.ttft_p99_ms - m.network_ms, m.slo.itl_p99_ms, m.slo.error_rate),
-                [n * m.copies for n in w.instances_by_hour], list(m.processes_by_hour), m.predictions, m.network_ms,
-                m.provenance == "synthetic", m.copies, (plan.region, w.instances_by_hour, ctx.n_min(plan.region)),
-                f"{m.model} processes", _slug(f"{w.instance_type} @ {plan.region} {m.model}")))
-    return simulate(targets, "random routing over each model's processes, continuous batching per that model's curve "
-                    "in the packing", "per model: P99 TTFT incl. network, P99 ITL at the planned processes; process "
-                    "count within 10% or one process", seed, max_groups, report, notes)

@@ -28,7 +28,9 @@ P99 TTFT, then fewer instance-hours.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any, TypeVar
 
 from fleetcast.config import catalog
 from fleetcast.config.model import ModelFamily
@@ -52,6 +54,15 @@ from .traffic import ConsumerTraffic, TrafficProfile
 # The scaling target stays at least this far below the SLO-safe in-flight count, for the minute or two a
 # scale-out takes to be served even without bursts.
 TARGET_HEADROOM = 0.10
+
+
+T = TypeVar("T")
+
+
+def _given(value: T | None) -> T:
+    """A figure every feasible evaluation has (the method sets it before it can pass)."""
+    assert value is not None
+    return value
 
 
 def capacity_bounds(hourly: list[int]) -> tuple[int, int, int]:
@@ -86,7 +97,7 @@ class PlanContext:
     default_min_instances: int = 1
     model_id: str | None = None
     model_family: ModelFamily | None = None
-    kv_cache_dtype: str = "auto"  # the config's engine.kv_cache_dtype
+    kv_cache_dtype: str = "auto"  # the model's KV-cache dtype (fleet engine <- models[].engine: packing.model_engine)
     # Instances already paid for (On-Demand Capacity Reservations): (instance type, region) -> count. A plan
     # pays only for the instances above them; the reservation itself is paid whatever the plan picks.
     reserved: dict[tuple[str, str], int] = field(default_factory=dict)
@@ -99,7 +110,7 @@ class PlanContext:
     def model(self, candidate: Candidate) -> ServiceModel:
         """One service model per candidate (its lognormal fits and predictions are cached inside, and shared with
         every plan of this process that reads the same curve: queueing.model_for)."""
-        cache = self.__dict__.setdefault("_models", {})
+        cache: dict[int, tuple[Candidate, ServiceModel]] = self.__dict__.setdefault("_models", {})
         if id(candidate) not in cache:
             cache[id(candidate)] = (candidate, model_for(candidate.curve))
         return cache[id(candidate)][1]
@@ -143,6 +154,56 @@ class PoolDay:
         return capacity_bounds(self.instances_by_hour)
 
 
+@dataclass(frozen=True)
+class Sizing:
+    """How the planner sized one model's processes on a pool, as `plan simulate` checks it."""
+
+    service: ServiceModel
+    members: tuple[ConsumerTraffic, ...]  # the traffic those processes serve, one entry per consumer region
+    limits: Limits  # in-region: the SLOs less the farthest member's network
+    network_ms: float
+    processes: tuple[int, ...]  # planned per UTC hour (instances x copies)
+    needed: tuple[int, ...]  # what the SLOs need, before the floor
+    predictions: tuple[Prediction | None, ...]
+    synthetic: bool
+    source: str
+    arrival_driven: bool = True  # False: sized from an in-flight histogram, which has no arrivals to simulate
+
+
+@dataclass(frozen=True)
+class Served:
+    """One model's processes on each instance of a planned pool."""
+
+    model: str  # "" for a plan without a config whose results name no model
+    precision: str
+    copies: int = 1
+    kv_cache_gb: float | None = None  # each copy's KV budget as written; None: the engine's fraction
+    sizing: Sizing | None = field(default=None, compare=False)
+
+
+@dataclass(frozen=True)
+class PlannedPool:
+    """What a planned pool asks of the config, whatever planned it (one model is a packing of one): what the
+    re-plan check compares, the report promises and --write-config writes."""
+
+    region: str
+    consumer_regions: tuple[str, ...]
+    instance_type: str
+    label: str  # as the report and the Spot advice name it
+    cost_text: str
+    serves: tuple[Served, ...]
+    instances_by_hour: tuple[int, ...]
+    target: float
+    estimated: bool = False
+    backend: str | None = None  # the results' backend, for a plan without a config
+    packed: bool = False  # from the packing search: its models' precisions go to models[].engine, copies to serves
+
+    @property
+    def capacity(self) -> tuple[int, int]:
+        lo, _, hi = capacity_bounds(list(self.instances_by_hour))
+        return lo, hi
+
+
 @dataclass
 class Evaluation(PoolDay):
     candidate: Candidate
@@ -179,14 +240,14 @@ class Evaluation(PoolDay):
     measured_cap: float | None = None
     network_ms: float = 0.0  # one-way share of the RTT the bench did not see, added to TTFT
     reserved_used: int = 0  # reserved instances this plan runs on (paid whatever the pick)
-    seconds_at: object = None  # histogram method: target k -> instance-seconds per request S(k)
+    seconds_at: Callable[[float], float] | None = None  # histogram method: target k -> instance-seconds per request S(k)
     needed_by_hour: list[int] = field(default_factory=list)  # arrivals: instances the SLOs need, before any floor
 
     @property
     def label(self) -> str:
         return f"{self.candidate.label} @ {self.service_region}"
 
-    def rank_key(self) -> tuple:
+    def rank_key(self) -> tuple[Any, ...]:
         return (round(self.cost_per_hour, 2), round(self.weighted_ttft_p99, 1), self.instance_hours,
                 self.candidate.estimated, self.label)
 
@@ -201,8 +262,8 @@ def evaluate(candidate: Candidate, traffic: ConsumerTraffic, service_region: str
     if reason:
         ev.rejected = reason
         return ev
-    ev.rtt_ms = ctx.latency.between(traffic.region, service_region)
-    ev.price_per_hour = ctx.prices.price(candidate.instance_type, service_region)
+    ev.rtt_ms = _given(ctx.latency.between(traffic.region, service_region))  # else a structural rejection
+    ev.price_per_hour = _given(ctx.prices.price(candidate.instance_type, service_region))
     slo = ctx.slo
     curve = candidate.curve
     out_adjust = 0.0
@@ -240,7 +301,7 @@ def evaluate(candidate: Candidate, traffic: ConsumerTraffic, service_region: str
             break
         ev.max_load = p.concurrency
     if ev.max_load is None:
-        ev.rejected = f"fails the SLO even at its lowest measured load: {ev.first_failure.text()}"
+        ev.rejected = f"fails the SLO even at its lowest measured load: {_given(ev.first_failure).text()}"
         return ev
     ev.network_ms = network(curve.points[-1])
     if traffic.arrival_driven:
@@ -257,7 +318,7 @@ def evaluate(candidate: Candidate, traffic: ConsumerTraffic, service_region: str
         return sum(w * (e2e(curve.at(min(level, k))) / 1000.0) / min(level, k) for level, w in weights.items())
     ev.seconds_at = seconds_per_request
 
-    def weighted(k: float, fn) -> float:
+    def weighted(k: float, fn: Callable[[LoadPoint], float]) -> float:
         return sum(w * fn(curve.at(min(level, k))) for level, w in weights.items())
 
     # 3. the target k <= c* that makes each request cheapest (ties: lower weighted TTFT).
@@ -296,9 +357,9 @@ def evaluate(candidate: Candidate, traffic: ConsumerTraffic, service_region: str
     ev.weighted_itl_p99 = weighted(k, lambda p: p.itl_p99)
     ev.weighted_e2e = weighted(k, lambda p: e2e(p) + max(network(p), 0.0))
     served = [(w, curve.at(min(level, k))) for level, w in weights.items()]
-    if all(p.ttft_p99_ci for _, p in served):
-        ev.weighted_ttft_ci = (sum(w * (p.ttft_p99_ci[0] + network(p)) for w, p in served),
-                               sum(w * (p.ttft_p99_ci[1] + network(p)) for w, p in served))
+    cis = [(w, p.ttft_p99_ci, network(p)) for w, p in served if p.ttft_p99_ci]
+    if len(cis) == len(served):
+        ev.weighted_ttft_ci = (sum(w * (ci[0] + net) for w, ci, net in cis), sum(w * (ci[1] + net) for w, ci, net in cis))
     at_k = curve.at(k)
     # The SLO inside the P99 CI at the target: say what the plan costs if a longer run fails there.
     ci_t, ci_i = at_k.ttft_p99_ci, at_k.itl_p99_ci
@@ -551,7 +612,7 @@ def _pick(ranked: list[Evaluation]) -> Evaluation | None:
     return next((e for e in ranked if not e.candidate.estimated), ranked[0] if ranked else None)
 
 
-def _deciding_constraints(candidates, traffic, ctx: PlanContext, winner: Evaluation,
+def _deciding_constraints(candidates: list[Candidate], traffic: ConsumerTraffic, ctx: PlanContext, winner: Evaluation,
                           evaluations: list[Evaluation]) -> list[tuple[str, str, str]]:
     """When a config floor (capacity.min) or a reservation, not the traffic, decides the pick: say which and what
     would win without it. Returns (other candidate label, note for the region, text for that candidate's why-not)."""
@@ -620,7 +681,7 @@ class FleetPool:
     def target(self) -> float:
         if self.pool_target is not None:
             return self.pool_target
-        return min(ev.target for _, ev in self.members)
+        return min(_given(ev.target) for _, ev in self.members)
 
     @property
     def evaluation(self) -> Evaluation:
@@ -676,12 +737,32 @@ class FleetPool:
         for plan, ev in arrivals:
             rates, bursts = plan.traffic.hourly_rps(), plan.traffic.hourly_burstiness()
             busiest = max((b for r, b in zip(rates, bursts) if r > 0), default=1.0)
-            safe.append(instances * ev.safe_rate_rps / busiest)
+            safe.append(instances * _given(ev.safe_rate_rps) / busiest)
         return min(safe)
 
     def joined(self) -> list[tuple[RegionPlan, Evaluation]]:
         """Members served here rather than by their own plan's choice."""
         return [(plan, ev) for plan, ev in self.members if ev is not plan.winner]
+
+    def planned(self, ctx: PlanContext) -> PlannedPool:
+        return one_model_pool([(plan.traffic, ev) for plan, ev in self.members], ctx, self.instances_by_hour,
+                              self.target, self.needed_by_hour, self.predictions)
+
+
+def one_model_pool(members: list[tuple[ConsumerTraffic, Evaluation]], ctx: PlanContext, instances: list[int],
+                   target: float | None, needed: list[int], predictions: list[Prediction | None]) -> PlannedPool:
+    """A pool of one model (the evaluation of its first member's candidate) serving these consumer regions."""
+    ev = members[0][1]
+    assert target is not None  # every feasible evaluation has one
+    cand = ev.candidate
+    network = max(e.network_ms for _, e in members)
+    sizing = Sizing(ctx.model(cand), tuple(t for t, _ in members), _limits(ctx, network), network, tuple(instances),
+                    tuple(needed), tuple(predictions), cand.provenance == "synthetic", cand.source,
+                    all(e.arrival_driven for _, e in members))
+    return PlannedPool(ev.service_region, tuple(t.region for t, _ in members), cand.instance_type, cand.label,
+                       f"${ev.cost_per_hour:.2f}/h, ${ev.usd_per_m_output:.3f} per 1M output tokens",
+                       (Served(cand.model or "", cand.precision, sizing=sizing),), tuple(instances), float(target),
+                       cand.estimated, cand.backend)
 
 
 @dataclass
@@ -726,18 +807,19 @@ def _pool_size(service: str, members: list[tuple[RegionPlan, Evaluation]], ctx: 
         bursts = tuple(max((plan.traffic.hourly_burstiness()[h] for plan, _ in arrivals
                             if plan.traffic.hourly_rps()[h] > 0), default=1.0) for h in range(24))
         target = scaling_target([TargetPart(model, out_mean, safe[0], 1, summed, bursts)]) if safe \
-            else min(ev.target for _, ev in arrivals)
+            else min(_given(ev.target) for _, ev in arrivals)
         worst = max((p for p in predictions if p is not None), key=lambda p: p.ttft_p99_ms, default=None)
         for plan, ev in arrivals:
             if worst is not None:
                 checks[plan.traffic.region] = (worst.ttft_p99_ms + ev.network_ms, worst.itl_p99_ms)
     if histogram:
         # One target for the pool: the one making the summed load cheapest among levels every member meets its SLOs at.
-        cap = min(ev.max_load for _, ev in histogram)
+        cap = min(_given(ev.max_load) for _, ev in histogram)
         options = [p.concurrency for p in cand.curve.points if p.concurrency <= cap]
 
         def loads(k: float) -> list[float]:
-            return [sum(plan.traffic.hourly_rps()[h] * ev.seconds_at(k) for plan, ev in histogram) for h in range(24)]
+            return [sum(plan.traffic.hourly_rps()[h] * _given(ev.seconds_at)(k) for plan, ev in histogram)
+                    for h in range(24)]
         k = min(options, key=lambda k: (sum(math.ceil(x - 1e-9) for x in loads(k)), -k))
         counts = [c + math.ceil(x - 1e-9) for c, x in zip(counts, loads(k))]
         target = k if target is None else min(target, k)
@@ -767,7 +849,7 @@ def fleet_pools(plans: list[RegionPlan], ctx: PlanContext) -> list[FleetPool]:
             key = (plan.winner.service_region, plan.winner.candidate.label)
             pools.setdefault(key, FleetPool(*key, [])).members.append((plan, plan.winner))
 
-    def cost(key, members) -> float:
+    def cost(key: tuple[str, str], members: list[tuple[RegionPlan, Evaluation]]) -> float:
         return _pool_cost(key[0], members, ctx)[1]
 
     for _ in range(len(plans) * len(plans) + 1):
@@ -845,7 +927,8 @@ def _loss_reason(ev: Evaluation, win: Evaluation, traffic: ConsumerTraffic) -> s
     return "; ".join(parts)
 
 
-def _why_not(candidates, evaluations, ranked, winner, traffic, ctx) -> list[tuple[str, str]]:
+def _why_not(candidates: list[Candidate], evaluations: list[Evaluation], ranked: list[Evaluation],
+             winner: Evaluation | None, traffic: ConsumerTraffic, ctx: PlanContext) -> list[tuple[str, str]]:
     out = []
     order = {id(e.candidate): i for i, e in enumerate(ranked)}
     candidates = sorted(candidates, key=lambda c: order.get(id(c), len(order)))
@@ -861,6 +944,7 @@ def _why_not(candidates, evaluations, ranked, winner, traffic, ctx) -> list[tupl
             continue
         if feasible:
             best = feasible[0]
+            assert winner is not None  # something is feasible, so something was chosen
             if cand.estimated and best.rank_key() < winner.rank_key():
                 out.append((cand.label, f"estimated only: would cost ${best.cost_per_hour:.2f}/h in {best.service_region} "
                             f"({_pct(best.cost_per_hour, winner.cost_per_hour)}) by the roofline model; benchmark it "
@@ -877,17 +961,18 @@ def _why_not(candidates, evaluations, ranked, winner, traffic, ctx) -> list[tupl
             text += "; cross-region: " + "; ".join(([f"the same in {', '.join(same)}"] if same else [])
                                                    + [f"{e.service_region}: {e.rejected}" for e in others
                                                       if e.rejected != home.rejected])
-        elif traffic.region not in ctx.privatelink_regions and not home.rejected.startswith(("quality", "measured")):
+        elif traffic.region not in ctx.privatelink_regions and not (home.rejected or "").startswith(("quality", "measured")):
             text += (f"; cross-region is not an option: {traffic.region} is not in the cross-region PrivateLink table "
                      f"(so no other region can serve it)")
         out.append((cand.label, text))
     return out
 
 
-def _peak_notes(candidates, evaluations, winner, traffic, ctx) -> list[str]:
+def _peak_notes(candidates: list[Candidate], evaluations: list[Evaluation], winner: Evaluation | None,
+                traffic: ConsumerTraffic, ctx: PlanContext) -> list[str]:
     """Why the benchmark's headline (peak throughput) is not the choice."""
-    notes = []
-    peaks = [(c.curve.peak_output_tps(), c) for c in candidates if c.curve.peak_output_tps()]
+    notes: list[str] = []
+    peaks = [(peak, c) for c in candidates if (peak := c.curve.peak_output_tps())]
     if not peaks or winner is None:
         return notes
     overall = max(peaks, key=lambda x: x[0][0])
@@ -907,7 +992,7 @@ def _peak_notes(candidates, evaluations, winner, traffic, ctx) -> list[str]:
         if not best.feasible:
             # Ruled out before any sizing (not offered, quality, measured range): the reason is the whole story.
             # Its first clause only: the full reason is under "Ruled out" a few lines up.
-            notes.append(f"{head}; not the choice: ruled out: {best.rejected.split(': ')[0]}")
+            notes.append(f"{head}; not the choice: ruled out: {(best.rejected or '').split(': ')[0]}")
             continue
         why = f"not the choice: {_pct(best.cost_per_hour, winner.cost_per_hour)} cost for this traffic"
         if weights is None:
@@ -920,12 +1005,12 @@ def _peak_notes(candidates, evaluations, winner, traffic, ctx) -> list[str]:
     return notes
 
 
-def _overlap(a, b) -> bool:
+def _overlap(a: tuple[float, float] | None, b: tuple[float, float] | None) -> bool:
     return bool(a and b and a[0] <= b[1] and b[0] <= a[1])
 
 
 def _stats_notes(ranked: list[Evaluation], winner: Evaluation | None, ctx: PlanContext) -> list[str]:
-    notes = []
+    notes: list[str] = []
     if winner is None:
         return notes
     better_estimates = [e for e in ranked if e.candidate.estimated and e.rank_key() < winner.rank_key()]
@@ -936,16 +1021,16 @@ def _stats_notes(ranked: list[Evaluation], winner: Evaluation | None, ctx: PlanC
     rivals = [e for e in ranked if not e.candidate.estimated and e.candidate is not winner.candidate]
     second = rivals[0] if rivals else None
     if second is not None:
-        if _overlap(winner.weighted_ttft_ci, second.weighted_ttft_ci):
+        a, b = winner.weighted_ttft_ci, second.weighted_ttft_ci
+        if a and b and _overlap(a, b):
             notes.append(f"{winner.label} and {second.label} are within noise on traffic-weighted P99 TTFT "
-                         f"({winner.weighted_ttft_ci[0]:.0f}-{winner.weighted_ttft_ci[1]:.0f} vs "
-                         f"{second.weighted_ttft_ci[0]:.0f}-{second.weighted_ttft_ci[1]:.0f} ms, 95% CI)")
-        elif winner.weighted_ttft_ci and second.weighted_ttft_ci:
+                         f"({a[0]:.0f}-{a[1]:.0f} vs {b[0]:.0f}-{b[1]:.0f} ms, 95% CI)")
+        elif a and b:
             notes.append(f"{winner.label} vs {second.label}: traffic-weighted P99 TTFT differs beyond noise "
                          f"({winner.weighted_ttft_p99:.0f} vs {second.weighted_ttft_p99:.0f} ms; CIs do not overlap)")
     for ev in [winner] + ([second] if second else []):
         net = ev.rtt_ms
-        at = ev.candidate.curve.at(ev.target)
+        at = ev.candidate.curve.at(_given(ev.target))
         ci = at.ttft_p99_ci
         bench = at.bench_rtt_ms if at.bench_rtt_ms is not None else ctx.latency.same_region_ms
         if ci and ci[0] + net - bench <= ctx.slo.ttft_p99_ms <= ci[1] + net - bench:
@@ -963,7 +1048,7 @@ def _stats_notes(ranked: list[Evaluation], winner: Evaluation | None, ctx: PlanC
                              else ", still the cheapest")
             notes.append(text)
         thin = [p for p in ev.candidate.curve.points
-                if p.concurrency <= ev.target and p.samples < MIN_P99_SAMPLES and not ev.candidate.estimated]
+                if p.concurrency <= _given(ev.target) and p.samples < MIN_P99_SAMPLES and not ev.candidate.estimated]
         if thin:
             counts = sorted({p.samples for p in thin})
             notes.append(f"{ev.candidate.label}: P99 at concurrency {', '.join(f'{p.concurrency:g}' for p in thin)} rests on "

@@ -146,7 +146,7 @@ class SpotAdvice:
     assumptions: list[str] = field(default_factory=list)
     interruption_rate_per_day: float = 0.0  # per Spot instance, the ASSUMED rate the verdict used
 
-    def spot_block(self) -> dict | None:
+    def spot_block(self) -> dict[str, Any] | None:
         """What --write-config writes under the pool (the On-Demand base is the pool's capacity.min)."""
         if not self.recommended:
             return None
@@ -159,6 +159,7 @@ class SpotAdvice:
         where = f"{self.service_region} {self.candidate}"
         if not self.recommended:
             return f"{where}: Spot does not pay: {self.reason}"
+        assert self.cost_per_hour is not None and self.slo_attainment is not None  # set with `recommended`
         saving = 1 - self.cost_per_hour / self.on_demand_cost_per_hour
         return (f"{where}: On-Demand base {self.on_demand_base} + Spot up to {self.spot_peak} "
                 f"({', '.join(self.instance_types)}): ${self.cost_per_hour:.2f}/h vs ${self.on_demand_cost_per_hour:.2f}/h "
@@ -170,7 +171,7 @@ class SpotAdvice:
                 f"{self.requests_cut_per_day:.1f} requests cut, {self.requests_at_risk_per_day:.0f} at risk during "
                 f"re-launch)")
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         return {k: v for k, v in vars(self).items()} | {"spot": self.spot_block()}
 
 
@@ -194,7 +195,7 @@ def _same_gpu_types(instance_type: str, region: str, inputs: SpotInputs, on_dema
     same = [name for name, t in instances.items()
             if (t.gpu.name, t.gpus) == (own.gpu.name, own.gpus) and name != instance_type
             and (price := inputs.price(name, region)) is not None and price < on_demand_price]
-    return [instance_type] + sorted(same, key=lambda n: inputs.price(n, region))
+    return [instance_type] + sorted(same, key=lambda n: inputs.price(n, region) or 0.0)
 
 
 @dataclass(frozen=True)
@@ -268,7 +269,7 @@ def advise(pool: SpotPool, ctx: PlanContext, inputs: SpotInputs) -> SpotAdvice:
     at_risk_per_interruption = k / w_s * inputs.relaunch_s
     budget = SPOT_ERROR_BUDGET_SHARE * pool.error_rate
 
-    best = None
+    best: tuple[float, int, list[int], float, float, float, float] | None = None
     binding = None
     for base in range(n_min, max(counts)):
         spot = [max(0, n - base) for n in counts]
@@ -286,6 +287,7 @@ def advise(pool: SpotPool, ctx: PlanContext, inputs: SpotInputs) -> SpotAdvice:
         if best is None or cost < best[0] - 1e-9:
             best = option
     if best is None:
+        assert binding is not None  # a base was tried (max(counts) > n_min) and refused
         _, base, _, interruptions, cut, at_risk, loss = binding
         advice.reason = (f"interruptions would cost {loss:.3%} of requests ({cut:.1f} cut, {at_risk:.0f} served "
                          f"above target during {inputs.relaunch_s:g} s re-launches per day), more than "
@@ -312,7 +314,7 @@ def advise(pool: SpotPool, ctx: PlanContext, inputs: SpotInputs) -> SpotAdvice:
     return advice
 
 
-def _cut_share(traffics, mean_s: float, budget_s: float) -> float:
+def _cut_share(traffics: Sequence[Any], mean_s: float, budget_s: float) -> float:
     """Share of in-flight requests an interruption cuts: those whose remaining time exceeds the budget."""
     num = den = 0.0
     for t in traffics:

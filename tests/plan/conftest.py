@@ -56,3 +56,15 @@ def keep_figures(monkeypatch) -> dict:
 
     monkeypatch.setattr(Figure, "savefig", keep)
     return saved
+
+
+def write_plan(path, result, ctx, plans=None, *, allow_estimated: bool = False, write_schedule: bool = False,
+               write_spot: bool = False) -> list[str]:
+    """`plan --write-config` as the command runs it (run.Planned.edit, one path for one model or several), the file
+    replaced: what changed, then what was left unwritten."""
+    from fleetcast.plan.run import Planned
+
+    edit = Planned(result, ctx, plans).edit(str(path), allow_estimated, write_schedule, write_spot)
+    if edit.text is not None:
+        Path(path).write_text(edit.text)
+    return edit.changes + edit.notes

@@ -11,9 +11,8 @@ from fleetcast.contract.errors import UserError
 from fleetcast.plan.estimate import MODEL_SHAPES, Estimator, estimate_specs, ideal
 from fleetcast.plan.inputs import load_candidates
 from fleetcast.plan.run import PlanOptions, build_plan
-from fleetcast.plan.writeback import apply_plan
 
-from .conftest import ROOT, SEED
+from .conftest import ROOT, SEED, write_plan
 
 
 @pytest.fixture(scope="module")
@@ -80,11 +79,11 @@ def test_write_config_refuses_an_estimated_choice(tmp_path):
     fleet.write_text((ROOT / "config" / "fleet.yaml").read_text())
     opts = PlanOptions(results=[str(SEED / "results" / "g7e.2xlarge-fp8.json")], traffic=str(SEED / "traffic-seoul.yaml"),
                        config=None, ttft_p99_ms=300, itl_p99_ms=40, estimate=["g6e.xlarge:int8_wo"])
-    result, plans, _ = build_plan(opts)
+    result, plans, ctx = build_plan(opts)
     assert plans[0].winner.candidate.estimated        # the only feasible candidate in Seoul
     before = fleet.read_text()
     with pytest.raises(UserError, match="is estimated, not measured; benchmark it first"):
-        apply_plan(fleet, plans, result.pools)
+        write_plan(fleet, result, ctx, plans)
     assert fleet.read_text() == before
 
 

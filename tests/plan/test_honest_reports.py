@@ -80,7 +80,7 @@ def test_an_interrupted_report_leaves_no_half_written_directory(tmp_path, monkey
     def interrupted(*a, **k):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(report, "render_html", interrupted)
+    monkeypatch.setattr(report, "blocks_html", interrupted)
     with pytest.raises(KeyboardInterrupt):
         report.write_report(result, target)
     assert [p.name for p in tmp_path.iterdir()] == (["report"] if existing else [])

@@ -333,10 +333,10 @@ def test_the_written_packing_validates_and_synthesizes(capsys, tmp_path):
 # ---------------------------------------------------------------- plan simulate
 
 
-def _simulate(result, ctx, **kw):
-    from fleetcast.plan.simulate import simulate_packing
+def _simulate(result, ctx, seed=7, max_groups=None, report=None, candidates=None):
+    from fleetcast.plan.run import Planned
 
-    return simulate_packing(result, ctx, **kw)
+    return Planned(result, ctx).simulate(seed, candidates, max_groups, report)
 
 
 @pytest.mark.parametrize("scale", [1.0, 2.0])

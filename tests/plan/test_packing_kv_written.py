@@ -14,9 +14,8 @@ from fleetcast.plan.packing import kv_gib_written, scaling_target
 from fleetcast.plan.packing_report import model_rows
 from fleetcast.plan.run import PlanOptions, build_packing
 from fleetcast.plan.solver import floor_tenth
-from fleetcast.plan.writeback import compute_packing_edit
 
-from .conftest import ROOT
+from .conftest import ROOT, write_plan
 
 EXAMPLE = ROOT / "examples" / "plan" / "multi-model"
 
@@ -47,8 +46,7 @@ def test_the_written_budget_is_the_one_measured(tmp_path):
         m.kv_gib = int(2.3 * GIB) / GIB
     fleet = tmp_path / "fleet.yaml"
     fleet.write_text((EXAMPLE / "fleet.yaml").read_text())
-    edit = compute_packing_edit(fleet, result, allow_estimated=True)
-    fleet.write_text(edit.text)
+    write_plan(fleet, result, None, allow_estimated=True)
     (pool,) = load_config(fleet).regions[0].pools
     assert [s.kv_cache_gb for s in pool.serves] == [2.3] * len(winner.loads)
 
@@ -61,7 +59,7 @@ def test_the_report_shows_the_budget_the_config_gets(tmp_path):
     column = header.index("KV GiB each")
     fleet = tmp_path / "fleet.yaml"
     fleet.write_text((EXAMPLE / "fleet.yaml").read_text())
-    fleet.write_text(compute_packing_edit(fleet, result, allow_estimated=True).text)
+    write_plan(fleet, result, None, allow_estimated=True)
     (pool,) = load_config(fleet).regions[0].pools
     assert [row[column] for row in rows] == [f"{s.kv_cache_gb:.1f}" for s in pool.serves]
 
@@ -81,6 +79,6 @@ def test_the_written_scaling_target_is_the_plans_on_the_tenth_grid(tmp_path):
     assert target == floor_tenth(target) and target >= 1
     fleet = tmp_path / "fleet.yaml"
     fleet.write_text((EXAMPLE / "fleet.yaml").read_text())
-    fleet.write_text(compute_packing_edit(fleet, result, allow_estimated=True).text)
+    write_plan(fleet, result, None, allow_estimated=True)
     (pool,) = load_config(fleet).regions[0].pools
     assert pool.scaling.target == target

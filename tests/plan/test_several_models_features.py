@@ -112,3 +112,36 @@ def test_spot_advice_is_per_packed_pool_with_its_processes_drained_together(tmp_
     written, out = _written(tmp_path, capsys, "--write-spot")
     assert written.spot is not None and written.on_demand_base == 1
     assert "Spot tier (docs/plan.md#spot; a packing's processes are drained together):" in out
+
+
+def test_estimate_adds_roofline_curves_per_model_labelled_and_never_chosen_over_the_solo_curves(plain):
+    """--estimate g5.xlarge on the example: per model, a roofline estimator calibrated on that model's own solo
+    curves (data notes name each), every g5.xlarge packing labelled "estimated (roofline model)", and the choice
+    stays the packing of the curves given. Before, --estimate was refused for a fleet of several models."""
+    from fleetcast.plan.packing import ROOFLINE
+
+    result = _plan(estimate=["g5.xlarge"])
+    (region,) = result.regions
+    assert region.winner.label == plain.regions[0].winner.label
+    g5 = [e for e in region.evaluations if e.instance_type == "g5.xlarge"]
+    assert g5 and all(e.estimated and e.source == ROOFLINE for e in g5 if e.loads)
+    notes = [n for n in result.data_notes if n.startswith("estimates: ")]
+    assert [n.split(":")[1].strip() for n in notes] == ["gpt2-xl", "qwen2.5-0.5b", "qwen2.5-3b"]
+    assert all("roofline calibrated on" in n for n in notes)
+
+
+def test_a_packing_plan_warns_of_unsized_reservations_and_dates_its_quality_limit_as_a_one_model_plan_does(tmp_path):
+    """One context for every plan (run._context, run._data_notes): a pool launching into capacity reservations
+    without --reserved is warned about, and --quality's limit is a data note. Before, only one-model plans did
+    either."""
+    fleet = tmp_path / "fleet.yaml"
+    fleet.write_text((EXAMPLE / "fleet.yaml").read_text().replace(
+        "        instance_type: g6e.xlarge\n",
+        "        instance_type: g6e.xlarge\n        capacity_reservation_ids: [cr-0123456789abcdef0]\n", 1))
+    quality = tmp_path / "quality.yaml"
+    quality.write_text("schema: fleetcast.quality/v1\nmetric: perplexity\nthreshold: 30\n"
+                       "results: [{precision: bf16, value: 1}]\n")
+    result = build_packing(PlanOptions(results=[str(EXAMPLE / "results")], traffic=str(EXAMPLE / "traffic.yaml"),
+                                       config=str(fleet), quality=str(quality), today=date(2026, 2, 1)))[0]
+    assert any(w.startswith("regions[ap-northeast-2] launches into capacity reservations") for w in result.warnings)
+    assert "quality: perplexity <= 30" in result.data_notes

@@ -14,8 +14,8 @@ import math
 import pytest
 
 from fleetcast.plan.queueing import ServiceModel, Stream, occupancy, predict
-from fleetcast.plan.run import PlanOptions, build_plan
-from fleetcast.plan.simulate import FleetSim, busiest_minutes, poisson_arrivals, simulate_plan
+from fleetcast.plan.run import Planned, PlanOptions, build_plan
+from fleetcast.plan.simulate import FleetSim, busiest_minutes, poisson_arrivals
 from scripts.cli import main
 
 from .conftest import ROOT, SEED, east_and_west_traffic
@@ -40,9 +40,9 @@ def candidate(plans, label):
 def test_planner_and_simulation_agree_within_10_percent(traffic):
     result, plans, ctx = build(traffic)
     # The plan's own pools, and the slowest candidate (the most instances: the sharpest count check).
-    lines, ok = simulate_plan(plans, result.pools, ctx, seed=7, max_groups=2)
+    lines, ok = Planned(result, ctx, plans).simulate(7, None, 2, None)
     assert ok, "\n".join(lines)
-    lines, ok = simulate_plan(plans, result.pools, ctx, seed=7, candidates=["g5.xlarge fp16"], max_groups=1)
+    lines, ok = Planned(result, ctx, plans).simulate(7, ["g5.xlarge fp16"], 1, None)
     assert ok, "\n".join(lines)
 
 

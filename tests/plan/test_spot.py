@@ -14,9 +14,8 @@ from fleetcast.contract.errors import UserError
 from fleetcast.plan import spot
 from fleetcast.plan.report import render_terminal, to_json
 from fleetcast.plan.run import PlanOptions, build_plan
-from fleetcast.plan.writeback import apply_plan
 
-from .conftest import ROOT, SEED
+from .conftest import ROOT, SEED, write_plan
 
 SEED_COUNTS = [11] * 9 + [17] * 4 + [2] * 9 + [8] * 2  # the on-demand plan's instances per UTC hour (g6e int8_wo)
 OD, SPOT = 2.288, 0.80  # g6e.xlarge in ap-northeast-2: shipped on-demand table, seed spot table
@@ -105,10 +104,10 @@ def test_long_requests_are_cut_by_a_drain_they_cannot_finish():
 
 
 def test_write_config_writes_a_valid_spot_block(tmp_path):
-    result, plans, _ = run()
+    result, plans, ctx = run()
     target = tmp_path / "fleet.yaml"
     shutil.copy(ROOT / "config" / "fleet.yaml", target)
-    changes = apply_plan(target, plans, result.pools, spot=result.spot, write_spot=True)
+    changes = write_plan(target, result, ctx, plans, write_spot=True)
     assert any(c.startswith("regions[ap-northeast-2].pools[l40s].spot = On-Demand base 2") for c in changes)
     cfg = load_config(target)  # re-validated with the spot rules
     pool = cfg.region("ap-northeast-2").pools[0]
@@ -117,8 +116,8 @@ def test_write_config_writes_a_valid_spot_block(tmp_path):
     written = YAML(typ="safe").load(target.read_text())["regions"][0]["pools"][0]["spot"]
     assert written["allocation_strategy"] == "price-capacity-optimized" and written["capacity_rebalance"] is True
     # Planned again for a small fleet: the block goes, with the reason.
-    small, small_plans, _ = run("traffic-small.yaml")
-    changes = apply_plan(target, small_plans, small.pools, spot=small.spot)
+    small, small_plans, small_ctx = run("traffic-small.yaml")
+    changes = write_plan(target, small, small_ctx, small_plans)
     assert any(c.startswith("regions[ap-northeast-2].pools[l40s].spot removed: the On-Demand baseline") for c in changes)
     assert load_config(target).region("ap-northeast-2").pools[0].spot is None
 
@@ -161,19 +160,19 @@ def test_write_config_adds_a_spot_tier_only_when_asked_and_config_diff_names_it(
     already), and `config diff` names the new Spot group."""
     from fleetcast.config.impact import diff_configs, render_impact
 
-    result, plans, _ = run()
+    result, plans, ctx = run()
     target = tmp_path / "fleet.yaml"
     shutil.copy(ROOT / "config" / "fleet.yaml", target)
-    changes = apply_plan(target, plans, result.pools, spot=result.spot)
+    changes = write_plan(target, result, ctx, plans)
     assert load_config(target).region("ap-northeast-2").pools[0].spot is None
     assert any("spot not written: Spot would pay" in c and "--write-spot" in c for c in changes)
     asked = tmp_path / "asked.yaml"
     shutil.copy(target, asked)
-    apply_plan(asked, plans, result.pools, spot=result.spot, write_spot=True)
+    write_plan(asked, result, ctx, plans, write_spot=True)
     text = render_impact(diff_configs(load_config(target), load_config(asked)))
     assert "NEW SPOT GROUP ap-northeast-2/l40s: On-Demand base 2, Spot on g6e.xlarge, g6e.2xlarge" in text
     # Spot already in the config: kept up to date without the flag, and no longer "new".
-    assert not any("not written" in c for c in apply_plan(asked, plans, result.pools, spot=result.spot))
+    assert not any("not written" in c for c in write_plan(asked, result, ctx, plans))
     assert "NEW SPOT GROUP" not in render_impact(diff_configs(load_config(asked), load_config(asked)))
 
 
