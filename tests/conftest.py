@@ -157,9 +157,9 @@ def pytest_collection_modifyitems(config, items):
 
 
 # Where the suite's time goes, in CPU rather than wall seconds (wall time on 2 shared cores says more about the
-# neighbours than about a test): FLEETCAST_TEST_CPU_LOG=FILE appends one JSON line per test, its setup, call and
+# neighbours than about a test): TEST_CPU_LOG=FILE appends one JSON line per test, its setup, call and
 # teardown's CPU in this process and in the processes it started and reaped (getrusage(RUSAGE_CHILDREN)).
-_CPU_LOG = os.environ.get("FLEETCAST_TEST_CPU_LOG")
+_CPU_LOG = os.environ.get("TEST_CPU_LOG")
 
 
 def _cpu_now() -> tuple[float, float]:

@@ -368,7 +368,7 @@ def test_the_breaker_opens_on_a_failing_path_keeps_traffic_home_then_a_probe_bri
             fleet.path.drop_posts = False
             await fleet.until_breaker("half_open")
             holder, held = await fleet.occupy_home(tokens=1200)
-            await fleet.until_spilled(small, tries=5)
+            await fleet.until_spilled(small)  # bounded by tries, not by time: under load a headroom read may lag
             assert await fleet.breaker() == "closed"
             holder.writer.close()
             held.cancel()
