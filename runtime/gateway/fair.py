@@ -519,6 +519,16 @@ class FairAdmission:
         """Requests waiting in this worker's queues."""
         return sum(len(q) for g in self.groups.values() for q in g.queues.values())
 
+    def load(self, model: str) -> tuple[int, int, int] | None:
+        """(requests `model`'s engine processes hold, requests waiting for them in every worker, what they may hold
+        at once), from the shared counts; None when no queue is kept for `model`."""
+        group = self.groups.get(model)
+        if group is None:
+            return None
+        with self.state.lock:
+            held = sum(group._int(at) for at in group.used_at)
+            return held, group._int(group.group_at), group.cap * len(group.pools)
+
     def queued(self) -> int:
         """Requests waiting for an engine slot in every worker's queues (the instance's, from the shared counts)."""
         with self.state.lock:

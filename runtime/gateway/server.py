@@ -519,14 +519,12 @@ class Gateway:
     def _load(self, model: str) -> tuple[int, int, int]:
         """(requests held by `model`'s engine processes, requests waiting for them, what they hold at once): fair
         admission's counts; without fair admission, the requests in flight and no cap but the router's."""
-        group = self.fair.groups.get(model) if self.fair is not None else None
-        if group is None:
+        load = self.fair.load(model) if self.fair is not None else None
+        if load is None:
             target = self.router.resolve(model)
             in_flight = sum(p.in_flight for p in target.pools) if target is not None else 0
             return in_flight, 0, max(in_flight + 1, 1)
-        with group.state.lock:
-            held = sum(group._int(at) for at in group.used_at)
-            return held, group._int(group.group_at), group.cap * len(group.pools)
+        return load
 
     def _predicted_local_ttft_ms(self, consumer: str, model: str) -> float:
         """The TTFT a request of `consumer` for `model` arriving now should expect here: the wait fair admission

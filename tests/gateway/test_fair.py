@@ -283,6 +283,34 @@ def test_through_the_gateway_a_queued_request_waits_for_the_slot_and_carries_no_
     assert any(w is not None and w > 0 for w in waits)
 
 
+def test_the_load_a_spill_decision_reads_is_held_waiting_and_capacity_from_the_shared_counts():
+    """`FairAdmission.load` is what cross-region spill and the headroom answer read: one held, one waiting, a cap
+    of one; a model without a queue has no load here."""
+    cfg, _ = consumers()
+
+    async def body():
+        h = await start_harness(cfg, admission_caps={MODEL_ID: 1})
+        try:
+            first = await engine_taken(h)
+            second = asyncio.ensure_future(one_request(h.port, "POST", "/v1/completions",
+                                                       {"model": MODEL_ID, "prompt": "c", "max_tokens": 2},
+                                                       vpce_id=ANALYTICS_VPCE))
+            for _ in range(100):
+                await asyncio.sleep(0.01)
+                if h.gateway.fair.waiting():
+                    break
+            during = h.gateway.fair.load(MODEL_ID), h.gateway.fair.load("no-such-model")
+            h.upstream.hold.set()
+            await asyncio.gather(first, second)
+            return during, h.gateway.fair.load(MODEL_ID)
+        finally:
+            await stop_harness(h)
+
+    (during, unknown), after = run(body())
+    assert during == (1, 1, 1) and unknown is None
+    assert after == (0, 0, 1)
+
+
 def test_a_queued_request_gets_the_drains_503_and_one_whose_client_left_never_reaches_the_engine():
     cfg, _ = consumers()
 
