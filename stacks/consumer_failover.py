@@ -17,8 +17,8 @@ about whether the service behind answers, and are not published for consumers th
 
 Timing and its worst case: fleetcast/contract/failover.py. Least privilege: the function may write its own log
 group, PutMetricData into the Fleetcast namespace only, and manage its network interfaces; its security group
-reaches the endpoints' security group on the serving port and the monitoring endpoint on 443, nothing else; the
-monitoring endpoint admits only that security group, and its policy allows only that role's PutMetricData.
+reaches the consumer's CIDRs (where the endpoints' network interfaces are) on the serving port and on 443, nothing
+else; the endpoints' security group admits it by id, the monitoring endpoint admits only it, and its policy allows only that role's PutMetricData.
 """
 
 from __future__ import annotations
@@ -88,8 +88,13 @@ class FailoverDns(Construct):
         self.security_group = ec2.SecurityGroup(
             self, "ProbeSecurityGroup", vpc=vpc, allow_all_outbound=False,
             description=f"{cfg.name} failover probe for {consumer.name}: the endpoints on {port}, CloudWatch on 443")
-        self.security_group.connections.allow_to(endpoint.security_group, ec2.Port.tcp(port),
-                                                 "the failover probe calls /health")
+        # Egress as inline CIDR rules (the endpoints' network interfaces live in the consumer's CIDRs, as for the
+        # bench probe): an inline rule is what replaces the security group's default allow-all egress. The
+        # endpoints' own groups admit this group by id.
+        for cidr in consumer.cidrs:
+            self.security_group.add_egress_rule(ec2.Peer.ipv4(cidr), ec2.Port.tcp(port), "/health via the endpoints")
+            self.security_group.add_egress_rule(ec2.Peer.ipv4(cidr), ec2.Port.tcp(443), "the CloudWatch endpoint")
+        endpoint.security_group.add_ingress_rule(self.security_group, ec2.Port.tcp(port), "the failover probe")
 
         self.role = function_role(self, f"{cfg.name} failover probe for {consumer.name}: publish the home "
                                         "endpoint's health")
@@ -195,8 +200,8 @@ class FailoverDns(Construct):
         VPC may already hold a `monitoring` endpoint with private DNS, and a second one could not turn it on)."""
         security_group = ec2.SecurityGroup(
             self, "MonitoringSecurityGroup", vpc=vpc, allow_all_outbound=False,
-            description=f"{cfg.name} CloudWatch endpoint for {consumer.name}'s failover probe: 443 from the probe only")
-        self.security_group.connections.allow_to(security_group, ec2.Port.tcp(443), "PutMetricData to CloudWatch")
+            description=f"{cfg.name} CloudWatch endpoint for the {consumer.name} failover probe: 443 from it only")
+        security_group.add_ingress_rule(self.security_group, ec2.Port.tcp(443), "PutMetricData from the probe")
         monitoring = ec2.InterfaceVpcEndpoint(
             self, "MonitoringEndpoint", vpc=vpc,
             service=ec2.InterfaceVpcEndpointAwsService.CLOUDWATCH_MONITORING,
