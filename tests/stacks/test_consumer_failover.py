@@ -265,3 +265,24 @@ def test_the_failover_timing_the_docs_state_is_the_contracts():
     docs = (ROOT / "docs" / "stacks.md").read_text()
     for figure in (f.detection_worst_case_s(), f.failover_worst_case_s(), f.failback_worst_case_s()):
         assert f"{figure} s" in docs, figure
+
+
+def test_the_failover_dns_cdk_nag_findings_are_only_the_acknowledged_wildcard(monkeypatch):
+    """Synthesized with acknowledgments recorded but not applied, the findings under FailoverDns are exactly
+    AwsSolutions-IAM5 on the probe role's policy (PutMetricData and the Lambda network-interface actions take no
+    resource-level permissions; stacks/consumer_failover.py says why), the one acknowledged there."""
+    from ruamel.yaml import YAML
+
+    from stacks import nag
+    from tests.stacks.synthesized import SPILL_CONFIG, synthesize
+    from tests.stacks.test_gates import _findings
+
+    monkeypatch.setattr(nag, "APPLY_ACKNOWLEDGMENTS", False)
+    monkeypatch.setattr(nag, "RECORDED", [])
+    with pytest.raises(Exception, match="Validation ?[Ff]ailed") as failure:
+        synthesize(YAML(typ="safe").load(SPILL_CONFIG.read_text()), "failover-unacknowledged")
+    with open(re.search(r"found in: (\S+)", str(failure.value)).group(1)) as report:
+        findings = _findings(json.load(report))
+    on_failover = {rule for path, rule in findings if "/FailoverDns/" in path}
+    assert on_failover == {"AwsSolutions-IAM5[Resource::*]"}
+    assert {r for p, r in nag.RECORDED if "/FailoverDns/" in p} == on_failover
