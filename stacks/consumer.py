@@ -10,6 +10,7 @@ from fleetcast.contract.outputs import ConsumerOutput
 from fleetcast.contract.spill import service_name_of
 
 from . import feature_flags, nag
+from .consumer_failover import FailoverDns, dns_failover_skip_reason
 from .consumer_probe import ConsumerBenchProbe, probe_enabled
 
 
@@ -82,8 +83,8 @@ class ConsumerEndpoint(Construct):
 
     def _failover_endpoint(self, cfg: FleetConfig, consumer: Consumer, port: int) -> ec2.InterfaceVpcEndpoint | None:
         """A second endpoint, in the same subnets behind the same security group, to the failover region's
-        service (cross-region where that is not the consumer's own region). DNS failover between the two is the
-        consumer's (docs/stacks.md, "Failover": Route 53's health checkers cannot reach private addresses)."""
+        service (cross-region where that is not the consumer's own region). The private DNS name that moves between
+        the two is stacks/consumer_failover.py's."""
         region = consumer.failover_region
         service_name = None if region is None else service_name_of(cfg, region)
         if region is None or service_name is None:
@@ -108,6 +109,9 @@ class ConsumerStack(Stack):
         super().__init__(scope, construct_id, **kwargs)
         feature_flags.pin(self)
         self.endpoint = ConsumerEndpoint(self, "Endpoint", cfg=cfg, consumer=consumer)
+        self.failover_dns = None
+        if self.endpoint.failover_endpoint is not None and dns_failover_skip_reason(cfg, consumer) is None:
+            self.failover_dns = FailoverDns(self, "FailoverDns", cfg=cfg, consumer=consumer, endpoint=self.endpoint)
         if probe_enabled(self):
             # `-c bench=true`: the same sweep through this endpoint, to split out the network share (issue 6).
             self.bench_probe = ConsumerBenchProbe(self, "BenchProbe", cfg=cfg, consumer=consumer,

@@ -26,7 +26,6 @@ from fleetcast.contract import nlb as nlb_contract
 from fleetcast.contract.outputs import ProviderOutput
 from fleetcast.contract.spill import failover_consumers, spill_sources
 
-HEALTH_PATH = "/health"
 CONNECTION_EVENTS = ("Connect", "Accept", "Reject", "Delete")
 
 
@@ -108,7 +107,7 @@ class EndpointService(Construct):
             deregistration_delay=Duration.seconds(cfg.operations.drain_timeout_s),
             health_check=elbv2.HealthCheck(
                 protocol=elbv2.Protocol.HTTP,
-                path=HEALTH_PATH,
+                path=nlb_contract.HEALTH_PATH,
                 port="traffic-port",
                 interval=Duration.seconds(nlb_contract.HEALTH_INTERVAL_S),
                 healthy_threshold_count=nlb_contract.HEALTHY_THRESHOLD,

@@ -27,6 +27,7 @@ from fleetcast.contract.spill import pending_spill_reason, service_name_of, spil
 from . import nag
 from .bench_fleet import BenchFleets, bench_enabled
 from .consumer import ConsumerStack
+from .consumer_failover import dns_failover_skip_reason
 from .provider import ProviderStack
 
 # Resources the config's `tags` stay off (see add_fleet).
@@ -65,6 +66,8 @@ def add_fleet(scope: Construct, cfg: FleetConfig, *, accounts: Collection[str] |
             report(f"fleetcast: consumer {consumer.name} gets no failover endpoint yet: copy the "
                    f"{consumer.failover_region} provider stack's EndpointServiceName output into "
                    f"regions[{consumer.failover_region}].endpoint_service_name, synth again")
+        elif consumer.failover_region is not None and (reason := dns_failover_skip_reason(cfg, consumer)):
+            report(f"fleetcast: {reason}")
         name = consumer_stack_name(cfg.name, consumer.name)
         stacks[name] = ConsumerStack(
             scope, name, stack_name=name, cfg=cfg, consumer=consumer,

@@ -36,6 +36,17 @@ def grant_own_logs(role: iam.IRole, log_group: logs.ILogGroup) -> None:
     ))
 
 
+def grant_vpc_network_interfaces(role: iam.Role) -> None:
+    """What a function in a VPC needs for its network interfaces (Lambda developer guide, "Giving Lambda functions
+    access to resources in an Amazon VPC": the AWSLambdaVPCAccessExecutionRole actions), spelled out instead of that
+    managed policy, whose logs actions reach every log group. These actions take no resource-level permissions."""
+    role.add_to_policy(iam.PolicyStatement(
+        sid="VpcNetworkInterfaces",
+        actions=["ec2:CreateNetworkInterface", "ec2:DescribeNetworkInterfaces", "ec2:DescribeSubnets",
+                 "ec2:DeleteNetworkInterface", "ec2:AssignPrivateIpAddresses", "ec2:UnassignPrivateIpAddresses"],
+        resources=["*"]))
+
+
 def python_function(scope: Construct, *, description: str, code: lambda_.Code, role: iam.IRole,
                     log_group: logs.ILogGroup, timeout_s: int, memory_mb: int, **kwargs: Any) -> lambda_.Function:
     function = lambda_.Function(

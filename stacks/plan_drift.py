@@ -41,7 +41,13 @@ from fleetcast.contract.bucket import PLAN_BASELINE_KEY
 from fleetcast.contract.names import plan_drift_description
 
 from . import nag
-from .function import function_log_group, function_role, grant_own_logs, python_function
+from .function import (
+    function_log_group,
+    function_role,
+    grant_own_logs,
+    grant_vpc_network_interfaces,
+    python_function,
+)
 from .runtime_bundle import BundleSpec, stage_bundle
 
 HANDLER = Path(__file__).resolve().parent / "lambdas" / "plan_drift" / "handler.py"
@@ -91,14 +97,7 @@ class PlanDriftCheck(Construct):
                 sid="EncryptNoticesWithTopicKey", actions=["kms:GenerateDataKey", "kms:Decrypt"],
                 resources=[topic.master_key.key_arn]))
         grant_own_logs(self.role, self.log_group)
-        # What a function in a VPC needs for its network interfaces (Lambda developer guide, "Giving Lambda
-        # functions access to resources in an Amazon VPC": the AWSLambdaVPCAccessExecutionRole actions),
-        # spelled out instead of that managed policy, whose logs actions reach every log group.
-        self.role.add_to_policy(iam.PolicyStatement(
-            sid="VpcNetworkInterfaces",
-            actions=["ec2:CreateNetworkInterface", "ec2:DescribeNetworkInterfaces", "ec2:DescribeSubnets",
-                     "ec2:DeleteNetworkInterface", "ec2:AssignPrivateIpAddresses", "ec2:UnassignPrivateIpAddresses"],
-            resources=["*"]))
+        grant_vpc_network_interfaces(self.role)
 
         consumers = [[c.name, c.region] for c in cfg.consumers_of(region.region)]
         self.function = python_function(

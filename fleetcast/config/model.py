@@ -923,8 +923,10 @@ class Consumer(Frozen):
     failover_region: RegionName | None = Field(
         default=None,
         description="A second provider region the consumer's stack connects to with a second interface endpoint "
-        "(the FailoverEndpointDnsEntries output), for when service_region is down; it must serve every model the "
-        "consumer may call there and allow the consumer (allowed_principals, allowed_regions).",
+        "(the FailoverEndpointDnsEntries output), for when service_region is down, and a private DNS name (the "
+        "FailoverRecordName output) that moves to it when an in-VPC probe of the home endpoint fails (without TLS "
+        "listeners); it must serve every model the consumer may call there and allow the consumer "
+        "(allowed_principals, allowed_regions).",
     )
 
     @field_validator("cidrs")

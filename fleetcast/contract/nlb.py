@@ -19,6 +19,9 @@ Stdlib only: the gateway (through runtime.spot) imports it on the instance.
 
 from __future__ import annotations
 
+# The gateway's health path: the NLB's health check and the consumer's failover probe (stacks/consumer_failover.py)
+# both call it through the listener.
+HEALTH_PATH = "/health"
 HEALTH_INTERVAL_S = 10
 HEALTHY_THRESHOLD = 2
 UNHEALTHY_THRESHOLD = 2

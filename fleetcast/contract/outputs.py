@@ -32,6 +32,9 @@ class ConsumerOutput(StrEnum):
     ENDPOINT_DNS_ENTRIES = "EndpointDnsEntries"
     # Only for a consumer with a failover_region whose service name is published.
     FAILOVER_ENDPOINT_DNS_ENTRIES = "FailoverEndpointDnsEntries"
+    # With the failover endpoint and no TLS listener in either region: the private DNS name that answers with the
+    # home endpoint while its probe passes and with the failover endpoint when it fails (stacks/consumer_failover.py).
+    FAILOVER_RECORD_NAME = "FailoverRecordName"
     BENCH_RESULTS_BUCKET = "BenchResultsBucketName"
 
 

@@ -74,6 +74,11 @@ SPOT_DRAIN_CUT = "SpotDrainCutRequests"
 # longer fits the plan the config was written from, 0 = it does.
 PLAN_DRIFT = "PlanDrift"
 
+# Consumer failover (stacks/consumer_failover.py): the probe in the consumer's VPC publishes, once a minute, 1 when
+# the home endpoint's /health answered 200 and 0 when it did not; dimension set [Fleet, Consumer]. Published into
+# the consumer's account, at standard resolution (a Route 53 health check reads only those alarms).
+HOME_ENDPOINT_HEALTHY = "HomeEndpointHealthy"
+
 # Lifecycle hook names: fixed strings, so the launch template's user data never
 # has to reference its own Auto Scaling group (that would be a cycle).
 LAUNCH_HOOK = "fleetcast-launch"
@@ -175,7 +180,7 @@ UNITS: dict[str, str] = {
     CIRCUIT_BREAKER_OPEN: COUNT, STAGING_WAIT_SECONDS: SECONDS, STAGING_MISSING: COUNT,
     START_TO_HEALTHY_SECONDS: SECONDS, SERVER_UNRECOVERABLE: COUNT, LAUNCH_ABANDONED: COUNT,
     SPOT_INTERRUPTION: COUNT, SPOT_REBALANCE: COUNT, SPOT_DRAIN_COMPLETED: COUNT, SPOT_DRAIN_CUT: COUNT,
-    PLAN_DRIFT: COUNT, SHAPED_REQUESTS: COUNT,
+    PLAN_DRIFT: COUNT, SHAPED_REQUESTS: COUNT, HOME_ENDPOINT_HEALTHY: COUNT,
 }
 
 

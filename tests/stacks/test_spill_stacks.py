@@ -17,7 +17,7 @@ Sources:
 - Route 53 Developer Guide, "Configuring failover in a private hosted zone"
   (https://docs.aws.amazon.com/Route53/latest/DeveloperGuide/dns-failover-private-hosted-zones.html): "Route 53
   health checkers are outside the VPC"; a CloudWatch-alarm health check is the documented way for private
-  resources. Fleetcast builds the second endpoint only (docs/stacks.md, "Failover").
+  resources. The DNS failover built on it: tests/stacks/test_consumer_failover.py.
 """
 
 from __future__ import annotations
@@ -130,7 +130,9 @@ def test_the_remote_service_admits_the_home_vpc_and_the_failover_consumer(fleet)
 
 
 def test_a_failover_consumer_gets_a_second_endpoint_behind_the_same_security_group(fleet):
-    endpoints = [props(r) for r in fleet.resources(CHECKOUT, "AWS::EC2::VPCEndpoint").values()]
+    # The fleet's services only (the failover probe's own CloudWatch endpoint: tests/stacks/test_consumer_failover.py).
+    endpoints = [props(r) for r in fleet.resources(CHECKOUT, "AWS::EC2::VPCEndpoint").values()
+                 if "vpce-svc-" in str(props(r)["ServiceName"])]
     assert sorted(e.get("ServiceRegion", "home") for e in endpoints) == ["home", "us-west-2"]
     failover = next(e for e in endpoints if "ServiceRegion" in e)
     assert failover["ServiceName"] == fleet.cfg.region("us-west-2").endpoint_service_name
