@@ -32,6 +32,7 @@ from urllib.parse import unquote
 from fleetcast.contract import telemetry as t
 from fleetcast.contract.instance_env import Var, default
 from fleetcast.contract.isolation import new_key
+from fleetcast.contract.nlb import HEALTH_PATH  # answered by the gateway: the NLB's health check
 from fleetcast.contract.spill import may_serve_in
 
 from . import ppv2
@@ -81,7 +82,6 @@ if TYPE_CHECKING:  # annotations only
     from .shared import SharedState
 
 MODELS_PATH = "/v1/models"  # answered by the gateway: the models the calling consumer may use
-HEALTH_PATH = "/health"  # answered by the gateway: the NLB's health check
 # Request fields a consumer may not set: `lora_request` names a path on the instance for the server to load
 # (tensorrt_llm/serve/openai_protocol.py, CompletionRequest/ChatCompletionRequest); the gateway sets it
 # from the adapter id in `model`.
