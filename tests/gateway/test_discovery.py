@@ -231,3 +231,43 @@ def test_the_loop_refreshes_every_period_and_applies_each_answer():
     with pytest.raises(asyncio.CancelledError):
         asyncio.run(loop.run())
     assert applied == [[PEER], [], [PEER]] and waits == [10.0, 10.0, 10.0]
+
+
+# ------------------------------------------------------------ the gateway's side: Gateway.set_peers
+
+def test_a_refreshed_peer_list_keeps_a_known_peers_state_drops_a_gone_one_and_accepts_claims_only_from_the_list():
+    from runtime.gateway.discovery import links_of
+    from runtime.gateway.shared import SharedState
+    from runtime.gateway.spill import SpillSetup
+
+    from .conftest import run, start_harness, stop_harness
+
+    a = Peer("i-a", ("10.41.0.11", 8000), "l40s", "g6e.xlarge", False, 1.0)
+    b = Peer("i-b", ("10.41.0.12", 8000), "l40s", "g6e.xlarge", True, 0.5)
+    c = Peer("i-c", ("10.41.0.13", 8000), "l40s", "g6e.xlarge", False, 1.0)
+
+    async def body() -> None:
+        shared = SharedState()
+        h = await start_harness(shared=shared)
+        try:
+            gateway = h.gateway
+            gateway.set_peers(links_of([a], None))  # before spill is on (no key yet): nothing to keep
+            assert gateway.spill is None
+            gateway.enable_spill(SpillSetup(REGION, b"k" * 48, "111122223333", {}, {}))
+            assert gateway.verifier is not None and gateway.verifier._first_use == shared.first_use  # one table
+            gateway.set_peers(links_of([a, b], None))
+            assert gateway.spill is not None and gateway.spill.peers == {"10.41.0.11", "10.41.0.12"}
+            known = gateway.spill.peer_links[a.name]
+            known.breaker.failure()
+            gateway.set_peers(links_of([a, c], None))
+            assert gateway.spill.peer_links[a.name] is known and known.breaker.failures == 1  # kept, not reset
+            assert set(gateway.spill.peer_links) == {a.name, c.name} and set(gateway._spill_pools) == {a.name, c.name}
+            assert gateway.spill.peers == {"10.41.0.11", "10.41.0.13"}  # b's claims are no longer accepted
+            assert await gateway._from_peer(None, ("10.41.0.13", 5555))
+            assert not await gateway._from_peer(None, ("10.41.0.12", 5555))
+            gateway.set_peers({})  # discovery failed for long: no peers, everything served at home
+            assert not gateway.spill.peer_links and not gateway.spill.peers
+        finally:
+            await stop_harness(h)
+
+    run(body())
