@@ -223,7 +223,10 @@ class Serving:
         argv = [sys.executable, "-m", "runtime.gateway", "--listen", f"{s.listen_host}:{s.port}",
                 "--upstream", f"{LOOPBACK_HOST}:{self.servers[0].port}", "--region", s.region, "--pool", s.pool,
                 "--proxy-protocol", "required" if s.proxy_protocol else "off", "--refresh-s", f"{s.gateway_refresh_s:g}",
-                "--upstream-idle-s", f"{s.upstream_idle_timeout_s:g}", "--workers", str(default_workers())]
+                "--upstream-idle-s", f"{s.upstream_idle_timeout_s:g}", "--workers", str(default_workers()),
+                # On an instance the fleet's Auto Scaling groups name the peers (the gateway turns it off in a
+                # region without the peer key); the instance role may read them (stacks/gpu_fleet.py).
+                "--peer-discovery", "asg"]
         if s.config_json is not None:
             argv += ["--config-json", str(s.config_json)]
         if s.drain_deadline_file is not None:

@@ -26,6 +26,7 @@ from fleetcast.config import FleetConfig, Pool, Region
 from fleetcast.contract.ami import DLAMI_SSM_PARAMETER, LATEST
 from fleetcast.contract.bucket import READ_ONLY_PREFIXES, READ_WRITE_PREFIXES
 from fleetcast.contract.instance_env import HostEnv, Var
+from fleetcast.contract.spill import PEER_DISCOVERY_ACTIONS, peer_regions
 from fleetcast.contract.telemetry import LAUNCH_HOOK, NAMESPACE
 
 from . import nag
@@ -114,6 +115,7 @@ class GpuFleet(Construct):
         self.spot_asg_name = cfg.spot_asg_name_of(region.region, pool) if pool.spot is not None else None
         self.role = self._role(cfg, inputs)
         self._grant_consumer_api_keys(cfg, region)
+        self._grant_peer_discovery(cfg, region)
 
         # The pool whose engine these instances serve: the bench groups run a real pool's engine
         # under their own group (extra_env names it).
@@ -339,7 +341,9 @@ class GpuFleet(Construct):
             "AwsSolutions-IAM5[Resource::*]":
                 "Only actions without resource-level permissions use '*': cloudwatch:PutMetricData (limited by "
                 "the cloudwatch:namespace condition), ec2:DescribeVpcEndpointConnections (read-only), "
-                f"ecr:GetAuthorizationToken and {WILDCARD_REASON}.",
+                "autoscaling:DescribeAutoScalingGroups and ec2:DescribeInstances (read-only peer discovery, "
+                "limited to this region by aws:RequestedRegion; the Service Authorization Reference lists no "
+                f"resource type for either), ecr:GetAuthorizationToken and {WILDCARD_REASON}.",
             f"AwsSolutions-IAM5[Resource::{Stack.of(self).resolve(self._asg_arn())}]":
                 "The ASG ARN embeds a group id unknown before creation; the explicit group name pins it to this pool.",
         }
@@ -363,6 +367,20 @@ class GpuFleet(Construct):
             resources=[Stack.of(self).format_arn(service="secretsmanager", resource="secret",
                                                  resource_name=f"{name}-??????",
                                                  arn_format=ArnFormat.COLON_RESOURCE_NAME) for name in names],
+        ))
+
+    def _grant_peer_discovery(self, cfg: FleetConfig, region: Region) -> None:
+        """The gateway finds its region's peer instances in the fleet's Auto Scaling groups and their addresses in
+        EC2 (runtime/gateway/discovery.py), where it holds the peer key to forward with (peer_regions). Neither
+        action has a resource type or a service condition key (Service Authorization Reference: Amazon EC2 Auto
+        Scaling, Amazon EC2), so '*' limited to this region by the global aws:RequestedRegion key."""
+        if region.region not in peer_regions(cfg):
+            return
+        self.role.add_to_policy(iam.PolicyStatement(
+            sid="DiscoverPeerInstances",
+            actions=list(PEER_DISCOVERY_ACTIONS),
+            resources=["*"],
+            conditions={"StringEquals": {"aws:RequestedRegion": region.region}},
         ))
 
     def _asg_arn(self) -> str:

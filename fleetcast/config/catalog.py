@@ -91,6 +91,18 @@ def instance_catalog() -> dict[str, InstanceType]:
     }
 
 
+@cache
+def shipped_spot_prices() -> dict[str, Any]:
+    """The shipped Spot price snapshot (data/spot_prices.yaml: as_of, source, prices[type][region]); the planner
+    lays `--spot-prices FILE` over it (fleetcast/plan/spot.py), the gateway prices a Spot peer with it."""
+    return _read_yaml(DATA_DIR / "spot_prices.yaml")
+
+
+def spot_price(instance_type: str, region: str) -> float | None:
+    price = shipped_spot_prices().get("prices", {}).get(instance_type, {}).get(region)
+    return None if price is None else float(price)
+
+
 def gpu_by_name(name: str) -> Gpu:
     for instance in instance_catalog().values():
         if instance.gpu.name == name:

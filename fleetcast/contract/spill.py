@@ -119,6 +119,10 @@ def spill_consumers_into(cfg: FleetConfig, region: str) -> tuple[_Consumer, ...]
     return tuple(c for c in cfg.consumers if region in c.spill_regions and c.service_region != region)
 
 
+# What a gateway calls to find its region's peers (runtime/gateway/discovery.py), granted by the instance role.
+PEER_DISCOVERY_ACTIONS = ("autoscaling:DescribeAutoScalingGroups", "ec2:DescribeInstances")
+
+
 def peer_regions(cfg: FleetConfig) -> tuple[str, ...]:
     """The provider regions whose gateways forward or receive spilled requests (config order): each holds the
     fleet's peer key (peer_secret_name), created in the first and replicated to the others."""

@@ -81,7 +81,7 @@ def _number(value: Any, where: str, flag: str, low: float = 0.0, high: float = m
 def load_spot_inputs(prices: str | Path | None = None, interruptions: str | Path | None = None,
                      relaunch_s: float | None = None) -> SpotInputs:
     """The shipped tables, each replaced entry by entry by a FILE of the same shape."""
-    raw_p = _read_yaml(DATA_DIR / "spot_prices.yaml", "spot_prices.yaml")
+    raw_p = catalog.shipped_spot_prices()
     table = {k: dict(v) for k, v in raw_p["prices"].items()}
     p_as_of, p_source = str(raw_p.get("as_of", "unknown")), str(raw_p.get("source", "shipped"))
     if prices:

@@ -38,6 +38,7 @@ from .peer import check_key, read_key_file
 if TYPE_CHECKING:  # for annotations only: the config package is imported where a config is loaded
     from fleetcast.config import Consumer, FleetConfig
 
+    from .discovery import Peer, PeerDiscovery
     from .server import Gateway
     from .shared import SharedState
     from .spill import RegionLink, SpillSetup
@@ -129,6 +130,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help="a peer instance of this region (its gateway, and the pool it belongs to): a request that would "
                    "queue here goes to the cheapest peer with room, and the peer's direct connections may carry a "
                    "forwarded identity")
+    p.add_argument("--peer-discovery", choices=("off", "asg"), default="off",
+                   help="asg: find this region's peer instances in the fleet's Auto Scaling groups every "
+                   "--peer-discovery-s (runtime/gateway/discovery.py), in a region that holds the peer key; they "
+                   "join the --peer list. off (default): only --peer")
+    p.add_argument("--peer-discovery-s", type=_positive, default=None,
+                   help="mean period of the peer discovery read, jittered (default discovery.DISCOVERY_PERIOD_S)")
+    p.add_argument("--instance-id", help="this instance's id, left out of its own peers (default: from IMDS)")
     p.add_argument("--event-loop", choices=("auto", "asyncio", "uvloop"), default="auto",
                    help="auto (default): uvloop when installed, which scripts/bench_gateway.py measures as the "
                         "faster hop; else the standard asyncio loop")
@@ -248,6 +256,9 @@ async def serve(args: argparse.Namespace, shared: SharedState | None = None, wor
     gc.freeze()
     host, port = args.listen
     await gateway.start(host, port, reuse_port=shared is not None)
+    discovery = peer_discovery(cfg, args, gateway)
+    if discovery is not None:
+        background.append(asyncio.ensure_future(discovery.run()))
     log("gateway_started", worker=worker, listen=f"{args.listen[0]}:{gateway.port}", upstream=f"{args.upstream[0]}:{args.upstream[1]}",
         routes={i: [p.host_header for p in (router.resolve(i).pools)] for i in router.ids},  # type: ignore[union-attr]  # each id resolves
         region=args.region, pool=args.pool, consumers=[c.name for c in consumers],
@@ -312,7 +323,7 @@ def spill_setup(cfg: FleetConfig, args: argparse.Namespace) -> SpillSetup | None
 
     region = args.region
     targets, sources = spill_targets(cfg, region), spill_sources(cfg, region)
-    if not targets and not sources and not args.peer:
+    if not targets and not sources and not args.peer and not discovers(cfg, args):
         return None
     try:
         if args.peer_key_file:
@@ -375,6 +386,45 @@ def peer_links(cfg: FleetConfig, region: str, given: list[str], cool_s: float | 
         links[address] = RegionLink(address, _hostport(address), Breaker(cool_s=cool_s) if cool_s else Breaker(),
                                     pool=pool_name, price=price, direct=True)
     return links
+
+
+def discovers(cfg: FleetConfig, args: argparse.Namespace) -> bool:
+    """Whether this gateway finds its peers (--peer-discovery asg): only where the fleet's peer key is, the regions
+    that spill or are spilled to (fleetcast.contract.spill.peer_regions): elsewhere no claim could be signed."""
+    from fleetcast.contract.spill import peer_regions
+
+    return getattr(args, "peer_discovery", "off") == "asg" and args.region in peer_regions(cfg)
+
+
+def peer_discovery(cfg: FleetConfig, args: argparse.Namespace, gateway: Gateway) -> PeerDiscovery | None:
+    """The discovery loop (discovery.py) that keeps `gateway`'s peers: the --peer list plus the instances found."""
+    if getattr(args, "peer_discovery", "off") != "asg":
+        return None
+    if not discovers(cfg, args):
+        log("peer_discovery_off", reason=f"{args.region} holds no peer key: no consumer spills from or into it")
+        return None
+    import boto3
+
+    from .discovery import DISCOVERY_PERIOD_S, AsgPeerSource, PeerDiscovery, fleet_groups, links_of
+
+    own = args.instance_id
+    if own is None:
+        from runtime.lifecycle import Imds, MetadataError
+
+        try:
+            own = Imds(setting(os.environ, Var.IMDS_ENDPOINT)).instance_id()
+        except MetadataError as exc:  # its own address then answers its headroom reads: no harm but a wasted read
+            log("peer_discovery_no_instance_id", error=str(exc))
+    source = AsgPeerSource(boto3.client("autoscaling", region_name=args.region),
+                           boto3.client("ec2", region_name=args.region), fleet_groups(cfg, args.region),
+                           args.region, gateway.port, own)
+    given = list(args.peer)
+
+    def apply(peers: list[Peer]) -> None:
+        gateway.set_peers({**links_of(peers, args.breaker_cool_s),
+                           **peer_links(cfg, args.region, given, args.breaker_cool_s)})
+
+    return PeerDiscovery(source, apply, args.peer_discovery_s or DISCOVERY_PERIOD_S)
 
 
 def _use_uvloop(choice: str) -> bool:

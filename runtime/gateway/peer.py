@@ -85,17 +85,18 @@ def sign(key: bytes, *, consumer: str, model: str, origin: str, destination: str
 class Verifier:
     """Checks claims for one receiving gateway (`destination`: its region), remembering nonces it accepted.
 
-    Nonces are remembered for 2 x FRESH_S (a claim older than FRESH_S is refused anyway), per process: with
-    several gateway workers on one port a replayed header reaching another worker would pass this check;
-    the body digest still binds it to the signed body, and TLS-free replay needs a position on the provider's
-    own PrivateLink path."""
+    Nonces are remembered for 2 x FRESH_S (a claim older than FRESH_S is refused anyway). `first_use`: where
+    they are remembered when several gateway workers share the port (shared.SharedState.first_use: one table
+    for every worker, so a claim replayed to another worker is refused too); None: in this process."""
 
-    def __init__(self, key: bytes, destination: str, now: Callable[[], float] = time.time):
+    def __init__(self, key: bytes, destination: str, now: Callable[[], float] = time.time,
+                 first_use: Callable[[str, float, float], bool | None] | None = None):
         self.key = check_key(key)
         self.destination = destination
         self.now = now
         self._seen: dict[str, float] = {}
         self._next_prune = 0.0
+        self._first_use = first_use if first_use is not None else self._first_use_here
 
     def verify(self, header: str, body: bytes) -> Claim:
         parts = header.strip().split(".")
@@ -119,13 +120,21 @@ class Verifier:
             raise PeerRefused(f"peer claim is stale (more than {FRESH_S:g} s from this clock)")
         if not hmac.compare_digest(hashlib.sha256(body).hexdigest(), claim.body_sha256):
             raise PeerRefused("peer claim was signed for another body")
-        if now >= self._next_prune:
-            self._seen = {n: until for n, until in self._seen.items() if until > now}
-            self._next_prune = now + FRESH_S
-        if claim.nonce in self._seen:
+        first = self._first_use(claim.nonce, now + 2 * FRESH_S, now)
+        if first is None:
+            raise PeerRefused("too many peer claims in the last minute to tell a replay apart")
+        if not first:
             raise PeerRefused("peer claim was already used (replay)")
-        self._seen[claim.nonce] = now + 2 * FRESH_S
         return claim
+
+    def _first_use_here(self, nonce: str, until: float, now: float) -> bool:
+        if now >= self._next_prune:
+            self._seen = {n: t for n, t in self._seen.items() if t > now}
+            self._next_prune = now + FRESH_S
+        if nonce in self._seen:
+            return False
+        self._seen[nonce] = until
+        return True
 
 
 def read_key_file(path: str) -> bytes:

@@ -22,6 +22,7 @@ aiohttp proxy and against no gateway at all.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import functools
 import json
 import time
@@ -127,6 +128,7 @@ class Gateway:
         self.admission = Admission(limiters, metrics, entitled, model_limiters,
                                    shared.limiter if shared is not None else local_limiter)
         self.drain_state = Drain(drain_timeout_s, shared)
+        self._shared = shared
         self.fair = None if admission_caps is None else fair_admission(
             router, admission_caps, identity.consumers, shared, worker, disconnect_poll_s)
         self.upstream_warm = upstream_warm
@@ -147,7 +149,9 @@ class Gateway:
 
     def enable_spill(self, spill: SpillSetup) -> None:
         """Spill and accept forwarded requests from now on (at start, or once the peer key could be read)."""
-        self.verifier = Verifier(spill.key, spill.region, self.clock)
+        # One replay table for every worker on the port (shared.py), else this process's own.
+        self.verifier = Verifier(spill.key, spill.region, self.clock,
+                                 self._shared.first_use if self._shared is not None else None)
         self._spill_pools = {name: UpstreamPool(link.address) for name, link in
                              (spill.policy.links.items() if spill.policy is not None else ())}
         # A peer instance's gateway expects a PROXY v2 header first: the LOCAL one (its own address is the source).
@@ -155,6 +159,25 @@ class Gateway:
                                   for name, link in spill.peer_links.items()})
         self.spill = spill
         if self._server is not None and self._spill_pools and self._headroom_task is None:
+            self._headroom_task = asyncio.ensure_future(self._refresh_headroom())
+
+    def set_peers(self, links: Mapping[str, RegionLink]) -> None:
+        """Balance onto these peer instances from now on (discovery.py's refresh): a peer seen before keeps its
+        link (breaker, headroom, connections); one gone is closed; the peers whose claims are accepted follow."""
+        if self.spill is None:
+            return
+        old = self.spill.peer_links
+        kept = {name: old.get(name, link) for name, link in links.items()}
+        for name in old.keys() - kept.keys():
+            pool = self._spill_pools.pop(name, None)
+            if pool is not None:
+                pool.close()
+        for name, link in kept.items():
+            if name not in self._spill_pools:
+                self._spill_pools[name] = UpstreamPool(link.address, preamble=ppv2.LOCAL_HEADER)
+        self.spill = dataclasses.replace(self.spill, peer_links=kept,
+                                         peers=frozenset(link.address[0] for link in kept.values()))
+        if self._server is not None and self._headroom_task is None:
             self._headroom_task = asyncio.ensure_future(self._refresh_headroom())
 
     # The gateway's state as the entry point and the tests read it; each has one home above.
@@ -546,9 +569,11 @@ class Gateway:
 
     async def _refresh_headroom(self) -> None:
         """Every link's headroom answer, read again once it is older than HEADROOM_TTL_S (spill.py)."""
-        assert self.spill is not None
-        links = [*(self.spill.policy.links.values() if self.spill.policy else ()), *self.spill.peer_links.values()]
         while True:
+            assert self.spill is not None
+            # Read again each round: discovery (set_peers) replaces the peers.
+            links = [*(self.spill.policy.links.values() if self.spill.policy else ()),
+                     *self.spill.peer_links.values()]
             now = time.monotonic()
             for link in links:
                 if not link.fetching and now - link.attempted_at > (PEER_HEADROOM_TTL_S if link.direct

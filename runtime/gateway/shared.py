@@ -32,6 +32,13 @@ _F64 = struct.Struct("<d")
 _EMPTY = bytes(16)
 _OUTCOME = struct.Struct("<qqd")  # one per worker: in flight when its drain began, cut, its drain budget (s)
 MAX_WORKERS = 64
+# Peer claims' nonces seen by any worker (runtime/gateway/peer.py): an open-addressed table, each entry a nonce
+# digest and the wall-clock second it may be forgotten (a claim is refused as stale FRESH_S after its time, so
+# an entry is dead after 2 x FRESH_S). 65,536 entries of 24 bytes: 1.5 MiB, room for about 1,000 forwarded
+# requests a second with the table under half full; a nonce probes at most NONCE_PROBES entries.
+NONCE_SLOTS = 65536
+NONCE_PROBES = 32
+_NONCE = struct.Struct("<16sd")
 
 
 def default_workers(cpus: int | None = None) -> int:
@@ -56,7 +63,9 @@ class SharedState:
         self.emf_lock = ctx.Lock()  # whole batches of metric lines on the one stdout
         self._outcomes_at = SLOTS * _SLOT.size
         self._in_flight_at = self._outcomes_at + MAX_WORKERS * _OUTCOME.size
-        self.mem = mmap.mmap(-1, self._in_flight_at + _I64.size)  # MAP_SHARED | MAP_ANONYMOUS: kept across fork
+        self._nonces_at = self._in_flight_at + _I64.size
+        # MAP_SHARED | MAP_ANONYMOUS: kept across fork
+        self.mem = mmap.mmap(-1, self._nonces_at + NONCE_SLOTS * _NONCE.size)
         self._offsets: dict[str, int] = {}  # this process's cache of key -> slot offset
         self.workers = workers
         # One pipe per worker: another worker writes a byte to hand it an engine slot its queued request is owed
@@ -110,6 +119,28 @@ class SharedState:
 
     def limiter(self, key: str, limits: ConsumerLimits) -> SharedLimiter:
         return SharedLimiter(self, key, limits)
+
+    def first_use(self, nonce: str, until: float, now: float) -> bool | None:
+        """Record a peer claim's nonce for every worker until `until` (wall-clock seconds): True the first time,
+        False when any worker recorded it and it has not expired (a replay), None when its NONCE_PROBES entries
+        all hold live nonces (the table is full: the caller refuses, as it cannot tell a replay apart)."""
+        digest = hashlib.blake2b(nonce.encode(), digest_size=16).digest()
+        start = int.from_bytes(digest[:8], "little") % NONCE_SLOTS
+        with self.lock:
+            free = None
+            for i in range(NONCE_PROBES):
+                at = self._nonces_at + (start + i) % NONCE_SLOTS * _NONCE.size
+                found, expires = _NONCE.unpack_from(self.mem, at)
+                if found == digest and expires > now:
+                    return False
+                if free is None and (found == _EMPTY or expires <= now):
+                    free = at  # a dead entry is reused; probing goes on, a live twin may sit further on
+                if found == _EMPTY:
+                    break  # entries are never emptied: an insert of this nonce would have stopped here or before
+            if free is None:
+                return None
+            _NONCE.pack_into(self.mem, free, digest, until)
+            return True
 
 
 class _SharedBucket(TokenBucket):

@@ -74,3 +74,74 @@ def test_an_instance_runs_one_gateway_process_per_two_cpus_from_one_to_four():
     from runtime.gateway.shared import default_workers
 
     assert [default_workers(n) for n in (1, 2, 4, 8, 16, 192)] == [1, 1, 2, 4, 4, 4]  # g6e.xlarge: 4 vCPUs -> 2
+
+
+# ------------------------------------------------------------ peer claims' replay table (peer.py Verifier)
+
+PEER_KEY = b"p" * 48
+
+
+def _verify_in_child(state: SharedState, header: str, body: bytes, results) -> None:
+    from runtime.gateway.peer import PeerRefused, Verifier
+
+    try:
+        Verifier(PEER_KEY, "us-west-2", first_use=state.first_use).verify(header, body)
+        results.put("accepted")
+    except PeerRefused as exc:
+        results.put(str(exc))
+
+
+def _in_child(target, *args):
+    ctx = multiprocessing.get_context("fork")
+    results = ctx.Queue()
+    child = ctx.Process(target=target, args=(*args, results))
+    child.start()
+    got = results.get(timeout=30)
+    child.join(30)
+    return got
+
+
+def test_a_claim_accepted_by_one_worker_is_refused_as_a_replay_by_another():
+    from runtime.gateway.peer import PeerRefused, Verifier, sign
+
+    state = SharedState(workers=2)
+    body = b'{"model":"m"}'
+    header = sign(PEER_KEY, consumer="checkout", model="m", origin="us-east-1", destination="us-west-2", body=body)
+    assert _in_child(_verify_in_child, state, header, body) == "accepted"  # worker 1 serves it
+    with pytest.raises(PeerRefused, match="replay"):  # the same header reaching worker 0 afterwards
+        Verifier(PEER_KEY, "us-west-2", first_use=state.first_use).verify(header, body)
+    # What the shared table fixes: a verifier remembering only its own process's nonces would serve it again.
+    assert Verifier(PEER_KEY, "us-west-2").verify(header, body).consumer == "checkout"
+    # ...and a fresh claim (a retry signs anew) still passes everywhere.
+    again = sign(PEER_KEY, consumer="checkout", model="m", origin="us-east-1", destination="us-west-2", body=body)
+    assert _in_child(_verify_in_child, state, again, body) == "accepted"
+
+
+def test_the_replay_table_is_bounded_reuses_expired_entries_and_refuses_when_full(monkeypatch):
+    import runtime.gateway.shared as shared
+
+    monkeypatch.setattr(shared, "NONCE_SLOTS", 8)
+    monkeypatch.setattr(shared, "NONCE_PROBES", 8)
+    state = SharedState()
+    assert len(state.mem) == state._nonces_at + 8 * shared._NONCE.size  # the table's size is fixed at start
+    assert all(state.first_use(f"n{i}", until=100.0, now=0.0) for i in range(8))
+    assert state.first_use("n3", until=100.0, now=50.0) is False  # live: a replay
+    assert state.first_use("n8", until=100.0, now=50.0) is None  # every entry live: cannot tell, refused
+    assert state.first_use("n8", until=200.0, now=100.0) is True  # the entries expired: reused
+    assert state.first_use("n3", until=200.0, now=100.0) is True  # an expired nonce is forgotten
+    assert state.first_use("n8", until=200.0, now=150.0) is False
+
+
+def test_a_full_replay_table_refuses_the_claim_rather_than_letting_it_pass(monkeypatch):
+    import runtime.gateway.shared as shared
+    from runtime.gateway.peer import PeerRefused, Verifier, sign
+
+    monkeypatch.setattr(shared, "NONCE_SLOTS", 2)
+    monkeypatch.setattr(shared, "NONCE_PROBES", 2)
+    state = SharedState()
+    verifier = Verifier(PEER_KEY, "us-west-2", first_use=state.first_use)
+    claims = [sign(PEER_KEY, consumer="c", model="m", origin="a", destination="us-west-2", body=b"") for _ in range(3)]
+    verifier.verify(claims[0], b"")
+    verifier.verify(claims[1], b"")
+    with pytest.raises(PeerRefused, match="too many peer claims"):
+        verifier.verify(claims[2], b"")

@@ -20,13 +20,16 @@ import re
 
 import pytest
 
-from .synthesized import bench_mode_fleet, default_fleet, nat_fleet, spot_fleet, variant_fleet
+from .synthesized import bench_mode_fleet, default_fleet, nat_fleet, spill_fleet, spot_fleet, variant_fleet
 
 CONDITION_KEY_TYPES = {
     # global keys
     "aws:SecureTransport": "Bool",
     "aws:SourceAccount": "String",
     "aws:SourceArn": "ARN",
+    # "aws:RequestedRegion ... Value type: String" (the global keys page, above): the instance role's peer
+    # discovery is limited to its own region with it (stacks/gpu_fleet.py).
+    "aws:RequestedRegion": "String",
     # Amazon EC2 Auto Scaling: "autoscaling:MaxSize | The maximum scaling size | Numeric"; the EC2 Auto Scaling
     # User Guide's identity-based policy examples bound UpdateAutoScalingGroup's request with it
     # ("NumericLessThanEqualsIfExists": {"autoscaling:MaxSize": 10}).
@@ -91,7 +94,7 @@ def conditions(document) -> list[tuple[str, str, str]]:
 @pytest.fixture(scope="module")
 def every_condition():
     rows = []
-    for fleet in (default_fleet(), variant_fleet(), nat_fleet(), spot_fleet(), bench_mode_fleet()):
+    for fleet in (default_fleet(), variant_fleet(), nat_fleet(), spot_fleet(), bench_mode_fleet(), spill_fleet()):
         for path in fleet.template_files():
             rows += [(f"{path.name}{where}", op, key) for where, op, key in conditions(json.loads(path.read_text()))]
     return rows
