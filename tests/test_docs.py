@@ -11,10 +11,10 @@ DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), *sorted((ROOT
 
 
 def test_every_stack_output_the_readme_names_is_one_a_template_has():
-    from tests.stacks.synthesized import default_fleet
+    from tests.stacks.synthesized import default_fleet, spill_fleet
 
-    fleet = default_fleet()
-    outputs = {key for path in fleet.template_files()
+    # The default fleet, and the spill example for what only spill and failover add (FailoverRecordName).
+    outputs = {key for fleet in (default_fleet(), spill_fleet()) for path in fleet.template_files()
                for key in __import__("json").loads(path.read_text()).get("Outputs", {})}
     text = (ROOT / "README.md").read_text()
     named = set(re.findall(r"`(\w+)` output", text)) | set(re.findall(r"output `(\w+)`", text))
