@@ -130,7 +130,10 @@ def ensure_mps_on_path() -> str | None:
 class Pair:
     """The two engine processes under the runtime's Serving (and, under MPS, the GPU's control daemon)."""
 
-    def __init__(self, args: argparse.Namespace, artifacts: dict[str, Path], work: Path, slack_bytes: int = 0):
+    def __init__(self, args: argparse.Namespace, artifacts: dict[str, Path], work: Path, slack_bytes: int = 0,
+                 **settings: object):
+        """`settings`: ServeSettings fields over the bench's (bench/h200_mps_fault.py: the runtime's restart policy
+        and liveness, fault-on-signal servers)."""
         from fleetcast.config.memory import binding_fraction
         from runtime.kv_budget import artifact_bytes, mps_memory_limit
         from runtime.serve import ServerProcess, ServeSettings, Serving, server_name
@@ -158,13 +161,14 @@ class Pair:
             servers.append(ServerProcess(name=server_name(model, 0, single=False), model_id=model, copy_index=0,
                                          port=self.ports[model], argv=argv, kv_cache_bytes=shape.kv_bytes,
                                          mps_mem_limit_bytes=limit))
-        settings = ServeSettings(port=free_port(), model_name=servers[0].model_id, region="lab", pool="h200",
-                                 gateway=False, ready_timeout_s=600.0,
-                                 restart=RestartPolicy(max_restarts=0, backoff_base_s=0.1),
-                                 models_state_file=work / "models-ready.json")
+        # A bench run is not a restart test: a process that dies fails the run (its figures would be a restart's).
+        fields: dict = {"ready_timeout_s": 600.0, "restart": RestartPolicy(max_restarts=0, backoff_base_s=0.1),
+                        "models_state_file": work / "models-ready.json", **settings}
+        serve_settings = ServeSettings(port=free_port(), model_name=servers[0].model_id, region="lab", pool="h200",
+                                       gateway=False, **fields)
         work.mkdir(parents=True, exist_ok=True)
         self.mps_root = work / "mps" if args.gpu_sharing == "mps" else None
-        self.serving = Serving(settings, servers=servers, mps_root=self.mps_root)
+        self.serving = Serving(serve_settings, servers=servers, mps_root=self.mps_root)
 
     @property
     def max_seq(self) -> int:
