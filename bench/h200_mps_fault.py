@@ -26,7 +26,6 @@ import argparse
 import json
 import os
 import signal
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -36,7 +35,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/h200_sharing.py, run as a script or loaded by a test
 
-import h200_sharing as sharing  # noqa: E402
+import h200_sharing as sharing
 
 ROOT = sharing.ROOT
 READY = "FAULT-CLIENT-READY"
