@@ -2,9 +2,9 @@
 
 Run (on the device machine, from the repo root; bench/H200_RUNS.md gives the exact device calls):
 
-    python3 bench/h200_sharing.py --gpu-sharing mps --order xl-first --repeats 3 --out $OUT/mps-xl-first
-    python3 bench/h200_sharing.py --gpu-sharing mps --order medium-first --skip-solo --out $OUT/mps-medium-first
-    python3 bench/h200_sharing.py --summarize $OUT/ts-* $OUT/mps-* --out $OUT   # goals, pass/fail
+    python3 bench/h200_sharing.py --gpu-sharing mps --order xl-first --solo xl --out /tmp/h200/mps-xl-first
+    python3 bench/h200_sharing.py --gpu-sharing mps --order medium-first --solo medium --out /tmp/h200/mps-medium-first
+    python3 bench/h200_sharing.py --summarize /tmp/h200/ts-* /tmp/h200/mps-* --out /tmp/h200   # goals, pass/fail
 
 What one run does, in order:
  1. builds the GPT-2 XL- and medium-shaped artifacts (random fp16 weights; cached under --artifacts);
@@ -17,7 +17,7 @@ What one run does, in order:
     the daemon is stopped after the last process; time_slicing starts no daemon;
  3. records each process's KV cache against its plan (GET /memory) and, under MPS, that it ran as a client;
  4. for each repeat and each concurrency level (per model): each model alone (the other loaded, idle; not with
-    --skip-solo), then both at once (two `fleetcast bench run` clients started together, same level, same
+    --solo none), then both at once (two `fleetcast bench run` clients started together, same level, same
     duration);
  5. writes per model and kind (alone/together) one bench results file (revision 7: packing.gpu_sharing, every
     repeat as runs[].repeat, a together run's peers the other model's mean concurrency in the same repeat):
@@ -346,6 +346,11 @@ def build_artifacts(args: argparse.Namespace) -> dict[str, Path]:
     return out
 
 
+def solo_of(args: argparse.Namespace, model: str) -> bool:
+    """--solo: is `model` measured alone in this run."""
+    return args.solo == "both" or (args.solo != "none" and model == f"gpt2-{args.solo}-shape")
+
+
 def run(args: argparse.Namespace) -> int:
     from fleetcast.bench.schema import load_results
 
@@ -394,7 +399,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         for repeat in range(1, args.repeats + 1):
             for level in args.levels:
-                kinds = [("alone", [m]) for m in ORDERS[args.order]] if not args.skip_solo else []
+                kinds = [("alone", [m]) for m in ORDERS[args.order] if solo_of(args, m) and repeat <= args.solo_repeats]
                 kinds.append(("together", list(ORDERS[args.order])))
                 for kind, models in kinds:
                     guess = statistics.median(point_s) if point_s else args.duration + 15
@@ -513,7 +518,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--levels", default="1,16,64", help="closed-loop concurrency per model")
     ap.add_argument("--duration", type=float, default=None, help="seconds per bench run (default 8 cuda, 1 cpu)")
     ap.add_argument("--warmup", type=int, default=2, help="warm-up requests per bench run")
-    ap.add_argument("--skip-solo", action="store_true", help="measure only the pair busy together")
+    ap.add_argument("--solo", choices=("both", "xl", "medium", "none"), default="both",
+                    help="which models are also measured alone (the other loaded, idle); a start order does not change "
+                         "a solo figure, so two runs of one mode can split them")
+    ap.add_argument("--solo-repeats", type=int, default=None, help="times each solo point is measured (default --repeats)")
     ap.add_argument("--device", choices=("cuda", "cpu"), default="cuda", help="cpu: the dry run (tiny shapes)")
     ap.add_argument("--artifacts", default=None, help="where the built artifacts are cached (default /tmp)")
     ap.add_argument("--deadline-s", type=float, default=None,
@@ -533,6 +541,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         args.levels = [int(x) for x in args.levels.split(",")]
     except ValueError:
         ap.error(f"--levels {args.levels!r}: comma-separated whole numbers")
+    args.solo_repeats = args.repeats if args.solo_repeats is None else args.solo_repeats
     if args.repeats < 1 or not args.levels or min(args.levels) < 1:
         ap.error("--repeats and every --levels value must be at least 1")
     if args.duration is None:
