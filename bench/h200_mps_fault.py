@@ -90,8 +90,8 @@ def prepare_kernel():
 
         cupy_kernel(buffer.data_ptr())
         return cupy_kernel
-    except ImportError:
-        pass
+    except Exception as exc:  # noqa: BLE001 - no CuPy, or its NVRTC cannot compile here: Triton instead
+        print(f"CuPy kernel unavailable ({type(exc).__name__}: {exc}); using Triton", flush=True)
     import triton
     import triton.language as tl
 
