@@ -206,3 +206,14 @@ def test_one_client_faults_and_every_model_serves_again_under_the_supervisor(tmp
     assert "PASS every model served again without an operator" in done.stdout
     calls = [json.loads(line)["argv"] for line in (tmp_path / "mps-calls.jsonl").read_text().splitlines()]
     assert calls[0] == ["-d"] and calls[-1] == []
+
+
+def test_a_run_past_its_deadline_starts_no_point_and_still_writes_what_it_has(tmp_path):
+    """The device calls bound each run with --deadline-s, so a slow machine returns its finished points instead of
+    being killed at the call's limit with nothing written."""
+    done = script(SHARING, "--device", "cpu", "--gpu-sharing", "time_slicing", "--levels", "2", "--duration", "0.5",
+                  "--deadline-s", "1", "--artifacts", str(tmp_path), "--out", str(tmp_path / "ts"))
+    assert done.returncode == 0, done.stderr[-3000:]
+    data = json.loads((tmp_path / "ts" / "sharing.json").read_text())
+    assert data["stopped_early"].startswith("--deadline-s 1: stopped before repeat 1, level 2")
+    assert data["points_done"] == 0 and data["table"] == [] and data["stop"]["drain_s"] >= 0
