@@ -136,6 +136,7 @@ class Pair:
         and liveness, fault-on-signal servers)."""
         from fleetcast.config.memory import binding_fraction
         from runtime.kv_budget import artifact_bytes, mps_memory_limit
+        from runtime.reference.configs import kv_tokens, shape_for
         from runtime.serve import ServerProcess, ServeSettings, Serving, server_name
         from runtime.supervisor import RestartPolicy
 
@@ -158,11 +159,15 @@ class Pair:
                     "--kv-cache-free-gpu-memory-fraction", f"{self.fraction:g}"]
             if args.device == "cpu":
                 argv += ["--dtype", "bfloat16", "--threads", "1"]
+            planned = kv_tokens(shape.kv_bytes, shape_for(shape.size), self.max_seq, 2)  # fp16 and bf16: 2 bytes
             servers.append(ServerProcess(name=server_name(model, 0, single=False), model_id=model, copy_index=0,
                                          port=self.ports[model], argv=argv, kv_cache_bytes=shape.kv_bytes,
-                                         mps_mem_limit_bytes=limit))
-        # A bench run is not a restart test: a process that dies fails the run (its figures would be a restart's).
+                                         mps_mem_limit_bytes=limit, kv_tokens_planned=planned))
+        # A bench run is not a restart test: a process that dies fails the run (its figures would be a restart's),
+        # and a liveness probe slow under 64 streams must not kill a server mid-point (bench/h200_mps_fault.py
+        # keeps the runtime's own restart policy and liveness).
         fields: dict = {"ready_timeout_s": 600.0, "restart": RestartPolicy(max_restarts=0, backoff_base_s=0.1),
+                        "liveness_interval_s": 30.0, "liveness_timeout_s": 30.0, "liveness_failures": 10,
                         "models_state_file": work / "models-ready.json", **settings}
         serve_settings = ServeSettings(port=free_port(), model_name=servers[0].model_id, region="lab", pool="h200",
                                        gateway=False, **fields)
