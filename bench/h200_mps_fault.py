@@ -126,13 +126,14 @@ def watch(pair: sharing.Pair, model: str, fault_at: float, deadline: float, prob
     every probe for UNAFFECTED_S: the fault never reached it)."""
     port = pair.ports[model]
     while time.monotonic() < deadline:
+        sent = time.monotonic()  # a probe into a wedged server fails only at its timeout: down from when it was sent
         ok = completes(port, model, probe_timeout_s)
         now = time.monotonic()
         if ok and "down_at_s" not in out and now - fault_at > UNAFFECTED_S:
             out.update(unaffected=True, serving_again_s=0.0)
             return
         if not ok and "down_at_s" not in out:
-            out["down_at_s"] = round(now - fault_at, 3)
+            out["down_at_s"] = round(sent - fault_at, 3)
         if ok and "down_at_s" in out:
             out["serving_again_s"] = round(now - fault_at, 3)
             return
