@@ -197,6 +197,12 @@ def one_fault(args, pair: sharing.Pair, artifacts: dict, gpu: str, raw: Path, re
         for t in threads:
             t.join()
         report = next((json.loads(x) for x in rest.splitlines() if x.startswith("{")), None)
+        # The supervisor counts a group restart once its members answer its own readiness check, which can come a
+        # poll after the probes here saw them serve: wait (bounded) for that record before reading it.
+        settle = time.monotonic() + 30.0
+        while (any(c.pid != before[m] for m, c in children.items()) and group.restarts == restarts_before
+               and time.monotonic() < settle):
+            time.sleep(0.1)
         record.update({
             "serving_before_fault": busy, "fault_client": report, "fault_client_exit": client.returncode,
             "models": seen,
