@@ -190,7 +190,7 @@ def test_the_plot_shows_both_modes(runs, tmp_path):
 def test_one_client_faults_and_every_model_serves_again_under_the_supervisor(tmp_path):
     env = mps_env(tmp_path)
     done = script(FAULT, "--device", "cpu", "--repeats", "1", "--liveness-interval-s", "0.5", "--liveness-failures",
-                  "2", "--liveness-timeout-s", "5", "--artifacts", str(tmp_path), "--out", str(tmp_path / "fault"),
+                  "2", "--liveness-timeout-s", "5", "--probe-timeout-s", "20", "--artifacts", str(tmp_path), "--out", str(tmp_path / "fault"),
                   env=env)
     assert done.returncode == 0, done.stderr[-3000:]
     result = json.loads((tmp_path / "fault" / "mps-fault.json").read_text())
