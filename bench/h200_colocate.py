@@ -16,6 +16,7 @@ What it does, in order (every server is `python -m runtime.reference.server`, th
  4. with explicit budgets, runs `fleetcast bench run` at concurrency 1, 16 and 64 against each model
     alone, then against both at once (same level, same duration, started together).
 Writes colocate.json (the dataset: packing, memory, latency summaries) and bench runs under --out.
+Time slicing against MPS, with repeats and both start orders, is bench/h200_sharing.py (bench/H200_RUNS.md).
 """
 
 from __future__ import annotations
