@@ -420,8 +420,10 @@ class FairAdmission:
         off, or a model it does not cap). Otherwise the requests that would go before it, across every worker (its
         own account's waiting ones, all waiting ones of a higher class, and those of its class whose start tags
         are below the one it would get), plus itself, over `service_rate`: the engine frees one slot per 1/rate
-        seconds on average while requests wait. None when it would wait but no rate has been measured yet
-        (the first releases after a lull); a caller should then treat the wait as unknown, not as zero."""
+        seconds on average while requests wait, or per the time since the last release where that is longer. None
+        when it would wait but no release has been timed in this wait yet (the first releases after a lull, or a
+        request that has held the engine since before anyone waited); a caller should then treat the wait as
+        unknown, not as zero."""
         group = self.groups.get(model)
         if group is None:
             return 0.0
@@ -447,8 +449,14 @@ class FairAdmission:
                 # Its queued requests' start tags step by 1/weight up to its finish tag: those below `tag` go first.
                 behind = math.floor((group._float(group.consumer_cells(other)[0]) - tag) * other_share.weight)
                 ahead += waiting - min(max(behind, 0), waiting)
-            mean = group._float(group.rate_at)
-        return (ahead + 1) * mean if mean > 0.0 else None
+            mean, last_ns = group._float(group.rate_at), group._int(group.rate_at)
+        # The mean is of the releases timed while requests waited. None timed in this wait yet (the last release came
+        # while nobody waited) leaves only an earlier wait's rate, and what holds the engine now may be far slower:
+        # unknown. And the interval under way has lasted at least since the last release: a request holding the
+        # engine longer than the recent ones did stretches the wait, it does not keep their rate.
+        if mean <= 0.0 or not last_ns:
+            return None
+        return (ahead + 1) * max(mean, self.clock() - last_ns / 1e9)
 
     def _limit(self, group: _Group, consumer: str, share: Share, finish: float | None = None) -> int:
         """The most requests an engine process may hold for `consumer`'s next one to go to it. Lock held.

@@ -489,6 +489,43 @@ def test_the_predicted_wait_counts_who_goes_first_over_the_engines_measured_serv
     assert went_next  # the forecast's order is the admission's
 
 
+def test_a_request_holding_the_engine_longer_than_the_measured_rate_stretches_the_predicted_wait():
+    """The rate is of releases timed while requests waited. A stall since the last release is a lower bound on the
+    interval under way; and once the queue emptied, an earlier wait's rate says nothing about what holds the engine
+    now (a 60 s stream after a run of short requests): unknown, so a spill decision falls back to its own counts."""
+    _, (voice, analytics) = consumers()
+
+    async def body():
+        clock = Clock()
+        admission = FairAdmission(SharedState(1), {MODEL_ID: [Engine(9001)]}, {MODEL_ID: 1}, (voice, analytics),
+                                  clock=clock)
+        engine = await admission.acquire("voice-app", MODEL_ID, lambda: False)
+        queued = [asyncio.ensure_future(admission.acquire("voice-app", MODEL_ID, lambda: False)) for _ in range(3)]
+        await settle()
+        for _ in range(2):
+            clock.now += 0.5
+            admission.release("voice-app", MODEL_ID, engine)
+            engine = await queued.pop(0)
+        at_rate = admission.predicted_wait_s("analytics", MODEL_ID)
+        clock.now += 5.0  # the request now on the engine has held it ten times as long as the last ones took
+        stalled = admission.predicted_wait_s("analytics", MODEL_ID)
+        for _ in range(len(queued)):  # the queue drains; the last release comes while nobody waits
+            clock.now += 0.5
+            admission.release("voice-app", MODEL_ID, engine)
+            engine = await queued.pop(0)
+        clock.now += 0.5
+        admission.release("voice-app", MODEL_ID, engine)
+        engine = await admission.acquire("voice-app", MODEL_ID, lambda: False)  # a new long one takes the engine
+        after_a_lull = admission.predicted_wait_s("analytics", MODEL_ID)
+        admission.release("voice-app", MODEL_ID, engine)
+        return at_rate, stalled, after_a_lull
+
+    at_rate, stalled, after_a_lull = run(body())
+    assert at_rate == pytest.approx(0.5)
+    assert stalled == pytest.approx(5.0)
+    assert after_a_lull is None
+
+
 def test_the_predicted_wait_of_a_batch_account_counts_every_waiting_interactive_request():
     _, (voice, analytics) = consumers(analytics={"priority": "batch"})
 
