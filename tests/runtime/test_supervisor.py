@@ -177,7 +177,9 @@ def test_a_group_falls_and_rises_together_with_its_start_and_stop_hooks():
         first = [c.pid for c in children]
         os.kill(first[1], signal.SIGKILL)  # b dies: a and c, alive, go with it
         deadline = _time.monotonic() + 60
-        while not all(c.pid != p and c.running() for c, p in zip(children, first)) and _time.monotonic() < deadline:
+        # Until every member runs again and the restart recorded itself (just after the last one's start).
+        while not (all(c.pid != p and c.running() for c, p in zip(children, first)) and sup.groups["gpu0"].restarts) \
+                and _time.monotonic() < deadline:
             _time.sleep(0.02)
         assert all(c.pid != p and c.running() for c, p in zip(children, first))
         assert calls == ["start", "start"] and sup.groups["gpu0"].restarts == 1
