@@ -66,14 +66,22 @@ def trace(seconds: float, seed: int, mean_rps: float) -> list[float]:
 
 
 class Child:
+    """A child process whose stdout lines (metric records, or an engine's port first) are collected as they come;
+    the loopback spill tests use it too."""
+
     def __init__(self, proc: asyncio.subprocess.Process):
-        self.proc, self.lines = proc, []
+        self.proc = proc
+        self.lines: list[str] = []
         self.task = asyncio.ensure_future(self._read())
+        self.first: asyncio.Future[str] = asyncio.get_running_loop().create_future()
 
     async def _read(self) -> None:
         assert self.proc.stdout is not None
         while line := await self.proc.stdout.readline():
-            self.lines.append(line.decode())
+            text = line.decode().strip()
+            if not self.first.done():
+                self.first.set_result(text)
+            self.lines.append(text)
 
     def records(self) -> list[dict[str, Any]]:
         return [json.loads(x) for x in self.lines if x.startswith("{")]

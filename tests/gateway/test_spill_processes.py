@@ -24,7 +24,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import signal
 import sys
 from pathlib import Path
 from typing import Any
@@ -35,6 +34,7 @@ from runtime.devtools.harness import free_port
 from runtime.gateway import ppv2
 from runtime.gateway.peer import PEER_HEADER, sign
 from runtime.gateway.spill import HEADROOM_PATH
+from scripts.bench_balance import Child as Proc  # a process whose stdout lines are collected as they come
 from scripts.bench_gateway import FakeEc2Endpoints
 
 from .fakes import Client, completion_text
@@ -107,37 +107,6 @@ class DelayingProxy:
     def close(self) -> None:
         if self.server:
             self.server.close()
-
-
-class Proc:
-    """A child process whose stdout lines (metric records, or an engine's port) are collected as they come."""
-
-    def __init__(self, proc: asyncio.subprocess.Process):
-        self.proc = proc
-        self.lines: list[str] = []
-        self.task = asyncio.ensure_future(self._read())
-        self.first = asyncio.get_running_loop().create_future()
-
-    async def _read(self) -> None:
-        assert self.proc.stdout is not None
-        while line := await self.proc.stdout.readline():
-            text = line.decode().strip()
-            if not self.first.done():
-                self.first.set_result(text)
-            self.lines.append(text)
-
-    def records(self) -> list[dict[str, Any]]:
-        return [json.loads(line) for line in self.lines if line.startswith("{")]
-
-    async def stop(self) -> None:
-        if self.proc.returncode is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                await asyncio.wait_for(self.proc.wait(), 20)
-            except TimeoutError:
-                self.proc.kill()
-                await self.proc.wait()
-        await asyncio.wait_for(self.task, 5)
 
 
 def spill_config(tmp: Path) -> Path:
