@@ -624,6 +624,19 @@ def test_the_queued_count_is_every_workers_and_its_file_is_whole_and_goes_stale(
     assert fair.read_queue_state(path) is None
 
 
+async def two_workers(config, port: int, upstream_port: int, state):
+    """A gateway process of two workers that publishes its queue to `state`, once it answers /health."""
+    proc, _ = await gateway_process(config, port, upstream_port, [(VOICE_VPCE, "444455556666")],
+                                    "--workers", "2", "--queue-state", str(state))
+    for _ in range(600):  # bounded: 30 s
+        try:
+            await one_request(port, "GET", "/health", header=ppv2.LOCAL_HEADER)
+            break
+        except OSError:
+            await asyncio.sleep(0.05)
+    return proc
+
+
 def test_the_gateway_process_publishes_the_requests_waiting_in_its_queues(tmp_path):
     """--queue-state: the runtime adds what waits at the gateway to QueuedRequests (runtime/serve.py)."""
     import json
@@ -649,15 +662,8 @@ def test_the_gateway_process_publishes_the_requests_waiting_in_its_queues(tmp_pa
     async def body():
         upstream = await FakeModelServer().start()
         upstream.hold = asyncio.Event()
-        proc, _ = await gateway_process(config, port, upstream.port, [(VOICE_VPCE, "444455556666")],
-                                        "--workers", "2", "--queue-state", str(state))
+        proc = await two_workers(config, port, upstream.port, state)
         try:
-            for _ in range(600):
-                try:
-                    await one_request(port, "GET", "/health", header=ppv2.LOCAL_HEADER)
-                    break
-                except OSError:
-                    await asyncio.sleep(0.05)
             requests = [asyncio.ensure_future(one_request(port, "POST", "/v1/completions",
                                                           {"model": MODEL_ID, "prompt": "a", "max_tokens": 1},
                                                           vpce_id=VOICE_VPCE)) for _ in range(3)]
@@ -701,15 +707,8 @@ def test_limits_per_consumer_and_per_model_stay_exact_across_workers_while_reque
     async def body():
         upstream = await FakeModelServer().start()
         upstream.hold = asyncio.Event()
-        proc, _ = await gateway_process(config, port, upstream.port, [(VOICE_VPCE, "444455556666")],
-                                        "--workers", "2", "--queue-state", str(state))
+        proc = await two_workers(config, port, upstream.port, state)
         try:
-            for _ in range(600):
-                try:
-                    await one_request(port, "GET", "/health", header=ppv2.LOCAL_HEADER)
-                    break
-                except OSError:
-                    await asyncio.sleep(0.05)
             requests = [asyncio.ensure_future(one_request(port, "POST", "/v1/completions",
                                                           {"model": MODEL_ID, "prompt": "a", "max_tokens": 1},
                                                           vpce_id=VOICE_VPCE)) for _ in range(6)]
