@@ -251,7 +251,8 @@ def write_plots(plan: RegionPacking, directory: Path) -> list[Path]:
         mem.set_ylabel("GiB")
         mem.set_ylim(0, w.memory.gpu_bytes / GIB * 1.05)
         mem.set_title(f"one {w.memory.gpu} ({w.memory.gpu_bytes / GIB:.0f} GiB): what each process holds", fontsize=10)
-        mem.legend(loc="center right", fontsize=8)
+        # Below the axes: inside, it sat on a process's label wherever the stack put one.
+        mem.legend(loc="upper center", bbox_to_anchor=(0.5, -0.02), ncol=3, fontsize=8, frameon=False)
     fig.tight_layout()
     path = directory / f"packing-{plan.region}.png"
     fig.savefig(path, dpi=110)
