@@ -48,3 +48,29 @@ def test_every_collected_test_carries_its_tiers(request):
         assert ("synth" in names) == _builds_cdk_apps(str(item.path)), item.nodeid
         if _imports_any(str(item.path), _PROCESS_MODULES):
             assert "processes" in names, item.nodeid
+
+
+
+def test_the_cpu_log_records_each_tests_own_cpu_and_its_processes(tmp_path, monkeypatch):
+    """TEST_CPU_LOG=FILE (README, Development): one JSON line per test, the CPU spent in the test's process and in
+    the processes it started and reaped. Here the hook wraps a stand-in test that runs a child."""
+    import json
+    import subprocess
+    import sys
+
+    from tests import conftest
+
+    log = tmp_path / "cpu.jsonl"
+    monkeypatch.setattr(conftest, "_CPU_LOG", str(log))
+
+    class Item:
+        nodeid = "tests/probe.py::test_spins_a_child"
+
+    steps = conftest.pytest_runtest_protocol(Item(), None)  # pluggy's hookimpl marks the function, not wraps it
+    next(steps)
+    subprocess.run([sys.executable, "-c", "sum(range(3_000_000))"], check=True)  # the test's body
+    for _ in steps:
+        pass
+    [line] = [json.loads(x) for x in log.read_text().splitlines()]
+    assert line["test"] == Item.nodeid
+    assert line["children_s"] > 0 and line["own_s"] >= 0 and line["wall_s"] > 0
