@@ -211,14 +211,61 @@ class Pair:
                                                            "log_dir": str(daemon.log_dir), "alive": daemon.alive()}}
 
     def stop(self) -> dict:
+        peaks = {}
+        for server in self.serving.servers:  # what each process came to need, before the drain ends it
+            try:
+                _, mem = http_json_any("GET", f"{server.base}/memory")
+                peaks[server.model_id] = mem
+            except Exception as exc:  # noqa: BLE001 - a dead process has no peaks to report
+                peaks[server.model_id] = {"error": str(exc)[-300:]}
+        apps = gpu_apps()
         report = self.serving.drain()
         daemon = next(iter(self.serving.mps_daemons.values()), None)
         if daemon is not None:
             # A pair whose processes all died before the drain left no member to stop on purpose, so the group's
             # after_stop never ran: quit the daemon here (a no-op when it is gone), or a retry would start a second.
             daemon.stop()
-        return {"drain_s": round(report.get("drain_s", 0.0), 2),
+        return {"drain_s": round(report.get("drain_s", 0.0), 2), "memory_at_stop": peaks, "gpu_apps_at_stop": apps,
                 "mps_daemon_alive_after": None if daemon is None else daemon.alive()}
+
+
+def wait_mps_servers_gone(timeout_s: float = 30.0) -> None:
+    """A quit control daemon's MPS server can outlive it for a moment, holding the GPU: a retry waits it out."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if subprocess.run(["pgrep", "-f", "nvidia-cuda-mps-server"], capture_output=True).returncode != 0:
+            return
+        time.sleep(0.2)
+
+
+def keep_mps_logs(work: Path, dest: Path) -> None:
+    """The MPS control daemon's and server's logs of every start attempt (what a refused or faulted client left)."""
+    for log in sorted(work.glob("try*/mps/**/*.log")):
+        target = dest / log.relative_to(work)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(log, target)
+
+
+def http_json_any(method: str, url: str) -> tuple[int, object]:
+    from runtime.serve import http_json
+
+    return http_json(method, url, timeout_s=10)
+
+
+def gpu_apps() -> list[dict] | None:
+    """nvidia-smi's compute processes and the device memory each holds (a process's whole footprint, CUDA context
+    included); None without nvidia-smi."""
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-compute-apps=pid,process_name,used_memory",
+                              "--format=csv,noheader,nounits"], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    rows = []
+    for line in out.stdout.splitlines():
+        parts = [p.strip() for p in line.split(",")]
+        if len(parts) == 3 and parts[0].isdigit():
+            rows.append({"pid": int(parts[0]), "name": parts[1], "used_mib": parts[2]})
+    return rows
 
 
 def process_env(pid: int) -> dict[str, str]:
@@ -378,9 +425,9 @@ def run(args: argparse.Namespace) -> int:
                  "models": {m: {"size": s.size, "planned_kv_bytes": s.kv_bytes} for m, s in shapes(args.device).items()}}
     work = Path(tempfile.mkdtemp(prefix="h200-sharing-"))
     pair, attempts = None, []
-    for slack_mib in (0, args.mps_retry_slack_mib if args.gpu_sharing == "mps" else None):
-        if slack_mib is None:
-            break
+    for slack_mib in [0, *(args.mps_retry_slack_mib if args.gpu_sharing == "mps" else [])]:
+        if attempts:
+            wait_mps_servers_gone()
         pair = Pair(args, artifacts, work / f"try{len(attempts)}", slack_bytes=slack_mib << 20)
         try:
             data.meta["start"] = pair.start()
@@ -388,12 +435,12 @@ def run(args: argparse.Namespace) -> int:
             attempts.append({"slack_mib": slack_mib, "ok": True})
             break
         except Exception as exc:  # noqa: BLE001 - recorded; under MPS retried once with a larger limit
-            attempts.append({"slack_mib": slack_mib, "ok": False, "error": str(exc)[-1500:]})
-            pair.stop()
+            attempts.append({"slack_mib": slack_mib, "ok": False, "error": str(exc)[-1500:], "stop": pair.stop()})
             pair = None
     data.meta["start_attempts"] = attempts
     if pair is None:
         data.write()
+        keep_mps_logs(work, out / "mps-logs")
         print(f"error: the pair did not start: {attempts[-1]['error']}", file=sys.stderr)
         return 1
     print(json.dumps({"mode": args.gpu_sharing, "order": args.order,
@@ -428,6 +475,7 @@ def run(args: argparse.Namespace) -> int:
         data.meta["stopped_early"] = stopped
         data.meta["elapsed_s"] = round(time.monotonic() - started, 1)
         data.write()
+        keep_mps_logs(work, out / "mps-logs")
         shutil.rmtree(work, ignore_errors=True)
     print(f"wrote {out / 'sharing.json'} ({len(data.points)} points, {data.meta['elapsed_s']} s)", flush=True)
     return 0
@@ -531,9 +579,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--artifacts", default=None, help="where the built artifacts are cached (default /tmp)")
     ap.add_argument("--deadline-s", type=float, default=None,
                     help="start no point that would end past this many seconds after the start (what finished is kept)")
-    ap.add_argument("--mps-retry-slack-mib", type=int, default=1024,
-                    help="under MPS, when the pair fails to start at its planned limits, retry once with this much "
-                         "more per client (recorded in start_attempts)")
+    ap.add_argument("--mps-retry-slack-mib", type=lambda v: [int(x) for x in v.split(",") if x], default=[1024, 2048],
+                    help="under MPS, when the pair fails to start at its planned limits, retry with this much more "
+                         "per client, each in turn (comma-separated MiB; recorded in start_attempts)")
     ap.add_argument("--summarize", nargs="+", metavar="RUN_DIR", help="check the goals over these runs' sharing.json")
     ap.add_argument("--goal-levels", default=",".join(map(str, GOAL_LEVELS)),
                     help="with --summarize: the levels the goals are checked at")

@@ -376,6 +376,10 @@ class ReferenceServer:
     def _free_bytes(self, torch: Any, device: str) -> int | None:
         """GPU memory free now: cuda's own figure; on cpu the simulated GPU's, less every process on its ledger."""
         if device == "cuda":
+            # The weights load through transient buffers (fp32 before the cast) that torch's caching allocator
+            # keeps reserved; they are this process's spare memory, not memory another process holds, so give them
+            # back first (under an MPS memory limit they would otherwise come out of the KV budget).
+            torch.cuda.empty_cache()
             return int(torch.cuda.mem_get_info()[0])
         capacity = self.args.sim_gpu_memory_bytes
         if capacity is None:
@@ -526,8 +530,18 @@ class ReferenceServer:
         return web.Response(status=200)
 
     async def memory_report(self, request: web.Request) -> web.Response:
-        """Reference-only: the KV budget and what was allocated for it (the co-location measurements)."""
-        return web.json_response(self.memory)
+        """Reference-only: the KV budget and what was allocated for it (the co-location measurements), and on cuda
+        the peaks so far (what a process under an MPS memory limit must fit: activations, graphs, workspaces)."""
+        report = dict(self.memory)
+        if self.args.device == "cuda" and self.engine is not None:
+            import torch
+
+            free, total = torch.cuda.mem_get_info()
+            report.update(torch_peak_allocated_bytes=torch.cuda.max_memory_allocated(),
+                          torch_peak_reserved_bytes=torch.cuda.max_memory_reserved(),
+                          torch_reserved_now_bytes=torch.cuda.memory_reserved(),
+                          cuda_free_bytes=int(free), cuda_total_bytes=int(total))
+        return web.json_response(report)
 
     async def version(self, request: web.Request) -> web.Response:
         return web.json_response({"version": VERSION, "backend": "reference"})
