@@ -247,7 +247,8 @@ def run(args: argparse.Namespace) -> int:
                     "restart_policy": {"max_restarts": policy.max_restarts, "backoff_base_s": policy.backoff_base_s},
                     "faults": []}
     work = Path(tempfile.mkdtemp(prefix="h200-mps-fault-"))
-    pair = sharing.Pair(args, artifacts, work, restart=policy, **liveness)
+    pair = sharing.Pair(args, artifacts, work, slack_bytes=args.mps_limit_slack_mib << 20, restart=policy, **liveness)
+    result["mps_limit_slack_mib"] = args.mps_limit_slack_mib
     try:
         result["start"] = pair.start()
         for repeat in range(1, args.repeats + 1):
@@ -296,6 +297,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--liveness-failures", type=int, default=default(Var.LIVENESS_FAILURES))
     ap.add_argument("--artifacts", default=None, help="where the built artifacts are cached (default /tmp)")
     ap.add_argument("--deadline-s", type=float, default=None, help="start no repeat that could end past this")
+    ap.add_argument("--mps-limit-slack-mib", type=int, default=0,
+                    help="each client's memory limit this much over its planned share (what bench/h200_sharing.py's "
+                         "start_attempts found the pair needs)")
     ap.add_argument("--fault-client", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     cuda = args.device == "cuda"
