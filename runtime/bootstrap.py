@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from fleetcast.config import ConfigError, FleetConfig, GpuSharing, Pool, config_from_json
-from fleetcast.config.memory import binding_fraction
+from fleetcast.config.memory import binding_fraction, served_overhead
 from fleetcast.config.model import ServedModel
 from fleetcast.contract import telemetry
 from fleetcast.contract.adapters import MODULES_KEY, RANK_KEY, ModelDimsError, adapter_dir, lora_cache_plan, model_dims
@@ -485,6 +485,9 @@ class Bootstrap:
         budgets: dict[tuple[str, int], Any] = {(s.model_id, s.copy_index): explicit[s.model_id] for s in slots}
         weights = {m: artifact_bytes(p.resolution.path) for m, p in by_model.items()}
         lora = {m: p.lora_cache_bytes for m, p in by_model.items()}
+        # The validator's per-process overhead (activations and, on the PyTorch backend, CUDA graphs counted), so
+        # the instance plans the budgets and MPS limits the validator checked, not a smaller figure.
+        overhead = {m: served_overhead(p.served).total_bytes for m, p in by_model.items()}
         free = gpu_mod.free_memory_bytes() if len(slots) > 1 and gpu.count else None
         if len(slots) > 1 and gpu.count and any(v is None for v in explicit.values()):
             if free is None:
@@ -492,12 +495,12 @@ class Bootstrap:
                                 "that runs several processes a kv_cache_gb")
             budgets = plan_budgets(slots, explicit, weights, free,
                                    min(p.served.engine.kv_cache_free_gpu_memory_fraction for p in prepared),
-                                   lora_bytes=lora)
+                                   overhead_bytes=overhead, lora_bytes=lora)
         # A process with a budget gets the highest fraction, so max_tokens is the smaller of the two in
         # TensorRT-LLM's min(); the plan is refused where even that could not hold in some start order.
         fraction = binding_fraction()
         if free is not None:
-            check_budgets_bind(slots, budgets, weights, free, fraction, lora_bytes=lora)
+            check_budgets_bind(slots, budgets, weights, free, fraction, overhead_bytes=overhead, lora_bytes=lora)
         single = len(slots) == 1
         processes = []
         for slot in slots:
@@ -506,7 +509,8 @@ class Bootstrap:
             kv_fraction = None if budget is None else fraction
             limit = None
             if mps and budget is not None:
-                limit = mps_memory_limit(weights[slot.model_id], budget, fraction, lora[slot.model_id])
+                limit = mps_memory_limit(weights[slot.model_id], budget, fraction, lora[slot.model_id],
+                                         overhead[slot.model_id])
             processes.append(ServerProcess(
                 name=server_name(slot.model_id, slot.copy_index, single), model_id=slot.model_id,
                 copy_index=slot.copy_index, port=slot.port,

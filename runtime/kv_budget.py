@@ -94,22 +94,32 @@ def process_bytes(weights: int, kv: int, lora: int = 0, overhead: int = PROCESS_
     return weights + overhead + lora + kv
 
 
+def overhead_of(overhead_bytes: int | Mapping[str, int], model_id: str) -> int:
+    """A model's per-process overhead: one figure for every model, or each model's own (the validator's
+    fleetcast.config.memory.process_overhead, which counts a backend's activations and CUDA graphs)."""
+    if isinstance(overhead_bytes, int):
+        return overhead_bytes
+    return overhead_bytes.get(model_id, PROCESS_OVERHEAD_BYTES)
+
+
 def check_budgets_bind(slots: Sequence[ProcessSlot], budgets: Mapping[tuple[str, int], int | None],
                        weights_bytes: Mapping[str, int], free_bytes: int, fraction: float,
-                       overhead_bytes: int = PROCESS_OVERHEAD_BYTES, lora_bytes: Mapping[str, int] | None = None) -> None:
+                       overhead_bytes: int | Mapping[str, int] = PROCESS_OVERHEAD_BYTES,
+                       lora_bytes: Mapping[str, int] | None = None) -> None:
     """Refuse, with the arithmetic, a plan where a process's budget could exceed `fraction` x the memory free
     when it sizes its KV cache, in the worst start order: every other process already holding its whole share
     (weights, overhead, LoRA cache, KV) and this one its weights, overhead and LoRA cache. Then no start order
     makes the fraction the smaller one, and every process gets its max_tokens."""
     lora = lora_bytes or {}
     held = {(s.model_id, s.copy_index): process_bytes(weights_bytes.get(s.model_id, 0), budgets.get(
-        (s.model_id, s.copy_index)) or 0, lora.get(s.model_id, 0), overhead_bytes) for s in slots}
+        (s.model_id, s.copy_index)) or 0, lora.get(s.model_id, 0), overhead_of(overhead_bytes, s.model_id))
+        for s in slots}
     for s in slots:
         key = (s.model_id, s.copy_index)
         budget = budgets.get(key)
         if budget is None:
             continue
-        own = weights_bytes.get(s.model_id, 0) + overhead_bytes + lora.get(s.model_id, 0)
+        own = weights_bytes.get(s.model_id, 0) + overhead_of(overhead_bytes, s.model_id) + lora.get(s.model_id, 0)
         others = sum(v for k, v in held.items() if k != key)
         worst_free = free_bytes - others - own
         if fraction * worst_free < budget:
@@ -130,7 +140,7 @@ def mps_memory_limit(weights: int, kv: int, fraction: float, lora: int = 0,
 
 
 def plan_budgets(slots: Sequence[ProcessSlot], explicit: Mapping[str, int | None], weights_bytes: Mapping[str, int],
-                 free_bytes: int, fraction: float, overhead_bytes: int = PROCESS_OVERHEAD_BYTES,
+                 free_bytes: int, fraction: float, overhead_bytes: int | Mapping[str, int] = PROCESS_OVERHEAD_BYTES,
                  lora_bytes: Mapping[str, int] | None = None) -> dict[tuple[str, int], int | None]:
     """Budget in bytes per (model id, copy index); None leaves the engine's fraction in charge.
 
@@ -146,15 +156,15 @@ def plan_budgets(slots: Sequence[ProcessSlot], explicit: Mapping[str, int | None
     missing = [s for s in slots if explicit.get(s.model_id) is None]
     fixed = sum(explicit.get(s.model_id) or 0 for s in slots)
     lora = lora_bytes or {}
-    fixed += sum(process_bytes(weights_bytes.get(s.model_id, 0), 0, lora.get(s.model_id, 0), overhead_bytes)
-                 for s in slots)
+    fixed += sum(process_bytes(weights_bytes.get(s.model_id, 0), 0, lora.get(s.model_id, 0),
+                               overhead_of(overhead_bytes, s.model_id)) for s in slots)
     usable = int(fraction * free_bytes)
     share = (usable - fixed) // len(missing) if missing else 0
     if missing and share <= 0:
         names = ", ".join(sorted({s.model_id for s in missing}))
         raise UserError(
             f"kv_cache_gb: nothing is left for the KV cache of {names}: {fraction:g} x {free_bytes / GIB:.1f} GiB "
-            f"free = {usable / GIB:.1f} GiB, and weights + {overhead_bytes / GIB:.2f} GiB per process + LoRA caches "
+            f"free = {usable / GIB:.1f} GiB, and weights + the per-process overhead + LoRA caches "
             f"+ explicit budgets take {fixed / GIB:.1f} GiB; give every model a kv_cache_gb or serve fewer copies")
     return {(s.model_id, s.copy_index): explicit.get(s.model_id) or share for s in slots}
 

@@ -40,7 +40,7 @@ from fleetcast.contract.serving import GIB, PROCESS_OVERHEAD_BYTES
 
 if TYPE_CHECKING:
     from .catalog import InstanceType
-    from .model import FleetConfig, Pool
+    from .model import FleetConfig, Pool, ServedModel
 
 MIB = 2**20
 
@@ -123,6 +123,14 @@ def process_overhead(backend: str, parameters: float | None, max_batch_size: int
         measured_bytes=PROCESS_OVERHEAD_BYTES,
         activation_bytes=0 if parameters is None else activation_bytes(parameters, max_num_tokens),
         cuda_graphs=graphs, cuda_graph_bytes=CUDA_GRAPH_POOL_BYTES if graphs else 0)
+
+
+def served_overhead(served: ServedModel) -> ProcessOverhead:
+    """The overhead of one process of a served model: the validator's figure, which the instance's KV plan and
+    MPS memory limits (runtime/bootstrap.py) count too."""
+    engine, parameters_b = served.engine, served.model.parameters_b
+    return process_overhead(engine.backend.value, None if parameters_b is None else parameters_b * 1e9,
+                            engine.max_batch_size, engine.max_num_tokens)
 
 
 # ---------------------------------------------------------------- GPU: usable memory and headroom

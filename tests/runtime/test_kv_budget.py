@@ -191,3 +191,41 @@ def test_an_mps_limit_is_the_planned_share_with_room_for_the_fraction():
     limit = kv_budget.mps_memory_limit(2 * GIB, 49 * GIB, 0.98, lora=GIB)
     assert limit == 2 * GIB + overhead + GIB + 50 * GIB
     assert 0.98 * (limit - 2 * GIB - overhead - GIB) >= 49 * GIB
+
+
+def test_each_model_can_bring_its_own_overhead_and_the_share_counts_it():
+    """The instance plans with the validator's per-process overhead of each model (activations, CUDA graphs on the
+    PyTorch backend: fleetcast.config.memory.served_overhead), not one figure for all."""
+    slots = [Slot("big", 0, 8001), Slot("small", 0, 8002)]
+    explicit = {"big": None, "small": None}
+    weights = {"big": 2 * GIB, "small": GIB}
+    flat = kv_budget.plan_budgets(slots, explicit, weights, 40 * GIB, 0.9)
+    own = kv_budget.plan_budgets(slots, explicit, weights, 40 * GIB, 0.9,
+                                 overhead_bytes={"big": 3 * GIB, "small": kv_budget.PROCESS_OVERHEAD_BYTES})
+    # big's overhead is 3 GiB, not 1.2: the two shares are smaller by half the difference each.
+    extra = 3 * GIB - kv_budget.PROCESS_OVERHEAD_BYTES
+    weights_and_overheads = 2 * GIB + GIB + 3 * GIB + kv_budget.PROCESS_OVERHEAD_BYTES
+    assert own[("big", 0)] == own[("small", 0)] == (int(0.9 * 40 * GIB) - weights_and_overheads) // 2
+    assert flat[("big", 0)] - own[("big", 0)] in (extra // 2, extra // 2 + 1)
+    # A plan made with the flat figure binds by that figure, and not once big's own overhead is counted.
+    flat = kv_budget.plan_budgets(slots, explicit, weights, 40 * GIB, 0.98)
+    kv_budget.check_budgets_bind(slots, flat, weights, 40 * GIB, 0.98)
+    with pytest.raises(UserError, match=r"big#0's KV budget .* cannot bind"):
+        kv_budget.check_budgets_bind(slots, flat, weights, 40 * GIB, 0.98, overhead_bytes={"big": 3 * GIB})
+
+
+def test_the_instance_counts_the_overhead_the_validator_checked():
+    """runtime/bootstrap.py takes each model's overhead from served_overhead, the same figure plan_pool's rows use
+    (the example's models declare parameters_b, so activations are counted beyond the measured 1.2 GiB)."""
+    from fleetcast.config import load_config
+    from fleetcast.config.memory import plan_pool, served_overhead
+
+    cfg = load_config(REPO / "examples" / "multi-model" / "fleet.yaml")
+    compared = 0
+    for pool in (pool for region in cfg.regions for pool in region.pools):
+        plan = plan_pool(cfg, pool)
+        rows = {row.model_id: row for row in plan.processes}
+        for served in cfg.served_by(pool):
+            assert served_overhead(served).total_bytes == rows[served.model.id].overhead_bytes
+            compared += served_overhead(served).total_bytes > kv_budget.PROCESS_OVERHEAD_BYTES
+    assert compared
