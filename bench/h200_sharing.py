@@ -134,7 +134,7 @@ class Pair:
                  **settings: object):
         """`settings`: ServeSettings fields over the bench's (bench/h200_mps_fault.py: the runtime's restart policy
         and liveness, fault-on-signal servers)."""
-        from fleetcast.config.memory import binding_fraction
+        from fleetcast.config.memory import binding_fraction, process_overhead
         from runtime.kv_budget import artifact_bytes, mps_memory_limit
         from runtime.reference.configs import kv_tokens, shape_for
         from runtime.serve import ServerProcess, ServeSettings, Serving, server_name
@@ -148,7 +148,10 @@ class Pair:
         for model in ORDERS[args.order]:
             shape = self.shapes[model]
             weights = artifact_bytes(artifacts[model])
-            limit = (mps_memory_limit(weights, shape.kv_bytes, self.fraction) + slack_bytes
+            # As the instance sets it (runtime/bootstrap.py): the validator's overhead of a process of this size
+            # at the engine's default limits (fleetcast.config.memory.served_overhead), activations counted.
+            overhead = process_overhead("tensorrt", shape_for(shape.size).param_count(), 64, 8192).total_bytes
+            limit = (mps_memory_limit(weights, shape.kv_bytes, self.fraction, overhead=overhead) + slack_bytes
                      if args.gpu_sharing == "mps" else None)
             self.limits[model] = limit
             argv = [sys.executable, "-m", "runtime.reference.server", "--artifact", str(artifacts[model]),
