@@ -105,9 +105,10 @@ def test_each_mode_writes_results_the_planner_reads_with_the_mode_and_every_repe
 
 
 def test_under_mps_the_daemon_starts_first_stops_last_and_each_process_is_a_client_at_its_planned_share(runs):
-    from fleetcast.config.memory import binding_fraction
+    from fleetcast.config.memory import binding_fraction, process_overhead
     from runtime.kv_budget import artifact_bytes, mps_memory_limit
     from runtime.mps import pinned_mem_limit
+    from runtime.reference.configs import shape_for
 
     tmp, _ = runs
     calls = [json.loads(line)["argv"] for line in (tmp / "mps-calls.jsonl").read_text().splitlines()]
@@ -118,7 +119,9 @@ def test_under_mps_the_daemon_starts_first_stops_last_and_each_process_is_a_clie
     for proc in data["start"]["processes"]:
         size = data["models"][proc["model"]]["size"]
         weights = artifact_bytes(tmp / f"artifact-{size}-bf16")
-        limit = mps_memory_limit(weights, proc["planned_kv_bytes"], binding_fraction())
+        # As the instance sets it: the validator's overhead of a process of that size (runtime/bootstrap.py).
+        overhead = process_overhead("tensorrt", shape_for(size).param_count(), 64, 8192).total_bytes
+        limit = mps_memory_limit(weights, proc["planned_kv_bytes"], binding_fraction(), overhead=overhead)
         assert proc["mps_mem_limit_bytes"] == limit
         assert proc["mps_client"] == {"CUDA_MPS_PIPE_DIRECTORY": data["start"]["mps_daemon"]["pipe_dir"],
                                       "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": pinned_mem_limit(limit),
