@@ -355,9 +355,14 @@ def spread(values: list[float]) -> dict:
 
 
 async def main_async(args: argparse.Namespace) -> dict:
+    import importlib.util
+
     from runtime.gateway.fair import soft_cap
     from runtime.reference.build import build_artifact
 
+    if importlib.util.find_spec("boto3") is None:  # the gateway's identity lookup (EC2, here the loopback fake)
+        raise SystemExit("bench_fairness: the gateway needs boto3, which this Python lacks (on the device host: carry "
+                         "its wheels, bench/FAIRNESS_DEVICE.md)")
     cores = pin_plan(args.pin, given={role: getattr(args, f"{role}_cpus") for role in ROLES})
     if cores["quiet"]:
         os.sched_setaffinity(0, cores["quiet"])  # this process (the quiet client); each child is pinned after
