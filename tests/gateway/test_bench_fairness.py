@@ -39,7 +39,7 @@ def test_bench_gateway_prints_fair_admissions_cpu_per_request_against_the_bound(
            "queued": {"min": 65.4, "median": 68.5, "max": 81.7}}
     lines = fair_admission_cpu_lines(cpu)
     assert "7 runs of 10000" in lines[0] and "bound 50" in lines[0]
-    assert lines[1] == "  finds room: 17.7 / 18.1 / 18.9"
+    assert lines[1] == "  finds room: 17.7 / 18.1 / 18.9  within the bound"
     assert lines[2] == "  waits, then is handed the slot: 65.4 / 68.5 / 81.7  ABOVE THE BOUND"
 
 
