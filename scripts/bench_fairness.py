@@ -1,15 +1,21 @@
 """A quiet account beside a flooding neighbour, on loopback, through the real gateway and the reference backend.
 
     python -m scripts.bench_fairness [--seconds 40] [--repeats 3] [--batch 8] [--tokens 32] [--quiet-share 0.15]
-        [--flood 3] [--lead 5] [--no-pin] [--skip-off] [--json FILE]
+        [--flood 3] [--lead 5] [--capacity-s 10] [--device cpu|cuda] [--gateway-workers 1] [--no-pin]
+        [--engine-cpus L --gateway-cpus L --quiet-cpus L --flood-cpus L] [--cpu-runs 7] [--skip-off]
+        [--json FILE] [--out DIR]
 
-One reference server (tiny GPT-2 on CPU, `--batch` its max batch size, one torch thread) behind
-`python -m runtime.gateway` (PROXY v2 from two VPC endpoints, one per account). With two or more cores the
-engine runs pinned to the first, the gateway and the clients to the others (taskset's sched_setaffinity), so
-the engine's steps do not share a core with the client that times them. Phases:
+One reference server (tiny GPT-2, `--batch` its max batch size, one torch thread; on the CPU, or on the GPU
+with `--device cuda`, where its decode steps are CUDA graph replays) behind `python -m runtime.gateway` (PROXY
+v2 from two VPC endpoints, one per account). Every process is pinned to cores of its own where the machine has
+enough (sched_setaffinity, as taskset does; `pin_plan`): with 4 or more cores the engine, the gateway, the quiet
+account's client and the neighbour's client each get their own, so the neighbour's client cannot take a core
+from what it is measured against; with 2 or 3 the engine gets the first core and the rest share the others.
+`--engine-cpus` etc. (taskset -c lists: 0,2 or 4-15) override the plan. The cores each process really got are
+read back from /proc and recorded. Phases:
 then `--repeats` rounds, each of: the engine's capacity now (the neighbour alone, `--batch` streams kept busy
-for 10 s: requests per second, R), then three phases of `--seconds` (interleaved, so that a change in the
-machine's load moves all three alike):
+for `--capacity-s`: requests per second, R), then three phases of `--seconds` (interleaved, so that a change in
+the machine's load moves all three alike):
   alone: the quiet account at `--quiet-share` x R, Poisson arrivals: its TTFT;
   engine-bound: the same beside the neighbour keeping the soft cap's worth of streams busy (closed loop: never
     more than fair admission lets it hold, so nothing waits at the gateway): what the quiet account sees when
@@ -23,7 +29,8 @@ batch and step time, and whether an admitted request ever queued inside the engi
 It prints each phase's figures, each round's ratio of the quiet P99 TTFT to its P99 alone and their spread,
 and the ratio over all rounds' samples pooled (the issue's bound: 1.1x). A P99 needs samples: a phase of
 `--seconds` at `--quiet-share` x R gives seconds x share x R of them, so the pooled figure is the one to read.
-The verdict is a measurement on a shared machine, so it is printed, never asserted by the test suite.
+The last line is the verdict: PASS when the pooled fair-phase ratio is at most 1.1 (the issue's bound), with the
+per-round spread beside it. The verdict is a measurement, so it is printed, never asserted by the test suite.
 """
 
 from __future__ import annotations
@@ -31,7 +38,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import random
+import resource
 import signal
 import statistics
 import subprocess
@@ -58,7 +67,6 @@ from scripts.bench_gateway import (
 )
 
 ROOT = Path(__file__).resolve().parents[1]
-CAPACITY_S = 10.0  # each round's capacity measurement
 QUIET = ("quiet", "444455556666", "vpce-0aaaaaaaaaaaaaaa1")
 NEIGHBOUR = ("neighbour", "777788889999", "vpce-0bbbbbbbbbbbbbbb2")
 
@@ -155,7 +163,7 @@ def ttft_figures(samples: list[tuple[int, float | None]]) -> dict:
 
 
 async def phase(port: int, body: bytes, quiet_rate: float, seconds: float, seed: int, flood_rate: float = 0.0,
-                streams: int = 0, lead: float = 0.0) -> dict:
+                streams: int = 0, lead: float = 0.0, flood_cpus: set[int] | None = None) -> dict:
     """The quiet account for `seconds`, alone or beside the neighbour: Poisson arrivals at `flood_rate`, or
     `streams` kept busy (closed loop); the neighbour starts `lead` seconds earlier (the quiet account arrives
     beside a load under way). The neighbour is a process of its own: its hundreds of open streams would
@@ -168,6 +176,8 @@ async def phase(port: int, body: bytes, quiet_rate: float, seconds: float, seed:
         flood = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "scripts.bench_fairness", "_flood", str(port), body.decode(), *mode,
             str(seconds + lead), str(seed + 1), cwd=str(ROOT), stdout=asyncio.subprocess.PIPE)
+        if flood_cpus:
+            os.sched_setaffinity(flood.pid, flood_cpus)  # before it has imported anything: no request sent yet
         await asyncio.sleep(lead)
     window = (time.time(), 0.0)
     await poisson(port, proxy_header(QUIET[2]), body, quiet_rate, seconds, seed, quiet)
@@ -284,15 +294,57 @@ class EngineStats:
                                                  default=0.0), 2)}
 
 
-def pin_plan(pin: bool) -> tuple[set[int] | None, set[int] | None]:
-    """(the engine's cores, the gateway's and the clients' cores): the first core for the engine, the rest for the
-    others; (None, None) unpinned or on one core."""
-    import os
+ROLES = ("engine", "gateway", "quiet", "flood")
 
-    cores = sorted(os.sched_getaffinity(0))
-    if not pin or len(cores) < 2:
-        return None, None
-    return {cores[0]}, set(cores[1:])
+
+def cpu_list(text: str) -> set[int]:
+    """A taskset -c list (0,2 or 4-15) as a set of cores."""
+    cores: set[int] = set()
+    for part in text.split(","):
+        first, _, last = part.strip().partition("-")
+        cores.update(range(int(first), int(last or first) + 1))
+    return cores
+
+
+def pin_plan(pin: bool, cores: list[int] | None = None, given: dict[str, set[int] | None] | None = None
+             ) -> dict[str, set[int] | None]:
+    """The cores of each role (engine, gateway, quiet client, flooding client); None: left unpinned.
+
+    4 or more cores: each role its own (6 or more: the engine and the gateway two each, the engine's HTTP loop and
+    its scheduler thread, the gateway's loop and the kernel's work for its sockets); the flooding client gets all
+    the rest, so it never takes a core from the processes whose latency it is measured against. 2 or 3: the engine
+    the first, the others share the rest (the development VM). `given` (from --engine-cpus etc.) overrides a role."""
+    cores = sorted(os.sched_getaffinity(0)) if cores is None else sorted(cores)
+    plan: dict[str, set[int] | None] = dict.fromkeys(ROLES)
+    if pin and len(cores) >= 6:
+        plan.update(engine=set(cores[0:2]), gateway=set(cores[2:4]), quiet={cores[4]}, flood=set(cores[5:]))
+    elif pin and len(cores) >= 4:
+        plan.update(engine={cores[0]}, gateway={cores[1]}, quiet={cores[2]}, flood=set(cores[3:]))
+    elif pin and len(cores) >= 2:
+        rest = set(cores[1:])
+        plan.update(engine={cores[0]}, gateway=rest, quiet=rest, flood=rest)
+    for role, chosen in (given or {}).items():
+        if chosen:
+            plan[role] = chosen
+    return plan
+
+
+def affinity_of(pid: int) -> str:
+    """The cores `pid` may run on, as the kernel says (/proc/PID/status Cpus_allowed_list)."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            return next((line.split(":", 1)[1].strip() for line in f if line.startswith("Cpus_allowed_list")), "?")
+    except OSError:
+        return "?"
+
+
+def raise_open_files() -> int:
+    """Lift this process's open-file limit to its hard limit (inherited by the children): the neighbour's client
+    and the gateway each hold a socket per waiting request, thousands at 3x capacity. Returns the new limit."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < hard:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    return resource.getrlimit(resource.RLIMIT_NOFILE)[0]
 
 
 def spread(values: list[float]) -> dict:
@@ -303,15 +355,21 @@ def spread(values: list[float]) -> dict:
 
 
 async def main_async(args: argparse.Namespace) -> dict:
-    import os
+    import importlib.util
 
     from runtime.gateway.fair import soft_cap
     from runtime.reference.build import build_artifact
 
-    engine_cpus, other_cpus = pin_plan(args.pin)
-    if other_cpus:
-        os.sched_setaffinity(0, other_cpus)  # this process (the quiet client) and every child it starts
+    if importlib.util.find_spec("boto3") is None:  # the gateway's identity lookup (EC2, here the loopback fake)
+        raise SystemExit("bench_fairness: the gateway needs boto3, which this Python lacks (on the device host: carry "
+                         "its wheels, bench/FAIRNESS_DEVICE.md)")
+    cores = pin_plan(args.pin, given={role: getattr(args, f"{role}_cpus") for role in ROLES})
+    if cores["quiet"]:
+        os.sched_setaffinity(0, cores["quiet"])  # this process (the quiet client); each child is pinned after
+    open_files = raise_open_files()
     tmp = Path(tempfile.mkdtemp(prefix="bench-fairness-"))
+    logs = Path(args.out) if args.out else tmp
+    logs.mkdir(parents=True, exist_ok=True)
     build_artifact(tmp / "artifact", size="tiny")
     config = tmp / "fleet.json"
     write_config(config, fairness_config(args.batch))
@@ -321,13 +379,14 @@ async def main_async(args: argparse.Namespace) -> dict:
            "AWS_SECRET_ACCESS_KEY": "bench", "AWS_MAX_ATTEMPTS": "1"}
     up_port = free_port()
     engine = _spawn(["-m", "runtime.reference.server", "--artifact", str(tmp / "artifact"), "--port", str(up_port),
-                     "--max-batch-size", str(args.batch), "--threads", "1", "--served-model-name", bench_model()],
-                    cpus=engine_cpus)
+                     "--max-batch-size", str(args.batch), "--threads", "1", "--served-model-name", bench_model(),
+                     "--device", args.device],
+                    cpus=cores["engine"], stderr=open(logs / "engine.log", "w"))  # noqa: SIM115 - the child's stderr
     body = json.dumps({"model": bench_model(), "prompt": "the quick brown fox " * 8, "max_tokens": args.tokens,
                        "ignore_eos": True, "stream": True}).encode()
-    results: dict = {"config": vars(args), "pinned": {"engine": sorted(engine_cpus or ()),
-                                                      "gateway_and_clients": sorted(other_cpus or ())},
-                     "rounds": []}
+    results: dict = {"config": vars(args), "pinned": {role: sorted(c) if c else None for role, c in cores.items()},
+                     "affinity": {"engine": affinity_of(engine.pid), "quiet": affinity_of(os.getpid())},
+                     "open_files_limit": open_files, "rounds": []}
     pooled: dict[str, list] = {"alone": [], "engine_bound": [], "fair": []}
     stats = EngineStats(up_port)
 
@@ -338,7 +397,8 @@ async def main_async(args: argparse.Namespace) -> dict:
         stats.start()
         before = {"gateway": process_stats(gateway.pid), "engine": process_stats(engine.pid)}
         started = time.monotonic()
-        row = await phase(port, body, args.quiet_share * capacity, args.seconds, seed, **kw)
+        row = await phase(port, body, args.quiet_share * capacity, args.seconds, seed, flood_cpus=cores["flood"],
+                          **kw)
         row["engine"] = await stats.stop()
         elapsed = time.monotonic() - started
         for proc, pid in (("gateway", gateway.pid), ("engine", engine.pid)):
@@ -360,10 +420,13 @@ async def main_async(args: argparse.Namespace) -> dict:
             emf = tmp / f"emf-{mode}.log"
             gateway = _spawn(["-m", "runtime.gateway", "--listen", f"127.0.0.1:{port}", "--upstream",
                               f"127.0.0.1:{up_port}", "--config-json", str(config), "--region", REGION, "--pool", POOL,
-                              "--service-id", SERVICE_ID, "--fair-admission", mode], env,
-                             stdout=open(emf, "w"))  # noqa: SIM115 - the child's stdout
+                              "--service-id", SERVICE_ID, "--fair-admission", mode,
+                              "--workers", str(args.gateway_workers)], env,
+                             stdout=open(emf, "w"), stderr=open(logs / f"gateway-{mode}.log", "w"),  # noqa: SIM115
+                             cpus=cores["gateway"])
             try:
                 await _wait_port(port, proxy_header(QUIET[2]))
+                results["affinity"][f"gateway_{mode}"] = affinity_of(gateway.pid)
                 await closed_loop(port, proxy_header(NEIGHBOUR[2]), body, args.batch, 3)  # warm-up
                 if mode == "on":
                     for r in range(args.repeats):
@@ -371,11 +434,12 @@ async def main_async(args: argparse.Namespace) -> dict:
                         # Each round's rates from the engine's capacity now: on a shared machine it moves with
                         # the load, and a quiet rate set from a stale capacity can outgrow its share.
                         served = await closed_loop(port, proxy_header(NEIGHBOUR[2]), body, args.batch,
-                                                   CAPACITY_S)
+                                                   args.capacity_s)
                         if not served:
-                            raise SystemExit("bench_fairness: the engine completed no request in 10 s; are the "
-                                             "prompt and --tokens within the model's context (tiny: 256 positions)?")
-                        capacity = served / CAPACITY_S
+                            raise SystemExit(f"bench_fairness: the engine completed no request in {args.capacity_s:g} "
+                                             "s; are the prompt and --tokens within the model's context (tiny: 256 "
+                                             "positions)?")
+                        capacity = served / args.capacity_s
                         results.setdefault("capacity_rps", []).append(round(capacity, 2))
                         say(f"round {r + 1} of {args.repeats}: capacity {capacity:.2f} requests/s at batch "
                             f"{args.batch}")
@@ -416,6 +480,18 @@ def main(argv: list[str] | None = None) -> int:
     if argv[:1] == ["_flood"]:
         _flood(argv[1:])
         return 0
+    args = parse_args(argv)
+    results = asyncio.run(main_async(args))
+    if args.cpu_runs:
+        results["admission_cpu_us"] = fair_admission_cpu_runs(args.batch, runs=args.cpu_runs)
+    results["verdict"] = verdict(results)
+    print("\n" + "\n".join(report_lines(results, args)))
+    for path in filter(None, (args.json, args.out and Path(args.out) / "fairness.json")):
+        Path(path).write_text(json.dumps(results, indent=1))
+    return 0
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m scripts.bench_fairness", description=__doc__.split("\n\n")[0])
     p.add_argument("--seconds", type=float, default=40.0, help="length of each measured phase (default 40)")
     p.add_argument("--repeats", type=int, default=3, help="rounds of (alone, engine-bound, fair) (default 3)")
@@ -428,25 +504,52 @@ def main(argv: list[str] | None = None) -> int:
                    help="the neighbour's arrival rate as a multiple of the engine's capacity (default 3)")
     p.add_argument("--lead", type=float, default=5.0,
                    help="seconds the neighbour loads the engine before the quiet account's phase starts (default 5)")
+    p.add_argument("--capacity-s", type=float, default=10.0,
+                   help="seconds of each round's capacity measurement (default 10)")
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                   help="where the reference engine runs (default cpu; cuda: CUDA graph decode steps)")
+    p.add_argument("--gateway-workers", type=int, default=1, help="the gateway's --workers (default 1)")
     p.add_argument("--no-pin", dest="pin", action="store_false",
-                   help="leave every process on every core (default: the engine on the first core, the rest on the "
-                        "others)")
+                   help="leave every process on every core (default: each role on cores of its own where there are "
+                        "4 or more, else the engine on the first core and the rest on the others)")
+    for role, what in (("engine", "the reference server"), ("gateway", "the gateway (all its workers)"),
+                       ("quiet", "this process: the quiet account's client"),
+                       ("flood", "the neighbour's client")):
+        p.add_argument(f"--{role}-cpus", type=cpu_list, default=None,
+                       help=f"cores of {what}, a taskset -c list such as 2,3 or 5-15 (default: the plan)")
+    p.add_argument("--cpu-runs", type=int, default=7,
+                   help="runs of fair admission's in-process CPU timing at the end (default 7; 0: skip)")
     p.add_argument("--skip-off", action="store_true", help="skip the phase with fair admission off")
     p.add_argument("--json", help="write the figures here as JSON")
+    p.add_argument("--out", help="a directory for fairness.json, the engine's and the gateway's logs")
     args = p.parse_args(argv)
-    results = asyncio.run(main_async(args))
-    results["admission_cpu_us"] = fair_admission_cpu_runs(args.batch)
-    print("\n" + "\n".join(report_lines(results, args)))
-    if args.json:
-        Path(args.json).write_text(json.dumps(results, indent=1))
-    return 0
+    for name in ("seconds", "capacity_s", "quiet_share", "flood"):
+        if not getattr(args, name) > 0:
+            p.error(f"--{name.replace('_', '-')} {getattr(args, name)}: must be above 0")
+    if args.repeats < 1 or args.batch < 1 or args.gateway_workers < 1 or args.cpu_runs < 0:
+        p.error("--repeats, --batch and --gateway-workers must be at least 1, --cpu-runs at least 0")
+    return args
+
+
+BOUND = 1.1  # the issue's: the quiet account's P99 TTFT beside the neighbour over its P99 alone
+
+
+def verdict(results: dict) -> dict:
+    """PASS when the fair phase's pooled P99 ratio is within BOUND; with the per-round spread and the floor."""
+    ratio = results["pooled_ratio"]["fair"]
+    return {"pass": ratio <= BOUND, "bound": BOUND, "pooled_ratio": ratio,
+            "round_ratios": results["round_ratios"]["fair"],
+            "engine_bound_ratio": results["pooled_ratio"]["engine_bound"]}
 
 
 def report_lines(results: dict, args: argparse.Namespace) -> list[str]:
     pooled, ratio, rounds = results["pooled"], results["pooled_ratio"], results["round_ratios"]
     lines = [f"engine capacity R {results['capacity_rps']} requests/s (per round) at batch {args.batch}; quiet at "
-             f"{args.quiet_share:g} R, {len(results['rounds'])} rounds of {args.seconds:g} s; pinned "
-             f"{results['pinned'] or 'no'}",
+             f"{args.quiet_share:g} R, {len(results['rounds'])} rounds of {args.seconds:g} s; engine on "
+             f"{getattr(args, 'device', 'cpu')}",
+             "cores (as planned; as the kernel reports each process's affinity): "
+             + ", ".join(f"{role} {results['pinned'].get(role) or 'any'}" for role in ROLES) + "; "
+             + ", ".join(f"{k} {v}" for k, v in (results.get("affinity") or {}).items()),
              "quiet account P99 TTFT (pooled over the rounds, P50 / P90 / P99 ms, samples):"]
     for name, label in (("alone", "alone"), ("engine_bound", "beside a neighbour held to the soft cap"),
                         ("fair", f"beside a neighbour at {args.flood:g} R, fair admission"),
@@ -459,7 +562,13 @@ def report_lines(results: dict, args: argparse.Namespace) -> list[str]:
         r = rounds[name]
         lines.append(f"  per-round P99 ratio, {name}: min {r['min']}x, median {r['median']}x, max {r['max']}x")
     lines.append("the bound: 1.1x (fair); engine-bound is the floor any admission order reaches on this engine")
-    return lines + fair_admission_cpu_lines(results["admission_cpu_us"])
+    if "admission_cpu_us" in results:
+        lines += fair_admission_cpu_lines(results["admission_cpu_us"])
+    v = results["verdict"]
+    r = v["round_ratios"]
+    return lines + [f"fairness: {'PASS' if v['pass'] else 'FAIL'}: quiet P99 TTFT beside a neighbour at "
+                    f"{args.flood:g} R is {v['pooled_ratio']}x its P99 alone (pooled; bound {v['bound']}x; rounds "
+                    f"{r['min']}-{r['max']}x, median {r['median']}x; engine-bound floor {v['engine_bound_ratio']}x)"]
 
 
 if __name__ == "__main__":

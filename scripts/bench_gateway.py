@@ -970,38 +970,41 @@ def fair_admission_cpu_runs(cap: int = 8, runs: int = 7, n: int = 10_000) -> dic
             await asyncio.sleep(0)
             await waiter
 
-    def timed(path) -> list[float]:
-        samples = []
-        for _ in range(runs):
-            admission = FairAdmission(SharedState(2), {"m": [Engine()]},  # type: ignore[list-item]
-                                      {"m": cap if path is room else 1}, consumers)
-            start = time.process_time()
-            asyncio.run(path(admission))
-            samples.append((time.process_time() - start) / n * 1e6)
-        return samples
+    def timed(path) -> float:
+        admission = FairAdmission(SharedState(2), {"m": [Engine()]},  # type: ignore[list-item]
+                                  {"m": cap if path is room else 1}, consumers)
+        start = time.process_time()
+        asyncio.run(path(admission))
+        return (time.process_time() - start) / n * 1e6
 
     before = os.sched_getaffinity(0)
     os.sched_setaffinity(0, {max(before)})  # one core: no migration between the timed turns
     try:
-        out = {}
-        scaffold = statistics.median(timed(harness))
-        for name, path in (("room", room), ("queued", queued)):
-            samples = [t - (scaffold if path is queued else 0.0) for t in timed(path)]
-            out[name] = {"min": round(min(samples), 1), "median": round(statistics.median(samples), 1),
-                         "max": round(max(samples), 1)}
+        samples: dict[str, list[float]] = {"room": [], "queued": []}
+        for _ in range(runs):
+            # Each run's harness right after its queued run, and the difference taken per run: a machine whose
+            # load drifts between runs moves both alike (a median harness taken apart made one slow run the max).
+            samples["room"].append(timed(room))
+            queued_us = timed(queued)
+            samples["queued"].append(queued_us - timed(harness))
+        out = {name: {"min": round(min(s), 1), "median": round(statistics.median(s), 1), "max": round(max(s), 1)}
+               for name, s in samples.items()}
     finally:
         os.sched_setaffinity(0, before)
     return {"runs": runs, "requests_per_run": n, **out}
 
 
+FAIR_ADMISSION_CPU_BOUND_US = 50  # issue 35: fair admission adds at most 0.05 ms of gateway CPU per request
+
+
 def fair_admission_cpu_lines(cpu: dict) -> list[str]:
-    """fair_admission_cpu_runs as the bench prints it, against the issue's bound (0.05 ms)."""
+    """fair_admission_cpu_runs as the bench prints it, both paths against the issue's bound (0.05 ms)."""
     lines = [f"\nfair admission's gateway CPU per request, in process, pinned to one core, {cpu['runs']} runs of "
-             f"{cpu['requests_per_run']} (min / median / max, microseconds; bound 50):"]
+             f"{cpu['requests_per_run']} (min / median / max, microseconds; bound {FAIR_ADMISSION_CPU_BOUND_US}):"]
     for name, label in (("room", "finds room"), ("queued", "waits, then is handed the slot")):
         r = cpu[name]
         lines.append(f"  {label}: {r['min']} / {r['median']} / {r['max']}"
-                     + ("" if r["max"] <= 50 else "  ABOVE THE BOUND"))
+                     + ("  within the bound" if r["max"] <= FAIR_ADMISSION_CPU_BOUND_US else "  ABOVE THE BOUND"))
     return lines
 
 

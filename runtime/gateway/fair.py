@@ -125,12 +125,18 @@ class _Group:
             # (monotonic ns of the last release seen while requests waited, 0 after one seen while none did;
             # the mean seconds between such releases, 0 until two were seen)
             self.rate_at = state.cell(f"fair\x00rate\x00{model}")
+        # The same cells as indices of the int64 view (the float of cell i is element i + 1 of the float64 view):
+        # the hot paths index the views inline, a method call per read cost more than the rest of a request.
+        self.used_i = [at >> 3 for at in self.used_at]
+        self.group_i, self.weights_i, self.rate_i = self.group_at >> 3, self.weights_at >> 3, self.rate_at >> 3
+        self.heads_i = [at >> 3 for at in self.heads_at]
+        self.head_i = self.heads_i[worker]
         self.queues: dict[str, deque[_Waiter]] = {}
-        self._consumer_at: dict[str, tuple[int, int]] = {}
+        self._consumer_i: dict[str, tuple[int, int]] = {}
 
     # Shared cells, read and written with the lock held. A cell's offset is a multiple of 8 (slots of 40 bytes), so
-    # its two values are elements of the mapping seen as int64s and as float64s: an index instead of a struct call
-    # (the hot path reads a few dozen of them per request). Native byte order: one machine writes and reads them.
+    # its two values are elements of the mapping seen as int64s and as float64s: an index instead of a struct call.
+    # Native byte order: one machine writes and reads them. These accessors serve the cold paths and the tests.
     def _int(self, at: int) -> int:
         value: int = self._ints[at >> 3]
         return value
@@ -145,14 +151,20 @@ class _Group:
     def _set_float(self, at: int, value: float) -> None:
         self._floats[(at >> 3) + 1] = value
 
-    def consumer_cells(self, consumer: str) -> tuple[int, int]:
-        """(held requests and finish tag, waiting requests and the weight counted in the active sum)."""
-        cells = self._consumer_at.get(consumer)
+    def consumer_index(self, consumer: str) -> tuple[int, int]:
+        """The int64 indices of (held requests and finish tag, waiting requests and the weight counted in the
+        active sum)."""
+        cells = self._consumer_i.get(consumer)
         if cells is None:
-            cells = (self.state.cell(f"fair\x00held\x00{self.model}\x00{consumer}"),
-                     self.state.cell(f"fair\x00waiting\x00{self.model}\x00{consumer}"))
-            self._consumer_at[consumer] = cells
+            cells = (self.state.cell(f"fair\x00held\x00{self.model}\x00{consumer}") >> 3,
+                     self.state.cell(f"fair\x00waiting\x00{self.model}\x00{consumer}") >> 3)
+            self._consumer_i[consumer] = cells
         return cells
+
+    def consumer_cells(self, consumer: str) -> tuple[int, int]:
+        """`consumer_index` as byte offsets (for `_int` and `_float`)."""
+        held, waiting = self.consumer_index(consumer)
+        return held << 3, waiting << 3
 
     def under_share(self, consumer: str, share: Share, finish: float | None = None) -> bool:
         """Whether `consumer` asks for less than its weighted share: its finish tag is at most the soft cap's
@@ -161,69 +173,90 @@ class _Group:
         account with a few long requests in flight is still below its share, a flooding one with a queue is not.
         Also below its share: an account holding fewer requests than its weighted share of the soft cap.
         `finish`: its finish tag as it would be (a forecast), instead of the one recorded."""
-        held_at, waiting_at = self.consumer_cells(consumer)
-        held = self._int(held_at)
-        active = self._float(self.weights_at) + (0.0 if held + self._int(waiting_at) else share.weight)
+        held_i, waiting_i = self.consumer_index(consumer)
+        ints, floats = self._ints, self._floats
+        held = ints[held_i]
+        active = floats[self.weights_i + 1] + (0.0 if held + ints[waiting_i] else share.weight)
         if finish is None:
-            finish = self._float(held_at)
+            finish = floats[held_i + 1]
         # Or it holds fewer than its weighted share of the soft cap: a quiet account whose burst queued a few
         # requests (its finish tag now ahead) still has room coming to it, or the headroom would sit idle while
         # it waits for a flooding account's requests to end.
-        return finish - self._float(self.group_at) <= self.soft / active or held < self.soft * share.weight / active
+        return finish - floats[self.group_i + 1] <= self.soft / active or held < self.soft * share.weight / active
 
     def _free_pool(self, limit: int) -> int | None:
         """The index of the process holding the fewest requests, if that is under `limit`."""
+        ints = self._ints
         best, fewest = None, limit
-        for i, at in enumerate(self.used_at):
-            used = self._int(at)
+        for i, at in enumerate(self.used_i):
+            used = ints[at]
             if used < fewest:
                 best, fewest = i, used
         return best
 
     def _activity(self, consumer: str, share: Share, change: int, waiting: bool) -> None:
         """Count one more (or fewer) held or waiting request of `consumer`, keeping the active weights' sum."""
-        held_at, waiting_at = self.consumer_cells(consumer)
-        before = self._int(held_at) + self._int(waiting_at)
-        at = waiting_at if waiting else held_at
-        self._set_int(at, self._int(at) + change)
-        after = before + change
-        if before == 0 and after > 0:
-            self._set_float(waiting_at, share.weight)
-            self._set_float(self.weights_at, self._float(self.weights_at) + share.weight)
-        elif before > 0 and after == 0:
-            self._set_float(self.weights_at, max(0.0, self._float(self.weights_at) - self._float(waiting_at)))
-            self._set_float(waiting_at, 0.0)
+        held_i, waiting_i = self.consumer_index(consumer)
+        ints = self._ints
+        at, other = (waiting_i, held_i) if waiting else (held_i, waiting_i)
+        count = ints[at] + change
+        ints[at] = count
+        if ints[other]:  # active before and after
+            return
+        floats = self._floats
+        if count > 0 and count == change:  # it had nothing held or waiting: now active
+            floats[waiting_i + 1] = share.weight
+            floats[self.weights_i + 1] += share.weight
+        elif count == 0 and change < 0:  # its last one ended: no longer active
+            floats[self.weights_i + 1] = max(0.0, floats[self.weights_i + 1] - floats[waiting_i + 1])
+            floats[waiting_i + 1] = 0.0
 
     def _grant(self, index: int, consumer: str, share: Share, tag: float) -> UpstreamPool:
-        self._set_int(self.used_at[index], self._int(self.used_at[index]) + 1)
-        self._set_float(self.group_at, max(tag, self._float(self.group_at)))  # V: the start tag last admitted
+        self._ints[self.used_i[index]] += 1
+        floats, v = self._floats, self.group_i + 1
+        if tag > floats[v]:
+            floats[v] = tag  # V: the start tag last admitted
         self._activity(consumer, share, 1, waiting=False)
+        return self.pools[index]
+
+    def _grant_waiting(self, index: int, waiter: _Waiter) -> UpstreamPool:
+        """`_grant` to a request that waited here: one of its account's waiting requests becomes a held one (the
+        account stays active, so the active weights' sum does not change); the caller counts it out of the group's
+        waiting ones."""
+        ints, floats = self._ints, self._floats
+        held_i, waiting_i = self.consumer_index(waiter.consumer)
+        ints[waiting_i] -= 1
+        ints[held_i] += 1
+        ints[self.used_i[index]] += 1
+        if waiter.tag > floats[self.group_i + 1]:
+            floats[self.group_i + 1] = waiter.tag  # V: the start tag last admitted
         return self.pools[index]
 
     def _publish_head(self) -> None:
         best = self._best()
-        at = self.heads_at[self.worker]
+        at = self.head_i
         if best is None:
-            self._set_int(at, 0)
+            self._ints[at] = 0
         else:
-            self._set_int(at, best.rank + 1)
-            self._set_float(at, best.tag)
+            self._ints[at] = best.rank + 1
+            self._floats[at + 1] = best.tag
 
     def _best(self) -> _Waiter | None:
         best = None
         for queue in self.queues.values():
-            if queue and (best is None or (queue[0].rank, queue[0].tag) < (best.rank, best.tag)):
-                best = queue[0]
+            if queue:
+                head = queue[0]
+                if best is None or head.rank < best.rank or (head.rank == best.rank and head.tag < best.tag):
+                    best = head
         return best
 
     def _owner_of_best(self) -> int | None:
-        owner, key = None, None
-        for w, at in enumerate(self.heads_at):
-            rank = self._int(at)
-            if rank:
-                k = (rank, self._float(at))
-                if key is None or k < key:
-                    owner, key = w, k
+        ints, floats = self._ints, self._floats
+        owner, rank, tag = None, 0, 0.0
+        for w, at in enumerate(self.heads_i):
+            r = ints[at]
+            if r and (owner is None or r < rank or (r == rank and floats[at + 1] < tag)):
+                owner, rank, tag = w, r, floats[at + 1]
         return owner
 
 
@@ -284,27 +317,39 @@ class FairAdmission:
         group = self.groups[model]
         share = self.shares.get(consumer) or Share()
         with self.state.lock:
-            held_at, waiting_at = group.consumer_cells(consumer)
-            vtime = group._float(group.group_at)
-            tag = max(vtime, group._float(held_at))
-            group._set_float(held_at, tag + 1.0 / share.weight)
+            held_i, waiting_i = group.consumer_index(consumer)
+            ints, floats = group._ints, group._floats
+            tag = floats[held_i + 1]
+            vtime = floats[group.group_i + 1]
+            if vtime > tag:
+                tag = vtime
+            floats[held_i + 1] = tag + 1.0 / share.weight
             # Nobody waits: it goes now if there is room for it. Someone waits: only an account below its
             # share may pass them (into room they may not use), else it queues behind them in tag order.
-            if group._int(group.group_at) == 0 or group.under_share(consumer, share):
-                index = group._free_pool(self._limit(group, consumer, share))
-                if index is not None:
-                    return group._grant(index, consumer, share, tag)
-            if group._int(waiting_at) >= share.max_queued:
+            room = group._free_pool(group.cap) is not None
+            if room:
+                under = group.under_share(consumer, share)
+                if under or ints[group.group_i] == 0:
+                    index = group._free_pool(group.cap if under else self._over_share_limit(group, consumer))
+                    if index is not None:
+                        return group._grant(index, consumer, share, tag)
+            if ints[waiting_i] >= share.max_queued:
                 return queue_full(consumer, share.max_queued)
-            future: asyncio.Future[UpstreamPool | Refusal] = asyncio.get_running_loop().create_future()
+            loop = asyncio.get_running_loop()
+            future: asyncio.Future[UpstreamPool | Refusal] = loop.create_future()
             waiter = _Waiter(consumer, share.rank, tag, future, time.monotonic() + share.max_wait_s, gone)
-            group.queues.setdefault(consumer, deque()).append(waiter)
+            queue = group.queues.get(consumer)
+            if queue is None:
+                queue = group.queues[consumer] = deque()
+            queue.append(waiter)
             group._activity(consumer, share, 1, waiting=True)
-            group._set_int(group.group_at, group._int(group.group_at) + 1)
-            group._publish_head()
-            self._dispatch(group)
+            ints[group.group_i] += 1
+            if len(queue) == 1:  # a new head here; behind its own account's head it changes nothing published
+                group._publish_head()
+            if room:  # with the cap full nobody can go (and releases dispatch); else another worker's may
+                self._dispatch(group)
         if self._sweep is None:
-            self._sweep = asyncio.get_running_loop().call_later(self.poll_s, self._sweep_waiters)
+            self._sweep = loop.call_later(self.poll_s, self._sweep_waiters)
         try:
             return await future
         except asyncio.CancelledError:  # the connection's task was cancelled (the gateway closing)
@@ -380,8 +425,7 @@ class FairAdmission:
         group = self.groups[model]
         share = self.shares.get(consumer) or Share()
         with self.state.lock:
-            at = group.used_at[group.pools.index(pool)]
-            group._set_int(at, group._int(at) - 1)
+            group._ints[group.used_i[group.pools.index(pool)]] -= 1
             group._activity(consumer, share, -1, waiting=False)
             self._note_release(group)
             self._dispatch(group)
@@ -391,15 +435,17 @@ class FairAdmission:
 
         Only releases while requests wait count: then the engine, not the arrivals, sets their pace (an
         interval that spans a lull would read as a slow engine). A release while nobody waits breaks the chain."""
-        now = int(self.clock() * 1e9)
-        last = group._int(group.rate_at)
-        if group._int(group.group_at) == 0:
-            group._set_int(group.rate_at, 0)
+        ints, at = group._ints, group.rate_i
+        if ints[group.group_i] == 0:
+            ints[at] = 0
             return
+        now = int(self.clock() * 1e9)
+        last = ints[at]
         if last:
-            interval, mean = (now - last) / 1e9, group._float(group.rate_at)
-            group._set_float(group.rate_at, interval if mean == 0.0 else mean + RATE_SMOOTHING * (interval - mean))
-        group._set_int(group.rate_at, now)
+            floats = group._floats
+            interval, mean = (now - last) / 1e9, floats[at + 1]
+            floats[at + 1] = interval if mean == 0.0 else mean + RATE_SMOOTHING * (interval - mean)
+        ints[at] = now
 
     def service_rate(self, model: str) -> float | None:
         """Requests per second `model`'s engine processes together finish while requests wait for them (a moving
@@ -461,13 +507,19 @@ class FairAdmission:
     def _limit(self, group: _Group, consumer: str, share: Share, finish: float | None = None) -> int:
         """The most requests an engine process may hold for `consumer`'s next one to go to it. Lock held.
 
-        Below its share: the cap. Above it: the soft cap less what the accounts below their share hold,
-        so a quiet account keeps the whole headroom free for its next requests however many it already has.
-        `finish`: as in `_Group.under_share`."""
-        if group.under_share(consumer, share, finish):
-            return group.cap
-        light = sum(group._int(group.consumer_cells(other)[0]) for other, other_share in self.shares.items()
-                    if other != consumer and group.under_share(other, other_share))
+        Below its share: the cap. Above it: `_over_share_limit`. `finish`: as in `_Group.under_share`."""
+        return group.cap if group.under_share(consumer, share, finish) else self._over_share_limit(group, consumer)
+
+    def _over_share_limit(self, group: _Group, consumer: str) -> int:
+        """The limit of `consumer` at or above its share: the soft cap less what the accounts below their share
+        hold, so a quiet account keeps the whole headroom free for its next requests however many it already has."""
+        ints = group._ints
+        light = 0
+        for other, other_share in self.shares.items():
+            if other != consumer:
+                held = ints[group.consumer_index(other)[0]]
+                if held and group.under_share(other, other_share):  # holding none, it adds nothing
+                    light += held
         return group.soft - math.ceil(light / len(group.pools))
 
     def _dispatch(self, group: _Group, relay: bool = True) -> None:
@@ -477,8 +529,10 @@ class FairAdmission:
         their share, if there is room under the cap. `relay`: when the best is another worker's, or this worker
         has nobody who may go, poke the others (not when a poke or a poll brought us here: two workers
         without one would poke each other for ever; each also polls)."""
-        while group._int(group.group_at) > 0:
-            if group._free_pool(group.cap) is None:
+        ints, waiting_i = group._ints, group.group_i
+        while ints[waiting_i] > 0:
+            free = group._free_pool(group.cap)
+            if free is None:
                 return
             owner = group._owner_of_best()
             if owner is None:
@@ -491,23 +545,25 @@ class FairAdmission:
             if best is None:  # our published head is stale: republish and look again
                 group._publish_head()
                 continue
-            index = group._free_pool(self._limit(group, best.consumer, self.shares.get(best.consumer) or Share()))
+            share = self.shares.get(best.consumer) or Share()
+            limit = self._limit(group, best.consumer, share)
+            index = free if limit >= group.cap else group._free_pool(limit)  # nothing changed since `free`
             if index is None:
                 best = self._best_below_share(group)
                 if best is None:
                     if relay:
-                        for worker, at in enumerate(group.heads_at):
-                            if worker != self.worker and group._int(at):
+                        for worker, at in enumerate(group.heads_i):
+                            if worker != self.worker and ints[at]:
                                 self._poke(worker)
                     return
-                index = group._free_pool(group.cap)
-                assert index is not None  # found free above, under the same lock
-            group.queues[best.consumer].remove(best)
-            share = self.shares.get(best.consumer) or Share()
-            group._activity(best.consumer, share, -1, waiting=True)
-            group._set_int(group.group_at, group._int(group.group_at) - 1)
-            if not best.future.done():  # done: cancelled, its task not yet told; it gets no slot
-                best.future.set_result(group._grant(index, best.consumer, share, best.tag))
+                share = self.shares.get(best.consumer) or Share()
+                index = free
+            group.queues[best.consumer].popleft()  # `best` is the head of its account's queue
+            ints[waiting_i] -= 1
+            if best.future.done():  # done: cancelled, its task not yet told; it gets no slot
+                group._activity(best.consumer, share, -1, waiting=True)
+            else:
+                best.future.set_result(group._grant_waiting(index, best))
             group._publish_head()
 
     def _best_below_share(self, group: _Group) -> _Waiter | None:

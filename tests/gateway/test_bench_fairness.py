@@ -39,7 +39,7 @@ def test_bench_gateway_prints_fair_admissions_cpu_per_request_against_the_bound(
            "queued": {"min": 65.4, "median": 68.5, "max": 81.7}}
     lines = fair_admission_cpu_lines(cpu)
     assert "7 runs of 10000" in lines[0] and "bound 50" in lines[0]
-    assert lines[1] == "  finds room: 17.7 / 18.1 / 18.9"
+    assert lines[1] == "  finds room: 17.7 / 18.1 / 18.9  within the bound"
     assert lines[2] == "  waits, then is handed the slot: 65.4 / 68.5 / 81.7  ABOVE THE BOUND"
 
 
@@ -56,7 +56,7 @@ def test_fair_admissions_cpu_is_measured_on_both_paths_with_a_spread():
 def test_bench_fairness_reports_the_pooled_p99_ratio_and_each_rounds_spread():
     import argparse
 
-    from scripts.bench_fairness import report_lines, spread
+    from scripts.bench_fairness import report_lines, spread, verdict
 
     def figures(p99: float) -> dict:
         return {"ttft_p50": 10.0, "ttft_p90": 20.0, "ttft_p99": p99, "ok": 300}
@@ -67,8 +67,23 @@ def test_bench_fairness_reports_the_pooled_p99_ratio_and_each_rounds_spread():
                "round_ratios": {"engine_bound": spread([1.1, 1.0]), "fair": spread([1.3, 1.1])},
                "admission_cpu_us": {"runs": 7, "requests_per_run": 10000, "room": {"min": 1, "median": 2, "max": 3},
                                     "queued": {"min": 4, "median": 5, "max": 6}}}
+    results["verdict"] = verdict(results)
     args = argparse.Namespace(batch=8, quiet_share=0.15, seconds=40.0, flood=3.0)
-    text = "\n".join(report_lines(results, args))
+    lines = report_lines(results, args)
+    text = "\n".join(lines)
     assert "beside a neighbour at 3 R, fair admission: 10.0 / 20.0 / 120.0 (1.2x alone), 300 samples" in text
     assert "per-round P99 ratio, fair: min 1.1x, median 1.2x, max 1.3x" in text
     assert "first come first served" not in text  # --skip-off: no such phase
+    assert "engine [0], gateway any" in text  # the cores each role had
+    assert lines[-1] == ("fairness: FAIL: quiet P99 TTFT beside a neighbour at 3 R is 1.2x its P99 alone (pooled; "
+                         "bound 1.1x; rounds 1.1-1.3x, median 1.2x; engine-bound floor 1.05x)")
+
+
+def test_the_verdict_passes_at_the_issues_bound_and_fails_above_it():
+    from scripts.bench_fairness import spread, verdict
+
+    def results(fair: float) -> dict:
+        return {"pooled_ratio": {"fair": fair, "engine_bound": 1.0},
+                "round_ratios": {"fair": spread([fair]), "engine_bound": spread([1.0])}}
+
+    assert verdict(results(1.1))["pass"] and not verdict(results(1.11))["pass"]

@@ -1,0 +1,63 @@
+"""bench/FAIRNESS_DEVICE.md's device call, checked here so that it runs the first time: it fits the `run` tool's
+limits (a command of at most 2,000 characters, 600 s per call: /work/.library/device/README.md, "Limits"), parses
+as bash, hands scripts.bench_fairness arguments its parser accepts, and its `timeout` ends the bench before the
+call's limit."""
+
+from __future__ import annotations
+
+import re
+import shlex
+import subprocess
+from pathlib import Path
+
+from scripts.bench_fairness import parse_args, pin_plan
+
+ROOT = Path(__file__).resolve().parents[2]
+RUNBOOK = ROOT / "bench" / "FAIRNESS_DEVICE.md"
+COMMAND_LIMIT = 2000  # characters in one `run` command
+CALL_LIMIT_S = 600  # one command's run
+
+
+def command() -> str:
+    (found,) = re.findall(r"\n    (python3 -m pip install -q --no-index --no-deps --no-compile .*)\n", RUNBOOK.read_text())
+    return found
+
+
+def bench_argv(cmd: str) -> tuple[int, list[str]]:
+    """(the timeout's seconds, bench_fairness's arguments) of the call."""
+    words = shlex.split(cmd.split("timeout ", 1)[1].split(" > ", 1)[0])
+    limit, python, dash_m, module, *argv = words
+    assert (python, dash_m, module) == ("python3", "-m", "scripts.bench_fairness")
+    return int(limit), argv
+
+
+def test_the_device_call_fits_the_run_tools_limits_and_parses_as_bash():
+    cmd = command()
+    assert len(cmd) <= COMMAND_LIMIT
+    assert "--target /tmp/site .whl/*.whl" in cmd and "PYTHONPATH=/tmp/site:$PWD" in cmd  # carry: [".whl"]
+    assert subprocess.run(["bash", "-n", "-c", cmd], capture_output=True).returncode == 0
+
+
+def test_the_bench_runs_on_the_gpu_with_three_rounds_and_writes_under_out():
+    limit, argv = bench_argv(command())
+    assert limit < CALL_LIMIT_S
+    args = parse_args(argv)
+    assert args.device == "cuda" and args.repeats >= 3 and args.out == "$F"
+    assert "F=$OUT/" in command()
+    # Its phases fit the timeout with room for the start (torch, CUDA graphs) and the stop: per round the capacity,
+    # the alone phase and two phases with the neighbour's lead, plus one phase first come first served.
+    phases = args.repeats * (args.capacity_s + 3 * args.seconds + 2 * (args.lead + 1)) + args.seconds + args.lead + 1
+    assert phases + 90 < limit
+
+
+def test_on_the_device_hosts_sixteen_cores_each_process_gets_cores_of_its_own():
+    plan = pin_plan(True, list(range(16)))
+    assert plan == {"engine": {0, 1}, "gateway": {2, 3}, "quiet": {4}, "flood": set(range(5, 16))}
+    taken = [c for cores in plan.values() for c in cores]
+    assert len(taken) == len(set(taken))  # nobody shares a core: the flood cannot take one from the measured
+
+
+def test_on_two_cores_the_engine_keeps_the_first_and_the_rest_share_the_second():
+    assert pin_plan(True, [0, 1]) == {"engine": {0}, "gateway": {1}, "quiet": {1}, "flood": {1}}
+    assert pin_plan(False, list(range(16))) == dict.fromkeys(("engine", "gateway", "quiet", "flood"))
+    assert pin_plan(True, list(range(16)), {"flood": {9}, "engine": None})["flood"] == {9}
