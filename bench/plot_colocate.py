@@ -102,12 +102,17 @@ def plot_sharing(dirs: list[str], png: Path) -> Path:
         ax.set_ylim(bottom=0)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
-    repeats = sorted({len(row["repeats"]) for r in runs for row in r["table"]})
+    pooled: dict[tuple, int] = {}  # repeats per plotted point: both start orders (and any top-up run) pooled
+    for r in runs:
+        for row in r["table"]:
+            key = (r["gpu_sharing"], row["kind"], row["model"], row["level"])
+            pooled[key] = pooled.get(key, 0) + len(row["repeats"])
+    repeats = sorted(n for n in pooled.values() if n)
     gpu = runs[0].get("gpu", "?")
     orders = sorted({r["order"] for r in runs})
     fig.suptitle(f"Two reference-backend processes on one {gpu}, time-sliced and under MPS (started {' and '.join(orders)}, "
                  f"{'-'.join(map(str, (repeats[0], repeats[-1]))) if len(repeats) > 1 else repeats[0]} repeats per "
-                 "point; bench/h200_sharing.py)", fontsize=10)
+                 "point, orders pooled; bench/h200_sharing.py)", fontsize=10)
     fig.savefig(png, dpi=110)
     return png
 
