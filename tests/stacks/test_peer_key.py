@@ -11,15 +11,15 @@ Sources:
 - CloudFormation, AWS::SecretsManager::Secret (https://docs.aws.amazon.com/AWSCloudFormation/latest/
   TemplateReference/aws-resource-secretsmanager-secret.html): ReplicaRegions, "A custom type that specifies a
   Region and the KmsKeyId for a replica secret"; left out, the secret exists in its own region only.
-- Secrets Manager API Reference, CreateSecret, ForceOverwriteReplicaSecret (the page above): "Specifies whether to
+- Secrets Manager API Reference, CreateSecret, ForceOverwriteReplicaSecret (the CreateSecret page): "Specifies whether to
   overwrite a secret with the same name in the destination Region. By default, secrets aren't overwritten": why
   the balancing key has a name of its own (a region that joins spill later gets the spill key's replica while its
   balancing key still exists).
-- Service Authorization Reference, AWS Secrets Manager (https://docs.aws.amazon.com/service-authorization/latest/
-  reference/list_awssecretsmanager.html): GetSecretValue takes the resource type Secret,
-  arn:${Partition}:secretsmanager:${Region}:${Account}:secret:${SecretId}, so the grant names the one secret in
-  the instance's own region; Secrets Manager appends "-" and six random characters to the name in the ARN
-  (Secrets Manager User Guide, "Permissions policy examples": "-??????").
+- Secrets Manager User Guide, "Permissions reference for AWS Secrets Manager"
+  (https://docs.aws.amazon.com/secretsmanager/latest/userguide/reference_iam-permissions.html): GetSecretValue
+  takes the resource type Secret, so the grant names the one secret, in the instance's own region; the ARN ends in
+  "the final hyphen and six random characters that Secrets Manager adds at the end of the ARN when you created the
+  secret" (Secrets Manager API Reference, GetResourcePolicy, SecretId), hence the name followed by "-??????".
 """
 
 from __future__ import annotations
