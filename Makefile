@@ -90,11 +90,17 @@ bench-gateway: $(VENV)/.test-deps
 bench-fairness: $(VENV)/.test-deps
 	$(PY) -m scripts.bench_fairness $(FAIRNESS_ARGS)
 
-# Cross-region spill over a two-region diurnal trace, the home at 1.5x its capacity at peak: a simulation over the
-# gateway's real decision code (docs/gateway.md, "Spill to another region").
+# Cross-region spill over a two-region diurnal trace, the home at 1.5x its capacity at peak, replayed through the
+# gateway and engine processes of both regions on loopback, overflow off and on (docs/gateway.md, "Spill to
+# another region"). bench-overflow-sim: the same question as a simulation over the gateway's decision code, a
+# whole day of one-minute windows in seconds.
 .PHONY: bench-overflow
 bench-overflow: $(VENV)/.test-deps
-	$(PY) -m scripts.bench_overflow $(OVERFLOW_ARGS)
+	$(PY) -m scripts.bench_overflow_replay $(OVERFLOW_ARGS)
+
+.PHONY: bench-overflow-sim
+bench-overflow-sim: $(VENV)/.test-deps
+	$(PY) -m scripts.bench_overflow $(OVERFLOW_SIM_ARGS)
 
 # Two instances of different pool types on loopback, a bursty trace, balancing between them off and on
 # (docs/gateway.md, "Balancing across the pools of a region").

@@ -120,15 +120,16 @@ async def _healthy(port: int) -> None:
     raise SystemExit(f"bench_balance: the gateway on {port} did not become healthy")
 
 
-async def one(port: int, tokens: int) -> tuple[float | None, int]:
-    """One streaming request through a gateway; (TTFT at the client in ms, status)."""
+async def one(port: int, tokens: int, vpce: str = VPCE, prompt: str = "a b c") -> tuple[float | None, int]:
+    """One streaming request through a gateway, from the consumer whose endpoint is `vpce`; (TTFT at the client in
+    ms, status)."""
     from runtime.gateway import ppv2
 
-    body = json.dumps({"model": MODEL, "prompt": "a b c", "max_tokens": tokens, "stream": True}).encode()
+    body = json.dumps({"model": MODEL, "prompt": prompt, "max_tokens": tokens, "stream": True}).encode()
     started = time.perf_counter()
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
     try:
-        writer.write(ppv2.build(vpce_id=VPCE) + b"POST /v1/completions HTTP/1.1\r\nHost: g\r\nConnection: close\r\n"
+        writer.write(ppv2.build(vpce_id=vpce) + b"POST /v1/completions HTTP/1.1\r\nHost: g\r\nConnection: close\r\n"
                      b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n%b" % (len(body), body))
         head = await reader.readuntil(b"\r\n\r\n")
         status = int(head.split()[1])

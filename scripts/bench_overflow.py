@@ -5,8 +5,9 @@ A discrete-event SIMULATION driving the gateway's real decision code (runtime/ga
 with its hysteresis, Breaker, predicted_wait_s, the headroom answer cached HEADROOM_TTL_S and aged out as the
 gateway ages it), not the processes: the engines are slots with a service time, each region's gateway queue is
 first come first served (one consumer per region, so fair admission's order is arrival order), and the
-inter-region path is a fixed round trip. The processes themselves are exercised by
-tests/gateway/test_spill_processes.py. What it shows is the decision's effect on the SLO windows, the spill
+inter-region path is a fixed round trip (`make bench-overflow-sim`). The processes themselves are exercised by
+tests/gateway/test_spill_processes.py and replayed, a compressed day, by scripts/bench_overflow_replay.py
+(`make bench-overflow`). What it shows is the decision's effect on the SLO windows, the spill
 share and what a spilled request pays; absolute figures depend on the assumptions printed with them.
 
 Each region serves its own consumer on a diurnal curve (a raised cosine over one compressed day); the remote's

@@ -26,7 +26,7 @@ from fleetcast.config import FleetConfig, Pool, Region
 from fleetcast.contract.ami import DLAMI_SSM_PARAMETER, LATEST
 from fleetcast.contract.bucket import READ_ONLY_PREFIXES, READ_WRITE_PREFIXES
 from fleetcast.contract.instance_env import HostEnv, Var
-from fleetcast.contract.spill import PEER_DISCOVERY_ACTIONS, peer_regions
+from fleetcast.contract.spill import PEER_DISCOVERY_ACTIONS, keyed_regions
 from fleetcast.contract.telemetry import LAUNCH_HOOK, NAMESPACE
 
 from . import nag
@@ -371,10 +371,10 @@ class GpuFleet(Construct):
 
     def _grant_peer_discovery(self, cfg: FleetConfig, region: Region) -> None:
         """The gateway finds its region's peer instances in the fleet's Auto Scaling groups and their addresses in
-        EC2 (runtime/gateway/discovery.py), where it holds the peer key to forward with (peer_regions). Neither
+        EC2 (runtime/gateway/discovery.py), where it holds the peer key to forward with (keyed_regions). Neither
         action has a resource type or a service condition key (Service Authorization Reference: Amazon EC2 Auto
         Scaling, Amazon EC2), so '*' limited to this region by the global aws:RequestedRegion key."""
-        if region.region not in peer_regions(cfg):
+        if region.region not in keyed_regions(cfg):
             return
         self.role.add_to_policy(iam.PolicyStatement(
             sid="DiscoverPeerInstances",

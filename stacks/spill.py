@@ -7,6 +7,9 @@ address. Its security group lets only the instances' security group in, on the s
 reach it by the DNS name this construct writes to the spill parameter (`/<fleet>/spill/<remote>`), which their
 role may read. Whether and when a request spills is the gateway's decision (docs/stacks.md, "Spill").
 
+It also holds the peer key where the region's gateways forward requests at all (fleetcast.contract.spill.
+peer_secret_of): the replicated spill key, or, in a region that only balances between its pools, a key of its own.
+
 The hop, and the rule that lets each part of it through:
   home instance -> spill endpoint (home VPC)   instance SG egress and endpoint SG ingress, SG to SG on the port
   spill endpoint -> remote NLB                 the remote NLB SG: the home VPC's CIDR on the port
@@ -33,8 +36,9 @@ from constructs import Construct
 from fleetcast.config import FleetConfig, Region
 from fleetcast.contract.spill import (
     built_spill_targets,
+    creates_peer_key,
     peer_regions,
-    peer_secret_name,
+    peer_secret_of,
     service_name_of,
     spill_endpoint_parameter,
 )
@@ -87,32 +91,43 @@ class SpillEndpoints(Construct):
             self.security_groups[remote] = sg
             self.endpoints[remote] = endpoint
             self.parameters[remote] = parameter
-        self.peer_key: secretsmanager.Secret | None = None
+        self.peer_key = self._peer_key(cfg, region, roles)
+
+    def _peer_key(self, cfg: FleetConfig, region: Region, roles: list[iam.IRole]) -> secretsmanager.Secret | None:
+        """The key a gateway signs a forwarded request's identity with and the receiving gateway checks it with
+        (runtime/gateway/peer.py), where this region's gateways forward (peer_secret_of): generated here, never in a
+        template or the config. The spill key is made in the first region that spills or is spilled to and
+        replicated by Secrets Manager to the others, so both ends of a hop hold the same value; a region that only
+        balances between its own pools gets a key of its own, replicated nowhere. Either is encrypted with the
+        region's AWS managed key for Secrets Manager (no KmsKeyId; a replica uses its own region's). Returns the
+        secret created in this stack, if any; this region's instance roles may read the one of their own region."""
+        name = peer_secret_of(cfg, region.region)
+        if name is None:
+            return None
         peers = peer_regions(cfg)
-        if region.region not in peers:
-            return
-        name = peer_secret_name(cfg.name)
-        if region.region == peers[0]:
-            # The key a gateway signs a forwarded request's identity with and the receiving gateway checks it with
-            # (runtime/gateway/peer.py): generated here, never in a template or the config, and replicated by
-            # Secrets Manager to the other regions that spill or are spilled to, so both ends hold the same value.
-            self.peer_key = secretsmanager.Secret(
-                self, "PeerKey", secret_name=name,
-                description=f"{cfg.name}: HMAC key of forwarded requests' identity between the gateways (spill)",
+        secret: secretsmanager.Secret | None = None
+        if creates_peer_key(cfg, region.region):
+            spill = region.region in peers
+            secret = secretsmanager.Secret(
+                # "PeerKey" is the spill key's construct id since it was first deployed: a new logical id would
+                # replace a secret of the same name, which CloudFormation cannot create before the old is gone.
+                self, "PeerKey" if spill else "BalanceKey", secret_name=name,
+                description=(f"{cfg.name}: HMAC key of forwarded requests' identity between the gateways "
+                             + ("(spill and balancing)" if spill else f"of {region.region}'s pools (balancing)")),
                 generate_secret_string=secretsmanager.SecretStringGenerator(password_length=64,
                                                                             exclude_punctuation=True),
-                replica_regions=[secretsmanager.ReplicaRegion(region=r) for r in peers[1:]],
+                replica_regions=[secretsmanager.ReplicaRegion(region=r) for r in peers[1:]] if spill else None,
             )
             nag.acknowledge(
-                self.peer_key, "AwsSolutions-SMG4",
+                secret, "AwsSolutions-SMG4",
                 "the peer key is a shared HMAC key the gateways read at start, not a credential of another service: "
-                "a rotation is a new value and an instance refresh in every peer region (docs/stacks.md, Spill), "
-                "which a Secrets Manager rotation function cannot order",
+                "a rotation is a new value and an instance refresh in every region holding it (docs/stacks.md, "
+                "Peer key), which a Secrets Manager rotation function cannot order",
             )
-        # Each region's instances read the secret (the original or its replica) in their own region.
+        # Secrets Manager appends "-" and six random characters to a secret's ARN; the region is this stack's.
         arn = Stack.of(self).format_arn(service="secretsmanager", resource="secret", resource_name=f"{name}-??????",
                                         arn_format=ArnFormat.COLON_RESOURCE_NAME)
         for role in roles:
             role.add_to_principal_policy(iam.PolicyStatement(
                 sid="ReadPeerKey", actions=["secretsmanager:GetSecretValue"], resources=[arn]))
-
+        return secret

@@ -35,6 +35,8 @@ class _Region(Protocol):
     def region(self) -> str: ...
     @property
     def endpoint_service_name(self) -> str | None: ...
+    @property
+    def pools(self) -> Sequence[object]: ...
 
 
 class FleetConfig(Protocol):
@@ -107,6 +109,15 @@ def peer_secret_name(fleet: str) -> str:
     return f"{fleet}/spill/peer-key"
 
 
+def balance_secret_name(fleet: str) -> str:
+    """The peer key of a region that balances between its own pools but neither spills nor is spilled to
+    (balanced_regions less peer_regions): a secret of that region alone, never replicated, since no claim signed
+    there crosses a region. Its own name, not peer_secret_name's: when the region later joins spill, the spill key's
+    replica must be created there while this one still exists, and a replica does not overwrite a secret of its
+    name in its region (CreateSecret, ForceOverwriteReplicaSecret: "By default, secrets aren't overwritten")."""
+    return f"{fleet}/balance/peer-key"
+
+
 def may_serve_in(consumer: _Consumer, region: str) -> bool:
     """Residency: a consumer's requests are served in its home region and the regions its spill_regions list,
     nowhere else (the home gateway's spill decision and the receiving gateway's claim check both ask this)."""
@@ -127,3 +138,37 @@ def peer_regions(cfg: FleetConfig) -> tuple[str, ...]:
     """The provider regions whose gateways forward or receive spilled requests (config order): each holds the
     fleet's peer key (peer_secret_name), created in the first and replicated to the others."""
     return tuple(r.region for r in cfg.regions if spill_targets(cfg, r.region) or spill_sources(cfg, r.region))
+
+
+def balanced_regions(cfg: FleetConfig) -> tuple[str, ...]:
+    """The provider regions whose gateways balance between pools (issue 36, section 1; config order): those with
+    two pools or more. Every pool of a region serves the same models (fleetcast/config/rules.py), so each pool's
+    instances can take another pool's overflow, and pools differ in what an instance serves at the SLO and in
+    price, which the NLB's flow hash ignores. One pool's instances (its Spot tier included) are of one type and
+    one capacity, which the NLB already spreads evenly: no balancing there, hence no key."""
+    return tuple(r.region for r in cfg.regions if len(r.pools) >= 2)
+
+
+def keyed_regions(cfg: FleetConfig) -> tuple[str, ...]:
+    """The provider regions whose gateways hold a peer key (config order): they forward and accept signed claims,
+    and find their peers in the fleet's Auto Scaling groups (runtime/gateway/discovery.py)."""
+    keyed = set(peer_regions(cfg)) | set(balanced_regions(cfg))
+    return tuple(r.region for r in cfg.regions if r.region in keyed)
+
+
+def peer_secret_of(cfg: FleetConfig, region: str) -> str | None:
+    """The secret `region`'s gateways read their peer key from, or None where they need none: the replicated spill
+    key where the region spills or is spilled to (its balancing uses the same key), else the region's own
+    balancing key where it has several pools."""
+    if region in peer_regions(cfg):
+        return peer_secret_name(cfg.name)
+    if region in balanced_regions(cfg):
+        return balance_secret_name(cfg.name)
+    return None
+
+
+def creates_peer_key(cfg: FleetConfig, region: str) -> bool:
+    """Whether `region`'s provider stack generates the secret its gateways read (the rest read a replica): the
+    first of the spill regions, and every region that only balances."""
+    peers = peer_regions(cfg)
+    return peer_secret_of(cfg, region) is not None and (region not in peers or region == peers[0])

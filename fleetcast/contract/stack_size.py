@@ -16,7 +16,7 @@ from __future__ import annotations
 from typing import Any
 
 from .network import PROVIDER_INTERFACE_ENDPOINTS
-from .spill import built_spill_targets, peer_regions
+from .spill import built_spill_targets, creates_peer_key
 from .telemetry import alarmed_per_model
 
 CLOUDFORMATION_MAX_RESOURCES = 500
@@ -52,7 +52,8 @@ AUTO_APPROVE = 6  # the connection approver Lambda, its role, logs and rule
 # interface endpoint, its security group, its ingress rule and the instances' egress rule, the spill parameter.
 SPILL_ENDPOINT = 5
 # The fleet's peer key (stacks/spill.py): one secret, in the first of the regions that spill or are spilled to
-# (replicated by Secrets Manager to the others, which only grant reading it).
+# (replicated by Secrets Manager to the others, which only grant reading it), and one of its own in each region
+# that only balances between its pools.
 PEER_KEY = 1
 
 
@@ -84,6 +85,5 @@ def provider_stack_resources(cfg: Any, region: Any) -> int:  # a FleetConfig and
         n += PLAN_DRIFT_CHECK + (PLAN_DRIFT_SNS_ENDPOINT if endpoints else 0)
     n += AUTO_APPROVE if cfg.operations.auto_approve_connections else 0
     n += SPILL_ENDPOINT * len(built_spill_targets(cfg, region.region))
-    peers = peer_regions(cfg)
-    n += PEER_KEY if peers and peers[0] == region.region else 0
+    n += PEER_KEY if creates_peer_key(cfg, region.region) else 0
     return n

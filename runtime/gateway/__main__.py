@@ -118,8 +118,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="on (default): each engine process holds at most its max_batch_size requests and the rest "
                         "wait at the gateway in per-consumer queues, admitted by weighted fair queuing "
                         "(runtime/gateway/fair.py); off: every admitted request goes to the engine at once")
-    p.add_argument("--peer-key-file", help="the fleet's peer key (else the Secrets Manager secret "
-                   "fleetcast.contract.spill.peer_secret_name): signs and checks forwarded requests' identity")
+    p.add_argument("--peer-key-file", help="the fleet's peer key (else the region's Secrets Manager secret, "
+                   "fleetcast.contract.spill.peer_secret_of): signs and checks forwarded requests' identity")
     p.add_argument("--spill-endpoint", action="append", default=[], metavar="REGION=HOST:PORT",
                    help="where to reach a remote region's gateways (else the SSM parameter /<fleet>/spill/<region>, "
                    "the provider's spill endpoint)")
@@ -132,7 +132,7 @@ def build_parser() -> argparse.ArgumentParser:
                    "forwarded identity")
     p.add_argument("--peer-discovery", choices=("off", "asg"), default="off",
                    help="asg: find this region's peer instances in the fleet's Auto Scaling groups every "
-                   "--peer-discovery-s (runtime/gateway/discovery.py), in a region that holds the peer key; they "
+                   "--peer-discovery-s (runtime/gateway/discovery.py), in a region that holds a peer key; they "
                    "join the --peer list. off (default): only --peer")
     p.add_argument("--peer-discovery-s", type=_positive, default=None,
                    help="mean period of the peer discovery read, jittered (default discovery.DISCOVERY_PERIOD_S)")
@@ -317,7 +317,7 @@ def spill_setup(cfg: FleetConfig, args: argparse.Namespace) -> SpillSetup | None
     (yet: the secret's replica may arrive after this instance): the gateway then serves everything at home,
     refuses forwarded requests, and tries again (serve(), `await_peer_key`)."""
     from fleetcast.config.rules import served_in
-    from fleetcast.contract.spill import peer_secret_name, spill_endpoint_parameter, spill_sources, spill_targets
+    from fleetcast.contract.spill import peer_secret_of, spill_endpoint_parameter, spill_sources, spill_targets
 
     from .spill import Breaker, RegionLink, SpillPolicy, SpillSetup
 
@@ -326,13 +326,15 @@ def spill_setup(cfg: FleetConfig, args: argparse.Namespace) -> SpillSetup | None
     if not targets and not sources and not args.peer and not discovers(cfg, args):
         return None
     try:
+        secret = peer_secret_of(cfg, region)
         if args.peer_key_file:
             key = read_key_file(args.peer_key_file)
+        elif secret is None:
+            raise LookupError(f"{region} holds no peer key (one pool, no spill): give --peer-key-file")
         else:
             import boto3
 
-            value = boto3.client("secretsmanager", region_name=region).get_secret_value(
-                SecretId=peer_secret_name(cfg.name))
+            value = boto3.client("secretsmanager", region_name=region).get_secret_value(SecretId=secret)
             key = check_key((value.get("SecretString") or "").strip().encode())
     except Exception as exc:  # noqa: BLE001 - no spill is a degraded mode, not a reason to stop serving
         raise PeerKeyMissing(f"{type(exc).__name__}: {exc}") from None
@@ -389,11 +391,12 @@ def peer_links(cfg: FleetConfig, region: str, given: list[str], cool_s: float | 
 
 
 def discovers(cfg: FleetConfig, args: argparse.Namespace) -> bool:
-    """Whether this gateway finds its peers (--peer-discovery asg): only where the fleet's peer key is, the regions
-    that spill or are spilled to (fleetcast.contract.spill.peer_regions): elsewhere no claim could be signed."""
-    from fleetcast.contract.spill import peer_regions
+    """Whether this gateway finds its peers (--peer-discovery asg): only where a peer key is, the regions that spill,
+    are spilled to or have several pools (fleetcast.contract.spill.keyed_regions): elsewhere no claim could be
+    signed, and a region of one pool has no other pool to balance onto."""
+    from fleetcast.contract.spill import keyed_regions
 
-    return getattr(args, "peer_discovery", "off") == "asg" and args.region in peer_regions(cfg)
+    return getattr(args, "peer_discovery", "off") == "asg" and args.region in keyed_regions(cfg)
 
 
 def peer_discovery(cfg: FleetConfig, args: argparse.Namespace, gateway: Gateway) -> PeerDiscovery | None:
@@ -401,7 +404,8 @@ def peer_discovery(cfg: FleetConfig, args: argparse.Namespace, gateway: Gateway)
     if getattr(args, "peer_discovery", "off") != "asg":
         return None
     if not discovers(cfg, args):
-        log("peer_discovery_off", reason=f"{args.region} holds no peer key: no consumer spills from or into it")
+        log("peer_discovery_off", reason=f"{args.region} holds no peer key: one pool, and no consumer spills from "
+            "or into it")
         return None
     import boto3
 

@@ -9,7 +9,7 @@ whose owner is the provider account. Which consumer it is for travels in one hea
 
 The claim holds the consumer, the model id it asked for, the origin and destination regions, the hop count,
 a millisecond timestamp, a random nonce and the SHA-256 of the body. The key is the fleet's peer secret
-(fleetcast.contract.spill.peer_secret_name, provided by the stacks), held by the gateways only. The receiving
+(fleetcast.contract.spill.peer_secret_of, provided by the stacks), held by the gateways only. The receiving
 gateway accepts the header only on a connection from the provider's spill endpoint or a peer (server.py decides
 that, from the PROXY v2 header) and only when the MAC matches, the destination is its own region, the hop
 count is within MAX_HOPS, the timestamp is within FRESH_S of its clock, the nonce was not seen in that window

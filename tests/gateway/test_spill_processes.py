@@ -31,11 +31,14 @@ from typing import Any
 import yaml
 
 from runtime.devtools.harness import free_port
-from runtime.gateway import ppv2
 from runtime.gateway.peer import PEER_HEADER, sign
 from runtime.gateway.spill import HEADROOM_PATH
 from scripts.bench_balance import Child as Proc  # a process whose stdout lines are collected as they come
 from scripts.bench_gateway import FakeEc2Endpoints
+from scripts.bench_overflow_replay import (
+    SPILL_VPCE,  # the provider's own endpoint in us-east-1 to the us-west-2 service
+    RegionPath as DelayingProxy,  # the inter-region path, as the bench has it
+)
 
 from .fakes import Client, completion_text
 
@@ -44,69 +47,8 @@ KEY = b"k" * 48
 PROVIDER = "111122223333"
 CHECKOUT, REPORTS = "444455556666", "777788889999"  # examples/spill/fleet.yaml's consumer accounts
 CHECKOUT_VPCE, REPORTS_VPCE = "vpce-0aaaaaaaaaaaaaaa1", "vpce-0bbbbbbbbbbbbbbb2"
-SPILL_VPCE = "vpce-0ddddddddddddddd4"  # the provider's own endpoint in us-east-1 to the us-west-2 service
 FAILOVER_VPCE = "vpce-0eeeeeeeeeeeeeee5"  # checkout's own (failover) endpoint to us-west-2
 MODEL = "gpt2-xl"
-
-
-class DelayingProxy:
-    """The inter-region path: each connection gets the NLB's PROXY v2 header (the spill endpoint's id), and every
-    chunk in either direction waits `delay_s`. `drop_posts`: connections whose request is a POST are reset
-    before an answer (the path failing for inference while the headroom GETs pass), to trip the breaker."""
-
-    def __init__(self, target: int, delay_s: float = 0.02):
-        self.target, self.delay_s = target, delay_s
-        self.drop_posts = False
-        self.posts = 0  # POSTs that reached the proxy
-        self.gets = 0  # GETs (the home gateway's headroom reads)
-        self.server: asyncio.Server | None = None
-        self.open: set[asyncio.StreamWriter] = set()
-
-    def fail_posts(self) -> None:
-        """From now on every POST is reset; the kept-alive connections (which would carry POSTs unseen) go too."""
-        self.drop_posts = True
-        for writer in list(self.open):
-            writer.transport.abort()
-
-    async def start(self) -> int:
-        self.server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
-        return int(self.server.sockets[0].getsockname()[1])
-
-    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        try:
-            first = await reader.read(65536)
-        except ConnectionError:
-            writer.close()
-            return
-        self.gets += first.startswith(b"GET")
-        if first.startswith(b"POST"):
-            self.posts += 1
-            if self.drop_posts:
-                writer.transport.abort()
-                return
-        self.open.add(writer)
-        up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.target)
-        up_writer.write(ppv2.build(vpce_id=SPILL_VPCE) + first)
-
-        async def pipe(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
-            try:
-                while data := await src.read(65536):
-                    await asyncio.sleep(self.delay_s)
-                    dst.write(data)
-                    await dst.drain()
-            except ConnectionError:
-                pass
-            finally:
-                dst.close()
-
-        try:
-            await asyncio.gather(pipe(reader, up_writer), pipe(up_reader, writer))
-        finally:
-            self.open.discard(writer)
-
-    def close(self) -> None:
-        if self.server:
-            self.server.close()
 
 
 def spill_config(tmp: Path) -> Path:
