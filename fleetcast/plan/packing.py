@@ -56,6 +56,7 @@ from .sharing import (
     sharing_notes,
 )
 from .solver import (
+    DayPart,
     PlanContext,
     PlannedPool,
     PoolDay,
@@ -64,8 +65,8 @@ from .solver import (
     Slo,
     fixed_by_hour,
     floor_tenth,
-    predictions_by_hour,
-    processes_by_hour,
+    per_m_output,
+    size_day,
 )
 from .traffic import ConsumerTraffic, TrafficProfile
 
@@ -499,44 +500,28 @@ def _models_of(curve_cache: Cache, curve: Curve) -> ServiceModel:
 
 
 def size_packing(ev: PackingEval, ctx: PlanContext, n_min: int, cache: Cache) -> PackingEval:
-    """Steps 3-4 for one packing: processes per model and hour, instances, cost."""
-    hours = range(24)
-    for load in ev.loads:
-        model = _models_of(cache, load.curve)
-        limits = load.limits
-        needed = processes_by_hour(model, load.traffic, limits)
-        load.processes_by_hour = []
-        for sized in needed:
-            if sized is None:
-                p1 = predict(model, [Stream(1e-6, load.traffic.output_mean)], 1.0)
-                peers = (f", its peers adding {load.peer_step_ms:.1f} ms to each of its steps at their planned load"
-                         if load.peer_step_ms else "")
-                ev.rejected = (f"{load.model} ({load.source}) fails its SLO even with one request per process"
-                               f"{peers}: predicted P99 TTFT {p1.ttft_p99_ms + load.network_ms:.0f} ms (incl. "
-                               f"{load.network_ms:.0f} ms network) vs {load.slo.ttft_p99_ms:g}, P99 ITL "
-                               f"{p1.itl_p99_ms:.1f} ms vs {load.slo.itl_p99_ms:g}")
-                return ev
-            load.processes_by_hour.append(sized)
-    ev.instances_by_hour = [max([n_min] + [ld.instances_by_hour[h] for ld in ev.loads]) for h in hours]
-    for load in ev.loads:
-        load.predictions = predictions_by_hour(_models_of(cache, load.curve), load.traffic,
-                                               [n * load.copies for n in ev.instances_by_hour])
+    """Steps 3-4 for one packing: the one sizing from arrivals (solver.size_day) over its models' processes."""
     price = ctx.prices.price(ev.instance_type, ev.region)
     assert price is not None  # _offer_refusal refused a type without one
     ev.price_per_hour = price
-    ev.fixed_by_hour = fixed_by_hour(ev.region, [ld.traffic for ld in ev.loads], ctx)
-    # --reserved TYPE@REGION=N: instances of that type already paid for, whatever the packing on them.
-    reserved = ctx.reserved.get((ev.instance_type, ev.region), 0)
-    ev.reserved_used = min(reserved, max(ev.instances_by_hour))
-    day = sum(max(n - reserved, 0) * ev.price_per_hour + f for n, f in zip(ev.instances_by_hour, ev.fixed_by_hour))
-    ev.cost_per_hour = day / 24
-    ev.usd_per_m_output = _per_m_output(day, [ld.traffic for ld in ev.loads])
+    parts = [DayPart(_models_of(cache, ld.curve), ld.traffic, ld.limits, ld.copies) for ld in ev.loads]
+    day = size_day(parts, ev.instance_type, ev.region, price, ctx, n_min)
+    if isinstance(day, int):
+        load, model = ev.loads[day], parts[day].model
+        p1 = predict(model, [Stream(1e-6, load.traffic.output_mean)], 1.0)
+        peers = (f", its peers adding {load.peer_step_ms:.1f} ms to each of its steps at their planned load"
+                 if load.peer_step_ms else "")
+        ev.rejected = (f"{load.model} ({load.source}) fails its SLO even with one request per process"
+                       f"{peers}: predicted P99 TTFT {p1.ttft_p99_ms + load.network_ms:.0f} ms (incl. "
+                       f"{load.network_ms:.0f} ms network) vs {load.slo.ttft_p99_ms:g}, P99 ITL "
+                       f"{p1.itl_p99_ms:.1f} ms vs {load.slo.itl_p99_ms:g}")
+        return ev
+    for load, needed, predictions in zip(ev.loads, day.needed, day.predictions):
+        load.processes_by_hour, load.predictions = needed, predictions
+    ev.instances_by_hour, ev.fixed_by_hour, ev.reserved_used = day.instances_by_hour, day.fixed_by_hour, day.reserved_used
+    ev.cost_per_hour = day.cost_per_hour
+    ev.usd_per_m_output = per_m_output(sum(day.cost_by_hour), [ld.traffic for ld in ev.loads])
     return ev
-
-
-def _per_m_output(day_cost: float, traffic: list[ConsumerTraffic]) -> float:
-    tokens = sum(sum(t.hourly_rps()) * 3600 * t.output_mean for t in traffic)
-    return day_cost / tokens * 1e6 if tokens else math.inf
 
 
 # ---------------------------------------------------------------- the search
@@ -903,8 +888,8 @@ def _alternatives(cfg: FleetConfig, curves: list[ModelCurve], region: str, entri
     own_fixed = sum(sum(p.fixed_by_hour) for p in parts) / 24
     day_shared = (instance_cost + shared_fixed) * 24
     day_own = (instance_cost + own_fixed) * 24
-    return [Alternative("one model per pool", parts, instance_cost, shared_fixed, _per_m_output(day_shared, entries)),
-            Alternative("one model per fleet", parts, instance_cost, own_fixed, _per_m_output(day_own, entries))]
+    return [Alternative("one model per pool", parts, instance_cost, shared_fixed, per_m_output(day_shared, entries)),
+            Alternative("one model per fleet", parts, instance_cost, own_fixed, per_m_output(day_own, entries))]
 
 
 # ---------------------------------------------------------------- drift baseline

@@ -482,6 +482,58 @@ def predictions_by_hour(model: ServiceModel, traffic: ConsumerTraffic, processes
             for rps, burst, n in zip(traffic.hourly_rps(), traffic.hourly_burstiness(), processes)]
 
 
+@dataclass(frozen=True)
+class DayPart:
+    """One model's processes on a pool's instances, as a day is sized from arrivals."""
+
+    model: ServiceModel
+    traffic: ConsumerTraffic
+    limits: Limits  # its SLOs in-region (its consumers' network taken off the TTFT)
+    copies: int = 1
+
+
+@dataclass(frozen=True)
+class Day:
+    """A pool's day sized from arrivals, one model or a packing (size_day)."""
+
+    needed: list[list[int]]  # per part, the processes its SLOs need per UTC hour, before the floor
+    instances_by_hour: list[int]
+    predictions: list[list[Prediction | None]]  # per part, at each hour's busiest minute over the planned processes
+    fixed_by_hour: list[float]
+    cost_by_hour: list[float]
+    reserved_used: int
+
+    @property
+    def cost_per_hour(self) -> float:
+        return sum(self.cost_by_hour) / 24
+
+
+def size_day(parts: list[DayPart], instance_type: str, region: str, price: float, ctx: PlanContext,
+             n_min: int) -> Day | int:
+    """Steps 3'-5 for a pool's instances, one model or a packing: per part and UTC hour the fewest processes
+    meeting its limits at the busiest minute, instances = the largest over the parts of processes / copies, at least
+    `n_min`; cost = the instances above the reservation (--reserved) x price + the region's fixed costs. Returns the
+    index of a part that no count of processes serves instead."""
+    needed = []
+    for i, part in enumerate(parts):
+        hours = processes_by_hour(part.model, part.traffic, part.limits)
+        if any(n is None for n in hours):
+            return i
+        needed.append([n or 0 for n in hours])
+    instances = [max([n_min] + [math.ceil(n[h] / p.copies) for n, p in zip(needed, parts)]) for h in range(24)]
+    predictions = [predictions_by_hour(p.model, p.traffic, [n * p.copies for n in instances]) for p in parts]
+    fixed = fixed_by_hour(region, [p.traffic for p in parts], ctx)
+    reserved = ctx.reserved.get((instance_type, region), 0)
+    cost = [max(n - reserved, 0) * price + f for n, f in zip(instances, fixed)]
+    return Day(needed, instances, predictions, fixed, cost, min(reserved, max(instances)))
+
+
+def per_m_output(day_cost: float, traffic: list[ConsumerTraffic]) -> float:
+    """$ per 1M output tokens of a day's cost over the traffic's tokens (docs/plan.md step 5)."""
+    tokens = sum(sum(t.hourly_rps()) * 3600 * t.output_mean for t in traffic)
+    return day_cost / tokens * 1e6 if tokens else math.inf
+
+
 def _size_from_arrivals(ev: Evaluation, traffic: ConsumerTraffic, ctx: PlanContext) -> None:
     """Steps 2'-5 for a profile of arrivals: per-instance load derived from the fleet's arrivals and the curve.
     The service model holds requests for the traffic's own output length at the curve's mean ITL."""
@@ -504,24 +556,20 @@ def _size_from_arrivals(ev: Evaluation, traffic: ConsumerTraffic, ctx: PlanConte
     rates = traffic.hourly_rps()
     bursts = traffic.hourly_burstiness()
     ev.target = scaling_target([TargetPart(model, out_mean, ev.safe_rate_rps, 1, tuple(rates), tuple(bursts))])
-    n_min = ctx.n_min(region)
-    reserved = ctx.reserved.get((candidate.instance_type, region), 0)
     _, default_row = ctx.fixed.row(region)
     if default_row:
         ev.notes.append(f"no fixed-cost row for {region}: the default row is used")
-    fixed = fixed_by_hour(region, [traffic], ctx)
-    ev.needed_by_hour = [n or 0 for n in processes_by_hour(model, traffic, limits)]
-    ev.instances_by_hour = [max(n_min, n) for n in ev.needed_by_hour]
-    ev.predictions = predictions_by_hour(model, traffic, ev.instances_by_hour)
-    ev.cost_by_hour = [max(n - reserved, 0) * ev.price_per_hour + f for n, f in zip(ev.instances_by_hour, fixed)]
-    ev.reserved_used = min(reserved, max(ev.instances_by_hour))
-    ev.fixed_per_hour = sum(fixed) / 24
-    day = sum(ev.cost_by_hour)
-    ev.cost_per_hour = day / 24
-    out_tokens = sum(rates) * 3600 * traffic.output_mean
+    day = size_day([DayPart(model, traffic, limits)], candidate.instance_type, region, ev.price_per_hour, ctx,
+                   ctx.n_min(region))
+    if isinstance(day, int):
+        ev.rejected = "no count of instances up to 100,000 meets the SLO at its busiest minute"
+        return
+    (ev.needed_by_hour,), ev.instances_by_hour, (ev.predictions,) = day.needed, day.instances_by_hour, day.predictions
+    ev.cost_by_hour, ev.reserved_used, ev.fixed_per_hour = day.cost_by_hour, day.reserved_used, sum(day.fixed_by_hour) / 24
+    ev.cost_per_hour = day.cost_per_hour
+    ev.usd_per_m_output = per_m_output(sum(day.cost_by_hour), [traffic])
     in_tokens = sum(rates) * 3600 * traffic.input_mean
-    ev.usd_per_m_output = day / out_tokens * 1e6 if out_tokens else math.inf
-    ev.usd_per_m_input = day / in_tokens * 1e6 if in_tokens else math.inf
+    ev.usd_per_m_input = sum(day.cost_by_hour) / in_tokens * 1e6 if in_tokens else math.inf
     served = sum(rates)
     # What each request costs in instance-seconds at the planned sizes (the busiest minutes included).
     ev.seconds_per_request = sum(ev.instances_by_hour[h] for h in range(24) if rates[h] > 0) / served if served else 0.0
