@@ -73,7 +73,7 @@ from .traffic import ConsumerTraffic, TrafficProfile
 if TYPE_CHECKING:
     from fleetcast.config.model import EngineSpec, FleetConfig
 
-    from .spot import SpotAdvice, SpotPool
+    from .spot import SpotAdvice
 
 # What one plan's search shares between packings: service models by curve, estimated curves, the lab machines.
 Cache = dict[Any, Any]
@@ -453,7 +453,8 @@ class PackingEval(PoolDay):
             tuple(n * m.copies for n in self.instances_by_hour), tuple(m.processes_by_hour), tuple(m.predictions),
             m.provenance == "synthetic", m.source)) for m in self.loads)
         return PlannedPool(self.region, (self.region,), self.instance_type, self.label, f"${self.cost_per_hour:.2f}/h",
-                           serves, tuple(self.instances_by_hour), scaling_target(self), self.estimated, packed=True)
+                           serves, tuple(self.instances_by_hour), scaling_target(self), self.estimated, packed=True,
+                           price_per_hour=self.price_per_hour, cost_per_hour=self.cost_per_hour)
 
     def rank_key(self) -> tuple[Any, ...]:
         # Ties on cost (floors often decide it): fewer instance-hours, fewer processes (less memory and
@@ -956,27 +957,3 @@ def scaling_target(ev: PackingEval) -> float:
             parts.append(TargetPart(model, m.traffic.output_mean, safe[0], m.copies, tuple(m.traffic.hourly_rps()),
                                     tuple(m.traffic.hourly_burstiness())))
     return target_of(parts)
-
-
-def spot_pool(plan: RegionPacking) -> SpotPool:
-    """The chosen packing as the Spot verdict reads a pool: its processes drained together (the in-flight count is
-    the packing's scaling target over every model), requests held for the request-weighted mean over the models
-    at their planned batches, the strictest model's error budget."""
-    from .spot import SpotPool
-
-    w = plan.winner
-    assert w is not None  # advice is asked for chosen packings only
-    cache: Cache = {}
-    held = weight = 0.0
-    for m in w.loads:
-        model = _models_of(cache, m.curve)
-        for rate, p in zip(m.traffic.hourly_rps(), m.predictions):
-            if p is not None:
-                held += rate * model.hold_ms(1.0 + p.in_flight, m.traffic.output_mean) / 1000.0
-                weight += rate
-    requests = sum(sum(m.traffic.hourly_rps()) for m in w.loads)
-    busy = sum(n for h, n in enumerate(w.instances_by_hour) if any(m.traffic.hourly_rps()[h] > 0 for m in w.loads))
-    return SpotPool(plan.region, w.label, w.instance_type, w.price_per_hour, list(w.instances_by_hour),
-                    w.cost_per_hour, scaling_target(w), max(held / weight if weight else 0.0, 0.001),
-                    busy / requests if requests else 0.0, [m.traffic for m in w.loads],
-                    min(m.slo.error_rate for m in w.loads))

@@ -168,6 +168,10 @@ class Sizing:
     synthetic: bool
     source: str
     arrival_driven: bool = True  # False: sized from an in-flight histogram, which has no arrivals to simulate
+    # The histogram method's figures, which it has no predictions to derive from (None: sized from arrivals): the
+    # milliseconds a request holds an instance and the instance-seconds it costs, rate-weighted over the members.
+    hold_ms: float | None = None
+    seconds_per_request: float | None = None
 
 
 @dataclass(frozen=True)
@@ -197,6 +201,8 @@ class PlannedPool:
     estimated: bool = False
     backend: str | None = None  # the results' backend, for a plan without a config
     packed: bool = False  # from the packing search: its models' precisions go to models[].engine, copies to serves
+    price_per_hour: float = 0.0  # On-Demand, per instance
+    cost_per_hour: float = 0.0  # the pool's: its instances and fixed costs, mean over the day
 
     @property
     def capacity(self) -> tuple[int, int]:
@@ -794,23 +800,30 @@ class FleetPool:
 
     def planned(self, ctx: PlanContext) -> PlannedPool:
         return one_model_pool([(plan.traffic, ev) for plan, ev in self.members], ctx, self.instances_by_hour,
-                              self.target, self.needed_by_hour, self.predictions)
+                              self.target, self.needed_by_hour, self.predictions, self.cost_per_hour)
 
 
 def one_model_pool(members: list[tuple[ConsumerTraffic, Evaluation]], ctx: PlanContext, instances: list[int],
-                   target: float | None, needed: list[int], predictions: list[Prediction | None]) -> PlannedPool:
+                   target: float | None, needed: list[int], predictions: list[Prediction | None],
+                   cost_per_hour: float) -> PlannedPool:
     """A pool of one model (the evaluation of its first member's candidate) serving these consumer regions."""
     ev = members[0][1]
     assert target is not None  # every feasible evaluation has one
     cand = ev.candidate
     network = max(e.network_ms for _, e in members)
+    arrivals = all(e.arrival_driven for _, e in members)
+    day = [sum(t.hourly_rps()) for t, _ in members]
+    volume = sum(day) or 1.0
+    # The network delays the client, not the GPU: an instance holds a request for its in-region E2E.
+    hold = sum(d * (e.weighted_e2e - max(e.network_ms, 0.0)) for d, (_, e) in zip(day, members)) / volume
+    spr = sum(d * e.seconds_per_request for d, (_, e) in zip(day, members)) / volume
     sizing = Sizing(ctx.model(cand), tuple(t for t, _ in members), _limits(ctx, network), network, tuple(instances),
-                    tuple(needed), tuple(predictions), cand.provenance == "synthetic", cand.source,
-                    all(e.arrival_driven for _, e in members))
+                    tuple(needed), tuple(predictions), cand.provenance == "synthetic", cand.source, arrivals,
+                    None if arrivals else hold, None if arrivals else spr)
     return PlannedPool(ev.service_region, tuple(t.region for t, _ in members), cand.instance_type, cand.label,
                        f"${ev.cost_per_hour:.2f}/h, ${ev.usd_per_m_output:.3f} per 1M output tokens",
                        (Served(cand.model or "", cand.precision, sizing=sizing),), tuple(instances), float(target),
-                       cand.estimated, cand.backend)
+                       cand.estimated, cand.backend, price_per_hour=ev.price_per_hour, cost_per_hour=cost_per_hour)
 
 
 @dataclass

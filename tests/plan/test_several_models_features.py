@@ -100,11 +100,12 @@ def test_spot_advice_is_per_packed_pool_with_its_processes_drained_together(tmp_
     """One verdict per chosen packing: an interruption cuts every model's requests on the instance, so the in-flight
     count it reads is the packing's scaling target over every model and the mix every model's; --write-spot writes
     the tier into the packed pool and the config validates."""
-    from fleetcast.plan.packing import scaling_target, spot_pool
+    from fleetcast.plan.packing import scaling_target
+    from fleetcast.plan.spot import spot_pool
 
     region = plain.regions[0]
     (advice,) = plain.spot
-    pool = spot_pool(region)
+    pool = spot_pool(region.winner.planned())
     assert advice.candidate == CHOICE and pool.target == scaling_target(region.winner)
     assert [t.model for t in pool.traffics] == ["gpt2-xl", "qwen2.5-0.5b", "qwen2.5-3b"]
     assert pool.error_rate == min(m.slo.error_rate for m in region.winner.loads)
