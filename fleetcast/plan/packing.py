@@ -66,6 +66,7 @@ from .solver import (
     fixed_by_hour,
     floor_tenth,
     per_m_output,
+    provider_side,
     size_day,
 )
 from .traffic import ConsumerTraffic, TrafficProfile
@@ -405,6 +406,7 @@ class PackingEval(PoolDay):
     label_text: str = ""  # a packing the memory check refused before any model was loaded: what it was
     reserved_used: int = 0  # reserved instances (--reserved) this packing runs on, paid whatever the pick
     sharing: str = TIME_SLICING  # how its processes share the GPU (the pool's gpu_sharing, or plan --gpu-sharing)
+    consumer_regions: tuple[str, ...] = ()  # pooled across regions (pool_across_regions); () serves `region` alone
 
     @property
     def estimated(self) -> bool:
@@ -452,7 +454,7 @@ class PackingEval(PoolDay):
             _models_of(cache, m.curve), (m.traffic,), m.limits, m.network_ms,
             tuple(n * m.copies for n in self.instances_by_hour), tuple(m.processes_by_hour), tuple(m.predictions),
             m.provenance == "synthetic", m.source)) for m in self.loads)
-        return PlannedPool(self.region, (self.region,), self.instance_type, self.label, f"${self.cost_per_hour:.2f}/h",
+        return PlannedPool(self.region, self.consumer_regions or (self.region,), self.instance_type, self.label, f"${self.cost_per_hour:.2f}/h",
                            serves, tuple(self.instances_by_hour), scaling_target(self), self.estimated, packed=True,
                            price_per_hour=self.price_per_hour, cost_per_hour=self.cost_per_hour)
 
@@ -600,11 +602,14 @@ class PackingPlan:
     data_notes: list[str] = field(default_factory=list)
     max_copies: int = DEFAULT_MAX_COPIES
     spot: list[SpotAdvice] = field(default_factory=list)  # per chosen packing
+    # The fleet's pools: each region's choice, a consumer region pooled onto another's where that is cheaper.
+    pools: list[PackingEval] = field(default_factory=list)
+    joins: list[str] = field(default_factory=list)  # what each pooling move saves, for the report
     write_notes: list[tuple[bool, str]] = field(default_factory=list)  # as report.PlanResult's
 
     @property
     def cost_per_hour(self) -> float:
-        return sum(r.winner.cost_per_hour for r in self.regions if r.winner)
+        return sum(p.cost_per_hour for p in self.pools)
 
     def alternative_cost(self, name: str) -> float:
         return sum(a.cost_per_hour for r in self.regions for a in r.alternatives if a.name == name)
@@ -670,7 +675,82 @@ def plan_packing(cfg: FleetConfig, curves: list[ModelCurve], profile: TrafficPro
                                   TIME_SLICING)
             plan.alternatives += _time_sliced_alternative(sliced)
         out.append(plan)
-    return PackingPlan(profile.name, models, out, max_copies=max_copies)
+    result = PackingPlan(profile.name, models, out, max_copies=max_copies)
+    pool_across_regions(result, cfg, curves, ctx, fleet_slo, cache)
+    return result
+
+
+def _merged(entries: list[ConsumerTraffic], service: str, ctx: PlanContext) -> ConsumerTraffic:
+    """One model's traffic from several consumer regions as the pool's processes see it: the hourly rates summed,
+    each hour's busiest minute the members' busiest minutes summed (as if they coincided: conservative), the lengths
+    rate-weighted, and the region the farthest member's (its network binds the TTFT SLO)."""
+    rates = [sum(t.hourly_rps()[h] for t in entries) for h in range(24)]
+    peaks = [sum(t.hourly_rps()[h] * t.hourly_burstiness()[h] for t in entries) for h in range(24)]
+    day = sum(sum(t.hourly_rps()) for t in entries) or 1.0
+    far = max(entries, key=lambda t: ctx.latency.between(t.region, service) or 0.0)
+    return far.model_copy(update={
+        "rate_rps": rates, "burstiness": [p / r if r > 0 else 1.0 for p, r in zip(peaks, rates)], "concurrency": None,
+        "input_tokens": sum(sum(t.hourly_rps()) * t.input_mean for t in entries) / day,
+        "output_tokens": sum(sum(t.hourly_rps()) * t.output_mean for t in entries) / day, "observed": None})
+
+
+def _pooled(cfg: FleetConfig, curves: list[ModelCurve], pool: PackingEval, members: list[RegionPacking],
+            ctx: PlanContext, fleet_slo: Slo, cache: Cache) -> PackingEval | None:
+    """`pool`'s packing in its region serving every member region's models (the same model set): each model's
+    processes sized for the members' summed busiest minutes within its SLO less the farthest member's network; the
+    fixed costs each member's, the provider side (NLB hour, provider endpoints) paid once."""
+    service = pool.region
+    if any(m.region != service and not ({m.region, service} <= ctx.privatelink_regions
+                                        and ctx.latency.between(m.region, service) is not None) for m in members):
+        return None
+    models = [ld.model for ld in pool.loads]
+    entries = [_merged([t for m in members for t in m.traffic if t.model == model], service, ctx) for model in models]
+    combo = tuple((ld.precision, ld.copies) for ld in pool.loads)
+    ev = _evaluate(cfg, curves, pool.instance_type, service, entries, combo, ctx, fleet_slo, ctx.n_min(service), cache,
+                   pool.sharing)
+    if ev is None or not ev.feasible:
+        return None
+    member_fixed = [fixed_by_hour(service, m.traffic, ctx) for m in members]
+    ev.fixed_by_hour = [sum(f[h] for f in member_fixed) - (len(members) - 1) * provider_side(service, ctx)
+                        for h in range(24)]
+    reserved = ctx.reserved.get((ev.instance_type, service), 0)
+    day = sum(max(n - reserved, 0) * ev.price_per_hour + f for n, f in zip(ev.instances_by_hour, ev.fixed_by_hour))
+    ev.cost_per_hour, ev.usd_per_m_output = day / 24, per_m_output(day, entries)
+    ev.consumer_regions = tuple(m.region for m in members)
+    return ev
+
+
+def pool_across_regions(result: PackingPlan, cfg: FleetConfig, curves: list[ModelCurve], ctx: PlanContext,
+                        fleet_slo: Slo, cache: Cache) -> None:
+    """Pooling across regions for several models (docs/plan.md): a pool serves the same model set in every region it
+    serves. Starting from each region's own choice, a region served by its own pool moves onto another region's pool
+    of the same model set (its packing, now sized for both) while that lowers the fleet's cost by at least a cent,
+    largest saving first. Bounded: each move removes a pool."""
+    pools: dict[str, tuple[PackingEval, list[RegionPacking]]] = {
+        r.region: (r.winner, [r]) for r in result.regions if r.winner is not None}
+    while True:
+        best: tuple[float, str, str, PackingEval] | None = None
+        for host, (pool, members) in pools.items():
+            names = {t.model for t in members[0].traffic}
+            for guest, (own, alone) in pools.items():
+                if guest == host or len(alone) > 1 or {t.model for t in alone[0].traffic} != names:
+                    continue
+                joined = _pooled(cfg, curves, pool, members + alone, ctx, fleet_slo, cache)
+                if joined is None:
+                    continue
+                saving = pool.cost_per_hour + own.cost_per_hour - joined.cost_per_hour
+                if saving >= 0.01 and (best is None or saving > best[0]):
+                    best = (saving, host, guest, joined)
+        if best is None:
+            break
+        saving, host, guest, joined = best
+        own = pools.pop(guest)[0]
+        members = pools[host][1] + [next(r for r in result.regions if r.region == guest)]
+        result.joins.append(f"{guest} joins the {host} pool ({joined.label}, serving {', '.join(joined.consumer_regions)}): "
+                            f"${joined.cost_per_hour:.2f}/h for both vs ${own.cost_per_hour:.2f}/h for its own pool in "
+                            f"{guest} (saves ${saving:.2f}/h: one NLB, one set of provider endpoints, one floor)")
+        pools[host] = (joined, members)
+    result.pools = [pool for pool, _ in pools.values()]
 
 
 def unentitled_traffic(cfg: FleetConfig, profile: TrafficProfile) -> None:
@@ -909,10 +989,7 @@ def baseline_document(result: PackingPlan, ctx: PlanContext, config_pools: dict[
 
     pools = []
     cache: Cache = {}
-    for plan in result.regions:
-        w = plan.winner
-        if w is None:
-            continue
+    for w in result.pools:
         models: list[dict[str, Any]] = []
         for m in w.loads:
             limits = m.limits
@@ -927,12 +1004,12 @@ def baseline_document(result: PackingPlan, ctx: PlanContext, config_pools: dict[
         lo, _, hi = w.capacity()
         rates = [sum(m["hourly_rps"][h] for m in models) for h in range(24)]
         # Sized as the drift check sizes observed traffic (packed_instances), so unchanged traffic reads unchanged.
-        instances = sum(packed_instances({m["model"]: m["hourly_rps"] for m in models}, models, ctx.n_min(plan.region)))
+        instances = sum(packed_instances({m["model"]: m["hourly_rps"] for m in models}, models, ctx.n_min(w.region)))
         tokens = sum(sum(m["hourly_rps"]) * 3600 * m["output_mean"] for m in models)
         pools.append({
-            "region": plan.region, "pool": config_pools.get(plan.region), "candidate": w.label,
-            "instance_type": w.instance_type, "consumer_regions": [plan.region],
-            "capacity": {"min": lo, "max": hi}, "n_min": ctx.n_min(plan.region), "hourly_rps": rates,
+            "region": w.region, "pool": config_pools.get(w.region), "candidate": w.label,
+            "instance_type": w.instance_type, "consumer_regions": list(w.consumer_regions or (w.region,)),
+            "capacity": {"min": lo, "max": hi}, "n_min": ctx.n_min(w.region), "hourly_rps": rates,
             "peak_rps": max(rates), "price_per_hour": w.price_per_hour,
             "usd_per_m_output": instances * w.price_per_hour / tokens * 1e6 if tokens else math.inf,
             "models": models,

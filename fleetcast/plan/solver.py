@@ -886,12 +886,17 @@ def _pool_size(service: str, members: list[tuple[RegionPlan, Evaluation]], ctx: 
         target = k if target is None else min(target, k)
     counts = [max(n_min, c) for c in counts]
     reserved = ctx.reserved.get((cand.instance_type, service), 0)
-    a = ctx.fixed.assumptions
-    row, _ = ctx.fixed.row(service)
-    provider_side = row.nlb_hour + a.provider_interface_endpoints * a.availability_zones * row.endpoint_az_hour
-    fixed = sum(ev.fixed_per_hour for _, ev in members) - (len(members) - 1) * provider_side
+    fixed = sum(ev.fixed_per_hour for _, ev in members) - (len(members) - 1) * provider_side(service, ctx)
     cost = sum(max(n - reserved, 0) for n in counts) / 24 * first.price_per_hour + fixed
     return _PoolSize(counts, cost, target, predictions, checks, needed)
+
+
+def provider_side(service: str, ctx: PlanContext) -> float:
+    """$/h of a pool's provider side (its NLB hour and the provider VPC's interface endpoints): what consumer regions
+    pooled on one pool pay once instead of once each."""
+    a = ctx.fixed.assumptions
+    row, _ = ctx.fixed.row(service)
+    return row.nlb_hour + a.provider_interface_endpoints * a.availability_zones * row.endpoint_az_hour
 
 
 def _pool_cost(service: str, members: list[tuple[RegionPlan, Evaluation]], ctx: PlanContext) -> tuple[list[int], float]:
