@@ -185,6 +185,8 @@ def test_a_pool_serves_the_same_model_set_in_every_region_it_serves():
     assert pool.fixed_by_hour == pytest.approx(fixed)
     assert pool.cost_per_hour == pytest.approx(sum(pool.instances_by_hour) * pool.price_per_hour / 24 + sum(fixed) / 24)
     assert result.cost_per_hour == pool.cost_per_hour < sum(w.cost_per_hour for w in own.values()) - 0.01
+    # As the example's README quotes them.
+    assert (round(pool.cost_per_hour, 2), round(sum(w.cost_per_hour for w in own.values()), 2)) == (2.16, 4.25)
     (planned,) = [p.planned() for p in result.pools]
     assert planned.consumer_regions == ("us-east-1", "us-east-2")
     (advice,) = result.spot
