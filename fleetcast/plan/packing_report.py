@@ -113,7 +113,8 @@ def blocks(result: PackingPlan, plots: dict[str, list[Path]] | None = None) -> l
     out += closing_blocks(result)
     if len(result.regions) > 1:
         out.append(("h2", "Fleet"))
-        out.append(("ul", [(None, line) for line in fleet_lines(result)]))
+        *joins, total = fleet_lines(result)
+        out += ([("ul", [(None, line) for line in joins])] if joins else []) + [("p", total)]
     out.append(("h2", "Reading this report"))
     out.append(("ul", [
         ("curve", "what a model's figures rest on: 'measured (time slicing)' / 'measured (MPS)' = bench results of "
