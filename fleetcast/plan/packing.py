@@ -66,6 +66,7 @@ from .solver import (
     fixed_by_hour,
     floor_tenth,
     per_m_output,
+    pool_moves,
     provider_side,
     size_day,
 )
@@ -722,35 +723,39 @@ def _pooled(cfg: FleetConfig, curves: list[ModelCurve], pool: PackingEval, membe
 
 def pool_across_regions(result: PackingPlan, cfg: FleetConfig, curves: list[ModelCurve], ctx: PlanContext,
                         fleet_slo: Slo, cache: Cache) -> None:
-    """Pooling across regions for several models (docs/plan.md): a pool serves the same model set in every region it
-    serves. Starting from each region's own choice, a region served by its own pool moves onto another region's pool
-    of the same model set (its packing, now sized for both) while that lowers the fleet's cost by at least a cent,
-    largest saving first. Bounded: each move removes a pool."""
-    pools: dict[str, tuple[PackingEval, list[RegionPacking]]] = {
-        r.region: (r.winner, [r]) for r in result.regions if r.winner is not None}
-    while True:
-        best: tuple[float, str, str, PackingEval] | None = None
-        for host, (pool, members) in pools.items():
-            names = {t.model for t in members[0].traffic}
-            for guest, (own, alone) in pools.items():
-                if guest == host or len(alone) > 1 or {t.model for t in alone[0].traffic} != names:
-                    continue
-                joined = _pooled(cfg, curves, pool, members + alone, ctx, fleet_slo, cache)
-                if joined is None:
-                    continue
-                saving = pool.cost_per_hour + own.cost_per_hour - joined.cost_per_hour
-                if saving >= 0.01 and (best is None or saving > best[0]):
-                    best = (saving, host, guest, joined)
-        if best is None:
-            break
-        saving, host, guest, joined = best
-        own = pools.pop(guest)[0]
-        members = pools[host][1] + [next(r for r in result.regions if r.region == guest)]
-        result.joins.append(f"{guest} joins the {host} pool ({joined.label}, serving {', '.join(joined.consumer_regions)}): "
-                            f"${joined.cost_per_hour:.2f}/h for both vs ${own.cost_per_hour:.2f}/h for its own pool in "
-                            f"{guest} (saves ${saving:.2f}/h: one NLB, one set of provider endpoints, one floor)")
-        pools[host] = (joined, members)
-    result.pools = [pool for pool, _ in pools.values()]
+    """Pooling across regions for several models (solver.pool_moves, as for one model): a pool serves the same model
+    set in every region it serves, each pool the packing its host region chose, sized again for its members."""
+    hosts = {r.region: r.winner for r in result.regions if r.winner is not None}
+    sized: dict[tuple[str, tuple[str, ...]], PackingEval | None] = {}
+
+    def pool(host: str, members: list[RegionPacking]) -> PackingEval | None:
+        key = (host, tuple(m.region for m in members))
+        if key not in sized:
+            sized[key] = hosts[host] if key[1] == (host,) else \
+                _pooled(cfg, curves, hosts[host], members, ctx, fleet_slo, cache)
+        return sized[key]
+
+    def cost(host: str, members: list[RegionPacking]) -> float:
+        ev = pool(host, members) if members else None
+        return 0.0 if not members else math.inf if ev is None else ev.cost_per_hour
+
+    def fits(member: RegionPacking, host: str) -> bool:
+        return {t.model for t in member.traffic} == {ld.model for ld in hosts[host].loads}
+
+    regions = [r for r in result.regions if r.winner is not None]
+    moved = pool_moves({r.region: [r] for r in regions}, cost, fits, len(regions) * len(regions) + 1)
+    for host, members in moved.items():
+        ev = pool(host, members)
+        assert ev is not None  # a move is made only onto a pool that serves its members
+        result.pools.append(ev)
+        for guest in (m for m in members if m.region != host):
+            own = hosts[guest.region]
+            assert own is not None
+            adds = ev.cost_per_hour - cost(host, [m for m in members if m is not guest])
+            result.joins.append(f"{guest.region} joins the {host} pool ({ev.label}, serving "
+                                f"{', '.join(ev.consumer_regions)}): +${adds:.2f}/h there vs ${own.cost_per_hour:.2f}/h "
+                                f"for its own pool in {guest.region} (one NLB, one set of provider endpoints and one "
+                                "minimum for both)")
 
 
 def unentitled_traffic(cfg: FleetConfig, profile: TrafficProfile) -> None:

@@ -904,49 +904,69 @@ def _pool_cost(service: str, members: list[tuple[RegionPlan, Evaluation]], ctx: 
     return size.counts, size.cost
 
 
-def fleet_pools(plans: list[RegionPlan], ctx: PlanContext) -> list[FleetPool]:
-    """Start from every region's own choice, then move a consumer region onto another region's
-    pool while that lowers the fleet's total cost per hour (its evaluation there must meet the
-    SLO, network included, as every feasible evaluation does). Bounded: each move saves at
-    least a cent per hour, and there are finitely many assignments."""
-    pools: dict[tuple[str, str], FleetPool] = {}
-    for plan in plans:
-        if plan.winner is not None:
-            key = (plan.winner.service_region, plan.winner.candidate.label)
-            pools.setdefault(key, FleetPool(*key, [])).members.append((plan, plan.winner))
+K = TypeVar("K")
+M = TypeVar("M")
 
-    def cost(key: tuple[str, str], members: list[tuple[RegionPlan, Evaluation]]) -> float:
-        return _pool_cost(key[0], members, ctx)[1]
 
-    for _ in range(len(plans) * len(plans) + 1):
-        best = None  # (saving, plan, from key, to key, evaluation there)
-        for from_key, pool in pools.items():
-            for plan, ev_now in pool.members:
-                rest = [m for m in pool.members if m[0] is not plan]
-                leave_saving = cost(from_key, pool.members) - cost(from_key, rest)
+def pool_moves(pools: dict[K, list[M]], cost: Callable[[K, list[M]], float], fits: Callable[[M, K], bool],
+               bound: int) -> dict[K, list[M]]:
+    """Pooling across regions, one model or a packing (docs/plan.md, "The fleet"): from every consumer region's own
+    choice, move a member onto another pool it `fits` while that lowers the fleet's cost per hour by at least a cent,
+    largest saving first; a pool left empty goes. `cost(key, [])` is 0, and inf for members the pool cannot serve.
+    Bounded: at most `bound` moves, each saving a cent or more."""
+    for _ in range(bound):
+        best: tuple[float, M, K, K] | None = None
+        for from_key, members in pools.items():
+            for member in members:
+                leave = cost(from_key, members) - cost(from_key, [m for m in members if m is not member])
                 for to_key, other in pools.items():
-                    if to_key == from_key:
+                    if to_key == from_key or not fits(member, to_key):
                         continue
-                    there = next((e for e in plan.ranked if (e.service_region, e.candidate.label) == to_key
-                                  and e.candidate.estimated == ev_now.candidate.estimated), None)
-                    if there is None:
-                        continue
-                    saving = leave_saving - (cost(to_key, other.members + [(plan, there)]) - cost(to_key, other.members))
+                    saving = leave - (cost(to_key, other + [member]) - cost(to_key, other))
                     if saving >= 0.01 and (best is None or saving > best[0]):
-                        best = (saving, plan, from_key, to_key, there)
+                        best = (saving, member, from_key, to_key)
         if best is None:
             break
-        _, plan, from_key, to_key, there = best
-        pools[from_key].members = [m for m in pools[from_key].members if m[0] is not plan]
-        pools[to_key].members.append((plan, there))
-        if not pools[from_key].members:
+        _, member, from_key, to_key = best
+        pools[from_key] = [m for m in pools[from_key] if m is not member]
+        pools[to_key].append(member)
+        if not pools[from_key]:
             del pools[from_key]
+    return pools
+
+
+def fleet_pools(plans: list[RegionPlan], ctx: PlanContext) -> list[FleetPool]:
+    """Start from every region's own choice, then move a consumer region onto another region's pool while that lowers
+    the fleet's total cost per hour (pool_moves; its evaluation there must meet the SLO, network included, as every
+    feasible evaluation does)."""
+
+    def key_of(ev: Evaluation) -> tuple[str, str]:
+        return ev.service_region, ev.candidate.label
+
+    def at(plan: RegionPlan, key: tuple[str, str]) -> Evaluation | None:
+        own = _given(plan.winner)
+        return own if key_of(own) == key else next(
+            (e for e in plan.ranked if key_of(e) == key and e.candidate.estimated == own.candidate.estimated), None)
+
+    def cost(key: tuple[str, str], members: list[RegionPlan]) -> float:
+        return _pool_cost(key[0], [(p, _given(at(p, key))) for p in members], ctx)[1]
+
+    start: dict[tuple[str, str], list[RegionPlan]] = {}
+    for plan in plans:
+        if plan.winner is not None:
+            start.setdefault(key_of(plan.winner), []).append(plan)
+    moved = pool_moves(start, cost, lambda plan, key: at(plan, key) is not None, len(plans) * len(plans) + 1)
+    pools = {key: FleetPool(*key, [(p, _given(at(p, key))) for p in members]) for key, members in moved.items()}
+
+    def cost_of(key: tuple[str, str], members: list[tuple[RegionPlan, Evaluation]]) -> float:
+        return _pool_cost(key[0], members, ctx)[1]
+
     for key, pool in pools.items():
         size = _pool_size(key[0], pool.members, ctx)
         pool.instances_by_hour, pool.cost_per_hour = size.counts, size.cost
         pool.pool_target, pool.predictions, pool.member_checks = size.target, size.predictions, size.checks
         pool.needed_by_hour = size.needed
-        pool.marginal = {plan.traffic.region: pool.cost_per_hour - cost(key, [m for m in pool.members if m[0] is not plan])
+        pool.marginal = {plan.traffic.region: pool.cost_per_hour - cost_of(key, [m for m in pool.members if m[0] is not plan])
                          for plan, _ in pool.members}
     return list(pools.values())
 
