@@ -56,6 +56,7 @@ from .sharing import (
     sharing_notes,
 )
 from .solver import (
+    DayPart,
     PlanContext,
     PlannedPool,
     PoolDay,
@@ -64,15 +65,17 @@ from .solver import (
     Slo,
     fixed_by_hour,
     floor_tenth,
-    predictions_by_hour,
-    processes_by_hour,
+    per_m_output,
+    pool_moves,
+    provider_side,
+    size_day,
 )
 from .traffic import ConsumerTraffic, TrafficProfile
 
 if TYPE_CHECKING:
     from fleetcast.config.model import EngineSpec, FleetConfig
 
-    from .spot import SpotAdvice, SpotPool
+    from .spot import SpotAdvice
 
 # What one plan's search shares between packings: service models by curve, estimated curves, the lab machines.
 Cache = dict[Any, Any]
@@ -404,6 +407,7 @@ class PackingEval(PoolDay):
     label_text: str = ""  # a packing the memory check refused before any model was loaded: what it was
     reserved_used: int = 0  # reserved instances (--reserved) this packing runs on, paid whatever the pick
     sharing: str = TIME_SLICING  # how its processes share the GPU (the pool's gpu_sharing, or plan --gpu-sharing)
+    consumer_regions: tuple[str, ...] = ()  # pooled across regions (pool_across_regions); () serves `region` alone
 
     @property
     def estimated(self) -> bool:
@@ -451,8 +455,9 @@ class PackingEval(PoolDay):
             _models_of(cache, m.curve), (m.traffic,), m.limits, m.network_ms,
             tuple(n * m.copies for n in self.instances_by_hour), tuple(m.processes_by_hour), tuple(m.predictions),
             m.provenance == "synthetic", m.source)) for m in self.loads)
-        return PlannedPool(self.region, (self.region,), self.instance_type, self.label, f"${self.cost_per_hour:.2f}/h",
-                           serves, tuple(self.instances_by_hour), scaling_target(self), self.estimated, packed=True)
+        return PlannedPool(self.region, self.consumer_regions or (self.region,), self.instance_type, self.label, f"${self.cost_per_hour:.2f}/h",
+                           serves, tuple(self.instances_by_hour), scaling_target(self), self.estimated, packed=True,
+                           price_per_hour=self.price_per_hour, cost_per_hour=self.cost_per_hour)
 
     def rank_key(self) -> tuple[Any, ...]:
         # Ties on cost (floors often decide it): fewer instance-hours, fewer processes (less memory and
@@ -499,44 +504,28 @@ def _models_of(curve_cache: Cache, curve: Curve) -> ServiceModel:
 
 
 def size_packing(ev: PackingEval, ctx: PlanContext, n_min: int, cache: Cache) -> PackingEval:
-    """Steps 3-4 for one packing: processes per model and hour, instances, cost."""
-    hours = range(24)
-    for load in ev.loads:
-        model = _models_of(cache, load.curve)
-        limits = load.limits
-        needed = processes_by_hour(model, load.traffic, limits)
-        load.processes_by_hour = []
-        for sized in needed:
-            if sized is None:
-                p1 = predict(model, [Stream(1e-6, load.traffic.output_mean)], 1.0)
-                peers = (f", its peers adding {load.peer_step_ms:.1f} ms to each of its steps at their planned load"
-                         if load.peer_step_ms else "")
-                ev.rejected = (f"{load.model} ({load.source}) fails its SLO even with one request per process"
-                               f"{peers}: predicted P99 TTFT {p1.ttft_p99_ms + load.network_ms:.0f} ms (incl. "
-                               f"{load.network_ms:.0f} ms network) vs {load.slo.ttft_p99_ms:g}, P99 ITL "
-                               f"{p1.itl_p99_ms:.1f} ms vs {load.slo.itl_p99_ms:g}")
-                return ev
-            load.processes_by_hour.append(sized)
-    ev.instances_by_hour = [max([n_min] + [ld.instances_by_hour[h] for ld in ev.loads]) for h in hours]
-    for load in ev.loads:
-        load.predictions = predictions_by_hour(_models_of(cache, load.curve), load.traffic,
-                                               [n * load.copies for n in ev.instances_by_hour])
+    """Steps 3-4 for one packing: the one sizing from arrivals (solver.size_day) over its models' processes."""
     price = ctx.prices.price(ev.instance_type, ev.region)
     assert price is not None  # _offer_refusal refused a type without one
     ev.price_per_hour = price
-    ev.fixed_by_hour = fixed_by_hour(ev.region, [ld.traffic for ld in ev.loads], ctx)
-    # --reserved TYPE@REGION=N: instances of that type already paid for, whatever the packing on them.
-    reserved = ctx.reserved.get((ev.instance_type, ev.region), 0)
-    ev.reserved_used = min(reserved, max(ev.instances_by_hour))
-    day = sum(max(n - reserved, 0) * ev.price_per_hour + f for n, f in zip(ev.instances_by_hour, ev.fixed_by_hour))
-    ev.cost_per_hour = day / 24
-    ev.usd_per_m_output = _per_m_output(day, [ld.traffic for ld in ev.loads])
+    parts = [DayPart(_models_of(cache, ld.curve), ld.traffic, ld.limits, ld.copies) for ld in ev.loads]
+    day = size_day(parts, ev.instance_type, ev.region, price, ctx, n_min)
+    if isinstance(day, int):
+        load, model = ev.loads[day], parts[day].model
+        p1 = predict(model, [Stream(1e-6, load.traffic.output_mean)], 1.0)
+        peers = (f", its peers adding {load.peer_step_ms:.1f} ms to each of its steps at their planned load"
+                 if load.peer_step_ms else "")
+        ev.rejected = (f"{load.model} ({load.source}) fails its SLO even with one request per process"
+                       f"{peers}: predicted P99 TTFT {p1.ttft_p99_ms + load.network_ms:.0f} ms (incl. "
+                       f"{load.network_ms:.0f} ms network) vs {load.slo.ttft_p99_ms:g}, P99 ITL "
+                       f"{p1.itl_p99_ms:.1f} ms vs {load.slo.itl_p99_ms:g}")
+        return ev
+    for load, needed, predictions in zip(ev.loads, day.needed, day.predictions):
+        load.processes_by_hour, load.predictions = needed, predictions
+    ev.instances_by_hour, ev.fixed_by_hour, ev.reserved_used = day.instances_by_hour, day.fixed_by_hour, day.reserved_used
+    ev.cost_per_hour = day.cost_per_hour
+    ev.usd_per_m_output = per_m_output(sum(day.cost_by_hour), [ld.traffic for ld in ev.loads])
     return ev
-
-
-def _per_m_output(day_cost: float, traffic: list[ConsumerTraffic]) -> float:
-    tokens = sum(sum(t.hourly_rps()) * 3600 * t.output_mean for t in traffic)
-    return day_cost / tokens * 1e6 if tokens else math.inf
 
 
 # ---------------------------------------------------------------- the search
@@ -614,11 +603,14 @@ class PackingPlan:
     data_notes: list[str] = field(default_factory=list)
     max_copies: int = DEFAULT_MAX_COPIES
     spot: list[SpotAdvice] = field(default_factory=list)  # per chosen packing
+    # The fleet's pools: each region's choice, a consumer region pooled onto another's where that is cheaper.
+    pools: list[PackingEval] = field(default_factory=list)
+    joins: list[str] = field(default_factory=list)  # what each pooling move saves, for the report
     write_notes: list[tuple[bool, str]] = field(default_factory=list)  # as report.PlanResult's
 
     @property
     def cost_per_hour(self) -> float:
-        return sum(r.winner.cost_per_hour for r in self.regions if r.winner)
+        return sum(p.cost_per_hour for p in self.pools)
 
     def alternative_cost(self, name: str) -> float:
         return sum(a.cost_per_hour for r in self.regions for a in r.alternatives if a.name == name)
@@ -684,7 +676,86 @@ def plan_packing(cfg: FleetConfig, curves: list[ModelCurve], profile: TrafficPro
                                   TIME_SLICING)
             plan.alternatives += _time_sliced_alternative(sliced)
         out.append(plan)
-    return PackingPlan(profile.name, models, out, max_copies=max_copies)
+    result = PackingPlan(profile.name, models, out, max_copies=max_copies)
+    pool_across_regions(result, cfg, curves, ctx, fleet_slo, cache)
+    return result
+
+
+def _merged(entries: list[ConsumerTraffic], service: str, ctx: PlanContext) -> ConsumerTraffic:
+    """One model's traffic from several consumer regions as the pool's processes see it: the hourly rates summed,
+    each hour's busiest minute the members' busiest minutes summed (as if they coincided: conservative), the lengths
+    rate-weighted, and the region the farthest member's (its network binds the TTFT SLO)."""
+    rates = [sum(t.hourly_rps()[h] for t in entries) for h in range(24)]
+    peaks = [sum(t.hourly_rps()[h] * t.hourly_burstiness()[h] for t in entries) for h in range(24)]
+    day = sum(sum(t.hourly_rps()) for t in entries) or 1.0
+    far = max(entries, key=lambda t: ctx.latency.between(t.region, service) or 0.0)
+    return far.model_copy(update={
+        "rate_rps": rates, "burstiness": [p / r if r > 0 else 1.0 for p, r in zip(peaks, rates)], "concurrency": None,
+        "input_tokens": sum(sum(t.hourly_rps()) * t.input_mean for t in entries) / day,
+        "output_tokens": sum(sum(t.hourly_rps()) * t.output_mean for t in entries) / day, "observed": None})
+
+
+def _pooled(cfg: FleetConfig, curves: list[ModelCurve], pool: PackingEval, members: list[RegionPacking],
+            ctx: PlanContext, fleet_slo: Slo, cache: Cache) -> PackingEval | None:
+    """`pool`'s packing in its region serving every member region's models (the same model set): each model's
+    processes sized for the members' summed busiest minutes within its SLO less the farthest member's network; the
+    fixed costs each member's, the provider side (NLB hour, provider endpoints) paid once."""
+    service = pool.region
+    if any(m.region != service and not ({m.region, service} <= ctx.privatelink_regions
+                                        and ctx.latency.between(m.region, service) is not None) for m in members):
+        return None
+    models = [ld.model for ld in pool.loads]
+    entries = [_merged([t for m in members for t in m.traffic if t.model == model], service, ctx) for model in models]
+    combo = tuple((ld.precision, ld.copies) for ld in pool.loads)
+    ev = _evaluate(cfg, curves, pool.instance_type, service, entries, combo, ctx, fleet_slo, ctx.n_min(service), cache,
+                   pool.sharing)
+    if ev is None or not ev.feasible:
+        return None
+    member_fixed = [fixed_by_hour(service, m.traffic, ctx) for m in members]
+    ev.fixed_by_hour = [sum(f[h] for f in member_fixed) - (len(members) - 1) * provider_side(service, ctx)
+                        for h in range(24)]
+    reserved = ctx.reserved.get((ev.instance_type, service), 0)
+    day = sum(max(n - reserved, 0) * ev.price_per_hour + f for n, f in zip(ev.instances_by_hour, ev.fixed_by_hour))
+    ev.cost_per_hour, ev.usd_per_m_output = day / 24, per_m_output(day, entries)
+    ev.consumer_regions = tuple(m.region for m in members)
+    return ev
+
+
+def pool_across_regions(result: PackingPlan, cfg: FleetConfig, curves: list[ModelCurve], ctx: PlanContext,
+                        fleet_slo: Slo, cache: Cache) -> None:
+    """Pooling across regions for several models (solver.pool_moves, as for one model): a pool serves the same model
+    set in every region it serves, each pool the packing its host region chose, sized again for its members."""
+    hosts = {r.region: r.winner for r in result.regions if r.winner is not None}
+    sized: dict[tuple[str, tuple[str, ...]], PackingEval | None] = {}
+
+    def pool(host: str, members: list[RegionPacking]) -> PackingEval | None:
+        key = (host, tuple(m.region for m in members))
+        if key not in sized:
+            sized[key] = hosts[host] if key[1] == (host,) else \
+                _pooled(cfg, curves, hosts[host], members, ctx, fleet_slo, cache)
+        return sized[key]
+
+    def cost(host: str, members: list[RegionPacking]) -> float:
+        ev = pool(host, members) if members else None
+        return 0.0 if not members else math.inf if ev is None else ev.cost_per_hour
+
+    def fits(member: RegionPacking, host: str) -> bool:
+        return {t.model for t in member.traffic} == {ld.model for ld in hosts[host].loads}
+
+    regions = [r for r in result.regions if r.winner is not None]
+    moved = pool_moves({r.region: [r] for r in regions}, cost, fits, len(regions) * len(regions) + 1)
+    for host, members in moved.items():
+        ev = pool(host, members)
+        assert ev is not None  # a move is made only onto a pool that serves its members
+        result.pools.append(ev)
+        for guest in (m for m in members if m.region != host):
+            own = hosts[guest.region]
+            assert own is not None
+            adds = ev.cost_per_hour - cost(host, [m for m in members if m is not guest])
+            result.joins.append(f"{guest.region} joins the {host} pool ({ev.label}, serving "
+                                f"{', '.join(ev.consumer_regions)}): +${adds:.2f}/h there vs ${own.cost_per_hour:.2f}/h "
+                                f"for its own pool in {guest.region} (one NLB, one set of provider endpoints and one "
+                                "minimum for both)")
 
 
 def unentitled_traffic(cfg: FleetConfig, profile: TrafficProfile) -> None:
@@ -903,8 +974,8 @@ def _alternatives(cfg: FleetConfig, curves: list[ModelCurve], region: str, entri
     own_fixed = sum(sum(p.fixed_by_hour) for p in parts) / 24
     day_shared = (instance_cost + shared_fixed) * 24
     day_own = (instance_cost + own_fixed) * 24
-    return [Alternative("one model per pool", parts, instance_cost, shared_fixed, _per_m_output(day_shared, entries)),
-            Alternative("one model per fleet", parts, instance_cost, own_fixed, _per_m_output(day_own, entries))]
+    return [Alternative("one model per pool", parts, instance_cost, shared_fixed, per_m_output(day_shared, entries)),
+            Alternative("one model per fleet", parts, instance_cost, own_fixed, per_m_output(day_own, entries))]
 
 
 # ---------------------------------------------------------------- drift baseline
@@ -923,10 +994,7 @@ def baseline_document(result: PackingPlan, ctx: PlanContext, config_pools: dict[
 
     pools = []
     cache: Cache = {}
-    for plan in result.regions:
-        w = plan.winner
-        if w is None:
-            continue
+    for w in result.pools:
         models: list[dict[str, Any]] = []
         for m in w.loads:
             limits = m.limits
@@ -941,12 +1009,12 @@ def baseline_document(result: PackingPlan, ctx: PlanContext, config_pools: dict[
         lo, _, hi = w.capacity()
         rates = [sum(m["hourly_rps"][h] for m in models) for h in range(24)]
         # Sized as the drift check sizes observed traffic (packed_instances), so unchanged traffic reads unchanged.
-        instances = sum(packed_instances({m["model"]: m["hourly_rps"] for m in models}, models, ctx.n_min(plan.region)))
+        instances = sum(packed_instances({m["model"]: m["hourly_rps"] for m in models}, models, ctx.n_min(w.region)))
         tokens = sum(sum(m["hourly_rps"]) * 3600 * m["output_mean"] for m in models)
         pools.append({
-            "region": plan.region, "pool": config_pools.get(plan.region), "candidate": w.label,
-            "instance_type": w.instance_type, "consumer_regions": [plan.region],
-            "capacity": {"min": lo, "max": hi}, "n_min": ctx.n_min(plan.region), "hourly_rps": rates,
+            "region": w.region, "pool": config_pools.get(w.region), "candidate": w.label,
+            "instance_type": w.instance_type, "consumer_regions": list(w.consumer_regions or (w.region,)),
+            "capacity": {"min": lo, "max": hi}, "n_min": ctx.n_min(w.region), "hourly_rps": rates,
             "peak_rps": max(rates), "price_per_hour": w.price_per_hour,
             "usd_per_m_output": instances * w.price_per_hour / tokens * 1e6 if tokens else math.inf,
             "models": models,
@@ -971,27 +1039,3 @@ def scaling_target(ev: PackingEval) -> float:
             parts.append(TargetPart(model, m.traffic.output_mean, safe[0], m.copies, tuple(m.traffic.hourly_rps()),
                                     tuple(m.traffic.hourly_burstiness())))
     return target_of(parts)
-
-
-def spot_pool(plan: RegionPacking) -> SpotPool:
-    """The chosen packing as the Spot verdict reads a pool: its processes drained together (the in-flight count is
-    the packing's scaling target over every model), requests held for the request-weighted mean over the models
-    at their planned batches, the strictest model's error budget."""
-    from .spot import SpotPool
-
-    w = plan.winner
-    assert w is not None  # advice is asked for chosen packings only
-    cache: Cache = {}
-    held = weight = 0.0
-    for m in w.loads:
-        model = _models_of(cache, m.curve)
-        for rate, p in zip(m.traffic.hourly_rps(), m.predictions):
-            if p is not None:
-                held += rate * model.hold_ms(1.0 + p.in_flight, m.traffic.output_mean) / 1000.0
-                weight += rate
-    requests = sum(sum(m.traffic.hourly_rps()) for m in w.loads)
-    busy = sum(n for h, n in enumerate(w.instances_by_hour) if any(m.traffic.hourly_rps()[h] > 0 for m in w.loads))
-    return SpotPool(plan.region, w.label, w.instance_type, w.price_per_hour, list(w.instances_by_hour),
-                    w.cost_per_hour, scaling_target(w), max(held / weight if weight else 0.0, 0.001),
-                    busy / requests if requests else 0.0, [m.traffic for m in w.loads],
-                    min(m.slo.error_rate for m in w.loads))

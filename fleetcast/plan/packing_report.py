@@ -113,9 +113,8 @@ def blocks(result: PackingPlan, plots: dict[str, list[Path]] | None = None) -> l
     out += closing_blocks(result)
     if len(result.regions) > 1:
         out.append(("h2", "Fleet"))
-        out.append(("p", f"packed ${result.cost_per_hour:.2f}/h; one model per pool "
-                         f"${result.alternative_cost('one model per pool'):.2f}/h; one model per fleet "
-                         f"${result.alternative_cost('one model per fleet'):.2f}/h"))
+        *joins, total = fleet_lines(result)
+        out += ([("ul", [(None, line) for line in joins])] if joins else []) + [("p", total)]
     out.append(("h2", "Reading this report"))
     out.append(("ul", [
         ("curve", "what a model's figures rest on: 'measured (time slicing)' / 'measured (MPS)' = bench results of "
@@ -135,6 +134,13 @@ def blocks(result: PackingPlan, plots: dict[str, list[Path]] | None = None) -> l
     return out
 
 
+def fleet_lines(result: PackingPlan) -> list[str]:
+    """The fleet over its regions: each pooling move, then its cost against not packing."""
+    return result.joins + [f"packed ${result.cost_per_hour:.2f}/h; one model per pool "
+                           f"${result.alternative_cost('one model per pool'):.2f}/h; one model per fleet "
+                           f"${result.alternative_cost('one model per fleet'):.2f}/h"]
+
+
 def render_terminal(result: PackingPlan) -> str:
     lines = [f"packing plan: {result.traffic_name} ({', '.join(result.models)})"]
     lines += [f"WARNING: {w}" for w in result.warnings]
@@ -151,6 +157,8 @@ def render_terminal(result: PackingPlan) -> str:
             lines += [f"  no packing serves; {s}" for s in plan.unpacked()]
         lines += [f"  ruled out: {a}: {b}" for a, b in _ruled_out(plan)]
         lines += [f"  note: {n}" for n in plan.notes]
+    if len(result.regions) > 1:
+        lines += ["", "Fleet:"] + [f"  {line}" for line in fleet_lines(result)]
     return "\n".join(lines + closing_lines(result, "Spot tier (docs/plan.md#spot; a packing's processes are drained "
                                                     "together)"))
 
@@ -182,6 +190,8 @@ def to_json(result: PackingPlan) -> dict[str, Any]:
         "schema": "fleetcast.plan/v1", "kind": "packing", "traffic": result.traffic_name,
         "models": list(result.models), "data": result.data_notes, "warnings": result.warnings,
         "max_copies": result.max_copies, "spot": [a.to_json() for a in result.spot],
+        "pools": [_ev_json(p) | {"consumer_regions": list(p.consumer_regions or (p.region,))} for p in result.pools],
+        "joins": result.joins,
         "write_config": [{"refuses": blocking, "text": text} for blocking, text in result.write_notes],
         "regions": [{
             "consumer_region": p.region,

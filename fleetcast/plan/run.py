@@ -203,8 +203,8 @@ def build_plan(opts: PlanOptions) -> tuple[PlanResult, list[RegionPlan], PlanCon
                         fleet_pools(plans, ctx))
     from . import spot
 
-    result.spot = spot.advise_all(result.pools, ctx, spot.load_spot_inputs(
-        opts.spot_prices, opts.spot_interruptions, opts.spot_relaunch_s))
+    inputs = spot.load_spot_inputs(opts.spot_prices, opts.spot_interruptions, opts.spot_relaunch_s)
+    result.spot = [spot.advise(spot.spot_pool(p.planned(ctx)), ctx, inputs) for p in result.pools]
     return result, plans, ctx
 
 
@@ -254,8 +254,8 @@ def build_packing(opts: PlanOptions, max_copies: int | None = None) -> tuple[Pac
 
     inputs = spot.load_spot_inputs(opts.spot_prices, opts.spot_interruptions, opts.spot_relaunch_s)
     # A lab machine (--lab) has no Spot market: no verdict for it.
-    result.spot = [spot.advise(packing.spot_pool(r), ctx, inputs) for r in result.regions
-                   if r.winner is not None and r.winner.instance_type in catalog.instance_catalog()]
+    result.spot = [spot.advise(spot.spot_pool(p.planned()), ctx, inputs) for p in result.pools
+                   if p.instance_type in catalog.instance_catalog()]
     result.warnings = warnings
     result.data_notes = _data_notes(ctx, packing.curves_text(curves)) + [f"estimates: {text}" for text, _ in estimators]
     return result, ctx, cfg
@@ -347,7 +347,7 @@ class Planned:
         """The planned pools, one per provider region used (a packing plan: one per region with a choice)."""
         if self.plans is not None:
             return [p.planned(self.ctx) for p in self.result.pools]
-        return [r.winner.planned() for r in self.result.regions if r.winner is not None]
+        return [p.planned() for p in self.result.pools]
 
     def promise_writes(self, cfg: Any, allow_estimated: bool) -> None:
         """What --write-config will do, for the report: its refusals and notes."""
@@ -386,7 +386,7 @@ class Planned:
         if self.plans is not None:
             best = [(p.traffic, next((e for e in p.ranked if e.candidate.label == label), None)) for p in self.plans]
             found = [one_model_pool([(t, ev)], self.ctx, ev.instances_by_hour, ev.target, ev.needed_by_hour,
-                                    ev.predictions) for t, ev in best if ev is not None]
+                                    ev.predictions, ev.cost_per_hour) for t, ev in best if ev is not None]
             known = {e.candidate.label for p in self.plans for e in p.ranked}
         else:
             found = [e.planned() for r in self.result.regions for e in r.ranked if e.label == label]

@@ -168,6 +168,10 @@ class Sizing:
     synthetic: bool
     source: str
     arrival_driven: bool = True  # False: sized from an in-flight histogram, which has no arrivals to simulate
+    # The histogram method's figures, which it has no predictions to derive from (None: sized from arrivals): the
+    # milliseconds a request holds an instance and the instance-seconds it costs, rate-weighted over the members.
+    hold_ms: float | None = None
+    seconds_per_request: float | None = None
 
 
 @dataclass(frozen=True)
@@ -197,6 +201,8 @@ class PlannedPool:
     estimated: bool = False
     backend: str | None = None  # the results' backend, for a plan without a config
     packed: bool = False  # from the packing search: its models' precisions go to models[].engine, copies to serves
+    price_per_hour: float = 0.0  # On-Demand, per instance
+    cost_per_hour: float = 0.0  # the pool's: its instances and fixed costs, mean over the day
 
     @property
     def capacity(self) -> tuple[int, int]:
@@ -482,6 +488,58 @@ def predictions_by_hour(model: ServiceModel, traffic: ConsumerTraffic, processes
             for rps, burst, n in zip(traffic.hourly_rps(), traffic.hourly_burstiness(), processes)]
 
 
+@dataclass(frozen=True)
+class DayPart:
+    """One model's processes on a pool's instances, as a day is sized from arrivals."""
+
+    model: ServiceModel
+    traffic: ConsumerTraffic
+    limits: Limits  # its SLOs in-region (its consumers' network taken off the TTFT)
+    copies: int = 1
+
+
+@dataclass(frozen=True)
+class Day:
+    """A pool's day sized from arrivals, one model or a packing (size_day)."""
+
+    needed: list[list[int]]  # per part, the processes its SLOs need per UTC hour, before the floor
+    instances_by_hour: list[int]
+    predictions: list[list[Prediction | None]]  # per part, at each hour's busiest minute over the planned processes
+    fixed_by_hour: list[float]
+    cost_by_hour: list[float]
+    reserved_used: int
+
+    @property
+    def cost_per_hour(self) -> float:
+        return sum(self.cost_by_hour) / 24
+
+
+def size_day(parts: list[DayPart], instance_type: str, region: str, price: float, ctx: PlanContext,
+             n_min: int) -> Day | int:
+    """Steps 3'-5 for a pool's instances, one model or a packing: per part and UTC hour the fewest processes
+    meeting its limits at the busiest minute, instances = the largest over the parts of processes / copies, at least
+    `n_min`; cost = the instances above the reservation (--reserved) x price + the region's fixed costs. Returns the
+    index of a part that no count of processes serves instead."""
+    needed = []
+    for i, part in enumerate(parts):
+        hours = processes_by_hour(part.model, part.traffic, part.limits)
+        if any(n is None for n in hours):
+            return i
+        needed.append([n or 0 for n in hours])
+    instances = [max([n_min] + [math.ceil(n[h] / p.copies) for n, p in zip(needed, parts)]) for h in range(24)]
+    predictions = [predictions_by_hour(p.model, p.traffic, [n * p.copies for n in instances]) for p in parts]
+    fixed = fixed_by_hour(region, [p.traffic for p in parts], ctx)
+    reserved = ctx.reserved.get((instance_type, region), 0)
+    cost = [max(n - reserved, 0) * price + f for n, f in zip(instances, fixed)]
+    return Day(needed, instances, predictions, fixed, cost, min(reserved, max(instances)))
+
+
+def per_m_output(day_cost: float, traffic: list[ConsumerTraffic]) -> float:
+    """$ per 1M output tokens of a day's cost over the traffic's tokens (docs/plan.md step 5)."""
+    tokens = sum(sum(t.hourly_rps()) * 3600 * t.output_mean for t in traffic)
+    return day_cost / tokens * 1e6 if tokens else math.inf
+
+
 def _size_from_arrivals(ev: Evaluation, traffic: ConsumerTraffic, ctx: PlanContext) -> None:
     """Steps 2'-5 for a profile of arrivals: per-instance load derived from the fleet's arrivals and the curve.
     The service model holds requests for the traffic's own output length at the curve's mean ITL."""
@@ -504,24 +562,20 @@ def _size_from_arrivals(ev: Evaluation, traffic: ConsumerTraffic, ctx: PlanConte
     rates = traffic.hourly_rps()
     bursts = traffic.hourly_burstiness()
     ev.target = scaling_target([TargetPart(model, out_mean, ev.safe_rate_rps, 1, tuple(rates), tuple(bursts))])
-    n_min = ctx.n_min(region)
-    reserved = ctx.reserved.get((candidate.instance_type, region), 0)
     _, default_row = ctx.fixed.row(region)
     if default_row:
         ev.notes.append(f"no fixed-cost row for {region}: the default row is used")
-    fixed = fixed_by_hour(region, [traffic], ctx)
-    ev.needed_by_hour = [n or 0 for n in processes_by_hour(model, traffic, limits)]
-    ev.instances_by_hour = [max(n_min, n) for n in ev.needed_by_hour]
-    ev.predictions = predictions_by_hour(model, traffic, ev.instances_by_hour)
-    ev.cost_by_hour = [max(n - reserved, 0) * ev.price_per_hour + f for n, f in zip(ev.instances_by_hour, fixed)]
-    ev.reserved_used = min(reserved, max(ev.instances_by_hour))
-    ev.fixed_per_hour = sum(fixed) / 24
-    day = sum(ev.cost_by_hour)
-    ev.cost_per_hour = day / 24
-    out_tokens = sum(rates) * 3600 * traffic.output_mean
+    day = size_day([DayPart(model, traffic, limits)], candidate.instance_type, region, ev.price_per_hour, ctx,
+                   ctx.n_min(region))
+    if isinstance(day, int):
+        ev.rejected = "no count of instances up to 100,000 meets the SLO at its busiest minute"
+        return
+    (ev.needed_by_hour,), ev.instances_by_hour, (ev.predictions,) = day.needed, day.instances_by_hour, day.predictions
+    ev.cost_by_hour, ev.reserved_used, ev.fixed_per_hour = day.cost_by_hour, day.reserved_used, sum(day.fixed_by_hour) / 24
+    ev.cost_per_hour = day.cost_per_hour
+    ev.usd_per_m_output = per_m_output(sum(day.cost_by_hour), [traffic])
     in_tokens = sum(rates) * 3600 * traffic.input_mean
-    ev.usd_per_m_output = day / out_tokens * 1e6 if out_tokens else math.inf
-    ev.usd_per_m_input = day / in_tokens * 1e6 if in_tokens else math.inf
+    ev.usd_per_m_input = sum(day.cost_by_hour) / in_tokens * 1e6 if in_tokens else math.inf
     served = sum(rates)
     # What each request costs in instance-seconds at the planned sizes (the busiest minutes included).
     ev.seconds_per_request = sum(ev.instances_by_hour[h] for h in range(24) if rates[h] > 0) / served if served else 0.0
@@ -746,23 +800,30 @@ class FleetPool:
 
     def planned(self, ctx: PlanContext) -> PlannedPool:
         return one_model_pool([(plan.traffic, ev) for plan, ev in self.members], ctx, self.instances_by_hour,
-                              self.target, self.needed_by_hour, self.predictions)
+                              self.target, self.needed_by_hour, self.predictions, self.cost_per_hour)
 
 
 def one_model_pool(members: list[tuple[ConsumerTraffic, Evaluation]], ctx: PlanContext, instances: list[int],
-                   target: float | None, needed: list[int], predictions: list[Prediction | None]) -> PlannedPool:
+                   target: float | None, needed: list[int], predictions: list[Prediction | None],
+                   cost_per_hour: float) -> PlannedPool:
     """A pool of one model (the evaluation of its first member's candidate) serving these consumer regions."""
     ev = members[0][1]
     assert target is not None  # every feasible evaluation has one
     cand = ev.candidate
     network = max(e.network_ms for _, e in members)
+    arrivals = all(e.arrival_driven for _, e in members)
+    day = [sum(t.hourly_rps()) for t, _ in members]
+    volume = sum(day) or 1.0
+    # The network delays the client, not the GPU: an instance holds a request for its in-region E2E.
+    hold = sum(d * (e.weighted_e2e - max(e.network_ms, 0.0)) for d, (_, e) in zip(day, members)) / volume
+    spr = sum(d * e.seconds_per_request for d, (_, e) in zip(day, members)) / volume
     sizing = Sizing(ctx.model(cand), tuple(t for t, _ in members), _limits(ctx, network), network, tuple(instances),
-                    tuple(needed), tuple(predictions), cand.provenance == "synthetic", cand.source,
-                    all(e.arrival_driven for _, e in members))
+                    tuple(needed), tuple(predictions), cand.provenance == "synthetic", cand.source, arrivals,
+                    None if arrivals else hold, None if arrivals else spr)
     return PlannedPool(ev.service_region, tuple(t.region for t, _ in members), cand.instance_type, cand.label,
                        f"${ev.cost_per_hour:.2f}/h, ${ev.usd_per_m_output:.3f} per 1M output tokens",
                        (Served(cand.model or "", cand.precision, sizing=sizing),), tuple(instances), float(target),
-                       cand.estimated, cand.backend)
+                       cand.estimated, cand.backend, price_per_hour=ev.price_per_hour, cost_per_hour=cost_per_hour)
 
 
 @dataclass
@@ -825,12 +886,17 @@ def _pool_size(service: str, members: list[tuple[RegionPlan, Evaluation]], ctx: 
         target = k if target is None else min(target, k)
     counts = [max(n_min, c) for c in counts]
     reserved = ctx.reserved.get((cand.instance_type, service), 0)
-    a = ctx.fixed.assumptions
-    row, _ = ctx.fixed.row(service)
-    provider_side = row.nlb_hour + a.provider_interface_endpoints * a.availability_zones * row.endpoint_az_hour
-    fixed = sum(ev.fixed_per_hour for _, ev in members) - (len(members) - 1) * provider_side
+    fixed = sum(ev.fixed_per_hour for _, ev in members) - (len(members) - 1) * provider_side(service, ctx)
     cost = sum(max(n - reserved, 0) for n in counts) / 24 * first.price_per_hour + fixed
     return _PoolSize(counts, cost, target, predictions, checks, needed)
+
+
+def provider_side(service: str, ctx: PlanContext) -> float:
+    """$/h of a pool's provider side (its NLB hour and the provider VPC's interface endpoints): what consumer regions
+    pooled on one pool pay once instead of once each."""
+    a = ctx.fixed.assumptions
+    row, _ = ctx.fixed.row(service)
+    return row.nlb_hour + a.provider_interface_endpoints * a.availability_zones * row.endpoint_az_hour
 
 
 def _pool_cost(service: str, members: list[tuple[RegionPlan, Evaluation]], ctx: PlanContext) -> tuple[list[int], float]:
@@ -838,49 +904,69 @@ def _pool_cost(service: str, members: list[tuple[RegionPlan, Evaluation]], ctx: 
     return size.counts, size.cost
 
 
-def fleet_pools(plans: list[RegionPlan], ctx: PlanContext) -> list[FleetPool]:
-    """Start from every region's own choice, then move a consumer region onto another region's
-    pool while that lowers the fleet's total cost per hour (its evaluation there must meet the
-    SLO, network included, as every feasible evaluation does). Bounded: each move saves at
-    least a cent per hour, and there are finitely many assignments."""
-    pools: dict[tuple[str, str], FleetPool] = {}
-    for plan in plans:
-        if plan.winner is not None:
-            key = (plan.winner.service_region, plan.winner.candidate.label)
-            pools.setdefault(key, FleetPool(*key, [])).members.append((plan, plan.winner))
+K = TypeVar("K")
+M = TypeVar("M")
 
-    def cost(key: tuple[str, str], members: list[tuple[RegionPlan, Evaluation]]) -> float:
-        return _pool_cost(key[0], members, ctx)[1]
 
-    for _ in range(len(plans) * len(plans) + 1):
-        best = None  # (saving, plan, from key, to key, evaluation there)
-        for from_key, pool in pools.items():
-            for plan, ev_now in pool.members:
-                rest = [m for m in pool.members if m[0] is not plan]
-                leave_saving = cost(from_key, pool.members) - cost(from_key, rest)
+def pool_moves(pools: dict[K, list[M]], cost: Callable[[K, list[M]], float], fits: Callable[[M, K], bool],
+               bound: int) -> dict[K, list[M]]:
+    """Pooling across regions, one model or a packing (docs/plan.md, "The fleet"): from every consumer region's own
+    choice, move a member onto another pool it `fits` while that lowers the fleet's cost per hour by at least a cent,
+    largest saving first; a pool left empty goes. `cost(key, [])` is 0, and inf for members the pool cannot serve.
+    Bounded: at most `bound` moves, each saving a cent or more."""
+    for _ in range(bound):
+        best: tuple[float, M, K, K] | None = None
+        for from_key, members in pools.items():
+            for member in members:
+                leave = cost(from_key, members) - cost(from_key, [m for m in members if m is not member])
                 for to_key, other in pools.items():
-                    if to_key == from_key:
+                    if to_key == from_key or not fits(member, to_key):
                         continue
-                    there = next((e for e in plan.ranked if (e.service_region, e.candidate.label) == to_key
-                                  and e.candidate.estimated == ev_now.candidate.estimated), None)
-                    if there is None:
-                        continue
-                    saving = leave_saving - (cost(to_key, other.members + [(plan, there)]) - cost(to_key, other.members))
+                    saving = leave - (cost(to_key, other + [member]) - cost(to_key, other))
                     if saving >= 0.01 and (best is None or saving > best[0]):
-                        best = (saving, plan, from_key, to_key, there)
+                        best = (saving, member, from_key, to_key)
         if best is None:
             break
-        _, plan, from_key, to_key, there = best
-        pools[from_key].members = [m for m in pools[from_key].members if m[0] is not plan]
-        pools[to_key].members.append((plan, there))
-        if not pools[from_key].members:
+        _, member, from_key, to_key = best
+        pools[from_key] = [m for m in pools[from_key] if m is not member]
+        pools[to_key].append(member)
+        if not pools[from_key]:
             del pools[from_key]
+    return pools
+
+
+def fleet_pools(plans: list[RegionPlan], ctx: PlanContext) -> list[FleetPool]:
+    """Start from every region's own choice, then move a consumer region onto another region's pool while that lowers
+    the fleet's total cost per hour (pool_moves; its evaluation there must meet the SLO, network included, as every
+    feasible evaluation does)."""
+
+    def key_of(ev: Evaluation) -> tuple[str, str]:
+        return ev.service_region, ev.candidate.label
+
+    def at(plan: RegionPlan, key: tuple[str, str]) -> Evaluation | None:
+        own = _given(plan.winner)
+        return own if key_of(own) == key else next(
+            (e for e in plan.ranked if key_of(e) == key and e.candidate.estimated == own.candidate.estimated), None)
+
+    def cost(key: tuple[str, str], members: list[RegionPlan]) -> float:
+        return _pool_cost(key[0], [(p, _given(at(p, key))) for p in members], ctx)[1]
+
+    start: dict[tuple[str, str], list[RegionPlan]] = {}
+    for plan in plans:
+        if plan.winner is not None:
+            start.setdefault(key_of(plan.winner), []).append(plan)
+    moved = pool_moves(start, cost, lambda plan, key: at(plan, key) is not None, len(plans) * len(plans) + 1)
+    pools = {key: FleetPool(*key, [(p, _given(at(p, key))) for p in members]) for key, members in moved.items()}
+
+    def cost_of(key: tuple[str, str], members: list[tuple[RegionPlan, Evaluation]]) -> float:
+        return _pool_cost(key[0], members, ctx)[1]
+
     for key, pool in pools.items():
         size = _pool_size(key[0], pool.members, ctx)
         pool.instances_by_hour, pool.cost_per_hour = size.counts, size.cost
         pool.pool_target, pool.predictions, pool.member_checks = size.target, size.predictions, size.checks
         pool.needed_by_hour = size.needed
-        pool.marginal = {plan.traffic.region: pool.cost_per_hour - cost(key, [m for m in pool.members if m[0] is not plan])
+        pool.marginal = {plan.traffic.region: pool.cost_per_hour - cost_of(key, [m for m in pool.members if m[0] is not plan])
                          for plan, _ in pool.members}
     return list(pools.values())
 

@@ -39,7 +39,7 @@ from fleetcast.contract.errors import UserError
 from fleetcast.contract.instance_env import Var
 
 from .inputs import _read_yaml
-from .solver import FleetPool, PlanContext
+from .solver import PlanContext, PlannedPool
 
 DATA_DIR = catalog.DATA_DIR
 HOURS_PER_MONTH = 730.0
@@ -217,12 +217,32 @@ class SpotPool:
     error_rate: float  # the error budget Spot may spend half of
 
 
-def fleet_spot_pool(pool: FleetPool, ctx: PlanContext) -> SpotPool:
-    ev = pool.evaluation
-    return SpotPool(pool.service_region, pool.candidate, ev.candidate.instance_type, ev.price_per_hour,
-                    list(pool.instances_by_hour), pool.cost_per_hour, float(pool.target),
-                    max(ev.weighted_e2e, 1.0) / 1000.0, ev.seconds_per_request,
-                    [plan.traffic for plan, _ in pool.members], ctx.slo.error_rate)
+def spot_pool(pool: PlannedPool) -> SpotPool:
+    """What the Spot verdict reads of a planned pool, one model or a packing: an interruption drains every process of
+    the instance together, so the in-flight count is the pool's scaling target, the request mix every member's, a
+    request held for the rate-weighted mean over the members at their planned batches, the strictest error budget."""
+    held = weight = 0.0
+    traffics: list[Any] = []
+    spr = None
+    for served in pool.serves:
+        z = served.sizing
+        assert z is not None  # a planned pool says how each model's processes were sized
+        traffics += z.members
+        for t in z.members:
+            if z.hold_ms is not None:  # the histogram method: its weighted E2E, no predictions
+                held, weight, spr = held + sum(t.hourly_rps()) * z.hold_ms / 1000.0, weight + sum(t.hourly_rps()), \
+                    z.seconds_per_request
+                continue
+            for rate, p in zip(t.hourly_rps(), z.predictions):
+                if p is not None:
+                    held += rate * z.service.hold_ms(1.0 + p.in_flight, t.output_mean) / 1000.0
+                    weight += rate
+    requests = sum(sum(t.hourly_rps()) for t in traffics)
+    busy = sum(n for h, n in enumerate(pool.instances_by_hour) if any(t.hourly_rps()[h] > 0 for t in traffics))
+    return SpotPool(pool.region, pool.label, pool.instance_type, pool.price_per_hour, list(pool.instances_by_hour),
+                    pool.cost_per_hour, pool.target, max(held / weight if weight else 0.0, 0.001),
+                    spr if spr is not None else busy / requests if requests else 0.0, traffics,
+                    min(s.sizing.limits.error_rate for s in pool.serves if s.sizing is not None))
 
 
 def advise(pool: SpotPool, ctx: PlanContext, inputs: SpotInputs) -> SpotAdvice:
@@ -325,10 +345,6 @@ def _cut_share(traffics: Sequence[Any], mean_s: float, budget_s: float) -> float
             num += weight * share * max(0.0, d - budget_s)
             den += weight * share * d
     return num / den if den else 0.0
-
-
-def advise_all(pools: Sequence[FleetPool], ctx: PlanContext, inputs: SpotInputs) -> list[SpotAdvice]:
-    return [advise(fleet_spot_pool(pool, ctx), ctx, inputs) for pool in pools]
 
 
 def lines(advice: list[SpotAdvice]) -> list[str]:

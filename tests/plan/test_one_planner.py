@@ -84,3 +84,31 @@ def _seed_curves():
     from fleetcast.plan.inputs import load_candidates
 
     return load_candidates(sorted(str(p) for p in (SEED / "results").glob("*.json")))
+
+
+def test_a_pooled_pools_spot_verdict_reads_every_member_at_the_pools_batches_as_a_packings_does():
+    """One Spot conversion (spot.spot_pool) for one model or a packing: a request holds its instance for the in-region
+    time at the pool's planned batch, request-weighted over every member. Before, a one-model pool read its first
+    member's own evaluation (its weighted E2E, network included, at the count that member alone needed): on the
+    two-regions example the Virginia-Ohio pool counted 251 requests at risk a day instead of 257."""
+    from fleetcast.plan import spot
+
+    opts = PlanOptions(results=[str(SEED / "results")], traffic=str(ROOT / "examples/plan/two-regions/traffic.yaml"),
+                       config=str(ROOT / "config" / "fleet.yaml"), today=TODAY,
+                       spot_prices=str(SEED / "spot-prices.yaml"))
+    result, _, ctx = build_plan(opts)
+    (pool,) = [p for p in result.pools if len(p.members) == 2]
+    model = ctx.model(pool.evaluation.candidate)
+    held = rates = 0.0
+    for plan, _ in pool.members:
+        for rate, p in zip(plan.traffic.hourly_rps(), pool.predictions):
+            if p is not None:
+                held, rates = held + rate * model.hold_ms(1.0 + p.in_flight, 128) / 1000.0, rates + rate
+    read = spot.spot_pool(pool.planned(ctx))
+    assert read.mean_hold_s == pytest.approx(held / rates, rel=1e-12)
+    assert {t.region for t in read.traffics} == {"us-east-1", "us-east-2"}
+    (advice,) = [a for a in result.spot if a.service_region == pool.service_region]
+    inputs = spot.load_spot_inputs(str(SEED / "spot-prices.yaml"))
+    per_interruption = pool.target / read.mean_hold_s * inputs.relaunch_s
+    assert advice.requests_at_risk_per_day == pytest.approx(advice.interruptions_per_day * per_interruption)
+    assert round(advice.requests_at_risk_per_day) == 257

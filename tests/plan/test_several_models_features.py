@@ -100,11 +100,12 @@ def test_spot_advice_is_per_packed_pool_with_its_processes_drained_together(tmp_
     """One verdict per chosen packing: an interruption cuts every model's requests on the instance, so the in-flight
     count it reads is the packing's scaling target over every model and the mix every model's; --write-spot writes
     the tier into the packed pool and the config validates."""
-    from fleetcast.plan.packing import scaling_target, spot_pool
+    from fleetcast.plan.packing import scaling_target
+    from fleetcast.plan.spot import spot_pool
 
     region = plain.regions[0]
     (advice,) = plain.spot
-    pool = spot_pool(region)
+    pool = spot_pool(region.winner.planned())
     assert advice.candidate == CHOICE and pool.target == scaling_target(region.winner)
     assert [t.model for t in pool.traffics] == ["gpt2-xl", "qwen2.5-0.5b", "qwen2.5-3b"]
     assert pool.error_rate == min(m.slo.error_rate for m in region.winner.loads)
@@ -145,3 +146,61 @@ def test_a_packing_plan_warns_of_unsized_reservations_and_dates_its_quality_limi
                                        config=str(fleet), quality=str(quality), today=date(2026, 2, 1)))[0]
     assert any(w.startswith("regions[ap-northeast-2] launches into capacity reservations") for w in result.warnings)
     assert "quality: perplexity <= 30" in result.data_notes
+
+
+def _two_regions(tmp_path=None, drop: str | None = None):
+    """The example across Virginia and Ohio (traffic-two-regions.yaml); `drop` leaves that model out of Ohio."""
+    traffic = EXAMPLE / "traffic-two-regions.yaml"
+    if drop is not None:
+        from ruamel.yaml import YAML
+
+        doc = YAML(typ="safe").load(traffic.read_text())
+        doc["consumers"] = [c for c in doc["consumers"] if not (c["region"] == "us-east-2" and c["model"] == drop)]
+        traffic = tmp_path / "traffic.yaml"
+        YAML().dump(doc, traffic)
+    opts = PlanOptions(results=[str(EXAMPLE / "results")], traffic=str(traffic), config=str(EXAMPLE / "fleet.yaml"),
+                       today=date(2026, 2, 1))
+    return build_packing(opts)
+
+
+def test_a_pool_serves_the_same_model_set_in_every_region_it_serves():
+    """Pooling across regions for several models: Ohio's three models join Virginia's packed pool (one NLB, one set
+    of provider endpoints, one floor) because the fleet then costs less; each model's processes are sized for both
+    regions' busiest minutes within its SLO less Ohio's network, the farther one. Before, each region of a
+    several-model fleet was served from its own region only."""
+    from fleetcast.plan.packing import fixed_by_hour
+    from fleetcast.plan.solver import provider_side
+
+    result, ctx, _ = _two_regions()
+    (pool,) = result.pools
+    own = {r.region: r.winner for r in result.regions}
+    assert pool.region == "us-east-1" and pool.consumer_regions == ("us-east-1", "us-east-2")
+    assert pool.label == own["us-east-1"].label
+    for load in pool.loads:
+        mine = [t for r in result.regions for t in r.traffic if t.model == load.model]
+        assert load.traffic.hourly_rps() == pytest.approx([sum(t.hourly_rps()[h] for t in mine) for h in range(24)])
+        assert load.network_ms == pytest.approx(ctx.latency.between("us-east-2", "us-east-1") - ctx.latency.same_region_ms)
+    fixed = [sum(fixed_by_hour("us-east-1", r.traffic, ctx)[h] for r in result.regions)
+             - provider_side("us-east-1", ctx) for h in range(24)]
+    assert pool.fixed_by_hour == pytest.approx(fixed)
+    assert pool.cost_per_hour == pytest.approx(sum(pool.instances_by_hour) * pool.price_per_hour / 24 + sum(fixed) / 24)
+    assert result.cost_per_hour == pool.cost_per_hour < sum(w.cost_per_hour for w in own.values()) - 0.01
+    # As the example's README quotes them.
+    assert (round(pool.cost_per_hour, 2), round(sum(w.cost_per_hour for w in own.values()), 2)) == (2.16, 4.25)
+    (planned,) = [p.planned() for p in result.pools]
+    assert planned.consumer_regions == ("us-east-1", "us-east-2")
+    (advice,) = result.spot
+    assert advice.service_region == "us-east-1" and advice.candidate == pool.label
+    assert any(line.startswith("us-east-2 joins the us-east-1 pool") for line in result.joins)
+    from fleetcast.plan.packing import baseline_document
+
+    (entry,) = baseline_document(result, ctx, {}, "2026-02-01")["pools"]
+    assert entry["region"] == "us-east-1" and entry["consumer_regions"] == ["us-east-1", "us-east-2"]
+
+
+def test_a_region_of_another_model_set_keeps_a_pool_of_its_own(tmp_path):
+    """A pool serves the same model set in every region: Ohio without qwen2.5-3b is not pooled onto Virginia's
+    three-model packing, however much cheaper that would be."""
+    result, _, _ = _two_regions(tmp_path, drop="qwen2.5-3b")
+    assert sorted(p.consumer_regions or (p.region,) for p in result.pools) == [("us-east-1",), ("us-east-2",)]
+    assert not result.joins
