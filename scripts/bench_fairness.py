@@ -296,6 +296,8 @@ class EngineStats:
 
 
 ROLES = ("engine", "gateway", "quiet", "flood")
+# Sockets the neighbour's client and the gateway may each hold: 3 R for the phase and its lead, most of it waiting.
+WANT_OPEN_FILES = 65536
 
 
 def cpu_list(text: str) -> set[int]:
@@ -343,8 +345,15 @@ def raise_open_files() -> int:
     """Lift this process's open-file limit to its hard limit (inherited by the children): the neighbour's client
     and the gateway each hold a socket per waiting request, thousands at 3x capacity. Returns the new limit."""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if soft < hard:
-        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    # Above the hard limit only root may go (the device host runs as root); else up to the hard limit.
+    for want in ((WANT_OPEN_FILES, max(hard, WANT_OPEN_FILES)), (min(hard, WANT_OPEN_FILES), hard)):
+        if want[0] <= soft:
+            break
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, want)
+            break
+        except (ValueError, OSError):
+            continue
     return resource.getrlimit(resource.RLIMIT_NOFILE)[0]
 
 
