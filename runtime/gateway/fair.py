@@ -11,6 +11,12 @@ consumer that has been idle starts at V, with no credit saved up; two busy consu
 get two admissions to one. Interactive requests go before any batch request (strict priority between the
 classes, fair queuing within one).
 
+What the cap promises a quiet account, and what it cannot: its request joins the engine's next iteration
+beside the neighbours' requests, so its TTFT carries one step at up to the cap's batch and the prefills
+started with it. Within 1.1x of its TTFT alone only where the engine's TTFT at the cap is within 1.1x of its
+TTFT at the quiet account's own concurrency (a GPU's memory-bound decode); the cap is `max_batch_size`, which
+the plan chooses per packing (docs/gateway.md, "What bounds the quiet account's P99").
+
 Headroom for the quiet: an account below its weighted share of the soft cap (the cap less HEADROOM of it)
 is admitted at once while the process holds fewer than the cap; everyone else waits once it holds the soft
 cap. A neighbour flooding the process therefore fills it to the soft cap, and a quiet account's request
