@@ -4,6 +4,7 @@
         [--flood 3] [--lead 5] [--capacity-s 10] [--device cpu|cuda] [--gateway-workers 1] [--no-pin]
         [--engine-cpus L --gateway-cpus L --quiet-cpus L --flood-cpus L] [--cpu-runs 7] [--skip-off]
         [--json FILE] [--out DIR]
+    python -m scripts.bench_fairness headroom [CAP ...]   (the admission code alone: `headroom_waits`)
 
 One reference server (tiny GPT-2, `--batch` its max batch size, one torch thread; on the CPU, or on the GPU
 with `--device cuda`, where its decode steps are CUDA graph replays) behind `python -m runtime.gateway` (PROXY
@@ -295,6 +296,8 @@ class EngineStats:
 
 
 ROLES = ("engine", "gateway", "quiet", "flood")
+# Sockets the neighbour's client and the gateway may each hold: 3 R for the phase and its lead, most of it waiting.
+WANT_OPEN_FILES = 65536
 
 
 def cpu_list(text: str) -> set[int]:
@@ -342,8 +345,15 @@ def raise_open_files() -> int:
     """Lift this process's open-file limit to its hard limit (inherited by the children): the neighbour's client
     and the gateway each hold a socket per waiting request, thousands at 3x capacity. Returns the new limit."""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if soft < hard:
-        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    # Above the hard limit only root may go (the device host runs as root); else up to the hard limit.
+    for want in ((WANT_OPEN_FILES, max(hard, WANT_OPEN_FILES)), (min(hard, WANT_OPEN_FILES), hard)):
+        if want[0] <= soft:
+            break
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, want)
+            break
+        except (ValueError, OSError):
+            continue
     return resource.getrlimit(resource.RLIMIT_NOFILE)[0]
 
 
@@ -475,10 +485,67 @@ async def main_async(args: argparse.Namespace) -> dict:
     return results
 
 
+async def headroom_waits(cap: int, seconds: float = 20.0, service_s: float = 0.2, quiet_share: float = 0.15,
+                         flood: float = 3.0, seed: int = 1) -> dict:
+    """The admission code alone (runtime/gateway/fair.py, in process, no engine, no sockets): a stand-in engine
+    process of `cap` slots whose requests each hold a slot for `service_s` (+-10 %), the neighbour arriving at
+    `flood` x its capacity R = cap / service_s from 2 s before, the quiet account at `quiet_share` x R (Poisson).
+    How often and how long the quiet account's requests wait for a slot: the part of its TTFT the headroom (a
+    quarter of the cap) sets, apart from any engine."""
+    from fleetcast.config import parse_config
+    from runtime.gateway.fair import CLIENT_GONE, FairAdmission
+    from runtime.gateway.identity import Refusal
+    from runtime.gateway.shared import SharedState
+
+    rng = random.Random(seed)
+    consumers = parse_config(fairness_config(cap), "<bench config>").consumers
+    admission = FairAdmission(SharedState(1), {"m": [type("Engine", (), {"host_header": "sim:1"})()]},
+                              {"m": cap}, consumers)
+    rate, waits = cap / service_s, []
+
+    async def request(who: str) -> None:
+        asked = time.perf_counter()
+        engine = await admission.acquire(who, "m", lambda: False)
+        if isinstance(engine, Refusal):  # the backlog flushed at the end
+            return
+        if who == QUIET[0]:
+            waits.append((time.perf_counter() - asked) * 1000)
+        await asyncio.sleep(service_s * rng.uniform(0.9, 1.1))
+        admission.release(who, "m", engine)
+
+    async def arrivals(who: str, per_s: float, until: float) -> list[asyncio.Future]:
+        tasks: list[asyncio.Future] = []
+        start, at = time.monotonic(), 0.0
+        while (at := at + rng.expovariate(per_s)) < until:
+            await asyncio.sleep(max(0.0, start + at - time.monotonic()))
+            tasks.append(asyncio.ensure_future(request(who)))
+        return tasks
+
+    neighbour = asyncio.ensure_future(arrivals(NEIGHBOUR[0], flood * rate, seconds + 2.0))
+    await asyncio.sleep(2.0)
+    await asyncio.gather(*await arrivals(QUIET[0], quiet_share * rate, seconds))
+    admission.flush(CLIENT_GONE)  # the neighbour's backlog leaves
+    for task in await neighbour:
+        task.cancel()
+    waited = [w for w in waits if w >= 1.0]  # queued: event-loop jitter stays far below a millisecond
+    return {"cap": cap, "quiet_requests": len(waits), "waited": len(waited),
+            "waited_share": round(len(waited) / len(waits), 3) if waits else 0.0,
+            "wait_p99_ms": round(percentile(waits, 0.99), 1), "wait_max_ms": round(max(waits, default=0.0), 1),
+            "service_ms": service_s * 1000}
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["_flood"]:
         _flood(argv[1:])
+        return 0
+    if argv[:1] == ["headroom"]:
+        # python -m scripts.bench_fairness headroom [CAP ...]: the admission code alone, at each cap (default 8 16 32)
+        for cap in [int(c) for c in argv[1:]] or [8, 16, 32]:
+            row = asyncio.run(headroom_waits(cap))
+            print(f"cap {cap}: {row['waited']} of {row['quiet_requests']} quiet requests waited for a slot "
+                  f"({row['waited_share']:.1%}); wait P99 {row['wait_p99_ms']} ms, max {row['wait_max_ms']} ms "
+                  f"(a request holds its slot {row['service_ms']:g} ms)")
         return 0
     args = parse_args(argv)
     results = asyncio.run(main_async(args))

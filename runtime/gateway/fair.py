@@ -11,6 +11,12 @@ consumer that has been idle starts at V, with no credit saved up; two busy consu
 get two admissions to one. Interactive requests go before any batch request (strict priority between the
 classes, fair queuing within one).
 
+What the cap promises a quiet account, and what it cannot: its request joins the engine's next iteration
+beside the neighbours' requests, so its TTFT carries one step at up to the cap's batch and the prefills
+started with it. Within 1.1x of its TTFT alone only where the engine's TTFT at the cap is within 1.1x of its
+TTFT at the quiet account's own concurrency (a GPU's memory-bound decode); the cap is `max_batch_size`, which
+the plan chooses per packing (docs/gateway.md, "What bounds the quiet account's P99").
+
 Headroom for the quiet: an account below its weighted share of the soft cap (the cap less HEADROOM of it)
 is admitted at once while the process holds fewer than the cap; everyone else waits once it holds the soft
 cap. A neighbour flooding the process therefore fills it to the soft cap, and a quiet account's request
@@ -89,12 +95,12 @@ def share_of(consumer: Consumer) -> Share:
 
 
 class _Waiter:
-    __slots__ = ("consumer", "rank", "tag", "future", "deadline", "gone")
+    __slots__ = ("consumer", "rank", "tag", "future", "deadline", "gone", "held_i")
 
     def __init__(self, consumer: str, rank: int, tag: float, future: asyncio.Future[UpstreamPool | Refusal],
-                 deadline: float, gone: Callable[[], bool]):
+                 deadline: float, gone: Callable[[], bool], held_i: int = 0):
         self.consumer, self.rank, self.tag, self.future, self.deadline = consumer, rank, tag, future, deadline
-        self.gone = gone
+        self.gone, self.held_i = gone, held_i  # held_i: its account's held-count cell (names it to other workers)
 
 
 def queue_full(consumer: str, max_queued: int) -> Refusal:
@@ -122,6 +128,8 @@ class _Group:
             self.group_at = state.cell(f"fair\x00group\x00{model}")  # (requests waiting in any worker, V)
             self.weights_at = state.cell(f"fair\x00weights\x00{model}")  # (-, sum of the active accounts' weights)
             self.heads_at = [state.cell(f"fair\x00head\x00{model}\x00{w}") for w in range(state.workers)]
+            # (the held-count cell of the account whose request heads that worker's queues, -)
+            whos_at = [state.cell(f"fair\x00headwho\x00{model}\x00{w}") for w in range(state.workers)]
             # (monotonic ns of the last release seen while requests waited, 0 after one seen while none did;
             # the mean seconds between such releases, 0 until two were seen)
             self.rate_at = state.cell(f"fair\x00rate\x00{model}")
@@ -131,6 +139,9 @@ class _Group:
         self.group_i, self.weights_i, self.rate_i = self.group_at >> 3, self.weights_at >> 3, self.rate_at >> 3
         self.heads_i = [at >> 3 for at in self.heads_at]
         self.head_i = self.heads_i[worker]
+        self.whos_i = [at >> 3 for at in whos_at]
+        self.who_i = self.whos_i[worker]
+        self._names: dict[int, str] = {}  # held-count cell -> account, for the heads other workers publish
         self.queues: dict[str, deque[_Waiter]] = {}
         self._consumer_i: dict[str, tuple[int, int]] = {}
 
@@ -161,6 +172,15 @@ class _Group:
             self._consumer_i[consumer] = cells
         return cells
 
+    def named(self, held_i: int, consumers: Iterable[str]) -> str | None:
+        """The account among `consumers` whose held-count cell is `held_i` (another worker's published head)."""
+        name = self._names.get(held_i)
+        if name is None:
+            for consumer in consumers:
+                self._names[self.consumer_index(consumer)[0]] = consumer
+            name = self._names.get(held_i)
+        return name
+
     def consumer_cells(self, consumer: str) -> tuple[int, int]:
         """`consumer_index` as byte offsets (for `_int` and `_float`)."""
         held, waiting = self.consumer_index(consumer)
@@ -172,17 +192,25 @@ class _Group:
         time has passed, so this counts what it has arrived with lately, not how long its requests run: a quiet
         account with a few long requests in flight is still below its share, a flooding one with a queue is not.
         Also below its share: an account holding fewer requests than its weighted share of the soft cap.
+        Never below its share: an account holding its weighted share of the whole cap or more. Its requests may be
+        admitted as fast as it sends them (a closed loop of streams), so that the virtual time follows its own
+        tags and its finish tag never runs ahead; it would then pass a quiet account's waiting request into
+        the headroom.
         `finish`: its finish tag as it would be (a forecast), instead of the one recorded."""
         held_i, waiting_i = self.consumer_index(consumer)
         ints, floats = self._ints, self._floats
         held = ints[held_i]
         active = floats[self.weights_i + 1] + (0.0 if held + ints[waiting_i] else share.weight)
-        if finish is None:
-            finish = floats[held_i + 1]
-        # Or it holds fewer than its weighted share of the soft cap: a quiet account whose burst queued a few
+        # It holds fewer than its weighted share of the soft cap: a quiet account whose burst queued a few
         # requests (its finish tag now ahead) still has room coming to it, or the headroom would sit idle while
         # it waits for a flooding account's requests to end.
-        return finish - floats[self.group_i + 1] <= self.soft / active or held < self.soft * share.weight / active
+        if held < self.soft * share.weight / active:
+            return True
+        if held >= self.cap * share.weight / active:
+            return False
+        if finish is None:
+            finish = floats[held_i + 1]
+        return finish - floats[self.group_i + 1] <= self.soft / active
 
     def _free_pool(self, limit: int) -> int | None:
         """The index of the process holding the fewest requests, if that is under `limit`."""
@@ -240,6 +268,7 @@ class _Group:
         else:
             self._ints[at] = best.rank + 1
             self._floats[at + 1] = best.tag
+            self._ints[self.who_i] = best.held_i
 
     def _best(self) -> _Waiter | None:
         best = None
@@ -337,7 +366,7 @@ class FairAdmission:
                 return queue_full(consumer, share.max_queued)
             loop = asyncio.get_running_loop()
             future: asyncio.Future[UpstreamPool | Refusal] = loop.create_future()
-            waiter = _Waiter(consumer, share.rank, tag, future, time.monotonic() + share.max_wait_s, gone)
+            waiter = _Waiter(consumer, share.rank, tag, future, time.monotonic() + share.max_wait_s, gone, held_i)
             queue = group.queues.get(consumer)
             if queue is None:
                 queue = group.queues[consumer] = deque()
@@ -538,16 +567,28 @@ class FairAdmission:
             if owner is None:
                 return
             if owner != self.worker:
-                if relay:
-                    self._poke(owner)
-                return
-            best = group._best()
-            if best is None:  # our published head is stale: republish and look again
-                group._publish_head()
-                continue
-            share = self.shares.get(best.consumer) or Share()
-            limit = self._limit(group, best.consumer, share)
-            index = free if limit >= group.cap else group._free_pool(limit)  # nothing changed since `free`
+                if self._may_go(group, owner):
+                    if relay:
+                        self._poke(owner)
+                    return
+                # Another worker's request is the best, but it may not use the room (its account is above its
+                # share and the process holds its limit): the room is for requests below their share, this
+                # worker's as much as the owner's (the owner looked at its own already, or will when poked).
+                best = self._best_below_share(group)
+                if best is None:
+                    if relay:
+                        self._poke(owner)
+                    return
+                share = self.shares.get(best.consumer) or Share()
+                index: int | None = free
+            else:
+                best = group._best()
+                if best is None:  # our published head is stale: republish and look again
+                    group._publish_head()
+                    continue
+                share = self.shares.get(best.consumer) or Share()
+                limit = self._limit(group, best.consumer, share)
+                index = free if limit >= group.cap else group._free_pool(limit)  # nothing changed since `free`
             if index is None:
                 best = self._best_below_share(group)
                 if best is None:
@@ -565,6 +606,14 @@ class FairAdmission:
             else:
                 best.future.set_result(group._grant_waiting(index, best))
             group._publish_head()
+
+    def _may_go(self, group: _Group, owner: int) -> bool:
+        """Whether the request heading worker `owner`'s queues has room under its limit (an account this worker
+        does not know counts as having room: the owner decides). Lock held."""
+        name = group.named(group._ints[group.whos_i[owner]], self.shares)
+        if name is None:
+            return True
+        return group._free_pool(self._limit(group, name, self.shares[name])) is not None
 
     def _best_below_share(self, group: _Group) -> _Waiter | None:
         best = None

@@ -87,3 +87,15 @@ def test_the_verdict_passes_at_the_issues_bound_and_fails_above_it():
                 "round_ratios": {"fair": spread([fair]), "engine_bound": spread([1.0])}}
 
     assert verdict(results(1.1))["pass"] and not verdict(results(1.11))["pass"]
+
+
+def test_the_headroom_simulation_runs_the_admission_code_and_counts_the_quiet_accounts_waits():
+    """A short real run (its figures depend on the machine's load, so only their shape is asserted)."""
+    import asyncio
+
+    from scripts.bench_fairness import headroom_waits
+
+    row = asyncio.run(headroom_waits(8, seconds=1.0, service_s=0.05))
+    assert row["cap"] == 8 and row["quiet_requests"] > 0
+    assert 0 <= row["waited"] <= row["quiet_requests"] and 0.0 <= row["waited_share"] <= 1.0
+    assert row["wait_max_ms"] >= row["wait_p99_ms"] >= 0.0

@@ -867,3 +867,84 @@ def test_the_waiting_path_costs_a_bounded_number_of_calls_not_a_call_per_shared_
     18 microseconds; with indices, 26 and 15 calls)."""
     assert calls_into_fair_per_request(cap=1) <= 30
     assert calls_into_fair_per_request(cap=8) <= 20
+
+
+def two_admissions(cap: int):
+    """Two gateway workers' admissions over one engine process of `cap` slots (the shared state of both), the
+    safety-net poll far beyond the test: only a release or a poke hands a slot over."""
+    _, (voice, analytics) = consumers()
+    state, engines = SharedState(2), {MODEL_ID: [Engine(9001)]}
+    return [FairAdmission(state, engines, {MODEL_ID: cap}, (voice, analytics), worker=w, poll_s=600) for w in (0, 1)]
+
+
+async def turns(n: int = 50) -> None:
+    for _ in range(n):
+        await asyncio.sleep(0)
+
+
+def test_a_quiet_request_below_its_share_gets_the_room_the_other_workers_flood_may_not_use():
+    """The device run of bench/FAIRNESS_DEVICE.md (bench/data/fairness-h200) saw the quiet account wait 100-300 ms at
+    the gateway with two workers: when the best request of all was another worker's flood request above its share,
+    a poked worker handed nothing over (the owner of the best decides) and its own quiet request waited for the
+    poll. Now the poked worker asks whether that best may go, and if not gives the room to its own request below
+    its share."""
+    async def body():
+        neighbour, quiet = two_admissions(cap=8)  # soft cap 6; shares of 3, 4 of the cap
+        for admission in (neighbour, quiet):
+            admission.start()
+        try:
+            held = [await neighbour.acquire("voice-app", MODEL_ID, lambda: False) for _ in range(8)]  # alone: all 8
+            flood = [asyncio.ensure_future(neighbour.acquire("voice-app", MODEL_ID, lambda: False)) for _ in range(5)]
+            first = asyncio.ensure_future(quiet.acquire("analytics", MODEL_ID, lambda: False))
+            await turns()
+            neighbour.release("voice-app", MODEL_ID, held.pop())  # the quiet request's tag is the lowest: it goes
+            await turns()
+            assert first.done() and not any(f.done() for f in flood)
+            # Its second request's tag equals the flood's next one: the flood's (worker 0) is the best of all.
+            second = asyncio.ensure_future(quiet.acquire("analytics", MODEL_ID, lambda: False))
+            await turns()
+            assert not second.done()  # 8 held
+            neighbour.release("voice-app", MODEL_ID, held.pop())  # 7 held: the flood (6) is at its limit (6 - 1)
+            await turns()
+            assert not any(f.done() for f in flood)
+            assert second.done(), "the quiet request waited for the poll though the room was its own"
+            neighbour.flush(fair.CLIENT_GONE)
+        finally:
+            for admission in (neighbour, quiet):
+                admission.stop()
+
+    run(body())
+
+
+def test_an_account_holding_its_share_of_the_cap_cannot_pass_a_waiting_request_by_sending_as_fast_as_admitted():
+    """A closed loop of streams is admitted as fast as it sends, so the virtual time follows its own tags and its
+    finish tag never runs ahead; counted below its share by that alone, its next request took a slot freed for a
+    quiet account's waiting request in the moment before the other worker's poke was read (the device run's
+    engine-bound phase: the quiet account waited 155-221 ms at the gateway beside 12 streams of a cap of 16)."""
+    async def body():
+        neighbour, quiet = two_admissions(cap=8)
+        for admission in (neighbour, quiet):
+            admission.start()
+        try:
+            streams = [await neighbour.acquire("voice-app", MODEL_ID, lambda: False) for _ in range(6)]
+            mine = [await quiet.acquire("analytics", MODEL_ID, lambda: False) for _ in range(2)]  # the headroom
+            waiting = asyncio.ensure_future(quiet.acquire("analytics", MODEL_ID, lambda: False))
+            await turns()
+            assert not waiting.done()  # 8 held
+            neighbour.release("voice-app", MODEL_ID, streams.pop())  # the slot is owed to worker 1's request
+            # The stream's next request reaches worker 0 before worker 1 has read the poke.
+            again = neighbour.acquire("voice-app", MODEL_ID, lambda: False)
+            try:
+                again.send(None)
+            except StopIteration as admitted:
+                raise AssertionError(f"the stream passed the waiting request: {admitted.value}") from None
+            await turns()
+            assert waiting.done() and not isinstance(waiting.result(), Refusal)
+            assert len(mine) == 2 and neighbour.waiting() == 1  # the stream's request waits its turn
+            neighbour.flush(fair.CLIENT_GONE)
+            again.close()  # driven by hand, not a task: nothing else will resume it
+        finally:
+            for admission in (neighbour, quiet):
+                admission.stop()
+
+    run(body())
