@@ -132,6 +132,15 @@ class ModelCurve:
     def colocated(self) -> bool:
         return self.packing is not None and self.peers_busy and sum(c for _, c in self.packing) > 1
 
+    @property
+    def kind(self) -> str:
+        """Which of a model's curves this is, for the lines that name one (a model on one instance type and
+        precision may have several: solo, alone beside idle peers under either mode, co-located under either)."""
+        if self.packing is None:
+            return "solo"
+        mode = MODE_WORDS[self.sharing or TIME_SLICING]
+        return f"co-located ({mode})" if self.colocated else f"alone, peers idle ({mode})"
+
 
 def _packing_key(results: Any) -> tuple[tuple[str, int], ...] | None:
     packing = getattr(results, "packing", None)
@@ -654,11 +663,17 @@ def _curve_for(curves: list[ModelCurve], model: str, instance_type: str, precisi
                key: tuple[tuple[str, int], ...], precisions: tuple[tuple[str, str], ...], sharing: str = TIME_SLICING
                ) -> tuple[ModelCurve | None, ModelCurve | None]:
     """(co-located curve measured on exactly this packing, every model at its precision, with peers busy, under
-    the GPU sharing `sharing` (a curve of the other mode is never used), best solo-like curve)."""
+    the GPU sharing `sharing` (a curve of the other mode is never used), best solo-like curve).
+
+    The solo-like curve is the process alone on its GPU, else alone with its peers loaded and idle and no MPS
+    daemon, else alone as an MPS client: what one process per GPU measures, and what both estimators stretch
+    (the MPS estimator is calibrated against solo figures without a daemon: data/gpu_sharing.yaml)."""
     mine = [c for c in curves if c.model == model and c.instance_type == instance_type and c.precision == precision]
     coloc = next((c for c in mine if c.colocated and c.packing == key and c.precisions == precisions
                   and (c.sharing or TIME_SLICING) == sharing), None)
-    solo = next((c for c in mine if c.packing is None), None) or next((c for c in mine if not c.colocated), None)
+    solo = (next((c for c in mine if c.packing is None), None)
+            or next((c for c in mine if not c.colocated and c.sharing != MPS), None)
+            or next((c for c in mine if not c.colocated), None))
     return coloc, solo
 
 
