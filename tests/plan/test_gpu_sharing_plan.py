@@ -245,3 +245,58 @@ def test_the_what_if_is_refused_with_write_config_and_for_one_model(capsys, tmp_
     code = main(["plan", "--results", str(seed / "results"), "--traffic", str(seed / "traffic-small.yaml"),
                  "--config", str(ROOT / "config" / "fleet.yaml"), "--gpu-sharing", "mps"])
     assert code == 2 and "--gpu-sharing plan fleets of several models" in capsys.readouterr().err
+
+
+SHARING_FILES = sorted(str(p) for p in (DATA / "h200-sharing").glob("*/h200-sharing-*.json"))
+
+
+def test_on_the_measured_sharing_dataset_mps_wins_measured_and_the_report_states_both_savings(tmp_path):
+    """examples/plan/h200-colocate/README.md: at traffic-busy.yaml, from bench/data/h200-sharing (both modes
+    measured), the plan under MPS picks the measured MPS pair; its saving against one model per pool and against
+    the measured time-sliced pair is in the report. Without the what-if the pool time-slices and the measured
+    time-sliced pair is the choice."""
+    _, mps = _plan(_config(tmp_path, None), "traffic-busy.yaml", results=SHARING_FILES, gpu_sharing=MPS)
+    w = mps.winner
+    assert w.source == MEASURED[MPS] and not w.estimated and w.sharing == MPS
+    assert {(m.model, m.copies, m.source) for m in w.loads} == {
+        ("gpt2-medium-shape", 1, "measured (MPS)"), ("gpt2-xl-shape", 1, "measured (MPS)")}
+    alt = {a.name: a.cost_per_hour for a in mps.alternatives}
+    assert (round(w.cost_per_hour, 2), round(alt["one model per pool"], 2), round(alt["time slicing"], 2)) == (
+        14.78, 20.61, 27.28)
+    said = " ".join(mps.savings())
+    assert "vs one model per pool" in said and "vs time slicing" in said
+    assert any("estimated (solo curves, MPS)" in n and "$8.94/h" in n for n in mps.notes)
+    _, sliced = _plan(_config(tmp_path, None), "traffic-busy.yaml", results=SHARING_FILES)
+    assert sliced.winner.source == MEASURED[TIME_SLICING] and round(sliced.winner.cost_per_hour, 2) == 27.28
+
+
+def test_the_solo_curve_is_the_one_without_an_mps_daemon_whatever_the_order_of_the_curves():
+    """A model measured alone beside an idle peer both time-sliced (no daemon) and as an MPS client: the solo-like
+    curve that one model per pool and both estimators read is the one without the daemon (what the MPS estimator is
+    calibrated against), not whichever file sorts first."""
+    from fleetcast.plan.packing import _curve_for, load_model_curves
+
+    curves = load_model_curves(SHARING_FILES, PAIR, lab=LAB)
+    key = (("gpt2-medium-shape", 1), ("gpt2-xl-shape", 1))
+    precisions = (("gpt2-medium-shape", "fp16"), ("gpt2-xl-shape", "fp16"))
+    for order in (curves, curves[::-1]):
+        for sharing in (MPS, TIME_SLICING):
+            coloc, solo = _curve_for(order, "gpt2-xl-shape", "lab.h200", "fp16", key, precisions, sharing)
+            assert solo is not None and not solo.colocated and solo.sharing == TIME_SLICING
+            assert coloc is not None and coloc.sharing == sharing
+
+
+def test_each_curve_warning_names_the_model_and_which_of_its_curves_it_is(tmp_path):
+    """Four curves per model (alone and co-located, each mode): each spread warning says whose and which, and the
+    figure is that curve's own (medium alone as an MPS client: P99 TTFT 86.4 to 267.9 ms at 64 streams, 210%)."""
+    opts = PlanOptions(results=SHARING_FILES, traffic=str(SCENARIO / "traffic-busy.yaml"),
+                       config=_config(tmp_path, None), prices=str(SCENARIO / "prices.yaml"), lab=LAB,
+                       today=date(2026, 2, 1))
+    result, _, _ = build_packing(opts)
+    spread = [w for w in result.warnings if "repeats at" in w]
+    heads = sorted(w.split(": ", 1)[0] for w in spread)
+    assert heads == sorted(f"{m} on lab.h200 fp16, {kind} curve" for m in PAIR for kind in (
+        "alone, peers idle (MPS)", "alone, peers idle (time slicing)", "co-located (MPS)", "co-located (time slicing)"))
+    (medium_mps_alone,) = [w for w in spread if w.startswith("gpt2-medium-shape on lab.h200 fp16, alone, peers idle "
+                                                             "(MPS)")]
+    assert "P99 TTFT 210% (at 64)" in medium_mps_alone
