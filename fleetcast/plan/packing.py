@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any
 
 from fleetcast.config import catalog
 from fleetcast.config.memory import PoolMemory, plan_pool
-from fleetcast.config.model import EngineOverride, Serve
+from fleetcast.config.model import EngineOverride, GpuSharing, Serve
 from fleetcast.contract import support
 from fleetcast.contract.errors import UserError
 from fleetcast.contract.serving import GIB, MAX_PROCESSES
@@ -277,6 +277,7 @@ class _PoolShape:
     instance_type: str
     serves: tuple[Serve, ...] = ()
     engine: EngineOverride = field(default_factory=EngineOverride)
+    gpu_sharing: GpuSharing = GpuSharing.TIME_SLICING  # under MPS the memory plan checks each client's limit too
 
 
 def model_engine(cfg: FleetConfig, model_id: str) -> EngineSpec:
@@ -302,12 +303,14 @@ class _PackedFleet:
 
 
 def packing_memory(cfg: FleetConfig, instance_type: str, packing: tuple[tuple[str, str, int], ...],
-                   lab: dict[str, str] | None = None, kv_cache_gb: dict[str, float] | None = None) -> PoolMemory | None:
+                   lab: dict[str, str] | None = None, kv_cache_gb: dict[str, float] | None = None,
+                   sharing: str = TIME_SLICING) -> PoolMemory | None:
     """The memory plan of one instance serving `packing` ((model, precision, copies)): memory.plan_pool's.
     `kv_cache_gb` fixes budgets (model -> GB each copy, as a co-located measurement ran them); the others
     share what is left evenly."""
     kv = kv_cache_gb or {}
-    shape = _PoolShape(instance_type, tuple(Serve(model=m, copies=c, kv_cache_gb=kv.get(m)) for m, _, c in packing))
+    shape = _PoolShape(instance_type, tuple(Serve(model=m, copies=c, kv_cache_gb=kv.get(m)) for m, _, c in packing),
+                       gpu_sharing=GpuSharing(sharing))
     # Duck-typed: what plan_pool reads of a config and a pool, for a packing neither holds yet.
     fleet: Any = _PackedFleet(cfg, {m: p for m, p, _ in packing})
     pool: Any = shape
@@ -318,14 +321,15 @@ MEMORY_RULE = "memory"  # PackingEval.ruled_by of a packing the memory check ref
 
 
 def memory_check(cfg: FleetConfig, instance_type: str, packing: tuple[tuple[str, str, int], ...], lab: dict[str, str] | None = None,
-                 kv_cache_gb: dict[str, float] | None = None) -> tuple[PoolMemory | None, str | None]:
+                 kv_cache_gb: dict[str, float] | None = None, sharing: str = TIME_SLICING
+                 ) -> tuple[PoolMemory | None, str | None]:
     """The planner's one memory check (a fuller memory model swaps in here): the instance's memory plan and, when
     the packing does not fit, why, its first clause the reason the report groups ruled-out packings by.
 
     A packing of one process keeps its engine's KV fraction, as the validator lets a one-model pool do, so it
     needs no model size; several processes split the GPU by the validator's arithmetic (memory.plan_pool), each
     copy with at least MIN_KV_GIB of KV cache."""
-    memory = packing_memory(cfg, instance_type, packing, lab, kv_cache_gb)
+    memory = packing_memory(cfg, instance_type, packing, lab, kv_cache_gb, sharing)
     if memory is None:
         return None, f"memory: {instance_type} is not in the instance catalog"
     if memory.process_count == 1:
@@ -846,7 +850,7 @@ def _evaluate(cfg: FleetConfig, curves: list[ModelCurve], instance_type: str, re
     # A co-located curve holds at the KV budgets it was measured with: the plan keeps them.
     measured_kv = {m: gb for *_, coloc, _ in picked if coloc is not None and coloc.kv_cache_gb
                    for m, gb in coloc.kv_cache_gb.items()}
-    memory, refusal = memory_check(cfg, instance_type, packing, cache["lab"], measured_kv)
+    memory, refusal = memory_check(cfg, instance_type, packing, cache["lab"], measured_kv, sharing)
     if refusal is not None:
         label = " + ".join(f"{m} {p} x{c}" for m, p, c in packing)
         return PackingEval(instance_type, region, [], memory, rejected=refusal, label_text=label, sharing=sharing)
