@@ -37,8 +37,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from fleetcast.contract.errors import UserError
-from fleetcast.contract.serving import GIB, PROCESS_OVERHEAD_BYTES, mps_client_limit
-from fleetcast.contract.serving import kv_bytes_per_token as kv_bytes_per_token_of
+from fleetcast.contract.serving import (
+    GIB,
+    PROCESS_OVERHEAD_BYTES,
+    kv_bytes_per_token as kv_bytes_per_token_of,
+    mps_client_limit,
+)
 
 if TYPE_CHECKING:  # annotations only
     from fleetcast.contract.serving import ProcessSlot
