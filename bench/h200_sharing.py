@@ -13,7 +13,7 @@ What one run does, in order:
     fraction beside it (fleetcast.config.memory.binding_fraction), as runtime/bootstrap.py passes them. Under
     --gpu-sharing mps the GPU's MPS control daemon is started through runtime/mps.py as the runtime starts it
     (its own pipe and log directories, here under a temp dir), each process is its client with its device-memory
-    limit set to its planned share (runtime.kv_budget.mps_memory_limit: weights + overhead + KV / fraction), and
+    limit set to its planned share with its part of the headroom (runtime.kv_budget.mps_memory_limit), and
     the daemon is stopped after the last process; time_slicing starts no daemon;
  3. records each process's KV cache against its plan (GET /memory) and, under MPS, that it ran as a client;
  4. for each repeat and each concurrency level (per model): each model alone (the other loaded, idle; not with
@@ -27,7 +27,9 @@ What one run does, in order:
 
 --summarize reads several runs' sharing.json and checks issue 33's goals for MPS at 16 and 64 streams: each
 model's ITL P99 within 1.3x its solo figure, combined throughput at least 1.8x the time-sliced figure; it prints
-one PASS/FAIL line per goal and writes goals.json. The time-slicing dataset of docs/runtime.md
+one PASS/FAIL line per goal and writes goals.json. With --calibration FILE it also writes the planner's MPS
+estimator calibration (fleetcast/config/data/gpu_sharing.yaml): per goal level, model and way, each metric's median
+over every repeat of every run given, the repeats counted and the lowest and highest repeat. The time-slicing dataset of docs/runtime.md
 (bench/data/h200-colocate*.json) is bench/h200_colocate.py's, unchanged.
 
 --device cpu is the dry run (tests/bench/test_h200_sharing_script.py): two tiny shapes on CPU, bf16, short
