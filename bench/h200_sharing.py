@@ -13,7 +13,7 @@ What one run does, in order:
     fraction beside it (fleetcast.config.memory.binding_fraction), as runtime/bootstrap.py passes them. Under
     --gpu-sharing mps the GPU's MPS control daemon is started through runtime/mps.py as the runtime starts it
     (its own pipe and log directories, here under a temp dir), each process is its client with its device-memory
-    limit set to its planned share (runtime.kv_budget.mps_memory_limit: weights + overhead + KV / fraction), and
+    limit set to its planned share with its part of the headroom (runtime.kv_budget.mps_memory_limit), and
     the daemon is stopped after the last process; time_slicing starts no daemon;
  3. records each process's KV cache against its plan (GET /memory) and, under MPS, that it ran as a client;
  4. for each repeat and each concurrency level (per model): each model alone (the other loaded, idle; not with
@@ -27,7 +27,9 @@ What one run does, in order:
 
 --summarize reads several runs' sharing.json and checks issue 33's goals for MPS at 16 and 64 streams: each
 model's ITL P99 within 1.3x its solo figure, combined throughput at least 1.8x the time-sliced figure; it prints
-one PASS/FAIL line per goal and writes goals.json. The time-slicing dataset of docs/runtime.md
+one PASS/FAIL line per goal and writes goals.json. With --calibration FILE it also writes the planner's MPS
+estimator calibration (fleetcast/config/data/gpu_sharing.yaml): per goal level, model and way, each metric's median
+over every repeat of every run given, the repeats counted and the lowest and highest repeat. The time-slicing dataset of docs/runtime.md
 (bench/data/h200-colocate*.json) is bench/h200_colocate.py's, unchanged.
 
 --device cpu is the dry run (tests/bench/test_h200_sharing_script.py): two tiny shapes on CPU, bf16, short
@@ -533,6 +535,69 @@ def goals(runs: list[dict], levels: tuple[int, ...] = GOAL_LEVELS) -> dict:
                       "stopped_early": r.get("stopped_early")} for r in runs]}
 
 
+# What the planner's MPS estimator is calibrated on (fleetcast/config/data/gpu_sharing.yaml; docs/plan.md, "GPU
+# sharing in the plan"): per level and model, the median of every repeat over both start orders of
+# - alone: the model alone with no MPS daemon (the time-sliced runs' solo, the other loaded and idle): what an ordinary
+#   solo curve measures, which the estimator stretches;
+# - time_slicing / mps: both busy at that level, time-sliced / under MPS;
+# - mps_alone: the model alone as an MPS client (the other client loaded and idle): recorded, not calibrated on.
+CALIBRATION_WAYS = {"alone": ("time_slicing", "alone"), "time_slicing": ("time_slicing", "together"),
+                    "mps": ("mps", "together"), "mps_alone": ("mps", "alone")}
+CALIBRATION_METRICS = ("output_tps", "itl_p99_ms", "ttft_p99_ms")
+
+
+def calibration(runs: list[dict], levels: tuple[int, ...] = GOAL_LEVELS) -> list[dict]:
+    """The calibration pairs (CALIBRATION_WAYS): per level, per model, per way, each metric's median over the
+    repeats, the repeats counted and each metric's lowest and highest repeat."""
+    pairs = []
+    models = sorted({r["model"] for run in runs for r in run["table"] if r["model"] != "combined"}, reverse=True)
+    for level in levels:
+        figures: dict[str, dict] = {}
+        for model in models:
+            for way, (mode, kind) in CALIBRATION_WAYS.items():
+                reps = [rep for run in runs if run["gpu_sharing"] == mode for r in run["table"]
+                        if r["kind"] == kind and r["level"] == level and r["model"] == model for rep in r["repeats"]]
+                if not reps:
+                    raise ValueError(f"--calibration: no {mode} {kind} run of {model} at {level} streams")
+                vals = {m: [rep[m] for rep in reps] for m in CALIBRATION_METRICS}
+                figures.setdefault(model, {})[way] = {
+                    **{m: round(statistics.median(v), 1) for m, v in vals.items()}, "repeats": len(reps),
+                    "spread": {m: [round(min(v), 1), round(max(v), 1)] for m, v in vals.items()}}
+        pairs.append({"concurrency": level, "models": figures})
+    return pairs
+
+
+CALIBRATION_HEADER = """\
+# Two processes sharing one GPU, alone and both busy, by time slicing and under MPS: what the planner's MPS
+# estimator (fleetcast/plan/estimate.py, mps_calibration) is calibrated on and checked against, and the
+# time-slicing rule is checked against too (docs/plan.md, "GPU sharing in the plan").
+# Written by bench/h200_sharing.py --calibration (the command below) from the H200 sharing dataset,
+# bench/data/h200-sharing/*/sharing.json (bench/H200_RUNS.md): the reference backend (PyTorch, random fp16
+# weights) with the GPT-2 XL and GPT-2 medium shapes, 128 tokens in and out, 5 s per point, both start orders.
+# Per model and way: each metric's median over every repeat of both start orders (repeats: how many), and
+# spread: its lowest and highest repeat. alone: no MPS daemon (the time-sliced runs' solo, the other process
+# loaded and idle), what the estimator stretches; time_slicing / mps: both busy at the same streams each;
+# mps_alone: the model alone as an MPS client (recorded, not calibrated on: MPS's own cost to a lone client).
+"""
+
+
+def calibration_yaml(runs: list[dict], command: str, levels: tuple[int, ...] = GOAL_LEVELS) -> str:
+    def flow(d: dict) -> str:
+        return "{" + ", ".join(f"{k}: {flow(v) if isinstance(v, dict) else json.dumps(v)}" for k, v in d.items()) + "}"
+
+    pairs = calibration(runs, levels)
+    lines = [CALIBRATION_HEADER.rstrip("\n"),
+             'provenance: "H200 sharing dataset (bench/data/h200-sharing), both start orders"',
+             f"command: {json.dumps(command)}", "gpu: H200", "backend: reference", "input_tokens: 128",
+             "output_tokens: 128", "pairs:"]
+    for pair in pairs:
+        lines += [f"  - concurrency: {pair['concurrency']}", "    models:"]
+        for model, ways in pair["models"].items():
+            lines.append(f"      {model}:")
+            lines += [f"        {way}: {flow(fig)}" for way, fig in ways.items()]
+    return "\n".join(lines) + "\n"
+
+
 def goal_line(c: dict) -> str:
     verdict = {True: "PASS", False: "FAIL", None: "MISSING"}[c["pass"]]
     if c["pass"] is None:
@@ -555,10 +620,25 @@ def summarize(args: argparse.Namespace) -> int:
             print(f"error: {path} does not exist (a bench/h200_sharing.py run's --out)", file=sys.stderr)
             return 2
         runs.append(json.loads(path.read_text()))
-    result = goals(runs, tuple(int(x) for x in args.goal_levels.split(",")))
+    levels = tuple(int(x) for x in args.goal_levels.split(","))
+    result = goals(runs, levels)
+    table = None
+    if args.calibration:
+        command = ("python3 bench/h200_sharing.py --summarize " + " ".join(args.summarize) +
+                   f" --out {args.out} --calibration {args.calibration}")
+        try:
+            table = calibration_yaml(runs, command, levels)
+        except ValueError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     write_json(out / "goals.json", result)
+    if table is not None:
+        tmp = Path(args.calibration).with_name(f".{Path(args.calibration).name}.tmp")
+        tmp.write_text(table)
+        tmp.replace(args.calibration)
+        print(f"wrote {args.calibration}")
     for check in result["checks"]:
         print(goal_line(check))
     print("ALL GOALS PASS" if result["all_pass"] else "GOALS NOT ALL MET (see above)")
@@ -586,6 +666,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                     help="under MPS, when the pair fails to start at its planned limits, retry with this much more "
                          "per client, each in turn (comma-separated MiB; recorded in start_attempts)")
     ap.add_argument("--summarize", nargs="+", metavar="RUN_DIR", help="check the goals over these runs' sharing.json")
+    ap.add_argument("--calibration", metavar="YAML",
+                    help="with --summarize: also write the MPS estimator's calibration pairs (medians and spread at "
+                         "the goal levels) to this file (fleetcast/config/data/gpu_sharing.yaml)")
     ap.add_argument("--goal-levels", default=",".join(map(str, GOAL_LEVELS)),
                     help="with --summarize: the levels the goals are checked at")
     args = ap.parse_args(argv)

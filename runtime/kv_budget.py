@@ -37,7 +37,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from fleetcast.contract.errors import UserError
-from fleetcast.contract.serving import GIB, PROCESS_OVERHEAD_BYTES, kv_bytes_per_token as kv_bytes_per_token_of
+from fleetcast.contract.serving import (
+    GIB,
+    PROCESS_OVERHEAD_BYTES,
+    kv_bytes_per_token as kv_bytes_per_token_of,
+    mps_client_limit,
+)
 
 if TYPE_CHECKING:  # annotations only
     from fleetcast.contract.serving import ProcessSlot
@@ -133,10 +138,10 @@ def check_budgets_bind(slots: Sequence[ProcessSlot], budgets: Mapping[tuple[str,
 
 def mps_memory_limit(weights: int, kv: int, fraction: float, lora: int = 0,
                      overhead: int = PROCESS_OVERHEAD_BYTES) -> int:
-    """CUDA_MPS_PINNED_DEVICE_MEM_LIMIT of a process under MPS: its planned share, with its KV part divided by the
-    fraction it is given, so that a client which sees only its limit as the GPU still finds fraction x free >= its
-    budget and max_tokens binds (weights + overhead + LoRA + KV / fraction)."""
-    return process_bytes(weights, -(-kv * 1_000_000 // int(fraction * 1_000_000)), lora, overhead)
+    """CUDA_MPS_PINNED_DEVICE_MEM_LIMIT of a process under MPS: its planned share (weights + overhead + LoRA + KV)
+    with its part of the validator's headroom, and at least room for the fraction it is given
+    (fleetcast.contract.serving.mps_client_limit, the rule the validator checks the packing with)."""
+    return mps_client_limit(process_bytes(weights, kv, lora, overhead), kv, fraction)
 
 
 def plan_budgets(slots: Sequence[ProcessSlot], explicit: Mapping[str, int | None], weights_bytes: Mapping[str, int],

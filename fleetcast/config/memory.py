@@ -23,6 +23,9 @@ GPU, per engine process: weights at the precision + overhead + LoRA device reser
   reach its budget, or max_tokens does not bind and the process gets less KV than planned.
 - Usable memory is what nvidia-smi reports (the catalog's usable_memory_mib), not the listed size; the
   sum must leave HEADROOM_SHARE of it unplanned.
+- Under MPS each process runs with a hard device-memory limit: its planned share plus its part of that
+  headroom (fleetcast.contract.serving.mps_client_limit, which the instance sets), and the limits must sum to
+  at most the usable memory.
 
 Host, per engine process (trtllm-serve): RAM and a vCPU (`HOST_*` below), plus what the instance itself runs.
 
@@ -36,7 +39,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from fleetcast.contract.adapters import LORA_DEVICE_RESERVE_BYTES
-from fleetcast.contract.serving import GIB, PROCESS_OVERHEAD_BYTES
+from fleetcast.contract.serving import GIB, HEADROOM_SHARE, PROCESS_OVERHEAD_BYTES, mps_client_limit
 
 if TYPE_CHECKING:
     from .catalog import InstanceType
@@ -135,10 +138,9 @@ def served_overhead(served: ServedModel) -> ProcessOverhead:
 
 # ---------------------------------------------------------------- GPU: usable memory and headroom
 
-# Share of the usable memory (nvidia-smi's total, the catalog's usable_memory_mib) a packing leaves unplanned:
-# allocator fragmentation and what the estimates above miss. A design margin, not a measured figure; before it
-# was taken of the listed size (48 GiB on an L40S), which left 4% of the 44.99 GiB really there.
-HEADROOM_SHARE = 0.10
+# HEADROOM_SHARE (fleetcast/contract/serving.py, which the instance's MPS limits read too): the share of the usable
+# memory (nvidia-smi's total, the catalog's usable_memory_mib) a packing leaves unplanned. Before it was taken of
+# the listed size (48 GiB on an L40S), which left 4% of the 44.99 GiB really there.
 
 # ---------------------------------------------------------------- host: RAM and vCPUs per engine process
 
@@ -200,6 +202,15 @@ class ProcessMemory:
         before = self.before_kv_bytes
         return None if before is None else before + (self.kv_bytes or 0)
 
+    @property
+    def mps_limit_bytes(self) -> int | None:
+        """Each copy's CUDA_MPS_PINNED_DEVICE_MEM_LIMIT under MPS (the instance's rule, runtime/bootstrap.py); None:
+        no limit (a process without a KV budget: its engine's fraction sizes its cache) or its size is unknown."""
+        each = self.each_bytes
+        if each is None or self.kv_bytes is None:
+            return None
+        return mps_client_limit(each, self.kv_bytes, self.kv_fraction)
+
     def describe(self) -> str:
         weights = "weights unknown" if self.weights_bytes is None else \
             f"weights {_gib(self.weights_bytes)} at {self.precision}"
@@ -246,6 +257,14 @@ class PoolMemory:
     usable_gpu_bytes: int = 0  # nvidia-smi's total; 0: unknown, the listed size stands in
     host_bytes: int = 0  # the instance's RAM; 0: unknown (a lab machine), not checked
     vcpus: int = 0  # the instance's vCPUs; 0: unknown, not checked
+    mps: bool = False  # the pool shares its GPU under MPS: each process runs with a hard memory limit
+
+    @property
+    def mps_limits_bytes(self) -> int | None:
+        """The sum of the processes' MPS memory limits; None when a model's size is unknown."""
+        if self.planned_bytes is None:
+            return None
+        return sum(p.copies * (p.mps_limit_bytes or 0) for p in self.processes)
 
     @property
     def device_bytes(self) -> int:
@@ -313,6 +332,15 @@ class PoolMemory:
             out.append(f"does not fit its GPU: {self.arithmetic()}; allowed: at most {_gib(self.usable_bytes)} "
                        "(lower kv_cache_gb or copies, a lower precision, or a larger GPU)")
         elif planned is not None:
+            limits = self.mps_limits_bytes if self.mps else None
+            if limits is not None and limits > self.device_bytes:
+                out.append(
+                    f"its MPS memory limits do not fit its GPU: each client's limit is its planned share / "
+                    f"(1 - {HEADROOM_SHARE:g} headroom), at least its share with KV / its fraction: "
+                    f"{' + '.join(f'{p.copies} x {_gib(p.mps_limit_bytes or 0)} ({p.model_id})' for p in self.processes)}"
+                    f" = {_gib(limits)} > {_gib(self.device_bytes)} ({self.arithmetic()}); allowed: limits summing to "
+                    f"at most {_gib(self.device_bytes)} (a KV fraction of at least {1 - HEADROOM_SHARE:g}, smaller "
+                    "kv_cache_gb or fewer copies)")
             for s in self.kv_shortfalls():
                 p = s.process
                 out.append(
@@ -363,6 +391,7 @@ def plan_pool(cfg: FleetConfig, pool: Pool, instance: InstanceType | None = None
     budget keeps its engine's kv_cache_free_gpu_memory_fraction (as one-model fleets always have): None.
     """
     from . import catalog
+    from .model import GpuSharing
 
     instance = instance or catalog.instance_catalog().get(pool.instance_type)
     if instance is None:
@@ -387,7 +416,8 @@ def plan_pool(cfg: FleetConfig, pool: Pool, instance: InstanceType | None = None
                                   else binding_fraction()))
     host = int(instance.memory_gib * GIB) if instance.memory_gib > 0 else 0
     vcpus = max(instance.vcpus, 0)
-    plan = PoolMemory(instance.gpu.name, gpu_bytes, tuple(rows), usable, host, vcpus)
+    plan = PoolMemory(instance.gpu.name, gpu_bytes, tuple(rows), usable, host, vcpus,
+                      mps=pool.gpu_sharing is GpuSharing.MPS)
     unplanned = [r for r in rows if r.kv_bytes is None]
     if not unplanned or (plan.process_count == 1 and len(rows) == 1):
         return plan

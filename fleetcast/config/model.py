@@ -641,8 +641,11 @@ class Pool(Frozen):
         default=GpuSharing.TIME_SLICING,
         description="How the instance's engine processes share its GPU: time_slicing (each its own CUDA context) "
         "or mps (one MPS control daemon per GPU, each process a client with a device-memory limit of its planned "
-        "share; a fatal GPU fault in one restarts every process of that GPU together). Default time_slicing: "
-        "MPS's gain is measured on the reference backend only; docs/runtime.md, \"GPU sharing\".",
+        "share plus its part of the headroom; a fatal GPU fault in one restarts every process of that GPU "
+        "together). Default time_slicing: on an H200 (reference backend only) MPS served two busy processes "
+        "1.8-2.0x the time-sliced throughput, but a lone client ran 1-16% slower and one client's fault stopped "
+        "every model on the GPU for 13-18 s; set mps for packed pools whose processes are busy together "
+        "(docs/runtime.md, \"GPU sharing\").",
     )
 
     @property

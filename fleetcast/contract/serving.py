@@ -26,6 +26,29 @@ GIB = 2**30
 # validator's memory check (fleetcast/config/memory.py) both count it.
 PROCESS_OVERHEAD_BYTES = 1_200 * (1 << 20)
 
+# Share of a GPU's usable memory (nvidia-smi's total) a packing leaves unplanned: allocator fragmentation and what
+# the overhead estimates miss. A design margin, not a measured figure. The validator plans every process within the
+# rest (fleetcast/config/memory.py); under MPS each client's memory limit carries its own part of it
+# (mps_client_limit), since a hard per-client limit leaves no shared headroom for any process to grow into.
+HEADROOM_SHARE = 0.10
+
+
+def mps_client_limit(planned_bytes: int, kv_bytes: int, fraction: float) -> int:
+    """CUDA_MPS_PINNED_DEVICE_MEM_LIMIT of an engine process planned to hold `planned_bytes` (weights, overhead,
+    LoRA cache and its KV budget `kv_bytes`), the one rule of the instance (runtime/kv_budget.mps_memory_limit) and
+    the validator (fleetcast/config/memory.py):
+
+    - its part of the headroom: planned / (1 - HEADROOM_SHARE), so that the limits of a packing that fits the
+      usable memory less the headroom sum to at most the usable memory. On the H200 sharing run the planned share
+      alone (the second term) left 36-105 MB of each client's limit free at the end, its peaks 0.08-0.33 GB over
+      the validator's overhead (bench/data/h200-sharing/*/sharing.json, stop.memory_at_stop; docs/runtime.md);
+    - and never less than room for the fraction: a client that sees its limit as the GPU must still find
+      fraction x free >= its KV budget, so that max_tokens binds (planned - KV + KV / fraction)."""
+    with_fraction = planned_bytes - kv_bytes + -(-kv_bytes * 1_000_000 // int(fraction * 1_000_000))
+    # Rounded down, so that limits whose shares sum to the usable memory less the headroom never pass the usable.
+    with_headroom = planned_bytes * 1_000 // int(round((1 - HEADROOM_SHARE) * 1_000))
+    return max(with_fraction, with_headroom)
+
 
 def kv_bytes_per_token(layers: int, kv_width: int, element_bytes: int) -> int:
     """KV-cache bytes one token takes in every layer: keys and values (2) x layers x KV heads x head size

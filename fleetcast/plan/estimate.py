@@ -31,8 +31,9 @@ step of its own is stretched by F(c) = (s(c) + k * P(c)) / s(c), s its solo
 mean step. Time slicing runs one context at a time, so every peer step lands
 between two of its own: k = 1. Under MPS the processes' kernels run side by
 side and only part of the peers' work delays it: k is calibrated on measured
-pairs (data/gpu_sharing.yaml: issue 33's table, H200, one run), the largest k
-any model and metric of those pairs implies, so the estimate errs slow.
+pairs (data/gpu_sharing.yaml: the H200 sharing dataset's medians at 16 and 64
+streams), the largest k any model, level and metric of those pairs implies, so
+the estimate errs slow.
 """
 
 from __future__ import annotations
@@ -232,8 +233,11 @@ def estimate_specs(specs: list[str], measured: list[Candidate], model_id: str, f
 # Time slicing: the GPU runs one CUDA context at a time, so every step of a busy peer delays this process whole.
 TIME_SLICING_SERIALISED = 1.0
 SHARING_DATA = catalog.DATA_DIR / "gpu_sharing.yaml"
-SHARING_METRICS = ("output_tps", "itl_p99_ms")
-_METRIC_WORDS = {"output_tps": "throughput", "itl_p99_ms": "P99 ITL"}
+SHARING_METRICS = ("output_tps", "itl_p99_ms", "ttft_p99_ms")
+_METRIC_WORDS = {"output_tps": "throughput", "itl_p99_ms": "P99 ITL", "ttft_p99_ms": "P99 TTFT"}
+# The ways a pair was measured that the calibration reads: each model alone (no MPS daemon), both busy time-sliced,
+# both busy under MPS. (The file may hold more, e.g. mps_alone: a lone MPS client, recorded, not calibrated on.)
+SHARING_WAYS = ("alone", TIME_SLICING, MPS)
 
 
 def stretched(own: Curve, peer_step_ms: Callable[[float], float], serialised: float) -> Curve:
@@ -275,10 +279,12 @@ def colocated(mode: str, own: Curve, peer_step_ms: float) -> Curve:
 @dataclass(frozen=True)
 class SharedPair:
     """Two processes on one GPU at `concurrency` streams each: per model, per way ('alone', 'time_slicing',
-    'mps'), its output tokens/s and P99 ITL (ms)."""
+    'mps'), its output tokens/s, P99 ITL and P99 TTFT (ms), each the median of its repeats; `repeats` per model and
+    way how many there were (1 where the file does not say)."""
 
     concurrency: float
     figures: dict[str, dict[str, dict[str, float]]]
+    repeats: dict[str, dict[str, int]] = field(default_factory=dict)
 
     def step_ms(self, model: str) -> float:
         """A model's solo mean step: its streams over its solo token rate (every stream gains one token a step)."""
@@ -308,6 +314,11 @@ class SharingDataset:
     backend: str
     pairs: tuple[SharedPair, ...]
 
+    def repeats_text(self) -> str:
+        """How many repeats back the medians, e.g. '3-6 repeats each'."""
+        counts = sorted({n for p in self.pairs for ways in p.repeats.values() for n in ways.values()} or {1})
+        return f"{counts[0]}-{counts[-1]} repeats each" if len(counts) > 1 else f"{counts[0]} repeat(s) each"
+
 
 def load_sharing_dataset(path: Path | None = None) -> SharingDataset:
     """The measured pairs (data/gpu_sharing.yaml, or `path`); a missing figure is one error naming it."""
@@ -321,20 +332,39 @@ def load_sharing_dataset(path: Path | None = None) -> SharingDataset:
         models = pair.get("models", {})
         if len(models) != 2:
             raise UserError(f"{where}: pairs[{i}].models: a pair is two models, found {len(models)}")
+        repeats: dict[str, dict[str, int]] = {}
         for model, ways in models.items():
-            for way in ("alone", TIME_SLICING, MPS):
+            for way in SHARING_WAYS:
                 for metric in SHARING_METRICS:
                     value = (ways.get(way) or {}).get(metric)
                     if not isinstance(value, (int, float)) or value <= 0:
                         raise UserError(f"{where}: pairs[{i}].models.{model}.{way}.{metric}: a positive number is "
                                         f"required, found {value!r}")
-            figures[str(model)] = {way: {m: float(ways[way][m]) for m in SHARING_METRICS}
-                                   for way in ("alone", TIME_SLICING, MPS)}
-        pairs.append(SharedPair(float(pair["concurrency"]), figures))
+                n = ways[way].get("repeats", 1)
+                if not isinstance(n, int) or n < 1:
+                    raise UserError(f"{where}: pairs[{i}].models.{model}.{way}.repeats: a whole number of at least 1 "
+                                    f"is required, found {n!r}")
+                _check_spread(where, f"pairs[{i}].models.{model}.{way}", ways[way])
+            figures[str(model)] = {way: {m: float(ways[way][m]) for m in SHARING_METRICS} for way in SHARING_WAYS}
+            repeats[str(model)] = {way: ways[way].get("repeats", 1) for way in SHARING_WAYS}
+        pairs.append(SharedPair(float(pair["concurrency"]), figures, repeats))
     if not pairs:
         raise UserError(f"{where}: pairs: at least one measured pair is required")
     return SharingDataset(str(raw.get("provenance", "unknown")), str(raw.get("gpu", "unknown")),
                           str(raw.get("backend", "unknown")), tuple(pairs))
+
+
+def _check_spread(where: Path, field_path: str, way: dict[str, Any]) -> None:
+    """A way's `spread` (optional): per metric its lowest and highest repeat, around the median it states."""
+    spread = way.get("spread")
+    if spread is None:
+        return
+    for metric, bounds in (spread or {}).items():
+        ok = (metric in SHARING_METRICS and isinstance(bounds, list) and len(bounds) == 2
+              and all(isinstance(b, (int, float)) for b in bounds) and bounds[0] <= way[metric] <= bounds[1])
+        if not ok:
+            raise UserError(f"{where}: {field_path}.spread.{metric}: [lowest, highest] around the median "
+                            f"{way.get(metric)!r} of one of {', '.join(SHARING_METRICS)} is required, found {bounds!r}")
 
 
 def _error_ranges(rows: list[tuple[str, float]]) -> dict[str, tuple[float, float]]:
@@ -367,11 +397,12 @@ class MpsCalibration:
             return ", ".join(f"{_METRIC_WORDS[m]} {lo:+.0%} to {hi:+.0%}" for m, (lo, hi) in d.items())
         d = self.dataset
         where = (f"{len(d.pairs)} measured pair(s) ({d.provenance}; {d.backend} backend on {d.gpu}, "
-                 f"{', '.join(f'{p.concurrency:g} streams each' for p in d.pairs)})")
+                 f"{' and '.join(f'{p.concurrency:g}' for p in d.pairs)} streams each, medians of "
+                 f"{d.repeats_text()})")
         return (f"MPS estimator: solo curves stretched by 1 + {self.serialised:.3f} x the peers' step over its own "
-                f"(calibrated on {where}, the largest share any model implies); error in sample: "
-                f"{ranges(self.in_sample)}; leave-one-model-out: {ranges(self.leave_one_out)}; the time-slicing rule "
-                f"on the same pair(s): {ranges(self.time_slicing)}; no TTFT was measured, so its TTFT error is unknown")
+                f"(calibrated on {where}, the largest share any model, level and metric implies); error against "
+                f"those medians in sample: {ranges(self.in_sample)}; leave-one-model-out: "
+                f"{ranges(self.leave_one_out)}; the time-slicing rule on the same pair(s): {ranges(self.time_slicing)}")
 
 
 def calibrate_mps(dataset: SharingDataset) -> MpsCalibration:

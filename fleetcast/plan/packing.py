@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any
 
 from fleetcast.config import catalog
 from fleetcast.config.memory import PoolMemory, plan_pool
-from fleetcast.config.model import EngineOverride, Serve
+from fleetcast.config.model import EngineOverride, GpuSharing, Serve
 from fleetcast.contract import support
 from fleetcast.contract.errors import UserError
 from fleetcast.contract.serving import GIB, MAX_PROCESSES
@@ -134,6 +134,15 @@ class ModelCurve:
     @property
     def colocated(self) -> bool:
         return self.packing is not None and self.peers_busy and sum(c for _, c in self.packing) > 1
+
+    @property
+    def kind(self) -> str:
+        """Which of a model's curves this is, for the lines that name one (a model on one instance type and
+        precision may have several: solo, alone beside idle peers under either mode, co-located under either)."""
+        if self.packing is None:
+            return "solo"
+        mode = MODE_WORDS[self.sharing or TIME_SLICING]
+        return f"co-located ({mode})" if self.colocated else f"alone, peers idle ({mode})"
 
 
 def _packing_key(results: Any) -> tuple[tuple[str, int], ...] | None:
@@ -271,6 +280,7 @@ class _PoolShape:
     instance_type: str
     serves: tuple[Serve, ...] = ()
     engine: EngineOverride = field(default_factory=EngineOverride)
+    gpu_sharing: GpuSharing = GpuSharing.TIME_SLICING  # under MPS the memory plan checks each client's limit too
 
 
 def model_engine(cfg: FleetConfig, model_id: str) -> EngineSpec:
@@ -296,12 +306,14 @@ class _PackedFleet:
 
 
 def packing_memory(cfg: FleetConfig, instance_type: str, packing: tuple[tuple[str, str, int], ...],
-                   lab: dict[str, str] | None = None, kv_cache_gb: dict[str, float] | None = None) -> PoolMemory | None:
+                   lab: dict[str, str] | None = None, kv_cache_gb: dict[str, float] | None = None,
+                   sharing: str = TIME_SLICING) -> PoolMemory | None:
     """The memory plan of one instance serving `packing` ((model, precision, copies)): memory.plan_pool's.
     `kv_cache_gb` fixes budgets (model -> GB each copy, as a co-located measurement ran them); the others
     share what is left evenly."""
     kv = kv_cache_gb or {}
-    shape = _PoolShape(instance_type, tuple(Serve(model=m, copies=c, kv_cache_gb=kv.get(m)) for m, _, c in packing))
+    shape = _PoolShape(instance_type, tuple(Serve(model=m, copies=c, kv_cache_gb=kv.get(m)) for m, _, c in packing),
+                       gpu_sharing=GpuSharing(sharing))
     # Duck-typed: what plan_pool reads of a config and a pool, for a packing neither holds yet.
     fleet: Any = _PackedFleet(cfg, {m: p for m, p, _ in packing})
     pool: Any = shape
@@ -312,14 +324,15 @@ MEMORY_RULE = "memory"  # PackingEval.ruled_by of a packing the memory check ref
 
 
 def memory_check(cfg: FleetConfig, instance_type: str, packing: tuple[tuple[str, str, int], ...], lab: dict[str, str] | None = None,
-                 kv_cache_gb: dict[str, float] | None = None) -> tuple[PoolMemory | None, str | None]:
+                 kv_cache_gb: dict[str, float] | None = None, sharing: str = TIME_SLICING
+                 ) -> tuple[PoolMemory | None, str | None]:
     """The planner's one memory check (a fuller memory model swaps in here): the instance's memory plan and, when
     the packing does not fit, why, its first clause the reason the report groups ruled-out packings by.
 
     A packing of one process keeps its engine's KV fraction, as the validator lets a one-model pool do, so it
     needs no model size; several processes split the GPU by the validator's arithmetic (memory.plan_pool), each
     copy with at least MIN_KV_GIB of KV cache."""
-    memory = packing_memory(cfg, instance_type, packing, lab, kv_cache_gb)
+    memory = packing_memory(cfg, instance_type, packing, lab, kv_cache_gb, sharing)
     if memory is None:
         return None, f"memory: {instance_type} is not in the instance catalog"
     if memory.process_count == 1:
@@ -646,11 +659,17 @@ def _curve_for(curves: list[ModelCurve], model: str, instance_type: str, precisi
                key: tuple[tuple[str, int], ...], precisions: tuple[tuple[str, str], ...], sharing: str = TIME_SLICING
                ) -> tuple[ModelCurve | None, ModelCurve | None]:
     """(co-located curve measured on exactly this packing, every model at its precision, with peers busy, under
-    the GPU sharing `sharing` (a curve of the other mode is never used), best solo-like curve)."""
+    the GPU sharing `sharing` (a curve of the other mode is never used), best solo-like curve).
+
+    The solo-like curve is the process alone on its GPU, else alone with its peers loaded and idle and no MPS
+    daemon, else alone as an MPS client: what one process per GPU measures, and what both estimators stretch
+    (the MPS estimator is calibrated against solo figures without a daemon: data/gpu_sharing.yaml)."""
     mine = [c for c in curves if c.model == model and c.instance_type == instance_type and c.precision == precision]
     coloc = next((c for c in mine if c.colocated and c.packing == key and c.precisions == precisions
                   and (c.sharing or TIME_SLICING) == sharing), None)
-    solo = next((c for c in mine if c.packing is None), None) or next((c for c in mine if not c.colocated), None)
+    solo = (next((c for c in mine if c.packing is None), None)
+            or next((c for c in mine if not c.colocated and c.sharing != MPS), None)
+            or next((c for c in mine if not c.colocated), None))
     return coloc, solo
 
 
@@ -902,7 +921,7 @@ def _evaluate(cfg: FleetConfig, curves: list[ModelCurve], instance_type: str, re
     # A co-located curve holds at the KV budgets it was measured with: the plan keeps them.
     measured_kv = {m: gb for *_, coloc, _ in picked if coloc is not None and coloc.kv_cache_gb
                    for m, gb in coloc.kv_cache_gb.items()}
-    memory, refusal = memory_check(cfg, instance_type, packing, cache["lab"], measured_kv)
+    memory, refusal = memory_check(cfg, instance_type, packing, cache["lab"], measured_kv, sharing)
     if refusal is not None:
         label = " + ".join(f"{m} {p} x{c}" for m, p, c in packing)
         return PackingEval(instance_type, region, [], memory, rejected=refusal, label_text=label, sharing=sharing)

@@ -229,7 +229,7 @@ def build_packing(opts: PlanOptions, max_copies: int | None = None) -> tuple[Pac
     curves = packing.load_model_curves(_expand(opts.results), models, lab=opts.lab)
     warnings = consumerless_regions(cfg, traffic)
     for mc in curves:
-        warnings += [f"{mc.model} on {mc.candidate.label}: {n}" for n in mc.candidate.curve.notes]
+        warnings += [f"{mc.model} on {mc.candidate.label}, {mc.kind} curve: {n}" for n in mc.candidate.curve.notes]
     estimators = _estimate_per_model(opts.estimate, cfg, curves, traffic) if opts.estimate else []
     curves += [c for _, estimated in estimators for c in estimated]
     tables = _tables(opts, sorted({c.instance_type for c in curves}), [c.region for c in traffic.consumers], warnings)

@@ -346,3 +346,45 @@ def test_the_planner_asks_the_same_question(example):
     assert small.arithmetic() == large.arithmetic()
     assert small.fits is False and any("host's RAM" in p for p in small.problems())
     assert large.fits is True and large.problems() == []
+
+
+# ---------------------------------------------------------------- MPS: each client's hard limit
+
+
+def test_under_mps_each_limit_is_the_instances_and_the_limits_sum_to_at_most_the_usable_memory(example):
+    """An MPS pool's processes each run with CUDA_MPS_PINNED_DEVICE_MEM_LIMIT: the validator's figure is the one
+    runtime/bootstrap.py sets (runtime.kv_budget.mps_memory_limit from weights, the validator's overhead and the
+    budget at the binding fraction), its planned share plus its part of the headroom; planned within the usable
+    memory less the headroom, the limits sum to at most the usable memory."""
+    from runtime.kv_budget import mps_memory_limit
+
+    serves = example["regions"][0]["pools"][0]["serves"]
+    for serve in serves:
+        serve.pop("kv_cache_gb", None)  # every process shares what the usable memory leaves: the fullest plan
+        serve.pop("mps_active_thread_percentage", None)
+    example["regions"][0]["pools"][0]["gpu_sharing"] = "mps"
+    cfg = parse_config(example)
+    plan = plan_pool(cfg, cfg.regions[0].pools[0])
+    assert plan.mps and plan.planned_bytes == pytest.approx(plan.usable_bytes, abs=plan.process_count)
+    for p in plan.processes:
+        assert p.mps_limit_bytes == mps_memory_limit(p.weights_bytes, p.kv_bytes, binding_fraction(), p.lora_bytes,
+                                                     p.overhead_bytes)
+        assert p.mps_limit_bytes >= p.each_bytes / (1 - HEADROOM_SHARE) - 1
+    assert plan.mps_limits_bytes <= plan.device_bytes and plan.fits
+    assert plan.mps_limits_bytes == pytest.approx(plan.device_bytes, abs=64)  # within the shares' rounding
+
+
+def test_mps_limits_over_the_usable_memory_are_refused_with_their_arithmetic():
+    """A budget at a fraction below 1 - the headroom share: its limit must leave room for KV / fraction, more than
+    its share of the headroom, and two such clients' limits pass the GPU though their shares fit."""
+    proc = ProcessMemory("m", "fp16", 2, 1e9, 8 * GIB, True, kv_fraction=0.5)
+    # Each started last binds (0.5 x (device - the other's share - its own before-KV) = 10 GiB >= 8): the min() rule
+    # holds; but each limit needs before-KV + 16 GiB, and two pass the device by 4 GiB.
+    device = 2 * proc.before_kv_bytes + 28 * GIB
+    assert PoolMemory("GPU", device, (proc,), usable_gpu_bytes=device).problems() == []  # time-sliced: no limits
+    plan = PoolMemory("GPU", device, (proc,), usable_gpu_bytes=device, mps=True)
+    assert proc.mps_limit_bytes == proc.before_kv_bytes + 16 * GIB
+    (problem,) = plan.problems()
+    assert problem.startswith("its MPS memory limits do not fit its GPU: each client's limit is its planned share / "
+                              "(1 - 0.1 headroom)")
+    assert f"2 x {proc.mps_limit_bytes / GIB:.2f} GiB (m)" in problem and f"> {device / GIB:.2f} GiB" in problem

@@ -25,6 +25,7 @@ import pytest
 
 from fleetcast.config.memory import binding_fraction
 from fleetcast.contract.errors import UserError
+from fleetcast.contract.serving import HEADROOM_SHARE, mps_client_limit
 from runtime import kv_budget, trtllm
 from tests.runtime.trtllm_1_2_llm_args import ARGS_BY_BACKEND, KV_CACHE_CONFIG
 
@@ -184,13 +185,45 @@ def test_a_budget_that_cannot_bind_in_the_worst_start_order_is_refused_with_the_
     kv_budget.check_budgets_bind(slots, budgets, weights, free + GIB, 0.98)  # a GiB more, and both bind
 
 
-def test_an_mps_limit_is_the_planned_share_with_room_for_the_fraction():
-    """A client sees its CUDA_MPS_PINNED_DEVICE_MEM_LIMIT as its memory (runtime/mps.py); its KV part is budget /
+def test_an_mps_limit_is_the_planned_share_with_its_part_of_the_headroom_and_room_for_the_fraction():
+    """A client sees its CUDA_MPS_PINNED_DEVICE_MEM_LIMIT as its memory (runtime/mps.py). Its limit is its planned
+    share over (1 - the validator's headroom share), so the limits of a packing planned within the usable memory less
+    the headroom sum to at most the usable memory; and never less than its share with the KV part divided by its
     fraction, so fraction x (limit - weights - overhead) is still its whole budget and max_tokens binds."""
     overhead = kv_budget.PROCESS_OVERHEAD_BYTES
+    planned = 2 * GIB + overhead + GIB + 49 * GIB
     limit = kv_budget.mps_memory_limit(2 * GIB, 49 * GIB, 0.98, lora=GIB)
-    assert limit == 2 * GIB + overhead + GIB + 50 * GIB
+    assert HEADROOM_SHARE == 0.10 and limit == planned * 10 // 9
     assert 0.98 * (limit - 2 * GIB - overhead - GIB) >= 49 * GIB
+    # A fraction below 1 - the headroom share: the fraction's room is the larger, and it is what the limit gives.
+    low = kv_budget.mps_memory_limit(2 * GIB, 49 * GIB, 0.5, lora=GIB)
+    assert low == 2 * GIB + overhead + GIB + 98 * GIB and 0.5 * (low - 2 * GIB - overhead - GIB) >= 49 * GIB
+    # Shares that fill the usable memory less the headroom: the limits sum to at most the usable memory.
+    usable = 143 * GIB
+    shares = [int(usable * 0.9) // 3 + d for d in (-7, 3, 4)]
+    assert sum(mps_client_limit(s, s // 2, 0.98) for s in shares) <= usable
+
+
+def test_the_h200_sharing_run_peaked_within_the_bare_share_and_leaves_a_tenth_of_the_new_limit_free():
+    """Why the headroom part: on the H200 sharing run (bench/data/h200-sharing, MPS) each client's limit was its bare
+    planned share with KV / 0.98, and at the end (its torch peak reached) 36-105 MB of it was left; the same clients
+    under today's limit would have at least 8% of it left."""
+    root = Path(__file__).resolve().parents[2] / "bench" / "data" / "h200-sharing"
+    seen = 0
+    for path in sorted(root.glob("mps-*/sharing.json")):
+        run = json.loads(path.read_text())
+        for proc in run["start"]["processes"]:
+            stop = run["stop"]["memory_at_stop"][proc["model"]]
+            old_limit = proc["mps_mem_limit_bytes"]
+            used = old_limit - stop["cuda_free_bytes"]
+            assert stop["torch_reserved_now_bytes"] == stop["torch_peak_reserved_bytes"]  # at its peak when read
+            assert stop["cuda_free_bytes"] < 0.015 * old_limit  # the thin margin
+            weights, kv = proc["weights_bytes"], proc["planned_kv_bytes"]
+            overhead = old_limit - weights - -(-kv * 1_000_000 // int(binding_fraction() * 1_000_000))
+            new_limit = kv_budget.mps_memory_limit(weights, kv, binding_fraction(), overhead=overhead)
+            assert new_limit - used >= 0.08 * new_limit
+            seen += 1
+    assert seen == 4
 
 
 def test_each_model_can_bring_its_own_overhead_and_the_share_counts_it():
