@@ -18,14 +18,13 @@ import time
 
 import pytest
 
-pytest.importorskip("torch")
-
 from runtime.serve import ServerProcess, ServeSettings, Serving, server_name
 from runtime.supervisor import RestartPolicy
+from tests.optional import needs_torch
 
 from .test_multi_model import complete, processes
 
-pytestmark = pytest.mark.xdist_group("multi-model")
+pytestmark = [needs_torch, pytest.mark.xdist_group("multi-model")]
 
 
 @pytest.fixture(scope="module")
