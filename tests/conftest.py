@@ -106,12 +106,15 @@ def _module_facts(path: str) -> tuple[frozenset[str], bool]:
 @functools.cache
 def _imports_any(path: str, modules: tuple[str, ...]) -> bool:
     """The module, or another test module whose helpers it imports, imports one of `modules` (or a submodule)."""
-    for name in _module_facts(path)[0]:
-        if any(name == m or name.startswith(m + ".") for m in modules):
-            return True
-        helper = ROOT.joinpath(*name.split(".")).with_suffix(".py")  # another test module's helpers
-        if name.startswith("tests.") and helper.is_file() and _imports_any(str(helper), modules):
-            return True
+    seen, todo = {path}, [path]  # helpers may import each other: each file is read once, cycles end
+    while todo:
+        for name in _module_facts(todo.pop())[0]:
+            if any(name == m or name.startswith(m + ".") for m in modules):
+                return True
+            helper = str(ROOT.joinpath(*name.split(".")).with_suffix(".py"))  # another test module's helpers
+            if name.startswith("tests.") and helper not in seen and Path(helper).is_file():
+                seen.add(helper)
+                todo.append(helper)
     return False
 
 

@@ -14,6 +14,13 @@ def test_modules_that_build_cdk_apps_are_found_by_their_imports():
     assert not builds("tests/stacks/test_plan_drift_handler.py")  # the Lambda's code, no CDK
 
 
+def test_helpers_that_import_each_other_end_the_search():
+    """tests/stacks/synthesized.py and tests/bench/conftest.py import each other: a module that imports neither of
+    `modules` is answered, not followed round the cycle until the recursion limit (which stopped a run's collection)."""
+    assert not _imports_any(str(ROOT / "tests/bench/conftest.py"), ("no_such_module",))
+    assert _imports_any(str(ROOT / "tests/bench/conftest.py"), ("aws_cdk",))
+
+
 def test_scenario_areas_come_before_unit_tests():
     class Item:
         def __init__(self, rel):
