@@ -36,6 +36,15 @@ def test_modules_with_a_module_scoped_fixture_are_found():
     assert not _has_module_fixture(str(ROOT / "tests/runtime/test_spot.py"))
 
 
+def test_every_module_that_builds_cdk_apps_is_in_the_cdk_group_alone(request):
+    """pytest-xdist joins an item's xdist_group names: a module's own group beside `cdk` made a group of its own
+    (test_stack_size's `cdk_stack_size`), on another worker that loaded aws-cdk-lib and synthesized the shared
+    fleets (the default, the multi-model and the spill examples) a second time."""
+    for item in request.session.items:
+        if _builds_cdk_apps(str(item.path)):
+            assert [m.args[0] for m in item.iter_markers("xdist_group")] == ["cdk"], item.nodeid
+
+
 def test_the_end_of_run_garbage_collection_runs_twice_not_five_times(pytestconfig):
     from _pytest.unraisableexception import gc_collect_iterations_key
 
