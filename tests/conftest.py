@@ -22,6 +22,14 @@ from _pytest.unraisableexception import gc_collect_iterations_key  # pytest 8.4'
 
 ROOT = Path(__file__).resolve().parents[1]
 
+# PyTorch's CPU wheel runs its intra-op threads on GNU OpenMP (torch/lib/libgomp.so.1), whose idle threads spin
+# 300,000 times after each parallel region before they sleep when OMP_WAIT_POLICY is unset, and not at all when it
+# is PASSIVE (GCC libgomp manual, "GOMP_SPINCOUNT" and "OMP_WAIT_POLICY"). On a machine the suite's workers and
+# their engine processes share, that spinning is CPU taken from the others: the in-process engine tests took 18 s
+# of CPU with it and 13 s without, on 2 loaded cores. Set here, so the test processes and every process they start
+# (reference engines, bootstraps) wait passively; what a test measures is unchanged, only the idle waiting.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
 
 @pytest.fixture(scope="session")
 def moto_endpoint():

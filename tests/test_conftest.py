@@ -45,6 +45,17 @@ def test_every_module_that_builds_cdk_apps_is_in_the_cdk_group_alone(request):
             assert [m.args[0] for m in item.iter_markers("xdist_group")] == ["cdk"], item.nodeid
 
 
+def test_openmp_threads_of_the_tests_and_their_processes_wait_passively():
+    """GCC libgomp manual, OMP_WAIT_POLICY and GOMP_SPINCOUNT: PASSIVE is a spin count of 0 where unset spins
+    300,000 times; a process the suite starts inherits it (tests/conftest.py)."""
+    import subprocess
+    import sys
+
+    child = subprocess.run([sys.executable, "-c", "import os; print(os.environ.get('OMP_WAIT_POLICY'))"],
+                           capture_output=True, text=True, check=True)
+    assert child.stdout.strip() == "PASSIVE"
+
+
 def test_the_end_of_run_garbage_collection_runs_twice_not_five_times(pytestconfig):
     from _pytest.unraisableexception import gc_collect_iterations_key
 
