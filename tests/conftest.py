@@ -185,6 +185,8 @@ def pytest_collection_modifyitems(config, items):
         if _builds_cdk_apps(str(item.path)):
             item.add_marker(pytest.mark.synth)
             item.add_marker(cdk)
+        elif item.get_closest_marker("xdist_group") is not None:
+            continue  # the module's own group (pytest-xdist joins several names into a group of their own)
         elif _has_module_fixture(str(item.path)):  # its module's tests share one worker, and the fixture
             item.add_marker(pytest.mark.xdist_group(Path(item.path).relative_to(ROOT).as_posix()))
     items.sort(key=_area_rank)  # stable: within an area, collection order

@@ -1,6 +1,8 @@
 """How tests/conftest.py groups the suite: a module that builds CDK apps, however it imports the CDK, runs on
 the one worker that has aws-cdk-lib loaded; others are free to go anywhere."""
 
+from pathlib import Path
+
 from tests.conftest import _PROCESS_MODULES, ROOT, _area_rank, _builds_cdk_apps, _has_module_fixture, _imports_any
 
 
@@ -43,6 +45,18 @@ def test_every_module_that_builds_cdk_apps_is_in_the_cdk_group_alone(request):
     for item in request.session.items:
         if _builds_cdk_apps(str(item.path)):
             assert [m.args[0] for m in item.iter_markers("xdist_group")] == ["cdk"], item.nodeid
+
+
+def test_a_modules_own_xdist_group_is_kept_whole(request):
+    """The multi-model and MPS fault modules name one group, and the in-process engine modules another (PyTorch
+    imported once, in one worker): a path group beside it would split each into groups of their own."""
+    own = {"tests/runtime/test_multi_model.py": "multi-model", "tests/runtime/test_mps_fault.py": "multi-model",
+           "tests/runtime/test_reference_engine.py": "torch-in-process",
+           "tests/runtime/test_reference_prefix_cache.py": "torch-in-process"}
+    for item in request.session.items:
+        rel = Path(item.path).relative_to(ROOT).as_posix()
+        if rel in own:
+            assert [m.args[0] for m in item.iter_markers("xdist_group")] == [own[rel]], item.nodeid
 
 
 def test_openmp_threads_of_the_tests_and_their_processes_wait_passively():

@@ -13,7 +13,8 @@ from tests.optional import needs_torch
 
 SHAPE = shape_for("tiny")
 
-pytestmark = needs_torch
+# One worker runs both in-process engine modules, so one imports PyTorch (tests/test_conftest.py).
+pytestmark = [needs_torch, pytest.mark.xdist_group("torch-in-process")]
 
 
 @pytest.fixture(scope="module", autouse=True)
