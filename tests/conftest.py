@@ -22,6 +22,14 @@ from _pytest.unraisableexception import gc_collect_iterations_key  # pytest 8.4'
 
 ROOT = Path(__file__).resolve().parents[1]
 
+# PyTorch's CPU wheel runs its intra-op threads on GNU OpenMP (torch/lib/libgomp.so.1), whose idle threads spin
+# 300,000 times after each parallel region before they sleep when OMP_WAIT_POLICY is unset, and not at all when it
+# is PASSIVE (GCC libgomp manual, "GOMP_SPINCOUNT" and "OMP_WAIT_POLICY"). On a machine the suite's workers and
+# their engine processes share, that spinning is CPU taken from the others: the in-process engine tests took 18 s
+# of CPU with it and 13 s without, on 2 loaded cores. Set here, so the test processes and every process they start
+# (reference engines, bootstraps) wait passively; what a test measures is unchanged, only the idle waiting.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
 
 @pytest.fixture(scope="session")
 def moto_endpoint():
@@ -67,26 +75,54 @@ def fresh_aws(aws_env):
 _CDK_MODULES = ("aws_cdk", "cdk_nag", "stacks.app_builder", "tests.stacks.synthesized")
 
 
+def _statements(body: list[ast.stmt]):
+    """Every statement, nested ones included (function, class, if, try, with and loop bodies); expressions are not
+    entered: an import or a decorator is a statement's, and skipping the expressions is most of a walk's cost."""
+    stack = list(body)
+    while stack:
+        node = stack.pop()
+        yield node
+        for field in ("body", "orelse", "finalbody", "handlers", "cases"):
+            stack.extend(getattr(node, field, ()))
+
+
 @functools.cache
-def _imports_any(path: str, modules: tuple[str, ...]) -> bool:
-    """The module, or another test module whose helpers it imports, imports one of `modules` (or a submodule)."""
+def _module_facts(path: str) -> tuple[frozenset[str], bool]:
+    """What a test module imports (absolute names, relative imports resolved; at the top or inside a test), and
+    whether it defines a module-scoped fixture: one parse per file per run, however many items and questions ask
+    (each collecting worker asks for every item; walking each file's whole tree per question cost seconds a worker)."""
     package = ".".join(Path(path).relative_to(ROOT).parent.parts)
-    for node in ast.walk(ast.parse(Path(path).read_text(), path)):
+    names: set[str] = set()
+    module_fixture = False
+    for node in _statements(ast.parse(Path(path).read_text(), path).body):
         if isinstance(node, ast.Import):
-            names = [alias.name for alias in node.names]
+            names.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom):
             base = node.module or ""
             if node.level:  # relative: `from .synthesized import ...`
                 base = ".".join([*package.split(".")[:len(package.split(".")) - node.level + 1], base]).strip(".")
-            names = [base]
-        else:
-            continue
-        for name in names:
+            names.add(base)
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            module_fixture = module_fixture or any(
+                isinstance(decorator, ast.Call) and any(
+                    kw.arg == "scope" and isinstance(kw.value, ast.Constant) and kw.value.value == "module"
+                    for kw in decorator.keywords)
+                for decorator in node.decorator_list)
+    return frozenset(names), module_fixture
+
+
+@functools.cache
+def _imports_any(path: str, modules: tuple[str, ...]) -> bool:
+    """The module, or another test module whose helpers it imports, imports one of `modules` (or a submodule)."""
+    seen, todo = {path}, [path]  # helpers may import each other: each file is read once, cycles end
+    while todo:
+        for name in _module_facts(todo.pop())[0]:
             if any(name == m or name.startswith(m + ".") for m in modules):
                 return True
-            helper = ROOT.joinpath(*name.split(".")).with_suffix(".py")  # another test module's helpers
-            if name.startswith("tests.") and helper.is_file() and _imports_any(str(helper), modules):
-                return True
+            helper = str(ROOT.joinpath(*name.split(".")).with_suffix(".py"))  # another test module's helpers
+            if name.startswith("tests.") and helper not in seen and Path(helper).is_file():
+                seen.add(helper)
+                todo.append(helper)
     return False
 
 
@@ -99,15 +135,19 @@ def _builds_cdk_apps(path: str) -> bool:
 _PROCESS_MODULES = ("subprocess", "multiprocessing", "concurrent.futures.process", "runtime.devtools.harness")
 
 
+@functools.cache
+def _test_module_starts_processes(module: str) -> bool:
+    source = ROOT.joinpath(*module.split(".")).with_suffix(".py")
+    return module.startswith("tests") and source.is_file() and _imports_any(str(source), _PROCESS_MODULES)
+
+
 def _starts_processes(item) -> bool:
     if _imports_any(str(item.path), _PROCESS_MODULES):
         return True
     fixtures = getattr(item, "_fixtureinfo", None)
     for defs in (fixtures.name2fixturedefs.values() if fixtures else ()):
         for fixturedef in defs:
-            module = getattr(fixturedef.func, "__module__", "") or ""
-            source = ROOT.joinpath(*module.split(".")).with_suffix(".py")
-            if module.startswith("tests") and source.is_file() and _imports_any(str(source), _PROCESS_MODULES):
+            if _test_module_starts_processes(getattr(fixturedef.func, "__module__", "") or ""):
                 return True
     return False
 
@@ -130,16 +170,10 @@ def _area_rank(item) -> int:
     return _HEAVY_FIRST.index(parts[0]) if len(parts) > 1 and parts[0] in _HEAVY_FIRST else len(_HEAVY_FIRST)
 
 
-@functools.cache
 def _has_module_fixture(path: str) -> bool:
     """A `@pytest.fixture(scope="module")` in the module: set up once in every worker that runs one of its tests
     (tests/runtime/test_bootstrap.py's loopback region and its engine cache, a started reference server)."""
-    for node in ast.walk(ast.parse(Path(path).read_text(), path)):
-        if isinstance(node, ast.Call) and any(
-                kw.arg == "scope" and isinstance(kw.value, ast.Constant) and kw.value.value == "module"
-                for kw in node.keywords):
-            return True
-    return False
+    return _module_facts(path)[1]
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist's own hook turns the markers into groups
@@ -151,6 +185,8 @@ def pytest_collection_modifyitems(config, items):
         if _builds_cdk_apps(str(item.path)):
             item.add_marker(pytest.mark.synth)
             item.add_marker(cdk)
+        elif item.get_closest_marker("xdist_group") is not None:
+            continue  # the module's own group (pytest-xdist joins several names into a group of their own)
         elif _has_module_fixture(str(item.path)):  # its module's tests share one worker, and the fixture
             item.add_marker(pytest.mark.xdist_group(Path(item.path).relative_to(ROOT).as_posix()))
     items.sort(key=_area_rank)  # stable: within an area, collection order

@@ -1,6 +1,8 @@
 """How tests/conftest.py groups the suite: a module that builds CDK apps, however it imports the CDK, runs on
 the one worker that has aws-cdk-lib loaded; others are free to go anywhere."""
 
+from pathlib import Path
+
 from tests.conftest import _PROCESS_MODULES, ROOT, _area_rank, _builds_cdk_apps, _has_module_fixture, _imports_any
 
 
@@ -12,6 +14,13 @@ def test_modules_that_build_cdk_apps_are_found_by_their_imports():
     assert builds("tests/stacks/test_app.py")  # `from .synthesized import ...`
     assert not builds("tests/plan/test_cli.py")
     assert not builds("tests/stacks/test_plan_drift_handler.py")  # the Lambda's code, no CDK
+
+
+def test_helpers_that_import_each_other_end_the_search():
+    """tests/stacks/synthesized.py and tests/bench/conftest.py import each other: a module that imports neither of
+    `modules` is answered, not followed round the cycle until the recursion limit (which stopped a run's collection)."""
+    assert not _imports_any(str(ROOT / "tests/bench/conftest.py"), ("no_such_module",))
+    assert _imports_any(str(ROOT / "tests/bench/conftest.py"), ("aws_cdk",))
 
 
 def test_scenario_areas_come_before_unit_tests():
@@ -27,6 +36,38 @@ def test_scenario_areas_come_before_unit_tests():
 def test_modules_with_a_module_scoped_fixture_are_found():
     assert _has_module_fixture(str(ROOT / "tests/runtime/test_bootstrap.py"))
     assert not _has_module_fixture(str(ROOT / "tests/runtime/test_spot.py"))
+
+
+def test_every_module_that_builds_cdk_apps_is_in_the_cdk_group_alone(request):
+    """pytest-xdist joins an item's xdist_group names: a module's own group beside `cdk` made a group of its own
+    (test_stack_size's `cdk_stack_size`), on another worker that loaded aws-cdk-lib and synthesized the shared
+    fleets (the default, the multi-model and the spill examples) a second time."""
+    for item in request.session.items:
+        if _builds_cdk_apps(str(item.path)):
+            assert [m.args[0] for m in item.iter_markers("xdist_group")] == ["cdk"], item.nodeid
+
+
+def test_a_modules_own_xdist_group_is_kept_whole(request):
+    """The multi-model and MPS fault modules name one group, and the in-process engine modules another (PyTorch
+    imported once, in one worker): a path group beside it would split each into groups of their own."""
+    own = {"tests/runtime/test_multi_model.py": "multi-model", "tests/runtime/test_mps_fault.py": "multi-model",
+           "tests/runtime/test_reference_engine.py": "torch-in-process",
+           "tests/runtime/test_reference_prefix_cache.py": "torch-in-process"}
+    for item in request.session.items:
+        rel = Path(item.path).relative_to(ROOT).as_posix()
+        if rel in own:
+            assert [m.args[0] for m in item.iter_markers("xdist_group")] == [own[rel]], item.nodeid
+
+
+def test_openmp_threads_of_the_tests_and_their_processes_wait_passively():
+    """GCC libgomp manual, OMP_WAIT_POLICY and GOMP_SPINCOUNT: PASSIVE is a spin count of 0 where unset spins
+    300,000 times; a process the suite starts inherits it (tests/conftest.py)."""
+    import subprocess
+    import sys
+
+    child = subprocess.run([sys.executable, "-c", "import os; print(os.environ.get('OMP_WAIT_POLICY'))"],
+                           capture_output=True, text=True, check=True)
+    assert child.stdout.strip() == "PASSIVE"
 
 
 def test_the_end_of_run_garbage_collection_runs_twice_not_five_times(pytestconfig):

@@ -16,7 +16,10 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("torch")
+from tests.optional import needs_torch
+
+pytestmark = needs_torch
+
 
 ROOT = Path(__file__).resolve().parents[2]
 SHARING = ROOT / "bench" / "h200_sharing.py"
@@ -49,13 +52,20 @@ def script(path: Path, *argv: str, env=None, timeout=600) -> subprocess.Complete
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory):
+def artifacts(tmp_path_factory) -> Path:
+    """The --artifacts cache every run here shares, as the runbook's runs share /tmp's: each model is built once
+    (a build is a process that imports PyTorch), and the runs after the first find it there."""
+    return tmp_path_factory.mktemp("artifacts")
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory, artifacts):
     """One short run per mode on cpu: time slicing with both solo points; MPS started in the other order, two repeats
     of the pair and one of medium alone (the runbook splits the solo points between a mode's two runs); then the
     goals over both."""
     tmp = tmp_path_factory.mktemp("sharing")
     env = mps_env(tmp)
-    common = ("--device", "cpu", "--levels", "2", "--duration", "0.5", "--artifacts", str(tmp))
+    common = ("--device", "cpu", "--levels", "2", "--duration", "0.5", "--artifacts", str(artifacts))
     ts = script(SHARING, "--gpu-sharing", "time_slicing", "--order", "xl-first", "--repeats", "1",
                 "--out", str(tmp / "ts"), *common, env=env)
     assert ts.returncode == 0, ts.stderr[-3000:]
@@ -104,7 +114,7 @@ def test_each_mode_writes_results_the_planner_reads_with_the_mode_and_every_repe
     assert colocated == {(m, mode) for m in PAIR for mode in ("time_slicing", "mps")}
 
 
-def test_under_mps_the_daemon_starts_first_stops_last_and_each_process_is_a_client_at_its_planned_share(runs):
+def test_under_mps_the_daemon_starts_first_stops_last_and_each_process_is_a_client_at_its_planned_share(runs, artifacts):
     from fleetcast.config.memory import binding_fraction, process_overhead
     from runtime.kv_budget import artifact_bytes, mps_memory_limit
     from runtime.mps import pinned_mem_limit
@@ -118,7 +128,7 @@ def test_under_mps_the_daemon_starts_first_stops_last_and_each_process_is_a_clie
     assert [p["model"] for p in data["start"]["processes"]] == ["gpt2-medium-shape", "gpt2-xl-shape"]
     for proc in data["start"]["processes"]:
         size = data["models"][proc["model"]]["size"]
-        weights = artifact_bytes(tmp / f"artifact-{size}-bf16")
+        weights = artifact_bytes(artifacts / f"artifact-{size}-bf16")
         # As the instance sets it: the validator's overhead of a process of that size (runtime/bootstrap.py).
         overhead = process_overhead("tensorrt", shape_for(size).param_count(), 64, 8192).total_bytes
         limit = mps_memory_limit(weights, proc["planned_kv_bytes"], binding_fraction(), overhead=overhead)
@@ -190,10 +200,10 @@ def test_the_plot_shows_both_modes(runs, tmp_path):
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-def test_one_client_faults_and_every_model_serves_again_under_the_supervisor(tmp_path):
+def test_one_client_faults_and_every_model_serves_again_under_the_supervisor(tmp_path, artifacts):
     env = mps_env(tmp_path)
     done = script(FAULT, "--device", "cpu", "--repeats", "1", "--liveness-interval-s", "0.5", "--liveness-failures",
-                  "2", "--liveness-timeout-s", "5", "--probe-timeout-s", "20", "--artifacts", str(tmp_path), "--out", str(tmp_path / "fault"),
+                  "2", "--liveness-timeout-s", "5", "--probe-timeout-s", "20", "--artifacts", str(artifacts), "--out", str(tmp_path / "fault"),
                   env=env)
     assert done.returncode == 0, done.stderr[-3000:]
     result = json.loads((tmp_path / "fault" / "mps-fault.json").read_text())
@@ -211,11 +221,11 @@ def test_one_client_faults_and_every_model_serves_again_under_the_supervisor(tmp
     assert calls[0] == ["-d"] and calls[-1] == []
 
 
-def test_a_run_past_its_deadline_starts_no_point_and_still_writes_what_it_has(tmp_path):
+def test_a_run_past_its_deadline_starts_no_point_and_still_writes_what_it_has(tmp_path, artifacts):
     """The device calls bound each run with --deadline-s, so a slow machine returns its finished points instead of
     being killed at the call's limit with nothing written."""
     done = script(SHARING, "--device", "cpu", "--gpu-sharing", "time_slicing", "--levels", "2", "--duration", "0.5",
-                  "--deadline-s", "1", "--artifacts", str(tmp_path), "--out", str(tmp_path / "ts"))
+                  "--deadline-s", "1", "--artifacts", str(artifacts), "--out", str(tmp_path / "ts"))
     assert done.returncode == 0, done.stderr[-3000:]
     data = json.loads((tmp_path / "ts" / "sharing.json").read_text())
     assert data["stopped_early"].startswith("--deadline-s 1: stopped before repeat 1, level 2")

@@ -27,17 +27,18 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("torch")
-
 from fleetcast.config import parse_config
 from runtime.gateway.routing import Router
 from runtime.gateway.salting import Salting
 from runtime.reference.build import build_artifact
-from runtime.reference.engine import TOKENS_PER_BLOCK
+from runtime.reference.configs import TOKENS_PER_BLOCK
+from tests.optional import needs_torch
 from tests.runtime.reference_helpers import ServerProcess
 
 from .conftest import ANALYTICS_VPCE, MODEL_ID, VOICE_VPCE, fleet_config, start_harness, stop_harness
 from .fakes import Client
+
+pytestmark = needs_torch
 
 PREFIX = 3 * TOKENS_PER_BLOCK
 TRIALS_SALTED = 60

@@ -18,14 +18,15 @@ import sys
 
 import pytest
 
-pytest.importorskip("torch")
-
 from fleetcast.config.memory import binding_fraction
 from runtime import kv_budget
 from runtime.devtools.harness import free_port
 from runtime.reference.configs import kv_tokens, shape_for
 from runtime.serve import ServerProcess, ServeSettings, Serving, server_name
 from runtime.supervisor import RestartPolicy
+from tests.optional import needs_torch
+
+pytestmark = needs_torch
 
 MIB = 1 << 20
 MAX_SEQ = 128

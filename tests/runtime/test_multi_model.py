@@ -15,13 +15,12 @@ import time
 
 import pytest
 
-pytest.importorskip("torch")
-
 from runtime.devtools.harness import free_port
 from runtime.serve import ServeError, ServerProcess, ServeSettings, Serving, http_json, server_name
 from runtime.supervisor import RestartPolicy
+from tests.optional import needs_torch
 
-pytestmark = pytest.mark.xdist_group("multi-model")
+pytestmark = [needs_torch, pytest.mark.xdist_group("multi-model")]
 
 MAX_SEQ = 128
 SLOT = 2 * 2 * 4 * MAX_SEQ * 16 * 4  # tiny: 2 layers, K and V, 4 heads x 16, float32 on CPU: bytes per sequence

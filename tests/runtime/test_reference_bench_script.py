@@ -7,9 +7,11 @@ import json
 
 import pytest
 
-pytest.importorskip("torch")
+from tests.optional import needs_torch
 
 from .reference_helpers import ROOT
+
+pytestmark = needs_torch
 
 
 def load_script():

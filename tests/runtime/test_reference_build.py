@@ -8,14 +8,15 @@ import sys
 
 import pytest
 
-torch = pytest.importorskip("torch")
+from runtime.reference import build as build_mod
+from runtime.reference.build import build_artifact, load_weights, read_config
+from runtime.reference.configs import SIZES, shape_for
+from runtime.reference.tokenizer import ByteTokenizer, StreamDecoder
+from tests.optional import needs_torch
 
-from runtime.reference import build as build_mod  # noqa: E402
-from runtime.reference.build import build_artifact, load_weights, read_config  # noqa: E402
-from runtime.reference.configs import SIZES, shape_for  # noqa: E402
-from runtime.reference.tokenizer import ByteTokenizer, StreamDecoder  # noqa: E402
+from .reference_helpers import ROOT
 
-from .reference_helpers import ROOT  # noqa: E402
+pytestmark = needs_torch
 
 
 def test_same_seed_gives_byte_identical_files_and_another_seed_other_weights(tmp_path):
@@ -54,6 +55,8 @@ def test_torch_save_is_used_when_safetensors_is_missing(tmp_path, monkeypatch):
     monkeypatch.undo()
     reference = load_weights(build_artifact(tmp_path / "st", size="tiny", seed=3)["dir"])
     fallback = load_weights(tmp_path / "art")
+    import torch
+
     assert all(torch.equal(reference[k], fallback[k]) for k in reference)
 
 

@@ -6,15 +6,26 @@ import threading
 
 import pytest
 
-torch = pytest.importorskip("torch")
-
-from runtime.reference.build import random_weights  # noqa: E402
-from runtime.reference.configs import shape_for  # noqa: E402
-from runtime.reference.engine import Engine, SamplingParams, Sequence  # noqa: E402
-from runtime.reference.model import GPT2, naive_logits  # noqa: E402
-from runtime.reference.tokenizer import EOS_ID, VOCAB_SIZE  # noqa: E402
+from runtime.reference.build import random_weights
+from runtime.reference.configs import shape_for
+from runtime.reference.tokenizer import EOS_ID, VOCAB_SIZE
+from tests.optional import needs_torch
 
 SHAPE = shape_for("tiny")
+
+# One worker runs both in-process engine modules, so one imports PyTorch (tests/test_conftest.py).
+pytestmark = [needs_torch, pytest.mark.xdist_group("torch-in-process")]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _engine_modules():
+    """PyTorch, the model and the engine, imported when this module's tests run rather than when it is collected:
+    every xdist worker collects every module, and each paid 3 s of CPU for PyTorch there (tests/optional.py)."""
+    global torch, Engine, SamplingParams, Sequence, GPT2, naive_logits
+    import torch
+
+    from runtime.reference.engine import Engine, SamplingParams, Sequence
+    from runtime.reference.model import GPT2, naive_logits
 
 
 @pytest.fixture(scope="module")

@@ -29,13 +29,14 @@ import urllib.request
 
 import pytest
 
-pytest.importorskip("torch")
-
 from fleetcast.contract.serving import PROCESS_OVERHEAD_BYTES
 from runtime import mps
 from runtime.reference.configs import shape_for
+from tests.optional import needs_torch
 
 from .reference_helpers import ROOT, ServerProcess, http_status
+
+pytestmark = needs_torch
 
 MIB = 1 << 20
 WEIGHTS = shape_for("tiny").param_count() * 4  # float32 on cpu

@@ -13,17 +13,26 @@ import time
 
 import pytest
 
-torch = pytest.importorskip("torch")
-
-from runtime.reference.build import random_weights  # noqa: E402
-from runtime.reference.configs import ModelShape, shape_for  # noqa: E402
-from runtime.reference.engine import TOKENS_PER_BLOCK, Engine, SamplingParams, Sequence  # noqa: E402
-from runtime.reference.model import GPT2, naive_logits  # noqa: E402
-from runtime.reference.prefix_cache import block_keys  # noqa: E402
-from runtime.reference.tokenizer import EOS_ID, VOCAB_SIZE  # noqa: E402
+from runtime.reference.build import random_weights
+from runtime.reference.configs import TOKENS_PER_BLOCK, ModelShape, shape_for
+from runtime.reference.tokenizer import EOS_ID, VOCAB_SIZE
+from tests.optional import needs_torch
 
 SHAPE = shape_for("tiny")
 B = TOKENS_PER_BLOCK
+
+# One worker runs both in-process engine modules, so one imports PyTorch (tests/test_conftest.py).
+pytestmark = [needs_torch, pytest.mark.xdist_group("torch-in-process")]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _engine_modules():
+    """The model and the engine (PyTorch), imported when this module's tests run rather than when it is collected:
+    every xdist worker collects every module, and each paid 3 s of CPU for PyTorch there (tests/optional.py)."""
+    global Engine, SamplingParams, Sequence, GPT2, naive_logits, block_keys
+    from runtime.reference.engine import Engine, SamplingParams, Sequence
+    from runtime.reference.model import GPT2, naive_logits
+    from runtime.reference.prefix_cache import block_keys
 
 
 @pytest.fixture(scope="module")

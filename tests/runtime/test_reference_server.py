@@ -8,18 +8,18 @@ import signal
 import time
 import urllib.request
 
+import aiohttp
 import pytest
 
-pytest.importorskip("torch")
-aiohttp = pytest.importorskip("aiohttp")
+from runtime.reference.build import build_artifact, load_weights
+from runtime.reference.client import stream_completion
+from runtime.reference.configs import shape_for
+from runtime.reference.tokenizer import VOCAB_SIZE, ByteTokenizer
+from tests.optional import needs_torch
 
-from runtime.reference.build import build_artifact, load_weights  # noqa: E402
-from runtime.reference.client import stream_completion  # noqa: E402
-from runtime.reference.configs import shape_for  # noqa: E402
-from runtime.reference.model import naive_logits  # noqa: E402
-from runtime.reference.tokenizer import VOCAB_SIZE, ByteTokenizer  # noqa: E402
+from .reference_helpers import ServerProcess, http_status
 
-from .reference_helpers import ServerProcess, http_status  # noqa: E402
+pytestmark = needs_torch
 
 
 @pytest.fixture(scope="module")
@@ -69,6 +69,8 @@ def test_info_endpoints(server):
 
 
 def test_greedy_completion_is_the_models_greedy_continuation(server, artifact):
+    from runtime.reference.model import naive_logits  # PyTorch: imported where the test runs, not at collection
+
     status, body = post(server.base, "/v1/completions", {"prompt": "Hello", "max_tokens": 6, "temperature": 0,
                                                         "ignore_eos": True})
     assert status == 200

@@ -18,18 +18,20 @@ from stacks.app_builder import build_app, cdk_json_context
 from stacks.fleet_lifecycle import TERMINATE_HOOK_MARGIN_S
 from tests.cfn_lint import assert_lint_clean
 
+from .synthesized import default_fleet
+
 ROOT = Path(__file__).resolve().parents[2]
 CFG = load_config(ROOT / "config" / "fleet.yaml")
 REGIONS = [r.region for r in CFG.regions]
 
 
 @pytest.fixture(scope="module")
-def templates(tmp_path_factory) -> dict[str, tuple[Template, object]]:
-    app = App(context=cdk_json_context(), outdir=str(tmp_path_factory.mktemp("cdk.out")))
-    stacks = build_app(CFG, app, report=lambda _msg: None)
-    app.synth()  # cdk-nag runs here: an unacknowledged finding fails synthesis
-    return {r: (Template.from_stack(stacks[provider_stack_name(CFG.name, r)]), stacks[provider_stack_name(CFG.name, r)])
-            for r in REGIONS}
+def templates() -> dict[str, tuple[Template, object]]:
+    # The default config's fleet every stack test shares (tests/stacks/synthesized.py: built and synthesized once
+    # per run, cdk-nag on, an unacknowledged finding fails it), not a second synthesis of the same app.
+    fleet = default_fleet()
+    return {r: (Template.from_stack(fleet.stacks[provider_stack_name(CFG.name, r)]),
+                fleet.stacks[provider_stack_name(CFG.name, r)]) for r in REGIONS}
 
 
 def resources(template: Template, resource_type: str) -> dict:

@@ -15,9 +15,7 @@ import pytest
 from fleetcast.config import ConfigError, load_config, parse_config
 from fleetcast.contract.stack_size import CLOUDFORMATION_MAX_RESOURCES, provider_stack_resources
 
-from .synthesized import EXAMPLE_CONFIGS, ROOT, default_doc, example_fleet, multi_model_doc, synthesize
-
-pytestmark = pytest.mark.xdist_group("stack_size")
+from .synthesized import EXAMPLE_CONFIGS, ROOT, default_doc, default_fleet, example_fleet, multi_model_doc, synthesize
 
 
 def _pool(i: int, **extra) -> dict:
@@ -60,7 +58,8 @@ def _existing_vpc() -> dict:
 
 @pytest.mark.parametrize("label,make", [("default", default_doc), ("varied", _varied), ("existing-vpc", _existing_vpc)])
 def test_the_computed_count_is_the_templates(label, make):
-    fleet = synthesize(make(), f"size-{label}")
+    # The default config's fleet is the one the stack tests share, synthesized once per run, not again here.
+    fleet = default_fleet() if make is default_doc else synthesize(make(), f"size-{label}")
     for region in fleet.cfg.regions:
         template = fleet.template_json(f"{fleet.cfg.name}-provider-{region.region}")
         assert provider_stack_resources(fleet.cfg, region) == len(template["Resources"]), region.region
