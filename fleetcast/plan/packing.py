@@ -459,11 +459,8 @@ class PackingEval(PoolDay):
                            serves, tuple(self.instances_by_hour), scaling_target(self), self.estimated, packed=True,
                            price_per_hour=self.price_per_hour, cost_per_hour=self.cost_per_hour)
 
-    def rank_key(self) -> tuple[Any, ...]:
-        # Ties on cost (floors often decide it): fewer instance-hours, fewer processes (less memory and
-        # interference), then the most headroom under the SLOs.
-        return (round(self.cost_per_hour, 2), self.instance_hours, self.estimated, self.processes,
-                round(self.slo_use(), 3), self.label)
+    def latency_rank(self) -> float:
+        return round(self.slo_use(), 3)
 
 
 def _source_of(mc: ModelCurve, processes: int, sharing: str = TIME_SLICING) -> str:

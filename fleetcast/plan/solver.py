@@ -141,10 +141,36 @@ class PoolDay:
 
     rejected: str | None
     instances_by_hour: list[int]
+    cost_per_hour: float
 
     @property
     def feasible(self) -> bool:
         return self.rejected is None
+
+    @property
+    def label(self) -> str:
+        raise NotImplementedError
+
+    @property
+    def estimated(self) -> bool:
+        raise NotImplementedError
+
+    @property
+    def processes(self) -> int:
+        """Processes per instance: one for a one-model candidate, the copies summed for a packing."""
+        raise NotImplementedError
+
+    def latency_rank(self) -> float:
+        """How close to its latency SLOs this way serves (lower: more headroom), the last tie-break."""
+        raise NotImplementedError
+
+    def rank_key(self) -> tuple[Any, ...]:
+        """The one order every plan ranks by, one model or a packing (docs/plan.md, Objective). Cost to the cent
+        first; on a tie (floors often decide it) the exact counts before the measured latency, whose P99 differences
+        are often within noise (the report's CI notes): fewer instance-hours, measured before estimated, fewer
+        processes (less memory and interference), then more headroom under the SLOs."""
+        return (round(self.cost_per_hour, 2), self.instance_hours, self.estimated, self.processes,
+                self.latency_rank(), self.label)
 
     @property
     def instance_hours(self) -> int:
@@ -253,9 +279,17 @@ class Evaluation(PoolDay):
     def label(self) -> str:
         return f"{self.candidate.label} @ {self.service_region}"
 
-    def rank_key(self) -> tuple[Any, ...]:
-        return (round(self.cost_per_hour, 2), round(self.weighted_ttft_p99, 1), self.instance_hours,
-                self.candidate.estimated, self.label)
+    @property
+    def estimated(self) -> bool:
+        return self.candidate.estimated
+
+    @property
+    def processes(self) -> int:
+        return 1
+
+    def latency_rank(self) -> float:
+        # One model, one SLO: the traffic-weighted P99 TTFT (network included) orders as its share of the SLO does.
+        return round(self.weighted_ttft_p99, 1)
 
 
 # ---------------------------------------------------------------- one candidate
@@ -983,10 +1017,11 @@ def _pct(a: float, b: float) -> str:
 
 def _loss_reason(ev: Evaluation, win: Evaluation, traffic: ConsumerTraffic) -> str:
     if round(ev.cost_per_hour, 2) == round(win.cost_per_hour, 2):
-        head = (f"same cost (${ev.cost_per_hour:.2f}/h); traffic-weighted P99 TTFT {ev.weighted_ttft_p99:.0f} ms vs "
-                f"{win.weighted_ttft_p99:.0f} ms")
-        if round(ev.weighted_ttft_p99, 1) == round(win.weighted_ttft_p99, 1):
-            head += f"; {ev.instance_hours} vs {win.instance_hours} instance-hours/day"
+        # Says what decided, in rank_key's order: the instance-hours when they differ, else the latency.
+        head = f"same cost (${ev.cost_per_hour:.2f}/h); "
+        if ev.instance_hours != win.instance_hours:
+            return head + f"{ev.instance_hours} vs {win.instance_hours} instance-hours/day"
+        head += (f"traffic-weighted P99 TTFT {ev.weighted_ttft_p99:.0f} ms vs {win.weighted_ttft_p99:.0f} ms")
         if _overlap(ev.weighted_ttft_ci, win.weighted_ttft_ci):
             head += " (within noise at P99: the confidence intervals overlap)"
         return head

@@ -112,3 +112,29 @@ def test_a_pooled_pools_spot_verdict_reads_every_member_at_the_pools_batches_as_
     per_interruption = pool.target / read.mean_hold_s * inputs.relaunch_s
     assert advice.requests_at_risk_per_day == pytest.approx(advice.interruptions_per_day * per_interruption)
     assert round(advice.requests_at_risk_per_day) == 257
+
+
+def test_one_rank_key_on_a_cost_tie_fewer_instance_hours_win_before_a_lower_p99(both_ways):
+    """docs/plan.md, Objective: one order for one model and for packings. Before, a one-model plan broke a cost
+    tie on the weighted P99 TTFT first and a packing on instance-hours first, so the same two ways to serve ranked
+    one way or the other by how many models were planned. The exact count now comes before the noisy P99."""
+    from dataclasses import replace
+
+    solo, _ = both_ways
+    ev = solo.ranked[0]
+    faster = replace(ev, weighted_ttft_p99=ev.weighted_ttft_p99 - 50, instances_by_hour=[n + 1 for n in ev.instances_by_hour])
+    fewer = replace(ev, weighted_ttft_p99=ev.weighted_ttft_p99, instances_by_hour=list(ev.instances_by_hour))
+    assert round(faster.cost_per_hour, 2) == round(fewer.cost_per_hour, 2)
+    assert sorted([faster, fewer], key=type(ev).rank_key)[0] is fewer
+    # Same instance-hours: the lower P99 (more SLO headroom) wins, as a packing's lower SLO use does.
+    same_hours = replace(faster, instances_by_hour=list(ev.instances_by_hour))
+    assert sorted([fewer, same_hours], key=type(ev).rank_key)[0] is same_hours
+
+
+def test_a_one_model_plan_and_a_packing_of_one_rank_in_the_same_order(both_ways):
+    solo, packed = both_ways
+    home = [(e.candidate.instance_type, e.candidate.precision) for e in solo.ranked
+            if e.service_region == solo.traffic.region]
+    packs = [(e.instance_type, e.loads[0].precision) for e in packed.ranked]
+    assert [k for k in home if k in packs] == [k for k in packs if k in home]
+    assert len(packs) >= 3
