@@ -63,6 +63,7 @@ from .solver import (
     Served,
     Sizing,
     Slo,
+    deciding_constraints,
     fixed_by_hour,
     floor_tenth,
     per_m_output,
@@ -557,6 +558,7 @@ class RegionPacking:
     alternatives: list[Alternative] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     not_offered: list[str] = field(default_factory=list)  # instance types with results not offered in the region
+    decided_by: list[str] = field(default_factory=list)  # a floor or reservation, not the traffic, decided the pick
 
     def unpacked(self) -> list[str]:
         """With no packing chosen: what not packing would cost, as computed (none when some model has no choice)."""
@@ -668,6 +670,9 @@ def plan_packing(cfg: FleetConfig, curves: list[ModelCurve], profile: TrafficPro
         entries = sorted(entries, key=lambda t: models.index(t.model))
         plan = _plan_region(cfg, curves, region, entries, ctx, fleet_slo, max_copies, families, cache,
                             gpu_sharing)
+        if plan.winner is not None:
+            plan.decided_by = _decided_by(plan, plan.winner, cfg, curves, ctx, fleet_slo, max_copies, families,
+                                          cache["lab"], gpu_sharing)
         if any(e.sharing == MPS for e in plan.evaluations):
             sliced = _plan_region(cfg, curves, region, entries, ctx, fleet_slo, max_copies, families, cache,
                                   TIME_SLICING)
@@ -676,6 +681,17 @@ def plan_packing(cfg: FleetConfig, curves: list[ModelCurve], profile: TrafficPro
     result = PackingPlan(profile.name, models, out, max_copies=max_copies)
     pool_across_regions(result, cfg, curves, ctx, fleet_slo, cache)
     return result
+
+
+def _decided_by(plan: RegionPacking, winner: PackingEval, cfg: FleetConfig, curves: list[ModelCurve], ctx: PlanContext,
+                fleet_slo: Slo, max_copies: int, families: dict[str, str], lab: dict[str, str],
+                gpu_sharing: str | None) -> list[str]:
+    """What a floor or a reservation decided in this region's pick (solver.deciding_constraints, as for one model)."""
+    def replan(alt_ctx: PlanContext) -> PackingEval | None:
+        return _plan_region(cfg, curves, plan.region, plan.traffic, alt_ctx, fleet_slo, max_copies, families,
+                            {"lab": lab}, gpu_sharing, alternatives=False).winner
+
+    return [note for _, note, _ in deciding_constraints(ctx, winner, replan, lambda e: e.label, lambda e: e.region)]
 
 
 def _merged(entries: list[ConsumerTraffic], service: str, ctx: PlanContext) -> ConsumerTraffic:
@@ -785,7 +801,7 @@ def _time_sliced_alternative(sliced: RegionPacking) -> list[Alternative]:
 
 def _plan_region(cfg: FleetConfig, curves: list[ModelCurve], region: str, entries: list[ConsumerTraffic],
                  ctx: PlanContext, fleet_slo: Slo, max_copies: int, families: dict[str, str], cache: Cache,
-                 gpu_sharing: str | None = None) -> RegionPacking:
+                 gpu_sharing: str | None = None, alternatives: bool = True) -> RegionPacking:
     notes = _entitlement_notes(cfg, region, entries)
     types = sorted({c.instance_type for c in curves})
     evaluations: list[PackingEval] = []
@@ -836,7 +852,8 @@ def _plan_region(cfg: FleetConfig, curves: list[ModelCurve], region: str, entrie
         notes += sharing_notes(winner, curves, mps_calibration().describe()
                                if any(e.sharing == MPS and e.estimated for e in ranked) else None)
     plan = RegionPacking(region, entries, evaluations, ranked, winner, notes=notes, not_offered=not_offered)
-    plan.alternatives = _alternatives(cfg, curves, region, entries, ctx, fleet_slo, families, cache)
+    if alternatives:
+        plan.alternatives = _alternatives(cfg, curves, region, entries, ctx, fleet_slo, families, cache)
     return plan
 
 

@@ -702,8 +702,23 @@ def _pick(ranked: list[Evaluation]) -> Evaluation | None:
 
 def _deciding_constraints(candidates: list[Candidate], traffic: ConsumerTraffic, ctx: PlanContext, winner: Evaluation,
                           evaluations: list[Evaluation]) -> list[tuple[str, str, str]]:
-    """When a config floor (capacity.min) or a reservation, not the traffic, decides the pick: say which and what
-    would win without it. Returns (other candidate label, note for the region, text for that candidate's why-not)."""
+    def replan(alt_ctx: PlanContext) -> Evaluation | None:
+        alt_ctx.__dict__["_models"] = ctx.__dict__.get("_models", {})
+        alt = [evaluate(c, traffic, r, alt_ctx) for c in candidates for r in service_regions(c, traffic.region, alt_ctx)]
+        return _pick(sorted((e for e in alt if e.feasible), key=Evaluation.rank_key))
+
+    return [(alt.candidate.label, note, text) for alt, note, text in deciding_constraints(
+        ctx, winner, replan, lambda e: (id(e.candidate), e.service_region), lambda e: e.service_region)]
+
+
+P = TypeVar("P", bound=PoolDay)
+
+
+def deciding_constraints(ctx: PlanContext, winner: P, replan: Callable[[PlanContext], P | None],
+                         same: Callable[[P], Any], region_of: Callable[[P], str]) -> list[tuple[P, str, str]]:
+    """When a config floor (capacity.min) or a reservation, not the traffic, decides the pick, one model or a
+    packing: say which and what would win without it (`replan` plans the region again under another context).
+    Returns (the pick without it, note for the region, text for that pick's why-not)."""
     from dataclasses import replace
 
     out = []
@@ -715,13 +730,11 @@ def _deciding_constraints(candidates: list[Candidate], traffic: ConsumerTraffic,
     if ctx.reserved:
         variants.append(("reservation", replace(ctx, reserved={})))
     for kind, alt_ctx in variants:
-        alt_ctx.__dict__["_models"] = ctx.__dict__.get("_models", {})
-        alt = [evaluate(c, traffic, r, alt_ctx) for c in candidates for r in service_regions(c, traffic.region, alt_ctx)]
-        alt_win = _pick(sorted((e for e in alt if e.feasible), key=Evaluation.rank_key))
-        if alt_win is None or (alt_win.candidate is winner.candidate and alt_win.service_region == winner.service_region):
+        alt_win = replan(alt_ctx)
+        if alt_win is None or same(alt_win) == same(winner):
             continue
         if kind == "floor":
-            region = winner.service_region if winner.service_region in ctx.min_instances else alt_win.service_region
+            region = region_of(winner) if region_of(winner) in ctx.min_instances else region_of(alt_win)
             source = ctx.min_instances_source.get(region, f"the floor of {ctx.n_min(region)} instances")
             what = f"{source} ({ctx.n_min(region)} instances in {region})"
         else:
@@ -729,7 +742,7 @@ def _deciding_constraints(candidates: list[Candidate], traffic: ConsumerTraffic,
             what = f"the capacity reservation ({held}, paid whatever the plan picks)"
         note = (f"{what} decided the pick: without it {alt_win.label} would be chosen at ${alt_win.cost_per_hour:.2f}/h "
                 f"({alt_win.instance_hours} instance-hours/day) vs {winner.label} at ${winner.cost_per_hour:.2f}/h")
-        out.append((alt_win.candidate.label, note, f"without {what} it would win"))
+        out.append((alt_win, note, f"without {what} it would win"))
     return out
 
 

@@ -138,3 +138,21 @@ def test_a_one_model_plan_and_a_packing_of_one_rank_in_the_same_order(both_ways)
     packs = [(e.instance_type, e.loads[0].precision) for e in packed.ranked]
     assert [k for k in home if k in packs] == [k for k in packs if k in home]
     assert len(packs) >= 3
+
+
+@pytest.mark.parametrize("kw, starts", [
+    ({"min_instances": 40}, "the floor of 40 instances"),
+    ({"reserved": {("g5.xlarge", "ap-northeast-2"): 32}}, "the capacity reservation (32 x g5.xlarge in ap-northeast-2"),
+])
+def test_a_floor_or_reservation_that_decides_the_pick_is_named_for_a_packing_as_for_one_model(kw, starts):
+    """solver.deciding_constraints, one rule for both entry points. Before, only a one-model plan said that a floor
+    (every candidate pays for 40 instances, so the cheaper g5 wins) or a reservation, not the traffic, decided."""
+    opts = PlanOptions(results=[str(SEED / "results")], traffic=str(SEED / "traffic-seoul-arrivals.yaml"),
+                       config=str(ROOT / "config" / "fleet.yaml"), today=TODAY, **kw)
+    _, plans, _ = build_plan(opts)
+    packed, _, _ = build_packing(opts)
+    (solo,), (region,) = plans, packed.regions
+    assert region.winner.instance_type == solo.winner.candidate.instance_type == "g5.xlarge"
+    (one,), (note,) = solo.decided_by, region.decided_by
+    assert one.startswith(starts) and note.startswith(starts)
+    assert "decided the pick: without it g6e.xlarge [" in note and "fp8 x1]" in note
