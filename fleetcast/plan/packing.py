@@ -66,6 +66,7 @@ from .solver import (
     deciding_constraints,
     fixed_by_hour,
     floor_tenth,
+    loss_head,
     per_m_output,
     pool_moves,
     provider_side,
@@ -463,6 +464,9 @@ class PackingEval(PoolDay):
     def latency_rank(self) -> float:
         return round(self.slo_use(), 3)
 
+    def latency_words(self) -> tuple[str, str]:
+        return "the largest share of a P99 SLO at the worst planned minute", f"{self.slo_use():.0%}"
+
 
 def _source_of(mc: ModelCurve, processes: int, sharing: str = TIME_SLICING) -> str:
     if mc.candidate.estimated:
@@ -559,6 +563,22 @@ class RegionPacking:
     notes: list[str] = field(default_factory=list)
     not_offered: list[str] = field(default_factory=list)  # instance types with results not offered in the region
     decided_by: list[str] = field(default_factory=list)  # a floor or reservation, not the traffic, decided the pick
+
+    def why_not(self) -> list[tuple[str, str]]:
+        """Each other instance type (or GPU sharing) with a packing that serves: its best packing and why it lost
+        (solver.loss_head, as for one model's candidates)."""
+        if self.winner is None:
+            return []
+        w, out, seen = self.winner, [], {(self.winner.instance_type, self.winner.sharing)}
+        for e in self.ranked:
+            if (e.instance_type, e.sharing) in seen:
+                continue
+            seen.add((e.instance_type, e.sharing))
+            _, head = loss_head(e, w)
+            if e.price_per_hour > w.price_per_hour * 1.005:
+                head += f"; at ${e.price_per_hour:.3f}/h per instance vs ${w.price_per_hour:.3f}/h"
+            out.append((e.label, head))
+        return out
 
     def unpacked(self) -> list[str]:
         """With no packing chosen: what not packing would cost, as computed (none when some model has no choice)."""

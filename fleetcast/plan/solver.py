@@ -142,6 +142,7 @@ class PoolDay:
     rejected: str | None
     instances_by_hour: list[int]
     cost_per_hour: float
+    usd_per_m_output: float
 
     @property
     def feasible(self) -> bool:
@@ -162,6 +163,10 @@ class PoolDay:
 
     def latency_rank(self) -> float:
         """How close to its latency SLOs this way serves (lower: more headroom), the last tie-break."""
+        raise NotImplementedError
+
+    def latency_words(self) -> tuple[str, str]:
+        """(what latency_rank reads, its value as the report writes it)."""
         raise NotImplementedError
 
     def rank_key(self) -> tuple[Any, ...]:
@@ -290,6 +295,9 @@ class Evaluation(PoolDay):
     def latency_rank(self) -> float:
         # One model, one SLO: the traffic-weighted P99 TTFT (network included) orders as its share of the SLO does.
         return round(self.weighted_ttft_p99, 1)
+
+    def latency_words(self) -> tuple[str, str]:
+        return "traffic-weighted P99 TTFT", f"{self.weighted_ttft_p99:.0f} ms"
 
 
 # ---------------------------------------------------------------- one candidate
@@ -1028,18 +1036,26 @@ def _pct(a: float, b: float) -> str:
     return f"{change:+.1f}%" if abs(change) < 1 else f"{change:+.0f}%"
 
 
-def _loss_reason(ev: Evaluation, win: Evaluation, traffic: ConsumerTraffic) -> str:
+def loss_head(ev: PoolDay, win: PoolDay) -> tuple[bool, str]:
+    """Why `ev` ranks below `win`, one model or a packing, in rank_key's order: (a tie on cost, the words). On a tie,
+    the instance-hours when they differ, else the latency; otherwise the cost."""
     if round(ev.cost_per_hour, 2) == round(win.cost_per_hour, 2):
-        # Says what decided, in rank_key's order: the instance-hours when they differ, else the latency.
         head = f"same cost (${ev.cost_per_hour:.2f}/h); "
         if ev.instance_hours != win.instance_hours:
-            return head + f"{ev.instance_hours} vs {win.instance_hours} instance-hours/day"
-        head += (f"traffic-weighted P99 TTFT {ev.weighted_ttft_p99:.0f} ms vs {win.weighted_ttft_p99:.0f} ms")
-        if _overlap(ev.weighted_ttft_ci, win.weighted_ttft_ci):
+            return True, head + f"{ev.instance_hours} vs {win.instance_hours} instance-hours/day"
+        (what, mine), (_, theirs) = ev.latency_words(), win.latency_words()
+        return True, head + f"{what} {mine} vs {theirs}"
+    return False, (f"costs ${ev.cost_per_hour:.2f}/h vs ${win.cost_per_hour:.2f}/h ({_pct(ev.cost_per_hour, win.cost_per_hour)}, "
+                   f"${ev.usd_per_m_output:.3f} vs ${win.usd_per_m_output:.3f} per 1M output tokens)")
+
+
+def _loss_reason(ev: Evaluation, win: Evaluation, traffic: ConsumerTraffic) -> str:
+    tie, head = loss_head(ev, win)
+    if tie:
+        if ev.instance_hours == win.instance_hours and _overlap(ev.weighted_ttft_ci, win.weighted_ttft_ci):
             head += " (within noise at P99: the confidence intervals overlap)"
         return head
-    parts = [f"costs ${ev.cost_per_hour:.2f}/h vs ${win.cost_per_hour:.2f}/h ({_pct(ev.cost_per_hour, win.cost_per_hour)}, "
-             f"${ev.usd_per_m_output:.3f} vs ${win.usd_per_m_output:.3f} per 1M output tokens)"]
+    parts = [head]
     if ev.measured_cap is not None:
         # Not a loss on price: the plan could not give it the load it might carry.
         parts.insert(0, f"measured only up to concurrency {ev.measured_cap:g}, lower than the load it could carry "

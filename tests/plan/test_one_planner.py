@@ -156,3 +156,14 @@ def test_a_floor_or_reservation_that_decides_the_pick_is_named_for_a_packing_as_
     (one,), (note,) = solo.decided_by, region.decided_by
     assert one.startswith(starts) and note.startswith(starts)
     assert "decided the pick: without it g6e.xlarge [" in note and "fp8 x1]" in note
+
+
+def test_a_packing_plan_says_why_not_each_other_instance_type_as_a_one_model_plan_does(both_ways):
+    """solver.loss_head, one explanation for both entry points. Before, a packing plan listed only the packings ruled
+    out; why a cheaper-looking instance type that serves lost was not said."""
+    solo, packed = both_ways
+    why = dict(packed.why_not())
+    assert list(why) == ["g5.xlarge [gpt2-xl int8_wo x1]"]  # the winner's own type is the 'Other packings' table
+    one = dict(solo.why_not)["g5.xlarge int8_wo"]
+    assert one.startswith("best in ap-northeast-2: " + why["g5.xlarge [gpt2-xl int8_wo x1]"].split("; ")[0] + ";")
+    assert why["g5.xlarge [gpt2-xl int8_wo x1]"].startswith("costs $20.67/h vs $6.66/h (+210%")
