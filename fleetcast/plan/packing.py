@@ -68,6 +68,7 @@ from .solver import (
     floor_tenth,
     loss_head,
     per_m_output,
+    pick,
     pool_moves,
     provider_side,
     size_day,
@@ -414,6 +415,10 @@ class PackingEval(PoolDay):
     @property
     def estimated(self) -> bool:
         return any(is_estimated(m.source) or m.source == ROOFLINE for m in self.loads)
+
+    @property
+    def roofline(self) -> bool:
+        return self.source == ROOFLINE
 
     @property
     def synthetic(self) -> bool:
@@ -852,9 +857,7 @@ def _plan_region(cfg: FleetConfig, curves: list[ModelCurve], region: str, entrie
             if ev is not None:
                 evaluations.append(ev)
     ranked = sorted((e for e in evaluations if e.feasible), key=PackingEval.rank_key)
-    # Measured first; else an estimate from measured solo curves before a roofline one (--estimate).
-    winner = next((e for e in ranked if not e.estimated), None) or \
-        next((e for e in ranked if e.source != ROOFLINE), ranked[0] if ranked else None)
+    winner = pick(ranked)
     if winner is not None and winner.estimated:
         notes.append(f"no packing with measured curves meets every SLO: the choice {winner.label} is ESTIMATED "
                      f"{winner.source.removeprefix('estimated ')}; measure it co-located (fleetcast bench run "

@@ -157,6 +157,11 @@ class PoolDay:
         raise NotImplementedError
 
     @property
+    def roofline(self) -> bool:
+        """Estimated by the roofline model (--estimate), not from any measured curve of this instance type."""
+        raise NotImplementedError
+
+    @property
     def processes(self) -> int:
         """Processes per instance: one for a one-model candidate, the copies summed for a packing."""
         raise NotImplementedError
@@ -183,6 +188,9 @@ class PoolDay:
 
     def capacity(self) -> tuple[int, int, int]:
         return capacity_bounds(self.instances_by_hour)
+
+
+P = TypeVar("P", bound=PoolDay)
 
 
 @dataclass(frozen=True)
@@ -287,6 +295,10 @@ class Evaluation(PoolDay):
     @property
     def estimated(self) -> bool:
         return self.candidate.estimated
+
+    @property
+    def roofline(self) -> bool:
+        return self.candidate.estimated  # a one-model estimate is the roofline model's (estimate.estimate_specs)
 
     @property
     def processes(self) -> int:
@@ -692,8 +704,7 @@ def service_regions(candidate: Candidate, consumer: str, ctx: PlanContext) -> li
 def plan_region(candidates: list[Candidate], traffic: ConsumerTraffic, ctx: PlanContext) -> RegionPlan:
     evaluations = [evaluate(c, traffic, r, ctx) for c in candidates for r in service_regions(c, traffic.region, ctx)]
     ranked = sorted((e for e in evaluations if e.feasible), key=Evaluation.rank_key)
-    # A measured candidate is chosen over any estimate; an estimate wins only when nothing measured fits.
-    winner = _pick(ranked)
+    winner = pick(ranked)
     why_not = _why_not(candidates, evaluations, ranked, winner, traffic, ctx)
     decided = _deciding_constraints(candidates, traffic, ctx, winner, evaluations) if winner else []
     for label, _, text in decided:
@@ -703,9 +714,11 @@ def plan_region(candidates: list[Candidate], traffic: ConsumerTraffic, ctx: Plan
                       _stats_notes(ranked, winner, ctx), [note for _, note, _ in decided])
 
 
-def _pick(ranked: list[Evaluation]) -> Evaluation | None:
-    # A measured candidate is chosen over any estimate; an estimate wins only when nothing measured fits.
-    return next((e for e in ranked if not e.candidate.estimated), ranked[0] if ranked else None)
+def pick(ranked: list[P]) -> P | None:
+    """The choice among ranked feasible ways to serve, one model or a packing: the first measured (or synthetic) one;
+    an estimate wins only when nothing measured fits, one from measured solo curves before a roofline one."""
+    return next((e for e in ranked if not e.estimated), None) or \
+        next((e for e in ranked if not e.roofline), ranked[0] if ranked else None)
 
 
 def _deciding_constraints(candidates: list[Candidate], traffic: ConsumerTraffic, ctx: PlanContext, winner: Evaluation,
@@ -713,13 +726,11 @@ def _deciding_constraints(candidates: list[Candidate], traffic: ConsumerTraffic,
     def replan(alt_ctx: PlanContext) -> Evaluation | None:
         alt_ctx.__dict__["_models"] = ctx.__dict__.get("_models", {})
         alt = [evaluate(c, traffic, r, alt_ctx) for c in candidates for r in service_regions(c, traffic.region, alt_ctx)]
-        return _pick(sorted((e for e in alt if e.feasible), key=Evaluation.rank_key))
+        return pick(sorted((e for e in alt if e.feasible), key=Evaluation.rank_key))
 
     return [(alt.candidate.label, note, text) for alt, note, text in deciding_constraints(
         ctx, winner, replan, lambda e: (id(e.candidate), e.service_region), lambda e: e.service_region)]
 
-
-P = TypeVar("P", bound=PoolDay)
 
 
 def deciding_constraints(ctx: PlanContext, winner: P, replan: Callable[[PlanContext], P | None],
