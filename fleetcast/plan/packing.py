@@ -63,9 +63,12 @@ from .solver import (
     Served,
     Sizing,
     Slo,
+    deciding_constraints,
     fixed_by_hour,
     floor_tenth,
+    loss_head,
     per_m_output,
+    pick,
     pool_moves,
     provider_side,
     size_day,
@@ -427,6 +430,10 @@ class PackingEval(PoolDay):
         return any(is_estimated(m.source) or m.source == ROOFLINE for m in self.loads)
 
     @property
+    def roofline(self) -> bool:
+        return self.source == ROOFLINE
+
+    @property
     def synthetic(self) -> bool:
         return any(m.source.startswith("synthetic") for m in self.loads)
 
@@ -472,11 +479,11 @@ class PackingEval(PoolDay):
                            serves, tuple(self.instances_by_hour), scaling_target(self), self.estimated, packed=True,
                            price_per_hour=self.price_per_hour, cost_per_hour=self.cost_per_hour)
 
-    def rank_key(self) -> tuple[Any, ...]:
-        # Ties on cost (floors often decide it): fewer instance-hours, fewer processes (less memory and
-        # interference), then the most headroom under the SLOs.
-        return (round(self.cost_per_hour, 2), self.instance_hours, self.estimated, self.processes,
-                round(self.slo_use(), 3), self.label)
+    def latency_rank(self) -> float:
+        return round(self.slo_use(), 3)
+
+    def latency_words(self) -> tuple[str, str]:
+        return "the largest share of a P99 SLO at the worst planned minute", f"{self.slo_use():.0%}"
 
 
 def _source_of(mc: ModelCurve, processes: int, sharing: str = TIME_SLICING) -> str:
@@ -573,6 +580,23 @@ class RegionPacking:
     alternatives: list[Alternative] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     not_offered: list[str] = field(default_factory=list)  # instance types with results not offered in the region
+    decided_by: list[str] = field(default_factory=list)  # a floor or reservation, not the traffic, decided the pick
+
+    def why_not(self) -> list[tuple[str, str]]:
+        """Each other instance type (or GPU sharing) with a packing that serves: its best packing and why it lost
+        (solver.loss_head, as for one model's candidates)."""
+        if self.winner is None:
+            return []
+        w, out, seen = self.winner, [], {(self.winner.instance_type, self.winner.sharing)}
+        for e in self.ranked:
+            if (e.instance_type, e.sharing) in seen:
+                continue
+            seen.add((e.instance_type, e.sharing))
+            _, head = loss_head(e, w)
+            if e.price_per_hour > w.price_per_hour * 1.005:
+                head += f"; at ${e.price_per_hour:.3f}/h per instance vs ${w.price_per_hour:.3f}/h"
+            out.append((e.label, head))
+        return out
 
     def unpacked(self) -> list[str]:
         """With no packing chosen: what not packing would cost, as computed (none when some model has no choice)."""
@@ -690,6 +714,9 @@ def plan_packing(cfg: FleetConfig, curves: list[ModelCurve], profile: TrafficPro
         entries = sorted(entries, key=lambda t: models.index(t.model))
         plan = _plan_region(cfg, curves, region, entries, ctx, fleet_slo, max_copies, families, cache,
                             gpu_sharing)
+        if plan.winner is not None:
+            plan.decided_by = _decided_by(plan, plan.winner, cfg, curves, ctx, fleet_slo, max_copies, families,
+                                          cache["lab"], gpu_sharing)
         if any(e.sharing == MPS for e in plan.evaluations):
             sliced = _plan_region(cfg, curves, region, entries, ctx, fleet_slo, max_copies, families, cache,
                                   TIME_SLICING)
@@ -698,6 +725,17 @@ def plan_packing(cfg: FleetConfig, curves: list[ModelCurve], profile: TrafficPro
     result = PackingPlan(profile.name, models, out, max_copies=max_copies)
     pool_across_regions(result, cfg, curves, ctx, fleet_slo, cache)
     return result
+
+
+def _decided_by(plan: RegionPacking, winner: PackingEval, cfg: FleetConfig, curves: list[ModelCurve], ctx: PlanContext,
+                fleet_slo: Slo, max_copies: int, families: dict[str, str], lab: dict[str, str],
+                gpu_sharing: str | None) -> list[str]:
+    """What a floor or a reservation decided in this region's pick (solver.deciding_constraints, as for one model)."""
+    def replan(alt_ctx: PlanContext) -> PackingEval | None:
+        return _plan_region(cfg, curves, plan.region, plan.traffic, alt_ctx, fleet_slo, max_copies, families,
+                            {"lab": lab}, gpu_sharing, alternatives=False).winner
+
+    return [note for _, note, _ in deciding_constraints(ctx, winner, replan, lambda e: e.label, lambda e: e.region)]
 
 
 def _merged(entries: list[ConsumerTraffic], service: str, ctx: PlanContext) -> ConsumerTraffic:
@@ -807,7 +845,7 @@ def _time_sliced_alternative(sliced: RegionPacking) -> list[Alternative]:
 
 def _plan_region(cfg: FleetConfig, curves: list[ModelCurve], region: str, entries: list[ConsumerTraffic],
                  ctx: PlanContext, fleet_slo: Slo, max_copies: int, families: dict[str, str], cache: Cache,
-                 gpu_sharing: str | None = None) -> RegionPacking:
+                 gpu_sharing: str | None = None, alternatives: bool = True) -> RegionPacking:
     notes = _entitlement_notes(cfg, region, entries)
     types = sorted({c.instance_type for c in curves})
     evaluations: list[PackingEval] = []
@@ -838,9 +876,7 @@ def _plan_region(cfg: FleetConfig, curves: list[ModelCurve], region: str, entrie
             if ev is not None:
                 evaluations.append(ev)
     ranked = sorted((e for e in evaluations if e.feasible), key=PackingEval.rank_key)
-    # Measured first; else an estimate from measured solo curves before a roofline one (--estimate).
-    winner = next((e for e in ranked if not e.estimated), None) or \
-        next((e for e in ranked if e.source != ROOFLINE), ranked[0] if ranked else None)
+    winner = pick(ranked)
     if winner is not None and winner.estimated:
         notes.append(f"no packing with measured curves meets every SLO: the choice {winner.label} is ESTIMATED "
                      f"{winner.source.removeprefix('estimated ')}; measure it co-located (fleetcast bench run "
@@ -858,7 +894,8 @@ def _plan_region(cfg: FleetConfig, curves: list[ModelCurve], region: str, entrie
         notes += sharing_notes(winner, curves, mps_calibration().describe()
                                if any(e.sharing == MPS and e.estimated for e in ranked) else None)
     plan = RegionPacking(region, entries, evaluations, ranked, winner, notes=notes, not_offered=not_offered)
-    plan.alternatives = _alternatives(cfg, curves, region, entries, ctx, fleet_slo, families, cache)
+    if alternatives:
+        plan.alternatives = _alternatives(cfg, curves, region, entries, ctx, fleet_slo, families, cache)
     return plan
 
 

@@ -101,10 +101,14 @@ def blocks(result: PackingPlan, plots: dict[str, list[Path]] | None = None) -> l
             out.append(("table", ["packing", "curves", "$/h", "$ per 1M output", "instance-hours/day"],
                         [[e.label, e.source, f"{e.cost_per_hour:.2f}", f"{e.usd_per_m_output:.3f}",
                           str(e.instance_hours)] for e in others]))
+        if plan.why_not():
+            out += [("h3", "Why not the other instance types"), ("ul", plan.why_not())]
         ruled = _ruled_out(plan)
         if ruled:
             out.append(("h3", "Ruled out"))
             out.append(("ul", ruled))
+        if plan.decided_by:
+            out += [("h3", "What decided the pick"), ("ul", [(None, n) for n in plan.decided_by])]
         if plan.notes:
             out.append(("h3", "Notes"))
             out.append(("ul", [(None, n) for n in plan.notes]))
@@ -155,7 +159,9 @@ def render_terminal(result: PackingPlan) -> str:
             lines += [f"  {s}" for s in plan.savings()]
         else:
             lines += [f"  no packing serves; {s}" for s in plan.unpacked()]
+        lines += [f"  why not {a}: {b}" for a, b in plan.why_not()]
         lines += [f"  ruled out: {a}: {b}" for a, b in _ruled_out(plan)]
+        lines += [f"  decided the pick: {n}" for n in plan.decided_by]
         lines += [f"  note: {n}" for n in plan.notes]
     if len(result.regions) > 1:
         lines += ["", "Fleet:"] + [f"  {line}" for line in fleet_lines(result)]
@@ -200,7 +206,8 @@ def to_json(result: PackingPlan) -> dict[str, Any]:
                               "instance_cost_per_hour": a.instance_cost_per_hour,
                               "fixed_cost_per_hour": a.fixed_cost_per_hour, "estimated": a.estimated,
                               "parts": [_ev_json(x) for x in a.parts]} for a in p.alternatives],
-            "savings": p.savings(), "notes": p.notes,
+            "savings": p.savings(), "notes": p.notes, "decided_by": p.decided_by,
+            "why_not": [{"packing": a, "reason": b} for a, b in p.why_not()],
             "evaluations": [_ev_json(e) for e in p.ranked] + [_ev_json(e) for e in p.evaluations if not e.feasible],
         } for p in result.regions],
     }

@@ -141,10 +141,46 @@ class PoolDay:
 
     rejected: str | None
     instances_by_hour: list[int]
+    cost_per_hour: float
+    usd_per_m_output: float
 
     @property
     def feasible(self) -> bool:
         return self.rejected is None
+
+    @property
+    def label(self) -> str:
+        raise NotImplementedError
+
+    @property
+    def estimated(self) -> bool:
+        raise NotImplementedError
+
+    @property
+    def roofline(self) -> bool:
+        """Estimated by the roofline model (--estimate), not from any measured curve of this instance type."""
+        raise NotImplementedError
+
+    @property
+    def processes(self) -> int:
+        """Processes per instance: one for a one-model candidate, the copies summed for a packing."""
+        raise NotImplementedError
+
+    def latency_rank(self) -> float:
+        """How close to its latency SLOs this way serves (lower: more headroom), the last tie-break."""
+        raise NotImplementedError
+
+    def latency_words(self) -> tuple[str, str]:
+        """(what latency_rank reads, its value as the report writes it)."""
+        raise NotImplementedError
+
+    def rank_key(self) -> tuple[Any, ...]:
+        """The one order every plan ranks by, one model or a packing (docs/plan.md, Objective). Cost to the cent
+        first; on a tie (floors often decide it) the exact counts before the measured latency, whose P99 differences
+        are often within noise (the report's CI notes): fewer instance-hours, measured before estimated, fewer
+        processes (less memory and interference), then more headroom under the SLOs."""
+        return (round(self.cost_per_hour, 2), self.instance_hours, self.estimated, self.processes,
+                self.latency_rank(), self.label)
 
     @property
     def instance_hours(self) -> int:
@@ -152,6 +188,9 @@ class PoolDay:
 
     def capacity(self) -> tuple[int, int, int]:
         return capacity_bounds(self.instances_by_hour)
+
+
+P = TypeVar("P", bound=PoolDay)
 
 
 @dataclass(frozen=True)
@@ -253,9 +292,24 @@ class Evaluation(PoolDay):
     def label(self) -> str:
         return f"{self.candidate.label} @ {self.service_region}"
 
-    def rank_key(self) -> tuple[Any, ...]:
-        return (round(self.cost_per_hour, 2), round(self.weighted_ttft_p99, 1), self.instance_hours,
-                self.candidate.estimated, self.label)
+    @property
+    def estimated(self) -> bool:
+        return self.candidate.estimated
+
+    @property
+    def roofline(self) -> bool:
+        return self.candidate.estimated  # a one-model estimate is the roofline model's (estimate.estimate_specs)
+
+    @property
+    def processes(self) -> int:
+        return 1
+
+    def latency_rank(self) -> float:
+        # One model, one SLO: the traffic-weighted P99 TTFT (network included) orders as its share of the SLO does.
+        return round(self.weighted_ttft_p99, 1)
+
+    def latency_words(self) -> tuple[str, str]:
+        return "traffic-weighted P99 TTFT", f"{self.weighted_ttft_p99:.0f} ms"
 
 
 # ---------------------------------------------------------------- one candidate
@@ -650,8 +704,7 @@ def service_regions(candidate: Candidate, consumer: str, ctx: PlanContext) -> li
 def plan_region(candidates: list[Candidate], traffic: ConsumerTraffic, ctx: PlanContext) -> RegionPlan:
     evaluations = [evaluate(c, traffic, r, ctx) for c in candidates for r in service_regions(c, traffic.region, ctx)]
     ranked = sorted((e for e in evaluations if e.feasible), key=Evaluation.rank_key)
-    # A measured candidate is chosen over any estimate; an estimate wins only when nothing measured fits.
-    winner = _pick(ranked)
+    winner = pick(ranked)
     why_not = _why_not(candidates, evaluations, ranked, winner, traffic, ctx)
     decided = _deciding_constraints(candidates, traffic, ctx, winner, evaluations) if winner else []
     for label, _, text in decided:
@@ -661,15 +714,30 @@ def plan_region(candidates: list[Candidate], traffic: ConsumerTraffic, ctx: Plan
                       _stats_notes(ranked, winner, ctx), [note for _, note, _ in decided])
 
 
-def _pick(ranked: list[Evaluation]) -> Evaluation | None:
-    # A measured candidate is chosen over any estimate; an estimate wins only when nothing measured fits.
-    return next((e for e in ranked if not e.candidate.estimated), ranked[0] if ranked else None)
+def pick(ranked: list[P]) -> P | None:
+    """The choice among ranked feasible ways to serve, one model or a packing: the first measured (or synthetic) one;
+    an estimate wins only when nothing measured fits, one from measured solo curves before a roofline one."""
+    return next((e for e in ranked if not e.estimated), None) or \
+        next((e for e in ranked if not e.roofline), ranked[0] if ranked else None)
 
 
 def _deciding_constraints(candidates: list[Candidate], traffic: ConsumerTraffic, ctx: PlanContext, winner: Evaluation,
                           evaluations: list[Evaluation]) -> list[tuple[str, str, str]]:
-    """When a config floor (capacity.min) or a reservation, not the traffic, decides the pick: say which and what
-    would win without it. Returns (other candidate label, note for the region, text for that candidate's why-not)."""
+    def replan(alt_ctx: PlanContext) -> Evaluation | None:
+        alt_ctx.__dict__["_models"] = ctx.__dict__.get("_models", {})
+        alt = [evaluate(c, traffic, r, alt_ctx) for c in candidates for r in service_regions(c, traffic.region, alt_ctx)]
+        return pick(sorted((e for e in alt if e.feasible), key=Evaluation.rank_key))
+
+    return [(alt.candidate.label, note, text) for alt, note, text in deciding_constraints(
+        ctx, winner, replan, lambda e: (id(e.candidate), e.service_region), lambda e: e.service_region)]
+
+
+
+def deciding_constraints(ctx: PlanContext, winner: P, replan: Callable[[PlanContext], P | None],
+                         same: Callable[[P], Any], region_of: Callable[[P], str]) -> list[tuple[P, str, str]]:
+    """When a config floor (capacity.min) or a reservation, not the traffic, decides the pick, one model or a
+    packing: say which and what would win without it (`replan` plans the region again under another context).
+    Returns (the pick without it, note for the region, text for that pick's why-not)."""
     from dataclasses import replace
 
     out = []
@@ -681,13 +749,11 @@ def _deciding_constraints(candidates: list[Candidate], traffic: ConsumerTraffic,
     if ctx.reserved:
         variants.append(("reservation", replace(ctx, reserved={})))
     for kind, alt_ctx in variants:
-        alt_ctx.__dict__["_models"] = ctx.__dict__.get("_models", {})
-        alt = [evaluate(c, traffic, r, alt_ctx) for c in candidates for r in service_regions(c, traffic.region, alt_ctx)]
-        alt_win = _pick(sorted((e for e in alt if e.feasible), key=Evaluation.rank_key))
-        if alt_win is None or (alt_win.candidate is winner.candidate and alt_win.service_region == winner.service_region):
+        alt_win = replan(alt_ctx)
+        if alt_win is None or same(alt_win) == same(winner):
             continue
         if kind == "floor":
-            region = winner.service_region if winner.service_region in ctx.min_instances else alt_win.service_region
+            region = region_of(winner) if region_of(winner) in ctx.min_instances else region_of(alt_win)
             source = ctx.min_instances_source.get(region, f"the floor of {ctx.n_min(region)} instances")
             what = f"{source} ({ctx.n_min(region)} instances in {region})"
         else:
@@ -695,7 +761,7 @@ def _deciding_constraints(candidates: list[Candidate], traffic: ConsumerTraffic,
             what = f"the capacity reservation ({held}, paid whatever the plan picks)"
         note = (f"{what} decided the pick: without it {alt_win.label} would be chosen at ${alt_win.cost_per_hour:.2f}/h "
                 f"({alt_win.instance_hours} instance-hours/day) vs {winner.label} at ${winner.cost_per_hour:.2f}/h")
-        out.append((alt_win.candidate.label, note, f"without {what} it would win"))
+        out.append((alt_win, note, f"without {what} it would win"))
     return out
 
 
@@ -981,17 +1047,26 @@ def _pct(a: float, b: float) -> str:
     return f"{change:+.1f}%" if abs(change) < 1 else f"{change:+.0f}%"
 
 
-def _loss_reason(ev: Evaluation, win: Evaluation, traffic: ConsumerTraffic) -> str:
+def loss_head(ev: PoolDay, win: PoolDay) -> tuple[bool, str]:
+    """Why `ev` ranks below `win`, one model or a packing, in rank_key's order: (a tie on cost, the words). On a tie,
+    the instance-hours when they differ, else the latency; otherwise the cost."""
     if round(ev.cost_per_hour, 2) == round(win.cost_per_hour, 2):
-        head = (f"same cost (${ev.cost_per_hour:.2f}/h); traffic-weighted P99 TTFT {ev.weighted_ttft_p99:.0f} ms vs "
-                f"{win.weighted_ttft_p99:.0f} ms")
-        if round(ev.weighted_ttft_p99, 1) == round(win.weighted_ttft_p99, 1):
-            head += f"; {ev.instance_hours} vs {win.instance_hours} instance-hours/day"
-        if _overlap(ev.weighted_ttft_ci, win.weighted_ttft_ci):
+        head = f"same cost (${ev.cost_per_hour:.2f}/h); "
+        if ev.instance_hours != win.instance_hours:
+            return True, head + f"{ev.instance_hours} vs {win.instance_hours} instance-hours/day"
+        (what, mine), (_, theirs) = ev.latency_words(), win.latency_words()
+        return True, head + f"{what} {mine} vs {theirs}"
+    return False, (f"costs ${ev.cost_per_hour:.2f}/h vs ${win.cost_per_hour:.2f}/h ({_pct(ev.cost_per_hour, win.cost_per_hour)}, "
+                   f"${ev.usd_per_m_output:.3f} vs ${win.usd_per_m_output:.3f} per 1M output tokens)")
+
+
+def _loss_reason(ev: Evaluation, win: Evaluation, traffic: ConsumerTraffic) -> str:
+    tie, head = loss_head(ev, win)
+    if tie:
+        if ev.instance_hours == win.instance_hours and _overlap(ev.weighted_ttft_ci, win.weighted_ttft_ci):
             head += " (within noise at P99: the confidence intervals overlap)"
         return head
-    parts = [f"costs ${ev.cost_per_hour:.2f}/h vs ${win.cost_per_hour:.2f}/h ({_pct(ev.cost_per_hour, win.cost_per_hour)}, "
-             f"${ev.usd_per_m_output:.3f} vs ${win.usd_per_m_output:.3f} per 1M output tokens)"]
+    parts = [head]
     if ev.measured_cap is not None:
         # Not a loss on price: the plan could not give it the load it might carry.
         parts.insert(0, f"measured only up to concurrency {ev.measured_cap:g}, lower than the load it could carry "

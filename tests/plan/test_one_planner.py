@@ -112,3 +112,58 @@ def test_a_pooled_pools_spot_verdict_reads_every_member_at_the_pools_batches_as_
     per_interruption = pool.target / read.mean_hold_s * inputs.relaunch_s
     assert advice.requests_at_risk_per_day == pytest.approx(advice.interruptions_per_day * per_interruption)
     assert round(advice.requests_at_risk_per_day) == 257
+
+
+def test_one_rank_key_on_a_cost_tie_fewer_instance_hours_win_before_a_lower_p99(both_ways):
+    """docs/plan.md, Objective: one order for one model and for packings. Before, a one-model plan broke a cost
+    tie on the weighted P99 TTFT first and a packing on instance-hours first, so the same two ways to serve ranked
+    one way or the other by how many models were planned. The exact count now comes before the noisy P99."""
+    from dataclasses import replace
+
+    solo, _ = both_ways
+    ev = solo.ranked[0]
+    faster = replace(ev, weighted_ttft_p99=ev.weighted_ttft_p99 - 50, instances_by_hour=[n + 1 for n in ev.instances_by_hour])
+    fewer = replace(ev, weighted_ttft_p99=ev.weighted_ttft_p99, instances_by_hour=list(ev.instances_by_hour))
+    assert round(faster.cost_per_hour, 2) == round(fewer.cost_per_hour, 2)
+    assert sorted([faster, fewer], key=type(ev).rank_key)[0] is fewer
+    # Same instance-hours: the lower P99 (more SLO headroom) wins, as a packing's lower SLO use does.
+    same_hours = replace(faster, instances_by_hour=list(ev.instances_by_hour))
+    assert sorted([fewer, same_hours], key=type(ev).rank_key)[0] is same_hours
+
+
+def test_a_one_model_plan_and_a_packing_of_one_rank_in_the_same_order(both_ways):
+    solo, packed = both_ways
+    home = [(e.candidate.instance_type, e.candidate.precision) for e in solo.ranked
+            if e.service_region == solo.traffic.region]
+    packs = [(e.instance_type, e.loads[0].precision) for e in packed.ranked]
+    assert [k for k in home if k in packs] == [k for k in packs if k in home]
+    assert len(packs) >= 3
+
+
+@pytest.mark.parametrize("kw, starts", [
+    ({"min_instances": 40}, "the floor of 40 instances"),
+    ({"reserved": {("g5.xlarge", "ap-northeast-2"): 32}}, "the capacity reservation (32 x g5.xlarge in ap-northeast-2"),
+])
+def test_a_floor_or_reservation_that_decides_the_pick_is_named_for_a_packing_as_for_one_model(kw, starts):
+    """solver.deciding_constraints, one rule for both entry points. Before, only a one-model plan said that a floor
+    (every candidate pays for 40 instances, so the cheaper g5 wins) or a reservation, not the traffic, decided."""
+    opts = PlanOptions(results=[str(SEED / "results")], traffic=str(SEED / "traffic-seoul-arrivals.yaml"),
+                       config=str(ROOT / "config" / "fleet.yaml"), today=TODAY, **kw)
+    _, plans, _ = build_plan(opts)
+    packed, _, _ = build_packing(opts)
+    (solo,), (region,) = plans, packed.regions
+    assert region.winner.instance_type == solo.winner.candidate.instance_type == "g5.xlarge"
+    (one,), (note,) = solo.decided_by, region.decided_by
+    assert one.startswith(starts) and note.startswith(starts)
+    assert "decided the pick: without it g6e.xlarge [" in note and "fp8 x1]" in note
+
+
+def test_a_packing_plan_says_why_not_each_other_instance_type_as_a_one_model_plan_does(both_ways):
+    """solver.loss_head, one explanation for both entry points. Before, a packing plan listed only the packings ruled
+    out; why a cheaper-looking instance type that serves lost was not said."""
+    solo, packed = both_ways
+    why = dict(packed.why_not())
+    assert list(why) == ["g5.xlarge [gpt2-xl int8_wo x1]"]  # the winner's own type is the 'Other packings' table
+    one = dict(solo.why_not)["g5.xlarge int8_wo"]
+    assert one.startswith("best in ap-northeast-2: " + why["g5.xlarge [gpt2-xl int8_wo x1]"].split("; ")[0] + ";")
+    assert why["g5.xlarge [gpt2-xl int8_wo x1]"].startswith("costs $20.67/h vs $6.66/h (+210%")
