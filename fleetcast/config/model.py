@@ -1035,7 +1035,9 @@ NOT_IN_INSTANCE_DIGEST: dict[str, Any] = {
     # Stack tags: the groups propagate them to the instances they launch, the launch template does not
     # carry them (stacks/app_builder.py), and no instance reads them.
     "tags": True,
-    # stage_patterns: what staging copies (instances read the staged manifest); parameters_b: read by validate only.
+    # stage_patterns: what staging copies (instances read the staged manifest). parameters_b: read by validate, and
+    # on an instance only where the pool runs several processes (their KV budgets and MPS limits count each
+    # model's overhead from it, fleetcast/config/memory.served_overhead): in those pools' digests alone.
     # consumers (who may call the model and its adapters): running gateways re-read them with the consumers
     # (runtime/gateway/reload.py), so an entitlement change rolls no pool.
     "models": {"__all__": {"stage_patterns", "slo", "parameters_b", "consumers"}},
@@ -1306,11 +1308,15 @@ class FleetConfig(Frozen):
             return support.needs_calibration(engine.backend.value, engine.precision.value, engine.kv_cache_dtype.value)
 
         # Only a calibrated build reads the set (runtime/bootstrap.py): the other pools' instances stay.
+        several_processes = sum(serve.copies for serve in self.serves_of(pool)) > 1
         if "models" in data:
             # A model the pool does not serve is no input of its instances: adding one elsewhere rolls nothing here.
             served = {s.model for s in self.serves_of(pool)}
             data["models"] = [m for m in data["models"] if m["id"] in served]
             for model in data["models"]:
+                parameters_b = self.model_by_id(model["id"]).parameters_b
+                if several_processes and parameters_b is not None:
+                    model["parameters_b"] = parameters_b
                 if not calibrates(model["id"]):
                     for name in CALIBRATED_POOLS_ONLY:
                         model.pop(name, None)

@@ -58,6 +58,32 @@ def test_mps_reaches_that_pools_instances_and_rolls_only_that_pool(doc):
     assert after.model_dump(mode="json")["regions"][0]["pools"][1]["gpu_sharing"] == "mps"
 
 
+def test_a_models_size_rolls_the_pools_that_plan_several_processes_from_it_and_no_other(doc):
+    """parameters_b sets each process's overhead on an instance of several processes (its KV budget and MPS limit,
+    runtime/bootstrap.py through served_overhead), so it is an input of those pools; a one-process pool reads none."""
+    before = parse_config(doc)
+    region = before.regions[0]
+    several = [p.name for p in region.pools if sum(s.copies for s in p.serves) > 1]
+    assert several, "the example has a pool of several processes"
+    for model in doc["models"]:
+        model["parameters_b"] = (model.get("parameters_b") or 1.0) * 1.05
+    after = parse_config(doc)
+    for name in several:
+        assert before.instance_digest(region.region, name) != after.instance_digest(region.region, name)
+    for pool in pools(doc):  # one copy of one model: the engine's fraction, no planned budget, no MPS limit
+        pool["serves"] = pool["serves"][:1]
+        pool["serves"][0]["copies"] = 1
+        pool["serves"][0].pop("kv_cache_gb", None)
+        pool["serves"][0].pop("mps_active_thread_percentage", None)
+    doc["models"] = [m for m in doc["models"] if m["id"] in {p["serves"][0]["model"] for p in pools(doc)}]
+    single_after = parse_config(doc)
+    for model in doc["models"]:
+        model["parameters_b"] /= 1.05
+    single_before = parse_config(doc)
+    for pool in single_before.regions[0].pools:
+        assert single_before.instance_digest(region.region, pool.name) == single_after.instance_digest(region.region, pool.name)
+
+
 def test_an_sm_cap_is_per_served_model_only_under_mps_and_never_a_default(doc):
     cfg = parse_config(doc)
     assert all(s.mps_active_thread_percentage is None for p in cfg.regions[0].pools for s in p.serves)
