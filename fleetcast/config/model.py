@@ -342,7 +342,8 @@ class ModelSpec(Frozen):
         default=None, gt=0, le=2000,
         description="Parameters in billions (e.g. 1.56 for GPT-2 XL), for the GPU memory check "
         "(fleetcast/config/memory.py); required where a pool runs several engine processes or sets kv_cache_gb. "
-        "Read by validate only.",
+        "Read by validate, and by the instances of a pool of several processes (each process's overhead in their "
+        "KV budgets and MPS memory limits).",
     )
     engine: EngineOverride = Field(
         default_factory=EngineOverride,
@@ -1029,6 +1030,9 @@ class Operations(Frozen):
 # rolls): the safe default for fields added later.
 # Read only by pools whose build calibrates (contract/support.py needs_calibration): in their digest alone.
 CALIBRATED_POOLS_ONLY = ("calibration",)
+# A model's fields read only where its pool runs several engine processes (their KV budgets and MPS limits count
+# each model's overhead, fleetcast/config/memory.served_overhead): in those pools' digests alone.
+SEVERAL_PROCESS_POOLS_ONLY = ("parameters_b",)
 NOT_IN_INSTANCE_DIGEST: dict[str, Any] = {
     "consumers": True,
     "slo": True,
@@ -1036,8 +1040,7 @@ NOT_IN_INSTANCE_DIGEST: dict[str, Any] = {
     # carry them (stacks/app_builder.py), and no instance reads them.
     "tags": True,
     # stage_patterns: what staging copies (instances read the staged manifest). parameters_b: read by validate, and
-    # on an instance only where the pool runs several processes (their KV budgets and MPS limits count each
-    # model's overhead from it, fleetcast/config/memory.served_overhead): in those pools' digests alone.
+    # by instances only in pools of several processes (SEVERAL_PROCESS_POOLS_ONLY puts it back in their digests).
     # consumers (who may call the model and its adapters): running gateways re-read them with the consumers
     # (runtime/gateway/reload.py), so an entitlement change rolls no pool.
     "models": {"__all__": {"stage_patterns", "slo", "parameters_b", "consumers"}},
@@ -1314,9 +1317,10 @@ class FleetConfig(Frozen):
             served = {s.model for s in self.serves_of(pool)}
             data["models"] = [m for m in data["models"] if m["id"] in served]
             for model in data["models"]:
-                parameters_b = self.model_by_id(model["id"]).parameters_b
-                if several_processes and parameters_b is not None:
-                    model["parameters_b"] = parameters_b
+                for name in SEVERAL_PROCESS_POOLS_ONLY if several_processes else ():
+                    value = getattr(self.model_by_id(model["id"]), name)
+                    if value is not None:  # unset reads as before: a config that never set it keeps its digest
+                        model[name] = value
                 if not calibrates(model["id"]):
                     for name in CALIBRATED_POOLS_ONLY:
                         model.pop(name, None)

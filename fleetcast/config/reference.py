@@ -11,7 +11,7 @@ import json
 from typing import Any
 
 from .loader import json_schema
-from .model import CALIBRATED_POOLS_ONLY, NOT_IN_INSTANCE_DIGEST
+from .model import CALIBRATED_POOLS_ONLY, NOT_IN_INSTANCE_DIGEST, SEVERAL_PROCESS_POOLS_ONLY
 
 GENERATE_COMMAND = "fleetcast config docs > docs/config.md"
 
@@ -78,7 +78,7 @@ def _constraints(prop: dict[str, Any], defs: dict[str, Any]) -> list[str]:
 
 
 def rolls_instances(path: str, field: str) -> str:
-    """yes / no / partly / calibrated pools: does changing this field replace the instances of the pools it concerns?
+    """yes / no / partly / calibrated pools / pools of several processes: does changing this field replace the instances of the pools it concerns?
 
     Read from NOT_IN_INSTANCE_DIGEST, the same spec `FleetConfig.instance_digest` excludes, so the
     reference cannot disagree with what the launch templates carry.
@@ -88,6 +88,8 @@ def rolls_instances(path: str, field: str) -> str:
     head = parts[2:] if parts[:2] == ["models", "[]"] else parts
     if head and head[0] in CALIBRATED_POOLS_ONLY:
         return "calibrated pools"
+    if parts[:2] == ["models", "[]"] and head[0] in SEVERAL_PROCESS_POOLS_ONLY:
+        return "pools of several processes"
     spec: Any = NOT_IN_INSTANCE_DIGEST
     for part in parts:
         if spec is True:
@@ -165,7 +167,8 @@ def render() -> str:
         "",
         "*Rolls instances*: whether a change to the field gives the pools it concerns a new launch template",
         "version, i.e. replaces their instances by instance refresh (`partly`: some of its fields do; `calibrated",
-        "pools`: only pools whose precision reads a calibration set, SmoothQuant, FP8 or a quantized KV cache). Consumers",
+        "pools`: only pools whose precision reads a calibration set, SmoothQuant, FP8 or a quantized KV cache; `pools",
+        "of several processes`: only pools that run more than one engine process, whose KV budgets it sets). Consumers",
         "reach running gateways within a minute instead; sizes, scaling, alarms and allow lists are stack",
         "settings applied in place. `fleetcast config diff OLD NEW` (or `--deployed NEW`) shows it for a change.",
         "",
