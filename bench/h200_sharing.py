@@ -216,10 +216,12 @@ class Pair:
                                                            "log_dir": str(daemon.log_dir), "alive": daemon.alive()}}
 
     def stop(self) -> dict:
+        from runtime.serve import http_json
+
         peaks = {}
         for server in self.serving.servers:  # what each process came to need, before the drain ends it
             try:
-                _, mem = http_json_any("GET", f"{server.base}/memory")
+                _, mem = http_json("GET", f"{server.base}/memory", timeout_s=10)
                 peaks[server.model_id] = mem
             except Exception as exc:  # noqa: BLE001 - a dead process has no peaks to report
                 peaks[server.model_id] = {"error": str(exc)[-300:]}
@@ -249,12 +251,6 @@ def keep_mps_logs(work: Path, dest: Path) -> None:
         target = dest / log.relative_to(work)
         target.parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(log, target)
-
-
-def http_json_any(method: str, url: str) -> tuple[int, object]:
-    from runtime.serve import http_json
-
-    return http_json(method, url, timeout_s=10)
 
 
 def gpu_apps() -> list[dict] | None:

@@ -197,12 +197,17 @@ class FakeEc2Endpoints:
                 f"<vpcEndpointConnectionSet>{items}</vpcEndpointConnectionSet>"
                 f"</DescribeVpcEndpointConnectionsResponse>").encode()
 
+    @staticmethod
+    async def read_request(reader: asyncio.StreamReader) -> tuple[bytes, bytes]:
+        """One HTTP/1.1 request: its head (through the blank line) and its Content-Length body."""
+        head = await reader.readuntil(b"\r\n\r\n")
+        length = next((int(h.split(b":", 1)[1]) for h in head.split(b"\r\n")
+                       if h.lower().startswith(b"content-length:")), 0)
+        return head, await reader.readexactly(length)
+
     async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
-            head = await reader.readuntil(b"\r\n\r\n")
-            length = next((int(h.split(b":", 1)[1]) for h in head.split(b"\r\n")
-                           if h.lower().startswith(b"content-length:")), 0)
-            body = await reader.readexactly(length)
+            _, body = await self.read_request(reader)
             self.calls += 1
             if b"Action=DescribeVpcEndpointConnections" in body:
                 payload, status = self.xml(), b"200 OK"

@@ -47,10 +47,7 @@ class Ec2StandIn(FakeEc2Endpoints):
 
     async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
-            head = await reader.readuntil(b"\r\n\r\n")
-            length = next((int(h.split(b":", 1)[1]) for h in head.split(b"\r\n")
-                           if h.lower().startswith(b"content-length:")), 0)
-            body = await reader.readexactly(length)
+            head, body = await self.read_request(reader)
             if b"Action=DescribeVpcEndpointConnections" in body:
                 payload = self.xml()
                 writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/xml\r\nContent-Length: "

@@ -274,15 +274,10 @@ def test_the_failover_dns_cdk_nag_findings_are_only_the_acknowledged_wildcard(mo
     from ruamel.yaml import YAML
 
     from stacks import nag
-    from tests.stacks.synthesized import SPILL_CONFIG, synthesize
-    from tests.stacks.test_gates import _findings
+    from tests.stacks.synthesized import SPILL_CONFIG
+    from tests.stacks.test_gates import unacknowledged_findings
 
-    monkeypatch.setattr(nag, "APPLY_ACKNOWLEDGMENTS", False)
-    monkeypatch.setattr(nag, "RECORDED", [])
-    with pytest.raises(Exception, match="Validation ?[Ff]ailed") as failure:
-        synthesize(YAML(typ="safe").load(SPILL_CONFIG.read_text()), "failover-unacknowledged")
-    with open(re.search(r"found in: (\S+)", str(failure.value)).group(1)) as report:
-        findings = _findings(json.load(report))
+    findings = unacknowledged_findings(monkeypatch, YAML(typ="safe").load(SPILL_CONFIG.read_text()), "failover-unacknowledged")
     on_failover = {rule for path, rule in findings if "/FailoverDns/" in path}
     assert on_failover == {"AwsSolutions-IAM5[Resource::*]"}
     assert {r for p, r in nag.RECORDED if "/FailoverDns/" in p} == on_failover

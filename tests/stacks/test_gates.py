@@ -113,22 +113,35 @@ def _findings(report: dict) -> set[tuple[str, str]]:
     return found
 
 
-def test_every_acknowledgment_matches_a_real_finding_and_covers_it(monkeypatch):
-    """Synthesize with acknowledgments recorded but not applied: the findings must be exactly those
-    acknowledged, so no finding hides behind a broad acknowledgment and none is stale."""
+def unacknowledged_findings(monkeypatch: pytest.MonkeyPatch, doc: dict, name: str) -> set[tuple[str, str]]:
+    """Synthesize `doc` with cdk-nag's acknowledgments recorded (nag.RECORDED) but not applied: every finding,
+    as (construct path, rule)."""
     monkeypatch.setattr(nag, "APPLY_ACKNOWLEDGMENTS", False)
     monkeypatch.setattr(nag, "RECORDED", [])
     with pytest.raises(Exception, match="Validation ?[Ff]ailed") as failure:
-        synthesize(default_doc(), "unacknowledged")
-    report_path = re.search(r"found in: (\S+)", str(failure.value)).group(1)
-    with open(report_path) as report:
-        findings = _findings(json.load(report))
-    acknowledged = set(nag.RECORDED)
-    assert acknowledged, "the fleet acknowledges some findings"
+        synthesize(doc, name)
+    with open(re.search(r"found in: (\S+)", str(failure.value)).group(1)) as report:
+        return _findings(json.load(report))
+
+
+def uncovered_and_stale(findings: set[tuple[str, str]], acknowledged: set[tuple[str, str]]
+                        ) -> tuple[set[tuple[str, str]], set[tuple[str, str]]]:
+    """Findings no acknowledgment covers (its path or a parent, the same rule), and acknowledgments no finding
+    matches."""
     uncovered = {(path, rule) for path, rule in findings
                  if not any(path == p or path.startswith(p + "/") for p, r in acknowledged if r == rule)}
     stale = {(p, r) for p, r in acknowledged
              if not any(rule == r and (path == p or path.startswith(p + "/")) for path, rule in findings)}
+    return uncovered, stale
+
+
+def test_every_acknowledgment_matches_a_real_finding_and_covers_it(monkeypatch):
+    """Synthesize with acknowledgments recorded but not applied: the findings must be exactly those
+    acknowledged, so no finding hides behind a broad acknowledgment and none is stale."""
+    findings = unacknowledged_findings(monkeypatch, default_doc(), "unacknowledged")
+    acknowledged = set(nag.RECORDED)
+    assert acknowledged, "the fleet acknowledges some findings"
+    uncovered, stale = uncovered_and_stale(findings, acknowledged)
     assert not uncovered, f"findings without an acknowledgment: {sorted(uncovered)}"
     assert not stale, f"acknowledgments that match no finding: {sorted(stale)}"
 

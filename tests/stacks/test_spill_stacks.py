@@ -189,20 +189,14 @@ def test_the_peer_key_is_generated_in_the_first_peer_region_replicated_to_the_ot
 def test_the_peer_keys_one_cdk_nag_finding_is_the_acknowledged_rotation_rule(monkeypatch):
     """Synthesized with acknowledgments recorded but not applied, the spill fleet's findings on the peer key are
     exactly AwsSolutions-SMG4 (no rotation), the one acknowledged (stacks/spill.py says why)."""
-    import re
 
     from ruamel.yaml import YAML
 
     from stacks import nag
-    from tests.stacks.synthesized import SPILL_CONFIG, synthesize
-    from tests.stacks.test_gates import _findings
+    from tests.stacks.synthesized import SPILL_CONFIG
+    from tests.stacks.test_gates import unacknowledged_findings
 
-    monkeypatch.setattr(nag, "APPLY_ACKNOWLEDGMENTS", False)
-    monkeypatch.setattr(nag, "RECORDED", [])
-    with pytest.raises(Exception, match="Validation ?[Ff]ailed") as failure:
-        synthesize(YAML(typ="safe").load(SPILL_CONFIG.read_text()), "spill-unacknowledged")
-    with open(re.search(r"found in: (\S+)", str(failure.value)).group(1)) as report:
-        findings = _findings(json.load(report))
+    findings = unacknowledged_findings(monkeypatch, YAML(typ="safe").load(SPILL_CONFIG.read_text()), "spill-unacknowledged")
     on_key = {(path, rule) for path, rule in findings if "/Spill/PeerKey" in path}
     assert {rule for _, rule in on_key} == {"AwsSolutions-SMG4"}
     assert [r for p, r in nag.RECORDED if p.endswith("/Spill/PeerKey")] == ["AwsSolutions-SMG4"]

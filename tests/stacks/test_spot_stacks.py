@@ -205,24 +205,15 @@ def test_a_config_without_spot_synthesizes_no_spot_resources():
 def test_every_spot_acknowledgment_matches_a_real_finding_and_covers_it(monkeypatch):
     """The acknowledgment gate of test_gates.py, on the spot config: no finding of the Spot group or the
     fallback hides behind a broad acknowledgment, and none of theirs is stale."""
-    import re
 
     from stacks import nag
 
-    from .synthesized import spot_doc, synthesize
-    from .test_gates import _findings
+    from .synthesized import spot_doc
+    from .test_gates import unacknowledged_findings, uncovered_and_stale
 
-    monkeypatch.setattr(nag, "APPLY_ACKNOWLEDGMENTS", False)
-    monkeypatch.setattr(nag, "RECORDED", [])
-    with pytest.raises(Exception, match="Validation ?[Ff]ailed") as failure:
-        synthesize(spot_doc(), "spot-unacknowledged")
-    with open(re.search(r"found in: (\S+)", str(failure.value)).group(1)) as report:
-        findings = _findings(json.load(report))
+    findings = unacknowledged_findings(monkeypatch, spot_doc(), "spot-unacknowledged")
     acknowledged = set(nag.RECORDED)
-    uncovered = {(path, rule) for path, rule in findings
-                 if not any(path == p or path.startswith(p + "/") for p, r in acknowledged if r == rule)}
-    stale = {(p, r) for p, r in acknowledged
-             if not any(rule == r and (path == p or path.startswith(p + "/")) for path, rule in findings)}
+    uncovered, stale = uncovered_and_stale(findings, acknowledged)
     assert not uncovered, f"findings without an acknowledgment: {sorted(uncovered)}"
     assert not stale, f"acknowledgments that match no finding: {sorted(stale)}"
     assert any("SpotGroup" in p for p, _ in acknowledged) and any("SpotFallback" in p for p, _ in acknowledged)
