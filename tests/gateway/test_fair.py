@@ -64,6 +64,11 @@ def consumers(**admission: dict):
     return cfg, cfg.consumers_of(REGION)
 
 
+def one_slot(consumers: tuple, **options) -> FairAdmission:
+    """Fair admission in front of one engine process that holds one request at a time."""
+    return FairAdmission(SharedState(1), {MODEL_ID: [Engine(9001)]}, {MODEL_ID: 1}, consumers, **options)
+
+
 async def admitted_in_order(admission: FairAdmission, holder: str, arrivals: list[str], model: str = MODEL_ID,
                             ) -> list[str]:
     """Fill the one slot with `holder`, queue `arrivals` in that order, then free the slot again and again:
@@ -104,7 +109,7 @@ def test_a_full_engine_admits_two_consumers_by_weight_not_by_arrival():
     _, (voice, analytics) = consumers(**{"voice-app": {"weight": 2}})
 
     async def body():
-        admission = FairAdmission(SharedState(1), {MODEL_ID: [Engine(9001)]}, {MODEL_ID: 1}, (voice, analytics))
+        admission = one_slot((voice, analytics))
         # All of voice-app's requests arrive first: first come, first served would run them all before analytics.
         return await admitted_in_order(admission, "analytics", ["voice-app"] * 6 + ["analytics"] * 3)
 
@@ -119,7 +124,7 @@ def test_equal_weights_alternate_and_an_idle_consumer_saves_no_credit():
     _, (voice, analytics) = consumers()
 
     async def body():
-        admission = FairAdmission(SharedState(1), {MODEL_ID: [Engine(9001)]}, {MODEL_ID: 1}, (voice, analytics))
+        admission = one_slot((voice, analytics))
         first = await admitted_in_order(admission, "voice-app", ["voice-app"] * 4 + ["analytics"] * 4)
         # analytics was idle through voice-app's run of requests: it comes back at the current virtual time, and
         # alternates from there rather than taking a burst of turns for its idle time.
@@ -135,7 +140,7 @@ def test_a_batch_consumer_waits_while_an_interactive_one_waits():
     _, (voice, analytics) = consumers(analytics={"priority": "batch"})
 
     async def body():
-        admission = FairAdmission(SharedState(1), {MODEL_ID: [Engine(9001)]}, {MODEL_ID: 1}, (voice, analytics))
+        admission = one_slot((voice, analytics))
         return await admitted_in_order(admission, "voice-app", ["analytics"] * 3 + ["voice-app"] * 3)
 
     assert run(body()) == ["voice-app"] * 3 + ["analytics"] * 3
@@ -226,8 +231,7 @@ def test_a_full_queue_is_a_retryable_429_and_a_long_wait_a_retryable_503():
     _, (voice, analytics) = consumers(**{"voice-app": {"max_queued": 1, "max_queue_wait_s": 0.2}})
 
     async def body():
-        admission = FairAdmission(SharedState(1), {MODEL_ID: [Engine(9001)]}, {MODEL_ID: 1}, (voice, analytics),
-                                  poll_s=0.02)
+        admission = one_slot((voice, analytics), poll_s=0.02)
         held = await admission.acquire("analytics", MODEL_ID, lambda: False)
         waiting = asyncio.ensure_future(admission.acquire("voice-app", MODEL_ID, lambda: False))
         await asyncio.sleep(0)
@@ -382,7 +386,7 @@ def test_a_waiter_whose_task_is_cancelled_leaves_the_queue_and_takes_no_slot():
     _, (voice, analytics) = consumers()
 
     async def body():
-        admission = FairAdmission(SharedState(1), {MODEL_ID: [Engine(9001)]}, {MODEL_ID: 1}, (voice, analytics))
+        admission = one_slot((voice, analytics))
         held = await admission.acquire("voice-app", MODEL_ID, lambda: False)
         doomed = asyncio.ensure_future(admission.acquire("analytics", MODEL_ID, lambda: False))
         await asyncio.sleep(0)
@@ -438,8 +442,7 @@ def test_the_predicted_wait_is_zero_with_room_and_unknown_until_a_service_rate_w
     _, (voice, analytics) = consumers()
 
     async def body():
-        admission = FairAdmission(SharedState(1), {MODEL_ID: [Engine(9001)]}, {MODEL_ID: 1}, (voice, analytics),
-                                  clock=Clock())
+        admission = one_slot((voice, analytics), clock=Clock())
         assert admission.predicted_wait_s("analytics", MODEL_ID) == 0.0  # an empty process: it would go at once
         assert admission.predicted_wait_s("analytics", "a-model-it-does-not-cap") == 0.0  # no queue here for it
         held = await admission.acquire("voice-app", MODEL_ID, lambda: False)
@@ -457,8 +460,7 @@ def test_the_predicted_wait_counts_who_goes_first_over_the_engines_measured_serv
 
     async def body():
         clock = Clock()
-        admission = FairAdmission(SharedState(1), {MODEL_ID: [Engine(9001)]}, {MODEL_ID: 1}, (voice, analytics),
-                                  clock=clock)
+        admission = one_slot((voice, analytics), clock=clock)
         engine = await admission.acquire("voice-app", MODEL_ID, lambda: False)
         queued = [asyncio.ensure_future(admission.acquire("voice-app", MODEL_ID, lambda: False)) for _ in range(8)]
         await settle()
@@ -498,8 +500,7 @@ def test_a_request_holding_the_engine_longer_than_the_measured_rate_stretches_th
 
     async def body():
         clock = Clock()
-        admission = FairAdmission(SharedState(1), {MODEL_ID: [Engine(9001)]}, {MODEL_ID: 1}, (voice, analytics),
-                                  clock=clock)
+        admission = one_slot((voice, analytics), clock=clock)
         engine = await admission.acquire("voice-app", MODEL_ID, lambda: False)
         queued = [asyncio.ensure_future(admission.acquire("voice-app", MODEL_ID, lambda: False)) for _ in range(3)]
         await settle()
@@ -532,8 +533,7 @@ def test_the_predicted_wait_of_a_batch_account_counts_every_waiting_interactive_
 
     async def body():
         clock = Clock()
-        admission = FairAdmission(SharedState(1), {MODEL_ID: [Engine(9001)]}, {MODEL_ID: 1}, (voice, analytics),
-                                  clock=clock)
+        admission = one_slot((voice, analytics), clock=clock)
         engine = await admission.acquire("voice-app", MODEL_ID, lambda: False)
         queued = [asyncio.ensure_future(admission.acquire("voice-app", MODEL_ID, lambda: False)) for _ in range(5)]
         await settle()
@@ -784,8 +784,7 @@ def test_a_flood_of_waiting_requests_whose_clients_left_is_withdrawn_in_one_pass
     _, (voice, analytics) = consumers(**{"voice-app": {"max_queued": 5000}})
 
     async def body():
-        admission = FairAdmission(SharedState(1), {MODEL_ID: [Engine(9001)]}, {MODEL_ID: 1}, (voice, analytics),
-                                  poll_s=3600)  # the sweep runs when the test calls it
+        admission = one_slot((voice, analytics), poll_s=3600)  # the sweep runs when the test calls it
         held = await admission.acquire("voice-app", MODEL_ID, lambda: False)
         left = [False]
         flood = [asyncio.ensure_future(admission.acquire("voice-app", MODEL_ID, lambda: left[0]))
