@@ -7,8 +7,14 @@ Active sequences always occupy slots 0..n-1 (a finished sequence's slot is refil
 the last one into it), so a decode step is a fixed-shape batch over the first B rows and can
 be a CUDA graph replay: graphs are captured at start-up per (batch bucket, context bucket).
 
-Tokens reach the caller through `Sequence.emit(token_id, finish_reason)`, called from the
-engine thread; the server turns that into asyncio queue puts.
+Tokens reach the caller in one batch per delivery point (after each prefill group, after the decode step, after
+retiring cancelled sequences): the engine's `deliver` callback gets [(sequence, token_id, finish_reason), ...]
+from the engine thread. The server hands each batch to its event loop in one call; without a `deliver`, each
+event goes to its `Sequence.emit(token_id, finish_reason)`.
+
+Per sequence and step the engine does no more Python than it must: the rows to sample are chosen in a few
+tensor ops for the whole batch and read back once, greedy rows from the step's one top-2 readback
+(scripts/bench_step.py times the step's fixed and per-sequence parts).
 """
 
 from __future__ import annotations
@@ -53,7 +59,7 @@ class Sequence:
 
     prompt: list[int]
     params: SamplingParams
-    emit: Callable[[int | None, str | None], None]
+    emit: Callable[[int | None, str | None], None] | None = None  # the default delivery's per-sequence callback
     id: int = field(default_factory=lambda: next(_ids))
     submitted: float = field(default_factory=time.monotonic)
     length: int = 0  # positions whose KV is in the cache
@@ -64,9 +70,20 @@ class Sequence:
     generator: torch.Generator | None = None
     salt: str | None = None  # cache_salt: prefix-cache blocks are shared only with requests of the same salt
     cached_tokens: int = 0  # prompt tokens whose KV came from the prefix cache
+    sink: Any = None  # the deliver callback's own handle (the server's queue for this request); the engine never reads it
 
 
 _ids: Iterator[int] = itertools.count(1)
+
+# What the engine delivers, once per delivery point: (sequence, token or None, finish reason or None) each.
+Events = list[tuple[Sequence, int | None, str | None]]
+
+
+def emit_each(events: Events) -> None:
+    """The default delivery: each event to its sequence's `emit`."""
+    for seq, token, reason in events:
+        if seq.emit is not None:
+            seq.emit(token, reason)
 
 
 def _buckets(limit: int, start: int) -> list[int]:
@@ -93,9 +110,11 @@ class Engine:
         stats_keep: int = 1000,
         cache_slots: int | None = None,
         prefix_blocks: int | None = None,
+        deliver: Callable[[Events], None] = emit_each,
     ) -> None:
         """`prefix_blocks`: blocks the prefix cache keeps (prefix_cache.py); None: two full sequences' worth,
-        0: no block reuse (TensorRT-LLM's kv_cache_config.enable_block_reuse false)."""
+        0: no block reuse (TensorRT-LLM's kv_cache_config.enable_block_reuse false). `deliver`: called from the
+        engine thread with each delivery point's events, in order (the module's docstring)."""
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size: must be >= 1, got {max_batch_size}")
         if not 2 <= max_seq_len <= model.shape.n_positions:
@@ -132,6 +151,12 @@ class Engine:
         self._stats: collections.deque[dict[str, Any]] = collections.deque(maxlen=stats_keep)
         self._iter = 0
         self.failed: BaseException | None = None
+        self._deliver_events = deliver
+        self._outbox: Events = []
+        # Draws for the sampled rows of requests without a seed: one generator for all of them, so they are sampled
+        # in one op (their tokens are random either way); a request with a seed draws from its own.
+        self._rng = torch.Generator(device=self.device)
+        self._rng.seed()
 
     # ---- public API (any thread) -------------------------------------------------------
 
@@ -259,32 +284,68 @@ class Engine:
     def _suppress_eos(self, seq: Sequence) -> bool:
         return seq.params.ignore_eos or seq.generated < seq.params.min_tokens
 
-    def _choose(self, seq: Sequence, logits_row: torch.Tensor, top2: tuple[int, int]) -> int:
-        p = seq.params
-        if p.temperature <= 0:
-            first, second = top2
-            return second if first == self.eos_id and self._suppress_eos(seq) else first
-        scores = logits_row[: self.vocab_size].float() / p.temperature
-        if self._suppress_eos(seq):
-            scores[self.eos_id] = float("-inf")
-        if p.top_k > 0 and p.top_k < scores.numel():
-            kth = torch.topk(scores, p.top_k).values[-1]
-            scores = scores.masked_fill(scores < kth, float("-inf"))
-        probs = scores.softmax(-1)
-        if p.top_p < 1.0:
-            sorted_p, order = probs.sort(descending=True)
-            drop = sorted_p.cumsum(-1) - sorted_p > p.top_p
-            probs = probs.scatter(0, order, sorted_p.masked_fill(drop, 0.0))
-        if seq.generator is None:
-            seq.generator = torch.Generator(device=probs.device)
-            if p.seed is not None:
-                seq.generator.manual_seed(p.seed)
+    def _choose_rows(self, seqs: list[Sequence], logits: torch.Tensor, tops: list[Any]) -> list[int]:
+        """The next token of each of `seqs`, whose row i of `logits` [>= n, V] and `tops` (its top-2 ids) are
+        seqs[i]'s. Greedy rows take their top-2 readback, with no tensor op of their own; sampled rows are sampled
+        together (_sample)."""
+        eos, out, sampled = self.eos_id, [], []
+        for i, seq in enumerate(seqs):
+            if seq.params.temperature <= 0:
+                first, second = tops[i][0], tops[i][1]
+                out.append(second if first == eos and self._suppress_eos(seq) else first)
             else:
-                seq.generator.seed()
-        return int(torch.multinomial(probs, 1, generator=seq.generator))
+                out.append(-1)
+                sampled.append(i)
+        if sampled:
+            for i, token in zip(sampled, self._sample([seqs[i] for i in sampled], logits, sampled), strict=True):
+                out[i] = token
+        return out
+
+    def _sample(self, seqs: list[Sequence], logits: torch.Tensor, rows: list[int]) -> list[int]:
+        """Sample one token for each of `seqs` (rows `rows` of `logits`) in a few ops for all of them and one readback.
+
+        The same tokens as one torch.multinomial(probs, 1, generator=...) per row: for one sample, aten's multinomial
+        takes argmax(probs / q) with q ~ Exp(1) drawn by `exponential_` on a tensor of probs' shape
+        (aten/src/ATen/native/Distributions.cpp, multinomial), which is what this does per row, a seeded request
+        drawing from its own generator as before (tests/runtime/test_reference_engine.py compares the two)."""
+        n, V, inf = len(seqs), self.vocab_size, float("-inf")
+        picked = logits[:n] if rows[-1] == n - 1 else logits[torch.tensor(rows, device=logits.device)]
+        temps = {s.params.temperature for s in seqs}
+        if len(temps) == 1:
+            scores = picked[:, :V].float() / temps.pop()
+        else:
+            scores = picked[:, :V].float() / torch.tensor([[s.params.temperature] for s in seqs], device=logits.device)
+        suppress = [j for j, s in enumerate(seqs) if self._suppress_eos(s)]
+        if suppress:
+            scores[suppress, self.eos_id] = inf
+        for j, s in enumerate(seqs):
+            if 0 < s.params.top_k < V:
+                row = scores[j]
+                row.masked_fill_(row < torch.topk(row, s.params.top_k).values[-1], inf)
+        probs = scores.softmax(-1)
+        noise = torch.empty_like(probs)
+        unseeded = []
+        for j, s in enumerate(seqs):
+            if s.params.top_p < 1.0:
+                sorted_p, order = probs[j].sort(descending=True)
+                drop = sorted_p.cumsum(-1) - sorted_p > s.params.top_p
+                probs[j] = probs[j].scatter(0, order, sorted_p.masked_fill(drop, 0.0))
+            if s.params.seed is None:
+                unseeded.append(j)
+                continue
+            if s.generator is None:
+                s.generator = torch.Generator(device=probs.device)
+                s.generator.manual_seed(s.params.seed)
+            noise[j].exponential_(1, generator=s.generator)
+        if len(unseeded) == n:
+            noise.exponential_(1, generator=self._rng)
+        elif unseeded:
+            noise[unseeded] = torch.empty(len(unseeded), V, device=probs.device).exponential_(1, generator=self._rng)
+        chosen: list[int] = (probs / noise).argmax(-1).tolist()
+        return chosen
 
     def _deliver(self, seq: Sequence, token: int) -> bool:
-        """Record `token` for `seq`, emit it; return True if the sequence is finished."""
+        """Record `token` for `seq`, queue it for delivery; return True if the sequence is finished."""
         seq.last = token
         seq.generated += 1
         reason = None
@@ -293,13 +354,19 @@ class Engine:
         elif seq.generated >= seq.params.max_tokens:
             reason = "length"
         seq.finish_reason = reason
-        seq.emit(token, reason)
+        self._outbox.append((seq, token, reason))
         return reason is not None
 
     def _retire(self, seq: Sequence, reason: str) -> None:
         if seq.finish_reason is None:
             seq.finish_reason = reason
-            seq.emit(None, reason)
+            self._outbox.append((seq, None, reason))
+
+    def _flush(self) -> None:
+        """Deliver what was queued since the last delivery point, in one call."""
+        if self._outbox:
+            events, self._outbox = self._outbox, []
+            self._deliver_events(events)
 
     def _admit(self, seqs: list[Sequence]) -> int:
         """Prefill `seqs` into the next free slots, in batches of at most PREFILL_TOKENS padded
@@ -317,8 +384,10 @@ class Engine:
                 rows = self.prefix.match(keys[seq.id], len(seq.prompt))
                 if rows:
                     finished += self._admit_reusing(seq, keys[seq.id], rows)
+                    self._flush()
                     continue
             live.append(seq)
+        self._flush()
         while live:
             group = [live.pop(0)]
             while live and (len(group) + 1) * self._padded(group + live[:1]) <= PREFILL_TOKENS:
@@ -339,8 +408,10 @@ class Engine:
             for seq in group:
                 seq.length = len(seq.prompt)
                 self._active.append(seq)
-            done = [first + row for row, seq in enumerate(group)
-                    if self._deliver(seq, self._choose(seq, logits[row], (tops[row][0], tops[row][1])))]
+            chosen = self._choose_rows(group, logits, tops)
+            done = [first + row for row, (seq, token) in enumerate(zip(group, chosen, strict=True))
+                    if self._deliver(seq, token)]
+            self._flush()  # the group's first tokens go out now, not after the rest of the iteration
             for index in reversed(done):
                 self._remove(index)
             finished += len(done)
@@ -359,7 +430,7 @@ class Engine:
         seq.cached_tokens = start
         seq.length = len(seq.prompt)
         self._active.append(seq)
-        if self._deliver(seq, self._choose(seq, logits, (first, second))):
+        if self._deliver(seq, self._choose_rows([seq], logits.unsqueeze(0), [(first, second)])[0]):
             self._remove(slot)
             return 1
         return 0
@@ -393,6 +464,7 @@ class Engine:
                 self._active.clear()
             for seq in pending:
                 self._retire(seq, "error")
+            self._flush()
 
     def _loop(self) -> None:
         while True:
@@ -424,17 +496,19 @@ class Engine:
                 positions = [s.length for s in self._active]
                 logits, tops = self.decode_step(tokens, positions)
                 finished = []
-                for i, seq in enumerate(self._active):
+                for i, (seq, token) in enumerate(zip(self._active, self._choose_rows(self._active, logits, tops),
+                                                     strict=True)):
                     seq.length += 1
-                    token = self._choose(seq, logits[i], tops[i])
                     if self._deliver(seq, token):
                         finished.append(i)
+                self._flush()
                 for i in reversed(finished):
                     self._remove(i)
                 completed += len(finished)
             self._record(started, admitted, queue_latency, completed, ctx_tokens, n_gen, queued)
         for seq in pending:
             self._retire(seq, "cancelled")
+        self._flush()
 
     def _retire_cancelled(self) -> int:
         """Retire the active sequences whose clients went away; how many."""
@@ -444,6 +518,7 @@ class Engine:
                 self._retire(self._active[i], "cancelled")
                 self._remove(i)
                 retired += 1
+        self._flush()
         return retired
 
     def _record(self, started: float, admitted: list[Sequence], queue_latency: float, completed: int, ctx_tokens: int,

@@ -56,6 +56,7 @@ import signal
 import sys
 import time
 import uuid
+from json.encoder import encode_basestring_ascii as _json_str
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -66,11 +67,11 @@ from fleetcast.contract.serving import GIB
 from .mps_sim import MpsClientSim
 
 if TYPE_CHECKING:  # torch-bound modules, imported where the model loads
-    from .engine import Engine, Sequence
+    from .engine import Engine, Events, Sequence
     from .tokenizer import ByteTokenizer
 
 log = logging.getLogger("fleetcast.reference.server")
-# What a request's emit callback queues: (token or None, finish reason or None, monotonic time).
+# What _dispatch queues for a request: (token or None, finish reason or None, monotonic time of its delivery).
 Event = tuple[int | None, str | None, float]
 
 VERSION = "fleetcast-reference-0.1"
@@ -95,6 +96,42 @@ def _pinned_limit(value: str | None) -> int | None:
         except ValueError:
             return None
     return None
+
+
+class TextChunks:
+    """One stream's SSE text events: `data: ` and the JSON of the chunk (id, object, created, model, one choice with
+    its text and finish reason; `usage: null` where the stream ends with a usage event), the bytes json.dumps gives
+    for it. Only the text and the finish reason change from token to token, and `created` once a second, so the
+    rest is encoded once a second instead of once a token (the stream's handler runs once per token and step)."""
+
+    _TEXT, _FINISH = "\x00text", "\x00finish"  # stand-ins no text or finish reason is
+
+    def __init__(self, rid: str, model: str, include_usage: bool) -> None:
+        self.rid, self.model, self.include_usage = rid, model, include_usage
+        self._created = -1
+        self._parts: tuple[bytes, bytes, bytes] = (b"", b"", b"")
+
+    def chunk(self, created: int, text: str, finish: str | None) -> dict[str, Any]:
+        """The chunk as an object (what the bytes encode)."""
+        out: dict[str, Any] = {"id": self.rid, "object": "text_completion", "created": created, "model": self.model,
+                               "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": finish,
+                                            "stop_reason": None}]}
+        if self.include_usage:
+            out["usage"] = None
+        return out
+
+    def __call__(self, text: str, finish: str | None) -> bytes:
+        created = int(time.time())
+        if created != self._created:
+            whole = b"data: " + json.dumps(self.chunk(created, self._TEXT, self._FINISH)).encode() + b"\n\n"
+            head, rest = whole.split(json.dumps(self._TEXT).encode())
+            middle, tail = rest.split(json.dumps(self._FINISH).encode())
+            self._created, self._parts = created, (head, middle, tail)
+        head, middle, tail = self._parts
+        # encode_basestring_ascii is what json.dumps runs on a str with its defaults (ensure_ascii), without the
+        # encoder's set-up around it.
+        finished = b"null" if finish is None else _json_str(finish).encode()
+        return b"".join((head, _json_str(text).encode(), middle, finished, tail))
 
 
 class RequestError(ValueError):
@@ -258,6 +295,7 @@ class ReferenceServer:
         self.state = "loading"  # loading -> ready -> draining; or failed
         self.engine: Engine | None = None
         self._watch_task: asyncio.Task[None] | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None  # the event loop the engine's deliveries go to
         self._mps_task: asyncio.Task[None] | None = None
         self.inflight = 0
         self.created = int(time.time())
@@ -309,6 +347,7 @@ class ReferenceServer:
             eos_id=self.tokenizer.eos_id,
             cache_slots=slots,
             prefix_blocks=0 if self.args.no_block_reuse else self.args.prefix_cache_blocks,
+            deliver=self._post_events,
         )
         self.memory["kv_cache_bytes"] = engine.cache.nbytes
         self.memory["prefix_cache_bytes"] = engine.prefix.nbytes if engine.prefix is not None else 0
@@ -422,7 +461,7 @@ class ReferenceServer:
         site = web.TCPSite(runner, self.args.host, self.args.port)
         await site.start()
         log.info("listening on http://%s:%d", self.args.host, self.args.port)
-        loop = asyncio.get_running_loop()
+        loop = self._loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self.begin_drain)
         if self.args.fault_on_signal:
@@ -557,6 +596,20 @@ class ReferenceServer:
         return _error(400, "chat completions need a chat template and this GPT-2 model has none; use /v1/completions",
                       "messages")
 
+    def _post_events(self, events: Events) -> None:
+        """The engine's delivery (its thread): a delivery point's events reach the event loop in one call, so the
+        engine thread pays one wake-up of the loop per step, not one per sequence."""
+        assert self._loop is not None
+        try:
+            self._loop.call_soon_threadsafe(self._dispatch, events, time.monotonic())
+        except RuntimeError:  # loop closed during shutdown
+            pass
+
+    @staticmethod
+    def _dispatch(events: Events, at: float) -> None:
+        for seq, token, reason in events:
+            seq.sink.put_nowait((token, reason, at))
+
     async def completions(self, request: web.Request) -> web.StreamResponse:
         refused = self._serving_error()
         if refused is not None:
@@ -574,20 +627,12 @@ class ReferenceServer:
 
         from .engine import SamplingParams, Sequence
 
-        loop = asyncio.get_running_loop()
-        events: asyncio.Queue[Event] = asyncio.Queue()
-
-        def emit(token: int | None, reason: str | None) -> None:
-            try:
-                loop.call_soon_threadsafe(events.put_nowait, (token, reason, time.monotonic()))
-            except RuntimeError:  # loop closed during shutdown
-                pass
-
+        events: asyncio.Queue[Event] = asyncio.Queue()  # filled by _dispatch
         params = SamplingParams(
             max_tokens=opts["max_tokens"], min_tokens=opts["min_tokens"], ignore_eos=opts["ignore_eos"],
             temperature=opts["temperature"], top_p=opts["top_p"], top_k=opts["top_k"], seed=opts["seed"],
         )
-        seq = Sequence(prompt=prompt, params=params, emit=emit, salt=opts["cache_salt"])
+        seq = Sequence(prompt=prompt, params=params, salt=opts["cache_salt"], sink=events)
         assert self.engine is not None  # _serving_error() let only `ready` through, set after the engine
         slots = self.adapter_slots if lora_name is not None else None
         if slots is not None and lora_name is not None:
@@ -635,38 +680,40 @@ class ReferenceServer:
             record["cached_tokens"] = seq.cached_tokens
             self._log_request(record, arrived, token_times)
 
-    def _chunk(self, rid: str, text: str, finish: str | None, include_usage: bool) -> bytes:
-        chunk = {"id": rid, "object": "text_completion", "created": int(time.time()), "model": self.model_name,
-                 "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": finish, "stop_reason": None}]}
-        if include_usage:
-            chunk["usage"] = None
-        return b"data: " + json.dumps(chunk).encode() + b"\n\n"
-
     async def _stream(self, request: web.Request, seq: Sequence, events: asyncio.Queue[Event], opts: dict[str, Any],
                       record: dict[str, Any], token_times: list[float]) -> web.StreamResponse:
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
         await resp.prepare(request)
         decoder = self.tokenizer.stream_decoder()
         rid = record["request_id"]
-        while True:
-            token, reason, at = await events.get()
-            text = ""
-            if token is not None:
-                token_times.append(at)
-                record["completion_tokens"] += 1
-                text = decoder.push(token)
-            if reason is not None:
-                text += decoder.flush()
-                record["finish_reason"] = reason
-            if token is not None or reason in ("cancelled", "error"):
-                if reason == "error":
-                    record["status"] = 500
-                    err = {"object": "error", "message": "the engine failed mid-generation", "code": 500}
-                    await resp.write(b"data: " + json.dumps({"error": err}).encode() + b"\n\n")
-                else:
-                    await resp.write(self._chunk(rid, text, reason, opts["include_usage"]))
-            if reason is not None:
-                break
+        chunk = TextChunks(rid, self.model_name, opts["include_usage"])
+        done = False
+        while not done:
+            # Whatever arrived since this handler last ran goes out in one write: a stream that fell behind catches
+            # up in one send, not one per token (each token still its own SSE event, as trtllm-serve sends them).
+            batch = [await events.get()]
+            while batch[-1][1] is None and not events.empty():
+                batch.append(events.get_nowait())
+            out = []
+            for token, reason, at in batch:
+                text = ""
+                if token is not None:
+                    token_times.append(at)
+                    record["completion_tokens"] += 1
+                    text = decoder.push(token)
+                if reason is not None:
+                    text += decoder.flush()
+                    record["finish_reason"] = reason
+                    done = True
+                if token is not None or reason in ("cancelled", "error"):
+                    if reason == "error":
+                        record["status"] = 500
+                        err = {"object": "error", "message": "the engine failed mid-generation", "code": 500}
+                        out.append(b"data: " + json.dumps({"error": err}).encode() + b"\n\n")
+                    else:
+                        out.append(chunk(text, reason))
+            if out:
+                await resp.write(b"".join(out))
         if opts["include_usage"]:
             usage = {"id": rid, "object": "text_completion", "created": int(time.time()), "model": self.model_name,
                      "choices": [], "usage": self._usage(record)}

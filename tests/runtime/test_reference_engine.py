@@ -167,18 +167,21 @@ def test_eos_is_suppressed_before_min_tokens_and_with_ignore_eos(weights):
     def seq(**kw):
         return Sequence(prompt=[1], params=SamplingParams(temperature=0.0, max_tokens=10, **kw), emit=lambda *a: None)
 
-    assert engine._choose(seq(), logits, top2) == EOS_ID
-    assert engine._choose(seq(ignore_eos=True), logits, top2) == 65
+    def choose(seq, row, top2):
+        return engine._choose_rows([seq], row.unsqueeze(0), [top2])[0]
+
+    assert choose(seq(), logits, top2) == EOS_ID
+    assert choose(seq(ignore_eos=True), logits, top2) == 65
     early = seq(min_tokens=3)
-    assert engine._choose(early, logits, top2) == 65
+    assert choose(early, logits, top2) == 65
     early.generated = 3
-    assert engine._choose(early, logits, top2) == EOS_ID
+    assert choose(early, logits, top2) == EOS_ID
     sampled = seq(ignore_eos=True)
     sampled.params.temperature = 1.0
     peaked = torch.full((SHAPE.vocab_size,), -30.0)
     peaked[EOS_ID] = 30.0
     peaked[70] = 0.0
-    assert engine._choose(sampled, peaked, (EOS_ID, 70)) == 70  # sampling never draws a suppressed EOS
+    assert choose(sampled, peaked, (EOS_ID, 70)) == 70  # sampling never draws a suppressed EOS
 
 
 def test_eos_ends_a_sequence_with_finish_reason_stop(weights):
@@ -187,6 +190,8 @@ def test_eos_ends_a_sequence_with_finish_reason_stop(weights):
     s = Sequence(prompt=[1], params=SamplingParams(max_tokens=10), emit=lambda t, r: events.append((t, r)))
     assert engine._deliver(s, 5) is False
     assert engine._deliver(s, EOS_ID) is True
+    assert events == []  # queued until the delivery point
+    engine._flush()
     assert events == [(5, None), (EOS_ID, "stop")]
 
 
@@ -232,3 +237,98 @@ def test_an_engine_failure_ends_every_request_with_error_and_is_reported(weights
     assert isinstance(engine.failed, RuntimeError)
     with pytest.raises(RuntimeError, match="stopped"):
         engine.submit(Sequence(prompt=[1], params=params, emit=lambda *a: None))
+
+
+def choose_one_row_at_a_time(engine, seq, logits_row, top2):
+    """The engine's sampling before it chose a step's rows together (one torch.multinomial per row): the
+    specification the batched choice must reproduce token for token."""
+    p = seq.params
+    suppress = p.ignore_eos or seq.generated < p.min_tokens
+    if p.temperature <= 0:
+        first, second = top2
+        return second if first == engine.eos_id and suppress else first
+    scores = logits_row[: engine.vocab_size].float() / p.temperature
+    if suppress:
+        scores[engine.eos_id] = float("-inf")
+    if p.top_k > 0 and p.top_k < scores.numel():
+        kth = torch.topk(scores, p.top_k).values[-1]
+        scores = scores.masked_fill(scores < kth, float("-inf"))
+    probs = scores.softmax(-1)
+    if p.top_p < 1.0:
+        sorted_p, order = probs.sort(descending=True)
+        drop = sorted_p.cumsum(-1) - sorted_p > p.top_p
+        probs = probs.scatter(0, order, sorted_p.masked_fill(drop, 0.0))
+    if seq.generator is None:
+        seq.generator = torch.Generator(device=probs.device)
+        seq.generator.manual_seed(p.seed)
+    return int(torch.multinomial(probs, 1, generator=seq.generator))
+
+
+def test_a_steps_rows_chosen_together_are_the_tokens_one_multinomial_per_row_gives(weights):
+    """aten's multinomial draws one sample as argmax(probs / Exp(1) noise) (aten/src/ATen/native/Distributions.cpp);
+    the batched choice draws the same noise from each seeded request's own generator, so a seed keeps its tokens
+    whatever else shares the step. Greedy and sampled rows mixed, every sampling option, 40 steps of 12 rows."""
+    engine = Engine(GPT2(SHAPE, weights), max_batch_size=12, max_seq_len=64, vocab_size=VOCAB_SIZE, eos_id=EOS_ID)
+    options = [dict(temperature=0.0), dict(temperature=1.0), dict(temperature=0.7, top_k=20),
+               dict(temperature=1.3, top_p=0.8), dict(temperature=0.9, top_k=40, top_p=0.95),
+               dict(temperature=1.0, min_tokens=30), dict(temperature=0.5, ignore_eos=True), dict(temperature=2.0),
+               dict(temperature=0.0, ignore_eos=True), dict(temperature=1.0, top_p=0.5),
+               dict(temperature=0.8, top_k=3), dict(temperature=1.0, top_k=600)]
+
+    def requests():
+        return [Sequence(prompt=[1], params=SamplingParams(max_tokens=64, seed=100 + i, **kw))
+                for i, kw in enumerate(options)]
+
+    batched, one_by_one = requests(), requests()
+    noise = torch.Generator().manual_seed(5)
+    drawn = set()
+    for step in range(40):
+        logits = torch.randn(len(options), SHAPE.vocab_size, generator=noise) * 4
+        logits[:, EOS_ID] += 6.0 * (step % 3 == 0)  # EOS often on top, so its suppression matters
+        tops = torch.topk(logits[:, :VOCAB_SIZE], 2, dim=-1).indices.tolist()
+        got = engine._choose_rows(batched, logits, tops)
+        want = [choose_one_row_at_a_time(engine, seq, logits[i], tops[i]) for i, seq in enumerate(one_by_one)]
+        assert got == want, f"step {step}"
+        for a, b in zip(batched, one_by_one):
+            a.generated = b.generated = step + 1
+        drawn.update(got)
+    assert len(drawn) > 50  # the rows really were sampled
+
+
+def test_a_seeded_request_gives_the_same_tokens_alone_and_beside_others(weights):
+    engine = Engine(GPT2(SHAPE, weights), max_batch_size=4, max_seq_len=64, vocab_size=VOCAB_SIZE, eos_id=EOS_ID)
+    engine.start()
+    try:
+        seeded = SamplingParams(max_tokens=20, temperature=1.0, top_p=0.9, seed=77, ignore_eos=True)
+        (alone, _), = run_engine(engine, [([5, 6], seeded)])
+        unseeded = SamplingParams(max_tokens=20, temperature=1.0, ignore_eos=True)
+        greedy = SamplingParams(max_tokens=20, temperature=0.0, ignore_eos=True)
+        results = run_engine(engine, [([9], unseeded), ([5, 6], seeded), ([7, 7, 7], greedy), ([5, 6], seeded)])
+    finally:
+        engine.stop()
+    assert results[1][0] == alone and results[3][0] == alone
+    assert results[2][0] == naive_greedy(weights, [7, 7, 7], 20)
+
+
+def test_each_delivery_point_hands_all_its_sequences_tokens_over_in_one_call(weights):
+    """One call per delivery point (the prefill's first tokens, then each decode step), not one per sequence: the
+    server turns each call into one wake-up of its event loop."""
+    calls: list[list[tuple[int, int | None, str | None]]] = []
+    engine = Engine(GPT2(SHAPE, weights), max_batch_size=4, max_seq_len=64, vocab_size=VOCAB_SIZE, eos_id=EOS_ID,
+                    deliver=lambda events: calls.append([(seq.id, token, reason) for seq, token, reason in events]))
+    seqs = [Sequence(prompt=[i + 1, 2], params=SamplingParams(max_tokens=5, temperature=0.0, ignore_eos=True))
+            for i in range(4)]
+    for seq in seqs:
+        engine._waiting.append(seq)  # all four waiting when the engine starts: one prefill, then steps of four
+    engine.start()
+    try:
+        deadline = threading.Event()
+        for _ in range(200):
+            if sum(len(c) for c in calls) == 20:
+                break
+            deadline.wait(0.05)
+    finally:
+        engine.stop()
+    assert [len(c) for c in calls] == [4] * 5
+    assert [{reason for _, _, reason in c} for c in calls] == [{None}] * 4 + [{"length"}]
+    assert all({sid for sid, _, _ in c} == {s.id for s in seqs} for c in calls)
