@@ -122,6 +122,13 @@ bench-spot-drain: $(VENV)/.test-deps
 bench-decode: $(VENV)/.test-deps
 	$(PY) scripts/bench_decode.py $(or $(BENCH_ARGS),--device cpu --size tiny)
 
+# The reference engine's decode step against its batch, in process and behind its HTTP server: a fixed part and
+# µs per sequence-step (docs/gateway.md, "What bounds the quiet account's P99"). The server on core 1, its clients
+# on core 0.
+.PHONY: bench-step
+bench-step: $(VENV)/.test-deps
+	taskset -c 1 $(PY) -m scripts.bench_step --client-cpu 0 $(STEP_ARGS)
+
 # A diurnal day with bursts through a simulated Auto Scaling group: load target alone vs + SLO protection.
 bench-scaling: $(VENV)/.synth-deps
 	$(PY) -m scripts.bench_scaling --plot build/bench-scaling.png $(BENCH_ARGS)

@@ -316,7 +316,9 @@ class Engine:
         else:
             scores = picked[:, :V].float() / torch.tensor([[s.params.temperature] for s in seqs], device=logits.device)
         suppress = [j for j, s in enumerate(seqs) if self._suppress_eos(s)]
-        if suppress:
+        if len(suppress) == n:  # a slice: no index tensor to build (and copy to the device)
+            scores[:, self.eos_id] = inf
+        elif suppress:
             scores[suppress, self.eos_id] = inf
         for j, s in enumerate(seqs):
             if 0 < s.params.top_k < V:

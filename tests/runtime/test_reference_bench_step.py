@@ -1,0 +1,60 @@
+"""scripts/bench_step.py: the reference engine's step split into a fixed part and a part per sequence. It runs
+end to end on a small setting and reports both paths; its figures depend on the machine and are never asserted."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from scripts.bench_step import decode_only, fit, low, parse_args, report
+from tests.optional import needs_torch
+
+from .reference_helpers import ROOT
+
+
+def test_the_fit_splits_a_step_into_its_fixed_part_and_its_part_per_sequence():
+    fixed, per_seq = fit([(1, 1.25), (4, 2.0), (8, 3.0), (16, 5.0)])
+    assert fixed == pytest.approx(1.0) and per_seq == pytest.approx(0.25)
+
+
+def test_only_decode_iterations_at_the_batch_count_and_the_low_quantile_drops_the_waits_for_a_core():
+    def stat(ms: float, gen: int, new: int = 0) -> dict:
+        return {"iterLatencyMS": ms, "numNewActiveRequests": new, "inflightBatchingStats": {"numGenRequests": gen}}
+
+    stats = [stat(9.0, 4, new=1), stat(2.0, 4), stat(3.0, 3), stat(2.5, 4)]
+    assert decode_only(stats, 4) == [2.0, 2.5]  # not the one that also prefilled, nor another batch
+    assert low([1.0, 1.1, 1.2, 1.3, 1.4, 9.0, 9.5, 9.9, 10.0, 12.0]) == 1.2
+
+
+def test_the_report_prints_each_batch_and_the_fits_of_both_paths():
+    engine = {1: {"step_ms": 1.0, "model_ms": 0.8}, 16: {"step_ms": 2.5, "model_ms": 1.6}}
+    server = {1: {"engine_ms": 1.2, "period_ms": 1.4}, 16: {"engine_ms": 3.0, "period_ms": 4.4}}
+    text = "\n".join(report(engine, server))
+    assert "batch  16: iteration   2.500 ms, model   1.600 ms, the rest   0.900 ms" in text
+    assert "fit (iteration): fixed   900.0 µs +  100.0 µs per sequence-step" in text
+    assert "fit (iteration less model: the engine's Python): fixed   153.3 µs +   46.7 µs" in text
+    assert "fit (token period): fixed  1200.0 µs +  200.0 µs per sequence-step" in text
+
+
+def test_arguments_are_checked_before_anything_runs():
+    with pytest.raises(SystemExit):
+        parse_args(["--batches", "4"])
+    with pytest.raises(SystemExit):
+        parse_args(["--paths", "gpu"])
+    assert parse_args(["--batches", "8,1,8"]).batch_list == [1, 8]
+
+
+@needs_torch
+def test_the_benchmark_runs_both_paths_and_writes_its_figures(tmp_path):
+    out = tmp_path / "step.json"
+    run = subprocess.run([sys.executable, "-m", "scripts.bench_step", "--batches", "1,2", "--steps", "6",
+                          "--json", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr
+    figures = json.loads(out.read_text())
+    assert set(figures["engine"]) == set(figures["server"]) == {"1", "2"}
+    assert all(v["step_ms"] > 0 and v["model_ms"] > 0 for v in figures["engine"].values())
+    assert all(v["period_ms"] > 0 for v in figures["server"].values())
+    assert "µs per sequence-step" in run.stdout
