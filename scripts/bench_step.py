@@ -12,11 +12,12 @@ its Python per sequence and step. This prints both parts, for two paths:
   tokens at the client (median over the streams' inter-token gaps), which counts the server's event loop
   (delivery, the SSE chunk and its write) as well as the engine's iteration, both on the server's one core.
 
-Each path fits step(B) = fixed + per_seq x B by least squares over --batches and prints µs per sequence and
-step. The figures depend on the machine and its load: they are printed, never asserted.
+Each batch size runs --repeats times, interleaved, and each figure is the median of its runs. Each path fits
+step(B) = fixed + per_seq x B by least squares over --batches and prints µs per sequence and step. The figures
+depend on the machine and its load: they are printed, never asserted.
 
-  taskset -c 1 python -m scripts.bench_step                      # pins everything to core 1
-  python -m scripts.bench_step --server-cpu 1 --client-cpu 0     # server on 1, clients on 0
+  taskset -c 1 python -m scripts.bench_step --client-cpu 0       # make bench-step: all on core 1, clients on 0
+  python -m scripts.bench_step --server-cpu 1 --client-cpu 0     # the engine path unpinned
 """
 
 from __future__ import annotations
@@ -63,7 +64,8 @@ def decode_only(stats: list[dict[str, Any]], batch: int) -> list[float]:
             if s["inflightBatchingStats"]["numGenRequests"] == batch and s["numNewActiveRequests"] == 0]
 
 
-def engine_steps(batches: list[int], steps: int, temperature: float, threads: int) -> dict[int, dict[str, float]]:
+def engine_steps(batches: list[int], steps: int, temperature: float, threads: int,
+                 repeats: int = 1) -> dict[int, dict[str, float]]:
     """Per batch size: the decode-only iteration (ms), the engine in process, tokens to a no-op; and the model's
     decode step alone (`Engine.decode_step`: inputs in, the step, its top-2 read back), timed the same way."""
     import torch
@@ -79,9 +81,9 @@ def engine_steps(batches: list[int], steps: int, temperature: float, threads: in
     engine = Engine(GPT2(shape, random_weights(shape, seed=0)), max_batch_size=max(batches),
                     max_seq_len=shape.n_positions, vocab_size=VOCAB_SIZE, eos_id=EOS_ID, stats_keep=100_000)
     engine.start()
-    out = {}
+    runs: dict[int, list[float]] = {batch: [] for batch in batches}
     try:
-        for batch in batches:
+        for batch in batches * repeats:
             done = threading.Semaphore(0)
 
             def emit(token: int | None, reason: str | None, done: threading.Semaphore = done) -> None:
@@ -94,9 +96,10 @@ def engine_steps(batches: list[int], steps: int, temperature: float, threads: in
                 engine.submit(Sequence(prompt=[1 + i, 2, 3, 4], params=params, emit=emit))
             for _ in range(batch):
                 done.acquire()
-            out[batch] = {"step_ms": low(decode_only(engine.pop_stats(), batch))}
+            runs[batch].append(low(decode_only(engine.pop_stats(), batch)))
     finally:
         engine.stop()
+    out = {batch: {"step_ms": statistics.median(figures)} for batch, figures in runs.items()}
     with torch.inference_mode():
         for batch in batches:  # the model alone, at the context the runs above averaged (half their tokens)
             tokens, positions = [1] * batch, [4 + steps // 2] * batch
@@ -134,7 +137,7 @@ def _get(url: str) -> Any:
 
 
 def server_steps(batches: list[int], steps: int, temperature: float, server_cpu: int | None,
-                 client_cpu: int | None) -> dict[int, dict[str, float]]:
+                 client_cpu: int | None, repeats: int = 1) -> dict[int, dict[str, float]]:
     """Per batch size: the engine's median decode-only iteration and the clients' median token period (ms)."""
     from runtime.reference.build import build_artifact
 
@@ -160,8 +163,8 @@ def server_steps(batches: list[int], steps: int, temperature: float, server_cpu:
                     time.sleep(0.1)
             body = json.dumps({"prompt": "the quick brown fox " * 2, "max_tokens": steps, "ignore_eos": True,
                                "temperature": temperature, "stream": True}).encode()
-            out = {}
-            for batch in [batches[0], *batches]:  # the first batch twice: the first run warms the path up
+            runs: dict[int, list[dict[str, float]]] = {batch: [] for batch in batches}
+            for i, batch in enumerate([batches[0], *batches * repeats]):  # the first run warms the path up
                 _get(f"http://127.0.0.1:{port}/metrics")
 
                 async def run(batch: int = batch) -> list[list[float]]:
@@ -172,9 +175,11 @@ def server_steps(batches: list[int], steps: int, temperature: float, server_cpu:
                 # chunks at once would make single gaps near zero, the mean is immune.
                 periods = [(times[-1] - times[1]) / (len(times) - 2) for times in streams if len(times) > 2]
                 iters = decode_only(_get(f"http://127.0.0.1:{port}/metrics"), batch)
-                out[batch] = {"engine_ms": low(iters) if iters else float("nan"),
-                              "period_ms": statistics.median(periods) * 1000}
-            return out
+                if i:
+                    runs[batch].append({"engine_ms": low(iters) if iters else float("nan"),
+                                        "period_ms": statistics.median(periods) * 1000})
+            return {batch: {key: statistics.median(r[key] for r in figures) for key in ("engine_ms", "period_ms")}
+                    for batch, figures in runs.items()}
         finally:
             proc.terminate()
             proc.wait(10)
@@ -211,6 +216,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--temperature", type=float, default=1.0,
                    help="1.0 (default): sampled, as the fairness bench's requests; 0: greedy")
     p.add_argument("--paths", default="engine,server", help="engine, server or both (default both)")
+    p.add_argument("--repeats", type=int, default=3,
+                   help="runs of each batch size, interleaved; each figure is their median (default 3)")
     p.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1, as the benches serve)")
     p.add_argument("--server-cpu", type=int, default=None, help="pin the server to this core")
     p.add_argument("--client-cpu", type=int, default=None, help="pin this process (the clients) to this core")
@@ -221,6 +228,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         p.error("--batches: at least two sizes, each >= 1")
     if args.steps < 4:
         p.error("--steps: at least 4")
+    if args.repeats < 1:
+        p.error("--repeats: at least 1")
     args.path_set = set(args.paths.split(","))
     if not args.path_set or args.path_set - {"engine", "server"}:
         p.error("--paths: engine, server or engine,server")
@@ -230,11 +239,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     args.cores = ",".join(str(c) for c in sorted(os.sched_getaffinity(0)))
-    engine = (engine_steps(args.batch_list, args.steps, args.temperature, args.threads)
+    engine = (engine_steps(args.batch_list, args.steps, args.temperature, args.threads, args.repeats)
               if "engine" in args.path_set else None)
-    server = (server_steps(args.batch_list, args.steps, args.temperature, args.server_cpu, args.client_cpu)
-              if "server" in args.path_set else None)
-    print(f"reference engine, tiny model on cpu, temperature {args.temperature}, {args.steps} tokens per request; "
+    server = (server_steps(args.batch_list, args.steps, args.temperature, args.server_cpu, args.client_cpu,
+                           args.repeats) if "server" in args.path_set else None)
+    print(f"reference engine, tiny model on cpu, temperature {args.temperature}, {args.steps} tokens per request, "
+          f"median of {args.repeats} runs; "
           f"engine path on cores {args.cores}, server on {args.server_cpu if args.server_cpu is not None else args.cores}, "
           f"clients on {args.client_cpu if args.client_cpu is not None else args.cores}")
     for line in report(engine, server):

@@ -50,7 +50,7 @@ def test_arguments_are_checked_before_anything_runs():
 @needs_torch
 def test_the_benchmark_runs_both_paths_and_writes_its_figures(tmp_path):
     out = tmp_path / "step.json"
-    run = subprocess.run([sys.executable, "-m", "scripts.bench_step", "--batches", "1,2", "--steps", "6",
+    run = subprocess.run([sys.executable, "-m", "scripts.bench_step", "--batches", "1,2", "--steps", "6", "--repeats", "2",
                           "--json", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stderr
     figures = json.loads(out.read_text())
