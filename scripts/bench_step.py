@@ -9,8 +9,9 @@ its Python per sequence and step. This prints both parts, for two paths:
   `iterLatencyMS` (the engine's own stats).
 - server: `python -m runtime.reference.server` as the fairness bench runs it, `--max-batch-size` the largest
   batch, B streaming clients on another core (raw sockets); the step is the period between one stream's
-  tokens at the client (median over the streams' inter-token gaps), which counts the server's event loop
-  (delivery, the SSE chunk and its write) as well as the engine's iteration, both on the server's one core.
+  tokens at the client (each stream's mean, median over the streams), and the server process's CPU per
+  iteration, both counting the server's event loop (delivery, the SSE chunk and its write) as well as the
+  engine's iteration, all on the server's one core.
 
 Each batch size runs --repeats times, interleaved, and each figure is the median of its runs. Each path fits
 step(B) = fixed + per_seq x B by least squares over --batches and prints µs per sequence and step. The figures
@@ -40,6 +41,12 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from runtime.devtools.harness import free_port  # noqa: E402
+from scripts.bench_gateway import process_stats  # noqa: E402
+
+# The server path's figures per batch size (ms): the engine's decode-only iteration; the period of a stream's
+# tokens at its client; the server process's CPU (all its threads: engine, event loop) per iteration, from proc(5),
+# which waits for a core on a loaded machine do not inflate and a client that falls behind cannot stretch.
+SERVER_FIGURES = ("engine_ms", "period_ms", "cpu_ms")
 
 
 def fit(points: list[tuple[int, float]]) -> tuple[float, float]:
@@ -170,15 +177,19 @@ def server_steps(batches: list[int], steps: int, temperature: float, server_cpu:
                 async def run(batch: int = batch) -> list[list[float]]:
                     return await asyncio.gather(*(_stream(port, body) for _ in range(batch)))
 
+                cpu_before = process_stats(proc.pid).cpu_s
                 streams = asyncio.run(run())
+                cpu_s = process_stats(proc.pid).cpu_s - cpu_before
                 # Each stream's mean period from its 2nd token (the 1st decode step) on: a client that read several
                 # chunks at once would make single gaps near zero, the mean is immune.
                 periods = [(times[-1] - times[1]) / (len(times) - 2) for times in streams if len(times) > 2]
-                iters = decode_only(_get(f"http://127.0.0.1:{port}/metrics"), batch)
+                stats = _get(f"http://127.0.0.1:{port}/metrics")
+                iters = decode_only(stats, batch)
                 if i:
                     runs[batch].append({"engine_ms": low(iters) if iters else float("nan"),
-                                        "period_ms": statistics.median(periods) * 1000})
-            return {batch: {key: statistics.median(r[key] for r in figures) for key in ("engine_ms", "period_ms")}
+                                        "period_ms": statistics.median(periods) * 1000,
+                                        "cpu_ms": cpu_s * 1000 / max(1, len(stats))})
+            return {batch: {key: statistics.median(r[key] for r in figures) for key in SERVER_FIGURES}
                     for batch, figures in runs.items()}
         finally:
             proc.terminate()
@@ -199,11 +210,11 @@ def report(engine: dict[int, dict[str, float]] | None, server: dict[int, dict[st
         lines.append(f"  fit (iteration less model: the engine's Python): fixed {fixed * 1000:7.1f} µs + "
                      f"{per * 1000:6.1f} µs per sequence-step")
     if server:
-        lines.append("server (B streams; the engine's decode-only iteration, 20th percentile, and the period of each "
-                     "stream's tokens at the client, median over the streams):")
-        lines += [f"  batch {b:>3}: engine {v['engine_ms']:7.3f} ms, token period {v['period_ms']:7.3f} ms"
-                  for b, v in server.items()]
-        for key, name in (("engine_ms", "engine"), ("period_ms", "token period")):
+        lines.append("server (B streams; the engine's decode-only iteration, 20th percentile; the period of each "
+                     "stream's tokens at the client, median over the streams; the server's CPU per iteration):")
+        lines += [f"  batch {b:>3}: engine {v['engine_ms']:7.3f} ms, token period {v['period_ms']:7.3f} ms, "
+                  f"CPU {v['cpu_ms']:7.3f} ms" for b, v in server.items()]
+        for key, name in (("engine_ms", "engine"), ("period_ms", "token period"), ("cpu_ms", "server CPU")):
             fixed, per = fit([(b, v[key]) for b, v in server.items()])
             lines.append(f"  fit ({name}): fixed {fixed * 1000:7.1f} µs + {per * 1000:6.1f} µs per sequence-step")
     return lines

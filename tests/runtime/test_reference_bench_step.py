@@ -31,12 +31,15 @@ def test_only_decode_iterations_at_the_batch_count_and_the_low_quantile_drops_th
 
 def test_the_report_prints_each_batch_and_the_fits_of_both_paths():
     engine = {1: {"step_ms": 1.0, "model_ms": 0.8}, 16: {"step_ms": 2.5, "model_ms": 1.6}}
-    server = {1: {"engine_ms": 1.2, "period_ms": 1.4}, 16: {"engine_ms": 3.0, "period_ms": 4.4}}
+    server = {1: {"engine_ms": 1.2, "period_ms": 1.4, "cpu_ms": 1.3}, 16: {"engine_ms": 3.0, "period_ms": 4.4,
+                                                                         "cpu_ms": 4.3}}
     text = "\n".join(report(engine, server))
     assert "batch  16: iteration   2.500 ms, model   1.600 ms, the rest   0.900 ms" in text
     assert "fit (iteration): fixed   900.0 µs +  100.0 µs per sequence-step" in text
     assert "fit (iteration less model: the engine's Python): fixed   153.3 µs +   46.7 µs" in text
     assert "fit (token period): fixed  1200.0 µs +  200.0 µs per sequence-step" in text
+    assert "batch  16: engine   3.000 ms, token period   4.400 ms, CPU   4.300 ms" in text
+    assert "fit (server CPU): fixed  1100.0 µs +  200.0 µs per sequence-step" in text
 
 
 def test_arguments_are_checked_before_anything_runs():
@@ -56,5 +59,5 @@ def test_the_benchmark_runs_both_paths_and_writes_its_figures(tmp_path):
     figures = json.loads(out.read_text())
     assert set(figures["engine"]) == set(figures["server"]) == {"1", "2"}
     assert all(v["step_ms"] > 0 and v["model_ms"] > 0 for v in figures["engine"].values())
-    assert all(v["period_ms"] > 0 for v in figures["server"].values())
+    assert all(v["period_ms"] > 0 and v["cpu_ms"] > 0 for v in figures["server"].values())
     assert "µs per sequence-step" in run.stdout
