@@ -22,7 +22,7 @@ CALL_LIMIT_S = 600  # one command's run
 
 def commands() -> list[str]:
     found = re.findall(r"\n    (python3 -m pip install -q --no-index --no-deps --no-compile .*)\n", RUNBOOK.read_text())
-    assert len(found) == 2  # call 1, and call 2 after the first run's fixes
+    assert len(found) == 3  # call 1; call 2 after the first run's fixes; call 3, call 2 at a cap of 4
     return found
 
 
@@ -34,7 +34,7 @@ def bench_argv(cmd: str) -> tuple[int, list[str]]:
     return int(limit), argv
 
 
-@pytest.mark.parametrize("call", [0, 1])
+@pytest.mark.parametrize("call", [0, 1, 2])
 def test_each_device_call_fits_the_run_tools_limits_and_parses_as_bash(call):
     cmd = commands()[call]
     assert len(cmd) <= COMMAND_LIMIT
@@ -42,7 +42,7 @@ def test_each_device_call_fits_the_run_tools_limits_and_parses_as_bash(call):
     assert subprocess.run(["bash", "-n", "-c", cmd], capture_output=True).returncode == 0
 
 
-@pytest.mark.parametrize("call", [0, 1])
+@pytest.mark.parametrize("call", [0, 1, 2])
 def test_each_call_runs_the_bench_on_the_gpu_with_three_rounds_and_writes_under_out(call):
     limit, argv = bench_argv(commands()[call])
     assert limit < CALL_LIMIT_S
@@ -53,6 +53,16 @@ def test_each_call_runs_the_bench_on_the_gpu_with_three_rounds_and_writes_under_
     # the alone phase and two phases with the neighbour's lead, plus one phase first come first served.
     phases = args.repeats * (args.capacity_s + 3 * args.seconds + 2 * (args.lead + 1)) + args.seconds + args.lead + 1
     assert phases + 90 < limit
+
+
+def test_call_3_is_call_2_at_a_cap_of_4_writing_beside_it():
+    """A cap of 4 is the engine's max batch of 4: the gateway's cap is the engine's max_batch_size
+    (runtime/gateway/fair.py, admission_caps), so --batch sets both."""
+    (_, two), (_, three) = bench_argv(commands()[1]), bench_argv(commands()[2])
+    second, third = parse_args(two), parse_args(three)
+    assert second.batch == 16 and third.batch == 4
+    assert third.skip_off and third.tokens == second.tokens and third.gateway_workers == second.gateway_workers
+    assert "F=$OUT/fairness-cap4;" in commands()[2]  # its files beside call 2's, not over them
 
 
 def test_on_the_device_hosts_sixteen_cores_each_process_gets_cores_of_its_own():
