@@ -154,9 +154,9 @@ class Engine:
         self._deliver_events = deliver
         self._outbox: Events = []
         # Draws for the sampled rows of requests without a seed: one generator for all of them, so they are sampled
-        # in one op (their tokens are random either way); a request with a seed draws from its own.
-        self._rng = torch.Generator(device=self.device)
-        self._rng.seed()
+        # in one op (their tokens are random either way); a request with a seed draws from its own. Made at the
+        # first draw, on the logits' own device (as each request's generator is).
+        self._rng: torch.Generator | None = None
 
     # ---- public API (any thread) -------------------------------------------------------
 
@@ -339,6 +339,9 @@ class Engine:
                 s.generator = torch.Generator(device=probs.device)
                 s.generator.manual_seed(s.params.seed)
             noise[j].exponential_(1, generator=s.generator)
+        if unseeded and self._rng is None:
+            self._rng = torch.Generator(device=probs.device)
+            self._rng.seed()
         if len(unseeded) == n:
             noise.exponential_(1, generator=self._rng)
         elif unseeded:

@@ -332,3 +332,18 @@ def test_each_delivery_point_hands_all_its_sequences_tokens_over_in_one_call(wei
     assert [len(c) for c in calls] == [4] * 5
     assert [{reason for _, _, reason in c} for c in calls] == [{None}] * 4 + [{"length"}]
     assert all({sid for sid, _, _ in c} == {s.id for s in seqs} for c in calls)
+
+
+def test_requests_without_a_seed_share_a_generator_but_not_their_draws(weights):
+    """Unseeded rows draw from one generator in one op: each row its own noise, so identical requests in one step
+    still get their own tokens, and a suppressed EOS is never drawn."""
+    engine = Engine(GPT2(SHAPE, weights), max_batch_size=8, max_seq_len=64, vocab_size=VOCAB_SIZE, eos_id=EOS_ID)
+    seqs = [Sequence(prompt=[1], params=SamplingParams(max_tokens=64, temperature=1.0, ignore_eos=True))
+            for _ in range(8)]
+    logits = torch.zeros(8, SHAPE.vocab_size)
+    logits[:, EOS_ID] = 3.0  # EOS the likeliest token, and suppressed
+    tops = torch.topk(logits[:, :VOCAB_SIZE], 2, dim=-1).indices.tolist()
+    draws = [engine._choose_rows(seqs, logits, tops) for _ in range(5)]
+    assert all(len(set(step)) > 4 for step in draws)  # 8 rows over 256 equally likely tokens
+    assert EOS_ID not in {t for step in draws for t in step}
+    assert engine._rng is not None and all(s.generator is None for s in seqs)
