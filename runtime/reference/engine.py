@@ -305,7 +305,7 @@ class Engine:
         """Sample one token for each of `seqs` (rows `rows` of `logits`) in a few ops for all of them and one readback.
 
         The same tokens as one torch.multinomial(probs, 1, generator=...) per row: for one sample, aten's multinomial
-        takes argmax(probs / q) with q ~ Exp(1) drawn by `exponential_` on a tensor of probs' shape
+        takes argmax(probs / q) with q ~ Exp(1) drawn by `exponential_` on a tensor of probs' shape, on every device
         (aten/src/ATen/native/Distributions.cpp, multinomial), which is what this does per row, a seeded request
         drawing from its own generator as before (tests/runtime/test_reference_engine.py compares the two)."""
         n, V, inf = len(seqs), self.vocab_size, float("-inf")
