@@ -134,6 +134,20 @@ class TextChunks:
         return b"".join((head, _json_str(text).encode(), middle, finished, tail))
 
 
+class Collected:
+    """A request answered in one body: its events kept as they come and handed over once, at its finish, so its
+    handler wakes once per request instead of once per token and step (_dispatch puts into it as into a queue)."""
+
+    def __init__(self) -> None:
+        self.events: list[Event] = []
+        self.finished: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+    def put_nowait(self, event: Event) -> None:
+        self.events.append(event)
+        if event[1] is not None and not self.finished.done():
+            self.finished.set_result(None)
+
+
 class RequestError(ValueError):
     """A request field is invalid; `param` names it."""
 
@@ -627,12 +641,16 @@ class ReferenceServer:
 
         from .engine import SamplingParams, Sequence
 
-        events: asyncio.Queue[Event] = asyncio.Queue()  # filled by _dispatch
+        # Filled by _dispatch: a stream's handler takes each step's token as it comes; a collected request's only
+        # wakes at the end.
+        events: asyncio.Queue[Event] = asyncio.Queue()
+        collected = Collected()
         params = SamplingParams(
             max_tokens=opts["max_tokens"], min_tokens=opts["min_tokens"], ignore_eos=opts["ignore_eos"],
             temperature=opts["temperature"], top_p=opts["top_p"], top_k=opts["top_k"], seed=opts["seed"],
         )
-        seq = Sequence(prompt=prompt, params=params, salt=opts["cache_salt"], sink=events)
+        seq = Sequence(prompt=prompt, params=params, salt=opts["cache_salt"],
+                       sink=events if opts["stream"] else collected)
         assert self.engine is not None  # _serving_error() let only `ready` through, set after the engine
         slots = self.adapter_slots if lora_name is not None else None
         if slots is not None and lora_name is not None:
@@ -666,7 +684,7 @@ class ReferenceServer:
         try:
             if opts["stream"]:
                 return await self._stream(request, seq, events, opts, record, token_times)
-            return await self._collect(seq, events, record, token_times)
+            return await self._collect(collected, record, token_times)
         except (asyncio.CancelledError, ConnectionResetError):
             self.engine.cancel(seq)
             record["status"] = 499
@@ -722,11 +740,11 @@ class ReferenceServer:
         await resp.write_eof()
         return resp
 
-    async def _collect(self, seq: Sequence, events: asyncio.Queue[Event], record: dict[str, Any],
-                       token_times: list[float]) -> web.Response:
+    async def _collect(self, collected: Collected, record: dict[str, Any], token_times: list[float]) -> web.Response:
+        await collected.finished
         tokens: list[int] = []
-        while True:
-            token, reason, at = await events.get()
+        reason = None
+        for token, reason, at in collected.events:
             if token is not None:
                 tokens.append(token)
                 token_times.append(at)

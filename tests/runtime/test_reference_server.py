@@ -355,3 +355,22 @@ def test_the_engines_deliveries_reach_the_event_loop_in_one_call_each():
     calls, got = asyncio.run(run())
     assert calls == 1
     assert got == [[(7 + i, None)] for i in range(16)]
+
+
+def test_a_request_answered_in_one_body_is_woken_once_at_its_finish_not_per_token():
+    import asyncio
+
+    from runtime.reference.server import Collected
+
+    async def run() -> tuple[list[bool], list]:
+        collected = Collected()
+        woken = []
+        for event in [(5, None, 1.0), (6, None, 2.0), (7, "length", 3.0)]:
+            collected.put_nowait(event)
+            woken.append(collected.finished.done())
+        await collected.finished
+        return woken, collected.events
+
+    woken, events = asyncio.run(run())
+    assert woken == [False, False, True]
+    assert events == [(5, None, 1.0), (6, None, 2.0), (7, "length", 3.0)]
