@@ -63,6 +63,7 @@ from .solver import (
     Served,
     Sizing,
     Slo,
+    cheaper_estimates,
     deciding_constraints,
     fixed_by_hour,
     floor_tenth,
@@ -882,11 +883,7 @@ def _plan_region(cfg: FleetConfig, curves: list[ModelCurve], region: str, entrie
                      f"{winner.source.removeprefix('estimated ')}; measure it co-located (fleetcast bench run "
                      "--model-mix) before deploying")
     elif winner is not None:
-        cheaper = [e for e in ranked if e.estimated and e.rank_key() < winner.rank_key()]
-        if cheaper:
-            notes.append(f"{len(cheaper)} estimated packing(s) would cost less than the measured choice (best: "
-                         f"{cheaper[0].label} at ${cheaper[0].cost_per_hour:.2f}/h vs ${winner.cost_per_hour:.2f}/h, "
-                         f"{cheaper[0].source}); not chosen: measure it co-located before choosing it")
+        notes += cheaper_estimates(ranked, winner, "packing")
     if winner is not None:
         notes += [f"{m.model}: its co-located curve has {len(m.curve.points)} load levels: the planner's P99 ITL comes "
                   f"from the batch averaged over a request's life between them, {SPARSE_ITL_GAP} (docs/plan.md, Limits)"

@@ -166,6 +166,12 @@ class PoolDay:
         """Processes per instance: one for a one-model candidate, the copies summed for a packing."""
         raise NotImplementedError
 
+    @property
+    def source(self) -> str:
+        """Where its curves come from, as every table's source column words it ("measured", "synthetic",
+        "estimated ...")."""
+        raise NotImplementedError
+
     def latency_rank(self) -> float:
         """How close to its latency SLOs this way serves (lower: more headroom), the last tie-break."""
         raise NotImplementedError
@@ -303,6 +309,10 @@ class Evaluation(PoolDay):
     @property
     def processes(self) -> int:
         return 1
+
+    @property
+    def source(self) -> str:
+        return self.candidate.source
 
     def latency_rank(self) -> float:
         # One model, one SLO: the traffic-weighted P99 TTFT (network included) orders as its share of the SLO does.
@@ -1047,6 +1057,22 @@ def _pct(a: float, b: float) -> str:
     return f"{change:+.1f}%" if abs(change) < 1 else f"{change:+.0f}%"
 
 
+def cheaper_words(ev: PoolDay, win: PoolDay, where: str = "") -> str:
+    """How an estimate that ranks above the measured choice is worded, one model or a packing: it is never chosen
+    while something measured serves (pick), and the report says what it would cost."""
+    return (f"estimated only: would cost ${ev.cost_per_hour:.2f}/h{where} vs ${win.cost_per_hour:.2f}/h "
+            f"({_pct(ev.cost_per_hour, win.cost_per_hour)}, {ev.source}); not chosen: benchmark it before choosing it")
+
+
+def cheaper_estimates(ranked: list[P], winner: P, noun: str) -> list[str]:
+    """The note naming the estimates that rank above a measured (or synthetic) choice, one model or a packing."""
+    cheaper = [e for e in ranked if e.estimated and e.rank_key() < winner.rank_key()]
+    if not cheaper or winner.estimated:
+        return []
+    return [f"{len(cheaper)} estimated {noun}(s) rank above the {winner.source} choice; the best, "
+            f"{cheaper[0].label}: {cheaper_words(cheaper[0], winner)}"]
+
+
 def loss_head(ev: PoolDay, win: PoolDay) -> tuple[bool, str]:
     """Why `ev` ranks below `win`, one model or a packing, in rank_key's order: (a tie on cost, the words). On a tie,
     the instance-hours when they differ, else the latency; otherwise the cost."""
@@ -1107,9 +1133,7 @@ def _why_not(candidates: list[Candidate], evaluations: list[Evaluation], ranked:
             best = feasible[0]
             assert winner is not None  # something is feasible, so something was chosen
             if cand.estimated and best.rank_key() < winner.rank_key():
-                out.append((cand.label, f"estimated only: would cost ${best.cost_per_hour:.2f}/h in {best.service_region} "
-                            f"({_pct(best.cost_per_hour, winner.cost_per_hour)}) by the roofline model; benchmark it "
-                            "before choosing it"))
+                out.append((cand.label, cheaper_words(best, winner, f" in {best.service_region}")))
                 continue
             out.append((cand.label, f"best in {best.service_region}: " + _loss_reason(best, winner, traffic)))
             continue
@@ -1174,11 +1198,7 @@ def _stats_notes(ranked: list[Evaluation], winner: Evaluation | None, ctx: PlanC
     notes: list[str] = []
     if winner is None:
         return notes
-    better_estimates = [e for e in ranked if e.candidate.estimated and e.rank_key() < winner.rank_key()]
-    if better_estimates and not winner.candidate.estimated:
-        notes.append(f"{len(better_estimates)} estimated candidate(s) rank above the {winner.candidate.source} choice (best: "
-                     f"{better_estimates[0].label} at ${better_estimates[0].cost_per_hour:.2f}/h); the roofline model "
-                     "is not a measurement: benchmark them before choosing them")
+    notes += cheaper_estimates(ranked, winner, "candidate")
     rivals = [e for e in ranked if not e.candidate.estimated and e.candidate is not winner.candidate]
     second = rivals[0] if rivals else None
     if second is not None:
