@@ -1031,51 +1031,6 @@ def _alternatives(cfg: FleetConfig, curves: list[ModelCurve], region: str, entri
             Alternative("one model per fleet", parts, instance_cost, own_fixed, per_m_output(day_own, entries))]
 
 
-# ---------------------------------------------------------------- drift baseline
-
-
-def baseline_document(result: PackingPlan, ctx: PlanContext, config_pools: dict[str, str | None],
-                      written: str, adapters: dict[str, list[str]] | None = None) -> dict[str, Any]:
-    """The plan baseline (fleetcast.plan.drift, schema fleetcast.plan-baseline/v1) of a packing plan: per region
-    the pool's bounds and price and, per model, its copies, rates and `rps_per_instance` (the hourly mean rate
-    one instance serves within that model's SLOs: copies x its processes' SLO-safe rate over the busiest
-    minute's burstiness), which the drift checks read (drift.check_pool). `adapters` (model -> its adapter ids)
-    go into each model's entry: the gateway meters a request by the id it named, and an adapter's requests load
-    its base model's processes, so the drift Lambda counts them for the base model."""
-    from .drift import SCHEMA, packed_instances
-    from .queueing import max_safe_rate
-
-    pools = []
-    cache: Cache = {}
-    for w in result.pools:
-        models: list[dict[str, Any]] = []
-        for m in w.loads:
-            limits = m.limits
-            safe = max_safe_rate(_models_of(cache, m.curve), m.traffic.output_mean, limits)
-            rates, bursts = m.traffic.hourly_rps(), m.traffic.hourly_burstiness()
-            busiest = max((b for r, b in zip(rates, bursts) if r > 0), default=1.0)
-            models.append({"model": m.model, "adapters": list((adapters or {}).get(m.model, [])),
-                           "precision": m.precision, "copies": m.copies, "source": m.source,
-                           "hourly_rps": rates, "peak_rps": max(rates), "output_mean": m.traffic.output_mean,
-                           "rps_per_instance": (safe[0] * m.copies / busiest) if safe else 0.0,
-                           "slo": {"ttft_p99_ms": m.slo.ttft_p99_ms, "itl_p99_ms": m.slo.itl_p99_ms}})
-        lo, _, hi = w.capacity()
-        rates = [sum(m["hourly_rps"][h] for m in models) for h in range(24)]
-        # Sized as the drift check sizes observed traffic (packed_instances), so unchanged traffic reads unchanged.
-        instances = sum(packed_instances({m["model"]: m["hourly_rps"] for m in models}, models, ctx.n_min(w.region)))
-        tokens = sum(sum(m["hourly_rps"]) * 3600 * m["output_mean"] for m in models)
-        pools.append({
-            "region": w.region, "pool": config_pools.get(w.region), "candidate": w.label,
-            "instance_type": w.instance_type, "consumer_regions": list(w.consumer_regions or (w.region,)),
-            "capacity": {"min": lo, "max": hi}, "n_min": ctx.n_min(w.region), "hourly_rps": rates,
-            "peak_rps": max(rates), "price_per_hour": w.price_per_hour,
-            "usd_per_m_output": instances * w.price_per_hour / tokens * 1e6 if tokens else math.inf,
-            "models": models,
-        })
-    return {"schema": SCHEMA, "written": written,
-            "slo": {"ttft_p99_ms": ctx.slo.ttft_p99_ms, "itl_p99_ms": ctx.slo.itl_p99_ms}, "pools": pools}
-
-
 def scaling_target(ev: PackingEval) -> float:
     """The pool's in-flight target: solver.scaling_target over the packing's models (the same figure a one-model
     plan gets for a packing of one)."""

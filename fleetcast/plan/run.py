@@ -407,18 +407,16 @@ class Planned:
         """(path, text) of the drift baseline for the config as written (`cfg`)."""
         import json
 
-        from . import drift, packing
+        from . import drift
+        from .check import baseline_document
         from .writeback import pool_name_for
 
         # The config pool each planned pool was written to, as the write picks it (writeback.pool_for).
         regions = {r.region: r for r in cfg.regions}
-        chosen = {p.region: pool_name_for(regions[p.region], p.instance_type.split(".")[0]) for p in self.pools()
+        pools = self.pools()
+        chosen = {p.region: pool_name_for(regions[p.region], p.instance_type.split(".")[0]) for p in pools
                   if p.region in regions}
-        if self.plans is not None:
-            doc = drift.baseline_document(self.result.pools, self.ctx, chosen, written)
-        else:
-            doc = packing.baseline_document(self.result, self.ctx, chosen, written,
-                                            {m.id: [a.id for a in m.adapters] for m in cfg.models})
+        doc = baseline_document(pools, self.ctx, chosen, written, {m.id: [a.id for a in m.adapters] for m in cfg.models})
         return drift.baseline_path(config_path), json.dumps(doc, indent=1) + "\n"
 
     def write_notes(self, cfg: Any) -> list[str]:

@@ -46,7 +46,6 @@ from .queueing import (
     instances_needed,
     max_safe_rate,
     model_for,
-    occupancy,
     predict,
 )
 from .traffic import ConsumerTraffic, TrafficProfile
@@ -819,56 +818,6 @@ class FleetPool:
 
     def capacity(self) -> tuple[int, int, int]:
         return capacity_bounds(self.instances_by_hour)
-
-    def levels_at_arrival(self, ctx: PlanContext) -> dict[str, float]:
-        """Requests per day by the in-flight count on their instance at arrival (itself included) as planned: the
-        histogram the gateways meter (fleetcast.traffic/v1 observed.in_flight), for the drift baseline.
-
-        A histogram member contributes its own shares. Arrival members: each hour, the pool's arrivals spread over
-        its planned instances (random routing), and an arrival finding k in flight joins k + 1 (PASTA, the
-        occupancy queueing.py derives from the curve) at the hour's mean rate; an hour beyond what the highest
-        measured batch drains counts above it."""
-        levels: dict[str, float] = {}
-
-        def add(level: int, weight: float) -> None:
-            levels[str(level)] = levels.get(str(level), 0.0) + weight
-
-        arrivals = [plan.traffic for plan, ev in self.members if ev.arrival_driven]
-        for plan, ev in self.members:
-            if not ev.arrival_driven:
-                day = sum(plan.traffic.hourly_rps())
-                for level, share in plan.traffic.level_weights().items():
-                    add(level, share * day)
-        if arrivals:
-            model = ctx.model(self.evaluation.candidate)
-            for h in range(24):
-                rates = [t.hourly_rps()[h] for t in arrivals]
-                total = sum(rates)
-                if total <= 0:
-                    continue
-                out_mean = sum(r * t.output_mean for r, t in zip(rates, arrivals)) / total
-                pmf = occupancy(model, total / max(self.instances_by_hour[h], 1), out_mean)
-                if pmf is None:
-                    add(int(model.top) + 1, total)
-                    continue
-                for k, share in enumerate(pmf):
-                    if share > 1e-9:
-                        add(k + 1, share * total)
-        return levels
-
-    def slo_safe_rps(self, instances: int, seconds_per_request: float) -> float:
-        """The highest hourly mean arrival rate `instances` serve within the SLO. Histogram sizing: Little's law
-        at the target (instances / seconds per request). Arrivals: each instance takes its SLO-safe rate x* in
-        the busiest minute, so the hour's mean may reach instances x x* / burstiness (the profile's highest)."""
-        arrivals = [(plan, ev) for plan, ev in self.members if ev.arrival_driven and ev.safe_rate_rps]
-        if not arrivals:
-            return instances / seconds_per_request if seconds_per_request else math.inf
-        safe = []
-        for plan, ev in arrivals:
-            rates, bursts = plan.traffic.hourly_rps(), plan.traffic.hourly_burstiness()
-            busiest = max((b for r, b in zip(rates, bursts) if r > 0), default=1.0)
-            safe.append(instances * _given(ev.safe_rate_rps) / busiest)
-        return min(safe)
 
     def joined(self) -> list[tuple[RegionPlan, Evaluation]]:
         """Members served here rather than by their own plan's choice."""
