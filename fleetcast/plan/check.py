@@ -46,25 +46,17 @@ def replan_findings(cfg: FleetConfig, pools: list[PlannedPool], threshold: float
             continue
         dumped = [{"instance_type": p.instance_type, "_pool": p} for p in entry.pools]
         pool = pool_for(dumped, planned.instance_type.split(".")[0])["_pool"]
-        packed = len(cfg.models) > 1
-        if not packed:
-            (precision,) = [s.precision for s in planned.serves]
-            current = cfg.engine_for(pool).precision.value
-            if pool.instance_type != planned.instance_type or current != precision:
-                findings.append(Finding("pick", region, (f"pool {pool.name}: the plan picks {planned.label} "
-                                                         f"({planned.cost_text}), the config runs {pool.instance_type} "
-                                                         f"{current}")))
-        else:
-            if pool.instance_type != planned.instance_type:
-                findings.append(Finding("pick", region, f"pool {pool.name}: the plan picks {planned.label} "
-                                        f"({planned.cost_text}), the config runs {pool.instance_type}"))
-            served = {s.model: s.copies for s in cfg.serves_of(pool)}
-            for s in planned.serves:
-                current = cfg.engine_for(pool, s.model).precision.value
-                if served.get(s.model) != s.copies or current != s.precision:
-                    findings.append(Finding("pick", region, (
-                        f"pool {pool.name}: {s.model}: the plan runs {s.copies} copy(ies) at {s.precision}, the "
-                        f"config {served.get(s.model, 0)} at {current}")))
+        # One comparison, one model or a packing: the config's pool named as the plan names its pick (a packing of
+        # one by its candidate, "TYPE PRECISION"), so a changed type, precision or copy count reads on one line.
+        served = {x.model: x.copies for x in cfg.serves_of(pool)}
+        runs = [(s.model or cfg.models[0].id, cfg.engine_for(pool, s.model or cfg.models[0].id).precision.value,
+                 served.get(s.model or cfg.models[0].id, 0)) for s in planned.serves]
+        if pool.instance_type != planned.instance_type or \
+                [(p, c) for _, p, c in runs] != [(s.precision, s.copies) for s in planned.serves]:
+            current = " + ".join(f"{m} {p} x{c}" for m, p, c in runs)
+            current = f"{pool.instance_type} {runs[0][1]}" if not planned.packed else f"{pool.instance_type} [{current}]"
+            findings.append(Finding("pick", region, f"pool {pool.name}: the plan picks {planned.label} "
+                                    f"({planned.cost_text}), the config runs {current}"))
         lo, hi = planned.capacity
         for name, old, new in (("capacity.max", pool.capacity.max, hi), ("capacity.min", pool.capacity.min, lo)):
             if _relative(old, new) > threshold:

@@ -653,6 +653,34 @@ class PackingPlan:
     def alternative_cost(self, name: str) -> float:
         return sum(a.cost_per_hour for r in self.regions for a in r.alternatives if a.name == name)
 
+    # The interface run.Planned drives, as report.PlanResult has it.
+    def unserved(self) -> list[str]:
+        return [r.region for r in self.regions if not r.winner]
+
+    def consumers(self) -> list[ConsumerTraffic]:
+        return [t for r in self.regions for t in r.traffic]
+
+    def planned_pools(self, ctx: PlanContext) -> list[PlannedPool]:
+        return [p.planned() for p in self.pools]
+
+    def candidate_pools(self, label: str, ctx: PlanContext) -> tuple[list[PlannedPool], set[str]]:
+        """(each region's feasible packing labelled `label`, as a pool serving that region alone, every feasible
+        label)."""
+        return ([e.planned() for r in self.regions for e in r.ranked if e.label == label],
+                {e.label for r in self.regions for e in r.ranked})
+
+    def render(self, as_json: bool) -> str:
+        import json
+
+        from . import packing_report
+
+        return json.dumps(packing_report.to_json(self), indent=1) if as_json else packing_report.render_terminal(self)
+
+    def write_report(self, directory: str) -> list[Path]:
+        from . import packing_report
+
+        return packing_report.write_report(self, directory)
+
 
 def _options(curves: list[ModelCurve], model: str, instance_type: str, cfg: FleetConfig,
              family_of: Callable[[str], str | None],

@@ -259,10 +259,12 @@ def _one_model_worst(ev: Any) -> float:
 def demands_of(planned: Any, cfg: Any) -> list[RegionDemand]:
     """Each service region's planned pool as the reserve reads it: a one-model plan's per-region choices (served
     at home or where each region's own plan put it, summed per service region), or a packing plan's choices."""
+    from .report import PlanResult
+
     ctx = planned.ctx
-    if planned.plans is not None:
+    if isinstance(planned.result, PlanResult):
         groups: dict[str, list[Any]] = {}
-        for plan in planned.plans:
+        for plan in planned.result.regions:
             if plan.winner is not None:
                 groups.setdefault(plan.winner.service_region, []).append(plan.winner)
         out = []

@@ -31,7 +31,7 @@ from .inputs import (
     shipped_availability,
     stale_table_warning,
 )
-from .packing import model_engine
+from .packing import PackingPlan, model_engine
 from .report import PlanResult
 from .solver import PlanContext, PlannedPool, RegionPlan, Slo, fleet_pools, plan
 from .traffic import ConsumerTraffic, TrafficProfile, load_traffic
@@ -39,7 +39,7 @@ from .traffic import ConsumerTraffic, TrafficProfile, load_traffic
 if TYPE_CHECKING:
     from fleetcast.config.model import FleetConfig
 
-    from .packing import ModelCurve, PackingPlan
+    from .packing import ModelCurve
 
 
 @dataclass
@@ -320,34 +320,26 @@ def _estimate_per_model(specs: list[str], cfg: FleetConfig, curves: list[ModelCu
 class Planned:
     """A plan behind the one interface the command drives, whatever the number of models: the report, the
     simulation, the re-plan check, the config edit and its drift baseline. One model is planned by the solver
-    (histograms, cross-region pooling, Spot); several by the packing search; each method dispatches once."""
+    (histograms, cross-region candidates); several by the packing search; each result (report.PlanResult,
+    packing.PackingPlan) answers the same questions, so nothing here asks which planner ran."""
 
-    result: Any  # report.PlanResult (one model) or packing.PackingPlan (several)
+    result: PlanResult | PackingPlan
     ctx: PlanContext
-    plans: list[RegionPlan] | None = None  # one model: each consumer region's plan
 
     @property
     def served(self) -> bool:
         """Every consumer region has a choice."""
-        if self.plans is not None:
-            return all(p.winner for p in self.plans)
-        return all(r.winner for r in self.result.regions)
+        return not self.result.unserved()
 
     def unserved(self) -> list[str]:
-        if self.plans is not None:
-            return [p.traffic.region for p in self.plans if not p.winner]
-        return [r.region for r in self.result.regions if not r.winner]
+        return self.result.unserved()
 
     def consumers(self) -> list[ConsumerTraffic]:
-        if self.plans is not None:
-            return [p.traffic for p in self.plans]
-        return [t for r in self.result.regions for t in r.traffic]
+        return self.result.consumers()
 
     def pools(self) -> list[PlannedPool]:
-        """The planned pools, one per provider region used (a packing plan: one per region with a choice)."""
-        if self.plans is not None:
-            return [p.planned(self.ctx) for p in self.result.pools]
-        return [p.planned() for p in self.result.pools]
+        """The planned pools, one per provider region used."""
+        return self.result.planned_pools(self.ctx)
 
     def promise_writes(self, cfg: Any, allow_estimated: bool) -> None:
         """What --write-config will do, for the report: its refusals and notes."""
@@ -356,18 +348,10 @@ class Planned:
         self.result.write_notes = write_config_notes(cfg, self.pools(), allow_estimated)
 
     def render(self, as_json: bool) -> str:
-        import json
-
-        from . import packing_report, report
-
-        module: Any = report if self.plans is not None else packing_report
-        return json.dumps(module.to_json(self.result), indent=1) if as_json else module.render_terminal(self.result)
+        return self.result.render(as_json)
 
     def write_report(self, directory: str) -> list[Path]:
-        from . import packing_report, report
-
-        paths: list[Path] = (report if self.plans is not None else packing_report).write_report(self.result, directory)
-        return paths
+        return self.result.write_report(directory)
 
     def simulate(self, seed: int, candidates: list[str] | None, max_groups: int | None,
                  report: Path | None) -> tuple[list[str], bool]:
@@ -375,25 +359,15 @@ class Planned:
         from .simulate import simulate_pools
 
         pools = [p for label in candidates for p in self.candidate_pools(label)] if candidates else self.pools()
-        notes = [] if candidates or self.plans is not None else \
-            [f"{region}: no packing chosen; nothing to simulate" for region in self.unserved()]
-        return simulate_pools(pools, self.ctx, self.plans is None, seed, max_groups, report, notes, bool(candidates))
+        notes = [] if candidates else [f"{region}: nothing chosen; nothing to simulate" for region in self.unserved()]
+        return simulate_pools(pools, self.ctx, seed, max_groups, report, notes, bool(candidates))
 
     def candidate_pools(self, label: str) -> list[PlannedPool]:
         """Each consumer region's best evaluation labelled `label`, as a pool serving that region alone."""
-        from .solver import one_model_pool
-
-        if self.plans is not None:
-            best = [(p.traffic, next((e for e in p.ranked if e.candidate.label == label), None)) for p in self.plans]
-            found = [one_model_pool([(t, ev)], self.ctx, ev.instances_by_hour, ev.target, ev.needed_by_hour,
-                                    ev.predictions, ev.cost_per_hour) for t, ev in best if ev is not None]
-            known = {e.candidate.label for p in self.plans for e in p.ranked}
-        else:
-            found = [e.planned() for r in self.result.regions for e in r.ranked if e.label == label]
-            known = {e.label for r in self.result.regions for e in r.ranked}
+        found, known = self.result.candidate_pools(label, self.ctx)
         if not found:
-            raise UserError(f"--candidate {label!r}: not a feasible {'candidate' if self.plans else 'packing'} of "
-                            f"this plan; one of: {'; '.join(sorted(known))}")
+            raise UserError(f"--candidate {label!r}: not a feasible candidate of this plan; one of: "
+                            f"{'; '.join(sorted(known))}")
         return found
 
     def edit(self, path: str, allow_estimated: bool, write_schedule: bool, write_spot: bool) -> Any:
@@ -435,5 +409,5 @@ def plan_fleet(opts: PlanOptions, max_copies: int | None = None) -> Planned:
     if opts.lab or max_copies or opts.gpu_sharing:
         raise UserError(f"--lab/--max-copies/--gpu-sharing plan fleets of several models; {opts.config} serves one",
                         exit_code=EXIT_USAGE)
-    result, plans, ctx = build_plan(opts)
-    return Planned(result, ctx, plans)
+    result, _, ctx = build_plan(opts)
+    return Planned(result, ctx)

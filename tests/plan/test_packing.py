@@ -423,6 +423,25 @@ def test_check_is_quiet_on_the_planned_traffic_and_names_the_model_whose_traffic
     assert "capacity: pool main: capacity.max would change 2 ->" in out
 
 
+def test_a_changed_precision_or_copy_count_reads_as_one_pick_line_naming_both_packings(capsys, tmp_path):
+    """One re-plan comparison for one model or a packing (check.replan_findings): the config's pool is named as the
+    plan names its pick, so a packing whose copies or precisions moved reads as one line, both packings in full."""
+    fleet = tmp_path / "fleet.yaml"
+    fleet.write_text((EXAMPLE / "fleet.yaml").read_text())
+    code, _, err = _cli(capsys, *EXAMPLE_ARGS[:4], "--config", str(fleet), "--write-config", str(fleet),
+                        "--allow-estimated")
+    assert code == 0, err
+    written = fleet.read_text()
+    assert written.count("precision: int8_wo") == 1  # gpt2-xl's engine
+    # gpt2-xl at fp16 (every KV budget lowered, so the config still fits its GPU).
+    fleet.write_text(written.replace("precision: int8_wo", "precision: fp16").replace("kv_cache_gb: 9.7", "kv_cache_gb: 4"))
+    code, out, err = _cli(capsys, *EXAMPLE_ARGS[:4], "--config", str(fleet), "--check")
+    assert code == 3, err
+    assert ("pick: pool main: the plan picks g6e.xlarge [gpt2-xl int8_wo x1 + qwen2.5-0.5b bf16 x1 + qwen2.5-3b fp8 "
+            "x1]") in out
+    assert "the config runs g6e.xlarge [gpt2-xl fp16 x1 + qwen2.5-0.5b bf16 x1 + qwen2.5-3b fp8 x1]" in out
+
+
 def test_the_figures_the_example_readme_and_the_main_readme_quote_are_the_plans(capsys):
     code, out, err = _cli(capsys, *EXAMPLE_ARGS)
     assert code == 0, err

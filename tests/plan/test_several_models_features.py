@@ -93,7 +93,7 @@ def test_simulate_takes_a_packing_as_candidate(capsys):
     assert "g6e.xlarge @ ap-northeast-2: gpt2-xl int8_wo x1" in out and "N plan" in out
     code = main(["plan", "simulate", *ARGS, "--candidate", "g6e.xlarge [gpt2-xl fp16 x9]"])
     err = capsys.readouterr().err
-    assert code == 1 and "--candidate 'g6e.xlarge [gpt2-xl fp16 x9]': not a feasible packing" in err and CHOICE in err
+    assert code == 1 and "--candidate 'g6e.xlarge [gpt2-xl fp16 x9]': not a feasible candidate" in err and CHOICE in err
 
 
 def test_spot_advice_is_per_packed_pool_with_its_processes_drained_together(tmp_path, capsys, plain):
