@@ -40,6 +40,7 @@ if TYPE_CHECKING:
     from fleetcast.config.model import FleetConfig
 
     from .packing import ModelCurve
+    from .spot import SpotAdvice
 
 
 @dataclass
@@ -191,20 +192,13 @@ def build_plan(opts: PlanOptions) -> tuple[PlanResult, list[RegionPlan], PlanCon
         candidates = candidates + estimated
         estimator_text = estimator.describe()
 
-    synthetic = [c for c in candidates if c.provenance == "synthetic"]
-    if synthetic:
-        warnings.append(f"{len(synthetic)} of {len(candidates)} candidate(s) rest on SYNTHETIC results (authored "
-                        "data, not measurements): this plan shows the method, not a decision; benchmark the "
-                        "candidates (fleetcast bench) before acting on it")
+    warnings += _synthetic([c.provenance for c in candidates], "candidate")
 
     plans = plan(candidates, traffic, ctx)
     result = PlanResult(traffic.name, ctx.model_id or next((c.model for c in candidates if c.model), None), ctx.slo,
                         plans, _data_notes(ctx, sources_text(candidates)), estimator_text, warnings,
                         fleet_pools(plans, ctx))
-    from . import spot
-
-    inputs = spot.load_spot_inputs(opts.spot_prices, opts.spot_interruptions, opts.spot_relaunch_s)
-    result.spot = [spot.advise(spot.spot_pool(p.planned(ctx)), ctx, inputs) for p in result.pools]
+    result.spot = _spot_advice(opts, ctx, result.planned_pools(ctx))
     return result, plans, ctx
 
 
@@ -239,10 +233,7 @@ def build_packing(opts: PlanOptions, max_copies: int | None = None) -> tuple[Pac
         raise UserError(f"--quality: results[].model {', '.join(unknown)} is not a model of the config; allowed: "
                         f"{', '.join(models)}")
     ctx = _context(opts, cfg, tables, warnings)
-    synthetic = [c for c in curves if c.candidate.provenance == "synthetic"]
-    if synthetic:
-        warnings.append(f"{len(synthetic)} of {len(curves)} curve(s) rest on SYNTHETIC results (authored data, not "
-                        "measurements): this plan shows the method, not a decision; benchmark before acting on it")
+    warnings += _synthetic([c.candidate.provenance for c in curves], "curve")
     lab = [c for c in curves if c.candidate.backend == "reference"]
     if lab:
         warnings.append(f"{len(lab)} curve(s) were measured with the reference backend on a lab machine (--lab): "
@@ -250,15 +241,27 @@ def build_packing(opts: PlanOptions, max_copies: int | None = None) -> tuple[Pac
                         "chosen from them, not what an AWS fleet would cost")
     result = packing.plan_packing(cfg, curves, traffic, ctx, fleet_slo=ctx.slo, lab=opts.lab,
                                   max_copies=max_copies or packing.DEFAULT_MAX_COPIES, gpu_sharing=opts.gpu_sharing)
-    from . import spot
-
-    inputs = spot.load_spot_inputs(opts.spot_prices, opts.spot_interruptions, opts.spot_relaunch_s)
-    # A lab machine (--lab) has no Spot market: no verdict for it.
-    result.spot = [spot.advise(spot.spot_pool(p.planned()), ctx, inputs) for p in result.pools
-                   if p.instance_type in catalog.instance_catalog()]
+    result.spot = _spot_advice(opts, ctx, result.planned_pools(ctx))
     result.warnings = warnings
     result.data_notes = _data_notes(ctx, packing.curves_text(curves)) + [f"estimates: {text}" for text, _ in estimators]
     return result, ctx, cfg
+
+
+def _synthetic(provenances: list[str], noun: str) -> list[str]:
+    """The warning every plan gives when some of its inputs are authored data (results `provenance: synthetic`)."""
+    n = provenances.count("synthetic")
+    return [f"{n} of {len(provenances)} {noun}(s) rest on SYNTHETIC results (authored data, not measurements): this "
+            "plan shows the method, not a decision; benchmark the candidates (fleetcast bench) before acting on it"] \
+        if n else []
+
+
+def _spot_advice(opts: PlanOptions, ctx: PlanContext, pools: list[PlannedPool]) -> list[SpotAdvice]:
+    """The Spot verdict per planned pool, one model or a packing (spot.advise); a lab machine (--lab) has no Spot
+    market, so no verdict for it."""
+    from . import spot
+
+    inputs = spot.load_spot_inputs(opts.spot_prices, opts.spot_interruptions, opts.spot_relaunch_s)
+    return [spot.advise(spot.spot_pool(p), ctx, inputs) for p in pools if p.instance_type in catalog.instance_catalog()]
 
 
 def _context(opts: PlanOptions, cfg: Any, tables: tuple[Prices, Availability, Latency, FixedCosts, QualityFile | None],
