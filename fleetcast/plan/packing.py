@@ -480,6 +480,10 @@ class PackingEval(PoolDay):
                            serves, tuple(self.instances_by_hour), scaling_target(self), self.estimated, packed=True,
                            price_per_hour=self.price_per_hour, cost_per_hour=self.cost_per_hour)
 
+    def worst_ttft(self, ctx: PlanContext) -> tuple[float, float]:
+        rows = [(w[0], m.slo.ttft_p99_ms) for m in self.loads if (w := m.worst()) is not None]
+        return min(rows, key=lambda r: r[1] - r[0]) if rows else (0.0, ctx.slo.ttft_p99_ms)
+
     def latency_rank(self) -> float:
         return round(self.slo_use(), 3)
 
@@ -656,6 +660,10 @@ class PackingPlan:
     # The interface run.Planned drives, as report.PlanResult has it.
     def unserved(self) -> list[str]:
         return [r.region for r in self.regions if not r.winner]
+
+    def winners(self) -> list[tuple[PackingEval, str]]:
+        """Each consumer region's own choice and the region serving it."""
+        return [(r.winner, r.winner.region) for r in self.regions if r.winner is not None]
 
     def consumers(self) -> list[ConsumerTraffic]:
         return [t for r in self.regions for t in r.traffic]

@@ -40,6 +40,10 @@ class PlanResult:
     def unserved(self) -> list[str]:
         return [p.traffic.region for p in self.regions if not p.winner]
 
+    def winners(self) -> list[tuple[Evaluation, str]]:
+        """Each consumer region's own choice and the region serving it."""
+        return [(p.winner, p.winner.service_region) for p in self.regions if p.winner is not None]
+
     def consumers(self) -> list[ConsumerTraffic]:
         return [p.traffic for p in self.regions]
 

@@ -142,6 +142,7 @@ class PoolDay:
     instances_by_hour: list[int]
     cost_per_hour: float
     usd_per_m_output: float
+    price_per_hour: float
 
     @property
     def feasible(self) -> bool:
@@ -169,6 +170,11 @@ class PoolDay:
     def source(self) -> str:
         """Where its curves come from, as every table's source column words it ("measured", "synthetic",
         "estimated ...")."""
+        raise NotImplementedError
+
+    def worst_ttft(self, ctx: PlanContext) -> tuple[float, float]:
+        """(its worst planned P99 TTFT in ms, network included, the SLO it is held to): one model's, or for a packing
+        the model's with the least headroom."""
         raise NotImplementedError
 
     def latency_rank(self) -> float:
@@ -312,6 +318,12 @@ class Evaluation(PoolDay):
     @property
     def source(self) -> str:
         return self.candidate.source
+
+    def worst_ttft(self, ctx: PlanContext) -> tuple[float, float]:
+        # Sized from arrivals: the busiest planned minute's; from a histogram: the traffic-weighted figure.
+        if self.arrival_driven and any(p is not None for p in self.predictions):
+            return max(p.ttft_p99_ms for p in self.predictions if p is not None) + self.network_ms, ctx.slo.ttft_p99_ms
+        return self.weighted_ttft_p99, ctx.slo.ttft_p99_ms
 
     def latency_rank(self) -> float:
         # One model, one SLO: the traffic-weighted P99 TTFT (network included) orders as its share of the SLO does.

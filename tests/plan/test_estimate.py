@@ -86,7 +86,7 @@ def test_write_config_refuses_an_estimated_choice(tmp_path):
     result, plans, ctx = build_plan(opts)
     assert plans[0].winner.candidate.estimated        # the only feasible candidate in Seoul
     before = fleet.read_text()
-    with pytest.raises(UserError, match="is estimated, not measured; benchmark it first"):
+    with pytest.raises(UserError, match="is estimated, not measured: benchmark it first"):
         write_plan(fleet, result, ctx, plans)
     assert fleet.read_text() == before
 

@@ -301,7 +301,7 @@ def test_write_config_refuses_an_estimated_packing_unless_allowed(capsys, tmp_pa
     fleet.write_text((EXAMPLE / "fleet.yaml").read_text())
     before = fleet.read_text()
     code, _, err = _cli(capsys, *EXAMPLE_ARGS, "--write-config", str(fleet))
-    assert code == 1 and "is estimated from solo curves; measure it co-located first (or pass --allow-estimated)" in err
+    assert code == 1 and "is estimated (solo curves), not measured: benchmark it first (or pass --allow-estimated)" in err
     assert fleet.read_text() == before
 
 
