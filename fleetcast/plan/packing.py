@@ -677,17 +677,6 @@ class PackingPlan:
         return ([e.planned() for r in self.regions for e in r.ranked if e.label == label],
                 {e.label for r in self.regions for e in r.ranked})
 
-    def render(self, as_json: bool) -> str:
-        import json
-
-        from . import packing_report
-
-        return json.dumps(packing_report.to_json(self), indent=1) if as_json else packing_report.render_terminal(self)
-
-    def write_report(self, directory: str) -> list[Path]:
-        from . import packing_report
-
-        return packing_report.write_report(self, directory)
 
 
 def _options(curves: list[ModelCurve], model: str, instance_type: str, cfg: FleetConfig,

@@ -58,12 +58,6 @@ class PlanResult:
                                 ev.cost_per_hour) for t, ev in best if ev is not None],
                 {e.candidate.label for p in self.regions for e in p.ranked})
 
-    def render(self, as_json: bool) -> str:
-        return json.dumps(to_json(self), indent=1) if as_json else render_terminal(self)
-
-    def write_report(self, directory: str) -> list[Path]:
-        return write_report(self, directory)
-
 
 def fleet_heading(result: PlanResult) -> str:
     """The Fleet section's heading: it says the write deploys this fleet only when the write would."""

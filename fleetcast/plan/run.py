@@ -350,11 +350,20 @@ class Planned:
 
         self.result.write_notes = write_config_notes(cfg, self.pools(), allow_estimated)
 
+    def _report(self) -> Any:
+        """The report module of the planner that ran (report: one model; packing_report: several)."""
+        from . import packing_report, report
+
+        return report if isinstance(self.result, PlanResult) else packing_report
+
     def render(self, as_json: bool) -> str:
-        return self.result.render(as_json)
+        import json
+
+        module = self._report()
+        return json.dumps(module.to_json(self.result), indent=1) if as_json else str(module.render_terminal(self.result))
 
     def write_report(self, directory: str) -> list[Path]:
-        return self.result.write_report(directory)
+        return list(self._report().write_report(self.result, directory))
 
     def simulate(self, seed: int, candidates: list[str] | None, max_groups: int | None,
                  report: Path | None) -> tuple[list[str], bool]:
