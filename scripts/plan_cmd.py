@@ -281,13 +281,11 @@ def _check(args: argparse.Namespace, planned) -> int:
 
     cfg = load_config(config_path_required(args.config))
     threshold = drift_settings(cfg, args.threshold)
-    what = "no candidate serves it within the SLO" if planned.plans is not None else \
-        "no packing serves it within every model's SLO"
-    findings = [Finding("pick", region, what) for region in planned.unserved()]
+    findings = [Finding("pick", region, "nothing the plan weighed serves it within every model's SLO")
+                for region in planned.unserved()]
     findings += replan_findings(cfg, planned.pools(), threshold)
     findings += _baseline_findings(args, planned.consumers(), threshold,
-                                   "throughput, mix, latency and cost checks" if planned.plans is not None
-                                   else "throughput per model and cost")
+                                   "the throughput per model, mix, latency and cost checks")
     print(render(findings, planned.result.traffic_name))
     return EXIT_REFUSED if findings else 0
 

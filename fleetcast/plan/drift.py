@@ -1,25 +1,23 @@
 """Plan drift: does the traffic production serves still fit the plan the config was written from?
 
 `fleetcast plan --write-config` records a *baseline* next to the config (`<config>.plan-baseline.json`,
-schema fleetcast.plan-baseline/v1): per provider pool what the plan chose and the figures it rested
-on (the target, the capacity bounds, seconds each request holds an instance at the traffic's load
-levels, the share of requests above the target, the instance cost per 1M output tokens).
-`check_pool` compares a traffic observation against it and names each way the plan no longer
-holds:
+schema fleetcast.plan-baseline/v2, written by fleetcast.plan.check.baseline_document): per provider pool what the
+plan chose and the figures it rested on (the target, the capacity bounds, the planned in-flight mix, the instance
+cost per 1M output tokens) and, per model it serves (one for a one-model fleet: a packing of one), its copies,
+planned rates and `rps_per_instance`, the hourly mean rate one instance serves of it within its SLOs.
+`check_pool` compares a traffic observation against it and names each way the plan no longer holds:
 
-- throughput: the busiest hour's arrival rate is past what `capacity.max` instances serve within
-  the SLO (max / seconds-per-request, Little's law at the target);
+- throughput: a model's busiest-hour arrival rate is past what `capacity.max` instances serve of it within its
+  SLO (max x rps_per_instance);
 - mix: more than `threshold` more of the requests arrive with more requests in flight on their
   instance than the target (the mix moved to larger batches);
-- slo: an hour whose observed P99 TTFT or ITL is above the SLO while its arrival rate was within
-  the planned peak (the plan's latency assumption failed, not its size);
-- cost: the instance cost per 1M output tokens at the observed traffic, sized the way the plan
-  sizes (instances per hour = max(min, ceil(rate x seconds-per-request))), is more than
-  `cost_threshold` off the planned figure.
+- slo: an hour whose observed P99 TTFT or ITL is above the (strictest model's) SLO while its arrival rate was
+  within the planned peak (the plan's latency assumption failed, not its size);
+- cost: the instance cost per 1M output tokens at the observed traffic, sized the way the baseline sizes
+  (instances per hour = the most demanding model's rate over its rps_per_instance, at least the floor), is more
+  than `cost_threshold` off the planned figure.
 
-A pool that packs several models (fleetcast/plan/packing.py) records per model (`models`) its copies and
-the SLO-safe rate of its processes; with per-model rates in the observation, the throughput check runs per
-model and names the model whose traffic grew, and the cost check sizes each hour by its most demanding model.
+A baseline of the first format (v1, whose one-model pools had no `models`) is read as this one (`upgrade`).
 
 Standard library only: the scheduled drift Lambda (stacks/lambdas/plan_drift) bundles this module
 and runs the same checks from CloudWatch; `fleetcast plan --check` adds the full re-plan (pick,
@@ -34,7 +32,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-SCHEMA = "fleetcast.plan-baseline/v1"
+SCHEMA = "fleetcast.plan-baseline/v2"
+V1 = "fleetcast.plan-baseline/v1"  # read too (upgrade): what one-model plans wrote before one format served all
+SCHEMAS = (SCHEMA, V1)
 DEFAULT_THRESHOLD = 0.2
 
 
@@ -94,42 +94,31 @@ def share_above(histogram: dict[str, float], level: float) -> float:
     return above / total
 
 
-def instance_cost_per_m_output(hourly_rps: list[float], seconds_per_request: float, n_min: int,
-                               price_per_hour: float, output_mean: float) -> float:
-    """Instance $ per 1M output tokens over a day sized the planner's way (docs/plan.md step 4)."""
-    instances = sum(max(n_min, math.ceil(rps * seconds_per_request - 1e-9)) for rps in hourly_rps)
-    tokens = sum(hourly_rps) * 3600 * output_mean
-    return instances * price_per_hour / tokens * 1e6 if tokens else math.inf
+def planned_usd_per_m_output(pool: dict[str, Any]) -> float:
+    """A baseline pool's instance $ per 1M output tokens at its planned rates, sized as check_pool sizes observed
+    traffic (packed_instances), so unchanged traffic reads unchanged."""
+    models = pool["models"]
+    instances = sum(packed_instances({m["model"]: m["hourly_rps"] for m in models}, models, pool["n_min"]))
+    tokens = sum(sum(m["hourly_rps"]) * 3600 * m["output_mean"] for m in models)
+    return instances * pool["price_per_hour"] / tokens * 1e6 if tokens else math.inf
 
 
-def baseline_document(pools: list[Any], ctx: Any, config_pools: dict[str, str | None], written: str) -> dict[str, Any]:
-    """The baseline for the planned pools (fleetcast.plan.solver.FleetPool objects, read by attribute)."""
-    out = []
-    for pool in pools:
-        members = pool.members
-        rates = [sum(plan.traffic.hourly_rps()[h] for plan, _ in members) for h in range(24)]
-        volume = sum(sum(plan.traffic.hourly_rps()) for plan, _ in members)
-        spr = sum(sum(plan.traffic.hourly_rps()) * ev.seconds_per_request for plan, ev in members) / volume \
-            if volume else members[0][1].seconds_per_request
-        output_mean = sum(sum(plan.traffic.hourly_rps()) * plan.traffic.output_mean for plan, _ in members) / volume \
-            if volume else members[0][0].traffic.output_mean
-        win = pool.evaluation
-        lo, _, hi = pool.capacity()
-        histogram = pool.levels_at_arrival(ctx)
-        n_min = ctx.n_min(pool.service_region)
-        out.append({
-            "region": pool.service_region, "pool": config_pools.get(pool.service_region),
-            "candidate": win.candidate.label, "instance_type": win.candidate.instance_type,
-            "precision": win.candidate.precision, "consumer_regions": pool.consumer_regions,
-            "target": pool.target, "capacity": {"min": lo, "max": hi}, "n_min": n_min,
-            "seconds_per_request": spr, "hourly_rps": rates, "peak_rps": max(rates),
-            "slo_safe_rps": pool.slo_safe_rps(hi, spr),
-            "share_above_target": share_above(histogram, pool.target),
-            "price_per_hour": win.price_per_hour, "output_mean": output_mean,
-            "usd_per_m_output": instance_cost_per_m_output(rates, spr, n_min, win.price_per_hour, output_mean),
-        })
-    return {"schema": SCHEMA, "written": written,
-            "slo": {"ttft_p99_ms": ctx.slo.ttft_p99_ms, "itl_p99_ms": ctx.slo.itl_p99_ms}, "pools": out}
+def upgrade(doc: dict[str, Any]) -> dict[str, Any]:
+    """A baseline of the first format (V1: a one-model pool without `models`, as one-model plans wrote it before
+    one format served every pool) in this one: the pool's one model, serving `slo_safe_rps / capacity.max` per
+    instance (what its throughput check read), its planned cost sized that way. Pools already listing `models`
+    (V1's packed pools) read as they are."""
+    pools = []
+    for pool in doc["pools"]:
+        if "models" not in pool:
+            one = {"model": "", "adapters": [], "precision": pool.get("precision", ""),
+                   "copies": 1, "hourly_rps": pool["hourly_rps"], "peak_rps": pool["peak_rps"],
+                   "output_mean": pool["output_mean"],
+                   "rps_per_instance": pool["slo_safe_rps"] / max(pool["capacity"]["max"], 1), "slo": doc["slo"]}
+            pool = {**pool, "models": [one]}
+            pool["usd_per_m_output"] = planned_usd_per_m_output(pool)
+        pools.append(pool)
+    return {**doc, "schema": SCHEMA, "pools": pools}
 
 
 def load_baseline(path: str | Path) -> dict[str, Any]:
@@ -143,10 +132,10 @@ def load_baseline(path: str | Path) -> dict[str, Any]:
                         "config it updates") from None
     except ValueError as exc:
         raise UserError(f"--baseline: {p} is not JSON: {exc}") from None
-    if not isinstance(doc, dict) or doc.get("schema") != SCHEMA:
+    if not isinstance(doc, dict) or doc.get("schema") not in SCHEMAS:
         raise UserError(f"--baseline: {p}: schema is {doc.get('schema') if isinstance(doc, dict) else None!r}, "
-                        f"expected {SCHEMA!r}")
-    return doc
+                        f"expected {SCHEMA!r} (or {V1!r})")
+    return upgrade(doc)
 
 
 @dataclass
@@ -173,55 +162,44 @@ def packed_instances(by_model: dict[str, list[float]], models: list[dict[str, An
     return out
 
 
-def _packed_findings(base: dict[str, Any], obs: Observation, cost_threshold: float) -> list[Finding]:
-    region, cap_max = base["region"], base["capacity"]["max"]
-    findings: list[Finding] = []
-    for m in base["models"]:
-        rates = (obs.by_model or {}).get(m["model"])
-        if rates is None:
-            continue
-        safe = cap_max * m["rps_per_instance"]
-        if max(rates) > safe * (1 + 1e-9):
-            findings.append(Finding("throughput", region, (
-                f"traffic for {m['model']} grew past the SLO-safe throughput of max capacity: its busiest hour brings "
-                f"{max(rates):.3g} req/s, {cap_max} instance(s) with {m['copies']} copy(ies) each serve "
-                f"{safe:.3g} req/s of it within its SLO (planned peak {m['peak_rps']:.3g} req/s)")))
-    if obs.by_model and all(m["model"] in obs.by_model for m in base["models"]):
-        instances = packed_instances(obs.by_model, base["models"], base["n_min"])
-        tokens = sum(sum(obs.by_model[m["model"]]) * 3600 * m["output_mean"] for m in base["models"])
-        cost = sum(instances) * base["price_per_hour"] / tokens * 1e6 if tokens else math.inf
-        findings += _cost_finding(region, cost, base["usd_per_m_output"], cost_threshold, "the observed rates of every model")
-    return findings
-
-
 def check_pool(base: dict[str, Any], obs: Observation, slo: dict[str, Any], threshold: float = DEFAULT_THRESHOLD,
                cost_threshold: float = DEFAULT_THRESHOLD) -> list[Finding]:
-    if "models" in base:
-        # A packed pool: throughput and cost per model; the pool-level P99s against the strictest model's SLO.
-        packed = _packed_findings(base, obs, cost_threshold)
-        if obs.arrivals is not None:
-            strictest = {"ttft_p99_ms": min(m["slo"]["ttft_p99_ms"] for m in base["models"]),
-                         "itl_p99_ms": min(m["slo"]["itl_p99_ms"] for m in base["models"])}
-            packed += _slo_findings(base, obs, strictest)
-        return packed
-    region, k, spr = base["region"], base["target"], base["seconds_per_request"]
-    cap_max = base["capacity"]["max"]
+    """Every baseline check on one pool, one model or a packing (a one-model pool is a packing of one): throughput
+    per model, the in-flight mix at the pool's target, the P99s against the strictest model's SLO, the cost."""
+    region, cap_max, models = base["region"], base["capacity"]["max"], base["models"]
+    # One model's rates are the pool's (whatever the metering of models); several: each model's own.
+    single = len(models) == 1
+    rates_of = {m["model"]: obs.hourly_rps if single else (obs.by_model or {}).get(m["model"]) for m in models}
     findings: list[Finding] = []
-    peak = max(obs.hourly_rps)
-    if peak > base["slo_safe_rps"] * (1 + 1e-9):
-        findings.append(Finding("throughput", region, (
-            f"traffic grew past the SLO-safe throughput of max capacity: the busiest hour brings {peak:.3g} req/s, "
-            f"{cap_max} instance(s) at target {k:g} serve {base['slo_safe_rps']:.3g} req/s within the SLO "
-            f"(planned peak {base['peak_rps']:.3g} req/s)")))
-    above = share_above(obs.in_flight, k)
-    if above - base["share_above_target"] > threshold:
-        findings.append(Finding("mix", region, (
-            f"the mix moved to larger batches: {above:.0%} of requests arrive with more than {k:g} in flight on "
-            f"their instance (planned {base['share_above_target']:.0%}, threshold +{threshold:.0%})")))
+    for m in models:
+        rates = rates_of[m["model"]]
+        safe = cap_max * m["rps_per_instance"]
+        if rates is not None and max(rates) > safe * (1 + 1e-9):
+            findings.append(Finding("throughput", region, (
+                f"traffic{'' if single else ' for ' + m['model']} grew past the SLO-safe throughput of max capacity: "
+                f"the busiest hour brings {max(rates):.3g} req/s, {cap_max} instance(s) with {m['copies']} "
+                f"process(es) of it each serve {safe:.3g} req/s within its SLO (planned peak {m['peak_rps']:.3g} "
+                "req/s)")))
+    if "share_above_target" in base:
+        k = base["target"]
+        above = share_above(obs.in_flight, k)
+        if above - base["share_above_target"] > threshold:
+            findings.append(Finding("mix", region, (
+                f"the mix moved to larger batches: {above:.0%} of requests arrive with more than {k:g} in flight on "
+                f"their instance (planned {base['share_above_target']:.0%}, threshold +{threshold:.0%})")))
     if obs.arrivals is not None:
-        findings += _slo_findings(base, obs, slo)
-    cost = instance_cost_per_m_output(obs.hourly_rps, spr, base["n_min"], base["price_per_hour"], obs.output_mean)
-    findings += _cost_finding(region, cost, base["usd_per_m_output"], cost_threshold, "the observed rates and lengths")
+        strictest = {"ttft_p99_ms": min(m["slo"]["ttft_p99_ms"] for m in models),
+                     "itl_p99_ms": min(m["slo"]["itl_p99_ms"] for m in models)}
+        findings += _slo_findings(base, obs, strictest)
+    if all(r is not None for r in rates_of.values()):
+        observed = {name: r for name, r in rates_of.items() if r is not None}
+        instances = packed_instances(observed, models, base["n_min"])
+        # One model: the metered mean output length too (a pool's lengths are its one model's).
+        lengths = {m["model"]: obs.output_mean if single and obs.output_mean else m["output_mean"] for m in models}
+        tokens = sum(sum(observed[name]) * 3600 * length for name, length in lengths.items())
+        cost = sum(instances) * base["price_per_hour"] / tokens * 1e6 if tokens else math.inf
+        findings += _cost_finding(region, cost, base["usd_per_m_output"], cost_threshold,
+                                  "the observed rates and lengths" if single else "the observed rates of every model")
     return findings
 
 

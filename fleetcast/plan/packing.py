@@ -63,6 +63,7 @@ from .solver import (
     Served,
     Sizing,
     Slo,
+    cheaper_estimates,
     deciding_constraints,
     fixed_by_hour,
     floor_tenth,
@@ -479,6 +480,10 @@ class PackingEval(PoolDay):
                            serves, tuple(self.instances_by_hour), scaling_target(self), self.estimated, packed=True,
                            price_per_hour=self.price_per_hour, cost_per_hour=self.cost_per_hour)
 
+    def worst_ttft(self, ctx: PlanContext) -> tuple[float, float]:
+        rows = [(w[0], m.slo.ttft_p99_ms) for m in self.loads if (w := m.worst()) is not None]
+        return min(rows, key=lambda r: r[1] - r[0]) if rows else (0.0, ctx.slo.ttft_p99_ms)
+
     def latency_rank(self) -> float:
         return round(self.slo_use(), 3)
 
@@ -651,6 +656,27 @@ class PackingPlan:
 
     def alternative_cost(self, name: str) -> float:
         return sum(a.cost_per_hour for r in self.regions for a in r.alternatives if a.name == name)
+
+    # The interface run.Planned drives, as report.PlanResult has it.
+    def unserved(self) -> list[str]:
+        return [r.region for r in self.regions if not r.winner]
+
+    def winners(self) -> list[tuple[PackingEval, str]]:
+        """Each consumer region's own choice and the region serving it."""
+        return [(r.winner, r.winner.region) for r in self.regions if r.winner is not None]
+
+    def consumers(self) -> list[ConsumerTraffic]:
+        return [t for r in self.regions for t in r.traffic]
+
+    def planned_pools(self, ctx: PlanContext) -> list[PlannedPool]:
+        return [p.planned() for p in self.pools]
+
+    def candidate_pools(self, label: str, ctx: PlanContext) -> tuple[list[PlannedPool], set[str]]:
+        """(each region's feasible packing labelled `label`, as a pool serving that region alone, every feasible
+        label)."""
+        return ([e.planned() for r in self.regions for e in r.ranked if e.label == label],
+                {e.label for r in self.regions for e in r.ranked})
+
 
 
 def _options(curves: list[ModelCurve], model: str, instance_type: str, cfg: FleetConfig,
@@ -882,11 +908,7 @@ def _plan_region(cfg: FleetConfig, curves: list[ModelCurve], region: str, entrie
                      f"{winner.source.removeprefix('estimated ')}; measure it co-located (fleetcast bench run "
                      "--model-mix) before deploying")
     elif winner is not None:
-        cheaper = [e for e in ranked if e.estimated and e.rank_key() < winner.rank_key()]
-        if cheaper:
-            notes.append(f"{len(cheaper)} estimated packing(s) would cost less than the measured choice (best: "
-                         f"{cheaper[0].label} at ${cheaper[0].cost_per_hour:.2f}/h vs ${winner.cost_per_hour:.2f}/h, "
-                         f"{cheaper[0].source}); not chosen: measure it co-located before choosing it")
+        notes += cheaper_estimates(ranked, winner, "packing")
     if winner is not None:
         notes += [f"{m.model}: its co-located curve has {len(m.curve.points)} load levels: the planner's P99 ITL comes "
                   f"from the batch averaged over a request's life between them, {SPARSE_ITL_GAP} (docs/plan.md, Limits)"
@@ -1032,51 +1054,6 @@ def _alternatives(cfg: FleetConfig, curves: list[ModelCurve], region: str, entri
     day_own = (instance_cost + own_fixed) * 24
     return [Alternative("one model per pool", parts, instance_cost, shared_fixed, per_m_output(day_shared, entries)),
             Alternative("one model per fleet", parts, instance_cost, own_fixed, per_m_output(day_own, entries))]
-
-
-# ---------------------------------------------------------------- drift baseline
-
-
-def baseline_document(result: PackingPlan, ctx: PlanContext, config_pools: dict[str, str | None],
-                      written: str, adapters: dict[str, list[str]] | None = None) -> dict[str, Any]:
-    """The plan baseline (fleetcast.plan.drift, schema fleetcast.plan-baseline/v1) of a packing plan: per region
-    the pool's bounds and price and, per model, its copies, rates and `rps_per_instance` (the hourly mean rate
-    one instance serves within that model's SLOs: copies x its processes' SLO-safe rate over the busiest
-    minute's burstiness), which the drift checks read (drift.check_pool). `adapters` (model -> its adapter ids)
-    go into each model's entry: the gateway meters a request by the id it named, and an adapter's requests load
-    its base model's processes, so the drift Lambda counts them for the base model."""
-    from .drift import SCHEMA, packed_instances
-    from .queueing import max_safe_rate
-
-    pools = []
-    cache: Cache = {}
-    for w in result.pools:
-        models: list[dict[str, Any]] = []
-        for m in w.loads:
-            limits = m.limits
-            safe = max_safe_rate(_models_of(cache, m.curve), m.traffic.output_mean, limits)
-            rates, bursts = m.traffic.hourly_rps(), m.traffic.hourly_burstiness()
-            busiest = max((b for r, b in zip(rates, bursts) if r > 0), default=1.0)
-            models.append({"model": m.model, "adapters": list((adapters or {}).get(m.model, [])),
-                           "precision": m.precision, "copies": m.copies, "source": m.source,
-                           "hourly_rps": rates, "peak_rps": max(rates), "output_mean": m.traffic.output_mean,
-                           "rps_per_instance": (safe[0] * m.copies / busiest) if safe else 0.0,
-                           "slo": {"ttft_p99_ms": m.slo.ttft_p99_ms, "itl_p99_ms": m.slo.itl_p99_ms}})
-        lo, _, hi = w.capacity()
-        rates = [sum(m["hourly_rps"][h] for m in models) for h in range(24)]
-        # Sized as the drift check sizes observed traffic (packed_instances), so unchanged traffic reads unchanged.
-        instances = sum(packed_instances({m["model"]: m["hourly_rps"] for m in models}, models, ctx.n_min(w.region)))
-        tokens = sum(sum(m["hourly_rps"]) * 3600 * m["output_mean"] for m in models)
-        pools.append({
-            "region": w.region, "pool": config_pools.get(w.region), "candidate": w.label,
-            "instance_type": w.instance_type, "consumer_regions": list(w.consumer_regions or (w.region,)),
-            "capacity": {"min": lo, "max": hi}, "n_min": ctx.n_min(w.region), "hourly_rps": rates,
-            "peak_rps": max(rates), "price_per_hour": w.price_per_hour,
-            "usd_per_m_output": instances * w.price_per_hour / tokens * 1e6 if tokens else math.inf,
-            "models": models,
-        })
-    return {"schema": SCHEMA, "written": written,
-            "slo": {"ttft_p99_ms": ctx.slo.ttft_p99_ms, "itl_p99_ms": ctx.slo.itl_p99_ms}, "pools": pools}
 
 
 def scaling_target(ev: PackingEval) -> float:

@@ -13,7 +13,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .curves import SOURCE_MEANING
-from .solver import Evaluation, FleetPool, RegionPlan, Slo
+from .solver import Evaluation, FleetPool, PlanContext, PlannedPool, RegionPlan, Slo, one_model_pool
+from .traffic import ConsumerTraffic
 
 if TYPE_CHECKING:
     from .packing import PackingPlan
@@ -34,6 +35,28 @@ class PlanResult:
     spot: list[SpotAdvice] = field(default_factory=list)
     # What --write-config does with this plan and the config (writeback.write_config_notes): (refuses, text).
     write_notes: list[tuple[bool, str]] = field(default_factory=list)
+
+    # The interface run.Planned drives, as packing.PackingPlan has it.
+    def unserved(self) -> list[str]:
+        return [p.traffic.region for p in self.regions if not p.winner]
+
+    def winners(self) -> list[tuple[Evaluation, str]]:
+        """Each consumer region's own choice and the region serving it."""
+        return [(p.winner, p.winner.service_region) for p in self.regions if p.winner is not None]
+
+    def consumers(self) -> list[ConsumerTraffic]:
+        return [p.traffic for p in self.regions]
+
+    def planned_pools(self, ctx: PlanContext) -> list[PlannedPool]:
+        return [p.planned(ctx) for p in self.pools]
+
+    def candidate_pools(self, label: str, ctx: PlanContext) -> tuple[list[PlannedPool], set[str]]:
+        """(each consumer region's best evaluation labelled `label` as a pool serving that region alone, every
+        feasible label)."""
+        best = [(p.traffic, next((e for e in p.ranked if e.candidate.label == label), None)) for p in self.regions]
+        return ([one_model_pool([(t, ev)], ctx, ev.instances_by_hour, ev.target, ev.needed_by_hour, ev.predictions,
+                                ev.cost_per_hour) for t, ev in best if ev is not None],
+                {e.candidate.label for p in self.regions for e in p.ranked})
 
 
 def fleet_heading(result: PlanResult) -> str:

@@ -248,39 +248,18 @@ def spill_targets(cfg: Any, service_region: str) -> frozenset[str]:
     return allowed
 
 
-def _one_model_worst(ev: Any) -> float:
-    """A one-model evaluation's worst planned P99 TTFT, network included: the busiest planned minute's when sized
-    from arrivals, else the traffic-weighted figure."""
-    if ev.arrival_driven and any(p is not None for p in ev.predictions):
-        return float(max(p.ttft_p99_ms for p in ev.predictions if p is not None) + ev.network_ms)
-    return float(ev.weighted_ttft_p99)
-
-
 def demands_of(planned: Any, cfg: Any) -> list[RegionDemand]:
-    """Each service region's planned pool as the reserve reads it: a one-model plan's per-region choices (served
-    at home or where each region's own plan put it, summed per service region), or a packing plan's choices."""
+    """Each service region's planned pool as the reserve reads it, one model or a packing: the consumer regions'
+    own choices (PoolDay: each region's winner), summed per region serving them, the worst planned P99 TTFT against
+    its SLO that of the one with the least headroom (it decides whether a spilled request still meets its SLO)."""
     ctx = planned.ctx
-    if planned.plans is not None:
-        groups: dict[str, list[Any]] = {}
-        for plan in planned.plans:
-            if plan.winner is not None:
-                groups.setdefault(plan.winner.service_region, []).append(plan.winner)
-        out = []
-        for region, evs in groups.items():
-            hours = tuple(sum(ev.instances_by_hour[h] for ev in evs) for h in range(24))
-            out.append(RegionDemand(region, hours, float(evs[0].price_per_hour), int(ctx.n_min(region)),
-                                    spill_targets(cfg, region), max(_one_model_worst(ev) for ev in evs),
-                                    float(ctx.slo.ttft_p99_ms), " + ".join(ev.label for ev in evs)))
-        return out
+    groups: dict[str, list[Any]] = {}
+    for winner, serving in planned.result.winners():
+        groups.setdefault(serving, []).append(winner)
     out = []
-    for plan in planned.result.regions:
-        w = plan.winner
-        if w is None:
-            continue
-        # The model with the least TTFT headroom decides whether a spilled request still meets its SLO.
-        rows = [(m.worst()[0], m.slo.ttft_p99_ms) for m in w.loads if m.worst() is not None]
-        worst, slo = min(rows, key=lambda r: r[1] - r[0]) if rows else (0.0, float(ctx.slo.ttft_p99_ms))
-        out.append(RegionDemand(plan.region, tuple(w.instances_by_hour), float(w.price_per_hour),
-                                int(ctx.n_min(plan.region)), spill_targets(cfg, plan.region), float(worst),
-                                float(slo), w.label))
+    for region, wins in groups.items():
+        hours = tuple(sum(w.instances_by_hour[h] for w in wins) for h in range(24))
+        worst, slo = min((w.worst_ttft(ctx) for w in wins), key=lambda r: r[1] - r[0])
+        out.append(RegionDemand(region, hours, float(wins[0].price_per_hour), int(ctx.n_min(region)),
+                                spill_targets(cfg, region), float(worst), float(slo), " + ".join(w.label for w in wins)))
     return out

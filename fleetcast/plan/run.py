@@ -31,7 +31,7 @@ from .inputs import (
     shipped_availability,
     stale_table_warning,
 )
-from .packing import model_engine
+from .packing import PackingPlan, model_engine
 from .report import PlanResult
 from .solver import PlanContext, PlannedPool, RegionPlan, Slo, fleet_pools, plan
 from .traffic import ConsumerTraffic, TrafficProfile, load_traffic
@@ -39,7 +39,8 @@ from .traffic import ConsumerTraffic, TrafficProfile, load_traffic
 if TYPE_CHECKING:
     from fleetcast.config.model import FleetConfig
 
-    from .packing import ModelCurve, PackingPlan
+    from .packing import ModelCurve
+    from .spot import SpotAdvice
 
 
 @dataclass
@@ -191,20 +192,13 @@ def build_plan(opts: PlanOptions) -> tuple[PlanResult, list[RegionPlan], PlanCon
         candidates = candidates + estimated
         estimator_text = estimator.describe()
 
-    synthetic = [c for c in candidates if c.provenance == "synthetic"]
-    if synthetic:
-        warnings.append(f"{len(synthetic)} of {len(candidates)} candidate(s) rest on SYNTHETIC results (authored "
-                        "data, not measurements): this plan shows the method, not a decision; benchmark the "
-                        "candidates (fleetcast bench) before acting on it")
+    warnings += _synthetic([c.provenance for c in candidates], "candidate")
 
     plans = plan(candidates, traffic, ctx)
     result = PlanResult(traffic.name, ctx.model_id or next((c.model for c in candidates if c.model), None), ctx.slo,
                         plans, _data_notes(ctx, sources_text(candidates)), estimator_text, warnings,
                         fleet_pools(plans, ctx))
-    from . import spot
-
-    inputs = spot.load_spot_inputs(opts.spot_prices, opts.spot_interruptions, opts.spot_relaunch_s)
-    result.spot = [spot.advise(spot.spot_pool(p.planned(ctx)), ctx, inputs) for p in result.pools]
+    result.spot = _spot_advice(opts, ctx, result.planned_pools(ctx))
     return result, plans, ctx
 
 
@@ -239,10 +233,7 @@ def build_packing(opts: PlanOptions, max_copies: int | None = None) -> tuple[Pac
         raise UserError(f"--quality: results[].model {', '.join(unknown)} is not a model of the config; allowed: "
                         f"{', '.join(models)}")
     ctx = _context(opts, cfg, tables, warnings)
-    synthetic = [c for c in curves if c.candidate.provenance == "synthetic"]
-    if synthetic:
-        warnings.append(f"{len(synthetic)} of {len(curves)} curve(s) rest on SYNTHETIC results (authored data, not "
-                        "measurements): this plan shows the method, not a decision; benchmark before acting on it")
+    warnings += _synthetic([c.candidate.provenance for c in curves], "curve")
     lab = [c for c in curves if c.candidate.backend == "reference"]
     if lab:
         warnings.append(f"{len(lab)} curve(s) were measured with the reference backend on a lab machine (--lab): "
@@ -250,15 +241,27 @@ def build_packing(opts: PlanOptions, max_copies: int | None = None) -> tuple[Pac
                         "chosen from them, not what an AWS fleet would cost")
     result = packing.plan_packing(cfg, curves, traffic, ctx, fleet_slo=ctx.slo, lab=opts.lab,
                                   max_copies=max_copies or packing.DEFAULT_MAX_COPIES, gpu_sharing=opts.gpu_sharing)
-    from . import spot
-
-    inputs = spot.load_spot_inputs(opts.spot_prices, opts.spot_interruptions, opts.spot_relaunch_s)
-    # A lab machine (--lab) has no Spot market: no verdict for it.
-    result.spot = [spot.advise(spot.spot_pool(p.planned()), ctx, inputs) for p in result.pools
-                   if p.instance_type in catalog.instance_catalog()]
+    result.spot = _spot_advice(opts, ctx, result.planned_pools(ctx))
     result.warnings = warnings
     result.data_notes = _data_notes(ctx, packing.curves_text(curves)) + [f"estimates: {text}" for text, _ in estimators]
     return result, ctx, cfg
+
+
+def _synthetic(provenances: list[str], noun: str) -> list[str]:
+    """The warning every plan gives when some of its inputs are authored data (results `provenance: synthetic`)."""
+    n = provenances.count("synthetic")
+    return [f"{n} of {len(provenances)} {noun}(s) rest on SYNTHETIC results (authored data, not measurements): this "
+            "plan shows the method, not a decision; benchmark the candidates (fleetcast bench) before acting on it"] \
+        if n else []
+
+
+def _spot_advice(opts: PlanOptions, ctx: PlanContext, pools: list[PlannedPool]) -> list[SpotAdvice]:
+    """The Spot verdict per planned pool, one model or a packing (spot.advise); a lab machine (--lab) has no Spot
+    market, so no verdict for it."""
+    from . import spot
+
+    inputs = spot.load_spot_inputs(opts.spot_prices, opts.spot_interruptions, opts.spot_relaunch_s)
+    return [spot.advise(spot.spot_pool(p), ctx, inputs) for p in pools if p.instance_type in catalog.instance_catalog()]
 
 
 def _context(opts: PlanOptions, cfg: Any, tables: tuple[Prices, Availability, Latency, FixedCosts, QualityFile | None],
@@ -320,34 +323,26 @@ def _estimate_per_model(specs: list[str], cfg: FleetConfig, curves: list[ModelCu
 class Planned:
     """A plan behind the one interface the command drives, whatever the number of models: the report, the
     simulation, the re-plan check, the config edit and its drift baseline. One model is planned by the solver
-    (histograms, cross-region pooling, Spot); several by the packing search; each method dispatches once."""
+    (histograms, cross-region candidates); several by the packing search; each result (report.PlanResult,
+    packing.PackingPlan) answers the same questions, so nothing here asks which planner ran."""
 
-    result: Any  # report.PlanResult (one model) or packing.PackingPlan (several)
+    result: PlanResult | PackingPlan
     ctx: PlanContext
-    plans: list[RegionPlan] | None = None  # one model: each consumer region's plan
 
     @property
     def served(self) -> bool:
         """Every consumer region has a choice."""
-        if self.plans is not None:
-            return all(p.winner for p in self.plans)
-        return all(r.winner for r in self.result.regions)
+        return not self.result.unserved()
 
     def unserved(self) -> list[str]:
-        if self.plans is not None:
-            return [p.traffic.region for p in self.plans if not p.winner]
-        return [r.region for r in self.result.regions if not r.winner]
+        return self.result.unserved()
 
     def consumers(self) -> list[ConsumerTraffic]:
-        if self.plans is not None:
-            return [p.traffic for p in self.plans]
-        return [t for r in self.result.regions for t in r.traffic]
+        return self.result.consumers()
 
     def pools(self) -> list[PlannedPool]:
-        """The planned pools, one per provider region used (a packing plan: one per region with a choice)."""
-        if self.plans is not None:
-            return [p.planned(self.ctx) for p in self.result.pools]
-        return [p.planned() for p in self.result.pools]
+        """The planned pools, one per provider region used."""
+        return self.result.planned_pools(self.ctx)
 
     def promise_writes(self, cfg: Any, allow_estimated: bool) -> None:
         """What --write-config will do, for the report: its refusals and notes."""
@@ -355,19 +350,20 @@ class Planned:
 
         self.result.write_notes = write_config_notes(cfg, self.pools(), allow_estimated)
 
+    def _report(self) -> Any:
+        """The report module of the planner that ran (report: one model; packing_report: several)."""
+        from . import packing_report, report
+
+        return report if isinstance(self.result, PlanResult) else packing_report
+
     def render(self, as_json: bool) -> str:
         import json
 
-        from . import packing_report, report
-
-        module: Any = report if self.plans is not None else packing_report
-        return json.dumps(module.to_json(self.result), indent=1) if as_json else module.render_terminal(self.result)
+        module = self._report()
+        return json.dumps(module.to_json(self.result), indent=1) if as_json else str(module.render_terminal(self.result))
 
     def write_report(self, directory: str) -> list[Path]:
-        from . import packing_report, report
-
-        paths: list[Path] = (report if self.plans is not None else packing_report).write_report(self.result, directory)
-        return paths
+        return list(self._report().write_report(self.result, directory))
 
     def simulate(self, seed: int, candidates: list[str] | None, max_groups: int | None,
                  report: Path | None) -> tuple[list[str], bool]:
@@ -375,25 +371,15 @@ class Planned:
         from .simulate import simulate_pools
 
         pools = [p for label in candidates for p in self.candidate_pools(label)] if candidates else self.pools()
-        notes = [] if candidates or self.plans is not None else \
-            [f"{region}: no packing chosen; nothing to simulate" for region in self.unserved()]
-        return simulate_pools(pools, self.ctx, self.plans is None, seed, max_groups, report, notes, bool(candidates))
+        notes = [] if candidates else [f"{region}: nothing chosen; nothing to simulate" for region in self.unserved()]
+        return simulate_pools(pools, self.ctx, seed, max_groups, report, notes, bool(candidates))
 
     def candidate_pools(self, label: str) -> list[PlannedPool]:
         """Each consumer region's best evaluation labelled `label`, as a pool serving that region alone."""
-        from .solver import one_model_pool
-
-        if self.plans is not None:
-            best = [(p.traffic, next((e for e in p.ranked if e.candidate.label == label), None)) for p in self.plans]
-            found = [one_model_pool([(t, ev)], self.ctx, ev.instances_by_hour, ev.target, ev.needed_by_hour,
-                                    ev.predictions, ev.cost_per_hour) for t, ev in best if ev is not None]
-            known = {e.candidate.label for p in self.plans for e in p.ranked}
-        else:
-            found = [e.planned() for r in self.result.regions for e in r.ranked if e.label == label]
-            known = {e.label for r in self.result.regions for e in r.ranked}
+        found, known = self.result.candidate_pools(label, self.ctx)
         if not found:
-            raise UserError(f"--candidate {label!r}: not a feasible {'candidate' if self.plans else 'packing'} of "
-                            f"this plan; one of: {'; '.join(sorted(known))}")
+            raise UserError(f"--candidate {label!r}: not a feasible candidate of this plan; one of: "
+                            f"{'; '.join(sorted(known))}")
         return found
 
     def edit(self, path: str, allow_estimated: bool, write_schedule: bool, write_spot: bool) -> Any:
@@ -407,18 +393,16 @@ class Planned:
         """(path, text) of the drift baseline for the config as written (`cfg`)."""
         import json
 
-        from . import drift, packing
+        from . import drift
+        from .check import baseline_document
         from .writeback import pool_name_for
 
         # The config pool each planned pool was written to, as the write picks it (writeback.pool_for).
         regions = {r.region: r for r in cfg.regions}
-        chosen = {p.region: pool_name_for(regions[p.region], p.instance_type.split(".")[0]) for p in self.pools()
+        pools = self.pools()
+        chosen = {p.region: pool_name_for(regions[p.region], p.instance_type.split(".")[0]) for p in pools
                   if p.region in regions}
-        if self.plans is not None:
-            doc = drift.baseline_document(self.result.pools, self.ctx, chosen, written)
-        else:
-            doc = packing.baseline_document(self.result, self.ctx, chosen, written,
-                                            {m.id: [a.id for a in m.adapters] for m in cfg.models})
+        doc = baseline_document(pools, self.ctx, chosen, written, {m.id: [a.id for a in m.adapters] for m in cfg.models})
         return drift.baseline_path(config_path), json.dumps(doc, indent=1) + "\n"
 
     def write_notes(self, cfg: Any) -> list[str]:
@@ -437,5 +421,5 @@ def plan_fleet(opts: PlanOptions, max_copies: int | None = None) -> Planned:
     if opts.lab or max_copies or opts.gpu_sharing:
         raise UserError(f"--lab/--max-copies/--gpu-sharing plan fleets of several models; {opts.config} serves one",
                         exit_code=EXIT_USAGE)
-    result, plans, ctx = build_plan(opts)
-    return Planned(result, ctx, plans)
+    result, _, ctx = build_plan(opts)
+    return Planned(result, ctx)

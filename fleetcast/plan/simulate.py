@@ -674,7 +674,7 @@ def simulate(targets: list[SimTarget], header: str, what: str, seed: int = 7, ma
     return synthetic_line(any(t.synthetic for t in targets)) + out, ok and not any(h for _, h in misses)
 
 
-def simulate_pools(pools: list[PlannedPool], ctx: PlanContext, packed: bool, seed: int = 7, max_groups: int | None = None,
+def simulate_pools(pools: list[PlannedPool], ctx: PlanContext, seed: int = 7, max_groups: int | None = None,
                    report: Path | None = None, notes: list[str] | None = None,
                    named: bool = False) -> tuple[list[str], bool]:
     """Planned pools (solver.PlannedPool, one model or a packing) by simulation: per pool and model, that model's
@@ -711,13 +711,10 @@ def simulate_pools(pools: list[PlannedPool], ctx: PlanContext, packed: bool, see
                 members, z.limits, list(z.processes), list(z.needed), list(z.predictions), z.network_ms, z.synthetic,
                 s.copies, (pool.region, list(pool.instances_by_hour), ctx.n_min(pool.region)), f"{s.model} processes",
                 _slug(f"{pool.instance_type} @ {pool.region} {s.model}")))
-    if packed:
-        return simulate(targets, "random routing over each model's processes, continuous batching per that model's "
-                        "curve in the packing", "per model: P99 TTFT incl. network, P99 ITL at the planned processes; "
-                        "process count within 10% or one process", seed, max_groups, report, notes)
-    return simulate(targets, "random routing, continuous batching per the measured curve",
-                    "P99 TTFT incl. network, P99 ITL at the planned count; instance count within 10% or one instance",
-                    seed, max_groups, report, notes)
+    # One header whatever the number of models: a one-model pool's processes are its instances.
+    return simulate(targets, "random routing over each model's processes (a one-model pool's: its instances), "
+                    "continuous batching per that model's curve", "per model: P99 TTFT incl. network, P99 ITL at the "
+                    "planned processes; process count within 10% or one process", seed, max_groups, report, notes)
 
 
 def _slug(text: str) -> str:

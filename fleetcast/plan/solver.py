@@ -46,7 +46,6 @@ from .queueing import (
     instances_needed,
     max_safe_rate,
     model_for,
-    occupancy,
     predict,
 )
 from .traffic import ConsumerTraffic, TrafficProfile
@@ -143,6 +142,7 @@ class PoolDay:
     instances_by_hour: list[int]
     cost_per_hour: float
     usd_per_m_output: float
+    price_per_hour: float
 
     @property
     def feasible(self) -> bool:
@@ -164,6 +164,17 @@ class PoolDay:
     @property
     def processes(self) -> int:
         """Processes per instance: one for a one-model candidate, the copies summed for a packing."""
+        raise NotImplementedError
+
+    @property
+    def source(self) -> str:
+        """Where its curves come from, as every table's source column words it ("measured", "synthetic",
+        "estimated ...")."""
+        raise NotImplementedError
+
+    def worst_ttft(self, ctx: PlanContext) -> tuple[float, float]:
+        """(its worst planned P99 TTFT in ms, network included, the SLO it is held to): one model's, or for a packing
+        the model's with the least headroom."""
         raise NotImplementedError
 
     def latency_rank(self) -> float:
@@ -303,6 +314,16 @@ class Evaluation(PoolDay):
     @property
     def processes(self) -> int:
         return 1
+
+    @property
+    def source(self) -> str:
+        return self.candidate.source
+
+    def worst_ttft(self, ctx: PlanContext) -> tuple[float, float]:
+        # Sized from arrivals: the busiest planned minute's; from a histogram: the traffic-weighted figure.
+        if self.arrival_driven and any(p is not None for p in self.predictions):
+            return max(p.ttft_p99_ms for p in self.predictions if p is not None) + self.network_ms, ctx.slo.ttft_p99_ms
+        return self.weighted_ttft_p99, ctx.slo.ttft_p99_ms
 
     def latency_rank(self) -> float:
         # One model, one SLO: the traffic-weighted P99 TTFT (network included) orders as its share of the SLO does.
@@ -810,56 +831,6 @@ class FleetPool:
     def capacity(self) -> tuple[int, int, int]:
         return capacity_bounds(self.instances_by_hour)
 
-    def levels_at_arrival(self, ctx: PlanContext) -> dict[str, float]:
-        """Requests per day by the in-flight count on their instance at arrival (itself included) as planned: the
-        histogram the gateways meter (fleetcast.traffic/v1 observed.in_flight), for the drift baseline.
-
-        A histogram member contributes its own shares. Arrival members: each hour, the pool's arrivals spread over
-        its planned instances (random routing), and an arrival finding k in flight joins k + 1 (PASTA, the
-        occupancy queueing.py derives from the curve) at the hour's mean rate; an hour beyond what the highest
-        measured batch drains counts above it."""
-        levels: dict[str, float] = {}
-
-        def add(level: int, weight: float) -> None:
-            levels[str(level)] = levels.get(str(level), 0.0) + weight
-
-        arrivals = [plan.traffic for plan, ev in self.members if ev.arrival_driven]
-        for plan, ev in self.members:
-            if not ev.arrival_driven:
-                day = sum(plan.traffic.hourly_rps())
-                for level, share in plan.traffic.level_weights().items():
-                    add(level, share * day)
-        if arrivals:
-            model = ctx.model(self.evaluation.candidate)
-            for h in range(24):
-                rates = [t.hourly_rps()[h] for t in arrivals]
-                total = sum(rates)
-                if total <= 0:
-                    continue
-                out_mean = sum(r * t.output_mean for r, t in zip(rates, arrivals)) / total
-                pmf = occupancy(model, total / max(self.instances_by_hour[h], 1), out_mean)
-                if pmf is None:
-                    add(int(model.top) + 1, total)
-                    continue
-                for k, share in enumerate(pmf):
-                    if share > 1e-9:
-                        add(k + 1, share * total)
-        return levels
-
-    def slo_safe_rps(self, instances: int, seconds_per_request: float) -> float:
-        """The highest hourly mean arrival rate `instances` serve within the SLO. Histogram sizing: Little's law
-        at the target (instances / seconds per request). Arrivals: each instance takes its SLO-safe rate x* in
-        the busiest minute, so the hour's mean may reach instances x x* / burstiness (the profile's highest)."""
-        arrivals = [(plan, ev) for plan, ev in self.members if ev.arrival_driven and ev.safe_rate_rps]
-        if not arrivals:
-            return instances / seconds_per_request if seconds_per_request else math.inf
-        safe = []
-        for plan, ev in arrivals:
-            rates, bursts = plan.traffic.hourly_rps(), plan.traffic.hourly_burstiness()
-            busiest = max((b for r, b in zip(rates, bursts) if r > 0), default=1.0)
-            safe.append(instances * _given(ev.safe_rate_rps) / busiest)
-        return min(safe)
-
     def joined(self) -> list[tuple[RegionPlan, Evaluation]]:
         """Members served here rather than by their own plan's choice."""
         return [(plan, ev) for plan, ev in self.members if ev is not plan.winner]
@@ -1047,6 +1018,22 @@ def _pct(a: float, b: float) -> str:
     return f"{change:+.1f}%" if abs(change) < 1 else f"{change:+.0f}%"
 
 
+def cheaper_words(ev: PoolDay, win: PoolDay, where: str = "") -> str:
+    """How an estimate that ranks above the measured choice is worded, one model or a packing: it is never chosen
+    while something measured serves (pick), and the report says what it would cost."""
+    return (f"estimated only: would cost ${ev.cost_per_hour:.2f}/h{where} vs ${win.cost_per_hour:.2f}/h "
+            f"({_pct(ev.cost_per_hour, win.cost_per_hour)}, {ev.source}); not chosen: benchmark it before choosing it")
+
+
+def cheaper_estimates(ranked: list[P], winner: P, noun: str) -> list[str]:
+    """The note naming the estimates that rank above a measured (or synthetic) choice, one model or a packing."""
+    cheaper = [e for e in ranked if e.estimated and e.rank_key() < winner.rank_key()]
+    if not cheaper or winner.estimated:
+        return []
+    return [f"{len(cheaper)} estimated {noun}(s) rank above the {winner.source} choice; the best, "
+            f"{cheaper[0].label}: {cheaper_words(cheaper[0], winner)}"]
+
+
 def loss_head(ev: PoolDay, win: PoolDay) -> tuple[bool, str]:
     """Why `ev` ranks below `win`, one model or a packing, in rank_key's order: (a tie on cost, the words). On a tie,
     the instance-hours when they differ, else the latency; otherwise the cost."""
@@ -1107,9 +1094,7 @@ def _why_not(candidates: list[Candidate], evaluations: list[Evaluation], ranked:
             best = feasible[0]
             assert winner is not None  # something is feasible, so something was chosen
             if cand.estimated and best.rank_key() < winner.rank_key():
-                out.append((cand.label, f"estimated only: would cost ${best.cost_per_hour:.2f}/h in {best.service_region} "
-                            f"({_pct(best.cost_per_hour, winner.cost_per_hour)}) by the roofline model; benchmark it "
-                            "before choosing it"))
+                out.append((cand.label, cheaper_words(best, winner, f" in {best.service_region}")))
                 continue
             out.append((cand.label, f"best in {best.service_region}: " + _loss_reason(best, winner, traffic)))
             continue
@@ -1174,11 +1159,7 @@ def _stats_notes(ranked: list[Evaluation], winner: Evaluation | None, ctx: PlanC
     notes: list[str] = []
     if winner is None:
         return notes
-    better_estimates = [e for e in ranked if e.candidate.estimated and e.rank_key() < winner.rank_key()]
-    if better_estimates and not winner.candidate.estimated:
-        notes.append(f"{len(better_estimates)} estimated candidate(s) rank above the {winner.candidate.source} choice (best: "
-                     f"{better_estimates[0].label} at ${better_estimates[0].cost_per_hour:.2f}/h); the roofline model "
-                     "is not a measurement: benchmark them before choosing them")
+    notes += cheaper_estimates(ranked, winner, "candidate")
     rivals = [e for e in ranked if not e.candidate.estimated and e.candidate is not winner.candidate]
     second = rivals[0] if rivals else None
     if second is not None:

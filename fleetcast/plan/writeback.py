@@ -121,9 +121,11 @@ def write_config_notes(cfg: FleetConfig | None, pools: list[PlannedPool], allow_
     for pool in pools:
         by_region.setdefault(pool.region, []).append(pool)
         if pool.estimated and not allow_estimated:
-            notes.append((True, f"the choice for {', '.join(pool.consumer_regions)} ({pool.label}) is estimated"
-                          + (" from solo curves; measure it co-located first" if pool.packed else
-                             ", not measured; benchmark it first") + " (or pass --allow-estimated)"))
+            # One wording, one model or a packing: its source says how it was estimated.
+            source = next((z.source for z in (x.sizing for x in pool.serves) if z and z.source.startswith("estimated")),
+                          "estimated")
+            notes.append((True, f"the choice for {', '.join(pool.consumer_regions)} ({pool.label}) is {source}, not "
+                                "measured: benchmark it first (or pass --allow-estimated)"))
         if pool.instance_type not in catalog.instance_catalog():
             notes.append((True, f"the choice for {pool.region} runs on {pool.instance_type}, a lab machine (--lab), "
                                 "not an instance type a fleet can launch: nothing to write"))

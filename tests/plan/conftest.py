@@ -64,7 +64,7 @@ def write_plan(path, result, ctx, plans=None, *, allow_estimated: bool = False, 
     replaced: what changed, then what was left unwritten."""
     from fleetcast.plan.run import Planned
 
-    edit = Planned(result, ctx, plans).edit(str(path), allow_estimated, write_schedule, write_spot)
+    edit = Planned(result, ctx).edit(str(path), allow_estimated, write_schedule, write_spot)
     if edit.text is not None:
         Path(path).write_text(edit.text)
     return edit.changes + edit.notes

@@ -238,7 +238,8 @@ def test_write_config_from_arrivals_writes_the_config_and_a_baseline_the_same_tr
     (pool,) = baseline["pools"]
     # The planned in-flight mix at arrival comes from the candidate's curve (none is given in the profile).
     assert 0 < pool["share_above_target"] < 1
-    assert pool["slo_safe_rps"] >= pool["peak_rps"]
+    (model,) = pool["models"]  # one model: a packing of one (one baseline format)
+    assert pool["capacity"]["max"] * model["rps_per_instance"] >= pool["peak_rps"] == model["peak_rps"]
     code, out, _ = plan(capsys, "--results", RESULTS, "--traffic", traffic, "--config", str(fleet), "--check")
     assert code == 0 and "fits the plan" in out, out
 

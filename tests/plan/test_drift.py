@@ -6,17 +6,27 @@ import math
 
 import pytest
 
-from fleetcast.plan.drift import Observation, check_pool, hour_of_day_rates, instance_cost_per_m_output, share_above
+from fleetcast.plan.drift import (
+    V1,
+    Observation,
+    check_pool,
+    hour_of_day_rates,
+    planned_usd_per_m_output,
+    share_above,
+    upgrade,
+)
 
 SLO = {"ttft_p99_ms": 300, "itl_p99_ms": 40}
 
 
 def base(**over) -> dict:
+    """A one-model pool in the one baseline format (a packing of one): 0.5 req/s per instance within the SLO."""
     rates = [1.0] * 24
+    model = {"model": "gpt2-xl", "adapters": [], "precision": "fp8", "copies": 1, "source": "measured",
+             "hourly_rps": rates, "peak_rps": 1.0, "output_mean": 200.0, "rps_per_instance": 0.5, "slo": SLO}
     doc = {"region": "ap-northeast-2", "pool": "l40s", "target": 16, "capacity": {"min": 2, "max": 4}, "n_min": 2,
-           "seconds_per_request": 2.0, "peak_rps": 1.0, "slo_safe_rps": 2.0, "share_above_target": 0.05,
-           "price_per_hour": 2.0, "output_mean": 200.0,
-           "usd_per_m_output": instance_cost_per_m_output(rates, 2.0, 2, 2.0, 200.0)}
+           "hourly_rps": rates, "peak_rps": 1.0, "share_above_target": 0.05, "price_per_hour": 2.0, "models": [model]}
+    doc["usd_per_m_output"] = planned_usd_per_m_output(doc)
     return doc | over
 
 
@@ -65,4 +75,22 @@ def test_hour_of_day_rates_take_the_busiest_day_or_the_mean():
     assert hour_of_day_rates(5, arrivals, "max") == [2.0] * 24
     assert hour_of_day_rates(5, arrivals, "mean") == [1.5] * 24
     assert hour_of_day_rates(23, [3600.0], "max")[23] == 1.0 and hour_of_day_rates(23, [3600.0])[0] == 0.0
-    assert math.isinf(instance_cost_per_m_output([0.0] * 24, 1.0, 1, 1.0, 100.0))
+    idle = base()
+    idle["models"][0]["hourly_rps"] = [0.0] * 24
+    assert math.isinf(planned_usd_per_m_output(idle))
+
+
+def test_a_first_format_one_model_baseline_is_read_as_a_packing_of_one():
+    """A baseline written before one format served every pool (v1: a one-model pool without `models`, S = 2 s per
+    request, 2 req/s SLO-safe at capacity.max 4) reads as the same pool: quiet on its planned traffic, the same
+    findings past it."""
+    rates = [1.0] * 24
+    old = {"schema": V1, "written": "2026-02-01", "slo": SLO, "pools": [
+        {"region": "ap-northeast-2", "pool": "l40s", "candidate": "g6e.xlarge fp8", "instance_type": "g6e.xlarge",
+         "precision": "fp8", "consumer_regions": ["ap-northeast-2"], "target": 16, "capacity": {"min": 2, "max": 4},
+         "n_min": 2, "seconds_per_request": 2.0, "hourly_rps": rates, "peak_rps": 1.0, "slo_safe_rps": 2.0,
+         "share_above_target": 0.05, "price_per_hour": 2.0, "output_mean": 200.0, "usd_per_m_output": 333.3}]}
+    (pool,) = upgrade(old)["pools"]
+    assert pool["models"][0]["rps_per_instance"] == 0.5
+    assert check_pool(pool, obs(), SLO) == []
+    assert [f.kind for f in check_pool(pool, obs(rate=2.5), SLO)] == [f.kind for f in check_pool(base(), obs(rate=2.5), SLO)]

@@ -69,8 +69,12 @@ def test_measured_choice_beats_a_cheaper_estimate_and_says_so():
     plan = plans[0]
     assert plan.ranked[0].candidate.label == "g5.xlarge int4_wo" and plan.ranked[0].candidate.estimated
     assert plan.winner.candidate.label == "g6e.xlarge int8_wo"
+    # One wording for a cheaper estimate, one model or a packing (solver.cheaper_words; test_packing.py).
     assert dict(plan.why_not)["g5.xlarge int4_wo"].startswith("estimated only: would cost $")
-    assert any("estimated candidate(s) rank above the synthetic choice" in n for n in plan.stats_notes)
+    assert " in ap-northeast-2 vs $" in dict(plan.why_not)["g5.xlarge int4_wo"]
+    assert dict(plan.why_not)["g5.xlarge int4_wo"].endswith("not chosen: benchmark it before choosing it")
+    assert any("estimated candidate(s) rank above the synthetic choice; the best, g5.xlarge int4_wo @ ap-northeast-2: "
+               "estimated only: would cost $" in n for n in plan.stats_notes)
     assert result.estimator.startswith("roofline calibrated on 7 synthetic candidate(s) (authored data, not measured)")
 
 
@@ -82,7 +86,7 @@ def test_write_config_refuses_an_estimated_choice(tmp_path):
     result, plans, ctx = build_plan(opts)
     assert plans[0].winner.candidate.estimated        # the only feasible candidate in Seoul
     before = fleet.read_text()
-    with pytest.raises(UserError, match="is estimated, not measured; benchmark it first"):
+    with pytest.raises(UserError, match="is estimated, not measured: benchmark it first"):
         write_plan(fleet, result, ctx, plans)
     assert fleet.read_text() == before
 

@@ -173,7 +173,10 @@ def test_a_measured_packing_is_chosen_over_a_cheaper_estimate_and_the_notes_say_
     assert w.source == MEASURED_COLOCATED and not w.estimated
     assert {(m.model, m.precision) for m in w.loads} == chosen
     assert round(w.cost_per_hour, 2) > round(cheap.cost_per_hour, 2)
-    assert any("estimated packing(s) would cost less than the measured choice" in n for n in region.notes)
+    # The one wording of a cheaper estimate (solver.cheaper_estimates), as a one-model plan's (test_estimate.py).
+    assert any(f"estimated packing(s) rank above the {MEASURED_COLOCATED} choice; the best, " in n
+               and ": estimated only: would cost $" in n and "not chosen: benchmark it before choosing it" in n
+               for n in region.notes)
 
 
 def test_traffic_nobody_in_the_region_may_call_is_refused_naming_the_entry(tmp_path):
@@ -298,7 +301,7 @@ def test_write_config_refuses_an_estimated_packing_unless_allowed(capsys, tmp_pa
     fleet.write_text((EXAMPLE / "fleet.yaml").read_text())
     before = fleet.read_text()
     code, _, err = _cli(capsys, *EXAMPLE_ARGS, "--write-config", str(fleet))
-    assert code == 1 and "is estimated from solo curves; measure it co-located first (or pass --allow-estimated)" in err
+    assert code == 1 and "is estimated (solo curves), not measured: benchmark it first (or pass --allow-estimated)" in err
     assert fleet.read_text() == before
 
 
@@ -418,6 +421,25 @@ def test_check_is_quiet_on_the_planned_traffic_and_names_the_model_whose_traffic
     assert "throughput: traffic for qwen2.5-0.5b grew past the SLO-safe throughput of max capacity" in out
     assert "traffic for gpt2-xl" not in out and "traffic for qwen2.5-3b" not in out
     assert "capacity: pool main: capacity.max would change 2 ->" in out
+
+
+def test_a_changed_precision_or_copy_count_reads_as_one_pick_line_naming_both_packings(capsys, tmp_path):
+    """One re-plan comparison for one model or a packing (check.replan_findings): the config's pool is named as the
+    plan names its pick, so a packing whose copies or precisions moved reads as one line, both packings in full."""
+    fleet = tmp_path / "fleet.yaml"
+    fleet.write_text((EXAMPLE / "fleet.yaml").read_text())
+    code, _, err = _cli(capsys, *EXAMPLE_ARGS[:4], "--config", str(fleet), "--write-config", str(fleet),
+                        "--allow-estimated")
+    assert code == 0, err
+    written = fleet.read_text()
+    assert written.count("precision: int8_wo") == 1  # gpt2-xl's engine
+    # gpt2-xl at fp16 (every KV budget lowered, so the config still fits its GPU).
+    fleet.write_text(written.replace("precision: int8_wo", "precision: fp16").replace("kv_cache_gb: 9.7", "kv_cache_gb: 4"))
+    code, out, err = _cli(capsys, *EXAMPLE_ARGS[:4], "--config", str(fleet), "--check")
+    assert code == 3, err
+    assert ("pick: pool main: the plan picks g6e.xlarge [gpt2-xl int8_wo x1 + qwen2.5-0.5b bf16 x1 + qwen2.5-3b fp8 "
+            "x1]") in out
+    assert "the config runs g6e.xlarge [gpt2-xl fp16 x1 + qwen2.5-0.5b bf16 x1 + qwen2.5-3b fp8 x1]" in out
 
 
 def test_the_figures_the_example_readme_and_the_main_readme_quote_are_the_plans(capsys):

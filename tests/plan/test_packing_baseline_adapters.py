@@ -29,3 +29,11 @@ def test_the_baseline_names_each_models_adapters(tmp_path, capsys):
     (pool,) = baseline["pools"]
     assert {m["model"]: m["adapters"] for m in pool["models"]} == \
         {"gpt2-xl": [], "qwen2.5-0.5b": [], "qwen2.5-3b": ["qwen-sql"]}
+    # One format whatever the number of models (fleetcast.plan.check.baseline_document): a packing's pool records
+    # the target it scales on and its planned in-flight mix at arrival (every process's requests summed), which
+    # the mix check reads; before, a packed pool had neither and skipped that check.
+    from fleetcast.config import load_config
+
+    written = load_config(fleet)
+    assert pool["target"] == written.regions[0].pools[0].scaling.target
+    assert 0 < pool["share_above_target"] < 1

@@ -93,7 +93,7 @@ def test_simulate_takes_a_packing_as_candidate(capsys):
     assert "g6e.xlarge @ ap-northeast-2: gpt2-xl int8_wo x1" in out and "N plan" in out
     code = main(["plan", "simulate", *ARGS, "--candidate", "g6e.xlarge [gpt2-xl fp16 x9]"])
     err = capsys.readouterr().err
-    assert code == 1 and "--candidate 'g6e.xlarge [gpt2-xl fp16 x9]': not a feasible packing" in err and CHOICE in err
+    assert code == 1 and "--candidate 'g6e.xlarge [gpt2-xl fp16 x9]': not a feasible candidate" in err and CHOICE in err
 
 
 def test_spot_advice_is_per_packed_pool_with_its_processes_drained_together(tmp_path, capsys, plain):
@@ -192,9 +192,9 @@ def test_a_pool_serves_the_same_model_set_in_every_region_it_serves():
     (advice,) = result.spot
     assert advice.service_region == "us-east-1" and advice.candidate == pool.label
     assert any(line.startswith("us-east-2 joins the us-east-1 pool") for line in result.joins)
-    from fleetcast.plan.packing import baseline_document
+    from fleetcast.plan.check import baseline_document
 
-    (entry,) = baseline_document(result, ctx, {}, "2026-02-01")["pools"]
+    (entry,) = baseline_document([p.planned() for p in result.pools], ctx, {}, "2026-02-01")["pools"]
     assert entry["region"] == "us-east-1" and entry["consumer_regions"] == ["us-east-1", "us-east-2"]
 
 

@@ -40,9 +40,9 @@ def candidate(plans, label):
 def test_planner_and_simulation_agree_within_10_percent(traffic):
     result, plans, ctx = build(traffic)
     # The plan's own pools, and the slowest candidate (the most instances: the sharpest count check).
-    lines, ok = Planned(result, ctx, plans).simulate(7, None, 2, None)
+    lines, ok = Planned(result, ctx).simulate(7, None, 2, None)
     assert ok, "\n".join(lines)
-    lines, ok = Planned(result, ctx, plans).simulate(7, ["g5.xlarge fp16"], 1, None)
+    lines, ok = Planned(result, ctx).simulate(7, ["g5.xlarge fp16"], 1, None)
     assert ok, "\n".join(lines)
 
 

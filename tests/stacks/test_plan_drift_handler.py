@@ -25,15 +25,34 @@ PRICE = 1.861
 
 
 def baseline() -> dict:
+    """A one-model pool in the one baseline format (fleetcast.plan.check.baseline_document: a packing of one), each
+    instance serving 1 / SPR req/s within the SLO (Little's law at the target)."""
     rates = [PER_HOUR / 3600] * 24
     cap = max(2, -(-int(PER_HOUR / 3600 * SPR * 1000) // 1000))
+    model = {"model": "gpt2-xl", "adapters": [], "precision": "int8_wo", "copies": 1, "source": "measured",
+             "hourly_rps": rates, "peak_rps": max(rates), "output_mean": 1500.0, "rps_per_instance": 1 / SPR,
+             "slo": {"ttft_p99_ms": 300, "itl_p99_ms": 40}}
+    pool = {"region": REGION, "pool": "l40s", "candidate": "g6e.xlarge int8_wo", "instance_type": "g6e.xlarge",
+            "consumer_regions": [REGION], "target": 4, "capacity": {"min": 2, "max": cap}, "n_min": 2,
+            "hourly_rps": rates, "peak_rps": max(rates), "share_above_target": 0.0, "price_per_hour": PRICE,
+            "models": [model]}
+    pool["usd_per_m_output"] = drift.planned_usd_per_m_output(pool)
     return {"schema": drift.SCHEMA, "written": NOW.isoformat(), "slo": {"ttft_p99_ms": 300, "itl_p99_ms": 40},
+            "pools": [pool]}
+
+
+def v1_baseline() -> dict:
+    """The same pool as one-model plans wrote it before one format served every pool (drift.V1), as a deployed
+    bucket may still hold it: read as the pool above (drift.upgrade)."""
+    rates = [PER_HOUR / 3600] * 24
+    cap = max(2, -(-int(PER_HOUR / 3600 * SPR * 1000) // 1000))
+    return {"schema": drift.V1, "written": NOW.isoformat(), "slo": {"ttft_p99_ms": 300, "itl_p99_ms": 40},
             "pools": [{"region": REGION, "pool": "l40s", "candidate": "g6e.xlarge int8_wo", "instance_type": "g6e.xlarge",
                        "precision": "int8_wo", "consumer_regions": [REGION], "target": 4,
                        "capacity": {"min": 2, "max": cap}, "n_min": 2, "seconds_per_request": SPR,
                        "hourly_rps": rates, "peak_rps": max(rates), "slo_safe_rps": cap / SPR,
                        "share_above_target": 0.0, "price_per_hour": PRICE, "output_mean": 1500.0,
-                       "usd_per_m_output": drift.instance_cost_per_m_output(rates, SPR, 2, PRICE, 1500.0)}]}
+                       "usd_per_m_output": 0.0}]}
 
 
 def records(per_hour: int) -> list[dict]:
@@ -103,15 +122,17 @@ def _run(s3, per_hour: int, expect_notice: bool):
     return result, drift_points
 
 
-def test_quiet_on_the_planned_traffic(lambda_env):
-    lambda_env.put_object(Bucket="model-bucket", Key="plan/baseline.json", Body=json.dumps(baseline()))
+@pytest.mark.parametrize("written", [baseline, v1_baseline])
+def test_quiet_on_the_planned_traffic(lambda_env, written):
+    lambda_env.put_object(Bucket="model-bucket", Key="plan/baseline.json", Body=json.dumps(written()))
     result, points = _run(lambda_env, PER_HOUR, expect_notice=False)
     assert result == {"drift": False, "findings": []}
     assert points == [0.0]
 
 
-def test_doubled_traffic_publishes_plan_drift_and_the_reason(lambda_env):
-    lambda_env.put_object(Bucket="model-bucket", Key="plan/baseline.json", Body=json.dumps(baseline()))
+@pytest.mark.parametrize("written", [baseline, v1_baseline])
+def test_doubled_traffic_publishes_plan_drift_and_the_reason(lambda_env, written):
+    lambda_env.put_object(Bucket="model-bucket", Key="plan/baseline.json", Body=json.dumps(written()))
     result, points = _run(lambda_env, 2 * PER_HOUR, expect_notice=True)
     assert result["drift"] is True and points == [1.0]
     assert any("traffic grew past the SLO-safe throughput of max capacity" in f for f in result["findings"])
@@ -147,7 +168,7 @@ def test_a_missing_baseline_reads_as_access_denied_without_list_permission_and_i
 
 
 def packed_baseline() -> dict:
-    """A pool packing two models (fleetcast/plan/packing.py baseline_document's shape): gpt2-xl planned at
+    """A pool packing two models (fleetcast.plan.check.baseline_document's shape): gpt2-xl planned at
     PER_HOUR requests an hour, qwen2.5-0.5b at none; each instance serves 0.01 req/s of either within its SLO."""
     models = [{"model": m, "precision": "int8_wo", "copies": 1, "source": "measured (co-located)",
                "hourly_rps": [rate] * 24, "peak_rps": rate, "output_mean": 1500.0, "rps_per_instance": 0.01,

@@ -56,9 +56,9 @@ def _baseline(bucket: str, key: str) -> dict | None:
             return None
         raise
     doc = json.loads(body)
-    if doc.get("schema") != drift.SCHEMA:
+    if doc.get("schema") not in drift.SCHEMAS:
         raise ValueError(f"s3://{bucket}/{key}: schema {doc.get('schema')!r}, expected {drift.SCHEMA!r}")
-    return doc
+    return drift.upgrade(doc)
 
 
 def _query(qid: str, name: str, dims: list[tuple[str, str]], period: int, stat: str) -> dict:
@@ -158,8 +158,10 @@ def handler(event, context, now: datetime | None = None):
         if base["region"] != s["region"] or base.get("pool") not in s["pools"]:
             continue
         consumers = [name for name, region in s["consumers"] if region in base["consumer_regions"]]
+        # One model's arrivals are the pool's: per-model requests are read for a packing of several only.
+        several = base["models"] if len(base["models"]) > 1 else []
         obs = observe(s, base["pool"], consumers, start, end,
-                      {m["model"]: m.get("adapters", []) for m in base.get("models", [])})
+                      {m["model"]: m.get("adapters", []) for m in several} or None)
         found = drift.check_pool(base, obs, baseline["slo"], s["threshold"], s["threshold"])
         findings += found
         data.append({"MetricName": t.PLAN_DRIFT, "Value": 1.0 if found else 0.0, "Unit": t.unit(t.PLAN_DRIFT), "Timestamp": end,
