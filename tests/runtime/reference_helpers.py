@@ -12,6 +12,8 @@ from pathlib import Path
 
 from runtime.devtools.harness import free_port
 
+from .zygote import reference_servers
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -26,7 +28,8 @@ def http_status(url: str, timeout: float = 2.0) -> int | None:
 
 
 class ServerProcess:
-    """`python -m runtime.reference.server` on a loopback port, waited on until /health is 200."""
+    """`python -m runtime.reference.server` on a loopback port, waited on until /health is 200. Forked from this
+    worker's fork server, which has PyTorch imported (tests/runtime/zygote.py), unless TEST_NO_ZYGOTE=1."""
 
     def __init__(self, artifact: Path, *extra: str, log_path: Path | None = None,
                  env: dict[str, str] | None = None) -> None:
@@ -36,8 +39,9 @@ class ServerProcess:
                "--host", "127.0.0.1", "--port", str(self.port), "--threads", "1", *extra]
         self.log_path = log_path
         self._log = open(log_path, "w") if log_path else subprocess.DEVNULL  # noqa: SIM115 - owned by the child
-        self.proc = subprocess.Popen(cmd, cwd=ROOT, stdout=self._log, stderr=subprocess.STDOUT,
-                                     env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})})
+        zygote = reference_servers()
+        self.proc = subprocess.Popen(zygote.command(cmd) if zygote else cmd, cwd=ROOT, stdout=self._log,
+                                     stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})})
 
     def wait_healthy(self, timeout: float = 60.0) -> None:
         deadline = time.monotonic() + timeout
