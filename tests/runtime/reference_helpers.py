@@ -10,11 +10,17 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+import pytest
+
 from runtime.devtools.harness import free_port
 
 from .zygote import reference_servers
 
 ROOT = Path(__file__).resolve().parents[2]
+
+# The modules that start reference servers with ServerProcess run on one pytest-xdist worker, so one fork server
+# (PyTorch imported once, about 3 s of CPU) serves them all in a run.
+ONE_FORK_SERVER = pytest.mark.xdist_group("reference-servers")
 
 
 def http_status(url: str, timeout: float = 2.0) -> int | None:
@@ -39,7 +45,7 @@ class ServerProcess:
                "--host", "127.0.0.1", "--port", str(self.port), "--threads", "1", *extra]
         self.log_path = log_path
         self._log = open(log_path, "w") if log_path else subprocess.DEVNULL  # noqa: SIM115 - owned by the child
-        zygote = reference_servers()
+        self._zygote = zygote = reference_servers()
         self.proc = subprocess.Popen(zygote.command(cmd) if zygote else cmd, cwd=ROOT, stdout=self._log,
                                      stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})})
 
@@ -60,5 +66,7 @@ class ServerProcess:
         if self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait(timeout=10)
+        if self._zygote is not None:  # the server itself gone too, as when it was this process
+            self._zygote.wait_reaped(self.proc.pid)
         if self._log is not subprocess.DEVNULL:
             self._log.close()

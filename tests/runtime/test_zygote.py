@@ -8,7 +8,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -17,10 +16,10 @@ from .zygote import Zygote
 
 PROBE = """
 import os, signal, sys, time
-print(os.getpid(), sys.argv[1:], os.getcwd(), os.environ.get("PROBE_WORD"), flush=True)
 mode = sys.argv[1]
 if mode == "usr2":
     signal.signal(signal.SIGUSR2, lambda *_: sys.exit(3))
+print(os.getpid(), sys.argv[1:], os.getcwd(), os.environ.get("PROBE_WORD"), flush=True)
 if mode in ("usr2", "wait"):
     time.sleep(60)
     sys.exit(9)
@@ -68,14 +67,13 @@ def test_signals_reach_the_fork_and_the_launcher_ends_as_it_did(probe):
     assert default.wait(60) == -signal.SIGTERM
 
 
-def test_a_killed_launcher_takes_its_fork_with_it(probe):
+def test_a_killed_launcher_takes_its_fork_with_it(probe, zygote):
     proc = probe("wait")
     fork = int(proc.stdout.readline().split()[0])
+    assert Path(f"/proc/{fork}").exists()
     proc.kill()
     assert proc.wait(60) == -signal.SIGKILL
-    deadline = time.monotonic() + 60  # bounds the wait; the fork is reaped by the fork server
-    while Path(f"/proc/{fork}").exists() and time.monotonic() < deadline:
-        time.sleep(0.05)
+    zygote.wait_reaped(proc.pid, timeout_s=60)  # bounds the wait; the fork server reaps the fork
     assert not Path(f"/proc/{fork}").exists()
 
 

@@ -26,6 +26,7 @@ import struct
 import sys
 
 _HEADER = struct.Struct("!I")
+_PEER = struct.Struct("3i")  # SO_PEERCRED's struct ucred: pid, uid, gid (unix(7))
 _FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2,
               signal.SIGCONT, signal.SIGWINCH)
 
@@ -36,6 +37,17 @@ _FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, sign
 def launch(path: str, argv: list[str]) -> int:
     """Ask the fork server at `path` for a process running `argv` (["-m", MODULE, ...]) as this one would; wait for
     it and end as it ended."""
+    fork: list[int] = []  # its pid, once the fork server says it
+    pending: list[int] = []  # signals that came before that, passed on then
+
+    def forward(signum: int, _frame: object) -> None:
+        if fork:
+            os.kill(fork[0], signum)
+        else:
+            pending.append(signum)
+
+    for sig in _FORWARDED:  # from the start: a signal sent at once must not end the launcher alone
+        signal.signal(sig, forward)
     conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     conn.connect(path)
     payload = json.dumps({"argv": argv, "env": dict(os.environ), "cwd": os.getcwd()}).encode()
@@ -45,9 +57,9 @@ def launch(path: str, argv: list[str]) -> int:
     if len(first) != 2 or first[0] != "pid":
         print(f"zygote: no process started for {argv}: {first}", file=sys.stderr)
         return 70
-    pid = int(first[1])
-    for sig in _FORWARDED:
-        signal.signal(sig, lambda signum, _frame: os.kill(pid, signum))
+    fork.append(int(first[1]))
+    for signum in pending:
+        os.kill(fork[0], signum)
     end = replies.readline().split()  # PEP 475: a forwarded signal does not interrupt the read
     if len(end) != 2:
         print(f"zygote: the fork server went away while {argv} ran", file=sys.stderr)
@@ -121,14 +133,15 @@ def serve(path: str, preimport: list[str], cpu_file: str) -> tuple[socket.socket
     listener.bind(path)
     listener.listen(64)
     parent = os.getppid()
-    running: dict[int, socket.socket] = {}
+    running: dict[int, tuple[socket.socket, int]] = {}  # fork -> its launcher's connection and pid
     reaped = 0.0
 
     def account() -> None:
         own = resource.getrusage(resource.RUSAGE_SELF)
         tmp = f"{cpu_file}.tmp"
         with open(tmp, "w") as out:
-            out.write(f"{own.ru_utime + own.ru_stime + reaped:.3f}")
+            json.dump({"cpu_s": round(own.ru_utime + own.ru_stime + reaped, 3),
+                       "launchers": sorted(launcher for _, launcher in running.values())}, out)
         os.replace(tmp, cpu_file)
 
     account()
@@ -142,15 +155,17 @@ def serve(path: str, preimport: list[str], cpu_file: str) -> tuple[socket.socket
             except (OSError, ValueError):
                 conn.close()
                 continue
+            launcher, _uid, _gid = _PEER.unpack(conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _PEER.size))
             pid = os.fork()
             if pid == 0:
                 listener.close()
-                for other in running.values():
+                for other, _ in running.values():
                     other.close()
                 return conn, request, fds
             for fd in fds:
                 os.close(fd)
-            running[pid] = conn
+            running[pid] = conn, launcher
+            account()
             try:
                 conn.sendall(f"pid {pid}\n".encode())
             except OSError:
@@ -163,8 +178,8 @@ def serve(path: str, preimport: list[str], cpu_file: str) -> tuple[socket.socket
             if pid == 0:
                 break
             reaped += usage.ru_utime + usage.ru_stime
+            conn, _ = running.pop(pid)
             account()  # before the launcher hears of the exit, so the test that waits on it sees the CPU
-            conn = running.pop(pid)
             end = (f"signal {os.WTERMSIG(status)}" if os.WIFSIGNALED(status)
                    else f"exit {os.waitstatus_to_exitcode(status)}")
             try:
@@ -216,12 +231,24 @@ class Zygote:
         """The launcher's argv for `argv` (an interpreter, then `-m MODULE ...`)."""
         return [sys.executable, os.path.abspath(__file__), "run", self.socket, "--", *argv[1:]]
 
-    def cpu_s(self) -> float:
+    def _state(self) -> dict:
         try:
             with open(self.cpu_file) as f:
-                return float(f.read() or 0)
+                return dict(json.load(f))
         except (OSError, ValueError):
-            return 0.0
+            return {}
+
+    def cpu_s(self) -> float:
+        return float(self._state().get("cpu_s", 0.0))
+
+    def wait_reaped(self, launcher: int, timeout_s: float = 30.0) -> None:
+        """Until the fork of the launcher `launcher` has ended and been reaped (its CPU counted): a killed launcher's
+        fork ends a moment after it, when it sees the launcher's socket close."""
+        import time
+
+        deadline = time.monotonic() + timeout_s
+        while launcher in self._state().get("launchers", ()) and time.monotonic() < deadline:
+            time.sleep(0.02)
 
     def stop(self) -> None:
         import shutil
