@@ -19,8 +19,9 @@ from .zygote import reference_servers
 ROOT = Path(__file__).resolve().parents[2]
 
 # The modules that start reference servers with ServerProcess run on one pytest-xdist worker, so one fork server
-# (PyTorch imported once, about 3 s of CPU) serves them all in a run.
-ONE_FORK_SERVER = pytest.mark.xdist_group("reference-servers")
+# (PyTorch imported once, about 3 s of CPU) serves them all in a run; they also build artifacts in the worker, so
+# it is the worker of the in-process engine tests (tests/runtime/test_reference_engine.py), which has PyTorch too.
+ONE_FORK_SERVER = pytest.mark.xdist_group("torch-in-process")
 
 
 def http_status(url: str, timeout: float = 2.0) -> int | None:
