@@ -13,6 +13,7 @@ import gc
 import json
 import os
 import resource
+import sys
 import time
 import urllib.request
 from pathlib import Path
@@ -196,11 +197,21 @@ def pytest_collection_modifyitems(config, items):
 # neighbours than about a test): TEST_CPU_LOG=FILE appends one JSON line per test, its setup, call and
 # teardown's CPU in this process and in the processes it started and reaped (getrusage(RUSAGE_CHILDREN)).
 _CPU_LOG = os.environ.get("TEST_CPU_LOG")
+# And which processes that CPU went to: every Python process a test starts (and those start) appends its program
+# and own CPU to FILE.processes at exit (tests/cpu_by_process/sitecustomize.py, on the inherited PYTHONPATH);
+# `python -m tests.cpu_by_process FILE.processes` sums them per module and program.
+_PROCESS_SITE = ROOT / "tests" / "cpu_by_process"
+if _CPU_LOG:
+    os.environ.setdefault("TEST_PROCESS_CPU_LOG", _CPU_LOG + ".processes")
+    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(_PROCESS_SITE), os.environ.get("PYTHONPATH")) if p)
 
 
 def _cpu_now() -> tuple[float, float]:
     children = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return time.process_time(), children.ru_utime + children.ru_stime
+    # The reference servers forked by this worker's fork server are reaped there, not here (tests/runtime/zygote.py)
+    zygote = sys.modules.get("tests.runtime.zygote")
+    forked = zygote.cpu_s() if zygote is not None else 0.0
+    return time.process_time(), children.ru_utime + children.ru_stime + forked
 
 
 @pytest.hookimpl(hookwrapper=True)

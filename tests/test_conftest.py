@@ -115,3 +115,27 @@ def test_the_cpu_log_records_each_tests_own_cpu_and_its_processes(tmp_path, monk
     [line] = [json.loads(x) for x in log.read_text().splitlines()]
     assert line["test"] == Item.nodeid
     assert line["children_s"] > 0 and line["own_s"] >= 0 and line["wall_s"] > 0
+
+
+def test_the_cpu_log_names_each_python_process_a_test_started_and_its_cpu(tmp_path):
+    """TEST_CPU_LOG=FILE also writes FILE.processes: one line per Python process at its exit, with its program, the
+    test that started it and its own CPU (tests/cpu_by_process/sitecustomize.py, put on PYTHONPATH by conftest)."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from tests import conftest
+
+    log = tmp_path / "cpu.jsonl.processes"
+    env = {**os.environ, "PYTHONPATH": str(conftest._PROCESS_SITE), "TEST_PROCESS_CPU_LOG": str(log),
+           "PYTEST_CURRENT_TEST": "tests/probe.py::test_spins_a_child (call)"}
+    subprocess.run([sys.executable, "-m", "json.tool", "--help"], env=env, check=True, capture_output=True)
+    subprocess.run([sys.executable, "-c", "sum(range(3_000_000))"], env=env, check=True)
+    first, second = (json.loads(x) for x in log.read_text().splitlines())
+    assert first["program"].endswith(os.path.join("json", "tool.py")) and second["program"] == "-c"
+    assert first["test"] == second["test"] == "tests/probe.py::test_spins_a_child"
+    assert second["cpu_s"] > 0 and second["torch"] is False
+    summary = subprocess.run([sys.executable, "-m", "tests.cpu_by_process", str(log)], cwd=conftest.ROOT,
+                             capture_output=True, text=True, check=True).stdout.splitlines()
+    assert len(summary) == 2 and all("tests/probe.py" in line for line in summary)

@@ -33,12 +33,12 @@ from runtime.gateway.salting import Salting
 from runtime.reference.build import build_artifact
 from runtime.reference.configs import TOKENS_PER_BLOCK
 from tests.optional import needs_torch
-from tests.runtime.reference_helpers import ServerProcess
+from tests.runtime.reference_helpers import ONE_FORK_SERVER, ServerProcess
 
 from .conftest import ANALYTICS_VPCE, MODEL_ID, VOICE_VPCE, fleet_config, start_harness, stop_harness
 from .fakes import Client
 
-pytestmark = needs_torch
+pytestmark = [needs_torch, ONE_FORK_SERVER]
 
 PREFIX = 3 * TOKENS_PER_BLOCK
 TRIALS_SALTED = 60

@@ -10,9 +10,18 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+import pytest
+
 from runtime.devtools.harness import free_port
 
+from .zygote import reference_servers
+
 ROOT = Path(__file__).resolve().parents[2]
+
+# The modules that start reference servers with ServerProcess run on one pytest-xdist worker, so one fork server
+# (PyTorch imported once, about 3 s of CPU) serves them all in a run; they also build artifacts in the worker, so
+# it is the worker of the in-process engine tests (tests/runtime/test_reference_engine.py), which has PyTorch too.
+ONE_FORK_SERVER = pytest.mark.xdist_group("torch-in-process")
 
 
 def http_status(url: str, timeout: float = 2.0) -> int | None:
@@ -26,7 +35,8 @@ def http_status(url: str, timeout: float = 2.0) -> int | None:
 
 
 class ServerProcess:
-    """`python -m runtime.reference.server` on a loopback port, waited on until /health is 200."""
+    """`python -m runtime.reference.server` on a loopback port, waited on until /health is 200. Forked from this
+    worker's fork server, which has PyTorch imported (tests/runtime/zygote.py), unless TEST_NO_ZYGOTE=1."""
 
     def __init__(self, artifact: Path, *extra: str, log_path: Path | None = None,
                  env: dict[str, str] | None = None) -> None:
@@ -36,8 +46,9 @@ class ServerProcess:
                "--host", "127.0.0.1", "--port", str(self.port), "--threads", "1", *extra]
         self.log_path = log_path
         self._log = open(log_path, "w") if log_path else subprocess.DEVNULL  # noqa: SIM115 - owned by the child
-        self.proc = subprocess.Popen(cmd, cwd=ROOT, stdout=self._log, stderr=subprocess.STDOUT,
-                                     env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})})
+        self._zygote = zygote = reference_servers()
+        self.proc = subprocess.Popen(zygote.command(cmd) if zygote else cmd, cwd=ROOT, stdout=self._log,
+                                     stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})})
 
     def wait_healthy(self, timeout: float = 60.0) -> None:
         deadline = time.monotonic() + timeout
@@ -56,5 +67,7 @@ class ServerProcess:
         if self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait(timeout=10)
+        if self._zygote is not None:  # the server itself gone too, as when it was this process
+            self._zygote.wait_reaped(self.proc.pid)
         if self._log is not subprocess.DEVNULL:
             self._log.close()

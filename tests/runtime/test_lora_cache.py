@@ -50,7 +50,9 @@ from runtime import kv_budget
 from runtime.reference.build import build_artifact
 from runtime.reference.server import parse_args
 
-from .reference_helpers import ServerProcess
+from .reference_helpers import ONE_FORK_SERVER, ServerProcess
+
+pytestmark = ONE_FORK_SERVER
 
 MIB = 2**20
 GIB = 2**30

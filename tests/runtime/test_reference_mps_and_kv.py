@@ -34,9 +34,9 @@ from runtime import mps
 from runtime.reference.configs import shape_for
 from tests.optional import needs_torch
 
-from .reference_helpers import ROOT, ServerProcess, http_status
+from .reference_helpers import ONE_FORK_SERVER, ROOT, ServerProcess, http_status
 
-pytestmark = needs_torch
+pytestmark = [needs_torch, ONE_FORK_SERVER]
 
 MIB = 1 << 20
 WEIGHTS = shape_for("tiny").param_count() * 4  # float32 on cpu

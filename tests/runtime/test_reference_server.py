@@ -17,9 +17,9 @@ from runtime.reference.configs import shape_for
 from runtime.reference.tokenizer import VOCAB_SIZE, ByteTokenizer
 from tests.optional import needs_torch
 
-from .reference_helpers import ServerProcess, http_status
+from .reference_helpers import ONE_FORK_SERVER, ServerProcess, http_status
 
-pytestmark = needs_torch
+pytestmark = [needs_torch, ONE_FORK_SERVER]
 
 
 @pytest.fixture(scope="module")

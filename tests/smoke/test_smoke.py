@@ -4,13 +4,14 @@ import json
 import socket
 import subprocess
 import sys
-import time
-import urllib.request
 from pathlib import Path
 
 import pytest
 
+from tests.runtime.reference_helpers import ONE_FORK_SERVER, ServerProcess
+
 ROOT = Path(__file__).resolve().parents[2]
+pytestmark = ONE_FORK_SERVER
 
 
 def _port() -> int:
@@ -22,27 +23,18 @@ def _port() -> int:
 @pytest.fixture(scope="module")
 def reference_server(tmp_path_factory):
     pytest.importorskip("torch")
-    artifact = tmp_path_factory.mktemp("artifact")
-    subprocess.run([sys.executable, "-m", "runtime.reference.build", "--out", str(artifact), "--size", "tiny"],
-                   check=True, cwd=ROOT, capture_output=True, timeout=120)
-    port = _port()
-    proc = subprocess.Popen([sys.executable, "-m", "runtime.reference.server", "--artifact", str(artifact),
-                             "--host", "127.0.0.1", "--port", str(port), "--device", "cpu", "--threads", "1"],
-                            cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        try:
-            if urllib.request.urlopen(f"{url}/health", timeout=1).status == 200:
-                break
-        except OSError:
-            time.sleep(0.2)
-    else:
-        proc.kill()
-        pytest.fail("reference server did not become healthy")
-    yield url
-    proc.terminate()
-    proc.wait(timeout=30)
+    from runtime.reference.build import build_artifact
+
+    artifact = tmp_path_factory.mktemp("artifact") / "artifact"
+    build_artifact(artifact, size="tiny")  # in this worker, which has PyTorch for the group's other modules
+    server = ServerProcess(artifact, "--device", "cpu")  # forked with PyTorch imported (tests/runtime/zygote.py)
+    try:
+        server.wait_healthy(60)
+    except (RuntimeError, TimeoutError) as exc:
+        server.stop()
+        pytest.fail(f"reference server did not become healthy: {exc}")
+    yield server.base
+    server.stop()
 
 
 def cli(*args):

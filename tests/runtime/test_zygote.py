@@ -1,0 +1,91 @@
+"""The tests' fork server (tests/runtime/zygote.py) stands in for `python -m MODULE`: the process it forks gets the
+launcher's argv, environment, directory and streams, every signal a test sends the launcher, and the launcher ends
+as the fork ended; a killed launcher takes its fork with it, and the forks' CPU is counted."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from .zygote import Zygote
+
+PROBE = """
+import os, signal, sys, time
+mode = sys.argv[1]
+if mode == "usr2":
+    signal.signal(signal.SIGUSR2, lambda *_: sys.exit(3))
+print(os.getpid(), sys.argv[1:], os.getcwd(), os.environ.get("PROBE_WORD"), flush=True)
+if mode in ("usr2", "wait"):
+    time.sleep(60)
+    sys.exit(9)
+if mode == "spin":
+    sum(range(3_000_000))
+sys.exit(int(sys.argv[2]))
+"""
+
+
+@pytest.fixture(scope="module")
+def zygote():
+    fork_server = Zygote(())
+    yield fork_server
+    fork_server.stop()
+
+
+@pytest.fixture
+def probe(tmp_path, zygote):
+    (tmp_path / "zygote_probe.py").write_text(PROBE)
+
+    def start(*args: str, **env: str) -> subprocess.Popen[str]:
+        return subprocess.Popen(zygote.command([sys.executable, "-m", "zygote_probe", *args]), cwd=tmp_path,
+                                env={**os.environ, **env}, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+    return start
+
+
+def test_the_fork_runs_the_module_with_the_launchers_argv_environment_directory_and_streams(probe, tmp_path):
+    proc = probe("exit", "5", PROBE_WORD="hello")
+    out, _ = proc.communicate(timeout=60)
+    pid, rest = out.split(" ", 1)
+    assert proc.returncode == 5
+    assert rest.strip() == f"['exit', '5'] {tmp_path} hello"
+    assert int(pid) != proc.pid  # a fork, not the launcher
+
+
+def test_signals_reach_the_fork_and_the_launcher_ends_as_it_did(probe):
+    handled = probe("usr2")
+    handled.stdout.readline()
+    handled.send_signal(signal.SIGUSR2)
+    assert handled.wait(60) == 3
+    default = probe("wait")
+    default.stdout.readline()
+    default.send_signal(signal.SIGTERM)
+    assert default.wait(60) == -signal.SIGTERM
+
+
+def test_a_killed_launcher_takes_its_fork_with_it(probe, zygote):
+    proc = probe("wait")
+    fork = int(proc.stdout.readline().split()[0])
+    assert Path(f"/proc/{fork}").exists()
+    proc.kill()
+    assert proc.wait(60) == -signal.SIGKILL
+    zygote.wait_reaped(proc.pid, timeout_s=60)  # bounds the wait; the fork server reaps the fork
+    assert not Path(f"/proc/{fork}").exists()
+
+
+def test_the_forks_cpu_is_counted_before_the_launcher_returns(probe, zygote):
+    before = zygote.cpu_s()
+    proc = probe("spin", "0")
+    proc.communicate(timeout=60)
+    assert proc.returncode == 0
+    assert zygote.cpu_s() - before > 0.02  # three million additions, in the fork
+
+
+def test_another_pythonpath_is_refused_not_run_with_the_fork_servers(probe):
+    proc = probe("exit", "0", PYTHONPATH="/elsewhere")
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 1 and "start this process with its own interpreter" in err
