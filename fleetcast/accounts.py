@@ -81,9 +81,9 @@ class AccountAccess:
         lines = ["Accounts (the profile acting in each; --profile-for ACCOUNT=PROFILE changes one):"]
         for account, role in fleet_accounts(cfg).items():
             profile = self.profile_of(account)
-            acting = f"profile {profile}" if profile else "the default credential chain"
+            who = f"profile {profile}" if profile else "the default credential chain"
             skipped = "" if self.acts_in(account) else "   (not acted in: --account)"
-            lines.append(f"  {account}  {role:<40} {acting}{skipped}")
+            lines.append(f"  {account}  {role:<40} {who}{skipped}")
         acting: dict[str | None, list[str]] = {}
         for account in (a for a in fleet_accounts(cfg) if self.acts_in(a)):
             acting.setdefault(self.profile_of(account), []).append(account)
@@ -122,6 +122,7 @@ def caller_account_via_sts(region: str) -> Callable[[str | None], str]:
     from fleetcast.aws_session import AwsSession
 
     def caller_account(profile: str | None) -> str:
-        return AwsSession(profile, region).call("sts", region, "GetCallerIdentity")["Account"]
+        account: str = AwsSession(profile, region).call("sts", region, "GetCallerIdentity")["Account"]
+        return account
 
     return caller_account

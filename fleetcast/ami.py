@@ -23,7 +23,7 @@ from fleetcast.contract.errors import EXIT_AWS_SERVICE, UserError
 def latest_ami_id(access: Any, region: str) -> str:
     """The DLAMI id the public parameter names in `region` now (needs ssm:GetParameter)."""
     answer = access.call("ssm", region, "GetParameter", Name=DLAMI_SSM_PARAMETER)
-    value = answer.get("Parameter", {}).get("Value", "")
+    value: str = answer.get("Parameter", {}).get("Value", "")
     if not value.startswith("ami-"):
         raise UserError(f"{DLAMI_SSM_PARAMETER} in {region} holds {value!r}, not an AMI id", EXIT_AWS_SERVICE)
     return value

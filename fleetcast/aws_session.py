@@ -120,7 +120,8 @@ class AwsSession:
         self.region = region
         self._boto = boto_session
         self._client_config = client_config
-        self._clients: dict[tuple, Any] = {}
+        # (service, region), or (service, region, endpoint_url) for a client of another endpoint.
+        self._clients: dict[tuple[str | None, ...], Any] = {}
         self.throttle_retries = throttle_retries
         self.base_delay_s = base_delay_s
         self._sleep = sleep
@@ -149,7 +150,7 @@ class AwsSession:
 
     def client(self, service: str, region: str | None = None, *, endpoint_url: str | None = None) -> Any:
         region = region or self.region
-        key = (service, region) if endpoint_url is None else (service, region, endpoint_url)
+        key: tuple[str | None, ...] = (service, region) if endpoint_url is None else (service, region, endpoint_url)
         if key not in self._clients:
             try:
                 self._clients[key] = self.boto.client(service, region_name=region, endpoint_url=endpoint_url,
@@ -199,13 +200,14 @@ class AwsSession:
 
     # -- guarded calls
 
-    def call(self, service: str, region: str | None, operation: str, **params: Any) -> dict:
+    def call(self, service: str, region: str | None, operation: str, **params: Any) -> dict[str, Any]:
         """Run one API operation (PascalCase name) with throttling retries and error mapping."""
         client = self.client(service, region)
         method = getattr(client, _snake(operation))
         for attempt in range(self.throttle_retries + 1):
             try:
-                return method(**params)
+                response: dict[str, Any] = method(**params)  # boto3 responses carry no types
+                return response
             except Exception as exc:
                 if not is_aws_error(exc):
                     raise
@@ -216,7 +218,7 @@ class AwsSession:
         raise AssertionError("unreachable")  # the loop either returns or raises
 
     def paginate(self, service: str, region: str | None, operation: str, result_key: str,
-                 **params: Any) -> Iterator[dict]:
+                 **params: Any) -> Iterator[dict[str, Any]]:
         """Every item of a paginated operation; a throttled page is retried from where it stopped.
 
         Only for operations paginated by NextToken (the EC2 Describe* calls): after a throttled page the

@@ -148,6 +148,14 @@ def publish_service_names(cfg: FleetConfig, config_path: str, clients: Callable[
         for _, r in targets]
 
 
+def _aws(clients: Callable[[str, str], Any] | None, step: str) -> Callable[[str, str], Any]:
+    # A plan built without AWS access (a dry run, a test) can be printed; running one of its AWS-reading steps
+    # must refuse as a usage error rather than fail calling None.
+    if clients is None:
+        raise UserError(f"the {step} step reads the provider stacks: it needs AWS access")
+    return clients
+
+
 def plan(cfg: FleetConfig, config_path: str, clients: Callable[[str, str], Any] | None, *, steps: Sequence[str],
          trust_account: str | None = None, execution_policies: Sequence[str] = (), smoke_endpoint: str | None = None,
          approval: str = "broadening", aws: Any = None, access: AccountAccess | None = None,
@@ -207,7 +215,7 @@ def plan(cfg: FleetConfig, config_path: str, clients: Callable[[str, str], Any] 
                             resolve=release_resolver(cfg, clients)))
         elif name == "publish":
             out.append(Step(name, "endpoint service names from the provider stacks into the consumer entries",
-                            action=lambda: publish_service_names(cfg, config_path, clients, chosen)))
+                            action=lambda: publish_service_names(cfg, config_path, _aws(clients, "publish"), chosen)))
         elif name == "consumers":
             out.append(Step(name, "interface endpoint per consumer, one deploy per consumer account with its "
                             "profile (each consumer account can run this itself: --account)",

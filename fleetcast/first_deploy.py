@@ -37,7 +37,7 @@ def provider_regions(cfg: FleetConfig, command: list[str]) -> list[str]:
     return [r.region for r in cfg.regions if provider_stack_name(cfg.name, r.region) in command]
 
 
-def hold_resolver(cfg: FleetConfig, clients: Callable[[str, str], Any]):
+def hold_resolver(cfg: FleetConfig, clients: Callable[[str, str], Any]) -> Callable[[list[list[str]]], Resolution]:
     """providers: add `-c hold_capacity=...` for the regions that must not launch instances yet."""
 
     def resolve(commands: list[list[str]]) -> Resolution:
@@ -62,7 +62,8 @@ def hold_resolver(cfg: FleetConfig, clients: Callable[[str, str], Any]):
     return resolve
 
 
-def release_resolver(cfg: FleetConfig, clients: Callable[[str, str], Any] | None):
+def release_resolver(cfg: FleetConfig,
+                     clients: Callable[[str, str], Any] | None) -> Callable[[list[list[str]]], Resolution]:
     """capacity: deploy held regions that are staged now; refuse, naming what is missing, for the rest."""
 
     def resolve(commands: list[list[str]]) -> Resolution:

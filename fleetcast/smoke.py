@@ -19,8 +19,12 @@ import asyncio
 import json
 import time
 from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING, Any
 
 from fleetcast.contract.errors import UserError
+
+if TYPE_CHECKING:
+    import aiohttp
 
 
 @dataclass
@@ -81,7 +85,7 @@ def _base(endpoint: str) -> str:
     return base[:-3] if base.endswith("/v1") else base
 
 
-async def _listed(session, base: str) -> list[str]:
+async def _listed(session: aiohttp.ClientSession, base: str) -> list[str]:
     async with session.get(f"{base}/v1/models") as resp:
         if resp.status != 200:
             raise UserError(f"GET {base}/v1/models answered {resp.status}: {(await resp.text())[:200]}")
@@ -91,7 +95,7 @@ async def _listed(session, base: str) -> list[str]:
     return [m["id"] for m in models]
 
 
-def _session(api_key: str | None, timeout_s: float):
+def _session(api_key: str | None, timeout_s: float) -> aiohttp.ClientSession:
     import aiohttp
 
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
@@ -99,7 +103,7 @@ def _session(api_key: str | None, timeout_s: float):
 
 
 async def _smoke(endpoint: str, prompt: str, max_tokens: int, model: str | None, api_key: str | None,
-                 timeout_s: float, session=None) -> SmokeResult:
+                 timeout_s: float, session: aiohttp.ClientSession | None = None) -> SmokeResult:
     import aiohttp
 
     base = _base(endpoint)
@@ -113,7 +117,9 @@ async def _smoke(endpoint: str, prompt: str, max_tokens: int, model: str | None,
                 "temperature": 0, "stream_options": {"include_usage": True}}
         sent = time.perf_counter()
         first = None
-        text, chunks, usage = [], 0, {}
+        text: list[str] = []
+        chunks = 0
+        usage: dict[str, Any] = {}
         async with session.post(f"{base}/v1/completions", json=body) as resp:
             if resp.status != 200:
                 raise UserError(f"POST {base}/v1/completions answered {resp.status}: {(await resp.text())[:300]}")
@@ -145,7 +151,7 @@ async def _smoke(endpoint: str, prompt: str, max_tokens: int, model: str | None,
                        completion_tokens=usage.get("completion_tokens", chunks), text="".join(text))
 
 
-async def _refusal(session, base: str, model: str) -> str:
+async def _refusal(session: aiohttp.ClientSession, base: str, model: str) -> str:
     """What the endpoint answers a completion for `model`, as '404 model_not_found' or 'STATUS CODE'."""
     body = {"model": model, "prompt": "smoke", "max_tokens": 1, "stream": False}
     async with session.post(f"{base}/v1/completions", json=body) as resp:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 
-def register(sub: argparse._SubParsersAction) -> None:
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = sub.add_parser("ami", help="pin the fleets' DLAMI ids in the config (read from its public SSM parameter)")
     actions = parser.add_subparsers(dest="action", metavar="ACTION", required=True)
     from fleetcast.aws_session import add_aws_arguments

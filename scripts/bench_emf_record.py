@@ -11,9 +11,9 @@ from runtime.gateway.metrics import emf_record
 values = {t.REQUESTS: 1, t.THROTTLED: 0, t.ERRORS: 0, t.INPUT_TOKENS: 300, t.OUTPUT_TOKENS: 120,
           t.TTFT_MS: 15.123, t.E2E_MS: 980.456, t.ITL_MS: 8.012}
 props = {"path": "/v1/completions", "status": 200}
-def old():
+def old() -> None:
     json.dumps(emf_record("fleetcast", "l40s", "voice-app", values, props, 1764547200000), separators=(",", ":"))
-def new():
+def new() -> None:
     shape = {t.DIM_IN_FLIGHT: t.in_flight_label(23), t.DIM_INPUT_BUCKET: t.token_label(300),
              t.DIM_OUTPUT_BUCKET: t.token_label(120)}
     json.dumps(emf_record("fleetcast", "l40s", "voice-app", values, props, 1764547200000, shape), separators=(",", ":"))

@@ -26,6 +26,7 @@ import sys
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from runtime.gateway.spill import (
     HEADROOM_TTL_S,
@@ -55,7 +56,7 @@ class Region:
     name: str
     slots: int
     held: int = 0
-    waiting: deque = field(default_factory=deque)  # (enqueued at, request)
+    waiting: deque[Req] = field(default_factory=deque)  # requests queued for a slot, in arrival order
 
     def headroom(self, service_s: float, ttft_ms: float) -> Headroom:
         wait = predicted_wait_s(self.held, len(self.waiting), self.slots, service_s)
@@ -77,7 +78,7 @@ def rate(t: float, day_s: float, peak: float, trough: float, phase: float) -> fl
     return trough + (peak - trough) * (1 + math.cos(x)) / 2
 
 
-def simulate(spill: bool, args: argparse.Namespace) -> dict:
+def simulate(spill: bool, args: argparse.Namespace) -> dict[str, Any]:
     rng = random.Random(args.seed)
     capacity = args.slots / args.service_s  # requests per second one region completes at full batch
     regions = {HOME: Region(HOME, args.slots), REMOTE: Region(REMOTE, args.slots)}
@@ -153,11 +154,11 @@ def p99(values: list[float]) -> float:
     return ordered[min(len(ordered) - 1, math.ceil(0.99 * len(ordered)) - 1)]
 
 
-def summarize(done: list[Req], args: argparse.Namespace, policy: SpillPolicy) -> dict:
+def summarize(done: list[Req], args: argparse.Namespace, policy: SpillPolicy) -> dict[str, Any]:
     windows: dict[tuple[str, int], list[float]] = {}
     for req in done:
         windows.setdefault((req.origin, int(req.arrived // args.window_s)), []).append(req.ttft_ms)
-    out: dict = {}
+    out: dict[str, Any] = {}
     for origin in (HOME, REMOTE):
         mine = {k: v for k, v in windows.items() if k[0] == origin}
         within = sum(1 for v in mine.values() if p99(v) <= args.slo_ms)

@@ -32,7 +32,9 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from runtime import spot
 
@@ -63,7 +65,7 @@ def _scale(text: str) -> float | None:
     return value
 
 
-def _seconds(flag: str):
+def _seconds(flag: str) -> Callable[[str], float]:
     def parse(text: str) -> float:
         try:
             value = float(text)
@@ -98,7 +100,7 @@ def build_parser() -> argparse.ArgumentParser:
 # ---------------------------------------------------------------- processes
 
 
-def _spawn(args: list[str], env: dict | None = None, log: Path | None = None) -> subprocess.Popen:
+def _spawn(args: list[str], env: dict[str, str] | None = None, log: Path | None = None) -> subprocess.Popen[bytes]:
     out = open(log, "w") if log else subprocess.DEVNULL  # noqa: SIM115 - owned by the child
     return subprocess.Popen([sys.executable, *args], cwd=str(ROOT), env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})},
                             stdout=out, stderr=subprocess.STDOUT)
@@ -118,7 +120,8 @@ def _config(path: Path, vpce_account: str) -> str:
     return cfg.model.id
 
 
-async def _stream(port: int, header: bytes, model: str, tokens: int, first_tokens: list | None = None) -> dict:
+async def _stream(port: int, header: bytes, model: str, tokens: int,
+                  first_tokens: list[float] | None = None) -> dict[str, Any]:
     """One streaming completion through the gateway: how many tokens arrived, whether it ended, when.
     `first_tokens` collects the time of each stream's first token (the stream is then in flight)."""
     started = time.monotonic()
@@ -171,7 +174,7 @@ async def _wait_health(port: int, header: bytes, want: int, timeout: float = 60.
     raise RuntimeError(f"gateway /health did not answer {want} within {timeout:.0f} s")
 
 
-async def run(args: argparse.Namespace) -> dict:
+async def run(args: argparse.Namespace) -> dict[str, Any]:
     from runtime.devtools.harness import free_port
     from runtime.gateway import ppv2
     from scripts.bench_gateway import BENCH_ACCOUNT, BENCH_VPCE, SERVICE_ID, FakeEc2Endpoints
@@ -268,7 +271,7 @@ async def run(args: argparse.Namespace) -> dict:
     }
 
 
-def render(res: dict) -> str:
+def render(res: dict[str, Any]) -> str:
     out = [f"Spot drain budget: notice {res['notice_s']:g} s - exit reserve {res['exit_reserve_s']:g} s = "
            f"{res['full_budget_s']:g} s, compressed x{res['scale']:.4f} to {res['budget_s']:.2f} s",
            f"/health 503 after SIGTERM: {res['health_503_s'] * 1000:.0f} ms; drain took {res['drain_s']:.2f} s; "
@@ -288,7 +291,7 @@ def render(res: dict) -> str:
     return "\n".join(out)
 
 
-def write_data(path: str, res: dict) -> None:
+def write_data(path: str, res: dict[str, Any]) -> None:
     Path(path).write_text(
         "# Interruption drain budget, measured (not assumed): the longest request that finishes inside a Spot\n"
         "# interruption notice, from `make bench-spot-drain` (scripts/bench_spot_drain.py: the reference backend\n"

@@ -5,9 +5,17 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
+
+if TYPE_CHECKING:
+    from fleetcast.config import FleetConfig
+    from fleetcast.config.init import ConsumerAnswer
+
+_T = TypeVar("_T")
 
 
-def register(sub: argparse._SubParsersAction) -> None:
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     from fleetcast.aws_session import add_aws_arguments
 
     parser = sub.add_parser("config", help="start a fleet config (init), validate it, show what a change rolls (diff), export its schema and reference")
@@ -118,7 +126,7 @@ def _diff(args: argparse.Namespace) -> int:
     return 3 if args.fail_on_roll and (impact.rolls or impact.renamed) else 0
 
 
-def _diff_deployed(args: argparse.Namespace, new) -> int:
+def _diff_deployed(args: argparse.Namespace, new: FleetConfig) -> int:
     from fleetcast.aws_session import AwsSession
     from fleetcast.config.impact import diff_configs, render_impact
     from fleetcast.contract.errors import UserError
@@ -154,7 +162,7 @@ def _diff_deployed(args: argparse.Namespace, new) -> int:
     return 3 if args.fail_on_roll and rolls else 0
 
 
-def _other_fleets(access, cfg, region: str) -> list[str]:
+def _other_fleets(access: Any, cfg: FleetConfig, region: str) -> list[str]:
     """Other fleets' provider stacks in `region`; a missing cloudformation:DescribeStacks only skips the check."""
     from fleetcast.aws_session import AwsCallError
     from fleetcast.deployed import other_fleets
@@ -201,7 +209,7 @@ def _show(args: argparse.Namespace) -> int:
     return 0
 
 
-def _register_init(actions: argparse._SubParsersAction) -> None:
+def _register_init(actions: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     from fleetcast.config.init import DEFAULT_MODEL, MODEL_PRESETS
 
     init = actions.add_parser(
@@ -242,7 +250,7 @@ def _init(args: argparse.Namespace) -> int:
     if missing and not interactive:
         raise UserError(f"no terminal to ask on: pass {', '.join(missing)} (see `fleetcast config init --help`)", 2)
 
-    def ask(prompt: str, check, default: str | None = None):
+    def ask(prompt: str, check: Callable[[str], _T], default: str | None = None) -> _T:
         while True:
             answer = input(f"{prompt}{f' [{default}]' if default else ''}: ").strip() or (default or "")
             try:
@@ -261,7 +269,7 @@ def _init(args: argparse.Namespace) -> int:
         consumers = tuple(parse_consumer(c) for c in args.consumer)
         if not consumers:
             print("consumers, one per line as NAME=ACCOUNT[@REGION]; an empty line ends", file=sys.stderr)
-            collected = []
+            collected: list[ConsumerAnswer] = []
             while True:
                 line = input("consumer: ").strip()
                 if not line and collected:
@@ -298,5 +306,5 @@ def _init(args: argparse.Namespace) -> int:
     return 0
 
 
-def _none(what: str):
+def _none(what: str) -> NoReturn:
     raise ValueError(f"name at least {what}")

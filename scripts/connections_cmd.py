@@ -8,12 +8,17 @@ Exit codes: 0 ok, 1 bad input, 2 usage, 3 refused (nothing changed),
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from fleetcast.connections import Access, Reviewer
 
 # Tests replace this to hand the command a stubbed Access.
-ACCESS_FACTORY = None
+ACCESS_FACTORY: Callable[[argparse.Namespace], Access] | None = None
 
 
-def register(sub: argparse._SubParsersAction) -> None:
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     from fleetcast.aws_session import add_aws_arguments
 
     parser = sub.add_parser(
@@ -64,7 +69,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     sync.set_defaults(handler=_sync)
 
 
-def _reviewer(args: argparse.Namespace):
+def _reviewer(args: argparse.Namespace) -> tuple[Reviewer, list[str]]:
     from fleetcast.aws_session import AwsSession
     from fleetcast.config import load_config
     from fleetcast.connections import AuditLog, Reviewer

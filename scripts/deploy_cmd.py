@@ -6,9 +6,16 @@ from __future__ import annotations
 import argparse
 import shlex
 import sys
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from fleetcast.accounts import AccountAccess
+    from fleetcast.aws_session import AwsSession
+    from fleetcast.config import FleetConfig
 
 
-def register(sub: argparse._SubParsersAction) -> None:
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     from fleetcast.aws_session import add_aws_arguments
     from fleetcast.deploy import STEPS, TEARDOWN
 
@@ -65,7 +72,7 @@ def _add_account_arguments(parser: argparse.ArgumentParser) -> None:
                         help="act only in this account (repeatable; default: every account of the fleet)")
 
 
-def _access(cfg, args: argparse.Namespace):
+def _access(cfg: FleetConfig, args: argparse.Namespace) -> AccountAccess:
     from fleetcast.accounts import AccountAccess
 
     return AccountAccess.from_args(cfg, profile=args.profile, profile_for=args.profile_for, accounts=args.account)
@@ -85,13 +92,13 @@ def _resume(command: str, args: argparse.Namespace, *extra: str) -> str:
     return shlex.join([*parts, *extra])
 
 
-def _not_checked(aws) -> None:
+def _not_checked(aws: AwsSession) -> None:
     problem = aws.credentials_problem()
     if problem:
         print(f"dry run: AWS access not checked: {problem}")
 
 
-def _check_identities(cfg, access, steps) -> None:
+def _check_identities(cfg: FleetConfig, access: AccountAccess, steps: Sequence[str]) -> None:
     """Before any step: each acting profile's account by sts:GetCallerIdentity; bootstrapping an account with
     another account's credentials is refused (CDK bootstraps with the target account's own)."""
     from fleetcast.accounts import caller_account_via_sts
@@ -141,7 +148,8 @@ def _deploy(args: argparse.Namespace) -> int:
     return 0
 
 
-def _check_parallel_fleet(cfg, args: argparse.Namespace, access, aws, steps) -> None:
+def _check_parallel_fleet(cfg: FleetConfig, args: argparse.Namespace, access: AccountAccess, aws: AwsSession,
+                          steps: Sequence[str]) -> None:
     """Before the providers step: where this fleet has no stack but another fleet does, deploying may be a
     renamed config creating a second fleet; ask (a dry run only says so, when it has credentials)."""
     from fleetcast.deploy import confirm_parallel_fleet, select_regions
@@ -169,7 +177,7 @@ def _check_parallel_fleet(cfg, args: argparse.Namespace, access, aws, steps) -> 
     confirm_parallel_fleet(cfg, others, yes=args.yes)
 
 
-def _refuse_unready(cfg, args: argparse.Namespace, profile: str | None) -> bool:
+def _refuse_unready(cfg: FleetConfig, args: argparse.Namespace, profile: str | None) -> bool:
     """Before any step: what `fleetcast config validate --deploy` refuses stops the deploy. A dry run shows it,
     goes on to print the plan, and exits 1 after it. Returns whether the config is ready."""
     from fleetcast.config.readiness import access_with_credentials, check_readiness, line_index

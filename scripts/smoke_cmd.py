@@ -6,7 +6,7 @@ import argparse
 import os
 
 
-def register(sub: argparse._SubParsersAction) -> None:
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = sub.add_parser("smoke", help="send one streamed completion and print TTFT and tokens")
     parser.add_argument("--endpoint", required=True, help="base URL, e.g. http://vpce-...amazonaws.com:8000")
     parser.add_argument("--prompt", default="The capital of South Korea is")

@@ -3,10 +3,19 @@
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from fleetcast.config import FleetConfig
+    from fleetcast.config.model import ModelSpec
+
+# (service, region) -> a boto3 client
+Clients = Callable[[str, str], Any]
 
 
-def register(sub: argparse._SubParsersAction) -> None:
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = sub.add_parser("stage", help="stage model weights, LoRA adapters, calibration data and the serving image for "
                                           "offline fleets")
     actions = parser.add_subparsers(dest="action", metavar="ACTION", required=True)
@@ -110,7 +119,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     status.set_defaults(handler=_status)
 
 
-def _clients(args: argparse.Namespace, *, check: bool = True):
+def _clients(args: argparse.Namespace, *, check: bool = True) -> Clients:
     """(service, region) -> client of the shared AWS session; fails first (exit 4) when there are no credentials."""
     from botocore.config import Config
 
@@ -123,25 +132,25 @@ def _clients(args: argparse.Namespace, *, check: bool = True):
     return aws.client
 
 
-def _regions(cfg, args) -> list[str]:
+def _regions(cfg: FleetConfig, args: argparse.Namespace) -> list[str]:
     from fleetcast.contract.errors import UserError
 
     known = [r.region for r in cfg.regions]
-    chosen = args.region or known
+    chosen: list[str] = args.region or known
     for region in chosen:
         if region not in known:
             raise UserError(f"--region {region} is not a provider region in {args.config} ({', '.join(known)})", 2)
     return chosen
 
 
-def _outputs(cfg, region, clients):
+def _outputs(cfg: FleetConfig, region: str, clients: Clients) -> dict[str, str]:
     from fleetcast.contract.names import provider_stack_name
     from fleetcast.staging.aws import stack_outputs
 
     return stack_outputs(clients("cloudformation", region), provider_stack_name(cfg.name, region))
 
 
-def _buckets(cfg, args, clients) -> dict[str, str]:
+def _buckets(cfg: FleetConfig, args: argparse.Namespace, clients: Clients) -> dict[str, str]:
     from fleetcast.contract.errors import UserError
     from fleetcast.contract.names import provider_stack_name
     from fleetcast.contract.outputs import ProviderOutput, require_output
@@ -182,12 +191,13 @@ def _plan_baseline(args: argparse.Namespace) -> int:
     return 0
 
 
-def _part_size(args) -> int:
+def _part_size(args: argparse.Namespace) -> int:
     from fleetcast.contract.errors import UserError
 
     if args.part_size_mib < 5 or args.part_size_mib > 5120:
         raise UserError(f"--part-size-mib must be between 5 and 5120, got {args.part_size_mib}", 2)
-    return args.part_size_mib * 1024 * 1024
+    size: int = args.part_size_mib * 1024 * 1024
+    return size
 
 
 def _model(args: argparse.Namespace) -> int:
@@ -259,7 +269,7 @@ def _calibration(args: argparse.Namespace) -> int:
     return 0
 
 
-def _calibrated_model(cfg, model_id: str | None):
+def _calibrated_model(cfg: FleetConfig, model_id: str | None) -> ModelSpec:
     """The model a calibration set is staged for: --model, or the config's only model."""
     from fleetcast.contract.errors import EXIT_USAGE, UserError
 
@@ -311,11 +321,9 @@ def _image(args: argparse.Namespace) -> int:
                 if not args.dry_run:
                     raise
                 unchecked.append(f"{region}: stack {stack} outputs not read ({exc})")
-        if outputs is None and region not in repos:
-            repo = f"{cfg.provider.account}.dkr.ecr.{region}.amazonaws.com/<repository: output of {stack}>"
-        else:
-            repo = repos.get(region) or require_output(outputs, ProviderOutput.IMAGE_REPOSITORY, stack,
-                                                          "pass --repository REGION=URI")
+        repo = repos.get(region) or (
+            f"{cfg.provider.account}.dkr.ecr.{region}.amazonaws.com/<repository: output of {stack}>" if outputs is None
+            else require_output(outputs, ProviderOutput.IMAGE_REPOSITORY, stack, "pass --repository REGION=URI"))
         project = None
         if args.method == "codebuild":
             project = projects.get(region) or (f"<image-mirror project: output of {stack}>" if outputs is None
@@ -341,16 +349,11 @@ def _status(args: argparse.Namespace) -> int:
     the same check `fleetcast deploy` waits on before it gives a new region capacity)."""
     from fleetcast.config import load_config
     from fleetcast.contract.bucket import model_prefix
+    from fleetcast.contract.image import image_reference, instance_image_id
     from fleetcast.contract.names import provider_stack_name
     from fleetcast.contract.outputs import ProviderOutput, require_output
     from fleetcast.staging.aws import parse_region_map
-    from fleetcast.staging.readiness import (
-        adapter_problems,
-        image_problems,
-        image_reference,
-        instance_image_id,
-        model_problems,
-    )
+    from fleetcast.staging.readiness import adapter_problems, image_problems, model_problems
     from fleetcast.staging.transfer import human_bytes, read_manifest
 
     cfg = load_config(args.config)
@@ -362,10 +365,13 @@ def _status(args: argparse.Namespace) -> int:
         missing += bool(problems)
         for model in cfg.models:
             mine = [p for p in problems if len(cfg.models) == 1 or p.startswith((f"model {model.id} ", f"model {model.id}:"))]
-            if mine and " MISSING" in mine[0].split(":")[0]:
-                print(f"{region}: {mine[0]}")
+            missing_line = bool(mine) and " MISSING" in mine[0].split(":")[0]
+            manifest = None if missing_line else read_manifest(clients("s3", region), bucket,
+                                                               model_prefix(model.id, model.revision))
+            if manifest is None:
+                # Its problems say MISSING (the split above cuts an id holding ':', such as ft:base:org::id).
+                print(f"{region}: {mine[0] if mine else f'model {model.id}@{model.revision}: manifest MISSING'}")
                 continue
-            manifest = read_manifest(clients("s3", region), bucket, model_prefix(model.id, model.revision))
             state = "ok" if not mine else f"{len(mine)} problem(s): {mine[0]}"
             print(f"{region}: model {model.id}@{model.revision}: {len(manifest.files)} file(s), "
                   f"{human_bytes(manifest.total_bytes)}: {state}")

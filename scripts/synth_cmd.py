@@ -12,14 +12,18 @@ import argparse
 import json
 import shlex
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from fleetcast.contract.errors import UserError
+
+if TYPE_CHECKING:
+    from fleetcast.config import FleetConfig
 
 STACK_ARTIFACT = "aws:cloudformation:stack"
 MAKE_DEFAULT_CONFIG = "config/fleet.yaml"  # the Makefile's CONFIG default, relative to where make runs
 
 
-def register(sub: argparse._SubParsersAction) -> None:
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = sub.add_parser("synth", help="summarize a synthesized cloud assembly (after `make synth`)")
     actions = parser.add_subparsers(dest="action", metavar="ACTION", required=True)
     summary = actions.add_parser("summary", help="stacks, regions, pools, precision and consumers of a cdk.out")
@@ -28,7 +32,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     summary.set_defaults(handler=_summary)
 
 
-def read_stacks(out: Path) -> dict[str, dict]:
+def read_stacks(out: Path) -> dict[str, dict[str, Any]]:
     """Stack artifacts of a cloud assembly: name -> environment and resource count."""
     manifest_path = out / "manifest.json"
     if not manifest_path.exists():
@@ -48,7 +52,7 @@ def read_stacks(out: Path) -> dict[str, dict]:
     return stacks
 
 
-def summarize(cfg, stacks: dict[str, dict], out: Path) -> tuple[list[str], list[str]]:
+def summarize(cfg: FleetConfig, stacks: dict[str, dict[str, Any]], out: Path) -> tuple[list[str], list[str]]:
     """Summary lines, and problems (stacks the config implies but the assembly lacks, or the reverse)."""
     from fleetcast.config import catalog
     from fleetcast.contract.instance_env import Var
@@ -123,10 +127,10 @@ def summarize(cfg, stacks: dict[str, dict], out: Path) -> tuple[list[str], list[
     # Launch templates carry their pool's instance digest and the config parameter names the
     # whole config's digest: a provider template without all of them came from another config.
     for region in cfg.regions:
-        info = stacks.get(provider_stack_name(cfg.name, region.region))
+        provider = stacks.get(provider_stack_name(cfg.name, region.region))
         marks = [config_parameter_description(cfg)] + [
             f"{Var.CONFIG_DIGEST.value}={cfg.instance_digest(region.region, pool.name)}" for pool in region.pools]
-        if info and not all(mark in info["template_text"] for mark in marks):
+        if provider and not all(mark in provider["template_text"] for mark in marks):
             problems.append(f"stack {provider_stack_name(cfg.name, region.region)} was synthesized from a different config")
     return lines, problems
 

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
 from datetime import UTC
+from pathlib import Path
+from typing import Any
 
 
-def register(sub: argparse._SubParsersAction) -> None:
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     from fleetcast.aws_session import add_aws_arguments
 
     parser = sub.add_parser("traffic", help="traffic profiles from production (CloudWatch)",
@@ -31,20 +34,19 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(handler=_export)
 
 
-def cloudwatch_caller(profile: str | None):
+def cloudwatch_caller(profile: str | None) -> Callable[..., dict[str, Any]]:
     """GetMetricData through the shared AWS access (retries, one-line errors, exit 4 without credentials)."""
     from fleetcast.aws_session import AwsSession
 
     access = AwsSession(profile)
 
-    def call(region: str, **params):
+    def call(region: str, **params: Any) -> dict[str, Any]:
         return access.call("cloudwatch", region, "GetMetricData", **params)
     return call
 
 
 def _export(args: argparse.Namespace) -> int:
     from datetime import datetime
-    from pathlib import Path
 
     from fleetcast.config import load_config
     from fleetcast.contract.errors import EXIT_USAGE, UserError
@@ -63,6 +65,7 @@ def _export(args: argparse.Namespace) -> int:
     write_profile(doc, Path(args.out))
     for c in profile.consumers:
         o = c.observed
+        assert o is not None, "an exported profile records what each entry observed"
         print(f"{c.region}{f' {c.model}' if c.model else ''}: {sum(o.arrivals):,} requests over {len(o.arrivals)} h "
               f"({', '.join(f'{k} {v:,}' for k, v in o.consumers.items())}); "
               f"mean {c.input_mean:.0f} in / {c.output_mean:.0f} out tokens")
@@ -70,12 +73,12 @@ def _export(args: argparse.Namespace) -> int:
     return 0
 
 
-def write_profile(doc: dict, path) -> None:
+def write_profile(doc: dict[str, Any], path: Path) -> None:
     """YAML with the long hourly series on one line each."""
     from ruamel.yaml import YAML
     from ruamel.yaml.comments import CommentedSeq
 
-    def flow(value):
+    def flow(value: object) -> object:
         if isinstance(value, list):
             seq = CommentedSeq(value)
             seq.fa.set_flow_style()

@@ -6,7 +6,7 @@ import argparse
 from datetime import UTC
 
 
-def register(sub: argparse._SubParsersAction) -> None:
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     from fleetcast.aws_session import add_aws_arguments
 
     parser = sub.add_parser(

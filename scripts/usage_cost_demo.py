@@ -17,9 +17,10 @@ import os
 import sys
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 
-def emf_records(log: Path) -> list[dict]:
+def emf_records(log: Path) -> list[dict[str, Any]]:
     out = []
     for line in log.read_text().splitlines():
         if '"_aws"' in line:
@@ -30,7 +31,7 @@ def emf_records(log: Path) -> list[dict]:
     return out
 
 
-def metric_data(records: list[dict]) -> list[tuple[str, dict]]:
+def metric_data(records: list[dict[str, Any]]) -> list[tuple[str, dict[str, Any]]]:
     """(namespace, MetricDatum) per metric and dimension set of each EMF record (the EMF specification)."""
     data = []
     for record in records:

@@ -19,6 +19,7 @@ import time
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from fleetcast.bench.schema import Stat
 from fleetcast.bench.stats import make_stat
@@ -67,7 +68,8 @@ class TestServerProcess:
         deadline = time.monotonic() + 20
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                raise RuntimeError(f"test server exited: {self.proc.stderr.read().decode()[-500:]}")
+                stderr = self.proc.stderr.read() if self.proc.stderr is not None else b""  # PIPE above: set
+                raise RuntimeError(f"test server exited: {stderr.decode()[-500:]}")
             try:
                 with urllib.request.urlopen(f"{self.url}/health", timeout=1, context=self._ctx):
                     return
@@ -81,7 +83,7 @@ class TestServerProcess:
         with urllib.request.urlopen(req, timeout=10, context=self._ctx):
             pass
 
-    def truth(self) -> list[dict]:
+    def truth(self) -> list[dict[str, Any]]:
         """Per-request truth of the streamed requests since the last reset."""
         with urllib.request.urlopen(f"{self.url}/_truth", timeout=30, context=self._ctx) as resp:
             return [r for r in json.load(resp) if r.get("stream") and r.get("output_tokens")]
@@ -98,11 +100,11 @@ class TestServerProcess:
     def __enter__(self) -> TestServerProcess:
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
 
-def truth_stats(truth: list[dict]) -> dict[str, Stat]:
+def truth_stats(truth: list[dict[str, Any]]) -> dict[str, Stat]:
     return {
         "ttft_ms": make_stat(r.get("ttft_ms") for r in truth),
         "itl_ms": make_stat(r.get("itl_ms") for r in truth),
@@ -167,10 +169,11 @@ def run_aiperf(aiperf: str, url: str, model: str, concurrency: int, requests: in
     return ToolResult(figures, n, None, "")
 
 
-def _find_metric(data, key: str):
+def _find_metric(data: object, key: str) -> dict[str, Any] | None:
     if isinstance(data, dict):
         if key in data and isinstance(data[key], dict):
-            return data[key]
+            found: dict[str, Any] = data[key]
+            return found
         for v in data.values():
             hit = _find_metric(v, key)
             if hit is not None:
@@ -185,7 +188,7 @@ def _find_metric(data, key: str):
     return None
 
 
-def _to_ms(entry: dict, q: str) -> float | None:
+def _to_ms(entry: dict[str, Any], q: str) -> float | None:
     value = entry.get(q)
     if value is None:
         return None

@@ -11,17 +11,26 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from fleetcast.contract import bench as bench_defaults
 from fleetcast.contract.bucket import BENCH as BENCH_PREFIX
 from fleetcast.contract.errors import EXIT_INTERRUPTED, FleetcastError, UserError
 from fleetcast.contract.instance_env import Var
 
+if TYPE_CHECKING:
+    from pathlib import Path
+
+    from fleetcast.bench.runner import BenchOptions, Level
+    from fleetcast.bench.schema import Labels
+    from fleetcast.config import FleetConfig
+
 DEFAULT_REQUESTS_PER_LEVEL = 100
 _LABEL_KEYS = ("instance_type", "gpu", "precision", "region", "backend", "model", "notes", "path", "consumer")
 
 
-def register(sub: argparse._SubParsersAction) -> None:
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     from fleetcast.aws_session import add_aws_arguments
 
     parser = sub.add_parser("bench", help="benchmark an endpoint: TTFT, ITL, tails, throughput, goodput")
@@ -137,7 +146,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     wheels.set_defaults(handler=_probe_wheels)
 
 
-def _labels(pairs: list[str]):
+def _labels(pairs: list[str]) -> Labels:
     from pydantic import ValidationError
 
     from fleetcast.bench.schema import Labels
@@ -149,12 +158,12 @@ def _labels(pairs: list[str]):
             raise UserError(f"--label {pair!r}: use KEY=VALUE with KEY one of {', '.join(_LABEL_KEYS)}")
         values[key] = value
     try:
-        return Labels(**values)
+        return Labels.model_validate(values)
     except ValidationError:
         raise UserError(f"--label backend={values.get('backend')!r}: use tensorrt, pytorch, reference or unknown") from None
 
 
-def _levels(args):
+def _levels(args: argparse.Namespace) -> list[Level]:
     from fleetcast.bench.distributions import parse_distribution, parse_int_list
     from fleetcast.bench.runner import Level, load_trace
 
@@ -176,7 +185,7 @@ def _levels(args):
                 f"--requests-per-level >= {max(levels)} (several times the level for a steady state) or drop those levels")
         return [Level("concurrency", concurrency=c) for c in levels for _ in range(args.repeats)]
     if args.rate:
-        levels = []
+        rates: list[Level] = []
         for part in args.rate.split(","):
             try:
                 rate = float(part)
@@ -184,8 +193,8 @@ def _levels(args):
                 raise UserError(f"--rate: {part!r} is not a number (req/s)") from None
             if rate <= 0:
                 raise UserError(f"--rate: {rate} must be > 0")
-            levels += [Level("rate", rate_rps=rate, arrival=args.arrival)] * args.repeats
-        return levels
+            rates += [Level("rate", rate_rps=rate, arrival=args.arrival)] * args.repeats
+        return rates
     if args.trace:
         if args.trace_speed <= 0:
             raise UserError("--trace-speed must be > 0")
@@ -256,6 +265,7 @@ def _run(args: argparse.Namespace) -> int:
                                 "the packing's models this run measures)")
             labels = _labels(args.label)
             packing, where = packing_from_args(args, cfg, labels)
+            assert packing is not None, "--pool or --packing given"
             check_mix_against(packing, {args.model: 1.0}, where, flag="--model")
             # The measured model's precision: the pool's engine's (a contradicting --label is refused), else the label.
             precision = model_precisions([], {args.model: 1.0}, packing, labels.precision)[args.model]
@@ -273,7 +283,8 @@ def _run(args: argparse.Namespace) -> int:
         max_inflight=args.max_inflight, ca_bundle=args.ca_bundle,
         progress=args.progress or (sys.stderr.isatty() and not args.quiet),
     )
-    log = (lambda m: None) if args.quiet else (lambda m: print(m, file=sys.stderr, flush=True))
+    log: Callable[[str], None] = (
+        (lambda m: None) if args.quiet else (lambda m: print(m, file=sys.stderr, flush=True)))
     if args.model_mix:
         return _run_mix(args, opts, cfg, out, log)
     results = Bench(opts, log=log).run()
@@ -301,7 +312,7 @@ def _run(args: argparse.Namespace) -> int:
     return 0
 
 
-def mix_out_path(out, model: str):
+def mix_out_path(out: Path, model: str) -> Path:
     """Where a --model-mix run writes `model`'s results: --out's name with the model's slug appended (r.json ->
     r-gpt2-xl.json; Qwen/Qwen2.5 -> r-Qwen!2fQwen2.5.json, one file, not a directory)."""
     from fleetcast.contract.model_ids import model_slug
@@ -309,7 +320,8 @@ def mix_out_path(out, model: str):
     return out.with_name(f"{out.stem}-{model_slug(model)}{out.suffix or '.json'}")
 
 
-def _run_mix(args: argparse.Namespace, opts, cfg, out, log) -> int:
+def _run_mix(args: argparse.Namespace, opts: BenchOptions, cfg: FleetConfig | None, out: Path,
+             log: Callable[[str], None]) -> int:
     """--model-mix: every model at once, one results file per model, one CSV and report for all (and the total)."""
     from dataclasses import replace
     from pathlib import Path
@@ -356,8 +368,8 @@ def _run_mix(args: argparse.Namespace, opts, cfg, out, log) -> int:
                for res in MixBench(opts, mix, packing, args.model_mix, log=log).run()]
     for line in split_warnings(results):  # --quiet too: the files' split is not the mix the flag named
         print(f"warning: {line}", file=sys.stderr)
-    for res in results:
-        dump_results(res, paths[res.labels.model])
+    for m, res in zip(mix, results, strict=True):  # MixBench's results are in the mix's order
+        dump_results(res, paths[m.model])
     csv_path = out.with_suffix(".csv")
     write_csv(results, csv_path)
     log(f"wrote {', '.join(str(p) for p in paths.values())} and {csv_path}")

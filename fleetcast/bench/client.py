@@ -32,6 +32,7 @@ import ssl as ssl_module
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any, cast
 from urllib.parse import urlsplit
 
 from fleetcast.bench import kstamp
@@ -87,21 +88,22 @@ class RawResponse:
     rq_reads: list[int | None] = field(default_factory=list)
 
 
-class _Connection(asyncio.Protocol):
-    """One keep-alive HTTP/1.1 connection; one request in flight at a time."""
+class _Connection(kstamp.StampedProtocol):
+    """One keep-alive HTTP/1.1 connection; one request in flight at a time (rx_time: the current read's kernel
+    receive time, when the transport has it)."""
 
-    rx_time: float | None = None  # kernel receive time of the current read, when the transport has it
     rq_wait: Callable[[], int | None] | None = None  # the loop thread's run-queue wait (ns), when measured
 
     def __init__(self) -> None:
         self.transport: asyncio.Transport | None = None
         self.closed = False
         self._raw: RawResponse | None = None
-        self._done: asyncio.Future | None = None
+        self._done: asyncio.Future[None] | None = None
 
     # -- asyncio callbacks
-    def connection_made(self, transport) -> None:
-        self.transport = transport
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        # A stream transport: loop.create_connection's or kstamp's (uvloop's need not subclass asyncio.Transport).
+        self.transport = cast(asyncio.Transport, transport)
         sock = transport.get_extra_info("socket")
         if sock is not None:
             # Small SSE writes must not wait on Nagle's algorithm.
@@ -123,7 +125,7 @@ class _Connection(asyncio.Protocol):
             raw.t_done = t
             self._finish()
 
-    def connection_lost(self, exc) -> None:
+    def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
         raw = self._raw
         if raw is not None:
@@ -134,7 +136,7 @@ class _Connection(asyncio.Protocol):
             self._finish()
 
     # -- request
-    def start(self, request: bytes, raw: RawResponse, done: asyncio.Future) -> None:
+    def start(self, request: bytes, raw: RawResponse, done: asyncio.Future[None]) -> None:
         self._raw = raw
         self._done = done
         self._in_body = False
@@ -147,6 +149,7 @@ class _Connection(asyncio.Protocol):
         if self.rq_wait is not None:
             raw.rq_send = self.rq_wait()
         raw.t_send = _clock()
+        assert self.transport is not None, "a request starts on a connected connection"
         self.transport.write(request)
 
     def _finish(self) -> None:
@@ -170,8 +173,8 @@ class _Connection(asyncio.Protocol):
             self._in_body = True
             lines = head.split("\r\n")
             headers = {}
-            for line in lines[1:]:
-                name, _, value = line.partition(":")
+            for header in lines[1:]:
+                name, _, value = header.partition(":")
                 headers[name.strip()] = value.strip()
             self._keep_alive = headers.get("connection", "") != "close" and lines[0].startswith("http/1.1")
             if "chunked" in headers.get("transfer-encoding", ""):
@@ -322,7 +325,7 @@ class ParsedResponse:
     error_detail: str | None = None
 
 
-def error_message(body: bytes | str | dict | None) -> str | None:
+def error_message(body: bytes | str | dict[str, Any] | None) -> str | None:
     """The server's reason for a failed request, at most ERROR_DETAIL_MAX_CHARS characters.
 
     Reads both error shapes in use: TensorRT-LLM's `ErrorResponse` puts `message` at the top
@@ -477,8 +480,8 @@ def parse_stream(raw: RawResponse, api: str) -> ParsedResponse:
     return ParsedResponse(status, content_times, prompt_tokens, completion_tokens, error, chars, merged, detail)
 
 
-def http_json(method: str, url: str, body: dict | None, headers: dict[str, str], timeout_s: float = 60.0,
-              ca_bundle: str | None = None):
+def http_json(method: str, url: str, body: dict[str, Any] | None, headers: dict[str, str], timeout_s: float = 60.0,
+              ca_bundle: str | None = None) -> tuple[int, Any]:
     """One blocking JSON request (control plane only). Returns (status, parsed body or text).
     Raises OSError when the endpoint cannot be reached."""
     import urllib.error

@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 from fleetcast.bench.schema import SCHEMA_ID
 from fleetcast.contract.errors import UserError
 
 
 def collect(bucket: str, prefix: str, out: Path, *, region: str | None = None,
-            endpoint_url: str | None = None, client=None, profile: str | None = None) -> list[Path]:
+            endpoint_url: str | None = None, client: Any = None, profile: str | None = None) -> list[Path]:
     """Download every `*.json` results file under the prefix into `out`, keeping
     the key's path below the prefix. Files that are not bench results are skipped
     with a note on stderr; returns the written paths."""
@@ -55,7 +56,7 @@ def collect(bucket: str, prefix: str, out: Path, *, region: str | None = None,
 
 
 def upload(results_path: Path, bucket: str, key: str, *, region: str | None = None,
-           endpoint_url: str | None = None, client=None) -> str:
+           endpoint_url: str | None = None, client: Any = None) -> str:
     """Upload one results file (used on benchmark instances); returns its s3:// URI."""
     import boto3
 

@@ -37,6 +37,7 @@ import tempfile
 import time
 import urllib.request
 from pathlib import Path
+from typing import Any
 
 from fleetcast.contract import bench
 from fleetcast.contract.instance_env import Var
@@ -135,7 +136,7 @@ def _labelled(path: Path, backend: str) -> bytes:
     return json.dumps(data, separators=(",", ":")).encode()
 
 
-def _run_packed(env: dict[str, str], s3, bucket: str, health_timeout_s: float) -> None:
+def _run_packed(env: dict[str, str], s3: Any, bucket: str, health_timeout_s: float) -> None:
     from fleetcast.bench.cli import main as fleetcast
 
     models = packed_models(env)
@@ -155,8 +156,8 @@ def _run_packed(env: dict[str, str], s3, bucket: str, health_timeout_s: float) -
                 log.info("uploaded s3://%s/%s", bucket, key)
 
 
-def _api_key(secrets, name: str) -> str:
-    value = secrets.get_secret_value(SecretId=name)["SecretString"].strip()
+def _api_key(secrets: Any, name: str) -> str:
+    value: str = secrets.get_secret_value(SecretId=name)["SecretString"].strip()
     if value.startswith("{"):
         keys = json.loads(value).get("keys") or []
         if not keys or not isinstance(keys[0], str):
@@ -165,7 +166,8 @@ def _api_key(secrets, name: str) -> str:
     return value
 
 
-def run(env: dict[str, str], *, s3=None, autoscaling=None, secrets=None, health_timeout_s: float = 7200.0) -> int:
+def run(env: dict[str, str], *, s3: Any = None, autoscaling: Any = None, secrets: Any = None,
+        health_timeout_s: float = 7200.0) -> int:
     key = env.get(Var.BENCH_KEY)
     if not key:
         return 0

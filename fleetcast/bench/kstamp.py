@@ -21,6 +21,8 @@ import socket
 import struct
 import sys
 import time
+from collections.abc import Callable, Iterable
+from typing import Any, TypeVar
 
 # Linux values (asm-generic/socket.h); Python's socket module does not name them.
 SO_TIMESTAMPNS = 35
@@ -56,19 +58,29 @@ def enable(sock: socket.socket) -> bool:
         return False
 
 
-def kernel_time(ancdata) -> float | None:
+class StampedProtocol(asyncio.Protocol):
+    """A protocol that reads each read's kernel receive time from `rx_time` in data_received."""
+
+    rx_time: float | None = None
+
+
+_P = TypeVar("_P", bound=StampedProtocol)
+
+
+def kernel_time(ancdata: Iterable[tuple[int, int, bytes]]) -> float | None:
     """The read's kernel receive time on the time.perf_counter() scale, or None."""
     for level, kind, data in ancdata:
         if level == socket.SOL_SOCKET and kind == SCM_TIMESTAMPNS and len(data) >= _TIMESPEC.size:
             sec, nsec = _TIMESPEC.unpack_from(data)
-            return sec + nsec / 1e9 - _OFFSET
+            stamp: float = sec + nsec / 1e9 - _OFFSET
+            return stamp
     return None
 
 
 class StampedTransport(asyncio.Transport):
     """Non-blocking socket transport that reports kernel receive times."""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, sock: socket.socket, protocol: asyncio.Protocol) -> None:
+    def __init__(self, loop: asyncio.AbstractEventLoop, sock: socket.socket, protocol: StampedProtocol) -> None:
         super().__init__()
         self._loop = loop
         self._sock = sock
@@ -84,10 +96,10 @@ class StampedTransport(asyncio.Transport):
         protocol.connection_made(self)
         loop.add_reader(self._fd, self._on_readable)
 
-    def get_extra_info(self, name, default=None):
+    def get_extra_info(self, name: str, default: Any = None) -> Any:
         return {"socket": self._sock, "peername": self._peer()}.get(name, default)
 
-    def _peer(self):
+    def _peer(self) -> Any:  # an address tuple of the socket's family
         try:
             return self._sock.getpeername()
         except OSError:
@@ -110,7 +122,7 @@ class StampedTransport(asyncio.Transport):
         self._protocol.rx_time = kernel_time(anc)
         self._protocol.data_received(data)
 
-    def write(self, data: bytes) -> None:
+    def write(self, data: bytes | bytearray | memoryview) -> None:
         if self._closed or self._closing:
             return
         if self._out:
@@ -163,7 +175,8 @@ class StampedTransport(asyncio.Transport):
         self._protocol.connection_lost(exc)
 
 
-async def connect(loop: asyncio.AbstractEventLoop, host: str, port: int, protocol_factory) -> tuple[StampedTransport, asyncio.Protocol]:
+async def connect(loop: asyncio.AbstractEventLoop, host: str, port: int,
+                  protocol_factory: Callable[[], _P]) -> tuple[StampedTransport, _P]:
     infos = await loop.getaddrinfo(host, port, type=socket.SOCK_STREAM)
     last: OSError | None = None
     for family, stype, proto, _, addr in infos:
@@ -180,7 +193,8 @@ async def connect(loop: asyncio.AbstractEventLoop, host: str, port: int, protoco
     raise last or OSError(f"cannot connect to {host}:{port}")
 
 
-async def serve(loop: asyncio.AbstractEventLoop, host: str, port: int, protocol_factory, backlog: int = 1024):
+async def serve(loop: asyncio.AbstractEventLoop, host: str, port: int, protocol_factory: Callable[[], StampedProtocol],
+                backlog: int = 1024) -> socket.socket:
     """Accept connections and wrap each in a StampedTransport. Returns the listening socket."""
     lsock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     lsock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)

@@ -164,9 +164,9 @@ def summarize(
         loop_limit = LOOP_LAG_P99_LIMIT_KERNEL_STAMPS_MS
         if gap_p50 is not None:
             loop_limit = round(max(LOOP_LAG_P99_LIMIT_MS, min(loop_limit, 0.5 * gap_p50)), 2)
-    if loop_stat.count and loop_stat.p99 > loop_limit:
+    if loop_stat.p99 is not None and loop_stat.p99 > loop_limit:
         reasons.append(f"event-loop lag P99 {loop_stat.p99:.2f} ms > {loop_limit} ms")
-    if sched_stat.count and sched_stat.p95 > SCHEDULE_LAG_P95_LIMIT_MS:
+    if sched_stat.p95 is not None and sched_stat.p95 > SCHEDULE_LAG_P95_LIMIT_MS:
         reasons.append(f"schedule lag P95 {sched_stat.p95:.2f} ms > {SCHEDULE_LAG_P95_LIMIT_MS} ms")
     merged_share = (sum(1 for r in ok if r.ttft_merged) / len(ok)) if ok else None
     if merged_share is not None and merged_share > TTFT_MERGED_SHARE_LIMIT:
@@ -175,7 +175,7 @@ def summarize(
         reasons.append(f"client CPU {cpu_util:.0%} of one core > {CPU_BUSY_LIMIT:.0%}")
     waits = [r.run_queue_wait_ms for r in ok if r.run_queue_wait_ms is not None]
     wait_stat = make_stat(waits) if waits else None
-    if wait_stat is not None and wait_stat.p99 > RUN_QUEUE_WAIT_P99_LIMIT_MS:
+    if wait_stat is not None and wait_stat.p99 is not None and wait_stat.p99 > RUN_QUEUE_WAIT_P99_LIMIT_MS:
         reasons.append(f"the OS kept the client waiting for a CPU between send and first token: P99 "
                        f"{wait_stat.p99:.2f} ms per request (P50 {wait_stat.p50:.2f}) > {RUN_QUEUE_WAIT_P99_LIMIT_MS} ms")
     return Summary(

@@ -14,11 +14,16 @@ models' measured mean concurrency); every file also carries the whole mix's figu
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import math
+import random
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from functools import partial
+from typing import TYPE_CHECKING
 
 from fleetcast.bench.client import ConnectionPool, Endpoint
 from fleetcast.bench.distributions import IntDistribution, parse_distribution
@@ -30,27 +35,35 @@ from fleetcast.bench.runner import (
     Level,
     LoopLagProbe,
     RunQueueMeter,
+    _concurrency,
+    _duration,
     _level_line,
     _level_name,
+    _rate,
     client_info,
 )
 from fleetcast.bench.schema import (
     SCHEMA_REVISION,
+    Labels,
     Lengths,
     Load,
     MixTotal,
     ModelMix,
     PackedModel,
     Packing,
+    Record,
     RequestShape,
     Results,
     Run,
     SloSpec,
     Summary,
 )
-from fleetcast.config.model import GIB
 from fleetcast.contract.errors import UserError
 from fleetcast.contract.model_ids import model_id_of, model_id_problem
+from fleetcast.contract.serving import GIB
+
+if TYPE_CHECKING:
+    from fleetcast.config import FleetConfig
 
 FLAG = "--model-mix"
 # Shares are written with a few decimals ("0.7,0.2,0.1"); their sum is 1 within what such decimals can miss.
@@ -208,12 +221,14 @@ def request_split_note(requests: dict[str, int], shares: dict[str, float]) -> st
 def split_warnings(results: list[Results]) -> list[str]:
     """One line per concurrency level of a mix run whose requests split over REQUEST_SPLIT_NOTE_AT off the shares
     (from the files' own request counts, so what is warned is what the files hold)."""
-    out = []
+    out: list[str] = []
+    mix = results[0].model_mix
+    assert mix is not None, "a model-mix run's files"
     for i, total in enumerate(r.total for r in results[0].runs):
         if total is None or total.load.mode != "concurrency":
             continue
-        note = request_split_note({res.labels.model: res.runs[i].summary.requests for res in results},
-                                  results[0].model_mix.shares)
+        note = request_split_note({res.labels.model: res.runs[i].summary.requests for res in results
+                                   if res.labels.model is not None}, mix.shares)
         if note:
             out.append(f"concurrency {total.load.concurrency}: {note}")
     return out
@@ -245,7 +260,7 @@ def parse_packing(spec: str, instance_type: str | None, gpu: str | None) -> Pack
         raise UserError(f"--packing {spec!r}: {exc.errors()[0]['msg'] if hasattr(exc, 'errors') else exc}") from None
 
 
-def packing_of_pool(cfg, pool_name: str) -> Packing:
+def packing_of_pool(cfg: FleetConfig, pool_name: str) -> Packing:
     """What one instance of the config's pool `pool_name` serves: models, copies, each one's engine precision, the
     configured KV budgets (a serve without kv_cache_gb: null, since the instance plans that share from the memory
     it finds free)."""
@@ -287,11 +302,17 @@ class _Part:
     prompts: PromptFactory | None = None
     runs: list[Run] = field(default_factory=list)
 
-    def shape(self, rng) -> tuple[int, int]:
+    def shape(self, rng: random.Random) -> tuple[int, int]:
         return self.spec.input_tokens.sample(rng), self.spec.output_tokens.sample(rng)
+
+    @property
+    def factory(self) -> PromptFactory:
+        assert self.prompts is not None, "each part's prompt factory is made in MixBench._discover"
+        return self.prompts
 
 
 def _endpoint(m: MixModel) -> Endpoint:
+    assert m.endpoint is not None, "a model with its own --model-endpoint"
     try:
         return Endpoint.parse(m.endpoint)
     except UserError:
@@ -299,7 +320,7 @@ def _endpoint(m: MixModel) -> Endpoint:
                         "http://127.0.0.1:8001") from None
 
 
-def packing_from_args(args, cfg, labels) -> tuple[Packing | None, str]:
+def packing_from_args(args: argparse.Namespace, cfg: FleetConfig | None, labels: Labels) -> tuple[Packing | None, str]:
     """The packing `--pool` (with --config) or `--packing` names, and where it came from in words; None when
     neither is given."""
     if args.pool and args.packing:
@@ -322,7 +343,8 @@ def packing_from_args(args, cfg, labels) -> tuple[Packing | None, str]:
 class MixBench(Bench):
     """A benchmark of several models through one endpoint at once; `run()` returns one Results per model."""
 
-    def __init__(self, opts: BenchOptions, mix: list[MixModel], packing: Packing, spec: str, log=None) -> None:
+    def __init__(self, opts: BenchOptions, mix: list[MixModel], packing: Packing, spec: str,
+                 log: Callable[[str], None] | None = None) -> None:
         super().__init__(opts, log=log)
         if any(level.mode not in ("concurrency", "rate") for level in opts.levels):
             raise UserError(f"{FLAG} takes --concurrency or --rate levels (a trace or a --mix of levels has no "
@@ -335,7 +357,7 @@ class MixBench(Bench):
         check_mix_against(packing, self.shares, "the --packing/--pool given")
         for level in opts.levels:
             if level.mode == "concurrency":
-                check_concurrency(level.concurrency, self.shares)
+                check_concurrency(_concurrency(level), self.shares)
 
     async def _discover(self) -> None:
         listed: dict[str, list[str]] = {}
@@ -352,13 +374,13 @@ class MixBench(Bench):
         self.model = self.parts[0].spec.model
         self.prompts = self.parts[0].prompts
 
-    def _builder(self, part: _Part):
+    def _builder(self, part: _Part) -> Callable[[int, int], bytes]:
         import json
 
         from fleetcast.bench.client import build_http_request
 
         def build(n_in: int, n_out: int) -> bytes:
-            body = self._body(part.prompts.prompt(n_in, self.rng), n_out, part.spec.model)
+            body = self._body(part.factory.prompt(n_in, self.rng), n_out, part.spec.model)
             return build_http_request(part.ep, self.path, json.dumps(body, separators=(",", ":")).encode(),
                                       self._headers)
         return build
@@ -371,7 +393,7 @@ class MixBench(Bench):
             sink: list[Sent] = []
             try:
                 await self._closed_loop(pool, 1, self.opts.warmup, None, sink, [0],
-                                        lambda p=part: p.shape(self.rng), self._builder(part))
+                                        partial(part.shape, self.rng), self._builder(part))
             finally:
                 pool.close()
             records = [to_record(s, self.opts.api, 0.0) for s in sink]
@@ -383,9 +405,9 @@ class MixBench(Bench):
     def split(self, level: Level) -> dict[str, Level]:
         """Each model's part of `level`."""
         if level.mode == "concurrency":
-            workers = split_counts(level.concurrency, self.shares)
+            workers = split_counts(_concurrency(level), self.shares)
             return {m: Level("concurrency", concurrency=n) for m, n in workers.items()}
-        return {m: Level("rate", rate_rps=level.rate_rps * s, arrival=level.arrival) for m, s in self.shares.items()}
+        return {m: Level("rate", rate_rps=_rate(level) * s, arrival=level.arrival) for m, s in self.shares.items()}
 
     async def _run_mix_level(self, level: Level
                              ) -> tuple[dict[str, list[Sent]], list[float], float, bool, float | None]:
@@ -402,14 +424,14 @@ class MixBench(Bench):
             if level.mode == "concurrency":
                 counter = [0]  # shared: the level stops for every model together
                 await asyncio.gather(*(
-                    self._closed_loop(pools[p.ep.url], parts[p.spec.model].concurrency, opts.requests_per_level,
+                    self._closed_loop(pools[p.ep.url], _concurrency(parts[p.spec.model]), opts.requests_per_level,
                                       deadline,
-                                      sinks[p.spec.model], counter, lambda p=p: p.shape(self.rng), self._builder(p))
+                                      sinks[p.spec.model], counter, partial(p.shape, self.rng), self._builder(p))
                     for p in self.parts))
             else:
-                count = opts.requests_per_level or int(level.rate_rps * opts.duration_s) + 1
+                count = opts.requests_per_level or int(_rate(level) * _duration(opts)) + 1
                 counts = split_counts(count, self.shares)
-                plans = {p.spec.model: self._rate_plan(level, counts[p.spec.model], lambda p=p: p.shape(self.rng),
+                plans = {p.spec.model: self._rate_plan(level, counts[p.spec.model], partial(p.shape, self.rng),
                                                        parts[p.spec.model].rate_rps) for p in self.parts}
                 await asyncio.gather(*(self._open_loop(pools[p.ep.url], plans[p.spec.model], sinks[p.spec.model],
                                                        deadline, self._builder(p)) for p in self.parts))
@@ -431,13 +453,13 @@ class MixBench(Bench):
             everything = [s for sink in sinks.values() for s in sink]
             t0 = min((s.raw.t_send for s in everything), default=0.0)
             parts = self.split(level)
-            summaries: dict[str, tuple[Summary, list]] = {}
+            summaries: dict[str, tuple[Summary, list[Record]]] = {}
             for part in self.parts:
                 sink = sorted(sinks[part.spec.model], key=lambda s: s.raw.t_send)
                 records = [to_record(s, opts.api, t0) for s in sink]
                 summary = summarize(sink, records, opts.slo, lags, cpu, rtt, kstamps, rq_share)
                 own = parts[part.spec.model]
-                if own.mode == "concurrency" and summary.requests < own.concurrency:
+                if own.mode == "concurrency" and own.concurrency and summary.requests < own.concurrency:
                     summary = summary.model_copy(update={"load_note": (
                         f"only {summary.requests} request(s) ran on {own.concurrency} worker(s): the load never "
                         f"reached its label (mean concurrency {summary.mean_concurrency:.1f})")})
@@ -460,7 +482,7 @@ class MixBench(Bench):
                     lengths=Lengths(input_mean=part.spec.input_tokens.expected(),
                                     output_mean=part.spec.output_tokens.expected(),
                                     spec=f"input={part.spec.input_tokens.spec} output={part.spec.output_tokens.spec} "
-                                         f"prompts={part.prompts.describe()} force_output={opts.force_output} "
+                                         f"prompts={part.factory.describe()} force_output={opts.force_output} "
                                          f"model_mix={self.spec}"),
                     summary=summary, records=records if opts.keep_records else [], peers=peers, total=mix_total))
             self.totals.append(mix_total)
@@ -468,6 +490,7 @@ class MixBench(Bench):
 
     def mix_results(self, interrupted: str | None = None) -> list[Results]:
         opts = self.opts
+        assert self._started is not None, "results are made after _start"
         out = []
         for part in self.parts:
             m = part.spec.model
@@ -508,7 +531,7 @@ class MixBench(Bench):
 
 def mix_models(shares: dict[str, float], input_tokens: str, output_tokens: str, input_by_model: dict[str, str],
                output_by_model: dict[str, str], tokenizer_by_model: dict[str, str],
-               tokenizer: str | None, cfg=None, endpoint_by_model: dict[str, str] | None = None) -> list[MixModel]:
+               tokenizer: str | None, cfg: FleetConfig | None = None, endpoint_by_model: dict[str, str] | None = None) -> list[MixModel]:
     """Each model's request shape: its own --model-input-tokens/--model-output-tokens, else the common
     --input-tokens/--output-tokens; with a config, each must fit the model's max_input_len/max_output_len."""
     out = []

@@ -120,5 +120,5 @@ def render_table(shares: list[LevelShare]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def to_json(shares: list[LevelShare], only_one: list[str]) -> dict:
+def to_json(shares: list[LevelShare], only_one: list[str]) -> dict[str, object]:
     return {"unit": "ms", "levels": [asdict(s) for s in shares], "unmatched_levels": only_one}

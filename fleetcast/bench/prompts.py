@@ -21,8 +21,12 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from fleetcast.contract.errors import UserError
+
+if TYPE_CHECKING:
+    from tokenizers import Tokenizer
 
 # Frequent three-letter words. With a leading space each is one token in GPT-2/Llama-style
 # BPE vocabularies and exactly four in byte-level ones, so tokens per word is the same for
@@ -45,7 +49,7 @@ class PromptFactory:
     """Makes a prompt of `n` tokens; `describe()` says how exact that is."""
 
     def __init__(self, tokenizer_dir: str | None = None, calibration: Calibration | None = None) -> None:
-        self._tok = None
+        self._tok: Tokenizer | None = None
         self._stream: list[int] = []
         self.calibration = calibration or Calibration()
         if tokenizer_dir:
@@ -65,7 +69,7 @@ class PromptFactory:
 
     def prompt(self, n: int, rng: random.Random) -> str:
         if self._tok is not None:
-            return self._exact_prompt(n, rng)
+            return self._exact_prompt(self._tok, n, rng)
         c = self.calibration
         words = max(1, round((n - c.overhead_tokens) / c.tokens_per_word))
         # Leading space on every word, the first included: each word then tokenizes alike.
@@ -76,15 +80,15 @@ class PromptFactory:
             return None
         return len(self._tok.encode(text, add_special_tokens=False).ids)
 
-    def _exact_prompt(self, n: int, rng: random.Random) -> str:
+    def _exact_prompt(self, tok: Tokenizer, n: int, rng: random.Random) -> str:
         stream = self._stream
         want = n
         text = ""
         for _ in range(8):
             start = rng.randrange(0, max(1, len(stream) - want))
             ids = (stream * (1 + want // len(stream) + 1))[start : start + want]
-            text = self._tok.decode(ids)
-            got = len(self._tok.encode(text, add_special_tokens=False).ids)
+            text = tok.decode(ids)
+            got = len(tok.encode(text, add_special_tokens=False).ids)
             if got == n:
                 return text
             want = max(1, want + (n - got))
@@ -99,7 +103,7 @@ def tokenizer_file(tokenizer_dir: str, flag: str = "--tokenizer") -> Path:
     return path
 
 
-def _load_tokenizer(tokenizer_dir: str):
+def _load_tokenizer(tokenizer_dir: str) -> Tokenizer:
     path = tokenizer_file(tokenizer_dir)
     try:
         from tokenizers import Tokenizer

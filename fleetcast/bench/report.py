@@ -20,9 +20,16 @@ from __future__ import annotations
 import base64
 import csv
 import html
+from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
-from fleetcast.bench.schema import Results, Run
+from fleetcast.bench.schema import Load, Results, Run
+
+if TYPE_CHECKING:
+    from matplotlib.artist import Artist
+    from matplotlib.axes import Axes
+    from matplotlib.figure import Figure
 
 _STATS = ("ttft_ms", "itl_ms", "e2e_ms", "chunk_gap_ms")
 _QS = ("p50", "p90", "p95", "p99")
@@ -50,6 +57,7 @@ def _peer_state(res: Results) -> str | None:
 
 def total_name(res: Results) -> str:
     """The name of a model-mix run's total series, e.g. 'mix total (gpt2-xl 0.7 + qwen2.5-1.5b 0.3)'."""
+    assert res.model_mix is not None, "a total is named for a model-mix file only"
     return "mix total (" + " + ".join(f"{m} {s:g}" for m, s in res.model_mix.shares.items()) + ")"
 
 
@@ -84,14 +92,15 @@ def with_totals(results: list[Results]) -> list[Results]:
     for i, res in enumerate(results):
         out.append(res)
         key = keys[i]
-        if key is None or key in keys[i + 1:] or keys.count(key) < len(res.model_mix.shares):
+        # A file with a mix key has a mix (mix_key); said again for the type checker.
+        if key is None or res.model_mix is None or key in keys[i + 1:] or keys.count(key) < len(res.model_mix.shares):
             continue
         if not res.runs or not all(r.total for r in res.runs):
             continue
         out.append(res.model_copy(update={
             "labels": res.labels.model_copy(update={"model": total_name(res), "precision": total_precision(
                 [r for r, k in zip(results, keys) if k == key])}),
-            "runs": [Run(load=r.total.load, lengths=r.lengths, summary=r.total.summary) for r in res.runs],
+            "runs": [Run(load=t.load, lengths=r.lengths, summary=t.summary) for r in res.runs if (t := r.total)],
             "request": None}))
     return out
 
@@ -133,7 +142,7 @@ def shape_text(res: Results) -> str:
     return shape.text() + ("" if res.request is not None else " (read from the runs' length specs)")
 
 
-def csv_rows(results: list[Results]) -> list[dict]:
+def csv_rows(results: list[Results]) -> list[dict[str, Any]]:
     rows = []
     results = with_totals(results)
     for res, name in zip(results, series_names(results)):
@@ -189,7 +198,7 @@ def load_axis_kind(results: list[Results]) -> str:
     return "concurrency" if all(x.concurrency for x in loads) else "mixed"
 
 
-def _level(run: Run):
+def _level(run: Run) -> Load:
     """The load a run is plotted at: a model-mix run's whole level (its own part is in its table)."""
     return run.total.load if run.total is not None else run.load
 
@@ -210,7 +219,7 @@ _AXIS_LABEL = {"rate": "offered rate (requests/s, the --rate values swept)", "co
 _MIX_AXIS = " of the whole model mix (each model gets its share)"
 
 
-def _load_axis(ax, kind: str, levels: list[float], xs: list[float], mix: bool = False) -> None:
+def _load_axis(ax: Axes, kind: str, levels: list[float], xs: list[float], mix: bool = False) -> None:
     """The rates swept on a linear axis ticked at each rate; otherwise a log-2 load axis whose ticks read as numbers
     (1, 2, 4, 8), not 2^0..2^3: the swept concurrency levels, else the powers of two the measured loads span."""
     import math
@@ -240,21 +249,21 @@ def slo_values(results: list[Results], field: str) -> list[float]:
     return sorted({getattr(r.slo, field) for r in results if r.slo is not None and getattr(r.slo, field) is not None})
 
 
-def _slo_lines(ax, results: list[Results], field: str) -> None:
+def _slo_lines(ax: Axes, results: list[Results], field: str) -> None:
     what = field.split("_")[0].upper()
     for v in slo_values(results, field):
         ax.axhline(v, color="k", linestyle=(0, (6, 3)), linewidth=1.3, zorder=1.5,
                    label=f"{what} SLO: {v:g} ms (goodput counts requests under it)")
 
 
-def _saturated(ax, points: list[tuple[float, float]]) -> None:
+def _saturated(ax: Axes, points: list[tuple[float, float]]) -> None:
     """A red ring around each saturated run, under the series' markers: a cross on top hid other series' points."""
     if points:
         ax.plot(*zip(*points), "o", markersize=14, markerfacecolor="none", markeredgecolor="red",
                 markeredgewidth=1.6, zorder=1, label="_saturated")
 
 
-def _legend_below(fig, axes, extra: list | None = None) -> None:
+def _legend_below(fig: Figure, axes: Sequence[Axes], extra: Sequence[tuple[Artist, str]] | None = None) -> None:
     """One legend for the figure, below the panels, where it covers no data: entries of every panel, each once."""
     from matplotlib.lines import Line2D
 
@@ -392,12 +401,12 @@ def _plots(results: list[Results], out: Path) -> list[Path]:
     return paths
 
 
-def _load_cell(load) -> str:
+def _load_cell(load: Load) -> str:
     return (f"c={load.concurrency}" if load.concurrency else
             f"{load.rate_rps:g} rps {load.arrival}" if load.rate_rps else load.mode)
 
 
-def _fmt(v) -> str:
+def _fmt(v: object) -> str:
     if v is None:
         return "-"
     if isinstance(v, float):

@@ -30,6 +30,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 from fleetcast import __version__
 from fleetcast.bench.client import (
@@ -46,14 +47,19 @@ from fleetcast.bench.prompts import PromptFactory, calibrate_from_usage
 from fleetcast.bench.schedstat import ThreadWait, process_wait_ns, wait_between
 from fleetcast.bench.schema import (
     SCHEMA_REVISION,
+    Api,
+    Arrival,
     ClientInfo,
     Labels,
     Lengths,
     Load,
+    LoadMode,
     RequestShape,
     Results,
     Run,
     SloSpec,
+    Stat,
+    Summary,
 )
 from fleetcast.contract import bench as bench_defaults
 from fleetcast.contract.errors import UserError
@@ -148,12 +154,13 @@ class TraceRow:
 
 @dataclass
 class Level:
-    """One run's load: what the records and summary are labeled with."""
+    """One run's load: what the records and summary are labeled with. Each mode sets its own field (concurrency,
+    rate_rps and arrival, mix, trace), which the code running that mode reads."""
 
-    mode: str
+    mode: LoadMode
     concurrency: int | None = None
     rate_rps: float | None = None
-    arrival: str | None = None
+    arrival: Arrival | None = None
     mix: IntDistribution | None = None
     trace: list[TraceRow] | None = None
 
@@ -161,7 +168,7 @@ class Level:
 @dataclass
 class BenchOptions:
     endpoint: str
-    api: str = "completions"
+    api: Api = "completions"
     model: str | None = None
     input_tokens: IntDistribution = field(default_factory=lambda: parse_distribution(bench_defaults.INPUT_TOKENS, "--input-tokens"))
     output_tokens: IntDistribution = field(default_factory=lambda: parse_distribution(bench_defaults.OUTPUT_TOKENS, "--output-tokens"))
@@ -188,6 +195,14 @@ class BenchOptions:
 # ---------------------------------------------------------------- inputs
 
 
+def _number(row: dict[str, Any], *keys: str) -> float:
+    """The first of `keys` the row has, as a number: TypeError or ValueError where it has none or not a number."""
+    for key in keys:
+        if key in row:
+            return float(row[key])
+    raise TypeError(f"none of {', '.join(keys)}")
+
+
 def load_trace(path: str, speed: float = 1.0) -> list[TraceRow]:
     """Trace rows from JSONL or CSV. Columns: timestamp (ms, as in Mooncake/AIPerf
     traces; or `timestamp_s` in seconds), input_length|input_tokens,
@@ -195,7 +210,7 @@ def load_trace(path: str, speed: float = 1.0) -> list[TraceRow]:
     p = Path(path)
     if not p.is_file():
         raise UserError(f"--trace: {path} does not exist")
-    rows: list[dict] = []
+    rows: list[dict[str, Any]] = []
     if p.suffix.lower() == ".csv":
         with p.open(newline="") as fh:
             rows = list(csv.DictReader(fh))
@@ -212,9 +227,9 @@ def load_trace(path: str, speed: float = 1.0) -> list[TraceRow]:
             if "timestamp_s" in row:
                 at = float(row["timestamp_s"])
             else:
-                at = float(row.get("timestamp", row.get("timestamp_ms"))) / 1000.0
-            inp = int(float(row.get("input_length", row.get("input_tokens"))))
-            outp = int(float(row.get("output_length", row.get("output_tokens"))))
+                at = _number(row, "timestamp", "timestamp_ms") / 1000.0
+            inp = int(_number(row, "input_length", "input_tokens"))
+            outp = int(_number(row, "output_length", "output_tokens"))
         except (TypeError, ValueError):
             raise UserError(
                 f"--trace: {path} row {i} needs timestamp (ms) or timestamp_s, input_length and output_length"
@@ -259,6 +274,11 @@ class Bench:
         self.prompts = await self._calibrate(self.model, self.opts.tokenizer_dir)
 
     @property
+    def _prompts(self) -> PromptFactory:
+        assert self.prompts is not None, "the prompt factory is made in _discover, before any request"
+        return self.prompts
+
+    @property
     def _base(self) -> str:
         return _base_url(self.ep)
 
@@ -281,7 +301,7 @@ class Bench:
         base = _base_url(ep)
         if tokenizer_dir:
             return PromptFactory(tokenizer_dir=tokenizer_dir)
-        samples = []
+        samples: list[tuple[int, int | None]] = []
         probe = PromptFactory()
         # Small probes: short-context models (max_seq_len 256) must accept them.
         for words in (4, 16):
@@ -301,8 +321,8 @@ class Bench:
             samples.append((words, (data.get("usage") or {}).get("prompt_tokens")))
         return PromptFactory(calibration=calibrate_from_usage(samples))
 
-    def _body(self, prompt: str, max_tokens: int, model: str | None = None) -> dict:
-        body: dict = {"model": model or self.model, "max_tokens": max_tokens, "stream": True,
+    def _body(self, prompt: str, max_tokens: int, model: str | None = None) -> dict[str, Any]:
+        body: dict[str, Any] = {"model": model or self.model, "max_tokens": max_tokens, "stream": True,
                       "stream_options": {"include_usage": True}}
         if self.opts.api == "chat":
             body["messages"] = [{"role": "user", "content": prompt}]
@@ -315,7 +335,7 @@ class Bench:
         return body
 
     def _request(self, n_in: int, n_out: int) -> bytes:
-        body = self._body(self.prompts.prompt(n_in, self.rng), n_out)
+        body = self._body(self._prompts.prompt(n_in, self.rng), n_out)
         return build_http_request(self.ep, self.path, json.dumps(body, separators=(",", ":")).encode(), self._headers)
 
     def _shape(self) -> tuple[int, int]:
@@ -374,6 +394,7 @@ class Bench:
                    rate_rps: float | None = None) -> list[tuple[float, int, int]]:
         shape = shape or self._shape
         rate = rate_rps or level.rate_rps
+        assert rate is not None, "a rate level sets rate_rps"
         t, plan = 0.0, []
         for _ in range(count):
             n_in, n_out = shape()
@@ -383,6 +404,7 @@ class Bench:
 
     def _mix_phases(self, level: Level, total: int) -> list[tuple[int, int]]:
         """(concurrency, requests) phases whose request shares follow the mix weights."""
+        assert level.mix is not None, "a mix level sets mix"
         buckets = level.mix.buckets
         wsum = sum(b.weight for b in buckets)
         phases = []
@@ -413,16 +435,17 @@ class Bench:
         deadline = wall0 + opts.duration_s if opts.duration_s else None
         try:
             if level.mode == "concurrency":
-                await self._closed_loop(pool, level.concurrency, opts.requests_per_level, deadline, sink, [0])
+                await self._closed_loop(pool, _concurrency(level), opts.requests_per_level, deadline, sink, [0])
             elif level.mode == "mix":
                 total = opts.requests_per_level or 1000
                 for conc, n in self._mix_phases(level, total):
                     # A phase with fewer requests than its level never reaches that level: say what ran.
                     await self._closed_loop(pool, min(conc, n), n, deadline, sink, [0])
             elif level.mode == "rate":
-                count = opts.requests_per_level or int(level.rate_rps * opts.duration_s) + 1
+                count = opts.requests_per_level or int(_rate(level) * _duration(opts)) + 1
                 await self._open_loop(pool, self._rate_plan(level, count), sink, deadline)
             elif level.mode == "trace":
+                assert level.trace is not None, "a trace level sets trace"
                 rows = level.trace if opts.requests_per_level is None else level.trace[: opts.requests_per_level]
                 await self._open_loop(pool, [(r.at_s, r.input_tokens, r.output_tokens) for r in rows], sink, deadline)
         finally:
@@ -475,7 +498,7 @@ class Bench:
             sink.sort(key=lambda s: s.raw.t_send)
             records = [to_record(s, opts.api, t0) for s in sink]
             summary = summarize(sink, records, opts.slo, lags, cpu, rtt, kernel_stamps, rq_share)
-            if level.mode == "concurrency" and summary.requests < level.concurrency:
+            if level.mode == "concurrency" and level.concurrency and summary.requests < level.concurrency:
                 # Only possible with --duration (the CLI refuses a request count below the level).
                 summary = summary.model_copy(update={"load_note": (
                     f"only {summary.requests} request(s) ran at concurrency {level.concurrency}: the load never "
@@ -487,7 +510,7 @@ class Bench:
                 lengths=Lengths(
                     input_mean=opts.input_tokens.expected(), output_mean=opts.output_tokens.expected(),
                     spec=f"input={opts.input_tokens.spec} output={opts.output_tokens.spec} "
-                         f"prompts={self.prompts.describe()} force_output={opts.force_output}"
+                         f"prompts={self._prompts.describe()} force_output={opts.force_output}"
                          + (f" mix={level.mix.spec}" if level.mix else ""),
                 ),
                 summary=summary,
@@ -500,7 +523,8 @@ class Bench:
         labels = opts.labels
         if labels.model is None and self.model:
             labels = labels.model_copy(update={"model": self.model})
-        prompts = self.prompts.describe()
+        prompts = self._prompts.describe()
+        assert self._started is not None, "results are made after _start"
         return Results(
             labels=labels, endpoint=opts.endpoint, api=opts.api, config_hash=opts.config_hash,
             client=client_info(), started_at=self._started, finished_at=datetime.now(UTC), seed=opts.seed, runs=runs,
@@ -532,6 +556,22 @@ class Bench:
                                                  if never else "")))
 
 
+def _concurrency(level: Level) -> int:
+    assert level.concurrency is not None, "a concurrency level sets concurrency"
+    return level.concurrency
+
+
+def _rate(level: Level) -> float:
+    assert level.rate_rps is not None, "a rate level sets rate_rps"
+    return level.rate_rps
+
+
+def _duration(opts: BenchOptions) -> float:
+    # Without a request count a rate level runs for --duration (the CLI defaults the count where none is given).
+    assert opts.duration_s is not None, "a rate level without requests_per_level has duration_s"
+    return opts.duration_s
+
+
 def _base_url(ep: Endpoint) -> str:
     return ep.url.rstrip("/").removesuffix("/v1")
 
@@ -551,15 +591,16 @@ def _level_name(level: Level) -> str:
     if level.mode == "rate":
         return f"rate {level.rate_rps:g} rps ({level.arrival})"
     if level.mode == "mix":
+        assert level.mix is not None, "a mix level sets mix"
         return f"mix {level.mix.spec}"
     return "trace"
 
 
-def _level_line(level: Level, s) -> str:
-    def f(stat, q):
+def _level_line(level: Level, s: Summary) -> str:
+    def f(stat: Stat, q: str) -> str:
         v = getattr(stat, q)
         return "-" if v is None else f"{v:.1f}"
-    sat = "  SATURATED: " + s.saturation_reason if s.saturated else ""
+    sat = f"  SATURATED: {s.saturation_reason}" if s.saturated else ""
     note = f"  NOTE: {s.load_note}" if s.load_note else ""
     errors = "".join(f"  {kind}: {msg}" for kind, msg in s.error_messages.items())
     return (f"{_level_name(level)}: {s.completed}/{s.requests} ok, TTFT p50 {f(s.ttft_ms, 'p50')} "
@@ -573,7 +614,7 @@ class _Progress:
     def __init__(self, per_level: int | None, duration_s: float | None) -> None:
         self.per_level = per_level
         self.duration_s = duration_s
-        self._task: asyncio.Task | None = None
+        self._task: asyncio.Task[None] | None = None
 
     def start(self, level: Level, sink: list[Sent]) -> None:
         t0 = _clock()

@@ -69,11 +69,11 @@ import json
 import re
 from datetime import datetime
 from pathlib import Path
-from typing import Literal
+from typing import Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-SCHEMA_ID = "fleetcast.bench/v1"
+SCHEMA_ID: Final = "fleetcast.bench/v1"
 # The additions within v1 this code writes (see the module docstring).
 SCHEMA_REVISION = 7
 # A server's error text kept per failed request: enough for the reason, bounded so a
@@ -111,9 +111,9 @@ class Stat(_Model):
     min: float | None = None
     max: float | None = None
     p99_ci: tuple[float, float] | None = Field(
-        None, description="95% confidence interval of P99 (distribution-free, order statistics)"
+        default=None, description="95% confidence interval of P99 (distribution-free, order statistics)"
     )
-    tail_note: str | None = Field(None, description="set when the tail rests on too few samples")
+    tail_note: str | None = Field(default=None, description="set when the tail rests on too few samples")
 
 
 class Labels(_Model):
@@ -127,8 +127,8 @@ class Labels(_Model):
     model: str | None = None
     notes: str | None = None
     # Added in v1: where the client ran, to split the network share (`fleetcast bench network-share`).
-    path: str | None = Field(None, description="client path: 'instance' (on the server's host) or 'privatelink'")
-    consumer: str | None = Field(None, description="consumer whose VPC the client ran in (path privatelink)")
+    path: str | None = Field(default=None, description="client path: 'instance' (on the server's host) or 'privatelink'")
+    consumer: str | None = Field(default=None, description="consumer whose VPC the client ran in (path privatelink)")
 
 
 class ClientInfo(_Model):
@@ -177,26 +177,26 @@ class Summary(_Model):
     event_loop_lag_ms: Stat
     network_rtt_ms: float | None = None
     # Added in v1 (readers must tolerate their absence):
-    client_cpu_util: float | None = Field(None, description="client process CPU time / wall time over the run")
+    client_cpu_util: float | None = Field(default=None, description="client process CPU time / wall time over the run")
     ttft_merged_share: float | None = Field(
-        None, description="share of completed requests whose first token was read late, merged with later tokens"
+        default=None, description="share of completed requests whose first token was read late, merged with later tokens"
     )
     rx_timestamps: Literal["kernel", "clock"] | None = Field(
-        None, description="kernel: reads stamped with the kernel receive time (SO_TIMESTAMPNS); clock: on arrival in the loop"
+        default=None, description="kernel: reads stamped with the kernel receive time (SO_TIMESTAMPNS); clock: on arrival in the loop"
     )
     # Revision 2:
     load_note: str | None = Field(
-        None, description="set when the run cannot have had the load its label says (fewer requests than concurrency)"
+        default=None, description="set when the run cannot have had the load its label says (fewer requests than concurrency)"
     )
     error_messages: dict[str, str] = Field(
         default_factory=dict, description="per error type, the server's message for its first occurrence (bounded)"
     )
     # Revision 6:
     client_run_queue_wait_ms: Stat | None = Field(
-        None, description="per completed request, the client's run-queue wait between send and first token (schedstat)"
+        default=None, description="per completed request, the client's run-queue wait between send and first token (schedstat)"
     )
     client_run_queue_share: float | None = Field(
-        None, description="run-queue wait of all client threads over the run / wall time (schedstat)"
+        default=None, description="run-queue wait of all client threads over the run / wall time (schedstat)"
     )
 
 
@@ -255,11 +255,11 @@ class PackedModel(_Model):
     """One model of a packing: how many engine processes of it shared the instance, each one's KV budget."""
 
     model: str
-    copies: int = Field(1, ge=1)
-    kv_cache_gb: float | None = Field(None, gt=0, allow_inf_nan=False,
+    copies: int = Field(default=1, ge=1)
+    kv_cache_gb: float | None = Field(default=None, gt=0, allow_inf_nan=False,
                                       description="KV budget of each copy in GiB (2^30 bytes); "
                                       "null: not budgeted (the engine's free-memory fraction)")
-    precision: str | None = Field(None, description="the precision its processes ran at (revision 5); null: not "
+    precision: str | None = Field(default=None, description="the precision its processes ran at (revision 5); null: not "
                                   "recorded")
 
 
@@ -270,7 +270,7 @@ class Packing(_Model):
     gpu: str | None = None
     serves: list[PackedModel] = Field(min_length=1)
     gpu_sharing: GpuSharingMode | None = Field(
-        None, description="how the processes shared the GPU: time_slicing or mps (revision 7); null: not recorded "
+        default=None, description="how the processes shared the GPU: time_slicing or mps (revision 7); null: not recorded "
         "(before revision 7 every packing time-sliced)")
 
     @model_validator(mode="after")
@@ -321,12 +321,12 @@ class Run(_Model):
     records: list[Record] = Field(default_factory=list)
     # Revision 3: the packing's other models' mean concurrency during this run (module docstring).
     peers: dict[str, float] | None = Field(
-        None, description="{peer model: mean concurrency during this run}; 0: loaded and idle; null: not recorded")
+        default=None, description="{peer model: mean concurrency during this run}; 0: loaded and idle; null: not recorded")
 
     # Revision 4: the whole mix at this level (model-mix runs only).
     total: MixTotal | None = None
     # Revision 7: which repeat of its load level this run was (module docstring).
-    repeat: int | None = Field(None, ge=1, description="1..N when the level was measured N times (--repeats); "
+    repeat: int | None = Field(default=None, ge=1, description="1..N when the level was measured N times (--repeats); "
                                "null: once")
 
     def peers_text(self) -> str:
@@ -337,7 +337,7 @@ class Run(_Model):
 
 
 class Results(_Model):
-    schema_id: Literal["fleetcast.bench/v1"] = Field(SCHEMA_ID, alias="schema")
+    schema_id: Literal["fleetcast.bench/v1"] = Field(default=SCHEMA_ID, alias="schema")
     labels: Labels = Field(default_factory=Labels)
     endpoint: str
     api: Api
@@ -349,11 +349,11 @@ class Results(_Model):
     runs: list[Run] = Field(default_factory=list)
     # Revision 2 (absent in older files; see request_shape() for their shape):
     revision: int = 1
-    provenance: Provenance = Field("measured", description="synthetic: authored data, not a measurement")
+    provenance: Provenance = Field(default="measured", description="synthetic: authored data, not a measurement")
     slo: SloSpec | None = None
     request: RequestShape | None = None
     interrupted: str | None = Field(
-        None, description="set when the run was stopped before every level ran (Ctrl-C): the runs are the levels "
+        default=None, description="set when the run was stopped before every level ran (Ctrl-C): the runs are the levels "
         "that finished; this says which level was cut and which never ran")
     # Revision 3: what shared the instance while these runs were measured (module docstring).
     packing: Packing | None = None
@@ -403,16 +403,20 @@ class Results(_Model):
         return self.model_dump_json(by_alias=True, indent=indent)
 
 
+# A load level: mode, concurrency, rate and arrival.
+_LevelKey = tuple[LoadMode, int | None, float | None, Arrival | None]
+
+
 def number_repeats(runs: list[Run]) -> list[Run]:
     """The runs with `repeat` set where a load level ran more than once (1..N in run order); a level that ran once
     keeps null, so a file without repeats reads as before."""
-    def key(run: Run) -> tuple:
+    def key(run: Run) -> _LevelKey:
         return (run.load.mode, run.load.concurrency, run.load.rate_rps, run.load.arrival)
 
-    counts: dict[tuple, int] = {}
+    counts: dict[_LevelKey, int] = {}
     for run in runs:
         counts[key(run)] = counts.get(key(run), 0) + 1
-    seen: dict[tuple, int] = {}
+    seen: dict[_LevelKey, int] = {}
     out = []
     for run in runs:
         k = key(run)
@@ -426,8 +430,8 @@ def number_repeats(runs: list[Run]) -> list[Run]:
 def mixed_shapes(named: list[tuple[str, Results]]) -> str | None:
     """None when every file has one request shape; else a sentence naming each shape and its files.
     Latencies of different shapes are not comparable (a 64/64 run is faster than a 128/128 one)."""
-    groups: dict[tuple, list[str]] = {}
-    texts: dict[tuple, str] = {}
+    groups: dict[tuple[str | bool, ...], list[str]] = {}
+    texts: dict[tuple[str | bool, ...], str] = {}
     for name, res in named:
         shape = res.request_shape()
         key = shape.key() if shape else ("unknown",)

@@ -33,6 +33,7 @@ import socket
 import sys
 import time
 from dataclasses import dataclass, field
+from typing import Any, cast
 
 from fleetcast.bench import kstamp
 
@@ -67,7 +68,7 @@ class TruthRecord:
     model: str = MODEL_ID
     emits: list[float] = field(default_factory=list)
 
-    def summary(self) -> dict:
+    def summary(self) -> dict[str, Any]:
         out = {"prompt_tokens": self.prompt_tokens, "output_tokens": len(self.emits), "arrival": self.arrival,
                "stream": self.stream, "model": self.model}
         if self.emits:
@@ -107,28 +108,28 @@ def _chunk(payload: bytes) -> bytes:
     return b"%x\r\n%s\r\n" % (len(payload), payload)
 
 
-def _sse(obj) -> bytes:
+def _sse(obj: object) -> bytes:
     return b"data: " + json.dumps(obj, separators=(",", ":")).encode() + b"\n\n"
 
 
-class _Http(asyncio.Protocol):
-    """One client connection: parses requests (keep-alive), dispatches them."""
-
-    rx_time: float | None = None  # kernel receive time of the latest read (kstamp)
+class _Http(kstamp.StampedProtocol):
+    """One client connection: parses requests (keep-alive), dispatches them (rx_time: the kernel receive time of
+    the latest read, under kstamp)."""
 
     def __init__(self, state: TestServerState) -> None:
         self.state = state
         self.buf = b""
-        self.transport = None
+        self.transport: asyncio.Transport | None = None
         self.busy = False
 
-    def connection_made(self, transport) -> None:
-        self.transport = transport
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        # A stream transport: kstamp's or asyncio's SSL one.
+        self.transport = cast(asyncio.Transport, transport)
         sock = transport.get_extra_info("socket")
         if sock is not None:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
-    def connection_lost(self, exc) -> None:
+    def connection_lost(self, exc: Exception | None) -> None:
         self.transport = None
 
     def data_received(self, data: bytes) -> None:
@@ -159,7 +160,7 @@ class _Http(asyncio.Protocol):
         self.busy = True
         asyncio.get_running_loop().create_task(self._handle(method, path.split("?")[0], body, arrival))
 
-    def _respond(self, status: int, obj) -> None:
+    def _respond(self, status: int, obj: object) -> None:
         payload = json.dumps(obj).encode()
         reason = {200: "OK", 400: "Bad Request", 404: "Not Found", 500: "Internal Server Error"}.get(status, "Error")
         if self.transport is not None:
@@ -240,9 +241,11 @@ class _Http(asyncio.Protocol):
         finally:
             state.active -= 1
 
-    async def _stream(self, chat: bool, req: dict, n_out: int, record: TruthRecord) -> None:
+    async def _stream(self, chat: bool, req: dict[str, Any], n_out: int, record: TruthRecord) -> None:
         state = self.state
         model = record.model
+        if self.transport is None:
+            return  # the client went away before the response began
         write = self.transport.write
         write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nCache-Control: no-cache\r\n"
               b"Transfer-Encoding: chunked\r\n\r\n")
@@ -257,7 +260,7 @@ class _Http(asyncio.Protocol):
                 return  # client went away
             word = " " + _WORDS[i % len(_WORDS)]
             last = i == n_out - 1
-            choice = {"index": 0, "finish_reason": "length" if last else None}
+            choice: dict[str, object] = {"index": 0, "finish_reason": "length" if last else None}
             choice.update({"delta": {"content": word}} if chat else {"text": word})
             frame = _chunk(_sse({"id": "c", "object": kind, "model": model, "choices": [choice]}))
             # Stamped just before the write: on loopback the kernel hands the bytes to the

@@ -6,10 +6,11 @@ auto-approver Lambda's deployment), `aws` makes the calls, `review` decides,
 """
 
 from fleetcast.contract.connections import account_of, allowed_accounts
+from fleetcast.contract.names import FLEET_TAG
 
 from .audit import AuditLog, AuditRecord
 from .aws import Access, AwsCallError, PermissionDenied, iam_action
-from .review import FLEET_TAG, SERVICE_ID_OUTPUT, Connection, Reviewer, ServiceRef
+from .review import SERVICE_ID_OUTPUT, Connection, Reviewer, ServiceRef
 
 __all__ = [
     "Access", "AuditLog", "AuditRecord", "AwsCallError", "Connection", "FLEET_TAG", "PermissionDenied", "Reviewer", "SERVICE_ID_OUTPUT",

@@ -55,8 +55,9 @@ class AuditLog:
 
     def __init__(self, stream: IO[str] | None = None, path: str | Path | None = None,
                  clock: Callable[[], datetime] = lambda: datetime.now(UTC)):
-        self._stream = stream if stream is not None else (None if path else sys.stdout)
         self._path = Path(path) if path else None
+        # Unused while a path is given: write() appends to the file instead.
+        self._stream: IO[str] = stream if stream is not None else sys.stdout
         self._clock = clock
         self.records: list[AuditRecord] = []
         if self._path is not None:

@@ -17,6 +17,7 @@ a plan (one decision per connection), and only then changes anything:
 
 from __future__ import annotations
 
+import builtins
 import json
 import re
 import sys
@@ -77,7 +78,7 @@ class Connection:
     def pending(self) -> bool:
         return self.state == PENDING
 
-    def as_json(self) -> dict:
+    def as_json(self) -> dict[str, object]:
         return {
             "region": self.region, "service_id": self.service_id, "endpoint_id": self.endpoint_id,
             "account": self.account, "state": self.state,
@@ -239,8 +240,8 @@ class Reviewer:
 
     # ------------------------------------------------------------ approve / reject / sync
 
-    def _targets(self, conns: list[Connection], endpoint_ids: list[str], accounts: list[str],
-                 relevant_states: tuple[str, ...]) -> list[Connection]:
+    def _targets(self, conns: builtins.list[Connection], endpoint_ids: builtins.list[str], accounts: builtins.list[str],
+                 relevant_states: tuple[str, ...]) -> builtins.list[Connection]:
         for endpoint_id in endpoint_ids:
             if not ENDPOINT_ID.match(endpoint_id):
                 raise UserError(f"{endpoint_id!r}: not a VPC endpoint id such as vpce-0123456789abcdef0", EXIT_INVALID)
@@ -266,8 +267,9 @@ class Reviewer:
                 chosen.setdefault(c.endpoint_id, c)
         return list(chosen.values())
 
-    def approve(self, regions: list[str], endpoint_ids: list[str], accounts: list[str], *, service_id: str | None = None,
-                force: bool = False, reason: str | None = None, dry_run: bool = False, yes: bool = False) -> int:
+    def approve(self, regions: builtins.list[str], endpoint_ids: builtins.list[str], accounts: builtins.list[str], *,
+                service_id: str | None = None, force: bool = False, reason: str | None = None, dry_run: bool = False,
+                yes: bool = False) -> int:
         reason = _clean_reason(reason)
         if force and not reason:
             raise UserError("--force needs --reason TEXT: the reason for accepting an account the config does not "
@@ -290,8 +292,8 @@ class Reviewer:
                                                      "--reason TEXT"))
         return self._run("approve", steps, reason=reason, dry_run=dry_run, yes=yes)
 
-    def reject(self, regions: list[str], endpoint_ids: list[str], accounts: list[str], *, service_id: str | None = None,
-               reason: str | None = None, dry_run: bool = False, yes: bool = False) -> int:
+    def reject(self, regions: builtins.list[str], endpoint_ids: builtins.list[str], accounts: builtins.list[str], *,
+               service_id: str | None = None, reason: str | None = None, dry_run: bool = False, yes: bool = False) -> int:
         reason = _clean_reason(reason)
         conns = self._all(regions, service_id)
         steps = []
@@ -307,7 +309,7 @@ class Reviewer:
                 steps.append(Step(c, "not-actionable", note=f"state {c.state}: nothing to reject"))
         return self._run("reject", steps, reason=reason, dry_run=dry_run, yes=yes)
 
-    def sync(self, regions: list[str], *, service_id: str | None = None, reject_unknown: bool = False,
+    def sync(self, regions: builtins.list[str], *, service_id: str | None = None, reject_unknown: bool = False,
              reason: str | None = None, dry_run: bool = False, yes: bool = False) -> int:
         reason = _clean_reason(reason)
         if reject_unknown and not reason:
@@ -328,7 +330,7 @@ class Reviewer:
 
     # ------------------------------------------------------------ execution
 
-    def _all(self, regions: list[str], service_id: str | None) -> list[Connection]:
+    def _all(self, regions: builtins.list[str], service_id: str | None) -> builtins.list[Connection]:
         return [c for svc in self.services(regions, service_id) for c in self.connections(svc)]
 
     @property
@@ -351,7 +353,7 @@ class Reviewer:
     def _say(self, text: str) -> None:
         self.err.write(text + "\n")
 
-    def _run(self, command: str, steps: list[Step], *, reason: str | None, dry_run: bool, yes: bool) -> int:
+    def _run(self, command: str, steps: builtins.list[Step], *, reason: str | None, dry_run: bool, yes: bool) -> int:
         refused = [s for s in steps if s.decision == "refused"]
         if refused:
             for s in refused:
@@ -390,7 +392,7 @@ class Reviewer:
         return 0
 
     @staticmethod
-    def _batches(changes: list[Step]) -> list[tuple[str, str, str, list[Step]]]:
+    def _batches(changes: builtins.list[Step]) -> builtins.list[tuple[str, str, str, builtins.list[Step]]]:
         groups: dict[tuple[str, str, str], list[Step]] = {}
         for s in changes:
             groups.setdefault((s.connection.region, s.connection.service_id, s.action or ""), []).append(s)
@@ -400,7 +402,7 @@ class Reviewer:
                 out.append((region, service_id, action, group[i:i + BATCH]))
         return out
 
-    def _check_permission(self, changes: list[Step]) -> None:
+    def _check_permission(self, changes: builtins.list[Step]) -> None:
         """EC2's DryRun: DryRunOperation means the real call would be authorized."""
         for region, service_id, action, group in self._batches(changes):
             operation = "AcceptVpcEndpointConnections" if action == "accept" else "RejectVpcEndpointConnections"
@@ -414,7 +416,7 @@ class Reviewer:
                     raise
             self._say(f"permission check: ec2:{operation} on {service_id} in {region} is allowed")
 
-    def _apply(self, command: str, changes: list[Step], reason: str | None) -> Outcome:
+    def _apply(self, command: str, changes: builtins.list[Step], reason: str | None) -> Outcome:
         outcome = Outcome()
         for region, service_id, action, group in self._batches(changes):
             operation = "AcceptVpcEndpointConnections" if action == "accept" else "RejectVpcEndpointConnections"

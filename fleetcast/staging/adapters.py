@@ -98,6 +98,7 @@ def stage_adapter(cfg: FleetConfig, model_id: str, adapter_id: str, buckets: dic
     prefix = adapter_prefix(model.id, model.revision, adapter.id, adapter.revision)
     with tempfile.TemporaryDirectory(prefix="fleetcast-adapter-") as tmp:
         root = Path(tmp)
+        extra: dict[str, Any]
         if local_dir is not None:
             if not local_dir.is_dir():
                 raise UserError(f"--local-dir {local_dir} is not a directory")

@@ -75,7 +75,8 @@ def pushed_digest(ecr: Any, target: ImageTarget, tag: str) -> str:
         images = ecr.describe_images(repositoryName=target.repository_name, imageIds=[{"imageTag": tag}])
     except ecr.exceptions.ImageNotFoundException:
         raise UserError(f"{target.repository_uri}:{tag} is not in ECR after the push") from None
-    return images["imageDetails"][0]["imageDigest"]
+    digest: str = images["imageDetails"][0]["imageDigest"]
+    return digest
 
 
 def stage_local(cfg: FleetConfig, targets: Sequence[ImageTarget], clients: Callable[[str, str], Any], *,

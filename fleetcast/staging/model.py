@@ -60,7 +60,8 @@ def resolve_hub_token(cfg: FleetConfig, clients: ClientFactory, model: ModelSpec
         return token
     sm = clients("secretsmanager", cfg.regions[0].region)
     try:
-        return sm.get_secret_value(SecretId=model.hub_token_secret)["SecretString"]
+        secret: str = sm.get_secret_value(SecretId=model.hub_token_secret)["SecretString"]
+        return secret
     except sm.exceptions.ClientError as exc:
         raise UserError(f"cannot read the hub_token_secret {model.hub_token_secret!r} of model {model.id}: "
                         f"{exc.response.get('Error', {}).get('Code')}") from None
@@ -126,6 +127,10 @@ def fetch_from_hub(repo_id: str, revision: str, dest: Path, token: str | None, e
     except ImportError:  # pragma: no cover - it is a declared dependency
         raise UserError("huggingface_hub is not installed; run `make synth` to set up the environment") from None
     info = HfApi(token=token).model_info(repo_id, revision=revision, files_metadata=True)
+    if info.sha is None:
+        # huggingface_hub types ModelInfo.sha Optional; downloading at revision=None would fetch the default
+        # branch, not `revision`, and record no commit for what was staged.
+        raise UserError(f"{repo_id} at revision {revision!r}: the hub named no commit for it; cannot pin what is staged")
     chosen = Selection.of({s.rfilename: s.size or 0 for s in info.siblings or []}, extra)
     chosen.check(f"{repo_id}@{info.sha}")
     log(f"{repo_id}@{info.sha}: {chosen.line()}")

@@ -123,7 +123,7 @@ class TreeUploader:
             if exc.response.get("Error", {}).get("Code") in ("404", "NoSuchKey", "NotFound"):
                 return False
             raise
-        return head.get("ContentLength") == size and head.get("Metadata", {}).get(SHA_META) == sha256
+        return bool(head.get("ContentLength") == size and head.get("Metadata", {}).get(SHA_META) == sha256)
 
     def _pending_upload(self, key: str) -> str | None:
         paginator = self.s3.get_paginator("list_multipart_uploads")

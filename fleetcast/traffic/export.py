@@ -44,13 +44,17 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from fleetcast.config import FleetConfig
+from fleetcast.config import Consumer, FleetConfig
+from fleetcast.config.model import ModelSpec
 from fleetcast.contract import telemetry as t
 from fleetcast.contract.errors import EXIT_INVALID, EXIT_USAGE, UserError
 from fleetcast.contract.spill import spill_consumers_into
 from fleetcast.plan.drift import hour_of_day_rates
+
+if TYPE_CHECKING:
+    from fleetcast.plan.traffic import TrafficProfile
 
 MAX_QUERIES = 500  # GetMetricData: at most 500 metrics per call
 MAX_AGE = timedelta(days=15)  # 60-second data is kept 15 days: past that, minutes are gone
@@ -89,7 +93,7 @@ class Tally:
     ttft_p99: list[float | None] = field(default_factory=list)
     itl_p99: list[float | None] = field(default_factory=list)
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         self.arrivals = [0.0] * self.hours
         self.throttled = [0.0] * self.hours
         self.minutes = [[0.0] * 60 for _ in range(self.hours)]
@@ -98,7 +102,27 @@ class Tally:
         self.itl_p99 = [None] * self.hours
 
 
-def _metric(name: str, dims: list[tuple[str, str]], period: int, stat: str, qid: str) -> dict:
+@dataclass(frozen=True)
+class _Usage:
+    """What a query answers for a consumer's requests: `what` (a Tally field or a _SHAPE name, with its bucket
+    `label`) of `model` (None: a one-model fleet, read per consumer)."""
+
+    consumer: Consumer
+    model: str | None
+    what: str
+    label: str = ""
+
+
+@dataclass(frozen=True)
+class _PoolP99:
+    """What a query answers for a pool: its P99 `what` (ttft_p99, itl_p99) of `model` (None: all its requests)."""
+
+    pool: str
+    model: str | None
+    what: str
+
+
+def _metric(name: str, dims: list[tuple[str, str]], period: int, stat: str, qid: str) -> dict[str, Any]:
     return {"Id": qid, "ReturnData": True, "MetricStat": {
         "Metric": {"Namespace": t.NAMESPACE, "MetricName": name,
                    "Dimensions": [{"Name": k, "Value": v} for k, v in dims]},
@@ -110,73 +134,73 @@ def per_model(cfg: FleetConfig) -> bool:
     return t.metered_per_model(len(cfg.models))
 
 
-def _model_names(cfg: FleetConfig, consumer) -> list[tuple[str, str]]:
+def _model_names(cfg: FleetConfig, consumer: Consumer) -> list[tuple[str, str]]:
     """(name the gateway meters, the fleet model it runs on) for every model and adapter `consumer` may call."""
     allowed = set(cfg.models_for(consumer.name))
     return [(name, m.id) for m in cfg.models for name in _metered(m) if name in allowed]
 
 
-def _metered(model) -> tuple[str, ...]:
+def _metered(model: ModelSpec) -> tuple[str, ...]:
     return t.metered_ids(model.id, (a.id for a in model.adapters))
 
 
-def _queries(cfg: FleetConfig, region: str, consumers: list) -> tuple[list[dict], dict[str, tuple]]:
-    """Every query one hour needs, and what each answer is for: (owner, what[, label]), the owner a
-    (consumer, model) pair (model None: a one-model fleet, read per consumer) or, for the P99s, (pool, model)."""
-    queries, targets = [], {}
+def _queries(cfg: FleetConfig, region: str,
+             consumers: list[Consumer]) -> tuple[list[dict[str, Any]], dict[str, _Usage | _PoolP99]]:
+    """Every query one hour needs, and what each answer is for."""
+    queries: list[dict[str, Any]] = []
+    targets: dict[str, _Usage | _PoolP99] = {}
 
-    def add(target: tuple, *args) -> None:
+    def add(target: _Usage | _PoolP99, name: str, dims: list[tuple[str, str]], period: int, stat: str) -> None:
         qid = f"q{len(queries)}"
-        queries.append(_metric(*args, qid))
+        queries.append(_metric(name, dims, period, stat, qid))
         targets[qid] = target
 
     if per_model(cfg):
         for pool in cfg.region(region).pools:
             base = [(t.DIM_FLEET, cfg.name), (t.DIM_POOL, pool.name)]
             for consumer in consumers:
-                for name, model in _model_names(cfg, consumer):
-                    owner = (consumer, model)
+                for name, model_id in _model_names(cfg, consumer):
                     dims = base + [(t.DIM_CONSUMER, consumer.name), (t.DIM_MODEL, name)]
-                    add((owner, "arrivals"), t.REQUESTS, dims, 3600, "Sum")
-                    add((owner, "throttled"), t.THROTTLED, dims, 3600, "Sum")
-                    add((owner, "minutes"), t.REQUESTS, dims, 60, "Sum")
-                    add((owner, "input_sum"), t.INPUT_TOKENS, dims, 3600, "Sum")
-                    add((owner, "output_sum"), t.OUTPUT_TOKENS, dims, 3600, "Sum")
+                    add(_Usage(consumer, model_id, "arrivals"), t.REQUESTS, dims, 3600, "Sum")
+                    add(_Usage(consumer, model_id, "throttled"), t.THROTTLED, dims, 3600, "Sum")
+                    add(_Usage(consumer, model_id, "minutes"), t.REQUESTS, dims, 60, "Sum")
+                    add(_Usage(consumer, model_id, "input_sum"), t.INPUT_TOKENS, dims, 3600, "Sum")
+                    add(_Usage(consumer, model_id, "output_sum"), t.OUTPUT_TOKENS, dims, 3600, "Sum")
                     for what, metric in (("input_tokens", t.INPUT_TOKENS), ("output_tokens", t.OUTPUT_TOKENS)):
                         for label in t.TOKEN_LABELS:
-                            add((owner, what, label), metric, dims, 3600, trimmed_count(label))
+                            add(_Usage(consumer, model_id, what, label), metric, dims, 3600, trimmed_count(label))
                     dim, labels = _SHAPE["in_flight"]  # t.SHAPE_MODEL_DIMENSION_SETS
                     for label in labels:
-                        add((owner, "in_flight", label), t.SHAPED_REQUESTS, dims + [(dim, label)], 3600, "Sum")
+                        add(_Usage(consumer, model_id, "in_flight", label), t.SHAPED_REQUESTS, dims + [(dim, label)],
+                            3600, "Sum")
             for model in cfg.models:
                 # One P99 per metered id (a percentile does not add up across metrics); the model's hour takes the
                 # worst: at most 1% of each id's requests lie above its own P99, so at most 1% of all lie above the
                 # largest, which is an upper bound of the model's P99 over all of them.
                 for name in _metered(model):
                     dims = base + [(t.DIM_MODEL, name)]
-                    add(((pool.name, model.id), "ttft_p99"), t.TTFT_MS, dims, 3600, "p99")
-                    add(((pool.name, model.id), "itl_p99"), t.ITL_MS, dims, 3600, "p99")
+                    add(_PoolP99(pool.name, model.id, "ttft_p99"), t.TTFT_MS, dims, 3600, "p99")
+                    add(_PoolP99(pool.name, model.id, "itl_p99"), t.ITL_MS, dims, 3600, "p99")
         return queries, targets
 
     for pool in cfg.region(region).pools:
         base = [(t.DIM_FLEET, cfg.name), (t.DIM_POOL, pool.name)]
         for consumer in consumers:
-            owner = (consumer, None)
             dims = base + [(t.DIM_CONSUMER, consumer.name)]
-            add((owner, "arrivals"), t.REQUESTS, dims, 3600, "Sum")
-            add((owner, "throttled"), t.THROTTLED, dims, 3600, "Sum")
-            add((owner, "minutes"), t.REQUESTS, dims, 60, "Sum")
-            add((owner, "input_sum"), t.INPUT_TOKENS, dims, 3600, "Sum")
-            add((owner, "output_sum"), t.OUTPUT_TOKENS, dims, 3600, "Sum")
+            add(_Usage(consumer, None, "arrivals"), t.REQUESTS, dims, 3600, "Sum")
+            add(_Usage(consumer, None, "throttled"), t.THROTTLED, dims, 3600, "Sum")
+            add(_Usage(consumer, None, "minutes"), t.REQUESTS, dims, 60, "Sum")
+            add(_Usage(consumer, None, "input_sum"), t.INPUT_TOKENS, dims, 3600, "Sum")
+            add(_Usage(consumer, None, "output_sum"), t.OUTPUT_TOKENS, dims, 3600, "Sum")
             for what, (dim, labels) in _SHAPE.items():
                 for label in labels:
-                    add((owner, what, label), t.SHAPED_REQUESTS, dims + [(dim, label)], 3600, "Sum")
-        add(((pool.name, None), "ttft_p99"), t.TTFT_MS, base, 3600, "p99")
-        add(((pool.name, None), "itl_p99"), t.ITL_MS, base, 3600, "p99")
+                    add(_Usage(consumer, None, what, label), t.SHAPED_REQUESTS, dims + [(dim, label)], 3600, "Sum")
+        add(_PoolP99(pool.name, None, "ttft_p99"), t.TTFT_MS, base, 3600, "p99")
+        add(_PoolP99(pool.name, None, "itl_p99"), t.ITL_MS, base, 3600, "p99")
     return queries, targets
 
 
-def collect(cfg: FleetConfig, since: datetime, until: datetime, call: Callable[..., dict],
+def collect(cfg: FleetConfig, since: datetime, until: datetime, call: Callable[..., dict[str, Any]],
             region: str | None = None, consumer: str | None = None,
             now: datetime | None = None) -> dict[tuple[str, str | None], Tally]:
     """Tallies per (consumer region, model) over [since, until) (hour boundaries) from every provider region
@@ -203,12 +227,13 @@ def collect(cfg: FleetConfig, since: datetime, until: datetime, call: Callable[.
     for region_name in [region] if region else names:
         # With spill, a consumer's requests served here from another home are metered here (the serving region
         # meters, once): its demand adds up from every region that served it.
-        consumers = [c for c in (*cfg.consumers_of(region_name), *spill_consumers_into(cfg, region_name))
+        spilled = {c.name for c in spill_consumers_into(cfg, region_name)}  # the config's Consumers, in its order
+        consumers = [c for c in (*cfg.consumers_of(region_name), *(s for s in cfg.consumers if s.name in spilled))
                      if consumer is None or c.name == consumer]
         if not consumers:
             continue
         queries, targets = _queries(cfg, region_name, consumers)
-        pool_hours: dict[tuple[str, str | None], dict[str, list]] = {}
+        pool_hours: dict[tuple[str, str | None], dict[str, list[float | None]]] = {}
         for h in range(hours):
             start = since + h * HOUR
             for first in range(0, len(queries), MAX_QUERIES):
@@ -224,7 +249,7 @@ def collect(cfg: FleetConfig, since: datetime, until: datetime, call: Callable[.
     return tallies
 
 
-def _worst_p99(tally: Tally, pools: list[dict[str, list]], hours: int) -> None:
+def _worst_p99(tally: Tally, pools: list[dict[str, list[float | None]]], hours: int) -> None:
     """Each hour's worst pool P99 into the tally."""
     for series in pools:
         for key in ("ttft_p99", "itl_p99"):
@@ -234,8 +259,9 @@ def _worst_p99(tally: Tally, pools: list[dict[str, list]], hours: int) -> None:
                     mine[i] = v
 
 
-def _get(call: Callable[..., dict], region: str, queries: list[dict], start: datetime, end: datetime) -> list[dict]:
-    merged: dict[str, dict] = {}
+def _get(call: Callable[..., dict[str, Any]], region: str, queries: list[dict[str, Any]], start: datetime,
+         end: datetime) -> list[dict[str, Any]]:
+    merged: dict[str, dict[str, Any]] = {}
     params: dict[str, Any] = {"MetricDataQueries": queries, "StartTime": start, "EndTime": end,
                               "ScanBy": "TimestampAscending"}
     while True:
@@ -250,20 +276,23 @@ def _get(call: Callable[..., dict], region: str, queries: list[dict], start: dat
         params["NextToken"] = token
 
 
-def _fold(result: dict, target: tuple, h: int, start: datetime, hours: int, tallies: dict[tuple, Tally],
-          pool_hours: dict[tuple, dict[str, list]], serving: str = "") -> None:
-    values, stamps = result["Values"], result["Timestamps"]
-    owner, what = target[0], target[1]
-    if what in ("ttft_p99", "itl_p99"):
-        series = pool_hours.setdefault(owner, {}).setdefault(what, [None] * hours)
+def _fold(result: dict[str, Any], target: _Usage | _PoolP99, h: int, start: datetime, hours: int,
+          tallies: dict[tuple[str, str | None], Tally],
+          pool_hours: dict[tuple[str, str | None], dict[str, list[float | None]]], serving: str = "") -> None:
+    values: list[float] = result["Values"]
+    stamps: list[datetime] = result["Timestamps"]
+    what = target.what
+    if isinstance(target, _PoolP99):
+        series = pool_hours.setdefault((target.pool, target.model), {}).setdefault(what, [None] * hours)
         good = [v for v in values if v is not None and math.isfinite(v)]
-        if series[h] is not None:
-            good.append(series[h])  # another of the model's metered ids, answered earlier
+        earlier = series[h]
+        if earlier is not None:
+            good.append(earlier)  # another of the model's metered ids, answered earlier
         if good:
             series[h] = max(good)
         return
-    consumer, model = owner
-    tally = tallies.setdefault((consumer.region, model), Tally(hours))
+    consumer = target.consumer
+    tally = tallies.setdefault((consumer.region, target.model), Tally(hours))
     total = sum(values)
     if what == "arrivals":
         tally.arrivals[h] += total
@@ -279,7 +308,7 @@ def _fold(result: dict, target: tuple, h: int, start: datetime, hours: int, tall
     elif what in ("input_sum", "output_sum"):
         setattr(tally, what, getattr(tally, what) + total)
     else:
-        label = target[2]
+        label = target.label
         tally.buckets[what][label] = tally.buckets[what].get(label, 0.0) + total
 
 
@@ -310,7 +339,7 @@ def profile_document(tallies: dict[tuple[str, str | None], Tally], since: dateti
     consumers = []
     by_region: dict[str, dict[str, int]] = {}
     for (region, model), tally in tallies.items():
-        if model is not None and sum(tally.arrivals):
+        if model is not None and sum(tally.arrivals) != 0:
             by_region.setdefault(region, {})[model] = int(round(sum(tally.arrivals)))
     for region, model in sorted(tallies, key=lambda k: (k[0], k[1] or "")):
         tally = tallies[(region, model)]
@@ -318,7 +347,7 @@ def profile_document(tallies: dict[tuple[str, str | None], Tally], since: dateti
         if not sum(tally.arrivals):
             continue
         bursts = [_burst(m) for m in tally.minutes]
-        observed = {
+        observed: dict[str, Any] = {
             "since": since.isoformat().replace("+00:00", "Z"), "until": until.isoformat().replace("+00:00", "Z"),
             "arrivals": [int(round(x)) for x in tally.arrivals],
             "throttled": [int(round(x)) for x in tally.throttled],
@@ -350,7 +379,7 @@ def profile_document(tallies: dict[tuple[str, str | None], Tally], since: dateti
             shares = {k: v / total for k, v in in_flight.items()}
             # Rounded shares must still sum to 1 within the schema's tolerance: the largest takes the rest.
             rounded = {k: round(v, 6) for k, v in shares.items()}
-            top = max(rounded, key=rounded.get)
+            top = max(rounded, key=lambda k: rounded[k])
             rounded[top] = round(rounded[top] + 1 - sum(rounded.values()), 6)
             entry["concurrency"] = rounded
         if "burstiness" in ConsumerTraffic.model_fields:
@@ -373,9 +402,9 @@ def profile_document(tallies: dict[tuple[str, str | None], Tally], since: dateti
             "consumers": consumers}
 
 
-def export(cfg: FleetConfig, since: datetime, until: datetime, call: Callable[..., dict], *,
+def export(cfg: FleetConfig, since: datetime, until: datetime, call: Callable[..., dict[str, Any]], *,
            region: str | None = None, consumer: str | None = None, name: str | None = None,
-           hour_stat: str = "max", now: datetime | None = None):
+           hour_stat: str = "max", now: datetime | None = None) -> tuple[TrafficProfile, dict[str, Any]]:
     """Read, build and validate the profile; returns (TrafficProfile, plain document)."""
     from pydantic import ValidationError
 

@@ -24,8 +24,9 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
-from fleetcast.config import FleetConfig
+from fleetcast.config import FleetConfig, Pool
 from fleetcast.config.catalog import instance_catalog
 from fleetcast.contract.errors import EXIT_USAGE, UserError
 
@@ -95,7 +96,7 @@ def _base_models(cfg: FleetConfig) -> dict[str, str]:
     return bases
 
 
-def _concurrency(cfg: FleetConfig, pool, batch: int) -> float:
+def _concurrency(cfg: FleetConfig, pool: Pool, batch: int) -> float:
     """Requests each engine process runs at once at the pool's planned load."""
     processes = sum(s.copies for s in cfg.serves_of(pool)) or 1
     target = pool.scaling.target if pool.scaling.metric == "active_requests" else batch
@@ -114,7 +115,8 @@ def _fixed_usd(region: str, requests: int, input_tokens: int, output_tokens: int
 
 def attribute(cfg: FleetConfig, report: UsageReport) -> CostReport:
     """Split each region's instance and fixed costs over its consumer-and-model rows by GPU time."""
-    from fleetcast.plan.estimate import MODEL_SHAPES, roofline_seconds
+    from fleetcast.config.architectures import MODEL_SHAPES
+    from fleetcast.plan.estimate import roofline_seconds
 
     if any(u.model is None for u in report.rows):
         raise UserError("cost attribution needs the per-model usage (collect with by_model=True)", exit_code=EXIT_USAGE)
@@ -202,7 +204,7 @@ METHOD = ("Split by GPU time: requests x prefill + output tokens x decode step /
           "planner's table. Estimates.")
 
 
-def _records(report: CostReport) -> list[dict]:
+def _records(report: CostReport) -> list[dict[str, Any]]:
     totals = {b.region: b.attributed_usd for b in report.bills}
     return [{"consumer": r.consumer, "region": r.region, "model": r.model,
              "gpu_hours": None if r.by_tokens else round(r.gpu_seconds / 3600, 6),

@@ -22,7 +22,7 @@ import csv
 import io
 import json
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -124,7 +124,8 @@ def _region_cost(cfg: FleetConfig, region_name: str, hours: float,
     total, instance_hours, missing, notes = 0.0, 0.0, [], []
     pools: dict[str, tuple[float, float | None]] = {}
     for pool in region.pools:
-        price = catalog.get(pool.instance_type).price_per_hour.get(region_name) if pool.instance_type in catalog else None
+        entry = catalog.get(pool.instance_type)
+        price = entry.price_per_hour.get(region_name) if entry is not None else None
         pool_hours = measured.get(pool.name)
         if pool_hours is None:
             pool_hours = pool.capacity.baseline * hours
@@ -186,7 +187,10 @@ def collect(cfg: FleetConfig, since: datetime, until: datetime, region: str | No
         pools = [p.name for p in cfg.region(region_name).pools]
         keys = [(c.name, m) for c in consumers for m in (cfg.models_for(c.name) if by_model else (None,))]
         usage = {key: ConsumerUsage(key[0], region_name, key[1], homes[key[0]] if spill else None) for key in keys}
-        queries, targets = [], {}
+        queries: list[dict[str, Any]] = []
+        # Query id -> the usage row, its field and the pool it sums; or -> the pool whose group it averages.
+        targets: dict[str, tuple[tuple[str, str | None], str, str]] = {}
+        group_targets: dict[str, str] = {}
         for ki, key in enumerate(keys):
             model_dim = [{"Name": t.DIM_MODEL, "Value": key[1]}] if key[1] is not None else []
             summed = dict(SUMMED)
@@ -201,24 +205,24 @@ def collect(cfg: FleetConfig, since: datetime, until: datetime, region: str | No
                             {"Name": t.DIM_FLEET, "Value": cfg.name}, {"Name": t.DIM_POOL, "Value": pool},
                             {"Name": t.DIM_CONSUMER, "Value": key[0]}, *model_dim]},
                         "Period": period, "Stat": "Sum"}})
-        for pi, pool in enumerate(cfg.region(region_name).pools):
+        for pi, group_pool in enumerate(cfg.region(region_name).pools):
             qid = f"g{pi}"
-            targets[qid] = (pool.name, GROUP_INSTANCES, pool.name)
+            group_targets[qid] = group_pool.name
             queries.append({"Id": qid, "ReturnData": True, "MetricStat": {
                 "Metric": {"Namespace": "AWS/AutoScaling", "MetricName": GROUP_INSTANCES, "Dimensions": [
-                    {"Name": "AutoScalingGroupName", "Value": cfg.asg_name_of(region_name, pool)}]},
+                    {"Name": "AutoScalingGroupName", "Value": cfg.asg_name_of(region_name, group_pool)}]},
                 "Period": period, "Stat": "Average"}})
         measured: dict[str, float | None] = {}
         if queries:
             cw = client(region_name)
             for start in range(0, len(queries), MAX_QUERIES):
                 for result in _get_metric_data(cw, queries[start:start + MAX_QUERIES], since, until, region_name):
-                    name, field_name, pool_name = targets[result["Id"]]
-                    if field_name == GROUP_INSTANCES:
+                    if result["Id"] in group_targets:
                         # Average instances over each period -> instance-hours; no datapoints: unknown.
                         values = result["Values"]
-                        measured[name] = sum(values) * period / 3600 if values else None
+                        measured[group_targets[result["Id"]]] = sum(values) * period / 3600 if values else None
                         continue
+                    name, field_name, pool_name = targets[result["Id"]]
                     value = int(round(sum(result["Values"])))
                     setattr(usage[name], field_name, getattr(usage[name], field_name) + value)
                     if field_name in POOL_FIELDS:
@@ -242,10 +246,11 @@ def collect(cfg: FleetConfig, since: datetime, until: datetime, region: str | No
     return UsageReport(cfg.name, since, until, rows, costs, sorted(set(notes)))
 
 
-def _get_metric_data(cw: Any, queries: list[dict], since: datetime, until: datetime, region: str) -> list[dict]:
+def _get_metric_data(cw: Any, queries: list[dict[str, Any]], since: datetime, until: datetime,
+                     region: str) -> list[dict[str, Any]]:
     from botocore.exceptions import BotoCoreError, ClientError
 
-    merged: dict[str, dict] = {}
+    merged: dict[str, dict[str, Any]] = {}
     kwargs: dict[str, Any] = {"MetricDataQueries": queries, "StartTime": since, "EndTime": until,
                               "ScanBy": "TimestampAscending"}
     try:
@@ -289,11 +294,11 @@ def csv_text(rows: list[dict[str, Any]], columns: tuple[str, ...]) -> str:
     return out.getvalue().rstrip("\n")
 
 
-def table_lines(headers: tuple[str, ...], cells: list[tuple[str, ...]], left: int) -> list[str]:
+def table_lines(headers: tuple[str, ...], cells: Sequence[tuple[str, ...]], left: int) -> list[str]:
     """Header, rule and rows, each column as wide as its widest cell; the first `left` columns flush left."""
     widths = [max(len(h), *(len(c[i]) for c in cells)) if cells else len(h) for i, h in enumerate(headers)]
 
-    def line(values) -> str:
+    def line(values: Sequence[str]) -> str:
         return "  ".join(v.ljust(w) if i < left else v.rjust(w) for i, (v, w) in enumerate(zip(values, widths)))
 
     return [line(headers), line(["-" * w for w in widths])] + [line(c) for c in cells]

@@ -55,6 +55,12 @@ def test_teardown_deletes_consumers_before_providers(cfg):
     assert "retained" in steps[1].summary
 
 
+def test_a_plan_built_without_aws_access_refuses_to_publish_rather_than_failing_on_a_missing_client(cfg):
+    [step] = plan(cfg, "c.yaml", clients=None, steps=["publish"])
+    with pytest.raises(UserError, match="publish step .* needs AWS access"):
+        step.action()
+
+
 def test_dry_run_runs_nothing(cfg):
     ran = []
     execute(plan(cfg, "c.yaml", clients=None, steps=STEPS), dry_run=True, run=lambda c: ran.append(c), log=lambda m: None)

@@ -77,6 +77,27 @@ def test_a_hub_download_with_the_selection_fetches_exactly_it(monkeypatch, tmp_p
     assert "staging 6 file(s), 5.9 GiB" in logged[0] and "left out 9 file(s)" in logged[0]
 
 
+def test_a_hub_answer_without_a_commit_is_refused_rather_than_staging_the_default_branch(monkeypatch, tmp_path):
+    """huggingface_hub's ModelInfo.sha is Optional (hf_api.py); snapshot_download(revision=None) would fetch
+    the default branch instead of the configured revision."""
+    downloaded = []
+
+    class Api:
+        def __init__(self, token=None):
+            pass
+
+        def model_info(self, repo_id, revision=None, files_metadata=False):
+            return SimpleNamespace(sha=None, siblings=[SimpleNamespace(rfilename=p, size=n * MiB)
+                                                       for p, n in REPO_FILES.items()])
+
+    import huggingface_hub
+    monkeypatch.setattr(huggingface_hub, "HfApi", Api)
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", lambda repo_id, **kw: downloaded.append(kw))
+    with pytest.raises(UserError, match="named no commit"):
+        staging_model.fetch_from_hub("openai-community/gpt2-xl", "v1", tmp_path, None, log=lambda m: None)
+    assert downloaded == []
+
+
 def test_a_repository_without_safetensors_is_refused_with_the_setting_to_change():
     files = {k: v for k, v in REPO_FILES.items() if not k.endswith(".safetensors")}
     with pytest.raises(UserError, match=r"stage_patterns.*\*\.bin"):

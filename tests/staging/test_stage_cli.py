@@ -181,6 +181,23 @@ def test_stage_each_model_of_a_multi_model_fleet(tmp_path, env, make_bucket):
     assert "model qwen2.5-3b@main: 2 file(s)" in status.stdout and "model gpt2-xl MISSING" in status.stdout
 
 
+def test_status_names_a_missing_model_whose_id_holds_a_colon(tmp_path, env, make_bucket):
+    """A fine-tune id (ft:base:org::id) holds ':'; its MISSING line must be read as such, not as staged weights."""
+    fine_tune = "ft:gpt2-xl:acme::8abc1234"
+    text = MULTI.read_text()
+    text = text.replace("  - id: gpt2-xl ", f"  - id: '{fine_tune}' ").replace("{model: gpt2-xl", f"{{model: '{fine_tune}'")
+    config = tmp_path / "fleet.yaml"
+    config.write_text(text)
+    assert fine_tune in load_config(config).models_for("voice-app")
+    bucket = make_bucket("ap-northeast-2")
+    status = fleetcast("stage", "status", "--config", str(config), "--bucket", f"ap-northeast-2={bucket}",
+                       "--repository",
+                       "ap-northeast-2=111122223333.dkr.ecr.ap-northeast-2.amazonaws.com/fleetcast/tensorrt-llm",
+                       env=env)
+    assert status.returncode == 1, status.stderr
+    assert f"model {fine_tune} MISSING" in status.stdout and "Traceback" not in status.stderr
+
+
 def test_stage_calibration_per_model_of_a_multi_model_fleet(tmp_path, env, make_bucket):
     """Each model calibrates on its own set: --model names it (required with several models) and the staged set
     goes in that model's calibration.dataset, nothing else of the file changing."""
