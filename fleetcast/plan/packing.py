@@ -16,7 +16,8 @@ instance type with results:
   3. per UTC hour, per model: the fewest processes meeting that model's P99 TTFT (its consumers' network
      included) / ITL / error SLO at its busiest-minute arrivals (queueing.instances_needed, the same
      service model as one-model plans), instances = max over models of ceil(processes / copies), at least
-     the region's floor;
+     the region's floor; a region whose traffic is one model's concurrency histogram sizes each packing of one
+     process by the one-model histogram method instead (solver.size_from_histogram) and tries no more copies;
   4. cost = instances x price + the region's fixed costs (one NLB and endpoint set for the fleet);
      $ per 1M output tokens over every model's tokens.
 The choice is the cheapest packing all of whose curves are measured (or synthetic: authored scenario
@@ -57,6 +58,7 @@ from .sharing import (
 )
 from .solver import (
     DayPart,
+    HistogramDay,
     PlanContext,
     PlannedPool,
     PoolDay,
@@ -68,11 +70,14 @@ from .solver import (
     fixed_by_hour,
     floor_tenth,
     loss_head,
+    lowest_load_refusal,
+    output_shift,
     per_m_output,
     pick,
     pool_moves,
     provider_side,
     size_day,
+    size_from_histogram,
 )
 from .traffic import ConsumerTraffic, TrafficProfile
 
@@ -383,6 +388,8 @@ class ModelLoad:
     sources: tuple[str, ...] = ()
     peer_step_ms: float = 0.0  # estimated: what the other processes add to each of its steps (interference rule)
     provenance: str = "measured"  # the results' provenance ("synthetic": authored data)
+    results_output_mean: float | None = None  # the results' mean output length (the histogram method rescales E2E)
+    histogram: HistogramDay | None = None  # sized by its traffic's concurrency histogram (size_packing), not arrivals
 
     @property
     def instances_by_hour(self) -> list[int]:
@@ -399,7 +406,10 @@ class ModelLoad:
         return None if self.kv_gib is None else kv_gib_written(self.kv_gib)
 
     def worst(self) -> tuple[float, float] | None:
-        """(P99 TTFT incl. network, P99 ITL) at the day's worst planned minute."""
+        """(P99 TTFT incl. network, P99 ITL) at the day's worst planned minute; sized from a histogram, which has no
+        minutes, the traffic-weighted figures (as a one-model plan's solver.Evaluation.worst_ttft)."""
+        if self.histogram is not None:
+            return self.histogram.weighted_ttft_p99, self.histogram.weighted_itl_p99
         ps = [p for p in self.predictions if p is not None]
         if not ps:
             return None
@@ -474,8 +484,10 @@ class PackingEval(PoolDay):
         cache: Cache = {}
         serves = tuple(Served(m.model, m.precision, m.copies, m.kv_cache_gb, Sizing(
             _models_of(cache, m.curve), (m.traffic,), m.limits, m.network_ms,
-            tuple(n * m.copies for n in self.instances_by_hour), tuple(m.processes_by_hour), tuple(m.predictions),
-            m.provenance == "synthetic", m.source)) for m in self.loads)
+            tuple(n * m.copies for n in self.instances_by_hour), tuple(m.processes_by_hour),
+            tuple(m.predictions) if m.histogram is None else (None,) * 24, m.provenance == "synthetic", m.source,
+            m.histogram is None, None if m.histogram is None else m.histogram.hold_ms,
+            None if m.histogram is None else m.histogram.seconds_per_request)) for m in self.loads)
         return PlannedPool(self.region, self.consumer_regions or (self.region,), self.instance_type, self.label, f"${self.cost_per_hour:.2f}/h",
                            serves, tuple(self.instances_by_hour), scaling_target(self), self.estimated, packed=True,
                            price_per_hour=self.price_per_hour, cost_per_hour=self.cost_per_hour)
@@ -528,11 +540,15 @@ def _models_of(curve_cache: Cache, curve: Curve) -> ServiceModel:
     return model
 
 
-def size_packing(ev: PackingEval, ctx: PlanContext, n_min: int, cache: Cache) -> PackingEval:
-    """Steps 3-4 for one packing: the one sizing from arrivals (solver.size_day) over its models' processes."""
+def size_packing(ev: PackingEval, ctx: PlanContext, n_min: int, cache: Cache, histogram: bool = False) -> PackingEval:
+    """Steps 3-4 for one packing: the one sizing from arrivals (solver.size_day) over its models' processes; with
+    `histogram` (its region's traffic is one model's concurrency histogram), a packing of one process is sized by the
+    one-model histogram method (solver.size_from_histogram), which that histogram describes."""
     price = ctx.prices.price(ev.instance_type, ev.region)
     assert price is not None  # _offer_refusal refused a type without one
     ev.price_per_hour = price
+    if histogram and ev.processes == 1:
+        return _size_from_histogram(ev, ctx, price, n_min)
     parts = [DayPart(_models_of(cache, ld.curve), ld.traffic, ld.limits, ld.copies) for ld in ev.loads]
     day = size_day(parts, ev.instance_type, ev.region, price, ctx, n_min)
     if isinstance(day, int):
@@ -550,6 +566,23 @@ def size_packing(ev: PackingEval, ctx: PlanContext, n_min: int, cache: Cache) ->
     ev.instances_by_hour, ev.fixed_by_hour, ev.reserved_used = day.instances_by_hour, day.fixed_by_hour, day.reserved_used
     ev.cost_per_hour = day.cost_per_hour
     ev.usd_per_m_output = per_m_output(sum(day.cost_by_hour), [ld.traffic for ld in ev.loads])
+    return ev
+
+
+def _size_from_histogram(ev: PackingEval, ctx: PlanContext, price: float, n_min: int) -> PackingEval:
+    (load,) = ev.loads
+    t = load.traffic
+    rtt = ctx.latency.between(t.region, ev.region)
+    assert rtt is not None  # only offered, priced, reachable regions are planned
+    day = size_from_histogram(load.curve, t, load.slo, rtt, output_shift(load.results_output_mean, t),
+                              ev.instance_type, ev.region, price, ctx, n_min)
+    if day.max_load is None:
+        assert day.first_failure is not None
+        ev.rejected = f"{load.model} ({load.source}) {lowest_load_refusal(day.first_failure)}"
+        return ev
+    load.histogram, load.processes_by_hour, load.predictions = day, day.needed_by_hour, []
+    ev.instances_by_hour, ev.fixed_by_hour, ev.reserved_used = day.instances_by_hour, day.fixed_by_hour, day.reserved_used
+    ev.cost_per_hour, ev.usd_per_m_output = day.cost_per_hour, day.usd_per_m_output
     return ev
 
 
@@ -784,6 +817,10 @@ def _pooled(cfg: FleetConfig, curves: list[ModelCurve], pool: PackingEval, membe
     processes sized for the members' summed busiest minutes within its SLO less the farthest member's network; the
     fixed costs each member's, the provider side (NLB hour, provider endpoints) paid once."""
     service = pool.region
+    if any(ld.histogram is not None for ld in pool.loads) or any(_histogram_sized(m.traffic) for m in members):
+        # Pooling sums the members' arrivals (_merged); a pool sized from a histogram has none to sum, and one sized
+        # from arrivals here would be compared with its members' histogram-sized pools by another method.
+        return None
     if any(m.region != service and not ({m.region, service} <= ctx.privatelink_regions
                                         and ctx.latency.between(m.region, service) is not None) for m in members):
         return None
@@ -873,6 +910,13 @@ def _plan_region(cfg: FleetConfig, curves: list[ModelCurve], region: str, entrie
                  ctx: PlanContext, fleet_slo: Slo, max_copies: int, families: dict[str, str], cache: Cache,
                  gpu_sharing: str | None = None, alternatives: bool = True) -> RegionPacking:
     notes = _entitlement_notes(cfg, region, entries)
+    histogram = _histogram_sized(entries)
+    if histogram and max_copies > 1:
+        # The histogram counts requests on an instance of one process: it says nothing of an instance of two, and a
+        # packing sized from arrivals instead would be ranked by another method than the one-process packings.
+        notes.append(f"{region}: sized by the traffic's concurrency histogram, which describes instances of one "
+                     "process: packings of several copies are not tried (give burstiness to size from arrivals)")
+        max_copies = 1
     types = sorted({c.instance_type for c in curves})
     evaluations: list[PackingEval] = []
     n_min = ctx.n_min(region)
@@ -898,7 +942,7 @@ def _plan_region(cfg: FleetConfig, curves: list[ModelCurve], region: str, entrie
                              f"first: some packings of {sum(c for _, c in combo)} or more processes were not tried")
                 break
             ev = _evaluate(cfg, curves, instance_type, region, entries, combo, ctx, fleet_slo, n_min, cache,
-                           pool_sharing(cfg, region, instance_type, gpu_sharing))
+                           pool_sharing(cfg, region, instance_type, gpu_sharing), histogram)
             if ev is not None:
                 evaluations.append(ev)
     ranked = sorted((e for e in evaluations if e.feasible), key=PackingEval.rank_key)
@@ -919,6 +963,14 @@ def _plan_region(cfg: FleetConfig, curves: list[ModelCurve], region: str, entrie
     if alternatives:
         plan.alternatives = _alternatives(cfg, curves, region, entries, ctx, fleet_slo, families, cache)
     return plan
+
+
+def _histogram_sized(entries: list[ConsumerTraffic]) -> bool:
+    """Whether a region's packings of one process are sized by the histogram method: its traffic is one model's, with
+    a concurrency histogram and no burstiness (TrafficProfile.arrival_driven). With several models each entry's
+    histogram counts every model's requests on the instance it measured, which no packing here reproduces: those are
+    sized from arrivals (docs/plan.md, "Several models")."""
+    return len(entries) == 1 and not entries[0].arrival_driven
 
 
 def _offer_refusal(instance_type: str, region: str, ctx: PlanContext, lab: dict[str, str]) -> str | None:
@@ -961,9 +1013,9 @@ def _compositions(total: int, parts: int, most: int) -> Iterator[tuple[int, ...]
 
 def _evaluate(cfg: FleetConfig, curves: list[ModelCurve], instance_type: str, region: str,
               entries: list[ConsumerTraffic], combo: tuple[tuple[str, int], ...], ctx: PlanContext, fleet_slo: Slo,
-              n_min: int, cache: Cache, sharing: str = TIME_SLICING) -> PackingEval | None:
+              n_min: int, cache: Cache, sharing: str = TIME_SLICING, histogram: bool = False) -> PackingEval | None:
     """One packing, its processes sharing the GPU by `sharing`; None when it does not fit memory (not a candidate at
-    all)."""
+    all). `histogram`: a packing of one process is sized by its traffic's histogram (size_packing)."""
     packing = tuple((_model(t), p, c) for t, (p, c) in zip(entries, combo))
     processes = sum(c for _, _, c in packing)
     if processes > MAX_PROCESSES:
@@ -991,7 +1043,7 @@ def _evaluate(cfg: FleetConfig, curves: list[ModelCurve], instance_type: str, re
         return ModelLoad(model, prec, copies, source, curve, _slo_for(cfg, model, fleet_slo),
                          _network_ms(curve, t.region, region, ctx), t,
                          kv_gib=None if kv_b is None else kv_b / GIB, sources=mc.candidate.sources,
-                         provenance=mc.candidate.provenance)
+                         provenance=mc.candidate.provenance, results_output_mean=mc.candidate.output_mean)
 
     def as_measured(coloc: ModelCurve | None, solo: ModelCurve | None) -> bool:
         return coloc is not None or processes == 1
@@ -1000,7 +1052,8 @@ def _evaluate(cfg: FleetConfig, curves: list[ModelCurve], instance_type: str, re
     first = [load_of(t, m, p, c, coloc or solo, (coloc or solo).candidate.curve,
                      _source_of(coloc or solo, processes, sharing)) for t, m, p, c, coloc, solo in picked]
     if all(as_measured(coloc, solo) for *_, coloc, solo in picked):
-        return size_packing(PackingEval(instance_type, region, first, memory, sharing=sharing), ctx, n_min, cache)
+        return size_packing(PackingEval(instance_type, region, first, memory, sharing=sharing), ctx, n_min, cache,
+                            histogram)
     # Interference rule: the peers' load comes from sizing the packing on the curves as measured (pass 1,
     # which needs fewer instances than the stretched curves will, so it overstates the peers' load).
     pre = size_packing(PackingEval(instance_type, region, first, memory, sharing=sharing), ctx, n_min, cache)
@@ -1034,13 +1087,15 @@ def _alternatives(cfg: FleetConfig, curves: list[ModelCurve], region: str, entri
     """The same traffic without packing: each model on instances of its own (its best single-process choice)."""
     parts = []
     n_min = ctx.n_min(region)
+    histogram = _histogram_sized(entries)
     for t in entries:
         best = None
         for instance_type in sorted({c.instance_type for c in curves}):
             if not _offered(instance_type, region, ctx, cache["lab"]):
                 continue
             for prec in _options(curves, _model(t), instance_type, cfg, families.get, cache["lab"], ctx):
-                ev = _evaluate(cfg, curves, instance_type, region, [t], ((prec, 1),), ctx, fleet_slo, n_min, cache)
+                ev = _evaluate(cfg, curves, instance_type, region, [t], ((prec, 1),), ctx, fleet_slo, n_min, cache,
+                               histogram=histogram)
                 if ev is not None and ev.feasible and (best is None or (best.estimated, best.rank_key())
                                                        > (ev.estimated, ev.rank_key())):
                     best = ev
@@ -1057,11 +1112,15 @@ def _alternatives(cfg: FleetConfig, curves: list[ModelCurve], region: str, entri
 
 
 def scaling_target(ev: PackingEval) -> float:
-    """The pool's in-flight target: solver.scaling_target over the packing's models (the same figure a one-model
-    plan gets for a packing of one)."""
+    """The pool's in-flight target: solver.scaling_target over the packing's models, or the histogram method's k
+    for a packing of one process sized from a histogram (the same figure a one-model plan gets for a packing of
+    one)."""
     from .queueing import max_safe_rate
     from .solver import TargetPart, scaling_target as target_of
 
+    sized = [m.histogram for m in ev.loads if m.histogram is not None]
+    if sized:
+        return sized[0].target  # the histogram method's k, as for one model (a packing of one process alone has one)
     cache: Cache = {}
     parts = []
     for m in ev.loads:

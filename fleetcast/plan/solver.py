@@ -36,7 +36,7 @@ from fleetcast.config import catalog
 from fleetcast.config.model import ModelFamily
 from fleetcast.contract import support
 
-from .curves import MIN_P99_SAMPLES, Candidate, LoadPoint
+from .curves import MIN_P99_SAMPLES, Candidate, Curve, LoadPoint
 from .inputs import Availability, FixedCosts, Latency, Prices, QualityFile
 from .queueing import (
     Limits,
@@ -347,18 +347,130 @@ def evaluate(candidate: Candidate, traffic: ConsumerTraffic, service_region: str
     ev.price_per_hour = _given(ctx.prices.price(candidate.instance_type, service_region))
     slo = ctx.slo
     curve = candidate.curve
-    out_adjust = 0.0
-    if candidate.output_mean and abs(traffic.output_mean - candidate.output_mean) >= 0.5:
-        out_adjust = traffic.output_mean - candidate.output_mean
+    out_adjust = output_shift(candidate.output_mean, traffic)
+    if out_adjust:
         ev.notes.append(f"{candidate.source} results at {candidate.output_mean:g} output tokens, traffic averages "
                         f"{traffic.output_mean:g}: E2E rescaled by the results' mean ITL")
     if candidate.input_mean and abs(traffic.input_mean - candidate.input_mean) > 0.25 * candidate.input_mean:
         ev.notes.append(f"{candidate.source} results at {candidate.input_mean:g} input tokens, traffic averages "
                         f"{traffic.input_mean:g}: TTFT may not transfer; benchmark at the traffic's lengths")
 
+    # 2. c*: the highest level with every level up to it inside every SLO.
+    ev.max_load, ev.first_failure = slo_cap(curve, slo, ev.rtt_ms, ctx)
+    if ev.max_load is None:
+        ev.rejected = lowest_load_refusal(_given(ev.first_failure))
+        return ev
+    ev.network_ms = network_of(curve.points[-1], ev.rtt_ms, ctx)
+    if traffic.arrival_driven:
+        _size_from_arrivals(ev, traffic, ctx)
+        _finish(ev, candidate, ctx)
+        return ev
+    day = size_from_histogram(curve, traffic, slo, ev.rtt_ms, out_adjust, candidate.instance_type, service_region,
+                              ev.price_per_hour, ctx, ctx.n_min(service_region))
+    ev.notes += day.notes
+    ev.target, ev.seconds_per_request, ev.seconds_at = day.target, day.seconds_per_request, day.seconds_at
+    ev.share_above_target, ev.measured_cap, ev.noise_fallback = day.share_above_target, day.measured_cap, day.noise_fallback
+    ev.instances_by_hour, ev.cost_by_hour, ev.fixed_per_hour = day.instances_by_hour, day.cost_by_hour, day.fixed_per_hour
+    ev.cost_per_hour, ev.usd_per_m_output, ev.usd_per_m_input = day.cost_per_hour, day.usd_per_m_output, day.usd_per_m_input
+    ev.weighted_ttft_p99, ev.weighted_ttft_ci = day.weighted_ttft_p99, day.weighted_ttft_ci
+    ev.weighted_itl_p99, ev.weighted_e2e = day.weighted_itl_p99, day.weighted_e2e
+    ev.goodput_rps, ev.goodput_exact, ev.reserved_used = day.goodput_rps, day.goodput_exact, day.reserved_used
+    _finish(ev, candidate, ctx)
+    return ev
+
+
+def output_shift(results_output_mean: float | None, traffic: ConsumerTraffic) -> float:
+    """The traffic's mean output length less the results' (0 within half a token, or without a results mean): the
+    histogram method rescales each level's E2E by it at the results' mean ITL."""
+    if results_output_mean and abs(traffic.output_mean - results_output_mean) >= 0.5:
+        return traffic.output_mean - results_output_mean
+    return 0.0
+
+
+def network_of(p: LoadPoint, rtt_ms: float, ctx: PlanContext) -> float:
+    """The network a load level's TTFT lacks: the consumers' round trip less the one its bench run already saw."""
+    bench = p.bench_rtt_ms if p.bench_rtt_ms is not None else ctx.latency.same_region_ms
+    return rtt_ms - bench
+
+
+def slo_cap(curve: Curve, slo: Slo, rtt_ms: float, ctx: PlanContext) -> tuple[float | None, Failure | None]:
+    """Step 2: (c*, the highest measured level with every level up to it inside every SLO, network included; the
+    first failure above it). c* is None when the lowest level already fails."""
+    cap, failure = None, None
+    for p in curve.points:
+        ttft = p.ttft_p99 + network_of(p, rtt_ms, ctx)
+        if ttft > slo.ttft_p99_ms:
+            failure = Failure(p.concurrency, "P99 TTFT", ttft, slo.ttft_p99_ms, rtt_ms)
+        elif p.itl_p99 > slo.itl_p99_ms:
+            failure = Failure(p.concurrency, "P99 ITL", p.itl_p99, slo.itl_p99_ms)
+        elif p.error_rate > slo.error_rate:
+            failure = Failure(p.concurrency, "error rate", p.error_rate, slo.error_rate)
+        if failure:
+            break
+        cap = p.concurrency
+    return cap, failure
+
+
+def lowest_load_refusal(failure: Failure) -> str:
+    return f"fails the SLO even at its lowest measured load: {failure.text()}"
+
+
+@dataclass
+class HistogramDay:
+    """A pool of one process per instance sized by the histogram method (steps 2-5): one rule for a one-model
+    candidate (evaluate) and a packing of one process (packing.size_packing)."""
+
+    max_load: float | None  # c*; None: the lowest measured level fails (first_failure says how)
+    first_failure: Failure | None
+    target: float = 0.0  # k
+    seconds_per_request: float = 0.0  # S(k)
+    seconds_at: Callable[[float], float] | None = None  # target k -> instance-seconds per request S(k)
+    share_above_target: float = 0.0
+    measured_cap: float | None = None
+    needed_by_hour: list[int] = field(default_factory=list)  # ceil(rate_h x S(k)), before the floor
+    instances_by_hour: list[int] = field(default_factory=list)
+    cost_by_hour: list[float] = field(default_factory=list)
+    fixed_by_hour: list[float] = field(default_factory=list)
+    reserved_used: int = 0
+    usd_per_m_output: float = 0.0
+    usd_per_m_input: float = 0.0
+    weighted_ttft_p99: float = 0.0
+    weighted_ttft_ci: tuple[float, float] | None = None
+    weighted_itl_p99: float = 0.0
+    weighted_e2e: float = 0.0  # network included (the client's wait)
+    network_ms: float = 0.0  # at the highest measured level, as an arrival-sized plan reads it
+    noise_fallback: tuple[float, float] | None = None
+    goodput_rps: float = 0.0
+    goodput_exact: bool = False
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def cost_per_hour(self) -> float:
+        return sum(self.cost_by_hour) / 24
+
+    @property
+    def fixed_per_hour(self) -> float:
+        return sum(self.fixed_by_hour) / 24
+
+    @property
+    def hold_ms(self) -> float:
+        """What a request holds an instance for: its in-region E2E (the network delays the client, not the GPU)."""
+        return self.weighted_e2e - max(self.network_ms, 0.0)
+
+
+def size_from_histogram(curve: Curve, traffic: ConsumerTraffic, slo: Slo, rtt_ms: float, out_adjust: float,
+                        instance_type: str, region: str, price: float, ctx: PlanContext, n_min: int) -> HistogramDay:
+    """Steps 2-5 for a profile with only a concurrency histogram: c*, the target k <= c* that makes each request
+    cheapest, instances per UTC hour N_h = max(n_min, ceil(rate_h x S(k))), the cost, the traffic-weighted
+    latencies with their confidence intervals, and the next lower target's cost where the pass at k is marginal.
+    `out_adjust`: the traffic's mean output length less the results' (E2E rescaled by the results' ITL)."""
+    cap, failure = slo_cap(curve, slo, rtt_ms, ctx)
+    day = HistogramDay(cap, failure, network_ms=network_of(curve.points[-1], rtt_ms, ctx))
+    if cap is None:
+        return day
+
     def network(p: LoadPoint) -> float:
-        bench = p.bench_rtt_ms if p.bench_rtt_ms is not None else ctx.latency.same_region_ms
-        return ev.rtt_ms - bench
+        return network_of(p, rtt_ms, ctx)
 
     def ttft(p: LoadPoint) -> float:
         return p.ttft_p99 + network(p)
@@ -368,79 +480,55 @@ def evaluate(candidate: Candidate, traffic: ConsumerTraffic, service_region: str
         itl = p.itl_mean if p.itl_mean is not None else p.itl_p99
         return p.e2e_mean + out_adjust * itl
 
-    # 2. c*: the highest level with every level up to it inside every SLO.
-    for p in curve.points:
-        failure = None
-        if ttft(p) > slo.ttft_p99_ms:
-            failure = Failure(p.concurrency, "P99 TTFT", ttft(p), slo.ttft_p99_ms, ev.rtt_ms)
-        elif p.itl_p99 > slo.itl_p99_ms:
-            failure = Failure(p.concurrency, "P99 ITL", p.itl_p99, slo.itl_p99_ms)
-        elif p.error_rate > slo.error_rate:
-            failure = Failure(p.concurrency, "error rate", p.error_rate, slo.error_rate)
-        if failure:
-            ev.first_failure = failure
-            break
-        ev.max_load = p.concurrency
-    if ev.max_load is None:
-        ev.rejected = f"fails the SLO even at its lowest measured load: {_given(ev.first_failure).text()}"
-        return ev
-    ev.network_ms = network(curve.points[-1])
-    if traffic.arrival_driven:
-        _size_from_arrivals(ev, traffic, ctx)
-        _finish(ev, candidate, ctx)
-        return ev
-
     weights = traffic.level_weights()
     lowest = curve.points[0].concurrency
     if min(weights) < lowest:
-        ev.notes.append(f"traffic levels below {lowest:g} use the latencies measured at {lowest:g} (conservative)")
+        day.notes.append(f"traffic levels below {lowest:g} use the latencies measured at {lowest:g} (conservative)")
 
     def seconds_per_request(k: float) -> float:
         return sum(w * (e2e(curve.at(min(level, k))) / 1000.0) / min(level, k) for level, w in weights.items())
-    ev.seconds_at = seconds_per_request
+    day.seconds_at = seconds_per_request
 
     def weighted(k: float, fn: Callable[[LoadPoint], float]) -> float:
         return sum(w * fn(curve.at(min(level, k))) for level, w in weights.items())
 
     # 3. the target k <= c* that makes each request cheapest (ties: lower weighted TTFT).
-    options = [p.concurrency for p in curve.points if p.concurrency <= ev.max_load]
+    options = [p.concurrency for p in curve.points if p.concurrency <= cap]
     k = min(options, key=lambda k: (seconds_per_request(k), weighted(k, ttft)))
-    ev.target = k
-    ev.seconds_per_request = seconds_per_request(k)
-    ev.share_above_target = sum(w for level, w in weights.items() if level > k)
-    if ev.first_failure is None and k == curve.points[-1].concurrency and ev.share_above_target > 0:
-        ev.measured_cap = k
+    day.target = k
+    day.seconds_per_request = seconds_per_request(k)
+    day.share_above_target = sum(w for level, w in weights.items() if level > k)
+    if failure is None and k == curve.points[-1].concurrency and day.share_above_target > 0:
+        day.measured_cap = k
 
-    # 4-5. instances, cost and tokens per hour.
-    n_min = ctx.n_min(service_region)
-    _, default_row = ctx.fixed.row(service_region)
+    # 4-5. instances, cost and tokens per hour (at least `n_min`).
+    _, default_row = ctx.fixed.row(region)
     if default_row:
-        ev.notes.append(f"no fixed-cost row for {service_region}: the default row is used")
+        day.notes.append(f"no fixed-cost row for {region}: the default row is used")
     rates = traffic.hourly_rps()
-    fixed = fixed_by_hour(service_region, [traffic], ctx)
-
-    reserved = ctx.reserved.get((candidate.instance_type, service_region), 0)
+    day.fixed_by_hour = fixed_by_hour(region, [traffic], ctx)
+    reserved = ctx.reserved.get((instance_type, region), 0)
 
     def daily(seconds: float) -> tuple[list[int], list[float]]:
         counts = [max(n_min, math.ceil(rps * seconds - 1e-9)) for rps in rates]
-        return counts, [max(n - reserved, 0) * ev.price_per_hour + f for n, f in zip(counts, fixed)]
+        return counts, [max(n - reserved, 0) * price + f for n, f in zip(counts, day.fixed_by_hour)]
 
-    ev.instances_by_hour, ev.cost_by_hour = daily(ev.seconds_per_request)
-    ev.fixed_per_hour = sum(fixed) / 24
+    day.instances_by_hour, day.cost_by_hour = daily(day.seconds_per_request)
+    day.needed_by_hour = [math.ceil(rps * day.seconds_per_request - 1e-9) for rps in rates]
     out_tokens = sum(rates) * 3600 * traffic.output_mean
     in_tokens = sum(rates) * 3600 * traffic.input_mean
-    day = sum(ev.cost_by_hour)
-    ev.cost_per_hour = day / 24
-    ev.usd_per_m_output = day / out_tokens * 1e6 if out_tokens else math.inf
-    ev.usd_per_m_input = day / in_tokens * 1e6 if in_tokens else math.inf
+    cost = sum(day.cost_by_hour)
+    day.usd_per_m_output = cost / out_tokens * 1e6 if out_tokens else math.inf
+    day.usd_per_m_input = cost / in_tokens * 1e6 if in_tokens else math.inf
 
-    ev.weighted_ttft_p99 = weighted(k, ttft)
-    ev.weighted_itl_p99 = weighted(k, lambda p: p.itl_p99)
-    ev.weighted_e2e = weighted(k, lambda p: e2e(p) + max(network(p), 0.0))
+    day.weighted_ttft_p99 = weighted(k, ttft)
+    day.weighted_itl_p99 = weighted(k, lambda p: p.itl_p99)
+    day.weighted_e2e = weighted(k, lambda p: e2e(p) + max(network(p), 0.0))
     served = [(w, curve.at(min(level, k))) for level, w in weights.items()]
     cis = [(w, p.ttft_p99_ci, network(p)) for w, p in served if p.ttft_p99_ci]
     if len(cis) == len(served):
-        ev.weighted_ttft_ci = (sum(w * (ci[0] + net) for w, ci, net in cis), sum(w * (ci[1] + net) for w, ci, net in cis))
+        day.weighted_ttft_ci = (sum(w * (ci[0] + net) for w, ci, net in cis),
+                                sum(w * (ci[1] + net) for w, ci, net in cis))
     at_k = curve.at(k)
     # The SLO inside the P99 CI at the target: say what the plan costs if a longer run fails there.
     ci_t, ci_i = at_k.ttft_p99_ci, at_k.itl_p99_ci
@@ -450,18 +538,17 @@ def evaluate(candidate: Candidate, traffic: ConsumerTraffic, service_region: str
     if marginal and lower:
         k2 = max(lower)
         _, costs = daily(seconds_per_request(k2))
-        ev.noise_fallback = (k2, sum(costs) / 24)
+        day.noise_fallback = (k2, sum(costs) / 24)
     throughput = k / (e2e(at_k) / 1000.0)  # Little's law at the target
     if at_k.records:
         good = sum(1 for t, i, ok in at_k.records if ok and t is not None and t + network(at_k) <= slo.ttft_p99_ms
                    and (i is None or i <= slo.itl_p99_ms))
-        ev.goodput_rps, ev.goodput_exact = throughput * good / len(at_k.records), True
+        day.goodput_rps, day.goodput_exact = throughput * good / len(at_k.records), True
     else:
         # Each P99 within its SLO bounds that metric's violations to 1%.
-        ev.goodput_rps = throughput * max(0.0, 1 - at_k.error_rate - 0.02)
-    ev.reserved_used = min(reserved, max(ev.instances_by_hour, default=0))
-    _finish(ev, candidate, ctx)
-    return ev
+        day.goodput_rps = throughput * max(0.0, 1 - at_k.error_rate - 0.02)
+    day.reserved_used = min(reserved, max(day.instances_by_hour, default=0))
+    return day
 
 
 def _finish(ev: Evaluation, candidate: Candidate, ctx: PlanContext) -> None:
