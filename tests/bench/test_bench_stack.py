@@ -16,6 +16,8 @@ from fleetcast.contract.errors import UserError
 from stacks.app_builder import build_app, cdk_json_context
 from tests.cfn_lint import assert_lint_clean
 
+from .bench_fleet import bench_app  # noqa: F401
+
 ROOT = Path(__file__).resolve().parents[2]
 NODE_MAJOR = subprocess.run(["node", "--version"], capture_output=True, text=True).stdout.strip().lstrip("v").split(".")[0]
 os.environ["JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION"] = NODE_MAJOR
