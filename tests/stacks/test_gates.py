@@ -234,6 +234,18 @@ def test_in_process_cfn_lint_reports_what_the_cli_reports(cli_lint, tmp_path):
     assert "W3010" in without_rc and "I3510" not in without_rc  # what .cfnlintrc.yaml ignores and includes
 
 
+def test_in_process_cfn_lint_reads_a_changed_template_again(tmp_path):
+    """tests/cfn_lint.py keeps what a run reported by the bytes it read: the same file rewritten is linted again."""
+    from tests.cfn_lint import lint
+
+    path = tmp_path / "t.template.json"
+    path.write_text(json.dumps({"AWSTemplateFormatVersion": "2010-09-09",
+                                "Resources": {"Topic": {"Type": "AWS::SNS::Topic"}}}))
+    assert lint(path) == []
+    path.write_text(json.dumps(BROKEN_TEMPLATE))
+    assert {"E3002", "E3031"} <= {p.split()[0] for p in lint(path)}
+
+
 def test_cfn_lint_ignores_are_each_explained():
     lines = (ROOT / ".cfnlintrc.yaml").read_text().splitlines()
     rules = [i for i, line in enumerate(lines) if re.match(r"^\s*-\s*[EWI]\d{4}\b", line)]
