@@ -113,15 +113,27 @@ def _findings(report: dict) -> set[tuple[str, str]]:
     return found
 
 
+# (findings, acknowledgments recorded) per config synthesized that way: test_spill_stacks and test_consumer_failover
+# ask it of the same spill example, and a synthesis costs seconds of CPU.
+_unacknowledged: dict[str, tuple[frozenset[tuple[str, str]], tuple[tuple[str, str], ...]]] = {}
+
+
 def unacknowledged_findings(monkeypatch: pytest.MonkeyPatch, doc: dict, name: str) -> set[tuple[str, str]]:
-    """Synthesize `doc` with cdk-nag's acknowledgments recorded (nag.RECORDED) but not applied: every finding,
-    as (construct path, rule)."""
-    monkeypatch.setattr(nag, "APPLY_ACKNOWLEDGMENTS", False)
-    monkeypatch.setattr(nag, "RECORDED", [])
-    with pytest.raises(Exception, match="Validation ?[Ff]ailed") as failure:
-        synthesize(doc, name)
-    with open(re.search(r"found in: (\S+)", str(failure.value)).group(1)) as report:
-        return _findings(json.load(report))
+    """Synthesize `doc` with cdk-nag's acknowledgments recorded (nag.RECORDED, which holds them for the rest of the
+    test) but not applied: every finding, as (construct path, rule). Once per config per run."""
+    key = json.dumps(doc, sort_keys=True)
+    if key not in _unacknowledged:
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(nag, "APPLY_ACKNOWLEDGMENTS", False)
+            patch.setattr(nag, "RECORDED", [])
+            with pytest.raises(Exception, match="Validation ?[Ff]ailed") as failure:
+                synthesize(doc, name)
+            recorded = tuple(nag.RECORDED)
+        with open(re.search(r"found in: (\S+)", str(failure.value)).group(1)) as report:
+            _unacknowledged[key] = frozenset(_findings(json.load(report))), recorded
+    findings, recorded = _unacknowledged[key]
+    monkeypatch.setattr(nag, "RECORDED", list(recorded))
+    return set(findings)
 
 
 def uncovered_and_stale(findings: set[tuple[str, str]], acknowledged: set[tuple[str, str]]
