@@ -73,7 +73,23 @@ def _is_dev_only(module: str) -> bool:
     return any(module == d or module.startswith(d + ".") for d in DEV_ONLY)
 
 
+# What each source file imports, by (path, module), kept with the file's (mtime, size): every synthesis stages its
+# bundles again (a new assembly directory), and parsing the closure's ~100 files took 0.4-0.8 s of CPU per bundle
+# and synthesis; a file that changes is parsed again.
+_parsed: dict[tuple[Path, str], tuple[tuple[int, int], frozenset[str]]] = {}
+
+
 def _imports(path: Path, module: str) -> set[str]:
+    stat = path.stat()
+    version = (stat.st_mtime_ns, stat.st_size)
+    known = _parsed.get((path, module))
+    if known is None or known[0] != version:
+        known = version, frozenset(_parse_imports(path, module))
+        _parsed[(path, module)] = known
+    return set(known[1])
+
+
+def _parse_imports(path: Path, module: str) -> set[str]:
     package = module if path.name == "__init__.py" else module.rpartition(".")[0]
     found: set[str] = set()
     for node in ast.walk(ast.parse(path.read_text(), str(path))):

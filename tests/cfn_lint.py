@@ -15,9 +15,24 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 
+# What a run reported, by what it read: the templates' names and bytes and the .cfnlintrc.yaml that applied. Tests
+# that share a synthesis (tests/stacks/synthesized.py) lint the same files; cfn-lint spends seconds per provider
+# template, and the same bytes under the same settings get the same matches.
+_reported: dict[tuple, list[str]] = {}
+
+
 def lint(*templates: Path | str, cwd: Path = ROOT) -> list[str]:
     """Every match cfn-lint reports on `templates`, one line each; [] when clean. Run from `cwd`, as the CLI
     would be: its .cfnlintrc.yaml (the repository's by default) applies."""
+    rc = Path(cwd) / ".cfnlintrc.yaml"
+    key = (str(Path(cwd).resolve()), rc.read_bytes() if rc.is_file() else None,
+           tuple((str(Path(t).resolve()), Path(t).read_bytes()) for t in templates))
+    if key not in _reported:
+        _reported[key] = _run(*templates, cwd=cwd)
+    return list(_reported[key])
+
+
+def _run(*templates: Path | str, cwd: Path) -> list[str]:
     cli = pytest.importorskip("cfnlint.runner.cli", reason="cfn-lint is installed by `make test`")
     from cfnlint.config import ConfigMixIn
 

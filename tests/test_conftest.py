@@ -16,11 +16,29 @@ def test_modules_that_build_cdk_apps_are_found_by_their_imports():
     assert not builds("tests/stacks/test_plan_drift_handler.py")  # the Lambda's code, no CDK
 
 
-def test_helpers_that_import_each_other_end_the_search():
-    """tests/stacks/synthesized.py and tests/bench/conftest.py import each other: a module that imports neither of
-    `modules` is answered, not followed round the cycle until the recursion limit (which stopped a run's collection)."""
-    assert not _imports_any(str(ROOT / "tests/bench/conftest.py"), ("no_such_module",))
-    assert _imports_any(str(ROOT / "tests/bench/conftest.py"), ("aws_cdk",))
+def test_helpers_that_import_each_other_end_the_search(monkeypatch):
+    """Two helpers that import each other (tests/stacks/synthesized.py and tests/bench/conftest.py did): a module
+    that imports neither of `modules` is answered, not followed round the cycle until the recursion limit (which
+    stopped a run's collection). The cycle is given here, as what the two files import; the walk reads the rest."""
+    from tests import conftest
+
+    a, b = "tests/bench/conftest.py", "tests/stacks/synthesized.py"
+    cycle = {str(ROOT / a): frozenset({"tests.stacks.synthesized"}),
+             str(ROOT / b): frozenset({"tests.bench.conftest", "aws_cdk"})}
+    monkeypatch.setattr(conftest, "_module_facts", lambda path: (cycle[path], False))
+    walk = conftest._imports_any.__wrapped__  # past the cache, which holds the real files' answers
+    assert not walk(str(ROOT / a), ("no_such_module",))
+    assert walk(str(ROOT / a), ("aws_cdk",))
+
+
+def test_the_bench_helpers_that_client_and_planner_tests_import_do_not_build_cdk_apps():
+    """Bench client, report and smoke tests import tests/bench/conftest.py's `free_port`: it imports no CDK, so they
+    run on any worker, not one after another on the CDK worker."""
+    assert not _builds_cdk_apps(str(ROOT / "tests/bench/conftest.py"))
+    for rel in ("tests/bench/test_results_say_what_they_measured.py", "tests/bench/test_model_mix.py",
+                "tests/bench/test_accuracy.py", "tests/bench/test_tls.py", "tests/smoke/test_smoke_models.py"):
+        assert not _builds_cdk_apps(str(ROOT / rel)), rel
+    assert _builds_cdk_apps(str(ROOT / "tests/bench/bench_fleet.py"))
 
 
 def test_scenario_areas_come_before_unit_tests():

@@ -51,14 +51,3 @@ def fake_wheelhouse(directory):
         with zipfile.ZipFile(directory / name, "w"):
             pass
     return directory
-
-
-@pytest.fixture(scope="session")
-def bench_app():
-    """The shipped config synthesized in bench mode (providers and consumers; tests/stacks/synthesized.py
-    bench_mode_fleet, shared with the stack tests); cdk-nag findings would make synth raise. Returns
-    (cfg, stacks by name, cloud assembly directory)."""
-    from tests.stacks.synthesized import bench_mode_fleet
-
-    fleet = bench_mode_fleet()
-    return fleet.cfg, fleet.stacks, fleet.outdir

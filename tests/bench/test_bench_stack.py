@@ -15,6 +15,9 @@ from fleetcast.contract.bucket import bench_results_key as results_key
 from fleetcast.contract.errors import UserError
 from stacks.app_builder import build_app, cdk_json_context
 from tests.cfn_lint import assert_lint_clean
+from tests.stacks.synthesized import default_fleet
+
+from .bench_fleet import bench_app  # noqa: F401
 
 ROOT = Path(__file__).resolve().parents[2]
 NODE_MAJOR = subprocess.run(["node", "--version"], capture_output=True, text=True).stdout.strip().lstrip("v").split(".")[0]
@@ -79,11 +82,10 @@ def test_bench_role_may_write_only_its_results_and_scale_only_its_group(bench_ap
         assert "bench/*" not in p  # no wildcard over other candidates' results
 
 
-def test_no_bench_groups_without_the_flag(tmp_path):
-    cfg = load_config(ROOT / "config" / "fleet.yaml")
-    app = App(outdir=str(tmp_path), context=cdk_json_context())
-    stacks = build_app(cfg, app, report=lambda _: None)
-    for stack in stacks.values():
+def test_no_bench_groups_without_the_flag():
+    fleet = default_fleet()  # config/fleet.yaml as `cdk synth` builds it (cdk.json's context), no -c bench
+    assert fleet.stacks
+    for stack in fleet.stacks.values():
         assert stack.node.try_find_child("Bench") is None
 
 
@@ -106,3 +108,4 @@ def test_a_bad_bench_knob_is_a_user_error_naming_it_not_a_traceback(tmp_path, kn
                                              knob: value})
     with pytest.raises(UserError, match=f"-c {knob}[= ]"):
         build_app(cfg, app, report=lambda line: None)
+    assert not app.node.children, "refused before any stack is built"

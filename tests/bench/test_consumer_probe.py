@@ -23,6 +23,7 @@ from stacks.app_builder import cdk_json_context
 from stacks.consumer import ConsumerStack
 from stacks.consumer_probe import probe_group_name, probe_results_key
 
+from .bench_fleet import bench_app  # noqa: F401
 from .conftest import WHEEL_NAMES, fake_wheelhouse
 
 ROOT = Path(__file__).resolve().parents[2]

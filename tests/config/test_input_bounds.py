@@ -1,7 +1,7 @@
 """Input that used to crash or hang the validator (issue 14 item 10): each gets one clear error.
 
 From `load_config`, from `fleetcast config validate` (no traceback, exit 1) and from the CDK
-entry point behind `make synth` (app.py), alike. Time is bounded by size limits, not measured:
+entry point behind `make synth` (app.py, in tests/stacks/test_app.py: it builds CDK apps), alike. Time is bounded by size limits, not measured:
 the tests check the limits that bound it (file bytes, nesting, entries, integer digits).
 """
 
@@ -11,7 +11,6 @@ import pytest
 
 from fleetcast.config import ConfigError, load_config, loader
 from scripts.cli import main
-from tests.stacks.synthesized import run_app_entry_point
 
 from .conftest import DEFAULT
 
@@ -119,17 +118,6 @@ def test_many_problems_are_listed_up_to_a_bound(tmp_path):
         load_config(path)
     text = caught.value.render()
     assert text.count("\n  - ") == loader.MAX_ISSUES and "more (the first 100 are listed)" in text
-
-
-@pytest.mark.parametrize("name", ["latin1_comment", "huge_integer", "deep_flow_lists"])
-def test_make_synth_entry_point_reports_it_too(tmp_path, name):
-    """app.py (what `make synth` runs through cdk) prints the same one error and exits 1."""
-    data, expected = BAD_INPUTS[name]
-    path = tmp_path / f"{name}.yaml"
-    path.write_bytes(data)
-    code, stderr = run_app_entry_point(path, tmp_path / "out")
-    assert code == 1, stderr
-    assert expected in stderr and "Traceback" not in stderr
 
 
 def test_delivered_config_is_bounded_too():

@@ -3,20 +3,17 @@
 from __future__ import annotations
 
 import json
-from functools import cache
 
 from tests.cfn_lint import assert_lint_clean
-from tests.stacks.synthesized import default_doc, default_fleet, synthesize
+from tests.stacks.synthesized import default_fleet, operations_fleet
 
 SEOUL_STACK = "fleetcast-provider-ap-northeast-2"
 VIRGINIA_STACK = "fleetcast-provider-us-east-1"
 
 
-@cache
 def approving_fleet():
-    doc = default_doc()
-    doc["operations"]["auto_approve_connections"] = True
-    return synthesize(doc, "auto-approve")
+    """operations.auto_approve_connections on, beside the other operations options (one synthesis for them all)."""
+    return operations_fleet()
 
 
 def _approvers(fleet, stack: str) -> list[dict]:

@@ -38,6 +38,16 @@ def spill_config(spot: bool = False):
     return parse_config(data, "<discovery test>")
 
 
+_IMAGE: list[str] = []
+
+
+def _an_image(ec2) -> str:
+    """One of moto's built-in images (the same after every reset): listed once per run, not per test."""
+    if not _IMAGE:
+        _IMAGE.append(str(ec2.describe_images()["Images"][0]["ImageId"]))
+    return _IMAGE[0]
+
+
 class Region:
     """A VPC, a launch template and the instances of some groups in moto."""
 
@@ -46,7 +56,7 @@ class Region:
         self.asg = boto3.client("autoscaling", region_name=REGION)
         vpc = self.ec2.create_vpc(CidrBlock="10.41.0.0/16")["Vpc"]["VpcId"]
         self.subnet = self.ec2.create_subnet(VpcId=vpc, CidrBlock="10.41.0.0/24")["Subnet"]["SubnetId"]
-        self.ami = self.ec2.describe_images()["Images"][0]["ImageId"]
+        self.ami = _an_image(self.ec2)
         self.ec2.create_launch_template(LaunchTemplateName="fleet-lt",
                                         LaunchTemplateData={"ImageId": self.ami, "InstanceType": "g6e.xlarge"})
         self.groups: set[str] = set()

@@ -190,6 +190,28 @@ def spot_fleet() -> Synthesized:
     return synthesize(spot_doc(), "spot")
 
 
+def operations_doc() -> dict:
+    """The default config with every operations option on at once (the default leaves them off): alarm email,
+    the endpoint-connection auto-approver, the scheduled plan drift check, and on the pools schedules, a capacity
+    reservation, KV-cache scaling, a warm pool of 0 and a rollout without alarm rollback. One synthesis and one
+    cfn-lint pass for the operations, approver and drift tests, which each synthesized and linted their own."""
+    doc = default_doc()
+    doc["operations"].update(alarm_email="oncall@example.com", auto_approve_connections=True,
+                             plan_drift_check={"schedule": "rate(6 hours)", "threshold": 0.25})
+    doc["regions"][0]["pools"][0].update(
+        scaling={"metric": "kv_cache_utilization", "target": 75},
+        schedule=[{"cron": "0 23 * * *", "min": 2, "max": 6, "desired": 3}, {"cron": "0 14 * * *", "min": 1, "max": 4}],
+        capacity_reservation_ids=["cr-0123456789abcdef0"],
+    )
+    doc["regions"][1]["pools"][0].update(warm_pool={"size": 0}, rollout={"rollback_on_alarms": False})
+    return doc
+
+
+@cache
+def operations_fleet() -> Synthesized:
+    return synthesize(operations_doc(), "operations")
+
+
 MULTI_MODEL_CONFIG = ROOT / "examples" / "multi-model" / "fleet.yaml"
 
 

@@ -8,6 +8,7 @@ import json
 import pytest
 
 from fleetcast.staging.image import image_tag
+from tests.config.test_input_bounds import BAD_INPUTS
 
 from .synthesized import ROOT, default_doc, default_fleet, nat_doc, nat_fleet, run_app_entry_point, synthesize
 
@@ -92,3 +93,15 @@ def test_app_rejects_an_invalid_config_with_one_clear_message(tmp_path, mutation
     assert "Traceback" not in stderr
     assert field in stderr, stderr
     assert not (tmp_path / "out" / "manifest.json").exists()
+
+
+@pytest.mark.parametrize("name", ["latin1_comment", "huge_integer", "deep_flow_lists"])
+def test_make_synth_entry_point_reports_an_unreadable_file_too(tmp_path, name):
+    """app.py (what `make synth` runs through cdk) prints the loader's one error for a file it cannot read
+    (tests/config/test_input_bounds.py, where `config validate` is checked on the same files) and exits 1."""
+    data, expected = BAD_INPUTS[name]
+    path = tmp_path / f"{name}.yaml"
+    path.write_bytes(data)
+    code, stderr = run_app_entry_point(path, tmp_path / "out")
+    assert code == 1, stderr
+    assert expected in stderr and "Traceback" not in stderr

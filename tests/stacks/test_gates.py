@@ -113,15 +113,27 @@ def _findings(report: dict) -> set[tuple[str, str]]:
     return found
 
 
+# (findings, acknowledgments recorded) per config synthesized that way: test_spill_stacks and test_consumer_failover
+# ask it of the same spill example, and a synthesis costs seconds of CPU.
+_unacknowledged: dict[str, tuple[frozenset[tuple[str, str]], tuple[tuple[str, str], ...]]] = {}
+
+
 def unacknowledged_findings(monkeypatch: pytest.MonkeyPatch, doc: dict, name: str) -> set[tuple[str, str]]:
-    """Synthesize `doc` with cdk-nag's acknowledgments recorded (nag.RECORDED) but not applied: every finding,
-    as (construct path, rule)."""
-    monkeypatch.setattr(nag, "APPLY_ACKNOWLEDGMENTS", False)
-    monkeypatch.setattr(nag, "RECORDED", [])
-    with pytest.raises(Exception, match="Validation ?[Ff]ailed") as failure:
-        synthesize(doc, name)
-    with open(re.search(r"found in: (\S+)", str(failure.value)).group(1)) as report:
-        return _findings(json.load(report))
+    """Synthesize `doc` with cdk-nag's acknowledgments recorded (nag.RECORDED, which holds them for the rest of the
+    test) but not applied: every finding, as (construct path, rule). Once per config per run."""
+    key = json.dumps(doc, sort_keys=True)
+    if key not in _unacknowledged:
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(nag, "APPLY_ACKNOWLEDGMENTS", False)
+            patch.setattr(nag, "RECORDED", [])
+            with pytest.raises(Exception, match="Validation ?[Ff]ailed") as failure:
+                synthesize(doc, name)
+            recorded = tuple(nag.RECORDED)
+        with open(re.search(r"found in: (\S+)", str(failure.value)).group(1)) as report:
+            _unacknowledged[key] = frozenset(_findings(json.load(report))), recorded
+    findings, recorded = _unacknowledged[key]
+    monkeypatch.setattr(nag, "RECORDED", list(recorded))
+    return set(findings)
 
 
 def uncovered_and_stale(findings: set[tuple[str, str]], acknowledged: set[tuple[str, str]]
@@ -232,6 +244,18 @@ def test_in_process_cfn_lint_reports_what_the_cli_reports(cli_lint, tmp_path):
     assert sorted(p.split()[0] for p in lint(broken)) == rules[str(broken)]
     without_rc = {p.split()[0] for p in lint(broken, cwd=tmp_path)}
     assert "W3010" in without_rc and "I3510" not in without_rc  # what .cfnlintrc.yaml ignores and includes
+
+
+def test_in_process_cfn_lint_reads_a_changed_template_again(tmp_path):
+    """tests/cfn_lint.py keeps what a run reported by the bytes it read: the same file rewritten is linted again."""
+    from tests.cfn_lint import lint
+
+    path = tmp_path / "t.template.json"
+    path.write_text(json.dumps({"AWSTemplateFormatVersion": "2010-09-09",
+                                "Resources": {"Topic": {"Type": "AWS::SNS::Topic"}}}))
+    assert lint(path) == []
+    path.write_text(json.dumps(BROKEN_TEMPLATE))
+    assert {"E3002", "E3031"} <= {p.split()[0] for p in lint(path)}
 
 
 def test_cfn_lint_ignores_are_each_explained():

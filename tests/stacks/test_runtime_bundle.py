@@ -9,7 +9,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from stacks.runtime_bundle import BENCH, PROBE, SERVING, bundle_files, stage_bundle
+from stacks.runtime_bundle import BENCH, PROBE, SERVING, _imports, bundle_files, stage_bundle
 
 from .synthesized import default_doc, default_fleet, synthesize
 
@@ -85,3 +85,14 @@ def test_one_bundle_per_synthesis_inside_the_assembly_and_none_in_the_temp_dir(m
 def test_the_default_fleet_ships_the_serving_bundle():
     fleet = default_fleet()
     assert (fleet.outdir / ".fleetcast-bundles" / SERVING.name / "runtime" / "bootstrap.py").is_file()
+
+
+def test_a_source_file_that_changes_is_read_again(tmp_path):
+    """Each synthesis stages its bundles again, and what a file imports is kept between them: kept with the file's
+    modification time and size, so an edited file's new imports are seen (a stale closure would ship without them)."""
+    source = tmp_path / "entry.py"
+    source.write_text("import runtime.serve\n")
+    assert _imports(source, "runtime.entry") == {"runtime.serve"}
+    source.write_text("import runtime.serve\nfrom fleetcast.contract import names\n")
+    os.utime(source, ns=(source.stat().st_atime_ns, source.stat().st_mtime_ns + 1_000_000))
+    assert _imports(source, "runtime.entry") == {"runtime.serve", "fleetcast.contract", "fleetcast.contract.names"}
