@@ -8,7 +8,16 @@ from pathlib import Path
 from typing import Any
 
 from .packing import ESTIMATED, PackingEval, PackingPlan, RegionPacking
-from .report import Block, closing_blocks, closing_lines, write_pages
+from .report import (
+    Block,
+    LatencyPoint,
+    closing_blocks,
+    closing_lines,
+    cost_vs_latency_plots,
+    single_instance_note,
+    summary_line,
+    write_pages,
+)
 from .sharing import ESTIMATED as ESTIMATED_BY, MPS, spread_json
 
 ESTIMATED_MPS = ESTIMATED_BY[MPS]
@@ -55,6 +64,12 @@ def recommendation(plan: RegionPacking) -> str:
             f"over every model, instances per hour {_hourly_text(w.instances_by_hour)} (capacity min {lo}, max {hi})")
 
 
+def _traffic_lines(plan: RegionPacking) -> list[str]:
+    """A packing of one model: its consumers' traffic and load levels, as a one-model plan says them (several
+    models' traffic is each model's, which the model table sizes)."""
+    return [summary_line(plan.traffic[0])] if len(plan.traffic) == 1 else []
+
+
 def _ruled_out(plan: RegionPacking) -> list[tuple[str, str]]:
     """Infeasible packings, grouped by the first clause of their reason (one line each, with a count)."""
     groups: dict[str, list[PackingEval]] = {}
@@ -82,8 +97,11 @@ def blocks(result: PackingPlan, plots: dict[str, list[Path]] | None = None) -> l
     out.append(("ul", [(None, n) for n in result.data_notes]))
     for plan in result.regions:
         out.append(("h2", plan.region))
+        out += [("p", line) for line in _traffic_lines(plan)]
         out.append(("rec", recommendation(plan)))
         w = plan.winner
+        if single_instance_note(w):
+            out.append(("ul", [("one instance", single_instance_note(w))]))
         if w is not None:
             header, rows = model_rows(w)
             out.append(("table", header, rows))
@@ -150,7 +168,9 @@ def render_terminal(result: PackingPlan) -> str:
     lines += [f"WARNING: {w}" for w in result.warnings]
     lines += [f"data: {n}" for n in result.data_notes]
     for plan in result.regions:
-        lines += ["", recommendation(plan)]
+        lines += [""] + _traffic_lines(plan) + [recommendation(plan)]
+        if single_instance_note(plan.winner):
+            lines.append(f"  note: {single_instance_note(plan.winner)}")
         if plan.winner is not None:
             header, rows = model_rows(plan.winner)
             widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(header)]
@@ -213,6 +233,28 @@ def to_json(result: PackingPlan) -> dict[str, Any]:
     }
 
 
+def _cost_vs_latency(plt: Any, plan: RegionPacking, directory: Path) -> list[Path]:
+    """A packing of one model: the one-model plan's cost-vs-latency pictures (report.cost_vs_latency_plots), each
+    packing at its P99s as the model table gives them."""
+    if len(plan.traffic) != 1 or not plan.ranked:
+        return []
+    points, best, seen = [], [], set()
+    for e in plan.ranked:
+        (load,) = e.loads
+        worst = load.worst() or (0.0, 0.0)
+        points.append(LatencyPoint(e.label, worst[0], worst[1], e.usd_per_m_output, e.estimated, e is plan.winner))
+        # Each instance type, precision and GPU sharing at its cheapest, as each one-model candidate is.
+        if (key := (e.instance_type, load.precision, e.sharing)) not in seen:
+            seen.add(key)
+            best.append(points[-1])
+    measure = "traffic-weighted" if plan.ranked[0].loads[0].histogram is not None else "worst-minute"
+    # The one-model pictures' words: "measured" and "synthetic" without the table's gloss.
+    sources = {e.source.split(" (")[0] if e.source.startswith(("measured", "synthetic")) else e.source
+               for e in plan.ranked}
+    return cost_vs_latency_plots(plt, points, best, plan.region, measure, plan.ranked[0].loads[0].slo, sources,
+                                 directory)
+
+
 def write_plots(plan: RegionPacking, directory: Path) -> list[Path]:
     """Two pictures per region: what the choice costs against not packing (and what its GPU holds), and the
     instances over the day, packed against one model per pool."""
@@ -220,9 +262,9 @@ def write_plots(plan: RegionPacking, directory: Path) -> list[Path]:
 
     plt = _matplotlib()
     w = plan.winner
+    paths = _cost_vs_latency(plt, plan, directory)
     if w is None:
-        return []
-    paths = []
+        return paths
     fig, (ax, mem) = plt.subplots(1, 2, figsize=(13, 4.2), gridspec_kw={"width_ratios": [1.4, 1]})
     names = [f"packed\n{w.instance_type}\n[{w.source}]"]
     inst = [sum(w.instances_by_hour) * w.price_per_hour / 24]
