@@ -7,8 +7,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from .packing import ESTIMATED, PackingEval, PackingPlan, RegionPacking
+from .packing import ESTIMATED, PackingEval, PackingPlan, RegionPacking, scaling_target
 from .report import (
+    GLOSSARY,
     Block,
     LatencyPoint,
     closing_blocks,
@@ -61,7 +62,8 @@ def recommendation(plan: RegionPacking) -> str:
     tag = " (ESTIMATED from solo curves: measure it co-located before deploying)" if w.estimated else \
         f" ({w.source})"
     return (f"{plan.region}: {w.label}{tag}: ${w.cost_per_hour:.2f}/h, ${w.usd_per_m_output:.3f} per 1M output tokens "
-            f"over every model, instances per hour {_hourly_text(w.instances_by_hour)} (capacity min {lo}, max {hi})")
+            f"over every model, instances per hour {_hourly_text(w.instances_by_hour)} (capacity min {lo}, max {hi}), "
+            f"target {scaling_target(w):g} in-flight requests per instance")
 
 
 def _traffic_lines(plan: RegionPacking) -> list[str]:
@@ -146,6 +148,8 @@ def blocks(result: PackingPlan, plots: dict[str, list[Path]] | None = None) -> l
                   "'synthetic' = authored scenario data"),
         ("worst-minute P99", "the planner's predicted P99 at the day's worst planned minute (busiest minute of the "
                              "hour, the planned instances), network included for TTFT"),
+        ("target", dict(GLOSSARY)["target"] + "; for several models, the same rule summed over them "
+                   "(docs/plan.md, \"Scaling target\")"),
         ("one model per pool", "each model on instances of its own (its cheapest single-process choice), one NLB "
                                "and endpoint set for the fleet; a what-if: the config's pools of one region all "
                                "serve the same models, so it is not deployable as one fleet today"),
@@ -201,7 +205,7 @@ def _ev_json(e: PackingEval) -> dict[str, Any]:
         lo, desired, hi = e.capacity()
         d.update(instances_by_hour=e.instances_by_hour, cost_per_hour=e.cost_per_hour,
                  usd_per_m_output=e.usd_per_m_output, capacity={"min": lo, "desired": desired, "max": hi},
-                 fixed_per_hour=sum(e.fixed_by_hour) / 24, price_per_hour=e.price_per_hour)
+                 fixed_per_hour=sum(e.fixed_by_hour) / 24, price_per_hour=e.price_per_hour, target=scaling_target(e))
         for m, row in zip(e.loads, d["packing"]):
             worst = m.worst()
             row.update(processes_by_hour=m.processes_by_hour,

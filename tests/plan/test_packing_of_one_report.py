@@ -88,3 +88,17 @@ def test_a_packing_of_several_models_draws_no_single_model_cost_vs_latency_pictu
     written = packing_report.write_report(packed, tmp_path / "mm")
     assert not any(p.name.startswith("cost_vs_") for p in written)
     assert all(not line.startswith("Consumers in ") for line in packing_report.render_terminal(packed).splitlines())
+
+
+def test_a_packing_of_one_says_and_writes_the_target_the_one_model_report_does(arrivals_and_histogram, tmp_path):
+    """The figure the pool scales on (scaling.target), in the recommendation and in plan.json's winner."""
+    solo, plan, packed = arrivals_and_histogram
+    (region,) = packed.regions
+    assert plan.winner is not None and region.winner is not None
+    words = f"target {plan.winner.target:g} in-flight requests per instance"
+    assert words in render_terminal(solo)
+    assert words in packing_report.recommendation(region)
+    assert packing_report.to_json(packed)["regions"][0]["winner"]["target"] == plan.winner.target
+    blocks = packing_report.blocks(packed)
+    reading = dict(blocks[blocks.index(("h2", "Reading this report")) + 1][1])
+    assert reading["target"].startswith("the load per instance the pool scales on")
