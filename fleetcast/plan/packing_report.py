@@ -7,8 +7,18 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from .packing import ESTIMATED, PackingEval, PackingPlan, RegionPacking
-from .report import Block, closing_blocks, closing_lines, write_pages
+from .packing import ESTIMATED, PackingEval, PackingPlan, RegionPacking, scaling_target
+from .report import (
+    GLOSSARY,
+    Block,
+    LatencyPoint,
+    closing_blocks,
+    closing_lines,
+    cost_vs_latency_plots,
+    single_instance_note,
+    summary_line,
+    write_pages,
+)
 from .sharing import ESTIMATED as ESTIMATED_BY, MPS, spread_json
 
 ESTIMATED_MPS = ESTIMATED_BY[MPS]
@@ -52,7 +62,14 @@ def recommendation(plan: RegionPacking) -> str:
     tag = " (ESTIMATED from solo curves: measure it co-located before deploying)" if w.estimated else \
         f" ({w.source})"
     return (f"{plan.region}: {w.label}{tag}: ${w.cost_per_hour:.2f}/h, ${w.usd_per_m_output:.3f} per 1M output tokens "
-            f"over every model, instances per hour {_hourly_text(w.instances_by_hour)} (capacity min {lo}, max {hi})")
+            f"over every model, instances per hour {_hourly_text(w.instances_by_hour)} (capacity min {lo}, max {hi}), "
+            f"target {scaling_target(w):g} in-flight requests per instance")
+
+
+def _traffic_lines(plan: RegionPacking) -> list[str]:
+    """A packing of one model: its consumers' traffic and load levels, as a one-model plan says them (several
+    models' traffic is each model's, which the model table sizes)."""
+    return [summary_line(plan.traffic[0])] if len(plan.traffic) == 1 else []
 
 
 def _ruled_out(plan: RegionPacking) -> list[tuple[str, str]]:
@@ -82,8 +99,11 @@ def blocks(result: PackingPlan, plots: dict[str, list[Path]] | None = None) -> l
     out.append(("ul", [(None, n) for n in result.data_notes]))
     for plan in result.regions:
         out.append(("h2", plan.region))
+        out += [("p", line) for line in _traffic_lines(plan)]
         out.append(("rec", recommendation(plan)))
         w = plan.winner
+        if single_instance_note(w):
+            out.append(("ul", [("one instance", single_instance_note(w))]))
         if w is not None:
             header, rows = model_rows(w)
             out.append(("table", header, rows))
@@ -128,6 +148,8 @@ def blocks(result: PackingPlan, plots: dict[str, list[Path]] | None = None) -> l
                   "'synthetic' = authored scenario data"),
         ("worst-minute P99", "the planner's predicted P99 at the day's worst planned minute (busiest minute of the "
                              "hour, the planned instances), network included for TTFT"),
+        ("target", dict(GLOSSARY)["target"] + "; for several models, the same rule summed over them "
+                   "(docs/plan.md, \"Scaling target\")"),
         ("one model per pool", "each model on instances of its own (its cheapest single-process choice), one NLB "
                                "and endpoint set for the fleet; a what-if: the config's pools of one region all "
                                "serve the same models, so it is not deployable as one fleet today"),
@@ -150,7 +172,9 @@ def render_terminal(result: PackingPlan) -> str:
     lines += [f"WARNING: {w}" for w in result.warnings]
     lines += [f"data: {n}" for n in result.data_notes]
     for plan in result.regions:
-        lines += ["", recommendation(plan)]
+        lines += [""] + _traffic_lines(plan) + [recommendation(plan)]
+        if single_instance_note(plan.winner):
+            lines.append(f"  note: {single_instance_note(plan.winner)}")
         if plan.winner is not None:
             header, rows = model_rows(plan.winner)
             widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(header)]
@@ -181,7 +205,7 @@ def _ev_json(e: PackingEval) -> dict[str, Any]:
         lo, desired, hi = e.capacity()
         d.update(instances_by_hour=e.instances_by_hour, cost_per_hour=e.cost_per_hour,
                  usd_per_m_output=e.usd_per_m_output, capacity={"min": lo, "desired": desired, "max": hi},
-                 fixed_per_hour=sum(e.fixed_by_hour) / 24, price_per_hour=e.price_per_hour)
+                 fixed_per_hour=sum(e.fixed_by_hour) / 24, price_per_hour=e.price_per_hour, target=scaling_target(e))
         for m, row in zip(e.loads, d["packing"]):
             worst = m.worst()
             row.update(processes_by_hour=m.processes_by_hour,
@@ -213,6 +237,28 @@ def to_json(result: PackingPlan) -> dict[str, Any]:
     }
 
 
+def _cost_vs_latency(plt: Any, plan: RegionPacking, directory: Path) -> list[Path]:
+    """A packing of one model: the one-model plan's cost-vs-latency pictures (report.cost_vs_latency_plots), each
+    packing at its P99s as the model table gives them."""
+    if len(plan.traffic) != 1 or not plan.ranked:
+        return []
+    points, best, seen = [], [], set()
+    for e in plan.ranked:
+        (load,) = e.loads
+        worst = load.worst() or (0.0, 0.0)
+        points.append(LatencyPoint(e.label, worst[0], worst[1], e.usd_per_m_output, e.estimated, e is plan.winner))
+        # Each instance type, precision and GPU sharing at its cheapest, as each one-model candidate is.
+        if (key := (e.instance_type, load.precision, e.sharing)) not in seen:
+            seen.add(key)
+            best.append(points[-1])
+    measure = "traffic-weighted" if plan.ranked[0].loads[0].histogram is not None else "worst-minute"
+    # The one-model pictures' words: "measured" and "synthetic" without the table's gloss.
+    sources = {e.source.split(" (")[0] if e.source.startswith(("measured", "synthetic")) else e.source
+               for e in plan.ranked}
+    return cost_vs_latency_plots(plt, points, best, plan.region, measure, plan.ranked[0].loads[0].slo, sources,
+                                 directory)
+
+
 def write_plots(plan: RegionPacking, directory: Path) -> list[Path]:
     """Two pictures per region: what the choice costs against not packing (and what its GPU holds), and the
     instances over the day, packed against one model per pool."""
@@ -220,9 +266,9 @@ def write_plots(plan: RegionPacking, directory: Path) -> list[Path]:
 
     plt = _matplotlib()
     w = plan.winner
+    paths = _cost_vs_latency(plt, plan, directory)
     if w is None:
-        return []
-    paths = []
+        return paths
     fig, (ax, mem) = plt.subplots(1, 2, figsize=(13, 4.2), gridspec_kw={"width_ratios": [1.4, 1]})
     names = [f"packed\n{w.instance_type}\n[{w.source}]"]
     inst = [sum(w.instances_by_hour) * w.price_per_hour / 24]

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .curves import SOURCE_MEANING
-from .solver import Evaluation, FleetPool, PlanContext, PlannedPool, RegionPlan, Slo, one_model_pool
+from .solver import Evaluation, FleetPool, PlanContext, PlannedPool, PoolDay, RegionPlan, Slo, one_model_pool
 from .traffic import ConsumerTraffic
 
 if TYPE_CHECKING:
@@ -109,13 +109,15 @@ def fleet_lines(result: PlanResult) -> list[str]:
     return lines
 
 
-def _levels_text(plan: RegionPlan) -> str:
-    if plan.traffic.arrival_driven:
-        burst = plan.traffic.hourly_burstiness()
+def levels_text(traffic: ConsumerTraffic) -> str:
+    """The traffic's load in words: its busiest-minute ratios (arrivals) or its in-flight histogram; one model's
+    region or a packing's model alike."""
+    if traffic.arrival_driven:
+        burst = traffic.hourly_burstiness()
         return (f"derived per candidate from arrivals (busiest minute {min(burst):g}-{max(burst):g}x the hour's mean)"
                 if min(burst) != max(burst) else f"derived per candidate from arrivals (busiest minute {burst[0]:g}x "
                 "the hour's mean)")
-    return ", ".join(f"{k}: {v:.0%}" for k, v in (plan.traffic.concurrency or {}).items())
+    return ", ".join(f"{k}: {v:.0%}" for k, v in (traffic.concurrency or {}).items())
 
 
 def _best_per_candidate(plan: RegionPlan) -> list[Evaluation]:
@@ -208,11 +210,12 @@ ARRIVALS_GLOSSARY = [
 SIZED_TERMS = ("c*", "target", "wP99 TTFT / wP99 ITL", "goodput/inst")
 
 
-def glossary(regions: list[RegionPlan]) -> list[tuple[str, str]]:
+def glossary(traffic: Sequence[ConsumerTraffic]) -> list[tuple[str, str]]:
     """The table's terms, defined by the method the plan was sized with: arrivals, the histogram of in-flight
-    levels, or (regions sized differently) each definition named with the regions it applies to."""
-    arrivals = [p.traffic.region for p in regions if p.traffic.arrival_driven]
-    histogram = [p.traffic.region for p in regions if not p.traffic.arrival_driven]
+    levels, or (regions sized differently) each definition named with the regions it applies to. One model's regions
+    or a packing's: each consumer traffic says how it was sized."""
+    arrivals = list(dict.fromkeys(t.region for t in traffic if t.arrival_driven))
+    histogram = list(dict.fromkeys(t.region for t in traffic if not t.arrival_driven))
     common = [(t, m) for t, m in GLOSSARY if t not in SIZED_TERMS]
     if not histogram:
         return ARRIVALS_GLOSSARY + common
@@ -226,12 +229,12 @@ def glossary(regions: list[RegionPlan]) -> list[tuple[str, str]]:
     return out + common
 
 
-def _summary_line(plan: RegionPlan) -> str:
-    rps = plan.traffic.hourly_rps()
+def summary_line(traffic: ConsumerTraffic) -> str:
+    rps = traffic.hourly_rps()
     per_day = sum(rps) * 3600
-    return (f"Consumers in {plan.traffic.region}: {per_day / 1e6:.2f} M requests/day, peak {max(rps):g} req/s, "
-            f"input {plan.traffic.input_mean:g} / output {plan.traffic.output_mean:g} tokens; "
-            f"concurrency levels {_levels_text(plan)}")
+    return (f"Consumers in {traffic.region}: {per_day / 1e6:.2f} M requests/day, peak {max(rps):g} req/s, "
+            f"input {traffic.input_mean:g} / output {traffic.output_mean:g} tokens; "
+            f"concurrency levels {levels_text(traffic)}")
 
 
 def recommendation(plan: RegionPlan) -> str:
@@ -251,10 +254,10 @@ def recommendation(plan: RegionPlan) -> str:
             f"target {w.target:g} in-flight requests per instance (highest load within the SLO: {w.max_load:g})")
 
 
-def single_instance_note(plan: RegionPlan) -> str | None:
+def single_instance_note(w: PoolDay | None) -> str | None:
     """What capacity.min 1 means for a service with a P99 SLO: the hours it runs one instance, that instance is in
-    one Availability Zone and is the whole service; its failure is an outage no P99 in this plan accounts for."""
-    w = plan.winner
+    one Availability Zone and is the whole service; its failure is an outage no P99 in this plan accounts for. One
+    model's pick or a packing's alike."""
     if w is None or w.capacity()[0] != 1:
         return None
     hours = [h for h, n in enumerate(w.instances_by_hour) if n == 1]
@@ -283,7 +286,7 @@ def render_terminal(result: PlanResult) -> str:
     out += [f"warning: {w}" for w in result.warnings]
     said_once = why_not_said_once(result.regions)
     for plan in result.regions:
-        out += ["", _summary_line(plan)]
+        out += ["", summary_line(plan.traffic)]
         header = ("#", "candidate", "region", "c*", "target", "instances", "$/h", "$/1M out", "$/1M in",
                   "wP99 TTFT", "wP99 ITL", "goodput/inst", "source")
         rows = [header]
@@ -303,11 +306,11 @@ def render_terminal(result: PlanResult) -> str:
         if any(ev.candidate.estimated for ev in plan.ranked):
             out.append("*  estimated by the roofline model, not measured")
         if plan is result.regions[0]:
-            out += [f"   {term}: {meaning}" for term, meaning in glossary(result.regions)
+            out += [f"   {term}: {meaning}" for term, meaning in glossary([p.traffic for p in result.regions])
                     if term.split(" (")[0] in SIZED_TERMS[:3]]
         out += ["", f"Recommendation: {recommendation(plan)}"]
-        if single_instance_note(plan):
-            out.append(f"  note: {single_instance_note(plan)}")
+        if single_instance_note(plan.winner):
+            out.append(f"  note: {single_instance_note(plan.winner)}")
         if losers:
             out.append("Why not the others:")
             out += [f"  - {label}: {why}" for label, why in losers]
@@ -340,25 +343,49 @@ def _pareto(points: list[tuple[float, float]]) -> list[int]:
     return sorted(front, key=lambda i: points[i][0])
 
 
-def _inputs_tag(evs: list[Evaluation]) -> str:
+def _inputs_tag(sources: set[str]) -> str:
     """A title suffix saying what the plotted figures rest on, when that is not all measurement."""
-    sources = sorted({e.candidate.source for e in evs} - {"measured"})
-    return f" [{' and '.join(sources)} inputs]" if sources else ""
+    rest = sorted(sources - {"measured"})
+    return f" [{' and '.join(rest)} inputs]" if rest else ""
 
 
-def _cost_vs_latency(plt: Any, plan: RegionPlan, latency: str, slo_ms: float, path: Path, tag: str) -> Path:
-    """$ per 1M output tokens against one traffic-weighted P99 (TTFT or ITL), its SLO as a line and the cost /
-    latency Pareto front as a staircase; each candidate at its cheapest region, every point labelled."""
-    front_evs = [plan.ranked[i] for i in _pareto([(getattr(e, latency), e.usd_per_m_output) for e in plan.ranked])]
-    shown = front_evs + [e for e in _best_per_candidate(plan) if e not in front_evs]
+@dataclass(eq=False)
+class LatencyPoint:
+    """One candidate as the cost-vs-latency plots draw it, one model's evaluation or a packing of one model alike."""
+
+    label: str
+    ttft_ms: float  # P99 TTFT, network included
+    itl_ms: float
+    usd_per_m_output: float
+    estimated: bool
+    pick: bool
+
+
+def cost_vs_latency_plots(plt: Any, ranked: list[LatencyPoint], best: list[LatencyPoint], region: str, measure: str,
+                          slo: Slo, sources: set[str], directory: Path) -> list[Path]:
+    """The two cost-vs-latency pictures of a region: `ranked` every feasible candidate (the Pareto front is theirs),
+    `best` each candidate at its cheapest, `measure` what the P99 is ("traffic-weighted")."""
+    tag = _inputs_tag(sources)
+    return [_cost_vs_latency(plt, ranked, best, region, measure, "ttft_ms", slo.ttft_p99_ms,
+                             directory / f"cost_vs_ttft-{region}.png", tag),
+            _cost_vs_latency(plt, ranked, best, region, measure, "itl_ms", slo.itl_p99_ms,
+                             directory / f"cost_vs_itl-{region}.png", tag)]
+
+
+def _cost_vs_latency(plt: Any, ranked: list[LatencyPoint], best: list[LatencyPoint], region: str, measure: str,
+                     latency: str, slo_ms: float, path: Path, tag: str) -> Path:
+    """$ per 1M output tokens against one P99 (TTFT or ITL), its SLO as a line and the cost / latency Pareto front
+    as a staircase; each candidate at its cheapest region, every point labelled."""
+    front_evs = [ranked[i] for i in _pareto([(getattr(e, latency), e.usd_per_m_output) for e in ranked])]
+    shown = front_evs + [e for e in best if e not in front_evs]
     fig, ax = plt.subplots(figsize=(8.5, 5.5))
     for e in shown:
         x, y = getattr(e, latency), e.usd_per_m_output
         on_front = e in front_evs
-        marker = "*" if e is plan.winner else ("x" if e.candidate.estimated else "o")
-        ax.scatter(x, y, marker=marker, s=160 if e is plan.winner else 45, color="C3" if on_front else "0.45",
+        marker = "*" if e.pick else ("x" if e.estimated else "o")
+        ax.scatter(x, y, marker=marker, s=160 if e.pick else 45, color="C3" if on_front else "0.45",
                    zorder=3)
-        ax.annotate(e.label + (" (est.)" if e.candidate.estimated else ""), (x, y), fontsize=7, xytext=(4, 3),
+        ax.annotate(e.label + (" (est.)" if e.estimated else ""), (x, y), fontsize=7, xytext=(4, 3),
                     textcoords="offset points", color="C3" if on_front else "0.35")
     if len(front_evs) > 1:
         ax.step([getattr(e, latency) for e in front_evs], [e.usd_per_m_output for e in front_evs], where="post",
@@ -366,12 +393,12 @@ def _cost_vs_latency(plt: Any, plan: RegionPlan, latency: str, slo_ms: float, pa
     else:
         ax.plot([], [], color="C3", marker="o", linestyle="",
                 label="Pareto front (one candidate: cheapest and fastest)")
-    what = "TTFT incl. network" if latency == "weighted_ttft_p99" else "ITL"
+    what = "TTFT incl. network" if latency == "ttft_ms" else "ITL"
     ax.axvline(slo_ms, color="C0", linestyle="--", linewidth=1.2, label=f"P99 {what.split()[0]} SLO: {slo_ms:g} ms")
     ax.axvspan(slo_ms, max(slo_ms * 1.3, max(getattr(e, latency) for e in shown) * 1.25), color="C0", alpha=0.06)
-    ax.set_xlabel(f"traffic-weighted P99 {what} (ms)")
+    ax.set_xlabel(f"{measure} P99 {what} (ms)")
     ax.set_ylabel("$ per 1M output tokens")
-    ax.set_title(f"Cost per token vs P99 {what.split()[0]}: consumers in {plan.traffic.region}\n"
+    ax.set_title(f"Cost per token vs P99 {what.split()[0]}: consumers in {region}\n"
                  f"{tag.strip()} star: the pick; x: estimated; shaded: over the SLO".strip(), fontsize=10)
     ax.set_xlim(0, max(slo_ms * 1.3, max(getattr(e, latency) for e in shown) * 1.25))
     ax.margins(y=0.12)
@@ -406,11 +433,12 @@ def write_plots(plan: RegionPlan, directory: Path, slo: Slo, pools: Sequence[Fle
     if not evs:
         return []
     region = plan.traffic.region
-    tag = _inputs_tag(evs)
-    paths = [_cost_vs_latency(plt, plan, "weighted_ttft_p99", slo.ttft_p99_ms, directory / f"cost_vs_ttft-{region}.png",
-                              tag),
-             _cost_vs_latency(plt, plan, "weighted_itl_p99", slo.itl_p99_ms, directory / f"cost_vs_itl-{region}.png",
-                              tag)]
+    points = {id(e): LatencyPoint(e.label, e.weighted_ttft_p99, e.weighted_itl_p99, e.usd_per_m_output,
+                                  e.candidate.estimated, e is plan.winner) for e in evs}
+    sources = {e.candidate.source for e in evs}
+    paths = cost_vs_latency_plots(plt, [points[id(e)] for e in evs], [points[id(e)] for e in _best_per_candidate(plan)],
+                                  region, "traffic-weighted", slo, sources, directory)
+    tag = _inputs_tag(sources)
 
     # Demand above, instances below: two scales, two panels, so neither hides the other.
     fig, (demand, ax) = plt.subplots(2, 1, figsize=(9, 7), sharex=True, gridspec_kw={"height_ratios": [1, 2.2]})
@@ -482,13 +510,13 @@ def _blocks(result: PlanResult, plots: dict[str, list[Path]]) -> list[Block]:
     head += [("Warning", w) for w in result.warnings]
     blocks += [("ul", head),
                ("p", "Method and formulas: docs/plan.md. Costs are day averages of hourly instance and fixed costs."),
-               ("h3", "Reading the tables"), ("ul", glossary(result.regions))]
+               ("h3", "Reading the tables"), ("ul", glossary([p.traffic for p in result.regions]))]
     said_once = why_not_said_once(result.regions)
     for plan in result.regions:
-        blocks += [("h2", f"Consumers in {plan.traffic.region}"), ("p", _summary_line(plan)),
+        blocks += [("h2", f"Consumers in {plan.traffic.region}"), ("p", summary_line(plan.traffic)),
                    ("rec", recommendation(plan))]
-        if single_instance_note(plan):
-            blocks.append(("ul", [("one instance", single_instance_note(plan))]))
+        if single_instance_note(plan.winner):
+            blocks.append(("ul", [("one instance", single_instance_note(plan.winner))]))
         blocks += [("h3", "Feasible candidates"), ("table", *_table_rows(plan))]
         rejected, losers = said_once[plan.traffic.region]
         if rejected:

@@ -45,7 +45,7 @@ def test_reading_the_tables_defines_the_terms_by_the_method_the_plan_was_sized_w
 def test_regions_sized_differently_get_each_definition_with_the_regions_it_applies_to():
     arrivals, _, _ = plan(SEED / "traffic-seoul-arrivals.yaml")
     histogram, _, _ = plan(SEED / "traffic-us-east-1.yaml")
-    terms = dict(glossary(arrivals.regions + histogram.regions))
+    terms = dict(glossary([p.traffic for p in arrivals.regions + histogram.regions]))
     assert terms["c* (sized from arrivals: ap-northeast-2)"] == dict(ARRIVALS_GLOSSARY)["c*"]
     assert terms["c* (sized from the in-flight histogram: us-east-1)"] == dict(GLOSSARY)["c*"]
 
