@@ -1,7 +1,8 @@
 """Several models per instance: the packing search (docs/plan.md, "Several models: the packing search").
 
 For a fleet of several models the question is not only instance type x precision but which models share an
-instance and how many copies each gets. For each consumer region (served from its own region) and each
+instance and how many copies each gets. For each consumer region (served from its own region; one model's
+traffic also from the other regions a one-model plan serves it from: solver.service_regions) and each
 instance type with results:
 
   1. candidates: every packing of the region's models (each model at each precision with a curve on that
@@ -76,6 +77,7 @@ from .solver import (
     pick,
     pool_moves,
     provider_side,
+    service_regions,
     size_day,
     size_from_histogram,
 )
@@ -332,7 +334,7 @@ def packing_memory(cfg: FleetConfig, instance_type: str, packing: tuple[tuple[st
 MEMORY_RULE = "memory"  # PackingEval.ruled_by of a packing the memory check refused
 
 
-def memory_check(cfg: FleetConfig, instance_type: str, packing: tuple[tuple[str, str, int], ...], lab: dict[str, str] | None = None,
+def memory_check(cfg: FleetConfig | None, instance_type: str, packing: tuple[tuple[str, str, int], ...], lab: dict[str, str] | None = None,
                  kv_cache_gb: dict[str, float] | None = None, sharing: str = TIME_SLICING
                  ) -> tuple[PoolMemory | None, str | None]:
     """The planner's one memory check (a fuller memory model swaps in here): the instance's memory plan and, when
@@ -340,7 +342,12 @@ def memory_check(cfg: FleetConfig, instance_type: str, packing: tuple[tuple[str,
 
     A packing of one process keeps its engine's KV fraction, as the validator lets a one-model pool do, so it
     needs no model size; several processes split the GPU by the validator's arithmetic (memory.plan_pool), each
-    copy with at least MIN_KV_GIB of KV cache."""
+    copy with at least MIN_KV_GIB of KV cache. Without a config (a one-model plan from --ttft-p99-ms/--itl-p99-ms)
+    a packing of one process is checked as a one-model plan is, by nothing: no engine or model size is known."""
+    if cfg is None:
+        return None, None if sum(c for *_, c in packing) == 1 else \
+            ("memory: size unknown without a fleet config (models[].parameters_b), so several processes cannot be "
+             "checked against the GPU")
     memory = packing_memory(cfg, instance_type, packing, lab, kv_cache_gb, sharing)
     if memory is None:
         return None, f"memory: {instance_type} is not in the instance catalog"
@@ -465,7 +472,9 @@ class PackingEval(PoolDay):
     def label(self) -> str:
         # Under MPS a packing of several processes is another candidate than the same packing time-sliced.
         mode = " under MPS" if self.sharing == MPS and self.processes > 1 else ""
-        return f"{self.instance_type} [{self.packing_text}]{mode}"
+        # Served from a region none of its consumers is in, it says where, as a one-model candidate's label does.
+        where = f" @ {self.region}" if self.consumer_regions and self.region not in self.consumer_regions else ""
+        return f"{self.instance_type} [{self.packing_text}]{mode}{where}"
 
     @property
     def processes(self) -> int:
@@ -712,7 +721,20 @@ class PackingPlan:
 
 
 
-def _options(curves: list[ModelCurve], model: str, instance_type: str, cfg: FleetConfig,
+def _engine_support(cfg: FleetConfig | None, model: str, curves: list[ModelCurve], instance_type: str,
+                    precision: str) -> tuple[str | None, str]:
+    """(backend, KV-cache dtype) the support matrix checks a model's precision with: its engine in the config; without
+    a config, the results' backend where it is one the matrix knows and the default KV-cache dtype, as a one-model
+    plan without a config reads them (solver._structural_rejection)."""
+    if cfg is not None:
+        engine = model_engine(cfg, model)
+        return engine.backend.value, engine.kv_cache_dtype.value
+    backend = next((c.candidate.backend for c in curves if c.model == model and c.instance_type == instance_type
+                    and c.precision == precision), None)
+    return (backend if backend in support.BACKENDS else None), "auto"
+
+
+def _options(curves: list[ModelCurve], model: str, instance_type: str, cfg: FleetConfig | None,
              family_of: Callable[[str], str | None],
              lab: dict[str, str], ctx: PlanContext | None = None, notes: list[str] | None = None) -> list[str]:
     """Precisions with a solo or co-located curve of `model` on `instance_type` that the support matrix allows (with
@@ -728,10 +750,9 @@ def _options(curves: list[ModelCurve], model: str, instance_type: str, cfg: Flee
                 if notes is not None:
                     notes.append(f"{model} {prec} on {instance_type}: ruled out: quality check failed: {why}")
                 continue
-        engine = model_engine(cfg, model)
+        backend, kv_dtype = _engine_support(cfg, model, curves, instance_type, prec)
         assert instance is not None  # a catalog type or a lab machine: the curves were read for it
-        refusal = support.check(family_of(model), engine.backend.value, prec, engine.kv_cache_dtype.value,
-                                instance.gpu.arch,
+        refusal = support.check(family_of(model), backend, prec, kv_dtype, instance.gpu.arch,
                                 support.instance_where(instance_type, instance.gpu.name, instance.gpu.arch))
         if refusal is None:
             out.append(prec)
@@ -756,14 +777,16 @@ def _curve_for(curves: list[ModelCurve], model: str, instance_type: str, precisi
     return coloc, solo
 
 
-def plan_packing(cfg: FleetConfig, curves: list[ModelCurve], profile: TrafficProfile, ctx: PlanContext, *,
+def plan_packing(cfg: FleetConfig | None, curves: list[ModelCurve], profile: TrafficProfile, ctx: PlanContext, *,
                  max_copies: int = DEFAULT_MAX_COPIES, fleet_slo: Slo | None = None,
-                 lab: dict[str, str] | None = None, gpu_sharing: str | None = None) -> PackingPlan:
+                 lab: dict[str, str] | None = None, gpu_sharing: str | None = None,
+                 models: tuple[str, ...] | None = None) -> PackingPlan:
     """Search every consumer region's packings; the choice per region, priced against not packing (and, where it
-    plans under MPS, against the same region time-sliced). `gpu_sharing` plans every pool under that mode."""
+    plans under MPS, against the same region time-sliced). `gpu_sharing` plans every pool under that mode. Without a
+    config (`cfg` None) `models` names the one model the results measured (run.build_packing)."""
     fleet_slo = fleet_slo or ctx.slo
-    models = tuple(m.id for m in cfg.models)
-    families = {m.id: m.family.value for m in cfg.models}
+    models = tuple(m.id for m in cfg.models) if cfg is not None else tuple(models or ())
+    families = {m.id: m.family.value for m in cfg.models} if cfg is not None else {}
     regions: dict[str, list[ConsumerTraffic]] = {}
     for entry in profile.consumers:
         regions.setdefault(entry.region, []).append(entry)
@@ -786,7 +809,7 @@ def plan_packing(cfg: FleetConfig, curves: list[ModelCurve], profile: TrafficPro
     return result
 
 
-def _decided_by(plan: RegionPacking, winner: PackingEval, cfg: FleetConfig, curves: list[ModelCurve], ctx: PlanContext,
+def _decided_by(plan: RegionPacking, winner: PackingEval, cfg: FleetConfig | None, curves: list[ModelCurve], ctx: PlanContext,
                 fleet_slo: Slo, max_copies: int, families: dict[str, str], lab: dict[str, str],
                 gpu_sharing: str | None) -> list[str]:
     """What a floor or a reservation decided in this region's pick (solver.deciding_constraints, as for one model)."""
@@ -811,7 +834,7 @@ def _merged(entries: list[ConsumerTraffic], service: str, ctx: PlanContext) -> C
         "output_tokens": sum(sum(t.hourly_rps()) * t.output_mean for t in entries) / day, "observed": None})
 
 
-def _pooled(cfg: FleetConfig, curves: list[ModelCurve], pool: PackingEval, members: list[RegionPacking],
+def _pooled(cfg: FleetConfig | None, curves: list[ModelCurve], pool: PackingEval, members: list[RegionPacking],
             ctx: PlanContext, fleet_slo: Slo, cache: Cache) -> PackingEval | None:
     """`pool`'s packing in its region serving every member region's models (the same model set): each model's
     processes sized for the members' summed busiest minutes within its SLO less the farthest member's network; the
@@ -841,7 +864,7 @@ def _pooled(cfg: FleetConfig, curves: list[ModelCurve], pool: PackingEval, membe
     return ev
 
 
-def pool_across_regions(result: PackingPlan, cfg: FleetConfig, curves: list[ModelCurve], ctx: PlanContext,
+def pool_across_regions(result: PackingPlan, cfg: FleetConfig | None, curves: list[ModelCurve], ctx: PlanContext,
                         fleet_slo: Slo, cache: Cache) -> None:
     """Pooling across regions for several models (solver.pool_moves, as for one model): a pool serves the same model
     set in every region it serves, each pool the packing its host region chose, sized again for its members."""
@@ -891,7 +914,9 @@ def unentitled_traffic(cfg: FleetConfig, profile: TrafficProfile) -> None:
                             "drop the entry")
 
 
-def _entitlement_notes(cfg: FleetConfig, region: str, entries: list[ConsumerTraffic]) -> list[str]:
+def _entitlement_notes(cfg: FleetConfig | None, region: str, entries: list[ConsumerTraffic]) -> list[str]:
+    if cfg is None:
+        return []
     callers = [c.name for c in cfg.consumers if c.region == region]
     return [f"{region}: {t.model} is called by {', '.join(c for c in callers if t.model in cfg.models_for(c))}"
             for t in entries if callers]
@@ -906,7 +931,7 @@ def _time_sliced_alternative(sliced: RegionPacking) -> list[Alternative]:
     return [Alternative("time slicing", [w], inst, sum(w.fixed_by_hour) / 24, w.usd_per_m_output)]
 
 
-def _plan_region(cfg: FleetConfig, curves: list[ModelCurve], region: str, entries: list[ConsumerTraffic],
+def _plan_region(cfg: FleetConfig | None, curves: list[ModelCurve], region: str, entries: list[ConsumerTraffic],
                  ctx: PlanContext, fleet_slo: Slo, max_copies: int, families: dict[str, str], cache: Cache,
                  gpu_sharing: str | None = None, alternatives: bool = True) -> RegionPacking:
     notes = _entitlement_notes(cfg, region, entries)
@@ -927,6 +952,8 @@ def _plan_region(cfg: FleetConfig, curves: list[ModelCurve], region: str, entrie
             notes.append(f"{instance_type}: {refusal}")
             if "not offered" in refusal:
                 not_offered.append(instance_type)
+        where = _service_regions(instance_type, region, entries, ctx, refusal is None)
+        if not where:
             continue
         per_model = [_options(curves, _model(t), instance_type, cfg, families.get, cache["lab"], ctx, notes)
                      for t in entries]
@@ -934,17 +961,21 @@ def _plan_region(cfg: FleetConfig, curves: list[ModelCurve], region: str, entrie
         if missing:
             notes.append(f"{instance_type}: no curve (at a precision its GPU runs) for {', '.join(missing)}")
             continue
-        tried = 0
-        for combo in packings_by_size(per_model, max_copies):
-            tried += 1
-            if tried > MAX_PACKINGS:
-                notes.append(f"{instance_type}: stopped after {MAX_PACKINGS} packings (MAX_PACKINGS), fewest processes "
-                             f"first: some packings of {sum(c for _, c in combo)} or more processes were not tried")
-                break
-            ev = _evaluate(cfg, curves, instance_type, region, entries, combo, ctx, fleet_slo, n_min, cache,
-                           pool_sharing(cfg, region, instance_type, gpu_sharing), histogram)
-            if ev is not None:
-                evaluations.append(ev)
+        for service in where:
+            tried = 0
+            for combo in packings_by_size(per_model, max_copies):
+                tried += 1
+                if tried > MAX_PACKINGS:
+                    notes.append(f"{instance_type}: stopped after {MAX_PACKINGS} packings (MAX_PACKINGS), fewest "
+                                 f"processes first: some packings of {sum(c for _, c in combo)} or more processes "
+                                 "were not tried")
+                    break
+                ev = _evaluate(cfg, curves, instance_type, service, entries, combo, ctx, fleet_slo,
+                               n_min if service == region else ctx.n_min(service), cache,
+                               pool_sharing(cfg, service, instance_type, gpu_sharing), histogram)
+                if ev is not None:
+                    ev.consumer_regions = () if service == region else (region,)
+                    evaluations.append(ev)
     ranked = sorted((e for e in evaluations if e.feasible), key=PackingEval.rank_key)
     winner = pick(ranked)
     if winner is not None and winner.estimated:
@@ -963,6 +994,19 @@ def _plan_region(cfg: FleetConfig, curves: list[ModelCurve], region: str, entrie
     if alternatives:
         plan.alternatives = _alternatives(cfg, curves, region, entries, ctx, fleet_slo, families, cache)
     return plan
+
+
+def _service_regions(instance_type: str, region: str, entries: list[ConsumerTraffic], ctx: PlanContext,
+                     offered_here: bool) -> list[str]:
+    """Where a consumer region's packings on `instance_type` are evaluated: its own region (where offered and priced)
+    and, when its traffic is one model's, every other region the one-model planner serves it from
+    (solver.service_regions, the one rule), its consumers' network added to each model's TTFT. The models of a region
+    of several are served from their own region: a pool serves them from another only by pooling
+    (pool_across_regions), which keeps the model set in every region it serves."""
+    own = [region] if offered_here else []
+    if len(entries) != 1:
+        return own
+    return own + [r for r in service_regions(instance_type, region, ctx) if r != region]
 
 
 def _histogram_sized(entries: list[ConsumerTraffic]) -> bool:
@@ -1011,7 +1055,7 @@ def _compositions(total: int, parts: int, most: int) -> Iterator[tuple[int, ...]
             yield (first, *rest)
 
 
-def _evaluate(cfg: FleetConfig, curves: list[ModelCurve], instance_type: str, region: str,
+def _evaluate(cfg: FleetConfig | None, curves: list[ModelCurve], instance_type: str, region: str,
               entries: list[ConsumerTraffic], combo: tuple[tuple[str, int], ...], ctx: PlanContext, fleet_slo: Slo,
               n_min: int, cache: Cache, sharing: str = TIME_SLICING, histogram: bool = False) -> PackingEval | None:
     """One packing, its processes sharing the GPU by `sharing`; None when it does not fit memory (not a candidate at
@@ -1082,28 +1126,31 @@ def _stretched(solo: ModelCurve, sharing: str) -> str:
     return ROOFLINE if solo.candidate.estimated else ESTIMATED_BY[sharing]
 
 
-def _alternatives(cfg: FleetConfig, curves: list[ModelCurve], region: str, entries: list[ConsumerTraffic],
+def _alternatives(cfg: FleetConfig | None, curves: list[ModelCurve], region: str, entries: list[ConsumerTraffic],
                   ctx: PlanContext, fleet_slo: Slo, families: dict[str, str], cache: Cache) -> list[Alternative]:
     """The same traffic without packing: each model on instances of its own (its best single-process choice)."""
     parts = []
-    n_min = ctx.n_min(region)
     histogram = _histogram_sized(entries)
     for t in entries:
         best = None
         for instance_type in sorted({c.instance_type for c in curves}):
-            if not _offered(instance_type, region, ctx, cache["lab"]):
-                continue
-            for prec in _options(curves, _model(t), instance_type, cfg, families.get, cache["lab"], ctx):
-                ev = _evaluate(cfg, curves, instance_type, region, [t], ((prec, 1),), ctx, fleet_slo, n_min, cache,
-                               histogram=histogram)
-                if ev is not None and ev.feasible and (best is None or (best.estimated, best.rank_key())
-                                                       > (ev.estimated, ev.rank_key())):
-                    best = ev
+            for service in _service_regions(instance_type, region, entries, ctx,
+                                            _offered(instance_type, region, ctx, cache["lab"])):
+                for prec in _options(curves, _model(t), instance_type, cfg, families.get, cache["lab"], ctx):
+                    ev = _evaluate(cfg, curves, instance_type, service, [t], ((prec, 1),), ctx, fleet_slo,
+                                   ctx.n_min(service), cache, histogram=histogram)
+                    if ev is None:
+                        continue
+                    ev.consumer_regions = () if service == region else (region,)
+                    if ev.feasible and (best is None or (best.estimated, best.rank_key())
+                                        > (ev.estimated, ev.rank_key())):
+                        best = ev
         if best is None:
             return []
         parts.append(best)
     instance_cost = sum(sum(p.instances_by_hour) * p.price_per_hour for p in parts) / 24
-    shared_fixed = sum(fixed_by_hour(region, entries, ctx)) / 24
+    # One model's only pool may serve from another region (_service_regions): its fixed costs are paid there.
+    shared_fixed = sum(fixed_by_hour(parts[0].region if len(parts) == 1 else region, entries, ctx)) / 24
     own_fixed = sum(sum(p.fixed_by_hour) for p in parts) / 24
     day_shared = (instance_cost + shared_fixed) * 24
     day_own = (instance_cost + own_fixed) * 24

@@ -156,16 +156,20 @@ def consumerless_regions(cfg: Any, traffic: TrafficProfile) -> list[str]:
     return out
 
 
-def build_plan(opts: PlanOptions) -> tuple[PlanResult, list[RegionPlan], PlanContext]:
+def _config(opts: PlanOptions) -> FleetConfig | None:
+    """The fleet config, or None for a one-model plan without one (--ttft-p99-ms and --itl-p99-ms give its SLO)."""
     from fleetcast.config import load_config
 
-    cfg: Any = None
-    if opts.config:
-        if Path(opts.config).exists():
-            cfg = load_config(opts.config)
-        elif opts.ttft_p99_ms is None or opts.itl_p99_ms is None:
-            raise UserError(f"--config: {opts.config} does not exist; give a fleet config (its slo is the default) "
-                            "or both --ttft-p99-ms and --itl-p99-ms")
+    if opts.config and Path(opts.config).exists():
+        return load_config(opts.config)
+    if opts.ttft_p99_ms is None or opts.itl_p99_ms is None:
+        raise UserError(f"--config: {opts.config} does not exist; give a fleet config (its slo is the default) "
+                        "or both --ttft-p99-ms and --itl-p99-ms")
+    return None
+
+
+def build_plan(opts: PlanOptions) -> tuple[PlanResult, list[RegionPlan], PlanContext]:
+    cfg: Any = _config(opts)
     traffic = _traffic(opts)
     if cfg is not None:
         traffic.checked_against(tuple(m.id for m in cfg.models))
@@ -209,22 +213,24 @@ def several_models(config: str | None) -> bool:
     return config is not None and Path(config).exists() and len(load_config(config).models) > 1
 
 
-def build_packing(opts: PlanOptions, max_copies: int | None = None) -> tuple[PackingPlan, PlanContext, FleetConfig]:
+def build_packing(opts: PlanOptions, max_copies: int | None = None
+                  ) -> tuple[PackingPlan, PlanContext, FleetConfig | None]:
     """The plan of a fleet of several models: which models share an instance, with how many copies
-    (fleetcast/plan/packing.py). Returns (PackingPlan, PlanContext, FleetConfig)."""
-    from fleetcast.config import load_config
-
+    (fleetcast/plan/packing.py). Returns (PackingPlan, PlanContext, FleetConfig); without a config (one model, its
+    SLO from --ttft-p99-ms/--itl-p99-ms) the config is None and the model the one the results measured."""
     from . import packing
 
-    cfg = load_config(str(opts.config))
-    models = tuple(m.id for m in cfg.models)
+    cfg = _config(opts)
+    paths = _expand(opts.results)
+    models = tuple(m.id for m in cfg.models) if cfg is not None else _measured_model(paths)
     traffic = _traffic(opts).checked_against(models)
-    packing.unentitled_traffic(cfg, traffic)
-    curves = packing.load_model_curves(_expand(opts.results), models, lab=opts.lab)
-    warnings = consumerless_regions(cfg, traffic)
+    if cfg is not None:
+        packing.unentitled_traffic(cfg, traffic)
+    curves = packing.load_model_curves(paths, models, lab=opts.lab)
+    warnings = consumerless_regions(cfg, traffic) if cfg is not None else []
     for mc in curves:
         warnings += [f"{mc.model} on {mc.candidate.label}, {mc.kind} curve: {n}" for n in mc.candidate.curve.notes]
-    estimators = _estimate_per_model(opts.estimate, cfg, curves, traffic) if opts.estimate else []
+    estimators = _estimate_per_model(opts.estimate, cfg, models, curves, traffic) if opts.estimate else []
     curves += [c for _, estimated in estimators for c in estimated]
     tables = _tables(opts, sorted({c.instance_type for c in curves}), [c.region for c in traffic.consumers], warnings)
     quality = tables[4]
@@ -240,11 +246,23 @@ def build_packing(opts: PlanOptions, max_copies: int | None = None) -> tuple[Pac
                         "not a TensorRT-LLM engine and not an AWS instance type; the plan shows how the packing is "
                         "chosen from them, not what an AWS fleet would cost")
     result = packing.plan_packing(cfg, curves, traffic, ctx, fleet_slo=ctx.slo, lab=opts.lab,
-                                  max_copies=max_copies or packing.DEFAULT_MAX_COPIES, gpu_sharing=opts.gpu_sharing)
+                                  max_copies=max_copies or packing.DEFAULT_MAX_COPIES, gpu_sharing=opts.gpu_sharing,
+                                  models=models)
     result.spot = _spot_advice(opts, ctx, result.planned_pools(ctx))
     result.warnings = warnings
     result.data_notes = _data_notes(ctx, packing.curves_text(curves)) + [f"estimates: {text}" for text, _ in estimators]
     return result, ctx, cfg
+
+
+def _measured_model(paths: list[str | Path]) -> tuple[str]:
+    """The model a plan without a config is for: the one its results name (labels.model)."""
+    from fleetcast.bench.schema import load_results
+
+    named = sorted({m for m in (load_results(p).labels.model for p in paths) if m})
+    if len(named) != 1:
+        raise UserError(f"--results: a plan without a fleet config is for the one model its results measured; they "
+                        f"name {', '.join(named) if named else 'none'} (labels.model): give --config for several")
+    return (named[0],)
 
 
 def _synthetic(provenances: list[str], noun: str) -> list[str]:
@@ -302,7 +320,7 @@ def _data_notes(ctx: PlanContext, results: str) -> list[str]:
     return notes
 
 
-def _estimate_per_model(specs: list[str], cfg: FleetConfig, curves: list[ModelCurve],
+def _estimate_per_model(specs: list[str], cfg: FleetConfig | None, models: tuple[str, ...], curves: list[ModelCurve],
                         traffic: TrafficProfile) -> list[tuple[str, list[ModelCurve]]]:
     """--estimate for a fleet of several models: per model, roofline curves for the specs, calibrated on that model's
     solo curves (estimate.estimate_specs) at its traffic's lengths. Returns (what the estimator rests on, its
@@ -310,12 +328,13 @@ def _estimate_per_model(specs: list[str], cfg: FleetConfig, curves: list[ModelCu
     from .packing import ModelCurve
 
     out: list[tuple[str, list[ModelCurve]]] = []
-    for model in cfg.models:
-        measured = [c.candidate for c in curves if c.model == model.id and c.packing is None]
-        entries = [t for t in traffic.consumers if t.model == model.id] or traffic.consumers
-        estimated, estimator = estimate_specs(specs, measured, model.id, model.family, entries[0].input_mean,
+    for model in models:
+        measured = [c.candidate for c in curves if c.model == model and c.packing is None]
+        entries = [t for t in traffic.consumers if t.model == model] or traffic.consumers
+        family = cfg.model_by_id(model).family if cfg is not None else None
+        estimated, estimator = estimate_specs(specs, measured, model, family, entries[0].input_mean,
                                               entries[0].output_mean)
-        out.append((f"{model.id}: {estimator.describe()}", [ModelCurve(model.id, c) for c in estimated]))
+        out.append((f"{model}: {estimator.describe()}", [ModelCurve(model, c) for c in estimated]))
     return out
 
 

@@ -796,21 +796,22 @@ class RegionPlan:
     decided_by: list[str] = field(default_factory=list)  # a floor or reservation, not the traffic, decided the pick
 
 
-def service_regions(candidate: Candidate, consumer: str, ctx: PlanContext) -> list[str]:
-    """The consumer's own region, plus every other region that could serve it (offered, priced, reachable)."""
+def service_regions(instance_type: str, consumer: str, ctx: PlanContext) -> list[str]:
+    """The consumer's own region, plus every other region that could serve it on `instance_type` (offered, priced,
+    reachable by cross-region PrivateLink): the one rule for a one-model candidate and a packing of one model."""
     out = [consumer]
     if consumer not in ctx.privatelink_regions:
         return out
-    for region in sorted(ctx.availability.regions_for(candidate.instance_type)):
+    for region in sorted(ctx.availability.regions_for(instance_type)):
         if region != consumer and region in ctx.privatelink_regions \
-                and ctx.prices.price(candidate.instance_type, region) is not None \
+                and ctx.prices.price(instance_type, region) is not None \
                 and ctx.latency.between(consumer, region) is not None:
             out.append(region)
     return out
 
 
 def plan_region(candidates: list[Candidate], traffic: ConsumerTraffic, ctx: PlanContext) -> RegionPlan:
-    evaluations = [evaluate(c, traffic, r, ctx) for c in candidates for r in service_regions(c, traffic.region, ctx)]
+    evaluations = [evaluate(c, traffic, r, ctx) for c in candidates for r in service_regions(c.instance_type, traffic.region, ctx)]
     ranked = sorted((e for e in evaluations if e.feasible), key=Evaluation.rank_key)
     winner = pick(ranked)
     why_not = _why_not(candidates, evaluations, ranked, winner, traffic, ctx)
@@ -833,7 +834,7 @@ def _deciding_constraints(candidates: list[Candidate], traffic: ConsumerTraffic,
                           evaluations: list[Evaluation]) -> list[tuple[str, str, str]]:
     def replan(alt_ctx: PlanContext) -> Evaluation | None:
         alt_ctx.__dict__["_models"] = ctx.__dict__.get("_models", {})
-        alt = [evaluate(c, traffic, r, alt_ctx) for c in candidates for r in service_regions(c, traffic.region, alt_ctx)]
+        alt = [evaluate(c, traffic, r, alt_ctx) for c in candidates for r in service_regions(c.instance_type, traffic.region, alt_ctx)]
         return pick(sorted((e for e in alt if e.feasible), key=Evaluation.rank_key))
 
     return [(alt.candidate.label, note, text) for alt, note, text in deciding_constraints(

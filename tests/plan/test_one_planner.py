@@ -212,3 +212,83 @@ def test_a_histogram_of_one_process_per_instance_is_not_read_for_packings_of_sev
     # With arrivals the search still tries two copies (refused here by memory: models[].parameters_b unknown).
     arrivals, _, _ = build_packing(_options("traffic-seoul-arrivals.yaml"))
     assert any(" x2" in ev.packing_text for ev in arrivals.regions[0].evaluations)
+
+
+def _compared(solo, region):
+    """(label, service region, instances, cost to the micro-dollar, target) per ranked way to serve, either side."""
+    mine = [(e.instance_type, e.loads[0].precision, e.region, tuple(e.instances_by_hour), round(e.cost_per_hour, 6),
+             scaling_target(e)) for e in region.ranked]
+    theirs = [(e.candidate.instance_type, e.candidate.precision, e.service_region, tuple(e.instances_by_hour),
+               round(e.cost_per_hour, 6), e.target) for e in solo.ranked]
+    return mine, theirs
+
+
+@pytest.mark.parametrize("traffic, reserved", [
+    (ROOT / "examples/plan/two-regions/traffic.yaml", {}),
+    (SEED / "traffic-us-east-1.yaml", {}),
+    # Six g6e.xlarge already paid for in Ohio: Virginia's traffic is cheapest served from there.
+    (SEED / "traffic-us-east-1.yaml", {("g6e.xlarge", "us-east-2"): 6}),
+])
+def test_a_packing_of_one_is_served_from_the_regions_a_one_model_plan_serves_it_from(traffic, reserved):
+    """solver.service_regions, one rule for both entry points: a consumer region's one model may be served from any
+    region offering, pricing and reaching it by cross-region PrivateLink, its network added. Before, the packing
+    search evaluated only the consumer's own region, so with six g6e.xlarge reserved in us-east-2 the one-model
+    planner served Virginia from Ohio ($7.77/h) and the packing search kept it in Virginia ($15.98/h)."""
+    opts = PlanOptions(results=[str(SEED / "results")], traffic=str(traffic), config=str(ROOT / "config/fleet.yaml"),
+                       today=TODAY, reserved=reserved)
+    result, plans, ctx = build_plan(opts)
+    packed, packed_ctx, _ = build_packing(opts)
+    for solo, region in zip(plans, packed.regions, strict=True):
+        mine, theirs = _compared(solo, region)
+        # The same ways to serve with the same figures; the order within a tie of cost and instance-hours is each
+        # side's latency tie-break (weighted P99 TTFT vs share of the SLO), which the pick below must survive.
+        assert sorted(mine) == sorted(theirs)
+        assert [m[3:5] for m in mine] == [t[3:5] for t in theirs]
+        assert any(e.service_region != solo.traffic.region for e in solo.ranked)  # cross-region was on the table
+        assert (region.winner.instance_type, region.winner.region) == \
+            (solo.winner.candidate.instance_type, solo.winner.service_region)
+    mine_pools, their_pools = packed.planned_pools(packed_ctx), result.planned_pools(ctx)
+    assert [(p.region, p.consumer_regions, p.instances_by_hour, round(p.cost_per_hour, 6)) for p in mine_pools] == \
+        [(p.region, p.consumer_regions, p.instances_by_hour, round(p.cost_per_hour, 6)) for p in their_pools]
+    if reserved:
+        (pool,) = mine_pools
+        assert (pool.region, pool.consumer_regions) == ("us-east-2", ("us-east-1",))
+        assert pool.label.endswith("@ us-east-2")
+
+
+@pytest.mark.parametrize("traffic", ["traffic-seoul-arrivals.yaml", "traffic-seoul.yaml",
+                                     str(ROOT / "examples/plan/two-regions/traffic.yaml")])
+def test_one_model_is_planned_without_a_config_through_the_packing_search_as_by_the_one_model_planner(traffic):
+    """docs/plan.md, Inputs: `fleetcast plan` for one model runs without a fleet config, its SLO from --ttft-p99-ms /
+    --itl-p99-ms. Before, the packing search read the config for every model's engine, memory and SLO and refused to
+    start without one (load_config of None); now the model is the one the results measured, the support matrix reads
+    the results' backend and the default KV-cache dtype as a one-model plan does, and the figures are the same."""
+    opts = PlanOptions(results=[str(SEED / "results")], traffic=str(SEED / traffic), config=None, today=TODAY,
+                       ttft_p99_ms=250, itl_p99_ms=35)
+    result, plans, ctx = build_plan(opts)
+    packed, packed_ctx, cfg = build_packing(opts)
+    assert cfg is None and packed.models == ("gpt2-xl",) and packed_ctx.slo == ctx.slo
+    for solo, region in zip(plans, packed.regions, strict=True):
+        mine, theirs = _compared(solo, region)
+        assert sorted(mine) == sorted(theirs) and mine
+        assert (region.winner.instance_type, region.winner.loads[0].precision, region.winner.region) == \
+            (solo.winner.candidate.instance_type, solo.winner.candidate.precision, solo.winner.service_region)
+    key = [(p.region, p.consumer_regions, p.instance_type, p.instances_by_hour, round(p.cost_per_hour, 6))
+           for p in packed.planned_pools(packed_ctx)]
+    assert key == [(p.region, p.consumer_regions, p.instance_type, p.instances_by_hour, round(p.cost_per_hour, 6))
+                   for p in result.planned_pools(ctx)]
+
+
+def test_a_plan_without_a_config_is_for_the_one_model_its_results_name(tmp_path):
+    import shutil
+
+    from fleetcast.contract.errors import UserError
+
+    first = sorted((SEED / "results").glob("*.json"))[0]
+    other = tmp_path / "other.json"
+    other.write_text(first.read_text().replace('"gpt2-xl"', '"gpt2-large"'))
+    shutil.copy(first, tmp_path / first.name)
+    opts = PlanOptions(results=[str(tmp_path)], traffic=str(SEED / "traffic-seoul-arrivals.yaml"), config=None,
+                       today=TODAY, ttft_p99_ms=250, itl_p99_ms=35)
+    with pytest.raises(UserError, match=r"name gpt2-large, gpt2-xl \(labels.model\): give --config"):
+        build_packing(opts)
