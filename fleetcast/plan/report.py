@@ -385,7 +385,8 @@ def _cost_vs_latency(plt: Any, ranked: list[LatencyPoint], best: list[LatencyPoi
         marker = "*" if e.pick else ("x" if e.estimated else "o")
         ax.scatter(x, y, marker=marker, s=160 if e.pick else 45, color="C3" if on_front else "0.45",
                    zorder=3)
-        ax.annotate(e.label + (" (est.)" if e.estimated else ""), (x, y), fontsize=7, xytext=(4, 3),
+        # The pick's star is about 13 points wide: its label starts past it, not under it.
+        ax.annotate(e.label + (" (est.)" if e.estimated else ""), (x, y), fontsize=7, xytext=(8 if e.pick else 4, 3),
                     textcoords="offset points", color="C3" if on_front else "0.35")
     if len(front_evs) > 1:
         ax.step([getattr(e, latency) for e in front_evs], [e.usd_per_m_output for e in front_evs], where="post",
