@@ -45,7 +45,7 @@ from fleetcast.contract.serving import GIB, MAX_PROCESSES
 
 from .curves import Candidate, Curve
 from .estimate import colocated, mps_calibration
-from .queueing import Limits, Prediction, ServiceModel, Stream, model_for, occupancy, predict
+from .queueing import Limits, Prediction, ServiceModel, Stream, max_safe_rate, model_for, occupancy, predict
 from .sharing import (
     ESTIMATED as ESTIMATED_BY,
     MEASURED,
@@ -66,6 +66,7 @@ from .solver import (
     Served,
     Sizing,
     Slo,
+    arrival_p99s,
     cheaper_estimates,
     deciding_constraints,
     fixed_by_hour,
@@ -73,10 +74,12 @@ from .solver import (
     loss_head,
     lowest_load_refusal,
     output_shift,
+    per_m_input,
     per_m_output,
     pick,
     pool_moves,
     provider_side,
+    safe_goodput,
     service_regions,
     size_day,
     size_from_histogram,
@@ -442,6 +445,21 @@ class PackingEval(PoolDay):
     reserved_used: int = 0  # reserved instances (--reserved) this packing runs on, paid whatever the pick
     sharing: str = TIME_SLICING  # how its processes share the GPU (the pool's gpu_sharing, or plan --gpu-sharing)
     consumer_regions: tuple[str, ...] = ()  # pooled across regions (pool_across_regions); () serves `region` alone
+    # The one-model table's figures (report.figure_cells), set by size_packing: the consumers' round trip for any
+    # packing; for a packing of one model (one_model_figures) c*, the traffic-weighted P99s (the TTFT's 95% CI where
+    # the curve has one) and goodput, per instance as a one-model candidate's are. None: not defined for several models.
+    rtt_ms: float = 0.0
+    max_load: float | None = None
+    weighted_ttft_p99: float | None = None
+    weighted_ttft_ci: tuple[float, float] | None = None
+    weighted_itl_p99: float | None = None
+    goodput_rps: float | None = None
+    goodput_exact: bool = False
+
+    @property
+    def usd_per_m_input(self) -> float:
+        """$ per 1M input tokens over every model's tokens (from the cost, which pooling recomputes)."""
+        return per_m_input(self.cost_per_hour * 24, [m.traffic for m in self.loads])
 
     @property
     def estimated(self) -> bool:
@@ -556,6 +574,8 @@ def size_packing(ev: PackingEval, ctx: PlanContext, n_min: int, cache: Cache, hi
     price = ctx.prices.price(ev.instance_type, ev.region)
     assert price is not None  # _offer_refusal refused a type without one
     ev.price_per_hour = price
+    if ev.loads:
+        ev.rtt_ms = ctx.latency.between(ev.loads[0].traffic.region, ev.region) or 0.0
     if histogram and ev.processes == 1:
         return _size_from_histogram(ev, ctx, price, n_min)
     parts = [DayPart(_models_of(cache, ld.curve), ld.traffic, ld.limits, ld.copies) for ld in ev.loads]
@@ -575,7 +595,24 @@ def size_packing(ev: PackingEval, ctx: PlanContext, n_min: int, cache: Cache, hi
     ev.instances_by_hour, ev.fixed_by_hour, ev.reserved_used = day.instances_by_hour, day.fixed_by_hour, day.reserved_used
     ev.cost_per_hour = day.cost_per_hour
     ev.usd_per_m_output = per_m_output(sum(day.cost_by_hour), [ld.traffic for ld in ev.loads])
+    if len(ev.loads) == 1:
+        _one_model_figures(ev, cache)
     return ev
+
+
+def _one_model_figures(ev: PackingEval, cache: Cache) -> None:
+    """A packing of one model sized from arrivals: the figures a one-model candidate's table row gives (solver's
+    arrival sizing), per instance: c* the in-flight count at the SLO-safe rate, goodput that rate less the predicted
+    errors and a 2% margin, each times the copies; the P99s at each hour's busiest minute weighted by its requests."""
+    (load,) = ev.loads
+    model = _models_of(cache, load.curve)
+    safe = max_safe_rate(model, load.traffic.output_mean, load.limits)
+    if safe is not None:
+        rate, at_safe, _ = safe
+        ev.max_load = round(at_safe.in_flight * load.copies, 1)
+        ev.goodput_rps = safe_goodput(model, rate, load.traffic.output_mean) * load.copies
+    ev.weighted_ttft_p99, ev.weighted_itl_p99 = arrival_p99s(load.traffic.hourly_rps(), load.predictions,
+                                                             load.network_ms)
 
 
 def _size_from_histogram(ev: PackingEval, ctx: PlanContext, price: float, n_min: int) -> PackingEval:
@@ -592,6 +629,8 @@ def _size_from_histogram(ev: PackingEval, ctx: PlanContext, price: float, n_min:
     load.histogram, load.processes_by_hour, load.predictions = day, day.needed_by_hour, []
     ev.instances_by_hour, ev.fixed_by_hour, ev.reserved_used = day.instances_by_hour, day.fixed_by_hour, day.reserved_used
     ev.cost_per_hour, ev.usd_per_m_output = day.cost_per_hour, day.usd_per_m_output
+    ev.max_load, ev.weighted_ttft_p99, ev.weighted_ttft_ci = day.max_load, day.weighted_ttft_p99, day.weighted_ttft_ci
+    ev.weighted_itl_p99, ev.goodput_rps, ev.goodput_exact = day.weighted_itl_p99, day.goodput_rps, day.goodput_exact
     return ev
 
 
@@ -1162,7 +1201,6 @@ def scaling_target(ev: PackingEval) -> float:
     """The pool's in-flight target: solver.scaling_target over the packing's models, or the histogram method's k
     for a packing of one process sized from a histogram (the same figure a one-model plan gets for a packing of
     one)."""
-    from .queueing import max_safe_rate
     from .solver import TargetPart, scaling_target as target_of
 
     sized = [m.histogram for m in ev.loads if m.histogram is not None]

@@ -10,13 +10,19 @@ from typing import Any
 from .packing import ESTIMATED, PackingEval, PackingPlan, RegionPacking, scaling_target
 from .report import (
     GLOSSARY,
+    ROOFLINE_MARK,
     Block,
     LatencyPoint,
+    Row,
     closing_blocks,
     closing_lines,
     cost_vs_latency_plots,
+    glossary_lines,
+    page_table,
+    pick_text,
     single_instance_note,
     summary_line,
+    terminal_table,
     write_pages,
 )
 from .sharing import ESTIMATED as ESTIMATED_BY, MPS, spread_json
@@ -61,6 +67,9 @@ def recommendation(plan: RegionPacking) -> str:
     lo, desired, hi = w.capacity()
     tag = " (ESTIMATED from solo curves: measure it co-located before deploying)" if w.estimated else \
         f" ({w.source})"
+    if len(plan.traffic) == 1:
+        # One model: the one-model recommendation's figures (c*, $ per 1M input tokens), from the same words.
+        return pick_text(f"{w.label}{tag}", w.region, w, scaling_target(w))
     return (f"{plan.region}: {w.label}{tag}: ${w.cost_per_hour:.2f}/h, ${w.usd_per_m_output:.3f} per 1M output tokens "
             f"over every model, instances per hour {_hourly_text(w.instances_by_hour)} (capacity min {lo}, max {hi}), "
             f"target {scaling_target(w):g} in-flight requests per instance")
@@ -70,6 +79,25 @@ def _traffic_lines(plan: RegionPacking) -> list[str]:
     """A packing of one model: its consumers' traffic and load levels, as a one-model plan says them (several
     models' traffic is each model's, which the model table sizes)."""
     return [summary_line(plan.traffic[0])] if len(plan.traffic) == 1 else []
+
+
+def _one_model_rows(plan: RegionPacking, ranked: list[PackingEval]) -> list[Row]:
+    """A packing of one model: the one-model candidates table's rows (report.terminal_table / page_table); several
+    models have their figures per model (model_rows)."""
+    if len(plan.traffic) != 1:
+        return []
+    return [Row(e.label, e.region, e, scaling_target(e), e.source) for e in ranked]
+
+
+def _best_per_option(plan: RegionPacking) -> list[PackingEval]:
+    """Each instance type, precision and GPU sharing at its cheapest, as the one-model terminal table lists each
+    candidate once."""
+    seen, out = set(), []
+    for e in plan.ranked:
+        if (key := (e.instance_type, tuple(m.precision for m in e.loads), e.sharing)) not in seen:
+            seen.add(key)
+            out.append(e)
+    return out
 
 
 def _ruled_out(plan: RegionPacking) -> list[tuple[str, str]]:
@@ -104,6 +132,8 @@ def blocks(result: PackingPlan, plots: dict[str, list[Path]] | None = None) -> l
         w = plan.winner
         if single_instance_note(w):
             out.append(("ul", [("one instance", single_instance_note(w))]))
+        if rows_of_one := _one_model_rows(plan, plan.ranked):
+            out += [("h3", "Feasible packings"), page_table(rows_of_one)]
         if w is not None:
             header, rows = model_rows(w)
             out.append(("table", header, rows))
@@ -172,7 +202,14 @@ def render_terminal(result: PackingPlan) -> str:
     lines += [f"WARNING: {w}" for w in result.warnings]
     lines += [f"data: {n}" for n in result.data_notes]
     for plan in result.regions:
-        lines += [""] + _traffic_lines(plan) + [recommendation(plan)]
+        lines += [""] + _traffic_lines(plan)
+        if rows_of_one := _one_model_rows(plan, _best_per_option(plan)):
+            lines += terminal_table(rows_of_one)
+            lines += [ROOFLINE_MARK] if any(e.roofline for e in plan.ranked) else []
+            lines += glossary_lines(result.consumers()) if plan is result.regions[0] else []
+            lines.append("")
+        # A packing of one model is headed as a one-model plan's pick is.
+        lines.append(("Recommendation: " if rows_of_one else "") + recommendation(plan))
         if single_instance_note(plan.winner):
             lines.append(f"  note: {single_instance_note(plan.winner)}")
         if plan.winner is not None:
@@ -205,7 +242,13 @@ def _ev_json(e: PackingEval) -> dict[str, Any]:
         lo, desired, hi = e.capacity()
         d.update(instances_by_hour=e.instances_by_hour, cost_per_hour=e.cost_per_hour,
                  usd_per_m_output=e.usd_per_m_output, capacity={"min": lo, "desired": desired, "max": hi},
-                 fixed_per_hour=sum(e.fixed_by_hour) / 24, price_per_hour=e.price_per_hour, target=scaling_target(e))
+                 fixed_per_hour=sum(e.fixed_by_hour) / 24, price_per_hour=e.price_per_hour, target=scaling_target(e),
+                 # The one-model result's keys (report.to_json); c*, the P99s and goodput are null for several models.
+                 rtt_ms=e.rtt_ms, usd_per_m_input=e.usd_per_m_input, max_load=e.max_load, estimated=e.estimated,
+                 weighted_ttft_p99_ms=e.weighted_ttft_p99, weighted_ttft_ci=e.weighted_ttft_ci,
+                 weighted_itl_p99_ms=e.weighted_itl_p99, goodput_rps_per_instance=e.goodput_rps,
+                 goodput_exact=e.goodput_exact,
+                 sizing="histogram" if any(m.histogram is not None for m in e.loads) else "arrivals")
         for m, row in zip(e.loads, d["packing"]):
             worst = m.worst()
             row.update(processes_by_hour=m.processes_by_hour,

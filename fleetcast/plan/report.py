@@ -10,7 +10,7 @@ import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from .curves import SOURCE_MEANING
 from .solver import Evaluation, FleetPool, PlanContext, PlannedPool, PoolDay, RegionPlan, Slo, one_model_pool
@@ -180,6 +180,87 @@ def _tag(ev: Evaluation) -> str:
     return "" if source == "measured" else f" ({source}: {SOURCE_MEANING[source]})"
 
 
+class Figures(Protocol):
+    """What a candidates table row and a recommendation read, one model's evaluation or a packing of one model's
+    (packing.PackingEval; its c*, P99s and goodput are None for several models, where they are per model)."""
+
+    @property
+    def rtt_ms(self) -> float: ...
+    @property
+    def max_load(self) -> float | None: ...
+    @property
+    def cost_per_hour(self) -> float: ...
+    @property
+    def usd_per_m_output(self) -> float: ...
+    @property
+    def usd_per_m_input(self) -> float: ...
+    @property
+    def weighted_ttft_p99(self) -> float | None: ...
+    @property
+    def weighted_itl_p99(self) -> float | None: ...
+    @property
+    def goodput_rps(self) -> float | None: ...
+    @property
+    def goodput_exact(self) -> bool: ...
+    @property
+    def roofline(self) -> bool: ...
+    def capacity(self) -> tuple[int, int, int]: ...
+
+
+@dataclass(frozen=True)
+class Row:
+    """One line of a candidates table: its name, the region serving, its figures, the target and its source."""
+
+    name: str
+    region: str
+    figures: Figures
+    target: float
+    source: str
+
+
+def _fmt(value: float | None, spec: str, unit: str = "") -> str:
+    return "-" if value is None else f"{value:{spec}}{unit}"
+
+
+def figure_cells(e: Figures, target: float, units: bool) -> list[str]:
+    """c* to goodput/inst, as the terminal (`units`) and the report pages write them."""
+    ms, rps = (" ms", " rps") if units else ("", "")
+    lo, _, hi = e.capacity()
+    return [_fmt(e.max_load, "g"), f"{target:g}", f"{lo}-{hi}", f"{e.cost_per_hour:.2f}", f"{e.usd_per_m_output:.3f}",
+            f"{e.usd_per_m_input:.3f}", _fmt(e.weighted_ttft_p99, ".0f", ms), _fmt(e.weighted_itl_p99, ".1f", ms),
+            ("" if e.goodput_exact else ">=") + _fmt(e.goodput_rps, ".1f", rps)]
+
+
+TERMINAL_HEADER = ("#", "candidate", "region", "c*", "target", "instances", "$/h", "$/1M out", "$/1M in",
+                   "wP99 TTFT", "wP99 ITL", "goodput/inst", "source")
+PAGE_HEADER = ["#", "candidate", "service region", "RTT ms", "c*", "target", "instances/h", "$/h", "$/1M out",
+               "$/1M in", "wP99 TTFT ms", "wP99 ITL ms", "goodput/inst rps", "source"]
+ROOFLINE_MARK = "*  estimated by the roofline model, not measured"
+
+
+def terminal_table(rows: list[Row]) -> list[str]:
+    """The terminal's candidates table, one model's or a packing of one model's; a roofline estimate starred."""
+    cells = [TERMINAL_HEADER] + [(str(i), r.name + ("*" if r.figures.roofline else ""), r.region,
+                                  *figure_cells(r.figures, r.target, True), r.source) for i, r in enumerate(rows, 1)]
+    widths = [max(len(c[i]) for c in cells) for i in range(len(TERMINAL_HEADER))]
+    return ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in cells]
+
+
+def page_table(rows: list[Row]) -> Block:
+    """The report pages' candidates table (plan.md / plan.html), one model's or a packing of one model's."""
+    return ("table", PAGE_HEADER, [[str(i), r.name, r.region, f"{r.figures.rtt_ms:g}",
+                                    *figure_cells(r.figures, r.target, False), r.source] for i, r in enumerate(rows, 1)])
+
+
+def pick_text(name: str, where: str, w: Figures, target: float) -> str:
+    """The recommendation's figures, one model's pick or a packing of one model's."""
+    lo, desired, hi = w.capacity()
+    return (f"{name} in {where}: ${w.cost_per_hour:.2f}/h "
+            f"(${w.usd_per_m_output:.3f} per 1M output tokens, ${w.usd_per_m_input:.3f} per 1M input), "
+            f"{lo}-{hi} instances over the day ({desired} on average; capacity min {lo}, max {hi}), "
+            f"target {target:g} in-flight requests per instance (highest load within the SLO: {_fmt(w.max_load, 'g')})")
+
+
 # The table columns that need words (said once: terminal, plan.md and plan.html print these).
 GLOSSARY = [
     ("c*", "the highest measured load (requests in flight per instance) at which this candidate meets every SLO, "
@@ -229,6 +310,11 @@ def glossary(traffic: Sequence[ConsumerTraffic]) -> list[tuple[str, str]]:
     return out + common
 
 
+def glossary_lines(traffic: Sequence[ConsumerTraffic]) -> list[str]:
+    """The terminal's words for the table's sized columns (c*, target, wP99), under the first region's table."""
+    return [f"   {term}: {meaning}" for term, meaning in glossary(traffic) if term.split(" (")[0] in SIZED_TERMS[:3]]
+
+
 def summary_line(traffic: ConsumerTraffic) -> str:
     rps = traffic.hourly_rps()
     per_day = sum(rps) * 3600
@@ -247,11 +333,8 @@ def recommendation(plan: RegionPlan) -> str:
                     f"{'is' if len(families) == 1 else 'are'} not offered in {region} or any region its consumers "
                     "can reach (see the reasons above).")
         return f"No candidate serves {region} within the SLO: see the reasons above."
-    lo, desired, hi = w.capacity()
-    return (f"{w.candidate.label}{_tag(w)} in {w.service_region}: ${w.cost_per_hour:.2f}/h "
-            f"(${w.usd_per_m_output:.3f} per 1M output tokens, ${w.usd_per_m_input:.3f} per 1M input), "
-            f"{lo}-{hi} instances over the day ({desired} on average; capacity min {lo}, max {hi}), "
-            f"target {w.target:g} in-flight requests per instance (highest load within the SLO: {w.max_load:g})")
+    assert w.target is not None  # a feasible evaluation has its target
+    return pick_text(f"{w.candidate.label}{_tag(w)}", w.service_region, w, w.target)
 
 
 def single_instance_note(w: PoolDay | None) -> str | None:
@@ -287,27 +370,14 @@ def render_terminal(result: PlanResult) -> str:
     said_once = why_not_said_once(result.regions)
     for plan in result.regions:
         out += ["", summary_line(plan.traffic)]
-        header = ("#", "candidate", "region", "c*", "target", "instances", "$/h", "$/1M out", "$/1M in",
-                  "wP99 TTFT", "wP99 ITL", "goodput/inst", "source")
-        rows = [header]
-        for i, ev in enumerate(_best_per_candidate(plan), 1):
-            lo, _, hi = ev.capacity()
-            rows.append((str(i), ev.candidate.label + ("*" if ev.candidate.estimated else ""), ev.service_region,
-                         f"{ev.max_load:g}", f"{ev.target:g}", f"{lo}-{hi}", f"{ev.cost_per_hour:.2f}",
-                         f"{ev.usd_per_m_output:.3f}", f"{ev.usd_per_m_input:.3f}", f"{ev.weighted_ttft_p99:.0f} ms",
-                         f"{ev.weighted_itl_p99:.1f} ms", f"{'' if ev.goodput_exact else '>='}{ev.goodput_rps:.1f} rps",
-                         ev.candidate.source))
-        widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
-        for r in rows:
-            out.append("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip())
+        out += terminal_table(_rows(_best_per_candidate(plan)))
         rejected, losers = said_once[plan.traffic.region]
         for label, why in rejected:
             out.append(f"-  {label}: {why}")
         if any(ev.candidate.estimated for ev in plan.ranked):
-            out.append("*  estimated by the roofline model, not measured")
+            out.append(ROOFLINE_MARK)
         if plan is result.regions[0]:
-            out += [f"   {term}: {meaning}" for term, meaning in glossary([p.traffic for p in result.regions])
-                    if term.split(" (")[0] in SIZED_TERMS[:3]]
+            out += glossary_lines([p.traffic for p in result.regions])
         out += ["", f"Recommendation: {recommendation(plan)}"]
         if single_instance_note(plan.winner):
             out.append(f"  note: {single_instance_note(plan.winner)}")
@@ -482,17 +552,12 @@ def write_plots(plan: RegionPlan, directory: Path, slo: Slo, pools: Sequence[Fle
 # ---------------------------------------------------------------- markdown / html / json
 
 
-def _table_rows(plan: RegionPlan) -> tuple[list[str], list[list[str]]]:
-    header = ["#", "candidate", "service region", "RTT ms", "c*", "target", "instances/h", "$/h", "$/1M out",
-              "$/1M in", "wP99 TTFT ms", "wP99 ITL ms", "goodput/inst rps", "source"]
+def _rows(evs: list[Evaluation]) -> list[Row]:
     rows = []
-    for i, e in enumerate(plan.ranked, 1):
-        lo, _, hi = e.capacity()
-        rows.append([str(i), e.candidate.label, e.service_region, f"{e.rtt_ms:g}", f"{e.max_load:g}", f"{e.target:g}",
-                     f"{lo}-{hi}", f"{e.cost_per_hour:.2f}", f"{e.usd_per_m_output:.3f}", f"{e.usd_per_m_input:.3f}",
-                     f"{e.weighted_ttft_p99:.0f}", f"{e.weighted_itl_p99:.1f}",
-                     f"{'' if e.goodput_exact else '>='}{e.goodput_rps:.1f}", e.candidate.source])
-    return header, rows
+    for e in evs:
+        assert e.target is not None  # a feasible evaluation has its target
+        rows.append(Row(e.candidate.label, e.service_region, e, e.target, e.candidate.source))
+    return rows
 
 
 # The report as a list of blocks, rendered to Markdown and to HTML alike, so the two pages
@@ -518,7 +583,7 @@ def _blocks(result: PlanResult, plots: dict[str, list[Path]]) -> list[Block]:
                    ("rec", recommendation(plan))]
         if single_instance_note(plan.winner):
             blocks.append(("ul", [("one instance", single_instance_note(plan.winner))]))
-        blocks += [("h3", "Feasible candidates"), ("table", *_table_rows(plan))]
+        blocks += [("h3", "Feasible candidates"), page_table(_rows(plan.ranked))]
         rejected, losers = said_once[plan.traffic.region]
         if rejected:
             blocks += [("h3", "Ruled out"), ("ul", rejected)]

@@ -702,6 +702,26 @@ def per_m_output(day_cost: float, traffic: list[ConsumerTraffic]) -> float:
     return day_cost / tokens * 1e6 if tokens else math.inf
 
 
+def per_m_input(day_cost: float, traffic: list[ConsumerTraffic]) -> float:
+    """$ per 1M input tokens of a day's cost over the traffic's tokens, as per_m_output."""
+    tokens = sum(sum(t.hourly_rps()) * 3600 * t.input_mean for t in traffic)
+    return day_cost / tokens * 1e6 if tokens else math.inf
+
+
+def arrival_p99s(rates: list[float], predictions: list[Prediction | None], network_ms: float) -> tuple[float, float]:
+    """(P99 TTFT incl. network, P99 ITL) at each hour's busiest minute, weighted by the hour's requests: the table's
+    wP99 columns for a pool sized from arrivals, one model's or a packing of one model's."""
+    served = sum(rates)
+    weights = [(r / served, p) for r, p in zip(rates, predictions) if p is not None] if served else []
+    return (sum(w * (p.ttft_p99_ms + network_ms) for w, p in weights), sum(w * p.itl_p99_ms for w, p in weights))
+
+
+def safe_goodput(model: ServiceModel, safe_rate: float, out_mean: float) -> float:
+    """Requests per second per process at the SLO-safe rate x*, less the predicted error rate and a 2% margin."""
+    at_target = predict(model, [Stream(safe_rate, out_mean)], 1.0)
+    return safe_rate * max(0.0, 1 - at_target.error_rate - 0.02)
+
+
 def _size_from_arrivals(ev: Evaluation, traffic: ConsumerTraffic, ctx: PlanContext) -> None:
     """Steps 2'-5 for a profile of arrivals: per-instance load derived from the fleet's arrivals and the curve.
     The service model holds requests for the traffic's own output length at the curve's mean ITL."""
@@ -736,18 +756,15 @@ def _size_from_arrivals(ev: Evaluation, traffic: ConsumerTraffic, ctx: PlanConte
     ev.cost_by_hour, ev.reserved_used, ev.fixed_per_hour = day.cost_by_hour, day.reserved_used, sum(day.fixed_by_hour) / 24
     ev.cost_per_hour = day.cost_per_hour
     ev.usd_per_m_output = per_m_output(sum(day.cost_by_hour), [traffic])
-    in_tokens = sum(rates) * 3600 * traffic.input_mean
-    ev.usd_per_m_input = sum(day.cost_by_hour) / in_tokens * 1e6 if in_tokens else math.inf
+    ev.usd_per_m_input = per_m_input(sum(day.cost_by_hour), [traffic])
     served = sum(rates)
     # What each request costs in instance-seconds at the planned sizes (the busiest minutes included).
     ev.seconds_per_request = sum(ev.instances_by_hour[h] for h in range(24) if rates[h] > 0) / served if served else 0.0
     weights = [(r / served, p) for r, p in zip(rates, ev.predictions) if p is not None] if served else []
-    ev.weighted_ttft_p99 = sum(w * (p.ttft_p99_ms + ev.network_ms) for w, p in weights)
-    ev.weighted_itl_p99 = sum(w * p.itl_p99_ms for w, p in weights)
+    ev.weighted_ttft_p99, ev.weighted_itl_p99 = arrival_p99s(rates, ev.predictions, ev.network_ms)
     ev.weighted_e2e = sum(w * (model.hold_ms(1.0 + p.in_flight, out_mean) + max(ev.network_ms, 0.0))
                           for w, p in weights)
-    at_target = predict(model, [Stream(ev.safe_rate_rps, out_mean)], 1.0)
-    ev.goodput_rps = ev.safe_rate_rps * max(0.0, 1 - at_target.error_rate - 0.02)
+    ev.goodput_rps = safe_goodput(model, ev.safe_rate_rps, out_mean)
 
 
 def _structural_rejection(candidate: Candidate, consumer: str, region: str, ctx: PlanContext) -> str | None:

@@ -8,8 +8,9 @@ from datetime import date
 
 import pytest
 
-from fleetcast.plan import packing_report
-from fleetcast.plan.report import render_markdown, render_terminal, single_instance_note, summary_line
+from fleetcast.plan import packing_report, report
+from fleetcast.plan.packing import scaling_target
+from fleetcast.plan.report import figure_cells, render_markdown, render_terminal, single_instance_note, summary_line
 from fleetcast.plan.run import PlanOptions, build_packing, build_plan
 
 from .conftest import ROOT, SEED
@@ -102,3 +103,68 @@ def test_a_packing_of_one_says_and_writes_the_target_the_one_model_report_does(a
     blocks = packing_report.blocks(packed)
     reading = dict(blocks[blocks.index(("h2", "Reading this report")) + 1][1])
     assert reading["target"].startswith("the load per instance the pool scales on")
+
+
+def _one_process(region, plan):
+    """Each packing of one process with the one-model evaluation of the same type and precision in the region."""
+    by = {(e.candidate.instance_type, e.candidate.precision): e for e in plan.ranked
+          if e.service_region == plan.traffic.region}
+    return [(ev, by[(ev.instance_type, ev.loads[0].precision)]) for ev in region.ranked if ev.processes == 1]
+
+
+def test_a_packing_of_one_prints_the_one_model_candidates_table_with_the_same_figures(arrivals_and_histogram):
+    """c*, target, instances, $/h, $ per 1M output and input tokens, the weighted P99s and goodput: one function
+    writes them for both (report.figure_cells), from figures each planner carries."""
+    solo, plan, packed = arrivals_and_histogram
+    (region,) = packed.regions
+    pairs = _one_process(region, plan)
+    assert len(pairs) >= 3
+    for ev, one in pairs:
+        assert figure_cells(ev, scaling_target(ev), True) == figure_cells(one, one.target, True)
+        assert ev.rtt_ms == one.rtt_ms and ev.weighted_ttft_ci == one.weighted_ttft_ci
+    header = next(line for line in render_terminal(solo).splitlines() if line.startswith("#  candidate"))
+    terminal = packing_report.render_terminal(packed)
+    assert header.split() == next(line for line in terminal.splitlines() if line.startswith("#  candidate")).split()
+    for term in ("c*: ", "target: ", "wP99 TTFT / wP99 ITL: "):
+        words = next(line for line in render_terminal(solo).splitlines() if line.startswith(f"   {term}"))
+        assert words in terminal
+    page = packing_report.blocks(packed)
+    assert ("h3", "Feasible packings") in page
+    table = page[page.index(("h3", "Feasible packings")) + 1]
+    assert table[1] == report.PAGE_HEADER and len(table[2]) == len(region.ranked)
+
+
+def test_a_packing_of_ones_recommendation_gives_c_star_and_the_input_token_price_in_the_one_model_words(
+        arrivals_and_histogram):
+    solo, plan, packed = arrivals_and_histogram
+    (region,) = packed.regions
+    assert plan.winner is not None and region.winner is not None
+    one = report.recommendation(plan)
+    mine = packing_report.recommendation(region)
+    # Everything past the pick's name is the same sentence with the same figures.
+    assert mine.split(f" in {region.region}: ", 1)[1] == one.split(f" in {plan.winner.service_region}: ", 1)[1]
+    assert f"highest load within the SLO: {plan.winner.max_load:g})" in mine
+    assert f"Recommendation: {mine}" in packing_report.render_terminal(packed)
+
+
+def test_a_packing_of_ones_plan_json_has_the_one_model_winners_figures(arrivals_and_histogram):
+    solo, plan, packed = arrivals_and_histogram
+    one = report.to_json(solo)["regions"][0]["winner"]
+    mine = packing_report.to_json(packed)["regions"][0]["winner"]
+    for key in ("rtt_ms", "max_load", "target", "usd_per_m_input", "usd_per_m_output", "weighted_ttft_p99_ms",
+                "weighted_ttft_ci", "weighted_itl_p99_ms", "goodput_rps_per_instance", "goodput_exact", "sizing",
+                "capacity", "instances_by_hour", "estimated", "cost_per_hour", "fixed_per_hour"):
+        assert mine[key] == pytest.approx(one[key], rel=1e-12), key
+
+
+def test_a_packing_of_several_models_leaves_the_per_model_figures_to_its_model_table():
+    """c*, the weighted P99s and goodput are per model there: null in plan.json, not a figure made up."""
+    mm = ROOT / "examples" / "plan" / "multi-model"
+    opts = PlanOptions(results=[str(mm / "results")], traffic=str(mm / "traffic.yaml"),
+                       config=str(mm / "fleet.yaml"), today=TODAY)
+    packed, _, _ = build_packing(opts)
+    winner = packing_report.to_json(packed)["regions"][0]["winner"]
+    assert len(winner["packing"]) > 1
+    assert winner["max_load"] is None and winner["weighted_ttft_p99_ms"] is None and winner["goodput_rps_per_instance"] is None
+    assert winner["usd_per_m_input"] > 0 and winner["rtt_ms"] > 0
+    assert not any(line.startswith("#  candidate") for line in packing_report.render_terminal(packed).splitlines())
