@@ -4,6 +4,7 @@ synthetic, or estimated (solo curves)."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -12,12 +13,15 @@ from .report import (
     GLOSSARY,
     ROOFLINE_MARK,
     Block,
+    DayLine,
     LatencyPoint,
     Row,
     closing_blocks,
     closing_lines,
     cost_vs_latency_plots,
     glossary_lines,
+    inputs_tag,
+    instances_plot,
     page_table,
     pick_text,
     single_instance_note,
@@ -295,21 +299,39 @@ def _cost_vs_latency(plt: Any, plan: RegionPacking, directory: Path) -> list[Pat
             seen.add(key)
             best.append(points[-1])
     measure = "traffic-weighted" if plan.ranked[0].loads[0].histogram is not None else "worst-minute"
-    # The one-model pictures' words: "measured" and "synthetic" without the table's gloss.
-    sources = {e.source.split(" (")[0] if e.source.startswith(("measured", "synthetic")) else e.source
-               for e in plan.ranked}
-    return cost_vs_latency_plots(plt, points, best, plan.region, measure, plan.ranked[0].loads[0].slo, sources,
+    return cost_vs_latency_plots(plt, points, best, plan.region, measure, plan.ranked[0].loads[0].slo, _sources(plan),
                                  directory)
 
 
-def write_plots(plan: RegionPacking, directory: Path) -> list[Path]:
-    """Two pictures per region: what the choice costs against not packing (and what its GPU holds), and the
-    instances over the day, packed against one model per pool."""
+def _instances(plt: Any, plan: RegionPacking, pools: Sequence[PackingEval], directory: Path) -> list[Path]:
+    """The one-model report's demand and instances over the day (report.instances_plot): each instance type,
+    precision and GPU sharing at its cheapest packing, the pick bold, a pool serving this region with others dashed."""
+    if not plan.ranked:
+        return []
+    lines = [DayLine(e.label, e.instances_by_hour, e is plan.winner) for e in _best_per_option(plan)]
+    fleet = [DayLine(f"the planned fleet: {p.label} pooled in {p.region} (serves {', '.join(p.consumer_regions)})",
+                     p.instances_by_hour, False)
+             for p in pools if plan.region in p.consumer_regions and len(p.consumer_regions) > 1]
+    rps = [sum(t.hourly_rps()[h] for t in plan.traffic) for h in range(24)]
+    return [instances_plot(plt, plan.region, rps, lines, fleet, inputs_tag(_sources(plan)), directory)]
+
+
+def _sources(plan: RegionPacking) -> set[str]:
+    """What the feasible packings' figures rest on, in the one-model pictures' words: "measured" and "synthetic"
+    without the table's gloss."""
+    return {e.source.split(" (")[0] if e.source.startswith(("measured", "synthetic")) else e.source
+            for e in plan.ranked}
+
+
+def write_plots(plan: RegionPacking, directory: Path, pools: Sequence[PackingEval] = ()) -> list[Path]:
+    """Per region: the cost-vs-latency pictures (a packing of one model), the demand and instances over the day,
+    what the choice costs against not packing (and what its GPU holds), and the instances over the day, packed
+    against one model per pool."""
     from .report import _matplotlib
 
     plt = _matplotlib()
     w = plan.winner
-    paths = _cost_vs_latency(plt, plan, directory)
+    paths = _cost_vs_latency(plt, plan, directory) + _instances(plt, plan, pools, directory)
     if w is None:
         return paths
     fig, (ax, mem) = plt.subplots(1, 2, figsize=(13, 4.2), gridspec_kw={"width_ratios": [1.4, 1]})
@@ -397,4 +419,4 @@ def write_plots(plan: RegionPacking, directory: Path) -> list[Path]:
 
 def write_report(result: PackingPlan, directory: str | Path) -> list[Path]:
     return write_pages(directory, f"Fleetcast packing plan: {result.traffic_name}", lambda plots: blocks(result, plots),
-                       to_json(result), lambda d: {p.region: write_plots(p, d) for p in result.regions})
+                       to_json(result), lambda d: {p.region: write_plots(p, d, result.pools) for p in result.regions})

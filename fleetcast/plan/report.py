@@ -413,7 +413,7 @@ def _pareto(points: list[tuple[float, float]]) -> list[int]:
     return sorted(front, key=lambda i: points[i][0])
 
 
-def _inputs_tag(sources: set[str]) -> str:
+def inputs_tag(sources: set[str]) -> str:
     """A title suffix saying what the plotted figures rest on, when that is not all measurement."""
     rest = sorted(sources - {"measured"})
     return f" [{' and '.join(rest)} inputs]" if rest else ""
@@ -435,7 +435,7 @@ def cost_vs_latency_plots(plt: Any, ranked: list[LatencyPoint], best: list[Laten
                           slo: Slo, sources: set[str], directory: Path) -> list[Path]:
     """The two cost-vs-latency pictures of a region: `ranked` every feasible candidate (the Pareto front is theirs),
     `best` each candidate at its cheapest, `measure` what the P99 is ("traffic-weighted")."""
-    tag = _inputs_tag(sources)
+    tag = inputs_tag(sources)
     return [_cost_vs_latency(plt, ranked, best, region, measure, "ttft_ms", slo.ttft_p99_ms,
                              directory / f"cost_vs_ttft-{region}.png", tag),
             _cost_vs_latency(plt, ranked, best, region, measure, "itl_ms", slo.itl_p99_ms,
@@ -509,44 +509,62 @@ def write_plots(plan: RegionPlan, directory: Path, slo: Slo, pools: Sequence[Fle
     sources = {e.candidate.source for e in evs}
     paths = cost_vs_latency_plots(plt, [points[id(e)] for e in evs], [points[id(e)] for e in _best_per_candidate(plan)],
                                   region, "traffic-weighted", slo, sources, directory)
-    tag = _inputs_tag(sources)
+    lines = [DayLine(e.label, e.instances_by_hour, e is plan.winner) for e in _best_per_candidate(plan)]
+    fleet = [DayLine(f"the planned fleet: {pool.candidate} pooled in {pool.service_region} "
+                     f"(serves {', '.join(pool.consumer_regions)})", pool.instances_by_hour, False)
+             for pool in pools if region in pool.consumer_regions and len(pool.members) > 1]
+    paths.append(instances_plot(plt, region, plan.traffic.hourly_rps(), lines, fleet, inputs_tag(sources), directory))
+    return paths
 
+
+@dataclass(frozen=True)
+class DayLine:
+    """One line of the instances-over-the-day picture: a candidate (or packing) at its cheapest, or a pooled pool."""
+
+    label: str
+    instances_by_hour: list[int]
+    pick: bool
+
+
+def instances_plot(plt: Any, region: str, rps: list[float], shown: list[DayLine], fleet: list[DayLine], tag: str,
+                   directory: Path) -> Path:
+    """Demand and instances over the day for a consumer region, one model's candidates or a packing's: `rps` its
+    requests per second per UTC hour (every model's), `shown` each option at its cheapest (the pick drawn bold),
+    `fleet` the pooled pools serving it (dashed)."""
     # Demand above, instances below: two scales, two panels, so neither hides the other.
     fig, (demand, ax) = plt.subplots(2, 1, figsize=(9, 7), sharex=True, gridspec_kw={"height_ratios": [1, 2.2]})
     hours = list(range(25))
-    rps = plan.traffic.hourly_rps()
     demand.fill_between(hours, rps + rps[-1:], step="post", alpha=0.3, color="0.4")
     demand.set_ylabel("requests/s")
     demand.set_ylim(0, max(rps) * 1.15 or 1)
     demand.set_title(f"Demand and instances over the day: consumers in {region}{tag}", fontsize=10)
     demand.grid(alpha=0.3)
-    shown = sorted(_best_per_candidate(plan), key=lambda e: e is plan.winner)  # the pick drawn last, on top
-    for e in shown:
-        pick = e is plan.winner
+    for e in sorted(shown, key=lambda e: e.pick):  # the pick drawn last, on top
         ax.step(hours, e.instances_by_hour + e.instances_by_hour[-1:], where="post",
-                label=e.label + (" (this region's pick)" if pick else ""), linewidth=3 if pick else 1.2,
-                color="k" if pick else None, zorder=4 if pick else 2, alpha=1 if pick else 0.8)
-    for pool in pools:
-        if region in pool.consumer_regions and len(pool.members) > 1:
-            n = pool.instances_by_hour
-            ax.step(hours, n + n[-1:], where="post", color="k", linestyle="--", linewidth=2, zorder=5,
-                    label=f"the planned fleet: {pool.candidate} pooled in {pool.service_region} "
-                          f"(serves {', '.join(pool.consumer_regions)})")
-    top = max(max(e.instances_by_hour) for e in shown)
-    top = max([top] + [max(p.instances_by_hour) for p in pools if region in p.consumer_regions])
+                label=e.label + (" (this region's pick)" if e.pick else ""), linewidth=3 if e.pick else 1.2,
+                color="k" if e.pick else None, zorder=4 if e.pick else 2, alpha=1 if e.pick else 0.8)
+    for pool in fleet:
+        n = pool.instances_by_hour
+        # Red over the black pick: where the pool runs what the region alone would, a black dash vanished into it.
+        ax.step(hours, n + n[-1:], where="post", color="C3", linestyle="--", linewidth=2, zorder=5, label=pool.label)
+    top = max(max(e.instances_by_hour) for e in shown + fleet)
     ax.set_ylim(0, top * 1.15 + 0.5)
     ax.set_xlabel("hour of day (UTC)")
     ax.set_ylabel("instances")
     ax.set_xlim(0, 24)
     ax.set_xticks(range(0, 25, 3))
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=2, frameon=False)
+    from matplotlib.ticker import MaxNLocator
+
+    ax.yaxis.set_major_locator(MaxNLocator(integer=True))  # instances are whole
+    # A packing's labels are long: one column, and the page sized to hold them, else they ran off its edges.
+    wide = max(len(e.label) for e in shown + fleet) > 60
+    ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=1 if wide else 2, frameon=False)
     path = directory / f"instances-{region}.png"
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=110, bbox_inches="tight")
     plt.close(fig)
-    paths.append(path)
-    return paths
+    return path
 
 
 # ---------------------------------------------------------------- markdown / html / json

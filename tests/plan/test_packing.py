@@ -234,8 +234,8 @@ def test_the_command_plans_a_fleet_of_several_models_and_writes_its_report(capsy
            "(ESTIMATED from solo curves" in out
     assert "vs one model per pool" in out and "vs one model per fleet" in out
     names = sorted(p.name for p in (tmp_path / "rep").iterdir())
-    assert names == ["packing-ap-northeast-2.png", "packing-day-ap-northeast-2.png", "plan.html", "plan.json",
-                     "plan.md"]
+    assert names == ["instances-ap-northeast-2.png", "packing-ap-northeast-2.png", "packing-day-ap-northeast-2.png",
+                     "plan.html", "plan.json", "plan.md"]
     doc = json.loads((tmp_path / "rep" / "plan.json").read_text())
     assert doc["kind"] == "packing" and doc["regions"][0]["winner"]["source"] == ESTIMATED
     assert "estimated (solo curves)" in (tmp_path / "rep" / "plan.md").read_text()

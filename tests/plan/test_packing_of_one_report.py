@@ -168,3 +168,13 @@ def test_a_packing_of_several_models_leaves_the_per_model_figures_to_its_model_t
     assert winner["max_load"] is None and winner["weighted_ttft_p99_ms"] is None and winner["goodput_rps_per_instance"] is None
     assert winner["usd_per_m_input"] > 0 and winner["rtt_ms"] > 0
     assert not any(line.startswith("#  candidate") for line in packing_report.render_terminal(packed).splitlines())
+
+
+def test_a_packing_draws_the_one_model_reports_instances_over_the_day(arrivals_and_histogram, tmp_path):
+    """One picture function (report.instances_plot) for both: demand above, each option's instances below."""
+    _, _, packed = arrivals_and_histogram
+    (region,) = packed.regions
+    written = {p.name for p in packing_report.write_report(packed, tmp_path / "packed")}
+    name = f"instances-{region.region}.png"
+    assert name in written and (tmp_path / "packed" / name).stat().st_size > 10_000
+    assert f"]({name})" in (tmp_path / "packed" / "plan.md").read_text()
