@@ -60,6 +60,7 @@ from .sharing import (
 from .solver import (
     DayPart,
     HistogramDay,
+    Option,
     PlanContext,
     PlannedPool,
     PoolDay,
@@ -74,6 +75,7 @@ from .solver import (
     loss_head,
     lowest_load_refusal,
     output_shift,
+    peak_notes,
     per_m_input,
     per_m_output,
     pick,
@@ -83,6 +85,7 @@ from .solver import (
     service_regions,
     size_day,
     size_from_histogram,
+    stats_notes,
 )
 from .traffic import ConsumerTraffic, TrafficProfile
 
@@ -667,6 +670,9 @@ class RegionPacking:
     notes: list[str] = field(default_factory=list)
     not_offered: list[str] = field(default_factory=list)  # instance types with results not offered in the region
     decided_by: list[str] = field(default_factory=list)  # a floor or reservation, not the traffic, decided the pick
+    # One model's region: the one-model report's notes (solver.peak_notes / stats_notes) over its types x precisions.
+    peak_notes: list[str] = field(default_factory=list)
+    stats_notes: list[str] = field(default_factory=list)
 
     def why_not(self) -> list[tuple[str, str]]:
         """Each other instance type (or GPU sharing) with a packing that serves: its best packing and why it lost
@@ -1021,7 +1027,7 @@ def _plan_region(cfg: FleetConfig | None, curves: list[ModelCurve], region: str,
         notes.append(f"no packing with measured curves meets every SLO: the choice {winner.label} is ESTIMATED "
                      f"{winner.source.removeprefix('estimated ')}; measure it co-located (fleetcast bench run "
                      "--model-mix) before deploying")
-    elif winner is not None:
+    elif winner is not None and len(entries) > 1:  # one model's: its statistical notes say it (_one_model_notes)
         notes += cheaper_estimates(ranked, winner, "packing")
     if winner is not None:
         notes += [f"{m.model}: its co-located curve has {len(m.curve.points)} load levels: the planner's P99 ITL comes "
@@ -1030,9 +1036,41 @@ def _plan_region(cfg: FleetConfig | None, curves: list[ModelCurve], region: str,
         notes += sharing_notes(winner, curves, mps_calibration().describe()
                                if any(e.sharing == MPS and e.estimated for e in ranked) else None)
     plan = RegionPacking(region, entries, evaluations, ranked, winner, notes=notes, not_offered=not_offered)
+    if winner is not None and len(entries) == 1:
+        plan.peak_notes, plan.stats_notes = _one_model_notes(plan, curves, ctx, cache["lab"])
     if alternatives:
         plan.alternatives = _alternatives(cfg, curves, region, entries, ctx, fleet_slo, families, cache)
     return plan
+
+
+def _one_model_notes(plan: RegionPacking, curves: list[ModelCurve], ctx: PlanContext,
+                     lab: dict[str, str]) -> tuple[list[str], list[str]]:
+    """A packing of one model: the one-model plan's peak-throughput and statistical notes, each of the model's solo
+    curves (instance type x precision) a candidate at its best packing, as one model's candidates are."""
+    (traffic,) = plan.traffic
+    winner = plan.winner
+    assert winner is not None
+
+    def key(e: PackingEval) -> tuple[str, str]:
+        return e.instance_type, e.loads[0].precision
+
+    peaks = []
+    for mc in curves:
+        if mc.model != traffic.model or mc.packing is not None:
+            continue
+        mine = [e for e in plan.evaluations if e.loads and key(e) == (mc.instance_type, mc.precision)]
+        best = min(mine, key=lambda e: (not e.feasible, e.rank_key() if e.feasible else ()), default=None)
+        refusal = _offer_refusal(mc.instance_type, plan.region, ctx, lab)
+        peaks.append(Option(mc.candidate.label, mc.instance_type, mc.candidate.curve, best,
+                            (mc.instance_type, mc.precision) == key(winner), mc.candidate.estimated,
+                            refusal=f"{mc.candidate.family} is {refusal}" if refusal else "no packing of it serves"))
+    firsts = {(*key(winner), winner.processes, winner.sharing): winner}
+    for e in plan.ranked:
+        firsts.setdefault((*key(e), e.processes, e.sharing), e)  # each candidate at its best, in rank order
+    options = [Option(f"{e.instance_type} {e.loads[0].precision}", e.instance_type, e.loads[0].curve, e,
+                      e is winner, e.estimated, scaling_target(e) / e.processes,
+                      e.loads[0].histogram.noise_fallback if e.loads[0].histogram else None) for e in firsts.values()]
+    return peak_notes(peaks, winner, traffic, ctx), stats_notes(plan.ranked, winner, options, ctx)
 
 
 def _service_regions(instance_type: str, region: str, entries: list[ConsumerTraffic], ctx: PlanContext,

@@ -161,8 +161,12 @@ def blocks(result: PackingPlan, plots: dict[str, list[Path]] | None = None) -> l
         if ruled:
             out.append(("h3", "Ruled out"))
             out.append(("ul", ruled))
+        if plan.peak_notes:
+            out += [("h3", "Peak throughput"), ("ul", [(None, n) for n in plan.peak_notes])]
         if plan.decided_by:
             out += [("h3", "What decided the pick"), ("ul", [(None, n) for n in plan.decided_by])]
+        if plan.stats_notes:
+            out += [("h3", "Statistical notes"), ("ul", [(None, n) for n in plan.stats_notes])]
         if plan.notes:
             out.append(("h3", "Notes"))
             out.append(("ul", [(None, n) for n in plan.notes]))
@@ -226,7 +230,11 @@ def render_terminal(result: PackingPlan) -> str:
             lines += [f"  no packing serves; {s}" for s in plan.unpacked()]
         lines += [f"  why not {a}: {b}" for a, b in plan.why_not()]
         lines += [f"  ruled out: {a}: {b}" for a, b in _ruled_out(plan)]
+        # One model's notes under the one-model report's headings.
+        lines += ["Peak throughput is not the decision metric:"] + [f"  - {n}" for n in plan.peak_notes] \
+            if plan.peak_notes else []
         lines += [f"  decided the pick: {n}" for n in plan.decided_by]
+        lines += ["Statistical notes:"] + [f"  - {n}" for n in plan.stats_notes] if plan.stats_notes else []
         lines += [f"  note: {n}" for n in plan.notes]
     if len(result.regions) > 1:
         lines += ["", "Fleet:"] + [f"  {line}" for line in fleet_lines(result)]
@@ -278,6 +286,7 @@ def to_json(result: PackingPlan) -> dict[str, Any]:
                               "fixed_cost_per_hour": a.fixed_cost_per_hour, "estimated": a.estimated,
                               "parts": [_ev_json(x) for x in a.parts]} for a in p.alternatives],
             "savings": p.savings(), "notes": p.notes, "decided_by": p.decided_by,
+            "peak_notes": p.peak_notes, "stats_notes": p.stats_notes,
             "why_not": [{"packing": a, "reason": b} for a, b in p.why_not()],
             "evaluations": [_ev_json(e) for e in p.ranked] + [_ev_json(e) for e in p.evaluations if not e.feasible],
         } for p in result.regions],

@@ -143,6 +143,12 @@ class PoolDay:
     cost_per_hour: float
     usd_per_m_output: float
     price_per_hour: float
+    # What the peak-throughput and statistical notes read (peak_notes, stats_notes): c*, the consumers' round trip,
+    # the traffic-weighted P99 TTFT and its 95% CI; for a packing of several models None (per model there).
+    max_load: float | None
+    rtt_ms: float
+    weighted_ttft_p99: float | None
+    weighted_ttft_ci: tuple[float, float] | None
 
     @property
     def feasible(self) -> bool:
@@ -1219,11 +1225,42 @@ def _why_not(candidates: list[Candidate], evaluations: list[Evaluation], ranked:
     return out
 
 
+@dataclass(frozen=True)
+class Option:
+    """One model's candidate curve (instance type x precision) as the notes read it, one model's candidate or the
+    packings of one model on that type and precision: its best way to serve (feasible first; None: none evaluated,
+    `refusal` says why), the curve, its scaling target and the fallback target where the pass is within noise."""
+
+    label: str  # the candidate's, "g6e.xlarge int8_wo"
+    instance_type: str
+    curve: Curve
+    best: PoolDay | None
+    chosen: bool
+    estimated: bool
+    target: float | None = None
+    noise_fallback: tuple[float, float] | None = None
+    refusal: str | None = None
+
+
+def _option(cand: Candidate, evaluations: list[Evaluation], winner: Evaluation | None) -> Option:
+    mine = [e for e in evaluations if e.candidate is cand]
+    best = min(mine, key=lambda e: (not e.feasible, e.rank_key() if e.feasible else ()))
+    return Option(cand.label, cand.instance_type, cand.curve, best, winner is not None and cand is winner.candidate,
+                  cand.estimated, best.target, best.noise_fallback)
+
+
 def _peak_notes(candidates: list[Candidate], evaluations: list[Evaluation], winner: Evaluation | None,
                 traffic: ConsumerTraffic, ctx: PlanContext) -> list[str]:
-    """Why the benchmark's headline (peak throughput) is not the choice."""
+    if winner is None:
+        return []
+    return peak_notes([_option(c, evaluations, winner) for c in candidates], winner, traffic, ctx)
+
+
+def peak_notes(options: list[Option], winner: PoolDay | None, traffic: ConsumerTraffic, ctx: PlanContext) -> list[str]:
+    """Why the benchmark's headline (peak throughput) is not the choice: one model's candidates or a packing of one
+    model's instance types and precisions."""
     notes: list[str] = []
-    peaks = [(peak, c) for c in candidates if (peak := c.curve.peak_output_tps())]
+    peaks = [(peak, o) for o in options if (peak := o.curve.peak_output_tps())]
     if not peaks or winner is None:
         return notes
     overall = max(peaks, key=lambda x: x[0][0])
@@ -1232,18 +1269,19 @@ def _peak_notes(candidates: list[Candidate], evaluations: list[Evaluation], winn
     weights = None if traffic.arrival_driven else traffic.level_weights()
     # Two scopes, each named: the highest peak of all candidates, and (when that type is not offered here) the highest
     # among those offered in the consumers' region; one unnamed "peak-throughput choice" read as two contradictory picks.
-    for (tps, level), cand in [overall] + ([local] if local and local[1] is not overall[1] else []):
-        scope = ("highest peak throughput of all candidates" if cand is overall[1] else
+    for (tps, level), opt in [overall] + ([local] if local and local[1] is not overall[1] else []):
+        scope = ("highest peak throughput of all candidates" if opt is overall[1] else
                  f"highest peak throughput of the types offered in {traffic.region}")
-        head = f"{scope}: {cand.label}, {tps:,.0f} output tok/s at concurrency {level:g}"
-        if cand is winner.candidate:
+        head = f"{scope}: {opt.label}, {tps:,.0f} output tok/s at concurrency {level:g}"
+        if opt.chosen:
             notes.append(f"{head}; it is also the choice")
             continue
-        best = min((e for e in evaluations if e.candidate is cand), key=lambda e: (not e.feasible, e.rank_key() if e.feasible else ()))
-        if not best.feasible:
+        best = opt.best
+        if best is None or not best.feasible:
             # Ruled out before any sizing (not offered, quality, measured range): the reason is the whole story.
             # Its first clause only: the full reason is under "Ruled out" a few lines up.
-            notes.append(f"{head}; not the choice: ruled out: {(best.rejected or '').split(': ')[0]}")
+            reason = opt.refusal if best is None else best.rejected
+            notes.append(f"{head}; not the choice: ruled out: {(reason or '').split(': ')[0]}")
             continue
         why = f"not the choice: {_pct(best.cost_per_hour, winner.cost_per_hour)} cost for this traffic"
         if weights is None:
@@ -1261,46 +1299,62 @@ def _overlap(a: tuple[float, float] | None, b: tuple[float, float] | None) -> bo
 
 
 def _stats_notes(ranked: list[Evaluation], winner: Evaluation | None, ctx: PlanContext) -> list[str]:
+    if winner is None:
+        return []
+    best: dict[int, Evaluation] = {}
+    for e in ranked:
+        best.setdefault(id(e.candidate), e)  # each candidate at its best, in rank order
+    return stats_notes(ranked, winner, [Option(e.candidate.label, e.candidate.instance_type, e.candidate.curve, e,
+                                               e.candidate is winner.candidate, e.candidate.estimated, e.target,
+                                               e.noise_fallback) for e in best.values()], ctx)
+
+
+def stats_notes(ranked: list[P], winner: P | None, options: list[Option], ctx: PlanContext) -> list[str]:
+    """How far noise reaches into the choice: estimates ranked above it, the pick against the next measured option on
+    traffic-weighted P99 TTFT, an SLO inside a P99 CI at the target, thin tails. `options` each candidate (one
+    model's, or a packing of one model's type and precision) at its best, in rank order, the pick's first."""
     notes: list[str] = []
     if winner is None:
         return notes
     notes += cheaper_estimates(ranked, winner, "candidate")
-    rivals = [e for e in ranked if not e.candidate.estimated and e.candidate is not winner.candidate]
+    chosen = next(o for o in options if o.chosen)
+    rivals = [o for o in options if not o.estimated and not o.chosen]
     second = rivals[0] if rivals else None
-    if second is not None:
-        a, b = winner.weighted_ttft_ci, second.weighted_ttft_ci
+    if second is not None and second.best is not None:
+        a, b = winner.weighted_ttft_ci, second.best.weighted_ttft_ci
         if a and b and _overlap(a, b):
-            notes.append(f"{winner.label} and {second.label} are within noise on traffic-weighted P99 TTFT "
+            notes.append(f"{winner.label} and {second.best.label} are within noise on traffic-weighted P99 TTFT "
                          f"({a[0]:.0f}-{a[1]:.0f} vs {b[0]:.0f}-{b[1]:.0f} ms, 95% CI)")
         elif a and b:
-            notes.append(f"{winner.label} vs {second.label}: traffic-weighted P99 TTFT differs beyond noise "
-                         f"({winner.weighted_ttft_p99:.0f} vs {second.weighted_ttft_p99:.0f} ms; CIs do not overlap)")
-    for ev in [winner] + ([second] if second else []):
+            notes.append(f"{winner.label} vs {second.best.label}: traffic-weighted P99 TTFT differs beyond noise "
+                         f"({_given(winner.weighted_ttft_p99):.0f} vs {_given(second.best.weighted_ttft_p99):.0f} ms; "
+                         "CIs do not overlap)")
+    for opt, ev in [(chosen, winner)] + ([(second, _given(second.best))] if second else []):
         net = ev.rtt_ms
-        at = ev.candidate.curve.at(_given(ev.target))
+        target = _given(opt.target)
+        at = opt.curve.at(target)
         ci = at.ttft_p99_ci
         bench = at.bench_rtt_ms if at.bench_rtt_ms is not None else ctx.latency.same_region_ms
         if ci and ci[0] + net - bench <= ctx.slo.ttft_p99_ms <= ci[1] + net - bench:
-            text = (f"{ev.label}: at its target load {ev.target:g} the P99 TTFT CI "
+            text = (f"{ev.label}: at its target load {target:g} the P99 TTFT CI "
                     f"({ci[0] + net - bench:.0f}-{ci[1] + net - bench:.0f} ms) contains the {ctx.slo.ttft_p99_ms:g} ms "
                     "SLO: the pass is within noise")
-            if ev.noise_fallback:
-                k2, cost2 = ev.noise_fallback
-                rivals = [e for e in ranked if e is not ev and not e.candidate.estimated]
-                cheaper = [e for e in rivals if round(e.cost_per_hour, 2) < round(cost2, 2)]
+            if opt.noise_fallback:
+                k2, cost2 = opt.noise_fallback
+                others = [e for e in ranked if e is not ev and not e.estimated]
+                cheaper = [e for e in others if round(e.cost_per_hour, 2) < round(cost2, 2)]
                 text += (f"; if a longer run fails there, the target drops to {k2:g} and the cost to ${cost2:.2f}/h "
                          f"({_pct(cost2, ev.cost_per_hour)})")
                 if ev is winner:
                     text += (f", and {cheaper[0].label} (${cheaper[0].cost_per_hour:.2f}/h) would be cheaper" if cheaper
                              else ", still the cheapest")
             notes.append(text)
-        thin = [p for p in ev.candidate.curve.points
-                if p.concurrency <= _given(ev.target) and p.samples < MIN_P99_SAMPLES and not ev.candidate.estimated]
+        thin = [p for p in opt.curve.points if p.concurrency <= target and p.samples < MIN_P99_SAMPLES and not opt.estimated]
         if thin:
             counts = sorted({p.samples for p in thin})
-            notes.append(f"{ev.candidate.label}: P99 at concurrency {', '.join(f'{p.concurrency:g}' for p in thin)} rests on "
+            notes.append(f"{opt.label}: P99 at concurrency {', '.join(f'{p.concurrency:g}' for p in thin)} rests on "
                          f"{'/'.join(str(n) for n in counts)} samples (~{counts[0] // 100} above the P99): "
                          "treat those tails as rough and measure longer")
-        if ev.candidate.estimated:
+        if opt.estimated:
             notes.append(f"{ev.label} is estimated, not measured: its tails are model output")
     return notes

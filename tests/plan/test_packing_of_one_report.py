@@ -4,6 +4,7 @@ instance at night means, and the cost-vs-latency pictures."""
 
 from __future__ import annotations
 
+import re
 from datetime import date
 
 import pytest
@@ -178,3 +179,26 @@ def test_a_packing_draws_the_one_model_reports_instances_over_the_day(arrivals_a
     name = f"instances-{region.region}.png"
     assert name in written and (tmp_path / "packed" / name).stat().st_size > 10_000
     assert f"]({name})" in (tmp_path / "packed" / "plan.md").read_text()
+
+
+def _named_as_candidates(notes):
+    """Notes with each pick named as a one-model candidate is: "g6e.xlarge [gpt2-xl fp8 x1]" and
+    "g6e.xlarge fp8 @ ap-northeast-2" both read "g6e.xlarge fp8" (the labels differ by design)."""
+    return [re.sub(r"(\S+) \[\S+ (\S+) x1\]", r"\1 \2", re.sub(r" @ [a-z0-9-]+", "", n)) for n in notes]
+
+
+def test_a_packing_of_one_gives_the_one_model_peak_throughput_and_statistical_notes(arrivals_and_histogram):
+    """One function each (solver.peak_notes, solver.stats_notes) over the same curves and figures: the same
+    sentences, in the terminal and on the page under the same headings."""
+    solo, plan, packed = arrivals_and_histogram
+    (region,) = packed.regions
+    assert plan.peak_notes and region.peak_notes
+    assert _named_as_candidates(region.peak_notes) == _named_as_candidates(plan.peak_notes)
+    assert _named_as_candidates(region.stats_notes) == _named_as_candidates(plan.stats_notes)
+    terminal = packing_report.render_terminal(packed)
+    assert "Peak throughput is not the decision metric:" in terminal
+    assert all(f"  - {n}" in terminal for n in region.peak_notes + region.stats_notes)
+    page = packing_report.blocks(packed)
+    assert ("h3", "Peak throughput") in page
+    doc = packing_report.to_json(packed)["regions"][0]
+    assert doc["peak_notes"] == region.peak_notes and doc["stats_notes"] == region.stats_notes
