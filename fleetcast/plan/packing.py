@@ -458,6 +458,11 @@ class PackingEval(PoolDay):
     weighted_itl_p99: float | None = None
     goodput_rps: float | None = None
     goodput_exact: bool = False
+    # A packing of one model: per process, its SLO-safe arrival rate and what caps it (sized from arrivals), and the
+    # highest measured level where it, not an SLO, capped the load (either method), as a one-model candidate has them.
+    safe_rate_rps: float | None = None
+    binding: str | None = None
+    measured_cap: float | None = None
 
     @property
     def usd_per_m_input(self) -> float:
@@ -611,7 +616,9 @@ def _one_model_figures(ev: PackingEval, cache: Cache) -> None:
     model = _models_of(cache, load.curve)
     safe = max_safe_rate(model, load.traffic.output_mean, load.limits)
     if safe is not None:
-        rate, at_safe, _ = safe
+        rate, at_safe, ev.binding = safe
+        ev.safe_rate_rps = rate
+        ev.measured_cap = model.top if ev.binding == "measured range" else None
         ev.max_load = round(at_safe.in_flight * load.copies, 1)
         ev.goodput_rps = safe_goodput(model, rate, load.traffic.output_mean) * load.copies
     ev.weighted_ttft_p99, ev.weighted_itl_p99 = arrival_p99s(load.traffic.hourly_rps(), load.predictions,
@@ -634,6 +641,7 @@ def _size_from_histogram(ev: PackingEval, ctx: PlanContext, price: float, n_min:
     ev.cost_per_hour, ev.usd_per_m_output = day.cost_per_hour, day.usd_per_m_output
     ev.max_load, ev.weighted_ttft_p99, ev.weighted_ttft_ci = day.max_load, day.weighted_ttft_p99, day.weighted_ttft_ci
     ev.weighted_itl_p99, ev.goodput_rps, ev.goodput_exact = day.weighted_itl_p99, day.goodput_rps, day.goodput_exact
+    ev.measured_cap = day.measured_cap
     return ev
 
 

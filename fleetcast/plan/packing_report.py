@@ -24,6 +24,7 @@ from .report import (
     instances_plot,
     page_table,
     pick_text,
+    prediction_json,
     single_instance_note,
     summary_line,
     terminal_table,
@@ -260,7 +261,12 @@ def _ev_json(e: PackingEval) -> dict[str, Any]:
                  weighted_ttft_p99_ms=e.weighted_ttft_p99, weighted_ttft_ci=e.weighted_ttft_ci,
                  weighted_itl_p99_ms=e.weighted_itl_p99, goodput_rps_per_instance=e.goodput_rps,
                  goodput_exact=e.goodput_exact,
-                 sizing="histogram" if any(m.histogram is not None for m in e.loads) else "arrivals")
+                 sizing="histogram" if any(m.histogram is not None for m in e.loads) else "arrivals",
+                 measured_cap=e.measured_cap)
+        if e.safe_rate_rps is not None:  # one model sized from arrivals, as a one-model result's
+            (load,) = e.loads
+            d.update(binding=e.binding, safe_rate_rps_per_instance=e.safe_rate_rps,
+                     predicted_by_hour=[prediction_json(x, load.network_ms) for x in load.predictions])
         for m, row in zip(e.loads, d["packing"]):
             worst = m.worst()
             row.update(processes_by_hour=m.processes_by_hour,
@@ -270,10 +276,17 @@ def _ev_json(e: PackingEval) -> dict[str, Any]:
     return d
 
 
+def _one_model_keys(result: PackingPlan) -> dict[str, Any]:
+    """A packing of one model: the one-model result's `model` and `slo` (the model's own, else the fleet's)."""
+    slo = next((e.loads[0].slo for r in result.regions for e in r.evaluations if e.loads), None)
+    return {"model": result.models[0], "slo": vars(slo)} if len(result.models) == 1 and slo is not None else {}
+
+
 def to_json(result: PackingPlan) -> dict[str, Any]:
     return {
         "schema": "fleetcast.plan/v1", "kind": "packing", "traffic": result.traffic_name,
         "models": list(result.models), "data": result.data_notes, "warnings": result.warnings,
+        **_one_model_keys(result),
         "max_copies": result.max_copies, "spot": [a.to_json() for a in result.spot],
         "pools": [_ev_json(p) | {"consumer_regions": list(p.consumer_regions or (p.region,))} for p in result.pools],
         "joins": result.joins,

@@ -688,7 +688,7 @@ def blocks_html(title: str, blocks: list[Block]) -> str:
     return "\n".join(parts)
 
 
-def _prediction_json(p: Prediction | None, network_ms: float) -> dict[str, Any] | None:
+def prediction_json(p: Prediction | None, network_ms: float) -> dict[str, Any] | None:
     """The planner's steady state at an hour's busiest minute (None for an hour without traffic)."""
     if p is None:
         return None
@@ -713,7 +713,7 @@ def to_json(result: PlanResult) -> dict[str, Any]:
                      sizing="arrivals" if ev.arrival_driven else "histogram", measured_cap=ev.measured_cap)
             if ev.arrival_driven:
                 d.update(binding=ev.binding, safe_rate_rps_per_instance=ev.safe_rate_rps,
-                         predicted_by_hour=[_prediction_json(x, ev.network_ms) for x in ev.predictions])
+                         predicted_by_hour=[prediction_json(x, ev.network_ms) for x in ev.predictions])
         return d
 
     return {
@@ -732,7 +732,7 @@ def to_json(result: PlanResult) -> dict[str, Any]:
             "joined": [plan.traffic.region for plan, _ in p.joined()], "target": p.target,
             "instances_by_hour": p.instances_by_hour, "cost_per_hour": p.cost_per_hour,
             "marginal_cost_per_hour": p.marginal,
-            "predicted_by_hour": [_prediction_json(x, max(ev.network_ms for _, ev in p.members)) for x in p.predictions],
+            "predicted_by_hour": [prediction_json(x, max(ev.network_ms for _, ev in p.members)) for x in p.predictions],
             "member_checks": {r: {"ttft_p99_ms": t, "itl_p99_ms": i} for r, (t, i) in p.member_checks.items()},
         } for p in result.pools],
         "spot": [a.to_json() for a in result.spot],

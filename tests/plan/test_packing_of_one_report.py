@@ -154,8 +154,14 @@ def test_a_packing_of_ones_plan_json_has_the_one_model_winners_figures(arrivals_
     mine = packing_report.to_json(packed)["regions"][0]["winner"]
     for key in ("rtt_ms", "max_load", "target", "usd_per_m_input", "usd_per_m_output", "weighted_ttft_p99_ms",
                 "weighted_ttft_ci", "weighted_itl_p99_ms", "goodput_rps_per_instance", "goodput_exact", "sizing",
-                "capacity", "instances_by_hour", "estimated", "cost_per_hour", "fixed_per_hour"):
+                "capacity", "instances_by_hour", "estimated", "cost_per_hour", "fixed_per_hour", "measured_cap"):
         assert mine[key] == pytest.approx(one[key], rel=1e-12), key
+    if one["sizing"] == "arrivals":
+        for key in ("binding", "safe_rate_rps_per_instance", "predicted_by_hour"):
+            assert mine[key] == pytest.approx(one[key], rel=1e-12) if key != "predicted_by_hour" else \
+                mine[key] == one[key], key
+    whole, packed_doc = report.to_json(solo), packing_report.to_json(packed)
+    assert packed_doc["model"] == whole["model"] and packed_doc["slo"] == whole["slo"]
 
 
 def test_a_packing_of_several_models_leaves_the_per_model_figures_to_its_model_table():
