@@ -321,7 +321,7 @@ def _cost_vs_latency(plt: Any, plan: RegionPacking, directory: Path) -> list[Pat
             seen.add(key)
             best.append(points[-1])
     measure = "traffic-weighted" if plan.ranked[0].loads[0].histogram is not None else "worst-minute"
-    return cost_vs_latency_plots(plt, points, best, plan.region, measure, plan.ranked[0].loads[0].slo, _sources(plan),
+    return cost_vs_latency_plots(plt, points, best, plan.region, measure, plan.ranked[0].loads[0].slo, _sources(plan.ranked),
                                  directory)
 
 
@@ -330,19 +330,20 @@ def _instances(plt: Any, plan: RegionPacking, pools: Sequence[PackingEval], dire
     precision and GPU sharing at its cheapest packing, the pick bold, a pool serving this region with others dashed."""
     if not plan.ranked:
         return []
-    lines = [DayLine(e.label, e.instances_by_hour, e is plan.winner) for e in _best_per_option(plan)]
+    shown = _best_per_option(plan)
+    lines = [DayLine(e.label, e.instances_by_hour, e is plan.winner) for e in shown]
     fleet = [DayLine(f"the planned fleet: {p.label} pooled in {p.region} (serves {', '.join(p.consumer_regions)})",
                      p.instances_by_hour, False)
              for p in pools if plan.region in p.consumer_regions and len(p.consumer_regions) > 1]
     rps = [sum(t.hourly_rps()[h] for t in plan.traffic) for h in range(24)]
-    return [instances_plot(plt, plan.region, rps, lines, fleet, inputs_tag(_sources(plan)), directory)]
+    # The title names what the lines drawn rest on: the ranked packings not drawn said "estimated" over a measured pick.
+    return [instances_plot(plt, plan.region, rps, lines, fleet, inputs_tag(_sources(shown)), directory)]
 
 
-def _sources(plan: RegionPacking) -> set[str]:
-    """What the feasible packings' figures rest on, in the one-model pictures' words: "measured" and "synthetic"
-    without the table's gloss."""
-    return {e.source.split(" (")[0] if e.source.startswith(("measured", "synthetic")) else e.source
-            for e in plan.ranked}
+def _sources(evs: list[PackingEval]) -> set[str]:
+    """What the packings' figures rest on, in the one-model pictures' words: "measured" and "synthetic" without the
+    table's gloss."""
+    return {e.source.split(" (")[0] if e.source.startswith(("measured", "synthetic")) else e.source for e in evs}
 
 
 def write_plots(plan: RegionPacking, directory: Path, pools: Sequence[PackingEval] = ()) -> list[Path]:
