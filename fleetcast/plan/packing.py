@@ -76,6 +76,7 @@ from .solver import (
     per_m_output,
     pick,
     pool_moves,
+    pooled_traffic,
     provider_side,
     service_regions,
     size_day,
@@ -820,20 +821,6 @@ def _decided_by(plan: RegionPacking, winner: PackingEval, cfg: FleetConfig | Non
     return [note for _, note, _ in deciding_constraints(ctx, winner, replan, lambda e: e.label, lambda e: e.region)]
 
 
-def _merged(entries: list[ConsumerTraffic], service: str, ctx: PlanContext) -> ConsumerTraffic:
-    """One model's traffic from several consumer regions as the pool's processes see it: the hourly rates summed,
-    each hour's busiest minute the members' busiest minutes summed (as if they coincided: conservative), the lengths
-    rate-weighted, and the region the farthest member's (its network binds the TTFT SLO)."""
-    rates = [sum(t.hourly_rps()[h] for t in entries) for h in range(24)]
-    peaks = [sum(t.hourly_rps()[h] * t.hourly_burstiness()[h] for t in entries) for h in range(24)]
-    day = sum(sum(t.hourly_rps()) for t in entries) or 1.0
-    far = max(entries, key=lambda t: ctx.latency.between(t.region, service) or 0.0)
-    return far.model_copy(update={
-        "rate_rps": rates, "burstiness": [p / r if r > 0 else 1.0 for p, r in zip(peaks, rates)], "concurrency": None,
-        "input_tokens": sum(sum(t.hourly_rps()) * t.input_mean for t in entries) / day,
-        "output_tokens": sum(sum(t.hourly_rps()) * t.output_mean for t in entries) / day, "observed": None})
-
-
 def _pooled(cfg: FleetConfig | None, curves: list[ModelCurve], pool: PackingEval, members: list[RegionPacking],
             ctx: PlanContext, fleet_slo: Slo, cache: Cache) -> PackingEval | None:
     """`pool`'s packing in its region serving every member region's models (the same model set): each model's
@@ -841,14 +828,15 @@ def _pooled(cfg: FleetConfig | None, curves: list[ModelCurve], pool: PackingEval
     fixed costs each member's, the provider side (NLB hour, provider endpoints) paid once."""
     service = pool.region
     if any(ld.histogram is not None for ld in pool.loads) or any(_histogram_sized(m.traffic) for m in members):
-        # Pooling sums the members' arrivals (_merged); a pool sized from a histogram has none to sum, and one sized
+        # Pooling sums the members' arrivals (solver.pooled_traffic); a pool sized from a histogram has none to sum, and one sized
         # from arrivals here would be compared with its members' histogram-sized pools by another method.
         return None
     if any(m.region != service and not ({m.region, service} <= ctx.privatelink_regions
                                         and ctx.latency.between(m.region, service) is not None) for m in members):
         return None
     models = [ld.model for ld in pool.loads]
-    entries = [_merged([t for m in members for t in m.traffic if t.model == model], service, ctx) for model in models]
+    entries = [pooled_traffic([t for m in members for t in m.traffic if t.model == model], service, ctx)
+               for model in models]
     combo = tuple((ld.precision, ld.copies) for ld in pool.loads)
     ev = _evaluate(cfg, curves, pool.instance_type, service, entries, combo, ctx, fleet_slo, ctx.n_min(service), cache,
                    pool.sharing)
@@ -1162,19 +1150,11 @@ def scaling_target(ev: PackingEval) -> float:
     """The pool's in-flight target: solver.scaling_target over the packing's models, or the histogram method's k
     for a packing of one process sized from a histogram (the same figure a one-model plan gets for a packing of
     one)."""
-    from .queueing import max_safe_rate
-    from .solver import TargetPart, scaling_target as target_of
+    from .solver import scaling_target as target_of, target_part
 
     sized = [m.histogram for m in ev.loads if m.histogram is not None]
     if sized:
         return sized[0].target  # the histogram method's k, as for one model (a packing of one process alone has one)
     cache: Cache = {}
-    parts = []
-    for m in ev.loads:
-        model = _models_of(cache, m.curve)
-        safe = max_safe_rate(model, m.traffic.output_mean,
-                             m.limits)
-        if safe is not None:
-            parts.append(TargetPart(model, m.traffic.output_mean, safe[0], m.copies, tuple(m.traffic.hourly_rps()),
-                                    tuple(m.traffic.hourly_burstiness())))
-    return target_of(parts)
+    parts = [target_part(_models_of(cache, m.curve), m.traffic, m.limits, m.copies) for m in ev.loads]
+    return target_of([p for p in parts if p is not None])

@@ -28,7 +28,7 @@ P99 TTFT, then fewer instance-hours.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -634,6 +634,42 @@ def scaling_target(parts: list[TargetPart]) -> float:
     return max(1.0, floor_tenth(best)) if best < math.inf else 1.0
 
 
+def target_part(model: ServiceModel, traffic: ConsumerTraffic, limits: Limits, copies: int = 1) -> TargetPart | None:
+    """One model's part of a pool's scaling target (scaling_target), its day `traffic` (a pool's: pooled_traffic);
+    None where no per-process rate meets `limits`."""
+    safe = max_safe_rate(model, traffic.output_mean, limits)
+    if safe is None:
+        return None
+    return TargetPart(model, traffic.output_mean, safe[0], copies, tuple(traffic.hourly_rps()),
+                      tuple(traffic.hourly_burstiness()))
+
+
+def pooled_traffic(entries: list[ConsumerTraffic], service: str, ctx: PlanContext) -> ConsumerTraffic:
+    """One model's traffic from several consumer regions as a pool's processes see it, one model or a packing: the
+    hourly rates summed, each hour's busiest minute the members' busiest minutes summed (as if they coincided:
+    conservative, and what the pool is sized for), so its burstiness is the summed peaks over the summed rates; the
+    lengths rate-weighted, and the region the farthest member's (its network binds the TTFT SLO). The scaling target
+    reads this burstiness (docs/plan.md, "Pools"): the busiest member's alone would make the target scale the pool out
+    past the count its SLOs need."""
+    if len(entries) == 1:
+        return entries[0]
+    rates, bursts = pooled_day(entries)
+    day = sum(sum(t.hourly_rps()) for t in entries) or 1.0
+    far = max(entries, key=lambda t: ctx.latency.between(t.region, service) or 0.0)
+    return far.model_copy(update={
+        "rate_rps": rates, "burstiness": bursts, "concurrency": None,
+        "input_tokens": sum(sum(t.hourly_rps()) * t.input_mean for t in entries) / day,
+        "output_tokens": sum(sum(t.hourly_rps()) * t.output_mean for t in entries) / day, "observed": None})
+
+
+def pooled_day(entries: Sequence[ConsumerTraffic]) -> tuple[list[float], list[float]]:
+    """(rates, busiest-minute ratios) per UTC hour of one model's pooled traffic (pooled_traffic): the rates summed,
+    each hour's ratio the summed busiest minutes over the summed rate (1 in an hour without traffic)."""
+    rates = [sum(t.hourly_rps()[h] for t in entries) for h in range(24)]
+    peaks = [sum(t.hourly_rps()[h] * t.hourly_burstiness()[h] for t in entries) for h in range(24)]
+    return rates, [p / r if r > 0 else 1.0 for p, r in zip(peaks, rates)]
+
+
 def processes_by_hour(model: ServiceModel, traffic: ConsumerTraffic, limits: Limits) -> list[int | None]:
     """Per UTC hour, the fewest processes (instances, for one process per instance) meeting `limits` at the hour's
     busiest-minute arrivals, spread at random over them (queueing.instances_needed); None where none does."""
@@ -985,15 +1021,9 @@ def _pool_size(service: str, members: list[tuple[RegionPlan, Evaluation]], ctx: 
             needed[h] = counts[h]
             n = max(counts[h], n_min)
             predictions[h] = predict(model, streams, 1.0 / n) if n > 0 and sum(x.rate_rps for x in streams) > 0 else None
-        daily = [sum(plan.traffic.hourly_rps()) for plan, _ in arrivals]
-        out_mean = sum(d * plan.traffic.output_mean for d, (plan, _) in zip(daily, arrivals)) / max(sum(daily), 1e-9)
-        safe = max_safe_rate(model, out_mean, limits)
-        # One model: the members' summed day, each hour at the burstiest member with traffic then.
-        summed = tuple(sum(plan.traffic.hourly_rps()[h] for plan, _ in arrivals) for h in range(24))
-        bursts = tuple(max((plan.traffic.hourly_burstiness()[h] for plan, _ in arrivals
-                            if plan.traffic.hourly_rps()[h] > 0), default=1.0) for h in range(24))
-        target = scaling_target([TargetPart(model, out_mean, safe[0], 1, summed, bursts)]) if safe \
-            else min(_given(ev.target) for _, ev in arrivals)
+        # The pool's day as a packing's pool reads it (pooled_traffic, one rule): summed rates and busiest minutes.
+        part = target_part(model, pooled_traffic([plan.traffic for plan, _ in arrivals], service, ctx), limits)
+        target = scaling_target([part]) if part is not None else min(_given(ev.target) for _, ev in arrivals)
         worst = max((p for p in predictions if p is not None), key=lambda p: p.ttft_p99_ms, default=None)
         for plan, ev in arrivals:
             if worst is not None:

@@ -90,7 +90,8 @@ def test_a_pooled_pools_spot_verdict_reads_every_member_at_the_pools_batches_as_
     """One Spot conversion (spot.spot_pool) for one model or a packing: a request holds its instance for the in-region
     time at the pool's planned batch, request-weighted over every member. Before, a one-model pool read its first
     member's own evaluation (its weighted E2E, network included, at the count that member alone needed): on the
-    two-regions example the Virginia-Ohio pool counted 251 requests at risk a day instead of 257."""
+    two-regions example the Virginia-Ohio pool counted 251 requests at risk a day instead of 257 (273 since the pool's
+    target reads its summed busiest minutes, 25.8 instead of 24.3: the test below)."""
     from fleetcast.plan import spot
 
     opts = PlanOptions(results=[str(SEED / "results")], traffic=str(ROOT / "examples/plan/two-regions/traffic.yaml"),
@@ -111,7 +112,7 @@ def test_a_pooled_pools_spot_verdict_reads_every_member_at_the_pools_batches_as_
     inputs = spot.load_spot_inputs(str(SEED / "spot-prices.yaml"))
     per_interruption = pool.target / read.mean_hold_s * inputs.relaunch_s
     assert advice.requests_at_risk_per_day == pytest.approx(advice.interruptions_per_day * per_interruption)
-    assert round(advice.requests_at_risk_per_day) == 257
+    assert round(advice.requests_at_risk_per_day) == 273
 
 
 def test_one_rank_key_on_a_cost_tie_fewer_instance_hours_win_before_a_lower_p99(both_ways):
@@ -292,3 +293,58 @@ def test_a_plan_without_a_config_is_for_the_one_model_its_results_name(tmp_path)
                        today=TODAY, ttft_p99_ms=250, itl_p99_ms=35)
     with pytest.raises(UserError, match=r"name gpt2-large, gpt2-xl \(labels.model\): give --config"):
         build_packing(opts)
+
+
+def _two_regions(**kw):
+    return PlanOptions(results=[str(SEED / "results")], traffic=str(ROOT / "examples/plan/two-regions/traffic.yaml"),
+                       config=str(ROOT / "config/fleet.yaml"), today=TODAY, **kw)
+
+
+def test_a_pooled_one_model_pool_scales_on_the_target_a_packing_of_one_pooled_the_same_way_gets():
+    """docs/plan.md, "Pools" and "Scaling target": a shared pool is sized for the members' summed busiest minutes, so
+    its H_h is the summed peaks over the summed rates (solver.pooled_traffic, the one rule both entry points call).
+    Before, the one-model planner read each hour's H off the burstiest member alone (Ohio's 1.5 against the pool's
+    1.33-1.43): its target (24.3) scaled the Virginia-Ohio pool out past the count its SLOs need, while the packing
+    search wrote 25.8 for the same pool."""
+    from fleetcast.plan.queueing import max_safe_rate, model_for
+    from fleetcast.plan.solver import pooled_traffic
+
+    opts = _two_regions()
+    result, _, ctx = build_plan(opts)
+    packed, packed_ctx, _ = build_packing(opts)
+    (theirs,), (mine,) = result.planned_pools(ctx), packed.planned_pools(packed_ctx)
+    assert theirs.consumer_regions == mine.consumer_regions == ("us-east-1", "us-east-2")
+    assert theirs.target == mine.target == 25.8
+    # The figure is the one-model rule on the pool's day: L at x* over the pool's busiest hour's H, H never the
+    # burstiest member's alone.
+    ((served,),) = (theirs.serves,)
+    assert served.sizing is not None
+    day = pooled_traffic(list(served.sizing.members), theirs.region, ctx)
+    assert max(day.hourly_burstiness()) < max(t.hourly_burstiness()[0] for t in served.sizing.members) == 1.5
+    model = model_for(result.pools[0].evaluation.candidate.curve)
+    x, _, _ = max_safe_rate(model, day.output_mean, served.sizing.limits) or (0.0, None, None)
+    level = predict(model, [Stream(x / max(day.hourly_burstiness()), day.output_mean)], 1.0).in_flight
+    assert theirs.target == floor_tenth(level)
+
+
+def test_config_diff_names_the_pooled_targets_move_and_rolls_no_instance(tmp_path, capsys):
+    """README, the planner section: a one-model pool across regions now writes 25.8 where it wrote 24.3; the deploy
+    that takes it is a scaling change `fleetcast config diff` names on its own line, not an instance refresh."""
+    from scripts.cli import main as cli
+
+    fleet = tmp_path / "fleet.yaml"
+    fleet.write_text((ROOT / "config/fleet.yaml").read_text().replace(
+        "\nslo:", "\ncalibration:\n  dataset: s3://fleetcast-staging/calibration/lambada/\n\nslo:", 1))
+    assert cli(["plan", "--results", str(SEED / "results"), "--traffic",
+                str(ROOT / "examples/plan/two-regions/traffic.yaml"), "--config", str(fleet),
+                "--write-config", str(fleet)]) == 0
+    written = fleet.read_text()
+    assert written.count("target: 25.8") == 1
+    before = tmp_path / "before.yaml"
+    before.write_text(written.replace("target: 25.8", "target: 24.3"))
+    capsys.readouterr()
+    assert cli(["config", "diff", str(before), str(fleet), "--fail-on-roll"]) == 0
+    out = capsys.readouterr().out
+    (line,) = [x for x in out.splitlines() if "scaling.target" in x]
+    assert line.split()[1:] == ["24.3", "->", "25.8"]
+    assert "us-east-1/" in out and "kept: no instance replaced" in out
