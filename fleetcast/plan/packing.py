@@ -67,6 +67,7 @@ from .solver import (
     Sizing,
     Slo,
     cheaper_estimates,
+    cost_words,
     deciding_constraints,
     fixed_by_hour,
     floor_tenth,
@@ -398,6 +399,9 @@ class ModelLoad:
     provenance: str = "measured"  # the results' provenance ("synthetic": authored data)
     results_output_mean: float | None = None  # the results' mean output length (the histogram method rescales E2E)
     histogram: HistogramDay | None = None  # sized by its traffic's concurrency histogram (size_packing), not arrivals
+    # Pooled across regions: each member region's own traffic (`traffic` is their sum, solver.pooled_traffic), which
+    # the Spot advice, `plan --check` and `plan simulate` read per region as for a one-model pool.
+    members: tuple[ConsumerTraffic, ...] = ()
 
     @property
     def instances_by_hour(self) -> list[int]:
@@ -493,12 +497,13 @@ class PackingEval(PoolDay):
     def planned(self) -> PlannedPool:
         cache: Cache = {}
         serves = tuple(Served(m.model, m.precision, m.copies, m.kv_cache_gb, Sizing(
-            _models_of(cache, m.curve), (m.traffic,), m.limits, m.network_ms,
+            _models_of(cache, m.curve), m.members or (m.traffic,), m.limits, m.network_ms,
             tuple(n * m.copies for n in self.instances_by_hour), tuple(m.processes_by_hour),
             tuple(m.predictions) if m.histogram is None else (None,) * 24, m.provenance == "synthetic", m.source,
             m.histogram is None, None if m.histogram is None else m.histogram.hold_ms,
             None if m.histogram is None else m.histogram.seconds_per_request)) for m in self.loads)
-        return PlannedPool(self.region, self.consumer_regions or (self.region,), self.instance_type, self.label, f"${self.cost_per_hour:.2f}/h",
+        return PlannedPool(self.region, self.consumer_regions or (self.region,), self.instance_type, self.label,
+                           cost_words(self.cost_per_hour, self.usd_per_m_output),
                            serves, tuple(self.instances_by_hour), scaling_target(self), self.estimated, packed=True,
                            price_per_hour=self.price_per_hour, cost_per_hour=self.cost_per_hour)
 
@@ -835,8 +840,8 @@ def _pooled(cfg: FleetConfig | None, curves: list[ModelCurve], pool: PackingEval
                                         and ctx.latency.between(m.region, service) is not None) for m in members):
         return None
     models = [ld.model for ld in pool.loads]
-    entries = [pooled_traffic([t for m in members for t in m.traffic if t.model == model], service, ctx)
-               for model in models]
+    own = [[t for m in members for t in m.traffic if t.model == model] for model in models]
+    entries = [pooled_traffic(ts, service, ctx) for ts in own]
     combo = tuple((ld.precision, ld.copies) for ld in pool.loads)
     ev = _evaluate(cfg, curves, pool.instance_type, service, entries, combo, ctx, fleet_slo, ctx.n_min(service), cache,
                    pool.sharing)
@@ -849,44 +854,66 @@ def _pooled(cfg: FleetConfig | None, curves: list[ModelCurve], pool: PackingEval
     day = sum(max(n - reserved, 0) * ev.price_per_hour + f for n, f in zip(ev.instances_by_hour, ev.fixed_by_hour))
     ev.cost_per_hour, ev.usd_per_m_output = day / 24, per_m_output(day, entries)
     ev.consumer_regions = tuple(m.region for m in members)
+    for ld, ts in zip(ev.loads, own):
+        ld.members = tuple(ts)
     return ev
 
 
 def pool_across_regions(result: PackingPlan, cfg: FleetConfig | None, curves: list[ModelCurve], ctx: PlanContext,
                         fleet_slo: Slo, cache: Cache) -> None:
     """Pooling across regions for several models (solver.pool_moves, as for one model): a pool serves the same model
-    set in every region it serves, each pool the packing its host region chose, sized again for its members."""
-    hosts = {r.region: r.winner for r in result.regions if r.winner is not None}
-    sized: dict[tuple[str, tuple[str, ...]], PackingEval | None] = {}
+    set in every region it serves, each pool the packing its host region chose, sized again for its members.
 
-    def pool(host: str, members: list[RegionPacking]) -> PackingEval | None:
-        key = (host, tuple(m.region for m in members))
-        if key not in sized:
-            sized[key] = hosts[host] if key[1] == (host,) else \
-                _pooled(cfg, curves, hosts[host], members, ctx, fleet_slo, cache)
-        return sized[key]
+    A pool is a packing in a service region (solver.fleet_pools keys one-model pools the same way): consumer regions
+    whose own choice is the same packing served from the same region start on one pool, since the config holds one
+    group for it and a reservation (--reserved) there is one set of instances, not one per consumer region."""
+    regions = [r for r in result.regions if r.winner is not None]
+    hosts: dict[PoolKey, PackingEval] = {}
+    start: dict[PoolKey, list[RegionPacking]] = {}
+    for r in regions:
+        assert r.winner is not None
+        hosts.setdefault(pool_key(r.winner), r.winner)
+        start.setdefault(pool_key(r.winner), []).append(r)
+    sized: dict[tuple[PoolKey, tuple[str, ...]], PackingEval | None] = {}
 
-    def cost(host: str, members: list[RegionPacking]) -> float:
-        ev = pool(host, members) if members else None
+    def pool(key: PoolKey, members: list[RegionPacking]) -> PackingEval | None:
+        at = (key, tuple(m.region for m in members))
+        if at not in sized:
+            (own,) = members if len(members) == 1 else (None,)
+            sized[at] = own.winner if own is not None and own.winner is not None and pool_key(own.winner) == key else \
+                _pooled(cfg, curves, hosts[key], members, ctx, fleet_slo, cache)
+        return sized[at]
+
+    def cost(key: PoolKey, members: list[RegionPacking]) -> float:
+        ev = pool(key, members) if members else None
         return 0.0 if not members else math.inf if ev is None else ev.cost_per_hour
 
-    def fits(member: RegionPacking, host: str) -> bool:
-        return {t.model for t in member.traffic} == {ld.model for ld in hosts[host].loads}
+    def fits(member: RegionPacking, key: PoolKey) -> bool:
+        return {t.model for t in member.traffic} == {ld.model for ld in hosts[key].loads}
 
-    regions = [r for r in result.regions if r.winner is not None]
-    moved = pool_moves({r.region: [r] for r in regions}, cost, fits, len(regions) * len(regions) + 1)
-    for host, members in moved.items():
-        ev = pool(host, members)
+    moved = pool_moves(start, cost, fits, len(regions) * len(regions) + 1)
+    for key, members in moved.items():
+        ev = pool(key, members)
         assert ev is not None  # a move is made only onto a pool that serves its members
         result.pools.append(ev)
-        for guest in (m for m in members if m.region != host):
-            own = hosts[guest.region]
+        for guest in members:
+            own = guest.winner
             assert own is not None
-            adds = ev.cost_per_hour - cost(host, [m for m in members if m is not guest])
-            result.joins.append(f"{guest.region} joins the {host} pool ({ev.label}, serving "
+            if pool_key(own) == key:
+                continue  # served by its own choice
+            adds = ev.cost_per_hour - cost(key, [m for m in members if m is not guest])
+            result.joins.append(f"{guest.region} joins the {key[0]} pool ({ev.label}, serving "
                                 f"{', '.join(ev.consumer_regions)}): +${adds:.2f}/h there vs ${own.cost_per_hour:.2f}/h "
-                                f"for its own pool in {guest.region} (one NLB, one set of provider endpoints and one "
+                                f"for its own pool in {own.region} (one NLB, one set of provider endpoints and one "
                                 "minimum for both)")
+
+
+PoolKey = tuple[str, str, str, str]
+
+
+def pool_key(ev: PackingEval) -> PoolKey:
+    """A pool of the fleet: the service region, instance type, packing and GPU sharing (one config group)."""
+    return ev.region, ev.instance_type, ev.packing_text, ev.sharing
 
 
 def unentitled_traffic(cfg: FleetConfig, profile: TrafficProfile) -> None:

@@ -981,10 +981,16 @@ def one_model_pool(members: list[tuple[ConsumerTraffic, Evaluation]], ctx: PlanC
     sizing = Sizing(ctx.model(cand), tuple(t for t, _ in members), _limits(ctx, network), network, tuple(instances),
                     tuple(needed), tuple(predictions), cand.provenance == "synthetic", cand.source, arrivals,
                     None if arrivals else hold, None if arrivals else spr)
+    # The pool's cost, not its first member's own: pooled, that member's pool is not what the config runs.
     return PlannedPool(ev.service_region, tuple(t.region for t, _ in members), cand.instance_type, cand.label,
-                       f"${ev.cost_per_hour:.2f}/h, ${ev.usd_per_m_output:.3f} per 1M output tokens",
+                       cost_words(cost_per_hour, per_m_output(cost_per_hour * 24, [t for t, _ in members])),
                        (Served(cand.model or "", cand.precision, sizing=sizing),), tuple(instances), float(target),
                        cand.estimated, cand.backend, price_per_hour=ev.price_per_hour, cost_per_hour=cost_per_hour)
+
+
+def cost_words(cost_per_hour: float, usd_per_m_output: float) -> str:
+    """A planned pool's cost as `plan --check` names the pick, one model or a packing."""
+    return f"${cost_per_hour:.2f}/h, ${usd_per_m_output:.3f} per 1M output tokens"
 
 
 @dataclass

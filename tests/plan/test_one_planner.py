@@ -348,3 +348,52 @@ def test_config_diff_names_the_pooled_targets_move_and_rolls_no_instance(tmp_pat
     (line,) = [x for x in out.splitlines() if "scaling.target" in x]
     assert line.split()[1:] == ["24.3", "->", "25.8"]
     assert "us-east-1/" in out and "kept: no instance replaced" in out
+
+
+def _pool_fields(pool):
+    """What a pooled plan asks of the config and what the Spot advice, `plan --check` and `plan simulate` read of it,
+    less the label and the model's name (a one-model candidate has neither brackets nor, without `models:`, a name)."""
+    from fleetcast.plan import check
+
+    ((served,),) = (pool.serves,)
+    z = served.sizing
+    return (pool.region, pool.consumer_regions, pool.instance_type, pool.instances_by_hour, pool.target,
+            round(pool.cost_per_hour, 9), pool.cost_text, pool.price_per_hour, served.precision, served.copies,
+            [(t.region, t.hourly_rps(), t.hourly_burstiness(), t.output_mean) for t in z.members], z.limits,
+            z.network_ms, z.processes, z.needed, z.predictions, z.arrival_driven, z.hold_ms, z.seconds_per_request,
+            round(check._rps_per_instance(served), 9), check.levels_at_arrival(pool))
+
+
+@pytest.mark.parametrize("reserved", [
+    {},
+    # Three g6e.xlarge paid for in Virginia, where both regions' own choices serve from.
+    {("g6e.xlarge", "us-east-1"): 3},
+    # Six in Ohio: the pool serves Virginia and Ohio from there.
+    {("g6e.xlarge", "us-east-2"): 6},
+])
+def test_a_pooled_one_model_fleet_is_the_same_fleet_through_either_entry_point(reserved):
+    """Every field of a pool shared across regions (its regions, instances per hour, cost, target, the members' own
+    days, predictions and the Spot advice) comes out the same from the one-model planner and the packing search.
+    Before: the packing search kept a pool per consumer region even where two regions' choices were the same packing
+    served from the same region, so with three g6e.xlarge reserved in Virginia it ran two Virginia pools, each counting
+    the three reserved instances as its own ($0.83/h for the fleet, against $2.10/h for the one pool that really runs);
+    a packing's pooled pool handed Spot and `plan --check` one summed traffic named after Ohio instead of each
+    member's; a one-model pooled pool's `plan --check` line quoted its first member's own cost ($3.78/h) for the
+    pool's ($7.06/h) and its baseline's rate per instance read the burstiest member's minute."""
+    from fleetcast.plan import spot
+
+    opts = _two_regions(reserved=reserved, spot_prices=str(SEED / "spot-prices.yaml"))
+    result, _, ctx = build_plan(opts)
+    packed, packed_ctx, _ = build_packing(opts)
+    theirs, mine = result.planned_pools(ctx), packed.planned_pools(packed_ctx)
+    assert [_pool_fields(p) for p in mine] == [_pool_fields(p) for p in theirs]
+    (pool,) = theirs
+    assert pool.consumer_regions == ("us-east-1", "us-east-2")
+    assert packed.cost_per_hour == pytest.approx(sum(p.cost_per_hour for p in result.pools), abs=1e-9)
+    assert pool.cost_text.startswith(f"${pool.cost_per_hour:.2f}/h, ")
+    for a, b in zip(result.spot, packed.spot, strict=True):
+        assert (a.service_region, a.recommended, a.on_demand_base, a.spot_peak, a.instance_types) == \
+            (b.service_region, b.recommended, b.on_demand_base, b.spot_peak, b.instance_types)
+        assert (a.cost_per_hour, a.slo_attainment, a.requests_at_risk_per_day) == \
+            pytest.approx((b.cost_per_hour, b.slo_attainment, b.requests_at_risk_per_day), rel=1e-12)
+    assert [spot.spot_pool(p).mean_hold_s for p in mine] == pytest.approx([spot.spot_pool(p).mean_hold_s for p in theirs])
