@@ -77,6 +77,8 @@ from .solver import (
     per_m_output,
     pick,
     pool_moves,
+    pooled_histogram,
+    pooled_hold,
     pooled_traffic,
     provider_side,
     service_regions,
@@ -832,13 +834,11 @@ def _pooled(cfg: FleetConfig | None, curves: list[ModelCurve], pool: PackingEval
     processes sized for the members' summed busiest minutes within its SLO less the farthest member's network; the
     fixed costs each member's, the provider side (NLB hour, provider endpoints) paid once."""
     service = pool.region
-    if any(ld.histogram is not None for ld in pool.loads) or any(_histogram_sized(m.traffic) for m in members):
-        # Pooling sums the members' arrivals (solver.pooled_traffic); a pool sized from a histogram has none to sum, and one sized
-        # from arrivals here would be compared with its members' histogram-sized pools by another method.
-        return None
     if any(m.region != service and not ({m.region, service} <= ctx.privatelink_regions
                                         and ctx.latency.between(m.region, service) is not None) for m in members):
         return None
+    if any(ld.histogram is not None for ld in pool.loads) or any(_histogram_sized(m.traffic) for m in members):
+        return _pooled_histogram(pool, members, ctx)
     models = [ld.model for ld in pool.loads]
     own = [[t for m in members for t in m.traffic if t.model == model] for model in models]
     entries = [pooled_traffic(ts, service, ctx) for ts in own]
@@ -857,6 +857,46 @@ def _pooled(cfg: FleetConfig | None, curves: list[ModelCurve], pool: PackingEval
     for ld, ts in zip(ev.loads, own):
         ld.members = tuple(ts)
     return ev
+
+
+def _pooled_histogram(pool: PackingEval, members: list[RegionPacking], ctx: PlanContext) -> PackingEval | None:
+    """A packing of one process sized by the histogram method, pooled across regions as a one-model pool is
+    (solver.pooled_histogram): one target at most every member's c* there, each hour the members' summed load. Each
+    member's own sizing on this packing in this region (its network, its histogram) is read off its region's plan.
+    A histogram describes instances of one process and has no arrivals to sum: a member sized from arrivals is not
+    pooled with it."""
+    if len(pool.loads) != 1 or not all(_histogram_sized(m.traffic) for m in members):
+        return None
+    own = [next((e for e in m.ranked if pool_key(e) == pool_key(pool) and e.loads[0].histogram is not None), None)
+           for m in members]
+    if any(e is None for e in own):
+        return None
+    days = [(e.loads[0].traffic, e.loads[0].histogram) for e in own if e is not None and e.loads[0].histogram]
+    sized = [(t, d.max_load, d.seconds_at) for t, d in days if d.max_load is not None and d.seconds_at is not None]
+    (load,) = pool.loads
+    if len(sized) != len(members) or load.histogram is None:
+        return None
+    k, loads = pooled_histogram(load.curve, sized)
+    hold, spr = pooled_hold([(t, d.hold_ms, d.seconds_per_request) for t, d in days])
+    service, n_min = pool.region, ctx.n_min(pool.region)
+    needed = [math.ceil(x - 1e-9) for x in loads]
+    counts = [max(n_min, n) for n in needed]
+    fixed = [sum(d.fixed_by_hour[h] for _, d in days) - (len(days) - 1) * provider_side(service, ctx)
+             for h in range(24)]
+    reserved = ctx.reserved.get((pool.instance_type, service), 0)
+    cost = [max(n - reserved, 0) * pool.price_per_hour + f for n, f in zip(counts, fixed)]
+    traffic = [t for t, _ in days]
+    host = load.histogram
+    day = replace(host, target=k, needed_by_hour=needed, instances_by_hour=counts, fixed_by_hour=fixed,
+                  cost_by_hour=cost, seconds_per_request=spr, weighted_e2e=hold + max(host.network_ms, 0.0),
+                  usd_per_m_output=per_m_output(sum(cost), traffic), reserved_used=min(reserved, max(counts)))
+    # Its TTFT limit is the farthest member's, as for a pool sized from arrivals.
+    network = max(e.loads[0].network_ms for e in own if e is not None)
+    pooled = replace(load, traffic=pooled_traffic(traffic, service, ctx), histogram=day, processes_by_hour=needed,
+                     members=tuple(traffic), network_ms=network)
+    return replace(pool, loads=[pooled], instances_by_hour=counts, fixed_by_hour=fixed, cost_per_hour=sum(cost) / 24,
+                   usd_per_m_output=day.usd_per_m_output, reserved_used=day.reserved_used,
+                   consumer_regions=tuple(m.region for m in members))
 
 
 def pool_across_regions(result: PackingPlan, cfg: FleetConfig | None, curves: list[ModelCurve], ctx: PlanContext,

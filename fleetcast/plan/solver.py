@@ -973,11 +973,8 @@ def one_model_pool(members: list[tuple[ConsumerTraffic, Evaluation]], ctx: PlanC
     cand = ev.candidate
     network = max(e.network_ms for _, e in members)
     arrivals = all(e.arrival_driven for _, e in members)
-    day = [sum(t.hourly_rps()) for t, _ in members]
-    volume = sum(day) or 1.0
     # The network delays the client, not the GPU: an instance holds a request for its in-region E2E.
-    hold = sum(d * (e.weighted_e2e - max(e.network_ms, 0.0)) for d, (_, e) in zip(day, members)) / volume
-    spr = sum(d * e.seconds_per_request for d, (_, e) in zip(day, members)) / volume
+    hold, spr = pooled_hold([(t, e.weighted_e2e - max(e.network_ms, 0.0), e.seconds_per_request) for t, e in members])
     sizing = Sizing(ctx.model(cand), tuple(t for t, _ in members), _limits(ctx, network), network, tuple(instances),
                     tuple(needed), tuple(predictions), cand.provenance == "synthetic", cand.source, arrivals,
                     None if arrivals else hold, None if arrivals else spr)
@@ -1035,21 +1032,41 @@ def _pool_size(service: str, members: list[tuple[RegionPlan, Evaluation]], ctx: 
             if worst is not None:
                 checks[plan.traffic.region] = (worst.ttft_p99_ms + ev.network_ms, worst.itl_p99_ms)
     if histogram:
-        # One target for the pool: the one making the summed load cheapest among levels every member meets its SLOs at.
-        cap = min(_given(ev.max_load) for _, ev in histogram)
-        options = [p.concurrency for p in cand.curve.points if p.concurrency <= cap]
-
-        def loads(k: float) -> list[float]:
-            return [sum(plan.traffic.hourly_rps()[h] * _given(ev.seconds_at)(k) for plan, ev in histogram)
-                    for h in range(24)]
-        k = min(options, key=lambda k: (sum(math.ceil(x - 1e-9) for x in loads(k)), -k))
-        counts = [c + math.ceil(x - 1e-9) for c, x in zip(counts, loads(k))]
+        k, loads = pooled_histogram(cand.curve, [(plan.traffic, _given(ev.max_load), _given(ev.seconds_at))
+                                                 for plan, ev in histogram])
+        counts = [c + math.ceil(x - 1e-9) for c, x in zip(counts, loads)]
+        # What the SLOs need before the floor, as a histogram-sized candidate alone records it (was left at 0).
+        needed = list(counts)
         target = k if target is None else min(target, k)
     counts = [max(n_min, c) for c in counts]
     reserved = ctx.reserved.get((cand.instance_type, service), 0)
     fixed = sum(ev.fixed_per_hour for _, ev in members) - (len(members) - 1) * provider_side(service, ctx)
     cost = sum(max(n - reserved, 0) for n in counts) / 24 * first.price_per_hour + fixed
     return _PoolSize(counts, cost, target, predictions, checks, needed)
+
+
+def pooled_histogram(curve: Curve, members: Sequence[tuple[ConsumerTraffic, float, Callable[[float], float]]]
+                     ) -> tuple[float, list[float]]:
+    """A pool sized by the histogram method across consumer regions, one model or a packing of one process
+    (docs/plan.md, "Pools"): members are (traffic, its c* there, its S(k)). One target for the pool, the level at
+    most every member's c* making the summed load cheapest (ties: the higher level); returns it and each hour's
+    load in instances, sum_i rate_i,h x S_i(k), before rounding up and the floor."""
+    cap = min(c for _, c, _ in members)
+    options = [p.concurrency for p in curve.points if p.concurrency <= cap]
+
+    def loads(k: float) -> list[float]:
+        return [sum(t.hourly_rps()[h] * at(k) for t, _, at in members) for h in range(24)]
+    k = min(options, key=lambda k: (sum(math.ceil(x - 1e-9) for x in loads(k)), -k))
+    return k, loads(k)
+
+
+def pooled_hold(members: Sequence[tuple[ConsumerTraffic, float, float]]) -> tuple[float, float]:
+    """(ms a request holds an instance, instance-seconds per request) of a histogram-sized pool, one model or a
+    packing of one process: the members' (traffic, hold ms, seconds per request) weighted by their day's requests."""
+    day = [sum(t.hourly_rps()) for t, _, _ in members]
+    volume = sum(day) or 1.0
+    return (sum(d * hold for d, (_, hold, _) in zip(day, members)) / volume,
+            sum(d * spr for d, (_, _, spr) in zip(day, members)) / volume)
 
 
 def provider_side(service: str, ctx: PlanContext) -> float:

@@ -4,6 +4,7 @@ of one process, and a packing's target is the same rule summed over its models."
 
 from __future__ import annotations
 
+import math
 from datetime import date
 
 import pytest
@@ -397,3 +398,54 @@ def test_a_pooled_one_model_fleet_is_the_same_fleet_through_either_entry_point(r
         assert (a.cost_per_hour, a.slo_attainment, a.requests_at_risk_per_day) == \
             pytest.approx((b.cost_per_hour, b.slo_attainment, b.requests_at_risk_per_day), rel=1e-12)
     assert [spot.spot_pool(p).mean_hold_s for p in mine] == pytest.approx([spot.spot_pool(p).mean_hold_s for p in theirs])
+
+
+TWO_HISTOGRAMS = """schema: fleetcast.traffic/v1
+name: virginia-ohio-histograms
+description: examples/plan/two-regions' days, each region described by its own fleet's in-flight histogram (synthetic)
+consumers:
+  - region: us-east-1
+    rate_rps: {"0-12": 40, "12-20": 120, "20-24": 60}
+    concurrency: {"1-16": 0.80, "32": 0.15, "64": 0.05}
+    input_tokens: 256
+    output_tokens: 128
+  - region: us-east-2
+    rate_rps: {"0-4": 80, "4-14": 20, "14-22": 60, "22-24": 90}
+    concurrency: {"1-16": 0.60, "32": 0.30, "64": 0.10}
+    input_tokens: 256
+    output_tokens: 128
+"""
+
+
+def test_histogram_sized_regions_pool_across_regions_by_one_rule_through_either_entry_point(tmp_path):
+    """docs/plan.md, "Pools": with histograms, one target k <= every member's c* (the one making the summed load
+    cheapest) and N_h = max(n_min, ceil(sum_i rate_i,h x S_i(k))), solver.pooled_histogram for one model or a packing
+    of one process. Before, the packing search never pooled a histogram-sized region: it kept Virginia ($12.77/h) and
+    Ohio ($7.93/h) apart, $20.71/h, where the one-model planner runs one Virginia pool at k = 32 for $20.24/h (one
+    NLB and one set of provider endpoints)."""
+    from fleetcast.plan.solver import pooled_histogram
+
+    traffic = tmp_path / "traffic.yaml"
+    traffic.write_text(TWO_HISTOGRAMS)
+    opts = PlanOptions(results=[str(SEED / "results")], traffic=str(traffic), config=str(ROOT / "config/fleet.yaml"),
+                       today=TODAY)
+    result, plans, ctx = build_plan(opts)
+    packed, packed_ctx, _ = build_packing(opts)
+    theirs, mine = result.planned_pools(ctx), packed.planned_pools(packed_ctx)
+    assert [_pool_fields(p) for p in mine] == [_pool_fields(p) for p in theirs]
+    (pool,) = mine
+    assert pool.consumer_regions == ("us-east-1", "us-east-2") and pool.region == "us-east-1"
+    assert packed.cost_per_hour == pytest.approx(sum(p.cost_per_hour for p in result.pools), abs=1e-9)
+    assert packed.cost_per_hour < sum(r.winner.cost_per_hour for r in packed.regions) - 0.01
+    assert [j.split(":")[0] for j in packed.joins] == \
+        ["us-east-2 joins the us-east-1 pool (g6e.xlarge [gpt2-xl int8_wo x1], serving us-east-1, us-east-2)"]
+    # The rule itself: each member's own histogram sizing on this candidate in Virginia, its network included.
+    members = [next(e for e in plan.ranked if e.service_region == "us-east-1"
+                    and e.candidate.label == "g6e.xlarge int8_wo") for plan in plans]
+    k, loads = pooled_histogram(members[0].candidate.curve,
+                                [(e_plan.traffic, e.max_load, e.seconds_at) for e_plan, e in zip(plans, members)])
+    assert pool.target == k <= min(e.max_load for e in members)
+    assert pool.instances_by_hour == tuple(max(ctx.n_min("us-east-1"), math.ceil(x - 1e-9)) for x in loads)
+    (served,) = pool.serves
+    assert served.sizing is not None and served.sizing.needed == tuple(math.ceil(x - 1e-9) for x in loads)
+    assert all(not s.sizing.arrival_driven for s in pool.serves if s.sizing is not None)
