@@ -566,7 +566,7 @@ def size_packing(ev: PackingEval, ctx: PlanContext, n_min: int, cache: Cache, hi
     ev.price_per_hour = price
     if histogram and ev.processes == 1:
         return _size_from_histogram(ev, ctx, price, n_min)
-    parts = [DayPart(_models_of(cache, ld.curve), ld.traffic, ld.limits, ld.copies) for ld in ev.loads]
+    parts = [DayPart(_models_of(cache, ld.curve), ld.traffic, ld.limits, ld.copies, ld.members) for ld in ev.loads]
     day = size_day(parts, ev.instance_type, ev.region, price, ctx, n_min)
     if isinstance(day, int):
         load, model = ev.loads[day], parts[day].model
@@ -844,7 +844,7 @@ def _pooled(cfg: FleetConfig | None, curves: list[ModelCurve], pool: PackingEval
     entries = [pooled_traffic(ts, service, ctx) for ts in own]
     combo = tuple((ld.precision, ld.copies) for ld in pool.loads)
     ev = _evaluate(cfg, curves, pool.instance_type, service, entries, combo, ctx, fleet_slo, ctx.n_min(service), cache,
-                   pool.sharing)
+                   pool.sharing, members={model: tuple(ts) for model, ts in zip(models, own)})
     if ev is None or not ev.feasible:
         return None
     member_fixed = [fixed_by_hour(service, m.traffic, ctx) for m in members]
@@ -854,8 +854,6 @@ def _pooled(cfg: FleetConfig | None, curves: list[ModelCurve], pool: PackingEval
     day = sum(max(n - reserved, 0) * ev.price_per_hour + f for n, f in zip(ev.instances_by_hour, ev.fixed_by_hour))
     ev.cost_per_hour, ev.usd_per_m_output = day / 24, per_m_output(day, entries)
     ev.consumer_regions = tuple(m.region for m in members)
-    for ld, ts in zip(ev.loads, own):
-        ld.members = tuple(ts)
     return ev
 
 
@@ -1112,9 +1110,11 @@ def _compositions(total: int, parts: int, most: int) -> Iterator[tuple[int, ...]
 
 def _evaluate(cfg: FleetConfig | None, curves: list[ModelCurve], instance_type: str, region: str,
               entries: list[ConsumerTraffic], combo: tuple[tuple[str, int], ...], ctx: PlanContext, fleet_slo: Slo,
-              n_min: int, cache: Cache, sharing: str = TIME_SLICING, histogram: bool = False) -> PackingEval | None:
+              n_min: int, cache: Cache, sharing: str = TIME_SLICING, histogram: bool = False,
+              members: dict[str, tuple[ConsumerTraffic, ...]] | None = None) -> PackingEval | None:
     """One packing, its processes sharing the GPU by `sharing`; None when it does not fit memory (not a candidate at
-    all). `histogram`: a packing of one process is sized by its traffic's histogram (size_packing)."""
+    all). `histogram`: a packing of one process is sized by its traffic's histogram (size_packing). `members`: pooled
+    across regions, each model's consumer regions' own traffic (`entries` their sums, solver.pooled_traffic)."""
     packing = tuple((_model(t), p, c) for t, (p, c) in zip(entries, combo))
     processes = sum(c for _, _, c in packing)
     if processes > MAX_PROCESSES:
@@ -1142,7 +1142,8 @@ def _evaluate(cfg: FleetConfig | None, curves: list[ModelCurve], instance_type: 
         return ModelLoad(model, prec, copies, source, curve, _slo_for(cfg, model, fleet_slo),
                          _network_ms(curve, t.region, region, ctx), t,
                          kv_gib=None if kv_b is None else kv_b / GIB, sources=mc.candidate.sources,
-                         provenance=mc.candidate.provenance, results_output_mean=mc.candidate.output_mean)
+                         provenance=mc.candidate.provenance, results_output_mean=mc.candidate.output_mean,
+                         members=(members or {}).get(model, ()))
 
     def as_measured(coloc: ModelCurve | None, solo: ModelCurve | None) -> bool:
         return coloc is not None or processes == 1

@@ -670,20 +670,31 @@ def pooled_day(entries: Sequence[ConsumerTraffic]) -> tuple[list[float], list[fl
     return rates, [p / r if r > 0 else 1.0 for p, r in zip(peaks, rates)]
 
 
-def processes_by_hour(model: ServiceModel, traffic: ConsumerTraffic, limits: Limits) -> list[int | None]:
+def _streams(traffics: Sequence[ConsumerTraffic], h: int) -> list[Stream]:
+    """Hour h's busiest-minute arrivals of one model's processes, one stream per consumer region: each keeps its own
+    output length, so an hour's mix of long and short requests is the mix that hour has."""
+    return [Stream(t.hourly_rps()[h] * t.hourly_burstiness()[h], t.output_mean) for t in traffics]
+
+
+def processes_by_hour(model: ServiceModel, traffics: Sequence[ConsumerTraffic], limits: Limits) -> list[int | None]:
     """Per UTC hour, the fewest processes (instances, for one process per instance) meeting `limits` at the hour's
-    busiest-minute arrivals, spread at random over them (queueing.instances_needed); None where none does."""
+    busiest-minute arrivals of every member (one model's consumer regions), spread at random over them
+    (queueing.instances_needed); None where none does."""
     out: list[int | None] = []
-    for rps, burst in zip(traffic.hourly_rps(), traffic.hourly_burstiness()):
-        sized = instances_needed(model, [Stream(rps * burst, traffic.output_mean)], limits, 0)
+    for h in range(24):
+        sized = instances_needed(model, _streams(traffics, h), limits, 0)
         out.append(None if sized is None else sized[0])
     return out
 
 
-def predictions_by_hour(model: ServiceModel, traffic: ConsumerTraffic, processes: list[int]) -> list[Prediction | None]:
+def predictions_by_hour(model: ServiceModel, traffics: Sequence[ConsumerTraffic],
+                        processes: list[int]) -> list[Prediction | None]:
     """Per UTC hour, the prediction at the busiest minute over that hour's processes (None: no traffic)."""
-    return [predict(model, [Stream(rps * burst, traffic.output_mean)], 1.0 / n) if rps > 0 and n > 0 else None
-            for rps, burst, n in zip(traffic.hourly_rps(), traffic.hourly_burstiness(), processes)]
+    out: list[Prediction | None] = []
+    for h, n in enumerate(processes):
+        streams = _streams(traffics, h)
+        out.append(predict(model, streams, 1.0 / n) if n > 0 and sum(x.rate_rps for x in streams) > 0 else None)
+    return out
 
 
 @dataclass(frozen=True)
@@ -694,6 +705,12 @@ class DayPart:
     traffic: ConsumerTraffic
     limits: Limits  # its SLOs in-region (its consumers' network taken off the TTFT)
     copies: int = 1
+    # Pooled across regions: each consumer region's own traffic (`traffic` their sum), sized as one stream each.
+    members: tuple[ConsumerTraffic, ...] = ()
+
+    @property
+    def streams(self) -> tuple[ConsumerTraffic, ...]:
+        return self.members or (self.traffic,)
 
 
 @dataclass(frozen=True)
@@ -720,12 +737,12 @@ def size_day(parts: list[DayPart], instance_type: str, region: str, price: float
     index of a part that no count of processes serves instead."""
     needed = []
     for i, part in enumerate(parts):
-        hours = processes_by_hour(part.model, part.traffic, part.limits)
+        hours = processes_by_hour(part.model, part.streams, part.limits)
         if any(n is None for n in hours):
             return i
         needed.append([n or 0 for n in hours])
     instances = [max([n_min] + [math.ceil(n[h] / p.copies) for n, p in zip(needed, parts)]) for h in range(24)]
-    predictions = [predictions_by_hour(p.model, p.traffic, [n * p.copies for n in instances]) for p in parts]
+    predictions = [predictions_by_hour(p.model, p.streams, [n * p.copies for n in instances]) for p in parts]
     fixed = fixed_by_hour(region, [p.traffic for p in parts], ctx)
     reserved = ctx.reserved.get((instance_type, region), 0)
     cost = [max(n - reserved, 0) * price + f for n, f in zip(instances, fixed)]
@@ -1016,14 +1033,11 @@ def _pool_size(service: str, members: list[tuple[RegionPlan, Evaluation]], ctx: 
     if arrivals:
         model = ctx.model(cand)
         limits = _limits(ctx, max(ev.network_ms for _, ev in arrivals))
-        for h in range(24):
-            streams = [Stream(plan.traffic.hourly_rps()[h] * plan.traffic.hourly_burstiness()[h], plan.traffic.output_mean)
-                       for plan, _ in arrivals]
-            sized = instances_needed(model, streams, limits, 0)
-            counts[h] = sized[0] if sized is not None else 0
-            needed[h] = counts[h]
-            n = max(counts[h], n_min)
-            predictions[h] = predict(model, streams, 1.0 / n) if n > 0 and sum(x.rate_rps for x in streams) > 0 else None
+        # The one sizing of a pool's day (size_day's, as a packing's pool is sized): one stream per member.
+        traffics = [plan.traffic for plan, _ in arrivals]
+        counts = [n or 0 for n in processes_by_hour(model, traffics, limits)]
+        needed = list(counts)
+        predictions = predictions_by_hour(model, traffics, [max(c, n_min) for c in counts])
         # The pool's day as a packing's pool reads it (pooled_traffic, one rule): summed rates and busiest minutes.
         part = target_part(model, pooled_traffic([plan.traffic for plan, _ in arrivals], service, ctx), limits)
         target = scaling_target([part]) if part is not None else min(_given(ev.target) for _, ev in arrivals)

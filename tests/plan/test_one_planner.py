@@ -449,3 +449,24 @@ def test_histogram_sized_regions_pool_across_regions_by_one_rule_through_either_
     (served,) = pool.serves
     assert served.sizing is not None and served.sizing.needed == tuple(math.ceil(x - 1e-9) for x in loads)
     assert all(not s.sizing.arrival_driven for s in pool.serves if s.sizing is not None)
+
+
+def test_a_pool_whose_regions_ask_different_lengths_is_sized_one_stream_per_region_either_way(tmp_path):
+    """solver.size_day (processes_by_hour, predictions_by_hour), the one sizing of a pool's day: each consumer region
+    is one stream at its own output length, so each hour is sized for the mix it has. Before, the packing search
+    sized a pooled model as one stream at the day's rate-weighted length: with Ohio asking 384 tokens and Virginia 128
+    planned the Ohio pool serving both 6 instances for 00-04 UTC, when Ohio's long requests dominate, where 7 meet the
+    SLO (and 6 for 12-14, when Virginia's short ones do, where 5 suffice)."""
+    text = (ROOT / "examples/plan/two-regions/traffic.yaml").read_text()
+    head, ohio = text.split("  - region: us-east-2")
+    traffic = tmp_path / "traffic.yaml"
+    traffic.write_text(head + "  - region: us-east-2" + ohio.replace("output_tokens: 128", "output_tokens: 384"))
+    opts = PlanOptions(results=[str(SEED / "results")], traffic=str(traffic), config=str(ROOT / "config/fleet.yaml"),
+                       today=TODAY)
+    result, _, ctx = build_plan(opts)
+    packed, packed_ctx, _ = build_packing(opts)
+    theirs, mine = result.planned_pools(ctx), packed.planned_pools(packed_ctx)
+    assert [_pool_fields(p) for p in mine] == [_pool_fields(p) for p in theirs]
+    (pool,) = mine
+    assert (pool.region, pool.consumer_regions) == ("us-east-2", ("us-east-2", "us-east-1"))
+    assert (pool.instances_by_hour[0], pool.instances_by_hour[12]) == (7, 5)
