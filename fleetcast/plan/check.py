@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 from fleetcast.contract.errors import UserError
 
 from .drift import DEFAULT_THRESHOLD, SCHEMA, Finding, Observation, check_pool, planned_usd_per_m_output, share_above
-from .solver import PlanContext, PlannedPool, Served
+from .solver import PlanContext, PlannedPool, Served, pooled_day
 from .traffic import ConsumerTraffic
 
 if TYPE_CHECKING:
@@ -115,11 +115,13 @@ def _members_day(served: Served) -> tuple[list[float], float, float]:
     minute's highest ratio to its hour's mean over the hours with traffic) of one model's processes on a pool."""
     assert served.sizing is not None  # every planned pool records how each model was sized
     members = served.sizing.members
-    rates = [sum(t.hourly_rps()[h] for t in members) for h in range(24)]
+    # The pool's busiest minutes are its members' summed (solver.pooled_day, the rule its target and sizing read),
+    # not its burstiest member's alone.
+    rates, bursts = pooled_day(members)
     volume = sum(rates)
     output_mean = sum(sum(t.hourly_rps()) * t.output_mean for t in members) / volume if volume else \
         members[0].output_mean
-    busiest = max((b for t in members for r, b in zip(t.hourly_rps(), t.hourly_burstiness()) if r > 0), default=1.0)
+    busiest = max((b for r, b in zip(rates, bursts) if r > 0), default=1.0)
     return rates, output_mean, busiest
 
 

@@ -69,6 +69,7 @@ from .solver import (
     Slo,
     arrival_p99s,
     cheaper_estimates,
+    cost_words,
     deciding_constraints,
     fixed_by_hour,
     floor_tenth,
@@ -80,6 +81,9 @@ from .solver import (
     per_m_output,
     pick,
     pool_moves,
+    pooled_histogram,
+    pooled_hold,
+    pooled_traffic,
     provider_side,
     safe_goodput,
     service_regions,
@@ -403,6 +407,9 @@ class ModelLoad:
     provenance: str = "measured"  # the results' provenance ("synthetic": authored data)
     results_output_mean: float | None = None  # the results' mean output length (the histogram method rescales E2E)
     histogram: HistogramDay | None = None  # sized by its traffic's concurrency histogram (size_packing), not arrivals
+    # Pooled across regions: each member region's own traffic (`traffic` is their sum, solver.pooled_traffic), which
+    # the Spot advice, `plan --check` and `plan simulate` read per region as for a one-model pool.
+    members: tuple[ConsumerTraffic, ...] = ()
 
     @property
     def instances_by_hour(self) -> list[int]:
@@ -518,12 +525,13 @@ class PackingEval(PoolDay):
     def planned(self) -> PlannedPool:
         cache: Cache = {}
         serves = tuple(Served(m.model, m.precision, m.copies, m.kv_cache_gb, Sizing(
-            _models_of(cache, m.curve), (m.traffic,), m.limits, m.network_ms,
+            _models_of(cache, m.curve), m.members or (m.traffic,), m.limits, m.network_ms,
             tuple(n * m.copies for n in self.instances_by_hour), tuple(m.processes_by_hour),
             tuple(m.predictions) if m.histogram is None else (None,) * 24, m.provenance == "synthetic", m.source,
             m.histogram is None, None if m.histogram is None else m.histogram.hold_ms,
             None if m.histogram is None else m.histogram.seconds_per_request)) for m in self.loads)
-        return PlannedPool(self.region, self.consumer_regions or (self.region,), self.instance_type, self.label, f"${self.cost_per_hour:.2f}/h",
+        return PlannedPool(self.region, self.consumer_regions or (self.region,), self.instance_type, self.label,
+                           cost_words(self.cost_per_hour, self.usd_per_m_output),
                            serves, tuple(self.instances_by_hour), scaling_target(self), self.estimated, packed=True,
                            price_per_hour=self.price_per_hour, cost_per_hour=self.cost_per_hour)
 
@@ -586,7 +594,7 @@ def size_packing(ev: PackingEval, ctx: PlanContext, n_min: int, cache: Cache, hi
         ev.rtt_ms = ctx.latency.between(ev.loads[0].traffic.region, ev.region) or 0.0
     if histogram and ev.processes == 1:
         return _size_from_histogram(ev, ctx, price, n_min)
-    parts = [DayPart(_models_of(cache, ld.curve), ld.traffic, ld.limits, ld.copies) for ld in ev.loads]
+    parts = [DayPart(_models_of(cache, ld.curve), ld.traffic, ld.limits, ld.copies, ld.members) for ld in ev.loads]
     day = size_day(parts, ev.instance_type, ev.region, price, ctx, n_min)
     if isinstance(day, int):
         load, model = ev.loads[day], parts[day].model
@@ -873,38 +881,23 @@ def _decided_by(plan: RegionPacking, winner: PackingEval, cfg: FleetConfig | Non
     return [note for _, note, _ in deciding_constraints(ctx, winner, replan, lambda e: e.label, lambda e: e.region)]
 
 
-def _merged(entries: list[ConsumerTraffic], service: str, ctx: PlanContext) -> ConsumerTraffic:
-    """One model's traffic from several consumer regions as the pool's processes see it: the hourly rates summed,
-    each hour's busiest minute the members' busiest minutes summed (as if they coincided: conservative), the lengths
-    rate-weighted, and the region the farthest member's (its network binds the TTFT SLO)."""
-    rates = [sum(t.hourly_rps()[h] for t in entries) for h in range(24)]
-    peaks = [sum(t.hourly_rps()[h] * t.hourly_burstiness()[h] for t in entries) for h in range(24)]
-    day = sum(sum(t.hourly_rps()) for t in entries) or 1.0
-    far = max(entries, key=lambda t: ctx.latency.between(t.region, service) or 0.0)
-    return far.model_copy(update={
-        "rate_rps": rates, "burstiness": [p / r if r > 0 else 1.0 for p, r in zip(peaks, rates)], "concurrency": None,
-        "input_tokens": sum(sum(t.hourly_rps()) * t.input_mean for t in entries) / day,
-        "output_tokens": sum(sum(t.hourly_rps()) * t.output_mean for t in entries) / day, "observed": None})
-
-
 def _pooled(cfg: FleetConfig | None, curves: list[ModelCurve], pool: PackingEval, members: list[RegionPacking],
             ctx: PlanContext, fleet_slo: Slo, cache: Cache) -> PackingEval | None:
     """`pool`'s packing in its region serving every member region's models (the same model set): each model's
     processes sized for the members' summed busiest minutes within its SLO less the farthest member's network; the
     fixed costs each member's, the provider side (NLB hour, provider endpoints) paid once."""
     service = pool.region
-    if any(ld.histogram is not None for ld in pool.loads) or any(_histogram_sized(m.traffic) for m in members):
-        # Pooling sums the members' arrivals (_merged); a pool sized from a histogram has none to sum, and one sized
-        # from arrivals here would be compared with its members' histogram-sized pools by another method.
-        return None
     if any(m.region != service and not ({m.region, service} <= ctx.privatelink_regions
                                         and ctx.latency.between(m.region, service) is not None) for m in members):
         return None
+    if any(ld.histogram is not None for ld in pool.loads) or any(_histogram_sized(m.traffic) for m in members):
+        return _pooled_histogram(pool, members, ctx)
     models = [ld.model for ld in pool.loads]
-    entries = [_merged([t for m in members for t in m.traffic if t.model == model], service, ctx) for model in models]
+    own = [[t for m in members for t in m.traffic if t.model == model] for model in models]
+    entries = [pooled_traffic(ts, service, ctx) for ts in own]
     combo = tuple((ld.precision, ld.copies) for ld in pool.loads)
     ev = _evaluate(cfg, curves, pool.instance_type, service, entries, combo, ctx, fleet_slo, ctx.n_min(service), cache,
-                   pool.sharing)
+                   pool.sharing, members={model: tuple(ts) for model, ts in zip(models, own)})
     if ev is None or not ev.feasible:
         return None
     member_fixed = [fixed_by_hour(service, m.traffic, ctx) for m in members]
@@ -917,41 +910,101 @@ def _pooled(cfg: FleetConfig | None, curves: list[ModelCurve], pool: PackingEval
     return ev
 
 
+def _pooled_histogram(pool: PackingEval, members: list[RegionPacking], ctx: PlanContext) -> PackingEval | None:
+    """A packing of one process sized by the histogram method, pooled across regions as a one-model pool is
+    (solver.pooled_histogram): one target at most every member's c* there, each hour the members' summed load. Each
+    member's own sizing on this packing in this region (its network, its histogram) is read off its region's plan.
+    A histogram describes instances of one process and has no arrivals to sum: a member sized from arrivals is not
+    pooled with it."""
+    if len(pool.loads) != 1 or not all(_histogram_sized(m.traffic) for m in members):
+        return None
+    own = [next((e for e in m.ranked if pool_key(e) == pool_key(pool) and e.loads[0].histogram is not None), None)
+           for m in members]
+    if any(e is None for e in own):
+        return None
+    days = [(e.loads[0].traffic, e.loads[0].histogram) for e in own if e is not None and e.loads[0].histogram]
+    sized = [(t, d.max_load, d.seconds_at) for t, d in days if d.max_load is not None and d.seconds_at is not None]
+    (load,) = pool.loads
+    if len(sized) != len(members) or load.histogram is None:
+        return None
+    k, loads = pooled_histogram(load.curve, sized)
+    hold, spr = pooled_hold([(t, d.hold_ms, d.seconds_per_request) for t, d in days])
+    service, n_min = pool.region, ctx.n_min(pool.region)
+    needed = [math.ceil(x - 1e-9) for x in loads]
+    counts = [max(n_min, n) for n in needed]
+    fixed = [sum(d.fixed_by_hour[h] for _, d in days) - (len(days) - 1) * provider_side(service, ctx)
+             for h in range(24)]
+    reserved = ctx.reserved.get((pool.instance_type, service), 0)
+    cost = [max(n - reserved, 0) * pool.price_per_hour + f for n, f in zip(counts, fixed)]
+    traffic = [t for t, _ in days]
+    host = load.histogram
+    day = replace(host, target=k, needed_by_hour=needed, instances_by_hour=counts, fixed_by_hour=fixed,
+                  cost_by_hour=cost, seconds_per_request=spr, weighted_e2e=hold + max(host.network_ms, 0.0),
+                  usd_per_m_output=per_m_output(sum(cost), traffic), reserved_used=min(reserved, max(counts)))
+    # Its TTFT limit is the farthest member's, as for a pool sized from arrivals.
+    network = max(e.loads[0].network_ms for e in own if e is not None)
+    pooled = replace(load, traffic=pooled_traffic(traffic, service, ctx), histogram=day, processes_by_hour=needed,
+                     members=tuple(traffic), network_ms=network)
+    return replace(pool, loads=[pooled], instances_by_hour=counts, fixed_by_hour=fixed, cost_per_hour=sum(cost) / 24,
+                   usd_per_m_output=day.usd_per_m_output, reserved_used=day.reserved_used,
+                   consumer_regions=tuple(m.region for m in members))
+
+
 def pool_across_regions(result: PackingPlan, cfg: FleetConfig | None, curves: list[ModelCurve], ctx: PlanContext,
                         fleet_slo: Slo, cache: Cache) -> None:
     """Pooling across regions for several models (solver.pool_moves, as for one model): a pool serves the same model
-    set in every region it serves, each pool the packing its host region chose, sized again for its members."""
-    hosts = {r.region: r.winner for r in result.regions if r.winner is not None}
-    sized: dict[tuple[str, tuple[str, ...]], PackingEval | None] = {}
+    set in every region it serves, each pool the packing its host region chose, sized again for its members.
 
-    def pool(host: str, members: list[RegionPacking]) -> PackingEval | None:
-        key = (host, tuple(m.region for m in members))
-        if key not in sized:
-            sized[key] = hosts[host] if key[1] == (host,) else \
-                _pooled(cfg, curves, hosts[host], members, ctx, fleet_slo, cache)
-        return sized[key]
+    A pool is a packing in a service region (solver.fleet_pools keys one-model pools the same way): consumer regions
+    whose own choice is the same packing served from the same region start on one pool, since the config holds one
+    group for it and a reservation (--reserved) there is one set of instances, not one per consumer region."""
+    regions = [r for r in result.regions if r.winner is not None]
+    hosts: dict[PoolKey, PackingEval] = {}
+    start: dict[PoolKey, list[RegionPacking]] = {}
+    for r in regions:
+        assert r.winner is not None
+        hosts.setdefault(pool_key(r.winner), r.winner)
+        start.setdefault(pool_key(r.winner), []).append(r)
+    sized: dict[tuple[PoolKey, tuple[str, ...]], PackingEval | None] = {}
 
-    def cost(host: str, members: list[RegionPacking]) -> float:
-        ev = pool(host, members) if members else None
+    def pool(key: PoolKey, members: list[RegionPacking]) -> PackingEval | None:
+        at = (key, tuple(m.region for m in members))
+        if at not in sized:
+            (own,) = members if len(members) == 1 else (None,)
+            sized[at] = own.winner if own is not None and own.winner is not None and pool_key(own.winner) == key else \
+                _pooled(cfg, curves, hosts[key], members, ctx, fleet_slo, cache)
+        return sized[at]
+
+    def cost(key: PoolKey, members: list[RegionPacking]) -> float:
+        ev = pool(key, members) if members else None
         return 0.0 if not members else math.inf if ev is None else ev.cost_per_hour
 
-    def fits(member: RegionPacking, host: str) -> bool:
-        return {t.model for t in member.traffic} == {ld.model for ld in hosts[host].loads}
+    def fits(member: RegionPacking, key: PoolKey) -> bool:
+        return {t.model for t in member.traffic} == {ld.model for ld in hosts[key].loads}
 
-    regions = [r for r in result.regions if r.winner is not None]
-    moved = pool_moves({r.region: [r] for r in regions}, cost, fits, len(regions) * len(regions) + 1)
-    for host, members in moved.items():
-        ev = pool(host, members)
+    moved = pool_moves(start, cost, fits, len(regions) * len(regions) + 1)
+    for key, members in moved.items():
+        ev = pool(key, members)
         assert ev is not None  # a move is made only onto a pool that serves its members
         result.pools.append(ev)
-        for guest in (m for m in members if m.region != host):
-            own = hosts[guest.region]
+        for guest in members:
+            own = guest.winner
             assert own is not None
-            adds = ev.cost_per_hour - cost(host, [m for m in members if m is not guest])
-            result.joins.append(f"{guest.region} joins the {host} pool ({ev.label}, serving "
+            if pool_key(own) == key:
+                continue  # served by its own choice
+            adds = ev.cost_per_hour - cost(key, [m for m in members if m is not guest])
+            result.joins.append(f"{guest.region} joins the {key[0]} pool ({ev.label}, serving "
                                 f"{', '.join(ev.consumer_regions)}): +${adds:.2f}/h there vs ${own.cost_per_hour:.2f}/h "
-                                f"for its own pool in {guest.region} (one NLB, one set of provider endpoints and one "
+                                f"for its own pool in {own.region} (one NLB, one set of provider endpoints and one "
                                 "minimum for both)")
+
+
+PoolKey = tuple[str, str, str, str]
+
+
+def pool_key(ev: PackingEval) -> PoolKey:
+    """A pool of the fleet: the service region, instance type, packing and GPU sharing (one config group)."""
+    return ev.region, ev.instance_type, ev.packing_text, ev.sharing
 
 
 def unentitled_traffic(cfg: FleetConfig, profile: TrafficProfile) -> None:
@@ -1142,9 +1195,11 @@ def _compositions(total: int, parts: int, most: int) -> Iterator[tuple[int, ...]
 
 def _evaluate(cfg: FleetConfig | None, curves: list[ModelCurve], instance_type: str, region: str,
               entries: list[ConsumerTraffic], combo: tuple[tuple[str, int], ...], ctx: PlanContext, fleet_slo: Slo,
-              n_min: int, cache: Cache, sharing: str = TIME_SLICING, histogram: bool = False) -> PackingEval | None:
+              n_min: int, cache: Cache, sharing: str = TIME_SLICING, histogram: bool = False,
+              members: dict[str, tuple[ConsumerTraffic, ...]] | None = None) -> PackingEval | None:
     """One packing, its processes sharing the GPU by `sharing`; None when it does not fit memory (not a candidate at
-    all). `histogram`: a packing of one process is sized by its traffic's histogram (size_packing)."""
+    all). `histogram`: a packing of one process is sized by its traffic's histogram (size_packing). `members`: pooled
+    across regions, each model's consumer regions' own traffic (`entries` their sums, solver.pooled_traffic)."""
     packing = tuple((_model(t), p, c) for t, (p, c) in zip(entries, combo))
     processes = sum(c for _, _, c in packing)
     if processes > MAX_PROCESSES:
@@ -1172,7 +1227,8 @@ def _evaluate(cfg: FleetConfig | None, curves: list[ModelCurve], instance_type: 
         return ModelLoad(model, prec, copies, source, curve, _slo_for(cfg, model, fleet_slo),
                          _network_ms(curve, t.region, region, ctx), t,
                          kv_gib=None if kv_b is None else kv_b / GIB, sources=mc.candidate.sources,
-                         provenance=mc.candidate.provenance, results_output_mean=mc.candidate.output_mean)
+                         provenance=mc.candidate.provenance, results_output_mean=mc.candidate.output_mean,
+                         members=(members or {}).get(model, ()))
 
     def as_measured(coloc: ModelCurve | None, solo: ModelCurve | None) -> bool:
         return coloc is not None or processes == 1
@@ -1247,18 +1303,11 @@ def scaling_target(ev: PackingEval) -> float:
     """The pool's in-flight target: solver.scaling_target over the packing's models, or the histogram method's k
     for a packing of one process sized from a histogram (the same figure a one-model plan gets for a packing of
     one)."""
-    from .solver import TargetPart, scaling_target as target_of
+    from .solver import scaling_target as target_of, target_part
 
     sized = [m.histogram for m in ev.loads if m.histogram is not None]
     if sized:
         return sized[0].target  # the histogram method's k, as for one model (a packing of one process alone has one)
     cache: Cache = {}
-    parts = []
-    for m in ev.loads:
-        model = _models_of(cache, m.curve)
-        safe = max_safe_rate(model, m.traffic.output_mean,
-                             m.limits)
-        if safe is not None:
-            parts.append(TargetPart(model, m.traffic.output_mean, safe[0], m.copies, tuple(m.traffic.hourly_rps()),
-                                    tuple(m.traffic.hourly_burstiness())))
-    return target_of(parts)
+    parts = [target_part(_models_of(cache, m.curve), m.traffic, m.limits, m.copies) for m in ev.loads]
+    return target_of([p for p in parts if p is not None])

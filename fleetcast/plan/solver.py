@@ -28,7 +28,7 @@ P99 TTFT, then fewer instance-hours.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -640,20 +640,67 @@ def scaling_target(parts: list[TargetPart]) -> float:
     return max(1.0, floor_tenth(best)) if best < math.inf else 1.0
 
 
-def processes_by_hour(model: ServiceModel, traffic: ConsumerTraffic, limits: Limits) -> list[int | None]:
+def target_part(model: ServiceModel, traffic: ConsumerTraffic, limits: Limits, copies: int = 1) -> TargetPart | None:
+    """One model's part of a pool's scaling target (scaling_target), its day `traffic` (a pool's: pooled_traffic);
+    None where no per-process rate meets `limits`."""
+    safe = max_safe_rate(model, traffic.output_mean, limits)
+    if safe is None:
+        return None
+    return TargetPart(model, traffic.output_mean, safe[0], copies, tuple(traffic.hourly_rps()),
+                      tuple(traffic.hourly_burstiness()))
+
+
+def pooled_traffic(entries: list[ConsumerTraffic], service: str, ctx: PlanContext) -> ConsumerTraffic:
+    """One model's traffic from several consumer regions as a pool's processes see it, one model or a packing: the
+    hourly rates summed, each hour's busiest minute the members' busiest minutes summed (as if they coincided:
+    conservative, and what the pool is sized for), so its burstiness is the summed peaks over the summed rates; the
+    lengths rate-weighted, and the region the farthest member's (its network binds the TTFT SLO). The scaling target
+    reads this burstiness (docs/plan.md, "Pools"): the busiest member's alone would make the target scale the pool out
+    past the count its SLOs need."""
+    if len(entries) == 1:
+        return entries[0]
+    rates, bursts = pooled_day(entries)
+    day = sum(sum(t.hourly_rps()) for t in entries) or 1.0
+    far = max(entries, key=lambda t: ctx.latency.between(t.region, service) or 0.0)
+    return far.model_copy(update={
+        "rate_rps": rates, "burstiness": bursts, "concurrency": None,
+        "input_tokens": sum(sum(t.hourly_rps()) * t.input_mean for t in entries) / day,
+        "output_tokens": sum(sum(t.hourly_rps()) * t.output_mean for t in entries) / day, "observed": None})
+
+
+def pooled_day(entries: Sequence[ConsumerTraffic]) -> tuple[list[float], list[float]]:
+    """(rates, busiest-minute ratios) per UTC hour of one model's pooled traffic (pooled_traffic): the rates summed,
+    each hour's ratio the summed busiest minutes over the summed rate (1 in an hour without traffic)."""
+    rates = [sum(t.hourly_rps()[h] for t in entries) for h in range(24)]
+    peaks = [sum(t.hourly_rps()[h] * t.hourly_burstiness()[h] for t in entries) for h in range(24)]
+    return rates, [p / r if r > 0 else 1.0 for p, r in zip(peaks, rates)]
+
+
+def _streams(traffics: Sequence[ConsumerTraffic], h: int) -> list[Stream]:
+    """Hour h's busiest-minute arrivals of one model's processes, one stream per consumer region: each keeps its own
+    output length, so an hour's mix of long and short requests is the mix that hour has."""
+    return [Stream(t.hourly_rps()[h] * t.hourly_burstiness()[h], t.output_mean) for t in traffics]
+
+
+def processes_by_hour(model: ServiceModel, traffics: Sequence[ConsumerTraffic], limits: Limits) -> list[int | None]:
     """Per UTC hour, the fewest processes (instances, for one process per instance) meeting `limits` at the hour's
-    busiest-minute arrivals, spread at random over them (queueing.instances_needed); None where none does."""
+    busiest-minute arrivals of every member (one model's consumer regions), spread at random over them
+    (queueing.instances_needed); None where none does."""
     out: list[int | None] = []
-    for rps, burst in zip(traffic.hourly_rps(), traffic.hourly_burstiness()):
-        sized = instances_needed(model, [Stream(rps * burst, traffic.output_mean)], limits, 0)
+    for h in range(24):
+        sized = instances_needed(model, _streams(traffics, h), limits, 0)
         out.append(None if sized is None else sized[0])
     return out
 
 
-def predictions_by_hour(model: ServiceModel, traffic: ConsumerTraffic, processes: list[int]) -> list[Prediction | None]:
+def predictions_by_hour(model: ServiceModel, traffics: Sequence[ConsumerTraffic],
+                        processes: list[int]) -> list[Prediction | None]:
     """Per UTC hour, the prediction at the busiest minute over that hour's processes (None: no traffic)."""
-    return [predict(model, [Stream(rps * burst, traffic.output_mean)], 1.0 / n) if rps > 0 and n > 0 else None
-            for rps, burst, n in zip(traffic.hourly_rps(), traffic.hourly_burstiness(), processes)]
+    out: list[Prediction | None] = []
+    for h, n in enumerate(processes):
+        streams = _streams(traffics, h)
+        out.append(predict(model, streams, 1.0 / n) if n > 0 and sum(x.rate_rps for x in streams) > 0 else None)
+    return out
 
 
 @dataclass(frozen=True)
@@ -664,6 +711,12 @@ class DayPart:
     traffic: ConsumerTraffic
     limits: Limits  # its SLOs in-region (its consumers' network taken off the TTFT)
     copies: int = 1
+    # Pooled across regions: each consumer region's own traffic (`traffic` their sum), sized as one stream each.
+    members: tuple[ConsumerTraffic, ...] = ()
+
+    @property
+    def streams(self) -> tuple[ConsumerTraffic, ...]:
+        return self.members or (self.traffic,)
 
 
 @dataclass(frozen=True)
@@ -690,12 +743,12 @@ def size_day(parts: list[DayPart], instance_type: str, region: str, price: float
     index of a part that no count of processes serves instead."""
     needed = []
     for i, part in enumerate(parts):
-        hours = processes_by_hour(part.model, part.traffic, part.limits)
+        hours = processes_by_hour(part.model, part.streams, part.limits)
         if any(n is None for n in hours):
             return i
         needed.append([n or 0 for n in hours])
     instances = [max([n_min] + [math.ceil(n[h] / p.copies) for n, p in zip(needed, parts)]) for h in range(24)]
-    predictions = [predictions_by_hour(p.model, p.traffic, [n * p.copies for n in instances]) for p in parts]
+    predictions = [predictions_by_hour(p.model, p.streams, [n * p.copies for n in instances]) for p in parts]
     fixed = fixed_by_hour(region, [p.traffic for p in parts], ctx)
     reserved = ctx.reserved.get((instance_type, region), 0)
     cost = [max(n - reserved, 0) * price + f for n, f in zip(instances, fixed)]
@@ -960,18 +1013,21 @@ def one_model_pool(members: list[tuple[ConsumerTraffic, Evaluation]], ctx: PlanC
     cand = ev.candidate
     network = max(e.network_ms for _, e in members)
     arrivals = all(e.arrival_driven for _, e in members)
-    day = [sum(t.hourly_rps()) for t, _ in members]
-    volume = sum(day) or 1.0
     # The network delays the client, not the GPU: an instance holds a request for its in-region E2E.
-    hold = sum(d * (e.weighted_e2e - max(e.network_ms, 0.0)) for d, (_, e) in zip(day, members)) / volume
-    spr = sum(d * e.seconds_per_request for d, (_, e) in zip(day, members)) / volume
+    hold, spr = pooled_hold([(t, e.weighted_e2e - max(e.network_ms, 0.0), e.seconds_per_request) for t, e in members])
     sizing = Sizing(ctx.model(cand), tuple(t for t, _ in members), _limits(ctx, network), network, tuple(instances),
                     tuple(needed), tuple(predictions), cand.provenance == "synthetic", cand.source, arrivals,
                     None if arrivals else hold, None if arrivals else spr)
+    # The pool's cost, not its first member's own: pooled, that member's pool is not what the config runs.
     return PlannedPool(ev.service_region, tuple(t.region for t, _ in members), cand.instance_type, cand.label,
-                       f"${ev.cost_per_hour:.2f}/h, ${ev.usd_per_m_output:.3f} per 1M output tokens",
+                       cost_words(cost_per_hour, per_m_output(cost_per_hour * 24, [t for t, _ in members])),
                        (Served(cand.model or "", cand.precision, sizing=sizing),), tuple(instances), float(target),
                        cand.estimated, cand.backend, price_per_hour=ev.price_per_hour, cost_per_hour=cost_per_hour)
+
+
+def cost_words(cost_per_hour: float, usd_per_m_output: float) -> str:
+    """A planned pool's cost as `plan --check` names the pick, one model or a packing."""
+    return f"${cost_per_hour:.2f}/h, ${usd_per_m_output:.3f} per 1M output tokens"
 
 
 @dataclass
@@ -1000,43 +1056,54 @@ def _pool_size(service: str, members: list[tuple[RegionPlan, Evaluation]], ctx: 
     if arrivals:
         model = ctx.model(cand)
         limits = _limits(ctx, max(ev.network_ms for _, ev in arrivals))
-        for h in range(24):
-            streams = [Stream(plan.traffic.hourly_rps()[h] * plan.traffic.hourly_burstiness()[h], plan.traffic.output_mean)
-                       for plan, _ in arrivals]
-            sized = instances_needed(model, streams, limits, 0)
-            counts[h] = sized[0] if sized is not None else 0
-            needed[h] = counts[h]
-            n = max(counts[h], n_min)
-            predictions[h] = predict(model, streams, 1.0 / n) if n > 0 and sum(x.rate_rps for x in streams) > 0 else None
-        daily = [sum(plan.traffic.hourly_rps()) for plan, _ in arrivals]
-        out_mean = sum(d * plan.traffic.output_mean for d, (plan, _) in zip(daily, arrivals)) / max(sum(daily), 1e-9)
-        safe = max_safe_rate(model, out_mean, limits)
-        # One model: the members' summed day, each hour at the burstiest member with traffic then.
-        summed = tuple(sum(plan.traffic.hourly_rps()[h] for plan, _ in arrivals) for h in range(24))
-        bursts = tuple(max((plan.traffic.hourly_burstiness()[h] for plan, _ in arrivals
-                            if plan.traffic.hourly_rps()[h] > 0), default=1.0) for h in range(24))
-        target = scaling_target([TargetPart(model, out_mean, safe[0], 1, summed, bursts)]) if safe \
-            else min(_given(ev.target) for _, ev in arrivals)
+        # The one sizing of a pool's day (size_day's, as a packing's pool is sized): one stream per member.
+        traffics = [plan.traffic for plan, _ in arrivals]
+        counts = [n or 0 for n in processes_by_hour(model, traffics, limits)]
+        needed = list(counts)
+        predictions = predictions_by_hour(model, traffics, [max(c, n_min) for c in counts])
+        # The pool's day as a packing's pool reads it (pooled_traffic, one rule): summed rates and busiest minutes.
+        part = target_part(model, pooled_traffic([plan.traffic for plan, _ in arrivals], service, ctx), limits)
+        target = scaling_target([part]) if part is not None else min(_given(ev.target) for _, ev in arrivals)
         worst = max((p for p in predictions if p is not None), key=lambda p: p.ttft_p99_ms, default=None)
         for plan, ev in arrivals:
             if worst is not None:
                 checks[plan.traffic.region] = (worst.ttft_p99_ms + ev.network_ms, worst.itl_p99_ms)
     if histogram:
-        # One target for the pool: the one making the summed load cheapest among levels every member meets its SLOs at.
-        cap = min(_given(ev.max_load) for _, ev in histogram)
-        options = [p.concurrency for p in cand.curve.points if p.concurrency <= cap]
-
-        def loads(k: float) -> list[float]:
-            return [sum(plan.traffic.hourly_rps()[h] * _given(ev.seconds_at)(k) for plan, ev in histogram)
-                    for h in range(24)]
-        k = min(options, key=lambda k: (sum(math.ceil(x - 1e-9) for x in loads(k)), -k))
-        counts = [c + math.ceil(x - 1e-9) for c, x in zip(counts, loads(k))]
+        k, loads = pooled_histogram(cand.curve, [(plan.traffic, _given(ev.max_load), _given(ev.seconds_at))
+                                                 for plan, ev in histogram])
+        counts = [c + math.ceil(x - 1e-9) for c, x in zip(counts, loads)]
+        # What the SLOs need before the floor, as a histogram-sized candidate alone records it (was left at 0).
+        needed = list(counts)
         target = k if target is None else min(target, k)
     counts = [max(n_min, c) for c in counts]
     reserved = ctx.reserved.get((cand.instance_type, service), 0)
     fixed = sum(ev.fixed_per_hour for _, ev in members) - (len(members) - 1) * provider_side(service, ctx)
     cost = sum(max(n - reserved, 0) for n in counts) / 24 * first.price_per_hour + fixed
     return _PoolSize(counts, cost, target, predictions, checks, needed)
+
+
+def pooled_histogram(curve: Curve, members: Sequence[tuple[ConsumerTraffic, float, Callable[[float], float]]]
+                     ) -> tuple[float, list[float]]:
+    """A pool sized by the histogram method across consumer regions, one model or a packing of one process
+    (docs/plan.md, "Pools"): members are (traffic, its c* there, its S(k)). One target for the pool, the level at
+    most every member's c* making the summed load cheapest (ties: the higher level); returns it and each hour's
+    load in instances, sum_i rate_i,h x S_i(k), before rounding up and the floor."""
+    cap = min(c for _, c, _ in members)
+    options = [p.concurrency for p in curve.points if p.concurrency <= cap]
+
+    def loads(k: float) -> list[float]:
+        return [sum(t.hourly_rps()[h] * at(k) for t, _, at in members) for h in range(24)]
+    k = min(options, key=lambda k: (sum(math.ceil(x - 1e-9) for x in loads(k)), -k))
+    return k, loads(k)
+
+
+def pooled_hold(members: Sequence[tuple[ConsumerTraffic, float, float]]) -> tuple[float, float]:
+    """(ms a request holds an instance, instance-seconds per request) of a histogram-sized pool, one model or a
+    packing of one process: the members' (traffic, hold ms, seconds per request) weighted by their day's requests."""
+    day = [sum(t.hourly_rps()) for t, _, _ in members]
+    volume = sum(day) or 1.0
+    return (sum(d * hold for d, (_, hold, _) in zip(day, members)) / volume,
+            sum(d * spr for d, (_, _, spr) in zip(day, members)) / volume)
 
 
 def provider_side(service: str, ctx: PlanContext) -> float:

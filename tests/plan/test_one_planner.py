@@ -4,6 +4,7 @@ of one process, and a packing's target is the same rule summed over its models."
 
 from __future__ import annotations
 
+import math
 from datetime import date
 
 import pytest
@@ -90,7 +91,8 @@ def test_a_pooled_pools_spot_verdict_reads_every_member_at_the_pools_batches_as_
     """One Spot conversion (spot.spot_pool) for one model or a packing: a request holds its instance for the in-region
     time at the pool's planned batch, request-weighted over every member. Before, a one-model pool read its first
     member's own evaluation (its weighted E2E, network included, at the count that member alone needed): on the
-    two-regions example the Virginia-Ohio pool counted 251 requests at risk a day instead of 257."""
+    two-regions example the Virginia-Ohio pool counted 251 requests at risk a day instead of 257 (273 since the pool's
+    target reads its summed busiest minutes, 25.8 instead of 24.3: the test below)."""
     from fleetcast.plan import spot
 
     opts = PlanOptions(results=[str(SEED / "results")], traffic=str(ROOT / "examples/plan/two-regions/traffic.yaml"),
@@ -111,7 +113,7 @@ def test_a_pooled_pools_spot_verdict_reads_every_member_at_the_pools_batches_as_
     inputs = spot.load_spot_inputs(str(SEED / "spot-prices.yaml"))
     per_interruption = pool.target / read.mean_hold_s * inputs.relaunch_s
     assert advice.requests_at_risk_per_day == pytest.approx(advice.interruptions_per_day * per_interruption)
-    assert round(advice.requests_at_risk_per_day) == 257
+    assert round(advice.requests_at_risk_per_day) == 273
 
 
 def test_one_rank_key_on_a_cost_tie_fewer_instance_hours_win_before_a_lower_p99(both_ways):
@@ -292,3 +294,179 @@ def test_a_plan_without_a_config_is_for_the_one_model_its_results_name(tmp_path)
                        today=TODAY, ttft_p99_ms=250, itl_p99_ms=35)
     with pytest.raises(UserError, match=r"name gpt2-large, gpt2-xl \(labels.model\): give --config"):
         build_packing(opts)
+
+
+def _two_regions(**kw):
+    return PlanOptions(results=[str(SEED / "results")], traffic=str(ROOT / "examples/plan/two-regions/traffic.yaml"),
+                       config=str(ROOT / "config/fleet.yaml"), today=TODAY, **kw)
+
+
+def test_a_pooled_one_model_pool_scales_on_the_target_a_packing_of_one_pooled_the_same_way_gets():
+    """docs/plan.md, "Pools" and "Scaling target": a shared pool is sized for the members' summed busiest minutes, so
+    its H_h is the summed peaks over the summed rates (solver.pooled_traffic, the one rule both entry points call).
+    Before, the one-model planner read each hour's H off the burstiest member alone (Ohio's 1.5 against the pool's
+    1.33-1.43): its target (24.3) scaled the Virginia-Ohio pool out past the count its SLOs need, while the packing
+    search wrote 25.8 for the same pool."""
+    from fleetcast.plan.queueing import max_safe_rate, model_for
+    from fleetcast.plan.solver import pooled_traffic
+
+    opts = _two_regions()
+    result, _, ctx = build_plan(opts)
+    packed, packed_ctx, _ = build_packing(opts)
+    (theirs,), (mine,) = result.planned_pools(ctx), packed.planned_pools(packed_ctx)
+    assert theirs.consumer_regions == mine.consumer_regions == ("us-east-1", "us-east-2")
+    assert theirs.target == mine.target == 25.8
+    # The figure is the one-model rule on the pool's day: L at x* over the pool's busiest hour's H, H never the
+    # burstiest member's alone.
+    ((served,),) = (theirs.serves,)
+    assert served.sizing is not None
+    day = pooled_traffic(list(served.sizing.members), theirs.region, ctx)
+    assert max(day.hourly_burstiness()) < max(t.hourly_burstiness()[0] for t in served.sizing.members) == 1.5
+    model = model_for(result.pools[0].evaluation.candidate.curve)
+    x, _, _ = max_safe_rate(model, day.output_mean, served.sizing.limits) or (0.0, None, None)
+    level = predict(model, [Stream(x / max(day.hourly_burstiness()), day.output_mean)], 1.0).in_flight
+    assert theirs.target == floor_tenth(level)
+
+
+def test_config_diff_names_the_pooled_targets_move_and_rolls_no_instance(tmp_path, capsys):
+    """README, the planner section: a one-model pool across regions now writes 25.8 where it wrote 24.3; the deploy
+    that takes it is a scaling change `fleetcast config diff` names on its own line, not an instance refresh."""
+    from scripts.cli import main as cli
+
+    fleet = tmp_path / "fleet.yaml"
+    fleet.write_text((ROOT / "config/fleet.yaml").read_text().replace(
+        "\nslo:", "\ncalibration:\n  dataset: s3://fleetcast-staging/calibration/lambada/\n\nslo:", 1))
+    assert cli(["plan", "--results", str(SEED / "results"), "--traffic",
+                str(ROOT / "examples/plan/two-regions/traffic.yaml"), "--config", str(fleet),
+                "--write-config", str(fleet)]) == 0
+    written = fleet.read_text()
+    assert written.count("target: 25.8") == 1
+    before = tmp_path / "before.yaml"
+    before.write_text(written.replace("target: 25.8", "target: 24.3"))
+    capsys.readouterr()
+    assert cli(["config", "diff", str(before), str(fleet), "--fail-on-roll"]) == 0
+    out = capsys.readouterr().out
+    (line,) = [x for x in out.splitlines() if "scaling.target" in x]
+    assert line.split()[1:] == ["24.3", "->", "25.8"]
+    assert "us-east-1/" in out and "kept: no instance replaced" in out
+
+
+def _pool_fields(pool):
+    """What a pooled plan asks of the config and what the Spot advice, `plan --check` and `plan simulate` read of it,
+    less the label and the model's name (a one-model candidate has neither brackets nor, without `models:`, a name)."""
+    from fleetcast.plan import check
+
+    ((served,),) = (pool.serves,)
+    z = served.sizing
+    return (pool.region, pool.consumer_regions, pool.instance_type, pool.instances_by_hour, pool.target,
+            round(pool.cost_per_hour, 9), pool.cost_text, pool.price_per_hour, served.precision, served.copies,
+            [(t.region, t.hourly_rps(), t.hourly_burstiness(), t.output_mean) for t in z.members], z.limits,
+            z.network_ms, z.processes, z.needed, z.predictions, z.arrival_driven, z.hold_ms, z.seconds_per_request,
+            round(check._rps_per_instance(served), 9), check.levels_at_arrival(pool))
+
+
+@pytest.mark.parametrize("reserved", [
+    {},
+    # Three g6e.xlarge paid for in Virginia, where both regions' own choices serve from.
+    {("g6e.xlarge", "us-east-1"): 3},
+    # Six in Ohio: the pool serves Virginia and Ohio from there.
+    {("g6e.xlarge", "us-east-2"): 6},
+])
+def test_a_pooled_one_model_fleet_is_the_same_fleet_through_either_entry_point(reserved):
+    """Every field of a pool shared across regions (its regions, instances per hour, cost, target, the members' own
+    days, predictions and the Spot advice) comes out the same from the one-model planner and the packing search.
+    Before: the packing search kept a pool per consumer region even where two regions' choices were the same packing
+    served from the same region, so with three g6e.xlarge reserved in Virginia it ran two Virginia pools, each counting
+    the three reserved instances as its own ($0.83/h for the fleet, against $2.10/h for the one pool that really runs);
+    a packing's pooled pool handed Spot and `plan --check` one summed traffic named after Ohio instead of each
+    member's; a one-model pooled pool's `plan --check` line quoted its first member's own cost ($3.78/h) for the
+    pool's ($7.06/h) and its baseline's rate per instance read the burstiest member's minute."""
+    from fleetcast.plan import spot
+
+    opts = _two_regions(reserved=reserved, spot_prices=str(SEED / "spot-prices.yaml"))
+    result, _, ctx = build_plan(opts)
+    packed, packed_ctx, _ = build_packing(opts)
+    theirs, mine = result.planned_pools(ctx), packed.planned_pools(packed_ctx)
+    assert [_pool_fields(p) for p in mine] == [_pool_fields(p) for p in theirs]
+    (pool,) = theirs
+    assert pool.consumer_regions == ("us-east-1", "us-east-2")
+    assert packed.cost_per_hour == pytest.approx(sum(p.cost_per_hour for p in result.pools), abs=1e-9)
+    assert pool.cost_text.startswith(f"${pool.cost_per_hour:.2f}/h, ")
+    for a, b in zip(result.spot, packed.spot, strict=True):
+        assert (a.service_region, a.recommended, a.on_demand_base, a.spot_peak, a.instance_types) == \
+            (b.service_region, b.recommended, b.on_demand_base, b.spot_peak, b.instance_types)
+        assert (a.cost_per_hour, a.slo_attainment, a.requests_at_risk_per_day) == \
+            pytest.approx((b.cost_per_hour, b.slo_attainment, b.requests_at_risk_per_day), rel=1e-12)
+    assert [spot.spot_pool(p).mean_hold_s for p in mine] == pytest.approx([spot.spot_pool(p).mean_hold_s for p in theirs])
+
+
+TWO_HISTOGRAMS = """schema: fleetcast.traffic/v1
+name: virginia-ohio-histograms
+description: examples/plan/two-regions' days, each region described by its own fleet's in-flight histogram (synthetic)
+consumers:
+  - region: us-east-1
+    rate_rps: {"0-12": 40, "12-20": 120, "20-24": 60}
+    concurrency: {"1-16": 0.80, "32": 0.15, "64": 0.05}
+    input_tokens: 256
+    output_tokens: 128
+  - region: us-east-2
+    rate_rps: {"0-4": 80, "4-14": 20, "14-22": 60, "22-24": 90}
+    concurrency: {"1-16": 0.60, "32": 0.30, "64": 0.10}
+    input_tokens: 256
+    output_tokens: 128
+"""
+
+
+def test_histogram_sized_regions_pool_across_regions_by_one_rule_through_either_entry_point(tmp_path):
+    """docs/plan.md, "Pools": with histograms, one target k <= every member's c* (the one making the summed load
+    cheapest) and N_h = max(n_min, ceil(sum_i rate_i,h x S_i(k))), solver.pooled_histogram for one model or a packing
+    of one process. Before, the packing search never pooled a histogram-sized region: it kept Virginia ($12.77/h) and
+    Ohio ($7.93/h) apart, $20.71/h, where the one-model planner runs one Virginia pool at k = 32 for $20.24/h (one
+    NLB and one set of provider endpoints)."""
+    from fleetcast.plan.solver import pooled_histogram
+
+    traffic = tmp_path / "traffic.yaml"
+    traffic.write_text(TWO_HISTOGRAMS)
+    opts = PlanOptions(results=[str(SEED / "results")], traffic=str(traffic), config=str(ROOT / "config/fleet.yaml"),
+                       today=TODAY)
+    result, plans, ctx = build_plan(opts)
+    packed, packed_ctx, _ = build_packing(opts)
+    theirs, mine = result.planned_pools(ctx), packed.planned_pools(packed_ctx)
+    assert [_pool_fields(p) for p in mine] == [_pool_fields(p) for p in theirs]
+    (pool,) = mine
+    assert pool.consumer_regions == ("us-east-1", "us-east-2") and pool.region == "us-east-1"
+    assert packed.cost_per_hour == pytest.approx(sum(p.cost_per_hour for p in result.pools), abs=1e-9)
+    assert packed.cost_per_hour < sum(r.winner.cost_per_hour for r in packed.regions) - 0.01
+    assert [j.split(":")[0] for j in packed.joins] == \
+        ["us-east-2 joins the us-east-1 pool (g6e.xlarge [gpt2-xl int8_wo x1], serving us-east-1, us-east-2)"]
+    # The rule itself: each member's own histogram sizing on this candidate in Virginia, its network included.
+    members = [next(e for e in plan.ranked if e.service_region == "us-east-1"
+                    and e.candidate.label == "g6e.xlarge int8_wo") for plan in plans]
+    k, loads = pooled_histogram(members[0].candidate.curve,
+                                [(e_plan.traffic, e.max_load, e.seconds_at) for e_plan, e in zip(plans, members)])
+    assert pool.target == k <= min(e.max_load for e in members)
+    assert pool.instances_by_hour == tuple(max(ctx.n_min("us-east-1"), math.ceil(x - 1e-9)) for x in loads)
+    (served,) = pool.serves
+    assert served.sizing is not None and served.sizing.needed == tuple(math.ceil(x - 1e-9) for x in loads)
+    assert all(not s.sizing.arrival_driven for s in pool.serves if s.sizing is not None)
+
+
+def test_a_pool_whose_regions_ask_different_lengths_is_sized_one_stream_per_region_either_way(tmp_path):
+    """solver.size_day (processes_by_hour, predictions_by_hour), the one sizing of a pool's day: each consumer region
+    is one stream at its own output length, so each hour is sized for the mix it has. Before, the packing search
+    sized a pooled model as one stream at the day's rate-weighted length: with Ohio asking 384 tokens and Virginia 128
+    planned the Ohio pool serving both 6 instances for 00-04 UTC, when Ohio's long requests dominate, where 7 meet the
+    SLO (and 6 for 12-14, when Virginia's short ones do, where 5 suffice)."""
+    text = (ROOT / "examples/plan/two-regions/traffic.yaml").read_text()
+    head, ohio = text.split("  - region: us-east-2")
+    traffic = tmp_path / "traffic.yaml"
+    traffic.write_text(head + "  - region: us-east-2" + ohio.replace("output_tokens: 128", "output_tokens: 384"))
+    opts = PlanOptions(results=[str(SEED / "results")], traffic=str(traffic), config=str(ROOT / "config/fleet.yaml"),
+                       today=TODAY)
+    result, _, ctx = build_plan(opts)
+    packed, packed_ctx, _ = build_packing(opts)
+    theirs, mine = result.planned_pools(ctx), packed.planned_pools(packed_ctx)
+    assert [_pool_fields(p) for p in mine] == [_pool_fields(p) for p in theirs]
+    (pool,) = mine
+    assert (pool.region, pool.consumer_regions) == ("us-east-2", ("us-east-2", "us-east-1"))
+    assert (pool.instances_by_hour[0], pool.instances_by_hour[12]) == (7, 5)
