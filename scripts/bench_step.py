@@ -9,9 +9,10 @@ its Python per sequence and step. This prints both parts, for two paths:
   `iterLatencyMS` (the engine's own stats).
 - server: `python -m runtime.reference.server` as the fairness bench runs it, `--max-batch-size` the largest
   batch, B streaming clients on another core (raw sockets); the step is the period between one stream's
-  tokens at the client (each stream's mean, median over the streams), and the server process's CPU per
-  iteration, both counting the server's event loop (delivery, the SSE chunk and its write) as well as the
-  engine's iteration, all on the server's one core.
+  tokens at the client (each stream's mean, median over the streams), and the server's CPU per iteration (both
+  its processes), then split: the engine process's (runtime/reference/worker.py: the model, the engine's step
+  loop, one message per delivery point) and the HTTP process's (every stream's task wake-up, SSE chunk and
+  write), from the engine's pid in GET /memory.
 
 Each batch size runs --repeats times, interleaved, and each figure is the median of its runs. Each path fits
 step(B) = fixed + per_seq x B by least squares over --batches and prints µs per sequence and step. The figures
@@ -44,9 +45,10 @@ from runtime.devtools.harness import free_port  # noqa: E402
 from scripts.bench_gateway import process_stats  # noqa: E402
 
 # The server path's figures per batch size (ms): the engine's decode-only iteration; the period of a stream's
-# tokens at its client; the server process's CPU (all its threads: engine, event loop) per iteration, from proc(5),
-# which waits for a core on a loaded machine do not inflate and a client that falls behind cannot stretch.
-SERVER_FIGURES = ("engine_ms", "period_ms", "cpu_ms")
+# tokens at its client; the server's CPU per iteration (both processes, every thread), from proc(5), which waits for
+# a core on a loaded machine do not inflate and a client that falls behind cannot stretch; of it, the engine
+# process's and the HTTP process's.
+SERVER_FIGURES = ("engine_ms", "period_ms", "cpu_ms", "engine_cpu_ms", "http_cpu_ms")
 
 
 def fit(points: list[tuple[int, float]]) -> tuple[float, float]:
@@ -168,6 +170,7 @@ def server_steps(batches: list[int], steps: int, temperature: float, server_cpu:
                     if proc.poll() is not None or time.monotonic() > deadline:
                         raise RuntimeError("the reference server did not start") from None
                     time.sleep(0.1)
+            engine_pid = _get(f"http://127.0.0.1:{port}/memory")["engine_pid"]
             body = json.dumps({"prompt": "the quick brown fox " * 2, "max_tokens": steps, "ignore_eos": True,
                                "temperature": temperature, "stream": True}).encode()
             runs: dict[int, list[dict[str, float]]] = {batch: [] for batch in batches}
@@ -177,18 +180,22 @@ def server_steps(batches: list[int], steps: int, temperature: float, server_cpu:
                 async def run(batch: int = batch) -> list[list[float]]:
                     return await asyncio.gather(*(_stream(port, body) for _ in range(batch)))
 
-                cpu_before = process_stats(proc.pid).cpu_s
+                cpu_before, engine_before = process_stats(proc.pid).cpu_s, process_stats(engine_pid).cpu_s
                 streams = asyncio.run(run())
-                cpu_s = process_stats(proc.pid).cpu_s - cpu_before
+                cpu_s = process_stats(proc.pid).cpu_s - cpu_before  # the server and its child, the engine process
+                engine_s = process_stats(engine_pid).cpu_s - engine_before
                 # Each stream's mean period from its 2nd token (the 1st decode step) on: a client that read several
                 # chunks at once would make single gaps near zero, the mean is immune.
                 periods = [(times[-1] - times[1]) / (len(times) - 2) for times in streams if len(times) > 2]
                 stats = _get(f"http://127.0.0.1:{port}/metrics")
                 iters = decode_only(stats, batch)
                 if i:
+                    per_iteration = 1000 / max(1, len(stats))
                     runs[batch].append({"engine_ms": low(iters) if iters else float("nan"),
                                         "period_ms": statistics.median(periods) * 1000,
-                                        "cpu_ms": cpu_s * 1000 / max(1, len(stats))})
+                                        "cpu_ms": cpu_s * per_iteration,
+                                        "engine_cpu_ms": engine_s * per_iteration,
+                                        "http_cpu_ms": (cpu_s - engine_s) * per_iteration})
             return {batch: {key: statistics.median(r[key] for r in figures) for key in SERVER_FIGURES}
                     for batch, figures in runs.items()}
         finally:
@@ -211,10 +218,13 @@ def report(engine: dict[int, dict[str, float]] | None, server: dict[int, dict[st
                      f"{per * 1000:6.1f} µs per sequence-step")
     if server:
         lines.append("server (B streams; the engine's decode-only iteration, 20th percentile; the period of each "
-                     "stream's tokens at the client, median over the streams; the server's CPU per iteration):")
+                     "stream's tokens at the client, median over the streams; the server's CPU per iteration, both "
+                     "processes, then the engine process's and the HTTP process's):")
         lines += [f"  batch {b:>3}: engine {v['engine_ms']:7.3f} ms, token period {v['period_ms']:7.3f} ms, "
-                  f"CPU {v['cpu_ms']:7.3f} ms" for b, v in server.items()]
-        for key, name in (("engine_ms", "engine"), ("period_ms", "token period"), ("cpu_ms", "server CPU")):
+                  f"CPU {v['cpu_ms']:7.3f} ms (engine process {v['engine_cpu_ms']:7.3f} ms, HTTP process "
+                  f"{v['http_cpu_ms']:7.3f} ms)" for b, v in server.items()]
+        for key, name in (("engine_ms", "engine"), ("period_ms", "token period"), ("cpu_ms", "server CPU"),
+                          ("engine_cpu_ms", "engine process CPU"), ("http_cpu_ms", "HTTP process CPU")):
             fixed, per = fit([(b, v[key]) for b, v in server.items()])
             lines.append(f"  fit ({name}): fixed {fixed * 1000:7.1f} µs + {per * 1000:6.1f} µs per sequence-step")
     return lines
