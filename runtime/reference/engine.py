@@ -9,8 +9,8 @@ be a CUDA graph replay: graphs are captured at start-up per (batch bucket, conte
 
 Tokens reach the caller in one batch per delivery point (after each prefill group, after the decode step, after
 retiring cancelled sequences): the engine's `deliver` callback gets [(sequence, token_id, finish_reason), ...]
-from the engine thread. The server hands each batch to its event loop in one call; without a `deliver`, each
-event goes to its `Sequence.emit(token_id, finish_reason)`.
+from the engine thread. The server's engine process (worker.py) sends each batch to the HTTP process as one
+message; without a `deliver`, each event goes to its `Sequence.emit(token_id, finish_reason)`.
 
 Per sequence and step the engine does no more Python than it must: the rows to sample are chosen in a few
 tensor ops for the whole batch and read back once, greedy rows from the step's one top-2 readback

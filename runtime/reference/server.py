@@ -10,9 +10,15 @@ Endpoints, matching trtllm-serve where the runtime and the benchmarks depend on 
   GET  /health               200 when serving; 503 while loading, draining or after an engine failure
   GET  /metrics              JSON list of iteration stats since the last read (dequeued on read)
 
+Two processes, as trtllm-serve's OpenAI server and its executor workers: this one (HTTP: parsing, the SSE encoding
+and the socket writes of every stream) and the engine process it starts (worker.py: the model, the KV cache and the
+engine's step loop), which gets requests and cancellations and sends back each delivery point's tokens for every
+sequence in one message (proxy.py, protocol.py). Apart, a stream's per-token Python no longer runs under the
+engine's interpreter lock, inside its step. Only the engine process imports PyTorch.
+
 SIGTERM/SIGINT drain: /health turns 503 at once, new generation requests get 503, requests in
 flight run to their full token counts (bounded by --drain-timeout, after which they are cut),
-then the process exits 0.
+then the engine process is stopped and the server exits 0. A dead engine process makes the server exit 1.
 
 LoRA (`--lora-config JSON`: the `lora_config` TensorRT-LLM's LLM API gets, fleetcast.contract.adapters):
 a completion may carry `lora_request` {lora_name, lora_int_id, lora_path}, as trtllm-serve's
@@ -462,7 +468,8 @@ class ReferenceServer:
         return web.json_response({"object": "list", "data": [model]})
 
     async def metrics(self, request: web.Request) -> web.Response:
-        return web.json_response(await self.engine.pop_stats() if self.engine is not None else [])
+        loaded = self.engine is not None and self.engine.info
+        return web.json_response(await self.engine.pop_stats() if loaded and self.engine is not None else [])
 
     async def chat(self, request: web.Request) -> web.Response:
         return _error(400, "chat completions need a chat template and this GPT-2 model has none; use /v1/completions",

@@ -288,16 +288,13 @@ class EngineHost:
             self._live.pop(rid, None)
             self.send((p.EVENTS, time.monotonic(), [(rid, None, "error", 0)]))
 
-    def serve(self, frames: p.Frames) -> int:
-        """Read the channel until STOP (0) or its end (the parent is gone: 1)."""
+    def serve(self, frames: p.Frames, early: list[tuple[Any, ...]] | None = None) -> int:
+        """Read the channel until STOP (0) or its end (the parent is gone: 1); `early`: messages already read."""
         assert self.engine is not None
         engine = self.engine
+        messages = early or []
         while True:
-            data = self.channel.recv(1 << 16)
-            if not data:
-                log.error("the HTTP process is gone; the engine process ends")
-                return 1
-            for message in frames.feed(data):
+            for message in messages:
                 kind = message[0]
                 if kind == p.SUBMIT:
                     self._submit(*message[1:])
@@ -316,6 +313,11 @@ class EngineHost:
                     engine.stop()
                     self.send((p.STOPPED,))
                     return 0
+            data = self.channel.recv(1 << 16)
+            if not data:
+                log.error("the HTTP process is gone; the engine process ends")
+                return 1
+            messages = frames.feed(data)
 
 
 def main() -> int:
@@ -340,7 +342,7 @@ def main() -> int:
         pending = frames.feed(data)
         if pending:
             start, pending = pending[0], pending[1:]
-    if start[0] != p.START or pending:
+    if start[0] != p.START:
         log.error("the engine process expected START first, got %r", start[0])
         return 2
     host = EngineHost(start[1], channel)
@@ -351,7 +353,7 @@ def main() -> int:
         host.send((p.LOAD_FAILED, str(exc) or repr(exc)))
         return 1
     host.send((p.READY, info))
-    return host.serve(frames)
+    return host.serve(frames, pending)
 
 
 if __name__ == "__main__":
