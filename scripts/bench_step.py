@@ -20,6 +20,8 @@ depend on the machine and its load: they are printed, never asserted.
 
   taskset -c 1 python -m scripts.bench_step --client-cpu 0       # make bench-step: all on core 1, clients on 0
   python -m scripts.bench_step --server-cpu 1 --client-cpu 0     # the engine path unpinned
+  taskset -c 1 python -m scripts.bench_step --paths server --server-cpu 0 --client-cpu 0 --engine-cpu 1
+                                                                 # the engine process alone on core 1
 """
 
 from __future__ import annotations
@@ -146,7 +148,7 @@ def _get(url: str) -> Any:
 
 
 def server_steps(batches: list[int], steps: int, temperature: float, server_cpu: int | None,
-                 client_cpu: int | None, repeats: int = 1) -> dict[int, dict[str, float]]:
+                 client_cpu: int | None, repeats: int = 1, engine_cpu: int | None = None) -> dict[int, dict[str, float]]:
     """Per batch size: the engine's median decode-only iteration and the clients' median token period (ms)."""
     from runtime.reference.build import build_artifact
 
@@ -171,6 +173,8 @@ def server_steps(batches: list[int], steps: int, temperature: float, server_cpu:
                         raise RuntimeError("the reference server did not start") from None
                     time.sleep(0.1)
             engine_pid = _get(f"http://127.0.0.1:{port}/memory")["engine_pid"]
+            if engine_cpu is not None:  # the engine process alone on a core, as on the device host (FAIRNESS_DEVICE.md)
+                os.sched_setaffinity(engine_pid, {engine_cpu})
             body = json.dumps({"prompt": "the quick brown fox " * 2, "max_tokens": steps, "ignore_eos": True,
                                "temperature": temperature, "stream": True}).encode()
             runs: dict[int, list[dict[str, float]]] = {batch: [] for batch in batches}
@@ -242,6 +246,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1, as the benches serve)")
     p.add_argument("--server-cpu", type=int, default=None, help="pin the server to this core")
     p.add_argument("--client-cpu", type=int, default=None, help="pin this process (the clients) to this core")
+    p.add_argument("--engine-cpu", type=int, default=None,
+                   help="pin the server's engine process to this core once it serves (default: the server's cores)")
     p.add_argument("--json", default=None, help="write the figures here as JSON")
     args = p.parse_args(argv)
     args.batch_list = sorted({int(b) for b in args.batches.split(",")})
@@ -263,11 +269,12 @@ def main(argv: list[str] | None = None) -> int:
     engine = (engine_steps(args.batch_list, args.steps, args.temperature, args.threads, args.repeats)
               if "engine" in args.path_set else None)
     server = (server_steps(args.batch_list, args.steps, args.temperature, args.server_cpu, args.client_cpu,
-                           args.repeats) if "server" in args.path_set else None)
+                           args.repeats, args.engine_cpu) if "server" in args.path_set else None)
     print(f"reference engine, tiny model on cpu, temperature {args.temperature}, {args.steps} tokens per request, "
           f"median of {args.repeats} runs; "
           f"engine path on cores {args.cores}, server on {args.server_cpu if args.server_cpu is not None else args.cores}, "
-          f"clients on {args.client_cpu if args.client_cpu is not None else args.cores}")
+          f"clients on {args.client_cpu if args.client_cpu is not None else args.cores}"
+          + (f", the engine process on {args.engine_cpu}" if args.engine_cpu is not None else ""))
     for line in report(engine, server):
         print(line)
     if args.json:
