@@ -14,6 +14,7 @@ when it is killed, and a dead engine process ends the server with exit 1 (so it 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import signal
@@ -22,6 +23,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Iterator
 
 import pytest
 
@@ -175,7 +177,8 @@ def gone(pid: int, timeout: float = 20.0) -> bool:
     return False
 
 
-def direct_server(artifact, tmp_path) -> tuple[subprocess.Popen, str, int]:
+@contextlib.contextmanager
+def direct_server(artifact, tmp_path) -> Iterator[tuple[subprocess.Popen, str, int]]:
     """The server started as the runtime starts it (no fork server): its own interpreter, its own session."""
     from runtime.devtools.harness import free_port
 
@@ -186,21 +189,26 @@ def direct_server(artifact, tmp_path) -> tuple[subprocess.Popen, str, int]:
                              str(port), "--threads", "1", "--max-batch-size", "2"], cwd=ROOT, env=env, stdout=log,
                             stderr=subprocess.STDOUT, start_new_session=True)
     base = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 120
-    while http_status(base + "/health") != 200:
-        assert proc.poll() is None and time.monotonic() < deadline, (tmp_path / "server.log").read_text()
-        time.sleep(0.1)
-    with urllib.request.urlopen(base + "/memory", timeout=10) as resp:
-        engine_pid = json.loads(resp.read())["engine_pid"]
-    return proc, base, engine_pid
+    try:
+        deadline = time.monotonic() + 120
+        while http_status(base + "/health") != 200:
+            assert proc.poll() is None and time.monotonic() < deadline, (tmp_path / "server.log").read_text()
+            time.sleep(0.1)
+        with urllib.request.urlopen(base + "/memory", timeout=10) as resp:
+            engine_pid = json.loads(resp.read())["engine_pid"]
+        yield proc, base, engine_pid
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+        log.close()
 
 
 @needs_torch
 def test_the_engine_process_is_the_servers_child_in_its_session_without_torch_in_the_http_process(artifact, tmp_path):
     from runtime.supervisor import session_work
 
-    proc, base, engine_pid = direct_server(artifact, tmp_path)
-    try:
+    with direct_server(artifact, tmp_path) as (proc, _base, engine_pid):
         assert engine_pid != proc.pid
         assert int(proc_status(engine_pid)["PPid"]) == proc.pid
         assert session_and_group(engine_pid) == session_and_group(proc.pid) == (proc.pid, proc.pid)
@@ -216,23 +224,14 @@ def test_the_engine_process_is_the_servers_child_in_its_session_without_torch_in
         proc.send_signal(signal.SIGTERM)  # the drain: both processes end, the server with 0
         assert proc.wait(60) == 0
         assert gone(engine_pid)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(10)
 
 
 @needs_torch
 def test_a_killed_server_leaves_no_engine_process_behind(artifact, tmp_path):
-    proc, _base, engine_pid = direct_server(artifact, tmp_path)
-    try:
+    with direct_server(artifact, tmp_path) as (proc, _base, engine_pid):
         proc.kill()  # nothing of the server runs: PR_SET_PDEATHSIG and the channel's end of file end the engine
         proc.wait(10)
         assert gone(engine_pid)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(10)
 
 
 @needs_torch
