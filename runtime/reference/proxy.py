@@ -248,7 +248,9 @@ class EngineProxy:
             self.proc.kill()
             await loop.run_in_executor(None, self.proc.wait)
         if self._sock is not None:
-            if not self._closed:
-                self._loop.remove_reader(self._sock.fileno()) if self._loop is not None else None
-                self._closed = True
+            if not self._closed and self._loop is not None:
+                self._loop.remove_reader(self._sock.fileno())
+                if self._out:
+                    self._loop.remove_writer(self._sock.fileno())
+            self._closed = True
             self._sock.close()
