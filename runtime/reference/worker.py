@@ -329,7 +329,7 @@ def main() -> int:
     channel = socket.socket(fileno=os.dup(0))
     channel.setblocking(True)
     devnull = os.open(os.devnull, os.O_RDONLY)
-    os.dup2(devnull, 0)  # the channel lives on as `channel` only: its end of file is the parent's death
+    os.dup2(devnull, 0)  # the channel lives on as `channel` only; its end of file is the parent's end closing
     os.close(devnull)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     frames = p.Frames()

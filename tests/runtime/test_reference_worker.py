@@ -112,6 +112,15 @@ def test_cancellations_stats_and_stop_flow_back_to_the_engine_process():
     assert replies == [(p.REPLY, 41, [{"iter": 1, "iterLatencyMS": 1.5}]), (p.STOPPED,)]
 
 
+def test_messages_that_came_with_start_are_served_once_the_engine_has_loaded():
+    """A /metrics read while the engine loads may reach the engine process in the same read as START."""
+    engine_end, http_end = socket.socketpair()
+    host = host_on(engine_end)
+    host.engine = FakeEngine()  # type: ignore[assignment]
+    assert host.serve(p.Frames(), [(p.STATS, 3), (p.STOP,)]) == 0
+    assert p.Frames().feed(http_end.recv(1 << 16)) == [(p.REPLY, 3, [{"iter": 1, "iterLatencyMS": 1.5}]), (p.STOPPED,)]
+
+
 def test_frames_split_anywhere_come_out_whole_and_in_order():
     messages = [(p.EVENTS, 1.5, [(1, 2, None, 0)] * 40), (p.REPLY, 3, {"a": 1}), (p.STOPPED,)]
     data = b"".join(p.frame(m) for m in messages)
@@ -247,3 +256,18 @@ def test_a_dead_engine_process_ends_the_server_with_exit_1_so_it_is_restarted(ar
         assert "engine failed" in srv.log()
     finally:
         srv.stop()
+
+
+@needs_torch
+@ONE_FORK_SERVER
+def test_a_server_forked_by_the_tests_fork_server_leaves_no_engine_process_behind_either(artifact, tmp_path):
+    """tests/runtime/zygote.py forks the engine process too, so its parent is the fork server, which lives on:
+    PR_SET_PDEATHSIG cannot fire, and the channel's end of file (the server's end closed with it) ends it."""
+    srv = ServerProcess(artifact, log_path=tmp_path / "server.log")
+    try:
+        srv.wait_healthy()
+        with urllib.request.urlopen(srv.base + "/memory", timeout=10) as resp:
+            engine_pid = json.loads(resp.read())["engine_pid"]
+    finally:
+        srv.stop()  # SIGKILL
+    assert gone(engine_pid)

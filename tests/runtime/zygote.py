@@ -52,12 +52,6 @@ def launch(path: str, argv: list[str]) -> int:
     conn.connect(path)
     payload = json.dumps({"argv": argv, "env": dict(os.environ), "cwd": os.getcwd()}).encode()
     socket.send_fds(conn, [_HEADER.pack(len(payload)) + payload], [0, 1, 2])
-    # The fork has its own copy of the standard input now. A reference server's engine process has its channel to
-    # the server there (runtime/reference/proxy.py), and its end of file when the server dies must not wait for
-    # this launcher's copy to close.
-    devnull = os.open(os.devnull, os.O_RDONLY)
-    os.dup2(devnull, 0)
-    os.close(devnull)
     replies = conn.makefile("r")
     first = replies.readline().split()
     if len(first) != 2 or first[0] != "pid":
