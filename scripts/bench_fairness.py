@@ -313,8 +313,8 @@ def pin_plan(pin: bool, cores: list[int] | None = None, given: dict[str, set[int
              ) -> dict[str, set[int] | None]:
     """The cores of each role (engine, gateway, quiet client, flooding client); None: left unpinned.
 
-    4 or more cores: each role its own (6 or more: the engine and the gateway two each, the engine's HTTP loop and
-    its scheduler thread, the gateway's loop and the kernel's work for its sockets); the flooding client gets all
+    4 or more cores: each role its own (6 or more: the engine and the gateway two each, the engine's HTTP process and
+    its engine process, the gateway's loop and the kernel's work for its sockets); the flooding client gets all
     the rest, so it never takes a core from the processes whose latency it is measured against. 2 or 3: the engine
     the first, the others share the rest (the development VM). `given` (from --engine-cpus etc.) overrides a role."""
     cores = sorted(os.sched_getaffinity(0)) if cores is None else sorted(cores)

@@ -9,9 +9,10 @@ its Python per sequence and step. This prints both parts, for two paths:
   `iterLatencyMS` (the engine's own stats).
 - server: `python -m runtime.reference.server` as the fairness bench runs it, `--max-batch-size` the largest
   batch, B streaming clients on another core (raw sockets); the step is the period between one stream's
-  tokens at the client (each stream's mean, median over the streams), and the server process's CPU per
-  iteration, both counting the server's event loop (delivery, the SSE chunk and its write) as well as the
-  engine's iteration, all on the server's one core.
+  tokens at the client (each stream's mean, median over the streams), and the server's CPU per iteration (both
+  its processes), then split: the engine process's (runtime/reference/worker.py: the model, the engine's step
+  loop, one message per delivery point) and the HTTP process's (every stream's task wake-up, SSE chunk and
+  write), from the engine's pid in GET /memory.
 
 Each batch size runs --repeats times, interleaved, and each figure is the median of its runs. Each path fits
 step(B) = fixed + per_seq x B by least squares over --batches and prints µs per sequence and step. The figures
@@ -19,6 +20,8 @@ depend on the machine and its load: they are printed, never asserted.
 
   taskset -c 1 python -m scripts.bench_step --client-cpu 0       # make bench-step: all on core 1, clients on 0
   python -m scripts.bench_step --server-cpu 1 --client-cpu 0     # the engine path unpinned
+  taskset -c 1 python -m scripts.bench_step --paths server --server-cpu 0 --client-cpu 0 --engine-cpu 1
+                                                                 # the engine process alone on core 1
 """
 
 from __future__ import annotations
@@ -44,9 +47,10 @@ from runtime.devtools.harness import free_port  # noqa: E402
 from scripts.bench_gateway import process_stats  # noqa: E402
 
 # The server path's figures per batch size (ms): the engine's decode-only iteration; the period of a stream's
-# tokens at its client; the server process's CPU (all its threads: engine, event loop) per iteration, from proc(5),
-# which waits for a core on a loaded machine do not inflate and a client that falls behind cannot stretch.
-SERVER_FIGURES = ("engine_ms", "period_ms", "cpu_ms")
+# tokens at its client; the server's CPU per iteration (both processes, every thread), from proc(5), which waits for
+# a core on a loaded machine do not inflate and a client that falls behind cannot stretch; of it, the engine
+# process's and the HTTP process's.
+SERVER_FIGURES = ("engine_ms", "period_ms", "cpu_ms", "engine_cpu_ms", "http_cpu_ms")
 
 
 def fit(points: list[tuple[int, float]]) -> tuple[float, float]:
@@ -144,7 +148,7 @@ def _get(url: str) -> Any:
 
 
 def server_steps(batches: list[int], steps: int, temperature: float, server_cpu: int | None,
-                 client_cpu: int | None, repeats: int = 1) -> dict[int, dict[str, float]]:
+                 client_cpu: int | None, repeats: int = 1, engine_cpu: int | None = None) -> dict[int, dict[str, float]]:
     """Per batch size: the engine's median decode-only iteration and the clients' median token period (ms)."""
     from runtime.reference.build import build_artifact
 
@@ -168,6 +172,9 @@ def server_steps(batches: list[int], steps: int, temperature: float, server_cpu:
                     if proc.poll() is not None or time.monotonic() > deadline:
                         raise RuntimeError("the reference server did not start") from None
                     time.sleep(0.1)
+            engine_pid = _get(f"http://127.0.0.1:{port}/memory")["engine_pid"]
+            if engine_cpu is not None:  # the engine process alone on a core, as on the device host (FAIRNESS_DEVICE.md)
+                os.sched_setaffinity(engine_pid, {engine_cpu})
             body = json.dumps({"prompt": "the quick brown fox " * 2, "max_tokens": steps, "ignore_eos": True,
                                "temperature": temperature, "stream": True}).encode()
             runs: dict[int, list[dict[str, float]]] = {batch: [] for batch in batches}
@@ -177,18 +184,22 @@ def server_steps(batches: list[int], steps: int, temperature: float, server_cpu:
                 async def run(batch: int = batch) -> list[list[float]]:
                     return await asyncio.gather(*(_stream(port, body) for _ in range(batch)))
 
-                cpu_before = process_stats(proc.pid).cpu_s
+                cpu_before, engine_before = process_stats(proc.pid).cpu_s, process_stats(engine_pid).cpu_s
                 streams = asyncio.run(run())
-                cpu_s = process_stats(proc.pid).cpu_s - cpu_before
+                cpu_s = process_stats(proc.pid).cpu_s - cpu_before  # the server and its child, the engine process
+                engine_s = process_stats(engine_pid).cpu_s - engine_before
                 # Each stream's mean period from its 2nd token (the 1st decode step) on: a client that read several
                 # chunks at once would make single gaps near zero, the mean is immune.
                 periods = [(times[-1] - times[1]) / (len(times) - 2) for times in streams if len(times) > 2]
                 stats = _get(f"http://127.0.0.1:{port}/metrics")
                 iters = decode_only(stats, batch)
                 if i:
+                    per_iteration = 1000 / max(1, len(stats))
                     runs[batch].append({"engine_ms": low(iters) if iters else float("nan"),
                                         "period_ms": statistics.median(periods) * 1000,
-                                        "cpu_ms": cpu_s * 1000 / max(1, len(stats))})
+                                        "cpu_ms": cpu_s * per_iteration,
+                                        "engine_cpu_ms": engine_s * per_iteration,
+                                        "http_cpu_ms": (cpu_s - engine_s) * per_iteration})
             return {batch: {key: statistics.median(r[key] for r in figures) for key in SERVER_FIGURES}
                     for batch, figures in runs.items()}
         finally:
@@ -211,10 +222,13 @@ def report(engine: dict[int, dict[str, float]] | None, server: dict[int, dict[st
                      f"{per * 1000:6.1f} µs per sequence-step")
     if server:
         lines.append("server (B streams; the engine's decode-only iteration, 20th percentile; the period of each "
-                     "stream's tokens at the client, median over the streams; the server's CPU per iteration):")
+                     "stream's tokens at the client, median over the streams; the server's CPU per iteration, both "
+                     "processes, then the engine process's and the HTTP process's):")
         lines += [f"  batch {b:>3}: engine {v['engine_ms']:7.3f} ms, token period {v['period_ms']:7.3f} ms, "
-                  f"CPU {v['cpu_ms']:7.3f} ms" for b, v in server.items()]
-        for key, name in (("engine_ms", "engine"), ("period_ms", "token period"), ("cpu_ms", "server CPU")):
+                  f"CPU {v['cpu_ms']:7.3f} ms (engine process {v['engine_cpu_ms']:7.3f} ms, HTTP process "
+                  f"{v['http_cpu_ms']:7.3f} ms)" for b, v in server.items()]
+        for key, name in (("engine_ms", "engine"), ("period_ms", "token period"), ("cpu_ms", "server CPU"),
+                          ("engine_cpu_ms", "engine process CPU"), ("http_cpu_ms", "HTTP process CPU")):
             fixed, per = fit([(b, v[key]) for b, v in server.items()])
             lines.append(f"  fit ({name}): fixed {fixed * 1000:7.1f} µs + {per * 1000:6.1f} µs per sequence-step")
     return lines
@@ -232,6 +246,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1, as the benches serve)")
     p.add_argument("--server-cpu", type=int, default=None, help="pin the server to this core")
     p.add_argument("--client-cpu", type=int, default=None, help="pin this process (the clients) to this core")
+    p.add_argument("--engine-cpu", type=int, default=None,
+                   help="pin the server's engine process to this core once it serves (default: the server's cores)")
     p.add_argument("--json", default=None, help="write the figures here as JSON")
     args = p.parse_args(argv)
     args.batch_list = sorted({int(b) for b in args.batches.split(",")})
@@ -253,11 +269,12 @@ def main(argv: list[str] | None = None) -> int:
     engine = (engine_steps(args.batch_list, args.steps, args.temperature, args.threads, args.repeats)
               if "engine" in args.path_set else None)
     server = (server_steps(args.batch_list, args.steps, args.temperature, args.server_cpu, args.client_cpu,
-                           args.repeats) if "server" in args.path_set else None)
+                           args.repeats, args.engine_cpu) if "server" in args.path_set else None)
     print(f"reference engine, tiny model on cpu, temperature {args.temperature}, {args.steps} tokens per request, "
           f"median of {args.repeats} runs; "
           f"engine path on cores {args.cores}, server on {args.server_cpu if args.server_cpu is not None else args.cores}, "
-          f"clients on {args.client_cpu if args.client_cpu is not None else args.cores}")
+          f"clients on {args.client_cpu if args.client_cpu is not None else args.cores}"
+          + (f", the engine process on {args.engine_cpu}" if args.engine_cpu is not None else ""))
     for line in report(engine, server):
         print(line)
     if args.json:

@@ -9,8 +9,8 @@ be a CUDA graph replay: graphs are captured at start-up per (batch bucket, conte
 
 Tokens reach the caller in one batch per delivery point (after each prefill group, after the decode step, after
 retiring cancelled sequences): the engine's `deliver` callback gets [(sequence, token_id, finish_reason), ...]
-from the engine thread. The server hands each batch to its event loop in one call; without a `deliver`, each
-event goes to its `Sequence.emit(token_id, finish_reason)`.
+from the engine thread. The server's engine process (worker.py) sends each batch to the HTTP process as one
+message; without a `deliver`, each event goes to its `Sequence.emit(token_id, finish_reason)`.
 
 Per sequence and step the engine does no more Python than it must: the rows to sample are chosen in a few
 tensor ops for the whole batch and read back once, greedy rows from the step's one top-2 readback
@@ -33,24 +33,14 @@ import torch
 from .configs import TOKENS_PER_BLOCK, kv_blocks_per_slot
 from .model import GPT2
 from .prefix_cache import PrefixCache, block_keys
+from .protocol import SamplingParams, check_request
+
+__all__ = ["Engine", "Events", "SamplingParams", "Sequence", "emit_each"]
 
 log = logging.getLogger("fleetcast.reference.engine")
 
 PREFILL_TOKENS = 8192  # padded prompt tokens per batched prefill (bounds activation memory)
 PREFILL_ALIGN = 64  # prefill lengths are padded to a multiple of this
-
-
-@dataclass
-class SamplingParams:
-    """Per-request generation controls (validated by the server)."""
-
-    max_tokens: int = 16
-    min_tokens: int = 0
-    ignore_eos: bool = False
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = 0
-    seed: int | None = None
 
 
 @dataclass
@@ -70,7 +60,7 @@ class Sequence:
     generator: torch.Generator | None = None
     salt: str | None = None  # cache_salt: prefix-cache blocks are shared only with requests of the same salt
     cached_tokens: int = 0  # prompt tokens whose KV came from the prefix cache
-    sink: Any = None  # the deliver callback's own handle (the server's queue for this request); the engine never reads it
+    sink: Any = None  # the deliver callback's own handle (the engine process: the request's id); the engine never reads it
 
 
 _ids: Iterator[int] = itertools.count(1)
@@ -162,16 +152,7 @@ class Engine:
 
     def validate(self, prompt: list[int], params: SamplingParams) -> None:
         """Raise ValueError (naming the field) if the request cannot be served."""
-        if not prompt:
-            raise ValueError("prompt: must contain at least one token")
-        bad = next((t for t in prompt if not 0 <= t < self.model.shape.vocab_size), None)
-        if bad is not None:
-            raise ValueError(f"prompt: token id {bad} is outside the vocabulary [0, {self.model.shape.vocab_size})")
-        if len(prompt) + params.max_tokens > self.max_seq_len:
-            raise ValueError(
-                f"max_tokens: prompt ({len(prompt)} tokens) + max_tokens ({params.max_tokens}) exceeds "
-                f"the max sequence length {self.max_seq_len}"
-            )
+        check_request(prompt, params, self.model.shape.vocab_size, self.max_seq_len)
 
     def submit(self, seq: Sequence) -> None:
         self.validate(seq.prompt, seq.params)

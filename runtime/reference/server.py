@@ -10,9 +10,15 @@ Endpoints, matching trtllm-serve where the runtime and the benchmarks depend on 
   GET  /health               200 when serving; 503 while loading, draining or after an engine failure
   GET  /metrics              JSON list of iteration stats since the last read (dequeued on read)
 
+Two processes, as trtllm-serve's OpenAI server and its executor workers: this one (HTTP: parsing, the SSE encoding
+and the socket writes of every stream) and the engine process it starts (worker.py: the model, the KV cache and the
+engine's step loop), which gets requests and cancellations and sends back each delivery point's tokens for every
+sequence in one message (proxy.py, protocol.py). Apart, a stream's per-token Python no longer runs under the
+engine's interpreter lock, inside its step. Only the engine process imports PyTorch.
+
 SIGTERM/SIGINT drain: /health turns 503 at once, new generation requests get 503, requests in
 flight run to their full token counts (bounded by --drain-timeout, after which they are cut),
-then the process exits 0.
+then the engine process is stopped and the server exits 0. A dead engine process makes the server exit 1.
 
 LoRA (`--lora-config JSON`: the `lora_config` TensorRT-LLM's LLM API gets, fleetcast.contract.adapters):
 a completion may carry `lora_request` {lora_name, lora_int_id, lora_path}, as trtllm-serve's
@@ -49,6 +55,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib.util
 import json
 import logging
 import os
@@ -62,16 +69,15 @@ from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
-from fleetcast.contract.serving import GIB
-
 from .mps_sim import MpsClientSim
+from .protocol import SamplingParams
+from .proxy import EngineLoadFailed, EngineProxy, RemoteSequence
 
-if TYPE_CHECKING:  # torch-bound modules, imported where the model loads
-    from .engine import Engine, Events, Sequence
+if TYPE_CHECKING:
     from .tokenizer import ByteTokenizer
 
 log = logging.getLogger("fleetcast.reference.server")
-# What _dispatch queues for a request: (token or None, finish reason or None, monotonic time of its delivery).
+# What the engine proxy's dispatch queues for a request: (token or None, finish reason or None, monotonic time of its delivery).
 Event = tuple[int | None, str | None, float]
 
 VERSION = "fleetcast-reference-0.1"
@@ -81,21 +87,6 @@ def _error(status: int, message: str, param: str | None = None) -> web.Response:
     kind = {400: "BadRequestError", 404: "NotFoundError", 503: "ServiceUnavailableError"}.get(status, "InternalServerError")
     body = {"object": "error", "message": message, "type": kind, "param": param, "code": status}
     return web.json_response(body, status=status)
-
-
-def _pinned_limit(value: str | None) -> int | None:
-    """Bytes of device 0's CUDA_MPS_PINNED_DEVICE_MEM_LIMIT ("0=1024M", suffixes G, M, K or none), or None."""
-    for part in (value or "").split(","):
-        device, _, limit = part.strip().partition("=")
-        if device.strip() != "0" or not limit:
-            continue
-        scale = {"G": GIB, "M": GIB >> 10, "K": GIB >> 20}.get(limit[-1].upper(), 1)
-        digits = limit[:-1] if scale != 1 else limit
-        try:
-            return int(float(digits) * scale)
-        except ValueError:
-            return None
-    return None
 
 
 class TextChunks:
@@ -136,7 +127,7 @@ class TextChunks:
 
 class Collected:
     """A request answered in one body: its events kept as they come and handed over once, at its finish, so its
-    handler wakes once per request instead of once per token and step (_dispatch puts into it as into a queue)."""
+    handler wakes once per request instead of once per token and step (the engine proxy puts into it as into a queue)."""
 
     def __init__(self) -> None:
         self.events: list[Event] = []
@@ -307,9 +298,8 @@ class ReferenceServer:
         meta = self.config["fleetcast_reference"]
         self.model_name = args.served_model_name or f"fleetcast-reference/{meta['size']}"
         self.state = "loading"  # loading -> ready -> draining; or failed
-        self.engine: Engine | None = None
+        self.engine: EngineProxy | None = None
         self._watch_task: asyncio.Task[None] | None = None
-        self._loop: asyncio.AbstractEventLoop | None = None  # the event loop the engine's deliveries go to
         self._mps_task: asyncio.Task[None] | None = None
         self.inflight = 0
         self.created = int(time.time())
@@ -319,7 +309,8 @@ class ReferenceServer:
         self._idle.set()
         self._request_log = (open(args.request_log, "a", encoding="utf-8")  # noqa: SIM115 - closed by stop()
                              if args.request_log else None)
-        self.memory: dict[str, int | str] = {"pid": os.getpid()}  # GET /memory: what this process holds, by part
+        # GET /memory: this process, and what the engine process holds, by part (its figures, after it loaded)
+        self.memory: dict[str, int | str] = {"pid": os.getpid()}
         # On cpu, the imitation of an MPS server's fault containment, where a control daemon runs (mps_sim.py).
         self.mps = MpsClientSim.from_env(os.environ) if args.device == "cpu" else None
         max_loras = (args.lora_config or {}).get("max_loras")
@@ -327,146 +318,24 @@ class ReferenceServer:
 
     # ---- lifecycle ---------------------------------------------------------------------
 
-    def load(self) -> None:
-        """Blocking: load weights, build the engine, capture graphs. Runs in a worker thread."""
+    async def start_engine(self) -> None:
+        """Start the engine process (worker.py) and wait until it has loaded the artifact: the model, the KV cache
+        and the engine's step loop run there, this process keeps HTTP and everything per stream."""
         started = time.monotonic()
-        import torch
-
-        from .build import load_weights
-        from .configs import shape_for
-        from .engine import Engine
-        from .model import GPT2
-
-        device = self.args.device
-        if device == "cuda" and not torch.cuda.is_available():
-            raise RuntimeError("--device cuda: torch sees no CUDA device")
         if self.mps is not None:
-            self.mps.connect()  # refused while the clients of a fault still run
-        if self.args.threads:
-            torch.set_num_threads(self.args.threads)
-        dtype = getattr(torch, self.args.dtype or ("float16" if device == "cuda" else "float32"))
-        shape = shape_for(self.config["fleetcast_reference"]["size"])
-        weights = load_weights(self.args.artifact, device=device)
-        model = GPT2(shape, weights, device=device, dtype=dtype)
-        del weights
-        max_batch = self.args.max_batch_size or (64 if device == "cuda" else 8)
-        max_seq = self.args.max_seq_len or shape.n_positions
-        slots = self._kv_slots(torch, shape, max_seq, dtype, device)
-        self._lora_cache = self._allocate_lora_cache(torch, device)
-        engine = Engine(
-            model,
-            max_batch_size=max_batch,
-            max_seq_len=max_seq,
-            vocab_size=self.tokenizer.vocab_size,
-            eos_id=self.tokenizer.eos_id,
-            cache_slots=slots,
-            prefix_blocks=0 if self.args.no_block_reuse else self.args.prefix_cache_blocks,
-            deliver=self._post_events,
-        )
-        self.memory["kv_cache_bytes"] = engine.cache.nbytes
-        self.memory["prefix_cache_bytes"] = engine.prefix.nbytes if engine.prefix is not None else 0
-        self.memory["kv_cache_slots"] = engine.cache.max_batch
-        if device == "cpu" and self.args.sim_gpu_memory_bytes is not None:
-            self._ledger_write(self._own_device_bytes() + engine.cache.nbytes + int(self.memory.get("lora_cache_bytes", 0)))
-        engine.start()
-        if device == "cuda":
-            torch.cuda.synchronize()
-            self.memory["torch_allocated_bytes"] = torch.cuda.memory_allocated()
-            self.memory["torch_reserved_bytes"] = torch.cuda.memory_reserved()
-        self.engine = engine
-        log.info("model %s loaded on %s in %.2fs (max batch %d, graphs %s)", self.model_name, device,
-                 time.monotonic() - started, engine.max_batch_size, engine.cuda_graphs)
-
-    def _allocate_lora_cache(self, torch: Any, device: str) -> Any:
-        """The LoRA device cache TensorRT-LLM's PyTorch backend allocates for --lora-config's max_loras (none without
-        it): the same bytes, from the artifact's config.json, as fleetcast.contract.adapters.lora_device_cache_bytes
-        computes for the instance's memory plan, allocated after the KV cache as the engine does, so a GPU run
-        measures what the plan counts."""
-        from fleetcast.contract.adapters import lora_device_cache_bytes, model_dims
-
-        lora = self.args.lora_config
-        if lora is None or lora.get("max_loras") is None:
-            return None
-        dims = model_dims(self.config, f"{self.args.artifact}/config.json")
-        size = lora_device_cache_bytes(dims, lora["lora_target_modules"], lora["max_lora_rank"], lora["max_loras"])
-        self.memory.update(lora_cache_bytes=size, lora_max_loras=lora["max_loras"])
-        return torch.empty(size, dtype=torch.uint8, device=device)
-
-    def _kv_slots(self, torch: Any, shape: Any, max_seq: int, dtype: Any, device: str) -> int | None:
-        """Cache slots from the KV budget, by TensorRT-LLM's rule (runtime/kv_budget.py): the smaller of
-        --kv-cache-bytes (max_tokens) and --kv-cache-free-gpu-memory-fraction x the GPU memory free once the weights
-        are loaded (so it depends on what else runs on the GPU); neither: max batch size slots, as before."""
-        from .model import KVCache
-
-        element = torch.empty((), dtype=dtype).element_size()
-        slot = KVCache.slot_bytes(shape, max_seq, element)
-        self.memory.update(kv_slot_bytes=slot, weights_bytes=shape.param_count() * element)
-        free = self._free_bytes(torch, device)
-        if free is not None:
-            self.memory["free_before_kv_bytes"] = free
-        candidates: list[tuple[int, str]] = []
-        if self.args.kv_cache_bytes is not None:
-            candidates.append((self.args.kv_cache_bytes, "--kv-cache-bytes"))
-        if self.args.kv_cache_free_gpu_memory_fraction is not None and free is not None:
-            candidates.append((int(self.args.kv_cache_free_gpu_memory_fraction * free),
-                               "--kv-cache-free-gpu-memory-fraction"))
-        if not candidates:
-            return None
-        budget, flag = min(candidates)
-        self.memory.update(kv_budget_bytes=budget, kv_budget_source=flag)
-        if budget < slot:
-            raise ValueError(f"{flag}: a budget of {budget} bytes holds no sequence of {max_seq} tokens "
-                             f"({slot} bytes each for this model)")
-        return int(budget // slot)
-
-    def _own_device_bytes(self) -> int:
-        """What this process holds on its (simulated) GPU before its KV cache: weights and the per-process overhead
-        the memory plan counts (fleetcast.contract.serving, measured with this backend)."""
-        from fleetcast.contract.serving import PROCESS_OVERHEAD_BYTES
-
-        return int(self.memory.get("weights_bytes", 0)) + PROCESS_OVERHEAD_BYTES
-
-    def _free_bytes(self, torch: Any, device: str) -> int | None:
-        """GPU memory free now: cuda's own figure; on cpu the simulated GPU's, less every process on its ledger."""
-        if device == "cuda":
-            # The weights load through transient buffers (fp32 before the cast) that torch's caching allocator
-            # keeps reserved; they are this process's spare memory, not memory another process holds, so give them
-            # back first (under an MPS memory limit they would otherwise come out of the KV budget).
-            torch.cuda.empty_cache()
-            return int(torch.cuda.mem_get_info()[0])
-        capacity = self.args.sim_gpu_memory_bytes
-        if capacity is None:
-            return None
-        own = self._own_device_bytes()
-        self._ledger_write(own)
-        free = int(capacity) - own - sum(held for pid, held in self._ledger() if pid != os.getpid())
-        limit = _pinned_limit(os.environ.get("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"))
-        if limit is not None and self.mps is not None:
-            free = min(free, limit - own)
-        return max(0, free)
-
-    def _ledger(self) -> list[tuple[int, int]]:
-        ledger = self.args.sim_gpu_ledger
-        if ledger is None:
-            return []
-        out = []
-        for entry in Path(ledger).glob("*"):
-            try:
-                pid, held = int(entry.name), int(entry.read_text())
-                os.kill(pid, 0)
-            except (ValueError, OSError):
-                continue  # not an entry, or its process is gone (its memory with it)
-            out.append((pid, held))
-        return out
-
-    def _ledger_write(self, held: int) -> None:
-        ledger = self.args.sim_gpu_ledger
-        if ledger is None:
-            return
-        Path(ledger).mkdir(parents=True, exist_ok=True)
-        tmp = Path(ledger) / f".{os.getpid()}"
-        tmp.write_text(str(held))
-        tmp.replace(Path(ledger) / str(os.getpid()))
+            self.mps.connect()  # refused while the clients of a fault still run; this process is the client
+        engine = EngineProxy(self.args)
+        self.engine = engine  # before it loads: a drain or a stop ends its process too
+        try:
+            await engine.start()
+        except EngineLoadFailed:
+            self.engine = None
+            await engine.stop()
+            raise
+        self.memory.update(engine.info["memory"], engine_pid=engine.info["pid"])
+        log.info("model %s loaded on %s in %.2fs (max batch %d, graphs %s; engine process %d)", self.model_name,
+                 self.args.device, time.monotonic() - started, engine.info["max_batch_size"],
+                 engine.info["cuda_graphs"], engine.info["pid"])
 
     async def serve(self) -> int:
         app = self.make_app()
@@ -475,7 +344,7 @@ class ReferenceServer:
         site = web.TCPSite(runner, self.args.host, self.args.port)
         await site.start()
         log.info("listening on http://%s:%d", self.args.host, self.args.port)
-        loop = self._loop = asyncio.get_running_loop()
+        loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self.begin_drain)
         if self.args.fault_on_signal:
@@ -483,7 +352,7 @@ class ReferenceServer:
         if self.mps is not None:
             self._mps_task = loop.create_task(self._watch_mps())
         try:
-            await loop.run_in_executor(None, self.load)
+            await self.start_engine()
             if self.state == "loading":
                 self.state = "ready"
                 print(f"READY http://{self.args.host}:{self.args.port}", flush=True)
@@ -498,7 +367,7 @@ class ReferenceServer:
         if self.engine is not None:
             # Stopping the engine first ends any stream the drain bound cut short with
             # finish_reason "cancelled" (and its usage chunk), instead of a dropped connection.
-            await loop.run_in_executor(None, self.engine.stop)
+            await self.engine.stop()
         await runner.cleanup()
         if self._request_log:
             self._request_log.close()
@@ -584,16 +453,11 @@ class ReferenceServer:
 
     async def memory_report(self, request: web.Request) -> web.Response:
         """Reference-only: the KV budget and what was allocated for it (the co-location measurements), and on cuda
-        the peaks so far (what a process under an MPS memory limit must fit: activations, graphs, workspaces)."""
+        the peaks so far (what a process under an MPS memory limit must fit: activations, graphs, workspaces); the
+        engine process's figures, asked of it now."""
         report = dict(self.memory)
-        if self.args.device == "cuda" and self.engine is not None:
-            import torch
-
-            free, total = torch.cuda.mem_get_info()
-            report.update(torch_peak_allocated_bytes=torch.cuda.max_memory_allocated(),
-                          torch_peak_reserved_bytes=torch.cuda.max_memory_reserved(),
-                          torch_reserved_now_bytes=torch.cuda.memory_reserved(),
-                          cuda_free_bytes=int(free), cuda_total_bytes=int(total))
+        if self.engine is not None and self.engine.info:
+            report.update(await self.engine.memory())
         return web.json_response(report)
 
     async def version(self, request: web.Request) -> web.Response:
@@ -604,25 +468,12 @@ class ReferenceServer:
         return web.json_response({"object": "list", "data": [model]})
 
     async def metrics(self, request: web.Request) -> web.Response:
-        return web.json_response(self.engine.pop_stats() if self.engine is not None else [])
+        loaded = self.engine is not None and self.engine.info
+        return web.json_response(await self.engine.pop_stats() if loaded and self.engine is not None else [])
 
     async def chat(self, request: web.Request) -> web.Response:
         return _error(400, "chat completions need a chat template and this GPT-2 model has none; use /v1/completions",
                       "messages")
-
-    def _post_events(self, events: Events) -> None:
-        """The engine's delivery (its thread): a delivery point's events reach the event loop in one call, so the
-        engine thread pays one wake-up of the loop per step, not one per sequence."""
-        assert self._loop is not None
-        try:
-            self._loop.call_soon_threadsafe(self._dispatch, events, time.monotonic())
-        except RuntimeError:  # loop closed during shutdown
-            pass
-
-    @staticmethod
-    def _dispatch(events: Events, at: float) -> None:
-        for seq, token, reason in events:
-            seq.sink.put_nowait((token, reason, at))
 
     async def completions(self, request: web.Request) -> web.StreamResponse:
         refused = self._serving_error()
@@ -639,9 +490,7 @@ class ReferenceServer:
         except RequestError as exc:
             return _error(400, str(exc), exc.param)
 
-        from .engine import SamplingParams, Sequence
-
-        # Filled by _dispatch: a stream's handler takes each step's token as it comes; a collected request's only
+        # Filled by the proxy's dispatch: a stream's handler takes each step's token as it comes; a collected request's only
         # wakes at the end.
         events: asyncio.Queue[Event] = asyncio.Queue()
         collected = Collected()
@@ -649,8 +498,6 @@ class ReferenceServer:
             max_tokens=opts["max_tokens"], min_tokens=opts["min_tokens"], ignore_eos=opts["ignore_eos"],
             temperature=opts["temperature"], top_p=opts["top_p"], top_k=opts["top_k"], seed=opts["seed"],
         )
-        seq = Sequence(prompt=prompt, params=params, salt=opts["cache_salt"],
-                       sink=events if opts["stream"] else collected)
         assert self.engine is not None  # _serving_error() let only `ready` through, set after the engine
         slots = self.adapter_slots if lora_name is not None else None
         if slots is not None and lora_name is not None:
@@ -665,7 +512,7 @@ class ReferenceServer:
                 raise
             self.inflight -= 1  # counted again once submitted, with no await in between
         try:
-            self.engine.submit(seq)
+            seq = self.engine.submit(prompt, params, opts["cache_salt"], events if opts["stream"] else collected)
         except (ValueError, RuntimeError) as exc:
             if slots is not None and lora_name is not None:
                 slots.release(lora_name)
@@ -698,7 +545,7 @@ class ReferenceServer:
             record["cached_tokens"] = seq.cached_tokens
             self._log_request(record, arrived, token_times)
 
-    async def _stream(self, request: web.Request, seq: Sequence, events: asyncio.Queue[Event], opts: dict[str, Any],
+    async def _stream(self, request: web.Request, seq: RemoteSequence, events: asyncio.Queue[Event], opts: dict[str, Any],
                       record: dict[str, Any], token_times: list[float]) -> web.StreamResponse:
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
         await resp.prepare(request)
@@ -851,9 +698,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    try:
-        import torch  # noqa: F401
-    except ImportError:
+    # Only the engine process imports PyTorch (worker.py); this one needs to know it is there.
+    if importlib.util.find_spec("torch") is None:
         print("error: the reference server needs PyTorch: install the 'reference' extra "
               "(pip install -e '.[reference]')", file=sys.stderr)
         return 2

@@ -31,15 +31,18 @@ def test_only_decode_iterations_at_the_batch_count_and_the_low_quantile_drops_th
 
 def test_the_report_prints_each_batch_and_the_fits_of_both_paths():
     engine = {1: {"step_ms": 1.0, "model_ms": 0.8}, 16: {"step_ms": 2.5, "model_ms": 1.6}}
-    server = {1: {"engine_ms": 1.2, "period_ms": 1.4, "cpu_ms": 1.3}, 16: {"engine_ms": 3.0, "period_ms": 4.4,
-                                                                         "cpu_ms": 4.3}}
+    server = {1: {"engine_ms": 1.2, "period_ms": 1.4, "cpu_ms": 1.3, "engine_cpu_ms": 1.0, "http_cpu_ms": 0.3},
+              16: {"engine_ms": 3.0, "period_ms": 4.4, "cpu_ms": 4.3, "engine_cpu_ms": 1.75, "http_cpu_ms": 2.55}}
     text = "\n".join(report(engine, server))
     assert "batch  16: iteration   2.500 ms, model   1.600 ms, the rest   0.900 ms" in text
     assert "fit (iteration): fixed   900.0 µs +  100.0 µs per sequence-step" in text
     assert "fit (iteration less model: the engine's Python): fixed   153.3 µs +   46.7 µs" in text
     assert "fit (token period): fixed  1200.0 µs +  200.0 µs per sequence-step" in text
-    assert "batch  16: engine   3.000 ms, token period   4.400 ms, CPU   4.300 ms" in text
+    assert ("batch  16: engine   3.000 ms, token period   4.400 ms, CPU   4.300 ms (engine process   1.750 ms, "
+            "HTTP process   2.550 ms)") in text
     assert "fit (server CPU): fixed  1100.0 µs +  200.0 µs per sequence-step" in text
+    assert "fit (engine process CPU): fixed   950.0 µs +   50.0 µs per sequence-step" in text
+    assert "fit (HTTP process CPU): fixed   150.0 µs +  150.0 µs per sequence-step" in text
 
 
 def test_arguments_are_checked_before_anything_runs():
@@ -58,6 +61,8 @@ def test_the_benchmark_runs_both_paths_and_writes_its_figures(tmp_path):
     assert run.returncode == 0, run.stderr
     figures = json.loads(out.read_text())
     assert set(figures["engine"]) == set(figures["server"]) == {"1", "2"}
+    for row in figures["server"].values():  # the engine process's CPU and the HTTP process's make the server's
+        assert row["engine_cpu_ms"] >= 0 and row["engine_cpu_ms"] + row["http_cpu_ms"] == pytest.approx(row["cpu_ms"])
     assert all(v["step_ms"] > 0 and v["model_ms"] > 0 for v in figures["engine"].values())
     assert all(v["period_ms"] > 0 and v["cpu_ms"] > 0 for v in figures["server"].values())
     assert "µs per sequence-step" in run.stdout

@@ -327,36 +327,6 @@ def test_a_streams_text_chunks_are_the_bytes_json_dumps_gives_for_each_chunk():
             assert json.loads(got[len(b"data: "):])["choices"][0]["text"] == text
 
 
-def test_the_engines_deliveries_reach_the_event_loop_in_one_call_each():
-    """A decode step's tokens for every stream cost the engine thread one call_soon_threadsafe (one wake-up of
-    the loop), not one per sequence; the loop puts each into its request's queue."""
-    import asyncio
-
-    from runtime.reference.engine import SamplingParams, Sequence
-    from runtime.reference.server import ReferenceServer
-
-    async def run() -> tuple[int, list[list]]:
-        server = ReferenceServer.__new__(ReferenceServer)  # only the loop's end of the delivery
-        server._loop = asyncio.get_running_loop()
-        calls = [0]
-        original = server._loop.call_soon_threadsafe
-
-        def counted(callback, *args):
-            calls[0] += callback == server._dispatch  # run_in_executor's own result comes back this way too
-            return original(callback, *args)
-
-        server._loop.call_soon_threadsafe = counted  # type: ignore[method-assign,assignment]
-        seqs = [Sequence(prompt=[1], params=SamplingParams(), sink=asyncio.Queue()) for _ in range(16)]
-        await asyncio.get_running_loop().run_in_executor(
-            None, server._post_events, [(s, 7 + i, None) for i, s in enumerate(seqs)])
-        await asyncio.sleep(0)
-        return calls[0], [[s.sink.get_nowait()[:2]] for s in seqs]
-
-    calls, got = asyncio.run(run())
-    assert calls == 1
-    assert got == [[(7 + i, None)] for i in range(16)]
-
-
 def test_a_request_answered_in_one_body_is_woken_once_at_its_finish_not_per_token():
     import asyncio
 

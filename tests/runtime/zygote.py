@@ -259,7 +259,9 @@ class Zygote:
         shutil.rmtree(self.dir, ignore_errors=True)
 
 
-REFERENCE_SERVER_IMPORTS = ("torch", "runtime.reference.server")
+# The server's HTTP process and its engine process (runtime.reference.worker, started through this fork server where
+# ServerProcess sets runtime.reference.protocol.WORKER_LAUNCHER_ENV) both come from here.
+REFERENCE_SERVER_IMPORTS = ("torch", "runtime.reference.server", "runtime.reference.worker", "runtime.reference.engine")
 _servers: Zygote | None = None
 
 
