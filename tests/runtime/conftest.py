@@ -58,24 +58,3 @@ def fake_mps(tmp_path, monkeypatch):
     monkeypatch.setenv("FAKE_MPS_CALLS", str(calls))
     return calls
 
-
-@pytest.fixture(scope="module")
-def forked_engines():
-    """The reference servers that the product's supervisor starts during the module's tests, in this process
-    (runtime.serve.Serving) or in the runtime processes it starts (`python -m runtime.bootstrap`), are forks of this
-    worker's fork server, which has PyTorch imported, standing where the started process would be: its pid, own
-    session, /proc cmdline and environ, exit status (tests/runtime/zygote.py, forking_popen). A module uses it where
-    its tests start such servers; TEST_NO_ZYGOTE=1 starts them as the product does."""
-    import subprocess
-
-    from .zygote import ENGINE_SOCKET_VAR, SITE_DIR, forking_popen, reference_servers
-
-    fork_server = reference_servers()
-    if fork_server is None:
-        yield
-        return
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv(ENGINE_SOCKET_VAR, fork_server.socket)
-        patch.setenv("PYTHONPATH", os.pathsep.join(p for p in (SITE_DIR, os.environ.get("PYTHONPATH")) if p))
-        patch.setattr(subprocess, "Popen", forking_popen(fork_server.socket))
-        yield

@@ -114,10 +114,15 @@ def _become(conn: socket.socket, request: dict, fds: list[int]) -> int:
     os.environ.update(request["env"])
     os.chdir(request["cwd"])
     sys.path[0] = os.getcwd()  # as `python -m` sets it
+    if request.get("stand_in"):
+        _stand_in(request)
+        try:  # once its /proc entries are its own, as Popen returns once exec has succeeded
+            conn.sendall(f"pid {os.getpid()}\n".encode())
+        except OSError:
+            pass
     if request.get("session"):
         conn.close()  # its starter learns of the exit from this server, as a parent from waitpid
-        _stand_in(request)
-    else:
+    else:  # a launcher, or a starter reading its output: gone, its process has no one to answer
         threading.Thread(target=_watch_launcher, args=(conn,), daemon=True, name="zygote-launcher").start()
     flag, module, *args = request["argv"]
     if flag != "-m":
@@ -157,7 +162,7 @@ def _area_bytes(request: dict) -> dict[str, bytes]:
 
 def _refusal(request: dict) -> str | None:
     """Why a process the product starts cannot be this server's fork (its starter then starts it itself)."""
-    if not request.get("session"):
+    if not request.get("stand_in"):
         return None  # a launcher's: refused in the fork, which says so on the launcher's stderr
     if request.get("exe") != sys.executable:
         return "another interpreter"
@@ -175,7 +180,8 @@ def _stand_in(request: dict) -> None:
     import ctypes
     import resource
 
-    os.setsid()
+    if request["session"]:
+        os.setsid()
     for name, data in _area_bytes(request).items():
         start, end = _areas[name]
         ctypes.memmove(start, data.ljust(end - start, b"\0"), end - start)
@@ -253,10 +259,11 @@ def serve(path: str, preimport: list[str], cpu_file: str) -> tuple[socket.socket
                 os.close(fd)
             running[pid] = conn, launcher
             account()
-            try:
-                conn.sendall(f"pid {pid}\n".encode())
-            except OSError:
-                os.kill(pid, signal.SIGKILL)
+            if not request.get("stand_in"):  # a stand-in says its pid itself
+                try:
+                    conn.sendall(f"pid {pid}\n".encode())
+                except OSError:
+                    os.kill(pid, signal.SIGKILL)
         while running:
             try:
                 pid, status, usage = os.wait4(-1, os.WNOHANG)
@@ -354,7 +361,7 @@ class Zygote:
 # it in the runtime processes the tests start, where ENGINE_SOCKET_VAR names this worker's fork server), these
 # modules, started as the supervisor starts a server, are forks of the fork server (see _stand_in).
 ENGINE_SOCKET_VAR = "TEST_ENGINE_FORK_SERVER"
-ENGINE_MODULES = frozenset({"runtime.reference.server", "runtime.gateway"})
+ENGINE_MODULES = frozenset({"runtime.reference.server", "runtime.gateway", "runtime.reference.build"})
 SITE_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "forked_site")
 
 
@@ -364,14 +371,18 @@ def _without_site(pythonpath: str) -> str:
 
 def forking_popen(path: str, modules: frozenset[str] = ENGINE_MODULES) -> type:
     """A subprocess.Popen that asks the fork server at `path` for `[sys.executable, "-m", MODULE, ...]` of `modules`
-    started with only env, cwd and start_new_session=True (runtime/supervisor.py's call), and starts everything else
-    (and what the fork server refuses) itself. Its pid is the fork's; poll() and wait() read the exit that the fork
-    server reports, and signals go to the fork, whose process group and session are its own."""
+    started with only env, cwd, start_new_session, text and stdout/stderr captured (runtime/supervisor.py's call
+    of a server, runtime/backends.py's subprocess.run of a reference build), and starts everything else (and what
+    the fork server refuses) itself. Its pid is the fork's; poll() and wait() read the exit that the fork server
+    reports, communicate() the captured streams; signals go to the fork."""
+    import io
+    import locale
     import select
     import subprocess
     import threading
 
     base = subprocess.Popen
+    streams = ("stdout", "stderr")
 
     class ForkedPopen(base):  # type: ignore[valid-type,misc]
         def __init__(self, args, *rest, **kwargs):
@@ -382,20 +393,24 @@ def forking_popen(path: str, modules: frozenset[str] = ENGINE_MODULES) -> type:
                 super().__init__(args, *rest, **kwargs)
                 return
             self._forked = True
-            self._conn, self.pid = started
-            self.args, self.returncode = args, None
-            self.stdin = self.stdout = self.stderr = None
+            self._conn, self.pid, pipes, self._pending = started
+            self.args, self.returncode, self.stdin = args, None, None
+            self._text = bool(kwargs.get("text"))
+            for name in streams:  # owned by this object, closed as Popen closes its own (__exit__, communicate)
+                raw = open(pipes[name], "rb") if name in pipes else None  # noqa: SIM115
+                setattr(self, name, io.TextIOWrapper(raw) if raw is not None and self._text else raw)
+            self._captured: dict[str, bytearray] = {name: bytearray() for name in pipes}
             self._child_created = False  # nothing of this process's for Popen.__del__ to reap
             self._end_lock = threading.Lock()
-            self._pending = b""
 
         @staticmethod
         def _routed(args, kwargs) -> bool:
             return (isinstance(args, (list, tuple)) and len(args) >= 3 and args[1] == "-m" and args[2] in modules
-                    and set(kwargs) <= {"env", "cwd", "start_new_session"} and bool(kwargs.get("start_new_session")))
+                    and set(kwargs) <= {"env", "cwd", "start_new_session", "text", *streams}
+                    and all(kwargs.get(name) in (None, subprocess.PIPE) for name in streams))
 
         @staticmethod
-        def _ask(args, kwargs) -> tuple[socket.socket, int] | None:
+        def _ask(args, kwargs) -> tuple[socket.socket, int, dict[str, int], bytes] | None:
             import resource
 
             env = {str(k): str(v) for k, v in (kwargs.get("env") if kwargs.get("env") is not None
@@ -405,38 +420,47 @@ def forking_popen(path: str, modules: frozenset[str] = ENGINE_MODULES) -> type:
                 if not env["PYTHONPATH"]:
                     del env["PYTHONPATH"]
             request = {"exe": str(args[0]), "argv": [str(a) for a in args[1:]], "env": env,
-                       "cwd": os.path.abspath(kwargs.get("cwd") or os.getcwd()), "session": True,
+                       "cwd": os.path.abspath(kwargs.get("cwd") or os.getcwd()), "stand_in": True,
+                       "session": bool(kwargs.get("start_new_session")),
                        "nofile": resource.getrlimit(resource.RLIMIT_NOFILE)[0], "fd_slots": _fd_slots()}
             payload = json.dumps(request).encode()
+            pipes = {name: os.pipe() for name in streams if kwargs.get(name) == subprocess.PIPE}
             conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            reply = b""
             try:
                 conn.connect(path)
-                socket.send_fds(conn, [_HEADER.pack(len(payload)) + payload], [0, 1, 2])
-                reply = b""
-                while not reply.endswith(b"\n"):
+                socket.send_fds(conn, [_HEADER.pack(len(payload)) + payload],
+                                [0, *(pipes[name][1] if name in pipes else fd for fd, name in ((1, "stdout"), (2, "stderr")))])
+                while b"\n" not in reply:
                     chunk = conn.recv(256)
                     if not chunk:
                         break
                     reply += chunk
             except OSError:
-                reply = b""
-            first = reply.decode().split()
+                pass
+            for _, write in pipes.values():
+                os.close(write)
+            line, _, rest = reply.partition(b"\n")  # what follows: its exit, if it came as quickly
+            first = line.decode().split()
             if len(first) != 2 or first[0] != "pid":  # refused, or the fork server is gone: started here
                 conn.close()
+                for read, _ in pipes.values():
+                    os.close(read)
                 return None
-            return conn, int(first[1])
+            return conn, int(first[1]), {name: read for name, (read, _) in pipes.items()}, rest
 
         def _end(self, timeout: float | None) -> int | None:
             """The exit status once the fork server reports it within `timeout` seconds (None: no bound)."""
             if self.returncode is not None or self._conn is None:
                 return self.returncode
-            readable, _, _ = select.select([self._conn], [], [], timeout)
-            if not readable:
-                return None
-            chunk = self._conn.recv(256)
-            self._pending += chunk
-            if chunk and not self._pending.endswith(b"\n"):
-                return None
+            if not self._pending.endswith(b"\n"):
+                readable, _, _ = select.select([self._conn], [], [], timeout)
+                if not readable:
+                    return None
+                chunk = self._conn.recv(256)
+                self._pending += chunk
+                if chunk and not self._pending.endswith(b"\n"):
+                    return None
             end = self._pending.decode().split()
             self._conn.close()
             self._conn = None
@@ -476,10 +500,40 @@ def forking_popen(path: str, modules: frozenset[str] = ENGINE_MODULES) -> type:
                 if deadline is not None and time.monotonic() >= deadline:
                     raise subprocess.TimeoutExpired(self.args, timeout)
 
+        def communicate(self, input=None, timeout=None):
+            if not self._forked:
+                return super().communicate(input, timeout)
+            import time
+
+            deadline = None if timeout is None else time.monotonic() + timeout
+            reading = {stream.fileno(): name for name in self._captured
+                       if (stream := getattr(self, name)) is not None and not stream.closed}
+            while reading:
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    raise subprocess.TimeoutExpired(self.args, timeout)
+                ready, _, _ = select.select(list(reading), [], [], left)
+                for fd in ready:
+                    data = os.read(fd, 1 << 16)
+                    if data:
+                        self._captured[reading[fd]] += data
+                    else:
+                        getattr(self, reading.pop(fd)).close()
+            self.wait(None if deadline is None else max(0.0, deadline - time.monotonic()))
+            out, err = (self._decoded(name) if name in self._captured else None for name in streams)
+            return out, err
+
+        def _decoded(self, name: str) -> bytes | str:
+            data = bytes(self._captured[name])
+            if not self._text:
+                return data
+            return data.decode(locale.getpreferredencoding(False)).replace("\r\n", "\n").replace("\r", "\n")
+
     return ForkedPopen
 
 
-REFERENCE_SERVER_IMPORTS = ("torch", "runtime.reference.server", "runtime.gateway.__main__")
+REFERENCE_SERVER_IMPORTS = ("torch", "safetensors.torch", "runtime.reference.server", "runtime.reference.build",
+                            "runtime.reference.model", "runtime.gateway.__main__")
 _servers: Zygote | None = None
 
 

@@ -1,7 +1,8 @@
-"""On PYTHONPATH of the runtime processes that tests/runtime/conftest.py's `forked_engines` starts (with
-TEST_ENGINE_FORK_SERVER set): their subprocess.Popen forks the reference servers the supervisor starts from the
-test worker's fork server, which has PyTorch imported (tests/runtime/zygote.py, forking_popen), instead of paying
-~3 s of CPU per server to import it again. Everything else they start, they start themselves.
+"""On PYTHONPATH of the processes that tests/conftest.py's `forked_engines` reaches (with TEST_ENGINE_FORK_SERVER
+set): their subprocess.Popen forks the reference servers, gateways and reference builds that the product starts
+(runtime/supervisor.py, runtime/backends.py) from the test worker's fork server, which has PyTorch and those modules
+imported (tests/runtime/zygote.py, forking_popen), instead of paying ~3 s of CPU per process to import them again.
+Everything else they start, they start themselves.
 
 Python imports one `sitecustomize`, the first on sys.path: this one runs TEST_CPU_LOG's
 (tests/cpu_by_process/sitecustomize.py) too, which does nothing unless its own variable is set."""
