@@ -154,3 +154,23 @@ def test_what_the_fork_server_cannot_stand_in_for_is_started_here(product_start)
     finally:
         proc.kill()
         proc.wait(60)
+
+
+def test_a_process_started_with_its_streams_redirected_writes_where_they_point(tmp_path, zygote):
+    """As tests start the runtime (stdout a pipe, stderr a log file) and bench scripts their clients (stderr into
+    stdout, or /dev/null)."""
+    (tmp_path / "zygote_probe.py").write_text(PROBE)
+    popen = forking_popen(zygote.socket, frozenset({"zygote_probe"}))
+    log = tmp_path / "log"
+    with open(log, "ab") as stderr:
+        piped = popen([sys.executable, "-m", "zygote_probe", "parent", "0"], cwd=tmp_path, stdout=subprocess.PIPE,
+                      stderr=stderr, text=True)
+        out, _ = piped.communicate(timeout=60)
+    assert int(out.splitlines()[1]) == zygote.proc.pid and piped.returncode == 0
+    combined = popen([sys.executable, "-m", "zygote_probe", "exit", "3"], cwd=tmp_path, stdout=subprocess.PIPE,
+                     stderr=subprocess.STDOUT)
+    out, err = combined.communicate(timeout=60)
+    assert combined.returncode == 3 and out.split(b" ", 1)[1].startswith(b"['exit', '3']") and err is None
+    silent = popen([sys.executable, "-m", "zygote_probe", "exit", "4"], cwd=tmp_path, stdout=subprocess.DEVNULL,
+                   stderr=subprocess.DEVNULL)
+    assert silent.wait(60) == 4 and log.read_bytes() == b""

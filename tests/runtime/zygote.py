@@ -116,6 +116,10 @@ def _become(conn: socket.socket, request: dict, fds: list[int]) -> int:
     sys.path[0] = os.getcwd()  # as `python -m` sets it
     if request.get("stand_in"):
         _stand_in(request)
+        if request["env"].get(ENGINE_SOCKET_VAR):  # what forked_site/sitecustomize.py does at a process's start
+            import subprocess
+
+            subprocess.Popen = forking_popen(request["env"][ENGINE_SOCKET_VAR])  # type: ignore[assignment,misc]
         try:  # once its /proc entries are its own, as Popen returns once exec has succeeded
             conn.sendall(f"pid {os.getpid()}\n".encode())
         except OSError:
@@ -357,11 +361,13 @@ class Zygote:
 
 # ---------------------------------------------------------------- the product's starts of those servers, forked
 
-# In a process whose subprocess.Popen is forking_popen(SOCKET) (tests/runtime/forked_site/sitecustomize.py installs
-# it in the runtime processes the tests start, where ENGINE_SOCKET_VAR names this worker's fork server), these
-# modules, started as the supervisor starts a server, are forks of the fork server (see _stand_in).
+# In a process whose subprocess.Popen is forking_popen(SOCKET) (the test worker under tests/conftest.py's
+# `forked_engines`; tests/runtime/forked_site/sitecustomize.py installs it in the processes started from there, and
+# _become in a fork that starts others), these modules are forks of the fork server (see _stand_in): the runtime the
+# tests start, the servers, gateways and builds it starts, and the CLI that bench scripts start as load clients.
 ENGINE_SOCKET_VAR = "TEST_ENGINE_FORK_SERVER"
-ENGINE_MODULES = frozenset({"runtime.reference.server", "runtime.gateway", "runtime.reference.build"})
+ENGINE_MODULES = frozenset({"runtime.bootstrap", "runtime.reference.server", "runtime.gateway",
+                            "runtime.reference.build", "scripts.cli"})
 SITE_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "forked_site")
 
 
@@ -405,9 +411,34 @@ def forking_popen(path: str, modules: frozenset[str] = ENGINE_MODULES) -> type:
 
         @staticmethod
         def _routed(args, kwargs) -> bool:
+            def stream(name: str) -> bool:  # what a fork can be given: a descriptor, its own pipe, /dev/null
+                value = kwargs.get(name)
+                return (value is None or value in (subprocess.PIPE, subprocess.DEVNULL) or hasattr(value, "fileno")
+                        or (isinstance(value, int) and value >= 0) or (name == "stderr" and value == subprocess.STDOUT))
+
             return (isinstance(args, (list, tuple)) and len(args) >= 3 and args[1] == "-m" and args[2] in modules
                     and set(kwargs) <= {"env", "cwd", "start_new_session", "text", *streams}
-                    and all(kwargs.get(name) in (None, subprocess.PIPE) for name in streams))
+                    and all(stream(name) for name in streams))
+
+        @staticmethod
+        def _child_fds(kwargs, pipes: dict[str, tuple[int, int]], opened: list[int]) -> list[int]:
+            """The fork's descriptors 0, 1 and 2, as Popen would give them its child."""
+            fds = [0]
+            for fd, name in ((1, "stdout"), (2, "stderr")):
+                value = kwargs.get(name)
+                if name in pipes:
+                    fd = pipes[name][1]
+                elif value == subprocess.DEVNULL:
+                    fd = os.open(os.devnull, os.O_WRONLY)
+                    opened.append(fd)
+                elif value == subprocess.STDOUT:
+                    fd = fds[1]
+                elif hasattr(value, "fileno"):
+                    fd = value.fileno()
+                elif isinstance(value, int) and value >= 0:
+                    fd = value
+                fds.append(fd)
+            return fds
 
         @staticmethod
         def _ask(args, kwargs) -> tuple[socket.socket, int, dict[str, int], bytes] | None:
@@ -425,12 +456,13 @@ def forking_popen(path: str, modules: frozenset[str] = ENGINE_MODULES) -> type:
                        "nofile": resource.getrlimit(resource.RLIMIT_NOFILE)[0], "fd_slots": _fd_slots()}
             payload = json.dumps(request).encode()
             pipes = {name: os.pipe() for name in streams if kwargs.get(name) == subprocess.PIPE}
+            opened: list[int] = []
             conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             reply = b""
             try:
                 conn.connect(path)
                 socket.send_fds(conn, [_HEADER.pack(len(payload)) + payload],
-                                [0, *(pipes[name][1] if name in pipes else fd for fd, name in ((1, "stdout"), (2, "stderr")))])
+                                ForkedPopen._child_fds(kwargs, pipes, opened))
                 while b"\n" not in reply:
                     chunk = conn.recv(256)
                     if not chunk:
@@ -438,8 +470,8 @@ def forking_popen(path: str, modules: frozenset[str] = ENGINE_MODULES) -> type:
                     reply += chunk
             except OSError:
                 pass
-            for _, write in pipes.values():
-                os.close(write)
+            for fd in [write for _, write in pipes.values()] + opened:
+                os.close(fd)
             line, _, rest = reply.partition(b"\n")  # what follows: its exit, if it came as quickly
             first = line.decode().split()
             if len(first) != 2 or first[0] != "pid":  # refused, or the fork server is gone: started here
@@ -533,7 +565,7 @@ def forking_popen(path: str, modules: frozenset[str] = ENGINE_MODULES) -> type:
 
 
 REFERENCE_SERVER_IMPORTS = ("torch", "safetensors.torch", "runtime.reference.server", "runtime.reference.build",
-                            "runtime.reference.model", "runtime.gateway.__main__")
+                            "runtime.reference.model", "runtime.gateway.__main__", "runtime.bootstrap", "scripts.cli")
 _servers: Zygote | None = None
 
 
