@@ -248,3 +248,25 @@ def pytest_collection_finish(session):
     # only; what the tests start runs with Python's defaults.
     gc.freeze()
     gc.set_threshold(10_000, 20, 20)
+
+
+@pytest.fixture(scope="module")
+def forked_engines():
+    """The reference servers, gateways and reference builds that the product starts during the module's tests (from
+    runtime.serve.Serving in this process, or from the processes the tests start with this environment: `python -m
+    runtime.bootstrap`, bench/h200_sharing.py) are forks of this worker's fork server, which has PyTorch imported,
+    standing where the started process would be: its pid, session, /proc cmdline and environ, captured output and
+    exit status (tests/runtime/zygote.py, forking_popen). TEST_NO_ZYGOTE=1 starts them as the product does."""
+    import subprocess
+
+    from tests.runtime.zygote import ENGINE_SOCKET_VAR, SITE_DIR, forking_popen, reference_servers
+
+    fork_server = reference_servers()
+    if fork_server is None:
+        yield
+        return
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv(ENGINE_SOCKET_VAR, fork_server.socket)
+        patch.setenv("PYTHONPATH", os.pathsep.join(p for p in (SITE_DIR, os.environ.get("PYTHONPATH")) if p))
+        patch.setattr(subprocess, "Popen", forking_popen(fork_server.socket))
+        yield

@@ -18,7 +18,7 @@ import pytest
 
 from tests.optional import needs_torch
 
-pytestmark = needs_torch
+pytestmark = [needs_torch, pytest.mark.usefixtures("forked_engines")]
 
 
 ROOT = Path(__file__).resolve().parents[2]

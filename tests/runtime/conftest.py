@@ -57,3 +57,4 @@ def fake_mps(tmp_path, monkeypatch):
     monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}")
     monkeypatch.setenv("FAKE_MPS_CALLS", str(calls))
     return calls
+

@@ -20,7 +20,7 @@ from runtime.devtools.harness import LocalAws, free_port, free_port_pair, tiny_c
 from runtime.serve import raw_health
 from tests.runtime.streaming import StreamResult, stream_completion
 
-pytestmark = pytest.mark.timeout(240)
+pytestmark = [pytest.mark.timeout(240), pytest.mark.usefixtures("forked_engines")]
 
 
 @pytest.fixture(scope="module")

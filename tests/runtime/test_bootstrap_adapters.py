@@ -31,7 +31,7 @@ from runtime.devtools.harness import (
     write_peft_adapter,
 )
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.timeout(300), pytest.mark.usefixtures("forked_engines")]
 
 
 def call(port: int, method: str, path: str, body: dict | None = None) -> tuple[int, dict]:

@@ -18,7 +18,7 @@ from runtime.devtools.harness import LocalAws, free_port_pair, tiny_config
 from runtime.engine_cache import CacheInputs, CacheSettings, EngineCache
 from tests.runtime.cache_worker import fake_build
 
-pytestmark = pytest.mark.timeout(240)
+pytestmark = [pytest.mark.timeout(240), pytest.mark.usefixtures("forked_engines")]
 
 
 @pytest.fixture

@@ -17,7 +17,7 @@ import pytest
 from fleetcast.contract import telemetry
 from runtime.devtools.harness import LocalAws, free_port_pair, reference_cache_key, two_model_config
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.timeout(300), pytest.mark.usefixtures("forked_engines")]
 
 
 def call(port: int, method: str, path: str, body: dict | None = None) -> tuple[int, dict]:

@@ -26,7 +26,7 @@ from runtime.serve import ServerProcess, ServeSettings, Serving, server_name
 from runtime.supervisor import RestartPolicy
 from tests.optional import needs_torch
 
-pytestmark = needs_torch
+pytestmark = [needs_torch, pytest.mark.usefixtures("forked_engines")]
 
 MIB = 1 << 20
 MAX_SEQ = 128

@@ -24,7 +24,7 @@ from tests.optional import needs_torch
 
 from .test_multi_model import complete, processes
 
-pytestmark = [needs_torch, pytest.mark.xdist_group("multi-model")]
+pytestmark = [needs_torch, pytest.mark.xdist_group("multi-model"), pytest.mark.usefixtures("forked_engines")]
 
 
 @pytest.fixture(scope="module")

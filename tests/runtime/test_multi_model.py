@@ -20,7 +20,7 @@ from runtime.serve import ServeError, ServerProcess, ServeSettings, Serving, htt
 from runtime.supervisor import RestartPolicy
 from tests.optional import needs_torch
 
-pytestmark = [needs_torch, pytest.mark.xdist_group("multi-model")]
+pytestmark = [needs_torch, pytest.mark.xdist_group("multi-model"), pytest.mark.usefixtures("forked_engines")]
 
 MAX_SEQ = 128
 SLOT = 2 * 2 * 4 * MAX_SEQ * 16 * 4  # tiny: 2 layers, K and V, 4 heads x 16, float32 on CPU: bytes per sequence

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from .zygote import Zygote
+from .zygote import ROOM_ENV, Zygote, forking_popen
 
 PROBE = """
 import os, signal, sys, time
@@ -20,6 +20,8 @@ mode = sys.argv[1]
 if mode == "usr2":
     signal.signal(signal.SIGUSR2, lambda *_: sys.exit(3))
 print(os.getpid(), sys.argv[1:], os.getcwd(), os.environ.get("PROBE_WORD"), flush=True)
+if mode == "parent":
+    print(os.getppid(), flush=True)
 if mode in ("usr2", "wait"):
     time.sleep(60)
     sys.exit(9)
@@ -89,3 +91,86 @@ def test_another_pythonpath_is_refused_not_run_with_the_fork_servers(probe):
     proc = probe("exit", "0", PYTHONPATH="/elsewhere")
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 1 and "start this process with its own interpreter" in err
+
+
+# ---------------------------------------------------------------- processes the product starts (forking_popen)
+
+
+def _parent(pid: int) -> int:
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    return int(stat[stat.rindex(")") + 2:].split()[1])  # proc(5) field 4, ppid
+
+
+@pytest.fixture
+def product_start(tmp_path, zygote):
+    """subprocess.Popen as `forked_engines` makes it (tests/runtime/conftest.py), for the probe module."""
+    (tmp_path / "zygote_probe.py").write_text(PROBE)
+    popen = forking_popen(zygote.socket, frozenset({"zygote_probe"}))
+
+    def start(*args: str, **env: str) -> subprocess.Popen[bytes]:
+        # As runtime/supervisor.py starts a server: env, cwd and a session of its own, nothing else.
+        return popen([sys.executable, "-m", "zygote_probe", *args], env={**os.environ, **env}, cwd=tmp_path,
+                     start_new_session=True)
+
+    return start
+
+
+def test_a_server_the_supervisor_starts_is_a_fork_with_the_pid_session_and_proc_entries_exec_would_give(
+        product_start, zygote):
+    proc = product_start("wait", PROBE_WORD="hello")
+    try:
+        assert _parent(proc.pid) == zygote.proc.pid  # forked there, not started here
+        assert os.getsid(proc.pid) == os.getpgid(proc.pid) == proc.pid  # start_new_session
+        cmdline = Path(f"/proc/{proc.pid}/cmdline").read_bytes().rstrip(b"\0").split(b"\0")
+        assert cmdline == [os.fsencode(a) for a in (sys.executable, "-m", "zygote_probe", "wait")]
+        environ = dict(item.split(b"=", 1) for item in Path(f"/proc/{proc.pid}/environ").read_bytes().split(b"\0")
+                       if item)
+        assert environ[b"PROBE_WORD"] == b"hello" and ROOM_ENV.encode() not in environ
+        assert proc.poll() is None
+        os.killpg(proc.pid, signal.SIGTERM)  # as the supervisor stops it
+        assert proc.wait(60) == -signal.SIGTERM
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(60)
+
+
+def test_a_build_run_with_its_output_captured_gets_its_output_and_exit_status(tmp_path, zygote, monkeypatch):
+    (tmp_path / "zygote_probe.py").write_text(PROBE)
+    monkeypatch.setattr(subprocess, "Popen", forking_popen(zygote.socket, frozenset({"zygote_probe"})))
+    # As runtime/backends.py runs the reference build.
+    done = subprocess.run([sys.executable, "-m", "zygote_probe", "parent", "5"], cwd=tmp_path, capture_output=True,
+                          text=True, check=False, timeout=60)
+    assert done.returncode == 5
+    first, parent = done.stdout.splitlines()
+    assert first.split(" ", 1)[1] == f"['parent', '5'] {tmp_path} None"
+    assert int(parent) == zygote.proc.pid and done.stderr == ""
+
+
+def test_what_the_fork_server_cannot_stand_in_for_is_started_here(product_start):
+    proc = product_start("wait", PYTHONPATH="/elsewhere")  # its sys.path would not be the fork server's
+    try:
+        assert _parent(proc.pid) == os.getpid()
+    finally:
+        proc.kill()
+        proc.wait(60)
+
+
+def test_a_process_started_with_its_streams_redirected_writes_where_they_point(tmp_path, zygote):
+    """As tests start the runtime (stdout a pipe, stderr a log file) and bench scripts their clients (stderr into
+    stdout, or /dev/null)."""
+    (tmp_path / "zygote_probe.py").write_text(PROBE)
+    popen = forking_popen(zygote.socket, frozenset({"zygote_probe"}))
+    log = tmp_path / "log"
+    with open(log, "ab") as stderr:
+        piped = popen([sys.executable, "-m", "zygote_probe", "parent", "0"], cwd=tmp_path, stdout=subprocess.PIPE,
+                      stderr=stderr, text=True)
+        out, _ = piped.communicate(timeout=60)
+    assert int(out.splitlines()[1]) == zygote.proc.pid and piped.returncode == 0
+    combined = popen([sys.executable, "-m", "zygote_probe", "exit", "3"], cwd=tmp_path, stdout=subprocess.PIPE,
+                     stderr=subprocess.STDOUT)
+    out, err = combined.communicate(timeout=60)
+    assert combined.returncode == 3 and out.split(b" ", 1)[1].startswith(b"['exit', '3']") and err is None
+    silent = popen([sys.executable, "-m", "zygote_probe", "exit", "4"], cwd=tmp_path, stdout=subprocess.DEVNULL,
+                   stderr=subprocess.DEVNULL)
+    assert silent.wait(60) == 4 and log.read_bytes() == b""

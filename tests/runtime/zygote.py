@@ -9,9 +9,12 @@ SOCKET -- -m MODULE ARGS`) stands where the server's process would: the test's P
 a test sends (SIGTERM, SIGUSR2, ...) and exits as the server did (its code, or the signal that ended it); when the
 launcher is killed (SIGKILL cannot be passed on) the server kills itself as soon as its launcher's socket closes.
 
-Only where nothing looks at the server's pid itself (its /proc entries, SIGSTOP): the processes a supervisor starts
-(runtime/supervisor.py reads the child's /proc/PID/schedstat and io for liveness; tests freeze engines with SIGSTOP)
-are started as the product starts them. TEST_NO_ZYGOTE=1 starts every server with its own interpreter again.
+The launcher serves where nothing looks at the server's pid itself (its /proc entries, SIGSTOP). The servers the
+product's supervisor starts are read through their pid (runtime/supervisor.py sums the /proc CPU and I/O of the
+child's session for liveness; tests find engines by their /proc cmdline, read their environ, freeze them with
+SIGSTOP): in the processes that tests/runtime/conftest.py's `forked_engines` reaches, subprocess.Popen asks for
+those as forks that stand where the started process would be, with no launcher (forking_popen, _stand_in).
+TEST_NO_ZYGOTE=1 starts every server with its own interpreter again.
 
 The CPU the forks use is reaped here, not by the test process: cpu_s() is this process's own CPU and that of the
 forks it reaped, and tests/conftest.py adds it to each test's children_s, so TEST_CPU_LOG counts it."""
@@ -111,13 +114,95 @@ def _become(conn: socket.socket, request: dict, fds: list[int]) -> int:
     os.environ.update(request["env"])
     os.chdir(request["cwd"])
     sys.path[0] = os.getcwd()  # as `python -m` sets it
-    threading.Thread(target=_watch_launcher, args=(conn,), daemon=True, name="zygote-launcher").start()
+    if request.get("stand_in"):
+        _stand_in(request)
+        if request["env"].get(ENGINE_SOCKET_VAR):  # what forked_site/sitecustomize.py does at a process's start
+            import subprocess
+
+            subprocess.Popen = forking_popen(request["env"][ENGINE_SOCKET_VAR])  # type: ignore[assignment,misc]
+        try:  # once its /proc entries are its own, as Popen returns once exec has succeeded
+            conn.sendall(f"pid {os.getpid()}\n".encode())
+        except OSError:
+            pass
+    if request.get("session"):
+        conn.close()  # its starter learns of the exit from this server, as a parent from waitpid
+    else:  # a launcher, or a starter reading its output: gone, its process has no one to answer
+        threading.Thread(target=_watch_launcher, args=(conn,), daemon=True, name="zygote-launcher").start()
     flag, module, *args = request["argv"]
     if flag != "-m":
         raise SystemExit(f"zygote: only `-m MODULE` runs here, not {request['argv']}")
     sys.argv = [module, *args]
     runpy.run_module(module, run_name="__main__", alter_sys=True)
     return 0
+
+
+# A process the product itself starts (runtime/supervisor.py: `python -m MODULE` in a session of its own) is read
+# through its pid: the supervisor sums the CPU and I/O of the child's session from /proc to tell a starting server
+# from a stuck one, tests find an engine by its /proc cmdline and read its /proc environ, freeze it with SIGSTOP and
+# signal its process group. Its fork here stands where that process would: its own session (setsid, as
+# start_new_session), the command line and environment in /proc that exec would have given it, the starter's
+# descriptor limit and table size; its exit is reported to the starter (ForkedPopen), which reaps nothing.
+# /proc/PID/cmdline and environ are read from the process's argument and environment areas (proc(5)), which a fork
+# shares the addresses of: this server starts with room in both (ROOM_ARG, ROOM_ENV), and a fork writes its own there.
+ROOM_ARG = "--room="
+ROOM_ENV = "ZYGOTE_ROOM"
+_ROOM_BYTES = {"arg": 8192, "env": 65536}
+_areas: dict[str, tuple[int, int]] = {}
+
+
+def _proc_areas() -> dict[str, tuple[int, int]]:
+    """This process's argument and environment areas (proc(5), /proc/PID/stat fields 48-51: arg_start, arg_end,
+    env_start, env_end)."""
+    with open("/proc/self/stat") as handle:
+        stat = handle.read()
+    fields = stat[stat.rindex(")") + 2:].split()  # fields[0] is field 3, state
+    return {"arg": (int(fields[45]), int(fields[46])), "env": (int(fields[47]), int(fields[48]))}
+
+
+def _area_bytes(request: dict) -> dict[str, bytes]:
+    return {"arg": b"".join(os.fsencode(a) + b"\0" for a in [request["exe"], *request["argv"]]),
+            "env": b"".join(os.fsencode(f"{k}={v}") + b"\0" for k, v in request["env"].items())}
+
+
+def _refusal(request: dict) -> str | None:
+    """Why a process the product starts cannot be this server's fork (its starter then starts it itself)."""
+    if not request.get("stand_in"):
+        return None  # a launcher's: refused in the fork, which says so on the launcher's stderr
+    if request.get("exe") != sys.executable:
+        return "another interpreter"
+    if request["env"].get("PYTHONPATH") != os.environ.get("PYTHONPATH"):
+        return "another PYTHONPATH"
+    for name, data in _area_bytes(request).items():
+        start, end = _areas.get(name, (0, 0))
+        if len(data) > end - start:
+            return f"no room for its {name} area"
+    return None
+
+
+def _stand_in(request: dict) -> None:
+    """In the fork of a process the product starts: what exec in a new session would have given it."""
+    import ctypes
+    import resource
+
+    if request["session"]:
+        os.setsid()
+    for name, data in _area_bytes(request).items():
+        start, end = _areas[name]
+        ctypes.memmove(start, data.ljust(end - start, b"\0"), end - start)
+    hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+    if hard == resource.RLIM_INFINITY or request["nofile"] <= hard:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (request["nofile"], hard))
+    # The table a child of the starter begins with (runtime/descriptors.py); the kernel sizes it in powers of two.
+    highest = min(request["fd_slots"], resource.getrlimit(resource.RLIMIT_NOFILE)[0]) - 1
+    if highest >= _fd_slots():
+        os.dup2(0, highest)
+        os.close(highest)
+
+
+def _fd_slots() -> int:
+    """The size of this process's descriptor table (proc(5), FDSize in /proc/PID/status)."""
+    with open("/proc/self/status") as handle:
+        return int(handle.read().split("FDSize:")[1].split()[0])
 
 
 def serve(path: str, preimport: list[str], cpu_file: str) -> tuple[socket.socket, dict, list[int]] | None:
@@ -127,6 +212,8 @@ def serve(path: str, preimport: list[str], cpu_file: str) -> tuple[socket.socket
     import resource
     import select
 
+    os.environ.pop(ROOM_ENV, None)
+    _areas.update(_proc_areas())
     for name in preimport:
         importlib.import_module(name)
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -155,6 +242,16 @@ def serve(path: str, preimport: list[str], cpu_file: str) -> tuple[socket.socket
             except (OSError, ValueError):
                 conn.close()
                 continue
+            refusal = _refusal(request)
+            if refusal is not None:
+                for fd in fds:
+                    os.close(fd)
+                try:
+                    conn.sendall(f"refused {refusal}\n".encode())
+                except OSError:
+                    pass
+                conn.close()
+                continue
             launcher, _uid, _gid = _PEER.unpack(conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _PEER.size))
             pid = os.fork()
             if pid == 0:
@@ -166,10 +263,11 @@ def serve(path: str, preimport: list[str], cpu_file: str) -> tuple[socket.socket
                 os.close(fd)
             running[pid] = conn, launcher
             account()
-            try:
-                conn.sendall(f"pid {pid}\n".encode())
-            except OSError:
-                os.kill(pid, signal.SIGKILL)
+            if not request.get("stand_in"):  # a stand-in says its pid itself
+                try:
+                    conn.sendall(f"pid {pid}\n".encode())
+                except OSError:
+                    os.kill(pid, signal.SIGKILL)
         while running:
             try:
                 pid, status, usage = os.wait4(-1, os.WNOHANG)
@@ -196,7 +294,7 @@ def main(argv: list[str]) -> int:
     if argv[:1] == ["serve"] and len(argv) >= 3:
         # Started as a script, sys.path[0] is this directory: the repository root stands there instead.
         sys.path[0] = str(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
-        fork = serve(argv[1], argv[3:], argv[2])
+        fork = serve(argv[1], [name for name in argv[3:] if not name.startswith(ROOM_ARG)], argv[2])
         if fork is None:
             return 0
         return _become(*fork)  # SystemExit from the module ends this fork as it would end the server
@@ -218,9 +316,11 @@ class Zygote:
         self.dir = tempfile.mkdtemp(prefix="fleetcast-zygote-")
         self.socket = os.path.join(self.dir, "socket")
         self.cpu_file = os.path.join(self.dir, "cpu")
+        room = {ROOM_ENV: "." * _ROOM_BYTES["env"]}  # where its forks write their own (see _stand_in)
         self.proc = subprocess.Popen([sys.executable, "-u", os.path.abspath(__file__), "serve", self.socket,
-                                      self.cpu_file, *preimport], stdout=subprocess.PIPE, stdin=subprocess.DEVNULL,
-                                     text=True)
+                                      self.cpu_file, *preimport, ROOM_ARG + "." * _ROOM_BYTES["arg"]],
+                                     stdout=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True,
+                                     env={**os.environ, **room})
         assert self.proc.stdout is not None
         ready = self.proc.stdout.readline()  # bounded by the imports; the process's exit ends it too
         if ready.strip() != "ready":
@@ -259,9 +359,216 @@ class Zygote:
         shutil.rmtree(self.dir, ignore_errors=True)
 
 
+# ---------------------------------------------------------------- the product's starts of those servers, forked
+
+# In a process whose subprocess.Popen is forking_popen(SOCKET) (the test worker under tests/conftest.py's
+# `forked_engines`; tests/runtime/forked_site/sitecustomize.py installs it in the processes started from there, and
+# _become in a fork that starts others), these modules are forks of the fork server (see _stand_in): the runtime the
+# tests start, the servers, gateways and builds it starts, and the CLI that bench scripts start as load clients.
+ENGINE_SOCKET_VAR = "TEST_ENGINE_FORK_SERVER"
+ENGINE_MODULES = frozenset({"runtime.bootstrap", "runtime.reference.server", "runtime.gateway",
+                            "runtime.reference.build", "scripts.cli"})
+SITE_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "forked_site")
+
+
+def _without_site(pythonpath: str) -> str:
+    return os.pathsep.join(entry for entry in pythonpath.split(os.pathsep) if entry != SITE_DIR)
+
+
+def forking_popen(path: str, modules: frozenset[str] = ENGINE_MODULES) -> type:
+    """A subprocess.Popen that asks the fork server at `path` for `[sys.executable, "-m", MODULE, ...]` of `modules`
+    started with only env, cwd, start_new_session, text and stdout/stderr captured (runtime/supervisor.py's call
+    of a server, runtime/backends.py's subprocess.run of a reference build), and starts everything else (and what
+    the fork server refuses) itself. Its pid is the fork's; poll() and wait() read the exit that the fork server
+    reports, communicate() the captured streams; signals go to the fork."""
+    import io
+    import locale
+    import select
+    import subprocess
+    import threading
+
+    base = subprocess.Popen
+    streams = ("stdout", "stderr")
+
+    class ForkedPopen(base):  # type: ignore[valid-type,misc]
+        def __init__(self, args, *rest, **kwargs):
+            self._forked = False
+            self._conn: socket.socket | None = None
+            started = self._ask(args, kwargs) if not rest and self._routed(args, kwargs) else None
+            if started is None:
+                super().__init__(args, *rest, **kwargs)
+                return
+            self._forked = True
+            self._conn, self.pid, pipes, self._pending = started
+            self.args, self.returncode, self.stdin = args, None, None
+            self._text = bool(kwargs.get("text"))
+            for name in streams:  # owned by this object, closed as Popen closes its own (__exit__, communicate)
+                raw = open(pipes[name], "rb") if name in pipes else None  # noqa: SIM115
+                setattr(self, name, io.TextIOWrapper(raw) if raw is not None and self._text else raw)
+            self._captured: dict[str, bytearray] = {name: bytearray() for name in pipes}
+            self._child_created = False  # nothing of this process's for Popen.__del__ to reap
+            self._end_lock = threading.Lock()
+
+        @staticmethod
+        def _routed(args, kwargs) -> bool:
+            def stream(name: str) -> bool:  # what a fork can be given: a descriptor, its own pipe, /dev/null
+                value = kwargs.get(name)
+                return (value is None or value in (subprocess.PIPE, subprocess.DEVNULL) or hasattr(value, "fileno")
+                        or (isinstance(value, int) and value >= 0) or (name == "stderr" and value == subprocess.STDOUT))
+
+            return (isinstance(args, (list, tuple)) and len(args) >= 3 and args[1] == "-m" and args[2] in modules
+                    and set(kwargs) <= {"env", "cwd", "start_new_session", "text", *streams}
+                    and all(stream(name) for name in streams))
+
+        @staticmethod
+        def _child_fds(kwargs, pipes: dict[str, tuple[int, int]], opened: list[int]) -> list[int]:
+            """The fork's descriptors 0, 1 and 2, as Popen would give them its child."""
+            fds = [0]
+            for fd, name in ((1, "stdout"), (2, "stderr")):
+                value = kwargs.get(name)
+                if name in pipes:
+                    fd = pipes[name][1]
+                elif value == subprocess.DEVNULL:
+                    fd = os.open(os.devnull, os.O_WRONLY)
+                    opened.append(fd)
+                elif value == subprocess.STDOUT:
+                    fd = fds[1]
+                elif hasattr(value, "fileno"):
+                    fd = value.fileno()
+                elif isinstance(value, int) and value >= 0:
+                    fd = value
+                fds.append(fd)
+            return fds
+
+        @staticmethod
+        def _ask(args, kwargs) -> tuple[socket.socket, int, dict[str, int], bytes] | None:
+            import resource
+
+            env = {str(k): str(v) for k, v in (kwargs.get("env") if kwargs.get("env") is not None
+                                               else os.environ).items()}
+            if "PYTHONPATH" in env:  # this hook's own directory: not part of what the server sees
+                env["PYTHONPATH"] = _without_site(env["PYTHONPATH"])
+                if not env["PYTHONPATH"]:
+                    del env["PYTHONPATH"]
+            request = {"exe": str(args[0]), "argv": [str(a) for a in args[1:]], "env": env,
+                       "cwd": os.path.abspath(kwargs.get("cwd") or os.getcwd()), "stand_in": True,
+                       "session": bool(kwargs.get("start_new_session")),
+                       "nofile": resource.getrlimit(resource.RLIMIT_NOFILE)[0], "fd_slots": _fd_slots()}
+            payload = json.dumps(request).encode()
+            pipes = {name: os.pipe() for name in streams if kwargs.get(name) == subprocess.PIPE}
+            opened: list[int] = []
+            conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            reply = b""
+            try:
+                conn.connect(path)
+                socket.send_fds(conn, [_HEADER.pack(len(payload)) + payload],
+                                ForkedPopen._child_fds(kwargs, pipes, opened))
+                while b"\n" not in reply:
+                    chunk = conn.recv(256)
+                    if not chunk:
+                        break
+                    reply += chunk
+            except OSError:
+                pass
+            for fd in [write for _, write in pipes.values()] + opened:
+                os.close(fd)
+            line, _, rest = reply.partition(b"\n")  # what follows: its exit, if it came as quickly
+            first = line.decode().split()
+            if len(first) != 2 or first[0] != "pid":  # refused, or the fork server is gone: started here
+                conn.close()
+                for read, _ in pipes.values():
+                    os.close(read)
+                return None
+            return conn, int(first[1]), {name: read for name, (read, _) in pipes.items()}, rest
+
+        def _end(self, timeout: float | None) -> int | None:
+            """The exit status once the fork server reports it within `timeout` seconds (None: no bound)."""
+            if self.returncode is not None or self._conn is None:
+                return self.returncode
+            if not self._pending.endswith(b"\n"):
+                readable, _, _ = select.select([self._conn], [], [], timeout)
+                if not readable:
+                    return None
+                chunk = self._conn.recv(256)
+                self._pending += chunk
+                if chunk and not self._pending.endswith(b"\n"):
+                    return None
+            end = self._pending.decode().split()
+            self._conn.close()
+            self._conn = None
+            if len(end) == 2 and end[0] == "signal":
+                self.returncode = -int(end[1])
+            elif len(end) == 2 and end[0] == "exit":
+                self.returncode = int(end[1])
+            else:  # the fork server went away first: its forks went with its worker
+                self.returncode = -signal.SIGKILL
+            return self.returncode
+
+        def _internal_poll(self, *args, **kwargs):
+            if not self._forked:
+                return super()._internal_poll(*args, **kwargs)
+            if not self._end_lock.acquire(blocking=False):
+                return None  # another thread is waiting for it, as Popen.poll's own lock says
+            try:
+                return self._end(0.0)
+            finally:
+                self._end_lock.release()
+
+        def _wait(self, timeout):
+            if not self._forked:
+                return super()._wait(timeout)
+            import time
+
+            deadline = None if timeout is None else time.monotonic() + timeout
+            while True:
+                left = None if deadline is None else max(0.0, deadline - time.monotonic())
+                if self._end_lock.acquire(timeout=-1 if left is None else left):
+                    try:
+                        code = self._end(left)
+                    finally:
+                        self._end_lock.release()
+                    if code is not None:
+                        return code
+                if deadline is not None and time.monotonic() >= deadline:
+                    raise subprocess.TimeoutExpired(self.args, timeout)
+
+        def communicate(self, input=None, timeout=None):
+            if not self._forked:
+                return super().communicate(input, timeout)
+            import time
+
+            deadline = None if timeout is None else time.monotonic() + timeout
+            reading = {stream.fileno(): name for name in self._captured
+                       if (stream := getattr(self, name)) is not None and not stream.closed}
+            while reading:
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    raise subprocess.TimeoutExpired(self.args, timeout)
+                ready, _, _ = select.select(list(reading), [], [], left)
+                for fd in ready:
+                    data = os.read(fd, 1 << 16)
+                    if data:
+                        self._captured[reading[fd]] += data
+                    else:
+                        getattr(self, reading.pop(fd)).close()
+            self.wait(None if deadline is None else max(0.0, deadline - time.monotonic()))
+            out, err = (self._decoded(name) if name in self._captured else None for name in streams)
+            return out, err
+
+        def _decoded(self, name: str) -> bytes | str:
+            data = bytes(self._captured[name])
+            if not self._text:
+                return data
+            return data.decode(locale.getpreferredencoding(False)).replace("\r\n", "\n").replace("\r", "\n")
+
+    return ForkedPopen
+
+
 # The server's HTTP process and its engine process (runtime.reference.worker, started through this fork server where
 # ServerProcess sets runtime.reference.protocol.WORKER_LAUNCHER_ENV) both come from here.
-REFERENCE_SERVER_IMPORTS = ("torch", "runtime.reference.server", "runtime.reference.worker", "runtime.reference.engine")
+REFERENCE_SERVER_IMPORTS = ("torch", "safetensors.torch", "runtime.reference.server", "runtime.reference.worker",
+                            "runtime.reference.engine", "runtime.reference.build", "runtime.reference.model",
+                            "runtime.gateway.__main__", "runtime.bootstrap", "scripts.cli")
 _servers: Zygote | None = None
 
 
