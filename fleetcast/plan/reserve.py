@@ -9,7 +9,11 @@ spilling region's excess, hour by hour:
     C_s = max(floor_s, max_h (N_s(h) + sum_r max(0, N_r(h) - B_r)))
 
 The reserve minimises the capacity held, priced by region: sum_r p_r B_r + p_s C_s, against sum_r p_r peak_r, every
-region for its own peak. A region spills to s only when
+region for its own peak. Instances a region has reserved already (--reserved, R_r) are billed whether used or not,
+so only capacity held beyond them costs anything: p_r max(0, B_r - R_r) and p_s max(0, C_s - R_s). Keeping less than
+its reservation at home saves a region nothing, and a host's reserved instances idle in its quiet hours take the
+others' overflow for free; what the reserve saves never exceeds what the regions would pay beyond their reservations.
+A region spills to s only when
 
   - residency allows it: every consumer served in that region lists s in its spill_regions (the profile gives a
     region's traffic, not each consumer's, so one strict consumer keeps the region home; default: none spills);
@@ -46,10 +50,15 @@ class RegionDemand:
     worst_ttft_ms: float
     ttft_slo_ms: float
     label: str = ""
+    reserved: int = 0  # instances already reserved there (--reserved): billed whether used or not
 
     @property
     def peak(self) -> int:
         return max(self.instances_by_hour)
+
+    def paid(self, held: int) -> float:
+        """$/h of holding `held` instances here beyond the reservation (which is paid whatever is held)."""
+        return self.price_per_hour * max(0, held - self.reserved)
 
 
 @dataclass
@@ -70,7 +79,7 @@ class ReservePlan:
 
     @property
     def separate_cost_per_hour(self) -> float:
-        return sum(d.peak * d.price_per_hour for d in self.demands)
+        return sum(d.paid(d.peak) for d in self.demands)
 
     def held(self) -> dict[str, int]:
         """Instances each region holds under the shared reserve (every region at its peak when none is shared)."""
@@ -86,14 +95,20 @@ class ReservePlan:
 
     @property
     def shared_cost_per_hour(self) -> float:
-        prices = {d.region: d.price_per_hour for d in self.demands}
-        return sum(n * prices[r] for r, n in self.held().items())
+        by = {d.region: d for d in self.demands}
+        return sum(by[r].paid(n) for r, n in self.held().items())
+
+    @property
+    def reserved(self) -> int:
+        return sum(min(d.reserved, d.peak) for d in self.demands)
 
     def lines(self) -> list[str]:
         by = {d.region: d for d in self.demands}
         own = ", ".join(f"{d.region} {d.peak}" for d in self.demands)
+        beyond = (f" beyond the {self.reserved} reserved (--reserved, billed whether used or not)"
+                  if self.reserved else "")
         out = [f"each region for its own peak: {self.separate_instances} instances held ({own}), "
-               f"${self.separate_cost_per_hour:.2f}/h if held all day"]
+               f"${self.separate_cost_per_hour:.2f}/h if held all day{beyond}"]
         if len(self.demands) < 2:
             return out + ["one region: nothing to share"]
         if self.host is None or not self.bases:
@@ -107,7 +122,7 @@ class ReservePlan:
         out.append(f"shared reserve in {self.host}: {kept}; {self.host} holds {self.host_capacity} (its own peak "
                    f"{host.peak}, {self.host_capacity - host.peak} more for the others' overflow, which comes in its "
                    f"quiet hours); {self.shared_instances} instances held, {saved} fewer "
-                   f"({saved / self.separate_instances:.0%}), ${cost:.2f}/h less if held all day "
+                   f"({saved / self.separate_instances:.0%}), ${cost:.2f}/h less if held all day{beyond} "
                    f"(${cost * 730:,.0f} a month); bases searched {self.method}")
         for r, base in self.bases.items():
             d = by[r]
@@ -133,7 +148,7 @@ class ReservePlan:
                 "shared": {"instances": self.shared_instances, "cost_per_hour": self.shared_cost_per_hour},
                 "regions": [{"region": d.region, "label": d.label, "instances_by_hour": list(d.instances_by_hour),
                              "price_per_hour": d.price_per_hour, "floor": d.floor, "spill_to": sorted(d.spill_to),
-                             "worst_ttft_ms": d.worst_ttft_ms} for d in self.demands]}
+                             "worst_ttft_ms": d.worst_ttft_ms, "reserved": d.reserved} for d in self.demands]}
 
 
 def _hours_text(hours: list[int]) -> str:
@@ -154,8 +169,8 @@ def host_capacity(host: RegionDemand, spilling: list[RegionDemand], bases: tuple
 
 
 def _cost(host: RegionDemand, spilling: list[RegionDemand], bases: tuple[int, ...]) -> float:
-    return sum(d.price_per_hour * b for d, b in zip(spilling, bases)) \
-        + host.price_per_hour * host_capacity(host, spilling, bases)
+    """$/h held beyond the reservations: what a base or the host's capacity adds to instances paid anyway."""
+    return sum(d.paid(b) for d, b in zip(spilling, bases)) + host.paid(host_capacity(host, spilling, bases))
 
 
 def _search(host: RegionDemand, spilling: list[RegionDemand]) -> tuple[tuple[int, ...], str]:
@@ -231,8 +246,10 @@ def size_shared_reserve(demands: list[RegionDemand], rtt_ms: Callable[[str, str]
         # Say why for every region, against every host it could have used.
         for d in demands:
             if d.spill_to:
-                best.excluded[d.region] = "; ".join(reasons.get(d.region, [])) or \
-                    "sharing a reserve saves no capacity: its peak overlaps the host's"
+                best.excluded[d.region] = "; ".join(reasons.get(d.region, [])) or (
+                    "sharing a reserve saves nothing beyond the reservations (--reserved), which are billed whether "
+                    "used or not" if best.reserved
+                    else "sharing a reserve saves no capacity: its peak overlaps the host's")
     return best
 
 
@@ -251,7 +268,8 @@ def spill_targets(cfg: Any, service_region: str) -> frozenset[str]:
 def demands_of(planned: Any, cfg: Any) -> list[RegionDemand]:
     """Each service region's planned pool as the reserve reads it, one model or a packing: the consumer regions'
     own choices (PoolDay: each region's winner), summed per region serving them, the worst planned P99 TTFT against
-    its SLO that of the one with the least headroom (it decides whether a spilled request still meets its SLO)."""
+    its SLO that of the one with the least headroom (it decides whether a spilled request still meets its SLO), and
+    the instances reserved there (--reserved) of each type the region runs, each up to that type's own peak."""
     ctx = planned.ctx
     groups: dict[str, list[Any]] = {}
     for winner, serving in planned.result.winners():
@@ -260,6 +278,12 @@ def demands_of(planned: Any, cfg: Any) -> list[RegionDemand]:
     for region, wins in groups.items():
         hours = tuple(sum(w.instances_by_hour[h] for w in wins) for h in range(24))
         worst, slo = min((w.worst_ttft(ctx) for w in wins), key=lambda r: r[1] - r[0])
+        peaks: dict[str, int] = {}
+        for w in wins:
+            itype = getattr(w, "instance_type", None) or w.candidate.instance_type
+            peaks[itype] = peaks.get(itype, 0) + max(w.instances_by_hour)
+        reserved = sum(min(ctx.reserved.get((t, region), 0), peak) for t, peak in peaks.items())
         out.append(RegionDemand(region, hours, float(wins[0].price_per_hour), int(ctx.n_min(region)),
-                                spill_targets(cfg, region), float(worst), float(slo), " + ".join(w.label for w in wins)))
+                                spill_targets(cfg, region), float(worst), float(slo), " + ".join(w.label for w in wins),
+                                reserved))
     return out

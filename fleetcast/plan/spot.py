@@ -8,7 +8,8 @@ Inputs, each dated and overridable (docs/plan.md#spot):
   request, in seconds, that an interruption drain lets finish.
 
 For each planned pool (hourly counts N_h from the on-demand plan, price p, Spot price s, target k in-flight
-per instance, mean request time W) and each On-Demand base b from the pool's minimum up to its peak:
+per instance, mean request time W, R instances of its type reserved there by --reserved) and each On-Demand base
+b from the larger of the pool's minimum and R up to its peak:
   spot_h = max(0, N_h - b) instances run on Spot in hour h, the rest On-Demand;
   interruptions/day I = sum_h spot_h * rate, rate = monthly share / 730 h;
   per interruption: requests cut = k * sum_L w_L max(0, D_L - budget) / sum_L w_L D_L (the in-flight mix is
@@ -17,12 +18,14 @@ per instance, mean request time W) and each On-Demand base b from the pool's min
   for `relaunch_s` one instance's load (k / W requests per second) runs on the others above the target:
   those requests are counted as SLO misses (conservative), the cut ones as errors; the replacement is billed
   for its re-launch without serving, and cut requests are served again;
-  cost/h = (sum_h (N_h - spot_h) p + spot_h s + I * (relaunch_h s + cut * S p)) / 24 + fixed;
+  cost/h = (sum_h max(0, N_h - spot_h - R) p + spot_h s + I * (relaunch_h s + cut * S p)) / 24 + fixed;
+  a reservation is billed at the On-Demand rate whether used or not, so the planner's pool cost leaves it out and
+  Spot replaces only On-Demand paid above it: the saving never exceeds that spend, the cost never drops below fixed;
   SLO attainment = 1 - (cut + at-risk requests) / requests per day.
 The recommendation is the cheapest b whose Spot-caused loss stays within SPOT_ERROR_BUDGET_SHARE of the
 config's error budget (slo.error_rate), if it is cheaper than all On-Demand by at least MIN_SAVING; else the
-planner says why Spot does not pay: the baseline is the whole fleet, no Spot price, or interruptions (long
-re-launches, long requests) eat the saving or the error budget.
+planner says why Spot does not pay: the baseline or the reservation is the whole fleet, no Spot price, or
+interruptions (long re-launches, long requests) eat the saving or the error budget.
 """
 
 from __future__ import annotations
@@ -145,6 +148,7 @@ class SpotAdvice:
     spot_price: float | None = None
     assumptions: list[str] = field(default_factory=list)
     interruption_rate_per_day: float = 0.0  # per Spot instance, the ASSUMED rate the verdict used
+    reserved: int = 0  # of the pool's type there (--reserved), up to its peak: sunk, in the On-Demand base
 
     def spot_block(self) -> dict[str, Any] | None:
         """What --write-config writes under the pool (the On-Demand base is the pool's capacity.min)."""
@@ -160,10 +164,12 @@ class SpotAdvice:
         if not self.recommended:
             return f"{where}: Spot does not pay: {self.reason}"
         assert self.cost_per_hour is not None and self.slo_attainment is not None  # set with `recommended`
-        saving = 1 - self.cost_per_hour / self.on_demand_cost_per_hour
-        return (f"{where}: On-Demand base {self.on_demand_base} + Spot up to {self.spot_peak} "
+        saving = 1 - self.cost_per_hour / self.on_demand_cost_per_hour if self.on_demand_cost_per_hour else 0.0
+        held = f" ({self.reserved} reserved, billed whether used or not)" if self.reserved else ""
+        above = " above the reservation" if self.reserved else ""
+        return (f"{where}: On-Demand base {self.on_demand_base}{held} + Spot up to {self.spot_peak} "
                 f"({', '.join(self.instance_types)}): ${self.cost_per_hour:.2f}/h vs ${self.on_demand_cost_per_hour:.2f}/h "
-                f"all On-Demand ({saving:.0%} less), ${self.usd_per_m_output:.3f} vs "
+                f"all On-Demand{above} ({saving:.0%} less), ${self.usd_per_m_output:.3f} vs "
                 f"${self.on_demand_usd_per_m_output:.3f} per 1M output tokens; expected SLO attainment "
                 f"{attainment_text(self.slo_attainment)} from ASSUMED interruption rates "
                 f"({self.interruption_rate_per_day:.2g} interruptions per Spot instance a day assumed: "
@@ -250,8 +256,10 @@ def advise(pool: SpotPool, ctx: PlanContext, inputs: SpotInputs) -> SpotAdvice:
     region, itype = pool.service_region, pool.instance_type
     counts = list(pool.instances_by_hour)
     od_price = pool.price_per_hour
-    instance_part = sum(counts) / 24 * od_price
-    fixed = pool.cost_per_hour - instance_part
+    # Reserved instances (--reserved) are billed at the On-Demand rate whether used or not: sunk, they are out of
+    # the pool's cost (the planner's) and Spot can only replace the On-Demand instances above them.
+    reserved = min(ctx.reserved.get((itype, region), 0), max(counts))
+    fixed = pool.cost_per_hour - on_demand_paid(counts, [0] * len(counts), reserved) / 24 * od_price
     traffics = pool.traffics
     rates = [sum(t.hourly_rps()[h] for t in traffics) for h in range(24)]
     requests = sum(rates) * 3600
@@ -261,13 +269,18 @@ def advise(pool: SpotPool, ctx: PlanContext, inputs: SpotInputs) -> SpotAdvice:
         return cost_per_hour * 24 / out_tokens * 1e6 if out_tokens else math.inf
 
     advice = SpotAdvice(region, pool.candidate, itype, False, "", pool.cost_per_hour, per_m(pool.cost_per_hour),
-                        assumptions=inputs.notes())
+                        assumptions=inputs.notes(), reserved=reserved)
     n_min = max(1, ctx.n_min(region))
     s_price = inputs.price(itype, region)
     advice.spot_price = s_price
     if max(counts) <= n_min:
         advice.reason = (f"the On-Demand baseline is the whole fleet: the plan never needs more than {max(counts)} "
                          f"instance(s), the pool's minimum of {n_min} (capacity.min), so no capacity lies above it")
+        return advice
+    if max(counts) <= reserved:
+        advice.reason = (f"the reservation is the whole fleet: the plan never needs more than {max(counts)} "
+                         f"instance(s) and {reserved} {itype} in {region} are reserved (--reserved), billed whether "
+                         "used or not, so no On-Demand spend lies above them for Spot to replace")
         return advice
     if min(counts) == max(counts):
         advice.reason = (f"the plan holds {max(counts)} instances every hour (capacity min == max): a fixed-size pool "
@@ -291,14 +304,15 @@ def advise(pool: SpotPool, ctx: PlanContext, inputs: SpotInputs) -> SpotAdvice:
 
     best: tuple[float, int, list[int], float, float, float, float] | None = None
     binding = None
-    for base in range(n_min, max(counts)):
+    # A base below the reservation would leave reserved instances idle, still billed, while Spot ran in their place.
+    for base in range(max(n_min, reserved), max(counts)):
         spot = [max(0, n - base) for n in counts]
         interruptions = sum(spot) * rate  # instance-hours x interruptions per instance-hour
         cut = interruptions * cut_per_interruption
         at_risk = interruptions * at_risk_per_interruption
         extra = interruptions * (inputs.relaunch_s / 3600 * s_price + cut_per_interruption * pool.seconds_per_request
                                  / 3600 * od_price)
-        cost = (sum((n - s) * od_price + s * s_price for n, s in zip(counts, spot)) + extra) / 24 + fixed
+        cost = (on_demand_paid(counts, spot, reserved) * od_price + sum(spot) * s_price + extra) / 24 + fixed
         loss = (cut + at_risk) / requests if requests else 0.0
         option = (cost, base, spot, interruptions, cut, at_risk, loss)
         if loss > budget:
@@ -332,6 +346,13 @@ def advise(pool: SpotPool, ctx: PlanContext, inputs: SpotInputs) -> SpotAdvice:
     advice.requests_cut_per_day = cut
     advice.requests_at_risk_per_day = at_risk
     return advice
+
+
+def on_demand_paid(counts: Sequence[int], spot: Sequence[int], reserved: int) -> int:
+    """On-Demand instance-hours billed beyond a reservation of `reserved` instances: each hour the instances not on
+    Spot run in the reservation first (it is billed whether used or not, so it is out of the pool's cost), and only
+    those above it are paid. A base at or above the reservation puts Spot only where On-Demand was paid."""
+    return sum(max(0, n - s - reserved) for n, s in zip(counts, spot))
 
 
 def _cut_share(traffics: Sequence[Any], mean_s: float, budget_s: float) -> float:

@@ -24,8 +24,8 @@ def _day(busy: range, peak: int, quiet: int) -> tuple[int, ...]:
     return tuple(peak if h in busy else quiet for h in range(24))
 
 
-def _demand(region, hours, spill_to=(), price=1.0, floor=1, worst=200.0) -> RegionDemand:
-    return RegionDemand(region, hours, price, floor, frozenset(spill_to), worst, 300.0)
+def _demand(region, hours, spill_to=(), price=1.0, floor=1, worst=200.0, reserved=0) -> RegionDemand:
+    return RegionDemand(region, hours, price, floor, frozenset(spill_to), worst, 300.0, reserved=reserved)
 
 
 def _rtt(a: str, b: str) -> float:
@@ -177,3 +177,81 @@ def test_the_reserve_goes_with_a_plan_only(extra, capsys):
             str(EXAMPLE / "fleet.yaml"), "--shared-reserve"]
     code = main(["plan", *extra, *args]) if extra == ["simulate"] else main(["plan", *args, *extra])
     assert code == 2 and "--shared-reserve goes with a plan" in capsys.readouterr().err
+
+
+# --reserved: a Capacity Reservation is billed whether it is used or not ("Capacity Reservations are charged at the
+# equivalent On-Demand rate whether you run instances in reserved capacity or not": Amazon EC2 User Guide, "Capacity
+# Reservation pricing and billing", docs.aws.amazon.com/AWSEC2/latest/UserGuide/capacity-reservations-pricing-billing.html).
+# Reserved instances are sunk: holding fewer than them saves nothing, and only capacity held beyond them costs.
+
+
+def test_reservations_that_hold_every_peak_leave_nothing_to_save():
+    """Before, the reserve priced every instance held as if it could be given back: with east's 10 and west's 8
+    reserved it still planned 'us-west-2 keeps 2, 12 instances held, 6 fewer, $6.00/h less'. Nothing is paid
+    beyond the reservations, so sharing saves nothing and the plan says why."""
+    east = _demand("us-east-1", _day(range(13, 21), 10, 2), ["us-west-2"], reserved=10)
+    west = _demand("us-west-2", _day(range(1, 7), 8, 2), ["us-east-1"], reserved=8)
+    plan = size_shared_reserve([east, west], _rtt)
+    assert plan.separate_cost_per_hour == 0 and plan.host is None and plan.shared_cost_per_hour == 0
+    text = "\n".join(plan.lines())
+    assert "$0.00/h if held all day beyond the 18 reserved (--reserved, billed whether used or not)" in text
+    assert "sharing a reserve saves nothing beyond the reservations" in plan.excluded["us-east-1"]
+
+
+def test_a_hosts_idle_reservation_takes_the_others_overflow_for_free():
+    """East has its peak of 10 reserved and runs 2 outside 13-21 UTC, so 8 reserved instances idle while west peaks
+    (01-07). West keeps 2 and spills 6 to east, which holds max(10, 2 + 6) = 10, all reserved: $2/h beyond the
+    reservation against $8/h (west's own peak)."""
+    east = _demand("us-east-1", _day(range(13, 21), 10, 2), ["us-west-2"], reserved=10)
+    west = _demand("us-west-2", _day(range(1, 7), 8, 2), ["us-east-1"])
+    plan = size_shared_reserve([east, west], _rtt)
+    assert (plan.host, plan.bases, plan.host_capacity) == ("us-east-1", {"us-west-2": 2}, 10)
+    assert plan.separate_cost_per_hour == 8 and plan.shared_cost_per_hour == 2
+    assert "$6.00/h less if held all day beyond the 10 reserved" in "\n".join(plan.lines())
+    assert plan.to_json()["regions"][0]["reserved"] == 10
+
+
+def test_a_region_never_gives_back_what_it_has_reserved():
+    """West has its peak of 8 reserved. Before, the reserve still had west keep 2 and east host (12 held, '6 fewer,
+    $6.00/h less'): west's 8 are billed whatever it keeps, so that plan saved nothing. Now east's overflow goes
+    into west's idle reservation instead: west hosts, holding its own 8, and east keeps 4 of its 10: $4/h beyond
+    the reservation against $10/h, a saving of $6/h that is real."""
+    east = _demand("us-east-1", _day(range(13, 21), 10, 2), ["us-west-2"])
+    west = _demand("us-west-2", _day(range(1, 7), 8, 2), ["us-east-1"], reserved=8)
+    plan = size_shared_reserve([east, west], _rtt)
+    assert (plan.host, plan.bases, plan.host_capacity) == ("us-west-2", {"us-east-1": 4}, 8)
+    assert plan.separate_cost_per_hour == 10 and plan.shared_cost_per_hour == 4
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(days, st.sets(st.sampled_from(["a", "b", "c"])), st.integers(1, 3), st.integers(0, 7)),
+                min_size=2, max_size=3))
+def test_the_saving_never_exceeds_what_is_paid_beyond_the_reservations(regions):
+    """Property: whatever the days, allow-lists and reservations, the shared reserve's cost is what it holds beyond
+    each region's reservation, never negative, never above every region at its own peak; so the saving is at most
+    what the regions pay beyond their reservations, and no base drops below a reservation it could fill."""
+    names = ["a", "b", "c"]
+    demands = [_demand(names[i], tuple(max(1, n) for n in day), allow - {names[i]}, floor=1, price=float(p),
+                       reserved=r) for i, (day, allow, p, r) in enumerate(regions)]
+    plan = size_shared_reserve(demands, _rtt)
+    by = {d.region: d for d in demands}
+    paid = sum(d.price_per_hour * max(0, n - d.reserved) for d in demands for n in [plan.held()[d.region]])
+    assert plan.shared_cost_per_hour == pytest.approx(paid) and paid >= 0
+    assert plan.separate_cost_per_hour == pytest.approx(sum(d.price_per_hour * max(0, d.peak - d.reserved)
+                                                            for d in demands))
+    assert 0 <= plan.separate_cost_per_hour - plan.shared_cost_per_hour <= plan.separate_cost_per_hour + 1e-9
+    if plan.host is not None and plan.method == "exact":
+        assert all(b >= min(by[r].reserved, by[r].peak) for r, b in plan.bases.items())
+
+
+def test_the_planned_reservation_enters_the_reserve_through_the_cli(capsys):
+    """With 4 g6e.xlarge reserved in us-east-1 the example's fleet runs 1-5 instances there (both regions pooled):
+    before, the reserve priced all 5 held at $9.30/h; 4 of them are billed whatever is held, so one costs."""
+    from scripts.cli import main
+
+    assert main(["plan", "--results", str(SEED / "results"), "--traffic", str(EXAMPLE / "traffic.yaml"), "--config",
+                 str(EXAMPLE / "fleet.yaml"), "--shared-reserve", "--reserved", "g6e.xlarge@us-east-1=4"]) == 0
+    out = capsys.readouterr().out
+    section = out[out.index("Shared reserve across regions"):]
+    assert "each region for its own peak: 5 instances held (us-east-1 5), $1.86/h if held all day beyond the 4 " \
+           "reserved" in section

@@ -185,3 +185,111 @@ def test_the_spot_line_prints_the_interruption_rate_it_used():
     line = advice.line()
     assert "0.0049 interruptions per Spot instance a day assumed" in line
     assert "0.00 interruptions/day" not in line and f"{advice.interruptions_per_day:.2g} interruptions/day" in line
+
+
+# --reserved: AWS bills a Capacity Reservation whether it is used or not ("Capacity Reservations are charged at the
+# equivalent On-Demand rate whether you run instances in reserved capacity or not": Amazon EC2 User Guide, "Capacity
+# Reservation pricing and billing", docs.aws.amazon.com/AWSEC2/latest/UserGuide/capacity-reservations-pricing-billing.html),
+# and by default an open reservation is used by any running or new instance with matching attributes (instance type,
+# platform, Availability Zone, tenancy: "Work with Capacity Reservations",
+# docs.aws.amazon.com/AWSEC2/latest/UserGuide/capacity-reservations-using.html), so the group's On-Demand base runs in
+# it. Reserved instances are sunk: the planner leaves them out of a pool's cost, and Spot can only replace the
+# On-Demand instances paid above them.
+TWO_REGIONS = ROOT / "examples" / "plan" / "two-regions" / "traffic.yaml"
+MULTI = ROOT / "examples" / "plan" / "multi-model"
+
+
+def _reserved_plan(traffic, reserved):
+    from fleetcast.plan.run import build_packing
+
+    if traffic == "multi-model":
+        opts = PlanOptions(results=[str(MULTI / "results")], traffic=str(MULTI / "traffic.yaml"),
+                           config=str(MULTI / "fleet.yaml"), reserved=reserved)
+        result, ctx, _ = build_packing(opts)
+    else:
+        result, _, ctx = build_plan(PlanOptions(results=[str(SEED / "results")], traffic=str(traffic),
+                                                config=str(ROOT / "config/fleet.yaml"), reserved=reserved))
+    (pool,) = result.planned_pools(ctx)
+    (advice,) = result.spot
+    return pool, advice
+
+
+def _replaced_on_demand(counts, base, reserved, price):
+    """$/h of On-Demand that Spot above `base` takes over: only instance-hours paid above the reservation."""
+    return sum(max(0, n - reserved) - max(0, min(n, base) - reserved) for n in counts) / 24 * price
+
+
+def _assert_never_saves_more_than_the_on_demand_it_replaces(pool, advice, reserved):
+    fixed = pool.cost_per_hour - sum(max(0, n - reserved) for n in pool.instances_by_hour) / 24 * pool.price_per_hour
+    assert fixed >= 0 and advice.on_demand_cost_per_hour == pytest.approx(pool.cost_per_hour)
+    if not advice.recommended:
+        return
+    assert advice.on_demand_base >= reserved  # a base below it would idle reserved instances, still billed
+    assert advice.cost_per_hour >= fixed > 0 and advice.usd_per_m_output > 0
+    saving = advice.on_demand_cost_per_hour - advice.cost_per_hour
+    assert 0 < saving <= _replaced_on_demand(pool.instances_by_hour, advice.on_demand_base, reserved,
+                                             pool.price_per_hour) + 1e-9
+
+
+@pytest.mark.parametrize(("traffic", "itype_region", "reserved"), [
+    (TWO_REGIONS, ("g6e.xlarge", "us-east-1"), 3),  # before: base 1 + Spot up to 4 at $-0.69/h vs $2.10/h
+    (SEED / "traffic-seoul-arrivals.yaml", ("g6e.xlarge", "ap-northeast-2"), 3),  # before: $-0.17/h vs $0.85/h
+    ("multi-model", ("g6e.xlarge", "ap-northeast-2"), 1),  # a packing of several models, its base the reservation
+], ids=["two-regions", "seed-arrivals", "multi-model"])
+def test_a_reservation_is_sunk_and_spot_replaces_only_the_on_demand_above_it(traffic, itype_region, reserved):
+    pool, advice = _reserved_plan(traffic, {itype_region: reserved})
+    assert (pool.instance_type, pool.region) == itype_region and max(pool.instances_by_hour) > reserved
+    _assert_never_saves_more_than_the_on_demand_it_replaces(pool, advice, reserved)
+    assert advice.recommended and advice.on_demand_base == reserved and advice.reserved == reserved
+    assert f"On-Demand base {reserved} ({reserved} reserved, billed whether used or not)" in advice.line()
+    assert "all On-Demand above the reservation" in advice.line()
+
+
+def test_the_two_regions_reservation_by_hand():
+    """Before: the Spot cost was priced as if the 3 reserved instances were paid On-Demand and could be moved to
+    Spot: On-Demand base 1 + Spot up to 4, $-0.69/h against $2.10/h (133% less)."""
+    pool, advice = _reserved_plan(TWO_REGIONS, {("g6e.xlarge", "us-east-1"): 3})
+    counts, p, s = pool.instances_by_hour, pool.price_per_hour, advice.spot_price
+    fixed = pool.cost_per_hour - sum(max(0, n - 3) for n in counts) / 24 * p
+    spot_h = [max(0, n - advice.on_demand_base) for n in counts]
+    assert advice.interruptions_per_day == pytest.approx(sum(spot_h) * advice.interruption_rate_per_day / 24)
+    assert advice.requests_cut_per_day == 0.0  # sub-second requests, far inside the drain budget
+    extra = advice.interruptions_per_day * 600 / 3600 * s  # each re-launch billed without serving
+    paid = sum(max(0, n - sh - 3) for n, sh in zip(counts, spot_h))  # On-Demand above the reservation
+    assert advice.cost_per_hour == pytest.approx((paid * p + sum(spot_h) * s + extra) / 24 + fixed)
+
+
+def test_a_reservation_as_large_as_the_peak_leaves_spot_nothing_to_replace():
+    """The multi-model packing runs 1-2 g6e.xlarge; with 2 reserved every instance it runs is already paid. Before,
+    Spot was recommended at $0.10/h against $0.34/h: below the pool's fixed costs (NLB, endpoints) alone."""
+    pool, advice = _reserved_plan("multi-model", {("g6e.xlarge", "ap-northeast-2"): 2})
+    assert max(pool.instances_by_hour) == 2
+    assert not advice.recommended and advice.spot_block() is None and advice.cost_per_hour is None
+    assert "the reservation is the whole fleet" in advice.reason and "billed whether used or not" in advice.reason
+
+
+def test_no_reservation_size_makes_spot_cost_less_than_the_fixed_costs_or_save_more_than_it_replaces():
+    """The seed's 2-17 instance pool, priced as the planner prices it under every reservation from none to above its
+    peak (its cost leaves the reserved instances out): the base never drops below the reservation, and the saving
+    never exceeds the On-Demand spend Spot replaces, so the cost never falls below the fixed costs."""
+    from dataclasses import replace
+
+    result, _, ctx = run()
+    (planned,) = result.planned_pools(ctx)
+    base = spot.spot_pool(planned)
+    counts, p = base.instances_by_hour, base.price_per_hour
+    fixed = base.cost_per_hour - sum(counts) / 24 * p
+    inputs = spot.load_spot_inputs(SEED / "spot-prices.yaml")
+    key = (base.instance_type, base.service_region)
+    for reserved in range(0, max(counts) + 2):
+        pool = replace(base, cost_per_hour=fixed + sum(max(0, n - reserved) for n in counts) / 24 * p)
+        advice = spot.advise(pool, replace(ctx, reserved={key: reserved}), inputs)
+        _assert_never_saves_more_than_the_on_demand_it_replaces(planned if not reserved else
+                                                                replace(planned, cost_per_hour=pool.cost_per_hour),
+                                                                advice, min(reserved, max(counts)))
+        if reserved == 0:
+            assert advice.cost_per_hour == pytest.approx(result.spot[0].cost_per_hour)
+        if reserved >= max(counts):
+            assert not advice.recommended and "the reservation is the whole fleet" in advice.reason
+        elif advice.recommended:
+            assert advice.on_demand_base >= reserved
