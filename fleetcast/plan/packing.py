@@ -751,7 +751,9 @@ class RegionPacking:
     alternatives: list[Alternative] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     not_offered: list[str] = field(default_factory=list)  # instance types with results not offered in the region
-    refused: list[tuple[str, str]] = field(default_factory=list)  # (instance type, why no region reached serves it)
+    # (instance type, or model precision on type, why it cannot serve: no region reached offers it, or the support
+    # matrix refuses it)
+    refused: list[tuple[str, str]] = field(default_factory=list)
     decided_by: list[str] = field(default_factory=list)  # a floor or reservation, not the traffic, decided the pick
     # One model's region: the one-model report's notes (solver.peak_notes / stats_notes) over its types x precisions.
     peak_notes: list[str] = field(default_factory=list)
@@ -782,7 +784,7 @@ class RegionPacking:
         figures after it (the first RULED_OUT_SHOWN)."""
         groups: dict[tuple[str, str], list[tuple[str, str]]] = {}
         for itype, reason in self.refused:
-            groups.setdefault(("instance type", reason.split(" (")[0]), []).append((itype, reason))
+            groups.setdefault(("candidate", reason.split(" (")[0]), []).append((itype, reason))
         for e in self.evaluations:
             if not e.feasible:
                 reason = e.rejected or ""
@@ -896,10 +898,11 @@ def _engine_support(cfg: FleetConfig | None, model: str, curves: list[ModelCurve
 
 def _options(curves: list[ModelCurve], model: str, instance_type: str, cfg: FleetConfig | None,
              family_of: Callable[[str], str | None],
-             lab: dict[str, str], ctx: PlanContext | None = None, notes: list[str] | None = None) -> list[str]:
+             lab: dict[str, str], ctx: PlanContext | None = None, notes: list[str] | None = None,
+             refused: list[tuple[str, str]] | None = None) -> list[str]:
     """Precisions with a solo or co-located curve of `model` on `instance_type` that the support matrix allows (with
     the model's own backend and KV-cache dtype) and that pass `model`'s quality check (--quality: per model and
-    precision); a failed check goes to `notes`. A precision that needs a calibration set stays a candidate, as in a
+    precision); a failed check goes to `notes`, a support-matrix refusal to `refused` (label, reason). A precision that needs a calibration set stays a candidate, as in a
     one-model plan: --write-config refuses it until one is staged (writeback.calibration_use, the one rule)."""
     instance = _instance(instance_type, lab)
     out = []
@@ -916,6 +919,9 @@ def _options(curves: list[ModelCurve], model: str, instance_type: str, cfg: Flee
                                 support.instance_where(instance_type, instance.gpu.name, instance.gpu.arch))
         if refusal is None:
             out.append(prec)
+        elif refused is not None:
+            refused.append((f"{model} {prec} on {instance_type}", f"{refusal.reason}; the config validator would "
+                                                                  "refuse it"))
     return out
 
 
@@ -1167,11 +1173,17 @@ def _plan_region(cfg: FleetConfig | None, curves: list[ModelCurve], region: str,
             notes.append(f"{instance_type}: {refusal}")
         if not where:
             continue
-        per_model = [_options(curves, _model(t), instance_type, cfg, families.get, cache["lab"], ctx, notes)
-                     for t in entries]
+        unsupported: list[tuple[str, str]] = []
+        per_model = [_options(curves, _model(t), instance_type, cfg, families.get, cache["lab"], ctx, notes,
+                              unsupported) for t in entries]
         missing = [_model(t) for t, opts in zip(entries, per_model) if not opts]
         if missing:
-            notes.append(f"{instance_type}: no curve (at a precision its GPU runs) for {', '.join(missing)}")
+            # The support matrix's reason is the news (the one-model report ruled each precision out by it).
+            gone = [(label, why) for label, why in unsupported if label.split(" ")[0] in missing]
+            refused += gone
+            unexplained = [m for m in missing if not any(label.split(" ")[0] == m for label, _ in gone)]
+            if unexplained:
+                notes.append(f"{instance_type}: no curve (at a precision its GPU runs) for {', '.join(unexplained)}")
             continue
         for service in where:
             tried = 0
@@ -1229,9 +1241,11 @@ def _one_model_notes(plan: RegionPacking, curves: list[ModelCurve], ctx: PlanCon
         mine = [e for e in plan.evaluations if e.loads and key(e) == (mc.instance_type, mc.precision)]
         best = min(mine, key=lambda e: (not e.feasible, e.rank_key() if e.feasible else ()), default=None)
         refusal = _offer_refusal(mc.instance_type, plan.region, ctx, lab)
+        unsupported = dict(plan.refused).get(f"{mc.model} {mc.precision} on {mc.instance_type}")
         peaks.append(Option(mc.candidate.label, mc.instance_type, mc.candidate.curve, best,
                             (mc.instance_type, mc.precision) == key(winner), mc.candidate.estimated,
-                            refusal=f"{mc.candidate.family} is {refusal}" if refusal else "no packing of it serves"))
+                            refusal=f"{mc.candidate.family} is {refusal}" if refusal else
+                            unsupported or "no packing of it serves"))
     firsts = {(*key(winner), winner.processes, winner.sharing): winner}
     for e in plan.ranked:
         firsts.setdefault((*key(e), e.processes, e.sharing), e)  # each candidate at its best, in rank order

@@ -250,3 +250,19 @@ def test_a_packing_of_one_keeps_what_the_one_model_report_showed(tmp_path):
     assert winner["notes"][0].startswith("measured only up to concurrency 64")
     assert winner["seconds_per_request"] == pytest.approx(sum(winner["instances_by_hour"]) /
                                                           sum(packed.regions[0].traffic[0].hourly_rps()))
+
+
+def test_a_precision_the_support_matrix_refuses_is_ruled_out_with_its_reason():
+    """contract/support.py: the engine flow does not build for sm120 (g7e). A one-model plan ruled each g7e precision
+    out with that reason and its peak-throughput note named it; the packing search said only 'no curve (at a
+    precision its GPU runs)' and 'no packing of it serves'. Now both say the matrix's reason."""
+    opts = PlanOptions(results=[str(SEED / "results")], traffic=str(ROOT / "examples/plan/two-regions/traffic.yaml"),
+                       config=str(ROOT / "config" / "fleet.yaml"), today=TODAY)
+    packed, _, _ = build_packing(opts)
+    region = packed.regions[0]
+    (label, why), *_ = region.ruled_out()
+    assert label == "2 candidate(s)" and why.startswith("the tensorrt backend is not supported on g7e.2xlarge")
+    assert "(e.g. gpt2-xl fp16 on g7e.2xlarge)" in why
+    assert region.peak_notes[0].endswith("not the choice: ruled out: the tensorrt backend is not supported on "
+                                         "g7e.2xlarge (RTXPRO6000, sm120)")
+    assert not any("no curve (at a precision its GPU runs)" in n for n in region.notes)
