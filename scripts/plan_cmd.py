@@ -72,9 +72,9 @@ def register(sub: argparse._SubParsersAction) -> None:
         description="Size each candidate for the production traffic (from arrivals: per-instance load derived from "
         "its curve, every hour at its busiest minute; or weighed by a concurrency histogram), add network latency "
         "and regional availability to the SLO check, rank candidates by total cost, explain every rejection. "
-        "`fleetcast plan simulate` checks the sizing against a discrete-event simulation of each pool. A config "
-        "of several models is planned as a packing search: which models share an instance, at which precision, with "
-        "how many copies (docs/plan.md, \"Several models: the packing search\").",
+        "`fleetcast plan simulate` checks the sizing against a discrete-event simulation of each pool. Every fleet "
+        "is planned as a packing search, one model a packing of one: which models share an instance, at which "
+        "precision, with how many copies (docs/plan.md, \"Several models: the packing search\").",
     )
     p.add_argument("action", nargs="?", choices=["simulate"],
                    help="simulate: check the plan's sizing against a discrete-event simulation of each pool "
@@ -118,16 +118,15 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--reserved", type=_reserved, action="append", default=[], metavar="TYPE@REGION=N",
                    help="N instances of TYPE in REGION already paid for (capacity reservations): the plan pays only "
                         "for instances above them and says when they decided the pick; repeatable")
-    packing = p.add_argument_group("several models (docs/plan.md, \"Several models: the packing search\")")
+    packing = p.add_argument_group("packings (docs/plan.md, \"Several models: the packing search\")")
     packing.add_argument("--max-copies", type=_whole("--max-copies"), metavar="N",
-                         help="a fleet of several models: most copies of one model per instance the packing search "
-                              "tries (default 2)")
+                         help="most copies of one model per instance the packing search tries (default 2)")
     packing.add_argument("--lab", type=_lab, action="append", default=[], metavar="GPU=TYPE",
-                         help="a fleet of several models: read reference-backend results measured on GPU without an "
+                         help="read reference-backend results measured on GPU without an "
                               "instance type (e.g. bench/data/h200-colocate-*.json) as the lab machine TYPE, one GPU, "
                               "priced by --prices; every output says it is not an AWS candidate; repeatable")
     packing.add_argument("--gpu-sharing", choices=("time_slicing", "mps"),
-                         help="a fleet of several models: plan every pool as if its processes shared the GPU this way "
+                         help="plan every pool as if its processes shared the GPU this way "
                               "(a what-if; default: each pool's gpu_sharing); under MPS the report also prices the "
                               "same traffic time-sliced")
     p.add_argument("--shared-reserve", action="store_true",
@@ -193,7 +192,7 @@ def _traffic_from_cloudwatch(args: argparse.Namespace):
 
 
 def _plan(args: argparse.Namespace) -> int:
-    """One path for every fleet: one model or several (fleetcast.plan.run.plan_fleet decides how it is planned)."""
+    """One path for every fleet: one model or several, a packing search (fleetcast.plan.run.plan_fleet)."""
     from fleetcast.contract.errors import EXIT_OK, EXIT_REFUSED, EXIT_USAGE, UserError
     from fleetcast.plan.run import PlanOptions, plan_fleet
 

@@ -69,11 +69,12 @@ from .solver import (
     Slo,
     arrival_p99s,
     cheaper_estimates,
+    cheaper_words,
     cost_words,
     deciding_constraints,
     fixed_by_hour,
     floor_tenth,
-    loss_head,
+    loss_reason,
     lowest_load_refusal,
     output_shift,
     peak_notes,
@@ -104,6 +105,8 @@ Cache = dict[Any, Any]
 # Copies per model the search tries by default: two processes busy at once time-slice one GPU (no MPS), so
 # a second copy adds queue slots, not throughput (docs/runtime.md, "Latency when both are busy").
 DEFAULT_MAX_COPIES = 2
+# Ruled-out packings of one reason whose own figures the report lists (the rest are counted).
+RULED_OUT_SHOWN = 6
 # Packings tried per instance type at most; past it the search stops and the notes say so.
 MAX_PACKINGS = 2000
 # A copy is planned only with at least this much KV cache (a design floor: the planner does not know a
@@ -406,6 +409,8 @@ class ModelLoad:
     peer_step_ms: float = 0.0  # estimated: what the other processes add to each of its steps (interference rule)
     provenance: str = "measured"  # the results' provenance ("synthetic": authored data)
     results_output_mean: float | None = None  # the results' mean output length (the histogram method rescales E2E)
+    results_input_mean: float | None = None  # the results' mean input length (the pick's notes compare the traffic's)
+    results_source: str = "measured"  # the results' source as the pick's notes name it (curves.Candidate.source)
     histogram: HistogramDay | None = None  # sized by its traffic's concurrency histogram (size_packing), not arrivals
     # Pooled across regions: each member region's own traffic (`traffic` is their sum, solver.pooled_traffic), which
     # the Spot advice, `plan --check` and `plan simulate` read per region as for a one-model pool.
@@ -449,6 +454,7 @@ class PackingEval(PoolDay):
     price_per_hour: float = 0.0
     instances_by_hour: list[int] = field(default_factory=list)
     fixed_by_hour: list[float] = field(default_factory=list)
+    cost_by_hour: list[float] = field(default_factory=list)  # the instances above any reservation, plus fixed costs
     cost_per_hour: float = 0.0
     usd_per_m_output: float = 0.0
     label_text: str = ""  # a packing the memory check refused before any model was loaded: what it was
@@ -470,6 +476,20 @@ class PackingEval(PoolDay):
     safe_rate_rps: float | None = None
     binding: str | None = None
     measured_cap: float | None = None
+    # A packing of one model: what its figures rest on beyond the table (pick_notes), as a one-model candidate's.
+    notes: list[str] = field(default_factory=list)
+    # Pooled across regions: what each joining consumer region adds to the pool's cost per hour.
+    marginal: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def seconds_per_request(self) -> float:
+        """Instance-seconds each request costs at the planned sizes (the histogram method's S(k); from arrivals, the
+        instances of the hours with traffic over their requests), as a one-model candidate's."""
+        if len(self.loads) == 1 and self.loads[0].histogram is not None:
+            return self.loads[0].histogram.seconds_per_request
+        rates = [sum(r) for r in zip(*(m.traffic.hourly_rps() for m in self.loads))]
+        served = sum(rates)
+        return sum(n for n, r in zip(self.instances_by_hour, rates) if r > 0) / served if served else 0.0
 
     @property
     def usd_per_m_input(self) -> float:
@@ -532,7 +552,9 @@ class PackingEval(PoolDay):
             None if m.histogram is None else m.histogram.seconds_per_request)) for m in self.loads)
         return PlannedPool(self.region, self.consumer_regions or (self.region,), self.instance_type, self.label,
                            cost_words(self.cost_per_hour, self.usd_per_m_output),
-                           serves, tuple(self.instances_by_hour), scaling_target(self), self.estimated, packed=True,
+                           serves, tuple(self.instances_by_hour), scaling_target(self), self.estimated,
+                           # One process of one model is written as a one-model pool is (its precision on the pool).
+                           packed=self.processes > 1,
                            price_per_hour=self.price_per_hour, cost_per_hour=self.cost_per_hour)
 
     def worst_ttft(self, ctx: PlanContext) -> tuple[float, float]:
@@ -609,11 +631,54 @@ def size_packing(ev: PackingEval, ctx: PlanContext, n_min: int, cache: Cache, hi
     for load, needed, predictions in zip(ev.loads, day.needed, day.predictions):
         load.processes_by_hour, load.predictions = needed, predictions
     ev.instances_by_hour, ev.fixed_by_hour, ev.reserved_used = day.instances_by_hour, day.fixed_by_hour, day.reserved_used
-    ev.cost_per_hour = day.cost_per_hour
+    ev.cost_per_hour, ev.cost_by_hour = day.cost_per_hour, day.cost_by_hour
     ev.usd_per_m_output = per_m_output(sum(day.cost_by_hour), [ld.traffic for ld in ev.loads])
     if len(ev.loads) == 1:
         _one_model_figures(ev, cache)
+        ev.notes = pick_notes(ev, ctx)
     return ev
+
+
+def why_not_reason(ev: PackingEval, win: PackingEval) -> str:
+    """Why `ev` is not the pick, one model or several: an estimate that ranks first is not chosen (cheaper_words);
+    else solver.loss_reason, the one wording, with a histogram-sized packing's SLO-capped load."""
+    if ev.estimated and ev.rank_key() < win.rank_key():
+        return cheaper_words(ev, win)
+    day = ev.loads[0].histogram if len(ev.loads) == 1 else None
+    capped = (f"{day.first_failure.text()} caps its load at {day.target:g} in-flight requests per instance, while "
+              f"{day.share_above_target:.0%} of {ev.loads[0].traffic.region}'s requests run at higher levels"
+              if day is not None and day.first_failure and day.share_above_target > 0 else None)
+    return loss_reason(ev, win, cap=ev.measured_cap, capped=capped,
+                       held=(ev.seconds_per_request, win.seconds_per_request), regions=(ev.region, win.region),
+                       fixed=(sum(ev.fixed_by_hour) / 24, sum(win.fixed_by_hour) / 24))
+
+
+def pick_notes(ev: PackingEval, ctx: PlanContext) -> list[str]:
+    """A feasible packing of one model: what its figures rest on beyond the table (docs/plan.md, "Reading the
+    report"): results at other lengths than the traffic's, the histogram day's notes, a load capped by the measured
+    range rather than an SLO, a roofline estimate, the quality verdict."""
+    (load,) = ev.loads
+    t, src, notes = load.traffic, load.results_source, []
+    if output_shift(load.results_output_mean, t):
+        notes.append(f"{src} results at {load.results_output_mean:g} output tokens, traffic averages "
+                     f"{t.output_mean:g}: E2E rescaled by the results' mean ITL")
+    if load.results_input_mean and abs(t.input_mean - load.results_input_mean) > 0.25 * load.results_input_mean:
+        notes.append(f"{src} results at {load.results_input_mean:g} input tokens, traffic averages "
+                     f"{t.input_mean:g}: TTFT may not transfer; benchmark at the traffic's lengths")
+    if load.histogram is not None:
+        notes += load.histogram.notes
+    elif ctx.fixed.row(ev.region)[1]:
+        notes.append(f"no fixed-cost row for {ev.region}: the default row is used")
+    if ev.measured_cap is not None:
+        notes.append(f"measured only up to concurrency {ev.measured_cap:g}, where it still meets every SLO: the "
+                     "plan keeps its instances within that range, so it may need fewer instances than planned; "
+                     f"benchmark it above {ev.measured_cap:g}")
+    if ev.roofline:
+        notes.append("estimated by the roofline model, not measured: benchmark it before deploying")
+    if ctx.quality is not None:
+        ok, why = ctx.quality.verdict(ev.instance_type, load.precision, ctx.quality_threshold, model=load.model)
+        notes.append(f"quality not checked: {why}" if ok is None else f"quality: {why}")
+    return notes
 
 
 def _one_model_figures(ev: PackingEval, cache: Cache) -> None:
@@ -646,10 +711,11 @@ def _size_from_histogram(ev: PackingEval, ctx: PlanContext, price: float, n_min:
         return ev
     load.histogram, load.processes_by_hour, load.predictions = day, day.needed_by_hour, []
     ev.instances_by_hour, ev.fixed_by_hour, ev.reserved_used = day.instances_by_hour, day.fixed_by_hour, day.reserved_used
-    ev.cost_per_hour, ev.usd_per_m_output = day.cost_per_hour, day.usd_per_m_output
+    ev.cost_per_hour, ev.usd_per_m_output, ev.cost_by_hour = day.cost_per_hour, day.usd_per_m_output, day.cost_by_hour
     ev.max_load, ev.weighted_ttft_p99, ev.weighted_ttft_ci = day.max_load, day.weighted_ttft_p99, day.weighted_ttft_ci
     ev.weighted_itl_p99, ev.goodput_rps, ev.goodput_exact = day.weighted_itl_p99, day.goodput_rps, day.goodput_exact
     ev.measured_cap = day.measured_cap
+    ev.notes = pick_notes(ev, ctx)
     return ev
 
 
@@ -685,25 +751,59 @@ class RegionPacking:
     alternatives: list[Alternative] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     not_offered: list[str] = field(default_factory=list)  # instance types with results not offered in the region
+    # (instance type, or model precision on type, why it cannot serve: no region reached offers it, or the support
+    # matrix refuses it)
+    refused: list[tuple[str, str]] = field(default_factory=list)
     decided_by: list[str] = field(default_factory=list)  # a floor or reservation, not the traffic, decided the pick
     # One model's region: the one-model report's notes (solver.peak_notes / stats_notes) over its types x precisions.
     peak_notes: list[str] = field(default_factory=list)
     stats_notes: list[str] = field(default_factory=list)
 
     def why_not(self) -> list[tuple[str, str]]:
-        """Each other instance type (or GPU sharing) with a packing that serves: its best packing and why it lost
-        (solver.loss_head, as for one model's candidates)."""
+        """Each other way to serve at its best packing and why it lost (loss_reason): for one model each instance type
+        x precision, as its candidates are; for several each instance type; and each GPU sharing."""
         if self.winner is None:
             return []
-        w, out, seen = self.winner, [], {(self.winner.instance_type, self.winner.sharing)}
+        one = len(self.traffic) == 1
+
+        def option(e: PackingEval) -> tuple[str, ...]:
+            return (e.instance_type, e.sharing) + ((e.loads[0].precision,) if one and e.loads else ())
+
+        w, out, seen = self.winner, [], {option(self.winner)}
         for e in self.ranked:
-            if (e.instance_type, e.sharing) in seen:
+            if option(e) in seen:
                 continue
-            seen.add((e.instance_type, e.sharing))
-            _, head = loss_head(e, w)
-            if e.price_per_hour > w.price_per_hour * 1.005:
-                head += f"; at ${e.price_per_hour:.3f}/h per instance vs ${w.price_per_hour:.3f}/h"
-            out.append((e.label, head))
+            seen.add(option(e))
+            out.append((e.label, why_not_reason(e, w)))
+        return out
+
+    def ruled_out(self) -> list[tuple[str, str]]:
+        """What cannot serve, grouped by reason (docs/plan.md, "Reading the packing report"), one line per group:
+        instance types no region its consumers reach offers, then infeasible packings, most first. A memory refusal
+        groups by its whole reason before the arithmetic (which limit); another by its first clause, each member's own
+        figures after it (the first RULED_OUT_SHOWN)."""
+        groups: dict[tuple[str, str], list[tuple[str, str]]] = {}
+        for itype, reason in self.refused:
+            groups.setdefault(("candidate", reason.split(" (")[0]), []).append((itype, reason))
+        for e in self.evaluations:
+            if not e.feasible:
+                reason = e.rejected or ""
+                key = reason.split(" (")[0] if reason.startswith("memory:") else reason.split(":")[0].split(",")[0]
+                groups.setdefault(("packing", key), []).append((e.label, reason))
+        out = []
+        for (noun, head), items in sorted(groups.items(), key=lambda kv: (kv[0][0] == "packing", -len(kv[1]))):
+            if noun != "packing" and len(items) == 1:
+                out.append(items[0])
+                continue
+            # One sentence with each member's own figures after its last colon (an SLO refusal's P99 at its lowest
+            # load): the sentence once, then each member's figures; a memory sum is too long to repeat.
+            split = [reason.rsplit(": ", 1) for _, reason in items]
+            if head.startswith("memory:") or len({p[0] for p in split}) > 1 or len({p[-1] for p in split}) == 1:
+                out.append((f"{len(items)} {noun}(s)", f"{items[0][1]} (e.g. {items[0][0]})"))
+                continue
+            shown = "; ".join(f"{label}: {p[-1]}" for (label, _), p in zip(items[:RULED_OUT_SHOWN], split))
+            more = f"; and {len(items) - RULED_OUT_SHOWN} more" if len(items) > RULED_OUT_SHOWN else ""
+            out.append((f"{len(items)} {noun}(s)", f"{split[0][0]}: {shown}{more}"))
         return out
 
     def unpacked(self) -> list[str]:
@@ -752,6 +852,7 @@ class PackingPlan:
     pools: list[PackingEval] = field(default_factory=list)
     joins: list[str] = field(default_factory=list)  # what each pooling move saves, for the report
     write_notes: list[tuple[bool, str]] = field(default_factory=list)  # as report.PlanResult's
+    estimator: str | None = None  # --estimate: what the roofline estimates rest on, per model
 
     @property
     def cost_per_hour(self) -> float:
@@ -797,10 +898,11 @@ def _engine_support(cfg: FleetConfig | None, model: str, curves: list[ModelCurve
 
 def _options(curves: list[ModelCurve], model: str, instance_type: str, cfg: FleetConfig | None,
              family_of: Callable[[str], str | None],
-             lab: dict[str, str], ctx: PlanContext | None = None, notes: list[str] | None = None) -> list[str]:
+             lab: dict[str, str], ctx: PlanContext | None = None, notes: list[str] | None = None,
+             refused: list[tuple[str, str]] | None = None) -> list[str]:
     """Precisions with a solo or co-located curve of `model` on `instance_type` that the support matrix allows (with
     the model's own backend and KV-cache dtype) and that pass `model`'s quality check (--quality: per model and
-    precision); a failed check goes to `notes`. A precision that needs a calibration set stays a candidate, as in a
+    precision); a failed check goes to `notes`, a support-matrix refusal to `refused` (label, reason). A precision that needs a calibration set stays a candidate, as in a
     one-model plan: --write-config refuses it until one is staged (writeback.calibration_use, the one rule)."""
     instance = _instance(instance_type, lab)
     out = []
@@ -817,6 +919,9 @@ def _options(curves: list[ModelCurve], model: str, instance_type: str, cfg: Flee
                                 support.instance_where(instance_type, instance.gpu.name, instance.gpu.arch))
         if refusal is None:
             out.append(prec)
+        elif refused is not None:
+            refused.append((f"{model} {prec} on {instance_type}", f"{refusal.reason}; the config validator would "
+                                                                  "refuse it"))
     return out
 
 
@@ -946,7 +1051,7 @@ def _pooled_histogram(pool: PackingEval, members: list[RegionPacking], ctx: Plan
     pooled = replace(load, traffic=pooled_traffic(traffic, service, ctx), histogram=day, processes_by_hour=needed,
                      members=tuple(traffic), network_ms=network)
     return replace(pool, loads=[pooled], instances_by_hour=counts, fixed_by_hour=fixed, cost_per_hour=sum(cost) / 24,
-                   usd_per_m_output=day.usd_per_m_output, reserved_used=day.reserved_used,
+                   cost_by_hour=cost, usd_per_m_output=day.usd_per_m_output, reserved_used=day.reserved_used,
                    consumer_regions=tuple(m.region for m in members))
 
 
@@ -993,10 +1098,11 @@ def pool_across_regions(result: PackingPlan, cfg: FleetConfig | None, curves: li
             if pool_key(own) == key:
                 continue  # served by its own choice
             adds = ev.cost_per_hour - cost(key, [m for m in members if m is not guest])
+            ev.marginal[guest.region] = adds
             result.joins.append(f"{guest.region} joins the {key[0]} pool ({ev.label}, serving "
                                 f"{', '.join(ev.consumer_regions)}): +${adds:.2f}/h there vs ${own.cost_per_hour:.2f}/h "
-                                f"for its own pool in {own.region} (one NLB, one set of provider endpoints and one "
-                                "minimum for both)")
+                                f"for its own {own.label} pool in {own.region} (one NLB, one set of provider endpoints "
+                                "and one minimum for both)")
 
 
 PoolKey = tuple[str, str, str, str]
@@ -1051,21 +1157,33 @@ def _plan_region(cfg: FleetConfig | None, curves: list[ModelCurve], region: str,
     types = sorted({c.instance_type for c in curves})
     evaluations: list[PackingEval] = []
     n_min = ctx.n_min(region)
-    not_offered = []
+    not_offered: list[str] = []
+    refused: list[tuple[str, str]] = []
     for instance_type in types:
         refusal = _offer_refusal(instance_type, region, ctx, cache["lab"])
-        if refusal is not None:
-            notes.append(f"{instance_type}: {refusal}")
-            if "not offered" in refusal:
-                not_offered.append(instance_type)
+        if refusal is not None and "not offered" in refusal:
+            not_offered.append(instance_type)
         where = _service_regions(instance_type, region, entries, ctx, refusal is None)
+        if refusal is not None and not where:
+            # No region its consumers reach serves it: ruled out, with why no other region can.
+            cross = (f"; cross-region is not an option: {region} is not in the cross-region PrivateLink table (so no "
+                     "other region can serve it)" if region not in ctx.privatelink_regions else "")
+            refused.append((instance_type, refusal + cross))
+        elif refusal is not None:
+            notes.append(f"{instance_type}: {refusal}")
         if not where:
             continue
-        per_model = [_options(curves, _model(t), instance_type, cfg, families.get, cache["lab"], ctx, notes)
-                     for t in entries]
+        unsupported: list[tuple[str, str]] = []
+        per_model = [_options(curves, _model(t), instance_type, cfg, families.get, cache["lab"], ctx, notes,
+                              unsupported) for t in entries]
         missing = [_model(t) for t, opts in zip(entries, per_model) if not opts]
         if missing:
-            notes.append(f"{instance_type}: no curve (at a precision its GPU runs) for {', '.join(missing)}")
+            # The support matrix's reason is the news (the one-model report ruled each precision out by it).
+            gone = [(label, why) for label, why in unsupported if label.split(" ")[0] in missing]
+            refused += gone
+            unexplained = [m for m in missing if not any(label.split(" ")[0] == m for label, _ in gone)]
+            if unexplained:
+                notes.append(f"{instance_type}: no curve (at a precision its GPU runs) for {', '.join(unexplained)}")
             continue
         for service in where:
             tried = 0
@@ -1096,7 +1214,8 @@ def _plan_region(cfg: FleetConfig | None, curves: list[ModelCurve], region: str,
                   for m in winner.loads if is_measured_shared(m.source) and len(m.curve.points) <= SPARSE_LEVELS]
         notes += sharing_notes(winner, curves, mps_calibration().describe()
                                if any(e.sharing == MPS and e.estimated for e in ranked) else None)
-    plan = RegionPacking(region, entries, evaluations, ranked, winner, notes=notes, not_offered=not_offered)
+    plan = RegionPacking(region, entries, evaluations, ranked, winner, notes=notes, not_offered=not_offered,
+                         refused=refused)
     if winner is not None and len(entries) == 1:
         plan.peak_notes, plan.stats_notes = _one_model_notes(plan, curves, ctx, cache["lab"])
     if alternatives:
@@ -1122,16 +1241,20 @@ def _one_model_notes(plan: RegionPacking, curves: list[ModelCurve], ctx: PlanCon
         mine = [e for e in plan.evaluations if e.loads and key(e) == (mc.instance_type, mc.precision)]
         best = min(mine, key=lambda e: (not e.feasible, e.rank_key() if e.feasible else ()), default=None)
         refusal = _offer_refusal(mc.instance_type, plan.region, ctx, lab)
+        unsupported = dict(plan.refused).get(f"{mc.model} {mc.precision} on {mc.instance_type}")
         peaks.append(Option(mc.candidate.label, mc.instance_type, mc.candidate.curve, best,
                             (mc.instance_type, mc.precision) == key(winner), mc.candidate.estimated,
-                            refusal=f"{mc.candidate.family} is {refusal}" if refusal else "no packing of it serves"))
+                            refusal=f"{mc.candidate.family} is {refusal}" if refusal else
+                            unsupported or "no packing of it serves"))
     firsts = {(*key(winner), winner.processes, winner.sharing): winner}
     for e in plan.ranked:
         firsts.setdefault((*key(e), e.processes, e.sharing), e)  # each candidate at its best, in rank order
     options = [Option(f"{e.instance_type} {e.loads[0].precision}", e.instance_type, e.loads[0].curve, e,
                       e is winner, e.estimated, scaling_target(e) / e.processes,
                       e.loads[0].histogram.noise_fallback if e.loads[0].histogram else None) for e in firsts.values()]
-    return peak_notes(peaks, winner, traffic, ctx), stats_notes(plan.ranked, winner, options, ctx)
+    # The statistical notes weigh the TTFT CI against the model's own SLO (models[].slo), not the fleet's.
+    own = replace(ctx, slo=winner.loads[0].slo) if winner is not None and winner.loads else ctx
+    return peak_notes(peaks, winner, traffic, ctx), stats_notes(plan.ranked, winner, options, own)
 
 
 def _service_regions(instance_type: str, region: str, entries: list[ConsumerTraffic], ctx: PlanContext,
@@ -1228,6 +1351,7 @@ def _evaluate(cfg: FleetConfig | None, curves: list[ModelCurve], instance_type: 
                          _network_ms(curve, t.region, region, ctx), t,
                          kv_gib=None if kv_b is None else kv_b / GIB, sources=mc.candidate.sources,
                          provenance=mc.candidate.provenance, results_output_mean=mc.candidate.output_mean,
+                         results_input_mean=mc.candidate.input_mean, results_source=mc.candidate.source,
                          members=(members or {}).get(model, ()))
 
     def as_measured(coloc: ModelCurve | None, solo: ModelCurve | None) -> bool:

@@ -19,6 +19,7 @@ from .report import (
     closing_blocks,
     closing_lines,
     cost_vs_latency_plots,
+    fleet_heading,
     glossary_lines,
     inputs_tag,
     instances_plot,
@@ -105,31 +106,29 @@ def _best_per_option(plan: RegionPacking) -> list[PackingEval]:
     return out
 
 
-def _ruled_out(plan: RegionPacking) -> list[tuple[str, str]]:
-    """Infeasible packings, grouped by the first clause of their reason (one line each, with a count)."""
-    groups: dict[str, list[PackingEval]] = {}
-    for e in plan.evaluations:
-        if not e.feasible:
-            # A memory refusal groups by its whole reason (before the arithmetic): which limit, not just "memory".
-            reason = e.rejected or ""
-            key = reason.split(" (")[0] if reason.startswith("memory:") else reason.split(":")[0].split(",")[0]
-            groups.setdefault(key, []).append(e)
-    out = []
-    for _reason, evs in sorted(groups.items(), key=lambda kv: -len(kv[1])):
-        first = evs[0]
-        out.append((f"{len(evs)} packing(s)", f"{first.rejected} (e.g. {first.label})"))
-    return out
+def _slo_of_one(result: PackingPlan) -> str | None:
+    """A plan of one model: its SLO in words (the model's own, else the fleet's); several models' are per model."""
+    slo = next((e.loads[0].slo for r in result.regions for e in r.evaluations if e.loads), None)
+    return slo.text() if len(result.models) == 1 and slo is not None else None
+
+
+def _hour_rows(plan: RegionPacking, w: PackingEval) -> list[list[str]]:
+    """The pick hour by hour (UTC): its consumers' requests, instances and cost."""
+    rps = [sum(r) for r in zip(*(t.hourly_rps() for t in plan.traffic))]
+    return [[f"{h:02d}", f"{rps[h]:g}", str(w.instances_by_hour[h]), f"{w.cost_by_hour[h]:.2f}"] for h in range(24)]
 
 
 def blocks(result: PackingPlan, plots: dict[str, list[Path]] | None = None) -> list[Block]:
     plots = plots or {}
-    out: list[Block] = [("h1", f"Fleetcast packing plan: {result.traffic_name}"),
-                        ("p", f"Models: {', '.join(result.models)}. Each consumer region is served from its own "
-                              "region by one pool whose instances each run the packing below (docs/plan.md, "
-                              "\"Several models: the packing search\").")]
-    if result.warnings:
-        out.append(("ul", [("warning", w) for w in result.warnings]))
-    out.append(("ul", [(None, n) for n in result.data_notes]))
+    out: list[Block] = [("h1", f"Fleetcast plan: {result.traffic_name}"),
+                        ("p", f"Models: {', '.join(result.models)}. Each consumer region is served by one pool whose "
+                              "instances each run the packing below, one model a packing of one (docs/plan.md, "
+                              "\"Several models: the packing search\"). Method and formulas: docs/plan.md. Costs "
+                              "are day averages of hourly instance and fixed costs.")]
+    head: list[tuple[str | None, str]] = [("SLO", slo)] if (slo := _slo_of_one(result)) else []
+    head += [(None, n) for n in result.data_notes]
+    head += [("Performance model", result.estimator)] if result.estimator else []
+    out.append(("ul", head + [("warning", w) for w in result.warnings]))
     for plan in result.regions:
         out.append(("h2", plan.region))
         out += [("p", line) for line in _traffic_lines(plan)]
@@ -158,7 +157,7 @@ def blocks(result: PackingPlan, plots: dict[str, list[Path]] | None = None) -> l
                           str(e.instance_hours)] for e in others]))
         if plan.why_not():
             out += [("h3", "Why not the other instance types"), ("ul", plan.why_not())]
-        ruled = _ruled_out(plan)
+        ruled = plan.ruled_out()
         if ruled:
             out.append(("h3", "Ruled out"))
             out.append(("ul", ruled))
@@ -168,14 +167,18 @@ def blocks(result: PackingPlan, plots: dict[str, list[Path]] | None = None) -> l
             out += [("h3", "What decided the pick"), ("ul", [(None, n) for n in plan.decided_by])]
         if plan.stats_notes:
             out += [("h3", "Statistical notes"), ("ul", [(None, n) for n in plan.stats_notes])]
-        if plan.notes:
+        if w is not None:
+            out += [("h3", "The recommendation hour by hour (UTC)"),
+                    ("table", ["hour", "req/s", "instances", "$/h"], _hour_rows(plan, w))]
+        if plan.notes or (w is not None and w.notes):
             out.append(("h3", "Notes"))
-            out.append(("ul", [(None, n) for n in plan.notes]))
+            out.append(("ul", [("note", n) for n in (w.notes if w is not None else [])] +
+                        [(None, n) for n in plan.notes]))
         for path in plots.get(plan.region, []):
             out.append(("img", path))
     out += closing_blocks(result)
     if len(result.regions) > 1:
-        out.append(("h2", "Fleet"))
+        out.append(("h2", fleet_heading(result)))
         *joins, total = fleet_lines(result)
         out += ([("ul", [(None, line) for line in joins])] if joins else []) + [("p", total)]
     out.append(("h2", "Reading this report"))
@@ -207,9 +210,12 @@ def fleet_lines(result: PackingPlan) -> list[str]:
 
 
 def render_terminal(result: PackingPlan) -> str:
-    lines = [f"packing plan: {result.traffic_name} ({', '.join(result.models)})"]
-    lines += [f"WARNING: {w}" for w in result.warnings]
-    lines += [f"data: {n}" for n in result.data_notes]
+    lines = [f"fleetcast plan: traffic {result.traffic_name}, model{'s' if len(result.models) > 1 else ''} "
+             f"{', '.join(result.models)}"]
+    lines += [f"SLO: {slo}"] if (slo := _slo_of_one(result)) else []
+    lines += [f"Data: {'; '.join(result.data_notes)}"]
+    lines += [f"Estimates: {result.estimator}"] if result.estimator else []
+    lines += [f"warning: {w}" for w in result.warnings]
     for plan in result.regions:
         lines += [""] + _traffic_lines(plan)
         if rows_of_one := _one_model_rows(plan, _best_per_option(plan)):
@@ -230,21 +236,24 @@ def render_terminal(result: PackingPlan) -> str:
         else:
             lines += [f"  no packing serves; {s}" for s in plan.unpacked()]
         lines += [f"  why not {a}: {b}" for a, b in plan.why_not()]
-        lines += [f"  ruled out: {a}: {b}" for a, b in _ruled_out(plan)]
+        lines += [f"  ruled out: {a}: {b}" for a, b in plan.ruled_out()]
         # One model's notes under the one-model report's headings.
         lines += ["Peak throughput is not the decision metric:"] + [f"  - {n}" for n in plan.peak_notes] \
             if plan.peak_notes else []
         lines += [f"  decided the pick: {n}" for n in plan.decided_by]
         lines += ["Statistical notes:"] + [f"  - {n}" for n in plan.stats_notes] if plan.stats_notes else []
-        lines += [f"  note: {n}" for n in plan.notes]
+        lines += [f"  note: {n}" for n in (plan.winner.notes if plan.winner is not None else []) + plan.notes]
     if len(result.regions) > 1:
-        lines += ["", "Fleet:"] + [f"  {line}" for line in fleet_lines(result)]
+        lines += ["", f"{fleet_heading(result)}:"] + [f"  {line}" for line in fleet_lines(result)]
     return "\n".join(lines + closing_lines(result, "Spot tier (docs/plan.md#spot; a packing's processes are drained "
                                                     "together)"))
 
 
 def _ev_json(e: PackingEval) -> dict[str, Any]:
     d: dict[str, Any] = {"instance_type": e.instance_type, "region": e.region, "label": e.label, "source": e.source,
+         # The one-model result's names for them: the candidate (its label), where it is served, its precision.
+         "candidate": e.label, "service_region": e.region,
+         "precision": e.loads[0].precision if len(e.loads) == 1 else None,
          "gpu_sharing": e.sharing,
          "rejected": e.rejected,
          "packing": [{"model": m.model, "precision": m.precision, "copies": m.copies, "kv_cache_gib": m.kv_gib,
@@ -262,7 +271,7 @@ def _ev_json(e: PackingEval) -> dict[str, Any]:
                  weighted_itl_p99_ms=e.weighted_itl_p99, goodput_rps_per_instance=e.goodput_rps,
                  goodput_exact=e.goodput_exact,
                  sizing="histogram" if any(m.histogram is not None for m in e.loads) else "arrivals",
-                 measured_cap=e.measured_cap)
+                 measured_cap=e.measured_cap, notes=e.notes, seconds_per_request=e.seconds_per_request)
         if e.safe_rate_rps is not None:  # one model sized from arrivals, as a one-model result's
             (load,) = e.loads
             d.update(binding=e.binding, safe_rate_rps_per_instance=e.safe_rate_rps,
@@ -285,10 +294,13 @@ def _one_model_keys(result: PackingPlan) -> dict[str, Any]:
 def to_json(result: PackingPlan) -> dict[str, Any]:
     return {
         "schema": "fleetcast.plan/v1", "kind": "packing", "traffic": result.traffic_name,
-        "models": list(result.models), "data": result.data_notes, "warnings": result.warnings,
+        "models": list(result.models), "data": result.data_notes, "estimator": result.estimator,
+        "warnings": result.warnings,
         **_one_model_keys(result),
         "max_copies": result.max_copies, "spot": [a.to_json() for a in result.spot],
-        "pools": [_ev_json(p) | {"consumer_regions": list(p.consumer_regions or (p.region,))} for p in result.pools],
+        "pools": [_ev_json(p) | {"consumer_regions": list(p.consumer_regions or (p.region,)),
+                                 "joined": list(p.marginal), "marginal_cost_per_hour": p.marginal}
+                  for p in result.pools],
         "joins": result.joins,
         "write_config": [{"refuses": blocking, "text": text} for blocking, text in result.write_notes],
         "regions": [{
@@ -441,5 +453,5 @@ def write_plots(plan: RegionPacking, directory: Path, pools: Sequence[PackingEva
 
 
 def write_report(result: PackingPlan, directory: str | Path) -> list[Path]:
-    return write_pages(directory, f"Fleetcast packing plan: {result.traffic_name}", lambda plots: blocks(result, plots),
+    return write_pages(directory, f"Fleetcast plan: {result.traffic_name}", lambda plots: blocks(result, plots),
                        to_json(result), lambda d: {p.region: write_plots(p, d, result.pools) for p in result.regions})

@@ -59,7 +59,7 @@ class PlanResult:
                 {e.candidate.label for p in self.regions for e in p.ranked})
 
 
-def fleet_heading(result: PlanResult) -> str:
+def fleet_heading(result: PlanResult | PackingPlan) -> str:
     """The Fleet section's heading: it says the write deploys this fleet only when the write would."""
     if any(blocking for blocking, _ in result.write_notes):
         return "Fleet (planned; --write-config refuses to write it as the config stands: see below)"

@@ -206,13 +206,6 @@ def build_plan(opts: PlanOptions) -> tuple[PlanResult, list[RegionPlan], PlanCon
     return result, plans, ctx
 
 
-def several_models(config: str | None) -> bool:
-    """Whether `config` names a fleet of several models (its plan is a packing search: build_packing)."""
-    from fleetcast.config import load_config
-
-    return config is not None and Path(config).exists() and len(load_config(config).models) > 1
-
-
 def build_packing(opts: PlanOptions, max_copies: int | None = None
                   ) -> tuple[PackingPlan, PlanContext, FleetConfig | None]:
     """The plan of a fleet of several models: which models share an instance, with how many copies
@@ -250,7 +243,8 @@ def build_packing(opts: PlanOptions, max_copies: int | None = None
                                   models=models)
     result.spot = _spot_advice(opts, ctx, result.planned_pools(ctx))
     result.warnings = warnings
-    result.data_notes = _data_notes(ctx, packing.curves_text(curves)) + [f"estimates: {text}" for text, _ in estimators]
+    result.data_notes = _data_notes(ctx, packing.curves_text(curves))
+    result.estimator = "; ".join(text for text, _ in estimators) or None
     return result, ctx, cfg
 
 
@@ -341,11 +335,10 @@ def _estimate_per_model(specs: list[str], cfg: FleetConfig | None, models: tuple
 @dataclass
 class Planned:
     """A plan behind the one interface the command drives, whatever the number of models: the report, the
-    simulation, the re-plan check, the config edit and its drift baseline. One model is planned by the solver
-    (histograms, cross-region candidates); several by the packing search; each result (report.PlanResult,
-    packing.PackingPlan) answers the same questions, so nothing here asks which planner ran."""
+    simulation, the re-plan check, the config edit and its drift baseline. Every fleet is planned by the packing
+    search (one model a packing of one), reported by packing_report."""
 
-    result: PlanResult | PackingPlan
+    result: PackingPlan
     ctx: PlanContext
 
     @property
@@ -369,20 +362,18 @@ class Planned:
 
         self.result.write_notes = write_config_notes(cfg, self.pools(), allow_estimated)
 
-    def _report(self) -> Any:
-        """The report module of the planner that ran (report: one model; packing_report: several)."""
-        from . import packing_report, report
-
-        return report if isinstance(self.result, PlanResult) else packing_report
-
     def render(self, as_json: bool) -> str:
         import json
 
-        module = self._report()
-        return json.dumps(module.to_json(self.result), indent=1) if as_json else str(module.render_terminal(self.result))
+        from . import packing_report
+
+        return json.dumps(packing_report.to_json(self.result), indent=1) if as_json else \
+            packing_report.render_terminal(self.result)
 
     def write_report(self, directory: str) -> list[Path]:
-        return list(self._report().write_report(self.result, directory))
+        from . import packing_report
+
+        return packing_report.write_report(self.result, directory)
 
     def simulate(self, seed: int, candidates: list[str] | None, max_groups: int | None,
                  report: Path | None) -> tuple[list[str], bool]:
@@ -432,13 +423,7 @@ class Planned:
 
 
 def plan_fleet(opts: PlanOptions, max_copies: int | None = None) -> Planned:
-    """Plan the fleet `opts.config` describes: a packing search when it serves several models, else the one-model
-    method (docs/plan.md)."""
-    if several_models(opts.config):
-        packed, packed_ctx, _ = build_packing(opts, max_copies=max_copies)
-        return Planned(packed, packed_ctx)
-    if opts.lab or max_copies or opts.gpu_sharing:
-        raise UserError(f"--lab/--max-copies/--gpu-sharing plan fleets of several models; {opts.config} serves one",
-                        exit_code=EXIT_USAGE)
-    result, _, ctx = build_plan(opts)
-    return Planned(result, ctx)
+    """Plan the fleet `opts.config` describes, one model or several: the packing search (docs/plan.md), one model
+    a packing of one."""
+    packed, ctx, _ = build_packing(opts, max_copies=max_copies)
+    return Planned(packed, ctx)

@@ -1226,29 +1226,41 @@ def loss_head(ev: PoolDay, win: PoolDay) -> tuple[bool, str]:
 
 
 def _loss_reason(ev: Evaluation, win: Evaluation, traffic: ConsumerTraffic) -> str:
+    capped = (f"{ev.first_failure.text()} caps its load at {ev.target:g} in-flight requests per instance, while "
+              f"{ev.share_above_target:.0%} of {traffic.region}'s requests run at higher levels"
+              if ev.first_failure and ev.share_above_target > 0 else None)
+    return loss_reason(ev, win, cap=ev.measured_cap, capped=capped,
+                       held=(ev.seconds_per_request, win.seconds_per_request),
+                       regions=(ev.service_region, win.service_region), fixed=(ev.fixed_per_hour, win.fixed_per_hour))
+
+
+def loss_reason(ev: PoolDay, win: PoolDay, *, cap: float | None, capped: str | None, held: tuple[float, float],
+                regions: tuple[str, str], fixed: tuple[float, float]) -> str:
+    """Why `ev` is not the pick `win`, one model or a packing: the cost or, on a tie, what broke it (loss_head),
+    then what the cost rests on: a load capped by the measured range (`cap`) or by an SLO over part of the traffic
+    (`capped`), the instance-seconds a request holds (`held`: ev's, win's), the price, the region served from
+    (`regions`, with `fixed` costs per hour: ev's, win's)."""
     tie, head = loss_head(ev, win)
     if tie:
-        if ev.instance_hours == win.instance_hours and _overlap(ev.weighted_ttft_ci, win.weighted_ttft_ci):
+        if ev.instance_hours == win.instance_hours and overlap(ev.weighted_ttft_ci, win.weighted_ttft_ci):
             head += " (within noise at P99: the confidence intervals overlap)"
         return head
     parts = [head]
-    if ev.measured_cap is not None:
+    if cap is not None:
         # Not a loss on price: the plan could not give it the load it might carry.
-        parts.insert(0, f"measured only up to concurrency {ev.measured_cap:g}, lower than the load it could carry "
-                        f"within the SLOs (it meets every SLO there): sized as if capped at {ev.measured_cap:g}, so "
-                        f"its cost is an upper bound (benchmark it above {ev.measured_cap:g} before ruling it out)")
-    if ev.first_failure and ev.share_above_target > 0:
-        parts.append(f"{ev.first_failure.text()} caps its load at {ev.target:g} in-flight requests per instance, "
-                     f"while {ev.share_above_target:.0%} of {traffic.region}'s requests run at higher levels")
-    if ev.seconds_per_request > win.seconds_per_request * 1.005:
-        parts.append(f"each request holds an instance {ev.seconds_per_request * 1000:.0f} ms vs "
-                     f"{win.seconds_per_request * 1000:.0f} ms at the traffic's load levels")
+        parts.insert(0, f"measured only up to concurrency {cap:g}, lower than the load it could carry within the "
+                        f"SLOs (it meets every SLO there): sized as if capped at {cap:g}, so its cost is an upper "
+                        f"bound (benchmark it above {cap:g} before ruling it out)")
+    parts += [capped] if capped else []
+    if held[0] > held[1] * 1.005:
+        parts.append(f"each request holds an instance {held[0] * 1000:.0f} ms vs {held[1] * 1000:.0f} ms at the "
+                     "traffic's load levels")
     if ev.price_per_hour > win.price_per_hour * 1.005:
         parts.append(f"at ${ev.price_per_hour:.3f}/h per instance vs ${win.price_per_hour:.3f}/h")
-    if ev.service_region != win.service_region:
-        text = f"served from {ev.service_region}: RTT {ev.rtt_ms:g} ms vs {win.rtt_ms:g} ms"
-        if ev.fixed_per_hour > win.fixed_per_hour + 0.005:
-            text += f", +${ev.fixed_per_hour - win.fixed_per_hour:.2f}/h fixed and transfer costs"
+    if regions[0] != regions[1]:
+        text = f"served from {regions[0]}: RTT {ev.rtt_ms:g} ms vs {win.rtt_ms:g} ms"
+        if fixed[0] > fixed[1] + 0.005:
+            text += f", +${fixed[0] - fixed[1]:.2f}/h fixed and transfer costs"
         parts.append(text)
     return "; ".join(parts)
 
@@ -1361,7 +1373,7 @@ def peak_notes(options: list[Option], winner: PoolDay | None, traffic: ConsumerT
     return notes
 
 
-def _overlap(a: tuple[float, float] | None, b: tuple[float, float] | None) -> bool:
+def overlap(a: tuple[float, float] | None, b: tuple[float, float] | None) -> bool:
     return bool(a and b and a[0] <= b[1] and b[0] <= a[1])
 
 
@@ -1389,7 +1401,7 @@ def stats_notes(ranked: list[P], winner: P | None, options: list[Option], ctx: P
     second = rivals[0] if rivals else None
     if second is not None and second.best is not None:
         a, b = winner.weighted_ttft_ci, second.best.weighted_ttft_ci
-        if a and b and _overlap(a, b):
+        if a and b and overlap(a, b):
             notes.append(f"{winner.label} and {second.best.label} are within noise on traffic-weighted P99 TTFT "
                          f"({a[0]:.0f}-{a[1]:.0f} vs {b[0]:.0f}-{b[1]:.0f} ms, 95% CI)")
         elif a and b:

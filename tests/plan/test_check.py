@@ -51,7 +51,7 @@ def test_doubled_traffic_outgrows_max_capacity(planned, tmp_path, capsys):
 def test_batch_64_changes_the_pick_and_the_mix(planned, capsys):
     rc, out = check(planned, SEED / "traffic-batch64.yaml", capsys)
     assert rc == 3
-    assert "the plan picks g6e.xlarge fp8" in out and "the config runs g6e.xlarge int8_wo" in out
+    assert "the plan picks g6e.xlarge [gpt2-xl fp8 x1]" in out and "the config runs g6e.xlarge int8_wo" in out
     assert "the mix moved to larger batches: 100% of requests arrive with more than 48 in flight" in out
 
 

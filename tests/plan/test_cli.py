@@ -30,9 +30,10 @@ def test_seed_report_in_the_terminal(capsys):
     assert code == 0, err
     lines = out.splitlines()
     first_row = next(ln for ln in lines if ln.startswith("1  "))
-    assert "g6e.xlarge int8_wo" in first_row and "ap-northeast-2" in first_row and "19.63" in first_row
-    assert any(ln.startswith("-  g7e.2xlarge fp8: ruled out: g7e is not offered in ap-northeast-2") for ln in lines)
-    assert "Recommendation: g6e.xlarge int8_wo (synthetic: authored data, not measured) in ap-northeast-2" in out
+    assert "g6e.xlarge [gpt2-xl int8_wo x1]" in first_row and "ap-northeast-2" in first_row and "19.63" in first_row
+    assert any(ln.startswith("  ruled out: g7e.2xlarge: not offered in ap-northeast-2") for ln in lines)
+    assert ("Recommendation: g6e.xlarge [gpt2-xl int8_wo x1] (synthetic (authored data, not measured)) in "
+            "ap-northeast-2") in out
 
 
 def test_report_files_and_json(capsys, tmp_path):
@@ -42,13 +43,14 @@ def test_report_files_and_json(capsys, tmp_path):
     rep = tmp_path / "rep"
     names = sorted(p.name for p in rep.iterdir())
     assert names == ["cost_vs_itl-ap-northeast-2.png", "cost_vs_ttft-ap-northeast-2.png", "instances-ap-northeast-2.png",
-                     "plan.html", "plan.json", "plan.md"]
+                     "packing-ap-northeast-2.png", "packing-day-ap-northeast-2.png", "plan.html", "plan.json", "plan.md"]
     md = (rep / "plan.md").read_text()
-    assert "**Recommendation:** g6e.xlarge int8_wo (synthetic: authored data, not measured) in ap-northeast-2" in md
+    assert ("**Recommendation:** g6e.xlarge [gpt2-xl int8_wo x1] (synthetic (authored data, not measured)) in "
+            "ap-northeast-2") in md
     assert "### Ruled out" in md and "![cost_vs_itl-ap-northeast-2](cost_vs_itl-ap-northeast-2.png)" in md
     assert "| 09 | 180 | 17 |" in md   # evening peak hour: 17 instances
     page = (rep / "plan.html").read_text()
-    assert page.count("data:image/png;base64,") == 3
+    assert page.count("data:image/png;base64,") == 5
     data = json.loads((rep / "plan.json").read_text())
     win = data["regions"][0]["winner"]
     assert (win["instance_type"], win["precision"], win["capacity"]) == ("g6e.xlarge", "int8_wo",
@@ -155,8 +157,9 @@ def test_no_candidate_within_the_slo_exits_3(capsys):
     code, out, _ = plan(capsys, "--results", RESULTS, "--traffic", SEOUL, "--config", "none.yaml",
                         "--ttft-p99-ms", "10", "--itl-p99-ms", "40")
     assert code == 3
-    assert "No candidate serves ap-northeast-2 within the SLO" in out
-    assert "fails the SLO even at its lowest measured load: P99 TTFT 30 ms" in out   # g6e int8_wo at c=1
+    assert "ap-northeast-2: no packing serves every model within its SLO" in out
+    assert "fails the SLO even at its lowest measured load: " in out
+    assert "g6e.xlarge [gpt2-xl int8_wo x1]: P99 TTFT 30 ms" in out   # g6e int8_wo at c=1, each candidate's figure
 
 
 # ---------------------------------------------------------------- --write-config
@@ -203,7 +206,7 @@ def test_a_calibrated_pick_without_a_staged_set_is_refused_before_writing_naming
                           "--config", str(fleet), *SLO, "--write-config", str(fleet))
     assert code == 1
     # The report says it, with the staging command, before the write refuses for the same reason.
-    assert "refuses: g6e.xlarge fp8 in us-east-1: fp8 is calibrated" in out
+    assert "refuses: g6e.xlarge [gpt2-xl fp8 x1] in us-east-1: fp8 is calibrated" in out
     assert "`fleetcast stage calibration --config FILE --dir DIR --name NAME`" in out
     assert "was left untouched" in err and "fleetcast stage calibration" in err and "calibration.dataset" in err
     assert fleet.read_bytes() == before
@@ -216,7 +219,7 @@ def test_a_calibrated_pick_is_written_where_the_config_names_a_staged_set(capsys
     code, out, err = plan(capsys, "--results", FP8_ONLY, "--traffic", str(SEED / "traffic-us-east-1.yaml"),
                           "--config", str(fleet), *SLO, "--write-config", str(fleet))
     assert code == 0, err
-    assert "note: g6e.xlarge fp8 in us-east-1: fp8 is calibrated" in out and "s3://fleetcast-staging/calibration/lambada/" in out
+    assert "note: g6e.xlarge [gpt2-xl fp8 x1] in us-east-1: fp8 is calibrated" in out and "s3://fleetcast-staging/calibration/lambada/" in out
     from fleetcast.config import load_config
 
     cfg = load_config(fleet)
@@ -305,7 +308,8 @@ def test_two_consumer_regions_plan_and_write_together(capsys, fleet, tmp_path):
     assert "updated and re-validated" in err
     winners = {r["consumer_region"]: (r["winner"]["candidate"], r["winner"]["service_region"]) for r in data["regions"]}
     # g7e fp8 would be cheaper in us-east-1, but the engine flow is refused on its sm120 (contract/support.py).
-    assert winners == {"ap-northeast-2": ("g6e.xlarge int8_wo", "ap-northeast-2"), "us-east-1": ("g6e.xlarge int8_wo", "us-east-1")}
+    assert winners == {"ap-northeast-2": ("g6e.xlarge [gpt2-xl int8_wo x1]", "ap-northeast-2"),
+                       "us-east-1": ("g6e.xlarge [gpt2-xl int8_wo x1]", "us-east-1")}
     from fleetcast.config import load_config
 
     cfg = load_config(fleet)
@@ -327,7 +331,7 @@ def test_a_cross_region_choice_is_allowed_on_the_service_side(capsys, fleet, tmp
                           str(SEED / "results" / "g5.xlarge-int8_wo.json"), "--traffic", str(traffic),
                           "--config", str(fleet), "--ttft-p99-ms", "400", "--itl-p99-ms", "40", "--prices", str(prices),
                           "--write-config", str(fleet))
-    assert "Recommendation: g6e.xlarge int8_wo (synthetic: authored data, not measured) in us-east-1" in out, out
+    assert "Recommendation: g6e.xlarge [gpt2-xl int8_wo x1] @ us-east-1 (synthetic (authored data, not measured)) in us-east-1" in out, out
     assert code == 0, err
     assert "regions[us-east-1].allowed_regions += eu-central-1" in out
     from fleetcast.config import load_config

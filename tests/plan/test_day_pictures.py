@@ -24,16 +24,16 @@ def _legend_below(fig) -> bool:
 
 
 def test_plan_simulate_draws_the_day_where_report_points(saved, tmp_path, capsys):
-    from fleetcast.plan.run import PlanOptions, build_plan
+    from fleetcast.plan.run import PlanOptions, build_packing
 
     args = ["--results", str(SEED / "results"), "--traffic", str(SEED / "traffic-seoul-arrivals.yaml"),
             "--config", str(ROOT / "config" / "fleet.yaml")]
     assert main(["plan", "simulate", *args, "--max-hours", "1", "--report", str(tmp_path)]) == 0
     out = capsys.readouterr().out
     [name] = saved
-    assert name == "simulate-g6e.xlarge-fp8-ap-northeast-2.png" and (tmp_path / name).is_file()
+    assert name == "simulate-g6e.xlarge--gpt2-xl-fp8-x1--ap-northeast-2.png" and (tmp_path / name).is_file()
     assert f"pictures: {tmp_path / name}" in out
-    result, _, ctx = build_plan(PlanOptions(results=[str(SEED / "results")],
+    result, ctx, _ = build_packing(PlanOptions(results=[str(SEED / "results")],
                                             traffic=str(SEED / "traffic-seoul-arrivals.yaml"),
                                             config=str(ROOT / "config" / "fleet.yaml"), ttft_p99_ms=300,
                                             itl_p99_ms=40))
@@ -44,7 +44,7 @@ def test_plan_simulate_draws_the_day_where_report_points(saved, tmp_path, capsys
     assert list(lines["instances the plan runs"].get_ydata())[:-1] == pool.instances_by_hour
     # The config's floor (capacity.min 2) holds more than the SLOs need at night: both are drawn, told apart.
     needed = lines["instances the SLOs need, by the planner (before capacity.min)"]
-    assert list(needed.get_ydata())[:-1] == pool.needed_by_hour != pool.instances_by_hour
+    assert list(needed.get_ydata())[:-1] == pool.loads[0].processes_by_hour != pool.instances_by_hour
     # --max-hours 1: one group of hours simulated, one marker per hour of it, at mid-hour.
     sim = lines["fewest meeting the SLOs in the simulation (busiest minutes)"]
     assert all(x % 1 == 0.5 for x in sim.get_xdata()) and 0 < len(sim.get_xdata()) < 24

@@ -60,13 +60,14 @@ def test_report_and_write_config_follow_the_pooled_fleet(tmp_path, capsys):
     out, err = capsys.readouterr()
     assert code == 0, err
     report = json.loads(out)
-    (pool,) = report["fleet"]
+    (pool,) = [p for p in report["pools"] if len(p["consumer_regions"]) > 1]
     assert pool["consumer_regions"] == ["us-east-1", "us-west-2"] and pool["joined"] == ["us-west-2"]
+    assert pool["marginal_cost_per_hour"]["us-west-2"] > 0
     from fleetcast.config import load_config
 
     cfg = load_config(fleet)
     east_pool = cfg.region("us-east-1").pools[0]
-    assert f"{east_pool.instance_type} {cfg.engine_for(east_pool).precision.value}" == pool["candidate"]
+    assert f"{east_pool.instance_type} [gpt2-xl {cfg.engine_for(east_pool).precision.value} x1]" == pool["candidate"]
     assert (east_pool.capacity.min, east_pool.capacity.max) == (min(pool["instances_by_hour"]),
                                                                max(pool["instances_by_hour"]))
     # The west consumers are served from us-east-1 (cross-region), as the plan pooled them. Region by
@@ -78,4 +79,4 @@ def test_report_and_write_config_follow_the_pooled_fleet(tmp_path, capsys):
                  "--min-instances", "1"])
     text = capsys.readouterr().out
     assert "Fleet (what --write-config writes):" in text
-    assert "us-west-2 joins this pool: +$" in text and "for its own g5.xlarge int8_wo pool in us-west-2" in text
+    assert "us-west-2 joins the us-east-1 pool (" in text and "for its own g5.xlarge [gpt2-xl int8_wo x1] pool in us-west-2" in text

@@ -241,10 +241,13 @@ def test_the_what_if_is_refused_with_write_config_and_for_one_model(capsys, tmp_
     config = _config(tmp_path, None)
     assert main([*args, "--config", config, "--write-config", config]) == 2
     assert "--gpu-sharing plans a what-if" in capsys.readouterr().err
+    # One model is a packing of one (issue 34): the what-if is refused with --write-config for it as well.
     seed = ROOT / "examples" / "plan" / "seed"
+    one = str(tmp_path / "one.yaml")
+    Path(one).write_text((ROOT / "config" / "fleet.yaml").read_text())
     code = main(["plan", "--results", str(seed / "results"), "--traffic", str(seed / "traffic-small.yaml"),
-                 "--config", str(ROOT / "config" / "fleet.yaml"), "--gpu-sharing", "mps"])
-    assert code == 2 and "--gpu-sharing plan fleets of several models" in capsys.readouterr().err
+                 "--config", one, "--gpu-sharing", "mps", "--write-config", one])
+    assert code == 2 and "--gpu-sharing plans a what-if" in capsys.readouterr().err
 
 
 SHARING_FILES = sorted(str(p) for p in (DATA / "h200-sharing").glob("*/h200-sharing-*.json"))

@@ -161,14 +161,19 @@ def test_a_floor_or_reservation_that_decides_the_pick_is_named_for_a_packing_as_
 
 
 def test_a_packing_plan_says_why_not_each_other_instance_type_as_a_one_model_plan_does(both_ways):
-    """solver.loss_head, one explanation for both entry points. Before, a packing plan listed only the packings ruled
-    out; why a cheaper-looking instance type that serves lost was not said."""
+    """packing.loss_reason, one explanation with one wording: for one model each other instance type x precision
+    with the one-model detail clauses (the instance-seconds a request holds, the price, the region). Before, a
+    packing plan named only each other instance type's best packing, by its cost."""
     solo, packed = both_ways
     why = dict(packed.why_not())
-    assert list(why) == ["g5.xlarge [gpt2-xl int8_wo x1]"]  # the winner's own type is the 'Other packings' table
-    one = dict(solo.why_not)["g5.xlarge int8_wo"]
-    assert one.startswith("best in ap-northeast-2: " + why["g5.xlarge [gpt2-xl int8_wo x1]"].split("; ")[0] + ";")
-    assert why["g5.xlarge [gpt2-xl int8_wo x1]"].startswith("costs $20.67/h vs $6.66/h (+210%")
+    assert list(why) == ["g6e.xlarge [gpt2-xl int8_wo x1]", "g6e.xlarge [gpt2-xl fp16 x1]",
+                         "g5.xlarge [gpt2-xl int8_wo x1]", "g5.xlarge [gpt2-xl fp16 x1]"]
+    assert why["g5.xlarge [gpt2-xl int8_wo x1]"] == ("costs $20.67/h vs $6.66/h (+210%, $0.503 vs $0.162 per 1M output "
+                                                     "tokens); each request holds an instance 183 ms vs 30 ms at the "
+                                                     "traffic's load levels")
+    for (itype, precision), text in [(("g6e.xlarge", "int8_wo"), "39 ms vs 30 ms"),
+                                     (("g6e.xlarge", "fp16"), "61 ms vs 30 ms"), (("g5.xlarge", "fp16"), "250 ms vs 30 ms")]:
+        assert f"each request holds an instance {text}" in why[f"{itype} [gpt2-xl {precision} x1]"]
 
 
 @pytest.mark.parametrize("traffic", ["traffic-seoul.yaml", "traffic-batch64.yaml", "traffic-small.yaml"])

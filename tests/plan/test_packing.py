@@ -241,11 +241,19 @@ def test_the_command_plans_a_fleet_of_several_models_and_writes_its_report(capsy
     assert "estimated (solo curves)" in (tmp_path / "rep" / "plan.md").read_text()
 
 
-def test_the_one_model_flags_say_what_they_plan(capsys):
-    code, _, err = _cli(capsys, "--results", str(ROOT / "examples" / "plan" / "seed" / "results"), "--traffic",
-                        str(ROOT / "examples" / "plan" / "seed" / "traffic-seoul.yaml"), "--config",
-                        str(ROOT / "config" / "fleet.yaml"), "--max-copies", "2")
-    assert code == 2 and "--lab/--max-copies/--gpu-sharing plan fleets of several models" in err
+def test_one_model_is_a_packing_of_one_so_max_copies_bounds_its_packings_too(capsys):
+    """One planner (issue 34): a one-model fleet goes through the packing search, so --max-copies, once refused for
+    it, bounds its copies per instance as for several models: at 1 no packing of two copies is tried."""
+    args = ["--results", str(ROOT / "examples" / "plan" / "seed" / "results"), "--traffic",
+            str(ROOT / "examples" / "plan" / "seed" / "traffic-seoul-arrivals.yaml"), "--config",
+            str(ROOT / "config" / "fleet.yaml"), "--json"]
+    code, out, _ = _cli(capsys, *args, "--max-copies", "1")
+    assert code == 0
+    doc = json.loads(out)
+    assert doc["max_copies"] == 1
+    assert not [e["label"] for e in doc["regions"][0]["evaluations"] if " x2]" in e["label"]]
+    _, out2, _ = _cli(capsys, *args, "--max-copies", "2")
+    assert [e["label"] for e in json.loads(out2)["regions"][0]["evaluations"] if " x2]" in e["label"]]
     with pytest.raises(SystemExit):
         _cli(capsys, *EXAMPLE_ARGS, "--lab", "H200")
     assert "--lab 'H200': give GPU=TYPE" in capsys.readouterr().err

@@ -208,3 +208,61 @@ def test_a_packing_of_one_gives_the_one_model_peak_throughput_and_statistical_no
     assert ("h3", "Peak throughput") in page
     doc = packing_report.to_json(packed)["regions"][0]
     assert doc["peak_notes"] == region.peak_notes and doc["stats_notes"] == region.stats_notes
+
+
+def test_the_statistical_notes_weigh_the_ttft_ci_against_the_models_own_slo(tmp_path):
+    """A model's own SLO (models[].slo) is the one its packings are sized by, so the statistical notes read it too.
+    Before, they read the fleet's (ctx.slo): with the fleet at 250 ms and the model at 300 ms the note on the
+    pick's TTFT CI was weighed against 250 ms, an SLO this model is not held to."""
+    text = (ROOT / "config" / "fleet.yaml").read_text()
+    own = tmp_path / "own.yaml"
+    own.write_text(text.replace("  max_output_len: 256\n", "  max_output_len: 256\n  slo: {ttft_p99_ms: 300, "
+                                "itl_p99_ms: 40}\n", 1).replace("slo:\n  ttft_p99_ms: 300", "slo:\n  ttft_p99_ms: 250"))
+
+    def notes(config: str) -> list[str]:
+        opts = PlanOptions(results=[str(SEED / "results")], traffic=str(SEED / "traffic-seoul.yaml"), config=config,
+                           today=TODAY)
+        packed, ctx, _ = build_packing(opts)
+        return packed.regions[0].stats_notes
+
+    plain = notes(str(ROOT / "config" / "fleet.yaml"))
+    assert any("contains the 300 ms SLO" in n for n in plain)
+    assert notes(str(own)) == plain
+
+
+def test_a_packing_of_one_keeps_what_the_one_model_report_showed(tmp_path):
+    """One report for every fleet (issue 34): a one-model user loses nothing the one-model report gave. The SLO
+    line, the pick's own notes (here its load capped by the measured range), the hour-by-hour table, and in
+    plan.json each evaluation's notes, seconds per request, precision and service region. Before, the packing
+    report had none of them."""
+    opts = PlanOptions(results=[str(SEED / "results")], traffic=str(SEED / "traffic-seoul-arrivals.yaml"),
+                       config=str(ROOT / "config" / "fleet.yaml"), today=TODAY)
+    packed, _, _ = build_packing(opts)
+    terminal = packing_report.render_terminal(packed)
+    assert "SLO: P99 TTFT <= 300 ms (network included), P99 ITL <= 40 ms, errors <= 1.0%" in terminal
+    assert "  note: measured only up to concurrency 64, where it still meets every SLO" in terminal
+    md = (tmp_path / "r" / "plan.md")
+    packing_report.write_report(packed, tmp_path / "r")
+    page = md.read_text()
+    assert "### The recommendation hour by hour (UTC)" in page and "| 09 | 180 | 4 | 9.75 |" in page  # the one-model table's row
+    winner = packing_report.to_json(packed)["regions"][0]["winner"]
+    assert (winner["precision"], winner["service_region"]) == ("fp8", "ap-northeast-2")
+    assert winner["notes"][0].startswith("measured only up to concurrency 64")
+    assert winner["seconds_per_request"] == pytest.approx(sum(winner["instances_by_hour"]) /
+                                                          sum(packed.regions[0].traffic[0].hourly_rps()))
+
+
+def test_a_precision_the_support_matrix_refuses_is_ruled_out_with_its_reason():
+    """contract/support.py: the engine flow does not build for sm120 (g7e). A one-model plan ruled each g7e precision
+    out with that reason and its peak-throughput note named it; the packing search said only 'no curve (at a
+    precision its GPU runs)' and 'no packing of it serves'. Now both say the matrix's reason."""
+    opts = PlanOptions(results=[str(SEED / "results")], traffic=str(ROOT / "examples/plan/two-regions/traffic.yaml"),
+                       config=str(ROOT / "config" / "fleet.yaml"), today=TODAY)
+    packed, _, _ = build_packing(opts)
+    region = packed.regions[0]
+    (label, why), *_ = region.ruled_out()
+    assert label == "2 candidate(s)" and why.startswith("the tensorrt backend is not supported on g7e.2xlarge")
+    assert "(e.g. gpt2-xl fp16 on g7e.2xlarge)" in why
+    assert region.peak_notes[0].endswith("not the choice: ruled out: the tensorrt backend is not supported on "
+                                         "g7e.2xlarge (RTXPRO6000, sm120)")
+    assert not any("no curve (at a precision its GPU runs)" in n for n in region.notes)

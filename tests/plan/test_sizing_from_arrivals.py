@@ -115,7 +115,7 @@ def test_simulate_refuses_an_unknown_candidate_naming_the_choices(capsys):
     code = main(["plan", "simulate", "--results", RESULTS, "--traffic", str(SEED / "traffic-seoul-arrivals.yaml"),
                  "--config", str(ROOT / "config" / "fleet.yaml"), "--candidate", "p5.48xlarge fp8"])
     err = capsys.readouterr().err
-    assert code in (1, 2) and "--candidate 'p5.48xlarge fp8'" in err and "g5.xlarge fp16" in err
+    assert code in (1, 2) and "--candidate 'p5.48xlarge fp8'" in err and "g5.xlarge [gpt2-xl fp16 x1]" in err
 
 
 # ---------------------------------------------------------------- pools: one target, every member checked
