@@ -9,6 +9,9 @@ SOCKET -- -m MODULE ARGS`) stands where the server's process would: the test's P
 a test sends (SIGTERM, SIGUSR2, ...) and exits as the server did (its code, or the signal that ended it); when the
 launcher is killed (SIGKILL cannot be passed on) the server kills itself as soon as its launcher's socket closes.
 
+A server forked here starts its engine process (runtime/reference/proxy.py: `python -m runtime.reference.worker`) as a
+fork of itself where it can (_local_child): its child, in its session and group, with no PyTorch to import again.
+
 The launcher serves where nothing looks at the server's pid itself (its /proc entries, SIGSTOP). The servers the
 product's supervisor starts are read through their pid (runtime/supervisor.py sums the /proc CPU and I/O of the
 child's session for liveness; tests find engines by their /proc cmdline, read their environ, freeze them with
@@ -425,7 +428,7 @@ def forking_popen(path: str, modules: frozenset[str] = ENGINE_MODULES) -> type:
             pipes = (p2cread, p2cwrite, c2pread, c2pwrite, errread, errwrite)
             for stream in (sys.stdout, sys.stderr):  # the fork's copies of their buffers would be written twice
                 try:
-                    stream.flush()  # type: ignore[union-attr]
+                    stream.flush()
                 except (AttributeError, OSError, ValueError):
                     pass
             pid = os.fork()
@@ -642,7 +645,7 @@ def _local_child(argv: list[str], cwd, env, pipes: tuple[int, ...], keep) -> Non
     finally:
         for stream in (sys.stdout, sys.stderr):
             try:
-                stream.flush()  # type: ignore[union-attr]
+                stream.flush()
             except (AttributeError, OSError, ValueError):
                 pass
         os._exit(code)
@@ -681,10 +684,10 @@ def _become_local(argv: list[str], cwd, env, pipes: tuple[int, ...], keep) -> No
     signal.set_wakeup_fd(-1)
     for sig in signal.valid_signals():
         try:
-            handler = signal.getsignal(sig)
+            caught = signal.getsignal(sig)
         except (OSError, ValueError):
             continue
-        if callable(handler):
+        if callable(caught):
             signal.signal(sig, signal.default_int_handler if sig == signal.SIGINT else signal.SIG_DFL)
     if env is not None:
         os.environ.clear()
