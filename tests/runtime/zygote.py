@@ -431,9 +431,18 @@ def forking_popen(path: str, modules: frozenset[str] = ENGINE_MODULES) -> type:
                     stream.flush()
                 except (AttributeError, OSError, ValueError):
                     pass
+            # As Popen returns once exec has succeeded: once the fork's /proc entries and streams are its own (it
+            # closes its end of this pipe with the rest of the parent's descriptors).
+            started, done = os.pipe()
             pid = os.fork()
             if pid == 0:
                 _local_child(list(args), cwd, env, pipes, pass_fds)
+            os.close(done)
+            try:
+                while os.read(started, 64):
+                    pass
+            finally:
+                os.close(started)
             self.pid = pid
             self._child_created = True  # a child of this process: Popen's own waitpid, poll, kill and signals
             self._close_pipe_fds(*pipes)
@@ -673,14 +682,7 @@ def _become_local(argv: list[str], cwd, env, pipes: tuple[int, ...], keep) -> No
             os.set_inheritable(fd, True)
         elif fd != -1:
             os.dup2(fd, target)
-    # close_fds: the parent's listening socket and its end of the channel must not live on here (the channel's end
-    # of file is how the worker learns that its parent is gone).
-    low = 3
-    for fd in sorted({int(fd) for fd in keep if int(fd) >= 3}):
-        os.closerange(low, fd)
-        low = fd + 1
-    os.closerange(low, os.sysconf("SC_OPEN_MAX"))
-    # exec resets caught signals to their defaults; the event loop's wakeup descriptor was closed above.
+    # exec resets caught signals to their defaults; the event loop's wakeup descriptor is the parent's (closed below).
     signal.set_wakeup_fd(-1)
     for sig in signal.valid_signals():
         try:
@@ -699,6 +701,13 @@ def _become_local(argv: list[str], cwd, env, pipes: tuple[int, ...], keep) -> No
     for handler in list(root.handlers):
         root.removeHandler(handler)
     root.setLevel(logging.WARNING)
+    # close_fds: the parent's listening socket and its end of the channel must not live on here (the channel's end
+    # of file is how the worker learns that its parent is gone); the parent's wait for this start ends here too.
+    low = 3
+    for fd in sorted({int(fd) for fd in keep if int(fd) >= 3}):
+        os.closerange(low, fd)
+        low = fd + 1
+    os.closerange(low, os.sysconf("SC_OPEN_MAX"))
     module = argv[2]
     sys.argv = [module]
     sys.path[0] = os.getcwd()  # as `python -m` sets it
