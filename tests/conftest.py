@@ -256,7 +256,8 @@ def forked_engines():
     runtime.serve.Serving in this process, or from the processes the tests start with this environment: `python -m
     runtime.bootstrap`, bench/h200_sharing.py) are forks of this worker's fork server, which has PyTorch imported,
     standing where the started process would be: its pid, session, /proc cmdline and environ, captured output and
-    exit status (tests/runtime/zygote.py, forking_popen). TEST_NO_ZYGOTE=1 starts them as the product does."""
+    exit status (tests/runtime/zygote.py, forking_popen); a server's engine process is a fork of that server, its
+    child in its session and group (zygote._local_child). TEST_NO_ZYGOTE=1 starts them as the product does."""
     import subprocess
 
     from tests.runtime.zygote import ENGINE_SOCKET_VAR, SITE_DIR, forking_popen, reference_servers

@@ -157,3 +157,22 @@ def test_the_cpu_log_names_each_python_process_a_test_started_and_its_cpu(tmp_pa
     summary = subprocess.run([sys.executable, "-m", "tests.cpu_by_process", str(log)], cwd=conftest.ROOT,
                              capture_output=True, text=True, check=True).stdout.splitlines()
     assert len(summary) == 2 and all("tests/probe.py" in line for line in summary)
+
+
+def test_a_process_that_ends_with_os_exit_is_in_the_cpu_log_too(tmp_path):
+    """runtime/reference/worker.py ends with os._exit (no interpreter shutdown under its engine thread), as do the
+    forks of tests/runtime/zygote.py: atexit never runs there, so the line is written by os._exit itself."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from tests import conftest
+
+    log = tmp_path / "cpu.jsonl.processes"
+    env = {**os.environ, "PYTHONPATH": str(conftest._PROCESS_SITE), "TEST_PROCESS_CPU_LOG": str(log),
+           "PYTEST_CURRENT_TEST": "tests/probe.py::test_starts_an_engine (call)"}
+    done = subprocess.run([sys.executable, "-c", "import os; sum(range(3_000_000)); os._exit(3)"], env=env, check=False)
+    assert done.returncode == 3
+    [line] = [json.loads(x) for x in log.read_text().splitlines()]
+    assert line["program"] == "-c" and line["cpu_s"] > 0 and line["test"] == "tests/probe.py::test_starts_an_engine"

@@ -1,8 +1,9 @@
 """TEST_CPU_LOG's per-process half: on PYTHONPATH (tests/conftest.py puts it there when TEST_CPU_LOG is set), every
 Python process the tests start, and the ones those start, append one JSON line at exit to TEST_PROCESS_CPU_LOG: its
 program (`-m` module or script), the test that was running (pytest's PYTEST_CURRENT_TEST, inherited), and its own
-CPU (user + system). Processes that end without running atexit (SIGKILL, an unhandled SIGTERM, os._exit) write
-nothing; their CPU is still in the test's children_s once reaped.
+CPU (user + system). os._exit skips atexit, so it writes the line first: the reference engine process ends that way
+(runtime/reference/worker.py), and so do the forks of tests/runtime/zygote.py. Processes killed (SIGKILL, an
+unhandled SIGTERM) write nothing; their CPU is still in the test's children_s once reaped.
 
 Python imports `sitecustomize` once at startup, before the program; nothing here runs unless the variable is set."""
 
@@ -33,3 +34,10 @@ if os.environ.get("TEST_PROCESS_CPU_LOG"):
             pass  # a process in a sandboxed directory or a clean environment: its line is lost, not its exit
 
     atexit.register(_log_cpu)
+    _exit = os._exit
+
+    def _exit_logged(code: int) -> None:
+        _log_cpu()
+        _exit(code)
+
+    os._exit = _exit_logged  # type: ignore[assignment]

@@ -4,15 +4,22 @@ as the fork ended; a killed launcher takes its fork with it, and the forks' CPU 
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
 import sys
+import time
+import urllib.request
 from pathlib import Path
 
 import pytest
 
-from .zygote import ROOM_ENV, Zygote, forking_popen
+from runtime.devtools.harness import free_port
+from tests.optional import needs_torch
+
+from .reference_helpers import ONE_FORK_SERVER, ROOT, http_status
+from .zygote import ENGINE_SOCKET_VAR, ROOM_ENV, Zygote, forking_popen, reference_servers
 
 PROBE = """
 import os, signal, sys, time
@@ -27,6 +34,29 @@ if mode in ("usr2", "wait"):
     sys.exit(9)
 if mode == "spin":
     sum(range(3_000_000))
+if mode in ("engine", "orphan"):  # as runtime/reference/proxy.py starts the engine process
+    import socket, subprocess
+    sys.path.insert(1, os.environ["PROBE_ROOT"])
+    import runtime.reference.worker  # imported before, as in the fork server's forks
+    def start_engine():
+        ours, theirs = socket.socketpair()
+        child = subprocess.Popen([sys.executable, "-m", "runtime.reference.worker"], stdin=theirs.fileno())
+        theirs.close()
+        return ours, child
+    ours, engine = start_engine()
+    print(engine.pid, flush=True)
+    if mode == "orphan":
+        time.sleep(60)
+        sys.exit(9)
+    while not os.path.exists("looked"):  # the test has looked at it (bounded by the test's own wait)
+        time.sleep(0.02)
+    running = engine.poll()
+    ours.close()  # the channel's end before START: the engine process exits 1
+    ended = engine.wait(60)
+    ours, killed = start_engine()
+    killed.kill()
+    print(running, ended, killed.wait(60), flush=True)
+    sys.exit(0)
 sys.exit(int(sys.argv[2]))
 """
 
@@ -174,3 +204,114 @@ def test_a_process_started_with_its_streams_redirected_writes_where_they_point(t
     silent = popen([sys.executable, "-m", "zygote_probe", "exit", "4"], cwd=tmp_path, stdout=subprocess.DEVNULL,
                    stderr=subprocess.DEVNULL)
     assert silent.wait(60) == 4 and log.read_bytes() == b""
+
+
+# ---------------------------------------------------------------- what a stand-in starts itself (the engine process)
+
+
+def _cmdline(pid: int) -> list[bytes]:
+    return Path(f"/proc/{pid}/cmdline").read_bytes().rstrip(b"\0").split(b"\0")
+
+
+def _gone(pid: int, timeout_s: float = 60.0) -> bool:
+    """Ended: no /proc entry, or a zombie its new parent has not reaped (bounded by `timeout_s`)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text()
+        except OSError:
+            return True
+        if stat[stat.rindex(")") + 2] in "ZX":
+            return True
+        time.sleep(0.05)
+    return False
+
+
+ENGINE_ARGV = [os.fsencode(a) for a in (sys.executable, "-m", "runtime.reference.worker")]
+
+
+@pytest.fixture
+def stand_in(tmp_path, zygote):
+    """The probe as the supervisor starts a server (a stand-in of the fork server), its output read here; what it
+    starts with subprocess.Popen goes through forking_popen, as forked_site/sitecustomize.py makes it there."""
+    (tmp_path / "zygote_probe.py").write_text(PROBE)
+    popen = forking_popen(zygote.socket, frozenset({"zygote_probe"}))
+
+    def start(*args: str) -> subprocess.Popen[str]:
+        return popen([sys.executable, "-m", "zygote_probe", *args], env={**os.environ, ENGINE_SOCKET_VAR: zygote.socket,
+                     "PROBE_WORD": "engine", "PROBE_ROOT": str(ROOT)}, cwd=tmp_path, start_new_session=True, stdout=subprocess.PIPE, text=True)
+
+    return start
+
+
+def test_the_engine_process_a_stand_in_starts_is_its_child_in_its_session_and_group_and_its_exit_status_is_read(
+        stand_in, zygote, tmp_path):
+    proc = stand_in("engine")
+    try:
+        proc.stdout.readline()  # the probe's own line
+        engine = int(proc.stdout.readline())
+        assert _parent(engine) == proc.pid  # a fork of the stand-in, not of the fork server, nor exec'd from there
+        assert os.getsid(engine) == os.getpgid(engine) == proc.pid  # the server's session and process group
+        assert _cmdline(engine) == ENGINE_ARGV  # as exec would show it: not the server's own
+        environ = Path(f"/proc/{engine}/environ").read_bytes().split(b"\0")
+        assert b"PROBE_WORD=engine" in environ and not any(item.startswith(ROOM_ENV.encode()) for item in environ)
+        (tmp_path / "looked").touch()
+        # Running (poll), then its status once the channel closed before START (1: worker.main), and a kill's.
+        assert proc.stdout.readline().split() == ["None", "1", str(-signal.SIGKILL)]
+        assert proc.wait(60) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(60)
+
+
+def test_the_engine_process_dies_with_the_stand_in_that_started_it(stand_in, zygote):
+    proc = stand_in("orphan")
+    proc.stdout.readline()
+    engine = int(proc.stdout.readline())
+    assert _parent(engine) == proc.pid
+    proc.kill()  # SIGKILL: nothing of the server's own runs; PR_SET_PDEATHSIG and the channel's end remain
+    assert proc.wait(60) == -signal.SIGKILL
+    assert _gone(engine)
+
+
+@needs_torch
+@ONE_FORK_SERVER  # the fork server with PyTorch that the modules starting reference servers share
+def test_the_engine_process_of_a_reference_server_the_supervisor_starts_costs_a_fork_not_a_pytorch_import(tmp_path):
+    """runtime/reference/proxy.py's start of `python -m runtime.reference.worker`, in a server forked as
+    `forked_engines` forks them: the engine loads the model having imported nothing (a new interpreter spends about
+    2.5 s of CPU importing PyTorch alone), and is the server's child in its session and process group."""
+    from runtime.reference.build import build_artifact
+
+    fork_server = reference_servers()
+    if fork_server is None:
+        pytest.skip("TEST_NO_ZYGOTE=1: servers are started as the product starts them")
+    build_artifact(tmp_path / "artifact", size="tiny", seed=0)
+    popen = forking_popen(fork_server.socket)
+    port = free_port()
+    with open(tmp_path / "log", "wb") as log:
+        proc = popen([sys.executable, "-m", "runtime.reference.server", "--artifact", str(tmp_path / "artifact"),
+                      "--host", "127.0.0.1", "--port", str(port), "--threads", "1"],
+                     env={**os.environ, ENGINE_SOCKET_VAR: fork_server.socket}, cwd=ROOT, start_new_session=True,
+                     stdout=log, stderr=subprocess.STDOUT)
+    try:
+        assert _parent(proc.pid) == fork_server.proc.pid
+        for _ in range(1200):  # bounded: 120 s
+            if http_status(f"http://127.0.0.1:{port}/health") == 200 or proc.poll() is not None:
+                break
+            time.sleep(0.1)
+        assert proc.poll() is None, (tmp_path / "log").read_text()
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/memory", timeout=30) as reply:
+            engine = int(json.load(reply)["engine_pid"])
+        assert _parent(engine) == proc.pid and os.getsid(engine) == os.getpgid(engine) == proc.pid
+        assert _cmdline(engine) == ENGINE_ARGV
+        fields = Path(f"/proc/{engine}/stat").read_text().rsplit(")", 1)[1].split()
+        cpu_s = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # proc(5): utime, stime
+        assert cpu_s < 1.0, f"the engine process used {cpu_s:.2f} s of CPU by its load: an interpreter of its own?"
+        os.killpg(proc.pid, signal.SIGTERM)  # as the supervisor stops a server: the drain stops the engine
+        assert proc.wait(60) == 0, (tmp_path / "log").read_text()
+        assert _gone(engine)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(60)

@@ -9,6 +9,9 @@ SOCKET -- -m MODULE ARGS`) stands where the server's process would: the test's P
 a test sends (SIGTERM, SIGUSR2, ...) and exits as the server did (its code, or the signal that ended it); when the
 launcher is killed (SIGKILL cannot be passed on) the server kills itself as soon as its launcher's socket closes.
 
+A server forked here starts its engine process (runtime/reference/proxy.py: `python -m runtime.reference.worker`) as a
+fork of itself where it can (_local_child): its child, in its session and group, with no PyTorch to import again.
+
 The launcher serves where nothing looks at the server's pid itself (its /proc entries, SIGSTOP). The servers the
 product's supervisor starts are read through their pid (runtime/supervisor.py sums the /proc CPU and I/O of the
 child's session for liveness; tests find engines by their /proc cmdline, read their environ, freeze them with
@@ -181,14 +184,11 @@ def _refusal(request: dict) -> str | None:
 
 def _stand_in(request: dict) -> None:
     """In the fork of a process the product starts: what exec in a new session would have given it."""
-    import ctypes
     import resource
 
     if request["session"]:
         os.setsid()
-    for name, data in _area_bytes(request).items():
-        start, end = _areas[name]
-        ctypes.memmove(start, data.ljust(end - start, b"\0"), end - start)
+    _write_areas(_area_bytes(request))
     hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
     if hard == resource.RLIM_INFINITY or request["nofile"] <= hard:
         resource.setrlimit(resource.RLIMIT_NOFILE, (request["nofile"], hard))
@@ -197,6 +197,14 @@ def _stand_in(request: dict) -> None:
     if highest >= _fd_slots():
         os.dup2(0, highest)
         os.close(highest)
+
+
+def _write_areas(areas: dict[str, bytes]) -> None:
+    import ctypes
+
+    for name, data in areas.items():
+        start, end = _areas[name]
+        ctypes.memmove(start, data.ljust(end - start, b"\0"), end - start)
 
 
 def _fd_slots() -> int:
@@ -393,9 +401,11 @@ def forking_popen(path: str, modules: frozenset[str] = ENGINE_MODULES) -> type:
     class ForkedPopen(base):  # type: ignore[valid-type,misc]
         def __init__(self, args, *rest, **kwargs):
             self._forked = False
+            self._local = False
             self._conn: socket.socket | None = None
             started = self._ask(args, kwargs) if not rest and self._routed(args, kwargs) else None
             if started is None:
+                self._local = not rest and _forks_locally(args, kwargs)
                 super().__init__(args, *rest, **kwargs)
                 return
             self._forked = True
@@ -408,6 +418,35 @@ def forking_popen(path: str, modules: frozenset[str] = ENGINE_MODULES) -> type:
             self._captured: dict[str, bytearray] = {name: bytearray() for name in pipes}
             self._child_created = False  # nothing of this process's for Popen.__del__ to reap
             self._end_lock = threading.Lock()
+
+        def _execute_child(self, args, executable, preexec_fn, close_fds, pass_fds, cwd, env, startupinfo,
+                           creationflags, shell, p2cread, p2cwrite, c2pread, c2pwrite, errread, errwrite, *rest):
+            if not self._local:
+                return super()._execute_child(args, executable, preexec_fn, close_fds, pass_fds, cwd, env,
+                                              startupinfo, creationflags, shell, p2cread, p2cwrite, c2pread, c2pwrite,
+                                              errread, errwrite, *rest)
+            pipes = (p2cread, p2cwrite, c2pread, c2pwrite, errread, errwrite)
+            for stream in (sys.stdout, sys.stderr):  # the fork's copies of their buffers would be written twice
+                try:
+                    stream.flush()
+                except (AttributeError, OSError, ValueError):
+                    pass
+            # As Popen returns once exec has succeeded: once the fork's /proc entries and streams are its own (it
+            # closes its end of this pipe with the rest of the parent's descriptors).
+            started, done = os.pipe()
+            pid = os.fork()
+            if pid == 0:
+                _local_child(list(args), cwd, env, pipes, pass_fds)
+            os.close(done)
+            try:
+                while os.read(started, 64):
+                    pass
+            finally:
+                os.close(started)
+            self.pid = pid
+            self._child_created = True  # a child of this process: Popen's own waitpid, poll, kill and signals
+            self._close_pipe_fds(*pipes)
+            return None
 
         @staticmethod
         def _routed(args, kwargs) -> bool:
@@ -562,6 +601,119 @@ def forking_popen(path: str, modules: frozenset[str] = ENGINE_MODULES) -> type:
             return data.decode(locale.getpreferredencoding(False)).replace("\r\n", "\n").replace("\r", "\n")
 
     return ForkedPopen
+
+
+# ---------------------------------------------------------------- a stand-in's own children, forked where it runs
+
+# A reference server's HTTP process starts its engine process (runtime/reference/proxy.py) as `python -m
+# runtime.reference.worker` with the channel on its standard input, in its own session and process group, as its child:
+# the supervisor counts the session's CPU while the server loads, a frozen server's group is killed, and the worker
+# dies with its parent (PR_SET_PDEATHSIG, prctl(2), follows the parent; the channel's end of file too). Started from
+# the fork server, the worker could have none of these (a process cannot join another session, setsid(2)); started
+# with exec, it imports PyTorch again (~3 s of CPU). In a stand-in, which has the module and PyTorch imported, it is a
+# fork of the stand-in itself, made as Popen's child would be (_local_child), and Popen's own waitpid, poll, kill and
+# send_signal act on it. The HTTP process has run no PyTorch operation (its engine is the other process), so the fork
+# starts with no OpenMP pool or CUDA context to inherit; its other threads (an idle executor's) do not come with it.
+
+
+def _local_modules() -> frozenset[str]:
+    protocol = sys.modules.get("runtime.reference.protocol")  # imported with the worker, when it is
+    return frozenset({protocol.WORKER_MODULE}) if protocol is not None else frozenset()
+
+
+def _forks_locally(args, kwargs) -> bool:
+    """`[sys.executable, "-m", MODULE]` of an imported engine module, started by a fork of the fork server (which has
+    room for its /proc cmdline and environ) with only its streams, env and cwd given, and this sys.path."""
+    if not (_areas and isinstance(args, (list, tuple)) and len(args) == 3 and args[0] == sys.executable
+            and args[1] == "-m" and args[2] in _local_modules() and args[2] in sys.modules
+            and set(kwargs) <= {"stdin", "stdout", "stderr", "env", "cwd"}):
+        return False
+    env = os.environ if kwargs.get("env") is None else kwargs["env"]
+    if env.get("PYTHONPATH") != os.environ.get("PYTHONPATH"):
+        return False
+    areas = _area_bytes({"exe": args[0], "argv": list(args[1:]), "env": env})
+    return all(len(data) <= _areas[name][1] - _areas[name][0] for name, data in areas.items())
+
+
+def _local_child(argv: list[str], cwd, env, pipes: tuple[int, ...], keep) -> None:
+    """In the fork: become `argv` as exec would have made it, run its module as __main__, and end with its status
+    (os._exit: the parent's atexit handlers and buffers are not this process's)."""
+    import traceback
+
+    code = 1
+    try:
+        _become_local(argv, cwd, env, pipes, keep)
+        code = 0
+    except SystemExit as exc:
+        if exc.code is None or isinstance(exc.code, int):
+            code = exc.code or 0
+        else:
+            print(exc.code, file=sys.stderr)
+    except BaseException:  # noqa: BLE001 - what the interpreter does with an uncaught exception: print it, status 1
+        traceback.print_exc()
+    finally:
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except (AttributeError, OSError, ValueError):
+                pass
+        os._exit(code)
+
+
+def _become_local(argv: list[str], cwd, env, pipes: tuple[int, ...], keep) -> None:
+    import gc
+    import logging
+    import runpy
+    import warnings
+
+    # The parent's objects stay alive on the stack this fork never returns to; a collection of its garbage could
+    # still close descriptors whose numbers are this process's own by then.
+    gc.freeze()
+    p2cread, p2cwrite, c2pread, c2pwrite, errread, errwrite = pipes
+    for fd in (p2cwrite, c2pread, errread):  # the parent's ends, as _posixsubprocess's child_exec closes them
+        if fd != -1:
+            os.close(fd)
+    if c2pwrite == 0:
+        c2pwrite = os.dup(c2pwrite)
+    while errwrite in (0, 1):
+        errwrite = os.dup(errwrite)
+    for target, fd in ((0, p2cread), (1, c2pwrite), (2, errwrite)):
+        if fd == target:
+            os.set_inheritable(fd, True)
+        elif fd != -1:
+            os.dup2(fd, target)
+    # exec resets caught signals to their defaults; the event loop's wakeup descriptor is the parent's (closed below).
+    signal.set_wakeup_fd(-1)
+    for sig in signal.valid_signals():
+        try:
+            caught = signal.getsignal(sig)
+        except (OSError, ValueError):
+            continue
+        if callable(caught):
+            signal.signal(sig, signal.default_int_handler if sig == signal.SIGINT else signal.SIG_DFL)
+    if env is not None:
+        os.environ.clear()
+        os.environ.update({os.fsdecode(k): os.fsdecode(v) for k, v in env.items()})
+    if cwd is not None:
+        os.chdir(cwd)
+    _write_areas(_area_bytes({"exe": argv[0], "argv": argv[1:], "env": dict(os.environ)}))
+    root = logging.getLogger()  # a new interpreter's: no handlers yet, WARNING
+    for handler in list(root.handlers):
+        root.removeHandler(handler)
+    root.setLevel(logging.WARNING)
+    # close_fds: the parent's listening socket and its end of the channel must not live on here (the channel's end
+    # of file is how the worker learns that its parent is gone); the parent's wait for this start ends here too.
+    low = 3
+    for fd in sorted({int(fd) for fd in keep if int(fd) >= 3}):
+        os.closerange(low, fd)
+        low = fd + 1
+    os.closerange(low, os.sysconf("SC_OPEN_MAX"))
+    module = argv[2]
+    sys.argv = [module]
+    sys.path[0] = os.getcwd()  # as `python -m` sets it
+    with warnings.catch_warnings():  # the module was imported before it runs as __main__, on purpose
+        warnings.filterwarnings("ignore", message=r".*found in sys\.modules", category=RuntimeWarning)
+        runpy.run_module(module, run_name="__main__", alter_sys=True)
 
 
 # The server's HTTP process and its engine process (runtime.reference.worker, started through this fork server where
