@@ -958,21 +958,46 @@ def plan_packing(cfg: FleetConfig | None, curves: list[ModelCurve], profile: Tra
         regions.setdefault(entry.region, []).append(entry)
     out = []
     cache: Cache = {"lab": dict(lab or {})}
+    left = dict(ctx.reserved)
     for region, entries in regions.items():
         entries = sorted(entries, key=lambda t: models.index(t.model))
-        plan = _plan_region(cfg, curves, region, entries, ctx, fleet_slo, max_copies, families, cache,
+        # Each region's own choice sees only the reservation the regions before it left (claim_reserved).
+        own = replace(ctx, reserved=dict(left))
+        plan = _plan_region(cfg, curves, region, entries, own, fleet_slo, max_copies, families, cache,
                             gpu_sharing)
         if plan.winner is not None:
-            plan.decided_by = _decided_by(plan, plan.winner, cfg, curves, ctx, fleet_slo, max_copies, families,
+            plan.decided_by = _decided_by(plan, plan.winner, cfg, curves, own, fleet_slo, max_copies, families,
                                           cache["lab"], gpu_sharing)
         if any(e.sharing == MPS for e in plan.evaluations):
-            sliced = _plan_region(cfg, curves, region, entries, ctx, fleet_slo, max_copies, families, cache,
+            sliced = _plan_region(cfg, curves, region, entries, own, fleet_slo, max_copies, families, cache,
                                   TIME_SLICING)
             plan.alternatives += _time_sliced_alternative(sliced)
+        if plan.winner is not None:
+            claim_reserved(left, plan.winner)
         out.append(plan)
     result = PackingPlan(profile.name, models, out, max_copies=max_copies)
     pool_across_regions(result, cfg, curves, ctx, fleet_slo, cache)
+    left = dict(ctx.reserved)
+    result.pools = [claim_reserved(left, p) for p in result.pools]
     return result
+
+
+def claim_reserved(left: dict[tuple[str, str], int], ev: PackingEval) -> PackingEval:
+    """The one rule by which a reservation (--reserved) is counted once in a plan: `ev` (a region's own choice, or a
+    pool of the fleet) is priced with only the instances of its type and region that `left` still holds, up to its
+    peak, and takes them from `left`. Reserved instances are billed at the On-Demand rate whether used or not (AWS,
+    "Capacity Reservation pricing and billing"): sunk, so each evaluation prices only the instances beyond its share,
+    and two regions or two pools never both count the same instances as free (docs/plan.md, "Pooling across
+    regions"). Returns `ev` where its share is what it was priced with, else a re-priced copy."""
+    at = (ev.instance_type, ev.region)
+    share = min(left.get(at, 0), max(ev.instances_by_hour, default=0))
+    if at in left:
+        left[at] -= share
+    if share == ev.reserved_used:
+        return ev
+    cost = [max(n - share, 0) * ev.price_per_hour + f for n, f in zip(ev.instances_by_hour, ev.fixed_by_hour)]
+    return replace(ev, cost_by_hour=cost, cost_per_hour=sum(cost) / 24, reserved_used=share,
+                   usd_per_m_output=per_m_output(sum(cost), [ld.traffic for ld in ev.loads]))
 
 
 def _decided_by(plan: RegionPacking, winner: PackingEval, cfg: FleetConfig | None, curves: list[ModelCurve], ctx: PlanContext,
