@@ -246,12 +246,16 @@ def test_the_saving_never_exceeds_what_is_paid_beyond_the_reservations(regions):
 
 def test_the_planned_reservation_enters_the_reserve_through_the_cli(capsys):
     """With 4 g6e.xlarge reserved in us-east-1 the example's fleet runs 1-5 instances there (both regions pooled):
-    before, the reserve priced all 5 held at $9.30/h; 4 of them are billed whatever is held, so one costs."""
+    before, the reserve priced all 5 held at $9.30/h; 4 of them are billed whatever is held, so one costs. The 4 are
+    counted once (packing.claim_reserved): us-east-1's own choice (peak 4) takes them all, so us-west-2 on its own is
+    its own 4 in us-west-2, as without the reservation (before, its own choice rode the same 4 in us-east-1: 5 held)."""
     from scripts.cli import main
 
     assert main(["plan", "--results", str(SEED / "results"), "--traffic", str(EXAMPLE / "traffic.yaml"), "--config",
                  str(EXAMPLE / "fleet.yaml"), "--shared-reserve", "--reserved", "g6e.xlarge@us-east-1=4"]) == 0
     out = capsys.readouterr().out
     section = out[out.index("Shared reserve across regions"):]
-    assert "each region for its own peak: 5 instances held (us-east-1 5), $1.86/h if held all day beyond the 4 " \
-           "reserved" in section
+    assert "each region for its own peak: 8 instances held (us-east-1 4, us-west-2 4), $7.44/h if held all day " \
+           "beyond the 4 reserved" in section
+    # Shared, 5 held of which 4 reserved: the one beyond them, $1.86/h, is all it pays.
+    assert "5 instances held, 3 fewer (38%), $5.58/h less if held all day beyond the 4 reserved" in section
