@@ -539,9 +539,13 @@ def instances_plot(plt: Any, region: str, rps: list[float], shown: list[DayLine]
     demand.set_ylim(0, max(rps) * 1.15 or 1)
     demand.set_title(f"Demand and instances over the day: consumers in {region}{tag}", fontsize=10)
     demand.grid(alpha=0.3)
+    picked = [e.instances_by_hour for e in shown if e.pick]
     for e in sorted(shown, key=lambda e: e.pick):  # the pick drawn last, on top
+        # An option that runs the pick's counts every hour is hidden under its bold line: the legend says where.
+        hidden = not e.pick and e.instances_by_hour in picked
         ax.step(hours, e.instances_by_hour + e.instances_by_hour[-1:], where="post",
-                label=e.label + (" (this region's pick)" if e.pick else ""), linewidth=3 if e.pick else 1.2,
+                label=e.label + (" (this region's pick)" if e.pick else " (under the pick: the same counts)"
+                                 if hidden else ""), linewidth=3 if e.pick else 1.2,
                 color="k" if e.pick else None, zorder=4 if e.pick else 2, alpha=1 if e.pick else 0.8)
     for pool in fleet:
         n = pool.instances_by_hour

@@ -220,6 +220,30 @@ def test_the_instances_plot_draws_the_pooled_fleet_the_plan_writes(monkeypatch, 
         assert pool.service_region in drawn.get_label() and drawn.get_linestyle() == "--"
 
 
+def test_an_option_hidden_under_the_picks_line_is_named_so_in_the_legend(tmp_path):
+    """Two-regions' Ohio picture drew g6e int8_wo at the fp8 pick's counts every hour: its blue line lay under the
+    bold black one, and the legend listed a line the reader could not find."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from fleetcast.plan.report import DayLine, instances_plot
+
+    same, other = [3] * 12 + [2] * 12, [5] * 24
+    shown = [DayLine("pick", same, True), DayLine("twin", list(same), False), DayLine("other", other, False)]
+    figures: list = []
+    real_close = plt.close
+    plt.close = figures.append  # keep the figure to read its legend
+    try:
+        instances_plot(plt, "us-east-2", [1.0] * 24, shown, [], "", tmp_path)
+    finally:
+        plt.close = real_close
+    labels = [t.get_text() for t in figures[0].axes[1].get_legend().get_texts()]
+    real_close(figures[0])
+    assert labels == ["twin (under the pick: the same counts)", "other", "pick (this region's pick)"]
+
+
 def test_write_config_says_what_a_target_at_the_consumers_limit_means(capsys, tmp_path):
     fleet = tmp_path / "fleet.yaml"
     shutil.copy(ROOT / "config" / "fleet.yaml", fleet)
