@@ -18,11 +18,13 @@ Shared hand-calculation facts (from examples/plan/seed/make_results.py):
 
 from __future__ import annotations
 
+import functools
 import math
 
 import pytest
 
-from fleetcast.plan.run import PlanOptions, build_plan
+from fleetcast.plan.packing import PackingEval, RegionPacking, scaling_target
+from fleetcast.plan.run import PlanOptions, build_packing
 
 from .conftest import SEED
 
@@ -42,30 +44,39 @@ def instance_hours(seconds_per_request: float) -> int:
     return sum(h * max(1, math.ceil(rps * seconds_per_request)) for rps, h in HOURS)
 
 
-def run(traffic="traffic-seoul.yaml", ttft=300.0, quality=None):
+@functools.cache
+def run(traffic="traffic-seoul.yaml", ttft=300.0, quality=None) -> RegionPacking:
+    """The seed planned once per set of inputs, which the module's tests share: one model, a packing of one."""
     opts = PlanOptions(results=[str(SEED / "results")], traffic=str(SEED / traffic), config=None,
                        ttft_p99_ms=ttft, itl_p99_ms=40.0, error_rate=0.01,
                        quality=str(SEED / quality) if quality else None)
-    result, plans, _ = build_plan(opts)
-    assert len(plans) == 1
-    return plans[0]
+    result, _, _ = build_packing(opts)
+    (plan,) = result.regions
+    return plan
 
 
-def best(plan, label):
-    return next(e for e in plan.ranked if e.candidate.label == label)
+def candidate(ev: PackingEval) -> str:
+    """A packing of one process named as the candidate it runs: "g6e.xlarge int8_wo"."""
+    (load,) = ev.loads
+    return f"{ev.instance_type} {load.precision}"
 
 
-def reason(plan, label):
-    return dict(plan.why_not)[label]
+def best(plan: RegionPacking, label: str) -> PackingEval:
+    return next(e for e in plan.ranked if candidate(e) == label)
+
+
+def reason(plan: RegionPacking, label: str) -> str:
+    itype, precision = label.split()
+    return next(why for name, why in plan.why_not() if name.startswith(f"{itype} [gpt2-xl {precision} x1]"))
 
 
 def test_seed_picks_g6e_int8_for_seoul_by_hand():
     plan = run()
     win = plan.winner
-    assert (win.candidate.label, win.service_region) == ("g6e.xlarge int8_wo", "ap-northeast-2")
+    assert (candidate(win), win.region) == ("g6e.xlarge int8_wo", "ap-northeast-2")
 
     # P99 TTFT (bench and service both in-region, so +0 ms): 30 52 80 140 232 296 | 380 at c=64 > 300.
-    assert win.max_load == 48 and win.target == 48
+    assert win.max_load == 48 and scaling_target(win) == 48
     s = (0.80 * (443.8 * H16 + 11.62 * 16) / 16 + 0.15 * (443.8 + 11.62 * 32) / 32
          + 0.05 * (443.8 + 11.62 * 48) / 48) / 1000          # = 0.08917 s
     assert win.seconds_per_request == pytest.approx(s, rel=1e-6)
@@ -83,7 +94,8 @@ def test_seed_explains_why_g5_loses_on_ttft_at_seouls_load():
     plan = run()
     g5 = best(plan, "g5.xlarge int8_wo")
     # P99 TTFT 312 ms > 300 at c=8, so k = 4: levels 5-16 and 32/64 all run at 4 per instance.
-    assert g5.max_load == 4 and g5.first_failure.metric == "P99 TTFT" and g5.first_failure.level == 8
+    failure = g5.loads[0].histogram.first_failure
+    assert g5.max_load == 4 and failure.metric == "P99 TTFT" and failure.level == 8
     s = (0.80 * ((688.4 * H4 + 24.24 * 4) + 12 * (688.4 + 24.24 * 4) / 4) / 16
          + 0.20 * (688.4 + 24.24 * 4) / 4) / 1000              # = 0.23363 s
     assert g5.seconds_per_request == pytest.approx(s, rel=1e-6)
@@ -96,11 +108,11 @@ def test_seed_explains_why_g5_loses_on_ttft_at_seouls_load():
 
 def test_seed_explains_why_g7e_is_ruled_out():
     plan = run()
-    assert not any(e.candidate.family == "g7e" for e in plan.ranked)
-    for label in ("g7e.2xlarge fp8", "g7e.2xlarge fp16"):
-        why = reason(plan, label)
-        assert "g7e is not offered in ap-northeast-2" in why
-        assert "ap-northeast-2 is not in the cross-region PrivateLink table" in why
+    assert not any(e.instance_type.startswith("g7e.") for e in plan.evaluations)
+    # Ruled out as an instance type, before any of its precisions (fp8, fp16) is tried: one line says it for both.
+    why = dict(plan.ruled_out())["g7e.2xlarge"]
+    assert why.startswith("not offered in ap-northeast-2 (availability as of 2026-01-15)")
+    assert "ap-northeast-2 is not in the cross-region PrivateLink table" in why
 
 
 def test_seed_explains_why_the_peak_throughput_choice_loses():
@@ -138,11 +150,11 @@ def test_seed_reports_statistical_honesty():
 def test_relaxed_ttft_slo_makes_the_cheaper_g5_win():
     plan = run(ttft=1000.0)
     win = plan.winner
-    assert win.candidate.label == "g5.xlarge int8_wo"
+    assert candidate(win) == "g5.xlarge int8_wo"
     # g5 P99 TTFT 990 ms at c=48 passes, 1290 at 64 fails: k = 48.
     s = (0.80 * (688.4 * H16 + 24.24 * 16) / 16 + 0.15 * (688.4 + 24.24 * 32) / 32
          + 0.05 * (688.4 + 24.24 * 48) / 48) / 1000           # = 0.14455 s
-    assert win.target == 48 and win.seconds_per_request == pytest.approx(s, rel=1e-6)
+    assert scaling_target(win) == 48 and win.seconds_per_request == pytest.approx(s, rel=1e-6)
     assert win.instance_hours == 9 * 18 + 4 * 27 + 9 * 3 + 2 * 12 == 321
     assert win.cost_per_hour == pytest.approx((321 * 1.237 + fixed_per_day(0.013)) / 24, rel=1e-6)  # $17.01
     assert best(plan, "g6e.xlarge int8_wo").cost_per_hour == pytest.approx((201 * 2.288 + fixed_per_day(0.013)) / 24)
@@ -151,7 +163,7 @@ def test_relaxed_ttft_slo_makes_the_cheaper_g5_win():
 def test_batch_64_traffic_makes_fp8_win():
     plan = run(traffic="traffic-batch64.yaml")
     win = plan.winner
-    assert win.candidate.label == "g6e.xlarge fp8"
+    assert candidate(win) == "g6e.xlarge fp8"
     # Every request at level 64: fp8 holds 64 (P99 TTFT 290 ms): S = W(64)/64 = 877.24/64 ms;
     # int8_wo caps at 48 (380 ms at 64): S = W(48)/48 = 991.56/48 ms.
     assert win.seconds_per_request == pytest.approx((492.6 + 6.01 * 64) / 64 / 1000, rel=1e-6)
@@ -167,17 +179,20 @@ def test_consumers_in_us_east_1_would_pick_g7e_but_its_engine_flow_is_refused():
     win = plan.winner
     # g7e fp8 would cost $13.49/h (94 instance-hours of the mean E2E 220.9 + 3.105c ms at $3.363), but GPT-2 runs on
     # the engine flow, which no TensorRT-LLM 1.2.x source supports on sm120 (fleetcast/contract/support.py).
-    assert (win.candidate.label, win.service_region) == ("g6e.xlarge int8_wo", "us-east-1")
+    assert (candidate(win), win.region) == ("g6e.xlarge int8_wo", "us-east-1")
     assert win.cost_per_hour == pytest.approx((201 * 1.861 + fixed_per_day(0.010)) / 24, rel=1e-6)
-    for label in ("g7e.2xlarge fp8", "g7e.2xlarge fp16"):
-        why = reason(plan, label)
-        assert why.startswith("ruled out: the tensorrt backend is not supported on g7e.2xlarge (RTXPRO6000, sm120)")
+    for precision in ("fp8", "fp16"):
+        why = dict(plan.refused)[f"gpt2-xl {precision} on g7e.2xlarge"]
+        assert why.startswith("the tensorrt backend is not supported on g7e.2xlarge (RTXPRO6000, sm120)")
         assert "refused until measured" in why and "the config validator would refuse it" in why
+    # The report rules them out as one group, with the reason.
+    assert dict(plan.ruled_out())["2 candidate(s)"].startswith("the tensorrt backend is not supported on g7e.2xlarge")
 
 
 def test_failed_quality_check_excludes_int8():
     plan = run(quality="quality-int8-fails.yaml")
-    assert plan.winner.candidate.label == "g6e.xlarge fp8"
-    why = reason(plan, "g6e.xlarge int8_wo")
-    assert why.startswith("ruled out: quality check failed: perplexity_delta_pct 1.8 > threshold 1")
+    assert candidate(plan.winner) == "g6e.xlarge fp8"
+    assert not any(candidate(e) == "g6e.xlarge int8_wo" for e in plan.evaluations)
+    (why,) = [n for n in plan.notes if n.startswith("gpt2-xl int8_wo on g6e.xlarge: ")]
+    assert why.endswith("ruled out: quality check failed: perplexity_delta_pct 1.8 > threshold 1")
     assert "cross-region" not in why   # quality does not depend on the region
