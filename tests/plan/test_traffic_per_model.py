@@ -8,7 +8,7 @@ import pytest
 from pydantic import ValidationError
 
 from fleetcast.contract.errors import UserError
-from fleetcast.plan.run import PlanOptions, build_plan
+from fleetcast.plan.run import PlanOptions, build_packing
 from fleetcast.plan.traffic import TrafficProfile, load_traffic
 
 from .conftest import ROOT, SEED
@@ -66,16 +66,17 @@ def test_the_planner_checks_the_profile_against_the_config_it_loads(tmp_path):
     opts = PlanOptions(results=[str(SEED / "results")], traffic=str(path), config=str(ROOT / "config" / "fleet.yaml"))
     with pytest.raises(UserError, match=r"consumers\[0\]\.model 'llama-3-8b' is not a model of the config; "
                                         r"allowed: gpt2-xl"):
-        build_plan(opts)
+        build_packing(opts)
 
 
 def test_naming_the_only_model_plans_exactly_as_leaving_it_out(tmp_path):
     plain = load_traffic(SEED / "traffic-seoul.yaml")
     named = plain.model_copy(update={"consumers": [c.model_copy(update={"model": "gpt2-xl"}) for c in plain.consumers]})
     config = str(ROOT / "config" / "fleet.yaml")
-    a, _, _ = build_plan(PlanOptions(results=[str(SEED / "results")], traffic=None, config=config,
-                                     traffic_profile=plain))
-    b, _, _ = build_plan(PlanOptions(results=[str(SEED / "results")], traffic=None, config=config,
-                                     traffic_profile=named))
+    a, _, _ = build_packing(PlanOptions(results=[str(SEED / "results")], traffic=None, config=config,
+                                        traffic_profile=plain))
+    b, _, _ = build_packing(PlanOptions(results=[str(SEED / "results")], traffic=None, config=config,
+                                        traffic_profile=named))
+    assert all(p.winner is not None for p in a.regions)
     assert [(p.winner.label, round(p.winner.cost_per_hour, 6)) for p in a.regions] == \
         [(p.winner.label, round(p.winner.cost_per_hour, 6)) for p in b.regions]
