@@ -7,8 +7,8 @@ from datetime import date
 
 import pytest
 
-from fleetcast.plan.packing_report import render_terminal
-from fleetcast.plan.run import PlanOptions, build_packing, build_plan
+from fleetcast.plan.packing_report import recommendation, render_terminal
+from fleetcast.plan.run import PlanOptions, build_packing
 
 from .conftest import ROOT, SEED
 
@@ -38,14 +38,15 @@ def test_a_region_where_no_type_with_results_is_offered_headlines_not_offered(tm
 
 
 def test_a_one_model_region_where_nothing_is_offered_headlines_not_offered(tmp_path):
-    from fleetcast.plan.report import recommendation
-
     traffic = tmp_path / "traffic.yaml"
     traffic.write_text((SEED / "traffic-small.yaml").read_text().replace("ap-northeast-2", "sa-east-1"))
     only_g6e = [str(p) for p in (SEED / "results").glob("g6e.xlarge-*.json")]
-    _, plans, _ = build_plan(PlanOptions(results=only_g6e, traffic=str(traffic),
-                                         config=str(ROOT / "config" / "fleet.yaml"), today=TODAY))
-    assert recommendation(plans[0]).startswith("No candidate serves sa-east-1: not offered: g6e is not offered")
+    result, _, _ = build_packing(PlanOptions(results=only_g6e, traffic=str(traffic),
+                                             config=str(ROOT / "config" / "fleet.yaml"), today=TODAY))
+    (region,) = result.regions
+    assert recommendation(region).startswith("sa-east-1: not offered: g6e.xlarge (the instance types with results) "
+                                             "is not offered in sa-east-1")
+    assert "within its SLO" not in render_terminal(result)
 
 
 def test_when_no_packing_serves_the_unpacked_figures_are_still_shown(tmp_path):
@@ -66,14 +67,24 @@ def test_an_interrupted_report_leaves_no_half_written_directory(tmp_path, monkey
     """Ctrl-C after the plots are drawn, while the pages render: before, the directory held the new plots and no (or
     the old) pages. Now the report is written into a sibling stage and moved into place only when complete: a new
     directory does not appear, an existing one keeps every file as it was, and no stage is left behind."""
-    from fleetcast.plan import report
+    from fleetcast.plan import packing_report, report
 
-    result, _, _ = build_plan(PlanOptions(results=[str(SEED / "results")], traffic=str(SEED / "traffic-small.yaml"),
-                                          config=str(ROOT / "config" / "fleet.yaml"), today=TODAY))
+    result, _, _ = build_packing(PlanOptions(results=[str(SEED / "results")], traffic=str(SEED / "traffic-small.yaml"),
+                                             config=str(ROOT / "config" / "fleet.yaml"), today=TODAY))
+    drawn = []
+
+    def plots(plan, directory, pools=()):
+        # What the pictures show does not matter here, only that each write draws new ones (matplotlib's CPU spared).
+        drawn.append(plan.region)
+        path = directory / f"instances-{plan.region}.png"
+        path.write_bytes(f"drawing {len(drawn)}".encode())
+        return [path]
+
+    monkeypatch.setattr(packing_report, "write_plots", plots)
     target = tmp_path / "report"
     before = {}
     if existing:
-        report.write_report(result, target)
+        packing_report.write_report(result, target)
         (target / "simulate-x.png").write_bytes(b"kept")
         before = {p.name: p.read_bytes() for p in target.iterdir()}
 
@@ -82,7 +93,8 @@ def test_an_interrupted_report_leaves_no_half_written_directory(tmp_path, monkey
 
     monkeypatch.setattr(report, "blocks_html", interrupted)
     with pytest.raises(KeyboardInterrupt):
-        report.write_report(result, target)
+        packing_report.write_report(result, target)
+    assert len(drawn) == (2 if existing else 1)  # interrupted after the plots were drawn
     assert [p.name for p in tmp_path.iterdir()] == (["report"] if existing else [])
     if existing:
         assert {p.name: p.read_bytes() for p in target.iterdir()} == before
