@@ -2,8 +2,8 @@
 
 Planned region by region, every consumer region pays for a pool's minimum and for an NLB
 and the provider VPC's endpoints of its own. A small region whose traffic fits in a big
-region's spare capacity costs far less there (network and SLO permitting); `fleet_pools`
-finds such moves, the report says what each costs, and --write-config sizes the shared
+region's spare capacity costs far less there (network and SLO permitting); the planner
+finds such moves (packing.pool_across_regions), the report says what each costs, and --write-config sizes the shared
 pool for the summed load with one minimum.
 """
 
@@ -12,26 +12,28 @@ from __future__ import annotations
 import json
 import shutil
 
-from fleetcast.plan.run import PlanOptions, build_plan
+from fleetcast.plan.run import PlanOptions, build_packing
 from scripts.cli import main
 
 from .conftest import ROOT, SEED, east_and_west_traffic
 
 RESULTS = str(SEED / "results")
 SLO = dict(ttft_p99_ms=300, itl_p99_ms=40)
+
+
 def build(path):
-    result, plans, _ = build_plan(PlanOptions(results=[RESULTS], traffic=str(path), config=None, min_instances=1, **SLO))
-    return result, plans
+    result, _, _ = build_packing(PlanOptions(results=[RESULTS], traffic=str(path), config=None, min_instances=1, **SLO))
+    return result, result.regions
 
 
 def test_a_small_region_joins_the_big_regions_pool_when_that_is_cheaper(tmp_path):
     result, plans = build(east_and_west_traffic(tmp_path, '{"0-24": 100}', '{"0-24": 0.5}'))
     east, west = plans
-    assert west.winner.service_region == "us-west-2"  # on its own, a small pool next to it is cheapest
+    assert west.winner.region == "us-west-2"  # on its own, a small pool next to it is cheapest
     (pool,) = result.pools
-    assert (pool.service_region, pool.candidate) == ("us-east-1", east.winner.candidate.label)
-    assert pool.consumer_regions == ["us-east-1", "us-west-2"]
-    assert [plan.traffic.region for plan, _ in pool.joined()] == ["us-west-2"]
+    assert (pool.region, pool.label) == ("us-east-1", east.winner.label)
+    assert pool.consumer_regions == ("us-east-1", "us-west-2")
+    assert list(pool.marginal) == ["us-west-2"]  # joined the east's pool
     separate = east.winner.cost_per_hour + west.winner.cost_per_hour
     assert pool.cost_per_hour < separate - 1.0  # the west pool's instance and NLB are gone
     assert 0 < pool.marginal["us-west-2"] < west.winner.cost_per_hour
@@ -44,9 +46,9 @@ def test_regions_stay_apart_when_joining_would_cost_more(tmp_path):
     # 112 req/s all day runs the us-east-1 pool (g6e int8_wo, 10 instances) at the edge of a whole instance:
     # 3 req/s more would tip it over every hour, which costs more than the west's own pool.
     result, plans = build(east_and_west_traffic(tmp_path, '{"0-24": 112}', '{"0-24": 3}'))
-    assert sorted((p.service_region, tuple(p.consumer_regions)) for p in result.pools) == [
+    assert sorted((p.region, p.consumer_regions or (p.region,)) for p in result.pools) == [
         ("us-east-1", ("us-east-1",)), ("us-west-2", ("us-west-2",))]
-    assert all(not p.joined() for p in result.pools)
+    assert all(not p.marginal for p in result.pools) and not result.joins
 
 
 def test_report_and_write_config_follow_the_pooled_fleet(tmp_path, capsys):
