@@ -10,7 +10,7 @@ from fleetcast.config import catalog
 from fleetcast.contract.errors import UserError
 from fleetcast.plan.estimate import MODEL_SHAPES, Estimator, estimate_specs, ideal
 from fleetcast.plan.inputs import load_candidates
-from fleetcast.plan.run import PlanOptions, build_plan
+from fleetcast.plan.run import PlanOptions, build_packing
 
 from .conftest import ROOT, SEED, write_plan
 
@@ -65,17 +65,21 @@ def test_estimates_are_labelled_and_reuse_a_measured_twin(measured):
 def test_measured_choice_beats_a_cheaper_estimate_and_says_so():
     opts = PlanOptions(results=[str(SEED / "results")], traffic=str(SEED / "traffic-seoul.yaml"), config=None,
                        ttft_p99_ms=300, itl_p99_ms=40, estimate=["g5.xlarge:int4_wo"])
-    result, plans, _ = build_plan(opts)
-    plan = plans[0]
-    assert plan.ranked[0].candidate.label == "g5.xlarge int4_wo" and plan.ranked[0].candidate.estimated
-    assert plan.winner.candidate.label == "g6e.xlarge int8_wo"
+    result, _, _ = build_packing(opts)
+    (plan,) = result.regions
+    estimate = "g5.xlarge [gpt2-xl int4_wo x1]"  # served in its consumers' region: its label names no other
+    assert plan.ranked[0].label == estimate and plan.ranked[0].estimated and plan.ranked[0].region == "ap-northeast-2"
+    assert plan.winner.label == "g6e.xlarge [gpt2-xl int8_wo x1]"
     # One wording for a cheaper estimate, one model or a packing (solver.cheaper_words; test_packing.py).
-    assert dict(plan.why_not)["g5.xlarge int4_wo"].startswith("estimated only: would cost $")
-    assert " in ap-northeast-2 vs $" in dict(plan.why_not)["g5.xlarge int4_wo"]
-    assert dict(plan.why_not)["g5.xlarge int4_wo"].endswith("not chosen: benchmark it before choosing it")
-    assert any("estimated candidate(s) rank above the synthetic choice; the best, g5.xlarge int4_wo @ ap-northeast-2: "
-               "estimated only: would cost $" in n for n in plan.stats_notes)
-    assert result.estimator.startswith("roofline calibrated on 7 synthetic candidate(s) (authored data, not measured)")
+    why = dict(plan.why_not())[estimate]
+    assert why.startswith(f"estimated only: would cost ${plan.ranked[0].cost_per_hour:.2f}/h vs "
+                          f"${plan.winner.cost_per_hour:.2f}/h")
+    assert why.endswith("not chosen: benchmark it before choosing it")
+    assert any(f"estimated candidate(s) rank above the synthetic (authored data, not measured) choice; the best, "
+               f"{estimate}: estimated only: would cost $" in n for n in plan.stats_notes)
+    # The estimator per model (one here), on the model's 7 synthetic solo curves.
+    assert result.estimator.startswith("gpt2-xl: roofline calibrated on 7 synthetic candidate(s) (authored data, "
+                                       "not measured)")
 
 
 def test_write_config_refuses_an_estimated_choice(tmp_path):
@@ -83,11 +87,12 @@ def test_write_config_refuses_an_estimated_choice(tmp_path):
     fleet.write_text((ROOT / "config" / "fleet.yaml").read_text())
     opts = PlanOptions(results=[str(SEED / "results" / "g7e.2xlarge-fp8.json")], traffic=str(SEED / "traffic-seoul.yaml"),
                        config=None, ttft_p99_ms=300, itl_p99_ms=40, estimate=["g6e.xlarge:int8_wo"])
-    result, plans, ctx = build_plan(opts)
-    assert plans[0].winner.candidate.estimated        # the only feasible candidate in Seoul
+    result, ctx, _ = build_packing(opts)
+    assert result.regions[0].winner.estimated        # the only feasible candidate in Seoul
     before = fleet.read_text()
-    with pytest.raises(UserError, match="is estimated, not measured: benchmark it first"):
-        write_plan(fleet, result, ctx, plans)
+    with pytest.raises(UserError, match=r"\(g6e.xlarge \[gpt2-xl int8_wo x1\]\) is estimated \(roofline model\), "
+                                  r"not measured: benchmark it first"):
+        write_plan(fleet, result, ctx)
     assert fleet.read_text() == before
 
 
