@@ -11,7 +11,7 @@ from botocore.stub import Stubber
 from fleetcast.contract.errors import UserError
 from fleetcast.plan.aws import live_availability, refresh_prices
 from fleetcast.plan.inputs import load_prices, shipped_availability
-from fleetcast.plan.run import PlanOptions, build_plan
+from fleetcast.plan.run import PlanOptions, build_packing
 
 from .conftest import SEED
 
@@ -91,9 +91,11 @@ def test_a_live_g7e_offer_in_seoul_with_a_price_moves_its_reason_from_availabili
 
     opts = PlanOptions(results=[str(SEED / "results")], traffic=str(SEED / "traffic-seoul.yaml"), config=None,
                        ttft_p99_ms=300, itl_p99_ms=40, prices=str(prices), live_availability=True, ec2_client_for=client_for)
-    _, plans, _ = build_plan(opts)
-    assert plans[0].winner.candidate.label == "g6e.xlarge int8_wo"
-    why = dict(plans[0].why_not)["g7e.2xlarge fp8"]
+    result, _, _ = build_packing(opts)
+    (plan,) = result.regions
+    assert plan.winner.label == "g6e.xlarge [gpt2-xl int8_wo x1]"
+    assert "g7e.2xlarge" not in plan.not_offered
+    why = dict(plan.refused)["gpt2-xl fp8 on g7e.2xlarge"]
     assert "not offered" not in why.split(";")[0] and "tensorrt backend is not supported on g7e.2xlarge" in why
 
 
@@ -108,6 +110,7 @@ def test_live_availability_without_a_price_says_so():
 
     opts = PlanOptions(results=[str(SEED / "results" / "g7e.2xlarge-fp8.json")], traffic=str(SEED / "traffic-seoul.yaml"),
                        config=None, ttft_p99_ms=300, itl_p99_ms=40, live_availability=True, ec2_client_for=client_for)
-    _, plans, _ = build_plan(opts)
-    assert plans[0].winner is None
-    assert "no price for g7e.2xlarge in ap-northeast-2" in dict(plans[0].why_not)["g7e.2xlarge fp8"]
+    result, _, _ = build_packing(opts)
+    (plan,) = result.regions
+    assert plan.winner is None and plan.not_offered == []  # offered now, live
+    assert dict(plan.ruled_out())["g7e.2xlarge"].startswith("no price in ap-northeast-2 (prices as of ")
