@@ -1201,12 +1201,12 @@ def _plan_region(cfg: FleetConfig | None, curves: list[ModelCurve], region: str,
         unsupported: list[tuple[str, str]] = []
         per_model = [_options(curves, _model(t), instance_type, cfg, families.get, cache["lab"], ctx, notes,
                               unsupported) for t in entries]
+        # Each precision the support matrix refuses is ruled out with its reason, whether or not the model keeps
+        # another precision on this type (a one-model plan ruled each candidate out by it).
+        refused += unsupported
         missing = [_model(t) for t, opts in zip(entries, per_model) if not opts]
         if missing:
-            # The support matrix's reason is the news (the one-model report ruled each precision out by it).
-            gone = [(label, why) for label, why in unsupported if label.split(" ")[0] in missing]
-            refused += gone
-            unexplained = [m for m in missing if not any(label.split(" ")[0] == m for label, _ in gone)]
+            unexplained = [m for m in missing if not any(label.split(" ")[0] == m for label, _ in unsupported)]
             if unexplained:
                 notes.append(f"{instance_type}: no curve (at a precision its GPU runs) for {', '.join(unexplained)}")
             continue

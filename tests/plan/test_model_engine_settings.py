@@ -11,7 +11,7 @@ import json
 import shutil
 from datetime import date
 
-from fleetcast.plan.run import PlanOptions, build_packing, build_plan
+from fleetcast.plan.run import PlanOptions, build_packing
 from scripts.cli import main
 
 from .conftest import ROOT, SEED
@@ -22,19 +22,22 @@ STAGE = "fleetcast stage calibration"
 
 def test_a_one_model_plan_checks_candidates_against_the_models_own_kv_cache_dtype(tmp_path):
     """The fleet engine says kv_cache_dtype auto, the model's own engine int8: fp8 weights with an INT8 KV cache
-    have no 1.2.x source (contract/support.py), so every fp8 candidate is refused. Before, the planner read the
-    fleet's `auto` and kept them."""
+    have no 1.2.x source (contract/support.py), so every fp8 candidate is refused, and ruled out with that reason
+    though the model keeps other precisions on the type. Before, the planner read the fleet's `auto` and kept them;
+    the packing search then dropped the refused precision without a word."""
     fleet = tmp_path / "fleet.yaml"
     fleet.write_text((ROOT / "config" / "fleet.yaml").read_text()
                      .replace("  max_output_len: 256\n", "  max_output_len: 256\n  engine: {kv_cache_dtype: int8}\n", 1)
                      .replace("\nslo:", "\ncalibration:\n  dataset: s3://fleetcast-staging/calibration/lambada/\n\nslo:",
                               1))
-    result, plans, ctx = build_plan(PlanOptions(results=[str(SEED / "results")], traffic=str(SEED / "traffic-seoul.yaml"),
-                                                config=str(fleet), today=date(2026, 2, 1)))
-    assert ctx.kv_cache_dtype == "int8"
-    fp8 = [e for e in plans[0].evaluations if e.candidate.precision == "fp8"]
-    assert fp8 and all(not e.feasible for e in fp8)
-    assert any("int8 KV cache is not built with precision fp8" in e.rejected for e in fp8)
+    result, _, _ = build_packing(PlanOptions(results=[str(SEED / "results")], traffic=str(SEED / "traffic-seoul.yaml"),
+                                             config=str(fleet), today=date(2026, 2, 1)))
+    (plan,) = result.regions
+    assert plan.winner is not None and not any(ld.precision == "fp8" for e in plan.evaluations for ld in e.loads)
+    # g6e.xlarge has an fp8 curve and serves Seoul (g7e's is not offered there, ruled out as a type first).
+    assert dict(plan.refused)["gpt2-xl fp8 on g6e.xlarge"].startswith(
+        "int8 KV cache is not built with precision fp8 on the tensorrt backend")
+    assert ("gpt2-xl fp8 on g6e.xlarge", dict(plan.refused)["gpt2-xl fp8 on g6e.xlarge"]) in plan.ruled_out()
 
 
 def test_a_packing_reads_each_models_own_kv_cache_dtype(tmp_path):
