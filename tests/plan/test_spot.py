@@ -3,6 +3,7 @@ On-Demand base plus Spot, with its assumptions; a small fleet and a long cold st
 
 from __future__ import annotations
 
+import functools
 import json
 import shutil
 
@@ -12,8 +13,9 @@ from ruamel.yaml import YAML
 from fleetcast.config import load_config
 from fleetcast.contract.errors import UserError
 from fleetcast.plan import spot
-from fleetcast.plan.report import render_terminal, to_json
-from fleetcast.plan.run import PlanOptions, build_plan
+from fleetcast.plan.packing import scaling_target
+from fleetcast.plan.packing_report import render_terminal, to_json
+from fleetcast.plan.run import PlanOptions, build_packing
 
 from .conftest import ROOT, SEED, write_plan
 
@@ -21,10 +23,13 @@ SEED_COUNTS = [11] * 9 + [17] * 4 + [2] * 9 + [8] * 2  # the on-demand plan's in
 OD, SPOT = 2.288, 0.80  # g6e.xlarge in ap-northeast-2: shipped on-demand table, seed spot table
 
 
+@functools.cache
 def run(traffic="traffic-seoul.yaml", **kw):
+    """(plan, context, config) of the seed with the seed's Spot prices, planned once per set of inputs (the tests
+    read it, none changes it)."""
     opts = PlanOptions(results=[str(SEED / "results")], traffic=str(SEED / traffic), config=str(ROOT / "config/fleet.yaml"),
                        spot_prices=str(SEED / "spot-prices.yaml"), **kw)
-    return build_plan(opts)
+    return build_packing(opts)
 
 
 def test_the_seed_recommends_an_on_demand_base_and_a_spot_tier_by_hand():
@@ -38,13 +43,13 @@ def test_the_seed_recommends_an_on_demand_base_and_a_spot_tier_by_hand():
     # By hand: Spot instance-hours = 9*9 + 4*15 + 2*6 = 153; interruptions = 153 * 0.15 / 730 per day.
     interruptions = 153 * 0.15 / 730
     assert advice.interruptions_per_day == pytest.approx(interruptions)
-    ev = pool.evaluation
+    day = pool.loads[0].histogram  # the seed's traffic is a concurrency histogram: sized by the histogram method
     fixed = pool.cost_per_hour - sum(SEED_COUNTS) / 24 * OD
     extra = interruptions * (600 / 3600 * SPOT)  # re-launch billed without serving; nothing cut (0.6 s requests)
     expected = (sum(SEED_COUNTS) * OD - 153 * OD + 153 * SPOT + extra) / 24 + fixed
     assert advice.cost_per_hour == pytest.approx(expected)
     assert advice.requests_cut_per_day == 0.0  # every request is far shorter than the 90 s drain budget
-    at_risk = interruptions * ev.target / (ev.weighted_e2e / 1000) * 600
+    at_risk = interruptions * scaling_target(pool) / (day.weighted_e2e / 1000) * 600
     assert advice.requests_at_risk_per_day == pytest.approx(at_risk)
     assert advice.slo_attainment == pytest.approx(1 - at_risk / (2140 * 3600))
     assert advice.usd_per_m_output < advice.on_demand_usd_per_m_output
@@ -53,7 +58,7 @@ def test_the_seed_recommends_an_on_demand_base_and_a_spot_tier_by_hand():
 def test_the_report_shows_the_recommendation_with_its_assumptions():
     result, _, _ = run()
     text = render_terminal(result)
-    assert "Spot tier (docs/plan.md#spot):" in text
+    assert "Spot tier (docs/plan.md#spot; a packing's processes are drained together):" in text
     assert "On-Demand base 2 + Spot up to 15 (g6e.xlarge, g6e.2xlarge)" in text and "expected SLO attainment" in text
     assert f"Spot prices as of 2026-01-15 ({SEED / 'spot-prices.yaml'})" in text
     assert "interruption rates ASSUMED as of" in text and "re-launch 600 s assumed" in text
@@ -104,10 +109,10 @@ def test_long_requests_are_cut_by_a_drain_they_cannot_finish():
 
 
 def test_write_config_writes_a_valid_spot_block(tmp_path):
-    result, plans, ctx = run()
+    result, ctx, _ = run()
     target = tmp_path / "fleet.yaml"
     shutil.copy(ROOT / "config" / "fleet.yaml", target)
-    changes = write_plan(target, result, ctx, plans, write_spot=True)
+    changes = write_plan(target, result, ctx, write_spot=True)
     assert any(c.startswith("regions[ap-northeast-2].pools[l40s].spot = On-Demand base 2") for c in changes)
     cfg = load_config(target)  # re-validated with the spot rules
     pool = cfg.region("ap-northeast-2").pools[0]
@@ -116,8 +121,8 @@ def test_write_config_writes_a_valid_spot_block(tmp_path):
     written = YAML(typ="safe").load(target.read_text())["regions"][0]["pools"][0]["spot"]
     assert written["allocation_strategy"] == "price-capacity-optimized" and written["capacity_rebalance"] is True
     # Planned again for a small fleet: the block goes, with the reason.
-    small, small_plans, small_ctx = run("traffic-small.yaml")
-    changes = write_plan(target, small, small_ctx, small_plans)
+    small, small_ctx, _ = run("traffic-small.yaml")
+    changes = write_plan(target, small, small_ctx)
     assert any(c.startswith("regions[ap-northeast-2].pools[l40s].spot removed: the On-Demand baseline") for c in changes)
     assert load_config(target).region("ap-northeast-2").pools[0].spot is None
 
@@ -160,19 +165,19 @@ def test_write_config_adds_a_spot_tier_only_when_asked_and_config_diff_names_it(
     already), and `config diff` names the new Spot group."""
     from fleetcast.config.impact import diff_configs, render_impact
 
-    result, plans, ctx = run()
+    result, ctx, _ = run()
     target = tmp_path / "fleet.yaml"
     shutil.copy(ROOT / "config" / "fleet.yaml", target)
-    changes = write_plan(target, result, ctx, plans)
+    changes = write_plan(target, result, ctx)
     assert load_config(target).region("ap-northeast-2").pools[0].spot is None
     assert any("spot not written: Spot would pay" in c and "--write-spot" in c for c in changes)
     asked = tmp_path / "asked.yaml"
     shutil.copy(target, asked)
-    write_plan(asked, result, ctx, plans, write_spot=True)
+    write_plan(asked, result, ctx, write_spot=True)
     text = render_impact(diff_configs(load_config(target), load_config(asked)))
     assert "NEW SPOT GROUP ap-northeast-2/l40s: On-Demand base 2, Spot on g6e.xlarge, g6e.2xlarge" in text
     # Spot already in the config: kept up to date without the flag, and no longer "new".
-    assert not any("not written" in c for c in write_plan(asked, result, ctx, plans))
+    assert not any("not written" in c for c in write_plan(asked, result, ctx))
     assert "NEW SPOT GROUP" not in render_impact(diff_configs(load_config(asked), load_config(asked)))
 
 
@@ -200,15 +205,20 @@ MULTI = ROOT / "examples" / "plan" / "multi-model"
 
 
 def _reserved_plan(traffic, reserved):
-    from fleetcast.plan.run import build_packing
+    return _planned_with_reserved(traffic, tuple(reserved.items()))
 
+
+@functools.cache
+def _planned_with_reserved(traffic, reserved):
+    """(the pool, its Spot advice), planned once per traffic and reservation."""
+    reserved = dict(reserved)
     if traffic == "multi-model":
         opts = PlanOptions(results=[str(MULTI / "results")], traffic=str(MULTI / "traffic.yaml"),
                            config=str(MULTI / "fleet.yaml"), reserved=reserved)
-        result, ctx, _ = build_packing(opts)
     else:
-        result, _, ctx = build_plan(PlanOptions(results=[str(SEED / "results")], traffic=str(traffic),
-                                                config=str(ROOT / "config/fleet.yaml"), reserved=reserved))
+        opts = PlanOptions(results=[str(SEED / "results")], traffic=str(traffic), config=str(ROOT / "config/fleet.yaml"),
+                           reserved=reserved)
+    result, ctx, _ = build_packing(opts)
     (pool,) = result.planned_pools(ctx)
     (advice,) = result.spot
     return pool, advice
@@ -274,7 +284,7 @@ def test_no_reservation_size_makes_spot_cost_less_than_the_fixed_costs_or_save_m
     never exceeds the On-Demand spend Spot replaces, so the cost never falls below the fixed costs."""
     from dataclasses import replace
 
-    result, _, ctx = run()
+    result, ctx, _ = run()
     (planned,) = result.planned_pools(ctx)
     base = spot.spot_pool(planned)
     counts, p = base.instances_by_hour, base.price_per_hour
