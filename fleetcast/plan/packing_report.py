@@ -20,6 +20,7 @@ from .report import (
     closing_lines,
     cost_vs_latency_plots,
     fleet_heading,
+    glossary,
     glossary_lines,
     inputs_tag,
     instances_plot,
@@ -32,6 +33,7 @@ from .report import (
     write_pages,
 )
 from .sharing import ESTIMATED as ESTIMATED_BY, MPS, spread_json
+from .traffic import ConsumerTraffic
 
 ESTIMATED_MPS = ESTIMATED_BY[MPS]
 
@@ -112,6 +114,46 @@ def _slo_of_one(result: PackingPlan) -> str | None:
     return slo.text() if len(result.models) == 1 and slo is not None else None
 
 
+def _one_model_traffic(result: PackingPlan) -> list[ConsumerTraffic]:
+    """The traffic of the regions whose table is the one-model candidates table (a packing of one model)."""
+    return [r.traffic[0] for r in result.regions if len(r.traffic) == 1]
+
+
+def _target_terms(result: PackingPlan) -> list[tuple[str, str]]:
+    """"target" in words: for one model, by the method each region was sized with (report.glossary: the histogram's
+    cheapest level or the arrivals' safe rate over the busiest minute), as its table's columns are defined."""
+    several = "; for several models, the same rule summed over them (docs/plan.md, \"Scaling target\")"
+    one = _one_model_traffic(result)
+    if len(one) < len(result.regions) or not one:
+        return [("target", dict(GLOSSARY)["target"] + several)]
+    return [(term, meaning) for term, meaning in glossary(one) if term.split(" (")[0] == "target"]
+
+
+def said_once(regions: list[RegionPacking]) -> dict[str, tuple[list[tuple[str, str]], list[tuple[str, str]]]]:
+    """Per consumer region, (ruled out, why not the others) with what a region before it already said shortened to a
+    pointer to it: a ruled-out reason given in full once, and each long clause (12 words or more) of a losing reason
+    once per packing; short clauses (a price, a share) are news in every region. The same sentence once per region
+    buried the news (docs/plan.md, "Reading the packing report")."""
+    said: dict[tuple[str, str], str] = {}
+    out = {}
+    for plan in regions:
+        here = plan.region
+        ruled = []
+        for label, why in plan.ruled_out():
+            first = said.setdefault(("ruled out", why), here)
+            ruled.append((label, why if first == here else
+                          f"the same reason as for {first} above ({' '.join(why.split()[:6])} ...)"))
+        losers = []
+        for label, why in plan.why_not():
+            clauses = []
+            for clause in why.split("; "):
+                first = said.setdefault((label, clause), here) if len(clause.split()) >= 12 else here
+                clauses.append(clause if first == here else f"as for {first} above ({' '.join(clause.split()[:6])} ...)")
+            losers.append((label, "; ".join(clauses)))
+        out[here] = (ruled, losers)
+    return out
+
+
 def _hour_rows(plan: RegionPacking, w: PackingEval) -> list[list[str]]:
     """The pick hour by hour (UTC): its consumers' requests, instances and cost."""
     rps = [sum(r) for r in zip(*(t.hourly_rps() for t in plan.traffic))]
@@ -129,7 +171,12 @@ def blocks(result: PackingPlan, plots: dict[str, list[Path]] | None = None) -> l
     head += [(None, n) for n in result.data_notes]
     head += [("Performance model", result.estimator)] if result.estimator else []
     out.append(("ul", head + [("warning", w) for w in result.warnings]))
+    if one := _one_model_traffic(result):
+        # The one-model candidates table's columns, defined by the method its regions were sized with.
+        out += [("h3", "Reading the tables"), ("ul", glossary(one))]
+    said = said_once(result.regions)
     for plan in result.regions:
+        ruled, losers = said[plan.region]
         out.append(("h2", plan.region))
         out += [("p", line) for line in _traffic_lines(plan)]
         out.append(("rec", recommendation(plan)))
@@ -155,9 +202,8 @@ def blocks(result: PackingPlan, plots: dict[str, list[Path]] | None = None) -> l
             out.append(("table", ["packing", "curves", "$/h", "$ per 1M output", "instance-hours/day"],
                         [[e.label, e.source, f"{e.cost_per_hour:.2f}", f"{e.usd_per_m_output:.3f}",
                           str(e.instance_hours)] for e in others]))
-        if plan.why_not():
-            out += [("h3", "Why not the other instance types"), ("ul", plan.why_not())]
-        ruled = plan.ruled_out()
+        if losers:
+            out += [("h3", "Why not the other instance types"), ("ul", losers)]
         if ruled:
             out.append(("h3", "Ruled out"))
             out.append(("ul", ruled))
@@ -190,8 +236,7 @@ def blocks(result: PackingPlan, plots: dict[str, list[Path]] | None = None) -> l
                   "'synthetic' = authored scenario data"),
         ("worst-minute P99", "the planner's predicted P99 at the day's worst planned minute (busiest minute of the "
                              "hour, the planned instances), network included for TTFT"),
-        ("target", dict(GLOSSARY)["target"] + "; for several models, the same rule summed over them "
-                   "(docs/plan.md, \"Scaling target\")"),
+        *_target_terms(result),
         ("one model per pool", "each model on instances of its own (its cheapest single-process choice), one NLB "
                                "and endpoint set for the fleet; a what-if: the config's pools of one region all "
                                "serve the same models, so it is not deployable as one fleet today"),
@@ -216,6 +261,7 @@ def render_terminal(result: PackingPlan) -> str:
     lines += [f"Data: {'; '.join(result.data_notes)}"]
     lines += [f"Estimates: {result.estimator}"] if result.estimator else []
     lines += [f"warning: {w}" for w in result.warnings]
+    said = said_once(result.regions)
     for plan in result.regions:
         lines += [""] + _traffic_lines(plan)
         if rows_of_one := _one_model_rows(plan, _best_per_option(plan)):
@@ -235,8 +281,9 @@ def render_terminal(result: PackingPlan) -> str:
             lines += [f"  {s}" for s in plan.savings()]
         else:
             lines += [f"  no packing serves; {s}" for s in plan.unpacked()]
-        lines += [f"  why not {a}: {b}" for a, b in plan.why_not()]
-        lines += [f"  ruled out: {a}: {b}" for a, b in plan.ruled_out()]
+        ruled, losers = said[plan.region]
+        lines += [f"  why not {a}: {b}" for a, b in losers]
+        lines += [f"  ruled out: {a}: {b}" for a, b in ruled]
         # One model's notes under the one-model report's headings.
         lines += ["Peak throughput is not the decision metric:"] + [f"  - {n}" for n in plan.peak_notes] \
             if plan.peak_notes else []

@@ -4,12 +4,14 @@ at night means, and a reason said once rather than once per region."""
 
 from __future__ import annotations
 
+import functools
 from datetime import date
 
 import pytest
 
-from fleetcast.plan.report import ARRIVALS_GLOSSARY, GLOSSARY, glossary, render_markdown, render_terminal
-from fleetcast.plan.run import PlanOptions, build_plan
+from fleetcast.plan.packing_report import blocks, render_terminal
+from fleetcast.plan.report import ARRIVALS_GLOSSARY, GLOSSARY, blocks_markdown, glossary
+from fleetcast.plan.run import PlanOptions, build_packing
 from fleetcast.plan.spot import attainment_text
 
 from .conftest import ROOT, SEED
@@ -18,10 +20,17 @@ SLO = dict(ttft_p99_ms=300, itl_p99_ms=40)
 PRICES_AS_OF = date(2026, 1, 15)
 
 
+@functools.cache
 def plan(traffic, **kw):
+    """The plan of one model for this traffic, made once for the module's tests (none changes it)."""
     opts = PlanOptions(results=[str(SEED / "results")], traffic=str(traffic), config=None, today=PRICES_AS_OF,
                        **SLO, **kw)
-    return build_plan(opts)
+    result, _, _ = build_packing(opts)
+    return result
+
+
+def render_markdown(result) -> str:
+    return blocks_markdown(blocks(result))
 
 
 def _reading_the_tables(md: str) -> str:
@@ -29,9 +38,9 @@ def _reading_the_tables(md: str) -> str:
 
 
 def test_reading_the_tables_defines_the_terms_by_the_method_the_plan_was_sized_with():
-    arrivals, _, _ = plan(SEED / "traffic-seoul-arrivals.yaml")
-    histogram, _, _ = plan(SEED / "traffic-seoul.yaml")
-    md_a, md_h = (_reading_the_tables(render_markdown(r, {})) for r in (arrivals, histogram))
+    arrivals = plan(SEED / "traffic-seoul-arrivals.yaml")
+    histogram = plan(SEED / "traffic-seoul.yaml")
+    md_a, md_h = (_reading_the_tables(render_markdown(r)) for r in (arrivals, histogram))
     by_term = dict(GLOSSARY)
     for term, meaning in ARRIVALS_GLOSSARY:
         # Sized from arrivals: Little's law and the busiest minute, not the histogram's levels.
@@ -43,22 +52,22 @@ def test_reading_the_tables_defines_the_terms_by_the_method_the_plan_was_sized_w
 
 
 def test_regions_sized_differently_get_each_definition_with_the_regions_it_applies_to():
-    arrivals, _, _ = plan(SEED / "traffic-seoul-arrivals.yaml")
-    histogram, _, _ = plan(SEED / "traffic-us-east-1.yaml")
-    terms = dict(glossary([p.traffic for p in arrivals.regions + histogram.regions]))
+    arrivals = plan(SEED / "traffic-seoul-arrivals.yaml")
+    histogram = plan(SEED / "traffic-us-east-1.yaml")
+    terms = dict(glossary(arrivals.consumers() + histogram.consumers()))
     assert terms["c* (sized from arrivals: ap-northeast-2)"] == dict(ARRIVALS_GLOSSARY)["c*"]
     assert terms["c* (sized from the in-flight histogram: us-east-1)"] == dict(GLOSSARY)["c*"]
 
 
 def test_the_peak_throughput_section_names_the_scope_of_each_peak():
-    result, (p,), _ = plan(SEED / "traffic-seoul-arrivals.yaml")
+    (p,) = plan(SEED / "traffic-seoul-arrivals.yaml").regions
     overall, local = p.peak_notes
     # g7e is the peak of all candidates but not offered in Seoul; g6e fp8 is the peak of the offered ones and wins.
     assert overall.startswith("highest peak throughput of all candidates: g7e.2xlarge fp8")
     assert "not the choice: ruled out: g7e is not offered in ap-northeast-2" in overall
     assert "cannot serve" not in overall  # not offered is not "cannot serve within the SLOs"
     assert local.startswith("highest peak throughput of the types offered in ap-northeast-2: g6e.xlarge fp8")
-    assert local.endswith("it is also the choice") and p.winner.candidate.label == "g6e.xlarge fp8"
+    assert local.endswith("it is also the choice") and p.winner.label == "g6e.xlarge [gpt2-xl fp8 x1]"
 
 
 @pytest.mark.parametrize("attainment, text", [
@@ -73,16 +82,16 @@ def test_attainment_from_assumed_rates_keeps_one_significant_figure_of_loss_roun
 
 
 def test_the_spot_line_says_its_attainment_rests_on_assumed_rates():
-    result, _, _ = plan(SEED / "traffic-seoul-arrivals.yaml", spot_prices=str(SEED / "spot-prices.yaml"))
+    result = plan(SEED / "traffic-seoul-arrivals.yaml", spot_prices=str(SEED / "spot-prices.yaml"))
     text = render_terminal(result)
     assert "expected SLO attainment about 99.99" in text and "from ASSUMED interruption rates" in text
     assert "99.9988%" not in text
 
 
 def test_one_instance_at_night_is_said_to_be_one_instance_in_one_az():
-    result, plans, _ = plan(ROOT / "examples/plan/two-regions/traffic.yaml")
-    md, text = render_markdown(result, {}), render_terminal(result)
-    for p in plans:
+    result = plan(ROOT / "examples/plan/two-regions/traffic.yaml")
+    md, text = render_markdown(result), render_terminal(result)
+    for p in result.regions:
         assert p.winner.capacity()[0] == 1
         hours = [h for h, n in enumerate(p.winner.instances_by_hour) if n == 1]
         extra = len(hours) * p.winner.price_per_hour / 24
@@ -90,31 +99,36 @@ def test_one_instance_at_night_is_said_to_be_one_instance_in_one_az():
             assert f"capacity min 1: for {len(hours)} h a day" in page
             assert f"capacity.min 2 keeps one instance in each of two AZs for +${extra:.2f}/h" in page
     assert md.count("one instance in one Availability Zone") == 2
-    seoul, _, _ = plan(SEED / "traffic-seoul.yaml")  # a floor of 2: nothing to say
+    seoul = plan(SEED / "traffic-seoul.yaml")  # a floor of 2: nothing to say
     assert "one Availability Zone" not in render_terminal(seoul)
 
 
 def test_a_refusal_is_given_once_for_every_region_that_could_serve_and_once_across_consumer_regions():
-    result, plans, _ = plan(ROOT / "examples/plan/two-regions/traffic.yaml")
-    first = plans[0].traffic.region
+    """g7e's two precisions (fp8, fp16) are refused by the support matrix wherever they would serve: one line for the
+    type in the first consumer region, whatever the service regions; the second region points to it."""
+    result = plan(ROOT / "examples/plan/two-regions/traffic.yaml")
+    first, second = (r.region for r in result.regions)
     refusal = "no TensorRT-LLM 1.2.x source says the engine flow builds for this architecture"
-    for page in (render_markdown(result, {}), render_terminal(result)):
-        # Once per g7e candidate (fp8, fp16) in the first region; its other service regions say "the same".
-        assert page.count(refusal) == 2 and page.count("cross-region: the same in ") == 4
-        assert page.count(f"ruled out: the same reason as for {first} above (") == 2
+    assert dict(result.regions[1].ruled_out())["2 candidate(s)"].count(refusal) == 1  # before it is said once
+    for page in (render_markdown(result), render_terminal(result)):
+        assert page.count(refusal) == 1
+        assert page.count(f"the same reason as for {first} above (the tensorrt backend is not supported ...)") == 1
+        # The memory refusals of the packings of several copies too: a count per region, the reason once.
+        assert page.count("memory: size unknown without a fleet config") == 1
 
 
 def test_a_long_losing_reason_is_said_once_and_short_figures_stay():
     from types import SimpleNamespace
 
-    from fleetcast.plan.report import why_not_said_once
+    from fleetcast.plan.packing_report import said_once
 
     caveat = ("measured only up to concurrency 64, lower than the load it could carry within the SLOs (it meets "
               "every SLO there)")
+
     def region(name, price):
-        return SimpleNamespace(traffic=SimpleNamespace(region=name), ranked=[], evaluations=[],
-                               why_not=[("g7e fp8", f"best in {name}: {caveat}; costs ${price}/h vs $3/h")])
-    said = why_not_said_once([region("us-east-1", 4), region("us-east-2", 5)])
-    assert said["us-east-1"][1] == [("g7e fp8", f"best in us-east-1: {caveat}; costs $4/h vs $3/h")]
-    assert said["us-east-2"][1] == [("g7e fp8", "best in us-east-2: as for us-east-1 above (measured only up to "
-                                                "concurrency 64, ...); costs $5/h vs $3/h")]
+        return SimpleNamespace(region=name, ruled_out=lambda: [],
+                               why_not=lambda: [("g7e.2xlarge [m fp8 x1]", f"costs ${price}/h vs $3/h; {caveat}")])
+    said = said_once([region("us-east-1", 4), region("us-east-2", 5)])
+    assert said["us-east-1"][1] == [("g7e.2xlarge [m fp8 x1]", f"costs $4/h vs $3/h; {caveat}")]
+    assert said["us-east-2"][1] == [("g7e.2xlarge [m fp8 x1]", "costs $5/h vs $3/h; as for us-east-1 above (measured "
+                                                               "only up to concurrency 64, ...)")]
