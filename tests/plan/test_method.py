@@ -10,12 +10,14 @@ import pytest
 from fleetcast.contract.errors import UserError
 from fleetcast.plan.curves import Candidate, Curve, LoadPoint
 from fleetcast.plan.inputs import load_candidates, load_fixed_costs, load_latency, load_prices, shipped_availability
-from fleetcast.plan.solver import PlanContext, Slo, evaluate, plan_region
-from fleetcast.plan.traffic import ConsumerTraffic
+from fleetcast.plan.packing import ModelCurve, PackingEval, RegionPacking, plan_packing
+from fleetcast.plan.solver import PlanContext, Slo
+from fleetcast.plan.traffic import ConsumerTraffic, TrafficProfile
 
 from .conftest import SEED
 
 FIXED = load_fixed_costs(None)
+MODEL = "gpt2-xl"
 
 
 def ctx(ttft=300.0, itl=40.0, err=0.01) -> PlanContext:
@@ -24,8 +26,9 @@ def ctx(ttft=300.0, itl=40.0, err=0.01) -> PlanContext:
 
 
 def traffic(region="us-east-1", rps=10.0, levels=None, output=128) -> ConsumerTraffic:
-    return ConsumerTraffic.model_validate({"region": region, "rate_rps": [rps] * 24, "concurrency": levels or {"4": 1.0},
-                                           "input_tokens": 256, "output_tokens": output})
+    return ConsumerTraffic.model_validate({"region": region, "model": MODEL, "rate_rps": [rps] * 24,
+                                           "concurrency": levels or {"4": 1.0}, "input_tokens": 256,
+                                           "output_tokens": output})
 
 
 def flat(instance="g7e.2xlarge", precision="fp8", ttft=(150, 220), records=(), itl_mean=2.0, output=128):
@@ -34,14 +37,30 @@ def flat(instance="g7e.2xlarge", precision="fp8", ttft=(150, 220), records=(), i
     return Candidate(instance, precision, Curve(tuple(pts)), output_mean=output, input_mean=256)
 
 
+def planned(candidates: list[Candidate], t: ConsumerTraffic, c: PlanContext) -> RegionPacking:
+    """One consumer region planned by the one path (packing.plan_packing, one model a packing of one), no config."""
+    profile = TrafficProfile.model_validate({"schema": "fleetcast.traffic/v1", "name": "t", "consumers": [t]})
+    result = plan_packing(None, [ModelCurve(MODEL, cand) for cand in candidates], profile, c, models=(MODEL,))
+    (region,) = result.regions
+    return region
+
+
+def evaluate(candidate: Candidate, t: ConsumerTraffic, service_region: str, c: PlanContext) -> PackingEval:
+    """The candidate served from `service_region`: its packing of one process there."""
+    (ev,) = [e for e in planned([candidate], t, c).evaluations if e.region == service_region and e.processes == 1]
+    return ev
+
+
 def test_cross_region_rtt_counts_against_the_ttft_slo():
     # eu-central-1 consumers; g7e is offered in us-east-1 (RTT 90 ms) and us-west-2 (145 ms).
-    plan = plan_region([flat()], traffic("eu-central-1"), ctx())
-    by_region = {e.service_region: e for e in plan.evaluations}
-    assert by_region["eu-central-1"].rejected.startswith("g7e is not offered in eu-central-1")
+    plan = planned([flat()], traffic("eu-central-1"), ctx())
+    by_region = {e.region: e for e in plan.evaluations if e.processes == 1}
+    assert "eu-central-1" not in by_region
+    assert "g7e.2xlarge: not offered in eu-central-1 (availability as of 2026-01-15)" in plan.notes
     east = by_region["us-east-1"]
     # c=1: 150 + 90 - 1 = 239 <= 300; c=4: 220 + 89 = 309 > 300.
-    assert east.max_load == 1 and east.first_failure.text() == "P99 TTFT 309 ms (incl. 90 ms network) > 300 ms at concurrency 4"
+    assert east.max_load == 1
+    assert east.loads[0].histogram.first_failure.text() == "P99 TTFT 309 ms (incl. 90 ms network) > 300 ms at concurrency 4"
     west = by_region["us-west-2"]
     assert west.max_load == 1 and west.weighted_ttft_p99 == pytest.approx(150 + 145 - 1)
     assert plan.winner is east   # same price, lower transfer cost... and lower latency
@@ -49,11 +68,11 @@ def test_cross_region_rtt_counts_against_the_ttft_slo():
 
 def test_cross_region_transfer_is_charged_by_the_region_bytes_leave():
     t = traffic("us-east-1", rps=10.0)
-    same = evaluate(flat(), t, "us-east-1", ctx())
-    other = evaluate(flat(), t, "us-east-2", ctx())
+    plan = planned([flat()], t, ctx())
+    same, other = ({e.region: e for e in plan.evaluations if e.processes == 1}[r] for r in ("us-east-1", "us-east-2"))
     gb_in = 10 * 3600 * (256 * 4 + 750) / 1e9
     gb_out = 10 * 3600 * (128 * 180 + 750) / 1e9
-    assert other.fixed_per_hour - same.fixed_per_hour == pytest.approx(gb_in * 0.02 + gb_out * 0.02)
+    assert sum(other.fixed_by_hour) / 24 - sum(same.fixed_by_hour) / 24 == pytest.approx(gb_in * 0.02 + gb_out * 0.02)
     assert other.rtt_ms == 12 and same.rtt_ms == 1
 
 
@@ -76,8 +95,10 @@ def test_e2e_is_rescaled_to_the_traffic_output_length():
 
 def test_quality_and_support_matrix_rule_candidates_out():
     int8_on_blackwell = flat(precision="int8_wo")
-    ev = evaluate(int8_on_blackwell, traffic(), "us-east-1", ctx())
-    assert ev.rejected.startswith("int8_wo is not supported on g7e.2xlarge (RTXPRO6000, sm120)")
+    plan = planned([int8_on_blackwell], traffic(), ctx())
+    assert plan.evaluations == [] and plan.winner is None
+    (why,) = [why for label, why in plan.refused if label == f"{MODEL} int8_wo on g7e.2xlarge"]
+    assert why.startswith("int8_wo is not supported on g7e.2xlarge (RTXPRO6000, sm120)")
 
 
 def _write(tmp_path, name, mutate):
