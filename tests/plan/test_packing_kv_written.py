@@ -1,6 +1,6 @@
 """The KV budget and scaling target a packing plan writes into the config (docs/plan.md, `--write-config`: "GiB
 rounded down to 0.1 so the memory sum still fits") and shows in its report: one rounding for all of them
-(solver.floor_tenth, which the one-model planner's target uses too)."""
+(solver.floor_tenth, which solver.scaling_target uses too)."""
 
 from __future__ import annotations
 
