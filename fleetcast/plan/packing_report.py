@@ -133,7 +133,7 @@ def said_once(regions: list[RegionPacking]) -> dict[str, tuple[list[tuple[str, s
     """Per consumer region, (ruled out, why not the others) with what a region before it already said shortened to a
     pointer to it: a ruled-out reason given in full once, and each long clause (12 words or more) of a losing reason
     once per packing; short clauses (a price, a share) are news in every region. The same sentence once per region
-    buried the news (docs/plan.md, "Reading the packing report")."""
+    buried the news (docs/plan.md, "Outputs")."""
     said: dict[tuple[str, str], str] = {}
     out = {}
     for plan in regions:
