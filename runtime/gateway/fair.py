@@ -356,7 +356,9 @@ class FairAdmission:
             # Nobody waits: it goes now if there is room for it. Someone waits: only an account below its
             # share may pass them (into room they may not use), else it queues behind them in tag order.
             room = group._free_pool(group.cap) is not None
-            if room:
+            # Never past its own account's waiting requests (in any worker): granted here, its start tag (its
+            # finish tag, beyond all of theirs) would move V past every one of them.
+            if room and not ints[waiting_i]:
                 under = group.under_share(consumer, share)
                 if under or ints[group.group_i] == 0:
                     index = group._free_pool(group.cap if under else self._over_share_limit(group, consumer))

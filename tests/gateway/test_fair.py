@@ -947,3 +947,50 @@ def test_an_account_holding_its_share_of_the_cap_cannot_pass_a_waiting_request_b
                 admission.stop()
 
     run(body())
+
+
+def test_an_account_below_its_share_never_passes_its_own_waiting_requests():
+    """A request of an account that already has requests waiting (in any worker) queues behind them. Before, one that
+    arrived between a release and the other worker's reading of its poke went to the engine at once when its account
+    was below its share, with its finish tag as start tag: the virtual time leapt past every request it had waiting
+    (a flood's backlog: a thousand tags in the loopback simulation of the device run), its finish tag fell back within
+    its share of the virtual time, so by tags it counted as below its share and took free slots up to its share of
+    the whole cap, and a quiet account's next requests got start tags behind the flood's whole backlog."""
+    async def body():
+        neighbour, quiet = two_admissions(cap=8)
+        for admission in (neighbour, quiet):
+            admission.start()
+        order: list[int] = []
+
+        async def flood_request(i: int, admission: FairAdmission) -> None:
+            got = await admission.acquire("voice-app", MODEL_ID, lambda: False)
+            if not isinstance(got, Refusal):
+                order.append(i)
+
+        try:
+            held = [await quiet.acquire("voice-app", MODEL_ID, lambda: False) for _ in range(8)]  # alone: the cap
+            # The flood's next ones wait in worker 0.
+            waiting = [asyncio.ensure_future(flood_request(i, neighbour)) for i in range(10)]
+            await turns()
+            assert order == [] and neighbour.waiting() == 10
+            for slot in held[:3]:  # three of its requests end in worker 1: the slots are owed to worker 0's waiters
+                quiet.release("voice-app", MODEL_ID, slot)
+            # Its next request reaches worker 1 before worker 0 has read the poke.
+            late = flood_request(99, quiet)
+            try:
+                late.send(None)
+            except StopIteration:
+                pass
+            await turns()
+            late.close()  # driven by hand, not a task: nothing else will resume it
+            return order
+        finally:
+            for task in waiting:
+                task.cancel()
+            for admission in (neighbour, quiet):
+                admission.flush(fair.CLIENT_GONE)
+                admission.stop()
+
+    order = run(body())
+    # Its waiting requests go first, in the order it sent them; the late one (99) after all of them.
+    assert order and order == sorted(order), f"a request passed its own account's waiting ones: admitted {order}"
