@@ -169,6 +169,7 @@ class _Group:
         self._names: dict[int, str] = {}  # held-count cell -> account, for the heads other workers publish
         self.queues: dict[str, deque[_Waiter]] = {}
         self._consumer_i: dict[str, tuple[int, int]] = {}
+        self._listed_at: dict[int, int] = {}  # held cell index -> its entry on the active list, as last seen here
 
     # Shared cells, read and written with the lock held. A cell's offset is a multiple of 8 (slots of 40 bytes), so
     # its two values are elements of the mapping seen as int64s and as float64s: an index instead of a struct call.
@@ -212,18 +213,21 @@ class _Group:
         return held << 3, waiting << 3
 
     def enlist(self, held_i: int, waiting_i: int, weight: float) -> None:
-        """Put an account that is becoming active on the active list (or update its weight there). Lock held."""
-        ints, floats = self._ints, self._floats
+        """Put an account that is becoming active on the active list, unless it is there. Lock held."""
+        ints, entries = self._ints, self.active_i
         packed = held_i << 32 | waiting_i
         n = ints[self.active_n_i]
-        for at in self.active_i[:n]:
-            if ints[at] == packed:
-                floats[at + 1] = weight
+        k = self._listed_at.get(held_i, n)  # where this worker last saw it: entries move only when one leaves
+        if k < n and ints[entries[k]] == packed:
+            return
+        for k in range(n):
+            if ints[entries[k]] == packed:
+                self._listed_at[held_i] = k
                 return
         if n < MAX_ACTIVE:
-            at = self.active_i[n]
-            ints[at], floats[at + 1] = packed, weight
+            ints[entries[n]], self._floats[entries[n] + 1] = packed, weight
             ints[self.active_n_i] = n + 1
+            self._listed_at[held_i] = n
 
     def reweigh(self, weights: Mapping[int, float]) -> None:
         """New weights (held cell index -> weight) for the listed accounts (a config refresh). Lock held."""
@@ -233,44 +237,46 @@ class _Group:
             if weight is not None:
                 floats[at + 1] = weight
 
-    def standing(self, consumer: str, weight: float) -> tuple[bool, bool]:
-        """(whether one more request keeps `consumer` within its reserved part of the cap, whether one more may go:
-        within it, or into room the other active accounts have not reserved). Lock held; call with a slot free.
+    def standing(self, own: int, weight: float) -> tuple[bool, bool]:
+        """(whether one more request keeps the account whose held cell is `own` (`consumer_index`) within its
+        reserved part of the cap, whether one more may go: within it, or into room the other active accounts have
+        not reserved). Lock held; call with a slot free.
 
         Active: holding or waiting requests, or idle for less than IDLE_AFTER_S (the active list; an entry found
         idle for longer leaves it here). Each active account's part is its weighted share of the cap, rounded down
-        (`reserved`); `consumer` counts as active."""
+        (`reserved`); the account asking counts as active."""
         ints, floats = self._ints, self._floats
-        own = self.consumer_index(consumer)[0]
-        held = ints[own]
-        recent = self.clock() - IDLE_AFTER_S
-        total, others = weight, []
+        recent = None
+        total = weight
         entries, n, k = self.active_i, ints[self.active_n_i], 0
         while k < n:
             at = entries[k]
             packed = ints[at]
-            held_i, waiting_i = packed >> 32, packed & 0xFFFFFFFF
+            held_i = packed >> 32
             if held_i != own:
-                other_held = ints[held_i]
-                if not (other_held or ints[waiting_i] or floats[waiting_i + 1] > recent):
-                    n -= 1  # idle past IDLE_AFTER_S: off the list, its last entry takes its place
-                    ints[at], floats[at + 1] = ints[entries[n]], floats[entries[n] + 1]
-                    ints[self.active_n_i] = n
-                    continue
-                other_weight = floats[at + 1]
-                total += other_weight
-                others.append((other_weight, other_held))
+                waiting_i = packed & 0xFFFFFFFF
+                if not (ints[held_i] or ints[waiting_i]):
+                    if recent is None:
+                        recent = self.clock() - IDLE_AFTER_S
+                    if floats[waiting_i + 1] <= recent:
+                        n -= 1  # idle past IDLE_AFTER_S: off the list, its last entry takes its place
+                        ints[at], floats[at + 1] = ints[entries[n]], floats[entries[n] + 1]
+                        ints[self.active_n_i] = n
+                        continue
+                total += floats[at + 1]
             k += 1
         cap = self.cap_total
-        if held + 1 <= cap * weight / total + 1e-9:
+        if ints[own] + 1 <= cap * weight / total + 1e-9:
             return True, True
         free = cap
         for at in self.used_i:
             free -= ints[at]
-        for other_weight, other_held in others:
-            unmet = int(cap * other_weight / total + 1e-9) - other_held  # `reserved`, inline: the hot path
-            if unmet > 0:
-                free -= unmet
+        for at in entries[:n]:  # less the other active accounts' unmet parts (`reserved`, inline: the hot path)
+            packed = ints[at]
+            if packed >> 32 != own:
+                unmet = int(cap * floats[at + 1] / total + 1e-9) - ints[packed >> 32]
+                if unmet > 0:
+                    free -= unmet
         return False, free >= 1
 
     def _free_pool(self, limit: int) -> int | None:
@@ -420,7 +426,7 @@ class FairAdmission:
             if not ints[held_i] and not ints[waiting_i]:  # it becomes active: its part is reserved from now
                 group.enlist(held_i, waiting_i, share.weight)
             if index is not None and not ints[waiting_i]:
-                within, may = group.standing(consumer, share.weight)
+                within, may = group.standing(held_i, share.weight)
                 if within or (may and ints[group.group_i] == 0):
                     return group._grant(index, consumer, tag)
             if ints[waiting_i] >= share.max_queued:
@@ -566,7 +572,7 @@ class FairAdmission:
             held_at, waiting_at = group.consumer_cells(consumer)
             tag = max(group._float(group.group_at), group._float(held_at))
             if group._free_pool(group.cap) is not None and not group._int(waiting_at):
-                within, may = group.standing(consumer, share.weight)
+                within, may = group.standing(held_at >> 3, share.weight)
                 if within or (may and group._int(group.group_at) == 0):  # as `acquire` decides
                     return 0.0
             ahead = group._int(waiting_at)
@@ -621,7 +627,7 @@ class FairAdmission:
                 if best is None:  # our published head is stale: republish and look again
                     group._publish_head()
                     continue
-                if not group.standing(best.consumer, (self.shares.get(best.consumer) or Share()).weight)[1]:
+                if not group.standing(best.held_i, (self.shares.get(best.consumer) or Share()).weight)[1]:
                     best = self._best_within_share(group)
             if best is None:
                 if relay:
@@ -640,17 +646,18 @@ class FairAdmission:
     def _may_go(self, group: _Group, owner: int) -> bool:
         """Whether the request heading worker `owner`'s queues may take a free slot (an account this worker does not
         know counts as able to: the owner decides). Lock held, a slot free."""
-        name = group.named(group._ints[group.whos_i[owner]], self.shares)
+        held_i = group._ints[group.whos_i[owner]]
+        name = group.named(held_i, self.shares)
         if name is None:
             return True
-        return group.standing(name, self.shares[name].weight)[1]
+        return group.standing(held_i, self.shares[name].weight)[1]
 
     def _best_within_share(self, group: _Group) -> _Waiter | None:
         """This worker's best waiter whose account is within its reserved part. Lock held, a slot free."""
         best = None
         for consumer, queue in group.queues.items():
             if queue and (best is None or (queue[0].rank, queue[0].tag) < (best.rank, best.tag)) \
-                    and group.standing(consumer, (self.shares.get(consumer) or Share()).weight)[0]:
+                    and group.standing(queue[0].held_i, (self.shares.get(consumer) or Share()).weight)[0]:
                 best = queue[0]
         return best
 

@@ -298,6 +298,29 @@ def test_an_account_alone_uses_the_whole_cap_and_an_idle_accounts_part_goes_back
     assert after == 8  # idle for longer: the flood's queue has the whole cap again
 
 
+def test_a_refreshed_weight_moves_an_active_accounts_part_at_once():
+    """The active accounts' weights sit in the shared list the parts are computed from; a config refresh
+    (`set_consumers`) rewrites them there, so a flooding account need not go idle for its new weight to count."""
+    async def body():
+        admission = flood_and_quiet(8)
+        quiet = await admission.acquire("analytics", MODEL_ID, lambda: False)
+        flood = [await admission.acquire("voice-app", MODEL_ID, lambda: False) for _ in range(4)]  # its part: 4
+        more = acquiring(admission, "voice-app", 1)
+        await settle()
+        before = more[0].done()
+        _, (voice, analytics) = consumers(analytics={"weight": 0.6})  # the flood's part now 8 x 1 / 1.6 = 5
+        admission.set_consumers((voice, analytics))
+        again = acquiring(admission, "voice-app", 1)  # its next arrival looks for room
+        await settle()
+        after = more[0].done()
+        admission.flush(fair.CLIENT_GONE)
+        await settle()
+        return before, after, quiet, flood, again
+
+    before, after, *_ = run(body())
+    assert not before and after
+
+
 def test_a_full_queue_is_a_retryable_429_and_a_long_wait_a_retryable_503():
     _, (voice, analytics) = consumers(**{"voice-app": {"max_queued": 1, "max_queue_wait_s": 0.2}})
 
