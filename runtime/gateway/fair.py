@@ -153,8 +153,9 @@ class _Group:
             # (monotonic ns of the last release seen while requests waited, 0 after one seen while none did;
             # the mean seconds between such releases, 0 until two were seen)
             self.rate_at = state.cell(f"fair\x00rate\x00{model}")
-            # The active accounts: (how many, -), then one cell each: (its held cell's index << 32 | its waiting
-            # cell's index, its weight). Idle accounts leave it when a decision finds them idle past IDLE_AFTER_S.
+            # The active accounts: (how many, the sum of their weights), then one cell each: (its held cell's
+            # index << 32 | its waiting cell's index, its weight). Idle accounts leave it when a decision finds them
+            # idle past IDLE_AFTER_S, so the sum may still count some of those: never less than the active ones'.
             active_n_at = state.cell(f"fair\x00activen\x00{model}")
             active_at = [state.cell(f"fair\x00active\x00{model}\x00{k}") for k in range(MAX_ACTIVE)]
         # The same cells as indices of the int64 view (the float of cell i is element i + 1 of the float64 view):
@@ -225,8 +226,10 @@ class _Group:
                 self._listed_at[held_i] = k
                 return
         if n < MAX_ACTIVE:
-            ints[entries[n]], self._floats[entries[n] + 1] = packed, weight
+            floats = self._floats
+            ints[entries[n]], floats[entries[n] + 1] = packed, weight
             ints[self.active_n_i] = n + 1
+            floats[self.active_n_i + 1] += weight
             self._listed_at[held_i] = n
 
     def reweigh(self, weights: Mapping[int, float]) -> None:
@@ -235,6 +238,7 @@ class _Group:
         for at in self.active_i[:ints[self.active_n_i]]:
             weight = weights.get(ints[at] >> 32)
             if weight is not None:
+                floats[self.active_n_i + 1] += weight - floats[at + 1]
                 floats[at + 1] = weight
 
     def standing(self, own: int, weight: float) -> tuple[bool, bool]:
@@ -246,38 +250,58 @@ class _Group:
         idle for longer leaves it here). Each active account's part is its weighted share of the cap, rounded down
         (`reserved`); the account asking counts as active."""
         ints, floats = self._ints, self._floats
+        cap = self.cap_total
+        # Within its part even were every listed account active (the sum counts its own weight at most twice): no
+        # need to read the list. Most requests below the cap end here.
+        if ints[own] + 1 <= cap * weight / (floats[self.active_n_i + 1] + weight) - 1e-9:
+            return True, True
         recent = None
-        total = weight
+        total, listed = weight, 0.0  # listed: its own entry's weight, if it has one
+        others: list[float] = []  # the other active accounts' (weight, held) pairs, flat
         entries, n, k = self.active_i, ints[self.active_n_i], 0
         while k < n:
             at = entries[k]
             packed = ints[at]
             held_i = packed >> 32
             if held_i != own:
-                waiting_i = packed & 0xFFFFFFFF
-                if not (ints[held_i] or ints[waiting_i]):
+                held = ints[held_i]
+                if not held and not ints[packed & 0xFFFFFFFF]:
                     if recent is None:
                         recent = self.clock() - IDLE_AFTER_S
-                    if floats[waiting_i + 1] <= recent:
+                    if floats[(packed & 0xFFFFFFFF) + 1] <= recent:
                         n -= 1  # idle past IDLE_AFTER_S: off the list, its last entry takes its place
                         ints[at], floats[at + 1] = ints[entries[n]], floats[entries[n] + 1]
                         ints[self.active_n_i] = n
                         continue
-                total += floats[at + 1]
+                other_weight = floats[at + 1]
+                total += other_weight
+                others += (other_weight, held)
+            else:
+                listed += floats[at + 1]
             k += 1
-        cap = self.cap_total
+        floats[self.active_n_i + 1] = listed + total - weight  # the sum, exact again (no drift from + and -)
         if ints[own] + 1 <= cap * weight / total + 1e-9:
             return True, True
         free = cap
         for at in self.used_i:
             free -= ints[at]
-        for at in entries[:n]:  # less the other active accounts' unmet parts (`reserved`, inline: the hot path)
-            packed = ints[at]
-            if packed >> 32 != own:
-                unmet = int(cap * floats[at + 1] / total + 1e-9) - ints[packed >> 32]
-                if unmet > 0:
-                    free -= unmet
+        for i in range(0, len(others), 2):  # less the others' unmet parts (`reserved`, inline: the hot path)
+            unmet = int(cap * others[i] / total + 1e-9 - others[i + 1])  # held is whole: floor(part) - held
+            if unmet > 0:
+                free -= unmet
         return False, free >= 1
+
+    def may_take(self, own: int, weight: float) -> bool:
+        """`standing(own, weight)[1]`, without reading the list where the free room is more than every listed account
+        could have reserved (their weights' sum, which may count its own, bounds the others' parts). Lock held."""
+        ints, cap = self._ints, self.cap_total
+        listed = self._floats[self.active_n_i + 1]
+        free = cap
+        for at in self.used_i:
+            free -= ints[at]
+        if free - 1 >= int(cap * listed / (listed + weight) + 1e-9):
+            return True
+        return self.standing(own, weight)[1]
 
     def _free_pool(self, limit: int) -> int | None:
         """The index of the process holding the fewest requests, if that is under `limit`."""
@@ -627,7 +651,7 @@ class FairAdmission:
                 if best is None:  # our published head is stale: republish and look again
                     group._publish_head()
                     continue
-                if not group.standing(best.held_i, (self.shares.get(best.consumer) or Share()).weight)[1]:
+                if not group.may_take(best.held_i, (self.shares.get(best.consumer) or Share()).weight):
                     best = self._best_within_share(group)
             if best is None:
                 if relay:
@@ -650,7 +674,7 @@ class FairAdmission:
         name = group.named(held_i, self.shares)
         if name is None:
             return True
-        return group.standing(held_i, self.shares[name].weight)[1]
+        return group.may_take(held_i, self.shares[name].weight)
 
     def _best_within_share(self, group: _Group) -> _Waiter | None:
         """This worker's best waiter whose account is within its reserved part. Lock held, a slot free."""
