@@ -239,6 +239,51 @@ def test_a_quiet_account_within_its_part_is_admitted_at_once_beside_a_flood_held
     assert admitted == part - 1 and waits and held == 8
 
 
+def three_accounts(cap: int) -> FairAdmission:
+    """voice-app (weight 1) floods; analytics (weight 1) and a third account, reporting (weight 2), are quiet."""
+    data = copy.deepcopy(fleet_config().model_dump(mode="json"))
+    reporting = copy.deepcopy(data["consumers"][1])
+    reporting.update(name="reporting", account="999988887777", vpc_id="vpc-0f1e2d3c4b5a69799", cidrs=["10.80.0.0/16"],
+                     admission={"weight": 2})
+    data["consumers"].append(reporting)
+    seoul = next(r for r in data["regions"] if r["region"] == REGION)
+    seoul["allowed_principals"].append("arn:aws:iam::999988887777:root")
+    accounts = parse_config(data, "<test config>").consumers_of(REGION)
+    return FairAdmission(SharedState(1), {MODEL_ID: [Engine(9001)]}, {MODEL_ID: cap}, accounts, poll_s=3600,
+                         clock=Clock())
+
+
+def test_among_three_active_accounts_each_quiet_ones_burst_up_to_its_weighted_part_goes_at_once():
+    """Weights 1 (the flood), 1 and 2 on a cap of 12: parts of 3, 3 and 6. Once the flood's excess from when it
+    was alone has ended it holds 3, and each quiet account's burst up to its own part is admitted at once."""
+    async def body():
+        admission = three_accounts(12)
+        alone = [await admission.acquire("voice-app", MODEL_ID, lambda: False) for _ in range(12)]
+        backlog = acquiring(admission, "voice-app", 20)
+        first = {name: acquiring(admission, name, 1) for name in ("analytics", "reporting")}  # both active now
+        await settle()
+        for slot in alone:
+            admission.release("voice-app", MODEL_ID, slot)
+            await settle()
+        group = admission.groups[MODEL_ID]
+        flood_held = group._int(group.consumer_cells("voice-app")[0])
+        bursts = {"analytics": acquiring(admission, "analytics", 2), "reporting": acquiring(admission, "reporting", 5)}
+        await settle()
+        admitted = {name: sum(b.done() for b in burst) for name, burst in bursts.items()}
+        beyond = {name: acquiring(admission, name, 1) for name in bursts}
+        await settle()
+        waiting = sorted(name for name, b in beyond.items() if not b[0].done())
+        held = used(admission)
+        admission.flush(fair.CLIENT_GONE)
+        await settle()
+        return flood_held, admitted, waiting, held, first, backlog
+
+    flood_held, admitted, waiting, held, *_ = run(body())
+    assert flood_held == held_beside(12, [1, 1, 2]) == 3
+    assert admitted == {"analytics": 2, "reporting": 5}  # with the first one each: 3 and 6, their parts
+    assert waiting == ["analytics", "reporting"] and held == 12
+
+
 def test_the_flood_never_holds_more_than_the_cap_less_the_other_active_accounts_parts():
     """A flood's freed slots go back to its queue only up to the cap less the parts of the active accounts that
     hold less than theirs; what they hold beyond their part leaves the flood less, never more."""
