@@ -226,7 +226,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m scripts.bench_balance", description=__doc__.split("\n\n")[0])
     p.add_argument("--seconds", type=float, default=40.0, help="length of the trace (default 40)")
     p.add_argument("--rps", type=float, default=8.0, help="mean arrivals per second (default 8; bursts at 1.7x: "
-                   "half of them reach the a10g instance, which holds 2 at once, its soft cap 1, for about 0.5 s)")
+                   "half of them reach the a10g instance, which holds 2 at once, for about 0.5 s)")
     p.add_argument("--tokens", type=int, default=16, help="output tokens per request (default 16)")
     p.add_argument("--seed", type=int, default=3)
     p.add_argument("--json", help="write the figures here as JSON")

@@ -4,7 +4,7 @@
         [--flood 3] [--lead 5] [--capacity-s 10] [--device cpu|cuda] [--gateway-workers 1] [--no-pin]
         [--engine-cpus L --gateway-cpus L --quiet-cpus L --flood-cpus L] [--cpu-runs 7] [--skip-off]
         [--json FILE] [--out DIR]
-    python -m scripts.bench_fairness headroom [CAP ...]   (the admission code alone: `headroom_waits`)
+    python -m scripts.bench_fairness simulate [CAP ...]   (the admission code alone: `simulated_waits`)
 
 One reference server (tiny GPT-2, `--batch` its max batch size, one torch thread; on the CPU, or on the GPU
 with `--device cuda`, where its decode steps are CUDA graph replays) behind `python -m runtime.gateway` (PROXY
@@ -18,9 +18,10 @@ then `--repeats` rounds, each of: the engine's capacity now (the neighbour alone
 for `--capacity-s`: requests per second, R), then three phases of `--seconds` (interleaved, so that a change in
 the machine's load moves all three alike):
   alone: the quiet account at `--quiet-share` x R, Poisson arrivals: its TTFT;
-  engine-bound: the same beside the neighbour keeping the soft cap's worth of streams busy (closed loop: never
-    more than fair admission lets it hold, so nothing waits at the gateway): what the quiet account sees when
-    only the engine is shared, the best any admission order can do;
+  engine-bound: the same beside the neighbour keeping busy as many streams as fair admission lets it hold beside
+    the active quiet account (the cap less the quiet account's reserved part, `held_beside`; closed loop, so
+    nothing of the neighbour's waits at the gateway): what the quiet account sees when only the engine is shared,
+    the best any admission order can do;
   fair: the same beside the neighbour arriving at `--flood` x R from `--lead` seconds before (its queue at the
     gateway grows), fair admission on;
 and once (unless --skip-off) `fair` with `--fair-admission off` (first come, first served at the engine).
@@ -38,6 +39,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import heapq
 import json
 import os
 import random
@@ -367,7 +369,7 @@ def spread(values: list[float]) -> dict:
 async def main_async(args: argparse.Namespace) -> dict:
     import importlib.util
 
-    from runtime.gateway.fair import soft_cap
+    from runtime.gateway.fair import held_beside
     from runtime.reference.build import build_artifact
 
     if importlib.util.find_spec("boto3") is None:  # the gateway's identity lookup (EC2, here the loopback fake)
@@ -454,7 +456,10 @@ async def main_async(args: argparse.Namespace) -> dict:
                         say(f"round {r + 1} of {args.repeats}: capacity {capacity:.2f} requests/s at batch "
                             f"{args.batch}")
                         row: dict = {"capacity_rps": round(capacity, 2), "alone": await measured("alone"),
-                               "engine_bound": await measured("engine_bound", streams=soft_cap(args.batch),
+                               # The most the neighbour holds beside the active quiet account (equal weights):
+                               # the cap less the quiet account's part.
+                               "engine_bound": await measured("engine_bound",
+                                                              streams=held_beside(args.batch, [1.0, 1.0]),
                                                               lead=args.lead),
                                "fair": await measured("fair", flood_rate=args.flood * capacity, lead=args.lead)}
                         for name in ("alone", "engine_bound", "fair"):
@@ -485,13 +490,21 @@ async def main_async(args: argparse.Namespace) -> dict:
     return results
 
 
-async def headroom_waits(cap: int, seconds: float = 20.0, service_s: float = 0.2, quiet_share: float = 0.15,
-                         flood: float = 3.0, seed: int = 1) -> dict:
-    """The admission code alone (runtime/gateway/fair.py, in process, no engine, no sockets): a stand-in engine
-    process of `cap` slots whose requests each hold a slot for `service_s` (+-10 %), the neighbour arriving at
-    `flood` x its capacity R = cap / service_s from 2 s before, the quiet account at `quiet_share` x R (Poisson).
-    How often and how long the quiet account's requests wait for a slot: the part of its TTFT the headroom (a
-    quarter of the cap) sets, apart from any engine."""
+async def simulated_waits(cap: int, workers: int = 2, seconds: float = 10.0, tokens: int = 64, step_ms: float = 0.6,
+                          per_seq_ms: float = 0.025, quiet_share: float = 0.15, flood: float = 3.0, lead: float = 2.0,
+                          seed: int = 1) -> dict:
+    """The admission code alone (runtime/gateway/fair.py, `workers` gateway workers' admissions sharing one state,
+    in process) in front of a simulated engine process, in virtual time: deterministic for a seed, whatever the
+    machine's load. The engine runs continuous batching as the reference engine does: each iteration admits the
+    requests granted since the last one, steps every request it holds by one token in `step_ms` + `per_seq_ms` x
+    its batch (the defaults: the H200 host's reference engine, bench/FAIRNESS_DEVICE.md calls 2 and 3), and frees
+    a request's slot at the end of the iteration of its last token. So requests started in one iteration end in
+    one, and slots free in bunches, as on the device. The neighbour arrives at `flood` x the engine's capacity R
+    (cap requests per request time at a full batch) from `lead` s before the quiet account's `seconds` at
+    `quiet_share` x R (Poisson), each request through the next worker in turn. Returns how many of the quiet
+    account's requests waited for a slot, its wait's P99 and max (virtual ms), how many of those it sent a request's
+    time or more after it came waited (`waited_later`: by then the neighbour's requests from before have ended),
+    and the most the neighbour held when a slot was granted to it while the quiet account held or waited for one."""
     from fleetcast.config import parse_config
     from runtime.gateway.fair import CLIENT_GONE, FairAdmission
     from runtime.gateway.identity import Refusal
@@ -499,39 +512,89 @@ async def headroom_waits(cap: int, seconds: float = 20.0, service_s: float = 0.2
 
     rng = random.Random(seed)
     consumers = parse_config(fairness_config(cap), "<bench config>").consumers
-    admission = FairAdmission(SharedState(1), {"m": [type("Engine", (), {"host_header": "sim:1"})()]},
-                              {"m": cap}, consumers)
-    rate, waits = cap / service_s, []
+    now = [0.0]
+    engine = type("Engine", (), {"host_header": "sim:1"})()
+    state = SharedState(workers)
+    admissions = [FairAdmission(state, {"m": [engine]}, {"m": cap}, consumers, worker=w, poll_s=3600,
+                                clock=lambda: now[0]) for w in range(workers)]
+    for admission in admissions:
+        admission.start()
+    group = admissions[0].groups["m"]
+    request_s = tokens * (step_ms + per_seq_ms * cap) / 1000
+    rate = cap / request_s
+    events: list[tuple[float, int, str, str]] = []
+    order = iter(range(1 << 62))
 
-    async def request(who: str) -> None:
-        asked = time.perf_counter()
-        engine = await admission.acquire(who, "m", lambda: False)
-        if isinstance(engine, Refusal):  # the backlog flushed at the end
+    def at(t: float, kind: str, who: str = "") -> None:
+        heapq.heappush(events, (t, next(order), kind, who))
+
+    t = 0.0
+    while (t := t + rng.expovariate(flood * rate)) < lead + seconds:
+        at(t, "arrive", NEIGHBOUR[0])
+    t = lead
+    while (t := t + rng.expovariate(quiet_share * rate)) < lead + seconds:
+        at(t, "arrive", QUIET[0])
+    granted: list[tuple[str, FairAdmission]] = []
+    batch: list[list] = []  # [account, tokens left, its admission]
+    stepping, waits, settled, tasks, most = [False], [], [], [], [0]
+
+    async def request(who: str, admission: FairAdmission) -> None:
+        asked = now[0]
+        got = await admission.acquire(who, "m", lambda: False)
+        if isinstance(got, Refusal):  # the backlog flushed at the end
             return
         if who == QUIET[0]:
-            waits.append((time.perf_counter() - asked) * 1000)
-        await asyncio.sleep(service_s * rng.uniform(0.9, 1.1))
-        admission.release(who, "m", engine)
+            waits.append((now[0] - asked) * 1000)
+            if asked >= lead + request_s:  # the neighbour's requests from before the quiet account came have ended
+                settled.append(now[0] - asked)
+        elif sum(group._int(cell) for cell in group.consumer_cells(QUIET[0])):  # the quiet account is active
+            most[0] = max(most[0], group._int(group.consumer_cells(NEIGHBOUR[0])[0]))
+        granted.append((who, admission))
+        if not stepping[0]:
+            stepping[0] = True
+            at(now[0], "step")
 
-    async def arrivals(who: str, per_s: float, until: float) -> list[asyncio.Future]:
-        tasks: list[asyncio.Future] = []
-        start, at = time.monotonic(), 0.0
-        while (at := at + rng.expovariate(per_s)) < until:
-            await asyncio.sleep(max(0.0, start + at - time.monotonic()))
-            tasks.append(asyncio.ensure_future(request(who)))
-        return tasks
+    async def settle() -> None:  # the acquires, hand-overs and pokes an event set off
+        for _ in range(6):
+            await asyncio.sleep(0)
 
-    neighbour = asyncio.ensure_future(arrivals(NEIGHBOUR[0], flood * rate, seconds + 2.0))
-    await asyncio.sleep(2.0)
-    await asyncio.gather(*await arrivals(QUIET[0], quiet_share * rate, seconds))
-    admission.flush(CLIENT_GONE)  # the neighbour's backlog leaves
-    for task in await neighbour:
+    turn = 0
+    while events:
+        now[0], _, kind, who = heapq.heappop(events)
+        if kind == "arrive":
+            tasks.append(asyncio.ensure_future(request(who, admissions[turn % workers])))
+            turn += 1
+        elif kind == "step":
+            batch.extend([account, tokens, admission] for account, admission in granted)
+            granted.clear()
+            if batch:
+                at(now[0] + (step_ms + per_seq_ms * len(batch)) / 1000, "stepped")
+            else:
+                stepping[0] = False
+        else:  # stepped: every request in the batch has one more token
+            for entry in list(batch):
+                entry[1] -= 1
+                if not entry[1]:
+                    batch.remove(entry)
+                    entry[2].release(entry[0], "m", engine)
+            at(now[0], "step")
+        await settle()
+        if kind == "arrive" and now[0] >= lead + seconds:
+            break
+    for admission in admissions:
+        admission.flush(CLIENT_GONE)
+        admission.stop()
+    await settle()
+    for task in tasks:
         task.cancel()
-    waited = [w for w in waits if w >= 1.0]  # queued: event-loop jitter stays far below a millisecond
-    return {"cap": cap, "quiet_requests": len(waits), "waited": len(waited),
+    await asyncio.gather(*tasks, return_exceptions=True)
+    waited = [w for w in waits if w > 0.0]
+    return {"cap": cap, "workers": workers, "quiet_requests": len(waits), "waited": len(waited),
             "waited_share": round(len(waited) / len(waits), 3) if waits else 0.0,
-            "wait_p99_ms": round(percentile(waits, 0.99), 1), "wait_max_ms": round(max(waits, default=0.0), 1),
-            "service_ms": service_s * 1000}
+            "wait_p99_ms": round(percentile(waits, 0.99), 1) if waits else 0.0,
+            "wait_max_ms": round(max(waits, default=0.0), 1), "request_ms": round(request_s * 1000, 1),
+            "waited_later": sum(w > 0.0 for w in settled),
+            "neighbour_most_held": most[0]}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -539,13 +602,16 @@ def main(argv: list[str] | None = None) -> int:
     if argv[:1] == ["_flood"]:
         _flood(argv[1:])
         return 0
-    if argv[:1] == ["headroom"]:
-        # python -m scripts.bench_fairness headroom [CAP ...]: the admission code alone, at each cap (default 8 16 32)
-        for cap in [int(c) for c in argv[1:]] or [8, 16, 32]:
-            row = asyncio.run(headroom_waits(cap))
-            print(f"cap {cap}: {row['waited']} of {row['quiet_requests']} quiet requests waited for a slot "
-                  f"({row['waited_share']:.1%}); wait P99 {row['wait_p99_ms']} ms, max {row['wait_max_ms']} ms "
-                  f"(a request holds its slot {row['service_ms']:g} ms)")
+    if argv[:1] == ["simulate"]:
+        # python -m scripts.bench_fairness simulate [CAP ...]: the admission code alone before a simulated engine
+        for cap in [int(c) for c in argv[1:]] or [4, 16]:
+            for workers in (1, 2):
+                row = asyncio.run(simulated_waits(cap, workers))
+                print(f"cap {cap}, {workers} gateway worker{'s' if workers > 1 else ''}: {row['waited']} of "
+                      f"{row['quiet_requests']} quiet requests waited for a slot ({row['waited_share']:.1%}); wait P99 "
+                      f"{row['wait_p99_ms']} ms, max {row['wait_max_ms']} ms (a request holds its slot "
+                      f"{row['request_ms']:g} ms at a full batch); beside it the neighbour held at most "
+                      f"{row['neighbour_most_held']}")
         return 0
     args = parse_args(argv)
     results = asyncio.run(main_async(args))
@@ -618,7 +684,7 @@ def report_lines(results: dict, args: argparse.Namespace) -> list[str]:
              + ", ".join(f"{role} {results['pinned'].get(role) or 'any'}" for role in ROLES) + "; "
              + ", ".join(f"{k} {v}" for k, v in (results.get("affinity") or {}).items()),
              "quiet account P99 TTFT (pooled over the rounds, P50 / P90 / P99 ms, samples):"]
-    for name, label in (("alone", "alone"), ("engine_bound", "beside a neighbour held to the soft cap"),
+    for name, label in (("alone", "alone"), ("engine_bound", "beside a neighbour held to the cap less the quiet part"),
                         ("fair", f"beside a neighbour at {args.flood:g} R, fair admission"),
                         ("fcfs", f"beside a neighbour at {args.flood:g} R, first come first served")):
         if name in pooled:

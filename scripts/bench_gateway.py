@@ -705,8 +705,8 @@ def bench_config_data() -> dict:
     data = load_config(ROOT / "config" / "fleet.yaml").model_dump(mode="json")
     data["consumers"] = [c for c in data["consumers"] if c["account"] == BENCH_ACCOUNT][:1]
     data["consumers"][0]["limits"] = {"max_concurrency": 10000, "requests_per_minute": 10_000_000}
-    # The timed upstream has no batch limit: an admission cap at the shipped max_batch_size (64, its soft cap
-    # 48) would queue the bench's 64- and 128-stream levels at the gateway and time the queue, not the hop.
+    # The timed upstream has no batch limit: an admission cap at the shipped max_batch_size (64) would queue the
+    # bench's 128-stream level at the gateway and time the queue, not the hop.
     data["engine"]["max_batch_size"] = 2048
     return data
 

@@ -188,11 +188,10 @@ def rate(t: float, day_s: float, peak: float, trough: float, phase: float) -> fl
 
 def capacity_rps(tokens: int) -> float:
     """What one region's engine completes per second when its consumers keep it full: the requests fair admission
-    lets one account hold at once (its soft cap: an account alone is always at its share) over one request's time
-    in the engine."""
-    from runtime.gateway.fair import soft_cap
+    lets one account hold at once (an account alone: the whole cap) over one request's time in the engine."""
+    from runtime.gateway.fair import held_beside
 
-    return soft_cap(SLOTS) / ((TTFT_MS + (tokens - 1) * INTERVAL_MS) / 1000)
+    return held_beside(SLOTS, [1.0]) / ((TTFT_MS + (tokens - 1) * INTERVAL_MS) / 1000)
 
 
 def trace(args: argparse.Namespace) -> list[Arrival]:
@@ -357,7 +356,7 @@ def _round(value: float | None) -> float | None:
 
 
 def report(results: dict[str, dict[str, Any]], args: argparse.Namespace) -> None:
-    from runtime.gateway.fair import soft_cap
+    from runtime.gateway.fair import held_beside
 
     rows = [("home windows within the P99 SLO", lambda f: f"{f[HOME]['windows_within_slo']}/{f[HOME]['windows']}"),
             ("remote windows within the P99 SLO",
@@ -375,7 +374,7 @@ def report(results: dict[str, dict[str, Any]], args: argparse.Namespace) -> None
     for label, cell in rows:
         print(f"{label:40}" + "".join(f"{cell(results[m]):>16}" for m in modes))
     cap = capacity_rps(args.tokens)
-    print(f"\nassumed: {SLOTS} requests at once per region (an account alone holds {soft_cap(SLOTS)}), "
+    print(f"\nassumed: {SLOTS} requests at once per region (an account alone holds {held_beside(SLOTS, [1.0])}), "
           f"{TTFT_MS:g} ms to the first token and {INTERVAL_MS:g} ms a token after, {args.tokens} tokens (capacity {cap:.1f} requests/s); round trip {args.rtt_ms:g} ms; "
           f"one day compressed to {args.day_s:g} s in {args.windows} windows; home peak {args.peak:g}x capacity, "
           f"remote {args.remote_peak:g}x half a day later; SLO P99 TTFT {SLO_MS:g} ms")

@@ -8,8 +8,9 @@ admitted by start-time fair queuing (Goyal, Vin and Cheng, SIGCOMM 1996): each r
 max(V, F) where F is the finish tag of its consumer's previous request and V the start tag of the last
 request admitted; its finish tag is the start tag plus 1/weight; the smallest start tag goes next. A
 consumer that has been idle starts at V, with no credit saved up; two busy consumers of weights 2 and 1
-get two admissions to one. Interactive requests go before any batch request (strict priority between the
-classes, fair queuing within one).
+get two admissions to one. Among the requests that may take a slot, interactive ones go before any batch one
+(strict priority between the classes, fair queuing within one); an account's reserved part (below) is its own
+whatever its class, so a batch account that should yield gets a small weight.
 
 What the cap promises a quiet account, and what it cannot: its request joins the engine's next iteration
 beside the neighbours' requests, so its TTFT carries one step at up to the cap's batch and the prefills
@@ -17,10 +18,14 @@ started with it. Within 1.1x of its TTFT alone only where the engine's TTFT at t
 TTFT at the quiet account's own concurrency (a GPU's memory-bound decode); the cap is `max_batch_size`, which
 the plan chooses per packing (docs/gateway.md, "What bounds the quiet account's P99").
 
-Headroom for the quiet: an account below its weighted share of the soft cap (the cap less HEADROOM of it)
-is admitted at once while the process holds fewer than the cap; everyone else waits once it holds the soft
-cap. A neighbour flooding the process therefore fills it to the soft cap, and a quiet account's request
-starts in the engine's next iteration instead of after a neighbour's request ends.
+A part of the cap for each active account: an account is active while it holds or waits for requests and for
+IDLE_AFTER_S after its last one ended, and each active account is reserved its weighted share of the cap (of
+every engine process of the model together), rounded down (`reserved`). An account holding less than its part
+takes a free slot at once, even past others' waiting requests; beyond its part it may take only room the other
+active accounts have not reserved, and while requests wait, only in fair order. So a neighbour flooding the
+engine holds at most the cap less the other active accounts' parts (`held_beside`), and a quiet account's burst
+up to its part starts in the engine's next iteration; alone, an account may use the whole cap. A request never
+passes its own account's waiting requests.
 
 Every count lives in the workers' shared mapping (runtime/gateway/shared.py), changed under its one
 lock, so the cap of an engine process holds across gateway workers exactly as the consumer limits do.
@@ -32,9 +37,9 @@ For a caller deciding where a request should go (cross-region spill), `predicted
 without queueing anything, how long a request arriving now would wait here: 0 with room for it, else the
 requests fair order puts before it over the engine's service rate measured while requests waited
 (`service_rate`). The rest of the public API is `acquire`, `release`, `flush`, `waiting`, `queued` (every
-worker's waiting requests), `set_consumers`, `start`/`stop`, and the module's `admission_caps`, `soft_cap`,
-`fair_admission` and the queue-state file the runtime's QueuedRequests gauge reads (`write_queue_state`,
-`read_queue_state`, `publish_queue_state`).
+worker's waiting requests), `set_consumers`, `start`/`stop`, and the module's `admission_caps`, `reserved`,
+`held_beside`, `fair_admission` and the queue-state file the runtime's QueuedRequests gauge reads
+(`write_queue_state`, `read_queue_state`, `publish_queue_state`).
 
 TensorRT-LLM 1.2.x's OpenAI server takes no per-request priority (tests/gateway/test_fair.py names the
 source), so the classes are the gateway's own and nothing is added to the request the engine gets.
@@ -61,10 +66,16 @@ if TYPE_CHECKING:
     from .shared import SharedState
     from .upstream import UpstreamPool
 
-# The share of a process's cap kept for accounts below their share (at least one request when the cap is 2+): a
-# quarter, so a quiet account's few concurrent requests find room (scripts/bench_fairness.py measured one slot
-# of 8 as too few: a quiet account's second concurrent request waited for a neighbour's to end).
-HEADROOM = 1 / 4
+# How long an account keeps its reserved share after its last request ended: a quiet account's requests come
+# and go, and between two of them it holds nothing; were its share freed at once, a flooding neighbour would fill
+# it and the quiet account's next request would wait for one of the neighbour's to end, up to a whole request's
+# time (requests started in one engine iteration end together, so slots free in bunches, not one every cap-th of a
+# request's time). An account idle longer than this gets no reservation: its next request takes the next free slot.
+IDLE_AFTER_S = 1.0
+# Active accounts a model's reservations track (a shared list, so that a decision reads the active accounts, not
+# every consumer: 0.35 µs an account on the development VM). An account arriving while the list is full still gets
+# its own part, but no one else reserves room for it.
+MAX_ACTIVE = 64
 RANK = {"interactive": 0, "batch": 1}
 # The weight of the newest interval in the service rate's moving average: about the last 20 releases count.
 RATE_SMOOTHING = 0.1
@@ -76,9 +87,17 @@ def admission_caps(cfg: FleetConfig, pool_name: str) -> dict[str, int]:
     return {s.model.id: s.engine.max_batch_size for s in cfg.served_by(pool)}
 
 
-def soft_cap(cap: int) -> int:
-    """What a process holds before accounts at or above their share wait: the cap less the headroom."""
-    return cap - (math.ceil(cap * HEADROOM) if cap > 1 else 0)
+def reserved(cap: int, weight: float, weights: float) -> int:
+    """The slots of `cap` an active account of `weight` is entitled to while the active accounts' weights sum to
+    `weights`: its weighted part, rounded down (the reservations of all active accounts never exceed the cap)."""
+    return int(cap * weight / weights + 1e-9)
+
+
+def held_beside(cap: int, weights: Sequence[float]) -> int:
+    """The most requests the first account of `weights` holds beside the others, active and holding none: the cap
+    less their reserved parts, or its own part where that is more."""
+    total = sum(weights)
+    return max(reserved(cap, weights[0], total), cap - sum(reserved(cap, w, total) for w in weights[1:]))
 
 
 @dataclass(frozen=True)
@@ -118,32 +137,40 @@ QUEUE_TIMEOUT = Refusal(503, "queue_timeout", "the model's engine stayed at capa
 class _Group:
     """One model's engine processes: their shared counts, and this worker's queues for them."""
 
-    def __init__(self, state: SharedState, model: str, pools: Sequence[UpstreamPool], cap: int, worker: int):
-        self.state, self.model, self.pools, self.cap, self.soft = state, model, tuple(pools), cap, soft_cap(cap)
+    def __init__(self, state: SharedState, model: str, pools: Sequence[UpstreamPool], cap: int, worker: int,
+                 clock: Callable[[], float]):
+        self.state, self.model, self.pools, self.cap, self.clock = state, model, tuple(pools), cap, clock
+        self.cap_total = cap * len(self.pools)  # shares are of every process's slots together
         self.worker = worker
         view = memoryview(state.mem)
         self._ints, self._floats = view.cast("q"), view.cast("d")
         with state.lock:
             self.used_at = [state.cell(f"fair\x00proc\x00{p.host_header}") for p in self.pools]
             self.group_at = state.cell(f"fair\x00group\x00{model}")  # (requests waiting in any worker, V)
-            self.weights_at = state.cell(f"fair\x00weights\x00{model}")  # (-, sum of the active accounts' weights)
             self.heads_at = [state.cell(f"fair\x00head\x00{model}\x00{w}") for w in range(state.workers)]
             # (the held-count cell of the account whose request heads that worker's queues, -)
             whos_at = [state.cell(f"fair\x00headwho\x00{model}\x00{w}") for w in range(state.workers)]
             # (monotonic ns of the last release seen while requests waited, 0 after one seen while none did;
             # the mean seconds between such releases, 0 until two were seen)
             self.rate_at = state.cell(f"fair\x00rate\x00{model}")
+            # The active accounts: (how many, the sum of their weights), then one cell each: (its held cell's
+            # index << 32 | its waiting cell's index, its weight). Idle accounts leave it when a decision finds them
+            # idle past IDLE_AFTER_S, so the sum may still count some of those: never less than the active ones'.
+            active_n_at = state.cell(f"fair\x00activen\x00{model}")
+            active_at = [state.cell(f"fair\x00active\x00{model}\x00{k}") for k in range(MAX_ACTIVE)]
         # The same cells as indices of the int64 view (the float of cell i is element i + 1 of the float64 view):
         # the hot paths index the views inline, a method call per read cost more than the rest of a request.
         self.used_i = [at >> 3 for at in self.used_at]
-        self.group_i, self.weights_i, self.rate_i = self.group_at >> 3, self.weights_at >> 3, self.rate_at >> 3
+        self.group_i, self.rate_i = self.group_at >> 3, self.rate_at >> 3
         self.heads_i = [at >> 3 for at in self.heads_at]
+        self.active_n_i, self.active_i = active_n_at >> 3, [at >> 3 for at in active_at]
         self.head_i = self.heads_i[worker]
         self.whos_i = [at >> 3 for at in whos_at]
         self.who_i = self.whos_i[worker]
         self._names: dict[int, str] = {}  # held-count cell -> account, for the heads other workers publish
         self.queues: dict[str, deque[_Waiter]] = {}
         self._consumer_i: dict[str, tuple[int, int]] = {}
+        self._listed_at: dict[int, int] = {}  # held cell index -> its entry on the active list, as last seen here
 
     # Shared cells, read and written with the lock held. A cell's offset is a multiple of 8 (slots of 40 bytes), so
     # its two values are elements of the mapping seen as int64s and as float64s: an index instead of a struct call.
@@ -163,8 +190,8 @@ class _Group:
         self._floats[(at >> 3) + 1] = value
 
     def consumer_index(self, consumer: str) -> tuple[int, int]:
-        """The int64 indices of (held requests and finish tag, waiting requests and the weight counted in the
-        active sum)."""
+        """The int64 indices of (held requests and finish tag, waiting requests and when it last became idle:
+        monotonic seconds, 0.0 never)."""
         cells = self._consumer_i.get(consumer)
         if cells is None:
             cells = (self.state.cell(f"fair\x00held\x00{self.model}\x00{consumer}") >> 3,
@@ -186,31 +213,95 @@ class _Group:
         held, waiting = self.consumer_index(consumer)
         return held << 3, waiting << 3
 
-    def under_share(self, consumer: str, share: Share, finish: float | None = None) -> bool:
-        """Whether `consumer` asks for less than its weighted share: its finish tag is at most the soft cap's
-        share per unit of weight ahead of the virtual time. Requests in flight were admitted at tags the virtual
-        time has passed, so this counts what it has arrived with lately, not how long its requests run: a quiet
-        account with a few long requests in flight is still below its share, a flooding one with a queue is not.
-        Also below its share: an account holding fewer requests than its weighted share of the soft cap.
-        Never below its share: an account holding its weighted share of the whole cap or more. Its requests may be
-        admitted as fast as it sends them (a closed loop of streams), so that the virtual time follows its own
-        tags and its finish tag never runs ahead; it would then pass a quiet account's waiting request into
-        the headroom.
-        `finish`: its finish tag as it would be (a forecast), instead of the one recorded."""
-        held_i, waiting_i = self.consumer_index(consumer)
+    def enlist(self, held_i: int, waiting_i: int, weight: float) -> None:
+        """Put an account that is becoming active on the active list, unless it is there. Lock held."""
+        ints, entries = self._ints, self.active_i
+        packed = held_i << 32 | waiting_i
+        n = ints[self.active_n_i]
+        k = self._listed_at.get(held_i, n)  # where this worker last saw it: entries move only when one leaves
+        if k < n and ints[entries[k]] == packed:
+            return
+        for k in range(n):
+            if ints[entries[k]] == packed:
+                self._listed_at[held_i] = k
+                return
+        if n < MAX_ACTIVE:
+            floats = self._floats
+            ints[entries[n]], floats[entries[n] + 1] = packed, weight
+            ints[self.active_n_i] = n + 1
+            floats[self.active_n_i + 1] += weight
+            self._listed_at[held_i] = n
+
+    def reweigh(self, weights: Mapping[int, float]) -> None:
+        """New weights (held cell index -> weight) for the listed accounts (a config refresh). Lock held."""
         ints, floats = self._ints, self._floats
-        held = ints[held_i]
-        active = floats[self.weights_i + 1] + (0.0 if held + ints[waiting_i] else share.weight)
-        # It holds fewer than its weighted share of the soft cap: a quiet account whose burst queued a few
-        # requests (its finish tag now ahead) still has room coming to it, or the headroom would sit idle while
-        # it waits for a flooding account's requests to end.
-        if held < self.soft * share.weight / active:
+        for at in self.active_i[:ints[self.active_n_i]]:
+            weight = weights.get(ints[at] >> 32)
+            if weight is not None:
+                floats[self.active_n_i + 1] += weight - floats[at + 1]
+                floats[at + 1] = weight
+
+    def standing(self, own: int, weight: float) -> tuple[bool, bool]:
+        """(whether one more request keeps the account whose held cell is `own` (`consumer_index`) within its
+        reserved part of the cap, whether one more may go: within it, or into room the other active accounts have
+        not reserved). Lock held; call with a slot free.
+
+        Active: holding or waiting requests, or idle for less than IDLE_AFTER_S (the active list; an entry found
+        idle for longer leaves it here). Each active account's part is its weighted share of the cap, rounded down
+        (`reserved`); the account asking counts as active."""
+        ints, floats = self._ints, self._floats
+        cap = self.cap_total
+        # Within its part even were every listed account active (the sum counts its own weight at most twice): no
+        # need to read the list. Most requests below the cap end here.
+        if ints[own] + 1 <= cap * weight / (floats[self.active_n_i + 1] + weight) - 1e-9:
+            return True, True
+        recent = None
+        total, listed = weight, 0.0  # listed: its own entry's weight, if it has one
+        others: list[float] = []  # the other active accounts' (weight, held) pairs, flat
+        entries, n, k = self.active_i, ints[self.active_n_i], 0
+        while k < n:
+            at = entries[k]
+            packed = ints[at]
+            held_i = packed >> 32
+            if held_i != own:
+                held = ints[held_i]
+                if not held and not ints[packed & 0xFFFFFFFF]:
+                    if recent is None:
+                        recent = self.clock() - IDLE_AFTER_S
+                    if floats[(packed & 0xFFFFFFFF) + 1] <= recent:
+                        n -= 1  # idle past IDLE_AFTER_S: off the list, its last entry takes its place
+                        ints[at], floats[at + 1] = ints[entries[n]], floats[entries[n] + 1]
+                        ints[self.active_n_i] = n
+                        continue
+                other_weight = floats[at + 1]
+                total += other_weight
+                others += (other_weight, held)
+            else:
+                listed += floats[at + 1]
+            k += 1
+        floats[self.active_n_i + 1] = listed + total - weight  # the sum, exact again (no drift from + and -)
+        if ints[own] + 1 <= cap * weight / total + 1e-9:
+            return True, True
+        free = cap
+        for at in self.used_i:
+            free -= ints[at]
+        for i in range(0, len(others), 2):  # less the others' unmet parts (`reserved`, inline: the hot path)
+            unmet = int(cap * others[i] / total + 1e-9 - others[i + 1])  # held is whole: floor(part) - held
+            if unmet > 0:
+                free -= unmet
+        return False, free >= 1
+
+    def may_take(self, own: int, weight: float) -> bool:
+        """`standing(own, weight)[1]`, without reading the list where the free room is more than every listed account
+        could have reserved (their weights' sum, which may count its own, bounds the others' parts). Lock held."""
+        ints, cap = self._ints, self.cap_total
+        listed = self._floats[self.active_n_i + 1]
+        free = cap
+        for at in self.used_i:
+            free -= ints[at]
+        if free - 1 >= int(cap * listed / (listed + weight) + 1e-9):
             return True
-        if held >= self.cap * share.weight / active:
-            return False
-        if finish is None:
-            finish = floats[held_i + 1]
-        return finish - floats[self.group_i + 1] <= self.soft / active
+        return self.standing(own, weight)[1]
 
     def _free_pool(self, limit: int) -> int | None:
         """The index of the process holding the fewest requests, if that is under `limit`."""
@@ -222,29 +313,23 @@ class _Group:
                 best, fewest = i, used
         return best
 
-    def _activity(self, consumer: str, share: Share, change: int, waiting: bool) -> None:
-        """Count one more (or fewer) held or waiting request of `consumer`, keeping the active weights' sum."""
+    def _activity(self, consumer: str, change: int, waiting: bool) -> None:
+        """Count one more (or fewer) held or waiting request of `consumer`; when its last one ends, note when (it
+        keeps its reservation IDLE_AFTER_S from then)."""
         held_i, waiting_i = self.consumer_index(consumer)
         ints = self._ints
         at, other = (waiting_i, held_i) if waiting else (held_i, waiting_i)
         count = ints[at] + change
         ints[at] = count
-        if ints[other]:  # active before and after
-            return
-        floats = self._floats
-        if count > 0 and count == change:  # it had nothing held or waiting: now active
-            floats[waiting_i + 1] = share.weight
-            floats[self.weights_i + 1] += share.weight
-        elif count == 0 and change < 0:  # its last one ended: no longer active
-            floats[self.weights_i + 1] = max(0.0, floats[self.weights_i + 1] - floats[waiting_i + 1])
-            floats[waiting_i + 1] = 0.0
+        if count == 0 and change < 0 and not ints[other]:
+            self._floats[waiting_i + 1] = self.clock()
 
-    def _grant(self, index: int, consumer: str, share: Share, tag: float) -> UpstreamPool:
+    def _grant(self, index: int, consumer: str, tag: float) -> UpstreamPool:
         self._ints[self.used_i[index]] += 1
         floats, v = self._floats, self.group_i + 1
         if tag > floats[v]:
             floats[v] = tag  # V: the start tag last admitted
-        self._activity(consumer, share, 1, waiting=False)
+        self._activity(consumer, 1, waiting=False)
         return self.pools[index]
 
     def _grant_waiting(self, index: int, waiter: _Waiter) -> UpstreamPool:
@@ -298,7 +383,7 @@ class FairAdmission:
         """`pools`: model id -> its engine processes; `caps`: model id -> requests each may hold at once;
         `clock`: monotonic seconds, the same in every worker (for the service rate)."""
         self.state, self.worker, self.poll_s, self.clock = state, worker, poll_s, clock
-        self.groups = {model: _Group(state, model, pools[model], cap, worker) for model, cap in caps.items()
+        self.groups = {model: _Group(state, model, pools[model], cap, worker, clock) for model, cap in caps.items()
                        if model in pools}
         self.shares: dict[str, Share] = {}
         self.set_consumers(consumers)
@@ -308,6 +393,9 @@ class FairAdmission:
 
     def set_consumers(self, consumers: Iterable[Consumer]) -> None:
         self.shares = {c.name: share_of(c) for c in consumers}
+        with self.state.lock:  # the active accounts' weights, as the new config sets them
+            for group in self.groups.values():
+                group.reweigh({group.consumer_index(name)[0]: share.weight for name, share in self.shares.items()})
 
     def start(self) -> None:
         """Listen for another worker's hand-over (call inside the event loop)."""
@@ -353,15 +441,18 @@ class FairAdmission:
             if vtime > tag:
                 tag = vtime
             floats[held_i + 1] = tag + 1.0 / share.weight
-            # Nobody waits: it goes now if there is room for it. Someone waits: only an account below its
-            # share may pass them (into room they may not use), else it queues behind them in tag order.
-            room = group._free_pool(group.cap) is not None
-            if room:
-                under = group.under_share(consumer, share)
-                if under or ints[group.group_i] == 0:
-                    index = group._free_pool(group.cap if under else self._over_share_limit(group, consumer))
-                    if index is not None:
-                        return group._grant(index, consumer, share, tag)
+            # Within its reserved part it goes now if a slot is free; beyond it, only into room no other active
+            # account has reserved, and only while nobody waits (else it queues behind them in tag order).
+            index = group._free_pool(group.cap)
+            room = index is not None
+            # Never past its own account's waiting requests (in any worker): granted here, its start tag (its
+            # finish tag, beyond all of theirs) would move V past every one of them.
+            if not ints[held_i] and not ints[waiting_i]:  # it becomes active: its part is reserved from now
+                group.enlist(held_i, waiting_i, share.weight)
+            if index is not None and not ints[waiting_i]:
+                within, may = group.standing(held_i, share.weight)
+                if within or (may and ints[group.group_i] == 0):
+                    return group._grant(index, consumer, tag)
             if ints[waiting_i] >= share.max_queued:
                 return queue_full(consumer, share.max_queued)
             loop = asyncio.get_running_loop()
@@ -371,7 +462,7 @@ class FairAdmission:
             if queue is None:
                 queue = group.queues[consumer] = deque()
             queue.append(waiter)
-            group._activity(consumer, share, 1, waiting=True)
+            group._activity(consumer, 1, waiting=True)
             ints[group.group_i] += 1
             if len(queue) == 1:  # a new head here; behind its own account's head it changes nothing published
                 group._publish_head()
@@ -425,9 +516,8 @@ class FairAdmission:
         with self.state.lock:  # the shared counts, for the waiters that leave
             for consumer, kept in rebuilt.items():
                 gone = len(group.queues[consumer]) - len(kept)
-                share = self.shares.get(consumer) or Share()
                 for _ in range(gone):
-                    group._activity(consumer, share, -1, waiting=True)
+                    group._activity(consumer, -1, waiting=True)
                 group._set_int(group.group_at, group._int(group.group_at) - gone)
                 group.queues[consumer] = kept
             group._publish_head()
@@ -442,7 +532,7 @@ class FairAdmission:
             queue = group.queues.get(waiter.consumer)
             if queue is not None and waiter in queue:
                 queue.remove(waiter)
-                group._activity(waiter.consumer, self.shares.get(waiter.consumer) or Share(), -1, waiting=True)
+                group._activity(waiter.consumer, -1, waiting=True)
                 group._set_int(group.group_at, group._int(group.group_at) - 1)
                 group._publish_head()
                 self._dispatch(group)  # another worker's waiter may be the best now
@@ -452,10 +542,9 @@ class FairAdmission:
     def release(self, consumer: str, model: str, pool: UpstreamPool) -> None:
         """The request `acquire` placed on `pool` has ended: its slot goes to the next in fair order."""
         group = self.groups[model]
-        share = self.shares.get(consumer) or Share()
         with self.state.lock:
             group._ints[group.used_i[group.pools.index(pool)]] -= 1
-            group._activity(consumer, share, -1, waiting=False)
+            group._activity(consumer, -1, waiting=False)
             self._note_release(group)
             self._dispatch(group)
 
@@ -505,12 +594,11 @@ class FairAdmission:
         share = self.shares.get(consumer) or Share()
         with self.state.lock:
             held_at, waiting_at = group.consumer_cells(consumer)
-            vtime = group._float(group.group_at)
-            tag = max(vtime, group._float(held_at))
-            finish = tag + 1.0 / share.weight
-            if (group._int(group.group_at) == 0 or group.under_share(consumer, share, finish)) \
-                    and group._free_pool(self._limit(group, consumer, share, finish)) is not None:
-                return 0.0
+            tag = max(group._float(group.group_at), group._float(held_at))
+            if group._free_pool(group.cap) is not None and not group._int(waiting_at):
+                within, may = group.standing(held_at >> 3, share.weight)
+                if within or (may and group._int(group.group_at) == 0):  # as `acquire` decides
+                    return 0.0
             ahead = group._int(waiting_at)
             for other, other_share in self.shares.items():
                 if other == consumer:
@@ -533,35 +621,18 @@ class FairAdmission:
             return None
         return (ahead + 1) * max(mean, self.clock() - last_ns / 1e9)
 
-    def _limit(self, group: _Group, consumer: str, share: Share, finish: float | None = None) -> int:
-        """The most requests an engine process may hold for `consumer`'s next one to go to it. Lock held.
-
-        Below its share: the cap. Above it: `_over_share_limit`. `finish`: as in `_Group.under_share`."""
-        return group.cap if group.under_share(consumer, share, finish) else self._over_share_limit(group, consumer)
-
-    def _over_share_limit(self, group: _Group, consumer: str) -> int:
-        """The limit of `consumer` at or above its share: the soft cap less what the accounts below their share
-        hold, so a quiet account keeps the whole headroom free for its next requests however many it already has."""
-        ints = group._ints
-        light = 0
-        for other, other_share in self.shares.items():
-            if other != consumer:
-                held = ints[group.consumer_index(other)[0]]
-                if held and group.under_share(other, other_share):  # holding none, it adds nothing
-                    light += held
-        return group.soft - math.ceil(light / len(group.pools))
-
     def _dispatch(self, group: _Group, relay: bool = True) -> None:
         """Hand free slots to the best waiters, this worker's or (by a poke) another's. Lock held.
 
-        The best waiter of all goes next if there is room for it (`_limit`); if not, the best of those below
-        their share, if there is room under the cap. `relay`: when the best is another worker's, or this worker
-        has nobody who may go, poke the others (not when a poke or a poll brought us here: two workers
-        without one would poke each other for ever; each also polls)."""
+        The best waiter of all goes next if it may (`_Group.standing`); if not (its account is beyond its part and
+        the free room is reserved for others), the best of this worker's waiters whose accounts are within their
+        parts. `relay`: when the best is another worker's, or this worker has nobody who may go, poke the others
+        (not when a poke or a poll brought us here: two workers without one would poke each other for ever; each
+        also polls)."""
         ints, waiting_i = group._ints, group.group_i
         while ints[waiting_i] > 0:
-            free = group._free_pool(group.cap)
-            if free is None:
+            index = group._free_pool(group.cap)
+            if index is None:
                 return
             owner = group._owner_of_best()
             if owner is None:
@@ -571,55 +642,46 @@ class FairAdmission:
                     if relay:
                         self._poke(owner)
                     return
-                # Another worker's request is the best, but it may not use the room (its account is above its
-                # share and the process holds its limit): the room is for requests below their share, this
-                # worker's as much as the owner's (the owner looked at its own already, or will when poked).
-                best = self._best_below_share(group)
-                if best is None:
-                    if relay:
-                        self._poke(owner)
-                    return
-                share = self.shares.get(best.consumer) or Share()
-                index: int | None = free
+                # Another worker's request is the best, but it may not use the room (reserved for accounts within
+                # their parts): the room is for those, this worker's as much as the owner's (the owner looked at
+                # its own already, or will when poked).
+                best = self._best_within_share(group)
             else:
                 best = group._best()
                 if best is None:  # our published head is stale: republish and look again
                     group._publish_head()
                     continue
-                share = self.shares.get(best.consumer) or Share()
-                limit = self._limit(group, best.consumer, share)
-                index = free if limit >= group.cap else group._free_pool(limit)  # nothing changed since `free`
-            if index is None:
-                best = self._best_below_share(group)
-                if best is None:
-                    if relay:
-                        for worker, at in enumerate(group.heads_i):
-                            if worker != self.worker and ints[at]:
-                                self._poke(worker)
-                    return
-                share = self.shares.get(best.consumer) or Share()
-                index = free
+                if not group.may_take(best.held_i, (self.shares.get(best.consumer) or Share()).weight):
+                    best = self._best_within_share(group)
+            if best is None:
+                if relay:
+                    for worker, at in enumerate(group.heads_i):
+                        if worker != self.worker and ints[at]:
+                            self._poke(worker)
+                return
             group.queues[best.consumer].popleft()  # `best` is the head of its account's queue
             ints[waiting_i] -= 1
             if best.future.done():  # done: cancelled, its task not yet told; it gets no slot
-                group._activity(best.consumer, share, -1, waiting=True)
+                group._activity(best.consumer, -1, waiting=True)
             else:
                 best.future.set_result(group._grant_waiting(index, best))
             group._publish_head()
 
     def _may_go(self, group: _Group, owner: int) -> bool:
-        """Whether the request heading worker `owner`'s queues has room under its limit (an account this worker
-        does not know counts as having room: the owner decides). Lock held."""
-        name = group.named(group._ints[group.whos_i[owner]], self.shares)
+        """Whether the request heading worker `owner`'s queues may take a free slot (an account this worker does not
+        know counts as able to: the owner decides). Lock held, a slot free."""
+        held_i = group._ints[group.whos_i[owner]]
+        name = group.named(held_i, self.shares)
         if name is None:
             return True
-        return group._free_pool(self._limit(group, name, self.shares[name])) is not None
+        return group.may_take(held_i, self.shares[name].weight)
 
-    def _best_below_share(self, group: _Group) -> _Waiter | None:
+    def _best_within_share(self, group: _Group) -> _Waiter | None:
+        """This worker's best waiter whose account is within its reserved part. Lock held, a slot free."""
         best = None
         for consumer, queue in group.queues.items():
             if queue and (best is None or (queue[0].rank, queue[0].tag) < (best.rank, best.tag)) \
-                    and group.under_share(consumer, self.shares.get(consumer) or Share()):
+                    and group.standing(queue[0].held_i, (self.shares.get(consumer) or Share()).weight)[0]:
                 best = queue[0]
         return best
 

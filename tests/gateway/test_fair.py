@@ -27,7 +27,7 @@ import pytest
 
 from fleetcast.config import parse_config
 from runtime.gateway import fair, ppv2
-from runtime.gateway.fair import FairAdmission, soft_cap
+from runtime.gateway.fair import IDLE_AFTER_S, FairAdmission, held_beside, reserved
 from runtime.gateway.identity import Refusal
 from runtime.gateway.shared import SharedState
 
@@ -146,24 +146,24 @@ def test_a_batch_consumer_waits_while_an_interactive_one_waits():
     assert run(body()) == ["voice-app"] * 3 + ["analytics"] * 3
 
 
-def test_the_cap_of_an_engine_process_holds_across_workers_and_a_freed_slot_goes_to_the_other_worker():
-    _, (voice, analytics) = consumers()
-
+def test_the_cap_of_an_engine_process_holds_across_workers_and_a_freed_slot_goes_to_the_other_worker_at_once():
+    """Worker 0's release wakes worker 1 through its pipe: its waiting request has the slot a few event-loop turns
+    later, with the safety-net poll (600 s here) far off. (Checked first for the device run's 24-61 ms waits; it
+    held already: the gateway polls every 0.5 s, and those waits were never that long.)"""
     async def body():
-        state = SharedState(2)
-        engines = {MODEL_ID: [Engine(9001)]}
-        first = FairAdmission(state, engines, {MODEL_ID: 1}, (voice, analytics), worker=0)
-        second = FairAdmission(state, engines, {MODEL_ID: 1}, (voice, analytics), worker=1)
+        first, second = two_admissions(cap=1)
+        engines = {MODEL_ID: first.groups[MODEL_ID].pools}
         first.start()
         second.start()
         try:
             held = await first.acquire("voice-app", MODEL_ID, lambda: False)
             waiting = asyncio.ensure_future(second.acquire("analytics", MODEL_ID, lambda: False))
-            for _ in range(20):
-                await asyncio.sleep(0)
+            await turns()
             assert not waiting.done()  # worker 1 sees worker 0's request in the shared count
             first.release("voice-app", MODEL_ID, held)  # worker 0 frees it: the slot is owed to worker 1's waiter
-            got = await asyncio.wait_for(waiting, 5)
+            await turns(5)
+            assert waiting.done(), "worker 1's request waited past its pipe's wake-up"
+            got = waiting.result()
             assert got is engines[MODEL_ID][0]
             # Worker 1's request now holds it: worker 0's next one waits.
             again = asyncio.ensure_future(first.acquire("voice-app", MODEL_ID, lambda: False))
@@ -179,52 +179,191 @@ def test_the_cap_of_an_engine_process_holds_across_workers_and_a_freed_slot_goes
     run(body())
 
 
-def test_the_headroom_above_the_soft_cap_is_for_accounts_below_their_share():
-    assert soft_cap(64) == 48 and soft_cap(8) == 6 and soft_cap(2) == 1 and soft_cap(1) == 1
-    _, (voice, analytics) = consumers()
+def test_each_active_account_is_reserved_its_weighted_part_of_the_cap_rounded_down():
+    assert reserved(16, 1, 2) == 8 and reserved(4, 1, 2) == 2 and reserved(16, 1, 3) == 5
+    assert reserved(16, 2, 3) == 10 and reserved(1, 1, 2) == 0  # the parts never sum past the cap
+    # A flooding account beside idle active ones: the cap less their parts (or its own part where that is more).
+    assert held_beside(16, [1, 1]) == 8 and held_beside(4, [1, 1]) == 2
+    assert held_beside(16, [1, 1, 1]) == 6 and held_beside(16, [2, 1]) == 11 and held_beside(16, [1, 3]) == 4
+    assert held_beside(1, [1, 1]) == 1 and held_beside(16, [1]) == 16  # alone: the whole cap
+
+
+def flood_and_quiet(cap: int, quiet_weight: float = 1.0, clock: Clock | None = None) -> FairAdmission:
+    """One worker's admission over one engine process of `cap` slots: voice-app floods it, analytics is quiet. The
+    clock stands still unless the test moves it (how long an account has been idle is never the machine's)."""
+    _, (voice, analytics) = consumers(analytics={"weight": quiet_weight})
+    return FairAdmission(SharedState(1), {MODEL_ID: [Engine(9001)]}, {MODEL_ID: cap}, (voice, analytics),
+                         poll_s=3600, clock=clock or Clock())
+
+
+def acquiring(admission: FairAdmission, consumer: str, n: int) -> list[asyncio.Future]:
+    return [asyncio.ensure_future(admission.acquire(consumer, MODEL_ID, lambda: False)) for _ in range(n)]
+
+
+def used(admission: FairAdmission) -> int:
+    group = admission.groups[MODEL_ID]
+    return group._int(group.used_at[0])
+
+
+@pytest.mark.parametrize(("quiet_weight", "part"), [(1.0, 4), (3.0, 6)])
+def test_a_quiet_account_within_its_part_is_admitted_at_once_beside_a_flood_held_to_the_rest(quiet_weight, part):
+    """Two active accounts of weights 1 (the flood) and w (the quiet one) on a cap of 8: the quiet account's part
+    is 8 w / (1 + w), rounded down. Once the flood's excess from when it was alone has ended, the flood holds at
+    most the cap less that part, and a burst of the quiet account up to its part is admitted at once, with the
+    flood's queue waiting; its next request beyond the part waits."""
+    async def body():
+        admission = flood_and_quiet(8, quiet_weight)
+        alone = [await admission.acquire("voice-app", MODEL_ID, lambda: False) for _ in range(8)]  # alone: all 8
+        backlog = acquiring(admission, "voice-app", 20)
+        first = acquiring(admission, "analytics", 1)  # the quiet account is active from now
+        await settle()
+        assert not first[0].done() and used(admission) == 8  # the cap itself is never passed
+        for slot in alone:
+            if used(admission) > 8 - part + 1:  # the flood's excess ends: the quiet account's part stays free
+                admission.release("voice-app", MODEL_ID, slot)
+        await settle()
+        flood_held = 8 - part
+        assert first[0].done() and not any(b.done() for b in backlog)
+        assert used(admission) == flood_held + 1
+        burst = acquiring(admission, "analytics", part - 1)  # with its first one: its whole part
+        await settle()
+        admitted = sum(b.done() for b in burst)
+        beyond = acquiring(admission, "analytics", 1)
+        await settle()
+        waits = not beyond[0].done()
+        admission.flush(fair.CLIENT_GONE)
+        await settle()
+        return admitted, waits, used(admission)
+
+    admitted, waits, held = run(body())
+    assert admitted == part - 1 and waits and held == 8
+
+
+def three_accounts(cap: int) -> FairAdmission:
+    """voice-app (weight 1) floods; analytics (weight 1) and a third account, reporting (weight 2), are quiet."""
+    data = copy.deepcopy(fleet_config().model_dump(mode="json"))
+    reporting = copy.deepcopy(data["consumers"][1])
+    reporting.update(name="reporting", account="999988887777", vpc_id="vpc-0f1e2d3c4b5a69799", cidrs=["10.80.0.0/16"],
+                     admission={"weight": 2})
+    data["consumers"].append(reporting)
+    seoul = next(r for r in data["regions"] if r["region"] == REGION)
+    seoul["allowed_principals"].append("arn:aws:iam::999988887777:root")
+    accounts = parse_config(data, "<test config>").consumers_of(REGION)
+    return FairAdmission(SharedState(1), {MODEL_ID: [Engine(9001)]}, {MODEL_ID: cap}, accounts, poll_s=3600,
+                         clock=Clock())
+
+
+def test_among_three_active_accounts_each_quiet_ones_burst_up_to_its_weighted_part_goes_at_once():
+    """Weights 1 (the flood), 1 and 2 on a cap of 12: parts of 3, 3 and 6. Once the flood's excess from when it
+    was alone has ended it holds 3, and each quiet account's burst up to its own part is admitted at once."""
+    async def body():
+        admission = three_accounts(12)
+        alone = [await admission.acquire("voice-app", MODEL_ID, lambda: False) for _ in range(12)]
+        backlog = acquiring(admission, "voice-app", 20)
+        first = {name: acquiring(admission, name, 1) for name in ("analytics", "reporting")}  # both active now
+        await settle()
+        for slot in alone:
+            admission.release("voice-app", MODEL_ID, slot)
+            await settle()
+        group = admission.groups[MODEL_ID]
+        flood_held = group._int(group.consumer_cells("voice-app")[0])
+        bursts = {"analytics": acquiring(admission, "analytics", 2), "reporting": acquiring(admission, "reporting", 5)}
+        await settle()
+        admitted = {name: sum(b.done() for b in burst) for name, burst in bursts.items()}
+        beyond = {name: acquiring(admission, name, 1) for name in bursts}
+        await settle()
+        waiting = sorted(name for name, b in beyond.items() if not b[0].done())
+        held = used(admission)
+        admission.flush(fair.CLIENT_GONE)
+        await settle()
+        return flood_held, admitted, waiting, held, first, backlog
+
+    flood_held, admitted, waiting, held, *_ = run(body())
+    assert flood_held == held_beside(12, [1, 1, 2]) == 3
+    assert admitted == {"analytics": 2, "reporting": 5}  # with the first one each: 3 and 6, their parts
+    assert waiting == ["analytics", "reporting"] and held == 12
+
+
+def test_the_flood_never_holds_more_than_the_cap_less_the_other_active_accounts_parts():
+    """A flood's freed slots go back to its queue only up to the cap less the parts of the active accounts that
+    hold less than theirs; what they hold beyond their part leaves the flood less, never more."""
+    async def body():
+        admission = flood_and_quiet(8)
+        quiet = [await admission.acquire("analytics", MODEL_ID, lambda: False) for _ in range(6)]  # beyond its 4
+        flood = [await admission.acquire("voice-app", MODEL_ID, lambda: False) for _ in range(2)]  # the rest
+        backlog = acquiring(admission, "voice-app", 10)
+        await settle()
+        seen = []
+        for slot in quiet:  # the quiet account's requests end one by one: the flood may take only its 4
+            admission.release("analytics", MODEL_ID, slot)
+            await settle()
+            group = admission.groups[MODEL_ID]
+            seen.append(group._int(group.consumer_cells("voice-app")[0]))
+        admission.flush(fair.CLIENT_GONE)
+        await settle()
+        return seen, len(flood), sum(b.done() and not isinstance(b.result(), Refusal) for b in backlog)
+
+    seen, _, backlog_admitted = run(body())
+    # It held 2 beside the quiet account's 6; as those end it gets the cap less what the quiet account holds or is
+    # reserved, whichever is more: 3, 4, then 4 to the end (the quiet account is idle, not for IDLE_AFTER_S yet).
+    assert seen == [3, 4, 4, 4, 4, 4] and backlog_admitted == 2
+
+
+def test_an_account_alone_uses_the_whole_cap_and_an_idle_accounts_part_goes_back_to_the_flood():
+    """Work-conserving: an account alone holds the whole cap; a quiet account's part is kept for it while it is
+    active and for IDLE_AFTER_S after its last request ended, then the flood's queue takes it."""
+    clock = Clock()
 
     async def body():
-        admission = FairAdmission(SharedState(1), {MODEL_ID: [Engine(9001)]}, {MODEL_ID: 8}, (voice, analytics))
-        group = admission.groups[MODEL_ID]
-
-        def used() -> int:
-            return group._int(group.used_at[0])
-
-        async def settle():
-            for _ in range(20):
-                await asyncio.sleep(0)
-
-        def acquire(consumer: str) -> asyncio.Future:
-            return asyncio.ensure_future(admission.acquire(consumer, MODEL_ID, lambda: False))
-
-        # voice-app's first eight find the process empty; then it floods: twenty more queue, and with a queue that
-        # long it asks for more than its share.
-        flood = [await admission.acquire("voice-app", MODEL_ID, lambda: False) for _ in range(8)]
-        queued = [acquire("voice-app") for _ in range(20)]
+        admission = flood_and_quiet(8, clock=clock)
+        alone = [await admission.acquire("voice-app", MODEL_ID, lambda: False) for _ in range(8)]
+        assert used(admission) == 8  # alone: all of the cap, none of it kept back
+        backlog = acquiring(admission, "voice-app", 10)
+        quiet = acquiring(admission, "analytics", 1)
         await settle()
-        assert used() == 8 and not any(q.done() for q in queued)
-        first = acquire("analytics")
-        await settle()
-        assert not first.done()  # the cap itself is never passed
-        admission.release("voice-app", MODEL_ID, flood.pop())
-        await settle()
-        assert first.done() and not any(q.done() for q in queued)  # the freed slot goes to analytics, by its tag
-        admission.release("voice-app", MODEL_ID, flood.pop())
-        await settle()
-        # 7 held: above the soft cap (6) less analytics' one, so none of voice-app's; analytics' next goes at once.
-        assert used() == 7 and not any(q.done() for q in queued)
-        second = acquire("analytics")
-        await settle()
-        assert second.done() and used() == 8
-        while flood:
-            admission.release("voice-app", MODEL_ID, flood.pop())
+        for slot in alone[:4]:
+            admission.release("voice-app", MODEL_ID, slot)
             await settle()
-        # voice-app gets its weighted share of the soft cap (3 of 6, two accounts active), though analytics holds
-        # only 2: three slots stay free, room analytics' next requests start in at once.
-        assert sum(q.done() for q in queued) == 3 and used() == 5
-        return True
+        assert quiet[0].done() and used(admission) == 5  # 4 of the flood's, 1 of the quiet account's, 3 kept for it
+        admission.release("analytics", MODEL_ID, quiet[0].result())
+        clock.now += IDLE_AFTER_S / 2
+        late = acquiring(admission, "voice-app", 1)  # the flood's next arrival looks for room
+        await settle()
+        kept = used(admission)
+        clock.now += IDLE_AFTER_S
+        later = acquiring(admission, "voice-app", 1)
+        await settle()
+        after = used(admission)
+        admission.flush(fair.CLIENT_GONE)
+        await settle()
+        return kept, after, late, later, backlog
 
-    assert run(body())
+    kept, after, *_ = run(body())
+    assert kept == 4  # idle for less than IDLE_AFTER_S: its part stays free
+    assert after == 8  # idle for longer: the flood's queue has the whole cap again
+
+
+def test_a_refreshed_weight_moves_an_active_accounts_part_at_once():
+    """The active accounts' weights sit in the shared list the parts are computed from; a config refresh
+    (`set_consumers`) rewrites them there, so a flooding account need not go idle for its new weight to count."""
+    async def body():
+        admission = flood_and_quiet(8)
+        quiet = await admission.acquire("analytics", MODEL_ID, lambda: False)
+        flood = [await admission.acquire("voice-app", MODEL_ID, lambda: False) for _ in range(4)]  # its part: 4
+        more = acquiring(admission, "voice-app", 1)
+        await settle()
+        before = more[0].done()
+        _, (voice, analytics) = consumers(analytics={"weight": 0.6})  # the flood's part now 8 x 1 / 1.6 = 5
+        admission.set_consumers((voice, analytics))
+        again = acquiring(admission, "voice-app", 1)  # its next arrival looks for room
+        await settle()
+        after = more[0].done()
+        admission.flush(fair.CLIENT_GONE)
+        await settle()
+        return before, after, quiet, flood, again
+
+    before, after, *_ = run(body())
+    assert not before and after
 
 
 def test_a_full_queue_is_a_retryable_429_and_a_long_wait_a_retryable_503():
@@ -737,44 +876,28 @@ def test_limits_per_consumer_and_per_model_stay_exact_across_workers_while_reque
     assert statuses == [200, 200, 429, 429, 429, 429]
 
 
-def test_a_quiet_accounts_burst_that_queues_keeps_the_headroom_while_it_holds_less_than_its_share():
-    _, (voice, analytics) = consumers()
-
+def test_a_quiet_accounts_burst_that_queued_gets_every_freed_slot_until_it_holds_its_part():
+    """The flood holds the whole cap (it was alone) when a quiet account's burst of five arrives: all five wait.
+    Each slot the flood frees goes to the quiet account's queue, not the flood's, while the quiet account holds less
+    than its part (4 of 8); its fifth request then waits for room nobody has reserved, in tag order."""
     async def body():
-        admission = FairAdmission(SharedState(1), {MODEL_ID: [Engine(9001)]}, {MODEL_ID: 8}, (voice, analytics))
-        group = admission.groups[MODEL_ID]
-
-        def acquire(consumer: str) -> asyncio.Future:
-            return asyncio.ensure_future(admission.acquire(consumer, MODEL_ID, lambda: False))
-
-        # voice-app floods: its first eight find the process empty, twenty more queue; once two of its requests
-        # end it holds the soft cap (6 of 8), the two free slots its queue may not use.
+        admission = flood_and_quiet(8)
         flood = [await admission.acquire("voice-app", MODEL_ID, lambda: False) for _ in range(8)]
-        queued = [acquire("voice-app") for _ in range(20)]
+        backlog = acquiring(admission, "voice-app", 20)
+        burst = acquiring(admission, "analytics", 5)
         await settle()
-        for _ in range(2):
-            admission.release("voice-app", MODEL_ID, flood.pop())
+        admitted = []
+        for slot in flood[:5]:
+            admission.release("voice-app", MODEL_ID, slot)
+            await settle()
+            admitted.append((sum(b.done() for b in burst), sum(b.done() for b in backlog)))
+        admission.flush(fair.CLIENT_GONE)
         await settle()
-        assert group._int(group.used_at[0]) == 6 and not any(q.done() for q in queued)
-        # analytics sends a burst of five: two go into the headroom at once, three queue (its finish tag is now
-        # ahead of the virtual time by more than its share: by tags alone it would count as a flooding account).
-        burst = [acquire("analytics") for _ in range(5)]
-        await settle()
-        first = sum(b.done() for b in burst)
-        admission.release("voice-app", MODEL_ID, flood.pop())  # 7 held: one free slot, in the headroom
-        await settle()
-        second = sum(b.done() for b in burst)
-        used = group._int(group.used_at[0])
-        for task in [*queued, *burst]:
-            task.cancel()
-        await asyncio.gather(*queued, *burst, return_exceptions=True)
-        return first, second, used, sum(q.done() and not q.cancelled() for q in queued)
+        return admitted
 
-    first, second, used, flood_admitted = run(body())
-    assert first == 2
-    # It holds 2, under its share of the soft cap (3 of 6): the freed slot is its, not left idle for the flood's
-    # next request to end.
-    assert second == 3 and used == 8 and flood_admitted == 0
+    # The fifth release leaves the quiet account's 4 and the flood's 3: the free slot is within the flood's part (4),
+    # and its queue's head has the lower start tag (the quiet burst's fifth was sent after it).
+    assert run(body()) == [(1, 0), (2, 0), (3, 0), (4, 0), (4, 1)]
 
 
 def test_a_flood_of_waiting_requests_whose_clients_left_is_withdrawn_in_one_pass():
@@ -873,7 +996,9 @@ def two_admissions(cap: int):
     safety-net poll far beyond the test: only a release or a poke hands a slot over."""
     _, (voice, analytics) = consumers()
     state, engines = SharedState(2), {MODEL_ID: [Engine(9001)]}
-    return [FairAdmission(state, engines, {MODEL_ID: cap}, (voice, analytics), worker=w, poll_s=600) for w in (0, 1)]
+    clock = Clock()  # one for both, as CLOCK_MONOTONIC is one for every process
+    return [FairAdmission(state, engines, {MODEL_ID: cap}, (voice, analytics), worker=w, poll_s=600, clock=clock)
+            for w in (0, 1)]
 
 
 async def turns(n: int = 50) -> None:
@@ -888,7 +1013,7 @@ def test_a_quiet_request_below_its_share_gets_the_room_the_other_workers_flood_m
     poll. Now the poked worker asks whether that best may go, and if not gives the room to its own request below
     its share."""
     async def body():
-        neighbour, quiet = two_admissions(cap=8)  # soft cap 6; shares of 3, 4 of the cap
+        neighbour, quiet = two_admissions(cap=8)  # two active accounts: parts of 4
         for admission in (neighbour, quiet):
             admission.start()
         try:
@@ -903,7 +1028,7 @@ def test_a_quiet_request_below_its_share_gets_the_room_the_other_workers_flood_m
             second = asyncio.ensure_future(quiet.acquire("analytics", MODEL_ID, lambda: False))
             await turns()
             assert not second.done()  # 8 held
-            neighbour.release("voice-app", MODEL_ID, held.pop())  # 7 held: the flood (6) is at its limit (6 - 1)
+            neighbour.release("voice-app", MODEL_ID, held.pop())  # the flood holds 6, past its part: not its slot
             await turns()
             assert not any(f.done() for f in flood)
             assert second.done(), "the quiet request waited for the poll though the room was its own"
@@ -926,7 +1051,7 @@ def test_an_account_holding_its_share_of_the_cap_cannot_pass_a_waiting_request_b
             admission.start()
         try:
             streams = [await neighbour.acquire("voice-app", MODEL_ID, lambda: False) for _ in range(6)]
-            mine = [await quiet.acquire("analytics", MODEL_ID, lambda: False) for _ in range(2)]  # the headroom
+            mine = [await quiet.acquire("analytics", MODEL_ID, lambda: False) for _ in range(2)]  # within its 4
             waiting = asyncio.ensure_future(quiet.acquire("analytics", MODEL_ID, lambda: False))
             await turns()
             assert not waiting.done()  # 8 held
@@ -947,3 +1072,50 @@ def test_an_account_holding_its_share_of_the_cap_cannot_pass_a_waiting_request_b
                 admission.stop()
 
     run(body())
+
+
+def test_an_account_below_its_share_never_passes_its_own_waiting_requests():
+    """A request of an account that already has requests waiting (in any worker) queues behind them. Before, one that
+    arrived between a release and the other worker's reading of its poke went to the engine at once when its account
+    was below its share, with its finish tag as start tag: the virtual time leapt past every request it had waiting
+    (a flood's backlog: a thousand tags in the loopback simulation of the device run), its finish tag fell back within
+    its share of the virtual time, so by tags it counted as below its share and took free slots up to its share of
+    the whole cap, and a quiet account's next requests got start tags behind the flood's whole backlog."""
+    async def body():
+        neighbour, quiet = two_admissions(cap=8)
+        for admission in (neighbour, quiet):
+            admission.start()
+        order: list[int] = []
+
+        async def flood_request(i: int, admission: FairAdmission) -> None:
+            got = await admission.acquire("voice-app", MODEL_ID, lambda: False)
+            if not isinstance(got, Refusal):
+                order.append(i)
+
+        try:
+            held = [await quiet.acquire("voice-app", MODEL_ID, lambda: False) for _ in range(8)]  # alone: the cap
+            # The flood's next ones wait in worker 0.
+            waiting = [asyncio.ensure_future(flood_request(i, neighbour)) for i in range(10)]
+            await turns()
+            assert order == [] and neighbour.waiting() == 10
+            for slot in held[:3]:  # three of its requests end in worker 1: the slots are owed to worker 0's waiters
+                quiet.release("voice-app", MODEL_ID, slot)
+            # Its next request reaches worker 1 before worker 0 has read the poke.
+            late = flood_request(99, quiet)
+            try:
+                late.send(None)
+            except StopIteration:
+                pass
+            await turns()
+            late.close()  # driven by hand, not a task: nothing else will resume it
+            return order
+        finally:
+            for task in waiting:
+                task.cancel()
+            for admission in (neighbour, quiet):
+                admission.flush(fair.CLIENT_GONE)
+                admission.stop()
+
+    order = run(body())
+    # Its waiting requests go first, in the order it sent them; the late one (99) after all of them.
+    assert order and order == sorted(order), f"a request passed its own account's waiting ones: admitted {order}"
