@@ -118,6 +118,34 @@ def _hour_rows(plan: RegionPacking, w: PackingEval) -> list[list[str]]:
     return [[f"{h:02d}", f"{rps[h]:g}", str(w.instances_by_hour[h]), f"{w.cost_by_hour[h]:.2f}"] for h in range(24)]
 
 
+def why_not_said_once(regions: Sequence[RegionPacking]) -> dict[str, tuple[list[tuple[str, str]],
+                                                                           list[tuple[str, str]]]]:
+    """Per consumer region, (ruled out, why not the others) with what a previous region already said shortened to a
+    pointer to it: the same sentence once per region buried the news. A ruled-out reason is one unit (it may hold
+    "; " itself); a losing reason's long clauses are said once, its short ones (a price, a hold time) are news in
+    every region."""
+    said: dict[tuple[str, str], str] = {}
+
+    def head(text: str) -> str:
+        return " ".join(text.split()[:6])
+
+    out = {}
+    for plan in regions:
+        ruled = []
+        for label, why in plan.ruled_out():
+            first = said.setdefault(("", why), plan.region)
+            ruled.append((label, why if first == plan.region else f"the same reason as for {first} above ({head(why)} ...)"))
+        losers = []
+        for label, why in plan.why_not():
+            clauses = []
+            for clause in why.split("; "):
+                first = said.setdefault((label, clause), plan.region) if len(clause.split()) >= 12 else plan.region
+                clauses.append(clause if first == plan.region else f"as for {first} above ({head(clause)} ...)")
+            losers.append((label, "; ".join(clauses)))
+        out[plan.region] = (ruled, losers)
+    return out
+
+
 def blocks(result: PackingPlan, plots: dict[str, list[Path]] | None = None) -> list[Block]:
     plots = plots or {}
     out: list[Block] = [("h1", f"Fleetcast plan: {result.traffic_name}"),
@@ -129,7 +157,9 @@ def blocks(result: PackingPlan, plots: dict[str, list[Path]] | None = None) -> l
     head += [(None, n) for n in result.data_notes]
     head += [("Performance model", result.estimator)] if result.estimator else []
     out.append(("ul", head + [("warning", w) for w in result.warnings]))
+    said_once = why_not_said_once(result.regions)
     for plan in result.regions:
+        ruled, losers = said_once[plan.region]
         out.append(("h2", plan.region))
         out += [("p", line) for line in _traffic_lines(plan)]
         out.append(("rec", recommendation(plan)))
@@ -155,9 +185,8 @@ def blocks(result: PackingPlan, plots: dict[str, list[Path]] | None = None) -> l
             out.append(("table", ["packing", "curves", "$/h", "$ per 1M output", "instance-hours/day"],
                         [[e.label, e.source, f"{e.cost_per_hour:.2f}", f"{e.usd_per_m_output:.3f}",
                           str(e.instance_hours)] for e in others]))
-        if plan.why_not():
-            out += [("h3", "Why not the other instance types"), ("ul", plan.why_not())]
-        ruled = plan.ruled_out()
+        if losers:
+            out += [("h3", "Why not the other instance types"), ("ul", losers)]
         if ruled:
             out.append(("h3", "Ruled out"))
             out.append(("ul", ruled))
@@ -216,7 +245,9 @@ def render_terminal(result: PackingPlan) -> str:
     lines += [f"Data: {'; '.join(result.data_notes)}"]
     lines += [f"Estimates: {result.estimator}"] if result.estimator else []
     lines += [f"warning: {w}" for w in result.warnings]
+    said_once = why_not_said_once(result.regions)
     for plan in result.regions:
+        ruled, losers = said_once[plan.region]
         lines += [""] + _traffic_lines(plan)
         if rows_of_one := _one_model_rows(plan, _best_per_option(plan)):
             lines += terminal_table(rows_of_one)
@@ -235,8 +266,8 @@ def render_terminal(result: PackingPlan) -> str:
             lines += [f"  {s}" for s in plan.savings()]
         else:
             lines += [f"  no packing serves; {s}" for s in plan.unpacked()]
-        lines += [f"  why not {a}: {b}" for a, b in plan.why_not()]
-        lines += [f"  ruled out: {a}: {b}" for a, b in plan.ruled_out()]
+        lines += [f"  why not {a}: {b}" for a, b in losers]
+        lines += [f"  ruled out: {a}: {b}" for a, b in ruled]
         # One model's notes under the one-model report's headings.
         lines += ["Peak throughput is not the decision metric:"] + [f"  - {n}" for n in plan.peak_notes] \
             if plan.peak_notes else []
@@ -299,7 +330,10 @@ def to_json(result: PackingPlan) -> dict[str, Any]:
         **_one_model_keys(result),
         "max_copies": result.max_copies, "spot": [a.to_json() for a in result.spot],
         "pools": [_ev_json(p) | {"consumer_regions": list(p.consumer_regions or (p.region,)),
-                                 "joined": list(p.marginal), "marginal_cost_per_hour": p.marginal}
+                                 "joined": list(p.marginal), "marginal_cost_per_hour": p.marginal,
+                                 "member_checks": {region: {model: {"ttft_p99_ms": t, "itl_p99_ms": i}
+                                                            for model, (t, i) in by_model.items()}
+                                                   for region, by_model in p.member_checks.items()}}
                   for p in result.pools],
         "joins": result.joins,
         "write_config": [{"refuses": blocking, "text": text} for blocking, text in result.write_notes],
