@@ -20,6 +20,7 @@ from .report import (
     closing_lines,
     cost_vs_latency_plots,
     fleet_heading,
+    glossary,
     glossary_lines,
     inputs_tag,
     instances_plot,
@@ -157,6 +158,9 @@ def blocks(result: PackingPlan, plots: dict[str, list[Path]] | None = None) -> l
     head += [(None, n) for n in result.data_notes]
     head += [("Performance model", result.estimator)] if result.estimator else []
     out.append(("ul", head + [("warning", w) for w in result.warnings]))
+    if one_model := [t for r in result.regions if len(r.traffic) == 1 for t in r.traffic]:
+        # The feasible-packings table's columns, defined by the method each region was sized with.
+        out += [("h3", "Reading the tables"), ("ul", glossary(one_model))]
     said_once = why_not_said_once(result.regions)
     for plan in result.regions:
         ruled, losers = said_once[plan.region]
