@@ -685,8 +685,8 @@ def pick_notes(ev: PackingEval, ctx: PlanContext) -> list[str]:
 
 
 def _one_model_figures(ev: PackingEval, cache: Cache) -> None:
-    """A packing of one model sized from arrivals: the figures a one-model candidate's table row gives (solver's
-    arrival sizing), per instance: c* the in-flight count at the SLO-safe rate, goodput that rate less the predicted
+    """A packing of one model sized from arrivals: the figures the one-model candidates table gives, per
+    instance: c* the in-flight count at the SLO-safe rate, goodput that rate less the predicted
     errors and a 2% margin, each times the copies; the P99s at each hour's busiest minute weighted by its requests."""
     (load,) = ev.loads
     model = _models_of(cache, load.curve)
@@ -1310,8 +1310,8 @@ def _one_model_notes(plan: RegionPacking, curves: list[ModelCurve], ctx: PlanCon
 def _service_regions(instance_type: str, region: str, entries: list[ConsumerTraffic], ctx: PlanContext,
                      offered_here: bool) -> list[str]:
     """Where a consumer region's packings on `instance_type` are evaluated: its own region (where offered and priced)
-    and, when its traffic is one model's, every other region the one-model planner serves it from
-    (solver.service_regions, the one rule), its consumers' network added to each model's TTFT. The models of a region
+    and, when its traffic is one model's, every other region that could serve it
+    (solver.service_regions), its consumers' network added to each model's TTFT. The models of a region
     of several are served from their own region: a pool serves them from another only by pooling
     (pool_across_regions), which keeps the model set in every region it serves."""
     own = [region] if offered_here else []

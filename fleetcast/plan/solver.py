@@ -293,8 +293,8 @@ def lowest_load_refusal(failure: Failure) -> str:
 
 @dataclass
 class HistogramDay:
-    """A pool of one process per instance sized by the histogram method (steps 2-5): one rule for a one-model
-    candidate (evaluate) and a packing of one process (packing.size_packing)."""
+    """A pool of one process per instance sized by the histogram method (steps 2-5): a packing of one process
+    (packing.size_packing)."""
 
     max_load: float | None  # c*; None: the lowest measured level fails (first_failure says how)
     first_failure: Failure | None
@@ -639,7 +639,7 @@ def safe_goodput(model: ServiceModel, safe_rate: float, out_mean: float) -> floa
 
 def service_regions(instance_type: str, consumer: str, ctx: PlanContext) -> list[str]:
     """The consumer's own region, plus every other region that could serve it on `instance_type` (offered, priced,
-    reachable by cross-region PrivateLink): the one rule for a one-model candidate and a packing of one model."""
+    reachable by cross-region PrivateLink): where a packing of one model may be served from."""
     out = [consumer]
     if consumer not in ctx.privatelink_regions:
         return out
