@@ -432,7 +432,7 @@ class ModelLoad:
 
     def worst(self) -> tuple[float, float] | None:
         """(P99 TTFT incl. network, P99 ITL) at the day's worst planned minute; sized from a histogram, which has no
-        minutes, the traffic-weighted figures (as a one-model plan's solver.Evaluation.worst_ttft)."""
+        minutes, the traffic-weighted figures."""
         if self.histogram is not None:
             return self.histogram.weighted_ttft_p99, self.histogram.weighted_itl_p99
         ps = [p for p in self.predictions if p is not None]
@@ -480,6 +480,9 @@ class PackingEval(PoolDay):
     notes: list[str] = field(default_factory=list)
     # Pooled across regions: what each joining consumer region adds to the pool's cost per hour.
     marginal: dict[str, float] = field(default_factory=dict)
+    # A fleet's pool: per consumer region it serves, per model, (P99 TTFT with that region's own network, P99 ITL)
+    # at the pool's worst planned minute (member_checks).
+    member_checks: dict[str, dict[str, tuple[float, float]]] = field(default_factory=dict)
 
     @property
     def seconds_per_request(self) -> float:
@@ -682,8 +685,8 @@ def pick_notes(ev: PackingEval, ctx: PlanContext) -> list[str]:
 
 
 def _one_model_figures(ev: PackingEval, cache: Cache) -> None:
-    """A packing of one model sized from arrivals: the figures a one-model candidate's table row gives (solver's
-    arrival sizing), per instance: c* the in-flight count at the SLO-safe rate, goodput that rate less the predicted
+    """A packing of one model sized from arrivals: the figures the one-model candidates table gives, per
+    instance: c* the in-flight count at the SLO-safe rate, goodput that rate less the predicted
     errors and a 2% margin, each times the copies; the P99s at each hour's busiest minute weighted by its requests."""
     (load,) = ev.loads
     model = _models_of(cache, load.curve)
@@ -755,6 +758,8 @@ class RegionPacking:
     # matrix refuses it)
     refused: list[tuple[str, str]] = field(default_factory=list)
     decided_by: list[str] = field(default_factory=list)  # a floor or reservation, not the traffic, decided the pick
+    # The pick without that floor or reservation, by label: "without ... it would win" (its why-not says so).
+    wins_without: dict[str, str] = field(default_factory=dict)
     # One model's region: the one-model report's notes (solver.peak_notes / stats_notes) over its types x precisions.
     peak_notes: list[str] = field(default_factory=list)
     stats_notes: list[str] = field(default_factory=list)
@@ -774,7 +779,8 @@ class RegionPacking:
             if option(e) in seen:
                 continue
             seen.add(option(e))
-            out.append((e.label, why_not_reason(e, w)))
+            why = why_not_reason(e, w)
+            out.append((e.label, f"{why}; {self.wins_without[e.label]}" if e.label in self.wins_without else why))
         return out
 
     def ruled_out(self) -> list[tuple[str, str]]:
@@ -851,7 +857,7 @@ class PackingPlan:
     # The fleet's pools: each region's choice, a consumer region pooled onto another's where that is cheaper.
     pools: list[PackingEval] = field(default_factory=list)
     joins: list[str] = field(default_factory=list)  # what each pooling move saves, for the report
-    write_notes: list[tuple[bool, str]] = field(default_factory=list)  # as report.PlanResult's
+    write_notes: list[tuple[bool, str]] = field(default_factory=list)  # writeback.write_config_notes: (refuses, text)
     estimator: str | None = None  # --estimate: what the roofline estimates rest on, per model
 
     @property
@@ -861,7 +867,7 @@ class PackingPlan:
     def alternative_cost(self, name: str) -> float:
         return sum(a.cost_per_hour for r in self.regions for a in r.alternatives if a.name == name)
 
-    # The interface run.Planned drives, as report.PlanResult has it.
+    # The interface run.Planned drives.
     def unserved(self) -> list[str]:
         return [r.region for r in self.regions if not r.winner]
 
@@ -886,8 +892,7 @@ class PackingPlan:
 def _engine_support(cfg: FleetConfig | None, model: str, curves: list[ModelCurve], instance_type: str,
                     precision: str) -> tuple[str | None, str]:
     """(backend, KV-cache dtype) the support matrix checks a model's precision with: its engine in the config; without
-    a config, the results' backend where it is one the matrix knows and the default KV-cache dtype, as a one-model
-    plan without a config reads them (solver._structural_rejection)."""
+    a config, the results' backend where it is one the matrix knows and the default KV-cache dtype."""
     if cfg is not None:
         engine = model_engine(cfg, model)
         return engine.backend.value, engine.kv_cache_dtype.value
@@ -966,8 +971,10 @@ def plan_packing(cfg: FleetConfig | None, curves: list[ModelCurve], profile: Tra
         plan = _plan_region(cfg, curves, region, entries, own, fleet_slo, max_copies, families, cache,
                             gpu_sharing)
         if plan.winner is not None:
-            plan.decided_by = _decided_by(plan, plan.winner, cfg, curves, own, fleet_slo, max_copies, families,
-                                          cache["lab"], gpu_sharing)
+            decided = _decided_by(plan, plan.winner, cfg, curves, own, fleet_slo, max_copies, families,
+                                  cache["lab"], gpu_sharing)
+            plan.decided_by = [note for _, note, _ in decided]
+            plan.wins_without = {label: text for label, _, text in decided}
         if any(e.sharing == MPS for e in plan.evaluations):
             sliced = _plan_region(cfg, curves, region, entries, own, fleet_slo, max_copies, families, cache,
                                   TIME_SLICING)
@@ -1002,13 +1009,15 @@ def claim_reserved(left: dict[tuple[str, str], int], ev: PackingEval) -> Packing
 
 def _decided_by(plan: RegionPacking, winner: PackingEval, cfg: FleetConfig | None, curves: list[ModelCurve], ctx: PlanContext,
                 fleet_slo: Slo, max_copies: int, families: dict[str, str], lab: dict[str, str],
-                gpu_sharing: str | None) -> list[str]:
-    """What a floor or a reservation decided in this region's pick (solver.deciding_constraints, as for one model)."""
+                gpu_sharing: str | None) -> list[tuple[str, str, str]]:
+    """What a floor or a reservation decided in this region's pick (solver.deciding_constraints): (the pick without
+    it, by label; the note for the region; the text for that pick's why-not)."""
     def replan(alt_ctx: PlanContext) -> PackingEval | None:
         return _plan_region(cfg, curves, plan.region, plan.traffic, alt_ctx, fleet_slo, max_copies, families,
                             {"lab": lab}, gpu_sharing, alternatives=False).winner
 
-    return [note for _, note, _ in deciding_constraints(ctx, winner, replan, lambda e: e.label, lambda e: e.region)]
+    return [(alt.label, note, text) for alt, note, text in deciding_constraints(ctx, winner, replan, lambda e: e.label,
+                                                                                lambda e: e.region)]
 
 
 def _pooled(cfg: FleetConfig | None, curves: list[ModelCurve], pool: PackingEval, members: list[RegionPacking],
@@ -1085,7 +1094,7 @@ def pool_across_regions(result: PackingPlan, cfg: FleetConfig | None, curves: li
     """Pooling across regions for several models (solver.pool_moves, as for one model): a pool serves the same model
     set in every region it serves, each pool the packing its host region chose, sized again for its members.
 
-    A pool is a packing in a service region (solver.fleet_pools keys one-model pools the same way): consumer regions
+    A pool is a packing in a service region: consumer regions
     whose own choice is the same packing served from the same region start on one pool, since the config holds one
     group for it and a reservation (--reserved) there is one set of instances, not one per consumer region."""
     regions = [r for r in result.regions if r.winner is not None]
@@ -1116,6 +1125,7 @@ def pool_across_regions(result: PackingPlan, cfg: FleetConfig | None, curves: li
     for key, members in moved.items():
         ev = pool(key, members)
         assert ev is not None  # a move is made only onto a pool that serves its members
+        ev.member_checks = member_checks(ev, ctx)
         result.pools.append(ev)
         for guest in members:
             own = guest.winner
@@ -1128,6 +1138,21 @@ def pool_across_regions(result: PackingPlan, cfg: FleetConfig | None, curves: li
                                 f"{', '.join(ev.consumer_regions)}): +${adds:.2f}/h there vs ${own.cost_per_hour:.2f}/h "
                                 f"for its own {own.label} pool in {own.region} (one NLB, one set of provider endpoints "
                                 "and one minimum for both)")
+
+
+def member_checks(ev: PackingEval, ctx: PlanContext) -> dict[str, dict[str, tuple[float, float]]]:
+    """Per consumer region a pool serves, per model sized from arrivals: (P99 TTFT with that region's own network, P99
+    ITL) at the pool's worst planned minute. The pool is sized for its farthest member; this says what each member
+    gets. A model sized from a histogram has no minutes, so no figure."""
+    out: dict[str, dict[str, tuple[float, float]]] = {}
+    for ld in ev.loads:
+        worst = max((p for p in ld.predictions if p is not None), key=lambda p: p.ttft_p99_ms, default=None)
+        if worst is None or ld.histogram is not None:
+            continue
+        for t in ld.members or (ld.traffic,):
+            network = _network_ms(ld.curve, t.region, ev.region, ctx)
+            out.setdefault(t.region, {})[ld.model] = (worst.ttft_p99_ms + network, worst.itl_p99_ms)
+    return out
 
 
 PoolKey = tuple[str, str, str, str]
@@ -1285,8 +1310,8 @@ def _one_model_notes(plan: RegionPacking, curves: list[ModelCurve], ctx: PlanCon
 def _service_regions(instance_type: str, region: str, entries: list[ConsumerTraffic], ctx: PlanContext,
                      offered_here: bool) -> list[str]:
     """Where a consumer region's packings on `instance_type` are evaluated: its own region (where offered and priced)
-    and, when its traffic is one model's, every other region the one-model planner serves it from
-    (solver.service_regions, the one rule), its consumers' network added to each model's TTFT. The models of a region
+    and, when its traffic is one model's, every other region that could serve it
+    (solver.service_regions), its consumers' network added to each model's TTFT. The models of a region
     of several are served from their own region: a pool serves them from another only by pooling
     (pool_across_regions), which keeps the model set in every region it serves."""
     own = [region] if offered_here else []

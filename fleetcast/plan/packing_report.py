@@ -129,7 +129,7 @@ def _target_terms(result: PackingPlan) -> list[tuple[str, str]]:
     return [(term, meaning) for term, meaning in glossary(one) if term.split(" (")[0] == "target"]
 
 
-def said_once(regions: list[RegionPacking]) -> dict[str, tuple[list[tuple[str, str]], list[tuple[str, str]]]]:
+def said_once(regions: Sequence[RegionPacking]) -> dict[str, tuple[list[tuple[str, str]], list[tuple[str, str]]]]:
     """Per consumer region, (ruled out, why not the others) with what a region before it already said shortened to a
     pointer to it: a ruled-out reason given in full once, and each long clause (12 words or more) of a losing reason
     once per packing; short clauses (a price, a share) are news in every region. The same sentence once per region
@@ -346,7 +346,10 @@ def to_json(result: PackingPlan) -> dict[str, Any]:
         **_one_model_keys(result),
         "max_copies": result.max_copies, "spot": [a.to_json() for a in result.spot],
         "pools": [_ev_json(p) | {"consumer_regions": list(p.consumer_regions or (p.region,)),
-                                 "joined": list(p.marginal), "marginal_cost_per_hour": p.marginal}
+                                 "joined": list(p.marginal), "marginal_cost_per_hour": p.marginal,
+                                 "member_checks": {region: {model: {"ttft_p99_ms": t, "itl_p99_ms": i}
+                                                            for model, (t, i) in by_model.items()}
+                                                   for region, by_model in p.member_checks.items()}}
                   for p in result.pools],
         "joins": result.joins,
         "write_config": [{"refuses": blocking, "text": text} for blocking, text in result.write_notes],

@@ -1,5 +1,6 @@
-"""Plan output: the ranked terminal table, the Markdown and HTML reports with
-plots, and a machine-readable plan.json. Rendering only; no decisions here.
+"""The plan report's parts (fleetcast/plan/packing_report.py assembles them): the candidates table, its glossary,
+the plots, Markdown and HTML from one list of blocks, and the atomic write of the report directory. Rendering only;
+no decisions here.
 """
 
 from __future__ import annotations
@@ -8,69 +9,30 @@ import base64
 import html
 import json
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-from .curves import SOURCE_MEANING
-from .solver import Evaluation, FleetPool, PlanContext, PlannedPool, PoolDay, RegionPlan, Slo, one_model_pool
+from .solver import PoolDay, Slo
 from .traffic import ConsumerTraffic
 
 if TYPE_CHECKING:
     from .packing import PackingPlan
     from .queueing import Prediction
-    from .spot import SpotAdvice
 
 
-@dataclass
-class PlanResult:
-    traffic_name: str
-    model_id: str | None
-    slo: Slo
-    regions: list[RegionPlan]
-    data_notes: list[str]  # where prices, availability, latency, fixed costs came from (dated)
-    estimator: str | None = None
-    warnings: list[str] = field(default_factory=list)
-    pools: list[FleetPool] = field(default_factory=list)  # the fleet: consumer regions pooled where that is cheaper
-    spot: list[SpotAdvice] = field(default_factory=list)
-    # What --write-config does with this plan and the config (writeback.write_config_notes): (refuses, text).
-    write_notes: list[tuple[bool, str]] = field(default_factory=list)
-
-    # The interface run.Planned drives, as packing.PackingPlan has it.
-    def unserved(self) -> list[str]:
-        return [p.traffic.region for p in self.regions if not p.winner]
-
-    def winners(self) -> list[tuple[Evaluation, str]]:
-        """Each consumer region's own choice and the region serving it."""
-        return [(p.winner, p.winner.service_region) for p in self.regions if p.winner is not None]
-
-    def consumers(self) -> list[ConsumerTraffic]:
-        return [p.traffic for p in self.regions]
-
-    def planned_pools(self, ctx: PlanContext) -> list[PlannedPool]:
-        return [p.planned(ctx) for p in self.pools]
-
-    def candidate_pools(self, label: str, ctx: PlanContext) -> tuple[list[PlannedPool], set[str]]:
-        """(each consumer region's best evaluation labelled `label` as a pool serving that region alone, every
-        feasible label)."""
-        best = [(p.traffic, next((e for e in p.ranked if e.candidate.label == label), None)) for p in self.regions]
-        return ([one_model_pool([(t, ev)], ctx, ev.instances_by_hour, ev.target, ev.needed_by_hour, ev.predictions,
-                                ev.cost_per_hour) for t, ev in best if ev is not None],
-                {e.candidate.label for p in self.regions for e in p.ranked})
-
-
-def fleet_heading(result: PlanResult | PackingPlan) -> str:
+def fleet_heading(result: PackingPlan) -> str:
     """The Fleet section's heading: it says the write deploys this fleet only when the write would."""
     if any(blocking for blocking, _ in result.write_notes):
         return "Fleet (planned; --write-config refuses to write it as the config stands: see below)"
     return "Fleet (what --write-config writes)"
 
 
-def write_lines(result: PlanResult | PackingPlan) -> list[str]:
+def write_lines(result: PackingPlan) -> list[str]:
     return [f"{'refuses' if blocking else 'note'}: {text}" for blocking, text in result.write_notes]
 
 
-def closing_lines(result: PlanResult | PackingPlan, spot_heading: str) -> list[str]:
+def closing_lines(result: PackingPlan, spot_heading: str) -> list[str]:
     """Every plan's terminal ending: what --write-config would do, then the Spot advice."""
     from .spot import lines as spot_lines
 
@@ -79,34 +41,13 @@ def closing_lines(result: PlanResult | PackingPlan, spot_heading: str) -> list[s
     return out + (["", f"{spot_heading}:"] + [f"  {line}" for line in spot_lines(result.spot)] if result.spot else [])
 
 
-def closing_blocks(result: PlanResult | PackingPlan) -> list[Block]:
+def closing_blocks(result: PackingPlan) -> list[Block]:
     """Every plan page's ending: what --write-config would do, then the Spot advice."""
     from .spot import lines as spot_lines
 
     out = [("h2", "Writing it (--write-config)"), ("ul", [(None, line) for line in write_lines(result)])] \
         if result.write_notes else []
     return out + ([("h2", "Spot tier"), ("ul", [(None, line) for line in spot_lines(result.spot)])] if result.spot else [])
-
-
-def fleet_lines(result: PlanResult) -> list[str]:
-    """The planned fleet: one pool per provider region used, with the regions it serves."""
-    if len(result.regions) < 2 or not result.pools:
-        return []
-    lines = []
-    for pool in result.pools:
-        lo, _, hi = pool.capacity()
-        lines.append(f"{pool.service_region}: {pool.candidate} serving {', '.join(pool.consumer_regions)}; {lo}-{hi} "
-                     f"instances over the day, ${pool.cost_per_hour:.2f}/h, target {pool.target:g} in-flight per instance")
-        for plan, _ev in pool.joined():
-            own = plan.winner
-            assert own is not None  # a member joins from its own plan's choice
-            lines.append(f"  {plan.traffic.region} joins this pool: +${pool.marginal[plan.traffic.region]:.2f}/h here vs "
-                         f"${own.cost_per_hour:.2f}/h for its own {own.candidate.label} pool in {own.service_region} "
-                         "(one NLB, one set of provider endpoints and one minimum for both)")
-    total = sum(p.cost_per_hour for p in result.pools)
-    separate = sum(p.winner.cost_per_hour for p in result.regions if p.winner)
-    lines.append(f"Fleet total ${total:.2f}/h (each region on its own: ${separate:.2f}/h)")
-    return lines
 
 
 def levels_text(traffic: ConsumerTraffic) -> str:
@@ -118,66 +59,6 @@ def levels_text(traffic: ConsumerTraffic) -> str:
                 if min(burst) != max(burst) else f"derived per candidate from arrivals (busiest minute {burst[0]:g}x "
                 "the hour's mean)")
     return ", ".join(f"{k}: {v:.0%}" for k, v in (traffic.concurrency or {}).items())
-
-
-def _best_per_candidate(plan: RegionPlan) -> list[Evaluation]:
-    seen, out = set(), []
-    for ev in plan.ranked:
-        if id(ev.candidate) not in seen:
-            seen.add(id(ev.candidate))
-            out.append(ev)
-    return out
-
-
-def _rejected_candidates(plan: RegionPlan) -> list[tuple[str, str]]:
-    feasible = {id(e.candidate) for e in plan.ranked}
-    labels = {e.candidate.label for e in plan.evaluations if id(e.candidate) not in feasible}
-    return [(label, why) for label, why in plan.why_not if label in labels]
-
-
-def why_not_said_once(regions: list[RegionPlan]) -> dict[str, tuple[list[tuple[str, str]], list[tuple[str, str]]]]:
-    """Per consumer region, (ruled out, why not the others) with every reason clause a previous region already
-    gave for the same candidate shortened to a pointer to it: the same sentence once per region buried the news."""
-    said: dict[tuple[str, str], str] = {}
-    out = {}
-    for plan in regions:
-        region = plan.traffic.region
-        rejected = _rejected_candidates(plan)
-        labels = {label for label, _ in rejected}
-        lists = []
-        for items in (rejected, [(label, why) for label, why in plan.why_not if label not in labels]):
-            kept = []
-            for label, why in items:
-                if why.startswith("ruled out: "):
-                    # "ruled out: REASON[; cross-region: ...]": the reason may hold "; " itself, so it is one unit.
-                    reason, sep, cross = why.removeprefix("ruled out: ").partition("; cross-region: ")
-                    first = said.setdefault((label, reason), region)
-                    if first != region:
-                        reason = f"the same reason as for {first} above ({' '.join(reason.split()[:6])} ...)"
-                    why = "ruled out: " + reason + sep + cross
-                    kept.append((label, why))
-                    continue
-                head, sep, rest = why.partition(": ") if why.startswith("best in ") else ("", "", why)
-                clauses = []
-                for clause in rest.split("; "):
-                    # Short clauses (a price, an RTT) are news in every region; long sentences are said once.
-                    first = said.setdefault((label, clause), region) if len(clause.split()) >= 12 else region
-                    if first == region:
-                        clauses.append(clause)
-                    else:
-                        words = clause.split()
-                        clauses.append(f"as for {first} above ({' '.join(words[:6])} ...)")
-                why = head + sep + "; ".join(clauses)
-                kept.append((label, why))
-            lists.append(kept)
-        out[region] = (lists[0], lists[1])
-    return out
-
-
-def _tag(ev: Evaluation) -> str:
-    """How the candidate's figures were obtained, where that is not a measurement."""
-    source = ev.candidate.source
-    return "" if source == "measured" else f" ({source}: {SOURCE_MEANING[source]})"
 
 
 class Figures(Protocol):
@@ -323,20 +204,6 @@ def summary_line(traffic: ConsumerTraffic) -> str:
             f"concurrency levels {levels_text(traffic)}")
 
 
-def recommendation(plan: RegionPlan) -> str:
-    w = plan.winner
-    if w is None:
-        region = plan.traffic.region
-        if plan.evaluations and all(e.rejected and " is not offered in " in e.rejected for e in plan.evaluations):
-            families = sorted({e.candidate.family for e in plan.evaluations})
-            return (f"No candidate serves {region}: not offered: {', '.join(families)} "
-                    f"{'is' if len(families) == 1 else 'are'} not offered in {region} or any region its consumers "
-                    "can reach (see the reasons above).")
-        return f"No candidate serves {region} within the SLO: see the reasons above."
-    assert w.target is not None  # a feasible evaluation has its target
-    return pick_text(f"{w.candidate.label}{_tag(w)}", w.service_region, w, w.target)
-
-
 def single_instance_note(w: PoolDay | None) -> str | None:
     """What capacity.min 1 means for a service with a P99 SLO: the hours it runs one instance, that instance is in
     one Availability Zone and is the whole service; its failure is an outage no P99 in this plan accounts for. One
@@ -355,50 +222,6 @@ def single_instance_note(w: PoolDay | None) -> str | None:
             f"engine (minutes), an outage the P99 SLOs above do not count; the region's other AZs hold nothing meanwhile. "
             f"capacity.min 2 keeps one instance in each of two AZs for +${extra:.2f}/h on average "
             f"(set capacity.min in the config, or --min-instances 2)")
-
-
-# ---------------------------------------------------------------- terminal
-
-
-def render_terminal(result: PlanResult) -> str:
-    out = [f"fleetcast plan: traffic {result.traffic_name}" + (f", model {result.model_id}" if result.model_id else ""),
-           f"SLO: {result.slo.text()}"]
-    out += [f"Data: {'; '.join(result.data_notes)}"]
-    if result.estimator:
-        out.append(f"Estimates: {result.estimator}")
-    out += [f"warning: {w}" for w in result.warnings]
-    said_once = why_not_said_once(result.regions)
-    for plan in result.regions:
-        out += ["", summary_line(plan.traffic)]
-        out += terminal_table(_rows(_best_per_candidate(plan)))
-        rejected, losers = said_once[plan.traffic.region]
-        for label, why in rejected:
-            out.append(f"-  {label}: {why}")
-        if any(ev.candidate.estimated for ev in plan.ranked):
-            out.append(ROOFLINE_MARK)
-        if plan is result.regions[0]:
-            out += glossary_lines([p.traffic for p in result.regions])
-        out += ["", f"Recommendation: {recommendation(plan)}"]
-        if single_instance_note(plan.winner):
-            out.append(f"  note: {single_instance_note(plan.winner)}")
-        if losers:
-            out.append("Why not the others:")
-            out += [f"  - {label}: {why}" for label, why in losers]
-        if plan.peak_notes:
-            out.append("Peak throughput is not the decision metric:")
-            out += [f"  - {n}" for n in plan.peak_notes]
-        if plan.decided_by:
-            out.append("What decided the pick:")
-            out += [f"  - {n}" for n in plan.decided_by]
-        if plan.stats_notes:
-            out.append("Statistical notes:")
-            out += [f"  - {n}" for n in plan.stats_notes]
-        notes = plan.winner.notes if plan.winner else []
-        out += [f"  note: {n}" for n in notes]
-    fleet = fleet_lines(result)
-    if fleet:
-        out += ["", f"{fleet_heading(result)}:"] + [f"  {line}" for line in fleet]
-    return "\n".join(out + closing_lines(result, "Spot tier (docs/plan.md#spot)"))
 
 
 # ---------------------------------------------------------------- plots
@@ -497,26 +320,6 @@ def _matplotlib() -> Any:
     return plt
 
 
-def write_plots(plan: RegionPlan, directory: Path, slo: Slo, pools: Sequence[FleetPool] = ()) -> list[Path]:
-    plt = _matplotlib()
-
-    evs = plan.ranked
-    if not evs:
-        return []
-    region = plan.traffic.region
-    points = {id(e): LatencyPoint(e.label, e.weighted_ttft_p99, e.weighted_itl_p99, e.usd_per_m_output,
-                                  e.candidate.estimated, e is plan.winner) for e in evs}
-    sources = {e.candidate.source for e in evs}
-    paths = cost_vs_latency_plots(plt, [points[id(e)] for e in evs], [points[id(e)] for e in _best_per_candidate(plan)],
-                                  region, "traffic-weighted", slo, sources, directory)
-    lines = [DayLine(e.label, e.instances_by_hour, e is plan.winner) for e in _best_per_candidate(plan)]
-    fleet = [DayLine(f"the planned fleet: {pool.candidate} pooled in {pool.service_region} "
-                     f"(serves {', '.join(pool.consumer_regions)})", pool.instances_by_hour, False)
-             for pool in pools if region in pool.consumer_regions and len(pool.members) > 1]
-    paths.append(instances_plot(plt, region, plan.traffic.hourly_rps(), lines, fleet, inputs_tag(sources), directory))
-    return paths
-
-
 @dataclass(frozen=True)
 class DayLine:
     """One line of the instances-over-the-day picture: a candidate (or packing) at its cheapest, or a pooled pool."""
@@ -574,73 +377,16 @@ def instances_plot(plt: Any, region: str, rps: list[float], shown: list[DayLine]
 # ---------------------------------------------------------------- markdown / html / json
 
 
-def _rows(evs: list[Evaluation]) -> list[Row]:
-    rows = []
-    for e in evs:
-        assert e.target is not None  # a feasible evaluation has its target
-        rows.append(Row(e.candidate.label, e.service_region, e, e.target, e.candidate.source))
-    return rows
-
-
 # The report as a list of blocks, rendered to Markdown and to HTML alike, so the two pages
 # cannot drift apart: ("h1"|"h2"|"h3"|"p"|"rec", text), ("ul", [(bold or None, text)]),
 # ("table", header, rows), ("img", path).
 Block = tuple[Any, ...]
 
 
-def _blocks(result: PlanResult, plots: dict[str, list[Path]]) -> list[Block]:
-    blocks: list[Block] = [("h1", f"Fleetcast plan: {result.traffic_name}")]
-    head: list[tuple[str | None, str]] = [("Model", result.model_id or "as labelled in the results"),
-                                          ("SLO", result.slo.text())]
-    head += [(None, n) for n in result.data_notes]
-    if result.estimator:
-        head.append(("Performance model", result.estimator))
-    head += [("Warning", w) for w in result.warnings]
-    blocks += [("ul", head),
-               ("p", "Method and formulas: docs/plan.md. Costs are day averages of hourly instance and fixed costs."),
-               ("h3", "Reading the tables"), ("ul", glossary([p.traffic for p in result.regions]))]
-    said_once = why_not_said_once(result.regions)
-    for plan in result.regions:
-        blocks += [("h2", f"Consumers in {plan.traffic.region}"), ("p", summary_line(plan.traffic)),
-                   ("rec", recommendation(plan))]
-        if single_instance_note(plan.winner):
-            blocks.append(("ul", [("one instance", single_instance_note(plan.winner))]))
-        blocks += [("h3", "Feasible candidates"), page_table(_rows(plan.ranked))]
-        rejected, losers = said_once[plan.traffic.region]
-        if rejected:
-            blocks += [("h3", "Ruled out"), ("ul", rejected)]
-        if losers:
-            blocks += [("h3", "Why not the others"), ("ul", losers)]
-        if plan.peak_notes:
-            blocks += [("h3", "Peak throughput"), ("ul", [(None, n) for n in plan.peak_notes])]
-        if plan.decided_by:
-            blocks += [("h3", "What decided the pick"), ("ul", [(None, n) for n in plan.decided_by])]
-        if plan.stats_notes:
-            blocks += [("h3", "Statistical notes"), ("ul", [(None, n) for n in plan.stats_notes])]
-        if plan.winner:
-            w = plan.winner
-            rps = plan.traffic.hourly_rps()
-            blocks += [("h3", "The recommendation hour by hour (UTC)"),
-                       ("table", ["hour", "req/s", "instances", "$/h"],
-                        [[f"{h:02d}", f"{rps[h]:g}", str(w.instances_by_hour[h]), f"{w.cost_by_hour[h]:.2f}"]
-                         for h in range(24)])]
-            if w.notes:
-                blocks.append(("ul", [("note", n) for n in w.notes]))
-        blocks += [("img", path) for path in plots.get(plan.traffic.region, [])]
-    fleet = fleet_lines(result)
-    if fleet:
-        blocks += [("h2", fleet_heading(result)), ("ul", [(None, line.strip()) for line in fleet])]
-    return blocks + closing_blocks(result)
-
-
 def _md_table(header: list[str], rows: list[list[str]]) -> list[str]:
     out = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     out += ["| " + " | ".join(r) + " |" for r in rows]
     return out
-
-
-def render_markdown(result: PlanResult, plots: dict[str, list[Path]]) -> str:
-    return blocks_markdown(_blocks(result, plots))
 
 
 def blocks_markdown(blocks: list[Block]) -> str:
@@ -700,49 +446,6 @@ def prediction_json(p: Prediction | None, network_ms: float) -> dict[str, Any] |
             "itl_p99_ms": p.itl_p99_ms, "out_of_range": p.out_of_range}
 
 
-def to_json(result: PlanResult) -> dict[str, Any]:
-    def ev_json(ev: Evaluation) -> dict[str, Any]:
-        d = {"candidate": ev.candidate.label, "instance_type": ev.candidate.instance_type,
-             "precision": ev.candidate.precision, "service_region": ev.service_region,
-             "estimated": ev.candidate.estimated, "source": ev.candidate.source, "rejected": ev.rejected}
-        if ev.feasible:
-            lo, desired, hi = ev.capacity()
-            d.update(rtt_ms=ev.rtt_ms, max_load=ev.max_load, target=ev.target,
-                     seconds_per_request=ev.seconds_per_request, instances_by_hour=ev.instances_by_hour,
-                     capacity={"min": lo, "desired": desired, "max": hi}, cost_per_hour=ev.cost_per_hour,
-                     fixed_per_hour=ev.fixed_per_hour, usd_per_m_output=ev.usd_per_m_output,
-                     usd_per_m_input=ev.usd_per_m_input, weighted_ttft_p99_ms=ev.weighted_ttft_p99,
-                     weighted_ttft_ci=ev.weighted_ttft_ci, weighted_itl_p99_ms=ev.weighted_itl_p99,
-                     goodput_rps_per_instance=ev.goodput_rps, goodput_exact=ev.goodput_exact, notes=ev.notes,
-                     sizing="arrivals" if ev.arrival_driven else "histogram", measured_cap=ev.measured_cap)
-            if ev.arrival_driven:
-                d.update(binding=ev.binding, safe_rate_rps_per_instance=ev.safe_rate_rps,
-                         predicted_by_hour=[prediction_json(x, ev.network_ms) for x in ev.predictions])
-        return d
-
-    return {
-        "schema": "fleetcast.plan/v1", "traffic": result.traffic_name, "model": result.model_id,
-        "slo": vars(result.slo), "data": result.data_notes, "estimator": result.estimator, "warnings": result.warnings,
-        "write_config": [{"refuses": blocking, "text": text} for blocking, text in result.write_notes],
-        "regions": [{
-            "consumer_region": p.traffic.region,
-            "winner": ev_json(p.winner) if p.winner else None,
-            "why_not": [{"candidate": cand, "reason": w} for cand, w in p.why_not],
-            "peak_notes": p.peak_notes, "stats_notes": p.stats_notes, "decided_by": p.decided_by,
-            "evaluations": [ev_json(e) for e in p.ranked] + [ev_json(e) for e in p.evaluations if not e.feasible],
-        } for p in result.regions],
-        "fleet": [{
-            "service_region": p.service_region, "candidate": p.candidate, "consumer_regions": p.consumer_regions,
-            "joined": [plan.traffic.region for plan, _ in p.joined()], "target": p.target,
-            "instances_by_hour": p.instances_by_hour, "cost_per_hour": p.cost_per_hour,
-            "marginal_cost_per_hour": p.marginal,
-            "predicted_by_hour": [prediction_json(x, max(ev.network_ms for _, ev in p.members)) for x in p.predictions],
-            "member_checks": {r: {"ttft_p99_ms": t, "itl_p99_ms": i} for r, (t, i) in p.member_checks.items()},
-        } for p in result.pools],
-        "spot": [a.to_json() for a in result.spot],
-    }
-
-
 def write_report_dir(directory: str | Path, write: Callable[[Path], list[Path]]) -> list[Path]:
     """Write a report through `write(stage)` (its pages and plots, returned pages first) into a fresh sibling
     directory, then move it into place: a directory that did not exist appears whole (one rename), an existing one
@@ -782,12 +485,6 @@ def write_report_dir(directory: str | Path, write: Callable[[Path], list[Path]])
     finally:
         shutil.rmtree(stage, ignore_errors=True)
     return [d / p.name for p in written]
-
-
-def write_report(result: PlanResult, directory: str | Path) -> list[Path]:
-    return write_pages(directory, f"Fleetcast plan: {result.traffic_name}", lambda plots: _blocks(result, plots),
-                       to_json(result),
-                       lambda d: {p.traffic.region: write_plots(p, d, result.slo, result.pools) for p in result.regions})
 
 
 def write_pages(directory: str | Path, title: str, blocks: Callable[[dict[str, list[Path]]], list[Block]],

@@ -1,6 +1,6 @@
-"""Assemble a plan from the command's options: read every input, run the method,
-return a PlanResult for the report. The CLI (scripts/plan_cmd.py) only parses
-arguments and prints; tests call `build_plan` directly.
+"""Assemble a plan from the command's options: read every input, run the method (the packing search, one model
+a packing of one), return a Planned for the report. The CLI (scripts/plan_cmd.py) only parses arguments and
+prints; tests call `plan_fleet` or `build_packing` directly.
 """
 
 from __future__ import annotations
@@ -15,7 +15,6 @@ from fleetcast.config import catalog
 from fleetcast.contract.errors import EXIT_USAGE, UserError
 
 from .aws import live_availability, refresh_prices
-from .curves import sources_text
 from .estimate import estimate_specs
 from .inputs import (
     Availability,
@@ -23,7 +22,6 @@ from .inputs import (
     Latency,
     Prices,
     QualityFile,
-    load_candidates,
     load_fixed_costs,
     load_latency,
     load_prices,
@@ -31,9 +29,8 @@ from .inputs import (
     shipped_availability,
     stale_table_warning,
 )
-from .packing import PackingPlan, model_engine
-from .report import PlanResult
-from .solver import PlanContext, PlannedPool, RegionPlan, Slo, fleet_pools, plan
+from .packing import PackingPlan
+from .solver import PlanContext, PlannedPool, Slo
 from .traffic import ConsumerTraffic, TrafficProfile, load_traffic
 
 if TYPE_CHECKING:
@@ -139,7 +136,7 @@ def _traffic(opts: PlanOptions) -> TrafficProfile:
 
 
 def consumerless_regions(cfg: Any, traffic: TrafficProfile) -> list[str]:
-    """A warning per traffic region where the config has no consumer. Both planners plan it all the same (the
+    """A warning per traffic region where the config has no consumer. The planner plans it all the same (the
     profile may describe consumers still to come: examples/plan/seed/traffic-us-east-1.yaml is planned against
     config/fleet.yaml, whose consumers sit in Seoul and Oregon), so the plan is a price for them, not for traffic
     the fleet serves today; the warning says so, and what the config still lacks."""
@@ -166,44 +163,6 @@ def _config(opts: PlanOptions) -> FleetConfig | None:
         raise UserError(f"--config: {opts.config} does not exist; give a fleet config (its slo is the default) "
                         "or both --ttft-p99-ms and --itl-p99-ms")
     return None
-
-
-def build_plan(opts: PlanOptions) -> tuple[PlanResult, list[RegionPlan], PlanContext]:
-    cfg: Any = _config(opts)
-    traffic = _traffic(opts)
-    if cfg is not None:
-        traffic.checked_against(tuple(m.id for m in cfg.models))
-    candidates = load_candidates(_expand(opts.results))
-    warnings: list[str] = consumerless_regions(cfg, traffic) if cfg is not None else []
-    for cand in candidates:
-        warnings += [f"{cand.label}: {n}" for n in cand.curve.notes]
-
-    consumer_regions = [c.region for c in traffic.consumers]
-    instance_types = sorted({c.instance_type for c in candidates} | {s.split(":")[0] for s in opts.estimate if s != "all"})
-    if opts.estimate and "all" in opts.estimate:
-        instance_types = sorted(catalog.instance_catalog())
-    tables = _tables(opts, instance_types, consumer_regions, warnings)
-    ctx = _context(opts, cfg, tables, warnings, model_id=cfg.model.id if cfg else None,
-                   model_family=cfg.model.family if cfg else None,
-                   kv_cache_dtype=model_engine(cfg, cfg.model.id).kv_cache_dtype.value if cfg else "auto")
-
-    estimator_text = None
-    if opts.estimate:
-        model_id = ctx.model_id or next((c.model for c in candidates if c.model), None)
-        first = traffic.consumers[0]
-        estimated, estimator = estimate_specs(opts.estimate, candidates, model_id or "unknown", ctx.model_family,
-                                              first.input_mean, first.output_mean)
-        candidates = candidates + estimated
-        estimator_text = estimator.describe()
-
-    warnings += _synthetic([c.provenance for c in candidates], "candidate")
-
-    plans = plan(candidates, traffic, ctx)
-    result = PlanResult(traffic.name, ctx.model_id or next((c.model for c in candidates if c.model), None), ctx.slo,
-                        plans, _data_notes(ctx, sources_text(candidates)), estimator_text, warnings,
-                        fleet_pools(plans, ctx))
-    result.spot = _spot_advice(opts, ctx, result.planned_pools(ctx))
-    return result, plans, ctx
 
 
 def build_packing(opts: PlanOptions, max_copies: int | None = None
@@ -277,7 +236,7 @@ def _spot_advice(opts: PlanOptions, ctx: PlanContext, pools: list[PlannedPool]) 
 
 
 def _context(opts: PlanOptions, cfg: Any, tables: tuple[Prices, Availability, Latency, FixedCosts, QualityFile | None],
-             warnings: list[str], **model: Any) -> PlanContext:
+             warnings: list[str]) -> PlanContext:
     """What the method reads besides curves and traffic, one model or several: the SLO (flags over the config's),
     the tables, each region's floor (the config pool's capacity.min, or --min-instances) and the reservations;
     `warnings` gets the tables' age and any region launching into reservations --reserved does not size."""
@@ -300,7 +259,7 @@ def _context(opts: PlanOptions, cfg: Any, tables: tuple[Prices, Availability, La
     return PlanContext(slo=slo, prices=prices, availability=availability, latency=latency, fixed=fixed,
                        quality=quality, quality_threshold=opts.quality_threshold, min_instances=floors,
                        default_min_instances=opts.min_instances if opts.min_instances is not None else 1,
-                       reserved=dict(opts.reserved), min_instances_source=sources, **model)
+                       reserved=dict(opts.reserved), min_instances_source=sources)
 
 
 def _data_notes(ctx: PlanContext, results: str) -> list[str]:

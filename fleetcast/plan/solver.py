@@ -33,10 +33,8 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from fleetcast.config import catalog
-from fleetcast.config.model import ModelFamily
-from fleetcast.contract import support
 
-from .curves import MIN_P99_SAMPLES, Candidate, Curve, LoadPoint
+from .curves import MIN_P99_SAMPLES, Curve, LoadPoint
 from .inputs import Availability, FixedCosts, Latency, Prices, QualityFile
 from .queueing import (
     Limits,
@@ -45,10 +43,9 @@ from .queueing import (
     Stream,
     instances_needed,
     max_safe_rate,
-    model_for,
     predict,
 )
-from .traffic import ConsumerTraffic, TrafficProfile
+from .traffic import ConsumerTraffic
 
 # The scaling target stays at least this far below the SLO-safe in-flight count, for the minute or two a
 # scale-out takes to be served even without bursts.
@@ -94,9 +91,6 @@ class PlanContext:
     quality_threshold: float | None = None
     min_instances: dict[str, int] = field(default_factory=dict)  # per service region, from the config's pools
     default_min_instances: int = 1
-    model_id: str | None = None
-    model_family: ModelFamily | None = None
-    kv_cache_dtype: str = "auto"  # the model's KV-cache dtype (fleet engine <- models[].engine: packing.model_engine)
     # Instances already paid for (On-Demand Capacity Reservations): (instance type, region) -> count. A plan
     # pays only for the instances above them; the reservation itself is paid whatever the plan picks.
     reserved: dict[tuple[str, str], int] = field(default_factory=dict)
@@ -105,14 +99,6 @@ class PlanContext:
 
     def n_min(self, region: str) -> int:
         return self.min_instances.get(region, self.default_min_instances)
-
-    def model(self, candidate: Candidate) -> ServiceModel:
-        """One service model per candidate (its lognormal fits and predictions are cached inside, and shared with
-        every plan of this process that reads the same curve: queueing.model_for)."""
-        cache: dict[int, tuple[Candidate, ServiceModel]] = self.__dict__.setdefault("_models", {})
-        if id(candidate) not in cache:
-            cache[id(candidate)] = (candidate, model_for(candidate.curve))
-        return cache[id(candidate)][1]
 
 
 @dataclass(frozen=True)
@@ -266,123 +252,7 @@ class PlannedPool:
         return lo, hi
 
 
-@dataclass
-class Evaluation(PoolDay):
-    candidate: Candidate
-    consumer_region: str
-    service_region: str
-    rejected: str | None = None
-    rtt_ms: float = 0.0
-    max_load: float | None = None  # c*
-    first_failure: Failure | None = None
-    target: float | None = None  # k, the per-instance concurrency target
-    seconds_per_request: float = 0.0
-    instances_by_hour: list[int] = field(default_factory=list)
-    cost_by_hour: list[float] = field(default_factory=list)
-    price_per_hour: float = 0.0
-    fixed_per_hour: float = 0.0
-    cost_per_hour: float = 0.0
-    usd_per_m_output: float = 0.0
-    usd_per_m_input: float = 0.0
-    weighted_ttft_p99: float = 0.0
-    weighted_ttft_ci: tuple[float, float] | None = None
-    weighted_itl_p99: float = 0.0
-    weighted_e2e: float = 0.0
-    goodput_rps: float = 0.0  # per instance at the target load
-    goodput_exact: bool = False
-    share_above_target: float = 0.0  # share of requests whose traffic level exceeds k
-    noise_fallback: tuple[float, float] | None = None  # (next lower target, its cost/h) when the pass at k is marginal
-    notes: list[str] = field(default_factory=list)
-    # Arrival-driven sizing (queueing.py): per UTC hour, the prediction at that hour's busiest minute.
-    arrival_driven: bool = False
-    predictions: list[Prediction | None] = field(default_factory=list)
-    safe_rate_rps: float | None = None  # x*, per instance
-    binding: str | None = None  # what caps x*: "P99 TTFT", "P99 ITL", "error rate" or "measured range"
-    # The highest measured concurrency when it, not an SLO, capped the load (the curve ends before it fails).
-    measured_cap: float | None = None
-    network_ms: float = 0.0  # one-way share of the RTT the bench did not see, added to TTFT
-    reserved_used: int = 0  # reserved instances this plan runs on (paid whatever the pick)
-    seconds_at: Callable[[float], float] | None = None  # histogram method: target k -> instance-seconds per request S(k)
-    needed_by_hour: list[int] = field(default_factory=list)  # arrivals: instances the SLOs need, before any floor
-
-    @property
-    def label(self) -> str:
-        return f"{self.candidate.label} @ {self.service_region}"
-
-    @property
-    def estimated(self) -> bool:
-        return self.candidate.estimated
-
-    @property
-    def roofline(self) -> bool:
-        return self.candidate.estimated  # a one-model estimate is the roofline model's (estimate.estimate_specs)
-
-    @property
-    def processes(self) -> int:
-        return 1
-
-    @property
-    def source(self) -> str:
-        return self.candidate.source
-
-    def worst_ttft(self, ctx: PlanContext) -> tuple[float, float]:
-        # Sized from arrivals: the busiest planned minute's; from a histogram: the traffic-weighted figure.
-        if self.arrival_driven and any(p is not None for p in self.predictions):
-            return max(p.ttft_p99_ms for p in self.predictions if p is not None) + self.network_ms, ctx.slo.ttft_p99_ms
-        return self.weighted_ttft_p99, ctx.slo.ttft_p99_ms
-
-    def latency_rank(self) -> float:
-        # One model, one SLO: the traffic-weighted P99 TTFT (network included) orders as its share of the SLO does.
-        return round(self.weighted_ttft_p99, 1)
-
-    def latency_words(self) -> tuple[str, str]:
-        return "traffic-weighted P99 TTFT", f"{self.weighted_ttft_p99:.0f} ms"
-
-
 # ---------------------------------------------------------------- one candidate
-
-
-def evaluate(candidate: Candidate, traffic: ConsumerTraffic, service_region: str, ctx: PlanContext) -> Evaluation:
-    """Apply the method to one candidate served from one region to one consumer region."""
-    ev = Evaluation(candidate, traffic.region, service_region)
-    reason = _structural_rejection(candidate, traffic.region, service_region, ctx)
-    if reason:
-        ev.rejected = reason
-        return ev
-    ev.rtt_ms = _given(ctx.latency.between(traffic.region, service_region))  # else a structural rejection
-    ev.price_per_hour = _given(ctx.prices.price(candidate.instance_type, service_region))
-    slo = ctx.slo
-    curve = candidate.curve
-    out_adjust = output_shift(candidate.output_mean, traffic)
-    if out_adjust:
-        ev.notes.append(f"{candidate.source} results at {candidate.output_mean:g} output tokens, traffic averages "
-                        f"{traffic.output_mean:g}: E2E rescaled by the results' mean ITL")
-    if candidate.input_mean and abs(traffic.input_mean - candidate.input_mean) > 0.25 * candidate.input_mean:
-        ev.notes.append(f"{candidate.source} results at {candidate.input_mean:g} input tokens, traffic averages "
-                        f"{traffic.input_mean:g}: TTFT may not transfer; benchmark at the traffic's lengths")
-
-    # 2. c*: the highest level with every level up to it inside every SLO.
-    ev.max_load, ev.first_failure = slo_cap(curve, slo, ev.rtt_ms, ctx)
-    if ev.max_load is None:
-        ev.rejected = lowest_load_refusal(_given(ev.first_failure))
-        return ev
-    ev.network_ms = network_of(curve.points[-1], ev.rtt_ms, ctx)
-    if traffic.arrival_driven:
-        _size_from_arrivals(ev, traffic, ctx)
-        _finish(ev, candidate, ctx)
-        return ev
-    day = size_from_histogram(curve, traffic, slo, ev.rtt_ms, out_adjust, candidate.instance_type, service_region,
-                              ev.price_per_hour, ctx, ctx.n_min(service_region))
-    ev.notes += day.notes
-    ev.target, ev.seconds_per_request, ev.seconds_at = day.target, day.seconds_per_request, day.seconds_at
-    ev.share_above_target, ev.measured_cap, ev.noise_fallback = day.share_above_target, day.measured_cap, day.noise_fallback
-    ev.instances_by_hour, ev.cost_by_hour, ev.fixed_per_hour = day.instances_by_hour, day.cost_by_hour, day.fixed_per_hour
-    ev.cost_per_hour, ev.usd_per_m_output, ev.usd_per_m_input = day.cost_per_hour, day.usd_per_m_output, day.usd_per_m_input
-    ev.weighted_ttft_p99, ev.weighted_ttft_ci = day.weighted_ttft_p99, day.weighted_ttft_ci
-    ev.weighted_itl_p99, ev.weighted_e2e = day.weighted_itl_p99, day.weighted_e2e
-    ev.goodput_rps, ev.goodput_exact, ev.reserved_used = day.goodput_rps, day.goodput_exact, day.reserved_used
-    _finish(ev, candidate, ctx)
-    return ev
 
 
 def output_shift(results_output_mean: float | None, traffic: ConsumerTraffic) -> float:
@@ -423,8 +293,8 @@ def lowest_load_refusal(failure: Failure) -> str:
 
 @dataclass
 class HistogramDay:
-    """A pool of one process per instance sized by the histogram method (steps 2-5): one rule for a one-model
-    candidate (evaluate) and a packing of one process (packing.size_packing)."""
+    """A pool of one process per instance sized by the histogram method (steps 2-5): a packing of one process
+    (packing.size_packing)."""
 
     max_load: float | None  # c*; None: the lowest measured level fails (first_failure says how)
     first_failure: Failure | None
@@ -555,23 +425,6 @@ def size_from_histogram(curve: Curve, traffic: ConsumerTraffic, slo: Slo, rtt_ms
         day.goodput_rps = throughput * max(0.0, 1 - at_k.error_rate - 0.02)
     day.reserved_used = min(reserved, max(day.instances_by_hour, default=0))
     return day
-
-
-def _finish(ev: Evaluation, candidate: Candidate, ctx: PlanContext) -> None:
-    if ev.measured_cap is not None:
-        ev.notes.append(f"measured only up to concurrency {ev.measured_cap:g}, where it still meets every SLO: the "
-                        "plan keeps its instances within that range, so it may need fewer instances than planned; "
-                        f"benchmark it above {ev.measured_cap:g}")
-    if candidate.estimated:
-        ev.notes.append("estimated by the roofline model, not measured: benchmark it before deploying")
-    if ctx.quality is not None:
-        ok, why = ctx.quality.verdict(candidate.instance_type, candidate.precision, ctx.quality_threshold,
-                                            model=ctx.model_id)
-        ev.notes.append(f"quality not checked: {why}" if ok is None else f"quality: {why}")
-
-
-def _limits(ctx: PlanContext, network_ms: float) -> Limits:
-    return Limits(ctx.slo.ttft_p99_ms - network_ms, ctx.slo.itl_p99_ms, ctx.slo.error_rate)
 
 
 def fixed_by_hour(region: str, traffic: list[ConsumerTraffic], ctx: PlanContext) -> list[float]:
@@ -781,100 +634,12 @@ def safe_goodput(model: ServiceModel, safe_rate: float, out_mean: float) -> floa
     return safe_rate * max(0.0, 1 - at_target.error_rate - 0.02)
 
 
-def _size_from_arrivals(ev: Evaluation, traffic: ConsumerTraffic, ctx: PlanContext) -> None:
-    """Steps 2'-5 for a profile of arrivals: per-instance load derived from the fleet's arrivals and the curve.
-    The service model holds requests for the traffic's own output length at the curve's mean ITL."""
-    candidate, region = ev.candidate, ev.service_region
-    ev.arrival_driven = True
-    model = ctx.model(candidate)
-    out_mean = traffic.output_mean
-    limits = _limits(ctx, ev.network_ms)
-    safe = max_safe_rate(model, out_mean, limits)
-    if safe is None:
-        p1 = predict(model, [Stream(1e-6, out_mean)], 1.0)
-        ev.rejected = (f"fails the SLO even with one request per instance: predicted P99 TTFT "
-                       f"{p1.ttft_p99_ms + ev.network_ms:.0f} ms (incl. {ev.network_ms:.0f} ms network), "
-                       f"P99 ITL {p1.itl_p99_ms:.1f} ms")
-        return
-    ev.safe_rate_rps, at_safe, ev.binding = safe
-    ev.max_load = round(at_safe.in_flight, 1)
-    if ev.binding == "measured range":
-        ev.measured_cap = model.top
-    rates = traffic.hourly_rps()
-    bursts = traffic.hourly_burstiness()
-    ev.target = scaling_target([TargetPart(model, out_mean, ev.safe_rate_rps, 1, tuple(rates), tuple(bursts))])
-    _, default_row = ctx.fixed.row(region)
-    if default_row:
-        ev.notes.append(f"no fixed-cost row for {region}: the default row is used")
-    day = size_day([DayPart(model, traffic, limits)], candidate.instance_type, region, ev.price_per_hour, ctx,
-                   ctx.n_min(region))
-    if isinstance(day, int):
-        ev.rejected = "no count of instances up to 100,000 meets the SLO at its busiest minute"
-        return
-    (ev.needed_by_hour,), ev.instances_by_hour, (ev.predictions,) = day.needed, day.instances_by_hour, day.predictions
-    ev.cost_by_hour, ev.reserved_used, ev.fixed_per_hour = day.cost_by_hour, day.reserved_used, sum(day.fixed_by_hour) / 24
-    ev.cost_per_hour = day.cost_per_hour
-    ev.usd_per_m_output = per_m_output(sum(day.cost_by_hour), [traffic])
-    ev.usd_per_m_input = per_m_input(sum(day.cost_by_hour), [traffic])
-    served = sum(rates)
-    # What each request costs in instance-seconds at the planned sizes (the busiest minutes included).
-    ev.seconds_per_request = sum(ev.instances_by_hour[h] for h in range(24) if rates[h] > 0) / served if served else 0.0
-    weights = [(r / served, p) for r, p in zip(rates, ev.predictions) if p is not None] if served else []
-    ev.weighted_ttft_p99, ev.weighted_itl_p99 = arrival_p99s(rates, ev.predictions, ev.network_ms)
-    ev.weighted_e2e = sum(w * (model.hold_ms(1.0 + p.in_flight, out_mean) + max(ev.network_ms, 0.0))
-                          for w, p in weights)
-    ev.goodput_rps = safe_goodput(model, ev.safe_rate_rps, out_mean)
-
-
-def _structural_rejection(candidate: Candidate, consumer: str, region: str, ctx: PlanContext) -> str | None:
-    """Constraints that do not depend on load: quality, support matrix, availability, reachability, price."""
-    if ctx.quality is not None:
-        ok, why = ctx.quality.verdict(candidate.instance_type, candidate.precision, ctx.quality_threshold,
-                                            model=ctx.model_id)
-        if ok is False:
-            return f"quality check failed: {why}"
-    if not ctx.availability.offered(candidate.instance_type, region):
-        live = " (live check)" if region in ctx.availability.live_types else f" (availability as of {ctx.availability.as_of})"
-        return f"{candidate.family} is not offered in {region}{live}"
-    if ctx.model_id and candidate.model and candidate.model != ctx.model_id:
-        return f"measured model {candidate.model!r}, the config serves {ctx.model_id!r}"
-    if region != consumer and not (consumer in ctx.privatelink_regions and region in ctx.privatelink_regions):
-        return f"cross-region PrivateLink between {consumer} and {region} is not supported (shipped table)"
-    if ctx.latency.between(consumer, region) is None:
-        return f"no network latency figure between {consumer} and {region} (give --latency FILE)"
-    if ctx.prices.price(candidate.instance_type, region) is None:
-        return f"no price for {candidate.instance_type} in {region} (prices as of {ctx.prices.as_of}; give --prices FILE)"
-    # Last, so a type a region does not offer or price says that plainer reason first.
-    instance = catalog.instance_catalog().get(candidate.instance_type)
-    if instance is not None:
-        # The validator's decision, in its words (fleetcast/contract/support.py).
-        known_backend = candidate.backend if candidate.backend in support.BACKENDS else None
-        refusal = support.check(ctx.model_family.value if ctx.model_family is not None else None, known_backend,
-                                candidate.precision, ctx.kv_cache_dtype, instance.gpu.arch,
-                                support.instance_where(candidate.instance_type, instance.gpu.name, instance.gpu.arch))
-        if refusal is not None:
-            return f"{refusal.reason}; the config validator would refuse it"
-    return None
-
-
 # ---------------------------------------------------------------- one consumer region
-
-
-@dataclass
-class RegionPlan:
-    traffic: ConsumerTraffic
-    evaluations: list[Evaluation]
-    ranked: list[Evaluation]
-    winner: Evaluation | None
-    why_not: list[tuple[str, str]]  # (candidate label, reason), every candidate but the winner
-    peak_notes: list[str]
-    stats_notes: list[str]
-    decided_by: list[str] = field(default_factory=list)  # a floor or reservation, not the traffic, decided the pick
 
 
 def service_regions(instance_type: str, consumer: str, ctx: PlanContext) -> list[str]:
     """The consumer's own region, plus every other region that could serve it on `instance_type` (offered, priced,
-    reachable by cross-region PrivateLink): the one rule for a one-model candidate and a packing of one model."""
+    reachable by cross-region PrivateLink): where a packing of one model may be served from."""
     out = [consumer]
     if consumer not in ctx.privatelink_regions:
         return out
@@ -886,36 +651,11 @@ def service_regions(instance_type: str, consumer: str, ctx: PlanContext) -> list
     return out
 
 
-def plan_region(candidates: list[Candidate], traffic: ConsumerTraffic, ctx: PlanContext) -> RegionPlan:
-    evaluations = [evaluate(c, traffic, r, ctx) for c in candidates for r in service_regions(c.instance_type, traffic.region, ctx)]
-    ranked = sorted((e for e in evaluations if e.feasible), key=Evaluation.rank_key)
-    winner = pick(ranked)
-    why_not = _why_not(candidates, evaluations, ranked, winner, traffic, ctx)
-    decided = _deciding_constraints(candidates, traffic, ctx, winner, evaluations) if winner else []
-    for label, _, text in decided:
-        why_not = [(lbl, f"{reason}; {text}" if lbl == label else reason) for lbl, reason in why_not]
-    return RegionPlan(traffic, evaluations, ranked, winner, why_not,
-                      _peak_notes(candidates, evaluations, winner, traffic, ctx),
-                      _stats_notes(ranked, winner, ctx), [note for _, note, _ in decided])
-
-
 def pick(ranked: list[P]) -> P | None:
     """The choice among ranked feasible ways to serve, one model or a packing: the first measured (or synthetic) one;
     an estimate wins only when nothing measured fits, one from measured solo curves before a roofline one."""
     return next((e for e in ranked if not e.estimated), None) or \
         next((e for e in ranked if not e.roofline), ranked[0] if ranked else None)
-
-
-def _deciding_constraints(candidates: list[Candidate], traffic: ConsumerTraffic, ctx: PlanContext, winner: Evaluation,
-                          evaluations: list[Evaluation]) -> list[tuple[str, str, str]]:
-    def replan(alt_ctx: PlanContext) -> Evaluation | None:
-        alt_ctx.__dict__["_models"] = ctx.__dict__.get("_models", {})
-        alt = [evaluate(c, traffic, r, alt_ctx) for c in candidates for r in service_regions(c.instance_type, traffic.region, alt_ctx)]
-        return pick(sorted((e for e in alt if e.feasible), key=Evaluation.rank_key))
-
-    return [(alt.candidate.label, note, text) for alt, note, text in deciding_constraints(
-        ctx, winner, replan, lambda e: (id(e.candidate), e.service_region), lambda e: e.service_region)]
-
 
 
 def deciding_constraints(ctx: PlanContext, winner: P, replan: Callable[[PlanContext], P | None],
@@ -950,136 +690,9 @@ def deciding_constraints(ctx: PlanContext, winner: P, replan: Callable[[PlanCont
     return out
 
 
-def plan(candidates: list[Candidate], profile: TrafficProfile, ctx: PlanContext) -> list[RegionPlan]:
-    return [plan_region(candidates, consumer, ctx) for consumer in profile.consumers]
-
-
-@dataclass
-class FleetPool:
-    """One provider pool (service region x candidate) and the consumer regions it serves.
-
-    Each region's own plan pays for a pool's minimum and the provider side's fixed costs
-    (NLB hours, the provider VPC's interface endpoints) alone. Served together, those are
-    paid once and the pool holds the summed load at ONE scaling target, since the group
-    scales on one: with arrivals, N_h = the fewest instances at which the summed busiest-minute
-    arrivals meet every member's SLOs, each member's own network latency included; with
-    histograms, one target k <= every member's c* and N_h = max(n_min, ceil(sum_i rate_i,h * S_i(k))).
-    """
-
-    service_region: str
-    candidate: str
-    members: list[tuple[RegionPlan, Evaluation]]  # (consumer region's plan, its evaluation on this pool)
-    instances_by_hour: list[int] = field(default_factory=list)
-    cost_per_hour: float = 0.0
-    marginal: dict[str, float] = field(default_factory=dict)  # consumer region -> what it adds to this pool's $/h
-    pool_target: float | None = None
-    predictions: list[Prediction | None] = field(default_factory=list)
-    # consumer region -> predicted (P99 TTFT incl. its network, P99 ITL) at the pool's busiest planned minute
-    member_checks: dict[str, tuple[float, float]] = field(default_factory=dict)
-    needed_by_hour: list[int] = field(default_factory=list)  # arrivals: instances the SLOs need, before the floor
-
-    @property
-    def consumer_regions(self) -> list[str]:
-        return [plan.traffic.region for plan, _ in self.members]
-
-    @property
-    def target(self) -> float:
-        if self.pool_target is not None:
-            return self.pool_target
-        return min(_given(ev.target) for _, ev in self.members)
-
-    @property
-    def evaluation(self) -> Evaluation:
-        return self.members[0][1]
-
-    def capacity(self) -> tuple[int, int, int]:
-        return capacity_bounds(self.instances_by_hour)
-
-    def joined(self) -> list[tuple[RegionPlan, Evaluation]]:
-        """Members served here rather than by their own plan's choice."""
-        return [(plan, ev) for plan, ev in self.members if ev is not plan.winner]
-
-    def planned(self, ctx: PlanContext) -> PlannedPool:
-        return one_model_pool([(plan.traffic, ev) for plan, ev in self.members], ctx, self.instances_by_hour,
-                              self.target, self.needed_by_hour, self.predictions, self.cost_per_hour)
-
-
-def one_model_pool(members: list[tuple[ConsumerTraffic, Evaluation]], ctx: PlanContext, instances: list[int],
-                   target: float | None, needed: list[int], predictions: list[Prediction | None],
-                   cost_per_hour: float) -> PlannedPool:
-    """A pool of one model (the evaluation of its first member's candidate) serving these consumer regions."""
-    ev = members[0][1]
-    assert target is not None  # every feasible evaluation has one
-    cand = ev.candidate
-    network = max(e.network_ms for _, e in members)
-    arrivals = all(e.arrival_driven for _, e in members)
-    # The network delays the client, not the GPU: an instance holds a request for its in-region E2E.
-    hold, spr = pooled_hold([(t, e.weighted_e2e - max(e.network_ms, 0.0), e.seconds_per_request) for t, e in members])
-    sizing = Sizing(ctx.model(cand), tuple(t for t, _ in members), _limits(ctx, network), network, tuple(instances),
-                    tuple(needed), tuple(predictions), cand.provenance == "synthetic", cand.source, arrivals,
-                    None if arrivals else hold, None if arrivals else spr)
-    # The pool's cost, not its first member's own: pooled, that member's pool is not what the config runs.
-    return PlannedPool(ev.service_region, tuple(t.region for t, _ in members), cand.instance_type, cand.label,
-                       cost_words(cost_per_hour, per_m_output(cost_per_hour * 24, [t for t, _ in members])),
-                       (Served(cand.model or "", cand.precision, sizing=sizing),), tuple(instances), float(target),
-                       cand.estimated, cand.backend, price_per_hour=ev.price_per_hour, cost_per_hour=cost_per_hour)
-
-
 def cost_words(cost_per_hour: float, usd_per_m_output: float) -> str:
     """A planned pool's cost as `plan --check` names the pick, one model or a packing."""
     return f"${cost_per_hour:.2f}/h, ${usd_per_m_output:.3f} per 1M output tokens"
-
-
-@dataclass
-class _PoolSize:
-    counts: list[int]
-    cost: float
-    target: float | None
-    predictions: list[Prediction | None]
-    checks: dict[str, tuple[float, float]]
-    needed: list[int]
-
-
-def _pool_size(service: str, members: list[tuple[RegionPlan, Evaluation]], ctx: PlanContext) -> _PoolSize:
-    if not members:
-        return _PoolSize([], 0.0, None, [], {}, [])
-    first = members[0][1]
-    cand = first.candidate
-    n_min = ctx.n_min(service)
-    arrivals = [(plan, ev) for plan, ev in members if ev.arrival_driven]
-    histogram = [(plan, ev) for plan, ev in members if not ev.arrival_driven]
-    counts = [0] * 24
-    predictions: list[Prediction | None] = [None] * 24
-    needed = [0] * 24
-    checks: dict[str, tuple[float, float]] = {}
-    target = None
-    if arrivals:
-        model = ctx.model(cand)
-        limits = _limits(ctx, max(ev.network_ms for _, ev in arrivals))
-        # The one sizing of a pool's day (size_day's, as a packing's pool is sized): one stream per member.
-        traffics = [plan.traffic for plan, _ in arrivals]
-        counts = [n or 0 for n in processes_by_hour(model, traffics, limits)]
-        needed = list(counts)
-        predictions = predictions_by_hour(model, traffics, [max(c, n_min) for c in counts])
-        # The pool's day as a packing's pool reads it (pooled_traffic, one rule): summed rates and busiest minutes.
-        part = target_part(model, pooled_traffic([plan.traffic for plan, _ in arrivals], service, ctx), limits)
-        target = scaling_target([part]) if part is not None else min(_given(ev.target) for _, ev in arrivals)
-        worst = max((p for p in predictions if p is not None), key=lambda p: p.ttft_p99_ms, default=None)
-        for plan, ev in arrivals:
-            if worst is not None:
-                checks[plan.traffic.region] = (worst.ttft_p99_ms + ev.network_ms, worst.itl_p99_ms)
-    if histogram:
-        k, loads = pooled_histogram(cand.curve, [(plan.traffic, _given(ev.max_load), _given(ev.seconds_at))
-                                                 for plan, ev in histogram])
-        counts = [c + math.ceil(x - 1e-9) for c, x in zip(counts, loads)]
-        # What the SLOs need before the floor, as a histogram-sized candidate alone records it (was left at 0).
-        needed = list(counts)
-        target = k if target is None else min(target, k)
-    counts = [max(n_min, c) for c in counts]
-    reserved = ctx.reserved.get((cand.instance_type, service), 0)
-    fixed = sum(ev.fixed_per_hour for _, ev in members) - (len(members) - 1) * provider_side(service, ctx)
-    cost = sum(max(n - reserved, 0) for n in counts) / 24 * first.price_per_hour + fixed
-    return _PoolSize(counts, cost, target, predictions, checks, needed)
 
 
 def pooled_histogram(curve: Curve, members: Sequence[tuple[ConsumerTraffic, float, Callable[[float], float]]]
@@ -1114,11 +727,6 @@ def provider_side(service: str, ctx: PlanContext) -> float:
     return row.nlb_hour + a.provider_interface_endpoints * a.availability_zones * row.endpoint_az_hour
 
 
-def _pool_cost(service: str, members: list[tuple[RegionPlan, Evaluation]], ctx: PlanContext) -> tuple[list[int], float]:
-    size = _pool_size(service, members, ctx)
-    return size.counts, size.cost
-
-
 K = TypeVar("K")
 M = TypeVar("M")
 
@@ -1148,42 +756,6 @@ def pool_moves(pools: dict[K, list[M]], cost: Callable[[K, list[M]], float], fit
         if not pools[from_key]:
             del pools[from_key]
     return pools
-
-
-def fleet_pools(plans: list[RegionPlan], ctx: PlanContext) -> list[FleetPool]:
-    """Start from every region's own choice, then move a consumer region onto another region's pool while that lowers
-    the fleet's total cost per hour (pool_moves; its evaluation there must meet the SLO, network included, as every
-    feasible evaluation does)."""
-
-    def key_of(ev: Evaluation) -> tuple[str, str]:
-        return ev.service_region, ev.candidate.label
-
-    def at(plan: RegionPlan, key: tuple[str, str]) -> Evaluation | None:
-        own = _given(plan.winner)
-        return own if key_of(own) == key else next(
-            (e for e in plan.ranked if key_of(e) == key and e.candidate.estimated == own.candidate.estimated), None)
-
-    def cost(key: tuple[str, str], members: list[RegionPlan]) -> float:
-        return _pool_cost(key[0], [(p, _given(at(p, key))) for p in members], ctx)[1]
-
-    start: dict[tuple[str, str], list[RegionPlan]] = {}
-    for plan in plans:
-        if plan.winner is not None:
-            start.setdefault(key_of(plan.winner), []).append(plan)
-    moved = pool_moves(start, cost, lambda plan, key: at(plan, key) is not None, len(plans) * len(plans) + 1)
-    pools = {key: FleetPool(*key, [(p, _given(at(p, key))) for p in members]) for key, members in moved.items()}
-
-    def cost_of(key: tuple[str, str], members: list[tuple[RegionPlan, Evaluation]]) -> float:
-        return _pool_cost(key[0], members, ctx)[1]
-
-    for key, pool in pools.items():
-        size = _pool_size(key[0], pool.members, ctx)
-        pool.instances_by_hour, pool.cost_per_hour = size.counts, size.cost
-        pool.pool_target, pool.predictions, pool.member_checks = size.target, size.predictions, size.checks
-        pool.needed_by_hour = size.needed
-        pool.marginal = {plan.traffic.region: pool.cost_per_hour - cost_of(key, [m for m in pool.members if m[0] is not plan])
-                         for plan, _ in pool.members}
-    return list(pools.values())
 
 
 # ---------------------------------------------------------------- explanations
@@ -1225,15 +797,6 @@ def loss_head(ev: PoolDay, win: PoolDay) -> tuple[bool, str]:
                    f"${ev.usd_per_m_output:.3f} vs ${win.usd_per_m_output:.3f} per 1M output tokens)")
 
 
-def _loss_reason(ev: Evaluation, win: Evaluation, traffic: ConsumerTraffic) -> str:
-    capped = (f"{ev.first_failure.text()} caps its load at {ev.target:g} in-flight requests per instance, while "
-              f"{ev.share_above_target:.0%} of {traffic.region}'s requests run at higher levels"
-              if ev.first_failure and ev.share_above_target > 0 else None)
-    return loss_reason(ev, win, cap=ev.measured_cap, capped=capped,
-                       held=(ev.seconds_per_request, win.seconds_per_request),
-                       regions=(ev.service_region, win.service_region), fixed=(ev.fixed_per_hour, win.fixed_per_hour))
-
-
 def loss_reason(ev: PoolDay, win: PoolDay, *, cap: float | None, capped: str | None, held: tuple[float, float],
                 regions: tuple[str, str], fixed: tuple[float, float]) -> str:
     """Why `ev` is not the pick `win`, one model or a packing: the cost or, on a tie, what broke it (loss_head),
@@ -1265,45 +828,6 @@ def loss_reason(ev: PoolDay, win: PoolDay, *, cap: float | None, capped: str | N
     return "; ".join(parts)
 
 
-def _why_not(candidates: list[Candidate], evaluations: list[Evaluation], ranked: list[Evaluation],
-             winner: Evaluation | None, traffic: ConsumerTraffic, ctx: PlanContext) -> list[tuple[str, str]]:
-    out = []
-    order = {id(e.candidate): i for i, e in enumerate(ranked)}
-    candidates = sorted(candidates, key=lambda c: order.get(id(c), len(order)))
-    for cand in candidates:
-        mine = [e for e in evaluations if e.candidate is cand]
-        feasible = [e for e in ranked if e.candidate is cand]
-        if winner is not None and cand is winner.candidate:
-            others = [e for e in feasible if e is not winner]
-            if others:
-                out.append((f"{cand.label} from other regions", "; ".join(
-                    f"{e.service_region} {_pct(e.cost_per_hour, winner.cost_per_hour)} cost, RTT {e.rtt_ms:g} ms vs {winner.rtt_ms:g} ms"
-                    for e in others)))
-            continue
-        if feasible:
-            best = feasible[0]
-            assert winner is not None  # something is feasible, so something was chosen
-            if cand.estimated and best.rank_key() < winner.rank_key():
-                out.append((cand.label, cheaper_words(best, winner, f" in {best.service_region}")))
-                continue
-            out.append((cand.label, f"best in {best.service_region}: " + _loss_reason(best, winner, traffic)))
-            continue
-        home = next(e for e in mine if e.service_region == traffic.region)
-        text = f"ruled out: {home.rejected}"
-        others = [e for e in mine if e.service_region != traffic.region]
-        if others:
-            # One reason given once: a support-matrix refusal is the same in every region that could serve.
-            same = [e.service_region for e in others if e.rejected == home.rejected]
-            text += "; cross-region: " + "; ".join(([f"the same in {', '.join(same)}"] if same else [])
-                                                   + [f"{e.service_region}: {e.rejected}" for e in others
-                                                      if e.rejected != home.rejected])
-        elif traffic.region not in ctx.privatelink_regions and not (home.rejected or "").startswith(("quality", "measured")):
-            text += (f"; cross-region is not an option: {traffic.region} is not in the cross-region PrivateLink table "
-                     f"(so no other region can serve it)")
-        out.append((cand.label, text))
-    return out
-
-
 @dataclass(frozen=True)
 class Option:
     """One model's candidate curve (instance type x precision) as the notes read it, one model's candidate or the
@@ -1319,20 +843,6 @@ class Option:
     target: float | None = None
     noise_fallback: tuple[float, float] | None = None
     refusal: str | None = None
-
-
-def _option(cand: Candidate, evaluations: list[Evaluation], winner: Evaluation | None) -> Option:
-    mine = [e for e in evaluations if e.candidate is cand]
-    best = min(mine, key=lambda e: (not e.feasible, e.rank_key() if e.feasible else ()))
-    return Option(cand.label, cand.instance_type, cand.curve, best, winner is not None and cand is winner.candidate,
-                  cand.estimated, best.target, best.noise_fallback)
-
-
-def _peak_notes(candidates: list[Candidate], evaluations: list[Evaluation], winner: Evaluation | None,
-                traffic: ConsumerTraffic, ctx: PlanContext) -> list[str]:
-    if winner is None:
-        return []
-    return peak_notes([_option(c, evaluations, winner) for c in candidates], winner, traffic, ctx)
 
 
 def peak_notes(options: list[Option], winner: PoolDay | None, traffic: ConsumerTraffic, ctx: PlanContext) -> list[str]:
@@ -1375,17 +885,6 @@ def peak_notes(options: list[Option], winner: PoolDay | None, traffic: ConsumerT
 
 def overlap(a: tuple[float, float] | None, b: tuple[float, float] | None) -> bool:
     return bool(a and b and a[0] <= b[1] and b[0] <= a[1])
-
-
-def _stats_notes(ranked: list[Evaluation], winner: Evaluation | None, ctx: PlanContext) -> list[str]:
-    if winner is None:
-        return []
-    best: dict[int, Evaluation] = {}
-    for e in ranked:
-        best.setdefault(id(e.candidate), e)  # each candidate at its best, in rank order
-    return stats_notes(ranked, winner, [Option(e.candidate.label, e.candidate.instance_type, e.candidate.curve, e,
-                                               e.candidate is winner.candidate, e.candidate.estimated, e.target,
-                                               e.noise_fallback) for e in best.values()], ctx)
 
 
 def stats_notes(ranked: list[P], winner: P | None, options: list[Option], ctx: PlanContext) -> list[str]:

@@ -3,8 +3,6 @@ planner refuses with the validator's words. Its facts are checked against Tensor
 
 from __future__ import annotations
 
-import dataclasses
-import functools
 import itertools
 from pathlib import Path
 
@@ -13,8 +11,7 @@ import pytest
 from fleetcast.config import Backend, KvCacheDtype, ModelFamily, Precision, catalog, load_config, rules
 from fleetcast.contract import support
 from fleetcast.plan.curves import Candidate, Curve, LoadPoint
-from fleetcast.plan.inputs import load_fixed_costs, load_latency, load_prices, shipped_availability
-from fleetcast.plan.solver import PlanContext, Slo, _structural_rejection
+from fleetcast.plan.packing import ModelCurve, _options
 from runtime import trtllm
 from tests.runtime import trtllm_1_2_1_cli as cli, trtllm_1_2_llm_args as llm_args
 
@@ -99,17 +96,6 @@ def support_issues(c) -> list[str]:
             if i.path[-1] in SUPPORT_FIELDS or (i.path[-1] == "instance_type" and "architecture" in i.message)]
 
 
-@functools.cache
-def plan_ctx(family, kv) -> PlanContext:
-    return dataclasses.replace(_base_ctx(), model_family=family, kv_cache_dtype=kv)
-
-
-@functools.cache
-def _base_ctx() -> PlanContext:
-    return PlanContext(slo=Slo(300.0, 40.0, 0.01), prices=load_prices(None), availability=shipped_availability(),
-                       latency=load_latency(None), fixed=load_fixed_costs(None))
-
-
 CURVE = Curve((LoadPoint(concurrency=1, ttft_p99=100.0, itl_p99=5.0, e2e_mean=400.0, itl_mean=2.0),))
 ALL = list(itertools.product(ModelFamily, Backend, Precision, KvCacheDtype))
 
@@ -130,16 +116,20 @@ def test_validate_runtime_and_planner_decide_every_combination_alike(cfg, instan
             refused_on_instance = str(exc)
         combo = (instance_type, family.value, backend.value, precision.value, kv.value)
         assert bool(issues) == bool(refused_on_instance), (combo, issues, refused_on_instance)
-        rejection = _structural_rejection(Candidate(instance_type, precision.value, CURVE, backend=backend.value),
-                                          "us-east-1", "us-east-1", plan_ctx(family, kv.value))
+        # The planner's precisions for this model on this type (packing._options), the engine the config gives it.
+        refused: list[tuple[str, str]] = []
+        model = c.model.id
+        allowed = _options([ModelCurve(model, Candidate(instance_type, precision.value, CURVE, backend=backend.value))],
+                           model, instance_type, c, lambda _, f=family.value: f, {}, refused=refused)
         if issues:
-            assert rejection == f"{issues[0]}; the config validator would refuse it", combo
+            assert allowed == [] and refused == [(f"{model} {precision.value} on {instance_type}",
+                                                  f"{issues[0]}; the config validator would refuse it")], combo
             # The instance names the same rule; only its description of the GPU differs.
             refusal = support.check(family.value, backend.value, precision.value, kv.value, gpu.arch, "@")
             assert refused_on_instance.split(": ", 1)[1].split(" on ")[0] == refusal.reason.split(" on ")[0]
         else:
             accepted += 1
-            assert rejection is None or "validator" not in rejection, (combo, rejection)
+            assert allowed == [precision.value] and refused == [], (combo, refused)
     assert accepted  # every GPU in the catalog serves something
 
 

@@ -5,11 +5,12 @@ at night means, and a reason said once rather than once per region."""
 from __future__ import annotations
 
 import functools
+import json
 from datetime import date
 
 import pytest
 
-from fleetcast.plan.packing_report import blocks, render_terminal
+from fleetcast.plan.packing_report import blocks, render_terminal, to_json
 from fleetcast.plan.report import ARRIVALS_GLOSSARY, GLOSSARY, blocks_markdown, glossary
 from fleetcast.plan.run import PlanOptions, build_packing
 from fleetcast.plan.spot import attainment_text
@@ -105,7 +106,8 @@ def test_one_instance_at_night_is_said_to_be_one_instance_in_one_az():
 
 def test_a_refusal_is_given_once_for_every_region_that_could_serve_and_once_across_consumer_regions():
     """g7e's two precisions (fp8, fp16) are refused by the support matrix wherever they would serve: one line for the
-    type in the first consumer region, whatever the service regions; the second region points to it."""
+    type in the first consumer region, whatever the service regions; the second region points to it. plan.json keeps
+    every region's reasons whole."""
     result = plan(ROOT / "examples/plan/two-regions/traffic.yaml")
     first, second = (r.region for r in result.regions)
     refusal = "no TensorRT-LLM 1.2.x source says the engine flow builds for this architecture"
@@ -115,6 +117,9 @@ def test_a_refusal_is_given_once_for_every_region_that_could_serve_and_once_acro
         assert page.count(f"the same reason as for {first} above (the tensorrt backend is not supported ...)") == 1
         # The memory refusals of the packings of several copies too: a count per region, the reason once.
         assert page.count("memory: size unknown without a fleet config") == 1
+    # plan.json is read by programs: each region's reasons whole.
+    doc = json.dumps(to_json(result))
+    assert "the same reason as for" not in doc and "above (" not in doc
 
 
 def test_a_long_losing_reason_is_said_once_and_short_figures_stay():

@@ -14,8 +14,8 @@ from html.parser import HTMLParser
 import pytest
 
 from fleetcast.plan.inputs import PRICE_MAX_AGE_DAYS, stale_table_warning
-from fleetcast.plan.report import render_terminal, write_report
-from fleetcast.plan.run import PlanOptions, build_plan
+from fleetcast.plan.packing_report import render_terminal, write_report
+from fleetcast.plan.run import PlanOptions, build_packing
 from scripts.cli import main
 
 from .conftest import ROOT, SEED, keep_figures
@@ -27,28 +27,31 @@ PRICES_AS_OF = date(2026, 1, 15)  # fleetcast/config/data/instances.yaml and fix
 def seed_plan(results=None, **kw):
     opts = PlanOptions(results=results or [str(SEED / "results")], traffic=str(SEED / "traffic-seoul.yaml"),
                        config=None, today=kw.pop("today", PRICES_AS_OF), **SLO, **kw)
-    return build_plan(opts)
+    return build_packing(opts)
+
+
+SYNTHETIC = "synthetic (authored data, not measured)"
 
 
 def test_synthetic_seed_inputs_are_called_synthetic_everywhere(tmp_path):
-    result, plans, _ = seed_plan()
+    result, _, _ = seed_plan()
     text = render_terminal(result)
-    assert "results: 7 synthetic candidate(s) (authored data, not measured)" in text
-    assert "measured candidate" not in text
-    assert "7 of 7 candidate(s) rest on SYNTHETIC results" in text
-    assert "Recommendation: g6e.xlarge int8_wo (synthetic: authored data, not measured) in ap-northeast-2" in text
+    assert "results: 7 synthetic solo curve(s)" in text
+    assert "measured solo curve" not in text and "measured (" not in text
+    assert "7 of 7 curve(s) rest on SYNTHETIC results" in text
+    assert f"Recommendation: g6e.xlarge [gpt2-xl int8_wo x1] ({SYNTHETIC}) in ap-northeast-2" in text
     rows = [line for line in text.splitlines() if re.match(r"\d+  ", line)]
-    assert rows and all(line.rstrip().endswith("synthetic") for line in rows)
+    assert rows and all(line.rstrip().endswith(SYNTHETIC) for line in rows)
 
     write_report(result, tmp_path)
     md, page = (tmp_path / "plan.md").read_text(), (tmp_path / "plan.html").read_text()
     for doc in (md, page):
-        assert "7 synthetic candidate(s)" in doc and "measured candidate" not in doc
+        assert "7 synthetic solo curve(s)" in doc and "measured curve" not in doc
     md_sources = [line.split("|")[-2].strip() for line in md.splitlines() if re.match(r"\| \d+ \| g", line)]
-    assert md_sources == ["synthetic"] * 5
-    assert "<td>measured</td>" not in page and page.count("<td>synthetic</td>") == 5
+    assert md_sources == [SYNTHETIC] * 5
+    assert "<td>measured" not in page and page.count(f"<td>{SYNTHETIC}</td>") == 5 + 5  # feasible + other packings
     data = json.loads((tmp_path / "plan.json").read_text())
-    assert {e["source"] for r in data["regions"] for e in r["evaluations"]} == {"synthetic"}
+    assert {e["source"] for r in data["regions"] for e in r["evaluations"]} == {SYNTHETIC}
     assert any("SYNTHETIC" in w for w in data["warnings"])
 
 
@@ -59,13 +62,16 @@ def test_measured_and_estimated_inputs_are_called_so(tmp_path):
         raw.pop(key)
     measured = tmp_path / "measured.json"
     measured.write_text(json.dumps(raw))
-    result, plans, _ = seed_plan([str(measured), str(SEED / "results" / "g5.xlarge-fp16.json")],
-                                 estimate=["g6e.2xlarge:int8_wo"])
-    sources = {e.candidate.label: e.candidate.source for e in plans[0].ranked}
-    assert sources == {"g6e.xlarge int8_wo": "measured", "g5.xlarge fp16": "synthetic", "g6e.2xlarge int8_wo": "estimated"}
-    assert ("results: 1 measured candidate(s), 1 synthetic candidate(s) (authored data, not measured), "
-            "1 estimated candidate(s) (by the roofline model, not measured)") in result.data_notes
-    assert result.estimator.startswith("roofline calibrated on 1 measured candidate(s), 1 synthetic candidate(s)")
+    result, _, _ = seed_plan([str(measured), str(SEED / "results" / "g5.xlarge-fp16.json")],
+                             estimate=["g6e.2xlarge:int8_wo"])
+    sources = {e.label: e.source for e in result.regions[0].ranked}
+    assert sources == {"g6e.xlarge [gpt2-xl int8_wo x1]": "measured (one process)",
+                       "g5.xlarge [gpt2-xl fp16 x1]": SYNTHETIC,
+                       "g6e.2xlarge [gpt2-xl int8_wo x1]": "estimated (roofline model)"}
+    assert ("results: 1 estimated (roofline) solo curve(s), 1 measured solo curve(s), 1 synthetic solo curve(s)"
+            in result.data_notes)
+    assert result.estimator.startswith("gpt2-xl: roofline calibrated on 1 measured candidate(s), 1 synthetic "
+                                       "candidate(s)")
 
 
 def test_price_tables_older_than_90_days_are_flagged():
@@ -135,7 +141,7 @@ def test_plan_html_has_everything_plan_md_has(tmp_path):
     traffic.write_text((SEED / "traffic-seoul.yaml").read_text().replace("output_tokens: 128", "output_tokens: 100"))
     opts = PlanOptions(results=[str(SEED / "results")], traffic=str(traffic), config=None, today=PRICES_AS_OF,
                        estimate=["g6e.2xlarge:int8_wo"], **SLO)
-    result, _, _ = build_plan(opts)
+    result, _, _ = build_packing(opts)
     write_report(result, tmp_path)
     md_items = _markdown_items((tmp_path / "plan.md").read_text())
     parser = _Text()
@@ -145,7 +151,7 @@ def test_plan_html_has_everything_plan_md_has(tmp_path):
     assert "The recommendation hour by hour (UTC)" in parser.items
     assert any(re.match(r"09 \| 180 \| \d+ \| ", i) for i in parser.items)
     assert any(i.startswith("note: synthetic results at 128 output tokens") for i in parser.items)
-    assert any(i.startswith("Performance model: roofline calibrated") for i in parser.items)
+    assert any(i.startswith("Performance model: gpt2-xl: roofline calibrated") for i in parser.items)
 
 
 def test_the_page_explains_its_columns(tmp_path):
@@ -168,20 +174,19 @@ def _saved_figures(monkeypatch, result, tmp_path):
 def test_plots_draw_what_they_claim(monkeypatch, tmp_path, traffic):
     opts = PlanOptions(results=[str(SEED / "results")], traffic=str(SEED / traffic), config=None, today=PRICES_AS_OF,
                        **SLO)
-    result, plans, _ = build_plan(opts)
-    plan = plans[0]
+    result, _, _ = build_packing(opts)
+    (plan,) = result.regions
     figs = _saved_figures(monkeypatch, result, tmp_path)
-    region = plan.traffic.region
-    for name, latency, slo_ms in (("cost_vs_ttft", "weighted_ttft_p99", SLO["ttft_p99_ms"]),
-                                  ("cost_vs_itl", "weighted_itl_p99", SLO["itl_p99_ms"])):
+    region = plan.region
+    for name, latency, slo_ms in (("cost_vs_ttft", 0, SLO["ttft_p99_ms"]), ("cost_vs_itl", 1, SLO["itl_p99_ms"])):
         ax = figs[f"{name}-{region}.png"].axes[0]
         # Every point drawn is labelled: each candidate at its cheapest region, and the front on this latency.
-        points = [(getattr(e, latency), e.usd_per_m_output) for e in plan.ranked]
+        points = [(e.loads[0].worst()[latency], e.usd_per_m_output) for e in plan.ranked]
         front = {e.label for e, (x, y) in zip(plan.ranked, points)
                  if not any(x2 <= x and y2 <= y and (x2, y2) != (x, y) for x2, y2 in points)}
         cheapest = {}
         for e in plan.ranked:
-            cheapest.setdefault(e.candidate.label, e.label)
+            cheapest.setdefault((e.instance_type, e.loads[0].precision), e.label)
         assert sorted(a.get_text() for a in ax.texts) == sorted(front | set(cheapest.values()))
         assert front <= {a.get_text() for a in ax.texts if a.get_color() == "C3"}
         # The SLO is a vertical line at its value, named in the legend, and inside the x range.
@@ -198,9 +203,10 @@ def test_plots_draw_what_they_claim(monkeypatch, tmp_path, traffic):
     demand, instances = figs[f"instances-{region}.png"].axes
     # Demand and instances on their own panels and scales.
     assert not demand.get_lines() and demand.collections and demand.get_ylabel() == "requests/s"
-    feasible = {e.candidate.label for e in plan.ranked}
+    feasible = {e.label.split(" @ ")[0] for e in plan.ranked}
     lines = instances.get_lines()
-    assert {line.get_label().split(" @ ")[0] for line in lines} == feasible
+    assert {re.sub(r" \((this region's pick|under the pick: .*)\)$", "", line.get_label()).split(" @ ")[0]
+            for line in lines} == feasible
     pick = [line for line in lines if line.get_label().endswith("(this region's pick)")]
     assert len(pick) == 1 and pick[0].get_zorder() == max(line.get_zorder() for line in lines)  # drawn on top
     if region == "ap-northeast-2":
@@ -210,14 +216,14 @@ def test_plots_draw_what_they_claim(monkeypatch, tmp_path, traffic):
 def test_the_instances_plot_draws_the_pooled_fleet_the_plan_writes(monkeypatch, tmp_path):
     opts = PlanOptions(results=[str(SEED / "results")], traffic=str(ROOT / "examples/plan/two-regions/traffic.yaml"),
                        config=None, today=PRICES_AS_OF, **SLO)
-    result, plans, _ = build_plan(opts)
-    [pool] = [p for p in result.pools if len(p.members) > 1]
+    result, _, _ = build_packing(opts)
+    [pool] = [p for p in result.pools if len(p.consumer_regions) > 1]
     figs = _saved_figures(monkeypatch, result, tmp_path)
     for region in pool.consumer_regions:
         [drawn] = [line for line in figs[f"instances-{region}.png"].axes[1].get_lines()
                    if line.get_label().startswith("the planned fleet")]
         assert list(drawn.get_ydata())[:-1] == pool.instances_by_hour
-        assert pool.service_region in drawn.get_label() and drawn.get_linestyle() == "--"
+        assert f"pooled in {pool.region}" in drawn.get_label() and drawn.get_linestyle() == "--"
 
 
 def test_an_option_hidden_under_the_picks_line_is_named_so_in_the_legend(tmp_path):
@@ -270,6 +276,26 @@ def test_an_interrupted_bench_run_is_named_in_the_warnings(tmp_path):
     doc["interrupted"] = "Ctrl-C during concurrency 16: 3 of 6 level(s) finished"
     cut = tmp_path / "g6e.xlarge-int8_wo.json"
     cut.write_text(json.dumps(doc))
-    result, _, _ = build_plan(PlanOptions(results=[str(cut)], traffic=str(SEED / "traffic-seoul.yaml"), config=None,
-                                          ttft_p99_ms=300, itl_p99_ms=40))
+    result, _, _ = build_packing(PlanOptions(results=[str(cut)], traffic=str(SEED / "traffic-seoul.yaml"), config=None,
+                                             ttft_p99_ms=300, itl_p99_ms=40))
     assert any("the bench run was interrupted (Ctrl-C during concurrency 16" in w for w in result.warnings)
+
+
+def test_plan_json_says_what_each_member_of_a_pooled_pool_gets():
+    """A pool serving Virginia and Ohio is sized for its farthest member; plan.json's member_checks give each member's
+    predicted P99 TTFT (its own network) and ITL at the pool's worst planned minute, per model, as a one-model plan's
+    pools did before issue 34."""
+    from fleetcast.plan.packing_report import to_json
+
+    opts = PlanOptions(results=[str(SEED / "results")], traffic=str(ROOT / "examples/plan/two-regions/traffic.yaml"),
+                       config=str(ROOT / "config/fleet.yaml"), today=PRICES_AS_OF)
+    result, ctx, _ = build_packing(opts)
+    (pool,) = to_json(result)["pools"]
+    checks = pool["member_checks"]
+    assert set(checks) == {"us-east-1", "us-east-2"} and all(set(c) == {"gpt2-xl"} for c in checks.values())
+    east, ohio = checks["us-east-1"]["gpt2-xl"], checks["us-east-2"]["gpt2-xl"]
+    # One worst minute, each member's own network: Ohio's round trip to Virginia is the only difference.
+    rtt = ctx.latency.between("us-east-2", "us-east-1") - ctx.latency.same_region_ms
+    assert ohio["ttft_p99_ms"] - east["ttft_p99_ms"] == pytest.approx(rtt)
+    assert ohio["itl_p99_ms"] == east["itl_p99_ms"]
+    assert max(ohio["ttft_p99_ms"], east["ttft_p99_ms"]) <= 300

@@ -13,8 +13,9 @@ import math
 
 import pytest
 
-from fleetcast.plan.queueing import ServiceModel, Stream, occupancy, predict
-from fleetcast.plan.run import Planned, PlanOptions, build_plan
+from fleetcast.plan.packing import scaling_target
+from fleetcast.plan.queueing import ServiceModel, Stream, model_for, occupancy, predict
+from fleetcast.plan.run import Planned, PlanOptions, build_packing
 from fleetcast.plan.simulate import FleetSim, busiest_minutes, poisson_arrivals
 from scripts.cli import main
 
@@ -29,29 +30,40 @@ def build(traffic, **kw):
     opts = dict(results=[RESULTS], traffic=str(traffic), config=None, ttft_p99_ms=300.0, itl_p99_ms=40.0,
                 error_rate=0.01, min_instances=1)
     opts.update(kw)
-    return build_plan(PlanOptions(**opts))
+    packed, ctx, _ = build_packing(PlanOptions(**opts))
+    return packed, ctx
 
 
-def candidate(plans, label):
-    return next(e for p in plans for e in p.ranked if e.candidate.label == label)
+def candidate(packed, label):
+    """The way to serve labelled `label` ("g5.xlarge fp16": its instance type and precision) from the consumers' own
+    region."""
+    return next(served_from(r, label, r.region) for r in packed.regions)
+
+
+def served_from(plan, label, region):
+    """A consumer region's way to serve labelled `label` ("g5.xlarge fp16") from `region`."""
+    itype, precision = label.split()
+    return next(e for e in plan.ranked if e.instance_type == itype and e.loads[0].precision == precision
+                and e.region == region)
 
 
 @pytest.mark.parametrize("traffic", SCENARIOS, ids=lambda p: p.parent.name + "/" + p.name)
 def test_planner_and_simulation_agree_within_10_percent(traffic):
-    result, plans, ctx = build(traffic)
+    packed, ctx = build(traffic)
     # The plan's own pools, and the slowest candidate (the most instances: the sharpest count check).
-    lines, ok = Planned(result, ctx).simulate(7, None, 2, None)
+    lines, ok = Planned(packed, ctx).simulate(7, None, 2, None)
     assert ok, "\n".join(lines)
-    lines, ok = Planned(result, ctx).simulate(7, ["g5.xlarge fp16"], 1, None)
+    lines, ok = Planned(packed, ctx).simulate(7, ["g5.xlarge [gpt2-xl fp16 x1]"], 1, None)
     assert ok, "\n".join(lines)
 
 
 def test_each_instance_obeys_littles_law_at_its_planned_load():
-    _, plans, ctx = build(SEED / "traffic-seoul-arrivals.yaml")
-    ev = candidate(plans, "g5.xlarge fp16")
-    model = ctx.model(ev.candidate)
+    packed, _ = build(SEED / "traffic-seoul-arrivals.yaml")
+    ev = candidate(packed, "g5.xlarge fp16")
+    (load,) = ev.loads
+    model = model_for(load.curve)
     h = 10  # 180 req/s, busiest minute 1.25x
-    pred = ev.predictions[h]
+    pred = load.predictions[h]
     per_instance = 180 * 1.25 / ev.instances_by_hour[h]
     assert pred.rate_rps == pytest.approx(per_instance)
     # Little's law: requests in flight = arrival rate x the mean time each holds the instance at the batch it joins.
@@ -59,34 +71,37 @@ def test_each_instance_obeys_littles_law_at_its_planned_load():
     held_s = sum(w * model.hold_ms(1.0 + k, 128) for k, w in enumerate(pmf)) / 1000
     assert pred.in_flight == pytest.approx(per_instance * held_s, rel=1e-3)
     assert pred.out_of_range < 0.01
-    assert pred.ttft_p99_ms <= 300 - ev.network_ms and pred.ttft_p99_ms > 0.9 * (300 - ev.network_ms)
+    assert pred.ttft_p99_ms <= 300 - load.network_ms and pred.ttft_p99_ms > 0.9 * (300 - load.network_ms)
 
 
 def test_per_instance_concurrency_follows_from_the_arrivals_not_from_a_histogram():
     # Twice the arrivals: the histogram method keeps the same per-instance levels by assumption; sized from
     # arrivals the instances run near the same SLO-bound load, and the count doubles (within rounding).
-    from fleetcast.plan.solver import evaluate
+    from fleetcast.plan.traffic import load_traffic
 
-    _, plans, ctx = build(SEED / "traffic-seoul-arrivals.yaml")
-    ev = candidate(plans, "g5.xlarge fp16")
-    big = evaluate(ev.candidate, plans[0].traffic.scaled(2.0), "ap-northeast-2", ctx)
+    profile = load_traffic(SEED / "traffic-seoul-arrivals.yaml")
+    doubled = profile.model_copy(update={"consumers": [t.scaled(2.0) for t in profile.consumers]})
+    ev = candidate(build(SEED / "traffic-seoul-arrivals.yaml")[0], "g5.xlarge fp16")
+    big = candidate(build(None, traffic_profile=doubled)[0], "g5.xlarge fp16")
     for h in (0, 10):
         assert abs(big.instances_by_hour[h] - 2 * ev.instances_by_hour[h]) <= 1
-        assert big.predictions[h].in_flight == pytest.approx(ev.predictions[h].in_flight, rel=0.1)
-    assert big.target == ev.target  # the scaling target is a property of the candidate and the bursts
+        assert big.loads[0].predictions[h].in_flight == pytest.approx(ev.loads[0].predictions[h].in_flight, rel=0.1)
+    # The scaling target is a property of the candidate and the bursts.
+    assert scaling_target(big) == scaling_target(ev)
 
 
 def test_a_histogram_only_profile_keeps_the_histogram_method():
-    _, plans, _ = build(SEED / "traffic-seoul.yaml", min_instances=None)
-    (plan,) = plans
-    assert not plan.traffic.arrival_driven and not plan.winner.arrival_driven
-    assert (plan.winner.candidate.label, plan.winner.target, round(plan.winner.cost_per_hour, 2)) == \
-        ("g6e.xlarge int8_wo", 48, 19.63)  # the published histogram figures (tests/plan/test_seed_scenario.py)
+    packed, ctx = build(SEED / "traffic-seoul.yaml", min_instances=None)
+    (plan,) = packed.regions
+    (load,) = plan.winner.loads
+    assert not plan.traffic[0].arrival_driven and load.histogram is not None
+    assert (plan.winner.label, scaling_target(plan.winner), round(plan.winner.cost_per_hour, 2)) == \
+        ("g6e.xlarge [gpt2-xl int8_wo x1]", 48, 19.63)  # the published histogram figures (test_seed_scenario.py)
 
 
 def test_the_simulator_is_deterministic_and_conserves_requests():
-    _, plans, ctx = build(SEED / "traffic-seoul-arrivals.yaml")
-    model = ctx.model(candidate(plans, "g6e.xlarge fp8").candidate)
+    packed, _ = build(SEED / "traffic-seoul-arrivals.yaml")
+    model = model_for(candidate(packed, "g6e.xlarge fp8").loads[0].curve)
     a = busiest_minutes(model, [(150.0, 128)], 3, seed=5, minutes=1)
     b = busiest_minutes(model, [(150.0, 128)], 3, seed=5, minutes=1)
     c = busiest_minutes(model, [(150.0, 128)], 3, seed=6, minutes=1)
@@ -125,42 +140,52 @@ def test_a_histogram_pool_is_sized_at_the_one_target_it_scales_on(tmp_path):
     # us-west-2 on the us-east-1 pool: 65 ms more network caps it at 32 where us-east-1 alone runs at 48. The pool
     # scales on one target, so both members' load counts at that target: 111.5 req/s at S(48) fits 10 instances,
     # at S(32) it needs 11. Sized member by member (each at its own target) the pool claimed 10 and a saving.
-    from fleetcast.plan.solver import _pool_size
+    from fleetcast.plan.packing import _pooled_histogram
 
     results = [str(SEED / "results" / f) for f in ("g6e.xlarge-int8_wo.json", "g5.xlarge-int8_wo.json")]
-    result, plans, ctx = build(east_and_west_traffic(tmp_path, '{"0-24": 111.5}', '{"0-24": 0.5}'), results=results)
-    east, west = plans
-    members = [(east, east.winner),
-               (west, next(e for e in west.ranked if e.service_region == "us-east-1"
-                           and e.candidate is east.winner.candidate))]
-    assert [ev.target for _, ev in members] == [48, 32]
-    size = _pool_size("us-east-1", members, ctx)
-    assert size.target == 32 and all(size.target <= ev.max_load for _, ev in members)
-    load = sum(p.traffic.hourly_rps()[0] * ev.seconds_at(32) for p, ev in members)
-    assert size.counts == [math.ceil(load)] * 24 == [11] * 24
+    packed, ctx = build(east_and_west_traffic(tmp_path, '{"0-24": 111.5}', '{"0-24": 0.5}'), results=results)
+    east, west = packed.regions
+    members = [east.winner, served_from(west, "g6e.xlarge int8_wo", "us-east-1")]
+    assert members[0].region == "us-east-1"
+    days = [ev.loads[0].histogram for ev in members]
+    assert [d.target for d in days] == [48, 32]
+    pool = _pooled_histogram(east.winner, [east, west], ctx)
+    assert pool is not None and pool.consumer_regions == ("us-east-1", "us-west-2")
+    assert scaling_target(pool) == 32 and all(32 <= d.max_load for d in days)
+    load = sum(ev.loads[0].traffic.hourly_rps()[0] * d.seconds_at(32) for ev, d in zip(members, days))
+    assert pool.instances_by_hour == [math.ceil(load)] * 24 == [11] * 24
     # Joining costs the pool an instance, more than the west's own pool: the regions stay apart.
-    assert sorted(tuple(p.consumer_regions) for p in result.pools) == [("us-east-1",), ("us-west-2",)]
+    assert sorted(p.consumer_regions or (p.region,) for p in packed.pools) == [("us-east-1",), ("us-west-2",)]
 
 
 def test_an_arrivals_pool_meets_every_members_slo_with_its_own_network(tmp_path):
     # g5 only (many instances, so one fewer is a sharp check). Served from us-east-1, the west's 65 ms go into
-    # its TTFT, so the whole pool runs at the load that leaves the west its SLO.
-    from fleetcast.plan.solver import _pool_size
+    # its TTFT, so the whole pool runs at the load that leaves the west its SLO. plan.json's member_checks say what
+    # each member gets (before issue 34 only a one-model plan's pools said it).
+    from fleetcast.plan import packing
 
-    result, plans, ctx = build(east_and_west_traffic(tmp_path, '{"0-24": 100}', '{"0-24": 20}', extra="burstiness: 1.2"),
-                               results=[str(SEED / "results" / "g5.xlarge-int8_wo.json")])
-    east, west = plans
-    members = [(east, east.winner), (west, next(e for e in west.ranked if e.service_region == "us-east-1"))]
-    size = _pool_size("us-east-1", members, ctx)
-    model: ServiceModel = ctx.model(east.winner.candidate)
-    streams = [Stream(p.traffic.hourly_rps()[0] * 1.2, 128) for p, _ in members]
-    n = size.counts[0]
+    results = [str(SEED / "results" / "g5.xlarge-int8_wo.json")]
+    packed, ctx = build(east_and_west_traffic(tmp_path, '{"0-24": 100}', '{"0-24": 20}', extra="burstiness: 1.2"),
+                        results=results)
+    east, west = packed.regions
+    members = [east.winner, served_from(west, "g5.xlarge int8_wo", "us-east-1")]
+    curves = packing.load_model_curves(results, ("gpt2-xl",))
+    pool = packing._pooled(None, curves, east.winner, [east, west], ctx, ctx.slo, {"lab": {}})
+    assert pool is not None
+    model: ServiceModel = model_for(east.winner.loads[0].curve)
+    streams = [Stream(ev.loads[0].traffic.hourly_rps()[0] * 1.2, 128) for ev in members]
+    n = pool.instances_by_hour[0]
     pred = predict(model, streams, 1.0 / n)
-    assert all(pred.ttft_p99_ms + ev.network_ms <= 300 for _, ev in members)
+    networks = [ev.loads[0].network_ms for ev in members]
+    assert all(pred.ttft_p99_ms + net <= 300 for net in networks)
     fewer = predict(model, streams, 1.0 / (n - 1))
-    assert fewer.ttft_p99_ms + members[1][1].network_ms > 300  # the west's SLO is what sets the count
-    assert fewer.ttft_p99_ms + members[0][1].network_ms <= 300  # the east alone would take one fewer
-    assert set(size.checks) == {"us-east-1", "us-west-2"} and size.checks["us-west-2"][0] <= 300
+    assert fewer.ttft_p99_ms + networks[1] > 300  # the west's SLO is what sets the count
+    assert fewer.ttft_p99_ms + networks[0] <= 300  # the east alone would take one fewer
+    checks = packing.member_checks(pool, ctx)
+    assert set(checks) == {"us-east-1", "us-west-2"} and checks["us-west-2"]["gpt2-xl"][0] <= 300
+    worst = max((p for p in pool.loads[0].predictions if p is not None), key=lambda p: p.ttft_p99_ms)
+    for region, net in zip(("us-east-1", "us-west-2"), networks):
+        assert checks[region]["gpt2-xl"] == pytest.approx((worst.ttft_p99_ms + net, worst.itl_p99_ms))
 
 
 # ---------------------------------------------------------------- explanations say what decided
@@ -169,40 +194,43 @@ def test_an_arrivals_pool_meets_every_members_slo_with_its_own_network(tmp_path)
 def test_a_candidate_capped_by_its_measured_range_says_so_before_the_price():
     # With a 400 ms TTFT SLO g6e int8_wo and fp8 meet every SLO at their highest level, 64: the load they could carry
     # is unknown, so the plan caps them there and must say that is why they cost what they cost.
-    _, plans, _ = build(SEED / "traffic-seoul-arrivals.yaml", ttft_p99_ms=400.0)
-    (plan,) = plans
-    reasons = dict(plan.why_not)
+    packed, _ = build(SEED / "traffic-seoul-arrivals.yaml", ttft_p99_ms=400.0)
+    (plan,) = packed.regions
+    reasons = dict(plan.why_not())
     capped = [label for label in ("g6e.xlarge int8_wo", "g6e.xlarge fp8")
-              if label != plan.winner.candidate.label]
+              if candidate(packed, label) is not plan.winner]
     for label in capped:
-        assert candidate(plans, label).measured_cap == 64
-        assert reasons[label].startswith("best in ap-northeast-2: measured only up to concurrency 64, lower than the "
-                                         "load it could carry"), reasons[label]
+        ev = candidate(packed, label)
+        assert ev.measured_cap == 64
+        assert reasons[ev.label].startswith("measured only up to concurrency 64, lower than the load it could "
+                                            "carry"), reasons[ev.label]
     assert capped and any("measured only up to concurrency 64" in n for n in plan.winner.notes)
 
 
 def test_a_config_floor_that_decides_the_pick_is_named():
     # A floor of 40 instances all day: every candidate pays for 40, and g5 (cheaper per instance) wins only
-    # because of it; the traffic alone picks g6e fp8.
-    result, plans, _ = build(SEED / "traffic-seoul-arrivals.yaml", min_instances=40)
-    (plan,) = plans
-    assert plan.winner.candidate.family == "g5"
+    # because of it; the traffic alone picks g6e fp8. Its why-not says so (before issue 34 only a one-model plan's did).
+    packed, _ = build(SEED / "traffic-seoul-arrivals.yaml", min_instances=40)
+    (plan,) = packed.regions
+    assert plan.winner.instance_type.startswith("g5.")
     (note,) = plan.decided_by
-    assert note.startswith("the floor of 40 instances") and "decided the pick: without it g6e.xlarge fp8" in note
-    assert "without the floor of 40 instances" in dict(plan.why_not)["g6e.xlarge fp8"]
+    assert note.startswith("the floor of 40 instances")
+    assert "decided the pick: without it g6e.xlarge [gpt2-xl fp8 x1]" in note
+    assert "without the floor of 40 instances" in dict(plan.why_not())["g6e.xlarge [gpt2-xl fp8 x1]"]
 
 
 def test_a_reservation_that_decides_the_pick_is_named():
-    result, plans, _ = build(SEED / "traffic-seoul-arrivals.yaml", reserved={("g5.xlarge", "ap-northeast-2"): 32})
-    (plan,) = plans
-    assert plan.winner.candidate.instance_type == "g5.xlarge"
+    packed, _ = build(SEED / "traffic-seoul-arrivals.yaml", reserved={("g5.xlarge", "ap-northeast-2"): 32})
+    (plan,) = packed.regions
+    assert plan.winner.instance_type == "g5.xlarge"
     (note,) = plan.decided_by
-    assert note.startswith("the capacity reservation (32 x g5.xlarge in ap-northeast-2") and "g6e.xlarge fp8" in note
+    assert note.startswith("the capacity reservation (32 x g5.xlarge in ap-northeast-2")
+    assert "g6e.xlarge [gpt2-xl fp8 x1]" in note
 
 
 def test_no_decided_by_note_when_the_traffic_decides():
-    _, plans, _ = build(SEED / "traffic-seoul-arrivals.yaml", min_instances=2)
-    assert plans[0].decided_by == []
+    packed, _ = build(SEED / "traffic-seoul-arrivals.yaml", min_instances=2)
+    assert packed.regions[0].decided_by == []
 
 
 def test_with_a_constant_holding_time_the_occupancy_is_poisson():
