@@ -360,3 +360,32 @@ def test_the_engine_process_of_a_reference_server_the_supervisor_starts_costs_a_
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait(60)
+
+
+@needs_torch
+@ONE_FORK_SERVER
+def test_the_engine_process_of_a_server_the_tests_start_is_a_fork_of_that_server(tmp_path):
+    """ServerProcess's server (a fork behind the launcher) starts its engine process as a fork of itself, as a server
+    the supervisor starts does: its child, with the command line exec would show, not another launcher's fork of the
+    fork server (a launcher is a new interpreter of its own, and the engine then is not the server's child)."""
+    from runtime.reference.build import build_artifact
+
+    from .reference_helpers import ServerProcess
+
+    fork_server = reference_servers()
+    if fork_server is None:
+        pytest.skip("TEST_NO_ZYGOTE=1: servers are started as the product starts them")
+    build_artifact(tmp_path / "artifact", size="tiny", seed=0)
+    server = ServerProcess(tmp_path / "artifact", log_path=tmp_path / "log")
+    try:
+        server.wait_healthy(120)
+        with urllib.request.urlopen(f"{server.base}/memory", timeout=30) as reply:
+            engine = int(json.load(reply)["engine_pid"])
+        http = _parent(engine)
+        assert _parent(http) == fork_server.proc.pid and _cmdline(engine) == ENGINE_ARGV
+        fields = Path(f"/proc/{engine}/stat").read_text().rsplit(")", 1)[1].split()
+        cpu_s = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # proc(5): utime, stime
+        assert cpu_s < 1.0, f"the engine process used {cpu_s:.2f} s of CPU by its load: an interpreter of its own?"
+    finally:
+        server.stop()
+    assert _gone(engine)

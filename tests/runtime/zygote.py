@@ -123,12 +123,14 @@ def _become(conn: socket.socket, request: dict, fds: list[int]) -> int:
     os.environ.update(request["env"])
     os.chdir(request["cwd"])
     sys.path[0] = os.getcwd()  # as `python -m` sets it
+    # What forked_site/sitecustomize.py does at a process's start where `forked_engines` reaches; any fork starts
+    # the engine process of a reference server (runtime/reference/proxy.py) as a fork of itself (_local_child).
+    import subprocess
+
+    engines = request["env"].get(ENGINE_SOCKET_VAR, "")
+    subprocess.Popen = forking_popen(engines, ENGINE_MODULES if engines else frozenset())  # type: ignore[misc]
     if request.get("stand_in"):
         _stand_in(request)
-        if request["env"].get(ENGINE_SOCKET_VAR):  # what forked_site/sitecustomize.py does at a process's start
-            import subprocess
-
-            subprocess.Popen = forking_popen(request["env"][ENGINE_SOCKET_VAR])  # type: ignore[assignment,misc]
         try:  # once its /proc entries are its own, as Popen returns once exec has succeeded
             conn.sendall(f"pid {os.getpid()}\n".encode())
         except OSError:
@@ -783,8 +785,8 @@ def _become_local(argv: list[str], cwd, env, pipes: tuple[int, ...], keep) -> No
         runpy.run_module(module, run_name="__main__", alter_sys=True)
 
 
-# The server's HTTP process and its engine process (runtime.reference.worker, started through this fork server where
-# ServerProcess sets runtime.reference.protocol.WORKER_LAUNCHER_ENV) both come from here.
+# What the forks run, imported once: the server's HTTP process and its engine process (runtime.reference.worker, a
+# fork of the server's fork), gateways, the runtime and the CLI.
 REFERENCE_SERVER_IMPORTS = ("torch", "safetensors.torch", "runtime.reference.server", "runtime.reference.worker",
                             "runtime.reference.engine", "runtime.reference.build", "runtime.reference.model",
                             "runtime.gateway.__main__", "runtime.bootstrap", "scripts.cli")
