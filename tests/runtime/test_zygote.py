@@ -162,8 +162,11 @@ def test_a_fork_of_the_fork_server_with_pytorch_ends_without_tearing_its_heap_do
     assert fork_server.cpu_s() - before < 0.3
 
 
-def test_another_pythonpath_is_refused_not_run_with_the_fork_servers(probe):
-    proc = probe("exit", "0", PYTHONPATH="/elsewhere")
+def test_another_pythonpath_is_refused_not_run_with_the_fork_servers(probe, tmp_path):
+    shadow = tmp_path / "shadow"  # resource from elsewhere: not the module the fork server imported
+    shadow.mkdir()
+    (shadow / "resource.py").write_text("")
+    proc = probe("exit", "0", PYTHONPATH=str(shadow))
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 1 and "start this process with its own interpreter" in err
 
@@ -222,13 +225,32 @@ def test_a_build_run_with_its_output_captured_gets_its_output_and_exit_status(tm
     assert int(parent) == zygote.proc.pid and done.stderr == ""
 
 
-def test_what_the_fork_server_cannot_stand_in_for_is_started_here(product_start):
-    proc = product_start("wait", PYTHONPATH="/elsewhere")  # its sys.path would not be the fork server's
+def test_what_the_fork_server_cannot_stand_in_for_is_started_here(product_start, tmp_path):
+    """A PYTHONPATH whose modules would not be the ones the fork server imported: resource from elsewhere."""
+    shadow = tmp_path / "shadow"
+    shadow.mkdir()
+    (shadow / "resource.py").write_text("")
+    proc = product_start("wait", PYTHONPATH=str(shadow))
     try:
         assert _parent(proc.pid) == os.getpid()
     finally:
         proc.kill()
         proc.wait(60)
+
+
+def test_another_pythonpath_that_changes_no_imported_module_is_a_fork_with_that_sys_path(product_start, zygote,
+                                                                                          tmp_path):
+    """As the runtime starts in the container: its vendored packages' directory on PYTHONPATH (empty here)."""
+    vendored = tmp_path / "vendored"
+    vendored.mkdir()
+    (tmp_path / "zygote_probe.py").write_text("import sys; print(sys.path[1])\n")
+    proc = product_start(PYTHONPATH=str(vendored))
+    assert _parent(proc.pid) == zygote.proc.pid
+    assert proc.wait(60) == 0
+    popen = forking_popen(zygote.socket, frozenset({"zygote_probe"}))
+    with popen([sys.executable, "-m", "zygote_probe"], env={**os.environ, "PYTHONPATH": str(vendored)}, cwd=tmp_path,
+               stdout=subprocess.PIPE, text=True) as printed:
+        assert printed.communicate(timeout=60)[0].strip() == str(vendored)
 
 
 def test_a_process_started_with_its_streams_redirected_writes_where_they_point(tmp_path, zygote):
