@@ -411,3 +411,36 @@ def test_the_engine_process_of_a_server_the_tests_start_is_a_fork_of_that_server
     finally:
         server.stop()
     assert _gone(engine)
+
+
+def _import_time_environment_reads(source: str) -> list[int]:
+    """Lines of `source` that read os.environ or os.getenv as the module is imported: anywhere but inside a function's
+    body (a class body, a decorator and a default value run at import)."""
+    import ast
+
+    found: list[int] = []
+
+    def visit(node: ast.AST) -> None:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+            for part in (*getattr(node, "decorator_list", ()), *node.args.defaults, *node.args.kw_defaults):
+                if part is not None:
+                    visit(part)
+            return
+        if (isinstance(node, ast.Attribute) and node.attr in ("environ", "getenv", "environb")
+                and isinstance(node.value, ast.Name) and node.value.id == "os"):
+            found.append(node.lineno)
+        for child in ast.iter_child_nodes(node):
+            visit(child)
+
+    visit(ast.parse(source))
+    return found
+
+
+def test_no_module_a_fork_runs_reads_the_environment_as_it_is_imported():
+    """A fork takes its starter's environment after the fork server imported the product: a value read from the
+    environment while a module was imported is the fork server's, not the process's (runtime/trtllm.py's examples
+    directory and build step timeout were, and the runtime's trtllm-build ran the fork server's examples)."""
+    readers = {f"{path.relative_to(ROOT)}:{line}" for package in ("runtime", "fleetcast", "scripts")
+               for path in sorted((ROOT / package).rglob("*.py"))
+               for line in _import_time_environment_reads(path.read_text())}
+    assert not readers
