@@ -501,7 +501,7 @@ class Zygote:
 # tests start, the servers, gateways and builds it starts, and the CLI that bench scripts start as load clients.
 ENGINE_SOCKET_VAR = "TEST_ENGINE_FORK_SERVER"
 ENGINE_MODULES = frozenset({"runtime.bootstrap", "runtime.reference.server", "runtime.gateway",
-                            "runtime.reference.build", "scripts.cli"})
+                            "runtime.reference.build", "scripts.cli", "scripts.bench_step"})
 SITE_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "forked_site")
 
 
@@ -632,7 +632,8 @@ def forking_popen(path: str, modules: frozenset[str] = ENGINE_MODULES) -> type:
             return (isinstance(args, (list, tuple)) and len(args) >= 2
                     and ((len(args) >= 3 and args[1] == "-m" and args[2] in modules)
                          or (bool(modules) and _script(args, kwargs.get("env")) is not None))
-                    and set(kwargs) <= {"env", "cwd", "start_new_session", "text", *streams}
+                    and {k for k, v in kwargs.items() if v is not None} <= {"env", "cwd", "start_new_session", "text",
+                                                                             *streams}
                     and all(stream(name) for name in streams))
 
         @staticmethod
