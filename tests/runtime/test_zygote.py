@@ -444,3 +444,49 @@ def test_no_module_a_fork_runs_reads_the_environment_as_it_is_imported():
                for path in sorted((ROOT / package).rglob("*.py"))
                for line in _import_time_environment_reads(path.read_text())}
     assert not readers
+
+
+@needs_torch
+@ONE_FORK_SERVER
+def test_the_trtllm_serve_stand_in_becomes_the_reference_server_in_place(tmp_path):
+    """tests/runtime/fake_trtllm.py's trtllm-serve, started as the supervisor starts it (found on PATH, its own
+    session), is a fork of the fork server that becomes the reference server as exec would make it (zygote.
+    exec_in_place): its pid, the server's command line in /proc, its engine process a fork of it, and no interpreter
+    importing PyTorch."""
+    from runtime.reference.build import build_artifact
+
+    from . import fake_trtllm
+
+    fork_server = reference_servers()
+    if fork_server is None:
+        pytest.skip("TEST_NO_ZYGOTE=1: servers are started as the product starts them")
+    build_artifact(tmp_path / "engine", size="tiny", seed=0)
+    bin_dir, _ = fake_trtllm.install(tmp_path / "trtllm")
+    port = free_port()
+    popen = forking_popen(fork_server.socket)
+    env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}", ENGINE_SOCKET_VAR: fork_server.socket,
+           "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)}  # as the runtime
+    with open(tmp_path / "log", "wb") as log:
+        proc = popen(["trtllm-serve", str(tmp_path / "engine"), "--host", "127.0.0.1", "--port", str(port),
+                      "--backend", "tensorrt"], env=env, cwd=tmp_path, start_new_session=True, stdout=log,
+                     stderr=subprocess.STDOUT)
+    try:
+        assert _parent(proc.pid) == fork_server.proc.pid
+        for _ in range(1200):  # bounded: 120 s
+            if http_status(f"http://127.0.0.1:{port}/health") == 200 or proc.poll() is not None:
+                break
+            time.sleep(0.1)
+        assert proc.poll() is None, (tmp_path / "log").read_text()
+        assert _cmdline(proc.pid)[1:4] == [b"-m", b"runtime.reference.server", b"--artifact"]
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/memory", timeout=30) as reply:
+            engine = int(json.load(reply)["engine_pid"])
+        assert _parent(engine) == proc.pid and _cmdline(engine) == ENGINE_ARGV
+        fields = Path(f"/proc/{engine}/stat").read_text().rsplit(")", 1)[1].split()
+        cpu_s = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # proc(5): utime, stime
+        assert cpu_s < 1.0, f"the engine process used {cpu_s:.2f} s of CPU by its load: an interpreter of its own?"
+        os.killpg(proc.pid, signal.SIGTERM)
+        assert proc.wait(60) == 0, (tmp_path / "log").read_text()
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(60)
