@@ -118,12 +118,13 @@ class ReferenceBackend:
         # A subprocess, like trtllm-build: the runtime process never loads torch.
         cmd = [sys.executable, "-m", "runtime.reference.build", "--out", str(artifact), "--size", self.size,
                "--seed", str(self.seed), "--dtype", dtype, "--device", self.device]
-        from .trtllm import BUILD_STEP_TIMEOUT_S
+        from .trtllm import build_step_timeout_s
 
+        timeout_s = build_step_timeout_s()
         try:
-            proc = subprocess.run(cmd, capture_output=True, text=True, check=False, timeout=BUILD_STEP_TIMEOUT_S)
+            proc = subprocess.run(cmd, capture_output=True, text=True, check=False, timeout=timeout_s)
         except subprocess.TimeoutExpired:
-            raise RuntimeError(f"reference build did not finish within {BUILD_STEP_TIMEOUT_S:.0f} s") from None
+            raise RuntimeError(f"reference build did not finish within {timeout_s:.0f} s") from None
         if proc.returncode != 0:
             raise RuntimeError(f"reference build exited {proc.returncode}: {proc.stderr.strip()[-1500:]}")
         return artifact

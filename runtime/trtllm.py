@@ -41,8 +41,14 @@ from fleetcast.contract.selection import tokenizer_file
 
 from . import vendor
 
-# Where the release image keeps its examples (the image ships the repo's examples/ at /app/tensorrt_llm).
-EXAMPLES_DIR = setting(os.environ, Var.TRTLLM_EXAMPLES)
+
+def examples_dir() -> str:
+    """Where the release image keeps its examples (the image ships the repo's examples/ at /app/tensorrt_llm). Read
+    from the environment when asked, as every setting: a process forked from one that imported this module (the
+    tests' fork server) has an environment of its own."""
+    return str(setting(os.environ, Var.TRTLLM_EXAMPLES))
+
+
 CONVERT_GPT = "models/core/gpt/convert_checkpoint.py"
 QUANTIZE = "quantization/quantize.py"
 SMOOTHQUANT_ALPHA = 0.5  # the release README's recommended first try
@@ -96,14 +102,14 @@ def convert_command(engine: EngineSpec, paths: BuildPaths, calib_samples: int = 
     """Hugging Face GPT-2 -> TensorRT-LLM checkpoint, with the quantization the config asks for."""
     p = engine.precision
     if p is Precision.FP8:
-        cmd = [python, f"{EXAMPLES_DIR}/{QUANTIZE}", "--model_dir", str(paths.model_dir), "--dtype", "float16",
+        cmd = [python, f"{examples_dir()}/{QUANTIZE}", "--model_dir", str(paths.model_dir), "--dtype", "float16",
                "--qformat", "fp8", "--output_dir", str(paths.checkpoint_dir)]
         if engine.kv_cache_dtype is not KvCacheDtype.AUTO:
             cmd += ["--kv_cache_dtype", engine.kv_cache_dtype.value]
         cmd += _calibration_args(paths, "--calib_dataset") + ["--calib_size", str(calib_samples)]
         return cmd
     dtype = _DTYPE.get(p, "float16")
-    cmd = [python, f"{EXAMPLES_DIR}/{CONVERT_GPT}", "--model_dir", str(paths.model_dir), "--dtype", dtype,
+    cmd = [python, f"{examples_dir()}/{CONVERT_GPT}", "--model_dir", str(paths.model_dir), "--dtype", dtype,
            "--output_dir", str(paths.checkpoint_dir)]
     if p is Precision.INT8_WEIGHT_ONLY:
         cmd += ["--use_weight_only", "--weight_only_precision", "int8"]
@@ -230,7 +236,7 @@ def tool_env(environ: Mapping[str, str] | None = None, *, script: str | None = N
     env = dict(os.environ if environ is None else environ)
     vendored = {os.path.normpath(p) for p in (vendor.VENDOR_DIR, env.get(vendor.VENDOR_DIR_ENV, "")) if p}
     kept = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and os.path.normpath(p) not in vendored]
-    examples = os.path.normpath(EXAMPLES_DIR)
+    examples = os.path.normpath(examples_dir())
     if script is not None and os.path.normpath(script).startswith(examples + os.sep):
         kept.insert(0, os.path.dirname(examples))
     env["PYTHONPATH"] = os.pathsep.join(kept)  # set even when empty: it overrides an inherited value
@@ -238,7 +244,8 @@ def tool_env(environ: Mapping[str, str] | None = None, *, script: str | None = N
     return env
 
 
-BUILD_STEP_TIMEOUT_S = setting(os.environ, Var.BUILD_STEP_TIMEOUT_S)
+def build_step_timeout_s() -> float:
+    return float(setting(os.environ, Var.BUILD_STEP_TIMEOUT_S))
 
 
 def run_logged(cmd: list[str], log_file: Path, cwd: Path | None = None, timeout_s: float | None = None) -> None:
@@ -248,7 +255,7 @@ def run_logged(cmd: list[str], log_file: Path, cwd: Path | None = None, timeout_
     A step that hangs is killed after `timeout_s`: otherwise its lock refreshes and the
     launch-hook heartbeats would keep a stuck instance (and every waiter) alive forever.
     """
-    timeout_s = BUILD_STEP_TIMEOUT_S if timeout_s is None else timeout_s
+    timeout_s = build_step_timeout_s() if timeout_s is None else timeout_s
     with log_file.open("a") as out:
         out.write(f"$ {' '.join(cmd)}\n")
         out.flush()

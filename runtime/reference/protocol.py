@@ -22,10 +22,6 @@ import struct
 from dataclasses import dataclass
 from typing import Any
 
-# Test-only: a JSON list that replaces [sys.executable] in the engine process's command (tests/runtime/zygote.py
-# forks it from a process that has PyTorch imported already); the product never sets it. Named as the tests' other
-# switches (TEST_NO_ZYGOTE): it is not an instance setting, so not one of fleetcast/contract/instance_env.py's Var.
-WORKER_LAUNCHER_ENV = "TEST_REFERENCE_WORKER_LAUNCHER"
 WORKER_MODULE = "runtime.reference.worker"
 
 START, SUBMIT, CANCEL, STATS, MEMORY, STOP = "start", "submit", "cancel", "stats", "memory", "stop"

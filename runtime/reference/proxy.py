@@ -11,9 +11,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import itertools
-import json
 import logging
-import os
 import socket
 import subprocess
 import sys
@@ -38,10 +36,8 @@ class RemoteSequence:
 
 
 def worker_command() -> list[str]:
-    """The engine process's argv: this interpreter (or the test-only launcher, protocol.WORKER_LAUNCHER_ENV)."""
-    launcher = os.environ.get(p.WORKER_LAUNCHER_ENV)
-    prefix = json.loads(launcher) if launcher else [sys.executable]
-    return [*prefix, "-m", p.WORKER_MODULE]
+    """The engine process's argv: this interpreter."""
+    return [sys.executable, "-m", p.WORKER_MODULE]
 
 
 class EngineProxy:

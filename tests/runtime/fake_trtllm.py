@@ -105,9 +105,12 @@ def main(tool: str, argv: list[str]) -> int:
         Path(args.output_dir, "rank0.engine").write_bytes(os.urandom(4096))
         return 0
     # trtllm-serve: serve the engine dir with the reference server (it holds a reference artifact).
-    os.execv(sys.executable, [sys.executable, "-m", "runtime.reference.server", "--artifact", args.model,
-                              "--host", args.host, "--port", str(args.port),
-                              "--served-model-name", os.environ.get("FAKE_TRTLLM_MODEL", "model")])
+    server = [sys.executable, "-m", "runtime.reference.server", "--artifact", args.model, "--host", args.host,
+              "--port", str(args.port), "--served-model-name", os.environ.get("FAKE_TRTLLM_MODEL", "model")]
+    zygote = sys.modules.get("tests.runtime.zygote")
+    if zygote is not None:  # a fork of the tests' fork server: PyTorch is imported, no interpreter to start
+        zygote.exec_in_place(server)
+    os.execv(sys.executable, server)
     return 0  # not reached
 
 

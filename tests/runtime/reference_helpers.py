@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -14,7 +13,6 @@ from pathlib import Path
 import pytest
 
 from runtime.devtools.harness import free_port
-from runtime.reference.protocol import WORKER_LAUNCHER_ENV
 
 from .zygote import reference_servers
 
@@ -49,11 +47,9 @@ class ServerProcess:
         self.log_path = log_path
         self._log = open(log_path, "w") if log_path else subprocess.DEVNULL  # noqa: SIM115 - owned by the child
         self._zygote = zygote = reference_servers()
-        # The server's engine process is forked from the same fork server (its PyTorch imported once, too).
-        launcher = {WORKER_LAUNCHER_ENV: json.dumps(zygote.command([sys.executable]))} if zygote else {}
+        # The server's engine process is a fork of the server itself (tests/runtime/zygote.py, _local_child).
         self.proc = subprocess.Popen(zygote.command(cmd) if zygote else cmd, cwd=ROOT, stdout=self._log,
-                                     stderr=subprocess.STDOUT,
-                                     env={**os.environ, "PYTHONUNBUFFERED": "1", **launcher, **(env or {})})
+                                     stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})})
 
     def wait_healthy(self, timeout: float = 60.0) -> None:
         deadline = time.monotonic() + timeout

@@ -27,7 +27,7 @@ from runtime.devtools.harness import LocalAws, free_port_pair, tiny_config
 from tests.runtime import fake_trtllm
 from tests.runtime.streaming import stream_completion
 
-pytestmark = pytest.mark.timeout(240)
+pytestmark = [pytest.mark.timeout(240), pytest.mark.usefixtures("forked_engines")]
 L40S = "NVIDIA L40S, 8.9, 46068"
 _buckets = itertools.count()
 

@@ -204,6 +204,7 @@ def test_s3_outage_is_retried_with_backoff_then_reported(tmp_path):
 
 
 @pytest.mark.timeout(150)
+@pytest.mark.usefixtures("forked_engines")  # the reference build, a fork: not an interpreter importing PyTorch
 def test_concurrent_cold_starts_build_exactly_once(aws, tmp_path):
     """Four instances start together on an empty cache (real processes, the real reference build of
     random GPT-2 weights): one builds, the others wait on the lock and download the same entry."""

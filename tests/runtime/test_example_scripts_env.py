@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from fleetcast.contract.instance_env import Var
 from runtime import trtllm
 
 
@@ -34,17 +35,17 @@ def test_the_converter_resolves_examples_deprecation_whichever_way_the_release_s
     # The runtime bundle on the path, with an `examples` directory of its own (the repo's is a namespace package).
     bundle = tmp_path / "opt" / "fleetcast"
     (bundle / "examples" / "plan").mkdir(parents=True)
-    monkeypatch.setattr(trtllm, "EXAMPLES_DIR", str(examples))
+    monkeypatch.setenv(Var.TRTLLM_EXAMPLES.value, str(examples))
     monkeypatch.setenv("PYTHONPATH", str(bundle))
     workdir = tmp_path / "work"  # the build's working directory, elsewhere (as on the instance)
     workdir.mkdir()
     log = tmp_path / "build.log"
-    trtllm.run_logged([sys.executable, f"{trtllm.EXAMPLES_DIR}/{trtllm.CONVERT_GPT}"], log, workdir)
+    trtllm.run_logged([sys.executable, f"{trtllm.examples_dir()}/{trtllm.CONVERT_GPT}"], log, workdir)
     assert "converter imported release examples" in log.read_text()
 
 
 def test_only_example_scripts_get_the_examples_root(monkeypatch):
-    monkeypatch.setattr(trtllm, "EXAMPLES_DIR", "/app/tensorrt_llm/examples")
+    monkeypatch.setenv(Var.TRTLLM_EXAMPLES.value, "/app/tensorrt_llm/examples")
     env = {"PYTHONPATH": "/opt/fleetcast"}
     assert trtllm.tool_env(env, script="/app/tensorrt_llm/examples/quantization/quantize.py")["PYTHONPATH"] \
         == "/app/tensorrt_llm:/opt/fleetcast"

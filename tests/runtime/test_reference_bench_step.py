@@ -54,6 +54,7 @@ def test_arguments_are_checked_before_anything_runs():
 
 
 @needs_torch
+@pytest.mark.usefixtures("forked_engines")  # the benchmark and the server it starts: forks, PyTorch imported
 def test_the_benchmark_runs_both_paths_and_writes_its_figures(tmp_path):
     out = tmp_path / "step.json"
     run = subprocess.run([sys.executable, "-m", "scripts.bench_step", "--batches", "1,2", "--steps", "6", "--repeats", "2",

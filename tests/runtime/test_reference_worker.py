@@ -192,7 +192,7 @@ def direct_server(artifact, tmp_path) -> Iterator[tuple[subprocess.Popen, str, i
     from runtime.devtools.harness import free_port
 
     port = free_port()
-    env = {k: v for k, v in os.environ.items() if k != p.WORKER_LAUNCHER_ENV}
+    env = dict(os.environ)
     log = open(tmp_path / "server.log", "w")  # noqa: SIM115 - the child's
     proc = subprocess.Popen([sys.executable, "-m", "runtime.reference.server", "--artifact", str(artifact), "--port",
                              str(port), "--threads", "1", "--max-batch-size", "2"], cwd=ROOT, env=env, stdout=log,

@@ -34,6 +34,16 @@ if mode in ("usr2", "wait"):
     sys.exit(9)
 if mode == "spin":
     sum(range(3_000_000))
+if mode == "leftovers":  # what only the end of the interpreter finishes
+    import atexit, threading
+    kept = open("unclosed.txt", "w")  # never closed, its line still in the buffer
+    kept.write("buffered\\n")
+    atexit.register(lambda: open("atexit.txt", "w").write("ran"))
+    threading.Thread(target=lambda: (time.sleep(0.3), open("thread.txt", "w").write("joined"))).start()
+if mode == "raise":
+    raise ValueError("uncaught")
+if mode == "interrupt":
+    raise KeyboardInterrupt
 if mode in ("engine", "orphan"):  # as runtime/reference/proxy.py starts the engine process
     import socket, subprocess
     sys.path.insert(1, os.environ["PROBE_ROOT"])
@@ -117,8 +127,46 @@ def test_the_forks_cpu_is_counted_before_the_launcher_returns(probe, zygote):
     assert zygote.cpu_s() - before > 0.02  # three million additions, in the fork
 
 
-def test_another_pythonpath_is_refused_not_run_with_the_fork_servers(probe):
-    proc = probe("exit", "0", PYTHONPATH="/elsewhere")
+def test_the_fork_ends_as_the_interpreter_ends_a_program(probe, tmp_path):
+    """Without the teardown of the fork server's heap (zygote._end_as_main), and with all that a program's end does:
+    non-daemon threads joined, atexit handlers run, buffered files written, exit status as Python gives it."""
+    proc = probe("leftovers", "4")
+    proc.communicate(timeout=60)
+    assert proc.returncode == 4
+    assert (tmp_path / "unclosed.txt").read_text() == "buffered\n"
+    assert (tmp_path / "atexit.txt").read_text() == "ran"
+    assert (tmp_path / "thread.txt").read_text() == "joined"
+    raised = probe("raise")
+    _, err = raised.communicate(timeout=60)
+    assert raised.returncode == 1 and "ValueError: uncaught" in err and "Traceback" in err
+    # Py_RunMain ends a program that KeyboardInterrupt left by SIGINT, so that its caller sees a Ctrl-C.
+    interrupted = probe("interrupt")
+    _, err = interrupted.communicate(timeout=60)
+    assert interrupted.returncode == -signal.SIGINT and "KeyboardInterrupt" in err
+
+
+@needs_torch
+@ONE_FORK_SERVER
+def test_a_fork_of_the_fork_server_with_pytorch_ends_without_tearing_its_heap_down(tmp_path):
+    """Tearing down the modules a fork shares with the fork server writes to every one of their pages, which the kernel
+    then copies: with PyTorch imported, 0.8-0.9 s of CPU per fork, more than most forks use to run (measured: a fork
+    that exits at once; 0.01 s without the teardown). CPU, not wall time: what the fork did, not the machine's load."""
+    fork_server = reference_servers()
+    if fork_server is None:
+        pytest.skip("TEST_NO_ZYGOTE=1: no fork server")
+    (tmp_path / "zygote_probe.py").write_text(PROBE)
+    before = fork_server.cpu_s()
+    proc = subprocess.Popen(fork_server.command([sys.executable, "-m", "zygote_probe", "exit", "0"]), cwd=tmp_path,
+                            stdout=subprocess.DEVNULL)
+    assert proc.wait(60) == 0
+    assert fork_server.cpu_s() - before < 0.3
+
+
+def test_another_pythonpath_is_refused_not_run_with_the_fork_servers(probe, tmp_path):
+    shadow = tmp_path / "shadow"  # resource from elsewhere: not the module the fork server imported
+    shadow.mkdir()
+    (shadow / "resource.py").write_text("")
+    proc = probe("exit", "0", PYTHONPATH=str(shadow))
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 1 and "start this process with its own interpreter" in err
 
@@ -177,13 +225,32 @@ def test_a_build_run_with_its_output_captured_gets_its_output_and_exit_status(tm
     assert int(parent) == zygote.proc.pid and done.stderr == ""
 
 
-def test_what_the_fork_server_cannot_stand_in_for_is_started_here(product_start):
-    proc = product_start("wait", PYTHONPATH="/elsewhere")  # its sys.path would not be the fork server's
+def test_what_the_fork_server_cannot_stand_in_for_is_started_here(product_start, tmp_path):
+    """A PYTHONPATH whose modules would not be the ones the fork server imported: resource from elsewhere."""
+    shadow = tmp_path / "shadow"
+    shadow.mkdir()
+    (shadow / "resource.py").write_text("")
+    proc = product_start("wait", PYTHONPATH=str(shadow))
     try:
         assert _parent(proc.pid) == os.getpid()
     finally:
         proc.kill()
         proc.wait(60)
+
+
+def test_another_pythonpath_that_changes_no_imported_module_is_a_fork_with_that_sys_path(product_start, zygote,
+                                                                                          tmp_path):
+    """As the runtime starts in the container: its vendored packages' directory on PYTHONPATH (empty here)."""
+    vendored = tmp_path / "vendored"
+    vendored.mkdir()
+    (tmp_path / "zygote_probe.py").write_text("import sys; print(sys.path[1])\n")
+    proc = product_start(PYTHONPATH=str(vendored))
+    assert _parent(proc.pid) == zygote.proc.pid
+    assert proc.wait(60) == 0
+    popen = forking_popen(zygote.socket, frozenset({"zygote_probe"}))
+    with popen([sys.executable, "-m", "zygote_probe"], env={**os.environ, "PYTHONPATH": str(vendored)}, cwd=tmp_path,
+               stdout=subprocess.PIPE, text=True) as printed:
+        assert printed.communicate(timeout=60)[0].strip() == str(vendored)
 
 
 def test_a_process_started_with_its_streams_redirected_writes_where_they_point(tmp_path, zygote):
@@ -311,6 +378,114 @@ def test_the_engine_process_of_a_reference_server_the_supervisor_starts_costs_a_
         os.killpg(proc.pid, signal.SIGTERM)  # as the supervisor stops a server: the drain stops the engine
         assert proc.wait(60) == 0, (tmp_path / "log").read_text()
         assert _gone(engine)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(60)
+
+
+@needs_torch
+@ONE_FORK_SERVER
+def test_the_engine_process_of_a_server_the_tests_start_is_a_fork_of_that_server(tmp_path):
+    """ServerProcess's server (a fork behind the launcher) starts its engine process as a fork of itself, as a server
+    the supervisor starts does: its child, with the command line exec would show, not another launcher's fork of the
+    fork server (a launcher is a new interpreter of its own, and the engine then is not the server's child)."""
+    from runtime.reference.build import build_artifact
+
+    from .reference_helpers import ServerProcess
+
+    fork_server = reference_servers()
+    if fork_server is None:
+        pytest.skip("TEST_NO_ZYGOTE=1: servers are started as the product starts them")
+    build_artifact(tmp_path / "artifact", size="tiny", seed=0)
+    server = ServerProcess(tmp_path / "artifact", log_path=tmp_path / "log")
+    try:
+        server.wait_healthy(120)
+        with urllib.request.urlopen(f"{server.base}/memory", timeout=30) as reply:
+            engine = int(json.load(reply)["engine_pid"])
+        http = _parent(engine)
+        assert _parent(http) == fork_server.proc.pid and _cmdline(engine) == ENGINE_ARGV
+        fields = Path(f"/proc/{engine}/stat").read_text().rsplit(")", 1)[1].split()
+        cpu_s = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # proc(5): utime, stime
+        assert cpu_s < 1.0, f"the engine process used {cpu_s:.2f} s of CPU by its load: an interpreter of its own?"
+    finally:
+        server.stop()
+    assert _gone(engine)
+
+
+def _import_time_environment_reads(source: str) -> list[int]:
+    """Lines of `source` that read os.environ or os.getenv as the module is imported: anywhere but inside a function's
+    body (a class body, a decorator and a default value run at import)."""
+    import ast
+
+    found: list[int] = []
+
+    def visit(node: ast.AST) -> None:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+            for part in (*getattr(node, "decorator_list", ()), *node.args.defaults, *node.args.kw_defaults):
+                if part is not None:
+                    visit(part)
+            return
+        if (isinstance(node, ast.Attribute) and node.attr in ("environ", "getenv", "environb")
+                and isinstance(node.value, ast.Name) and node.value.id == "os"):
+            found.append(node.lineno)
+        for child in ast.iter_child_nodes(node):
+            visit(child)
+
+    visit(ast.parse(source))
+    return found
+
+
+def test_no_module_a_fork_runs_reads_the_environment_as_it_is_imported():
+    """A fork takes its starter's environment after the fork server imported the product: a value read from the
+    environment while a module was imported is the fork server's, not the process's (runtime/trtllm.py's examples
+    directory and build step timeout were, and the runtime's trtllm-build ran the fork server's examples)."""
+    readers = {f"{path.relative_to(ROOT)}:{line}" for package in ("runtime", "fleetcast", "scripts")
+               for path in sorted((ROOT / package).rglob("*.py"))
+               for line in _import_time_environment_reads(path.read_text())}
+    assert not readers
+
+
+@needs_torch
+@ONE_FORK_SERVER
+def test_the_trtllm_serve_stand_in_becomes_the_reference_server_in_place(tmp_path):
+    """tests/runtime/fake_trtllm.py's trtllm-serve, started as the supervisor starts it (found on PATH, its own
+    session), is a fork of the fork server that becomes the reference server as exec would make it (zygote.
+    exec_in_place): its pid, the server's command line in /proc, its engine process a fork of it, and no interpreter
+    importing PyTorch."""
+    from runtime.reference.build import build_artifact
+
+    from . import fake_trtllm
+
+    fork_server = reference_servers()
+    if fork_server is None:
+        pytest.skip("TEST_NO_ZYGOTE=1: servers are started as the product starts them")
+    build_artifact(tmp_path / "engine", size="tiny", seed=0)
+    bin_dir, _ = fake_trtllm.install(tmp_path / "trtllm")
+    port = free_port()
+    popen = forking_popen(fork_server.socket)
+    env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}", ENGINE_SOCKET_VAR: fork_server.socket,
+           "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)}  # as the runtime
+    with open(tmp_path / "log", "wb") as log:
+        proc = popen(["trtllm-serve", str(tmp_path / "engine"), "--host", "127.0.0.1", "--port", str(port),
+                      "--backend", "tensorrt"], env=env, cwd=tmp_path, start_new_session=True, stdout=log,
+                     stderr=subprocess.STDOUT)
+    try:
+        assert _parent(proc.pid) == fork_server.proc.pid
+        for _ in range(1200):  # bounded: 120 s
+            if http_status(f"http://127.0.0.1:{port}/health") == 200 or proc.poll() is not None:
+                break
+            time.sleep(0.1)
+        assert proc.poll() is None, (tmp_path / "log").read_text()
+        assert _cmdline(proc.pid)[1:4] == [b"-m", b"runtime.reference.server", b"--artifact"]
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/memory", timeout=30) as reply:
+            engine = int(json.load(reply)["engine_pid"])
+        assert _parent(engine) == proc.pid and _cmdline(engine) == ENGINE_ARGV
+        fields = Path(f"/proc/{engine}/stat").read_text().rsplit(")", 1)[1].split()
+        cpu_s = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # proc(5): utime, stime
+        assert cpu_s < 1.0, f"the engine process used {cpu_s:.2f} s of CPU by its load: an interpreter of its own?"
+        os.killpg(proc.pid, signal.SIGTERM)
+        assert proc.wait(60) == 0, (tmp_path / "log").read_text()
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)

@@ -24,12 +24,18 @@ forks it reaped, and tests/conftest.py adds it to each test's children_s, so TES
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import signal
 import socket
 import struct
 import sys
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # the launcher runs this file per server: nothing it does not need
+    from collections.abc import Callable
+    from typing import NoReturn
 
 _HEADER = struct.Struct("!I")
 _PEER = struct.Struct("3i")  # SO_PEERCRED's struct ucred: pid, uid, gid (unix(7))
@@ -103,26 +109,28 @@ def _watch_launcher(conn: socket.socket) -> None:
 
 def _become(conn: socket.socket, request: dict, fds: list[int]) -> int:
     """In the fork: take the launcher's streams, environment and directory, and run its module as __main__."""
-    import runpy
     import threading
 
     for target, fd in enumerate(fds):
         os.dup2(fd, target)
         if fd > 2:
             os.close(fd)
-    if request["env"].get("PYTHONPATH") != os.environ.get("PYTHONPATH"):  # sys.path was made from this one
-        raise SystemExit(f"zygote: PYTHONPATH {request['env'].get('PYTHONPATH')!r} is not the fork server's "
-                         f"{os.environ.get('PYTHONPATH')!r}; start this process with its own interpreter")
+    path = _sys_path(request["env"].get("PYTHONPATH"))
+    if isinstance(path, str):  # sys.path was made from the fork server's
+        raise SystemExit(f"zygote: PYTHONPATH {request['env'].get('PYTHONPATH')!r}: {path}; start this process with "
+                         "its own interpreter")
     os.environ.clear()
     os.environ.update(request["env"])
     os.chdir(request["cwd"])
-    sys.path[0] = os.getcwd()  # as `python -m` sets it
+    sys.path[:] = _path_at_start[:] = path
+    # What forked_site/sitecustomize.py does at a process's start where `forked_engines` reaches; any fork starts
+    # the engine process of a reference server (runtime/reference/proxy.py) as a fork of itself (_local_child).
+    import subprocess
+
+    engines = request["env"].get(ENGINE_SOCKET_VAR, "")
+    subprocess.Popen = forking_popen(engines, ENGINE_MODULES if engines else frozenset())  # type: ignore[assignment,misc]
     if request.get("stand_in"):
         _stand_in(request)
-        if request["env"].get(ENGINE_SOCKET_VAR):  # what forked_site/sitecustomize.py does at a process's start
-            import subprocess
-
-            subprocess.Popen = forking_popen(request["env"][ENGINE_SOCKET_VAR])  # type: ignore[assignment,misc]
         try:  # once its /proc entries are its own, as Popen returns once exec has succeeded
             conn.sendall(f"pid {os.getpid()}\n".encode())
         except OSError:
@@ -131,12 +139,66 @@ def _become(conn: socket.socket, request: dict, fds: list[int]) -> int:
         conn.close()  # its starter learns of the exit from this server, as a parent from waitpid
     else:  # a launcher, or a starter reading its output: gone, its process has no one to answer
         threading.Thread(target=_watch_launcher, args=(conn,), daemon=True, name="zygote-launcher").start()
-    flag, module, *args = request["argv"]
-    if flag != "-m":
-        raise SystemExit(f"zygote: only `-m MODULE` runs here, not {request['argv']}")
-    sys.argv = [module, *args]
-    runpy.run_module(module, run_name="__main__", alter_sys=True)
+    _run(request["argv"])
     return 0
+
+
+def _run(argv: list[str]) -> None:
+    """`-m MODULE ARG...` or `SCRIPT ARG...` as `python` runs them: sys.argv, sys.path[0], the code as __main__."""
+    import runpy
+
+    if argv[0] == "-m":
+        sys.argv = argv[1:]
+        sys.path[0] = os.getcwd()
+        runpy.run_module(argv[1], run_name="__main__", alter_sys=True)
+        return
+    if argv[0].startswith("-") or not os.path.isfile(argv[0]):
+        raise SystemExit(f"zygote: only `-m MODULE` or a script runs here, not {argv}")
+    sys.argv = list(argv)
+    sys.path[0] = os.path.dirname(os.path.abspath(argv[0]))
+    runpy.run_path(argv[0], run_name="__main__")
+
+
+_path_at_start: list[str] = []  # in a fork: the sys.path its program started with (exec_in_place starts another)
+
+
+def _entries(pythonpath: str | None) -> list[str]:
+    return [os.path.abspath(entry) for entry in (pythonpath or "").split(os.pathsep) if entry]
+
+
+def _top_level_here(entry: str) -> set[str]:
+    """The top-level modules imported here that a search of `entry` finds (a package, a .py or an extension)."""
+    found = set()
+    for name, module in list(sys.modules.items()):
+        where = getattr(module, "__file__", None)
+        if "." in name or not where:
+            continue
+        for candidate in (os.path.join(entry, name, "__init__.py"), os.path.join(entry, name + ".py")):
+            if os.path.exists(candidate):
+                found.add(name)
+        if os.path.dirname(os.path.abspath(where)) == entry:
+            found.add(name)
+    return found
+
+
+def _sys_path(pythonpath: str | None) -> list[str] | str:
+    """sys.path of a new interpreter started with PYTHONPATH `pythonpath` from here, when every module imported here
+    is the one it would import; else why not. What PYTHONPATH adds goes after sys.path[0], as site.py puts it: an
+    entry only this process has must have given it no module (but sitecustomize, which runs at a start), and an entry
+    only the new one has must hold none of the modules imported here, unless it is where they came from."""
+    mine, theirs = _entries(os.environ.get("PYTHONPATH")), _entries(pythonpath)
+    if mine == theirs:
+        return list(sys.path)
+    for entry in set(mine) - set(theirs):
+        if _top_level_here(entry) - {"sitecustomize", "__main__"}:
+            return f"its modules {sorted(_top_level_here(entry))} came from {entry}"
+    for entry in set(theirs) - set(mine):
+        for name in _top_level_here(entry) - {"sitecustomize", "__main__"}:
+            where = getattr(sys.modules[name], "__file__", "") or ""
+            if not os.path.abspath(where).startswith(entry + os.sep):
+                return f"{entry} holds another {name} than the one imported here"
+    rest = [entry for entry in sys.path[1:] if entry not in mine]
+    return [sys.path[0], *theirs, *rest]
 
 
 # A process the product itself starts (runtime/supervisor.py: `python -m MODULE` in a session of its own) is read
@@ -173,8 +235,9 @@ def _refusal(request: dict) -> str | None:
         return None  # a launcher's: refused in the fork, which says so on the launcher's stderr
     if request.get("exe") != sys.executable:
         return "another interpreter"
-    if request["env"].get("PYTHONPATH") != os.environ.get("PYTHONPATH"):
-        return "another PYTHONPATH"
+    path = _sys_path(request["env"].get("PYTHONPATH"))
+    if isinstance(path, str):
+        return f"another PYTHONPATH: {path}"
     for name, data in _area_bytes(request).items():
         start, end = _areas.get(name, (0, 0))
         if len(data) > end - start:
@@ -224,6 +287,10 @@ def serve(path: str, preimport: list[str], cpu_file: str) -> tuple[socket.socket
     _areas.update(_proc_areas())
     for name in preimport:
         importlib.import_module(name)
+    # What the forks inherit is never garbage: frozen, no collection in a fork walks it (each walk writes to the
+    # collector's header of every object, and the kernel copies the page), and _end_as_main lists the fork's own.
+    gc.collect()
+    gc.freeze()
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(path)
     listener.listen(64)
@@ -296,6 +363,63 @@ def serve(path: str, preimport: list[str], cpu_file: str) -> tuple[socket.socket
     return None
 
 
+def _end_as_main(run: Callable[[], object]) -> NoReturn:
+    """In a fork: run the module, then end as the interpreter ends a program (Py_FinalizeEx, Py_RunMain): the exit
+    status of SystemExit, an uncaught exception printed with status 1, an uncaught KeyboardInterrupt as death by
+    SIGINT; non-daemon threads joined, atexit handlers run (logging's shutdown, weakref.finalize, TEST_CPU_LOG's
+    line), buffered files written. What it leaves out is the teardown of the modules and objects, nearly all of them
+    the fork server's, shared with it page by page: tearing them down writes to every page (reference counts, the
+    collector's headers), and the kernel copies each one. With PyTorch imported that cost 0.8-0.9 s of CPU per fork
+    (0.3 s with the heap frozen), against 0.01 s for this end (measured in a fork of the fork server that exits at
+    once), and every server, gateway, runtime and CLI a test starts is such a fork."""
+    import atexit
+    import io
+    import posix  # its _exit, not os._exit, which TEST_CPU_LOG's sitecustomize wraps to write a second line
+    import threading
+    import traceback
+
+    code, interrupted = 0, False
+    try:
+        run()
+    except SystemExit as exc:
+        if exc.code is None or isinstance(exc.code, int):
+            code = exc.code or 0
+        else:
+            print(exc.code, file=sys.stderr)
+            code = 1
+    except KeyboardInterrupt:
+        traceback.print_exc()
+        interrupted = True
+    except BaseException:  # noqa: BLE001 - the interpreter's own handling of an uncaught exception
+        sys.excepthook(*sys.exc_info())
+        code = 1
+    try:
+        threading._shutdown()  # type: ignore[attr-defined]  # as Py_FinalizeEx, before atexit
+    except BaseException:  # noqa: BLE001
+        traceback.print_exc()
+    atexit._run_exitfuncs()
+    # Files this fork opened and never closed are written when finalization frees them; the heap the fork server
+    # froze before forking (serve) is not the collector's to list, so this walks the fork's own objects only.
+    for obj in gc.get_objects():
+        if isinstance(obj, (io.BufferedWriter, io.BufferedRandom, io.TextIOWrapper)):
+            try:
+                if not obj.closed:
+                    obj.flush()
+            except (OSError, ValueError):
+                pass
+    for stream in (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__):
+        try:
+            if stream is not None:
+                stream.flush()
+        except (OSError, ValueError):
+            pass
+    if interrupted:  # Py_RunMain's exit_sigint(): the status a shell reads as Ctrl-C
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGINT)
+        code = 128 + signal.SIGINT
+    posix._exit(code)
+
+
 def main(argv: list[str]) -> int:
     if argv[:1] == ["run"] and len(argv) > 3 and argv[2] == "--":
         return launch(argv[1], argv[3:])
@@ -305,7 +429,9 @@ def main(argv: list[str]) -> int:
         fork = serve(argv[1], [name for name in argv[3:] if not name.startswith(ROOM_ARG)], argv[2])
         if fork is None:
             return 0
-        return _become(*fork)  # SystemExit from the module ends this fork as it would end the server
+        # What the fork runs finds this module (exec_in_place, _areas) under its own name, not as a second copy.
+        sys.modules.setdefault("tests.runtime.zygote", sys.modules[__name__])
+        _end_as_main(lambda: _become(*fork))
     print("usage: zygote.py serve SOCKET CPU_FILE [MODULE ...] | zygote.py run SOCKET -- -m MODULE [ARG ...]",
           file=sys.stderr)
     return 2
@@ -375,8 +501,56 @@ class Zygote:
 # tests start, the servers, gateways and builds it starts, and the CLI that bench scripts start as load clients.
 ENGINE_SOCKET_VAR = "TEST_ENGINE_FORK_SERVER"
 ENGINE_MODULES = frozenset({"runtime.bootstrap", "runtime.reference.server", "runtime.gateway",
-                            "runtime.reference.build", "scripts.cli"})
+                            "runtime.reference.build", "scripts.cli", "scripts.bench_step"})
 SITE_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "forked_site")
+
+
+# Python scripts forked as `python SCRIPT ARG...` where `forked_engines` reaches: the bench scripts that start the
+# servers (bench/h200_sharing.py), and the TensorRT-LLM tools' stand-ins (tests/runtime/fake_trtllm.py writes them as
+# executables of this interpreter), whose trtllm-serve then becomes the reference server in place (exec_in_place).
+_BENCH = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "bench")
+_TOOL_MARK = "from tests.runtime.fake_trtllm import main"
+
+
+def _script(args, env) -> list[str] | None:
+    """[SCRIPT, ARG...] as exec would run `args` (a bench script after this interpreter, or a TensorRT-LLM stand-in
+    found on the PATH of `env`, its #! line this interpreter), or None."""
+    args = [str(a) for a in args]
+    if len(args) >= 2 and args[0] == sys.executable and args[1].endswith(".py"):
+        path = os.path.abspath(args[1])
+        return [path, *args[2:]] if os.path.dirname(path) == _BENCH and os.path.isfile(path) else None
+    if os.sep in args[0]:
+        found = args[0]
+    else:  # as Popen's exec searches: each directory of the child's PATH, the name joined as it stands
+        dirs = ((env if env is not None else os.environ).get("PATH") or os.defpath).split(os.pathsep)
+        found = next((os.path.join(d, args[0]) for d in dirs if os.access(os.path.join(d, args[0]), os.X_OK)), "")
+    try:
+        with open(found) as handle:
+            head = handle.read(4096)
+    except (OSError, UnicodeDecodeError):
+        return None
+    return [found, *args[1:]] if head.startswith(f"#!{sys.executable}\n") and _TOOL_MARK in head else None
+
+
+def exec_in_place(argv: list[str]) -> None:
+    """In a fork of the fork server (a TensorRT-LLM stand-in that would exec `python -m MODULE ...`): become it as
+    exec would, without a new interpreter: its /proc command line, signal dispositions reset, its module run as
+    __main__ here. Returns only where that cannot be (not a fork, or no room): the caller then execs."""
+    if not _areas or argv[:1] != [sys.executable] or argv[1:2] != ["-m"]:
+        return
+    areas = _area_bytes({"exe": argv[0], "argv": argv[1:], "env": dict(os.environ)})
+    if any(len(data) > _areas[name][1] - _areas[name][0] for name, data in areas.items()):
+        return
+    _write_areas(areas)
+    sys.path[:] = _path_at_start
+    for sig in signal.valid_signals():
+        try:
+            if callable(signal.getsignal(sig)):
+                signal.signal(sig, signal.default_int_handler if sig == signal.SIGINT else signal.SIG_DFL)
+        except (OSError, ValueError):
+            pass
+    _run(argv[1:])
+    raise SystemExit(0)
 
 
 def _without_site(pythonpath: str) -> str:
@@ -455,8 +629,11 @@ def forking_popen(path: str, modules: frozenset[str] = ENGINE_MODULES) -> type:
                 return (value is None or value in (subprocess.PIPE, subprocess.DEVNULL) or hasattr(value, "fileno")
                         or (isinstance(value, int) and value >= 0) or (name == "stderr" and value == subprocess.STDOUT))
 
-            return (isinstance(args, (list, tuple)) and len(args) >= 3 and args[1] == "-m" and args[2] in modules
-                    and set(kwargs) <= {"env", "cwd", "start_new_session", "text", *streams}
+            return (isinstance(args, (list, tuple)) and len(args) >= 2
+                    and ((len(args) >= 3 and args[1] == "-m" and args[2] in modules)
+                         or (bool(modules) and _script(args, kwargs.get("env")) is not None))
+                    and {k for k, v in kwargs.items() if v is not None} <= {"env", "cwd", "start_new_session", "text",
+                                                                             *streams}
                     and all(stream(name) for name in streams))
 
         @staticmethod
@@ -489,7 +666,9 @@ def forking_popen(path: str, modules: frozenset[str] = ENGINE_MODULES) -> type:
                 env["PYTHONPATH"] = _without_site(env["PYTHONPATH"])
                 if not env["PYTHONPATH"]:
                     del env["PYTHONPATH"]
-            request = {"exe": str(args[0]), "argv": [str(a) for a in args[1:]], "env": env,
+            script = _script(args, kwargs.get("env"))
+            argv = [str(a) for a in (script if script is not None else args[1:])]
+            request = {"exe": sys.executable if script is not None else str(args[0]), "argv": argv, "env": env,
                        "cwd": os.path.abspath(kwargs.get("cwd") or os.getcwd()), "stand_in": True,
                        "session": bool(kwargs.get("start_new_session")),
                        "nofile": resource.getrlimit(resource.RLIMIT_NOFILE)[0], "fd_slots": _fd_slots()}
@@ -716,8 +895,8 @@ def _become_local(argv: list[str], cwd, env, pipes: tuple[int, ...], keep) -> No
         runpy.run_module(module, run_name="__main__", alter_sys=True)
 
 
-# The server's HTTP process and its engine process (runtime.reference.worker, started through this fork server where
-# ServerProcess sets runtime.reference.protocol.WORKER_LAUNCHER_ENV) both come from here.
+# What the forks run, imported once: the server's HTTP process and its engine process (runtime.reference.worker, a
+# fork of the server's fork), gateways, the runtime and the CLI.
 REFERENCE_SERVER_IMPORTS = ("torch", "safetensors.torch", "runtime.reference.server", "runtime.reference.worker",
                             "runtime.reference.engine", "runtime.reference.build", "runtime.reference.model",
                             "runtime.gateway.__main__", "runtime.bootstrap", "scripts.cli")

@@ -16,7 +16,7 @@ from scripts.traffic_cmd import cloudwatch_caller, write_profile
 from tests.conftest import reset_moto
 from tests.gateway.conftest import REGION, fleet_config, start_harness, stop_harness
 
-from .emf import ship, with_percentiles
+from .emf import ShippedOnDemand, with_percentiles
 from .week import DAYS, HOURS, WIDE_LIMITS, Week, send_week, simulate
 
 NOW = floor_hour(datetime.now(UTC))
@@ -24,7 +24,7 @@ START = NOW - timedelta(days=DAYS)
 
 
 def run_week(week: Week, moto_endpoint: str) -> list[dict]:
-    """Send the days through a real gateway on loopback; ship their EMF records to moto CloudWatch."""
+    """Send the days through a real gateway on loopback; their EMF records, for moto CloudWatch (emptied)."""
     async def body():
         h = await start_harness(fleet_config(WIDE_LIMITS, WIDE_LIMITS))
         try:
@@ -34,7 +34,6 @@ def run_week(week: Week, moto_endpoint: str) -> list[dict]:
             await stop_harness(h)
     records = asyncio.run(asyncio.wait_for(body(), 600))
     reset_moto(moto_endpoint)
-    ship(records, boto3.client("cloudwatch", region_name=REGION))
     return records
 
 
@@ -60,8 +59,9 @@ def test_days_through_the_gateway_export_to_a_profile_that_reproduces_them(aws_e
     records = run_week(week, aws_env)
     assert len(week.sent) == len(week.arrivals) > 2000 * DAYS / 7  # every arrival sent (about 500 a day)
 
-    profile, doc = export(cfg, START, NOW, with_percentiles(cloudwatch_caller(None), records), region=REGION,
-                          now=NOW)
+    shipped = ShippedOnDemand(records, boto3.client("cloudwatch", region_name=REGION))
+    profile, doc = export(cfg, START, NOW, with_percentiles(shipped.caller(cloudwatch_caller(None)), records),
+                          region=REGION, now=NOW)
     out = tmp_path / "traffic.yaml"
     write_profile(doc, out)
     assert load_traffic(out) == profile  # what is written reads back as the same profile

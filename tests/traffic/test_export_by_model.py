@@ -25,7 +25,7 @@ from tests.conftest import reset_moto
 from tests.gateway.conftest import ANALYTICS_VPCE, REGION, VOICE_VPCE, fleet_config, start_harness, stop_harness
 from tests.gateway.fakes import Client, FakeModelServer
 
-from .emf import ship, with_percentiles
+from .emf import ShippedOnDemand, with_percentiles
 from .week import WIDE_LIMITS
 
 NOW = floor_hour(datetime.now(UTC))
@@ -94,9 +94,10 @@ def test_a_fleet_of_several_models_exports_one_entry_per_region_and_model(aws_en
     refused = [s for s, (status, _) in zip(sends, statuses) if status != 200]
     assert {(s[1], s[2]) for s in refused} == {("analytics", SMALL)} and len(refused) == 3
     reset_moto(aws_env)
-    ship(records, boto3.client("cloudwatch", region_name=REGION))
+    shipped = ShippedOnDemand(records, boto3.client("cloudwatch", region_name=REGION))
 
-    profile, doc = export(cfg, START, NOW, with_percentiles(cloudwatch_caller(None), records), region=REGION, now=NOW)
+    profile, doc = export(cfg, START, NOW, with_percentiles(shipped.caller(cloudwatch_caller(None)), records),
+                          region=REGION, now=NOW)
     out = tmp_path / "traffic.yaml"
     write_profile(doc, out)
     assert load_traffic(out) == profile
@@ -175,9 +176,9 @@ def _records(cfg, start, sent: list[tuple[str, dict]]) -> list[dict]:
 def _export(aws_env, cfg, start, records):
     region = cfg.regions[0].region
     reset_moto(aws_env)
-    ship(records, boto3.client("cloudwatch", region_name=region))
-    profile, _ = export(cfg, start, NOW, with_percentiles(cloudwatch_caller(None), records), region=region,
-                        consumer="voice-app", now=NOW)
+    shipped = ShippedOnDemand(records, boto3.client("cloudwatch", region_name=region))
+    profile, _ = export(cfg, start, NOW, with_percentiles(shipped.caller(cloudwatch_caller(None)), records),
+                        region=region, consumer="voice-app", now=NOW)
     return {c.model: c for c in profile.consumers}
 
 
@@ -264,8 +265,9 @@ def test_each_models_concurrency_is_the_in_flight_its_own_requests_arrived_at(aw
     (shape,) = {json.dumps(r["_aws"]["CloudWatchMetrics"][1]["Dimensions"]) for r in records if t.SHAPED_REQUESTS in r}
     assert json.loads(shape) == [list(d) for d in t.SHAPE_MODEL_DIMENSION_SETS]
     reset_moto(aws_env)
-    ship(records, boto3.client("cloudwatch", region_name=REGION))
-    profile, _ = export(cfg, START, NOW, with_percentiles(cloudwatch_caller(None), records), region=REGION, now=NOW)
+    shipped = ShippedOnDemand(records, boto3.client("cloudwatch", region_name=REGION))
+    profile, _ = export(cfg, START, NOW, with_percentiles(shipped.caller(cloudwatch_caller(None)), records),
+                        region=REGION, now=NOW)
     by_model = {c.model: c.observed.in_flight for c in profile.consumers}
     assert by_model == {SMALL: {"1": 1, "2": 1, "3-4": 1}, "gpt2-xl": {"3-4": 5}}
 

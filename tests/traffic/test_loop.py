@@ -26,7 +26,7 @@ from tests.conftest import reset_moto
 from tests.gateway.conftest import ANALYTICS_VPCE, REGION, VOICE_VPCE, fleet_config, start_harness, stop_harness
 from tests.gateway.fakes import Client
 
-from .emf import raw_series, ship, with_percentiles
+from .emf import ShippedOnDemand, raw_series, with_percentiles
 from .week import WIDE_LIMITS
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -115,7 +115,6 @@ def produce(moto_endpoint: str) -> list[dict]:
             await stop_harness(h)
     records = asyncio.run(asyncio.wait_for(body(), 600))
     reset_moto(moto_endpoint)
-    ship(records, boto3.client("cloudwatch", region_name=REGION))
     return records
 
 
@@ -130,7 +129,9 @@ def test_the_loop_replans_from_production_and_flags_doubled_and_batch_traffic(aw
     assert batch_levels.count("33-64") == len(batch_levels) - 32 == PER_HOUR - 32
     # moto answers no percentile statistic: the stand-in answers p99 queries from the records (tests/traffic/emf.py).
     real, raw = traffic_cmd.cloudwatch_caller, raw_series(records)  # indexed once for the four callers below
-    monkeypatch.setattr(traffic_cmd, "cloudwatch_caller", lambda profile: with_percentiles(real(profile), raw))
+    shipped = ShippedOnDemand(records, boto3.client("cloudwatch", region_name=REGION))  # into the emptied moto
+    monkeypatch.setattr(traffic_cmd, "cloudwatch_caller",
+                        lambda profile: with_percentiles(shipped.caller(real(profile)), raw))
 
     cfg = fleet_config(WIDE_LIMITS, WIDE_LIMITS).model_dump(mode="json", exclude_none=True)
     original, config = tmp_path / "before.yaml", tmp_path / "fleet.yaml"
