@@ -135,6 +135,36 @@ def test_the_cpu_log_records_each_tests_own_cpu_and_its_processes(tmp_path, monk
     assert line["children_s"] > 0 and line["own_s"] >= 0 and line["wall_s"] > 0
 
 
+def test_the_cpu_log_counts_a_child_that_is_still_running_when_the_test_ends(tmp_path, monkeypatch):
+    """aws-cdk-lib's jsii kernel (Node.js) runs for the whole test process and does most of an in-process synthesis:
+    its CPU during a test is the test's, though nothing reaps it. Here a stand-in child spins, then waits for its
+    stdin to close, alive when the hook reads the CPU."""
+    import json
+    import subprocess
+    import sys
+
+    from tests import conftest
+
+    log = tmp_path / "cpu.jsonl"
+    monkeypatch.setattr(conftest, "_CPU_LOG", str(log))
+
+    class Item:
+        nodeid = "tests/probe.py::test_talks_to_a_long_lived_kernel"
+
+    steps = conftest.pytest_runtest_protocol(Item(), None)
+    next(steps)
+    kernel = subprocess.Popen([sys.executable, "-c", "import sys; sum(range(20_000_000)); print(1, flush=True); "
+                               "sys.stdin.read()"], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    try:
+        assert kernel.stdout.readline() == b"1\n"  # it has spun
+        for _ in steps:
+            pass
+    finally:
+        kernel.communicate()
+    [line] = [json.loads(x) for x in log.read_text().splitlines()]
+    assert line["children_s"] >= 0.2, line  # 20 million additions: about half a second of CPU
+
+
 def test_the_cpu_log_names_each_python_process_a_test_started_and_its_cpu(tmp_path):
     """TEST_CPU_LOG=FILE also writes FILE.processes: one line per Python process at its exit, with its program, the
     test that started it and its own CPU (tests/cpu_by_process/sitecustomize.py, put on PYTHONPATH by conftest)."""
