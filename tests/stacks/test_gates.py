@@ -237,13 +237,14 @@ def test_cfn_lint_reports_nothing_on_any_template(cli_lint):
 def test_in_process_cfn_lint_reports_what_the_cli_reports(cli_lint, tmp_path):
     """tests/cfn_lint.py stands in for the CLI in the other template tests: it reports the CLI's rules on a
     broken template, and applies .cfnlintrc.yaml (W3010 is ignored there, reported from elsewhere)."""
-    from tests.cfn_lint import lint
+    from tests.cfn_lint import _rule_sets, lint
 
     _, broken, rules = cli_lint
     assert {"E3002", "E3031", "I3510"} <= set(rules[str(broken)]) and "W3010" not in rules[str(broken)]
     assert sorted(p.split()[0] for p in lint(broken)) == rules[str(broken)]
     without_rc = {p.split()[0] for p in lint(broken, cwd=tmp_path)}
     assert "W3010" in without_rc and "I3510" not in without_rc  # what .cfnlintrc.yaml ignores and includes
+    assert len(_rule_sets) == 1  # both runs, with their own settings, on the one rule set loaded (as the CLI's)
 
 
 def test_in_process_cfn_lint_reads_a_changed_template_again(tmp_path):
