@@ -73,7 +73,7 @@ def synthesize(doc: dict, label: str, context: dict | None = None) -> Synthesize
 def run_app_entry_point(config: Path, outdir: Path) -> tuple[int, str]:
     """app.py's `main()` given the App `cdk synth -c config=FILE -o DIR` hands it (cdk.json's context plus
     `config`), in this process: (exit code, what it wrote to stderr). In-process because a Python start per case
-    cost a second; the CLI runs app.py itself in test_gates and, failing, in test_makefile."""
+    cost a second; the CLI runs app.py itself in test_cdk_cli and, failing, in test_makefile."""
     import contextlib
     import importlib
     import io
