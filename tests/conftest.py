@@ -255,7 +255,7 @@ def _starts_processes(item) -> bool:
 
 # The two slow tiers, by marker: `pytest -m "not synth and not processes"` (`make test-fast`) runs the rest.
 TIERS = {
-    "synth": "builds CDK apps in this process (aws-cdk-lib through jsii): seconds each, the first minutes",
+    "synth": "builds CDK apps in this process (aws-cdk-lib through jsii): seconds each, the first in a process 10-20 s",
     "processes": "starts real processes (servers, CLIs, fleets on loopback), or uses a fixture that does",
 }
 
