@@ -19,16 +19,10 @@ import pytest
 
 from fleetcast.config import load_config
 from fleetcast.node import cdk_command, path_with_node
+from tests.jsii_banner import node_major
 
 ROOT = Path(__file__).resolve().parents[2]
 CDK = cdk_command()  # the pinned CLI on the venv's Node LTS, as `make synth` runs it (npx cdk without the wheel)
-
-
-def node_major() -> str:
-    """jsii silences its end-of-life banner only for the listed Node major versions (not for "1")."""
-    env = {**os.environ, "PATH": path_with_node()}
-    version = subprocess.run(["node", "--version"], capture_output=True, text=True, env=env).stdout
-    return version.strip().lstrip("v").split(".")[0]
 
 
 def offline_env() -> dict[str, str]:
@@ -39,9 +33,9 @@ def offline_env() -> dict[str, str]:
         "AWS_CONFIG_FILE": os.devnull,
         "AWS_SHARED_CREDENTIALS_FILE": os.devnull,
         "CDK_DISABLE_CLI_TELEMETRY": "true",
-        "JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION": node_major(),
         "PATH": path_with_node(env.get("PATH", "")),
     }
+    env["JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION"] = node_major(env["PATH"])
     return env
 
 
