@@ -69,47 +69,111 @@ def fresh_aws(aws_env):
     reset_moto(aws_env)
 
 
-# Modules whose tests build CDK apps in this process: those that import the CDK, the app builder or the shared
-# synthesized fleets anywhere (at the top or inside a test), directly or through another test module. Under
-# pytest-xdist (`make test` runs `--dist loadgroup`) they all go to one worker, so the jsii kernel, aws-cdk-lib
-# and each shared fleet (tests/stacks/synthesized.py) are loaded and synthesized once per run, not per worker.
+# Tests that build CDK apps in this process: those of a module that imports the CDK, the app builder or the shared
+# synthesized fleets when it is imported, directly or through another test module, and those whose own function
+# (or a function of its module that it calls, or a fixture it uses) imports them. Under pytest-xdist (`make test`
+# runs `--dist loadgroup`) they all go to one worker, so the jsii kernel, aws-cdk-lib and each shared fleet
+# (tests/stacks/synthesized.py) are loaded and synthesized once per run, not per worker.
 _CDK_MODULES = ("aws_cdk", "cdk_nag", "stacks.app_builder", "tests.stacks.synthesized")
 
 
 def _statements(body: list[ast.stmt]):
-    """Every statement, nested ones included (function, class, if, try, with and loop bodies); expressions are not
-    entered: an import or a decorator is a statement's, and skipping the expressions is most of a walk's cost."""
-    stack = list(body)
+    """Every statement, nested ones included (function, class, if, try, with and loop bodies), each with whether it
+    is inside a function; expressions are not entered: an import or a decorator is a statement's, and skipping the
+    expressions is most of a walk's cost."""
+    stack = [(node, False) for node in body]
     while stack:
-        node = stack.pop()
-        yield node
+        node, in_function = stack.pop()
+        yield node, in_function
+        inner = in_function or isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
         for field in ("body", "orelse", "finalbody", "handlers", "cases"):
-            stack.extend(getattr(node, field, ()))
+            stack.extend((child, inner) for child in getattr(node, field, ()))
+
+
+def _imported(node: ast.stmt, package: str) -> list[str]:
+    """The absolute module names an import statement names (relative ones resolved against `package`)."""
+    if isinstance(node, ast.Import):
+        return [alias.name for alias in node.names]
+    if isinstance(node, ast.ImportFrom):
+        base = node.module or ""
+        if node.level:  # relative: `from .synthesized import ...`
+            base = ".".join([*package.split(".")[:len(package.split(".")) - node.level + 1], base]).strip(".")
+        return [base]
+    return []
+
+
+def _parse(path: str) -> ast.Module:
+    return ast.parse(Path(path).read_text(), path)
+
+
+def _package(path: str) -> str:
+    return ".".join(Path(path).relative_to(ROOT).parent.parts)
 
 
 @functools.cache
-def _module_facts(path: str) -> tuple[frozenset[str], bool]:
-    """What a test module imports (absolute names, relative imports resolved; at the top or inside a test), and
-    whether it defines a module-scoped fixture: one parse per file per run, however many items and questions ask
-    (each collecting worker asks for every item; walking each file's whole tree per question cost seconds a worker)."""
-    package = ".".join(Path(path).relative_to(ROOT).parent.parts)
+def _module_facts(path: str) -> tuple[frozenset[str], bool, frozenset[str]]:
+    """What a test module imports (absolute names, relative imports resolved; at the top or inside a test), whether
+    it defines a module-scoped fixture, and what it imports outside its functions (what importing it runs): one
+    parse per file per run, however many items and questions ask (each collecting worker asks for every item;
+    walking each file's whole tree per question cost seconds a worker)."""
+    package = _package(path)
     names: set[str] = set()
+    top: set[str] = set()
     module_fixture = False
-    for node in _statements(ast.parse(Path(path).read_text(), path).body):
-        if isinstance(node, ast.Import):
-            names.update(alias.name for alias in node.names)
-        elif isinstance(node, ast.ImportFrom):
-            base = node.module or ""
-            if node.level:  # relative: `from .synthesized import ...`
-                base = ".".join([*package.split(".")[:len(package.split(".")) - node.level + 1], base]).strip(".")
-            names.add(base)
-        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+    for node, in_function in _statements(_parse(path).body):
+        imported = _imported(node, package)
+        names.update(imported)
+        if not in_function:
+            top.update(imported)
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
             module_fixture = module_fixture or any(
                 isinstance(decorator, ast.Call) and any(
                     kw.arg == "scope" and isinstance(kw.value, ast.Constant) and kw.value.value == "module"
                     for kw in decorator.keywords)
                 for decorator in node.decorator_list)
-    return frozenset(names), module_fixture
+    return frozenset(names), module_fixture, frozenset(top)
+
+
+@functools.cache
+def _function_facts(path: str) -> dict[str, tuple[frozenset[str], frozenset[str]]]:
+    """Per function of a module (at its top or a class's, by qualified name): what its body imports and the names
+    it refers to. Read only for the few modules that reach the CDK inside some of their functions alone."""
+    package = _package(path)
+    facts: dict[str, tuple[frozenset[str], frozenset[str]]] = {}
+
+    def visit(body: list[ast.stmt], prefix: str) -> None:
+        for node in body:
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                imports: set[str] = set()
+                refs: set[str] = set()
+                for inner in ast.walk(node):
+                    if isinstance(inner, ast.Name):
+                        refs.add(inner.id)
+                    elif isinstance(inner, (ast.Import, ast.ImportFrom)):
+                        imports.update(_imported(inner, package))
+                facts[prefix + node.name] = frozenset(imports), frozenset(refs)
+            elif isinstance(node, ast.ClassDef):
+                visit(node.body, f"{prefix}{node.name}.")
+
+    visit(_parse(path).body, "")
+    return facts
+
+
+def _helper(name: str) -> str | None:
+    """The file of another test module whose helpers `name` imports, if it is one."""
+    helper = ROOT.joinpath(*name.split(".")).with_suffix(".py")
+    return str(helper) if name.startswith("tests.") and helper.is_file() else None
+
+
+def _names_reach(names: frozenset[str], modules: tuple[str, ...]) -> bool:
+    """One of `names` is one of `modules` (or a submodule), or a test module that imports one anywhere."""
+    for name in names:
+        if any(name == m or name.startswith(m + ".") for m in modules):
+            return True
+        helper = _helper(name)
+        if helper is not None and _imports_any(helper, modules):
+            return True
+    return False
 
 
 @functools.cache
@@ -120,8 +184,8 @@ def _imports_any(path: str, modules: tuple[str, ...]) -> bool:
         for name in _module_facts(todo.pop())[0]:
             if any(name == m or name.startswith(m + ".") for m in modules):
                 return True
-            helper = str(ROOT.joinpath(*name.split(".")).with_suffix(".py"))  # another test module's helpers
-            if name.startswith("tests.") and helper not in seen and Path(helper).is_file():
+            helper = _helper(name)
+            if helper is not None and helper not in seen:
                 seen.add(helper)
                 todo.append(helper)
     return False
@@ -129,6 +193,42 @@ def _imports_any(path: str, modules: tuple[str, ...]) -> bool:
 
 def _builds_cdk_apps(path: str) -> bool:
     return _imports_any(path, _CDK_MODULES)
+
+
+def _function_builds_cdk_apps(path: str, qualname: str, seen: set[str] | None = None) -> bool:
+    """The function's body imports the CDK (or a helper that does), or calls a function of its module that does."""
+    if not path.startswith(str(ROOT / "tests")) or not _builds_cdk_apps(path):
+        return False
+    if _names_reach(_module_facts(path)[2], _CDK_MODULES):
+        return True  # importing the module loads the CDK: every function of it runs there
+    facts = _function_facts(path)
+    seen = set() if seen is None else seen
+    seen.add(qualname)
+    imports, refs = facts.get(qualname, (frozenset(), frozenset()))
+    called = {name for name in facts for ref in refs if name == ref or name.startswith(ref + ".")}  # a class: its methods
+    return _names_reach(imports, _CDK_MODULES) or any(
+        _function_builds_cdk_apps(path, name, seen) for name in called if name not in seen)
+
+
+def _item_builds_cdk_apps(item) -> bool:
+    """The test builds CDK apps: its module does on import, or its own function, a function of its module that it
+    calls, or a fixture it uses (from any test module or conftest) imports the CDK. tests/plan/test_packing.py's
+    one synthesis among thirty planner tests put the thirty, 28 s of CPU, on the one worker that synthesizes."""
+    path = str(item.path)
+    if not _builds_cdk_apps(path):
+        return False
+    function = getattr(item, "function", None)
+    if function is None:
+        return True  # not a Python function (a doctest): the module's answer
+    if _function_builds_cdk_apps(path, function.__qualname__):
+        return True
+    fixtures = getattr(item, "_fixtureinfo", None)
+    for defs in (fixtures.name2fixturedefs.values() if fixtures else ()):
+        for fixturedef in defs:
+            code = getattr(fixturedef.func, "__code__", None)
+            if code is not None and _function_builds_cdk_apps(code.co_filename, fixturedef.func.__qualname__):
+                return True
+    return False
 
 
 # What starts operating-system processes: a test (or a fixture it uses) that imports one of these runs servers,
@@ -155,7 +255,7 @@ def _starts_processes(item) -> bool:
 
 # The two slow tiers, by marker: `pytest -m "not synth and not processes"` (`make test-fast`) runs the rest.
 TIERS = {
-    "synth": "builds CDK apps (aws-cdk-lib through jsii): seconds to minutes per module",
+    "synth": "builds CDK apps in this process (aws-cdk-lib through jsii): seconds each, the first in a process 10-20 s",
     "processes": "starts real processes (servers, CLIs, fleets on loopback), or uses a fixture that does",
 }
 
@@ -183,7 +283,7 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if _starts_processes(item):
             item.add_marker(pytest.mark.processes)
-        if _builds_cdk_apps(str(item.path)):
+        if _item_builds_cdk_apps(item):
             item.add_marker(pytest.mark.synth)
             item.add_marker(cdk)
         elif item.get_closest_marker("xdist_group") is not None:
@@ -206,12 +306,49 @@ if _CPU_LOG:
     os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(_PROCESS_SITE), os.environ.get("PYTHONPATH")) if p)
 
 
+_CLOCK_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+def _live_children_cpu(exclude: frozenset[int]) -> float:
+    """CPU of this process's children that are still running, and of their descendants (live or reaped by them):
+    the jsii kernel, a Node.js process that aws-cdk-lib starts once per test process and that does most of each
+    in-process synthesis, is reaped only at exit, so getrusage(RUSAGE_CHILDREN) never saw it. Once a child is
+    reaped, its CPU moves into RUSAGE_CHILDREN, so the sum of the two counts it once. Linux /proc (proc(5): the
+    tasks' `children` lists; stat fields 14-17, utime stime cutime cstime, in clock ticks); 0 elsewhere."""
+    total, todo = 0, [os.getpid()]
+    while todo:
+        pid = todo.pop()
+        try:
+            tasks = os.listdir(f"/proc/{pid}/task")
+        except OSError:
+            continue
+        for task in tasks:
+            try:
+                with open(f"/proc/{pid}/task/{task}/children") as f:
+                    kids = [int(k) for k in f.read().split()]
+            except OSError:
+                continue
+            for kid in kids:
+                if kid in exclude:
+                    continue
+                try:
+                    with open(f"/proc/{kid}/stat") as f:
+                        fields = f.read().rsplit(")", 1)[1].split()  # after the command, which may hold spaces
+                except OSError:
+                    continue
+                total += sum(int(x) for x in fields[11:15])  # utime stime cutime cstime (fields 14-17)
+                todo.append(kid)
+    return total / _CLOCK_TICKS
+
+
 def _cpu_now() -> tuple[float, float]:
     children = resource.getrusage(resource.RUSAGE_CHILDREN)
     # The reference servers forked by this worker's fork server are reaped there, not here (tests/runtime/zygote.py)
     zygote = sys.modules.get("tests.runtime.zygote")
     forked = zygote.cpu_s() if zygote is not None else 0.0
-    return time.process_time(), children.ru_utime + children.ru_stime + forked
+    server = getattr(zygote, "_servers", None) if zygote is not None else None
+    exclude = frozenset({server.proc.pid}) if server is not None else frozenset()  # counted in `forked`
+    return time.process_time(), children.ru_utime + children.ru_stime + forked + _live_children_cpu(exclude)
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -221,11 +358,14 @@ def pytest_runtest_protocol(item, nextitem):
         return
     own, children = _cpu_now()
     wall = time.monotonic()
+    had_cdk = "aws_cdk" in sys.modules
     yield
     own_after, children_after = _cpu_now()
-    line = json.dumps({"test": item.nodeid, "own_s": round(own_after - own, 3),
-                       "children_s": round(children_after - children, 3),
-                       "wall_s": round(time.monotonic() - wall, 3)})
+    record = {"test": item.nodeid, "own_s": round(own_after - own, 3), "children_s": round(children_after - children, 3),
+              "wall_s": round(time.monotonic() - wall, 3)}
+    if not had_cdk and "aws_cdk" in sys.modules and item.get_closest_marker("synth") is None:
+        record["loaded_cdk"] = True  # a test the imports did not mark loaded aws-cdk-lib on a worker of its own
+    line = json.dumps(record)
     with open(_CPU_LOG, "a") as log:  # one short line per append: workers' lines do not interleave
         log.write(line + "\n")
 

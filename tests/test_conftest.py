@@ -3,7 +3,17 @@ the one worker that has aws-cdk-lib loaded; others are free to go anywhere."""
 
 from pathlib import Path
 
-from tests.conftest import _PROCESS_MODULES, ROOT, _area_rank, _builds_cdk_apps, _has_module_fixture, _imports_any
+import pytest
+
+from tests.conftest import (
+    _PROCESS_MODULES,
+    ROOT,
+    _area_rank,
+    _builds_cdk_apps,
+    _has_module_fixture,
+    _imports_any,
+    _item_builds_cdk_apps,
+)
 
 
 def test_modules_that_build_cdk_apps_are_found_by_their_imports():
@@ -25,7 +35,7 @@ def test_helpers_that_import_each_other_end_the_search(monkeypatch):
     a, b = "tests/bench/conftest.py", "tests/stacks/synthesized.py"
     cycle = {str(ROOT / a): frozenset({"tests.stacks.synthesized"}),
              str(ROOT / b): frozenset({"tests.bench.conftest", "aws_cdk"})}
-    monkeypatch.setattr(conftest, "_module_facts", lambda path: (cycle[path], False))
+    monkeypatch.setattr(conftest, "_module_facts", lambda path: (cycle[path], False, cycle[path]))
     walk = conftest._imports_any.__wrapped__  # past the cache, which holds the real files' answers
     assert not walk(str(ROOT / a), ("no_such_module",))
     assert walk(str(ROOT / a), ("aws_cdk",))
@@ -56,13 +66,56 @@ def test_modules_with_a_module_scoped_fixture_are_found():
     assert not _has_module_fixture(str(ROOT / "tests/runtime/test_spot.py"))
 
 
-def test_every_module_that_builds_cdk_apps_is_in_the_cdk_group_alone(request):
+def test_every_test_that_builds_cdk_apps_is_in_the_cdk_group_alone(request):
     """pytest-xdist joins an item's xdist_group names: a module's own group beside `cdk` made a group of its own
     (test_stack_size's `cdk_stack_size`), on another worker that loaded aws-cdk-lib and synthesized the shared
     fleets (the default, the multi-model and the spill examples) a second time."""
     for item in request.session.items:
-        if _builds_cdk_apps(str(item.path)):
+        if _item_builds_cdk_apps(item):
             assert [m.args[0] for m in item.iter_markers("xdist_group")] == ["cdk"], item.nodeid
+
+
+def test_a_module_that_synthesizes_in_one_test_keeps_its_other_tests_off_the_cdk_worker(request):
+    """tests/plan/test_packing.py imports the synthesized fleets inside one test: that test goes to the CDK worker,
+    the planner tests beside it go anywhere. A module that imports the CDK at its top goes there whole."""
+    def collected(module: str) -> list:
+        return [item for item in request.session.items if item.nodeid.startswith(module + "::")]
+
+    packing, provider = collected("tests/plan/test_packing.py"), collected("tests/stacks/test_provider_stack.py")
+    if not packing or not provider:
+        pytest.skip("tests/plan/test_packing.py or tests/stacks/test_provider_stack.py is not collected in this run")
+    synthesizes = [item for item in packing if item.get_closest_marker("synth") is not None]
+    assert 1 <= len(synthesizes) and len(packing) - len(synthesizes) > 10  # the written packing's synthesis alone
+    assert all(item.get_closest_marker("synth") is not None for item in provider)
+
+
+def test_a_function_that_calls_a_helper_which_synthesizes_builds_cdk_apps(monkeypatch):
+    """What a test calls in its module counts, however deep (a class's methods included), and so does a fixture."""
+    import ast
+    import functools
+
+    from tests import conftest
+
+    module = ROOT / "tests" / "probe_synth_module.py"
+    source = (
+        "import pytest\n\n"
+        "def _fleet():\n    from tests.stacks.synthesized import default_fleet\n    return default_fleet()\n\n"
+        "def _outer():\n    return _fleet()\n\n"
+        "class Helper:\n    def fleet(self):\n        return _outer()\n\n"
+        "@pytest.fixture\ndef fleet():\n    return _outer()\n\n"
+        "def test_calls_a_helper():\n    assert _outer()\n\n"
+        "def test_uses_a_class():\n    assert Helper().fleet()\n\n"
+        "def test_plans():\n    assert 1\n"
+    )
+    parse = conftest._parse
+    monkeypatch.setattr(conftest, "_parse", lambda path: ast.parse(source) if path == str(module) else parse(path))
+    for cached in ("_module_facts", "_function_facts", "_imports_any"):  # fresh caches, for the probe's answers
+        monkeypatch.setattr(conftest, cached, functools.cache(getattr(conftest, cached).__wrapped__))
+    path = str(module)
+    assert conftest._function_builds_cdk_apps(path, "test_calls_a_helper")
+    assert conftest._function_builds_cdk_apps(path, "test_uses_a_class")
+    assert conftest._function_builds_cdk_apps(path, "fleet")  # the fixture
+    assert not conftest._function_builds_cdk_apps(path, "test_plans")
 
 
 def test_a_modules_own_xdist_group_is_kept_whole(request):
@@ -104,7 +157,7 @@ def test_the_slow_tiers_are_found_by_what_a_module_imports_and_the_fast_tier_is_
 def test_every_collected_test_carries_its_tiers(request):
     for item in request.session.items:
         names = {m.name for m in item.iter_markers()}
-        assert ("synth" in names) == _builds_cdk_apps(str(item.path)), item.nodeid
+        assert ("synth" in names) == _item_builds_cdk_apps(item), item.nodeid
         if _imports_any(str(item.path), _PROCESS_MODULES):
             assert "processes" in names, item.nodeid
 
@@ -133,6 +186,36 @@ def test_the_cpu_log_records_each_tests_own_cpu_and_its_processes(tmp_path, monk
     [line] = [json.loads(x) for x in log.read_text().splitlines()]
     assert line["test"] == Item.nodeid
     assert line["children_s"] > 0 and line["own_s"] >= 0 and line["wall_s"] > 0
+
+
+def test_the_cpu_log_counts_a_child_that_is_still_running_when_the_test_ends(tmp_path, monkeypatch):
+    """aws-cdk-lib's jsii kernel (Node.js) runs for the whole test process and does most of an in-process synthesis:
+    its CPU during a test is the test's, though nothing reaps it. Here a stand-in child spins, then waits for its
+    stdin to close, alive when the hook reads the CPU."""
+    import json
+    import subprocess
+    import sys
+
+    from tests import conftest
+
+    log = tmp_path / "cpu.jsonl"
+    monkeypatch.setattr(conftest, "_CPU_LOG", str(log))
+
+    class Item:
+        nodeid = "tests/probe.py::test_talks_to_a_long_lived_kernel"
+
+    steps = conftest.pytest_runtest_protocol(Item(), None)
+    next(steps)
+    kernel = subprocess.Popen([sys.executable, "-c", "import sys; sum(range(20_000_000)); print(1, flush=True); "
+                               "sys.stdin.read()"], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    try:
+        assert kernel.stdout.readline() == b"1\n"  # it has spun
+        for _ in steps:
+            pass
+    finally:
+        kernel.communicate()
+    [line] = [json.loads(x) for x in log.read_text().splitlines()]
+    assert line["children_s"] >= 0.2, line  # 20 million additions: about half a second of CPU
 
 
 def test_the_cpu_log_names_each_python_process_a_test_started_and_its_cpu(tmp_path):

@@ -2,8 +2,6 @@
 self-stopping instance per pool, from the fleet's own launch template path."""
 
 import json
-import os
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -20,8 +18,6 @@ from tests.stacks.synthesized import default_fleet
 from .bench_fleet import bench_app  # noqa: F401
 
 ROOT = Path(__file__).resolve().parents[2]
-NODE_MAJOR = subprocess.run(["node", "--version"], capture_output=True, text=True).stdout.strip().lstrip("v").split(".")[0]
-os.environ["JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION"] = NODE_MAJOR
 
 
 def _provider(cfg, stacks, outdir, region):

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import fcntl
+import os
 import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -31,14 +34,33 @@ def install_wheel(python: Path, wheel: Path) -> None:
 
 @pytest.fixture(scope="session")
 def wheel(tmp_path_factory) -> Path:
-    """`pip wheel --no-deps` of this checkout."""
-    out = tmp_path_factory.mktemp("wheel")
+    """`pip wheel --no-deps` of this checkout, built once per run: under pytest-xdist the workers share the run's
+    temporary root (each worker's base is a directory of it), and the first to ask builds there while the others
+    wait on a lock (the CodeBuild-like Synth step and the wheel's own tests run on different workers; a build is
+    8 s of CPU, most of it pip's isolated build environment)."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    base = tmp_path_factory.getbasetemp()
+    out = (base.parent if worker else base) / "fleetcast-wheel"
+    out.mkdir(exist_ok=True)
+    with open(out / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes, or the process ends
+        built = sorted(out.glob("fleetcast-*.whl"))
+        if not built:
+            _build_wheel(out)
+            built = sorted(out.glob("fleetcast-*.whl"))
+    (wheel,) = built
+    return wheel
+
+
+def _build_wheel(out: Path) -> None:
     leftover = not (ROOT / "build").exists()  # setuptools builds in the tree's build/ (ignored by git)
+    staging = Path(tempfile.mkdtemp(dir=out))
     try:
-        subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--quiet", "--wheel-dir", str(out),
+        subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--quiet", "--wheel-dir", str(staging),
                         str(ROOT)], check=True, timeout=BUILD_TIMEOUT_S, capture_output=True)
+        (built,) = staging.glob("fleetcast-*.whl")
+        built.rename(out / built.name)  # whole, or not there: a failed build leaves nothing for the next to take
     finally:
+        shutil.rmtree(staging, ignore_errors=True)
         if leftover:
             shutil.rmtree(ROOT / "build", ignore_errors=True)
-    (built,) = out.glob("fleetcast-*.whl")
-    return built

@@ -13,7 +13,6 @@ import copy
 import json
 import os
 import shutil
-import subprocess
 import tempfile
 from dataclasses import dataclass, field
 from functools import cache
@@ -25,9 +24,9 @@ from ruamel.yaml import YAML
 
 from fleetcast.config import FleetConfig, parse_config
 from stacks.app_builder import build_app, cdk_json_context
+from tests.jsii_banner import node_major
 
-# jsii silences its end-of-life banner only for the listed Node major versions (not for "1").
-NODE_MAJOR = subprocess.run(["node", "--version"], capture_output=True, text=True).stdout.strip().lstrip("v").split(".")[0]
+NODE_MAJOR = node_major()
 os.environ["JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION"] = NODE_MAJOR
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -73,7 +72,7 @@ def synthesize(doc: dict, label: str, context: dict | None = None) -> Synthesize
 def run_app_entry_point(config: Path, outdir: Path) -> tuple[int, str]:
     """app.py's `main()` given the App `cdk synth -c config=FILE -o DIR` hands it (cdk.json's context plus
     `config`), in this process: (exit code, what it wrote to stderr). In-process because a Python start per case
-    cost a second; the CLI runs app.py itself in test_gates and, failing, in test_makefile."""
+    cost a second; the CLI runs app.py itself in test_cdk_cli and, failing, in test_makefile."""
     import contextlib
     import importlib
     import io

@@ -1,4 +1,4 @@
-"""Quality gates on the synthesized fleet: the real `cdk synth` offline, cdk-nag, cfn-lint.
+"""Quality gates on the synthesized fleet: cdk-nag, cfn-lint (the real `cdk synth` offline: test_cdk_cli.py).
 
 cdk-nag 3 reports through CDK policy validation: a finding fails synthesis and
 lands in the cloud assembly's validation report (not in Annotations, where a
@@ -9,20 +9,15 @@ AwsSolutions pack registered", backed by a test that shows it does fail.
 from __future__ import annotations
 
 import json
-import os
 import re
-import shutil
 import subprocess
-import time
 
 import pytest
 from aws_cdk import App, Environment, Stack, aws_ec2 as ec2
 
-from fleetcast.node import cdk_command, path_with_node
 from stacks import nag
 
 from .synthesized import (
-    NODE_MAJOR,
     ROOT,
     default_doc,
     default_fleet,
@@ -32,45 +27,6 @@ from .synthesized import (
     synthesize,
     variant_fleet,
 )
-
-CDK = cdk_command()  # the pinned CLI on the venv's Node LTS, as `make synth` runs it (npx cdk without the wheel)
-
-
-def offline_env() -> dict[str, str]:
-    """No credentials, no profile, no metadata service: synthesis must not need AWS."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
-    env |= {
-        "AWS_EC2_METADATA_DISABLED": "true",
-        "AWS_CONFIG_FILE": os.devnull,
-        "AWS_SHARED_CREDENTIALS_FILE": os.devnull,
-        "CDK_DISABLE_CLI_TELEMETRY": "true",
-        "JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION": NODE_MAJOR,
-        "PATH": path_with_node(env.get("PATH", "")),
-    }
-    return env
-
-
-@pytest.mark.skipif(shutil.which(CDK[0]) is None or not (ROOT / "node_modules" / "aws-cdk").exists(),
-                    reason="the pinned CDK CLI is installed by `make` (npm ci)")
-def test_cdk_cli_synthesizes_the_default_config_offline(tmp_path):
-    out = tmp_path / "cdk.out"
-    started = time.monotonic()
-    result = subprocess.run(
-        [*CDK, "synth", "--no-lookups", "--no-notices", "--quiet", "-c", "config=config/fleet.yaml",
-         "-o", str(out)],
-        cwd=ROOT, env=offline_env(), capture_output=True, text=True, timeout=300,
-    )
-    elapsed = time.monotonic() - started
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    cfg = default_fleet().cfg
-    expected = {f"fleetcast-provider-{r.region}" for r in cfg.regions} | {
-        f"fleetcast-consumer-{c.name}" for c in cfg.consumers if c.endpoint_service_name}
-    assert {p.name.removesuffix(".template.json") for p in out.glob("*.template.json")} == expected
-    manifest = json.loads((out / "manifest.json").read_text())
-    assert not manifest.get("missing"), "synthesis asked for context lookups"
-    assert "WARNING" not in result.stdout + result.stderr, "every construct warning is fixed or acknowledged"
-    print(f"\ncdk synth (CLI, offline): {elapsed:.1f}s for {len(expected)} stacks")
-
 
 # ---------------------------------------------------------------- cdk-nag
 
@@ -237,13 +193,14 @@ def test_cfn_lint_reports_nothing_on_any_template(cli_lint):
 def test_in_process_cfn_lint_reports_what_the_cli_reports(cli_lint, tmp_path):
     """tests/cfn_lint.py stands in for the CLI in the other template tests: it reports the CLI's rules on a
     broken template, and applies .cfnlintrc.yaml (W3010 is ignored there, reported from elsewhere)."""
-    from tests.cfn_lint import lint
+    from tests.cfn_lint import _rule_sets, lint
 
     _, broken, rules = cli_lint
     assert {"E3002", "E3031", "I3510"} <= set(rules[str(broken)]) and "W3010" not in rules[str(broken)]
     assert sorted(p.split()[0] for p in lint(broken)) == rules[str(broken)]
     without_rc = {p.split()[0] for p in lint(broken, cwd=tmp_path)}
     assert "W3010" in without_rc and "I3510" not in without_rc  # what .cfnlintrc.yaml ignores and includes
+    assert len(_rule_sets) == 1  # both runs, with their own settings, on the one rule set loaded (as the CLI's)
 
 
 def test_in_process_cfn_lint_reads_a_changed_template_again(tmp_path):
