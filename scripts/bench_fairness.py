@@ -287,14 +287,35 @@ class EngineStats:
         assert self._task is not None
         self._task.cancel()
         await asyncio.gather(self._task, return_exceptions=True)
-        steps = [s for s in self.stats if s.get("numActiveRequests", 0) or s.get("numNewActiveRequests", 0)]
-        busy = [s for s in steps if s.get("numActiveRequests", 0)]
-        return {"steps": len(steps),
-                "mean_batch": round(sum(s["numActiveRequests"] for s in busy) / len(busy), 2) if busy else 0.0,
-                "mean_step_ms": round(sum(s["iterLatencyMS"] for s in steps) / len(steps), 2) if steps else 0.0,
-                "max_engine_queued": max((s.get("numQueuedRequests", 0) for s in steps), default=0),
-                "max_engine_queue_ms": round(max((s.get("newActiveRequestsQueueLatencyMS", 0.0) for s in steps),
-                                                 default=0.0), 2)}
+        return engine_figures(self.stats)
+
+
+def engine_figures(stats: list[dict]) -> dict:
+    """A phase's engine iteration stats (in the engine's order) summed up: mean batch and step; the longest an admitted
+    request waited inside the engine (the mean of the requests one iteration admitted, the longest such mean); where
+    that wait went: the longest step, what it admitted and completed, and the step before the longest wait
+    (`before_max_queue_ms`, as the engine timed it). A wait about as long as the step before it was spent in that step
+    (a prefill, a delivery, a pause inside the iteration); a wait far longer, between steps, where the engine thread
+    did not run (the interpreter lock, the engine's own lock, or an engine idle until the request came)."""
+    steps = [s for s in stats if s.get("numActiveRequests", 0) or s.get("numNewActiveRequests", 0)]
+    busy = [s for s in steps if s.get("numActiveRequests", 0)]
+    longest = max(steps, key=lambda s: s["iterLatencyMS"], default=None)
+    waited = max(steps, key=lambda s: s.get("newActiveRequestsQueueLatencyMS", 0.0), default=None)
+    before: list[float] = []
+    if waited is not None:
+        at = stats.index(waited)
+        if at:  # the iteration before it (idle ones too: the engine's own order)
+            before = [stats[at - 1]["iterLatencyMS"]]
+    return {"steps": len(steps),
+            "mean_batch": round(sum(s["numActiveRequests"] for s in busy) / len(busy), 2) if busy else 0.0,
+            "mean_step_ms": round(sum(s["iterLatencyMS"] for s in steps) / len(steps), 2) if steps else 0.0,
+            "max_engine_queued": max((s.get("numQueuedRequests", 0) for s in steps), default=0),
+            "max_engine_queue_ms": round(waited.get("newActiveRequestsQueueLatencyMS", 0.0), 2) if waited else 0.0,
+            "max_step_ms": round(longest["iterLatencyMS"], 2) if longest else 0.0,
+            "max_step_admitted": longest.get("numNewActiveRequests", 0) if longest else 0,
+            "max_step_completed": longest.get("numCompletedRequests", 0) if longest else 0,
+            "before_max_queue_ms": round(before[0], 2) if before else None,
+            "steps_over_5ms": sum(1 for s in steps if s["iterLatencyMS"] > 5.0)}
 
 
 ROLES = ("engine", "gateway", "quiet", "flood")
