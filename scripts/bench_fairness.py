@@ -287,14 +287,35 @@ class EngineStats:
         assert self._task is not None
         self._task.cancel()
         await asyncio.gather(self._task, return_exceptions=True)
-        steps = [s for s in self.stats if s.get("numActiveRequests", 0) or s.get("numNewActiveRequests", 0)]
-        busy = [s for s in steps if s.get("numActiveRequests", 0)]
-        return {"steps": len(steps),
-                "mean_batch": round(sum(s["numActiveRequests"] for s in busy) / len(busy), 2) if busy else 0.0,
-                "mean_step_ms": round(sum(s["iterLatencyMS"] for s in steps) / len(steps), 2) if steps else 0.0,
-                "max_engine_queued": max((s.get("numQueuedRequests", 0) for s in steps), default=0),
-                "max_engine_queue_ms": round(max((s.get("newActiveRequestsQueueLatencyMS", 0.0) for s in steps),
-                                                 default=0.0), 2)}
+        return engine_figures(self.stats)
+
+
+def engine_figures(stats: list[dict]) -> dict:
+    """A phase's engine iteration stats (in the engine's order) summed up: mean batch and step; the longest an admitted
+    request waited inside the engine (the mean of the requests one iteration admitted, the longest such mean); where
+    that wait went: the longest step, what it admitted and completed, and the step before the longest wait
+    (`before_max_queue_ms`, as the engine timed it). A wait about as long as the step before it was spent in that step
+    (a prefill, a delivery, a pause inside the iteration); a wait far longer, between steps, where the engine thread
+    did not run (the interpreter lock, the engine's own lock, or an engine idle until the request came)."""
+    steps = [s for s in stats if s.get("numActiveRequests", 0) or s.get("numNewActiveRequests", 0)]
+    busy = [s for s in steps if s.get("numActiveRequests", 0)]
+    longest = max(steps, key=lambda s: s["iterLatencyMS"], default=None)
+    waited = max(steps, key=lambda s: s.get("newActiveRequestsQueueLatencyMS", 0.0), default=None)
+    before: list[float] = []
+    if waited is not None:
+        at = stats.index(waited)
+        if at:  # the iteration before it (idle ones too: the engine's own order)
+            before = [stats[at - 1]["iterLatencyMS"]]
+    return {"steps": len(steps),
+            "mean_batch": round(sum(s["numActiveRequests"] for s in busy) / len(busy), 2) if busy else 0.0,
+            "mean_step_ms": round(sum(s["iterLatencyMS"] for s in steps) / len(steps), 2) if steps else 0.0,
+            "max_engine_queued": max((s.get("numQueuedRequests", 0) for s in steps), default=0),
+            "max_engine_queue_ms": round(waited.get("newActiveRequestsQueueLatencyMS", 0.0), 2) if waited else 0.0,
+            "max_step_ms": round(longest["iterLatencyMS"], 2) if longest else 0.0,
+            "max_step_admitted": longest.get("numNewActiveRequests", 0) if longest else 0,
+            "max_step_completed": longest.get("numCompletedRequests", 0) if longest else 0,
+            "before_max_queue_ms": round(before[0], 2) if before else None,
+            "steps_over_5ms": sum(1 for s in steps if s["iterLatencyMS"] > 5.0)}
 
 
 ROLES = ("engine", "gateway", "quiet", "flood")
@@ -492,7 +513,7 @@ async def main_async(args: argparse.Namespace) -> dict:
 
 async def simulated_waits(cap: int, workers: int = 2, seconds: float = 10.0, tokens: int = 64, step_ms: float = 0.6,
                           per_seq_ms: float = 0.025, quiet_share: float = 0.15, flood: float = 3.0, lead: float = 2.0,
-                          seed: int = 1) -> dict:
+                          seed: int = 1, stall_ms: float = 0.0, stall_every_s: float = 0.5) -> dict:
     """The admission code alone (runtime/gateway/fair.py, `workers` gateway workers' admissions sharing one state,
     in process) in front of a simulated engine process, in virtual time: deterministic for a seed, whatever the
     machine's load. The engine runs continuous batching as the reference engine does: each iteration admits the
@@ -502,9 +523,14 @@ async def simulated_waits(cap: int, workers: int = 2, seconds: float = 10.0, tok
     one, and slots free in bunches, as on the device. The neighbour arrives at `flood` x the engine's capacity R
     (cap requests per request time at a full batch) from `lead` s before the quiet account's `seconds` at
     `quiet_share` x R (Poisson), each request through the next worker in turn. Returns how many of the quiet
-    account's requests waited for a slot, its wait's P99 and max (virtual ms), how many of those it sent a request's
-    time or more after it came waited (`waited_later`: by then the neighbour's requests from before have ended),
-    and the most the neighbour held when a slot was granted to it while the quiet account held or waited for one."""
+    account's requests waited for a slot, its wait's P99 and max (virtual ms), how many of those it sent two request
+    times or more after it came waited (`waited_later`: by then the neighbour's requests from before have ended, the
+    last of them granted as the quiet account's first request came and ending a step or two past a request's time),
+    and the most the neighbour held when a slot was granted to it while the quiet account held or waited for one.
+    `stall_ms`: the engine stops that long once every `stall_every_s` (the step under way then lasts that much
+    longer), as the device's engine queue says it did (bench/FAIRNESS_DEVICE.md); `quiet_least_own_when_waiting`: the
+    fewest requests the quiet account held or waited for when one of its requests counted in `waited_later` had to
+    wait (None: none did)."""
     from fleetcast.config import parse_config
     from runtime.gateway.fair import CLIENT_GONE, FairAdmission
     from runtime.gateway.identity import Refusal
@@ -536,17 +562,20 @@ async def simulated_waits(cap: int, workers: int = 2, seconds: float = 10.0, tok
         at(t, "arrive", QUIET[0])
     granted: list[tuple[str, FairAdmission]] = []
     batch: list[list] = []  # [account, tokens left, its admission]
-    stepping, waits, settled, tasks, most = [False], [], [], [], [0]
+    stepping, waits, settled, tasks, most, own_at_wait = [False], [], [], [], [0], []
 
     async def request(who: str, admission: FairAdmission) -> None:
         asked = now[0]
+        own = sum(group._int(cell) for cell in group.consumer_cells(who))  # its held and waiting requests
         got = await admission.acquire(who, "m", lambda: False)
         if isinstance(got, Refusal):  # the backlog flushed at the end
             return
         if who == QUIET[0]:
             waits.append((now[0] - asked) * 1000)
-            if asked >= lead + request_s:  # the neighbour's requests from before the quiet account came have ended
+            if asked >= lead + 2 * request_s + stall_ms / 1000:  # the neighbour's requests from before have ended
                 settled.append(now[0] - asked)
+                if now[0] > asked:
+                    own_at_wait.append(own)
         elif sum(group._int(cell) for cell in group.consumer_cells(QUIET[0])):  # the quiet account is active
             most[0] = max(most[0], group._int(group.consumer_cells(NEIGHBOUR[0])[0]))
         granted.append((who, admission))
@@ -568,7 +597,10 @@ async def simulated_waits(cap: int, workers: int = 2, seconds: float = 10.0, tok
             batch.extend([account, tokens, admission] for account, admission in granted)
             granted.clear()
             if batch:
-                at(now[0] + (step_ms + per_seq_ms * len(batch)) / 1000, "stepped")
+                took = (step_ms + per_seq_ms * len(batch)) / 1000
+                if stall_ms and int(now[0] / stall_every_s) != int((now[0] + took) / stall_every_s):
+                    took += stall_ms / 1000
+                at(now[0] + took, "stepped")
             else:
                 stepping[0] = False
         else:  # stepped: every request in the batch has one more token
@@ -594,7 +626,7 @@ async def simulated_waits(cap: int, workers: int = 2, seconds: float = 10.0, tok
             "wait_p99_ms": round(percentile(waits, 0.99), 1) if waits else 0.0,
             "wait_max_ms": round(max(waits, default=0.0), 1), "request_ms": round(request_s * 1000, 1),
             "waited_later": sum(w > 0.0 for w in settled),
-            "neighbour_most_held": most[0]}
+            "neighbour_most_held": most[0], "quiet_least_own_when_waiting": min(own_at_wait, default=None)}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import gc
 import os
 import signal
 import sys
@@ -30,6 +29,7 @@ from typing import TYPE_CHECKING
 from fleetcast.contract import telemetry as t
 from fleetcast.contract.instance_env import Var, default, setting
 from runtime.descriptors import reserve_descriptors
+from runtime.heap import freeze_startup_heap
 
 from .http import BODY_TIMEOUT_S
 from .identity import log
@@ -252,8 +252,7 @@ async def serve(args: argparse.Namespace, shared: SharedState | None = None, wor
     # Everything loaded so far (config model, botocore's service models: ~100k objects) lives for
     # the whole process. A full collection over them measured 85 ms on the dev VM, a pause every
     # stream would feel; frozen, the collector walks only request garbage (measured ~0 ms).
-    gc.collect()
-    gc.freeze()
+    freeze_startup_heap()
     host, port = args.listen
     await gateway.start(host, port, reuse_port=shared is not None)
     discovery = peer_discovery(cfg, args, gateway)

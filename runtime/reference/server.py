@@ -69,6 +69,7 @@ from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
+from ..heap import freeze_startup_heap
 from .mps_sim import MpsClientSim
 from .protocol import SamplingParams
 from .proxy import EngineLoadFailed, EngineProxy, RemoteSequence
@@ -333,9 +334,13 @@ class ReferenceServer:
             await engine.stop()
             raise
         self.memory.update(engine.info["memory"], engine_pid=engine.info["pid"])
-        log.info("model %s loaded on %s in %.2fs (max batch %d, graphs %s; engine process %d)", self.model_name,
-                 self.args.device, time.monotonic() - started, engine.info["max_batch_size"],
-                 engine.info["cuda_graphs"], engine.info["pid"])
+        # This process's startup heap (aiohttp, the app) out of every later full collection, as the engine process
+        # froze its own (runtime/heap.py): a collection here holds back every stream's tokens and every submission.
+        frozen = freeze_startup_heap()
+        log.info("model %s loaded on %s in %.2fs (max batch %d, graphs %s; engine process %d; startup heap frozen: "
+                 "%d objects in the engine process, %d here)", self.model_name, self.args.device,
+                 time.monotonic() - started, engine.info["max_batch_size"], engine.info["cuda_graphs"],
+                 engine.info["pid"], engine.info["heap_frozen"], frozen)
 
     async def serve(self) -> int:
         app = self.make_app()

@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any
 
 from fleetcast.contract.serving import GIB
 
+from ..heap import freeze_startup_heap
 from . import protocol as p
 from .mps_sim import MpsClientSim
 
@@ -140,8 +141,12 @@ class EngineHost:
             self.memory["torch_reserved_bytes"] = torch.cuda.memory_reserved()
         self.engine = engine
         threading.Thread(target=self._watch_engine, name="engine-watch", daemon=True).start()
+        # PyTorch, the model and the captured graphs live as long as this process: out of every later full
+        # collection, which would otherwise stop the engine's step loop for as long as it walks them (runtime/heap.py).
+        frozen = freeze_startup_heap()
         return {"max_batch_size": engine.max_batch_size, "max_seq_len": max_seq, "vocab_size": shape.vocab_size,
-                "cuda_graphs": engine.cuda_graphs, "memory": dict(self.memory), "pid": os.getpid()}
+                "cuda_graphs": engine.cuda_graphs, "memory": dict(self.memory), "pid": os.getpid(),
+                "heap_frozen": frozen}
 
     def _allocate_lora_cache(self, torch: Any, device: str, config: dict[str, Any]) -> Any:
         """The LoRA device cache TensorRT-LLM's PyTorch backend allocates for --lora-config's max_loras (none without
