@@ -280,6 +280,15 @@ def _cmdline(pid: int) -> list[bytes]:
     return Path(f"/proc/{pid}/cmdline").read_bytes().rstrip(b"\0").split(b"\0")
 
 
+def _await_health(proc: subprocess.Popen[bytes], port: int, log: Path) -> None:
+    """Until the forked server answers /health with 200 (bounded: 120 s); it must still be running then."""
+    for _ in range(1200):
+        if http_status(f"http://127.0.0.1:{port}/health") == 200 or proc.poll() is not None:
+            break
+        time.sleep(0.1)
+    assert proc.poll() is None, log.read_text()
+
+
 def _gone(pid: int, timeout_s: float = 60.0) -> bool:
     """Ended: no /proc entry, or a zombie its new parent has not reaped (bounded by `timeout_s`)."""
     deadline = time.monotonic() + timeout_s
@@ -363,11 +372,7 @@ def test_the_engine_process_of_a_reference_server_the_supervisor_starts_costs_a_
                      stdout=log, stderr=subprocess.STDOUT)
     try:
         assert _parent(proc.pid) == fork_server.proc.pid
-        for _ in range(1200):  # bounded: 120 s
-            if http_status(f"http://127.0.0.1:{port}/health") == 200 or proc.poll() is not None:
-                break
-            time.sleep(0.1)
-        assert proc.poll() is None, (tmp_path / "log").read_text()
+        _await_health(proc, port, tmp_path / "log")
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/memory", timeout=30) as reply:
             engine = int(json.load(reply)["engine_pid"])
         assert _parent(engine) == proc.pid and os.getsid(engine) == os.getpgid(engine) == proc.pid
@@ -472,11 +477,7 @@ def test_the_trtllm_serve_stand_in_becomes_the_reference_server_in_place(tmp_pat
                      stderr=subprocess.STDOUT)
     try:
         assert _parent(proc.pid) == fork_server.proc.pid
-        for _ in range(1200):  # bounded: 120 s
-            if http_status(f"http://127.0.0.1:{port}/health") == 200 or proc.poll() is not None:
-                break
-            time.sleep(0.1)
-        assert proc.poll() is None, (tmp_path / "log").read_text()
+        _await_health(proc, port, tmp_path / "log")
         assert _cmdline(proc.pid)[1:4] == [b"-m", b"runtime.reference.server", b"--artifact"]
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/memory", timeout=30) as reply:
             engine = int(json.load(reply)["engine_pid"])
