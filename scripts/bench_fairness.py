@@ -52,6 +52,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from runtime.ttft_trace import ENV as TRACE_ENV, HEADER as TRACE_HEADER, Trace
 from scripts.bench_gateway import (
     POOL,
     REGION,
@@ -110,14 +111,25 @@ def proxy_header(vpce: str) -> bytes:
     return ppv2.build(("10.60.1.10", 40000), ("10.40.0.5", 8000), vpce_id=vpce)
 
 
-async def one(port: int, header: bytes, body: bytes) -> tuple[int, float | None]:
-    """(status, TTFT ms) of one streamed completion on a new connection; TTFT None unless 200."""
+async def one(port: int, header: bytes, body: bytes, trace: dict | None = None) -> tuple[int, float | None]:
+    """(status, TTFT ms) of one streamed completion on a new connection; TTFT None unless 200. `trace` (with
+    --ttft-trace; it holds the request's "id"): the id goes out as the trace header, and the client's own stamps
+    (CLOCK_MONOTONIC, runtime/ttft_trace.py) come back in it: sent (before the connect), connected, head (the
+    response head), first (the first text event). Each is taken inside the TTFT's own perf_counter span, so the
+    TTFT is never below first - sent."""
     sent = time.perf_counter()
+    if trace is not None:
+        trace["sent"] = time.monotonic()
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
     try:
+        traced = b"" if trace is None else b"%s: %s\r\n" % (TRACE_HEADER.encode(), trace["id"].encode())
+        if trace is not None:
+            trace["connected"] = time.monotonic()
         writer.write(header + b"POST /v1/completions HTTP/1.1\r\nHost: bench\r\nContent-Type: application/json\r\n"
-                     b"Content-Length: %d\r\nConnection: close\r\n\r\n%b" % (len(body), body))
+                     b"%bContent-Length: %d\r\nConnection: close\r\n\r\n%b" % (traced, len(body), body))
         head = await reader.readuntil(b"\r\n\r\n")
+        if trace is not None:
+            trace["head"] = time.monotonic()
         status = int(head.split(b" ", 2)[1])
         ttft, buf = None, b""
         while True:
@@ -127,14 +139,19 @@ async def one(port: int, header: bytes, body: bytes) -> tuple[int, float | None]
             if ttft is None:
                 buf += data
                 if b'"text"' in buf:
+                    if trace is not None:
+                        trace["first"] = time.monotonic()
                     ttft = (time.perf_counter() - sent) * 1000
+        if trace is not None:
+            trace.update(status=status, ttft_ms=ttft)
         return status, ttft if status == 200 else None
     finally:
         writer.close()
 
 
 async def poisson(port: int, header: bytes, body: bytes, rate: float, seconds: float, seed: int,
-                  out: list[tuple[int, float | None]]) -> None:
+                  out: list[tuple[int, float | None]], traces: list[dict] | None = None, label: str = "") -> None:
+    """Poisson arrivals at `rate` for `seconds`; with `traces`, each request traced (id `label`-n) into it."""
     rng = random.Random(seed)
     tasks, at, start = [], 0.0, time.monotonic()
     while True:
@@ -142,7 +159,11 @@ async def poisson(port: int, header: bytes, body: bytes, rate: float, seconds: f
         if at >= seconds:
             break
         await asyncio.sleep(max(0.0, start + at - time.monotonic()))
-        tasks.append(asyncio.ensure_future(one(port, header, body)))
+        trace = None
+        if traces is not None:
+            trace = {"id": f"{label}-{len(traces)}"}
+            traces.append(trace)
+        tasks.append(asyncio.ensure_future(one(port, header, body, trace)))
     out.extend(await asyncio.gather(*tasks, return_exceptions=False))
 
 
@@ -166,12 +187,14 @@ def ttft_figures(samples: list[tuple[int, float | None]]) -> dict:
 
 
 async def phase(port: int, body: bytes, quiet_rate: float, seconds: float, seed: int, flood_rate: float = 0.0,
-                streams: int = 0, lead: float = 0.0, flood_cpus: set[int] | None = None) -> dict:
+                streams: int = 0, lead: float = 0.0, flood_cpus: set[int] | None = None,
+                trace_label: str | None = None) -> dict:
     """The quiet account for `seconds`, alone or beside the neighbour: Poisson arrivals at `flood_rate`, or
     `streams` kept busy (closed loop); the neighbour starts `lead` seconds earlier (the quiet account arrives
     beside a load under way). The neighbour is a process of its own: its hundreds of open streams would
     otherwise delay the quiet account's sends and reads in one event loop, and the quiet figures would measure
-    the client. Returns the figures and the quiet samples (for pooling)."""
+    the client. Returns the figures and the quiet samples (for pooling); with `trace_label`, the quiet requests'
+    client stamps (`traces`) and the phase's window on CLOCK_MONOTONIC (`window_monotonic`)."""
     quiet: list = []
     flood = None
     if flood_rate or streams:
@@ -182,10 +205,13 @@ async def phase(port: int, body: bytes, quiet_rate: float, seconds: float, seed:
         if flood_cpus:
             os.sched_setaffinity(flood.pid, flood_cpus)  # before it has imported anything: no request sent yet
         await asyncio.sleep(lead)
-    window = (time.time(), 0.0)
-    await poisson(port, proxy_header(QUIET[2]), body, quiet_rate, seconds, seed, quiet)
+    traces: list[dict] | None = [] if trace_label is not None else None
+    window, began = (time.time(), 0.0), time.monotonic()
+    await poisson(port, proxy_header(QUIET[2]), body, quiet_rate, seconds, seed, quiet, traces, trace_label or "")
     window = (window[0], time.time())
-    result = {"quiet": ttft_figures(quiet), "window": window}
+    result: dict = {"quiet": ttft_figures(quiet), "window": window}
+    if traces is not None:
+        result.update(traces=traces, window_monotonic=(began, time.monotonic()))
     if flood is not None:
         out, _ = await flood.communicate()
         result["neighbour"] = json.loads(out)
@@ -318,6 +344,148 @@ def engine_figures(stats: list[dict]) -> dict:
             "steps_over_5ms": sum(1 for s in steps if s["iterLatencyMS"] > 5.0)}
 
 
+# A traced quiet request's time to first token, hop by hop (--ttft-trace; runtime/ttft_trace.py): (name, from, to),
+# each stamp "<process>.<stamp>", in the order the request passes them, so the hops add up to the client's TTFT.
+HOPS = (
+    ("connect", "client.sent", "gateway.accepted"),  # the connect, the kernel's accept queue, the gateway loop's turn
+    ("gateway_head", "gateway.accepted", "gateway.head"),  # the PROXY v2 header and the request head
+    ("gateway_body", "gateway.head", "gateway.parsed"),  # the body and the caller's identity
+    ("gateway_slot", "gateway.parsed", "gateway.admitted"),  # limits, routing, the salt, the wait for an engine slot
+    ("gateway_send", "gateway.admitted", "gateway.sent"),
+    ("to_http", "gateway.sent", "http.received"),  # an upstream connection, loopback, the HTTP process's loop and parse
+    ("http_submit", "http.received", "http.submitted"),  # the body and its checks
+    ("to_engine", "http.submitted", "engine.received"),  # the SUBMIT over the channel, the engine's main thread
+    ("engine_queue", "engine.received", "engine.iter_start"),  # until an iteration admits it (the one under way ends)
+    ("prefill", "engine.iter_start", "engine.first_sent"),  # that iteration up to its first token's message leaving
+    ("to_http_first", "engine.first_sent", "http.taken"),  # the channel, the dispatch, the stream handler's wake-up
+    ("http_write", "http.taken", "http.writing"),  # the first SSE event's encoding
+    ("to_gateway_first", "http.writing", "gateway.first"),  # loopback and the gateway loop's turn
+    ("to_client_first", "gateway.first", "client.first"),  # the gateway's write, loopback, the quiet client loop's turn
+)
+SLOWEST = 10
+
+
+def read_trace(directory: Path) -> dict:
+    """The trace files of every process (DIR/<role>-<pid>.jsonl): requests by id (the engine's by its own id, which
+    the HTTP process's line names), and the stall lines (loop lag, collections), each with its file's name."""
+    out: dict = {"gateway": {}, "http": {}, "engine": {}, "stalls": []}
+    for path in sorted(directory.glob("*.jsonl")):
+        for line in path.read_text().splitlines():
+            try:
+                rec = json.loads(line)
+            except ValueError:
+                continue  # a line cut by a process that was killed mid-write
+            kind = rec.get("kind")
+            if kind in ("gateway", "http"):
+                out[kind][rec["id"]] = rec
+            elif kind == "engine":
+                out["engine"][rec["rid"]] = rec
+            else:
+                out["stalls"].append({**rec, "source": path.stem})
+    return out
+
+
+def request_hops(client: dict, trace: dict) -> dict | None:
+    """One traced request: its hops (ms, HOPS' order), the longest of them, and what the engine says of the
+    iteration that admitted it; None when a stamp is missing (refused, or its client gave up)."""
+    http = trace["http"].get(client["id"])
+    stamps = {"client": client, "gateway": trace["gateway"].get(client["id"]), "http": http,
+              "engine": trace["engine"].get(http.get("rid")) if http else None}
+    hops = {}
+    for name, start, end in HOPS:
+        (p0, k0), (p1, k1) = start.split("."), end.split(".")
+        a, b = (stamps[p0] or {}).get(k0), (stamps[p1] or {}).get(k1)
+        if a is None or b is None or client.get("ttft_ms") is None:
+            return None
+        hops[name] = round((b - a) * 1000, 3)
+    engine = stamps["engine"]
+    assert engine is not None
+    return {"id": client["id"], "ttft_ms": round(client["ttft_ms"], 3), "hops": hops,
+            "dominant": max(hops, key=lambda h: hops[h]),
+            "engine": {"admitted_with": engine["iter_admitted"],
+                       "iteration_ms": round((engine["iter_end"] - engine["iter_start"]) * 1000, 3),
+                       # It came while the iteration before was running: its queue is that iteration's rest.
+                       "came_during_previous": engine["prev_iter_start"] <= engine["received"] <= engine["prev_iter_end"],
+                       "previous_ms": round((engine["prev_iter_end"] - engine["prev_iter_start"]) * 1000, 3),
+                       "previous_admitted": engine["prev_iter_admitted"]}}
+
+
+def stalls_in(records: list[dict], windows: list[tuple[float, float]]) -> dict:
+    """Each process's stalls within `windows` (a phase's, one a round; CLOCK_MONOTONIC): its loop's most late-by of a
+    1 ms tick and the 5 longest lags of 5 ms or more (s after their window's start, ms), its collections by
+    generation ([count, total ms, longest ms]) and the 5 longest of 1 ms or more (s, ms, generation)."""
+    out: dict = {}
+    for rec in records:
+        # The second lines are stamped at their second's start: one that began before a window may reach into it.
+        window = next((w for w in windows if w[0] - 1.0 <= rec["at"] <= w[1]), None)
+        if window is None:
+            continue
+        entry = out.setdefault(rec["source"], {"loop_late_max_ms": None, "lags": [], "gc": {}, "gc_pauses": []})
+        kind = rec["kind"]
+        if kind == "lag_second":
+            entry["loop_late_max_ms"] = max(entry["loop_late_max_ms"] or 0.0, rec["max_ms"])
+        elif kind == "lag" and rec["at"] >= window[0]:
+            entry["lags"].append((round(rec["at"] - window[0], 3), rec["ms"]))
+        elif kind == "gc_second":
+            for generation, (count, total, longest) in rec["by_generation"].items():
+                g = entry["gc"].setdefault(generation, [0, 0.0, 0.0])
+                g[0], g[1], g[2] = g[0] + count, round(g[1] + total, 3), max(g[2], longest)
+        elif kind == "gc" and rec["at"] >= window[0]:
+            entry["gc_pauses"].append((round(rec["at"] - window[0], 3), rec["ms"], rec["generation"]))
+    for entry in out.values():
+        entry["lags"] = sorted(entry["lags"], key=lambda x: -x[1])[:5]
+        entry["gc_pauses"] = sorted(entry["gc_pauses"], key=lambda x: -x[1])[:5]
+    return out
+
+
+def ttft_breakdown(rows: list[dict | None]) -> dict:
+    """A phase's traced requests: P50/P99/max of each hop, and the SLOWEST requests whole."""
+    done = [r for r in rows if r is not None]
+    hops = {name: {"p50": round(percentile([r["hops"][name] for r in done], 0.5), 3),
+                   "p99": round(percentile([r["hops"][name] for r in done], 0.99), 3),
+                   "max": max((r["hops"][name] for r in done), default=0.0)} for name, _, _ in HOPS}
+    ttfts = [r["ttft_ms"] for r in done]
+    return {"traced": len(rows), "complete": len(done),
+            "ttft_p50": round(percentile(ttfts, 0.5), 3), "ttft_p99": round(percentile(ttfts, 0.99), 3),
+            "hops": hops, "slowest": sorted(done, key=lambda r: -r["ttft_ms"])[:SLOWEST]}
+
+
+def trace_breakdowns(trace: dict, traced: list[tuple[dict, str, list[dict], tuple[float, float]]]) -> dict:
+    """Each traced phase's breakdown, into its round's row (`ttft_breakdown`, `stalls`) and pooled over the rounds
+    (returned, by phase: the breakdown and the stalls over every round's window of it)."""
+    by_phase: dict[str, tuple[list, list]] = {}
+    for row, name, clients, window in traced:
+        rows = [request_hops(c, trace) for c in clients]
+        row["ttft_breakdown"], row["stalls"] = ttft_breakdown(rows), stalls_in(trace["stalls"], [window])
+        pooled_rows, windows = by_phase.setdefault(name, ([], []))
+        pooled_rows += rows
+        windows.append(window)
+    return {name: {**ttft_breakdown(rows), "stalls": stalls_in(trace["stalls"], windows)}
+            for name, (rows, windows) in by_phase.items()}
+
+
+def breakdown_lines(name: str, breakdown: dict, stalls: dict | None = None) -> list[str]:
+    """The report's lines for one phase's breakdown (pooled) and, if given, its stalls."""
+    lines = [f"TTFT breakdown, {name}: {breakdown['complete']} of {breakdown['traced']} quiet requests traced whole; "
+             f"TTFT P50 / P99 {breakdown['ttft_p50']} / {breakdown['ttft_p99']} ms; each hop P50 / P99 / max ms:"]
+    lines += [f"    {hop:<17} {f['p50']:>8.3f} {f['p99']:>9.3f} {f['max']:>9.3f}" for hop, f in breakdown["hops"].items()]
+    lines.append(f"  the {len(breakdown['slowest'])} slowest (TTFT ms: its longest hops; the engine's iteration):")
+    for r in breakdown["slowest"]:
+        top = sorted(r["hops"].items(), key=lambda kv: -kv[1])[:3]
+        e = r["engine"]
+        lines.append(f"    {r['id']} {r['ttft_ms']:.1f}: " + ", ".join(f"{h} {v:.1f}" for h, v in top)
+                     + f"; admitted with {e['admitted_with']}, its iteration {e['iteration_ms']:.1f} ms"
+                     + (f", came during the one before ({e['previous_ms']:.1f} ms, admitted {e['previous_admitted']})"
+                        if e["came_during_previous"] else ""))
+    for source, s in sorted((stalls or {}).items()):
+        gc_text = ", ".join(f"gen {g}: {c} ({t:.1f} ms, max {m:.1f})" for g, (c, t, m) in sorted(s["gc"].items()))
+        lines.append(f"  stalls {source}: loop late max {s['loop_late_max_ms']} ms"
+                     + (f" (>= 5 ms: {s['lags']})" if s["lags"] else "")
+                     + f"; collections {gc_text or 'none'}"
+                     + (f"; pauses >= 1 ms (s into the phase, ms, gen): {s['gc_pauses']}" if s["gc_pauses"] else ""))
+    return lines
+
+
 ROLES = ("engine", "gateway", "quiet", "flood")
 # Sockets the neighbour's client and the gateway may each hold: 3 R for the phase and its lead, most of it waiting.
 WANT_OPEN_FILES = 65536
@@ -410,6 +578,13 @@ async def main_async(args: argparse.Namespace) -> dict:
     ec2_port = await ec2.start()
     env = {"AWS_ENDPOINT_URL_EC2": f"http://127.0.0.1:{ec2_port}", "AWS_ACCESS_KEY_ID": "bench",
            "AWS_SECRET_ACCESS_KEY": "bench", "AWS_MAX_ATTEMPTS": "1"}
+    traced: list[tuple[dict, str, list[dict], tuple[float, float]]] = []  # (row, phase, client stamps, window)
+    client_trace = None
+    if args.ttft_trace:
+        os.environ[TRACE_ENV] = str(logs / "trace")  # before the engine and the gateway start: they inherit it
+        client_trace = Trace(os.environ[TRACE_ENV], "client")
+        client_trace.watch_loop()
+        client_trace.watch_gc()
     up_port = free_port()
     engine = _spawn(["-m", "runtime.reference.server", "--artifact", str(tmp / "artifact"), "--port", str(up_port),
                      "--max-batch-size", str(args.batch), "--threads", "1", "--served-model-name", bench_model(),
@@ -430,8 +605,11 @@ async def main_async(args: argparse.Namespace) -> dict:
         stats.start()
         before = {"gateway": process_stats(gateway.pid), "engine": process_stats(engine.pid)}
         started = time.monotonic()
+        label = f"r{len(results['rounds']) + 1}-{name}" if args.ttft_trace else None
         row = await phase(port, body, args.quiet_share * capacity, args.seconds, seed, flood_cpus=cores["flood"],
-                          **kw)
+                          trace_label=label, **kw)
+        if label is not None:
+            traced.append((row, name, row.pop("traces"), row.pop("window_monotonic")))
         row["engine"] = await stats.stop()
         elapsed = time.monotonic() - started
         for proc, pid in (("gateway", gateway.pid), ("engine", engine.pid)):
@@ -502,6 +680,9 @@ async def main_async(args: argparse.Namespace) -> dict:
     finally:
         stop(engine, 40)
         await ec2.stop() if hasattr(ec2, "stop") else None
+    if client_trace is not None:
+        client_trace.stop()
+        results["ttft_breakdown"] = trace_breakdowns(read_trace(Path(os.environ[TRACE_ENV])), traced)
     results["pooled"] = {name: ttft_figures(samples) for name, samples in pooled.items()}
     alone = results["pooled"]["alone"]["ttft_p99"]
     results["pooled_ratio"] = {name: round(results["pooled"][name]["ttft_p99"] / alone, 2)
@@ -685,6 +866,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--cpu-runs", type=int, default=7,
                    help="runs of fair admission's in-process CPU timing at the end (default 7; 0: skip)")
     p.add_argument("--skip-off", action="store_true", help="skip the phase with fair admission off")
+    p.add_argument("--ttft-trace", action="store_true",
+                   help="trace every quiet request's TTFT hop by hop through the gateway, the reference server's two "
+                        "processes and back, and each process's loop lag and collections (runtime/ttft_trace.py; "
+                        "the breakdown per phase goes to the report and the JSON)")
     p.add_argument("--json", help="write the figures here as JSON")
     p.add_argument("--out", help="a directory for fairness.json, the engine's and the gateway's logs")
     args = p.parse_args(argv)
@@ -727,6 +912,8 @@ def report_lines(results: dict, args: argparse.Namespace) -> list[str]:
         r = rounds[name]
         lines.append(f"  per-round P99 ratio, {name}: min {r['min']}x, median {r['median']}x, max {r['max']}x")
     lines.append("the bound: 1.1x (fair); engine-bound is the floor any admission order reaches on this engine")
+    for name, b in (results.get("ttft_breakdown") or {}).items():
+        lines += breakdown_lines(name, b, b.get("stalls"))
     if "admission_cpu_us" in results:
         lines += fair_admission_cpu_lines(results["admission_cpu_us"])
     v = results["verdict"]

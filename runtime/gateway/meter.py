@@ -201,6 +201,7 @@ class Exchange:
     usage: dict[str, Any] | None = None
     ended: float | None = None
     props: dict[str, Any] = field(default_factory=dict)
+    trace: dict[str, Any] | None = None  # its TTFT stamps, with the test switch on only (runtime/ttft_trace.py)
 
 
 def record(metrics: MetricsSink, ex: Exchange, path: str) -> None:

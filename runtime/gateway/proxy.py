@@ -96,6 +96,9 @@ class Proxy:
             body = prepared.body
         head = upstream_head(request, pool.host_header, body)
         self.drain.started_upstream(writer)
+        stamps = exchange.trace if exchange is not None else None
+        if stamps is not None:
+            stamps["sent"] = time.monotonic()
         try:
             conn, status, up_headers = await pool.send(head, body, watch, self.watchdog)
         except UpstreamError as exc:
@@ -118,6 +121,8 @@ class Proxy:
             # for the life of the process and written to by close().
             self.drain.forget(writer)
             raise
+        if stamps is not None:
+            stamps["upstream_head"] = time.monotonic()
         if not self.drain.head_arrived(writer):
             conn.writer.close()
             return False  # close() answered 503 while the head was on its way

@@ -36,6 +36,7 @@ from fleetcast.contract.isolation import new_key
 from fleetcast.contract.nlb import HEALTH_PATH  # answered by the gateway: the NLB's health check
 from fleetcast.contract.spill import may_serve_in
 
+from ..ttft_trace import HEADER as TRACE_HEADER, tracer
 from . import ppv2
 from .admission import Admission, Ticket, local_limiter, model_not_found
 from .drain import DRAINING_MESSAGE, Drain
@@ -225,6 +226,9 @@ class Gateway:
             self.fair.start()
         if self._spill_pools and self._headroom_task is None:
             self._headroom_task = asyncio.ensure_future(self._refresh_headroom())
+        if TRACE:
+            TRACE.watch_loop()
+            TRACE.watch_gc()
         return self._server
 
     @property
@@ -280,6 +284,7 @@ class Gateway:
 
     async def _connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self._connections.add(writer)
+        accepted = time.monotonic() if TRACE else 0.0
         try:
             vpce_id, source = None, writer.get_extra_info("peername")
             if self.proxy_protocol:
@@ -309,7 +314,11 @@ class Gateway:
                 except HttpError as exc:
                     writer.write(openai_error(exc.status, str(exc), "invalid_request_error", None, close=True))
                     return
-                if not await self._request(request, reader, writer, vpce_id, source):
+                stamps = None
+                if TRACE and TRACE_HEADER in request.lower:
+                    stamps = {"kind": "gateway", "id": request.lower[TRACE_HEADER], "accepted": accepted,
+                              "head": time.monotonic()}
+                if not await self._request(request, reader, writer, vpce_id, source, stamps):
                     return
         except HttpError as exc:  # an unreadable request body: answer, then close (the stream is out of sync)
             writer.write(openai_error(exc.status, str(exc), "invalid_request_error", None, close=True))
@@ -331,8 +340,9 @@ class Gateway:
     # ------------------------------------------------------------ requests
 
     async def _request(self, request: Request, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
-                       vpce_id: str | None, source: Any) -> bool:
-        """Serve one request; True to keep the connection open for the next."""
+                       vpce_id: str | None, source: Any, stamps: dict[str, Any] | None = None) -> bool:
+        """Serve one request; True to keep the connection open for the next. `stamps`: its TTFT trace (ttft_trace.py),
+        only with the test switch on."""
         started = time.perf_counter()
         path = request.path
         keep = request.keep_alive and not self.draining
@@ -417,6 +427,9 @@ class Gateway:
             if isinstance(exc, HttpError):
                 raise  # unreadable: answered, then the connection closed (the stream is out of sync)
             return await refuse(Refusal(400, exc.code, str(exc), "invalid_request_error"))
+        if stamps is not None:
+            stamps["parsed"] = time.monotonic()
+            exchange.trace = stamps
         if self.draining:  # the drain began while the body was arriving
             return await refuse(_DRAINING)
         claim: Claim | None = None
@@ -480,6 +493,8 @@ class Gateway:
                 exchange.error = pool.code == QUEUE_TIMEOUT.code  # the engine stayed full: a server error
                 record(self.metrics, exchange, path)
             return False if pool.status == CLIENT_GONE.status else await refuse(pool)
+        if stamps is not None:
+            stamps["admitted"] = time.monotonic()
         # Admitted: counts toward in-flight.
         exchange.arrived_ms, exchange.in_flight = arrived_ms, self.drain_state.enter()
         try:
@@ -493,6 +508,10 @@ class Gateway:
             self.drain_state.leave()
             record(self.metrics, exchange, path)
             self._observe(target.base, exchange)
+            if stamps is not None and TRACE:
+                meter = exchange.meter
+                stamps["first"] = meter.first_content_at if meter is not None else None  # perf_counter: monotonic
+                TRACE.write(stamps)
 
     # ------------------------------------------------------------ spill and peers (spill.py, peer.py)
 
@@ -674,6 +693,8 @@ class Gateway:
 
 
 _DRAINING = Refusal(503, "draining", DRAINING_MESSAGE, "service_unavailable")
+TRACE = tracer("gateway")  # None unless the test switch is on (runtime/ttft_trace.py)
+
 _FORGED = Refusal(403, "peer_identity_refused", "a forwarded identity is accepted only from another gateway of this "
                   "fleet, signed with the fleet's peer key", "permission_error")
 

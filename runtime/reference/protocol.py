@@ -5,7 +5,8 @@ socket, the engine process's standard input. Each message is a 4-byte big-endian
 whose first item names it:
 
   HTTP -> engine   START args (the server's argparse namespace; first, once) | SUBMIT id prompt params salt |
-                   CANCEL id | STATS ask | MEMORY ask | STOP
+                   CANCEL id | STATS ask | MEMORY ask | STOP | TRACE id (the next SUBMIT of that id is stamped:
+                   runtime/ttft_trace.py, a test switch; sent only while it is on)
   engine -> HTTP   READY info | LOAD_FAILED message | EVENTS at [(id, token, reason, cached_tokens), ...] |
                    REPLY ask value | FAILED message | STOPPED
 
@@ -24,7 +25,7 @@ from typing import Any
 
 WORKER_MODULE = "runtime.reference.worker"
 
-START, SUBMIT, CANCEL, STATS, MEMORY, STOP = "start", "submit", "cancel", "stats", "memory", "stop"
+START, SUBMIT, CANCEL, STATS, MEMORY, STOP, TRACE = "start", "submit", "cancel", "stats", "memory", "stop", "trace"
 READY, LOAD_FAILED, EVENTS, REPLY, FAILED, STOPPED = "ready", "load_failed", "events", "reply", "failed", "stopped"
 
 _LENGTH = struct.Struct("!I")

@@ -190,14 +190,17 @@ class EngineProxy:
         """Raise ValueError (naming the field) if the engine cannot serve it, before anything is sent."""
         p.check_request(prompt, params, self.info["vocab_size"], self.info["max_seq_len"])
 
-    def submit(self, prompt: list[int], params: p.SamplingParams, salt: str | None, sink: Any) -> RemoteSequence:
+    def submit(self, prompt: list[int], params: p.SamplingParams, salt: str | None, sink: Any,
+               traced: bool = False) -> RemoteSequence:
         """Send a request; its events go to `sink.put_nowait((token, reason, at))`. ValueError: it cannot be served;
-        RuntimeError: the engine is gone."""
+        RuntimeError: the engine is gone. `traced` (the TTFT trace's test switch only): the engine process stamps it."""
         self.validate(prompt, params)
         if self.failed is not None or self._closed:
             raise RuntimeError("engine is stopped")
         seq = RemoteSequence(next(self._ids), sink)
         self._sinks[seq.id] = seq
+        if traced:
+            self._send((p.TRACE, seq.id))
         self._send((p.SUBMIT, seq.id, prompt, params, salt))
         return seq
 

@@ -70,6 +70,7 @@ from typing import TYPE_CHECKING, Any
 from aiohttp import web
 
 from ..heap import freeze_startup_heap
+from ..ttft_trace import HEADER as TRACE_HEADER, tracer
 from .mps_sim import MpsClientSim
 from .protocol import SamplingParams
 from .proxy import EngineLoadFailed, EngineProxy, RemoteSequence
@@ -82,6 +83,7 @@ log = logging.getLogger("fleetcast.reference.server")
 Event = tuple[int | None, str | None, float]
 
 VERSION = "fleetcast-reference-0.1"
+TRACE = tracer("http")  # None unless the test switch is on (runtime/ttft_trace.py)
 
 
 def _error(status: int, message: str, param: str | None = None) -> web.Response:
@@ -356,6 +358,9 @@ class ReferenceServer:
             loop.add_signal_handler(signal.SIGUSR2, self.fault)
         if self.mps is not None:
             self._mps_task = loop.create_task(self._watch_mps())
+        if TRACE:
+            TRACE.watch_loop()
+            TRACE.watch_gc()
         try:
             await self.start_engine()
             if self.state == "loading":
@@ -481,6 +486,8 @@ class ReferenceServer:
                       "messages")
 
     async def completions(self, request: web.Request) -> web.StreamResponse:
+        stamps = {"kind": "http", "id": request.headers[TRACE_HEADER], "received": time.monotonic()} \
+            if TRACE and TRACE_HEADER in request.headers else None
         refused = self._serving_error()
         if refused is not None:
             return refused
@@ -516,8 +523,11 @@ class ReferenceServer:
                     self._idle.set()
                 raise
             self.inflight -= 1  # counted again once submitted, with no await in between
+        if stamps is not None:
+            stamps["submitted"] = time.monotonic()  # before the SUBMIT leaves: the engine's receipt comes after
         try:
-            seq = self.engine.submit(prompt, params, opts["cache_salt"], events if opts["stream"] else collected)
+            seq = self.engine.submit(prompt, params, opts["cache_salt"], events if opts["stream"] else collected,
+                                     traced=stamps is not None)
         except (ValueError, RuntimeError) as exc:
             if slots is not None and lora_name is not None:
                 slots.release(lora_name)
@@ -533,9 +543,11 @@ class ReferenceServer:
             record["lora_name"] = lora_name
         arrived = time.monotonic()
         token_times: list[float] = []
+        if stamps is not None:
+            stamps["rid"] = seq.id
         try:
             if opts["stream"]:
-                return await self._stream(request, seq, events, opts, record, token_times)
+                return await self._stream(request, seq, events, opts, record, token_times, stamps)
             return await self._collect(collected, record, token_times)
         except (asyncio.CancelledError, ConnectionResetError):
             self.engine.cancel(seq)
@@ -549,9 +561,12 @@ class ReferenceServer:
                 self._idle.set()
             record["cached_tokens"] = seq.cached_tokens
             self._log_request(record, arrived, token_times)
+            if stamps is not None and TRACE:
+                TRACE.write(stamps)
 
     async def _stream(self, request: web.Request, seq: RemoteSequence, events: asyncio.Queue[Event], opts: dict[str, Any],
-                      record: dict[str, Any], token_times: list[float]) -> web.StreamResponse:
+                      record: dict[str, Any], token_times: list[float],
+                      stamps: dict[str, Any] | None = None) -> web.StreamResponse:
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
         await resp.prepare(request)
         decoder = self.tokenizer.stream_decoder()
@@ -562,6 +577,8 @@ class ReferenceServer:
             # Whatever arrived since this handler last ran goes out in one write: a stream that fell behind catches
             # up in one send, not one per token (each token still its own SSE event, as trtllm-serve sends them).
             batch = [await events.get()]
+            if stamps is not None and "taken" not in stamps:
+                stamps["taken"], stamps["engine_sent"] = time.monotonic(), batch[0][2]
             while batch[-1][1] is None and not events.empty():
                 batch.append(events.get_nowait())
             out = []
@@ -583,6 +600,8 @@ class ReferenceServer:
                     else:
                         out.append(chunk(text, reason))
             if out:
+                if stamps is not None and "writing" not in stamps:
+                    stamps["writing"] = time.monotonic()  # before the write: the gateway may read it at once
                 await resp.write(b"".join(out))
         if opts["include_usage"]:
             usage = {"id": rid, "object": "text_completion", "created": int(time.time()), "model": self.model_name,

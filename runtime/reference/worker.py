@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, Any
 from fleetcast.contract.serving import GIB
 
 from ..heap import freeze_startup_heap
+from ..ttft_trace import tracer
 from . import protocol as p
 from .mps_sim import MpsClientSim
 
@@ -45,6 +46,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("fleetcast.reference.worker")
 
 PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+TRACE = tracer("engine")  # None unless the test switch is on (runtime/ttft_trace.py)
 
 
 def die_with_parent() -> None:
@@ -82,6 +84,9 @@ class EngineHost:
         self._send_lock = threading.Lock()
         self._live: dict[int, Sequence] = {}  # request id -> its sequence, until its last event
         self._stopping = False
+        self._traced: set[int] = set()  # request ids the HTTP process asked to stamp (TRACE), until admitted
+        self._first_sent: dict[int, float] = {}  # a traced request's first token: when its EVENTS message left
+        self._prev_iteration = (0.0, 0.0, 0)  # the last iteration's start, end and admitted count (traced only)
         # The MPS imitation's rule on what a client sees as free (mps_sim.py); the HTTP process is the client.
         self._mps = MpsClientSim.from_env(os.environ) if args.device == "cpu" else None
 
@@ -127,8 +132,10 @@ class EngineHost:
             eos_id=tokenizer.eos_id,
             cache_slots=slots,
             prefix_blocks=0 if args.no_block_reuse else args.prefix_cache_blocks,
-            deliver=self._deliver,
+            deliver=self._deliver_traced if TRACE else self._deliver,
         )
+        if TRACE:
+            self._trace_iterations(engine)
         self.memory["kv_cache_bytes"] = engine.cache.nbytes
         self.memory["prefix_cache_bytes"] = engine.prefix.nbytes if engine.prefix is not None else 0
         self.memory["kv_cache_slots"] = engine.cache.max_batch
@@ -256,8 +263,9 @@ class EngineHost:
 
     # ---- serving ---------------------------------------------------------------------------
 
-    def _deliver(self, events: Events) -> None:
-        """The engine's delivery (its thread): a delivery point's tokens for every sequence, in one message."""
+    def _deliver(self, events: Events, at: float | None = None) -> None:
+        """The engine's delivery (its thread): a delivery point's tokens for every sequence, in one message stamped
+        `at` (default: now)."""
         out = []
         live = self._live
         for seq, token, reason in events:
@@ -265,9 +273,43 @@ class EngineHost:
             if reason is not None:
                 live.pop(seq.sink, None)
         try:
-            self.send((p.EVENTS, time.monotonic(), out))
+            self.send((p.EVENTS, time.monotonic() if at is None else at, out))
         except OSError:  # the HTTP process is gone; the channel's reader ends this process
             pass
+
+    # ---- the TTFT trace (a test switch, runtime/ttft_trace.py) ------------------------------------------
+
+    def _deliver_traced(self, events: Events) -> None:
+        """_deliver, and when a traced request's first token left."""
+        at = time.monotonic()
+        self._deliver(events, at)
+        for seq, token, _ in events:
+            if seq.sink in self._traced and token is not None and seq.sink not in self._first_sent:
+                self._first_sent[seq.sink] = at
+
+    def _trace_iterations(self, engine: Engine) -> None:
+        """Stamp each traced request's iteration: the engine's own per-iteration record (`_record`, called at the
+        end of every iteration with its start and the requests it admitted) is wrapped on this instance, which
+        leaves the engine's admission and prefill code as it is. A traced request's line says when this process
+        received it (`Sequence.submitted`), when the iteration that admitted it started (its queue's end, as the
+        engine's own queue latency counts it), when its first token left, when that iteration ended, and the
+        iteration before it (a request that came during it waited for its end)."""
+        record = engine._record
+
+        def traced(started: float, admitted: list[Sequence], *rest: Any) -> None:
+            ended = time.monotonic()
+            record(started, admitted, *rest)
+            traced_ids, prev = self._traced, self._prev_iteration
+            for seq in admitted:
+                if seq.sink in traced_ids and TRACE:
+                    traced_ids.discard(seq.sink)
+                    TRACE.write({"kind": "engine", "rid": seq.sink, "received": seq.submitted, "iter_start": started,
+                                 "first_sent": self._first_sent.pop(seq.sink, None), "iter_end": ended,
+                                 "iter_admitted": len(admitted), "prev_iter_start": prev[0], "prev_iter_end": prev[1],
+                                 "prev_iter_admitted": prev[2]})
+            self._prev_iteration = (started, ended, len(admitted))
+
+        engine._record = traced  # type: ignore[method-assign,assignment]
 
     def _watch_engine(self) -> None:
         """The engine thread's end: a failure is told to the HTTP process (its pending requests' error events went
@@ -303,6 +345,8 @@ class EngineHost:
                 kind = message[0]
                 if kind == p.SUBMIT:
                     self._submit(*message[1:])
+                elif kind == p.TRACE:
+                    self._traced.add(message[1])
                 elif kind == p.CANCEL:
                     seq = self._live.get(message[1])
                     if seq is not None:
@@ -358,6 +402,8 @@ def main() -> int:
         host.send((p.LOAD_FAILED, str(exc) or repr(exc)))
         return 1
     host.send((p.READY, info))
+    if TRACE:
+        TRACE.watch_gc()
     return host.serve(frames, pending)
 
 

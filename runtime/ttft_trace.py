@@ -1,0 +1,116 @@
+"""Where one request's time to first token goes, across the processes that serve it: a test and bench switch only.
+
+With `TEST_TTFT_TRACE=DIR` in its environment, each process that serves a request (the gateway's workers, the
+reference server's HTTP process and its engine process) and the fairness bench's quiet client append JSON lines to
+DIR/<role>-<pid>.jsonl: the stamps of each request that carries the `x-request-id` header (`HEADER`), on
+CLOCK_MONOTONIC, which is one clock for every process of a Linux machine (clock_gettime(2)), so a stamp of one
+process compares with another's; once a second, each asyncio loop's most late-by of a 1 ms ticker (`lag`); and
+each process's garbage collections, a line each for one of `GC_LINE_MS` or more and a summary a second (`gc`).
+`scripts/bench_fairness.py` joins them by the request id (and the engine's own id, which the HTTP process's line
+names). Without the variable, `TRACE` is None: every hook in the serving code is one `if TRACE` (nothing is stamped,
+no ticker or collector callback runs, no file is opened).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import json
+import os
+import time
+from typing import Any
+
+ENV = "TEST_TTFT_TRACE"
+# The request header that names a traced request (the client's id for it). Only read while the switch is on; the
+# gateway forwards it upstream as any end-to-end header (RFC 9110 7.6.1: only hop-by-hop fields are dropped).
+HEADER = "x-request-id"
+TICK_S = 0.001
+LAG_LINE_MS = 5.0  # a late-by at least this long gets a line of its own (when, how long), besides the second's max
+GC_LINE_MS = 1.0  # likewise a collection
+
+monotonic = time.monotonic
+
+
+class Trace:
+    """One process's trace file and its stall watchers."""
+
+    def __init__(self, directory: str, role: str) -> None:
+        self.directory, self.role = directory, role
+        self._pid = -1
+        self._file: Any = None
+        self._gc_started = 0.0
+        self._gc_second: dict[int, list[float]] = {}  # generation -> [count, total ms, max ms] this second
+        self._gc_at = 0
+        self._tasks: list[asyncio.Task[None]] = []
+
+    def write(self, record: dict[str, Any]) -> None:
+        if self._pid != os.getpid():  # a forked gateway worker writes a file of its own
+            self._pid = os.getpid()
+            os.makedirs(self.directory, exist_ok=True)
+            self._file = open(os.path.join(self.directory, f"{self.role}-{self._pid}.jsonl"), "a", buffering=1)  # noqa: SIM115 - open for the process's life
+        record["role"] = self.role
+        self._file.write(json.dumps(record, separators=(",", ":")) + "\n")
+
+    # ---- stalls ---------------------------------------------------------------------------------
+
+    def watch_loop(self) -> None:
+        """Tick every TICK_S on the running loop; each second, the most a tick came late (ms)."""
+        self._tasks.append(asyncio.get_running_loop().create_task(self._tick()))
+
+    async def _tick(self) -> None:
+        second, worst, ticks = int(monotonic()), 0.0, 0
+        while True:
+            due = monotonic() + TICK_S
+            await asyncio.sleep(TICK_S)
+            now = monotonic()
+            late = (now - due) * 1000
+            ticks += 1
+            worst = max(worst, late)
+            if late >= LAG_LINE_MS:
+                self.write({"kind": "lag", "at": due, "ms": round(late, 3)})
+            if int(now) != second:
+                self.write({"kind": "lag_second", "at": float(second), "max_ms": round(worst, 3), "ticks": ticks})
+                second, worst, ticks = int(now), 0.0, 0
+
+    def watch_gc(self) -> None:
+        """Time every garbage collection of this process (gc.callbacks: "start" and "stop" around each)."""
+        gc.callbacks.append(self._gc)
+
+    def _gc(self, phase: str, info: dict[str, Any]) -> None:
+        now = monotonic()
+        if phase == "start":
+            self._gc_started = now
+            return
+        ms = (now - self._gc_started) * 1000
+        generation = info.get("generation", 0)
+        if ms >= GC_LINE_MS:
+            self.write({"kind": "gc", "at": self._gc_started, "ms": round(ms, 3), "generation": generation,
+                        "collected": info.get("collected", 0)})
+        if int(now) != self._gc_at and self._gc_second:
+            self.write({"kind": "gc_second", "at": float(self._gc_at),
+                        "by_generation": {str(g): [int(c), round(t, 3), round(m, 3)]
+                                          for g, (c, t, m) in self._gc_second.items()}})
+            self._gc_second = {}
+        self._gc_at = int(now)
+        entry = self._gc_second.setdefault(generation, [0, 0.0, 0.0])
+        entry[0] += 1
+        entry[1] += ms
+        entry[2] = max(entry[2], ms)
+
+    def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        self._tasks.clear()
+        if self._gc in gc.callbacks:
+            gc.callbacks.remove(self._gc)
+
+
+def tracer(role: str, environ: Any = os.environ) -> Trace | None:
+    """The process's Trace when the switch is on, else None. Refuses a platform whose perf_counter is not
+    CLOCK_MONOTONIC: the gateway's existing stamps (its meter's) are perf_counter's."""
+    directory = environ.get(ENV)
+    if not directory:
+        return None
+    if time.get_clock_info("perf_counter").implementation != time.get_clock_info("monotonic").implementation:
+        raise SystemExit(f"{ENV}: perf_counter and monotonic are different clocks here; the trace needs one")
+    return Trace(directory, role)
