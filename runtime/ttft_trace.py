@@ -107,7 +107,7 @@ class Trace:
 
 def tracer(role: str, environ: Any = os.environ) -> Trace | None:
     """The process's Trace when the switch is on, else None. Refuses a platform whose perf_counter is not
-    CLOCK_MONOTONIC: the gateway's existing stamps (its meter's) are perf_counter's."""
+    CLOCK_MONOTONIC: the gateway's relay stamps its first body bytes with its perf_counter reading."""
     directory = environ.get(ENV)
     if not directory:
         return None

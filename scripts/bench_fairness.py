@@ -368,7 +368,7 @@ SLOWEST = 10
 def read_trace(directory: Path) -> dict:
     """The trace files of every process (DIR/<role>-<pid>.jsonl): requests by id (the engine's by its own id, which
     the HTTP process's line names), and the stall lines (loop lag, collections), each with its file's name."""
-    out: dict = {"gateway": {}, "http": {}, "engine": {}, "stalls": []}
+    out: dict = {"client": {}, "gateway": {}, "http": {}, "engine": {}, "stalls": []}
     for path in sorted(directory.glob("*.jsonl")):
         for line in path.read_text().splitlines():
             try:
@@ -376,7 +376,7 @@ def read_trace(directory: Path) -> dict:
             except ValueError:
                 continue  # a line cut by a process that was killed mid-write
             kind = rec.get("kind")
-            if kind in ("gateway", "http"):
+            if kind in ("client", "gateway", "http"):
                 out[kind][rec["id"]] = rec
             elif kind == "engine":
                 out["engine"][rec["rid"]] = rec
@@ -608,8 +608,11 @@ async def main_async(args: argparse.Namespace) -> dict:
         label = f"r{len(results['rounds']) + 1}-{name}" if args.ttft_trace else None
         row = await phase(port, body, args.quiet_share * capacity, args.seconds, seed, flood_cpus=cores["flood"],
                           trace_label=label, **kw)
-        if label is not None:
-            traced.append((row, name, row.pop("traces"), row.pop("window_monotonic")))
+        if label is not None and client_trace is not None:
+            clients = row.pop("traces")
+            for stamps in clients:  # the trace directory holds every process's side of each request
+                client_trace.write({"kind": "client", **stamps})
+            traced.append((row, name, clients, row.pop("window_monotonic")))
         row["engine"] = await stats.stop()
         elapsed = time.monotonic() - started
         for proc, pid in (("gateway", gateway.pid), ("engine", engine.pid)):

@@ -375,6 +375,7 @@ class _Body:
         self.writer, self.decoder, self.remaining, self.out_chunked = writer, decoder, remaining, out_chunked
         self.exchange, self.progress, self.drain = exchange, progress, drain
         self.meter = exchange.meter if exchange else None
+        self.trace = exchange.trace if exchange else None  # TTFT stamps, the test switch on only (ttft_trace.py)
         self.rename = rename
         self.keep_copy = exchange is not None and self.meter is None
         self.copy: list[bytes] = []
@@ -420,9 +421,13 @@ class _Body:
             self.last = data
             return _DONE
         if data:
-            self.writer.write(self.pending + (chunk(data) if self.out_chunked else data) if self.pending
-                              else (chunk(data) if self.out_chunked else data))
-            self.pending = b""
+            if self.pending:  # the first body bytes (the head goes with them)
+                if self.trace is not None:
+                    self.trace["first"] = now
+                self.writer.write(self.pending + (chunk(data) if self.out_chunked else data))
+                self.pending = b""
+            else:
+                self.writer.write(chunk(data) if self.out_chunked else data)
             if self.writer.transport.get_write_buffer_size() > CLIENT_BUFFER_HIGH:
                 return _FULL
             if self.writer.is_closing():

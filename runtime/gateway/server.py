@@ -509,8 +509,6 @@ class Gateway:
             record(self.metrics, exchange, path)
             self._observe(target.base, exchange)
             if stamps is not None and TRACE:
-                meter = exchange.meter
-                stamps["first"] = meter.first_content_at if meter is not None else None  # perf_counter: monotonic
                 TRACE.write(stamps)
 
     # ------------------------------------------------------------ spill and peers (spill.py, peer.py)

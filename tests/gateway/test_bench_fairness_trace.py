@@ -1,0 +1,123 @@
+"""The fairness bench's TTFT breakdown (`--ttft-trace`, runtime/ttft_trace.py) on loopback: every quiet request's
+hops, stamped by the client, the gateway and the reference server's two processes on one clock, add up to no
+more than the TTFT the client measured, none is negative, and the slowest requests' longest hop is named.
+The figures themselves are load-dependent: only how they fit together is asserted."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from runtime.ttft_trace import ENV
+from scripts.bench_fairness import HOPS, SLOWEST, read_trace, request_hops, stalls_in, ttft_breakdown
+from tests.optional import needs_torch
+
+ROOT = Path(__file__).resolve().parents[2]
+HOP_NAMES = [name for name, _, _ in HOPS]
+
+
+def test_the_hops_chain_from_the_clients_send_to_its_first_byte_each_ending_where_the_next_begins():
+    assert HOPS[0][1] == "client.sent" and HOPS[-1][2] == "client.first"
+    for (_, _, end), (_, start, _) in zip(HOPS, HOPS[1:], strict=False):
+        assert end == start  # so the hops add up to first - sent, and a gap cannot hide between two
+
+
+def _stamps(rid: int, at: float, hop_ms: list[float]) -> dict:
+    """One request's files as the processes write them, its hops `hop_ms` from `at` on."""
+    times, t = [], at
+    for ms in hop_ms:
+        times.append(t)
+        t += ms / 1000
+    times.append(t)
+    named = {stamp: times[i] for i, (_, stamp, _) in enumerate(HOPS)} | {HOPS[-1][2]: times[-1]}
+    by_process: dict[str, dict] = {}
+    for key, value in named.items():
+        process, stamp = key.split(".")
+        by_process.setdefault(process, {})[stamp] = value
+    engine = {**by_process["engine"], "rid": rid, "iter_end": by_process["engine"]["first_sent"] + 0.001,
+              "iter_admitted": 3, "prev_iter_start": at, "prev_iter_end": by_process["engine"]["iter_start"],
+              "prev_iter_admitted": 2}
+    return {"client": {**by_process["client"], "id": f"q-{rid}", "ttft_ms": (t - at) * 1000 + 0.01},
+            "gateway": {**by_process["gateway"], "id": f"q-{rid}"},
+            "http": {**by_process["http"], "id": f"q-{rid}", "rid": rid}, "engine": engine}
+
+
+def test_a_requests_breakdown_names_the_hop_that_took_its_time_and_says_what_the_engine_was_doing():
+    slow = [0.2] * len(HOPS)
+    slow[HOP_NAMES.index("engine_queue")] = 40.0
+    files = _stamps(7, 100.0, slow)
+    trace = {"gateway": {"q-7": files["gateway"]}, "http": {"q-7": files["http"]}, "engine": {7: files["engine"]}}
+    row = request_hops(files["client"], trace)
+    assert row is not None
+    assert row["dominant"] == "engine_queue" and row["hops"]["engine_queue"] == pytest.approx(40.0)
+    assert row["engine"]["came_during_previous"] and row["engine"]["admitted_with"] == 3
+    # A request with a process's side missing (refused, or its client gave up) is not joined with a hole in it.
+    assert request_hops(files["client"], {**trace, "engine": {}}) is None
+
+
+def test_a_phases_breakdown_gives_each_hops_p50_and_p99_and_the_slowest_requests_whole():
+    trace: dict = {"gateway": {}, "http": {}, "engine": {}}
+    clients = []
+    for rid in range(30):
+        hops = [0.1] * len(HOPS)
+        hops[rid % len(HOPS)] = 1.0 + rid  # the slowest ones are slow in different hops
+        files = _stamps(rid, 10.0 + rid, hops)
+        clients.append(files["client"])
+        trace["gateway"][f"q-{rid}"], trace["http"][f"q-{rid}"] = files["gateway"], files["http"]
+        trace["engine"][rid] = files["engine"]
+    b = ttft_breakdown([request_hops(c, trace) for c in clients] + [None])
+    assert (b["traced"], b["complete"]) == (31, 30)
+    assert set(b["hops"]) == set(HOP_NAMES)
+    assert [r["id"] for r in b["slowest"]] == [f"q-{rid}" for rid in range(29, 29 - SLOWEST, -1)]
+    assert b["slowest"][0]["dominant"] == HOP_NAMES[29 % len(HOPS)]
+
+
+def test_a_processs_stalls_are_counted_in_the_phase_they_fell_in():
+    records = [{"source": "gateway-1", "kind": "lag_second", "at": 99.0, "max_ms": 3.0, "ticks": 990},
+               {"source": "gateway-1", "kind": "lag", "at": 100.5, "ms": 12.0},
+               {"source": "gateway-1", "kind": "lag", "at": 300.0, "ms": 80.0},  # another phase
+               {"source": "http-2", "kind": "gc", "at": 101.0, "ms": 4.0, "generation": 2, "collected": 10},
+               {"source": "http-2", "kind": "gc_second", "at": 101.0, "by_generation": {"0": [5, 1.0, 0.4]}}]
+    stalls = stalls_in(records, [(100.0, 110.0)])
+    assert stalls["gateway-1"]["loop_late_max_ms"] == 3.0 and stalls["gateway-1"]["lags"] == [(0.5, 12.0)]
+    assert stalls["http-2"]["gc_pauses"] == [(1.0, 4.0, 2)] and stalls["http-2"]["gc"] == {"0": [5, 1.0, 0.4]}
+
+
+@needs_torch
+def test_on_loopback_every_quiet_requests_hops_add_up_to_at_most_its_ttft(tmp_path: Path):
+    """The real bench, shortened (one round of 1.5 s phases, a cap of 4, 8 tokens), the engine on the CPU."""
+    out = tmp_path / "fairness"
+    done = subprocess.run(
+        [sys.executable, "-m", "scripts.bench_fairness", "--device", "cpu", "--batch", "4", "--tokens", "8",
+         "--seconds", "1.5", "--lead", "0.5", "--capacity-s", "1", "--repeats", "1", "--cpu-runs", "0",
+         "--skip-off", "--ttft-trace", "--out", str(out)],
+        cwd=ROOT, capture_output=True, text=True, timeout=240, env=_without_trace_env())
+    assert done.returncode == 0, done.stderr[-3000:]
+    trace = read_trace(out / "trace")
+    sources = {path.stem.split("-")[0] for path in (out / "trace").glob("*.jsonl")}
+    assert sources == {"client", "gateway", "http", "engine"}
+    rows = [request_hops(client, trace) for client in trace["client"].values() if client.get("status") == 200]
+    joined = [r for r in rows if r is not None]
+    assert joined and len(joined) == len(rows)  # every answered quiet request is traced whole
+    for r in joined:
+        assert all(ms >= 0 for ms in r["hops"].values()), (r["id"], {h: v for h, v in r["hops"].items() if v < 0})
+        assert r["ttft_ms"] >= sum(r["hops"].values()), r  # the client's own span holds every hop
+        assert r["dominant"] in HOP_NAMES
+    results = json.loads((out / "fairness.json").read_text())
+    for phase in ("alone", "engine_bound", "fair"):
+        breakdown = results["ttft_breakdown"][phase]
+        assert breakdown["complete"] > 0 and set(breakdown["hops"]) == set(HOP_NAMES)
+        assert all(r["dominant"] in HOP_NAMES for r in breakdown["slowest"])
+        assert any(source.startswith("gateway-") for source in breakdown["stalls"])  # its ticker ran every phase
+    report = done.stdout
+    assert "TTFT breakdown, fair:" in report and "slowest" in report
+
+
+def _without_trace_env() -> dict:
+    import os
+
+    return {k: v for k, v in os.environ.items() if k != ENV}
