@@ -22,7 +22,8 @@ CALL_LIMIT_S = 600  # one command's run
 
 def commands() -> list[str]:
     found = re.findall(r"\n    (python3 -m pip install -q --no-index --no-deps --no-compile .*)\n", RUNBOOK.read_text())
-    assert len(found) == 3  # call 1; call 2 after the first run's fixes; call 3, call 2 at a cap of 4
+    # call 1; call 2 after the first run's fixes; call 3, call 2 at a cap of 4; call 4, call 2 with the TTFT trace
+    assert len(found) == 4
     return found
 
 
@@ -34,7 +35,7 @@ def bench_argv(cmd: str) -> tuple[int, list[str]]:
     return int(limit), argv
 
 
-@pytest.mark.parametrize("call", [0, 1, 2])
+@pytest.mark.parametrize("call", [0, 1, 2, 3])
 def test_each_device_call_fits_the_run_tools_limits_and_parses_as_bash(call):
     cmd = commands()[call]
     assert len(cmd) <= COMMAND_LIMIT
@@ -42,7 +43,7 @@ def test_each_device_call_fits_the_run_tools_limits_and_parses_as_bash(call):
     assert subprocess.run(["bash", "-n", "-c", cmd], capture_output=True).returncode == 0
 
 
-@pytest.mark.parametrize("call", [0, 1, 2])
+@pytest.mark.parametrize("call", [0, 1, 2, 3])
 def test_each_call_runs_the_bench_on_the_gpu_with_three_rounds_and_writes_under_out(call):
     limit, argv = bench_argv(commands()[call])
     assert limit < CALL_LIMIT_S
@@ -63,6 +64,19 @@ def test_call_3_is_call_2_at_a_cap_of_4_writing_beside_it():
     assert second.batch == 16 and third.batch == 4
     assert third.skip_off and third.tokens == second.tokens and third.gateway_workers == second.gateway_workers
     assert "F=$OUT/fairness-cap4;" in commands()[2]  # its files beside call 2's, not over them
+
+
+def test_call_4_is_call_2_with_the_ttft_trace_and_brings_back_its_files_in_one():
+    """The `run` tool brings back at most 8 files from $OUT (/work/.library/device/README.md, "Limits"): the bench's
+    four and the trace, one file per process, packed into one."""
+    (_, two), (limit, four) = bench_argv(commands()[1]), bench_argv(commands()[3])
+    second, fourth = parse_args(two), parse_args(four)
+    assert fourth.ttft_trace and not second.ttft_trace
+    assert (fourth.batch, fourth.seconds, fourth.skip_off, fourth.repeats, limit) == (16, 16, True, 3, 400)
+    for name in ("tokens", "lead", "capacity_s", "gateway_workers", "device", "cpu_runs"):
+        assert getattr(fourth, name) == getattr(second, name), name
+    assert "F=$OUT/fairness-trace;" in commands()[3]
+    assert "tar czf $F/trace.tgz -C $F trace && rm -rf $F/trace" in commands()[3]
 
 
 def test_on_the_device_hosts_sixteen_cores_each_process_gets_cores_of_its_own():

@@ -1,0 +1,61 @@
+"""runtime/ttft_trace.py: the TTFT trace's switch, its file per process, and its stall watchers."""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import json
+import os
+from pathlib import Path
+
+from runtime.ttft_trace import ENV, Trace, tracer
+
+
+def _lines(directory: Path) -> list[dict]:
+    return [json.loads(line) for path in directory.glob("*.jsonl") for line in path.read_text().splitlines()]
+
+
+def test_without_the_switch_there_is_no_trace_and_the_serving_processes_hold_none():
+    assert tracer("gateway", {}) is None and tracer("gateway", {ENV: ""}) is None
+    import runtime.gateway.server as gateway
+    import runtime.reference.server as http
+
+    assert ENV not in os.environ and gateway.TRACE is None and http.TRACE is None
+
+
+def test_with_the_switch_each_process_writes_its_own_file_named_by_role_and_pid(tmp_path: Path):
+    trace = tracer("http", {ENV: str(tmp_path / "t")})
+    assert trace is not None
+    trace.write({"kind": "http", "id": "q-1", "received": 1.5})
+    assert (tmp_path / "t" / f"http-{os.getpid()}.jsonl").exists()
+    assert _lines(tmp_path / "t") == [{"kind": "http", "id": "q-1", "received": 1.5, "role": "http"}]
+
+
+def test_a_loop_stalled_past_the_line_threshold_gets_a_line_with_its_lateness(tmp_path: Path):
+    import time
+
+    trace = Trace(str(tmp_path), "client")
+
+    async def main() -> None:
+        trace.watch_loop()
+        await asyncio.sleep(0.01)
+        time.sleep(0.03)  # the loop blocked: the ticker's next wake-up comes at least 20 ms late
+        await asyncio.sleep(0.01)
+        trace.stop()
+
+    asyncio.run(main())
+    lags = [r for r in _lines(tmp_path) if r["kind"] == "lag"]
+    assert lags and max(r["ms"] for r in lags) >= 20.0
+
+
+def test_collections_are_timed_through_gc_callbacks_and_the_long_ones_get_a_line(tmp_path: Path, monkeypatch):
+    trace = Trace(str(tmp_path), "engine")
+    monkeypatch.setattr("runtime.ttft_trace.GC_LINE_MS", 0.0)  # every collection is long enough here
+    trace.watch_gc()
+    try:
+        gc.collect(2)
+    finally:
+        trace.stop()
+    assert trace._gc not in gc.callbacks
+    pauses = [r for r in _lines(tmp_path) if r["kind"] == "gc"]
+    assert pauses and pauses[-1]["generation"] == 2 and pauses[-1]["ms"] >= 0.0
