@@ -3,7 +3,7 @@
     python -m scripts.bench_fairness [--seconds 40] [--repeats 3] [--batch 8] [--tokens 32] [--quiet-share 0.15]
         [--flood 3] [--lead 5] [--capacity-s 10] [--device cpu|cuda] [--gateway-workers 1] [--no-pin]
         [--engine-cpus L --gateway-cpus L --quiet-cpus L --flood-cpus L] [--cpu-runs 7] [--skip-off]
-        [--json FILE] [--out DIR]
+        [--ttft-trace] [--json FILE] [--out DIR]
     python -m scripts.bench_fairness simulate [CAP ...]   (the admission code alone: `simulated_waits`)
 
 One reference server (tiny GPT-2, `--batch` its max batch size, one torch thread; on the CPU, or on the GPU
@@ -31,6 +31,9 @@ batch and step time, and whether an admitted request ever queued inside the engi
 It prints each phase's figures, each round's ratio of the quiet P99 TTFT to its P99 alone and their spread,
 and the ratio over all rounds' samples pooled (the issue's bound: 1.1x). A P99 needs samples: a phase of
 `--seconds` at `--quiet-share` x R gives seconds x share x R of them, so the pooled figure is the one to read.
+With --ttft-trace each quiet request's TTFT is split into hops (HOPS: client, gateway, the reference server's HTTP
+and engine processes, back), given per phase (P50/P99 of each, the 10 slowest whole) with each process's event-loop
+lateness and collections (runtime/ttft_trace.py; the raw lines under DIR/trace).
 The last line is the verdict: PASS when the pooled fair-phase ratio is at most 1.1 (the issue's bound), with the
 per-round spread beside it. The verdict is a measurement, so it is printed, never asserted by the test suite.
 """
