@@ -74,11 +74,21 @@ class PrefixCache:
         for key in reversed(chain):
             self._rows.move_to_end(key)
 
-    def load(self, rows: list[int], cache: KVCache, slot: int) -> None:
-        """Copy the blocks at `rows` into positions 0.. of cache slot `slot`."""
-        for i, row in enumerate(rows):
-            start = i * self.block_tokens
-            cache.kv[:, :, slot, :, start:start + self.block_tokens] = self.pool[row]
+    def load(self, chains: list[tuple[int, list[int]]], cache: KVCache) -> None:
+        """Copy each (slot, rows) chain's blocks into positions 0.. of that cache slot: one gather from the pool and
+        one scatter into the cache for all of them (on a GPU each copy is a launch, which a batch of hits would
+        otherwise pay per block)."""
+        chains = [(slot, rows) for slot, rows in chains if rows]
+        if not chains:
+            return
+        B = self.block_tokens
+        pool_rows = [row for _, rows in chains for row in rows]
+        # The cache position of every token of every block, and the slot it goes to.
+        index = torch.tensor([(slot, i * B + t) for slot, rows in chains for i in range(len(rows)) for t in range(B)],
+                             dtype=torch.long).t().to(cache.kv.device)
+        blocks = self.pool[torch.tensor(pool_rows, dtype=torch.long).to(cache.kv.device)]  # [M, n_layer, 2, H, B, D]
+        values = blocks.permute(0, 4, 1, 2, 3, 5).reshape(len(pool_rows) * B, *blocks.shape[1:4], blocks.shape[5])
+        cache.kv.permute(2, 4, 0, 1, 3, 5)[index[0], index[1]] = values  # [M*B, n_layer, 2, H, D] both
 
     def store(self, keys: list[bytes], cache: KVCache, slot: int, reused: int) -> None:
         """Keep the prompt's full blocks from slot `slot` (the first `reused` came from the pool)."""
