@@ -162,6 +162,17 @@ class Engine:
             self._waiting.append(seq)
             self._lock.notify()
 
+    def submit_all(self, seqs: list[Sequence]) -> None:
+        """Queue `seqs` at once: the engine's next iteration finds all of them waiting (and admits as many as it has
+        free slots), where one submit after another may land on both sides of an iteration's start."""
+        for seq in seqs:
+            self.validate(seq.prompt, seq.params)
+        with self._lock:
+            if self._stop:
+                raise RuntimeError("engine is stopped")
+            self._waiting.extend(seqs)
+            self._lock.notify()
+
     def cancel(self, seq: Sequence) -> None:
         """Stop generating for `seq` (its client went away); it is retired at the next iteration."""
         seq.cancelled = True

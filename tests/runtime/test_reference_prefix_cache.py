@@ -258,8 +258,7 @@ def count_forwards(e: Engine) -> dict[str, int]:
 
 
 def together(e: Engine, requests: list[tuple[list[int], str | None]], n: int = 5) -> list[Sequence]:
-    """Submit `requests` while holding the engine's lock: its idle thread cannot take any of them before all are
-    in, so its next iteration admits them all at once."""
+    """Submit `requests` at once (Engine.submit_all): the engine's next iteration admits them all together."""
     done, seqs = [], []
     for prompt, salt in requests:
         event, out = threading.Event(), []
@@ -275,9 +274,7 @@ def together(e: Engine, requests: list[tuple[list[int], str | None]], n: int = 5
         seq.tokens = out  # type: ignore[attr-defined]
         seqs.append(seq)
         done.append(event)
-    with e._lock:
-        for seq in seqs:
-            e.submit(seq)
+    e.submit_all(seqs)
     assert all(event.wait(60) for event in done)
     return seqs
 
