@@ -195,21 +195,25 @@ class GPT2:
         its slot, whose positions < starts[i] already hold that prompt's KV (a reused prefix; none where
         starts[i] is 0). Every row attends to its slot's first `context` positions (>= every row's end), masked to
         its own prefix and causal part, so prompts of different cached lengths share one forward. Only the new
-        tokens' KV is written (one scatter per layer, indices built on the host): padding writes nothing."""
+        tokens' KV is written, padding's never."""
         N, T = ids.shape
         d, H, D = self.shape.n_embd, self.shape.n_head, self.shape.head_dim
-        # [slot, position, row, column] of every real new token, copied to the device at once.
-        where = torch.tensor([(first_slot + i, s + t, i, t) for i, (s, n) in enumerate(zip(starts, lengths, strict=True))
-                              for t in range(n)], dtype=torch.long).t().to(ids.device)
+        # Rows of one offset and length in a row (a burst of one prompt's hits) write their KV in one copy per layer.
+        runs: list[tuple[int, int, int, int]] = []  # first row, end row, start, length
+        for row, (start, n) in enumerate(zip(starts, lengths, strict=True)):
+            if runs and runs[-1][1] == row and runs[-1][2:] == (start, n):
+                runs[-1] = (runs[-1][0], row + 1, start, n)
+            else:
+                runs.append((row, row + 1, start, n))
         head = torch.tensor([starts, [n - 1 for n in lengths]], dtype=torch.long).to(ids.device)
         pos = head[0].unsqueeze(1) + self._positions[:T]  # [N, T]; padding positions may pass the table's end
         h = F.embedding(ids, self.wte) + F.embedding(pos.clamp(max=self.shape.n_positions - 1), self.wpe)
         visible = (self._positions[:context] <= pos.unsqueeze(2)).unsqueeze(1)  # [N, 1, T, context]
-        slots, positions, rows, cols = where
         for i, lw in enumerate(self.layers):
             x = self._ln(h, lw.ln1_w, lw.ln1_b)
             qkv = F.linear(x, lw.qkv_w, lw.qkv_b).view(N, T, 3, H, D).permute(2, 0, 3, 1, 4)  # [3, N, H, T, D]
-            cache.kv[i][:, slots, :, positions] = qkv[1:][:, rows, :, cols]  # both [M, 2, H, D]
+            for a, b, start, n in runs:
+                cache.kv[i, :, first_slot + a:first_slot + b, :, start:start + n] = qkv[1:, a:b, :, :n]
             k = cache.kv[i, 0, first_slot:first_slot + N, :, :context]
             v = cache.kv[i, 1, first_slot:first_slot + N, :, :context]
             with sdpa_kernel(_PREFILL_BACKENDS):

@@ -75,20 +75,20 @@ class PrefixCache:
             self._rows.move_to_end(key)
 
     def load(self, chains: list[tuple[int, list[int]]], cache: KVCache) -> None:
-        """Copy each (slot, rows) chain's blocks into positions 0.. of that cache slot: one gather from the pool and
-        one scatter into the cache for all of them (on a GPU each copy is a launch, which a batch of hits would
-        otherwise pay per block)."""
-        chains = [(slot, rows) for slot, rows in chains if rows]
-        if not chains:
-            return
+        """Copy each (slot, rows) chain's blocks into positions 0.. of that cache slot. Consecutive slots with the
+        same chain (a burst of hits on one prefix) take each block in one copy for all of them: on a GPU each copy
+        is a launch, which a batch of hits would otherwise pay per block and hit."""
+        runs: list[tuple[int, int, list[int]]] = []  # first slot, slots, the chain
+        for slot, rows in chains:
+            if runs and runs[-1][0] + runs[-1][1] == slot and runs[-1][2] == rows:
+                runs[-1] = (runs[-1][0], runs[-1][1] + 1, rows)
+            elif rows:
+                runs.append((slot, 1, rows))
         B = self.block_tokens
-        pool_rows = [row for _, rows in chains for row in rows]
-        # The cache position of every token of every block, and the slot it goes to.
-        index = torch.tensor([(slot, i * B + t) for slot, rows in chains for i in range(len(rows)) for t in range(B)],
-                             dtype=torch.long).t().to(cache.kv.device)
-        blocks = self.pool[torch.tensor(pool_rows, dtype=torch.long).to(cache.kv.device)]  # [M, n_layer, 2, H, B, D]
-        values = blocks.permute(0, 4, 1, 2, 3, 5).reshape(len(pool_rows) * B, *blocks.shape[1:4], blocks.shape[5])
-        cache.kv.permute(2, 4, 0, 1, 3, 5)[index[0], index[1]] = values  # [M*B, n_layer, 2, H, D] both
+        for first, n, rows in runs:
+            for i, row in enumerate(rows):
+                block = self.pool[row].unsqueeze(2)  # [L, 2, 1, H, B, D], the same for every slot of the run
+                cache.kv[:, :, first:first + n, :, i * B:(i + 1) * B] = block.expand(-1, -1, n, -1, -1, -1)
 
     def store(self, keys: list[bytes], cache: KVCache, slot: int, reused: int) -> None:
         """Keep the prompt's full blocks from slot `slot` (the first `reused` came from the pool)."""
