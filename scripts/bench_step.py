@@ -162,6 +162,9 @@ def admission_steps(counts: list[int], temperature: float, threads: int, repeats
         engine.submit_all([Sequence(prompt=prompt, params=params, salt="neighbour", emit=emit) for _ in range(n)])
         for _ in range(n):
             done.acquire()
+        # The first tokens go out before the iteration ends (its stores and stats): on one core this thread's next
+        # submit would run inside that iteration's time, so it waits for the engine to finish it first.
+        time.sleep(0.005)
 
     try:
         admit(1)  # the miss that caches the prompt's blocks

@@ -1,8 +1,9 @@
 """Iteration-level batching scheduler over GPT2 + KVCache, with CUDA-graph decode steps.
 
 One background thread owns the model. Each iteration it admits waiting requests into free
-cache slots (batched, right-padded prefills, which also yield their first tokens), then runs ONE decode step
-for every active sequence together, hands each sequence its token, and retires finished ones.
+cache slots (batched, right-padded prefills, prefix-cache hits among them, which also yield their first tokens),
+then runs ONE decode step for every active sequence together, hands each sequence its token, and retires finished
+ones.
 Active sequences always occupy slots 0..n-1 (a finished sequence's slot is refilled by moving
 the last one into it), so a decode step is a fixed-shape batch over the first B rows and can
 be a CUDA graph replay: graphs are captured at start-up per (batch bucket, context bucket).
