@@ -156,12 +156,7 @@ class Engine:
         check_request(prompt, params, self.model.shape.vocab_size, self.max_seq_len)
 
     def submit(self, seq: Sequence) -> None:
-        self.validate(seq.prompt, seq.params)
-        with self._lock:
-            if self._stop:
-                raise RuntimeError("engine is stopped")
-            self._waiting.append(seq)
-            self._lock.notify()
+        self.submit_all([seq])
 
     def submit_all(self, seqs: list[Sequence]) -> None:
         """Queue `seqs` at once: the engine's next iteration finds all of them waiting (and admits as many as it has

@@ -48,20 +48,8 @@ def engine(weights, shape: ModelShape = SHAPE, **kw) -> Engine:
 
 
 def generate(e: Engine, prompt: list[int], salt: str | None, n: int = 4) -> Sequence:
-    done, out = threading.Event(), []
-
-    def emit(token, reason):
-        if token is not None:
-            out.append(token)
-        if reason is not None:
-            done.set()
-
-    seq = Sequence(prompt=prompt, params=SamplingParams(max_tokens=n, ignore_eos=True, temperature=0), emit=emit,
-                   salt=salt)
-    e.submit(seq)
-    assert done.wait(60)
-    seq.tokens = out  # type: ignore[attr-defined]
-    return seq
+    """One greedy request of `n` tokens, run to its end; its tokens in `.tokens`."""
+    return together(e, [(prompt, salt)], n)[0]
 
 
 def tokens(rng: random.Random, n: int) -> list[int]:
