@@ -14,6 +14,11 @@ its Python per sequence and step. This prints both parts, for two paths:
   loop, one message per delivery point) and the HTTP process's (every stream's task wake-up, SSE chunk and
   write), from the engine's pid in GET /memory.
 
+- admit: the Engine in process with its prefix cache; the iteration that admits N prefix-cache hits at once and
+  decodes nothing (each request wants one token), for each N of --hits: the step a quiet request admitted beside
+  a neighbour's burst of hits waits for (docs/gateway.md). The prompt is the fairness bench's, so every request
+  after the first reuses its two cached blocks and computes the last 32 tokens.
+
 Each batch size runs --repeats times, interleaved, and each figure is the median of its runs. Each path fits
 step(B) = fixed + per_seq x B by least squares over --batches and prints µs per sequence and step. The figures
 depend on the machine and its load: they are printed, never asserted.
@@ -123,6 +128,54 @@ def engine_steps(batches: list[int], steps: int, temperature: float, threads: in
     return out
 
 
+ADMIT_PROMPT = "the quick brown fox " * 8  # scripts/bench_fairness.py's prompt: 160 byte tokens, 2 full KV blocks
+
+
+def admission_steps(counts: list[int], temperature: float, threads: int, repeats: int = 1,
+                    samples: int = 20) -> dict[int, dict[str, float]]:
+    """Per N of `counts`: the iteration that admits N prefix-cache hits together and decodes nothing (ms; the 20th
+    percentile of `samples` such iterations, median over `repeats` runs), the engine in process."""
+    import torch
+
+    from runtime.reference.build import random_weights
+    from runtime.reference.configs import shape_for
+    from runtime.reference.engine import Engine, SamplingParams, Sequence
+    from runtime.reference.model import GPT2
+    from runtime.reference.tokenizer import EOS_ID, VOCAB_SIZE, ByteTokenizer
+
+    torch.set_num_threads(threads)
+    shape = shape_for("tiny")
+    engine = Engine(GPT2(shape, random_weights(shape, seed=0)), max_batch_size=max(counts),
+                    max_seq_len=shape.n_positions, vocab_size=VOCAB_SIZE, eos_id=EOS_ID, stats_keep=100_000)
+    engine.start()
+    prompt = ByteTokenizer().encode(ADMIT_PROMPT)
+    params = SamplingParams(max_tokens=1, temperature=temperature)
+    runs: dict[int, list[float]] = {n: [] for n in counts}
+
+    done = threading.Semaphore(0)
+
+    def emit(token: int | None, reason: str | None) -> None:
+        if reason is not None:
+            done.release()
+
+    def admit(n: int) -> None:
+        engine.submit_all([Sequence(prompt=prompt, params=params, salt="neighbour", emit=emit) for _ in range(n)])
+        for _ in range(n):
+            done.acquire()
+
+    try:
+        admit(1)  # the miss that caches the prompt's blocks
+        for n in counts * repeats:
+            engine.pop_stats()
+            for _ in range(samples):
+                admit(n)
+            steps = [s["iterLatencyMS"] for s in engine.pop_stats() if s["numNewActiveRequests"] == n]
+            runs[n].append(low(steps))
+    finally:
+        engine.stop()
+    return {n: {"step_ms": statistics.median(figures)} for n, figures in runs.items()}
+
+
 async def _stream(port: int, body: bytes) -> list[float]:
     """Arrival times of one streamed completion's token chunks."""
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
@@ -207,7 +260,8 @@ def server_steps(batches: list[int], steps: int, temperature: float, server_cpu:
             proc.wait(10)
 
 
-def report(engine: dict[int, dict[str, float]] | None, server: dict[int, dict[str, float]] | None) -> list[str]:
+def report(engine: dict[int, dict[str, float]] | None, server: dict[int, dict[str, float]] | None,
+           admit: dict[int, dict[str, float]] | None = None) -> list[str]:
     lines = []
     if engine:
         lines.append("engine in process (decode-only iteration, tokens to a no-op; the model's decode_step alone; "
@@ -231,6 +285,11 @@ def report(engine: dict[int, dict[str, float]] | None, server: dict[int, dict[st
                           ("engine_cpu_ms", "engine process CPU"), ("http_cpu_ms", "HTTP process CPU")):
             fixed, per = fit([(b, v[key]) for b, v in server.items()])
             lines.append(f"  fit ({name}): fixed {fixed * 1000:7.1f} µs + {per * 1000:6.1f} µs per sequence-step")
+    if admit:
+        lines.append("engine in process, the step admitting N prefix-cache hits at once (no decode; 20th percentile):")
+        lines += [f"  {n:>3} hits: step {v['step_ms']:7.3f} ms" for n, v in admit.items()]
+        fixed, per = fit([(n, v["step_ms"]) for n, v in admit.items()])
+        lines.append(f"  fit (admission step): fixed {fixed * 1000:7.1f} µs + {per * 1000:6.1f} µs per admitted hit")
     return lines
 
 
@@ -240,7 +299,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--steps", type=int, default=200, help="tokens per request, so decode steps per batch (default 200)")
     p.add_argument("--temperature", type=float, default=1.0,
                    help="1.0 (default): sampled, as the fairness bench's requests; 0: greedy")
-    p.add_argument("--paths", default="engine,server", help="engine, server or both (default both)")
+    p.add_argument("--paths", default="engine,server,admit",
+                   help="any of engine, server, admit, comma-separated (default all three)")
+    p.add_argument("--hits", default="1,4,8,13",
+                   help="prefix-cache hits admitted at once, for the admit path (default 1,4,8,13)")
     p.add_argument("--repeats", type=int, default=3,
                    help="runs of each batch size, interleaved; each figure is their median (default 3)")
     p.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1, as the benches serve)")
@@ -257,9 +319,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         p.error("--steps: at least 4")
     if args.repeats < 1:
         p.error("--repeats: at least 1")
+    args.hit_list = sorted({int(n) for n in args.hits.split(",")})
+    if len(args.hit_list) < 2 or args.hit_list[0] < 1:
+        p.error("--hits: at least two counts, each >= 1")
     args.path_set = set(args.paths.split(","))
-    if not args.path_set or args.path_set - {"engine", "server"}:
-        p.error("--paths: engine, server or engine,server")
+    if not args.path_set or args.path_set - {"engine", "server", "admit"}:
+        p.error("--paths: any of engine, server, admit, comma-separated")
     return args
 
 
@@ -270,15 +335,17 @@ def main(argv: list[str] | None = None) -> int:
               if "engine" in args.path_set else None)
     server = (server_steps(args.batch_list, args.steps, args.temperature, args.server_cpu, args.client_cpu,
                            args.repeats, args.engine_cpu) if "server" in args.path_set else None)
+    admit = (admission_steps(args.hit_list, args.temperature, args.threads, args.repeats)
+             if "admit" in args.path_set else None)
     print(f"reference engine, tiny model on cpu, temperature {args.temperature}, {args.steps} tokens per request, "
           f"median of {args.repeats} runs; "
           f"engine path on cores {args.cores}, server on {args.server_cpu if args.server_cpu is not None else args.cores}, "
           f"clients on {args.client_cpu if args.client_cpu is not None else args.cores}"
           + (f", the engine process on {args.engine_cpu}" if args.engine_cpu is not None else ""))
-    for line in report(engine, server):
+    for line in report(engine, server, admit):
         print(line)
     if args.json:
-        Path(args.json).write_text(json.dumps({"engine": engine, "server": server}, indent=1) + "\n")
+        Path(args.json).write_text(json.dumps({"engine": engine, "server": server, "admit": admit}, indent=1) + "\n")
     return 0
 
 

@@ -162,6 +162,17 @@ class Engine:
             self._waiting.append(seq)
             self._lock.notify()
 
+    def submit_all(self, seqs: list[Sequence]) -> None:
+        """Queue `seqs` at once: the engine's next iteration finds all of them waiting (and admits as many as it has
+        free slots), where one submit after another may land on both sides of an iteration's start."""
+        for seq in seqs:
+            self.validate(seq.prompt, seq.params)
+        with self._lock:
+            if self._stop:
+                raise RuntimeError("engine is stopped")
+            self._waiting.extend(seqs)
+            self._lock.notify()
+
     def cancel(self, seq: Sequence) -> None:
         """Stop generating for `seq` (its client went away); it is retired at the next iteration."""
         seq.cancelled = True
@@ -207,7 +218,9 @@ class Engine:
         lengths = sorted({min(n, self.max_seq_len) for n in range(PREFILL_ALIGN, self.max_seq_len + PREFILL_ALIGN, PREFILL_ALIGN)})
         with torch.inference_mode():
             for n in lengths:
-                self.model.prefill(self.cache, 0, torch.zeros(n, dtype=torch.long, device=self.device))
+                ids = torch.zeros(n, dtype=torch.long, device=self.device)
+                self.model.prefill(self.cache, 0, ids)
+                self.model.prefill_batch_from(self.cache, 0, ids.unsqueeze(0), [0], [n], n)  # prefix-cache hits' path
         self.cache.kv.zero_()
 
     def capture_graphs(self) -> None:
@@ -355,77 +368,84 @@ class Engine:
             self._deliver_events(events)
 
     def _admit(self, seqs: list[Sequence]) -> int:
-        """Prefill `seqs` into the next free slots, in batches of at most PREFILL_TOKENS padded
-        tokens; each gets its first token. Return how many finished at once (or were cancelled)."""
+        """Prefill `seqs` into the next free slots, in arrival order, in batches of at most PREFILL_TOKENS padded
+        new tokens; each gets its first token. Return how many finished at once (or were cancelled).
+
+        Prefix-cache hits and misses batch alike: a hit's cached blocks are loaded into its slot and only the
+        rest of its prompt runs, in the same forward as the others (model.prefill_batch_from), so an iteration
+        that admits many hits costs one forward, one top-2 and one delivery, not one of each per hit. Every
+        match is made before any store, and the admitted prompts' new blocks are stored after all of them ran:
+        as in TensorRT-LLM, a request's blocks become reusable from the next iteration, never to another
+        request of its own (tests/runtime/trtllm_1_2_scheduler.py), and no store can evict a block matched
+        here before it is loaded."""
         finished = 0
-        live = []
-        keys: dict[int, list[bytes]] = {}  # seq.id -> its prompt's prefix-cache block keys
+        live: list[tuple[Sequence, list[bytes], list[int]]] = []  # each with its block keys and matched pool rows
         for seq in seqs:
             if seq.cancelled:
                 self._retire(seq, "cancelled")
                 finished += 1
                 continue
+            keys: list[bytes] = []
+            rows: list[int] = []
             if self.prefix is not None:
-                keys[seq.id] = block_keys(seq.prompt, seq.salt, TOKENS_PER_BLOCK)
-                rows = self.prefix.match(keys[seq.id], len(seq.prompt))
-                if rows:
-                    finished += self._admit_reusing(seq, keys[seq.id], rows)
-                    self._flush()
-                    continue
-            live.append(seq)
+                keys = block_keys(seq.prompt, seq.salt, TOKENS_PER_BLOCK)
+                rows = self.prefix.match(keys, len(seq.prompt))
+            seq.cached_tokens = len(rows) * TOKENS_PER_BLOCK
+            live.append((seq, keys, rows))
         self._flush()
-        while live:
-            group = [live.pop(0)]
-            while live and (len(group) + 1) * self._padded(group + live[:1]) <= PREFILL_TOKENS:
-                group.append(live.pop(0))
+        first_slot = len(self._active)
+        pending = collections.deque(live)
+        done: list[int] = []  # slots of the ones that finished on their first token, retired once all ran
+        while pending:
+            group = [pending.popleft()]
+            while pending and (len(group) + 1) * self._padded([*(g[0] for g in group), pending[0][0]]) <= PREFILL_TOKENS:
+                group.append(pending.popleft())
             first = len(self._active)
-            T = self._padded(group)
+            batch = [seq for seq, _, _ in group]
+            T = self._padded(batch)
             ids = torch.zeros(len(group), T, dtype=torch.long)
-            for row, seq in enumerate(group):
-                ids[row, : len(seq.prompt)] = torch.tensor(seq.prompt, dtype=torch.long)
-            lengths = torch.tensor([len(s.prompt) for s in group], dtype=torch.long)
-            logits = self.model.prefill_batch(self.cache, first, ids.to(self.device), lengths.to(self.device))
+            for row, seq in enumerate(batch):
+                ids[row, : len(seq.prompt) - seq.cached_tokens] = torch.tensor(seq.prompt[seq.cached_tokens:],
+                                                                                dtype=torch.long)
+            if any(seq.cached_tokens for seq in batch):
+                assert self.prefix is not None
+                self.prefix.load([(first + row, rows) for row, (_, _, rows) in enumerate(group)], self.cache)
+                end = max(len(seq.prompt) for seq in batch)
+                logits = self.model.prefill_batch_from(
+                    self.cache, first, ids.to(self.device), [seq.cached_tokens for seq in batch],
+                    [len(seq.prompt) - seq.cached_tokens for seq in batch], end)
+            else:
+                lengths = torch.tensor([len(s.prompt) for s in batch], dtype=torch.long)
+                logits = self.model.prefill_batch(self.cache, first, ids.to(self.device), lengths.to(self.device))
             tops = torch.topk(logits[:, : self.vocab_size], 2, dim=-1).indices.tolist()
-            if self.prefix is not None:
-                for row, seq in enumerate(group):
-                    self.prefix.store(keys[seq.id], self.cache, first + row, 0)
             # Every prompt of the group holds a slot now; ones that finish on their first token
-            # are retired through _remove so the slots stay contiguous.
-            for seq in group:
+            # are retired through _remove once all groups ran, so the slots stay contiguous.
+            for seq in batch:
                 seq.length = len(seq.prompt)
                 self._active.append(seq)
-            chosen = self._choose_rows(group, logits, tops)
-            done = [first + row for row, (seq, token) in enumerate(zip(group, chosen, strict=True))
-                    if self._deliver(seq, token)]
+            chosen = self._choose_rows(batch, logits, tops)
+            done += [first + row for row, (seq, token) in enumerate(zip(batch, chosen, strict=True))
+                     if self._deliver(seq, token)]
             self._flush()  # the group's first tokens go out now, not after the rest of the iteration
-            for index in reversed(done):
-                self._remove(index)
-            finished += len(done)
-        return finished
-
-    def _admit_reusing(self, seq: Sequence, keys: list[bytes], rows: list[int]) -> int:
-        """Prefill `seq` into the next free slot from the cached blocks at `rows` on; 1 if it finished at once."""
-        assert self.prefix is not None
-        slot = len(self._active)
-        self.prefix.load(rows, self.cache, slot)
-        start = len(rows) * TOKENS_PER_BLOCK
-        rest = torch.tensor(seq.prompt[start:], dtype=torch.long, device=self.device)
-        logits = self.model.prefill_from(self.cache, slot, rest, start)
-        first, second = torch.topk(logits[: self.vocab_size], 2).indices.tolist()
-        self.prefix.store(keys, self.cache, slot, len(rows))
-        seq.cached_tokens = start
-        seq.length = len(seq.prompt)
-        self._active.append(seq)
-        if self._deliver(seq, self._choose_rows([seq], logits.unsqueeze(0), [(first, second)])[0]):
-            self._remove(slot)
-            return 1
-        return 0
+        if self.prefix is not None:
+            for offset, (_, keys, rows) in enumerate(live):
+                self.prefix.store(keys, self.cache, first_slot + offset, len(rows))
+        for index in reversed(done):
+            self._remove(index)
+        return finished + len(done)
 
     def _padded(self, seqs: list[Sequence]) -> int:
-        """Prefill length for `seqs`: the longest prompt rounded up to PREFILL_ALIGN, so the
-        library kernels see a few recurring shapes (each new shape paid 10-30 ms on the H200)."""
-        longest = max(len(s.prompt) for s in seqs)
-        return min(-(-longest // PREFILL_ALIGN) * PREFILL_ALIGN, self.max_seq_len)
+        """Prefill length for `seqs`: the longest part still to compute (the prompt less its cached prefix), rounded
+        up for whole prompts only. A batch with a prefix-cache hit runs exactly its longest rest, as one hit's
+        prefill always did: rounding a hit's few tokens up to PREFILL_ALIGN would multiply its work (on a CPU, by
+        8 for 8 tokens), and that gap is what a hit saves."""
+        longest = max(len(s.prompt) - s.cached_tokens for s in seqs)
+        return longest if any(s.cached_tokens for s in seqs) else self._aligned(longest)
+
+    def _aligned(self, n: int) -> int:
+        """`n` rounded up to PREFILL_ALIGN, so the library kernels see a few recurring shapes (each new shape paid
+        10-30 ms on the H200)."""
+        return min(-(-n // PREFILL_ALIGN) * PREFILL_ALIGN, self.max_seq_len)
 
     def _remove(self, index: int) -> None:
         """Retire active[index], moving the last active sequence into its slot."""

@@ -186,27 +186,43 @@ class GPT2:
         return F.linear(self._ln(last, self.lnf_w, self.lnf_b), self.wte)
 
     @torch.inference_mode()
-    def prefill_from(self, cache: KVCache, slot: int, ids: torch.Tensor, start: int) -> torch.Tensor:
-        """Run the prompt's tokens from position `start` on (`ids` [T], on device) into slot `slot`, whose
-        positions < start already hold the prompt's KV (a reused prefix); return the last position's logits [V].
+    def prefill_batch_from(self, cache: KVCache, first_slot: int, ids: torch.Tensor, starts: list[int],
+                           lengths: list[int], context: int) -> torch.Tensor:
+        """Run N prompts' tokens from their own offsets on into slots first_slot..first_slot+N-1; return each
+        one's last-position logits [N, V].
 
-        Only the T new positions go through the layers; they attend to the cached prefix and to each other."""
-        T = ids.shape[0]
-        end = start + T
+        Row i of `ids` [N, T] (right-padded, on device) holds lengths[i] new tokens for positions starts[i].. of
+        its slot, whose positions < starts[i] already hold that prompt's KV (a reused prefix; none where
+        starts[i] is 0). Every row attends to its slot's first `context` positions (>= every row's end), masked to
+        its own prefix and causal part, so prompts of different cached lengths share one forward. Only the new
+        tokens' KV is written, padding's never."""
+        N, T = ids.shape
         d, H, D = self.shape.n_embd, self.shape.n_head, self.shape.head_dim
-        h = (F.embedding(ids, self.wte) + self.wpe[start:end]).unsqueeze(0)  # [1, T, d]
-        visible = self._positions[:end].unsqueeze(0) <= self._positions[start:end].unsqueeze(1)  # [T, end]
+        # Rows of one offset and length in a row (a burst of one prompt's hits) write their KV in one copy per layer.
+        runs: list[tuple[int, int, int, int]] = []  # first row, end row, start, length
+        for row, (start, n) in enumerate(zip(starts, lengths, strict=True)):
+            if runs and runs[-1][1] == row and runs[-1][2:] == (start, n):
+                runs[-1] = (runs[-1][0], row + 1, start, n)
+            else:
+                runs.append((row, row + 1, start, n))
+        head = torch.tensor([starts, [n - 1 for n in lengths]], dtype=torch.long).to(ids.device)
+        pos = head[0].unsqueeze(1) + self._positions[:T]  # [N, T]; padding positions may pass the table's end
+        h = F.embedding(ids, self.wte) + F.embedding(pos.clamp(max=self.shape.n_positions - 1), self.wpe)
+        visible = (self._positions[:context] <= pos.unsqueeze(2)).unsqueeze(1)  # [N, 1, T, context]
         for i, lw in enumerate(self.layers):
             x = self._ln(h, lw.ln1_w, lw.ln1_b)
-            qkv = F.linear(x, lw.qkv_w, lw.qkv_b).view(1, T, 3, H, D).permute(2, 0, 3, 1, 4)  # [3, 1, H, T, D]
-            cache.kv[i, :, slot:slot + 1, :, start:end] = qkv[1:]
-            k, v = cache.kv[i, 0, slot:slot + 1, :, :end], cache.kv[i, 1, slot:slot + 1, :, :end]
+            qkv = F.linear(x, lw.qkv_w, lw.qkv_b).view(N, T, 3, H, D).permute(2, 0, 3, 1, 4)  # [3, N, H, T, D]
+            for a, b, start, n in runs:
+                cache.kv[i, :, first_slot + a:first_slot + b, :, start:start + n] = qkv[1:, a:b, :, :n]
+            k = cache.kv[i, 0, first_slot:first_slot + N, :, :context]
+            v = cache.kv[i, 1, first_slot:first_slot + N, :, :context]
             with sdpa_kernel(_PREFILL_BACKENDS):
-                y = F.scaled_dot_product_attention(qkv[0], k, v, attn_mask=visible)  # [1, H, T, D]
-            h = h + F.linear(y.transpose(1, 2).reshape(1, T, d), lw.proj_w, lw.proj_b)
+                y = F.scaled_dot_product_attention(qkv[0], k, v, attn_mask=visible)  # [N, H, T, D]
+            h = h + F.linear(y.transpose(1, 2).reshape(N, T, d), lw.proj_w, lw.proj_b)
             x = self._ln(h, lw.ln2_w, lw.ln2_b)
             h = h + F.linear(F.gelu(F.linear(x, lw.fc_w, lw.fc_b), approximate="tanh"), lw.out_w, lw.out_b)
-        return F.linear(self._ln(h[0, T - 1], self.lnf_w, self.lnf_b), self.wte)
+        last = h[torch.arange(N, device=h.device), head[1]]  # [N, d]
+        return F.linear(self._ln(last, self.lnf_w, self.lnf_b), self.wte)
 
     @torch.inference_mode()
     def decode(self, cache: KVCache, tokens: torch.Tensor, pos: torch.Tensor, L: int) -> torch.Tensor:

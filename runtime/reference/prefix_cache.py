@@ -74,11 +74,21 @@ class PrefixCache:
         for key in reversed(chain):
             self._rows.move_to_end(key)
 
-    def load(self, rows: list[int], cache: KVCache, slot: int) -> None:
-        """Copy the blocks at `rows` into positions 0.. of cache slot `slot`."""
-        for i, row in enumerate(rows):
-            start = i * self.block_tokens
-            cache.kv[:, :, slot, :, start:start + self.block_tokens] = self.pool[row]
+    def load(self, chains: list[tuple[int, list[int]]], cache: KVCache) -> None:
+        """Copy each (slot, rows) chain's blocks into positions 0.. of that cache slot. Consecutive slots with the
+        same chain (a burst of hits on one prefix) take each block in one copy for all of them: on a GPU each copy
+        is a launch, which a batch of hits would otherwise pay per block and hit."""
+        runs: list[tuple[int, int, list[int]]] = []  # first slot, slots, the chain
+        for slot, rows in chains:
+            if runs and runs[-1][0] + runs[-1][1] == slot and runs[-1][2] == rows:
+                runs[-1] = (runs[-1][0], runs[-1][1] + 1, rows)
+            elif rows:
+                runs.append((slot, 1, rows))
+        B = self.block_tokens
+        for first, n, rows in runs:
+            for i, row in enumerate(rows):
+                block = self.pool[row].unsqueeze(2)  # [L, 2, 1, H, B, D], the same for every slot of the run
+                cache.kv[:, :, first:first + n, :, i * B:(i + 1) * B] = block.expand(-1, -1, n, -1, -1, -1)
 
     def store(self, keys: list[bytes], cache: KVCache, slot: int, reused: int) -> None:
         """Keep the prompt's full blocks from slot `slot` (the first `reused` came from the pool)."""

@@ -1,5 +1,5 @@
 """scripts/bench_step.py: the reference engine's step split into a fixed part and a part per sequence. It runs
-end to end on a small setting and reports both paths; its figures depend on the machine and are never asserted."""
+end to end on a small setting and reports every path; its figures depend on the machine and are never asserted."""
 
 from __future__ import annotations
 
@@ -45,20 +45,29 @@ def test_the_report_prints_each_batch_and_the_fits_of_both_paths():
     assert "fit (HTTP process CPU): fixed   150.0 µs +  150.0 µs per sequence-step" in text
 
 
+def test_the_report_prints_the_step_admitting_each_count_of_prefix_hits_and_its_fit():
+    text = "\n".join(report(None, None, {1: {"step_ms": 1.5}, 13: {"step_ms": 4.5}}))
+    assert "   13 hits: step   4.500 ms" in text
+    assert "fit (admission step): fixed  1250.0 µs +  250.0 µs per admitted hit" in text
+
+
 def test_arguments_are_checked_before_anything_runs():
     with pytest.raises(SystemExit):
         parse_args(["--batches", "4"])
     with pytest.raises(SystemExit):
         parse_args(["--paths", "gpu"])
+    with pytest.raises(SystemExit):
+        parse_args(["--hits", "0,4"])
     assert parse_args(["--batches", "8,1,8"]).batch_list == [1, 8]
+    assert parse_args(["--hits", "13,1"]).hit_list == [1, 13] and parse_args([]).path_set == {"engine", "server", "admit"}
 
 
 @needs_torch
 @pytest.mark.usefixtures("forked_engines")  # the benchmark and the server it starts: forks, PyTorch imported
-def test_the_benchmark_runs_both_paths_and_writes_its_figures(tmp_path):
+def test_the_benchmark_runs_every_path_and_writes_its_figures(tmp_path):
     out = tmp_path / "step.json"
     run = subprocess.run([sys.executable, "-m", "scripts.bench_step", "--batches", "1,2", "--steps", "6", "--repeats", "2",
-                          "--json", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=300)
+                          "--hits", "1,2", "--json", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stderr
     figures = json.loads(out.read_text())
     assert set(figures["engine"]) == set(figures["server"]) == {"1", "2"}
@@ -66,4 +75,5 @@ def test_the_benchmark_runs_both_paths_and_writes_its_figures(tmp_path):
         assert row["engine_cpu_ms"] >= 0 and row["engine_cpu_ms"] + row["http_cpu_ms"] == pytest.approx(row["cpu_ms"])
     assert all(v["step_ms"] > 0 and v["model_ms"] > 0 for v in figures["engine"].values())
     assert all(v["period_ms"] > 0 and v["cpu_ms"] > 0 for v in figures["server"].values())
+    assert set(figures["admit"]) == {"1", "2"} and all(v["step_ms"] > 0 for v in figures["admit"].values())
     assert "µs per sequence-step" in run.stdout

@@ -231,3 +231,177 @@ def test_the_prefix_probe_is_a_coin_across_salts(weights):
     score = probe_auc(e, 1, "victim", "attacker", trials=600, seed=9)
     print(f"two salts: probe ROC AUC {score:.3f} over 600 trials")
     assert score <= 0.55
+
+
+# ---- one iteration's admissions prefill together, hits and misses alike ------------------------------------------
+
+
+def many(weights, **kw) -> Engine:
+    e = Engine(GPT2(SHAPE, weights), max_batch_size=8, max_seq_len=SHAPE.n_positions, vocab_size=VOCAB_SIZE,
+               eos_id=EOS_ID, cuda_graphs=False, **kw)
+    e.start()
+    return e
+
+
+def count_forwards(e: Engine) -> dict[str, int]:
+    """Calls of the model's two prefill paths from now on (an instance attribute shadows the method)."""
+    calls = {"prefill_batch": 0, "prefill_batch_from": 0}
+    for name in calls:
+        method = getattr(e.model, name)
+
+        def counted(*args, _name=name, _method=method, **kwargs):
+            calls[_name] += 1
+            return _method(*args, **kwargs)
+
+        setattr(e.model, name, counted)
+    return calls
+
+
+def together(e: Engine, requests: list[tuple[list[int], str | None]], n: int = 5) -> list[Sequence]:
+    """Submit `requests` at once (Engine.submit_all): the engine's next iteration admits them all together."""
+    done, seqs = [], []
+    for prompt, salt in requests:
+        event, out = threading.Event(), []
+
+        def emit(token, reason, event=event, out=out):
+            if token is not None:
+                out.append(token)
+            if reason is not None:
+                event.set()
+
+        seq = Sequence(prompt=prompt, params=SamplingParams(max_tokens=n, ignore_eos=True, temperature=0), emit=emit,
+                       salt=salt)
+        seq.tokens = out  # type: ignore[attr-defined]
+        seqs.append(seq)
+        done.append(event)
+    e.submit_all(seqs)
+    assert all(event.wait(60) for event in done)
+    return seqs
+
+
+def greedy(weights, prompt: list[int], n: int = 5) -> list[int]:
+    ids, out = list(prompt), []
+    for _ in range(n):
+        out.append(int(naive_logits(SHAPE, weights, ids)[-1, :VOCAB_SIZE].argmax()))
+        ids.append(out[-1])
+    return out
+
+
+def test_one_iterations_hits_and_misses_prefill_in_one_forward_and_each_gets_the_tokens_it_gets_alone(weights):
+    """Hits of different cached lengths and salts, misses (nothing cached, or cached under another salt only) and
+    rests of 1 to 40 tokens, admitted in one iteration: one forward for all, and every request's first and later
+    tokens are those it gets prefilled alone (after the same warm-up, so alone it is the same hit) and those a
+    full recompute gives."""
+    rng = random.Random(31)
+    pa, pb, pc = tokens(rng, 3 * B), tokens(rng, B), tokens(rng, 2 * B)
+    warm = [(pa + tokens(rng, 5), "a"), (pb + tokens(rng, 3), "b"), (pc + tokens(rng, 9), None)]
+    batch = [(pa + tokens(rng, 1), "a"), (pb + tokens(rng, 40), "b"), (pa + tokens(rng, 7), "b"),
+             (tokens(rng, 30), None), (pc + tokens(rng, 17), None), (pc[:B] + tokens(rng, 2), None)]
+    cached = [3 * B, B, 0, 0, 2 * B, B]
+
+    e = many(weights, prefix_blocks=32)  # room for every block: no eviction in either run
+    try:
+        for prompt, salt in warm:
+            generate(e, prompt, salt)
+        e.pop_stats()
+        calls = count_forwards(e)
+        got = together(e, batch)
+    finally:
+        e.stop()
+    admitted = [s["numNewActiveRequests"] for s in e.pop_stats() if s["numNewActiveRequests"]]
+    assert admitted == [len(batch)] and calls == {"prefill_batch": 0, "prefill_batch_from": 1}
+    assert [s.cached_tokens for s in got] == cached
+
+    alone = many(weights, prefix_blocks=32)
+    try:
+        for prompt, salt in warm:
+            generate(alone, prompt, salt)
+        each = [generate(alone, prompt, salt, n=5) for prompt, salt in batch]
+    finally:
+        alone.stop()
+    assert [s.cached_tokens for s in each] == cached
+    for seq, single in zip(got, each, strict=True):
+        assert seq.tokens == single.tokens == greedy(weights, seq.prompt)
+
+
+def test_an_iterations_new_blocks_are_found_from_the_next_iteration_on_as_in_tensorrt_llm():
+    """TensorRT-LLM stores a context request's blocks for reuse after the iteration's forward
+    (tests/runtime/trtllm_1_2_scheduler.py): two requests of one iteration with a common new prefix both compute
+    it, and a request of a later iteration finds it. The engine matches every admission before it stores any,
+    which also keeps a block matched in an iteration from being evicted before it is loaded."""
+    from tests.runtime import trtllm_1_2_scheduler as trtllm
+
+    assert trtllm.BLOCKS_REUSABLE_FROM_THE_NEXT_ITERATION, trtllm.STORE_SOURCE
+    weights = random_weights(SHAPE, seed=32)
+    rng = random.Random(32)
+    common = tokens(rng, 2 * B)
+    e = many(weights, prefix_blocks=16)
+    try:
+        first = together(e, [(common + tokens(rng, 3), "s"), (common + tokens(rng, 5), "s")])
+        later = generate(e, common + tokens(rng, 4), "s", n=5)
+    finally:
+        e.stop()
+    assert [s.cached_tokens for s in first] == [0, 0] and later.cached_tokens == 2 * B
+    stats = e.pop_stats()[-1]["kvCacheStats"]
+    assert (stats["reusedBlocks"], stats["missedBlocks"]) == (2, 2 + 2 + 0)
+    for seq in [*first, later]:
+        assert seq.tokens == greedy(weights, seq.prompt)
+
+
+def test_admissions_past_the_token_budget_prefill_in_groups_in_arrival_order(weights, monkeypatch):
+    """The groups of one iteration are bounded by PREFILL_TOKENS (padded new tokens) and filled in arrival order,
+    each group's first tokens delivered before the next group runs. Arrival order, not shortest first: the order in
+    which requests reach the engine is the gateway's fair order (docs/gateway.md, "Fair admission"), and
+    TensorRT-LLM's scheduler also takes context requests in order up to max_num_tokens, stopping at the first that
+    does not fit rather than reaching past it for a shorter one (tests/runtime/trtllm_1_2_scheduler.py)."""
+    from runtime.reference import engine as engine_module
+    from tests.runtime import trtllm_1_2_scheduler as trtllm
+
+    assert trtllm.CONTEXT_SELECTION_KEEPS_ORDER, trtllm.SCHEDULER_SOURCE
+    monkeypatch.setattr(engine_module, "PREFILL_TOKENS", 64)
+    rng = random.Random(33)
+    prefix = tokens(rng, B)
+    firsts: list[int] = []
+    e = Engine(GPT2(SHAPE, weights), max_batch_size=8, max_seq_len=SHAPE.n_positions, vocab_size=VOCAB_SIZE,
+               eos_id=EOS_ID, cuda_graphs=False,
+               deliver=lambda events: (firsts.extend(s.id for s, _, _ in events if s.generated == 1),
+                                       engine_module.emit_each(events)))
+    e.start()
+    try:
+        generate(e, prefix + tokens(rng, 2), "s")
+        calls = count_forwards(e)
+        # Rests of 20, 20, 30, 5, 5, 5 tokens: groups [20, 20] (2 x 20 <= 64 < 3 x 30), [30, 5], [5, 5].
+        rests = [20, 20, 30, 5, 5, 5]
+        got = together(e, [(prefix + tokens(rng, n), "s") for n in rests])
+    finally:
+        e.stop()
+    assert calls == {"prefill_batch": 0, "prefill_batch_from": 3}
+    assert firsts[-len(rests):] == [s.id for s in got]
+    for seq in got:
+        assert seq.cached_tokens == B and seq.tokens == greedy(weights, seq.prompt)
+
+
+def test_a_batch_prefilled_from_several_offsets_computes_what_a_full_recompute_does(weights):
+    """Model level: rows whose slots hold cached prefixes of different lengths (one none) run their rests in one
+    forward; each row's last logits match the naive recompute, its new KV equals what a whole-prompt prefill
+    writes, and padding writes nothing past a row's end."""
+    import torch
+
+    model = GPT2(SHAPE, weights)
+    rng = random.Random(34)
+    prompts, starts = [tokens(rng, 70), tokens(rng, 3), tokens(rng, 2 * B + 9)], [B, 0, 2 * B]
+    cache, whole = model.new_cache(3, SHAPE.n_positions), model.new_cache(3, SHAPE.n_positions)
+    for slot, (prompt, start) in enumerate(zip(prompts, starts, strict=True)):
+        model.prefill(whole, slot, torch.tensor(prompt))
+        cache.kv[:, :, slot, :, :start] = whole.kv[:, :, slot, :, :start]  # the reused prefix, as loaded
+    lengths = [len(p) - s for p, s in zip(prompts, starts, strict=True)]
+    ids = torch.zeros(3, max(lengths), dtype=torch.long)
+    for row, (prompt, start) in enumerate(zip(prompts, starts, strict=True)):
+        ids[row, : len(prompt) - start] = torch.tensor(prompt[start:])
+    logits = model.prefill_batch_from(cache, 0, ids, starts, lengths, max(len(p) for p in prompts))
+    for row, prompt in enumerate(prompts):
+        ref = naive_logits(SHAPE, weights, prompt)[-1]
+        assert float((logits[row] - ref).norm() / ref.norm()) < 1e-5
+        n = len(prompt)
+        assert torch.allclose(cache.kv[:, :, row, :, :n], whole.kv[:, :, row, :, :n], atol=1e-5)
+        assert not cache.kv[:, :, row, :, n:].any()  # the padding of the shorter rows wrote nothing
