@@ -42,6 +42,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
+import gc
 import heapq
 import json
 import os
@@ -53,6 +55,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 from runtime.ttft_trace import ENV as TRACE_ENV, HEADER as TRACE_HEADER, Trace
@@ -198,6 +201,43 @@ async def phase(port: int, body: bytes, quiet_rate: float, seconds: float, seed:
     otherwise delay the quiet account's sends and reads in one event loop, and the quiet figures would measure
     the client. Returns the figures and the quiet samples (for pooling); with `trace_label`, the quiet requests'
     client stamps (`traces`) and the phase's window on CLOCK_MONOTONIC (`window_monotonic`)."""
+    with instrument_heap():
+        return await _phase(port, body, quiet_rate, seconds, seed, flood_rate, streams, lead, flood_cpus, trace_label)
+
+
+@contextlib.contextmanager
+def instrument_heap() -> Iterator[None]:
+    """The measuring process collects nothing while it measures: its quiet client's sends and reads are the TTFT
+    stamps, and a collection there (126 ms, a full one over the earlier phases' samples and the trace, on an H100
+    host: bench/FAIRNESS_DEVICE.md, call 4) is a stall the figures would charge to the gateway. Everything alive
+    before the phase is frozen (gc.freeze: ignored by every later collection), the automatic collections are off
+    for the phase (gc.disable: what a phase allocates is a few thousand requests' worth, garbage or not), and
+    they run between phases. A lean process of its own for the quiet client would do the same with more moving
+    parts: this process has no other work during a phase than the quiet client and the engine stats' poll. The
+    trace's collection watcher (gc.callbacks) does not see these deliberate collections: its per-second summary
+    would put one in the phase's first or last second."""
+    _unwatched_collect()
+    gc.freeze()
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()
+        gc.unfreeze()
+        _unwatched_collect()
+
+
+def _unwatched_collect() -> None:
+    watchers = list(gc.callbacks)
+    gc.callbacks.clear()
+    try:
+        gc.collect()
+    finally:
+        gc.callbacks.extend(watchers)
+
+
+async def _phase(port: int, body: bytes, quiet_rate: float, seconds: float, seed: int, flood_rate: float,
+                 streams: int, lead: float, flood_cpus: set[int] | None, trace_label: str | None) -> dict:
     quiet: list = []
     flood = None
     if flood_rate or streams:

@@ -69,7 +69,7 @@ from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
-from ..heap import freeze_startup_heap
+from ..heap import serve_gc_policy
 from ..ttft_trace import HEADER as TRACE_HEADER, tracer
 from .mps_sim import MpsClientSim
 from .protocol import SamplingParams
@@ -337,8 +337,9 @@ class ReferenceServer:
             raise
         self.memory.update(engine.info["memory"], engine_pid=engine.info["pid"])
         # This process's startup heap (aiohttp, the app) out of every later full collection, as the engine process
-        # froze its own (runtime/heap.py): a collection here holds back every stream's tokens and every submission.
-        frozen = freeze_startup_heap()
+        # froze its own, and full collections only while no stream is open (runtime/heap.py): a collection here
+        # holds back every stream's tokens and every submission.
+        frozen = serve_gc_policy(engine.holds_streams).frozen
         log.info("model %s loaded on %s in %.2fs (max batch %d, graphs %s; engine process %d; startup heap frozen: "
                  "%d objects in the engine process, %d here)", self.model_name, self.args.device,
                  time.monotonic() - started, engine.info["max_batch_size"], engine.info["cuda_graphs"],
