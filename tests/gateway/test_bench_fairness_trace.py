@@ -5,6 +5,7 @@ The figures themselves are load-dependent: only how they fit together is asserte
 
 from __future__ import annotations
 
+import asyncio
 import json
 import subprocess
 import sys
@@ -105,7 +106,8 @@ def test_on_loopback_every_quiet_requests_hops_add_up_to_at_most_its_ttft(tmp_pa
     assert joined and len(joined) == len(rows)  # every answered quiet request is traced whole
     for r in joined:
         assert all(ms >= 0 for ms in r["hops"].values()), (r["id"], {h: v for h, v in r["hops"].items() if v < 0})
-        assert r["ttft_ms"] >= sum(r["hops"].values()), r  # the client's own span holds every hop
+        # The client's own span holds every hop: up to each figure's rounding to the microsecond (half of one each).
+        assert r["ttft_ms"] + 0.0005 * (len(r["hops"]) + 1) >= sum(r["hops"].values()), r
         assert r["dominant"] in HOP_NAMES
     results = json.loads((out / "fairness.json").read_text())
     for phase in ("alone", "engine_bound", "fair"):
@@ -121,3 +123,47 @@ def _without_trace_env() -> dict:
     import os
 
     return {k: v for k, v in os.environ.items() if k != ENV}
+
+
+class _Writer:
+    """What a response body writes to: the client's stream writer, recorded."""
+
+    def __init__(self) -> None:
+        self.out: list[bytes] = []
+        self.transport = self
+
+    def write(self, data: bytes) -> None:
+        self.out.append(data)
+
+    def get_write_buffer_size(self) -> int:
+        return 0
+
+    def is_closing(self) -> bool:
+        return False
+
+    async def drain(self) -> None:
+        return None
+
+
+@pytest.mark.parametrize("reads", [1, 2], ids=["the whole body in one read", "the first token, then the rest"])
+def test_the_gateways_first_byte_stamp_is_taken_however_many_reads_bring_the_body(reads: int):
+    """The class of the one quiet request in 51 the loopback run did not trace whole: a gateway loop away (a
+    collection, a late tick) while the server sent a whole short stream reads it in one go, its chunked ending
+    included; the first bytes then leave with the ending (`_Body.finish`), and were not stamped there."""
+    from runtime.gateway.drain import Drain
+    from runtime.gateway.http import ChunkedDecoder
+    from runtime.gateway.meter import Exchange
+    from runtime.gateway.proxy import _Body
+
+    events = [b'data: {"choices":[{"text":"a"}]}\n\n', b'data: {"choices":[{"text":"b"}]}\n\n', b"data: [DONE]\n\n"]
+    wire = [b"%x\r\n%s\r\n" % (len(e), e) for e in events] + [b"0\r\n\r\n"]
+    parts = [b"".join(wire)] if reads == 1 else [wire[0], b"".join(wire[1:])]
+    exchange = Exchange(0.0, trace={})
+    writer = _Writer()
+    body = _Body(writer, b"HTTP/1.1 200 OK\r\n\r\n", ChunkedDecoder(), None, True, exchange,  # type: ignore[arg-type]
+                 [0.0], Drain(1.0, None))
+    for part in parts:
+        body.take(part)
+    asyncio.run(body.finish())
+    assert b"".join(writer.out).startswith(b"HTTP/1.1 200 OK\r\n\r\n") and body.complete
+    assert exchange.trace is not None and "first" in exchange.trace
