@@ -40,6 +40,8 @@ class Trace:
         self._file: Any = None
         self._gc_started = 0.0
         self._gc_second: dict[int, list[float]] = {}  # generation -> [count, total ms, max ms] this second
+        self._gc_walked: dict[int, int] = {}  # generation -> the most objects one of its collections walked, this second
+        self._walking = 0
         self._gc_at = 0
         self._tasks: list[asyncio.Task[None]] = []
 
@@ -77,20 +79,28 @@ class Trace:
         gc.callbacks.append(self._gc)
 
     def _gc(self, phase: str, info: dict[str, Any]) -> None:
-        now = monotonic()
-        if phase == "start":
-            self._gc_started = now
-            return
-        ms = (now - self._gc_started) * 1000
         generation = info.get("generation", 0)
+        if phase == "start":
+            # What the collection walks: the tracked objects of the generations it collects (gc.get_objects), the
+            # pause's size whatever the machine's load; counted before its clock starts.
+            try:
+                self._walking = sum(len(gc.get_objects(generation=g)) for g in range(generation + 1))
+            except RuntimeError:
+                self._walking = -1
+            self._gc_started = monotonic()
+            return
+        now = monotonic()
+        ms = (now - self._gc_started) * 1000
         if ms >= GC_LINE_MS:
             self.write({"kind": "gc", "at": self._gc_started, "ms": round(ms, 3), "generation": generation,
-                        "collected": info.get("collected", 0)})
+                        "collected": info.get("collected", 0), "walked": self._walking})
         if int(now) != self._gc_at and self._gc_second:
             self.write({"kind": "gc_second", "at": float(self._gc_at),
                         "by_generation": {str(g): [int(c), round(t, 3), round(m, 3)]
-                                          for g, (c, t, m) in self._gc_second.items()}})
-            self._gc_second = {}
+                                          for g, (c, t, m) in self._gc_second.items()},
+                        "walked_max": {str(g): n for g, n in self._gc_walked.items()}})
+            self._gc_second, self._gc_walked = {}, {}
+        self._gc_walked[generation] = max(self._gc_walked.get(generation, 0), self._walking)
         self._gc_at = int(now)
         entry = self._gc_second.setdefault(generation, [0, 0.0, 0.0])
         entry[0] += 1

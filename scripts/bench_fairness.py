@@ -463,7 +463,8 @@ def stalls_in(records: list[dict], windows: list[tuple[float, float]]) -> dict:
         window = next((w for w in windows if w[0] - 1.0 <= rec["at"] <= w[1]), None)
         if window is None:
             continue
-        entry = out.setdefault(rec["source"], {"loop_late_max_ms": None, "lags": [], "gc": {}, "gc_pauses": []})
+        entry = out.setdefault(rec["source"], {"loop_late_max_ms": None, "lags": [], "gc": {}, "gc_pauses": [],
+                                               "gc_walked_max": {}})
         kind = rec["kind"]
         if kind == "lag_second":
             entry["loop_late_max_ms"] = max(entry["loop_late_max_ms"] or 0.0, rec["max_ms"])
@@ -473,6 +474,8 @@ def stalls_in(records: list[dict], windows: list[tuple[float, float]]) -> dict:
             for generation, (count, total, longest) in rec["by_generation"].items():
                 g = entry["gc"].setdefault(generation, [0, 0.0, 0.0])
                 g[0], g[1], g[2] = g[0] + count, round(g[1] + total, 3), max(g[2], longest)
+            for generation, walked in rec.get("walked_max", {}).items():
+                entry["gc_walked_max"][generation] = max(entry["gc_walked_max"].get(generation, 0), walked)
         elif kind == "gc" and rec["at"] >= window[0]:
             entry["gc_pauses"].append((round(rec["at"] - window[0], 3), rec["ms"], rec["generation"]))
     for entry in out.values():
@@ -521,7 +524,10 @@ def breakdown_lines(name: str, breakdown: dict, stalls: dict | None = None) -> l
                      + (f", came during the one before ({e['previous_ms']:.1f} ms, admitted {e['previous_admitted']})"
                         if e["came_during_previous"] else ""))
     for source, s in sorted((stalls or {}).items()):
-        gc_text = ", ".join(f"gen {g}: {c} ({t:.1f} ms, max {m:.1f})" for g, (c, t, m) in sorted(s["gc"].items()))
+        walked = s.get("gc_walked_max", {})
+        gc_text = ", ".join(f"gen {g}: {c} ({t:.1f} ms, max {m:.1f}"
+                            + (f"; walked at most {walked[g]} objects)" if g in walked else ")")
+                            for g, (c, t, m) in sorted(s["gc"].items()))
         lines.append(f"  stalls {source}: loop late max {s['loop_late_max_ms']} ms"
                      + (f" (>= 5 ms: {s['lags']})" if s["lags"] else "")
                      + f"; collections {gc_text or 'none'}"

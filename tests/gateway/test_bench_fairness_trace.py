@@ -82,10 +82,37 @@ def test_a_processs_stalls_are_counted_in_the_phase_they_fell_in():
                {"source": "gateway-1", "kind": "lag", "at": 100.5, "ms": 12.0},
                {"source": "gateway-1", "kind": "lag", "at": 300.0, "ms": 80.0},  # another phase
                {"source": "http-2", "kind": "gc", "at": 101.0, "ms": 4.0, "generation": 2, "collected": 10},
-               {"source": "http-2", "kind": "gc_second", "at": 101.0, "by_generation": {"0": [5, 1.0, 0.4]}}]
+               {"source": "http-2", "kind": "gc_second", "at": 101.0, "by_generation": {"0": [5, 1.0, 0.4]},
+                "walked_max": {"0": 900}},
+               {"source": "http-2", "kind": "gc_second", "at": 102.0, "by_generation": {"0": [1, 0.1, 0.1]},
+                "walked_max": {"0": 700}}]
     stalls = stalls_in(records, [(100.0, 110.0)])
     assert stalls["gateway-1"]["loop_late_max_ms"] == 3.0 and stalls["gateway-1"]["lags"] == [(0.5, 12.0)]
-    assert stalls["http-2"]["gc_pauses"] == [(1.0, 4.0, 2)] and stalls["http-2"]["gc"] == {"0": [5, 1.0, 0.4]}
+    assert stalls["http-2"]["gc_pauses"] == [(1.0, 4.0, 2)] and stalls["http-2"]["gc"] == {"0": [6, 1.1, 0.4]}
+    assert stalls["http-2"]["gc_walked_max"] == {"0": 900}  # the most objects one collection walked: its pause's size
+
+
+def test_the_trace_counts_the_objects_each_collection_walks(tmp_path: Path):
+    """A collection walks the tracked objects of the generations it collects (docs.python.org/3/library/gc.html#
+    gc.get_objects): the trace records that count, which sizes a pause on any machine, beside its wall time."""
+    import gc
+
+    from runtime.ttft_trace import Trace
+
+    trace = Trace(str(tmp_path), "probe")
+    kept = [[i] for i in range(5_000)]
+    gc.collect()  # kept: in the oldest generation, walked by a full collection only
+    trace.watch_gc()
+    try:
+        gc.collect(0)
+        gc.collect(2)
+        trace._gc_at = -1  # the next collection closes this second's summary
+        gc.collect(0)
+    finally:
+        trace.stop()
+    lines = [json.loads(line) for path in tmp_path.glob("*.jsonl") for line in path.read_text().splitlines()]
+    summary = next(r for r in lines if r["kind"] == "gc_second")
+    assert summary["walked_max"]["2"] >= len(kept) > summary["walked_max"]["0"]
 
 
 @needs_torch
