@@ -464,7 +464,7 @@ def stalls_in(records: list[dict], windows: list[tuple[float, float]]) -> dict:
         if window is None:
             continue
         entry = out.setdefault(rec["source"], {"loop_late_max_ms": None, "lags": [], "gc": {}, "gc_pauses": [],
-                                               "gc_walked_max": {}})
+                                               "gc_walked_max": {}, "cycles": None})
         kind = rec["kind"]
         if kind == "lag_second":
             entry["loop_late_max_ms"] = max(entry["loop_late_max_ms"] or 0.0, rec["max_ms"])
@@ -476,9 +476,19 @@ def stalls_in(records: list[dict], windows: list[tuple[float, float]]) -> dict:
                 g[0], g[1], g[2] = g[0] + count, round(g[1] + total, 3), max(g[2], longest)
             for generation, walked in rec.get("walked_max", {}).items():
                 entry["gc_walked_max"][generation] = max(entry["gc_walked_max"].get(generation, 0), walked)
+        elif kind == "cycles" and rec["at"] >= window[0]:
+            c = entry["cycles"] = entry["cycles"] or {"sampled": 0, "freed": 0, "types": {}, "frames": {}}
+            c["sampled"] += 1
+            c["freed"] += rec["freed"]
+            for part in ("types", "frames"):
+                for name, n in rec[part]:
+                    c[part][name] = c[part].get(name, 0) + n
         elif kind == "gc" and rec["at"] >= window[0]:
             entry["gc_pauses"].append((round(rec["at"] - window[0], 3), rec["ms"], rec["generation"]))
     for entry in out.values():
+        if entry["cycles"]:
+            for part in ("types", "frames"):
+                entry["cycles"][part] = sorted(entry["cycles"][part].items(), key=lambda kv: -kv[1])[:5]
         entry["lags"] = sorted(entry["lags"], key=lambda x: -x[1])[:5]
         entry["gc_pauses"] = sorted(entry["gc_pauses"], key=lambda x: -x[1])[:5]
     return out
@@ -532,6 +542,10 @@ def breakdown_lines(name: str, breakdown: dict, stalls: dict | None = None) -> l
                      + (f" (>= 5 ms: {s['lags']})" if s["lags"] else "")
                      + f"; collections {gc_text or 'none'}"
                      + (f"; pauses >= 1 ms (s into the phase, ms, gen): {s['gc_pauses']}" if s["gc_pauses"] else ""))
+        c = s.get("cycles")
+        if c:
+            lines.append(f"    cyclic garbage {source}: {c['sampled']} sampled collections freed {c['freed']} objects "
+                         f"({c['freed'] / c['sampled']:.0f} each); types {c['types']}; frames {c['frames']}")
     return lines
 
 

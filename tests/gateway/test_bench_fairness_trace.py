@@ -194,3 +194,34 @@ def test_the_gateways_first_byte_stamp_is_taken_however_many_reads_bring_the_bod
     asyncio.run(body.finish())
     assert b"".join(writer.out).startswith(b"HTTP/1.1 200 OK\r\n\r\n") and body.complete
     assert exchange.trace is not None and "first" in exchange.trace
+
+
+def test_the_trace_names_what_a_collection_frees_and_the_process_then_frees_it(tmp_path: Path):
+    """The H100 run's engine process freed about 2,600 objects a collection, 2,235 collections a phase: cycles made
+    on its hot path. A sampled collection a second has them named by type and by the code of their frames."""
+    import gc
+    import weakref
+
+    from runtime.ttft_trace import Trace
+
+    class Node:
+        pass
+
+    def make_cycle() -> weakref.ref:
+        node = Node()
+        node.me = node  # type: ignore[attr-defined]
+        return weakref.ref(node)
+
+    trace = Trace(str(tmp_path), "probe")
+    gc.collect()
+    trace.watch_gc()
+    try:
+        refs = [make_cycle() for _ in range(50)]
+        gc.collect(0)
+    finally:
+        trace.stop()
+    gc.collect()
+    lines = [json.loads(line) for path in tmp_path.glob("*.jsonl") for line in path.read_text().splitlines()]
+    cycles = next(r for r in lines if r["kind"] == "cycles")
+    assert {n: k for n, k in cycles["types"] if n.endswith("Node")} == {f"{Node.__qualname__}": 50}
+    assert all(r() is None for r in refs) and not gc.garbage and not gc.get_debug() & gc.DEBUG_SAVEALL
