@@ -122,9 +122,7 @@ class Trace:
     def _name_cycles(self, now: float, generation: int) -> None:
         gc.set_debug(gc.get_debug() & ~gc.DEBUG_SAVEALL)
         self._sampled_at = int(now / CYCLES_EVERY_S)
-        freed, gc.garbage[:] = list(gc.garbage), []
-        if not freed:
-            return
+        freed, gc.garbage[:] = list(gc.garbage), []  # a sample that freed nothing is written too: it counts
         types: dict[str, int] = {}
         code: dict[str, int] = {}
         for obj in freed:
