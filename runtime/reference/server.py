@@ -92,6 +92,24 @@ def _error(status: int, message: str, param: str | None = None) -> web.Response:
     return web.json_response(body, status=status)
 
 
+
+# Iteration stats encoded per slice, the event loop's turn between two: a read of /metrics carries every iteration
+# since the last (hundreds a second on a GPU), and json.dumps of 600 of them holds this process's loop, every stream's
+# tokens with it, for 27 ms on the dev VM: the H100 run's HTTP process was late 15-23 ms at intervals of ~0.53 s,
+# the fairness bench's poll period (bench/FAIRNESS_DEVICE.md, call 4).
+METRICS_SLICE = 50
+
+
+async def json_in_slices(items: list[Any], size: int = METRICS_SLICE) -> bytes:
+    """`json.dumps(items)` as bytes, encoded `size` items at a time with the loop's turn between two slices."""
+    parts = []
+    for start in range(0, len(items), size):
+        if start:
+            await asyncio.sleep(0)
+        parts.append(json.dumps(items[start:start + size])[1:-1])
+    return ("[" + ", ".join(p for p in parts if p) + "]").encode()
+
+
 class TextChunks:
     """One stream's SSE text events: `data: ` and the JSON of the chunk (id, object, created, model, one choice with
     its text and finish reason; `usage: null` where the stream ends with a usage event), the bytes json.dumps gives
@@ -480,7 +498,8 @@ class ReferenceServer:
 
     async def metrics(self, request: web.Request) -> web.Response:
         loaded = self.engine is not None and self.engine.info
-        return web.json_response(await self.engine.pop_stats() if loaded and self.engine is not None else [])
+        stats = await self.engine.pop_stats() if loaded and self.engine is not None else []
+        return web.Response(body=await json_in_slices(stats), content_type="application/json")
 
     async def chat(self, request: web.Request) -> web.Response:
         return _error(400, "chat completions need a chat template and this GPT-2 model has none; use /v1/completions",
