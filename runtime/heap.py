@@ -16,9 +16,9 @@ an asyncio process so does every stream it serves. Two kinds of object make a fu
   16 s phase of the fairness bench on an H100 host, every one finding nothing to free (bench/FAIRNESS_DEVICE.md,
   call 4). Those objects are alive, not garbage: no threshold makes walking them short, only not walking them.
 
-So a serving process (`serve_gc_policy`): freezes its startup heap; keeps the automatic young collections, which
-walk at most what was allocated since the last of them (`young_scan_bound`); turns off the automatic full
-collections, by a threshold2 no count reaches; and runs the full collection itself, from a thread of its own, when
+So a serving process (`serve_gc_policy`): freezes its startup heap; keeps the automatic young collections
+(generation 1 every YOUNG_PERIODS of generation 0), which walk at most what survived since the last of them
+(`young_scan_bound`); turns off the automatic full collections, by a threshold2 no count reaches; and runs the full collection itself, from a thread of its own, when
 the process holds no request (`busy()` false), so that it walks only what is left when nothing is served and stalls
 nobody. The docs (gc.set_threshold) define the trigger this relies on: generation 2 is examined when the number of
 generation-1 collections since the last full one exceeds threshold2, and (CPython 3.12 and 3.13, gcmodule.c /
@@ -40,6 +40,11 @@ from collections.abc import Callable
 # per `threshold1` young collections, each per `threshold0` allocations: 2**30 of them is days of serving at any
 # rate, and MAX_DEFER_S comes first). A C int, as set_threshold parses it.
 NO_AUTOMATIC_FULL = 1 << 30
+# gc.set_threshold's threshold1: generation 1 is collected every this many generation-0 collections, and walks
+# what survived them all. CPython's 10 let a gateway holding a flood walk ~9k objects at once (7-10 ms on the VM and
+# on an H100 host); 2 keeps a walk to about three young periods, and what survives goes to the oldest generation,
+# which only the idle collection walks.
+YOUNG_PERIODS = 2
 IDLE_CHECK_S = 1.0  # how often the policy's thread looks whether the process holds a request
 MAX_DEFER_S = 600.0  # the longest a full collection waits for an idle moment
 
@@ -79,8 +84,7 @@ class GcPolicy:
         """Freeze the startup heap, turn the automatic full collections off and start the idle collector; the number
         of objects frozen."""
         frozen = self.frozen = freeze_startup_heap()
-        t0, t1, _ = gc.get_threshold()
-        gc.set_threshold(t0, t1, NO_AUTOMATIC_FULL)
+        gc.set_threshold(gc.get_threshold()[0], YOUNG_PERIODS, NO_AUTOMATIC_FULL)
         self._thread = threading.Thread(target=self._run, name="gc-idle", daemon=True)
         self._thread.start()
         return frozen
