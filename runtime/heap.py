@@ -115,9 +115,18 @@ class GcPolicy:
             self._thread.join()
 
 
+_running: GcPolicy | None = None  # the process's policy: one collector thread, whoever calls again
+
+
 def serve_gc_policy(busy: Callable[[], bool]) -> GcPolicy:
     """Apply the serving policy (module docstring) once startup is done, before serving; `busy()` says whether the
-    process holds a request (read from the policy's thread: a length or a counter, no lock)."""
-    policy = GcPolicy(busy)
-    policy.apply()
-    return policy
+    process holds a request (read from the policy's thread: a length or a counter, no lock). A second call (a
+    process that loads again) freezes what it loaded since and keeps the one policy, reading the new `busy`."""
+    global _running
+    if _running is not None:
+        _running.busy = busy
+        _running.frozen = freeze_startup_heap()
+        return _running
+    _running = GcPolicy(busy)
+    _running.apply()
+    return _running

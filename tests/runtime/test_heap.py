@@ -131,3 +131,23 @@ def test_the_full_collection_runs_when_the_process_holds_no_request_or_once_it_w
     assert not policy.tick()
     clock.now = 600.0
     assert policy.tick() and policy.deferred == 1  # never idle for max_defer_s: collected anyway
+
+
+AGAIN = r"""
+import gc, json, threading
+from runtime import heap
+
+first = heap.serve_gc_policy(lambda: True)
+before = first.frozen
+loaded_later = [[i] for i in range(20_000)]
+second = heap.serve_gc_policy(lambda: False)
+print(json.dumps({"same": first is second, "threads": sum(t.name == "gc-idle" for t in threading.enumerate()),
+                  "frozen_more": second.frozen - before - 20_000, "busy": second.busy()}))
+"""
+
+
+def test_a_process_that_applies_the_policy_twice_keeps_one_collector_and_freezes_what_it_loaded_since():
+    out = subprocess.run([sys.executable, "-c", AGAIN], cwd=ROOT, capture_output=True, text=True, timeout=120,
+                         check=True)
+    got = json.loads(out.stdout)
+    assert got["same"] and got["threads"] == 1 and got["frozen_more"] >= 0 and got["busy"] is False
