@@ -27,6 +27,13 @@ HEADER = "x-request-id"
 TICK_S = 0.001
 LAG_LINE_MS = 5.0  # a late-by at least this long gets a line of its own (when, how long), besides the second's max
 GC_LINE_MS = 1.0  # likewise a collection
+# One collection a second has what it frees named (`cycles` lines: the types and, for frames, the code that made
+# them): a process that frees thousands of objects a collection makes cycles on its hot path, each one a cost the
+# collector pays again. Sampled (gc.DEBUG_SAVEALL for that one collection: "all unreachable objects found will be
+# appended to garbage rather than being freed", docs.python.org/3/library/gc.html#gc.DEBUG_SAVEALL); once named,
+# they are dropped from gc.garbage and freed by a later full collection.
+CYCLES_EVERY_S = 1.0
+CYCLES_TOP = 8
 
 monotonic = time.monotonic
 
@@ -40,6 +47,9 @@ class Trace:
         self._file: Any = None
         self._gc_started = 0.0
         self._gc_second: dict[int, list[float]] = {}  # generation -> [count, total ms, max ms] this second
+        self._gc_walked: dict[int, int] = {}  # generation -> the most objects one of its collections walked, this second
+        self._walking = 0
+        self._sampled_at = -1  # the second whose cyclic garbage was last sampled (CYCLES_EVERY_S)
         self._gc_at = 0
         self._tasks: list[asyncio.Task[None]] = []
 
@@ -77,25 +87,54 @@ class Trace:
         gc.callbacks.append(self._gc)
 
     def _gc(self, phase: str, info: dict[str, Any]) -> None:
-        now = monotonic()
-        if phase == "start":
-            self._gc_started = now
-            return
-        ms = (now - self._gc_started) * 1000
         generation = info.get("generation", 0)
+        if phase == "start":
+            # What the collection walks: the tracked objects of the generations it collects (gc.get_objects), the
+            # pause's size whatever the machine's load; counted before its clock starts.
+            try:
+                self._walking = sum(len(gc.get_objects(generation=g)) for g in range(generation + 1))
+            except RuntimeError:
+                self._walking = -1
+            if int(monotonic() / CYCLES_EVERY_S) != self._sampled_at:
+                gc.set_debug(gc.get_debug() | gc.DEBUG_SAVEALL)
+            self._gc_started = monotonic()
+            return
+        now = monotonic()
+        if gc.get_debug() & gc.DEBUG_SAVEALL:
+            self._name_cycles(now, generation)
+        ms = (now - self._gc_started) * 1000
         if ms >= GC_LINE_MS:
             self.write({"kind": "gc", "at": self._gc_started, "ms": round(ms, 3), "generation": generation,
-                        "collected": info.get("collected", 0)})
+                        "collected": info.get("collected", 0), "walked": self._walking})
         if int(now) != self._gc_at and self._gc_second:
             self.write({"kind": "gc_second", "at": float(self._gc_at),
                         "by_generation": {str(g): [int(c), round(t, 3), round(m, 3)]
-                                          for g, (c, t, m) in self._gc_second.items()}})
-            self._gc_second = {}
+                                          for g, (c, t, m) in self._gc_second.items()},
+                        "walked_max": {str(g): n for g, n in self._gc_walked.items()}})
+            self._gc_second, self._gc_walked = {}, {}
+        self._gc_walked[generation] = max(self._gc_walked.get(generation, 0), self._walking)
         self._gc_at = int(now)
         entry = self._gc_second.setdefault(generation, [0, 0.0, 0.0])
         entry[0] += 1
         entry[1] += ms
         entry[2] = max(entry[2], ms)
+
+    def _name_cycles(self, now: float, generation: int) -> None:
+        gc.set_debug(gc.get_debug() & ~gc.DEBUG_SAVEALL)
+        self._sampled_at = int(now / CYCLES_EVERY_S)
+        freed, gc.garbage[:] = list(gc.garbage), []  # a sample that freed nothing is written too: it counts
+        types: dict[str, int] = {}
+        code: dict[str, int] = {}
+        for obj in freed:
+            name = type(obj).__qualname__
+            types[name] = types.get(name, 0) + 1
+            if name == "frame":
+                where = f"{obj.f_code.co_filename.rsplit('/', 2)[-1]}:{obj.f_code.co_name}"
+                code[where] = code.get(where, 0) + 1
+        del freed
+        top = sorted(types.items(), key=lambda kv: -kv[1])[:CYCLES_TOP]
+        self.write({"kind": "cycles", "at": now, "generation": generation, "freed": sum(types.values()),
+                    "types": top, "frames": sorted(code.items(), key=lambda kv: -kv[1])[:CYCLES_TOP]})
 
     def stop(self) -> None:
         for task in self._tasks:

@@ -42,6 +42,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
+import gc
 import heapq
 import json
 import os
@@ -53,6 +55,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 from runtime.ttft_trace import ENV as TRACE_ENV, HEADER as TRACE_HEADER, Trace
@@ -198,6 +201,43 @@ async def phase(port: int, body: bytes, quiet_rate: float, seconds: float, seed:
     otherwise delay the quiet account's sends and reads in one event loop, and the quiet figures would measure
     the client. Returns the figures and the quiet samples (for pooling); with `trace_label`, the quiet requests'
     client stamps (`traces`) and the phase's window on CLOCK_MONOTONIC (`window_monotonic`)."""
+    with instrument_heap():
+        return await _phase(port, body, quiet_rate, seconds, seed, flood_rate, streams, lead, flood_cpus, trace_label)
+
+
+@contextlib.contextmanager
+def instrument_heap() -> Iterator[None]:
+    """The measuring process collects nothing while it measures: its quiet client's sends and reads are the TTFT
+    stamps, and a collection there (126 ms, a full one over the earlier phases' samples and the trace, on an H100
+    host: bench/FAIRNESS_DEVICE.md, call 4) is a stall the figures would charge to the gateway. Everything alive
+    before the phase is frozen (gc.freeze: ignored by every later collection), the automatic collections are off
+    for the phase (gc.disable: what a phase allocates is a few thousand requests' worth, garbage or not), and
+    they run between phases. A lean process of its own for the quiet client would do the same with more moving
+    parts: this process has no other work during a phase than the quiet client and the engine stats' poll. The
+    trace's collection watcher (gc.callbacks) does not see these deliberate collections: its per-second summary
+    would put one in the phase's first or last second."""
+    _unwatched_collect()
+    gc.freeze()
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()
+        gc.unfreeze()
+        _unwatched_collect()
+
+
+def _unwatched_collect() -> None:
+    watchers = list(gc.callbacks)
+    gc.callbacks.clear()
+    try:
+        gc.collect()
+    finally:
+        gc.callbacks.extend(watchers)
+
+
+async def _phase(port: int, body: bytes, quiet_rate: float, seconds: float, seed: int, flood_rate: float,
+                 streams: int, lead: float, flood_cpus: set[int] | None, trace_label: str | None) -> dict:
     quiet: list = []
     flood = None
     if flood_rate or streams:
@@ -423,7 +463,8 @@ def stalls_in(records: list[dict], windows: list[tuple[float, float]]) -> dict:
         window = next((w for w in windows if w[0] - 1.0 <= rec["at"] <= w[1]), None)
         if window is None:
             continue
-        entry = out.setdefault(rec["source"], {"loop_late_max_ms": None, "lags": [], "gc": {}, "gc_pauses": []})
+        entry = out.setdefault(rec["source"], {"loop_late_max_ms": None, "lags": [], "gc": {}, "gc_pauses": [],
+                                               "gc_walked_max": {}, "cycles": None})
         kind = rec["kind"]
         if kind == "lag_second":
             entry["loop_late_max_ms"] = max(entry["loop_late_max_ms"] or 0.0, rec["max_ms"])
@@ -433,9 +474,21 @@ def stalls_in(records: list[dict], windows: list[tuple[float, float]]) -> dict:
             for generation, (count, total, longest) in rec["by_generation"].items():
                 g = entry["gc"].setdefault(generation, [0, 0.0, 0.0])
                 g[0], g[1], g[2] = g[0] + count, round(g[1] + total, 3), max(g[2], longest)
+            for generation, walked in rec.get("walked_max", {}).items():
+                entry["gc_walked_max"][generation] = max(entry["gc_walked_max"].get(generation, 0), walked)
+        elif kind == "cycles" and rec["at"] >= window[0]:
+            c = entry["cycles"] = entry["cycles"] or {"sampled": 0, "freed": 0, "types": {}, "frames": {}}
+            c["sampled"] += 1
+            c["freed"] += rec["freed"]
+            for part in ("types", "frames"):
+                for name, n in rec[part]:
+                    c[part][name] = c[part].get(name, 0) + n
         elif kind == "gc" and rec["at"] >= window[0]:
             entry["gc_pauses"].append((round(rec["at"] - window[0], 3), rec["ms"], rec["generation"]))
     for entry in out.values():
+        if entry["cycles"]:
+            for part in ("types", "frames"):
+                entry["cycles"][part] = sorted(entry["cycles"][part].items(), key=lambda kv: -kv[1])[:5]
         entry["lags"] = sorted(entry["lags"], key=lambda x: -x[1])[:5]
         entry["gc_pauses"] = sorted(entry["gc_pauses"], key=lambda x: -x[1])[:5]
     return out
@@ -481,11 +534,18 @@ def breakdown_lines(name: str, breakdown: dict, stalls: dict | None = None) -> l
                      + (f", came during the one before ({e['previous_ms']:.1f} ms, admitted {e['previous_admitted']})"
                         if e["came_during_previous"] else ""))
     for source, s in sorted((stalls or {}).items()):
-        gc_text = ", ".join(f"gen {g}: {c} ({t:.1f} ms, max {m:.1f})" for g, (c, t, m) in sorted(s["gc"].items()))
+        walked = s.get("gc_walked_max", {})
+        gc_text = ", ".join(f"gen {g}: {c} ({t:.1f} ms, max {m:.1f}"
+                            + (f"; walked at most {walked[g]} objects)" if g in walked else ")")
+                            for g, (c, t, m) in sorted(s["gc"].items()))
         lines.append(f"  stalls {source}: loop late max {s['loop_late_max_ms']} ms"
                      + (f" (>= 5 ms: {s['lags']})" if s["lags"] else "")
                      + f"; collections {gc_text or 'none'}"
                      + (f"; pauses >= 1 ms (s into the phase, ms, gen): {s['gc_pauses']}" if s["gc_pauses"] else ""))
+        c = s.get("cycles")
+        if c:
+            lines.append(f"    cyclic garbage {source}: {c['sampled']} sampled collections freed {c['freed']} objects "
+                         f"({c['freed'] / c['sampled']:.0f} each); types {c['types']}; frames {c['frames']}")
     return lines
 
 

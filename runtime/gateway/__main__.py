@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING
 from fleetcast.contract import telemetry as t
 from fleetcast.contract.instance_env import Var, default, setting
 from runtime.descriptors import reserve_descriptors
-from runtime.heap import freeze_startup_heap
+from runtime.heap import serve_gc_policy
 
 from .http import BODY_TIMEOUT_S
 from .identity import log
@@ -251,8 +251,9 @@ async def serve(args: argparse.Namespace, shared: SharedState | None = None, wor
         background.append(asyncio.ensure_future(publish_queue_state(gateway.fair, args.queue_state)))
     # Everything loaded so far (config model, botocore's service models: ~100k objects) lives for
     # the whole process. A full collection over them measured 85 ms on the dev VM, a pause every
-    # stream would feel; frozen, the collector walks only request garbage (measured ~0 ms).
-    freeze_startup_heap()
+    # stream would feel: frozen, and full collections only while this worker holds no request, since
+    # the requests a flood holds waiting are as many objects again (runtime/heap.py).
+    serve_gc_policy(gateway.holds_connections)
     host, port = args.listen
     await gateway.start(host, port, reuse_port=shared is not None)
     discovery = peer_discovery(cfg, args, gateway)

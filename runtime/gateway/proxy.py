@@ -422,8 +422,7 @@ class _Body:
             return _DONE
         if data:
             if self.pending:  # the first body bytes (the head goes with them)
-                if self.trace is not None:
-                    self.trace["first"] = now
+                self._stamp_first(now)
                 self.writer.write(self.pending + (chunk(data) if self.out_chunked else data))
                 self.pending = b""
             else:
@@ -469,9 +468,18 @@ class _Body:
             out += chunk(DRAIN_CUT_EVENT if drain_cut else STREAM_CUT_EVENT) + LAST_CHUNK
             if exchange:
                 exchange.props["drain_cut" if drain_cut else "stream_cut"] = True
+        if self.pending and data:
+            # The whole body came in the read that ended it (the gateway's loop was away while the server sent it
+            # all): its first bytes leave here, with the head.
+            self._stamp_first(time.perf_counter())
         if out:
             self.writer.write(out)
         await self.writer.drain()
+
+    def _stamp_first(self, now: float) -> None:
+        """The TTFT trace's gateway stamp: the response's first body bytes leave now (take or finish)."""
+        if self.trace is not None:
+            self.trace["first"] = now
 
     def close(self) -> None:
         if self.exchange:

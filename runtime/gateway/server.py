@@ -280,6 +280,11 @@ class Gateway:
             except TimeoutError:  # one closed between requests, still flushing: the exit drops it
                 log("connections_left_open_at_exit")
 
+    def holds_connections(self) -> bool:
+        """Whether a client connection is open (a request waiting, relayed or between two of a keep-alive): what
+        runtime/heap.py's policy reads, from a thread of its own (a set's length), to collect only while none is."""
+        return len(self._connections) > 0
+
     # ------------------------------------------------------------ connections
 
     async def _connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:

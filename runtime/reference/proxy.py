@@ -64,6 +64,10 @@ class EngineProxy:
     def pid(self) -> int | None:
         return self.proc.pid if self.proc is not None else None
 
+    def holds_streams(self) -> bool:
+        """Whether a request's stream is open here (runtime/heap.py's policy reads it from its own thread)."""
+        return len(self._sinks) > 0
+
     async def start(self) -> None:
         """Start the engine process and wait until it has loaded (EngineLoadFailed if it cannot). Called from the
         event loop's thread, which lives as long as the process: PR_SET_PDEATHSIG follows the thread that started

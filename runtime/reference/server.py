@@ -69,7 +69,7 @@ from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
-from ..heap import freeze_startup_heap
+from ..heap import serve_gc_policy
 from ..ttft_trace import HEADER as TRACE_HEADER, tracer
 from .mps_sim import MpsClientSim
 from .protocol import SamplingParams
@@ -90,6 +90,24 @@ def _error(status: int, message: str, param: str | None = None) -> web.Response:
     kind = {400: "BadRequestError", 404: "NotFoundError", 503: "ServiceUnavailableError"}.get(status, "InternalServerError")
     body = {"object": "error", "message": message, "type": kind, "param": param, "code": status}
     return web.json_response(body, status=status)
+
+
+
+# Iteration stats encoded per slice, the event loop's turn between two: a read of /metrics carries every iteration
+# since the last (hundreds a second on a GPU), and json.dumps of 600 of them holds this process's loop, every stream's
+# tokens with it, for 27 ms on the dev VM: the H100 run's HTTP process was late 15-23 ms at intervals of ~0.53 s,
+# the fairness bench's poll period (bench/FAIRNESS_DEVICE.md, call 4).
+METRICS_SLICE = 50
+
+
+async def json_in_slices(items: list[Any], size: int = METRICS_SLICE) -> bytes:
+    """`json.dumps(items)` as bytes, encoded `size` items at a time with the loop's turn between two slices."""
+    parts = []
+    for start in range(0, len(items), size):
+        if start:
+            await asyncio.sleep(0)
+        parts.append(json.dumps(items[start:start + size])[1:-1])
+    return ("[" + ", ".join(p for p in parts if p) + "]").encode()
 
 
 class TextChunks:
@@ -337,8 +355,9 @@ class ReferenceServer:
             raise
         self.memory.update(engine.info["memory"], engine_pid=engine.info["pid"])
         # This process's startup heap (aiohttp, the app) out of every later full collection, as the engine process
-        # froze its own (runtime/heap.py): a collection here holds back every stream's tokens and every submission.
-        frozen = freeze_startup_heap()
+        # froze its own, and full collections only while no stream is open (runtime/heap.py): a collection here
+        # holds back every stream's tokens and every submission.
+        frozen = serve_gc_policy(engine.holds_streams).frozen
         log.info("model %s loaded on %s in %.2fs (max batch %d, graphs %s; engine process %d; startup heap frozen: "
                  "%d objects in the engine process, %d here)", self.model_name, self.args.device,
                  time.monotonic() - started, engine.info["max_batch_size"], engine.info["cuda_graphs"],
@@ -479,7 +498,8 @@ class ReferenceServer:
 
     async def metrics(self, request: web.Request) -> web.Response:
         loaded = self.engine is not None and self.engine.info
-        return web.json_response(await self.engine.pop_stats() if loaded and self.engine is not None else [])
+        stats = await self.engine.pop_stats() if loaded and self.engine is not None else []
+        return web.Response(body=await json_in_slices(stats), content_type="application/json")
 
     async def chat(self, request: web.Request) -> web.Response:
         return _error(400, "chat completions need a chat template and this GPT-2 model has none; use /v1/completions",

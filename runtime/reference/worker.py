@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any
 
 from fleetcast.contract.serving import GIB
 
-from ..heap import freeze_startup_heap
+from ..heap import serve_gc_policy
 from ..ttft_trace import tracer
 from . import protocol as p
 from .mps_sim import MpsClientSim
@@ -149,8 +149,9 @@ class EngineHost:
         self.engine = engine
         threading.Thread(target=self._watch_engine, name="engine-watch", daemon=True).start()
         # PyTorch, the model and the captured graphs live as long as this process: out of every later full
-        # collection, which would otherwise stop the engine's step loop for as long as it walks them (runtime/heap.py).
-        frozen = freeze_startup_heap()
+        # collection, which would otherwise stop the engine's step loop for as long as it walks them, and full
+        # collections only while no request is live here (runtime/heap.py).
+        frozen = serve_gc_policy(lambda: bool(self._live)).frozen
         return {"max_batch_size": engine.max_batch_size, "max_seq_len": max_seq, "vocab_size": shape.vocab_size,
                 "cuda_graphs": engine.cuda_graphs, "memory": dict(self.memory), "pid": os.getpid(),
                 "heap_frozen": frozen}
