@@ -25,7 +25,10 @@ takes a free slot at once, even past others' waiting requests; beyond its part i
 active accounts have not reserved, and while requests wait, only in fair order. So a neighbour flooding the
 engine holds at most the cap less the other active accounts' parts (`held_beside`), and a quiet account's burst
 up to its part starts in the engine's next iteration; alone, an account may use the whole cap. A request never
-passes its own account's waiting requests.
+passes its own account's waiting requests. An account with more requests waiting than its whole part is
+flooding, and nothing is kept for it: room it left unfilled goes in fair order, so a quiet account whose burst of
+long streams passed its part takes the flood's next freed slot when its start tag comes first (it is behind the
+flood in service), instead of waiting for one of its own streams to end.
 
 Every count lives in the workers' shared mapping (runtime/gateway/shared.py), changed under its one
 lock, so the cap of an engine process holds across gateway workers exactly as the consumer limits do.
@@ -257,7 +260,7 @@ class _Group:
             return True, True
         recent = None
         total, listed = weight, 0.0  # listed: its own entry's weight, if it has one
-        others: list[float] = []  # the other active accounts' (weight, held) pairs, flat
+        others: list[float] = []  # the other active accounts' (weight, held, waiting) triples, flat
         entries, n, k = self.active_i, ints[self.active_n_i], 0
         while k < n:
             at = entries[k]
@@ -275,7 +278,7 @@ class _Group:
                         continue
                 other_weight = floats[at + 1]
                 total += other_weight
-                others += (other_weight, held)
+                others += (other_weight, held, ints[packed & 0xFFFFFFFF])
             else:
                 listed += floats[at + 1]
             k += 1
@@ -285,10 +288,16 @@ class _Group:
         free = cap
         for at in self.used_i:
             free -= ints[at]
-        for i in range(0, len(others), 2):  # less the others' unmet parts (`reserved`, inline: the hot path)
-            unmet = int(cap * others[i] / total + 1e-9 - others[i + 1])  # held is whole: floor(part) - held
-            if unmet > 0:
-                free -= unmet
+        for i in range(0, len(others), 3):  # less the others' unmet parts (`reserved`, inline: the hot path)
+            part = int(cap * others[i] / total + 1e-9)
+            # An account with more requests waiting than its whole part is flooding: the room it has not filled is
+            # not kept for it, and it takes what it gets in fair order. Kept, that room would make a quiet account
+            # beyond its part (a burst of long streams) wait for one of its own requests to end, though its start
+            # tags come before the flood's.
+            if others[i + 2] <= part:
+                unmet = part - int(others[i + 1])
+                if unmet > 0:
+                    free -= unmet
         return False, free >= 1
 
     def may_take(self, own: int, weight: float) -> bool:
