@@ -16,21 +16,33 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 
-# What a run reported, by what it read: the templates' names and bytes and the .cfnlintrc.yaml that applied. Tests
-# that share a synthesis (tests/stacks/synthesized.py) lint the same files; cfn-lint spends seconds per provider
-# template, and the same bytes under the same settings get the same matches.
-_reported: dict[tuple, list[str]] = {}
+# What cfn-lint reported on each template, by what it read: the template's bytes and the .cfnlintrc.yaml that
+# applied (and the directory it ran from). The CLI lints each of its templates on its own (cfnlint.runner.template:
+# run_template_by_file_paths decodes and runs the rules over one file at a time, its matches that file's), so one
+# template's findings do not depend on the others named with it, nor on its file's name: tests that synthesize the
+# same template (the default fleet's, in the platform app; a shared fleet read by several modules) lint it once per
+# process, whichever set of files each names. A provider template costs 2-3 s of CPU to lint.
+_reported: dict[tuple, list[tuple[str, str, int]]] = {}
+
+
+def _key(template: Path | str, cwd: Path) -> tuple:
+    rc = Path(cwd) / ".cfnlintrc.yaml"
+    return str(Path(cwd).resolve()), rc.read_bytes() if rc.is_file() else None, Path(template).read_bytes()
 
 
 def lint(*templates: Path | str, cwd: Path = ROOT) -> list[str]:
-    """Every match cfn-lint reports on `templates`, one line each; [] when clean. Run from `cwd`, as the CLI
-    would be: its .cfnlintrc.yaml (the repository's by default) applies."""
-    rc = Path(cwd) / ".cfnlintrc.yaml"
-    key = (str(Path(cwd).resolve()), rc.read_bytes() if rc.is_file() else None,
-           tuple((str(Path(t).resolve()), Path(t).read_bytes()) for t in templates))
-    if key not in _reported:
-        _reported[key] = _run(*templates, cwd=cwd)
-    return list(_reported[key])
+    """Every match cfn-lint reports on `templates`, one line each, template by template; [] when clean. Run from
+    `cwd`, as the CLI would be: its .cfnlintrc.yaml (the repository's by default) applies."""
+    assert templates, "no templates to lint"
+    keys = [_key(t, cwd) for t in templates]
+    todo = {key: str(t) for t, key in zip(templates, keys) if key not in _reported}
+    if todo:
+        found: dict[str, list[tuple[str, str, int]]] = {path: [] for path in todo.values()}
+        for rule, message, filename, line in _run(*todo.values(), cwd=cwd):
+            found[filename].append((rule, message, line))
+        for key, path in todo.items():
+            _reported[key] = found[path]
+    return [f"{rule} {message} ({t}:{line})" for t, key in zip(templates, keys) for rule, message, line in _reported[key]]
 
 
 # The rule set a run's configuration loads (cfnlint.runner.cli.Runner._get_rules: the built-in rules plus any
@@ -58,16 +70,16 @@ def _runner(cli, config):
     return Runner(config)
 
 
-def _run(*templates: Path | str, cwd: Path) -> list[str]:
+def _run(*templates: str, cwd: Path) -> list[tuple[str, str, str, int]]:
+    """(rule id, message, file, line) of every match, from one run over `templates` as the CLI's own."""
     cli = pytest.importorskip("cfnlint.runner.cli", reason="cfn-lint is installed by `make test`")
     from cfnlint.config import ConfigMixIn
 
-    assert templates, "no templates to lint"
     with contextlib.chdir(cwd):  # where the CLI finds .cfnlintrc.yaml
-        config = ConfigMixIn([str(t) for t in templates])
+        config = ConfigMixIn(list(templates))
         runner = _runner(cli, config)
         matches = list(runner.run())
-    return [f"{m.rule.id} {m.message} ({m.filename}:{m.linenumber})" for m in matches]
+    return [(m.rule.id, m.message, m.filename, m.linenumber) for m in matches]
 
 
 def assert_lint_clean(*templates: Path | str) -> None:

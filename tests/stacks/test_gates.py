@@ -13,7 +13,7 @@ import re
 import subprocess
 
 import pytest
-from aws_cdk import App, Environment, Stack, aws_ec2 as ec2
+from aws_cdk import App, CfnResource, Environment, Stack, aws_ec2 as ec2
 
 from stacks import nag
 
@@ -21,6 +21,7 @@ from .synthesized import (
     ROOT,
     default_doc,
     default_fleet,
+    fleet_app,
     multi_model_fleet,
     nat_fleet,
     spot_fleet,
@@ -39,6 +40,25 @@ def test_cdk_nag_passes_with_zero_unacknowledged_findings():
         assert all(r["conclusion"] == "success" and not r["violations"] for r in nag_reports)
         other = [v for r in report["pluginReports"] for v in r["violations"]]
         assert not other, f"template validation findings: {other}"
+
+
+def test_the_gated_fleets_report_cdks_builtin_template_validation(tmp_path):
+    """The fleets whose reports the gates read ran aws-cdk-lib's built-in CloudFormation validation, which the
+    other in-process syntheses leave out (tests/stacks/synthesized.py): `validated` is what puts its findings, a
+    property CloudFormation does not define (its F3002) here, in the report."""
+    assert all(fleet.validated for fleet in (default_fleet(), variant_fleet(), nat_fleet(), spot_fleet(),
+                                             multi_model_fleet()))
+    reported = {}
+    for validated in (True, False):
+        app = fleet_app(tmp_path / str(validated), validated=validated)
+        stack = Stack(app, "Odd", env=Environment(account="111122223333", region="ap-northeast-2"))
+        CfnResource(stack, "Topic", type="AWS::SNS::Topic", properties={"NoSuchProperty": 1})
+        app.synth()  # its findings are warnings: synthesis goes on
+        report_path = tmp_path / str(validated) / nag.REPORT_FILE
+        report = json.loads(report_path.read_text()) if report_path.exists() else {"pluginReports": []}
+        reported[validated] = {(r["pluginName"], v["ruleName"]) for r in report["pluginReports"] for v in r["violations"]}
+    assert ("CloudFormation Validate", "F3002") in reported[True]
+    assert not reported[False]
 
 
 def test_cdk_nag_gate_fails_synthesis_on_an_unacknowledged_finding(tmp_path):
@@ -83,7 +103,7 @@ def unacknowledged_findings(monkeypatch: pytest.MonkeyPatch, doc: dict, name: st
             patch.setattr(nag, "APPLY_ACKNOWLEDGMENTS", False)
             patch.setattr(nag, "RECORDED", [])
             with pytest.raises(Exception, match="Validation ?[Ff]ailed") as failure:
-                synthesize(doc, name)
+                synthesize(doc, name, validated=True)
             recorded = tuple(nag.RECORDED)
         with open(re.search(r"found in: (\S+)", str(failure.value)).group(1)) as report:
             _unacknowledged[key] = frozenset(_findings(json.load(report))), recorded
@@ -163,39 +183,44 @@ BROKEN_TEMPLATE = {
 
 @pytest.fixture(scope="module")
 def cli_lint(tmp_path_factory):
-    """One run of the real cfn-lint CLI from the repo root (so .cfnlintrc.yaml applies) over every default
-    template, the provider templates whose shape the variants change, every template of the multi-model
-    example, and BROKEN_TEMPLATE.
-    Returns (templates, broken path, rule ids reported per file)."""
+    """One run of the real cfn-lint CLI from the repo root (so .cfnlintrc.yaml applies) over BROKEN_TEMPLATE: the
+    rule ids it reports, which the in-process runs that lint the synthesized templates must report too.
+    Returns (broken path, rule ids reported per file)."""
     if not CFN_LINT.exists():
         pytest.skip("cfn-lint is installed by `make test`")
-    templates = [str(p) for p in default_fleet().template_files()] + [
-        str(f.outdir / "fleetcast-provider-ap-northeast-2.template.json") for f in (variant_fleet(), nat_fleet(),
-                                                                                   spot_fleet())] + [
-        str(p) for p in multi_model_fleet().template_files()]
     broken = tmp_path_factory.mktemp("lint") / "broken.template.json"
     broken.write_text(json.dumps(BROKEN_TEMPLATE))
-    result = subprocess.run([str(CFN_LINT), "--format", "parseable", *templates, str(broken)], cwd=ROOT,
+    result = subprocess.run([str(CFN_LINT), "--format", "parseable", str(broken)], cwd=ROOT,
                             capture_output=True, text=True, timeout=300)
     rules: dict[str, list[str]] = {}
     for line in result.stdout.splitlines():  # file:line:column:end line:end column:rule:message
         path, *_, rule, _message = line.split(":", 6)
         rules.setdefault(path, []).append(rule)
-    return templates, broken, {path: sorted(ids) for path, ids in rules.items()}
+    return broken, {path: sorted(ids) for path, ids in rules.items()}
 
 
-def test_cfn_lint_reports_nothing_on_any_template(cli_lint):
-    templates, broken, rules = cli_lint
+def test_cfn_lint_reports_nothing_on_any_template():
+    """Every default template, the provider templates whose shape the variants change and every template of the
+    multi-model example, linted as the CLI lints them (tests/cfn_lint.py, checked against the CLI below): each
+    template once per run, however many tests lint it (a CLI run over these ten cost 26 s of CPU, most of it
+    spent again on the templates other tests lint in process)."""
+    from tests.cfn_lint import lint
+
+    templates = [*default_fleet().template_files(), *(
+        f.outdir / "fleetcast-provider-ap-northeast-2.template.json" for f in (variant_fleet(), nat_fleet(),
+                                                                              spot_fleet())),
+        *multi_model_fleet().template_files()]
     assert len(templates) == 10  # 7 of the default and its variants, the multi-model example's provider + 2 consumers
-    assert set(rules) == {str(broken)}, {p: r for p, r in rules.items() if p != str(broken)}
+    assert lint(*templates) == []
 
 
 def test_in_process_cfn_lint_reports_what_the_cli_reports(cli_lint, tmp_path):
-    """tests/cfn_lint.py stands in for the CLI in the other template tests: it reports the CLI's rules on a
-    broken template, and applies .cfnlintrc.yaml (W3010 is ignored there, reported from elsewhere)."""
+    """tests/cfn_lint.py stands in for the CLI in the template tests: it reports the CLI's rules on a broken
+    template, and applies .cfnlintrc.yaml (W3010 is ignored there, reported from elsewhere)."""
     from tests.cfn_lint import _rule_sets, lint
 
-    _, broken, rules = cli_lint
+    broken, rules = cli_lint
+    assert set(rules) == {str(broken)}
     assert {"E3002", "E3031", "I3510"} <= set(rules[str(broken)]) and "W3010" not in rules[str(broken)]
     assert sorted(p.split()[0] for p in lint(broken)) == rules[str(broken)]
     without_rc = {p.split()[0] for p in lint(broken, cwd=tmp_path)}
@@ -213,6 +238,21 @@ def test_in_process_cfn_lint_reads_a_changed_template_again(tmp_path):
     assert lint(path) == []
     path.write_text(json.dumps(BROKEN_TEMPLATE))
     assert {"E3002", "E3031"} <= {p.split()[0] for p in lint(path)}
+
+
+def test_in_process_cfn_lint_reports_each_template_under_its_own_name(tmp_path):
+    """A template's findings are its own, whatever else a run names and whatever its file is called: the same
+    bytes under another name, linted once, are reported under that name."""
+    from tests.cfn_lint import lint
+
+    clean, broken, copy = tmp_path / "clean.template.json", tmp_path / "a.template.json", tmp_path / "b.template.json"
+    clean.write_text(json.dumps({"Resources": {"Topic": {"Type": "AWS::SNS::Topic"}}}))
+    broken.write_text(json.dumps(BROKEN_TEMPLATE))
+    copy.write_text(json.dumps(BROKEN_TEMPLATE))
+    together = lint(clean, broken)
+    assert together and all(f"({broken}:" in line for line in together)
+    assert [line.replace(str(copy), str(broken)) for line in lint(copy)] == together
+    assert lint(clean) == []
 
 
 def test_cfn_lint_ignores_are_each_explained():
