@@ -37,6 +37,11 @@ def moto_endpoint():
     # Imported here, not at collection: moto is heavy and most test runs (`-k`, one file) never need it.
     from moto.server import ThreadedMotoServer
 
+    # moto's EC2 loads its 1,366 built-in images into every region's backend it makes, and again at every reset
+    # (reset_moto re-creates each backend made so far; Auto Scaling's makes EC2's): 0.5 s of CPU per reset once a
+    # test has called EC2 or Auto Scaling, two resets per `fresh_aws` test. No test launches from them; those that
+    # launch register their own image (tests/gateway/test_discovery.py). moto/settings.py: ec2_load_default_amis.
+    os.environ.setdefault("MOTO_EC2_LOAD_DEFAULT_AMIS", "false")
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
     server.start()
     host, port = server.get_host_and_port()
