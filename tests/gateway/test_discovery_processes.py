@@ -36,8 +36,9 @@ from .test_spill_processes import CHECKOUT, CHECKOUT_VPCE, MODEL, REPORTS, REPOR
 
 ROOT = Path(__file__).resolve().parents[2]
 REGION = "us-east-1"
-# With the other discovery module, on one worker: moto's EC2 is imported and made once (2-3 s of CPU a worker).
-pytestmark = pytest.mark.xdist_group("moto-ec2")
+# With the other discovery module, on one worker: moto's EC2 is imported and made once (2-3 s of CPU a worker). The
+# gateways and fake engines are forks of this worker's fork server for them (tests/conftest.py, forked_gateways).
+pytestmark = [pytest.mark.xdist_group("moto-ec2"), pytest.mark.usefixtures("forked_gateways")]
 GROUP = "spillfleet-us-east-1-l40s"
 
 

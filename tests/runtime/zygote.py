@@ -916,9 +916,45 @@ def reference_servers() -> Zygote | None:
     return _servers
 
 
+# The gateway side of a fleet on loopback (tests/gateway, the bench scripts they run): gateways, the fake engines
+# and the bench's timed engines, forked from a server without PyTorch. Each `python -m runtime.gateway` paid 0.9 s of
+# CPU to import the config model (pydantic builds its schemas at import) and the rest; a fork of this server, about
+# 0.05 s beside its launcher's start. Its launchers stand where the process would (a child of the test that signals
+# and waits on it, its exit status); what looks at the process's own pid (/proc, its children) starts it itself.
+GATEWAY_IMPORTS = ("runtime.gateway.__main__", "tests.gateway.engine_process", "scripts.bench_balance",
+                   "scripts.bench_overflow_replay")
+GATEWAY_MODULES = frozenset({"runtime.gateway", "tests.gateway.engine_process", "scripts.bench_balance"})
+_gateways: Zygote | None = None
+
+
+def gateway_processes() -> Zygote | None:
+    """This worker's fork server for the gateway side, started on first use; None under TEST_NO_ZYGOTE=1."""
+    global _gateways
+    if os.environ.get("TEST_NO_ZYGOTE") == "1":
+        return None
+    if _gateways is None:
+        import atexit
+
+        _gateways = Zygote(GATEWAY_IMPORTS)
+        atexit.register(_gateways.stop)
+    return _gateways
+
+
+def launched(args: tuple, zygote: Zygote) -> tuple:
+    """`args` of a process start, as the launcher of its fork when it is `[sys.executable, "-m", MODULE, ...]` of
+    one of GATEWAY_MODULES (the whole command line otherwise, unchanged)."""
+    if len(args) >= 3 and args[0] == sys.executable and args[1] == "-m" and args[2] in GATEWAY_MODULES:
+        return tuple(zygote.command([str(a) for a in args]))
+    return args
+
+
+def servers() -> list[Zygote]:
+    return [z for z in (_servers, _gateways) if z is not None]
+
+
 def cpu_s() -> float:
-    """CPU used by this worker's fork server and the processes it forked and reaped, so far."""
-    return _servers.cpu_s() if _servers is not None else 0.0
+    """CPU used by this worker's fork servers and the processes they forked and reaped, so far."""
+    return sum(z.cpu_s() for z in servers())
 
 
 if __name__ == "__main__":
