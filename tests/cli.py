@@ -15,7 +15,6 @@ from unittest import mock
 
 from scripts import cli
 
-
 _build_parser = cli.build_parser
 
 
