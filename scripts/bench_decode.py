@@ -137,6 +137,8 @@ def main(argv=None) -> int:
     ap.add_argument("--inner", type=int, default=10)
     ap.add_argument("--check-steps", type=int, default=8)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--copy-mib", type=int, default=None,
+                    help="buffer the copy bandwidth is measured on (default 4096 on cuda, 256 on cpu)")
     ap.add_argument("--out", default=None, help="write the full result as JSON here")
     args = ap.parse_args(argv)
 
@@ -158,7 +160,8 @@ def main(argv=None) -> int:
         result["gpu"] = {"name": props.name, "sms": props.multi_processor_count,
                          "memory_gib": round(props.total_memory / GIB, 1), "cuda": torch.version.cuda}
 
-    bw = copy_bandwidth(device, timer, nbytes=(4 << 30) if device.type == "cuda" else (256 << 20))
+    copy_mib = args.copy_mib or (4096 if device.type == "cuda" else 256)
+    bw = copy_bandwidth(device, timer, nbytes=copy_mib << 20)
     bytes_per_param = torch.finfo(dtype).bits // 8
     floor_ms = shape.param_count() * bytes_per_param / bw * 1000
     result["copy_bandwidth_TBps"] = bw / 1e12

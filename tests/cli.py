@@ -4,21 +4,41 @@ to; tests of the script itself (entry point, exit codes, signals, no traceback) 
 
 from __future__ import annotations
 
+import argparse
 import contextlib
+import functools
 import io
 import os
 import subprocess
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from unittest import mock
 
 from scripts import cli
+
+_build_parser = cli.build_parser
+
+
+@functools.cache
+def _parser() -> argparse.ArgumentParser:
+    return _build_parser()
+
+
+@contextlib.contextmanager
+def one_parser() -> Iterator[None]:
+    """`fleetcast`'s argument parser built once per test process, not at every call: building it (eleven subcommands'
+    options) is 30 ms of CPU, and the property tests call the CLI hundreds of times. Parsing leaves a parser as it
+    was (argparse copies defaults into each namespace), and no subcommand's options depend on the environment. The
+    handler functions are bound when it is built: a test that replaces one (none does; they patch what a handler
+    calls) would call the CLI without this."""
+    with mock.patch.object(cli, "build_parser", _parser):
+        yield
 
 
 def run_cli(*argv: str, env: Mapping[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     """(returncode, stdout, stderr) as `subprocess.run(["fleetcast", *argv])` would give them; `env` adds to
     the environment for the call only."""
     out, err = io.StringIO(), io.StringIO()
-    with mock.patch.dict(os.environ, dict(env or {})), \
+    with mock.patch.dict(os.environ, dict(env or {})), one_parser(), \
             contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
         try:
             code = cli.main(list(argv))

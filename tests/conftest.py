@@ -37,6 +37,11 @@ def moto_endpoint():
     # Imported here, not at collection: moto is heavy and most test runs (`-k`, one file) never need it.
     from moto.server import ThreadedMotoServer
 
+    # moto's EC2 loads its 1,366 built-in images into every region's backend it makes, and again at every reset
+    # (reset_moto re-creates each backend made so far; Auto Scaling's makes EC2's): 0.5 s of CPU per reset once a
+    # test has called EC2 or Auto Scaling, two resets per `fresh_aws` test. No test launches from them; those that
+    # launch register their own image (tests/gateway/test_discovery.py). moto/settings.py: ec2_load_default_amis.
+    os.environ.setdefault("MOTO_EC2_LOAD_DEFAULT_AMIS", "false")
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
     server.start()
     host, port = server.get_host_and_port()
@@ -346,8 +351,7 @@ def _cpu_now() -> tuple[float, float]:
     # The reference servers forked by this worker's fork server are reaped there, not here (tests/runtime/zygote.py)
     zygote = sys.modules.get("tests.runtime.zygote")
     forked = zygote.cpu_s() if zygote is not None else 0.0
-    server = getattr(zygote, "_servers", None) if zygote is not None else None
-    exclude = frozenset({server.proc.pid}) if server is not None else frozenset()  # counted in `forked`
+    exclude = frozenset(z.proc.pid for z in zygote.servers()) if zygote is not None else frozenset()  # in `forked`
     return time.process_time(), children.ru_utime + children.ru_stime + forked + _live_children_cpu(exclude)
 
 
@@ -388,6 +392,31 @@ def pytest_collection_finish(session):
     # only; what the tests start runs with Python's defaults.
     gc.freeze()
     gc.set_threshold(10_000, 20, 20)
+
+
+@pytest.fixture(scope="module")
+def forked_gateways():
+    """The gateways and fake engines that the module's tests start with asyncio (`python -m runtime.gateway`, `-m
+    tests.gateway.engine_process`, the bench scripts' `-m scripts.bench_balance _engine`) are forks of this worker's
+    fork server for them, which has those modules imported (tests/runtime/zygote.py, gateway_processes): the process
+    the test holds is the fork's launcher, which passes on the test's signals and exits as the fork did. For tests
+    that do not look at the process's own pid. TEST_NO_ZYGOTE=1 starts them as interpreters of their own."""
+    import asyncio
+
+    from tests.runtime.zygote import gateway_processes, launched
+
+    fork_server = gateway_processes()
+    if fork_server is None:
+        yield
+        return
+    start = asyncio.create_subprocess_exec
+
+    async def create_subprocess_exec(program, *args, **kwargs):
+        return await start(*launched((program, *args), fork_server), **kwargs)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(asyncio, "create_subprocess_exec", create_subprocess_exec)
+        yield
 
 
 @pytest.fixture(scope="module")

@@ -123,7 +123,8 @@ def test_a_modules_own_xdist_group_is_kept_whole(request):
     imported once, in one worker): a path group beside it would split each into groups of their own."""
     own = {"tests/runtime/test_multi_model.py": "multi-model", "tests/runtime/test_mps_fault.py": "multi-model",
            "tests/runtime/test_reference_engine.py": "torch-in-process",
-           "tests/runtime/test_reference_prefix_cache.py": "torch-in-process"}
+           "tests/runtime/test_reference_prefix_cache.py": "torch-in-process",
+           "tests/runtime/test_reference_bench_script.py": "torch-in-process"}
     for item in request.session.items:
         rel = Path(item.path).relative_to(ROOT).as_posix()
         if rel in own:

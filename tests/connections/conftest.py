@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from fleetcast.config import load_config
+from tests.cli import one_parser
 
 from .stubs import StubbedAws
 
@@ -62,7 +63,7 @@ def run_cli(access, *argv: str, config: Path = CONFIG) -> Result:
     previous = connections_cmd.ACCESS_FACTORY
     connections_cmd.ACCESS_FACTORY = lambda args: access
     try:
-        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        with one_parser(), contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
             try:
                 code = cli.main(["connections", argv[0], "--config", str(config), *argv[1:]])
             except SystemExit as exc:  # argparse usage errors

@@ -8,7 +8,12 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from scripts.bench_overflow_replay import HOME, REMOTE, main
+
+# Gateways and fake engines as forks of this worker's fork server for them (tests/conftest.py, forked_gateways).
+pytestmark = pytest.mark.usefixtures("forked_gateways")
 
 
 def test_the_replay_meters_each_request_once_keeps_residency_and_spills_only_with_overflow_on(tmp_path, capsys):

@@ -8,12 +8,17 @@ tensorrt_llm/serve/openai_protocol.py); the reference backend salts both.
 
 from __future__ import annotations
 
+import pytest
+
 from fleetcast.config import parse_config
 from fleetcast.contract.isolation import SALT_FIELD, cache_salt, salt_group
 from runtime.gateway.salting import Salting, pinned_groups
 
 from .conftest import ANALYTICS_VPCE, MODEL_ID, VOICE_VPCE, fleet_config, run, start_harness, stop_harness
 from .fakes import one_request
+
+# Gateways and fake engines as forks of this worker's fork server for them (tests/conftest.py, forked_gateways).
+pytestmark = pytest.mark.usefixtures("forked_gateways")
 
 KEY = b"k" * 32
 CHAT = "/v1/chat/completions"

@@ -27,6 +27,8 @@ from runtime.gateway.discovery import JITTER, STALE_AFTER, AsgPeerSource, Peer, 
 
 ROOT = Path(__file__).resolve().parents[2]
 REGION = "us-east-1"
+# With the other discovery module, on one worker: moto's EC2 is imported and made once (2-3 s of CPU a worker).
+pytestmark = pytest.mark.xdist_group("moto-ec2")
 
 
 def spill_config(spot: bool = False):
@@ -38,14 +40,11 @@ def spill_config(spot: bool = False):
     return parse_config(data, "<discovery test>")
 
 
-_IMAGE: list[str] = []
-
-
-def _an_image(ec2) -> str:
-    """One of moto's built-in images (the same after every reset): listed once per run, not per test."""
-    if not _IMAGE:
-        _IMAGE.append(str(ec2.describe_images()["Images"][0]["ImageId"]))
-    return _IMAGE[0]
+def an_image(ec2) -> str:
+    """An image of the test's own to launch from (RegisterImage; moto requires the image of RunInstances to exist).
+    The suite's moto loads none of its 1,366 built-in images (tests/conftest.py): listing them took 3-6 s of CPU
+    per test worker, and loading them again at every reset of moto 0.5 s."""
+    return str(ec2.register_image(Name="fleet-test-image")["ImageId"])
 
 
 class Region:
@@ -56,7 +55,7 @@ class Region:
         self.asg = boto3.client("autoscaling", region_name=REGION)
         vpc = self.ec2.create_vpc(CidrBlock="10.41.0.0/16")["Vpc"]["VpcId"]
         self.subnet = self.ec2.create_subnet(VpcId=vpc, CidrBlock="10.41.0.0/24")["Subnet"]["SubnetId"]
-        self.ami = _an_image(self.ec2)
+        self.ami = an_image(self.ec2)
         self.ec2.create_launch_template(LaunchTemplateName="fleet-lt",
                                         LaunchTemplateData={"ImageId": self.ami, "InstanceType": "g6e.xlarge"})
         self.groups: set[str] = set()

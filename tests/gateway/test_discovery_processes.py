@@ -24,16 +24,21 @@ from typing import Any
 from urllib.parse import urlparse
 
 import boto3
+import pytest
 
 from runtime.devtools.harness import free_port
 from runtime.gateway import ppv2
 from scripts.bench_gateway import FakeEc2Endpoints
 
 from .fakes import Client
+from .test_discovery import an_image
 from .test_spill_processes import CHECKOUT, CHECKOUT_VPCE, MODEL, REPORTS, REPORTS_VPCE, Proc, engine, run, spill_config
 
 ROOT = Path(__file__).resolve().parents[2]
 REGION = "us-east-1"
+# With the other discovery module, on one worker: moto's EC2 is imported and made once (2-3 s of CPU a worker). The
+# gateways and fake engines are forks of this worker's fork server for them (tests/conftest.py, forked_gateways).
+pytestmark = [pytest.mark.xdist_group("moto-ec2"), pytest.mark.usefixtures("forked_gateways")]
 GROUP = "spillfleet-us-east-1-l40s"
 
 
@@ -71,7 +76,7 @@ def fleet_in_moto() -> dict[str, str]:
     autoscaling = boto3.client("autoscaling", region_name=REGION)
     vpc = ec2.create_vpc(CidrBlock="127.0.0.0/16")["Vpc"]["VpcId"]
     subnet = ec2.create_subnet(VpcId=vpc, CidrBlock="127.0.0.0/24")["Subnet"]["SubnetId"]
-    ami = ec2.describe_images()["Images"][0]["ImageId"]
+    ami = an_image(ec2)
     ec2.create_launch_template(LaunchTemplateName="fleet-lt", LaunchTemplateData={"ImageId": ami,
                                                                                  "InstanceType": "g6e.xlarge"})
     autoscaling.create_auto_scaling_group(AutoScalingGroupName=GROUP, LaunchTemplate={"LaunchTemplateName": "fleet-lt"},

@@ -44,6 +44,9 @@ from .conftest import (
 )
 from .fakes import Client, one_request
 
+# Gateways and fake engines as forks of this worker's fork server for them (tests/conftest.py, forked_gateways).
+pytestmark = pytest.mark.usefixtures("forked_gateways")
+
 
 class Engine:
     """An engine process as the admission sees it: an address."""

@@ -11,6 +11,8 @@ import asyncio
 import json
 import os
 
+import pytest
+
 from fleetcast.config import parse_config
 from runtime.devtools.harness import free_port
 from runtime.gateway import ppv2
@@ -27,6 +29,9 @@ from .conftest import (
     stop_harness,
 )
 from .fakes import Client, one_request
+
+# Gateways and fake engines as forks of this worker's fork server for them (tests/conftest.py, forked_gateways).
+pytestmark = pytest.mark.usefixtures("forked_gateways")
 
 
 def streaming(n=3):

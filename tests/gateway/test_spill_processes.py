@@ -28,6 +28,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 
 from runtime.devtools.harness import free_port
@@ -41,6 +42,9 @@ from scripts.bench_overflow_replay import (
 )
 
 from .fakes import Client, completion_text
+
+# Gateways and fake engines as forks of this worker's fork server for them (tests/conftest.py, forked_gateways).
+pytestmark = pytest.mark.usefixtures("forked_gateways")
 
 ROOT = Path(__file__).resolve().parents[2]
 KEY = b"k" * 48

@@ -209,7 +209,11 @@ def test_concurrent_cold_starts_build_exactly_once(aws, tmp_path):
     """Four instances start together on an empty cache (real processes, the real reference build of
     random GPT-2 weights): one builds, the others wait on the lock and download the same entry."""
     counter = tmp_path / "builds.txt"
-    ctx = multiprocessing.get_context("spawn")
+    # Forks of multiprocessing's fork server, which imports what an instance's start does once (a spawned
+    # interpreter imported boto3, the config model and the backends again: 1.5 s of CPU each); started in this
+    # test, it has `forked_engines`' environment, so the reference build is a fork too.
+    ctx = multiprocessing.get_context("forkserver")
+    ctx.set_forkserver_preload(["tests.runtime.cache_worker", "fleetcast.config", "runtime.backends"])
     procs = [ctx.Process(target=cache_worker.cold_start, args=(
         aws.moto_url, aws.bucket, str(tmp_path / f"disk{i}"), str(counter), 0, f"i-{i}",
         str(tmp_path / f"result{i}.json"), True)) for i in range(4)]

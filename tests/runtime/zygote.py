@@ -287,6 +287,7 @@ def serve(path: str, preimport: list[str], cpu_file: str) -> tuple[socket.socket
     _areas.update(_proc_areas())
     for name in preimport:
         importlib.import_module(name)
+    _share_aws_models()
     # What the forks inherit is never garbage: frozen, no collection in a fork walks it (each walk writes to the
     # collector's header of every object, and the kernel copies the page), and _end_as_main lists the fork's own.
     gc.collect()
@@ -361,6 +362,35 @@ def serve(path: str, preimport: list[str], cpu_file: str) -> tuple[socket.socket
                 pass
             conn.close()
     return None
+
+
+# The AWS services the forked processes call (gateways: EC2, Secrets Manager, SSM, Auto Scaling; the runtime: S3, SSM,
+# Auto Scaling, CloudWatch, EC2), whose models a fork would otherwise parse again from botocore's JSON files.
+AWS_SERVICES = ("ec2", "secretsmanager", "ssm", "autoscaling", "s3", "cloudwatch", "sts")
+
+
+def _share_aws_models() -> None:
+    """Every botocore session in this server and its forks reads the service models through one loader, loaded here
+    with the models of AWS_SERVICES. botocore makes a loader per session (botocore/session.py: the `data_loader`
+    component, `create_loader(data_path)`), which caches what it has read (botocore/loaders.py, instance_cache), so a
+    new session parses each model's JSON again: 0.15 s of CPU per client, two to five clients per process started.
+    A loader is what the session asks for its data, the same files read the same way; a session given AWS_DATA_PATH
+    (a search path of its own) still gets a loader of its own."""
+    try:
+        import botocore.loaders
+        import botocore.session
+    except ImportError:
+        return
+    shared = botocore.loaders.create_loader()
+    make_loader = botocore.session.create_loader
+
+    def create_loader(search_path_string: str | None = None) -> botocore.loaders.Loader:
+        return shared if not search_path_string else make_loader(search_path_string)
+
+    botocore.session.create_loader = create_loader  # type: ignore[assignment]
+    session = botocore.session.get_session()
+    for service in AWS_SERVICES:  # no call is made: a client reads its models and the endpoint rules when it is made
+        session.create_client(service, region_name="us-east-1", aws_access_key_id="warm", aws_secret_access_key="warm")
 
 
 def _end_as_main(run: Callable[[], object]) -> NoReturn:
@@ -463,7 +493,8 @@ class Zygote:
 
     def command(self, argv: list[str]) -> list[str]:
         """The launcher's argv for `argv` (an interpreter, then `-m MODULE ...`)."""
-        return [sys.executable, os.path.abspath(__file__), "run", self.socket, "--", *argv[1:]]
+        # -S: the launcher needs the standard library alone, not site's .pth files (the editable install's finder)
+        return [sys.executable, "-S", os.path.abspath(__file__), "run", self.socket, "--", *argv[1:]]
 
     def _state(self) -> dict:
         try:
@@ -899,7 +930,7 @@ def _become_local(argv: list[str], cwd, env, pipes: tuple[int, ...], keep) -> No
 # fork of the server's fork), gateways, the runtime and the CLI.
 REFERENCE_SERVER_IMPORTS = ("torch", "safetensors.torch", "runtime.reference.server", "runtime.reference.worker",
                             "runtime.reference.engine", "runtime.reference.build", "runtime.reference.model",
-                            "runtime.gateway.__main__", "runtime.bootstrap", "scripts.cli")
+                            "runtime.gateway.__main__", "runtime.bootstrap", "scripts.cli", "boto3")
 _servers: Zygote | None = None
 
 
@@ -916,9 +947,50 @@ def reference_servers() -> Zygote | None:
     return _servers
 
 
+# The gateway side of a fleet on loopback (tests/gateway, the bench scripts they run): gateways, the fake engines
+# and the bench's timed engines, forked from a server without PyTorch. Each `python -m runtime.gateway` paid 0.9 s of
+# CPU to import the config model (pydantic builds its schemas at import) and the rest; a fork of this server, about
+# 0.05 s beside its launcher's start. Its launchers stand where the process would (a child of the test that signals
+# and waits on it, its exit status); what looks at the process's own pid (/proc, its children) starts it itself.
+GATEWAY_IMPORTS = ("boto3", "runtime.gateway.__main__", "runtime.gateway.identity", "runtime.gateway.server",
+                   "runtime.gateway.spill", "runtime.gateway.discovery", "runtime.gateway.fair", "runtime.gateway.reload",
+                   "runtime.gateway.salting", "runtime.gateway.routing", "runtime.gateway.admission",
+                   "runtime.gateway.limits", "runtime.gateway.metrics", "runtime.spot", "runtime.lifecycle",
+                   "fleetcast.config", "fleetcast.config.rules", "fleetcast.config.catalog", "fleetcast.contract.spill",
+                   "fleetcast.contract.isolation", "tests.gateway.engine_process", "scripts.bench_balance",
+                   "scripts.bench_overflow_replay")
+GATEWAY_MODULES = frozenset({"runtime.gateway", "tests.gateway.engine_process", "scripts.bench_balance"})
+_gateways: Zygote | None = None
+
+
+def gateway_processes() -> Zygote | None:
+    """This worker's fork server for the gateway side, started on first use; None under TEST_NO_ZYGOTE=1."""
+    global _gateways
+    if os.environ.get("TEST_NO_ZYGOTE") == "1":
+        return None
+    if _gateways is None:
+        import atexit
+
+        _gateways = Zygote(GATEWAY_IMPORTS)
+        atexit.register(_gateways.stop)
+    return _gateways
+
+
+def launched(args: tuple, zygote: Zygote) -> tuple:
+    """`args` of a process start, as the launcher of its fork when it is `[sys.executable, "-m", MODULE, ...]` of
+    one of GATEWAY_MODULES (the whole command line otherwise, unchanged)."""
+    if len(args) >= 3 and args[0] == sys.executable and args[1] == "-m" and args[2] in GATEWAY_MODULES:
+        return tuple(zygote.command([str(a) for a in args]))
+    return args
+
+
+def servers() -> list[Zygote]:
+    return [z for z in (_servers, _gateways) if z is not None]
+
+
 def cpu_s() -> float:
-    """CPU used by this worker's fork server and the processes it forked and reaped, so far."""
-    return _servers.cpu_s() if _servers is not None else 0.0
+    """CPU used by this worker's fork servers and the processes they forked and reaped, so far."""
+    return sum(z.cpu_s() for z in servers())
 
 
 if __name__ == "__main__":

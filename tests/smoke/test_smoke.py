@@ -2,15 +2,12 @@
 
 import json
 import socket
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
+from tests.cli import run_cli
 from tests.runtime.reference_helpers import ONE_FORK_SERVER, ServerProcess
 
-ROOT = Path(__file__).resolve().parents[2]
 pytestmark = ONE_FORK_SERVER
 
 
@@ -38,8 +35,8 @@ def reference_server(tmp_path_factory):
 
 
 def cli(*args):
-    return subprocess.run([sys.executable, "-m", "scripts.cli", "smoke", *args], capture_output=True, text=True,
-                          cwd=ROOT, timeout=120)
+    """`fleetcast smoke` in this process (tests/cli.py); the server is the process here."""
+    return run_cli("smoke", *args)
 
 
 def test_smoke_prints_ttft_and_tokens(reference_server):

@@ -6,8 +6,6 @@ loopback, which lists the models it serves and answers any other id as the gatew
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -16,6 +14,7 @@ from fleetcast.bench.accuracy import TestServerProcess
 from fleetcast.bench.testserver import Timings
 from fleetcast.smoke import REFUSED, UNKNOWN_MODEL
 from tests.bench.conftest import free_port
+from tests.cli import run_cli
 
 ROOT = Path(__file__).resolve().parents[2]
 # voice-app may call gpt2-xl, qwen2.5-0.5b and qwen2.5-3b; analytics the first two only.
@@ -23,8 +22,8 @@ CONFIG = ROOT / "examples" / "multi-model" / "fleet.yaml"
 
 
 def cli(*args):
-    return subprocess.run([sys.executable, "-m", "scripts.cli", "smoke", *args], capture_output=True, text=True,
-                          cwd=ROOT, timeout=120)
+    """`fleetcast smoke` in this process (tests/cli.py): fourteen interpreters importing the CLI cost 16 s of CPU."""
+    return run_cli("smoke", *args)
 
 
 def _server(*models: str) -> TestServerProcess:

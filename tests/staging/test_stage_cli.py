@@ -2,8 +2,6 @@
 
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import boto3
@@ -105,16 +103,15 @@ def test_missing_provider_stack_says_what_to_do(env):
     (lambda d: (d / "rows.jsonl").write_text('{"text": "x"}\n' * 600), ["--name", "traffic", "--part-size-mib", "1"],
      "--part-size-mib"),
 ], ids=["no-jsonl", "too-few-rows", "bad-name", "part-size"])
-def test_stage_calibration_checks_local_input_first_without_credentials(tmp_path, setup, args, expected):
+def test_stage_calibration_checks_local_input_first_without_credentials(tmp_path, monkeypatch, setup, args, expected):
     """No credentials anywhere (no keys, no profile, no instance metadata): a problem with the local set, its
     name or the flags is reported as such, not as missing credentials (exit 4)."""
     setup(tmp_path)
-    bare = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
-    bare.update(AWS_EC2_METADATA_DISABLED="true", AWS_SHARED_CREDENTIALS_FILE=str(tmp_path / "none"),
-                AWS_CONFIG_FILE=str(tmp_path / "none"))
-    out = subprocess.run([sys.executable, "-m", "scripts.cli", "stage", "calibration", "--config", str(CONFIG),
-                          "--dir", str(tmp_path), *args], capture_output=True, text=True, env=bare, cwd=ROOT,
-                         timeout=120)
+    for key in [k for k in os.environ if k.startswith("AWS_")]:
+        monkeypatch.delenv(key)
+    bare = {"AWS_EC2_METADATA_DISABLED": "true", "AWS_SHARED_CREDENTIALS_FILE": str(tmp_path / "none"),
+            "AWS_CONFIG_FILE": str(tmp_path / "none")}
+    out = run_cli("stage", "calibration", "--config", str(CONFIG), "--dir", str(tmp_path), *args, env=bare)
     assert out.returncode in (1, 2) and expected in out.stderr, out.stderr
     assert "credentials" not in out.stderr.lower() and "Traceback" not in out.stderr
 
