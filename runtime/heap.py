@@ -37,9 +37,9 @@ import time
 from collections.abc import Callable
 
 # gc.set_threshold's threshold2: more generation-1 collections than a process makes between two idle moments (one
-# per `threshold1` young collections, each per `threshold0` allocations: 2**30 of them is days of serving at any
+# per `threshold1` young collections, each per `threshold0` allocations: 10**9 of them is days of serving at any
 # rate, and MAX_DEFER_S comes first). A C int, as set_threshold parses it.
-NO_AUTOMATIC_FULL = 1 << 30
+NO_AUTOMATIC_FULL = 10**9
 # gc.set_threshold's threshold1: generation 1 is collected every this many generation-0 collections, and walks
 # what survived them all. CPython's 10 let a gateway holding a flood walk ~9k objects at once (7-10 ms on the VM and
 # on an H100 host); 2 keeps a walk to about three young periods, and what survives goes to the oldest generation,

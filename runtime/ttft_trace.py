@@ -144,10 +144,11 @@ class Trace:
             gc.callbacks.remove(self._gc)
 
 
-def tracer(role: str, environ: Any = os.environ) -> Trace | None:
-    """The process's Trace when the switch is on, else None. Refuses a platform whose perf_counter is not
-    CLOCK_MONOTONIC: the gateway's relay stamps its first body bytes with its perf_counter reading."""
-    directory = environ.get(ENV)
+def tracer(role: str, environ: Any = None) -> Trace | None:
+    """The process's Trace when the switch is on (in `environ`, the process's environment by default), else None.
+    Refuses a platform whose perf_counter is not CLOCK_MONOTONIC: the gateway's relay stamps its first body bytes
+    with its perf_counter reading."""
+    directory = (os.environ if environ is None else environ).get(ENV)
     if not directory:
         return None
     if time.get_clock_info("perf_counter").implementation != time.get_clock_info("monotonic").implementation:

@@ -36,7 +36,7 @@ from fleetcast.contract.isolation import new_key
 from fleetcast.contract.nlb import HEALTH_PATH  # answered by the gateway: the NLB's health check
 from fleetcast.contract.spill import may_serve_in
 
-from ..ttft_trace import HEADER as TRACE_HEADER, tracer
+from ..ttft_trace import HEADER as TRACE_HEADER, Trace, tracer
 from . import ppv2
 from .admission import Admission, Ticket, local_limiter, model_not_found
 from .drain import DRAINING_MESSAGE, Drain
@@ -226,6 +226,8 @@ class Gateway:
             self.fair.start()
         if self._spill_pools and self._headroom_task is None:
             self._headroom_task = asyncio.ensure_future(self._refresh_headroom())
+        global TRACE
+        TRACE = tracer("gateway")
         if TRACE:
             TRACE.watch_loop()
             TRACE.watch_gc()
@@ -696,7 +698,9 @@ class Gateway:
 
 
 _DRAINING = Refusal(503, "draining", DRAINING_MESSAGE, "service_unavailable")
-TRACE = tracer("gateway")  # None unless the test switch is on (runtime/ttft_trace.py)
+# None unless the test switch is on (runtime/ttft_trace.py); read when the server starts, not at import: a fork of a
+# process that imported this module has its own environment (tests/runtime/test_zygote.py).
+TRACE: Trace | None = None
 
 _FORGED = Refusal(403, "peer_identity_refused", "a forwarded identity is accepted only from another gateway of this "
                   "fleet, signed with the fleet's peer key", "permission_error")

@@ -70,7 +70,7 @@ from typing import TYPE_CHECKING, Any
 from aiohttp import web
 
 from ..heap import serve_gc_policy
-from ..ttft_trace import HEADER as TRACE_HEADER, tracer
+from ..ttft_trace import HEADER as TRACE_HEADER, Trace, tracer
 from .mps_sim import MpsClientSim
 from .protocol import SamplingParams
 from .proxy import EngineLoadFailed, EngineProxy, RemoteSequence
@@ -83,7 +83,9 @@ log = logging.getLogger("fleetcast.reference.server")
 Event = tuple[int | None, str | None, float]
 
 VERSION = "fleetcast-reference-0.1"
-TRACE = tracer("http")  # None unless the test switch is on (runtime/ttft_trace.py)
+# None unless the test switch is on (runtime/ttft_trace.py); read in main, not at import (a fork's environment is
+# its own: tests/runtime/test_zygote.py).
+TRACE: Trace | None = None
 
 
 def _error(status: int, message: str, param: str | None = None) -> web.Response:
@@ -740,6 +742,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> int:
+    global TRACE
+    TRACE = tracer("http")
     args = parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     # Only the engine process imports PyTorch (worker.py); this one needs to know it is there.

@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any
 from fleetcast.contract.serving import GIB
 
 from ..heap import serve_gc_policy
-from ..ttft_trace import tracer
+from ..ttft_trace import Trace, tracer
 from . import protocol as p
 from .mps_sim import MpsClientSim
 
@@ -46,7 +46,9 @@ if TYPE_CHECKING:
 log = logging.getLogger("fleetcast.reference.worker")
 
 PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
-TRACE = tracer("engine")  # None unless the test switch is on (runtime/ttft_trace.py)
+# None unless the test switch is on (runtime/ttft_trace.py); read in main, not at import (a fork's environment is
+# its own: tests/runtime/test_zygote.py).
+TRACE: Trace | None = None
 
 
 def die_with_parent() -> None:
@@ -371,6 +373,8 @@ class EngineHost:
 
 
 def main() -> int:
+    global TRACE
+    TRACE = tracer("engine")
     die_with_parent()
     # The drain is the HTTP process's: it stops this one with STOP once its requests are done (a SIGTERM to the
     # whole group, as the supervisor sends, must not end the engine under the requests still draining).
