@@ -20,7 +20,7 @@ export CDK_DISABLE_CLI_TELEMETRY := true
 OFFLINE := env -u AWS_ACCESS_KEY_ID -u AWS_SECRET_ACCESS_KEY -u AWS_SESSION_TOKEN -u AWS_PROFILE \
            AWS_EC2_METADATA_DISABLED=true
 
-.PHONY: synth test test-fast demo deploy teardown docs bench-gateway soak-gateway bench-accuracy bench-decode bench-spot-drain bench-scaling plan-seed probe-wheels clean
+.PHONY: synth test test-fast demo deploy teardown docs bench-gateway soak-gateway bench-accuracy bench-decode bench-spot-drain bench-scaling bench-simulate plan-seed probe-wheels clean
 
 $(VENV)/.synth-deps: pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -132,6 +132,10 @@ bench-step: $(VENV)/.test-deps
 # A diurnal day with bursts through a simulated Auto Scaling group: load target alone vs + SLO protection.
 bench-scaling: $(VENV)/.synth-deps
 	$(PY) -m scripts.bench_scaling --plot build/bench-scaling.png $(BENCH_ARGS)
+
+# The planner's simulator: CPU per simulated request, with the records' digest (a change of speed keeps it).
+bench-simulate: $(VENV)/.synth-deps
+	$(PY) -m scripts.bench_simulate $(BENCH_ARGS)
 
 # Wheels the consumer-side bench probe carries (needs PyPI); bench-mode synth asks for them.
 probe-wheels: $(VENV)/.synth-deps

@@ -9,6 +9,7 @@ which GPU is decided in fleetcast/contract/support.py, not here.
 
 from __future__ import annotations
 
+import copy
 import os
 from dataclasses import dataclass
 from functools import cache
@@ -64,9 +65,22 @@ class InstanceType:
         return self.name.split(".", 1)[0]
 
 
+_PARSED: dict[str, Any] = {}  # YAML text -> what it parses to (every plan reads the same shipped tables, many times)
+
+
+def parse_yaml(text: str) -> Any:
+    """YAML(typ="safe").load(text), each distinct text parsed once per process (the pure-Python parser takes about
+    30 ms for instances.yaml, read by each plan and by each lookup of a GPU no instance type has); the caller owns
+    a copy, as from a fresh parse. Keyed by the text, so an edited file or an override table is parsed anew."""
+    if text not in _PARSED:
+        if len(_PARSED) > 64:
+            _PARSED.clear()
+        _PARSED[text] = YAML(typ="safe").load(text)
+    return copy.deepcopy(_PARSED[text])
+
+
 def _read_yaml(path: Path) -> dict[str, Any]:
-    with path.open() as handle:
-        return YAML(typ="safe").load(handle) or {}
+    return parse_yaml(path.read_text()) or {}
 
 
 def _table(name: str, env: Var | None = None) -> dict[str, Any]:

@@ -75,17 +75,18 @@ def is_example_account(account: str) -> bool:
 
 def is_placeholder_id(hex_part: str) -> bool:
     hex_part = hex_part.lower()
+    digits = [HEX.index(c) for c in hex_part]
+    steps = [(b - a) % 16 for a, b in zip(digits, digits[1:])]  # _steps(hex_part, HEX, 16)
     # Equal or counting digits, in hex order or decimal order (1234567890: 9 -> 0 counts on).
-    if max(_longest_run(_steps(hex_part, HEX, 16), {0, 1, 15}),
-           _longest_run([s if a + b != "90" else 1 for s, a, b in zip(_steps(hex_part, HEX, 16), hex_part, hex_part[1:])],
+    if max(_longest_run(steps, {0, 1, 15}),
+           _longest_run([s if a + b != "90" else 1 for s, a, b in zip(steps, hex_part, hex_part[1:])],
                         {1})) >= PLACEHOLDER_RUN:
         return True
-    # Two interleaved counting runs of four or more each: 1a2b3c4d, 0f1e2d3c.
-    for start in range(len(hex_part) - 7):
-        window = hex_part[start:start + 8]
-        if all(_longest_run(_steps(window[k::2], HEX, 16), {1, 15}) == 4 for k in (0, 1)):
-            return True
-    return False
+    # Two interleaved counting runs of four or more each: 1a2b3c4d, 0f1e2d3c. In each window of eight, the even and
+    # the odd digits each make three equal steps of +1 or -1; a step between digits two apart is read once.
+    skips = [(b - a) % 16 for a, b in zip(digits, digits[2:])]
+    return any(all(skips[start + k] == skips[start + k + 2] == skips[start + k + 4] in (1, 15) for k in (0, 1))
+               for start in range(len(hex_part) - 7))
 
 
 def is_example_bucket(bucket: str) -> bool:

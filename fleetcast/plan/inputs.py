@@ -7,7 +7,6 @@ same shape can override; loaders raise UserError naming the flag and field.
 
 from __future__ import annotations
 
-import copy
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -16,7 +15,6 @@ from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
-from ruamel.yaml import YAML
 from ruamel.yaml.error import YAMLError
 
 from fleetcast.config import catalog
@@ -30,17 +28,9 @@ from .traffic import validation_summary
 DATA_DIR = catalog.DATA_DIR
 
 
-_PARSED: dict[str, Any] = {}  # file text -> what it parses to (every plan reads the same shipped tables)
-
-
 def _read_yaml(path: Path, flag: str) -> Any:
     try:
-        text = path.read_text()
-        if text not in _PARSED:
-            if len(_PARSED) > 64:
-                _PARSED.clear()
-            _PARSED[text] = YAML(typ="safe").load(text)
-        return copy.deepcopy(_PARSED[text])  # callers own what they get, as from a fresh parse
+        return catalog.parse_yaml(path.read_text())
     except FileNotFoundError:
         raise UserError(f"{flag}: {path} does not exist") from None
     except YAMLError as exc:

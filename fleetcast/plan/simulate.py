@@ -25,7 +25,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from .queueing import Limits, Prediction, ServiceModel
 
@@ -34,13 +34,14 @@ if TYPE_CHECKING:
 
 # One stream of arrivals a pool serves: (hourly rps, hourly burstiness, output tokens: a mean or {tokens: share}).
 Member = tuple[list[float], list[float], Any]
-_Tables = tuple[list[float], list[tuple[float, float]], list[tuple[float, float]]]
+_Tables = tuple[list[float], list[tuple[float, float, float, float]]]
 
 # Event kinds.
 _DONE, _FIRST, _READY, _TICK = 0, 1, 2, 3
+_TWOPI = math.tau  # Random.gauss's TWOPI (random.py: from math import tau as TWOPI)
 
 
-@dataclass
+@dataclass(slots=True)
 class Record:
     arrival_s: float
     ttft_ms: float
@@ -74,7 +75,7 @@ class _Instance:
         self.deferred: tuple[Any, ...] | None = None
 
 
-@dataclass
+@dataclass(slots=True)
 class Arrival:
     t_s: float
     stream: int
@@ -101,7 +102,6 @@ class FleetSim:
         self._area_t = 0.0
         self._in_flight = 0
         self.unrouted = 0
-        self._live: list[_Instance] | None = None
         self._tab: _Tables | None = None  # per-batch service tables, built by the first run()
 
     # -- fleet changes (the Auto Scaling side calls these) --
@@ -119,7 +119,6 @@ class FleetSim:
             inst.routable = True
             inst.t_u = self.now_ms
             self.instances.append(inst)
-        self._live = None
 
     def drain_one(self) -> bool:
         """Stop routing to the least-loaded routable instance; it leaves when its requests finish."""
@@ -127,7 +126,6 @@ class FleetSim:
         if len(live) <= 1:
             return False
         inst = min(live, key=lambda i: (i.active + len(i.queue), -i.idx))
-        self._live = None
         inst.routable = False
         inst.draining = True
         if inst.active == 0:
@@ -167,8 +165,11 @@ class FleetSim:
     # The loop below is the simulator's hot path (a few microseconds per request): the per-batch service figures
     # are read from tables built once per simulation (the same ServiceModel values, indexed by the integer batch),
     # and the handlers (arrive, admit, first token, complete, finish, reschedule) are inlined with their state in
-    # locals. Every random draw and every floating-point operation happens in the same order as in the plain
-    # version of this loop, so the results are identical to the bit.
+    # locals; so are Random.choice and Random.gauss (the same calls into the generator, the same arithmetic), and the
+    # sim's own counters, written back before a tick or a rare handler (_admit from a queue, _finish of a one-token
+    # request) reads them. Every random draw and every floating-point operation happens in the same order as in the
+    # plain version of this loop, so the results are identical to the bit (pinned in
+    # tests/plan/test_sizing_from_arrivals.py).
     #
     # Completions: every change of an instance's batch moves its next completion, so each one schedules a new
     # completion event (its own time and seq) and the previous one goes stale. An event that is scheduled behind
@@ -178,12 +179,13 @@ class FleetSim:
     # in the same order.
 
     def _tables(self) -> _Tables:
-        """Per integer batch 0..cap: the step (ms), and the TTFT and ITL-factor lognormals as (mu, sigma)."""
+        """Per integer batch 0..cap: the step (ms), and the TTFT and ITL-factor lognormals as (mu, sigma, mu,
+        sigma)."""
         if self._tab is None:
             m = self.model
             levels = range(int(self.cap or 0) + 1)
-            self._tab = ([m.step_ms(b) for b in levels], [(m.ttft(b).mu, m.ttft(b).sigma) for b in levels],
-                         [(m.itl_factor(b).mu, m.itl_factor(b).sigma) for b in levels])
+            self._tab = ([m.step_ms(b) for b in levels],
+                         [(m.ttft(b).mu, m.ttft(b).sigma, m.itl_factor(b).mu, m.itl_factor(b).sigma) for b in levels])
         return self._tab
 
     def run(self, arrivals: list[Arrival], until_s: float, tick_s: float | None = None,
@@ -191,25 +193,31 @@ class FleetSim:
         """Serve `arrivals` (sorted by time) until `until_s`; call on_tick(sim, t_s) every tick_s."""
         if tick_s:
             self._push(tick_s * 1000.0, _TICK, None, None)
-        steps, ttfts, itls = self._tables()
+        steps, draws = self._tables()
         events = self._events
         heappush, heappop = heapq.heappush, heapq.heappop
-        exp, gauss, choice = math.exp, self.rng.gauss, self.rng.choice
+        exp, log, sqrt, cos, sin = math.exp, math.log, math.sqrt, math.cos, math.sin
+        rng = self.rng
+        rand, getrandbits = rng.random, rng.getrandbits
         records = self.records
         inf = math.inf
         cap = int(self.cap or 0)
         k, n = 0, len(arrivals)
         until_ms = until_s * 1000.0
         next_arrival = arrivals[0].t_s * 1000.0 if n else inf
+        # The simulation's running state, in locals; written back (_sync) before anything else reads it.
+        area, area_t, in_flight, seq, gauss_next = self._got()
+        live: list[_Instance] | None = None
+        n_live = bits = 0
+        t = self.now_ms
         while True:
             if events and events[0][0] <= next_arrival:
                 t = events[0][0]
                 if t > until_ms:
                     break
-                _, seq, kind, inst, req, version = heappop(events)
-                self.now_ms = t
+                _, ev_seq, kind, inst, req, version = heappop(events)
                 if kind == _DONE:
-                    if seq == inst.anchor_seq:
+                    if ev_seq == inst.anchor_seq:
                         inst.anchor_seq = 0
                         d = inst.deferred
                         if d is not None:  # the completion waiting behind this one: due after it
@@ -224,15 +232,17 @@ class FleetSim:
                     inst.t_u = t
                     req = heappop(inst.decoding)[2]
                     # finish
-                    self._area += self._in_flight * (t - self._area_t)
-                    self._area_t = t
+                    area += in_flight * (t - area_t)
+                    area_t = t
                     a = req[0]
                     inst.active -= 1
-                    self._in_flight -= 1
+                    in_flight -= 1
                     records.append(Record(a.t_s, req[1] - a.t_s * 1000.0, (t - req[1]) / (a.output_tokens - 1),
                                           t / 1000.0, a.stream, req[3]))  # decoding: output_tokens > 1
                     if inst.queue:
+                        self._put(area, area_t, in_flight, seq, gauss_next)
                         self._admit(inst, inst.queue.popleft(), t)
+                        area, area_t, in_flight, seq, gauss_next = self._got()
                     elif inst.draining and inst.active == 0:
                         inst.gone_s = t / 1000.0
                 elif kind == _FIRST:
@@ -242,72 +252,103 @@ class FleetSim:
                     req[1] = t
                     out = req[0].output_tokens
                     if out <= 1:
+                        self._put(area, area_t, in_flight, seq, gauss_next)
                         self._finish(inst, t, req)
+                        area, area_t, in_flight, seq, gauss_next = self._got()
                     else:
-                        self._seq += 1
-                        heappush(inst.decoding, (inst.phi + (out - 1) * req[2], self._seq, req))
+                        seq += 1
+                        heappush(inst.decoding, (inst.phi + (out - 1) * req[2], seq, req))
                 elif kind == _READY:
                     if inst.gone_s is None and not inst.draining:
-                        self._account(t)
-                        self._live = None
+                        area += in_flight * (t - area_t)
+                        area_t = t
+                        live = None
                         inst.routable = True
                         inst.t_u = t
                     continue
-                else:  # _TICK
+                else:  # _TICK: the callback sees (and may change) the fleet as it is now
                     assert on_tick is not None and tick_s is not None  # a tick is pushed only with both
+                    self.now_ms = t
+                    self._put(area, area_t, in_flight, seq, gauss_next)
                     on_tick(self, t / 1000.0)
                     self._push(t + tick_s * 1000.0, _TICK, None, None)
+                    area, area_t, in_flight, seq, gauss_next = self._got()
+                    live = None
                     continue
             else:
                 t = next_arrival
                 if t > until_ms or t == inf:
                     break
-                self.now_ms = t
                 a = arrivals[k]
                 k += 1
                 next_arrival = arrivals[k].t_s * 1000.0 if k < n else inf
                 # arrive: the NLB picks a routable instance at random
-                live = self._live
                 if live is None:
-                    live = self._live = [i for i in self.instances if i.routable]
-                if not live:
+                    live = [i for i in self.instances if i.routable]
+                    n_live = len(live)
+                    bits = n_live.bit_length()
+                if not n_live:
                     self.unrouted += 1
                     records.append(Record(a.t_s, inf, None, a.t_s, a.stream, False, ok=False))
                     continue
-                inst = choice(live)  # = live[randrange(len(live))]: the same draw, one call fewer
+                # rng.choice(live), inlined: Random._randbelow's draw (getrandbits(k) until below len(live))
+                r = getrandbits(bits)
+                while r >= n_live:
+                    r = getrandbits(bits)
+                inst = live[r]
                 req = [a, 0.0, 0.0, False]  # arrival, first-token ms, ITL factor, queued
                 if inst.active >= cap:
                     req[3] = True
                     inst.queue.append(req)
                     continue
                 # admit (as _admit; its reschedule follows below)
-                self._area += self._in_flight * (t - self._area_t)
-                self._area_t = t
+                area += in_flight * (t - area_t)
+                area_t = t
                 if inst.decoding and t > inst.t_u:
                     inst.phi += (t - inst.t_u) / steps[inst.active]
                 inst.t_u = t
                 inst.active = b = inst.active + 1
-                self._in_flight += 1
-                mu, sigma = ttfts[b]
-                ttft = exp(mu + sigma * gauss(0.0, 1.0)) if sigma else exp(mu)
-                mu, sigma = itls[b]
-                req[2] = exp(mu + sigma * gauss(0.0, 1.0)) if sigma else exp(mu)
-                self._seq += 1
-                heappush(events, (t + ttft, self._seq, _FIRST, inst, req, 0))
+                in_flight += 1
+                # The TTFT and the ITL factor at the batch it joins: LogNormal.sample's exp(mu + sigma * rng.gauss(0.0,
+                # 1.0)) for each. Both lognormals spread and no Box-Muller value kept from a previous draw: the two
+                # draws are the two values of one pair, as Random.gauss makes them (random.py), inlined.
+                mu, sigma, mu2, sigma2 = draws[b]
+                if sigma and sigma2 and gauss_next is None:
+                    x2pi = rand() * _TWOPI
+                    g2rad = sqrt(-2.0 * log(1.0 - rand()))
+                    ttft = exp(mu + sigma * (cos(x2pi) * g2rad))
+                    req[2] = exp(mu2 + sigma2 * (sin(x2pi) * g2rad))
+                else:  # a degenerate lognormal (no draw) or an odd number of draws before: the generator's own calls
+                    self._put(area, area_t, in_flight, seq, gauss_next)
+                    ttft = self.model.ttft(b).sample(rng)
+                    req[2] = self.model.itl_factor(b).sample(rng)
+                    area, area_t, in_flight, seq, gauss_next = self._got()
+                seq += 1
+                heappush(events, (t + ttft, seq, _FIRST, inst, req, 0))
             # reschedule (as _reschedule): the next completion at the current batch (every path here changed it)
             inst.version += 1
             if inst.decoding:
                 left = inst.decoding[0][0] - inst.phi
                 when = t + (0.0 if left < 0.0 else left) * steps[inst.active]  # max(left, 0.0), inlined
-                self._seq += 1
+                seq += 1
                 if inst.anchor_seq and inst.anchor_t <= when:
-                    inst.deferred = (when, self._seq, _DONE, inst, None, inst.version)
+                    inst.deferred = (when, seq, _DONE, inst, None, inst.version)
                 else:
-                    heappush(events, (when, self._seq, _DONE, inst, None, inst.version))
-                    inst.anchor_t, inst.anchor_seq, inst.deferred = when, self._seq, None
+                    heappush(events, (when, seq, _DONE, inst, None, inst.version))
+                    inst.anchor_t, inst.anchor_seq, inst.deferred = when, seq, None
             else:
                 inst.deferred = None
+        self._put(area, area_t, in_flight, seq, gauss_next)
         self.now_ms = until_ms
+
+    def _got(self) -> tuple[float, float, int, int, float | None]:
+        """The loop's running state: the load integral and its time, requests in flight, the event seq, and the
+        second value of the generator's last Box-Muller pair (random.Random keeps it in gauss_next)."""
+        return self._area, self._area_t, self._in_flight, self._seq, cast(Any, self.rng).gauss_next
+
+    def _put(self, area: float, area_t: float, in_flight: int, seq: int, gauss_next: float | None) -> None:
+        self._area, self._area_t, self._in_flight, self._seq = area, area_t, in_flight, seq
+        cast(Any, self.rng).gauss_next = gauss_next
 
     def _push(self, t: float, kind: int, inst: _Instance | None, payload: Any, version: int = 0) -> None:
         self._seq += 1

@@ -68,7 +68,13 @@ def test_bench_scaling_draws_instances_and_slo_windows_per_policy(saved, tmp_pat
 
     png = tmp_path / "day.png"
     assert bench_scaling(["--hours", "1", "--peak-rps", "20", "--plot", str(png)]) == 0
-    assert png.is_file() and f"picture: {png}" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert png.is_file() and f"picture: {png}" in out
+    # What it prints for both policies (the one run of the bench in the suite: tests/plan/test_bench_scaling_group.py
+    # tests its group minute by minute).
+    assert "(a) load target" in out and "(b) load target" in out and "+ SLO protection" in out
+    assert "windows in SLO" in out and "requests in SLO" in out and "instance-hours" in out
+    assert "cold 127 s" in out and "1.31" in out
     fig = saved["day.png"]
     arrivals, inst, windows = fig.axes
     assert list(arrivals.get_lines()[0].get_ydata()) == diurnal_trace(20.0, 11, 1.0)

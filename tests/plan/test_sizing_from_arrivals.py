@@ -118,6 +118,32 @@ def test_the_simulator_is_deterministic_and_conserves_requests():
     assert len(sim.records) == len(arrivals) and area_s == pytest.approx(held, rel=1e-9)
 
 
+def test_the_simulators_results_are_pinned_to_the_bit():
+    # The event loop is the planner's hot path and is tuned for speed (its state in locals, Random.gauss and
+    # Random.choice inlined); every draw and float operation must stay as the plain loop made them. Every path
+    # of the loop is taken: full batches queueing (cap 6), one-token outputs, launches, ticks and drains. The
+    # digest is of the records the loop made before it was tuned (commit 07bdc97).
+    import hashlib
+    import random
+
+    from fleetcast.plan.inputs import load_candidates
+    from fleetcast.plan.simulate import length_sampler
+
+    model = model_for(load_candidates([str(SEED / "results" / "g5.xlarge-fp16.json")])[0].curve)
+    rng = random.Random(3)
+    arrivals = sorted(poisson_arrivals([8.0, 12.0], 0, 0.0, length_sampler({"1": 0.2, "64": 0.5, "300": 0.3}, rng), rng)
+                      + poisson_arrivals([4.0, 4.0], 1, 0.0, length_sampler(128, rng), rng), key=lambda a: a.t_s)
+    sim = FleetSim(model, seed=4, cap=6)
+    sim.start(2)
+    sim.run(arrivals, until_s=400.0, tick_s=20.0,
+            on_tick=lambda s, t_s: s.launch(5.0) if t_s < 50 else s.drain_one())
+    rows = [(r.arrival_s, r.ttft_ms, r.itl_ms, r.done_s, r.stream, r.queued, r.ok) for r in sim.records]
+    assert (len(rows), sum(r.queued for r in sim.records), sum(r.itl_ms is None for r in sim.records),
+            len(sim.instances)) == (1637, 1210, 246, 4)
+    assert hashlib.sha256(repr(rows).encode()).hexdigest() == \
+        "911a953e495ae772d0359077b5e84f066fcf4df47b11effa7a76694c77d7d60e"
+
+
 def test_simulate_cli_prints_the_comparison_and_exits_0_when_they_agree(capsys):
     code = main(["plan", "simulate", "--results", RESULTS, "--traffic", str(SEED / "traffic-seoul-arrivals.yaml"),
                  "--config", str(ROOT / "config" / "fleet.yaml"), "--max-hours", "1"])
