@@ -522,11 +522,10 @@ class FairAdmission:
                     leaving.append((waiter, refusal))
             if len(kept) != len(queue):
                 rebuilt[consumer] = kept
-        with self.state.lock:  # the shared counts, for the waiters that leave
+        with self.state.lock:  # the shared counts, for the waiters that leave: one change an account
             for consumer, kept in rebuilt.items():
                 gone = len(group.queues[consumer]) - len(kept)
-                for _ in range(gone):
-                    group._activity(consumer, -1, waiting=True)
+                group._activity(consumer, -gone, waiting=True)
                 group._set_int(group.group_at, group._int(group.group_at) - gone)
                 group.queues[consumer] = kept
             group._publish_head()
@@ -536,15 +535,21 @@ class FairAdmission:
                 waiter.future.set_result(refusal)
 
     def _withdraw(self, group: _Group, waiter: _Waiter, refusal: Refusal) -> None:
-        """Take a waiter out of its queue and answer it `refusal` (if no slot was granted meanwhile)."""
-        with self.state.lock:
-            queue = group.queues.get(waiter.consumer)
-            if queue is not None and waiter in queue:
-                queue.remove(waiter)
-                group._activity(waiter.consumer, -1, waiting=True)
-                group._set_int(group.group_at, group._int(group.group_at) - 1)
-                group._publish_head()
-                self._dispatch(group)  # another worker's waiter may be the best now
+        """Take a waiter out of its queue and answer it `refusal` (if no slot was granted meanwhile).
+
+        The queue is this worker's own (no other process reads it), so it is searched before the lock is taken: a
+        flood's queue holds thousands, and a search under the lock would stall every worker's admissions for it."""
+        queue = group.queues.get(waiter.consumer)
+        if queue is None or waiter not in queue:
+            if not waiter.future.done():
+                waiter.future.set_result(refusal)
+            return
+        queue.remove(waiter)
+        with self.state.lock:  # the shared counts only: O(1) whatever the queue's length
+            group._activity(waiter.consumer, -1, waiting=True)
+            group._set_int(group.group_at, group._int(group.group_at) - 1)
+            group._publish_head()
+            self._dispatch(group)  # another worker's waiter may be the best now
         if not waiter.future.done():
             waiter.future.set_result(refusal)
 

@@ -1150,3 +1150,99 @@ def test_an_account_below_its_share_never_passes_its_own_waiting_requests():
     order = run(body())
     # Its waiting requests go first, in the order it sent them; the late one (99) after all of them.
     assert order and order == sorted(order), f"a request passed its own account's waiting ones: admitted {order}"
+
+
+class CountingLock:
+    """The shared lock, with the Python calls made while it is held counted (sys.setprofile): what every other worker
+    waits for. A C-level scan of a queue (`in`, `remove`) shows as calls of the waiters' `__eq__` (CountedWaiter)."""
+
+    def __init__(self, lock) -> None:
+        self.lock, self.held, self.calls = lock, False, 0
+
+    def __enter__(self):
+        self.lock.acquire()
+        self.held = True
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.held = False
+        self.lock.release()
+
+    def profile(self, _frame, event, _arg) -> None:
+        if self.held and event == "call":
+            self.calls += 1
+
+
+class CountedWaiter(fair._Waiter):
+    def __eq__(self, other: object) -> bool:  # a queue search compares each waiter it passes
+        return self is other
+
+    __hash__ = object.__hash__
+
+
+def calls_under_the_lock(waiting: int) -> dict[str, int]:
+    """Python calls made under the shared lock by each operation of fair admission, with `waiting` of a flood's
+    requests waiting for the one slot of an engine process: a quiet request that queues, a waiting request whose task
+    is cancelled (from the middle of the flood's queue), a sweep that finds half the flood's clients gone, a release."""
+    _, (voice, analytics) = consumers(**{"voice-app": {"max_queued": 10000}})
+    counts: dict[str, int] = {}
+
+    async def body() -> None:
+        admission = one_slot((voice, analytics), poll_s=3600)
+        lock = admission.state.lock = CountingLock(admission.state.lock)
+        held = await admission.acquire("voice-app", MODEL_ID, lambda: False)
+        left = [False] * waiting
+        flood = [asyncio.ensure_future(admission.acquire("voice-app", MODEL_ID, lambda i=i: left[i]))
+                 for i in range(waiting)]
+        await settle()
+
+        def counted(name: str, operation) -> None:
+            lock.calls = 0
+            sys.setprofile(lock.profile)
+            try:
+                operation()
+            finally:
+                sys.setprofile(None)
+            counts[name] = lock.calls
+
+        async def stepped(name: str) -> None:  # a task's next step (it takes the lock) under the profiler
+            lock.calls = 0
+            sys.setprofile(lock.profile)
+            try:
+                await asyncio.sleep(0)
+            finally:
+                sys.setprofile(None)
+            counts[name] = lock.calls
+
+        quiet = asyncio.ensure_future(admission.acquire("analytics", MODEL_ID, lambda: False))
+        await stepped("queue")
+        flood[waiting // 2].cancel()
+        await stepped("withdraw")
+        for i in range(0, waiting, 2):
+            left[i] = True
+        counted("sweep", admission._sweep_waiters)
+        counted("release", lambda: admission.release("voice-app", MODEL_ID, held))
+        admission.flush(fair.CLIENT_GONE)
+        await settle()
+        for f in (*flood, quiet):
+            f.cancel()
+        await asyncio.gather(*flood, quiet, return_exceptions=True)
+        admission.stop()
+
+    original = fair._Waiter
+    fair._Waiter = CountedWaiter  # type: ignore[misc]
+    try:
+        run(body())
+    finally:
+        fair._Waiter = original  # type: ignore[misc]
+    return counts
+
+
+def test_no_operation_under_the_shared_lock_scales_with_the_requests_waiting():
+    """Every gateway worker waits for the shared lock, a quiet account's acquire too, so what is done under it must not
+    grow with a flood's backlog (the fairness bench lets the neighbour queue 10,000). Before: a cancelled waiter was
+    searched for and removed from its account's queue under the lock (a pass over the flood's queue), and a sweep
+    counted out each departed waiter one call at a time under the lock (thousands when a flood's client left)."""
+    small, large = calls_under_the_lock(40), calls_under_the_lock(2000)
+    assert set(small) == {"queue", "withdraw", "sweep", "release"}
+    assert large == small, f"calls under the lock with 40 waiting {small}, with 2000 {large}"
