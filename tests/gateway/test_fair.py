@@ -1246,3 +1246,38 @@ def test_no_operation_under_the_shared_lock_scales_with_the_requests_waiting():
     small, large = calls_under_the_lock(40), calls_under_the_lock(2000)
     assert set(small) == {"queue", "withdraw", "sweep", "release"}
     assert large == small, f"calls under the lock with 40 waiting {small}, with 2000 {large}"
+
+
+def test_a_traced_request_notes_what_decided_its_admission_and_what_handed_it_a_slot():
+    """With the TTFT trace on (the note: the request's gateway stamps), acquire records the outcome and what it read:
+    every account's [held, waiting], the engine's held requests and the cap, the wait for the shared lock; a request
+    that queued records which path handed it its slot and the counts then. So a device run names why a quiet request
+    waited (bench/FAIRNESS_DEVICE.md, call 4: five quiet requests waited 45-76 ms at the gateway, unexplained)."""
+    async def body():
+        admission = flood_and_quiet(4)
+        notes = [{} for _ in range(6)]
+        flood = [await admission.acquire("voice-app", MODEL_ID, lambda: False, notes[i]) for i in range(3)]
+        quiet = await admission.acquire("analytics", MODEL_ID, lambda: False, notes[3])  # within its part of 2
+        waits = asyncio.ensure_future(admission.acquire("analytics", MODEL_ID, lambda: False, notes[4]))
+        await settle()
+        assert not waits.done()  # the cap of 4 is full
+        admission.release("voice-app", MODEL_ID, flood[0])
+        await settle()
+        assert waits.done()
+        full = asyncio.ensure_future(admission.acquire("voice-app", MODEL_ID, lambda: False, notes[5]))
+        await settle()
+        admission.flush(fair.CLIENT_GONE)
+        await settle()
+        del quiet, full
+        return [n["fair"] for n in notes]
+
+    alone, _, third, within, queued, flood_queued = run(body())
+    assert alone["outcome"] == "within_part" and alone["asked"]["accounts"] == {"voice-app": [0, 0],
+                                                                              "analytics": [0, 0]}
+    assert third["outcome"] == "within_part"  # alone, its part is the whole cap
+    assert within["outcome"] == "within_part" and within["asked"]["accounts"]["voice-app"] == [3, 0]
+    assert queued["outcome"] == "queued:cap_full"
+    assert queued["asked"]["used"] == 4 and queued["asked"]["cap"] == 4
+    assert queued["asked"]["lock_got"] >= queued["asked"]["lock_asked"]
+    assert queued["granted"]["via"] == "release" and queued["granted"]["accounts"]["analytics"] == [1, 1]  # as the hand-over read them
+    assert flood_queued["outcome"] == "queued:cap_full" and "granted" not in flood_queued
