@@ -675,9 +675,11 @@ class FairAdmission:
 
         The best waiter of all goes next if it may (`_Group.standing`); if not (its account is beyond its part and
         the free room is reserved for others), the best of this worker's waiters whose accounts are within their
-        parts. `relay`: when the best is another worker's, or this worker has nobody who may go, poke the others
-        (not when a poke or a poll brought us here: two workers without one would poke each other for ever; each
-        also polls)."""
+        parts. `relay`: when the best is another worker's, or this worker has nobody who may go, poke the others.
+        Not when a poke or a poll brought us here and we handed nothing over (two workers would poke each other for
+        ever); once we handed a slot over we poke too, so every such poke follows a grant: a bunch of slots freed
+        at once reaches every worker's waiters (the poked one grants its own, then passes the next slot on), not
+        only the first owner's, the others' waiting beside a free slot for their worker's next event or poll."""
         ints, waiting_i = group._ints, group.group_i
         while ints[waiting_i] > 0:
             index = group._free_pool(group.cap)
@@ -717,6 +719,7 @@ class FairAdmission:
                     self._noted(best.note, group, "granted", time.monotonic())
                     best.note["fair"]["granted"]["via"] = self._via
                 best.future.set_result(group._grant_waiting(index, best))
+                relay = True  # progress: a poke from here on follows a grant
             group._publish_head()
 
     def _may_go(self, group: _Group, owner: int) -> bool:

@@ -1281,3 +1281,33 @@ def test_a_traced_request_notes_what_decided_its_admission_and_what_handed_it_a_
     assert queued["asked"]["lock_got"] >= queued["asked"]["lock_asked"]
     assert queued["granted"]["via"] == "release" and queued["granted"]["accounts"]["analytics"] == [1, 1]  # as the hand-over read them
     assert flood_queued["outcome"] == "queued:cap_full" and "granted" not in flood_queued
+
+
+def test_a_worker_woken_to_hand_over_a_slot_passes_the_next_free_one_on_to_the_worker_whose_request_it_is_owed():
+    """Two slots free at once (a bunch of requests that ended in one engine iteration) and the quiet account's two
+    waiting requests in two workers: the releasing worker pokes the owner of the best, which grants its own and then
+    finds the best is the other worker's. It used to stop there (a worker woken by a poke never poked back, lest two
+    workers poke each other for ever), so the quiet request waited beside a free slot until some later event in its
+    worker or the poll (0.5 s in the gateway). A woken worker that handed a slot over has made progress, so it may
+    poke: every poke then follows a grant, and no two workers poke each other without end."""
+    async def body():
+        a, b = two_admissions(cap=4)
+        for admission in (a, b):
+            admission.start()
+        try:
+            flood = [await b.acquire("voice-app", MODEL_ID, lambda: False) for _ in range(4)]  # alone: the cap
+            first = asyncio.ensure_future(a.acquire("analytics", MODEL_ID, lambda: False))
+            await turns()
+            second = asyncio.ensure_future(b.acquire("analytics", MODEL_ID, lambda: False))
+            await turns()
+            assert not first.done() and not second.done()  # the cap is full
+            b.release("voice-app", MODEL_ID, flood.pop())  # two of the flood's end together, in worker b
+            b.release("voice-app", MODEL_ID, flood.pop())
+            await turns()
+            return first.done(), second.done(), b.waiting() + a.waiting()
+        finally:
+            for admission in (a, b):
+                admission.flush(fair.CLIENT_GONE)
+                admission.stop()
+
+    assert run(body()) == (True, True, 0)
