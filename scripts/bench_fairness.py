@@ -4,7 +4,7 @@
         [--flood 3] [--lead 5] [--capacity-s 10] [--device cpu|cuda] [--gateway-workers 1] [--no-pin]
         [--engine-cpus L --gateway-cpus L --quiet-cpus L --flood-cpus L] [--cpu-runs 7] [--skip-off]
         [--ttft-trace] [--json FILE] [--out DIR]
-    python -m scripts.bench_fairness simulate [CAP ...]   (the admission code alone: `simulated_waits`)
+    python -m scripts.bench_fairness simulate [CAP ...] [--prefill-ms=MS]   (the admission code alone: `simulated_waits`)
 
 One reference server (tiny GPT-2, `--batch` its max batch size, one torch thread; on the CPU, or on the GPU
 with `--device cuda`, where its decode steps are CUDA graph replays) behind `python -m runtime.gateway` (PROXY
@@ -830,7 +830,8 @@ async def main_async(args: argparse.Namespace) -> dict:
 
 async def simulated_waits(cap: int, workers: int = 2, seconds: float = 10.0, tokens: int = 64, step_ms: float = 0.6,
                           per_seq_ms: float = 0.025, quiet_share: float = 0.15, flood: float = 3.0, lead: float = 2.0,
-                          seed: int = 1, stall_ms: float = 0.0, stall_every_s: float = 0.5) -> dict:
+                          seed: int = 1, stall_ms: float = 0.0, stall_every_s: float = 0.5,
+                          prefill_ms: float = 0.0) -> dict:
     """The admission code alone (runtime/gateway/fair.py, `workers` gateway workers' admissions sharing one state,
     in process) in front of a simulated engine process, in virtual time: deterministic for a seed, whatever the
     machine's load. The engine runs continuous batching as the reference engine does: each iteration admits the
@@ -847,7 +848,10 @@ async def simulated_waits(cap: int, workers: int = 2, seconds: float = 10.0, tok
     `stall_ms`: the engine stops that long once every `stall_every_s` (the step under way then lasts that much
     longer), as the device's engine queue says it did (bench/FAIRNESS_DEVICE.md); `quiet_least_own_when_waiting`: the
     fewest requests the quiet account held or waited for when one of its requests counted in `waited_later` had to
-    wait (None: none did)."""
+    wait (None: none did). `prefill_ms`: what each request an iteration admits adds to that iteration (its prefill:
+    2-8 ms an iteration that admitted one on the H100 host, bench/FAIRNESS_DEVICE.md call 4), so that a burst
+    stretches every request's time as on the device; `quiet_own_when_waiting`: how many the quiet account held or
+    waited for at each of its requests that waited (a histogram: at or past its part, the burst is the cause)."""
     from fleetcast.config import parse_config
     from runtime.gateway.fair import CLIENT_GONE, FairAdmission
     from runtime.gateway.identity import Refusal
@@ -880,6 +884,7 @@ async def simulated_waits(cap: int, workers: int = 2, seconds: float = 10.0, tok
     granted: list[tuple[str, FairAdmission]] = []
     batch: list[list] = []  # [account, tokens left, its admission]
     stepping, waits, settled, tasks, most, own_at_wait = [False], [], [], [], [0], []
+    own_any: list[int] = []
 
     async def request(who: str, admission: FairAdmission) -> None:
         asked = now[0]
@@ -889,6 +894,8 @@ async def simulated_waits(cap: int, workers: int = 2, seconds: float = 10.0, tok
             return
         if who == QUIET[0]:
             waits.append((now[0] - asked) * 1000)
+            if now[0] > asked:
+                own_any.append(own)
             if asked >= lead + 2 * request_s + stall_ms / 1000:  # the neighbour's requests from before have ended
                 settled.append(now[0] - asked)
                 if now[0] > asked:
@@ -912,9 +919,10 @@ async def simulated_waits(cap: int, workers: int = 2, seconds: float = 10.0, tok
             turn += 1
         elif kind == "step":
             batch.extend([account, tokens, admission] for account, admission in granted)
+            admitted = len(granted)
             granted.clear()
             if batch:
-                took = (step_ms + per_seq_ms * len(batch)) / 1000
+                took = (step_ms + per_seq_ms * len(batch) + prefill_ms * admitted) / 1000
                 if stall_ms and int(now[0] / stall_every_s) != int((now[0] + took) / stall_every_s):
                     took += stall_ms / 1000
                 at(now[0] + took, "stepped")
@@ -943,7 +951,8 @@ async def simulated_waits(cap: int, workers: int = 2, seconds: float = 10.0, tok
             "wait_p99_ms": round(percentile(waits, 0.99), 1) if waits else 0.0,
             "wait_max_ms": round(max(waits, default=0.0), 1), "request_ms": round(request_s * 1000, 1),
             "waited_later": sum(w > 0.0 for w in settled),
-            "neighbour_most_held": most[0], "quiet_least_own_when_waiting": min(own_at_wait, default=None)}
+            "neighbour_most_held": most[0], "quiet_least_own_when_waiting": min(own_at_wait, default=None),
+            "quiet_own_when_waiting": {n: own_any.count(n) for n in sorted(set(own_any))}}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -953,14 +962,16 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if argv[:1] == ["simulate"]:
         # python -m scripts.bench_fairness simulate [CAP ...]: the admission code alone before a simulated engine
-        for cap in [int(c) for c in argv[1:]] or [4, 16]:
+        prefill = [float(a.split("=", 1)[1]) for a in argv[1:] if a.startswith("--prefill-ms=")]
+        for cap in [int(c) for c in argv[1:] if not c.startswith("--")] or [4, 16]:
             for workers in (1, 2):
-                row = asyncio.run(simulated_waits(cap, workers))
+                row = asyncio.run(simulated_waits(cap, workers, prefill_ms=prefill[0] if prefill else 0.0))
                 print(f"cap {cap}, {workers} gateway worker{'s' if workers > 1 else ''}: {row['waited']} of "
                       f"{row['quiet_requests']} quiet requests waited for a slot ({row['waited_share']:.1%}); wait P99 "
                       f"{row['wait_p99_ms']} ms, max {row['wait_max_ms']} ms (a request holds its slot "
                       f"{row['request_ms']:g} ms at a full batch); beside it the neighbour held at most "
-                      f"{row['neighbour_most_held']}")
+                      f"{row['neighbour_most_held']}; the quiet account's own requests (held and waiting) when one "
+                      f"waited: {row['quiet_own_when_waiting']}")
         return 0
     args = parse_args(argv)
     results = asyncio.run(main_async(args))
