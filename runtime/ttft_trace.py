@@ -185,14 +185,14 @@ class TimedLock:
 
     def __enter__(self) -> TimedLock:
         asked = monotonic()
-        self.lock.acquire()
+        self.lock.__enter__()  # the wrapped lock's own entry (the gateway's QuietLock defers collections)
         self._asked, self._got = asked, monotonic()
         self._where = sys._getframe(1).f_code.co_name
         return self
 
     def __exit__(self, *exc: object) -> None:
         released = monotonic()
-        self.lock.release()
+        self.lock.__exit__(*exc)
         self.trace.lock_taken(self._asked, self._got, released, self._where)
 
     def acquire(self, *args: Any) -> bool:
