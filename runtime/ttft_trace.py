@@ -5,7 +5,8 @@ reference server's HTTP process and its engine process) and the fairness bench's
 DIR/<role>-<pid>.jsonl: the stamps of each request that carries the `x-request-id` header (`HEADER`), on
 CLOCK_MONOTONIC, which is one clock for every process of a Linux machine (clock_gettime(2)), so a stamp of one
 process compares with another's; once a second, each asyncio loop's most late-by of a 1 ms ticker (`lag`); and
-each process's garbage collections, a line each for one of `GC_LINE_MS` or more and a summary a second (`gc`).
+each process's garbage collections, a line each for one of `GC_LINE_MS` or more and a summary a second (`gc`);
+in each gateway worker, its waits for and holds of the workers' shared lock (`TimedLock`: `lock`, `lock_second`).
 `scripts/bench_fairness.py` joins them by the request id (and the engine's own id, which the HTTP process's line
 names). Without the variable, `TRACE` is None: every hook in the serving code is one `if TRACE` (nothing is stamped,
 no ticker or collector callback runs, no file is opened).

@@ -58,7 +58,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from .identity import Refusal
 
@@ -120,7 +120,7 @@ class _Waiter:
     __slots__ = ("consumer", "rank", "tag", "future", "deadline", "gone", "held_i", "note")
 
     def __init__(self, consumer: str, rank: int, tag: float, future: asyncio.Future[UpstreamPool | Refusal],
-                 deadline: float, gone: Callable[[], bool], held_i: int = 0, note: dict | None = None):
+                 deadline: float, gone: Callable[[], bool], held_i: int = 0, note: dict[str, Any] | None = None):
         self.consumer, self.rank, self.tag, self.future, self.deadline = consumer, rank, tag, future, deadline
         self.gone, self.held_i = gone, held_i  # held_i: its account's held-count cell (names it to other workers)
         self.note = note  # the TTFT trace's record of its admission (`acquire`), or None
@@ -440,7 +440,7 @@ class FairAdmission:
             pass  # its pipe is full of pokes already: it will look
 
     async def acquire(self, consumer: str, model: str, gone: Callable[[], bool],
-                      note: dict | None = None) -> UpstreamPool | Refusal:
+                      note: dict[str, Any] | None = None) -> UpstreamPool | Refusal:
         """The engine process `consumer`'s request for `model` goes to, once it has room; or the answer to give.
 
         `gone()`: the client has left (checked every poll period while the request waits). `note` (the TTFT trace
@@ -509,7 +509,7 @@ class FairAdmission:
                 self._withdraw(group, waiter, CLIENT_GONE)
             raise
 
-    def _noted(self, note: dict, group: _Group, stamp: str, asked: float) -> None:
+    def _noted(self, note: dict[str, Any], group: _Group, stamp: str, asked: float) -> None:
         """Into a traced request's `note["fair"]`, at `stamp` ("asked": its acquire; "granted": a slot handed to it
         after a wait), what the decision read: when the lock was asked for and got (monotonic s: the wait for the
         other workers), every account's held and waiting requests, the engine processes' held ones and the cap, the

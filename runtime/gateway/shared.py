@@ -23,6 +23,7 @@ import multiprocessing
 import os
 import struct
 import time
+from contextlib import AbstractContextManager
 from typing import Any
 
 from fleetcast.config.model import ConsumerLimits
@@ -98,7 +99,8 @@ class SharedState:
         if not 1 <= workers <= MAX_WORKERS:
             raise ValueError(f"--workers {workers}: between 1 and {MAX_WORKERS}")
         ctx = multiprocessing.get_context("fork")
-        self.lock = QuietLock(ctx.Lock())  # limiter slots, the in-flight counter, fair admission's counts
+        # Limiter slots, the in-flight counter, fair admission's counts. A context manager: the TTFT trace wraps it.
+        self.lock: AbstractContextManager[object] = QuietLock(ctx.Lock())
         self.emf_lock = ctx.Lock()  # whole batches of metric lines on the one stdout
         self._outcomes_at = SLOTS * _SLOT.size
         self._in_flight_at = self._outcomes_at + MAX_WORKERS * _OUTCOME.size
