@@ -4,7 +4,8 @@
         [--flood 3] [--lead 5] [--capacity-s 10] [--device cpu|cuda] [--gateway-workers 1] [--no-pin]
         [--engine-cpus L --gateway-cpus L --quiet-cpus L --flood-cpus L] [--cpu-runs 7] [--skip-off]
         [--ttft-trace] [--json FILE] [--out DIR]
-    python -m scripts.bench_fairness simulate [CAP ...] [--prefill-ms=MS]   (the admission code alone: `simulated_waits`)
+    python -m scripts.bench_fairness simulate [CAP ...] [--prefill-ms=MS] [--quiet-weight=W]   (the admission code
+        alone: `simulated_waits`)
 
 One reference server (tiny GPT-2, `--batch` its max batch size, one torch thread; on the CPU, or on the GPU
 with `--device cuda`, where its decode steps are CUDA graph replays) behind `python -m runtime.gateway` (PROXY
@@ -831,7 +832,7 @@ async def main_async(args: argparse.Namespace) -> dict:
 async def simulated_waits(cap: int, workers: int = 2, seconds: float = 10.0, tokens: int = 64, step_ms: float = 0.6,
                           per_seq_ms: float = 0.025, quiet_share: float = 0.15, flood: float = 3.0, lead: float = 2.0,
                           seed: int = 1, stall_ms: float = 0.0, stall_every_s: float = 0.5,
-                          prefill_ms: float = 0.0) -> dict:
+                          prefill_ms: float = 0.0, quiet_weight: float = 1.0) -> dict:
     """The admission code alone (runtime/gateway/fair.py, `workers` gateway workers' admissions sharing one state,
     in process) in front of a simulated engine process, in virtual time: deterministic for a seed, whatever the
     machine's load. The engine runs continuous batching as the reference engine does: each iteration admits the
@@ -851,14 +852,17 @@ async def simulated_waits(cap: int, workers: int = 2, seconds: float = 10.0, tok
     wait (None: none did). `prefill_ms`: what each request an iteration admits adds to that iteration (its prefill:
     2-8 ms an iteration that admitted one on the H100 host, bench/FAIRNESS_DEVICE.md call 4), so that a burst
     stretches every request's time as on the device; `quiet_own_when_waiting`: how many the quiet account held or
-    waited for at each of its requests that waited (a histogram: at or past its part, the burst is the cause)."""
+    waited for at each of its requests that waited (a histogram: at or past its part, the burst is the cause).
+    `quiet_weight`: the quiet account's admission weight (the neighbour's is 1): its part of the cap."""
     from fleetcast.config import parse_config
     from runtime.gateway.fair import CLIENT_GONE, FairAdmission
     from runtime.gateway.identity import Refusal
     from runtime.gateway.shared import SharedState
 
     rng = random.Random(seed)
-    consumers = parse_config(fairness_config(cap), "<bench config>").consumers
+    data = fairness_config(cap)
+    data["consumers"][0]["admission"]["weight"] = quiet_weight  # the quiet account's (QUIET is the first)
+    consumers = parse_config(data, "<bench config>").consumers
     now = [0.0]
     engine = type("Engine", (), {"host_header": "sim:1"})()
     state = SharedState(workers)
@@ -962,10 +966,11 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if argv[:1] == ["simulate"]:
         # python -m scripts.bench_fairness simulate [CAP ...]: the admission code alone before a simulated engine
-        prefill = [float(a.split("=", 1)[1]) for a in argv[1:] if a.startswith("--prefill-ms=")]
+        opts = {a[2:].split("=", 1)[0]: float(a.split("=", 1)[1]) for a in argv[1:] if a.startswith("--")}
         for cap in [int(c) for c in argv[1:] if not c.startswith("--")] or [4, 16]:
             for workers in (1, 2):
-                row = asyncio.run(simulated_waits(cap, workers, prefill_ms=prefill[0] if prefill else 0.0))
+                row = asyncio.run(simulated_waits(cap, workers, prefill_ms=opts.get("prefill-ms", 0.0),
+                                                  quiet_weight=opts.get("quiet-weight", 1.0)))
                 print(f"cap {cap}, {workers} gateway worker{'s' if workers > 1 else ''}: {row['waited']} of "
                       f"{row['quiet_requests']} quiet requests waited for a slot ({row['waited_share']:.1%}); wait P99 "
                       f"{row['wait_p99_ms']} ms, max {row['wait_max_ms']} ms (a request holds its slot "
