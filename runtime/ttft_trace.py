@@ -5,7 +5,8 @@ reference server's HTTP process and its engine process) and the fairness bench's
 DIR/<role>-<pid>.jsonl: the stamps of each request that carries the `x-request-id` header (`HEADER`), on
 CLOCK_MONOTONIC, which is one clock for every process of a Linux machine (clock_gettime(2)), so a stamp of one
 process compares with another's; once a second, each asyncio loop's most late-by of a 1 ms ticker (`lag`); and
-each process's garbage collections, a line each for one of `GC_LINE_MS` or more and a summary a second (`gc`).
+each process's garbage collections, a line each for one of `GC_LINE_MS` or more and a summary a second (`gc`);
+in each gateway worker, its waits for and holds of the workers' shared lock (`TimedLock`: `lock`, `lock_second`).
 `scripts/bench_fairness.py` joins them by the request id (and the engine's own id, which the HTTP process's line
 names). Without the variable, `TRACE` is None: every hook in the serving code is one `if TRACE` (nothing is stamped,
 no ticker or collector callback runs, no file is opened).
@@ -17,6 +18,7 @@ import asyncio
 import gc
 import json
 import os
+import sys
 import time
 from typing import Any
 
@@ -27,6 +29,7 @@ HEADER = "x-request-id"
 TICK_S = 0.001
 LAG_LINE_MS = 5.0  # a late-by at least this long gets a line of its own (when, how long), besides the second's max
 GC_LINE_MS = 1.0  # likewise a collection
+LOCK_LINE_MS = 1.0  # likewise a wait for, or a hold of, the gateway workers' shared lock (TimedLock)
 # One collection a second has what it frees named (`cycles` lines: the types and, for frames, the code that made
 # them): a process that frees thousands of objects a collection makes cycles on its hot path, each one a cost the
 # collector pays again. Sampled (gc.DEBUG_SAVEALL for that one collection: "all unreachable objects found will be
@@ -52,6 +55,8 @@ class Trace:
         self._sampled_at = -1  # the second whose cyclic garbage was last sampled (CYCLES_EVERY_S)
         self._gc_at = 0
         self._tasks: list[asyncio.Task[None]] = []
+        self._lock_at = 0
+        self._lock_second = [0, 0.0, 0.0, 0.0, 0.0]  # this second's takings: count, wait total, max, hold total, max
 
     def write(self, record: dict[str, Any]) -> None:
         if self._pid != os.getpid():  # a forked gateway worker writes a file of its own
@@ -136,12 +141,66 @@ class Trace:
         self.write({"kind": "cycles", "at": now, "generation": generation, "freed": sum(types.values()),
                     "types": top, "frames": sorted(code.items(), key=lambda kv: -kv[1])[:CYCLES_TOP]})
 
+    # ---- the gateway workers' shared lock -------------------------------------------------------------------
+
+    def timed_lock(self, lock: Any) -> TimedLock:
+        return lock if isinstance(lock, TimedLock) else TimedLock(lock, self)
+
+    def lock_taken(self, asked: float, got: float, released: float, where: str) -> None:
+        wait_ms, hold_ms = (got - asked) * 1000, (released - got) * 1000
+        if wait_ms >= LOCK_LINE_MS or hold_ms >= LOCK_LINE_MS:
+            self.write({"kind": "lock", "at": asked, "wait_ms": round(wait_ms, 3), "hold_ms": round(hold_ms, 3),
+                        "where": where})
+        second = int(released)
+        if second != self._lock_at and self._lock_second[0]:
+            count, waited, wait_max, held, hold_max = self._lock_second
+            self.write({"kind": "lock_second", "at": float(self._lock_at), "count": int(count),
+                        "wait_ms": round(waited, 3), "wait_max_ms": round(wait_max, 3), "hold_ms": round(held, 3),
+                        "hold_max_ms": round(hold_max, 3)})
+            self._lock_second = [0, 0.0, 0.0, 0.0, 0.0]
+        self._lock_at = second
+        acc = self._lock_second
+        acc[0] += 1
+        acc[1] += wait_ms
+        acc[2] = max(acc[2], wait_ms)
+        acc[3] += hold_ms
+        acc[4] = max(acc[4], hold_ms)
+
     def stop(self) -> None:
         for task in self._tasks:
             task.cancel()
         self._tasks.clear()
         if self._gc in gc.callbacks:
             gc.callbacks.remove(self._gc)
+
+
+class TimedLock:
+    """A process-shared lock (the gateway workers' SharedState.lock), timed in this process: how long each taking of
+    it waited for another worker and how long this one then held it (`lock` lines for either at LOCK_LINE_MS or more,
+    naming the function that took it; a `lock_second` summary a second). Not reentrant, as the lock it wraps."""
+
+    def __init__(self, lock: Any, trace: Trace) -> None:
+        self.lock, self.trace = lock, trace
+        self._asked = self._got = 0.0
+        self._where = ""
+
+    def __enter__(self) -> TimedLock:
+        asked = monotonic()
+        self.lock.__enter__()  # the wrapped lock's own entry (the gateway's QuietLock defers collections)
+        self._asked, self._got = asked, monotonic()
+        self._where = sys._getframe(1).f_code.co_name
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        released = monotonic()
+        self.lock.__exit__(*exc)
+        self.trace.lock_taken(self._asked, self._got, released, self._where)
+
+    def acquire(self, *args: Any) -> bool:
+        return bool(self.lock.acquire(*args))
+
+    def release(self) -> None:
+        self.lock.release()
 
 
 def tracer(role: str, environ: Any = None) -> Trace | None:

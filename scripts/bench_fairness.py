@@ -4,7 +4,8 @@
         [--flood 3] [--lead 5] [--capacity-s 10] [--device cpu|cuda] [--gateway-workers 1] [--no-pin]
         [--engine-cpus L --gateway-cpus L --quiet-cpus L --flood-cpus L] [--cpu-runs 7] [--skip-off]
         [--ttft-trace] [--json FILE] [--out DIR]
-    python -m scripts.bench_fairness simulate [CAP ...]   (the admission code alone: `simulated_waits`)
+    python -m scripts.bench_fairness simulate [CAP ...] [--prefill-ms=MS] [--quiet-weight=W]   (the admission code
+        alone: `simulated_waits`)
 
 One reference server (tiny GPT-2, `--batch` its max batch size, one torch thread; on the CPU, or on the GPU
 with `--device cuda`, where its decode steps are CUDA graph replays) behind `python -m runtime.gateway` (PROXY
@@ -444,13 +445,54 @@ def request_hops(client: dict, trace: dict) -> dict | None:
     engine = stamps["engine"]
     assert engine is not None
     return {"id": client["id"], "ttft_ms": round(client["ttft_ms"], 3), "hops": hops,
-            "dominant": max(hops, key=lambda h: hops[h]),
+            "dominant": max(hops, key=lambda h: hops[h]), "fair": admission_note(stamps["gateway"]),
             "engine": {"admitted_with": engine["iter_admitted"],
                        "iteration_ms": round((engine["iter_end"] - engine["iter_start"]) * 1000, 3),
                        # It came while the iteration before was running: its queue is that iteration's rest.
                        "came_during_previous": engine["prev_iter_start"] <= engine["received"] <= engine["prev_iter_end"],
                        "previous_ms": round((engine["prev_iter_end"] - engine["prev_iter_start"]) * 1000, 3),
                        "previous_admitted": engine["prev_iter_admitted"]}}
+
+
+def admission_note(gateway: dict | None) -> dict | None:
+    """What fair admission's trace note (runtime/gateway/fair.py, `FairAdmission._noted`) says of one request: the
+    worker, the outcome at its acquire (granted within its part or into free room, or why it queued), the wait for the
+    shared lock there (ms), every account's [held, waiting] and the engine's held / cap as the decision read them, and
+    for a request that queued, the path that handed it a slot (release, a poke from the other worker, the sweep), how
+    long after its acquire (ms), and the counts then; None without a note (fair admission off, or an older gateway)."""
+    fair = (gateway or {}).get("fair")
+    if not fair or "asked" not in fair:
+        return None
+    asked = fair["asked"]
+    out = {"worker": fair.get("worker"), "outcome": fair.get("outcome"),
+           "lock_wait_ms": round((asked["lock_got"] - asked["lock_asked"]) * 1000, 3),
+           "accounts": asked["accounts"], "used": asked["used"], "cap": asked["cap"],
+           "waiting_all": asked["waiting_all"], "waiting_here": asked["waiting_here"]}
+    granted = fair.get("granted")
+    if granted:
+        out["granted"] = {"via": granted.get("via"), "after_ms": round((granted["lock_got"] - asked["lock_got"]) * 1000,
+                                                                       3),
+                          "accounts": granted["accounts"], "used": granted["used"]}
+    return out
+
+
+def admission_summary(rows: list[dict], account: str) -> dict:
+    """A phase's traced requests of `account` by fair admission's outcome at their acquire; for those that queued,
+    how many requests `account` held there (a histogram: below its part, a queued request names a defect), how they
+    were handed their slot, and the longest wait for the shared lock at an acquire."""
+    notes = [r["fair"] for r in rows if r.get("fair")]
+    outcomes: dict[str, int] = {}
+    held_when_queued: dict[int, int] = {}
+    via: dict[str, int] = {}
+    for n in notes:
+        outcomes[n["outcome"]] = outcomes.get(n["outcome"], 0) + 1
+        if str(n["outcome"]).startswith("queued"):
+            held = n["accounts"].get(account, [0, 0])[0]
+            held_when_queued[held] = held_when_queued.get(held, 0) + 1
+            if n.get("granted"):
+                via[n["granted"]["via"]] = via.get(n["granted"]["via"], 0) + 1
+    return {"noted": len(notes), "outcomes": outcomes, "held_when_queued": dict(sorted(held_when_queued.items())),
+            "granted_via": via, "lock_wait_max_ms": max((n["lock_wait_ms"] for n in notes), default=None)}
 
 
 def stalls_in(records: list[dict], windows: list[tuple[float, float]]) -> dict:
@@ -464,9 +506,17 @@ def stalls_in(records: list[dict], windows: list[tuple[float, float]]) -> dict:
         if window is None:
             continue
         entry = out.setdefault(rec["source"], {"loop_late_max_ms": None, "lags": [], "gc": {}, "gc_pauses": [],
-                                               "gc_walked_max": {}, "cycles": None})
+                                               "gc_walked_max": {}, "cycles": None, "lock": None})
         kind = rec["kind"]
-        if kind == "lag_second":
+        if kind in ("lock", "lock_second"):  # the gateway workers' shared lock, as this worker took it
+            lock = entry["lock"] = entry["lock"] or {"taken": 0, "wait_max_ms": 0.0, "hold_max_ms": 0.0, "longest": []}
+            if kind == "lock_second":
+                lock["taken"] += rec["count"]
+                lock["wait_max_ms"] = max(lock["wait_max_ms"], rec["wait_max_ms"])
+                lock["hold_max_ms"] = max(lock["hold_max_ms"], rec["hold_max_ms"])
+            elif rec["at"] >= window[0]:
+                lock["longest"].append((round(rec["at"] - window[0], 3), rec["wait_ms"], rec["hold_ms"], rec["where"]))
+        elif kind == "lag_second":
             entry["loop_late_max_ms"] = max(entry["loop_late_max_ms"] or 0.0, rec["max_ms"])
         elif kind == "lag" and rec["at"] >= window[0]:
             entry["lags"].append((round(rec["at"] - window[0], 3), rec["ms"]))
@@ -489,6 +539,8 @@ def stalls_in(records: list[dict], windows: list[tuple[float, float]]) -> dict:
         if entry["cycles"]:
             for part in ("types", "frames"):
                 entry["cycles"][part] = sorted(entry["cycles"][part].items(), key=lambda kv: -kv[1])[:5]
+        if entry["lock"]:
+            entry["lock"]["longest"] = sorted(entry["lock"]["longest"], key=lambda x: -max(x[1], x[2]))[:5]
         entry["lags"] = sorted(entry["lags"], key=lambda x: -x[1])[:5]
         entry["gc_pauses"] = sorted(entry["gc_pauses"], key=lambda x: -x[1])[:5]
     return out
@@ -503,7 +555,8 @@ def ttft_breakdown(rows: list[dict | None]) -> dict:
     ttfts = [r["ttft_ms"] for r in done]
     return {"traced": len(rows), "complete": len(done),
             "ttft_p50": round(percentile(ttfts, 0.5), 3), "ttft_p99": round(percentile(ttfts, 0.99), 3),
-            "hops": hops, "slowest": sorted(done, key=lambda r: -r["ttft_ms"])[:SLOWEST]}
+            "hops": hops, "slowest": sorted(done, key=lambda r: -r["ttft_ms"])[:SLOWEST],
+            "admission": admission_summary(done, QUIET[0])}
 
 
 def trace_breakdowns(trace: dict, traced: list[tuple[dict, str, list[dict], tuple[float, float]]]) -> dict:
@@ -533,6 +586,19 @@ def breakdown_lines(name: str, breakdown: dict, stalls: dict | None = None) -> l
                      + f"; admitted with {e['admitted_with']}, its iteration {e['iteration_ms']:.1f} ms"
                      + (f", came during the one before ({e['previous_ms']:.1f} ms, admitted {e['previous_admitted']})"
                         if e["came_during_previous"] else ""))
+        f = r.get("fair")
+        if f:
+            g = f.get("granted")
+            lines.append(f"      fair (worker {f['worker']}): {f['outcome']}; lock wait {f['lock_wait_ms']:.2f} ms; "
+                         f"[held, waiting] {f['accounts']}, engine {f['used']}/{f['cap']}, waiting {f['waiting_all']} "
+                         f"({f['waiting_here']} here)"
+                         + (f"; granted via {g['via']} {g['after_ms']:.1f} ms later, then {g['accounts']}, engine "
+                            f"{g['used']}" if g else ""))
+    a = breakdown.get("admission")
+    if a and a["noted"]:
+        lines.append(f"  fair admission at the quiet account's acquire: {a['outcomes']}; its held requests when one "
+                     f"queued {a['held_when_queued']}; handed over via {a['granted_via']}; lock wait max "
+                     f"{a['lock_wait_max_ms']} ms")
     for source, s in sorted((stalls or {}).items()):
         walked = s.get("gc_walked_max", {})
         gc_text = ", ".join(f"gen {g}: {c} ({t:.1f} ms, max {m:.1f}"
@@ -542,6 +608,11 @@ def breakdown_lines(name: str, breakdown: dict, stalls: dict | None = None) -> l
                      + (f" (>= 5 ms: {s['lags']})" if s["lags"] else "")
                      + f"; collections {gc_text or 'none'}"
                      + (f"; pauses >= 1 ms (s into the phase, ms, gen): {s['gc_pauses']}" if s["gc_pauses"] else ""))
+        lock = s.get("lock")
+        if lock:
+            lines.append(f"    shared lock {source}: taken {lock['taken']} times, wait max {lock['wait_max_ms']} ms, hold "
+                         f"max {lock['hold_max_ms']} ms; the longest (s into the phase, wait ms, hold ms, where): "
+                         f"{lock['longest']}")
         c = s.get("cycles")
         if c:
             lines.append(f"    cyclic garbage {source}: {c['sampled']} sampled collections freed {c['freed']} objects "
@@ -760,7 +831,8 @@ async def main_async(args: argparse.Namespace) -> dict:
 
 async def simulated_waits(cap: int, workers: int = 2, seconds: float = 10.0, tokens: int = 64, step_ms: float = 0.6,
                           per_seq_ms: float = 0.025, quiet_share: float = 0.15, flood: float = 3.0, lead: float = 2.0,
-                          seed: int = 1, stall_ms: float = 0.0, stall_every_s: float = 0.5) -> dict:
+                          seed: int = 1, stall_ms: float = 0.0, stall_every_s: float = 0.5,
+                          prefill_ms: float = 0.0, quiet_weight: float = 1.0) -> dict:
     """The admission code alone (runtime/gateway/fair.py, `workers` gateway workers' admissions sharing one state,
     in process) in front of a simulated engine process, in virtual time: deterministic for a seed, whatever the
     machine's load. The engine runs continuous batching as the reference engine does: each iteration admits the
@@ -777,14 +849,20 @@ async def simulated_waits(cap: int, workers: int = 2, seconds: float = 10.0, tok
     `stall_ms`: the engine stops that long once every `stall_every_s` (the step under way then lasts that much
     longer), as the device's engine queue says it did (bench/FAIRNESS_DEVICE.md); `quiet_least_own_when_waiting`: the
     fewest requests the quiet account held or waited for when one of its requests counted in `waited_later` had to
-    wait (None: none did)."""
+    wait (None: none did). `prefill_ms`: what each request an iteration admits adds to that iteration (its prefill:
+    2-8 ms an iteration that admitted one on the H100 host, bench/FAIRNESS_DEVICE.md call 4), so that a burst
+    stretches every request's time as on the device; `quiet_own_when_waiting`: how many the quiet account held or
+    waited for at each of its requests that waited (a histogram: at or past its part, the burst is the cause).
+    `quiet_weight`: the quiet account's admission weight (the neighbour's is 1): its part of the cap."""
     from fleetcast.config import parse_config
     from runtime.gateway.fair import CLIENT_GONE, FairAdmission
     from runtime.gateway.identity import Refusal
     from runtime.gateway.shared import SharedState
 
     rng = random.Random(seed)
-    consumers = parse_config(fairness_config(cap), "<bench config>").consumers
+    data = fairness_config(cap)
+    data["consumers"][0]["admission"]["weight"] = quiet_weight  # the quiet account's (QUIET is the first)
+    consumers = parse_config(data, "<bench config>").consumers
     now = [0.0]
     engine = type("Engine", (), {"host_header": "sim:1"})()
     state = SharedState(workers)
@@ -810,6 +888,7 @@ async def simulated_waits(cap: int, workers: int = 2, seconds: float = 10.0, tok
     granted: list[tuple[str, FairAdmission]] = []
     batch: list[list] = []  # [account, tokens left, its admission]
     stepping, waits, settled, tasks, most, own_at_wait = [False], [], [], [], [0], []
+    own_any: list[int] = []
 
     async def request(who: str, admission: FairAdmission) -> None:
         asked = now[0]
@@ -819,6 +898,8 @@ async def simulated_waits(cap: int, workers: int = 2, seconds: float = 10.0, tok
             return
         if who == QUIET[0]:
             waits.append((now[0] - asked) * 1000)
+            if now[0] > asked:
+                own_any.append(own)
             if asked >= lead + 2 * request_s + stall_ms / 1000:  # the neighbour's requests from before have ended
                 settled.append(now[0] - asked)
                 if now[0] > asked:
@@ -842,9 +923,10 @@ async def simulated_waits(cap: int, workers: int = 2, seconds: float = 10.0, tok
             turn += 1
         elif kind == "step":
             batch.extend([account, tokens, admission] for account, admission in granted)
+            admitted = len(granted)
             granted.clear()
             if batch:
-                took = (step_ms + per_seq_ms * len(batch)) / 1000
+                took = (step_ms + per_seq_ms * len(batch) + prefill_ms * admitted) / 1000
                 if stall_ms and int(now[0] / stall_every_s) != int((now[0] + took) / stall_every_s):
                     took += stall_ms / 1000
                 at(now[0] + took, "stepped")
@@ -873,7 +955,8 @@ async def simulated_waits(cap: int, workers: int = 2, seconds: float = 10.0, tok
             "wait_p99_ms": round(percentile(waits, 0.99), 1) if waits else 0.0,
             "wait_max_ms": round(max(waits, default=0.0), 1), "request_ms": round(request_s * 1000, 1),
             "waited_later": sum(w > 0.0 for w in settled),
-            "neighbour_most_held": most[0], "quiet_least_own_when_waiting": min(own_at_wait, default=None)}
+            "neighbour_most_held": most[0], "quiet_least_own_when_waiting": min(own_at_wait, default=None),
+            "quiet_own_when_waiting": {n: own_any.count(n) for n in sorted(set(own_any))}}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -883,14 +966,17 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if argv[:1] == ["simulate"]:
         # python -m scripts.bench_fairness simulate [CAP ...]: the admission code alone before a simulated engine
-        for cap in [int(c) for c in argv[1:]] or [4, 16]:
+        opts = {a[2:].split("=", 1)[0]: float(a.split("=", 1)[1]) for a in argv[1:] if a.startswith("--")}
+        for cap in [int(c) for c in argv[1:] if not c.startswith("--")] or [4, 16]:
             for workers in (1, 2):
-                row = asyncio.run(simulated_waits(cap, workers))
+                row = asyncio.run(simulated_waits(cap, workers, prefill_ms=opts.get("prefill-ms", 0.0),
+                                                  quiet_weight=opts.get("quiet-weight", 1.0)))
                 print(f"cap {cap}, {workers} gateway worker{'s' if workers > 1 else ''}: {row['waited']} of "
                       f"{row['quiet_requests']} quiet requests waited for a slot ({row['waited_share']:.1%}); wait P99 "
                       f"{row['wait_p99_ms']} ms, max {row['wait_max_ms']} ms (a request holds its slot "
                       f"{row['request_ms']:g} ms at a full batch); beside it the neighbour held at most "
-                      f"{row['neighbour_most_held']}")
+                      f"{row['neighbour_most_held']}; the quiet account's own requests (held and waiting) when one "
+                      f"waited: {row['quiet_own_when_waiting']}")
         return 0
     args = parse_args(argv)
     results = asyncio.run(main_async(args))

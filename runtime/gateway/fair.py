@@ -58,7 +58,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from .identity import Refusal
 
@@ -117,12 +117,13 @@ def share_of(consumer: Consumer) -> Share:
 
 
 class _Waiter:
-    __slots__ = ("consumer", "rank", "tag", "future", "deadline", "gone", "held_i")
+    __slots__ = ("consumer", "rank", "tag", "future", "deadline", "gone", "held_i", "note")
 
     def __init__(self, consumer: str, rank: int, tag: float, future: asyncio.Future[UpstreamPool | Refusal],
-                 deadline: float, gone: Callable[[], bool], held_i: int = 0):
+                 deadline: float, gone: Callable[[], bool], held_i: int = 0, note: dict[str, Any] | None = None):
         self.consumer, self.rank, self.tag, self.future, self.deadline = consumer, rank, tag, future, deadline
         self.gone, self.held_i = gone, held_i  # held_i: its account's held-count cell (names it to other workers)
+        self.note = note  # the TTFT trace's record of its admission (`acquire`), or None
 
 
 def queue_full(consumer: str, max_queued: int) -> Refusal:
@@ -399,6 +400,7 @@ class FairAdmission:
         self._reader_fd = state.wake_fds[worker][0]
         self._watching = False
         self._sweep: asyncio.TimerHandle | None = None
+        self._via = ""  # the path that last took the lock to hand slots over (the TTFT trace's `granted.via`)
 
     def set_consumers(self, consumers: Iterable[Consumer]) -> None:
         self.shares = {c.name: share_of(c) for c in consumers}
@@ -426,6 +428,7 @@ class FairAdmission:
                 pass
         except BlockingIOError:
             pass
+        self._via = "poke"
         for group in self.groups.values():
             with self.state.lock:
                 self._dispatch(group, relay=False)
@@ -436,13 +439,19 @@ class FairAdmission:
         except BlockingIOError:
             pass  # its pipe is full of pokes already: it will look
 
-    async def acquire(self, consumer: str, model: str, gone: Callable[[], bool]) -> UpstreamPool | Refusal:
+    async def acquire(self, consumer: str, model: str, gone: Callable[[], bool],
+                      note: dict[str, Any] | None = None) -> UpstreamPool | Refusal:
         """The engine process `consumer`'s request for `model` goes to, once it has room; or the answer to give.
 
-        `gone()`: the client has left (checked every poll period while the request waits)."""
+        `gone()`: the client has left (checked every poll period while the request waits). `note` (the TTFT trace
+        only, runtime/ttft_trace.py): filled with what decided it (`_noted`)."""
         group = self.groups[model]
         share = self.shares.get(consumer) or Share()
+        if note is not None:
+            asked = time.monotonic()
         with self.state.lock:
+            if note is not None:
+                self._noted(note, group, "asked", asked)
             held_i, waiting_i = group.consumer_index(consumer)
             ints, floats = group._ints, group._floats
             tag = floats[held_i + 1]
@@ -458,15 +467,24 @@ class FairAdmission:
             # finish tag, beyond all of theirs) would move V past every one of them.
             if not ints[held_i] and not ints[waiting_i]:  # it becomes active: its part is reserved from now
                 group.enlist(held_i, waiting_i, share.weight)
+            within = may = False
             if index is not None and not ints[waiting_i]:
                 within, may = group.standing(held_i, share.weight)
                 if within or (may and ints[group.group_i] == 0):
+                    if note is not None:
+                        note["fair"]["outcome"] = "within_part" if within else "free_room"
                     return group._grant(index, consumer, tag)
+            if note is not None:
+                note["fair"]["outcome"] = ("queue_full" if ints[waiting_i] >= share.max_queued else
+                                           "queued:cap_full" if index is None else
+                                           "queued:behind_own_waiting" if ints[waiting_i] else
+                                           "queued:others_waiting" if may else "queued:room_reserved_for_others")
             if ints[waiting_i] >= share.max_queued:
                 return queue_full(consumer, share.max_queued)
             loop = asyncio.get_running_loop()
             future: asyncio.Future[UpstreamPool | Refusal] = loop.create_future()
-            waiter = _Waiter(consumer, share.rank, tag, future, time.monotonic() + share.max_wait_s, gone, held_i)
+            waiter = _Waiter(consumer, share.rank, tag, future, time.monotonic() + share.max_wait_s, gone, held_i,
+                             note)
             queue = group.queues.get(consumer)
             if queue is None:
                 queue = group.queues[consumer] = deque()
@@ -476,6 +494,7 @@ class FairAdmission:
             if len(queue) == 1:  # a new head here; behind its own account's head it changes nothing published
                 group._publish_head()
             if room:  # with the cap full nobody can go (and releases dispatch); else another worker's may
+                self._via = "acquire"
                 self._dispatch(group)
         if self._sweep is None:
             self._sweep = loop.call_later(self.poll_s, self._sweep_waiters)
@@ -490,10 +509,24 @@ class FairAdmission:
                 self._withdraw(group, waiter, CLIENT_GONE)
             raise
 
+    def _noted(self, note: dict[str, Any], group: _Group, stamp: str, asked: float) -> None:
+        """Into a traced request's `note["fair"]`, at `stamp` ("asked": its acquire; "granted": a slot handed to it
+        after a wait), what the decision read: when the lock was asked for and got (monotonic s: the wait for the
+        other workers), every account's held and waiting requests, the engine processes' held ones and the cap, the
+        requests waiting in every worker, and this worker's own waiting ones (what a sweep walks). Lock held."""
+        got = time.monotonic()
+        fair = note.setdefault("fair", {"worker": self.worker})
+        fair[stamp] = {"lock_asked": asked, "lock_got": got,
+                       "accounts": {name: [group._int(a << 3) for a in group.consumer_index(name)]
+                                    for name in self.shares},
+                       "used": sum(group._ints[i] for i in group.used_i), "cap": group.cap_total,
+                       "waiting_all": group._ints[group.group_i], "waiting_here": self.waiting()}
+
     def _sweep_waiters(self) -> None:
         """Every poll period while any request waits, one pass over them all (not a timer each): withdraw
         those whose client left or whose wait ran out, and hand over any slot a lost poke left free."""
         self._sweep = None
+        self._via = "sweep"
         now = time.monotonic()
 
         def answer(waiter: _Waiter) -> Refusal | None:
@@ -522,11 +555,10 @@ class FairAdmission:
                     leaving.append((waiter, refusal))
             if len(kept) != len(queue):
                 rebuilt[consumer] = kept
-        with self.state.lock:  # the shared counts, for the waiters that leave
+        with self.state.lock:  # the shared counts, for the waiters that leave: one change an account
             for consumer, kept in rebuilt.items():
                 gone = len(group.queues[consumer]) - len(kept)
-                for _ in range(gone):
-                    group._activity(consumer, -1, waiting=True)
+                group._activity(consumer, -gone, waiting=True)
                 group._set_int(group.group_at, group._int(group.group_at) - gone)
                 group.queues[consumer] = kept
             group._publish_head()
@@ -536,21 +568,29 @@ class FairAdmission:
                 waiter.future.set_result(refusal)
 
     def _withdraw(self, group: _Group, waiter: _Waiter, refusal: Refusal) -> None:
-        """Take a waiter out of its queue and answer it `refusal` (if no slot was granted meanwhile)."""
-        with self.state.lock:
-            queue = group.queues.get(waiter.consumer)
-            if queue is not None and waiter in queue:
-                queue.remove(waiter)
-                group._activity(waiter.consumer, -1, waiting=True)
-                group._set_int(group.group_at, group._int(group.group_at) - 1)
-                group._publish_head()
-                self._dispatch(group)  # another worker's waiter may be the best now
+        """Take a waiter out of its queue and answer it `refusal` (if no slot was granted meanwhile).
+
+        The queue is this worker's own (no other process reads it), so it is searched before the lock is taken: a
+        flood's queue holds thousands, and a search under the lock would stall every worker's admissions for it."""
+        queue = group.queues.get(waiter.consumer)
+        if queue is None or waiter not in queue:
+            if not waiter.future.done():
+                waiter.future.set_result(refusal)
+            return
+        queue.remove(waiter)
+        self._via = "withdraw"
+        with self.state.lock:  # the shared counts only: O(1) whatever the queue's length
+            group._activity(waiter.consumer, -1, waiting=True)
+            group._set_int(group.group_at, group._int(group.group_at) - 1)
+            group._publish_head()
+            self._dispatch(group)  # another worker's waiter may be the best now
         if not waiter.future.done():
             waiter.future.set_result(refusal)
 
     def release(self, consumer: str, model: str, pool: UpstreamPool) -> None:
         """The request `acquire` placed on `pool` has ended: its slot goes to the next in fair order."""
         group = self.groups[model]
+        self._via = "release"  # for the TTFT trace: which path handed a slot over
         with self.state.lock:
             group._ints[group.used_i[group.pools.index(pool)]] -= 1
             group._activity(consumer, -1, waiting=False)
@@ -635,9 +675,11 @@ class FairAdmission:
 
         The best waiter of all goes next if it may (`_Group.standing`); if not (its account is beyond its part and
         the free room is reserved for others), the best of this worker's waiters whose accounts are within their
-        parts. `relay`: when the best is another worker's, or this worker has nobody who may go, poke the others
-        (not when a poke or a poll brought us here: two workers without one would poke each other for ever; each
-        also polls)."""
+        parts. `relay`: when the best is another worker's, or this worker has nobody who may go, poke the others.
+        Not when a poke or a poll brought us here and we handed nothing over (two workers would poke each other for
+        ever); once we handed a slot over we poke too, so every such poke follows a grant: a bunch of slots freed
+        at once reaches every worker's waiters (the poked one grants its own, then passes the next slot on), not
+        only the first owner's, the others' waiting beside a free slot for their worker's next event or poll."""
         ints, waiting_i = group._ints, group.group_i
         while ints[waiting_i] > 0:
             index = group._free_pool(group.cap)
@@ -673,7 +715,11 @@ class FairAdmission:
             if best.future.done():  # done: cancelled, its task not yet told; it gets no slot
                 group._activity(best.consumer, -1, waiting=True)
             else:
+                if best.note is not None:
+                    self._noted(best.note, group, "granted", time.monotonic())
+                    best.note["fair"]["granted"]["via"] = self._via
                 best.future.set_result(group._grant_waiting(index, best))
+                relay = True  # progress: a poke from here on follows a grant
             group._publish_head()
 
     def _may_go(self, group: _Group, owner: int) -> bool:
@@ -696,6 +742,7 @@ class FairAdmission:
 
     def flush(self, refusal: Refusal) -> None:
         """Answer every waiting request `refusal` (the drain: none of them has reached an engine)."""
+        self._via = "flush"
         for group in self.groups.values():
             self._drop(group, lambda _waiter: refusal)
 

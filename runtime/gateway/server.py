@@ -231,6 +231,8 @@ class Gateway:
         if TRACE:
             TRACE.watch_loop()
             TRACE.watch_gc()
+            if self.fair is not None:  # this worker's waits for, and holds of, the workers' shared lock
+                self.fair.state.lock = TRACE.timed_lock(self.fair.state.lock)
         return self._server
 
     @property
@@ -670,7 +672,8 @@ class Gateway:
         if self.fair is None:
             return self.router.pick(target)
         queued = time.perf_counter()
-        pool = await self.fair.acquire(consumer, target.base, lambda: reader.at_eof() or writer.is_closing())
+        pool = await self.fair.acquire(consumer, target.base, lambda: reader.at_eof() or writer.is_closing(),
+                                       exchange.trace)
         waited_ms = (time.perf_counter() - queued) * 1000
         if waited_ms >= 0.1:
             exchange.props["admission_wait_ms"] = round(waited_ms, 1)

@@ -6,7 +6,9 @@ concurrency count and rate bucket must be one, not one per process: they live in
 anonymous shared mapping made before the workers are forked, one slot per limiter key
 (consumer, or consumer and model), changed only under one process-shared lock. The
 critical section is a few arithmetic operations on a dozen bytes; the lock is a POSIX
-semaphore (multiprocessing.Lock), uncontended in well under a microsecond.
+semaphore (multiprocessing.Lock), uncontended in well under a microsecond, in whose hold
+no garbage collection starts (QuietLock), and nothing done under it grows with the
+requests waiting (runtime/gateway/fair.py).
 
 CLOCK_MONOTONIC is one clock for every process on the host, so a bucket's timestamps
 mean the same in each worker.
@@ -14,12 +16,15 @@ mean the same in each worker.
 
 from __future__ import annotations
 
+import gc
 import hashlib
 import mmap
 import multiprocessing
 import os
 import struct
 import time
+from contextlib import AbstractContextManager
+from typing import Any
 
 from fleetcast.config.model import ConsumerLimits
 
@@ -52,6 +57,41 @@ def default_workers(cpus: int | None = None) -> int:
     return min(4, max(1, cpus // 2))
 
 
+class QuietLock:
+    """A process-shared lock in whose hold this process starts no garbage collection.
+
+    Every worker waits for the lock, a quiet account's admission too; an automatic collection is triggered by
+    whatever allocation crosses the threshold (gc.set_threshold), one made under the lock as likely as any (a
+    waiter, its future, the hand-over's callback), and a young collection under a flood walks thousands of objects
+    (1-8 ms on the H100 host, bench/FAIRNESS_DEVICE.md call 4): the other workers would wait those out. So automatic
+    collection is off while it is held (if it was on) and the collection that came due runs at this process's next
+    allocation after the release. Not reentrant, as multiprocessing.Lock."""
+
+    __slots__ = ("_lock", "_collect")
+
+    def __init__(self, lock: Any) -> None:
+        self._lock, self._collect = lock, False
+
+    def __enter__(self) -> QuietLock:
+        self._lock.acquire()
+        if gc.isenabled():
+            gc.disable()
+            self._collect = True
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._collect:
+            self._collect = False
+            gc.enable()
+        self._lock.release()
+
+    def acquire(self, *args: Any) -> bool:
+        return bool(self._lock.acquire(*args))
+
+    def release(self) -> None:
+        self._lock.release()
+
+
 class SharedState:
     """The shared mapping and its locks; create it before forking the workers."""
 
@@ -59,7 +99,8 @@ class SharedState:
         if not 1 <= workers <= MAX_WORKERS:
             raise ValueError(f"--workers {workers}: between 1 and {MAX_WORKERS}")
         ctx = multiprocessing.get_context("fork")
-        self.lock = ctx.Lock()  # limiter slots and the in-flight counter
+        # Limiter slots, the in-flight counter, fair admission's counts. A context manager: the TTFT trace wraps it.
+        self.lock: AbstractContextManager[object] = QuietLock(ctx.Lock())
         self.emf_lock = ctx.Lock()  # whole batches of metric lines on the one stdout
         self._outcomes_at = SLOTS * _SLOT.size
         self._in_flight_at = self._outcomes_at + MAX_WORKERS * _OUTCOME.size

@@ -147,8 +147,17 @@ def test_on_loopback_every_quiet_requests_hops_add_up_to_at_most_its_ttft(tmp_pa
         assert breakdown["complete"] > 0 and set(breakdown["hops"]) == set(HOP_NAMES)
         assert all(r["dominant"] in HOP_NAMES for r in breakdown["slowest"])
         assert any(source.startswith("gateway-") for source in breakdown["stalls"])  # its ticker ran every phase
+        # Fair admission's note on every quiet request: what its acquire read and decided.
+        admission = breakdown["admission"]
+        assert admission["noted"] == breakdown["complete"] and sum(admission["outcomes"].values()) == admission["noted"]
+        assert set(admission["outcomes"]) <= OUTCOMES
+        assert all(r["fair"]["accounts"].keys() == {"quiet", "neighbour"} for r in breakdown["slowest"])
     report = done.stdout
     assert "TTFT breakdown, fair:" in report and "slowest" in report
+
+
+OUTCOMES = {"within_part", "free_room", "queue_full", "queued:cap_full", "queued:behind_own_waiting",
+            "queued:others_waiting", "queued:room_reserved_for_others"}
 
 
 def _without_trace_env() -> dict:

@@ -1150,3 +1150,164 @@ def test_an_account_below_its_share_never_passes_its_own_waiting_requests():
     order = run(body())
     # Its waiting requests go first, in the order it sent them; the late one (99) after all of them.
     assert order and order == sorted(order), f"a request passed its own account's waiting ones: admitted {order}"
+
+
+class CountingLock:
+    """The shared lock, with the Python calls made while it is held counted (sys.setprofile): what every other worker
+    waits for. A C-level scan of a queue (`in`, `remove`) shows as calls of the waiters' `__eq__` (CountedWaiter)."""
+
+    def __init__(self, lock) -> None:
+        self.lock, self.held, self.calls = lock, False, 0
+
+    def __enter__(self):
+        self.lock.acquire()
+        self.held = True
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.held = False
+        self.lock.release()
+
+    def profile(self, _frame, event, _arg) -> None:
+        if self.held and event == "call":
+            self.calls += 1
+
+
+class CountedWaiter(fair._Waiter):
+    def __eq__(self, other: object) -> bool:  # a queue search compares each waiter it passes
+        return self is other
+
+    __hash__ = object.__hash__
+
+
+def calls_under_the_lock(waiting: int) -> dict[str, int]:
+    """Python calls made under the shared lock by each operation of fair admission, with `waiting` of a flood's
+    requests waiting for the one slot of an engine process: a quiet request that queues, a waiting request whose task
+    is cancelled (from the middle of the flood's queue), a sweep that finds half the flood's clients gone, a release."""
+    _, (voice, analytics) = consumers(**{"voice-app": {"max_queued": 10000}})
+    counts: dict[str, int] = {}
+
+    async def body() -> None:
+        admission = one_slot((voice, analytics), poll_s=3600)
+        lock = admission.state.lock = CountingLock(admission.state.lock)
+        held = await admission.acquire("voice-app", MODEL_ID, lambda: False)
+        left = [False] * waiting
+        flood = [asyncio.ensure_future(admission.acquire("voice-app", MODEL_ID, lambda i=i: left[i]))
+                 for i in range(waiting)]
+        await settle()
+
+        def counted(name: str, operation) -> None:
+            lock.calls = 0
+            sys.setprofile(lock.profile)
+            try:
+                operation()
+            finally:
+                sys.setprofile(None)
+            counts[name] = lock.calls
+
+        async def stepped(name: str) -> None:  # a task's next step (it takes the lock) under the profiler
+            lock.calls = 0
+            sys.setprofile(lock.profile)
+            try:
+                await asyncio.sleep(0)
+            finally:
+                sys.setprofile(None)
+            counts[name] = lock.calls
+
+        quiet = asyncio.ensure_future(admission.acquire("analytics", MODEL_ID, lambda: False))
+        await stepped("queue")
+        flood[waiting // 2].cancel()
+        await stepped("withdraw")
+        for i in range(0, waiting, 2):
+            left[i] = True
+        counted("sweep", admission._sweep_waiters)
+        counted("release", lambda: admission.release("voice-app", MODEL_ID, held))
+        admission.flush(fair.CLIENT_GONE)
+        await settle()
+        for f in (*flood, quiet):
+            f.cancel()
+        await asyncio.gather(*flood, quiet, return_exceptions=True)
+        admission.stop()
+
+    original = fair._Waiter
+    fair._Waiter = CountedWaiter  # type: ignore[misc]
+    try:
+        run(body())
+    finally:
+        fair._Waiter = original  # type: ignore[misc]
+    return counts
+
+
+def test_no_operation_under_the_shared_lock_scales_with_the_requests_waiting():
+    """Every gateway worker waits for the shared lock, a quiet account's acquire too, so what is done under it must not
+    grow with a flood's backlog (the fairness bench lets the neighbour queue 10,000). Before: a cancelled waiter was
+    searched for and removed from its account's queue under the lock (a pass over the flood's queue), and a sweep
+    counted out each departed waiter one call at a time under the lock (thousands when a flood's client left)."""
+    small, large = calls_under_the_lock(40), calls_under_the_lock(2000)
+    assert set(small) == {"queue", "withdraw", "sweep", "release"}
+    assert large == small, f"calls under the lock with 40 waiting {small}, with 2000 {large}"
+
+
+def test_a_traced_request_notes_what_decided_its_admission_and_what_handed_it_a_slot():
+    """With the TTFT trace on (the note: the request's gateway stamps), acquire records the outcome and what it read:
+    every account's [held, waiting], the engine's held requests and the cap, the wait for the shared lock; a request
+    that queued records which path handed it its slot and the counts then. So a device run names why a quiet request
+    waited (bench/FAIRNESS_DEVICE.md, call 4: five quiet requests waited 45-76 ms at the gateway, unexplained)."""
+    async def body():
+        admission = flood_and_quiet(4)
+        notes = [{} for _ in range(6)]
+        flood = [await admission.acquire("voice-app", MODEL_ID, lambda: False, notes[i]) for i in range(3)]
+        quiet = await admission.acquire("analytics", MODEL_ID, lambda: False, notes[3])  # within its part of 2
+        waits = asyncio.ensure_future(admission.acquire("analytics", MODEL_ID, lambda: False, notes[4]))
+        await settle()
+        assert not waits.done()  # the cap of 4 is full
+        admission.release("voice-app", MODEL_ID, flood[0])
+        await settle()
+        assert waits.done()
+        full = asyncio.ensure_future(admission.acquire("voice-app", MODEL_ID, lambda: False, notes[5]))
+        await settle()
+        admission.flush(fair.CLIENT_GONE)
+        await settle()
+        del quiet, full
+        return [n["fair"] for n in notes]
+
+    alone, _, third, within, queued, flood_queued = run(body())
+    assert alone["outcome"] == "within_part" and alone["asked"]["accounts"] == {"voice-app": [0, 0],
+                                                                              "analytics": [0, 0]}
+    assert third["outcome"] == "within_part"  # alone, its part is the whole cap
+    assert within["outcome"] == "within_part" and within["asked"]["accounts"]["voice-app"] == [3, 0]
+    assert queued["outcome"] == "queued:cap_full"
+    assert queued["asked"]["used"] == 4 and queued["asked"]["cap"] == 4
+    assert queued["asked"]["lock_got"] >= queued["asked"]["lock_asked"]
+    assert queued["granted"]["via"] == "release" and queued["granted"]["accounts"]["analytics"] == [1, 1]  # as the hand-over read them
+    assert flood_queued["outcome"] == "queued:cap_full" and "granted" not in flood_queued
+
+
+def test_a_worker_woken_to_hand_over_a_slot_passes_the_next_free_one_on_to_the_worker_whose_request_it_is_owed():
+    """Two slots free at once (a bunch of requests that ended in one engine iteration) and the quiet account's two
+    waiting requests in two workers: the releasing worker pokes the owner of the best, which grants its own and then
+    finds the best is the other worker's. It used to stop there (a worker woken by a poke never poked back, lest two
+    workers poke each other for ever), so the quiet request waited beside a free slot until some later event in its
+    worker or the poll (0.5 s in the gateway). A woken worker that handed a slot over has made progress, so it may
+    poke: every poke then follows a grant, and no two workers poke each other without end."""
+    async def body():
+        a, b = two_admissions(cap=4)
+        for admission in (a, b):
+            admission.start()
+        try:
+            flood = [await b.acquire("voice-app", MODEL_ID, lambda: False) for _ in range(4)]  # alone: the cap
+            first = asyncio.ensure_future(a.acquire("analytics", MODEL_ID, lambda: False))
+            await turns()
+            second = asyncio.ensure_future(b.acquire("analytics", MODEL_ID, lambda: False))
+            await turns()
+            assert not first.done() and not second.done()  # the cap is full
+            b.release("voice-app", MODEL_ID, flood.pop())  # two of the flood's end together, in worker b
+            b.release("voice-app", MODEL_ID, flood.pop())
+            await turns()
+            return first.done(), second.done(), b.waiting() + a.waiting()
+        finally:
+            for admission in (a, b):
+                admission.flush(fair.CLIENT_GONE)
+                admission.stop()
+
+    assert run(body()) == (True, True, 0)

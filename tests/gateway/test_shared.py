@@ -145,3 +145,44 @@ def test_a_full_replay_table_refuses_the_claim_rather_than_letting_it_pass(monke
     verifier.verify(claims[1], b"")
     with pytest.raises(PeerRefused, match="too many peer claims"):
         verifier.verify(claims[2], b"")
+
+
+def test_no_garbage_collection_starts_while_a_worker_holds_the_shared_lock_and_the_one_due_runs_after():
+    """Every worker waits for the shared lock, so a collection begun under it (any allocation may cross the
+    threshold) would stall them all. Counted by the collector's own callbacks: allocations that cross the young
+    threshold many times over start no collection under the lock, and the one that came due runs at the first
+    allocation after the release; a process that had automatic collection off keeps it off."""
+    import gc
+
+    state = SharedState(workers=2)
+    starts: list[bool] = []
+    holding = [False]
+
+    def watch(phase: str, _info: dict) -> None:
+        if phase == "start":
+            starts.append(holding[0])
+
+    threshold = gc.get_threshold()
+    gc.callbacks.append(watch)
+    gc.set_threshold(100, *threshold[1:])
+    kept = []
+    try:
+        assert gc.isenabled()
+        with state.lock:
+            holding[0] = True
+            kept += [[i] for i in range(5000)]  # 50 times the young threshold in tracked objects
+            holding[0] = False
+        under = list(starts)
+        kept += [[i] for i in range(200)]
+        after = len(starts) - len(under)
+        gc.disable()
+        try:
+            with state.lock:
+                pass
+            still_off = not gc.isenabled()
+        finally:
+            gc.enable()
+    finally:
+        gc.callbacks.remove(watch)
+        gc.set_threshold(*threshold)
+    assert True not in under and after >= 1 and still_off

@@ -59,3 +59,37 @@ def test_collections_are_timed_through_gc_callbacks_and_the_long_ones_get_a_line
     assert trace._gc not in gc.callbacks
     pauses = [r for r in _lines(tmp_path) if r["kind"] == "gc"]
     assert pauses and pauses[-1]["generation"] == 2 and pauses[-1]["ms"] >= 0.0
+
+
+def test_the_gateway_workers_shared_lock_is_timed_and_a_long_wait_or_hold_gets_a_line_naming_its_taker(
+        tmp_path: Path, monkeypatch):
+    """The shared lock of the gateway's workers, wrapped while the trace is on: each taking's wait (another worker
+    held it) and hold, a line for either at LOCK_LINE_MS or more naming the function that took it, and a summary a
+    second. The clock is the test's: a hold is what the test says, not the machine's."""
+    import threading
+
+    from runtime import ttft_trace
+
+    now = [100.0]
+    monkeypatch.setattr(ttft_trace, "monotonic", lambda: now[0])
+    trace = Trace(str(tmp_path), "gateway")
+    lock = trace.timed_lock(threading.Lock())
+    assert trace.timed_lock(lock) is lock  # wrapped once
+
+    def dispatch_all() -> None:
+        with lock:
+            now[0] += 0.004  # held 4 ms
+
+    def quick() -> None:
+        with lock:
+            now[0] += 0.0001
+
+    dispatch_all()
+    quick()
+    now[0] = 101.5
+    quick()  # the next second: the summary of the one before is written
+    lines = _lines(tmp_path)
+    longs = [r for r in lines if r["kind"] == "lock"]
+    assert [(r["where"], r["hold_ms"]) for r in longs] == [("dispatch_all", 4.0)]
+    (summary,) = [r for r in lines if r["kind"] == "lock_second"]
+    assert summary["at"] == 100.0 and summary["count"] == 2 and summary["hold_max_ms"] == 4.0
