@@ -25,7 +25,7 @@ takes a free slot at once, even past others' waiting requests; beyond its part i
 active accounts have not reserved, and while requests wait, only in fair order. So a neighbour flooding the
 engine holds at most the cap less the other active accounts' parts (`held_beside`), and a quiet account's burst
 up to its part starts in the engine's next iteration; alone, an account may use the whole cap. A request never
-passes its own account's waiting requests. An account with more requests waiting than its whole part is
+passes its own account's waiting requests. An account whose waiting requests alone would fill the whole cap is
 flooding, and nothing is kept for it: room it left unfilled goes in fair order, so a quiet account whose burst of
 long streams passed its part takes the flood's next freed slot when its start tag comes first (it is behind the
 flood in service), instead of waiting for one of its own streams to end.
@@ -291,11 +291,12 @@ class _Group:
             free -= ints[at]
         for i in range(0, len(others), 3):  # less the others' unmet parts (`reserved`, inline: the hot path)
             part = int(cap * others[i] / total + 1e-9)
-            # An account with more requests waiting than its whole part is flooding: the room it has not filled is
-            # not kept for it, and it takes what it gets in fair order. Kept, that room would make a quiet account
-            # beyond its part (a burst of long streams) wait for one of its own requests to end, though its start
-            # tags come before the flood's.
-            if others[i + 2] <= part:
+            # An account whose waiting requests alone would fill the whole cap asks more than the engine can
+            # serve: the room it has not filled is not kept for it, and it takes what it gets in fair order. Kept,
+            # that room would make a quiet account beyond its part (a burst of long streams) wait for one of its own
+            # requests to end, though its start tags come before the flood's. Not at its part's worth waiting: an
+            # account held below its part by a full engine would then lose the room owed to it.
+            if others[i + 2] < cap:
                 unmet = part - int(others[i + 1])
                 if unmet > 0:
                     free -= unmet

@@ -903,6 +903,29 @@ def test_a_quiet_accounts_burst_that_queued_gets_every_freed_slot_until_it_holds
     assert run(body()) == [(1, 0), (2, 0), (3, 0), (4, 0), (4, 1)]
 
 
+def test_an_account_held_below_its_part_keeps_its_room_with_more_than_its_part_waiting():
+    """A full engine (the flood was alone) holds a quiet account's burst of six, more than its part (4 of 8): it
+    is not flooding (its waiting requests would not fill the cap), so every slot the flood frees is kept for it until
+    it holds its part, whatever the start tags say. Counted as flooding at its part's worth waiting, it would lose
+    the second slot to the flood's backlog (a tie of start tags) and fall further behind the longer it waited."""
+    async def body():
+        admission = flood_and_quiet(8)
+        flood = [await admission.acquire("voice-app", MODEL_ID, lambda: False) for _ in range(8)]
+        backlog = acquiring(admission, "voice-app", 20)
+        burst = acquiring(admission, "analytics", 6)
+        await settle()
+        admitted = []
+        for slot in flood[:5]:
+            admission.release("voice-app", MODEL_ID, slot)
+            await settle()
+            admitted.append((sum(b.done() for b in burst), sum(b.done() for b in backlog)))
+        admission.flush(fair.CLIENT_GONE)
+        await settle()
+        return admitted
+
+    assert run(body()) == [(1, 0), (2, 0), (3, 0), (4, 0), (4, 1)]
+
+
 def test_a_quiet_account_beyond_its_part_takes_a_slot_a_flood_frees_when_its_start_tag_comes_first():
     """A quiet account's burst of long streams can pass its part (4 of 8) while a flood waits with more requests than
     its own part: the room the flood left unfilled is not kept for it, so the slot it frees goes in fair order, to
