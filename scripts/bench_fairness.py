@@ -82,8 +82,9 @@ QUIET = ("quiet", "444455556666", "vpce-0aaaaaaaaaaaaaaa1")
 NEIGHBOUR = ("neighbour", "777788889999", "vpce-0bbbbbbbbbbbbbbb2")
 
 
-def fairness_config(batch: int) -> dict:
-    """The shipped config, its engine at `batch`, served to two accounts whose limits are far above the load."""
+def fairness_config(batch: int, quiet_weight: float = 1.0) -> dict:
+    """The shipped config, its engine at `batch`, served to two accounts whose limits are far above the load; the
+    quiet account's admission weight `quiet_weight` (the neighbour's is 1), so its part of the cap."""
     data = bench_config_data()
     quiet = data["consumers"][0]
     neighbour = json.loads(json.dumps(quiet))
@@ -94,6 +95,7 @@ def fairness_config(batch: int) -> dict:
     for consumer in (quiet, neighbour):
         consumer["limits"] = {"max_concurrency": 10000, "requests_per_minute": 10_000_000}
         consumer["admission"] = {"max_queued": 10000, "max_queue_wait_s": 600}
+    quiet["admission"]["weight"] = quiet_weight
     data["consumers"] = [quiet, neighbour]
     for region in data["regions"]:
         principals = region.get("allowed_principals")
@@ -707,7 +709,7 @@ async def main_async(args: argparse.Namespace) -> dict:
     logs.mkdir(parents=True, exist_ok=True)
     build_artifact(tmp / "artifact", size="tiny")
     config = tmp / "fleet.json"
-    write_config(config, fairness_config(args.batch))
+    write_config(config, fairness_config(args.batch, args.quiet_weight))
     ec2 = FakeEc2Endpoints([(QUIET[2], QUIET[1]), (NEIGHBOUR[2], NEIGHBOUR[1])])
     ec2_port = await ec2.start()
     env = {"AWS_ENDPOINT_URL_EC2": f"http://127.0.0.1:{ec2_port}", "AWS_ACCESS_KEY_ID": "bench",
@@ -795,7 +797,7 @@ async def main_async(args: argparse.Namespace) -> dict:
                                # The most the neighbour holds beside the active quiet account (equal weights):
                                # the cap less the quiet account's part.
                                "engine_bound": await measured("engine_bound",
-                                                              streams=held_beside(args.batch, [1.0, 1.0]),
+                                                              streams=held_beside(args.batch, [1.0, args.quiet_weight]),
                                                               lead=args.lead),
                                "fair": await measured("fair", flood_rate=args.flood * capacity, lead=args.lead)}
                         for name in ("alone", "engine_bound", "fair"):
@@ -860,8 +862,7 @@ async def simulated_waits(cap: int, workers: int = 2, seconds: float = 10.0, tok
     from runtime.gateway.shared import SharedState
 
     rng = random.Random(seed)
-    data = fairness_config(cap)
-    data["consumers"][0]["admission"]["weight"] = quiet_weight  # the quiet account's (QUIET is the first)
+    data = fairness_config(cap, quiet_weight)
     consumers = parse_config(data, "<bench config>").consumers
     now = [0.0]
     engine = type("Engine", (), {"host_header": "sim:1"})()
@@ -995,6 +996,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--repeats", type=int, default=3, help="rounds of (alone, engine-bound, fair) (default 3)")
     p.add_argument("--batch", type=int, default=8, help="the engine's max batch size, so its admission cap (default 8)")
     p.add_argument("--tokens", type=int, default=32, help="output tokens per request (default 32)")
+    p.add_argument("--quiet-weight", type=float, default=1.0,
+                   help="the quiet account's admission weight, the neighbour's being 1 (default 1: equal parts)")
     p.add_argument("--quiet-share", type=float, default=0.15,
                    help="the quiet account's arrival rate as a share of the engine's capacity (default 0.15, under "
                         "a third of its fair share of two)")
@@ -1030,6 +1033,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
             p.error(f"--{name.replace('_', '-')} {getattr(args, name)}: must be above 0")
     if args.repeats < 1 or args.batch < 1 or args.gateway_workers < 1 or args.cpu_runs < 0:
         p.error("--repeats, --batch and --gateway-workers must be at least 1, --cpu-runs at least 0")
+    from fleetcast.config import ConfigError, parse_config
+
+    try:  # the weight's bounds are the config's (consumers[].admission.weight), said once there
+        parse_config(fairness_config(args.batch, args.quiet_weight), "<bench config>")
+    except ConfigError as exc:
+        p.error(f"--quiet-weight {args.quiet_weight}: {exc}")
     return args
 
 

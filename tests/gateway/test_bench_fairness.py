@@ -18,6 +18,15 @@ def test_the_fairness_bench_serves_two_accounts_from_one_engine_capped_at_its_ba
     assert all(c.limits.max_concurrency == 10000 and c.admission.max_queued == 10000 for c in cfg.consumers)
 
 
+def test_the_quiet_weight_sets_the_quiet_accounts_part_of_the_cap():
+    from runtime.gateway.fair import reserved
+
+    cfg = parse_config(fairness_config(16, quiet_weight=3.0), "<test>")
+    weights = {c.name: c.admission.weight for c in cfg.consumers}
+    assert weights == {QUIET[0]: 3.0, NEIGHBOUR[0]: 1.0}
+    assert (reserved(16, 3.0, 4.0), reserved(16, 1.0, 4.0)) == (12, 4)
+
+
 def test_bench_gateway_prints_fair_admissions_cpu_only_against_a_run_with_it_off():
     levels = {16: {"gateway": {"cpu_ms_per_request": 0.210}, "gateway-alt": {"cpu_ms_per_request": 0.195}}}
     on = fair_admission_cpu({"config": {"alt_arg": ["--fair-admission=off"]}, "levels": levels})
