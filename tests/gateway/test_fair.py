@@ -879,15 +879,14 @@ def test_limits_per_consumer_and_per_model_stay_exact_across_workers_while_reque
     assert statuses == [200, 200, 429, 429, 429, 429]
 
 
-def test_a_quiet_accounts_burst_that_queued_gets_every_freed_slot_until_it_holds_its_part():
-    """The flood holds the whole cap (it was alone) when a quiet account's burst of five arrives: all five wait.
-    Each slot the flood frees goes to the quiet account's queue, not the flood's, while the quiet account holds less
-    than its part (4 of 8); its fifth request then waits for room nobody has reserved, in tag order."""
+def burst_beside_a_full_flood(burst_size: int) -> list[tuple[int, int]]:
+    """The flood holds the whole cap of 8 (it was alone) and 20 more wait when a quiet account's burst arrives; the
+    flood then frees five slots one by one. After each: (the burst's requests admitted, the backlog's)."""
     async def body():
         admission = flood_and_quiet(8)
         flood = [await admission.acquire("voice-app", MODEL_ID, lambda: False) for _ in range(8)]
         backlog = acquiring(admission, "voice-app", 20)
-        burst = acquiring(admission, "analytics", 5)
+        burst = acquiring(admission, "analytics", burst_size)
         await settle()
         admitted = []
         for slot in flood[:5]:
@@ -898,32 +897,24 @@ def test_a_quiet_accounts_burst_that_queued_gets_every_freed_slot_until_it_holds
         await settle()
         return admitted
 
+    return run(body())
+
+
+def test_a_quiet_accounts_burst_that_queued_gets_every_freed_slot_until_it_holds_its_part():
+    """A burst of five all waits. Each slot the flood frees goes to the quiet account's queue, not the flood's,
+    while the quiet account holds less than its part (4 of 8); its fifth request then waits for room nobody has
+    reserved, in tag order."""
     # The fifth release leaves the quiet account's 4 and the flood's 3: the free slot is within the flood's part (4),
     # and its queue's head has the lower start tag (the quiet burst's fifth was sent after it).
-    assert run(body()) == [(1, 0), (2, 0), (3, 0), (4, 0), (4, 1)]
+    assert burst_beside_a_full_flood(5) == [(1, 0), (2, 0), (3, 0), (4, 0), (4, 1)]
 
 
 def test_an_account_held_below_its_part_keeps_its_room_with_more_than_its_part_waiting():
-    """A full engine (the flood was alone) holds a quiet account's burst of six, more than its part (4 of 8): it
-    is not flooding (its waiting requests would not fill the cap), so every slot the flood frees is kept for it until
-    it holds its part, whatever the start tags say. Counted as flooding at its part's worth waiting, it would lose
-    the second slot to the flood's backlog (a tie of start tags) and fall further behind the longer it waited."""
-    async def body():
-        admission = flood_and_quiet(8)
-        flood = [await admission.acquire("voice-app", MODEL_ID, lambda: False) for _ in range(8)]
-        backlog = acquiring(admission, "voice-app", 20)
-        burst = acquiring(admission, "analytics", 6)
-        await settle()
-        admitted = []
-        for slot in flood[:5]:
-            admission.release("voice-app", MODEL_ID, slot)
-            await settle()
-            admitted.append((sum(b.done() for b in burst), sum(b.done() for b in backlog)))
-        admission.flush(fair.CLIENT_GONE)
-        await settle()
-        return admitted
-
-    assert run(body()) == [(1, 0), (2, 0), (3, 0), (4, 0), (4, 1)]
+    """A burst of six, more than its part (4 of 8), is not flooding (its waiting requests would not fill the cap),
+    so every slot the flood frees is kept for it until it holds its part, whatever the start tags say. Counted as
+    flooding at its part's worth waiting, it would lose the second slot to the flood's backlog (a tie of start tags)
+    and fall further behind the longer it waited."""
+    assert burst_beside_a_full_flood(6) == [(1, 0), (2, 0), (3, 0), (4, 0), (4, 1)]
 
 
 def test_a_quiet_account_beyond_its_part_takes_a_slot_a_flood_frees_when_its_start_tag_comes_first():

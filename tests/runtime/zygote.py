@@ -931,20 +931,24 @@ def _become_local(argv: list[str], cwd, env, pipes: tuple[int, ...], keep) -> No
 REFERENCE_SERVER_IMPORTS = ("torch", "safetensors.torch", "runtime.reference.server", "runtime.reference.worker",
                             "runtime.reference.engine", "runtime.reference.build", "runtime.reference.model",
                             "runtime.gateway.__main__", "runtime.bootstrap", "scripts.cli", "boto3")
-_servers: Zygote | None = None
+_zygotes: dict[tuple[str, ...], Zygote] = {}
+
+
+def _zygote(imports: tuple[str, ...]) -> Zygote | None:
+    """This worker's fork server with `imports` loaded, started on first use; None under TEST_NO_ZYGOTE=1."""
+    if os.environ.get("TEST_NO_ZYGOTE") == "1":
+        return None
+    if imports not in _zygotes:
+        import atexit
+
+        _zygotes[imports] = zygote = Zygote(imports)
+        atexit.register(zygote.stop)
+    return _zygotes[imports]
 
 
 def reference_servers() -> Zygote | None:
-    """This worker's fork server for reference servers, started on first use; None under TEST_NO_ZYGOTE=1."""
-    global _servers
-    if os.environ.get("TEST_NO_ZYGOTE") == "1":
-        return None
-    if _servers is None:
-        import atexit
-
-        _servers = Zygote(REFERENCE_SERVER_IMPORTS)
-        atexit.register(_servers.stop)
-    return _servers
+    """This worker's fork server for reference servers."""
+    return _zygote(REFERENCE_SERVER_IMPORTS)
 
 
 # The gateway side of a fleet on loopback (tests/gateway, the bench scripts they run): gateways, the fake engines
@@ -960,20 +964,11 @@ GATEWAY_IMPORTS = ("boto3", "runtime.gateway.__main__", "runtime.gateway.identit
                    "fleetcast.contract.isolation", "tests.gateway.engine_process", "scripts.bench_balance",
                    "scripts.bench_overflow_replay")
 GATEWAY_MODULES = frozenset({"runtime.gateway", "tests.gateway.engine_process", "scripts.bench_balance"})
-_gateways: Zygote | None = None
 
 
 def gateway_processes() -> Zygote | None:
-    """This worker's fork server for the gateway side, started on first use; None under TEST_NO_ZYGOTE=1."""
-    global _gateways
-    if os.environ.get("TEST_NO_ZYGOTE") == "1":
-        return None
-    if _gateways is None:
-        import atexit
-
-        _gateways = Zygote(GATEWAY_IMPORTS)
-        atexit.register(_gateways.stop)
-    return _gateways
+    """This worker's fork server for the gateway side."""
+    return _zygote(GATEWAY_IMPORTS)
 
 
 def launched(args: tuple, zygote: Zygote) -> tuple:
@@ -985,7 +980,7 @@ def launched(args: tuple, zygote: Zygote) -> tuple:
 
 
 def servers() -> list[Zygote]:
-    return [z for z in (_servers, _gateways) if z is not None]
+    return list(_zygotes.values())
 
 
 def cpu_s() -> float:
