@@ -9,6 +9,8 @@ Two commands reach a package registry in CodeBuild, and the tests run with none:
 would install, from this checkout. `npm ci` by the checkout's node_modules (the same package-lock.json: the
 pinned CDK CLI that `npx cdk` then runs), and `.venv/bin/pip install .` by the wheel of this checkout installed
 into that venv without its dependencies, which it reaches through a .pth file (tests/examples/conftest.py).
+Since that stand-in installs with this interpreter's pip, `python3 -m venv .venv` runs with `--without-pip`, and
+the shell's `python3 -m ensurepip --version` checks the pip it would have put there (make_venv below).
 Every other command runs as the pipeline writes it.
 """
 
@@ -119,7 +121,18 @@ def test_the_synth_step_commands_run_in_a_codebuild_like_shell(wheel, tmp_path):
     def pip_install() -> None:
         install_wheel(work / ".venv" / "bin" / "python", wheel)
 
-    registry_free = {"npm ci": npm_ci, ".venv/bin/pip install .": pip_install}
+    def make_venv() -> None:
+        # `python3 -m venv .venv` puts pip into the venv with ensurepip, which installs its bundled pip wheel and
+        # compiles it: 8 of the step's seconds of CPU, for a pip the stand-in for `.venv/bin/pip install .` never
+        # runs (it installs with this interpreter's pip, `--python` the venv's). So the same command, in the same
+        # shell, without that pip, and that shell's ensurepip asked for the pip it would have installed: a python3
+        # without ensurepip (Debian's without python3-venv) still fails here, as `python3 -m venv .venv` would.
+        for argv in (["python3", "-m", "venv", "--without-pip", ".venv"], ["python3", "-m", "ensurepip", "--version"]):
+            done = subprocess.run(argv, cwd=work, env=env, capture_output=True, text=True, timeout=120)
+            assert done.returncode == 0, f"{argv}\n{done.stdout[-2000:]}\n{done.stderr[-4000:]}"
+        assert (work / ".venv" / "bin" / "python").exists()
+
+    registry_free = {"npm ci": npm_ci, "python3 -m venv .venv": make_venv, ".venv/bin/pip install .": pip_install}
     assert set(registry_free) <= set(commands), "the pipeline no longer runs a command this test stands in for"
     for command in commands:
         if command in registry_free:

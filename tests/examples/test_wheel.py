@@ -23,6 +23,7 @@ from fleetcast.contract.packaging import CONSOLE_SCRIPT, WHEEL_DATA_DIRS, WHEEL_
 from stacks.runtime_bundle import SERVING, bundle_files
 from tests.stacks.synthesized import default_fleet
 
+from . import conftest
 from .conftest import install_wheel
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -88,6 +89,26 @@ def test_the_wheel_installs_only_product_named_top_level_packages(wheel):
         shipped = rel.as_posix().replace("runtime/", f"{runtime}/", 1) if rel.parts[0] == "runtime" else rel.as_posix()
         assert shipped in names, f"{rel} is not in the wheel"
     assert f"{WHEEL_DATA_DIRS['docker'].replace('.', '/')}/Dockerfile" in names
+
+
+@pytest.mark.parametrize("installed,isolation", [
+    ({"setuptools": "84.2.1"}, ["--no-build-isolation"]),  # bdist_wheel is setuptools' own from 70.1
+    ({"setuptools": "70.0.0", "wheel": "0.43.0"}, ["--no-build-isolation"]),
+    ({"setuptools": "70.0.0"}, []),  # neither its own bdist_wheel nor the wheel package
+    ({"setuptools": "65.5.0", "wheel": "0.43.0"}, []),  # below pyproject's setuptools>=68
+    ({}, []),
+])
+def test_the_shared_wheel_builds_in_this_interpreter_only_when_it_has_the_build_requirements(
+        monkeypatch, installed, isolation):
+    import importlib.metadata
+
+    def version(name: str) -> str:
+        if name not in installed:
+            raise importlib.metadata.PackageNotFoundError(name)
+        return installed[name]
+
+    monkeypatch.setattr(importlib.metadata, "version", version)
+    assert conftest._build_isolation() == isolation
 
 
 def test_pyproject_names_the_console_script_from_the_packaging_table():
