@@ -777,7 +777,7 @@ async def main_async(args: argparse.Namespace) -> dict:
             try:
                 await _wait_port(port, proxy_header(QUIET[2]))
                 results["affinity"][f"gateway_{mode}"] = affinity_of(gateway.pid)
-                await closed_loop(port, proxy_header(NEIGHBOUR[2]), body, args.batch, 3)  # warm-up
+                await closed_loop(port, proxy_header(NEIGHBOUR[2]), body, args.batch, args.warmup)
                 if mode == "on":
                     for r in range(args.repeats):
                         seed = 1 + r
@@ -1005,6 +1005,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                    help="the neighbour's arrival rate as a multiple of the engine's capacity (default 3)")
     p.add_argument("--lead", type=float, default=5.0,
                    help="seconds the neighbour loads the engine before the quiet account's phase starts (default 5)")
+    p.add_argument("--warmup", type=float, default=3.0,
+                   help="seconds of the neighbour's closed loop at the cap before the first capacity read, the "
+                        "engine's and the gateway's first requests out of the measurements (default 3)")
     p.add_argument("--capacity-s", type=float, default=10.0,
                    help="seconds of each round's capacity measurement (default 10)")
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu",

@@ -7,12 +7,14 @@ from pathlib import Path
 
 from fleetcast.contract.names import consumer_stack_name, provider_stack_name
 from fleetcast.contract.outputs import ConsumerOutput, ProviderOutput
-from tests.stacks.synthesized import default_fleet
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_every_provider_stack_writes_every_provider_output_key():
+    # The CDK, imported where a test runs: not by every xdist worker collecting this module (12 s of import).
+    from tests.stacks.synthesized import default_fleet
+
     fleet = default_fleet()
     for region in fleet.cfg.regions:
         outputs = fleet.template_json(provider_stack_name(fleet.cfg.name, region.region))["Outputs"]
@@ -20,6 +22,8 @@ def test_every_provider_stack_writes_every_provider_output_key():
 
 
 def test_every_consumer_stack_writes_its_endpoint_outputs():
+    from tests.stacks.synthesized import default_fleet
+
     fleet = default_fleet()
     for consumer in fleet.cfg.consumers:
         outputs = fleet.template_json(consumer_stack_name(fleet.cfg.name, consumer.name))["Outputs"]
@@ -27,6 +31,8 @@ def test_every_consumer_stack_writes_its_endpoint_outputs():
 
 
 def test_synthesized_stack_names_are_the_contract_names():
+    from tests.stacks.synthesized import default_fleet
+
     fleet = default_fleet()
     expected = {provider_stack_name(fleet.cfg.name, r.region) for r in fleet.cfg.regions}
     expected |= {consumer_stack_name(fleet.cfg.name, c.name) for c in fleet.cfg.consumers}
