@@ -51,4 +51,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    from fleetcast.contract.entry import run_quietly
+
+    raise SystemExit(run_quietly(main))
