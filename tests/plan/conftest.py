@@ -58,19 +58,6 @@ def keep_figures(monkeypatch) -> dict:
     return saved
 
 
-@pytest.fixture
-def unrasterized(monkeypatch):
-    """For a test that reads a report's pages, not its pictures: each figure is still built (a plot that fails
-    still fails the test), but saving it writes a placeholder file instead of rasterizing it, the report's
-    most expensive step. Never for a test that reads a picture's pixels or its file."""
-    from matplotlib.figure import Figure
-
-    def placeholder(fig, path, *a, **k):
-        Path(path).write_bytes(b"")
-
-    monkeypatch.setattr(Figure, "savefig", placeholder)
-
-
 def write_plan(path, result, ctx, plans=None, *, allow_estimated: bool = False, write_schedule: bool = False,
                write_spot: bool = False) -> list[str]:
     """`plan --write-config` as the command runs it (run.Planned.edit, one path for one model or several), the file
