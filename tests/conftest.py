@@ -32,6 +32,19 @@ ROOT = Path(__file__).resolve().parents[1]
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 
+@pytest.fixture
+def unrasterized(monkeypatch):
+    """For a test that reads a report's pages (a plan's, a bench run's), not its pictures: each figure is still
+    built (a plot that fails still fails the test), but saving it writes a placeholder file instead of rasterizing
+    it, the report's most expensive step. Never for a test that reads a picture's pixels or its file."""
+    from matplotlib.figure import Figure
+
+    def placeholder(fig, path, *a, **k):
+        Path(path).write_bytes(b"")
+
+    monkeypatch.setattr(Figure, "savefig", placeholder)
+
+
 @pytest.fixture(scope="session")
 def moto_endpoint():
     # Imported here, not at collection: moto is heavy and most test runs (`-k`, one file) never need it.

@@ -30,6 +30,7 @@ import functools
 import math
 import operator
 import random
+import statistics
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -169,19 +170,86 @@ def occupancy(model: ServiceModel, rate_rps: float, output_mean: float) -> list[
 
 def _quantile(cdf: Callable[[float], float], q: float, hi: float) -> float:
     """The q-quantile of a non-decreasing cdf by bisection, to a relative 1e-9: far below a microsecond at
-    these latencies, and each step evaluates a whole mixture, so steps past that bound cost time for nothing."""
+    these latencies, and each step evaluates a whole mixture, so steps past that bound cost time for nothing.
+
+    The bisection's path (and so its answer, to the bit) is fixed by the sign of cdf(mid) - q at each midpoint;
+    a bracketing secant (Illinois) first finds points A < root < B whose cdf sits clearly (by _CDF_MARGIN, far
+    above a mixture sum's rounding) below and above q. Every midpoint at or below A then reads "below" and every
+    one at or above B "above" without evaluating the mixture (the cdf is monotone), so only the few midpoints
+    between A and B evaluate it: about a third of the evaluations of a plain bisection, the same answer."""
     lo = 0.0
-    while cdf(hi) < q and hi < 1e9:
+    known = [(hi, cdf(hi))]
+    while known[-1][1] < q and hi < 1e9:
         hi *= 2
+        known.append((hi, cdf(hi)))
+    below, above = _bracket(cdf, q, known[-2:])
     for _ in range(60):
         if hi - lo <= 1e-9 * hi:
             break
         mid = (lo + hi) / 2
-        if cdf(mid) < q:
+        if mid <= below or (mid < above and cdf(mid) < q):
             lo = mid
         else:
             hi = mid
     return hi
+
+
+_CDF_MARGIN = 1e-12  # a cdf this far from q has its side of q settled: a mixture's float sum errs by ~1e-15
+_BRACKET_STEPS = 12  # secant steps at most; the bisection after them is exact whatever they found
+_AIM = 2e-10  # how far past its estimate a secant step aims: a cdf slope of 0.01 per unit log x still settles
+_NORMAL = statistics.NormalDist()
+
+
+def _bracket(cdf: Callable[[float], float], q: float, known: list[tuple[float, float]]) -> tuple[float, float]:
+    """Points (below, above) with cdf(below) < q - _CDF_MARGIN and cdf(above) >= q + _CDF_MARGIN, as close to
+    the q-quantile as a few secant steps get them, taken on the probit of the cdf against log x: a straight
+    line for one lognormal and nearly one for a mixture, so a few steps land within 1e-10. Each step aims a
+    hair (_AIM) past its estimate, on the side still loosest, so that both sides settle; a step that leaves
+    the bracket found so far bisects it. `known` holds the (x, cdf) already evaluated. (0, inf) when nothing
+    is settled: the bisection needs no more than the cdf's monotonicity from these points."""
+    below, above = 0.0, math.inf
+    zq = _probit(q)
+    pts: list[tuple[float, float]] = []  # (log x, probit gap) of every evaluated point, newest last
+    for x, fx in known:
+        if fx < q - _CDF_MARGIN:
+            below = max(below, x)
+        elif fx >= q + _CDF_MARGIN:
+            above = min(above, x)
+        pts.append((math.log(x), _probit(fx) - zq))
+    for _ in range(_BRACKET_STEPS):
+        if above - below <= 5e-10 * above < math.inf:
+            break
+        neg = [p for p in pts if p[1] < 0]
+        pos = [p for p in pts if p[1] >= 0]
+        if neg and pos:  # the secant through the newest two points, else regula falsi, inside the bracket
+            (u0, z0), (u1, z1) = max(neg), min(pos)
+            (v0, y0), (v1, y1) = pts[-2], pts[-1]
+            nu = v1 - y1 * (v1 - v0) / (y1 - y0) if y1 != y0 else math.nan
+            if not u0 < nu < u1:
+                nu = u1 - z1 * (u1 - u0) / (z1 - z0) if z1 != z0 else math.nan
+            if not u0 < nu < u1:
+                nu = (u0 + u1) / 2
+        else:
+            (u0, z0), (u1, z1) = (pts[-2], pts[-1]) if len(pts) > 1 else ((pts[-1][0] - 0.05, 0.0), pts[-1])
+            nu = u1 - z1 * (u1 - u0) / (z1 - z0) if len(pts) > 1 and z1 != z0 else u1 - math.copysign(0.05, z1)
+            nu = min(max(nu, u1 - 1.0), u1 + 1.0)  # a factor e at most while one side is unknown
+        x = math.exp(nu)
+        if below > 0 and (above == math.inf or x - below < above - x):  # aim past the estimate, on the loose side
+            x *= 1.0 + _AIM
+        else:
+            x *= 1.0 - _AIM
+        fx = cdf(x)
+        if fx < q - _CDF_MARGIN:
+            below = max(below, x)
+        elif fx >= q + _CDF_MARGIN:
+            above = min(above, x)
+        pts.append((math.log(x), _probit(fx) - zq))
+    return below, above
+
+
+def _probit(p: float) -> float:
+    """The standard normal quantile of p, clamped away from 0 and 1 (where a mixture's cdf saturates)."""
+    return _NORMAL.inv_cdf(min(max(p, 1e-300), 1.0 - 1e-16))
 
 
 def _mixture_cdf(mix: list[tuple[float, LogNormal]], norm: float) -> Callable[[float], float]:

@@ -128,7 +128,7 @@ def test_a_rate_level_splits_the_arrival_rate(two_models, tmp_path):
     assert xl.packing.gpu == "H200" and [s.kv_cache_gb for s in xl.packing.serves] == [20.0, None]
 
 
-def test_report_and_csv_give_every_figure_per_model_and_in_total(two_models, tmp_path, monkeypatch):
+def test_report_and_csv_give_every_figure_per_model_and_in_total(two_models, tmp_path, monkeypatch, unrasterized):
     rc, out = _run(two_models, tmp_path, "--packing", "gpt2-xl:1,qwen2.5-0.5b:1", "--slo-ttft-ms", "500",
                    "--model-input-tokens", "qwen2.5-0.5b=12", "--report", str(tmp_path / "rep"))
     assert rc == 0

@@ -35,7 +35,7 @@ def test_a_level_the_request_count_cannot_reach_is_refused(tmp_path, capsys):
     assert "--requests-per-level 100" in capsys.readouterr().err
 
 
-def test_a_run_below_its_concurrency_is_marked_in_results_and_report(fast_server, tmp_path):
+def test_a_run_below_its_concurrency_is_marked_in_results_and_report(fast_server, tmp_path, unrasterized):
     # Library callers (and --duration runs) are not stopped by the CLI check: the run says so instead.
     opts = BenchOptions(endpoint=fast_server.url, input_tokens=parse_distribution("8", "i"),
                         output_tokens=parse_distribution("4", "o"), levels=[Level("concurrency", concurrency=8)],
@@ -49,7 +49,7 @@ def test_a_run_below_its_concurrency_is_marked_in_results_and_report(fast_server
     assert "LOAD NOT REACHED" in page
 
 
-def test_results_and_report_header_record_slos_and_request_shape(fast_server, tmp_path):
+def test_results_and_report_header_record_slos_and_request_shape(fast_server, tmp_path, unrasterized):
     out = tmp_path / "r.json"
     assert main(["bench", "run", "--endpoint", fast_server.url, "--concurrency", "1,2", "--requests-per-level", "4",
                  "--input-tokens", "16", "--output-tokens", "normal:6,1", "--slo-ttft-ms", "500", "--slo-itl-ms", "40",
@@ -108,7 +108,7 @@ def _shape(res, input_mean, output_mean):
     return res.model_copy(update={"runs": runs})
 
 
-def test_report_and_network_share_refuse_different_request_shapes(tmp_path, capsys):
+def test_report_and_network_share_refuse_different_request_shapes(tmp_path, capsys, unrasterized):
     a, b = tmp_path / "a.json", tmp_path / "b.json"
     dump_results(_shape(INSTANCE, 128, 128), a)
     dump_results(_shape(PRIVATELINK, 64, 64), b)

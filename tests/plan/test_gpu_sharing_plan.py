@@ -253,7 +253,15 @@ def test_the_what_if_is_refused_with_write_config_and_for_one_model(capsys, tmp_
 SHARING_FILES = sorted(str(p) for p in (DATA / "h200-sharing").glob("*/h200-sharing-*.json"))
 
 
-def test_on_the_measured_sharing_dataset_mps_wins_measured_and_the_report_states_both_savings(tmp_path):
+@pytest.fixture(scope="module")
+def busy_sliced_on_sharing_data(tmp_path_factory):
+    """(result, region) of traffic-busy.yaml planned time-sliced from bench/data/h200-sharing, planned once: read by
+    the measured-dataset savings test and the curve-warnings test."""
+    return _plan(_config(tmp_path_factory.mktemp("fleet"), None), "traffic-busy.yaml", results=SHARING_FILES)
+
+
+def test_on_the_measured_sharing_dataset_mps_wins_measured_and_the_report_states_both_savings(
+        tmp_path, busy_sliced_on_sharing_data):
     """examples/plan/h200-colocate/README.md: at traffic-busy.yaml, from bench/data/h200-sharing (both modes
     measured), the plan under MPS picks the measured MPS pair; its saving against one model per pool and against
     the measured time-sliced pair is in the report. Without the what-if the pool time-slices and the measured
@@ -269,7 +277,7 @@ def test_on_the_measured_sharing_dataset_mps_wins_measured_and_the_report_states
     said = " ".join(mps.savings())
     assert "vs one model per pool" in said and "vs time slicing" in said
     assert any("estimated (solo curves, MPS)" in n and "$8.94/h" in n for n in mps.notes)
-    _, sliced = _plan(_config(tmp_path, None), "traffic-busy.yaml", results=SHARING_FILES)
+    _, sliced = busy_sliced_on_sharing_data
     assert sliced.winner.source == MEASURED[TIME_SLICING] and round(sliced.winner.cost_per_hour, 2) == 27.28
 
 
@@ -289,13 +297,10 @@ def test_the_solo_curve_is_the_one_without_an_mps_daemon_whatever_the_order_of_t
             assert coloc is not None and coloc.sharing == sharing
 
 
-def test_each_curve_warning_names_the_model_and_which_of_its_curves_it_is(tmp_path):
+def test_each_curve_warning_names_the_model_and_which_of_its_curves_it_is(busy_sliced_on_sharing_data):
     """Four curves per model (alone and co-located, each mode): each spread warning says whose and which, and the
     figure is that curve's own (medium alone as an MPS client: P99 TTFT 86.4 to 267.9 ms at 64 streams, 210%)."""
-    opts = PlanOptions(results=SHARING_FILES, traffic=str(SCENARIO / "traffic-busy.yaml"),
-                       config=_config(tmp_path, None), prices=str(SCENARIO / "prices.yaml"), lab=LAB,
-                       today=date(2026, 2, 1))
-    result, _, _ = build_packing(opts)
+    result, _ = busy_sliced_on_sharing_data
     spread = [w for w in result.warnings if "repeats at" in w]
     heads = sorted(w.split(": ", 1)[0] for w in spread)
     assert heads == sorted(f"{m} on lab.h200 fp16, {kind} curve" for m in PAIR for kind in (

@@ -227,7 +227,7 @@ EXAMPLE_ARGS = ["--results", str(EXAMPLE / "results"), "--traffic", str(EXAMPLE 
                 "--config", str(EXAMPLE / "fleet.yaml")]
 
 
-def test_the_command_plans_a_fleet_of_several_models_and_writes_its_report(capsys, tmp_path):
+def test_the_command_plans_a_fleet_of_several_models_and_writes_its_report(capsys, tmp_path, unrasterized):
     code, out, err = _cli(capsys, *EXAMPLE_ARGS, "--report", str(tmp_path / "rep"))
     assert code == 0, err
     assert "ap-northeast-2: g6e.xlarge [gpt2-xl int8_wo x1 + qwen2.5-0.5b bf16 x1 + qwen2.5-3b fp8 x1] " \
@@ -396,7 +396,7 @@ def test_simulation_of_the_h200_packing_uses_its_measured_colocated_curves():
     assert any("[measured (time slicing)]" in ln for ln in lines)
 
 
-def test_plan_simulate_for_several_models_draws_each_models_day(capsys, tmp_path):
+def test_plan_simulate_for_several_models_draws_each_models_day(capsys, tmp_path, unrasterized):
     code, out, err = _cli(capsys, "simulate", *EXAMPLE_ARGS, "--report", str(tmp_path))
     assert code == 3, out + err  # qwen2.5-0.5b misses its SLO in simulation (above)
     assert sorted(p.name for p in tmp_path.iterdir()) == [

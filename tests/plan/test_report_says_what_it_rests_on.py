@@ -33,7 +33,7 @@ def seed_plan(results=None, **kw):
 SYNTHETIC = "synthetic (authored data, not measured)"
 
 
-def test_synthetic_seed_inputs_are_called_synthetic_everywhere(tmp_path):
+def test_synthetic_seed_inputs_are_called_synthetic_everywhere(tmp_path, unrasterized):
     result, _, _ = seed_plan()
     text = render_terminal(result)
     assert "results: 7 synthetic solo curve(s)" in text
@@ -135,7 +135,7 @@ def _markdown_items(md: str) -> list[str]:
     return items
 
 
-def test_plan_html_has_everything_plan_md_has(tmp_path):
+def test_plan_html_has_everything_plan_md_has(tmp_path, unrasterized):
     # Output 100 tokens against results at 128: the winner gets a note (E2E rescaled), which the page must carry.
     traffic = tmp_path / "traffic.yaml"
     traffic.write_text((SEED / "traffic-seoul.yaml").read_text().replace("output_tokens: 128", "output_tokens: 100"))
@@ -154,7 +154,7 @@ def test_plan_html_has_everything_plan_md_has(tmp_path):
     assert any(i.startswith("Performance model: gpt2-xl: roofline calibrated") for i in parser.items)
 
 
-def test_the_page_explains_its_columns(tmp_path):
+def test_the_page_explains_its_columns(tmp_path, unrasterized):
     result, _, _ = seed_plan()
     write_report(result, tmp_path)
     for doc in ((tmp_path / "plan.md").read_text(), (tmp_path / "plan.html").read_text()):

@@ -126,7 +126,7 @@ def test_spill_targets_are_what_every_consumer_of_a_region_allows(tmp_path):
     assert spill_targets(cfg, "eu-west-1") == frozenset()  # no consumer: strict
 
 
-def test_the_example_through_the_cli(capsys, tmp_path):
+def test_the_example_through_the_cli(capsys, tmp_path, unrasterized):
     from scripts.cli import main
 
     args = ["plan", "--results", str(SEED / "results"), "--traffic", str(EXAMPLE / "traffic.yaml"),
