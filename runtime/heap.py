@@ -18,15 +18,16 @@ an asyncio process so does every stream it serves. Two kinds of object make a fu
 
 So a serving process (`serve_gc_policy`): freezes its startup heap; keeps the automatic young collections
 (generation 1 every YOUNG_PERIODS of generation 0), which walk at most what survived since the last of them
-(`young_scan_bound`); turns off the automatic full collections, by a threshold2 no count reaches; and runs the full collection itself, from a thread of its own, when
-the process holds no request (`busy()` false), so that it walks only what is left when nothing is served and stalls
-nobody. The docs (gc.set_threshold) define the trigger this relies on: generation 2 is examined when the number of
-generation-1 collections since the last full one exceeds threshold2, and (CPython 3.12 and 3.13, gcmodule.c /
-gc.c, `long_lived_pending`) only once the objects that survived into it since exceed a quarter of those there
-before: both counts gate it, so a threshold2 never reached means no automatic full collection. A process never
-idle for MAX_DEFER_S still gets a full collection then: a bounded pause every ten minutes against cyclic garbage
-growing without bound. Serving is meant to leave no cyclic garbage (tests/runtime/test_heap.py and
-tests/gateway/test_heap_under_flood.py check the gateway's bursts), so that deferred collection finds ~nothing.
+(`young_scan_bound`); turns off the automatic full collections, by a threshold2 no count reaches; and runs the
+full collection itself, from a thread of its own, when the process holds no request (`busy()` false), so that it
+walks only what is left when nothing is served and stalls nobody. The docs (gc.set_threshold) define the trigger
+this relies on: generation 2 is examined when the number of generation-1 collections since the last full one
+exceeds threshold2, and (CPython 3.12 and 3.13, gcmodule.c / gc.c, `long_lived_pending`) only once the objects
+that survived into it since exceed a quarter of those there before: both counts gate it, so a threshold2 never
+reached means no automatic full collection. A process never idle for MAX_DEFER_S still gets a full collection
+then: a bounded pause every ten minutes against cyclic garbage growing without bound. Serving is meant to leave
+no cyclic garbage (tests/runtime/test_heap.py and tests/gateway/test_heap_under_flood.py check the gateway's
+bursts), so that deferred collection finds ~nothing.
 """
 
 from __future__ import annotations

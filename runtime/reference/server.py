@@ -94,7 +94,6 @@ def _error(status: int, message: str, param: str | None = None) -> web.Response:
     return web.json_response(body, status=status)
 
 
-
 # Iteration stats encoded per slice, the event loop's turn between two: a read of /metrics carries every iteration
 # since the last (hundreds a second on a GPU), and json.dumps of 600 of them holds this process's loop, every stream's
 # tokens with it, for 27 ms on the dev VM: the H100 run's HTTP process was late 15-23 ms at intervals of ~0.53 s,
