@@ -27,7 +27,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
@@ -68,6 +68,19 @@ _ids: Iterator[int] = itertools.count(1)
 
 # What the engine delivers, once per delivery point: (sequence, token or None, finish reason or None) each.
 Events = list[tuple[Sequence, int | None, str | None]]
+
+# A batched prefill's shape: ("fresh", rows, padded tokens, tokens) for whole prompts (model.prefill_batch), or
+# ("hit", rows, new tokens, context) for a batch with prefix-cache hits (model.prefill_batch_from).
+Shape = tuple[str, int, int, int]
+
+
+class IterationObserver(Protocol):
+    """What watches each iteration (the TTFT trace, runtime/ttft_trace.py; the shape probe, scripts/probe_prefill.py):
+    `begin` at its start (its return comes back to `end`), `end` with the iteration's record once it ran."""
+
+    def begin(self) -> Any: ...
+
+    def end(self, token: Any, record: dict[str, Any]) -> None: ...
 
 
 def emit_each(events: Events) -> None:
@@ -144,6 +157,12 @@ class Engine:
         self.failed: BaseException | None = None
         self._deliver_events = deliver
         self._outbox: Events = []
+        # Every prefill shape run since start-up, the warm-up's included: a shape not in it pays the first-use costs
+        # of its kernels (lazy module loading, library heuristics, the allocator's growth) in a live iteration.
+        self.prefill_shapes: set[Shape] = set()
+        # Set before start() to watch iterations (off: one `is None` test an iteration and a prefill group).
+        self.observer: IterationObserver | None = None
+        self._groups: list[dict[str, Any]] | None = None  # the observed iteration's prefill groups
         # Draws for the sampled rows of requests without a seed: one generator for all of them, so they are sampled
         # in one op (their tokens are random either way); a request with a seed draws from its own. Made at the
         # first draw, on the logits' own device (as each request's generator is).
@@ -208,15 +227,45 @@ class Engine:
         top2 = torch.topk(logits[:, : self.vocab_size], 2, dim=-1).indices
         return logits, top2
 
-    def warm_up(self) -> None:
-        """Run one prefill per padded length before serving, so library heuristics and lazy
-        initialisation are not paid by the first clients (seen on the H200: 90 ms first TTFT)."""
-        lengths = sorted({min(n, self.max_seq_len) for n in range(PREFILL_ALIGN, self.max_seq_len + PREFILL_ALIGN, PREFILL_ALIGN)})
+    def warmup_shapes(self, grid: bool) -> list[Shape]:
+        """The prefill shapes warm_up runs, on both paths (whole prompts; prefix-cache hits): one row per padded
+        length, and with `grid` every batch bucket of rows at each padded length that fits a prefill
+        (rows x length <= PREFILL_TOKENS, rows <= the cache's slots), so at most len(batch buckets) x lengths x 2.
+
+        Why rows too: a batch's rows multiply the token dimension of every GEMM and the attention's batch, which
+        selects other kernels (each loaded at its first use) and grows the allocator's pool. TensorRT-LLM's PyTorch
+        backend warms the same two ends before serving: one token and its max_num_tokens of pure context, the max
+        batch of pure generation (model_engine.py, _general_warmup), a forward at max_num_tokens for the autotuner
+        (_run_autotuner_warmup), and a CUDA graph per batch size (_capture_generation_cuda_graphs); its trtllm-build
+        engines are built for optimization profiles over batch and tokens. Largest first, so the allocator's biggest
+        blocks exist before the smaller shapes split them (its piecewise CUDA graph warm-up ends on the batch "with
+        most requests" for the same reason)."""
+        lengths = sorted({self._aligned(n) for n in range(PREFILL_ALIGN, self.max_seq_len + PREFILL_ALIGN, PREFILL_ALIGN)})
+        slots = min(self.cache.max_batch, self.max_batch_size)
+        rows = [b for b in self.batch_buckets if b <= slots] if grid else [1]
+        shapes: list[Shape] = []
+        for n in lengths:
+            for r in rows:
+                if r == 1 or r * n <= PREFILL_TOKENS:
+                    shapes += [("fresh", r, n, n), ("hit", r, n, n)]
+        return sorted(shapes, key=lambda shape: -shape[1] * shape[2])
+
+    def warm_up(self, grid: bool | None = None) -> None:
+        """Run every shape of warmup_shapes before serving, so library heuristics, lazy kernel loading and the
+        allocator's growth are not paid by the first clients (seen on the H200: 90 ms first TTFT). `grid`: the
+        rows of every batch bucket too; by default on a GPU only (a CPU loads no kernels lazily)."""
+        if grid is None:
+            grid = self.device.type == "cuda"
         with torch.inference_mode():
-            for n in lengths:
-                ids = torch.zeros(n, dtype=torch.long, device=self.device)
-                self.model.prefill(self.cache, 0, ids)
-                self.model.prefill_batch_from(self.cache, 0, ids.unsqueeze(0), [0], [n], n)  # prefix-cache hits' path
+            for kind, rows, n, context in self.warmup_shapes(grid):
+                ids = torch.zeros(rows, n, dtype=torch.long, device=self.device)
+                if kind == "fresh":
+                    self.model.prefill_batch(self.cache, 0, ids, torch.full((rows,), n, device=self.device))
+                else:
+                    self.model.prefill_batch_from(self.cache, 0, ids, [0] * rows, [n] * rows, context)
+                self.prefill_shapes.add((kind, rows, n, context))
+        if self.device.type == "cuda":
+            torch.cuda.synchronize()
         self.cache.kv.zero_()
 
     def capture_graphs(self) -> None:
@@ -403,17 +452,26 @@ class Engine:
             for row, seq in enumerate(batch):
                 ids[row, : len(seq.prompt) - seq.cached_tokens] = torch.tensor(seq.prompt[seq.cached_tokens:],
                                                                                 dtype=torch.long)
+            group_at = time.monotonic() if self._groups is not None else 0.0
             if any(seq.cached_tokens for seq in batch):
                 assert self.prefix is not None
                 self.prefix.load([(first + row, rows) for row, (_, _, rows) in enumerate(group)], self.cache)
                 end = max(len(seq.prompt) for seq in batch)
+                shape: Shape = ("hit", len(batch), T, end)
                 logits = self.model.prefill_batch_from(
                     self.cache, first, ids.to(self.device), [seq.cached_tokens for seq in batch],
                     [len(seq.prompt) - seq.cached_tokens for seq in batch], end)
             else:
+                shape = ("fresh", len(batch), T, T)
                 lengths = torch.tensor([len(s.prompt) for s in batch], dtype=torch.long)
                 logits = self.model.prefill_batch(self.cache, first, ids.to(self.device), lengths.to(self.device))
             tops = torch.topk(logits[:, : self.vocab_size], 2, dim=-1).indices.tolist()
+            new = shape not in self.prefill_shapes
+            if new:
+                self.prefill_shapes.add(shape)
+            if self._groups is not None:  # the readback above waited for the group's forward: its time is whole
+                self._groups.append({"shape": list(shape), "new": new,
+                                     "ms": round((time.monotonic() - group_at) * 1000, 3)})
             # Every prompt of the group holds a slot now; ones that finish on their first token
             # are retired through _remove once all groups ran, so the slots stay contiguous.
             for seq in batch:
@@ -479,6 +537,9 @@ class Engine:
                     self._active.clear()
                     break
             started = time.monotonic()
+            observer = self.observer
+            if observer is not None:
+                watch, self._groups = observer.begin(), []
             # Cancelled sequences leave before the batch is filled: the gateway counted a slot free when its
             # client left, and the request it admitted into it must start in this iteration, not wait one
             # behind a batch that only looks full.
@@ -493,6 +554,7 @@ class Engine:
             # Cancelled while being admitted: they leave before the step, so they cost no decode.
             completed += self._retire_cancelled()
             n_gen = len(self._active)
+            decode_at = time.monotonic() if observer is not None else 0.0
             if self._active:
                 tokens = [s.last for s in self._active]
                 positions = [s.length for s in self._active]
@@ -508,6 +570,10 @@ class Engine:
                     self._remove(i)
                 completed += len(finished)
             self._record(started, admitted, queue_latency, completed, ctx_tokens, n_gen, queued)
+            if observer is not None:
+                groups, self._groups = self._groups, None
+                observer.end(watch, {"start": started, "decode_at": decode_at, "end": time.monotonic(),
+                                     "admitted": len(admitted), "active": n_gen, "groups": groups})
         for seq in pending:
             self._retire(seq, "cancelled")
         self._flush()
@@ -523,13 +589,25 @@ class Engine:
         self._flush()
         return retired
 
+    def _gpu_memory(self) -> int:
+        """Bytes the caching allocator has handed out on the engine's device (0 off a GPU), for every iteration's
+        stats. Read from the allocator's nested stats, not torch.cuda.memory_allocated: that one flattens every stat
+        through a closure that refers to itself (torch/cuda/memory.py, memory_stats), a cycle of about 125 objects
+        (the stats' tuples, its list, cells and functions) per call, which only the garbage collector frees: an
+        iteration's worth of cyclic garbage, the 2,570 objects the engine process freed a young collection on the
+        H100 (bench/FAIRNESS_DEVICE.md, "Call 4 as run")."""
+        if self.device.type != "cuda":
+            return 0
+        allocated = torch.cuda.memory_stats_as_nested_dict(self.device).get("allocated_bytes", {})
+        return int(allocated.get("all", {}).get("current", 0))
+
     def _record(self, started: float, admitted: list[Sequence], queue_latency: float, completed: int, ctx_tokens: int,
                 n_gen: int, queued: int) -> None:
         self._iter += 1
         now = time.time()
         max_blocks = self.cache.max_batch * kv_blocks_per_slot(self.max_seq_len)
         used = sum(-(-s.length // TOKENS_PER_BLOCK) for s in self._active)
-        gpu_mem = torch.cuda.memory_allocated(self.device) if self.device.type == "cuda" else 0
+        gpu_mem = self._gpu_memory()
         stat = {
             "timestamp": time.strftime("%m-%d-%Y %H:%M:%S", time.gmtime(now)),
             "iter": self._iter,
