@@ -6,7 +6,9 @@ DIR/<role>-<pid>.jsonl: the stamps of each request that carries the `x-request-i
 CLOCK_MONOTONIC, which is one clock for every process of a Linux machine (clock_gettime(2)), so a stamp of one
 process compares with another's; once a second, each asyncio loop's most late-by of a 1 ms ticker (`lag`); and
 each process's garbage collections, a line each for one of `GC_LINE_MS` or more and a summary a second (`gc`);
-in each gateway worker, its waits for and holds of the workers' shared lock (`TimedLock`: `lock`, `lock_second`).
+in each gateway worker, its waits for and holds of the workers' shared lock (`TimedLock`: `lock`, `lock_second`);
+in the reference engine's process, where its long iterations went (`IterationWatch`: `iteration`, `iteration_second`;
+scripts/trace_iterations.py attributes them).
 `scripts/bench_fairness.py` joins them by the request id (and the engine's own id, which the HTTP process's line
 names). Without the variable, `TRACE` is None: every hook in the serving code is one `if TRACE` (nothing is stamped,
 no ticker or collector callback runs, no file is opened).
@@ -37,6 +39,10 @@ LOCK_LINE_MS = 1.0  # likewise a wait for, or a hold of, the gateway workers' sh
 # they are dropped from gc.garbage and freed by a later full collection.
 CYCLES_EVERY_S = 1.0
 CYCLES_TOP = 8
+# The reference engine's iterations (IterationWatch): one this long or longer gets a line of its own (as does one
+# that ran a prefill shape for the first time), every iteration counts in its second's summary.
+ITER_LINE_MS = 5.0
+SCHEDSTAT = "/proc/thread-self/schedstat"  # the calling thread's on-CPU and run-queue ns (proc(5), sched_info)
 
 monotonic = time.monotonic
 
@@ -201,6 +207,65 @@ class TimedLock:
 
     def release(self) -> None:
         self.lock.release()
+
+
+def thread_clock() -> tuple[float, float]:
+    """The calling thread's time on a CPU and waiting in a run queue for one (s); (thread CPU time, 0) where the
+    kernel does not say (no schedstat)."""
+    try:
+        with open(SCHEDSTAT) as f:
+            on_cpu, waiting, _ = f.read().split()
+        return int(on_cpu) / 1e9, int(waiting) / 1e9
+    except (OSError, ValueError):
+        return time.thread_time(), 0.0
+
+
+class IterationWatch:
+    """The reference engine's IterationObserver (runtime/reference/engine.py) while the trace is on: where each
+    iteration's time went. Its wall time splits into the engine thread's time on a CPU (its Python, the launches and
+    a CUDA synchronisation's spin), its wait for a CPU (run queue: another thread or process had the core) and the
+    rest, off both (blocked: the interpreter lock another thread of the process held, a socket write, a sleeping
+    synchronisation); `gc` counts the process's collections inside it (any thread's: a collection holds the
+    interpreter lock). An `iteration` line for each one of ITER_LINE_MS or more or that ran a prefill shape first
+    (its groups: shape, whether new, ms), an `iteration_second` summary a second."""
+
+    def __init__(self, trace: Trace) -> None:
+        self.trace = trace
+        self._second = -1
+        self._acc = [0, 0, 0.0, 0.0, 0, 0.0]  # iterations, long ones, ms, max ms, admitting ones, their ms
+
+    def begin(self) -> tuple[float, float, int]:
+        on_cpu, waiting = thread_clock()
+        return on_cpu, waiting, sum(s["collections"] for s in gc.get_stats())
+
+    def end(self, token: tuple[float, float, int], record: dict[str, Any]) -> None:
+        on_cpu, waiting = thread_clock()
+        collections = sum(s["collections"] for s in gc.get_stats())
+        wall = (record["end"] - record["start"]) * 1000
+        cpu_ms, runq_ms = (on_cpu - token[0]) * 1000, (waiting - token[1]) * 1000
+        groups = record["groups"] or []
+        if wall >= ITER_LINE_MS or any(g["new"] for g in groups):
+            self.trace.write({"kind": "iteration", "at": record["start"], "ms": round(wall, 3),
+                              "admitted": record["admitted"], "active": record["active"], "groups": groups,
+                              "decode_ms": round((record["end"] - record["decode_at"]) * 1000, 3),
+                              "cpu_ms": round(cpu_ms, 3), "runq_ms": round(runq_ms, 3),
+                              "blocked_ms": round(max(0.0, wall - cpu_ms - runq_ms), 3), "gc": collections - token[2]})
+        second = int(record["start"])
+        if second != self._second:
+            if self._acc[0]:
+                n, long, total, most, admitting, admitting_ms = self._acc
+                self.trace.write({"kind": "iteration_second", "at": float(self._second), "count": n, "long": long,
+                                  "ms": round(total, 3), "max_ms": round(most, 3), "admitting": admitting,
+                                  "admitting_ms": round(admitting_ms, 3)})
+            self._second, self._acc = second, [0, 0, 0.0, 0.0, 0, 0.0]
+        acc = self._acc
+        acc[0] += 1
+        acc[1] += wall >= ITER_LINE_MS
+        acc[2] += wall
+        acc[3] = max(acc[3], wall)
+        if record["admitted"]:
+            acc[4] += 1
+            acc[5] += wall
 
 
 def tracer(role: str, environ: Any = None) -> Trace | None:

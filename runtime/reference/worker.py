@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any
 from fleetcast.contract.serving import GIB
 
 from ..heap import serve_gc_policy
-from ..ttft_trace import Trace, tracer
+from ..ttft_trace import IterationWatch, Trace, tracer
 from . import protocol as p
 from .mps_sim import MpsClientSim
 
@@ -138,6 +138,7 @@ class EngineHost:
         )
         if TRACE:
             self._trace_iterations(engine)
+            engine.observer = IterationWatch(TRACE)
         self.memory["kv_cache_bytes"] = engine.cache.nbytes
         self.memory["prefix_cache_bytes"] = engine.prefix.nbytes if engine.prefix is not None else 0
         self.memory["kv_cache_slots"] = engine.cache.max_batch

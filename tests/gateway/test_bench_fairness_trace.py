@@ -136,6 +136,11 @@ def test_on_loopback_every_quiet_requests_hops_add_up_to_at_most_its_ttft(tmp_pa
     trace = read_trace(out / "trace")
     sources = {path.stem.split("-")[0] for path in (out / "trace").glob("*.jsonl")}
     assert sources == {"client", "gateway", "http", "engine"}
+    # The engine process's own iteration lines (scripts/trace_iterations.py attributes them): the first live prefix-hit
+    # batch runs a shape the warm-up did not, and every second gets a summary.
+    engine_kinds = {json.loads(line)["kind"] for path in (out / "trace").glob("engine-*.jsonl")
+                    for line in path.read_text().splitlines()}
+    assert {"iteration", "iteration_second"} <= engine_kinds
     rows = [request_hops(client, trace) for client in trace["client"].values() if client.get("status") == 200]
     joined = [r for r in rows if r is not None]
     assert joined and len(joined) == len(rows)  # every answered quiet request is traced whole
