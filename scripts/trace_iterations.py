@@ -171,4 +171,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from fleetcast.contract.entry import run_quietly
+
+    sys.exit(run_quietly(main))

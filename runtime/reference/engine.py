@@ -205,8 +205,9 @@ class Engine:
             self._stats.clear()
         return out
 
-    def start(self) -> None:
-        self.warm_up()
+    def start(self, grid: bool | None = None) -> None:
+        """Warm up (`grid`: warm_up's), capture the decode graphs, start the scheduler thread."""
+        self.warm_up(grid)
         if self.cuda_graphs:
             self.capture_graphs()
         self._thread = threading.Thread(target=self._run, name="reference-engine", daemon=True)

@@ -40,6 +40,16 @@ def test_a_long_iteration_or_one_with_a_new_shape_gets_a_line_and_every_one_coun
                        "admitting": 2, "admitting_ms": 13.0, "role": "engine"}
 
 
+def test_a_run_queue_wait_the_kernel_adds_from_before_the_iteration_is_held_to_what_its_wall_time_leaves(
+        tmp_path: Path, monkeypatch):
+    clock = iter([(1.000, 0.000), (1.004, 0.050)])  # 50 ms of run-queue wait added in a 10 ms iteration
+    monkeypatch.setattr(ttft_trace, "thread_clock", lambda: next(clock))
+    watch = IterationWatch(Trace(str(tmp_path), "engine"))
+    watch.end(watch.begin(), _record(10.0, 10.0, 1))
+    (line,) = [r for r in _lines(tmp_path) if r["kind"] == "iteration"]
+    assert (line["cpu_ms"], line["runq_ms"], line["blocked_ms"]) == (4.0, 6.0, 0.0)
+
+
 def test_the_thread_clock_reads_this_threads_cpu_time_and_run_queue_wait():
     on_cpu, waiting = ttft_trace.thread_clock()
     spin = sum(range(200_000))
