@@ -194,6 +194,17 @@ def summary(runs: list[dict[str, Any]]) -> list[str]:
             for new in (True, False):
                 ms = [g["ms"] for r in mine for g in r["prefills"] if g["shape"][0] == kind and g["new"] is new]
                 lines.append(f"  {kind:<5} {'new ' if new else 'seen'} shapes, prefill group P50 / P90 / max: {spread(ms)}")
+        for kind in ("fresh", "hit"):
+            paid: dict[bool, list[float]] = {True: [], False: []}  # first use less the second use of one shape, by whether the first was new
+            for r in mine:
+                uses: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
+                for g in r["prefills"]:
+                    if g["shape"][0] == kind:
+                        uses.setdefault(tuple(g["shape"]), []).append(g)
+                for first, second, *_ in (u for u in uses.values() if len(u) >= 2):
+                    paid[first["new"]].append(first["ms"] - second["ms"])
+            lines.append(f"  {kind:<5} first use less second use of the same shape, P50 / P90 / max: new "
+                         f"{spread(paid[True])}; warmed {spread(paid[False])}")
         per_run = [f"{1000 * r['collections'] / max(1, r['decode_iterations']):.1f} ({r['collected']} freed)" for r in mine]
         lines.append(f"  collections per 1000 decode iterations: {', '.join(per_run)}")
         long = [x for r in mine for x in r["long"]]
