@@ -30,6 +30,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from runtime.ttft_trace import iteration_split, thread_clock
+
 VARIANTS = ("before", "after")
 LONG_MS = 5.0
 
@@ -77,21 +79,15 @@ class Watch:
     """The probe's IterationObserver: every iteration's record, with the engine thread's CPU split."""
 
     def __init__(self) -> None:
-        from runtime.ttft_trace import thread_clock
-
-        self.clock = thread_clock
         self.records: list[dict[str, Any]] = []
 
     def begin(self) -> tuple[float, float]:
-        return self.clock()
+        return thread_clock()
 
     def end(self, token: tuple[float, float], record: dict[str, Any]) -> None:
-        on_cpu, waiting = self.clock()
         wall = (record["end"] - record["start"]) * 1000
-        cpu = (on_cpu - token[0]) * 1000
-        runq = min((waiting - token[1]) * 1000, max(0.0, wall - cpu))  # as runtime/ttft_trace.py IterationWatch
-        self.records.append({**record, "ms": wall, "cpu_ms": cpu, "runq_ms": runq,
-                             "blocked_ms": max(0.0, wall - cpu - runq)})
+        cpu, runq, blocked = iteration_split(token, thread_clock(), wall)
+        self.records.append({**record, "ms": wall, "cpu_ms": cpu, "runq_ms": runq, "blocked_ms": blocked})
 
 
 def child(args: argparse.Namespace) -> dict[str, Any]:
