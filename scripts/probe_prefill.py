@@ -46,6 +46,10 @@ def _ints(text: str) -> list[int]:
     return values
 
 
+# The prompt of each sequence of the decode batch: short, so that the steps are decode steps.
+DECODE_PROMPT = 20
+
+
 def parse(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m scripts.probe_prefill", description=__doc__.split("\n")[0])
     p.add_argument("--device", choices=("cpu", "cuda"), default="cuda")
@@ -56,7 +60,9 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
                    help="rows of the batches served (default 1,2,3,4,5,6,8,9,12,16)")
     p.add_argument("--lengths", type=_ints, default=[70, 100, 160, 250],
                    help="prompt lengths in tokens (default 70,100,160,250; within the model's positions)")
-    p.add_argument("--decode-tokens", type=int, default=300, help="decode steps of a full batch (default 300)")
+    p.add_argument("--decode-tokens", type=int, default=200,
+                   help=f"decode steps of a full batch of {DECODE_PROMPT}-token prompts (default 200; the prompt and "
+                        "its steps within the model's positions)")
     p.add_argument("--repeats", type=int, default=2, help="processes per variant (default 2)")
     p.add_argument("--threads", type=int, default=1, help="torch threads (default 1, as the bench's server)")
     p.add_argument("--out", type=Path, help="write every figure here as JSON")
@@ -70,6 +76,9 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         p.error(f"--size: {exc}")
     if max(args.lengths) >= shape.n_positions:
         p.error(f"--lengths: each must be below the model's {shape.n_positions} positions")
+    if not 1 <= args.decode_tokens < shape.n_positions - DECODE_PROMPT:
+        p.error(f"--decode-tokens: 1 to {shape.n_positions - DECODE_PROMPT - 1}, so that a {DECODE_PROMPT}-token "
+                f"prompt and its steps fit the model's {shape.n_positions} positions")
     if max(args.rows) > args.max_batch:
         p.error(f"--rows: each must be at most --max-batch ({args.max_batch})")
     return args
@@ -153,7 +162,7 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
     gc.collect()
     gc.callbacks.append(on_gc)
     try:
-        serve([[5 + i] * 20 for i in range(args.max_batch)], "decode", max_tokens=args.decode_tokens)
+        serve([[5 + i] * DECODE_PROMPT for i in range(args.max_batch)], "decode", max_tokens=args.decode_tokens)
     finally:
         gc.callbacks.remove(on_gc)
     engine.stop()  # every iteration's record is in once its thread ended (a batch's last tokens go out before it)

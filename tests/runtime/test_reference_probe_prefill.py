@@ -40,10 +40,17 @@ def test_on_a_cpu_it_runs_both_variants_in_processes_of_their_own_and_prints_new
     assert "collections per 1000 decode iterations" in done.stdout and done.stdout.count("process(es)") == 2
 
 
+def test_its_defaults_fit_the_default_models_positions():
+    """The first H100 run of the defaults failed in the engine's own check: 20 + 300 tokens past tiny's 256."""
+    args = probe_prefill.parse(["--device", "cpu"])
+    assert probe_prefill.DECODE_PROMPT + args.decode_tokens < 256
+
+
 def test_it_refuses_rows_past_the_batch_and_prompts_past_the_models_positions(capsys):
     for argv, message in ((["--rows", "1,32", "--max-batch", "16"], "--rows: each must be at most --max-batch"),
                           (["--lengths", "300"], "--lengths: each must be below the model's 256 positions"),
-                          (["--rows", "0"], "at least one number, each 1 or more")):
+                          (["--rows", "0"], "at least one number, each 1 or more"),
+                          (["--decode-tokens", "300"], "--decode-tokens: 1 to 235, so that a 20-token prompt")):
         with pytest.raises(SystemExit):
             probe_prefill.parse(argv)
         assert message in capsys.readouterr().err
