@@ -593,43 +593,51 @@ class ReferenceServer:
         decoder = self.tokenizer.stream_decoder()
         rid = record["request_id"]
         chunk = TextChunks(rid, self.model_name, opts["include_usage"])
-        done = False
-        while not done:
-            # Whatever arrived since this handler last ran goes out in one write: a stream that fell behind catches
-            # up in one send, not one per token (each token still its own SSE event, as trtllm-serve sends them).
-            batch = [await events.get()]
-            if stamps is not None and "taken" not in stamps:
-                stamps["taken"], stamps["engine_sent"] = time.monotonic(), batch[0][2]
-            while batch[-1][1] is None and not events.empty():
-                batch.append(events.get_nowait())
-            out = []
-            for token, reason, at in batch:
-                text = ""
-                if token is not None:
-                    token_times.append(at)
-                    record["completion_tokens"] += 1
-                    text = decoder.push(token)
-                if reason is not None:
-                    text += decoder.flush()
-                    record["finish_reason"] = reason
-                    done = True
-                if token is not None or reason in ("cancelled", "error"):
-                    if reason == "error":
-                        record["status"] = 500
-                        err = {"object": "error", "message": "the engine failed mid-generation", "code": 500}
-                        out.append(b"data: " + json.dumps({"error": err}).encode() + b"\n\n")
-                    else:
-                        out.append(chunk(text, reason))
-            if out:
-                if stamps is not None and "writing" not in stamps:
-                    stamps["writing"] = time.monotonic()  # before the write: the gateway may read it at once
-                await resp.write(b"".join(out))
-        if opts["include_usage"]:
-            usage = {"id": rid, "object": "text_completion", "created": int(time.time()), "model": self.model_name,
-                     "choices": [], "usage": self._usage(record)}
-            await resp.write(b"data: " + json.dumps(usage).encode() + b"\n\n")
-        await resp.write(b"data: [DONE]\n\n")
-        await resp.write_eof()
+        try:
+            done = False
+            while not done:
+                # Whatever arrived since this handler last ran goes out in one write: a stream that fell behind catches
+                # up in one send, not one per token (each token still its own SSE event, as trtllm-serve sends them).
+                batch = [await events.get()]
+                if stamps is not None and "taken" not in stamps:
+                    stamps["taken"], stamps["engine_sent"] = time.monotonic(), batch[0][2]
+                while batch[-1][1] is None and not events.empty():
+                    batch.append(events.get_nowait())
+                out = []
+                for token, reason, at in batch:
+                    text = ""
+                    if token is not None:
+                        token_times.append(at)
+                        record["completion_tokens"] += 1
+                        text = decoder.push(token)
+                    if reason is not None:
+                        text += decoder.flush()
+                        record["finish_reason"] = reason
+                        done = True
+                    if token is not None or reason in ("cancelled", "error"):
+                        if reason == "error":
+                            record["status"] = 500
+                            err = {"object": "error", "message": "the engine failed mid-generation", "code": 500}
+                            out.append(b"data: " + json.dumps({"error": err}).encode() + b"\n\n")
+                        else:
+                            out.append(chunk(text, reason))
+                if out:
+                    if stamps is not None and "writing" not in stamps:
+                        stamps["writing"] = time.monotonic()  # before the write: the gateway may read it at once
+                    await resp.write(b"".join(out))
+            if opts["include_usage"]:
+                usage = {"id": rid, "object": "text_completion", "created": int(time.time()), "model": self.model_name,
+                         "choices": [], "usage": self._usage(record)}
+                await resp.write(b"data: " + json.dumps(usage).encode() + b"\n\n")
+            await resp.write(b"data: [DONE]\n\n")
+            await resp.write_eof()
+        except ConnectionResetError:
+            # The client left mid-stream (aiohttp raises ClientConnectionResetError, a ConnectionResetError, on the
+            # next write): the sequence stops, and the prepared response goes back to aiohttp, whose finish_response
+            # treats the closed connection as a disconnect, where a raise would be logged as a handler error with
+            # its traceback (one per stream a leaving client held).
+            self.engine.cancel(seq)
+            record["status"] = 499
         return resp
 
     async def _collect(self, collected: Collected, record: dict[str, Any], token_times: list[float]) -> web.Response:
