@@ -1,0 +1,118 @@
+"""The cross-account prefix probe's statistic and clocks: one home for the in-process probe
+(tests/runtime/test_reference_prefix_cache.py) and the gateway's (tests/gateway/test_kv_isolation_probe.py).
+
+A trial: the victim sends a fresh prefix P; the attacker then sends two probes back to back, in random order, P
+and a never-sent prefix Q of the same length, each with a fresh tail, and takes two readings of each: its wall
+time (what an account timing its own requests sees) and the engine's CPU time for it (the work the engine did:
+an attacker that sees compute without any noise, stronger than any real one).
+
+The statistic (`roc_auc`) is the ROC AUC of the classifier "faster than t means sent", swept over every t: the
+Mann-Whitney U over all n x n (sent, unsent) pairs of the run, pooled across trials, ties counted half. Not a
+per-trial share: a pooled AUC is what the issue's bound and vLLM's "ROC AUC 0.99" are stated in, and for the
+coin side it is the more powerful of the two: under the null a coin's pooled AUC over 600 trials has a standard
+deviation of sqrt((2n + 1) / (12 n^2)) = 0.0167, so 0.55 is 3.0 of them above 0.5 (a one-sided 0.13 %), where a
+per-trial share is a binomial one, sd sqrt(0.25 / 600) = 0.0204, and 0.55 only 2.45 of them (0.7 %).
+
+Why the verdicts do not depend on machine load:
+- The CPU time of the engine's work for a request grows with load by a few percent at most (caches, a shared
+  core's other thread), never by the run-queue waits and stalls that make up a loaded machine's wall time: a
+  scheduling spike of any length leaves it as it is. The side that must see the prefix ("> 0.9") is asserted on
+  it; a cache hit's prefill runs a few tokens and a miss's the whole prompt, a CPU-time gap several times the
+  spread of either. tests/runtime/test_reference_prefix_cache.py proves it with two busy processes sharing the
+  engine's one core for the whole probe (`competing`).
+- The side that must be a coin ("<= 0.55") is asserted on both readings. Load cannot push it up: the order of a
+  trial's two probes is drawn at random, so whatever load does to a probe's time it does to a sent and an unsent
+  one alike; it only adds noise, which draws the AUC towards 0.5.
+Wall time stays the attacker's honest view, and the tests print it beside the CPU time's.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+from runtime.ttft_trace import iteration_split, thread_clock
+
+# Linux's CPU clock of a whole process, as glibc's clock_getcpuclockid(3) makes it for another process's pid: the
+# pid inverted, shifted past the clock's 3 type bits, type CPUCLOCK_SCHED (2: the scheduler's runtime, in ns)
+# (include/linux/posix-timers.h, MAKE_PROCESS_CPUCLOCK; sysdeps/unix/sysv/linux/clock_getcpuclockid.c). Read with
+# clock_gettime, it is the process's total CPU time brought up to date, running threads included.
+_CPUCLOCK_SCHED = 2
+
+
+def roc_auc(sent: list[float], unsent: list[float]) -> float:
+    """P(an unsent probe took longer than a sent one), over every (sent, unsent) pair of the run, ties half: the ROC
+    AUC of 'faster means sent' (Mann-Whitney U / n_sent n_unsent, from ranks: O(n log n))."""
+    ranked = sorted([(t, 1) for t in sent] + [(t, 0) for t in unsent])
+    unsent_rank_sum, i = 0.0, 0
+    while i < len(ranked):  # tied times share their mean rank
+        j = i
+        while j < len(ranked) and ranked[j][0] == ranked[i][0]:
+            j += 1
+        unsent_rank_sum += (i + 1 + j) / 2 * sum(1 for _, label in ranked[i:j] if label == 0)
+        i = j
+    n = len(unsent)
+    return (unsent_rank_sum - n * (n + 1) / 2) / (n * len(sent))
+
+
+def process_cpu_s(pid: int) -> float:
+    """Seconds of CPU the process `pid` (all its threads) has used, up to now (its CPU clock, above)."""
+    return time.clock_gettime(((~pid) << 3) | _CPUCLOCK_SCHED)
+
+
+class EngineCpu:
+    """An in-process Engine's IterationObserver (runtime/reference/engine.py): the engine thread's time on a CPU and
+    waiting for one in each iteration (runtime/ttft_trace.iteration_split), read on the engine thread itself at the
+    iteration's start and end, so nothing of the thread that submitted is in it. `wait(n)` returns once n iterations
+    ended: a request of one token is admitted, prefilled and retired in one iteration, and its token is delivered
+    before the iteration's end, so the test waits for the end before it reads."""
+
+    def __init__(self) -> None:
+        self.iterations: list[tuple[float, float]] = []  # (cpu ms, run-queue ms) each
+        self._ended = threading.Condition()
+
+    def begin(self) -> Any:
+        return thread_clock(), time.monotonic()
+
+    def end(self, token: Any, record: dict[str, Any]) -> None:
+        begun, started = token
+        cpu_ms, runq_ms, _ = iteration_split(begun, thread_clock(), (time.monotonic() - started) * 1000)
+        with self._ended:
+            self.iterations.append((cpu_ms, runq_ms))
+            self._ended.notify_all()
+
+    def wait(self, n: int, timeout: float = 60.0) -> tuple[float, float]:
+        """The n-th iteration's (cpu ms, run-queue ms), once it ended."""
+        with self._ended:
+            assert self._ended.wait_for(lambda: len(self.iterations) >= n, timeout)
+            return self.iterations[n - 1]
+
+
+@contextlib.contextmanager
+def competing(burners: int = 2, limit_s: float = 300.0) -> Iterator[int]:
+    """This process's threads, those it starts from now on included, pinned to one core, and `burners` processes
+    spinning on that core too, for the block's duration (each stops itself after `limit_s` if never stopped); yields
+    the core. The threads' own affinities come back afterwards."""
+    core = min(os.sched_getaffinity(0))
+    tasks = {int(tid): os.sched_getaffinity(int(tid)) for tid in os.listdir("/proc/self/task")}
+    spin = f"import os, time\nos.sched_setaffinity(0, {{{core}}})\nend = time.monotonic() + {limit_s}\n" \
+           "while time.monotonic() < end:\n    pass\n"
+    procs = [subprocess.Popen([sys.executable, "-S", "-c", spin]) for _ in range(burners)]
+    try:
+        for tid in tasks:
+            with contextlib.suppress(ProcessLookupError):  # a thread that ended since
+                os.sched_setaffinity(tid, {core})
+        yield core
+    finally:
+        for proc in procs:
+            proc.kill()
+            proc.wait()
+        for tid, cpus in tasks.items():
+            with contextlib.suppress(ProcessLookupError):
+                os.sched_setaffinity(tid, cpus)
