@@ -12,9 +12,8 @@ prefill compute, so without isolation the sent probe is much faster; with each a
 are misses and the classifier is a coin.
 
 Why the verdicts cannot depend on machine load (tests/runtime/prefix_probe.py says it at length): the shared
-group's probe must clear 0.9 on the engine's CPU time, which no scheduling delay stretches (on the wide shape a
-miss's prefill takes about six times a hit's CPU: 28-32 ms against 4-5.5, measured in-process on one thread as
-this server runs); the separated accounts' must fall to a coin's AUC within 0.2 on both readings (a coin's
+group's probe must clear 0.9 on the engine's CPU time, which no scheduling delay stretches (a miss took 28.6-42 ms
+of the engine process's CPU and a hit 4.5-7.2 over one run of 60 trials: the wide shape on one thread); the separated accounts' must fall to a coin's AUC within 0.2 on both readings (a coin's
 standard deviation at 60 trials is 0.053, so 0.7 is 3.8 of them), and load, the same for a trial's two probes in
 either order, only draws it towards 0.5. Through the gateway a trial costs three HTTP requests, so these runs are
 short; the bound of 0.55 is checked with the same design over 600 trials in-process, where a trial costs only the

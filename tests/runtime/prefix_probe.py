@@ -41,7 +41,8 @@ from runtime.ttft_trace import iteration_split, thread_clock
 
 # Linux's CPU clock of a whole process, as glibc's clock_getcpuclockid(3) makes it for another process's pid: the
 # pid inverted, shifted past the clock's 3 type bits, type CPUCLOCK_SCHED (2: the scheduler's runtime, in ns)
-# (include/linux/posix-timers.h, MAKE_PROCESS_CPUCLOCK; sysdeps/unix/sysv/linux/clock_getcpuclockid.c). Read with
+# (the kernel's include/linux/posix-timers.h, MAKE_PROCESS_CPUCLOCK; glibc's copy of it in
+# sysdeps/unix/sysv/linux/kernel-posix-cpu-timers.h, which its clock_getcpuclockid uses). Read with
 # clock_gettime, it is the process's total CPU time brought up to date, running threads included.
 _CPUCLOCK_SCHED = 2
 

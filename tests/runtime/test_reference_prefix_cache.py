@@ -188,8 +188,12 @@ def probe(e: Engine, blocks: int, victim_salt: str, attacker_salt: str, trials: 
     def request(prompt: list[int], salt: str) -> tuple[float, float]:
         nonlocal iterations
         done = threading.Event()
-        seq = Sequence(prompt=prompt, params=SamplingParams(max_tokens=1, temperature=0),
-                       emit=lambda token, reason: reason is not None and done.set(), salt=salt)
+
+        def emit(token: int | None, reason: str | None) -> None:
+            if reason is not None:
+                done.set()
+
+        seq = Sequence(prompt=prompt, params=SamplingParams(max_tokens=1, temperature=0), emit=emit, salt=salt)
         started = time.perf_counter()
         e.submit(seq)
         assert done.wait(60)  # the first token is the last: its delivery is the time to first token
@@ -236,6 +240,7 @@ def one_thread():
     torch.set_num_threads(threads)
 
 
+@pytest.mark.processes  # the two busy processes
 def test_the_prefix_probe_sees_another_requests_prefix_under_one_salt(one_thread):
     """Without salting the probe sees the prefix, on a machine as loaded as it gets: the engine, this thread and
     two processes spinning all share one core for the whole probe, so the engine waits for the core longer than it
