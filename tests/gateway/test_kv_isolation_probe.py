@@ -39,7 +39,7 @@ from runtime.gateway.salting import Salting
 from runtime.reference.build import build_artifact
 from runtime.reference.configs import TOKENS_PER_BLOCK
 from tests.optional import needs_torch
-from tests.runtime.prefix_probe import process_cpu_s, roc_auc
+from tests.runtime.prefix_probe import Readings, process_cpu_s
 from tests.runtime.reference_helpers import ONE_FORK_SERVER, ServerProcess
 
 from .conftest import ANALYTICS_VPCE, MODEL_ID, VOICE_VPCE, fleet_config, start_harness, stop_harness
@@ -70,22 +70,6 @@ def completion(prompt: list[int]) -> dict:
     return {"model": MODEL_ID, "prompt": prompt, "max_tokens": 1, "temperature": 0}
 
 
-class Readings:
-    """Each probe's wall time and the engine process's CPU time for it, sent and unsent apart."""
-
-    def __init__(self) -> None:
-        self.wall: dict[str, list[float]] = {"sent": [], "unsent": []}
-        self.cpu: dict[str, list[float]] = {"sent": [], "unsent": []}
-
-    def auc(self, clock: str) -> float:
-        times = getattr(self, clock)
-        return roc_auc(times["sent"], times["unsent"])
-
-    def __str__(self) -> str:
-        return (f"probe ROC AUC {self.auc('cpu'):.3f} on the engine's CPU time, {self.auc('wall'):.3f} on wall time, "
-                f"over {len(self.cpu['sent'])} trials")
-
-
 async def probe(port: int, engine_pid: int, trials: int, seed: int) -> Readings:
     rng = random.Random(seed)
 
@@ -101,8 +85,7 @@ async def probe(port: int, engine_pid: int, trials: int, seed: int) -> Readings:
             for name, prefix in rng.sample([("sent", p), ("unsent", q)], 2):
                 cpu, started = process_cpu_s(engine_pid), time.perf_counter()
                 reply = await attacker.request("POST", "/v1/completions", completion(prefix + fresh(8)))
-                out.wall[name].append(time.perf_counter() - started)
-                out.cpu[name].append(process_cpu_s(engine_pid) - cpu)
+                out.add(name, time.perf_counter() - started, process_cpu_s(engine_pid) - cpu)
                 assert reply.status == 200
     finally:
         await victim.close()

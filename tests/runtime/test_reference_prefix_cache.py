@@ -17,7 +17,7 @@ from runtime.reference.build import random_weights
 from runtime.reference.configs import TOKENS_PER_BLOCK, ModelShape, shape_for
 from runtime.reference.tokenizer import EOS_ID, VOCAB_SIZE
 from tests.optional import needs_torch
-from tests.runtime.prefix_probe import EngineCpu, competing, roc_auc
+from tests.runtime.prefix_probe import EngineCpu, Readings, competing
 
 SHAPE = shape_for("tiny")
 B = TOKENS_PER_BLOCK
@@ -157,24 +157,17 @@ def test_salting_keeps_an_accounts_own_prefix_hit_rate_within_five_percent(weigh
     assert abs(with_salts - without) <= 0.05 * without, (with_salts, without)
 
 
-class Probe:
-    """What one run of the cross-account probe saw: each probe's wall time (submit to first token) and the engine
-    thread's CPU time for it, sent and unsent apart (tests/runtime/prefix_probe.py: the design, the statistic and
-    why its verdicts do not depend on machine load), and the engine thread's run-queue wait over the run."""
+class Probe(Readings):
+    """The in-process probe's readings (tests/runtime/prefix_probe.py: the design, the statistic and why its verdicts
+    do not depend on machine load), and the engine thread's time on a CPU and waiting for one over the run."""
 
     def __init__(self) -> None:
-        self.wall: dict[str, list[float]] = {"sent": [], "unsent": []}
-        self.cpu: dict[str, list[float]] = {"sent": [], "unsent": []}
+        super().__init__()
         self.cpu_ms = self.runq_ms = 0.0
 
-    def auc(self, clock: str) -> float:
-        times = getattr(self, clock)
-        return roc_auc(times["sent"], times["unsent"])
-
     def __str__(self) -> str:
-        return (f"probe ROC AUC {self.auc('cpu'):.3f} on the engine's CPU time, {self.auc('wall'):.3f} on wall time, "
-                f"over {len(self.cpu['sent'])} trials (the engine thread: {self.cpu_ms:.0f} ms on a CPU, "
-                f"{self.runq_ms:.0f} ms waiting for one)")
+        return (f"{super().__str__()} (the engine thread: {self.cpu_ms:.0f} ms on a CPU, {self.runq_ms:.0f} ms "
+                "waiting for one)")
 
 
 def probe(e: Engine, blocks: int, victim_salt: str, attacker_salt: str, trials: int, seed: int) -> Probe:
@@ -209,9 +202,7 @@ def probe(e: Engine, blocks: int, victim_salt: str, attacker_salt: str, trials: 
             p, q = tokens(rng, blocks * B), tokens(rng, blocks * B)
             request(p + tokens(rng, 8), victim_salt)
             for name, prefix in rng.sample([("sent", p), ("unsent", q)], 2):
-                wall, cpu = request(prefix + tokens(rng, 8), attacker_salt)
-                out.wall[name].append(wall)
-                out.cpu[name].append(cpu)
+                out.add(name, *request(prefix + tokens(rng, 8), attacker_salt))
     finally:
         e.stop()
     return out
