@@ -890,6 +890,7 @@ async def simulated_waits(cap: int, workers: int = 2, seconds: float = 10.0, tok
     batch: list[list] = []  # [account, tokens left, its admission]
     stepping, waits, settled, tasks, most, own_at_wait = [False], [], [], [], [0], []
     own_any: list[int] = []
+    beside = [0, 0]  # the neighbour's and the quiet account's requests granted a slot during the quiet `seconds`
 
     async def request(who: str, admission: FairAdmission) -> None:
         asked = now[0]
@@ -907,6 +908,8 @@ async def simulated_waits(cap: int, workers: int = 2, seconds: float = 10.0, tok
                     own_at_wait.append(own)
         elif sum(group._int(cell) for cell in group.consumer_cells(QUIET[0])):  # the quiet account is active
             most[0] = max(most[0], group._int(group.consumer_cells(NEIGHBOUR[0])[0]))
+        if lead <= now[0] < lead + seconds:
+            beside[who == QUIET[0]] += 1
         granted.append((who, admission))
         if not stepping[0]:
             stepping[0] = True
@@ -957,6 +960,7 @@ async def simulated_waits(cap: int, workers: int = 2, seconds: float = 10.0, tok
             "wait_max_ms": round(max(waits, default=0.0), 1), "request_ms": round(request_s * 1000, 1),
             "waited_later": sum(w > 0.0 for w in settled),
             "neighbour_most_held": most[0], "quiet_least_own_when_waiting": min(own_at_wait, default=None),
+            "neighbour_served": beside[0], "neighbour_share": round(beside[0] / max(sum(beside), 1), 3),
             "quiet_own_when_waiting": {n: own_any.count(n) for n in sorted(set(own_any))}}
 
 

@@ -79,6 +79,16 @@ IDLE_AFTER_S = 1.0
 # every consumer: 0.35 µs an account on the development VM). An account arriving while the list is full still gets
 # its own part, but no one else reserves room for it.
 MAX_ACTIVE = 64
+# The window an account's recent service and peak are read over (`_Group.standing`): time is cut into epochs of
+# BURST_WINDOW_S, and "recent" is the epoch under way and the one before, so between one and two windows. Long enough
+# to hold a bursty account's last few bursts (0.15 R at the H100's R of 250-350 requests a second is 75-100 requests
+# an epoch), short enough that a burst is forgotten seconds after it (a test pins that).
+BURST_WINDOW_S = 2.0
+# The slots a flooding account keeps whatever bursts its neighbours reserve room for (none where its weighted part
+# is 0). One, not more: what bounds its loss is that only an account below its weighted share of the recent service
+# reserves beyond its part, so over the window a flood is served at least what (weighted) each account that took
+# room from it used. The slot keeps it from standing still in between.
+FLOOD_KEEPS = 1
 RANK = {"interactive": 0, "batch": 1}
 # The weight of the newest interval in the service rate's moving average: about the last 20 releases count.
 RATE_SMOOTHING = 0.1
@@ -162,18 +172,24 @@ class _Group:
             # idle past IDLE_AFTER_S, so the sum may still count some of those: never less than the active ones'.
             active_n_at = state.cell(f"fair\x00activen\x00{model}")
             active_at = [state.cell(f"fair\x00active\x00{model}\x00{k}") for k in range(MAX_ACTIVE)]
+            # Beside each entry, where its account's recent service and peak are: (its burst cell's index << 32 | its
+            # served cell's index, -) (`consumer_index`); it moves with its entry.
+            recent_at = [state.cell(f"fair\x00activer\x00{model}\x00{k}") for k in range(MAX_ACTIVE)]
         # The same cells as indices of the int64 view (the float of cell i is element i + 1 of the float64 view):
         # the hot paths index the views inline, a method call per read cost more than the rest of a request.
         self.used_i = [at >> 3 for at in self.used_at]
         self.group_i, self.rate_i = self.group_at >> 3, self.rate_at >> 3
         self.heads_i = [at >> 3 for at in self.heads_at]
         self.active_n_i, self.active_i = active_n_at >> 3, [at >> 3 for at in active_at]
+        self.recent_i = [at >> 3 for at in recent_at]
         self.head_i = self.heads_i[worker]
         self.whos_i = [at >> 3 for at in whos_at]
         self.who_i = self.whos_i[worker]
         self._names: dict[int, str] = {}  # held-count cell -> account, for the heads other workers publish
         self.queues: dict[str, deque[_Waiter]] = {}
         self._consumer_i: dict[str, tuple[int, int]] = {}
+        self._recent_of: dict[str, tuple[int, int]] = {}  # account -> (burst cell index, served cell index)
+        self._waiting_of: dict[int, int] = {}  # held cell index -> waiting cell index, of the accounts seen here
         self._listed_at: dict[int, int] = {}  # held cell index -> its entry on the active list, as last seen here
 
     # Shared cells, read and written with the lock held. A cell's offset is a multiple of 8 (slots of 40 bytes), so
@@ -200,6 +216,12 @@ class _Group:
         if cells is None:
             cells = (self.state.cell(f"fair\x00held\x00{self.model}\x00{consumer}") >> 3,
                      self.state.cell(f"fair\x00waiting\x00{self.model}\x00{consumer}") >> 3)
+            # Its recent use (`_roll`): (the epoch it is counted in << 32 | its peak in flight in that epoch << 16 |
+            # its peak in the epoch before, its slot-seconds in that epoch less its held requests x now), and
+            # (-, its slot-seconds in the epoch before).
+            self._recent_of[consumer] = (self.state.cell(f"fair\x00burst\x00{self.model}\x00{consumer}") >> 3,
+                                         self.state.cell(f"fair\x00served\x00{self.model}\x00{consumer}") >> 3)
+            self._waiting_of[cells[0]] = cells[1]
             self._consumer_i[consumer] = cells
         return cells
 
@@ -217,8 +239,9 @@ class _Group:
         held, waiting = self.consumer_index(consumer)
         return held << 3, waiting << 3
 
-    def enlist(self, held_i: int, waiting_i: int, weight: float) -> None:
-        """Put an account that is becoming active on the active list, unless it is there. Lock held."""
+    def enlist(self, held_i: int, waiting_i: int, weight: float, recent: tuple[int, int]) -> None:
+        """Put an account that is becoming active on the active list, unless it is there (`recent`: its burst and
+        served cells, `consumer_index`). Lock held."""
         ints, entries = self._ints, self.active_i
         packed = held_i << 32 | waiting_i
         n = ints[self.active_n_i]
@@ -232,6 +255,7 @@ class _Group:
         if n < MAX_ACTIVE:
             floats = self._floats
             ints[entries[n]], floats[entries[n] + 1] = packed, weight
+            ints[self.recent_i[n]] = recent[0] << 32 | recent[1]
             ints[self.active_n_i] = n + 1
             floats[self.active_n_i + 1] += weight
             self._listed_at[held_i] = n
@@ -246,71 +270,127 @@ class _Group:
                 floats[at + 1] = weight
 
     def standing(self, own: int, weight: float) -> tuple[bool, bool]:
-        """(whether one more request keeps the account whose held cell is `own` (`consumer_index`) within its
-        reserved part of the cap, whether one more may go: within it, or into room the other active accounts have
-        not reserved). Lock held; call with a slot free.
+        """(whether one more request keeps the account whose held cell is `own` (`consumer_index`) within what is
+        reserved for it, whether one more may go: within it, or into room not reserved for the other active
+        accounts). Lock held; call with a slot free.
 
         Active: holding or waiting requests, or idle for less than IDLE_AFTER_S (the active list; an entry found
-        idle for longer leaves it here). Each active account's part is its weighted share of the cap, rounded down
-        (`reserved`); the account asking counts as active."""
+        idle for longer leaves it here); the account asking counts as active. What each is reserved, from its
+        weighted part (`reserved`) and its recent service and peak in flight (the module docstring says why):
+        - flooding (its waiting requests alone would fill the cap): for the others, FLOOD_KEEPS slots of its part
+          (none above it); for itself, its part less its weighted share of the room the others' bursts took
+          (`bursts`), never less than those slots;
+        - else below its weighted share of the recent service: its part, or its recent peak in flight where that
+          is more, as far as the flooding accounts' parts beyond their kept slots go (with none flooding, its
+          part): where the peaks ask more than that, each gets the same fraction of what it asks beyond its part;
+        - else: its part.
+        O(active accounts): one pass over the list, one over what it read."""
         ints, floats = self._ints, self._floats
         cap = self.cap_total
+        own_waiting = ints[self._waiting_of[own]]
         # Within its part even were every listed account active (the sum counts its own weight at most twice): no
-        # need to read the list. Most requests below the cap end here.
-        if ints[own] + 1 <= cap * weight / (floats[self.active_n_i + 1] + weight) - 1e-9:
+        # need to read the list. Most requests below the cap end here. Not a flooding account: its part gives room
+        # to the others' bursts.
+        if own_waiting < cap and ints[own] + 1 <= cap * weight / (floats[self.active_n_i + 1] + weight) - 1e-9:
             return True, True
-        recent = None
+        now = self.clock()
+        recent = now - IDLE_AFTER_S
+        epoch = int(now / BURST_WINDOW_S) + 1
+        begun = (epoch - 2) * BURST_WINDOW_S  # the epoch before this one began: the window's start (`_roll`)
         total, listed = weight, 0.0  # listed: its own entry's weight, if it has one
-        others: list[float] = []  # the other active accounts' (weight, held, waiting) triples, flat
-        entries, n, k = self.active_i, ints[self.active_n_i], 0
+        # Every active account's (weight, held, waiting, slot-seconds since `begun`, peak in flight since), flat; the
+        # one asking first (unlisted: the list was full, and it reserves nothing beyond its part).
+        rows: list[float] = [weight, ints[own], own_waiting, 0.0, 0]
+        entries, recents, n, k = self.active_i, self.recent_i, ints[self.active_n_i], 0
         while k < n:
             at = entries[k]
             packed = ints[at]
             held_i = packed >> 32
-            if held_i != own:
-                held = ints[held_i]
-                if not held and not ints[packed & 0xFFFFFFFF]:
-                    if recent is None:
-                        recent = self.clock() - IDLE_AFTER_S
-                    if floats[(packed & 0xFFFFFFFF) + 1] <= recent:
-                        n -= 1  # idle past IDLE_AFTER_S: off the list, its last entry takes its place
-                        ints[at], floats[at + 1] = ints[entries[n]], floats[entries[n] + 1]
-                        ints[self.active_n_i] = n
-                        continue
-                other_weight = floats[at + 1]
-                total += other_weight
-                others += (other_weight, held, ints[packed & 0xFFFFFFFF])
-            else:
+            held, waiting = ints[held_i], ints[packed & 0xFFFFFFFF]
+            if held_i != own and not held and not waiting and floats[(packed & 0xFFFFFFFF) + 1] <= recent:
+                n -= 1  # idle past IDLE_AFTER_S: off the list, its last entry takes its place
+                ints[at], floats[at + 1] = ints[entries[n]], floats[entries[n] + 1]
+                ints[recents[k]] = ints[recents[n]]
+                ints[self.active_n_i] = n
+                continue
+            cells = ints[recents[k]]
+            burst_i = cells >> 32
+            burst = ints[burst_i]
+            if burst >> 32 == epoch:
+                served = floats[burst_i + 1] + held * now + floats[(cells & 0xFFFFFFFF) + 1]
+                peak = max(burst >> 16 & 0xFFFF, burst & 0xFFFF)
+            elif burst >> 32 == epoch - 1:  # its last change was in the epoch before: nothing since
+                served = floats[burst_i + 1] + held * now
+                peak = max(burst >> 16 & 0xFFFF, held + waiting)
+            else:  # none in either: it held what it holds all along
+                served, peak = held * (now - begun), held + waiting
+            if held_i == own:
                 listed += floats[at + 1]
+                rows[3], rows[4] = served, peak
+            else:
+                total += floats[at + 1]
+                rows += (floats[at + 1], held, waiting, served, peak)
             k += 1
         floats[self.active_n_i + 1] = listed + total - weight  # the sum, exact again (no drift from + and -)
-        if ints[own] + 1 <= cap * weight / total + 1e-9:
+        if own_waiting < cap and ints[own] + 1 <= cap * weight / total + 1e-9:
+            return True, True
+        # What the bursts may take (`room`: the flooding accounts' parts beyond their kept slots; with nobody
+        # flooding, nothing: each account's part as before), what they ask (`asked`), the flooding accounts' weights.
+        served_all = asked = flood_weights = 0.0
+        room = 0
+        for i in range(0, len(rows), 5):
+            served_all += rows[i + 3]
+        for i in range(0, len(rows), 5):
+            part = int(cap * rows[i] / total + 1e-9)
+            if rows[i + 2] >= cap:
+                room += part - min(FLOOD_KEEPS, part)
+                flood_weights += rows[i]
+            elif rows[i + 4] > part and rows[i + 3] * total < rows[i] * served_all:
+                asked += rows[i + 4] - part
+        fraction = 1.0 if asked <= room else room / asked
+        taken = 0  # the slots the bursts reserve beyond their accounts' parts
+        kept = 0  # the room reserved for the others and not filled
+        mine = 0  # what is reserved for the account asking
+        for i in range(0, len(rows), 5):
+            part = int(cap * rows[i] / total + 1e-9)
+            if rows[i + 2] >= cap:
+                reserve = min(FLOOD_KEEPS, part)  # for the others to keep; its own is known once `taken` is
+            elif rows[i + 4] > part and rows[i + 3] * total < rows[i] * served_all:
+                burst = int((rows[i + 4] - part) * fraction + 1e-9)
+                taken += burst
+                reserve = part + burst
+            else:
+                reserve = part
+            if i:
+                unmet = reserve - int(rows[i + 1])
+                if unmet > 0:
+                    kept += unmet
+            else:
+                mine = reserve
+        if own_waiting >= cap:  # flooding: its kept slots and its weighted share of what the bursts left of `room`
+            part = int(cap * weight / total + 1e-9)
+            if not taken:
+                mine = part  # no burst reserved beyond its part: as if none were bursty
+            else:
+                mine = min(part, mine + int((room - taken) * weight / flood_weights + 1e-9))
+        if ints[own] + 1 <= mine:
             return True, True
         free = cap
         for at in self.used_i:
             free -= ints[at]
-        for i in range(0, len(others), 3):  # less the others' unmet parts (`reserved`, inline: the hot path)
-            part = int(cap * others[i] / total + 1e-9)
-            # An account whose waiting requests alone would fill the whole cap asks more than the engine can
-            # serve: the room it has not filled is not kept for it, and it takes what it gets in fair order. Kept,
-            # that room would make a quiet account beyond its part (a burst of long streams) wait for one of its own
-            # requests to end, though its start tags come before the flood's. Not at its part's worth waiting: an
-            # account held below its part by a full engine would then lose the room owed to it.
-            if others[i + 2] < cap:
-                unmet = part - int(others[i + 1])
-                if unmet > 0:
-                    free -= unmet
-        return False, free >= 1
+        return False, free - kept >= 1
 
     def may_take(self, own: int, weight: float) -> bool:
-        """`standing(own, weight)[1]`, without reading the list where the free room is more than every listed account
-        could have reserved (their weights' sum, which may count its own, bounds the others' parts). Lock held."""
+        """`standing(own, weight)[1]`, without reading the list where the free room is more than the others could
+        have reserved: all the cap less what the account itself is reserved at least (its part, with the weights'
+        sum of the list, which may count its own; nothing for a flooding account). Lock held."""
         ints, cap = self._ints, self.cap_total
         listed = self._floats[self.active_n_i + 1]
         free = cap
         for at in self.used_i:
             free -= ints[at]
-        if free - 1 >= int(cap * listed / (listed + weight) + 1e-9):
+        least = 0 if ints[self._waiting_of[own]] >= cap else int(cap * weight / (listed + weight) + 1e-9)
+        if free - 1 >= cap - least:
             return True
         return self.standing(own, weight)[1]
 
@@ -329,11 +409,41 @@ class _Group:
         keeps its reservation IDLE_AFTER_S from then)."""
         held_i, waiting_i = self.consumer_index(consumer)
         ints = self._ints
-        at, other = (waiting_i, held_i) if waiting else (held_i, waiting_i)
+        if waiting:
+            at, other = waiting_i, held_i
+        else:  # its service: a held request counts its slot-seconds from now (`_roll`)
+            at, other = held_i, waiting_i
+            now = self.clock()
+            burst_i, served_i = self._recent_of[consumer]
+            if ints[burst_i] >> 32 != int(now / BURST_WINDOW_S) + 1:
+                self._roll(burst_i, served_i, held_i, waiting_i, now)
+            self._floats[burst_i + 1] -= change * now
         count = ints[at] + change
         ints[at] = count
         if count == 0 and change < 0 and not ints[other]:
             self._floats[waiting_i + 1] = self.clock()
+
+    def _roll(self, burst_i: int, served_i: int, held_i: int, waiting_i: int, now: float) -> None:
+        """Move an account's recent use into the epoch under way at `now` (BURST_WINDOW_S each): what it had in the
+        last epoch it was counted in becomes the epoch before's if that is the one just before, else it held and
+        waited for what it does now all through the epoch before. Lock held, before its counts change.
+
+        Its service is slot-seconds: the burst cell's float is the sum of its ended requests' end times less the sum of
+        its requests' start times, both counted from the epoch's start, so that plus held x now is its slot-seconds in
+        the epoch so far, kept by one subtraction when a request takes a slot and one addition when it ends."""
+        ints, floats = self._ints, self._floats
+        epoch = int(now / BURST_WINDOW_S) + 1  # from 1: a new account's epoch 0 is no epoch at all
+        begun = (epoch - 1) * BURST_WINDOW_S
+        held, burst = ints[held_i], ints[burst_i]
+        flight = min(held + ints[waiting_i], 0xFFFF)
+        if burst >> 32 == epoch - 1:
+            floats[served_i + 1] = floats[burst_i + 1] + held * begun
+            before = burst >> 16 & 0xFFFF
+        else:
+            floats[served_i + 1] = held * BURST_WINDOW_S
+            before = flight
+        ints[burst_i] = epoch << 32 | flight << 16 | before
+        floats[burst_i + 1] = -held * begun
 
     def _grant(self, index: int, consumer: str, tag: float) -> UpstreamPool:
         self._ints[self.used_i[index]] += 1
@@ -349,6 +459,11 @@ class _Group:
         waiting ones."""
         ints, floats = self._ints, self._floats
         held_i, waiting_i = self.consumer_index(waiter.consumer)
+        now = self.clock()
+        burst_i, served_i = self._recent_of[waiter.consumer]
+        if ints[burst_i] >> 32 != int(now / BURST_WINDOW_S) + 1:
+            self._roll(burst_i, served_i, held_i, waiting_i, now)
+        floats[burst_i + 1] -= now  # its slot-seconds count from now
         ints[waiting_i] -= 1
         ints[held_i] += 1
         ints[self.used_i[index]] += 1
@@ -466,8 +581,17 @@ class FairAdmission:
             room = index is not None
             # Never past its own account's waiting requests (in any worker): granted here, its start tag (its
             # finish tag, beyond all of theirs) would move V past every one of them.
+            recent = group._recent_of[consumer]
             if not ints[held_i] and not ints[waiting_i]:  # it becomes active: its part is reserved from now
-                group.enlist(held_i, waiting_i, share.weight)
+                group.enlist(held_i, waiting_i, share.weight, recent)
+            # Its peak in flight: with this request (held or waiting, it is in flight from now).
+            now = group.clock()
+            burst_i = recent[0]
+            if ints[burst_i] >> 32 != int(now / BURST_WINDOW_S) + 1:
+                group._roll(burst_i, recent[1], held_i, waiting_i, now)
+            flight = ints[held_i] + ints[waiting_i] + 1
+            if flight > ints[burst_i] >> 16 & 0xFFFF and flight <= 0xFFFF:
+                ints[burst_i] += (flight - (ints[burst_i] >> 16 & 0xFFFF)) << 16
             within = may = False
             if index is not None and not ints[waiting_i]:
                 within, may = group.standing(held_i, share.weight)
