@@ -26,9 +26,35 @@ active accounts have not reserved, and while requests wait, only in fair order. 
 engine holds at most the cap less the other active accounts' parts (`held_beside`), and a quiet account's burst
 up to its part starts in the engine's next iteration; alone, an account may use the whole cap. A request never
 passes its own account's waiting requests. An account whose waiting requests alone would fill the whole cap is
-flooding, and nothing is kept for it: room it left unfilled goes in fair order, so a quiet account whose burst of
-long streams passed its part takes the flood's next freed slot when its start tag comes first (it is behind the
-flood in service), instead of waiting for one of its own streams to end.
+flooding, and beyond FLOOD_KEEPS slots nothing is kept for it: room it left unfilled goes in fair order, so a quiet
+account whose burst of long streams passed what it is reserved takes the flood's next freed slot when its start tag
+comes first (it is behind the flood in service), instead of waiting for one of its own streams to end.
+
+A reservation sized by the account's bursts, beside a flood. A weighted part is not what a quiet account's bursts
+need: at 0.15 of an H100's capacity with 64-token streams a Poisson account's requests come 8 to 20 within 150 ms,
+past half the cap, and each past its part waited for one of the flood's streams to end (23-76 ms;
+bench/FAIRNESS_DEVICE.md, call 4: 59 of 62 queued quiet requests held their whole part). So an active account that
+is not flooding and whose recent service is below its weighted share is reserved its recent peak in flight where
+that is more than its part, and its next burst of the size it recently had starts in the engine's next iteration:
+- "recent": the epoch of BURST_WINDOW_S under way and the one before (between one and two of them); "service":
+  slot-seconds, the engine slots its requests held over that time (what the cap divides, so an account of few long
+  streams is not counted as light); "below its weighted share": its slot-seconds over all active accounts' less
+  than its weight over theirs; "peak in flight": the most requests it held and waited for at once. All in the
+  shared mapping (`_roll`), so every worker decides alike.
+- The room comes out of the flooding accounts' parts only, each keeping FLOOD_KEEPS slots of it (none where its part
+  is 0) and giving up the rest by weight; where the bursts ask more than that room, each gets the same fraction of
+  what it asks beyond its part. With nobody flooding, or nobody light and bursty, every reservation is the weighted
+  part, as before: two floods split the cap by weight exactly as without this rule, and an account at or above its
+  weighted share of the service (a heavy user) is reserved only its part.
+- What a flood is guaranteed: FLOOD_KEEPS slots at every moment (a burst may never take its last one), and over the
+  window at least what each account that took room from it used, weighted: that account is below its weighted share,
+  so the flood is above its own; the moment the bursty account's service reaches its share it is reserved its part
+  again. Bounded work: one pass over the active list, one over what it read.
+- What it costs the flood: the reserved room is kept free while the bursty account does not fill it (not work
+  conserving), so the engine runs a smaller batch. In `python -m scripts.bench_fairness simulate 16 --seconds=20
+  --prefill-ms=2.5` (docs/gateway.md) the neighbour was served 1427 requests against 1923 with the parts alone (-26 %),
+  while the quiet requests that waited for a slot went from 47 to 13 of 703 (P99 wait 39 to 8 ms); the quiet account's
+  weight 3 instead (part 12, no bursts rule needed) served the neighbour about as few.
 
 Every count lives in the workers' shared mapping (runtime/gateway/shared.py), changed under its one
 lock, so the cap of an engine process holds across gateway workers exactly as the consumer limits do.
@@ -80,10 +106,11 @@ IDLE_AFTER_S = 1.0
 # its own part, but no one else reserves room for it.
 MAX_ACTIVE = 64
 # The window an account's recent service and peak are read over (`_Group.standing`): time is cut into epochs of
-# BURST_WINDOW_S, and "recent" is the epoch under way and the one before, so between one and two windows. Long enough
-# to hold a bursty account's last few bursts (0.15 R at the H100's R of 250-350 requests a second is 75-100 requests
-# an epoch), short enough that a burst is forgotten seconds after it (a test pins that).
-BURST_WINDOW_S = 2.0
+# BURST_WINDOW_S, and "recent" is the epoch under way and the one before, so between one and two of them. Long enough
+# to hold a bursty account's last few bursts (0.15 R at the H100's R of 250-350 requests a second is 150-200 requests
+# an epoch; in `simulate 16 --prefill-ms=2.5`, 20 s, epochs of 2 s left 22 quiet requests waiting, of 4 s 13, of 8 s
+# 12, the neighbour served 1548, 1427 and 1135 requests), short enough that a burst is forgotten seconds after it.
+BURST_WINDOW_S = 4.0
 # The slots a flooding account keeps whatever bursts its neighbours reserve room for (none where its weighted part
 # is 0). One, not more: what bounds its loss is that only an account below its weighted share of the recent service
 # reserves beyond its part, so over the window a flood is served at least what (weighted) each account that took
