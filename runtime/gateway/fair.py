@@ -306,12 +306,12 @@ class _Group:
         weighted part (`reserved`) and its recent service and peak in flight (the module docstring says why):
         - flooding (its waiting requests alone would fill the cap): for the others, FLOOD_KEEPS slots of its part
           (none above it); for itself, its part less its weighted share of the room the others' bursts took
-          (`bursts`), never less than those slots;
+          (`_bursts`), never less than those slots;
         - else below its weighted share of the recent service: its part, or its recent peak in flight where that
           is more, as far as the flooding accounts' parts beyond their kept slots go (with none flooding, its
           part): where the peaks ask more than that, each gets the same fraction of what it asks beyond its part;
         - else: its part.
-        O(active accounts): one pass over the list, one over what it read."""
+        O(active accounts): one pass over the list, a few over what it read."""
         ints, floats = self._ints, self._floats
         cap = self.cap_total
         own_waiting = ints[self._waiting_of[own]]
@@ -320,74 +320,58 @@ class _Group:
         # to the others' bursts.
         if own_waiting < cap and ints[own] + 1 <= cap * weight / (floats[self.active_n_i + 1] + weight) - 1e-9:
             return True, True
-        now = self.clock()
-        recent = now - IDLE_AFTER_S
-        epoch = int(now / BURST_WINDOW_S) + 1
-        begun = (epoch - 2) * BURST_WINDOW_S  # the epoch before this one began: the window's start (`_roll`)
+        recent = None
         total, listed = weight, 0.0  # listed: its own entry's weight, if it has one
-        # Every active account's (weight, held, waiting, slot-seconds since `begun`, peak in flight since), flat; the
-        # one asking first (unlisted: the list was full, and it reserves nothing beyond its part).
-        rows: list[float] = [weight, ints[own], own_waiting, 0.0, 0]
-        entries, recents, n, k = self.active_i, self.recent_i, ints[self.active_n_i], 0
+        # Every active account's (weight, held, waiting, its entry's index on the list), flat; the one asking first
+        # (-1: unlisted, the list was full, and it reserves nothing beyond its part).
+        rows: list[float] = [weight, ints[own], own_waiting, -1]
+        entries, n, k = self.active_i, ints[self.active_n_i], 0
         while k < n:
             at = entries[k]
             packed = ints[at]
             held_i = packed >> 32
             held, waiting = ints[held_i], ints[packed & 0xFFFFFFFF]
-            if held_i != own and not held and not waiting and floats[(packed & 0xFFFFFFFF) + 1] <= recent:
-                n -= 1  # idle past IDLE_AFTER_S: off the list, its last entry takes its place
-                ints[at], floats[at + 1] = ints[entries[n]], floats[entries[n] + 1]
-                ints[recents[k]] = ints[recents[n]]
-                ints[self.active_n_i] = n
-                continue
-            cells = ints[recents[k]]
-            burst_i = cells >> 32
-            burst = ints[burst_i]
-            if burst >> 32 == epoch:
-                served = floats[burst_i + 1] + held * now + floats[(cells & 0xFFFFFFFF) + 1]
-                peak = max(burst >> 16 & 0xFFFF, burst & 0xFFFF)
-            elif burst >> 32 == epoch - 1:  # its last change was in the epoch before: nothing since
-                served = floats[burst_i + 1] + held * now
-                peak = max(burst >> 16 & 0xFFFF, held + waiting)
-            else:  # none in either: it held what it holds all along
-                served, peak = held * (now - begun), held + waiting
-            if held_i == own:
-                listed += floats[at + 1]
-                rows[3], rows[4] = served, peak
-            else:
+            if held_i != own:
+                if not held and not waiting:
+                    if recent is None:
+                        recent = self.clock() - IDLE_AFTER_S
+                    if floats[(packed & 0xFFFFFFFF) + 1] <= recent:
+                        n -= 1  # idle past IDLE_AFTER_S: off the list, its last entry takes its place
+                        ints[at], floats[at + 1] = ints[entries[n]], floats[entries[n] + 1]
+                        ints[self.recent_i[k]] = ints[self.recent_i[n]]
+                        ints[self.active_n_i] = n
+                        continue
                 total += floats[at + 1]
-                rows += (floats[at + 1], held, waiting, served, peak)
+                rows += (floats[at + 1], held, waiting, k)
+            else:
+                listed += floats[at + 1]
+                rows[3] = k
             k += 1
         floats[self.active_n_i + 1] = listed + total - weight  # the sum, exact again (no drift from + and -)
         if own_waiting < cap and ints[own] + 1 <= cap * weight / total + 1e-9:
             return True, True
-        # What the bursts may take (`room`: the flooding accounts' parts beyond their kept slots; with nobody
-        # flooding, nothing: each account's part as before), what they ask (`asked`), the flooding accounts' weights.
-        served_all = asked = flood_weights = 0.0
-        room = 0
-        for i in range(0, len(rows), 5):
-            served_all += rows[i + 3]
-        for i in range(0, len(rows), 5):
-            part = int(cap * rows[i] / total + 1e-9)
+        # What bursts may take (`room`: the flooding accounts' parts beyond their kept slots; with nobody flooding,
+        # nothing: each account is reserved its part, and nothing more is read), the flooding accounts' weights.
+        room, flood_weights = 0, 0.0
+        for i in range(0, len(rows), 4):
             if rows[i + 2] >= cap:
+                part = int(cap * rows[i] / total + 1e-9)
                 room += part - min(FLOOD_KEEPS, part)
                 flood_weights += rows[i]
-            elif rows[i + 4] > part and rows[i + 3] * total < rows[i] * served_all:
-                asked += rows[i + 4] - part
-        fraction = 1.0 if asked <= room else room / asked
+        bursts: dict[int, int] = {}  # row -> the slots it is reserved beyond its part
+        if room:
+            self._bursts(rows, total, room, bursts)
         taken = 0  # the slots the bursts reserve beyond their accounts' parts
         kept = 0  # the room reserved for the others and not filled
         mine = 0  # what is reserved for the account asking
-        for i in range(0, len(rows), 5):
+        for i in range(0, len(rows), 4):
             part = int(cap * rows[i] / total + 1e-9)
             if rows[i + 2] >= cap:
                 reserve = min(FLOOD_KEEPS, part)  # for the others to keep; its own is known once `taken` is
-            elif rows[i + 4] > part and rows[i + 3] * total < rows[i] * served_all:
-                burst = int((rows[i + 4] - part) * fraction + 1e-9)
+            else:
+                burst = bursts.get(i, 0)
                 taken += burst
                 reserve = part + burst
-            else:
-                reserve = part
             if i:
                 unmet = reserve - int(rows[i + 1])
                 if unmet > 0:
@@ -407,17 +391,58 @@ class _Group:
             free -= ints[at]
         return False, free - kept >= 1
 
+    def _bursts(self, rows: list[float], total: float, room: int, bursts: dict[int, int]) -> None:
+        """Into `bursts` (row -> slots), what each account of `rows` (`standing`'s) that is not flooding and is below
+        its weighted share of the recent service is reserved beyond its part for its recent peak in flight, out of
+        `room`. Lock held; O(active accounts)."""
+        ints, floats, cap = self._ints, self._floats, self.cap_total
+        now = self.clock()
+        epoch = int(now / BURST_WINDOW_S) + 1
+        begun = (epoch - 2) * BURST_WINDOW_S  # the epoch before this one began: the window's start (`_roll`)
+        served_all = asked = 0.0
+        recents = self.recent_i
+        use: list[float] = []  # per row: its slot-seconds since `begun`, its peak in flight since
+        for i in range(0, len(rows), 4):
+            held, waiting, k = int(rows[i + 1]), int(rows[i + 2]), int(rows[i + 3])
+            if k < 0:
+                use += (0.0, 0)
+                continue
+            cells = ints[recents[k]]
+            burst_i = cells >> 32
+            burst = ints[burst_i]
+            if burst >> 32 == epoch:
+                served = floats[burst_i + 1] + held * now + floats[(cells & 0xFFFFFFFF) + 1]
+                peak = max(burst >> 16 & 0xFFFF, burst & 0xFFFF)
+            elif burst >> 32 == epoch - 1:  # its last change was in the epoch before: nothing since
+                served = floats[burst_i + 1] + held * now
+                peak = max(burst >> 16 & 0xFFFF, held + waiting)
+            else:  # none in either: it held what it holds all along
+                served, peak = held * (now - begun), held + waiting
+            served_all += served
+            use += (served, peak)
+        for i in range(0, len(rows), 4):
+            part = int(cap * rows[i] / total + 1e-9)
+            if rows[i + 2] < cap and use[i // 2 + 1] > part and use[i // 2] * total < rows[i] * served_all:
+                bursts[i] = int(use[i // 2 + 1]) - part
+                asked += bursts[i]
+        if asked > room:  # each the same fraction of what it asks
+            for i, want in bursts.items():
+                bursts[i] = int(want * room / asked + 1e-9)
+
     def may_take(self, own: int, weight: float) -> bool:
-        """`standing(own, weight)[1]`, without reading the list where the free room is more than the others could
-        have reserved: all the cap less what the account itself is reserved at least (its part, with the weights'
-        sum of the list, which may count its own; nothing for a flooding account). Lock held."""
+        """`standing(own, weight)[1]`, without reading the list where the free room is more than the others could have
+        reserved: their parts (their weights' sum bounds them: the list's, which may count its own), since bursts take
+        from flooding accounts' parts what those no longer keep; and, where it floods itself, what bursts may take
+        from its own part beyond its kept slots. Lock held."""
         ints, cap = self._ints, self.cap_total
         listed = self._floats[self.active_n_i + 1]
         free = cap
         for at in self.used_i:
             free -= ints[at]
-        least = 0 if ints[self._waiting_of[own]] >= cap else int(cap * weight / (listed + weight) + 1e-9)
-        if free - 1 >= cap - least:
+        others = int(cap * listed / (listed + weight) + 1e-9)
+        if ints[self._waiting_of[own]] >= cap:
+            others += max(0, cap - FLOOD_KEEPS)
+        if free - 1 >= others:
             return True
         return self.standing(own, weight)[1]
 
@@ -438,17 +463,18 @@ class _Group:
         ints = self._ints
         if waiting:
             at, other = waiting_i, held_i
+            now = 0.0
         else:  # its service: a held request counts its slot-seconds from now (`_roll`)
             at, other = held_i, waiting_i
             now = self.clock()
-            burst_i, served_i = self._recent_of[consumer]
+            burst_i = self._recent_of[consumer][0]
             if ints[burst_i] >> 32 != int(now / BURST_WINDOW_S) + 1:
-                self._roll(burst_i, served_i, held_i, waiting_i, now)
+                self._roll(burst_i, self._recent_of[consumer][1], held_i, waiting_i, now)
             self._floats[burst_i + 1] -= change * now
         count = ints[at] + change
         ints[at] = count
         if count == 0 and change < 0 and not ints[other]:
-            self._floats[waiting_i + 1] = self.clock()
+            self._floats[waiting_i + 1] = now or self.clock()
 
     def _roll(self, burst_i: int, served_i: int, held_i: int, waiting_i: int, now: float) -> None:
         """Move an account's recent use into the epoch under way at `now` (BURST_WINDOW_S each): what it had in the
