@@ -4,8 +4,8 @@
         [--flood 3] [--lead 5] [--capacity-s 10] [--device cpu|cuda] [--gateway-workers 1] [--no-pin]
         [--engine-cpus L --gateway-cpus L --quiet-cpus L --flood-cpus L] [--cpu-runs 7] [--skip-off]
         [--ttft-trace] [--json FILE] [--out DIR]
-    python -m scripts.bench_fairness simulate [CAP ...] [--prefill-ms=MS] [--quiet-weight=W]   (the admission code
-        alone: `simulated_waits`)
+    python -m scripts.bench_fairness simulate [CAP ...] [--prefill-ms=MS] [--quiet-weight=W] [--seconds=S]
+        [--stall-ms=MS]   (the admission code alone: `simulated_waits`)
 
 One reference server (tiny GPT-2, `--batch` its max batch size, one torch thread; on the CPU, or on the GPU
 with `--device cuda`, where its decode steps are CUDA graph replays) behind `python -m runtime.gateway` (PROXY
@@ -890,6 +890,7 @@ async def simulated_waits(cap: int, workers: int = 2, seconds: float = 10.0, tok
     batch: list[list] = []  # [account, tokens left, its admission]
     stepping, waits, settled, tasks, most, own_at_wait = [False], [], [], [], [0], []
     own_any: list[int] = []
+    beside = [0, 0]  # the neighbour's and the quiet account's requests granted a slot during the quiet `seconds`
 
     async def request(who: str, admission: FairAdmission) -> None:
         asked = now[0]
@@ -907,6 +908,8 @@ async def simulated_waits(cap: int, workers: int = 2, seconds: float = 10.0, tok
                     own_at_wait.append(own)
         elif sum(group._int(cell) for cell in group.consumer_cells(QUIET[0])):  # the quiet account is active
             most[0] = max(most[0], group._int(group.consumer_cells(NEIGHBOUR[0])[0]))
+        if lead <= now[0] < lead + seconds:
+            beside[who == QUIET[0]] += 1
         granted.append((who, admission))
         if not stepping[0]:
             stepping[0] = True
@@ -957,6 +960,7 @@ async def simulated_waits(cap: int, workers: int = 2, seconds: float = 10.0, tok
             "wait_max_ms": round(max(waits, default=0.0), 1), "request_ms": round(request_s * 1000, 1),
             "waited_later": sum(w > 0.0 for w in settled),
             "neighbour_most_held": most[0], "quiet_least_own_when_waiting": min(own_at_wait, default=None),
+            "neighbour_served": beside[0], "neighbour_share": round(beside[0] / max(sum(beside), 1), 3),
             "quiet_own_when_waiting": {n: own_any.count(n) for n in sorted(set(own_any))}}
 
 
@@ -970,14 +974,17 @@ def main(argv: list[str] | None = None) -> int:
         opts = {a[2:].split("=", 1)[0]: float(a.split("=", 1)[1]) for a in argv[1:] if a.startswith("--")}
         for cap in [int(c) for c in argv[1:] if not c.startswith("--")] or [4, 16]:
             for workers in (1, 2):
-                row = asyncio.run(simulated_waits(cap, workers, prefill_ms=opts.get("prefill-ms", 0.0),
+                row = asyncio.run(simulated_waits(cap, workers, seconds=opts.get("seconds", 10.0),
+                                                  prefill_ms=opts.get("prefill-ms", 0.0),
+                                                  stall_ms=opts.get("stall-ms", 0.0),
                                                   quiet_weight=opts.get("quiet-weight", 1.0)))
                 print(f"cap {cap}, {workers} gateway worker{'s' if workers > 1 else ''}: {row['waited']} of "
                       f"{row['quiet_requests']} quiet requests waited for a slot ({row['waited_share']:.1%}); wait P99 "
                       f"{row['wait_p99_ms']} ms, max {row['wait_max_ms']} ms (a request holds its slot "
                       f"{row['request_ms']:g} ms at a full batch); beside it the neighbour held at most "
                       f"{row['neighbour_most_held']}; the quiet account's own requests (held and waiting) when one "
-                      f"waited: {row['quiet_own_when_waiting']}")
+                      f"waited: {row['quiet_own_when_waiting']}; the neighbour was served {row['neighbour_served']} "
+                      f"requests while the quiet account sent ({row['neighbour_share']:.1%} of those served)")
         return 0
     args = parse_args(argv)
     results = asyncio.run(main_async(args))

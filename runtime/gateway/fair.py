@@ -26,9 +26,36 @@ active accounts have not reserved, and while requests wait, only in fair order. 
 engine holds at most the cap less the other active accounts' parts (`held_beside`), and a quiet account's burst
 up to its part starts in the engine's next iteration; alone, an account may use the whole cap. A request never
 passes its own account's waiting requests. An account whose waiting requests alone would fill the whole cap is
-flooding, and nothing is kept for it: room it left unfilled goes in fair order, so a quiet account whose burst of
-long streams passed its part takes the flood's next freed slot when its start tag comes first (it is behind the
-flood in service), instead of waiting for one of its own streams to end.
+flooding, and beyond FLOOD_KEEPS slots nothing is kept for it: room it left unfilled goes in fair order, so a quiet
+account whose burst of long streams passed what it is reserved takes the flood's next freed slot when its start tag
+comes first (it is behind the flood in service), instead of waiting for one of its own streams to end.
+
+A reservation sized by the account's bursts, beside a flood. A weighted part is not what a quiet account's bursts
+need: at 0.15 of an H100's capacity with 64-token streams a Poisson account's requests come 8 to 20 within 150 ms,
+past half the cap, and each past its part waited for one of the flood's streams to end (23-76 ms;
+bench/FAIRNESS_DEVICE.md, call 4: 59 of 62 queued quiet requests held their whole part). So an active account that
+is not flooding and whose recent service is below its weighted share is reserved its recent peak in flight where
+that is more than its part, and its next burst of the size it recently had starts in the engine's next iteration:
+- "recent": the epoch of BURST_WINDOW_S under way and the one before (between one and two of them); "service":
+  slot-seconds, the engine slots its requests held over that time (what the cap divides, so an account of few long
+  streams is not counted as light); "below its weighted share": its slot-seconds over all active accounts' less
+  than its weight over theirs; "peak in flight": the most requests it held and waited for at once. All in the
+  shared mapping (`_roll`), so every worker decides alike.
+- The room comes out of the flooding accounts' parts only, each keeping FLOOD_KEEPS slots of it (none where its part
+  is 0) and giving up the rest by weight; where the bursts ask more than that room, each gets the same fraction of
+  what it asks beyond its part. With nobody flooding, or nobody light and bursty, every reservation is the weighted
+  part, as before: two floods split the cap by weight exactly as without this rule, and an account at or above its
+  weighted share of the service (a heavy user) is reserved only its part.
+- What a flood is guaranteed: FLOOD_KEEPS slots at every moment (a burst may never take its last one), and over the
+  window at least what each account that took room from it used, weighted: that account is below its weighted share,
+  so the flood is above its own; the moment the bursty account's service reaches its share it is reserved its part
+  again. Bounded work: one pass over the active list, and a few over what it read where a flood has room to give.
+- What it costs the flood: the reserved room is kept free while the bursty account does not fill it (not work
+  conserving), so the engine runs a smaller batch. In `python -m scripts.bench_fairness simulate 16 --seconds=20
+  --prefill-ms=2.5` (docs/gateway.md) the neighbour was served 1427 requests against 1923 with the parts alone (-26 %),
+  while the quiet requests that waited for a slot went from 47 to 13 of 703 (P99 wait 39 to 8 ms); with the parts
+  alone, the quiet account's weight 3 (its part 12) left 5 waiting and the neighbour 1248 (-35 %). A burst larger
+  than any in the window before it is not foreseen: its requests past the old peak wait, as before.
 
 Every count lives in the workers' shared mapping (runtime/gateway/shared.py), changed under its one
 lock, so the cap of an engine process holds across gateway workers exactly as the consumer limits do.
@@ -79,6 +106,17 @@ IDLE_AFTER_S = 1.0
 # every consumer: 0.35 µs an account on the development VM). An account arriving while the list is full still gets
 # its own part, but no one else reserves room for it.
 MAX_ACTIVE = 64
+# The window an account's recent service and peak are read over (`_Group.standing`): time is cut into epochs of
+# BURST_WINDOW_S, and "recent" is the epoch under way and the one before, so between one and two of them. Long enough
+# to hold a bursty account's last few bursts (0.15 R at the H100's R of 250-350 requests a second is 150-200 requests
+# an epoch; in `simulate 16 --prefill-ms=2.5`, 20 s, epochs of 2 s left 22 quiet requests waiting, of 4 s 13, of 8 s
+# 12, the neighbour served 1548, 1427 and 1135 requests), short enough that a burst is forgotten seconds after it.
+BURST_WINDOW_S = 4.0
+# The slots a flooding account keeps whatever bursts its neighbours reserve room for (none where its weighted part
+# is 0). One, not more: what bounds its loss is that only an account below its weighted share of the recent service
+# reserves beyond its part, so over the window a flood is served at least what (weighted) each account that took
+# room from it used. The slot keeps it from standing still in between.
+FLOOD_KEEPS = 1
 RANK = {"interactive": 0, "batch": 1}
 # The weight of the newest interval in the service rate's moving average: about the last 20 releases count.
 RATE_SMOOTHING = 0.1
@@ -162,18 +200,24 @@ class _Group:
             # idle past IDLE_AFTER_S, so the sum may still count some of those: never less than the active ones'.
             active_n_at = state.cell(f"fair\x00activen\x00{model}")
             active_at = [state.cell(f"fair\x00active\x00{model}\x00{k}") for k in range(MAX_ACTIVE)]
+            # Beside each entry, where its account's recent service and peak are: (its burst cell's index << 32 | its
+            # served cell's index, -) (`consumer_index`); it moves with its entry.
+            recent_at = [state.cell(f"fair\x00activer\x00{model}\x00{k}") for k in range(MAX_ACTIVE)]
         # The same cells as indices of the int64 view (the float of cell i is element i + 1 of the float64 view):
         # the hot paths index the views inline, a method call per read cost more than the rest of a request.
         self.used_i = [at >> 3 for at in self.used_at]
         self.group_i, self.rate_i = self.group_at >> 3, self.rate_at >> 3
         self.heads_i = [at >> 3 for at in self.heads_at]
         self.active_n_i, self.active_i = active_n_at >> 3, [at >> 3 for at in active_at]
+        self.recent_i = [at >> 3 for at in recent_at]
         self.head_i = self.heads_i[worker]
         self.whos_i = [at >> 3 for at in whos_at]
         self.who_i = self.whos_i[worker]
         self._names: dict[int, str] = {}  # held-count cell -> account, for the heads other workers publish
         self.queues: dict[str, deque[_Waiter]] = {}
         self._consumer_i: dict[str, tuple[int, int]] = {}
+        self._recent_of: dict[str, tuple[int, int]] = {}  # account -> (burst cell index, served cell index)
+        self._waiting_of: dict[int, int] = {}  # held cell index -> waiting cell index, of the accounts seen here
         self._listed_at: dict[int, int] = {}  # held cell index -> its entry on the active list, as last seen here
 
     # Shared cells, read and written with the lock held. A cell's offset is a multiple of 8 (slots of 40 bytes), so
@@ -200,6 +244,12 @@ class _Group:
         if cells is None:
             cells = (self.state.cell(f"fair\x00held\x00{self.model}\x00{consumer}") >> 3,
                      self.state.cell(f"fair\x00waiting\x00{self.model}\x00{consumer}") >> 3)
+            # Its recent use (`_roll`): (the epoch it is counted in << 32 | its peak in flight in that epoch << 16 |
+            # its peak in the epoch before, its slot-seconds in that epoch less its held requests x now), and
+            # (-, its slot-seconds in the epoch before).
+            self._recent_of[consumer] = (self.state.cell(f"fair\x00burst\x00{self.model}\x00{consumer}") >> 3,
+                                         self.state.cell(f"fair\x00served\x00{self.model}\x00{consumer}") >> 3)
+            self._waiting_of[cells[0]] = cells[1]
             self._consumer_i[consumer] = cells
         return cells
 
@@ -217,8 +267,9 @@ class _Group:
         held, waiting = self.consumer_index(consumer)
         return held << 3, waiting << 3
 
-    def enlist(self, held_i: int, waiting_i: int, weight: float) -> None:
-        """Put an account that is becoming active on the active list, unless it is there. Lock held."""
+    def enlist(self, held_i: int, waiting_i: int, weight: float, recent: tuple[int, int]) -> None:
+        """Put an account that is becoming active on the active list, unless it is there (`recent`: its burst and
+        served cells, `consumer_index`). Lock held."""
         ints, entries = self._ints, self.active_i
         packed = held_i << 32 | waiting_i
         n = ints[self.active_n_i]
@@ -232,6 +283,7 @@ class _Group:
         if n < MAX_ACTIVE:
             floats = self._floats
             ints[entries[n]], floats[entries[n] + 1] = packed, weight
+            ints[self.recent_i[n]] = recent[0] << 32 | recent[1]
             ints[self.active_n_i] = n + 1
             floats[self.active_n_i + 1] += weight
             self._listed_at[held_i] = n
@@ -246,71 +298,152 @@ class _Group:
                 floats[at + 1] = weight
 
     def standing(self, own: int, weight: float) -> tuple[bool, bool]:
-        """(whether one more request keeps the account whose held cell is `own` (`consumer_index`) within its
-        reserved part of the cap, whether one more may go: within it, or into room the other active accounts have
-        not reserved). Lock held; call with a slot free.
+        """(whether one more request keeps the account whose held cell is `own` (`consumer_index`) within what is
+        reserved for it, whether one more may go: within it, or into room not reserved for the other active
+        accounts). Lock held; call with a slot free.
 
         Active: holding or waiting requests, or idle for less than IDLE_AFTER_S (the active list; an entry found
-        idle for longer leaves it here). Each active account's part is its weighted share of the cap, rounded down
-        (`reserved`); the account asking counts as active."""
+        idle for longer leaves it here); the account asking counts as active. What each is reserved, from its
+        weighted part (`reserved`) and its recent service and peak in flight (the module docstring says why):
+        - flooding (its waiting requests alone would fill the cap): for the others, FLOOD_KEEPS slots of its part
+          (none above it); for itself, its part less its weighted share of the room the others' bursts took
+          (`_bursts`), never less than those slots;
+        - else below its weighted share of the recent service: its part, or its recent peak in flight where that
+          is more, as far as the flooding accounts' parts beyond their kept slots go (with none flooding, its
+          part): where the peaks ask more than that, each gets the same fraction of what it asks beyond its part;
+        - else: its part.
+        O(active accounts): one pass over the list, a few over what it read."""
         ints, floats = self._ints, self._floats
         cap = self.cap_total
+        own_waiting = ints[self._waiting_of[own]]
         # Within its part even were every listed account active (the sum counts its own weight at most twice): no
-        # need to read the list. Most requests below the cap end here.
-        if ints[own] + 1 <= cap * weight / (floats[self.active_n_i + 1] + weight) - 1e-9:
+        # need to read the list. Most requests below the cap end here. Not a flooding account: its part gives room
+        # to the others' bursts.
+        if own_waiting < cap and ints[own] + 1 <= cap * weight / (floats[self.active_n_i + 1] + weight) - 1e-9:
             return True, True
         recent = None
         total, listed = weight, 0.0  # listed: its own entry's weight, if it has one
-        others: list[float] = []  # the other active accounts' (weight, held, waiting) triples, flat
+        # Every active account's (weight, held, waiting, its entry's index on the list), flat; the one asking first
+        # (-1: unlisted, the list was full, and it reserves nothing beyond its part).
+        rows: list[float] = [weight, ints[own], own_waiting, -1]
         entries, n, k = self.active_i, ints[self.active_n_i], 0
         while k < n:
             at = entries[k]
             packed = ints[at]
             held_i = packed >> 32
+            held, waiting = ints[held_i], ints[packed & 0xFFFFFFFF]
             if held_i != own:
-                held = ints[held_i]
-                if not held and not ints[packed & 0xFFFFFFFF]:
+                if not held and not waiting:
                     if recent is None:
                         recent = self.clock() - IDLE_AFTER_S
                     if floats[(packed & 0xFFFFFFFF) + 1] <= recent:
                         n -= 1  # idle past IDLE_AFTER_S: off the list, its last entry takes its place
                         ints[at], floats[at + 1] = ints[entries[n]], floats[entries[n] + 1]
+                        ints[self.recent_i[k]] = ints[self.recent_i[n]]
                         ints[self.active_n_i] = n
                         continue
-                other_weight = floats[at + 1]
-                total += other_weight
-                others += (other_weight, held, ints[packed & 0xFFFFFFFF])
+                total += floats[at + 1]
+                rows += (floats[at + 1], held, waiting, k)
             else:
                 listed += floats[at + 1]
+                rows[3] = k
             k += 1
         floats[self.active_n_i + 1] = listed + total - weight  # the sum, exact again (no drift from + and -)
-        if ints[own] + 1 <= cap * weight / total + 1e-9:
+        if own_waiting < cap and ints[own] + 1 <= cap * weight / total + 1e-9:
+            return True, True
+        # What bursts may take (`room`: the flooding accounts' parts beyond their kept slots; with nobody flooding,
+        # nothing: each account is reserved its part, and nothing more is read), the flooding accounts' weights.
+        room, flood_weights = 0, 0.0
+        for i in range(0, len(rows), 4):
+            if rows[i + 2] >= cap:
+                part = int(cap * rows[i] / total + 1e-9)
+                room += part - min(FLOOD_KEEPS, part)
+                flood_weights += rows[i]
+        bursts: dict[int, int] = {}  # row -> the slots it is reserved beyond its part
+        if room:
+            self._bursts(rows, total, room, bursts)
+        taken = 0  # the slots the bursts reserve beyond their accounts' parts
+        kept = 0  # the room reserved for the others and not filled
+        mine = 0  # what is reserved for the account asking
+        for i in range(0, len(rows), 4):
+            part = int(cap * rows[i] / total + 1e-9)
+            if rows[i + 2] >= cap:
+                reserve = min(FLOOD_KEEPS, part)  # for the others to keep; its own is known once `taken` is
+            else:
+                burst = bursts.get(i, 0)
+                taken += burst
+                reserve = part + burst
+            if i:
+                unmet = reserve - int(rows[i + 1])
+                if unmet > 0:
+                    kept += unmet
+            else:
+                mine = reserve
+        if own_waiting >= cap:  # flooding: its kept slots and its weighted share of what the bursts left of `room`
+            part = int(cap * weight / total + 1e-9)
+            if not taken:
+                mine = part  # no burst reserved beyond its part: as if none were bursty
+            else:
+                mine = min(part, mine + int((room - taken) * weight / flood_weights + 1e-9))
+        if ints[own] + 1 <= mine:
             return True, True
         free = cap
         for at in self.used_i:
             free -= ints[at]
-        for i in range(0, len(others), 3):  # less the others' unmet parts (`reserved`, inline: the hot path)
-            part = int(cap * others[i] / total + 1e-9)
-            # An account whose waiting requests alone would fill the whole cap asks more than the engine can
-            # serve: the room it has not filled is not kept for it, and it takes what it gets in fair order. Kept,
-            # that room would make a quiet account beyond its part (a burst of long streams) wait for one of its own
-            # requests to end, though its start tags come before the flood's. Not at its part's worth waiting: an
-            # account held below its part by a full engine would then lose the room owed to it.
-            if others[i + 2] < cap:
-                unmet = part - int(others[i + 1])
-                if unmet > 0:
-                    free -= unmet
-        return False, free >= 1
+        return False, free - kept >= 1
+
+    def _bursts(self, rows: list[float], total: float, room: int, bursts: dict[int, int]) -> None:
+        """Into `bursts` (row -> slots), what each account of `rows` (`standing`'s) that is not flooding and is below
+        its weighted share of the recent service is reserved beyond its part for its recent peak in flight, out of
+        `room`. Lock held; O(active accounts)."""
+        ints, floats, cap = self._ints, self._floats, self.cap_total
+        now = self.clock()
+        epoch = int(now / BURST_WINDOW_S) + 1
+        begun = (epoch - 2) * BURST_WINDOW_S  # the epoch before this one began: the window's start (`_roll`)
+        served_all = asked = 0.0
+        recents = self.recent_i
+        use: list[float] = []  # per row: its slot-seconds since `begun`, its peak in flight since
+        for i in range(0, len(rows), 4):
+            held, waiting, k = int(rows[i + 1]), int(rows[i + 2]), int(rows[i + 3])
+            if k < 0:
+                use += (0.0, 0)
+                continue
+            cells = ints[recents[k]]
+            burst_i = cells >> 32
+            burst = ints[burst_i]
+            if burst >> 32 == epoch:
+                served = floats[burst_i + 1] + held * now + floats[(cells & 0xFFFFFFFF) + 1]
+                peak = max(burst >> 16 & 0xFFFF, burst & 0xFFFF)
+            elif burst >> 32 == epoch - 1:  # its last change was in the epoch before: nothing since
+                served = floats[burst_i + 1] + held * now
+                peak = max(burst >> 16 & 0xFFFF, held + waiting)
+            else:  # none in either: it held what it holds all along
+                served, peak = held * (now - begun), held + waiting
+            served_all += served
+            use += (served, peak)
+        for i in range(0, len(rows), 4):
+            part = int(cap * rows[i] / total + 1e-9)
+            if rows[i + 2] < cap and use[i // 2 + 1] > part and use[i // 2] * total < rows[i] * served_all:
+                bursts[i] = int(use[i // 2 + 1]) - part
+                asked += bursts[i]
+        if asked > room:  # each the same fraction of what it asks
+            for i, want in bursts.items():
+                bursts[i] = int(want * room / asked + 1e-9)
 
     def may_take(self, own: int, weight: float) -> bool:
-        """`standing(own, weight)[1]`, without reading the list where the free room is more than every listed account
-        could have reserved (their weights' sum, which may count its own, bounds the others' parts). Lock held."""
+        """`standing(own, weight)[1]`, without reading the list where the free room is more than the others could have
+        reserved: their parts (their weights' sum bounds them: the list's, which may count its own), since bursts take
+        from flooding accounts' parts what those no longer keep; and, where it floods itself, what bursts may take
+        from its own part beyond its kept slots. Lock held."""
         ints, cap = self._ints, self.cap_total
         listed = self._floats[self.active_n_i + 1]
         free = cap
         for at in self.used_i:
             free -= ints[at]
-        if free - 1 >= int(cap * listed / (listed + weight) + 1e-9):
+        others = int(cap * listed / (listed + weight) + 1e-9)
+        if ints[self._waiting_of[own]] >= cap:
+            others += max(0, cap - FLOOD_KEEPS)
+        if free - 1 >= others:
             return True
         return self.standing(own, weight)[1]
 
@@ -329,11 +462,42 @@ class _Group:
         keeps its reservation IDLE_AFTER_S from then)."""
         held_i, waiting_i = self.consumer_index(consumer)
         ints = self._ints
-        at, other = (waiting_i, held_i) if waiting else (held_i, waiting_i)
+        if waiting:
+            at, other = waiting_i, held_i
+            now = 0.0
+        else:  # its service: a held request counts its slot-seconds from now (`_roll`)
+            at, other = held_i, waiting_i
+            now = self.clock()
+            burst_i = self._recent_of[consumer][0]
+            if ints[burst_i] >> 32 != int(now / BURST_WINDOW_S) + 1:
+                self._roll(burst_i, self._recent_of[consumer][1], held_i, waiting_i, now)
+            self._floats[burst_i + 1] -= change * now
         count = ints[at] + change
         ints[at] = count
         if count == 0 and change < 0 and not ints[other]:
-            self._floats[waiting_i + 1] = self.clock()
+            self._floats[waiting_i + 1] = now or self.clock()
+
+    def _roll(self, burst_i: int, served_i: int, held_i: int, waiting_i: int, now: float) -> None:
+        """Move an account's recent use into the epoch under way at `now` (BURST_WINDOW_S each): what it had in the
+        last epoch it was counted in becomes the epoch before's if that is the one just before, else it held and
+        waited for what it does now all through the epoch before. Lock held, before its counts change.
+
+        Its service is slot-seconds: the burst cell's float is the sum of its ended requests' end times less the sum of
+        its requests' start times, both counted from the epoch's start, so that plus held x now is its slot-seconds in
+        the epoch so far, kept by one subtraction when a request takes a slot and one addition when it ends."""
+        ints, floats = self._ints, self._floats
+        epoch = int(now / BURST_WINDOW_S) + 1  # from 1: a new account's epoch 0 is no epoch at all
+        begun = (epoch - 1) * BURST_WINDOW_S
+        held, burst = ints[held_i], ints[burst_i]
+        flight = min(held + ints[waiting_i], 0xFFFF)
+        if burst >> 32 == epoch - 1:
+            floats[served_i + 1] = floats[burst_i + 1] + held * begun
+            before = burst >> 16 & 0xFFFF
+        else:
+            floats[served_i + 1] = held * BURST_WINDOW_S
+            before = flight
+        ints[burst_i] = epoch << 32 | flight << 16 | before
+        floats[burst_i + 1] = -held * begun
 
     def _grant(self, index: int, consumer: str, tag: float) -> UpstreamPool:
         self._ints[self.used_i[index]] += 1
@@ -349,6 +513,11 @@ class _Group:
         waiting ones."""
         ints, floats = self._ints, self._floats
         held_i, waiting_i = self.consumer_index(waiter.consumer)
+        now = self.clock()
+        burst_i, served_i = self._recent_of[waiter.consumer]
+        if ints[burst_i] >> 32 != int(now / BURST_WINDOW_S) + 1:
+            self._roll(burst_i, served_i, held_i, waiting_i, now)
+        floats[burst_i + 1] -= now  # its slot-seconds count from now
         ints[waiting_i] -= 1
         ints[held_i] += 1
         ints[self.used_i[index]] += 1
@@ -466,8 +635,17 @@ class FairAdmission:
             room = index is not None
             # Never past its own account's waiting requests (in any worker): granted here, its start tag (its
             # finish tag, beyond all of theirs) would move V past every one of them.
+            recent = group._recent_of[consumer]
             if not ints[held_i] and not ints[waiting_i]:  # it becomes active: its part is reserved from now
-                group.enlist(held_i, waiting_i, share.weight)
+                group.enlist(held_i, waiting_i, share.weight, recent)
+            # Its peak in flight: with this request (held or waiting, it is in flight from now).
+            now = group.clock()
+            burst_i = recent[0]
+            if ints[burst_i] >> 32 != int(now / BURST_WINDOW_S) + 1:
+                group._roll(burst_i, recent[1], held_i, waiting_i, now)
+            flight = ints[held_i] + ints[waiting_i] + 1
+            if flight > ints[burst_i] >> 16 & 0xFFFF and flight <= 0xFFFF:
+                ints[burst_i] += (flight - (ints[burst_i] >> 16 & 0xFFFF)) << 16
             within = may = False
             if index is not None and not ints[waiting_i]:
                 within, may = group.standing(held_i, share.weight)

@@ -158,21 +158,21 @@ def test_when_the_engine_stalls_a_quiet_account_waits_only_once_it_holds_its_who
     assert steady["waited_later"] == 0 and steady["quiet_least_own_when_waiting"] is None
 
 
-def test_with_each_admission_paying_its_prefill_the_quiet_accounts_waits_come_when_it_holds_its_whole_part():
+def test_with_each_admission_paying_its_prefill_only_a_burst_past_the_quiet_accounts_recent_peak_waits_at_its_part():
     """The device's iterations that admit a request run 2-8 ms longer (its prefill; bench/FAIRNESS_DEVICE.md call 4),
     so a burst of the quiet account stretches its own requests' time and fills its part (8 of 16) while the
-    neighbour holds the rest: the simulation with a prefill of 2.5 ms an admission has its waits, counted by how many
-    requests the quiet account held or waited for at each (`quiet_own_when_waiting`), mostly at its whole part;
-    without the prefill the same seconds have none after the start. The tail the partition leaves, not a hand-over,
-    and the weights move it."""
+    neighbour holds the rest: in the simulation with a prefill of 2.5 ms an admission, with the part alone, 5 of its
+    7 waits came at its whole part (`quiet_own_when_waiting`: how many requests it held or waited for at each). With
+    its recent peak reserved beside the flood (runtime/gateway/fair.py), only the first burst past its part waits
+    there: the next ones of that size find the room kept. The weights still move the part itself."""
     import asyncio
 
     from scripts.bench_fairness import simulated_waits
 
     row = asyncio.run(simulated_waits(16, workers=2, seconds=4.0, lead=1.0, prefill_ms=2.5))
-    at_part = row["quiet_own_when_waiting"].get(8, 0)
-    assert sum(row["quiet_own_when_waiting"].values()) == row["waited"] and at_part > row["waited"] / 2
-    assert max(row["quiet_own_when_waiting"]) == 8 and row["neighbour_most_held"] == 8
+    assert sum(row["quiet_own_when_waiting"].values()) == row["waited"]
+    assert row["quiet_own_when_waiting"].get(8, 0) <= 1 and max(row["quiet_own_when_waiting"]) <= 8
+    assert row["neighbour_most_held"] == 8
     # The same seconds with the quiet account weighted 3 to 1 (its part 12, the neighbour held to 4): none of its
     # waits comes at its part; what is left is the start, the neighbour's excess from when it was alone ending.
     heavier = asyncio.run(simulated_waits(16, workers=2, seconds=4.0, lead=1.0, prefill_ms=2.5, quiet_weight=3.0))

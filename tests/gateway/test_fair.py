@@ -945,6 +945,176 @@ def test_a_quiet_account_beyond_its_part_takes_a_slot_a_flood_frees_when_its_sta
     assert run(body()) == ((False, 0), (True, 0), (True, 1))
 
 
+class BurstsBesideAFlood:
+    """A cap of 16, voice-app flooding it (16 held from when it was alone, 40 more waiting: its waiting requests alone
+    would fill the cap) and analytics quiet, equal weights unless given: parts of 8. The clock stands still unless a
+    test moves it, so each account's recent service (slot-seconds) is what the test makes it."""
+
+    def __init__(self, quiet_weight: float = 1.0, flood_weight: float = 1.0):
+        _, (voice, analytics) = consumers(**{"voice-app": {"weight": flood_weight},
+                                             "analytics": {"weight": quiet_weight}})
+        self.clock = Clock()
+        self.admission = FairAdmission(SharedState(1), {MODEL_ID: [Engine(9001)]}, {MODEL_ID: 16},
+                                       (voice, analytics), poll_s=3600, clock=self.clock)
+        self.held: dict[str, list] = {"voice-app": [], "analytics": []}
+        self.waiting: dict[str, list[asyncio.Future]] = {"voice-app": [], "analytics": []}
+
+    async def send(self, consumer: str, n: int) -> int:
+        """`n` requests of `consumer`: how many of them started at once."""
+        self.waiting[consumer] += acquiring(self.admission, consumer, n)
+        await self.collect()
+        return n - sum(not f.done() for f in self.waiting[consumer][-n:])
+
+    async def collect(self) -> None:
+        await settle()
+        for consumer, futures in self.waiting.items():
+            self.held[consumer] += [f.result() for f in futures if f.done()]
+            self.waiting[consumer] = [f for f in futures if not f.done()]
+
+    async def end(self, consumer: str, n: int | None = None) -> None:
+        """`n` (default all) of `consumer`'s held requests end, one by one, each freed slot handed on as it ends."""
+        for _ in range(len(self.held[consumer]) if n is None else n):
+            self.admission.release(consumer, MODEL_ID, self.held[consumer].pop(0))
+            await self.collect()
+
+    def holding(self) -> dict[str, int]:
+        return {consumer: len(held) for consumer, held in self.held.items()}
+
+    async def flood(self) -> None:
+        assert await self.send("voice-app", 16) == 16  # alone: the whole cap
+        await self.send("voice-app", 40)
+
+    async def close(self) -> None:
+        self.admission.flush(fair.CLIENT_GONE)
+        await settle()
+
+
+async def a_burst_of(engine: BurstsBesideAFlood, size: int) -> None:
+    """After a second of the flood alone, the quiet account sends `size` at once, the flood's 16 end one by one, and a
+    tenth of a second later the quiet account's requests end too: its recent peak is `size`, its service a fraction
+    of the flood's."""
+    await engine.flood()
+    engine.clock.now += 1.0
+    await engine.send("analytics", size)
+    await engine.end("voice-app", 16)
+    engine.clock.now += 0.1
+    await engine.end("analytics")
+
+
+def test_a_quiet_account_whose_recent_peak_was_12_starts_its_next_burst_of_12_at_once_beside_a_flood():
+    """Equal weights, parts of 8. An account below its weighted share of the recent service, not flooding, is reserved
+    its recent peak in flight (held and waiting) where that is more than its part, out of the flood's part: after a
+    burst of 12 the flood holds 4, and the next burst of 12 starts in the engine's next iteration. With the part
+    alone (main) the flood refilled to 8 and the burst's last 4 waited for its requests to end, a request's time."""
+    async def body():
+        engine = BurstsBesideAFlood()
+        await a_burst_of(engine, 12)
+        between = engine.holding()
+        engine.clock.now += 0.1
+        at_once = await engine.send("analytics", 12)
+        beyond = await engine.send("analytics", 1)
+        await engine.close()
+        return between, at_once, beyond
+
+    between, at_once, beyond = run(body())
+    assert between == {"voice-app": 4, "analytics": 0}  # 12 slots kept free for it
+    assert at_once == 12 and beyond == 0  # its 13th is past its recent peak: it waits
+
+
+def test_a_flood_keeps_its_slot_whatever_a_bursty_neighbour_reserves():
+    """A burst of 15 beside a flood at equal weights (15 waiting is not flooding a cap of 16): the burst may reserve
+    the flood's part down to FLOOD_KEEPS, never below. The quiet account gets 15, the flood its 1; the quiet
+    account's 16th waits, and when the flood's request ends its slot goes back to the flood."""
+    assert fair.FLOOD_KEEPS == 1
+
+    async def body():
+        engine = BurstsBesideAFlood()
+        await engine.flood()
+        engine.clock.now += 1.0
+        await engine.send("analytics", 15)
+        await engine.end("voice-app", 16)
+        burst = engine.holding()
+        sixteenth = await engine.send("analytics", 1)
+        engine.clock.now += 0.1
+        await engine.end("voice-app", 1)
+        after = engine.holding()
+        await engine.close()
+        return burst, sixteenth, after
+
+    burst, sixteenth, after = run(body())
+    assert burst == {"voice-app": 1, "analytics": 15}
+    assert sixteenth == 0 and after == {"voice-app": 1, "analytics": 15}
+
+
+def test_an_account_at_or_above_its_weighted_share_of_the_recent_service_is_reserved_only_its_part():
+    """The same bursts of 12, but the quiet account then holds its 12 for three seconds while the flood holds its 4:
+    its slot-seconds over the window pass its weighted share (half), so it is a heavy user and is reserved its part,
+    8, as before: the flood refills to 8 and of its next burst of 12, 8 start at once."""
+    async def body():
+        engine = BurstsBesideAFlood()
+        await a_burst_of(engine, 12)
+        engine.clock.now += 0.1
+        light = await engine.send("analytics", 12)
+        engine.clock.now += 3 * fair.BURST_WINDOW_S / 2
+        await engine.end("analytics")
+        between = engine.holding()
+        engine.clock.now += 0.1
+        heavy = await engine.send("analytics", 12)
+        await engine.close()
+        return light, between, heavy
+
+    light, between, heavy = run(body())
+    assert light == 12
+    assert between == {"voice-app": 8, "analytics": 0} and heavy == 8
+
+
+def test_the_window_forgets_a_burst_two_windows_old():
+    """The recent peak is the most in flight in the window under way and the one before (BURST_WINDOW_S each): one
+    window after the burst of 12 its room is still kept; two windows after, with the quiet account holding one request
+    since (active, far below its share), its reservation is its part again: the flood refills to 8 beside it."""
+    async def body():
+        engine = BurstsBesideAFlood()
+        await a_burst_of(engine, 12)
+        await engine.send("analytics", 1)
+        engine.clock.now += fair.BURST_WINDOW_S
+        await engine.end("voice-app", 1)  # a slot frees: the flood's backlog looks for room
+        remembered = engine.holding()
+        engine.clock.now += fair.BURST_WINDOW_S
+        await engine.end("voice-app", 1)
+        forgotten = engine.holding()
+        await engine.close()
+        return remembered, forgotten
+
+    remembered, forgotten = run(body())
+    assert remembered == {"voice-app": 4, "analytics": 1}  # 11 kept beside the quiet account's 1
+    assert forgotten == {"voice-app": 8, "analytics": 1}  # its part, 8, kept: 7 free for it
+
+
+def test_two_floods_split_the_cap_by_weight_whatever_their_recent_service():
+    """Two accounts whose waiting requests alone would fill the cap are both flooding: neither reserves a burst, each
+    holds its weighted part, and the freed slots go in fair order, two to one for weights 2 and 1, as without the
+    recent service (the clock moving, so it is measured)."""
+    async def body():
+        engine = BurstsBesideAFlood(quiet_weight=1.0, flood_weight=2.0)
+        await engine.flood()
+        await engine.send("analytics", 40)
+        engine.clock.now += 0.5
+        granted = {"voice-app": 0, "analytics": 0}
+        for _ in range(24):  # the oldest request of either ends; count who gets its slot
+            engine.clock.now += 0.05
+            before = engine.holding()
+            oldest = "voice-app" if engine.held["voice-app"] else "analytics"
+            engine.admission.release(oldest, MODEL_ID, engine.held[oldest].pop(0))
+            await engine.collect()
+            after = engine.holding()
+            for consumer in granted:
+                granted[consumer] += after[consumer] - before[consumer] + (consumer == oldest)
+        await engine.close()
+        return granted
+
+    assert run(body()) == {"voice-app": 16, "analytics": 8}
+
+
 def test_a_flood_of_waiting_requests_whose_clients_left_is_withdrawn_in_one_pass():
     """Thousands of a flooding client's waiting requests dropped at once: one sweep withdraws them all with exact
     counts, in one pass (one hand-over attempt, not one per request, each a search of the queue), and the quiet
@@ -1202,7 +1372,9 @@ def calls_under_the_lock(waiting: int) -> dict[str, int]:
     counts: dict[str, int] = {}
 
     async def body() -> None:
-        admission = one_slot((voice, analytics), poll_s=3600)
+        # The clock stands still: a window's roll (`_roll`, once per account every BURST_WINDOW_S) falling inside one
+        # measured operation and not the other would be a call more that has nothing to do with the waiting requests.
+        admission = one_slot((voice, analytics), poll_s=3600, clock=Clock())
         lock = admission.state.lock = CountingLock(admission.state.lock)
         held = await admission.acquire("voice-app", MODEL_ID, lambda: False)
         left = [False] * waiting
