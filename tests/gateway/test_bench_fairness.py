@@ -138,21 +138,19 @@ def test_the_engines_figures_say_whether_its_longest_queue_was_spent_in_the_step
     assert engine_figures([])["before_max_queue_ms"] is None
 
 
-def test_when_the_engine_stalls_a_quiet_account_waits_only_once_it_holds_its_whole_part():
+def test_when_the_engine_stalls_the_quiet_accounts_bursts_find_the_room_its_recent_peak_kept():
     """bench/FAIRNESS_DEVICE.md: at a cap of 16 the quiet account waited at the gateway (P99 19-32 ms) beside a
-    neighbour held to 8, while its engine's queue reached 20-64 ms. The simulation with the engine stopping 100 ms
-    every 0.5 s (`stall_ms`): every quiet request that waits, once the neighbour's earlier requests have ended, finds
-    its own account already holding or waiting for its reserved part (8 of 16), and the neighbour never holds more
-    than 8. So such waits are the quiet account's own part filling up while the engine stands still, not room the
-    neighbour took; without the stall a 4 s run has none."""
+    neighbour held to 8, while its engine's queue reached 20-64 ms. In the simulation with the engine stopping 100 ms
+    every 0.5 s (`stall_ms`), with the parts alone, every quiet request that waited once the neighbour's earlier
+    requests had ended found its own account at its whole part (8 of 16): its own part filling up while the engine
+    stood still. With its recent peak in flight and a quarter more reserved beside the flood (runtime/gateway/fair.py,
+    BURST_HEADROOM), none waits after the phase's start, stalled or not, and the neighbour never holds more than 8."""
     import asyncio
 
-    from runtime.gateway.fair import reserved
     from scripts.bench_fairness import simulated_waits
 
     stalled = asyncio.run(simulated_waits(16, workers=2, seconds=4.0, lead=1.0, stall_ms=100.0))
-    assert stalled["waited_later"] >= 1
-    assert stalled["quiet_least_own_when_waiting"] == reserved(16, 1.0, 2.0) == 8
+    assert stalled["waited"] >= 1 and stalled["waited_later"] == 0  # the phase's start: the flood held the cap
     assert stalled["neighbour_most_held"] == 8
     steady = asyncio.run(simulated_waits(16, workers=2, seconds=4.0, lead=1.0))
     assert steady["waited_later"] == 0 and steady["quiet_least_own_when_waiting"] is None

@@ -1001,24 +1001,27 @@ async def a_burst_of(engine: BurstsBesideAFlood, size: int) -> None:
     await engine.end("analytics")
 
 
-def test_a_quiet_account_whose_recent_peak_was_12_starts_its_next_burst_of_12_at_once_beside_a_flood():
+def test_a_quiet_account_whose_recent_peak_was_10_starts_its_next_burst_of_13_at_once_beside_a_flood():
     """Equal weights, parts of 8. An account below its weighted share of the recent service, not flooding, is reserved
-    its recent peak in flight (held and waiting) where that is more than its part, out of the flood's part: after a
-    burst of 12 the flood holds 4, and the next burst of 12 starts in the engine's next iteration. With the part
-    alone (main) the flood refilled to 8 and the burst's last 4 waited for its requests to end, a request's time."""
+    its recent peak in flight (held and waiting) and a quarter more, rounded up (BURST_HEADROOM), where that is more
+    than its part, out of the flood's part: after a burst of 10 the flood holds 3, and the next burst of 13 starts in
+    the engine's next iteration. With the part alone the flood refilled to 8 and the burst's last 5 waited for its
+    requests to end, a request's time; with the peak alone (no headroom), the last 3."""
+    assert fair.BURST_HEADROOM == 0.25
+
     async def body():
         engine = BurstsBesideAFlood()
-        await a_burst_of(engine, 12)
+        await a_burst_of(engine, 10)
         between = engine.holding()
         engine.clock.now += 0.1
-        at_once = await engine.send("analytics", 12)
+        at_once = await engine.send("analytics", 13)
         beyond = await engine.send("analytics", 1)
         await engine.close()
         return between, at_once, beyond
 
     between, at_once, beyond = run(body())
-    assert between == {"voice-app": 4, "analytics": 0}  # 12 slots kept free for it
-    assert at_once == 12 and beyond == 0  # its 13th is past its recent peak: it waits
+    assert between == {"voice-app": 3, "analytics": 0}  # 13 slots kept free for it
+    assert at_once == 13 and beyond == 0  # its 14th is past its recent peak and the headroom: it waits
 
 
 def test_a_flood_keeps_its_slot_whatever_a_bursty_neighbour_reserves():
@@ -1070,11 +1073,11 @@ def test_an_account_at_or_above_its_weighted_share_of_the_recent_service_is_rese
 
 def test_the_window_forgets_a_burst_two_windows_old():
     """The recent peak is the most in flight in the window under way and the one before (BURST_WINDOW_S each): one
-    window after the burst of 12 its room is still kept; two windows after, with the quiet account holding one request
+    window after the burst of 10 its room (13 with the headroom) is still kept; two windows after, with the quiet account holding one request
     since (active, far below its share), its reservation is its part again: the flood refills to 8 beside it."""
     async def body():
         engine = BurstsBesideAFlood()
-        await a_burst_of(engine, 12)
+        await a_burst_of(engine, 10)
         await engine.send("analytics", 1)
         engine.clock.now += fair.BURST_WINDOW_S
         await engine.end("voice-app", 1)  # a slot frees: the flood's backlog looks for room
@@ -1086,7 +1089,7 @@ def test_the_window_forgets_a_burst_two_windows_old():
         return remembered, forgotten
 
     remembered, forgotten = run(body())
-    assert remembered == {"voice-app": 4, "analytics": 1}  # 11 kept beside the quiet account's 1
+    assert remembered == {"voice-app": 3, "analytics": 1}  # 13 reserved: 12 kept beside the quiet account's 1
     assert forgotten == {"voice-app": 8, "analytics": 1}  # its part, 8, kept: 7 free for it
 
 
