@@ -532,7 +532,7 @@ class Zygote:
 # tests start, the servers, gateways and builds it starts, and the CLI that bench scripts start as load clients.
 ENGINE_SOCKET_VAR = "TEST_ENGINE_FORK_SERVER"
 ENGINE_MODULES = frozenset({"runtime.bootstrap", "runtime.reference.server", "runtime.gateway",
-                            "runtime.reference.build", "scripts.cli", "scripts.bench_step"})
+                            "runtime.reference.build", "scripts.cli", "scripts.bench_step", "scripts.bench_fairness"})
 SITE_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "forked_site")
 
 
