@@ -55,6 +55,11 @@ def moto_endpoint():
     # test has called EC2 or Auto Scaling, two resets per `fresh_aws` test. No test launches from them; those that
     # launch register their own image (tests/gateway/test_discovery.py). moto/settings.py: ec2_load_default_amis.
     os.environ.setdefault("MOTO_EC2_LOAD_DEFAULT_AMIS", "false")
+    # The tests that call it run commands in this process, each with a botocore session of its own: one loader for
+    # them all parses each service model once a run, not once per command (tests/runtime/zygote.py).
+    from tests.runtime.zygote import share_aws_loader
+
+    share_aws_loader()
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
     server.start()
     host, port = server.get_host_and_port()

@@ -145,13 +145,22 @@ def _figures(monkeypatch, results_list, tmp_path):
     return dict(saved)
 
 
+@pytest.fixture(scope="module")
+def rate_sweep_figures(tmp_path_factory):
+    """The report of one open-loop sweep with both SLOs, its last run saturated, rendered once for the tests that read
+    its figures (each figure's text layout and rasterizing, 2 s of CPU a report): none of them changes a figure."""
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        rate = _rate_sweep({"ttft_ms": 60, "itl_ms": 8})
+        return rate, _figures(monkeypatch, [rate], tmp_path_factory.mktemp("rate-sweep"))
+
+
 def test_plots_read_as_labelled(monkeypatch, tmp_path):
     sweep = load_results(ROOT / "bench/data/h200-reference-sweep.json")
     mix = load_results(ROOT / "bench/data/h200-reference-mix.json")
     figs = _figures(monkeypatch, [sweep, mix], tmp_path)
     latency, throughput = figs["latency_vs_load.png"], figs["throughput_vs_latency.png"]
+    latency.canvas.draw()  # the tick labels are set when the figure is drawn; once for all its axes
     for ax in latency.axes:
-        latency.canvas.draw()
         ticks = [t.get_text() for t in ax.get_xticklabels()]
         assert ticks == ["1", "2", "4", "8", "16", "32", "64"]  # not 2^0 .. 2^6
     # One colour per series in both figures; percentiles differ by line style only.
@@ -190,9 +199,8 @@ def _below_the_axes(fig):
     return legend.get_window_extent().y1 <= min(ax.get_window_extent().y0 for ax in fig.axes)
 
 
-def test_a_rate_sweep_is_plotted_against_the_rates_swept_with_its_slos(monkeypatch, tmp_path):
-    rate = _rate_sweep({"ttft_ms": 60, "itl_ms": 8})
-    figs = _figures(monkeypatch, [rate], tmp_path)
+def test_a_rate_sweep_is_plotted_against_the_rates_swept_with_its_slos(rate_sweep_figures):
+    rate, figs = rate_sweep_figures
     latency, throughput, goodput = (figs[n] for n in ("latency_vs_load.png", "throughput_vs_latency.png",
                                                       "goodput_vs_load.png"))
     for ax, slo in zip(latency.axes, (60, 8)):
@@ -217,8 +225,8 @@ def test_a_rate_sweep_is_plotted_against_the_rates_swept_with_its_slos(monkeypat
         assert any("client saturated" in t.get_text() for t in fig.legends[0].get_texts())
 
 
-def test_saturated_runs_are_ringed_under_every_series_marker(monkeypatch, tmp_path):
-    figs = _figures(monkeypatch, [_rate_sweep({"ttft_ms": 60})], tmp_path)
+def test_saturated_runs_are_ringed_under_every_series_marker(rate_sweep_figures):
+    _, figs = rate_sweep_figures  # its SLO lines are told apart from the series by their label
     for fig in figs.values():
         for ax in fig.axes:
             rings = [ln for ln in ax.get_lines() if ln.get_label() == "_saturated"]

@@ -121,10 +121,14 @@ def test_the_trace_counts_the_objects_each_collection_walks(tmp_path: Path):
 
 
 @needs_torch
+@pytest.mark.usefixtures("forked_engines")
 def test_on_loopback_every_quiet_requests_hops_add_up_to_at_most_its_ttft(tmp_path: Path):
     """The real bench, shortened (one round of 1 s phases, a cap of 4, 8 tokens, half a second's warm-up and
     capacity read), the engine on the CPU. Each phase's quiet arrivals are its seed's (the same in every phase):
-    the first comes 0.14/rate s in, so within the second at any capacity above 1 request/s (86 on this machine)."""
+    the first comes 0.14/rate s in, so within the second at any capacity above 1 request/s (86 on this machine).
+    The bench, its reference server (and that server's engine process) and its gateway are forks of the worker's
+    fork server (`forked_engines`: real processes, each its own pid, stamping its own trace file), which has
+    PyTorch and the gateway imported: each of the four started its own interpreter before, 10 s of CPU in imports."""
     out = tmp_path / "fairness"
     done = subprocess.run(
         [sys.executable, "-m", "scripts.bench_fairness", "--device", "cpu", "--batch", "4", "--tokens", "8",

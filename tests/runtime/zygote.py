@@ -369,25 +369,38 @@ def serve(path: str, preimport: list[str], cpu_file: str) -> tuple[socket.socket
 AWS_SERVICES = ("ec2", "secretsmanager", "ssm", "autoscaling", "s3", "cloudwatch", "sts")
 
 
-def _share_aws_models() -> None:
-    """Every botocore session in this server and its forks reads the service models through one loader, loaded here
-    with the models of AWS_SERVICES. botocore makes a loader per session (botocore/session.py: the `data_loader`
-    component, `create_loader(data_path)`), which caches what it has read (botocore/loaders.py, instance_cache), so a
-    new session parses each model's JSON again: 0.15 s of CPU per client, two to five clients per process started.
-    A loader is what the session asks for its data, the same files read the same way; a session given AWS_DATA_PATH
-    (a search path of its own) still gets a loader of its own."""
+def share_aws_loader() -> bool:
+    """Every botocore session made in this process from now on (and in its forks) reads the service models through
+    one loader. botocore makes a loader per session (botocore/session.py: the `data_loader` component,
+    `create_loader(data_path)`), which caches what it has read (botocore/loaders.py, instance_cache), so a new session
+    parses each model's JSON again: 0.15 s of CPU per client, two to five clients per process started, or per CLI
+    command a test runs in its own process (each builds its own session: fleetcast/aws_session.py). A loader is what
+    the session asks for its data, the same files read the same way; a session given AWS_DATA_PATH (a search path of
+    its own) still gets a loader of its own. False where botocore is missing."""
     try:
         import botocore.loaders
         import botocore.session
     except ImportError:
-        return
+        return False
+    if getattr(botocore.session.create_loader, "shared_by_tests", False):
+        return True
     shared = botocore.loaders.create_loader()
     make_loader = botocore.session.create_loader
 
     def create_loader(search_path_string: str | None = None) -> botocore.loaders.Loader:
         return shared if not search_path_string else make_loader(search_path_string)
 
+    create_loader.shared_by_tests = True  # type: ignore[attr-defined]
     botocore.session.create_loader = create_loader  # type: ignore[assignment]
+    return True
+
+
+def _share_aws_models() -> None:
+    """share_aws_loader, the loader here holding the models of AWS_SERVICES for every fork."""
+    if not share_aws_loader():
+        return
+    import botocore.session
+
     session = botocore.session.get_session()
     for service in AWS_SERVICES:  # no call is made: a client reads its models and the endpoint rules when it is made
         session.create_client(service, region_name="us-east-1", aws_access_key_id="warm", aws_secret_access_key="warm")
@@ -532,7 +545,7 @@ class Zygote:
 # tests start, the servers, gateways and builds it starts, and the CLI that bench scripts start as load clients.
 ENGINE_SOCKET_VAR = "TEST_ENGINE_FORK_SERVER"
 ENGINE_MODULES = frozenset({"runtime.bootstrap", "runtime.reference.server", "runtime.gateway",
-                            "runtime.reference.build", "scripts.cli", "scripts.bench_step"})
+                            "runtime.reference.build", "scripts.cli", "scripts.bench_step", "scripts.bench_fairness"})
 SITE_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "forked_site")
 
 
