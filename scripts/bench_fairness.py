@@ -82,9 +82,15 @@ QUIET = ("quiet", "444455556666", "vpce-0aaaaaaaaaaaaaaa1")
 NEIGHBOUR = ("neighbour", "777788889999", "vpce-0bbbbbbbbbbbbbbb2")
 
 
-def fairness_config(batch: int, quiet_weight: float = 1.0) -> dict:
+# The neighbour's max_queued unless --neighbour-max-queued says otherwise: the config's most, so every request of the
+# flood waits at the gateway (the worst case for the gateway's own loop: thousands of requests held).
+MOST_QUEUED = 10_000
+
+
+def fairness_config(batch: int, quiet_weight: float = 1.0, neighbour_max_queued: int = MOST_QUEUED) -> dict:
     """The shipped config, its engine at `batch`, served to two accounts whose limits are far above the load; the
-    quiet account's admission weight `quiet_weight` (the neighbour's is 1), so its part of the cap."""
+    quiet account's admission weight `quiet_weight` (the neighbour's is 1), so its part of the cap; the neighbour's
+    waiting requests at most `neighbour_max_queued` (beyond them a 429 at once)."""
     data = bench_config_data()
     quiet = data["consumers"][0]
     neighbour = json.loads(json.dumps(quiet))
@@ -94,8 +100,9 @@ def fairness_config(batch: int, quiet_weight: float = 1.0) -> dict:
     neighbour.pop("api_key_secret", None)
     for consumer in (quiet, neighbour):
         consumer["limits"] = {"max_concurrency": 10000, "requests_per_minute": 10_000_000}
-        consumer["admission"] = {"max_queued": 10000, "max_queue_wait_s": 600}
+        consumer["admission"] = {"max_queued": MOST_QUEUED, "max_queue_wait_s": 600}
     quiet["admission"]["weight"] = quiet_weight
+    neighbour["admission"]["max_queued"] = neighbour_max_queued
     data["consumers"] = [quiet, neighbour]
     for region in data["regions"]:
         principals = region.get("allowed_principals")
@@ -709,7 +716,7 @@ async def main_async(args: argparse.Namespace) -> dict:
     logs.mkdir(parents=True, exist_ok=True)
     build_artifact(tmp / "artifact", size="tiny")
     config = tmp / "fleet.json"
-    write_config(config, fairness_config(args.batch, args.quiet_weight))
+    write_config(config, fairness_config(args.batch, args.quiet_weight, args.neighbour_max_queued))
     ec2 = FakeEc2Endpoints([(QUIET[2], QUIET[1]), (NEIGHBOUR[2], NEIGHBOUR[1])])
     ec2_port = await ec2.start()
     env = {"AWS_ENDPOINT_URL_EC2": f"http://127.0.0.1:{ec2_port}", "AWS_ACCESS_KEY_ID": "bench",
@@ -1005,6 +1012,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--tokens", type=int, default=32, help="output tokens per request (default 32)")
     p.add_argument("--quiet-weight", type=float, default=1.0,
                    help="the quiet account's admission weight, the neighbour's being 1 (default 1: equal parts)")
+    p.add_argument("--neighbour-max-queued", type=int, default=MOST_QUEUED,
+                   help=f"the neighbour's consumers[].admission.max_queued: its requests that may wait at the gateway, "
+                        f"beyond them a 429 at once (default {MOST_QUEUED}, the config's most: every request waits; the "
+                        f"config's own default is 64)")
     p.add_argument("--quiet-share", type=float, default=0.15,
                    help="the quiet account's arrival rate as a share of the engine's capacity (default 0.15, under "
                         "a third of its fair share of two)")
@@ -1045,10 +1056,15 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         p.error("--repeats, --batch and --gateway-workers must be at least 1, --cpu-runs at least 0")
     from fleetcast.config import ConfigError, parse_config
 
-    try:  # the weight's bounds are the config's (consumers[].admission.weight), said once there
-        parse_config(fairness_config(args.batch, args.quiet_weight), "<bench config>")
-    except ConfigError as exc:
-        p.error(f"--quiet-weight {args.quiet_weight}: {exc}")
+    # The bounds of the weight and of max_queued are the config's (consumers[].admission), said once there.
+    for flag, value, data in (
+            ("--quiet-weight", args.quiet_weight, fairness_config(args.batch, args.quiet_weight)),
+            ("--neighbour-max-queued", args.neighbour_max_queued,
+             fairness_config(args.batch, neighbour_max_queued=args.neighbour_max_queued))):
+        try:
+            parse_config(data, "<bench config>")
+        except ConfigError as exc:
+            p.error(f"{flag} {value}: {exc}")
     return args
 
 

@@ -29,6 +29,22 @@ def test_the_quiet_weight_sets_the_quiet_accounts_part_of_the_cap():
     assert (reserved(16, 3.0, 4.0), reserved(16, 1.0, 4.0)) == (12, 4)
 
 
+def test_the_neighbours_max_queued_is_the_configs_field_and_a_bad_value_is_one_line_naming_the_flag(capsys):
+    """--neighbour-max-queued sets consumers[].admission.max_queued of the neighbour alone (the quiet account's stays
+    at the most, so it never gets a 429); its bounds are the config's, and a value past them is refused naming the
+    flag, without a traceback."""
+    from scripts.bench_fairness import parse_args
+
+    cfg = parse_config(fairness_config(16, neighbour_max_queued=64), "<test>")
+    assert {c.name: c.admission.max_queued for c in cfg.consumers} == {QUIET[0]: 10000, NEIGHBOUR[0]: 64}
+    assert parse_args(["--neighbour-max-queued", "64"]).neighbour_max_queued == 64
+    for bad in ("-1", "10001"):
+        with pytest.raises(SystemExit):
+            parse_args(["--neighbour-max-queued", bad])
+        err = capsys.readouterr().err
+        assert f"--neighbour-max-queued {bad}:" in err and "Traceback" not in err
+
+
 def test_bench_gateway_prints_fair_admissions_cpu_only_against_a_run_with_it_off():
     levels = {16: {"gateway": {"cpu_ms_per_request": 0.210}, "gateway-alt": {"cpu_ms_per_request": 0.195}}}
     on = fair_admission_cpu({"config": {"alt_arg": ["--fair-admission=off"]}, "levels": levels})
