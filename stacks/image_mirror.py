@@ -29,14 +29,17 @@ from aws_cdk import (
 )
 from constructs import Construct
 
+from fleetcast.contract.image import DERIVED_RECIPE
 from fleetcast.contract.outputs import ProviderOutput
 
 from . import nag
 from .fleet_logs import allow_cloudwatch_logs
-from .runtime_bundle import stage_sources
+from .runtime_bundle import stage_files
 
-# The build context is the Dockerfile and the runtime sources, staged from the repository or the installed wheel.
-_CONTEXT = ("docker", "fleetcast", "runtime")
+# The build context is the derived image's recipe (the Dockerfile and the one file it copies in), staged from the
+# repository or the installed wheel: what the build reads is what the image tag's digest covers, and nothing else
+# travels (the whole fleetcast/ and runtime/ trees did: 188 files uploaded, hashed and copied at every synthesis,
+# and re-uploaded whenever a file the build never reads changed).
 
 _BUILDSPEC = {
     "version": "0.2",
@@ -75,7 +78,7 @@ class ImageMirror(Construct):
                                   removal_policy=RemovalPolicy.DESTROY)
         allow_cloudwatch_logs(key)
         context = s3_assets.Asset(self, "BuildContext",
-                                  path=str(stage_sources(Stage.of(self).outdir, "image-context", _CONTEXT)))
+                                  path=str(stage_files(Stage.of(self).outdir, "image-context", DERIVED_RECIPE)))
         self.project = codebuild.Project(
             self,
             "Project",

@@ -140,22 +140,26 @@ def stage_bundle(outdir: str | Path, spec: BundleSpec = SERVING) -> Path:
     key = (str(Path(outdir).resolve()), spec)
     if key in _built and _built[key].is_dir():
         return _built[key]
-    target = Path(outdir) / ".fleetcast-bundles" / spec.name
-    if target.exists():
-        shutil.rmtree(target)
-    for rel in bundle_files(spec):
-        (target / rel).parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(source_of(rel), target / rel)
-    _built[key] = target
-    return target
+    _built[key] = stage_files(outdir, spec.name, tuple(rel.as_posix() for rel in bundle_files(spec)))
+    return _built[key]
 
 
-def stage_sources(outdir: str | Path, name: str, tops: tuple[str, ...]) -> Path:
-    """Whole directories of the repository (`tops`, by their repository names), compiled files left out, as one
-    directory under the assembly's `outdir`: the same tree from the repository and from an installed wheel."""
+# Each staged directory by (assembly, name, files): built once per assembly, whichever stacks read it (every
+# provider region's reads the same image context).
+_staged: dict[tuple[str, str, tuple[str, ...]], Path] = {}
+
+
+def stage_files(outdir: str | Path, name: str, rels: tuple[str, ...]) -> Path:
+    """Files of the repository (`rels`, by their repository names) as one directory under the assembly's `outdir`,
+    once per assembly: the same tree from the repository and from an installed wheel."""
+    key = (str(Path(outdir).resolve()), name, rels)
+    if key in _staged and _staged[key].is_dir():
+        return _staged[key]
     target = Path(outdir) / ".fleetcast-bundles" / name
     if target.exists():
         shutil.rmtree(target)
-    for top in tops:
-        shutil.copytree(source_dir(top), target / top, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    for rel in rels:
+        (target / rel).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(source_of(Path(rel)), target / rel)
+    _staged[key] = target
     return target

@@ -105,6 +105,8 @@ def test_the_synth_step_commands_run_in_a_codebuild_like_shell(wheel, tmp_path):
     env = {"PATH": path, "HOME": str(home), "LANG": "C.UTF-8",
            "JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION": os.environ.get(
                "JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION", ""),
+           # V8's background pool as every test's node has it (tests/conftest.py): how V8 compiles, not what runs
+           "NODE_OPTIONS": os.environ.get("NODE_OPTIONS", ""),
            # CDK's built-in CloudFormation validation off (`cdk synth --no-validation`'s variable): it cannot fail a
            # synthesis, only add warnings to the validation report (tests/stacks/synthesized.py), and this app's
            # report is read where it is synthesized in process (tests/examples/test_cdk_app.py, with it on). Its

@@ -111,6 +111,27 @@ def test_the_shared_wheel_builds_in_this_interpreter_only_when_it_has_the_build_
     assert conftest._build_isolation() == isolation
 
 
+def test_the_dev_extra_lets_the_shared_wheel_build_without_isolation(monkeypatch):
+    """A venv made by `make test` (the dev extra) holds what [build-system] requires at every version the extra
+    allows, so the shared wheel builds in it: its lowest allowed setuptools, without the `wheel` package."""
+    import importlib.metadata
+    import tomllib
+
+    from packaging.requirements import Requirement
+
+    dev = {Requirement(r).name: Requirement(r) for r in
+           tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]["dev"]}
+    [floor] = [spec.version for spec in dev["setuptools"].specifier if spec.operator == ">="]
+
+    def version(name: str) -> str:
+        if name != "setuptools":
+            raise importlib.metadata.PackageNotFoundError(name)
+        return floor
+
+    monkeypatch.setattr(importlib.metadata, "version", version)
+    assert conftest._build_isolation() == ["--no-build-isolation"]
+
+
 def test_pyproject_names_the_console_script_from_the_packaging_table():
     import tomllib
 

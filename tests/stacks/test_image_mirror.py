@@ -1,6 +1,7 @@
 """The in-AWS image mirror: privileged Docker build, encrypted, pushing only to the region's repository."""
 
 import os
+from pathlib import Path
 
 import pytest
 from aws_cdk import App, Environment, Stack, aws_ecr as ecr, aws_logs as logs
@@ -10,6 +11,7 @@ from stacks import nag
 from stacks.image_mirror import ImageMirror
 
 os.environ.setdefault("JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION", "1")
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
@@ -69,12 +71,45 @@ def test_every_provider_region_gets_a_mirror_and_the_outputs_staging_reads():
     assert len(nat_fleet().resources("fleetcast-provider-ap-northeast-2", "AWS::CodeBuild::Project")) == 1
 
 
-def test_build_context_holds_only_the_dockerfile_and_runtime_sources():
+def test_build_context_holds_only_the_recipe_the_image_tag_digests():
+    """The context is the derived image's recipe (fleetcast/contract/image.py, DERIVED_RECIPE), file for file: the
+    whole fleetcast/ and runtime/ trees it once held were uploaded and re-hashed for a build that reads none of them."""
+    from fleetcast.contract.image import DERIVED_RECIPE
+
     from .synthesized import default_fleet
 
     outdir = default_fleet().outdir
     contexts = [d for d in outdir.glob("asset.*") if (d / "docker" / "Dockerfile").is_file()]
     assert contexts, "no asset carries docker/Dockerfile"
     for context in contexts:
-        assert {p.name for p in context.iterdir()} == {"docker", "fleetcast", "runtime"}
-        assert not list(context.rglob("__pycache__"))
+        assert sorted(p.relative_to(context).as_posix() for p in context.rglob("*") if p.is_file()) == sorted(
+            DERIVED_RECIPE)
+        for rel in DERIVED_RECIPE:
+            assert (context / rel).read_bytes() == (ROOT / rel).read_bytes()
+
+
+def _context_sources(dockerfile: str) -> list[str]:
+    """What a Dockerfile's COPY and ADD instructions take from the build context (Dockerfile reference, "COPY" and
+    "ADD": `COPY [--option=value...] <src>... <dest>`; a `--from` stage's sources are not the context's)."""
+    sources = []
+    for line in dockerfile.splitlines():
+        words = line.split()
+        if not words or words[0].upper() not in ("COPY", "ADD"):
+            continue
+        options = [w for w in words[1:] if w.startswith("--")]
+        paths = [w for w in words[1:] if not w.startswith("--")]
+        assert not line.rstrip().endswith("\\") and not paths[0].startswith("["), f"read this form too: {line}"
+        if not any(o.startswith("--from") for o in options):
+            sources.extend(paths[:-1])
+    return sources
+
+
+def test_the_dockerfile_copies_in_only_what_the_context_and_the_image_tag_hold():
+    """Everything the build takes from its context is in the recipe: nothing it reads is left out of the context
+    (the build would fail in CodeBuild) or out of the tag's digest (a changed file would never reach a region)."""
+    from fleetcast.contract.image import DERIVED_RECIPE, DOCKERFILE
+
+    sources = _context_sources((ROOT / DOCKERFILE).read_text())
+    assert sources and set(sources) <= set(DERIVED_RECIPE)
+    assert _context_sources("COPY --chown=1:1 a.py b/c.py /dst/\nCOPY --from=build /x /y\nADD d.txt /e") == [
+        "a.py", "b/c.py", "d.txt"]
