@@ -636,6 +636,7 @@ class ReferenceServer:
             # next write): the sequence stops, and the prepared response goes back to aiohttp, whose finish_response
             # treats the closed connection as a disconnect, where a raise would be logged as a handler error with
             # its traceback (one per stream a leaving client held).
+            assert self.engine is not None  # a stream is only ever started by `completions`, past the same assert
             self.engine.cancel(seq)
             record["status"] = 499
         return resp
