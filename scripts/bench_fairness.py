@@ -1000,8 +1000,21 @@ def main(argv: list[str] | None = None) -> int:
     results["verdict"] = verdict(results)
     print("\n" + "\n".join(report_lines(results, args)))
     for path in filter(None, (args.json, args.out and Path(args.out) / "fairness.json")):
-        Path(path).write_text(json.dumps(results, indent=1))
+        Path(path).write_text(results_json(results))
     return 0
+
+
+def results_json(results: dict) -> str:
+    """The results as JSON; the cores given by --engine-cpus and the like (sets, in `config`) as sorted lists. Before,
+    a run with any of them ended in a TypeError after its report, and wrote no fairness.json."""
+    def plain(value: object) -> object:
+        if isinstance(value, (set, frozenset)):
+            return sorted(value)
+        if isinstance(value, Path):
+            return str(value)
+        raise TypeError(f"{type(value).__name__} is not JSON serializable")
+
+    return json.dumps(results, indent=1, default=plain)
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:

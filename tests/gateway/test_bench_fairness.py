@@ -202,3 +202,15 @@ def test_with_each_admission_paying_its_prefill_only_a_burst_past_the_quiet_acco
     # waits comes at its part; what is left is the start, the neighbour's excess from when it was alone ending.
     heavier = asyncio.run(simulated_waits(16, workers=2, seconds=4.0, lead=1.0, prefill_ms=2.5, quiet_weight=3.0))
     assert heavier["neighbour_most_held"] == 4 and max(heavier["quiet_own_when_waiting"]) < 12
+
+
+def test_the_results_of_a_run_with_cores_given_are_written_as_json():
+    """The H100 calls with --engine-cpus and the like ended in a TypeError after the report (a set of cores in the
+    results' `config`), so they wrote no fairness.json and exited 1 whatever the verdict."""
+    import json
+
+    from scripts.bench_fairness import parse_args, results_json
+
+    args = parse_args(["--engine-cpus", "0-3", "--flood-cpus", "7,9", "--out", "/tmp/x"])
+    written = json.loads(results_json({"config": vars(args), "verdict": {"pass": True}}))
+    assert written["config"]["engine_cpus"] == [0, 1, 2, 3] and written["config"]["flood_cpus"] == [7, 9]
