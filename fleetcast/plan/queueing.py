@@ -154,13 +154,16 @@ def occupancy(model: ServiceModel, rate_rps: float, output_mean: float) -> list[
     tail = max(output_mean - 1.0, 0.0)  # hold_ms(b, output_mean) = ttft + tail * itl at b, inlined below
     at_level = model._level
     weights, w, k = [1.0], 1.0, 0
+    peak = 1.0  # max(weights), kept as it grows (taking it afresh at every level made the walk quadratic)
     while True:
         k += 1
         b = min(k, top)
         _, _, _, itl, ttft = at_level(b)
         w *= per_ms / (b / (ttft + tail * itl))
         weights.append(w)
-        if k > top and w < 1e-12 * max(weights):
+        if w > peak:
+            peak = w
+        if k > top and w < 1e-12 * peak:
             break
         if k > 50 * top + 1000:
             return None
