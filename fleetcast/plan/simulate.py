@@ -18,6 +18,7 @@ simulator runs `fleetcast plan simulate` (checking the planner's sizing) and
 
 from __future__ import annotations
 
+import functools
 import heapq
 import math
 import random
@@ -526,7 +527,16 @@ def busiest_minutes(model: ServiceModel, streams: list[tuple[float, float | dict
 
 def _window_arrivals(streams: list[tuple[float, float | dict[str, float]]], seed: int,
                      minutes: int = BURST_MINUTES) -> tuple[list[Arrival], float]:
-    """busiest_minutes' arrivals and horizon: drawn from `seed` alone, so the same for every instance count."""
+    """busiest_minutes' arrivals and horizon: drawn from `seed` alone, so the same for every instance count, and for
+    every candidate checked on the same traffic (`plan simulate` checks the plan's pools, then any --candidate, on
+    the same members' hours): the last few windows drawn are kept. The simulation reads them, never changes them."""
+    key = tuple((rate, tuple(out.items()) if isinstance(out, dict) else out) for rate, out in streams)
+    return _drawn_window(key, seed, minutes)
+
+
+@functools.lru_cache(maxsize=4)
+def _drawn_window(key: tuple[tuple[float, Any], ...], seed: int, minutes: int) -> tuple[list[Arrival], float]:
+    streams = [(rate, dict(out) if isinstance(out, tuple) else out) for rate, out in key]
     total = sum(rate for rate, _ in streams)
     if total > 0:
         minutes = max(minutes, min(MAX_MINUTES, math.ceil(MIN_REQUESTS / (total * 60.0))))
