@@ -156,13 +156,13 @@ class Group:
         area = self.sim.take_load_area()
         serving = max(len(self.sim.routable), 1)
         load = area / 60000.0 / serving
-        recs = self.sim.records
-        window = [r for r in recs[self.done_upto:] if r.ok]
-        self.done_upto = len(recs)
+        rows = self.sim.rows  # simulate.Row: (arrival_s, ttft_ms, itl_ms, done_s, stream, queued, ok)
+        window = [r for r in rows[self.done_upto:] if r[6]]
+        self.done_upto = len(rows)
         ratio = 0.0
         if window:
-            ratio = max(p99([r.ttft_ms for r in window]) / self.slo.ttft_p99_ms,
-                        p99([r.itl_ms for r in window if r.itl_ms is not None] or [0.0]) / self.slo.itl_p99_ms)
+            ratio = max(p99([r[1] for r in window]) / self.slo.ttft_p99_ms,
+                        p99([r[2] for r in window if r[2] is not None] or [0.0]) / self.slo.itl_p99_ms)
         return load, ratio, len(window)
 
     def tick(self, sim: FleetSim, t: float) -> None:
@@ -207,18 +207,18 @@ def run_policy(model: ServiceModel, policy: Policy, slo, rates: list[float], arr
     sim.run(arrivals, until_s=horizon + 300.0, tick_s=60.0, on_tick=group.tick)
     per_minute: dict[int, list] = {}
     ok_requests = 0
-    for r in sim.records:
-        good = r.ok and r.ttft_ms <= slo.ttft_p99_ms and (r.itl_ms is None or r.itl_ms <= slo.itl_p99_ms)
+    for r in sim.rows:  # simulate.Row: (arrival_s, ttft_ms, itl_ms, done_s, stream, queued, ok)
+        good = r[6] and r[1] <= slo.ttft_p99_ms and (r[2] is None or r[2] <= slo.itl_p99_ms)
         ok_requests += good
-        if r.done_s < horizon:
-            per_minute.setdefault(int(r.done_s // 60), []).append(r)
+        if r[3] < horizon:
+            per_minute.setdefault(int(r[3] // 60), []).append(r)
     windows_ok = 0
-    for recs in per_minute.values():
-        ok = [r for r in recs if r.ok]
-        if len(ok) == len(recs) and p99([r.ttft_ms for r in ok]) <= slo.ttft_p99_ms and \
-                p99([r.itl_ms for r in ok if r.itl_ms is not None] or [0.0]) <= slo.itl_p99_ms:
+    for rows in per_minute.values():
+        ok = [r for r in rows if r[6]]
+        if len(ok) == len(rows) and p99([r[1] for r in ok]) <= slo.ttft_p99_ms and \
+                p99([r[2] for r in ok if r[2] is not None] or [0.0]) <= slo.itl_p99_ms:
             windows_ok += 1
-    return Outcome(policy, len(per_minute), windows_ok, len(sim.records), ok_requests,
+    return Outcome(policy, len(per_minute), windows_ok, len(sim.rows), ok_requests,
                    sim.instance_seconds(horizon) / 3600.0, max(n for _, n, _, _, _ in group.log), group.launches,
                    group.log)
 

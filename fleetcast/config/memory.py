@@ -34,6 +34,7 @@ On the instance runtime/kv_budget.py plans the real budgets from the memory actu
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
@@ -83,6 +84,7 @@ ACTIVATION_BYTES_PER_TOKEN_PER_HIDDEN = 36
 HIDDEN_PER_CUBE_ROOT_OF_PARAMETERS = 2.1
 
 
+@functools.lru_cache(maxsize=256)
 def cuda_graph_batch_sizes(max_batch_size: int, max_num_tokens: int) -> tuple[int, ...]:
     """The decode batch sizes the PyTorch backend captures CUDA graphs for under the default CudaGraphConfig."""
     generated = [*range(1, 32), 32, 64, CUDA_GRAPH_DEFAULT_MAX_BATCH]
@@ -119,6 +121,9 @@ class ProcessOverhead:
         return f"overhead {_gib(self.total_bytes)} ({', '.join(parts)})"
 
 
+# Pure in its arguments, and its result is frozen: the planner's packing search asks it for each process of each
+# packing it tries (thousands, for a handful of distinct engines), several times over (weights, KV, the arithmetic).
+@functools.lru_cache(maxsize=1024)
 def process_overhead(backend: str, parameters: float | None, max_batch_size: int, max_num_tokens: int
                      ) -> ProcessOverhead:
     graphs = len(cuda_graph_batch_sizes(max_batch_size, max_num_tokens)) if backend == "pytorch" else 0
@@ -219,6 +224,7 @@ class ProcessMemory:
         return f"{self.model_id} {self.copies} x ({weights} + {self.overhead.describe()}{lora}{kv})"
 
 
+@functools.cache
 def binding_fraction() -> float:
     """The KV fraction a process with a budget gets on the instance (runtime/bootstrap.py), and so the one the
     validator checks its budget against: the highest the config allows for

@@ -57,12 +57,18 @@ def _steps(text: str, alphabet: str, modulo: int) -> list[int]:
     return [(alphabet.index(b) - alphabet.index(a)) % modulo for a, b in zip(text, text[1:])]
 
 
-def _longest_run(steps: list[int], allowed: set[int]) -> int:
+def _longest_run(steps: list[int], allowed: set[int] | frozenset[int]) -> int:
     """Characters in the longest stretch whose every step is one of `allowed`, all the same step."""
     best = run = 1
-    for i, step in enumerate(steps):
-        run = run + 1 if step in allowed and i and steps[i - 1] == step else (2 if step in allowed else 1)
-        best = max(best, run)
+    previous = None
+    for step in steps:
+        if step in allowed:
+            run = run + 1 if step == previous else 2
+        else:
+            run = 1
+        if run > best:
+            best = run
+        previous = step
     return best
 
 
@@ -73,20 +79,25 @@ def is_example_account(account: str) -> bool:
     return runs_of_four or _longest_run(_steps(account, "0123456789", 10), {0, 1, 9}) == 12
 
 
+_HEX_RUN_STEPS = frozenset({0, 1, 15})
+_DECIMAL_RUN_STEPS = frozenset({1})
+
+
 def is_placeholder_id(hex_part: str) -> bool:
     hex_part = hex_part.lower()
     digits = [HEX.index(c) for c in hex_part]
     steps = [(b - a) % 16 for a, b in zip(digits, digits[1:])]  # _steps(hex_part, HEX, 16)
     # Equal or counting digits, in hex order or decimal order (1234567890: 9 -> 0 counts on).
-    if max(_longest_run(steps, {0, 1, 15}),
+    if max(_longest_run(steps, _HEX_RUN_STEPS),
            _longest_run([s if a + b != "90" else 1 for s, a, b in zip(steps, hex_part, hex_part[1:])],
-                        {1})) >= PLACEHOLDER_RUN:
+                        _DECIMAL_RUN_STEPS)) >= PLACEHOLDER_RUN:
         return True
     # Two interleaved counting runs of four or more each: 1a2b3c4d, 0f1e2d3c. In each window of eight, the even and
-    # the odd digits each make three equal steps of +1 or -1; a step between digits two apart is read once.
+    # the odd digits each make three equal steps of +1 or -1; a step between digits two apart is read once: each
+    # start's three equal skips are found once (`counting`), each window reads two neighbouring starts.
     skips = [(b - a) % 16 for a, b in zip(digits, digits[2:])]
-    return any(all(skips[start + k] == skips[start + k + 2] == skips[start + k + 4] in (1, 15) for k in (0, 1))
-               for start in range(len(hex_part) - 7))
+    counting = [a == b == c in (1, 15) for a, b, c in zip(skips, skips[2:], skips[4:])]
+    return any(counting[start] and counting[start + 1] for start in range(len(hex_part) - 7))
 
 
 def is_example_bucket(bucket: str) -> bool:

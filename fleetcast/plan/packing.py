@@ -325,8 +325,21 @@ class _PackedFleet:
         return pool.serves
 
     def engine_for(self, pool: _PoolShape, model_id: str) -> EngineSpec:
-        engine = model_engine(self._cfg, model_id)
-        return engine.model_copy(update={"precision": type(engine.precision)(self._precisions[model_id])})
+        # One engine per config, model and precision, made once: the search asks for it in every packing it tries.
+        key = (id(self._cfg), model_id, self._precisions[model_id])
+        known = _ENGINES.get(key)
+        if known is None or known[0] is not self._cfg:
+            if len(_ENGINES) >= 4096:
+                _ENGINES.clear()
+            engine = model_engine(self._cfg, model_id)
+            known = _ENGINES[key] = (self._cfg, engine.model_copy(
+                update={"precision": type(engine.precision)(self._precisions[model_id])}))
+        return known[1]
+
+
+# (id(config), model, precision) -> (the config, its engine at that precision): the config is held, so its id
+# names it while it is here. EngineSpec is frozen.
+_ENGINES: dict[tuple[int, str, str], tuple[FleetConfig, EngineSpec]] = {}
 
 
 def packing_memory(cfg: FleetConfig, instance_type: str, packing: tuple[tuple[str, str, int], ...],

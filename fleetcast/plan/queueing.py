@@ -152,18 +152,27 @@ def occupancy(model: ServiceModel, rate_rps: float, output_mean: float) -> list[
     if per_ms >= drain:
         return None
     tail = max(output_mean - 1.0, 0.0)  # hold_ms(b, output_mean) = ttft + tail * itl at b, inlined below
-    at_level = model._level
-    weights, w, k = [1.0], 1.0, 0
-    while True:
-        k += 1
-        b = min(k, top)
-        _, _, _, itl, ttft = at_level(b)
+    model._level(top)
+    levels = model._levels
+    weights, w = [1.0], 1.0
+    for b in range(1, top + 1):
+        _, _, _, itl, ttft = levels[b]
         w *= per_ms / (b / (ttft + tail * itl))
         weights.append(w)
-        if k > top and w < 1e-12 * max(weights):
+    # Above the top every level is the top one (b = top in service): the same factor, the same float each time.
+    # max(weights) is kept as it grows (taking it afresh at every level made the walk quadratic).
+    _, _, _, itl, ttft = levels[top]
+    factor = per_ms / (top / (ttft + tail * itl))
+    peak = max(weights)
+    for _ in range(top + 1, 50 * top + 1002):
+        w *= factor
+        weights.append(w)
+        if w > peak:
+            peak = w
+        elif w < 1e-12 * peak:
             break
-        if k > 50 * top + 1000:
-            return None
+    else:
+        return None
     total = sum(weights)
     return [x / total for x in weights]
 
@@ -257,10 +266,13 @@ def _mixture_cdf(mix: list[tuple[float, LogNormal]], norm: float) -> Callable[[f
     components share few distinct lognormals (every batch above the highest measured level is the top one), so
     each distinct one is evaluated once per x, with log(x) taken once; the weighted sum then runs in C. Every
     term is the float LogNormal.cdf returns, so the result is identical to the bit."""
-    dists: dict[LogNormal, int] = {}
-    idx = [dists.setdefault(d, len(dists)) for _, d in mix]
+    # Told apart by identity (every level above the top is the same object): equal ones kept apart evaluate to
+    # the same float, and a dataclass's hash, taken per component, cost more than the evaluations it saved.
+    dists = {id(d): d for _, d in mix}
+    pos = {key: i for i, key in enumerate(dists)}
+    idx = [pos[id(d)] for _, d in mix]
     weights = [w for w, _ in mix]
-    params = [(d.mu, d.sigma * math.sqrt(2)) for d in dists]
+    params = [(d.mu, d.sigma * math.sqrt(2)) for d in dists.values()]
     log, erfc, mul = math.log, math.erfc, operator.mul
 
     def cdf(x: float) -> float:
@@ -326,12 +338,14 @@ def _predict(model: ServiceModel, streams: list[Stream], per_instance_share: flo
     pmf = occupancy(model, rate, out_mean)
     if pmf is None:
         return Prediction(rate, math.inf, math.inf, math.inf, 1.0, 1.0, stable=False)
-    level = sum(k * w for k, w in enumerate(pmf))
+    level = sum(map(operator.mul, range(len(pmf)), pmf))  # sum(k * w for k, w in enumerate(pmf)), in C
     variance = sum((k - level) ** 2 * w for k, w in enumerate(pmf))
     top = int(model.top)
     out_of_range = max(0.0, 1.0 - sum(pmf[:top]))  # an arrival finding `top` in service waits: P(K >= top)
-    at_level = model._level  # at_level(k + 1) is _at(1.0 + k): the batch an arrival finding k joins
-    mix = [(w, at_level(k + 1)[1]) for k, w in enumerate(pmf) if w > 1e-9]
+    model._level(len(pmf))
+    levels = model._levels  # levels[k + 1] is _at(1.0 + k): the batch an arrival finding k joins
+    joined = [(w, levels[j]) for j, w in enumerate(pmf, 1) if w > 1e-9]
+    mix = [(w, fit[1]) for w, fit in joined]
     norm = sum(w for w, _ in mix)
     ttft = _quantile(_mixture_cdf(mix, norm), 0.99, model.point(1.0 + level).ttft_p99)
     spread = math.sqrt(2.0 * variance / 3.0)
@@ -340,7 +354,7 @@ def _predict(model: ServiceModel, streams: list[Stream], per_instance_share: flo
         b = min(max(1.0 + level + spread * z, 1.0), model.top)
         itl_mix.append((w, model.itl_factor(b), model.step_ms(b)))
     itl = _quantile(_scaled_mixture_cdf(itl_mix), 0.99, model.point(1.0 + level).itl_p99)
-    error = sum(w * at_level(k + 1)[0].error_rate for k, w in enumerate(pmf) if w > 1e-9) / sum(pmf)
+    error = sum(w * fit[0].error_rate for w, fit in joined) / sum(pmf)
     return Prediction(rate, level, ttft, itl, error, out_of_range)
 
 

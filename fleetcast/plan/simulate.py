@@ -18,12 +18,13 @@ simulator runs `fleetcast plan simulate` (checking the planner's sizing) and
 
 from __future__ import annotations
 
+import functools
 import heapq
 import math
 import random
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
@@ -39,6 +40,11 @@ _Tables = tuple[list[float], list[tuple[float, float, float, float]]]
 # Event kinds.
 _DONE, _FIRST, _READY, _TICK = 0, 1, 2, 3
 _TWOPI = math.tau  # Random.gauss's TWOPI (random.py: from math import tau as TWOPI)
+
+
+# A finished request as the event loop writes it: (arrival_s, ttft_ms, itl_ms, done_s, stream, queued, ok), a tuple
+# made in C (a Record per request cost the loop a Python call each); FleetSim.records gives them as Records.
+Row = tuple[float, float, float | None, float, int, bool, bool]
 
 
 @dataclass(slots=True)
@@ -89,9 +95,10 @@ class FleetSim:
     model: ServiceModel
     seed: int = 0
     cap: int | None = None
-    records: list[Record] = field(default_factory=list)
 
     def __post_init__(self) -> None:
+        self.rows: list[Row] = []  # every finished request, in the order they finished
+        self._records: list[Record] = []
         self.rng = random.Random(self.seed)
         self.cap = int(self.cap or self.model.top)
         self.instances: list[_Instance] = []
@@ -103,6 +110,14 @@ class FleetSim:
         self._in_flight = 0
         self.unrouted = 0
         self._tab: _Tables | None = None  # per-batch service tables, built by the first run()
+
+    @property
+    def records(self) -> list[Record]:
+        """The rows as Records (made as they are first read, each once)."""
+        done = self._records
+        if len(done) < len(self.rows):
+            done.extend(Record(*row) for row in self.rows[len(done):])
+        return done
 
     # -- fleet changes (the Auto Scaling side calls these) --
 
@@ -199,7 +214,7 @@ class FleetSim:
         exp, log, sqrt, cos, sin = math.exp, math.log, math.sqrt, math.cos, math.sin
         rng = self.rng
         rand, getrandbits = rng.random, rng.getrandbits
-        records = self.records
+        rows = self.rows
         inf = math.inf
         cap = int(self.cap or 0)
         k, n = 0, len(arrivals)
@@ -237,12 +252,43 @@ class FleetSim:
                     a = req[0]
                     inst.active -= 1
                     in_flight -= 1
-                    records.append(Record(a.t_s, req[1] - a.t_s * 1000.0, (t - req[1]) / (a.output_tokens - 1),
-                                          t / 1000.0, a.stream, req[3]))  # decoding: output_tokens > 1
-                    if inst.queue:
-                        self._put(area, area_t, in_flight, seq, gauss_next)
-                        self._admit(inst, inst.queue.popleft(), t)
-                        area, area_t, in_flight, seq, gauss_next = self._got()
+                    rows.append((a.t_s, req[1] - a.t_s * 1000.0, (t - req[1]) / (a.output_tokens - 1), t / 1000.0,
+                                 a.stream, req[3], True))  # decoding: output_tokens > 1
+                    if inst.queue:  # the next queued request takes the slot: _admit, inlined as at an arrival
+                        req = inst.queue.popleft()
+                        area += in_flight * (t - area_t)
+                        area_t = t
+                        if inst.decoding and t > inst.t_u:
+                            inst.phi += (t - inst.t_u) / steps[inst.active]
+                        inst.t_u = t
+                        inst.active = b = inst.active + 1
+                        in_flight += 1
+                        mu, sigma, mu2, sigma2 = draws[b]
+                        if sigma and sigma2 and gauss_next is None:
+                            x2pi = rand() * _TWOPI
+                            g2rad = sqrt(-2.0 * log(1.0 - rand()))
+                            ttft = exp(mu + sigma * (cos(x2pi) * g2rad))
+                            req[2] = exp(mu2 + sigma2 * (sin(x2pi) * g2rad))
+                        else:
+                            self._put(area, area_t, in_flight, seq, gauss_next)
+                            ttft = self.model.ttft(b).sample(rng)
+                            req[2] = self.model.itl_factor(b).sample(rng)
+                            area, area_t, in_flight, seq, gauss_next = self._got()
+                        seq += 1
+                        heappush(events, (t + ttft, seq, _FIRST, inst, req, 0))
+                        # _admit's own reschedule (the one at the end of the loop follows it, as it did)
+                        inst.version += 1
+                        if inst.decoding:
+                            left = inst.decoding[0][0] - inst.phi
+                            when = t + (0.0 if left < 0.0 else left) * steps[inst.active]
+                            seq += 1
+                            if inst.anchor_seq and inst.anchor_t <= when:
+                                inst.deferred = (when, seq, _DONE, inst, None, inst.version)
+                            else:
+                                heappush(events, (when, seq, _DONE, inst, None, inst.version))
+                                inst.anchor_t, inst.anchor_seq, inst.deferred = when, seq, None
+                        else:
+                            inst.deferred = None
                     elif inst.draining and inst.active == 0:
                         inst.gone_s = t / 1000.0
                 elif kind == _FIRST:
@@ -289,7 +335,7 @@ class FleetSim:
                     bits = n_live.bit_length()
                 if not n_live:
                     self.unrouted += 1
-                    records.append(Record(a.t_s, inf, None, a.t_s, a.stream, False, ok=False))
+                    rows.append((a.t_s, inf, None, a.t_s, a.stream, False, False))
                     continue
                 # rng.choice(live), inlined: Random._randbelow's draw (getrandbits(k) until below len(live))
                 r = getrandbits(bits)
@@ -394,7 +440,7 @@ class FleetSim:
         inst.active -= 1
         self._in_flight -= 1
         itl = (t - req[1]) / (a.output_tokens - 1) if a.output_tokens > 1 else None
-        self.records.append(Record(a.t_s, req[1] - a.t_s * 1000.0, itl, t / 1000.0, a.stream, req[3]))
+        self.rows.append((a.t_s, req[1] - a.t_s * 1000.0, itl, t / 1000.0, a.stream, req[3], True))
         if inst.queue:
             self._admit(inst, inst.queue.popleft(), t)
         elif inst.draining and inst.active == 0:
@@ -481,7 +527,16 @@ def busiest_minutes(model: ServiceModel, streams: list[tuple[float, float | dict
 
 def _window_arrivals(streams: list[tuple[float, float | dict[str, float]]], seed: int,
                      minutes: int = BURST_MINUTES) -> tuple[list[Arrival], float]:
-    """busiest_minutes' arrivals and horizon: drawn from `seed` alone, so the same for every instance count."""
+    """busiest_minutes' arrivals and horizon: drawn from `seed` alone, so the same for every instance count, and for
+    every candidate checked on the same traffic (`plan simulate` checks the plan's pools, then any --candidate, on
+    the same members' hours): the last few windows drawn are kept. The simulation reads them, never changes them."""
+    key = tuple((rate, tuple(out.items()) if isinstance(out, dict) else out) for rate, out in streams)
+    return _drawn_window(key, seed, minutes)
+
+
+@functools.lru_cache(maxsize=4)
+def _drawn_window(key: tuple[tuple[float, Any], ...], seed: int, minutes: int) -> tuple[list[Arrival], float]:
+    streams = [(rate, dict(out) if isinstance(out, tuple) else out) for rate, out in key]
     total = sum(rate for rate, _ in streams)
     if total > 0:
         minutes = max(minutes, min(MAX_MINUTES, math.ceil(MIN_REQUESTS / (total * 60.0))))
@@ -506,16 +561,17 @@ def _serve_window(model: ServiceModel, window: tuple[list[Arrival], float], n: i
     sim = FleetSim(model, seed=seed + 1)
     sim.start(n)
     sim.run(arrivals, until_s=horizon + 600.0)
-    kept = [r for r in sim.records if r.arrival_s >= WARMUP_S]
-    ok = [r for r in kept if r.ok]
+    # The rows (Row: arrival_s, ttft_ms, itl_ms, done_s, stream, queued, ok), read by index: 80,000 and more.
+    kept = [r for r in sim.rows if r[0] >= WARMUP_S]
+    ok = [r for r in kept if r[6]]
     per_minute: dict[int, list[float]] = {}
     for r in ok:
-        per_minute.setdefault(int((r.arrival_s - WARMUP_S) // 60), []).append(r.ttft_ms)
+        per_minute.setdefault(int((r[0] - WARMUP_S) // 60), []).append(r[1])
     return WindowStats(
         requests=len(kept),
-        ttft_p99_ms=p99([r.ttft_ms for r in ok]),
-        itl_p99_ms=p99([r.itl_ms for r in ok if r.itl_ms is not None]),
-        queued_share=sum(1 for r in kept if r.queued) / max(len(kept), 1),
+        ttft_p99_ms=p99([r[1] for r in ok]),
+        itl_p99_ms=p99([r[2] for r in ok if r[2] is not None]),
+        queued_share=sum(1 for r in kept if r[5]) / max(len(kept), 1),
         error_share=1 - len(ok) / max(len(kept), 1),
         worst_minute_ttft_ms=max((p99(v) for v in per_minute.values()), default=math.nan),
     )

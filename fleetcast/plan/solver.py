@@ -529,10 +529,12 @@ def pooled_day(entries: Sequence[ConsumerTraffic]) -> tuple[list[float], list[fl
     return rates, [p / r if r > 0 else 1.0 for p, r in zip(peaks, rates)]
 
 
-def _streams(traffics: Sequence[ConsumerTraffic], h: int) -> list[Stream]:
-    """Hour h's busiest-minute arrivals of one model's processes, one stream per consumer region: each keeps its own
-    output length, so an hour's mix of long and short requests is the mix that hour has."""
-    return [Stream(t.hourly_rps()[h] * t.hourly_burstiness()[h], t.output_mean) for t in traffics]
+def _streams(traffics: Sequence[ConsumerTraffic]) -> list[list[Stream]]:
+    """Per UTC hour, the busiest-minute arrivals of one model's processes, one stream per consumer region: each keeps
+    its own output length, so an hour's mix of long and short requests is the mix that hour has. (Each profile's
+    hourly figures are read once for the 24 hours.)"""
+    days = [(t.hourly_rps(), t.hourly_burstiness(), t.output_mean) for t in traffics]
+    return [[Stream(rps[h] * burst[h], out) for rps, burst, out in days] for h in range(24)]
 
 
 def processes_by_hour(model: ServiceModel, traffics: Sequence[ConsumerTraffic], limits: Limits) -> list[int | None]:
@@ -540,8 +542,8 @@ def processes_by_hour(model: ServiceModel, traffics: Sequence[ConsumerTraffic], 
     busiest-minute arrivals of every member (one model's consumer regions), spread at random over them
     (queueing.instances_needed); None where none does."""
     out: list[int | None] = []
-    for h in range(24):
-        sized = instances_needed(model, _streams(traffics, h), limits, 0)
+    for streams in _streams(traffics):
+        sized = instances_needed(model, streams, limits, 0)
         out.append(None if sized is None else sized[0])
     return out
 
@@ -550,8 +552,9 @@ def predictions_by_hour(model: ServiceModel, traffics: Sequence[ConsumerTraffic]
                         processes: list[int]) -> list[Prediction | None]:
     """Per UTC hour, the prediction at the busiest minute over that hour's processes (None: no traffic)."""
     out: list[Prediction | None] = []
+    hours = _streams(traffics)
     for h, n in enumerate(processes):
-        streams = _streams(traffics, h)
+        streams = hours[h]
         out.append(predict(model, streams, 1.0 / n) if n > 0 and sum(x.rate_rps for x in streams) > 0 else None)
     return out
 

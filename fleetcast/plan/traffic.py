@@ -23,6 +23,7 @@ as before. See docs/plan.md.
 
 from __future__ import annotations
 
+import functools
 import re
 from pathlib import Path
 from typing import Any, Literal
@@ -38,6 +39,9 @@ _RANGE = re.compile(r"^\s*(\d+)\s*(?:-\s*(\d+)\s*)?$")
 _SHARE_TOLERANCE = 1e-3
 
 
+# A profile's keys are read again at every hourly_rps() (the planner asks thousands of times per plan); typed, so
+# that a key True or 1.0 is parsed (and refused) as itself, never answered from the key 1.
+@functools.lru_cache(maxsize=4096, typed=True)
 def _parse_range(key: object, upper: int, lower: int = 1) -> tuple[int, int]:
     match = _RANGE.match(str(key))
     if not match:

@@ -43,8 +43,11 @@ consumers:
     return path
 
 
-def keep_figures(monkeypatch) -> dict:
-    """Figures as they are saved, by file name, so a test reads what a plot draws rather than its pixels."""
+def keep_figures(monkeypatch, rasterize: bool = True) -> dict:
+    """Figures as they are saved, by file name, so a test reads what a plot draws rather than its pixels.
+    `rasterize=False`: each file is a placeholder, as with the `unrasterized` fixture (rasterizing is most of a
+    report's CPU), for a test that reads only the figures; tests/plan/test_cli.py::test_report_files_and_json and
+    test_packing_of_one_report.py's `written` write the pictures themselves and check they are PNGs."""
     from matplotlib.figure import Figure
 
     saved: dict = {}
@@ -52,6 +55,9 @@ def keep_figures(monkeypatch) -> dict:
 
     def keep(fig, path, *a, **k):
         saved[Path(path).name] = fig
+        if not rasterize:
+            Path(path).write_bytes(b"")
+            return None
         return real(fig, path, *a, **k)
 
     monkeypatch.setattr(Figure, "savefig", keep)

@@ -352,7 +352,7 @@ def test_write_schedule_turns_the_hourly_plan_into_daily_steps(capsys, fleet):
     assert "- {cron: '0 9 * * *', min: 17, max: 17}" in fleet.read_text()
 
 
-def test_a_report_that_cannot_be_written_leaves_its_pages_and_the_config(capsys, fleet, tmp_path):
+def test_a_report_that_cannot_be_written_leaves_its_pages_and_the_config(capsys, fleet, tmp_path, unrasterized):
     report = tmp_path / "report"
     report.mkdir()
     (report / "plan.md").write_text("the previous plan\n")

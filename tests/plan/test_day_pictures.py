@@ -14,7 +14,9 @@ from .conftest import ROOT, SEED, keep_figures
 
 @pytest.fixture
 def saved(monkeypatch):
-    return keep_figures(monkeypatch)
+    # Each figure is read, and drawn on its canvas by _legend_below (a plot that fails to render still fails); the
+    # file at its path is a placeholder: encoding the PNG, with its tight bounding box drawn twice, reads nothing.
+    return keep_figures(monkeypatch, rasterize=False)
 
 
 def _legend_below(fig) -> bool:
@@ -67,7 +69,9 @@ def test_bench_scaling_draws_instances_and_slo_windows_per_policy(saved, tmp_pat
     from scripts.bench_scaling import diurnal_trace
 
     png = tmp_path / "day.png"
-    assert bench_scaling(["--hours", "1", "--peak-rps", "20", "--plot", str(png)]) == 0
+    # 8 req/s at the peak (9,000 requests): what is drawn is checked against what the run did, whatever the load;
+    # at 20 (23,000) the search tried 16 policies where here it tries 3, for the same claims.
+    assert bench_scaling(["--hours", "1", "--peak-rps", "8", "--plot", str(png)]) == 0
     out = capsys.readouterr().out
     assert png.is_file() and f"picture: {png}" in out
     # What it prints for both policies (the one run of the bench in the suite: tests/plan/test_bench_scaling_group.py
@@ -77,7 +81,7 @@ def test_bench_scaling_draws_instances_and_slo_windows_per_policy(saved, tmp_pat
     assert "cold 127 s" in out and "1.31" in out
     fig = saved["day.png"]
     arrivals, inst, windows = fig.axes
-    assert list(arrivals.get_lines()[0].get_ydata()) == diurnal_trace(20.0, 11, 1.0)
+    assert list(arrivals.get_lines()[0].get_ydata()) == diurnal_trace(8.0, 11, 1.0)
     drawn = [ln.get_label() for ln in inst.get_lines()]
     assert drawn[0].startswith("(b) load target") and drawn[1].startswith("(a) load target")
     assert all("instance-hours" in d and "windows in SLO" in d for d in drawn)
@@ -88,4 +92,5 @@ def test_bench_scaling_draws_instances_and_slo_windows_per_policy(saved, tmp_pat
     assert [c.get_facecolor()[0].tolist() for c in windows.collections] == \
         [list(matplotlib.colors.to_rgba(line.get_color())) for line in inst.get_lines()]
     assert len(windows.collections) == len(drawn)
+    assert any(len(c.get_paths()) for c in windows.collections)  # this trace has minutes out of the SLO to mark
     assert _legend_below(fig)

@@ -367,11 +367,30 @@ def test_simulation_agrees_with_the_planner_on_the_multi_model_example(scale):
     assert agree == (not missed)
 
 
-def test_simulate_says_agree_only_when_every_model_meets_its_slo_every_hour(capsys):
+@pytest.fixture(scope="module")
+def simulated_example(tmp_path_factory):
+    """`plan simulate --report DIR` on the example as shipped, run once for the two tests that read it (what it prints
+    and exits with; the pictures it writes, as placeholders as with `unrasterized`): (code, out, err, DIR)."""
+    import contextlib
+    import io
+
+    from matplotlib.figure import Figure
+
+    from scripts.cli import main
+
+    report = tmp_path_factory.mktemp("simulate")
+    out, err = io.StringIO(), io.StringIO()
+    with pytest.MonkeyPatch.context() as mp, contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        mp.setattr(Figure, "savefig", lambda fig, path, *a, **k: Path(path).write_bytes(b""))
+        code = main(["plan", "simulate", *EXAMPLE_ARGS, "--report", str(report)])
+    return code, out.getvalue(), err.getvalue(), report
+
+
+def test_simulate_says_agree_only_when_every_model_meets_its_slo_every_hour(simulated_example):
     """As shipped, the figures agree within 10% but qwen2.5-0.5b's simulated P99 TTFT is 155 ms against its 150 ms
     SLO in hours 00-09: before, `plan simulate` said "agree" and exited 0; now it names the model and the hours and
     exits 3. It also says the curves are synthetic."""
-    code, out, err = _cli(capsys, "simulate", *EXAMPLE_ARGS)
+    code, out, err, _ = simulated_example
     assert code == 3, out + err
     assert "SLO MISSED in simulation: qwen2.5-0.5b (ap-northeast-2) at UTC hours 00-09" in out
     assert "planner and simulation DISAGREE" in out and "simulation agree" not in out
@@ -396,10 +415,10 @@ def test_simulation_of_the_h200_packing_uses_its_measured_colocated_curves():
     assert any("[measured (time slicing)]" in ln for ln in lines)
 
 
-def test_plan_simulate_for_several_models_draws_each_models_day(capsys, tmp_path, unrasterized):
-    code, out, err = _cli(capsys, "simulate", *EXAMPLE_ARGS, "--report", str(tmp_path))
+def test_plan_simulate_for_several_models_draws_each_models_day(simulated_example):
+    code, out, err, report = simulated_example
     assert code == 3, out + err  # qwen2.5-0.5b misses its SLO in simulation (above)
-    assert sorted(p.name for p in tmp_path.iterdir()) == [
+    assert sorted(p.name for p in report.iterdir()) == [
         "simulate-g6e.xlarge-ap-northeast-2-gpt2-xl.png", "simulate-g6e.xlarge-ap-northeast-2-qwen2.5-0.5b.png",
         "simulate-g6e.xlarge-ap-northeast-2-qwen2.5-3b.png"]
 

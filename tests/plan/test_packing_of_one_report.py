@@ -184,7 +184,7 @@ def test_a_packing_of_one_draws_the_one_model_reports_cost_vs_latency_pictures(a
         assert f"]({name})" in (directory / "plan.md").read_text()
 
 
-def test_a_packing_of_several_models_draws_no_single_model_cost_vs_latency_picture(tmp_path):
+def test_a_packing_of_several_models_draws_no_single_model_cost_vs_latency_picture(tmp_path, unrasterized):
     packed = _several_models()
     written = packing_report.write_report(packed, tmp_path / "mm")
     assert not any(p.name.startswith("cost_vs_") for p in written)

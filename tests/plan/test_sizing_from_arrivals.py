@@ -307,3 +307,40 @@ def test_the_p99_of_a_batch_mixture_is_the_bisections_to_the_bit_in_a_third_of_i
         calls.clear()
         assert _quantile(counted, q, start) == expected
         assert len(calls) <= plain / 2, (q, len(calls), plain)
+
+
+def _plain_occupancy(model, rate_rps, output_mean):
+    """The birth-death walk as the planner first wrote it: one level at a time, max() over every weight so far."""
+    top = int(model.top)
+    per_ms = rate_rps / 1000.0
+    if per_ms >= top / model.hold_ms(float(top), output_mean):
+        return None
+    weights, w, k = [1.0], 1.0, 0
+    while True:
+        k += 1
+        b = min(k, top)
+        w *= per_ms / (b / model.hold_ms(float(b), output_mean))
+        weights.append(w)
+        if k > top and w < 1e-12 * max(weights):
+            break
+        if k > 50 * top + 1000:
+            return None
+    total = sum(weights)
+    return [x / total for x in weights]
+
+
+@pytest.mark.parametrize("output_mean", [1.0, 128.0, 700.0])
+def test_the_occupancy_is_the_plain_walks_to_the_bit_from_idle_to_saturation(output_mean):
+    # occupancy() is the planner's inner loop (every predict() walks it): above the highest measured level it
+    # multiplies one factor, and it keeps the peak as it goes. Its distribution must stay the plain walk's, float
+    # for float, at every load: near saturation (a long tail, or one too long: None) and past it.
+    from fleetcast.plan.inputs import load_candidates
+
+    for name in ("g5.xlarge-fp16.json", "g6e.xlarge-fp8.json"):
+        model = ServiceModel(load_candidates([str(SEED / "results" / name)])[0].curve)
+        drain = model.top / model.hold_ms(float(model.top), output_mean) * 1000.0  # req/s the top level drains
+        for share in (0.01, 0.3, 0.9, 0.99, 0.999, 1.0, 1.5):
+            got, want = occupancy(model, drain * share, output_mean), _plain_occupancy(model, drain * share, output_mean)
+            assert got == want, (name, share)
+        assert len(occupancy(model, drain * 0.99, output_mean)) > 2000  # a long tail above the top level
+        assert occupancy(model, drain * 0.999, output_mean) is None  # a tail past 50 x top + 1000 levels
