@@ -408,8 +408,8 @@ HOPS = (
     ("to_http", "gateway.sent", "http.received"),  # an upstream connection, loopback, the HTTP process's loop and parse
     ("http_submit", "http.received", "http.submitted"),  # the body and its checks
     ("to_engine", "http.submitted", "engine.received"),  # the SUBMIT over the channel, the engine's main thread
-    ("engine_queue", "engine.received", "engine.iter_start"),  # until an iteration admits it (the one under way ends)
-    ("prefill", "engine.iter_start", "engine.first_sent"),  # that iteration up to its first token's message leaving
+    ("engine_queue", "engine.received", "engine.admitted"),  # until an iteration takes it (the one under way ends)
+    ("prefill", "engine.admitted", "engine.first_sent"),  # that iteration up to its first token's message leaving
     ("to_http_first", "engine.first_sent", "http.taken"),  # the channel, the dispatch, the stream handler's wake-up
     ("http_write", "http.taken", "http.writing"),  # the first SSE event's encoding
     ("to_gateway_first", "http.writing", "gateway.first"),  # loopback and the gateway loop's turn
@@ -442,8 +442,10 @@ def request_hops(client: dict, trace: dict) -> dict | None:
     """One traced request: its hops (ms, HOPS' order), the longest of them, and what the engine says of the
     iteration that admitted it; None when a stamp is missing (refused, or its client gave up)."""
     http = trace["http"].get(client["id"])
-    stamps = {"client": client, "gateway": trace["gateway"].get(client["id"]), "http": http,
-              "engine": trace["engine"].get(http.get("rid")) if http else None}
+    engine = trace["engine"].get(http.get("rid")) if http else None
+    if engine is not None and "admitted" not in engine:  # traces before the admission stamp: the iteration's start
+        engine = {**engine, "admitted": engine["iter_start"]}
+    stamps = {"client": client, "gateway": trace["gateway"].get(client["id"]), "http": http, "engine": engine}
     hops = {}
     for name, start, end in HOPS:
         (p0, k0), (p1, k1) = start.split("."), end.split(".")

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import itertools
 import json
 import subprocess
 import sys
@@ -141,7 +142,7 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
         if not done.wait(120):
             raise RuntimeError("the engine did not finish a batch in 120 s")
 
-    serial = iter(range(1, 1 << 30))
+    serial = itertools.count(1)
     for length in args.lengths:
         for rows in args.rows:
             for _ in range(2):  # the second time, the same shape is seen

@@ -53,6 +53,9 @@ class Sequence:
     emit: Callable[[int | None, str | None], None] | None = None  # the default delivery's per-sequence callback
     id: int = field(default_factory=lambda: next(_ids))
     submitted: float = field(default_factory=time.monotonic)
+    # When an iteration took it from the queue: its queue latency's end. Not the iteration's start, which is stamped
+    # before the queue is read, so a request submitted in between would count a negative wait.
+    admitted: float = 0.0
     length: int = 0  # positions whose KV is in the cache
     last: int = -1  # last sampled token, fed to the next decode step
     generated: int = 0
@@ -549,7 +552,10 @@ class Engine:
                 free = self.max_batch_size - len(self._active)
                 admitted = [self._waiting.popleft() for _ in range(min(free, len(self._waiting)))]
                 queued = len(self._waiting)
-            queue_latency = sum(started - s.submitted for s in admitted) / len(admitted) if admitted else 0.0
+                taken = time.monotonic()
+            for s in admitted:
+                s.admitted = taken
+            queue_latency = sum(taken - s.submitted for s in admitted) / len(admitted) if admitted else 0.0
             ctx_tokens = sum(len(s.prompt) for s in admitted)
             completed += self._admit(admitted)
             # Cancelled while being admitted: they leave before the step, so they cost no decode.

@@ -307,7 +307,8 @@ class EngineHost:
             for seq in admitted:
                 if seq.sink in traced_ids and TRACE:
                     traced_ids.discard(seq.sink)
-                    TRACE.write({"kind": "engine", "rid": seq.sink, "received": seq.submitted, "iter_start": started,
+                    TRACE.write({"kind": "engine", "rid": seq.sink, "received": seq.submitted, "admitted": seq.admitted,
+                                 "iter_start": started,
                                  "first_sent": self._first_sent.pop(seq.sink, None), "iter_end": ended,
                                  "iter_admitted": len(admitted), "prev_iter_start": prev[0], "prev_iter_end": prev[1],
                                  "prev_iter_admitted": prev[2]})

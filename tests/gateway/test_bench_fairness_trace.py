@@ -39,9 +39,9 @@ def _stamps(rid: int, at: float, hop_ms: list[float]) -> dict:
     for key, value in named.items():
         process, stamp = key.split(".")
         by_process.setdefault(process, {})[stamp] = value
-    engine = {**by_process["engine"], "rid": rid, "iter_end": by_process["engine"]["first_sent"] + 0.001,
-              "iter_admitted": 3, "prev_iter_start": at, "prev_iter_end": by_process["engine"]["iter_start"],
-              "prev_iter_admitted": 2}
+    engine = {**by_process["engine"], "rid": rid, "iter_start": by_process["engine"]["admitted"] - 0.0001,
+              "iter_end": by_process["engine"]["first_sent"] + 0.001, "iter_admitted": 3, "prev_iter_start": at,
+              "prev_iter_end": by_process["engine"]["admitted"] - 0.0001, "prev_iter_admitted": 2}
     return {"client": {**by_process["client"], "id": f"q-{rid}", "ttft_ms": (t - at) * 1000 + 0.01},
             "gateway": {**by_process["gateway"], "id": f"q-{rid}"},
             "http": {**by_process["http"], "id": f"q-{rid}", "rid": rid}, "engine": engine}
