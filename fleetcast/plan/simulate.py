@@ -254,41 +254,10 @@ class FleetSim:
                     in_flight -= 1
                     rows.append((a.t_s, req[1] - a.t_s * 1000.0, (t - req[1]) / (a.output_tokens - 1), t / 1000.0,
                                  a.stream, req[3], True))  # decoding: output_tokens > 1
-                    if inst.queue:  # the next queued request takes the slot: _admit, inlined as at an arrival
-                        req = inst.queue.popleft()
-                        area += in_flight * (t - area_t)
-                        area_t = t
-                        if inst.decoding and t > inst.t_u:
-                            inst.phi += (t - inst.t_u) / steps[inst.active]
-                        inst.t_u = t
-                        inst.active = b = inst.active + 1
-                        in_flight += 1
-                        mu, sigma, mu2, sigma2 = draws[b]
-                        if sigma and sigma2 and gauss_next is None:
-                            x2pi = rand() * _TWOPI
-                            g2rad = sqrt(-2.0 * log(1.0 - rand()))
-                            ttft = exp(mu + sigma * (cos(x2pi) * g2rad))
-                            req[2] = exp(mu2 + sigma2 * (sin(x2pi) * g2rad))
-                        else:
-                            self._put(area, area_t, in_flight, seq, gauss_next)
-                            ttft = self.model.ttft(b).sample(rng)
-                            req[2] = self.model.itl_factor(b).sample(rng)
-                            area, area_t, in_flight, seq, gauss_next = self._got()
-                        seq += 1
-                        heappush(events, (t + ttft, seq, _FIRST, inst, req, 0))
-                        # _admit's own reschedule (the one at the end of the loop follows it, as it did)
-                        inst.version += 1
-                        if inst.decoding:
-                            left = inst.decoding[0][0] - inst.phi
-                            when = t + (0.0 if left < 0.0 else left) * steps[inst.active]
-                            seq += 1
-                            if inst.anchor_seq and inst.anchor_t <= when:
-                                inst.deferred = (when, seq, _DONE, inst, None, inst.version)
-                            else:
-                                heappush(events, (when, seq, _DONE, inst, None, inst.version))
-                                inst.anchor_t, inst.anchor_seq, inst.deferred = when, seq, None
-                        else:
-                            inst.deferred = None
+                    if inst.queue:
+                        self._put(area, area_t, in_flight, seq, gauss_next)
+                        self._admit(inst, inst.queue.popleft(), t)
+                        area, area_t, in_flight, seq, gauss_next = self._got()
                     elif inst.draining and inst.active == 0:
                         inst.gone_s = t / 1000.0
                 elif kind == _FIRST:
