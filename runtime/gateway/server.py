@@ -318,6 +318,7 @@ class Gateway:
                     return
                 finally:
                     idle.cancel()
+                del idle  # cancelled: else this frame keeps it (and its context) while the request waits
                 try:
                     request = parse_head(head)
                 except HttpError as exc:
@@ -348,6 +349,27 @@ class Gateway:
 
     # ------------------------------------------------------------ requests
 
+    async def _refuse(self, request: Request, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, keep: bool,
+                      body: bytes | None, refusal: Refusal) -> bool:
+        """Answer `refusal` to `request` (`body`: its body if read yet, else None); True to keep the connection.
+
+        A method, not a closure in `_request`: a closure would make cells of `_request`'s locals, kept for as
+        long as the request lives, and a flood's thousands of waiting requests make each of them garbage the
+        collector walks at every young collection."""
+        if body is not None:
+            pass  # already read: the connection is in step
+        elif "100-continue" in request.lower.get("expect", "").lower():
+            keep = False  # the client holds the body back; do not wait for it
+        else:
+            try:
+                await read_body(request, reader, self.body_timeout_s)
+            except HttpError:
+                keep = False
+        writer.write(openai_error(refusal.status, refusal.message, refusal.error_type, refusal.code,
+                                  list(refusal.headers), close=not keep, param=refusal.param))
+        await writer.drain()
+        return keep
+
     async def _request(self, request: Request, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
                        vpce_id: str | None, source: Any, stamps: dict[str, Any] | None = None) -> bool:
         """Serve one request; True to keep the connection open for the next. `stamps`: its TTFT trace (ttft_trace.py),
@@ -357,22 +379,6 @@ class Gateway:
         keep = request.keep_alive and not self.draining
         expects_continue = "100-continue" in request.lower.get("expect", "").lower()
         body: bytes | None = None  # read yet?
-
-        async def refuse(refusal: Refusal) -> bool:
-            nonlocal keep
-            if body is not None:
-                pass  # already read: the connection is in step
-            elif expects_continue:
-                keep = False  # the client holds the body back; do not wait for it
-            else:
-                try:
-                    await read_body(request, reader, self.body_timeout_s)
-                except HttpError:
-                    keep = False
-            writer.write(openai_error(refusal.status, refusal.message, refusal.error_type, refusal.code,
-                                      list(refusal.headers), close=not keep, param=refusal.param))
-            await writer.drain()
-            return keep
 
         if path == HEALTH_PATH and request.method in ("GET", "HEAD"):
             await read_body(request, reader, self.body_timeout_s)
@@ -384,7 +390,7 @@ class Gateway:
             if claimed is not None:  # a consumer (or anyone but a peer) asserting an identity: never honoured
                 self.metrics.emit(None, {t.UNKNOWN_ENDPOINT: 1}, {"vpce_id": vpce_id, "path": path,
                                                                  "reason": _FORGED.code, "source": str(source)})
-                return await refuse(_FORGED)
+                return await self._refuse(request, reader, writer, keep, body, _FORGED)
         elif path == HEADROOM_PATH and request.method == "GET":
             await read_body(request, reader, self.body_timeout_s)
             answer = self.headroom().to_json(self.spill.policy.links if self.spill and self.spill.policy else None)
@@ -393,9 +399,9 @@ class Gateway:
             await writer.drain()
             return keep
         if self.draining:
-            return await refuse(_DRAINING)
+            return await self._refuse(request, reader, writer, keep, body, _DRAINING)
         if not consumer_route(request.method, path) or (claimed is not None and request.method != "POST"):
-            return await refuse(unknown_route(request.method, path))
+            return await self._refuse(request, reader, writer, keep, body, unknown_route(request.method, path))
 
         caller = await self.identity.resolve(vpce_id, bearer_key(request.lower)) if claimed is None else None
         if caller is None:
@@ -405,13 +411,13 @@ class Gateway:
             if r.code in ("unknown_endpoint", "ambiguous_consumer"):
                 self.metrics.emit(None, {t.UNKNOWN_ENDPOINT: 1}, {"vpce_id": vpce_id, "path": path,
                                                                  "reason": r.code, "source": str(source)})
-            return await refuse(r)
+            return await self._refuse(request, reader, writer, keep, body, r)
         consumer = caller.consumer if caller is not None else None
         if consumer is not None and request.method in ("GET", "HEAD") and (path == MODELS_PATH or path.startswith(MODELS_PATH + "/")):
             body = await read_body(request, reader, self.body_timeout_s)
             listing = self._models(consumer.name, path)
             if isinstance(listing, Refusal):
-                return await refuse(listing)
+                return await self._refuse(request, reader, writer, keep, body, listing)
             out = response_head(200, [("Content-Type", "application/json")], length=len(listing), close=not keep)
             writer.write(out if request.method == "HEAD" else out + listing)
             await writer.drain()
@@ -435,19 +441,20 @@ class Gateway:
             record(self.metrics, exchange, path)
             if isinstance(exc, HttpError):
                 raise  # unreadable: answered, then the connection closed (the stream is out of sync)
-            return await refuse(Refusal(400, exc.code, str(exc), "invalid_request_error"))
+            return await self._refuse(request, reader, writer, keep, body,
+                                      Refusal(400, exc.code, str(exc), "invalid_request_error"))
         if stamps is not None:
             stamps["parsed"] = time.monotonic()
             exchange.trace = stamps
         if self.draining:  # the drain began while the body was arriving
-            return await refuse(_DRAINING)
+            return await self._refuse(request, reader, writer, keep, body, _DRAINING)
         claim: Claim | None = None
         if claimed is not None:
             accepted = self._accept_claim(claimed, body, data)
             if isinstance(accepted, Refusal):
                 self.metrics.emit(None, {t.UNKNOWN_ENDPOINT: 1}, {"vpce_id": vpce_id, "path": path,
                                                                  "reason": accepted.code, "source": str(source)})
-                return await refuse(accepted)
+                return await self._refuse(request, reader, writer, keep, body, accepted)
             claim, consumer = accepted
             exchange.consumer = consumer.name
             exchange.props.update(origin_region=claim.origin, serving_region=self.spill.region)  # type: ignore[union-attr]  # a claim needs spill
@@ -463,7 +470,7 @@ class Gateway:
             exchange.status = 400
             exchange.props["invalid_request"] = mistyped.message
             record(self.metrics, exchange, path)
-            return await refuse(mistyped)
+            return await self._refuse(request, reader, writer, keep, body, mistyped)
         target = self.router.resolve(requested)
         # Entitlement is checked once, at home: a verified claim names a model its home let the consumer call.
         if target is None or (claim is None and not self.admission.may_use(consumer.name, target.id)):
@@ -471,20 +478,20 @@ class Gateway:
             exchange.status = 404
             exchange.props["model_not_found"] = refusal.message
             record(self.metrics, exchange, path)
-            return await refuse(refusal)
+            return await self._refuse(request, reader, writer, keep, body, refusal)
         salted = self.salting.apply(path, consumer, target.base, body, data)
         if isinstance(salted, Refusal):
             exchange.status = salted.status
             exchange.props["cache_isolation"] = salted.message
             record(self.metrics, exchange, path)
-            return await refuse(salted)
+            return await self._refuse(request, reader, writer, keep, body, salted)
         original = body  # what a spill forwards: the remote gateway salts with its own key
         body, data, salt = salted
         arrived_ms = int(self.clock() * 1000)
         # The consumer's limits were applied at home, where its requests arrive.
         ticket = self.admission.admit(consumer.name, target.id, path, arrived_ms) if claim is None else Ticket(())
         if isinstance(ticket, Refusal):
-            return await refuse(ticket)
+            return await self._refuse(request, reader, writer, keep, body, ticket)
         exchange.model = target.id
         if claim is None and self.spill is not None and (self.spill.policy is not None or self.spill.peer_links):
             spilled = await self._spill(consumer, target, request, reader, writer, keep, original, exchange, path)
@@ -501,7 +508,9 @@ class Gateway:
             else:
                 exchange.error = pool.code == QUEUE_TIMEOUT.code  # the engine stayed full: a server error
                 record(self.metrics, exchange, path)
-            return False if pool.status == CLIENT_GONE.status else await refuse(pool)
+            if pool.status == CLIENT_GONE.status:
+                return False
+            return await self._refuse(request, reader, writer, keep, body, pool)
         if stamps is not None:
             stamps["admitted"] = time.monotonic()
         # Admitted: counts toward in-flight.
@@ -672,7 +681,7 @@ class Gateway:
         if self.fair is None:
             return self.router.pick(target)
         queued = time.perf_counter()
-        pool = await self.fair.acquire(consumer, target.base, lambda: reader.at_eof() or writer.is_closing(),
+        pool = await self.fair.acquire(consumer, target.base, functools.partial(_client_left, reader, writer),
                                        exchange.trace)
         waited_ms = (time.perf_counter() - queued) * 1000
         if waited_ms >= 0.1:
@@ -707,6 +716,12 @@ TRACE: Trace | None = None
 
 _FORGED = Refusal(403, "peer_identity_refused", "a forwarded identity is accepted only from another gateway of this "
                   "fleet, signed with the fleet's peer key", "permission_error")
+
+
+def _client_left(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> bool:
+    """Whether a waiting request's client has gone (fair.py's `gone`). A function bound with functools.partial, not
+    a lambda: a lambda keeps a closure tuple and a cell per captured name alive with each waiting request."""
+    return reader.at_eof() or writer.is_closing()
 
 
 def consumer_route(method: str, path: str) -> bool:
