@@ -144,5 +144,7 @@ def test_a_waiting_request_keeps_no_closure_of_the_gateway_and_few_objects_alive
 
     held, kept = run(body(), timeout=120)
     assert held == 20 + n
+    print(f"per waiting request: {sum(kept.values()) / n:.1f} tracked objects, {kept['cell'] / n:.1f} closure cells; "
+          f"most: {kept.most_common(8)}")
     assert kept["cell"] <= 3 * n  # 11 a request with the closures
     assert sum(kept.values()) <= 50 * n  # 58 a request before (the test's own socket among them); 45 now
