@@ -120,12 +120,10 @@ BURST_WINDOW_S = 4.0
 FLOOD_KEEPS = 1
 # How much more than its recent peak in flight a bursty account is reserved (rounded up): a peak read over seconds
 # understates the next one (a Poisson account's largest burst grows with the time watched). On the H100
-# (bench/FAIRNESS_DEVICE.md, "Calls 6 to 10", call 7) the peak alone left the quiet requests past it waiting: 12 of the
-# fair phase's 2,747 queued at 10 held. In `simulate 16 --seconds=20`: at --prefill-ms=2.5 a quarter more left 6 of
-# 703 quiet requests waiting (4 of them the phase's start) against 13 for the peak alone, the neighbour served 1121
-# against 1427; at --prefill-ms=4, 7 against 18 (903 against 1112 served). A half more left 11 (777 served): held
-# that far below its share, the flood makes the quiet account's slot-seconds reach its share, and it is back to its
-# part.
+# (bench/FAIRNESS_DEVICE.md, "Calls 6 to 10", call 7) the peak alone left the quiet requests past it waiting. A
+# quarter: in the simulation (docs/gateway.md, after the bursts table) it left fewer waiting than the peak alone at
+# every prefill cost tried; a half left more, since held that far below its share the flood makes the quiet
+# account's slot-seconds reach its share, and it is back to its part.
 BURST_HEADROOM = 0.25
 RANK = {"interactive": 0, "batch": 1}
 # The weight of the newest interval in the service rate's moving average: about the last 20 releases count.
