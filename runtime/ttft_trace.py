@@ -209,6 +209,20 @@ class TimedLock:
         self.lock.release()
 
 
+# Linux's CPU clock of a whole process, as glibc's clock_getcpuclockid(3) makes it for another process's pid: the
+# pid inverted, shifted past the clock's 3 type bits, type CPUCLOCK_SCHED (2: the scheduler's runtime, in ns)
+# (the kernel's include/linux/posix-timers.h, MAKE_PROCESS_CPUCLOCK; glibc's copy of it in
+# sysdeps/unix/sysv/linux/kernel-posix-cpu-timers.h, which its clock_getcpuclockid uses). Read with
+# clock_gettime, it is the process's total CPU time brought up to date, running and exited threads included, in
+# ns where proc(5)'s utime and stime count clock ticks (10 ms: a short run's CPU reads 0 or one tick).
+_CPUCLOCK_SCHED = 2
+
+
+def process_cpu_s(pid: int) -> float:
+    """Seconds of CPU the process `pid` (all its threads) has used, up to now (its CPU clock, above)."""
+    return time.clock_gettime(((~pid) << 3) | _CPUCLOCK_SCHED)
+
+
 def thread_clock() -> tuple[float, float]:
     """The calling thread's time on a CPU and its time waiting in a run queue for one (s; 0 where the kernel does not
     say). The CPU time is the thread's clock (CLOCK_THREAD_CPUTIME_ID, brought up to date when read), not schedstat's

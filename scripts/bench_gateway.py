@@ -50,6 +50,7 @@ from pathlib import Path
 from typing import NamedTuple, TextIO
 
 from runtime.descriptors import reserve_descriptors
+from runtime.ttft_trace import process_cpu_s
 
 ROOT = Path(__file__).resolve().parents[1]
 REGION, POOL = "ap-northeast-2", "l40s"
@@ -537,7 +538,7 @@ class ProcessStats(NamedTuple):
 
 
 def process_stats(pid: int) -> ProcessStats:
-    """What `pid` and its live child processes (gateway workers) have used so far, from proc(5)."""
+    """What `pid` and its live child processes (gateway workers) have used so far, from proc(5) and their CPU clocks."""
     def stat(p: int | str) -> list[str]:
         with open(f"/proc/{p}/stat") as f:
             return f.read().rsplit(")", 1)[1].split()
@@ -549,17 +550,19 @@ def process_stats(pid: int) -> ProcessStats:
                     pids.append(int(entry))
             except (OSError, IndexError, ValueError):
                 pass
-    ticks, wait_ns, faults = 0, 0, 0
+    cpu_s, wait_ns, faults = 0.0, 0, 0
     for p in pids:
         try:
             fields = stat(p)
-            ticks += int(fields[11]) + int(fields[12])  # utime, stime (fields 14, 15), clock ticks
+            # The process's CPU clock, in ns: utime and stime (fields 14, 15) count clock ticks, and a short run's
+            # CPU per request read 0 or one tick.
+            cpu_s += process_cpu_s(p)
             faults += int(fields[7])  # minflt (field 10)
             with open(f"/proc/{p}/schedstat") as f:
                 wait_ns += int(f.read().split()[1])  # time spent waiting on a runqueue, ns
         except (OSError, IndexError, ValueError):
             pass
-    return ProcessStats(ticks / os.sysconf("SC_CLK_TCK"), wait_ns / 1e9, faults)
+    return ProcessStats(cpu_s, wait_ns / 1e9, faults)
 
 
 def steal_ms(cpus: set[int], stat: str = "/proc/stat") -> float:

@@ -38,8 +38,9 @@ from runtime.gateway.routing import Router
 from runtime.gateway.salting import Salting
 from runtime.reference.build import build_artifact
 from runtime.reference.configs import TOKENS_PER_BLOCK
+from runtime.ttft_trace import process_cpu_s
 from tests.optional import needs_torch
-from tests.runtime.prefix_probe import Readings, process_cpu_s
+from tests.runtime.prefix_probe import Readings
 from tests.runtime.reference_helpers import ONE_FORK_SERVER, ServerProcess
 
 from .conftest import ANALYTICS_VPCE, MODEL_ID, VOICE_VPCE, fleet_config, start_harness, stop_harness

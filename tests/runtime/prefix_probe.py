@@ -45,13 +45,6 @@ from typing import Any
 
 from runtime.ttft_trace import iteration_split, thread_clock
 
-# Linux's CPU clock of a whole process, as glibc's clock_getcpuclockid(3) makes it for another process's pid: the
-# pid inverted, shifted past the clock's 3 type bits, type CPUCLOCK_SCHED (2: the scheduler's runtime, in ns)
-# (the kernel's include/linux/posix-timers.h, MAKE_PROCESS_CPUCLOCK; glibc's copy of it in
-# sysdeps/unix/sysv/linux/kernel-posix-cpu-timers.h, which its clock_getcpuclockid uses). Read with
-# clock_gettime, it is the process's total CPU time brought up to date, running threads included.
-_CPUCLOCK_SCHED = 2
-
 
 def roc_auc(sent: list[float], unsent: list[float]) -> float:
     """P(an unsent probe took longer than a sent one), over every (sent, unsent) pair of the run, ties half: the ROC
@@ -87,11 +80,6 @@ class Readings:
     def __str__(self) -> str:
         return (f"probe ROC AUC {self.auc('cpu'):.3f} on the engine's CPU time, {self.auc('wall'):.3f} on wall time, "
                 f"over {len(self.cpu['sent'])} trials")
-
-
-def process_cpu_s(pid: int) -> float:
-    """Seconds of CPU the process `pid` (all its threads) has used, up to now (its CPU clock, above)."""
-    return time.clock_gettime(((~pid) << 3) | _CPUCLOCK_SCHED)
 
 
 class EngineCpu:

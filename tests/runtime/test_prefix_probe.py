@@ -1,14 +1,12 @@
-"""The prefix probe's statistic and the engine process's CPU clock (tests/runtime/prefix_probe.py)."""
+"""The prefix probe's statistic (tests/runtime/prefix_probe.py)."""
 
 from __future__ import annotations
 
-import os
 import random
-import time
 
 import pytest
 
-from tests.runtime.prefix_probe import process_cpu_s, roc_auc
+from tests.runtime.prefix_probe import roc_auc
 
 
 def pairs_auc(sent: list[float], unsent: list[float]) -> float:
@@ -25,14 +23,3 @@ def test_the_auc_is_the_share_of_all_sent_unsent_pairs_in_which_the_sent_probe_w
         sent = [rng.randrange(8) for _ in range(rng.randrange(1, 12))]
         unsent = [rng.randrange(8) for _ in range(rng.randrange(1, 12))]
         assert roc_auc(sent, unsent) == pytest.approx(pairs_auc(sent, unsent))
-
-
-def test_the_process_cpu_clock_reads_a_whole_processs_cpu_time_as_the_process_reads_its_own():
-    """MAKE_PROCESS_CPUCLOCK(pid, CPUCLOCK_SCHED) of Linux's include/linux/posix-timers.h, as glibc's
-    clock_getcpuclockid builds it for another process (sysdeps/unix/sysv/linux/clock_getcpuclockid.c): read for this
-    process's pid, it falls between two readings of CLOCK_PROCESS_CPUTIME_ID (time.process_time) taken around it."""
-    for _ in range(3):
-        before = time.process_time()
-        mine = process_cpu_s(os.getpid())
-        after = time.process_time()
-        assert before <= mine <= after

@@ -263,7 +263,8 @@ def test_a_lora_request_is_served_when_its_adapter_could_load_and_refused_with_4
     try:
         srv.wait_healthy()
         request = {"lora_name": "sql", "lora_int_id": 1, "lora_path": str(adapter)}
-        status, reply = post(srv.base, "/v1/completions", {"prompt": "hi", "max_tokens": 2, "lora_request": request})
+        status, reply = post(srv.base, "/v1/completions", {"prompt": "hi", "max_tokens": 2, "lora_request": request,
+                                                           "ignore_eos": True})
         assert status == 200 and reply["usage"]["completion_tokens"] == 2
         assert json.loads(log.read_text().splitlines()[-1])["lora_name"] == "sql"
         missing = {**request, "lora_path": str(tmp_path / "not-staged")}

@@ -6,9 +6,10 @@ import asyncio
 import gc
 import json
 import os
+import time
 from pathlib import Path
 
-from runtime.ttft_trace import ENV, Trace, tracer
+from runtime.ttft_trace import ENV, Trace, process_cpu_s, tracer
 
 
 def _lines(directory: Path) -> list[dict]:
@@ -93,3 +94,14 @@ def test_the_gateway_workers_shared_lock_is_timed_and_a_long_wait_or_hold_gets_a
     assert [(r["where"], r["hold_ms"]) for r in longs] == [("dispatch_all", 4.0)]
     (summary,) = [r for r in lines if r["kind"] == "lock_second"]
     assert summary["at"] == 100.0 and summary["count"] == 2 and summary["hold_max_ms"] == 4.0
+
+
+def test_the_process_cpu_clock_reads_a_whole_processs_cpu_time_as_the_process_reads_its_own():
+    """MAKE_PROCESS_CPUCLOCK(pid, CPUCLOCK_SCHED) of Linux's include/linux/posix-timers.h, as glibc's
+    clock_getcpuclockid builds it for another process (sysdeps/unix/sysv/linux/clock_getcpuclockid.c): read for this
+    process's pid, it falls between two readings of CLOCK_PROCESS_CPUTIME_ID (time.process_time) taken around it."""
+    for _ in range(3):
+        before = time.process_time()
+        mine = process_cpu_s(os.getpid())
+        after = time.process_time()
+        assert before <= mine <= after
