@@ -393,8 +393,12 @@ def pytest_runtest_protocol(item, nextitem):
     had_cdk = "aws_cdk" in sys.modules
     yield
     own_after, children_after = _cpu_now()
+    ended = time.monotonic()
+    # The worker and the end on CLOCK_MONOTONIC (one clock for every process of the machine): each worker's
+    # timeline, so a run's tail (one worker still busy while the others are done) shows which tests made it.
     record = {"test": item.nodeid, "own_s": round(own_after - own, 3), "children_s": round(children_after - children, 3),
-              "wall_s": round(time.monotonic() - wall, 3)}
+              "wall_s": round(ended - wall, 3), "worker": os.environ.get("PYTEST_XDIST_WORKER", "main"),
+              "ended_s": round(ended, 3)}
     if not had_cdk and "aws_cdk" in sys.modules and item.get_closest_marker("synth") is None:
         record["loaded_cdk"] = True  # a test the imports did not mark loaded aws-cdk-lib on a worker of its own
     line = json.dumps(record)

@@ -168,8 +168,10 @@ def test_the_cpu_log_records_each_tests_own_cpu_and_its_processes(tmp_path, monk
     """TEST_CPU_LOG=FILE (README, Development): one JSON line per test, the CPU spent in the test's process and in
     the processes it started and reaped. Here the hook wraps a stand-in test that runs a child."""
     import json
+    import os
     import subprocess
     import sys
+    import time
 
     from tests import conftest
 
@@ -179,6 +181,7 @@ def test_the_cpu_log_records_each_tests_own_cpu_and_its_processes(tmp_path, monk
     class Item:
         nodeid = "tests/probe.py::test_spins_a_child"
 
+    started = time.monotonic()
     steps = conftest.pytest_runtest_protocol(Item(), None)  # pluggy's hookimpl marks the function, not wraps it
     next(steps)
     subprocess.run([sys.executable, "-c", "sum(range(3_000_000))"], check=True)  # the test's body
@@ -187,6 +190,9 @@ def test_the_cpu_log_records_each_tests_own_cpu_and_its_processes(tmp_path, monk
     [line] = [json.loads(x) for x in log.read_text().splitlines()]
     assert line["test"] == Item.nodeid
     assert line["children_s"] > 0 and line["own_s"] >= 0 and line["wall_s"] > 0
+    # and where it ran and when it ended, on the machine's one monotonic clock: each worker's timeline
+    assert line["worker"] == os.environ.get("PYTEST_XDIST_WORKER", "main")
+    assert started - 0.002 <= line["ended_s"] - line["wall_s"] and line["ended_s"] <= time.monotonic() + 0.001  # ms, rounded
 
 
 def test_the_cpu_log_counts_a_child_that_is_still_running_when_the_test_ends(tmp_path, monkeypatch):
