@@ -1,5 +1,6 @@
 """The vendored runtime packages: exact, mutually consistent pins, kept away from TensorRT-LLM."""
 
+import tomllib
 from importlib import metadata
 from pathlib import Path
 
@@ -44,10 +45,18 @@ def test_recorded_metadata_agrees_with_the_installed_distribution(name):
         installed = metadata.version(name)
     except metadata.PackageNotFoundError:
         pytest.skip(f"{name} is not installed here")
-    if installed != wheels.WHEELS[name]["version"]:
-        pytest.skip(f"{name} {installed} installed, {wheels.WHEELS[name]['version']} pinned")
+    assert installed == wheels.WHEELS[name]["version"], f"{name} {installed} installed: `make test` installs the pins"
     requires = [r for r in (metadata.requires(name) or []) if "extra ==" not in r]
     assert sorted(str(Requirement(r)) for r in requires) == sorted(str(Requirement(r)) for r in wheels.WHEELS[name]["requires"])
+
+
+def test_the_test_environment_pins_the_aws_sdk_the_instance_vendors():
+    """So the recorded metadata is checked against the installed distribution (above) in every fresh venv, and the
+    tests make the instance's AWS calls with the botocore it runs; pip would otherwise take the newest 1.x."""
+    dev = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["optional-dependencies"]["dev"]
+    pins = {canonicalize_name(r.name): str(r.specifier) for r in map(Requirement, dev)}
+    for name in ("boto3", "botocore"):
+        assert pins[name] == f"=={vendor.PINS[name][0]}", f"pyproject's dev extra pins {name} {pins.get(name)}"
 
 
 def test_the_vendored_directory_is_one_path_in_image_and_container():
