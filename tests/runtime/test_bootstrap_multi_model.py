@@ -129,7 +129,9 @@ def test_a_pool_with_gpu_sharing_mps_serves_its_models_as_clients_of_one_daemon_
         aws.put_config(cfg)
         imds = aws.instance("i-00000000000000e03")
         port = free_port_pair()
-        rp = aws.start_runtime(aws.runtime_env(imds, cfg, tmp_path / "disk", port), tmp_path / "log")
+        # The group restart waits its backoff first: 1 s by default, for a restart this test waits out.
+        rp = aws.start_runtime(aws.runtime_env(imds, cfg, tmp_path / "disk", port, FLEETCAST_RESTART_BACKOFF_S="0.1"),
+                               tmp_path / "log")
         serving = rp.wait_event("fleetcast_serving", 240)
         assert serving is not None, (tmp_path / "log").read_text()[-3000:]
         assert serving["gpu_sharing"] == "mps" and serving["kv_short"] == {}
