@@ -57,7 +57,8 @@ def fetch_staged(store: RetryingS3, prefix: str, dest: Path, wait_s: float, poll
                 missing_key=prefix + MANIFEST_NAME,
             )
         log.warning("waiting for staged s3://%s/%s", store.bucket, prefix)
-        sleep(poll_s)
+        # The last poll comes at wait_s, not up to poll_s after it: wait_s is the bound the operator set.
+        sleep(min(poll_s, wait_s - (time.monotonic() - started)))
     waited = time.monotonic() - started
     try:
         manifest = Manifest.from_json(got[0])

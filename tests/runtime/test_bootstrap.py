@@ -21,16 +21,18 @@ from runtime.serve import raw_health
 from tests.runtime.streaming import StreamResult, stream_completion
 
 pytestmark = [pytest.mark.timeout(240), pytest.mark.usefixtures("forked_engines")]
+# Every LocalAws here is on the session's moto server (`moto_endpoint`, one bucket each): a moto server of its own
+# took half a second to stop (werkzeug's serve_forever polls for shutdown every 0.5 s).
 
 
 @pytest.fixture(scope="module")
-def fleet():
+def fleet(moto_endpoint):
     """One loopback region shared by the scenario tests of this module (the cache persists between them)."""
     import shutil
     import tempfile
 
     root = Path(tempfile.mkdtemp(prefix="fleetcast-e2e-"))
-    with LocalAws(bucket=f"fleetcast-e2e-{os.getpid()}") as aws:
+    with LocalAws(bucket=f"fleetcast-e2e-{os.getpid()}", moto_url=moto_endpoint) as aws:
         cfg = tiny_config()
         aws.put_config(cfg)
         yield aws, cfg, root
@@ -210,9 +212,9 @@ def test_drain_lets_inflight_streams_finish(fleet, trigger):
         socket.create_connection(("127.0.0.1", port), timeout=2).close()
 
 
-def _quick_instance(tmp_path, instance_id, cfg=None, **extra):
-    """A runtime that is expected to stop before serving (fresh loopback region)."""
-    aws = LocalAws(bucket=f"fleetcast-q-{os.getpid()}-{instance_id[-3:]}").start()
+def _quick_instance(moto_endpoint, tmp_path, instance_id, cfg=None, **extra):
+    """A runtime that is expected to stop before serving (fresh loopback region: a bucket of its own)."""
+    aws = LocalAws(bucket=f"fleetcast-q-{os.getpid()}-{instance_id[-3:]}", moto_url=moto_endpoint).start()
     cfg = cfg or tiny_config()
     aws.put_config(cfg)
     imds = aws.instance(instance_id)
@@ -221,14 +223,14 @@ def _quick_instance(tmp_path, instance_id, cfg=None, **extra):
     return aws, rp
 
 
-def test_unsupported_combination_is_refused_before_any_download(tmp_path):
+def test_unsupported_combination_is_refused_before_any_download(tmp_path, moto_endpoint):
     data = tiny_config().model_dump(mode="json")
     data["engine"]["precision"] = "fp8"  # valid for the pool's L40S, but this instance found an A10G (sm86): no FP8
     data["calibration"] = {"dataset": "s3://fleetcast-staging/calibration/lambada/"}
     from fleetcast.config import config_from_json
 
     cfg = config_from_json(json.dumps(data))
-    aws, rp = _quick_instance(tmp_path, "i-00000000000000c01", cfg, FLEETCAST_SERVING_BACKEND="tensorrt-llm",
+    aws, rp = _quick_instance(moto_endpoint, tmp_path, "i-00000000000000c01", cfg, FLEETCAST_SERVING_BACKEND="tensorrt-llm",
                               FLEETCAST_FAKE_GPU="NVIDIA A10G, 8.6, 23028")
     try:
         assert rp.proc.wait(60) == 0
@@ -240,9 +242,9 @@ def test_unsupported_combination_is_refused_before_any_download(tmp_path):
         aws.stop()
 
 
-def test_s3_outage_is_retried_then_the_launch_is_abandoned(tmp_path):
+def test_s3_outage_is_retried_then_the_launch_is_abandoned(tmp_path, moto_endpoint):
     dead = f"http://127.0.0.1:{free_port()}"
-    aws, rp = _quick_instance(tmp_path, "i-00000000000000c02", AWS_ENDPOINT_URL_S3=dead,
+    aws, rp = _quick_instance(moto_endpoint, tmp_path, "i-00000000000000c02", AWS_ENDPOINT_URL_S3=dead,
                               FLEETCAST_S3_RETRY_DEADLINE_S="2", FLEETCAST_S3_BACKOFF_S="0.1")
     try:
         assert rp.proc.wait(60) == 0
@@ -253,9 +255,9 @@ def test_s3_outage_is_retried_then_the_launch_is_abandoned(tmp_path):
         aws.stop()
 
 
-def test_open_circuit_breaker_abandons_at_once_and_raises_a_metric(tmp_path):
+def test_open_circuit_breaker_abandons_at_once_and_raises_a_metric(tmp_path, moto_endpoint):
     cfg = tiny_config()
-    aws = LocalAws(bucket=f"fleetcast-q-{os.getpid()}-brk").start()
+    aws = LocalAws(bucket=f"fleetcast-q-{os.getpid()}-brk", moto_url=moto_endpoint).start()
     try:
         aws.put_config(cfg)
         # Three earlier instances failed to build this key (the key is what the runtime computes).

@@ -32,6 +32,8 @@ from runtime.devtools.harness import (
 )
 
 pytestmark = [pytest.mark.timeout(300), pytest.mark.usefixtures("forked_engines")]
+# Each test's LocalAws is on the session's moto server (`moto_endpoint`, one bucket each): a moto server of its own
+# took half a second to stop (werkzeug's serve_forever polls for shutdown every 0.5 s).
 
 
 def call(port: int, method: str, path: str, body: dict | None = None) -> tuple[int, dict]:
@@ -50,10 +52,11 @@ def stop(rp) -> None:
             rp.proc.kill()
 
 
-def test_a_staged_adapter_is_fetched_before_its_base_model_serves_and_requests_for_it_are_routed(tmp_path):
+def test_a_staged_adapter_is_fetched_before_its_base_model_serves_and_requests_for_it_are_routed(tmp_path,
+                                                                                                   moto_endpoint):
     cfg = adapter_config()
     base = cfg.models[1]
-    aws = LocalAws(bucket=f"fleetcast-lora-{os.getpid()}-ok").start()
+    aws = LocalAws(bucket=f"fleetcast-lora-{os.getpid()}-ok", moto_url=moto_endpoint).start()
     rp = None
     try:
         aws.put_config(cfg)
@@ -95,10 +98,10 @@ def test_a_staged_adapter_is_fetched_before_its_base_model_serves_and_requests_f
         aws.stop()
 
 
-def test_an_adapter_never_staged_fails_its_model_by_name_and_arms_its_breaker(tmp_path):
+def test_an_adapter_never_staged_fails_its_model_by_name_and_arms_its_breaker(tmp_path, moto_endpoint):
     cfg = adapter_config()
     good, base = cfg.models
-    aws = LocalAws(bucket=f"fleetcast-lora-{os.getpid()}-missing").start()
+    aws = LocalAws(bucket=f"fleetcast-lora-{os.getpid()}-missing", moto_url=moto_endpoint).start()
     try:
         aws.put_config(cfg)
         env = aws.runtime_env(aws.instance("i-00000000000000f02"), cfg, tmp_path / "disk", free_port_pair(),
@@ -121,10 +124,11 @@ def test_an_adapter_never_staged_fails_its_model_by_name_and_arms_its_breaker(tm
         aws.stop()
 
 
-def test_the_breaker_of_a_model_whose_adapter_keeps_missing_opens_then_clears_once_it_is_staged(tmp_path):
+def test_the_breaker_of_a_model_whose_adapter_keeps_missing_opens_then_clears_once_it_is_staged(tmp_path,
+                                                                                                  moto_endpoint):
     cfg = adapter_config()
     good, base = cfg.models
-    aws = LocalAws(bucket=f"fleetcast-lora-{os.getpid()}-breaker").start()
+    aws = LocalAws(bucket=f"fleetcast-lora-{os.getpid()}-breaker", moto_url=moto_endpoint).start()
     rp = None
     try:
         aws.put_config(cfg)

@@ -6,6 +6,7 @@ which fails requests at the HTTP level so boto3's transfer layer raises its own 
 tests/runtime/test_engine_cache_faults.py for the boto3/s3transfer source lines).
 """
 
+import itertools
 import os
 import subprocess
 
@@ -21,9 +22,14 @@ from tests.runtime.cache_worker import fake_build
 pytestmark = [pytest.mark.timeout(240), pytest.mark.usefixtures("forked_engines")]
 
 
+# Each test's LocalAws is on the session's moto server (`moto_endpoint`, one bucket each): a moto server of its own
+# took half a second to stop (werkzeug's serve_forever polls for shutdown every 0.5 s).
+_buckets = itertools.count()
+
+
 @pytest.fixture
-def faulty(tmp_path):
-    aws = LocalAws(bucket=f"fleetcast-f-{os.getpid()}-{tmp_path.name[-6:].lower()}").start()
+def faulty(moto_endpoint):
+    aws = LocalAws(bucket=f"fleetcast-f-{os.getpid()}-{next(_buckets)}", moto_url=moto_endpoint).start()
     proxy = FaultyS3(aws.moto_url).start()
     cfg = tiny_config()
     aws.put_config(cfg)
@@ -118,24 +124,25 @@ def _wait(predicate, timeout_s=120.0):
     return None
 
 
-def test_a_frozen_server_is_restarted_and_an_unrecoverable_one_gets_the_instance_replaced(tmp_path):
+def test_a_frozen_server_is_restarted_and_an_unrecoverable_one_gets_the_instance_replaced(tmp_path, moto_endpoint):
     """The model server stops answering (SIGSTOP: alive, silent). Liveness kills and restarts it;
     the restarted one freezes too, restarts are used up, and the instance asks its group for a
     replacement (SetInstanceHealth Unhealthy, grace period not respected), then drains and
     completes the terminate hook when the group moves it to Terminated."""
     import signal
 
-    aws = LocalAws(bucket=f"fleetcast-f-{os.getpid()}-live").start()
+    aws = LocalAws(bucket=f"fleetcast-f-{os.getpid()}-live", moto_url=moto_endpoint).start()
     cfg = tiny_config()
     aws.put_config(cfg)
     iid = "i-00000000000000f03"
     imds = aws.instance(iid)
     # A SIGSTOPped server holds each probe for the whole timeout: 2 probes of 0.5 s, 0.2 s apart, per
     # freeze. A healthy idle server answers /health in milliseconds (two misses in a row to be killed).
+    # The move toward Terminated is seen within 0.1 s of IMDS showing it, not the harness's 0.5 s.
     env = aws.runtime_env(imds, cfg, tmp_path / "disk", free_port_pair(), FLEETCAST_LIVENESS_INTERVAL_S="0.2",
                           FLEETCAST_LIVENESS_TIMEOUT_S="0.5", FLEETCAST_LIVENESS_FAILURES="2",
                           FLEETCAST_MAX_RESTARTS="1", FLEETCAST_RESTART_BACKOFF_S="0.1",
-                          FLEETCAST_REPLACE_WAIT_S="120")
+                          FLEETCAST_REPLACE_WAIT_S="120", FLEETCAST_TERMINATE_POLL_S="0.1")
     log = tmp_path / "log"
     rp = aws.start_runtime(env, log)
     frozen: list[int] = []

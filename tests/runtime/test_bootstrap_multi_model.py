@@ -18,6 +18,8 @@ from fleetcast.contract import telemetry
 from runtime.devtools.harness import LocalAws, free_port_pair, reference_cache_key, two_model_config
 
 pytestmark = [pytest.mark.timeout(300), pytest.mark.usefixtures("forked_engines")]
+# Each test's LocalAws is on the session's moto server (`moto_endpoint`, one bucket each): a moto server of its own
+# took half a second to stop (werkzeug's serve_forever polls for shutdown every 0.5 s).
 
 
 def call(port: int, method: str, path: str, body: dict | None = None) -> tuple[int, dict]:
@@ -27,9 +29,9 @@ def call(port: int, method: str, path: str, body: dict | None = None) -> tuple[i
     return _call(port, method, path, DEMO_VPCE, body)
 
 
-def test_each_model_gets_its_process_and_the_gateway_routes_by_model(tmp_path):
+def test_each_model_gets_its_process_and_the_gateway_routes_by_model(tmp_path, moto_endpoint):
     cfg = two_model_config()
-    aws = LocalAws(bucket=f"fleetcast-mm-{os.getpid()}-ok").start()
+    aws = LocalAws(bucket=f"fleetcast-mm-{os.getpid()}-ok", moto_url=moto_endpoint).start()
     rp = None
     try:
         aws.put_config(cfg)
@@ -68,9 +70,9 @@ def test_each_model_gets_its_process_and_the_gateway_routes_by_model(tmp_path):
         aws.stop()
 
 
-def test_a_model_that_cannot_be_built_is_named_and_the_other_still_reaches_the_cache(tmp_path):
+def test_a_model_that_cannot_be_built_is_named_and_the_other_still_reaches_the_cache(tmp_path, moto_endpoint):
     cfg = two_model_config()
-    aws = LocalAws(bucket=f"fleetcast-mm-{os.getpid()}-brk").start()
+    aws = LocalAws(bucket=f"fleetcast-mm-{os.getpid()}-brk", moto_url=moto_endpoint).start()
     try:
         aws.put_config(cfg)
         good, broken = (m.id for m in cfg.models)
@@ -111,7 +113,7 @@ def _pid_listening_on(port: int) -> int:
 
 
 def test_a_pool_with_gpu_sharing_mps_serves_its_models_as_clients_of_one_daemon_and_restarts_them_together(
-        tmp_path, fake_mps):
+        tmp_path, fake_mps, moto_endpoint):
     """The pool's gpu_sharing reaches the instance in the config it reads (SSM, validated again there): the runtime
     starts the GPU's MPS control daemon (the stand-in, tests/runtime/fake_mps_control.py) before the first engine
     process; when one of them dies, both restart together while the gateway answers 200 or a retryable 503 (never
@@ -123,13 +125,15 @@ def test_a_pool_with_gpu_sharing_mps_serves_its_models_as_clients_of_one_daemon_
         for pool in region["pools"]:
             pool["gpu_sharing"] = "mps"
     cfg = config_from_json(json.dumps(data))
-    aws = LocalAws(bucket=f"fleetcast-mm-{os.getpid()}-mps").start()
+    aws = LocalAws(bucket=f"fleetcast-mm-{os.getpid()}-mps", moto_url=moto_endpoint).start()
     rp = None
     try:
         aws.put_config(cfg)
         imds = aws.instance("i-00000000000000e03")
         port = free_port_pair()
-        rp = aws.start_runtime(aws.runtime_env(imds, cfg, tmp_path / "disk", port), tmp_path / "log")
+        # The group restart waits its backoff first: 1 s by default, for a restart this test waits out.
+        rp = aws.start_runtime(aws.runtime_env(imds, cfg, tmp_path / "disk", port, FLEETCAST_RESTART_BACKOFF_S="0.1"),
+                               tmp_path / "log")
         serving = rp.wait_event("fleetcast_serving", 240)
         assert serving is not None, (tmp_path / "log").read_text()[-3000:]
         assert serving["gpu_sharing"] == "mps" and serving["kv_short"] == {}

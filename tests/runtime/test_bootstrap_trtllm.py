@@ -71,8 +71,10 @@ def read_only_dir(path: Path):
 
 
 @pytest.fixture
-def region(tmp_path):
-    with LocalAws(bucket=f"fleetcast-trt-{os.getpid()}-{next(_buckets)}") as aws:
+def region(tmp_path, moto_endpoint):
+    # On the session's moto server (one bucket each): a moto server of its own took half a second to stop
+    # (werkzeug's serve_forever polls for shutdown every 0.5 s).
+    with LocalAws(bucket=f"fleetcast-trt-{os.getpid()}-{next(_buckets)}", moto_url=moto_endpoint) as aws:
         cfg = sq_config(aws.bucket)
         aws.put_config(cfg)
         model = tmp_path / "hf-model"

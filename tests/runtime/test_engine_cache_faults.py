@@ -66,6 +66,13 @@ def test_the_fake_fails_the_way_boto3s_transfer_layer_does(aws, proxy, tmp_path)
     s3 = client(proxy.url)
     src = tmp_path / "f"
     src.write_bytes(b"x" * 300_000)
+    # Every attempt but the last (standard mode: botocore/retries/standard.py DEFAULT_MAX_ATTEMPTS) meets
+    # ServiceUnavailable, whose backoff starts at 50 ms, not SlowDown's 1 s; the one upload_file gives up on is S3's
+    # throttling 503, whose code the wrapper must carry.
+    from botocore.retries.standard import DEFAULT_MAX_ATTEMPTS
+
+    assert s3.meta.config.retries == {"mode": "standard"}
+    proxy.add("PUT", "/engines/", "503-unavailable", times=DEFAULT_MAX_ATTEMPTS - 1)
     proxy.add("PUT", "/engines/", "503")
     with pytest.raises(S3UploadFailedError, match="SlowDown"):
         s3.upload_file(str(src), aws.bucket, "engines/x/a")

@@ -36,7 +36,7 @@ def artifact(tmp_path_factory):
     return out
 
 
-def mps_serving(artifact, tmp_path, limits=None, max_restarts: int = 3):
+def mps_serving(artifact, tmp_path, limits=None, max_restarts: int = 3, stop_timeout_s: float = 5.0):
     from runtime.devtools.harness import free_port
 
     ports = {"alpha": free_port(), "beta": free_port()}
@@ -48,7 +48,7 @@ def mps_serving(artifact, tmp_path, limits=None, max_restarts: int = 3):
                              liveness_interval_s=0.5, liveness_timeout_s=10, liveness_failures=3,
                              models_state_file=tmp_path / "models-ready.json",
                              # A wedged client ignores SIGTERM: the drain kills it after these, not 6 minutes.
-                             drain_timeout_s=5.0, server_stop_timeout_s=5.0)
+                             drain_timeout_s=stop_timeout_s, server_stop_timeout_s=stop_timeout_s)
     s = Serving(settings, servers=servers, mps_root=tmp_path / "mps")
     s.supervisor.poll_s = 0.05
     return s, ports
@@ -141,8 +141,10 @@ def test_one_client_faults_and_every_process_of_the_gpu_restarts_together(artifa
 
 def test_a_group_that_keeps_faulting_is_given_up_on(artifact, tmp_path, fake_mps):
     # One restart allowed: each restart starts both engine processes again (PyTorch imported twice), and a second
-    # and third restart, as the shared policy's limit of 3 gave, repeated the first.
-    s, ports = mps_serving(artifact, tmp_path, max_restarts=1)
+    # and third restart, as the shared policy's limit of 3 gave, repeated the first. The wedged neighbour left
+    # behind ignores the drain's SIGTERM and is killed once the stop bound (both timeouts, no gateway) is out:
+    # 10 s at the module's 5 s, for a process that is known not to answer.
+    s, ports = mps_serving(artifact, tmp_path, max_restarts=1, stop_timeout_s=0.5)
     s.start()
     try:
         s.wait_ready()

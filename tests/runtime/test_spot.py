@@ -113,10 +113,10 @@ def test_the_gateway_budget_is_the_deadline_or_the_scale_in_timeout(tmp_path):
 
 TOKEN_S = 0.02  # the fake server's time per token
 # From the notice to the deadline (compressed from 120 s less the reserve). The drain lasts this long
-# (the LONG streams are cut at the deadline), so it is most of the test's run time; 5 s is still
-# over 3x what the SHORT streams need after the notice, and 8x less than the LONG ones.
-BUDGET_S = 5.0
-SHORT = [20 + 2 * k for k in range(24)]  # 20..66 tokens: at most 1.4 s, far inside the budget
+# (the LONG streams are cut at the deadline), so it is most of the test's run time; 2.5 s is still
+# over 3x what the SHORT streams need after the notice, and 16x less than the LONG ones.
+BUDGET_S = 2.5
+SHORT = [10 + k for k in range(24)]  # 10..33 tokens: at most 0.7 s, far inside the budget
 LONG = [2000] * 8  # 40 s: cannot fit
 
 

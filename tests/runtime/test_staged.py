@@ -51,6 +51,21 @@ def test_missing_staging_is_waited_for_then_named(aws, tmp_path):
     assert 0.6 <= time.monotonic() - started < 30  # waited wait_s, then gave up (not forever)
 
 
+def test_the_wait_ends_at_wait_s_even_when_a_poll_period_would_run_past_it(aws, tmp_path):
+    """FLEETCAST_STAGING_WAIT_S bounds the wait (README, "Deploying"): with the 15 s poll period and a shorter wait,
+    the last poll is cut to what is left of the wait instead of sleeping a whole period past it."""
+    slept: list[float] = []
+
+    def sleep(seconds: float) -> None:
+        slept.append(seconds)
+        assert seconds <= 0.3, f"slept {seconds} s of a 0.3 s wait"
+        time.sleep(seconds)
+
+    with pytest.raises(StagingMissing, match="after waiting"):
+        fetch_staged(store(aws), model_prefix("gpt2-tiny", "r9"), tmp_path / "m", wait_s=0.3, sleep=sleep)
+    assert slept and sum(slept) <= 0.3
+
+
 def test_calibration_prefix_comes_from_the_dataset_uri():
     assert calibration_key_prefix("s3://any-bucket/calibration/lambada") == "calibration/lambada/"
     assert calibration_key_prefix("s3://any-bucket/calibration/lambada/") == "calibration/lambada/"

@@ -111,8 +111,9 @@ def test_a_server_that_restarts_do_not_bring_back_is_given_up_on(tmp_path):
         return ok
 
     # startup_s only has to outlast the first start's Python start-up (tens of ms) for the story
-    # above; the restarts never answer, so each of them costs startup_s plus `failures` probes.
-    live = Liveness(probe, interval_s=0.1, failures=2, startup_s=0.4)
+    # above; the restarts never answer, so each of them costs startup_s plus `failures` probes. A probe
+    # while starting is judged over window_s, the probe's own timeout (as in the product), not the 5 s default.
+    live = Liveness(probe, interval_s=0.1, failures=2, startup_s=0.4, window_s=PROBE_TIMEOUT_S)
     child = sup.start(Child("server", server(tmp_path, port), liveness=live,
                             policy=RestartPolicy(max_restarts=2, window_s=600, backoff_base_s=0.05)))
     try:
@@ -123,16 +124,16 @@ def test_a_server_that_restarts_do_not_bring_back_is_given_up_on(tmp_path):
         sup.shutdown(timeout_s=5)
 
 
-# A process that works, as loading does, without holding a core: 10 ms of CPU every 100 ms. Progress is any CPU
+# A process that works, as loading does, without holding a core: 5 ms of CPU every 50 ms. Progress is any CPU
 # time between two probes (schedstat counts nanoseconds); a process that spun for the whole wait took a core for
 # as long as the machine's load stretched the test, and the machine's load stretched the neighbours in turn.
 WORKS_IN_BURSTS = """
 import time
 while True:
-    burst = time.process_time() + 0.01
+    burst = time.process_time() + 0.005
     while time.process_time() < burst:
         pass
-    time.sleep(0.09)
+    time.sleep(0.045)
 """
 
 
@@ -141,8 +142,10 @@ def test_a_server_still_loading_is_not_killed_before_its_startup_time(tmp_path):
     at it: here it works a little every tenth of a second, as loading does."""
     sup = Supervisor(poll_s=0.05)
     probes = []
-    # Each failed probe's progress is judged over window_s: at the 5 s default, the ten probes took 50 s.
-    live = Liveness(lambda: probes.append(1) and False, interval_s=0.5, failures=3, startup_s=3600, window_s=0.5)
+    # Each failed probe's progress is judged over window_s: at the 5 s default, the ten probes took 50 s. A
+    # window of 0.2 s spans about four bursts, so a window without one is not a load hiccup but broken judging,
+    # and three such windows in a row (the kill) would need one to be missing thrice.
+    live = Liveness(lambda: probes.append(1) and False, interval_s=0.05, failures=3, startup_s=3600, window_s=0.2)
     child = sup.start(Child("server", [sys.executable, "-c", WORKS_IN_BURSTS], liveness=live))
     try:
         assert wait_for(lambda: len(probes) >= 10)
@@ -180,7 +183,9 @@ def test_a_restart_that_freezes_before_its_first_answer_is_found_as_early_as_a_s
             return True  # the first start's one answer: from now on it is settled
         return answers(port)
 
-    live = Liveness(probe, interval_s=0.2, failures=3, startup_s=3600)
+    # window_s is the probe's own timeout, as in the product: the restart's probes are refused at once (nothing
+    # listens) and each is judged over that window, at the 5 s default 15 s for the restart's `failures` probes.
+    live = Liveness(probe, interval_s=0.2, failures=3, startup_s=3600, window_s=PROBE_TIMEOUT_S)
     child = Child("server", [sys.executable, "-c", STALLS_ON_RESTART, str(port), str(tmp_path / "started")],
                   liveness=live, policy=RestartPolicy(max_restarts=5, window_s=600, backoff_base_s=0.05))
     sup.start(child)  # bound first: its probe reads `child`, and may run before start() returns
