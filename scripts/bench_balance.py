@@ -31,6 +31,7 @@ from typing import Any
 
 import yaml
 
+from runtime.gateway.spill import PEER_HEADROOM_TTL_S
 from scripts.bench_gateway import FakeEc2Endpoints, free_port, timed_upstream
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -164,7 +165,8 @@ async def run_mode(balance: bool, args: argparse.Namespace, tmp: Path) -> dict[s
                 "--peer-key-file", str(key), "--upstream-warm", "0", *peers, env=env)
         for name in POOLS:
             await _healthy(ports[name][1])
-        await asyncio.sleep(1.5)  # each has read the other's headroom
+        if balance:  # each has read the other's headroom: it reads it every PEER_HEADROOM_TTL_S once it is up
+            await asyncio.sleep(2 * PEER_HEADROOM_TTL_S)
         arrivals = trace(args.seconds, args.seed, args.rps)
         rng = random.Random(args.seed + 1)
         targets = [rng.choice(list(POOLS)) for _ in arrivals]  # the NLB's flow hash: evenly, blind to load
@@ -177,8 +179,9 @@ async def run_mode(balance: bool, args: argparse.Namespace, tmp: Path) -> dict[s
         results = await asyncio.gather(*(send(a, p) for a, p in zip(arrivals, targets)))
         elapsed = time.perf_counter() - begin
     finally:
-        for child in (*gateways.values(), *engines.values()):
-            await child.stop()
+        # Together: each stop waits for its process to exit (the gateways flush their records), so serially they add up.
+        await asyncio.gather(*(child.stop() for child in gateways.values()))
+        await asyncio.gather(*(child.stop() for child in engines.values()))
     return summarize(results, {n: g.records() for n, g in gateways.items()}, elapsed)
 
 
