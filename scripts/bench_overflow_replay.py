@@ -277,10 +277,11 @@ async def run_mode(spill: bool, args: argparse.Namespace, tmp: Path) -> dict[str
         begin = time.perf_counter()
         results = await asyncio.gather(*(send(a, begin) for a in arrivals))
         elapsed = time.perf_counter() - begin
-        await asyncio.sleep(0.5)  # the gateways flush their records every 0.2 s
     finally:
-        for child in reversed(children):
-            await child.stop()
+        # The gateways write what records they hold as they exit (MetricsSink.close); together, not one after the
+        # other: each stop waits for its process to exit.
+        await asyncio.gather(*(child.stop() for child in (home, remote) if child is not None))
+        await asyncio.gather(*(child.stop() for child in children if child not in (home, remote)))
         if path is not None:
             path.close()
     assert home is not None and remote is not None and path is not None
