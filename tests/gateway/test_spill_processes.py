@@ -154,8 +154,9 @@ class Fleet:
     async def stop(self) -> None:
         for waiting in self.waiting:
             waiting.cancel()
-        for proc in (self.home, self.remote, self.home_engine, self.remote_engine):
-            await proc.stop()
+        # Together: each stop waits for its process to exit (the gateways write their last records as they do).
+        await asyncio.gather(self.home.stop(), self.remote.stop())
+        await asyncio.gather(self.home_engine.stop(), self.remote_engine.stop())
         self.path.close()
 
     async def occupy_home(self, tokens: int = 40) -> tuple[Client, asyncio.Task[Any]]:
