@@ -31,7 +31,6 @@ from typing import Any
 
 import yaml
 
-from runtime.gateway.spill import PEER_HEADROOM_TTL_S
 from scripts.bench_gateway import FakeEc2Endpoints, free_port, timed_upstream
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -166,6 +165,8 @@ async def run_mode(balance: bool, args: argparse.Namespace, tmp: Path) -> dict[s
         for name in POOLS:
             await _healthy(ports[name][1])
         if balance:  # each has read the other's headroom: it reads it every PEER_HEADROOM_TTL_S once it is up
+            from runtime.gateway.spill import PEER_HEADROOM_TTL_S
+
             await asyncio.sleep(2 * PEER_HEADROOM_TTL_S)
         arrivals = trace(args.seconds, args.seed, args.rps)
         rng = random.Random(args.seed + 1)
