@@ -14,11 +14,25 @@ from __future__ import annotations
 
 import argparse
 import os
+import select
 import selectors
 import signal
 import socket
 import sys
 import time
+
+READY = "listening"  # a worker's first line: its socket is in the port's group
+
+
+def _wait_listening(read_end: int, workers: int) -> None:
+    """Until every worker has written READY (no connection is made before, so nothing else is in the pipe)."""
+    seen = b""
+    for _ in range(100):  # bounded: 10 s for the forks to bind
+        if seen.count(READY.encode()) >= workers:
+            return
+        if select.select([read_end], [], [], 0.1)[0]:
+            seen += os.read(read_end, 4096)
+    raise SystemExit(f"accept_probe: {workers - seen.count(READY.encode())} worker(s) never listened")
 
 
 def _serve_selectors(port: int, out) -> None:
@@ -26,6 +40,7 @@ def _serve_selectors(port: int, out) -> None:
     listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
     listener.bind(("127.0.0.1", port))
     listener.listen(1024)
+    out.write(f"{READY}\n")
     listener.setblocking(False)
     sel = selectors.DefaultSelector()
     sel.register(listener, selectors.EVENT_READ)
@@ -59,6 +74,7 @@ def _serve_asyncio(port: int, out, uvloop: bool) -> None:
 
     async def main() -> None:
         await asyncio.start_server(handle, "127.0.0.1", port, reuse_port=True, backlog=1024)
+        out.write(f"{READY}\n")
         await asyncio.Event().wait()
 
     asyncio.run(main())
@@ -132,7 +148,7 @@ def main(argv: list[str] | None = None) -> int:
         children.append(pid)
     os.close(write_end)
     try:
-        time.sleep(0.5)  # every worker listening
+        _wait_listening(read_end, args.workers)
         sent: list[tuple[int, int]] = []
         for i in range(args.rounds):
             sent += _burst(port, args.burst)
@@ -145,7 +161,7 @@ def main(argv: list[str] | None = None) -> int:
     accepted: dict[int, list[int]] = {}
     with os.fdopen(read_end) as lines:
         for line in lines:
-            if line.strip():
+            if line.strip() and line.strip() != READY:
                 port_, at = line.split()
                 accepted.setdefault(int(port_), []).append(int(at))
     # A client port comes back in later bursts: each connection is the acceptance of its port nearest its send.

@@ -268,19 +268,22 @@ async def run_mode(spill: bool, args: argparse.Namespace, tmp: Path) -> dict[str
             return {"n": arrival.number, "at": arrival.at, "consumer": arrival.consumer, "ttft_ms": ttft,
                     "status": status}
 
-        # Unqueued: each region's consumer alone, one request at a time (also the engines' and paths' warm-up).
-        unqueued = {}
-        for region, consumer in ((HOME, "checkout"), (REMOTE, "west")):
-            calm = [await send(Arrival(-1, 0.0, consumer), time.perf_counter()) for _ in range(args.calibration)]
-            unqueued[region] = calm
+        # Unqueued: each region's consumer alone, one request at a time (also the engines' and paths' warm-up); the
+        # two regions at once, as their engines and gateways are their own.
+        async def calm(consumer: str) -> list[dict[str, Any]]:
+            return [await send(Arrival(-1, 0.0, consumer), time.perf_counter()) for _ in range(args.calibration)]
+
+        home_calm, remote_calm = await asyncio.gather(calm("checkout"), calm("west"))
+        unqueued = {HOME: home_calm, REMOTE: remote_calm}
         arrivals = trace(args)
         begin = time.perf_counter()
         results = await asyncio.gather(*(send(a, begin) for a in arrivals))
         elapsed = time.perf_counter() - begin
-        await asyncio.sleep(0.5)  # the gateways flush their records every 0.2 s
     finally:
-        for child in reversed(children):
-            await child.stop()
+        # The gateways write what records they hold as they exit (MetricsSink.close); together, not one after the
+        # other: each stop waits for its process to exit.
+        await asyncio.gather(*(child.stop() for child in (home, remote) if child is not None))
+        await asyncio.gather(*(child.stop() for child in children if child not in (home, remote)))
         if path is not None:
             path.close()
     assert home is not None and remote is not None and path is not None

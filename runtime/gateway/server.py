@@ -99,6 +99,10 @@ CUT_ENDINGS_WAIT_S = 2.0
 class Gateway:
     """Serve consumers on `listen`, forward to `upstream` (loopback trtllm-serve)."""
 
+    # What close() gives the endings and then the flushes; an instance's own can be shorter (a test of a client that
+    # never reads waits it out twice whatever its length).
+    cut_endings_wait_s: float = CUT_ENDINGS_WAIT_S
+
     def __init__(self, *, router: Router, identity: Identity, limiters: dict[str, ConsumerLimiter],
                  metrics: MetricsSink, entitled: Mapping[str, Iterable[str]] | None = None,
                  model_limiters: dict[tuple[str, str], ConsumerLimiter] | None = None, proxy_protocol: bool = True, drain_timeout_s: float = 300.0,
@@ -263,7 +267,7 @@ class Gateway:
         # Cut by the drain timeout before the server answered: a retryable 503, not a reset.
         self.drain_state.cut_unstarted()
         # Cut while relayed: a 503 where the head is still held back, else the stream's error event.
-        await self.drain_state.cut_relaying(CUT_ENDINGS_WAIT_S)
+        await self.drain_state.cut_relaying(self.cut_endings_wait_s)
         open_connections = list(self._connections)
         for writer in open_connections:
             writer.close()
@@ -274,7 +278,7 @@ class Gateway:
         # grace, what it has not taken never will be: drop the connections still open, with it.
         flushed = asyncio.gather(*(writer.wait_closed() for writer in open_connections), return_exceptions=True)
         try:
-            await asyncio.wait_for(flushed, CUT_ENDINGS_WAIT_S)
+            await asyncio.wait_for(flushed, self.cut_endings_wait_s)
         except TimeoutError:
             for writer in open_connections:
                 writer.transport.abort()

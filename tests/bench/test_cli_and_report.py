@@ -107,11 +107,12 @@ def test_ctrl_c_keeps_the_finished_levels_marked_interrupted(fast_server, tmp_pa
     out = tmp_path / "results.json"
     proc = subprocess.Popen(
         [sys.executable, "-m", "scripts.cli", "bench", "run", "--endpoint", fast_server.url, "--concurrency", "1,2,4",
-         "--duration", "4", "--input-tokens", "16", "--output-tokens", "4", "--out", str(out)],
+         "--duration", "2", "--input-tokens", "16", "--output-tokens", "4", "--out", str(out)],
         cwd=root, env={**os.environ, "PYTHONPATH": str(root)}, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
         text=True, preexec_fn=default_sigint)
     seen = []
-    for line in proc.stderr:  # bounded: the run ends by itself after three 4 s levels
+    for line in proc.stderr:  # bounded: the run ends by itself after three 2 s levels; the signal, sent as
+        # the first level's line is read, lands well inside the second level's 2 s
         seen.append(line)
         if line.startswith("concurrency 1:"):
             proc.send_signal(signal.SIGINT)

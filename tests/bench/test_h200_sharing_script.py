@@ -202,8 +202,11 @@ def test_the_plot_shows_both_modes(runs, tmp_path):
 
 def test_one_client_faults_and_every_model_serves_again_under_the_supervisor(tmp_path, artifacts):
     env = mps_env(tmp_path)
+    # The wedged servers are found by 2 liveness probes that wait out their timeout: with 2 s, not the runtime's 5,
+    # about 5 s from the fault to the kill, not 11. A server that is not wedged answers /health in milliseconds
+    # here; killing it takes 2 such probes in a row both past 2 s.
     done = script(FAULT, "--device", "cpu", "--repeats", "1", "--liveness-interval-s", "0.5", "--liveness-failures",
-                  "2", "--liveness-timeout-s", "5", "--probe-timeout-s", "20", "--artifacts", str(artifacts), "--out", str(tmp_path / "fault"),
+                  "2", "--liveness-timeout-s", "2", "--probe-timeout-s", "20", "--artifacts", str(artifacts), "--out", str(tmp_path / "fault"),
                   env=env)
     assert done.returncode == 0, done.stderr[-3000:]
     result = json.loads((tmp_path / "fault" / "mps-fault.json").read_text())

@@ -163,12 +163,13 @@ def test_ctrl_c_keeps_the_levels_every_model_finished(two_models, tmp_path):
     out = tmp_path / "r.json"
     proc = subprocess.Popen(
         [sys.executable, "-m", "scripts.cli", "bench", "run", "--endpoint", two_models.url, "--model-mix", MIX,
-         "--packing", "gpt2-xl:1,qwen2.5-0.5b:1", "--concurrency", "4,8,16", "--duration", "4", "--input-tokens", "8",
+         "--packing", "gpt2-xl:1,qwen2.5-0.5b:1", "--concurrency", "4,8,16", "--duration", "2", "--input-tokens", "8",
          "--output-tokens", "4", "--out", str(out)],
         cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
         text=True, preexec_fn=default_sigint)
     seen = []
-    for line in proc.stderr:  # bounded: the run ends by itself after three 4 s levels
+    for line in proc.stderr:  # bounded: the run ends by itself after three 2 s levels; the signal, sent as
+        # the first level's line is read, lands well inside the second level's 2 s
         seen.append(line)
         if line.startswith("  qwen2.5-0.5b: concurrency 1:"):  # the last line of the first level
             proc.send_signal(signal.SIGINT)

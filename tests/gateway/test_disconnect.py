@@ -40,7 +40,9 @@ def _run_abandoned(leave, stream: bool = False) -> None:
     cfg = fleet_config(voice_limits={"max_concurrency": 1, "requests_per_minute": 6000})
 
     async def body():
-        h = await start_harness(cfg)
+        # The gateway looks for a departed client every disconnect_poll_s (0.5 s by default): checked more often,
+        # the cut comes sooner and is the same cut.
+        h = await start_harness(cfg, disconnect_poll_s=0.05)
         h.upstream.hold = asyncio.Event()  # the generation takes until released
         try:
             c = await Client(h.port, VOICE_VPCE).connect()

@@ -136,7 +136,7 @@ def test_two_gateways_find_each_other_in_the_auto_scaling_group_and_a_full_one_f
     async def body() -> None:
         ec2 = Ec2StandIn([(CHECKOUT_VPCE, CHECKOUT), (REPORTS_VPCE, REPORTS)], fresh_aws)
         ec2_port = await ec2.start()
-        full, free = await engine(0.05), await engine(0.0)  # a 40-token stream holds the first engine about 2 s
+        full, free = await engine(0.05), await engine(0.0)  # a 10-token stream holds the first engine 0.5 s
         first = second = None
         try:
             first = await gateway(config, "127.0.0.1", port, int(full.first.result()), ids["127.0.0.1"], key,
@@ -154,14 +154,17 @@ def test_two_gateways_find_each_other_in_the_auto_scaling_group_and_a_full_one_f
             forwarded = None
             for _ in range(40):
                 hold = await Client(port, REPORTS_VPCE).connect()
-                await hold.send("POST", "/v1/completions", {"model": MODEL, "prompt": "hold", "max_tokens": 40,
+                await hold.send("POST", "/v1/completions", {"model": MODEL, "prompt": "hold", "max_tokens": 10,
                                                            "stream": True})
                 status, head = await asyncio.wait_for(hold.read_head(), 30)
                 assert status == 200
                 holding = asyncio.ensure_future(hold.read_body(head))
                 reply = await asyncio.wait_for(Client(port, CHECKOUT_VPCE).request(
                     "POST", "/v1/completions", {"model": MODEL, "prompt": "hi", "max_tokens": 3}), 60)
-                await asyncio.wait_for(holding, 60)
+                # The holder has done its part: the request either came back from the peer while it held the engine,
+                # or waited at home for its end (the peer's headroom not read yet, or the machine so slow that the
+                # request came after the holder's 0.5 s: the next try holds the engine again). Let it go.
+                holding.cancel()
                 await hold.close()
                 assert reply.status == 200
                 await asyncio.sleep(0.3)  # records are flushed every 0.2 s

@@ -32,6 +32,7 @@ import pytest
 import yaml
 
 from runtime.devtools.harness import free_port
+from runtime.gateway.fair import read_queue_state
 from runtime.gateway.peer import PEER_HEADER, sign
 from runtime.gateway.spill import HEADROOM_PATH
 from scripts.bench_balance import Child as Proc  # a process whose stdout lines are collected as they come
@@ -113,20 +114,35 @@ class Fleet:
             [(SPILL_VPCE, PROVIDER), (FAILOVER_VPCE, CHECKOUT)], key_file)
         self.path = DelayingProxy(self.remote_port)
         path_port = await self.path.start()
+        self.queue_state = tmp / "home-queue.json"
         self.home, self.home_port, self.home_ec2 = await gateway(
             config, "us-east-1", int(self.home_engine.first.result()),
             [(CHECKOUT_VPCE, CHECKOUT), (REPORTS_VPCE, REPORTS), (SPILL_VPCE, PROVIDER)], key_file,
-            "--spill-endpoint", f"us-west-2=127.0.0.1:{path_port}", "--breaker-cool-s", "10")
-        for _ in range(300):  # the home has read the remote's headroom once (its second read started after)
-            if self.path.gets >= 2:
+            "--spill-endpoint", f"us-west-2=127.0.0.1:{path_port}", "--breaker-cool-s", str(BREAKER_COOL_S),
+            "--queue-state", str(self.queue_state))
+        for _ in range(300):  # the home has read the remote's headroom once (a read measured the round trip)
+            if (await self.link())["rtt_ms"] is not None:
                 return self
-            await asyncio.sleep(0.1)
+            await asyncio.sleep(0.05)
         raise AssertionError("the home gateway never read the remote's headroom")
 
-    async def breaker(self) -> str:
-        """The home gateway's breaker state for us-west-2, from its headroom answer (to a gateway's connection)."""
+    async def link(self) -> dict[str, Any]:
+        """The home gateway's link to us-west-2 (breaker state, round trip), from its headroom answer (to a
+        gateway's connection)."""
         reply = await Client(self.home_port, SPILL_VPCE).request("GET", HEADROOM_PATH)
-        return str(reply.json()["links"]["us-west-2"]["breaker"])
+        return dict(reply.json()["links"]["us-west-2"])
+
+    async def breaker(self) -> str:
+        return str((await self.link())["breaker"])
+
+    async def until_queued_home(self, n: int) -> None:
+        """Until `n` requests wait in the home gateway's fair-admission queues (its --queue-state file, rewritten
+        every second): their spill decisions are made, they were kept home."""
+        for _ in range(300):
+            if read_queue_state(self.queue_state) == n:
+                return
+            await asyncio.sleep(0.1)
+        raise AssertionError(f"never {n} requests waiting at home (last: {read_queue_state(self.queue_state)})")
 
     async def until_breaker(self, state: str) -> None:
         for _ in range(600):
@@ -138,8 +154,9 @@ class Fleet:
     async def stop(self) -> None:
         for waiting in self.waiting:
             waiting.cancel()
-        for proc in (self.home, self.remote, self.home_engine, self.remote_engine):
-            await proc.stop()
+        # Together: each stop waits for its process to exit (the gateways write their last records as they do).
+        await asyncio.gather(self.home.stop(), self.remote.stop())
+        await asyncio.gather(self.home_engine.stop(), self.remote_engine.stop())
         self.path.close()
 
     async def occupy_home(self, tokens: int = 40) -> tuple[Client, asyncio.Task[Any]]:
@@ -175,6 +192,9 @@ class Fleet:
 # A spilled request's reply comes from the idle remote engine in well under a second; one that takes longer is
 # waiting at home.
 SPILLED_REPLY_S = 5.0
+# The home's breaker cool-down (the product's default is 5 s): the requests sent once it opened are decided within
+# a fraction of a second, many times less than this; it is also how long the test waits for the half-open probe.
+BREAKER_COOL_S = 4.0
 
 
 def run(coro: Any, timeout: float = 240.0) -> Any:
@@ -197,16 +217,18 @@ def test_a_saturated_home_spills_a_stream_intact_and_each_request_is_metered_onc
             assert not any(isinstance(e, dict) and e.get("usage") for e in spilled.events)
             assert all(e.get("model") == MODEL for e in spilled.events if isinstance(e, dict))
 
-            # Strict residency: `reports` (no spill_regions) waits at home however full it is.
-            strict = await asyncio.wait_for(Client(fleet.home_port, REPORTS_VPCE).request(
-                "POST", "/v1/completions", {"model": MODEL, "prompt": "stay", "max_tokens": 2}), 60)
-            assert strict.status == 200
+            # Strict residency: `reports` (no spill_regions) waits at home however full it is: it is decided while
+            # the holder fills the home engine, and served once that stream ends.
+            strict = asyncio.ensure_future(Client(fleet.home_port, REPORTS_VPCE).request(
+                "POST", "/v1/completions", {"model": MODEL, "prompt": "stay", "max_tokens": 2}))
+            await fleet.until_queued_home(len(fleet.waiting) + 1)
+            holder.writer.close()
+            held.cancel()
+            assert (await asyncio.wait_for(strict, 60)).status == 200
 
             # The headroom answer is for gateways: a consumer's connection gets the unknown route.
             probe = await Client(fleet.home_port, CHECKOUT_VPCE).request("GET", HEADROOM_PATH)
             assert probe.status == 404 and probe.json()["error"]["code"] == "unknown_url"
-            holder.writer.close()
-            held.cancel()
         finally:
             await fleet.stop()
         home, remote = fleet.home.records(), fleet.remote.records()
@@ -284,7 +306,7 @@ def test_the_breaker_opens_on_a_failing_path_keeps_traffic_home_then_a_probe_bri
                 if await fleet.breaker() == "open":
                     break
             assert await fleet.breaker() == "open"
-            # Open: the next requests stay home without touching the path (the cool-down is 10 s).
+            # Open: the next requests stay home without touching the path (for the cool-down, BREAKER_COOL_S).
             posts = fleet.path.posts
             later = [asyncio.ensure_future(Client(fleet.home_port, CHECKOUT_VPCE).request(
                 "POST", "/v1/completions", small)) for _ in range(2)]
