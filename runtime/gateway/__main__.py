@@ -205,10 +205,11 @@ async def serve(args: argparse.Namespace, shared: SharedState | None = None, wor
     metrics = MetricsSink(cfg.name, args.pool, write_lock=shared.emf_lock if shared is not None else None,
                           by_model=t.metered_per_model(len(cfg.models)))
     new_limiter = shared.limiter if shared is not None else (lambda key, limits: ConsumerLimiter(limits))
-    router = router_for(cfg, args.pool, args.upstream, setting(os.environ, Var.LOCAL_ROOT))
+    pool = region.pool(args.pool)
+    router = router_for(cfg, pool, args.upstream, setting(os.environ, Var.LOCAL_ROOT))
     # The engine processes decided their block reuse from this same start-time config (runtime/bootstrap.py).
     backend = setting(os.environ, Var.SERVING_BACKEND)
-    served = [s.model.id for s in cfg.served_by(region.pool(args.pool))]
+    served = [s.model.id for s in cfg.served_by(pool)]
     salting = Salting(getattr(args, "salt_key", None) or new_key(), backend,
                       pinned_groups({m: cfg.salt_groups_of(m) for m in served}, backend))
     gateway = Gateway(router=router, identity=Identity(consumers, endpoints, keys),
@@ -220,7 +221,7 @@ async def serve(args: argparse.Namespace, shared: SharedState | None = None, wor
                       proxy_protocol=args.proxy_protocol == "required",
                       drain_timeout_s=cfg.operations.drain_timeout_s, body_timeout_s=args.body_timeout_s,
                       upstream_idle_timeout_s=args.upstream_idle_s, models_state=args.models_state, salting=salting,
-                      admission_caps=admission_caps(cfg, args.pool) if args.fair_admission == "on" else None,
+                      admission_caps=admission_caps(cfg, pool) if args.fair_admission == "on" else None,
                       worker=worker)
     try:
         spill = spill_setup(cfg, args)

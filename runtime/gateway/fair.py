@@ -91,7 +91,7 @@ from typing import TYPE_CHECKING, Any
 from .identity import Refusal
 
 if TYPE_CHECKING:
-    from fleetcast.config import Consumer, FleetConfig
+    from fleetcast.config import Consumer, FleetConfig, Pool
 
     from .routing import Router
     from .shared import SharedState
@@ -130,9 +130,9 @@ RANK = {"interactive": 0, "batch": 1}
 RATE_SMOOTHING = 0.1
 
 
-def admission_caps(cfg: FleetConfig, pool_name: str) -> dict[str, int]:
-    """model id -> the requests one of its engine processes may hold at once on `pool_name`: the batch limit."""
-    pool = next(p for r in cfg.regions for p in r.pools if p.name == pool_name)
+def admission_caps(cfg: FleetConfig, pool: Pool) -> dict[str, int]:
+    """model id -> the requests one of its engine processes may hold at once on `pool` (this instance's, of its own
+    region: pool names repeat across regions, each pool with its own serves and engines): the batch limit."""
     return {s.model.id: s.engine.max_batch_size for s in cfg.served_by(pool)}
 
 

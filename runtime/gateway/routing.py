@@ -18,7 +18,7 @@ from .identity import Refusal
 from .upstream import UpstreamPool
 
 if TYPE_CHECKING:  # annotations only: the config package is imported where a config is loaded
-    from fleetcast.config import Consumer, FleetConfig
+    from fleetcast.config import Consumer, FleetConfig, Pool
 
 
 @dataclass(frozen=True)
@@ -122,8 +122,9 @@ class Router:
             pool.close()
 
 
-def router_for(cfg: FleetConfig, pool_name: str, upstream: tuple[str, int], local_root: str, max_idle: int = 256) -> Router:
-    """The routes of one instance of `pool_name`: each served model's processes, each adapter on its base.
+def router_for(cfg: FleetConfig, pool: Pool, upstream: tuple[str, int], local_root: str, max_idle: int = 256) -> Router:
+    """The routes of one instance of `pool` (of its own region: pool names repeat across regions, each with its own
+    serves): each served model's processes, each adapter on its base.
 
     `upstream` is the first process's address; the others follow from the pool's `serves`
     (fleetcast.contract.serving.process_slots).
@@ -131,7 +132,6 @@ def router_for(cfg: FleetConfig, pool_name: str, upstream: tuple[str, int], loca
     from fleetcast.contract.adapters import adapter_dir, lora_int_ids
     from fleetcast.contract.serving import process_slots
 
-    pool = next(p for r in cfg.regions for p in r.pools if p.name == pool_name)
     served = cfg.served_by(pool)
     processes: dict[str, list[tuple[str, int]]] = {}
     for slot in process_slots(served, base=upstream[1]):

@@ -13,7 +13,7 @@ from scripts.bench_gateway import POOL, REGION, fair_admission_cpu
 
 def test_the_fairness_bench_serves_two_accounts_from_one_engine_capped_at_its_batch():
     cfg = parse_config(fairness_config(8), "<test>")
-    assert admission_caps(cfg, POOL) == {cfg.models[0].id: 8}
+    assert admission_caps(cfg, cfg.region(REGION).pool(POOL)) == {cfg.models[0].id: 8}
     served = {c.name: c.account for c in cfg.consumers_of(REGION)}
     assert served == {QUIET[0]: QUIET[1], NEIGHBOUR[0]: NEIGHBOUR[1]}
     # Limits and queues far above the load: only the admission order decides who waits.
@@ -55,7 +55,8 @@ def test_bench_gateway_prints_fair_admissions_cpu_only_against_a_run_with_it_off
 def test_bench_gateways_config_sets_a_cap_its_levels_never_reach():
     from scripts.bench_gateway import bench_config_data
 
-    caps = admission_caps(parse_config(bench_config_data(), "<test>"), POOL)
+    cfg = parse_config(bench_config_data(), "<test>")
+    caps = admission_caps(cfg, cfg.region(REGION).pool(POOL))
     assert min(caps.values()) >= 2 * 128  # far above its busiest level: it times the hop, not a queue
 
 

@@ -505,8 +505,26 @@ def test_the_cap_is_each_engine_process_batch_limit():
 
     cfg = load_config(ROOT / "config" / "fleet.yaml")
     pool = cfg.regions[0].pools[0]
-    caps = fair.admission_caps(cfg, pool.name)
+    caps = fair.admission_caps(cfg, pool)
     assert caps == {s.model.id: s.engine.max_batch_size for s in cfg.served_by(pool)}
+
+
+def test_the_cap_is_the_batch_limit_of_this_regions_pool_where_another_region_has_a_pool_of_that_name():
+    """The default config has an `l40s` pool in each region; the second's engine here runs batches of 16. The gateway
+    of a us-east-1 instance caps at 16, not at the first region's 64 (the lookup by name alone took the first)."""
+    from ruamel.yaml import YAML
+
+    from fleetcast.config import parse_config
+
+    from .conftest import ROOT
+
+    data = YAML(typ="safe").load(ROOT / "config" / "fleet.yaml")
+    data["regions"][1]["pools"][0]["engine"]["max_batch_size"] = 16
+    cfg = parse_config(data, "<test>")
+    first, second = (r.pools[0] for r in cfg.regions)
+    assert first.name == second.name
+    assert set(fair.admission_caps(cfg, second).values()) == {16}
+    assert set(fair.admission_caps(cfg, first).values()) == {64}
 
 
 @pytest.mark.parametrize("setting, message", [

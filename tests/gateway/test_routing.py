@@ -38,6 +38,30 @@ def test_copies_take_turns_when_idle_and_a_busy_copy_is_passed_over():
     assert router.pick(target) is busy  # now the least loaded
 
 
+def test_an_instance_routes_to_what_its_own_regions_pool_serves_where_another_region_has_a_pool_of_that_name():
+    """Pool names repeat across regions, each pool with its own serves: a us-east-1 `l40s` serving one copy of one
+    model routes that model to one process, not to the four of ap-northeast-2's `l40s` (the lookup by name alone
+    took the first region's)."""
+    import copy
+    from pathlib import Path
+
+    from ruamel.yaml import YAML
+
+    from fleetcast.config import parse_config
+    from runtime.gateway.routing import router_for
+
+    data = YAML(typ="safe").load(Path(__file__).resolve().parents[2] / "examples" / "multi-model" / "fleet.yaml")
+    east = copy.deepcopy(data["regions"][0])
+    east.update(region="us-east-1", vpc={"cidr": "10.43.0.0/16"},
+                availability_zones=[{"name": "us-east-1a", "id": "use1-az1"}, {"name": "us-east-1b", "id": "use1-az2"}])
+    east["pools"] = [{**east["pools"][0], "serves": [{"model": "qwen2.5-0.5b", "copies": 1, "kv_cache_gb": 4}]}]
+    data["regions"].append(east)
+    cfg = parse_config(data, "<test>")
+    seoul, virginia = (r.pool("l40s") for r in cfg.regions)
+    assert router_for(cfg, virginia, ("127.0.0.1", 9001), "/d").ids == ("qwen2.5-0.5b",)
+    assert len(router_for(cfg, seoul, ("127.0.0.1", 9001), "/d").pools) == 4
+
+
 def test_an_adapter_resolves_to_its_base_models_processes_and_unknown_values_to_nothing():
     router = Router({"small": [("127.0.0.1", 1)], "large": [("127.0.0.1", 2)]}, [SQL])
     assert router.ids == ("small", "large", "small-sql")
