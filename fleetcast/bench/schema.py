@@ -67,6 +67,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
 from typing import Final, Literal
@@ -444,6 +445,21 @@ def mixed_shapes(named: list[tuple[str, Results]]) -> str | None:
 
 def dump_results(results: Results, path: str | Path) -> None:
     Path(path).write_text(results.to_json() + "\n")
+
+
+def results_reader() -> Callable[[str | Path], Results]:
+    """load_results, each file read and validated once per reader: a plan reads its results files where it needs
+    them (the model they name, their grouping into curves, each group's curve), three times each before, and
+    a results file is up to a few MB of JSON. Only within one plan: a file rewritten after is read again by the next."""
+    read: dict[Path, Results] = {}
+
+    def reader(path: str | Path) -> Results:
+        key = Path(path)
+        if key not in read:
+            read[key] = load_results(path)
+        return read[key]
+
+    return reader
 
 
 def load_results(path: str | Path) -> Results:

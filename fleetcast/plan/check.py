@@ -181,8 +181,11 @@ def levels_at_arrival(pool: PlannedPool) -> dict[str, float]:
                 beyond = True
                 continue
             for _ in range(served.copies):
-                pmf = [sum(pmf[i] * one[k - i] for i in range(len(pmf)) if 0 <= k - i < len(one))
-                       for k in range(len(pmf) + len(one) - 1)]
+                # The convolution: for each k, the i whose pmf[i] * one[k - i] exist (the same terms, in the same
+                # order, as summing over every i and skipping the others, which was twice the work).
+                n, m = len(pmf), len(one)
+                pmf = [sum(pmf[i] * one[k - i] for i in range(max(0, k - m + 1), min(k, n - 1) + 1))
+                       for k in range(n + m - 1)]
         if beyond:
             add(tops + 1, total)
         elif total > 0:

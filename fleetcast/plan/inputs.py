@@ -8,11 +8,11 @@ same shape can override; loaders raise UserError naming the flag and field.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import date
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from ruamel.yaml.error import YAMLError
@@ -24,6 +24,9 @@ from fleetcast.contract.network import PROVIDER_INTERFACE_ENDPOINTS
 
 from .curves import REPEAT_MIN_SAMPLE_SHARE, Candidate, Curve, LoadPoint, spread_text, worst_of
 from .traffic import validation_summary
+
+if TYPE_CHECKING:
+    from fleetcast.bench.schema import Results
 
 DATA_DIR = catalog.DATA_DIR
 
@@ -40,14 +43,16 @@ def _read_yaml(path: Path, flag: str) -> Any:
 # ---------------------------------------------------------------- benchmark results
 
 
-def load_candidates(paths: Sequence[str | Path], lab: dict[str, str] | None = None) -> list[Candidate]:
+def load_candidates(paths: Sequence[str | Path], lab: dict[str, str] | None = None,
+                    read: Callable[[str | Path], Results] | None = None) -> list[Candidate]:
     """One Candidate per (instance type, precision) found in the results files.
 
     Files for the same pair are merged by load level; a level measured more than
     once is sized from its worst repeat, its spread kept (curves.worst_of). Reference-backend results are refused outright:
     they come from a development stand-in, not from an AWS GPU. `lab` ({GPU: type},
     `fleetcast plan --lab`) is the exception the caller asks for: reference-backend
-    results measured on that GPU without an instance type are read as that lab type.
+    results measured on that GPU without an instance type are read as that lab type. `read` reads a file (a
+    caller that has read them already passes its reader: results_reader).
     """
     from fleetcast.bench.schema import load_results
 
@@ -56,7 +61,7 @@ def load_candidates(paths: Sequence[str | Path], lab: dict[str, str] | None = No
     instances = catalog.instance_catalog()
     grouped: dict[tuple[str, str], dict[str, Any]] = {}
     for path in paths:
-        results = load_results(path)
+        results = (read or load_results)(path)
         labels = results.labels
         lab_type = (lab or {}).get(labels.gpu or "") if not labels.instance_type else None
         if lab_type is not None:

@@ -95,6 +95,7 @@ from .solver import (
 from .traffic import ConsumerTraffic, TrafficProfile
 
 if TYPE_CHECKING:
+    from fleetcast.bench.schema import Results
     from fleetcast.config.model import EngineSpec, FleetConfig
 
     from .spot import SpotAdvice
@@ -207,19 +208,22 @@ def _peers_busy(results: Any) -> bool:
     return bool(runs) and all(p for p in peers) and all(v and v > 0 for p in peers for v in p.values())
 
 
-def load_model_curves(paths: Sequence[str | Path], models: tuple[str, ...], lab: dict[str, str] | None = None) -> list[ModelCurve]:
+def load_model_curves(paths: Sequence[str | Path], models: tuple[str, ...], lab: dict[str, str] | None = None,
+                      read: Callable[[str | Path], Results] | None = None) -> list[ModelCurve]:
     """One ModelCurve per (instance type, precision, model, packing, peers busy) in the results files.
 
     Each group goes through the one-model loader (inputs.load_candidates: the same refusals, merging and
-    length checks), so a file that a one-model plan refuses is refused here in the same words.
+    length checks), so a file that a one-model plan refuses is refused here in the same words. `read`: the plan's
+    results_reader, if it has read the files already; each file is read once either way.
     """
-    from fleetcast.bench.schema import load_results
+    from fleetcast.bench.schema import results_reader
 
     from .inputs import load_candidates
 
+    read = read or results_reader()
     groups: dict[tuple[Any, ...], list[str | Path]] = {}
     for path in paths:
-        results = load_results(path)
+        results = read(path)
         model = results.labels.model
         if model not in models:
             raise UserError(f"--results: {path}: labels.model {model!r} is not a model of the config; allowed: "
@@ -233,7 +237,7 @@ def load_model_curves(paths: Sequence[str | Path], models: tuple[str, ...], lab:
     out = []
     for (_, _, model, packing, busy, kv, precisions, sharing), group in sorted(groups.items(),
                                                                               key=lambda kv: str(kv[0])):
-        (candidate,) = load_candidates(group, lab)
+        (candidate,) = load_candidates(group, lab, read)
         out.append(ModelCurve(model, candidate, packing, busy, dict(kv) if kv else None, precisions, sharing))
     return out
 

@@ -34,6 +34,7 @@ from .solver import PlanContext, PlannedPool, Slo
 from .traffic import ConsumerTraffic, TrafficProfile, load_traffic
 
 if TYPE_CHECKING:
+    from fleetcast.bench.schema import Results
     from fleetcast.config.model import FleetConfig
 
     from .packing import ModelCurve
@@ -170,15 +171,18 @@ def build_packing(opts: PlanOptions, max_copies: int | None = None
     """The plan of a fleet of several models: which models share an instance, with how many copies
     (fleetcast/plan/packing.py). Returns (PackingPlan, PlanContext, FleetConfig); without a config (one model, its
     SLO from --ttft-p99-ms/--itl-p99-ms) the config is None and the model the one the results measured."""
+    from fleetcast.bench.schema import results_reader
+
     from . import packing
 
     cfg = _config(opts)
     paths = _expand(opts.results)
-    models = tuple(m.id for m in cfg.models) if cfg is not None else _measured_model(paths)
+    read = results_reader()
+    models = tuple(m.id for m in cfg.models) if cfg is not None else _measured_model(paths, read)
     traffic = _traffic(opts).checked_against(models)
     if cfg is not None:
         packing.unentitled_traffic(cfg, traffic)
-    curves = packing.load_model_curves(paths, models, lab=opts.lab)
+    curves = packing.load_model_curves(paths, models, lab=opts.lab, read=read)
     warnings = consumerless_regions(cfg, traffic) if cfg is not None else []
     for mc in curves:
         warnings += [f"{mc.model} on {mc.candidate.label}, {mc.kind} curve: {n}" for n in mc.candidate.curve.notes]
@@ -207,11 +211,9 @@ def build_packing(opts: PlanOptions, max_copies: int | None = None
     return result, ctx, cfg
 
 
-def _measured_model(paths: list[str | Path]) -> tuple[str]:
+def _measured_model(paths: list[str | Path], read: Callable[[str | Path], Results]) -> tuple[str]:
     """The model a plan without a config is for: the one its results name (labels.model)."""
-    from fleetcast.bench.schema import load_results
-
-    named = sorted({m for m in (load_results(p).labels.model for p in paths) if m})
+    named = sorted({m for m in (read(p).labels.model for p in paths) if m})
     if len(named) != 1:
         raise UserError(f"--results: a plan without a fleet config is for the one model its results measured; they "
                         f"name {', '.join(named) if named else 'none'} (labels.model): give --config for several")

@@ -27,6 +27,7 @@ P99 TTFT, then fewer instance-hours.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -357,16 +358,19 @@ def size_from_histogram(curve: Curve, traffic: ConsumerTraffic, slo: Slo, rtt_ms
         return p.e2e_mean + out_adjust * itl
 
     weights = traffic.level_weights()
+    # Each candidate target reads the curve at every traffic level below it, twice (cost and TTFT), and the chosen
+    # one four times more: the points interpolated once each (a LoadPoint is frozen, the same values either way).
+    at = functools.cache(curve.at)
     lowest = curve.points[0].concurrency
     if min(weights) < lowest:
         day.notes.append(f"traffic levels below {lowest:g} use the latencies measured at {lowest:g} (conservative)")
 
     def seconds_per_request(k: float) -> float:
-        return sum(w * (e2e(curve.at(min(level, k))) / 1000.0) / min(level, k) for level, w in weights.items())
+        return sum(w * (e2e(at(min(level, k))) / 1000.0) / min(level, k) for level, w in weights.items())
     day.seconds_at = seconds_per_request
 
     def weighted(k: float, fn: Callable[[LoadPoint], float]) -> float:
-        return sum(w * fn(curve.at(min(level, k))) for level, w in weights.items())
+        return sum(w * fn(at(min(level, k))) for level, w in weights.items())
 
     # 3. the target k <= c* that makes each request cheapest (ties: lower weighted TTFT).
     options = [p.concurrency for p in curve.points if p.concurrency <= cap]
@@ -400,12 +404,12 @@ def size_from_histogram(curve: Curve, traffic: ConsumerTraffic, slo: Slo, rtt_ms
     day.weighted_ttft_p99 = weighted(k, ttft)
     day.weighted_itl_p99 = weighted(k, lambda p: p.itl_p99)
     day.weighted_e2e = weighted(k, lambda p: e2e(p) + max(network(p), 0.0))
-    served = [(w, curve.at(min(level, k))) for level, w in weights.items()]
+    served = [(w, at(min(level, k))) for level, w in weights.items()]
     cis = [(w, p.ttft_p99_ci, network(p)) for w, p in served if p.ttft_p99_ci]
     if len(cis) == len(served):
         day.weighted_ttft_ci = (sum(w * (ci[0] + net) for w, ci, net in cis),
                                 sum(w * (ci[1] + net) for w, ci, net in cis))
-    at_k = curve.at(k)
+    at_k = at(k)
     # The SLO inside the P99 CI at the target: say what the plan costs if a longer run fails there.
     ci_t, ci_i = at_k.ttft_p99_ci, at_k.itl_p99_ci
     marginal = (ci_t and ci_t[0] + network(at_k) <= slo.ttft_p99_ms <= ci_t[1] + network(at_k)) or \

@@ -3,8 +3,6 @@ single-model form that keeps validating and deploying the same fleet."""
 
 import copy
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -83,9 +81,8 @@ def test_moving_to_the_list_form_rolls_nothing_and_changes_no_template_input(doc
     assert diff_configs(single, listed).changes == []
 
 
-def test_config_show_prints_the_list_form_of_a_single_model_file():
-    out = subprocess.run([sys.executable, "-m", "scripts.cli", "config", "show", str(DEFAULT)], cwd=REPO,
-                         capture_output=True, text=True, check=True).stdout
+def test_config_show_prints_the_list_form_of_a_single_model_file(capsys):
+    out, _ = _show(DEFAULT, capsys)
     data = YAML(typ="safe").load(out)
     assert "model" not in data and "calibration" not in data
     assert [m["id"] for m in data["models"]] == ["gpt2-xl"]

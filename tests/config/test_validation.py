@@ -246,10 +246,13 @@ def test_cli_validate_exit_codes(tmp_path):
     assert "Traceback" not in bad.stderr
 
 
-def test_schema_export_is_json_schema():
+def test_schema_export_is_json_schema(capsys):
     import json
-    out = subprocess.run([sys.executable, "-m", "scripts.cli", "config", "schema"], capture_output=True, text=True)
-    schema = json.loads(out.stdout)
+
+    from scripts.cli import main
+
+    assert main(["config", "schema"]) == 0
+    schema = json.loads(capsys.readouterr().out)
     assert schema["title"] == "FleetConfig" and "regions" in schema["properties"]
     import jsonschema
     from ruamel.yaml import YAML

@@ -144,6 +144,31 @@ def test_the_simulators_results_are_pinned_to_the_bit():
         "911a953e495ae772d0359077b5e84f066fcf4df47b11effa7a76694c77d7d60e"
 
 
+def test_the_search_gives_up_on_a_window_only_once_it_fails_on_its_queued_share():
+    # check_sizing's search for the fewest instances reads only whether each window meets the limits: it stops a
+    # simulation once more of the window's requests have waited for a batch slot than the limit allows (the whole
+    # run would fail on it too), and one it does not stop, served a minute at a time, is the one-piece run to the bit.
+    import random
+
+    from fleetcast.plan.inputs import load_candidates
+    from fleetcast.plan.queueing import MAX_OUT_OF_RANGE
+    from fleetcast.plan.simulate import _serve_window, length_sampler
+
+    model = model_for(load_candidates([str(SEED / "results" / "g5.xlarge-fp16.json")])[0].curve)
+    shares = []
+    for rate in (17.9, 20.0):  # one instance: 0.8% of the requests wait, then 14%
+        rng = random.Random(5)
+        window = (poisson_arrivals([rate] * 4, 0, 0.0, length_sampler(128, rng), rng), 240.0)
+        whole, searched = _serve_window(model, window, 1, 5), _serve_window(model, window, 1, 5, give_up=True)
+        shares.append(whole.queued_share)
+        if whole.queued_share <= MAX_OUT_OF_RANGE:
+            assert searched == whole
+        else:
+            assert MAX_OUT_OF_RANGE < searched.queued_share <= whole.queued_share
+            assert searched.requests < whole.requests / 2  # given up early, not at the end
+    assert 0 < shares[0] <= MAX_OUT_OF_RANGE < shares[1]
+
+
 def test_simulate_cli_prints_the_comparison_and_exits_0_when_they_agree(capsys):
     code = main(["plan", "simulate", "--results", RESULTS, "--traffic", str(SEED / "traffic-seoul-arrivals.yaml"),
                  "--config", str(ROOT / "config" / "fleet.yaml"), "--max-hours", "1"])

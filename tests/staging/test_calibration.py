@@ -25,8 +25,9 @@ from fleetcast.contract.calibration import MIN_ROWS, loader_dir
 from fleetcast.contract.errors import UserError
 from fleetcast.staging.calibration import read_rows, write_layout
 
-# `datasets` (a dev extra: a missing install must fail, not skip) is imported where it is used, so only the
-# worker that runs this module pays its half-second import.
+# `datasets` (a dev extra: a missing install must fail, not skip) is imported where it is used, by the two tests
+# that read through it, and they run on one xdist worker: its import (pandas, pyarrow) is 2 s of CPU in each
+# process that makes it, and the module's other tests, spread over the workers, made it in two or three.
 
 # tensorrt_llm/models/convert_utils.py, DEFAULT_HF_DATASET_META: path substring -> (config name, split, column).
 DEFAULT_HF_DATASET_META = {
@@ -36,7 +37,7 @@ DEFAULT_HF_DATASET_META = {
 }
 
 
-@pytest.fixture(autouse=True)
+@pytest.fixture
 def offline(monkeypatch, tmp_path):
     import datasets
 
@@ -74,6 +75,8 @@ def source(tmp_path: Path, n: int = MIN_ROWS, name: str = "prompts.jsonl") -> Pa
     return src
 
 
+@pytest.mark.usefixtures("offline")
+@pytest.mark.xdist_group("datasets")
 def test_both_loaders_read_the_staged_layout(tmp_path):
     rows, _ = read_rows(source(tmp_path, 600))
     work = tmp_path / "work" / "calibration"  # where the instance downloads the staged prefix
@@ -83,6 +86,8 @@ def test_both_loaders_read_the_staged_layout(tmp_path):
     assert quantize_reads(path, 512) == rows[:512]
 
 
+@pytest.mark.usefixtures("offline")
+@pytest.mark.xdist_group("datasets")
 def test_a_staged_directory_in_the_old_layout_fails_in_convert_checkpoint(tmp_path):
     """The defect: a plain directory (no known name in its path) has no split/column -> KeyError."""
     plain = tmp_path / "calibration"
