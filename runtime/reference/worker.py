@@ -367,7 +367,10 @@ class EngineHost:
                     engine.stop()
                     self.send((p.STOPPED,))
                     return 0
-            data = self.channel.recv(1 << 16)
+            try:
+                data = self.channel.recv(1 << 16)
+            except ConnectionResetError:  # it closed its end with events of ours unread: gone all the same
+                data = b""
             if not data:
                 log.error("the HTTP process is gone; the engine process ends")
                 return 1

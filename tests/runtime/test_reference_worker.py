@@ -112,6 +112,31 @@ def test_cancellations_stats_and_stop_flow_back_to_the_engine_process():
     assert replies == [(p.REPLY, 41, [{"iter": 1, "iterLatencyMS": 1.5}]), (p.STOPPED,)]
 
 
+def test_an_http_process_gone_with_events_unread_ends_the_engine_process_as_one_gone_cleanly(caplog):
+    """Linux resets the peer of a unix stream socket closed with data still in its receive queue (net/unix/af_unix.c,
+    unix_release_sock: `skpair->sk_err = ECONNRESET` where the queue is not empty), so the engine's read raises
+    ConnectionResetError instead of returning the end of file, and the process ended with a traceback; a
+    full-suite run's server log had one after a test stopped its server mid-stream."""
+    engine_end, http_end = socket.socketpair()
+    host = host_on(engine_end)
+    host.engine = FakeEngine()  # type: ignore[assignment]
+    host._deliver([(FakeSeq(1), 100, None)])  # an event the HTTP process never reads
+    http_end.close()
+    with pytest.raises(ConnectionResetError):  # the kernel's behaviour, on a pair of our own
+        _closed_with_unread_data().recv(1)
+    with caplog.at_level("ERROR"):
+        assert host.serve(p.Frames()) == 1
+    assert "the HTTP process is gone" in caplog.text
+
+
+def _closed_with_unread_data() -> socket.socket:
+    """One end of a pair whose other end was closed with what this end sent unread."""
+    mine, theirs = socket.socketpair()
+    mine.sendall(b"x")
+    theirs.close()
+    return mine
+
+
 def test_messages_that_came_with_start_are_served_once_the_engine_has_loaded():
     """A /metrics read while the engine loads may reach the engine process in the same read as START."""
     engine_end, http_end = socket.socketpair()
