@@ -98,6 +98,29 @@ def test_the_fork_runs_the_module_with_the_launchers_argv_environment_directory_
     assert int(pid) != proc.pid  # a fork, not the launcher
 
 
+def test_the_forks_own_thread_blocks_every_signal_so_each_reaches_the_program_as_without_it(probe):
+    """A signal sent to a process goes to any thread that does not block it (signal(7)), and CPython runs its handler
+    on the main thread, which a signal taken by another thread does not wake (docs.python.org/3/library/signal.html,
+    "Signals and threads"): the fork's launcher-watching thread, which the process it stands for does not have,
+    took a SIGUSR2 once in a full-suite run, and the probe asleep in time.sleep(60) slept on. proc(5): SigBlk, the
+    thread's blocked-signal mask in hexadecimal."""
+    proc = probe("wait")
+    try:
+        pid = int(proc.stdout.readline().split()[0])
+        masks = {}
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            lines = Path(f"/proc/{pid}/task/{tid}/status").read_text().splitlines()
+            status = dict(line.split(":\t", 1) for line in lines if ":\t" in line)
+            masks[int(tid)] = int(status["SigBlk"], 16)
+        every = sum(1 << (int(sig) - 1) for sig in signal.valid_signals() if int(sig) not in (signal.SIGKILL, signal.SIGSTOP))
+        others = [mask for tid, mask in masks.items() if tid != pid]
+        assert others and all(mask & every == every for mask in others), {t: hex(m) for t, m in masks.items()}
+        assert masks[pid] == 0  # the program's main thread takes them, as the process it stands for
+    finally:
+        proc.kill()
+        proc.wait(60)
+
+
 def test_signals_reach_the_fork_and_the_launcher_ends_as_it_did(probe):
     handled = probe("usr2")
     handled.stdout.readline()

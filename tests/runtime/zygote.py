@@ -100,7 +100,13 @@ def _receive(conn: socket.socket) -> tuple[dict, list[int]]:
 
 
 def _watch_launcher(conn: socket.socket) -> None:
-    """In the fork: the launcher sends nothing after its request, so the read ends only when it is gone."""
+    """In the fork: the launcher sends nothing after its request, so the read ends only when it is gone.
+
+    It blocks every signal first: the kernel hands a signal sent to the process to any thread that does not block it
+    (signal(7), "Signal mask and pending signals"), and CPython runs the handler on the main thread only, which a
+    signal taken by this thread does not wake (docs.python.org/3/library/signal.html, "Signals and threads"): a
+    program asleep in time.sleep(60) slept on, which the process it stands for, without this thread, does not."""
+    signal.pthread_sigmask(signal.SIG_BLOCK, signal.valid_signals())
     try:
         conn.recv(1)
     finally:
@@ -138,7 +144,13 @@ def _become(conn: socket.socket, request: dict, fds: list[int]) -> int:
     if request.get("session"):
         conn.close()  # its starter learns of the exit from this server, as a parent from waitpid
     else:  # a launcher, or a starter reading its output: gone, its process has no one to answer
-        threading.Thread(target=_watch_launcher, args=(conn,), daemon=True, name="zygote-launcher").start()
+        # Started with every signal blocked, which it inherits (pthread_sigmask(3)), so none reaches it before its
+        # own call; the main thread's mask is back as it was before the program runs.
+        mask = signal.pthread_sigmask(signal.SIG_BLOCK, signal.valid_signals())
+        try:
+            threading.Thread(target=_watch_launcher, args=(conn,), daemon=True, name="zygote-launcher").start()
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, mask)
     _run(request["argv"])
     return 0
 
