@@ -167,8 +167,12 @@ def test_drain_lets_inflight_streams_finish(fleet, trigger):
         # poll, so the 503 in between is not always there to see)
         assert wait_until(lambda: f"server exited with {-signal.SIGKILL}; restarting in" in log_of(root, iid), 10)
         assert wait_until(lambda: server_pid(root, iid) != first, 30)
-        assert wait_until(lambda: raw_health("127.0.0.1", port, True) == 200, 60)
-        assert stream_completion(port, "again", 4).usage["completion_tokens"] == 4
+        # Serving again through the gateway: until the new server has loaded, a request is refused. The health
+        # answer follows the readiness file, polled every 0.5 s and read by the gateway every second, so it may
+        # still be the 200 of before the crash, or a 503 of it once the new server already serves.
+        again = wait_until(lambda: (reply := stream_completion(port, "again", 4)).status == 200 and reply, 60)
+        assert again and again.usage["completion_tokens"] == 4
+        assert wait_until(lambda: raw_health("127.0.0.1", port, True) == 200, 10)
 
     # Requests in flight at scale-in. The server is frozen first, so the streams provably cannot
     # finish before the drain starts (no timing luck involved); they are in flight once the
