@@ -48,11 +48,11 @@ synth: $(VENV)/.synth-deps node_modules/.package-lock.json
 	rm -rf $(OUT).old
 	$(VENV)/bin/fleetcast synth summary --config $(CONFIG) --out $(OUT)
 
-# pytest-xdist workers: one more than the cores, because the runtime tests spend much of their time waiting on
-# their own processes (2 cores, quiet, on the suite of stop 30: TEST_WORKERS=2 124 s, 3 101-111 s, 4 112 s); TEST_WORKERS=0 runs
-# them in one process. loadgroup keeps every module that builds CDK apps on one worker (tests/conftest.py), which
+# pytest-xdist workers: two more than the cores, because the runtime and gateway tests spend much of their time
+# waiting on their own processes (2 cores, quiet, 2,670 tests: TEST_WORKERS=3 2:58-3:09, 4 2:47-2:50, 5 2:55);
+# TEST_WORKERS=0 runs them in one process. loadgroup keeps every module that builds CDK apps on one worker (tests/conftest.py), which
 # then loads aws-cdk-lib once, and each module with a module-scoped fixture on one worker.
-TEST_WORKERS ?= $(shell echo $$(( $$(nproc) + 1 )))
+TEST_WORKERS ?= $(shell echo $$(( $$(nproc) + 2 )))
 # The suite starts hundreds of Python processes (CLIs, servers, engines, bootstraps), each importing the project:
 # with PYTHONDONTWRITEBYTECODE set (as on some CI images) every one of them compiled the project's sources again
 # (0.3 s of CPU a start, and 13 s per xdist worker to collect). Bytecode goes to a cache inside the venv, never
