@@ -54,7 +54,9 @@ class Request:
     method: str
     target: str
     version: str
-    headers: list[tuple[str, str]]
+    # A tuple, not a list: once a collection has found its name and value pairs hold only strings it stops tracking
+    # it, and a waiting request keeps one object less for every young collection to walk (runtime/heap.py).
+    headers: tuple[tuple[str, str], ...]
     lower: dict[str, str] = field(default_factory=dict)
 
     @property
@@ -95,7 +97,7 @@ def parse_head(head: bytes) -> Request:
         headers.append((name, value))
         key = name.lower()
         lower[key] = f"{lower[key]}, {value}" if key in lower else value
-    return Request(parts[0], parts[1], parts[2], headers, lower)
+    return Request(parts[0], parts[1], parts[2], tuple(headers), lower)
 
 
 _DIGITS = re.compile(r"[0-9]+")  # ASCII only: str.isdigit() also accepts '²' and other digits int() refuses
