@@ -143,7 +143,8 @@ class Gateway:
         self.watchdog = StreamWatchdog(upstream_idle_timeout_s)
         self.proxy = Proxy(self.drain_state, self.watchdog, disconnect_poll_s)
         self._server: asyncio.Server | None = None
-        self._connections: set[asyncio.StreamWriter] = set()
+        # Each open connection's writer and task (the one strong reference to the task: asyncio keeps weak ones).
+        self._connections: dict[asyncio.StreamWriter, asyncio.Task[None]] = {}
         self.spill: SpillSetup | None = None
         self.verifier: Verifier | None = None
         self.gauge = LoadGauge()
@@ -221,7 +222,7 @@ class Gateway:
     # ------------------------------------------------------------ lifecycle
 
     async def start(self, host: str, port: int, reuse_port: bool = False) -> asyncio.Server:
-        self._server = await asyncio.start_server(self._connection, host, port, limit=CLIENT_READ_LIMIT, backlog=1024,
+        self._server = await asyncio.start_server(self._accepted, host, port, limit=CLIENT_READ_LIMIT, backlog=1024,
                                                   reuse_port=reuse_port or None)
         for pool in self.router.pools:
             pool.keep_warm(self.upstream_warm)
@@ -295,8 +296,16 @@ class Gateway:
 
     # ------------------------------------------------------------ connections
 
+    def _accepted(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        """A new connection: its task is started here, not by asyncio. Given a coroutine, asyncio's
+        StreamReaderProtocol.connection_made starts the task itself and adds a done callback, a closure over the
+        protocol and transport that only logs an exception the coroutine let out and closes the transport
+        (github.com/python/cpython Lib/asyncio/streams.py). `_connection` lets none out and closes its writer; the
+        closure (a function, its tuple of two cells, and the context of the callback) would be five objects more
+        that each open connection, and so each waiting request, keeps alive."""
+        self._connections[writer] = asyncio.get_running_loop().create_task(self._connection(reader, writer))
+
     async def _connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        self._connections.add(writer)
         accepted = time.monotonic() if TRACE else 0.0
         try:
             vpce_id, source = None, writer.get_extra_info("peername")
@@ -342,7 +351,7 @@ class Gateway:
         except Exception as exc:  # noqa: BLE001 - one broken connection must never stop the gateway
             log("connection_error", error=f"{type(exc).__name__}: {exc}")
         finally:
-            self._connections.discard(writer)
+            self._connections.pop(writer, None)
             writer.close()  # flushes what is buffered, then closes
 
     def _refuse_connection(self, writer: asyncio.StreamWriter, reason: str) -> None:
