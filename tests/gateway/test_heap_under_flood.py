@@ -151,7 +151,7 @@ def test_a_waiting_request_keeps_no_closure_of_the_gateway_and_few_objects_alive
     print(f"per waiting request: {sum(kept.values()) / n:.1f} tracked objects, {kept['cell'] / n:.1f} closure cells; "
           f"most: {kept.most_common(8)}")
     assert kept["cell"] <= n // 20  # 11 a request with the gateway's closures, 2 with asyncio's done callback
-    # 58 a request at first (the test's own socket among them), 45, then 29.8-30.0 now: 22 of them asyncio's (the
+    # 58 a request at first (the test's own socket among them), 45, then 29.8-30.1 now: 22 of them asyncio's (the
     # connection's socket, transport, protocol, reader, writer, task and their futures, handles and contexts), 7 the
     # gateway's (the connection's and the request's coroutines, the Request, the Exchange, the waiter, its future and
     # the await on it). The rest: the loop's turn the count runs in, whose list of ready sockets holds a (key,
