@@ -46,7 +46,8 @@ def model_limits_of(consumer: Consumer) -> Mapping[str, ConsumerLimits]:
 
 @dataclass(frozen=True)
 class Ticket:
-    """An admitted request's slots; `release()` it exactly once when the request ends."""
+    """An admitted request's slots; `release()` it exactly once when the request ends. Shared by the requests
+    of the same limiters (`Admission.admit`)."""
 
     limiters: tuple[ConsumerLimiter, ...]
 
@@ -76,6 +77,9 @@ class Admission:
         self.metrics = metrics
         self.entitled: dict[str, tuple[str, ...]] = {c: tuple(ids) for c, ids in (entitled or {}).items()}
         self.model_limiters = model_limiters or {}
+        # One ticket per limiter (or consumer and model pair), shared by their requests: a ticket holds no state of
+        # its request, and one each would be two more objects a waiting request keeps alive (runtime/heap.py).
+        self._tickets: dict[ConsumerLimiter | tuple[ConsumerLimiter, ConsumerLimiter], Ticket] = {}
 
     def set_consumers(self, consumers: Iterable[Consumer], entitled: Mapping[str, Iterable[str]]) -> None:
         """Swap in a refreshed consumer list; a kept consumer keeps its limiters (in-flight count, tokens)."""
@@ -89,6 +93,7 @@ class Admission:
         self.entitled = {c.name: tuple(entitled.get(c.name, ())) for c in consumers}
         self.model_limiters = model_limiters
         self.limiters = limiters
+        self._tickets = {}  # a dropped consumer's limiters go with their tickets
 
     def _kept(self, limiter: ConsumerLimiter | None, limits: ConsumerLimits, key: str) -> ConsumerLimiter:
         if limiter is None:
@@ -107,12 +112,19 @@ class Admission:
             return self._throttled(consumer, model, path, arrived_ms, limiter, throttle, "consumer")
         per_model = self.model_limiters.get((consumer, model)) if model is not None else None
         if per_model is None:
-            return Ticket((limiter,))
+            ticket = self._tickets.get(limiter)
+            if ticket is None:
+                ticket = self._tickets[limiter] = Ticket((limiter,))
+            return ticket
         throttle = per_model.admit()
         if throttle is not None:
             limiter.cancel()
             return self._throttled(consumer, model, path, arrived_ms, per_model, throttle, "model")
-        return Ticket((limiter, per_model))
+        pair = (limiter, per_model)
+        ticket = self._tickets.get(pair)
+        if ticket is None:
+            ticket = self._tickets[pair] = Ticket(pair)
+        return ticket
 
     def _throttled(self, consumer: str, model: str | None, path: str, arrived_ms: int, limiter: ConsumerLimiter,
                    throttle: Throttle, scope: str) -> Refusal:

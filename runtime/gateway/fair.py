@@ -67,9 +67,9 @@ every poll period notices clients that left, waits that ran out, and (a safety n
 For a caller deciding where a request should go (cross-region spill), `predicted_wait_s(consumer, model)` says,
 without queueing anything, how long a request arriving now would wait here: 0 with room for it, else the
 requests fair order puts before it over the engine's service rate measured while requests waited
-(`service_rate`). The rest of the public API is `acquire`, `release`, `flush`, `waiting`, `queued` (every
-worker's waiting requests), `set_consumers`, `start`/`stop`, and the module's `admission_caps`, `reserved`,
-`held_beside`, `fair_admission` and the queue-state file the runtime's QueuedRequests gauge reads
+(`service_rate`). The rest of the public API is `acquire` (or `ask`, the wait left to the caller, and `abandon`),
+`release`, `flush`, `waiting`, `queued` (every worker's waiting requests), `set_consumers`, `start`/`stop`, and the
+module's `admission_caps`, `reserved`, `held_beside`, `fair_admission` and the queue-state file the runtime's QueuedRequests gauge reads
 (`write_queue_state`, `read_queue_state`, `publish_queue_state`).
 
 TensorRT-LLM 1.2.x's OpenAI server takes no per-request priority (tests/gateway/test_fair.py names the
@@ -86,7 +86,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from .identity import Refusal
 
@@ -126,6 +126,7 @@ FLOOD_KEEPS = 1
 # account's slot-seconds reach its share, and it is back to its part.
 BURST_HEADROOM = 0.25
 RANK = {"interactive": 0, "batch": 1}
+T = TypeVar("T")
 # The weight of the newest interval in the service rate's moving average: about the last 20 releases count.
 RATE_SMOOTHING = 0.1
 
@@ -162,14 +163,26 @@ def share_of(consumer: Consumer) -> Share:
     return Share(a.weight, RANK[a.priority.value], a.max_queued, a.max_queue_wait_s)
 
 
-class _Waiter:
-    __slots__ = ("consumer", "rank", "tag", "future", "deadline", "gone", "held_i", "note")
+class Waiter:
+    """A request waiting in its account's queue (`FairAdmission.ask`): `future` gets the engine process or the
+    refusal. `gone(client)` says whether its client left: a function shared by every waiter and the one object it
+    reads, rather than a closure or partial of its own, which a flood's thousands of waiting requests would each
+    keep alive for the collector to walk at every young collection (runtime/heap.py)."""
+
+    __slots__ = ("consumer", "rank", "tag", "future", "deadline", "gone", "client", "held_i", "note")
 
     def __init__(self, consumer: str, rank: int, tag: float, future: asyncio.Future[UpstreamPool | Refusal],
-                 deadline: float, gone: Callable[[], bool], held_i: int = 0, note: dict[str, Any] | None = None):
+                 deadline: float, gone: Callable[[Any], bool], client: Any, held_i: int = 0,
+                 note: dict[str, Any] | None = None):
         self.consumer, self.rank, self.tag, self.future, self.deadline = consumer, rank, tag, future, deadline
-        self.gone, self.held_i = gone, held_i  # held_i: its account's held-count cell (names it to other workers)
-        self.note = note  # the TTFT trace's record of its admission (`acquire`), or None
+        self.gone, self.client = gone, client
+        self.held_i = held_i  # its account's held-count cell (names it to other workers)
+        self.note = note  # the TTFT trace's record of its admission (`ask`), or None
+
+
+def _called(gone: Callable[[], bool]) -> bool:
+    """`acquire`'s `gone` as a waiter's check: the callable is the waiter's client."""
+    return gone()
 
 
 def queue_full(consumer: str, max_queued: int) -> Refusal:
@@ -222,7 +235,7 @@ class _Group:
         self.whos_i = [at >> 3 for at in whos_at]
         self.who_i = self.whos_i[worker]
         self._names: dict[int, str] = {}  # held-count cell -> account, for the heads other workers publish
-        self.queues: dict[str, deque[_Waiter]] = {}
+        self.queues: dict[str, deque[Waiter]] = {}
         self._consumer_i: dict[str, tuple[int, int]] = {}
         self._recent_of: dict[str, tuple[int, int]] = {}  # account -> (burst cell index, served cell index)
         self._waiting_of: dict[int, int] = {}  # held cell index -> waiting cell index, of the accounts seen here
@@ -516,7 +529,7 @@ class _Group:
         self._activity(consumer, 1, waiting=False)
         return self.pools[index]
 
-    def _grant_waiting(self, index: int, waiter: _Waiter) -> UpstreamPool:
+    def _grant_waiting(self, index: int, waiter: Waiter) -> UpstreamPool:
         """`_grant` to a request that waited here: one of its account's waiting requests becomes a held one (the
         account stays active, so the active weights' sum does not change); the caller counts it out of the group's
         waiting ones."""
@@ -544,7 +557,7 @@ class _Group:
             self._floats[at + 1] = best.tag
             self._ints[self.who_i] = best.held_i
 
-    def _best(self) -> _Waiter | None:
+    def _best(self) -> Waiter | None:
         best = None
         for queue in self.queues.values():
             if queue:
@@ -623,7 +636,23 @@ class FairAdmission:
         """The engine process `consumer`'s request for `model` goes to, once it has room; or the answer to give.
 
         `gone()`: the client has left (checked every poll period while the request waits). `note` (the TTFT trace
-        only, runtime/ttft_trace.py): filled with what decided it (`_noted`)."""
+        only, runtime/ttft_trace.py): filled with what decided it (`_noted`). `ask` and the wait, as one coroutine."""
+        got = self.ask(consumer, model, _called, gone, note)
+        if not isinstance(got, Waiter):
+            return got
+        try:
+            return await got.future
+        except asyncio.CancelledError:
+            self.abandon(model, got)
+            raise
+
+    def ask(self, consumer: str, model: str, gone: Callable[[T], bool], client: T,
+            note: dict[str, Any] | None = None) -> UpstreamPool | Refusal | Waiter:
+        """`acquire` without the wait: the engine process, the answer to give, or the request's place in its
+        account's queue, whose `future` the caller awaits (calling `abandon` if that await is cancelled). For a
+        caller that awaits in its own coroutine, so that a waiting request keeps no coroutine of this module alive.
+
+        `gone(client)`: the client has left (checked every poll period while the request waits)."""
         group = self.groups[model]
         share = self.shares.get(consumer) or Share()
         if note is not None:
@@ -671,8 +700,8 @@ class FairAdmission:
                 return queue_full(consumer, share.max_queued)
             loop = asyncio.get_running_loop()
             future: asyncio.Future[UpstreamPool | Refusal] = loop.create_future()
-            waiter = _Waiter(consumer, share.rank, tag, future, time.monotonic() + share.max_wait_s, gone, held_i,
-                             note)
+            waiter = Waiter(consumer, share.rank, tag, future, time.monotonic() + share.max_wait_s, gone, client,
+                            held_i, note)
             queue = group.queues.get(consumer)
             if queue is None:
                 queue = group.queues[consumer] = deque()
@@ -686,16 +715,18 @@ class FairAdmission:
                 self._dispatch(group)
         if self._sweep is None:
             self._sweep = loop.call_later(self.poll_s, self._sweep_waiters)
-        try:
-            return await future
-        except asyncio.CancelledError:  # the connection's task was cancelled (the gateway closing)
-            if future.done() and not future.cancelled():
-                granted = future.result()
-                if not isinstance(granted, Refusal):
-                    self.release(consumer, model, granted)  # granted in the same turn: give it back
-            else:
-                self._withdraw(group, waiter, CLIENT_GONE)
-            raise
+        return waiter
+
+    def abandon(self, model: str, waiter: Waiter) -> None:
+        """The wait for `waiter.future` was cancelled (the connection's task, the gateway closing): a slot granted
+        in the same turn goes back, else the request leaves its queue."""
+        future = waiter.future
+        if future.done() and not future.cancelled():
+            granted = future.result()
+            if not isinstance(granted, Refusal):
+                self.release(waiter.consumer, model, granted)
+        else:
+            self._withdraw(self.groups[model], waiter, CLIENT_GONE)
 
     def _noted(self, note: dict[str, Any], group: _Group, stamp: str, asked: float) -> None:
         """Into a traced request's `note["fair"]`, at `stamp` ("asked": its acquire; "granted": a slot handed to it
@@ -717,8 +748,8 @@ class FairAdmission:
         self._via = "sweep"
         now = time.monotonic()
 
-        def answer(waiter: _Waiter) -> Refusal | None:
-            if waiter.gone():
+        def answer(waiter: Waiter) -> Refusal | None:
+            if waiter.gone(waiter.client):
                 return CLIENT_GONE
             return QUEUE_TIMEOUT if now >= waiter.deadline else None
 
@@ -727,14 +758,14 @@ class FairAdmission:
         if self.waiting():
             self._sweep = asyncio.get_running_loop().call_later(self.poll_s, self._sweep_waiters)
 
-    def _drop(self, group: _Group, answer: Callable[[_Waiter], Refusal | None]) -> None:
+    def _drop(self, group: _Group, answer: Callable[[Waiter], Refusal | None]) -> None:
         """Withdraw every waiter of `group` that `answer` gives a refusal, and answer it that; then hand over any
         slot free. Each queue is rebuilt in one pass: a flood's client dropping thousands of waiting requests at
         once (or a drain) costs the event loop one pass over them, not a deque search for each."""
-        leaving: list[tuple[_Waiter, Refusal]] = []
-        rebuilt: dict[str, deque[_Waiter]] = {}
+        leaving: list[tuple[Waiter, Refusal]] = []
+        rebuilt: dict[str, deque[Waiter]] = {}
         for consumer, queue in group.queues.items():  # this worker's own queues: no lock needed to read them
-            kept: deque[_Waiter] = deque()
+            kept: deque[Waiter] = deque()
             for waiter in queue:
                 refusal = answer(waiter)
                 if refusal is None:
@@ -755,7 +786,7 @@ class FairAdmission:
             if not waiter.future.done():
                 waiter.future.set_result(refusal)
 
-    def _withdraw(self, group: _Group, waiter: _Waiter, refusal: Refusal) -> None:
+    def _withdraw(self, group: _Group, waiter: Waiter, refusal: Refusal) -> None:
         """Take a waiter out of its queue and answer it `refusal` (if no slot was granted meanwhile).
 
         The queue is this worker's own (no other process reads it), so it is searched before the lock is taken: a
@@ -919,7 +950,7 @@ class FairAdmission:
             return True
         return group.may_take(held_i, self.shares[name].weight)
 
-    def _best_within_share(self, group: _Group) -> _Waiter | None:
+    def _best_within_share(self, group: _Group) -> Waiter | None:
         """This worker's best waiter whose account is within its reserved part. Lock held, a slot free."""
         best = None
         for consumer, queue in group.queues.items():

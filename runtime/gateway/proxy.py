@@ -56,8 +56,12 @@ def upstream_head(request: Request, host: str, body: bytes, extra: list[tuple[st
     """The request head as the model server (or a peer gateway, with `extra`: its peer claim) gets it: hop-by-hop
     headers, Host, the API key and any peer claim the caller sent replaced."""
     lines = [f"{request.method} {request.target} HTTP/1.1", f"Host: {host}"]
-    lines += [f"{k}: {v}" for k, v in request.headers
-              if k.lower() not in HOP_BY_HOP and k.lower() not in ("host", "authorization", PEER_HEADER_LOWER)]
+    names_and_values = iter(request.headers)  # name, value, name, value, ... (http.Request)
+    for name in names_and_values:
+        value = next(names_and_values)
+        lower = name.lower()
+        if lower not in HOP_BY_HOP and lower not in ("host", "authorization", PEER_HEADER_LOWER):
+            lines.append(f"{name}: {value}")
     lines += [f"{k}: {v}" for k, v in extra or ()]
     if body or request.method in ("POST", "PUT", "PATCH"):
         lines.append(f"Content-Length: {len(body)}")

@@ -40,7 +40,7 @@ from ..ttft_trace import HEADER as TRACE_HEADER, Trace, tracer
 from . import ppv2
 from .admission import Admission, Ticket, local_limiter, model_not_found
 from .drain import DRAINING_MESSAGE, Drain
-from .fair import CLIENT_GONE, QUEUE_TIMEOUT, fair_admission
+from .fair import CLIENT_GONE, QUEUE_TIMEOUT, Waiter, fair_admission
 from .health import HealthProbe
 from .http import (
     BODY_TIMEOUT_S,
@@ -143,7 +143,8 @@ class Gateway:
         self.watchdog = StreamWatchdog(upstream_idle_timeout_s)
         self.proxy = Proxy(self.drain_state, self.watchdog, disconnect_poll_s)
         self._server: asyncio.Server | None = None
-        self._connections: set[asyncio.StreamWriter] = set()
+        # Each open connection's writer and task (the one strong reference to the task: asyncio keeps weak ones).
+        self._connections: dict[asyncio.StreamWriter, asyncio.Task[None]] = {}
         self.spill: SpillSetup | None = None
         self.verifier: Verifier | None = None
         self.gauge = LoadGauge()
@@ -221,7 +222,7 @@ class Gateway:
     # ------------------------------------------------------------ lifecycle
 
     async def start(self, host: str, port: int, reuse_port: bool = False) -> asyncio.Server:
-        self._server = await asyncio.start_server(self._connection, host, port, limit=CLIENT_READ_LIMIT, backlog=1024,
+        self._server = await asyncio.start_server(self._accepted, host, port, limit=CLIENT_READ_LIMIT, backlog=1024,
                                                   reuse_port=reuse_port or None)
         for pool in self.router.pools:
             pool.keep_warm(self.upstream_warm)
@@ -295,8 +296,16 @@ class Gateway:
 
     # ------------------------------------------------------------ connections
 
+    def _accepted(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        """A new connection: its task is started here, not by asyncio. Given a coroutine, asyncio's
+        StreamReaderProtocol.connection_made starts the task itself and adds a done callback, a closure over the
+        protocol and transport that only logs an exception the coroutine let out and closes the transport
+        (github.com/python/cpython Lib/asyncio/streams.py). `_connection` lets none out and closes its writer; the
+        closure (a function, its tuple of two cells, and the context of the callback) would be five objects more
+        that each open connection, and so each waiting request, keeps alive."""
+        self._connections[writer] = asyncio.get_running_loop().create_task(self._connection(reader, writer))
+
     async def _connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        self._connections.add(writer)
         accepted = time.monotonic() if TRACE else 0.0
         try:
             vpce_id, source = None, writer.get_extra_info("peername")
@@ -308,6 +317,7 @@ class Gateway:
                         self._refuse_connection(writer, exc.reason)
                     return
                 vpce_id, source = header.vpce_id, header.source or source
+                del header  # read: else this frame keeps it (and its TLVs) alive while each request waits
             loop = asyncio.get_running_loop()
             while True:
                 # An idle keep-alive connection is closed by a timer rather than wait_for(), which
@@ -341,7 +351,7 @@ class Gateway:
         except Exception as exc:  # noqa: BLE001 - one broken connection must never stop the gateway
             log("connection_error", error=f"{type(exc).__name__}: {exc}")
         finally:
-            self._connections.discard(writer)
+            self._connections.pop(writer, None)
             writer.close()  # flushes what is buffered, then closes
 
     def _refuse_connection(self, writer: asyncio.StreamWriter, reason: str) -> None:
@@ -417,6 +427,7 @@ class Gateway:
                                                                  "reason": r.code, "source": str(source)})
             return await self._refuse(request, reader, writer, keep, body, r)
         consumer = caller.consumer if caller is not None else None
+        del caller  # read: else this frame keeps it alive while the request waits for a slot
         if consumer is not None and request.method in ("GET", "HEAD") and (path == MODELS_PATH or path.startswith(MODELS_PATH + "/")):
             body = await read_body(request, reader, self.body_timeout_s)
             listing = self._models(consumer.name, path)
@@ -491,9 +502,10 @@ class Gateway:
             return await self._refuse(request, reader, writer, keep, body, salted)
         original = body  # what a spill forwards: the remote gateway salts with its own key
         body, data, salt = salted
+        del salted  # unpacked: else this frame keeps the tuple alive while the request waits for a slot
         arrived_ms = int(self.clock() * 1000)
         # The consumer's limits were applied at home, where its requests arrive.
-        ticket = self.admission.admit(consumer.name, target.id, path, arrived_ms) if claim is None else Ticket(())
+        ticket = self.admission.admit(consumer.name, target.id, path, arrived_ms) if claim is None else _NO_TICKET
         if isinstance(ticket, Refusal):
             return await self._refuse(request, reader, writer, keep, body, ticket)
         exchange.model = target.id
@@ -502,7 +514,29 @@ class Gateway:
             if spilled is not None:
                 ticket.release()
                 return spilled
-        pool = await self._engine_slot(consumer.name, target, reader, writer, exchange)
+        # The engine process: at once when there is room, else in fair order (fair.py). Here, not in a helper
+        # coroutine: a waiting request would keep that coroutine (and fair.acquire's) alive as well.
+        pool: UpstreamPool | Refusal | Waiter
+        if self.fair is None:
+            pool = self.router.pick(target)
+        else:
+            queued = time.perf_counter()
+            pool = self.fair.ask(consumer.name, target.base, _client_left, reader, exchange.trace)
+            if isinstance(pool, Waiter):
+                waiter = pool
+                try:
+                    pool = await waiter.future
+                except asyncio.CancelledError:
+                    self.fair.abandon(target.base, waiter)
+                    raise
+                del waiter  # out of its queue now: nothing keeps it while the request is relayed
+            waited_ms = (time.perf_counter() - queued) * 1000
+            if waited_ms >= 0.1:
+                exchange.props["admission_wait_ms"] = round(waited_ms, 1)
+            if isinstance(pool, Refusal):
+                exchange.status = pool.status
+                exchange.client_gone = pool.status == CLIENT_GONE.status
+                exchange.props["admission_refused"] = pool.code
         if isinstance(pool, Refusal):
             ticket.release()
             if pool.status == 429:  # its queue is full: a throttle, counted as the limits count theirs
@@ -679,23 +713,6 @@ class Gateway:
                           exchange.arrived_ms, model=target.id)
         return outcome
 
-    async def _engine_slot(self, consumer: str, target: Target, reader: asyncio.StreamReader,
-                           writer: asyncio.StreamWriter, exchange: Exchange) -> UpstreamPool | Refusal:
-        """The engine process to serve the request: at once when there is room, else in fair order (fair.py)."""
-        if self.fair is None:
-            return self.router.pick(target)
-        queued = time.perf_counter()
-        pool = await self.fair.acquire(consumer, target.base, functools.partial(_client_left, reader, writer),
-                                       exchange.trace)
-        waited_ms = (time.perf_counter() - queued) * 1000
-        if waited_ms >= 0.1:
-            exchange.props["admission_wait_ms"] = round(waited_ms, 1)
-        if isinstance(pool, Refusal):
-            exchange.status = pool.status
-            exchange.client_gone = pool.status == CLIENT_GONE.status
-            exchange.props["admission_refused"] = pool.code
-        return pool
-
     def _models(self, consumer: str, path: str) -> bytes | Refusal:
         """GET /v1/models (the consumer's models and adapters, config order) or /v1/models/{id}, as OpenAI
         shapes them: `{"object": "list", "data": [Model]}`, Model = {id, object: "model", created, owned_by}
@@ -714,6 +731,7 @@ class Gateway:
 
 
 _DRAINING = Refusal(503, "draining", DRAINING_MESSAGE, "service_unavailable")
+_NO_TICKET = Ticket(())  # a forwarded request's: its consumer's limits were applied at home
 # None unless the test switch is on (runtime/ttft_trace.py); read when the server starts, not at import: a fork of a
 # process that imported this module has its own environment (tests/runtime/test_zygote.py).
 TRACE: Trace | None = None
@@ -722,10 +740,12 @@ _FORGED = Refusal(403, "peer_identity_refused", "a forwarded identity is accepte
                   "fleet, signed with the fleet's peer key", "permission_error")
 
 
-def _client_left(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> bool:
-    """Whether a waiting request's client has gone (fair.py's `gone`). A function bound with functools.partial, not
-    a lambda: a lambda keeps a closure tuple and a cell per captured name alive with each waiting request."""
-    return reader.at_eof() or writer.is_closing()
+def _client_left(reader: asyncio.StreamReader) -> bool:
+    """Whether a waiting request's client has gone (fair.py's `gone`, with the connection's reader as its client):
+    it closed its side (end of file), or the connection was lost (a reset, or the transport closed: asyncio's
+    StreamReaderProtocol.connection_lost then ends the reader with the error or an end of file). The reader alone,
+    not a partial over reader and writer: that is two more objects each waiting request keeps alive."""
+    return reader.at_eof() or reader.exception() is not None
 
 
 def consumer_route(method: str, path: str) -> bool:

@@ -66,6 +66,24 @@ def test_a_per_model_limit_refuses_that_model_only_and_gives_back_the_consumer_s
     assert consumer.active == 0 and admission.model_limiters[("voice-app", "small")].active == 0
 
 
+def test_requests_of_the_same_limiters_share_one_ticket_and_each_release_frees_one_slot_of_each():
+    """A ticket holds nothing of its request (one each would be two more objects a waiting request keeps alive):
+    the requests admitted through the same limiters get the same one, and a replaced limiter gets its own."""
+    consumer, per_model = limiter(10), limiter(5)
+    admission = Admission({"voice-app": consumer}, Sink(), model_limiters={("voice-app", "small"): per_model})
+    first, second = (admission.admit("voice-app", "small", PATH, 0) for _ in range(2))
+    alone = admission.admit("voice-app", "large", PATH, 0)
+    assert first is second and alone is not first and alone.limiters == (consumer,)
+    assert (consumer.active, per_model.active) == (3, 2)
+    first.release()
+    assert (consumer.active, per_model.active) == (2, 1)
+    second.release()
+    alone.release()
+    assert (consumer.active, per_model.active) == (0, 0)
+    admission.limiters["voice-app"] = replaced = limiter(1)  # as a test or a refresh swaps one in
+    assert admission.admit("voice-app", "large", PATH, 0).limiters == (replaced,) and replaced.active == 1
+
+
 def test_entitlement_is_exactly_the_listed_ids_per_consumer():
     admission = Admission({"a": limiter(1), "b": limiter(1)}, Sink(), entitled={"a": ("m1", "m2"), "b": ("m2",)})
     assert [admission.may_use("a", m) for m in ("m1", "m2", "m3")] == [True, True, False]

@@ -498,6 +498,53 @@ def test_a_queued_request_gets_the_drains_503_and_one_whose_client_left_never_re
     assert arrivals == 1  # neither the one that left nor the drained one reached the engine
 
 
+@pytest.mark.parametrize("leaving", ["half_close", "reset"])
+def test_a_queued_request_whose_client_half_closes_or_resets_is_withdrawn(leaving):
+    """The gateway's `gone` check reads the connection's reader alone: a half close (FIN) ends it at end of file
+    (asyncio keeps the transport open: StreamReaderProtocol.eof_received returns True), and a lost connection (here
+    a reset) ends it with the error, as StreamReaderProtocol.connection_lost does for any closed transport
+    (github.com/python/cpython Lib/asyncio/streams.py: `feed_eof()` without an error, else `set_exception(exc)`)."""
+    import socket
+    import struct
+
+    cfg, _ = consumers()
+    payload = b'{"model": "%s", "prompt": "b", "max_tokens": 2}' % MODEL_ID.encode()
+
+    async def body():
+        h = await start_harness(cfg, admission_caps={MODEL_ID: 1}, disconnect_poll_s=0.02)
+        try:
+            first = await engine_taken(h)
+            reader, writer = await asyncio.open_connection("127.0.0.1", h.port)
+            writer.write(ppv2.build(vpce_id=VOICE_VPCE) + b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: "
+                         b"application/json\r\nContent-Length: %d\r\n\r\n" % len(payload) + payload)
+            await writer.drain()
+            for _ in range(100):
+                await asyncio.sleep(0.01)
+                if h.gateway.fair.waiting():
+                    break
+            assert h.gateway.fair.waiting() == 1
+            if leaving == "half_close":
+                writer.write_eof()
+            else:
+                writer.get_extra_info("socket").setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+                writer.transport.abort()
+            for _ in range(200):
+                await asyncio.sleep(0.01)
+                if not h.gateway.fair.waiting():
+                    break
+            left = h.gateway.fair.waiting()
+            writer.transport.abort()
+            h.upstream.hold.set()
+            await first
+            return left, h.upstream.arrivals
+        finally:
+            await stop_harness(h)
+
+    left, arrivals = run(body())
+    assert left == 0  # withdrawn: its place is free
+    assert arrivals == 1  # it never reached the engine
+
+
 def test_the_cap_is_each_engine_process_batch_limit():
     from fleetcast.config import load_config
 
@@ -1381,7 +1428,7 @@ class CountingLock:
             self.calls += 1
 
 
-class CountedWaiter(fair._Waiter):
+class CountedWaiter(fair.Waiter):
     def __eq__(self, other: object) -> bool:  # a queue search compares each waiter it passes
         return self is other
 
@@ -1439,12 +1486,12 @@ def calls_under_the_lock(waiting: int) -> dict[str, int]:
         await asyncio.gather(*flood, quiet, return_exceptions=True)
         admission.stop()
 
-    original = fair._Waiter
-    fair._Waiter = CountedWaiter  # type: ignore[misc]
+    original = fair.Waiter
+    fair.Waiter = CountedWaiter  # type: ignore[misc]
     try:
         run(body())
     finally:
-        fair._Waiter = original  # type: ignore[misc]
+        fair.Waiter = original  # type: ignore[misc]
     return counts
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import gc
+
 import pytest
 
 from runtime.gateway.http import ChunkedDecoder, ChunkedError, HttpError, chunk, parse_head
@@ -34,6 +36,11 @@ def test_chunked_decoder_rejects_malformed_framing(wire):
 def test_request_head_parsing():
     req = parse_head(b"POST /v1/completions?x=1 HTTP/1.1\r\nHost: a\r\nX-A: 1\r\nx-a: 2\r\n\r\n")
     assert req.path == "/v1/completions" and req.lower["x-a"] == "1, 2" and req.keep_alive
+    assert req.headers == ("Host", "a", "X-A", "1", "x-a", "2")  # as sent, for the upstream head
+    gc.collect()
+    # Strings only: the first collection stops tracking it (Modules/gcmodule.c untrack_tuples), and the young
+    # collections of a flood no longer walk it for each waiting request (runtime/heap.py).
+    assert not gc.is_tracked(req.headers)
     assert not parse_head(b"GET / HTTP/1.0\r\n\r\n").keep_alive
     for bad in (b"GET /\r\n\r\n", b"GET / HTTP/2\r\n\r\n", b"GET / HTTP/1.1\r\nno colon\r\n\r\n"):
         with pytest.raises(HttpError):
