@@ -53,7 +53,8 @@ def test_this_threads_wait_is_read_and_never_goes_back():
         reader.close()
 
 
-def _spin() -> None:
+def _spin(spinning) -> None:
+    spinning.release()
     while True:
         pass
 
@@ -63,11 +64,15 @@ def test_a_client_whose_core_is_taken_by_busy_processes_flags_its_run(fast_serve
     """Processes, not threads: the GIL is not what delays the client, the OS run queue is."""
     core = CPUS[-1]
     ctx = multiprocessing.get_context("spawn")
-    spinners = [ctx.Process(target=_spin, daemon=True) for _ in range(4)]
+    spinning = ctx.Semaphore(0)
+    spinners = [ctx.Process(target=_spin, args=(spinning,), daemon=True) for _ in range(4)]
     for p in spinners:
         p.start()
         os.sched_setaffinity(p.pid, {core})
     try:
+        # Each spawned interpreter takes its time to start (more on a loaded machine): a client run that begins
+        # before they spin may end before they do, with nothing to flag (seen once in a full-suite run).
+        assert all(spinning.acquire(timeout=60) for _ in spinners)
         res = run_fleetcast(fast_server.url, 8, 48, input_tokens=8, output_tokens=8, cpu=core, timeout_s=120)
     finally:
         for p in spinners:
