@@ -25,6 +25,8 @@ PROBE = """
 import os, signal, sys, time
 mode = sys.argv[1]
 if mode == "usr2":
+    import faulthandler  # the signal test's diagnosis: SIGUSR1 prints every thread's Python stack to stderr
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
     signal.signal(signal.SIGUSR2, lambda *_: sys.exit(3))
 print(os.getpid(), sys.argv[1:], os.getcwd(), os.environ.get("PROBE_WORD"), flush=True)
 if mode == "parent":
@@ -141,9 +143,12 @@ def test_signals_reach_the_fork_and_the_launcher_ends_as_it_did(probe):
         code = handled.wait(60)
     except subprocess.TimeoutExpired:  # seen twice in some twenty full-suite runs, never alone: say where each waited
         launcher, forked = signal_state(handled.pid), signal_state(fork)
+        os.kill(fork, signal.SIGUSR1)  # its Python stacks (faulthandler), written at once from the signal handler
+        time.sleep(1)
         handled.kill()
-        handled.wait(60)
-        pytest.fail(f"no end 60 s after SIGUSR2; launcher {launcher}; fork {forked}")
+        os.kill(fork, signal.SIGKILL)
+        _, stacks = handled.communicate(timeout=60)
+        pytest.fail(f"no end 60 s after SIGUSR2; launcher {launcher}; fork {forked}; the fork's stacks:\n{stacks}")
     assert code == 3
     default = probe("wait")
     default.stdout.readline()
