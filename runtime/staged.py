@@ -41,25 +41,27 @@ def calibration_key_prefix(dataset_uri: str) -> str:
 
 
 def fetch_staged(store: RetryingS3, prefix: str, dest: Path, wait_s: float, poll_s: float = 15.0,
-                 sleep: Callable[[float], None] = time.sleep,
+                 sleep: Callable[[float], None] = time.sleep, clock: Callable[[], float] = time.monotonic,
                  stage_with: str = "`fleetcast stage model` (or `fleetcast stage calibration`)") -> tuple[Manifest, float]:
     """Download and verify s3://bucket/<prefix> into `dest`; returns (manifest, seconds waited for it).
     `stage_with`: the command a missing or damaged artifact is staged with, for the error."""
-    started = time.monotonic()
+    started = clock()
     while True:
         got = store.get_bytes(prefix + MANIFEST_NAME)
         if got is not None:
             break
-        if time.monotonic() - started >= wait_s:
+        left = wait_s - (clock() - started)
+        if left <= 0:
             raise StagingMissing(
                 f"s3://{store.bucket}/{prefix}{MANIFEST_NAME} is missing after waiting {wait_s:.0f} s: "
                 f"stage it with {stage_with}",
                 missing_key=prefix + MANIFEST_NAME,
             )
         log.warning("waiting for staged s3://%s/%s", store.bucket, prefix)
-        # The last poll comes at wait_s, not up to poll_s after it: wait_s is the bound the operator set.
-        sleep(min(poll_s, wait_s - (time.monotonic() - started)))
-    waited = time.monotonic() - started
+        # The last poll comes at wait_s, not up to poll_s after it: wait_s is the bound the operator set. What is
+        # left is read once: read again after the check and the log line, it could be below 0 (time.sleep refuses).
+        sleep(min(poll_s, left))
+    waited = clock() - started
     try:
         manifest = Manifest.from_json(got[0])
     except (ValueError, TypeError, KeyError) as exc:

@@ -66,6 +66,17 @@ def test_the_wait_ends_at_wait_s_even_when_a_poll_period_would_run_past_it(aws, 
     assert slept and sum(slept) <= 0.3
 
 
+def test_the_last_sleep_is_never_negative_however_long_the_check_before_it_took(aws, tmp_path):
+    """A clock that moves 0.6 s at each reading, against a 1 s wait: the check passes with 0.4 s left, and the
+    sleep gets that 0.4 s, not what a second reading would leave (-0.2 s: time.sleep raises ValueError on it)."""
+    ticks = iter(range(100))
+    slept: list[float] = []
+    with pytest.raises(StagingMissing):
+        fetch_staged(store(aws), model_prefix("gpt2-tiny", "r8"), tmp_path / "m", wait_s=1.0, sleep=slept.append,
+                     clock=lambda: 0.6 * next(ticks))
+    assert slept and all(s > 0 for s in slept), slept
+
+
 def test_calibration_prefix_comes_from_the_dataset_uri():
     assert calibration_key_prefix("s3://any-bucket/calibration/lambada") == "calibration/lambada/"
     assert calibration_key_prefix("s3://any-bucket/calibration/lambada/") == "calibration/lambada/"
