@@ -19,7 +19,7 @@ from runtime.devtools.harness import free_port
 from tests.optional import needs_torch
 
 from .reference_helpers import ONE_FORK_SERVER, ROOT, http_status
-from .zygote import ENGINE_SOCKET_VAR, ROOM_ENV, Zygote, forking_popen, reference_servers
+from .zygote import ENGINE_SOCKET_VAR, ROOM_ENV, SIGNAL_TRACE_VAR, Zygote, forking_popen, reference_servers
 
 PROBE = """
 import os, signal, sys, time
@@ -27,7 +27,7 @@ mode = sys.argv[1]
 if mode == "usr2":
     import faulthandler  # the signal test's diagnosis: SIGUSR1 prints every thread's Python stack to stderr
     faulthandler.register(signal.SIGUSR1, all_threads=True)
-    signal.signal(signal.SIGUSR2, lambda *_: sys.exit(3))
+    signal.signal(signal.SIGUSR2, lambda *_: (print("probe: SIGUSR2 handled", file=sys.stderr, flush=True), sys.exit(3)))
 print(os.getpid(), sys.argv[1:], os.getcwd(), os.environ.get("PROBE_WORD"), flush=True)
 if mode == "parent":
     print(os.getppid(), flush=True)
@@ -136,7 +136,7 @@ def test_the_forks_own_thread_blocks_every_signal_so_each_reaches_the_program_as
 
 
 def test_signals_reach_the_fork_and_the_launcher_ends_as_it_did(probe):
-    handled = probe("usr2")
+    handled = probe("usr2", **{SIGNAL_TRACE_VAR: "1"})
     fork = int(handled.stdout.readline().split()[0])
     handled.send_signal(signal.SIGUSR2)
     try:
@@ -148,7 +148,8 @@ def test_signals_reach_the_fork_and_the_launcher_ends_as_it_did(probe):
         handled.kill()
         os.kill(fork, signal.SIGKILL)
         _, stacks = handled.communicate(timeout=60)
-        pytest.fail(f"no end 60 s after SIGUSR2; launcher {launcher}; fork {forked}; the fork's stacks:\n{stacks}")
+        pytest.fail(f"no end 60 s after SIGUSR2; launcher {launcher}; fork {forked}; the launcher's and the fork's "
+                    f"stderr (what the launcher did with the signal, the fork's stacks):\n{stacks}")
     assert code == 3
     default = probe("wait")
     default.stdout.readline()

@@ -39,6 +39,7 @@ if TYPE_CHECKING:  # the launcher runs this file per server: nothing it does not
 
 _HEADER = struct.Struct("!I")
 _PEER = struct.Struct("3i")  # SO_PEERCRED's struct ucred: pid, uid, gid (unix(7))
+SIGNAL_TRACE_VAR = "TEST_ZYGOTE_SIGNAL_TRACE"  # set: the launcher says on stderr what it did with each signal
 _FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2,
               signal.SIGCONT, signal.SIGWINCH)
 
@@ -51,12 +52,16 @@ def launch(path: str, argv: list[str]) -> int:
     it and end as it ended."""
     fork: list[int] = []  # its pid, once the fork server says it
     pending: list[int] = []  # signals that came before that, passed on then
+    trace = SIGNAL_TRACE_VAR in os.environ  # a test that waits on a signal's effect reads where each went
 
     def forward(signum: int, _frame: object) -> None:
         if fork:
             os.kill(fork[0], signum)
         else:
             pending.append(signum)
+        if trace:
+            print(f"zygote launcher: signal {signum} {f'passed to {fork[0]}' if fork else 'held'}", file=sys.stderr,
+                  flush=True)
 
     for sig in _FORWARDED:  # from the start: a signal sent at once must not end the launcher alone
         signal.signal(sig, forward)
@@ -72,6 +77,8 @@ def launch(path: str, argv: list[str]) -> int:
     fork.append(int(first[1]))
     for signum in pending:
         os.kill(fork[0], signum)
+        if trace:
+            print(f"zygote launcher: held signal {signum} passed to {fork[0]}", file=sys.stderr, flush=True)
     end = replies.readline().split()  # PEP 475: a forwarded signal does not interrupt the read
     if len(end) != 2:
         print(f"zygote: the fork server went away while {argv} ran", file=sys.stderr)
