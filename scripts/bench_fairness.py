@@ -204,15 +204,17 @@ def ttft_figures(samples: list[tuple[int, float | None]]) -> dict:
 
 async def phase(port: int, body: bytes, quiet_rate: float, seconds: float, seed: int, flood_rate: float = 0.0,
                 streams: int = 0, lead: float = 0.0, flood_cpus: set[int] | None = None,
-                trace_label: str | None = None) -> dict:
+                trace_label: str | None = None, flood_tokens: tuple[int, int] | None = None) -> dict:
     """The quiet account for `seconds`, alone or beside the neighbour: Poisson arrivals at `flood_rate`, or
     `streams` kept busy (closed loop); the neighbour starts `lead` seconds earlier (the quiet account arrives
     beside a load under way). The neighbour is a process of its own: its hundreds of open streams would
     otherwise delay the quiet account's sends and reads in one event loop, and the quiet figures would measure
     the client. Returns the figures and the quiet samples (for pooling); with `trace_label`, the quiet requests'
-    client stamps (`traces`) and the phase's window on CLOCK_MONOTONIC (`window_monotonic`)."""
+    client stamps (`traces`) and the phase's window on CLOCK_MONOTONIC (`window_monotonic`). `flood_tokens`: the
+    neighbour's output tokens per request drawn from (LO, HI), where None sends `body` alike."""
     with instrument_heap():
-        return await _phase(port, body, quiet_rate, seconds, seed, flood_rate, streams, lead, flood_cpus, trace_label)
+        return await _phase(port, body, quiet_rate, seconds, seed, flood_rate, streams, lead, flood_cpus, trace_label,
+                            flood_tokens)
 
 
 @contextlib.contextmanager
@@ -247,14 +249,16 @@ def _unwatched_collect() -> None:
 
 
 async def _phase(port: int, body: bytes, quiet_rate: float, seconds: float, seed: int, flood_rate: float,
-                 streams: int, lead: float, flood_cpus: set[int] | None, trace_label: str | None) -> dict:
+                 streams: int, lead: float, flood_cpus: set[int] | None, trace_label: str | None,
+                 flood_tokens: tuple[int, int] | None) -> dict:
     quiet: list = []
     flood = None
     if flood_rate or streams:
         mode = ["poisson", str(flood_rate)] if flood_rate else ["closed", str(streams)]
+        spread = [f"{flood_tokens[0]}-{flood_tokens[1]}"] if flood_tokens else []
         flood = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "scripts.bench_fairness", "_flood", str(port), body.decode(), *mode,
-            str(seconds + lead), str(seed + 1), cwd=str(ROOT), stdout=asyncio.subprocess.PIPE)
+            str(seconds + lead), str(seed + 1), *spread, cwd=str(ROOT), stdout=asyncio.subprocess.PIPE)
         if flood_cpus:
             os.sched_setaffinity(flood.pid, flood_cpus)  # before it has imported anything: no request sent yet
         await asyncio.sleep(lead)
@@ -274,12 +278,23 @@ async def _phase(port: int, body: bytes, quiet_rate: float, seconds: float, seed
 def _flood(argv: list[str]) -> None:
     """The neighbour's process: Poisson arrivals at a rate (`poisson RATE`) or a number of streams kept busy
     (`closed N`) for `seconds`, then what has not finished within a second is abandoned (its connections
-    closed: the gateway withdraws what still waits); figures as JSON."""
+    closed: the gateway withdraws what still waits); figures as JSON. A last `LO-HI`: each request's max_tokens
+    drawn from LO to HI (`--flood-tokens`), else every request is `body`."""
     port, body, mode, level, seconds, seed = (int(argv[0]), argv[1].encode(), argv[2], float(argv[3]),
                                               float(argv[4]), int(argv[5]))
+    rng = random.Random(seed)
+    if len(argv) > 6:
+        lo, hi = token_range(argv[6])
+        bodies = [json.dumps({**json.loads(body), "max_tokens": n}).encode() for n in range(lo, hi + 1)]
+
+        def next_body() -> bytes:
+            return rng.choice(bodies)
+    else:
+        def next_body() -> bytes:
+            return body
 
     async def run() -> dict:
-        rng, header = random.Random(seed), proxy_header(NEIGHBOUR[2])
+        header = proxy_header(NEIGHBOUR[2])
         tasks: list[asyncio.Future] = []
         start = time.monotonic()
         if mode == "closed":
@@ -287,14 +302,14 @@ def _flood(argv: list[str]) -> None:
 
             async def stream() -> None:
                 while time.monotonic() < start + seconds:
-                    samples.append(await one(port, header, body))
+                    samples.append(await one(port, header, next_body()))
 
             await asyncio.gather(*(stream() for _ in range(int(level))))
             return {**ttft_figures(samples), "sent": len(samples), "abandoned": 0}
         at = 0.0
         while (at := at + rng.expovariate(level)) < seconds:
             await asyncio.sleep(max(0.0, start + at - time.monotonic()))
-            tasks.append(asyncio.ensure_future(one(port, header, body)))
+            tasks.append(asyncio.ensure_future(one(port, header, next_body())))
         done, pending = await asyncio.wait(tasks, timeout=1.0) if tasks else (set(), set())
         for task in pending:
             task.cancel()
@@ -752,7 +767,7 @@ async def main_async(args: argparse.Namespace) -> dict:
         started = time.monotonic()
         label = f"r{len(results['rounds']) + 1}-{name}" if args.ttft_trace else None
         row = await phase(port, body, args.quiet_share * capacity, args.seconds, seed, flood_cpus=cores["flood"],
-                          trace_label=label, **kw)
+                          trace_label=label, flood_tokens=args.flood_tokens, **kw)
         if label is not None and client_trace is not None:
             clients = row.pop("traces")
             for stamps in clients:  # the trace directory holds every process's side of each request
@@ -980,13 +995,11 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if argv[:1] == ["simulate"]:
         # python -m scripts.bench_fairness simulate [CAP ...]: the admission code alone before a simulated engine
-        opts = {a[2:].split("=", 1)[0]: float(a.split("=", 1)[1]) for a in argv[1:] if a.startswith("--")}
-        for cap in [int(c) for c in argv[1:] if not c.startswith("--")] or [4, 16]:
+        sim = parse_simulate_args(argv[1:])
+        for cap in sim.caps or [4, 16]:
             for workers in (1, 2):
-                row = asyncio.run(simulated_waits(cap, workers, seconds=opts.get("seconds", 10.0),
-                                                  prefill_ms=opts.get("prefill-ms", 0.0),
-                                                  stall_ms=opts.get("stall-ms", 0.0),
-                                                  quiet_weight=opts.get("quiet-weight", 1.0)))
+                row = asyncio.run(simulated_waits(cap, workers, seconds=sim.seconds, prefill_ms=sim.prefill_ms,
+                                                  stall_ms=sim.stall_ms, quiet_weight=sim.quiet_weight))
                 print(f"cap {cap}, {workers} gateway worker{'s' if workers > 1 else ''}: {row['waited']} of "
                       f"{row['quiet_requests']} quiet requests waited for a slot ({row['waited_share']:.1%}); wait P99 "
                       f"{row['wait_p99_ms']} ms, max {row['wait_max_ms']} ms (a request holds its slot "
@@ -1019,12 +1032,47 @@ def results_json(results: dict) -> str:
     return json.dumps(results, indent=1, default=plain)
 
 
+def token_range(text: str) -> tuple[int, int]:
+    """`LO-HI` (or one number) as output tokens, 1 <= LO <= HI."""
+    lo, _, hi = text.partition("-")
+    try:
+        low, high = int(lo), int(hi or lo)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected LO-HI, two whole numbers such as 32-96") from None
+    if not 1 <= low <= high:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected 1 <= LO <= HI")
+    return low, high
+
+
+def parse_simulate_args(argv: list[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m scripts.bench_fairness simulate",
+                                description="the admission code alone before a simulated engine process, in virtual "
+                                            "time (simulated_waits): how many quiet requests waited for a slot")
+    p.add_argument("caps", nargs="*", type=int, metavar="CAP", help="admission caps to simulate (default: 4 16)")
+    p.add_argument("--seconds", type=float, default=10.0, help="the quiet account's seconds (default 10)")
+    p.add_argument("--prefill-ms", type=float, default=0.0,
+                   help="what each request an iteration admits adds to it (default 0)")
+    p.add_argument("--stall-ms", type=float, default=0.0, help="an engine stall every 0.5 s, this long (default 0)")
+    p.add_argument("--quiet-weight", type=float, default=1.0, help="the quiet account's weight (default 1)")
+    args = p.parse_args(argv)
+    if any(cap < 1 for cap in args.caps):
+        p.error(f"CAP {min(args.caps)}: must be at least 1")
+    if not args.seconds > 0 or args.prefill_ms < 0 or args.stall_ms < 0 or not args.quiet_weight > 0:
+        p.error("--seconds and --quiet-weight must be above 0, --prefill-ms and --stall-ms at least 0")
+    return args
+
+
 def parse_args(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m scripts.bench_fairness", description=__doc__.split("\n\n")[0])
     p.add_argument("--seconds", type=float, default=40.0, help="length of each measured phase (default 40)")
     p.add_argument("--repeats", type=int, default=3, help="rounds of (alone, engine-bound, fair) (default 3)")
     p.add_argument("--batch", type=int, default=8, help="the engine's max batch size, so its admission cap (default 8)")
     p.add_argument("--tokens", type=int, default=32, help="output tokens per request (default 32)")
+    p.add_argument("--flood-tokens", type=token_range, default=None, metavar="LO-HI",
+                   help="the neighbour's output tokens per request, drawn uniformly from LO to HI for each request "
+                        "(default: --tokens for every request, so its streams started in one iteration end in one; "
+                        "centre the range on --tokens to keep the load that --flood sets, which the capacity R, read "
+                        "at --tokens, scales)")
     p.add_argument("--quiet-weight", type=float, default=1.0,
                    help="the quiet account's admission weight, the neighbour's being 1 (default 1: equal parts)")
     p.add_argument("--neighbour-max-queued", type=int, default=MOST_QUEUED,
@@ -1098,7 +1146,9 @@ def report_lines(results: dict, args: argparse.Namespace) -> list[str]:
     pooled, ratio, rounds = results["pooled"], results["pooled_ratio"], results["round_ratios"]
     lines = [f"engine capacity R {results['capacity_rps']} requests/s (per round) at batch {args.batch}; quiet at "
              f"{args.quiet_share:g} R, {len(results['rounds'])} rounds of {args.seconds:g} s; engine on "
-             f"{getattr(args, 'device', 'cpu')}",
+             f"{getattr(args, 'device', 'cpu')}"
+             + (f"; the neighbour's output tokens {args.flood_tokens[0]}-{args.flood_tokens[1]} (uniform), the quiet "
+                f"account's {args.tokens}" if getattr(args, "flood_tokens", None) else ""),
              "cores (as planned; as the kernel reports each process's affinity): "
              + ", ".join(f"{role} {results['pinned'].get(role) or 'any'}" for role in ROLES) + "; "
              + ", ".join(f"{k} {v}" for k, v in (results.get("affinity") or {}).items()),
