@@ -1034,9 +1034,11 @@ def results_json(results: dict) -> str:
 
 def token_range(text: str) -> tuple[int, int]:
     """`LO-HI` (or one number) as output tokens, 1 <= LO <= HI."""
-    lo, _, hi = text.partition("-")
+    parts = text.split("-")
     try:
-        low, high = int(lo), int(hi or lo)
+        if len(parts) > 2:
+            raise ValueError
+        low, high = int(parts[0]), int(parts[-1])
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r}: expected LO-HI, two whole numbers such as 32-96") from None
     if not 1 <= low <= high:

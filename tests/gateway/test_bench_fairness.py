@@ -45,6 +45,35 @@ def test_the_neighbours_max_queued_is_the_configs_field_and_a_bad_value_is_one_l
         assert f"--neighbour-max-queued {bad}:" in err and "Traceback" not in err
 
 
+def test_the_neighbours_output_tokens_may_be_drawn_from_a_range_and_a_bad_range_names_the_flag(capsys):
+    """--flood-tokens LO-HI draws each of the neighbour's requests' max_tokens from LO to HI (its streams then end
+    apart, as real traffic's do); without it every request asks --tokens. A range that is not 1 <= LO <= HI is one
+    line naming the flag."""
+    from scripts.bench_fairness import parse_args, token_range
+
+    assert parse_args([]).flood_tokens is None
+    assert parse_args(["--flood-tokens", "32-96"]).flood_tokens == (32, 96)
+    assert token_range("64") == (64, 64)
+    for bad in ("96-32", "0-8", "a-b", "3-"):
+        with pytest.raises(SystemExit):
+            parse_args(["--flood-tokens", bad])
+        err = capsys.readouterr().err
+        assert "--flood-tokens" in err and "LO" in err and "Traceback" not in err
+
+
+def test_the_simulations_arguments_are_checked_and_help_is_printed_without_a_traceback(capsys):
+    from scripts.bench_fairness import main, parse_simulate_args
+
+    assert parse_simulate_args(["16", "--seconds=20", "--prefill-ms=2.5"]).caps == [16]
+    with pytest.raises(SystemExit) as ended:
+        main(["simulate", "--help"])
+    assert ended.value.code == 0 and "--prefill-ms" in capsys.readouterr().out
+    for bad in (["x"], ["0"], ["16", "--seconds=0"], ["16", "--bogus"]):
+        with pytest.raises(SystemExit) as ended:
+            main(["simulate", *bad])
+        assert ended.value.code == 2 and "Traceback" not in capsys.readouterr().err
+
+
 def test_bench_gateway_prints_fair_admissions_cpu_only_against_a_run_with_it_off():
     levels = {16: {"gateway": {"cpu_ms_per_request": 0.210}, "gateway-alt": {"cpu_ms_per_request": 0.195}}}
     on = fair_admission_cpu({"config": {"alt_arg": ["--fair-admission=off"]}, "levels": levels})
