@@ -77,6 +77,27 @@ def test_a_phases_breakdown_gives_each_hops_p50_and_p99_and_the_slowest_requests
     assert b["slowest"][0]["dominant"] == HOP_NAMES[29 % len(HOPS)]
 
 
+def test_the_p99_less_the_slot_waits_takes_each_requests_own_gateway_slot_hop_out():
+    """Two requests of 100 waited 50 ms for a slot: the TTFT P99 is theirs, and without their waits it is what the
+    rest of the tail says."""
+    trace: dict = {"gateway": {}, "http": {}, "engine": {}}
+    clients = []
+    slot = HOP_NAMES.index("gateway_slot")
+    for rid in range(100):
+        hops = [0.1] * len(HOPS)
+        hops[0] = 1.0 + rid / 100  # connect: 1.00-1.99 ms
+        if rid in (10, 20):
+            hops[slot] = 50.0
+        files = _stamps(rid, 10.0 + rid, hops)
+        clients.append(files["client"])
+        trace["gateway"][f"q-{rid}"], trace["http"][f"q-{rid}"] = files["gateway"], files["http"]
+        trace["engine"][rid] = files["engine"]
+    b = ttft_breakdown([request_hops(c, trace) for c in clients])
+    rest = 0.1 * (len(HOPS) - 2) + 0.01  # every hop but connect and the slot, and _stamps' first byte
+    assert b["ttft_p99"] > 50
+    assert b["ttft_p99_less_slot"] == pytest.approx(1.98 + rest, abs=0.005)  # the 99th of 100: connect 1.98 ms
+
+
 def test_a_processs_stalls_are_counted_in_the_phase_they_fell_in():
     records = [{"source": "gateway-1", "kind": "lag_second", "at": 99.0, "max_ms": 3.0, "ticks": 990},
                {"source": "gateway-1", "kind": "lag", "at": 100.5, "ms": 12.0},
