@@ -167,6 +167,23 @@ def test_a_killed_launcher_takes_its_fork_with_it(probe, zygote):
     assert not Path(f"/proc/{fork}").exists()
 
 
+def test_a_stopped_fork_server_takes_the_forks_still_running_with_it(tmp_path):
+    """A test that fails mid-way leaves the servers it started running; the worker's fork server, stopped at the
+    worker's exit, kills them, so none outlives the test run."""
+    (tmp_path / "zygote_probe.py").write_text(PROBE)
+    fork_server = Zygote(())
+    try:
+        proc = subprocess.Popen(fork_server.command([sys.executable, "-m", "zygote_probe", "wait"]), cwd=tmp_path,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        fork = int(proc.stdout.readline().split()[0])
+        assert Path(f"/proc/{fork}").exists()
+    finally:
+        fork_server.stop()  # returns once the server has ended, its forks reaped before
+    assert not Path(f"/proc/{fork}").exists()
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 70 and "the fork server went away" in err
+
+
 def test_the_forks_cpu_is_counted_before_the_launcher_returns(probe, zygote):
     before = zygote.cpu_s()
     proc = probe("spin", "0")

@@ -326,9 +326,11 @@ def serve(path: str, preimport: list[str], cpu_file: str) -> tuple[socket.socket
                        "launchers": sorted(launcher for _, launcher in running.values())}, out)
         os.replace(tmp, cpu_file)
 
+    stopping: list[int] = []
+    signal.signal(signal.SIGTERM, lambda signum, _frame: stopping.append(signum))  # Zygote.stop: end as below
     account()
     print("ready", flush=True)
-    while os.getppid() == parent:
+    while os.getppid() == parent and not stopping:
         readable, _, _ = select.select([listener], [], [], 0.1)
         if readable:
             conn, _ = listener.accept()
@@ -350,6 +352,7 @@ def serve(path: str, preimport: list[str], cpu_file: str) -> tuple[socket.socket
             launcher, _uid, _gid = _PEER.unpack(conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _PEER.size))
             pid = os.fork()
             if pid == 0:
+                signal.signal(signal.SIGTERM, signal.SIG_DFL)  # the program's own, as exec would leave it
                 listener.close()
                 for other, _ in running.values():
                     other.close()
@@ -380,7 +383,34 @@ def serve(path: str, preimport: list[str], cpu_file: str) -> tuple[socket.socket
             except OSError:
                 pass
             conn.close()
+    _end_forks(running)
     return None
+
+
+def _end_forks(running: dict[int, tuple[socket.socket, int]]) -> None:
+    """The fork server's end (its test worker gone, or Zygote.stop): every fork still running is killed with its
+    process group where it leads one (a server the product started in a session of its own, with the engine process
+    it forked), and reaped. Without this a test that failed mid-way left its servers running, orphaned, for good."""
+    import time
+
+    for pid in running:
+        for kill in (os.killpg, os.kill):
+            try:
+                kill(pid, signal.SIGKILL)
+            except OSError:  # no group of that id (a launcher's fork shares this server's), or already gone
+                pass
+    deadline = time.monotonic() + 10
+    while running and time.monotonic() < deadline:
+        try:
+            pid, _status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            break
+        if pid == 0:
+            time.sleep(0.01)
+            continue
+        conn, _ = running.pop(pid, (None, 0))
+        if conn is not None:
+            conn.close()
 
 
 # The AWS services the forked processes call (gateways: EC2, Secrets Manager, SSM, Auto Scaling; the runtime: S3, SSM,
