@@ -112,7 +112,7 @@ def _watch_launcher(conn: socket.socket) -> None:
     It blocks every signal first: the kernel hands a signal sent to the process to any thread that does not block it
     (signal(7), "Signal mask and pending signals"), and CPython runs the handler on the main thread only, which a
     signal taken by this thread does not wake (docs.python.org/3/library/signal.html, "Signals and threads"): a
-    program asleep in time.sleep(60) slept on, which the process it stands for, without this thread, does not."""
+    program asleep would sleep on, which the process it stands for, without this thread, does not."""
     signal.pthread_sigmask(signal.SIG_BLOCK, signal.valid_signals())
     try:
         conn.recv(1)
