@@ -160,6 +160,10 @@ class InstanceEnv:
 # Per-model readiness while serving (runtime/serve.py writes it), under FLEETCAST_LOCAL_ROOT.
 MODELS_STATE_FILE = "models-ready.json"
 GATEWAY_QUEUE_FILE = "gateway-queue.json"
+# A Spot notice's signal to a build, sent again this often while the build runs on (`_signal_build`), this many
+# times at most: 30 s of a notice's two minutes.
+BUILD_SIGNAL_EVERY_S = 0.5
+BUILD_SIGNAL_TRIES = 60
 
 
 class ModelsUnavailable(Exception):
@@ -207,6 +211,7 @@ class Bootstrap:
         self.spot_watcher: spot.SpotWatcher | None = None  # on Spot instances only (runtime/spot.py)
         self._phase = "preparing"
         self._in_build = False
+        self._build_stopped = threading.Event()  # the notice's signal raised in the build (it raises once)
 
     # ------------------------------------------------------------ pieces
 
@@ -700,7 +705,19 @@ class Bootstrap:
         self._stop.set()
         main = threading.main_thread().ident  # None only for a thread not started yet
         if self._phase == "preparing" and notice.interruption and main is not None:
+            self._signal_build(main)
+
+    def _signal_build(self, main: int) -> None:
+        """SIGUSR1 to the main thread until the build it runs has stopped. CPython runs a Python handler at a later
+        bytecode, once its C handler has set a flag, and a blocking call returns early only for a signal that comes
+        while it blocks (EINTR: docs.python.org/3/library/signal.html, "Execution of Python signal handlers"; PEP
+        475). A signal that lands between the main thread's last look at that flag and its next read of a build
+        step's output (runtime/trtllm.py, run_logged) runs its handler only once that read returns, and a step can
+        print nothing for minutes. So it is sent again until the handler has raised or the build has ended."""
+        for _ in range(BUILD_SIGNAL_TRIES):
             signal.pthread_kill(main, signal.SIGUSR1)
+            if self._build_stopped.wait(BUILD_SIGNAL_EVERY_S) or not self._in_build:
+                return
 
     def _interruptible_build(self, build: Callable[[Path], Path]) -> Callable[[Path], Path]:
         """The build, stopped by a Spot notice. It runs inside the engine cache's lock (whose `finally` releases
@@ -722,8 +739,13 @@ class Bootstrap:
             raise spot.as_cache_error(NotABuildFailure)("Spot interruption notice: engine build stopped, lock released")
 
     def _interrupt_build(self, _signum: int, _frame: object) -> None:
-        if self._phase == "preparing" and self._in_build:
-            self._raise_if_interrupted()
+        # Once: a signal sent again (`_signal_build`) must not raise inside the step's cleanup of the first one.
+        if self._phase == "preparing" and self._in_build and not self._build_stopped.is_set():
+            try:
+                self._raise_if_interrupted()
+            except BaseException:
+                self._build_stopped.set()
+                raise
 
     def _spot_outcome(self, notice: spot.Notice) -> dict[str, Any]:
         outcome = spot.read_outcome(self._spot_deadline_file) if notice.interruption else None

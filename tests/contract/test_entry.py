@@ -56,7 +56,9 @@ def test_ctrl_c_ends_an_entry_point_with_130_and_no_traceback():
             "from fleetcast.contract.entry import run_quietly\n"
             "def main():\n"
             "    print('ready', flush=True)\n"
-            "    time.sleep(120)\n"
+            # Short sleeps: a SIGINT that came before one long sleep began would raise only at its end (the handler
+            # runs at a later bytecode: docs.python.org/3/library/signal.html, "Execution of Python signal handlers").
+            "    for _ in range(1200): time.sleep(0.1)\n"
             "sys.exit(run_quietly(main))\n")
     proc = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, env=_env(), stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, preexec_fn=default_sigint)

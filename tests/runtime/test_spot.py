@@ -316,6 +316,49 @@ def test_an_interrupted_engine_build_releases_the_cache_lock_and_records_no_fail
     assert [r for r in records if telemetry.SPOT_INTERRUPTION in r][0]["phase"] == "preparing"
 
 
+@pytest.mark.skipif(threading.current_thread() is not threading.main_thread(), reason="signals need the main thread")
+def test_a_build_that_missed_the_notices_first_signal_is_stopped_by_the_next(tmp_path, imds):
+    """A signal that lands just before the build's blocking read of its step's output runs its handler only once
+    that read returns (runtime/bootstrap.py, _signal_build, names the source): the notice's signal is sent again
+    until the build has stopped. Here the handler lets the first one go, as that race would, and the build, blocked
+    in a read nobody answers, still stops, once. On the old code the read waited for the 30 s safety write."""
+    imds.instance_life_cycle = "spot"
+    boot = _bootstrap(tmp_path, imds, [])
+    handled: list[bool] = []
+    interrupt = boot._interrupt_build
+
+    def first_missed(signum: int, frame: object) -> None:
+        handled.append(bool(handled))
+        if len(handled) > 1:
+            interrupt(signum, frame)
+
+    boot._interrupt_build = first_missed  # type: ignore[method-assign]
+    reading, written = os.pipe()
+    building = threading.Event()
+    safety = threading.Timer(30, lambda: os.write(written, b"x"))
+
+    def build(workdir: Path) -> Path:
+        building.set()
+        os.read(reading, 1)  # a step's output that does not come
+        raise AssertionError("the build was not interrupted")
+
+    previous = signal.getsignal(signal.SIGUSR1)
+    try:
+        boot._watch_spot()
+        threading.Thread(target=lambda: (building.wait(10), imds.interrupt(in_s=120)), daemon=True).start()
+        safety.start()
+        with pytest.raises(Exception, match="Spot interruption"):
+            boot._interruptible_build(build)(tmp_path)
+    finally:
+        safety.cancel()
+        signal.signal(signal.SIGUSR1, previous)
+        if boot.spot_watcher:
+            boot.spot_watcher.stop()
+        os.close(reading)
+        os.close(written)
+    assert len(handled) >= 2 and boot._build_stopped.is_set()
+
+
 def test_a_notice_seen_before_the_build_starts_stops_it_at_once_and_outside_a_build_nothing_is_raised(
         tmp_path, imds, aws):
     from runtime.engine_cache import CacheError, CacheSettings, EngineCache

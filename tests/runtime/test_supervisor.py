@@ -98,7 +98,9 @@ def test_stop_sends_sigterm_then_waits(tmp_path):
     script = ("import signal, sys, time, pathlib\n"
               f"signal.signal(signal.SIGTERM, lambda *a: (pathlib.Path({str(marker)!r}).write_text('x'), sys.exit(0)))\n"
               f"pathlib.Path({str(ready)!r}).write_text('y')\n"
-              "time.sleep(60)\n")
+              # Short sleeps: a SIGTERM that came before a long sleep began would run its handler only at its end
+              # (docs.python.org/3/library/signal.html, "Execution of Python signal handlers").
+              "for _ in range(600): time.sleep(0.1)\n")
     sup = Supervisor(poll_s=0.05)
     sup.start(Child("server", [sys.executable, "-c", script]))
     # The child says when its handler is in place (a fixed head start would race a slow interpreter start).
