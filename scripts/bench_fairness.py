@@ -862,7 +862,8 @@ async def main_async(args: argparse.Namespace) -> dict:
 async def simulated_waits(cap: int, workers: int = 2, seconds: float = 10.0, tokens: int = 64, step_ms: float = 0.6,
                           per_seq_ms: float = 0.025, quiet_share: float = 0.15, flood: float = 3.0, lead: float = 2.0,
                           seed: int = 1, stall_ms: float = 0.0, stall_every_s: float = 0.5,
-                          prefill_ms: float = 0.0, quiet_weight: float = 1.0) -> dict:
+                          prefill_ms: float = 0.0, quiet_weight: float = 1.0,
+                          flood_tokens: tuple[int, int] | None = None) -> dict:
     """The admission code alone (runtime/gateway/fair.py, `workers` gateway workers' admissions sharing one state,
     in process) in front of a simulated engine process, in virtual time: deterministic for a seed, whatever the
     machine's load. The engine runs continuous batching as the reference engine does: each iteration admits the
@@ -883,13 +884,15 @@ async def simulated_waits(cap: int, workers: int = 2, seconds: float = 10.0, tok
     2-8 ms an iteration that admitted one on the H100 host, bench/FAIRNESS_DEVICE.md call 4), so that a burst
     stretches every request's time as on the device; `quiet_own_when_waiting`: how many the quiet account held or
     waited for at each of its requests that waited (a histogram: at or past its part, the burst is the cause).
-    `quiet_weight`: the quiet account's admission weight (the neighbour's is 1): its part of the cap."""
+    `quiet_weight`: the quiet account's admission weight (the neighbour's is 1): its part of the cap.
+    `flood_tokens`: each of the neighbour's requests' tokens drawn from (LO, HI) (`--flood-tokens`), else `tokens`."""
     from fleetcast.config import parse_config
     from runtime.gateway.fair import CLIENT_GONE, FairAdmission
     from runtime.gateway.identity import Refusal
     from runtime.gateway.shared import SharedState
 
     rng = random.Random(seed)
+    lengths = random.Random(seed + 1)  # its own stream: the arrivals are the same with and without drawn lengths
     data = fairness_config(cap, quiet_weight)
     consumers = parse_config(data, "<bench config>").consumers
     now = [0.0]
@@ -954,7 +957,8 @@ async def simulated_waits(cap: int, workers: int = 2, seconds: float = 10.0, tok
             tasks.append(asyncio.ensure_future(request(who, admissions[turn % workers])))
             turn += 1
         elif kind == "step":
-            batch.extend([account, tokens, admission] for account, admission in granted)
+            batch.extend([account, tokens if flood_tokens is None or account == QUIET[0] else lengths.randint(*flood_tokens),
+                          admission] for account, admission in granted)
             admitted = len(granted)
             granted.clear()
             if batch:
@@ -1001,10 +1005,12 @@ def main(argv: list[str] | None = None) -> int:
         # python -m scripts.bench_fairness simulate [CAP ...]: the admission code alone before a simulated engine
         sim = parse_simulate_args(argv[1:])
         for cap in sim.caps or [4, 16]:
-            for workers in (1, 2):
+            for workers, seed in ((w, seed) for w in (1, 2) for seed in range(1, sim.seeds + 1)):
                 row = asyncio.run(simulated_waits(cap, workers, seconds=sim.seconds, prefill_ms=sim.prefill_ms,
-                                                  stall_ms=sim.stall_ms, quiet_weight=sim.quiet_weight))
-                print(f"cap {cap}, {workers} gateway worker{'s' if workers > 1 else ''}: {row['waited']} of "
+                                                  stall_ms=sim.stall_ms, quiet_weight=sim.quiet_weight, seed=seed,
+                                                  flood_tokens=sim.flood_tokens))
+                print(f"cap {cap}, {workers} gateway worker{'s' if workers > 1 else ''}"
+                      f"{f', seed {seed}' if sim.seeds > 1 else ''}: {row['waited']} of "
                       f"{row['quiet_requests']} quiet requests waited for a slot ({row['waited_share']:.1%}); wait P99 "
                       f"{row['wait_p99_ms']} ms, max {row['wait_max_ms']} ms (a request holds its slot "
                       f"{row['request_ms']:g} ms at a full batch); beside it the neighbour held at most "
@@ -1060,11 +1066,15 @@ def parse_simulate_args(argv: list[str]) -> argparse.Namespace:
                    help="what each request an iteration admits adds to it (default 0)")
     p.add_argument("--stall-ms", type=float, default=0.0, help="an engine stall every 0.5 s, this long (default 0)")
     p.add_argument("--quiet-weight", type=float, default=1.0, help="the quiet account's weight (default 1)")
+    p.add_argument("--flood-tokens", type=token_range, default=None, metavar="LO-HI",
+                   help="the neighbour's tokens per request drawn from LO to HI (default: 64 for every request)")
+    p.add_argument("--seeds", type=int, default=1, help="runs with seeds 1 to this, each printed (default 1)")
     args = p.parse_args(argv)
     if any(cap < 1 for cap in args.caps):
         p.error(f"CAP {min(args.caps)}: must be at least 1")
-    if not args.seconds > 0 or args.prefill_ms < 0 or args.stall_ms < 0 or not args.quiet_weight > 0:
-        p.error("--seconds and --quiet-weight must be above 0, --prefill-ms and --stall-ms at least 0")
+    if not args.seconds > 0 or args.prefill_ms < 0 or args.stall_ms < 0 or not args.quiet_weight > 0 or args.seeds < 1:
+        p.error("--seconds and --quiet-weight must be above 0, --prefill-ms and --stall-ms at least 0, --seeds at "
+                "least 1")
     return args
 
 

@@ -65,13 +65,28 @@ def test_the_simulations_arguments_are_checked_and_help_is_printed_without_a_tra
     from scripts.bench_fairness import main, parse_simulate_args
 
     assert parse_simulate_args(["16", "--seconds=20", "--prefill-ms=2.5"]).caps == [16]
+    assert parse_simulate_args(["--seeds", "6", "--flood-tokens", "32-96"]).flood_tokens == (32, 96)
     with pytest.raises(SystemExit) as ended:
         main(["simulate", "--help"])
     assert ended.value.code == 0 and "--prefill-ms" in capsys.readouterr().out
-    for bad in (["x"], ["0"], ["16", "--seconds=0"], ["16", "--bogus"]):
+    for bad in (["x"], ["0"], ["16", "--seconds=0"], ["16", "--bogus"], ["--seeds", "0"], ["--flood-tokens", "9-3"]):
         with pytest.raises(SystemExit) as ended:
             main(["simulate", *bad])
         assert ended.value.code == 2 and "Traceback" not in capsys.readouterr().err
+
+
+def test_the_simulations_drawn_flood_lengths_leave_its_arrivals_as_they_were():
+    """Lengths come from a random stream of their own: a range of one length is the run without a range, whatever
+    the seed, and a wider range changes what the engine serves, not who arrives when."""
+    import asyncio
+
+    from scripts.bench_fairness import simulated_waits
+
+    plain = asyncio.run(simulated_waits(16, 1, seconds=2.0, seed=3))
+    assert asyncio.run(simulated_waits(16, 1, seconds=2.0, seed=3, flood_tokens=(64, 64))) == plain
+    drawn = asyncio.run(simulated_waits(16, 1, seconds=2.0, seed=3, flood_tokens=(8, 120)))
+    assert drawn["quiet_requests"] == plain["quiet_requests"]
+    assert drawn["neighbour_served"] != plain["neighbour_served"]
 
 
 def test_bench_gateway_prints_fair_admissions_cpu_only_against_a_run_with_it_off():
