@@ -286,9 +286,10 @@ def _flood(argv: list[str]) -> None:
     if len(argv) > 6:
         lo, hi = token_range(argv[6])
         bodies = [json.dumps({**json.loads(body), "max_tokens": n}).encode() for n in range(lo, hi + 1)]
+        lengths = random.Random(seed + 1)  # its own stream: the arrivals are those of a run without a range
 
         def next_body() -> bytes:
-            return rng.choice(bodies)
+            return lengths.choice(bodies)
     else:
         def next_body() -> bytes:
             return body
