@@ -1136,6 +1136,33 @@ def test_an_account_at_or_above_its_weighted_share_of_the_recent_service_is_rese
     assert between == {"voice-app": 8, "analytics": 0} and heavy == 8
 
 
+def test_an_account_a_little_past_its_weighted_share_still_counts_as_light_until_a_quarter_past_it(monkeypatch):
+    """The bursts of 12 again, the quiet account then holding its 12 beside the flood's 4 for 2 s or 3 s: the room
+    kept for its bursts holds the flood low, and its slot-seconds over the window climb past its weighted share
+    (half). Within SHARE_SLACK (a quarter past it) it is still light: its next burst of 12 starts at once. Held for
+    3 s it is past the slack, a heavy user, reserved its part: 8 start. At a slack of 1 (the rule before), 2 s
+    was heavy already, and in the simulation the quiet requests that waited at 4 ms of prefill were three times as
+    many (fair.py says where)."""
+    assert fair.SHARE_SLACK == 1.25
+
+    async def burst_after_holding(hold_s: float) -> int:
+        engine = BurstsBesideAFlood()
+        await a_burst_of(engine, 12)
+        engine.clock.now += 0.1
+        assert await engine.send("analytics", 12) == 12
+        engine.clock.now += hold_s
+        await engine.end("analytics")
+        engine.clock.now += 0.1
+        started = await engine.send("analytics", 12)
+        await engine.close()
+        return started
+
+    assert run(burst_after_holding(2.0)) == 12
+    assert run(burst_after_holding(3.0)) == 8
+    monkeypatch.setattr(fair, "SHARE_SLACK", 1.0)
+    assert run(burst_after_holding(2.0)) == 8
+
+
 def test_the_window_forgets_a_burst_two_windows_old():
     """The recent peak is the most in flight in the window under way and the one before (BURST_WINDOW_S each): one
     window after the burst of 10 its room (13 with the headroom) is still kept; two windows after, with the quiet account holding one request
