@@ -119,6 +119,7 @@ class ToolResult:
     requests: int
     saturated: bool | None = None  # None: the tool has no such notion
     note: str = ""
+    run_queue_wait_p99_ms: float | None = None  # the client's own, where the tool measures it (fleetcast's, schedstat)
 
 
 def run_fleetcast(url: str, concurrency: int, requests: int, input_tokens: int, output_tokens: int,
@@ -136,7 +137,8 @@ def run_fleetcast(url: str, concurrency: int, requests: int, input_tokens: int, 
         data = json.loads(out.read_text())
     s = data["runs"][0]["summary"]
     figures = {(m, q): s[m][q] for m, q in METRICS}
-    return ToolResult(figures, s["completed"], s["saturated"], s.get("saturation_reason") or "")
+    waits = s.get("client_run_queue_wait_ms") or {}
+    return ToolResult(figures, s["completed"], s["saturated"], s.get("saturation_reason") or "", waits.get("p99"))
 
 
 def run_aiperf(aiperf: str, url: str, model: str, concurrency: int, requests: int, input_tokens: int,

@@ -61,7 +61,8 @@ def _spin(spinning) -> None:
 
 @pytest.mark.skipif(not HAVE_SCHEDSTAT or len(CPUS) < 2, reason="needs schedstat and two CPUs")
 def test_a_client_whose_core_is_taken_by_busy_processes_flags_its_run(fast_server):
-    """Processes, not threads: the GIL is not what delays the client, the OS run queue is."""
+    """Processes, not threads: the GIL is not what delays the client, the OS run queue is. (The rule that turns a
+    run-queue wait into the flag is test_metrics'; here, that the wait is read end to end.)"""
     core = CPUS[-1]
     ctx = multiprocessing.get_context("spawn")
     spinning = ctx.Semaphore(0)
@@ -78,5 +79,9 @@ def test_a_client_whose_core_is_taken_by_busy_processes_flags_its_run(fast_serve
         for p in spinners:
             p.kill()
             p.join(10)
+    # Which threshold it crosses first depends on how the kernel shares the core (a woken client often preempts the
+    # spinners, so its wait between send and first token can stay short while its loop's timers run late): the run
+    # is flagged for its client either way, and the wait on the run queue is measured.
     assert res.saturated
-    assert "the OS kept the client waiting for a CPU" in res.note, res.note
+    assert "the OS kept the client waiting for a CPU" in res.note or "event-loop lag" in res.note, res.note
+    assert res.run_queue_wait_p99_ms is not None and res.run_queue_wait_p99_ms > 0
