@@ -34,9 +34,9 @@ A reservation sized by the account's bursts, beside a flood. A weighted part is 
 need: at 0.15 of an H100's capacity with 64-token streams a Poisson account's requests come 8 to 20 within 150 ms,
 past half the cap, and each past its part waited for one of the flood's streams to end (23-76 ms;
 bench/FAIRNESS_DEVICE.md, call 4: 59 of 62 queued quiet requests held their whole part). So an active account that
-is not flooding and whose recent service is light is reserved its recent peak in flight and a
-quarter more (BURST_HEADROOM) where that is more than its part, and its next burst of the size it recently had, or a
-little more, starts in the engine's next iteration:
+is not flooding and whose recent service is light is reserved its recent peak in flight and a quarter more
+(BURST_HEADROOM) where that is more than its part, and its next burst of the size it recently had, or a little more,
+starts in the engine's next iteration:
 - "recent": the epoch of BURST_WINDOW_S under way and the one before (between one and two of them); "service":
   slot-seconds, the engine slots its requests held over that time (what the cap divides, so an account of few long
   streams is not counted as light); "light": its slot-seconds over all active accounts' less than SHARE_SLACK times
@@ -51,7 +51,8 @@ little more, starts in the engine's next iteration:
 - What a flood is guaranteed: FLOOD_KEEPS slots at every moment (a burst may never take its last one), and over the
   window what each account that took room from it leaves: that account used less than SHARE_SLACK times its
   weighted share (with two equal weights, under five eighths of the service, so the flood has three eighths or
-  more); the moment the bursty account's service reaches that it is reserved its part again. Bounded work: one pass over the active list, and a few over what it read where a flood has room to give.
+  more); the moment the bursty account's service reaches that it is reserved its part again. Bounded work: one
+  pass over the active list, and a few over what it read where a flood has room to give.
 - What it costs the flood: the reserved room is kept free while the bursty account does not fill it (not work
   conserving), so the engine runs a smaller batch. In `python -m scripts.bench_fairness simulate 16 --seconds=20
   --prefill-ms=2.5` (docs/gateway.md) the neighbour was served 1091 requests against 1923 with the parts alone
