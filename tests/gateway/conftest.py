@@ -144,6 +144,15 @@ def run(coro, timeout: float = 30.0):
     return asyncio.run(asyncio.wait_for(coro, timeout))
 
 
+async def until(condition, timeout: float = 15.0) -> None:
+    """Wait for `condition()`; the generous deadline only bounds a broken run."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while not condition():
+        assert loop.time() < deadline, "condition not reached"
+        await asyncio.sleep(0.02)
+
+
 async def gateway_process(config: Path, port: int, upstream_port: int, endpoints: list[tuple[str, str]],
                           *extra: str, stdout: int = asyncio.subprocess.PIPE):
     """`python -m runtime.gateway` as the supervisor starts it, identity from a loopback EC2 fake answering

@@ -14,19 +14,10 @@ import struct
 
 from fleetcast.contract import telemetry as t
 
-from .conftest import VOICE_VPCE, fleet_config, run, start_harness, stop_harness
+from .conftest import VOICE_VPCE, fleet_config, run, start_harness, stop_harness, until
 from .fakes import Client
 
 PLAIN = {"model": "gpt2-xl", "prompt": "a b c", "max_tokens": 8}
-
-
-async def until(condition, timeout: float = 15.0) -> None:
-    """Wait for `condition()`; the generous deadline only bounds a broken run."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while not condition():
-        assert loop.time() < deadline, "condition not reached"
-        await asyncio.sleep(0.02)
 
 
 def _reset(client: Client) -> None:

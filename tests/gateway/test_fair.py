@@ -41,6 +41,7 @@ from .conftest import (
     run,
     start_harness,
     stop_harness,
+    until,
 )
 from .fakes import Client, one_request
 
@@ -413,10 +414,7 @@ def test_through_the_gateway_a_queued_request_waits_for_the_slot_and_carries_no_
             second = asyncio.ensure_future(one_request(h.port, "POST", "/v1/completions",
                                                        {"model": MODEL_ID, "prompt": "c d", "max_tokens": 2},
                                                        vpce_id=ANALYTICS_VPCE))
-            for _ in range(50):
-                await asyncio.sleep(0.01)
-                if h.gateway.fair.waiting():
-                    break
+            await until(h.gateway.fair.waiting)
             assert h.gateway.fair.waiting() == 1 and h.upstream.arrivals == 1  # held at the gateway, not the engine
             h.upstream.hold.set()
             replies = await asyncio.gather(first, second)
@@ -442,10 +440,7 @@ def test_the_load_a_spill_decision_reads_is_held_waiting_and_capacity_from_the_s
             second = asyncio.ensure_future(one_request(h.port, "POST", "/v1/completions",
                                                        {"model": MODEL_ID, "prompt": "c", "max_tokens": 2},
                                                        vpce_id=ANALYTICS_VPCE))
-            for _ in range(100):
-                await asyncio.sleep(0.01)
-                if h.gateway.fair.waiting():
-                    break
+            await until(h.gateway.fair.waiting)
             during = h.gateway.fair.load(MODEL_ID), h.gateway.fair.load("no-such-model")
             h.upstream.hold.set()
             await asyncio.gather(first, second)
@@ -467,24 +462,15 @@ def test_a_queued_request_gets_the_drains_503_and_one_whose_client_left_never_re
             first = await engine_taken(h)
             leaver = await Client(h.port, VOICE_VPCE).connect()
             await leaver.send("POST", "/v1/completions", {"model": MODEL_ID, "prompt": "b", "max_tokens": 2})
-            for _ in range(100):
-                await asyncio.sleep(0.01)
-                if h.gateway.fair.waiting():
-                    break
+            await until(h.gateway.fair.waiting)
             assert h.gateway.fair.waiting() == 1
             await leaver.close()
-            for _ in range(200):
-                await asyncio.sleep(0.01)
-                if not h.gateway.fair.waiting():
-                    break
+            await until(lambda: not h.gateway.fair.waiting())
             assert h.gateway.fair.waiting() == 0  # withdrawn: its place is free
             queued = asyncio.ensure_future(one_request(h.port, "POST", "/v1/completions",
                                                        {"model": MODEL_ID, "prompt": "c", "max_tokens": 2},
                                                        vpce_id=ANALYTICS_VPCE))
-            for _ in range(100):
-                await asyncio.sleep(0.01)
-                if h.gateway.fair.waiting():
-                    break
+            await until(h.gateway.fair.waiting)
             h.gateway.begin_drain()
             drained = await asyncio.wait_for(queued, 5)
             h.upstream.hold.set()
@@ -518,20 +504,14 @@ def test_a_queued_request_whose_client_half_closes_or_resets_is_withdrawn(leavin
             writer.write(ppv2.build(vpce_id=VOICE_VPCE) + b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: "
                          b"application/json\r\nContent-Length: %d\r\n\r\n" % len(payload) + payload)
             await writer.drain()
-            for _ in range(100):
-                await asyncio.sleep(0.01)
-                if h.gateway.fair.waiting():
-                    break
+            await until(h.gateway.fair.waiting)
             assert h.gateway.fair.waiting() == 1
             if leaving == "half_close":
                 writer.write_eof()
             else:
                 writer.get_extra_info("socket").setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
                 writer.transport.abort()
-            for _ in range(200):
-                await asyncio.sleep(0.01)
-                if not h.gateway.fair.waiting():
-                    break
+            await until(lambda: not h.gateway.fair.waiting())
             left = h.gateway.fair.waiting()
             writer.transport.abort()
             h.upstream.hold.set()
