@@ -222,6 +222,14 @@ def _engine(argv: list[str]) -> None:
     asyncio.run(serve())
 
 
+def off_on_modes(text: str) -> list[str]:
+    """A bench's `--modes`: off, on or off,on, the runs to make in that order (an argparse type)."""
+    modes = [m for m in text.split(",") if m]
+    if not modes or set(modes) - {"off", "on"}:
+        raise argparse.ArgumentTypeError(f"{text!r}: write off, on or off,on")
+    return modes
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["_engine"]:
@@ -233,14 +241,11 @@ def main(argv: list[str] | None = None) -> int:
                    "half of them reach the a10g instance, which holds 2 at once, for about 0.5 s)")
     p.add_argument("--tokens", type=int, default=16, help="output tokens per request (default 16)")
     p.add_argument("--seed", type=int, default=3)
-    p.add_argument("--modes", default="off,on", help="which of off,on to run (default both)")
+    p.add_argument("--modes", type=off_on_modes, default=["off", "on"], help="which of off,on to run (default both)")
     p.add_argument("--json", help="write the figures here as JSON")
     args = p.parse_args(argv)
-    modes = [m for m in args.modes.split(",") if m]
-    if not modes or set(modes) - {"off", "on"}:
-        p.error(f"--modes: {args.modes!r}: write off, on or off,on")
     with tempfile.TemporaryDirectory() as tmp:
-        results = {mode: asyncio.run(run_mode(mode == "on", args, Path(tmp))) for mode in modes}
+        results = {mode: asyncio.run(run_mode(mode == "on", args, Path(tmp))) for mode in args.modes}
     print(json.dumps(results, indent=1))
     print(f"\nrequests within the {SLO_MS:g} ms TTFT target: "
           + ", ".join(f"balancing {m} {r['within_slo']:.1%} (P99 TTFT {r['ttft_p99_ms']} ms)" for m, r in results.items()))

@@ -33,7 +33,7 @@ from typing import Any
 
 import yaml
 
-from scripts.bench_balance import TTFT_MS, Child, _healthy, _start, one
+from scripts.bench_balance import TTFT_MS, Child, _healthy, _start, off_on_modes, one
 from scripts.bench_gateway import FakeEc2Endpoints, free_port
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -398,16 +398,13 @@ def main(argv: list[str] | None = None) -> int:
     p_.add_argument("--rtt-ms", type=float, default=70.0, help="inter-region round trip (default 70)")
     p_.add_argument("--calibration", type=int, default=5, help="unqueued requests per region before the trace")
     p_.add_argument("--request-timeout-s", type=float, default=60.0, help="a request not done by then is an error")
-    p_.add_argument("--modes", default="off,on", help="which of off,on to run (default both)")
+    p_.add_argument("--modes", type=off_on_modes, default=["off", "on"], help="which of off,on to run (default both)")
     p_.add_argument("--seed", type=int, default=7)
     p_.add_argument("--json", help="write the figures here as JSON")
     args = p_.parse_args(argv)
-    modes = [m for m in args.modes.split(",") if m]
-    if not modes or set(modes) - {"off", "on"}:
-        p_.error(f"--modes: {args.modes!r}: write off, on or off,on")
     results = {}
     with tempfile.TemporaryDirectory() as tmp:
-        for mode in modes:
+        for mode in args.modes:
             results[mode] = asyncio.run(run_mode(mode == "on", args, Path(tmp)))
     print(json.dumps(results, indent=1))
     report(results, args)

@@ -40,3 +40,15 @@ def test_balancing_forwards_only_when_on_to_the_cheaper_pool_per_slot_and_meters
     pools = figures["on"]["pools"]
     # l40s: 1.861 USD/h for 8 at once; a10g: 1.006 for 2. The a10g instance's overflow goes to the l40s one.
     assert pools["a10g"]["forwarded_out"] > 0
+
+
+@pytest.mark.parametrize("modes", ["off,x", "", "both"])
+def test_modes_other_than_off_and_on_are_refused_naming_the_flag_before_anything_starts(modes, capsys):
+    """The same `--modes` for scripts/bench_overflow_replay.py (it imports the parser's type)."""
+    from scripts import bench_overflow_replay
+
+    for entry in (main, bench_overflow_replay.main):
+        with pytest.raises(SystemExit) as ended:
+            entry(["--modes", modes])
+        err = capsys.readouterr().err
+        assert ended.value.code == 2 and "--modes" in err and "write off, on or off,on" in err and "Traceback" not in err
