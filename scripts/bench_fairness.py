@@ -6,6 +6,7 @@
         [--ttft-trace] [--json FILE] [--out DIR]
     python -m scripts.bench_fairness simulate [CAP ...] [--prefill-ms=MS] [--quiet-weight=W] [--seconds=S]
         [--stall-ms=MS]   (the admission code alone: `simulated_waits`)
+    python -m scripts.bench_fairness pool DIR [DIR ...]   (several runs' --out directories, their samples pooled)
 
 One reference server (tiny GPT-2, `--batch` its max batch size, one torch thread; on the CPU, or on the GPU
 with `--device cuda`, where its decode steps are CUDA graph replays) behind `python -m runtime.gateway` (PROXY
@@ -37,6 +38,9 @@ and engine processes, back), given per phase (P50/P99 of each, the 10 slowest wh
 lateness and collections (runtime/ttft_trace.py; the raw lines under DIR/trace).
 The last line is the verdict: PASS when the pooled fair-phase ratio is at most 1.1 (the issue's bound), with the
 per-round spread beside it. The verdict is a measurement, so it is printed, never asserted by the test suite.
+A device call is limited to 10 minutes, three rounds' worth; `pool` gives the verdict over several runs of one
+command on one host, their quiet samples pooled (each run's fairness.json, `quiet_samples`, or for a run that wrote
+none, its client trace: `pooled_runs`).
 """
 
 from __future__ import annotations
@@ -45,6 +49,7 @@ import argparse
 import asyncio
 import contextlib
 import gc
+import gzip
 import heapq
 import json
 import os
@@ -713,6 +718,76 @@ def raise_open_files() -> int:
     return resource.getrlimit(resource.RLIMIT_NOFILE)[0]
 
 
+def pooled_figures(samples: dict[str, list]) -> tuple[dict, dict]:
+    """Each phase's figures over its samples, and each phase's P99 over alone's (the ratio the bound reads)."""
+    figures = {name: ttft_figures(rows) for name, rows in samples.items()}
+    alone = figures["alone"]["ttft_p99"]
+    return figures, {name: round(figures[name]["ttft_p99"] / alone, 2) for name in figures if name != "alone"}
+
+
+def run_samples(run: Path) -> tuple[int, dict[str, list]]:
+    """A finished run's rounds and quiet samples per phase: its fairness.json's `quiet_samples`, or, where it wrote
+    none (a run cut short after its rounds, or one from before the field), its client trace (--ttft-trace: a line
+    per quiet request, id `r<round>-<phase>-<n>`). ValueError naming the file or directory that has neither."""
+    results = run / "fairness.json"
+    try:
+        written = json.loads(results.read_text()) if results.is_file() else {}
+        if "quiet_samples" in written:
+            return len(written["rounds"]), {name: [(status, ttft) for status, ttft in rows]
+                                            for name, rows in written["quiet_samples"].items()}
+    except (ValueError, KeyError, TypeError, AttributeError) as e:
+        raise ValueError(f"{results}: not a fairness.json this bench wrote ({type(e).__name__}: {e})") from None
+    samples: dict[str, list] = {}
+    rounds = set()
+    for path in sorted((run / "trace").glob("client-*.jsonl*")):
+        try:
+            text = gzip.decompress(path.read_bytes()).decode() if path.suffix == ".gz" else path.read_text()
+        except (OSError, EOFError, UnicodeDecodeError) as e:
+            raise ValueError(f"{path}: unreadable ({e})") from None
+        for line in text.splitlines():
+            try:
+                rec = json.loads(line)
+            except ValueError:
+                continue  # a line cut by a process that was killed mid-write
+            if isinstance(rec, dict) and rec.get("kind") == "client" and "ttft_ms" in rec:
+                parts = str(rec.get("id")).split("-")
+                if len(parts) != 3:
+                    raise ValueError(f"{path}: a client line's id {rec.get('id')!r} is not r<round>-<phase>-<n>")
+                round_label, name, _ = parts
+                rounds.add(round_label)
+                samples.setdefault(name, []).append((rec.get("status"), rec["ttft_ms"]))
+    if "alone" not in samples or "fair" not in samples:
+        raise ValueError(f"{run}: no quiet samples of the alone and fair phases (neither a fairness.json with "
+                         f"quiet_samples nor a client trace, trace/client-*.jsonl[.gz], written with --ttft-trace)")
+    return len(rounds), samples
+
+
+def pooled_runs(runs: list[Path]) -> list[str]:
+    """The report of `pool`: each run's P99 per phase and ratio, then the figures over every run's samples together
+    and the verdict on them (the bound reads the pooled ratio, as one run's does; the runs' own ratios beside it)."""
+    lines, together, ratios, rounds = [], {}, [], 0
+    for run in runs:
+        run_rounds, samples = run_samples(run)
+        rounds += run_rounds
+        figures, ratio = pooled_figures(samples)
+        ratios.append(ratio["fair"])
+        lines.append(f"{run} ({run_rounds} rounds): " + ", ".join(
+            f"{name} P99 {f['ttft_p99']} ms" + (f" ({ratio[name]}x)" if name in ratio else f" ({f['ok']} samples)")
+            for name, f in figures.items()))
+        for name, rows in samples.items():
+            together.setdefault(name, []).extend(rows)
+    figures, ratio = pooled_figures(together)
+    n_runs = f"{len(runs)} run{'s' if len(runs) != 1 else ''}"
+    lines.append(f"pooled over {n_runs} ({rounds} rounds, {figures['alone']['ok']} samples a phase): " + ", ".join(
+        f"{name} P99 {f['ttft_p99']} ms" + (f" ({ratio[name]}x)" if name in ratio else "")
+        for name, f in figures.items()))
+    v = verdict({"pooled_ratio": ratio, "round_ratios": {"fair": spread(ratios)}})
+    r = v["round_ratios"]
+    return lines + [f"fairness: {'PASS' if v['pass'] else 'FAIL'}: quiet P99 TTFT beside the neighbour is "
+                    f"{v['pooled_ratio']}x its P99 alone (pooled over {n_runs}; bound {v['bound']}x; runs "
+                    f"{r['min']}-{r['max']}x, median {r['median']}x; engine-bound floor {v['engine_bound_ratio']}x)"]
+
+
 def spread(values: list[float]) -> dict:
     ordered = sorted(v for v in values if v == v)
     if not ordered:
@@ -851,10 +926,8 @@ async def main_async(args: argparse.Namespace) -> dict:
     if client_trace is not None:
         client_trace.stop()
         results["ttft_breakdown"] = trace_breakdowns(read_trace(Path(os.environ[TRACE_ENV])), traced)
-    results["pooled"] = {name: ttft_figures(samples) for name, samples in pooled.items()}
-    alone = results["pooled"]["alone"]["ttft_p99"]
-    results["pooled_ratio"] = {name: round(results["pooled"][name]["ttft_p99"] / alone, 2)
-                               for name in results["pooled"] if name != "alone"}
+    results["quiet_samples"] = pooled
+    results["pooled"], results["pooled_ratio"] = pooled_figures(pooled)
     results["round_ratios"] = {name: spread([r[f"ratio_{name}"] for r in results["rounds"]])
                                for name in ("engine_bound", "fair")}
     return results
@@ -1001,6 +1074,18 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["_flood"]:
         _flood(argv[1:])
+        return 0
+    if argv[:1] == ["pool"]:
+        p = argparse.ArgumentParser(prog="python -m scripts.bench_fairness pool",
+                                    description="The verdict over several runs' quiet samples pooled: each DIR a "
+                                                "run's --out directory (its fairness.json, or its client trace).")
+        p.add_argument("runs", nargs="+", type=Path, metavar="DIR",
+                       help="a run's --out directory; pool runs of one command on one host")
+        runs = p.parse_args(argv[1:]).runs
+        try:
+            print("\n".join(pooled_runs(runs)))
+        except ValueError as e:
+            p.error(str(e))
         return 0
     if argv[:1] == ["simulate"]:
         # python -m scripts.bench_fairness simulate [CAP ...]: the admission code alone before a simulated engine

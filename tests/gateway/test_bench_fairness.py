@@ -161,6 +161,70 @@ def test_the_verdict_passes_at_the_issues_bound_and_fails_above_it():
     assert verdict(results(1.1))["pass"] and not verdict(results(1.11))["pass"]
 
 
+def _run_with_results(directory, rounds: int, samples: dict) -> None:
+    import json
+
+    directory.mkdir()
+    (directory / "fairness.json").write_text(json.dumps({"rounds": [{}] * rounds, "quiet_samples": samples}))
+
+
+def _run_with_a_client_trace_only(directory, samples: dict) -> None:
+    """As a run cut short after its rounds leaves it: no fairness.json, the client's trace gzipped (as committed)."""
+    import gzip
+    import json
+
+    (directory / "trace").mkdir(parents=True)
+    lines = [json.dumps({"kind": "lag_second", "at": 1.0, "max_ms": 0.3, "role": "client"})]
+    for name, rows in samples.items():
+        lines += [json.dumps({"kind": "client", "id": f"r{1 + n % 2}-{name}-{n}", "status": status, "ttft_ms": ttft,
+                              "role": "client"}) for n, (status, ttft) in enumerate(rows)]
+    lines.append('{"kind": "client", "id": "r1-fa')  # a line cut by a killed process is passed over
+    (directory / "trace" / "client-7.jsonl.gz").write_bytes(gzip.compress("\n".join(lines).encode()))
+
+
+def test_pool_gives_the_verdict_over_every_runs_samples_together_not_over_their_ratios(tmp_path, capsys):
+    """Two runs of 100 samples a phase: the first's fair P99 1.3x its alone (FAIL alone), the second's 0.8x. Pooled,
+    the P99 is that of the 200 samples together (the percentile the bench uses), here within the bound."""
+    from scripts.bench_fairness import main, percentile
+
+    def ms(base: float, tail: float) -> list:
+        return [[200, base + i / 100] for i in range(98)] + [[200, tail], [200, tail]]
+
+    first = {"alone": ms(4.0, 10.0), "engine_bound": ms(4.0, 20.0), "fair": ms(4.0, 13.0)}
+    second = {"alone": ms(4.0, 10.0), "engine_bound": ms(4.0, 20.0), "fair": ms(4.0, 8.0) + [[429, None]]}
+    _run_with_results(tmp_path / "a", 3, first)
+    _run_with_a_client_trace_only(tmp_path / "b", second)
+    assert main(["pool", str(tmp_path / "a"), str(tmp_path / "b")]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == f"{tmp_path / 'a'} (3 rounds): alone P99 10.0 ms (100 samples), engine_bound P99 20.0 ms (2.0x), " \
+                     "fair P99 13.0 ms (1.3x)"
+    assert out[1].startswith(f"{tmp_path / 'b'} (2 rounds): ") and "fair P99 8.0 ms (0.8x)" in out[1]
+    fair = round(percentile([t for s, t in first["fair"] + second["fair"] if s == 200], 0.99), 2)
+    assert out[2] == f"pooled over 2 runs (5 rounds, 200 samples a phase): alone P99 10.0 ms, engine_bound P99 " \
+                     f"20.0 ms (2.0x), fair P99 {fair} ms ({round(fair / 10.0, 2)}x)"
+    assert fair / 10.0 <= 1.1
+    assert out[3] == (f"fairness: PASS: quiet P99 TTFT beside the neighbour is {round(fair / 10.0, 2)}x its P99 "
+                      f"alone (pooled over 2 runs; bound 1.1x; runs 0.8-1.3x, median 1.05x; engine-bound floor 2.0x)")
+
+
+def test_pool_names_the_run_it_cannot_read_and_prints_no_traceback(tmp_path, capsys):
+    from scripts.bench_fairness import main
+
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "broken").mkdir()
+    (tmp_path / "broken" / "fairness.json").write_text('{"quiet_samples": {"alone": [[200, 4.0]]')
+    (tmp_path / "bad-id" / "trace").mkdir(parents=True)
+    (tmp_path / "bad-id" / "trace" / "client-1.jsonl").write_text('{"kind": "client", "id": "x", "ttft_ms": 1}\n')
+    for run, says in (("empty", "no quiet samples of the alone and fair phases"),
+                      ("broken", "not a fairness.json this bench wrote"),
+                      ("bad-id", "is not r<round>-<phase>-<n>")):
+        with pytest.raises(SystemExit) as stopped:
+            main(["pool", str(tmp_path / run)])
+        assert stopped.value.code == 2
+        err = capsys.readouterr().err
+        assert str(tmp_path / run) in err and says in err and "Traceback" not in err
+
+
 @pytest.fixture(scope="module")
 def steady() -> dict:
     """The simulation without a stall or a prefill, 4 s after a 1 s lead: the tests that read it run it once (2 to

@@ -14,7 +14,16 @@ from pathlib import Path
 import pytest
 
 from runtime.ttft_trace import ENV
-from scripts.bench_fairness import HOPS, SLOWEST, read_trace, request_hops, stalls_in, ttft_breakdown
+from scripts.bench_fairness import (
+    HOPS,
+    SLOWEST,
+    read_trace,
+    request_hops,
+    run_samples,
+    stalls_in,
+    ttft_breakdown,
+    ttft_figures,
+)
 from tests.optional import needs_torch
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -187,6 +196,17 @@ def test_on_loopback_every_quiet_requests_hops_add_up_to_at_most_its_ttft(tmp_pa
         assert all(r["fair"]["accounts"].keys() == {"quiet", "neighbour"} for r in breakdown["slowest"])
     report = done.stdout
     assert "TTFT breakdown, fair:" in report and "slowest" in report
+    # `pool` reads a run back from its fairness.json and, for a run that wrote none, from its client trace: the
+    # run's own pooled P99 either way.
+    from_results = run_samples(out)
+    (out / "fairness.json").rename(out / "results-kept-aside.json")
+    from_trace = run_samples(out)
+    assert from_results[0] == from_trace[0] == 1
+    for phase in ("alone", "engine_bound", "fair"):
+        for _, samples in (from_results, from_trace):
+            figures = ttft_figures(samples[phase])
+            assert (figures["ok"], figures["ttft_p99"]) == (results["pooled"][phase]["ok"],
+                                                            results["pooled"][phase]["ttft_p99"])
 
 
 OUTCOMES = {"within_part", "free_room", "queue_full", "queued:cap_full", "queued:behind_own_waiting",
