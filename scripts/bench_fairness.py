@@ -6,7 +6,7 @@
         [--ttft-trace] [--json FILE] [--out DIR]
     python -m scripts.bench_fairness simulate [CAP ...] [--prefill-ms=MS] [--quiet-weight=W] [--seconds=S]
         [--stall-ms=MS]   (the admission code alone: `simulated_waits`)
-    python -m scripts.bench_fairness pool DIR [DIR ...]   (several runs' --out directories, their samples pooled)
+    python -m scripts.bench_fairness pool DIR [DIR ...] [--png FILE]   (several runs' samples pooled)
 
 One reference server (tiny GPT-2, `--batch` its max batch size, one torch thread; on the CPU, or on the GPU
 with `--device cuda`, where its decode steps are CUDA graph replays) behind `python -m runtime.gateway` (PROXY
@@ -762,15 +762,17 @@ def run_samples(run: Path) -> tuple[int, dict[str, list]]:
     return len(rounds), samples
 
 
-def pooled_runs(runs: list[Path]) -> list[str]:
+def pooled_runs(runs: list[Path], png: Path | None = None) -> list[str]:
     """The report of `pool`: each run's P99 per phase and ratio, then the figures over every run's samples together
-    and the verdict on them (the bound reads the pooled ratio, as one run's does; the runs' own ratios beside it)."""
-    lines, together, ratios, rounds = [], {}, [], 0
+    and the verdict on them (the bound reads the pooled ratio, as one run's does; the runs' own ratios beside it);
+    with `png`, the picture of it (`draw_pooled`)."""
+    lines, together, ratios, rounds, per_run = [], {}, [], 0, []
     for run in runs:
         run_rounds, samples = run_samples(run)
         rounds += run_rounds
         figures, ratio = pooled_figures(samples)
         ratios.append(ratio["fair"])
+        per_run.append((run.name, ratio))
         lines.append(f"{run} ({run_rounds} rounds): " + ", ".join(
             f"{name} P99 {f['ttft_p99']} ms" + (f" ({ratio[name]}x)" if name in ratio else f" ({f['ok']} samples)")
             for name, f in figures.items()))
@@ -783,9 +785,80 @@ def pooled_runs(runs: list[Path]) -> list[str]:
         for name, f in figures.items()))
     v = verdict({"pooled_ratio": ratio, "round_ratios": {"fair": spread(ratios)}})
     r = v["round_ratios"]
+    if png is not None:
+        draw_pooled(png, together, figures, ratio, per_run)
+        lines.append(f"drew {png}")
     return lines + [f"fairness: {'PASS' if v['pass'] else 'FAIL'}: quiet P99 TTFT beside the neighbour is "
                     f"{v['pooled_ratio']}x its P99 alone (pooled over {n_runs}; bound {v['bound']}x; runs "
                     f"{r['min']}-{r['max']}x, median {r['median']}x; engine-bound floor {v['engine_bound_ratio']}x)"]
+
+
+PHASE_LABELS = {"alone": "alone", "engine_bound": "engine-bound (the neighbour held to its part)",
+                "fair": "beside the flood, fair admission", "fcfs": "beside the flood, first come first served"}
+
+
+def draw_pooled(png: Path, samples: dict[str, list], figures: dict, ratio: dict, per_run: list[tuple[str, dict]]) -> None:
+    """Left: the quiet account's TTFT tail pooled over the runs, per phase (the share of requests slower than each
+    TTFT, log scale, down to the slowest), each P99 marked and the bound (1.1x alone's P99) drawn, so a reader sees
+    where the fair tail leaves alone's. Right: each run's P99 ratio to alone, fair and engine-bound, against the
+    bound and the pooled ratio."""
+    import matplotlib
+    import matplotlib.ticker
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (tail, runs_ax) = plt.subplots(1, 2, figsize=(12, 4.6), gridspec_kw={"width_ratios": [1.6, 1]})
+    for i, (name, rows) in enumerate((n, samples[n]) for n in PHASE_LABELS if n in samples):
+        ttfts = sorted(t for st, t in rows if st == 200 and t is not None)
+        share_slower = [(len(ttfts) - k) / len(ttfts) for k in range(len(ttfts))]
+        p99 = figures[name]["ttft_p99"]
+        label = f"{PHASE_LABELS[name]}: P99 {p99:g} ms" + (f" ({ratio[name]}x)" if name in ratio else "")
+        tail.step(ttfts, share_slower, where="post", color=f"C{i}", linewidth=1.4, label=label)
+        tail.plot([p99], [0.01], marker="o", color=f"C{i}")
+    bound = BOUND * figures["alone"]["ttft_p99"]
+    tail.axvline(bound, color="0.3", linestyle="--", linewidth=1)
+    tail.text(bound, 0.5, f" bound: {BOUND:g}x alone's P99\n = {bound:.2f} ms", fontsize=8, va="top")
+    tail.axhline(0.01, color="0.7", linewidth=0.8)
+    tail.set_yscale("log")
+    tail.set_xscale("log")
+    # Plain milliseconds at a few round values: matplotlib's minor labels of a log axis (3x10^0, 4x10^0) overlap.
+    lo, hi = tail.get_xlim()
+    ticks = [t for t in (1, 2, 3, 5, 7, 10, 15, 20, 30, 50, 70, 100, 150, 200, 300, 500, 1000) if lo <= t <= hi]
+    tail.xaxis.set_major_locator(matplotlib.ticker.FixedLocator(ticks))
+    tail.xaxis.set_major_formatter(matplotlib.ticker.FixedFormatter([f"{t:g}" for t in ticks]))
+    tail.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
+    tail.set_xlabel("quiet account's TTFT (ms, log scale)")
+    tail.set_ylabel("share of its requests slower (log scale)")
+    tail.set_title(f"Quiet account's TTFT tail, {figures['alone']['ok']} requests a phase pooled over "
+                   f"{len(per_run)} run{'s' if len(per_run) != 1 else ''}; dots: each P99", fontsize=10)
+    tail.legend(fontsize=8, loc="lower left")
+    tail.grid(alpha=0.3, which="both")
+    xs = range(len(per_run))
+    runs_ax.plot(xs, [r.get("engine_bound") for _, r in per_run], "s", color="C1", label="engine-bound")
+    runs_ax.plot(xs, [r["fair"] for _, r in per_run], "o", color="C2", label="fair admission")
+    runs_ax.axhline(BOUND, color="0.3", linestyle="--", linewidth=1, label=f"bound {BOUND:g}x")
+    runs_ax.axhline(ratio["fair"], color="C2", linewidth=1, alpha=0.6, label=f"fair, pooled: {ratio['fair']}x")
+    runs_ax.axhline(1.0, color="0.7", linewidth=0.8)
+    runs_ax.set_xticks(list(xs))
+    # The runs' directories, less the part they share (fairness-h200-...-1, -2: "1", "2"), the whole name where
+    # that leaves nothing.
+    names = [name for name, _ in per_run]
+    common = os.path.commonprefix(names) if len(names) > 1 else ""
+    labels = [name[len(common):] or name for name in names]
+    long_labels = max(map(len, labels)) > 6
+    runs_ax.set_xticklabels(labels, rotation=30 if long_labels else 0, ha="right" if long_labels else "center",
+                            fontsize=8)
+    if common:
+        runs_ax.set_xlabel(f"run ({common}...)", fontsize=8)
+    runs_ax.set_ylabel("P99 TTFT over alone's, same run")
+    runs_ax.set_title("Each run (three rounds)", fontsize=10)
+    runs_ax.legend(fontsize=8)
+    runs_ax.grid(alpha=0.3, axis="y")
+    fig.tight_layout()
+    png.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(png, dpi=110)
+    plt.close(fig)
 
 
 def spread(values: list[float]) -> dict:
@@ -1081,9 +1154,10 @@ def main(argv: list[str] | None = None) -> int:
                                                 "run's --out directory (its fairness.json, or its client trace).")
         p.add_argument("runs", nargs="+", type=Path, metavar="DIR",
                        help="a run's --out directory; pool runs of one command on one host")
-        runs = p.parse_args(argv[1:]).runs
+        p.add_argument("--png", type=Path, help="draw the pooled TTFT tail per phase and each run's ratio")
+        pool = p.parse_args(argv[1:])
         try:
-            print("\n".join(pooled_runs(runs)))
+            print("\n".join(pooled_runs(pool.runs, pool.png)))
         except ValueError as e:
             p.error(str(e))
         return 0

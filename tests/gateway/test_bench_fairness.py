@@ -194,8 +194,12 @@ def test_pool_gives_the_verdict_over_every_runs_samples_together_not_over_their_
     second = {"alone": ms(4.0, 10.0), "engine_bound": ms(4.0, 20.0), "fair": ms(4.0, 8.0) + [[429, None]]}
     _run_with_results(tmp_path / "a", 3, first)
     _run_with_a_client_trace_only(tmp_path / "b", second)
-    assert main(["pool", str(tmp_path / "a"), str(tmp_path / "b")]) == 0
+    png = tmp_path / "pooled.png"
+    assert main(["pool", str(tmp_path / "a"), str(tmp_path / "b"), "--png", str(png)]) == 0
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     out = capsys.readouterr().out.splitlines()
+    assert out[3] == f"drew {png}"
+    del out[3]
     assert out[0] == f"{tmp_path / 'a'} (3 rounds): alone P99 10.0 ms (100 samples), engine_bound P99 20.0 ms (2.0x), " \
                      "fair P99 13.0 ms (1.3x)"
     assert out[1].startswith(f"{tmp_path / 'b'} (2 rounds): ") and "fair P99 8.0 ms (0.8x)" in out[1]
