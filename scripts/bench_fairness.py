@@ -735,6 +735,8 @@ def run_samples(run: Path) -> tuple[int, dict[str, list]]:
         if "quiet_samples" in written:
             return len(written["rounds"]), {name: [(status, ttft) for status, ttft in rows]
                                             for name, rows in written["quiet_samples"].items()}
+    except OSError as e:
+        raise ValueError(f"{results}: unreadable ({e.strerror or e})") from None
     except (ValueError, KeyError, TypeError, AttributeError) as e:
         raise ValueError(f"{results}: not a fairness.json this bench wrote ({type(e).__name__}: {e})") from None
     samples: dict[str, list] = {}
@@ -1160,6 +1162,8 @@ def main(argv: list[str] | None = None) -> int:
             print("\n".join(pooled_runs(pool.runs, pool.png)))
         except ValueError as e:
             p.error(str(e))
+        except OSError as e:  # the runs were read (their errors are ValueErrors): the picture could not be written
+            p.error(f"--png {pool.png}: cannot write it ({e.strerror or e})")
         return 0
     if argv[:1] == ["simulate"]:
         # python -m scripts.bench_fairness simulate [CAP ...]: the admission code alone before a simulated engine

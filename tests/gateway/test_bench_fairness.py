@@ -229,6 +229,19 @@ def test_pool_names_the_run_it_cannot_read_and_prints_no_traceback(tmp_path, cap
         assert str(tmp_path / run) in err and says in err and "Traceback" not in err
 
 
+def test_pool_names_the_picture_it_cannot_write(tmp_path, capsys):
+    from scripts.bench_fairness import main
+
+    samples = {"alone": [[200, 4.0]] * 10, "engine_bound": [[200, 5.0]] * 10, "fair": [[200, 4.0]] * 10}
+    _run_with_results(tmp_path / "a", 1, samples)
+    (tmp_path / "a-file").write_text("")
+    with pytest.raises(SystemExit) as stopped:
+        main(["pool", str(tmp_path / "a"), "--png", str(tmp_path / "a-file" / "pooled.png")])
+    assert stopped.value.code == 2
+    err = capsys.readouterr().err
+    assert f"--png {tmp_path / 'a-file' / 'pooled.png'}: cannot write it" in err and "Traceback" not in err
+
+
 @pytest.fixture(scope="module")
 def steady() -> dict:
     """The simulation without a stall or a prefill, 4 s after a 1 s lead: the tests that read it run it once (2 to
