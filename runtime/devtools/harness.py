@@ -20,6 +20,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -163,6 +164,7 @@ class RuntimeProcess:
     lines: list[str] = field(default_factory=list)
     events: queue.Queue[dict[str, Any]] = field(default_factory=queue.Queue)
     seen: list[dict[str, Any]] = field(default_factory=list)
+    pump: threading.Thread | None = None
 
     def _pump(self) -> None:
         assert self.proc.stdout is not None
@@ -194,18 +196,32 @@ class RuntimeProcess:
                 return record
         return None
 
-    def emf(self) -> list[dict[str, Any]]:
-        out = []
-        for line in self.lines:
-            if line.startswith('{"Fleet"') or '"_aws"' in line:
-                try:
-                    out.append(json.loads(line))
-                except ValueError:
-                    pass
-        return out
+    def emf(self, where: Callable[[dict[str, Any]], bool] | None = None, wait_s: float = 10.0) -> list[dict[str, Any]]:
+        """The EMF records the process has written; with `where`, the ones it selects, waiting up to `wait_s` for the
+        first. The wait is for the pump thread, not the process: a record written before something the test saw (the
+        process's exit, a call it made to a fake AWS API) may still be in the pipe, unread (a full run of the suite
+        read a SetInstanceHealth call before the SERVER_UNRECOVERABLE record written ahead of it)."""
+        deadline = time.monotonic() + wait_s
+        if self.proc.poll() is not None and self.pump is not None:
+            self.pump.join(wait_s)  # the process has ended: its records are all in the pipe (unless a child holds it)
+        while True:
+            out = []
+            for line in list(self.lines):
+                if line.startswith('{"Fleet"') or '"_aws"' in line:
+                    try:
+                        out.append(json.loads(line))
+                    except ValueError:
+                        pass
+            if where is None:
+                return out
+            selected = [r for r in out if where(r)]
+            if selected or time.monotonic() >= deadline:
+                return selected
+            time.sleep(0.05)
 
     def metric_values(self, name: str) -> list[float]:
-        return [r[name] for r in self.emf() if name in r]
+        """The values of metric `name` the process wrote, waiting (`emf`) for the first."""
+        return [r[name] for r in self.emf(lambda r: name in r)]
 
 
 class LocalAws:
@@ -352,5 +368,6 @@ class LocalAws:
         proc = subprocess.Popen([sys.executable, "-m", "runtime.bootstrap"], env=env, cwd=str(cwd or REPO),
                                 stdout=subprocess.PIPE, stderr=stderr, text=True)
         rp = RuntimeProcess(proc=proc, started=time.monotonic())
-        threading.Thread(target=rp._pump, daemon=True).start()
+        rp.pump = threading.Thread(target=rp._pump, daemon=True)
+        rp.pump.start()
         return rp

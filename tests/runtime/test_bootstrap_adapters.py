@@ -91,7 +91,7 @@ def test_a_staged_adapter_is_fetched_before_its_base_model_serves_and_requests_f
         # The base model's own requests carry no adapter and still work next to it.
         assert call(port, "POST", "/v1/completions", {"model": base.id, "prompt": "hi", "max_tokens": 2})[0] == 200
         stop(rp)
-        metered = [r for r in rp.emf() if r.get(telemetry.DIM_MODEL) == ADAPTER_ID]
+        metered = rp.emf(lambda r: r.get(telemetry.DIM_MODEL) == ADAPTER_ID)
         assert len(metered) == 1 and metered[0][telemetry.OUTPUT_TOKENS] == 3  # metered as the adapter
     finally:
         stop(rp)
@@ -109,7 +109,7 @@ def test_an_adapter_never_staged_fails_its_model_by_name_and_arms_its_breaker(tm
         rp = aws.start_runtime(env, tmp_path / "log")
         assert rp.proc.wait(240) == 0
         assert [c.result for c in aws.asg.completed if c.hook == telemetry.LAUNCH_HOOK] == ["ABANDON"]
-        (abandoned,) = [r for r in rp.emf() if telemetry.LAUNCH_ABANDONED in r]
+        (abandoned,) = rp.emf(lambda r: telemetry.LAUNCH_ABANDONED in r)
         assert f"model {base.id}: StagingMissing: adapter {ADAPTER_ID}:" in abandoned["error"]
         assert "fleetcast stage adapter --adapter gpt2-tiny-sql" in abandoned["error"]
         assert f"model {good.id}:" not in abandoned["error"]
@@ -141,7 +141,7 @@ def test_the_breaker_of_a_model_whose_adapter_keeps_missing_opens_then_clears_on
                               **{Var.STAGING_WAIT_S.value: "1"})
         first = aws.start_runtime(env, tmp_path / "log-a")
         assert first.proc.wait(240) == 0
-        (abandoned,) = [r for r in first.emf() if telemetry.LAUNCH_ABANDONED in r]
+        (abandoned,) = first.emf(lambda r: telemetry.LAUNCH_ABANDONED in r)
         # Open: the model is given up at once (CircuitOpen, not another staging wait), by name.
         assert f"model {base.id}: CircuitOpen" in abandoned["error"] and f"model {good.id}:" not in abandoned["error"]
         assert f"once s3://{aws.bucket}/{missing} is staged" in abandoned["error"]

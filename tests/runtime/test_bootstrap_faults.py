@@ -82,7 +82,7 @@ def test_uploads_refused_with_503_abandon_the_launch_with_the_cause(faulty, tmp_
     assert hook_results(aws, "i-00000000000000f01") == ["ABANDON"]
     log = (tmp_path / "log").read_text()
     assert "S3UploadFailedError" in log and "; retry " in log
-    abandoned = [r for r in rp.emf() if telemetry.LAUNCH_ABANDONED in r]
+    abandoned = rp.emf(lambda r: telemetry.LAUNCH_ABANDONED in r)
     assert [r["cause"] for r in abandoned] == ["StorageUnavailable"]
     assert aws.keys("locks/") == [] and aws.keys("failures/") == []
 
@@ -103,7 +103,7 @@ def test_downloads_that_keep_breaking_or_stall_abandon_the_launch(faulty, tmp_pa
     assert "RetriesExceededError" in log
     if action == "stall":
         assert "stalled" in log
-    assert [r["cause"] for r in rp.emf() if telemetry.LAUNCH_ABANDONED in r] == ["StorageUnavailable"]
+    assert [r["cause"] for r in rp.emf(lambda r: telemetry.LAUNCH_ABANDONED in r)] == ["StorageUnavailable"]
 
 
 def _server_pids(log_file) -> list[int]:
