@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from fleetcast.config.model import ConsumerAdmission
 from scripts.bench_fairness import parse_args, pin_plan
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -50,10 +51,31 @@ def test_each_call_runs_the_bench_on_the_gpu_with_three_rounds_and_writes_under_
     args = parse_args(argv)
     assert args.device == "cuda" and args.repeats >= 3 and args.out == "$F"
     assert "F=$OUT/" in commands()[call]
-    # Its phases fit the timeout with room for the start (torch, CUDA graphs) and the stop: per round the capacity,
-    # the alone phase and two phases with the neighbour's lead, plus one phase first come first served.
-    phases = args.repeats * (args.capacity_s + 3 * args.seconds + 2 * (args.lead + 1)) + args.seconds + args.lead + 1
-    assert phases + 90 < limit
+    assert phases_s(args) + 90 < limit
+
+
+def phases_s(args) -> float:
+    """The seconds a run's phases take: per round the capacity, the alone phase and two phases with the neighbour's
+    lead, plus one phase first come first served. A run's timeout holds them and 90 s for the start (torch, CUDA
+    graphs) and the stop."""
+    return args.repeats * (args.capacity_s + 3 * args.seconds + 2 * (args.lead + 1)) + args.seconds + args.lead + 1
+
+
+def test_the_call_to_repeat_fits_the_run_tools_limits_and_each_run_leaves_room_for_its_phases():
+    """Calls 13 to 15's command, the wheels unpacked in the carried `.site/`: two runs of the bench in one call, each
+    packed into one archive (at most 8 files come back). Each run's timeout holds its phases, the start and the stop
+    (call 15 gave one run 230 s, which cut it in its report), and the runs together fit the call's 600 s."""
+    (cmd,) = re.findall(r"\n    (export PYTHONPATH=\$PWD/\.site:\$PWD .*)\n", RUNBOOK.read_text())
+    assert len(cmd) <= COMMAND_LIMIT
+    assert subprocess.run(["bash", "-n", "-c", cmd], capture_output=True).returncode == 0
+    limit, argv = bench_argv(cmd)
+    args = parse_args(argv)
+    assert args.device == "cuda" and args.repeats >= 3 and args.out == "$F" and args.ttft_trace
+    # The config's default, the setting the verdict is about.
+    assert args.neighbour_max_queued == ConsumerAdmission.model_fields["max_queued"].default
+    loop = re.search(r"for v in ([^;]*); do", cmd)
+    assert loop is not None and "tar czf $OUT/$v.tgz -C /tmp $v" in cmd
+    assert phases_s(args) + 90 < limit and len(loop.group(1).split()) * limit + 20 <= CALL_LIMIT_S
 
 
 def test_call_3_is_call_2_at_a_cap_of_4_writing_beside_it():
