@@ -440,11 +440,15 @@ SLOWEST = 10
 
 
 def read_trace(directory: Path) -> dict:
-    """The trace files of every process (DIR/<role>-<pid>.jsonl): requests by id (the engine's by its own id, which
-    the HTTP process's line names), and the stall lines (loop lag, collections), each with its file's name."""
+    """The trace files of every process (DIR/<role>-<pid>.jsonl, or .jsonl.gz as committed under bench/data):
+    requests by id (the engine's by its own id, which the HTTP process's line names), and the stall lines (loop lag,
+    collections), each with its file's name."""
     out: dict = {"client": {}, "gateway": {}, "http": {}, "engine": {}, "stalls": []}
-    for path in sorted(directory.glob("*.jsonl")):
-        for line in path.read_text().splitlines():
+    for path in sorted([*directory.glob("*.jsonl"), *directory.glob("*.jsonl.gz")]):
+        gzipped = path.suffix == ".gz"
+        text = gzip.decompress(path.read_bytes()).decode() if gzipped else path.read_text()
+        source = path.name.removesuffix(".gz").removesuffix(".jsonl")
+        for line in text.splitlines():
             try:
                 rec = json.loads(line)
             except ValueError:
@@ -455,7 +459,7 @@ def read_trace(directory: Path) -> dict:
             elif kind == "engine":
                 out["engine"][rec["rid"]] = rec
             else:
-                out["stalls"].append({**rec, "source": path.stem})
+                out["stalls"].append({**rec, "source": source})
     return out
 
 
@@ -741,23 +745,18 @@ def run_samples(run: Path) -> tuple[int, dict[str, list]]:
         raise ValueError(f"{results}: not a fairness.json this bench wrote ({type(e).__name__}: {e})") from None
     samples: dict[str, list] = {}
     rounds = set()
-    for path in sorted((run / "trace").glob("client-*.jsonl*")):
-        try:
-            text = gzip.decompress(path.read_bytes()).decode() if path.suffix == ".gz" else path.read_text()
-        except (OSError, EOFError, UnicodeDecodeError) as e:
-            raise ValueError(f"{path}: unreadable ({e})") from None
-        for line in text.splitlines():
-            try:
-                rec = json.loads(line)
-            except ValueError:
-                continue  # a line cut by a process that was killed mid-write
-            if isinstance(rec, dict) and rec.get("kind") == "client" and "ttft_ms" in rec:
-                parts = str(rec.get("id")).split("-")
-                if len(parts) != 3:
-                    raise ValueError(f"{path}: a client line's id {rec.get('id')!r} is not r<round>-<phase>-<n>")
-                round_label, name, _ = parts
-                rounds.add(round_label)
-                samples.setdefault(name, []).append((rec.get("status"), rec["ttft_ms"]))
+    try:
+        clients = read_trace(run / "trace")["client"].values() if (run / "trace").is_dir() else []
+    except (OSError, EOFError, UnicodeDecodeError, KeyError) as e:
+        raise ValueError(f"{run / 'trace'}: unreadable ({type(e).__name__}: {e})") from None
+    for rec in clients:
+        if "ttft_ms" in rec:
+            parts = str(rec["id"]).split("-")
+            if len(parts) != 3:
+                raise ValueError(f"{run / 'trace'}: a client line's id {rec['id']!r} is not r<round>-<phase>-<n>")
+            round_label, name, _ = parts
+            rounds.add(round_label)
+            samples.setdefault(name, []).append((rec.get("status"), rec["ttft_ms"]))
     if "alone" not in samples or "fair" not in samples:
         raise ValueError(f"{run}: no quiet samples of the alone and fair phases (neither a fairness.json with "
                          f"quiet_samples nor a client trace, trace/client-*.jsonl[.gz], written with --ttft-trace)")
@@ -786,13 +785,10 @@ def pooled_runs(runs: list[Path], png: Path | None = None) -> list[str]:
         f"{name} P99 {f['ttft_p99']} ms" + (f" ({ratio[name]}x)" if name in ratio else "")
         for name, f in figures.items()))
     v = verdict({"pooled_ratio": ratio, "round_ratios": {"fair": spread(ratios)}})
-    r = v["round_ratios"]
     if png is not None:
         draw_pooled(png, together, figures, ratio, per_run)
         lines.append(f"drew {png}")
-    return lines + [f"fairness: {'PASS' if v['pass'] else 'FAIL'}: quiet P99 TTFT beside the neighbour is "
-                    f"{v['pooled_ratio']}x its P99 alone (pooled over {n_runs}; bound {v['bound']}x; runs "
-                    f"{r['min']}-{r['max']}x, median {r['median']}x; engine-bound floor {v['engine_bound_ratio']}x)"]
+    return lines + [verdict_line(v, "the neighbour", f"pooled over {n_runs}", "runs")]
 
 
 PHASE_LABELS = {"alone": "alone", "engine_bound": "engine-bound (the neighbour held to its part)",
@@ -858,9 +854,15 @@ def draw_pooled(png: Path, samples: dict[str, list], figures: dict, ratio: dict,
     runs_ax.legend(fontsize=8)
     runs_ax.grid(alpha=0.3, axis="y")
     fig.tight_layout()
-    png.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(png, dpi=110)
-    plt.close(fig)
+    # Written whole or not at all: a failed write leaves no half a picture where an earlier one was.
+    partial = png.with_name(png.name + ".partial")
+    try:
+        png.parent.mkdir(parents=True, exist_ok=True)
+        fig.savefig(partial, dpi=110, format="png")
+        partial.replace(png)
+    finally:
+        plt.close(fig)
+        partial.unlink(missing_ok=True)
 
 
 def spread(values: list[float]) -> dict:
@@ -1348,11 +1350,16 @@ def report_lines(results: dict, args: argparse.Namespace) -> list[str]:
         lines += breakdown_lines(name, b, b.get("stalls"))
     if "admission_cpu_us" in results:
         lines += fair_admission_cpu_lines(results["admission_cpu_us"])
-    v = results["verdict"]
+    return lines + [verdict_line(results["verdict"], f"a neighbour at {args.flood:g} R", "pooled", "rounds")]
+
+
+def verdict_line(v: dict, beside: str, pooled: str, spread_of: str) -> str:
+    """The report's last line: `verdict`'s pass, the pooled ratio against the bound, the spread of the rounds' (or
+    the runs') own ratios and the engine-bound floor."""
     r = v["round_ratios"]
-    return lines + [f"fairness: {'PASS' if v['pass'] else 'FAIL'}: quiet P99 TTFT beside a neighbour at "
-                    f"{args.flood:g} R is {v['pooled_ratio']}x its P99 alone (pooled; bound {v['bound']}x; rounds "
-                    f"{r['min']}-{r['max']}x, median {r['median']}x; engine-bound floor {v['engine_bound_ratio']}x)"]
+    return (f"fairness: {'PASS' if v['pass'] else 'FAIL'}: quiet P99 TTFT beside {beside} is {v['pooled_ratio']}x "
+            f"its P99 alone ({pooled}; bound {v['bound']}x; {spread_of} {r['min']}-{r['max']}x, median {r['median']}x; "
+            f"engine-bound floor {v['engine_bound_ratio']}x)")
 
 
 if __name__ == "__main__":

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from fleetcast.config import parse_config
@@ -240,6 +242,28 @@ def test_pool_names_the_picture_it_cannot_write(tmp_path, capsys):
     assert stopped.value.code == 2
     err = capsys.readouterr().err
     assert f"--png {tmp_path / 'a-file' / 'pooled.png'}: cannot write it" in err and "Traceback" not in err
+
+def test_a_picture_whose_write_fails_midway_leaves_the_one_before_whole(tmp_path, capsys, monkeypatch):
+    """The disk fills while matplotlib writes: the earlier picture stays as it was, and no part of the new one."""
+    import matplotlib.figure
+
+    from scripts.bench_fairness import main
+
+    samples = {"alone": [[200, 4.0]] * 10, "engine_bound": [[200, 5.0]] * 10, "fair": [[200, 4.0]] * 10}
+    _run_with_results(tmp_path / "a", 1, samples)
+    png = tmp_path / "pooled.png"
+    png.write_bytes(b"the picture before")
+
+    def half_written(self, path, **kw):
+        Path(path).write_bytes(b"\x89PNG half")
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(matplotlib.figure.Figure, "savefig", half_written)
+    with pytest.raises(SystemExit):
+        main(["pool", str(tmp_path / "a"), "--png", str(png)])
+    assert f"--png {png}: cannot write it (No space left on device)" in capsys.readouterr().err
+    assert png.read_bytes() == b"the picture before"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a", "pooled.png"]
 
 
 @pytest.fixture(scope="module")
