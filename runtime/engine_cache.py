@@ -224,6 +224,11 @@ def _conflict(exc: ClientError) -> bool:
     return _code(exc) == "ConditionalRequestConflict" or _status(exc) == 409
 
 
+# A conditional PutObject that keeps meeting 409 ConditionalRequestConflict (another write overlapping it each time)
+# is tried this many times, backing off, before the cache reports S3 as unavailable.
+_CONFLICT_ATTEMPTS = 6
+
+
 def _not_found(exc: ClientError) -> bool:
     return _code(exc) in ("NoSuchKey", "404", "NotFound") or _status(exc) == 404
 
@@ -417,15 +422,42 @@ class EngineCache:
         n = len(self.failures()) + 1
         for _ in range(100):
             key = f"{self.failure_prefix}{n:04d}.json"
-            try:
-                self._call("put_object", Bucket=self.bucket, Key=key, Body=json.dumps(body).encode(),
-                           IfNoneMatch="*", ContentType="application/json")
+            if self.put_if_at(key, json.dumps(body).encode(), None) is not None:
                 return key
-            except ClientError as exc:
-                if not (_precondition_failed(exc) or _conflict(exc)):
-                    raise
-                n += 1
+            n += 1
         raise CacheError(f"could not write a failure marker under {self.failure_prefix}")
+
+    # ------------------------------------------------------------ conditional writes
+
+    def put_if_at(self, key: str, body: bytes, etag: str | None) -> str | None:
+        """Write `body` at `key` if the key is still at `etag` (None: absent). The new ETag, or None when the key
+        has moved on (S3 answered 412 or 404, or another ETag is there now).
+
+        Two answers are not what they look like. A 409 ConditionalRequestConflict is an overlap, not a verdict:
+        PutObject's reference says to fetch the ETag and retry, so the write is retried while the key is still at
+        `etag`. And a write whose answer was lost (RetryingS3 sent it again after a timeout or a 5xx) meets its own
+        first copy: the key holding exactly `body` is this write's (every body written here is unique: a nonce, a
+        build id, a time).
+        """
+        condition = {"IfMatch": etag} if etag is not None else {"IfNoneMatch": "*"}
+        for attempt in range(1, _CONFLICT_ATTEMPTS + 1):
+            try:
+                resp = self._call("put_object", Bucket=self.bucket, Key=key, Body=body,
+                                  ContentType="application/json", **condition)
+                return str(resp["ETag"])
+            except ClientError as exc:
+                if not (_conflict(exc) or _precondition_failed(exc) or _not_found(exc)):
+                    raise
+                overlapped = _conflict(exc)
+            _, current, raw = self._get_json(key)
+            if raw == body:
+                return current
+            if not overlapped or current != etag:
+                return None
+            if attempt < _CONFLICT_ATTEMPTS:
+                self._sleep(min(2.0, 0.05 * 2 ** attempt) * random.uniform(0.5, 1.0))
+        raise StorageUnavailable(f"S3 PutObject of s3://{self.bucket}/{key} met {_CONFLICT_ATTEMPTS} conflicting "
+                                 "writes in a row (409 ConditionalRequestConflict)")
 
     def clear_failures(self) -> None:
         for key in self.failures():
@@ -441,16 +473,11 @@ class EngineCache:
     def try_lock(self, build_id: str) -> _Lock | None:
         """Take the lock if it is free or stale; None when someone else holds it."""
         body = self._lock_body(build_id)
-        try:
-            resp = self._call("put_object", Bucket=self.bucket, Key=self.lock_key, Body=json.dumps(body).encode(),
-                              IfNoneMatch="*", ContentType="application/json")
+        data = json.dumps(body).encode()
+        taken = self.put_if_at(self.lock_key, data, None)
+        if taken is not None:
             log.info("took build lock %s", self.lock_key)
-            return _Lock(etag=resp["ETag"], body=body)
-        except ClientError as exc:
-            if _conflict(exc):
-                return None
-            if not _precondition_failed(exc):
-                raise
+            return _Lock(etag=taken, body=body)
         current, etag, _ = self._get_json(self.lock_key)
         if etag is None:
             return None  # released between our two calls: next round tries again
@@ -459,16 +486,12 @@ class EngineCache:
             return None
         # Stale (or unreadable) lock: replace exactly that version of it. If another
         # waiter got there first the ETag no longer matches and we keep waiting.
-        try:
-            resp = self._call("put_object", Bucket=self.bucket, Key=self.lock_key, Body=json.dumps(body).encode(),
-                              IfMatch=etag, ContentType="application/json")
-        except ClientError as exc:
-            if _precondition_failed(exc) or _conflict(exc) or _not_found(exc):
-                return None
-            raise
+        taken = self.put_if_at(self.lock_key, data, etag)
+        if taken is None:
+            return None
         log.warning("took over stale build lock %s (held by %s, silent for %.0f s)",
                     self.lock_key, (current or {}).get("holder", "?"), age)
-        return _Lock(etag=resp["ETag"], body=body)
+        return _Lock(etag=taken, body=body)
 
     def refresh_lock(self, lock: _Lock) -> bool:
         # One refresh at a time (the refresher thread and publish's confirmation): two
@@ -480,16 +503,12 @@ class EngineCache:
 
     def _refresh_lock(self, lock: _Lock) -> bool:
         body = dict(lock.body, heartbeat_at=time.time(), nonce=uuid.uuid4().hex)
-        try:
-            resp = self._call("put_object", Bucket=self.bucket, Key=self.lock_key, Body=json.dumps(body).encode(),
-                              IfMatch=lock.etag, ContentType="application/json")
-        except ClientError as exc:
-            if _precondition_failed(exc) or _conflict(exc) or _not_found(exc):
-                lock.lost = True
-                log.error("build lock %s was taken over by another instance", self.lock_key)
-                return False
-            raise
-        lock.etag, lock.body = resp["ETag"], body
+        etag = self.put_if_at(self.lock_key, json.dumps(body).encode(), lock.etag)
+        if etag is None:
+            lock.lost = True
+            log.error("build lock %s was taken over by another instance", self.lock_key)
+            return False
+        lock.etag, lock.body = etag, body
         return True
 
     def release_lock(self, lock: _Lock) -> None:
@@ -580,13 +599,7 @@ class EngineCache:
                 self._call("upload_file", Filename=str(artifact / f.path), Bucket=self.bucket, Key=prefix + f.path)
                 uploaded.append(prefix + f.path)
             self._confirm_lock(lock)
-            condition = {"IfMatch": replace_etag} if replace_etag else {"IfNoneMatch": "*"}
-            try:
-                self._call("put_object", Bucket=self.bucket, Key=self.manifest_key, Body=manifest.to_json().encode(),
-                           ContentType="application/json", **condition)
-            except ClientError as exc:
-                if not (_precondition_failed(exc) or _conflict(exc) or (replace_etag and _not_found(exc))):
-                    raise
+            if self.put_if_at(self.manifest_key, manifest.to_json().encode(), replace_etag or None) is None:
                 log.warning("another build of %s was published first; keeping it as the entry and deleting "
                             "this build's upload", self.key)
                 self._discard(uploaded)

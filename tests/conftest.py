@@ -58,7 +58,7 @@ def unrasterized(monkeypatch):
 @pytest.fixture(scope="session")
 def moto_endpoint():
     # Imported here, not at collection: moto is heavy and most test runs (`-k`, one file) never need it.
-    from moto.server import ThreadedMotoServer
+    from runtime.devtools.harness import moto_server
 
     # moto's EC2 loads its 1,366 built-in images into every region's backend it makes, and again at every reset
     # (reset_moto re-creates each backend made so far; Auto Scaling's makes EC2's): 0.5 s of CPU per reset once a
@@ -70,8 +70,7 @@ def moto_endpoint():
     from tests.runtime.zygote import share_aws_loader
 
     share_aws_loader()
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
+    server = moto_server()
     host, port = server.get_host_and_port()
     yield f"http://{host}:{port}"
     server.stop()

@@ -224,6 +224,49 @@ class RuntimeProcess:
         return [r[name] for r in self.emf(lambda r: name in r)]
 
 
+# moto's S3 handlers that change an object (PUT, POST for CompleteMultipartUpload, DELETE): each checks a request's
+# If-Match / If-None-Match and then writes, two steps (moto/s3/responses.py put_object, delete_object and
+# _key_response_post in moto 5), so under its threaded server two writers can both pass the check.
+_MOTO_S3_WRITES = ("_key_response_put", "_key_response_post", "_key_response_delete")
+_moto_s3_writes = threading.RLock()
+
+
+def atomic_conditional_writes() -> None:
+    """Make moto's conditional writes atomic in this process, as S3's are.
+
+    S3 checks an If-None-Match or If-Match condition during the write, so of two racing writers one gets 412
+    (docs.aws.amazon.com/AmazonS3/latest/userguide/conditional-writes.html); the build lock in
+    runtime/engine_cache.py rests on it. moto checks, then writes: two cold starts could both take the lock and
+    both build. One lock around moto's object writes restores S3's answer; idempotent.
+    """
+    from moto.s3.responses import S3Response
+
+    for name in _MOTO_S3_WRITES:
+        handler = getattr(S3Response, name)
+        if getattr(handler, "serialized", False):
+            continue
+
+        def serialized(self: Any, *args: Any, _handler: Any = handler, **kwargs: Any) -> Any:
+            with _moto_s3_writes:
+                return _handler(self, *args, **kwargs)
+
+        serialized.serialized = True  # type: ignore[attr-defined]
+        setattr(S3Response, name, serialized)
+
+
+def moto_server(port: int = 0) -> Any:
+    """A started moto server on loopback whose S3 conditional writes are atomic (`atomic_conditional_writes`)."""
+    import logging
+
+    from moto.server import ThreadedMotoServer
+
+    logging.getLogger("werkzeug").setLevel(logging.ERROR)  # one access-log line per S3 call drowns the output
+    atomic_conditional_writes()
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    server.start()
+    return server
+
+
 class LocalAws:
     """Loopback S3/SSM (moto), IMDSv2, Auto Scaling hooks and EC2 endpoint connections."""
 
@@ -250,15 +293,9 @@ class LocalAws:
         self.stop()
 
     def start(self) -> LocalAws:
-        import logging
-
-        from moto.server import ThreadedMotoServer
-
-        logging.getLogger("werkzeug").setLevel(logging.ERROR)  # one access-log line per S3 call drowns the output
         if not self.moto_url:
             port = free_port()
-            self.moto = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
-            self.moto.start()
+            self.moto = moto_server(port)
             self.moto_url = f"http://127.0.0.1:{port}"
         self.asg.start()
         self.ec2.start()

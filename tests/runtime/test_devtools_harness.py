@@ -29,3 +29,49 @@ def test_a_record_still_in_the_pipe_when_the_test_looks_is_waited_for_not_missed
         proc.kill()
         proc.wait(30)
         late.join(5)
+
+
+def test_the_stand_in_s3_answers_racing_conditional_writes_as_s3_does_one_wins_the_rest_get_412(aws, monkeypatch):
+    """S3 checks If-None-Match / If-Match during the write (docs.aws.amazon.com/AmazonS3/latest/userguide/
+    conditional-writes.html): of writers racing on one key, one succeeds. moto checks, then writes; with the check
+    held open (a slow lookup, as a loaded machine schedules it) every writer passed it and each "took" the engine
+    cache's build lock (a CI run built the engine twice). The harness's server makes the pair atomic."""
+    from botocore.exceptions import ClientError
+    from moto.s3.models import S3Backend
+
+    key = "locks/race.json"
+    lookup = S3Backend.get_object
+
+    def slow_lookup(self, bucket_name, key_name, *args, **kwargs):
+        found = lookup(self, bucket_name, key_name, *args, **kwargs)
+        if key_name == key:
+            time.sleep(0.05)  # between the check's lookup and the write
+        return found
+
+    monkeypatch.setattr(S3Backend, "get_object", slow_lookup)
+
+    def race(writers: int, **condition) -> list[str]:
+        start = threading.Barrier(writers)
+        answers: list[str] = []
+
+        def write(n: int) -> None:
+            s3 = aws.s3()
+            start.wait(30)
+            try:
+                # A body of its own per race too: S3's ETag is the content's, so a writer that wrote the same bytes
+                # again would leave the ETag the others' If-Match names.
+                s3.put_object(Bucket=aws.bucket, Key=key, Body=f"{condition} writer {n}".encode(), **condition)
+                answers.append("200")
+            except ClientError as exc:
+                answers.append(exc.response["Error"]["Code"])
+
+        threads = [threading.Thread(target=write, args=(n,)) for n in range(writers)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        return sorted(answers)
+
+    assert race(6, IfNoneMatch="*") == ["200"] + ["PreconditionFailed"] * 5
+    etag = aws.s3().head_object(Bucket=aws.bucket, Key=key)["ETag"]
+    assert race(6, IfMatch=etag) == ["200"] + ["PreconditionFailed"] * 5

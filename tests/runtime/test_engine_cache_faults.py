@@ -224,3 +224,106 @@ def test_a_replaced_corrupt_build_is_deleted(aws, tmp_path):
     assert res.outcome == "built"
     assert builds(aws, second.key) == {res.manifest.extra["build_id"]}
     assert aws.keys(prefix) == []
+
+
+# ---------------------------------------------------------------- conditional writes' ambiguous answers
+
+
+def test_s3s_own_reference_says_a_409_on_a_conditional_put_is_retried_not_a_verdict():
+    """PutObject's IfMatch and IfNoneMatch, in the S3 model botocore ships (botocore/data/s3/2006-03-01/
+    service-2.json, the API reference's text): a conflicting operation during the upload answers 409
+    ConditionalRequestConflict, and the caller retries (for IfMatch, after fetching the ETag). `put_if_at` rests on
+    it; 412 is the answer that the condition failed."""
+    import botocore.session
+
+    members = botocore.session.get_session().get_service_model("s3").operation_model("PutObject").input_shape.members
+    for header, advice in (("IfMatch", "fetch the object's ETag and retry"), ("IfNoneMatch", "retry the upload")):
+        doc = members[header].documentation
+        assert "409 ConditionalRequestConflict" in doc and advice in doc and "412 Precondition Failed" in doc
+
+
+class AnswersOnce:
+    """A boto3 S3 client whose next conditional PutObject on `key` gets one of S3's ambiguous answers, as botocore
+    raises them: "conflict", a 409 ConditionalRequestConflict (ClientError with S3's code and status), the write not
+    made; "lost", the write made and its answer lost to a read timeout (botocore's ReadTimeoutError, which the cache
+    sends again). `meanwhile` runs first: another writer's write, overlapping this one."""
+
+    def __init__(self, real, key: str, answer: str, times: int = 1, meanwhile=None):
+        self.real, self.key, self.answer, self.left, self.meanwhile = real, key, answer, times, meanwhile
+        self.answered = 0
+
+    def __getattr__(self, name):
+        return getattr(self.real, name)
+
+    def put_object(self, **kwargs):
+        conditional = "IfMatch" in kwargs or "IfNoneMatch" in kwargs
+        if kwargs.get("Key") != self.key or not conditional or self.left == 0:
+            return self.real.put_object(**kwargs)
+        self.left -= 1
+        self.answered += 1
+        if self.meanwhile is not None:
+            self.meanwhile()
+        if self.answer == "lost":
+            from botocore.exceptions import ReadTimeoutError
+
+            self.real.put_object(**kwargs)
+            raise ReadTimeoutError(endpoint_url="http://s3")
+        from botocore.exceptions import ClientError
+
+        raise ClientError({"Error": {"Code": "ConditionalRequestConflict",
+                                     "Message": "The conditional request cannot succeed due to a conflicting "
+                                                "operation against this resource."},
+                           "ResponseMetadata": {"HTTPStatusCode": 409}}, "PutObject")
+
+
+def lock_body(aws, key: str) -> dict:
+    return json.loads(aws.s3().get_object(Bucket=aws.bucket, Key=key)["Body"].read())
+
+
+@pytest.mark.parametrize("answer", ["conflict", "lost"])
+def test_a_lock_refresh_that_meets_an_ambiguous_answer_keeps_a_lock_that_is_still_ours(aws, answer):
+    """A 409 while the lock is still at our ETag is retried (S3's reference above); a refresh whose answer was lost
+    meets its own write when sent again (412) and knows it by its body. Either way the holder keeps its lock instead
+    of discarding a build that nobody took over."""
+    s3 = client(aws.moto_url)
+    c = EngineCache(s3, aws.bucket, inputs(), holder="i-a", settings=FAST)
+    lock = c.try_lock("b1")
+    assert lock is not None
+    c.s3 = c.store.s3 = AnswersOnce(s3, c.lock_key, answer)
+    assert c.refresh_lock(lock) and not lock.lost and c.s3.answered == 1
+    assert lock_body(aws, c.lock_key) == lock.body  # the refreshed body is the one in S3, under the ETag we hold
+    assert c.refresh_lock(lock)
+
+
+def test_a_409_after_another_writer_moved_the_lock_on_is_a_loss(aws):
+    s3 = client(aws.moto_url)
+    c = EngineCache(s3, aws.bucket, inputs(), holder="i-a", settings=FAST)
+    lock = c.try_lock("b1")
+    taker = json.dumps({"holder": "i-b", "heartbeat_at": time.time()}).encode()
+    c.s3 = c.store.s3 = AnswersOnce(s3, c.lock_key, "conflict",
+                                    meanwhile=lambda: s3.put_object(Bucket=aws.bucket, Key=c.lock_key, Body=taker))
+    assert not c.refresh_lock(lock) and lock.lost
+    assert lock_body(aws, c.lock_key)["holder"] == "i-b"
+
+
+@pytest.mark.parametrize("answer", ["conflict", "lost"])
+def test_a_manifest_write_that_meets_an_ambiguous_answer_still_publishes_this_build(aws, tmp_path, answer):
+    s3 = client(aws.moto_url)
+    c = EngineCache(s3, aws.bucket, inputs(), holder="i-a", settings=FAST)
+    c.s3 = c.store.s3 = AnswersOnce(s3, c.manifest_key, answer)
+    res = c.obtain(tmp_path / "a", fake_build(tmp_path / "n", 0))
+    assert res.outcome == "built" and c.s3.answered == 1
+    assert (tmp_path / "n").read_text().count("\n") == 1  # built once, not discarded and built again
+    assert builds(aws, c.key) == {res.manifest.extra["build_id"]}
+    assert aws.keys("locks/") == []
+
+
+def test_conflicts_that_never_end_are_reported_as_s3_unavailable_naming_the_key(aws):
+    s3 = client(aws.moto_url)
+    slept = []
+    c = EngineCache(s3, aws.bucket, inputs(), holder="i-a", settings=FAST, sleep=slept.append)
+    c.s3 = c.store.s3 = AnswersOnce(s3, c.lock_key, "conflict", times=1000)
+    with pytest.raises(StorageUnavailable, match=f"{c.lock_key}.*409 ConditionalRequestConflict"):
+        c.try_lock("b1")
+    assert 1 < c.s3.answered <= 10 and len(slept) == c.s3.answered - 1  # bounded, backing off between tries
+    assert slept[-1] > slept[0]
