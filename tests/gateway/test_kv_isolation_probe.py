@@ -6,14 +6,15 @@ victim sends a fresh 192-token prefix P (three KV blocks) with a tail; the attac
 own, back to back in random order: P with a new tail, and a never-sent prefix Q of the same length with a new
 tail. Each probe has two readings: its wall time through the gateway (what the attacker sees) and the CPU time the
 engine process spent meanwhile (its process CPU clock, read before the probe and once its reply is in: the
-prefill's work, which a loaded machine does not stretch). The statistic is tests/runtime/prefix_probe.py's: the
+prefill's work, which no scheduling delay stretches). The statistic is tests/runtime/prefix_probe.py's: the
 pooled ROC AUC of 'faster means sent' over every (sent, unsent) pair of the run. A cache hit skips the prefix's
 prefill compute, so without isolation the sent probe is much faster; with each account salted apart both probes
 are misses and the classifier is a coin.
 
 Why the verdicts cannot depend on machine load (tests/runtime/prefix_probe.py says it at length): the shared
-group's probe must clear 0.9 on the engine's CPU time, which no scheduling delay stretches (a miss took 28.6-42 ms
-of the engine process's CPU and a hit 4.5-7.2 over one run of 60 trials: the wide shape on one thread); the separated accounts' must fall to a coin's AUC within 0.2 on both readings (a coin's
+group's probe must clear 0.9 on the engine's CPU time, which no scheduling delay stretches and other cores' work
+at most about doubles (a miss took 28.6-42 ms of the engine process's CPU and a hit 4.5-7.2 over one run of 60
+trials: the wide shape on one thread); the separated accounts' must fall to a coin's AUC within 0.2 on both readings (a coin's
 standard deviation at 60 trials is 0.053, so 0.7 is 3.8 of them), and load, the same for a trial's two probes in
 either order, only draws it towards 0.5. Through the gateway a trial costs three HTTP requests, so these runs are
 short; the bound of 0.55 is checked with the same design over 600 trials in-process, where a trial costs only the

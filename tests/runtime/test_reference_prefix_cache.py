@@ -214,9 +214,14 @@ def probe(e: Engine, blocks: int, victim_salt: str, attacker_salt: str, trials: 
 # is not in it, and on a loaded machine each hand-off waits for both threads to be on a CPU at once (the wall-clock
 # AUC of 0.866 that failed at a load average of 14 was measured on tiny's width and two threads). The engine's CPU
 # time for a probe, measured on this shape over 40 trials: with one-block prefixes a hit 1.3-2.0 ms, a miss 2.2-3.8
-# (the iteration's fixed Python is most of it); with three-block prefixes a hit 1.5-2.0 ms, a miss 4.1-4.8, a gap
-# twice the hits' largest, which the one-salt side uses.
-PROBE = ModelShape("probe", n_layer=1, n_embd=64, n_head=4, vocab_size=512, n_positions=256)
+# (the iteration's fixed Python is most of it). The one-salt side uses eight-block prefixes: a miss prefills 512
+# tokens more than a hit, about 1 ms of CPU a block, so load that slows every instruction (the other core's work
+# taking shared caches and memory bandwidth) cannot close the gap. With three blocks it could: at two busy
+# processes on the engine's core and two more on the machine's other core, hits of 0.8-2.0 ms and misses of
+# 1.6-3.6 overlapped (AUC 0.992-1.000 there, 0.896 in a full suite run beside it); eight blocks under the same load,
+# three runs: hits 1.1-3.3 ms, misses 4.0-7.5, AUC 1.000 each.
+PROBE = ModelShape("probe", n_layer=1, n_embd=64, n_head=4, vocab_size=512, n_positions=640)
+PROBE_BLOCKS = 8
 
 
 @pytest.fixture
@@ -238,8 +243,8 @@ def test_the_prefix_probe_sees_another_requests_prefix_under_one_salt(one_thread
     computes (checked: the load is real). The engine's CPU time still tells a hit from a miss in nearly every pair;
     its wall time is printed beside it (the attacker's honest view, which such a load blurs)."""
     with competing(burners=2):
-        e = engine(random_weights(PROBE, seed=8), PROBE, prefix_blocks=4 * 3 * 40)
-        seen = probe(e, 3, "one", "one", trials=40, seed=8)
+        e = engine(random_weights(PROBE, seed=8), PROBE, prefix_blocks=4 * PROBE_BLOCKS * 40)
+        seen = probe(e, PROBE_BLOCKS, "one", "one", trials=40, seed=8)
     print(f"one salt, two busy processes on the engine's core: {seen}")
     assert seen.runq_ms > seen.cpu_ms  # the burners did compete for the engine's core
     assert seen.auc("cpu") > 0.9
@@ -250,8 +255,8 @@ def test_the_prefix_probe_is_a_coin_across_salts(one_thread):
     coin's pooled AUC has a standard deviation of 0.0167 there, and 0.55 is three of them above 0.5). One-block
     prefixes on the one-layer PROBE shape keep the 1800 prefills affordable; across salts no block is found at any
     length or shape (test_blocks_are_reused_within_a_salt_only), so neither can matter, and the gateway probe shows
-    the same with three-block prefixes. The same probe sees a one-salt prefix (the test above, with three blocks for
-    a wider margin; with one it also scored 1.000), so a coin here is the salt's doing, not a blind probe's."""
+    the same with three-block prefixes. The same probe sees a one-salt prefix (the test above, with eight blocks for
+    a margin that load cannot close; with one it also scored 1.000 on a quiet machine), so a coin here is the salt's doing, not a blind probe's."""
     e = engine(random_weights(PROBE, seed=21), PROBE, prefix_blocks=4 * 600)
     seen = probe(e, 1, "victim", "attacker", trials=600, seed=9)
     print(f"two salts: {seen}")
