@@ -1,4 +1,5 @@
-"""runtime/devtools/harness.py: how the runtime tests read a runtime process's stdout."""
+"""runtime/devtools/harness.py: how the runtime tests read a runtime process's stdout, and the stand-in S3 answering
+racing conditional writes as S3 does."""
 
 from __future__ import annotations
 
