@@ -91,6 +91,10 @@ class StorageUnavailable(NotABuildFailure):
     """S3 kept failing past the retry deadline."""
 
 
+class WriteConflicts(StorageUnavailable):
+    """A conditional write met 409 ConditionalRequestConflict on every try (`EngineCache.put_if_at`)."""
+
+
 class CircuitOpen(CacheError):
     """Too many failed builds for this key: stop rebuilding until someone looks."""
 
@@ -429,9 +433,10 @@ class EngineCache:
 
     # ------------------------------------------------------------ conditional writes
 
-    def put_if_at(self, key: str, body: bytes, etag: str | None) -> str | None:
+    def put_if_at(self, key: str, body: bytes, etag: str | None, deadline_s: float | None = None) -> str | None:
         """Write `body` at `key` if the key is still at `etag` (None: absent). The new ETag, or None when the key
-        has moved on (S3 answered 412 or 404, or another ETag is there now).
+        has moved on (S3 answered 412, or 404 to an If-Match, or another ETag is there now); WriteConflicts when
+        every try met a 409. `deadline_s` bounds each try's retries of S3 failures (RetryingS3).
 
         Two answers are not what they look like. A 409 ConditionalRequestConflict is an overlap, not a verdict:
         PutObject's reference says to fetch the ETag and retry, so the write is retried while the key is still at
@@ -442,11 +447,13 @@ class EngineCache:
         condition = {"IfMatch": etag} if etag is not None else {"IfNoneMatch": "*"}
         for attempt in range(1, _CONFLICT_ATTEMPTS + 1):
             try:
-                resp = self._call("put_object", Bucket=self.bucket, Key=key, Body=body,
-                                  ContentType="application/json", **condition)
+                resp = self.store.call("put_object", deadline_s=deadline_s, Bucket=self.bucket, Key=key, Body=body,
+                                       ContentType="application/json", **condition)
                 return str(resp["ETag"])
             except ClientError as exc:
-                if not (_conflict(exc) or _precondition_failed(exc) or _not_found(exc)):
+                # A 404 answers an If-Match (the key is gone); to a create it can only be NoSuchBucket: an error.
+                gone = etag is not None and _not_found(exc)
+                if not (_conflict(exc) or _precondition_failed(exc) or gone):
                     raise
                 overlapped = _conflict(exc)
             _, current, raw = self._get_json(key)
@@ -456,8 +463,8 @@ class EngineCache:
                 return None
             if attempt < _CONFLICT_ATTEMPTS:
                 self._sleep(min(2.0, 0.05 * 2 ** attempt) * random.uniform(0.5, 1.0))
-        raise StorageUnavailable(f"S3 PutObject of s3://{self.bucket}/{key} met {_CONFLICT_ATTEMPTS} conflicting "
-                                 "writes in a row (409 ConditionalRequestConflict)")
+        raise WriteConflicts(f"S3 PutObject of s3://{self.bucket}/{key} met {_CONFLICT_ATTEMPTS} conflicting "
+                             "writes in a row (409 ConditionalRequestConflict)")
 
     def clear_failures(self) -> None:
         for key in self.failures():
@@ -474,7 +481,10 @@ class EngineCache:
         """Take the lock if it is free or stale; None when someone else holds it."""
         body = self._lock_body(build_id)
         data = json.dumps(body).encode()
-        taken = self.put_if_at(self.lock_key, data, None)
+        try:
+            taken = self.put_if_at(self.lock_key, data, None)
+        except WriteConflicts:
+            return None  # others are writing the lock: the wait loop polls again
         if taken is not None:
             log.info("took build lock %s", self.lock_key)
             return _Lock(etag=taken, body=body)
@@ -486,7 +496,10 @@ class EngineCache:
             return None
         # Stale (or unreadable) lock: replace exactly that version of it. If another
         # waiter got there first the ETag no longer matches and we keep waiting.
-        taken = self.put_if_at(self.lock_key, data, etag)
+        try:
+            taken = self.put_if_at(self.lock_key, data, etag)
+        except WriteConflicts:
+            return None
         if taken is None:
             return None
         log.warning("took over stale build lock %s (held by %s, silent for %.0f s)",
@@ -513,15 +526,37 @@ class EngineCache:
 
     def release_lock(self, lock: _Lock) -> None:
         """Delete the lock if it is still ours. S3 failing here is retried briefly
-        (`lock_release_deadline_s`), then StorageUnavailable."""
+        (`lock_release_deadline_s`), then StorageUnavailable.
+
+        A refresh may still be in flight when the build ends (the refresher gets 5 s to stop), and move the lock
+        to an ETag this release does not know yet: a lock that still names this holder and build is ours, and is
+        deleted at the ETag it has, instead of being left to go stale while every waiter waits `lock_ttl_s`.
+        """
         deadline = min(self.settings.lock_release_deadline_s, self.settings.s3_retry_deadline_s)
-        try:
-            self.store.call("delete_object", deadline_s=deadline, Bucket=self.bucket, Key=self.lock_key,
-                            IfMatch=lock.etag)
-        except ClientError as exc:
-            if not (_precondition_failed(exc) or _not_found(exc) or _conflict(exc)):
-                raise
-            log.warning("build lock %s was no longer ours at release", self.lock_key)
+        etag: str | None = lock.etag
+        for _ in range(_CONFLICT_ATTEMPTS):
+            try:
+                self.store.call("delete_object", deadline_s=deadline, Bucket=self.bucket, Key=self.lock_key,
+                                IfMatch=etag)
+                return
+            except ClientError as exc:
+                if _not_found(exc):
+                    return  # gone already: a resent delete's first copy
+                if not (_precondition_failed(exc) or _conflict(exc)):
+                    raise
+            current, etag, _ = self._get_json(self.lock_key)
+            if etag is None:
+                return
+            if not self._names_this_build(current, lock):
+                log.warning("build lock %s was no longer ours at release", self.lock_key)
+                return
+        log.warning("build lock %s kept changing under its release; it goes stale in %.0f s (lock_ttl_s)",
+                    self.lock_key, self.settings.lock_ttl_s)
+
+    @staticmethod
+    def _names_this_build(body: dict[str, Any] | None, lock: _Lock) -> bool:
+        return (body is not None and not body.get("released") and body.get("holder") == lock.body["holder"]
+                and body.get("build_id") == lock.body["build_id"])
 
     def abandon_lock(self, lock: _Lock) -> None:
         """Let others build now, whatever S3 does; never raises (the caller has a better error to report).
@@ -537,11 +572,11 @@ class EngineCache:
             log.error("could not release build lock %s: %s", self.lock_key, exc)
         body = dict(lock.body, heartbeat_at=0, released=True, nonce=uuid.uuid4().hex)
         try:
-            self.store.call("put_object", deadline_s=min(self.settings.lock_release_deadline_s,
-                                                         self.settings.s3_retry_deadline_s),
-                            Bucket=self.bucket, Key=self.lock_key, Body=json.dumps(body).encode(),
-                            IfMatch=lock.etag, ContentType="application/json")
-            log.warning("marked build lock %s released; waiters take it over now", self.lock_key)
+            if self.put_if_at(self.lock_key, json.dumps(body).encode(), lock.etag,
+                              deadline_s=min(self.settings.lock_release_deadline_s, self.settings.s3_retry_deadline_s)):
+                log.warning("marked build lock %s released; waiters take it over now", self.lock_key)
+            else:
+                log.warning("build lock %s was no longer ours at release", self.lock_key)
         except Exception as exc:  # noqa: BLE001
             log.error("could not mark build lock %s released either (%s); other instances take it over "
                       "once it is %.0f s old (lock_ttl_s)", self.lock_key, exc, self.settings.lock_ttl_s)

@@ -318,12 +318,50 @@ def test_a_manifest_write_that_meets_an_ambiguous_answer_still_publishes_this_bu
     assert aws.keys("locks/") == []
 
 
-def test_conflicts_that_never_end_are_reported_as_s3_unavailable_naming_the_key(aws):
+def test_conflicts_that_never_end_are_bounded_a_waiter_keeps_waiting_a_write_reports_s3_unavailable(aws):
     s3 = client(aws.moto_url)
     slept = []
     c = EngineCache(s3, aws.bucket, inputs(), holder="i-a", settings=FAST, sleep=slept.append)
     c.s3 = c.store.s3 = AnswersOnce(s3, c.lock_key, "conflict", times=1000)
-    with pytest.raises(StorageUnavailable, match=f"{c.lock_key}.*409 ConditionalRequestConflict"):
-        c.try_lock("b1")
+    assert c.try_lock("b1") is None  # others are writing the lock: back to the wait loop, which polls again
     assert 1 < c.s3.answered <= 10 and len(slept) == c.s3.answered - 1  # bounded, backing off between tries
     assert slept[-1] > slept[0]
+    with pytest.raises(StorageUnavailable, match=f"{c.lock_key}.*409 ConditionalRequestConflict"):
+        c.put_if_at(c.lock_key, b"{}", None)
+
+
+def test_a_create_in_a_bucket_that_is_not_there_is_an_error_not_contention(aws):
+    """S3 answers a 404 to an If-Match write whose key is gone (someone released or replaced it); to a create
+    (If-None-Match) a 404 can only be NoSuchBucket, which must surface as the error it is."""
+    from botocore.exceptions import ClientError
+
+    c = EngineCache(client(aws.moto_url), f"{aws.bucket}-missing", inputs(), holder="i-a", settings=FAST)
+    with pytest.raises(ClientError, match="NoSuchBucket"):
+        c.try_lock("b1")
+
+
+def test_a_release_finds_the_lock_a_late_refresh_moved_on_and_still_deletes_it(aws):
+    """The build ended while a refresh was in flight: the release holds the ETag before it, the lock has the
+    refresh's. The lock still names this holder and build, so it is deleted, not left for waiters to wait out."""
+    from runtime.engine_cache import _Lock
+
+    c = EngineCache(client(aws.moto_url), aws.bucket, inputs(), holder="i-a", settings=FAST)
+    lock = c.try_lock("b1")
+    before_the_refresh = _Lock(etag=lock.etag, body=dict(lock.body))
+    assert c.refresh_lock(lock)
+    c.release_lock(before_the_refresh)
+    assert aws.keys("locks/") == []
+
+
+def test_a_release_leaves_a_lock_that_another_instance_took_over(aws):
+    from runtime.engine_cache import _Lock
+
+    a = EngineCache(client(aws.moto_url), aws.bucket, inputs(), holder="i-a", settings=FAST)
+    lock = a.try_lock("b1")
+    stale = _Lock(etag=lock.etag, body=dict(lock.body))
+    b = EngineCache(client(aws.moto_url), aws.bucket, inputs(), holder="i-b",
+                    settings=CacheSettings(**{**FAST.__dict__, "lock_ttl_s": 0.0}))  # a's lock is stale to b
+    time.sleep(0.01)
+    assert b.try_lock("b2") is not None
+    a.release_lock(stale)
+    assert lock_body(aws, a.lock_key)["holder"] == "i-b"
