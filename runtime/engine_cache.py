@@ -478,13 +478,17 @@ class EngineCache:
                 "ttl_s": self.settings.lock_ttl_s, "nonce": uuid.uuid4().hex}
 
     def try_lock(self, build_id: str) -> _Lock | None:
-        """Take the lock if it is free or stale; None when someone else holds it."""
+        """Take the lock if it is free or stale; None when someone else holds it, or others keep writing it (every
+        try met a 409: the wait loop polls again)."""
+        try:
+            return self._take_lock(build_id)
+        except WriteConflicts:
+            return None
+
+    def _take_lock(self, build_id: str) -> _Lock | None:
         body = self._lock_body(build_id)
         data = json.dumps(body).encode()
-        try:
-            taken = self.put_if_at(self.lock_key, data, None)
-        except WriteConflicts:
-            return None  # others are writing the lock: the wait loop polls again
+        taken = self.put_if_at(self.lock_key, data, None)
         if taken is not None:
             log.info("took build lock %s", self.lock_key)
             return _Lock(etag=taken, body=body)
@@ -496,10 +500,7 @@ class EngineCache:
             return None
         # Stale (or unreadable) lock: replace exactly that version of it. If another
         # waiter got there first the ETag no longer matches and we keep waiting.
-        try:
-            taken = self.put_if_at(self.lock_key, data, etag)
-        except WriteConflicts:
-            return None
+        taken = self.put_if_at(self.lock_key, data, etag)
         if taken is None:
             return None
         log.warning("took over stale build lock %s (held by %s, silent for %.0f s)",
