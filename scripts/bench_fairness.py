@@ -767,10 +767,10 @@ def pooled_runs(runs: list[Path], png: Path | None = None) -> list[str]:
     """The report of `pool`: each run's P99 per phase and ratio, then the figures over every run's samples together
     and the verdict on them (the bound reads the pooled ratio, as one run's does; the runs' own ratios beside it);
     with `png`, the picture of it (`draw_pooled`)."""
-    lines, together, ratios, rounds, per_run = [], {}, [], 0, []
+    lines, together, ratios, each_rounds, per_run = [], {}, [], [], []
     for run in runs:
         run_rounds, samples = run_samples(run)
-        rounds += run_rounds
+        each_rounds.append(run_rounds)
         figures, ratio = pooled_figures(samples)
         ratios.append(ratio["fair"])
         per_run.append((run.name, ratio))
@@ -781,12 +781,12 @@ def pooled_runs(runs: list[Path], png: Path | None = None) -> list[str]:
             together.setdefault(name, []).extend(rows)
     figures, ratio = pooled_figures(together)
     n_runs = f"{len(runs)} run{'s' if len(runs) != 1 else ''}"
-    lines.append(f"pooled over {n_runs} ({rounds} rounds, {figures['alone']['ok']} samples a phase): " + ", ".join(
+    lines.append(f"pooled over {n_runs} ({sum(each_rounds)} rounds, {figures['alone']['ok']} samples a phase): " + ", ".join(
         f"{name} P99 {f['ttft_p99']} ms" + (f" ({ratio[name]}x)" if name in ratio else "")
         for name, f in figures.items()))
     v = verdict({"pooled_ratio": ratio, "round_ratios": {"fair": spread(ratios)}})
     if png is not None:
-        draw_pooled(png, together, figures, ratio, per_run)
+        draw_pooled(png, together, figures, ratio, per_run, each_rounds)
         lines.append(f"drew {png}")
     return lines + [verdict_line(v, "the neighbour", f"pooled over {n_runs}", "runs")]
 
@@ -795,7 +795,8 @@ PHASE_LABELS = {"alone": "alone", "engine_bound": "engine-bound (the neighbour h
                 "fair": "beside the flood, fair admission", "fcfs": "beside the flood, first come first served"}
 
 
-def draw_pooled(png: Path, samples: dict[str, list], figures: dict, ratio: dict, per_run: list[tuple[str, dict]]) -> None:
+def draw_pooled(png: Path, samples: dict[str, list], figures: dict, ratio: dict, per_run: list[tuple[str, dict]],
+                each_rounds: list[int]) -> None:
     """Left: the quiet account's TTFT tail pooled over the runs, per phase (the share of requests slower than each
     TTFT, log scale, down to the slowest), each P99 marked and the bound (1.1x alone's P99) drawn, so a reader sees
     where the fair tail leaves alone's. Right: each run's P99 ratio to alone, fair and engine-bound, against the
@@ -850,7 +851,8 @@ def draw_pooled(png: Path, samples: dict[str, list], figures: dict, ratio: dict,
     if common:
         runs_ax.set_xlabel(f"run ({common}...)", fontsize=8)
     runs_ax.set_ylabel("P99 TTFT over alone's, same run")
-    runs_ax.set_title("Each run (three rounds)", fontsize=10)
+    same = set(each_rounds)
+    runs_ax.set_title(f"Each run ({each_rounds[0]} rounds)" if len(same) == 1 else "Each run", fontsize=10)
     runs_ax.legend(fontsize=8)
     runs_ax.grid(alpha=0.3, axis="y")
     fig.tight_layout()
